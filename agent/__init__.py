@@ -1,0 +1,3 @@
+"""gpu-node-agent: the per-node GPU agent (MIG, sharing, prewarm, telemetry, gRPC control API)."""
+
+__version__ = "0.1.0"

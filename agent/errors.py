@@ -1,0 +1,84 @@
+"""The agent's error tree, grouped by what the caller does next.
+
+Domain code raises these; ``api/`` maps them to gRPC status codes in one place and the CLI maps
+them to exit codes. They carry data, never transport types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class AgentError(Exception):
+    """Base of every error the agent raises on purpose."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True, slots=True)
+class FieldViolation:
+    """One bad input: the field path and what is wrong with it."""
+
+    field: str
+    description: str
+
+
+class InvalidSpec(AgentError):
+    """The input is wrong; fix it and retry. Nothing was changed."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, violations: Sequence[FieldViolation] = ()) -> None:
+        super().__init__(message)
+        self.violations = tuple(violations)
+
+
+class NotFound(AgentError):
+    """The named GPU, instance, operation or item does not exist."""
+
+    exit_code = 3
+
+
+class Conflict(AgentError):
+    """The request contradicts the current state (e.g. a layout that cannot fit)."""
+
+    exit_code = 4
+
+
+class Busy(AgentError):
+    """Work is in the way: running processes, or another reconfiguration holds the node.
+
+    ``blockers`` names what blocks (process ids, the running operation), so a caller can act.
+    """
+
+    exit_code = 5
+
+    def __init__(self, message: str, blockers: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.blockers = tuple(blockers)
+
+
+class NotSupported(AgentError):
+    """This node or GPU lacks the feature (no MIG, no GPM, ...)."""
+
+    exit_code = 6
+
+
+class DeviceLost(AgentError):
+    """The GPU fell off the bus or the driver stopped answering; a human must look."""
+
+    exit_code = 7
+
+
+class PermissionDenied(AgentError):
+    """The caller (or the agent itself) lacks the privilege for this action."""
+
+    exit_code = 8
+
+
+class DriverUnavailable(AgentError):
+    """No NVML library or driver: the agent cannot talk to GPUs at all."""
+
+    exit_code = 9
+

@@ -1,0 +1,1 @@
+"""DCGM compatibility: field catalog and dcgm-exporter counters CSVs (filled by the telemetry work)."""
