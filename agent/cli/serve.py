@@ -1,0 +1,35 @@
+"""``gpu-agent serve``: run the node agent in the foreground."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import click
+
+from agent.cli.context import CliContext
+
+
+@click.command()
+@click.option("--metrics-listen", default=None, help="HTTP listen address for /metrics and /healthz (default 0.0.0.0:9400).")
+@click.pass_obj
+def serve(obj: CliContext, metrics_listen: str | None) -> None:
+    """Run the agent: health and metrics HTTP on :9400 (and the control API as it lands).
+
+    Without --simulate it uses the real NVML and exits with a clear message when there is none.
+
+    \b
+    Example:
+      gpu-agent --simulate dgx-h100 --state-dir /tmp/node serve --metrics-listen 127.0.0.1:9400
+    """
+    from agent.node import Node, build_services
+
+    if metrics_listen:
+        obj.flags = {**obj.flags, "metrics_listen": metrics_listen}
+    config = obj.config
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    node = Node(build_services(config))
+    asyncio.run(node.run())

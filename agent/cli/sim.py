@@ -1,0 +1,259 @@
+"""``gpu-agent sim …``: drive the simulated GPU driver from a shell (workloads, processes, faults).
+
+These commands work on the simulator's state file under --state-dir, so they act on the same
+simulated node whether or not an agent is running against it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from agent.cli.context import CliContext
+from agent.cli.render import emit, format_table, output_option
+from agent.errors import InvalidSpec
+
+
+def _control(obj: CliContext) -> Any:
+    from agent.gpu.sim import SimControl
+
+    cfg = obj.config
+    if not cfg.simulate:
+        raise InvalidSpec("`gpu-agent sim` needs a simulated node: pass --simulate PRESET (or GPU_AGENT_SIMULATE)")
+    obj.gpu()  # creates the node from the preset on first use, or checks it matches
+    return SimControl(cfg.state_dir)
+
+
+@click.group()
+def sim() -> None:
+    """Drive the simulated GPU node: workloads, processes, faults, reset, reboot.
+
+    \b
+    Example:
+      export GPU_AGENT_SIMULATE=dgx-h100 GPU_AGENT_STATE_DIR=/tmp/node
+      gpu-agent sim workload 0 --tensor 0.6 --dram 0.4
+      gpu-agent sim process start 4242 --gpu 0 --memory-mib 2048
+    """
+
+
+@sim.command("presets")
+@output_option
+def presets(output: str) -> None:
+    """List the simulated node presets.
+
+    \b
+    Example:
+      gpu-agent sim presets
+    """
+    from agent.gpu.sim.presets import PRESETS
+
+    rows = [{"name": p.name, "gpus": len(p.gpus), "models": sorted(set(p.gpus)), "description": p.description}
+            for p in PRESETS.values()]
+    emit(rows, output, lambda r: format_table(["PRESET", "GPUS", "MODELS", "DESCRIPTION"],
+                                              [[x["name"], x["gpus"], ",".join(x["models"]), x["description"]] for x in r]))
+
+
+@sim.command("show")
+@output_option
+@click.pass_obj
+def show(obj: CliContext, output: str) -> None:
+    """Show the simulator's whole state (instances, workloads, processes, faults).
+
+    \b
+    Example:
+      gpu-agent --simulate dgx-a100 --state-dir /tmp/node sim show -o json
+    """
+    emit(_control(obj).describe(), output)
+
+
+_WORKLOAD_FIELDS = {
+    "sm": "sm_active",
+    "occupancy": "sm_occupancy",
+    "tensor": "tensor_active",
+    "fp64": "fp64_active",
+    "fp32": "fp32_active",
+    "fp16": "fp16_active",
+    "dram": "dram_active",
+}
+
+
+@sim.command("workload")
+@click.argument("gpu", type=int)
+@click.option("--gpu-instance", "-g", type=int, default=None, help="MIG GPU instance id (default: whole GPU).")
+@click.option("--sm", type=float, default=0.0, help="SM active ratio 0..1.")
+@click.option("--occupancy", type=float, default=0.0, help="SM occupancy ratio 0..1.")
+@click.option("--tensor", type=float, default=0.0, help="Tensor pipe active ratio 0..1.")
+@click.option("--fp64", type=float, default=0.0, help="FP64 pipe active ratio 0..1.")
+@click.option("--fp32", type=float, default=0.0, help="FP32 pipe active ratio 0..1.")
+@click.option("--fp16", type=float, default=0.0, help="FP16 pipe active ratio 0..1.")
+@click.option("--dram", type=float, default=0.0, help="DRAM interface active ratio 0..1.")
+@click.option("--pcie-tx", type=float, default=0.0, help="PCIe TX bytes/s.")
+@click.option("--pcie-rx", type=float, default=0.0, help="PCIe RX bytes/s.")
+@click.option("--nvlink-tx", type=float, default=0.0, help="NVLink TX bytes/s.")
+@click.option("--nvlink-rx", type=float, default=0.0, help="NVLink RX bytes/s.")
+@click.option("--clear", is_flag=True, help="Remove the workload instead.")
+@click.pass_obj
+def workload(obj: CliContext, gpu: int, gpu_instance: int | None, clear: bool, **values: float) -> None:
+    """Start (or --clear) a workload on a GPU or one of its MIG instances.
+
+    \b
+    Example:
+      gpu-agent sim workload 0 -g 1 --tensor 0.7 --dram 0.5 --pcie-tx 2e9
+    """
+    control = _control(obj)
+    if clear:
+        control.clear_workload(gpu, gpu_instance=gpu_instance)
+        return
+    kwargs: dict[str, float] = {_WORKLOAD_FIELDS[k]: v for k, v in values.items() if k in _WORKLOAD_FIELDS}
+    kwargs.update(
+        pcie_tx_bytes_per_s=values["pcie_tx"],
+        pcie_rx_bytes_per_s=values["pcie_rx"],
+        nvlink_tx_bytes_per_s=values["nvlink_tx"],
+        nvlink_rx_bytes_per_s=values["nvlink_rx"],
+    )
+    control.set_workload(gpu, gpu_instance=gpu_instance, **kwargs)
+
+
+@sim.group("process")
+def process() -> None:
+    """Start or stop a simulated GPU process."""
+
+
+@process.command("start")
+@click.argument("pid", type=int)
+@click.option("--gpu", type=int, required=True, help="GPU index.")
+@click.option("--memory-mib", type=int, default=1024, show_default=True, help="GPU memory used.")
+@click.option("--gpu-instance", "-g", type=int, default=None, help="MIG GPU instance id.")
+@click.option("--compute-instance", "-c", type=int, default=None, help="MIG compute instance id.")
+@click.option("--cgroup", default=None, help="Text of /proc/<pid>/cgroup (for pod attribution).")
+@click.option("--name", default="python", show_default=True, help="Process name.")
+@click.pass_obj
+def process_start(obj: CliContext, pid: int, gpu: int, memory_mib: int, gpu_instance: int | None,
+                  compute_instance: int | None, cgroup: str | None, name: str) -> None:
+    """Start a process on a GPU (or MIG instance).
+
+    \b
+    Example:
+      gpu-agent sim process start 4242 --gpu 0 -g 1 -c 0 --memory-mib 4096 \\
+        --cgroup '0::/kubepods.slice/kubepods-pod1234.slice/cri-containerd-abcd.scope'
+    """
+    _control(obj).start_process(pid, gpu, used_memory_mib=memory_mib, gpu_instance=gpu_instance,
+                                compute_instance=compute_instance, cgroup=cgroup, name=name)
+
+
+@process.command("stop")
+@click.argument("pid", type=int)
+@click.pass_obj
+def process_stop(obj: CliContext, pid: int) -> None:
+    """Stop a simulated process.
+
+    \b
+    Example:
+      gpu-agent sim process stop 4242
+    """
+    _control(obj).stop_process(pid)
+
+
+@sim.command("fault")
+@click.argument("function")
+@click.argument("error")
+@click.option("--nth", type=int, default=1, show_default=True, help="Fail the Nth call from now.")
+@click.option("--count", type=int, default=1, show_default=True, help="How many calls fail from the Nth on.")
+@click.option("--gpu", type=int, default=None, help="Only calls on this GPU.")
+@click.option("--clear", is_flag=True, help="Remove every injected fault instead (FUNCTION ERROR ignored).")
+@click.pass_obj
+def fault(obj: CliContext, function: str, error: str, nth: int, count: int, gpu: int | None, clear: bool) -> None:
+    """Make the Nth call of an NVML function fail with a named NVML error.
+
+    \b
+    Example:
+      gpu-agent sim fault nvmlDeviceCreateGpuInstanceWithPlacement InsufficientResources --nth 2
+      gpu-agent sim fault - - --clear
+    """
+    control = _control(obj)
+    if clear:
+        control.clear_faults()
+    else:
+        control.inject_fault(function, error, nth=nth, gpu=gpu, count=count)
+
+
+@sim.command("lost")
+@click.argument("gpu", type=int)
+@click.pass_obj
+def lost(obj: CliContext, gpu: int) -> None:
+    """Mark a GPU as fallen off the bus (every call on it fails with GPU_IS_LOST).
+
+    \b
+    Example:
+      gpu-agent sim lost 3
+    """
+    _control(obj).mark_lost(gpu)
+
+
+@sim.command("xid")
+@click.argument("gpu", type=int)
+@click.argument("xid", type=int)
+@click.pass_obj
+def xid(obj: CliContext, gpu: int, xid: int) -> None:
+    """Raise an XID error event on a GPU.
+
+    \b
+    Example:
+      gpu-agent sim xid 0 79
+    """
+    _control(obj).raise_xid(gpu, xid)
+
+
+@sim.command("holder")
+@click.argument("gpu", type=int)
+@click.argument("name")
+@click.option("--remove", is_flag=True, help="Release the GPU instead.")
+@click.pass_obj
+def holder(obj: CliContext, gpu: int, name: str, remove: bool) -> None:
+    """Have a daemon (nvidia-persistenced, dcgm) hold a GPU open, which blocks a reset.
+
+    \b
+    Example:
+      gpu-agent sim holder 0 nvidia-persistenced
+    """
+    control = _control(obj)
+    (control.remove_holder if remove else control.add_holder)(gpu, name)
+
+
+@sim.command("passthrough")
+@click.argument("enabled", type=bool)
+@click.pass_obj
+def passthrough(obj: CliContext, enabled: bool) -> None:
+    """Run the node as a passthrough VM (Ampere MIG mode changes then need a reboot).
+
+    \b
+    Example:
+      gpu-agent sim passthrough true
+    """
+    _control(obj).set_passthrough_vm(enabled)
+
+
+@sim.command("reset")
+@click.argument("gpu", type=int)
+@click.pass_obj
+def reset(obj: CliContext, gpu: int) -> None:
+    """Reset a GPU as `nvidia-smi -r` would (fails while processes or daemons hold it).
+
+    \b
+    Example:
+      gpu-agent sim reset 0
+    """
+    _control(obj).reset_gpu(gpu)
+
+
+@sim.command("reboot")
+@click.pass_obj
+def reboot(obj: CliContext) -> None:
+    """Reboot the simulated node: MIG instances and processes vanish, MIG mode persists.
+
+    \b
+    Example:
+      gpu-agent sim reboot
+    """
+    _control(obj).reboot()

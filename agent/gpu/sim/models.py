@@ -1,0 +1,398 @@
+"""GPU models the simulated driver can pretend to be: pure data, no driver behaviour.
+
+Every MIG number comes from reference/mig.md §1.3 (profile tables) and §1.4 (placements); the
+tests in tests/unit/sim/test_models.py pin each table to that document. Device-level numbers the
+reference does not give (clocks, power, subsystem ids) are plausible, illustrative values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pynvml
+
+from agent.gpu.profiles import profile_name as _profile_name
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+
+@dataclass(frozen=True, slots=True)
+class GiProfileSpec:
+    """One GPU-instance profile as NVML's profile-info query reports it (mig.md §1.2-1.3)."""
+
+    constant: int  # NVML_GPU_INSTANCE_PROFILE_* value passed to the info query
+    id: int  # profile ID that create / placement / listing calls take
+    attrs: str  # "" or "+me"
+    slice_count: int  # compute slices G
+    memory_slices: int  # placement size, not slice_count (3g -> 4, 7g -> 8, 1g REV2 -> 2)
+    instance_count: int
+    memory_mb: int  # memorySizeMB (MiB)
+    multiprocessor_count: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpegs: int
+    ofas: int
+    starts: tuple[int, ...]  # valid placement starts, in memory slices
+
+
+@dataclass(frozen=True, slots=True)
+class CiProfileSpec:
+    """A compute-instance profile inside a GI (mig.md §1.6)."""
+
+    constant: int  # NVML_COMPUTE_INSTANCE_PROFILE_*; on hardware the CI profile id equals it
+    id: int
+    slice_count: int  # compute slices C
+    instance_count: int
+    multiprocessor_count: int
+    starts: tuple[int, ...]  # placement starts in compute slices inside the GI
+
+
+# CI profiles the simulator offers, by compute slices C (mig.md §1.2: CI id == constant).
+# Hopper's 1c REV1 (id 7, only in a 2g GI) is left out.
+_CI_CONSTANTS: dict[int, int] = {
+    1: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+    2: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
+    3: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
+    4: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
+    7: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
+}
+
+_ARCH_CODES: dict[str, int] = {
+    "ampere": pynvml.NVML_DEVICE_ARCH_AMPERE,
+    "hopper": pynvml.NVML_DEVICE_ARCH_HOPPER,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuModel:
+    key: str
+    name: str  # what nvmlDeviceGetName returns
+    architecture: str  # "ampere" | "hopper"
+    cuda_capability: tuple[int, int]
+    pci_device_id: int  # packed device << 16 | vendor, as mig-parted's device-filter matches it
+    pci_subsystem_id: int  # packed subsystem << 16 | vendor; illustrative
+    memory_total_bytes: int  # nvmlDeviceGetMemoryInfo().total; profile names depend on it
+    multiprocessor_count: int  # whole GPU, MIG off
+    memory_slices: int
+    compute_slices: int
+    gi_profiles: tuple[GiProfileSpec, ...]
+    max_sm_clock_mhz: int
+    max_mem_clock_mhz: int
+    power_limit_w: int
+    idle_power_w: int
+    nvlink_links: int
+    pcie_generation: int
+    pcie_width: int
+    min_driver_version: str  # mig.md §1.8 (guide v620) minimum driver for MIG on this model
+
+    @property
+    def arch_code(self) -> int:
+        """The NVML_DEVICE_ARCH_* value nvmlDeviceGetArchitecture returns."""
+        return _ARCH_CODES[self.architecture]
+
+    @property
+    def gpm_supported(self) -> bool:
+        # GPM (GPU performance monitoring) exists from Hopper on.
+        return self.architecture == "hopper"
+
+    def gi_profile_by_constant(self, constant: int) -> GiProfileSpec | None:
+        return next((p for p in self.gi_profiles if p.constant == constant), None)
+
+    def gi_profile_by_id(self, profile_id: int) -> GiProfileSpec | None:
+        return next((p for p in self.gi_profiles if p.id == profile_id), None)
+
+    def ci_profiles(self, gi: GiProfileSpec) -> tuple[CiProfileSpec, ...]:
+        """CI profiles inside a GI of profile ``gi`` (mig.md §1.6).
+
+        go-nvlib's rule: C <= G, and C == G or 2*C <= G+1. Placements start at multiples of C.
+        SMs are ``gi SMs * C // G``: an approximation (exact when C == G); real drivers report
+        per-profile values that need not be proportional.
+        """
+        g = gi.slice_count
+        return tuple(
+            CiProfileSpec(
+                constant=constant,
+                id=constant,
+                slice_count=c,
+                instance_count=g // c,
+                multiprocessor_count=gi.multiprocessor_count * c // g,
+                starts=tuple(range(0, g - c + 1, c)),
+            )
+            for c, constant in _CI_CONSTANTS.items()
+            if c <= g and (c == g or 2 * c <= g + 1)
+        )
+
+
+def profile_name(model: GpuModel, gi: GiProfileSpec, ci_slices: int | None = None) -> str:
+    """The profile name the driver's numbers give on this model, e.g. ``3g.71gb``, ``1c.3g.20gb``."""
+    return _profile_name(gi.slice_count, gi.memory_mb, model.memory_total_bytes, gi.attrs, ci_slices)
+
+
+def _gi(
+    constant: int,
+    profile_id: int,
+    attrs: str,
+    g: int,
+    m: int,
+    count: int,
+    memory_mb: int,
+    sm: int,
+    ce: int,
+    dec: int,
+    jpg: int,
+    ofa: int,
+    starts: tuple[int, ...],
+) -> GiProfileSpec:
+    """A table row in the reference's column order; NVENC is 0 on every profile here (§1.3)."""
+    return GiProfileSpec(
+        constant=constant,
+        id=profile_id,
+        attrs=attrs,
+        slice_count=g,
+        memory_slices=m,
+        instance_count=count,
+        memory_mb=memory_mb,
+        multiprocessor_count=sm,
+        copy_engines=ce,
+        decoders=dec,
+        encoders=0,
+        jpegs=jpg,
+        ofas=ofa,
+        starts=starts,
+    )
+
+
+_P1 = pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE
+_P1_ME = pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1
+_P1_2M = pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2  # 1g with twice the memory
+_P2 = pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE
+_P2_ME = pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1
+_P3 = pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE
+_P4 = pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE
+_P7 = pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE
+
+# Valid starts on the 8-memory-slice grid (mig.md §1.4) and the 4-slice A30 grid.
+_S_1G = (0, 1, 2, 3, 4, 5, 6)
+_S_1G_2M = (0, 2, 4, 6)
+_S_2G = (0, 2, 4)
+_S_3G = (0, 4)
+_S_ZERO = (0,)
+_S_A30_1G = (0, 1, 2, 3)
+_S_A30_2G = (0, 2)
+
+# Memory the tables give only as nvidia-smi's two-decimal GiB is taken as the nearest 32 MiB
+# multiple, e.g. 19.62 GiB -> 20096 MiB (19.625 GiB).
+
+# mig.md §1.3 "A100-SXM4-40GB"; MiB values as given there (go-nvml a100 mock). 3g/4g "19.5-19.6"
+# GiB -> 19968 MiB (19.5 GiB, also the mock's value).
+# fmt: off
+_A100_40GB_PROFILES = (
+    #   const   id  attrs  G  M  max  MiB    SM  CE DEC JPG OFA starts
+    _gi(_P1,    19, "",    1, 1, 7,   4864,  14, 1, 0,  0,  0,  _S_1G),
+    _gi(_P1_ME, 20, "+me", 1, 1, 1,   4864,  14, 1, 1,  1,  1,  _S_1G),
+    _gi(_P1_2M, 15, "",    1, 2, 4,   9856,  14, 1, 1,  0,  0,  _S_1G_2M),
+    _gi(_P2,    14, "",    2, 2, 3,   9856,  28, 2, 1,  0,  0,  _S_2G),
+    _gi(_P3,     9, "",    3, 4, 2,   19968, 42, 3, 2,  0,  0,  _S_3G),
+    _gi(_P4,     5, "",    4, 4, 1,   19968, 56, 4, 2,  0,  0,  _S_ZERO),
+    _gi(_P7,     0, "",    7, 8, 1,   40192, 98, 7, 5,  1,  1,  _S_ZERO),
+)
+
+# mig.md §1.3 "A100-80GB": GiB x 1024; 7g 80384 MiB from the go-nvml mock. The table has no
+# DEC/JPG/OFA columns: the 40GB values are used (assumed per reference: "same grid").
+_A100_80GB_PROFILES = (
+    #   const   id  attrs  G  M  max  MiB    SM  CE DEC JPG OFA starts
+    _gi(_P1,    19, "",    1, 1, 7,   9728,  14, 1, 0,  0,  0,  _S_1G),
+    _gi(_P1_ME, 20, "+me", 1, 1, 1,   9728,  14, 1, 1,  1,  1,  _S_1G),
+    _gi(_P1_2M, 15, "",    1, 2, 4,   19968, 14, 1, 1,  0,  0,  _S_1G_2M),
+    _gi(_P2,    14, "",    2, 2, 3,   19968, 28, 2, 1,  0,  0,  _S_2G),
+    _gi(_P3,     9, "",    3, 4, 2,   40192, 42, 3, 2,  0,  0,  _S_3G),
+    _gi(_P4,     5, "",    4, 4, 1,   40192, 56, 4, 2,  0,  0,  _S_ZERO),
+    _gi(_P7,     0, "",    7, 8, 1,   80384, 98, 7, 5,  1,  1,  _S_ZERO),
+)
+
+# mig.md §1.3 "A30-24GB" (4 memory / 4 compute slices) and §1.4 A30 grid. 5.81 -> 5952,
+# 11.69 -> 11968, 4g "23.44-23.5" -> 24000 (23.4375 GiB). 2g+me starts assumed per reference.
+_A30_PROFILES = (
+    #   const   id  attrs  G  M  max  MiB    SM  CE DEC JPG OFA starts
+    _gi(_P1,    14, "",    1, 1, 4,   5952,  14, 1, 0,  0,  0,  _S_A30_1G),
+    _gi(_P1_ME, 21, "+me", 1, 1, 1,   5952,  14, 1, 1,  1,  1,  _S_A30_1G),
+    _gi(_P2,     5, "",    2, 2, 2,   11968, 28, 2, 2,  0,  0,  _S_A30_2G),
+    _gi(_P2_ME,  6, "+me", 2, 2, 1,   11968, 28, 2, 2,  1,  1,  _S_A30_2G),
+    _gi(_P4,     0, "",    4, 4, 1,   24000, 56, 4, 4,  1,  1,  _S_ZERO),
+)
+
+# mig.md §1.3 "H100 80GB": 9.75 -> 9984, 19.62 -> 20096, 39.5 -> 40448, 79.25 -> 81152 MiB.
+_H100_80GB_PROFILES = (
+    #   const   id  attrs  G  M  max  MiB    SM   CE DEC JPG OFA starts
+    _gi(_P1,    19, "",    1, 1, 7,   9984,  16,  1, 1,  1,  0,  _S_1G),
+    _gi(_P1_ME, 20, "+me", 1, 1, 1,   9984,  16,  1, 1,  1,  1,  _S_1G),
+    _gi(_P1_2M, 15, "",    1, 2, 4,   20096, 26,  1, 1,  1,  0,  _S_1G_2M),
+    _gi(_P2,    14, "",    2, 2, 3,   20096, 32,  2, 2,  2,  0,  _S_2G),
+    _gi(_P3,     9, "",    3, 4, 2,   40448, 60,  3, 3,  3,  0,  _S_3G),
+    _gi(_P4,     5, "",    4, 4, 1,   40448, 64,  4, 4,  4,  0,  _S_ZERO),
+    _gi(_P7,     0, "",    7, 8, 1,   81152, 132, 8, 7,  7,  1,  _S_ZERO),
+)
+
+# mig.md §1.3 "H100 94GB" (NVL; starts measured with -lgipp): 10.75 -> 11008,
+# 21.62 -> 22144, 46.38 -> 47488, 93.12 -> 95360 MiB.
+_H100_NVL_PROFILES = (
+    #   const   id  attrs  G  M  max  MiB    SM   CE DEC JPG OFA starts
+    _gi(_P1,    19, "",    1, 1, 7,   11008, 16,  1, 1,  1,  0,  _S_1G),
+    _gi(_P1_ME, 20, "+me", 1, 1, 1,   11008, 16,  1, 1,  1,  1,  _S_1G),
+    _gi(_P1_2M, 15, "",    1, 2, 4,   22144, 26,  1, 1,  1,  0,  _S_1G_2M),
+    _gi(_P2,    14, "",    2, 2, 3,   22144, 32,  2, 2,  2,  0,  _S_2G),
+    _gi(_P3,     9, "",    3, 4, 2,   47488, 60,  3, 3,  3,  0,  _S_3G),
+    _gi(_P4,     5, "",    4, 4, 1,   47488, 64,  4, 4,  4,  0,  _S_ZERO),
+    _gi(_P7,     0, "",    7, 8, 1,   95360, 132, 8, 7,  7,  1,  _S_ZERO),
+)
+
+# mig.md §1.3 "H200 141GB": 16.0 -> 16384, 32.25 -> 33024, 69.5 -> 71168, "~140" -> 143360 MiB.
+# The table has no starts column: the 8-slice grid of §1.4 (which lists H200) is used.
+_H200_PROFILES = (
+    #   const   id  attrs  G  M  max  MiB     SM   CE DEC JPG OFA starts
+    _gi(_P1,    19, "",    1, 1, 7,   16384,  16,  1, 1,  1,  0,  _S_1G),
+    _gi(_P1_ME, 20, "+me", 1, 1, 1,   16384,  16,  1, 1,  1,  1,  _S_1G),
+    _gi(_P1_2M, 15, "",    1, 2, 4,   33024,  26,  1, 1,  1,  0,  _S_1G_2M),
+    _gi(_P2,    14, "",    2, 2, 3,   33024,  32,  2, 2,  2,  0,  _S_2G),
+    _gi(_P3,     9, "",    3, 4, 2,   71168,  60,  3, 3,  3,  0,  _S_3G),
+    _gi(_P4,     5, "",    4, 4, 1,   71168,  64,  4, 4,  4,  0,  _S_ZERO),
+    _gi(_P7,     0, "",    7, 8, 1,   143360, 132, 8, 7,  7,  1,  _S_ZERO),
+)
+# fmt: on
+
+# Device level. PCI device ids: mig.md §1.3 / §3.5. Memory totals: what nvidia-smi prints (MiB);
+# they make every name come out as §1.3 / §3.5 say. Names, SM counts, NVLink counts: public spec
+# sheets. Clocks, power, subsystem ids and the H100 NVL link count (600 GB/s bridge / 50 GB/s per
+# NVLink4 link) are illustrative.
+_MODEL_LIST = (
+    GpuModel(
+        key="A100-SXM4-40GB",
+        name="NVIDIA A100-SXM4-40GB",
+        architecture="ampere",
+        cuda_capability=(8, 0),
+        pci_device_id=0x20B010DE,
+        pci_subsystem_id=0x134F10DE,
+        memory_total_bytes=40960 * MIB,
+        multiprocessor_count=108,
+        memory_slices=8,
+        compute_slices=7,
+        gi_profiles=_A100_40GB_PROFILES,
+        max_sm_clock_mhz=1410,
+        max_mem_clock_mhz=1215,
+        power_limit_w=400,
+        idle_power_w=55,
+        nvlink_links=12,
+        pcie_generation=4,
+        pcie_width=16,
+        min_driver_version="450.80.02",
+    ),
+    GpuModel(
+        key="A100-SXM4-80GB",
+        name="NVIDIA A100-SXM4-80GB",
+        architecture="ampere",
+        cuda_capability=(8, 0),
+        pci_device_id=0x20B210DE,
+        pci_subsystem_id=0x147F10DE,
+        memory_total_bytes=81920 * MIB,
+        multiprocessor_count=108,
+        memory_slices=8,
+        compute_slices=7,
+        gi_profiles=_A100_80GB_PROFILES,
+        max_sm_clock_mhz=1410,
+        max_mem_clock_mhz=1593,
+        power_limit_w=400,
+        idle_power_w=60,
+        nvlink_links=12,
+        pcie_generation=4,
+        pcie_width=16,
+        min_driver_version="450.80.02",
+    ),
+    GpuModel(
+        key="A30",
+        name="NVIDIA A30",
+        architecture="ampere",
+        cuda_capability=(8, 0),
+        pci_device_id=0x20B710DE,
+        pci_subsystem_id=0x153210DE,
+        memory_total_bytes=24576 * MIB,
+        multiprocessor_count=56,
+        memory_slices=4,
+        compute_slices=4,
+        gi_profiles=_A30_PROFILES,
+        max_sm_clock_mhz=1440,
+        max_mem_clock_mhz=1215,
+        power_limit_w=165,
+        idle_power_w=30,
+        nvlink_links=0,
+        pcie_generation=4,
+        pcie_width=16,
+        min_driver_version="460.73.01",
+    ),
+    GpuModel(
+        key="H100-SXM5-80GB",
+        name="NVIDIA H100 80GB HBM3",
+        architecture="hopper",
+        cuda_capability=(9, 0),
+        pci_device_id=0x233010DE,
+        pci_subsystem_id=0x16C110DE,
+        memory_total_bytes=81559 * MIB,
+        multiprocessor_count=132,
+        memory_slices=8,
+        compute_slices=7,
+        gi_profiles=_H100_80GB_PROFILES,
+        max_sm_clock_mhz=1980,
+        max_mem_clock_mhz=2619,
+        power_limit_w=700,
+        idle_power_w=70,
+        nvlink_links=18,
+        pcie_generation=5,
+        pcie_width=16,
+        min_driver_version="525.85.12",
+    ),
+    GpuModel(
+        key="H100-NVL-94GB",
+        name="NVIDIA H100 NVL",
+        architecture="hopper",
+        cuda_capability=(9, 0),
+        pci_device_id=0x232110DE,
+        pci_subsystem_id=0x183910DE,
+        memory_total_bytes=95830 * MIB,
+        multiprocessor_count=132,
+        memory_slices=8,
+        compute_slices=7,
+        gi_profiles=_H100_NVL_PROFILES,
+        max_sm_clock_mhz=1785,
+        max_mem_clock_mhz=2619,
+        power_limit_w=400,
+        idle_power_w=60,
+        nvlink_links=12,
+        pcie_generation=5,
+        pcie_width=16,
+        min_driver_version="525.85.12",
+    ),
+    GpuModel(
+        key="H200-SXM-141GB",
+        name="NVIDIA H200",
+        architecture="hopper",
+        cuda_capability=(9, 0),
+        pci_device_id=0x233510DE,
+        pci_subsystem_id=0x18BE10DE,
+        memory_total_bytes=143771 * MIB,
+        multiprocessor_count=132,
+        memory_slices=8,
+        compute_slices=7,
+        gi_profiles=_H200_PROFILES,
+        max_sm_clock_mhz=1980,
+        max_mem_clock_mhz=3201,
+        power_limit_w=700,
+        idle_power_w=75,
+        nvlink_links=18,
+        pcie_generation=5,
+        pcie_width=16,
+        min_driver_version="550.90.07",
+    ),
+)
+
+MODELS: dict[str, GpuModel] = {m.key: m for m in _MODEL_LIST}

@@ -1,0 +1,83 @@
+"""Named simulated nodes (``gpu-agent --simulate <preset>``): which GPUs, which driver."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.errors import FieldViolation, InvalidSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    name: str
+    description: str
+    gpus: tuple[str, ...]  # model keys (agent.gpu.sim.models.MODELS), in NVML index order
+    driver_version: str  # at least every model's min_driver_version
+    cuda_driver_version: int  # nvmlSystemGetCudaDriverVersion, e.g. 12040 = CUDA 12.4
+
+
+_PRESET_LIST = (
+    Preset(
+        name="dgx-a100",
+        description="DGX A100: 8x A100-SXM4-40GB",
+        gpus=("A100-SXM4-40GB",) * 8,
+        driver_version="535.183.01",
+        cuda_driver_version=12020,
+    ),
+    Preset(
+        name="dgx-a100-80",
+        description="DGX A100 80GB: 8x A100-SXM4-80GB",
+        gpus=("A100-SXM4-80GB",) * 8,
+        driver_version="535.183.01",
+        cuda_driver_version=12020,
+    ),
+    Preset(
+        name="a30-node",
+        description="PCIe server with 4x A30 (4-slice MIG grid)",
+        gpus=("A30",) * 4,
+        driver_version="535.183.01",
+        cuda_driver_version=12020,
+    ),
+    Preset(
+        name="dgx-h100",
+        description="DGX H100: 8x H100 SXM5 80GB",
+        gpus=("H100-SXM5-80GB",) * 8,
+        driver_version="550.90.07",
+        cuda_driver_version=12040,
+    ),
+    Preset(
+        name="h100-nvl",
+        description="PCIe server with 2x H100 NVL 94GB (one NVLink-bridged pair)",
+        gpus=("H100-NVL-94GB",) * 2,
+        driver_version="550.90.07",
+        cuda_driver_version=12040,
+    ),
+    Preset(
+        name="hgx-h200",
+        description="HGX H200: 8x H200 SXM 141GB",
+        gpus=("H200-SXM-141GB",) * 8,
+        # H200 needs R550 (>= 550.90.07) for MIG (reference/mig.md §1.8).
+        driver_version="550.90.07",
+        cuda_driver_version=12040,
+    ),
+    Preset(
+        name="mixed",
+        description="Two models on one node: 4x A100-SXM4-80GB then 4x H100 SXM5 80GB",
+        gpus=("A100-SXM4-80GB",) * 4 + ("H100-SXM5-80GB",) * 4,
+        driver_version="550.90.07",
+        cuda_driver_version=12040,
+    ),
+)
+
+PRESETS: dict[str, Preset] = {p.name: p for p in _PRESET_LIST}
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        allowed = ", ".join(PRESETS)
+        raise InvalidSpec(
+            f"unknown simulator preset {name!r}; allowed: {allowed}",
+            [FieldViolation("preset", f"must be one of: {allowed}")],
+        ) from None
