@@ -1,0 +1,394 @@
+"""The agent's SQLite store: operations, the MIG journal, and (by later migrations) more.
+
+One WAL-mode database under the state dir, so operations and journals outlive the agent. Every
+write runs in a ``BEGIN IMMEDIATE`` transaction: it takes the write lock up front, so two writers
+(two agents by mistake, or the CLI) queue on ``busy_timeout`` instead of failing mid-transaction,
+and a killed process leaves only whole transactions behind.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from agent.errors import Conflict, FieldViolation, InvalidSpec, NotFound, NotSupported
+
+__all__ = [
+    "DONE_STATES",
+    "INTERRUPTED",
+    "MIGRATIONS",
+    "OPERATION_STATES",
+    "Operation",
+    "StateStore",
+]
+
+OPERATION_STATES = ("pending", "running", "succeeded", "failed", "cancelled")
+DONE_STATES = frozenset({"succeeded", "failed", "cancelled"})
+INTERRUPTED = "Interrupted"
+"""``error["type"]`` of operations the agent stopped in the middle of (see mark_interrupted)."""
+
+_BUSY_TIMEOUT_MS = 10_000
+
+MIGRATIONS: tuple[tuple[int, str], ...] = (
+    (
+        1,
+        """
+        CREATE TABLE operations (
+            id TEXT PRIMARY KEY,
+            kind TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (
+                state IN ('pending', 'running', 'succeeded', 'failed', 'cancelled')
+            ),
+            request_id TEXT,
+            request TEXT NOT NULL,  -- canonical JSON: equal requests have equal text
+            metadata TEXT NOT NULL,
+            result TEXT,
+            error TEXT,
+            cancel_requested INTEGER NOT NULL DEFAULT 0,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        );
+        -- A retried create with the same request id finds the first operation.
+        CREATE UNIQUE INDEX operations_by_request_id ON operations (kind, request_id)
+            WHERE request_id IS NOT NULL;
+        CREATE INDEX operations_by_state ON operations (state);
+        CREATE TABLE journal (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused, so order survives clears
+            scope TEXT NOT NULL,
+            entry TEXT NOT NULL,
+            created_at REAL NOT NULL
+        );
+        CREATE INDEX journal_by_scope ON journal (scope, seq);
+        """,
+    ),
+)
+"""Schema migrations: (version, SQL), applied in order; ``PRAGMA user_version`` records the last.
+
+Append only: a released migration never changes, since databases in the field already ran it.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """A long-running piece of work (google.longrunning style) as stored.
+
+    ``error`` is ``{"type": ..., "message": ...}`` where type names an ``agent.errors`` class or
+    is `INTERRUPTED`. Times are epoch seconds.
+    """
+
+    id: str
+    kind: str
+    state: str
+    request_id: str | None
+    request: dict[str, Any]
+    metadata: dict[str, Any]
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None
+    created_at: float
+    updated_at: float
+    cancel_requested: bool
+
+    @property
+    def done(self) -> bool:
+        return self.state in DONE_STATES
+
+
+def _encode(value: dict[str, Any]) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _decode(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _operation(row: sqlite3.Row) -> Operation:
+    return Operation(
+        id=row["id"],
+        kind=row["kind"],
+        state=row["state"],
+        request_id=row["request_id"],
+        request=_decode(row["request"]),
+        metadata=_decode(row["metadata"]),
+        result=_decode(row["result"]),
+        error=_decode(row["error"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        cancel_requested=bool(row["cancel_requested"]),
+    )
+
+
+def _statements(script: str) -> Iterator[str]:
+    """Split a script into statements; `sqlite3.complete_statement` keeps ';' in strings and
+    trigger bodies where they belong (``executescript`` would commit our transaction)."""
+    buffer = ""
+    for piece in script.split(";"):
+        buffer += piece + ";"
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip(" \t\r\n;"):
+                yield buffer
+            buffer = ""
+    if buffer.strip(" \t\r\n;"):
+        yield buffer  # incomplete: SQLite reports the error instead of it being dropped
+
+
+class StateStore:
+    """The agent's SQLite database. Thread-safe: one connection behind a lock."""
+
+    MIGRATIONS: ClassVar[Sequence[tuple[int, str]]] = MIGRATIONS
+
+    def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
+        versions = [version for version, _ in self.MIGRATIONS]
+        if versions != list(range(1, len(versions) + 1)):
+            raise ValueError(f"migration versions must be 1, 2, 3, ... in order; got {versions}")
+        self.path = path
+        self._clock = clock
+        self._lock = threading.RLock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Autocommit mode: transactions are ours, explicit, and never opened behind our back.
+        self._conn = sqlite3.connect(
+            path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_MS / 1000
+        )
+        try:
+            self._configure()
+            self._migrate()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _configure(self) -> None:
+        conn = self._conn
+        conn.row_factory = sqlite3.Row
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode != "wal":  # e.g. a network filesystem; readers would then block the writer
+            raise NotSupported(
+                f"state database {self.path}: SQLite refused WAL mode (got {mode}); "
+                "put the state dir on a local filesystem"
+            )
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        # FULL: a committed journal entry survives power loss, not only a process crash.
+        conn.execute("PRAGMA synchronous = FULL")
+
+    def _migrate(self) -> None:
+        latest = len(self.MIGRATIONS)
+        with self.transaction() as conn:  # re-read inside: another process may have migrated
+            current = conn.execute("PRAGMA user_version").fetchone()[0]
+            if current > latest:
+                raise Conflict(
+                    f"state database {self.path} has schema version {current}, newer than this "
+                    f"agent's {latest}; run the newer agent or move the database away"
+                )
+            for version, script in self.MIGRATIONS[current:]:
+                for statement in _statements(script):
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {version}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> StateStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` when the block raises.
+
+        Nested use joins the outer transaction, so store methods compose into one atomic change.
+        """
+        with self._lock:
+            if self._conn.in_transaction:
+                yield self._conn
+                return
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:  # also when COMMIT itself failed (disk full)
+                    self._conn.execute("ROLLBACK")
+                raise
+
+    # --- operations ---------------------------------------------------------------------------
+
+    def create_operation(
+        self,
+        kind: str,
+        *,
+        request_id: str | None,
+        request: dict[str, Any],
+        metadata: dict[str, Any] | None = None,
+    ) -> Operation:
+        """A new pending operation; a retry with a known ``request_id`` gets the first one back.
+
+        Raises `Conflict` when the ``request_id`` was used for this kind with another request.
+        """
+        encoded = _encode(request)
+        with self.transaction() as conn:
+            if request_id is not None:
+                row = conn.execute(
+                    "SELECT * FROM operations WHERE kind = ? AND request_id = ?",
+                    (kind, request_id),
+                ).fetchone()
+                if row is not None:
+                    if row["request"] != encoded:
+                        raise Conflict(
+                            f"request id {request_id!r} was already used for another {kind} "
+                            f"request (operation {row['id']}); use a new request id"
+                        )
+                    return _operation(row)
+            now = self._clock()
+            op_id = uuid.uuid4().hex
+            conn.execute(
+                "INSERT INTO operations (id, kind, state, request_id, request, metadata,"
+                " created_at, updated_at) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?)",
+                (op_id, kind, request_id, encoded, _encode(metadata or {}), now, now),
+            )
+            return self.get_operation(op_id)
+
+    def get_operation(self, op_id: str) -> Operation:
+        with self._lock:
+            row = self._conn.execute("SELECT * FROM operations WHERE id = ?", (op_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"operation {op_id!r} does not exist")
+        return _operation(row)
+
+    def list_operations(
+        self, *, kind: str | None = None, done: bool | None = None, limit: int = 100
+    ) -> list[Operation]:
+        """Operations, newest first, optionally of one kind and done or not."""
+        if limit < 1:
+            raise InvalidSpec(
+                f"limit must be >= 1, got {limit}", [FieldViolation("limit", "must be >= 1")]
+            )
+        where: list[str] = ["1"]
+        params: list[str] = []
+        if kind is not None:
+            where.append("kind = ?")
+            params.append(kind)
+        if done is not None:
+            marks = ", ".join("?" * len(DONE_STATES))
+            where.append(f"state {'IN' if done else 'NOT IN'} ({marks})")
+            params.extend(sorted(DONE_STATES))
+        sql = (
+            f"SELECT * FROM operations WHERE {' AND '.join(where)}"
+            " ORDER BY created_at DESC, rowid DESC LIMIT ?"
+        )
+        with self._lock:
+            rows = self._conn.execute(sql, (*params, limit)).fetchall()
+        return [_operation(row) for row in rows]
+
+    def update_operation(
+        self,
+        op_id: str,
+        *,
+        state: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        result: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> Operation:
+        """Set the given fields (``metadata`` replaces the old one). A done operation is final:
+        updating it raises `Conflict`, so a late worker cannot overwrite a cancellation."""
+        if state is not None and state not in OPERATION_STATES:
+            allowed = ", ".join(OPERATION_STATES)
+            raise InvalidSpec(
+                f"operation state {state!r} is not one of: {allowed}",
+                [FieldViolation("state", f"must be one of: {allowed}")],
+            )
+        columns: dict[str, str] = {} if state is None else {"state": state}
+        for name, value in (("metadata", metadata), ("result", result), ("error", error)):
+            if value is not None:
+                columns[name] = _encode(value)
+        with self.transaction() as conn:
+            current = self.get_operation(op_id)
+            if current.done:
+                raise Conflict(f"operation {op_id} is already {current.state}")
+            assignments = "".join(f"{name} = ?, " for name in columns)
+            conn.execute(
+                f"UPDATE operations SET {assignments}updated_at = ? WHERE id = ?",
+                (*columns.values(), self._clock(), op_id),
+            )
+            return self.get_operation(op_id)
+
+    def request_cancel(self, op_id: str) -> Operation:
+        """Flag the operation for cancellation; its worker stops at its next checkpoint and
+        sets the state. A no-op on a done operation."""
+        with self.transaction() as conn:
+            current = self.get_operation(op_id)
+            if current.done or current.cancel_requested:
+                return current
+            conn.execute(
+                "UPDATE operations SET cancel_requested = 1, updated_at = ? WHERE id = ?",
+                (self._clock(), op_id),
+            )
+            return self.get_operation(op_id)
+
+    def mark_interrupted_operations(self, reason: str) -> list[Operation]:
+        """On agent start: fail every operation left pending or running by a previous process.
+
+        Services that can resume or roll back their own operations (MIG apply, from its journal)
+        do so before this is called; what is left is failed with ``error.type`` `INTERRUPTED`.
+        """
+        error = _encode({"type": INTERRUPTED, "message": reason})
+        with self.transaction() as conn:
+            ids = [
+                row["id"]
+                for row in conn.execute(
+                    "SELECT id FROM operations WHERE state IN ('pending', 'running')"
+                    " ORDER BY created_at, rowid"
+                )
+            ]
+            conn.execute(
+                "UPDATE operations SET state = 'failed', error = ?, updated_at = ?"
+                " WHERE state IN ('pending', 'running')",
+                (error, self._clock()),
+            )
+            return [self.get_operation(op_id) for op_id in ids]
+
+    # --- journal ------------------------------------------------------------------------------
+
+    def journal_append(self, scope: str, entry: dict[str, Any]) -> int:
+        """Durably record ``entry`` under ``scope`` (e.g. ``mig:<gpu uuid>``); returns its seq."""
+        with self.transaction() as conn:
+            cursor = conn.execute(
+                "INSERT INTO journal (scope, entry, created_at) VALUES (?, ?, ?)",
+                (scope, _encode(entry), self._clock()),
+            )
+            assert cursor.lastrowid is not None
+            return cursor.lastrowid
+
+    def journal_entries(self, scope: str) -> list[tuple[int, dict[str, Any]]]:
+        """The scope's entries as (seq, entry), oldest first."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT seq, entry FROM journal WHERE scope = ? ORDER BY seq", (scope,)
+            ).fetchall()
+        return [(row["seq"], _decode(row["entry"])) for row in rows]
+
+    def journal_clear(self, scope: str) -> None:
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM journal WHERE scope = ?", (scope,))
+
+    def journal_scopes(self) -> list[str]:
+        """Scopes with entries left, oldest first: on start, a killed agent's unfinished work."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT scope FROM journal GROUP BY scope ORDER BY MIN(seq)"
+            ).fetchall()
+        return [row["scope"] for row in rows]

@@ -1,0 +1,374 @@
+"""The SQLite state store: migrations, operations, the journal, and crash safety."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import agent
+from agent.errors import Conflict, InvalidSpec, NotFound
+from agent.state import INTERRUPTED, MIGRATIONS, StateStore
+
+REPO_ROOT = Path(agent.__file__).resolve().parents[1]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "agent.db"
+
+
+@pytest.fixture
+def store(db_path: Path) -> Iterator[StateStore]:
+    with StateStore(db_path, clock=FakeClock()) as opened:
+        yield opened
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter that imports this checkout's ``agent``."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def tables(path: Path) -> set[str]:
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    return {name for (name,) in rows}
+
+
+# --- opening and migrations ----------------------------------------------------------------------
+
+
+def test_open_creates_the_parent_dir_and_applies_every_migration(db_path: Path) -> None:
+    with StateStore(db_path) as store:
+        assert store.schema_version == len(MIGRATIONS)
+    assert {"operations", "journal"} <= tables(db_path)
+
+
+def test_reopening_applies_nothing_twice(db_path: Path) -> None:
+    """Migrations are recorded in user_version, so a second open is a no-op."""
+    with StateStore(db_path) as store:
+        op = store.create_operation("mig.apply", request_id=None, request={"a": 1})
+    with StateStore(db_path) as store:
+        assert store.schema_version == len(MIGRATIONS)
+        assert store.get_operation(op.id) == op
+
+
+EXTRA = """
+    CREATE TABLE extra (x TEXT NOT NULL DEFAULT 'a;b');
+    CREATE TRIGGER extra_count AFTER INSERT ON extra BEGIN
+        INSERT INTO journal (scope, entry, created_at) VALUES ('extra', '{}', 0);
+    END;
+"""
+
+
+class Upgraded(StateStore):
+    """A later agent version: one more migration, with ';' inside a string and a trigger."""
+
+    MIGRATIONS = (*MIGRATIONS, (len(MIGRATIONS) + 1, EXTRA))
+
+
+class Broken(StateStore):
+    MIGRATIONS = (
+        *MIGRATIONS,
+        (len(MIGRATIONS) + 1, "CREATE TABLE half (x TEXT); CREATE TABLE oops ("),
+    )
+
+
+def test_a_later_migration_applies_once_on_an_existing_database(db_path: Path) -> None:
+    StateStore(db_path).close()
+    with Upgraded(db_path) as store:
+        assert store.schema_version == len(MIGRATIONS) + 1
+    with Upgraded(db_path) as store:
+        assert store.schema_version == len(MIGRATIONS) + 1
+        with store.transaction() as conn:
+            conn.execute("INSERT INTO extra DEFAULT VALUES")
+            assert conn.execute("SELECT x FROM extra").fetchone()[0] == "a;b"
+        assert store.journal_scopes() == ["extra"]
+
+
+def test_a_failing_migration_changes_nothing(db_path: Path) -> None:
+    """A migration is all or nothing: its first statement is rolled back with the version."""
+    StateStore(db_path).close()
+    with pytest.raises(sqlite3.Error):
+        Broken(db_path)
+    assert "half" not in tables(db_path)
+    with StateStore(db_path) as store:
+        assert store.schema_version == len(MIGRATIONS)
+
+
+def test_an_older_agent_refuses_a_newer_database(db_path: Path) -> None:
+    Upgraded(db_path).close()
+    with pytest.raises(Conflict, match="newer than this agent"):
+        StateStore(db_path)
+
+
+def test_migration_versions_must_count_up_from_one(db_path: Path) -> None:
+    class Gap(StateStore):
+        MIGRATIONS = (*MIGRATIONS, (len(MIGRATIONS) + 2, "SELECT 1"))
+
+    with pytest.raises(ValueError, match="in order"):
+        Gap(db_path)
+
+
+def test_wal_mode_foreign_keys_and_busy_timeout_are_on(store: StateStore) -> None:
+    with store.transaction() as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] > 0
+
+
+# --- transactions ------------------------------------------------------------------------------
+
+
+def test_a_transaction_that_raises_is_rolled_back(store: StateStore) -> None:
+    with pytest.raises(RuntimeError), store.transaction():
+        store.journal_append("mig:GPU-1", {"step": 1})
+        raise RuntimeError("boom")
+    assert store.journal_entries("mig:GPU-1") == []
+
+
+def test_nested_store_calls_join_the_outer_transaction(store: StateStore) -> None:
+    """Several store calls in one transaction commit together or not at all."""
+    with pytest.raises(RuntimeError), store.transaction():
+        store.create_operation("prewarm", request_id="r1", request={})
+        store.journal_append("mig:GPU-1", {"step": 1})
+        raise RuntimeError("boom")
+    assert store.list_operations() == []
+    assert store.journal_scopes() == []
+
+
+# --- operations ----------------------------------------------------------------------------------
+
+
+def test_a_new_operation_is_pending_with_its_request(store: StateStore) -> None:
+    op = store.create_operation(
+        "mig.apply", request_id="req-1", request={"layout": "all-1g.10gb"}, metadata={"step": 0}
+    )
+    assert len(op.id) == 32
+    assert (op.kind, op.state, op.request_id) == ("mig.apply", "pending", "req-1")
+    assert op.request == {"layout": "all-1g.10gb"}
+    assert op.metadata == {"step": 0}
+    assert (op.result, op.error, op.cancel_requested, op.done) == (None, None, False, False)
+    assert op.created_at == op.updated_at
+    assert store.get_operation(op.id) == op
+
+
+def test_a_retry_with_the_same_request_id_returns_the_first_operation(store: StateStore) -> None:
+    """Idempotent create: the key order of the request does not matter."""
+    first = store.create_operation("prewarm", request_id="r", request={"a": 1, "b": [1, 2]})
+    again = store.create_operation("prewarm", request_id="r", request={"b": [1, 2], "a": 1})
+    assert again == first
+    assert len(store.list_operations()) == 1
+
+
+def test_the_same_request_id_with_another_request_conflicts(store: StateStore) -> None:
+    store.create_operation("prewarm", request_id="r", request={"a": 1})
+    with pytest.raises(Conflict, match="'r'"):
+        store.create_operation("prewarm", request_id="r", request={"a": 2})
+
+
+def test_request_ids_are_per_kind_and_optional(store: StateStore) -> None:
+    a = store.create_operation("prewarm", request_id="r", request={"a": 1})
+    b = store.create_operation("mig.apply", request_id="r", request={"a": 2})
+    c = store.create_operation("mig.apply", request_id=None, request={"a": 2})
+    d = store.create_operation("mig.apply", request_id=None, request={"a": 2})
+    assert len({a.id, b.id, c.id, d.id}) == 4
+
+
+def test_an_unknown_operation_is_not_found(store: StateStore) -> None:
+    with pytest.raises(NotFound):
+        store.get_operation("nope")
+    with pytest.raises(NotFound):
+        store.update_operation("nope", state="running")
+
+
+def test_update_sets_only_the_given_fields(store: StateStore) -> None:
+    op = store.create_operation("mig.apply", request_id=None, request={}, metadata={"step": 0})
+    running = store.update_operation(op.id, state="running")
+    assert (running.state, running.metadata) == ("running", {"step": 0})
+    assert running.updated_at > op.updated_at
+    progressed = store.update_operation(op.id, metadata={"step": 2})
+    assert (progressed.state, progressed.metadata) == ("running", {"step": 2})
+    done = store.update_operation(op.id, state="succeeded", result={"gpus": 8})
+    assert done.done
+    assert done.result == {"gpus": 8}
+    assert done.created_at == op.created_at
+
+
+def test_a_done_operation_is_final(store: StateStore) -> None:
+    """A late worker cannot overwrite a cancellation (or any other end state)."""
+    op = store.create_operation("prewarm", request_id=None, request={})
+    store.update_operation(op.id, state="cancelled")
+    with pytest.raises(Conflict, match="already cancelled"):
+        store.update_operation(op.id, state="succeeded", result={})
+    assert store.get_operation(op.id).state == "cancelled"
+
+
+def test_an_unknown_state_is_rejected(store: StateStore) -> None:
+    op = store.create_operation("prewarm", request_id=None, request={})
+    with pytest.raises(InvalidSpec, match="pending, running, succeeded, failed, cancelled"):
+        store.update_operation(op.id, state="done")
+
+
+def test_request_cancel_flags_a_running_operation_only(store: StateStore) -> None:
+    running = store.create_operation("prewarm", request_id=None, request={})
+    store.update_operation(running.id, state="running")
+    assert store.request_cancel(running.id).cancel_requested
+    finished = store.create_operation("prewarm", request_id=None, request={})
+    store.update_operation(finished.id, state="succeeded")
+    assert not store.request_cancel(finished.id).cancel_requested
+
+
+def test_list_filters_by_kind_and_done_newest_first(store: StateStore) -> None:
+    a = store.create_operation("prewarm", request_id=None, request={"n": 1})
+    b = store.create_operation("mig.apply", request_id=None, request={"n": 2})
+    c = store.create_operation("prewarm", request_id=None, request={"n": 3})
+    store.update_operation(a.id, state="failed", error={"type": "Busy", "message": "x"})
+    assert [op.id for op in store.list_operations()] == [c.id, b.id, a.id]
+    assert [op.id for op in store.list_operations(kind="prewarm")] == [c.id, a.id]
+    assert [op.id for op in store.list_operations(done=True)] == [a.id]
+    assert [op.id for op in store.list_operations(done=False)] == [c.id, b.id]
+    assert [op.id for op in store.list_operations(limit=1)] == [c.id]
+    with pytest.raises(InvalidSpec):
+        store.list_operations(limit=0)
+
+
+def test_mark_interrupted_fails_what_a_previous_process_left(db_path: Path) -> None:
+    with StateStore(db_path) as before:
+        pending = before.create_operation("prewarm", request_id=None, request={})
+        running = before.create_operation("mig.apply", request_id=None, request={})
+        before.update_operation(running.id, state="running")
+        finished = before.create_operation("prewarm", request_id=None, request={})
+        before.update_operation(finished.id, state="succeeded")
+    with StateStore(db_path) as after:
+        marked = after.mark_interrupted_operations("agent restarted")
+        assert [op.id for op in marked] == [pending.id, running.id]
+        for op in marked:
+            assert op.state == "failed"
+            assert op.error == {"type": INTERRUPTED, "message": "agent restarted"}
+        assert after.get_operation(finished.id).state == "succeeded"
+        assert after.mark_interrupted_operations("again") == []
+
+
+# --- journal -------------------------------------------------------------------------------------
+
+
+def test_journal_round_trip(store: StateStore) -> None:
+    first = store.journal_append("mig:GPU-a", {"step": "snapshot", "gis": [[9, 0, 4]]})
+    store.journal_append("mig:GPU-b", {"step": "snapshot"})
+    second = store.journal_append("mig:GPU-a", {"step": "destroy", "gi": 1})
+    assert first < second
+    assert store.journal_entries("mig:GPU-a") == [
+        (first, {"step": "snapshot", "gis": [[9, 0, 4]]}),
+        (second, {"step": "destroy", "gi": 1}),
+    ]
+    assert store.journal_scopes() == ["mig:GPU-a", "mig:GPU-b"]
+    store.journal_clear("mig:GPU-a")
+    assert store.journal_entries("mig:GPU-a") == []
+    assert store.journal_scopes() == ["mig:GPU-b"]
+
+
+def test_journal_sequence_numbers_are_never_reused(store: StateStore) -> None:
+    """Entries written after a clear still sort after every earlier entry."""
+    old = store.journal_append("mig:GPU-a", {"n": 1})
+    store.journal_clear("mig:GPU-a")
+    assert store.journal_append("mig:GPU-a", {"n": 2}) > old
+
+
+# --- several connections and processes ---------------------------------------------------------
+
+
+def test_two_stores_on_one_file_see_each_others_commits(db_path: Path) -> None:
+    with StateStore(db_path) as one, StateStore(db_path) as two:
+        op = one.create_operation("prewarm", request_id="r", request={})
+        assert two.get_operation(op.id) == op
+        two.journal_append("mig:GPU-a", {"n": 1})
+        assert one.journal_scopes() == ["mig:GPU-a"]
+        # The unique request id holds across connections too.
+        assert two.create_operation("prewarm", request_id="r", request={}) == op
+
+
+def test_another_process_sees_our_commits_and_we_see_its(db_path: Path) -> None:
+    with StateStore(db_path) as store:
+        op = store.create_operation("prewarm", request_id=None, request={"x": 1})
+        child = run_python(
+            f"""
+            from pathlib import Path
+            from agent.state import StateStore
+            with StateStore(Path({str(db_path)!r})) as store:
+                print(store.get_operation({op.id!r}).request["x"])
+                store.journal_append("from-child", {{"ok": True}})
+            """
+        )
+        assert child.returncode == 0, child.stderr
+        assert child.stdout.strip() == "1"
+        assert store.journal_entries("from-child")[0][1] == {"ok": True}
+
+
+def test_concurrent_writers_in_two_processes_lose_nothing(db_path: Path) -> None:
+    """BEGIN IMMEDIATE and busy_timeout queue writers instead of failing them."""
+    StateStore(db_path).close()
+    writer = f"""
+        import sys
+        from pathlib import Path
+        from agent.state import StateStore
+        with StateStore(Path({str(db_path)!r})) as store:
+            for n in range(200):
+                store.journal_append("w" + sys.argv[1], {{"n": n}})
+    """
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", textwrap.dedent(writer), str(i)], env=env)
+        for i in range(2)
+    ]
+    assert [proc.wait(timeout=60) for proc in procs] == [0, 0]
+    with StateStore(db_path) as store:
+        assert len(store.journal_entries("w0")) == len(store.journal_entries("w1")) == 200
+
+
+def test_a_process_killed_inside_a_transaction_leaves_only_whole_commits(db_path: Path) -> None:
+    """SIGKILL before COMMIT: the committed entry stays, the half-written ones vanish."""
+    child = run_python(
+        f"""
+        import os, signal
+        from pathlib import Path
+        from agent.state import StateStore
+        store = StateStore(Path({str(db_path)!r}))
+        store.journal_append("mig:GPU-a", {{"step": "committed"}})
+        with store.transaction():
+            store.journal_append("mig:GPU-a", {{"step": "uncommitted"}})
+            store.create_operation("mig.apply", request_id="lost", request={{}})
+            os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    assert child.returncode == -9, child.stderr
+    with StateStore(db_path) as store:
+        with store.transaction() as conn:
+            assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert [entry for _, entry in store.journal_entries("mig:GPU-a")] == [{"step": "committed"}]
+        assert store.list_operations() == []
+        # The dead writer's lock is gone: we can write.
+        store.journal_append("mig:GPU-a", {"step": "after"})
