@@ -1,0 +1,244 @@
+"""``gpu-agent prewarm …`` and ``gpu-agent cache …``: warm files and images, see the inventory.
+
+Direct mode: the command opens the agent's state database and cache directory itself and, unless
+``--no-wait``, does the fetch in the foreground with progress on stderr. A queued item (from
+``--no-wait``, or one whose process died) is picked up by the agent's workers, resuming from its
+partial file.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+from agent.cli.context import CliContext
+from agent.cli.render import emit, format_table, human_bytes, output_option
+from agent.prewarm.errors import FetchFailed
+from agent.prewarm.factory import build_service
+from agent.prewarm.manifest import load_manifest
+from agent.prewarm.model import CacheItem, FileRequest, ImageRequest, ItemState, Progress
+from agent.prewarm.service import PrewarmService
+
+
+def _service(ctx: click.Context) -> PrewarmService:
+    obj: CliContext = ctx.obj
+    service = build_service(obj.config.prewarm, obj.config.state_dir / "agent.db")
+    ctx.call_on_close(service.index.close)
+    return service
+
+
+class _Terminal:
+    """Progress on stderr: one rewritten line on a terminal, a line every 5 s in a log."""
+
+    def __init__(self) -> None:
+        self._tty = sys.stderr.isatty()
+        self._last = 0.0
+
+    def __call__(self, p: Progress) -> None:
+        now = time.monotonic()
+        if not self._tty and now - self._last < 5 and p.done_bytes != p.total_bytes:
+            return
+        self._last = now
+        total = human_bytes(p.total_bytes) if p.total_bytes is not None else "?"
+        pct = f" {100 * p.done_bytes / p.total_bytes:5.1f}%" if p.total_bytes else ""
+        eta = f" ETA {p.eta_s:.0f}s" if p.eta_s is not None else ""
+        line = f"{human_bytes(p.done_bytes)} / {total}{pct} {human_bytes(int(p.rate_bps))}/s{eta}"
+        click.echo(("\r" + line.ljust(60)) if self._tty else line, err=True, nl=not self._tty)
+
+
+def _run_all(service: PrewarmService, items: Sequence[CacheItem], wait: bool) -> list[CacheItem]:
+    if not wait:
+        return list(items)
+    terminal = _Terminal()
+    unsubscribe = service.subscribe(terminal)
+    try:
+        done = [service.run(item.id) for item in items]
+    finally:
+        unsubscribe()
+        if terminal._tty:
+            click.echo("", err=True)
+    return done
+
+
+def _finish(items: Sequence[CacheItem], output: str) -> None:
+    emit(list(items), output, _items_table)
+    failed = [i for i in items if i.state is ItemState.FAILED]
+    if failed:
+        raise FetchFailed("; ".join(f"{i.name}: {i.error}" for i in failed))
+
+
+def _items_table(items: Sequence[CacheItem]) -> str:
+    rows = [
+        (
+            i.id,
+            i.kind.value,
+            i.name,
+            i.state.value,
+            human_bytes(i.size),
+            human_bytes(i.fetched_bytes) if i.state is ItemState.FETCHING else "-",
+            "yes" if i.pinned else "",
+            i.hits,
+            f"{i.warm_seconds:.1f}s" if i.warm_seconds is not None else "-",
+            i.error or "",
+        )
+        for i in items
+    ]
+    headers = ("ID", "KIND", "NAME", "STATE", "SIZE", "FETCHED", "PINNED", "HITS", "WARM", "ERROR")
+    return format_table(headers, rows)
+
+
+_wait_option = click.option(
+    "--wait/--no-wait",
+    default=True,
+    show_default=True,
+    help="Fetch now with progress, or only queue for the agent's workers.",
+)
+
+
+@click.group()
+def prewarm() -> None:
+    """Warm model/dataset files and container images on this node before pods land."""
+
+
+@prewarm.command("file")
+@click.argument("url")
+@click.option("--sha256", metavar="HEX", help="Expected sha256; the item fails on a mismatch.")
+@click.option("--name", help="Item name (default: from the URL); the node label and by-name path.")
+@click.option("--pin", is_flag=True, help="Never evict this item.")
+@click.option(
+    "--header",
+    "headers",
+    multiple=True,
+    metavar="NAME=FILE",
+    help="Send header NAME with the value read from FILE (a mounted secret). Repeatable.",
+)
+@_wait_option
+@output_option
+@click.pass_context
+def prewarm_file(
+    ctx: click.Context,
+    url: str,
+    sha256: str | None,
+    name: str | None,
+    pin: bool,
+    headers: tuple[str, ...],
+    wait: bool,
+    output: str,
+) -> None:
+    """Fetch URL into the content-addressed cache (https; http only when allowed).
+
+    \b
+    Example:
+      gpu-agent prewarm file https://models.example.com/llama/model.safetensors \\
+        --name llama-8b --sha256 3f2a... --header Authorization=/secrets/hf/header
+    """
+    header_files = {}
+    for spec in headers:
+        key, sep, path = spec.partition("=")
+        if not sep or not key or not path:
+            raise click.BadParameter(f"{spec!r}: expected NAME=FILE", param_hint="--header")
+        header_files[key] = Path(path)
+    service = _service(ctx)
+    request = FileRequest(url, name=name, sha256=sha256, pin=pin, header_files=header_files)
+    _finish(_run_all(service, [service.submit(request)], wait), output)
+
+
+@prewarm.command("image")
+@click.argument("ref")
+@click.option("--runtime-handler", help="CRI runtime handler, e.g. nydus for a lazy snapshotter.")
+@click.option("--name", help="Item name (default: from the reference).")
+@click.option("--pin", is_flag=True, help="Keep the image listed as pinned.")
+@_wait_option
+@output_option
+@click.pass_context
+def prewarm_image(
+    ctx: click.Context,
+    ref: str,
+    runtime_handler: str | None,
+    name: str | None,
+    pin: bool,
+    wait: bool,
+    output: str,
+) -> None:
+    """Pull image REF through the node's CRI (containerd, namespace k8s.io)."""
+    service = _service(ctx)
+    request = ImageRequest(ref, name=name, runtime_handler=runtime_handler, pin=pin)
+    _finish(_run_all(service, [service.submit(request)], wait), output)
+
+
+@prewarm.command("apply")
+@click.argument("manifest", type=click.Path(path_type=Path, dir_okay=False))
+@_wait_option
+@output_option
+@click.pass_context
+def prewarm_apply(ctx: click.Context, manifest: Path, wait: bool, output: str) -> None:
+    """Warm every file and image of a manifest (version: 1, items: [...])."""
+    service = _service(ctx)
+    items = service.submit_all(load_manifest(manifest))
+    _finish(_run_all(service, items, wait), output)
+
+
+@prewarm.command("list")
+@output_option
+@click.pass_context
+def prewarm_list(ctx: click.Context, output: str) -> None:
+    """Every item with its state, size, hits and time to warm."""
+    emit(_service(ctx).items(), output, _items_table)
+
+
+@prewarm.command("cancel")
+@click.argument("item")
+@output_option
+@click.pass_context
+def prewarm_cancel(ctx: click.Context, item: str, output: str) -> None:
+    """Cancel a queued or running item (by id or name); its partial file is deleted."""
+    emit([_service(ctx).cancel(item)], output, _items_table)
+
+
+@click.group()
+def cache() -> None:
+    """The node's file cache: usage, eviction and pins."""
+
+
+@cache.command("list")
+@output_option
+@click.pass_context
+def cache_list(ctx: click.Context, output: str) -> None:
+    """Ready items and the budget they count against."""
+    service = _service(ctx)
+    usage = service.store.usage()
+    ready = [i for i in service.items() if i.state is ItemState.READY]
+    data = {"usage": usage, "items": ready}
+
+    def table(d: dict[str, object]) -> str:
+        head = (
+            f"used {human_bytes(usage.used_bytes)} of {human_bytes(usage.capacity_bytes)} "
+            f"(pinned {human_bytes(usage.pinned_bytes)}, "
+            f"reserved {human_bytes(usage.reserved_bytes)})"
+        )
+        return head + "\n" + _items_table(ready)
+
+    emit(data, output, table)
+
+
+@cache.command("evict")
+@click.argument("item")
+@output_option
+@click.pass_context
+def cache_evict(ctx: click.Context, item: str, output: str) -> None:
+    """Delete a ready, unpinned file from the cache."""
+    emit([_service(ctx).evict(item)], output, _items_table)
+
+
+@cache.command("pin")
+@click.argument("item")
+@click.option("--unpin", is_flag=True, help="Make the item evictable again.")
+@output_option
+@click.pass_context
+def cache_pin(ctx: click.Context, item: str, unpin: bool, output: str) -> None:
+    """Keep an item out of LRU eviction (or release it with --unpin)."""
+    emit([_service(ctx).pin(item, not unpin)], output, _items_table)

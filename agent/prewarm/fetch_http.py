@@ -1,0 +1,307 @@
+"""HTTP(S) fetcher: direct to the origin, or through dfdaemon's HTTP proxy (prewarm.md §1.2).
+
+Streams into a `Partial`, resuming with ``Range`` + ``If-Range`` after a dropped connection or a
+restart. Every URL, redirects included, passes `UrlPolicy`; direct connections go to the address
+the policy checked. Request headers (tokens) go only to the first origin: a redirect to another
+host drops them, and no header value appears in an error or a log line.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import re
+import socket
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+from agent.prewarm.errors import Cancelled, FetchFailed
+from agent.prewarm.policy import Target, UrlPolicy, redact_url
+from agent.prewarm.store import Partial
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[int, int | None], None]
+CancelledFn = Callable[[], bool]
+
+_BUF = 1024 * 1024
+_REDIRECTS = (301, 302, 303, 307, 308)
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+_UNSATISFIED_RANGE = re.compile(r"bytes \*/(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSpec:
+    """What to fetch; ``headers`` hold secrets and are never logged."""
+
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    expected_sha256: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FetchInfo:
+    """What the fetch learned beyond the bytes (e.g. the Dragonfly task id, to match pulls)."""
+
+    dragonfly_task_id: str | None = None
+
+
+class _Retry(Exception):
+    """A failure a later attempt may get past (dropped connection, 5xx, short body)."""
+
+
+class _PinnedHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, target: Target, timeout: float) -> None:
+        super().__init__(target.host, target.port, timeout=timeout)
+        self._target = target
+
+    def connect(self) -> None:
+        self.sock = _connect(self._target, self.timeout)
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, target: Target, timeout: float, context: ssl.SSLContext) -> None:
+        super().__init__(target.host, target.port, timeout=timeout, context=context)
+        self._target = target
+        self._ctx = context
+
+    def connect(self) -> None:
+        raw = _connect(self._target, self.timeout)
+        self.sock = self._ctx.wrap_socket(raw, server_hostname=self._target.host)
+
+
+def _connect(target: Target, timeout: float | None) -> socket.socket:
+    last: OSError | None = None
+    for address in target.addresses:
+        try:
+            sock = socket.create_connection((address, target.port), timeout=timeout)
+        except OSError as exc:
+            last = exc
+            continue
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+    raise ConnectionError(f"cannot connect to {target.host}:{target.port}: {last}")
+
+
+class HttpFetcher:
+    """Fetch one URL into a Partial; retries transient failures with exponential back-off.
+
+    With ``proxy`` (dfdaemon's proxy, e.g. http://127.0.0.1:4001), plain-http URLs are sent in
+    absolute form and https URLs through CONNECT (dfdaemon then terminates TLS, so
+    ``ssl_context`` must trust its CA). ``X-Dragonfly-Use-P2P`` routes the GET through P2P
+    whatever the proxy rules; tag and application stay unset so the task id matches a pod's
+    later plain download of the same URL (prewarm.md §1.4).
+    """
+
+    def __init__(
+        self,
+        policy: UrlPolicy,
+        proxy: str | None = None,
+        timeout_s: float = 30.0,
+        retries: int = 5,
+        backoff_s: float = 1.0,
+        max_redirects: int = 5,
+        ssl_context: ssl.SSLContext | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._policy = policy
+        self._proxy = urlsplit(proxy) if proxy else None
+        self._timeout = timeout_s
+        self._retries = retries
+        self._backoff = backoff_s
+        self._max_redirects = max_redirects
+        self._ssl = ssl_context or ssl.create_default_context()
+        self._sleep = sleep
+
+    @property
+    def mode(self) -> str:
+        return "dragonfly-proxy" if self._proxy else "direct"
+
+    def fetch(
+        self, spec: FetchSpec, partial: Partial, progress: ProgressFn, cancelled: CancelledFn
+    ) -> FetchInfo:
+        attempt = 0
+        while True:
+            try:
+                return self._attempt(spec, partial, progress, cancelled)
+            except _Retry as exc:
+                attempt += 1
+                if attempt > self._retries:
+                    raise FetchFailed(
+                        f"fetching {redact_url(spec.url)} failed after {attempt} attempts: {exc}"
+                    ) from None
+                delay = min(self._backoff * 2 ** (attempt - 1), 30.0)
+                log.warning(
+                    "fetch of %s interrupted at %d bytes (%s); resuming in %.1fs",
+                    redact_url(spec.url),
+                    partial.offset,
+                    exc,
+                    delay,
+                )
+                self._sleep(delay)
+
+    def _attempt(
+        self, spec: FetchSpec, partial: Partial, progress: ProgressFn, cancelled: CancelledFn
+    ) -> FetchInfo:
+        conn, resp = self._open(spec, partial)
+        try:
+            total = self._start(spec, partial, resp)
+            partial.admit(total)
+            self._stream(resp, partial, total, progress, cancelled)
+            return FetchInfo(dragonfly_task_id=resp.getheader("X-Dragonfly-Task-ID"))
+        except (OSError, http.client.HTTPException) as exc:
+            raise _Retry(_describe(exc)) from None
+        finally:
+            conn.close()
+
+    def _open(
+        self, spec: FetchSpec, partial: Partial
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        url = spec.url
+        headers = dict(spec.headers)
+        origin = _origin(url)
+        for _ in range(self._max_redirects + 1):
+            target = self._policy.check(url)
+            conn = self._connection(target)
+            request_headers = self._headers(url, target, headers, partial, spec.url)
+            try:
+                conn.request("GET", self._request_target(url), headers=request_headers)
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                raise _Retry(_describe(exc)) from None
+            if resp.status not in _REDIRECTS:
+                return conn, resp
+            location = resp.getheader("Location")
+            conn.close()
+            if not location:
+                raise FetchFailed(f"redirect without Location from {redact_url(url)}")
+            url = urljoin(url, location)
+            if _origin(url) != origin:
+                headers = {}  # tokens are for the origin the user named, not where it points
+        raise FetchFailed(f"more than {self._max_redirects} redirects from {redact_url(spec.url)}")
+
+    def _connection(self, target: Target) -> http.client.HTTPConnection:
+        if self._proxy is None:
+            if target.scheme == "https":
+                return _PinnedHTTPSConnection(target, self._timeout, self._ssl)
+            return _PinnedHTTPConnection(target, self._timeout)
+        proxy_host = self._proxy.hostname or "127.0.0.1"
+        proxy_port = self._proxy.port or 80
+        if target.scheme == "https":
+            conn = http.client.HTTPSConnection(
+                proxy_host, proxy_port, timeout=self._timeout, context=self._ssl
+            )
+            conn.set_tunnel(target.host, target.port)
+            return conn
+        return http.client.HTTPConnection(proxy_host, proxy_port, timeout=self._timeout)
+
+    def _request_target(self, url: str) -> str:
+        parts = urlsplit(url)
+        if self._proxy is not None and parts.scheme == "http":
+            return url
+        return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+    def _headers(
+        self, url: str, target: Target, headers: Mapping[str, str], partial: Partial, first: str
+    ) -> dict[str, str]:
+        out = {"User-Agent": "gpu-agent-prewarm", "Accept-Encoding": "identity", **headers}
+        default_port = 443 if target.scheme == "https" else 80
+        out["Host"] = target.host if target.port == default_port else f"{target.host}:{target.port}"
+        validators = partial.validators
+        if partial.offset > 0 and validators.get("url") == first:
+            out["Range"] = f"bytes={partial.offset}-"
+            validator = validators.get("etag") or validators.get("last_modified")
+            if validator and not str(validator).startswith("W/"):
+                out["If-Range"] = str(validator)
+        if self._proxy is not None:
+            out["X-Dragonfly-Use-P2P"] = "true"
+            if "Range" in out:
+                # A range request would only cache that range; ask dfdaemon for the whole file.
+                out["X-Dragonfly-Prefetch"] = "true"
+        return out
+
+    def _start(
+        self, spec: FetchSpec, partial: Partial, resp: http.client.HTTPResponse
+    ) -> int | None:
+        """Check the status, line the partial up with the body; return the file's total size."""
+        status = resp.status
+        if status == 206:
+            match = _CONTENT_RANGE.fullmatch(resp.getheader("Content-Range", ""))
+            if match is None or int(match[1]) != partial.offset:
+                partial.restart()
+                raise _Retry("origin answered a range other than the one asked")
+            total = None if match[3] == "*" else int(match[3])
+        elif status == 200:
+            if partial.offset:
+                log.info(
+                    "origin ignored the range for %s; fetching from zero", redact_url(spec.url)
+                )
+                partial.restart()
+            length = resp.getheader("Content-Length")
+            total = int(length) if length and length.isdigit() else None
+        elif status == 416:
+            match = _UNSATISFIED_RANGE.fullmatch(resp.getheader("Content-Range", ""))
+            if match is not None and int(match[1]) == partial.offset:
+                resp.read()
+                return partial.offset
+            partial.restart()
+            raise _Retry("origin refused the resume range")
+        elif status == 429 or status >= 500:
+            raise _Retry(f"origin answered {status} {resp.reason}{_dragonfly_error(resp)}")
+        else:
+            raise FetchFailed(
+                f"origin answered {status} {resp.reason} for {redact_url(spec.url)}"
+                f"{_dragonfly_error(resp)}"
+            )
+        partial.save_validators(
+            {
+                "url": spec.url,
+                "etag": resp.getheader("ETag"),
+                "last_modified": resp.getheader("Last-Modified"),
+                "total": total,
+            }
+        )
+        return total
+
+    def _stream(
+        self,
+        resp: http.client.HTTPResponse,
+        partial: Partial,
+        total: int | None,
+        progress: ProgressFn,
+        cancelled: CancelledFn,
+    ) -> None:
+        buf = bytearray(_BUF)
+        view = memoryview(buf)
+        progress(partial.offset, total)
+        while total is None or partial.offset < total:
+            n = resp.readinto(buf)
+            if not n:
+                break
+            partial.write(view[:n])
+            progress(partial.offset, total)
+            if cancelled():
+                raise Cancelled("cancelled")
+        if total is not None and partial.offset < total:
+            raise _Retry(f"connection closed at {partial.offset} of {total} bytes")
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, http.client.IncompleteRead):
+        return f"connection closed mid-body ({len(exc.partial)} bytes in the last read)"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _dragonfly_error(resp: Any) -> str:
+    kind = resp.getheader("X-Dragonfly-Error-Type")
+    return f" (dragonfly error type: {kind})" if kind else ""

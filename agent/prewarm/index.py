@@ -1,0 +1,207 @@
+"""The cache inventory in SQLite: one row per item, one per image pull.
+
+`SCHEMA` is the migration agent/state.py applies; `PrewarmIndex.open` also applies it (every
+statement is IF NOT EXISTS) so the CLI and tests work on a bare database. Rows are shared by
+the agent and the CLI in direct mode, so cross-process decisions (claiming an item, admitting
+bytes) happen inside one IMMEDIATE transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from agent.errors import Conflict, NotFound
+from agent.prewarm.model import CacheItem, ItemKind, ItemState
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS prewarm_items (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL UNIQUE,
+    source TEXT NOT NULL,
+    state TEXT NOT NULL,
+    pinned INTEGER NOT NULL DEFAULT 0,
+    size INTEGER,
+    sha256 TEXT,
+    expected_sha256 TEXT,
+    fetched_bytes INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    last_used REAL,
+    hits INTEGER NOT NULL DEFAULT 0,
+    error TEXT,
+    warm_seconds REAL,
+    options TEXT NOT NULL DEFAULT '{}',
+    owner_pid INTEGER
+);
+CREATE INDEX IF NOT EXISTS prewarm_items_sha256 ON prewarm_items (sha256);
+CREATE TABLE IF NOT EXISTS prewarm_image_pulls (
+    ref TEXT NOT NULL,
+    cold INTEGER NOT NULL,
+    seconds REAL NOT NULL,
+    at REAL NOT NULL
+);
+"""
+
+_COLUMNS = tuple(f.name for f in fields(CacheItem))
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePull:
+    """One CRI pull: ``cold`` when the image was absent before it."""
+
+    ref: str
+    cold: bool
+    seconds: float
+    at: float
+
+
+def _to_row(item: CacheItem) -> dict[str, Any]:
+    row = {name: getattr(item, name) for name in _COLUMNS}
+    row["kind"] = item.kind.value
+    row["state"] = item.state.value
+    row["pinned"] = int(item.pinned)
+    row["options"] = json.dumps(dict(item.options), sort_keys=True)
+    return row
+
+
+def _from_row(row: sqlite3.Row) -> CacheItem:
+    data = {name: row[name] for name in _COLUMNS}
+    data["kind"] = ItemKind(data["kind"])
+    data["state"] = ItemState(data["state"])
+    data["pinned"] = bool(data["pinned"])
+    data["options"] = json.loads(data["options"])
+    return CacheItem(**data)
+
+
+class PrewarmIndex:
+    """Typed operations on the prewarm tables; safe to share between threads."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        conn.row_factory = sqlite3.Row
+        self._conn = conn
+        self._lock = threading.RLock()
+
+    @classmethod
+    def open(cls, path: Path) -> PrewarmIndex:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA busy_timeout=30000")
+        conn.executescript(SCHEMA)
+        return cls(conn)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """An IMMEDIATE transaction: other processes wait, so check-then-write is atomic."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def insert(self, item: CacheItem) -> CacheItem:
+        row = _to_row(item)
+        cols = ", ".join(row)
+        marks = ", ".join(f":{c}" for c in row)
+        try:
+            with self._lock:
+                self._conn.execute(f"INSERT INTO prewarm_items ({cols}) VALUES ({marks})", row)
+        except sqlite3.IntegrityError:
+            raise Conflict(f"a cache item named {item.name!r} already exists") from None
+        return item
+
+    def update(self, item_id: str, **changes: Any) -> CacheItem:
+        """Set columns of one item and return the new row."""
+        current = self.get(item_id)
+        row = _to_row(replace(current, **changes))
+        sets = ", ".join(f"{c} = :{c}" for c in changes)
+        with self._lock:
+            self._conn.execute(f"UPDATE prewarm_items SET {sets} WHERE id = :id", row)
+        return self.get(item_id)
+
+    def set_owner(self, item_id: str, pid: int | None) -> None:
+        with self._lock:
+            self._conn.execute(
+                "UPDATE prewarm_items SET owner_pid = ? WHERE id = ?", (pid, item_id)
+            )
+
+    def owner(self, item_id: str) -> int | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT owner_pid FROM prewarm_items WHERE id = ?", (item_id,)
+            ).fetchone()
+        return None if row is None else row[0]
+
+    def get(self, item_id: str) -> CacheItem:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT * FROM prewarm_items WHERE id = ?", (item_id,)
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"no cache item with id {item_id!r}")
+        return _from_row(row)
+
+    def find(self, id_or_name: str) -> CacheItem:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT * FROM prewarm_items WHERE id = ? OR name = ?", (id_or_name, id_or_name)
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"no cache item with id or name {id_or_name!r}")
+        return _from_row(row)
+
+    def find_by_name(self, name: str) -> CacheItem | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT * FROM prewarm_items WHERE name = ?", (name,)
+            ).fetchone()
+        return None if row is None else _from_row(row)
+
+    def items(self, states: Sequence[ItemState] = ()) -> list[CacheItem]:
+        query = "SELECT * FROM prewarm_items"
+        args: list[str] = []
+        if states:
+            query += f" WHERE state IN ({', '.join('?' for _ in states)})"
+            args = [s.value for s in states]
+        with self._lock:
+            rows = self._conn.execute(query + " ORDER BY created_at, id", args).fetchall()
+        return [_from_row(r) for r in rows]
+
+    def ready_with_digest(self, sha256: str) -> list[CacheItem]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT * FROM prewarm_items WHERE sha256 = ? AND state = ? AND kind = ?",
+                (sha256, ItemState.READY.value, ItemKind.FILE.value),
+            ).fetchall()
+        return [_from_row(r) for r in rows]
+
+    def record_pull(self, pull: ImagePull) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO prewarm_image_pulls (ref, cold, seconds, at) VALUES (?, ?, ?, ?)",
+                (pull.ref, int(pull.cold), pull.seconds, pull.at),
+            )
+
+    def pulls(self, ref: str | None = None) -> list[ImagePull]:
+        query = "SELECT ref, cold, seconds, at FROM prewarm_image_pulls"
+        args: tuple[str, ...] = ()
+        if ref is not None:
+            query, args = query + " WHERE ref = ?", (ref,)
+        with self._lock:
+            rows = self._conn.execute(query + " ORDER BY at", args).fetchall()
+        return [ImagePull(r[0], bool(r[1]), r[2], r[3]) for r in rows]

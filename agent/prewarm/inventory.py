@@ -1,0 +1,121 @@
+"""The inventory as others see it: node labels for cache affinity, and Prometheus series.
+
+Both are pure renderings of one `Inventory` snapshot; the collector never touches the disk or
+the network on a scrape (it calls the supplier, which reads the index).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agent.prewarm.index import ImagePull
+from agent.prewarm.model import CacheItem, ItemState
+from agent.prewarm.naming import LABEL_PREFIX, label_key
+from agent.prewarm.store import Usage
+
+READY_VALUE = "ready"
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    items: Sequence[CacheItem]
+    usage: Usage
+    pulls: Sequence[ImagePull]
+
+
+def node_labels(items: Sequence[CacheItem]) -> dict[str, str]:
+    """``gpu-agent.io/cache.<short-name>: ready`` for every ready item."""
+    return {label_key(i.name): READY_VALUE for i in items if i.state is ItemState.READY}
+
+
+def label_patch(current: Mapping[str, str], items: Sequence[CacheItem]) -> dict[str, Any]:
+    """A JSON merge patch of the Node that sets ready labels and removes our stale ones.
+
+    Only keys under ``gpu-agent.io/cache.`` are touched; ``None`` deletes a label. Empty when the
+    node already matches, so the publisher can skip the API call.
+    """
+    wanted = node_labels(items)
+    changes: dict[str, str | None] = {k: v for k, v in wanted.items() if current.get(k) != v}
+    for key in current:
+        if key.startswith(LABEL_PREFIX) and key not in wanted:
+            changes[key] = None
+    return {"metadata": {"labels": changes}} if changes else {}
+
+
+class PrewarmCollector(Collector):
+    """``gpu_agent_prewarm_*`` series from the latest inventory."""
+
+    def __init__(self, inventory: Callable[[], Inventory]) -> None:
+        self._inventory = inventory
+
+    def collect(self) -> Iterator[Metric]:
+        inv = self._inventory()
+        labels = ["kind", "name"]
+        state = GaugeMetricFamily(
+            "gpu_agent_prewarm_item_state",
+            "1 for the state each cache item is in.",
+            labels=[*labels, "state"],
+        )
+        size = GaugeMetricFamily(
+            "gpu_agent_prewarm_item_size_bytes", "Bytes of a cache item.", labels=labels
+        )
+        hits = CounterMetricFamily(
+            "gpu_agent_prewarm_item_hits",
+            "Requests for an item that found it ready in the cache.",
+            labels=labels,
+        )
+        last_used = GaugeMetricFamily(
+            "gpu_agent_prewarm_item_last_used_timestamp_seconds",
+            "When an item was last requested or warmed (Unix time).",
+            labels=labels,
+        )
+        warm = GaugeMetricFamily(
+            "gpu_agent_prewarm_item_warm_seconds",
+            "Seconds from the start of the fetch (or pull) to ready.",
+            labels=labels,
+        )
+        for item in inv.items:
+            key = [item.kind.value, item.name]
+            for s in ItemState:
+                state.add_metric([*key, s.value], 1.0 if item.state is s else 0.0)
+            if item.size is not None:
+                size.add_metric(key, float(item.size))
+            hits.add_metric(key, float(item.hits))
+            if item.last_used is not None:
+                last_used.add_metric(key, item.last_used)
+            if item.warm_seconds is not None and item.state is ItemState.READY:
+                warm.add_metric(key, item.warm_seconds)
+        yield from (state, size, hits, last_used, warm)
+
+        cache = GaugeMetricFamily(
+            "gpu_agent_prewarm_cache_bytes",
+            "File cache bytes by kind: used (ready blobs), reserved (running fetches), pinned, "
+            "capacity (min of budget and volume share).",
+            labels=["kind"],
+        )
+        u = inv.usage
+        for kind, value in (
+            ("used", u.used_bytes),
+            ("reserved", u.reserved_bytes),
+            ("pinned", u.pinned_bytes),
+            ("capacity", u.capacity_bytes),
+        ):
+            cache.add_metric([kind], float(value))
+        yield cache
+
+        pull = GaugeMetricFamily(
+            "gpu_agent_prewarm_image_pull_seconds",
+            "Duration of the latest CRI pull of an image, cold (absent before) or warm.",
+            labels=["image", "cold"],
+        )
+        latest: dict[tuple[str, str], float] = {}
+        for p in inv.pulls:
+            latest[(p.ref, "true" if p.cold else "false")] = p.seconds
+        for (ref, cold), seconds in sorted(latest.items()):
+            pull.add_metric([ref, cold], seconds)
+        yield pull

@@ -1,0 +1,137 @@
+"""Prewarm manifests: a versioned YAML/JSON list of files and images, parsed strictly.
+
+version: 1
+items:
+  - url: https://models.example.com/llama/model.safetensors
+    name: llama-8b
+    sha256: 3f2a...
+    pin: true
+    header_files: {Authorization: /var/run/secrets/models/token}
+  - image: registry.example.com/serving/vllm:0.6
+    runtime_handler: nydus
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.errors import FieldViolation, InvalidSpec
+from agent.prewarm.model import FileRequest, ImageRequest
+
+_FILE_KEYS = ("url", "name", "sha256", "pin", "header_files")
+_IMAGE_KEYS = ("image", "name", "runtime_handler", "pin")
+
+
+def load_manifest(path: Path) -> list[FileRequest | ImageRequest]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise InvalidSpec(f"cannot read manifest {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise InvalidSpec(f"manifest {path} is not valid YAML: {exc}") from None
+    return parse_manifest(data)
+
+
+def parse_manifest(data: Any) -> list[FileRequest | ImageRequest]:
+    """Requests in manifest order; every violation is reported at once, with its field path."""
+    errors: list[FieldViolation] = []
+    if not isinstance(data, Mapping):
+        raise InvalidSpec("manifest must be a mapping", [FieldViolation("", "version, items")])
+    _unknown(data, ("version", "items"), "", errors)
+    if data.get("version") != 1:
+        errors.append(FieldViolation("version", "must be 1"))
+    items = data.get("items")
+    if not isinstance(items, list) or not items:
+        errors.append(FieldViolation("items", "a non-empty list of files (url) and images (image)"))
+        items = []
+    out: list[FileRequest | ImageRequest] = []
+    for i, entry in enumerate(items):
+        where = f"items[{i}]"
+        if not isinstance(entry, Mapping) or ("url" in entry) == ("image" in entry):
+            errors.append(FieldViolation(where, "a mapping with exactly one of url, image"))
+            continue
+        request = _file(entry, where, errors) if "url" in entry else _image(entry, where, errors)
+        if request is not None:
+            out.append(request)
+    if errors:
+        raise InvalidSpec(f"manifest has {len(errors)} error(s)", errors)
+    return out
+
+
+def _file(entry: Mapping[str, Any], where: str, errors: list[FieldViolation]) -> FileRequest | None:
+    if not _unknown(entry, _FILE_KEYS, where, errors):
+        return None
+    headers = entry.get("header_files") or {}
+    if not isinstance(headers, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        errors.append(FieldViolation(f"{where}.header_files", "a mapping header name -> file path"))
+        return None
+    fields = _strings(entry, ("url", "name", "sha256"), where, errors)
+    pin = _bool(entry, where, errors)
+    if fields is None or pin is None:
+        return None
+    return FileRequest(
+        url=fields["url"] or "",
+        name=fields["name"],
+        sha256=fields["sha256"],
+        pin=pin,
+        header_files={k: Path(v) for k, v in headers.items()},
+    )
+
+
+def _image(
+    entry: Mapping[str, Any], where: str, errors: list[FieldViolation]
+) -> ImageRequest | None:
+    if not _unknown(entry, _IMAGE_KEYS, where, errors):
+        return None
+    fields = _strings(entry, ("image", "name", "runtime_handler"), where, errors)
+    pin = _bool(entry, where, errors)
+    if fields is None or pin is None:
+        return None
+    return ImageRequest(
+        ref=fields["image"] or "",
+        name=fields["name"],
+        runtime_handler=fields["runtime_handler"],
+        pin=pin,
+    )
+
+
+def _unknown(
+    entry: Mapping[str, Any], allowed: tuple[str, ...], where: str, errors: list[FieldViolation]
+) -> bool:
+    ok = True
+    for key in entry:
+        if key not in allowed:
+            near = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            path = f"{where}.{key}" if where else str(key)
+            errors.append(FieldViolation(path, f"unknown key{hint}; allowed: {', '.join(allowed)}"))
+            ok = False
+    return ok
+
+
+def _strings(
+    entry: Mapping[str, Any], keys: tuple[str, ...], where: str, errors: list[FieldViolation]
+) -> dict[str, str | None] | None:
+    out: dict[str, str | None] = {}
+    for key in keys:
+        value = entry.get(key)
+        if value is not None and not isinstance(value, str):
+            errors.append(FieldViolation(f"{where}.{key}", "a string"))
+            return None
+        out[key] = value
+    return out
+
+
+def _bool(entry: Mapping[str, Any], where: str, errors: list[FieldViolation]) -> bool | None:
+    value = entry.get("pin", False)
+    if not isinstance(value, bool):
+        errors.append(FieldViolation(f"{where}.pin", "true or false"))
+        return None
+    return value

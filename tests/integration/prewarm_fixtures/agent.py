@@ -1,0 +1,28 @@
+"""Build a PrewarmService on a temp cache and database, as node.py would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.prewarm.fetch_http import HttpFetcher
+from agent.prewarm.index import PrewarmIndex
+from agent.prewarm.policy import UrlPolicy
+from agent.prewarm.service import FileFetcher, PrewarmService
+from agent.prewarm.store import CacheStore
+
+
+def make_service(
+    tmp: Path,
+    *,
+    budget: int = 1 << 30,
+    share: float = 1.0,
+    cache_dir: Path | None = None,
+    fetcher: FileFetcher | None = None,
+    proxy: str | None = None,
+    policy: UrlPolicy | None = None,
+) -> PrewarmService:
+    index = PrewarmIndex.open(tmp / "state" / "agent.db")
+    store = CacheStore(cache_dir or tmp / "cache", index, budget, share)
+    policy = policy or UrlPolicy(allow_http=True)
+    fetcher = fetcher or HttpFetcher(policy, proxy=proxy, backoff_s=0.01, timeout_s=10)
+    return PrewarmService(index, store, policy, fetcher)

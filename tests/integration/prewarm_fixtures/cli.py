@@ -1,0 +1,52 @@
+"""Run ``gpu-agent`` with the prewarm commands, in a subprocess, as a user would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+# agent/cli/main.py registers command groups; until it registers prewarm and cache, add them here.
+_BOOT = (
+    "import sys; from agent.cli.main import cli, main;"
+    "from agent.cli.prewarm import prewarm, cache;"
+    "[cli.add_command(g) for g in (prewarm, cache) if g.name not in cli.commands];"
+    "main(sys.argv[1:])"
+)
+
+
+def agent_env(tmp: Path, **settings: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["GPU_AGENT_STATE_DIR"] = str(tmp / "state")
+    env["GPU_AGENT_PREWARM__CACHE_DIR"] = str(tmp / "cache")
+    env["GPU_AGENT_PREWARM__ALLOW_HTTP"] = "true"
+    env["PYTHONPATH"] = str(ROOT)
+    for key, value in settings.items():
+        env[f"GPU_AGENT_PREWARM__{key.upper()}"] = value
+    return env
+
+
+def spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", _BOOT, *args],
+        env=env,
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def run(
+    args: list[str], env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _BOOT, *args],
+        env=env,
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )

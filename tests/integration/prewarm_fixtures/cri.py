@@ -1,0 +1,107 @@
+"""Real containerd (CRI plugin) and a local docker-registry, with an image built by umoci and
+pushed by skopeo, for image prewarm tests. Everything lives under a temp dir."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+TOOLS = ("containerd", "docker-registry", "skopeo", "umoci")
+
+
+def missing_tools() -> list[str]:
+    return [t for t in TOOLS if shutil.which(t) is None]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(check: object, what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} did not come up")
+
+
+def _port_open(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+@dataclass
+class Cluster:
+    socket: Path
+    registry: str
+
+
+@contextmanager
+def registry_and_containerd(work: Path) -> Iterator[Cluster]:
+    port = _free_port()
+    reg_conf = work / "registry.yml"
+    reg_conf.write_text(
+        "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: "
+        f"{work / 'registry-data'}\nhttp:\n  addr: 127.0.0.1:{port}\n"
+    )
+    certs = work / "certs.d" / f"127.0.0.1:{port}"
+    certs.mkdir(parents=True)
+    certs.joinpath("hosts.toml").write_text(
+        f'server = "http://127.0.0.1:{port}"\n[host."http://127.0.0.1:{port}"]\n'
+        '  capabilities = ["pull", "resolve"]\n  skip_verify = true\n'
+    )
+    sock = work / "containerd.sock"
+    config = work / "containerd.toml"
+    config.write_text(
+        f'version = 2\nroot = "{work / "root"}"\nstate = "{work / "state"}"\n'
+        f'[grpc]\n  address = "{sock}"\n'
+        '[plugins."io.containerd.grpc.v1.cri"]\n  disable_cgroup = true\n'
+        "  disable_apparmor = true\n  restrict_oom_score_adj = true\n"
+        '[plugins."io.containerd.grpc.v1.cri".containerd]\n  snapshotter = "native"\n'
+        '[plugins."io.containerd.grpc.v1.cri".registry]\n'
+        f'  config_path = "{work / "certs.d"}"\n'
+    )
+    log = (work / "containerd.log").open("w")
+    reg = subprocess.Popen(
+        ["docker-registry", "serve", str(reg_conf)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    ctd = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=log)
+    try:
+        _wait(lambda: _port_open(port), "docker-registry")
+        _wait(sock.exists, "containerd")
+        yield Cluster(sock, f"127.0.0.1:{port}")
+    finally:
+        for proc in (ctd, reg):
+            proc.terminate()
+            proc.wait(20)
+        log.close()
+
+
+def push_image(work: Path, registry: str, repo: str, tag: str, payload: bytes) -> str:
+    """Build a one-layer OCI image with umoci and push it; returns the reference."""
+    layout = work / "oci"
+    run = lambda *a: subprocess.run(a, check=True, capture_output=True)  # noqa: E731
+    if not layout.exists():
+        run("umoci", "init", "--layout", str(layout))
+    run("umoci", "new", "--image", f"{layout}:{tag}")
+    bundle = work / f"bundle-{tag}"
+    run("umoci", "unpack", "--rootless", "--image", f"{layout}:{tag}", str(bundle))
+    (bundle / "rootfs" / "payload.bin").write_bytes(payload)
+    run("umoci", "repack", "--image", f"{layout}:{tag}", str(bundle))
+    ref = f"{registry}/{repo}:{tag}"
+    run("skopeo", "copy", "--dest-tls-verify=false", f"oci:{layout}:{tag}", f"docker://{ref}")
+    return ref

@@ -1,0 +1,66 @@
+"""Image prewarm through our CRI client against a real containerd (CRI plugin) pulling from a
+real local docker-registry; the image is built with umoci and pushed with skopeo."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.prewarm.images import CriPuller, auth_for, registry_host
+from agent.prewarm.model import ImageRequest, ItemState
+from tests.integration.prewarm_fixtures import cri
+from tests.integration.prewarm_fixtures.agent import make_service
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(bool(cri.missing_tools()), reason=f"needs Debian {cri.TOOLS}"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="containerd needs root"),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cri.Cluster]:
+    work = tmp_path_factory.mktemp("cri")
+    with cri.registry_and_containerd(work) as c:
+        yield c
+
+
+def test_pull_through_cri_is_cold_then_warm(tmp_path: Path, cluster: cri.Cluster) -> None:
+    ref = cri.push_image(tmp_path, cluster.registry, "serving/model", "v1", os.urandom(1 << 20))
+    svc = make_service(tmp_path)
+    svc._puller = CriPuller(cluster.socket)
+    item = svc.run(svc.submit(ImageRequest(ref, name="model-image")).id)
+    assert item.state is ItemState.READY, item.error
+    assert item.options["image_ref"].startswith("sha256:")
+    assert CriPuller(cluster.socket).status(ref).id == item.options["image_ref"]
+    again = CriPuller(cluster.socket).pull(ref, None)
+    pulls = svc.pulls()
+    assert [p.cold for p in pulls] == [True]
+    assert again.cold is False
+
+
+def test_pull_of_a_missing_image_fails_the_item(tmp_path: Path, cluster: cri.Cluster) -> None:
+    svc = make_service(tmp_path)
+    svc._puller = CriPuller(cluster.socket)
+    item = svc.run(svc.submit(ImageRequest(f"{cluster.registry}/nope/none:1", name="none")).id)
+    assert item.state is ItemState.FAILED
+    assert item.error
+
+
+def test_docker_config_auth_is_found_for_the_registry(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.json"
+    auths = {
+        "https://index.docker.io/v1/": {"auth": "dTpw"},
+        "r.io": {"username": "a", "password": "b"},
+    }
+    cfg.write_text(json.dumps({"auths": auths}))
+    hub = auth_for("library/nginx:1", cfg)
+    assert hub is not None and (hub.username, hub.password) == ("u", "p")
+    other = auth_for("r.io/x/y:1", cfg)
+    assert other is not None and other.username == "a"
+    assert auth_for("elsewhere.io/x:1", cfg) is None
+    assert registry_host("localhost:5000/x") == "localhost:5000"

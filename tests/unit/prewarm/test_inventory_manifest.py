@@ -1,0 +1,109 @@
+"""Inventory renderings (node labels, metrics), manifests and the progress meter."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from agent.errors import InvalidSpec
+from agent.prewarm.index import ImagePull
+from agent.prewarm.inventory import Inventory, PrewarmCollector, label_patch, node_labels
+from agent.prewarm.manifest import parse_manifest
+from agent.prewarm.model import CacheItem, FileRequest, ImageRequest, ItemKind, ItemState
+from agent.prewarm.progress import ProgressMeter
+from agent.prewarm.store import Usage
+
+
+def item(name: str, state: ItemState, **kw: object) -> CacheItem:
+    return CacheItem(
+        id=name, kind=ItemKind.FILE, name=name, source="https://h/x", state=state, **kw
+    )  # type: ignore[arg-type]
+
+
+def test_only_ready_items_get_a_label() -> None:
+    items = [item("llama", ItemState.READY), item("mistral", ItemState.FETCHING)]
+    assert node_labels(items) == {"gpu-agent.io/cache.llama": "ready"}
+
+
+def test_label_patch_adds_ready_and_removes_only_our_stale_labels() -> None:
+    current = {
+        "gpu-agent.io/cache.old": "ready",
+        "gpu-agent.io/cache.llama": "ready",
+        "kubernetes.io/hostname": "n1",
+    }
+    patch = label_patch(current, [item("llama", ItemState.READY), item("new", ItemState.READY)])
+    assert patch == {
+        "metadata": {"labels": {"gpu-agent.io/cache.new": "ready", "gpu-agent.io/cache.old": None}}
+    }
+    assert (
+        label_patch({"gpu-agent.io/cache.llama": "ready"}, [item("llama", ItemState.READY)]) == {}
+    )
+
+
+def test_metrics_render_state_size_hits_and_pull_times() -> None:
+    inv = Inventory(
+        items=[item("llama", ItemState.READY, size=10, hits=3, warm_seconds=1.5, last_used=100.0)],
+        usage=Usage(10, 0, 0, 100, 100, 1000),
+        pulls=[ImagePull("reg/vllm:1", True, 12.0, 1.0), ImagePull("reg/vllm:1", False, 0.2, 2.0)],
+    )
+    registry = CollectorRegistry()
+    registry.register(PrewarmCollector(lambda: inv))
+    text = generate_latest(registry).decode()
+    assert 'gpu_agent_prewarm_item_state{kind="file",name="llama",state="ready"} 1.0' in text
+    assert 'gpu_agent_prewarm_item_state{kind="file",name="llama",state="failed"} 0.0' in text
+    assert 'gpu_agent_prewarm_item_size_bytes{kind="file",name="llama"} 10.0' in text
+    assert 'gpu_agent_prewarm_item_hits_total{kind="file",name="llama"} 3.0' in text
+    assert 'gpu_agent_prewarm_item_warm_seconds{kind="file",name="llama"} 1.5' in text
+    assert 'gpu_agent_prewarm_cache_bytes{kind="capacity"} 100.0' in text
+    assert 'gpu_agent_prewarm_image_pull_seconds{cold="true",image="reg/vllm:1"} 12.0' in text
+    assert 'gpu_agent_prewarm_image_pull_seconds{cold="false",image="reg/vllm:1"} 0.2' in text
+
+
+def test_manifest_parses_files_and_images_in_order() -> None:
+    parsed = parse_manifest(
+        {
+            "version": 1,
+            "items": [
+                {
+                    "url": "https://h/m",
+                    "name": "m",
+                    "pin": True,
+                    "header_files": {"Authorization": "/s/t"},
+                },
+                {"image": "reg/x:1", "runtime_handler": "nydus"},
+            ],
+        }
+    )
+    assert isinstance(parsed[0], FileRequest) and parsed[0].pin
+    assert str(parsed[0].header_files["Authorization"]) == "/s/t"
+    assert parsed[1] == ImageRequest("reg/x:1", runtime_handler="nydus")
+
+
+def test_manifest_reports_every_bad_field_with_its_path() -> None:
+    with pytest.raises(InvalidSpec) as err:
+        parse_manifest(
+            {
+                "version": 2,
+                "items": [
+                    {"url": "https://h/m", "shaa256": "x"},
+                    {"url": "u", "image": "i"},
+                    {"image": 3},
+                ],
+            }
+        )
+    fields = [v.field for v in err.value.violations]
+    assert fields == ["version", "items[0].shaa256", "items[1]", "items[2].image"]
+    assert "did you mean sha256" in err.value.violations[1].description
+
+
+def test_progress_rate_and_eta_from_a_fake_clock() -> None:
+    now = [0.0]
+    meter = ProgressMeter("i", clock=lambda: now[0])
+    for t, done in ((0, 0), (1, 100), (2, 200)):
+        now[0] = t
+        meter.update(done, 1000)
+    snap = meter.snapshot()
+    assert (snap.rate_bps, snap.eta_s) == (100.0, 8.0)
+    now[0] = 3
+    meter.update(0, 1000)  # restart from zero forgets the old rate
+    assert meter.snapshot().rate_bps == 0.0
