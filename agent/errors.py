@@ -81,4 +81,3 @@ class DriverUnavailable(AgentError):
     """No NVML library or driver: the agent cannot talk to GPUs at all."""
 
     exit_code = 9
-

@@ -16,8 +16,14 @@ log = logging.getLogger(__name__)
 
 _MAX_HEADER_BYTES = 16 * 1024
 _READ_TIMEOUT_S = 10.0
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error",
-            503: "Service Unavailable", 400: "Bad Request"}
+_REASONS = {
+    200: "OK",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+    400: "Bad Request",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +70,13 @@ class HttpServer:
                 await writer.drain()
                 if request.headers.get("connection", "").lower() == "close":
                     break
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+        except (
+            TimeoutError,
+            ConnectionError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ValueError,
+        ):
             pass
         finally:
             writer.close()

@@ -22,8 +22,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.errors import AgentError  # noqa: E402
-from agent.gpu.nvml import GpuDriver  # noqa: E402
+from agent.errors import AgentError
+from agent.gpu.nvml import GpuDriver
 
 
 def facts(driver: GpuDriver, index: int) -> dict[str, Any]:
@@ -93,7 +93,9 @@ def differences(real: Any, sim: Any, path: str = "") -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--gpu", type=int, default=0, help="GPU index to check (default 0)")
     args = parser.parse_args()
     import pynvml

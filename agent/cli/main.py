@@ -36,7 +36,9 @@ from agent.errors import AgentError
     "(env GPU_AGENT_STATE_DIR, default /var/lib/gpu-agent).",
 )
 @click.pass_context
-def cli(ctx: click.Context, config_file: Path | None, simulate: str | None, state_dir: Path | None) -> None:
+def cli(
+    ctx: click.Context, config_file: Path | None, simulate: str | None, state_dir: Path | None
+) -> None:
     """Node agent for GPU platforms: MIG layouts, GPU sharing, cache prewarm and telemetry.
 
     \b
@@ -65,7 +67,7 @@ _register()
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; domain errors become one line on stderr and the error's exit code."""
     try:
-        cli.main(args=argv, prog_name="gpu-agent", standalone_mode=False)
+        rv = cli.main(args=argv, prog_name="gpu-agent", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
@@ -75,8 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     except AgentError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":

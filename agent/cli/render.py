@@ -1,4 +1,4 @@
-"""Rendering for CLI commands: one data value, shown as a table for people or JSON/YAML for scripts."""
+"""CLI rendering: one data value, as a table for people or as JSON/YAML for scripts."""
 
 from __future__ import annotations
 
@@ -58,7 +58,9 @@ def emit(data: Any, output: str, table: Callable[[Any], str] | None = None) -> N
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A plain aligned text table (no borders, so it pastes into tickets)."""
-    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in row] for row in rows]
+    cells = [[str(h) for h in headers]] + [
+        ["-" if c is None else str(c) for c in row] for row in rows
+    ]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     return "\n".join(lines)

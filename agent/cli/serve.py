@@ -11,7 +11,11 @@ from agent.cli.context import CliContext
 
 
 @click.command()
-@click.option("--metrics-listen", default=None, help="HTTP listen address for /metrics and /healthz (default 0.0.0.0:9400).")
+@click.option(
+    "--metrics-listen",
+    default=None,
+    help="HTTP listen address for /metrics and /healthz (default 0.0.0.0:9400).",
+)
 @click.pass_obj
 def serve(obj: CliContext, metrics_listen: str | None) -> None:
     """Run the agent: health and metrics HTTP on :9400 (and the control API as it lands).

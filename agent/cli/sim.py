@@ -20,7 +20,9 @@ def _control(obj: CliContext) -> Any:
 
     cfg = obj.config
     if not cfg.simulate:
-        raise InvalidSpec("`gpu-agent sim` needs a simulated node: pass --simulate PRESET (or GPU_AGENT_SIMULATE)")
+        raise InvalidSpec(
+            "`gpu-agent sim` needs a simulated node: pass --simulate PRESET (or GPU_AGENT_SIMULATE)"
+        )
     obj.gpu()  # creates the node from the preset on first use, or checks it matches
     return SimControl(cfg.state_dir)
 
@@ -48,10 +50,23 @@ def presets(output: str) -> None:
     """
     from agent.gpu.sim.presets import PRESETS
 
-    rows = [{"name": p.name, "gpus": len(p.gpus), "models": sorted(set(p.gpus)), "description": p.description}
-            for p in PRESETS.values()]
-    emit(rows, output, lambda r: format_table(["PRESET", "GPUS", "MODELS", "DESCRIPTION"],
-                                              [[x["name"], x["gpus"], ",".join(x["models"]), x["description"]] for x in r]))
+    rows = [
+        {
+            "name": p.name,
+            "gpus": len(p.gpus),
+            "models": sorted(set(p.gpus)),
+            "description": p.description,
+        }
+        for p in PRESETS.values()
+    ]
+    emit(
+        rows,
+        output,
+        lambda r: format_table(
+            ["PRESET", "GPUS", "MODELS", "DESCRIPTION"],
+            [[x["name"], x["gpus"], ",".join(x["models"]), x["description"]] for x in r],
+        ),
+    )
 
 
 @sim.command("show")
@@ -80,7 +95,9 @@ _WORKLOAD_FIELDS = {
 
 @sim.command("workload")
 @click.argument("gpu", type=int)
-@click.option("--gpu-instance", "-g", type=int, default=None, help="MIG GPU instance id (default: whole GPU).")
+@click.option(
+    "--gpu-instance", "-g", type=int, default=None, help="MIG GPU instance id (default: whole GPU)."
+)
 @click.option("--sm", type=float, default=0.0, help="SM active ratio 0..1.")
 @click.option("--occupancy", type=float, default=0.0, help="SM occupancy ratio 0..1.")
 @click.option("--tensor", type=float, default=0.0, help="Tensor pipe active ratio 0..1.")
@@ -94,7 +111,9 @@ _WORKLOAD_FIELDS = {
 @click.option("--nvlink-rx", type=float, default=0.0, help="NVLink RX bytes/s.")
 @click.option("--clear", is_flag=True, help="Remove the workload instead.")
 @click.pass_obj
-def workload(obj: CliContext, gpu: int, gpu_instance: int | None, clear: bool, **values: float) -> None:
+def workload(
+    obj: CliContext, gpu: int, gpu_instance: int | None, clear: bool, **values: float
+) -> None:
     """Start (or --clear) a workload on a GPU or one of its MIG instances.
 
     \b
@@ -105,7 +124,9 @@ def workload(obj: CliContext, gpu: int, gpu_instance: int | None, clear: bool, *
     if clear:
         control.clear_workload(gpu, gpu_instance=gpu_instance)
         return
-    kwargs: dict[str, float] = {_WORKLOAD_FIELDS[k]: v for k, v in values.items() if k in _WORKLOAD_FIELDS}
+    kwargs: dict[str, float] = {
+        _WORKLOAD_FIELDS[k]: v for k, v in values.items() if k in _WORKLOAD_FIELDS
+    }
     kwargs.update(
         pcie_tx_bytes_per_s=values["pcie_tx"],
         pcie_rx_bytes_per_s=values["pcie_rx"],
@@ -129,8 +150,16 @@ def process() -> None:
 @click.option("--cgroup", default=None, help="Text of /proc/<pid>/cgroup (for pod attribution).")
 @click.option("--name", default="python", show_default=True, help="Process name.")
 @click.pass_obj
-def process_start(obj: CliContext, pid: int, gpu: int, memory_mib: int, gpu_instance: int | None,
-                  compute_instance: int | None, cgroup: str | None, name: str) -> None:
+def process_start(
+    obj: CliContext,
+    pid: int,
+    gpu: int,
+    memory_mib: int,
+    gpu_instance: int | None,
+    compute_instance: int | None,
+    cgroup: str | None,
+    name: str,
+) -> None:
     """Start a process on a GPU (or MIG instance).
 
     \b
@@ -138,8 +167,15 @@ def process_start(obj: CliContext, pid: int, gpu: int, memory_mib: int, gpu_inst
       gpu-agent sim process start 4242 --gpu 0 -g 1 -c 0 --memory-mib 4096 \\
         --cgroup '0::/kubepods.slice/kubepods-pod1234.slice/cri-containerd-abcd.scope'
     """
-    _control(obj).start_process(pid, gpu, used_memory_mib=memory_mib, gpu_instance=gpu_instance,
-                                compute_instance=compute_instance, cgroup=cgroup, name=name)
+    _control(obj).start_process(
+        pid,
+        gpu,
+        used_memory_mib=memory_mib,
+        gpu_instance=gpu_instance,
+        compute_instance=compute_instance,
+        cgroup=cgroup,
+        name=name,
+    )
 
 
 @process.command("stop")
@@ -159,11 +195,17 @@ def process_stop(obj: CliContext, pid: int) -> None:
 @click.argument("function")
 @click.argument("error")
 @click.option("--nth", type=int, default=1, show_default=True, help="Fail the Nth call from now.")
-@click.option("--count", type=int, default=1, show_default=True, help="How many calls fail from the Nth on.")
+@click.option(
+    "--count", type=int, default=1, show_default=True, help="How many calls fail from the Nth on."
+)
 @click.option("--gpu", type=int, default=None, help="Only calls on this GPU.")
-@click.option("--clear", is_flag=True, help="Remove every injected fault instead (FUNCTION ERROR ignored).")
+@click.option(
+    "--clear", is_flag=True, help="Remove every injected fault instead (FUNCTION ERROR ignored)."
+)
 @click.pass_obj
-def fault(obj: CliContext, function: str, error: str, nth: int, count: int, gpu: int | None, clear: bool) -> None:
+def fault(
+    obj: CliContext, function: str, error: str, nth: int, count: int, gpu: int | None, clear: bool
+) -> None:
     """Make the Nth call of an NVML function fail with a named NVML error.
 
     \b

@@ -15,7 +15,10 @@ from agent.gpu.types import GpuLayout
 def node_status(gpu: GpuDriver) -> dict[str, Any]:
     """A JSON-able view of the node, the same shape for every output format."""
     layouts = [gpu.layout(g.uuid) for g in gpu.gpus()]
-    return {"driver_version": gpu.driver_version(), "gpus": [_gpu_view(layout) for layout in layouts]}
+    return {
+        "driver_version": gpu.driver_version(),
+        "gpus": [_gpu_view(layout) for layout in layouts],
+    }
 
 
 def _gpu_view(layout: GpuLayout) -> dict[str, Any]:
@@ -29,8 +32,10 @@ def _gpu_view(layout: GpuLayout) -> dict[str, Any]:
         "memory_total_bytes": g.memory_total_bytes,
         "mig": None
         if g.mig_mode is None
-        else {"current": "enabled" if g.mig_mode.current else "disabled",
-              "pending": "enabled" if g.mig_mode.pending else "disabled"},
+        else {
+            "current": "enabled" if g.mig_mode.current else "disabled",
+            "pending": "enabled" if g.mig_mode.pending else "disabled",
+        },
         "instances": [
             {
                 "gpu_instance_id": gi.id,
@@ -38,17 +43,24 @@ def _gpu_view(layout: GpuLayout) -> dict[str, Any]:
                 "profile_id": gi.profile_id,
                 "placement": {"start": gi.placement.start, "size": gi.placement.size},
                 "compute_instances": [
-                    {"id": ci.id, "profile_id": ci.profile_id,
-                     "placement": {"start": ci.placement.start, "size": ci.placement.size},
-                     "uuid": ci.uuid}
+                    {
+                        "id": ci.id,
+                        "profile_id": ci.profile_id,
+                        "placement": {"start": ci.placement.start, "size": ci.placement.size},
+                        "uuid": ci.uuid,
+                    }
                     for ci in gi.compute_instances
                 ],
             }
             for gi in layout.instances
         ],
         "processes": [
-            {"pid": p.pid, "used_memory_bytes": p.used_memory_bytes,
-             "gpu_instance_id": p.gpu_instance_id, "compute_instance_id": p.compute_instance_id}
+            {
+                "pid": p.pid,
+                "used_memory_bytes": p.used_memory_bytes,
+                "gpu_instance_id": p.gpu_instance_id,
+                "compute_instance_id": p.compute_instance_id,
+            }
             for p in layout.processes
         ],
     }
@@ -61,26 +73,53 @@ def _table(data: dict[str, Any]) -> str:
         format_table(
             ["GPU", "UUID", "MODEL", "BUS ID", "MEMORY", "MIG (current/pending)"],
             [
-                [g["index"], g["uuid"], g["name"], g["pci_bus_id"], human_bytes(g["memory_total_bytes"]),
-                 "n/a" if g["mig"] is None else f"{g['mig']['current']}/{g['mig']['pending']}"]
+                [
+                    g["index"],
+                    g["uuid"],
+                    g["name"],
+                    g["pci_bus_id"],
+                    human_bytes(g["memory_total_bytes"]),
+                    "n/a" if g["mig"] is None else f"{g['mig']['current']}/{g['mig']['pending']}",
+                ]
                 for g in gpus
             ],
         )
     )
     instances = [
-        [g["index"], i["gpu_instance_id"], i["profile"], f"{i['placement']['start']}:{i['placement']['size']}",
-         ",".join(str(c["id"]) for c in i["compute_instances"]) or "-",
-         " ".join(c["uuid"] or "-" for c in i["compute_instances"]) or "-"]
-        for g in gpus for i in g["instances"]
+        [
+            g["index"],
+            i["gpu_instance_id"],
+            i["profile"],
+            f"{i['placement']['start']}:{i['placement']['size']}",
+            ",".join(str(c["id"]) for c in i["compute_instances"]) or "-",
+            " ".join(c["uuid"] or "-" for c in i["compute_instances"]) or "-",
+        ]
+        for g in gpus
+        for i in g["instances"]
     ]
     if instances:
-        parts += ["", "MIG instances", format_table(["GPU", "GI", "PROFILE", "PLACEMENT", "CIs", "MIG UUID"], instances)]
+        parts += [
+            "",
+            "MIG instances",
+            format_table(["GPU", "GI", "PROFILE", "PLACEMENT", "CIs", "MIG UUID"], instances),
+        ]
     procs = [
-        [g["index"], p["pid"], human_bytes(p["used_memory_bytes"]),
-         "-" if p["gpu_instance_id"] is None else f"{p['gpu_instance_id']}/{p['compute_instance_id']}"]
-        for g in gpus for p in g["processes"]
+        [
+            g["index"],
+            p["pid"],
+            human_bytes(p["used_memory_bytes"]),
+            "-"
+            if p["gpu_instance_id"] is None
+            else f"{p['gpu_instance_id']}/{p['compute_instance_id']}",
+        ]
+        for g in gpus
+        for p in g["processes"]
     ]
-    parts += ["", "Processes", format_table(["GPU", "PID", "MEMORY", "GI/CI"], procs) if procs else "  none"]
+    parts += [
+        "",
+        "Processes",
+        format_table(["GPU", "PID", "MEMORY", "GI/CI"], procs) if procs else "  none",
+    ]
     return "\n".join(parts)
 
 

@@ -143,12 +143,17 @@ class GpuDriver:
 
     def gpus(self) -> tuple[GpuInfo, ...]:
         count = self._call(self._nvml.nvmlDeviceGetCount)
-        return tuple(self._info(i, self._call(self._nvml.nvmlDeviceGetHandleByIndex, i)) for i in range(count))
+        return tuple(
+            self._info(i, self._call(self._nvml.nvmlDeviceGetHandleByIndex, i))
+            for i in range(count)
+        )
 
     def gpu(self, selector: str | int) -> GpuInfo:
         """A GPU by index, UUID (``GPU-…``) or PCI bus id; NotFound naming what exists."""
         for info in self.gpus():
-            if str(selector) in (str(info.index), info.uuid) or _same_bus_id(str(selector), info.pci_bus_id):
+            if str(selector) in (str(info.index), info.uuid) or _same_bus_id(
+                str(selector), info.pci_bus_id
+            ):
                 return info
         known = ", ".join(f"{g.index}={g.uuid}" for g in self.gpus())
         raise NotFound(f"no GPU {selector!r} on this node (GPUs: {known})")
@@ -199,7 +204,10 @@ class GpuDriver:
         # Loop the constants, never hard-coded ids: ids differ per architecture (mig.md §1.2).
         for constant in range(n.NVML_GPU_INSTANCE_PROFILE_COUNT):
             try:
-                info = n.nvmlDeviceGetGpuInstanceProfileInfo(h, constant)
+                # v1 answers whatever the MIG mode; the versioned query needs MIG enabled, and a
+                # dry run must see a disabled GPU's profiles too. The v2 extras (a driver name) we
+                # compute ourselves (mig.md §1.7).
+                info = n.nvmlDeviceGetGpuInstanceProfileInfo(h, constant, 1)
             except n.NVMLError as exc:
                 if getattr(exc, "value", None) in (_ERR_NOT_SUPPORTED, _ERR_INVALID_ARGUMENT):
                     continue
@@ -210,7 +218,10 @@ class GpuDriver:
                     constant=constant,
                     id=int(info.id),
                     name=profile_name(
-                        int(info.sliceCount), int(info.memorySizeMB), total_bytes, _attrs(constant, n)
+                        int(info.sliceCount),
+                        int(info.memorySizeMB),
+                        total_bytes,
+                        _attrs(constant, n),
                     ),
                     slice_count=int(info.sliceCount),
                     memory_slices=placements[0].size if placements else int(info.sliceCount),
@@ -231,7 +242,9 @@ class GpuDriver:
         n = self._nvml
         array = (n.c_nvmlGpuInstancePlacement_t * _MAX_PLACEMENTS)()
         count = ctypes.c_uint(_MAX_PLACEMENTS)
-        self._call(n.nvmlDeviceGetGpuInstancePossiblePlacements, h, profile_id, array, ctypes.byref(count))
+        self._call(
+            n.nvmlDeviceGetGpuInstancePossiblePlacements, h, profile_id, array, ctypes.byref(count)
+        )
         return tuple(Placement(int(array[i].start), int(array[i].size)) for i in range(count.value))
 
     def ci_profiles(self, uuid: str, gi_id: int) -> tuple[CiProfile, ...]:
@@ -313,7 +326,9 @@ class GpuDriver:
                 raise _translate(exc, "nvmlGpuInstanceGetComputeInstanceProfileInfo") from exc
             array = (n.c_nvmlComputeInstance_t * max(int(info.instanceCount), 1))()
             count = ctypes.c_uint(0)
-            self._call(n.nvmlGpuInstanceGetComputeInstances, gi, info.id, array, ctypes.byref(count))
+            self._call(
+                n.nvmlGpuInstanceGetComputeInstances, gi, info.id, array, ctypes.byref(count)
+            )
             for i in range(count.value):
                 ci = self._call(n.nvmlComputeInstanceGetInfo, array[i])
                 out.append(
@@ -367,7 +382,9 @@ class GpuDriver:
         """Request a MIG mode; the activation status says whether it took effect (mig.md §7.7)."""
         n = self._nvml
         mode = n.NVML_DEVICE_MIG_ENABLE if enabled else n.NVML_DEVICE_MIG_DISABLE
-        status = self._call(n.nvmlDeviceSetMigMode, self._handle(uuid), mode, what=f"set MIG mode on {uuid}")
+        status = self._call(
+            n.nvmlDeviceSetMigMode, self._handle(uuid), mode, what=f"set MIG mode on {uuid}"
+        )
         return _ACTIVATION.get(int(status), ActivationStatus.NOT_SUPPORTED)
 
     def create_gpu_instance(self, uuid: str, profile_id: int, placement: Placement) -> GpuInstance:
@@ -382,31 +399,52 @@ class GpuDriver:
 
     def destroy_gpu_instance(self, uuid: str, gi_id: int) -> None:
         n = self._nvml
-        gi = self._call(n.nvmlDeviceGetGpuInstanceById, self._handle(uuid), gi_id, what=f"GPU instance {gi_id}")
+        gi = self._call(
+            n.nvmlDeviceGetGpuInstanceById, self._handle(uuid), gi_id, what=f"GPU instance {gi_id}"
+        )
         self._call(n.nvmlGpuInstanceDestroy, gi, what=f"destroy GPU instance {gi_id} on {uuid}")
 
     def create_compute_instance(
         self, uuid: str, gi_id: int, ci_profile_id: int, placement: Placement | None = None
     ) -> ComputeInstance:
         n = self._nvml
-        gi = self._call(n.nvmlDeviceGetGpuInstanceById, self._handle(uuid), gi_id, what=f"GPU instance {gi_id}")
+        gi = self._call(
+            n.nvmlDeviceGetGpuInstanceById, self._handle(uuid), gi_id, what=f"GPU instance {gi_id}"
+        )
         what = f"create compute instance profile {ci_profile_id} in GPU instance {gi_id} on {uuid}"
         if placement is None:
             ci = self._call(n.nvmlGpuInstanceCreateComputeInstance, gi, ci_profile_id, what=what)
         else:
             ref = ctypes.byref(n.c_nvmlComputeInstancePlacement_t(placement.start, placement.size))
-            ci = self._call(n.nvmlGpuInstanceCreateComputeInstanceWithPlacement, gi, ci_profile_id, ref, what=what)
+            ci = self._call(
+                n.nvmlGpuInstanceCreateComputeInstanceWithPlacement,
+                gi,
+                ci_profile_id,
+                ref,
+                what=what,
+            )
         info = self._call(n.nvmlComputeInstanceGetInfo, ci)
         uuid_of = self._mig_uuids(self._handle(uuid)).get((gi_id, int(info.id)))
         return ComputeInstance(
-            int(info.id), int(info.profileId), Placement(int(info.placement.start), int(info.placement.size)), uuid_of
+            int(info.id),
+            int(info.profileId),
+            Placement(int(info.placement.start), int(info.placement.size)),
+            uuid_of,
         )
 
     def destroy_compute_instance(self, uuid: str, gi_id: int, ci_id: int) -> None:
         n = self._nvml
-        gi = self._call(n.nvmlDeviceGetGpuInstanceById, self._handle(uuid), gi_id, what=f"GPU instance {gi_id}")
-        ci = self._call(n.nvmlGpuInstanceGetComputeInstanceById, gi, ci_id, what=f"compute instance {ci_id}")
-        self._call(n.nvmlComputeInstanceDestroy, ci, what=f"destroy compute instance {gi_id}/{ci_id} on {uuid}")
+        gi = self._call(
+            n.nvmlDeviceGetGpuInstanceById, self._handle(uuid), gi_id, what=f"GPU instance {gi_id}"
+        )
+        ci = self._call(
+            n.nvmlGpuInstanceGetComputeInstanceById, gi, ci_id, what=f"compute instance {ci_id}"
+        )
+        self._call(
+            n.nvmlComputeInstanceDestroy,
+            ci,
+            what=f"destroy compute instance {gi_id}/{ci_id} on {uuid}",
+        )
 
     @contextmanager
     def session(self) -> Iterator[GpuDriver]:
@@ -419,7 +457,10 @@ class GpuDriver:
 
 def _attrs(constant: int, n: Any) -> str:
     """Name suffix for a GI profile constant (go-nvlib's mapping, reference/mig.md §1.2)."""
-    if constant in (n.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1, getattr(n, "NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1", -1)):
+    if constant in (
+        n.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1,
+        getattr(n, "NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1", -1),
+    ):
         return "+me"
     suffixes = {
         "NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME": "+me.all",

@@ -34,7 +34,7 @@ def profile_name(
     attrs: str = "",
     ci_slices: int | None = None,
 ) -> str:
-    """``<G>g.<GB>gb`` (or ``<C>c.<G>g.<GB>gb`` when the CI is narrower than its GI) plus attributes.
+    """``<G>g.<GB>gb``, or ``<C>c.<G>g.<GB>gb`` for a CI narrower than its GI, plus attributes.
 
     >>> profile_name(3, 71168, 143771 * 1024 * 1024)
     '3g.71gb'
@@ -45,7 +45,9 @@ def profile_name(
     return base
 
 
-_PROFILE_RE = re.compile(r"^(?:(?P<c>[1-9]\d*)c\.)?(?P<g>[1-9]\d*)g\.(?P<gb>[1-9]\d*)gb(?P<attrs>.*)$")
+_PROFILE_RE = re.compile(
+    r"^(?:(?P<c>[1-9]\d*)c\.)?(?P<g>[1-9]\d*)g\.(?P<gb>[1-9]\d*)gb(?P<attrs>.*)$"
+)
 _ATTR_RE = re.compile(r"^[A-Za-z][A-Za-z0-9.]*(?<!\.)$")
 
 
@@ -76,7 +78,7 @@ class ProfileName:
 
 
 def parse_profile(text: str) -> ProfileName:
-    """Parse a profile string with mig-parted's rules (reference/mig.md §1.7); InvalidSpec if bad."""
+    """Parse a profile string with mig-parted's rules (reference/mig.md §1.7)."""
     m = _PROFILE_RE.match(text)
     if not m:
         raise InvalidSpec(f"invalid MIG profile {text!r}: expected [<C>c.]<G>g.<GB>gb[+attr|-attr]")
@@ -92,12 +94,15 @@ def parse_profile(text: str) -> ProfileName:
         if sign not in "+-" or not body:
             raise InvalidSpec(f"invalid MIG profile {text!r}: attributes start with '+' or '-'")
         if "+" in body or "-" in body:
-            raise InvalidSpec(f"invalid MIG profile {text!r}: '+' and '-' attributes may not be mixed")
+            raise InvalidSpec(
+                f"invalid MIG profile {text!r}: '+' and '-' attributes may not be mixed"
+            )
         parts = tuple(body.split(","))
         for part in parts:
             if not _ATTR_RE.match(part):
                 raise InvalidSpec(
-                    f"invalid MIG profile {text!r}: attribute {part!r} must be alphanumeric or '.', "
+                    f"invalid MIG profile {text!r}: attribute {part!r} must be alphanumeric "
+                    "or '.', "
                     "not start with a digit, and not begin or end with '.'"
                 )
         if len(set(parts)) != len(parts):

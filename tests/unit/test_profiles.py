@@ -1,4 +1,4 @@
-"""Profile names are computed per device and parsed with mig-parted's rules (reference/mig.md §1.7)."""
+"""Profile names: computed per device, parsed with mig-parted's rules (reference/mig.md §1.7)."""
 
 from __future__ import annotations
 
@@ -56,8 +56,21 @@ def test_parse_valid_profiles(text: str, gi_name: str, ci: int | None) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["", "1g", "g.5gb", "0g.5gb", "1g.5", "4c.3g.20gb", "1g.5gb+", "1g.5gb+me-gfx", "1g.5gb+1me",
-     "1g.5gb+.me", "1g.5gb+me.", "1g.5gb+me,me", "1g.5gb me"],
+    [
+        "",
+        "1g",
+        "g.5gb",
+        "0g.5gb",
+        "1g.5",
+        "4c.3g.20gb",
+        "1g.5gb+",
+        "1g.5gb+me-gfx",
+        "1g.5gb+1me",
+        "1g.5gb+.me",
+        "1g.5gb+me.",
+        "1g.5gb+me,me",
+        "1g.5gb me",
+    ],
 )
 def test_parse_rejects_bad_profiles_with_a_reason(text: str) -> None:
     with pytest.raises(InvalidSpec, match="invalid MIG profile"):

@@ -1,0 +1,191 @@
+"""The CLI as a user runs it: a real `gpu-agent` process on a simulated node."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.cli.main import cli
+
+
+def run(
+    *args: str, env: dict[str, str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_AGENT_")}
+    full_env.update(env or {})
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=120,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}: {proc.stderr}")
+    return proc
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _commands(group: object, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = []
+    for name, cmd in getattr(group, "commands", {}).items():
+        out.append((*prefix, name))
+        out.extend(_commands(cmd, (*prefix, name)))
+    return out
+
+
+@pytest.mark.parametrize("path", _commands(cli), ids=" ".join)
+def test_every_command_has_help_with_an_example(path: tuple[str, ...]) -> None:
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(cli, [*path, "--help"])
+    assert result.exit_code == 0, result.output
+    if not hasattr(_lookup(path), "commands"):  # leaf commands carry a runnable example
+        assert "Example" in result.output, f"`gpu-agent {' '.join(path)} --help` shows no example"
+
+
+def _lookup(path: tuple[str, ...]) -> object:
+    cmd: object = cli
+    for name in path:
+        cmd = cmd.commands[name]  # type: ignore[attr-defined]
+    return cmd
+
+
+def test_without_nvml_serve_exits_with_one_line_naming_the_simulator(tmp_path: Path) -> None:
+    proc = run("--state-dir", str(tmp_path), "serve", check=False)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "NVML" in lines[0] and "--simulate" in lines[0]
+    assert not (tmp_path / "sim").exists(), "must never fall back to the simulator"
+
+
+def test_serve_on_a_simulated_node_answers_health_and_stops_on_sigterm(tmp_path: Path) -> None:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_AGENT_")}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agent.cli.main",
+            "--simulate",
+            "dgx-h100",
+            "--state-dir",
+            str(tmp_path),
+            "serve",
+            "--metrics-listen",
+            f"127.0.0.1:{port}",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                    assert r.status == 200
+                    break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                assert time.monotonic() < deadline, "agent never became ready"
+                time.sleep(0.2)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+            assert r.read() == b"ok\n"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_status_reflects_the_simulated_node_in_every_format(tmp_path: Path) -> None:
+    env = {"GPU_AGENT_SIMULATE": "a30-node", "GPU_AGENT_STATE_DIR": str(tmp_path)}
+    run("sim", "process", "start", "4242", "--gpu", "2", "--memory-mib", "2048", env=env)
+    data = json.loads(run("status", "-o", "json", env=env).stdout)
+    assert [g["name"] for g in data["gpus"]] == ["NVIDIA A30"] * 4
+    assert data["gpus"][2]["processes"] == [
+        {
+            "pid": 4242,
+            "used_memory_bytes": 2048 * 1024 * 1024,
+            "gpu_instance_id": None,
+            "compute_instance_id": None,
+        }
+    ]
+    assert yaml.safe_load(run("status", "-o", "yaml", env=env).stdout) == data
+    table = run("status", env=env).stdout
+    assert "NVIDIA A30" in table and "4242" in table
+
+
+def test_sim_commands_drive_one_node_shared_by_separate_processes(tmp_path: Path) -> None:
+    env = {"GPU_AGENT_SIMULATE": "dgx-a100", "GPU_AGENT_STATE_DIR": str(tmp_path)}
+    run("sim", "holder", "0", "nvidia-persistenced", env=env)
+    run("sim", "lost", "5", env=env)
+    state = json.loads(run("sim", "show", "-o", "json", env=env).stdout)
+    text = json.dumps(state)
+    assert "nvidia-persistenced" in text
+    presets = run("sim", "presets", "-o", "json").stdout
+    names = {p["name"] for p in json.loads(presets)}
+    assert {
+        "dgx-a100",
+        "dgx-a100-80",
+        "a30-node",
+        "dgx-h100",
+        "h100-nvl",
+        "hgx-h200",
+        "mixed",
+    } <= names
+
+
+def test_a_different_preset_never_replaces_an_existing_simulated_node(tmp_path: Path) -> None:
+    run("--simulate", "dgx-a100", "--state-dir", str(tmp_path), "status")
+    proc = run("--simulate", "dgx-h100", "--state-dir", str(tmp_path), "status", check=False)
+    assert proc.returncode != 0
+    assert "dgx-a100" in proc.stderr and "dgx-h100" in proc.stderr
+
+
+def test_bad_config_fails_at_start_naming_the_key_and_changes_nothing(tmp_path: Path) -> None:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text("telemetry:\n  interval_s: 0.01\n")
+    proc = run(
+        "--config",
+        str(cfg),
+        "--simulate",
+        "dgx-h100",
+        "--state-dir",
+        str(tmp_path / "s"),
+        "status",
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "telemetry.interval_s" in proc.stderr
+    assert not (tmp_path / "s").exists()
+    proc = run("--simulate", "nope", "--state-dir", str(tmp_path / "s"), "status", check=False)
+    assert proc.returncode == 2 and "dgx-h100" in proc.stderr
+
+
+def test_flags_win_over_env_which_wins_over_the_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(f"simulate: dgx-a100\nstate_dir: {tmp_path / 'file'}\n")
+    env = {"GPU_AGENT_STATE_DIR": str(tmp_path / "env")}
+    run("--config", str(cfg), "status", env=env)
+    assert (tmp_path / "env" / "sim").exists() and not (tmp_path / "file").exists()
+    run("--config", str(cfg), "--state-dir", str(tmp_path / "flag"), "status", env=env)
+    assert (tmp_path / "flag" / "sim").exists()
