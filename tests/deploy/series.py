@@ -1,0 +1,63 @@
+"""Which series the deploy assets query, and which the agent exports (for the name checks)."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+
+from tests.deploy.conftest import REPO
+
+#: gpu_agent_* families the assets use ahead of the module that exports them, with that module.
+#: The name test fails once the name shows up in the agent's code, so the entry gets removed.
+PENDING: dict[str, str] = {
+    # one-hot state of the node's MIG config, as the GPU Operator's nvidia.com/mig.config.state:
+    # labels config, state (pending|success|failed|rebooting)
+    "gpu_agent_mig_config_state": "agent/mig",
+}
+
+_USED = re.compile(r"\b(DCGM_FI_[A-Z0-9_]+|gpu_agent_[a-z0-9_]+)\b")
+_LITERAL = re.compile(r"""["'](gpu_agent_[a-z0-9_]+)["']""")
+_SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created", "_info")
+
+
+def used_series(expr: str) -> set[str]:
+    """DCGM_FI_* and gpu_agent_* series names in a PromQL expression (recording-rule names,
+    which contain colons, are not series the agent exports and are not matched)."""
+    return set(_USED.findall(expr))
+
+
+@cache
+def agent_literals() -> frozenset[str]:
+    """Every "gpu_agent_..." string literal in the agent's source."""
+    names: set[str] = set()
+    for path in (REPO / "agent").rglob("*.py"):
+        if "_proto" not in path.parts:
+            names.update(_LITERAL.findall(path.read_text(encoding="utf-8")))
+    return frozenset(names)
+
+
+@cache
+def default_dcgm_fields() -> frozenset[str]:
+    """DCGM field names the agent exports by default (dcgm/default-counters.csv)."""
+    from dcgm.counters import load_counters
+
+    counters = load_counters()
+    return frozenset(c.field.name for c in counters.values)
+
+
+def exported(name: str) -> bool:
+    """The agent exports ``name`` by default (a DCGM field of the default counters, or a
+    gpu_agent_* family or sample name its code spells out)."""
+    if name.startswith("DCGM_FI_"):
+        return name in default_dcgm_fields()
+    literals = agent_literals()
+    if name in literals:
+        return True
+    return any(name.endswith(s) and name.removesuffix(s) in literals for s in _SUFFIXES)
+
+
+def unknown_series(names: set[str]) -> tuple[list[str], list[str]]:
+    """(names neither exported nor pending, pending names that are now exported)."""
+    unknown = sorted(n for n in names if not exported(n) and n not in PENDING)
+    landed = sorted(n for n in names if n in PENDING and exported(n))
+    return unknown, landed

@@ -1,0 +1,244 @@
+"""The Kubernetes manifests build with kustomize and every object is valid.
+
+Built-in kinds are validated against the Kubernetes OpenAPI schemas shipped by the PyPI package
+kubernetes-validate, in strict mode (unknown fields are errors), for the oldest Kubernetes the
+install supports and the newest the package knows. Custom resources (cert-manager's Issuer and
+Certificate, prometheus-operator's ServiceMonitor and PrometheusRule) have no schema there, so
+their structure and their references to the other objects are checked here instead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from typing import Any
+
+import pytest
+
+from tests.deploy.conftest import KUSTOMIZATIONS, REPO, Obj, containers, find, render
+
+try:
+    from kubernetes_validate import utils as kubernetes_validate
+except ImportError:  # pragma: no cover - the failure below says what to install
+    kubernetes_validate = None
+
+#: Kubernetes 1.30: ValidatingAdmissionPolicy v1 and node names in service-account tokens.
+MIN_KUBERNETES = "1.30.0"
+CUSTOM_KINDS = {
+    ("cert-manager.io/v1", "Issuer"),
+    ("cert-manager.io/v1", "Certificate"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
+
+
+def _validator() -> Any:
+    if kubernetes_validate is None:
+        pytest.fail(
+            "the PyPI package kubernetes-validate is missing: pip install kubernetes-validate",
+            pytrace=False,
+        )
+    return kubernetes_validate
+
+
+def _versions() -> list[str]:
+    latest = kubernetes_validate.latest_version() if kubernetes_validate else "latest"
+    return [MIN_KUBERNETES, latest]
+
+
+def test_kustomization_builds_unique_named_objects(kustomization: str) -> None:
+    """`kubectl kustomize` builds it; every object is named, namespaced where it must be, once."""
+    objs = render(kustomization)
+    assert objs
+    seen = set()
+    for obj in objs:
+        meta = obj["metadata"]
+        key = (obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+        assert key not in seen, f"duplicate object {key}"
+        seen.add(key)
+        if obj["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in meta, f"{obj['kind']} {meta['name']} is cluster-scoped"
+        else:
+            assert meta.get("namespace"), f"{obj['kind']} {meta['name']} names no namespace"
+
+
+@pytest.mark.parametrize("version", _versions())
+def test_builtin_objects_match_the_kubernetes_schema(version: str) -> None:
+    """Strict schema validation of every built-in object of every kustomization: no unknown
+    field, no wrong type. Objects the overlays share are validated once."""
+    validator = _validator()
+    unique: dict[str, tuple[Obj, list[str]]] = {}
+    for name in sorted(KUSTOMIZATIONS):
+        for obj in render(name):
+            if (obj["apiVersion"], obj["kind"]) not in CUSTOM_KINDS:
+                key = json.dumps(obj, sort_keys=True)
+                unique.setdefault(key, (obj, []))[1].append(name)
+    problems = []
+    for obj, users in unique.values():
+        try:
+            validator.validate(obj, version, strict=True)
+        except validator.SchemaNotFoundError:
+            problems.append(f"{obj['apiVersion']} {obj['kind']}: no schema in Kubernetes {version}")
+        except validator.ValidationError as exc:
+            where = "/".join(str(p) for p in exc.path)
+            problems.append(
+                f"{obj['kind']} {obj['metadata']['name']} ({', '.join(users)}): "
+                f"{where}: {exc.message}"
+            )
+    assert not problems, "\n".join(problems)
+
+
+def test_the_schema_check_has_teeth() -> None:
+    """A misspelt field fails strict validation, so a pass above means something."""
+    validator = _validator()
+    objs = render("default")
+    daemonset = dict(find(objs, "DaemonSet", "gpu-agent"))
+    daemonset["spec"] = {**daemonset["spec"], "updateStrategyy": {}}
+    with pytest.raises(validator.ValidationError):
+        validator.validate(daemonset, MIN_KUBERNETES, strict=True)
+
+
+def test_only_known_custom_resources(kustomization: str) -> None:
+    """Every object is either a built-in kind (validated above) or a custom kind checked here."""
+    for obj in render(kustomization):
+        group = obj["apiVersion"].split("/")[0]
+        if "." in group and not group.endswith(".k8s.io"):
+            assert (obj["apiVersion"], obj["kind"]) in CUSTOM_KINDS, obj["kind"]
+
+
+# --- cert-manager ---------------------------------------------------------------------------------
+
+_DURATION = re.compile(r"(\d+(\.\d+)?(h|m|s|ms))+")
+_USAGES = {"digital signature", "key encipherment", "server auth", "client auth", "cert sign"}
+
+
+def test_certificates_chain_to_the_installation_ca() -> None:
+    """Issuer and Certificate fields as cert-manager v1 defines them, and the chain they form:
+    a self-signed Issuer signs the CA, a CA Issuer on the CA's secret signs the two leaves."""
+    objs = render("default")
+    issuers = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Issuer"}
+    certs = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Certificate"}
+    for issuer in issuers.values():
+        kinds = set(issuer["spec"]) & {"selfSigned", "ca", "acme", "vault", "venafi"}
+        assert len(kinds) == 1, f"Issuer {issuer['metadata']['name']} needs exactly one type"
+    for name, cert in certs.items():
+        spec = cert["spec"]
+        assert spec["secretName"], name
+        ref = spec["issuerRef"]
+        assert ref["kind"] == "Issuer" and ref["name"] in issuers, f"{name}: unknown issuer {ref}"
+        assert spec.get("commonName") or spec.get("dnsNames") or spec.get("uris"), name
+        assert set(spec.get("usages", [])) <= _USAGES, name
+        assert spec["privateKey"]["algorithm"] in {"RSA", "ECDSA", "Ed25519"}, name
+        for field in ("duration", "renewBefore"):
+            assert _DURATION.fullmatch(spec[field]), f"{name}.{field}: {spec[field]}"
+    ca = certs["gpu-agent-ca"]["spec"]
+    assert ca["isCA"] and "selfSigned" in issuers[ca["issuerRef"]["name"]]["spec"]
+    assert issuers["gpu-agent-ca"]["spec"]["ca"]["secretName"] == ca["secretName"]
+    for leaf in ("gpu-agent-server", "gpu-agent-coordinator"):
+        assert certs[leaf]["spec"]["issuerRef"]["name"] == "gpu-agent-ca"
+        assert not certs[leaf]["spec"].get("isCA")
+    assert "server auth" in certs["gpu-agent-server"]["spec"]["usages"]
+    assert "client auth" in certs["gpu-agent-coordinator"]["spec"]["usages"]
+
+
+def test_server_certificate_names_the_grpc_service() -> None:
+    """The agents' serving certificate covers the gRPC Service and each pod name under it."""
+    objs = render("default")
+    service = find(objs, "Service", "gpu-agent-grpc")
+    host = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    names = set(find(objs, "Certificate", "gpu-agent-server")["spec"]["dnsNames"])
+    assert {host, f"{host}.cluster.local", f"*.{host}", f"*.{host}.cluster.local"} <= names
+
+
+def test_coordinator_identity_is_a_spiffe_uri_of_its_service_account() -> None:
+    objs = render("default")
+    (uri,) = find(objs, "Certificate", "gpu-agent-coordinator")["spec"]["uris"]
+    deployment = find(objs, "Deployment", "gpu-agent-coordinator")
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    namespace = deployment["metadata"]["namespace"]
+    assert uri == f"spiffe://cluster.local/ns/{namespace}/sa/{account}"
+
+
+def test_pods_mount_the_secrets_their_certificates_write() -> None:
+    objs = render("default")
+    secrets = {
+        o["spec"]["secretName"]: o["metadata"]["name"] for o in objs if o["kind"] == "Certificate"
+    }
+    for kind, name, cert in (
+        ("DaemonSet", "gpu-agent", "gpu-agent-server"),
+        ("Deployment", "gpu-agent-coordinator", "gpu-agent-coordinator"),
+    ):
+        volumes = find(objs, kind, name)["spec"]["template"]["spec"]["volumes"]
+        mounted = {v["secret"]["secretName"] for v in volumes if "secret" in v}
+        assert {s for s in mounted if secrets.get(s) == cert}, f"{name} mounts no {cert} secret"
+
+
+# --- prometheus-operator --------------------------------------------------------------------------
+
+_RELABEL_ACTIONS = {"replace", "keep", "drop", "labeldrop", "labelkeep", "labelmap", "hashmod"}
+
+
+def test_servicemonitor_scrapes_the_agents_metrics_port() -> None:
+    """The ServiceMonitor selects the metrics Service (only it), on its port name, and its
+    relabelings are valid prometheus-operator RelabelConfigs."""
+    objs = render("default")
+    monitor = find(objs, "ServiceMonitor", "gpu-agent")["spec"]
+    selected = [
+        s
+        for s in objs
+        if s["kind"] == "Service"
+        and s["metadata"]["namespace"] in monitor["namespaceSelector"]["matchNames"]
+        and monitor["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
+    ]
+    assert [s["metadata"]["name"] for s in selected] == ["gpu-agent"]
+    ports = {p["name"] for p in selected[0]["spec"]["ports"]}
+    for endpoint in monitor["endpoints"]:
+        assert endpoint["port"] in ports
+        assert endpoint["path"] == "/metrics"
+        assert _DURATION.fullmatch(endpoint["interval"])
+        for relabel in endpoint["relabelings"]:
+            action = relabel.get("action", "replace")
+            assert action in _RELABEL_ACTIONS, relabel
+            if action == "replace":
+                assert relabel["sourceLabels"] and relabel["targetLabel"], relabel
+            if action == "labeldrop":
+                re.compile(relabel["regex"])
+                assert "sourceLabels" not in relabel
+    targets = {r.get("targetLabel") for r in monitor["endpoints"][0]["relabelings"]}
+    assert {"node", "pool"} <= targets, "alerts and dashboards group by node and pool"
+
+
+def test_prometheusrule_groups_are_well_formed() -> None:
+    rule = find(render("default"), "PrometheusRule", "gpu-agent")
+    for group in rule["spec"]["groups"]:
+        assert group["name"] and group["rules"]
+        for r in group["rules"]:
+            assert ("alert" in r) != ("record" in r), r
+            assert r["expr"]
+
+
+def test_overlay_without_prometheus_operator_needs_no_monitoring_crds() -> None:
+    kinds = {o["kind"] for o in render("without-prometheus-operator")}
+    assert not kinds & {"ServiceMonitor", "PrometheusRule"}
+    assert "DaemonSet" in kinds
+
+
+# --- images -----------------------------------------------------------------------------------
+
+
+def test_images_are_the_package_version(kustomization: str) -> None:
+    """The manifests deploy the images of this source tree's version, built from docker/."""
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    objs = render(kustomization)
+    images = {
+        c["image"] for o in objs if o["kind"] in ("DaemonSet", "Deployment") for c in containers(o)
+    }
+    assert images == {f"gpu-node-agent:{version}", f"gpu-node-agent-coordinator:{version}"}

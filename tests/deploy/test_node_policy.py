@@ -1,0 +1,191 @@
+"""The ValidatingAdmissionPolicy that fences the agent's node patches, evaluated on requests.
+
+The policy's own CEL expressions (from the rendered manifests) run here in a CEL interpreter
+(PyPI package common-expression-language), the way the API server runs them: matchConditions
+first, then the variables in order, then each validation. CEL in Kubernetes adds libraries this
+interpreter lacks (none of which the policy uses, apart from `join` in a message).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from tests.deploy.conftest import Obj, find, render
+
+try:
+    import cel
+except ImportError:  # pragma: no cover - the failure below says what to install
+    cel = None
+
+AGENT = "system:serviceaccount:gpu-agent:gpu-agent"
+NODE_EXTRA = "authentication.kubernetes.io/node-name"
+
+
+def _policy() -> Obj:
+    if cel is None:
+        pytest.fail(
+            "the PyPI package common-expression-language is missing: "
+            "pip install common-expression-language",
+            pytrace=False,
+        )
+    return find(render("default"), "ValidatingAdmissionPolicy", "gpu-agent-own-node-labels")
+
+
+def _node(name: str = "gpu-1") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/mig.config": "all-1g.10gb",
+                "gpu-agent.io/cache.llama-8b": "ready",
+            },
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {
+            "podCIDR": "10.0.1.0/24",
+            "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}],
+        },
+    }
+
+
+def _request(user: str = AGENT, node: str | None = "gpu-1") -> dict[str, Any]:
+    info: dict[str, Any] = {"username": user}
+    if node is not None:
+        info["extra"] = {
+            NODE_EXTRA: [node],
+            "authentication.kubernetes.io/pod-name": ["gpu-agent-x"],
+        }
+    return {"operation": "UPDATE", "userInfo": info}
+
+
+def _evaluate(expression: str, variables: dict[str, Any]) -> Any:
+    context = cel.Context()
+    for name, value in variables.items():
+        context.add_variable(name, value)
+    # Kubernetes CEL's strings extension, which the interpreter lacks: list.join(separator).
+    context.add_function("join", lambda items, separator: separator.join(items))
+    return cel.evaluate(expression, context)
+
+
+def _admit(old: dict[str, Any], new: dict[str, Any], request: dict[str, Any]) -> list[str]:
+    """The messages of the validations that fail (empty: admitted); ["not matched"] when the
+    policy does not apply to the request."""
+    spec = _policy()["spec"]
+    context: dict[str, Any] = {"object": new, "oldObject": old, "request": request}
+    for condition in spec["matchConditions"]:
+        if not _evaluate(condition["expression"], context):
+            return ["not matched"]
+    variables: dict[str, Any] = {}
+    for variable in spec["variables"]:
+        variables[variable["name"]] = _evaluate(
+            variable["expression"], {**context, "variables": variables}
+        )
+    context["variables"] = variables
+    failed = []
+    for validation in spec["validations"]:
+        if _evaluate(validation["expression"], context) is not True:
+            if "messageExpression" in validation:
+                failed.append(_evaluate(validation["messageExpression"], context))
+            else:
+                failed.append(validation["message"])
+    return failed
+
+
+def _labels(old: dict[str, Any], changes: dict[str, str | None]) -> dict[str, Any]:
+    new = copy.deepcopy(old)
+    for key, value in changes.items():
+        if value is None:
+            new["metadata"]["labels"].pop(key)
+        else:
+            new["metadata"]["labels"][key] = value
+    return new
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"gpu-agent.io/cache.mistral-7b": "ready"},
+        {"gpu-agent.io/cache.llama-8b": None},
+        {"nvidia.com/device-plugin.config": "gpu-agent"},
+        {"nvidia.com/mig.config.state": "success"},
+    ],
+    ids=["add cache label", "remove cache label", "device-plugin config", "mig state"],
+)
+def test_agent_may_set_its_labels_on_its_own_node(changes: dict[str, str | None]) -> None:
+    old = _node()
+    assert _admit(old, _labels(old, changes), _request()) == []
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"kubernetes.io/hostname": "other"},
+        {"nvidia.com/gpu.present": None},
+        {"nvidia.com/mig.config": "all-7g.80gb"},
+        {"node-role.kubernetes.io/control-plane": ""},
+    ],
+    ids=["rename hostname", "drop gpu label", "mig config (the user's)", "add a role"],
+)
+def test_agent_may_not_touch_other_labels(changes: dict[str, str | None]) -> None:
+    old = _node()
+    failed = _admit(old, _labels(old, changes), _request())
+    assert len(failed) == 1 and "may change only labels" in failed[0]
+    assert failed[0].endswith("; not: " + ", ".join(changes)), "the message names the label"
+
+
+def test_agent_may_not_patch_another_node() -> None:
+    old = _node("gpu-2")
+    new = _labels(old, {"gpu-agent.io/cache.x": "ready"})
+    failed = _admit(old, new, _request(node="gpu-1"))
+    assert failed == ["gpu-agent on node gpu-1 may not change node gpu-2"]
+
+
+def test_a_token_without_a_node_name_is_refused() -> None:
+    old = _node()
+    failed = _admit(old, _labels(old, {"gpu-agent.io/cache.x": "ready"}), _request(node=None))
+    assert len(failed) == 1 and "no node name" in failed[0]
+
+
+def test_agent_may_not_taint_or_cordon() -> None:
+    old = _node()
+    new = copy.deepcopy(old)
+    new["spec"]["unschedulable"] = True
+    new["spec"]["taints"].append({"key": "evil", "effect": "NoExecute"})
+    failed = _admit(old, new, _request())
+    assert failed == ["gpu-agent may not change a node's spec (taints, unschedulable, podCIDR)"]
+
+
+def test_agent_annotations_only_under_its_prefix() -> None:
+    old = _node()
+    ours = copy.deepcopy(old)
+    ours["metadata"]["annotations"]["gpu-agent.io/mig-layout"] = "all-1g.10gb"
+    assert _admit(old, ours, _request()) == []
+    theirs = copy.deepcopy(old)
+    theirs["metadata"]["annotations"]["node.alpha.kubernetes.io/ttl"] = "30"
+    assert _admit(old, theirs, _request()) == [
+        "gpu-agent may change only annotations under gpu-agent.io/"
+    ]
+
+
+def test_a_node_without_labels_or_annotations_is_handled() -> None:
+    old = _node()
+    del old["metadata"]["labels"], old["metadata"]["annotations"]
+    new = copy.deepcopy(old)
+    new["metadata"]["labels"] = {"gpu-agent.io/cache.x": "ready"}
+    assert _admit(old, new, _request()) == []
+
+
+@pytest.mark.parametrize(
+    "user", ["system:node:gpu-1", "system:serviceaccount:gpu-agent:gpu-agent-coordinator", "alice"]
+)
+def test_other_users_are_not_this_policys_business(user: str) -> None:
+    old = _node()
+    new = _labels(old, {"kubernetes.io/hostname": "renamed"})
+    assert _admit(old, new, _request(user=user)) == ["not matched"]

@@ -1,0 +1,149 @@
+"""Least privilege, as the manifests grant it: each privilege the agent holds has a reason in
+docs/install.md, the coordinator holds none, RBAC grants only what the components do, and the
+network lets only the coordinator reach the agents' gRPC port."""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+from tests.deploy.conftest import REPO, Obj, agent_container, agent_daemonset, find, render
+
+INSTALL_DOC = REPO / "docs" / "install.md"
+READ = {"get", "list", "watch"}
+
+
+def test_agent_keeps_only_sys_admin(kustomization: str) -> None:
+    """Root for the root-owned devices and sockets, CAP_SYS_ADMIN for MIG and profiling, every
+    other capability dropped, the runtime's default seccomp profile. Only the privileged overlay
+    asks for more; the simulated one for less."""
+    security = agent_container(render(kustomization))["securityContext"]
+    assert security["capabilities"]["drop"] == ["ALL"]
+    added = {"simulated": []}.get(kustomization, ["SYS_ADMIN"])
+    assert security["capabilities"].get("add", []) == added
+    assert security["privileged"] is (kustomization == "privileged")
+    assert security["seccompProfile"]["type"] == "RuntimeDefault"
+    assert security["runAsUser"] == 0
+
+
+def test_agent_schedules_on_gpu_nodes_only() -> None:
+    spec = agent_daemonset(render("default"))["spec"]
+    pod = spec["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists"} in pod["tolerations"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["hostPID"] is True
+    assert not pod.get("hostNetwork")
+    # two agents on one node would fight over MIG, the plugin config and the state dir
+    assert spec["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
+
+
+def test_every_container_has_requests_and_limits(kustomization: str) -> None:
+    for obj in render(kustomization):
+        if obj["kind"] in ("DaemonSet", "Deployment"):
+            for c in obj["spec"]["template"]["spec"]["containers"]:
+                resources = c["resources"]
+                for kind in ("requests", "limits"):
+                    assert {"cpu", "memory"} <= set(resources[kind]), f"{c['name']} {kind}"
+
+
+def test_coordinator_runs_unprivileged() -> None:
+    deployment = find(render("default"), "Deployment", "gpu-agent-coordinator")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert not pod.get("hostPID") and not pod.get("hostNetwork") and not pod.get("hostIPC")
+    assert not [v for v in pod["volumes"] if "hostPath" in v]
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+
+
+def _rules(objs: list[Obj], kind: str, name: str) -> list[Obj]:
+    return list(find(objs, kind, name)["rules"])
+
+
+def test_rbac_grants_no_wildcards_and_no_secrets(kustomization: str) -> None:
+    for obj in render(kustomization):
+        if obj["kind"] in ("Role", "ClusterRole"):
+            for rule in obj["rules"]:
+                for field in ("apiGroups", "resources", "verbs"):
+                    assert "*" not in rule.get(field, []), f"{obj['metadata']['name']}: * {field}"
+                assert "secrets" not in rule["resources"], obj["metadata"]["name"]
+
+
+def test_agent_rbac_is_what_the_agent_does() -> None:
+    """Read and label its Node, read pods, write events; nothing else."""
+    grants = {
+        (tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"])
+        for r in _rules(render("default"), "ClusterRole", "gpu-agent")
+    }
+    assert grants == {
+        (("",), ("nodes",)): READ | {"patch"},
+        (("",), ("pods",)): READ,
+        (("", "events.k8s.io"), ("events",)): {"create", "patch"},
+    }
+
+
+def test_coordinator_only_reads() -> None:
+    objs = render("default")
+    rules = _rules(objs, "ClusterRole", "gpu-agent-coordinator") + _rules(
+        objs, "Role", "gpu-agent-coordinator"
+    )
+    assert {v for r in rules for v in r["verbs"]} <= READ
+    assert {res for r in rules for res in r["resources"]} == {"nodes", "pods"}
+    role = find(objs, "Role", "gpu-agent-coordinator")
+    assert role["metadata"]["namespace"] == "gpu-agent", "agent pods: this namespace only"
+
+
+def test_node_patches_are_fenced_by_the_admission_policy() -> None:
+    """RBAC lets the agent patch any Node; the ValidatingAdmissionPolicy (tested in
+    test_node_policy.py) narrows it, and its binding denies rather than warns."""
+    objs = render("default")
+    policy = find(objs, "ValidatingAdmissionPolicy", "gpu-agent-own-node-labels")
+    binding = find(objs, "ValidatingAdmissionPolicyBinding", "gpu-agent-own-node-labels")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    account = find(objs, "ServiceAccount", "gpu-agent")["metadata"]
+    user = f"system:serviceaccount:{account['namespace']}:{account['name']}"
+    (condition,) = policy["spec"]["matchConditions"]
+    assert f"'{user}'" in condition["expression"]
+
+
+def test_only_the_coordinator_reaches_the_grpc_port() -> None:
+    """The agents' NetworkPolicy admits gRPC from coordinator pods alone; the only rule open to
+    everyone is the read-only metrics port."""
+    objs = render("default")
+    policy = find(objs, "NetworkPolicy", "gpu-agent")["spec"]
+    agent_labels = agent_daemonset(objs)["spec"]["template"]["metadata"]["labels"]
+    coordinator = find(objs, "Deployment", "gpu-agent-coordinator")
+    coordinator_labels = coordinator["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= agent_labels.items()
+    assert policy["policyTypes"] == ["Ingress"]
+    grpc_rules = [r for r in policy["ingress"] if {"port": "grpc", "protocol": "TCP"} in r["ports"]]
+    assert len(grpc_rules) == 1
+    (source,) = grpc_rules[0]["from"]
+    assert set(source) == {"podSelector"}, "same namespace only"
+    assert source["podSelector"]["matchLabels"].items() <= coordinator_labels.items()
+    assert not source["podSelector"]["matchLabels"].items() <= agent_labels.items()
+    for rule in policy["ingress"]:
+        if "from" not in rule:
+            assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+
+
+def test_namespace_admits_the_agents_host_access() -> None:
+    namespace = find(render("default"), "Namespace", "gpu-agent")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+def test_install_doc_explains_every_privilege() -> None:
+    """docs/install.md names each host path the agent mounts and each privilege it holds."""
+    text = INSTALL_DOC.read_text()
+    objs = render("default")
+    pod = agent_daemonset(objs)["spec"]["template"]["spec"]
+    needed = ["CAP_SYS_ADMIN", "hostPID", "system-node-critical", "NVIDIA_MIG_CONFIG_DEVICES"]
+    needed += [str(PurePosixPath(v["hostPath"]["path"])) for v in pod["volumes"] if "hostPath" in v]
+    missing = [n for n in needed if n not in text]
+    assert not missing, f"docs/install.md does not explain: {missing}"
