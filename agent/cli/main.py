@@ -9,10 +9,14 @@ import click
 
 from agent import __version__
 from agent.cli.context import CliContext
+from agent.cli.errors import AgentGroup, report
 from agent.errors import AgentError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=AgentGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="gpu-agent")
 @click.option(
     "--config",
@@ -74,8 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except AgentError as exc:
-        click.echo(f"error: {exc}", err=True)
+    except AgentError as exc:  # raised outside any command (while resolving the context)
+        report(exc)
         sys.exit(exc.exit_code)
     sys.exit(rv if isinstance(rv, int) else 0)
 

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from agent.cli.context import CliContext
+from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, output_option
 from agent.errors import InvalidSpec
 
@@ -27,7 +28,7 @@ def _control(obj: CliContext) -> Any:
     return SimControl(cfg.state_dir)
 
 
-@click.group()
+@click.group(cls=AgentGroup)
 def sim() -> None:
     """Drive the simulated GPU node: workloads, processes, faults, reset, reboot.
 
@@ -136,7 +137,7 @@ def workload(
     control.set_workload(gpu, gpu_instance=gpu_instance, **kwargs)
 
 
-@sim.group("process")
+@sim.group("process", cls=AgentGroup)
 def process() -> None:
     """Start or stop a simulated GPU process."""
 

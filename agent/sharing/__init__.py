@@ -1,0 +1,33 @@
+"""GPU sharing (time-slicing / MPS) through NVIDIA's k8s-device-plugin config: render, validate,
+write, reload.
+
+Modules: ``schema`` (the plugin's config file), ``validate`` and ``advertise`` (pure rules and
+capacity), ``store`` (atomic file with previous version), ``reload`` (how the plugin learns of
+it), ``kube`` (the Kubernetes calls reload needs), ``service`` (the flow).
+"""
+
+from agent.sharing.advertise import Advertised, advertise
+from agent.sharing.kube import InClusterKubeClient, KubeClient
+from agent.sharing.reload import Pickup, ReloadReport
+from agent.sharing.schema import PluginConfig, parse, render, to_document
+from agent.sharing.service import ApplyResult, SharingService, SharingSettings, SharingView
+from agent.sharing.validate import validate, violations
+
+__all__ = [
+    "Advertised",
+    "ApplyResult",
+    "InClusterKubeClient",
+    "KubeClient",
+    "Pickup",
+    "PluginConfig",
+    "ReloadReport",
+    "SharingService",
+    "SharingSettings",
+    "SharingView",
+    "advertise",
+    "parse",
+    "render",
+    "to_document",
+    "validate",
+    "violations",
+]

@@ -1,0 +1,343 @@
+"""``gpu-agent share``: GPU sharing (time-slicing / MPS) through NVIDIA's device plugin.
+
+Wiring required from the CLI main (agent/cli/main.py): register ``share`` on the root group and
+put on ``click.Context.obj`` an object with
+
+    def sharing_service(self) -> agent.sharing.SharingService
+
+called once per command. The main builds it as ``SharingService(config.sharing, layouts,
+kube, node_name=config.node_name)`` where ``layouts`` is
+``lambda: [gpu.layout(g.uuid) for g in gpu.gpus()]`` over ``ctx.obj.gpu()``, and ``kube`` is
+``InClusterKubeClient.from_service_account()`` when running in a pod (None otherwise; only the
+``label`` and ``restart-pod`` reload methods need it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import IO, Protocol
+
+import click
+
+from agent.cli.errors import AgentGroup
+from agent.cli.render import emit, output_option
+from agent.sharing import (
+    Advertised,
+    ApplyResult,
+    PluginConfig,
+    ReloadReport,
+    SharingService,
+    SharingView,
+    parse,
+    to_document,
+)
+
+
+class ShareContext(Protocol):
+    def sharing_service(self) -> SharingService: ...
+
+
+@click.group("share", cls=AgentGroup)
+def share() -> None:
+    """GPU sharing on this node: time-slicing or MPS replicas, advertised by NVIDIA's device
+    plugin (one setting for every GPU of the node)."""
+
+
+@share.command(
+    "show", short_help="Show sharing, advertised capacity and whether the plugin loaded it."
+)
+@output_option
+@click.pass_obj
+def show_command(obj: ShareContext, output: str) -> None:
+    """Show the node's sharing, what the device plugin advertises, and whether it loaded it.
+
+    \b
+    Example:
+      gpu-agent share show
+      gpu-agent share show -o json
+    """
+    view = obj.sharing_service().show()
+    _emit(_view_data(view), output, lambda: _view_table(view))
+
+
+@share.command("set", short_help="Set time-slicing or MPS sharing and reload the plugin.")
+@click.option(
+    "--time-slicing",
+    "time_slicing",
+    multiple=True,
+    metavar="RESOURCE=REPLICAS",
+    help="Time-slice RESOURCE into REPLICAS (>= 2). Repeatable.",
+)
+@click.option(
+    "--mps",
+    multiple=True,
+    metavar="RESOURCE=REPLICAS",
+    help="Share nvidia.com/gpu through MPS into REPLICAS (>= 2). Repeatable.",
+)
+@click.option(
+    "--rename-by-default",
+    is_flag=True,
+    help="Advertise shared resources as <name>.shared.",
+)
+@click.option(
+    "--fail-requests-greater-than-one/--no-fail-requests-greater-than-one",
+    "fail_requests",
+    default=None,
+    help="Refuse pods asking for more than one replica (plugin default: off for "
+    "time-slicing, on for MPS).",
+)
+@click.option(
+    "--mig-strategy",
+    type=click.Choice(["none", "single", "mixed"]),
+    default=None,
+    help="Also set flags.migStrategy (default: keep the file's).",
+)
+@click.option(
+    "-f",
+    "--file",
+    "config_file",
+    type=click.File("r"),
+    default=None,
+    help="A config in the device plugin's own schema ('-' for stdin).",
+)
+@output_option
+@click.pass_obj
+def set_command(
+    obj: ShareContext,
+    time_slicing: Sequence[str],
+    mps: Sequence[str],
+    rename_by_default: bool,
+    fail_requests: bool | None,
+    mig_strategy: str | None,
+    config_file: IO[str] | None,
+    output: str,
+) -> None:
+    """Set the node's sharing, write it for the device plugin and reload the plugin.
+
+    Refused, with the rule and the field, when the plugin would reject or ignore it. The
+    previous config is kept for `share rollback`.
+
+    \b
+    Examples:
+      gpu-agent share set --time-slicing nvidia.com/gpu=4
+      gpu-agent share set --time-slicing gpu=4 --rename-by-default \\
+          --fail-requests-greater-than-one
+      gpu-agent share set --mps nvidia.com/gpu=2
+      gpu-agent share set --mig-strategy mixed --time-slicing nvidia.com/mig-1g.10gb=3
+      gpu-agent share set -f time-slicing.yaml
+    """
+    if config_file is not None:
+        if time_slicing or mps or rename_by_default or fail_requests is not None or mig_strategy:
+            raise click.UsageError("-f FILE cannot be combined with the other set options")
+        requested = parse(config_file.read())
+    elif time_slicing or mps:
+        requested = parse(
+            _document(time_slicing, mps, rename_by_default, fail_requests, mig_strategy)
+        )
+    else:
+        raise click.UsageError(
+            "give --time-slicing, --mps or -f FILE (to stop sharing: gpu-agent share clear)"
+        )
+    _emit_result(obj.sharing_service().set(requested), output)
+
+
+@share.command("clear", short_help="Stop sharing and reload the plugin.")
+@output_option
+@click.pass_obj
+def clear_command(obj: ShareContext, output: str) -> None:
+    """Stop sharing: remove the sharing section (other plugin settings stay) and reload.
+
+    \b
+    Example:
+      gpu-agent share clear
+    """
+    _emit_result(obj.sharing_service().clear(), output)
+
+
+@share.command("rollback", short_help="Restore the config from before the last change.")
+@output_option
+@click.pass_obj
+def rollback_command(obj: ShareContext, output: str) -> None:
+    """Restore the config that was there before the last change, and reload the plugin.
+
+    The replaced config becomes the previous one, so a second rollback undoes the first.
+
+    \b
+    Example:
+      gpu-agent share rollback
+    """
+    _emit_result(obj.sharing_service().rollback(), output)
+
+
+def _document(
+    time_slicing: Sequence[str],
+    mps: Sequence[str],
+    rename_by_default: bool,
+    fail_requests: bool | None,
+    mig_strategy: str | None,
+) -> dict[str, object]:
+    """The flags as a document in the plugin's schema, so they go through the one parser."""
+    sharing: dict[str, object] = {}
+    for key, option, specs in (
+        ("timeSlicing", "--time-slicing", time_slicing),
+        ("mps", "--mps", mps),
+    ):
+        if not specs:
+            continue
+        section: dict[str, object] = {
+            "renameByDefault": rename_by_default,
+            "resources": [_resource(spec, option) for spec in specs],
+        }
+        if fail_requests is not None:
+            section["failRequestsGreaterThanOne"] = fail_requests
+        sharing[key] = section
+    doc: dict[str, object] = {"version": "v1", "sharing": sharing}
+    if mig_strategy is not None:
+        doc["flags"] = {"migStrategy": mig_strategy}
+    return doc
+
+
+def _resource(spec: str, option: str) -> dict[str, object]:
+    name, sep, replicas = spec.partition("=")
+    if not sep or not name:
+        raise click.BadParameter(
+            f"{spec!r}: expected RESOURCE=REPLICAS, e.g. nvidia.com/gpu=4", param_hint=option
+        )
+    try:
+        return {"name": name.strip(), "replicas": int(replicas)}
+    except ValueError:
+        raise click.BadParameter(
+            f"{spec!r}: REPLICAS must be an integer, e.g. nvidia.com/gpu=4", param_hint=option
+        ) from None
+
+
+def _emit(data: object, output: str, table: Callable[[], str]) -> None:
+    emit(data, output, lambda _: table())
+
+
+def _emit_result(result: ApplyResult, output: str) -> None:
+    _emit(_result_data(result), output, lambda: _result_table(result))
+    if result.reload is not None and not result.reload.done:
+        click.echo(f"warning: the plugin was not reloaded: {result.reload.detail}", err=True)
+
+
+def _time(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
+
+
+def _sharing_data(config: PluginConfig) -> dict[str, object]:
+    active = config.sharing.active
+    return {
+        "strategy": config.sharing.strategy,
+        "mig_strategy": config.mig_strategy,
+        "rename_by_default": active is not None and active.rename_by_default,
+        "fail_requests_greater_than_one": config.sharing.fail_requests_greater_than_one,
+        "resources": [
+            {"name": r.name, "replicas": r.replicas}
+            for r in (active.resources if active is not None else ())
+        ],
+    }
+
+
+def _advertised_data(advertised: Sequence[Advertised]) -> list[dict[str, object]]:
+    return [
+        {"resource": a.resource, "devices": a.devices, "replicas": a.replicas, "count": a.count}
+        for a in advertised
+    ]
+
+
+def _reload_data(report: ReloadReport | None) -> dict[str, object] | None:
+    if report is None:
+        return None
+    return {
+        "method": report.method,
+        "done": report.done,
+        "detail": report.detail,
+        "at": _time(report.at),
+        "pids": list(report.pids),
+    }
+
+
+def _view_data(view: SharingView) -> dict[str, object]:
+    last = view.last_write
+    return {
+        "config_path": str(view.config_path),
+        "exists": view.exists,
+        **_sharing_data(view.config),
+        "advertised": _advertised_data(view.advertised),
+        "plugin": {"state": view.pickup.state, "detail": view.pickup.detail},
+        "last_write": None
+        if last is None
+        else {
+            "action": last.action,
+            "written_at": _time(last.written_at),
+            "reload": _reload_data(last.reload),
+        },
+        "problems": [{"field": p.field, "description": p.description} for p in view.problems],
+        "config": to_document(view.config),
+    }
+
+
+def _result_data(result: ApplyResult) -> dict[str, object]:
+    return {
+        "action": result.action,
+        "changed": result.changed,
+        "config_path": str(result.config_path),
+        **_sharing_data(result.config),
+        "advertised": _advertised_data(result.advertised),
+        "reload": _reload_data(result.reload),
+        "config": to_document(result.config),
+    }
+
+
+def _sharing_lines(config: PluginConfig) -> list[str]:
+    strategy = config.sharing.strategy
+    lines = [f"Strategy:  {strategy} (migStrategy {config.mig_strategy})"]
+    active = config.sharing.active
+    if active is not None:
+        fail = str(config.sharing.fail_requests_greater_than_one).lower()
+        lines.append(
+            f"Options:   renameByDefault {str(active.rename_by_default).lower()}, "
+            f"failRequestsGreaterThanOne {fail}"
+        )
+    return lines
+
+
+def _advertised_table(advertised: Sequence[Advertised]) -> str:
+    if not advertised:
+        return "The plugin advertises no GPU resources on this node."
+    rows = [["RESOURCE", "DEVICES", "REPLICAS", "ADVERTISED"]] + [
+        [a.resource, str(a.devices), str(a.replicas), str(a.count)] for a in advertised
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _view_table(view: SharingView) -> str:
+    state = "" if view.exists else " (absent: the plugin runs with its defaults)"
+    lines = [f"Config:    {view.config_path}{state}", *_sharing_lines(view.config)]
+    if view.last_write is not None:
+        lines.append(
+            f"Written:   {_time(view.last_write.written_at)} by gpu-agent "
+            f"(share {view.last_write.action})"
+        )
+    lines += [f"Plugin:    {view.pickup.state}: {view.pickup.detail}", ""]
+    lines.append(_advertised_table(view.advertised))
+    if view.problems:
+        lines += ["", "Problems (the plugin refuses or ignores these):"]
+        lines += [f"  {p.field}: {p.description}" for p in view.problems]
+    return "\n".join(lines)
+
+
+def _result_table(result: ApplyResult) -> str:
+    if not result.changed:
+        head = f"Unchanged: {result.config_path} already says this; nothing written or reloaded."
+    else:
+        head = f"{result.action.capitalize()}: wrote {result.config_path}"
+    lines = [head, *_sharing_lines(result.config)]
+    if result.reload is not None:
+        lines.append(f"Reload:    {result.reload.method}: {result.reload.detail}")
+    lines += ["", _advertised_table(result.advertised)]
+    return "\n".join(lines)

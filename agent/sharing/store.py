@@ -1,0 +1,175 @@
+"""The config file on disk: atomic writes, the previous version for rollback, a status record.
+
+Beside ``<path>`` (the file the device plugin reads) the store keeps ``<path>.previous`` (what
+``share rollback`` restores) and ``<path>.status.json`` (what was written and how the plugin was
+reloaded). Readers of ``<path>`` only ever see a whole old or a whole new file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+from agent.errors import AgentError, NotFound, PermissionDenied
+
+CHUNK_SIZE = 1 << 20
+_DEFAULT_MODE = 0o644  # the plugin may run as another user; the config is not a secret
+
+
+def atomic_write(
+    path: Path,
+    data: bytes,
+    *,
+    chunk_size: int = CHUNK_SIZE,
+    on_chunk: Callable[[int], None] | None = None,
+) -> None:
+    """Replace ``path`` with ``data`` so that no reader or crash ever sees a partial file.
+
+    Writes a temp file in the same directory (same filesystem, so the rename is atomic), fsyncs it,
+    renames it over ``path`` and fsyncs the directory so the rename survives a power loss.
+    ``on_chunk(bytes_written)`` runs after each chunk; tests use it to stop a write halfway.
+    """
+    try:
+        mode = path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        mode = _DEFAULT_MODE
+    with _os_errors(path):
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(tmp_name)
+    try:
+        with _os_errors(path), os.fdopen(fd, "wb") as f:
+            for start in range(0, len(data), chunk_size):
+                f.write(data[start : start + chunk_size])
+                if on_chunk is not None:
+                    f.flush()
+                    on_chunk(min(start + chunk_size, len(data)))
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        with _os_errors(path):
+            os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _os_errors(path: Path) -> Iterator[None]:
+    """Translate OS errors at this edge into domain errors that name the path."""
+    try:
+        yield
+    except PermissionError as exc:
+        raise PermissionDenied(f"cannot write {path}: {exc.strerror}") from exc
+    except FileNotFoundError as exc:
+        raise NotFound(
+            f"{path.parent} does not exist: mount the device plugin's config directory there"
+        ) from exc
+    except OSError as exc:
+        if exc.errno == errno.EROFS:
+            raise PermissionDenied(f"cannot write {path}: read-only filesystem") from exc
+        raise AgentError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+class ConfigStore:
+    """The plugin's config file plus the agent's two companion files.
+
+    Mutating methods expect the caller to hold ``lock()`` for the whole read-decide-write.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.previous_path = path.with_name(path.name + ".previous")
+        self.status_path = path.with_name(path.name + ".status.json")
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Serialise changes across processes (the agent and a local CLI).
+
+        flock on the directory itself, so no lock file has to live in the plugin's directory.
+        """
+        with _os_errors(self.path):
+            fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._remove_stale_temp_files()
+            yield
+        finally:
+            os.close(fd)  # closing drops the flock
+
+    def _remove_stale_temp_files(self) -> None:
+        # A writer killed mid-write leaves its temp file; under the lock no writer is running.
+        for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):
+            stale.unlink(missing_ok=True)
+
+    def read(self) -> bytes | None:
+        return _read(self.path)
+
+    def read_previous(self) -> bytes | None:
+        return _read(self.previous_path)
+
+    def write(self, data: bytes) -> None:
+        """Make ``data`` the config, keeping what was there as the previous version.
+
+        The previous version is saved first: a crash in between leaves previous == current,
+        never a config without its predecessor. A missing config is kept as an empty file, which
+        the plugin reads as its defaults.
+        """
+        atomic_write(self.previous_path, self.read() or b"")
+        atomic_write(self.path, data)
+
+    def swap_with_previous(self, previous: bytes) -> None:
+        """Restore ``previous`` (read from ``previous_path``) and keep the current config as the
+        new previous version. The config is restored first, so a crash in between still leaves
+        the rollback done.
+        """
+        current = self.read() or b""
+        atomic_write(self.path, previous)
+        atomic_write(self.previous_path, current)
+
+    def mtime(self) -> float | None:
+        try:
+            return self.path.stat().st_mtime
+        except FileNotFoundError:
+            return None
+
+    def write_status(self, record: Mapping[str, object]) -> None:
+        atomic_write(self.status_path, json.dumps(record, indent=2, sort_keys=True).encode())
+
+    def read_status(self) -> Mapping[str, object] | None:
+        """The last status record, or None when absent or unreadable.
+
+        The status is the agent's own bookkeeping: a damaged one loses only the evidence of how
+        the plugin was reloaded, which ``share show`` then reports as unknown.
+        """
+        raw = _read(self.status_path)
+        if raw is None:
+            return None
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return None
+        return record if isinstance(record, dict) else None
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except PermissionError as exc:
+        raise PermissionDenied(f"cannot read {path}: {exc.strerror}") from exc

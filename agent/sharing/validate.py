@@ -1,0 +1,171 @@
+"""The sharing rules: everything the device plugin would refuse or silently ignore. Pure.
+
+Each rule names the field and says why (reference/mig.md §5.1, §7 item 12). Every violation is
+collected, so one refusal lists all that must change.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from agent.errors import FieldViolation, InvalidSpec
+from agent.gpu.types import GpuLayout
+from agent.sharing.advertise import (
+    GPU_RESOURCE,
+    base_resources,
+    mig_enabled,
+    single_strategy_problem,
+)
+from agent.sharing.schema import RESOURCE_PREFIX, PluginConfig, ReplicatedResources
+
+MAX_RESOURCE_NAME = 63
+MIN_REPLICAS = 2
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+
+
+def validate(config: PluginConfig, layouts: Sequence[GpuLayout]) -> None:
+    """Raise InvalidSpec with every violation of ``config`` on a node with ``layouts``."""
+    found = violations(config, layouts)
+    if found:
+        plural = "s" if len(found) > 1 else ""
+        raise InvalidSpec(f"the sharing config is refused ({len(found)} problem{plural})", found)
+
+
+def violations(config: PluginConfig, layouts: Sequence[GpuLayout]) -> list[FieldViolation]:
+    """Every rule ``config`` breaks on a node with ``layouts``; empty when it is fine."""
+    found: list[FieldViolation] = []
+    sharing = config.sharing
+    if sharing.time_slicing is not None and sharing.mps is not None:
+        found.append(
+            FieldViolation(
+                "sharing",
+                "timeSlicing and mps are mutually exclusive (the plugin applies MPS and ignores "
+                "timeSlicing); keep one",
+            )
+        )
+    if sharing.time_slicing is not None:
+        found += _section(config, "timeSlicing", sharing.time_slicing, layouts)
+    if sharing.mps is not None:
+        found += _mps(config, layouts)
+        found += _section(config, "mps", sharing.mps, layouts)
+    return found
+
+
+def _mps(config: PluginConfig, layouts: Sequence[GpuLayout]) -> list[FieldViolation]:
+    found = []
+    if config.mig_strategy == "mixed":
+        found.append(
+            FieldViolation(
+                "flags.migStrategy",
+                "MPS cannot be combined with the mixed MIG strategy (the plugin refuses to "
+                "start); use none or drop sharing.mps",
+            )
+        )
+    with_mig = [str(layout.gpu.index) for layout in layouts if mig_enabled(layout)]
+    if with_mig:
+        found.append(
+            FieldViolation(
+                "sharing.mps",
+                f"MPS is not supported on GPUs with MIG enabled (GPU {', '.join(with_mig)}); "
+                "disable MIG or use timeSlicing",
+            )
+        )
+    return found
+
+
+def _section(
+    config: PluginConfig, key: str, section: ReplicatedResources, layouts: Sequence[GpuLayout]
+) -> list[FieldViolation]:
+    path = f"sharing.{key}"
+    if not section.resources:
+        return [
+            FieldViolation(
+                f"{path}.resources",
+                "at least one resource is required (the plugin refuses the file: "
+                '"no resources specified")',
+            )
+        ]
+    found = []
+    first_index: dict[str, int] = {}
+    for i, res in enumerate(section.resources):
+        at = f"{path}.resources[{i}]"
+        name_problem = _name_syntax(res.name)
+        if name_problem is None and res.name in first_index:
+            name_problem = f"{res.name} is listed twice (also resources[{first_index[res.name]}])"
+        if name_problem is None:
+            name_problem = _name_on_node(config, key, res.name, layouts)
+        first_index.setdefault(res.name, i)
+        if name_problem is not None:
+            found.append(FieldViolation(f"{at}.name", name_problem))
+        if res.replicas < MIN_REPLICAS:
+            found.append(
+                FieldViolation(
+                    f"{at}.replicas",
+                    f"must be >= {MIN_REPLICAS}, got {res.replicas} (the plugin refuses the "
+                    'file: "number of replicas must be >= 2"); use share clear to stop sharing',
+                )
+            )
+        if res.rename is not None:
+            found.append(
+                FieldViolation(
+                    f"{at}.rename",
+                    "ignored by the device plugin (reset to the name or <name>.shared); set "
+                    f"{path}.renameByDefault: true to advertise {res.name}.shared",
+                )
+            )
+        if res.devices is not None and res.devices != "all":
+            found.append(
+                FieldViolation(
+                    f"{at}.devices",
+                    "ignored by the device plugin (forced to 'all'): sharing applies to every "
+                    "GPU of the node, per-GPU replica counts are not possible; remove it",
+                )
+            )
+    return found
+
+
+def _name_syntax(name: str) -> str | None:
+    if len(name) > MAX_RESOURCE_NAME:
+        return (
+            f"fully-qualified resource name must be {MAX_RESOURCE_NAME} characters or less, "
+            f"{name} has {len(name)}"
+        )
+    part = name.removeprefix(RESOURCE_PREFIX)
+    if not _DNS_SUBDOMAIN.fullmatch(part):
+        return (
+            f"{part!r} after {RESOURCE_PREFIX} must be a DNS subdomain: lowercase letters, "
+            "digits, '-' and '.', starting and ending with a letter or digit"
+        )
+    return None
+
+
+def _name_on_node(
+    config: PluginConfig, key: str, name: str, layouts: Sequence[GpuLayout]
+) -> str | None:
+    """Why the plugin would not advertise ``name`` here (so it would skip the entry), or None."""
+    strategy = config.mig_strategy
+    if key == "mps" and name != GPU_RESOURCE:
+        return f"MPS shares only {GPU_RESOURCE} on full GPUs, not {name}"
+    advertised = {n for n, count in base_resources(strategy, layouts).items() if count > 0}
+    if name in advertised:
+        return None
+    if name.startswith(f"{RESOURCE_PREFIX}mig-") and strategy != "mixed":
+        return (
+            f"MIG resources like {name} exist only under flags.migStrategy: mixed "
+            f"(this config: {strategy})"
+        )
+    problem = single_strategy_problem(layouts) if strategy == "single" else None
+    if name == GPU_RESOURCE and problem is not None:
+        return f"the single MIG strategy cannot expose this node: {problem}"
+    if name == GPU_RESOURCE and strategy == "mixed" and layouts:
+        return (
+            f"every GPU has MIG enabled, so under the mixed strategy the plugin advertises no "
+            f"{GPU_RESOURCE}"
+        )
+    valid = ", ".join(sorted(advertised)) or "none"
+    return (
+        f"the plugin does not advertise {name} on this node (migStrategy {strategy}), so it "
+        f"would ignore these replicas; valid here: {valid}"
+    )

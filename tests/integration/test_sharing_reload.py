@@ -1,0 +1,242 @@
+"""Sharing changes reaching a real process, and surviving SIGKILL mid-write.
+
+A real process stands in for the device plugin (fake_device_plugin.py, started under the name
+``nvidia-device-plugin``): the agent finds it by name with psutil, signals it, and the process
+re-reads the file and prints what it advertises.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.config import SharingSettings
+from agent.sharing import SharingService, parse
+from agent.sharing.reload import find_plugin_processes
+from agent.sharing.schema import render
+from tests.unit.sharing.layouts import node
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_PLUGIN = Path(__file__).with_name("fake_device_plugin.py")
+PLUGIN_NAME = "nvidia-device-plugin"
+GPUS = 8
+
+
+def ts(replicas: int, **section: object) -> dict[str, object]:
+    resources = [{"name": "nvidia.com/gpu", "replicas": replicas}]
+    return {"sharing": {"timeSlicing": {"resources": resources, **section}}}
+
+
+class PluginProcess:
+    """The fake plugin, with its JSON lines read on a thread so tests can wait with a timeout."""
+
+    def __init__(self, bin_dir: Path, config: Path) -> None:
+        exe = bin_dir / PLUGIN_NAME
+        if not exe.exists():
+            exe.symlink_to(sys.executable)
+        # The link is not inside the venv, so give the interpreter the venv's packages (PyYAML).
+        env = {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+        self.proc = subprocess.Popen(
+            [str(exe), str(FAKE_PLUGIN), "--config-file", str(config), "--gpus", str(GPUS)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+
+    def next_event(self, timeout: float = 20.0) -> dict[str, object]:
+        event = json.loads(self.lines.get(timeout=timeout))
+        assert isinstance(event, dict)
+        return event
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def config_path(tmp_path: Path) -> Path:
+    d = tmp_path / "plugin-config"
+    d.mkdir()
+    return d / "config.yaml"
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, config_path: Path) -> Iterator[PluginProcess]:
+    p = PluginProcess(tmp_path, config_path)
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+def service(config_path: Path, clock: Callable[[], float] = time.time) -> SharingService:
+    settings = SharingSettings(config_path=config_path, reload="sighup")
+    return SharingService(settings, lambda: node(GPUS), clock=clock)
+
+
+def test_the_fake_plugin_is_found_by_the_real_plugins_name(plugin: PluginProcess) -> None:
+    plugin.next_event()
+    assert plugin.proc.pid in [p.pid for p in find_plugin_processes(PLUGIN_NAME)]
+
+
+def test_sighup_makes_the_running_plugin_load_the_new_config(
+    plugin: PluginProcess, config_path: Path
+) -> None:
+    """set -> file written -> SIGHUP to the process found by name -> it advertises 8 x 4."""
+    assert plugin.next_event()["advertise"] == {"nvidia.com/gpu": GPUS}
+    svc = service(config_path)
+
+    result = svc.set(parse(ts(4)))
+    assert result.reload is not None and result.reload.done
+    assert plugin.proc.pid in result.reload.pids
+    event = plugin.next_event()
+    assert event == {"event": "loaded", "pid": plugin.proc.pid, "advertise": {"nvidia.com/gpu": 32}}
+    # What the agent says the plugin advertises is what the plugin says.
+    assert {a.resource: a.count for a in result.advertised} == event["advertise"]
+    view = svc.show()
+    assert view.pickup.state == "signalled"
+    assert f"pid {plugin.proc.pid} was sent SIGHUP" in view.pickup.detail
+
+    svc.set(parse(ts(2, renameByDefault=True)))
+    assert plugin.next_event()["advertise"] == {"nvidia.com/gpu.shared": 16}
+
+    svc.rollback()
+    assert plugin.next_event()["advertise"] == {"nvidia.com/gpu": 32}
+    svc.clear()
+    assert plugin.next_event()["advertise"] == {"nvidia.com/gpu": GPUS}
+
+
+def test_a_plugin_started_after_the_write_is_reported_as_loaded(
+    tmp_path: Path, config_path: Path
+) -> None:
+    # Process start times are only good to a second: the write is dated 5 s back rather than
+    # waiting for the clock to move on.
+    svc = service(config_path, clock=lambda: time.time() - 5)
+    result = svc.set(parse(ts(3)))
+    assert result.reload is not None and not result.reload.done  # nothing to signal yet
+    assert svc.show().pickup.state == "not-loaded"
+    p = PluginProcess(tmp_path, config_path)
+    try:
+        assert p.next_event()["advertise"] == {"nvidia.com/gpu": 24}
+        view = svc.show()
+        assert view.pickup.state == "loaded"
+        assert str(p.proc.pid) in view.pickup.detail
+    finally:
+        p.stop()
+
+
+# The writer in a child process, paused by the chunk hook once half of a large config is on disk.
+_PAUSED_WRITER = """
+import sys, time
+from pathlib import Path
+from agent.sharing.schema import parse, render
+from agent.sharing.store import atomic_write
+
+path = Path(sys.argv[1])
+config = render(parse({"sharing": {"timeSlicing": {"resources": [
+    {"name": "nvidia.com/gpu", "replicas": 8}]}}}))
+data = (config + "# padding\\n" * 3_000_000).encode()
+
+def pause(written: int) -> None:
+    if written >= len(data) // 2:
+        print("paused", written, len(data), flush=True)
+        time.sleep(600)
+
+atomic_write(path, data, chunk_size=1 << 20, on_chunk=pause)
+"""
+
+
+def test_sigkill_during_a_write_never_leaves_a_partial_config(config_path: Path) -> None:
+    """The plugin's file is whole-old until the rename: a killed writer leaves only a temp file,
+    which the next change removes."""
+    svc = service(config_path)
+    svc.set(parse(ts(4)))
+    old = config_path.read_bytes()
+
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _PAUSED_WRITER, str(config_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert writer.stdout is not None
+    _, written, total = writer.stdout.readline().split()
+    temp_files = list(config_path.parent.glob(".config.yaml.*.tmp"))
+    assert len(temp_files) == 1
+    assert int(written) <= temp_files[0].stat().st_size < int(total)
+    assert config_path.read_bytes() == old
+
+    writer.send_signal(signal.SIGKILL)
+    assert writer.wait(timeout=10) == -signal.SIGKILL
+    assert config_path.read_bytes() == old
+    assert parse(config_path.read_bytes()) == parse(ts(4))
+
+    svc.set(parse(ts(2)))
+    assert parse(config_path.read_bytes()) == parse(ts(2))
+    assert list(config_path.parent.glob(".config.yaml.*.tmp")) == []
+
+
+_LOOPING_WRITER = """
+import sys
+from pathlib import Path
+from agent.sharing.store import atomic_write
+
+path, a, b = Path(sys.argv[1]), Path(sys.argv[2]).read_bytes(), Path(sys.argv[3]).read_bytes()
+print("started", flush=True)
+while True:
+    atomic_write(path, a, chunk_size=1 << 16)
+    atomic_write(path, b, chunk_size=1 << 16)
+"""
+
+
+def test_sigkill_at_arbitrary_moments_leaves_one_whole_version(
+    tmp_path: Path, config_path: Path
+) -> None:
+    """Kill a writer that alternates two large configs at random points: the file is always
+    exactly one of them."""
+    versions = []
+    for i, replicas in enumerate((3, 5)):
+        data = (render(parse(ts(replicas))) + f"# version {i}\n" * 200_000).encode()
+        (tmp_path / f"v{i}").write_bytes(data)
+        versions.append(data)
+    config_path.write_bytes(versions[0])
+    for delay in (0.05, 0.11, 0.17, 0.23, 0.31):
+        writer = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _LOOPING_WRITER,
+                str(config_path),
+                *(str(tmp_path / f"v{i}") for i in (0, 1)),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        assert writer.stdout is not None and writer.stdout.readline() == "started\n"
+        time.sleep(delay)
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(timeout=10)
+        assert config_path.read_bytes() in versions

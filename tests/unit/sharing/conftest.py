@@ -1,0 +1,62 @@
+"""Fixtures for sharing tests: a fake Kubernetes API server with a real TLS certificate."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.sharing.kube import InClusterKubeClient
+from tests.unit.sharing.fake_kube_api import FakeKubeApi, Pod
+
+NODE = "gpu-node-1"
+
+
+@pytest.fixture(scope="session")
+def tls_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1, made with the openssl command."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is needed to make a test TLS certificate")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "ca.crt", d / "tls.key"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+            "-addext", "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture
+def kube_api(tmp_path: Path, tls_cert: tuple[Path, Path]) -> Iterator[tuple[FakeKubeApi, str]]:
+    """The fake API server with one node and its device-plugin pod, plus another node's pod."""
+    token = tmp_path / "token"
+    token.write_text("token-1\n")
+    api = FakeKubeApi(token_path=token)
+    api.nodes[NODE] = {"kubernetes.io/hostname": NODE}
+    api.nodes["gpu-node-2"] = {}
+    plugin = {"app": "nvidia-device-plugin-daemonset"}
+    api.pods += [
+        Pod("gpu-operator", "nvidia-device-plugin-daemonset-abcde", NODE, dict(plugin)),
+        Pod("gpu-operator", "nvidia-device-plugin-daemonset-fghij", "gpu-node-2", dict(plugin)),
+        Pod("gpu-operator", "gpu-feature-discovery-klmno", NODE, {"app": "gpu-feature-discovery"}),
+    ]
+    server, url = api.serve(*tls_cert)
+    try:
+        yield api, url
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def kube(kube_api: tuple[FakeKubeApi, str], tls_cert: tuple[Path, Path]) -> InClusterKubeClient:
+    api, url = kube_api
+    return InClusterKubeClient(url, api.token_path, ca_path=tls_cert[0], timeout=5.0)

@@ -1,0 +1,169 @@
+"""``gpu-agent share`` as a user runs it, on a real SharingService over records (no simulator).
+
+The object on ``ctx.obj`` provides only ``sharing_service()``, which is all share.py requires.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner, Result
+
+from agent.cli.share import share
+from agent.config import SharingSettings
+from agent.sharing import SharingService
+from tests.unit.sharing.layouts import full_gpu, mig_gpu, node
+
+
+@dataclass
+class Obj:
+    service: SharingService
+
+    def sharing_service(self) -> SharingService:
+        return self.service
+
+
+@pytest.fixture
+def config_path(tmp_path: Path) -> Path:
+    return tmp_path / "config.yaml"
+
+
+def run(
+    config_path: Path, *args: str, layouts: list | None = None, stdin: str | None = None
+) -> Result:
+    settings = SharingSettings(config_path=config_path, reload="none")
+    svc = SharingService(settings, lambda: layouts if layouts is not None else node(8))
+    return CliRunner().invoke(share, list(args), obj=Obj(svc), input=stdin)
+
+
+def test_set_time_slicing_then_show_as_a_table(config_path: Path) -> None:
+    result = run(config_path, "set", "--time-slicing", "nvidia.com/gpu=4")
+    assert result.exit_code == 0, result.output
+    assert "Set: wrote" in result.stdout
+    assert "warning: the plugin was not reloaded" in result.stderr
+    shown = run(config_path, "show")
+    assert shown.exit_code == 0, shown.output
+    assert "Strategy:  time-slicing (migStrategy none)" in shown.stdout
+    assert "failRequestsGreaterThanOne false" in shown.stdout
+    row = next(line for line in shown.stdout.splitlines() if line.startswith("nvidia.com/gpu"))
+    assert row.split() == ["nvidia.com/gpu", "8", "4", "32"]
+
+
+def test_show_as_json(config_path: Path) -> None:
+    run(config_path, "set", "--time-slicing", "gpu=4", "--rename-by-default")
+    data = json.loads(run(config_path, "show", "-o", "json").stdout)
+    assert data["strategy"] == "time-slicing"
+    assert data["rename_by_default"] is True
+    assert data["advertised"] == [
+        {"resource": "nvidia.com/gpu.shared", "devices": 8, "replicas": 4, "count": 32}
+    ]
+    assert data["plugin"]["state"] == "not-loaded"
+    assert data["last_write"]["action"] == "set"
+    assert data["config"]["sharing"]["timeSlicing"]["resources"] == [
+        {"name": "nvidia.com/gpu", "replicas": 4}
+    ]
+
+
+def test_set_mps_as_yaml(config_path: Path) -> None:
+    result = run(config_path, "set", "--mps", "nvidia.com/gpu=2", "-o", "yaml")
+    assert result.exit_code == 0, result.output
+    data = yaml.safe_load(result.stdout)
+    assert data["strategy"] == "mps"
+    assert data["fail_requests_greater_than_one"] is True
+    assert data["changed"] is True
+
+
+def test_set_mig_resources_under_mixed(config_path: Path) -> None:
+    layouts = [mig_gpu(0, "1g.10gb", "1g.10gb"), full_gpu(1)]
+    result = run(
+        config_path,
+        "set",
+        "--mig-strategy",
+        "mixed",
+        "--time-slicing",
+        "nvidia.com/mig-1g.10gb=3",
+        "--fail-requests-greater-than-one",
+        "-o",
+        "json",
+        layouts=layouts,
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["fail_requests_greater_than_one"] is True
+    assert {a["resource"]: a["count"] for a in data["advertised"]} == {
+        "nvidia.com/gpu": 1,
+        "nvidia.com/mig-1g.10gb": 6,
+    }
+
+
+def test_set_from_a_file_in_the_plugins_schema(config_path: Path) -> None:
+    """The README's example, 10 replicas on 8 GPUs: nvidia.com/gpu 80; again from stdin: no-op."""
+    example = Path(__file__).parent / "golden" / "readme-time-slicing.yaml"
+    result = run(config_path, "set", "-f", str(example))
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if line.startswith("nvidia.com/gpu"))
+    assert row.split() == ["nvidia.com/gpu", "8", "10", "80"]
+    stdin = run(config_path, "set", "-f", "-", stdin=example.read_text())
+    assert "Unchanged" in stdin.stdout
+
+
+def test_a_refusal_names_each_field_and_exits_2(config_path: Path) -> None:
+    result = run(
+        config_path, "set", "--time-slicing", "nvidia.com/gpu=1", "--mps", "nvidia.com/gpu=2"
+    )
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        "error: the sharing config is refused (2 problems)",
+        "  sharing: timeSlicing and mps are mutually exclusive (the plugin applies MPS and "
+        "ignores timeSlicing); keep one",
+        "  sharing.timeSlicing.resources[0].replicas: must be >= 2, got 1 (the plugin refuses "
+        'the file: "number of replicas must be >= 2"); use share clear to stop sharing',
+    ]
+    assert not config_path.exists()
+
+
+def test_a_malformed_file_names_the_field(config_path: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replica: 4\n")
+    result = run(config_path, "set", "-f", str(bad))
+    assert result.exit_code == 2
+    assert "  sharing.timeSlicing.resources[0].replica: unknown key" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "give --time-slicing, --mps or -f FILE"),
+        (["--time-slicing", "gpu"], "expected RESOURCE=REPLICAS"),
+        (["--time-slicing", "gpu=four"], "REPLICAS must be an integer"),
+        (["-f", "-", "--mps", "gpu=2"], "cannot be combined"),
+    ],
+)
+def test_usage_errors(config_path: Path, args: list[str], message: str) -> None:
+    result = run(config_path, "set", *args, stdin="")
+    assert result.exit_code == 2
+    assert message in result.stderr
+
+
+def test_clear_and_rollback(config_path: Path) -> None:
+    run(config_path, "set", "--time-slicing", "gpu=4")
+    cleared = run(config_path, "clear", "-o", "json")
+    assert json.loads(cleared.stdout)["strategy"] == "none"
+    rolled = run(config_path, "rollback", "-o", "json")
+    assert rolled.exit_code == 0, rolled.output
+    assert json.loads(rolled.stdout)["strategy"] == "time-slicing"
+
+
+def test_rollback_with_nothing_to_restore_exits_with_not_founds_code(config_path: Path) -> None:
+    result = run(config_path, "rollback")
+    assert result.exit_code == 3
+    assert result.stderr.startswith("error: no previous config at ")
+
+
+def test_every_command_documents_an_example() -> None:
+    for name, command in share.commands.items():
+        assert command.help and "gpu-agent share " + name in command.help, name

@@ -1,0 +1,243 @@
+"""SharingService: decide purely, then write atomically and reload; refuse without writing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from agent.config import SharingSettings
+from agent.errors import Conflict, InvalidSpec, NotFound, PermissionDenied
+from agent.gpu.types import GpuLayout
+from agent.sharing import SharingService, parse
+from agent.sharing.kube import InClusterKubeClient
+from agent.sharing.reload import CONFIG_LABEL
+from tests.unit.sharing.conftest import NODE
+from tests.unit.sharing.fake_kube_api import FakeKubeApi
+from tests.unit.sharing.layouts import full_gpu, mig_gpu, node
+
+README_FLAGS = (Path(__file__).parent / "golden" / "readme-flags.yaml").read_text()
+
+
+def ts(name: str = "nvidia.com/gpu", replicas: int = 4, **flags: object) -> dict[str, object]:
+    doc: dict[str, object] = {
+        "sharing": {"timeSlicing": {"resources": [{"name": name, "replicas": replicas}]}}
+    }
+    if flags:
+        doc["flags"] = flags
+    return doc
+
+
+class Node:
+    """A node whose MIG layout tests can change between calls."""
+
+    def __init__(self, layouts: Sequence[GpuLayout]) -> None:
+        self.layouts = list(layouts)
+
+    def __call__(self) -> Sequence[GpuLayout]:
+        return self.layouts
+
+
+@pytest.fixture
+def config_path(tmp_path: Path) -> Path:
+    d = tmp_path / "nvidia-device-plugin"
+    d.mkdir()
+    return d / "config.yaml"
+
+
+def service(
+    path: Path,
+    layouts: Sequence[GpuLayout] | Node = (),
+    *,
+    reload: str = "none",
+    kube: InClusterKubeClient | None = None,
+) -> SharingService:
+    provider = layouts if isinstance(layouts, Node) else Node(layouts or node(8))
+    settings = SharingSettings(config_path=path, reload=reload)
+    return SharingService(settings, provider, kube, node_name=NODE, clock=lambda: 1000.0)
+
+
+def test_set_writes_the_config_and_reports_what_is_advertised(config_path: Path) -> None:
+    result = service(config_path).set(parse(ts()))
+    assert result.changed
+    assert parse(config_path.read_bytes()) == result.config
+    assert [(a.resource, a.count) for a in result.advertised] == [("nvidia.com/gpu", 32)]
+    assert result.reload is not None and result.reload.method == "none"
+    assert not result.reload.done
+
+
+def test_set_keeps_the_files_flags_and_the_previous_version(config_path: Path) -> None:
+    """The file is shared with the plugin: its other settings survive a sharing change."""
+    config_path.write_text(README_FLAGS)
+    service(config_path).set(parse(ts()))
+    written = parse(config_path.read_text())
+    assert written.flags == parse(README_FLAGS).flags
+    assert written.sharing == parse(ts()).sharing
+    assert config_path.with_name("config.yaml.previous").read_text() == README_FLAGS
+
+
+def test_setting_the_same_sharing_again_writes_and_reloads_nothing(config_path: Path) -> None:
+    svc = service(config_path)
+    svc.set(parse(ts()))
+    before = (
+        config_path.stat().st_mtime_ns,
+        config_path.with_name("config.yaml.status.json").read_bytes(),
+    )
+    result = svc.set(parse(ts()))
+    assert not result.changed and result.reload is None
+    after = (
+        config_path.stat().st_mtime_ns,
+        config_path.with_name("config.yaml.status.json").read_bytes(),
+    )
+    assert after == before
+
+
+def test_a_refused_set_writes_nothing(config_path: Path) -> None:
+    with pytest.raises(InvalidSpec) as exc:
+        service(config_path).set(parse(ts(replicas=1)))
+    assert [v.field for v in exc.value.violations] == ["sharing.timeSlicing.resources[0].replicas"]
+    assert sorted(p.name for p in config_path.parent.iterdir()) == []
+
+
+def test_reload_settings_that_cannot_work_are_refused_before_writing(config_path: Path) -> None:
+    with pytest.raises(InvalidSpec) as exc:
+        service(config_path, reload="label").set(parse(ts()))
+    assert [v.field for v in exc.value.violations] == ["sharing.reload"]
+    assert not config_path.exists()
+
+
+def test_mig_resources_under_mixed_with_the_strategy_set_in_the_same_request(
+    config_path: Path,
+) -> None:
+    layouts = [mig_gpu(0, *["1g.10gb"] * 7), full_gpu(1)]
+    result = service(config_path, layouts).set(
+        parse(ts("nvidia.com/mig-1g.10gb", 3, migStrategy="mixed"))
+    )
+    assert {a.resource: a.count for a in result.advertised} == {
+        "nvidia.com/gpu": 1,
+        "nvidia.com/mig-1g.10gb": 21,
+    }
+
+
+def test_clear_drops_sharing_and_keeps_flags(config_path: Path) -> None:
+    config_path.write_text(README_FLAGS)
+    svc = service(config_path)
+    svc.set(parse(ts()))
+    result = svc.clear()
+    assert result.changed
+    assert parse(config_path.read_text()) == parse(README_FLAGS)
+    assert svc.clear().changed is False
+
+
+def test_clear_without_a_file_changes_nothing(config_path: Path) -> None:
+    assert service(config_path).clear().changed is False
+    assert not config_path.exists()
+
+
+def test_rollback_restores_the_previous_config_and_can_be_undone(config_path: Path) -> None:
+    svc = service(config_path)
+    svc.set(parse(ts(replicas=4)))
+    svc.set(parse(ts(replicas=8)))
+    assert svc.rollback().config == parse(ts(replicas=4))
+    assert parse(config_path.read_text()) == parse(ts(replicas=4))
+    svc.rollback()
+    assert parse(config_path.read_text()) == parse(ts(replicas=8))
+
+
+def test_rollback_after_the_first_set_returns_to_plugin_defaults(config_path: Path) -> None:
+    svc = service(config_path)
+    svc.set(parse(ts()))
+    result = svc.rollback()
+    assert result.config.sharing.strategy == "none"
+    assert config_path.read_bytes() == b""
+
+
+def test_rollback_without_a_previous_config_is_not_found(config_path: Path) -> None:
+    with pytest.raises(NotFound, match="nothing to roll back to"):
+        service(config_path).rollback()
+
+
+def test_rollback_to_a_config_the_node_no_longer_supports_is_refused(config_path: Path) -> None:
+    """After a MIG change the old config would be silently ignored: refuse, change nothing."""
+    gpus = Node([mig_gpu(0, "1g.10gb", "1g.10gb"), full_gpu(1)])
+    svc = service(config_path, gpus)
+    svc.set(parse(ts("mig-1g.10gb", 2, migStrategy="mixed")))
+    svc.set(parse(ts("nvidia.com/gpu", 2)))
+    gpus.layouts = [mig_gpu(0, "7g.80gb"), full_gpu(1)]
+    current = config_path.read_bytes()
+    with pytest.raises(InvalidSpec, match="cannot roll back") as exc:
+        svc.rollback()
+    assert [v.field for v in exc.value.violations] == ["sharing.timeSlicing.resources[0].name"]
+    assert config_path.read_bytes() == current
+
+
+def test_an_unparseable_current_file_is_a_conflict(config_path: Path) -> None:
+    config_path.write_text("sharing: {timeSlicing: {resources: [{name: gpu}]}}")
+    with pytest.raises(Conflict, match=r"resources\[0\]\.replicas: required"):
+        service(config_path).set(parse(ts()))
+    with pytest.raises(Conflict):
+        service(config_path).show()
+
+
+def test_show_reports_strategy_capacity_problems_and_pickup(config_path: Path) -> None:
+    gpus = Node(node(8))
+    svc = service(config_path, gpus)
+    svc.set(parse(ts(replicas=4)))
+    view = svc.show()
+    assert view.exists and view.config.sharing.strategy == "time-slicing"
+    assert [(a.resource, a.devices, a.replicas, a.count) for a in view.advertised] == [
+        ("nvidia.com/gpu", 8, 4, 32)
+    ]
+    assert view.problems == ()
+    assert view.last_write is not None and view.last_write.action == "set"
+    assert view.pickup.state == "not-loaded"  # no plugin process here
+    gpus.layouts = []
+    assert [p.field for p in svc.show().problems] == ["sharing.timeSlicing.resources[0].name"]
+
+
+def test_show_without_a_file(config_path: Path) -> None:
+    view = service(config_path).show()
+    assert not view.exists and view.last_write is None
+    assert view.config.sharing.strategy == "none"
+    assert view.pickup.state == "unknown"
+
+
+def test_show_does_not_claim_a_file_written_by_someone_else(config_path: Path) -> None:
+    svc = service(config_path)
+    svc.set(parse(ts()))
+    config_path.write_text(config_path.read_text() + "\n# edited by hand\n")
+    assert svc.show().last_write is None
+
+
+def test_label_reload_through_the_api(
+    config_path: Path, kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    api, _ = kube_api
+    svc = service(config_path, reload="label", kube=kube)
+    result = svc.set(parse(ts()))
+    assert result.reload is not None and result.reload.done
+    assert api.nodes[NODE][CONFIG_LABEL] == "gpu-agent"
+    assert svc.show().pickup.state == "unknown"
+
+
+def test_restart_pod_reload_through_the_api(
+    config_path: Path, kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    api, _ = kube_api
+    result = service(config_path, reload="restart-pod", kube=kube).set(parse(ts()))
+    assert result.reload is not None and result.reload.done
+    assert "nvidia-device-plugin-daemonset-abcde" not in [p.name for p in api.pods]
+
+
+def test_a_failed_reload_says_the_config_was_written(
+    config_path: Path, kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    api, _ = kube_api
+    api.forbidden.add(("PATCH", f"/api/v1/nodes/{NODE}"))
+    svc = service(config_path, reload="label", kube=kube)
+    with pytest.raises(PermissionDenied, match=r"config written to .*config\.yaml, but reloading"):
+        svc.set(parse(ts()))
+    assert parse(config_path.read_text()) == parse(ts())
+    view = svc.show()
+    assert view.last_write is not None and view.last_write.reload is None
