@@ -57,12 +57,14 @@ def cli(
 
 def _register() -> None:
     # Imported here so each command module stays independent of the others.
-    from agent.cli import serve, share, sim, status
+    from agent.cli import prewarm, serve, share, sim, status
 
     cli.add_command(serve.serve)
     cli.add_command(status.status)
     cli.add_command(sim.sim)
     cli.add_command(share.share)
+    cli.add_command(prewarm.prewarm)
+    cli.add_command(prewarm.cache)
 
 
 _register()

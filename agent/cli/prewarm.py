@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from agent.cli.context import CliContext
+from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, human_bytes, output_option
 from agent.prewarm.errors import FetchFailed
 from agent.prewarm.factory import build_service
@@ -99,7 +100,7 @@ _wait_option = click.option(
 )
 
 
-@click.group()
+@click.group(cls=AgentGroup)
 def prewarm() -> None:
     """Warm model/dataset files and container images on this node before pods land."""
 
@@ -199,7 +200,7 @@ def prewarm_cancel(ctx: click.Context, item: str, output: str) -> None:
     emit([_service(ctx).cancel(item)], output, _items_table)
 
 
-@click.group()
+@click.group(cls=AgentGroup)
 def cache() -> None:
     """The node's file cache: usage, eviction and pins."""
 

@@ -8,15 +8,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-# agent/cli/main.py registers command groups; until it registers prewarm and cache, add them here.
-_BOOT = (
-    "import sys; from agent.cli.main import cli, main;"
-    "from agent.cli.prewarm import prewarm, cache;"
-    "[cli.add_command(g) for g in (prewarm, cache) if g.name not in cli.commands];"
-    "main(sys.argv[1:])"
-)
-
-
 def agent_env(tmp: Path, **settings: str) -> dict[str, str]:
     env = dict(os.environ)
     env["GPU_AGENT_STATE_DIR"] = str(tmp / "state")
@@ -30,7 +21,7 @@ def agent_env(tmp: Path, **settings: str) -> dict[str, str]:
 
 def spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", _BOOT, *args],
+        [sys.executable, "-m", "agent.cli.main", *args],
         env=env,
         cwd=ROOT,
         text=True,
@@ -43,7 +34,7 @@ def run(
     args: list[str], env: dict[str, str], timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", _BOOT, *args],
+        [sys.executable, "-m", "agent.cli.main", *args],
         env=env,
         cwd=ROOT,
         text=True,
