@@ -1,0 +1,340 @@
+"""``SimControl``: what tests and ``gpu-agent sim ...`` do to the simulated node from outside NVML.
+
+It works on the same state file as the driver, so changes show up in every process that has the
+node open. Bad input raises agent errors naming the field and changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from agent.errors import Busy, Conflict, DeviceLost, FieldViolation, InvalidSpec, NotFound
+from agent.gpu.sim import activity, faults, layout, lifecycle
+from agent.gpu.sim.activity import RATIOS
+from agent.gpu.sim.lifecycle import model_of
+from agent.gpu.sim.models import profile_name
+from agent.gpu.sim.state import Gpu, GpuInstance, NodeState, Process, XidEvent
+from agent.gpu.sim.store import StateStore
+
+MIB = 1 << 20
+XID_GPU_FALLEN_OFF_BUS = 79  # what the driver reports when a GPU drops off the bus
+_MAX_QUEUED_EVENTS = 1024
+
+
+def missing_node(state_dir: Path) -> InvalidSpec:
+    return InvalidSpec(
+        f"no simulated node in {state_dir}; pass --simulate PRESET to create one",
+        [FieldViolation("simulate", "required: no simulated node exists in this state dir yet")],
+    )
+
+
+class SimControl:
+    def __init__(self, state_dir: Path) -> None:
+        self._store = StateStore(state_dir)
+        if not self._store.exists():
+            raise missing_node(state_dir)
+        self._proc_root = self._store.root / "proc"
+
+    @property
+    def proc_root(self) -> Path:
+        """A /proc look-alike holding ``<pid>/cgroup`` and ``<pid>/comm`` of simulated processes."""
+        return self._proc_root
+
+    def describe(self) -> dict[str, Any]:
+        node = self._store.read()
+        return {
+            "preset": node.preset,
+            "driver_version": node.driver_version,
+            "cuda_driver_version": node.cuda_driver_version,
+            "passthrough_vm": node.passthrough_vm,
+            "boot_id": node.boot_id,
+            "gpus": [_describe_gpu(g) for g in node.gpus],
+            "processes": [asdict(p) for p in node.processes],
+            "faults": [
+                {**asdict(f), "error": pynvml.nvmlExceptionClass(f.code).__name__}
+                for f in node.faults
+            ],
+            "pending_xids": [asdict(e) for e in node.events],
+        }
+
+    # --- workloads ---------------------------------------------------------------------------
+
+    def set_workload(
+        self,
+        gpu: int,
+        *,
+        gpu_instance: int | None = None,
+        sm_active: float = 0.0,
+        sm_occupancy: float = 0.0,
+        tensor_active: float = 0.0,
+        fp64_active: float = 0.0,
+        fp32_active: float = 0.0,
+        fp16_active: float = 0.0,
+        dram_active: float = 0.0,
+        pcie_tx_bytes_per_s: float = 0.0,
+        pcie_rx_bytes_per_s: float = 0.0,
+        nvlink_tx_bytes_per_s: float = 0.0,
+        nvlink_rx_bytes_per_s: float = 0.0,
+    ) -> None:
+        values = activity.validate(
+            {
+                "sm_active": sm_active,
+                "sm_occupancy": sm_occupancy,
+                "tensor_active": tensor_active,
+                "fp64_active": fp64_active,
+                "fp32_active": fp32_active,
+                "fp16_active": fp16_active,
+                "dram_active": dram_active,
+                "pcie_tx_bytes_per_s": pcie_tx_bytes_per_s,
+                "pcie_rx_bytes_per_s": pcie_rx_bytes_per_s,
+                "nvlink_tx_bytes_per_s": nvlink_tx_bytes_per_s,
+                "nvlink_rx_bytes_per_s": nvlink_rx_bytes_per_s,
+            }
+        )
+        self._put_workload(gpu, gpu_instance, values)
+
+    def clear_workload(self, gpu: int, *, gpu_instance: int | None = None) -> None:
+        self._put_workload(gpu, gpu_instance, {})
+
+    def _put_workload(self, gpu: int, gpu_instance: int | None, values: dict[str, float]) -> None:
+        with self._store.transaction() as node:
+            g = _gpu(node, gpu)
+            if gpu_instance is None:
+                ratios = sorted(n for n in values if n in RATIOS)
+                if g.mig_current and ratios:
+                    raise InvalidSpec(
+                        f"GPU {gpu} has MIG enabled: set {', '.join(ratios)} per gpu_instance; "
+                        "a GPU-level workload carries PCIe/NVLink traffic only",
+                        [FieldViolation(n, "set per gpu_instance on a MIG GPU") for n in ratios],
+                    )
+                g.workload = values
+            else:
+                gi = _mig_instance(g, gpu_instance)
+                if values and not gi.compute_instances:
+                    raise InvalidSpec(
+                        f"GPU {gpu} instance {gpu_instance} has no compute instance to run on",
+                        [FieldViolation("gpu_instance", "needs a compute instance")],
+                    )
+                gi.workload = values
+            activity.refresh(g, model_of(g), time.monotonic())
+
+    # --- processes ---------------------------------------------------------------------------
+
+    def start_process(
+        self,
+        pid: int,
+        gpu: int,
+        *,
+        used_memory_mib: int,
+        gpu_instance: int | None = None,
+        compute_instance: int | None = None,
+        cgroup: str | None = None,
+        name: str = "python",
+    ) -> None:
+        if pid <= 0:
+            raise InvalidSpec(f"pid must be > 0, got {pid}", [FieldViolation("pid", "must be > 0")])
+        if used_memory_mib < 0:
+            raise InvalidSpec(
+                f"used_memory_mib must be >= 0, got {used_memory_mib}",
+                [FieldViolation("used_memory_mib", "must be >= 0")],
+            )
+        with self._store.transaction() as node:
+            g = _gpu(node, gpu)
+            if g.lost:
+                raise DeviceLost(f"GPU {gpu} is lost; nothing can start on it")
+            if any(p.pid == pid for p in node.processes):
+                raise Conflict(f"pid {pid} is already running on the simulated node")
+            gi_id, ci_id = _placement_of_process(g, gpu_instance, compute_instance)
+            total, used = lifecycle.memory(node, g, gi_id)
+            if used + used_memory_mib * MIB > total:
+                free = (total - used) // MIB
+                raise InvalidSpec(
+                    f"used_memory_mib {used_memory_mib} exceeds the {free} MiB free there",
+                    [FieldViolation("used_memory_mib", f"must be <= {free}")],
+                )
+            node.processes.append(Process(pid, gpu, gi_id, ci_id, used_memory_mib, name, cgroup))
+        self._write_proc(pid, name, cgroup)
+
+    def stop_process(self, pid: int) -> None:
+        with self._store.transaction() as node:
+            if not any(p.pid == pid for p in node.processes):
+                raise NotFound(f"no simulated process with pid {pid}")
+            node.processes = [p for p in node.processes if p.pid != pid]
+        shutil.rmtree(self._proc_root / str(pid), ignore_errors=True)
+
+    def _write_proc(self, pid: int, name: str, cgroup: str | None) -> None:
+        directory = self._proc_root / str(pid)
+        directory.mkdir(parents=True, exist_ok=True)
+        # A process outside any pod sits in the root cgroup.
+        for filename, text in (("cgroup", cgroup or "0::/"), ("comm", name)):
+            tmp = directory / f".{filename}.tmp"
+            tmp.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+            os.replace(tmp, directory / filename)
+
+    # --- GPU holders, VM, faults -------------------------------------------------------------
+
+    def add_holder(self, gpu: int, name: str) -> None:
+        if not name:
+            raise InvalidSpec("holder name is empty", [FieldViolation("name", "required")])
+        with self._store.transaction() as node:
+            g = _gpu(node, gpu)
+            if name not in g.holders:
+                g.holders.append(name)
+
+    def remove_holder(self, gpu: int, name: str) -> None:
+        with self._store.transaction() as node:
+            g = _gpu(node, gpu)
+            if name not in g.holders:
+                raise NotFound(f"GPU {gpu} has no holder {name!r} (holders: {g.holders})")
+            g.holders.remove(name)
+
+    def set_passthrough_vm(self, enabled: bool) -> None:
+        with self._store.transaction() as node:
+            node.passthrough_vm = enabled
+
+    def inject_fault(
+        self,
+        function: str,
+        error: str | int,
+        *,
+        nth: int = 1,
+        gpu: int | None = None,
+        count: int = 1,
+    ) -> None:
+        name = faults.check_function(function)
+        code = faults.error_code(error)
+        with self._store.transaction() as node:
+            faults.arm(node, name, code, nth=nth, count=count, gpu=gpu)
+
+    def clear_faults(self) -> None:
+        with self._store.transaction() as node:
+            node.faults.clear()
+
+    # --- failures, reset, reboot -------------------------------------------------------------
+
+    def mark_lost(self, gpu: int) -> None:
+        with self._store.transaction() as node:
+            g = _gpu(node, gpu)
+            if not g.lost:
+                g.lost = True
+                _queue_xid(node, gpu, XID_GPU_FALLEN_OFF_BUS)
+
+    def raise_xid(self, gpu: int, xid: int) -> None:
+        if xid <= 0:
+            raise InvalidSpec(f"xid must be > 0, got {xid}", [FieldViolation("xid", "must be > 0")])
+        with self._store.transaction() as node:
+            _gpu(node, gpu)
+            _queue_xid(node, gpu, xid)
+
+    def reset_gpu(self, gpu: int) -> None:
+        with self._store.transaction() as node:
+            g = _gpu(node, gpu)
+            if g.lost:
+                raise DeviceLost(f"GPU {gpu} is lost; a reset cannot reach it (reboot the node)")
+            in_the_way = lifecycle.blockers(node, g)
+            if in_the_way:
+                raise Busy(f"GPU {gpu} is in use: {', '.join(in_the_way)}", in_the_way)
+            lifecycle.reset_gpu(node, g, time.monotonic())
+
+    def reboot(self) -> None:
+        with self._store.transaction() as node:
+            lifecycle.reboot(node, time.monotonic())
+        shutil.rmtree(self._proc_root, ignore_errors=True)
+
+
+def _gpu(node: NodeState, index: int) -> Gpu:
+    if not 0 <= index < len(node.gpus):
+        raise NotFound(f"GPU {index} does not exist; the node has GPUs 0..{len(node.gpus) - 1}")
+    return node.gpus[index]
+
+
+def _mig_instance(g: Gpu, gpu_instance: int) -> GpuInstance:
+    if not g.mig_current:
+        raise InvalidSpec(
+            f"GPU {g.index} has MIG disabled; gpu_instance must be omitted",
+            [FieldViolation("gpu_instance", "only on a MIG-enabled GPU")],
+        )
+    gi = g.gpu_instance(gpu_instance)
+    if gi is None:
+        ids = sorted(x.id for x in g.gpu_instances)
+        raise NotFound(f"GPU {g.index} has no GPU instance {gpu_instance} (has {ids})")
+    return gi
+
+
+def _placement_of_process(
+    g: Gpu, gpu_instance: int | None, compute_instance: int | None
+) -> tuple[int | None, int | None]:
+    if not g.mig_current:
+        if gpu_instance is not None or compute_instance is not None:
+            raise InvalidSpec(
+                f"GPU {g.index} has MIG disabled; gpu_instance/compute_instance must be omitted",
+                [FieldViolation("gpu_instance", "only on a MIG-enabled GPU")],
+            )
+        return None, None
+    if gpu_instance is None:
+        raise InvalidSpec(
+            f"GPU {g.index} has MIG enabled; a process runs on a MIG device: pass gpu_instance",
+            [FieldViolation("gpu_instance", "required on a MIG-enabled GPU")],
+        )
+    gi = _mig_instance(g, gpu_instance)
+    if not gi.compute_instances:
+        raise InvalidSpec(
+            f"GPU {g.index} instance {gpu_instance} has no compute instance, so no MIG device",
+            [FieldViolation("gpu_instance", "needs a compute instance")],
+        )
+    if compute_instance is None:
+        return gi.id, min(c.id for c in gi.compute_instances)
+    if gi.compute_instance(compute_instance) is None:
+        raise NotFound(f"GPU {g.index} instance {gi.id} has no compute instance {compute_instance}")
+    return gi.id, compute_instance
+
+
+def _queue_xid(node: NodeState, gpu: int, xid: int) -> None:
+    node.events.append(XidEvent(node.next_event_seq, gpu, xid))
+    node.next_event_seq += 1
+    del node.events[:-_MAX_QUEUED_EVENTS]
+
+
+def _describe_gpu(g: Gpu) -> dict[str, Any]:
+    model = model_of(g)
+    instances = []
+    for gi in sorted(g.gpu_instances, key=lambda x: x.id):
+        spec = layout.gi_spec(model, gi)
+        instances.append(
+            {
+                "id": gi.id,
+                "profile_id": gi.profile_id,
+                "profile": profile_name(model, spec),
+                "placement": {"start": gi.start, "size": gi.size},
+                "workload": dict(gi.workload),
+                "compute_instances": [
+                    {
+                        "id": ci.id,
+                        "profile_id": ci.profile_id,
+                        "profile": profile_name(model, spec, ci.size),
+                        "placement": {"start": ci.start, "size": ci.size},
+                        "uuid": ci.uuid,
+                    }
+                    for ci in sorted(gi.compute_instances, key=lambda x: x.id)
+                ],
+            }
+        )
+    return {
+        "index": g.index,
+        "model": g.model,
+        "name": model.name,
+        "uuid": g.uuid,
+        "pci_bus_id": g.pci_bus_id,
+        "lost": g.lost,
+        "holders": list(g.holders),
+        "mig": {"current": g.mig_current, "pending": g.mig_pending},
+        "workload": dict(g.workload),
+        "gpu_instances": instances,
+    }

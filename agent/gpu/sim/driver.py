@@ -1,0 +1,161 @@
+"""The simulated ``libnvidia-ml.so.1`` as one process sees it.
+
+``SimDriver.library`` stands where pynvml keeps the loaded CDLL: pynvml's own wrappers look
+symbols up on it by name and call them with ctypes arguments, exactly as with the real library
+(a missing name is a missing symbol: pynvml raises NVMLError_FunctionNotFound). The driver also
+holds what real NVML keeps in process memory: the init reference count, event sets and GPM
+samples. Everything else is the node state in the shared store.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from agent.gpu.sim import (
+    latency,
+    sym_compute,
+    sym_device,
+    sym_events,
+    sym_gpm,
+    sym_mig,
+    sym_telemetry,
+)
+from agent.gpu.sim.abi import REGISTRY, Export, NvmlReturn, decode, fail
+from agent.gpu.sim.handles import Kind
+from agent.gpu.sim.lifecycle import model_of
+from agent.gpu.sim.models import GpuModel
+from agent.gpu.sim.state import ComputeInstance, Gpu, GpuInstance, NodeState
+from agent.gpu.sim.store import StateMissing, StateStore
+
+# The symbol modules register themselves on import; naming them here keeps that import explicit.
+SYMBOL_MODULES = (sym_compute, sym_device, sym_events, sym_gpm, sym_mig, sym_telemetry)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What a handle resolved to in one state snapshot."""
+
+    node: NodeState
+    gpu: Gpu
+    model: GpuModel
+    gi: GpuInstance | None = None
+    ci: ComputeInstance | None = None
+
+    @property
+    def is_mig_device(self) -> bool:
+        return self.ci is not None
+
+
+class _Library:
+    """Attribute access by symbol name, like ``ctypes.CDLL``."""
+
+    def __init__(self, exports: dict[str, Callable[..., Any]]) -> None:
+        self._exports = exports
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        try:
+            return self._exports[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class SimDriver:
+    def __init__(self, store: StateStore, *, latency: bool) -> None:
+        self.store = store
+        self.latency = latency
+        self.lock = threading.Lock()
+        self.refcount = 0
+        self._local_ids = itertools.count(1)
+        self.event_sets: dict[int, sym_events.EventSet] = {}
+        self.samples: dict[int, sym_gpm.Sample | None] = {}
+        self.library = _Library({name: self._bind(e) for name, e in REGISTRY.items()})
+
+    def _bind(self, export: Export) -> Callable[..., Any]:
+        delay = latency.seconds(export.name)
+
+        def call(*args: Any) -> Any:
+            if self.latency and delay:
+                time.sleep(delay)
+            if export.needs_init and self.refcount == 0:
+                return pynvml.NVML_ERROR_UNINITIALIZED
+            try:
+                result = export.impl(self, *args)
+            except NvmlReturn as ret:
+                return ret.code
+            except StateMissing:
+                return pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+            return result if export.returns_value else pynvml.NVML_SUCCESS
+
+        call.__name__ = export.name
+        return call
+
+    def new_local_id(self) -> int:
+        return next(self._local_ids)
+
+    def node(self) -> NodeState:
+        return self.store.read()
+
+    @staticmethod
+    def now() -> float:
+        return time.monotonic()
+
+    @contextmanager
+    def mutate(self) -> Iterator[NodeState]:
+        with self.store.transaction() as node:
+            yield node
+
+    def device(self, value: Any, node: NodeState | None = None) -> Target:
+        """A physical GPU or MIG device handle."""
+        return self._resolve(value, node, (Kind.DEVICE, Kind.MIG_DEVICE))
+
+    def physical(self, value: Any, node: NodeState | None = None) -> Target:
+        """A physical GPU handle; MIG device handles get NOT_SUPPORTED, as for GPU-wide getters."""
+        t = self.device(value, node)
+        if t.is_mig_device:
+            raise fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return t
+
+    def gpu_instance(self, value: Any, node: NodeState | None = None) -> tuple[Target, GpuInstance]:
+        t = self._resolve(value, node, (Kind.GPU_INSTANCE,))
+        if t.gi is None:
+            raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return t, t.gi
+
+    def compute_instance(
+        self, value: Any, node: NodeState | None = None
+    ) -> tuple[Target, GpuInstance, ComputeInstance]:
+        t = self._resolve(value, node, (Kind.COMPUTE_INSTANCE,))
+        if t.gi is None or t.ci is None:
+            raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return t, t.gi, t.ci
+
+    def _resolve(self, value: Any, node: NodeState | None, kinds: tuple[Kind, ...]) -> Target:
+        h = decode(value)
+        if h.kind not in kinds:
+            raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        node = node if node is not None else self.node()
+        if h.gpu >= len(node.gpus):
+            raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = node.gpus[h.gpu]
+        if gpu.lost:
+            raise fail(pynvml.NVML_ERROR_GPU_IS_LOST)
+        model = model_of(gpu)
+        if h.kind == Kind.DEVICE:
+            return Target(node, gpu, model)
+        for gi in gpu.gpu_instances:
+            if h.kind == Kind.GPU_INSTANCE:
+                if gi.serial == h.serial:
+                    return Target(node, gpu, model, gi)
+                continue
+            for ci in gi.compute_instances:
+                if ci.serial == h.serial:
+                    return Target(node, gpu, model, gi, ci)
+        raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # destroyed, reset or never existed

@@ -1,0 +1,89 @@
+"""Injected faults: "fail the Nth call of pynvml function F with NVML error E".
+
+Faults live in the shared node state, so a fault armed by ``gpu-agent sim`` fails the agent's
+call, and counting is consistent across processes. They apply to the pynvml functions as called
+(``nvmlDeviceGetComputeRunningProcesses``, not the ``_v3`` C symbol it uses): one call of the
+named function is one count.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pynvml
+
+from agent.errors import FieldViolation, InvalidSpec
+from agent.gpu.sim.state import Fault, NodeState
+
+
+def check_function(name: str) -> str:
+    if not (
+        name.startswith("nvml") and isinstance(getattr(pynvml, name, None), types.FunctionType)
+    ):
+        raise InvalidSpec(
+            f"function {name!r} is not an NVML function of pynvml "
+            "(expected e.g. 'nvmlGpuInstanceDestroy')",
+            [FieldViolation("function", "must name a pynvml nvml* function")],
+        )
+    return name
+
+
+def error_code(error: str | int) -> int:
+    """Accept 19, "NVML_ERROR_IN_USE", "IN_USE", "InUse" or "NVMLError_InUse"."""
+    mapping = pynvml.NVMLError._valClassMapping
+    code: int | None = None
+    if isinstance(error, int) and not isinstance(error, bool):
+        code = error
+    elif isinstance(error, str):
+        text = error.strip()
+        name = text if text.startswith("NVML_ERROR_") else f"NVML_ERROR_{text.upper()}"
+        constant = getattr(pynvml, name, None)
+        if isinstance(constant, int):
+            code = constant
+        else:
+            cls = getattr(
+                pynvml, text if text.startswith("NVMLError_") else f"NVMLError_{text}", None
+            )
+            code = next((c for c, k in mapping.items() if k is cls), None)
+    if code is None or code not in mapping:
+        raise InvalidSpec(
+            f"error {error!r} is not an NVML error (e.g. 'InUse', 'NVML_ERROR_IN_USE' or 19)",
+            [FieldViolation("error", "must name an NVML_ERROR_* code")],
+        )
+    return code
+
+
+def arm(
+    node: NodeState, function: str, code: int, *, nth: int, count: int, gpu: int | None
+) -> None:
+    violations = []
+    if nth < 1:
+        violations.append(FieldViolation("nth", f"must be >= 1, got {nth}"))
+    if count < 1:
+        violations.append(FieldViolation("count", f"must be >= 1, got {count}"))
+    if gpu is not None and not 0 <= gpu < len(node.gpus):
+        violations.append(FieldViolation("gpu", f"must be 0..{len(node.gpus) - 1}, got {gpu}"))
+    if violations:
+        raise InvalidSpec(
+            "invalid fault: " + "; ".join(v.description for v in violations), violations
+        )
+    node.faults.append(Fault(function, code, skip=nth - 1, remaining=count, gpu=gpu))
+
+
+def armed_for(node: NodeState, function: str) -> bool:
+    return any(f.function == function for f in node.faults)
+
+
+def take(node: NodeState, function: str, gpu: int | None) -> int | None:
+    """Count one call of ``function`` on ``gpu``; the NVML code it must fail with, if any."""
+    code: int | None = None
+    for fault in node.faults:
+        if fault.function != function or (fault.gpu is not None and fault.gpu != gpu):
+            continue
+        if fault.skip > 0:
+            fault.skip -= 1
+        elif code is None:
+            code = fault.code
+            fault.remaining -= 1
+    node.faults = [f for f in node.faults if f.remaining > 0]
+    return code

@@ -1,0 +1,84 @@
+"""nvitop, unmodified, reads the simulated node through pynvml.
+
+The external check that the simulator speaks pynvml rather than a dialect of our own: nvitop calls
+pynvml's wrappers and, for process lists and memory, C symbols directly with its own structs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from agent.gpu.sim import SimControl, open_simulator
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+_RUN_NVITOP = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+
+    from agent.gpu.sim import install_as_pynvml
+
+    install_as_pynvml(Path(sys.argv[1]))  # before nvitop imports pynvml
+    from nvitop.cli import main
+
+    sys.argv = ["nvitop", *sys.argv[2:]]
+    sys.exit(main())
+    """
+)
+
+
+def nvitop(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _RUN_NVITOP, str(state_dir), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture
+def busy_node(tmp_path: Path) -> Path:
+    """A DGX H100: GPU 0 busy with one process, GPU 1 in MIG mode with a process on a 3g."""
+    nvml = open_simulator(tmp_path, "dgx-h100")
+    nvml.nvmlInit()
+    control = SimControl(tmp_path)
+    control.set_workload(0, sm_active=0.75, dram_active=0.4)
+    control.start_process(4242, 0, used_memory_mib=12345)
+    handle = nvml.nvmlDeviceGetHandleByIndex(1)
+    nvml.nvmlDeviceSetMigMode(handle, nvml.NVML_DEVICE_MIG_ENABLE)
+    gi = nvml.nvmlDeviceCreateGpuInstance(handle, 9)
+    nvml.nvmlGpuInstanceCreateComputeInstance(gi, nvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE)
+    gi_id = nvml.nvmlGpuInstanceGetInfo(gi).id
+    control.start_process(4343, 1, gpu_instance=gi_id, used_memory_mib=2000)
+    nvml.nvmlShutdown()
+    return tmp_path
+
+
+def test_nvitop_help_runs_against_the_simulator(busy_node: Path) -> None:
+    result = nvitop(busy_node, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "--once" in result.stdout
+
+
+def test_nvitop_lists_gpus_memory_utilisation_and_processes(busy_node: Path) -> None:
+    result = nvitop(busy_node, "--once")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "Driver Version: 550.90.07" in out
+    assert out.count("H100 80GB HBM3") == 8
+    gpu0 = next(line for line in out.splitlines() if "12345MiB / 79.65GiB" in line)
+    assert "75%" in gpu0  # utilisation of the injected workload
+    assert "3g.40gb @ GI/CI: 2/0" in out  # the MIG device
+    assert "2000MiB / 39.50GiB" in out  # its memory
+    assert "4242" in out and "4343" in out  # both processes
+    assert "FunctionNotFound" not in result.stderr

@@ -1,0 +1,84 @@
+"""SimControl: the node as tests and ``gpu-agent sim`` see and change it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.errors import Conflict, InvalidSpec, NotFound
+from agent.gpu.sim import SimControl
+
+from .conftest import Opener, create_at, enable_mig
+
+
+def test_describe_is_json_and_shows_the_whole_node(node: Opener) -> None:
+    nvml, control = node("dgx-a100")
+    handle = enable_mig(nvml, 0)
+    gi = create_at(nvml, handle, 9, 4, 4)
+    nvml.nvmlGpuInstanceCreateComputeInstance(gi, 0)
+    control.set_workload(0, gpu_instance=2, sm_active=0.5)
+    control.start_process(10, 0, gpu_instance=2, used_memory_mib=100, cgroup="0::/pod")
+    control.add_holder(1, "dcgm")
+    control.inject_fault("nvmlGpuInstanceDestroy", "InUse")
+    view = json.loads(json.dumps(control.describe()))
+    assert view["preset"] == "dgx-a100"
+    gpu0 = view["gpus"][0]
+    assert gpu0["mig"] == {"current": True, "pending": True}
+    (instance,) = gpu0["gpu_instances"]
+    assert (instance["id"], instance["profile"], instance["placement"]) == (
+        2,
+        "3g.20gb",
+        {"start": 4, "size": 4},
+    )
+    assert instance["workload"] == {"sm_active": 0.5}
+    assert instance["compute_instances"][0]["profile"] == "1c.3g.20gb"
+    assert instance["compute_instances"][0]["uuid"].startswith("MIG-")
+    assert view["gpus"][1]["holders"] == ["dcgm"]
+    assert view["processes"][0]["pid"] == 10
+    assert view["faults"][0]["error"] == "NVMLError_InUse"
+
+
+def test_control_needs_an_existing_node(tmp_path: Path) -> None:
+    with pytest.raises(InvalidSpec, match="--simulate PRESET"):
+        SimControl(tmp_path)
+
+
+def test_unknown_gpu_instance_or_pid(node: Opener) -> None:
+    nvml, control = node("dgx-h100")
+    enable_mig(nvml, 0)
+    with pytest.raises(NotFound):
+        control.set_workload(0, gpu_instance=1, sm_active=0.1)
+    with pytest.raises(NotFound):
+        control.stop_process(1)
+    with pytest.raises(NotFound):
+        control.set_workload(8)
+    with pytest.raises(NotFound):
+        control.remove_holder(0, "dcgm")
+
+
+def test_a_pid_runs_once_per_node(node: Opener) -> None:
+    _, control = node("dgx-h100")
+    control.start_process(5, 0, used_memory_mib=1)
+    with pytest.raises(Conflict):
+        control.start_process(5, 1, used_memory_mib=1)
+
+
+def test_workload_on_a_gi_without_compute_instance_is_refused(node: Opener) -> None:
+    nvml, control = node("dgx-h100")
+    create_at(nvml, enable_mig(nvml, 0), 0, 0, 8)
+    with pytest.raises(InvalidSpec, match="compute instance"):
+        control.set_workload(0, gpu_instance=0, sm_active=0.2)
+
+
+def test_rejected_input_changes_nothing(node: Opener) -> None:
+    _, control = node("dgx-h100")
+    before = control.describe()
+    with pytest.raises(InvalidSpec):
+        control.set_workload(0, sm_active=0.5, tensor_active=2.0)
+    with pytest.raises(InvalidSpec):
+        control.inject_fault("nvmlDeviceGetCount", "InUse", nth=0)
+    with pytest.raises(InvalidSpec):
+        control.raise_xid(0, 0)
+    assert control.describe() == before
