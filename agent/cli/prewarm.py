@@ -165,7 +165,12 @@ def prewarm_image(
     wait: bool,
     output: str,
 ) -> None:
-    """Pull image REF through the node's CRI (containerd, namespace k8s.io)."""
+    """Pull image REF through the node's CRI (containerd, namespace k8s.io).
+
+    \b
+    Example:
+      gpu-agent prewarm image registry.example.com/llm/server:1.4 --runtime-handler nydus
+    """
     service = _service(ctx)
     request = ImageRequest(ref, name=name, runtime_handler=runtime_handler, pin=pin)
     _finish(_run_all(service, [service.submit(request)], wait), output)
@@ -177,7 +182,12 @@ def prewarm_image(
 @output_option
 @click.pass_context
 def prewarm_apply(ctx: click.Context, manifest: Path, wait: bool, output: str) -> None:
-    """Warm every file and image of a manifest (version: 1, items: [...])."""
+    """Warm every file and image of a manifest (version: 1, items: [...]).
+
+    \b
+    Example:
+      gpu-agent prewarm apply models.yaml --no-wait
+    """
     service = _service(ctx)
     items = service.submit_all(load_manifest(manifest))
     _finish(_run_all(service, items, wait), output)
@@ -187,7 +197,12 @@ def prewarm_apply(ctx: click.Context, manifest: Path, wait: bool, output: str) -
 @output_option
 @click.pass_context
 def prewarm_list(ctx: click.Context, output: str) -> None:
-    """Every item with its state, size, hits and time to warm."""
+    """Every item with its state, size, hits and time to warm.
+
+    \b
+    Example:
+      gpu-agent prewarm list -o json
+    """
     emit(_service(ctx).items(), output, _items_table)
 
 
@@ -196,7 +211,12 @@ def prewarm_list(ctx: click.Context, output: str) -> None:
 @output_option
 @click.pass_context
 def prewarm_cancel(ctx: click.Context, item: str, output: str) -> None:
-    """Cancel a queued or running item (by id or name); its partial file is deleted."""
+    """Cancel a queued or running item (by id or name); its partial file is deleted.
+
+    \b
+    Example:
+      gpu-agent prewarm cancel llama-70b-shard-3
+    """
     emit([_service(ctx).cancel(item)], output, _items_table)
 
 
@@ -209,7 +229,12 @@ def cache() -> None:
 @output_option
 @click.pass_context
 def cache_list(ctx: click.Context, output: str) -> None:
-    """Ready items and the budget they count against."""
+    """Ready items and the budget they count against.
+
+    \b
+    Example:
+      gpu-agent cache list
+    """
     service = _service(ctx)
     usage = service.store.usage()
     ready = [i for i in service.items() if i.state is ItemState.READY]
@@ -231,7 +256,12 @@ def cache_list(ctx: click.Context, output: str) -> None:
 @output_option
 @click.pass_context
 def cache_evict(ctx: click.Context, item: str, output: str) -> None:
-    """Delete a ready, unpinned file from the cache."""
+    """Delete a ready, unpinned file from the cache.
+
+    \b
+    Example:
+      gpu-agent cache evict llama-70b-shard-3
+    """
     emit([_service(ctx).evict(item)], output, _items_table)
 
 
@@ -241,5 +271,10 @@ def cache_evict(ctx: click.Context, item: str, output: str) -> None:
 @output_option
 @click.pass_context
 def cache_pin(ctx: click.Context, item: str, unpin: bool, output: str) -> None:
-    """Keep an item out of LRU eviction (or release it with --unpin)."""
+    """Keep an item out of LRU eviction (or release it with --unpin).
+
+    \b
+    Example:
+      gpu-agent cache pin llama-70b-shard-3
+    """
     emit([_service(ctx).pin(item, not unpin)], output, _items_table)
