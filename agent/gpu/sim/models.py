@@ -126,8 +126,9 @@ class GpuModel:
 
 
 def profile_name(model: GpuModel, gi: GiProfileSpec, ci_slices: int | None = None) -> str:
-    """The profile name the driver's numbers give on this model, e.g. ``3g.71gb``, ``1c.3g.20gb``."""
-    return _profile_name(gi.slice_count, gi.memory_mb, model.memory_total_bytes, gi.attrs, ci_slices)
+    """The profile name this model's numbers give, e.g. ``3g.71gb`` or ``1c.3g.20gb``."""
+    total = model.memory_total_bytes
+    return _profile_name(gi.slice_count, gi.memory_mb, total, gi.attrs, ci_slices)
 
 
 def _gi(
