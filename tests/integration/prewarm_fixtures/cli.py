@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
+
+
 def agent_env(tmp: Path, **settings: str) -> dict[str, str]:
     env = dict(os.environ)
     env["GPU_AGENT_STATE_DIR"] = str(tmp / "state")
