@@ -216,6 +216,14 @@ class TelemetrySettings:
             "DaemonSet mounts the host's /proc here when it does not run with hostPID.",
         ),
     )
+    container_log_dir: Path = field(
+        default=Path("/var/log/containers"),
+        metadata=_rules(
+            doc="kubelet's container log links (<pod>_<namespace>_<container>-<id>.log), read to "
+            "name the pod of a GPU process from its cgroup's container id (PodResources names no "
+            "pod UID); mount the host directory read-only.",
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,5 @@
-"""DCGM compatibility: field catalog and dcgm-exporter counters CSVs (filled by the telemetry work)."""
+"""DCGM compatibility: the field catalog and dcgm-exporter's counters-CSV format.
+
+``dcgm.fields`` says what each DCGM field means and where the agent reads it; ``dcgm.counters``
+parses the CSV that selects fields. ``default-counters.csv`` is the selection used by default.
+"""

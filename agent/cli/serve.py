@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import click
 
@@ -16,8 +17,22 @@ from agent.cli.context import CliContext
     default=None,
     help="HTTP listen address for /metrics and /healthz (default 0.0.0.0:9400).",
 )
+@click.option(
+    "--collectors",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="dcgm-exporter counters CSV choosing the exported fields (default: dcgm's defaults).",
+)
+@click.option(
+    "--metric-names",
+    type=click.Choice(["dcgm", "native"]),
+    default=None,
+    help="DCGM_FI_* names (dcgm-exporter drop-in, default) or Prometheus-native names.",
+)
 @click.pass_obj
-def serve(obj: CliContext, metrics_listen: str | None) -> None:
+def serve(
+    obj: CliContext, metrics_listen: str | None, collectors: Path | None, metric_names: str | None
+) -> None:
     """Run the agent: health and metrics HTTP on :9400 (and the control API as it lands).
 
     Without --simulate it uses the real NVML and exits with a clear message when there is none.
@@ -28,8 +43,12 @@ def serve(obj: CliContext, metrics_listen: str | None) -> None:
     """
     from agent.node import Node, build_services
 
-    if metrics_listen:
-        obj.flags = {**obj.flags, "metrics_listen": metrics_listen}
+    obj.flags = {
+        **obj.flags,
+        "metrics_listen": metrics_listen,
+        "telemetry.collectors": collectors,
+        "telemetry.metric_names": metric_names,
+    }
     config = obj.config
     logging.basicConfig(
         level=config.log_level.upper(),

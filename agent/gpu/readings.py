@@ -1,0 +1,674 @@
+"""Per-tick NVML reads for telemetry, returned as typed records.
+
+The telemetry sampler lives in ``agent/telemetry`` but, like every other service, reaches NVML
+only through ``agent/gpu``: this module is its read side. :class:`NodeReader` caches what does not
+change while the driver is loaded (handles, identities, NVLink link counts, MIG device ids and
+profile names) and reads the rest on request: grouped device readings (one NVML call per group,
+however many fields it feeds), MIG layouts, processes, GPM samples and XID events.
+
+Failures keep their meaning: a reading NVML does not support is reported as unsupported (the
+caller stops asking), a lost GPU raises :class:`~agent.errors.DeviceLost`, anything else is a
+failed reading for this tick. Nothing is turned into 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from agent.errors import DeviceLost, NotSupported
+from agent.gpu.nvml import GpuDriver, _translate
+from agent.gpu.types import Process
+
+__all__ = [
+    "DeviceReadings",
+    "GpmReadout",
+    "GpmSample",
+    "GpuIdentity",
+    "GpuInstanceInfo",
+    "MigDevice",
+    "MigLayout",
+    "NodeReader",
+    "Reading",
+    "XidEvent",
+    "XidEvents",
+]
+
+# NVML return codes (nvml.h) the read paths tell apart.
+_SUCCESS = 0
+_ERR_INVALID_ARGUMENT = 2
+_ERR_NOT_SUPPORTED = 3
+_ERR_NOT_FOUND = 6
+_ERR_TIMEOUT = 10
+_ERR_FUNCTION_NOT_FOUND = 13
+_ERR_GPU_IS_LOST = 15
+_UNSUPPORTED = (_ERR_NOT_SUPPORTED, _ERR_FUNCTION_NOT_FOUND)
+_NO_ID = 0xFFFFFFFF
+
+
+class Reading(Enum):
+    """One per-device NVML value, in NVML's own unit (the suffix names it)."""
+
+    SM_CLOCK_MHZ = "sm_clock_mhz"
+    MEMORY_CLOCK_MHZ = "memory_clock_mhz"
+    GPU_TEMPERATURE_C = "gpu_temperature_c"
+    MEMORY_TEMPERATURE_C = "memory_temperature_c"
+    POWER_MW = "power_mw"
+    ENERGY_MJ = "energy_mj"
+    PCIE_TX_KB_S = "pcie_tx_kb_s"
+    PCIE_RX_KB_S = "pcie_rx_kb_s"
+    PCIE_REPLAYS = "pcie_replays"
+    GPU_UTIL_PERCENT = "gpu_util_percent"
+    MEMORY_UTIL_PERCENT = "memory_util_percent"
+    ENCODER_UTIL_PERCENT = "encoder_util_percent"
+    DECODER_UTIL_PERCENT = "decoder_util_percent"
+    FB_TOTAL_BYTES = "fb_total_bytes"
+    FB_FREE_BYTES = "fb_free_bytes"
+    FB_USED_BYTES = "fb_used_bytes"
+    FB_RESERVED_BYTES = "fb_reserved_bytes"
+    POWER_VIOLATION_NS = "power_violation_ns"
+    THERMAL_VIOLATION_NS = "thermal_violation_ns"
+    SYNC_BOOST_VIOLATION_NS = "sync_boost_violation_ns"
+    BOARD_LIMIT_VIOLATION_NS = "board_limit_violation_ns"
+    LOW_UTIL_VIOLATION_NS = "low_util_violation_ns"
+    RELIABILITY_VIOLATION_NS = "reliability_violation_ns"
+    ECC_SBE_VOLATILE = "ecc_sbe_volatile"
+    ECC_DBE_VOLATILE = "ecc_dbe_volatile"
+    ECC_SBE_AGGREGATE = "ecc_sbe_aggregate"
+    ECC_DBE_AGGREGATE = "ecc_dbe_aggregate"
+    RETIRED_PAGES_SBE = "retired_pages_sbe"
+    RETIRED_PAGES_DBE = "retired_pages_dbe"
+    RETIRED_PAGES_PENDING = "retired_pages_pending"
+    REMAPPED_ROWS_CORRECTABLE = "remapped_rows_correctable"
+    REMAPPED_ROWS_UNCORRECTABLE = "remapped_rows_uncorrectable"
+    ROW_REMAP_FAILURE = "row_remap_failure"
+    NVLINK_CRC_FLIT_ERRORS = "nvlink_crc_flit_errors"
+    NVLINK_CRC_DATA_ERRORS = "nvlink_crc_data_errors"
+    NVLINK_REPLAY_ERRORS = "nvlink_replay_errors"
+    NVLINK_RECOVERY_ERRORS = "nvlink_recovery_errors"
+    #: cumulative NVLink data traffic, TX + RX over all links
+    NVLINK_TRAFFIC_KIB = "nvlink_traffic_kib"
+
+
+#: Readings a MIG device handle answers (per GPU instance); all others are physical-GPU only.
+INSTANCE_READINGS = frozenset(
+    {
+        Reading.FB_TOTAL_BYTES,
+        Reading.FB_FREE_BYTES,
+        Reading.FB_USED_BYTES,
+        Reading.FB_RESERVED_BYTES,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    """What labels a physical GPU; immutable while the driver is loaded."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    #: /dev/nvidia<minor>
+    minor: int
+
+
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInstanceInfo:
+    id: int
+    #: profile name, e.g. ``1g.10gb``
+    profile: str
+    #: its compute instances' MIG devices, by CI id
+    devices: tuple[MigDevice, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MigLayout:
+    enabled: bool
+    instances: tuple[GpuInstanceInfo, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceReadings:
+    """One read of several readings on one device handle."""
+
+    values: dict[Reading, float] = field(default_factory=dict)
+    #: NVML said NOT_SUPPORTED (or the driver lacks the function): stop asking on this device
+    unsupported: dict[Reading, str] = field(default_factory=dict)
+    #: any other failure, for this tick only
+    failed: dict[Reading, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    gpu_index: int
+    xid: int
+    #: the GPU / compute instance the XID concerns, when NVML can attribute it
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+
+
+class GpmSample:
+    """An NVML GPM sample buffer; not thread-safe, freed with :meth:`NodeReader.gpm_free`."""
+
+    __slots__ = ("native",)
+
+    def __init__(self, native: Any) -> None:
+        self.native = native
+
+
+@dataclass(frozen=True, slots=True)
+class GpmReadout:
+    """GPM metric values between two samples (NVML units: %, MiB/s)."""
+
+    values: dict[int, float]
+    unsupported: frozenset[int]
+
+
+Getter = Callable[[Any, Any], Mapping[Reading, float]]
+
+
+def _utilization(n: Any, h: Any) -> Mapping[Reading, float]:
+    u = n.nvmlDeviceGetUtilizationRates(h)
+    return {Reading.GPU_UTIL_PERCENT: u.gpu, Reading.MEMORY_UTIL_PERCENT: u.memory}
+
+
+def _memory(n: Any, h: Any) -> Mapping[Reading, float]:
+    m = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)  # v2 separates reserved (R515+)
+    return {
+        Reading.FB_TOTAL_BYTES: m.total,
+        Reading.FB_FREE_BYTES: m.free,
+        Reading.FB_USED_BYTES: m.used,
+        Reading.FB_RESERVED_BYTES: m.reserved,
+    }
+
+
+def _remapped(n: Any, h: Any) -> Mapping[Reading, float]:
+    corr, unc, _pending, failure = n.nvmlDeviceGetRemappedRows(h)
+    return {
+        Reading.REMAPPED_ROWS_CORRECTABLE: corr,
+        Reading.REMAPPED_ROWS_UNCORRECTABLE: unc,
+        Reading.ROW_REMAP_FAILURE: failure,
+    }
+
+
+def _one(reading: Reading, call: Callable[[Any, Any], float]) -> Getter:
+    return lambda n, h: {reading: call(n, h)}
+
+
+def _violation(reading: Reading, policy: str) -> Getter:
+    return _one(
+        reading, lambda n, h: n.nvmlDeviceGetViolationStatus(h, getattr(n, policy)).violationTime
+    )
+
+
+def _ecc(reading: Reading, error_type: str, counter: str) -> Getter:
+    return _one(
+        reading,
+        lambda n, h: n.nvmlDeviceGetTotalEccErrors(h, getattr(n, error_type), getattr(n, counter)),
+    )
+
+
+def _retired(reading: Reading, cause: str) -> Getter:
+    return _one(reading, lambda n, h: len(n.nvmlDeviceGetRetiredPages(h, getattr(n, cause))))
+
+
+_R = Reading
+_UTILIZATION: Getter = _utilization
+_MEMORY: Getter = _memory
+_REMAPPED: Getter = _remapped
+#: Reading -> the NVML call that yields it; readings sharing a getter share one call per tick.
+_GETTERS: dict[Reading, Getter] = {
+    _R.SM_CLOCK_MHZ: _one(
+        _R.SM_CLOCK_MHZ, lambda n, h: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)
+    ),
+    _R.MEMORY_CLOCK_MHZ: _one(
+        _R.MEMORY_CLOCK_MHZ, lambda n, h: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM)
+    ),
+    _R.GPU_TEMPERATURE_C: _one(
+        _R.GPU_TEMPERATURE_C, lambda n, h: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)
+    ),
+    _R.POWER_MW: _one(_R.POWER_MW, lambda n, h: n.nvmlDeviceGetPowerUsage(h)),
+    _R.ENERGY_MJ: _one(_R.ENERGY_MJ, lambda n, h: n.nvmlDeviceGetTotalEnergyConsumption(h)),
+    _R.PCIE_TX_KB_S: _one(
+        _R.PCIE_TX_KB_S, lambda n, h: n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_TX_BYTES)
+    ),
+    _R.PCIE_RX_KB_S: _one(
+        _R.PCIE_RX_KB_S, lambda n, h: n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_RX_BYTES)
+    ),
+    _R.PCIE_REPLAYS: _one(_R.PCIE_REPLAYS, lambda n, h: n.nvmlDeviceGetPcieReplayCounter(h)),
+    _R.GPU_UTIL_PERCENT: _UTILIZATION,
+    _R.MEMORY_UTIL_PERCENT: _UTILIZATION,
+    _R.ENCODER_UTIL_PERCENT: _one(
+        _R.ENCODER_UTIL_PERCENT, lambda n, h: n.nvmlDeviceGetEncoderUtilization(h)[0]
+    ),
+    _R.DECODER_UTIL_PERCENT: _one(
+        _R.DECODER_UTIL_PERCENT, lambda n, h: n.nvmlDeviceGetDecoderUtilization(h)[0]
+    ),
+    _R.FB_TOTAL_BYTES: _MEMORY,
+    _R.FB_FREE_BYTES: _MEMORY,
+    _R.FB_USED_BYTES: _MEMORY,
+    _R.FB_RESERVED_BYTES: _MEMORY,
+    _R.POWER_VIOLATION_NS: _violation(_R.POWER_VIOLATION_NS, "NVML_PERF_POLICY_POWER"),
+    _R.THERMAL_VIOLATION_NS: _violation(_R.THERMAL_VIOLATION_NS, "NVML_PERF_POLICY_THERMAL"),
+    _R.SYNC_BOOST_VIOLATION_NS: _violation(
+        _R.SYNC_BOOST_VIOLATION_NS, "NVML_PERF_POLICY_SYNC_BOOST"
+    ),
+    _R.BOARD_LIMIT_VIOLATION_NS: _violation(
+        _R.BOARD_LIMIT_VIOLATION_NS, "NVML_PERF_POLICY_BOARD_LIMIT"
+    ),
+    _R.LOW_UTIL_VIOLATION_NS: _violation(
+        _R.LOW_UTIL_VIOLATION_NS, "NVML_PERF_POLICY_LOW_UTILIZATION"
+    ),
+    _R.RELIABILITY_VIOLATION_NS: _violation(
+        _R.RELIABILITY_VIOLATION_NS, "NVML_PERF_POLICY_RELIABILITY"
+    ),
+    _R.ECC_SBE_VOLATILE: _ecc(
+        _R.ECC_SBE_VOLATILE, "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"
+    ),
+    _R.ECC_DBE_VOLATILE: _ecc(
+        _R.ECC_DBE_VOLATILE, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"
+    ),
+    _R.ECC_SBE_AGGREGATE: _ecc(
+        _R.ECC_SBE_AGGREGATE, "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_AGGREGATE_ECC"
+    ),
+    _R.ECC_DBE_AGGREGATE: _ecc(
+        _R.ECC_DBE_AGGREGATE, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_AGGREGATE_ECC"
+    ),
+    _R.RETIRED_PAGES_SBE: _retired(
+        _R.RETIRED_PAGES_SBE, "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS"
+    ),
+    _R.RETIRED_PAGES_DBE: _retired(
+        _R.RETIRED_PAGES_DBE, "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR"
+    ),
+    _R.RETIRED_PAGES_PENDING: _one(
+        _R.RETIRED_PAGES_PENDING, lambda n, h: n.nvmlDeviceGetRetiredPagesPendingStatus(h)
+    ),
+    _R.REMAPPED_ROWS_CORRECTABLE: _REMAPPED,
+    _R.REMAPPED_ROWS_UNCORRECTABLE: _REMAPPED,
+    _R.ROW_REMAP_FAILURE: _REMAPPED,
+}
+
+#: Readings served by nvmlDeviceGetFieldValues, batched into one call: Reading -> NVML_FI_* name.
+_FIELD_VALUES: dict[Reading, str] = {
+    _R.MEMORY_TEMPERATURE_C: "NVML_FI_DEV_MEMORY_TEMP",
+    _R.NVLINK_CRC_FLIT_ERRORS: "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    _R.NVLINK_CRC_DATA_ERRORS: "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    _R.NVLINK_REPLAY_ERRORS: "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    _R.NVLINK_RECOVERY_ERRORS: "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+}
+# Per-link KiB counters summed into NVLINK_TRAFFIC_KIB (scope id = link number).
+_NVLINK_TRAFFIC = ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX")
+_FIELD_VALUE_KINDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+
+
+def _code(exc: BaseException) -> int | None:
+    value = getattr(exc, "value", None)
+    return value if isinstance(value, int) else None
+
+
+class NodeReader:
+    """The telemetry read side of one :class:`GpuDriver`. Call from one thread at a time
+    (the sampler's), except :class:`XidEvents`, which owns its own event set."""
+
+    def __init__(self, driver: GpuDriver) -> None:
+        self._driver = driver
+        self._n = driver.module
+        self._handles: list[Any] = []
+        self._identities: tuple[GpuIdentity, ...] = ()
+        self._link_counts: dict[int, int] = {}
+        self._max_mig: dict[int, int] = {}
+        #: MIG device UUID -> (GI id, CI id, profile name); a re-created GI gets new UUIDs
+        self._mig_ids: dict[str, tuple[int, int, str]] = {}
+        self._mig_handles: dict[str, Any] = {}
+        self._profile_names: dict[int, dict[int, str]] = {}
+
+    @property
+    def driver(self) -> GpuDriver:
+        return self._driver
+
+    # -- identity ---------------------------------------------------------------------------------
+
+    def gpus(self) -> tuple[GpuIdentity, ...]:
+        """Every GPU's identity, read once."""
+        if not self._identities:
+            n = self._n
+            count = self._driver._call(n.nvmlDeviceGetCount)
+            handles = [self._driver._call(n.nvmlDeviceGetHandleByIndex, i) for i in range(count)]
+            self._identities = tuple(self._identity(i, h) for i, h in enumerate(handles))
+            self._handles = handles
+        return self._identities
+
+    def _identity(self, index: int, h: Any) -> GpuIdentity:
+        n, call = self._n, self._driver._call
+        pci = call(n.nvmlDeviceGetPciInfo, h)
+        bus_id = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
+        try:
+            minor = int(call(n.nvmlDeviceGetMinorNumber, h))
+        except NotSupported:
+            minor = index  # Windows / WSL have no /dev/nvidia<N>
+        return GpuIdentity(
+            index,
+            str(call(n.nvmlDeviceGetUUID, h)),
+            str(call(n.nvmlDeviceGetName, h)),
+            bus_id,
+            minor,
+        )
+
+    def versions(self) -> tuple[str, str]:
+        """(driver version, NVML version)."""
+        n, call = self._n, self._driver._call
+        nvml = call(n.nvmlSystemGetNVMLVersion)
+        return str(call(n.nvmlSystemGetDriverVersion)), nvml.decode() if isinstance(
+            nvml, bytes
+        ) else str(nvml)
+
+    # -- device readings --------------------------------------------------------------------------
+
+    def read(self, gpu: int, wanted: Iterable[Reading]) -> DeviceReadings:
+        """Read ``wanted`` on a physical GPU. Raises DeviceLost when the GPU is gone."""
+        return self._read(self._handles[gpu], gpu, set(wanted))
+
+    def read_instance(self, mig_uuid: str, wanted: Iterable[Reading]) -> DeviceReadings:
+        """Read per-instance readings (framebuffer) through a MIG device of the instance."""
+        handle = self._mig_handles[mig_uuid]
+        return self._read(handle, None, set(wanted) & INSTANCE_READINGS)
+
+    def _read(self, h: Any, gpu: int | None, wanted: set[Reading]) -> DeviceReadings:
+        out = DeviceReadings()
+        getters: dict[int, tuple[Getter, list[Reading]]] = {}
+        for reading in wanted:
+            getter = _GETTERS.get(reading)
+            if getter is not None:
+                getters.setdefault(id(getter), (getter, []))[1].append(reading)
+        for getter, readings in getters.values():
+            try:
+                values = getter(self._n, h)
+            except self._n.NVMLError as exc:
+                self._classify(exc, readings, out)
+                continue
+            for reading in readings:
+                out.values[reading] = float(values[reading])
+        fielded = [r for r in wanted if r in _FIELD_VALUES or r is Reading.NVLINK_TRAFFIC_KIB]
+        if fielded and gpu is not None:
+            self._read_fields(h, gpu, fielded, out)
+        return out
+
+    def _classify(
+        self, exc: BaseException, readings: Iterable[Reading], out: DeviceReadings
+    ) -> None:
+        code = _code(exc)
+        if code == _ERR_GPU_IS_LOST:
+            raise DeviceLost(str(exc)) from exc
+        target = out.unsupported if code in _UNSUPPORTED else out.failed
+        for reading in readings:
+            target[reading] = str(exc)
+
+    def _read_fields(self, h: Any, gpu: int, readings: list[Reading], out: DeviceReadings) -> None:
+        n = self._n
+        ids: list[tuple[int, int]] = []
+        owners: list[Reading] = []
+        for reading in readings:
+            if reading is not Reading.NVLINK_TRAFFIC_KIB:
+                ids.append((getattr(n, _FIELD_VALUES[reading]), 0))
+                owners.append(reading)
+                continue
+            links = self._nvlink_links(h, gpu)
+            if isinstance(links, str):
+                out.unsupported[reading] = links
+                continue
+            for link in range(links):
+                for name in _NVLINK_TRAFFIC:
+                    ids.append((getattr(n, name), link))
+                    owners.append(reading)
+        if not ids:
+            return
+        try:
+            values = n.nvmlDeviceGetFieldValues(h, ids)
+        except n.NVMLError as exc:
+            self._classify(exc, set(owners), out)
+            return
+        sums: dict[Reading, float] = {}
+        for owner, value in zip(owners, values, strict=True):
+            ret = int(value.nvmlReturn)
+            if ret != _SUCCESS:
+                bucket = out.unsupported if ret in _UNSUPPORTED else out.failed
+                bucket[owner] = f"NVML field {value.fieldId}: return code {ret}"
+                continue
+            sums[owner] = sums.get(owner, 0.0) + _field_value(value)
+        for owner, total in sums.items():
+            if owner not in out.unsupported and owner not in out.failed:
+                out.values[owner] = total
+
+    def _nvlink_links(self, h: Any, gpu: int) -> int | str:
+        """NVLink link count (cached), or why it cannot be known."""
+        if gpu not in self._link_counts:
+            n = self._n
+            try:
+                (value,) = n.nvmlDeviceGetFieldValues(h, [n.NVML_FI_DEV_NVLINK_LINK_COUNT])
+            except n.NVMLError as exc:
+                if _code(exc) == _ERR_GPU_IS_LOST:
+                    raise DeviceLost(str(exc)) from exc
+                return f"NVLink link count: {exc}"  # retried next tick unless unsupported
+            ok = int(value.nvmlReturn) == _SUCCESS
+            self._link_counts[gpu] = int(_field_value(value)) if ok else 0
+        count = self._link_counts[gpu]
+        return count if count > 0 else "the GPU has no NVLink links"
+
+    # -- MIG layout -------------------------------------------------------------------------------
+
+    def mig_layout(self, gpu: int) -> MigLayout:
+        """The GPU's MIG mode and instances now. Cheap: handle and UUID per MIG device slot,
+        with ids and profile names looked up only for UUIDs not seen before."""
+        n, h = self._n, self._handles[gpu]
+        try:
+            current, _pending = n.nvmlDeviceGetMigMode(h)
+        except n.NVMLError as exc:
+            code = _code(exc)
+            if code == _ERR_GPU_IS_LOST:
+                raise DeviceLost(str(exc)) from exc
+            if code in _UNSUPPORTED:
+                return MigLayout(False)
+            raise _translate(exc, "nvmlDeviceGetMigMode") from exc
+        if not current:
+            return MigLayout(False)
+        devices: dict[int, list[MigDevice]] = {}
+        profiles: dict[int, str] = {}
+        for mig in self._mig_device_handles(gpu, h):
+            uuid = str(self._driver._call(n.nvmlDeviceGetUUID, mig))
+            self._mig_handles[uuid] = mig
+            if uuid not in self._mig_ids:
+                self._mig_ids[uuid] = self._mig_identity(gpu, h, mig)
+            gi, ci, profile = self._mig_ids[uuid]
+            devices.setdefault(gi, []).append(MigDevice(uuid, gi, ci))
+            profiles[gi] = profile
+        instances = tuple(
+            GpuInstanceInfo(
+                gi, profiles[gi], tuple(sorted(devs, key=lambda d: d.compute_instance_id))
+            )
+            for gi, devs in sorted(devices.items())
+        )
+        return MigLayout(True, instances)
+
+    def _mig_device_handles(self, gpu: int, h: Any) -> Iterable[Any]:
+        n = self._n
+        if gpu not in self._max_mig:
+            self._max_mig[gpu] = int(self._driver._call(n.nvmlDeviceGetMaxMigDeviceCount, h))
+        for i in range(self._max_mig[gpu]):
+            try:
+                yield n.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
+            except n.NVMLError as exc:
+                if _code(exc) in (_ERR_NOT_FOUND, _ERR_INVALID_ARGUMENT):
+                    continue  # empty slot: MIG device handles are sparse
+                raise _translate(exc, "nvmlDeviceGetMigDeviceHandleByIndex") from exc
+
+    def _mig_identity(self, gpu: int, h: Any, mig: Any) -> tuple[int, int, str]:
+        n, call = self._n, self._driver._call
+        gi = int(call(n.nvmlDeviceGetGpuInstanceId, mig))
+        ci = int(call(n.nvmlDeviceGetComputeInstanceId, mig))
+        info = call(n.nvmlGpuInstanceGetInfo, call(n.nvmlDeviceGetGpuInstanceById, h, gi))
+        return gi, ci, self._profile_name(gpu, int(info.profileId))
+
+    def _profile_name(self, gpu: int, profile_id: int) -> str:
+        if gpu not in self._profile_names:
+            uuid = self._identities[gpu].uuid
+            self._profile_names[gpu] = {p.id: p.name for p in self._driver.gi_profiles(uuid)}
+        return self._profile_names[gpu].get(profile_id, f"profile-{profile_id}")
+
+    # -- processes --------------------------------------------------------------------------------
+
+    def processes(self, gpu: int, mig_uuid: str | None = None) -> tuple[Process, ...]:
+        """Compute processes on a GPU, or on one MIG device."""
+        h = self._mig_handles[mig_uuid] if mig_uuid is not None else self._handles[gpu]
+        return self._driver._processes(h)
+
+    def process_utilization(self, gpu: int, since_us: int) -> tuple[dict[int, float], int]:
+        """(pid -> mean SM utilisation % over NVML's samples since ``since_us``, newest sample
+        timestamp). Raises NotSupported on MIG-enabled GPUs and drivers without the call."""
+        n = self._n
+        try:
+            samples = n.nvmlDeviceGetProcessUtilization(self._handles[gpu], since_us)
+        except n.NVMLError as exc:
+            code = _code(exc)
+            if code in (_SUCCESS, _ERR_NOT_FOUND):
+                return {}, since_us  # no sample since then (pynvml raises on an empty first call)
+            raise _translate(exc, "nvmlDeviceGetProcessUtilization") from exc
+        sums: dict[int, list[float]] = {}
+        newest = since_us
+        for s in samples:
+            sums.setdefault(int(s.pid), []).append(float(s.smUtil))
+            newest = max(newest, int(s.timeStamp))
+        return {pid: sum(v) / len(v) for pid, v in sums.items()}, newest
+
+    # -- GPM --------------------------------------------------------------------------------------
+
+    def gpm_supported(self, gpu: int) -> bool:
+        """Decided by NVML per device, never by model name (telemetry.md fact 3)."""
+        n = self._n
+        try:
+            return bool(n.nvmlGpmQueryDeviceSupport(self._handles[gpu]).isSupportedDevice)
+        except n.NVMLError as exc:
+            if _code(exc) == _ERR_GPU_IS_LOST:
+                raise DeviceLost(str(exc)) from exc
+            return False
+
+    def gpm_sample(
+        self, gpu: int, gpu_instance_id: int | None = None, into: GpmSample | None = None
+    ) -> GpmSample:
+        """Sample the GPU, or one of its GPU instances (parent handle + GI id, as DCGM does),
+        into ``into`` or a newly allocated buffer."""
+        n = self._n
+        sample = into if into is not None else GpmSample(self._driver._call(n.nvmlGpmSampleAlloc))
+        try:
+            if gpu_instance_id is None:
+                self._driver._call(n.nvmlGpmSampleGet, self._handles[gpu], sample.native)
+            else:
+                self._driver._call(
+                    n.nvmlGpmMigSampleGet, self._handles[gpu], gpu_instance_id, sample.native
+                )
+        except BaseException:
+            if into is None:
+                self.gpm_free(sample)
+            raise
+        return sample
+
+    def gpm_metrics(
+        self, first: GpmSample, second: GpmSample, metric_ids: Iterable[int]
+    ) -> GpmReadout:
+        """Averages of ``metric_ids`` between two samples of the same entity."""
+        n = self._n
+        ids = list(metric_ids)
+        request = n.c_nvmlGpmMetricsGet_t()
+        request.version = n.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(ids)
+        request.sample1 = first.native
+        request.sample2 = second.native
+        for i, metric in enumerate(ids):
+            request.metrics[i].metricId = metric
+        self._driver._call(n.nvmlGpmMetricsGet, request)
+        values: dict[int, float] = {}
+        unsupported: set[int] = set()
+        for i, metric in enumerate(ids):
+            result = request.metrics[i]
+            if int(result.nvmlReturn) == _SUCCESS:
+                values[metric] = float(result.value)
+            elif int(result.nvmlReturn) in _UNSUPPORTED:
+                unsupported.add(metric)
+        return GpmReadout(values, frozenset(unsupported))
+
+    def gpm_free(self, sample: GpmSample) -> None:
+        n = self._n
+        with contextlib.suppress(n.NVMLError):  # a driver going away has nothing left to free
+            n.nvmlGpmSampleFree(sample.native)
+
+
+def _address(handle: Any) -> int:
+    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+
+
+def _field_value(value: Any) -> float:
+    kind = int(value.valueType)
+    name = _FIELD_VALUE_KINDS[kind] if 0 <= kind < len(_FIELD_VALUE_KINDS) else "ullVal"
+    return float(getattr(value.value, name))
+
+
+class XidEvents:
+    """XID events of every GPU through one NVML event set; used by one thread only.
+
+    Registers the XID critical-error event on each physical GPU (MIG devices cannot register;
+    the event carries the GI/CI ids). ``unsupported`` lists GPUs that cannot deliver XIDs.
+    """
+
+    def __init__(self, reader: NodeReader) -> None:
+        self._driver = reader.driver
+        n = self._n = reader.driver.module
+        self.unsupported: dict[int, str] = {}
+        self._index_of: dict[int, int] = {}
+        self._set = self._driver._call(n.nvmlEventSetCreate)
+        for gpu in reader.gpus():
+            h = self._driver._call(n.nvmlDeviceGetHandleByIndex, gpu.index)
+            self._index_of[_address(h)] = gpu.index
+            try:
+                supported = n.nvmlDeviceGetSupportedEventTypes(h)
+                if not supported & n.nvmlEventTypeXidCriticalError:
+                    self.unsupported[gpu.index] = "the GPU does not report XID events"
+                    continue
+                n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, self._set)
+            except n.NVMLError as exc:
+                self.unsupported[gpu.index] = str(exc)
+
+    def wait(self, timeout_ms: int) -> XidEvent | None:
+        """The next XID, or None after ``timeout_ms`` without one. Raises DeviceLost and other
+        domain errors when the event set breaks."""
+        n = self._n
+        try:
+            data = n.nvmlEventSetWait_v2(self._set, timeout_ms)
+        except n.NVMLError as exc:
+            if _code(exc) == _ERR_TIMEOUT:
+                return None
+            raise _translate(exc, "nvmlEventSetWait") from exc
+        index = self._index_of.get(_address(data.device))
+        if index is None:
+            index = int(self._driver._call(n.nvmlDeviceGetIndex, data.device))
+        return XidEvent(
+            index,
+            int(data.eventData),
+            None if data.gpuInstanceId == _NO_ID else int(data.gpuInstanceId),
+            None if data.computeInstanceId == _NO_ID else int(data.computeInstanceId),
+        )
+
+    def close(self) -> None:
+        n = self._n
+        with contextlib.suppress(n.NVMLError):  # a driver going away has nothing left to free
+            n.nvmlEventSetFree(self._set)

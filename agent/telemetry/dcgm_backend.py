@@ -1,0 +1,145 @@
+"""DCP fields for GPUs without GPM (Ampere and older), from NVIDIA DCGM when it is installed.
+
+Before Hopper the profiling counters are only reachable through DCGM's profiling module
+(reference §2). DCGM's Python bindings are not on PyPI; they ship with the DCGM package in
+``/usr/share/datacenter-gpu-manager-4/bindings/python3``, which must be on ``PYTHONPATH``. When
+they are not importable, or nv-hostengine cannot be reached, the agent runs without this backend
+and reports those fields unsupported. DCGM watches the fields on its own cadence (the agent's
+interval); the sampler reads its latest values, keyed by GPU UUID and NVML GPU-instance id.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DcgmProfiling", "entity_values", "load_dcgm_backend"]
+
+_FE_GPU = 1  # DCGM_FE_GPU
+_FE_GPU_I = 4  # DCGM_FE_GPU_I
+EntityKey = tuple[str, int | None]
+
+
+def entity_values(
+    latest: Mapping[int, Mapping[int, Mapping[int, float]]],
+    gpu_uuids: Mapping[int, str],
+    instances: Mapping[int, EntityKey],
+) -> dict[EntityKey, dict[int, float]]:
+    """Re-key DCGM's ``{entity group: {entity id: {field id: value}}}`` by (GPU UUID, GI id).
+
+    ``gpu_uuids`` maps DCGM GPU ids to UUIDs; ``instances`` maps DCGM GPU-instance entity ids to
+    (parent UUID, NVML GI id) from DCGM's MIG hierarchy. Entities of neither kind are dropped.
+    """
+    out: dict[EntityKey, dict[int, float]] = {}
+    for group, keys in (
+        (_FE_GPU, {i: (u, None) for i, u in gpu_uuids.items()}),
+        (_FE_GPU_I, instances),
+    ):
+        for entity_id, values in latest.get(group, {}).items():
+            key = keys.get(entity_id)
+            if key is not None:
+                out[key] = {int(f): float(v) for f, v in values.items()}
+    return out
+
+
+class DcgmProfiling:
+    """The sampler's ProfilingBackend over DCGM's ``DcgmReader`` and agent API."""
+
+    def __init__(
+        self, modules: Mapping[str, Any], field_ids: Iterable[int], interval_s: float
+    ) -> None:
+        self._m = modules
+        self._field_ids = sorted(set(field_ids))
+        self._interval_s = interval_s
+        self._lock = threading.Lock()
+        self._reader: Any = None
+        self._gpu_uuids: dict[int, str] = {}
+        self._instances: dict[int, EntityKey] = {}
+        self._supported: dict[str, frozenset[int]] = {}
+        self._values: dict[EntityKey, dict[int, float]] = {}
+        self._read_at = 0.0
+        self._connect()
+
+    def _connect(self) -> None:
+        reader_cls = self._m["DcgmReader"].DcgmReader
+        structs, fields = self._m["dcgm_structs"], self._m["dcgm_fields"]
+        probe = reader_cls(fieldIds=self._field_ids, updateFrequency=int(self._interval_s * 1e6))
+        probe.Init()
+        handle = probe.m_dcgmHandle.handle
+        hierarchy = self._m["dcgm_agent"].dcgmGetGpuInstanceHierarchy(handle)
+        self._instances = {}
+        entities = []
+        for gpu_id in probe.m_dcgmGroup.GetGpuIds():
+            entities.append(structs.c_dcgmGroupEntityPair_t(fields.DCGM_FE_GPU, gpu_id))
+        for i in range(hierarchy.count):
+            item = hierarchy.entityList[i]
+            if item.entity.entityGroupId == _FE_GPU_I:
+                uuid = (
+                    item.info.gpuUuid.decode()
+                    if isinstance(item.info.gpuUuid, bytes)
+                    else str(item.info.gpuUuid)
+                )
+                self._instances[item.entity.entityId] = (uuid, int(item.info.nvmlInstanceId))
+                entities.append(item.entity)
+        self._gpu_uuids = {gpu_id: str(uuid) for gpu_id, uuid in probe.m_gpuIdToUUId.items()}
+        self._supported = {
+            uuid: self._groups(handle, gpu_id) for gpu_id, uuid in self._gpu_uuids.items()
+        }
+        probe.Shutdown()
+        self._reader = reader_cls(
+            fieldIds=self._field_ids, updateFrequency=int(self._interval_s * 1e6), entities=entities
+        )
+        self._reader.Init()
+
+    def _groups(self, handle: Any, gpu_id: int) -> frozenset[int]:
+        """Field ids DCGM can profile on this GPU (its metric groups)."""
+        try:
+            groups = self._m["dcgm_agent"].dcgmProfGetSupportedMetricGroups(handle, gpu_id)
+        except Exception as exc:  # DCGM raises its own error classes, one per status
+            log.warning("DCGM cannot profile GPU %d: %s", gpu_id, exc)
+            return frozenset()
+        ids: set[int] = set()
+        for i in range(groups.numMetricGroups):
+            group = groups.metricGroups[i]
+            ids.update(group.fieldIds[j] for j in range(group.numFieldIds))
+        return frozenset(ids) & frozenset(self._field_ids)
+
+    def supports(self, gpu_uuid: str) -> frozenset[int]:
+        return self._supported.get(gpu_uuid, frozenset())
+
+    def read(self, gpu_uuid: str, gpu_instance_id: int | None) -> Mapping[int, float]:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._read_at >= self._interval_s / 2:  # once per tick for all entities
+                latest = self._reader.GetLatestEntityValuesAsFieldIdDict()
+                self._values = entity_values(latest, self._gpu_uuids, self._instances)
+                self._read_at = now
+            return self._values.get((gpu_uuid, gpu_instance_id), {})
+
+
+def load_dcgm_backend(
+    field_ids: Iterable[int],
+    interval_s: float,
+    importer: Callable[[str], Any] = importlib.import_module,
+) -> DcgmProfiling | None:
+    """The DCGM backend, or None (with one log line) when DCGM is not usable here."""
+    names = ("DcgmReader", "dcgm_agent", "dcgm_fields", "dcgm_structs")
+    try:
+        modules = {name: importer(name) for name in names}
+    except ImportError:
+        log.info(
+            "DCGM Python bindings not importable: profiling fields are unsupported on GPUs without "
+            "GPM (add /usr/share/datacenter-gpu-manager-4/bindings/python3 to PYTHONPATH)"
+        )
+        return None
+    try:
+        return DcgmProfiling(modules, field_ids, interval_s)
+    except Exception as exc:  # connection and init failures surface as DCGM's own error classes
+        log.warning("DCGM is installed but unusable (%s): profiling fields unsupported", exc)
+        return None

@@ -1,0 +1,84 @@
+"""Label sets of the two naming schemes: dcgm-exporter's and Prometheus-idiomatic ("native").
+
+``dcgm``: dcgm-exporter 4.x labels in its order (reference/telemetry.md §1.3) so dashboard 12239
+and existing rules work unchanged. ``native``: snake_case, identity only on series and the rest on
+``gpu_agent_gpu_info`` (§6, fact 9). Both put ``pod``/``namespace``/``container`` on series of a GPU
+or instance allocated to exactly one container; scrape with ``honor_labels: true`` to keep them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from agent.telemetry.snapshot import Entity, GpuIdentity, PodRef
+
+Labels = dict[str, str]
+
+
+class Naming(Protocol):
+    """How one scheme labels things."""
+
+    def gpu(self, gpu: GpuIdentity) -> Labels: ...
+
+    def entity(self, entity: Entity, pod: PodRef | None) -> Labels: ...
+
+
+def _pod(labels: Labels, pod: PodRef | None) -> Labels:
+    if pod is not None:
+        labels["pod"] = pod.name
+        labels["namespace"] = pod.namespace
+        labels["container"] = pod.container
+    return labels
+
+
+class DcgmNaming:
+    """dcgm-exporter's labels; ``extra`` holds the CSV's label-type fields (name -> value)."""
+
+    def __init__(self, hostname: str, extra: Mapping[str, str]) -> None:
+        self._hostname = hostname
+        self._extra = dict(extra)
+
+    def gpu(self, gpu: GpuIdentity) -> Labels:
+        return {
+            "gpu": str(gpu.index),
+            "UUID": gpu.uuid,
+            "pci_bus_id": gpu.pci_bus_id,
+            "device": f"nvidia{gpu.minor}",
+            "modelName": gpu.name,
+            "Hostname": self._hostname,
+            **self._extra,
+        }
+
+    def entity(self, entity: Entity, pod: PodRef | None) -> Labels:
+        labels = self.gpu(entity.gpu)
+        if entity.instance is not None:
+            labels["GPU_I_PROFILE"] = entity.instance.profile
+            labels["GPU_I_ID"] = str(entity.instance.gpu_instance_id)
+        return _pod(labels, pod)
+
+
+class NativeNaming:
+    """Identity labels only; model, bus id, node and versions live on ``gpu_agent_gpu_info``."""
+
+    def gpu(self, gpu: GpuIdentity) -> Labels:
+        return {"gpu": str(gpu.index), "uuid": gpu.uuid}
+
+    def entity(self, entity: Entity, pod: PodRef | None) -> Labels:
+        labels = self.gpu(entity.gpu)
+        if entity.instance is not None:
+            labels["gpu_instance_id"] = str(entity.instance.gpu_instance_id)
+            labels["gpu_profile"] = entity.instance.profile
+        return _pod(labels, pod)
+
+    @staticmethod
+    def info(gpu: GpuIdentity, node: str, versions: Mapping[str, str]) -> Labels:
+        return {
+            "gpu": str(gpu.index),
+            "uuid": gpu.uuid,
+            "pci_bus_id": gpu.pci_bus_id,
+            "device": f"nvidia{gpu.minor}",
+            "model_name": gpu.name,
+            "node": node,
+            **versions,
+        }

@@ -1,0 +1,208 @@
+"""Which pods hold which GPUs: kubelet's PodResources v1 ``List`` over its Unix socket.
+
+kubelet reports, per container, the device ids the device plugin allocated (reference §5). Every
+id form is understood: ``GPU-<uuid>``, ``MIG-<uuid>``, the legacy ``MIG-GPU-<uuid>/<gi>/<ci>``,
+GKE's ``nvidia<N>[/gi<G>][/vgpu<k>]``, each optionally with a time-slicing / MPS replica suffix
+``::<n>``. A device held by several containers (replicas of a shared GPU) maps to all of them,
+sorted, so label sets are stable and never "last writer wins".
+
+:class:`PodWatcher` calls ``List`` on its own thread and cadence (kubelet rate-limits the API) and
+keeps the last good answer when a call fails, so pod labels do not flap with kubelet restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from agent._proto.k8s.podresources.v1 import api_pb2, api_pb2_grpc
+from agent.telemetry.snapshot import PodRef
+from agent.telemetry.stats import TelemetryStats
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Allocation",
+    "DeviceId",
+    "EntityKey",
+    "PodResourcesClient",
+    "PodWatcher",
+    "Resolver",
+    "attribute",
+    "parse_device_id",
+]
+
+#: (physical GPU UUID, GPU instance id or None for the whole GPU)
+EntityKey = tuple[str, int | None]
+
+_RESOURCE_PREFIX = "nvidia.com/"
+_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+_GPU = re.compile(rf"GPU-{_UUID}")
+_MIG = re.compile(rf"MIG-{_UUID}")
+_LEGACY_MIG = re.compile(rf"MIG-(?P<gpu>GPU-{_UUID})/(?P<gi>\d+)/(?P<ci>\d+)")
+_GKE = re.compile(r"nvidia(?P<minor>\d+)(?:/gi(?P<gi>\d+))?(?:/vgpu(?P<vgpu>\d+))?")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceId:
+    """One parsed kubelet device id. Exactly one of ``uuid`` / ``gpu_uuid`` / ``minor`` is set."""
+
+    #: a ``GPU-`` or (R470+) ``MIG-`` UUID, resolved through NVML's topology
+    uuid: str | None = None
+    #: the parent GPU of a legacy ``MIG-GPU-<uuid>/<gi>/<ci>`` id
+    gpu_uuid: str | None = None
+    #: GKE's ``nvidia<N>``: the device minor number
+    minor: int | None = None
+    gpu_instance_id: int | None = None
+    #: time-slicing / MPS replica (``::n`` or GKE ``/vgpu<k>``)
+    replica: int | None = None
+
+
+def parse_device_id(raw: str) -> DeviceId | None:
+    """Parse a device id; None for ids that are not NVIDIA GPUs or MIG devices."""
+    base, sep, tail = raw.partition("::")
+    replica = int(tail) if sep and tail.isdigit() else None
+    if sep and replica is None:
+        return None
+    if _GPU.fullmatch(base) or _MIG.fullmatch(base):
+        return DeviceId(uuid=base, replica=replica)
+    if m := _LEGACY_MIG.fullmatch(base):
+        return DeviceId(gpu_uuid=m["gpu"], gpu_instance_id=int(m["gi"]), replica=replica)
+    if m := _GKE.fullmatch(base):
+        vgpu = int(m["vgpu"]) if m["vgpu"] is not None else replica
+        gi = int(m["gi"]) if m["gi"] is not None else None
+        return DeviceId(minor=int(m["minor"]), gpu_instance_id=gi, replica=vgpu)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """A container holding a GPU device."""
+
+    pod: PodRef
+    resource: str
+    device: DeviceId
+
+
+#: Maps a parsed device to the GPU or instance it is, or None when this node has no such device.
+Resolver = Callable[[DeviceId], EntityKey | None]
+
+
+def attribute(
+    allocations: Iterable[Allocation], resolve: Resolver
+) -> dict[EntityKey, tuple[PodRef, ...]]:
+    """Entity -> every container holding it (sorted, deduplicated); unknown devices dropped."""
+    out: defaultdict[EntityKey, set[PodRef]] = defaultdict(set)
+    for allocation in allocations:
+        key = resolve(allocation.device)
+        if key is not None:
+            out[key].add(allocation.pod)
+    return {key: tuple(sorted(pods)) for key, pods in out.items()}
+
+
+class PodResourcesClient:
+    """``v1.PodResourcesLister/List`` over kubelet's Unix socket."""
+
+    def __init__(self, socket: Path, timeout_s: float = 10.0) -> None:
+        self._socket = socket
+        self._timeout_s = timeout_s
+        self._channel: grpc.Channel | None = None
+
+    def list(self) -> tuple[Allocation, ...]:
+        """GPU allocations of all active pods. Raises grpc.RpcError when kubelet fails."""
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(f"unix://{self._socket}")
+        stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
+        response = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self._timeout_s)
+        return tuple(_allocations(response))
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+
+def _allocations(response: api_pb2.ListPodResourcesResponse) -> Iterable[Allocation]:
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            ref = PodRef(pod.namespace, pod.name, container.name)
+            for devices in container.devices:
+                if not devices.resource_name.startswith(_RESOURCE_PREFIX):
+                    continue
+                for raw in devices.device_ids:
+                    parsed = parse_device_id(raw)
+                    if parsed is not None:
+                        yield Allocation(ref, devices.resource_name, parsed)
+
+
+class PodWatcher:
+    """Refreshes allocations every ``period_s`` on a daemon thread; :meth:`current` is lock-free.
+
+    A missing socket (not on Kubernetes, or the directory not mounted) turns attribution off with
+    one log line and no errors; a failing kubelet keeps the last good answer and counts
+    ``kubelet`` errors.
+    """
+
+    def __init__(
+        self,
+        client: PodResourcesClient,
+        socket: Path,
+        period_s: float,
+        stats: TelemetryStats,
+    ) -> None:
+        self._client = client
+        self._socket = socket
+        self._period_s = period_s
+        self._stats = stats
+        self._current: tuple[Allocation, ...] = ()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._said_missing = False
+
+    def current(self) -> tuple[Allocation, ...]:
+        return self._current
+
+    def refresh(self) -> None:
+        """One List call; the thread calls this every period."""
+        if not self._socket.exists():
+            if not self._said_missing:
+                log.info("no kubelet pod-resources socket at %s: pods not attributed", self._socket)
+                self._said_missing = True
+            self._current = ()
+            return
+        self._said_missing = False
+        try:
+            self._current = self._client.list()
+        except grpc.RpcError as exc:
+            self._stats.error("kubelet")
+            log.warning(
+                "kubelet pod-resources List failed (keeping last answer): %s", _rpc_text(exc)
+            )
+
+    def start(self) -> None:
+        self.refresh()
+        self._thread = threading.Thread(target=self._run, name="gpu-agent-pods", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._client.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period_s):
+            self.refresh()
+
+
+def _rpc_text(exc: grpc.RpcError) -> str:
+    code = exc.code() if isinstance(exc, grpc.Call) else None
+    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+    return f"{code.name if code else 'error'}: {details}"

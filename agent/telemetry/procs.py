@@ -1,0 +1,79 @@
+"""Which container a GPU process belongs to: ``/proc/<pid>/cgroup`` and kubelet's log links.
+
+The cgroup path of a container process ends in its container id under every runtime and cgroup
+driver (``cri-containerd-<id>.scope``, ``crio-<id>.scope``, ``docker-<id>.scope``, or a bare
+``<id>`` with cgroupfs). kubelet links every container's log as
+``/var/log/containers/<pod>_<namespace>_<container>-<id>.log``; pod, namespace and container names
+cannot contain ``_``, so the name alone maps a container id to its pod. PodResources carries no pod
+UID or container id, so this is how per-process NVML data reaches pods without the API server.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from agent.telemetry.snapshot import PodRef
+
+__all__ = ["ContainerDirectory", "container_id", "read_container_id"]
+
+_CONTAINER_ID = re.compile(
+    r"(?:cri-containerd-|crio-|docker-|containerd-)?(?P<id>[0-9a-f]{64})(?:\.scope)?"
+)
+_LOG_LINK = re.compile(r"(?P<pod>[^_]+)_(?P<ns>[^_]+)_(?P<container>.+)-(?P<id>[0-9a-f]{64})\.log")
+
+
+def container_id(cgroup_text: str) -> str | None:
+    """The container id in a ``/proc/<pid>/cgroup`` file (v1 or v2), or None for host processes."""
+    for line in cgroup_text.splitlines():
+        path = line.split(":", 2)[-1]
+        if "kubepods" not in path:
+            continue
+        m = _CONTAINER_ID.fullmatch(path.rstrip("/").rsplit("/", 1)[-1])
+        if m:
+            return m["id"]
+    return None
+
+
+def read_container_id(proc_root: Path, pid: int) -> str | None:
+    """Container id of a process; None when it is gone, unreadable or not in a pod."""
+    try:
+        text = (proc_root / str(pid) / "cgroup").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return container_id(text)
+
+
+class ContainerDirectory:
+    """Container id -> PodRef from the names in kubelet's container log directory.
+
+    The listing is cached and re-read only when asked for an id it does not know, at most once per
+    :meth:`begin` (once per collection tick).
+    """
+
+    def __init__(self, log_dir: Path) -> None:
+        self._log_dir = log_dir
+        self._known: dict[str, PodRef] = {}
+        self._fresh = False
+
+    def begin(self) -> None:
+        """Allow one re-listing in the coming tick."""
+        self._fresh = False
+
+    def lookup(self, cid: str) -> PodRef | None:
+        if cid not in self._known and not self._fresh:
+            self._known = self._scan()
+            self._fresh = True
+        return self._known.get(cid)
+
+    def _scan(self) -> dict[str, PodRef]:
+        try:
+            names = [entry.name for entry in self._log_dir.iterdir()]
+        except OSError:
+            return {}
+        out = {}
+        for name in names:
+            m = _LOG_LINK.fullmatch(name)
+            if m:
+                out[m["id"]] = PodRef(m["ns"], m["pod"], m["container"])
+        return out

@@ -1,0 +1,602 @@
+"""The collection loop: one thread reads every selected field once per interval into a Snapshot.
+
+Per tick and per GPU: the MIG layout (cheap; instance changes are noticed at once), the NVML
+readings of the selected fields (physical ones on the GPU only, framebuffer per instance too),
+GPM averages per GPU and per GPU instance (or the DCGM backend's values where the GPU has no GPM),
+the XID state, and per-pod process usage. Pod allocations come from the pod watcher's latest List.
+The result is published as one immutable :class:`Snapshot`; scrapes only ever read that.
+
+A field NVML or GPM cannot provide on a GPU is logged once and exported as
+``gpu_agent_field_supported 0`` (never as 0); NVML is not asked again until the GPU's MIG layout
+changes. A lost GPU is marked down and the others keep reporting.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Protocol
+
+from agent.errors import AgentError, DeviceLost, NotSupported
+from agent.gpu.readings import GpuIdentity, MigDevice, MigLayout, NodeReader, Reading
+from agent.telemetry.gpm import GpmKey, GpmTracker
+from agent.telemetry.idle import IdleTracker
+from agent.telemetry.pods import Allocation, DeviceId, EntityKey, attribute
+from agent.telemetry.procs import ContainerDirectory, read_container_id
+from agent.telemetry.snapshot import (
+    Entity,
+    EntitySample,
+    FieldSupport,
+    GpuStatus,
+    InstanceIdentity,
+    PodRef,
+    PodUsage,
+    Snapshot,
+    XidCount,
+)
+from agent.telemetry.stats import TelemetryStats
+from agent.telemetry.usage import pod_usage
+from agent.telemetry.xid import XidState
+from dcgm.counters import CounterSet
+from dcgm.fields import Field, Gpm, Level, Nvml, NvmlRate, Unavailable, XidEvents
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ProfilingBackend", "Sampler", "SamplerOptions"]
+
+_GR_ENGINE_METRIC = 1  # NVML_GPM_METRIC_GRAPHICS_UTIL: idle tracking where NVML has no util
+_XID_FIELD = 230
+_GR_ENGINE_FIELD = 1001
+_NO_GPM = "the GPU has no GPM (Hopper or newer has)"
+
+
+class ProfilingBackend(Protocol):
+    """DCP values for GPUs without GPM (DCGM's profiling module on Ampere and older)."""
+
+    def supports(self, gpu_uuid: str) -> frozenset[int]:
+        """DCGM field ids this backend serves for the GPU (and its instances)."""
+        ...
+
+    def read(self, gpu_uuid: str, gpu_instance_id: int | None) -> Mapping[int, float]:
+        """Latest values (DCGM units) of one GPU or GPU instance."""
+        ...
+
+
+@dataclass(frozen=True)
+class SamplerOptions:
+    interval_s: float = 1.0
+    idle_threshold_percent: float = 5.0
+    hostname: str = ""
+    #: root of /proc for the processes' cgroups (the simulator keeps its own)
+    proc_root: Path = Path("/proc")
+
+
+class _Pods(Protocol):
+    def current(self) -> tuple[Allocation, ...]: ...
+
+
+class _Xids(Protocol):
+    def state(self) -> XidState: ...
+
+
+@dataclass
+class _GpuState:
+    """What the sampler remembers about one GPU between ticks."""
+
+    layout: MigLayout | None = None
+    up: bool = True
+    gpm: bool | None = None
+    #: readings NVML refused on this GPU since its layout last changed
+    unsupported: set[Reading] = field(default_factory=set)
+    #: field id -> why the field cannot be read on this GPU
+    field_unsupported: dict[int, str] = field(default_factory=dict)
+    #: (reading) -> (monotonic time, cumulative value) for counter rates
+    counters: dict[Reading, tuple[float, float]] = field(default_factory=dict)
+    util_since_us: int = 0
+
+
+class Sampler:
+    """Collects on its own thread; :meth:`latest` is what scrapes render."""
+
+    def __init__(
+        self,
+        reader: NodeReader,
+        counters: CounterSet,
+        stats: TelemetryStats,
+        options: SamplerOptions,
+        *,
+        pods: _Pods | None = None,
+        containers: ContainerDirectory | None = None,
+        xids: _Xids | None = None,
+        profiling: ProfilingBackend | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._reader = reader
+        self._stats = stats
+        self._options = options
+        self._pods = pods
+        self._containers = containers
+        self._xids = xids
+        self._profiling = profiling
+        self._clock = clock
+        self._wall = wall_clock
+        fields = [c.field for c in counters.values]
+        self._nvml = [f for f in fields if isinstance(f.source, Nvml | NvmlRate)]
+        self._prof = [f for f in fields if isinstance(f.source, Gpm)]
+        self._unavailable = [f for f in fields if isinstance(f.source, Unavailable)]
+        self._xid_selected = any(isinstance(f.source, XidEvents) for f in fields)
+        self._selected = fields
+        gpu_metrics = {f.source.metric_id for f in self._prof if isinstance(f.source, Gpm)}
+        gi_metrics = {
+            f.source.metric_id
+            for f in self._prof
+            if isinstance(f.source, Gpm) and f.level is not Level.GPU
+        }
+        self._gpm_gpu = GpmTracker(reader, gpu_metrics | {_GR_ENGINE_METRIC}, clock)
+        self._gpm_gi = GpmTracker(reader, gi_metrics | {_GR_ENGINE_METRIC}, clock)
+        self._idle = IdleTracker(options.idle_threshold_percent)
+        self._gpus: dict[int, _GpuState] = {}
+        self._newly_unsupported: defaultdict[tuple[str, str], list[int]] = defaultdict(list)
+        self._latest: Snapshot | None = None
+        self._versions: tuple[str, str] | None = None
+        self._subscribers: list[Callable[[Snapshot], None]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def latest(self) -> Snapshot | None:
+        return self._latest
+
+    def subscribe(self, callback: Callable[[Snapshot], None]) -> None:
+        """Call ``callback`` on the sampler thread with every snapshot, just before publishing."""
+        self._subscribers.append(callback)
+
+    def start(self) -> None:
+        self.tick()
+        self._thread = threading.Thread(target=self._run, name="gpu-agent-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._gpm_gpu.close()
+        self._gpm_gi.close()
+
+    def _run(self) -> None:
+        interval = self._options.interval_s
+        deadline = self._clock() + interval
+        while not self._stop.wait(max(0.0, deadline - self._clock())):
+            try:
+                self.tick()
+            except Exception:
+                self._stats.error("sampler")
+                log.exception("telemetry collection failed; serving the previous snapshot")
+            # Fixed rate; after an overrun, skip the missed ticks rather than bursting.
+            deadline = max(deadline + interval, self._clock())
+
+    # -- one tick ---------------------------------------------------------------------------------
+
+    def tick(self) -> Snapshot:
+        """Collect once and publish the snapshot."""
+        started = self._clock()
+        taken_at = self._wall()
+        if self._containers is not None:
+            self._containers.begin()
+        if self._versions is None:
+            self._versions = self._reader.versions()
+        gpus = self._reader.gpus()
+        xid = self._xids.state() if self._xids is not None else None
+        statuses: list[GpuStatus] = []
+        samples: list[EntitySample] = []
+        layouts: dict[int, MigLayout] = {}
+        for gpu in gpus:
+            state = self._gpus.setdefault(gpu.index, _GpuState())
+            try:
+                gpu_samples = self._collect_gpu(gpu, state, xid, started)
+            except DeviceLost as exc:
+                self._lost(gpu, state, exc)
+                statuses.append(GpuStatus(gpu, up=False))
+                continue
+            except AgentError as exc:
+                # One GPU's NVML failure must not silence the others; it has no series this tick.
+                self._stats.error("nvml")
+                log.warning("GPU %d: collection failed this tick: %s", gpu.index, exc)
+                statuses.append(GpuStatus(gpu, up=state.up))
+                continue
+            if not state.up:
+                log.warning("GPU %d (%s) answers NVML again", gpu.index, gpu.uuid)
+            state.up = True
+            statuses.append(GpuStatus(gpu, up=True))
+            layouts[gpu.index] = state.layout or MigLayout(False)
+            samples.extend(gpu_samples)
+        self._gpm_gpu.retain(GpmKey(g, None, gpus[g].uuid) for g in layouts)
+        self._gpm_gi.retain(self._instance_keys(gpus, layouts))
+        samples, pods = self._attribute(gpus, layouts, samples)
+        self._idle.retain(s.entity for s in samples)
+        snapshot = Snapshot(
+            taken_at=taken_at,
+            hostname=self._options.hostname,
+            driver_version=self._versions[0],
+            nvml_version=self._versions[1],
+            gpus=tuple(statuses),
+            entities=tuple(samples),
+            pods=tuple(pods),
+            xids=self._xid_counts(gpus, layouts, xid),
+            support=self._support(gpus),
+        )
+        self._report_unsupported()
+        self._stats.observe_collection(self._clock() - started)
+        # Subscribers (the exporter's pre-encoding) see it first, so no scrape finds a snapshot
+        # that is published but not encoded yet.
+        for callback in self._subscribers:
+            callback(snapshot)
+        self._latest = snapshot
+        return snapshot
+
+    def _lost(self, gpu: GpuIdentity, state: _GpuState, exc: DeviceLost) -> None:
+        if state.up:
+            self._stats.error("gpu_lost")
+            log.error("GPU %d (%s) is lost, marking it down: %s", gpu.index, gpu.uuid, exc)
+        state.up = False
+
+    def _collect_gpu(
+        self, gpu: GpuIdentity, state: _GpuState, xid: XidState | None, now: float
+    ) -> list[EntitySample]:
+        layout = self._reader.mig_layout(gpu.index)
+        if layout != state.layout:
+            if state.layout is not None:
+                log.info("GPU %d MIG layout changed: re-probing field support", gpu.index)
+            state.layout = layout
+            state.unsupported.clear()
+            state.field_unsupported.clear()
+        if state.gpm is None:
+            state.gpm = self._reader.gpm_supported(gpu.index)
+        gpu_values, gpu_util = self._gpu_values(gpu, state, now)
+        if self._xid_selected:
+            self._xid_value(gpu, state, xid, gpu_values)
+        for f in self._unavailable:
+            assert isinstance(f.source, Unavailable)
+            self._unsupported(gpu, state, f, f.source.reason)
+        gpu_entity = Entity(gpu)
+        gpm_util = self._profile(gpu, state, GpmKey(gpu.index, None, gpu.uuid), gpu_values)
+        out = [
+            EntitySample(
+                gpu_entity,
+                MappingProxyType(gpu_values),
+                idle_seconds=self._idle.update(gpu_entity, _first(gpu_util, gpm_util), now),
+            )
+        ]
+        for instance in layout.instances:
+            entity = Entity(gpu, InstanceIdentity(instance.id, instance.profile))
+            values = self._instance_values(gpu, state, instance.devices[0].uuid)
+            key = GpmKey(gpu.index, instance.id, _identity(instance.devices))
+            util = self._profile(gpu, state, key, values)
+            out.append(
+                EntitySample(
+                    entity,
+                    MappingProxyType(values),
+                    idle_seconds=self._idle.update(entity, util, now),
+                )
+            )
+        return out
+
+    def _gpu_values(
+        self, gpu: GpuIdentity, state: _GpuState, now: float
+    ) -> tuple[dict[int, float], float | None]:
+        wanted = {_reading(f) for f in self._nvml} | {Reading.GPU_UTIL_PERCENT}
+        readings = self._reader.read(gpu.index, wanted - state.unsupported)
+        self._note_readings(gpu, state, readings.unsupported, readings.failed)
+        values: dict[int, float] = {}
+        for f in self._nvml:
+            raw = readings.values.get(_reading(f))
+            if raw is None:
+                continue
+            if isinstance(f.source, NvmlRate):
+                rate = _rate(state.counters, f.source.reading, now, raw)
+                if rate is not None:
+                    values[f.id] = f.source.scale(rate)
+            elif isinstance(f.source, Nvml):
+                values[f.id] = f.source.scale(raw)
+        return values, readings.values.get(Reading.GPU_UTIL_PERCENT)
+
+    def _instance_values(
+        self, gpu: GpuIdentity, state: _GpuState, mig_uuid: str
+    ) -> dict[int, float]:
+        instance_fields = [
+            f for f in self._nvml if f.level is not Level.GPU and isinstance(f.source, Nvml)
+        ]
+        if not instance_fields:
+            return {}
+        readings = self._reader.read_instance(mig_uuid, {_reading(f) for f in instance_fields})
+        self._note_readings(gpu, state, {}, readings.failed)
+        return {
+            f.id: f.source.scale(readings.values[_reading(f)])
+            for f in instance_fields
+            if isinstance(f.source, Nvml) and _reading(f) in readings.values
+        }
+
+    def _note_readings(
+        self,
+        gpu: GpuIdentity,
+        state: _GpuState,
+        unsupported: Mapping[Reading, str],
+        failed: Mapping[Reading, str],
+    ) -> None:
+        for reading, reason in unsupported.items():
+            state.unsupported.add(reading)
+            for f in self._nvml:
+                if _reading(f) is reading:
+                    self._unsupported(gpu, state, f, reason)
+        if failed:
+            self._stats.error("nvml", len(failed))
+            log.debug("GPU %d: reads failed this tick: %s", gpu.index, failed)
+
+    def _profile(
+        self, gpu: GpuIdentity, state: _GpuState, key: GpmKey, values: dict[int, float]
+    ) -> float | None:
+        """Add the DCP fields of one entity to ``values``; returns its GR-engine activity in %."""
+        fields = (
+            self._prof
+            if key.gpu_instance_id is None
+            else [f for f in self._prof if f.level is not Level.GPU]
+        )
+        if state.gpm:
+            tracker = self._gpm_gpu if key.gpu_instance_id is None else self._gpm_gi
+            try:
+                readout = tracker.collect(key)
+            except DeviceLost:
+                raise
+            except AgentError as exc:
+                self._stats.error("gpm")
+                log.debug("GPM sample of %s failed: %s", key, exc)
+                return None
+            if readout is None:
+                return None  # first window of this entity: nothing to report yet
+            for f in fields:
+                assert isinstance(f.source, Gpm)
+                metric = f.source.metric_id
+                if metric in readout.values:
+                    values[f.id] = f.source.scale(readout.values[metric])
+                elif metric in readout.unsupported and key.gpu_instance_id is None:
+                    self._unsupported(gpu, state, f, f"GPM metric {metric} is not supported")
+            return readout.values.get(_GR_ENGINE_METRIC)
+        return self._dcgm_values(gpu, state, key, fields, values)
+
+    def _dcgm_values(
+        self,
+        gpu: GpuIdentity,
+        state: _GpuState,
+        key: GpmKey,
+        fields: list[Field],
+        values: dict[int, float],
+    ) -> float | None:
+        """DCP fields of a GPU without GPM, from DCGM's profiling module when it is there."""
+        if self._profiling is None:
+            for f in fields:
+                self._unsupported(gpu, state, f, _NO_GPM + " and DCGM's Python bindings are absent")
+            return None
+        served = self._profiling.supports(gpu.uuid)
+        try:
+            dcgm = self._profiling.read(gpu.uuid, key.gpu_instance_id)
+        except Exception as exc:  # DCGM raises its own error classes (hostengine gone, ...)
+            self._stats.error("dcgm")
+            log.debug("DCGM read of %s failed: %s", key, exc)
+            return None
+        for f in fields:
+            if f.id not in served:
+                self._unsupported(gpu, state, f, _NO_GPM + " and DCGM does not profile it")
+            elif f.id in dcgm:
+                values[f.id] = dcgm[f.id]
+        gr_engine = dcgm.get(_GR_ENGINE_FIELD)
+        return None if gr_engine is None else gr_engine * 100
+
+    def _xid_value(
+        self, gpu: GpuIdentity, state: _GpuState, xid: XidState | None, values: dict[int, float]
+    ) -> None:
+        xid_field = next(f for f in self._selected if f.id == _XID_FIELD)
+        if xid is None:
+            self._unsupported(gpu, state, xid_field, "XID events are not watched")
+        elif gpu.index in xid.unsupported:
+            self._unsupported(gpu, state, xid_field, xid.unsupported[gpu.index])
+        else:
+            values[_XID_FIELD] = float(xid.last.get(gpu.index, 0))
+
+    def _unsupported(self, gpu: GpuIdentity, state: _GpuState, f: Field, reason: str) -> None:
+        if f.id not in state.field_unsupported:
+            state.field_unsupported[f.id] = reason
+            self._newly_unsupported[(f.name, reason)].append(gpu.index)
+
+    def _report_unsupported(self) -> None:
+        """One log line per field and reason, naming every GPU it was found on this tick."""
+        for (name, reason), gpus in sorted(self._newly_unsupported.items()):
+            plural = "s" if len(gpus) > 1 else ""
+            which = ", ".join(map(str, gpus))
+            log.warning("%s is not supported on GPU%s %s: %s", name, plural, which, reason)
+        self._newly_unsupported.clear()
+
+    # -- pods -------------------------------------------------------------------------------------
+
+    def _attribute(
+        self,
+        gpus: tuple[GpuIdentity, ...],
+        layouts: Mapping[int, MigLayout],
+        samples: list[EntitySample],
+    ) -> tuple[list[EntitySample], list[PodUsage]]:
+        if self._pods is None:
+            return samples, []
+        resolve = _resolver(gpus, layouts)
+        holders = attribute(self._pods.current(), resolve)
+        out: list[EntitySample] = []
+        usage: list[PodUsage] = []
+        for sample in samples:
+            entity = sample.entity
+            key: EntityKey = (
+                entity.gpu.uuid,
+                entity.instance.gpu_instance_id if entity.instance else None,
+            )
+            allocated = holders.get(key, ())
+            pod = allocated[0] if len(allocated) == 1 else None
+            out.append(EntitySample(entity, sample.values, pod, sample.idle_seconds))
+            if allocated:
+                usage.extend(self._usage(entity, layouts[entity.gpu.index], allocated))
+        return out, usage
+
+    def _usage(
+        self, entity: Entity, layout: MigLayout, allocated: tuple[PodRef, ...]
+    ) -> list[PodUsage]:
+        gpu = entity.gpu.index
+        try:
+            if entity.instance is None:
+                processes = self._reader.processes(gpu) if not layout.enabled else ()
+                util = None if layout.enabled else self._process_util(gpu)
+            else:
+                instance = next(
+                    i for i in layout.instances if i.id == entity.instance.gpu_instance_id
+                )
+                processes = tuple(
+                    p for d in instance.devices for p in self._reader.processes(gpu, d.uuid)
+                )
+                util = None
+        except DeviceLost:
+            return []
+        except AgentError as exc:
+            self._stats.error("nvml")
+            log.debug("process list of %s failed: %s", entity, exc)
+            return []
+        return pod_usage(entity, allocated, processes, self._pod_of_pid, util)
+
+    def _process_util(self, gpu: int) -> dict[int, float] | None:
+        state = self._gpus[gpu]
+        if state.util_since_us < 0:
+            return None  # NVML said unsupported on this GPU
+        since = state.util_since_us or int((self._wall() - self._options.interval_s) * 1e6)
+        try:
+            util, newest = self._reader.process_utilization(gpu, since)
+        except NotSupported as exc:
+            state.util_since_us = -1
+            log.warning("per-process utilisation is not supported on GPU %d: %s", gpu, exc)
+            return None
+        state.util_since_us = newest
+        return util
+
+    def _pod_of_pid(self, pid: int) -> PodRef | None:
+        if self._containers is None:
+            return None
+        cid = read_container_id(self._options.proc_root, pid)
+        return None if cid is None else self._containers.lookup(cid)
+
+    # -- results ----------------------------------------------------------------------------------
+
+    def _instance_keys(
+        self, gpus: tuple[GpuIdentity, ...], layouts: Mapping[int, MigLayout]
+    ) -> Iterable[GpmKey]:
+        for index, layout in layouts.items():
+            for instance in layout.instances:
+                yield GpmKey(index, instance.id, _identity(instance.devices))
+
+    def _xid_counts(
+        self, gpus: tuple[GpuIdentity, ...], layouts: Mapping[int, MigLayout], xid: XidState | None
+    ) -> tuple[XidCount, ...]:
+        if xid is None or not self._xid_selected:
+            return ()
+        out = []
+        for (gpu, gi, code), count in sorted(xid.counts.items(), key=_xid_order):
+            profile = _profile_of(layouts.get(gpu), gi)
+            instance = (
+                InstanceIdentity(gi, profile) if gi is not None and profile is not None else None
+            )
+            out.append(XidCount(Entity(gpus[gpu], instance), code, count))
+        return tuple(_merge_xids(out))
+
+    def _support(self, gpus: tuple[GpuIdentity, ...]) -> tuple[FieldSupport, ...]:
+        out = []
+        for gpu in gpus:
+            state = self._gpus.get(gpu.index)
+            if state is None:
+                continue
+            for f in self._selected:
+                out.append(FieldSupport(f.id, gpu, f.id not in state.field_unsupported))
+        return tuple(out)
+
+
+def _reading(f: Field) -> Reading:
+    assert isinstance(f.source, Nvml | NvmlRate)
+    return f.source.reading
+
+
+def _rate(
+    counters: dict[Reading, tuple[float, float]], reading: Reading, now: float, value: float
+) -> float | None:
+    """Per-second rate of a cumulative counter since the previous tick; None on the first tick
+    or when the counter went backwards (driver reload)."""
+    previous = counters.get(reading)
+    counters[reading] = (now, value)
+    if previous is None or now <= previous[0] or value < previous[1]:
+        return None
+    return (value - previous[1]) / (now - previous[0])
+
+
+def _xid_order(item: tuple[tuple[int, int | None, int], int]) -> tuple[int, int, int]:
+    (gpu, gi, code), _count = item
+    return gpu, -1 if gi is None else gi, code
+
+
+def _first(*values: float | None) -> float | None:
+    return next((v for v in values if v is not None), None)
+
+
+def _identity(devices: Iterable[MigDevice]) -> str:
+    return ",".join(sorted(d.uuid for d in devices))
+
+
+def _profile_of(layout: MigLayout | None, gi: int | None) -> str | None:
+    if layout is None or gi is None:
+        return None
+    return next((i.profile for i in layout.instances if i.id == gi), None)
+
+
+def _merge_xids(counts: list[XidCount]) -> list[XidCount]:
+    """XIDs of instances since destroyed fold into their GPU's row."""
+    merged: dict[tuple[Entity, int], int] = defaultdict(int)
+    for c in counts:
+        merged[(c.entity, c.xid)] += c.count
+    return [XidCount(entity, code, count) for (entity, code), count in merged.items()]
+
+
+def _resolver(
+    gpus: tuple[GpuIdentity, ...], layouts: Mapping[int, MigLayout]
+) -> Callable[[DeviceId], EntityKey | None]:
+    by_uuid = {g.uuid: g for g in gpus}
+    by_minor = {g.minor: g for g in gpus}
+    mig: dict[str, EntityKey] = {}
+    for index, layout in layouts.items():
+        for instance in layout.instances:
+            for device in instance.devices:
+                mig[device.uuid] = (gpus[index].uuid, instance.id)
+
+    def resolve(device: DeviceId) -> EntityKey | None:
+        if device.uuid is not None:
+            if device.uuid in by_uuid:
+                return (device.uuid, None)
+            return mig.get(device.uuid)
+        if device.gpu_uuid is not None:
+            parent = by_uuid.get(device.gpu_uuid)
+        else:
+            parent = by_minor.get(device.minor) if device.minor is not None else None
+        if parent is None:
+            return None
+        if device.gpu_instance_id is None:
+            return (parent.uuid, None)
+        known = _profile_of(layouts.get(parent.index), device.gpu_instance_id)
+        return (parent.uuid, device.gpu_instance_id) if known is not None else None
+
+    return resolve

@@ -1,0 +1,111 @@
+"""Builds the telemetry parts from the agent config and runs them: sampler, XID and pod threads,
+the optional DCGM profiling backend and the /metrics exporter."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.config import TelemetrySettings
+from agent.errors import AgentError
+from agent.gpu.nvml import GpuDriver
+from agent.gpu.readings import NodeReader
+from agent.telemetry.dcgm_backend import load_dcgm_backend
+from agent.telemetry.exporter import MetricsExporter
+from agent.telemetry.pods import PodResourcesClient, PodWatcher
+from agent.telemetry.procs import ContainerDirectory
+from agent.telemetry.sampler import ProfilingBackend, Sampler, SamplerOptions
+from agent.telemetry.stats import TelemetryStats
+from agent.telemetry.xid import XidWatcher
+from dcgm.counters import load_counters
+from dcgm.fields import Gpm
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TelemetryService", "build_telemetry"]
+
+#: kubelet's per-container log links, which name each container id's pod (procs.py)
+_MIN_POD_REFRESH_S = 1.0  # kubelet rate-limits PodResources; once a second is plenty
+
+
+@dataclass
+class TelemetryService:
+    sampler: Sampler
+    exporter: MetricsExporter
+    stats: TelemetryStats
+    xids: XidWatcher
+    pods: PodWatcher | None
+    profiling: ProfilingBackend | None = None
+
+    def start(self) -> None:
+        """Start the threads; returns after the first snapshot is published."""
+        self.xids.start()
+        if self.pods is not None:
+            self.pods.start()
+        self.sampler.start()
+
+    def stop(self) -> None:
+        self.sampler.stop()
+        if self.pods is not None:
+            self.pods.stop()
+        self.xids.stop()
+
+
+def build_telemetry(
+    driver: GpuDriver,
+    settings: TelemetrySettings,
+    *,
+    hostname: str,
+    proc_root: Path | None = None,
+    attribute_pods: bool = True,
+) -> TelemetryService:
+    """Wire telemetry for one driver. Raises InvalidSpec for a bad counters CSV.
+
+    ``proc_root`` overrides ``settings.proc_root`` (the simulator keeps its own /proc look-alike).
+    """
+    counters = load_counters(settings.collectors)
+    for counter in counters.counters:
+        if counter.retyped:
+            log.info(
+                "%s line %d: %s is a rate, exported as a gauge although declared counter",
+                counters.source,
+                counter.line,
+                counter.field.name,
+            )
+    stats = TelemetryStats()
+    reader = NodeReader(driver)
+    prof_ids = [c.field.id for c in counters.values if isinstance(c.field.source, Gpm)]
+    needs_dcgm = prof_ids and not all(_has_gpm(reader, g.index) for g in reader.gpus())
+    profiling = load_dcgm_backend(prof_ids, settings.interval_s) if needs_dcgm else None
+    pods = None
+    if attribute_pods:
+        socket = settings.kubelet_socket
+        period = max(settings.interval_s, _MIN_POD_REFRESH_S)
+        pods = PodWatcher(PodResourcesClient(socket), socket, period, stats)
+    xids = XidWatcher.for_reader(reader, stats)
+    sampler = Sampler(
+        reader,
+        counters,
+        stats,
+        SamplerOptions(
+            interval_s=settings.interval_s,
+            idle_threshold_percent=settings.idle_threshold_percent,
+            hostname=hostname,
+            proc_root=proc_root or settings.proc_root,
+        ),
+        pods=pods,
+        containers=ContainerDirectory(settings.container_log_dir),
+        xids=xids,
+        profiling=profiling,
+    )
+    exporter = MetricsExporter(counters, settings.metric_names, sampler.latest, stats)
+    sampler.subscribe(exporter.prerender)
+    return TelemetryService(sampler, exporter, stats, xids, pods, profiling)
+
+
+def _has_gpm(reader: NodeReader, gpu: int) -> bool:
+    try:
+        return reader.gpm_supported(gpu)
+    except AgentError:
+        return False  # a GPU lost at start: the sampler marks it down

@@ -1,0 +1,111 @@
+"""The immutable result of one collection tick, which every scrape renders.
+
+Built by the sampler thread, published whole, never mutated: a scrape reads one consistent
+snapshot without locks and without NVML. Values are in the DCGM unit of their field
+(``dcgm.fields``); a field missing from ``values`` has no value this tick (unsupported or failed),
+which the exporter omits rather than reporting 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agent.gpu.readings import GpuIdentity
+
+__all__ = [
+    "Entity",
+    "EntitySample",
+    "FieldSupport",
+    "GpuIdentity",
+    "GpuStatus",
+    "InstanceIdentity",
+    "PodRef",
+    "PodUsage",
+    "Snapshot",
+    "XidCount",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceIdentity:
+    """A MIG GPU instance."""
+
+    gpu_instance_id: int
+    #: profile name, e.g. ``1g.10gb``
+    profile: str
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class PodRef:
+    """A container of a pod; kubelet's PodResources names pods without UIDs."""
+
+    namespace: str
+    name: str
+    container: str
+
+
+@dataclass(frozen=True, slots=True)
+class Entity:
+    """A GPU (``instance`` None) or one of its GPU instances."""
+
+    gpu: GpuIdentity
+    instance: InstanceIdentity | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EntitySample:
+    entity: Entity
+    #: DCGM field id -> value in the field's DCGM unit
+    values: Mapping[int, float]
+    #: the one container this GPU or instance is allocated to; None when free or shared
+    pod: PodRef | None = None
+    #: seconds since utilisation was last above the idle threshold; None when unknown
+    idle_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodUsage:
+    """One container's own use of a GPU or instance, from NVML's per-process data."""
+
+    entity: Entity
+    pod: PodRef
+    memory_used_bytes: float | None
+    #: summed SM utilisation of its processes (0-1); None where NVML has none (MIG)
+    sm_utilization: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class XidCount:
+    entity: Entity
+    xid: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStatus:
+    gpu: GpuIdentity
+    up: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSupport:
+    """Whether a selected field could be read on a GPU (its own series or its instances')."""
+
+    field_id: int
+    gpu: GpuIdentity
+    supported: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    #: wall-clock seconds when the tick started
+    taken_at: float
+    hostname: str
+    driver_version: str
+    nvml_version: str
+    gpus: tuple[GpuStatus, ...]
+    entities: tuple[EntitySample, ...]
+    pods: tuple[PodUsage, ...] = ()
+    xids: tuple[XidCount, ...] = ()
+    support: tuple[FieldSupport, ...] = ()

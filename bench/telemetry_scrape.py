@@ -1,0 +1,397 @@
+"""Scrape cost of gpu-agent's /metrics next to nvitop-exporter's, on the same simulated node.
+
+The node: a simulated DGX H100 (8 GPUs) cut into 56 ``1g.10gb`` MIG instances, each running one
+process of its own pod, attributed through a fake kubelet PodResources server; the simulator's
+modelled NVML latencies are on (0.09 ms per call, 20 ms per PCIe-throughput read, ...). Each
+exporter runs in its own process against that node, one after the other so they do not compete
+for CPU, both collecting every second. nvitop-exporter sees the simulator as ``pynvml``.
+
+Measured per exporter, with Prometheus' own Accept header:
+* scrape latency p50 / p99 (client side, full body);
+* CPU per scrape: process CPU over back-to-back scrapes, less the collection CPU of that span;
+* collection CPU: process CPU per second without scrapes;
+* steady RSS after the run;
+* staleness: seconds from a change on the node (a process's GPU memory on one MIG instance), made
+  at a random phase, until a scrape shows it.
+
+Usage (from the repository root):  .venv/bin/python -m bench.telemetry_scrape [--scrapes N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import psutil
+
+from agent._proto.k8s.podresources.v1 import api_pb2, api_pb2_grpc
+
+PRESET = "dgx-h100"
+INTERVAL_S = 1.0  # both exporters' collection interval
+_FRESH_MIB = itertools.count(2000)
+PROFILE = "1g.10gb"
+INSTANCES_PER_GPU = 7
+MIB = 1024 * 1024
+#: what Prometheus 2.x sends: OpenMetrics preferred, classic text accepted
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+
+
+# -- the simulated node -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Device:
+    gpu: int
+    gpu_instance: int
+    mig_uuid: str
+    pid: int
+    pod: str
+
+
+def build_node(state_dir: Path, log_dir: Path) -> list[Device]:
+    """56 MIG instances with one pod process each; returns them in creation order."""
+    from agent.gpu import open_driver
+    from agent.gpu.sim import SimControl
+
+    driver = open_driver(PRESET, state_dir)
+    control = SimControl(state_dir)
+    devices = []
+    try:
+        for gpu in driver.gpus():
+            driver.set_mig_mode(gpu.uuid, True)
+            spec = next(p for p in driver.gi_profiles(gpu.uuid) if p.name == PROFILE)
+            for slot in range(INSTANCES_PER_GPU):
+                gi = driver.create_gpu_instance(gpu.uuid, spec.id, spec.placements[slot])
+                ci_profile = max(driver.ci_profiles(gpu.uuid, gi.id), key=lambda c: c.slice_count)
+                ci = driver.create_compute_instance(gpu.uuid, gi.id, ci_profile.id)
+                n = len(devices) + 1
+                control.set_workload(
+                    gpu.index, gpu_instance=gi.id, sm_active=0.6, tensor_active=0.4, dram_active=0.3
+                )
+                control.start_process(
+                    10_000 + n,
+                    gpu.index,
+                    used_memory_mib=1000,
+                    gpu_instance=gi.id,
+                    compute_instance=ci.id,
+                    cgroup=f"0::/kubepods.slice/kubepods-pod{n:032x}.slice/cri-containerd-{n:064x}.scope",
+                )
+                (log_dir / f"pod-{n}_bench_main-{n:064x}.log").touch()
+                devices.append(Device(gpu.index, gi.id, ci.uuid or "", 10_000 + n, f"pod-{n}"))
+            control.set_workload(gpu.index, pcie_tx_bytes_per_s=2e9, pcie_rx_bytes_per_s=1e9)
+    finally:
+        driver.close()
+    return devices
+
+
+class _Kubelet(api_pb2_grpc.PodResourcesListerServicer):
+    def __init__(self, devices: list[Device]) -> None:
+        self._response = api_pb2.ListPodResourcesResponse()
+        for d in devices:
+            pod = self._response.pod_resources.add(name=d.pod, namespace="bench")
+            container = pod.containers.add(name="main")
+            container.devices.add(
+                resource_name=f"nvidia.com/mig-{PROFILE}", device_ids=[d.mig_uuid]
+            )
+
+    def List(self, request: object, context: object) -> api_pb2.ListPodResourcesResponse:
+        return self._response
+
+
+@contextmanager
+def kubelet(socket: Path, devices: list[Device]) -> Iterator[None]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Kubelet(devices), server)
+    server.add_insecure_port(f"unix://{socket}")
+    server.start()
+    try:
+        yield
+    finally:
+        server.stop(grace=None).wait()
+
+
+# -- the exporters, each in its own process ------------------------------------------------------
+
+
+def run_agent(state_dir: Path, port: int, socket: Path, log_dir: Path) -> None:
+    from agent.config import TelemetrySettings
+    from agent.gpu import open_driver
+    from agent.gpu.sim import SimControl
+    from agent.http import HttpServer
+    from agent.telemetry.service import build_telemetry
+
+    driver = open_driver(PRESET, state_dir, latency=True)
+    service = build_telemetry(
+        driver,
+        TelemetrySettings(interval_s=INTERVAL_S, kubelet_socket=socket),
+        hostname="bench",
+        proc_root=SimControl(state_dir).proc_root,
+        container_log_dir=log_dir,
+    )
+    service.start()
+
+    async def serve() -> None:
+        server = HttpServer({"/metrics": service.exporter.handle})
+        await server.start("127.0.0.1", port)
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        await server.stop()
+
+    asyncio.run(serve())
+    service.stop()
+    driver.close()
+
+
+def run_nvitop(state_dir: Path, port: int) -> None:
+    from agent.gpu.sim import install_as_pynvml
+
+    install_as_pynvml(state_dir, latency=True)  # before nvitop imports pynvml
+    from nvitop_exporter.cli import main
+
+    sys.argv = [
+        "nvitop-exporter",
+        *("--bind-address", "127.0.0.1", "--port", str(port), "--interval", str(INTERVAL_S)),
+    ]
+    sys.exit(main())
+
+
+# -- measuring -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    name: str
+    latencies_ms: list[float]
+    cpu_per_scrape_s: float
+    collection_cpu_per_s: float
+    rss_mb: float
+    staleness_s: list[float]
+    probes: int
+    body_kb: float
+    samples: int
+
+
+def scrape(port: int) -> tuple[float, str]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/metrics", headers={"Accept": PROMETHEUS_ACCEPT}
+    )
+    started = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=30) as response:
+        body = response.read().decode()
+    return (time.perf_counter() - started) * 1000, body
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+def wait_ready(port: int, ready: Callable[[str], bool], deadline_s: float = 120) -> None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            if ready(scrape(port)[1]):
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"exporter on port {port} did not become ready")
+
+
+def memory_value(body: str, metric: str, selector: str) -> float | None:
+    for line in body.splitlines():
+        if line.startswith(metric + "{") and selector in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def measure(
+    name: str,
+    command: list[str],
+    port: int,
+    ready: Callable[[str], bool],
+    memory: Callable[[str, Device], float | None],
+    devices: list[Device],
+    state_dir: Path,
+    args: argparse.Namespace,
+) -> Result:
+    from agent.gpu.sim import SimControl
+
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        process = psutil.Process(child.pid)
+        wait_ready(port, ready)
+        time.sleep(args.warmup)
+        # Collection alone: CPU over a quiet span.
+        before = cpu_seconds(process)
+        quiet = args.scrapes / args.rate
+        time.sleep(quiet)
+        collection = (cpu_seconds(process) - before) / quiet
+        # Latency: scrapes at a steady rate, as a scraper would.
+        latencies, body = [], ""
+        started = time.monotonic()
+        for i in range(args.scrapes):
+            time.sleep(max(0.0, started + i / args.rate - time.monotonic()))
+            ms, body = scrape(port)
+            latencies.append(ms)
+        # CPU: back-to-back scrapes, less what collection costs over the same span.
+        before, started = cpu_seconds(process), time.monotonic()
+        for _ in range(args.burst):
+            scrape(port)
+        span = time.monotonic() - started
+        cpu_per_scrape = (cpu_seconds(process) - before - collection * span) / args.burst
+        # Staleness: change a process's memory, poll until the exporter shows it.
+        control = SimControl(state_dir)
+        staleness = []
+        phase = random.Random(7)
+        for k in range(args.changes):
+            # A random phase: a change right after a detection would always land just after a
+            # collection and measure a whole interval.
+            time.sleep(phase.uniform(0.0, INTERVAL_S))
+            device = devices[(k * 13) % len(devices)]
+            new_mib = next(_FRESH_MIB)  # never a value an earlier run left on the node
+            control.stop_process(device.pid)
+            control.start_process(
+                device.pid,
+                device.gpu,
+                used_memory_mib=new_mib,
+                gpu_instance=device.gpu_instance,
+                compute_instance=0,
+            )
+            changed = time.monotonic()
+            while time.monotonic() - changed < 10:
+                if memory(scrape(port)[1], device) == new_mib:
+                    staleness.append(time.monotonic() - changed)
+                    break
+                time.sleep(0.02)
+        rss = process.memory_info().rss / 1e6
+        samples = sum(1 for line in body.splitlines() if line and not line.startswith("#"))
+        return Result(
+            name,
+            latencies,
+            cpu_per_scrape,
+            collection,
+            rss,
+            staleness,
+            args.changes,
+            len(body) / 1e3,
+            samples,
+        )
+    finally:
+        child.terminate()
+        child.wait(timeout=30)
+
+
+def table(results: list[Result]) -> str:
+    def q(values: list[float], p: int) -> float:
+        return statistics.quantiles(values, n=100, method="inclusive")[p - 1]
+
+    rows = [
+        ("scrape latency p50 (ms)", lambda r: f"{q(r.latencies_ms, 50):.2f}"),
+        ("scrape latency p99 (ms)", lambda r: f"{q(r.latencies_ms, 99):.2f}"),
+        ("CPU per scrape (ms)", lambda r: f"{r.cpu_per_scrape_s * 1000:.1f}"),
+        ("collection CPU (s per s)", lambda r: f"{r.collection_cpu_per_s:.3f}"),
+        ("steady RSS (MB)", lambda r: f"{r.rss_mb:.1f}"),
+        (
+            "staleness mean / max (s), seen",
+            lambda r: (
+                (
+                    f"{statistics.mean(r.staleness_s):.2f} / {max(r.staleness_s):.2f}, "
+                    if r.staleness_s
+                    else "n/a, "
+                )
+                + f"{len(r.staleness_s)}/{r.probes}"
+            ),
+        ),
+        ("samples per scrape", lambda r: str(r.samples)),
+        ("body (kB)", lambda r: f"{r.body_kb:.0f}"),
+    ]
+    head = "| | " + " | ".join(r.name for r in results) + " |"
+    lines = [head, "|---" * (len(results) + 1) + "|"]
+    lines += [f"| {label} | " + " | ".join(cell(r) for r in results) + " |" for label, cell in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scrapes", type=int, default=120, help="scrapes per exporter")
+    parser.add_argument("--rate", type=float, default=4.0, help="scrapes per second")
+    parser.add_argument("--burst", type=int, default=50, help="back-to-back scrapes for CPU")
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds before measuring")
+    parser.add_argument("--changes", type=int, default=8, help="staleness probes")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gpu-agent-bench-") as tmp:
+        root = Path(tmp)
+        state, logs, socket = root / "state", root / "containers", root / "kubelet.sock"
+        logs.mkdir()
+        devices = build_node(state, logs)
+        me = [sys.executable, "-m", "bench.telemetry_scrape"]
+        with kubelet(socket, devices):
+            agent = measure(
+                "gpu-agent",
+                [*me, "_agent", str(state), "19400", str(socket), str(logs)],
+                19400,
+                lambda body: "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{" in body,
+                _our_memory,
+                devices,
+                state,
+                args,
+            )
+            nvitop = measure(
+                "nvitop-exporter",
+                [*me, "_nvitop", str(state), "19500"],
+                19500,
+                lambda body: "gpu_memory_used_MiB{" in body,
+                lambda body, d: memory_value(body, "gpu_memory_used_MiB", f'uuid="{d.mig_uuid}"'),
+                devices,
+                state,
+                args,
+            )
+    n = len(devices)
+    print(f"Simulated {PRESET}: 8 GPUs, {n} MIG instances ({PROFILE}), {n} pods;")
+    print(f"modelled NVML latencies on; {args.scrapes} scrapes at {args.rate:g}/s; interval 1 s.\n")
+    print(table([agent, nvitop]))
+    command = (
+        f"--scrapes {args.scrapes} --rate {args.rate:g} --burst {args.burst} "
+        f"--changes {args.changes}"
+    )
+    print(f"\nCommand: .venv/bin/python -m bench.telemetry_scrape {command}")
+
+
+def _our_memory(body: str, device: Device) -> float | None:
+    for line in body.splitlines():
+        if (
+            line.startswith("DCGM_FI_DEV_FB_USED{")
+            and f'GPU_I_ID="{device.gpu_instance}"' in line
+            and f'gpu="{device.gpu}"' in line
+        ):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_agent":
+        run_agent(Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "_nvitop":
+        run_nvitop(Path(sys.argv[2]), int(sys.argv[3]))
+    else:
+        main()

@@ -1,0 +1,154 @@
+"""dcgm-exporter counters CSV: which fields to export (``--collectors FILE``).
+
+Same format as dcgm-exporter (reference/telemetry.md §1.1): one
+``DCGM field, Prometheus type, help`` row per line, CSV quoting for help text with commas,
+``#`` starts a comment, blank lines ignored.
+Everything wrong in a file is reported at once, each problem with its line and the allowed values.
+
+Types are checked against the catalog: ``label`` only for string fields and only ``label`` for
+them; ``histogram`` / ``summary`` never apply to a single-valued field. A field declared
+``counter`` that is really a rate (``DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL``, the PCIe bytes of old
+CSVs) is accepted and exported as the gauge it is (``Counter.retyped``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from agent.errors import FieldViolation, InvalidSpec
+from dcgm.fields import Field, Kind, close_matches, lookup
+
+__all__ = ["DEFAULT_COUNTERS", "Counter", "CounterSet", "load_counters", "parse_counters"]
+
+#: The counters CSV used when none is given (dcgm-exporter's defaults plus all DCP pipes).
+DEFAULT_COUNTERS = "default-counters.csv"
+
+_TYPES = ("gauge", "counter", "label")
+_DISTRIBUTIONS = ("histogram", "summary")
+
+
+@dataclass(frozen=True, slots=True)
+class Counter:
+    """One selected field and how the CSV declared it."""
+
+    field: Field
+    #: the type column as written (lower-cased)
+    declared: str
+    help: str
+    line: int
+
+    @property
+    def retyped(self) -> bool:
+        """Declared counter, exported as the gauge it is."""
+        return self.declared == "counter" and self.field.kind is Kind.GAUGE
+
+
+@dataclass(frozen=True, slots=True)
+class CounterSet:
+    counters: tuple[Counter, ...]
+    #: where it was read from, for logs and errors
+    source: str
+
+    @property
+    def values(self) -> tuple[Counter, ...]:
+        """Fields exported as samples."""
+        return tuple(c for c in self.counters if c.field.kind is not Kind.LABEL)
+
+    @property
+    def labels(self) -> tuple[Counter, ...]:
+        """Fields exported as labels (dcgm names) or info-metric labels (native names)."""
+        return tuple(c for c in self.counters if c.field.kind is Kind.LABEL)
+
+
+def load_counters(path: Path | None = None) -> CounterSet:
+    """Read a counters CSV; ``None`` means the shipped default."""
+    if path is None:
+        text = resources.files("dcgm").joinpath(DEFAULT_COUNTERS).read_text(encoding="utf-8")
+        return parse_counters(text, source=f"dcgm/{DEFAULT_COUNTERS}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidSpec(
+            f"cannot read counters CSV {path}: {exc.strerror or exc}",
+            [FieldViolation("telemetry.collectors", f"cannot read {path}")],
+        ) from exc
+    return parse_counters(text, source=str(path))
+
+
+def parse_counters(text: str, source: str = "<counters>") -> CounterSet:
+    """Parse counters-CSV text; raises InvalidSpec naming every bad line."""
+    counters: list[Counter] = []
+    problems: list[FieldViolation] = []
+    seen: dict[str, int] = {}
+    for line, columns in _rows(text):
+        where = f"{source}:{line}"
+        if len(columns) != 3:
+            problems.append(
+                FieldViolation(
+                    where,
+                    f"expected 3 comma-separated columns (DCGM field, type, help), "
+                    f"got {len(columns)}: {','.join(columns)!r}",
+                )
+            )
+            continue
+        name, declared, help_text = columns[0], columns[1].lower(), columns[2]
+        field = lookup(name)
+        if field is None:
+            problems.append(FieldViolation(where, _unknown(name)))
+            continue
+        if name in seen:
+            problems.append(FieldViolation(where, f"{name} is already listed on line {seen[name]}"))
+            continue
+        problem = _type_problem(field, declared)
+        if problem:
+            problems.append(FieldViolation(where, problem))
+            continue
+        seen[name] = line
+        counters.append(Counter(field, declared, help_text or field.help, line))
+    if not problems and not counters:
+        problems.append(FieldViolation(source, "selects no fields: every line is a comment"))
+    if problems:
+        lines = "".join(f"\n  {p.field}: {p.description}" for p in problems)
+        raise InvalidSpec(f"invalid counters CSV {source}:{lines}", problems)
+    return CounterSet(tuple(counters), source)
+
+
+def _rows(text: str) -> Iterator[tuple[int, list[str]]]:
+    """(1-based line number, trimmed columns) of every non-blank, non-comment line."""
+    for number, raw in enumerate(text.splitlines(), start=1):
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        columns = next(csv.reader(io.StringIO(stripped), skipinitialspace=True))
+        yield number, [c.strip() for c in columns]
+
+
+def _unknown(name: str) -> str:
+    if name.startswith("DCGM_EXP_"):
+        hint = (
+            "; XID occurrences are gpu_agent_xid_errors_total{xid=...}"
+            " (select DCGM_FI_DEV_XID_ERRORS)"
+            if "XID" in name
+            else ""
+        )
+        return f"{name} is computed inside dcgm-exporter and gpu-agent does not provide it{hint}"
+    guesses = close_matches(name)
+    hint = f"; did you mean {' or '.join(guesses)}?" if guesses else ""
+    return f"unknown DCGM field {name!r}{hint} (supported fields: docs/metrics.md)"
+
+
+def _type_problem(field: Field, declared: str) -> str | None:
+    if declared in _DISTRIBUTIONS:
+        return f"{field.name} is one value per sample; type {declared} does not apply (use gauge)"
+    if declared not in _TYPES:
+        return f"unknown type {declared!r} for {field.name}; allowed: {', '.join(_TYPES)}"
+    if field.kind is Kind.LABEL and declared != "label":
+        return f"{field.name} is a string: its type must be label"
+    if field.kind is not Kind.LABEL and declared == "label":
+        return f"{field.name} is numeric: use {field.kind.value}, not label"
+    return None

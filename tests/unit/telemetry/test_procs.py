@@ -1,0 +1,72 @@
+"""GPU processes map to containers through their cgroup and kubelet's container log links."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.telemetry.procs import ContainerDirectory, container_id, read_container_id
+from agent.telemetry.snapshot import PodRef
+
+CID = "4f2a" * 16
+UID = "0d6e1c2a-8f3b-4c5d-9e7f-1a2b3c4d5e6f"
+SLICE = f"kubepods-burstable-pod{UID.replace('-', '_')}.slice"
+
+
+@pytest.mark.parametrize(
+    "cgroup",
+    [
+        f"0::/kubepods.slice/kubepods-burstable.slice/{SLICE}/cri-containerd-{CID}.scope\n",
+        f"0::/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/crio-{CID}.scope\n",
+        f"0::/kubepods/besteffort/pod{UID}/{CID}\n",
+        f"12:memory:/kubepods/burstable/pod{UID}/{CID}\n11:cpu,cpuacct:/kubepods/burstable/pod{UID}/{CID}\n",
+        f"0::/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/docker-{CID}.scope\n",
+    ],
+)
+def test_container_id_from_every_cgroup_layout(cgroup: str) -> None:
+    assert container_id(cgroup) == CID
+
+
+@pytest.mark.parametrize(
+    "cgroup",
+    [
+        "0::/system.slice/nvidia-persistenced.service\n",
+        f"0::/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice\n",  # pod cgroup itself
+        f"0::/docker/{CID}\n",  # a container, but not Kubernetes'
+        "",
+    ],
+)
+def test_processes_outside_pod_containers_have_no_container(cgroup: str) -> None:
+    assert container_id(cgroup) is None
+
+
+def test_read_container_id_from_a_proc_root(tmp_path: Path) -> None:
+    (tmp_path / "4242").mkdir()
+    (tmp_path / "4242" / "cgroup").write_text(f"0::/kubepods/pod{UID}/{CID}\n")
+    assert read_container_id(tmp_path, 4242) == CID
+    assert read_container_id(tmp_path, 1) is None  # exited, or no permission
+
+
+def test_directory_names_containers_and_rescans_once_per_tick(tmp_path: Path) -> None:
+    (tmp_path / f"trainer-0_ml_main-{CID}.log").touch()
+    (tmp_path / "not-a-link.txt").touch()
+    directory = ContainerDirectory(tmp_path)
+    directory.begin()
+    assert directory.lookup(CID) == PodRef("ml", "trainer-0", "main")
+    other = "ab" * 32
+    (tmp_path / f"nb-7_team-a_jupyter-lab-{other}.log").touch()
+    directory.begin()
+    assert directory.lookup(other) == PodRef("team-a", "nb-7", "jupyter-lab")
+    missing = "cd" * 32
+    assert directory.lookup(missing) is None
+    (tmp_path / f"late_ns_c-{missing}.log").touch()
+    assert directory.lookup(missing) is None, "already re-listed this tick"
+    directory.begin()
+    assert directory.lookup(missing) == PodRef("ns", "late", "c")
+
+
+def test_directory_that_does_not_exist_knows_nothing(tmp_path: Path) -> None:
+    directory = ContainerDirectory(tmp_path / "absent")
+    directory.begin()
+    assert directory.lookup(CID) is None

@@ -1,0 +1,262 @@
+"""The sampler against the simulated driver: injected activity comes out exactly, per GPU and per
+MIG instance, physical fields once per GPU, unsupported fields reported, lost GPUs marked down."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.gpu.readings import NodeReader, XidEvents
+from agent.telemetry.exporter import MetricsExporter
+from agent.telemetry.xid import XidWatcher
+from dcgm.counters import load_counters, parse_counters
+from dcgm.fields import BY_NAME, Level
+from tests.unit.telemetry.simnode import GPM_WINDOW_S, entity, sim_node, two_ticks
+
+MIB = 1024 * 1024
+F = {name.removeprefix("DCGM_FI_"): field.id for name, field in BY_NAME.items()}
+
+
+def test_gpu_activity_comes_out_as_injected(tmp_path: Path) -> None:
+    node = sim_node(tmp_path)
+    node.control.set_workload(
+        0,
+        sm_active=0.8,
+        sm_occupancy=0.4,
+        tensor_active=0.55,
+        fp64_active=0.1,
+        fp32_active=0.2,
+        fp16_active=0.3,
+        dram_active=0.25,
+        pcie_tx_bytes_per_s=3.0e9,
+        pcie_rx_bytes_per_s=1.5e9,
+        nvlink_tx_bytes_per_s=2.0e10,
+        nvlink_rx_bytes_per_s=1.0e10,
+    )
+    values = entity(two_ticks(node.sampler()), 0).values
+    expected = {
+        "PROF_GR_ENGINE_ACTIVE": 0.8,
+        "PROF_SM_ACTIVE": 0.8,
+        "PROF_SM_OCCUPANCY": 0.4,
+        "PROF_PIPE_TENSOR_ACTIVE": 0.55,
+        "PROF_PIPE_FP64_ACTIVE": 0.1,
+        "PROF_PIPE_FP32_ACTIVE": 0.2,
+        "PROF_PIPE_FP16_ACTIVE": 0.3,
+        "PROF_DRAM_ACTIVE": 0.25,
+        "PROF_PCIE_TX_BYTES": 3.0e9,  # bytes/s, from GPM's MiB/s
+        "PROF_PCIE_RX_BYTES": 1.5e9,
+        "PROF_NVLINK_TX_BYTES": 2.0e10,
+        "PROF_NVLINK_RX_BYTES": 1.0e10,
+        "DEV_GPU_UTIL": 80,  # percent
+    }
+    for name, value in expected.items():
+        assert values[F[name]] == pytest.approx(value, rel=0.01), name
+
+
+def test_first_window_reports_nothing_rather_than_zero(tmp_path: Path) -> None:
+    node = sim_node(tmp_path)
+    node.control.set_workload(0, tensor_active=0.5)
+    first = node.sampler().tick()
+    assert F["PROF_PIPE_TENSOR_ACTIVE"] not in entity(first, 0).values
+    assert F["DEV_GPU_TEMP"] in entity(first, 0).values
+
+
+def test_units_are_dcgm_exporters(tmp_path: Path) -> None:
+    """W not mW, MiB not bytes, MHz, mJ: the values dcgm-exporter would print."""
+    node = sim_node(tmp_path)
+    node.control.set_workload(0, sm_active=1.0)
+    node.control.start_process(100, 0, used_memory_mib=2048)
+    sampler = node.sampler()
+    two_ticks(sampler)
+    time.sleep(0.2)
+    values = entity(sampler.tick(), 0).values
+    power_w = values[F["DEV_POWER_USAGE"]]
+    assert 10 < power_w < 1000, "watts"
+    assert values[F["DEV_FB_USED"]] == 2048
+    assert values[F["DEV_FB_FREE"]] == pytest.approx(81559 - 2048, abs=1)  # H100 80GB in MiB
+    assert 1000 <= values[F["DEV_SM_CLOCK"]] <= 2000, "MHz"
+    energy = values[F["DEV_TOTAL_ENERGY_CONSUMPTION"]]
+    later = entity(sampler.tick(), 0).values[F["DEV_TOTAL_ENERGY_CONSUMPTION"]]
+    assert later >= energy > 0, "mJ counter, monotonic"
+
+
+def _mig_node(tmp_path: Path):  # type: ignore[no-untyped-def]
+    node = sim_node(tmp_path)
+    big = node.create_instance(1, "3g.40gb", slot=0)
+    small = node.create_instance(1, "1g.10gb", slot=6)
+    node.control.set_workload(
+        1, gpu_instance=big.id, sm_active=0.9, tensor_active=0.6, dram_active=0.5
+    )
+    node.control.set_workload(
+        1, gpu_instance=small.id, sm_active=0.3, tensor_active=0.2, dram_active=0.1
+    )
+    node.control.set_workload(1, pcie_tx_bytes_per_s=4.0e9, nvlink_rx_bytes_per_s=8.0e9)
+    node.control.start_process(
+        200, 1, used_memory_mib=1024, gpu_instance=big.id, compute_instance=0
+    )
+    return node, big, small
+
+
+def test_mig_instances_report_their_own_activity(tmp_path: Path) -> None:
+    node, big, small = _mig_node(tmp_path)
+    snapshot = two_ticks(node.sampler())
+    big_values = entity(snapshot, 1, big.id).values
+    small_values = entity(snapshot, 1, small.id).values
+    assert big_values[F["PROF_PIPE_TENSOR_ACTIVE"]] == pytest.approx(0.6, rel=0.01)
+    assert big_values[F["PROF_DRAM_ACTIVE"]] == pytest.approx(0.5, rel=0.01)
+    assert small_values[F["PROF_PIPE_TENSOR_ACTIVE"]] == pytest.approx(0.2, rel=0.01)
+    assert small_values[F["PROF_DRAM_ACTIVE"]] == pytest.approx(0.1, rel=0.01)
+    assert big_values[F["DEV_FB_USED"]] == 1024
+    assert small_values[F["DEV_FB_USED"]] == 0
+    gpu = entity(snapshot, 1).values
+    assert gpu[F["PROF_PCIE_TX_BYTES"]] == pytest.approx(4.0e9, rel=0.01)
+    assert gpu[F["PROF_NVLINK_RX_BYTES"]] == pytest.approx(8.0e9, rel=0.01)
+    # GPU-level tensor activity is the slice-weighted sum (3/7 * 0.6 + 1/7 * 0.2).
+    assert gpu[F["PROF_PIPE_TENSOR_ACTIVE"]] == pytest.approx(3 / 7 * 0.6 + 1 / 7 * 0.2, rel=0.01)
+
+
+def test_physical_fields_are_never_repeated_on_instances(tmp_path: Path) -> None:
+    node, big, small = _mig_node(tmp_path)
+    snapshot = two_ticks(node.sampler())
+    physical = {f.id for f in BY_NAME.values() if f.level is Level.GPU}
+    for gi in (big.id, small.id):
+        assert not physical & set(entity(snapshot, 1, gi).values), gi
+    assert F["DEV_POWER_USAGE"] in entity(snapshot, 1).values
+
+
+def test_utilization_unsupported_with_mig_is_reported_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    node, _big, _small = _mig_node(tmp_path)
+    sampler = node.sampler()
+    with caplog.at_level(logging.WARNING, logger="agent.telemetry.sampler"):
+        two_ticks(sampler)
+        snapshot = sampler.tick()
+    assert F["DEV_GPU_UTIL"] not in entity(snapshot, 1).values
+    support = {(s.field_id, s.gpu.index): s.supported for s in snapshot.support}
+    assert support[(F["DEV_GPU_UTIL"], 1)] is False
+    assert support[(F["DEV_GPU_UTIL"], 0)] is True
+    lines = [r.getMessage() for r in caplog.records if "DCGM_FI_DEV_GPU_UTIL" in r.getMessage()]
+    assert len(lines) == 1 and "GPU 1" in lines[0]
+
+
+def test_recreated_instance_starts_a_new_gpm_window(tmp_path: Path) -> None:
+    """A GI destroyed and re-created with the same id must not mix the two instances' counters."""
+    node, _big, small = _mig_node(tmp_path)
+    sampler = node.sampler()
+    assert F["PROF_PIPE_TENSOR_ACTIVE"] in entity(two_ticks(sampler), 1, small.id).values
+    uuid = node.uuids[1]
+    node.driver.destroy_compute_instance(uuid, small.id, 0)
+    node.driver.destroy_gpu_instance(uuid, small.id)
+    again = node.create_instance(1, "1g.10gb", slot=6)
+    assert again.id == small.id
+    node.control.set_workload(1, gpu_instance=again.id, tensor_active=0.7)
+    time.sleep(GPM_WINDOW_S)
+    reseeded = sampler.tick()
+    assert F["PROF_PIPE_TENSOR_ACTIVE"] not in entity(reseeded, 1, again.id).values
+    time.sleep(GPM_WINDOW_S)
+    fresh = sampler.tick()
+    assert entity(fresh, 1, again.id).values[F["PROF_PIPE_TENSOR_ACTIVE"]] == pytest.approx(
+        0.7, rel=0.01
+    )
+
+
+def test_lost_gpu_is_marked_down_and_the_others_keep_reporting(tmp_path: Path) -> None:
+    node = sim_node(tmp_path)
+    sampler = node.sampler()
+    two_ticks(sampler)
+    node.control.mark_lost(2)
+    snapshot = sampler.tick()
+    up = {s.gpu.index: s.up for s in snapshot.gpus}
+    assert up == {i: i != 2 for i in range(8)}
+    assert {s.entity.gpu.index for s in snapshot.entities} == set(range(8)) - {2}
+    assert dict(node.stats.view().errors) == {"gpu_lost": 1}
+    sampler.tick()
+    assert dict(node.stats.view().errors) == {"gpu_lost": 1}, "counted once per loss"
+
+
+def test_ampere_without_dcgm_marks_profiling_unsupported_and_keeps_nvml_fields(
+    tmp_path: Path,
+) -> None:
+    node = sim_node(tmp_path, "dgx-a100")
+    node.control.set_workload(
+        0, sm_active=0.5, pcie_tx_bytes_per_s=2_048_000, pcie_rx_bytes_per_s=1_024_000
+    )
+    counters = parse_counters(
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, t\n"
+        "DCGM_FI_DEV_PCIE_TX_THROUGHPUT, gauge, tx\n"
+        "DCGM_FI_DEV_PCIE_RX_THROUGHPUT, gauge, rx\n"
+        "DCGM_FI_DEV_GPU_UTIL, gauge, u\n"
+    )
+    snapshot = two_ticks(node.sampler(counters))
+    values = entity(snapshot, 0).values
+    assert F["PROF_PIPE_TENSOR_ACTIVE"] not in values
+    assert values[F["DEV_PCIE_TX_THROUGHPUT"]] == 2000  # KB/s, as DCGM reports it
+    assert values[F["DEV_PCIE_RX_THROUGHPUT"]] == 1000
+    assert values[F["DEV_GPU_UTIL"]] == 50
+    support = {(s.field_id, s.gpu.index): s.supported for s in snapshot.support}
+    assert support[(F["PROF_PIPE_TENSOR_ACTIVE"], 0)] is False
+
+
+def test_xids_are_counted_per_code_and_the_last_one_is_kept(tmp_path: Path) -> None:
+    node = sim_node(tmp_path)
+    reader = NodeReader(node.driver)
+    watcher = XidWatcher(lambda: XidEvents(reader), node.stats, wait_ms=50)
+    watcher.start()
+    try:
+        sampler = node.sampler(xids=watcher)
+        node.control.raise_xid(3, 31)
+        node.control.raise_xid(3, 31)
+        node.control.raise_xid(3, 13)
+        deadline = time.monotonic() + 5
+        while sum(watcher.state().counts.values()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        snapshot = sampler.tick()
+    finally:
+        watcher.stop()
+    counts = {(x.entity.gpu.index, x.xid): x.count for x in snapshot.xids}
+    assert counts == {(3, 31): 2, (3, 13): 1}
+    assert entity(snapshot, 3).values[F["DEV_XID_ERRORS"]] == 13
+    assert entity(snapshot, 0).values[F["DEV_XID_ERRORS"]] == 0
+
+
+def test_idle_seconds_grow_while_idle_and_reset_when_busy(tmp_path: Path) -> None:
+    node = sim_node(tmp_path)
+    clock = [100.0]
+    sampler = node.sampler(clock=lambda: clock[0])
+    assert entity(sampler.tick(), 0).idle_seconds == 0
+    clock[0] += 30
+    assert entity(sampler.tick(), 0).idle_seconds == 30
+    node.control.set_workload(0, sm_active=0.5)
+    clock[0] += 10
+    assert entity(sampler.tick(), 0).idle_seconds == 0
+    node.control.clear_workload(0)
+    clock[0] += 5
+    assert entity(sampler.tick(), 0).idle_seconds == 5
+
+
+def test_a_scrape_never_calls_nvml(tmp_path: Path) -> None:
+    """Rendering works with NVML shut down: it only reads the published snapshot."""
+    node = sim_node(tmp_path)
+    node.control.set_workload(0, tensor_active=0.5)
+    sampler = node.sampler()
+    two_ticks(sampler)
+    exporter = MetricsExporter(load_counters(), "dcgm", sampler.latest, node.stats)
+    node.driver.close()
+    body, _ = exporter.render("text/plain")
+    assert b"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{" in body
+
+
+def test_one_gpus_nvml_failure_does_not_silence_the_others(tmp_path: Path) -> None:
+    node = sim_node(tmp_path)
+    sampler = node.sampler()
+    sampler.tick()
+    node.control.inject_fault("nvmlDeviceGetMigMode", "UNKNOWN", gpu=4)
+    snapshot = sampler.tick()
+    assert {s.entity.gpu.index for s in snapshot.entities} == set(range(8)) - {4}
+    assert all(s.up for s in snapshot.gpus), "an unknown error is not a lost GPU"
+    assert dict(node.stats.view().errors) == {"nvml": 1}
+    assert {s.entity.gpu.index for s in sampler.tick().entities} == set(range(8))
