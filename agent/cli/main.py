@@ -57,7 +57,7 @@ def cli(
 
 def _register() -> None:
     # Imported here so each command module stays independent of the others.
-    from agent.cli import metrics, prewarm, serve, share, sim, status
+    from agent.cli import metrics, mig, prewarm, serve, share, sim, status
 
     cli.add_command(serve.serve)
     cli.add_command(status.status)
@@ -66,6 +66,7 @@ def _register() -> None:
     cli.add_command(prewarm.prewarm)
     cli.add_command(prewarm.cache)
     cli.add_command(metrics.metrics)
+    cli.add_command(mig.mig)
 
 
 _register()

@@ -1,0 +1,298 @@
+"""``gpu-agent mig``: MIG layouts from mig-parted config files (show, plan, apply, assert, export).
+
+The flags, environment variables, messages and exit codes of ``nvidia-mig-parted`` are kept
+(reference/mig.md §3.2), so scripts written for it keep working. The commands work on this node
+directly; an apply takes the node's partition lock, so it never runs beside another one.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+import yaml
+
+from agent.cli.context import CliContext
+from agent.cli.errors import AgentGroup
+from agent.cli.render import emit, format_table, output_option, plain
+from agent.errors import Busy, Conflict
+from agent.mig.apply import ProgressEvent
+from agent.mig.lock import PartitionLock
+from agent.mig.plan import mig_parted_destroys
+from agent.mig.reset import command_reset, simulated_reset
+from agent.mig.service import ApplyResult, MigService, NodePlan
+from agent.mig.spec import MigSpec, load_spec
+from agent.mig.view import plan_data, plan_text, show_data, show_text
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _service(obj: CliContext) -> MigService:
+    cfg = obj.config
+    reset = simulated_reset(cfg.state_dir) if cfg.simulate else command_reset(cfg.mig.reset_command)
+    return MigService(obj.gpu(), _LazyJournal(obj), PartitionLock(cfg.state_dir), reset)
+
+
+class _LazyJournal:
+    """Opens the state database on first use, so read-only commands never create it."""
+
+    def __init__(self, obj: CliContext) -> None:
+        self._obj = obj
+
+    def journal_append(self, scope: str, entry: dict[str, Any]) -> int:
+        return self._obj.state().journal_append(scope, entry)
+
+    def journal_entries(self, scope: str) -> list[tuple[int, dict[str, Any]]]:
+        return self._obj.state().journal_entries(scope)
+
+    def journal_clear(self, scope: str) -> None:
+        self._obj.state().journal_clear(scope)
+
+
+def _config_options(fn: F) -> F:
+    """``-f FILE`` and ``-c NAME``, with mig-parted's environment variables."""
+    fn = click.option(
+        "--selected-config",
+        "-c",
+        "selected",
+        envvar="MIG_PARTED_SELECTED_CONFIG",
+        metavar="NAME",
+        help="Config in the file to use; optional when the file has only one "
+        "(env MIG_PARTED_SELECTED_CONFIG).",
+    )(fn)
+    return click.option(
+        "--config-file",
+        "-f",
+        "config_file",
+        envvar="MIG_PARTED_CONFIG_FILE",
+        required=True,
+        metavar="FILE",
+        help="mig-parted v1 config file, '-' for stdin (env MIG_PARTED_CONFIG_FILE).",
+    )(fn)
+
+
+def _load(config_file: str) -> MigSpec:
+    if config_file == "-":
+        return load_spec("<stdin>", sys.stdin.read())
+    return load_spec(config_file)
+
+
+@click.group("mig", cls=AgentGroup)
+def mig() -> None:
+    """MIG partitions: mig-parted config files, applied with as little disruption as possible."""
+
+
+@mig.command("show", short_help="Show each GPU's slice map: instances, free slices, busy ones.")
+@output_option
+@click.pass_obj
+def show_command(obj: CliContext, output: str) -> None:
+    """Show every GPU's memory slices (8, or 4 on A30): which instance holds which, the free
+    ones, and (*) instances with running processes.
+
+    \b
+    Example:
+      gpu-agent --simulate dgx-a100 --state-dir /tmp/node mig show
+    """
+    layouts = _service(obj).layouts()
+    emit(show_data(layouts), output, lambda _: show_text(layouts))
+
+
+@mig.command("plan", short_help="Dry run: what an apply would keep, destroy and create.")
+@_config_options
+@click.option("--force", is_flag=True, help="Plan as if running processes were not in the way.")
+@output_option
+@click.pass_obj
+def plan_command(
+    obj: CliContext, config_file: str, selected: str | None, force: bool, output: str
+) -> None:
+    """Show, per GPU, the instances that stay, are destroyed and are created (with placements),
+    whether the MIG mode changes (and a GPU reset is needed), which running processes block it,
+    or why the layout cannot fit and what would fit instead. Changes nothing. Exits 4 if a layout
+    cannot fit and 5 if running processes block it, as the apply would.
+
+    \b
+    Example:
+      gpu-agent mig plan -f /etc/nvidia-mig-manager/config.yaml -c all-balanced
+    """
+    plan = _service(obj).plan(_load(config_file), selected, force=force)
+    data = {
+        "config": plan.config,
+        "gpus": [plan_data(p) for p in plan.gpus],
+        "skipped_gpus": [g.index for g in plan.skipped],
+        "unselected_gpus": [g.index for g in plan.unselected],
+        "summary": _summary(plan),
+    }
+    emit(data, output, lambda _: _plan_table(plan))
+    # Like an apply would: 4 when a layout cannot fit, 5 when processes are in the way.
+    statuses = {p.status for p in plan.gpus}
+    if "infeasible" in statuses:
+        raise click.exceptions.Exit(Conflict.exit_code)
+    if "blocked" in statuses:
+        raise click.exceptions.Exit(Busy.exit_code)
+
+
+def _summary(plan: NodePlan) -> dict[str, int]:
+    feasible = [p for p in plan.gpus if p.status in ("change", "unchanged", "blocked")]
+    return {
+        "gpus_changing": len(plan.changes),
+        "instances_kept": sum(len(p.keep) for p in feasible),
+        "instances_destroyed": sum(len(p.destroy) for p in feasible),
+        "instances_created": sum(len(p.create) for p in feasible),
+        "mig_parted_would_destroy": sum(mig_parted_destroys(p.layout, p.desired) for p in feasible),
+    }
+
+
+def _plan_table(plan: NodePlan) -> str:
+    parts = [f"MIG config {plan.config}", "", plan_text(plan.gpus)]
+    if plan.skipped:
+        parts.append(
+            "skipped (not MIG-capable): GPU " + ", ".join(str(g.index) for g in plan.skipped)
+        )
+    if plan.unselected:
+        parts.append(
+            "not selected by any entry: GPU " + ", ".join(str(g.index) for g in plan.unselected)
+        )
+    s = _summary(plan)
+    parts += [
+        "",
+        f"{s['gpus_changing']} GPU(s) change: {s['instances_kept']} instance(s) kept, "
+        f"{s['instances_destroyed']} destroyed, {s['instances_created']} created "
+        f"(mig-parted would destroy {s['mig_parted_would_destroy']})",
+    ]
+    return "\n".join(parts)
+
+
+@mig.command("apply", short_help="Apply a config: keep what can stay, roll back on failure.")
+@_config_options
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Go ahead even where running processes use instances that must go (the driver still "
+    "refuses to destroy an instance in use, and the apply then rolls back).",
+)
+@click.option(
+    "--skip-reset",
+    "-s",
+    is_flag=True,
+    envvar="MIG_PARTED_SKIP_RESET",
+    help="Leave a MIG mode change pending instead of resetting the GPU "
+    "(env MIG_PARTED_SKIP_RESET).",
+)
+@output_option
+@click.pass_obj
+def apply_command(
+    obj: CliContext,
+    config_file: str,
+    selected: str | None,
+    force: bool,
+    skip_reset: bool,
+    output: str,
+) -> None:
+    """Bring every selected GPU to its layout, destroying only the instances that must go and
+    creating the others at planned placements. Refused before any change if a layout cannot fit
+    or running processes are in the way; on a failure midway every GPU is rolled back.
+
+    \b
+    Example:
+      gpu-agent mig apply -f config.yaml -c all-balanced
+      gpu-agent mig apply -f config.yaml -c all-1g.10gb --skip-reset
+    """
+
+    def progress(event: ProgressEvent) -> None:
+        if event.phase != "done":
+            click.echo(f"[{event.mutation}] {event.phase}: {event.message}", err=True)
+
+    result = _service(obj).apply(
+        _load(config_file), selected, force=force, skip_reset=skip_reset, progress=progress
+    )
+    emit(result, output, _apply_table)
+
+
+def _apply_table(result: ApplyResult) -> str:
+    parts = [f"GPU {r.gpu}: interrupted apply {r.action} ({r.detail})" for r in result.recovered]
+    parts.append(
+        format_table(
+            ["GPU", "STATUS", "KEPT", "DESTROYED", "CREATED"],
+            [[g.gpu, g.status, g.kept, g.destroyed, g.created] for g in result.gpus],
+        )
+    )
+    parts += [g.message for g in result.pending]
+    if not result.pending:
+        parts.append("MIG configuration applied successfully")
+    return "\n".join(parts)
+
+
+@mig.command("assert", short_help="Exit 0 if the config is applied, 1 if not (mig-parted).")
+@_config_options
+@click.option("--mode-only", "-m", is_flag=True, help="Only check the MIG mode, not the instances.")
+@click.option(
+    "--valid-config",
+    "-a",
+    is_flag=True,
+    help="Only check that the file is valid and has the config.",
+)
+@output_option
+@click.pass_obj
+def assert_command(
+    obj: CliContext,
+    config_file: str,
+    selected: str | None,
+    mode_only: bool,
+    valid_config: bool,
+    output: str,
+) -> None:
+    """Check that the selected config is applied: every GPU selected, in the right MIG mode, with
+    the right counts per profile (placement ignored, as in mig-parted). Exit 1 if it is not.
+
+    \b
+    Example:
+      gpu-agent mig assert -f config.yaml -c all-balanced && echo ready
+    """
+    spec = _load(config_file)
+    if valid_config:
+        spec.select(selected)
+        click.echo("Selected MIG configuration is valid")
+        return
+    result = _service(obj).check(spec, selected, mode_only=mode_only)
+    if output != "table":
+        emit(result, output)
+    elif result.applied:
+        what = "MIG mode settings from configuration" if mode_only else "MIG configuration"
+        click.echo(f"Selected {what} currently applied")
+    else:
+        for line in result.mismatches:
+            click.echo(f"  {line}", err=True)
+        click.echo("Assertion failure: selected configuration not currently applied", err=True)
+    if not result.applied:
+        raise click.exceptions.Exit(1)
+
+
+@mig.command("export", short_help="Print the current layout as a mig-parted config.")
+@click.option(
+    "--output-format",
+    "-o",
+    type=click.Choice(["yaml", "json"]),
+    default="yaml",
+    show_default=True,
+    help="Format of the config.",
+)
+@click.option(
+    "--config-label", "-l", default="current", show_default=True, help="Name of the config written."
+)
+@click.pass_obj
+def export_command(obj: CliContext, output_format: str, config_label: str) -> None:
+    """Print the node's current MIG state as a mig-parted v1 config (GPUs with equal layouts
+    share an entry), ready for ``mig apply`` on another node.
+
+    \b
+    Example:
+      gpu-agent mig export -l golden > golden.yaml
+    """
+    document = plain(_service(obj).export(config_label))
+    if output_format == "json":
+        click.echo(json.dumps(document, indent=2))
+    else:
+        click.echo(yaml.safe_dump(document, sort_keys=False).rstrip())

@@ -1,0 +1,383 @@
+"""MigService: show, plan, apply, assert, export and recover MIG layouts on this node.
+
+The flow lives here, not in the CLI (STYLE.md practice 1), so the gRPC API and a label watcher
+call the same code. An apply takes the partition lock, finishes any interrupted apply first,
+plans every selected GPU, refuses before touching anything if a layout cannot fit or running
+processes are in the way, then changes one GPU after the other. On any error it restores every
+GPU it touched to its snapshot; a killed apply is restored by ``recover`` on the next start.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from agent.errors import AgentError, Busy, Conflict
+from agent.gpu.nvml import GpuDriver
+from agent.gpu.types import GpuInfo, GpuLayout
+from agent.mig.apply import SCOPE, Executor, Journal, Progress, restore
+from agent.mig.lock import PartitionLock
+from agent.mig.plan import Desired, GpuPlan, ResetGpu, current_counts, mismatches, plan_gpu
+from agent.mig.reset import ResetFn
+from agent.mig.spec import (
+    ALL,
+    DeviceFilter,
+    ExportedGpu,
+    MigConfigEntry,
+    MigSpec,
+    export_document,
+    select_gpus,
+)
+from agent.mig.state import GpuMigState, fetch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlan:
+    """A dry run: one plan per selected GPU, and the GPUs left alone."""
+
+    config: str
+    gpus: tuple[GpuPlan, ...]
+    #: not MIG-capable and selected by ``devices: all``: skipped, as mig-parted does.
+    skipped: tuple[GpuInfo, ...] = ()
+    unselected: tuple[GpuInfo, ...] = ()
+
+    @property
+    def changes(self) -> tuple[GpuPlan, ...]:
+        return tuple(p for p in self.gpus if p.steps)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuOutcome:
+    gpu: int
+    uuid: str
+    status: str  # "unchanged" | "applied" | "pending"
+    kept: int = 0
+    destroyed: int = 0
+    created: int = 0
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryOutcome:
+    """What ``recover`` did to one GPU an interrupted apply had started to change."""
+
+    gpu: int
+    uuid: str
+    action: str  # "rolled-back" | "untouched" | "completed" | "failed"
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    config: str
+    gpus: tuple[GpuOutcome, ...]
+    mutations: int
+    recovered: tuple[RecoveryOutcome, ...] = ()
+
+    @property
+    def pending(self) -> tuple[GpuOutcome, ...]:
+        return tuple(g for g in self.gpus if g.status == "pending")
+
+
+@dataclass(frozen=True, slots=True)
+class AssertResult:
+    config: str
+    applied: bool
+    mismatches: tuple[str, ...]
+
+
+def desired_of(entry: MigConfigEntry) -> Desired:
+    return Desired(entry.mig_enabled, entry.mig_devices, entry.path)
+
+
+class MigService:
+    def __init__(
+        self, driver: GpuDriver, journal: Journal, lock: PartitionLock, reset: ResetFn
+    ) -> None:
+        self._driver = driver
+        self._journal = journal
+        self._lock = lock
+        self._reset = reset
+
+    # -- reads (never take the lock) -------------------------------------------------------------
+
+    def layouts(self) -> tuple[GpuLayout, ...]:
+        return tuple(self._driver.layout(g.uuid) for g in self._driver.gpus())
+
+    def plan(self, spec: MigSpec, config: str | None = None, *, force: bool = False) -> NodePlan:
+        name, entries = spec.select(config)
+        return _plan_node(name, entries, self.layouts(), force)
+
+    def check(
+        self, spec: MigSpec, config: str | None = None, *, mode_only: bool = False
+    ) -> AssertResult:
+        """mig-parted's ``assert``: every GPU selected and matching (counts; placement ignored)."""
+        name, entries = spec.select(config)
+        layouts = self.layouts()
+        chosen = {s.gpu.uuid: s for s in select_gpus(entries, [lay.gpu for lay in layouts])}
+        problems: list[str] = []
+        for layout in layouts:
+            gpu = layout.gpu
+            selection = chosen.get(gpu.uuid)
+            if selection is None:
+                if gpu.mig_capable:
+                    problems.append(f"GPU {gpu.index} is not selected by any entry of {name}")
+                continue
+            if not gpu.mig_capable and selection.entry.devices == ALL:
+                continue
+            problems += mismatches(layout, desired_of(selection.entry), mode_only=mode_only)
+        return AssertResult(name, not problems, tuple(problems))
+
+    def export(self, label: str = "current") -> dict[str, Any]:
+        """The current state as a mig-parted v1 config named ``label`` (mig-parted ``export``)."""
+        gpus = []
+        for layout in self.layouts():
+            mode = layout.gpu.mig_mode
+            enabled = bool(mode and mode.current)
+            counts = current_counts(layout) if enabled else {}
+            gpus.append(
+                ExportedGpu(layout.gpu.index, str(DeviceFilter.of(layout.gpu)), enabled, counts)
+            )
+        return export_document(gpus, label)
+
+    # -- changes (under the partition lock) ------------------------------------------------------
+
+    def apply(
+        self,
+        spec: MigSpec,
+        config: str | None = None,
+        *,
+        force: bool = False,
+        skip_reset: bool = False,
+        progress: Progress | None = None,
+        operation: str | None = None,
+    ) -> ApplyResult:
+        """Reach the selected config; Conflict/Busy/InvalidSpec before any change if it can't."""
+        name, entries = spec.select(config)
+        description = operation or f"mig apply {name}"
+        with self._lock.hold(description):
+            recovered = self._recover_locked()
+            plan = _plan_node(name, entries, self.layouts(), force)
+            _refuse(plan)
+            executor = Executor(self._driver, self._journal, self._reset, progress)
+            outcomes = {p.layout.gpu.uuid: _unchanged(p) for p in plan.gpus}
+            if plan.changes:
+                self._journal.journal_append(
+                    SCOPE,
+                    {
+                        "event": "begin",
+                        "operation": description,
+                        "gpus": [p.layout.gpu.uuid for p in plan.changes],
+                    },
+                )
+                touched: list[tuple[GpuInfo, GpuMigState]] = []
+                for gpu_plan in plan.changes:
+                    gpu = gpu_plan.layout.gpu
+                    before = fetch(gpu_plan.layout)
+                    self._journal.journal_append(
+                        SCOPE,
+                        {
+                            "event": "gpu",
+                            "uuid": gpu.uuid,
+                            "index": gpu.index,
+                            "before": before.to_dict(),
+                        },
+                    )
+                    touched.append((gpu, before))
+                    try:
+                        outcomes[gpu.uuid] = self._apply_gpu(executor, gpu_plan, force, skip_reset)
+                    except Exception as exc:
+                        self._roll_back(executor, touched, exc, skip_reset)
+                        raise
+                    executor.done(gpu)
+                    self._journal.journal_append(SCOPE, {"event": "done", "uuid": gpu.uuid})
+                self._journal.journal_clear(SCOPE)
+            return ApplyResult(name, tuple(outcomes.values()), executor.mutations, recovered)
+
+    def _apply_gpu(
+        self, executor: Executor, gpu_plan: GpuPlan, force: bool, skip_reset: bool
+    ) -> GpuOutcome:
+        gpu = gpu_plan.layout.gpu
+        steps, target = gpu_plan.steps, gpu_plan.target
+        if gpu_plan.mode_change is not None and gpu_plan.mode_change.activation:
+            # mig-parted's order: mode first; the layout is planned again on the switched GPU,
+            # whose driver may only now report profiles.
+            cut = next(i for i, s in enumerate(steps) if isinstance(s, ResetGpu)) + 1
+            pending = executor.run(gpu, steps[:cut], phase="apply", skip_reset=skip_reset)
+            if pending:
+                return GpuOutcome(
+                    gpu.index, gpu.uuid, "pending", destroyed=len(gpu_plan.destroy), message=pending
+                )
+            again = plan_gpu(self._driver.layout(gpu.uuid), gpu_plan.desired, force=force)
+            if again.target is None or again.status in ("infeasible", "blocked"):
+                raise Conflict(f"GPU {gpu.index}: after the MIG mode change: {_why(again)}")
+            steps, target = again.steps, again.target
+        executor.run(gpu, steps, phase="apply", skip_reset=skip_reset)
+        assert target is not None  # a plan with steps and no target is deferred or refused
+        if not target.satisfied_by(fetch(self._driver.layout(gpu.uuid))):
+            raise Conflict(f"GPU {gpu.index}: the layout after the apply is not the planned one")
+        return GpuOutcome(
+            gpu.index,
+            gpu.uuid,
+            "applied",
+            kept=len(gpu_plan.keep),
+            destroyed=len(gpu_plan.destroy),
+            created=len(target.instances) - len(gpu_plan.keep),
+        )
+
+    def _roll_back(
+        self,
+        executor: Executor,
+        touched: list[tuple[GpuInfo, GpuMigState]],
+        error: Exception,
+        skip_reset: bool,
+    ) -> None:
+        """Restore every touched GPU, newest first; amend ``error`` or raise why we could not."""
+        failures = []
+        for gpu, before in reversed(touched):
+            try:
+                restore(executor, self._driver, gpu, before, skip_reset=skip_reset)
+            except Exception as exc:  # keep going: the other GPUs still deserve their rollback
+                failures.append(f"GPU {gpu.index}: {exc}")
+        if failures:
+            log.error("MIG rollback failed: %s", "; ".join(failures))
+            raise Conflict(
+                f"{error}; rolling back also failed ({'; '.join(failures)}). The journal is kept: "
+                "the next apply or agent start retries the rollback"
+            ) from error
+        self._journal.journal_clear(SCOPE)
+        gpus = ", ".join(str(gpu.index) for gpu, _ in touched)
+        if isinstance(error, AgentError) and error.args:
+            error.args = (
+                f"{error.args[0]}; rolled back GPU {gpus} to the layout before the apply",
+            )
+        log.warning("MIG apply failed (%s); rolled back GPU %s", error, gpus)
+
+    def recover(self) -> tuple[RecoveryOutcome, ...]:
+        """On agent start: restore the GPUs an apply killed midway left behind; logs each outcome.
+
+        A journal whose owner still runs (it holds the lock) is not ours to touch: nothing is done.
+        """
+        if not self._journal.journal_entries(SCOPE):
+            return ()
+        try:
+            with self._lock.hold("mig recover"):
+                return self._recover_locked()
+        except Busy:
+            log.info(
+                "MIG journal belongs to a running apply (%s); not recovering", self._lock.holder()
+            )
+            return ()
+
+    def _recover_locked(self) -> tuple[RecoveryOutcome, ...]:
+        entries = [entry for _, entry in self._journal.journal_entries(SCOPE)]
+        if not entries:
+            return ()
+        planned = next((set(e["gpus"]) for e in entries if e["event"] == "begin"), set())
+        befores = {
+            e["uuid"]: GpuMigState.from_dict(e["before"]) for e in entries if e["event"] == "gpu"
+        }
+        done = {e["uuid"] for e in entries if e["event"] == "done"}
+        operation = next((e["operation"] for e in entries if e["event"] == "begin"), "mig apply")
+        outcomes: list[RecoveryOutcome] = []
+        if planned and planned <= done:
+            # Killed after the last change, before clearing the journal: the apply completed.
+            outcomes = [
+                RecoveryOutcome(
+                    self._driver.gpu(u).index, u, "completed", f"{operation} had finished"
+                )
+                for u in befores
+            ]
+        else:
+            executor = Executor(self._driver, self._journal, self._reset)
+            for uuid, before in reversed(befores.items()):
+                outcomes.append(self._restore_one(executor, uuid, before, operation))
+        for outcome in outcomes:
+            level = logging.ERROR if outcome.action == "failed" else logging.WARNING
+            log.log(
+                level,
+                "MIG recovery of GPU %s: %s (%s)",
+                outcome.gpu,
+                outcome.action,
+                outcome.detail,
+            )
+        if all(o.action != "failed" for o in outcomes):
+            self._journal.journal_clear(SCOPE)
+        return tuple(outcomes)
+
+    def _restore_one(
+        self, executor: Executor, uuid: str, before: GpuMigState, operation: str
+    ) -> RecoveryOutcome:
+        gpu = self._driver.gpu(uuid)
+        count = executor.mutations
+        try:
+            restore(executor, self._driver, gpu, before, skip_reset=False)
+        except Exception as exc:  # reported, and the journal stays for the next start
+            return RecoveryOutcome(gpu.index, uuid, "failed", f"{operation} interrupted; {exc}")
+        if executor.mutations == count:
+            return RecoveryOutcome(gpu.index, uuid, "untouched", f"{operation} interrupted")
+        return RecoveryOutcome(
+            gpu.index,
+            uuid,
+            "rolled-back",
+            f"{operation} interrupted; restored the layout before it "
+            f"({executor.mutations - count} changes)",
+        )
+
+
+def _plan_node(
+    name: str, entries: tuple[MigConfigEntry, ...], layouts: tuple[GpuLayout, ...], force: bool
+) -> NodePlan:
+    by_uuid = {layout.gpu.uuid: layout for layout in layouts}
+    selections = select_gpus(entries, [layout.gpu for layout in layouts])
+    plans: list[GpuPlan] = []
+    skipped: list[GpuInfo] = []
+    for selection in selections:
+        if not selection.gpu.mig_capable and selection.entry.devices == ALL:
+            skipped.append(selection.gpu)
+            continue
+        plans.append(
+            plan_gpu(by_uuid[selection.gpu.uuid], desired_of(selection.entry), force=force)
+        )
+    chosen = {s.gpu.uuid for s in selections}
+    unselected = tuple(layout.gpu for layout in layouts if layout.gpu.uuid not in chosen)
+    return NodePlan(name, tuple(plans), tuple(skipped), unselected)
+
+
+def _refuse(plan: NodePlan) -> None:
+    """Raise before any change when some GPU cannot reach its layout."""
+    infeasible = [p for p in plan.gpus if p.status == "infeasible"]
+    if infeasible:
+        raise Conflict(
+            f"MIG config {plan.config} cannot be applied: "
+            + "; ".join(
+                f"GPU {p.layout.gpu.index} ({p.layout.gpu.name}): {_why(p)}" for p in infeasible
+            )
+        )
+    blockers = [
+        f"GPU {p.layout.gpu.index}: {b}"
+        for p in plan.gpus
+        if p.status == "blocked"
+        for b in p.blockers
+    ]
+    if blockers:
+        raise Busy(
+            f"MIG config {plan.config} needs changes that running processes block: "
+            + "; ".join(blockers)
+            + " (stop them, or pass --force to try anyway)",
+            blockers,
+        )
+
+
+def _why(plan: GpuPlan) -> str:
+    if plan.infeasible is not None:
+        return plan.infeasible.reason
+    return "; ".join(str(b) for b in plan.blockers) or plan.status
+
+
+def _unchanged(plan: GpuPlan) -> GpuOutcome:
+    gpu = plan.layout.gpu
+    return GpuOutcome(gpu.index, gpu.uuid, "unchanged", kept=len(plan.keep))

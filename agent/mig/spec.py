@@ -1,0 +1,387 @@
+"""mig-parted v1 config files: parse, validate, select GPUs (reference/mig.md §3.1).
+
+Files written for NVIDIA mig-parted or the GPU Operator's ``default-mig-parted-config`` load
+unchanged. The rules and messages follow mig-parted's ``api/spec/v1``; we are stricter where it
+silently ignores a bad value (an unparsable ``device-filter`` never matched there; here it is an
+error) and we also accept GPU UUIDs in ``devices``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from agent.errors import FieldViolation, InvalidSpec
+from agent.gpu.profiles import parse_profile
+from agent.gpu.types import GpuInfo
+
+VERSION = "v1"
+ALL: Literal["all"] = "all"
+
+_DEVICE_ID_RE = re.compile(r"^(0[xX][0-9a-fA-F]{1,8}|[0-9]+)$")
+_ENTRY_KEYS = ("device-filter", "devices", "mig-enabled", "mig-devices")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFilter:
+    """``0xDDDDVVVV[:0xSSSSVVVV]``: PCI device+vendor, optionally subsystem device+vendor."""
+
+    device_id: int
+    subsystem_id: int | None = None
+
+    def matches(self, gpu: GpuInfo) -> bool:
+        # mig-parted: without a subsystem part only device and vendor must match.
+        if gpu.pci_device_id != self.device_id:
+            return False
+        return self.subsystem_id is None or gpu.pci_subsystem_id == self.subsystem_id
+
+    def __str__(self) -> str:
+        primary = f"0x{self.device_id:08X}"
+        return primary if self.subsystem_id is None else f"{primary}:0x{self.subsystem_id:08X}"
+
+    @classmethod
+    def of(cls, gpu: GpuInfo) -> DeviceFilter:
+        """The filter mig-parted's export writes for a GPU (device and vendor only)."""
+        return cls(gpu.pci_device_id)
+
+
+@dataclass(frozen=True, slots=True)
+class MigConfigEntry:
+    """One entry of a named config: which GPUs, and what they should look like."""
+
+    path: str  # e.g. "mig-configs.all-balanced[0]", for messages
+    devices: Literal["all"] | tuple[int | str, ...]  # indices, or GPU UUIDs (our extension)
+    mig_enabled: bool
+    #: normalised profile name -> count > 0, in file order (``3c.3g.20gb`` becomes ``3g.20gb``).
+    mig_devices: tuple[tuple[str, int], ...]
+    device_filter: tuple[DeviceFilter, ...] = ()
+
+    def selects(self, gpu: GpuInfo) -> bool:
+        if self.device_filter and not any(f.matches(gpu) for f in self.device_filter):
+            return False
+        return self.devices == ALL or gpu.index in self.devices or gpu.uuid in self.devices
+
+
+@dataclass(frozen=True, slots=True)
+class MigSpec:
+    """A parsed config file: config name -> entries, in file order."""
+
+    configs: tuple[tuple[str, tuple[MigConfigEntry, ...]], ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.configs)
+
+    def select(self, name: str | None) -> tuple[str, tuple[MigConfigEntry, ...]]:
+        """The named config; with one config in the file the name may be omitted (mig-parted)."""
+        if name is None or name == "":
+            if len(self.configs) != 1:
+                raise InvalidSpec(
+                    "missing required flag 'selected-config' when more than one config available "
+                    f"(configs: {', '.join(self.names)})",
+                    [FieldViolation("selected-config", f"one of: {', '.join(self.names)}")],
+                )
+            return self.configs[0]
+        for config_name, entries in self.configs:
+            if config_name == name:
+                return config_name, entries
+        raise InvalidSpec(
+            f"selected mig-config not present: {name} (configs: {', '.join(self.names)})",
+            [FieldViolation("selected-config", f"one of: {', '.join(self.names)}")],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSelection:
+    """The entry that decides one GPU's layout."""
+
+    gpu: GpuInfo
+    entry: MigConfigEntry
+
+
+def select_gpus(
+    entries: Sequence[MigConfigEntry], gpus: Iterable[GpuInfo]
+) -> tuple[GpuSelection, ...]:
+    """Which entry applies to which GPU. Entries apply in order, so the last match wins.
+
+    mig-parted applies every matching entry in turn, which leaves the last one in place; planning
+    straight for it gives the same end state without the intermediate reconfigurations.
+    """
+    out: list[GpuSelection] = []
+    for gpu in gpus:
+        matching = [e for e in entries if e.selects(gpu)]
+        if matching:
+            out.append(GpuSelection(gpu, matching[-1]))
+    return tuple(out)
+
+
+# -- loading ---------------------------------------------------------------------------------------
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate mapping keys instead of keeping the last one silently."""
+
+
+def _mapping_no_duplicates(
+    loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False
+) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_no_duplicates
+)
+
+
+def load_spec(source: str | Path, text: str | None = None) -> MigSpec:
+    """Read and parse a config file; ``text`` overrides reading (``-`` = stdin is the CLI's job)."""
+    if text is None:
+        try:
+            text = Path(source).read_text()
+        except OSError as exc:
+            raise InvalidSpec(
+                f"cannot read MIG config {source}: {exc.strerror}",
+                [FieldViolation("config-file", str(exc))],
+            ) from exc
+    return parse_spec(text, str(source))
+
+
+def parse_spec(text: str, source: str = "<config>") -> MigSpec:
+    """Parse YAML (or JSON) text as a mig-parted v1 config; InvalidSpec lists every problem."""
+    try:
+        doc = yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as exc:
+        raise InvalidSpec(
+            f"{source}: not valid YAML: {exc}", [FieldViolation("", str(exc))]
+        ) from exc
+    violations: list[FieldViolation] = []
+    spec = _spec(doc, violations)
+    if violations:
+        first = violations[0]
+        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+        where = f"{first.field}: " if first.field else ""
+        raise InvalidSpec(f"{source}: {where}{first.description}{more}", violations)
+    assert spec is not None
+    return spec
+
+
+def _spec(doc: Any, bad: list[FieldViolation]) -> MigSpec | None:
+    if not isinstance(doc, dict):
+        bad.append(FieldViolation("", "expected a mapping with 'version' and 'mig-configs'"))
+        return None
+    if "version" not in doc:
+        bad.append(FieldViolation("version", "unable to parse with missing 'version' field"))
+    elif doc["version"] != VERSION:
+        bad.append(
+            FieldViolation("version", f"unknown version: {doc['version']} (allowed: {VERSION})")
+        )
+    for key in doc:
+        if key not in ("version", "mig-configs"):
+            bad.append(
+                FieldViolation(str(key), f"unexpected field: {key} (allowed: version, mig-configs)")
+            )
+    configs = doc.get("mig-configs")
+    if not isinstance(configs, dict) or not configs:
+        bad.append(FieldViolation("mig-configs", "at least one entry in 'mig-configs' is required"))
+        return None
+    parsed: list[tuple[str, tuple[MigConfigEntry, ...]]] = []
+    for name, entries in configs.items():
+        path = f"mig-configs.{name}"
+        if not isinstance(name, str):
+            bad.append(
+                FieldViolation(path, "config names must be strings (quote names like on, off, no)")
+            )
+            continue
+        if not isinstance(entries, list) or not entries:
+            bad.append(FieldViolation(path, f"at least one entry in '{name}' is required"))
+            continue
+        out = [_entry(e, f"{path}[{i}]", bad) for i, e in enumerate(entries)]
+        parsed.append((name, tuple(e for e in out if e is not None)))
+    return MigSpec(tuple(parsed))
+
+
+def _entry(raw: Any, path: str, bad: list[FieldViolation]) -> MigConfigEntry | None:
+    if not isinstance(raw, dict):
+        bad.append(FieldViolation(path, "expected a mapping with 'devices' and 'mig-enabled'"))
+        return None
+    start = len(bad)
+    for key in raw:
+        if key not in _ENTRY_KEYS:
+            bad.append(
+                FieldViolation(
+                    f"{path}.{key}", f"unexpected field: {key} (allowed: {', '.join(_ENTRY_KEYS)})"
+                )
+            )
+    for key in ("devices", "mig-enabled"):
+        if key not in raw:
+            bad.append(FieldViolation(f"{path}.{key}", f"missing required field: {key}"))
+    devices = _devices(raw["devices"], f"{path}.devices", bad) if "devices" in raw else ALL
+    enabled = raw.get("mig-enabled", False)
+    if not isinstance(enabled, bool):
+        bad.append(FieldViolation(f"{path}.mig-enabled", f"must be true or false, not {enabled!r}"))
+    mig_devices = _mig_devices(raw.get("mig-devices"), f"{path}.mig-devices", bad)
+    if enabled is True and "mig-devices" not in raw:
+        bad.append(
+            FieldViolation(
+                f"{path}.mig-devices",
+                "missing required field 'mig-devices' when 'mig-enabled' is true",
+            )
+        )
+    if enabled is False and mig_devices:
+        bad.append(
+            FieldViolation(
+                f"{path}.mig-devices", "MIG devices included when 'mig-enabled' is false"
+            )
+        )
+    filters = _filters(raw.get("device-filter"), f"{path}.device-filter", bad)
+    if len(bad) > start:
+        return None
+    return MigConfigEntry(path, devices, bool(enabled), mig_devices, filters)
+
+
+def _devices(
+    raw: Any, path: str, bad: list[FieldViolation]
+) -> Literal["all"] | tuple[int | str, ...]:
+    if isinstance(raw, str):
+        if raw != ALL:
+            bad.append(
+                FieldViolation(
+                    path, f"invalid string input for 'devices': {raw} (allowed: all, or a list)"
+                )
+            )
+        return ALL
+    if not isinstance(raw, list):
+        bad.append(FieldViolation(path, "must be 'all' or a list of GPU indices or GPU UUIDs"))
+        return ALL
+    out: list[int | str] = []
+    for i, d in enumerate(raw):
+        if (isinstance(d, int) and not isinstance(d, bool) and d >= 0) or (
+            isinstance(d, str) and d.startswith("GPU-")
+        ):
+            out.append(d)
+        else:
+            bad.append(
+                FieldViolation(
+                    f"{path}[{i}]", f"{d!r} is not a GPU index (int >= 0) or a GPU UUID (GPU-…)"
+                )
+            )
+    return tuple(out)
+
+
+def _mig_devices(raw: Any, path: str, bad: list[FieldViolation]) -> tuple[tuple[str, int], ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        bad.append(FieldViolation(path, "must be a mapping of MIG profile to count"))
+        return ()
+    counts: dict[str, int] = {}
+    errors = len(bad)
+    for key, count in raw.items():
+        field = f"{path}.{key}"
+        try:
+            name = str(parse_profile(str(key)))
+        except InvalidSpec as exc:
+            bad.append(
+                FieldViolation(field, f"error validating values in 'mig-devices' field: {exc}")
+            )
+            continue
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            bad.append(
+                FieldViolation(
+                    field, f"invalid count for '{key}': {count!r} (must be an integer >= 0)"
+                )
+            )
+            continue
+        if count:
+            counts[name] = counts.get(name, 0) + count
+    if raw and not counts and len(bad) == errors:
+        bad.append(FieldViolation(path, "all counts for all MigProfiles are 0"))
+    return tuple(counts.items())
+
+
+def _filters(raw: Any, path: str, bad: list[FieldViolation]) -> tuple[DeviceFilter, ...]:
+    if raw is None or raw == "":
+        return ()
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        bad.append(
+            FieldViolation(
+                path, "must be a string or a list of strings like 0x20B010DE[:0x134F10DE]"
+            )
+        )
+        return ()
+    out: list[DeviceFilter] = []
+    for i, text in enumerate(items):
+        parsed = _filter(text)
+        if parsed is None:
+            where = path if isinstance(raw, str) else f"{path}[{i}]"
+            bad.append(
+                FieldViolation(
+                    where,
+                    f"invalid DeviceID format '{text}': "
+                    "expected '0xDDDDVVVV' or '0xDDDDVVVV:0xSSSSVVVV'",
+                )
+            )
+        else:
+            out.append(parsed)
+    return tuple(out)
+
+
+def _filter(text: str) -> DeviceFilter | None:
+    parts = text.split(":")
+    if len(parts) > 2 or not all(_DEVICE_ID_RE.match(p) for p in parts):
+        return None
+    return DeviceFilter(int(parts[0], 0), int(parts[1], 0) if len(parts) == 2 else None)
+
+
+# -- export ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedGpu:
+    """One GPU as ``export`` sees it: identity, mode and counts per profile name."""
+
+    index: int
+    device_filter: str
+    mig_enabled: bool
+    counts: Mapping[str, int]
+
+
+def export_document(gpus: Sequence[ExportedGpu], label: str) -> dict[str, Any]:
+    """The current state as a v1 config, merged the way mig-parted's ``export`` merges it.
+
+    GPUs with equal mode and counts share an entry; a filter covering every GPU of its type becomes
+    ``devices: all``, and the filter is dropped when the node has one GPU type or one entry.
+    """
+    groups: dict[tuple[bool, tuple[tuple[str, int], ...]], list[ExportedGpu]] = {}
+    for g in gpus:
+        groups.setdefault((g.mig_enabled, tuple(sorted(g.counts.items()))), []).append(g)
+    by_filter: dict[str, set[int]] = {}
+    for g in gpus:
+        by_filter.setdefault(g.device_filter, set()).add(g.index)
+    entries: list[dict[str, Any]] = []
+    for (enabled, counts), members in groups.items():
+        filters = sorted({g.device_filter for g in members})
+        indices = sorted(g.index for g in members)
+        entry: dict[str, Any] = {}
+        if len(by_filter) > 1 and len(groups) > 1:
+            entry["device-filter"] = filters[0] if len(filters) == 1 else filters
+        covered = sorted(set().union(*(by_filter[f] for f in filters)))
+        entry["devices"] = ALL if covered == indices else indices
+        entry["mig-enabled"] = enabled
+        entry["mig-devices"] = dict(counts)
+        entries.append(entry)
+    return {"version": VERSION, "mig-configs": {label: entries}}

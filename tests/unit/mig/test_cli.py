@@ -1,0 +1,135 @@
+"""``gpu-agent mig`` on a simulated node: mig-parted's messages and exit codes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner, Result
+
+from agent.cli.context import CliContext
+from agent.cli.mig import mig
+from agent.mig.lock import PartitionLock
+
+CONFIG = """
+version: v1
+mig-configs:
+  balanced:
+    - {devices: all, mig-enabled: true, mig-devices: {1g.5gb: 2, 2g.10gb: 1, 3g.20gb: 1}}
+  three-plus-four:
+    - {devices: all, mig-enabled: true, mig-devices: {3g.20gb: 1, 1g.5gb: 4}}
+  too-big:
+    - {devices: all, mig-enabled: true, mig-devices: {4g.20gb: 1, 2g.10gb: 2}}
+  h100-names:
+    - {devices: all, mig-enabled: true, mig-devices: {1g.10gb+me: 1}}
+"""
+
+
+Invoke = Callable[..., Result]
+
+
+def _invoker(tmp_path: Path, preset: str) -> Invoke:
+    """Runs ``gpu-agent --simulate PRESET --state-dir TMP mig ARGS``; FILE is the config above."""
+    config = tmp_path / "mig.yaml"
+    if not config.exists():
+        config.write_text(CONFIG)
+
+    def invoke(*args: str, stdin: str | None = None) -> Result:
+        obj = CliContext(None, {"simulate": preset, "state_dir": tmp_path}, env={})
+        try:
+            argv = [a.replace("FILE", str(config)) for a in args]
+            return CliRunner().invoke(mig, argv, obj=obj, input=stdin)
+        finally:
+            obj.close()
+
+    return invoke
+
+
+@pytest.fixture
+def a30(tmp_path: Path) -> Invoke:
+    return _invoker(tmp_path, "a30-node")
+
+
+@pytest.fixture
+def a100(tmp_path: Path) -> Invoke:
+    return _invoker(tmp_path, "dgx-a100")
+
+
+def test_apply_then_assert_speak_mig_parted(a100: Invoke) -> None:
+    applied = a100("apply", "-f", "FILE", "-c", "balanced")
+    assert applied.exit_code == 0, applied.output
+    assert "MIG configuration applied successfully" in applied.output
+    ok = a100("assert", "-f", "FILE", "-c", "balanced")
+    assert ok.exit_code == 0 and "Selected MIG configuration currently applied" in ok.output
+    bad = a100("assert", "-f", "FILE", "-c", "three-plus-four")
+    assert bad.exit_code == 1
+    assert "Assertion failure: selected configuration not currently applied" in bad.output
+    assert "want 1g.5gb: 4, 3g.20gb: 1" in bad.output
+
+
+def test_plan_shows_kept_destroyed_created_and_the_comparison(a100: Invoke) -> None:
+    a100("apply", "-f", "FILE", "-c", "balanced")
+    planned = a100("plan", "-f", "FILE", "-c", "three-plus-four")
+    assert planned.exit_code == 0, planned.output
+    assert "8 GPU(s) change: 24 instance(s) kept, 8 destroyed, 16 created" in planned.output
+    assert "(mig-parted would destroy 32)" in planned.output
+    data = yaml.safe_load(a100("plan", "-f", "FILE", "-c", "three-plus-four", "-o", "yaml").output)
+    assert data["gpus"][0]["destroy"] == ["2g.10gb@0:2"]
+    assert data["summary"]["mig_parted_would_destroy"] == 32
+
+
+def test_plan_exits_4_and_explains_a_layout_that_cannot_fit(a100: Invoke) -> None:
+    planned = a100("plan", "-f", "FILE", "-c", "too-big")
+    assert planned.exit_code == 4
+    assert "2g.10gb does not fit next to 4g.20gb@0:4" in planned.output
+    assert "fits instead: 2g.10gb: 1, 4g.20gb: 1" in planned.output
+
+
+def test_a_name_from_another_board_exits_2_naming_this_boards_profiles(a30: Invoke) -> None:
+    result = a30("apply", "-f", "FILE", "-c", "h100-names")
+    assert result.exit_code == 2
+    assert "its profiles are: 1g.6gb, 1g.6gb+me, 2g.12gb, 2g.12gb+me, 4g.24gb" in result.output
+
+
+def test_show_draws_the_slice_map(a30: Invoke) -> None:
+    spec = (
+        "version: v1\nmig-configs: {x: [{devices: all, mig-enabled: true, "
+        "mig-devices: {2g.12gb: 1}}]}"
+    )
+    assert a30("apply", "-f", "-", stdin=spec).exit_code == 0
+    shown = a30("show")
+    assert "slice     0          1          2          3" in shown.output
+    assert "│       2g.12gb       │   free   │   free   │" in shown.output
+    data = yaml.safe_load(a30("show", "-o", "yaml").output)
+    assert data[0]["slices"] == [data[0]["instances"][0]["gpu_instance_id"]] * 2 + [None, None]
+
+
+def test_export_round_trips_through_apply(a100: Invoke, tmp_path: Path) -> None:
+    a100("apply", "-f", "FILE", "-c", "three-plus-four")
+    exported = a100("export", "-l", "golden")
+    assert yaml.safe_load(exported.output)["mig-configs"]["golden"][0]["mig-devices"] == {
+        "1g.5gb": 4,
+        "3g.20gb": 1,
+    }
+    (tmp_path / "mig.yaml").write_text(exported.output)
+    assert a100("assert", "-f", "FILE").exit_code == 0  # a single config needs no -c
+
+
+def test_a_second_apply_is_refused_with_exit_5(a100: Invoke, tmp_path: Path) -> None:
+    with PartitionLock(tmp_path).hold("mig apply x (operation 7)"):
+        result = a100("apply", "-f", "FILE", "-c", "balanced")
+    assert result.exit_code == 5
+    assert (
+        "another reconfiguration is running on this node: mig apply x (operation 7)"
+        in result.output
+    )
+
+
+def test_valid_config_only_parses(a30: Invoke) -> None:
+    assert a30("assert", "-f", "FILE", "-c", "balanced", "-a").output.strip() == (
+        "Selected MIG configuration is valid"
+    )
+    missing = a30("assert", "-f", "FILE", "-c", "nope", "-a")
+    assert missing.exit_code == 2 and "selected mig-config not present: nope" in missing.output
