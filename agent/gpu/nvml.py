@@ -292,6 +292,7 @@ class GpuDriver:
 
     def _gpu_instances(self, h: Any, profiles: tuple[GiProfile, ...]) -> tuple[GpuInstance, ...]:
         n = self._nvml
+        uuids = self._mig_uuids(h)  # once per GPU: listing MIG devices per GI is quadratic
         out: list[GpuInstance] = []
         for profile in profiles:
             array = (n.c_nvmlGpuInstance_t * max(profile.instance_count, 1))()
@@ -305,14 +306,15 @@ class GpuDriver:
                         profile_id=profile.id,
                         profile_name=profile.name,
                         placement=Placement(int(info.placement.start), int(info.placement.size)),
-                        compute_instances=self._compute_instances(h, array[i]),
+                        compute_instances=self._compute_instances(array[i], uuids),
                     )
                 )
         return tuple(sorted(out, key=lambda gi: gi.placement))
 
-    def _compute_instances(self, h: Any, gi: Any) -> tuple[ComputeInstance, ...]:
+    def _compute_instances(
+        self, gi: Any, uuids: dict[tuple[int, int], str]
+    ) -> tuple[ComputeInstance, ...]:
         n = self._nvml
-        uuids = self._mig_uuids(h)
         out: list[ComputeInstance] = []
         gi_id = int(self._call(n.nvmlGpuInstanceGetInfo, gi).id)
         for constant in range(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
