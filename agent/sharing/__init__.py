@@ -3,11 +3,10 @@ write, reload.
 
 Modules: ``schema`` (the plugin's config file), ``validate`` and ``advertise`` (pure rules and
 capacity), ``store`` (atomic file with previous version), ``reload`` (how the plugin learns of
-it), ``kube`` (the Kubernetes calls reload needs), ``service`` (the flow).
+it), ``service`` (the flow). Kubernetes calls go through :mod:`agent.kube`.
 """
 
 from agent.sharing.advertise import Advertised, advertise
-from agent.sharing.kube import InClusterKubeClient, KubeClient
 from agent.sharing.reload import Pickup, ReloadReport
 from agent.sharing.schema import PluginConfig, parse, render, to_document
 from agent.sharing.service import ApplyResult, SharingService, SharingSettings, SharingView
@@ -16,8 +15,6 @@ from agent.sharing.validate import validate, violations
 __all__ = [
     "Advertised",
     "ApplyResult",
-    "InClusterKubeClient",
-    "KubeClient",
     "Pickup",
     "PluginConfig",
     "ReloadReport",

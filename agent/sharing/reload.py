@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 import psutil
 
 from agent.errors import FieldViolation, InvalidSpec, PermissionDenied
-from agent.sharing.kube import KubeClient
+from agent.kube import KubeClient
 
 RELOAD_METHODS = ("sighup", "label", "restart-pod", "none")
 CONFIG_LABEL = "nvidia.com/device-plugin.config"

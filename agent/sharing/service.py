@@ -17,8 +17,8 @@ from typing import Protocol
 
 from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec, NotFound
 from agent.gpu.types import GpuLayout
+from agent.kube import KubeClient
 from agent.sharing.advertise import Advertised, advertise
-from agent.sharing.kube import KubeClient
 from agent.sharing.reload import (
     Pickup,
     Reloader,

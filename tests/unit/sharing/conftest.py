@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.sharing.kube import InClusterKubeClient
+from agent.kube import InClusterKubeClient
 from tests.unit.sharing.fake_kube_api import FakeKubeApi, Pod
 
 NODE = "gpu-node-1"

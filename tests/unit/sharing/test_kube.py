@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import AgentError, NotFound, NotSupported, PermissionDenied
-from agent.sharing.kube import InClusterKubeClient
+from agent.kube import InClusterKubeClient
 from tests.unit.sharing.conftest import NODE
 from tests.unit.sharing.fake_kube_api import FakeKubeApi
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.errors import InvalidSpec
-from agent.sharing.kube import InClusterKubeClient
+from agent.kube import InClusterKubeClient
 from agent.sharing.reload import (
     CONFIG_LABEL,
     LabelReloader,

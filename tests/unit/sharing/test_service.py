@@ -10,8 +10,8 @@ import pytest
 from agent.config import SharingSettings
 from agent.errors import Conflict, InvalidSpec, NotFound, PermissionDenied
 from agent.gpu.types import GpuLayout
+from agent.kube import InClusterKubeClient
 from agent.sharing import SharingService, parse
-from agent.sharing.kube import InClusterKubeClient
 from agent.sharing.reload import CONFIG_LABEL
 from tests.unit.sharing.conftest import NODE
 from tests.unit.sharing.fake_kube_api import FakeKubeApi

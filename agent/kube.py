@@ -1,8 +1,10 @@
-"""The few Kubernetes API calls sharing needs, behind a narrow Protocol.
+"""The few Kubernetes API calls the agent makes, behind a narrow Protocol.
 
 ``InClusterKubeClient`` speaks plain HTTPS to the API server with the pod's service-account
-token: no client library, since three calls do not justify a dependency. RBAC it needs: nodes
-get/patch (label reload), pods list/delete in the plugin's namespace (restart-pod reload).
+token: no client library, since three calls do not justify a dependency. Callers: sharing reload
+(node label, plugin pod restart), the MIG label protocol (read and patch the own Node's labels)
+and the prewarm inventory labels. RBAC: nodes get/patch, pods list/delete in the plugin's
+namespace.
 """
 
 from __future__ import annotations
