@@ -9,8 +9,8 @@ import pytest
 
 from agent.errors import AgentError, NotFound, NotSupported, PermissionDenied
 from agent.kube import InClusterKubeClient
-from tests.unit.sharing.conftest import NODE
-from tests.unit.sharing.fake_kube_api import FakeKubeApi
+from tests.kube.fake_api import FakeKubeApi
+from tests.kube.fixtures import NODE
 
 
 def test_reads_node_labels(kube: InClusterKubeClient) -> None:

@@ -18,8 +18,8 @@ from agent.sharing.reload import (
     make_reloader,
     pickup,
 )
-from tests.unit.sharing.conftest import NODE
-from tests.unit.sharing.fake_kube_api import FakeKubeApi
+from tests.kube.fake_api import FakeKubeApi
+from tests.kube.fixtures import NODE
 
 
 def clock() -> float:

@@ -13,8 +13,8 @@ from agent.gpu.types import GpuLayout
 from agent.kube import InClusterKubeClient
 from agent.sharing import SharingService, parse
 from agent.sharing.reload import CONFIG_LABEL
-from tests.unit.sharing.conftest import NODE
-from tests.unit.sharing.fake_kube_api import FakeKubeApi
+from tests.kube.fake_api import FakeKubeApi
+from tests.kube.fixtures import NODE
 from tests.unit.sharing.layouts import full_gpu, mig_gpu, node
 
 README_FLAGS = (Path(__file__).parent / "golden" / "readme-flags.yaml").read_text()

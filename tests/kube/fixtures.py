@@ -1,4 +1,4 @@
-"""Fixtures for sharing tests: a fake Kubernetes API server with a real TLS certificate."""
+"""Fixtures: a fake Kubernetes API server (no API server runs here) with a real TLS certificate."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.kube import InClusterKubeClient
-from tests.unit.sharing.fake_kube_api import FakeKubeApi, Pod
+from tests.kube.fake_api import FakeKubeApi, Pod
 
 NODE = "gpu-node-1"
 
