@@ -126,6 +126,28 @@ class MigSettings:
             "holds the GPU; operators swap in their drain-and-reset tooling here.",
         ),
     )
+    config_file: Path | None = field(
+        default=None,
+        metadata=_rules(
+            doc="mig-parted config file (a mounted ConfigMap) whose config names the node label "
+            "nvidia.com/mig.config selects. Needed for watch_node_label.",
+        ),
+    )
+    watch_node_label: bool = field(
+        default=False,
+        metadata=_rules(
+            doc="Follow the GPU Operator's label protocol on this node: apply the config named by "
+            "nvidia.com/mig.config when it changes and publish nvidia.com/mig.config.state. Off "
+            "unless the agent replaces mig-manager (two managers must not fight over one GPU).",
+        ),
+    )
+    label_poll_s: float = field(
+        default=5.0,
+        metadata=_rules(
+            doc="Seconds between reads of the node's labels when watch_node_label is on.",
+            ge=1.0,
+        ),
+    )
 
 
 @dataclass(frozen=True)
