@@ -1,24 +1,66 @@
 """Composition root: builds every service from the config and owns start and stop.
 
-One process, one asyncio loop. Blocking NVML work runs in threads. SIGTERM/SIGINT resolve one
-stop event; shutdown is staged (stop accepting, stop services, close the driver) with a deadline.
+One process, one asyncio loop: the gRPC API, the /metrics + /healthz HTTP server and the
+inventory refresher run on it; blocking work runs in threads (telemetry sampler, prewarm
+workers, operation workers). SIGTERM/SIGINT resolve one stop event; shutdown is staged, with a
+deadline: stop serving, let operations checkpoint, stop the workers, close the store and the
+driver.
+
+Start order matters for honest operations: the previous process may have been killed in the
+middle of long work. `Node._recover` runs before the API serves: the MIG service restores what
+a killed apply left (from its journal) and the apply's operation records how it ended (finished,
+rolled back, or failed with the reason); every other operation still pending or running is
+failed as interrupted with the reason. None stays "running" forever.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import signal
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any
 
+import grpc
+from grpc_health.v1._async import HealthServicer
+
+from agent.api import (
+    ApiServices,
+    EventBus,
+    NodeInventory,
+    OperationRunner,
+    Ports,
+    create_server,
+    set_serving,
+)
+from agent.api.mig import interrupted_apply
+from agent.api.operations import MIG_APPLY
 from agent.config import AgentConfig
+from agent.errors import NotSupported
 from agent.gpu import GpuDriver, open_driver
 from agent.http import HttpServer, Request, Response
+from agent.kube import InClusterKubeClient, KubeClient
+from agent.mig.lock import PartitionLock
+from agent.mig.reset import command_reset, simulated_reset
+from agent.mig.service import MigService
+from agent.prewarm.factory import build_service as build_prewarm
+from agent.prewarm.service import PrewarmService
+from agent.sharing import SharingService
 from agent.state import StateStore
+from agent.telemetry.service import TelemetryService, build_telemetry
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 20.0
+"""Whole shutdown budget; Kubernetes' default terminationGracePeriodSeconds is 30."""
+RPC_GRACE_S = 5.0
+"""Of it, how long calls in flight may finish after the server stops accepting new ones."""
+INTERRUPTED_REASON = (
+    "the agent stopped while this operation ran (killed or restarted) and could not resume it"
+)
 
 
 @dataclass
@@ -28,18 +70,77 @@ class Services:
     config: AgentConfig
     gpu: GpuDriver
     state: StateStore
+    bus: EventBus
+    runner: OperationRunner
+    inventory: NodeInventory
+    sharing: SharingService
+    prewarm: PrewarmService
+    telemetry: TelemetryService
+    mig: MigService
+
+    def api(self) -> ApiServices:
+        return ApiServices(
+            inventory=self.inventory,
+            runner=self.runner,
+            bus=self.bus,
+            sharing=self.sharing,
+            prewarm=self.prewarm,
+            telemetry=self.telemetry.sampler.latest,
+            mig=self.mig,
+        )
 
 
-def build_services(config: AgentConfig) -> Services:
-    # The simulated driver models real NVML latencies when serving, so timings are honest.
-    gpu = open_driver(config.simulate, config.state_dir, latency=True)
+def _kube() -> KubeClient | None:
+    try:
+        return InClusterKubeClient.from_service_account()
+    except NotSupported:
+        return None  # outside a pod: only the sighup and none reload methods work
+
+
+def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Services:
+    """``simulated_latency``: the simulated driver models real NVML latencies, so timings
+    while serving are honest; tests that need no timings turn it off to run at memory speed."""
+    gpu = open_driver(config.simulate, config.state_dir, latency=simulated_latency)
     state = StateStore(config.state_dir / "agent.db")
-    return Services(config=config, gpu=gpu, state=state)
+    bus = EventBus()
+    prewarm = build_prewarm(config.prewarm, config.state_dir / "agent.db")
+    proc_root = None
+    if config.simulate:
+        from agent.gpu.sim import SimControl
 
-
-def _split_listen(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    return (host.strip("[]") or "0.0.0.0"), int(port)
+        proc_root = SimControl(config.state_dir).proc_root  # the simulator's /proc look-alike
+    telemetry = build_telemetry(
+        gpu, config.telemetry, hostname=config.node_name, proc_root=proc_root
+    )
+    inventory = NodeInventory(
+        gpu,
+        bus,
+        node_name=config.node_name,
+        simulated_preset=config.simulate,
+        cache=prewarm.inventory,
+        xids=lambda: telemetry.xids.state().counts,
+    )
+    # Sharing reads the node's shape from the inventory: no NVML call per request.
+    sharing = SharingService(config.sharing, inventory.layouts, _kube(), node_name=config.node_name)
+    inventory.watch_sharing(sharing.show)
+    reset = (
+        simulated_reset(config.state_dir)
+        if config.simulate
+        else command_reset(config.mig.reset_command)
+    )
+    mig = MigService(gpu, state, PartitionLock(config.state_dir), reset)
+    return Services(
+        config=config,
+        gpu=gpu,
+        state=state,
+        bus=bus,
+        runner=OperationRunner(state, bus),
+        inventory=inventory,
+        sharing=sharing,
+        prewarm=prewarm,
+        telemetry=telemetry,
+        mig=mig,
+    )
 
 
 class Node:
@@ -49,8 +150,15 @@ class Node:
         self.services = services
         self._stop = asyncio.Event()
         self._ready = False
-        self.http = HttpServer({"/healthz": self._healthz, "/readyz": self._readyz})
+        self._tasks: list[asyncio.Task[None]] = []
+        routes = {
+            "/healthz": self._healthz,
+            "/readyz": self._readyz,
+            "/metrics": services.telemetry.exporter.handle,
+        }
+        self.http = HttpServer(routes)
         self.metrics_port: int | None = None
+        self.ports: Ports | None = None
 
     async def _healthz(self, _: Request) -> Response:
         return Response(200, b"ok\n")
@@ -61,28 +169,112 @@ class Node:
     def request_stop(self) -> None:
         self._stop.set()
 
-    async def run(self) -> None:
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def _guard(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a background task the agent owns; if it dies, log it and stop the agent."""
+
+        async def guarded() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("background task %s crashed; stopping the agent", name)
+            else:
+                log.error("background task %s ended early; stopping the agent", name)
+            self.request_stop()
+
+        self._tasks.append(asyncio.create_task(guarded(), name=name))
+
+    async def _recover(self) -> None:
+        """Before serving: let the MIG service restore what a killed apply left, record on the
+        apply's operation how it ended, then fail whatever else was left pending or running."""
+        s = self.services
+        outcomes = await asyncio.to_thread(s.mig.recover)
+        left = await asyncio.to_thread(s.state.list_operations, kind=MIG_APPLY, done=False)
+        for op in left:
+            ended = await asyncio.to_thread(
+                s.state.update_operation, op.id, **interrupted_apply(outcomes)
+            )
+            log.warning("operation %s (mig.apply) was interrupted: it %s", op.id, ended.state)
+        failed = await asyncio.to_thread(s.state.mark_interrupted_operations, INTERRUPTED_REASON)
+        for op in failed:
+            log.warning("operation %s (%s) was interrupted by the last stop", op.id, op.kind)
+
+    async def run(self, *, handle_signals: bool = True) -> None:
+        """Serve until SIGTERM/SIGINT or `request_stop`; ``handle_signals`` False lets tests run
+        the agent on a thread (signal handlers need the main thread)."""
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.request_stop)
-        cfg = self.services.config
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop)
+        stack = contextlib.AsyncExitStack()
+        try:
+            await self._start(stack)
+            await self._stop.wait()
+            log.info("stopping")
+        finally:
+            self._ready = False
+            try:
+                # Unwinds in reverse start order; a part that failed to start has nothing to stop.
+                await asyncio.wait_for(stack.aclose(), SHUTDOWN_GRACE_S)
+            except TimeoutError:
+                log.error("shutdown took over %.0fs; exiting now", SHUTDOWN_GRACE_S)
+                os._exit(1)  # last resort: worker threads must not keep the process alive
+
+    async def _start(self, stack: contextlib.AsyncExitStack) -> None:
+        s = self.services
+        cfg = s.config
+        loop = asyncio.get_running_loop()
+        stack.callback(s.gpu.close)
+        stack.callback(s.state.close)
+        s.bus.bind(loop)
+        s.runner.bind(loop)
+        await self._recover()
+        await asyncio.to_thread(s.inventory.refresh_all)  # GetNode never answers empty
+        await asyncio.to_thread(s.prewarm.start)
+        stack.push_async_callback(asyncio.to_thread, s.prewarm.stop)
+        await asyncio.to_thread(s.telemetry.start)
+        stack.push_async_callback(asyncio.to_thread, s.telemetry.stop)
         host, port = _split_listen(cfg.metrics_listen)
         self.metrics_port = await self.http.start(host, port)
-        gpus = await asyncio.to_thread(self.services.gpu.gpus)
+        stack.push_async_callback(self.http.stop)
+        api = s.api()
+        server, self.ports, health = create_server(api, cfg)
+        await server.start()
+        stack.push_async_callback(self._stop_serving, server, health)
+        await set_serving(health, True)
+        self._guard("inventory", s.inventory.run())
+        stack.push_async_callback(self._cancel_tasks)
         log.info(
-            "agent serving on %s:%d (%s, %d GPUs)",
+            "agent serving: metrics %s:%d, gRPC %s, socket %s (%s, %d GPUs)",
             host,
             self.metrics_port,
+            f"mTLS :{self.ports.tcp}" if self.ports.tcp else "TCP off",
+            self.ports.socket,
             f"simulated node {cfg.simulate}" if cfg.simulate else "NVML",
-            len(gpus),
+            len(s.inventory.layouts()),
         )
         self._ready = True
-        await self._stop.wait()
-        log.info("stopping")
-        self._ready = False
-        await asyncio.wait_for(self._shutdown(), SHUTDOWN_GRACE_S)
 
-    async def _shutdown(self) -> None:
-        await self.http.stop()
-        self.services.state.close()
-        self.services.gpu.close()
+    async def _stop_serving(self, server: grpc.aio.Server, health: HealthServicer) -> None:
+        s = self.services
+        await set_serving(health, False)
+        # Operations start checkpointing while the calls in flight finish.
+        operations = asyncio.create_task(s.runner.shutdown(SHUTDOWN_GRACE_S - RPC_GRACE_S - 2))
+        await server.stop(RPC_GRACE_S)
+        await operations
+        s.config.socket_path.unlink(missing_ok=True)
+
+    async def _cancel_tasks(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _split_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return (host.strip("[]") or "0.0.0.0"), int(port)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from agent.cli.client import AgentClient, RemoteSharing
     from agent.config import AgentConfig
     from agent.gpu import GpuDriver
     from agent.sharing.service import SharingService
@@ -25,6 +26,8 @@ class CliContext:
     _config: AgentConfig | None = None
     _gpu: GpuDriver | None = None
     _state: StateStore | None = None
+    _agent: AgentClient | None = None
+    _agent_checked: bool = False
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
     @property
@@ -53,7 +56,26 @@ class CliContext:
             self._closers.append(self._state.close)
         return self._state
 
-    def sharing_service(self) -> SharingService:
+    def agent(self) -> AgentClient | None:
+        """The running agent on ``socket_path``, or None: then the command works directly.
+
+        Resolved once per command. PermissionDenied when an agent runs but this user may not
+        use its socket (root only): never act beside a running agent.
+        """
+        if not self._agent_checked:
+            from agent.cli.client import AgentClient
+
+            self._agent_checked = True
+            self._agent = AgentClient.connect(self.config.socket_path)
+            if self._agent is not None:
+                self._closers.append(self._agent.close)
+        return self._agent
+
+    def sharing_service(self) -> SharingService | RemoteSharing:
+        """Through the running agent when there is one, else on the plugin's file directly."""
+        client = self.agent()
+        if client is not None:
+            return client.sharing()
         from agent.sharing.service import SharingService
 
         def layouts() -> list[Any]:

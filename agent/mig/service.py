@@ -161,7 +161,7 @@ class MigService:
         with self._lock.hold(description):
             recovered = self._recover_locked()
             plan = _plan_node(name, entries, self.layouts(), force)
-            _refuse(plan)
+            refuse_unless_feasible(plan)
             executor = Executor(self._driver, self._journal, self._reset, progress)
             outcomes = {p.layout.gpu.uuid: _unchanged(p) for p in plan.gpus}
             if plan.changes:
@@ -347,7 +347,7 @@ def _plan_node(
     return NodePlan(name, tuple(plans), tuple(skipped), unselected)
 
 
-def _refuse(plan: NodePlan) -> None:
+def refuse_unless_feasible(plan: NodePlan) -> None:
     """Raise before any change when some GPU cannot reach its layout."""
     infeasible = [p for p in plan.gpus if p.status == "infeasible"]
     if infeasible:

@@ -1,10 +1,25 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from agent._proto.gpuagent.v1 import cache_pb2 as _cache_pb2
+from agent._proto.gpuagent.v1 import sharing_pb2 as _sharing_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class GpuHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GPU_HEALTH_UNSPECIFIED: _ClassVar[GpuHealth]
+    GPU_HEALTH_OK: _ClassVar[GpuHealth]
+    GPU_HEALTH_LOST: _ClassVar[GpuHealth]
+GPU_HEALTH_UNSPECIFIED: GpuHealth
+GPU_HEALTH_OK: GpuHealth
+GPU_HEALTH_LOST: GpuHealth
 
 class GetNodeRequest(_message.Message):
     __slots__ = ()
@@ -17,17 +32,29 @@ class GetNodeResponse(_message.Message):
     def __init__(self, node: _Optional[_Union[Node, _Mapping]] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("name", "driver_version", "gpus")
+    __slots__ = ("name", "driver_version", "gpus", "sharing", "cache", "health", "observe_time", "simulated_preset", "agent_version")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    SHARING_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    OBSERVE_TIME_FIELD_NUMBER: _ClassVar[int]
+    SIMULATED_PRESET_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     name: str
     driver_version: str
     gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
-    def __init__(self, name: _Optional[str] = ..., driver_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ...) -> None: ...
+    sharing: _sharing_pb2.SharingConfig
+    cache: _cache_pb2.CacheInventory
+    health: NodeHealth
+    observe_time: _timestamp_pb2.Timestamp
+    simulated_preset: str
+    agent_version: str
+    def __init__(self, name: _Optional[str] = ..., driver_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., sharing: _Optional[_Union[_sharing_pb2.SharingConfig, _Mapping]] = ..., cache: _Optional[_Union[_cache_pb2.CacheInventory, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, _Mapping]] = ..., observe_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., simulated_preset: _Optional[str] = ..., agent_version: _Optional[str] = ...) -> None: ...
 
 class Gpu(_message.Message):
-    __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_total_bytes", "mig_capable", "mig_mode", "instances", "processes")
+    __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_total_bytes", "mig_capable", "mig_mode", "instances", "processes", "pci_device_id", "mig_profiles", "health")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +64,9 @@ class Gpu(_message.Message):
     MIG_MODE_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    PCI_DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    MIG_PROFILES_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
@@ -46,7 +76,10 @@ class Gpu(_message.Message):
     mig_mode: MigMode
     instances: _containers.RepeatedCompositeFieldContainer[GpuInstance]
     processes: _containers.RepeatedCompositeFieldContainer[Process]
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., mig_capable: _Optional[bool] = ..., mig_mode: _Optional[_Union[MigMode, _Mapping]] = ..., instances: _Optional[_Iterable[_Union[GpuInstance, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ...) -> None: ...
+    pci_device_id: int
+    mig_profiles: _containers.RepeatedCompositeFieldContainer[MigProfile]
+    health: GpuHealth
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., mig_capable: _Optional[bool] = ..., mig_mode: _Optional[_Union[MigMode, _Mapping]] = ..., instances: _Optional[_Iterable[_Union[GpuInstance, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., pci_device_id: _Optional[int] = ..., mig_profiles: _Optional[_Iterable[_Union[MigProfile, _Mapping]]] = ..., health: _Optional[_Union[GpuHealth, str]] = ...) -> None: ...
 
 class MigMode(_message.Message):
     __slots__ = ("current", "pending")
@@ -63,6 +96,24 @@ class Placement(_message.Message):
     start: int
     size: int
     def __init__(self, start: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
+
+class MigProfile(_message.Message):
+    __slots__ = ("id", "name", "slice_count", "memory_slices", "instance_count", "memory_mb", "placements")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SLICE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_SLICES_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    name: str
+    slice_count: int
+    memory_slices: int
+    instance_count: int
+    memory_mb: int
+    placements: _containers.RepeatedCompositeFieldContainer[Placement]
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., slice_count: _Optional[int] = ..., memory_slices: _Optional[int] = ..., instance_count: _Optional[int] = ..., memory_mb: _Optional[int] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...) -> None: ...
 
 class GpuInstance(_message.Message):
     __slots__ = ("id", "profile_id", "profile_name", "placement", "compute_instances")
@@ -101,3 +152,21 @@ class Process(_message.Message):
     gpu_instance_id: int
     compute_instance_id: int
     def __init__(self, pid: _Optional[int] = ..., used_memory_bytes: _Optional[int] = ..., gpu_instance_id: _Optional[int] = ..., compute_instance_id: _Optional[int] = ...) -> None: ...
+
+class NodeHealth(_message.Message):
+    __slots__ = ("healthy", "components")
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    healthy: bool
+    components: _containers.RepeatedCompositeFieldContainer[ComponentHealth]
+    def __init__(self, healthy: _Optional[bool] = ..., components: _Optional[_Iterable[_Union[ComponentHealth, _Mapping]]] = ...) -> None: ...
+
+class ComponentHealth(_message.Message):
+    __slots__ = ("name", "healthy", "detail")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    healthy: bool
+    detail: str
+    def __init__(self, name: _Optional[str] = ..., healthy: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class NodeServiceStub:
-    """NodeService reports the node's GPUs as the agent sees them.
+    """NodeService reports the node as the agent sees it. Answers come from a snapshot the agent
+    refreshes in the background, never from GPU driver calls made for the request.
     """
 
     def __init__(self, channel):
@@ -43,11 +44,13 @@ class NodeServiceStub:
 
 
 class NodeServiceServicer:
-    """NodeService reports the node's GPUs as the agent sees them.
+    """NodeService reports the node as the agent sees it. Answers come from a snapshot the agent
+    refreshes in the background, never from GPU driver calls made for the request.
     """
 
     def GetNode(self, request, context):
-        """GetNode returns the node's GPUs, their MIG layout and the processes on them.
+        """GetNode returns the node's GPUs, their MIG layout with placements, the processes on them,
+        the sharing config, the cache inventory and health.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -70,7 +73,8 @@ def add_NodeServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class NodeService:
-    """NodeService reports the node's GPUs as the agent sees them.
+    """NodeService reports the node as the agent sees it. Answers come from a snapshot the agent
+    refreshes in the background, never from GPU driver calls made for the request.
     """
 
     @staticmethod

@@ -1,0 +1,402 @@
+"""Domain records <-> protobuf messages. Pure functions: no I/O, no service calls.
+
+Servicers parse with the ``*_from_*`` functions (raising `InvalidSpec` naming the request field)
+and answer with the ``*_pb`` ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format, timestamp_pb2
+
+from agent._proto.gpuagent.v1 import (
+    agent_pb2,
+    cache_pb2,
+    operations_pb2,
+    prewarm_pb2,
+    sharing_pb2,
+    types_pb2,
+)
+from agent.api.errors import recorded_code
+from agent.errors import FieldViolation, InvalidSpec
+from agent.gpu.types import GiProfile, GpuInstance, GpuLayout, Placement, Process
+from agent.prewarm.model import CacheItem, FileRequest, ImageRequest, ItemKind, ItemState
+from agent.prewarm.store import Usage
+from agent.sharing import Advertised, ApplyResult, PluginConfig, ReloadReport, SharingView
+from agent.sharing.schema import render
+from agent.state import Operation
+
+OPERATION_PREFIX = "operations/"
+
+
+def timestamp(epoch_s: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(epoch_s * 1e9))
+    return ts
+
+
+# -- node -----------------------------------------------------------------------------------------
+
+
+def placement_pb(p: Placement) -> agent_pb2.Placement:
+    return agent_pb2.Placement(start=p.start, size=p.size)
+
+
+def gpu_instance_pb(gi: GpuInstance) -> agent_pb2.GpuInstance:
+    return agent_pb2.GpuInstance(
+        id=gi.id,
+        profile_id=gi.profile_id,
+        profile_name=gi.profile_name,
+        placement=placement_pb(gi.placement),
+        compute_instances=[
+            agent_pb2.ComputeInstance(
+                id=ci.id,
+                profile_id=ci.profile_id,
+                placement=placement_pb(ci.placement),
+                uuid=ci.uuid or "",
+            )
+            for ci in gi.compute_instances
+        ],
+    )
+
+
+def process_pb(p: Process) -> agent_pb2.Process:
+    # pids of processes in other namespaces can exceed nothing here, but keep uint32 safe.
+    return agent_pb2.Process(
+        pid=p.pid & 0xFFFFFFFF,
+        used_memory_bytes=p.used_memory_bytes,
+        gpu_instance_id=p.gpu_instance_id,
+        compute_instance_id=p.compute_instance_id,
+    )
+
+
+def mig_profile_pb(p: GiProfile) -> agent_pb2.MigProfile:
+    return agent_pb2.MigProfile(
+        id=p.id,
+        name=p.name,
+        slice_count=p.slice_count,
+        memory_slices=p.memory_slices,
+        instance_count=p.instance_count,
+        memory_mb=p.memory_mb,
+        placements=[placement_pb(x) for x in p.placements],
+    )
+
+
+def gpu_pb(layout: GpuLayout, *, lost: bool = False) -> agent_pb2.Gpu:
+    g = layout.gpu
+    gpu = agent_pb2.Gpu(
+        index=g.index,
+        uuid=g.uuid,
+        name=g.name,
+        pci_bus_id=g.pci_bus_id,
+        memory_total_bytes=g.memory_total_bytes,
+        mig_capable=g.mig_capable,
+        instances=[gpu_instance_pb(gi) for gi in layout.instances],
+        processes=[process_pb(p) for p in layout.processes],
+        pci_device_id=g.pci_device_id & 0xFFFFFFFF,
+        mig_profiles=[mig_profile_pb(p) for p in layout.profiles],
+        health=agent_pb2.GPU_HEALTH_LOST if lost else agent_pb2.GPU_HEALTH_OK,
+    )
+    if g.mig_mode is not None:
+        gpu.mig_mode.CopyFrom(
+            agent_pb2.MigMode(current=g.mig_mode.current, pending=g.mig_mode.pending)
+        )
+    return gpu
+
+
+# -- cache ----------------------------------------------------------------------------------------
+
+_KINDS = {
+    ItemKind.FILE: cache_pb2.CACHE_ITEM_KIND_FILE,
+    ItemKind.IMAGE: cache_pb2.CACHE_ITEM_KIND_IMAGE,
+}
+_STATES: dict[ItemState, cache_pb2.CacheItemState] = {
+    ItemState.QUEUED: cache_pb2.CACHE_ITEM_STATE_QUEUED,
+    ItemState.FETCHING: cache_pb2.CACHE_ITEM_STATE_FETCHING,
+    ItemState.READY: cache_pb2.CACHE_ITEM_STATE_READY,
+    ItemState.FAILED: cache_pb2.CACHE_ITEM_STATE_FAILED,
+    ItemState.EVICTED: cache_pb2.CACHE_ITEM_STATE_EVICTED,
+}
+
+
+def item_state_pb(state: ItemState) -> cache_pb2.CacheItemState:
+    return _STATES[state]
+
+
+def cache_item_pb(i: CacheItem) -> cache_pb2.CacheItem:
+    item = cache_pb2.CacheItem(
+        id=i.id,
+        kind=_KINDS[i.kind],
+        name=i.name,
+        source=i.source,
+        state=_STATES[i.state],
+        pinned=i.pinned,
+        size_bytes=i.size,
+        sha256=i.sha256 or "",
+        expected_sha256=i.expected_sha256 or "",
+        fetched_bytes=max(i.fetched_bytes, 0),
+        hits=max(i.hits, 0),
+        error=i.error or "",
+        warm_seconds=i.warm_seconds,
+        create_time=timestamp(i.created_at),
+    )
+    if i.finished_at is not None:
+        item.finish_time.CopyFrom(timestamp(i.finished_at))
+    if i.last_used is not None:
+        item.last_use_time.CopyFrom(timestamp(i.last_used))
+    return item
+
+
+def cache_usage_pb(u: Usage) -> cache_pb2.CacheUsage:
+    return cache_pb2.CacheUsage(
+        used_bytes=max(u.used_bytes, 0),
+        reserved_bytes=max(u.reserved_bytes, 0),
+        pinned_bytes=max(u.pinned_bytes, 0),
+        capacity_bytes=max(u.capacity_bytes, 0),
+        budget_bytes=max(u.budget_bytes, 0),
+        volume_bytes=max(u.volume_bytes, 0),
+    )
+
+
+def cache_inventory_pb(usage: Usage, items: Iterable[CacheItem]) -> cache_pb2.CacheInventory:
+    return cache_pb2.CacheInventory(
+        usage=cache_usage_pb(usage), items=[cache_item_pb(i) for i in items]
+    )
+
+
+_MAX_TARGETS = 1000
+
+
+def prewarm_requests_from(
+    targets: Sequence[prewarm_pb2.PrewarmTarget],
+) -> list[FileRequest | ImageRequest]:
+    """The request's targets as prewarm requests; shape errors name ``targets[i].field``."""
+    if not 1 <= len(targets) <= _MAX_TARGETS:
+        raise InvalidSpec(
+            f"a prewarm needs 1 to {_MAX_TARGETS} targets, got {len(targets)}",
+            [FieldViolation("targets", f"give 1 to {_MAX_TARGETS} targets")],
+        )
+    requests: list[FileRequest | ImageRequest] = []
+    bad: list[FieldViolation] = []
+    for i, target in enumerate(targets):
+        which = target.WhichOneof("target")
+        if which == "file":
+            f = target.file
+            if not f.url:
+                bad.append(FieldViolation(f"targets[{i}].file.url", "required"))
+            headers = {}
+            for name, path in f.header_files.items():
+                if not path or not Path(path).is_absolute():
+                    bad.append(
+                        FieldViolation(
+                            f"targets[{i}].file.header_files[{name}]",
+                            "must be an absolute path on the node",
+                        )
+                    )
+                headers[name] = Path(path)
+            requests.append(
+                FileRequest(
+                    f.url,
+                    name=f.name or None,
+                    sha256=f.sha256 or None,
+                    pin=f.pin,
+                    header_files=headers,
+                )
+            )
+        elif which == "image":
+            m = target.image
+            if not m.ref:
+                bad.append(FieldViolation(f"targets[{i}].image.ref", "required"))
+            requests.append(
+                ImageRequest(
+                    m.ref,
+                    name=m.name or None,
+                    runtime_handler=m.runtime_handler or None,
+                    pin=m.pin,
+                )
+            )
+        else:
+            bad.append(FieldViolation(f"targets[{i}]", "set file or image"))
+    if bad:
+        raise InvalidSpec("the prewarm request is malformed", bad)
+    return requests
+
+
+# -- sharing --------------------------------------------------------------------------------------
+
+_STRATEGIES = {
+    "none": sharing_pb2.SHARING_STRATEGY_NONE,
+    "time-slicing": sharing_pb2.SHARING_STRATEGY_TIME_SLICING,
+    "mps": sharing_pb2.SHARING_STRATEGY_MPS,
+}
+
+
+def sharing_config_pb(config: PluginConfig) -> sharing_pb2.SharingConfig:
+    active = config.sharing.active
+    return sharing_pb2.SharingConfig(
+        strategy=_STRATEGIES[config.sharing.strategy],
+        mig_strategy=config.mig_strategy,
+        rename_by_default=active is not None and active.rename_by_default,
+        fail_requests_greater_than_one=config.sharing.fail_requests_greater_than_one,
+        resources=[
+            sharing_pb2.SharedResource(name=r.name, replicas=max(r.replicas, 0) & 0xFFFFFFFF)
+            for r in (active.resources if active is not None else ())
+        ],
+        config_yaml=render(config),
+    )
+
+
+def advertised_pb(advertised: Iterable[Advertised]) -> list[sharing_pb2.AdvertisedResource]:
+    return [
+        sharing_pb2.AdvertisedResource(
+            resource=a.resource, devices=a.devices, replicas=a.replicas, count=a.count
+        )
+        for a in advertised
+    ]
+
+
+def reload_pb(report: ReloadReport) -> sharing_pb2.PluginReload:
+    return sharing_pb2.PluginReload(
+        method=report.method,
+        done=report.done,
+        detail=report.detail,
+        time=timestamp(report.at),
+        pids=[p & 0xFFFFFFFF for p in report.pids],
+    )
+
+
+def violations_pb(violations: Iterable[FieldViolation]) -> list[types_pb2.FieldViolation]:
+    return [types_pb2.FieldViolation(field=v.field, description=v.description) for v in violations]
+
+
+def sharing_view_pb(view: SharingView) -> sharing_pb2.GetSharingResponse:
+    response = sharing_pb2.GetSharingResponse(
+        config=sharing_config_pb(view.config),
+        config_path=str(view.config_path),
+        exists=view.exists,
+        advertised=advertised_pb(view.advertised),
+        plugin_state=view.pickup.state,
+        plugin_detail=view.pickup.detail,
+        problems=violations_pb(view.problems),
+    )
+    last = view.last_write
+    if last is not None:
+        response.last_write.CopyFrom(
+            sharing_pb2.SharingWrite(action=last.action, write_time=timestamp(last.written_at))
+        )
+        if last.reload is not None:
+            response.last_write.reload.CopyFrom(reload_pb(last.reload))
+    return response
+
+
+def sharing_change_pb(result: ApplyResult) -> sharing_pb2.SharingChange:
+    change = sharing_pb2.SharingChange(
+        action=result.action,
+        changed=result.changed,
+        config=sharing_config_pb(result.config),
+        config_path=str(result.config_path),
+        advertised=advertised_pb(result.advertised),
+    )
+    if result.reload is not None:
+        change.reload.CopyFrom(reload_pb(result.reload))
+    return change
+
+
+_SPEC_SECTIONS = {
+    sharing_pb2.SHARING_STRATEGY_TIME_SLICING: "timeSlicing",
+    sharing_pb2.SHARING_STRATEGY_MPS: "mps",
+}
+
+
+def sharing_document_from(spec: sharing_pb2.SharingSpec) -> dict[str, object]:
+    """A SharingSpec as a document in the plugin's schema, so it goes through the one parser
+    and the one validator, as the CLI's flags do."""
+    section_key = _SPEC_SECTIONS.get(spec.strategy)
+    bad = []
+    if section_key is None:
+        bad.append(FieldViolation("spec.strategy", "must be TIME_SLICING or MPS"))
+    if not spec.resources:
+        bad.append(FieldViolation("spec.resources", "give at least one resource"))
+    if bad:
+        raise InvalidSpec("the sharing spec is incomplete", bad)
+    section: dict[str, object] = {
+        "renameByDefault": spec.rename_by_default,
+        "resources": [{"name": r.name, "replicas": r.replicas} for r in spec.resources],
+    }
+    if spec.HasField("fail_requests_greater_than_one"):
+        section["failRequestsGreaterThanOne"] = spec.fail_requests_greater_than_one
+    doc: dict[str, object] = {"version": "v1", "sharing": {section_key: section}}
+    if spec.mig_strategy:
+        doc["flags"] = {"migStrategy": spec.mig_strategy}
+    return doc
+
+
+# -- operations -----------------------------------------------------------------------------------
+
+_OP_STATES = {
+    "pending": operations_pb2.OPERATION_STATE_PENDING,
+    "running": operations_pb2.OPERATION_STATE_RUNNING,
+    "succeeded": operations_pb2.OPERATION_STATE_SUCCEEDED,
+    "failed": operations_pb2.OPERATION_STATE_FAILED,
+    "cancelled": operations_pb2.OPERATION_STATE_CANCELLED,
+}
+
+
+def operation_name(op_id: str) -> str:
+    return OPERATION_PREFIX + op_id
+
+
+def operation_id_from(name: str, field: str = "name") -> str:
+    """``operations/<id>`` (or a bare id) -> id; InvalidSpec for anything else."""
+    op_id = name.removeprefix(OPERATION_PREFIX)
+    if not op_id or len(op_id) > 64 or not all(c in "0123456789abcdef" for c in op_id):
+        raise InvalidSpec(
+            f"{name!r} is not an operation name",
+            [FieldViolation(field, "must be operations/<id>, as returned by the call")],
+        )
+    return op_id
+
+
+def operation_error_pb(record: dict[str, Any]) -> operations_pb2.OperationError:
+    return operations_pb2.OperationError(
+        code=recorded_code(record),
+        reason=str(record.get("type", "")),
+        message=str(record.get("message", "")),
+        blockers=[str(b) for b in record.get("blockers", ())],
+        violations=[
+            types_pb2.FieldViolation(
+                field=str(v.get("field", "")), description=str(v.get("description", ""))
+            )
+            for v in record.get("violations", ())
+        ],
+    )
+
+
+def operation_pb(op: Operation) -> operations_pb2.Operation:
+    """A stored operation; metadata and result are kept as the JSON of their messages."""
+    msg = operations_pb2.Operation(
+        name=operation_name(op.id),
+        kind=op.kind,
+        state=_OP_STATES[op.state],
+        done=op.done,
+        request_id=op.request_id or "",
+        create_time=timestamp(op.created_at),
+        update_time=timestamp(op.updated_at),
+        cancel_requested=op.cancel_requested,
+    )
+    json_format.ParseDict(op.metadata, msg.metadata, ignore_unknown_fields=True)
+    if op.state in ("failed", "cancelled"):
+        msg.error.CopyFrom(
+            operation_error_pb(op.error or {"type": "Cancelled", "message": "cancelled"})
+        )
+    elif op.state == "succeeded":
+        json_format.ParseDict(op.result or {}, msg.response, ignore_unknown_fields=True)
+    return msg
+
+
+def message_dict(message: Any) -> dict[str, Any]:
+    """A message as the JSON dict we store (proto field names, defaults left out)."""
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)

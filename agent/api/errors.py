@@ -1,0 +1,223 @@
+"""Domain errors -> gRPC status codes with google.rpc details: the ONE mapping of the API.
+
+Every handler runs under `agent.api.interceptor`, which sends any `AgentError` through
+`status_of`; servicers never pick a status code themselves. The rich status (google.rpc.Status
+with ``ErrorInfo`` and, where they apply, ``BadRequest`` or ``PreconditionFailure``) travels in
+the ``grpc-status-details-bin`` trailer, so any client can read the field violations and the
+blockers; `grpc_status.rpc_status.from_call` decodes it.
+
+Operations that fail record the same mapping (`error_record`), so ``Operation.error.code`` agrees
+with what the call would have returned.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+from agent.errors import (
+    AgentError,
+    Busy,
+    Conflict,
+    DeviceLost,
+    DriverUnavailable,
+    FieldViolation,
+    InvalidSpec,
+    NotFound,
+    NotSupported,
+    PermissionDenied,
+)
+from agent.prewarm.errors import Cancelled, DiskFull, FetchFailed
+from agent.state import INTERRUPTED
+
+__all__ = [
+    "DOMAIN",
+    "OPERATION_BLOCKER_PREFIX",
+    "code_of",
+    "error_record",
+    "grpc_code",
+    "internal_status",
+    "reason_of",
+    "recorded_code",
+    "status_of",
+    "trailing_metadata",
+]
+
+DOMAIN = "gpu-agent.io"
+DETAILS_KEY = "grpc-status-details-bin"
+OPERATION_BLOCKER_PREFIX = "operations/"
+"""A `Busy` whose blockers name an operation ("operations/<id>") is a running reconfiguration:
+the caller should retry after it (ABORTED), not fix the node (FAILED_PRECONDITION)."""
+
+
+def _names_operation(exc: AgentError) -> bool:
+    blockers: Sequence[str] = getattr(exc, "blockers", ())
+    return any(b.startswith(OPERATION_BLOCKER_PREFIX) for b in blockers)
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    error: type[AgentError]
+    code: grpc.StatusCode
+    when: Callable[[AgentError], bool] | None = None
+
+
+# Most specific first: the first rule whose class (and condition) matches wins. A subclass that
+# needs another code gets its own row above its base.
+_RULES: tuple[_Rule, ...] = (
+    _Rule(Cancelled, grpc.StatusCode.CANCELLED),
+    _Rule(DiskFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    _Rule(FetchFailed, grpc.StatusCode.UNAVAILABLE),
+    _Rule(InvalidSpec, grpc.StatusCode.INVALID_ARGUMENT),
+    _Rule(NotFound, grpc.StatusCode.NOT_FOUND),
+    _Rule(Busy, grpc.StatusCode.ABORTED, when=_names_operation),
+    _Rule(Busy, grpc.StatusCode.FAILED_PRECONDITION),
+    _Rule(Conflict, grpc.StatusCode.FAILED_PRECONDITION),
+    _Rule(NotSupported, grpc.StatusCode.UNIMPLEMENTED),
+    # Retrying does not bring a GPU back; a person must look: a precondition, not UNAVAILABLE.
+    _Rule(DeviceLost, grpc.StatusCode.FAILED_PRECONDITION),
+    _Rule(PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    _Rule(DriverUnavailable, grpc.StatusCode.UNAVAILABLE),
+    # A deliberate error without a better class (e.g. an NVML error with no domain meaning).
+    _Rule(AgentError, grpc.StatusCode.UNKNOWN),
+)
+
+# Codes of errors recorded on operations by name (they are no exception class here).
+_RECORDED_CODES: Mapping[str, grpc.StatusCode] = {
+    INTERRUPTED: grpc.StatusCode.ABORTED,
+    "Internal": grpc.StatusCode.INTERNAL,
+}
+
+_CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def code_of(exc: AgentError) -> grpc.StatusCode:
+    for rule in _RULES:
+        if isinstance(exc, rule.error) and (rule.when is None or rule.when(exc)):
+            return rule.code
+    raise AssertionError("unreachable: AgentError is the last rule")
+
+
+def reason_of(name: str) -> str:
+    """``ErrorInfo.reason``: the domain class in UPPER_SNAKE_CASE, e.g. ``INVALID_SPEC``."""
+    return _CAMEL.sub("_", name).upper()
+
+
+def _packed(message: Any) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
+
+
+def _details(exc: AgentError, code: grpc.StatusCode) -> list[any_pb2.Any]:
+    details = [
+        _packed(
+            error_details_pb2.ErrorInfo(
+                reason=reason_of(type(exc).__name__), domain=DOMAIN, metadata=_info(exc)
+            )
+        )
+    ]
+    violations: Sequence[FieldViolation] = getattr(exc, "violations", ())
+    if violations:
+        details.append(
+            _packed(
+                error_details_pb2.BadRequest(
+                    field_violations=[
+                        error_details_pb2.BadRequest.FieldViolation(
+                            field=v.field, description=v.description
+                        )
+                        for v in violations
+                    ]
+                )
+            )
+        )
+    blockers: Sequence[str] = getattr(exc, "blockers", ())
+    if blockers:
+        kind = "OPERATION" if code is grpc.StatusCode.ABORTED else "BUSY"
+        details.append(
+            _packed(
+                error_details_pb2.PreconditionFailure(
+                    violations=[
+                        error_details_pb2.PreconditionFailure.Violation(
+                            type=kind, subject=b, description=f"{b} is in the way"
+                        )
+                        for b in blockers
+                    ]
+                )
+            )
+        )
+    return details
+
+
+def _info(exc: AgentError) -> dict[str, str]:
+    # The domain class name lets a client map the status back to the same error (agent.cli).
+    return {"error": type(exc).__name__}
+
+
+def status_of(exc: AgentError) -> status_pb2.Status:
+    """The google.rpc.Status for a domain error: its code, message and typed details."""
+    code = code_of(exc)
+    return status_pb2.Status(
+        code=code.value[0], message=str(exc) or type(exc).__name__, details=_details(exc, code)
+    )
+
+
+def internal_status(incident: str) -> status_pb2.Status:
+    """A bug: no text of the exception leaves the agent (it may hold paths or secrets)."""
+    return status_pb2.Status(
+        code=grpc.StatusCode.INTERNAL.value[0],
+        message=f"internal error in the agent; the agent log has the details (incident {incident})",
+        details=[
+            _packed(
+                error_details_pb2.ErrorInfo(
+                    reason="INTERNAL", domain=DOMAIN, metadata={"incident": incident}
+                )
+            )
+        ],
+    )
+
+
+def trailing_metadata(status: status_pb2.Status) -> tuple[tuple[str, bytes], ...]:
+    return ((DETAILS_KEY, status.SerializeToString()),)
+
+
+def grpc_code(status: status_pb2.Status) -> grpc.StatusCode:
+    return next(c for c in grpc.StatusCode if c.value[0] == status.code)
+
+
+def error_record(exc: BaseException) -> dict[str, Any]:
+    """What an operation stores when it fails: enough to rebuild its status after a restart."""
+    if not isinstance(exc, AgentError):
+        return {
+            "type": "Internal",
+            "code": grpc.StatusCode.INTERNAL.value[0],
+            "message": "internal error in the agent; the agent log has the details",
+        }
+    record: dict[str, Any] = {
+        "type": type(exc).__name__,
+        "code": code_of(exc).value[0],
+        "message": str(exc) or type(exc).__name__,
+    }
+    blockers: Sequence[str] = getattr(exc, "blockers", ())
+    violations: Sequence[FieldViolation] = getattr(exc, "violations", ())
+    if blockers:
+        record["blockers"] = list(blockers)
+    if violations:
+        record["violations"] = [
+            {"field": v.field, "description": v.description} for v in violations
+        ]
+    return record
+
+
+def recorded_code(record: Mapping[str, Any]) -> int:
+    """The code of a stored error; records written without one (StateStore) go by their type."""
+    code = record.get("code")
+    if isinstance(code, int):
+        return code
+    return _RECORDED_CODES.get(str(record.get("type")), grpc.StatusCode.UNKNOWN).value[0]

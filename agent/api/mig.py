@@ -1,0 +1,272 @@
+"""MigService: plan, apply (as an operation), assert and export MIG layouts (agent.mig.service).
+
+The servicer parses and converts; the flow (partition lock, journal, rollback, recovery) is the
+MIG service's. Two things are the API's: a second apply is refused at once with ABORTED naming
+the running operation, and a cancellation (or the agent stopping) interrupts the apply before
+its next mutation, which the MIG service answers by rolling back every GPU it touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+import yaml
+
+from agent._proto.gpuagent.v1 import mig_pb2, mig_pb2_grpc, operations_pb2
+from agent.api.convert import message_dict, operation_name, operation_pb
+from agent.api.operations import MIG_APPLY, OperationContext, OperationRunner
+from agent.errors import Busy, FieldViolation, InvalidSpec
+from agent.mig.apply import ProgressEvent
+from agent.mig.plan import GpuPlan
+from agent.mig.service import (
+    ApplyResult,
+    MigService,
+    NodePlan,
+    RecoveryOutcome,
+    refuse_unless_feasible,
+)
+from agent.mig.spec import MigSpec, parse_spec
+from agent.prewarm.errors import Cancelled
+from agent.state import INTERRUPTED
+
+__all__ = ["MigServicer", "apply_result_pb", "gpu_plan_pb", "interrupted_apply"]
+
+_MAX_CONFIG = 1024 * 1024
+_MAX_NAME = 253
+
+_STATUS = {
+    "unchanged": mig_pb2.MIG_PLAN_STATUS_UNCHANGED,
+    "change": mig_pb2.MIG_PLAN_STATUS_CHANGE,
+    "blocked": mig_pb2.MIG_PLAN_STATUS_BLOCKED,
+    "infeasible": mig_pb2.MIG_PLAN_STATUS_INFEASIBLE,
+}
+
+
+def gpu_plan_pb(plan: GpuPlan) -> mig_pb2.GpuMigPlan:
+    gpu = plan.layout.gpu
+    return mig_pb2.GpuMigPlan(
+        gpu_index=gpu.index,
+        gpu_uuid=gpu.uuid,
+        status=_STATUS[plan.status],
+        steps=[str(s) for s in plan.steps],
+        blockers=[
+            mig_pb2.MigBlocker(pid=b.pid & 0xFFFFFFFF, instance=b.instance, change=b.change)
+            for b in plan.blockers
+        ],
+        infeasible_reason=plan.infeasible.reason if plan.infeasible else "",
+        keep=[f"{gi.profile_name}@{gi.placement}" for gi in plan.keep],
+        destroy=[f"{gi.profile_name}@{gi.placement}" for gi in plan.destroy],
+        create=[gi.label for gi in plan.create],
+        deferred=plan.deferred,
+    )
+
+
+def node_plan_pb(plan: NodePlan) -> mig_pb2.PlanMigResponse:
+    return mig_pb2.PlanMigResponse(
+        config_name=plan.config,
+        gpus=[gpu_plan_pb(p) for p in plan.gpus],
+        unselected_gpus=[g.index for g in plan.unselected],
+        skipped_gpus=[g.index for g in plan.skipped],
+    )
+
+
+def apply_result_pb(result: ApplyResult) -> operations_pb2.OperationResponse:
+    return operations_pb2.OperationResponse(
+        mig_apply=operations_pb2.MigApplyResult(
+            config_name=result.config,
+            changed_gpu_uuids=[g.uuid for g in result.gpus if g.status != "unchanged"],
+            changed=result.mutations > 0,
+            gpus=[
+                operations_pb2.MigGpuOutcome(
+                    gpu_index=g.gpu,
+                    gpu_uuid=g.uuid,
+                    status=g.status,
+                    kept=g.kept,
+                    destroyed=g.destroyed,
+                    created=g.created,
+                    message=g.message,
+                )
+                for g in result.gpus
+            ],
+            mutations=result.mutations,
+            recovered=[f"GPU {r.gpu}: {r.action} ({r.detail})" for r in result.recovered],
+        )
+    )
+
+
+def interrupted_apply(outcomes: Sequence[RecoveryOutcome]) -> dict[str, Any]:
+    """How a ``mig.apply`` operation the agent was killed in ended, from what the MIG service's
+    recover() did on this start: the `StateStore.update_operation` fields that say so."""
+    said = "; ".join(f"GPU {o.gpu} {o.action}: {o.detail}" for o in outcomes)
+    if outcomes and all(o.action == "completed" for o in outcomes):
+        response = operations_pb2.OperationResponse(
+            mig_apply=operations_pb2.MigApplyResult(
+                changed_gpu_uuids=[o.uuid for o in outcomes],
+                changed=True,
+                recovered=[f"GPU {o.gpu}: {o.action} ({o.detail})" for o in outcomes],
+            )
+        )
+        return {"state": "succeeded", "result": message_dict(response)}
+    if not outcomes:
+        message = (
+            "the agent stopped during this apply before it changed any GPU (its journal was "
+            "empty on restart); nothing to roll back"
+        )
+    elif any(o.action == "failed" for o in outcomes):
+        message = (
+            f"the agent stopped during this apply and rolling it back on restart failed: {said}. "
+            "The journal is kept; the next agent start or MIG apply retries the rollback"
+        )
+    else:
+        message = f"the agent stopped during this apply; on restart: {said}"
+    return {
+        "state": "failed",
+        "error": {
+            "type": INTERRUPTED,
+            "code": grpc.StatusCode.ABORTED.value[0],
+            "message": message,
+        },
+    }
+
+
+def _spec(text: str, name: str, field: str = "config_yaml") -> tuple[MigSpec, str | None]:
+    bad = []
+    if not text.strip():
+        bad.append(FieldViolation(field, "required: a mig-parted v1 config file"))
+    elif len(text) > _MAX_CONFIG:
+        bad.append(FieldViolation(field, f"at most {_MAX_CONFIG} bytes"))
+    if len(name) > _MAX_NAME or not name.isprintable():
+        bad.append(FieldViolation("config_name", f"at most {_MAX_NAME} printable characters"))
+    if bad:
+        raise InvalidSpec("the MIG config is missing or malformed", bad)
+    return parse_spec(text, field), name or None
+
+
+class _Apply:
+    """The work of one ``mig.apply`` operation, on an operation worker thread."""
+
+    def __init__(
+        self, service: MigService, spec: MigSpec, name: str | None, plan: NodePlan, force: bool
+    ) -> None:
+        self._service = service
+        self._spec = spec
+        self._name = name
+        self._force = force
+        self._gpus_total = len(plan.changes)
+        self._steps_total = sum(len(p.steps) for p in plan.changes)
+        self._config = plan.config
+        self._gpus_done = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, ctx: OperationContext) -> operations_pb2.OperationResponse:
+        def progress(event: ProgressEvent) -> None:
+            with self._lock:
+                if event.phase == "done":
+                    self._gpus_done += 1
+                meta = operations_pb2.MigApplyProgress(
+                    config_name=self._config,
+                    phase=event.phase,
+                    gpus_total=self._gpus_total,
+                    gpus_done=self._gpus_done,
+                    steps_total=max(self._steps_total, event.mutation),
+                    steps_done=event.mutation,
+                    current_step=event.message,
+                    current_gpu_index=event.gpu,
+                )
+            ctx.progress(
+                operations_pb2.OperationMetadata(mig_apply=meta), force=event.phase == "done"
+            )
+            # Checked before each mutation of the apply (never during a rollback): raising here
+            # makes the MIG service restore every GPU it touched, then re-raise.
+            if event.phase == "apply" and (ctx.cancelled() or ctx.stopping()):
+                why = "cancelled" if ctx.cancelled() else "the agent is stopping"
+                raise Cancelled(f"MIG apply {why} before {event.message}")
+
+        result = self._service.apply(
+            self._spec,
+            self._name,
+            force=self._force,
+            progress=progress,
+            # The lock's holder text: a refused caller is told which operation is in the way.
+            operation=operation_name(ctx.id),
+        )
+        return apply_result_pb(result)
+
+
+class MigServicer(mig_pb2_grpc.MigServiceServicer):
+    def __init__(
+        self, service: MigService, runner: OperationRunner, changed: Callable[[], None]
+    ) -> None:
+        self._service = service
+        self._runner = runner
+        self._changed = changed  # refreshes the inventory after a change
+
+    async def PlanMig(
+        self, request: mig_pb2.PlanMigRequest, context: grpc.aio.ServicerContext
+    ) -> mig_pb2.PlanMigResponse:
+        spec, name = _spec(request.config_yaml, request.config_name)
+        plan = await asyncio.to_thread(self._service.plan, spec, name, force=request.force)
+        return node_plan_pb(plan)
+
+    async def ApplyMig(
+        self, request: mig_pb2.ApplyMigRequest, context: grpc.aio.ServicerContext
+    ) -> mig_pb2.ApplyMigResponse:
+        spec, name = _spec(request.config_yaml, request.config_name)
+        # One reconfiguration at a time; the partition lock is the real guard, this answers at
+        # once instead of with an operation that fails. A retry of the running one passes.
+        running = [
+            op
+            for op in await self._runner.list(MIG_APPLY, False, 10)
+            if not request.request_id or op.request_id != request.request_id
+        ]
+        if running:
+            raise Busy(
+                f"MIG apply {operation_name(running[0].id)} is running; one reconfiguration at a "
+                "time: wait for it (WaitOperation) and retry",
+                [operation_name(op.id) for op in running],
+            )
+        # Plan first: an infeasible layout or busy GPUs are refused by the call, before any
+        # operation exists (the apply checks again under the lock).
+        plan = await asyncio.to_thread(self._service.plan, spec, name, force=request.force)
+        refuse_unless_feasible(plan)
+        op = await self._runner.start(
+            MIG_APPLY,
+            request.request_id,
+            request,
+            _Apply(self._service, spec, name, plan, request.force),
+            metadata=operations_pb2.OperationMetadata(
+                mig_apply=operations_pb2.MigApplyProgress(
+                    config_name=plan.config,
+                    phase="pending",
+                    gpus_total=len(plan.changes),
+                    steps_total=sum(len(p.steps) for p in plan.changes),
+                )
+            ),
+        )
+        self._changed()
+        return mig_pb2.ApplyMigResponse(operation=operation_pb(op))
+
+    async def AssertMig(
+        self, request: mig_pb2.AssertMigRequest, context: grpc.aio.ServicerContext
+    ) -> mig_pb2.AssertMigResponse:
+        spec, name = _spec(request.config_yaml, request.config_name)
+        result = await asyncio.to_thread(self._service.check, spec, name)
+        return mig_pb2.AssertMigResponse(
+            matches=result.applied, mismatches=result.mismatches, config_name=result.config
+        )
+
+    async def ExportMig(
+        self, request: mig_pb2.ExportMigRequest, context: grpc.aio.ServicerContext
+    ) -> mig_pb2.ExportMigResponse:
+        label = request.config_name or "current"
+        if len(label) > _MAX_NAME or not label.isprintable():
+            raise InvalidSpec(
+                "config_name is too long or not printable",
+                [FieldViolation("config_name", f"at most {_MAX_NAME} printable characters")],
+            )
+        document = await asyncio.to_thread(self._service.export, label)
+        return mig_pb2.ExportMigResponse(config_yaml=yaml.safe_dump(document, sort_keys=False))

@@ -1,0 +1,411 @@
+"""Operations: long work run in the background, followed through the OperationsService.
+
+`OperationRunner` turns a piece of blocking work into a stored operation (StateStore), runs it
+on a worker thread, persists its typed progress and its end, and wakes whoever waits or
+watches. The same store row makes ``request_id`` retries idempotent: `start` and `once` (for
+the quick mutating calls) find the first attempt instead of doing the work twice.
+
+Stored ``metadata`` and ``result`` are the JSON form of ``OperationMetadata`` and
+``OperationResponse``, so any stored operation converts back to the same message after a
+restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from agent._proto.gpuagent.v1 import operations_pb2, operations_pb2_grpc
+from agent.api.convert import message_dict, operation_id_from, operation_name, operation_pb
+from agent.api.errors import error_record
+from agent.api.events import EventBus
+from agent.errors import AgentError, Busy, FieldViolation, InvalidSpec, NotFound
+from agent.state import Operation, StateStore
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "API_KINDS",
+    "MIG_APPLY",
+    "PREWARM",
+    "Checkpointed",
+    "OperationContext",
+    "OperationRunner",
+    "OperationsServicer",
+    "Work",
+    "check_request_id",
+]
+
+MIG_APPLY = "mig.apply"
+PREWARM = "prewarm"
+API_KINDS = (MIG_APPLY, PREWARM)
+"""Kinds the OperationsService shows; the records of idempotent quick calls stay internal."""
+
+_CALL_KIND = "call:"
+_PROGRESS_EVERY_S = 0.5  # each persisted update is an fsync'd SQLite write
+_WATCH_RECHECK_S = 5.0
+_REQUEST_ID_MAX = 128
+_DEFAULT_PAGE = 100
+_MAX_PAGE = 1000
+
+M = TypeVar("M", bound=Message)
+
+
+class Checkpointed(AgentError):
+    """Work stopped for the agent's shutdown with its progress saved; its operation stays
+    running in the store, to be resumed or reported interrupted on the next start."""
+
+
+class OperationContext:
+    """What a piece of work sees of its operation; used from the worker thread."""
+
+    def __init__(self, runner: OperationRunner, op: Operation) -> None:
+        self.op = op
+        self._runner = runner
+        self._cancel = threading.Event()
+        self._latest: operations_pb2.OperationMetadata | None = None
+        self._saved_at = 0.0
+
+    @property
+    def id(self) -> str:
+        return self.op.id
+
+    def progress(self, metadata: operations_pb2.OperationMetadata, *, force: bool = False) -> None:
+        """Record progress; persisted at most every 0.5 s unless ``force`` (phase changes)."""
+        self._latest = metadata
+        now = time.monotonic()
+        if force or now - self._saved_at >= _PROGRESS_EVERY_S:
+            self._saved_at = now
+            self._runner._update(self.id, metadata=message_dict(metadata))
+
+    def latest_metadata(self) -> dict[str, Any] | None:
+        return None if self._latest is None else message_dict(self._latest)
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def cancelled(self) -> bool:
+        """Cancellation was asked for: stop at the next checkpoint, undo what must be undone."""
+        return self._cancel.is_set()
+
+    def stopping(self) -> bool:
+        """The agent is shutting down: stop soon. Raise `Checkpointed` to leave the operation
+        for the next start, or end it as usual (e.g. after rolling back)."""
+        return self._runner.stopping
+
+
+Work = Callable[[OperationContext], operations_pb2.OperationResponse]
+
+
+class OperationRunner:
+    def __init__(self, store: StateStore, bus: EventBus, *, workers: int = 4) -> None:
+        self.store = store
+        self._bus = bus
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="operation")
+        self._running: dict[str, tuple[OperationContext, Future[None]]] = {}
+        self._calls: set[str] = set()  # quick calls in flight, by their record's id
+        self._lock = threading.Lock()
+        self._changed: dict[str, asyncio.Event] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.stopping = False
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    # -- starting work ----------------------------------------------------------------------------
+
+    async def start(
+        self,
+        kind: str,
+        request_id: str,
+        request: Message,
+        work: Work,
+        metadata: operations_pb2.OperationMetadata | None = None,
+    ) -> Operation:
+        """A new operation running ``work``, or the first one for a retried ``request_id``."""
+        check_request_id(request_id)
+        op = await asyncio.to_thread(
+            self.store.create_operation,
+            kind,
+            request_id=request_id or None,
+            request=_request_dict(request),
+            metadata=message_dict(metadata) if metadata is not None else None,
+        )
+        with self._lock:
+            fresh = op.state == "pending" and op.id not in self._running
+            if fresh:
+                if self.stopping:
+                    raise AgentError("the agent is shutting down; retry on its next start")
+                ctx = OperationContext(self, op)
+                self._running[op.id] = (ctx, self._pool.submit(self._run, ctx, work))
+        if fresh:
+            log.info("operation %s (%s) started", op.id, kind)
+            self._publish(op)
+        return op
+
+    def _run(self, ctx: OperationContext, work: Work) -> None:
+        try:
+            self._update(ctx.id, state="running")
+            response = work(ctx)
+        except Checkpointed as exc:
+            # Left running on purpose: the next start resumes it or reports it interrupted.
+            log.info("operation %s checkpointed at shutdown: %s", ctx.id, exc)
+            return
+        except Exception as exc:
+            if not isinstance(exc, AgentError):
+                log.error("bug in operation %s (%s)", ctx.id, ctx.op.kind, exc_info=exc)
+            state = "cancelled" if ctx.cancelled() else "failed"
+            self._finish(ctx, state=state, error=error_record(exc))
+        else:
+            self._finish(ctx, state="succeeded", result=message_dict(response))
+        finally:
+            with self._lock:
+                self._running.pop(ctx.id, None)
+
+    def _finish(self, ctx: OperationContext, **fields: Any) -> None:
+        latest = ctx.latest_metadata()
+        if latest is not None:
+            fields["metadata"] = latest
+        self._update(ctx.id, **fields)
+        log.info("operation %s ended %s", ctx.id, fields["state"])
+
+    def _update(self, op_id: str, **fields: Any) -> None:
+        op = self.store.update_operation(op_id, **fields)
+        self._publish(op)
+
+    def _publish(self, op: Operation) -> None:
+        self._bus.publish(operation=operation_pb(op))
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            # RuntimeError: the loop closed during shutdown; nobody waits any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._wake, op.id)
+
+    def _wake(self, op_id: str) -> None:
+        event = self._changed.pop(op_id, None)
+        if event is not None:
+            event.set()
+
+    def _change_event(self, op_id: str) -> asyncio.Event:
+        return self._changed.setdefault(op_id, asyncio.Event())
+
+    # -- quick mutating calls ---------------------------------------------------------------------
+
+    async def once(
+        self,
+        method: str,
+        request: Message,
+        request_id: str,
+        response_type: type[M],
+        call: Callable[[], Awaitable[M]],
+    ) -> M:
+        """Run a quick mutating call once per ``request_id``: a retry gets the first answer.
+
+        Without a request id the call just runs. A failed first attempt changed nothing, so
+        its retry runs again.
+        """
+        if not request_id:
+            return await call()
+        check_request_id(request_id)
+        op = await asyncio.to_thread(
+            self.store.create_operation,
+            _CALL_KIND + method,
+            request_id=request_id,
+            request=_request_dict(request),
+        )
+        if op.state == "succeeded" and op.result is not None:
+            return response_type.FromString(base64.b64decode(op.result["response"]))
+        if op.state in ("pending", "running"):
+            with self._lock:
+                in_flight = op.id in self._calls
+            if in_flight:
+                raise Busy(
+                    f"the request {request_id!r} is already being processed",
+                    [operation_name(op.id)],
+                )
+        first = op.state == "pending"
+        with self._lock:
+            self._calls.add(op.id)
+        try:
+            response = await call()
+        except Exception as exc:
+            if first:
+                await asyncio.to_thread(
+                    self.store.update_operation, op.id, state="failed", error=error_record(exc)
+                )
+            raise
+        finally:
+            with self._lock:
+                self._calls.discard(op.id)
+        if first:
+            encoded = base64.b64encode(response.SerializeToString()).decode()
+            await asyncio.to_thread(
+                self.store.update_operation,
+                op.id,
+                state="succeeded",
+                result={"response": encoded, "type": response.DESCRIPTOR.full_name},
+            )
+        return response
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    async def get(self, op_id: str) -> Operation:
+        op = await asyncio.to_thread(self.store.get_operation, op_id)
+        if op.kind.startswith(_CALL_KIND):
+            raise NotFound(f"operation {op_id!r} does not exist")
+        return op
+
+    async def list(self, kind: str, done: bool | None, limit: int) -> list[Operation]:
+        if kind and kind not in API_KINDS:
+            raise InvalidSpec(
+                f"unknown operation kind {kind!r}",
+                [FieldViolation("kind", f"one of: {', '.join(API_KINDS)}; empty for all")],
+            )
+        kinds = (kind,) if kind else API_KINDS
+
+        def read() -> list[Operation]:
+            found = [
+                op
+                for k in kinds
+                for op in self.store.list_operations(kind=k, done=done, limit=limit)
+            ]
+            found.sort(key=lambda op: op.created_at, reverse=True)
+            return found[:limit]
+
+        return await asyncio.to_thread(read)
+
+    async def wait(self, op_id: str, timeout_s: float) -> Operation:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            event = self._change_event(op_id)  # before the read, so no change is missed
+            op = await self.get(op_id)
+            left = deadline - time.monotonic()
+            if op.done or left <= 0:
+                return op
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), min(left, _WATCH_RECHECK_S))
+
+    async def watch(self, op_id: str) -> AsyncIterator[Operation]:
+        last: Operation | None = None
+        while True:
+            event = self._change_event(op_id)
+            op = await self.get(op_id)
+            if op != last:
+                yield op
+                last = op
+            if op.done:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), _WATCH_RECHECK_S)
+
+    async def cancel(self, op_id: str) -> Operation:
+        await self.get(op_id)  # NotFound for internal records too
+        op = await asyncio.to_thread(self.store.request_cancel, op_id)
+        with self._lock:
+            running = self._running.get(op_id)
+        if running is not None:
+            running[0].cancel()
+        if not op.done:
+            self._publish(op)
+        return op
+
+    # -- stopping ---------------------------------------------------------------------------------
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Ask running work to checkpoint, wait up to ``grace_s``, then leave the rest: their
+        rows stay running and the next start recovers them or reports them interrupted."""
+        self.stopping = True
+        with self._lock:
+            futures = [asyncio.wrap_future(f) for _, f in self._running.values() if f.running()]
+        if futures:
+            log.info("waiting up to %.0fs for %d operation(s) to checkpoint", grace_s, len(futures))
+            await asyncio.wait(futures, timeout=grace_s)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _request_dict(request: Message) -> dict[str, Any]:
+    data = message_dict(request)
+    data.pop("request_id", None)  # the key, not the request: equal requests have equal text
+    return data
+
+
+def check_request_id(request_id: str) -> None:
+    if len(request_id) > _REQUEST_ID_MAX or not request_id.isprintable():
+        raise InvalidSpec(
+            "request_id is too long or not printable",
+            [FieldViolation("request_id", f"at most {_REQUEST_ID_MAX} printable characters")],
+        )
+
+
+def _timeout_s(
+    request: operations_pb2.WaitOperationRequest, context: grpc.aio.ServicerContext
+) -> float:
+    remaining = context.time_remaining()
+    # Answer a little before the caller's deadline, so it gets the operation, not an error.
+    limit = float("inf") if remaining is None else max(remaining - 0.05, 0.0)
+    if request.HasField("timeout"):
+        asked = request.timeout.ToNanoseconds() / 1e9
+        if asked < 0:
+            raise InvalidSpec(
+                "timeout must not be negative", [FieldViolation("timeout", "must be >= 0")]
+            )
+        return min(asked, limit)
+    if remaining is None:
+        raise InvalidSpec(
+            "WaitOperation needs a timeout or a call deadline",
+            [FieldViolation("timeout", "set it, or call with a deadline")],
+        )
+    return limit
+
+
+class OperationsServicer(operations_pb2_grpc.OperationsServiceServicer):
+    def __init__(self, runner: OperationRunner) -> None:
+        self._runner = runner
+
+    async def GetOperation(
+        self, request: operations_pb2.GetOperationRequest, context: grpc.aio.ServicerContext
+    ) -> operations_pb2.GetOperationResponse:
+        op = await self._runner.get(operation_id_from(request.name))
+        return operations_pb2.GetOperationResponse(operation=operation_pb(op))
+
+    async def ListOperations(
+        self, request: operations_pb2.ListOperationsRequest, context: grpc.aio.ServicerContext
+    ) -> operations_pb2.ListOperationsResponse:
+        size = request.page_size or _DEFAULT_PAGE
+        if not 1 <= size <= _MAX_PAGE:
+            raise InvalidSpec(
+                f"page_size must be 1-{_MAX_PAGE}, got {request.page_size}",
+                [FieldViolation("page_size", f"1-{_MAX_PAGE}, or 0 for {_DEFAULT_PAGE}")],
+            )
+        done = request.done if request.HasField("done") else None
+        ops = await self._runner.list(request.kind, done, size)
+        return operations_pb2.ListOperationsResponse(operations=[operation_pb(op) for op in ops])
+
+    async def WaitOperation(
+        self, request: operations_pb2.WaitOperationRequest, context: grpc.aio.ServicerContext
+    ) -> operations_pb2.WaitOperationResponse:
+        op_id = operation_id_from(request.name)
+        op = await self._runner.wait(op_id, _timeout_s(request, context))
+        return operations_pb2.WaitOperationResponse(operation=operation_pb(op))
+
+    async def CancelOperation(
+        self, request: operations_pb2.CancelOperationRequest, context: grpc.aio.ServicerContext
+    ) -> operations_pb2.CancelOperationResponse:
+        op = await self._runner.cancel(operation_id_from(request.name))
+        return operations_pb2.CancelOperationResponse(operation=operation_pb(op))
+
+    async def WatchOperation(
+        self, request: operations_pb2.WatchOperationRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[operations_pb2.WatchOperationResponse]:
+        async for op in self._runner.watch(operation_id_from(request.name)):
+            yield operations_pb2.WatchOperationResponse(operation=operation_pb(op))

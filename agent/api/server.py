@@ -1,0 +1,318 @@
+"""The gRPC server: the agent's one front door, with three listeners and one interceptor.
+
+* TCP ``grpc_listen`` (default :9401) with mTLS: client certificates must chain to
+  ``tls.ca_file``. Certificate, key and CA files are re-read when they change (cert-manager
+  rotates them in place), checked on every new handshake; connections already open keep the
+  certificate they started with.
+* The Unix socket ``socket_path`` (mode 0600, root only) for the local CLI: the local admin.
+* ``grpc_insecure_listen``, only when configured and only on loopback: read-only (config.py
+  refuses any other address).
+
+Health (grpc.health.v1) and reflection are served on all of them, so grpcurl and
+grpc_health_probe work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import stat
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import grpc
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from agent._proto.gpuagent.v1 import (
+    agent_pb2,
+    agent_pb2_grpc,
+    events_pb2,
+    events_pb2_grpc,
+    mig_pb2,
+    mig_pb2_grpc,
+    operations_pb2,
+    operations_pb2_grpc,
+    prewarm_pb2,
+    prewarm_pb2_grpc,
+    sharing_pb2,
+    sharing_pb2_grpc,
+    telemetry_pb2,
+    telemetry_pb2_grpc,
+)
+from agent.api.auth import Policy
+from agent.api.events import EventBus, EventsServicer
+from agent.api.interceptor import ApiInterceptor
+from agent.api.inventory import NodeInventory
+from agent.api.mig import MigServicer
+from agent.api.node import NodeServicer
+from agent.api.operations import OperationRunner, OperationsServicer
+from agent.api.prewarm import PrewarmServicer
+from agent.api.sharing import SharingServicer
+from agent.api.telemetry import SnapshotSource, TelemetryServicer
+from agent.config import AgentConfig, TlsSettings
+from agent.errors import Conflict, FieldViolation, InvalidSpec
+from agent.mig.service import MigService
+from agent.prewarm.service import PrewarmService
+from agent.sharing import SharingService
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ApiServices",
+    "Ports",
+    "ReloadingCertificates",
+    "create_server",
+    "set_serving",
+]
+
+MAX_RECEIVE_BYTES = 4 * 1024 * 1024  # the largest request: a mig-parted file or manifest
+MAX_SEND_BYTES = 16 * 1024 * 1024
+MAX_CONCURRENT_RPCS = 1024  # beyond it calls get RESOURCE_EXHAUSTED instead of queueing
+MAX_STREAMS_PER_CONNECTION = 128
+
+_OPTIONS: Sequence[tuple[str, int]] = (
+    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+    ("grpc.max_send_message_length", MAX_SEND_BYTES),
+    ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+    # A second agent must fail to bind, not share the port and split the calls.
+    ("grpc.so_reuseport", 0),
+    # Find dead peers of long watches; let clients keep idle channels alive cheaply.
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 5),
+)
+
+_MODULES = (
+    agent_pb2,
+    operations_pb2,
+    mig_pb2,
+    sharing_pb2,
+    prewarm_pb2,
+    telemetry_pb2,
+    events_pb2,
+)
+SERVICE_NAMES: tuple[str, ...] = tuple(
+    service.full_name
+    for module in _MODULES
+    for service in module.DESCRIPTOR.services_by_name.values()
+)
+
+
+@dataclass
+class ApiServices:
+    """What the servicers call; built by the composition root (agent/node.py)."""
+
+    inventory: NodeInventory
+    runner: OperationRunner
+    bus: EventBus
+    sharing: SharingService
+    prewarm: PrewarmService
+    telemetry: SnapshotSource
+    mig: MigService
+
+
+@dataclass(frozen=True, slots=True)
+class Ports:
+    """Where the server listens; TCP ports are the bound ones (useful with port 0)."""
+
+    tcp: int | None
+    insecure: int | None
+    socket: Path
+
+
+_Stamp = tuple[tuple[int, int, int], ...]
+
+
+class ReloadingCertificates:
+    """The server's certificate, key and client CA, re-read when the files change.
+
+    grpc calls `fetch` before every new TLS handshake; it costs three ``stat`` calls when
+    nothing changed. A half-written or unreadable set is not used: the previous one stays
+    until the files are whole again. Key material is never logged.
+    """
+
+    def __init__(self, tls: TlsSettings) -> None:
+        if tls.cert_file is None or tls.key_file is None:
+            raise InvalidSpec("mTLS needs tls.cert_file and tls.key_file")
+        if tls.ca_file is None:
+            raise InvalidSpec(
+                "tls.cert_file is set, so tls.ca_file must be set too: the gRPC API accepts only "
+                "client certificates from that CA (mTLS)",
+                [FieldViolation("tls.ca_file", "a PEM CA bundle for client certificates")],
+            )
+        self._files = (tls.cert_file, tls.key_file, tls.ca_file)
+        stamp = self._stamp()
+        self.initial = self._load()
+        self._current = stamp
+
+    def _stamp(self) -> _Stamp:
+        stamps = []
+        for path in self._files:
+            st = os.stat(path)  # follows the ..data symlinks of Kubernetes secret volumes
+            stamps.append((st.st_ino, st.st_mtime_ns, st.st_size))
+        return tuple(stamps)
+
+    def _load(self) -> grpc.ServerCertificateConfiguration:
+        cert, key, ca = (path.read_bytes() for path in self._files)
+        problems = [
+            f"{path} has no {marker.decode()}"
+            for path, data, marker in (
+                (self._files[0], cert, b"-----BEGIN CERTIFICATE-----"),
+                (self._files[1], key, b"PRIVATE KEY-----"),
+                (self._files[2], ca, b"-----BEGIN CERTIFICATE-----"),
+            )
+            if marker not in data
+        ]
+        if problems:
+            raise InvalidSpec("TLS files are not PEM: " + "; ".join(problems))
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        try:
+            stamp = self._stamp()
+            if stamp == self._current:
+                return None
+            config = self._load()
+        except (OSError, InvalidSpec) as exc:
+            log.warning(
+                "keeping the current TLS certificate: the new files are not usable: %s", exc
+            )
+            return None
+        self._current = stamp
+        log.info("TLS certificate files changed; new connections use the new certificate")
+        return config
+
+    def credentials(self) -> grpc.ServerCredentials:
+        # grpc documents None as "no change"; its type stubs do not say so.
+        fetch = cast(Callable[[], grpc.ServerCertificateConfiguration], self.fetch)
+        return grpc.dynamic_ssl_server_credentials(
+            self.initial, fetch, require_client_authentication=True
+        )
+
+
+def _prepare_socket(path: Path) -> None:
+    """Make way for the socket: refuse when a live agent serves on it, remove a stale one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise Conflict(f"{path} exists and is not a socket; remove it or set socket_path")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        path.unlink(missing_ok=True)  # left by an agent that was killed
+        return
+    finally:
+        probe.close()
+    raise Conflict(f"another agent is serving on {path}; stop it first")
+
+
+_Add = Callable[[Any, grpc.aio.Server], None]
+
+
+def _servicers(api: ApiServices) -> list[tuple[_Add, object]]:
+    changed = api.inventory.poke
+    servicers: list[tuple[_Add, object]] = [
+        (agent_pb2_grpc.add_NodeServiceServicer_to_server, NodeServicer(api.inventory)),
+        (
+            operations_pb2_grpc.add_OperationsServiceServicer_to_server,
+            OperationsServicer(api.runner),
+        ),
+        (
+            sharing_pb2_grpc.add_SharingServiceServicer_to_server,
+            SharingServicer(api.sharing, api.runner, changed),
+        ),
+        (
+            prewarm_pb2_grpc.add_PrewarmServiceServicer_to_server,
+            PrewarmServicer(api.prewarm, api.runner, changed),
+        ),
+        (
+            telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server,
+            TelemetryServicer(api.telemetry),
+        ),
+        (events_pb2_grpc.add_EventsServiceServicer_to_server, EventsServicer(api.bus)),
+        (mig_pb2_grpc.add_MigServiceServicer_to_server, MigServicer(api.mig, api.runner, changed)),
+    ]
+    return servicers
+
+
+def create_server(
+    api: ApiServices, config: AgentConfig
+) -> tuple[grpc.aio.Server, Ports, health_aio.HealthServicer]:
+    """Build the server and bind its listeners (call ``await server.start()`` next).
+
+    Returns the health servicer too: the agent marks itself NOT_SERVING while it shuts down.
+    """
+    server = grpc.aio.server(
+        interceptors=[ApiInterceptor(Policy.of(config.tls.mutating_identities))],
+        options=_OPTIONS,
+        maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
+    )
+    for add, servicer in _servicers(api):
+        add(servicer, server)
+
+    health_servicer = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (
+            *SERVICE_NAMES,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
+
+    tcp = None
+    if config.tls.cert_file is not None:
+        credentials = ReloadingCertificates(config.tls).credentials()
+        tcp = _bind(server, config.grpc_listen, credentials)
+        log.info("gRPC API on %s (mTLS)", config.grpc_listen)
+    else:
+        log.info("gRPC TCP listener off: no tls.cert_file (the Unix socket still serves)")
+    insecure = None
+    if config.grpc_insecure_listen is not None:
+        insecure = _bind(server, config.grpc_insecure_listen, None)
+        log.warning(
+            "plaintext gRPC on %s (bound %d), loopback and read-only: for demos and tests",
+            config.grpc_insecure_listen,
+            insecure,
+        )
+    _prepare_socket(config.socket_path)
+    _bind(server, f"unix:{config.socket_path}", None)
+    # Only root may connect: the socket grants the local admin everything.
+    os.chmod(config.socket_path, 0o600)
+    return server, Ports(tcp, insecure, config.socket_path), health_servicer
+
+
+def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    try:
+        port = (
+            server.add_insecure_port(address)
+            if credentials is None
+            else server.add_secure_port(address, credentials)
+        )
+    except RuntimeError as exc:  # grpc raises RuntimeError when it cannot bind
+        raise Conflict(f"cannot listen on {address}: {exc}") from exc
+    if port == 0 and not address.startswith("unix:"):
+        raise Conflict(f"cannot listen on {address} (in use?)")
+    return port
+
+
+async def set_serving(health_servicer: health_aio.HealthServicer, serving: bool) -> None:
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in ("", *SERVICE_NAMES):
+        await health_servicer.set(name, status)

@@ -1,0 +1,72 @@
+"""TelemetryService: the sampler's latest snapshot, the same one /metrics renders."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+
+import grpc
+
+from agent._proto.gpuagent.v1 import telemetry_pb2, telemetry_pb2_grpc
+from agent.api.convert import timestamp
+from agent.errors import DriverUnavailable
+from agent.telemetry.snapshot import Entity, Snapshot
+from dcgm.fields import BY_ID
+
+__all__ = ["SnapshotSource", "TelemetryServicer", "snapshot_pb"]
+
+SnapshotSource = Callable[[], Snapshot | None]
+
+
+def _entity_pb(entity: Entity) -> telemetry_pb2.TelemetryEntity:
+    msg = telemetry_pb2.TelemetryEntity(gpu_index=entity.gpu.index, gpu_uuid=entity.gpu.uuid)
+    if entity.instance is not None:
+        msg.gpu_instance_id = entity.instance.gpu_instance_id
+        msg.profile = entity.instance.profile
+    return msg
+
+
+def snapshot_pb(
+    snapshot: Snapshot, field_ids: Collection[int] = ()
+) -> telemetry_pb2.TelemetrySnapshot:
+    """``field_ids`` narrows the values returned; empty returns all."""
+    wanted = frozenset(field_ids)
+    msg = telemetry_pb2.TelemetrySnapshot(
+        time=timestamp(snapshot.taken_at),
+        hostname=snapshot.hostname,
+        driver_version=snapshot.driver_version,
+        gpus=[
+            telemetry_pb2.GpuUp(gpu_index=g.gpu.index, gpu_uuid=g.gpu.uuid, up=g.up)
+            for g in snapshot.gpus
+        ],
+        xids=[
+            telemetry_pb2.XidCount(entity=_entity_pb(x.entity), xid=x.xid, count=x.count)
+            for x in snapshot.xids
+        ],
+    )
+    for sample in snapshot.entities:
+        entry = msg.entities.add(entity=_entity_pb(sample.entity), idle_seconds=sample.idle_seconds)
+        for field_id, value in sorted(sample.values.items()):
+            if wanted and field_id not in wanted:
+                continue
+            known = BY_ID.get(field_id)
+            entry.values.add(field_id=field_id, name=known.name if known else "", value=value)
+        if sample.pod is not None:
+            entry.pod.namespace = sample.pod.namespace
+            entry.pod.name = sample.pod.name
+            entry.pod.container = sample.pod.container
+    return msg
+
+
+class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
+    def __init__(self, source: SnapshotSource) -> None:
+        self._source = source
+
+    async def GetTelemetrySnapshot(
+        self, request: telemetry_pb2.GetTelemetrySnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> telemetry_pb2.GetTelemetrySnapshotResponse:
+        snapshot = self._source()
+        if snapshot is None:
+            raise DriverUnavailable("no telemetry sample yet; the sampler is starting")
+        return telemetry_pb2.GetTelemetrySnapshotResponse(
+            snapshot=snapshot_pb(snapshot, request.field_ids)
+        )

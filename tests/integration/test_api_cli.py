@@ -1,0 +1,165 @@
+"""The CLI talks to the running agent over its Unix socket, and works directly without one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent._proto.gpuagent.v1 import operations_pb2
+from agent.cli.client import AgentClient, status_view
+from agent.cli.status import node_status
+from agent.errors import Conflict, InvalidSpec
+from agent.gpu import open_driver
+from agent.gpu.sim import SimControl
+from tests.unit.api.support import REPO, AgentProcess, agent_config, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def cli(state_dir: Path, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent.cli.main",
+            "--simulate",
+            "dgx-h100",
+            "--state-dir",
+            str(state_dir),
+            "--config",
+            str(config),
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def cli_config(root: Path, agent_root: Path) -> Path:
+    """The CLI's own config: the agent's socket, but another plugin config path, so an answer
+    naming the agent's path proves the change went through the agent."""
+    path = root / "cli.yaml"
+    (root / "cli-plugin").mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "socket_path": str(agent_root / "agent.sock"),
+                "sharing": {
+                    "config_path": str(root / "cli-plugin" / "config.yaml"),
+                    "reload": "none",
+                },
+            }
+        )
+    )
+    return path
+
+
+def test_share_goes_through_the_running_agent(tmp_path: Path) -> None:
+    agent_root = tmp_path / "agent"
+    agent_root.mkdir()
+    with AgentProcess(agent_root, agent_config(agent_root)) as agent:
+        config = cli_config(tmp_path, agent_root)
+        done = cli(
+            agent.state_dir,
+            config,
+            "share",
+            "set",
+            "--time-slicing",
+            "nvidia.com/gpu=4",
+            "-o",
+            "json",
+        )
+        assert done.returncode == 0, done.stderr
+        result = json.loads(done.stdout)
+        assert result["config_path"] == str(agent_root / "plugin" / "config.yaml")
+        assert (
+            result["changed"]
+            and {"resource": "nvidia.com/gpu", "devices": 8, "replicas": 4, "count": 32}
+            in result["advertised"]
+        )
+        assert not (tmp_path / "cli-plugin" / "config.yaml").exists()
+
+        shown = cli(agent.state_dir, config, "share", "show", "-o", "json")
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["strategy"] == "time-slicing"
+
+        refused = cli(agent.state_dir, config, "share", "set", "--time-slicing", "nvidia.com/gpu=1")
+        assert refused.returncode == 2  # InvalidSpec, as in direct mode
+        assert "replicas" in refused.stderr
+
+        client = AgentClient.connect(agent.socket)
+        assert client is not None
+        client.close()
+
+
+def test_status_through_the_agent_matches_direct_mode(tmp_path: Path) -> None:
+    """`status_view` of GetNode is `gpu-agent status`'s own data, field for field."""
+    with AgentProcess(tmp_path, agent_config(tmp_path)) as agent:
+        control = SimControl(agent.state_dir)
+        driver = open_driver(agent.preset, agent.state_dir)
+        uuid = driver.gpus()[2].uuid
+        driver.set_mig_mode(uuid, True)
+        profile = next(p for p in driver.gi_profiles(uuid) if p.name == "3g.40gb")
+        gi = driver.create_gpu_instance(uuid, profile.id, profile.placements[0])
+        ci_profile = driver.ci_profiles(uuid, gi.id)[-1]
+        driver.create_compute_instance(uuid, gi.id, ci_profile.id)
+        control.start_process(4242, 0, used_memory_mib=2048)
+        direct = node_status(driver)
+        client = AgentClient.connect(agent.socket)
+        assert client is not None
+        wait_for(lambda: status_view(client.node()) == direct, "the agent's next refresh", 10)
+        client.close()
+        driver.close()
+
+
+def test_without_an_agent_share_works_directly(tmp_path: Path) -> None:
+    config = cli_config(tmp_path, tmp_path / "no-agent")
+    done = cli(
+        tmp_path / "state", config, "share", "set", "--mps", "nvidia.com/gpu=2", "-o", "json"
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["config_path"] == str(tmp_path / "cli-plugin" / "config.yaml")
+
+
+def test_a_killed_agents_socket_means_direct_mode(tmp_path: Path) -> None:
+    agent_root = tmp_path / "agent"
+    agent_root.mkdir()
+    agent = AgentProcess(agent_root, agent_config(agent_root)).start()
+    agent.kill()
+    assert agent.socket.exists()  # left behind
+    assert AgentClient.connect(agent.socket) is None
+    config = cli_config(tmp_path, agent_root)
+    done = cli(agent.state_dir, config, "share", "show", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["config_path"] == str(tmp_path / "cli-plugin" / "config.yaml")
+
+
+def test_the_client_follows_a_mig_apply_and_rebuilds_domain_errors(tmp_path: Path) -> None:
+    one_gpu = (
+        "version: v1\nmig-configs:\n  it:\n    - devices: [1]\n      mig-enabled: true\n"
+        "      mig-devices: {%s}\n"
+    )
+    with AgentProcess(tmp_path, agent_config(tmp_path)) as agent:
+        client = AgentClient.connect(agent.socket)
+        assert client is not None
+        plan = client.mig_plan(one_gpu % "3g.40gb: 2")
+        assert [g.gpu_index for g in plan.gpus] == [1]
+        op = client.mig_apply(one_gpu % "3g.40gb: 2", request_id="cli-1")
+        states = list(client.watch(op.name))
+        assert states[-1].done and states[-1].state == operations_pb2.OPERATION_STATE_SUCCEEDED
+        assert any(s.metadata.mig_apply.steps_done for s in states)  # progress was streamed
+        assert "3g.40gb: 2" in client.mig_export()
+        with pytest.raises(Conflict) as infeasible:
+            client.mig_apply(one_gpu % "7g.80gb: 2")
+        assert "cannot be applied" in str(infeasible.value)
+        with pytest.raises(InvalidSpec) as bad:
+            client.mig_plan("version: v1\nmig-configs: {it: [{devices: all}]}\n")
+        assert bad.value.violations
+        client.close()

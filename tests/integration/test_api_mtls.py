@@ -1,0 +1,377 @@
+"""The gRPC API of a real agent process on a simulated DGX H100: every RPC over TCP with mTLS
+and over the Unix socket; who is refused what; health, reflection; certificate rotation."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_status import rpc_status
+
+from agent._proto.gpuagent.v1 import (
+    agent_pb2,
+    agent_pb2_grpc,
+    events_pb2,
+    events_pb2_grpc,
+    mig_pb2,
+    mig_pb2_grpc,
+    operations_pb2,
+    operations_pb2_grpc,
+    prewarm_pb2,
+    prewarm_pb2_grpc,
+    sharing_pb2,
+    sharing_pb2_grpc,
+    telemetry_pb2,
+    telemetry_pb2_grpc,
+)
+from agent.api.auth import METHOD_ACCESS, Access
+from agent.api.server import SERVICE_NAMES
+from tests.integration.prewarm_fixtures.origin import Origin
+from tests.unit.api.support import READER, AgentProcess, Pki, agent_config, unix_channel, wait_for
+
+pytestmark = pytest.mark.integration
+
+# What the node already is (MIG off everywhere): the apply is real but changes nothing, so the
+# GPUs stay as the other tests expect.
+MIG_CONFIG = """\
+version: v1
+mig-configs:
+  all-disabled:
+    - devices: all
+      mig-enabled: false
+"""
+
+Call = Callable[[grpc.Channel], object]
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return Pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Origin]:
+    with Origin(tmp_path_factory.mktemp("origin")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[AgentProcess]:
+    root = tmp_path_factory.mktemp("agent")
+    # The agent serves the PKI's files through copies, so rotation can replace them in place.
+    served = root / "tls"
+    served.mkdir()
+    for name in ("server.pem", "server.key", "ca.pem"):
+        shutil.copy(pki.root / name, served / name)
+    config = agent_config(
+        root,
+        pki,
+        grpc_insecure_listen="127.0.0.1:0",
+    )
+    text = config.read_text().replace(str(pki.root), str(served))
+    config.write_text(text)
+    with AgentProcess(root, config) as process:
+        yield process
+
+
+def mtls(agent: AgentProcess, pki: Pki, who: str = "coordinator") -> grpc.Channel:
+    identity = getattr(pki, who)
+    return grpc.secure_channel(f"localhost:{agent.tcp_port}", identity.credentials(pki.ca))
+
+
+def code_of(call: Callable[[], object]) -> grpc.StatusCode:
+    try:
+        call()
+    except grpc.RpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK
+
+
+def every_rpc(channel: grpc.Channel, origin: Origin, tag: str) -> dict[str, grpc.StatusCode]:
+    """Call every method of the API once with a sensible request; returns each status code."""
+    node = agent_pb2_grpc.NodeServiceStub(channel)
+    ops = operations_pb2_grpc.OperationsServiceStub(channel)
+    mig = mig_pb2_grpc.MigServiceStub(channel)
+    share = sharing_pb2_grpc.SharingServiceStub(channel)
+    prewarm = prewarm_pb2_grpc.PrewarmServiceStub(channel)
+    telemetry = telemetry_pb2_grpc.TelemetryServiceStub(channel)
+    events = events_pb2_grpc.EventsServiceStub(channel)
+    codes: dict[str, grpc.StatusCode] = {}
+    t = 20
+
+    def record(method: str, call: Callable[[], object]) -> None:
+        codes[method] = code_of(call)
+
+    watch = events.WatchEvents(events_pb2.WatchEventsRequest(), timeout=t)
+    sha = origin.add(f"weights-{tag}.bin", os.urandom(256 * 1024))
+    target = prewarm_pb2.PrewarmTarget(
+        file=prewarm_pb2.FileTarget(
+            url=origin.url(f"weights-{tag}.bin"), sha256=sha, name=f"w-{tag}"
+        )
+    )
+    submitted = prewarm.SubmitPrewarm(
+        prewarm_pb2.SubmitPrewarmRequest(targets=[target], request_id=f"warm-{tag}"), timeout=t
+    )
+    codes["/gpuagent.v1.PrewarmService/SubmitPrewarm"] = grpc.StatusCode.OK
+    name = submitted.operation.name
+    first_event = next(watch)
+    codes["/gpuagent.v1.EventsService/WatchEvents"] = grpc.StatusCode.OK
+    assert first_event.event.WhichOneof("payload") == "operation"
+    watch.cancel()
+
+    streamed = list(ops.WatchOperation(operations_pb2.WatchOperationRequest(name=name), timeout=t))
+    codes["/gpuagent.v1.OperationsService/WatchOperation"] = grpc.StatusCode.OK
+    assert streamed[-1].operation.done
+    assert streamed[-1].operation.state == operations_pb2.OPERATION_STATE_SUCCEEDED, streamed[-1]
+
+    P = "/gpuagent.v1."
+    record(P + "NodeService/GetNode", lambda: node.GetNode(agent_pb2.GetNodeRequest(), timeout=t))
+    record(
+        P + "OperationsService/GetOperation",
+        lambda: ops.GetOperation(operations_pb2.GetOperationRequest(name=name), timeout=t),
+    )
+    record(
+        P + "OperationsService/ListOperations",
+        lambda: ops.ListOperations(operations_pb2.ListOperationsRequest(kind="prewarm"), timeout=t),
+    )
+    record(
+        P + "OperationsService/WaitOperation",
+        lambda: ops.WaitOperation(
+            operations_pb2.WaitOperationRequest(
+                name=name, timeout=duration_pb2.Duration(seconds=5)
+            ),
+            timeout=t,
+        ),
+    )
+    record(
+        P + "OperationsService/CancelOperation",
+        lambda: ops.CancelOperation(operations_pb2.CancelOperationRequest(name=name), timeout=t),
+    )
+    record(
+        P + "SharingService/GetSharing",
+        lambda: share.GetSharing(sharing_pb2.GetSharingRequest(), timeout=t),
+    )
+    spec = sharing_pb2.SharingSpec(
+        strategy=sharing_pb2.SHARING_STRATEGY_TIME_SLICING,
+        resources=[sharing_pb2.SharedResource(name="nvidia.com/gpu", replicas=4)],
+    )
+    record(
+        P + "SharingService/SetSharing",
+        lambda: share.SetSharing(sharing_pb2.SetSharingRequest(spec=spec), timeout=t),
+    )
+    record(
+        P + "SharingService/RollbackSharing",
+        lambda: share.RollbackSharing(sharing_pb2.RollbackSharingRequest(), timeout=t),
+    )
+    record(
+        P + "SharingService/ClearSharing",
+        lambda: share.ClearSharing(sharing_pb2.ClearSharingRequest(), timeout=t),
+    )
+    record(
+        P + "PrewarmService/ListPrewarmItems",
+        lambda: prewarm.ListPrewarmItems(prewarm_pb2.ListPrewarmItemsRequest(), timeout=t),
+    )
+    record(
+        P + "PrewarmService/ListCache",
+        lambda: prewarm.ListCache(prewarm_pb2.ListCacheRequest(), timeout=t),
+    )
+    record(
+        P + "PrewarmService/EvictCacheItem",
+        lambda: prewarm.EvictCacheItem(
+            prewarm_pb2.EvictCacheItemRequest(item=f"w-{tag}"), timeout=t
+        ),
+    )
+    # The item is evicted now: cancelling it is refused as a precondition, not an internal error.
+    record(
+        P + "PrewarmService/CancelPrewarmItem",
+        lambda: prewarm.CancelPrewarmItem(
+            prewarm_pb2.CancelPrewarmItemRequest(item=f"w-{tag}"), timeout=t
+        ),
+    )
+    record(
+        P + "TelemetryService/GetTelemetrySnapshot",
+        lambda: telemetry.GetTelemetrySnapshot(
+            telemetry_pb2.GetTelemetrySnapshotRequest(), timeout=t
+        ),
+    )
+    record(
+        P + "MigService/PlanMig",
+        lambda: mig.PlanMig(mig_pb2.PlanMigRequest(config_yaml=MIG_CONFIG), timeout=t),
+    )
+    record(
+        P + "MigService/AssertMig",
+        lambda: mig.AssertMig(mig_pb2.AssertMigRequest(config_yaml=MIG_CONFIG), timeout=t),
+    )
+    record(P + "MigService/ExportMig", lambda: mig.ExportMig(mig_pb2.ExportMigRequest(), timeout=t))
+    record(
+        P + "MigService/ApplyMig",
+        lambda: mig.ApplyMig(
+            mig_pb2.ApplyMigRequest(config_yaml=MIG_CONFIG, config_name="all-disabled"), timeout=t
+        ),
+    )
+    return codes
+
+
+def expected_codes() -> dict[str, grpc.StatusCode]:
+    codes = dict.fromkeys(METHOD_ACCESS, grpc.StatusCode.OK)
+    codes["/gpuagent.v1.PrewarmService/CancelPrewarmItem"] = grpc.StatusCode.FAILED_PRECONDITION
+    return codes
+
+
+def served_services(channel: grpc.Channel) -> set[str]:
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    request = reflection_pb2.ServerReflectionRequest(list_services="")
+    (answer,) = stub.ServerReflectionInfo(iter([request]), timeout=10)
+    return {s.name for s in answer.list_services_response.service}
+
+
+def test_every_rpc_over_mtls_and_over_the_unix_socket(
+    agent: AgentProcess, pki: Pki, origin: Origin
+) -> None:
+    """The coordinator (allow-listed) and the local admin (socket) may call everything."""
+    with unix_channel(agent.socket) as local:
+        assert every_rpc(local, origin, "local") == expected_codes()
+    with mtls(agent, pki) as channel:
+        assert every_rpc(channel, origin, "mtls") == expected_codes()
+
+
+def test_the_socket_is_root_only(agent: AgentProcess) -> None:
+    assert (agent.socket.stat().st_mode & 0o777) == 0o600
+
+
+def test_health_and_reflection_answer_any_verified_client(agent: AgentProcess, pki: Pki) -> None:
+    with mtls(agent, pki, "reader") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "gpuagent.v1.NodeService"):
+            answer = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        names = served_services(channel)
+    assert {*SERVICE_NAMES, "grpc.health.v1.Health"} <= names
+
+
+def test_a_read_only_identity_reads_but_every_mutation_is_denied(
+    agent: AgentProcess, pki: Pki
+) -> None:
+    with mtls(agent, pki, "reader") as channel:
+        node = agent_pb2_grpc.NodeServiceStub(channel).GetNode(
+            agent_pb2.GetNodeRequest(), timeout=10
+        )
+        assert len(node.node.gpus) == 8
+        for method, access in METHOD_ACCESS.items():
+            if access is not Access.MUTATE:
+                continue
+            call = channel.unary_unary(method)  # raw bytes: an empty message fits every request
+            code = code_of(lambda call=call: call(b"", timeout=10))
+            assert code == grpc.StatusCode.PERMISSION_DENIED, method
+    log = agent.output()
+    assert f"denied /gpuagent.v1.SharingService/SetSharing to mTLS client {READER}" in log
+    assert "PRIVATE KEY" not in log
+
+
+def test_the_plaintext_loopback_listener_is_read_only(tmp_path: Path) -> None:
+    config = agent_config(tmp_path, grpc_insecure_listen="127.0.0.1:0")
+    with AgentProcess(tmp_path, config) as process:
+        port = _insecure_port(process)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            node = agent_pb2_grpc.NodeServiceStub(channel).GetNode(
+                agent_pb2.GetNodeRequest(), timeout=10
+            )
+            assert node.node.gpus
+            share = sharing_pb2_grpc.SharingServiceStub(channel)
+            code = code_of(
+                lambda: share.ClearSharing(sharing_pb2.ClearSharingRequest(), timeout=10)
+            )
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+        assert process.tcp_port is None  # no certificate: no TCP listener besides loopback
+
+
+def _insecure_port(process: AgentProcess) -> int:
+    import re
+
+    match = re.search(r"plaintext gRPC on 127\.0\.0\.1:(\d+) \(bound (\d+)\)", process.output())
+    assert match, process.output()
+    return int(match.group(2))
+
+
+def test_clients_without_a_certificate_or_from_another_ca_are_refused(
+    agent: AgentProcess, pki: Pki
+) -> None:
+    attempts = {
+        "no client certificate": grpc.ssl_channel_credentials(pki.ca.read_bytes()),
+        "certificate from an unknown CA": pki.rogue.credentials(pki.ca),
+    }
+    for why, credentials in attempts.items():
+        with grpc.secure_channel(f"localhost:{agent.tcp_port}", credentials) as channel:
+            stub = agent_pb2_grpc.NodeServiceStub(channel)
+            code = code_of(lambda stub=stub: stub.GetNode(agent_pb2.GetNodeRequest(), timeout=5))
+        assert code == grpc.StatusCode.UNAVAILABLE, why  # the TLS handshake fails
+    with grpc.insecure_channel(f"localhost:{agent.tcp_port}") as plaintext:
+        stub = agent_pb2_grpc.NodeServiceStub(plaintext)
+        assert code_of(lambda: stub.GetNode(agent_pb2.GetNodeRequest(), timeout=5)) == (
+            grpc.StatusCode.UNAVAILABLE
+        )
+
+
+def test_domain_errors_carry_rich_details(agent: AgentProcess) -> None:
+    """A refused sharing config names every bad field in a google.rpc.BadRequest."""
+    with unix_channel(agent.socket) as channel:
+        share = sharing_pb2_grpc.SharingServiceStub(channel)
+        spec = sharing_pb2.SharingSpec(
+            strategy=sharing_pb2.SHARING_STRATEGY_TIME_SLICING,
+            resources=[sharing_pb2.SharedResource(name="nvidia.com/gpu", replicas=1)],
+        )
+        with pytest.raises(grpc.RpcError) as caught:
+            share.SetSharing(sharing_pb2.SetSharingRequest(spec=spec), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    status = rpc_status.from_call(caught.value)
+    assert status is not None
+    bad = error_details_pb2.BadRequest()
+    assert any(d.Unpack(bad) for d in status.details)
+    assert any("replicas" in v.field for v in bad.field_violations), bad
+
+
+def test_certificates_rotate_while_clients_stay_connected(
+    agent: AgentProcess, pki: Pki, tmp_path: Path
+) -> None:
+    """cert-manager replaces the files: open connections carry on, new ones get the new set."""
+    served = agent.config.parent / "tls"
+    before = mtls(agent, pki)
+    node = agent_pb2_grpc.NodeServiceStub(before)
+    node.GetNode(agent_pb2.GetNodeRequest(), timeout=10)
+
+    rotated = Pki(tmp_path / "rotated")  # a new CA: clients of either CA must now be accepted
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(pki.ca.read_bytes() + rotated.ca.read_bytes())
+    for source, name in (
+        (rotated.server.key, "server.key"),
+        (rotated.server.cert, "server.pem"),
+        (bundle, "ca.pem"),
+    ):
+        staged = served / f".{name}.new"
+        shutil.copy(source, staged)
+        os.replace(staged, served / name)  # atomic, as a secret volume's symlink swap is
+
+    # The connection made before the rotation still works.
+    assert node.GetNode(agent_pb2.GetNodeRequest(), timeout=10).node.gpus
+
+    def new_connection_uses(server_ca: Path, client: Pki) -> bool:
+        creds = client.coordinator.credentials(server_ca)
+        with grpc.secure_channel(f"localhost:{agent.tcp_port}", creds) as channel:
+            stub = agent_pb2_grpc.NodeServiceStub(channel)
+            return code_of(lambda: stub.GetNode(agent_pb2.GetNodeRequest(), timeout=5)) == (
+                grpc.StatusCode.OK
+            )
+
+    assert wait_for(lambda: new_connection_uses(rotated.ca, rotated), "the rotated certificate", 15)
+    assert new_connection_uses(rotated.ca, pki)  # old-CA clients are still in the bundle
+    assert not new_connection_uses(pki.ca, pki)  # the old server certificate is gone
+    assert "TLS certificate files changed" in agent.output()
+    before.close()

@@ -1,0 +1,287 @@
+"""Test support for the gRPC API: a throw-away PKI (openssl CLI), agent configs, and agents run
+in-process (on a thread) or as a separate ``gpu-agent … serve`` process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+
+COORDINATOR = "spiffe://cluster/ns/gpu-system/sa/coordinator"
+READER = "spiffe://cluster/ns/monitoring/sa/dashboard"
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+
+@dataclass(frozen=True)
+class Identity:
+    cert: Path
+    key: Path
+
+    def credentials(self, ca: Path) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            ca.read_bytes(), self.key.read_bytes(), self.cert.read_bytes()
+        )
+
+
+class Pki:
+    """A CA with a server certificate and client certificates, plus a rogue CA."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.ca = self._ca("ca", "gpu-agent test CA")
+        self.rogue_ca = self._ca("rogue-ca", "somebody else's CA")
+        self.server = self.issue("server", "DNS:localhost,IP:127.0.0.1")
+        self.coordinator = self.issue("coordinator", f"URI:{COORDINATOR}")
+        self.reader = self.issue("reader", f"URI:{READER}")
+        self.rogue = self.issue("rogue", f"URI:{COORDINATOR}", ca="rogue-ca")
+
+    def _ca(self, name: str, subject: str) -> Path:
+        key, cert = self.root / f"{name}.key", self.root / f"{name}.pem"
+        _openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "2",
+            "-subj",
+            f"/CN={subject}",
+        )
+        return cert
+
+    def issue(self, name: str, san: str, *, ca: str = "ca", out: Path | None = None) -> Identity:
+        """A certificate with ``san`` signed by ``ca``, written to ``out`` (default: the root)."""
+        out = out or self.root
+        out.mkdir(parents=True, exist_ok=True)
+        key, csr, cert = out / f"{name}.key", out / f"{name}.csr", out / f"{name}.pem"
+        ext = out / f"{name}.ext"
+        _openssl(
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(csr),
+            "-subj",
+            f"/CN={name}",
+        )
+        ext.write_text(f"subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n")
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            str(csr),
+            "-CA",
+            str(self.root / f"{ca}.pem"),
+            "-CAkey",
+            str(self.root / f"{ca}.key"),
+            "-CAcreateserial",
+            "-out",
+            str(cert),
+            "-days",
+            "2",
+            "-extfile",
+            str(ext),
+        )
+        return Identity(cert, key)
+
+
+def agent_config(root: Path, pki: Pki | None = None, **extra: Any) -> Path:
+    """A config for an agent on a simulated node under ``root``; TCP mTLS when ``pki``."""
+    (root / "plugin").mkdir(parents=True, exist_ok=True)
+    config: dict[str, Any] = {
+        "metrics_listen": "127.0.0.1:0",
+        "grpc_listen": "127.0.0.1:0",
+        "socket_path": str(root / "agent.sock"),
+        "sharing": {"config_path": str(root / "plugin" / "config.yaml"), "reload": "none"},
+        "prewarm": {
+            "cache_dir": str(root / "cache"),
+            # Loopback only: tests and fuzzing must never fetch from anywhere else.
+            "allowed_hosts": ["127.0.0.1"],
+            "allow_http": True,
+            "containerd_socket": str(root / "containerd.sock"),
+        },
+        "telemetry": {"kubelet_socket": str(root / "kubelet.sock")},
+        "log_level": "info",
+    }
+    if pki is not None:
+        config["tls"] = {
+            "cert_file": str(pki.server.cert),
+            "key_file": str(pki.server.key),
+            "ca_file": str(pki.ca),
+            "mutating_identities": [COORDINATOR],
+        }
+    for key, value in extra.items():
+        config[key] = value
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def wait_for(check: Any, what: str, timeout: float = 30.0, every: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+_SERVING = re.compile(r"agent serving: .* gRPC (?:mTLS :(\d+)|TCP off)")
+
+
+class AgentProcess:
+    """``gpu-agent --simulate dgx-h100 --state-dir D --config C serve`` as a child process."""
+
+    def __init__(self, root: Path, config: Path, preset: str = "dgx-h100") -> None:
+        self.root = root
+        self.config = config
+        self.preset = preset
+        self.state_dir = root / "state"
+        self.socket = root / "agent.sock"
+        self.log = root / "agent.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.tcp_port: int | None = None
+
+    def start(self, timeout: float = 60.0) -> AgentProcess:
+        offset = self.log.stat().st_size if self.log.exists() else 0
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "agent.cli.main",
+                    "--simulate",
+                    self.preset,
+                    "--state-dir",
+                    str(self.state_dir),
+                    "--config",
+                    str(self.config),
+                    "serve",
+                ],
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+
+        def serving() -> re.Match[str] | None:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"agent exited {self.proc.returncode}:\n{self.output()}")
+            text = self.log.read_bytes()[offset:].decode(errors="replace")
+            return _SERVING.search(text)
+
+        match = wait_for(serving, "the agent to serve", timeout)
+        self.tcp_port = int(match.group(1)) if match.group(1) else None
+        return self
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all, as a crash or the OOM killer would leave things."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def __enter__(self) -> AgentProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class InProcessAgent:
+    """The whole agent (`agent.node.Node`) on a thread of the test process."""
+
+    def __init__(
+        self, root: Path, config: Path, preset: str = "dgx-h100", *, latency: bool = False
+    ) -> None:
+        from agent.config import load_config
+
+        self.latency = latency  # the simulator's NVML latencies: off, tests run at memory speed
+        self.config = load_config(
+            config, env={}, flags={"simulate": preset, "state_dir": root / "state"}
+        )
+        self.socket = self.config.socket_path
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.node: Any = None
+
+    def __enter__(self) -> InProcessAgent:
+        from agent.node import Node, build_services
+
+        self.node = Node(build_services(self.config, simulated_latency=self.latency))
+
+        def serve() -> None:
+            async def main() -> None:
+                self._loop = asyncio.get_running_loop()
+                await self.node.run(handle_signals=False)
+
+            try:
+                asyncio.run(main())
+            except BaseException as exc:  # surfaced by __exit__
+                self._error = exc
+
+        self._thread = threading.Thread(target=serve, name="agent", daemon=True)
+        self._thread.start()
+        wait_for(lambda: self.node.ready or self._error, "the in-process agent")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None and self._thread is not None
+        self._loop.call_soon_threadsafe(self.node.request_stop)
+        self._thread.join(60)
+        if self._error is not None:
+            raise self._error
+
+
+@contextmanager
+def unix_channel(socket: Path) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(f"unix:{socket}") as channel:
+        yield channel

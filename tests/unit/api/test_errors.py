@@ -1,0 +1,114 @@
+"""Domain errors map to gRPC codes and google.rpc details in one table."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+
+from agent.api.errors import code_of, error_record, internal_status, recorded_code, status_of
+from agent.errors import (
+    AgentError,
+    Busy,
+    Conflict,
+    DeviceLost,
+    DriverUnavailable,
+    FieldViolation,
+    InvalidSpec,
+    NotFound,
+    NotSupported,
+    PermissionDenied,
+)
+from agent.prewarm.errors import Cancelled, DigestMismatch, DiskFull, FetchFailed
+from agent.state import INTERRUPTED
+
+S = grpc.StatusCode
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (InvalidSpec("bad"), S.INVALID_ARGUMENT),
+        (NotFound("gone"), S.NOT_FOUND),
+        (Conflict("does not fit"), S.FAILED_PRECONDITION),
+        (Busy("processes", ["pid 4242"]), S.FAILED_PRECONDITION),
+        (Busy("a MIG apply runs", ["operations/abc123"]), S.ABORTED),
+        (NotSupported("no MIG"), S.UNIMPLEMENTED),
+        (DeviceLost("fell off the bus"), S.FAILED_PRECONDITION),
+        (PermissionDenied("no CAP_KILL"), S.PERMISSION_DENIED),
+        (DriverUnavailable("no driver"), S.UNAVAILABLE),
+        (Cancelled("cancelled"), S.CANCELLED),
+        (DiskFull("full"), S.RESOURCE_EXHAUSTED),
+        (DigestMismatch("sha"), S.UNAVAILABLE),
+        (FetchFailed("404"), S.UNAVAILABLE),
+        (AgentError("plain"), S.UNKNOWN),
+    ],
+)
+def test_each_domain_error_has_its_code(error: AgentError, code: grpc.StatusCode) -> None:
+    assert code_of(error) is code
+    assert status_of(error).code == code.value[0]
+    assert error_record(error)["code"] == code.value[0]
+
+
+def unpack(status, kind):  # type: ignore[no-untyped-def]
+    found = []
+    for detail in status.details:
+        message = kind()
+        if detail.Unpack(message):
+            found.append(message)
+    return found
+
+
+def test_invalid_spec_carries_every_field_violation() -> None:
+    error = InvalidSpec(
+        "two problems",
+        [
+            FieldViolation("spec.resources[0].replicas", ">= 2"),
+            FieldViolation("spec.strategy", "x"),
+        ],
+    )
+    status = status_of(error)
+    (bad,) = unpack(status, error_details_pb2.BadRequest)
+    assert [(v.field, v.description) for v in bad.field_violations] == [
+        ("spec.resources[0].replicas", ">= 2"),
+        ("spec.strategy", "x"),
+    ]
+    (info,) = unpack(status, error_details_pb2.ErrorInfo)
+    assert (info.reason, info.domain, info.metadata["error"]) == (
+        "INVALID_SPEC",
+        "gpu-agent.io",
+        "InvalidSpec",
+    )
+
+
+def test_busy_names_the_blocking_processes() -> None:
+    status = status_of(Busy("GPU 0 is busy", ["pid 4242", "holder nvidia-persistenced"]))
+    (failure,) = unpack(status, error_details_pb2.PreconditionFailure)
+    assert [(v.type, v.subject) for v in failure.violations] == [
+        ("BUSY", "pid 4242"),
+        ("BUSY", "holder nvidia-persistenced"),
+    ]
+
+
+def test_a_running_reconfiguration_is_aborted_naming_the_operation() -> None:
+    status = status_of(Busy("another apply runs", ["operations/0f0f"]))
+    assert status.code == S.ABORTED.value[0]
+    (failure,) = unpack(status, error_details_pb2.PreconditionFailure)
+    assert failure.violations[0].type == "OPERATION"
+
+
+def test_internal_status_tells_nothing_but_the_incident() -> None:
+    status = internal_status("abc123")
+    assert status.code == S.INTERNAL.value[0]
+    assert "abc123" in status.message and "Traceback" not in status.message
+
+
+def test_bugs_are_recorded_without_their_text() -> None:
+    record = error_record(KeyError("/etc/secret-path"))
+    assert record["type"] == "Internal" and "secret" not in record["message"]
+    assert record["code"] == S.INTERNAL.value[0]
+
+
+def test_records_written_by_the_store_get_a_code_by_type() -> None:
+    assert recorded_code({"type": INTERRUPTED, "message": "x"}) == S.ABORTED.value[0]
+    assert recorded_code({"type": "Busy", "code": 9}) == 9
