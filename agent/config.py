@@ -317,6 +317,14 @@ class PrewarmSettings:
             "anonymous pulls.",
         ),
     )
+    header_dirs: tuple[str, ...] = field(
+        default=("/etc/gpu-agent/secrets",),
+        metadata=_rules(
+            doc="Directories request header files (tokens, mounted secrets) may be read from. A "
+            "header file elsewhere is refused, so an API caller cannot make the agent send an "
+            "arbitrary node file to an origin.",
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -36,5 +36,10 @@ def build_service(settings: PrewarmSettings, db_path: Path) -> PrewarmService:
     store = CacheStore(settings.cache_dir, index, settings.budget_bytes, settings.max_volume_share)
     policy = policy_from(settings)
     return PrewarmService(
-        index, store, policy, fetcher_from(settings, policy), puller=puller_from(settings)
+        index,
+        store,
+        policy,
+        fetcher_from(settings, policy),
+        puller=puller_from(settings),
+        header_dirs=[Path(d) for d in settings.header_dirs],
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from agent.errors import FieldViolation, InvalidSpec
@@ -20,14 +20,23 @@ def check_header_name(name: str) -> str:
     return name
 
 
-def read_header_files(files: Mapping[str, Path]) -> dict[str, str]:
+def read_header_files(files: Mapping[str, Path], allowed_dirs: Sequence[Path]) -> dict[str, str]:
     """Header name → value read from its file; read at each fetch so rotated secrets apply.
 
-    Errors name the header and the file, never the value.
+    Only files under ``allowed_dirs`` (after resolving links) are read: otherwise any caller of
+    the API could ship any file of the node to an origin as a header. Errors name the header and
+    the file, never the value.
     """
     headers = {}
+    roots = [d.resolve() for d in allowed_dirs]
     for name, path in files.items():
         check_header_name(name)
+        if not any(path.resolve().is_relative_to(root) for root in roots):
+            allowed = ", ".join(str(d) for d in allowed_dirs) or "none configured"
+            raise InvalidSpec(
+                f"header {name}: {path} is outside the header directories ({allowed})",
+                [FieldViolation("header_files", f"a file under: {allowed}")],
+            )
         try:
             value = path.read_text().strip("\r\n")
         except OSError as exc:

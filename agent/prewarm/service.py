@@ -86,8 +86,10 @@ class PrewarmService:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         workers: int = 2,
+        header_dirs: Sequence[Path] = (),
     ) -> None:
         self.index = index
+        self._header_dirs = tuple(header_dirs)
         self.store = store
         self.policy = policy
         self._fetcher = fetcher
@@ -127,7 +129,9 @@ class PrewarmService:
                 )
             for header in request.header_files:
                 check_header_name(header)
-            read_header_files(request.header_files)  # fail now, not minutes later
+            read_header_files(
+                request.header_files, self._header_dirs
+            )  # fail now, not minutes later
         elif not request.ref or any(c.isspace() for c in request.ref):
             raise InvalidSpec(
                 "image reference is empty or has spaces",
@@ -374,7 +378,7 @@ class PrewarmService:
             return self.index.get(item.id).state is not ItemState.FETCHING  # cancelled elsewhere
 
         try:
-            headers = read_header_files(_header_files(item))
+            headers = read_header_files(_header_files(item), self._header_dirs)
             spec = FetchSpec(item.source, headers, item.expected_sha256)
             info = self._fetcher.fetch(spec, partial, progress, cancelled)
             size = partial.offset

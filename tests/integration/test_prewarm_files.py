@@ -241,3 +241,19 @@ def test_http_is_refused_unless_configured(tmp_path: Path) -> None:
     svc = make_service(tmp_path, policy=UrlPolicy(allow_http=False))
     with pytest.raises(InvalidSpec, match="scheme 'http'"):
         svc.submit(FileRequest("http://127.0.0.1:1/x"))
+
+
+def test_header_files_outside_the_header_directories_are_refused(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """An API caller must not be able to ship an arbitrary node file to an origin as a header."""
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (outside / "shadow").write_text("root:x\n")
+    link = tmp_path / "innocent"
+    link.symlink_to(outside / "shadow")  # a link inside that points out is outside too
+    svc = make_service(tmp_path)
+    for path in (outside / "shadow", link):
+        with pytest.raises(InvalidSpec, match="outside the header directories"):
+            svc.submit(FileRequest(origin.url("m.bin"), header_files={"X": path}))
+    assert svc.items() == []

@@ -25,4 +25,4 @@ def make_service(
     store = CacheStore(cache_dir or tmp / "cache", index, budget, share)
     policy = policy or UrlPolicy(allow_http=True)
     fetcher = fetcher or HttpFetcher(policy, proxy=proxy, backoff_s=0.01, timeout_s=10)
-    return PrewarmService(index, store, policy, fetcher)
+    return PrewarmService(index, store, policy, fetcher, header_dirs=[tmp])
