@@ -57,7 +57,7 @@ def cli(
 
 def _register() -> None:
     # Imported here so each command module stays independent of the others.
-    from agent.cli import metrics, mig, prewarm, serve, share, sim, status
+    from agent.cli import coordinator, fleet, metrics, mig, prewarm, serve, share, sim, status
 
     cli.add_command(serve.serve)
     cli.add_command(status.status)
@@ -67,6 +67,8 @@ def _register() -> None:
     cli.add_command(prewarm.cache)
     cli.add_command(metrics.metrics)
     cli.add_command(mig.mig)
+    cli.add_command(fleet.fleet)
+    cli.add_command(coordinator.coordinator)
 
 
 _register()

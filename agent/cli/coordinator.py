@@ -1,0 +1,284 @@
+"""``gpu-agent coordinator serve``: the reconcile loop the coordinator Deployment runs; and how
+every coordinator command reaches the agents (discovery and mTLS options)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from agent.cli.errors import AgentGroup
+from agent.errors import FieldViolation, InvalidSpec
+
+if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
+    from agent.coordinator.discovery import Discovery
+    from agent.coordinator.fleet import Fleet
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+
+DEFAULT_DESIRED = Path("/etc/gpu-agent/desired/desired.yaml")
+
+
+# -- connecting to the fleet (every `fleet` command and `coordinator serve`) -----------------
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    agents: tuple[str, ...]
+    dns: str | None
+    kubernetes: bool
+    namespace: str
+    tls_dir: Path
+    tls_cert: Path | None
+    tls_key: Path | None
+    tls_ca: Path | None
+    server_name: str | None
+    insecure: bool
+    timeout: float
+
+    def open(self) -> Fleet:
+        from agent.coordinator.client import ClientTls
+        from agent.coordinator.fleet import Fleet
+
+        tls = None
+        if not self.insecure:
+            tls = ClientTls(
+                self.tls_cert or self.tls_dir / "tls.crt",
+                self.tls_key or self.tls_dir / "tls.key",
+                self.tls_ca or self.tls_dir / "ca.crt",
+                self.server_name or self._default_server_name(),
+            )
+        return Fleet(self._discovery(), tls, timeout_s=self.timeout)
+
+    def _default_server_name(self) -> str | None:
+        # Pod IPs are dialled; the agents' certificate names their gRPC Service.
+        if self.kubernetes or self.dns:
+            return f"gpu-agent-grpc.{self.namespace}.svc"
+        return None
+
+    def _discovery(self) -> Discovery:
+        from agent.coordinator import discovery
+
+        chosen = sum((bool(self.agents), bool(self.dns), self.kubernetes))
+        if chosen > 1:
+            raise InvalidSpec(
+                "give one of --agents, --dns or --kubernetes",
+                [FieldViolation("discovery", "exactly one source of agents")],
+            )
+        if self.agents:
+            return discovery.StaticDiscovery(self.agents)
+        if self.dns:
+            name, _, port = self.dns.partition(":")
+            return discovery.DnsDiscovery(name, int(port) if port else discovery.AGENT_PORT)
+        if self.kubernetes or os.environ.get("KUBERNETES_SERVICE_HOST"):
+            from agent.coordinator.kube import KubeLister
+
+            return discovery.KubeDiscovery(KubeLister.in_cluster(), self.namespace)
+        raise InvalidSpec(
+            "where are the agents? give --agents HOST:PORT,..., --dns NAME or --kubernetes",
+            [FieldViolation("discovery", "--agents, --dns or --kubernetes")],
+        )
+
+
+def fleet_options(fn: F) -> F:
+    """The options every fleet command (and `coordinator serve`) uses to reach the agents."""
+    options = [
+        click.option(
+            "--agents",
+            default="",
+            help="Agents to use, comma-separated HOST:PORT (or unix:PATH for a local agent).",
+        ),
+        click.option(
+            "--dns", default=None, help="A name whose every address is an agent: NAME[:PORT]."
+        ),
+        click.option(
+            "--kubernetes",
+            is_flag=True,
+            help="List the agent DaemonSet's pods with the Kubernetes API (the default in a pod).",
+        ),
+        click.option(
+            "--namespace",
+            envvar="POD_NAMESPACE",
+            default="gpu-agent",
+            show_default=True,
+            help="Namespace of the agents (env POD_NAMESPACE).",
+        ),
+        click.option(
+            "--tls-dir",
+            type=click.Path(path_type=Path, file_okay=False),
+            default=Path("/etc/gpu-agent/tls"),
+            show_default=True,
+            help="Client certificate tls.crt, key tls.key and the agents' CA ca.crt.",
+        ),
+        click.option(
+            "--tls-cert", type=click.Path(path_type=Path), default=None, help="Overrides TLS dir."
+        ),
+        click.option(
+            "--tls-key", type=click.Path(path_type=Path), default=None, help="Overrides TLS dir."
+        ),
+        click.option(
+            "--tls-ca", type=click.Path(path_type=Path), default=None, help="Overrides TLS dir."
+        ),
+        click.option(
+            "--server-name",
+            default=None,
+            help="Name to verify in the agents' certificate "
+            "(default gpu-agent-grpc.NAMESPACE.svc with --dns/--kubernetes).",
+        ),
+        click.option(
+            "--insecure", is_flag=True, help="Plaintext: Unix sockets or loopback test agents."
+        ),
+        click.option(
+            "--timeout", type=float, default=10.0, show_default=True, help="Seconds per call."
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+_OPTION_NAMES = (
+    "dns",
+    "kubernetes",
+    "namespace",
+    "tls_dir",
+    "tls_cert",
+    "tls_key",
+    "tls_ca",
+    "server_name",
+    "insecure",
+    "timeout",
+)
+
+
+def options_from(kwargs: dict[str, Any]) -> FleetOptions:
+    """The connection options out of a command's keyword arguments (they are removed)."""
+    agents = tuple(a for a in kwargs.pop("agents").split(",") if a.strip())
+    return FleetOptions(agents=agents, **{k: kwargs.pop(k) for k in _OPTION_NAMES})
+
+
+def run_with_fleet(options: FleetOptions, work: Callable[[Fleet], Awaitable[T]]) -> T:
+    """Run ``work`` on the fleet in a fresh event loop, closing every channel after."""
+
+    async def main() -> T:
+        fleet = options.open()
+        try:
+            return await work(fleet)
+        finally:
+            await fleet.close()
+
+    return asyncio.run(main())
+
+
+# -- coordinator serve ---------------------------------------------------------------------------
+
+
+@click.group(cls=AgentGroup)
+def coordinator() -> None:
+    """The thin central coordinator: keeps the fleet at a desired state.
+
+    \b
+    Example:
+      gpu-agent coordinator serve --desired desired.yaml --agents n1:9401,n2:9401
+    """
+
+
+@coordinator.command("serve")
+@fleet_options
+@click.option(
+    "--desired",
+    "desired_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=DEFAULT_DESIRED,
+    show_default=True,
+    help="Desired state YAML (a mounted ConfigMap); re-read every pass. Missing: watch only.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=1.0),
+    default=60.0,
+    show_default=True,
+    help="Seconds between reconcile passes.",
+)
+@click.option(
+    "--listen",
+    default="0.0.0.0:9400",
+    show_default=True,
+    help="HOST:PORT for /metrics and /healthz.",
+)
+@click.option("--once", is_flag=True, help="Run one pass and exit (non-zero if it failed).")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+def serve(
+    desired_path: Path,
+    interval: float,
+    listen: str,
+    once: bool,
+    log_level: str,
+    **kwargs: Any,
+) -> None:
+    """Reconcile the fleet to --desired every --interval seconds, serving /metrics and /healthz.
+
+    Each pass: find the agents, compare each node with the desired MIG layout, sharing and
+    warm items, and roll the differences out with the desired max-unavailable and
+    max-failures. Nothing is kept between passes but metrics: the agents and the file are the
+    state.
+
+    \b
+    Example:
+      gpu-agent coordinator serve --kubernetes --desired /etc/gpu-agent/desired/desired.yaml
+    """
+    from agent.coordinator.reconcile import Reconciler
+    from agent.errors import AgentError
+    from agent.http import HttpServer
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    options = options_from(kwargs)
+    host, _, port = listen.rpartition(":")
+
+    async def main() -> int:
+        fleet = options.open()
+        reconciler = Reconciler(fleet, desired_path, interval_s=interval)
+        try:
+            if once:
+                await reconciler.pass_once()
+                return 0 if reconciler.stats.passes["error"] == 0 else 1
+            http = HttpServer({"/metrics": reconciler.metrics, "/healthz": reconciler.healthz})
+            bound = await http.start(host.strip("[]") or "0.0.0.0", int(port))
+            logging.getLogger(__name__).info(
+                "coordinator serving /metrics and /healthz on %s:%d; desired state %s",
+                host,
+                bound,
+                desired_path,
+            )
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            try:
+                await reconciler.run(stop)
+            finally:
+                await http.stop()
+            return 0
+        finally:
+            await fleet.close()
+
+    if not port.isdigit():
+        raise AgentError(f"--listen {listen!r} is not HOST:PORT")
+    code = asyncio.run(main())
+    if code:
+        raise SystemExit(code)

@@ -1,0 +1,736 @@
+"""``gpu-agent fleet …``: see the fleet, plan MIG layouts for it, roll changes across it.
+
+Thin: parse, call `agent.coordinator.flows`, render. Every command talks to the agents through
+their gRPC API (mTLS), found by a static list, a DNS name or the Kubernetes API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+import yaml
+from google.protobuf import json_format
+
+from agent.cli.coordinator import FleetOptions, fleet_options, options_from, run_with_fleet
+from agent.cli.errors import AgentGroup
+from agent.cli.render import emit, format_table, output_option
+from agent.errors import AgentError, FieldViolation, InvalidSpec
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
+    from agent.coordinator.fleet import Fleet
+
+
+class RolloutIncomplete(AgentError):
+    """A rollout halted, or left nodes failed or unreached; its record says where."""
+
+    exit_code = 10
+
+
+@click.group(cls=AgentGroup)
+def fleet() -> None:
+    """See and change many nodes at once, through their agents' gRPC API (mTLS).
+
+    \b
+    Examples:
+      gpu-agent fleet status --kubernetes
+      gpu-agent fleet apply mig -f mig.yaml -c all-1g.10gb --selector model=*H100* \\
+        --agents n1:9401,n2:9401 --max-unavailable 25% --record rollout.json
+      gpu-agent fleet plan --demand demand.yaml --out plan.yaml --kubernetes
+    """
+
+
+# -- status ----------------------------------------------------------------------------------
+
+
+def _parse_duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    raw = text.strip()
+    try:
+        if raw and raw[-1] in units:
+            return float(raw[:-1]) * units[raw[-1]]
+        return float(raw)
+    except ValueError:
+        raise InvalidSpec(
+            f"{text!r} is not a duration",
+            [FieldViolation("idle-after", "seconds, or a number with s, m, h or d: 30m")],
+        ) from None
+
+
+def _status_table(data: dict[str, Any]) -> str:
+    status = data["status"]
+    nodes = format_table(
+        [
+            "NODE",
+            "HEALTH",
+            "GPUS",
+            "MODELS",
+            "MIG SLICES",
+            "IDLE DEVICES",
+            "SHARING",
+            "WARM",
+            "IDLE GPUS",
+        ],
+        [
+            [
+                n.name,
+                n.health if not n.detail else f"{n.health}: {n.detail}",
+                len(n.gpus),
+                n.models,
+                " ".join(g.slices for g in n.gpus) or "-",
+                _counts(n.idle),
+                n.sharing,
+                n.warm,
+                n.idle_gpus,
+            ]
+            for n in status.nodes
+        ],
+    )
+    profiles = format_table(
+        ["PROFILE", "DEVICES", "IN USE", "IDLE", "CREATABLE"],
+        [[p.profile, p.devices, p.in_use, p.idle, p.creatable] for p in status.profiles],
+    )
+    summary = (
+        f"{len(status.nodes)} node(s), {status.reachable} answering; {status.gpus} GPU(s), "
+        f"{status.idle_gpus} idle for {data['idle_after']} or more. "
+        "MIG SLICES: one character per memory slice: the instance's size in compute slices, "
+        "* in use, . free; - whole GPU (MIG off)."
+    )
+    return f"{nodes}\n\n{profiles}\n\n{summary}"
+
+
+def _counts(counts: dict[str, int]) -> str:
+    from agent.coordinator.capacity import counts_text
+
+    return counts_text(counts)
+
+
+@fleet.command("status")
+@fleet_options
+@click.option("--selector", "-l", default=None, help="Only nodes matching key=value[,key!=value].")
+@click.option(
+    "--idle-after",
+    default="1h",
+    show_default=True,
+    help="A GPU idle at least this long counts as idle (s, m, h, d).",
+)
+@output_option
+def status(selector: str | None, idle_after: str, output: str, **kwargs: Any) -> None:
+    """One table of the fleet's nodes, and totals per MIG profile.
+
+    Per node: GPUs and models, the MIG layout as a slice map, idle MIG devices, sharing, warm
+    cache items, health, and GPUs idle longer than --idle-after.
+
+    \b
+    Example:
+      gpu-agent fleet status --agents n1:9401,n2:9401 --tls-dir ./tls -o json
+    """
+    from agent.coordinator.flows import select
+    from agent.coordinator.selector import parse_selector
+    from agent.coordinator.status import fleet_status
+
+    options = options_from(kwargs)
+    chosen = parse_selector(selector)
+    seconds = _parse_duration(idle_after)
+    selection = run_with_fleet(options, lambda f: select(f, chosen, idle_after_s=seconds))
+    result = fleet_status(selection.views)
+    data = {
+        "status": result,
+        "idle_after": idle_after,
+        "totals": {
+            "nodes": len(result.nodes),
+            "reachable": result.reachable,
+            "gpus": result.gpus,
+            "idle_gpus": result.idle_gpus,
+        },
+    }
+    if output == "table":
+        click.echo(_status_table(data))
+    else:
+        emit({"nodes": result.nodes, "profiles": result.profiles, "totals": data["totals"]}, output)
+
+
+# -- plan and replay ---------------------------------------------------------------------------
+
+
+def _plan_table(data: dict[str, Any]) -> str:
+    result = data["result"]
+    p = result.plan
+    changes = format_table(
+        ["NODE", "GPU", "MODEL", "BEFORE", "AFTER", "CREATE", "DESTROY"],
+        [
+            [
+                c.node,
+                c.index,
+                c.model.removeprefix("NVIDIA "),
+                _counts(dict(c.before)) + (" (MIG off)" if c.enable_mig else ""),
+                _counts(dict(c.after)),
+                " ".join(c.create) or "-",
+                " ".join(c.destroy) or "-",
+            ]
+            for c in p.changes
+        ],
+    )
+    totals = format_table(
+        ["PROFILE", "MODEL", "DEMAND", "BEFORE", "AFTER"],
+        [[t.profile, t.model or "any", t.demand, t.before, t.after] for t in p.totals],
+    )
+    lines = [
+        changes if p.changes else "No GPU changes.",
+        "",
+        totals,
+        "",
+        f"{len(p.changes)} GPU(s) change: {p.created} instance(s) created, {p.destroyed} "
+        f"destroyed (a plan from scratch would destroy {result.scratch_destroyed}); "
+        f"{p.free_slices} memory slice(s) stay free on MIG GPUs.",
+    ]
+    if p.free_capacity:
+        lines.append("Free slices could still hold: " + _counts(dict(p.free_capacity)) + ".")
+    for u in p.unmet:
+        label = u.profile if u.model is None else f"{u.profile} on {u.model}"
+        lines.append(f"UNMET {label}: {u.reason}")
+    if result.unreachable:
+        lines.append(f"Not planned (no answer): {', '.join(result.unreachable)}")
+    if data.get("out"):
+        lines.append(
+            f"Plan written to {data['out']}; apply it with: gpu-agent fleet apply mig "
+            f"--plan {data['out']}"
+        )
+    return "\n".join(lines)
+
+
+@fleet.command("plan")
+@fleet_options
+@click.option(
+    "--demand",
+    "demand_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="Demand file: devices wanted per MIG profile (and per GPU model).",
+)
+@click.option("--selector", "-l", default=None, help="Plan over the matching nodes only.")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Write the plan here, for `gpu-agent fleet apply mig --plan`.",
+)
+@output_option
+def plan(
+    demand_file: Path, selector: str | None, out: Path | None, output: str, **kwargs: Any
+) -> None:
+    """Plan per-GPU MIG layouts that meet a demand with the least change.
+
+    Devices already there count; instances with running processes stay; the remaining free
+    slices are kept in as large regions as possible. Prints what changes where, and what
+    cannot be met and why. The demand file:
+
+    \b
+      version: v1
+      demand:
+        1g.10gb: 40
+        3g.40gb: {NVIDIA H100 80GB HBM3: 6}
+
+    \b
+    Example:
+      gpu-agent fleet plan --demand demand.yaml --out plan.yaml --kubernetes
+    """
+    from agent.coordinator.demand import load_demand
+    from agent.coordinator.flows import plan as plan_flow
+    from agent.coordinator.flows import select
+    from agent.coordinator.planfile import plan_document
+    from agent.coordinator.selector import parse_selector
+
+    demand = load_demand(demand_file)
+    chosen = parse_selector(selector)
+    selection = run_with_fleet(options_from(kwargs), lambda f: select(f, chosen))
+    result = plan_flow(selection, demand)
+    if out is not None:
+        out.write_text(
+            yaml.safe_dump(plan_document(result.plan, str(demand_file)), sort_keys=False)
+        )
+    if output == "table":
+        click.echo(_plan_table({"result": result, "out": out}))
+        return
+    emit(
+        {
+            "changes": result.plan.changes,
+            "unmet": result.plan.unmet,
+            "totals": result.plan.totals,
+            "created": result.plan.created,
+            "destroyed": result.plan.destroyed,
+            "scratch_destroyed": result.scratch_destroyed,
+            "free_slices": result.plan.free_slices,
+            "free_capacity": dict(result.plan.free_capacity),
+            "unreachable": result.unreachable,
+        },
+        output,
+    )
+
+
+def _replay_table(steps: Sequence[Any]) -> str:
+    rows = [
+        [
+            s.label,
+            s.demand,
+            s.met,
+            _counts(dict(s.unmet)),
+            s.disrupted,
+            s.created,
+            s.gpus_changed,
+            f"{s.idle_slices}/{s.total_slices}",
+        ]
+        for s in steps
+    ]
+    table = format_table(
+        ["TIME", "DEMAND", "MET", "UNMET", "DISRUPTED", "CREATED", "GPUS CHANGED", "IDLE SLICES"],
+        rows,
+    )
+    short = sum(s.unmet_total > 0 for s in steps)
+    return (
+        f"{table}\n\n{short} of {len(steps)} step(s) leave demand unmet; "
+        f"{sum(s.disrupted for s in steps)} instance(s) destroyed across the trace."
+    )
+
+
+@fleet.command("replay")
+@fleet_options
+@click.option(
+    "--trace",
+    "trace_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="CSV with time,profile,count[,model]: each row sets that profile's demand from then on.",
+)
+@click.option("--selector", "-l", default=None, help="Start from the matching nodes only.")
+@click.option(
+    "--add",
+    "added",
+    multiple=True,
+    metavar="PRESET=N",
+    help="Also N idle simulated nodes of a preset (e.g. hgx-h200=10): GPUs you might buy.",
+)
+@click.option("--offline", is_flag=True, help="Ask no agents: replay on the --add nodes alone.")
+@output_option
+def replay_cmd(
+    trace_file: Path,
+    selector: str | None,
+    added: tuple[str, ...],
+    offline: bool,
+    output: str,
+    **kwargs: Any,
+) -> None:
+    """Replay a demand trace against the planner: a capacity model before buying GPUs.
+
+    Starts from the fleet's current layouts (and any --add nodes); per step, reports unmet
+    demand, instances destroyed, and memory slices idle (free, or in instances not in use).
+
+    \b
+    Example:
+      gpu-agent fleet replay --trace week.csv --offline --add dgx-h100=20 --add hgx-h200=4
+    """
+    from agent.coordinator.catalog import preset_layouts
+    from agent.coordinator.demand import load_trace
+    from agent.coordinator.flows import replay_trace, select
+    from agent.coordinator.planner import NodeLayouts
+    from agent.coordinator.selector import parse_selector
+
+    steps = load_trace(trace_file)
+    extra: list[NodeLayouts] = []
+    for spec in added:
+        preset, _, count = spec.partition("=")
+        if not count.isdigit() or int(count) < 1:
+            raise InvalidSpec(
+                f"--add {spec!r} is not PRESET=N", [FieldViolation("add", "e.g. dgx-h100=4")]
+            )
+        extra += [
+            NodeLayouts(f"{preset}-{i}", preset_layouts(preset, f"{preset}-{i}"))
+            for i in range(int(count))
+        ]
+    options = options_from(kwargs)
+    if offline and not extra:
+        raise InvalidSpec("--offline needs --add nodes to replay on", [FieldViolation("add", "")])
+    selection = None
+    if not offline:
+        chosen = parse_selector(selector)
+        selection = run_with_fleet(options, lambda f: select(f, chosen))
+    results = replay_trace(selection, extra, steps)
+    emit(list(results), output, _replay_table)
+
+
+# -- rollouts --------------------------------------------------------------------------------
+
+
+def rollout_options(fn: F) -> F:
+    options = [
+        click.option("--selector", "-l", default=None, help="Nodes to change: key=value,..."),
+        click.option(
+            "--max-unavailable",
+            default="1",
+            show_default=True,
+            help="Nodes changing at once: a count or a percentage of the selected nodes.",
+        ),
+        click.option(
+            "--max-failures",
+            type=click.IntRange(min=0),
+            default=1,
+            show_default=True,
+            help="Halt after this many nodes fail (0: never halt).",
+        ),
+        click.option(
+            "--node-timeout",
+            type=float,
+            default=900.0,
+            show_default=True,
+            help="Seconds one node may take before its operation is cancelled and it fails.",
+        ),
+        click.option("--dry-run", is_flag=True, help="Show every node's plan; change nothing."),
+        click.option(
+            "--record",
+            "record_file",
+            type=click.Path(path_type=Path, dir_okay=False),
+            default=None,
+            help="Keep the rollout's progress in this JSON file, for `fleet resume`.",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _report(output: str) -> Callable[[str, Any, str], None]:
+    last: dict[str, str] = {}
+
+    def report(node: str, state: Any, detail: str) -> None:
+        line = f"{state.value}: {detail}" if detail else state.value
+        if output == "table" and last.get(node) != line:
+            last[node] = line
+            click.echo(f"{node}: {line}", err=True)
+
+    return report
+
+
+def _rollout_table(result: Any) -> str:
+    record = result.record
+    if result.previews:
+        rows = []
+        for p in result.previews:
+            rows.append([p.node, p.would, p.detail])
+            for g in p.gpus:
+                if g["status"] != "unchanged":
+                    what = " ".join(
+                        [f"+{c}" for c in g["create"]] + [f"-{d}" for d in g["destroy"]]
+                    )
+                    reason = g["reason"] or "; ".join(g["blockers"])
+                    rows.append(["", f"GPU {g['gpu']}", f"{g['status']} {what or reason}".strip()])
+        head = format_table(["NODE", "WOULD", "DETAIL"], rows)
+        return f"{head}\n\nDry run of a {record.kind} rollout: nothing was changed."
+    table = format_table(
+        ["NODE", "STATE", "ATTEMPT", "DETAIL"],
+        [[n, r.state, r.attempt, r.detail] for n, r in record.nodes.items()],
+    )
+    lines = [table, ""]
+    if record.halted:
+        lines.append(record.halted.capitalize() + ".")
+    if result.skipped:
+        lines.append(f"Skipped (no answer): {', '.join(result.skipped)}.")
+    if record.path is not None:
+        lines.append(f"Record: {record.path}")
+    return "\n".join(lines)
+
+
+def _finish(result: Any, output: str) -> None:
+    if output == "table":
+        click.echo(_rollout_table(result))
+    elif result.previews:
+        emit({"kind": result.record.kind, "previews": result.previews}, output)
+    else:
+        emit({"record": result.record.to_dict(), "skipped": result.skipped}, output)
+    if result.previews or result.complete:
+        return
+    hint = (
+        f"resume with: gpu-agent fleet resume {result.record.path}"
+        if result.record.path
+        else "pass --record FILE to be able to resume"
+    )
+    reason = result.record.halted or "some nodes failed or did not answer"
+    raise RolloutIncomplete(f"the rollout is incomplete ({reason}); {hint}")
+
+
+def _start(
+    options: FleetOptions,
+    kind: str,
+    spec: dict[str, Any],
+    selector: str | None,
+    rollout: dict[str, Any],
+    output: str,
+    nodes: Sequence[str] | None = None,
+) -> None:
+    """Select nodes, write a new record, run (or dry-run) the rollout, render it."""
+    from agent.coordinator.flows import rollout as rollout_flow
+    from agent.coordinator.flows import select
+    from agent.coordinator.record import RolloutRecord
+    from agent.coordinator.selector import parse_selector
+
+    chosen = parse_selector(selector)
+    dry_run = rollout.pop("dry_run")
+    path = rollout.pop("record_file")
+
+    async def work(fleet: Fleet) -> Any:
+        selection = await select(fleet, chosen)
+        names = [v.name for v in selection.views if nodes is None or v.name in nodes]
+        if not names:
+            raise InvalidSpec(
+                f"no node matches the selector {chosen}", [FieldViolation("selector", str(chosen))]
+            )
+        record = RolloutRecord.start(kind, spec, sorted(names), selector=str(chosen), **rollout)
+        record.path = None if dry_run else path
+        return await rollout_flow(fleet, selection, record, dry_run=dry_run, report=_report(output))
+
+    _finish(run_with_fleet(options, work), output)
+
+
+def _rollout_args(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "max_unavailable": kwargs.pop("max_unavailable"),
+        "max_failures": kwargs.pop("max_failures"),
+        "node_timeout_s": kwargs.pop("node_timeout"),
+        "dry_run": kwargs.pop("dry_run"),
+        "record_file": kwargs.pop("record_file"),
+    }
+
+
+@fleet.group("apply", cls=AgentGroup)
+def apply() -> None:
+    """Roll a MIG layout or a sharing config across nodes, a few at a time."""
+
+
+@apply.command("mig")
+@fleet_options
+@rollout_options
+@click.option(
+    "--file",
+    "-f",
+    "config_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="mig-parted v1 config file.",
+)
+@click.option("--config", "-c", "config_name", default="", help="Config name in the file.")
+@click.option(
+    "--plan",
+    "plan_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="A plan from `fleet plan --out`: each node gets its own config.",
+)
+@output_option
+def apply_mig(
+    config_file: Path | None,
+    config_name: str,
+    plan_file: Path | None,
+    selector: str | None,
+    output: str,
+    **kwargs: Any,
+) -> None:
+    """Apply a MIG config (or a fleet plan) to the selected nodes, a few at a time.
+
+    Each node plans first (unchanged nodes are skipped, blocked or infeasible ones fail without
+    a change), then applies; its operation is watched to the end. At most --max-unavailable
+    nodes change at once; after --max-failures failures the rollout halts.
+
+    \b
+    Examples:
+      gpu-agent fleet apply mig -f mig.yaml -c all-1g.10gb -l model=*H100* \\
+        --max-unavailable 10% --record rollout.json --kubernetes
+      gpu-agent fleet apply mig --plan plan.yaml --dry-run --kubernetes
+    """
+    from agent.coordinator.planfile import PLAN_CONFIG, load_plan
+    from agent.mig.spec import load_spec
+
+    rollout = _rollout_args(kwargs)
+    if (config_file is None) == (plan_file is None):
+        raise InvalidSpec(
+            "give a config (-f FILE [-c NAME]) or a plan (--plan FILE), not both",
+            [FieldViolation("file", "-f or --plan")],
+        )
+    if plan_file is not None:
+        configs = load_plan(plan_file)
+        spec = {"configs": dict(configs), "config_name": PLAN_CONFIG}
+        nodes: Sequence[str] | None = list(configs)
+    else:
+        assert config_file is not None
+        text = config_file.read_text()
+        name, _ = load_spec(config_file, text).select(config_name or None)
+        spec = {"config_yaml": text, "config_name": name}
+        nodes = None
+    _start(options_from(kwargs), "mig", spec, selector, rollout, output, nodes)
+
+
+@apply.command("share")
+@fleet_options
+@rollout_options
+@click.option(
+    "--strategy", type=click.Choice(["time-slicing", "mps"]), default=None, help="How to share."
+)
+@click.option("--replicas", type=click.IntRange(min=2), default=None, help="Replicas per device.")
+@click.option(
+    "--resource",
+    "resources",
+    multiple=True,
+    default=("nvidia.com/gpu",),
+    show_default=True,
+    help="Resources to share (repeat for several).",
+)
+@click.option("--rename", is_flag=True, help="Advertise shared resources as <name>.shared.")
+@click.option(
+    "--file",
+    "-f",
+    "config_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="A whole device-plugin config file instead.",
+)
+@output_option
+def apply_share(
+    strategy: str | None,
+    replicas: int | None,
+    resources: tuple[str, ...],
+    rename: bool,
+    config_file: Path | None,
+    selector: str | None,
+    output: str,
+    **kwargs: Any,
+) -> None:
+    """Set GPU sharing (time-slicing or MPS) on the selected nodes, a few at a time.
+
+    \b
+    Example:
+      gpu-agent fleet apply share --strategy time-slicing --replicas 4 -l name=inference-* \\
+        --max-unavailable 2 --kubernetes
+    """
+    from agent._proto.gpuagent.v1 import sharing_pb2
+
+    rollout = _rollout_args(kwargs)
+    if config_file is not None:
+        request = sharing_pb2.SetSharingRequest(config_yaml=config_file.read_text())
+    elif strategy is not None and replicas is not None:
+        request = sharing_pb2.SetSharingRequest(
+            spec=sharing_pb2.SharingSpec(
+                strategy=(
+                    sharing_pb2.SHARING_STRATEGY_TIME_SLICING
+                    if strategy == "time-slicing"
+                    else sharing_pb2.SHARING_STRATEGY_MPS
+                ),
+                resources=[
+                    sharing_pb2.SharedResource(name=r, replicas=replicas) for r in resources
+                ],
+                rename_by_default=rename,
+            )
+        )
+    else:
+        raise InvalidSpec(
+            "give --strategy and --replicas, or -f with a device-plugin config file",
+            [FieldViolation("strategy", "time-slicing or mps, with --replicas N >= 2")],
+        )
+    spec = {"request": json_format.MessageToDict(request)}
+    _start(options_from(kwargs), "share", spec, selector, rollout, output)
+
+
+@fleet.command("prewarm")
+@fleet_options
+@rollout_options
+@click.option("--url", default=None, help="File to fetch (https://, or http:// where allowed).")
+@click.option("--sha256", default="", help="Expected sha256 of the file.")
+@click.option("--image", default=None, help="Container image to pull instead.")
+@click.option("--runtime-handler", default="", help="CRI runtime handler, e.g. nydus.")
+@click.option("--name", "item_name", default="", help="Item name (the node label's name).")
+@click.option("--pin", is_flag=True, help="Never evict it.")
+@click.option(
+    "--header-file",
+    "header_files",
+    multiple=True,
+    metavar="HEADER=PATH",
+    help="A header whose value each node reads from a file (a mounted secret).",
+)
+@output_option
+def prewarm(
+    url: str | None,
+    sha256: str,
+    image: str | None,
+    runtime_handler: str,
+    item_name: str,
+    pin: bool,
+    header_files: tuple[str, ...],
+    selector: str | None,
+    output: str,
+    **kwargs: Any,
+) -> None:
+    """Warm one file or image on many nodes, at most --max-unavailable nodes fetching at once.
+
+    --max-unavailable is the concurrency here: it keeps the origin from being stampeded. Each
+    node's readiness is reported as it comes, until every node is warm or failed.
+
+    \b
+    Example:
+      gpu-agent fleet prewarm --url https://models.example/llama.safetensors \\
+        --sha256 9f86d0... --name llama-8b --max-unavailable 20 --max-failures 0 --kubernetes
+    """
+    from agent._proto.gpuagent.v1 import prewarm_pb2
+
+    rollout = _rollout_args(kwargs)
+    if (url is None) == (image is None):
+        raise InvalidSpec("give --url or --image", [FieldViolation("url", "--url or --image")])
+    if url is not None:
+        headers = dict(h.partition("=")[::2] for h in header_files)
+        target = prewarm_pb2.PrewarmTarget(
+            file=prewarm_pb2.FileTarget(
+                url=url, name=item_name, sha256=sha256, pin=pin, header_files=headers
+            )
+        )
+    else:
+        target = prewarm_pb2.PrewarmTarget(
+            image=prewarm_pb2.ImageTarget(
+                ref=image or "", name=item_name, runtime_handler=runtime_handler, pin=pin
+            )
+        )
+    spec = {"targets": [json_format.MessageToDict(target)]}
+    _start(options_from(kwargs), "prewarm", spec, selector, rollout, output)
+
+
+@fleet.command("resume")
+@fleet_options
+@click.argument("record_file", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.option("--dry-run", is_flag=True, help="Show what the resumed rollout would do.")
+@output_option
+def resume(record_file: Path, dry_run: bool, output: str, **kwargs: Any) -> None:
+    """Carry on a halted or interrupted rollout from its record.
+
+    Finished nodes are skipped, failed nodes retried, nodes left mid-operation re-attached to
+    their operation on the agent.
+
+    \b
+    Example:
+      gpu-agent fleet resume rollout.json --kubernetes
+    """
+    from agent.coordinator.flows import rollout as rollout_flow
+    from agent.coordinator.flows import select
+    from agent.coordinator.record import RolloutRecord
+    from agent.coordinator.selector import Selector
+
+    record = RolloutRecord.load(record_file)
+
+    async def work(fleet: Fleet) -> Any:
+        selection = await select(fleet, Selector())
+        order = record.resume()
+        if dry_run:
+            record.path = None
+        return await rollout_flow(
+            fleet, selection, record, order=order, dry_run=dry_run, report=_report(output)
+        )
+
+    _finish(run_with_fleet(options_from(kwargs), work), output)

@@ -1,0 +1,254 @@
+"""What a rollout does to one node, per kind (MIG, sharing, prewarm), through the agent API.
+
+Each action is idempotent per (rollout, node, attempt): its request id makes a retry, or a
+resume after the coordinator died, find the operation the first call started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import json_format
+
+from agent._proto.gpuagent.v1 import (
+    cache_pb2,
+    mig_pb2,
+    operations_pb2,
+    prewarm_pb2,
+    sharing_pb2,
+)
+from agent.coordinator.client import AgentClient
+from agent.coordinator.discovery import Target
+from agent.coordinator.execute import NodeAction, NodeResult, Notes
+from agent.coordinator.fleet import Fleet
+from agent.coordinator.record import RolloutRecord
+from agent.coordinator.rollout import NodeState
+from agent.errors import AgentError
+
+__all__ = ["NodePreview", "action_for", "preview"]
+
+_CANCEL_TIMEOUT_S = 5.0
+_PLAN_STATUS = {
+    mig_pb2.MIG_PLAN_STATUS_UNCHANGED: "unchanged",
+    mig_pb2.MIG_PLAN_STATUS_CHANGE: "change",
+    mig_pb2.MIG_PLAN_STATUS_BLOCKED: "blocked",
+    mig_pb2.MIG_PLAN_STATUS_INFEASIBLE: "infeasible",
+}
+
+
+def mig_config(record: RolloutRecord, node: str) -> tuple[str, str]:
+    """The config file and name a node gets: one for all, or its own from a fleet plan."""
+    spec = record.spec
+    configs: Mapping[str, str] | None = spec.get("configs")
+    text = configs[node] if configs is not None else spec["config_yaml"]
+    return text, spec["config_name"]
+
+
+def sharing_request(record: RolloutRecord, node: str) -> sharing_pb2.SetSharingRequest:
+    request = json_format.ParseDict(record.spec["request"], sharing_pb2.SetSharingRequest())
+    request.request_id = record.request_id(node)
+    return request
+
+
+def prewarm_targets(record: RolloutRecord) -> list[prewarm_pb2.PrewarmTarget]:
+    return [json_format.ParseDict(t, prewarm_pb2.PrewarmTarget()) for t in record.spec["targets"]]
+
+
+async def _follow(
+    client: AgentClient, op: operations_pb2.Operation, notes: Notes
+) -> operations_pb2.Operation:
+    """Watch an operation to its end, reporting progress; cancel it when the node timed out."""
+    notes.operation(op.name)
+    last = op
+    try:
+        async for last in client.watch(op.name):
+            notes.progress(_progress(last))
+    except asyncio.CancelledError:
+        if notes.timed_out:
+            with contextlib.suppress(AgentError, TimeoutError):
+                await asyncio.wait_for(client.cancel_operation(op.name), _CANCEL_TIMEOUT_S)
+        raise
+    return last
+
+
+def _progress(op: operations_pb2.Operation) -> str:
+    which = op.metadata.WhichOneof("progress")
+    if which == "mig_apply":
+        m = op.metadata.mig_apply
+        return f"{m.phase}: {m.gpus_done}/{m.gpus_total} GPUs, step {m.steps_done}/{m.steps_total}"
+    if which == "prewarm":
+        p = op.metadata.prewarm
+        return f"{p.items_done}/{p.items_total} items done"
+    return op.name
+
+
+def _failure(op: operations_pb2.Operation) -> str:
+    if op.HasField("error"):
+        return f"{op.error.reason}: {op.error.message}"
+    return f"ended {operations_pb2.OperationState.Name(op.state)}"
+
+
+@dataclass
+class _Base:
+    fleet: Fleet
+    targets: Mapping[str, Target]
+    record: RolloutRecord
+
+    def client(self, node: str) -> AgentClient:
+        return self.fleet.client(self.targets[node])
+
+
+class MigApply(_Base):
+    async def __call__(self, node: str, notes: Notes) -> NodeResult:
+        client = self.client(node)
+        text, name = mig_config(self.record, node)
+        plan = await client.plan_mig(text, name)
+        statuses = {_PLAN_STATUS.get(g.status, "unknown") for g in plan.gpus}
+        if statuses <= {"unchanged"}:
+            return NodeResult(NodeState.UNCHANGED, "already as asked")
+        refused = [
+            f"GPU {g.gpu_index}: {_PLAN_STATUS.get(g.status)} "
+            f"{g.infeasible_reason or '; '.join(f'{b.pid} on {b.instance}' for b in g.blockers)}"
+            for g in plan.gpus
+            if g.status in (mig_pb2.MIG_PLAN_STATUS_BLOCKED, mig_pb2.MIG_PLAN_STATUS_INFEASIBLE)
+        ]
+        if refused:
+            return NodeResult(NodeState.FAILED, "not applied: " + "; ".join(refused))
+        op = await client.apply_mig(text, name, self.record.request_id(node))
+        final = await _follow(client, op, notes)
+        if final.state != operations_pb2.OPERATION_STATE_SUCCEEDED:
+            return NodeResult(NodeState.FAILED, _failure(final))
+        changed = len(final.response.mig_apply.changed_gpu_uuids)
+        return NodeResult(NodeState.SUCCEEDED, f"{changed} GPU(s) changed")
+
+
+class ShareApply(_Base):
+    async def __call__(self, node: str, notes: Notes) -> NodeResult:
+        change = await self.client(node).set_sharing(sharing_request(self.record, node))
+        if not change.changed:
+            return NodeResult(NodeState.UNCHANGED, "already as asked")
+        reload = change.reload.detail if change.HasField("reload") else ""
+        return NodeResult(NodeState.SUCCEEDED, reload or "config written")
+
+
+class PrewarmApply(_Base):
+    async def __call__(self, node: str, notes: Notes) -> NodeResult:
+        client = self.client(node)
+        op = await client.submit_prewarm(prewarm_targets(self.record), self.record.request_id(node))
+        final = await _follow(client, op, notes)
+        if final.state != operations_pb2.OPERATION_STATE_SUCCEEDED:
+            return NodeResult(NodeState.FAILED, _failure(final))
+        items = final.response.prewarm.items
+        bad = [f"{i.name}: {i.error}" for i in items if i.state != cache_pb2.CACHE_ITEM_STATE_READY]
+        if bad:
+            return NodeResult(NodeState.FAILED, "; ".join(bad))
+        return NodeResult(NodeState.SUCCEEDED, f"{len(items)} item(s) ready")
+
+
+_ACTIONS: Mapping[str, Callable[[Fleet, Mapping[str, Target], RolloutRecord], NodeAction]] = {
+    "mig": MigApply,
+    "share": ShareApply,
+    "prewarm": PrewarmApply,
+}
+
+
+def action_for(fleet: Fleet, targets: Mapping[str, Target], record: RolloutRecord) -> NodeAction:
+    return _ACTIONS[record.kind](fleet, targets, record)
+
+
+# -- dry runs ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodePreview:
+    """What a rollout would do to one node; ``gpus`` holds the MIG plan per GPU."""
+
+    node: str
+    would: str  # change, unchanged, refused, unknown
+    detail: str
+    gpus: tuple[dict[str, Any], ...] = ()
+
+
+async def _preview_mig(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:
+    text, name = mig_config(record, node)
+    plan = await client.plan_mig(text, name)
+    gpus = tuple(
+        {
+            "gpu": g.gpu_index,
+            "status": _PLAN_STATUS.get(g.status, "unknown"),
+            "keep": list(g.keep),
+            "destroy": list(g.destroy),
+            "create": list(g.create),
+            "blockers": [f"{b.pid} on {b.instance} ({b.change})" for b in g.blockers],
+            "reason": g.infeasible_reason,
+            "deferred": g.deferred,
+        }
+        for g in plan.gpus
+    )
+    statuses = {g["status"] for g in gpus}
+    if statuses & {"blocked", "infeasible"}:
+        would = "refused"
+    else:
+        would = "unchanged" if statuses <= {"unchanged"} else "change"
+    changing = sum(g["status"] != "unchanged" for g in gpus)
+    return NodePreview(node, would, f"{changing}/{len(gpus)} GPU(s) change", gpus)
+
+
+async def _preview_share(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:
+    now = await client.get_sharing()
+    want = sharing_request(record, node)
+    current = _sharing_text(now.config) if now.exists else "none (no file)"
+    if want.WhichOneof("config") == "spec":
+        spec = want.spec
+        same = (
+            now.exists
+            and now.config.strategy == spec.strategy
+            and {(r.name.removeprefix("nvidia.com/"), r.replicas) for r in now.config.resources}
+            == {(r.name.removeprefix("nvidia.com/"), r.replicas) for r in spec.resources}
+            and now.config.rename_by_default == spec.rename_by_default
+        )
+        return NodePreview(node, "unchanged" if same else "change", f"now: {current}")
+    return NodePreview(node, "unknown", f"now: {current}; a whole config file would be written")
+
+
+async def _preview_prewarm(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:
+    items = (await client.node()).cache.items
+    ready = {i.name for i in items if i.state == cache_pb2.CACHE_ITEM_STATE_READY}
+    names = [_target_name(t) for t in prewarm_targets(record)]
+    missing = [n for n in names if not n or n not in ready]
+    if not missing:
+        return NodePreview(node, "unchanged", "every item is warm")
+    return NodePreview(node, "change", f"{len(missing)}/{len(names)} item(s) to fetch")
+
+
+def _target_name(target: prewarm_pb2.PrewarmTarget) -> str:
+    return target.file.name if target.HasField("file") else target.image.name
+
+
+def _sharing_text(config: sharing_pb2.SharingConfig) -> str:
+    strategy = sharing_pb2.SharingStrategy.Name(config.strategy).removeprefix("SHARING_STRATEGY_")
+    resources = ", ".join(f"{r.name} x{r.replicas}" for r in config.resources)
+    return f"{strategy.lower().replace('_', '-')} {resources}".strip()
+
+
+_PREVIEWS = {"mig": _preview_mig, "share": _preview_share, "prewarm": _preview_prewarm}
+
+
+async def preview(
+    fleet: Fleet, targets: Mapping[str, Target], record: RolloutRecord
+) -> list[NodePreview]:
+    """Every node's plan, read-only, in rollout order; a node that cannot answer says why."""
+    show = _PREVIEWS[record.kind]
+    nodes = list(record.nodes)
+
+    async def one(node: str) -> NodePreview:
+        try:
+            return await show(fleet.client(targets[node]), record, node)
+        except AgentError as exc:
+            return NodePreview(node, "unknown", str(exc))
+
+    return list(await asyncio.gather(*(one(n) for n in nodes)))

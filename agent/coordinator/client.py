@@ -1,0 +1,257 @@
+"""The coordinator's client of one agent: its gRPC API over mTLS (grpc.aio).
+
+Errors come back as the domain errors the agent raised (same class, message, field violations
+and blockers), rebuilt from the rich status in one place; a dead or unreachable agent is
+`Unreachable`. Channels are made per agent and reused while the coordinator runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar, cast
+
+import grpc
+from google.protobuf.message import Message
+from google.rpc import error_details_pb2, status_pb2
+
+from agent._proto.gpuagent.v1 import (
+    agent_pb2,
+    agent_pb2_grpc,
+    mig_pb2,
+    mig_pb2_grpc,
+    operations_pb2,
+    operations_pb2_grpc,
+    prewarm_pb2,
+    prewarm_pb2_grpc,
+    sharing_pb2,
+    sharing_pb2_grpc,
+    telemetry_pb2,
+    telemetry_pb2_grpc,
+)
+from agent.errors import (
+    AgentError,
+    Busy,
+    Conflict,
+    DeviceLost,
+    FieldViolation,
+    InvalidSpec,
+    NotFound,
+    NotSupported,
+    PermissionDenied,
+)
+
+__all__ = ["AgentClient", "ClientTls", "Unreachable", "domain_error"]
+
+_DETAILS_KEY = "grpc-status-details-bin"
+_WATCH_RETRY_S = 1.0
+
+
+class Unreachable(AgentError):
+    """The agent did not answer (down, unreachable, or the TLS handshake failed)."""
+
+    exit_code = 9
+
+
+_ERRORS: Mapping[str, type[AgentError]] = {
+    cls.__name__: cls
+    for cls in (Busy, Conflict, DeviceLost, InvalidSpec, NotFound, NotSupported, PermissionDenied)
+}
+_BY_CODE: Mapping[grpc.StatusCode, type[AgentError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidSpec,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.FAILED_PRECONDITION: Conflict,
+    grpc.StatusCode.ABORTED: Busy,
+    grpc.StatusCode.UNIMPLEMENTED: NotSupported,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.UNAUTHENTICATED: PermissionDenied,
+    grpc.StatusCode.UNAVAILABLE: Unreachable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: Unreachable,
+}
+
+
+def domain_error(exc: grpc.aio.AioRpcError, address: str) -> AgentError:
+    """The domain error behind a failed call, prefixed with the agent it came from."""
+    code = exc.code()
+    message = f"{address}: {exc.details() or code.name}"
+    name: str | None = None
+    violations: list[FieldViolation] = []
+    blockers: list[str] = []
+    # grpc-stubs type these as objects; at run time aio metadata yields (key, value) pairs.
+    trailers = cast(Iterable[tuple[str, object]], exc.trailing_metadata() or ())
+    for key, value in trailers:
+        if key != _DETAILS_KEY or not isinstance(value, bytes):
+            continue
+        for detail in status_pb2.Status.FromString(value).details:
+            info = error_details_pb2.ErrorInfo()
+            bad = error_details_pb2.BadRequest()
+            failure = error_details_pb2.PreconditionFailure()
+            if detail.Unpack(info):
+                name = info.metadata.get("error")
+            elif detail.Unpack(bad):
+                violations += [FieldViolation(v.field, v.description) for v in bad.field_violations]
+            elif detail.Unpack(failure):
+                blockers += [v.subject for v in failure.violations]
+    cls = _ERRORS.get(name or "") or _BY_CODE.get(code, AgentError)
+    if issubclass(cls, InvalidSpec):
+        return cls(message, violations)
+    if issubclass(cls, Busy):
+        return cls(message, blockers)
+    return cls(message)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTls:
+    """The coordinator's client certificate, key and the agents' CA; None for plaintext.
+
+    ``server_name`` is the name checked in the agents' certificate when dialling pod IPs (the
+    agents share one serving certificate naming their gRPC Service).
+    """
+
+    cert: Path
+    key: Path
+    ca: Path
+    server_name: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        # Read on every new channel: cert-manager rotates the files in place.
+        try:
+            ca, key, cert = (p.read_bytes() for p in (self.ca, self.key, self.cert))
+        except OSError as exc:
+            raise InvalidSpec(
+                f"cannot read the client TLS files: {exc}",
+                [FieldViolation("tls", f"{exc.filename}: {exc.strerror}")],
+            ) from exc
+        return grpc.ssl_channel_credentials(ca, key, cert)
+
+
+M = TypeVar("M", bound=Message)
+
+
+class AgentClient:
+    """Calls on one agent. Every method raises the agent's domain error, or `Unreachable`."""
+
+    def __init__(
+        self,
+        address: str,
+        tls: ClientTls | None,
+        *,
+        timeout_s: float = 10.0,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        if tls is None or address.startswith("unix:"):
+            self._channel = grpc.aio.insecure_channel(address)
+        else:
+            options = []
+            if tls.server_name:
+                options.append(("grpc.ssl_target_name_override", tls.server_name))
+            self._channel = grpc.aio.secure_channel(
+                address, credentials or tls.credentials(), options=options
+            )
+        self._node = agent_pb2_grpc.NodeServiceStub(self._channel)
+        self._ops = operations_pb2_grpc.OperationsServiceStub(self._channel)
+        self._mig = mig_pb2_grpc.MigServiceStub(self._channel)
+        self._sharing = sharing_pb2_grpc.SharingServiceStub(self._channel)
+        self._prewarm = prewarm_pb2_grpc.PrewarmServiceStub(self._channel)
+        self._telemetry = telemetry_pb2_grpc.TelemetryServiceStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close(None)
+
+    async def _call(
+        self, method: Callable[..., Awaitable[M]], request: Message, timeout: float | None = None
+    ) -> M:
+        try:
+            return await method(request, timeout=timeout or self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise domain_error(exc, self.address) from exc
+
+    # -- node ------------------------------------------------------------------------------------
+
+    async def node(self) -> agent_pb2.Node:
+        response: agent_pb2.GetNodeResponse = await self._call(
+            self._node.GetNode, agent_pb2.GetNodeRequest()
+        )
+        return response.node
+
+    async def telemetry(self, field_ids: Sequence[int] = ()) -> telemetry_pb2.TelemetrySnapshot:
+        request = telemetry_pb2.GetTelemetrySnapshotRequest(field_ids=field_ids)
+        response: telemetry_pb2.GetTelemetrySnapshotResponse = await self._call(
+            self._telemetry.GetTelemetrySnapshot, request
+        )
+        return response.snapshot
+
+    # -- MIG -------------------------------------------------------------------------------------
+
+    async def plan_mig(self, config_yaml: str, config_name: str) -> mig_pb2.PlanMigResponse:
+        request = mig_pb2.PlanMigRequest(config_yaml=config_yaml, config_name=config_name)
+        response: mig_pb2.PlanMigResponse = await self._call(self._mig.PlanMig, request)
+        return response
+
+    async def apply_mig(
+        self, config_yaml: str, config_name: str, request_id: str
+    ) -> operations_pb2.Operation:
+        request = mig_pb2.ApplyMigRequest(
+            config_yaml=config_yaml, config_name=config_name, request_id=request_id
+        )
+        response: mig_pb2.ApplyMigResponse = await self._call(self._mig.ApplyMig, request)
+        return response.operation
+
+    # -- sharing ---------------------------------------------------------------------------------
+
+    async def get_sharing(self) -> sharing_pb2.GetSharingResponse:
+        response: sharing_pb2.GetSharingResponse = await self._call(
+            self._sharing.GetSharing, sharing_pb2.GetSharingRequest()
+        )
+        return response
+
+    async def set_sharing(
+        self, request: sharing_pb2.SetSharingRequest
+    ) -> sharing_pb2.SharingChange:
+        response: sharing_pb2.SetSharingResponse = await self._call(
+            self._sharing.SetSharing, request
+        )
+        return response.change
+
+    # -- prewarm ---------------------------------------------------------------------------------
+
+    async def submit_prewarm(
+        self, targets: Sequence[prewarm_pb2.PrewarmTarget], request_id: str
+    ) -> operations_pb2.Operation:
+        request = prewarm_pb2.SubmitPrewarmRequest(targets=targets, request_id=request_id)
+        response: prewarm_pb2.SubmitPrewarmResponse = await self._call(
+            self._prewarm.SubmitPrewarm, request
+        )
+        return response.operation
+
+    # -- operations ------------------------------------------------------------------------------
+
+    async def cancel_operation(self, name: str) -> operations_pb2.Operation:
+        response: operations_pb2.CancelOperationResponse = await self._call(
+            self._ops.CancelOperation, operations_pb2.CancelOperationRequest(name=name)
+        )
+        return response.operation
+
+    async def watch(self, name: str) -> AsyncIterator[operations_pb2.Operation]:
+        """The operation at every change until it is done.
+
+        A broken stream (the agent restarted) is watched again: operations outlive restarts.
+        """
+        while True:
+            stream = self._ops.WatchOperation(operations_pb2.WatchOperationRequest(name=name))
+            try:
+                async for item in stream:
+                    yield item.operation
+                    if item.operation.done:
+                        return
+            except grpc.aio.AioRpcError as exc:
+                error = domain_error(exc, self.address)
+                if not isinstance(error, Unreachable):
+                    raise error from exc
+            finally:
+                stream.cancel()
+            await asyncio.sleep(_WATCH_RETRY_S)

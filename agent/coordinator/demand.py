@@ -1,0 +1,296 @@
+"""MIG demand for the fleet planner: a demand file, and a demand trace for replays.
+
+A demand file counts the MIG devices the fleet should offer, per GPU-instance profile, and per
+GPU model where it matters (the same name, e.g. ``3g.40gb``, exists on A100-80GB and H100)::
+
+    version: v1
+    demand:
+      1g.10gb: 40                  # on any GPU that offers the profile
+      3g.40gb:                     # per model, as `fleet status` names them
+        NVIDIA H100 80GB HBM3: 6
+        NVIDIA A100-SXM4-80GB: 2
+
+A trace is a CSV with the header ``time,profile,count[,model]`` (or the same rows as a YAML
+list): each row sets that profile's demand from that time on. Times are seconds or ISO-8601.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.errors import FieldViolation, InvalidSpec
+from agent.gpu.profiles import parse_profile
+
+__all__ = [
+    "Demand",
+    "DemandEntry",
+    "TraceStep",
+    "load_demand",
+    "load_trace",
+    "model_key",
+    "parse_demand",
+    "parse_trace",
+]
+
+VERSION = "v1"
+
+
+def model_key(name: str) -> str:
+    """A GPU product name as matched: case-insensitive, the ``NVIDIA`` prefix optional."""
+    key = " ".join(name.split()).casefold()
+    return key.removeprefix("nvidia ")
+
+
+@dataclass(frozen=True, slots=True)
+class DemandEntry:
+    """``count`` devices of ``profile`` on GPUs of ``model`` (None: any model offering it)."""
+
+    profile: str
+    count: int
+    model: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.profile if self.model is None else f"{self.profile} on {self.model}"
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    entries: tuple[DemandEntry, ...]
+
+    def entry_for(self, profile: str, model: str) -> int | None:
+        """Index of the entry a device of ``profile`` on a GPU named ``model`` counts toward."""
+        key = model_key(model)
+        for i, e in enumerate(self.entries):
+            if e.profile == profile and (e.model is None or model_key(e.model) == key):
+                return i
+        return None
+
+    @property
+    def total(self) -> int:
+        return sum(e.count for e in self.entries)
+
+
+def _profile(raw: object, field: str, bad: list[FieldViolation]) -> str | None:
+    try:
+        parsed = parse_profile(str(raw))
+    except InvalidSpec as exc:
+        bad.append(FieldViolation(field, str(exc)))
+        return None
+    if parsed.ci_slices not in (None, parsed.gi_slices):
+        bad.append(
+            FieldViolation(
+                field,
+                "demand counts whole MIG devices (GPU-instance profiles such as 3g.40gb); "
+                f"compute-instance profiles like {raw} are not planned fleet-wide",
+            )
+        )
+        return None
+    return str(parsed)
+
+
+def _count(raw: object, field: str, bad: list[FieldViolation]) -> int | None:
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        bad.append(FieldViolation(field, f"must be an integer >= 0, not {raw!r}"))
+        return None
+    return raw
+
+
+def _raise(source: str, bad: Sequence[FieldViolation]) -> None:
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise InvalidSpec(f"{source}: {bad[0].field}: {bad[0].description}{more}", bad)
+
+
+def _load(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise InvalidSpec(
+            f"cannot read {path}: {exc.strerror}", [FieldViolation("file", str(exc))]
+        ) from exc
+
+
+def _yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidSpec(
+            f"{source}: not valid YAML: {exc}", [FieldViolation("", str(exc))]
+        ) from exc
+
+
+def load_demand(path: Path) -> Demand:
+    return parse_demand(_load(path), str(path))
+
+
+def parse_demand(text: str, source: str = "<demand>") -> Demand:
+    """Parse a demand file; InvalidSpec lists every bad field."""
+    doc = _yaml(text, source)
+    bad: list[FieldViolation] = []
+    if not isinstance(doc, dict):
+        raise InvalidSpec(
+            f"{source}: expected a mapping with 'version' and 'demand'",
+            [FieldViolation("", "expected a mapping with 'version' and 'demand'")],
+        )
+    if doc.get("version") != VERSION:
+        bad.append(FieldViolation("version", f"must be {VERSION}, not {doc.get('version')!r}"))
+    bad += [
+        FieldViolation(str(k), f"unexpected field (allowed: version, demand): {k}")
+        for k in doc
+        if k not in ("version", "demand")
+    ]
+    raw = doc.get("demand")
+    if not isinstance(raw, dict):
+        bad.append(FieldViolation("demand", "must map MIG profile names to counts"))
+        _raise(source, bad)
+        return Demand(())
+    entries = _entries(raw, bad)
+    _raise(source, bad)
+    return Demand(entries)
+
+
+def _entries(raw: Mapping[object, object], bad: list[FieldViolation]) -> tuple[DemandEntry, ...]:
+    out: list[DemandEntry] = []
+    for key, value in raw.items():
+        field = f"demand.{key}"
+        profile = _profile(key, field, bad)
+        if isinstance(value, dict):
+            if not value:
+                bad.append(FieldViolation(field, "a per-model mapping needs at least one model"))
+            seen: set[str] = set()
+            for model, count in value.items():
+                sub = f"{field}.{model}"
+                if not isinstance(model, str) or not model.strip():
+                    bad.append(FieldViolation(sub, "a GPU model name, e.g. NVIDIA H100 80GB HBM3"))
+                    continue
+                if model_key(model) in seen:
+                    bad.append(FieldViolation(sub, "the same model is listed twice"))
+                seen.add(model_key(model))
+                n = _count(count, sub, bad)
+                if profile is not None and n is not None:
+                    out.append(DemandEntry(profile, n, model.strip()))
+        else:
+            n = _count(value, field, bad)
+            if profile is not None and n is not None:
+                out.append(DemandEntry(profile, n))
+    # One profile is either counted for every model or per model: both would count twice.
+    both = {e.profile for e in out if e.model is None} & {e.profile for e in out if e.model}
+    bad += [
+        FieldViolation(f"demand.{p}", "give one count for any model or counts per model, not both")
+        for p in sorted(both)
+    ]
+    names = [e.profile for e in out if e.model is None]
+    bad += [
+        FieldViolation(f"demand.{p}", "listed twice (e.g. 1g.10gb and 1g.10gb with a CI prefix)")
+        for p in sorted({p for p in names if names.count(p) > 1})
+    ]
+    return tuple(out)
+
+
+# -- traces ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TraceStep:
+    """The demand in force from ``time`` (seconds after the trace's first row) on."""
+
+    time: float
+    label: str  # the time as written in the trace
+    demand: Demand
+
+
+def load_trace(path: Path) -> tuple[TraceStep, ...]:
+    return parse_trace(_load(path), str(path))
+
+
+def parse_trace(text: str, source: str = "<trace>") -> tuple[TraceStep, ...]:
+    """Parse a CSV (or YAML list) trace into cumulative demand steps, in time order."""
+    stripped = text.lstrip()
+    rows: list[tuple[str, Mapping[str, object]]]
+    if stripped.startswith(("-", "[")):
+        doc = _yaml(text, source)
+        if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
+            raise InvalidSpec(
+                f"{source}: expected a list of rows with time, profile, count",
+                [FieldViolation("", "expected a list of mappings")],
+            )
+        rows = [(f"[{i}]", r) for i, r in enumerate(doc)]
+    else:
+        reader = csv.DictReader(io.StringIO(text))
+        header = reader.fieldnames or []
+        missing = [c for c in ("time", "profile", "count") if c not in header]
+        if missing:
+            raise InvalidSpec(
+                f"{source}: the CSV header must name time, profile, count (and optionally "
+                f"model); missing columns: {', '.join(missing)}",
+                [FieldViolation("header", f"missing columns: {', '.join(missing)}")],
+            )
+        rows = [(f"line {i + 2}", r) for i, r in enumerate(reader)]
+    bad: list[FieldViolation] = []
+    parsed: list[tuple[float, str, DemandEntry]] = []
+    for where, row in rows:
+        time = _time(row.get("time"), f"{where}.time", bad)
+        profile = _profile(row.get("profile"), f"{where}.profile", bad)
+        count = _count(_int(row.get("count")), f"{where}.count", bad)
+        model = row.get("model") or None
+        if time is not None and profile is not None and count is not None:
+            parsed.append((time[0], time[1], DemandEntry(profile, count, _opt_str(model))))
+    if not parsed and not bad:
+        bad.append(FieldViolation("", "the trace has no rows"))
+    _raise(source, bad)
+    return _steps(parsed)
+
+
+def _steps(rows: Sequence[tuple[float, str, DemandEntry]]) -> tuple[TraceStep, ...]:
+    first = min(t for t, _, _ in rows)
+    level: dict[tuple[str, str | None], DemandEntry] = {}
+    steps: list[TraceStep] = []
+    for t, label, entry in sorted(rows, key=lambda r: r[0]):
+        level[(entry.profile, None if entry.model is None else model_key(entry.model))] = entry
+        demand = Demand(tuple(level.values()))
+        if steps and steps[-1].time == t - first:
+            steps[-1] = TraceStep(t - first, steps[-1].label, demand)
+        else:
+            steps.append(TraceStep(t - first, label, demand))
+    return tuple(steps)
+
+
+def _int(raw: object) -> object:
+    if isinstance(raw, str):
+        try:
+            return int(raw.strip())
+        except ValueError:
+            return raw
+    return raw
+
+
+def _opt_str(raw: object) -> str | None:
+    return str(raw).strip() or None if raw is not None else None
+
+
+def _time(raw: object, field: str, bad: list[FieldViolation]) -> tuple[float, str] | None:
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        return float(raw), str(raw)
+    if isinstance(raw, datetime):
+        return raw.timestamp(), raw.isoformat()
+    if isinstance(raw, str) and raw.strip():
+        text = raw.strip()
+        try:
+            return float(text), text
+        except ValueError:
+            pass
+        try:
+            return datetime.fromisoformat(text).timestamp(), text
+        except ValueError:
+            pass
+    bad.append(FieldViolation(field, f"seconds or an ISO-8601 time, not {raw!r}"))
+    return None

@@ -1,0 +1,261 @@
+"""The desired state `coordinator serve` keeps the fleet at: a YAML file (a mounted ConfigMap).
+
+::
+
+    version: v1
+    rollout: {max_unavailable: 10%, max_failures: 1, node_timeout_s: 900}
+    mig:                                  # first matching rule wins per node
+      - selector: model=*H100*
+        config_name: all-1g.10gb
+        config: |                         # a mig-parted v1 file
+          version: v1
+          mig-configs: {all-1g.10gb: [{devices: all, mig-enabled: true,
+                                       mig-devices: {1g.10gb: 7}}]}
+    sharing:
+      - selector: pool=inference
+        strategy: time-slicing            # or mps
+        replicas: 4
+        resources: [nvidia.com/gpu]
+    prewarm:
+      - selector: ""
+        concurrency: 10                   # nodes fetching at once
+        files: [{url: https://..., sha256: ..., name: llama-8b}]
+        images: [{ref: registry.example/app:1.2, name: app}]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from google.protobuf import json_format
+
+from agent._proto.gpuagent.v1 import prewarm_pb2, sharing_pb2
+from agent.coordinator.inventory import NodeView
+from agent.coordinator.rollout import parse_max_unavailable
+from agent.coordinator.selector import Selector, parse_selector
+from agent.errors import FieldViolation, InvalidSpec
+from agent.mig.spec import parse_spec
+
+__all__ = ["Desired", "MigRule", "PrewarmRule", "RolloutSettings", "SharingRule", "load_desired"]
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutSettings:
+    max_unavailable: str = "1"
+    max_failures: int = 1
+    node_timeout_s: float = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class MigRule:
+    selector: Selector
+    config_yaml: str
+    config_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class SharingRule:
+    selector: Selector
+    #: SetSharingRequest as JSON, without request_id
+    request: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PrewarmRule:
+    selector: Selector
+    targets: tuple[dict[str, Any], ...]
+    names: tuple[str, ...]
+    concurrency: int
+
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    rollout: RolloutSettings = RolloutSettings()
+    mig: tuple[MigRule, ...] = ()
+    sharing: tuple[SharingRule, ...] = ()
+    prewarm: tuple[PrewarmRule, ...] = ()
+    source: str = field(default="", compare=False)
+
+    def rule_for(self, rules: Sequence[Any], view: NodeView) -> Any:
+        """The first rule whose selector picks ``view``, or None."""
+        return next((r for r in rules if r.selector.matches(view)), None)
+
+
+_TOP = ("version", "rollout", "mig", "sharing", "prewarm")
+
+
+def load_desired(path: Path) -> Desired:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InvalidSpec(
+            f"cannot read the desired state {path}: {exc.strerror}",
+            [FieldViolation("desired", str(exc))],
+        ) from exc
+    return parse_desired(text, str(path))
+
+
+def parse_desired(text: str, source: str = "<desired>") -> Desired:
+    try:
+        doc = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise InvalidSpec(
+            f"{source}: not valid YAML: {exc}", [FieldViolation("", str(exc))]
+        ) from exc
+    bad: list[FieldViolation] = []
+    if not isinstance(doc, dict):
+        raise InvalidSpec(f"{source}: expected a mapping", [FieldViolation("", "a mapping")])
+    if doc.get("version") != "v1":
+        bad.append(FieldViolation("version", f"must be v1, not {doc.get('version')!r}"))
+    bad += [
+        FieldViolation(str(k), f"unexpected field (allowed: {', '.join(_TOP)})")
+        for k in doc
+        if k not in _TOP
+    ]
+    rollout = _rollout(doc.get("rollout") or {}, bad)
+    mig = tuple(_mig(raw, i, bad) for i, raw in enumerate(_list(doc, "mig", bad)))
+    sharing = tuple(_sharing(raw, i, bad) for i, raw in enumerate(_list(doc, "sharing", bad)))
+    prewarm = tuple(_prewarm(raw, i, bad) for i, raw in enumerate(_list(doc, "prewarm", bad)))
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise InvalidSpec(f"{source}: {bad[0].field}: {bad[0].description}{more}", bad)
+    # With no violations every rule parsed: none of them is None.
+    return Desired(
+        rollout,
+        tuple(r for r in mig if r is not None),
+        tuple(r for r in sharing if r is not None),
+        tuple(r for r in prewarm if r is not None),
+        source,
+    )
+
+
+def _list(doc: Mapping[str, Any], key: str, bad: list[FieldViolation]) -> list[Any]:
+    value = doc.get(key) or []
+    if not isinstance(value, list):
+        bad.append(FieldViolation(key, "must be a list of rules"))
+        return []
+    return value
+
+
+def _keys(raw: Any, where: str, allowed: Sequence[str], bad: list[FieldViolation]) -> bool:
+    if not isinstance(raw, dict):
+        bad.append(FieldViolation(where, f"must be a mapping with keys: {', '.join(allowed)}"))
+        return False
+    extra = [k for k in raw if k not in allowed]
+    bad += [
+        FieldViolation(f"{where}.{k}", f"unexpected (allowed: {', '.join(allowed)})") for k in extra
+    ]
+    return not extra
+
+
+def _selector(raw: Mapping[str, Any], where: str, bad: list[FieldViolation]) -> Selector | None:
+    try:
+        return parse_selector(str(raw.get("selector") or ""))
+    except InvalidSpec as exc:
+        bad.append(FieldViolation(f"{where}.selector", str(exc)))
+        return None
+
+
+def _rollout(raw: Any, bad: list[FieldViolation]) -> RolloutSettings:
+    allowed = ("max_unavailable", "max_failures", "node_timeout_s")
+    if not _keys(raw, "rollout", allowed, bad):
+        return RolloutSettings()
+    settings = RolloutSettings(
+        str(raw.get("max_unavailable", "1")),
+        raw.get("max_failures", 1),
+        raw.get("node_timeout_s", 900.0),
+    )
+    try:
+        parse_max_unavailable(settings.max_unavailable, 100)
+    except InvalidSpec as exc:
+        bad.append(FieldViolation("rollout.max_unavailable", str(exc)))
+    if not isinstance(settings.max_failures, int) or settings.max_failures < 0:
+        bad.append(FieldViolation("rollout.max_failures", "an integer >= 0 (0: never halt)"))
+    if not isinstance(settings.node_timeout_s, int | float) or settings.node_timeout_s <= 0:
+        bad.append(FieldViolation("rollout.node_timeout_s", "seconds > 0"))
+    return settings
+
+
+def _mig(raw: Any, i: int, bad: list[FieldViolation]) -> MigRule | None:
+    where = f"mig[{i}]"
+    if not _keys(raw, where, ("selector", "config", "config_name"), bad):
+        return None
+    selector = _selector(raw, where, bad)
+    text = raw.get("config")
+    if not isinstance(text, str):
+        bad.append(FieldViolation(f"{where}.config", "a mig-parted v1 config file, as text"))
+        return None
+    try:
+        name, _ = parse_spec(text, f"{where}.config").select(raw.get("config_name") or None)
+    except InvalidSpec as exc:
+        bad.append(FieldViolation(f"{where}.config", str(exc)))
+        return None
+    return None if selector is None else MigRule(selector, text, name)
+
+
+_STRATEGIES = {
+    "time-slicing": sharing_pb2.SHARING_STRATEGY_TIME_SLICING,
+    "mps": sharing_pb2.SHARING_STRATEGY_MPS,
+}
+
+
+def _sharing(raw: Any, i: int, bad: list[FieldViolation]) -> SharingRule | None:
+    where = f"sharing[{i}]"
+    allowed = ("selector", "strategy", "replicas", "resources", "rename")
+    if not _keys(raw, where, allowed, bad):
+        return None
+    selector = _selector(raw, where, bad)
+    strategy = _STRATEGIES.get(raw.get("strategy"))
+    replicas = raw.get("replicas")
+    resources = raw.get("resources") or ["nvidia.com/gpu"]
+    if strategy is None:
+        bad.append(FieldViolation(f"{where}.strategy", "time-slicing or mps"))
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
+        bad.append(FieldViolation(f"{where}.replicas", "an integer >= 2"))
+    if not isinstance(resources, list) or not all(isinstance(r, str) for r in resources):
+        bad.append(FieldViolation(f"{where}.resources", "a list of resource names"))
+    if selector is None or strategy is None or not isinstance(replicas, int):
+        return None
+    request = sharing_pb2.SetSharingRequest(
+        spec=sharing_pb2.SharingSpec(
+            strategy=strategy,
+            resources=[sharing_pb2.SharedResource(name=r, replicas=replicas) for r in resources],
+            rename_by_default=bool(raw.get("rename", False)),
+        )
+    )
+    return SharingRule(selector, json_format.MessageToDict(request))
+
+
+def _prewarm(raw: Any, i: int, bad: list[FieldViolation]) -> PrewarmRule | None:
+    where = f"prewarm[{i}]"
+    if not _keys(raw, where, ("selector", "concurrency", "files", "images"), bad):
+        return None
+    selector = _selector(raw, where, bad)
+    concurrency = raw.get("concurrency", 10)
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        bad.append(FieldViolation(f"{where}.concurrency", "an integer >= 1"))
+    targets: list[dict[str, Any]] = []
+    names: list[str] = []
+    for kind, message in (("files", prewarm_pb2.FileTarget), ("images", prewarm_pb2.ImageTarget)):
+        for j, item in enumerate(raw.get(kind) or []):
+            field_path = f"{where}.{kind}[{j}]"
+            try:
+                parsed = json_format.ParseDict(item, message())
+            except (json_format.ParseError, TypeError) as exc:
+                bad.append(FieldViolation(field_path, str(exc)))
+                continue
+            if not parsed.name:
+                bad.append(FieldViolation(f"{field_path}.name", "required: how nodes list it"))
+                continue
+            key = "file" if kind == "files" else "image"
+            targets.append({key: json_format.MessageToDict(parsed)})
+            names.append(parsed.name)
+    if not targets:
+        bad.append(FieldViolation(where, "at least one of files or images"))
+    if selector is None or not targets or not isinstance(concurrency, int):
+        return None
+    return PrewarmRule(selector, tuple(targets), tuple(names), concurrency)

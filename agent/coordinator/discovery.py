@@ -1,0 +1,138 @@
+"""Where the agents are: a static list, a DNS name, or the agent DaemonSet's pods.
+
+Discovery answers each time it is asked and remembers nothing, so a node that joins or leaves
+shows up in the next sweep (the thin-coordinator rule: Kubernetes and DNS hold the fleet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from agent.coordinator.kube import KubeLister
+from agent.errors import AgentError, FieldViolation, InvalidSpec
+
+__all__ = [
+    "AGENT_PORT",
+    "AGENT_SELECTOR",
+    "Discovery",
+    "DnsDiscovery",
+    "KubeDiscovery",
+    "StaticDiscovery",
+    "Target",
+    "join_host_port",
+]
+
+AGENT_PORT = 9401
+AGENT_SELECTOR = "app.kubernetes.io/name=gpu-agent,app.kubernetes.io/component=agent"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One agent to dial. ``node`` is known up front only from Kubernetes."""
+
+    address: str
+    node: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    #: why this agent cannot be dialled (e.g. its pod has no IP yet); None when it can.
+    problem: str | None = None
+
+
+class Discovery(Protocol):
+    async def targets(self) -> tuple[Target, ...]:
+        """The agents now."""
+        ...
+
+
+def join_host_port(host: str, port: int) -> str:
+    try:
+        is_v6 = ipaddress.ip_address(host).version == 6
+    except ValueError:
+        is_v6 = False
+    return f"[{host}]:{port}" if is_v6 else f"{host}:{port}"
+
+
+def _check_address(address: str) -> str:
+    if address.startswith("unix:"):
+        return address
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidSpec(
+            f"agent address {address!r} is not HOST:PORT (or unix:PATH)",
+            [FieldViolation("agents", "HOST:PORT, [IPv6]:PORT or unix:PATH, e.g. node-1:9401")],
+        )
+    return address
+
+
+class StaticDiscovery:
+    def __init__(self, addresses: Sequence[str]) -> None:
+        self._targets = tuple(Target(_check_address(a.strip())) for a in addresses if a.strip())
+        if not self._targets:
+            raise InvalidSpec(
+                "no agent addresses given", [FieldViolation("agents", "at least one HOST:PORT")]
+            )
+
+    async def targets(self) -> tuple[Target, ...]:
+        return self._targets
+
+
+Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
+
+
+async def _getaddrinfo(host: str, port: int) -> Sequence[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
+
+
+class DnsDiscovery:
+    """Every address of a name is an agent: a headless Service returns one per ready pod."""
+
+    def __init__(self, name: str, port: int = AGENT_PORT, resolve: Resolver = _getaddrinfo) -> None:
+        self._name = name
+        self._port = port
+        self._resolve = resolve
+
+    async def targets(self) -> tuple[Target, ...]:
+        try:
+            addresses = await self._resolve(self._name, self._port)
+        except OSError as exc:
+            raise AgentError(f"cannot resolve {self._name}: {exc}") from exc
+        unique = sorted(set(addresses))
+        return tuple(Target(join_host_port(a, self._port)) for a in unique)
+
+
+class KubeDiscovery:
+    """The agent DaemonSet's pods, read from the Kubernetes API, with their nodes' labels."""
+
+    def __init__(
+        self,
+        lister: KubeLister,
+        namespace: str,
+        selector: str = AGENT_SELECTOR,
+        port: int = AGENT_PORT,
+    ) -> None:
+        self._lister = lister
+        self._namespace = namespace
+        self._selector = selector
+        self._port = port
+
+    async def targets(self) -> tuple[Target, ...]:
+        pods = await asyncio.to_thread(self._lister.agent_pods, self._namespace, self._selector)
+        try:
+            labels = await asyncio.to_thread(self._lister.node_labels_all)
+        except AgentError:
+            labels = {}  # selectors on node labels then match nothing; names still work
+        out = []
+        for pod in sorted(pods, key=lambda p: (p.node, p.name)):
+            problem = None
+            if pod.ip is None:
+                problem = f"agent pod {pod.name} is {pod.phase} with no IP"
+            elif not pod.ready:
+                problem = f"agent pod {pod.name} is not ready ({pod.phase})"
+            address = join_host_port(pod.ip, pod.grpc_port or self._port) if pod.ip else ""
+            out.append(Target(address, pod.node or None, labels.get(pod.node, {}), problem))
+        return tuple(out)

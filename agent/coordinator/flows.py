@@ -1,0 +1,145 @@
+"""The user-facing flows over the fleet: read it, plan for it, roll a change across it.
+
+Each flow asks the agents afresh (discovery, then one sweep) and returns records; the CLI and
+the reconcile loop render or act on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agent.coordinator.actions import NodePreview, action_for, preview
+from agent.coordinator.demand import Demand, TraceStep
+from agent.coordinator.discovery import Target
+from agent.coordinator.execute import Report, run_rollout
+from agent.coordinator.fleet import Fleet
+from agent.coordinator.inventory import NodeView
+from agent.coordinator.planner import FleetPlan, NodeLayouts, plan_fleet, scratch_disruption
+from agent.coordinator.record import RolloutRecord
+from agent.coordinator.replay import StepResult, replay
+from agent.coordinator.rollout import Limits, NodeState, Scheduler, parse_max_unavailable
+from agent.coordinator.selector import Selector
+
+__all__ = [
+    "PlanResult",
+    "RolloutResult",
+    "Selection",
+    "plan",
+    "replay_trace",
+    "rollout",
+    "select",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The nodes a selector picks: reachable ones, and unreachable ones it may pick."""
+
+    views: tuple[NodeView, ...]
+    targets: dict[str, Target]
+
+    @property
+    def reachable(self) -> tuple[NodeView, ...]:
+        return tuple(v for v in self.views if v.reachable)
+
+    @property
+    def unreachable(self) -> tuple[NodeView, ...]:
+        return tuple(v for v in self.views if not v.reachable)
+
+
+async def select(
+    fleet: Fleet, selector: Selector, *, idle_after_s: float | None = None
+) -> Selection:
+    """The nodes ``selector`` picks; ``idle_after_s`` also counts idle GPUs (`Fleet.views`)."""
+    targets = await fleet.targets()
+    views = await fleet.views(targets, idle_after_s=idle_after_s)
+    by_address = {t.address: t for t in targets}
+    chosen = tuple(
+        v
+        for v in views
+        # An unreachable node cannot say its model: it stays in view, so it is not forgotten.
+        if selector.matches(v) or (not v.reachable and selector.needs_inventory)
+    )
+    return Selection(chosen, {v.name: by_address[v.address] for v in chosen})
+
+
+def layouts_of(views: Sequence[NodeView]) -> list[NodeLayouts]:
+    return [NodeLayouts(v.name, v.usable_layouts) for v in views if v.reachable]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanResult:
+    plan: FleetPlan
+    #: instances a plan made from scratch (ignoring the current layouts) would destroy.
+    scratch_destroyed: int
+    unreachable: tuple[str, ...]
+
+
+def plan(selection: Selection, demand: Demand) -> PlanResult:
+    nodes = layouts_of(selection.views)
+    result = plan_fleet(nodes, demand)
+    scratch = scratch_disruption(nodes, plan_fleet(nodes, demand, from_scratch=True))
+    return PlanResult(result, scratch, tuple(v.name for v in selection.unreachable))
+
+
+def replay_trace(
+    selection: Selection | None, added: Sequence[NodeLayouts], steps: Sequence[TraceStep]
+) -> tuple[StepResult, ...]:
+    nodes = (layouts_of(selection.views) if selection else []) + list(added)
+    return replay(nodes, steps)
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutResult:
+    record: RolloutRecord
+    previews: tuple[NodePreview, ...] = ()
+    #: nodes left out because they did not answer; still pending in the record.
+    skipped: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        return all(
+            s in (NodeState.SUCCEEDED, NodeState.UNCHANGED) for s in self.record.states().values()
+        )
+
+
+async def rollout(
+    fleet: Fleet,
+    selection: Selection,
+    record: RolloutRecord,
+    *,
+    order: Sequence[str] | None = None,
+    dry_run: bool = False,
+    report: Report = lambda node, state, detail: None,
+) -> RolloutResult:
+    """Run (or with ``dry_run`` only plan) ``record`` over the selected nodes it names.
+
+    ``order`` is the node order (a resume puts nodes left mid-operation first). Nodes that do
+    not answer are skipped and count against max-unavailable, as nodes already down.
+    """
+    reachable = {v.name for v in selection.reachable}
+    names = list(order or record.nodes)
+    skipped = tuple(n for n in names if n not in reachable and not record.state(n).finished)
+    for node in skipped:
+        record.nodes[node].detail = "skipped: the agent did not answer"
+    targets = {n: t for n, t in selection.targets.items() if n in record.nodes}
+    if dry_run:
+        live = {n: targets[n] for n in names if n in reachable}
+        shown = dataclasses.replace(record, nodes={n: record.nodes[n] for n in live}, path=None)
+        return RolloutResult(record, tuple(await preview(fleet, live, shown)), skipped)
+    limits = Limits(
+        parse_max_unavailable(record.max_unavailable, len(record.nodes)),
+        record.max_failures,
+        record.node_timeout_s,
+    )
+    scheduler = Scheduler(
+        [n for n in names if n in reachable],
+        limits,
+        states=record.states(),
+        already_unavailable=len(skipped),
+    )
+    record.save()
+    await run_rollout(record, scheduler, action_for(fleet, targets, record), report=report)
+    return RolloutResult(record, (), skipped)

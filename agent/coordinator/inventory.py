@@ -1,0 +1,203 @@
+"""One node as the coordinator sees it, rebuilt from the agent's answers (proto -> records).
+
+Nothing here is kept between sweeps: the agents hold the truth and are asked again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, sharing_pb2, telemetry_pb2
+from agent.coordinator.discovery import Target
+from agent.gpu.types import (
+    ComputeInstance,
+    GiProfile,
+    GpuInfo,
+    GpuInstance,
+    GpuLayout,
+    MigMode,
+    Placement,
+    Process,
+)
+
+__all__ = ["NodeView", "layout_from", "node_view", "unreachable_view"]
+
+_STRATEGIES = {
+    sharing_pb2.SHARING_STRATEGY_TIME_SLICING: "time-slicing",
+    sharing_pb2.SHARING_STRATEGY_MPS: "mps",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A node's agent answer (or why there is none)."""
+
+    name: str
+    address: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    layouts: tuple[GpuLayout, ...] = ()
+    #: UUIDs of GPUs that stopped answering the driver (their layout is the last known).
+    lost: frozenset[str] = frozenset()
+    #: e.g. ``time-slicing nvidia.com/gpu x4``, ``none``, or ``unknown`` when unread.
+    sharing: str = "unknown"
+    warm: tuple[str, ...] = ()
+    unhealthy: tuple[str, ...] = ()
+    #: GPUs idle at least the idle threshold; None without a telemetry snapshot.
+    idle_gpus: int | None = None
+    preset: str = ""
+    agent_version: str = ""
+    error: str | None = None
+
+    @property
+    def reachable(self) -> bool:
+        return self.error is None
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(sorted({g.gpu.name for g in self.layouts}))
+
+    @property
+    def usable_layouts(self) -> tuple[GpuLayout, ...]:
+        return tuple(g for g in self.layouts if g.gpu.uuid not in self.lost)
+
+
+def _placement(p: agent_pb2.Placement) -> Placement:
+    return _placement_of(p.start, p.size)
+
+
+@lru_cache(maxsize=256)
+def _placement_of(start: int, size: int) -> Placement:
+    return Placement(start, size)  # frozen and few: one object per distinct placement
+
+
+_MAX_MODELS = 256
+_ProfilesKey = tuple[str, int, int, int]
+_profiles_seen: dict[_ProfilesKey, tuple[GiProfile, ...]] = {}
+
+
+def _profiles(gpu: agent_pb2.Gpu) -> tuple[GiProfile, ...]:
+    """The GPU's profiles, converted once per model: the driver reports the same profiles and
+    placements for every board of a product and memory size, and a 1,000-node sweep would
+    otherwise build a quarter of a million placements."""
+    key = (gpu.name, gpu.memory_total_bytes, gpu.pci_device_id, len(gpu.mig_profiles))
+    found = _profiles_seen.get(key)
+    if found is None:
+        if len(_profiles_seen) >= _MAX_MODELS:  # a bound, should drivers ever vary per GPU
+            _profiles_seen.clear()
+        found = _profiles_seen[key] = tuple(_profile(p) for p in gpu.mig_profiles)
+    return found
+
+
+def _profile(p: agent_pb2.MigProfile) -> GiProfile:
+    # The API carries what planning needs; engine counts and constants are not part of it.
+    return GiProfile(
+        constant=0,
+        id=p.id,
+        name=p.name,
+        slice_count=p.slice_count,
+        memory_slices=p.memory_slices,
+        instance_count=p.instance_count,
+        memory_mb=p.memory_mb,
+        multiprocessor_count=0,
+        copy_engines=0,
+        decoders=0,
+        encoders=0,
+        jpegs=0,
+        ofas=0,
+        placements=tuple(_placement(x) for x in p.placements),
+    )
+
+
+def layout_from(gpu: agent_pb2.Gpu) -> GpuLayout:
+    info = GpuInfo(
+        index=gpu.index,
+        uuid=gpu.uuid,
+        name=gpu.name,
+        pci_bus_id=gpu.pci_bus_id,
+        pci_device_id=gpu.pci_device_id,
+        pci_subsystem_id=0,  # not in the API; device filters match on the device id
+        memory_total_bytes=gpu.memory_total_bytes,
+        mig_mode=MigMode(gpu.mig_mode.current, gpu.mig_mode.pending) if gpu.mig_capable else None,
+    )
+    instances = tuple(
+        GpuInstance(
+            id=gi.id,
+            profile_id=gi.profile_id,
+            profile_name=gi.profile_name,
+            placement=_placement(gi.placement),
+            compute_instances=tuple(
+                ComputeInstance(ci.id, ci.profile_id, _placement(ci.placement), ci.uuid or None)
+                for ci in gi.compute_instances
+            ),
+        )
+        for gi in gpu.instances
+    )
+    processes = tuple(
+        Process(
+            pid=p.pid,
+            used_memory_bytes=p.used_memory_bytes if p.HasField("used_memory_bytes") else None,
+            gpu_instance_id=p.gpu_instance_id if p.HasField("gpu_instance_id") else None,
+            compute_instance_id=(
+                p.compute_instance_id if p.HasField("compute_instance_id") else None
+            ),
+        )
+        for p in gpu.processes
+    )
+    return GpuLayout(info, _profiles(gpu), instances, processes)
+
+
+def _sharing(node: agent_pb2.Node) -> str:
+    if not node.HasField("sharing"):
+        return "unknown"
+    config = node.sharing
+    strategy = _STRATEGIES.get(config.strategy)
+    if strategy is None or not config.resources:
+        return "none"
+    resources = ", ".join(f"{r.name} x{r.replicas}" for r in config.resources)
+    return f"{strategy} {resources}"
+
+
+def _idle_gpus(snapshot: telemetry_pb2.TelemetrySnapshot | None, idle_after_s: float) -> int | None:
+    if snapshot is None:
+        return None
+    return sum(
+        1
+        for s in snapshot.entities
+        if not s.entity.HasField("gpu_instance_id")
+        and s.HasField("idle_seconds")
+        and s.idle_seconds >= idle_after_s
+    )
+
+
+def node_view(
+    target: Target,
+    node: agent_pb2.Node,
+    snapshot: telemetry_pb2.TelemetrySnapshot | None,
+    idle_after_s: float,
+) -> NodeView:
+    return NodeView(
+        name=node.name or target.node or target.address,
+        address=target.address,
+        labels=target.labels,
+        layouts=tuple(layout_from(g) for g in node.gpus),
+        lost=frozenset(g.uuid for g in node.gpus if g.health == agent_pb2.GPU_HEALTH_LOST),
+        sharing=_sharing(node),
+        warm=tuple(
+            sorted(i.name for i in node.cache.items if i.state == cache_pb2.CACHE_ITEM_STATE_READY)
+        ),
+        unhealthy=tuple(f"{c.name}: {c.detail}" for c in node.health.components if not c.healthy),
+        idle_gpus=_idle_gpus(snapshot, idle_after_s),
+        preset=node.simulated_preset,
+        agent_version=node.agent_version,
+    )
+
+
+def unreachable_view(target: Target, error: str) -> NodeView:
+    return NodeView(
+        name=target.node or target.address,
+        address=target.address,
+        labels=target.labels,
+        error=error,
+    )

@@ -1,0 +1,165 @@
+"""Replay a demand trace against the fleet planner: a capacity model before buying GPUs.
+
+Each step plans the trace's demand against the layouts the previous step left, applies the plan
+on paper, and counts what it cost. Demand is taken as devices in use: after each step that many
+devices of each profile run a process (those already running first), so the next step may not
+destroy them, exactly as the planner treats busy instances on a real fleet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agent.coordinator.capacity import busy_gi_ids
+from agent.coordinator.catalog import Catalog
+from agent.coordinator.demand import Demand, TraceStep
+from agent.coordinator.planner import GpuChange, NodeLayouts, plan_fleet
+from agent.gpu.types import ComputeInstance, GpuInstance, GpuLayout, MigMode, Placement, Process
+from agent.mig.plan import ci_name
+
+__all__ = ["StepResult", "replay"]
+
+_PID_BASE = 100_000  # simulated workload processes; far from the node's own pids
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    time: float
+    label: str
+    demand: int
+    met: int
+    #: devices short, per profile label ("3g.40gb", "3g.40gb on NVIDIA H100 80GB HBM3").
+    unmet: tuple[tuple[str, int], ...]
+    #: instances destroyed to reach this step's layout (none of them in use).
+    disrupted: int
+    created: int
+    gpus_changed: int
+    #: memory slices on MIG GPUs not in a device in use: free slices plus idle instances.
+    idle_slices: int
+    total_slices: int
+
+    @property
+    def unmet_total(self) -> int:
+        return sum(n for _, n in self.unmet)
+
+
+def replay(nodes: Sequence[NodeLayouts], steps: Sequence[TraceStep]) -> tuple[StepResult, ...]:
+    catalog = Catalog(g for n in nodes for g in n.gpus)
+    fleet = [NodeLayouts(n.name, tuple(catalog.complete(g) for g in n.gpus)) for n in nodes]
+    out: list[StepResult] = []
+    for step in steps:
+        # Work that ended frees its devices before the plan; new work takes them after it.
+        fleet = _occupy(fleet, step.demand)
+        plan = plan_fleet(fleet, step.demand)
+        by_gpu = {(c.node, c.uuid): c for c in plan.changes}
+        fleet = [
+            NodeLayouts(n.name, tuple(_apply(g, by_gpu.get((n.name, g.gpu.uuid))) for g in n.gpus))
+            for n in fleet
+        ]
+        fleet = _occupy(fleet, step.demand)
+        idle, total = _slices(fleet)
+        unmet = tuple(
+            (u.profile if u.model is None else f"{u.profile} on {u.model}", u.missing)
+            for u in plan.unmet
+        )
+        out.append(
+            StepResult(
+                time=step.time,
+                label=step.label,
+                demand=step.demand.total,
+                met=step.demand.total - sum(n for _, n in unmet),
+                unmet=unmet,
+                disrupted=plan.destroyed,
+                created=plan.created,
+                gpus_changed=len(plan.changes),
+                idle_slices=idle,
+                total_slices=total,
+            )
+        )
+    return tuple(out)
+
+
+def _apply(layout: GpuLayout, change: GpuChange | None) -> GpuLayout:
+    """The layout an agent would leave after ``change`` (kept instances keep their ids)."""
+    if change is None:
+        return layout
+    old = {(gi.profile_id, gi.placement): gi for gi in layout.instances}
+    next_id = max((gi.id for gi in layout.instances), default=0) + 1
+    instances: list[GpuInstance] = []
+    for want in change.target:
+        kept = old.get((want.profile_id, want.placement))
+        if kept is not None and sorted(c.placement.size for c in kept.compute_instances) == sorted(
+            c.slices for c in want.cis
+        ):
+            instances.append(kept)
+            continue
+        cis, start = [], 0
+        for ci_id, ci in enumerate(sorted(want.cis, key=lambda c: -c.slices)):
+            at = ci.start if ci.start is not None else start
+            cis.append(
+                ComputeInstance(ci_id, ci.profile_id or ci.slices, Placement(at, ci.slices), None)
+            )
+            start = at + ci.slices
+        instances.append(
+            GpuInstance(next_id, want.profile_id, want.profile_name, want.placement, tuple(cis))
+        )
+        next_id += 1
+    kept_ids = {gi.id for gi in instances}
+    gpu = dataclasses.replace(layout.gpu, mig_mode=MigMode(True, True))
+    processes = tuple(p for p in layout.processes if p.gpu_instance_id in kept_ids)
+    return GpuLayout(gpu, layout.profiles, tuple(instances), processes)
+
+
+def _occupy(fleet: Sequence[NodeLayouts], demand: Demand) -> list[NodeLayouts]:
+    """Make exactly the demanded number of devices busy, keeping those already busy.
+
+    Processes on whole GPUs (MIG off) are left as they are: the trace does not model them.
+    """
+    wanted = {i: e.count for i, e in enumerate(demand.entries)}
+    # entry -> (idle?, node, GPU, GI id): sorted, the busy ones come first and stay busy.
+    slots: dict[int, list[tuple[bool, int, int, int]]] = {}
+    for n_i, node in enumerate(fleet):
+        for g_i, layout in enumerate(node.gpus):
+            busy = busy_gi_ids(layout)
+            by_id = {p.id: p for p in layout.profiles}
+            for gi in layout.instances:
+                profile = by_id.get(gi.profile_id)
+                if profile is None or len(gi.compute_instances) != 1:
+                    continue
+                name = ci_name(profile, gi.compute_instances[0].placement.size)
+                entry = demand.entry_for(name, layout.gpu.name)
+                if entry is not None:
+                    slots.setdefault(entry, []).append((gi.id not in busy, n_i, g_i, gi.id))
+    chosen: set[tuple[int, int, int]] = set()
+    for entry, candidates in slots.items():
+        for _, n_i, g_i, gi_id in sorted(candidates)[: wanted[entry]]:
+            chosen.add((n_i, g_i, gi_id))
+    out: list[NodeLayouts] = []
+    for n_i, node in enumerate(fleet):
+        gpus = []
+        for g_i, layout in enumerate(node.gpus):
+            whole = tuple(p for p in layout.processes if p.gpu_instance_id is None)
+            processes = whole + tuple(
+                Process(_PID_BASE + gi.id, None, gi.id, gi.compute_instances[0].id)
+                for gi in layout.instances
+                if (n_i, g_i, gi.id) in chosen
+            )
+            gpus.append(dataclasses.replace(layout, processes=processes))
+        out.append(NodeLayouts(node.name, tuple(gpus)))
+    return out
+
+
+def _slices(fleet: Sequence[NodeLayouts]) -> tuple[int, int]:
+    idle = total = 0
+    for node in fleet:
+        for layout in node.gpus:
+            if not (layout.gpu.mig_mode and layout.gpu.mig_mode.current):
+                continue
+            width = layout.total_memory_slices
+            busy = busy_gi_ids(layout)
+            used = sum(gi.placement.size for gi in layout.instances if gi.id in busy)
+            total += width
+            idle += width - used
+    return idle, total

@@ -1,0 +1,143 @@
+"""`fleet status`: the nodes' views summarised per node and per MIG profile. Pure."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agent.coordinator.capacity import free_capacity, idle_devices, slice_map
+from agent.coordinator.inventory import NodeView
+from agent.gpu.types import GpuLayout
+from agent.mig.plan import current_counts
+
+__all__ = ["FleetStatus", "GpuStatus", "NodeStatus", "ProfileStatus", "fleet_status"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStatus:
+    index: int
+    uuid: str
+    model: str
+    #: on, off, pending (a mode change waits for a reset), n/a (no MIG), lost
+    mig: str
+    slices: str
+    devices: dict[str, int]
+    idle: dict[str, int]
+    creatable: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    name: str
+    address: str
+    #: ok, unhealthy (a component or GPU is not), unreachable
+    health: str
+    detail: str
+    models: str
+    sharing: str
+    warm: int
+    idle_gpus: int | None
+    gpus: tuple[GpuStatus, ...]
+
+    @property
+    def idle(self) -> dict[str, int]:
+        total: Counter[str] = Counter()
+        for g in self.gpus:
+            total.update(g.idle)
+        return dict(sorted(total.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileStatus:
+    profile: str
+    devices: int
+    in_use: int
+    idle: int
+    #: more instances that fit in the fleet's free slices, this profile alone.
+    creatable: int
+
+
+@dataclass(frozen=True, slots=True)
+class FleetStatus:
+    nodes: tuple[NodeStatus, ...]
+    profiles: tuple[ProfileStatus, ...]
+
+    @property
+    def gpus(self) -> int:
+        return sum(len(n.gpus) for n in self.nodes)
+
+    @property
+    def reachable(self) -> int:
+        return sum(n.health != "unreachable" for n in self.nodes)
+
+    @property
+    def idle_gpus(self) -> int:
+        return sum(n.idle_gpus or 0 for n in self.nodes)
+
+
+def _mig(layout: GpuLayout, lost: bool) -> str:
+    mode = layout.gpu.mig_mode
+    if lost:
+        return "lost"
+    if mode is None:
+        return "n/a"
+    if mode.is_pending:
+        return "pending"
+    return "on" if mode.current else "off"
+
+
+def _gpu(layout: GpuLayout, lost: bool) -> GpuStatus:
+    on = bool(layout.gpu.mig_mode and layout.gpu.mig_mode.current)
+    placed = [(gi.profile_id, gi.placement) for gi in layout.instances]
+    return GpuStatus(
+        index=layout.gpu.index,
+        uuid=layout.gpu.uuid,
+        model=layout.gpu.name,
+        mig=_mig(layout, lost),
+        slices=slice_map(layout),
+        devices=current_counts(layout) if on else {},
+        idle=dict(sorted(idle_devices(layout).items())),
+        creatable=free_capacity(layout.profiles, placed) if on and not lost else {},
+    )
+
+
+def _models(view: NodeView) -> str:
+    counts = Counter(g.gpu.name.removeprefix("NVIDIA ") for g in view.layouts)
+    return ", ".join(f"{n}x {name}" for name, n in sorted(counts.items())) or "-"
+
+
+def _node(view: NodeView) -> NodeStatus:
+    if not view.reachable:
+        return NodeStatus(
+            view.name, view.address, "unreachable", view.error or "", "-", "-", 0, None, ()
+        )
+    problems = list(view.unhealthy) + [f"GPU {u} lost" for u in sorted(view.lost)]
+    return NodeStatus(
+        name=view.name,
+        address=view.address,
+        health="unhealthy" if problems else "ok",
+        detail="; ".join(problems),
+        models=_models(view),
+        sharing=view.sharing,
+        warm=len(view.warm),
+        idle_gpus=view.idle_gpus,
+        gpus=tuple(_gpu(g, g.gpu.uuid in view.lost) for g in view.layouts),
+    )
+
+
+def fleet_status(views: Sequence[NodeView]) -> FleetStatus:
+    nodes = tuple(_node(v) for v in views)
+    devices: Counter[str] = Counter()
+    idle: Counter[str] = Counter()
+    creatable: Counter[str] = Counter()
+    for node in nodes:
+        for g in node.gpus:
+            devices.update(g.devices)
+            idle.update(g.idle)
+            creatable.update(g.creatable)
+    profiles = tuple(
+        ProfileStatus(p, devices[p], devices[p] - idle[p], idle[p], creatable[p])
+        for p in sorted(set(devices) | set(creatable))
+    )
+    return FleetStatus(nodes, profiles)

@@ -1,0 +1,112 @@
+"""`gpu-agent coordinator serve` against two agents on simulated nodes, over mTLS: one pass
+brings the fleet to the desired state; the serving loop then finds no drift and says so on
+/metrics; /healthz answers; SIGTERM stops it."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from tests.unit.api.support import REPO, Pki, wait_for
+from tests.unit.coordinator.agents import AgentFleet
+
+pytestmark = pytest.mark.integration
+
+DESIRED = """\
+version: v1
+rollout: {max_unavailable: 1, max_failures: 1}
+mig:
+  - selector: model=*H100*
+    config_name: halves
+    config: |
+      version: v1
+      mig-configs:
+        halves:
+          - devices: [0]
+            mig-enabled: true
+            mig-devices: {3g.40gb: 2}
+sharing:
+  - strategy: time-slicing
+    replicas: 2
+"""
+
+
+@pytest.fixture(scope="module")
+def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentFleet]:
+    root = tmp_path_factory.mktemp("fleet")
+    with AgentFleet(root, Pki(root / "pki"), {"h100": "dgx-h100", "a30": "a30-node"}) as fleet:
+        yield fleet
+
+
+def test_one_pass_brings_the_fleet_to_the_desired_state(agents: AgentFleet) -> None:
+    desired = agents.root / "desired.yaml"
+    desired.write_text(DESIRED)
+    result = agents.coordinator("serve", "--once", "--desired", str(desired))
+    assert result.exit_code == 0, result.output
+
+    def converged() -> bool:
+        out = agents.fleet("status", "-o", "json")
+        rows = {n["name"]: n for n in json.loads(out.output)["nodes"]}
+        return (
+            rows["h100"]["gpus"][0]["devices"] == {"3g.40gb": 2}
+            and rows["a30"]["gpus"][0]["slices"] == "-"  # the MIG rule selects H100 nodes only
+            and {r["sharing"] for r in rows.values()} == {"time-slicing nvidia.com/gpu x2"}
+        )
+
+    wait_for(converged, "the fleet at the desired state", timeout=30, every=1.0)
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_serving_reports_no_drift_on_metrics_and_stops_on_sigterm(agents: AgentFleet) -> None:
+    desired = agents.root / "desired.yaml"
+    desired.write_text(DESIRED)
+    log = agents.root / "coordinator.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-c",
+                "from agent.cli.coordinator import coordinator; coordinator()",
+                "serve", "--desired", str(desired), "--interval", "1",
+                "--listen", "127.0.0.1:0", *agents.args(),
+            ],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        match = wait_for(
+            lambda: re.search(r"/healthz on 127\.0\.0\.1:(\d+)", log.read_text()),
+            "the coordinator to serve",
+        )
+        base = f"http://127.0.0.1:{match.group(1)}"
+        assert _get(base + "/healthz") == (200, "ok\n")
+
+        def passed() -> str | None:
+            status, text = _get(base + "/metrics")
+            ok = re.search(
+                r'gpu_agent_coordinator_reconcile_passes_total\{result="ok"\} (\S+)', text
+            )
+            return text if status == 200 and ok and float(ok.group(1)) >= 2 else None
+
+        metrics = wait_for(passed, "two reconcile passes", timeout=60, every=0.5)
+        assert 'gpu_agent_coordinator_drift_nodes{kind="mig"} 0.0' in metrics
+        assert 'gpu_agent_coordinator_nodes{state="answering"} 2.0' in metrics
+        assert "gpu_agent_coordinator_desired_state_valid 1.0" in metrics
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

@@ -1,0 +1,97 @@
+"""`gpu-agent fleet status` over mTLS against four agent processes on different simulated
+nodes: one row per node, MIG slice maps, idle devices, totals per profile, and a node that
+stops answering shown as unreachable, not as an error."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from tests.unit.api.support import Pki, wait_for
+from tests.unit.coordinator.agents import AgentFleet
+
+pytestmark = pytest.mark.integration
+
+PRESETS = {"h100": "dgx-h100", "a100": "dgx-a100", "a30": "a30-node", "nvl": "h100-nvl"}
+
+
+@pytest.fixture(scope="module")
+def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentFleet]:
+    root = tmp_path_factory.mktemp("fleet")
+    with AgentFleet(root, Pki(root / "pki"), PRESETS) as fleet:
+        yield fleet
+
+
+def status(agents: AgentFleet, *extra: str) -> dict:
+    result = agents.fleet("status", "-o", "json", *extra)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_one_row_per_node_with_its_gpus_and_models(agents: AgentFleet) -> None:
+    data = status(agents)
+    rows = {n["name"]: n for n in data["nodes"]}
+    assert sorted(rows) == ["a100", "a30", "h100", "nvl"]
+    assert {n: len(r["gpus"]) for n, r in rows.items()} == {
+        "a100": 8,
+        "a30": 4,
+        "h100": 8,
+        "nvl": 2,
+    }
+    assert rows["a30"]["models"] == "4x A30"
+    assert rows["nvl"]["models"] == "2x H100 NVL"
+    assert all(r["health"] in ("ok", "unhealthy") for r in rows.values())
+    assert {g["slices"] for g in rows["h100"]["gpus"]} == {"-"}  # MIG off on a fresh node
+    assert data["totals"] == {"nodes": 4, "reachable": 4, "gpus": 22, "idle_gpus": 0}
+
+
+def test_mig_layouts_show_as_slice_maps_and_idle_devices(agents: AgentFleet) -> None:
+    """A layout applied through the API shows up in the next sweep."""
+    config = agents.root / "a30.yaml"
+    config.write_text(
+        "version: v1\nmig-configs:\n  half:\n    - devices: [0]\n      mig-enabled: true\n"
+        "      mig-devices: {2g.12gb: 1, 1g.6gb: 2}\n"
+    )
+    result = agents.fleet(
+        "apply", "mig", "-f", str(config), "-c", "half", "-o", "json", names=["a30"]
+    )
+    if "MigService" in result.output or "UNIMPLEMENTED" in result.output.upper():
+        pytest.skip("the agents do not serve MigService yet")
+    assert result.exit_code == 0, result.output
+
+    def a30_gpu0() -> dict | None:
+        rows = {n["name"]: n for n in status(agents)["nodes"]}
+        gpu0 = rows["a30"]["gpus"][0]
+        return gpu0 if gpu0["slices"] != "-" else None
+
+    gpu0 = wait_for(a30_gpu0, "the A30's new layout in the inventory", timeout=60)
+    assert sorted(gpu0["slices"]) == sorted("1122")
+    assert gpu0["idle"] == {"1g.6gb": 2, "2g.12gb": 1}
+    profiles = {p["profile"]: p for p in status(agents)["profiles"]}
+    assert profiles["1g.6gb"]["devices"] == 2 and profiles["1g.6gb"]["idle"] == 2
+
+
+def test_the_table_names_every_node_and_explains_the_slice_map(agents: AgentFleet) -> None:
+    result = agents.fleet("status")
+    assert result.exit_code == 0, result.output
+    for name in PRESETS:
+        assert name in result.output
+    assert "4 node(s), 4 answering; 22 GPU(s)" in result.output
+
+
+def test_a_node_that_stops_answering_is_shown_unreachable(agents: AgentFleet) -> None:
+    nvl = agents.agents["nvl"]
+    address = agents.address("nvl")
+    nvl.stop()
+    try:
+        data = status(agents)
+        row = next(n for n in data["nodes"] if n["address"] == address)
+        assert row["health"] == "unreachable"
+        assert data["totals"]["reachable"] == 3
+        selected = status(agents, "--selector", "model=*A30*")
+        # A node that does not answer may be an A30: it stays in view rather than vanish.
+        assert {n["name"] for n in selected["nodes"]} == {"a30", address}
+    finally:
+        nvl.start(timeout=120)

@@ -1,0 +1,75 @@
+"""The coordinator's agent client against a real grpc.aio server with the agent's interceptor:
+errors come back as the agent's domain errors; a dead agent is Unreachable."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent._proto.gpuagent.v1 import agent_pb2, agent_pb2_grpc, sharing_pb2, sharing_pb2_grpc
+from agent.api.auth import Policy
+from agent.api.interceptor import ApiInterceptor
+from agent.coordinator.client import AgentClient, Unreachable
+from agent.coordinator.discovery import StaticDiscovery
+from agent.coordinator.fleet import Fleet
+from agent.errors import Busy, FieldViolation, InvalidSpec
+
+
+class Node(agent_pb2_grpc.NodeServiceServicer):
+    async def GetNode(
+        self, request: agent_pb2.GetNodeRequest, context: grpc.aio.ServicerContext
+    ) -> agent_pb2.GetNodeResponse:
+        raise Busy("the inventory is being rebuilt", ["operations/42"])
+
+
+class Sharing(sharing_pb2_grpc.SharingServiceServicer):
+    async def SetSharing(
+        self, request: sharing_pb2.SetSharingRequest, context: grpc.aio.ServicerContext
+    ) -> sharing_pb2.SetSharingResponse:
+        raise InvalidSpec(
+            "replicas must be at least 2",
+            [FieldViolation("spec.resources[0].replicas", "at least 2")],
+        )
+
+
+async def _with_server(socket: Path) -> None:
+    server = grpc.aio.server(interceptors=[ApiInterceptor(Policy.of(()))])
+    agent_pb2_grpc.add_NodeServiceServicer_to_server(Node(), server)
+    sharing_pb2_grpc.add_SharingServiceServicer_to_server(Sharing(), server)
+    server.add_insecure_port(f"unix:{socket}")
+    await server.start()
+    client = AgentClient(f"unix:{socket}", None)
+    try:
+        with pytest.raises(Busy) as busy:
+            await client.node()
+        assert busy.value.blockers == ("operations/42",)
+        assert str(busy.value) == f"unix:{socket}: the inventory is being rebuilt"
+        with pytest.raises(InvalidSpec) as bad:
+            await client.set_sharing(sharing_pb2.SetSharingRequest())
+        assert bad.value.violations == (FieldViolation("spec.resources[0].replicas", "at least 2"),)
+    finally:
+        await client.close()
+        await server.stop(None)
+
+
+def test_errors_come_back_as_the_agents_domain_errors(tmp_path: Path) -> None:
+    asyncio.run(_with_server(tmp_path / "agent.sock"))
+
+
+async def _unreachable(socket: Path) -> None:
+    fleet = Fleet(StaticDiscovery([f"unix:{socket}"]), None, timeout_s=1.0)
+    try:
+        (view,) = await fleet.views()
+        assert not view.reachable and view.name == f"unix:{socket}"
+        client = fleet.client((await fleet.targets())[0])
+        with pytest.raises(Unreachable):
+            await client.node()
+    finally:
+        await fleet.close()
+
+
+def test_an_agent_that_does_not_answer_is_unreachable_not_an_exception(tmp_path: Path) -> None:
+    asyncio.run(_unreachable(tmp_path / "nobody.sock"))

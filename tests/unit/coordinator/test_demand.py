@@ -1,0 +1,94 @@
+"""Demand files and demand traces: what they mean, and the errors for bad ones."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.coordinator.demand import Demand, DemandEntry, model_key, parse_demand, parse_trace
+from agent.errors import InvalidSpec
+
+
+def test_counts_for_any_model_and_per_model() -> None:
+    demand = parse_demand(
+        """
+version: v1
+demand:
+  1g.10gb: 40
+  3g.40gb:
+    NVIDIA H100 80GB HBM3: 6
+    A100-SXM4-80GB: 2
+"""
+    )
+    assert demand.entries == (
+        DemandEntry("1g.10gb", 40),
+        DemandEntry("3g.40gb", 6, "NVIDIA H100 80GB HBM3"),
+        DemandEntry("3g.40gb", 2, "A100-SXM4-80GB"),
+    )
+    assert demand.total == 48
+    assert demand.entry_for("3g.40gb", "NVIDIA A100-SXM4-80GB") == 2
+    assert demand.entry_for("1g.10gb", "anything") == 0
+    assert demand.entry_for("2g.20gb", "NVIDIA H100 80GB HBM3") is None
+
+
+def test_model_names_match_without_case_or_the_vendor_prefix() -> None:
+    assert model_key("NVIDIA  H100 80GB HBM3") == model_key("h100 80gb hbm3")
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "says"),
+    [
+        ("version: v2\ndemand: {1g.10gb: 1}", "version", "must be v1"),
+        ("version: v1\ndemand: {1g.10gb: -1}", "demand.1g.10gb", "integer >= 0"),
+        ("version: v1\ndemand: {1g.10gb: true}", "demand.1g.10gb", "integer >= 0"),
+        ("version: v1\ndemand: {10gb: 1}", "demand.10gb", "invalid MIG profile"),
+        ("version: v1\ndemand: {1c.3g.40gb: 1}", "demand.1c.3g.40gb", "compute-instance"),
+        ("version: v1\ndemand: {1g.10gb: {}}", "demand.1g.10gb", "at least one model"),
+        ("version: v1\ndemand: [1]", "demand", "must map MIG profile names"),
+        ("version: v1\ndemand: {}\nextra: 1", "extra", "unexpected field"),
+    ],
+)
+def test_bad_demand_names_the_field(text: str, field: str, says: str) -> None:
+    with pytest.raises(InvalidSpec) as caught:
+        parse_demand(text)
+    assert any(v.field == field and says in v.description for v in caught.value.violations), (
+        caught.value.violations
+    )
+
+
+def test_one_profile_is_counted_for_any_model_or_per_model_not_both() -> None:
+    text = "version: v1\ndemand: {1g.10gb: 3, 1c.1g.10gb: {H100: 1}}"
+    with pytest.raises(InvalidSpec, match="not both"):
+        parse_demand(text)
+
+
+def test_a_csv_trace_becomes_cumulative_steps_in_time_order() -> None:
+    steps = parse_trace(
+        "time,profile,count,model\n"
+        "60,1g.10gb,20,\n"
+        "0,1g.10gb,10,\n"
+        "0,3g.40gb,2,NVIDIA H100 80GB HBM3\n"
+        "120,3g.40gb,0,NVIDIA H100 80GB HBM3\n"
+    )
+    assert [s.time for s in steps] == [0, 60, 120]
+    assert steps[0].demand == Demand(
+        (DemandEntry("1g.10gb", 10), DemandEntry("3g.40gb", 2, "NVIDIA H100 80GB HBM3"))
+    )
+    assert steps[1].demand.entries[0] == DemandEntry("1g.10gb", 20)
+    assert steps[2].demand.entries[1].count == 0
+
+
+def test_a_yaml_trace_with_iso_times() -> None:
+    steps = parse_trace(
+        "- {time: '2025-01-01T00:00:00', profile: 1g.10gb, count: 1}\n"
+        "- {time: '2025-01-01T01:00:00', profile: 1g.10gb, count: 3}\n"
+    )
+    assert [s.time for s in steps] == [0, 3600]
+    assert steps[1].label == "2025-01-01T01:00:00"
+
+
+def test_a_bad_trace_row_names_its_line() -> None:
+    with pytest.raises(InvalidSpec) as caught:
+        parse_trace("time,profile,count\n0,1g.10gb,x\n")
+    assert caught.value.violations[0].field == "line 2.count"
+    with pytest.raises(InvalidSpec, match="missing columns: count"):
+        parse_trace("time,profile\n0,1g.10gb\n")

@@ -1,0 +1,111 @@
+"""The fleet view: agent answers -> node rows, slice maps, idle devices, totals; selectors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, sharing_pb2, telemetry_pb2
+from agent.api.convert import gpu_pb
+from agent.coordinator.discovery import Target
+from agent.coordinator.inventory import layout_from, node_view, unreachable_view
+from agent.coordinator.selector import parse_selector
+from agent.coordinator.status import fleet_status
+from agent.errors import InvalidSpec
+from agent.gpu.types import GiProfile
+from tests.unit.coordinator.fleets import A30, H100, gpu
+
+
+def _node() -> agent_pb2.Node:
+    layouts = [
+        gpu(
+            "a",
+            0,
+            H100,
+            [("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4)],
+            busy=[(99, 4)],
+        ),
+        gpu("a", 1, H100, mig=(False, False)),
+        gpu("a", 2, A30, [("2g.12gb", 0)]),
+    ]
+    node = agent_pb2.Node(name="node-a", simulated_preset="mixed")
+    node.gpus.extend(gpu_pb(g) for g in layouts)
+    node.sharing.CopyFrom(
+        sharing_pb2.SharingConfig(
+            strategy=sharing_pb2.SHARING_STRATEGY_TIME_SLICING,
+            resources=[sharing_pb2.SharedResource(name="nvidia.com/gpu", replicas=4)],
+        )
+    )
+    node.cache.items.extend(
+        [
+            cache_pb2.CacheItem(name="llama", state=cache_pb2.CACHE_ITEM_STATE_READY),
+            cache_pb2.CacheItem(name="mistral", state=cache_pb2.CACHE_ITEM_STATE_FETCHING),
+        ]
+    )
+    node.health.components.add(name="sharing", healthy=False, detail="plugin not loaded")
+    return node
+
+
+def _snapshot() -> telemetry_pb2.TelemetrySnapshot:
+    snap = telemetry_pb2.TelemetrySnapshot()
+    for index, idle in ((0, 10.0), (1, 7200.0), (2, 3600.0)):
+        snap.entities.add(entity=telemetry_pb2.TelemetryEntity(gpu_index=index), idle_seconds=idle)
+    snap.entities.add(
+        entity=telemetry_pb2.TelemetryEntity(gpu_index=0, gpu_instance_id=1), idle_seconds=1e6
+    )
+    return snap
+
+
+def test_what_planning_needs_of_a_layout_survives_the_trip_through_the_api() -> None:
+    layout = gpu("a", 0, H100, [("3g.40gb", 4, (1, 1, 1))], busy=[(5, 1)])
+    back = layout_from(gpu_pb(layout))
+    assert (back.instances, back.processes) == (layout.instances, layout.processes)
+    assert back.gpu == dataclasses.replace(layout.gpu, pci_subsystem_id=0)  # not in the API
+
+    def planning(p: GiProfile) -> tuple[object, ...]:
+        return (p.id, p.name, p.slice_count, p.memory_slices, p.instance_count, p.placements)
+
+    assert [planning(p) for p in back.profiles] == [planning(p) for p in layout.profiles]
+
+
+def test_node_rows_and_profile_totals() -> None:
+    view = node_view(Target("10.0.0.1:9401", labels={"pool": "x"}), _node(), _snapshot(), 3600)
+    gone = unreachable_view(Target("10.0.0.9:9401", "node-z"), "10.0.0.9:9401: connection refused")
+    status = fleet_status([view, gone])
+    a, z = status.nodes
+    assert (a.name, a.health, a.detail) == ("node-a", "unhealthy", "sharing: plugin not loaded")
+    assert a.models == "1x A30, 2x H100 80GB HBM3"
+    assert [g.slices for g in a.gpus] == ["1122****", "-", "22.."]
+    assert a.idle == {"1g.10gb": 2, "2g.12gb": 1, "2g.20gb": 1}
+    assert (a.sharing, a.warm, a.idle_gpus) == ("time-slicing nvidia.com/gpu x4", 1, 2)
+    assert (z.health, z.detail) == ("unreachable", "10.0.0.9:9401: connection refused")
+    by_profile = {p.profile: p for p in status.profiles}
+    assert (by_profile["3g.40gb"].devices, by_profile["3g.40gb"].in_use) == (1, 1)
+    assert by_profile["1g.10gb"].idle == 2
+    assert by_profile["2g.12gb"].creatable == 1  # the A30's free slices 2-3
+    assert (status.gpus, status.reachable, status.idle_gpus) == (3, 1, 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "selected"),
+    [
+        ("", True),
+        ("name=node-*", True),
+        ("name!=node-a", False),
+        ("model=h100 80gb hbm3", True),
+        ("model=*H200*", False),
+        ("pool=x", True),
+        ("pool=y", False),
+        ("preset=mixed,pool=x", True),
+        ("address=10.0.0.1:*", True),
+    ],
+)
+def test_selectors_match_node_facts_and_labels(text: str, selected: bool) -> None:
+    view = node_view(Target("10.0.0.1:9401", labels={"pool": "x"}), _node(), None, 3600)
+    assert parse_selector(text).matches(view) is selected
+
+
+def test_a_bad_selector_term_says_what_is_allowed() -> None:
+    with pytest.raises(InvalidSpec, match="not key=value"):
+        parse_selector("model")
