@@ -20,7 +20,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,14 +39,16 @@ from agent.api import (
 from agent.api.mig import interrupted_apply
 from agent.api.operations import MIG_APPLY
 from agent.config import AgentConfig
-from agent.errors import NotSupported
+from agent.errors import AgentError, FieldViolation, InvalidSpec, NotSupported
 from agent.gpu import GpuDriver, open_driver
 from agent.http import HttpServer, Request, Response
 from agent.kube import InClusterKubeClient, KubeClient
+from agent.mig.labels import MigLabelController, MigStateCollector
 from agent.mig.lock import PartitionLock
 from agent.mig.reset import command_reset, simulated_reset
 from agent.mig.service import MigService
 from agent.prewarm.factory import build_service as build_prewarm
+from agent.prewarm.inventory import PrewarmCollector, label_patch
 from agent.prewarm.service import PrewarmService
 from agent.sharing import SharingService
 from agent.state import StateStore
@@ -58,6 +60,8 @@ SHUTDOWN_GRACE_S = 20.0
 """Whole shutdown budget; Kubernetes' default terminationGracePeriodSeconds is 30."""
 RPC_GRACE_S = 5.0
 """Of it, how long calls in flight may finish after the server stops accepting new ones."""
+CACHE_LABELS_S = 10.0
+"""How often the cache inventory is published as node labels."""
 INTERRUPTED_REASON = (
     "the agent stopped while this operation ran (killed or restarted) and could not resume it"
 )
@@ -77,6 +81,9 @@ class Services:
     prewarm: PrewarmService
     telemetry: TelemetryService
     mig: MigService
+    kube: KubeClient | None
+    #: The GPU Operator's label protocol, when mig.watch_node_label is on.
+    mig_labels: MigLabelController | None
 
     def api(self) -> ApiServices:
         return ApiServices(
@@ -121,7 +128,8 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         xids=lambda: telemetry.xids.state().counts,
     )
     # Sharing reads the node's shape from the inventory: no NVML call per request.
-    sharing = SharingService(config.sharing, inventory.layouts, _kube(), node_name=config.node_name)
+    kube = _kube()
+    sharing = SharingService(config.sharing, inventory.layouts, kube, node_name=config.node_name)
     inventory.watch_sharing(sharing.show)
     reset = (
         simulated_reset(config.state_dir)
@@ -129,6 +137,10 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         else command_reset(config.mig.reset_command)
     )
     mig = MigService(gpu, state, PartitionLock(config.state_dir), reset)
+    telemetry.exporter.add_collector(PrewarmCollector(prewarm.inventory))
+    mig_labels = _mig_labels(config, kube, mig)
+    if mig_labels is not None:
+        telemetry.exporter.add_collector(MigStateCollector(mig_labels))
     return Services(
         config=config,
         gpu=gpu,
@@ -140,7 +152,28 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         prewarm=prewarm,
         telemetry=telemetry,
         mig=mig,
+        kube=kube,
+        mig_labels=mig_labels,
     )
+
+
+def _mig_labels(
+    config: AgentConfig, kube: KubeClient | None, mig: MigService
+) -> MigLabelController | None:
+    settings = config.mig
+    if not settings.watch_node_label:
+        return None
+    if settings.config_file is None:
+        raise InvalidSpec(
+            "mig.watch_node_label needs mig.config_file (the mig-parted configs the label names)",
+            [FieldViolation("mig.config_file", "path of a mig-parted config file")],
+        )
+    if kube is None:
+        raise InvalidSpec(
+            "mig.watch_node_label needs the agent to run in a pod with a service account",
+            [FieldViolation("mig.watch_node_label", "false outside Kubernetes")],
+        )
+    return MigLabelController(kube, config.node_name, mig, settings.config_file)
 
 
 class Node:
@@ -248,6 +281,10 @@ class Node:
         stack.push_async_callback(self._stop_serving, server, health)
         await set_serving(health, True)
         self._guard("inventory", s.inventory.run())
+        if s.mig_labels is not None:
+            self._guard("mig-labels", _every(cfg.mig.label_poll_s, s.mig_labels.reconcile))
+        if s.kube is not None:
+            self._guard("cache-labels", _every(CACHE_LABELS_S, self._publish_cache_labels))
         stack.push_async_callback(self._cancel_tasks)
         log.info(
             "agent serving: metrics %s:%d, gRPC %s, socket %s (%s, %d GPUs)",
@@ -269,10 +306,30 @@ class Node:
         await operations
         s.config.socket_path.unlink(missing_ok=True)
 
+    def _publish_cache_labels(self) -> None:
+        """``gpu-agent.io/cache.<name>=ready`` on this Node, for cache-affinity scheduling."""
+        s = self.services
+        assert s.kube is not None
+        node = s.config.node_name
+        patch = label_patch(s.kube.node_labels(node), s.prewarm.items())
+        if patch:
+            s.kube.patch_node_labels(node, patch["metadata"]["labels"])
+
     async def _cancel_tasks(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def _every(period_s: float, work: Callable[[], object]) -> None:
+    """Run blocking ``work`` in a thread every ``period_s``; a failed pass is logged and retried
+    (the API server or a GPU may be briefly away), it does not stop the agent."""
+    while True:
+        try:
+            await asyncio.to_thread(work)
+        except (AgentError, OSError):
+            log.exception("periodic %s failed; retrying in %.0fs", work, period_s)
+        await asyncio.sleep(period_s)
 
 
 def _split_listen(listen: str) -> tuple[str, int]:

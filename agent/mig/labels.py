@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from agent.errors import AgentError
 from agent.kube import KubeClient
@@ -117,6 +121,7 @@ class MigLabelController:
             self._kube.patch_node_labels(self._node, {STATE_LABEL: "failed"})
             return self._outcome(wanted, "failed", str(exc))
         self._kube.patch_node_labels(self._node, {STATE_LABEL: "pending", **pause_patch(labels)})
+        self.last = self._outcome(wanted, "pending", "applying")
         state, message = "failed", "interrupted"
         try:
             result = self._service.apply(spec, wanted, operation=f"label {CONFIG_LABEL}={wanted}")
@@ -136,3 +141,23 @@ class MigLabelController:
 
     def _outcome(self, config: str, state: str, message: str) -> Outcome:
         return Outcome(config, state, message, self._clock())
+
+
+class MigStateCollector(Collector):
+    """``gpu_agent_mig_config_state{config,state}``: 1 for the state the label protocol is in."""
+
+    def __init__(self, controller: MigLabelController) -> None:
+        self._controller = controller
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            "gpu_agent_mig_config_state",
+            "1 for the state of the MIG config named by nvidia.com/mig.config "
+            "(as nvidia.com/mig.config.state), 0 for the other states.",
+            labels=["config", "state"],
+        )
+        last = self._controller.last
+        if last is not None:
+            for state in STATES:
+                gauge.add_metric([last.config, state], 1.0 if state == last.state else 0.0)
+        yield gauge

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from agent.http import Request, Response
@@ -90,6 +91,12 @@ class MetricsExporter:
         self._cache: dict[bool, tuple[Snapshot | None, bytes]] = {}
         #: openmetrics? -> when it was last asked for
         self._asked: dict[bool, float] = {}
+        #: Other services' collectors (prewarm inventory, MIG config state): small, rendered
+        #: fresh on every scrape from their own in-memory state.
+        self._extra: list[Collector] = []
+
+    def add_collector(self, collector: Collector) -> None:
+        self._extra.append(collector)
 
     def render(self, accept: str) -> tuple[bytes, str]:
         """(body, content type) for an Accept header."""
@@ -100,8 +107,18 @@ class MetricsExporter:
             self._asked[openmetrics] = self._clock()
             cached = self._cache.get(openmetrics)
         if cached is not None and cached[0] is snapshot and snapshot is not None:
-            return cached[1], content_type
-        return self._encode(snapshot, openmetrics), content_type
+            body = cached[1]
+        else:
+            body = self._encode(snapshot, openmetrics)
+        return self._with_extra(body, openmetrics), content_type
+
+    def _with_extra(self, body: bytes, openmetrics: bool) -> bytes:
+        if not self._extra:
+            return body
+        extra = [m for c in self._extra for m in c.collect() if m.samples]
+        if openmetrics:  # one "# EOF", at the very end
+            body = body.removesuffix(b"# EOF\n")
+        return body + encode(extra, openmetrics)
 
     def prerender(self, snapshot: Snapshot) -> None:
         """Encode ``snapshot`` in the formats scraped within the last ``_PRERENDER_FOR_S``."""

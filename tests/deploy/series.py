@@ -9,11 +9,7 @@ from tests.deploy.conftest import REPO
 
 #: gpu_agent_* families the assets use ahead of the module that exports them, with that module.
 #: The name test fails once the name shows up in the agent's code, so the entry gets removed.
-PENDING: dict[str, str] = {
-    # one-hot state of the node's MIG config, as the GPU Operator's nvidia.com/mig.config.state:
-    # labels config, state (pending|success|failed|rebooting)
-    "gpu_agent_mig_config_state": "agent/mig",
-}
+PENDING: dict[str, str] = {}
 
 _USED = re.compile(r"\b(DCGM_FI_[A-Z0-9_]+|gpu_agent_[a-z0-9_]+)\b")
 _LITERAL = re.compile(r"""["'](gpu_agent_[a-z0-9_]+)["']""")

@@ -75,9 +75,12 @@ def test_without_nvml_serve_exits_with_one_line_naming_the_simulator(tmp_path: P
     assert not (tmp_path / "sim").exists(), "must never fall back to the simulator"
 
 
-def test_serve_on_a_simulated_node_answers_health_and_stops_on_sigterm(tmp_path: Path) -> None:
+def test_serve_on_a_simulated_node_answers_health_metrics_and_stops_on_sigterm(
+    tmp_path: Path,
+) -> None:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_AGENT_")}
+    env["GPU_AGENT_SOCKET_PATH"] = str(tmp_path / "agent.sock")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -109,6 +112,17 @@ def test_serve_on_a_simulated_node_answers_health_and_stops_on_sigterm(tmp_path:
                 time.sleep(0.2)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
             assert r.read() == b"ok\n"
+        # One scrape serves the GPUs' series and the other services' (prewarm cache) series;
+        # profiling rates need two GPM samples, so they appear from the second collection on.
+        deadline = time.monotonic() + 15
+        while True:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                body = r.read().decode()
+            if "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{" in body or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{" in body
+        assert 'gpu_agent_prewarm_cache_bytes{kind="capacity"}' in body
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:

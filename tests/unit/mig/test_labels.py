@@ -17,6 +17,7 @@ from agent.mig.labels import (
     PAUSED,
     STATE_LABEL,
     MigLabelController,
+    MigStateCollector,
     Outcome,
     due,
     pause_patch,
@@ -150,3 +151,20 @@ def test_an_already_applied_config_only_reports_success(
         "already applied",
     )
     assert api.nodes[NODE][DEVICE_PLUGIN] == "true"
+
+
+def test_the_state_is_exported_for_alerts(
+    controller: tuple[MigLabelController, Clock], kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    """gpu_agent_mig_config_state mirrors nvidia.com/mig.config.state (the MIG-failed alert)."""
+    ctl, _ = controller
+    api, _ = kube_api
+    collector = MigStateCollector(ctl)
+    assert [m.samples for m in collector.collect()] == [[]]
+    api.nodes[NODE][CONFIG_LABEL] = "too-many"
+    ctl.reconcile()
+    (family,) = collector.collect()
+    values = {s.labels["state"]: s.value for s in family.samples}
+    assert family.name == "gpu_agent_mig_config_state"
+    assert values == {"pending": 0.0, "success": 0.0, "failed": 1.0}
+    assert {s.labels["config"] for s in family.samples} == {"too-many"}
