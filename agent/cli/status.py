@@ -129,8 +129,17 @@ def _table(data: dict[str, Any]) -> str:
 def status(obj: CliContext, output: str) -> None:
     """Show the node: GPUs, MIG mode and instances with placements, processes.
 
+    Asks the running agent over its Unix socket when there is one, else reads NVML directly.
+
     \b
     Example:
       gpu-agent --simulate dgx-h100 --state-dir /tmp/node status -o json
     """
-    emit(node_status(obj.gpu()), output, _table)
+    client = obj.agent()
+    if client is not None:
+        from agent.cli.client import status_view
+
+        data = status_view(client.node())  # the running agent's view, no NVML call here
+    else:
+        data = node_status(obj.gpu())
+    emit(data, output, _table)
