@@ -14,7 +14,7 @@ snapshot exist only in a running agent.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +115,29 @@ def error_from(exc: grpc.RpcError) -> AgentError:
     if issubclass(cls, Busy):
         return cls(message, blockers)
     return cls(message)
+
+
+def operation_failure(error: operations_pb2.OperationError) -> AgentError:
+    """The domain error an operation ended with (its reason names the error class)."""
+    cls = _ERRORS.get(error.reason, AgentError)
+    message = f"{error.reason}: {error.message}" if cls is AgentError else error.message
+    if issubclass(cls, InvalidSpec):
+        return cls(message, [FieldViolation(v.field, v.description) for v in error.violations])
+    if issubclass(cls, Busy):
+        return cls(message, list(error.blockers))
+    return cls(message)
+
+
+def follow(
+    client: AgentClient, op: operations_pb2.Operation, on_update: Callable[[Any], None]
+) -> operations_pb2.Operation:
+    """Watch an operation to its end, passing each update on; raise its error if it failed."""
+    for update in client.watch(op.name):
+        on_update(update)
+        op = update
+    if op.HasField("error"):
+        raise operation_failure(op.error)
+    return op
 
 
 class AgentClient:

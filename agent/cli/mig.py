@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import yaml
@@ -26,6 +27,9 @@ from agent.mig.reset import command_reset, simulated_reset
 from agent.mig.service import ApplyResult, MigService, NodePlan
 from agent.mig.spec import MigSpec, load_spec
 from agent.mig.view import plan_data, plan_text, show_data, show_text
+
+if TYPE_CHECKING:
+    from agent.cli.client import AgentClient
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -75,9 +79,16 @@ def _config_options(fn: F) -> F:
 
 
 def _load(config_file: str) -> MigSpec:
+    return _load_with_text(config_file)[0]
+
+
+def _load_with_text(config_file: str) -> tuple[MigSpec, str]:
+    """The parsed config and its text (to hand to a running agent); stdin is read once."""
     if config_file == "-":
-        return load_spec("<stdin>", sys.stdin.read())
-    return load_spec(config_file)
+        text = sys.stdin.read()
+        return load_spec("<stdin>", text), text
+    spec = load_spec(config_file)  # unreadable files get load_spec's clear error
+    return spec, Path(config_file).read_text()
 
 
 @click.group("mig", cls=AgentGroup)
@@ -201,14 +212,49 @@ def apply_command(
       gpu-agent mig apply -f config.yaml -c all-1g.10gb --skip-reset
     """
 
+    # Bad input is refused here, before anything is asked of anyone.
+    spec, text = _load_with_text(config_file)
+    client = None if skip_reset else obj.agent()  # the API has no skip-reset: that stays local
+    if client is not None:
+        _apply_through_agent(client, text, selected, force, output)
+        return
+
     def progress(event: ProgressEvent) -> None:
         if event.phase != "done":
             click.echo(f"[{event.mutation}] {event.phase}: {event.message}", err=True)
 
     result = _service(obj).apply(
-        _load(config_file), selected, force=force, skip_reset=skip_reset, progress=progress
+        spec, selected, force=force, skip_reset=skip_reset, progress=progress
     )
     emit(result, output, _apply_table)
+
+
+def _apply_through_agent(
+    client: AgentClient, text: str, selected: str | None, force: bool, output: str
+) -> None:
+    """The running agent applies it as an operation (it owns the GPUs); we follow it to the end."""
+    from google.protobuf.json_format import MessageToDict
+
+    from agent.cli.client import follow
+
+    op = client.mig_apply(text, selected or "", force)
+    click.echo(f"applying through the running agent: {op.name}", err=True)
+
+    def progress(update: Any) -> None:
+        step = update.metadata.mig_apply.current_step
+        if step:
+            click.echo(f"  {step}", err=True)
+
+    done = follow(client, op, progress)
+    result = done.response.mig_apply
+    data = MessageToDict(result, preserving_proto_field_name=True)
+    emit(data, output, lambda _: _remote_apply_table(result))
+
+
+def _remote_apply_table(result: Any) -> str:
+    rows = [[g.gpu_index, g.status, g.kept, g.destroyed, g.created] for g in result.gpus]
+    table = format_table(["GPU", "STATUS", "KEPT", "DESTROYED", "CREATED"], rows)
+    return table + "\nMIG configuration applied successfully"
 
 
 def _apply_table(result: ApplyResult) -> str:

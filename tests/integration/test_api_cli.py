@@ -163,3 +163,54 @@ def test_the_client_follows_a_mig_apply_and_rebuilds_domain_errors(tmp_path: Pat
             client.mig_plan("version: v1\nmig-configs: {it: [{devices: all}]}\n")
         assert bad.value.violations
         client.close()
+
+
+MIG_CONFIG = """\
+version: v1
+mig-configs:
+  all-balanced:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
+    - devices: [1, 2, 3, 4, 5, 6, 7]
+      mig-enabled: false
+  too-many:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {"3g.40gb": 3}
+"""
+
+
+def test_mig_apply_goes_through_the_running_agent_as_an_operation(tmp_path: Path) -> None:
+    """The agent owns the GPUs while it runs: the CLI hands it the config and follows the
+    operation; the agent's own operation records show it did the work."""
+    agent_root = tmp_path / "agent"
+    agent_root.mkdir()
+    mig_file = tmp_path / "mig.yaml"
+    mig_file.write_text(MIG_CONFIG)
+    with AgentProcess(agent_root, agent_config(agent_root)) as agent:
+        config = cli_config(tmp_path, agent_root)
+        done = cli(agent.state_dir, config, "mig", "apply", "-f", str(mig_file), "-c",
+                   "all-balanced", "-o", "json")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "applying through the running agent: operations/" in done.stderr
+        result = json.loads(done.stdout)
+        assert result["config_name"] == "all-balanced"
+        client = AgentClient(agent.socket)
+        try:
+            ops = client.operations(kind="mig.apply")
+            assert [op.state for op in ops] == [operations_pb2.OPERATION_STATE_SUCCEEDED]
+            # GetNode serves the inventory the agent refreshes in the background.
+            profiles = wait_for(
+                lambda: sorted(
+                    i["profile"] for i in status_view(client.node())["gpus"][0]["instances"]
+                ),
+                "GPU 0's new layout in the agent's inventory",
+            )
+        finally:
+            client.close()
+        assert profiles == ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+        refused = cli(agent.state_dir, config, "mig", "apply", "-f", str(mig_file), "-c",
+                      "too-many")  # fmt: skip
+        assert refused.returncode == Conflict.exit_code, refused.stderr
+        assert "3g.40gb" in refused.stderr
