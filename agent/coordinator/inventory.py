@@ -73,7 +73,7 @@ def _placement_of(start: int, size: int) -> Placement:
 
 
 _MAX_MODELS = 256
-_ProfilesKey = tuple[str, int, int, int]
+_ProfilesKey = tuple[bytes, ...]
 _profiles_seen: dict[_ProfilesKey, tuple[GiProfile, ...]] = {}
 
 
@@ -81,7 +81,9 @@ def _profiles(gpu: agent_pb2.Gpu) -> tuple[GiProfile, ...]:
     """The GPU's profiles, converted once per model: the driver reports the same profiles and
     placements for every board of a product and memory size, and a 1,000-node sweep would
     otherwise build a quarter of a million placements."""
-    key = (gpu.name, gpu.memory_total_bytes, gpu.pci_device_id, len(gpu.mig_profiles))
+    # Keyed by the profiles' own bytes (serialising is C code, cheap): a key that only guessed
+    # at sameness (model, memory, count) served one GPU's profiles for another's.
+    key = tuple(p.SerializeToString(deterministic=True) for p in gpu.mig_profiles)
     found = _profiles_seen.get(key)
     if found is None:
         if len(_profiles_seen) >= _MAX_MODELS:  # a bound, should drivers ever vary per GPU
