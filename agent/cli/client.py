@@ -14,12 +14,11 @@ snapshot exist only in a running agent.
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
-from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from agent._proto.gpuagent.v1 import (
@@ -40,16 +39,12 @@ from agent._proto.gpuagent.v1 import (
 from agent.errors import (
     AgentError,
     Busy,
-    Conflict,
-    DeviceLost,
     DriverUnavailable,
     FieldViolation,
     InvalidSpec,
-    NotFound,
-    NotSupported,
     PermissionDenied,
 )
-from agent.prewarm.errors import Cancelled, DigestMismatch, DiskFull, FetchFailed
+from agent.rpc_errors import BY_NAME, rebuild
 from agent.sharing import Advertised, ApplyResult, PluginConfig, ReloadReport, SharingView, parse
 from agent.sharing.reload import Pickup, StatusRecord
 from agent.sharing.schema import render
@@ -57,33 +52,6 @@ from agent.sharing.schema import render
 __all__ = ["AgentClient", "RemoteSharing", "error_from", "status_view"]
 
 _TIMEOUT_S = 60.0
-_ERRORS: Mapping[str, type[AgentError]] = {
-    cls.__name__: cls
-    for cls in (
-        AgentError,
-        Busy,
-        Cancelled,
-        Conflict,
-        DeviceLost,
-        DigestMismatch,
-        DiskFull,
-        DriverUnavailable,
-        FetchFailed,
-        InvalidSpec,
-        NotFound,
-        NotSupported,
-        PermissionDenied,
-    )
-}
-# Without an ErrorInfo (a status from grpc itself), go by the code.
-_BY_CODE: Mapping[grpc.StatusCode, type[AgentError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidSpec,
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.FAILED_PRECONDITION: Conflict,
-    grpc.StatusCode.ABORTED: Busy,
-    grpc.StatusCode.UNIMPLEMENTED: NotSupported,
-    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
-}
 
 
 def error_from(exc: grpc.RpcError) -> AgentError:
@@ -91,35 +59,14 @@ def error_from(exc: grpc.RpcError) -> AgentError:
     code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
     message = (exc.details() if isinstance(exc, grpc.Call) else None) or str(code)
     status = rpc_status.from_call(exc) if isinstance(exc, grpc.Call) else None
-    name: str | None = None
-    violations: list[FieldViolation] = []
-    blockers: list[str] = []
-    details: list[Any] = list(status.details) if status is not None else []
-    for detail in details:
-        info, bad, failure = (
-            error_details_pb2.ErrorInfo(),
-            error_details_pb2.BadRequest(),
-            error_details_pb2.PreconditionFailure(),
-        )
-        if detail.Unpack(info):
-            name = info.metadata.get("error")
-        elif detail.Unpack(bad):
-            violations += [FieldViolation(v.field, v.description) for v in bad.field_violations]
-        elif detail.Unpack(failure):
-            blockers += [v.subject for v in failure.violations]
-    if code is grpc.StatusCode.UNAVAILABLE and name is None:
+    if code is grpc.StatusCode.UNAVAILABLE and status is None:
         return DriverUnavailable(f"the agent did not answer: {message}")
-    cls = _ERRORS.get(name or "") or _BY_CODE.get(code, AgentError)
-    if issubclass(cls, InvalidSpec):
-        return cls(message, violations)
-    if issubclass(cls, Busy):
-        return cls(message, blockers)
-    return cls(message)
+    return rebuild(code, message, status)
 
 
 def operation_failure(error: operations_pb2.OperationError) -> AgentError:
     """The domain error an operation ended with (its reason names the error class)."""
-    cls = _ERRORS.get(error.reason, AgentError)
+    cls = BY_NAME.get(error.reason, AgentError)
     message = f"{error.reason}: {error.message}" if cls is AgentError else error.message
     if issubclass(cls, InvalidSpec):
         return cls(message, [FieldViolation(v.field, v.description) for v in error.violations])

@@ -15,7 +15,7 @@ from typing import TypeVar, cast
 
 import grpc
 from google.protobuf.message import Message
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import status_pb2
 
 from agent._proto.gpuagent.v1 import (
     agent_pb2,
@@ -33,15 +33,10 @@ from agent._proto.gpuagent.v1 import (
 )
 from agent.errors import (
     AgentError,
-    Busy,
-    Conflict,
-    DeviceLost,
     FieldViolation,
     InvalidSpec,
-    NotFound,
-    NotSupported,
-    PermissionDenied,
 )
+from agent.rpc_errors import BY_CODE, rebuild
 
 __all__ = ["AgentClient", "ClientTls", "Unreachable", "domain_error"]
 
@@ -55,18 +50,9 @@ class Unreachable(AgentError):
     exit_code = 9
 
 
-_ERRORS: Mapping[str, type[AgentError]] = {
-    cls.__name__: cls
-    for cls in (Busy, Conflict, DeviceLost, InvalidSpec, NotFound, NotSupported, PermissionDenied)
-}
+# Transport failures: the agent is not there (or the handshake failed).
 _BY_CODE: Mapping[grpc.StatusCode, type[AgentError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidSpec,
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.FAILED_PRECONDITION: Conflict,
-    grpc.StatusCode.ABORTED: Busy,
-    grpc.StatusCode.UNIMPLEMENTED: NotSupported,
-    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
-    grpc.StatusCode.UNAUTHENTICATED: PermissionDenied,
+    **BY_CODE,
     grpc.StatusCode.UNAVAILABLE: Unreachable,
     grpc.StatusCode.DEADLINE_EXCEEDED: Unreachable,
 }
@@ -75,31 +61,13 @@ _BY_CODE: Mapping[grpc.StatusCode, type[AgentError]] = {
 def domain_error(exc: grpc.aio.AioRpcError, address: str) -> AgentError:
     """The domain error behind a failed call, prefixed with the agent it came from."""
     code = exc.code()
-    message = f"{address}: {exc.details() or code.name}"
-    name: str | None = None
-    violations: list[FieldViolation] = []
-    blockers: list[str] = []
+    status = None
     # grpc-stubs type these as objects; at run time aio metadata yields (key, value) pairs.
     trailers = cast(Iterable[tuple[str, object]], exc.trailing_metadata() or ())
     for key, value in trailers:
-        if key != _DETAILS_KEY or not isinstance(value, bytes):
-            continue
-        for detail in status_pb2.Status.FromString(value).details:
-            info = error_details_pb2.ErrorInfo()
-            bad = error_details_pb2.BadRequest()
-            failure = error_details_pb2.PreconditionFailure()
-            if detail.Unpack(info):
-                name = info.metadata.get("error")
-            elif detail.Unpack(bad):
-                violations += [FieldViolation(v.field, v.description) for v in bad.field_violations]
-            elif detail.Unpack(failure):
-                blockers += [v.subject for v in failure.violations]
-    cls = _ERRORS.get(name or "") or _BY_CODE.get(code, AgentError)
-    if issubclass(cls, InvalidSpec):
-        return cls(message, violations)
-    if issubclass(cls, Busy):
-        return cls(message, blockers)
-    return cls(message)
+        if key == _DETAILS_KEY and isinstance(value, bytes):
+            status = status_pb2.Status.FromString(value)
+    return rebuild(code, f"{address}: {exc.details() or code.name}", status, _BY_CODE)
 
 
 @dataclass(frozen=True, slots=True)
