@@ -214,3 +214,38 @@ def test_mig_apply_goes_through_the_running_agent_as_an_operation(tmp_path: Path
                       "too-many")  # fmt: skip
         assert refused.returncode == Conflict.exit_code, refused.stderr
         assert "3g.40gb" in refused.stderr
+
+
+def test_a_file_queued_by_the_cli_is_warmed_by_the_running_agent(tmp_path: Path) -> None:
+    """`prewarm file --no-wait` only queues (direct mode shares the agent's database and cache);
+    the running agent's workers pick it up without a restart."""
+    from tests.integration.prewarm_fixtures.origin import Origin
+
+    agent_root = tmp_path / "agent"
+    agent_root.mkdir()
+    (tmp_path / "origin").mkdir()
+    with (
+        Origin(tmp_path / "origin") as origin,
+        AgentProcess(agent_root, agent_config(agent_root)) as agent,
+    ):
+        origin.add("model.bin", b"weights" * 1000)
+        config = cli_config(tmp_path, agent_root)
+        config.write_text(
+            config.read_text() + yaml.safe_dump({"prewarm": agent_config_prewarm(agent_root)})
+        )
+        queued = cli(agent.state_dir, config, "prewarm", "file", origin.url("model.bin"),
+                     "--name", "model", "--no-wait", "-o", "json")  # fmt: skip
+        assert queued.returncode == 0, queued.stderr
+
+        def ready() -> bool:
+            listed = cli(agent.state_dir, config, "prewarm", "list", "-o", "json")
+            return any(
+                i["name"] == "model" and i["state"] == "ready" for i in json.loads(listed.stdout)
+            )
+
+        wait_for(ready, "the agent to warm the queued file", timeout=60, every=1.0)
+
+
+def agent_config_prewarm(agent_root: Path) -> dict[str, object]:
+    """The prewarm settings agent_config gives the agent, for the CLI to share them."""
+    return yaml.safe_load((agent_root / "config.yaml").read_text())["prewarm"]
