@@ -141,10 +141,9 @@ def run_agent(state_dir: Path, port: int, socket: Path, log_dir: Path) -> None:
     driver = open_driver(PRESET, state_dir, latency=True)
     service = build_telemetry(
         driver,
-        TelemetrySettings(interval_s=INTERVAL_S, kubelet_socket=socket),
+        TelemetrySettings(interval_s=INTERVAL_S, kubelet_socket=socket, container_log_dir=log_dir),
         hostname="bench",
         proc_root=SimControl(state_dir).proc_root,
-        container_log_dir=log_dir,
     )
     service.start()
 
