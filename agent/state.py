@@ -69,6 +69,41 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         CREATE INDEX journal_by_scope ON journal (scope, seq);
         """,
     ),
+    (
+        2,
+        # The prewarm cache index (agent/prewarm/index.py): one row per item, one per pull.
+        # IF NOT EXISTS: databases from before this migration may already hold the tables.
+        """
+        CREATE TABLE IF NOT EXISTS prewarm_items (
+            id TEXT PRIMARY KEY,
+            kind TEXT NOT NULL,
+            name TEXT NOT NULL UNIQUE,
+            source TEXT NOT NULL,
+            state TEXT NOT NULL,
+            pinned INTEGER NOT NULL DEFAULT 0,
+            size INTEGER,
+            sha256 TEXT,
+            expected_sha256 TEXT,
+            fetched_bytes INTEGER NOT NULL DEFAULT 0,
+            created_at REAL NOT NULL,
+            started_at REAL,
+            finished_at REAL,
+            last_used REAL,
+            hits INTEGER NOT NULL DEFAULT 0,
+            error TEXT,
+            warm_seconds REAL,
+            options TEXT NOT NULL DEFAULT '{}',
+            owner_pid INTEGER
+        );
+        CREATE INDEX IF NOT EXISTS prewarm_items_sha256 ON prewarm_items (sha256);
+        CREATE TABLE IF NOT EXISTS prewarm_image_pulls (
+            ref TEXT NOT NULL,
+            cold INTEGER NOT NULL,
+            seconds REAL NOT NULL,
+            at REAL NOT NULL
+        );
+        """,
+    ),
 )
 """Schema migrations: (version, SQL), applied in order; ``PRAGMA user_version`` records the last.
 

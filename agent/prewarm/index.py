@@ -1,7 +1,7 @@
 """The cache inventory in SQLite: one row per item, one per image pull.
 
-`SCHEMA` is the migration agent/state.py applies; `PrewarmIndex.open` also applies it (every
-statement is IF NOT EXISTS) so the CLI and tests work on a bare database. Rows are shared by
+The tables are migration 2 of agent/state.py; `PrewarmIndex.open` runs the store's migrations
+first, so the CLI and tests work on a bare database with one schema mechanism. Rows are shared by
 the agent and the CLI in direct mode, so cross-process decisions (claiming an item, admitting
 bytes) happen inside one IMMEDIATE transaction.
 """
@@ -19,37 +19,7 @@ from typing import Any
 
 from agent.errors import Conflict, NotFound
 from agent.prewarm.model import CacheItem, ItemKind, ItemState
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS prewarm_items (
-    id TEXT PRIMARY KEY,
-    kind TEXT NOT NULL,
-    name TEXT NOT NULL UNIQUE,
-    source TEXT NOT NULL,
-    state TEXT NOT NULL,
-    pinned INTEGER NOT NULL DEFAULT 0,
-    size INTEGER,
-    sha256 TEXT,
-    expected_sha256 TEXT,
-    fetched_bytes INTEGER NOT NULL DEFAULT 0,
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL,
-    last_used REAL,
-    hits INTEGER NOT NULL DEFAULT 0,
-    error TEXT,
-    warm_seconds REAL,
-    options TEXT NOT NULL DEFAULT '{}',
-    owner_pid INTEGER
-);
-CREATE INDEX IF NOT EXISTS prewarm_items_sha256 ON prewarm_items (sha256);
-CREATE TABLE IF NOT EXISTS prewarm_image_pulls (
-    ref TEXT NOT NULL,
-    cold INTEGER NOT NULL,
-    seconds REAL NOT NULL,
-    at REAL NOT NULL
-);
-"""
+from agent.state import StateStore
 
 _COLUMNS = tuple(f.name for f in fields(CacheItem))
 
@@ -92,11 +62,10 @@ class PrewarmIndex:
 
     @classmethod
     def open(cls, path: Path) -> PrewarmIndex:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        StateStore(path).close()  # creates or migrates the schema, prewarm tables included
         conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA busy_timeout=30000")
-        conn.executescript(SCHEMA)
         return cls(conn)
 
     def close(self) -> None:
