@@ -86,6 +86,18 @@ class InClusterKubeClient:
             host = f"[{host}]"  # IPv6 literal
         return cls(f"https://{host}:{port}", token, directory / "ca.crt")
 
+    @classmethod
+    def in_pod(cls) -> InClusterKubeClient | None:
+        """The pod's client, or None outside Kubernetes (then only kube-free paths work)."""
+        try:
+            return cls.from_service_account()
+        except NotSupported:
+            return None
+
+    def get(self, path: str, query: Mapping[str, str] | None = None) -> object:
+        """A GET on the API server, decoded JSON (for readers beyond the Protocol's calls)."""
+        return self._request("GET", path, query=query)
+
     def node_labels(self, node: str) -> Mapping[str, str]:
         obj = self._request("GET", f"/api/v1/nodes/{_segment(node)}")
         labels = _dig(obj, "metadata", "labels")

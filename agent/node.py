@@ -39,7 +39,7 @@ from agent.api import (
 from agent.api.mig import interrupted_apply
 from agent.api.operations import MIG_APPLY
 from agent.config import AgentConfig
-from agent.errors import AgentError, FieldViolation, InvalidSpec, NotSupported
+from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.gpu import GpuDriver, open_driver
 from agent.http import HttpServer, Request, Response
 from agent.kube import InClusterKubeClient, KubeClient
@@ -99,13 +99,6 @@ class Services:
         )
 
 
-def _kube() -> KubeClient | None:
-    try:
-        return InClusterKubeClient.from_service_account()
-    except NotSupported:
-        return None  # outside a pod: only the sighup and none reload methods work
-
-
 def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Services:
     """``simulated_latency``: the simulated driver models real NVML latencies, so timings
     while serving are honest; tests that need no timings turn it off to run at memory speed."""
@@ -130,7 +123,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         xids=lambda: telemetry.xids.state().counts,
     )
     # Sharing reads the node's shape from the inventory: no NVML call per request.
-    kube = _kube()
+    kube: KubeClient | None = InClusterKubeClient.in_pod()
     sharing = SharingService(config.sharing, inventory.layouts, kube, node_name=config.node_name)
     inventory.watch_sharing(sharing.show)
     reset = (

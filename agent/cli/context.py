@@ -82,7 +82,11 @@ class CliContext:
             gpu = self.gpu()
             return [gpu.layout(g.uuid) for g in gpu.gpus()]
 
-        return SharingService(self.config.sharing, layouts, kube=None)
+        from agent.kube import InClusterKubeClient
+
+        # In a pod (kubectl exec into the agent) the label and restart-pod reloads work too.
+        kube = InClusterKubeClient.in_pod()
+        return SharingService(self.config.sharing, layouts, kube, node_name=self.config.node_name)
 
     def close(self) -> None:
         while self._closers:

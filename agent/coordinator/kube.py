@@ -51,12 +51,12 @@ class KubeLister(InClusterKubeClient):
 
     def agent_pods(self, namespace: str, label_selector: str) -> tuple[AgentPod, ...]:
         path = f"/api/v1/namespaces/{urllib.parse.quote(namespace, safe='')}/pods"
-        listing = self._request("GET", path, query={"labelSelector": label_selector})
+        listing = self.get(path, {"labelSelector": label_selector})
         return tuple(_pod(item) for item in _items(listing))
 
     def node_labels_all(self) -> Mapping[str, Mapping[str, str]]:
         out: dict[str, Mapping[str, str]] = {}
-        for item in _items(self._request("GET", "/api/v1/nodes")):
+        for item in _items(self.get("/api/v1/nodes")):
             name = _get(item, "metadata", "name")
             labels = _get(item, "metadata", "labels")
             if isinstance(name, str):
