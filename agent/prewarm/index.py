@@ -66,6 +66,11 @@ class PrewarmIndex:
         conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA busy_timeout=30000")
+        # NORMAL, not FULL: a commit here does not fsync. Progress is saved every second while a
+        # download dirties the same filesystem, and on ext4 each fsync would also flush that
+        # file's data (1.1 s of a 2.9 s 1 GiB fetch). Still atomic and crash-safe for a killed
+        # process; a power loss may lose the last rows, which reconcile() then squares with disk.
+        conn.execute("PRAGMA synchronous=NORMAL")
         return cls(conn)
 
     def close(self) -> None:
