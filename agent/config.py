@@ -293,7 +293,8 @@ class PrewarmSettings:
     dragonfly_socket: Path | None = field(
         default=None,
         metadata=_rules(
-            doc="Dragonfly dfdaemon socket; when set, files are fetched through its P2P network."
+            doc="Dragonfly dfdaemon socket; when set, files are fetched through its P2P network "
+            "(and Nydus image data blobs, when no dragonfly_proxy is set)."
         ),
     )
     dragonfly_proxy: str | None = field(
@@ -301,7 +302,9 @@ class PrewarmSettings:
         metadata=_rules(
             check=_is_http_url,
             allowed="an http:// or https:// URL, e.g. http://127.0.0.1:65001",
-            doc="dfdaemon's HTTP proxy URL, used for files when no dfdaemon socket is set.",
+            doc="dfdaemon's HTTP proxy URL, used for files when no dfdaemon socket is set, and "
+            "for the data blobs of Nydus images (the path nydusd reads them through), so their "
+            "data is in the node's Dragonfly cache before the pod starts.",
         ),
     )
     containerd_socket: Path = field(
@@ -315,6 +318,33 @@ class PrewarmSettings:
         metadata=_rules(
             doc="A Docker config.json with registry credentials for image pulls; none means "
             "anonymous pulls.",
+        ),
+    )
+    insecure_registries: tuple[str, ...] = field(
+        default=(),
+        metadata=_rules(
+            doc="Registries (host or host:port, globs allowed) whose manifests and Nydus blobs "
+            "are read over plain http, as containerd's hosts.toml server = http://… does; "
+            "loopback registries (localhost, 127.0.0.1, ::1) always are. Host allow/deny lists "
+            "still apply.",
+        ),
+    )
+    nydus_system_socket: Path | None = field(
+        default=None,
+        metadata=_rules(
+            requires="nydus_prefetch_list",
+            doc="nydus-snapshotter's system socket (e.g. /run/containerd-nydus/system.sock). When "
+            "set and no Dragonfly is configured, prewarming a Nydus image also sends the "
+            "snapshotter a prefetch hint (PUT /api/v1/prefetch), used once when that image's "
+            "nydusd next starts; the image is still reported bootstrap-only.",
+        ),
+    )
+    nydus_prefetch_list: Path | None = field(
+        default=None,
+        metadata=_rules(
+            requires="nydus_system_socket",
+            doc="The prefetch hint's file, as nydusd sees it on the host: one absolute path per "
+            "line of the files or directories to prefetch ('/' for the whole image).",
         ),
     )
     header_dirs: tuple[str, ...] = field(

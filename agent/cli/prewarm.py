@@ -12,12 +12,13 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
-from agent.cli.render import emit, format_table, human_bytes, output_option
+from agent.cli.render import emit, format_table, human_bytes, output_option, plain
 from agent.prewarm.errors import FetchFailed
 from agent.prewarm.factory import build_service
 from agent.prewarm.manifest import load_manifest
@@ -65,8 +66,21 @@ def _run_all(service: PrewarmService, items: Sequence[CacheItem], wait: bool) ->
     return done
 
 
+def _record(item: CacheItem) -> dict[str, Any]:
+    """An item for -o json/yaml: its fields, and for images how warm they are."""
+    record: dict[str, Any] = plain(item)
+    warmth = item.image_warmth
+    if warmth is not None:
+        record["warmth"] = {**plain(warmth), "ratio": warmth.ratio}
+    return record
+
+
+def _emit_items(items: Sequence[CacheItem], output: str) -> None:
+    emit([_record(i) for i in items], output, lambda _: _items_table(items))
+
+
 def _finish(items: Sequence[CacheItem], output: str) -> None:
-    emit(list(items), output, _items_table)
+    _emit_items(items, output)
     failed = [i for i in items if i.state is ItemState.FAILED]
     if failed:
         raise FetchFailed("; ".join(f"{i.name}: {i.error}" for i in failed))
@@ -84,12 +98,35 @@ def _items_table(items: Sequence[CacheItem]) -> str:
             "yes" if i.pinned else "",
             i.hits,
             f"{i.warm_seconds:.1f}s" if i.warm_seconds is not None else "-",
+            _warmth_cell(i),
             i.error or "",
         )
         for i in items
     ]
-    headers = ("ID", "KIND", "NAME", "STATE", "SIZE", "FETCHED", "PINNED", "HITS", "WARM", "ERROR")
+    headers = (
+        "ID",
+        "KIND",
+        "NAME",
+        "STATE",
+        "SIZE",
+        "FETCHED",
+        "PINNED",
+        "HITS",
+        "WARM",
+        "WARMTH",
+        "ERROR",
+    )
     return format_table(headers, rows)
+
+
+def _warmth_cell(item: CacheItem) -> str:
+    """``full``, ``bootstrap-only 1/3 blobs 2%``…: how much of an image's data is warm."""
+    w = item.image_warmth
+    if w is None:
+        return "-"
+    if w.ratio is None or (w.ratio == 1.0 and not w.lazy):
+        return w.warmth.value
+    return f"{w.warmth.value} {w.blobs_warm}/{w.blobs_total} blobs {100 * w.ratio:.0f}%"
 
 
 _wait_option = click.option(
@@ -197,13 +234,13 @@ def prewarm_apply(ctx: click.Context, manifest: Path, wait: bool, output: str) -
 @output_option
 @click.pass_context
 def prewarm_list(ctx: click.Context, output: str) -> None:
-    """Every item with its state, size, hits and time to warm.
+    """Every item with its state, size, hits, time to warm and, for images, how warm they are.
 
     \b
     Example:
       gpu-agent prewarm list -o json
     """
-    emit(_service(ctx).items(), output, _items_table)
+    _emit_items(_service(ctx).items(), output)
 
 
 @prewarm.command("cancel")
@@ -217,7 +254,7 @@ def prewarm_cancel(ctx: click.Context, item: str, output: str) -> None:
     Example:
       gpu-agent prewarm cancel llama-70b-shard-3
     """
-    emit([_service(ctx).cancel(item)], output, _items_table)
+    _emit_items([_service(ctx).cancel(item)], output)
 
 
 @click.group(cls=AgentGroup)
@@ -238,7 +275,7 @@ def cache_list(ctx: click.Context, output: str) -> None:
     service = _service(ctx)
     usage = service.store.usage()
     ready = [i for i in service.items() if i.state is ItemState.READY]
-    data = {"usage": usage, "items": ready}
+    data = {"usage": usage, "items": [_record(i) for i in ready]}
 
     def table(d: dict[str, object]) -> str:
         head = (
@@ -262,7 +299,7 @@ def cache_evict(ctx: click.Context, item: str, output: str) -> None:
     Example:
       gpu-agent cache evict llama-70b-shard-3
     """
-    emit([_service(ctx).evict(item)], output, _items_table)
+    _emit_items([_service(ctx).evict(item)], output)
 
 
 @cache.command("pin")
@@ -277,4 +314,4 @@ def cache_pin(ctx: click.Context, item: str, unpin: bool, output: str) -> None:
     Example:
       gpu-agent cache pin llama-70b-shard-3
     """
-    emit([_service(ctx).pin(item, not unpin)], output, _items_table)
+    _emit_items([_service(ctx).pin(item, not unpin)], output)

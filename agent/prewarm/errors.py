@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from agent.errors import AgentError, Conflict
+from agent.prewarm.model import ImageWarmth
 
 
 class FetchFailed(AgentError):
@@ -23,3 +24,11 @@ class Cancelled(AgentError):
     """Someone cancelled the item while it was being fetched."""
 
     exit_code = 130
+
+
+class ImageWarmFailed(FetchFailed):
+    """An image's data could not be warmed; ``warmth`` says how far it got."""
+
+    def __init__(self, message: str, warmth: ImageWarmth) -> None:
+        super().__init__(message)
+        self.warmth = warmth

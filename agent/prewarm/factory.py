@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from agent.config import PrewarmSettings
 from agent.prewarm.fetch_http import HttpFetcher
 from agent.prewarm.index import PrewarmIndex
 from agent.prewarm.policy import UrlPolicy
-from agent.prewarm.service import FileFetcher, ImagePuller, PrewarmService
+from agent.prewarm.service import FileFetcher, ImagePuller, ImageWarmer, PrewarmService
 from agent.prewarm.store import CacheStore
 
 
@@ -31,6 +32,40 @@ def puller_from(settings: PrewarmSettings) -> ImagePuller:
     return CriPuller(settings.containerd_socket, settings.docker_config)
 
 
+def blob_fetcher_from(settings: PrewarmSettings) -> Callable[[UrlPolicy], FileFetcher] | None:
+    """What Nydus data blobs go through: the node's Dragonfly, or nothing (prewarm.md §2.7).
+
+    dfdaemon's HTTP proxy first, because it is the path nydusd itself reads through; its gRPC
+    socket otherwise (same URL, so the same task id). Without Dragonfly there is no cache that
+    nydusd would read the bytes from, so they are not fetched at all.
+    """
+    if settings.dragonfly_proxy is not None:
+        proxy = settings.dragonfly_proxy
+        return lambda policy: HttpFetcher(policy, proxy=proxy)
+    if settings.dragonfly_socket is not None:
+        from agent.prewarm.fetch_dragonfly import DragonflyFetcher
+
+        socket = settings.dragonfly_socket
+        return lambda policy: DragonflyFetcher(policy, socket)
+    return None
+
+
+def warmer_from(settings: PrewarmSettings, policy: UrlPolicy) -> ImageWarmer:
+    from agent.prewarm.image_warm import NydusWarmer
+    from agent.prewarm.registry import RegistryClient
+    from agent.prewarm.snapshotter import SnapshotterClient
+
+    snapshotter = None
+    if settings.nydus_system_socket is not None:
+        snapshotter = SnapshotterClient(settings.nydus_system_socket)
+    return NydusWarmer(
+        RegistryClient(policy, settings.docker_config, settings.insecure_registries),
+        blob_fetcher_from(settings),
+        snapshotter,
+        str(settings.nydus_prefetch_list) if settings.nydus_prefetch_list else None,
+    )
+
+
 def build_service(settings: PrewarmSettings, db_path: Path) -> PrewarmService:
     index = PrewarmIndex.open(db_path)
     store = CacheStore(settings.cache_dir, index, settings.budget_bytes, settings.max_volume_share)
@@ -41,5 +76,6 @@ def build_service(settings: PrewarmSettings, db_path: Path) -> PrewarmService:
         policy,
         fetcher_from(settings, policy),
         puller=puller_from(settings),
+        warmer=warmer_from(settings, policy),
         header_dirs=[Path(d) for d in settings.header_dirs],
     )

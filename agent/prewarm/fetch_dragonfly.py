@@ -1,9 +1,10 @@
 """Files through dfdaemon's gRPC API: ``DfdaemonDownload/DownloadTask`` on its Unix socket.
 
-Pieces are streamed back (``need_piece_content``) and written at their offsets into our Partial,
-so the cache's verify-and-rename path is the same as for HTTP and dfdaemon need not see our
-cache directory. dfdaemon keeps finished pieces itself, so after a restart the task is asked for
-again from zero and served from its local store (prewarm.md §1.7).
+Pieces are streamed back (``need_piece_content``) and written at their offsets into our Sink
+(a Partial for files, a hash-only DigestSink for Nydus blobs), so the cache's verify-and-rename
+path is the same as for HTTP and dfdaemon need not see our cache directory. dfdaemon keeps
+finished pieces itself, so after a restart the task is asked for again from zero and served
+from its local store (prewarm.md §1.7).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from agent.errors import PermissionDenied
 from agent.prewarm.errors import Cancelled, FetchFailed
 from agent.prewarm.fetch_http import CancelledFn, FetchInfo, FetchSpec, ProgressFn
 from agent.prewarm.policy import UrlPolicy, redact_url
-from agent.prewarm.store import Partial
+from agent.prewarm.sink import Sink
 
 # Pieces are >= 4 MiB; gRPC's default 4 MiB receive cap would reject them.
 _MAX_MESSAGE = 512 * 1024 * 1024
@@ -35,7 +36,7 @@ class DragonflyFetcher:
         return "dragonfly-grpc"
 
     def fetch(
-        self, spec: FetchSpec, partial: Partial, progress: ProgressFn, cancelled: CancelledFn
+        self, spec: FetchSpec, partial: Sink, progress: ProgressFn, cancelled: CancelledFn
     ) -> FetchInfo:
         self._policy.check(spec.url)  # dfdaemon fetches for us; the rules still apply
         download = common_pb2.Download(

@@ -1,9 +1,10 @@
 """HTTP(S) fetcher: direct to the origin, or through dfdaemon's HTTP proxy (prewarm.md §1.2).
 
-Streams into a `Partial`, resuming with ``Range`` + ``If-Range`` after a dropped connection or a
-restart. Every URL, redirects included, passes `UrlPolicy`; direct connections go to the address
-the policy checked. Request headers (tokens) go only to the first origin: a redirect to another
-host drops them, and no header value appears in an error or a log line.
+Streams into a `Sink` (the cache's `Partial`, or a `DigestSink` that only hashes), resuming
+with ``Range`` + ``If-Range`` after a dropped connection or a restart. Every URL, redirects
+included, passes `UrlPolicy`; direct connections go to the address the policy checked. Request
+headers (tokens) go only to the first origin: a redirect to another host drops them, and no
+header value appears in an error or a log line.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from urllib.parse import urljoin, urlsplit
 
 from agent.prewarm.errors import Cancelled, FetchFailed
 from agent.prewarm.policy import Target, UrlPolicy, redact_url
-from agent.prewarm.store import Partial
+from agent.prewarm.sink import Sink
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,17 @@ def _connect(target: Target, timeout: float | None) -> socket.socket:
     raise ConnectionError(f"cannot connect to {target.host}:{target.port}: {last}")
 
 
+def direct_connection(
+    target: Target, timeout: float, ssl_context: ssl.SSLContext
+) -> http.client.HTTPConnection:
+    """A connection to the addresses `UrlPolicy.check` returned, never a fresh DNS answer."""
+    if target.scheme == "https":
+        return _PinnedHTTPSConnection(target, timeout, ssl_context)
+    return _PinnedHTTPConnection(target, timeout)
+
+
 class HttpFetcher:
-    """Fetch one URL into a Partial; retries transient failures with exponential back-off.
+    """Fetch one URL into a Sink; retries transient failures with exponential back-off.
 
     With ``proxy`` (dfdaemon's proxy, e.g. http://127.0.0.1:4001), plain-http URLs are sent in
     absolute form and https URLs through CONNECT (dfdaemon then terminates TLS, so
@@ -122,7 +132,7 @@ class HttpFetcher:
         return "dragonfly-proxy" if self._proxy else "direct"
 
     def fetch(
-        self, spec: FetchSpec, partial: Partial, progress: ProgressFn, cancelled: CancelledFn
+        self, spec: FetchSpec, partial: Sink, progress: ProgressFn, cancelled: CancelledFn
     ) -> FetchInfo:
         attempt = 0
         while True:
@@ -145,7 +155,7 @@ class HttpFetcher:
                 self._sleep(delay)
 
     def _attempt(
-        self, spec: FetchSpec, partial: Partial, progress: ProgressFn, cancelled: CancelledFn
+        self, spec: FetchSpec, partial: Sink, progress: ProgressFn, cancelled: CancelledFn
     ) -> FetchInfo:
         conn, resp = self._open(spec, partial)
         try:
@@ -159,7 +169,7 @@ class HttpFetcher:
             conn.close()
 
     def _open(
-        self, spec: FetchSpec, partial: Partial
+        self, spec: FetchSpec, partial: Sink
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         url = spec.url
         headers = dict(spec.headers)
@@ -187,9 +197,7 @@ class HttpFetcher:
 
     def _connection(self, target: Target) -> http.client.HTTPConnection:
         if self._proxy is None:
-            if target.scheme == "https":
-                return _PinnedHTTPSConnection(target, self._timeout, self._ssl)
-            return _PinnedHTTPConnection(target, self._timeout)
+            return direct_connection(target, self._timeout, self._ssl)
         proxy_host = self._proxy.hostname or "127.0.0.1"
         proxy_port = self._proxy.port or 80
         if target.scheme == "https":
@@ -207,7 +215,7 @@ class HttpFetcher:
         return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
     def _headers(
-        self, url: str, target: Target, headers: Mapping[str, str], partial: Partial, first: str
+        self, url: str, target: Target, headers: Mapping[str, str], partial: Sink, first: str
     ) -> dict[str, str]:
         out = {"User-Agent": "gpu-agent-prewarm", "Accept-Encoding": "identity", **headers}
         default_port = 443 if target.scheme == "https" else 80
@@ -225,9 +233,7 @@ class HttpFetcher:
                 out["X-Dragonfly-Prefetch"] = "true"
         return out
 
-    def _start(
-        self, spec: FetchSpec, partial: Partial, resp: http.client.HTTPResponse
-    ) -> int | None:
+    def _start(self, spec: FetchSpec, partial: Sink, resp: http.client.HTTPResponse) -> int | None:
         """Check the status, line the partial up with the body; return the file's total size."""
         status = resp.status
         if status == 206:
@@ -271,7 +277,7 @@ class HttpFetcher:
     def _stream(
         self,
         resp: http.client.HTTPResponse,
-        partial: Partial,
+        partial: Sink,
         total: int | None,
         progress: ProgressFn,
         cancelled: CancelledFn,

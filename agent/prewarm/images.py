@@ -8,8 +8,6 @@ to choose the handler's snapshotter (prewarm.md §3).
 
 from __future__ import annotations
 
-import base64
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,53 +16,32 @@ import grpc
 
 from agent._proto.k8s.cri.runtime.v1 import api_pb2 as cri
 from agent._proto.k8s.cri.runtime.v1 import api_pb2_grpc as cri_grpc
-from agent.errors import AgentError, InvalidSpec, NotFound
+from agent.errors import AgentError, NotFound
+from agent.prewarm.docker_auth import credentials_for, registry_host
 from agent.prewarm.errors import FetchFailed
 from agent.prewarm.service import PullResult
 
 RUNTIME_HANDLER_ANNOTATION = "io.containerd.cri.runtime-handler"
-_DOCKER_HUB = "docker.io"
-_DOCKER_HUB_KEYS = ("https://index.docker.io/v1/", "index.docker.io", "docker.io")
 
-
-def registry_host(ref: str) -> str:
-    """The registry of an image reference, with Docker's defaulting rules."""
-    first, sep, _ = ref.partition("/")
-    if not sep or ("." not in first and ":" not in first and first != "localhost"):
-        return _DOCKER_HUB
-    return first
+__all__ = ["RUNTIME_HANDLER_ANNOTATION", "CriPuller", "auth_for", "registry_host"]
 
 
 def auth_for(ref: str, docker_config: Path | None) -> cri.AuthConfig | None:
-    """Credentials for the image's registry from a Docker config.json ``auths`` entry.
-
-    Credential helpers (credsStore/credHelpers) are not run: the agent does not execute binaries
-    named by a config file.
-    """
-    if docker_config is None:
+    """Credentials for the image's registry from a Docker config.json ``auths`` entry."""
+    creds = credentials_for(ref, docker_config)
+    if creds is None:
         return None
-    try:
-        auths = json.loads(docker_config.read_text()).get("auths", {})
-    except (OSError, ValueError, AttributeError) as exc:
-        raise InvalidSpec(f"cannot read docker config {docker_config}: {exc}") from None
-    host = registry_host(ref)
-    keys = _DOCKER_HUB_KEYS if host == _DOCKER_HUB else (host,)
-    for key, entry in auths.items():
-        bare = key.removeprefix("https://").removeprefix("http://").split("/", 1)[0]
-        if (key in keys or bare in keys) and isinstance(entry, dict):
-            auth = cri.AuthConfig(
-                username=entry.get("username", ""),
-                password=entry.get("password", ""),
-                auth=entry.get("auth", ""),
-                server_address=host,
-                identity_token=entry.get("identitytoken", ""),
-                registry_token=entry.get("registrytoken", ""),
-            )
-            if auth.auth and not auth.username:
-                user, _, password = base64.b64decode(auth.auth).decode().partition(":")
-                auth.username, auth.password = user, password
-            return auth
-    return None
+    # No server_address: containerd url-parses it and compares the host with the one it dials,
+    # so a bare "host:port" fails the pull ("first path segment in URL cannot contain colon",
+    # seen against real containerd) and "docker.io" never equals registry-1.docker.io. The auth
+    # travels with one image's pull, so it is for that image's registry anyway.
+    return cri.AuthConfig(
+        username=creds.username,
+        password=creds.password,
+        auth=creds.auth,
+        identity_token=creds.identity_token,
+        registry_token=creds.registry_token,
+    )
 
 
 class CriPuller:

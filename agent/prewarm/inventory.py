@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from agent.prewarm.index import ImagePull
-from agent.prewarm.model import CacheItem, ItemState
+from agent.prewarm.model import CacheItem, ItemState, Warmth
 from agent.prewarm.naming import LABEL_PREFIX, label_key
 from agent.prewarm.store import Usage
 
@@ -29,8 +29,8 @@ class Inventory:
 
 
 def node_labels(items: Sequence[CacheItem]) -> dict[str, str]:
-    """``gpu-agent.io/cache.<short-name>: ready`` for every ready item."""
-    return {label_key(i.name): READY_VALUE for i in items if i.state is ItemState.READY}
+    """``gpu-agent.io/cache.<short-name>: ready`` for every ready file and fully warm image."""
+    return {label_key(i.name): READY_VALUE for i in items if i.label_ready}
 
 
 def label_patch(current: Mapping[str, str], items: Sequence[CacheItem]) -> dict[str, Any]:
@@ -91,6 +91,7 @@ class PrewarmCollector(Collector):
             if item.warm_seconds is not None and item.state is ItemState.READY:
                 warm.add_metric(key, item.warm_seconds)
         yield from (state, size, hits, last_used, warm)
+        yield from _image_warmth(inv.items)
 
         cache = GaugeMetricFamily(
             "gpu_agent_prewarm_cache_bytes",
@@ -119,3 +120,42 @@ class PrewarmCollector(Collector):
         for (ref, cold), seconds in sorted(latest.items()):
             pull.add_metric([ref, cold], seconds)
         yield pull
+
+
+def _image_warmth(items: Sequence[CacheItem]) -> Iterator[Metric]:
+    """How warm each image is (prewarm.md §2.7: a Nydus pull alone warms only the bootstrap)."""
+    ratio = GaugeMetricFamily(
+        "gpu_agent_prewarm_image_warm_ratio",
+        "Share of an image's layer bytes that are warm (pulled, or data blobs in the node's "
+        "Dragonfly cache); 1 when fully warm.",
+        labels=["name"],
+    )
+    warmth = GaugeMetricFamily(
+        "gpu_agent_prewarm_image_warmth",
+        "1 for the warmth an image is at: full, partial, bootstrap-only or unknown.",
+        labels=["name", "warmth"],
+    )
+    blobs = GaugeMetricFamily(
+        "gpu_agent_prewarm_image_blobs",
+        "An image's layer blobs: total, and warm.",
+        labels=["name", "kind"],
+    )
+    data = GaugeMetricFamily(
+        "gpu_agent_prewarm_image_bytes",
+        "An image's layer bytes (compressed, as in the manifest): total, and warm.",
+        labels=["name", "kind"],
+    )
+    for item in items:
+        w = item.image_warmth
+        if w is None:
+            continue
+        for word in Warmth:
+            warmth.add_metric([item.name, word.value], 1.0 if w.warmth is word else 0.0)
+        if w.ratio is None:
+            continue
+        ratio.add_metric([item.name], w.ratio)
+        blobs.add_metric([item.name, "total"], float(w.blobs_total))
+        blobs.add_metric([item.name, "warm"], float(w.blobs_warm))
+        data.add_metric([item.name, "total"], float(w.bytes_total))
+        data.add_metric([item.name, "warm"], float(w.bytes_warm))
+    yield from (ratio, warmth, blobs, data)

@@ -48,6 +48,58 @@ class ImageRequest:
     pin: bool = False
 
 
+class Warmth(enum.StrEnum):
+    """How much of an image's layer data is on the node (or in its Dragonfly cache).
+
+    ``full``: every layer (a plain image after its pull, or a Nydus image whose data blobs were
+    all warmed); ``bootstrap-only``: a Nydus image whose pull fetched only its metadata layer;
+    ``partial``: some Nydus data blobs warmed; ``unknown``: the manifest could not be read.
+    """
+
+    FULL = "full"
+    PARTIAL = "partial"
+    BOOTSTRAP_ONLY = "bootstrap-only"
+    UNKNOWN = "unknown"
+
+
+_WARMTH_KEYS = ("blobs_total", "blobs_warm", "bytes_total", "bytes_warm")
+
+
+@dataclass(frozen=True, slots=True)
+class ImageWarmth:
+    """An image's warmth; kept in the item's options (strings) under the field names."""
+
+    warmth: Warmth
+    lazy: bool = False  # a Nydus image: its data is fetched on first read, not at pull
+    blobs_total: int = 0
+    blobs_warm: int = 0
+    bytes_total: int = 0
+    bytes_warm: int = 0
+
+    @property
+    def ratio(self) -> float | None:
+        """Warm share of the layer bytes (1.0 when the image has none); None when unknown."""
+        if self.warmth is Warmth.UNKNOWN:
+            return None
+        return self.bytes_warm / self.bytes_total if self.bytes_total else 1.0
+
+    def to_options(self) -> dict[str, str]:
+        out = {"warmth": self.warmth.value}
+        if self.warmth is not Warmth.UNKNOWN:
+            out["image_format"] = "nydus" if self.lazy else "oci"
+            out.update({k: str(getattr(self, k)) for k in _WARMTH_KEYS})
+        return out
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> ImageWarmth | None:
+        try:
+            warmth = Warmth(options["warmth"])
+            counts = {k: int(options.get(k, "0")) for k in _WARMTH_KEYS}
+        except (KeyError, ValueError):
+            return None
+        return cls(warmth, options.get("image_format") == "nydus", **counts)
+
+
 @dataclass(frozen=True, slots=True)
 class CacheItem:
     """One row of the inventory: a file or an image, whatever its state."""
@@ -72,8 +124,23 @@ class CacheItem:
     options: Mapping[str, str] = field(default_factory=dict)
 
     @property
+    def image_warmth(self) -> ImageWarmth | None:
+        """How warm an image is; None for files and for images not warmed yet."""
+        if self.kind is not ItemKind.IMAGE:
+            return None
+        return ImageWarmth.from_options(self.options)
+
+    @property
     def label_ready(self) -> bool:
-        return self.state is ItemState.READY
+        """Worth a ``cache.<name>=ready`` node label: a ready file, or a ready image that is
+        fully warm (a Nydus image with only its bootstrap pulled would still fetch its data
+        when the pod starts)."""
+        if self.state is not ItemState.READY:
+            return False
+        if self.kind is ItemKind.FILE:
+            return True
+        warmth = self.image_warmth
+        return warmth is not None and warmth.warmth is Warmth.FULL
 
 
 @dataclass(frozen=True, slots=True)

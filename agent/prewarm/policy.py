@@ -85,6 +85,9 @@ class UrlPolicy:
     allowed_hosts: tuple[str, ...] = ()
     denied_hosts: tuple[str, ...] = ()
     resolver: Resolver = system_resolver
+    # Hosts (names or globs) reached over plain http even without allow_http: an insecure
+    # registry the operator named, never a host a request chose.
+    http_hosts: tuple[str, ...] = ()
 
     @property
     def schemes(self) -> tuple[str, ...]:
@@ -93,7 +96,10 @@ class UrlPolicy:
     def check_static(self, url: str, field: str = "url") -> tuple[str, str, int]:
         """Scheme, host and port of ``url`` if its form and host name pass; no DNS lookup."""
         parts = urlsplit(url)
-        if parts.scheme not in self.schemes:
+        http_host = (parts.hostname or "").lower().rstrip(".")
+        if parts.scheme not in self.schemes and not (
+            parts.scheme == "http" and any(fnmatchcase(http_host, p) for p in self.http_hosts)
+        ):
             raise InvalidSpec(
                 f"{field}: scheme {parts.scheme or '(none)'!r} is not allowed",
                 [FieldViolation(field, f"allowed schemes: {', '.join(self.schemes)}")],

@@ -13,16 +13,16 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import psutil
 
 from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec
-from agent.prewarm.errors import Cancelled
+from agent.prewarm.errors import Cancelled, ImageWarmFailed
 from agent.prewarm.fetch_http import CancelledFn, FetchInfo, FetchSpec, ProgressFn
 from agent.prewarm.headers import check_header_name, read_header_files
 from agent.prewarm.index import ImagePull, PrewarmIndex
@@ -31,13 +31,16 @@ from agent.prewarm.model import (
     CacheItem,
     FileRequest,
     ImageRequest,
+    ImageWarmth,
     ItemKind,
     ItemState,
     Progress,
+    Warmth,
 )
 from agent.prewarm.naming import check_name, default_name
 from agent.prewarm.policy import UrlPolicy, redact_url
 from agent.prewarm.progress import ProgressMeter
+from agent.prewarm.sink import Sink
 from agent.prewarm.store import CacheStore, Partial
 
 log = logging.getLogger(__name__)
@@ -46,18 +49,20 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _PUBLISH_S = 0.5
 _SAVE_S = 1.0
 _HEADER_PREFIX = "header:"
+# Options an image request sets; the rest are results of the last run and are replaced.
+_REQUEST_OPTIONS = ("runtime_handler",)
 
 ProgressCallback = Callable[[Progress], None]
 
 
 class FileFetcher(Protocol):
-    """Moves one URL's bytes into a Partial (direct HTTP, Dragonfly proxy or dfdaemon gRPC)."""
+    """Moves one URL's bytes into a Sink (direct HTTP, Dragonfly proxy or dfdaemon gRPC)."""
 
     @property
     def mode(self) -> str: ...
 
     def fetch(
-        self, spec: FetchSpec, partial: Partial, progress: ProgressFn, cancelled: CancelledFn
+        self, spec: FetchSpec, partial: Sink, progress: ProgressFn, cancelled: CancelledFn
     ) -> FetchInfo: ...
 
 
@@ -75,6 +80,25 @@ class ImagePuller(Protocol):
     def pull(self, ref: str, runtime_handler: str | None) -> PullResult: ...
 
 
+@dataclass(frozen=True, slots=True)
+class WarmResult:
+    warmth: ImageWarmth
+    notes: Mapping[str, str] = field(default_factory=dict)  # facts for the item's options
+
+
+class ImageWarmer(Protocol):
+    """After the pull: warms what it left cold (a Nydus image's data) and says how warm the
+    image is; raises ImageWarmFailed with the warmth reached when a blob cannot be warmed."""
+
+    def warm(
+        self,
+        ref: str,
+        runtime_handler: str | None,
+        progress: ProgressFn,
+        cancelled: CancelledFn,
+    ) -> WarmResult: ...
+
+
 class PrewarmService:
     def __init__(
         self,
@@ -83,6 +107,7 @@ class PrewarmService:
         policy: UrlPolicy,
         fetcher: FileFetcher,
         puller: ImagePuller | None = None,
+        warmer: ImageWarmer | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         workers: int = 2,
@@ -94,6 +119,7 @@ class PrewarmService:
         self.policy = policy
         self._fetcher = fetcher
         self._puller = puller
+        self._warmer = warmer
         self._clock = clock
         self._monotonic = monotonic
         self._workers = workers
@@ -203,10 +229,12 @@ class PrewarmService:
                 "choose another --name"
             )
         pinned = item.pinned or pin
-        if item.state is ItemState.READY:
+        if item.state is ItemState.READY and item.label_ready:
             now = self._clock()
             return self.index.update(item.id, hits=item.hits + 1, last_used=now, pinned=pinned)
-        if item.state in (ItemState.FAILED, ItemState.EVICTED):
+        if item.state in (ItemState.FAILED, ItemState.EVICTED, ItemState.READY):
+            # A ready image that is not fully warm (bootstrap-only, unknown) is warmed again:
+            # Dragonfly may be there now, and a prefetch hint is used only once.
             return self.index.update(
                 item.id,
                 state=ItemState.QUEUED,
@@ -333,7 +361,7 @@ class PrewarmService:
         try:
             if item.kind is ItemKind.FILE:
                 return self._run_file(item, event)
-            return self._run_image(item)
+            return self._run_image(item, event)
         finally:
             with self._lock:
                 self._cancel_events.pop(item.id, None)
@@ -351,11 +379,9 @@ class PrewarmService:
                 item_id, state=ItemState.FETCHING, started_at=item.started_at or self._clock()
             )
 
-    def _run_file(self, item: CacheItem, event: threading.Event) -> CacheItem:
-        partial = self.store.partial(item.id)
+    def _watchers(self, item: CacheItem, event: threading.Event) -> tuple[ProgressFn, CancelledFn]:
+        """Progress (published, saved in the row) and cancellation checks for one item's fetch."""
         meter = ProgressMeter(item.id, self._monotonic)
-        if partial.offset:
-            log.info("resuming %s from %d bytes on disk", item.name, partial.offset)
         last = {"publish": 0.0, "save": 0.0, "check": 0.0}
 
         def progress(done: int, total: int | None) -> None:
@@ -377,6 +403,13 @@ class PrewarmService:
             last["check"] = now
             return self.index.get(item.id).state is not ItemState.FETCHING  # cancelled elsewhere
 
+        return progress, cancelled
+
+    def _run_file(self, item: CacheItem, event: threading.Event) -> CacheItem:
+        partial = self.store.partial(item.id)
+        if partial.offset:
+            log.info("resuming %s from %d bytes on disk", item.name, partial.offset)
+        progress, cancelled = self._watchers(item, event)
         try:
             headers = read_header_files(_header_files(item), self._header_dirs)
             spec = FetchSpec(item.source, headers, item.expected_sha256)
@@ -429,32 +462,61 @@ class PrewarmService:
             item.id, state=ItemState.FAILED, error=error, size=None, finished_at=self._clock()
         )
 
-    def _run_image(self, item: CacheItem) -> CacheItem:
+    def _run_image(self, item: CacheItem, event: threading.Event) -> CacheItem:
         if self._puller is None:
-            return self.index.update(
-                item.id, state=ItemState.FAILED, error="no image puller (CRI) is configured"
-            )
+            return self._fail_image(item, "no image puller (CRI) is configured", {})
+        handler = item.options.get("runtime_handler")
         try:
-            result = self._puller.pull(item.source, item.options.get("runtime_handler"))
+            result = self._puller.pull(item.source, handler)
         except AgentError as exc:
-            self.index.set_owner(item.id, None)
-            return self.index.update(
-                item.id, state=ItemState.FAILED, error=str(exc), finished_at=self._clock()
-            )
-        now = self._clock()
-        self.index.record_pull(ImagePull(item.source, result.cold, result.seconds, now))
-        options = dict(item.options)
+            return self._fail_image(item, str(exc), {})
+        self.index.record_pull(ImagePull(item.source, result.cold, result.seconds, self._clock()))
+        options = {k: v for k, v in item.options.items() if k in _REQUEST_OPTIONS}
         options["image_ref"] = result.image_ref
+        if self._warmer is not None:
+            progress, cancelled = self._watchers(item, event)
+            try:
+                warm = self._warmer.warm(item.source, handler, progress, cancelled)
+            except Cancelled:
+                if self.index.get(item.id).state is ItemState.FETCHING:
+                    # Stopped by shutdown: warm again later (dfdaemon keeps what it has).
+                    self.index.set_owner(item.id, None)
+                    return self.index.update(item.id, state=ItemState.QUEUED)
+                return self.index.get(item.id)
+            except ImageWarmFailed as exc:
+                return self._fail_image(item, str(exc), {**options, **exc.warmth.to_options()})
+            except AgentError as exc:
+                # Pulled, but its layers could not be read: say so rather than guess.
+                log.warning("cannot tell how warm %s is: %s", item.name, exc)
+                unknown = ImageWarmth(Warmth.UNKNOWN)
+                options.update(unknown.to_options(), warmth_error=str(exc))
+            else:
+                options.update(warm.notes)
+                options.update(warm.warmth.to_options())
+        now = self._clock()
         self.index.set_owner(item.id, None)
-        return self.index.update(
+        done = self.index.update(
             item.id,
             state=ItemState.READY,
             size=result.size,
             finished_at=now,
             last_used=now,
-            warm_seconds=result.seconds,
+            warm_seconds=now - (item.started_at or now),
             options=options,
             error=None,
+        )
+        warmth = done.image_warmth
+        log.info(
+            "prewarmed image %s (%s)", item.name, warmth.warmth if warmth else "warmth not known"
+        )
+        return done
+
+    def _fail_image(self, item: CacheItem, error: str, options: Mapping[str, str]) -> CacheItem:
+        self.index.set_owner(item.id, None)
+        log.warning("prewarm of image %s failed: %s", item.name, error)
+        changes: dict[str, object] = {"options": options} if options else {}
+        return self.index.update(
+            item.id, state=ItemState.FAILED, error=error, finished_at=self._clock(), **changes
         )
 
     def _publish(self, progress: Progress) -> None:

@@ -15,9 +15,12 @@ import pytest
 dragonfly_api = pytest.importorskip("dragonfly_api")
 from dragonfly_api import common_pb2, dfdaemon_pb2, dfdaemon_pb2_grpc  # noqa: E402
 
+from agent.prewarm.errors import DigestMismatch  # noqa: E402
 from agent.prewarm.fetch_dragonfly import DragonflyFetcher  # noqa: E402
+from agent.prewarm.fetch_http import FetchSpec  # noqa: E402
 from agent.prewarm.model import FileRequest, ItemState  # noqa: E402
 from agent.prewarm.policy import UrlPolicy  # noqa: E402
+from agent.prewarm.sink import DigestSink  # noqa: E402
 from tests.integration.prewarm_fixtures.agent import make_service  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -82,3 +85,27 @@ def test_download_task_pieces_land_verified(
     assert sent.download.digest == f"sha256:{digest}"
     assert sent.download.need_piece_content
     assert hashlib.sha256(svc.store.blob_path(digest).read_bytes()).hexdigest() == digest
+
+
+def test_a_nydus_blob_warms_through_download_task_into_a_hash_only_sink(
+    dfdaemon: tuple[Path, FakeDfdaemon],
+) -> None:
+    """The gRPC path for Nydus data blobs: pieces (in reverse order) are hashed, not kept."""
+    sock, servicer = dfdaemon
+    policy = UrlPolicy(resolver=lambda h, p: ["203.0.113.5"])
+    digest = hashlib.sha256(DATA).hexdigest()
+    url = f"https://registry.example.com/v2/llm/server/blobs/sha256:{digest}"
+    sink = DigestSink(digest, len(DATA))
+    spec = FetchSpec(url, {"Authorization": "Bearer t0k"}, digest)
+    info = DragonflyFetcher(policy, sock).fetch(spec, sink, lambda d, t: None, lambda: False)
+    assert sink.verify() == len(DATA)
+    assert info.dragonfly_task_id == "task-1"
+    [sent] = servicer.requests
+    assert sent.download.url == url
+    assert sent.download.digest == f"sha256:{digest}"
+    assert sent.download.request_header["Authorization"] == "Bearer t0k"
+    assert not sent.download.tag and not sent.download.application  # task id = nydusd's
+    wrong = DigestSink("0" * 64, len(DATA))
+    DragonflyFetcher(policy, sock).fetch(spec, wrong, lambda d, t: None, lambda: False)
+    with pytest.raises(DigestMismatch):
+        wrong.verify()

@@ -7,7 +7,7 @@ from pathlib import Path
 from agent.prewarm.fetch_http import HttpFetcher
 from agent.prewarm.index import PrewarmIndex
 from agent.prewarm.policy import UrlPolicy
-from agent.prewarm.service import FileFetcher, PrewarmService
+from agent.prewarm.service import FileFetcher, ImagePuller, ImageWarmer, PrewarmService
 from agent.prewarm.store import CacheStore
 
 
@@ -20,9 +20,13 @@ def make_service(
     fetcher: FileFetcher | None = None,
     proxy: str | None = None,
     policy: UrlPolicy | None = None,
+    puller: ImagePuller | None = None,
+    warmer: ImageWarmer | None = None,
 ) -> PrewarmService:
     index = PrewarmIndex.open(tmp / "state" / "agent.db")
     store = CacheStore(cache_dir or tmp / "cache", index, budget, share)
     policy = policy or UrlPolicy(allow_http=True)
     fetcher = fetcher or HttpFetcher(policy, proxy=proxy, backoff_s=0.01, timeout_s=10)
-    return PrewarmService(index, store, policy, fetcher, header_dirs=[tmp])
+    return PrewarmService(
+        index, store, policy, fetcher, puller=puller, warmer=warmer, header_dirs=[tmp]
+    )

@@ -49,12 +49,14 @@ class Cluster:
 
 
 @contextmanager
-def registry_and_containerd(work: Path) -> Iterator[Cluster]:
+def registry_and_containerd(work: Path, htpasswd: Path | None = None) -> Iterator[Cluster]:
+    """With ``htpasswd`` (bcrypt lines), the registry asks for basic auth on every request."""
     port = _free_port()
     reg_conf = work / "registry.yml"
+    auth = f"auth:\n  htpasswd:\n    realm: test\n    path: {htpasswd}\n" if htpasswd else ""
     reg_conf.write_text(
         "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: "
-        f"{work / 'registry-data'}\nhttp:\n  addr: 127.0.0.1:{port}\n"
+        f"{work / 'registry-data'}\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}"
     )
     certs = work / "certs.d" / f"127.0.0.1:{port}"
     certs.mkdir(parents=True)
@@ -91,8 +93,11 @@ def registry_and_containerd(work: Path) -> Iterator[Cluster]:
         log.close()
 
 
-def push_image(work: Path, registry: str, repo: str, tag: str, payload: bytes) -> str:
-    """Build a one-layer OCI image with umoci and push it; returns the reference."""
+def push_image(
+    work: Path, registry: str, repo: str, tag: str, payload: bytes, creds: str | None = None
+) -> str:
+    """Build a one-layer OCI image with umoci and push it (``creds`` = user:password);
+    returns the reference."""
     layout = work / "oci"
     run = lambda *a: subprocess.run(a, check=True, capture_output=True)  # noqa: E731
     if not layout.exists():
@@ -103,5 +108,8 @@ def push_image(work: Path, registry: str, repo: str, tag: str, payload: bytes) -
     (bundle / "rootfs" / "payload.bin").write_bytes(payload)
     run("umoci", "repack", "--image", f"{layout}:{tag}", str(bundle))
     ref = f"{registry}/{repo}:{tag}"
-    run("skopeo", "copy", "--dest-tls-verify=false", f"oci:{layout}:{tag}", f"docker://{ref}")
+    auth = ("--dest-creds", creds) if creds else ()
+    run(
+        "skopeo", "copy", "--dest-tls-verify=false", *auth, f"oci:{layout}:{tag}", f"docker://{ref}"
+    )
     return ref

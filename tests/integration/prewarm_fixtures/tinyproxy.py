@@ -18,8 +18,9 @@ def _free_port() -> int:
 
 
 @contextmanager
-def tinyproxy(workdir: Path) -> Iterator[tuple[str, Path]]:
-    """Yield (proxy URL, log file) of a tinyproxy running in the foreground."""
+def tinyproxy(workdir: Path, upstream: str | None = None) -> Iterator[tuple[str, Path]]:
+    """Yield (proxy URL, log file) of a tinyproxy running in the foreground; with ``upstream``
+    (host:port of another HTTP proxy) it relays every request through that proxy."""
     binary = shutil.which("tinyproxy") or "/usr/bin/tinyproxy"
     port = _free_port()
     log = workdir / "tinyproxy.log"
@@ -27,6 +28,7 @@ def tinyproxy(workdir: Path) -> Iterator[tuple[str, Path]]:
     conf.write_text(
         f'Port {port}\nListen 127.0.0.1\nTimeout 60\nLogFile "{log}"\nLogLevel Info\n'
         "MaxClients 20\nAllow 127.0.0.1\nDisableViaHeader No\n"
+        + (f"Upstream http {upstream}\n" if upstream else "")
     )
     log.touch()
     log.chmod(0o666)

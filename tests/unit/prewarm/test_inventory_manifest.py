@@ -9,7 +9,15 @@ from agent.errors import InvalidSpec
 from agent.prewarm.index import ImagePull
 from agent.prewarm.inventory import Inventory, PrewarmCollector, label_patch, node_labels
 from agent.prewarm.manifest import parse_manifest
-from agent.prewarm.model import CacheItem, FileRequest, ImageRequest, ItemKind, ItemState
+from agent.prewarm.model import (
+    CacheItem,
+    FileRequest,
+    ImageRequest,
+    ImageWarmth,
+    ItemKind,
+    ItemState,
+    Warmth,
+)
 from agent.prewarm.progress import ProgressMeter
 from agent.prewarm.store import Usage
 
@@ -107,3 +115,27 @@ def test_progress_rate_and_eta_from_a_fake_clock() -> None:
     now[0] = 3
     meter.update(0, 1000)  # restart from zero forgets the old rate
     assert meter.snapshot().rate_bps == 0.0
+
+
+def test_images_are_labelled_only_when_fully_warm_and_export_their_warmth() -> None:
+    def image(name: str, warmth: ImageWarmth | None) -> CacheItem:
+        options = warmth.to_options() if warmth else {}
+        return CacheItem(name, ItemKind.IMAGE, name, "r/x:1", ItemState.READY, options=options)
+
+    items = [
+        image("full", ImageWarmth(Warmth.FULL, True, 3, 3, 300, 300)),
+        image("lazy", ImageWarmth(Warmth.BOOTSTRAP_ONLY, True, 3, 1, 300, 30)),
+        image("unknown", ImageWarmth(Warmth.UNKNOWN)),
+        image("old", None),
+    ]
+    assert node_labels(items) == {"gpu-agent.io/cache.full": "ready"}
+    registry = CollectorRegistry()
+    registry.register(PrewarmCollector(lambda: Inventory(items, Usage(0, 0, 0, 1, 1, 1), [])))
+    text = generate_latest(registry).decode()
+    assert 'gpu_agent_prewarm_image_warm_ratio{name="full"} 1.0' in text
+    assert 'gpu_agent_prewarm_image_warm_ratio{name="lazy"} 0.1' in text
+    assert 'gpu_agent_prewarm_image_warmth{name="lazy",warmth="bootstrap-only"} 1.0' in text
+    assert 'gpu_agent_prewarm_image_warmth{name="unknown",warmth="unknown"} 1.0' in text
+    assert 'gpu_agent_prewarm_image_warm_ratio{name="unknown"}' not in text
+    assert 'gpu_agent_prewarm_image_blobs{kind="warm",name="lazy"} 1.0' in text
+    assert 'name="old"' not in text.split("gpu_agent_prewarm_image_warm_ratio", 1)[1]

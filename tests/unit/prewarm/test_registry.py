@@ -1,0 +1,251 @@
+"""Image references, WWW-Authenticate challenges, and the registry auth flows against a real
+HTTP server on a local socket (a registry that demands a Bearer token, or Basic auth)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from agent.errors import InvalidSpec, PermissionDenied
+from agent.prewarm.errors import FetchFailed
+from agent.prewarm.policy import UrlPolicy
+from agent.prewarm.registry import (
+    OCI_MANIFEST,
+    Challenge,
+    Manifest,
+    RegistryClient,
+    parse_challenges,
+    parse_reference,
+)
+
+MANIFEST = json.dumps(
+    {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": "c", "digest": "sha256:" + "0" * 64, "size": 2},
+        "layers": [{"mediaType": "l", "digest": "sha256:" + "1" * 64, "size": 3}],
+    }
+).encode()
+MANIFEST_DIGEST = "sha256:" + hashlib.sha256(MANIFEST).hexdigest()
+
+
+def test_references_name_the_api_host_repository_and_reference() -> None:
+    hub = parse_reference("nginx")
+    assert (hub.registry, hub.api_host, hub.repository, hub.reference) == (
+        "docker.io",
+        "index.docker.io",  # the host nydusd's registry backend uses for Docker Hub
+        "library/nginx",
+        "latest",
+    )
+    assert hub.normalized == "docker.io/library/nginx:latest"  # as CRI records it
+    assert hub.scheme == "https"
+    local = parse_reference("localhost:5000/team/model:v1.2")
+    assert (local.api_host, local.repository, local.tag, local.scheme) == (
+        "localhost:5000",
+        "team/model",
+        "v1.2",
+        "http",  # loopback registries are reached over http
+    )
+    assert local.blob_url("sha256:ab") == "http://localhost:5000/v2/team/model/blobs/sha256:ab"
+    pinned = parse_reference(f"reg.io:443/x/y:1@{MANIFEST_DIGEST}")
+    assert pinned.reference == MANIFEST_DIGEST and pinned.tag == "1"
+    assert pinned.normalized == f"reg.io:443/x/y:1@{MANIFEST_DIGEST}"
+    assert parse_reference("reg.io/x", insecure=["reg.io"]).scheme == "http"
+    assert parse_reference("reg.io:5000/x", insecure=["*.internal"]).scheme == "https"
+    for bad in ("reg.io/UPPER:1", "reg.io/x@sha256:short", "reg.io/x:bad tag", "reg.io/"):
+        with pytest.raises(InvalidSpec):
+            parse_reference(bad)
+
+
+def test_challenges_parse_quoted_values_escapes_and_several_schemes() -> None:
+    header = (
+        'Bearer realm="https://auth.example.com/token",service="registry.example.com",'
+        'scope="repository:team/a:pull,push", Basic realm="say \\"hi\\""'
+    )
+    assert parse_challenges(header) == [
+        Challenge(
+            "bearer",
+            {
+                "realm": "https://auth.example.com/token",
+                "service": "registry.example.com",
+                "scope": "repository:team/a:pull,push",
+            },
+        ),
+        Challenge("basic", {"realm": 'say "hi"'}),
+    ]
+    assert parse_challenges("Basic realm=registry") == [Challenge("basic", {"realm": "registry"})]
+    assert parse_challenges("") == []
+
+
+@dataclass
+class Seen:
+    path: str
+    authorization: str | None
+
+
+@dataclass
+class FakeRegistry:
+    """A registry demanding a token from its own /token realm (or Basic auth) for pulls."""
+
+    scheme: str = "bearer"
+    users: dict[str, str] = field(default_factory=lambda: {"puller": "s3cret"})
+    expires_in: int = 300
+    seen: list[Seen] = field(default_factory=list)
+    tokens_issued: int = 0
+
+    def __post_init__(self) -> None:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+            def do_GET(self) -> None:
+                fake._serve(self)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.host = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _basic_ok(self, header: str | None) -> bool:
+        if not header or not header.startswith("Basic "):
+            return False
+        user, _, password = base64.b64decode(header[6:]).decode().partition(":")
+        return self.users.get(user) == password
+
+    def _send(self, h: BaseHTTPRequestHandler, status: int, body: bytes, **headers: str) -> None:
+        h.send_response(status)
+        for key, value in headers.items():
+            h.send_header(key.replace("_", "-"), value)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    def _serve(self, h: BaseHTTPRequestHandler) -> None:
+        url = urlsplit(h.path)
+        auth = h.headers.get("Authorization")
+        self.seen.append(Seen(url.path, auth))
+        if url.path == "/token":
+            query = parse_qs(url.query)
+            if not self._basic_ok(auth) or query.get("scope") != ["repository:team/app:pull"]:
+                self._send(h, 401, b"{}")
+                return
+            self.tokens_issued += 1
+            token = f"tok-{self.tokens_issued}"
+            body = json.dumps({"token": token, "expires_in": self.expires_in}).encode()
+            self._send(h, 200, body, Content_Type="application/json")
+            return
+        if self.scheme == "bearer":
+            ok = auth == f"Bearer tok-{self.tokens_issued}" and self.tokens_issued > 0
+            challenge = (
+                f'Bearer realm="http://{self.host}/token",service="fake",'
+                'scope="repository:team/app:pull"'
+            )
+        else:
+            ok = self._basic_ok(auth)
+            challenge = 'Basic realm="fake"'
+        if not ok:
+            self._send(h, 401, b'{"errors":[]}', WWW_Authenticate=challenge)
+            return
+        self._send(h, 200, MANIFEST, Content_Type=OCI_MANIFEST)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def registry() -> Iterator[FakeRegistry]:
+    fake = FakeRegistry()
+    yield fake
+    fake.close()
+
+
+def docker_config(tmp_path: Path, host: str, user: str, password: str) -> Path:
+    path = tmp_path / "config.json"
+    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+    path.write_text(json.dumps({"auths": {host: {"auth": auth}}}))
+    return path
+
+
+def test_bearer_flow_gets_a_token_with_docker_config_credentials_and_reuses_it(
+    tmp_path: Path, registry: FakeRegistry
+) -> None:
+    now = [1000.0]
+    client = RegistryClient(
+        UrlPolicy(),
+        docker_config(tmp_path, registry.host, "puller", "s3cret"),
+        clock=lambda: now[0],
+    )
+    name = client.name(f"{registry.host}/team/app:v1")
+    manifest, index = client.manifest(name)
+    assert isinstance(manifest, Manifest) and index is None
+    assert manifest.digest == MANIFEST_DIGEST
+    assert [s.path for s in registry.seen] == [
+        "/v2/team/app/manifests/v1",  # anonymous: 401 + challenge
+        "/token",  # Basic credentials from the docker config
+        "/v2/team/app/manifests/v1",  # with the token
+    ]
+    assert registry.seen[-1].authorization == "Bearer tok-1"
+    # Blob requests reuse it while it is valid, and get a fresh one before it expires.
+    assert client.authorization(name) == {"Authorization": "Bearer tok-1"}
+    now[0] += registry.expires_in - 10
+    assert client.authorization(name) == {"Authorization": "Bearer tok-2"}
+
+
+def test_refused_credentials_are_a_permission_error_without_the_secret(
+    tmp_path: Path, registry: FakeRegistry
+) -> None:
+    client = RegistryClient(
+        UrlPolicy(), docker_config(tmp_path, registry.host, "puller", "wrong-pw")
+    )
+    with pytest.raises(PermissionDenied) as err:
+        client.manifest(client.name(f"{registry.host}/team/app:v1"))
+    assert "refused pull access to team/app" in str(err.value)
+    assert "wrong-pw" not in str(err.value)
+    anonymous = RegistryClient(UrlPolicy())
+    with pytest.raises(PermissionDenied):
+        anonymous.manifest(anonymous.name(f"{registry.host}/team/app:v1"))
+
+
+def test_basic_challenge_sends_basic_credentials(tmp_path: Path) -> None:
+    fake = FakeRegistry(scheme="basic")
+    try:
+        client = RegistryClient(UrlPolicy(), docker_config(tmp_path, fake.host, "puller", "s3cret"))
+        name = client.name(f"{fake.host}/team/app:v1")
+        assert client.manifest(name)[0].digest == MANIFEST_DIGEST
+        expected = "Basic " + base64.b64encode(b"puller:s3cret").decode()
+        assert fake.seen[-1].authorization == expected
+        assert client.authorization(name) == {"Authorization": expected}
+    finally:
+        fake.close()
+
+
+def test_a_pinned_digest_must_match_the_bytes(registry: FakeRegistry, tmp_path: Path) -> None:
+    client = RegistryClient(UrlPolicy(), docker_config(tmp_path, registry.host, "puller", "s3cret"))
+    assert client.manifest(client.name(f"{registry.host}/team/app@{MANIFEST_DIGEST}"))
+    other = "sha256:" + "f" * 64
+    with pytest.raises(FetchFailed, match="the bytes hash to"):
+        client.manifest(client.name(f"{registry.host}/team/app@{other}"))
+
+
+def test_the_url_policy_still_applies_to_registries(registry: FakeRegistry) -> None:
+    denied = RegistryClient(UrlPolicy(denied_hosts=("127.0.0.0/8",)))
+    with pytest.raises(PermissionDenied, match="denied"):
+        denied.manifest(denied.name(f"{registry.host}/team/app:v1"))
+    assert registry.seen == []
+    # Not loopback and not listed as insecure: https only, even with allow_http off or on.
+    client = RegistryClient(UrlPolicy())
+    assert client.name("registry.example.com/x:1").scheme == "https"
