@@ -121,6 +121,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         simulated_preset=config.simulate,
         cache=prewarm.inventory,
         xids=lambda: telemetry.xids.state().counts,
+        telemetry=telemetry.sampler.latest,
     )
     # Sharing reads the node's shape from the inventory: no NVML call per request.
     kube: KubeClient | None = InClusterKubeClient.in_pod()

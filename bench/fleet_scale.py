@@ -4,7 +4,7 @@
 Agents are lightweight gRPC servers, many per process (``--procs``), each on its own port with
 mTLS and the agent's own interceptor (authorization, error mapping). Each serves the real
 NodeService answer (``agent.api.convert.gpu_pb`` over layouts read from the simulated driver of
-a preset, with canned MIG layouts and busy instances) and a telemetry snapshot; MigService and
+a preset, with canned MIG layouts, busy instances and each GPU's idle seconds); MigService and
 OperationsService are stand-ins whose apply takes ``--apply-s`` seconds, so the rollout row
 measures the coordinator's scheduling, not a GPU. The coordinator side is the real code:
 ``Fleet.views`` (the ``fleet status`` sweep), ``plan_fleet``, and ``flows.rollout``.
@@ -42,8 +42,6 @@ from agent._proto.gpuagent.v1 import (  # noqa: E402
     mig_pb2_grpc,
     operations_pb2,
     operations_pb2_grpc,
-    telemetry_pb2,
-    telemetry_pb2_grpc,
 )
 from agent.api.auth import Policy  # noqa: E402
 from agent.api.convert import gpu_pb  # noqa: E402
@@ -134,7 +132,7 @@ def canned_nodes(count: int, seed: int) -> list[bytes]:
         node = agent_pb2.Node(name=f"node-{i:04}", simulated_preset=preset, agent_version="bench")
         for layout in base[preset]:
             chosen = _with_instances(layout, rng.choice(TEMPLATES), rng)
-            gpu = gpu_pb(chosen)
+            gpu = gpu_pb(chosen, idle_seconds=7200.0)
             gpu.uuid = f"GPU-{i:04}-{layout.gpu.index}"
             node.gpus.append(gpu)
         node.health.healthy = True
@@ -144,11 +142,10 @@ def canned_nodes(count: int, seed: int) -> list[bytes]:
 
 class _Agent(
     agent_pb2_grpc.NodeServiceServicer,
-    telemetry_pb2_grpc.TelemetryServiceServicer,
     mig_pb2_grpc.MigServiceServicer,
     operations_pb2_grpc.OperationsServiceServicer,
 ):
-    """One canned agent: inventory, telemetry, and a MIG apply that takes ``apply_s``."""
+    """One canned agent: inventory, and a MIG apply that takes ``apply_s``."""
 
     def __init__(self, node: bytes, apply_s: float, log: list[tuple[float, float]]) -> None:
         self.node = agent_pb2.GetNodeResponse.FromString(node)
@@ -158,18 +155,9 @@ class _Agent(
         self.ops: dict[str, operations_pb2.Operation] = {}
         self.by_request: dict[str, str] = {}
         self.done: dict[str, asyncio.Event] = {}
-        snapshot = telemetry_pb2.TelemetrySnapshot()
-        for g in self.node.node.gpus:
-            snapshot.entities.add(
-                entity=telemetry_pb2.TelemetryEntity(gpu_index=g.index), idle_seconds=7200.0
-            )
-        self.snapshot = telemetry_pb2.GetTelemetrySnapshotResponse(snapshot=snapshot)
 
     async def GetNode(self, request: object, context: object) -> agent_pb2.GetNodeResponse:
         return self.node
-
-    async def GetTelemetrySnapshot(self, request: object, context: object) -> object:
-        return self.snapshot
 
     async def PlanMig(self, request: mig_pb2.PlanMigRequest, context: object) -> object:
         status = (
@@ -235,7 +223,6 @@ def _serve(
             agent = _Agent(node, apply_s, log)
             server = grpc.aio.server(interceptors=[ApiInterceptor(Policy.of([COORDINATOR]))])
             agent_pb2_grpc.add_NodeServiceServicer_to_server(agent, server)
-            telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server(agent, server)
             mig_pb2_grpc.add_MigServiceServicer_to_server(agent, server)
             operations_pb2_grpc.add_OperationsServiceServicer_to_server(agent, server)
             ports.append(server.add_secure_port("127.0.0.1:0", credentials))
@@ -367,7 +354,7 @@ def table(args: argparse.Namespace, r: dict[str, object], most: int) -> str:
     waves = -(-args.agents // max(1, _limit(args)))
     rows = [
         ("Agents", f"{args.agents} ({args.procs} server processes, mTLS), {r['gpus']} GPUs", ""),
-        ("`fleet status` sweep, cold: dial + TLS + GetNode and telemetry per agent",
+        ("`fleet status` sweep, cold: dial + TLS + GetNode per agent (idle seconds included)",
          _sweep(r["sweep_cold"]), "<= 2 s"),
         ("`fleet status` sweep, warm channels (median of 3)", _sweep(r["sweep_warm"]),
          "<= 2 s"),

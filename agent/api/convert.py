@@ -23,7 +23,15 @@ from agent._proto.gpuagent.v1 import (
 from agent.api.errors import recorded_code
 from agent.errors import FieldViolation, InvalidSpec
 from agent.gpu.types import GiProfile, GpuInstance, GpuLayout, Placement, Process
-from agent.prewarm.model import CacheItem, FileRequest, ImageRequest, ItemKind, ItemState
+from agent.prewarm.model import (
+    CacheItem,
+    FileRequest,
+    ImageRequest,
+    ImageWarmth,
+    ItemKind,
+    ItemState,
+    Warmth,
+)
 from agent.prewarm.store import Usage
 from agent.sharing import Advertised, ApplyResult, PluginConfig, ReloadReport, SharingView
 from agent.sharing.schema import render
@@ -85,7 +93,10 @@ def mig_profile_pb(p: GiProfile) -> agent_pb2.MigProfile:
     )
 
 
-def gpu_pb(layout: GpuLayout, *, lost: bool = False) -> agent_pb2.Gpu:
+def gpu_pb(
+    layout: GpuLayout, *, lost: bool = False, idle_seconds: float | None = None
+) -> agent_pb2.Gpu:
+    """``idle_seconds``: from the telemetry sampler; None leaves the field absent (unknown)."""
     g = layout.gpu
     gpu = agent_pb2.Gpu(
         index=g.index,
@@ -99,6 +110,7 @@ def gpu_pb(layout: GpuLayout, *, lost: bool = False) -> agent_pb2.Gpu:
         pci_device_id=g.pci_device_id & 0xFFFFFFFF,
         mig_profiles=[mig_profile_pb(p) for p in layout.profiles],
         health=agent_pb2.GPU_HEALTH_LOST if lost else agent_pb2.GPU_HEALTH_OK,
+        idle_seconds=idle_seconds,
     )
     if g.mig_mode is not None:
         gpu.mig_mode.CopyFrom(
@@ -126,6 +138,25 @@ def item_state_pb(state: ItemState) -> cache_pb2.CacheItemState:
     return _STATES[state]
 
 
+_WARMTH: dict[Warmth, cache_pb2.ImageWarmthLevel] = {
+    Warmth.FULL: cache_pb2.IMAGE_WARMTH_LEVEL_FULL,
+    Warmth.PARTIAL: cache_pb2.IMAGE_WARMTH_LEVEL_PARTIAL,
+    Warmth.BOOTSTRAP_ONLY: cache_pb2.IMAGE_WARMTH_LEVEL_BOOTSTRAP_ONLY,
+    Warmth.UNKNOWN: cache_pb2.IMAGE_WARMTH_LEVEL_UNKNOWN,
+}
+
+
+def image_warmth_pb(w: ImageWarmth) -> cache_pb2.ImageWarmth:
+    return cache_pb2.ImageWarmth(
+        level=_WARMTH[w.warmth],
+        lazy=w.lazy,
+        blobs_total=max(w.blobs_total, 0),
+        blobs_warm=max(w.blobs_warm, 0),
+        bytes_total=max(w.bytes_total, 0),
+        bytes_warm=max(w.bytes_warm, 0),
+    )
+
+
 def cache_item_pb(i: CacheItem) -> cache_pb2.CacheItem:
     item = cache_pb2.CacheItem(
         id=i.id,
@@ -147,6 +178,8 @@ def cache_item_pb(i: CacheItem) -> cache_pb2.CacheItem:
         item.finish_time.CopyFrom(timestamp(i.finished_at))
     if i.last_used is not None:
         item.last_use_time.CopyFrom(timestamp(i.last_used))
+    if i.image_warmth is not None:
+        item.image_warmth.CopyFrom(image_warmth_pb(i.image_warmth))
     return item
 
 
@@ -303,35 +336,6 @@ def sharing_change_pb(result: ApplyResult) -> sharing_pb2.SharingChange:
     if result.reload is not None:
         change.reload.CopyFrom(reload_pb(result.reload))
     return change
-
-
-_SPEC_SECTIONS = {
-    sharing_pb2.SHARING_STRATEGY_TIME_SLICING: "timeSlicing",
-    sharing_pb2.SHARING_STRATEGY_MPS: "mps",
-}
-
-
-def sharing_document_from(spec: sharing_pb2.SharingSpec) -> dict[str, object]:
-    """A SharingSpec as a document in the plugin's schema, so it goes through the one parser
-    and the one validator, as the CLI's flags do."""
-    section_key = _SPEC_SECTIONS.get(spec.strategy)
-    bad = []
-    if section_key is None:
-        bad.append(FieldViolation("spec.strategy", "must be TIME_SLICING or MPS"))
-    if not spec.resources:
-        bad.append(FieldViolation("spec.resources", "give at least one resource"))
-    if bad:
-        raise InvalidSpec("the sharing spec is incomplete", bad)
-    section: dict[str, object] = {
-        "renameByDefault": spec.rename_by_default,
-        "resources": [{"name": r.name, "replicas": r.replicas} for r in spec.resources],
-    }
-    if spec.HasField("fail_requests_greater_than_one"):
-        section["failRequestsGreaterThanOne"] = spec.fail_requests_greater_than_one
-    doc: dict[str, object] = {"version": "v1", "sharing": {section_key: section}}
-    if spec.mig_strategy:
-        doc["flags"] = {"migStrategy": spec.mig_strategy}
-    return doc
 
 
 # -- operations -----------------------------------------------------------------------------------

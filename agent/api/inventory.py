@@ -3,7 +3,9 @@
 A request never calls NVML, reads a file or queries SQLite: it takes the latest prebuilt
 response (one reference, swapped whole). Background refreshes read the GPUs every second, the
 cache every 2 s and the sharing config (which scans processes for the device plugin) every 5 s;
-`poke` refreshes at once after a change the agent made. Refreshing also notices MIG layout
+`poke` refreshes at once after a change the agent made. Each GPU also carries its idle seconds
+from the telemetry sampler's latest snapshot (taken at every rebuild, without NVML), so the
+coordinator's sweep needs no second call per node. Refreshing also notices MIG layout
 changes and lost GPUs and publishes them as events.
 """
 
@@ -31,6 +33,7 @@ from agent.gpu import GpuDriver
 from agent.gpu.types import GpuLayout
 from agent.prewarm.inventory import Inventory as CacheInventory
 from agent.sharing import SharingView
+from agent.telemetry.snapshot import Snapshot
 from agent.telemetry.xid import xid_message
 
 log = logging.getLogger(__name__)
@@ -70,6 +73,7 @@ class NodeInventory:
         simulated_preset: str | None,
         cache: Callable[[], CacheInventory] | None = None,
         xids: Callable[[], Mapping[XidKey, int]] | None = None,
+        telemetry: Callable[[], Snapshot | None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._gpu = gpu
@@ -80,6 +84,7 @@ class NodeInventory:
         self._cache_source = cache
         self._xid_source = xids
         self._xids_seen: dict[XidKey, int] = {}
+        self._telemetry = telemetry
         self._clock = clock
         self._lock = threading.Lock()  # one refresher of each part at a time
         self._gpus = _Gpus()
@@ -223,6 +228,8 @@ class NodeInventory:
 
     def _rebuild(self) -> None:
         gpus = self._gpus
+        snapshot = self._telemetry() if self._telemetry is not None else None
+        idle = snapshot.gpu_idle_seconds() if snapshot is not None else {}
         parts: list[tuple[str, _Part]] = [("gpu-driver", gpus)]
         if self._sharing_source is not None:
             parts.append(("sharing", self._sharing))
@@ -235,7 +242,14 @@ class NodeInventory:
         node = agent_pb2.Node(
             name=self._node_name,
             driver_version=gpus.driver_version,
-            gpus=[gpu_pb(layout, lost=layout.gpu.uuid in gpus.lost) for layout in gpus.layouts],
+            gpus=[
+                gpu_pb(
+                    layout,
+                    lost=layout.gpu.uuid in gpus.lost,
+                    idle_seconds=idle.get(layout.gpu.uuid),
+                )
+                for layout in gpus.layouts
+            ],
             health=agent_pb2.NodeHealth(
                 healthy=all(c.healthy for c in components), components=components
             ),

@@ -8,10 +8,10 @@ from collections.abc import Callable
 import grpc
 
 from agent._proto.gpuagent.v1 import sharing_pb2, sharing_pb2_grpc
-from agent.api.convert import sharing_change_pb, sharing_document_from, sharing_view_pb
+from agent.api.convert import sharing_change_pb, sharing_view_pb
 from agent.api.operations import OperationRunner
-from agent.errors import FieldViolation, InvalidSpec
-from agent.sharing import ApplyResult, PluginConfig, SharingService, parse
+from agent.sharing import ApplyResult, SharingService
+from agent.sharing.request import requested_config
 
 __all__ = ["SharingServicer"]
 
@@ -34,7 +34,7 @@ class SharingServicer(sharing_pb2_grpc.SharingServiceServicer):
     async def SetSharing(
         self, request: sharing_pb2.SetSharingRequest, context: grpc.aio.ServicerContext
     ) -> sharing_pb2.SetSharingResponse:
-        requested = _requested(request)
+        requested = requested_config(request)
 
         async def call() -> sharing_pb2.SetSharingResponse:
             result = await self._apply(lambda: self._sharing.set(requested))
@@ -82,22 +82,3 @@ class SharingServicer(sharing_pb2_grpc.SharingServiceServicer):
         if result.changed:
             self._changed()
         return sharing_change_pb(result)
-
-
-_MAX_YAML = 1024 * 1024
-
-
-def _requested(request: sharing_pb2.SetSharingRequest) -> PluginConfig:
-    which = request.WhichOneof("config")
-    if which == "spec":
-        return parse(sharing_document_from(request.spec))
-    if which == "config_yaml":
-        if len(request.config_yaml) > _MAX_YAML:
-            raise InvalidSpec(
-                "config_yaml is too large",
-                [FieldViolation("config_yaml", f"at most {_MAX_YAML} bytes")],
-            )
-        return parse(request.config_yaml)
-    raise InvalidSpec(
-        "SetSharing needs a config", [FieldViolation("config", "set spec or config_yaml")]
-    )

@@ -214,6 +214,27 @@ def coordinator() -> None:
     show_default=True,
     help="HOST:PORT for /metrics and /healthz.",
 )
+@click.option(
+    "--retry-backoff",
+    type=click.FloatRange(min=0.0),
+    default=None,
+    help="Seconds a node whose change failed is held back before its retry; doubles with "
+    "every failure in a row.  [default: --interval]",
+)
+@click.option(
+    "--retry-backoff-max",
+    type=click.FloatRange(min=0.0),
+    default=None,
+    help="The longest hold.  [default: 30 x --interval]",
+)
+@click.option(
+    "--retry-jitter",
+    type=click.FloatRange(min=0.0, max=1.0),
+    default=0.2,
+    show_default=True,
+    help="Each hold is shortened by up to this fraction at random, spreading the retries of "
+    "nodes that failed together; 0 for none.",
+)
 @click.option("--once", is_flag=True, help="Run one pass and exit (non-zero if it failed).")
 @click.option(
     "--log-level",
@@ -225,6 +246,9 @@ def serve(
     desired_path: Path,
     interval: float,
     listen: str,
+    retry_backoff: float | None,
+    retry_backoff_max: float | None,
+    retry_jitter: float,
     once: bool,
     log_level: str,
     **kwargs: Any,
@@ -233,13 +257,16 @@ def serve(
 
     Each pass: find the agents, compare each node with the desired MIG layout, sharing and
     warm items, and roll the differences out with the desired max-unavailable and
-    max-failures. Nothing is kept between passes but metrics: the agents and the file are the
-    state.
+    max-failures. A node whose change failed is held back from the next passes, twice as long
+    after every failure in a row (--retry-backoff, --retry-backoff-max); it is retried at once
+    when the desired change for it changes. Nothing else is kept between passes but metrics:
+    the agents and the file are the state.
 
     \b
     Example:
       gpu-agent coordinator serve --kubernetes --desired /etc/gpu-agent/desired/desired.yaml
     """
+    from agent.coordinator.backoff import BackoffPolicy
     from agent.coordinator.reconcile import Reconciler
     from agent.errors import AgentError
     from agent.http import HttpServer
@@ -249,10 +276,16 @@ def serve(
     )
     options = options_from(kwargs)
     host, _, port = listen.rpartition(":")
+    base = interval if retry_backoff is None else retry_backoff
+    backoff = BackoffPolicy(
+        base_s=base,
+        max_s=max(base, 30 * interval if retry_backoff_max is None else retry_backoff_max),
+        jitter=retry_jitter,
+    )
 
     async def main() -> int:
         fleet = options.open()
-        reconciler = Reconciler(fleet, desired_path, interval_s=interval)
+        reconciler = Reconciler(fleet, desired_path, interval_s=interval, backoff=backoff)
         try:
             if once:
                 await reconciler.pass_once()

@@ -614,6 +614,7 @@ def apply_share(
         --max-unavailable 2 --kubernetes
     """
     from agent._proto.gpuagent.v1 import sharing_pb2
+    from agent.sharing.request import requested_config
 
     rollout = _rollout_args(kwargs)
     if config_file is not None:
@@ -637,6 +638,8 @@ def apply_share(
             "give --strategy and --replicas, or -f with a device-plugin config file",
             [FieldViolation("strategy", "time-slicing or mps, with --replicas N >= 2")],
         )
+    # A malformed file is one clear error here, not the same refusal from every node.
+    requested_config(request)
     spec = {"request": json_format.MessageToDict(request)}
     _start(options_from(kwargs), "share", spec, selector, rollout, output)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +25,14 @@ from agent.coordinator.client import AgentClient
 from agent.coordinator.discovery import Target
 from agent.coordinator.execute import NodeAction, NodeResult, Notes
 from agent.coordinator.fleet import Fleet
+from agent.coordinator.inventory import is_warm, layout_from
 from agent.coordinator.record import RolloutRecord
 from agent.coordinator.rollout import NodeState
 from agent.errors import AgentError
+from agent.gpu.types import GpuLayout
+from agent.sharing.request import requested_config
+from agent.sharing.schema import PluginConfig, merge, parse, to_document
+from agent.sharing.validate import violations
 
 __all__ = ["NodePreview", "action_for", "preview"]
 
@@ -146,7 +151,13 @@ class PrewarmApply(_Base):
         bad = [f"{i.name}: {i.error}" for i in items if i.state != cache_pb2.CACHE_ITEM_STATE_READY]
         if bad:
             return NodeResult(NodeState.FAILED, "; ".join(bad))
-        return NodeResult(NodeState.SUCCEEDED, f"{len(items)} item(s) ready")
+        cold = [
+            f"{i.name} {_warmth_word(i)}" for i in items if not is_warm(i)
+        ]  # pulled, but a lazy image's data is not on the node: the pod would still fetch it
+        detail = f"{len(items)} item(s) ready"
+        return NodeResult(
+            NodeState.SUCCEEDED, f"{detail}; not fully warm: {', '.join(cold)}" if cold else detail
+        )
 
 
 _ACTIONS: Mapping[str, Callable[[Fleet, Mapping[str, Target], RolloutRecord], NodeAction]] = {
@@ -165,12 +176,15 @@ def action_for(fleet: Fleet, targets: Mapping[str, Target], record: RolloutRecor
 
 @dataclass(frozen=True, slots=True)
 class NodePreview:
-    """What a rollout would do to one node; ``gpus`` holds the MIG plan per GPU."""
+    """What a rollout would do to one node; ``gpus`` holds the MIG plan per GPU, ``current``
+    and ``planned`` the node's sharing now and after the change."""
 
     node: str
-    would: str  # change, unchanged, refused, unknown
+    would: str  # change, unchanged, refused, unknown (the node did not answer)
     detail: str
     gpus: tuple[dict[str, Any], ...] = ()
+    current: str = ""
+    planned: str = ""
 
 
 async def _preview_mig(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:
@@ -199,25 +213,68 @@ async def _preview_mig(client: AgentClient, record: RolloutRecord, node: str) ->
 
 
 async def _preview_share(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:
-    now = await client.get_sharing()
-    want = sharing_request(record, node)
-    current = _sharing_text(now.config) if now.exists else "none (no file)"
-    if want.WhichOneof("config") == "spec":
-        spec = want.spec
-        same = (
-            now.exists
-            and now.config.strategy == spec.strategy
-            and {(r.name.removeprefix("nvidia.com/"), r.replicas) for r in now.config.resources}
-            == {(r.name.removeprefix("nvidia.com/"), r.replicas) for r in spec.resources}
-            and now.config.rename_by_default == spec.rename_by_default
-        )
-        return NodePreview(node, "unchanged" if same else "change", f"now: {current}")
-    return NodePreview(node, "unknown", f"now: {current}; a whole config file would be written")
+    requested = requested_config(sharing_request(record, node))
+    now, inventory = await asyncio.gather(client.get_sharing(), client.node())
+    current = parse(now.config.config_yaml) if now.exists else None
+    return sharing_preview(node, requested, current, [layout_from(g) for g in inventory.gpus])
+
+
+def sharing_preview(
+    node: str,
+    requested: PluginConfig,
+    current: PluginConfig | None,
+    layouts: Sequence[GpuLayout],
+) -> NodePreview:
+    """What SetSharing of ``requested`` would do on a node whose config file is ``current``
+    (None: no file) and whose GPUs are ``layouts``: the agent's own steps on paper (lay the
+    request over the file, check it against the GPUs, compare), for a spec and a whole file
+    (-f) alike."""
+    base = current if current is not None else PluginConfig()  # the agent's view of no file
+    was = describe_sharing(base) + ("" if current is not None else " (no config file)")
+    planned = merge(base, requested)
+    will = describe_sharing(planned)
+    found = violations(planned, layouts)
+    if found:
+        why = "; ".join(f"{v.field}: {v.description}" for v in found)
+        return NodePreview(node, "refused", f"now: {was}; refused: {why}", (), was, will)
+    if planned == base:
+        return NodePreview(node, "unchanged", f"now: {was}", (), was, will)
+    changed = _changed_keys(to_document(base), to_document(planned))
+    detail = f"now: {was}; planned: {will}"
+    if changed:
+        detail += f" (changes {', '.join(changed)})"
+    return NodePreview(node, "change", detail, (), was, will)
+
+
+def describe_sharing(config: PluginConfig) -> str:
+    """``time-slicing nvidia.com/gpu x4``, ``none``, with the plugin flags sharing depends on."""
+    active = config.sharing.active
+    text = "none"
+    if active is not None:
+        resources = ", ".join(f"{r.name} x{r.replicas}" for r in active.resources)
+        text = f"{config.sharing.strategy} {resources}"
+    notes = [f"migStrategy {config.flags.mig_strategy}"] if config.flags.mig_strategy else []
+    if active is not None and active.rename_by_default:
+        notes.append("renameByDefault")
+    return f"{text} ({', '.join(notes)})" if notes else text
+
+
+def _changed_keys(before: Mapping[str, Any], after: Mapping[str, Any], at: str = "") -> list[str]:
+    """The dotted keys whose values differ, e.g. ``sharing.timeSlicing.resources``."""
+    changed = []
+    for key in sorted(set(before) | set(after), key=str):
+        path = f"{at}.{key}" if at else str(key)
+        old, new = before.get(key), after.get(key)
+        if isinstance(old, Mapping) and isinstance(new, Mapping):
+            changed += _changed_keys(old, new, path)
+        elif old != new:
+            changed.append(path)
+    return changed
 
 
 async def _preview_prewarm(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:
     items = (await client.node()).cache.items
-    ready = {i.name for i in items if i.state == cache_pb2.CACHE_ITEM_STATE_READY}
+    ready = {i.name for i in items if is_warm(i)}
     names = [_target_name(t) for t in prewarm_targets(record)]
     missing = [n for n in names if not n or n not in ready]
     if not missing:
@@ -225,14 +282,13 @@ async def _preview_prewarm(client: AgentClient, record: RolloutRecord, node: str
     return NodePreview(node, "change", f"{len(missing)}/{len(names)} item(s) to fetch")
 
 
+def _warmth_word(item: cache_pb2.CacheItem) -> str:
+    name = cache_pb2.ImageWarmthLevel.Name(item.image_warmth.level)
+    return name.removeprefix("IMAGE_WARMTH_LEVEL_").lower().replace("_", "-")
+
+
 def _target_name(target: prewarm_pb2.PrewarmTarget) -> str:
     return target.file.name if target.HasField("file") else target.image.name
-
-
-def _sharing_text(config: sharing_pb2.SharingConfig) -> str:
-    strategy = sharing_pb2.SharingStrategy.Name(config.strategy).removeprefix("SHARING_STRATEGY_")
-    resources = ", ".join(f"{r.name} x{r.replicas}" for r in config.resources)
-    return f"{strategy.lower().replace('_', '-')} {resources}".strip()
 
 
 _PREVIEWS = {"mig": _preview_mig, "share": _preview_share, "prewarm": _preview_prewarm}

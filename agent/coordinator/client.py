@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TypeVar, cast
 
@@ -28,8 +29,6 @@ from agent._proto.gpuagent.v1 import (
     prewarm_pb2_grpc,
     sharing_pb2,
     sharing_pb2_grpc,
-    telemetry_pb2,
-    telemetry_pb2_grpc,
 )
 from agent.errors import (
     AgentError,
@@ -120,12 +119,28 @@ class AgentClient:
             self._channel = grpc.aio.secure_channel(
                 address, credentials or tls.credentials(), options=options
             )
-        self._node = agent_pb2_grpc.NodeServiceStub(self._channel)
-        self._ops = operations_pb2_grpc.OperationsServiceStub(self._channel)
-        self._mig = mig_pb2_grpc.MigServiceStub(self._channel)
-        self._sharing = sharing_pb2_grpc.SharingServiceStub(self._channel)
-        self._prewarm = prewarm_pb2_grpc.PrewarmServiceStub(self._channel)
-        self._telemetry = telemetry_pb2_grpc.TelemetryServiceStub(self._channel)
+
+    # Stubs are made on first use: a stub builds a callable per method, and a status sweep of
+    # a thousand fresh clients (`fleet status` is always cold) needs only GetNode.
+    @cached_property
+    def _node(self) -> agent_pb2_grpc.NodeServiceStub:
+        return agent_pb2_grpc.NodeServiceStub(self._channel)
+
+    @cached_property
+    def _ops(self) -> operations_pb2_grpc.OperationsServiceStub:
+        return operations_pb2_grpc.OperationsServiceStub(self._channel)
+
+    @cached_property
+    def _mig(self) -> mig_pb2_grpc.MigServiceStub:
+        return mig_pb2_grpc.MigServiceStub(self._channel)
+
+    @cached_property
+    def _sharing(self) -> sharing_pb2_grpc.SharingServiceStub:
+        return sharing_pb2_grpc.SharingServiceStub(self._channel)
+
+    @cached_property
+    def _prewarm(self) -> prewarm_pb2_grpc.PrewarmServiceStub:
+        return prewarm_pb2_grpc.PrewarmServiceStub(self._channel)
 
     async def close(self) -> None:
         await self._channel.close(None)
@@ -145,13 +160,6 @@ class AgentClient:
             self._node.GetNode, agent_pb2.GetNodeRequest()
         )
         return response.node
-
-    async def telemetry(self, field_ids: Sequence[int] = ()) -> telemetry_pb2.TelemetrySnapshot:
-        request = telemetry_pb2.GetTelemetrySnapshotRequest(field_ids=field_ids)
-        response: telemetry_pb2.GetTelemetrySnapshotResponse = await self._call(
-            self._telemetry.GetTelemetrySnapshot, request
-        )
-        return response.snapshot
 
     # -- MIG -------------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """MIG demand for the fleet planner: a demand file, and a demand trace for replays.
 
-A demand file counts the MIG devices the fleet should offer, per GPU-instance profile, and per
+A demand file counts the MIG devices the fleet should offer, per GPU-instance profile (not
+compute-instance profiles such as ``1c.3g.40gb``: those splits belong to a MIG config), and per
 GPU model where it matters (the same name, e.g. ``3g.40gb``, exists on A100-80GB and H100)::
 
     version: v1
@@ -86,11 +87,15 @@ def _profile(raw: object, field: str, bad: list[FieldViolation]) -> str | None:
         bad.append(FieldViolation(field, str(exc)))
         return None
     if parsed.ci_slices not in (None, parsed.gi_slices):
+        # The planner places GPU instances; how each is split into compute instances is a
+        # per-layout choice it does not make, so say where that choice is written instead.
         bad.append(
             FieldViolation(
                 field,
-                "demand counts whole MIG devices (GPU-instance profiles such as 3g.40gb); "
-                f"compute-instance profiles like {raw} are not planned fleet-wide",
+                f"{raw} is a compute-instance profile, but demand counts GPU-instance profiles "
+                f"(such as 3g.40gb): ask for {parsed.gi_name} GPU instances here, and set their "
+                "split into compute instances per layout in a MIG config (e.g. mig-devices: "
+                f"{{{raw}: N}} in a mig-parted file, rolled out with `gpu-agent fleet apply mig`)",
             )
         )
         return None

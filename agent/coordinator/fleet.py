@@ -9,7 +9,6 @@ from typing import Generic, TypeVar
 
 import grpc
 
-from agent._proto.gpuagent.v1 import telemetry_pb2
 from agent.coordinator.client import AgentClient, ClientTls
 from agent.coordinator.discovery import Discovery, Target
 from agent.coordinator.inventory import NodeView, node_view, unreachable_view
@@ -22,8 +21,6 @@ T = TypeVar("T")
 #: Calls in flight at once across the fleet: enough to sweep 1,000 agents in well under a
 #: second, few enough to keep the coordinator's file descriptors and memory small.
 DEFAULT_CONCURRENCY = 256
-#: The one telemetry field asked for: the sweep needs each GPU's idle time, not its values.
-_GPU_UTIL_FIELD = 203
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,26 +82,16 @@ class Fleet:
     async def views(
         self, targets: Sequence[Target] | None = None, *, idle_after_s: float | None = None
     ) -> tuple[NodeView, ...]:
-        """Every node's inventory, unreachable ones included.
+        """Every node's inventory (one GetNode each), unreachable ones included.
 
-        With ``idle_after_s`` also each node's telemetry, to count GPUs idle that long: a
-        second call per node, so only `fleet status` asks for it.
+        With ``idle_after_s`` also each node's count of GPUs idle that long, from the idle
+        seconds the agent puts on each GPU of its inventory.
         """
         chosen = await self.targets() if targets is None else targets
         by_address = {t.address: t for t in chosen}
 
         async def read(client: AgentClient) -> NodeView:
-            target = by_address[client.address]
-            if idle_after_s is None:
-                return node_view(target, await client.node(), None, 0.0)
-            node, snapshot = await asyncio.gather(
-                client.node(), client.telemetry([_GPU_UTIL_FIELD]), return_exceptions=True
-            )
-            if isinstance(node, BaseException):
-                raise node
-            # No snapshot yet (or none at all) leaves the idle count unknown, not the node.
-            telemetry = snapshot if isinstance(snapshot, telemetry_pb2.TelemetrySnapshot) else None
-            return node_view(target, node, telemetry, idle_after_s)
+            return node_view(by_address[client.address], await client.node(), idle_after_s)
 
         outcomes = await self.each(chosen, read)
         views = [

@@ -5,11 +5,10 @@ Nothing here is kept between sweeps: the agents hold the truth and are asked aga
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 
-from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, sharing_pb2, telemetry_pb2
+from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, sharing_pb2
 from agent.coordinator.discovery import Target
 from agent.gpu.types import (
     ComputeInstance,
@@ -44,7 +43,8 @@ class NodeView:
     sharing: str = "unknown"
     warm: tuple[str, ...] = ()
     unhealthy: tuple[str, ...] = ()
-    #: GPUs idle at least the idle threshold; None without a telemetry snapshot.
+    #: GPUs idle at least the idle threshold; None when not asked for, or when the agent
+    #: knows no GPU's idle time (no telemetry sample yet, or an agent from before the field).
     idle_gpus: int | None = None
     preset: str = ""
     agent_version: str = ""
@@ -63,13 +63,19 @@ class NodeView:
         return tuple(g for g in self.layouts if g.gpu.uuid not in self.lost)
 
 
+_placements: dict[tuple[int, int], Placement] = {}
+
+
 def _placement(p: agent_pb2.Placement) -> Placement:
-    return _placement_of(p.start, p.size)
-
-
-@lru_cache(maxsize=256)
-def _placement_of(start: int, size: int) -> Placement:
-    return Placement(start, size)  # frozen and few: one object per distinct placement
+    # Frozen and few: one object per distinct placement. A plain dict rather than lru_cache:
+    # this runs for every instance of every GPU of a sweep.
+    key = (p.start, p.size)
+    found = _placements.get(key)
+    if found is None:
+        if len(_placements) >= 1024:  # a bound, against agents sending odd placements
+            _placements.clear()
+        found = _placements[key] = Placement(*key)
+    return found
 
 
 _MAX_MODELS = 256
@@ -82,8 +88,9 @@ def _profiles(gpu: agent_pb2.Gpu) -> tuple[GiProfile, ...]:
     placements for every board of a product and memory size, and a 1,000-node sweep would
     otherwise build a quarter of a million placements."""
     # Keyed by the profiles' own bytes (serialising is C code, cheap): a key that only guessed
-    # at sameness (model, memory, count) served one GPU's profiles for another's.
-    key = tuple(p.SerializeToString(deterministic=True) for p in gpu.mig_profiles)
+    # at sameness (model, memory, count) served one GPU's profiles for another's. MigProfile has
+    # no map fields, so plain serialising is already byte-stable (and a third faster).
+    key = tuple(p.SerializeToString() for p in gpu.mig_profiles)
     found = _profiles_seen.get(key)
     if found is None:
         if len(_profiles_seen) >= _MAX_MODELS:  # a bound, should drivers ever vary per GPU
@@ -113,23 +120,26 @@ def _profile(p: agent_pb2.MigProfile) -> GiProfile:
 
 
 def layout_from(gpu: agent_pb2.Gpu) -> GpuLayout:
+    # Positional arguments (in the records' field order): this runs for every GPU of a sweep,
+    # and keyword passing is a measurable part of its cost.
+    mode = gpu.mig_mode
     info = GpuInfo(
-        index=gpu.index,
-        uuid=gpu.uuid,
-        name=gpu.name,
-        pci_bus_id=gpu.pci_bus_id,
-        pci_device_id=gpu.pci_device_id,
-        pci_subsystem_id=0,  # not in the API; device filters match on the device id
-        memory_total_bytes=gpu.memory_total_bytes,
-        mig_mode=MigMode(gpu.mig_mode.current, gpu.mig_mode.pending) if gpu.mig_capable else None,
+        gpu.index,
+        gpu.uuid,
+        gpu.name,
+        gpu.pci_bus_id,
+        gpu.pci_device_id,
+        0,  # pci_subsystem_id: not in the API; device filters match on the device id
+        gpu.memory_total_bytes,
+        MigMode(mode.current, mode.pending) if gpu.mig_capable else None,
     )
     instances = tuple(
         GpuInstance(
-            id=gi.id,
-            profile_id=gi.profile_id,
-            profile_name=gi.profile_name,
-            placement=_placement(gi.placement),
-            compute_instances=tuple(
+            gi.id,
+            gi.profile_id,
+            gi.profile_name,
+            _placement(gi.placement),
+            tuple(
                 ComputeInstance(ci.id, ci.profile_id, _placement(ci.placement), ci.uuid or None)
                 for ci in gi.compute_instances
             ),
@@ -138,12 +148,10 @@ def layout_from(gpu: agent_pb2.Gpu) -> GpuLayout:
     )
     processes = tuple(
         Process(
-            pid=p.pid,
-            used_memory_bytes=p.used_memory_bytes if p.HasField("used_memory_bytes") else None,
-            gpu_instance_id=p.gpu_instance_id if p.HasField("gpu_instance_id") else None,
-            compute_instance_id=(
-                p.compute_instance_id if p.HasField("compute_instance_id") else None
-            ),
+            p.pid,
+            p.used_memory_bytes if p.HasField("used_memory_bytes") else None,
+            p.gpu_instance_id if p.HasField("gpu_instance_id") else None,
+            p.compute_instance_id if p.HasField("compute_instance_id") else None,
         )
         for p in gpu.processes
     )
@@ -161,36 +169,40 @@ def _sharing(node: agent_pb2.Node) -> str:
     return f"{strategy} {resources}"
 
 
-def _idle_gpus(snapshot: telemetry_pb2.TelemetrySnapshot | None, idle_after_s: float) -> int | None:
-    if snapshot is None:
+def _idle_gpus(gpus: Sequence[agent_pb2.Gpu], idle_after_s: float | None) -> int | None:
+    if idle_after_s is None:
         return None
-    return sum(
-        1
-        for s in snapshot.entities
-        if not s.entity.HasField("gpu_instance_id")
-        and s.HasField("idle_seconds")
-        and s.idle_seconds >= idle_after_s
-    )
+    known = [g.idle_seconds for g in gpus if g.HasField("idle_seconds")]
+    if gpus and not known:
+        return None  # unknown is not "none idle"
+    return sum(1 for seconds in known if seconds >= idle_after_s)
 
 
-def node_view(
-    target: Target,
-    node: agent_pb2.Node,
-    snapshot: telemetry_pb2.TelemetrySnapshot | None,
-    idle_after_s: float,
-) -> NodeView:
+def is_warm(item: cache_pb2.CacheItem) -> bool:
+    """Ready, and for an image all of its data (a bootstrap-only Nydus image is not warm).
+
+    Agents from before image warmth send no ``image_warmth``: their ready images count."""
+    if item.state != cache_pb2.CACHE_ITEM_STATE_READY:
+        return False
+    if not item.HasField("image_warmth"):
+        return True
+    return item.image_warmth.level == cache_pb2.IMAGE_WARMTH_LEVEL_FULL
+
+
+def node_view(target: Target, node: agent_pb2.Node, idle_after_s: float | None = None) -> NodeView:
+    """``idle_after_s``: count the GPUs idle at least that long (from each GPU's
+    ``idle_seconds``); None leaves the count unknown."""
+    gpus = node.gpus
     return NodeView(
         name=node.name or target.node or target.address,
         address=target.address,
         labels=target.labels,
-        layouts=tuple(layout_from(g) for g in node.gpus),
-        lost=frozenset(g.uuid for g in node.gpus if g.health == agent_pb2.GPU_HEALTH_LOST),
+        layouts=tuple(layout_from(g) for g in gpus),
+        lost=frozenset(g.uuid for g in gpus if g.health == agent_pb2.GPU_HEALTH_LOST),
         sharing=_sharing(node),
-        warm=tuple(
-            sorted(i.name for i in node.cache.items if i.state == cache_pb2.CACHE_ITEM_STATE_READY)
-        ),
+        warm=tuple(sorted(i.name for i in node.cache.items if is_warm(i))),
         unhealthy=tuple(f"{c.name}: {c.detail}" for c in node.health.components if not c.healthy),
-        idle_gpus=_idle_gpus(snapshot, idle_after_s),
+        idle_gpus=_idle_gpus(gpus, idle_after_s),
         preset=node.simulated_preset,
         agent_version=node.agent_version,
     )

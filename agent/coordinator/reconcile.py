@@ -3,14 +3,18 @@
 Each pass re-reads the desired file (a ConfigMap update lands without a restart), sweeps the
 fleet once, finds the nodes that differ per kind (MIG, then sharing, then prewarm: sharing may
 name MIG devices the MIG pass creates) and rolls the change over them with the desired limits.
-The loop keeps nothing between passes but counters for /metrics: the agents and the desired
-file are the state, so a restarted coordinator carries on where the fleet is.
+A node whose change failed is held back from the next passes with an exponential back-off
+(`agent.coordinator.backoff`). The loop keeps nothing between passes but counters for /metrics
+and the back-off: the agents and the desired file are the state, so a restarted coordinator
+carries on where the fleet is (and retries failed nodes at once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import time
 from collections import Counter
@@ -24,10 +28,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from agent.coordinator.actions import preview
+from agent.coordinator.backoff import Backoff, BackoffPolicy
 from agent.coordinator.desired import Desired, MigRule, PrewarmRule, SharingRule, load_desired
 from agent.coordinator.fleet import Fleet
 from agent.coordinator.flows import Selection, rollout, select
 from agent.coordinator.record import RolloutRecord
+from agent.coordinator.rollout import NodeState
 from agent.coordinator.selector import Selector
 from agent.errors import AgentError
 from agent.http import Request, Response
@@ -58,8 +64,10 @@ class Stats:
 class _Collector:
     """Fresh metric families from `Stats` at every scrape (nothing to go stale)."""
 
-    def __init__(self, stats: Stats) -> None:
+    def __init__(self, stats: Stats, backoff: Backoff, clock: Callable[[], float]) -> None:
         self._stats = stats
+        self._backoff = backoff
+        self._clock = clock
 
     def collect(self) -> Iterator[Metric]:
         s = self._stats
@@ -94,11 +102,33 @@ class _Collector:
             for result in ("succeeded", "unchanged", "failed"):
                 changes.add_metric([kind, result], s.changes[(kind, result)])
         yield from (drift, changes, halted)
+        yield from self._backoff_metrics(p)
         yield GaugeMetricFamily(
             p + "desired_state_valid",
             "1 when the desired file last read was valid.",
             value=float(s.desired_valid),
         )
+
+    def _backoff_metrics(self, p: str) -> Iterator[Metric]:
+        now = self._clock()
+        waits: dict[str, list[float]] = {kind: [] for kind in KINDS}
+        for (kind, _node), held in self._backoff.held().items():
+            if held.retry_at > now and kind in waits:
+                waits[kind].append(held.retry_at - now)
+        nodes = GaugeMetricFamily(
+            p + "backoff_nodes",
+            "Nodes held back from reconciling after failed changes, waiting for their retry.",
+            labels=["kind"],
+        )
+        soonest = GaugeMetricFamily(
+            p + "backoff_next_retry_seconds",
+            "Seconds until the first held-back node is retried; 0 when none is held back.",
+            labels=["kind"],
+        )
+        for kind, left in waits.items():
+            nodes.add_metric([kind], len(left))
+            soonest.add_metric([kind], min(left, default=0.0))
+        yield from (nodes, soonest)
 
 
 class Reconciler:
@@ -108,16 +138,22 @@ class Reconciler:
         desired_path: Path,
         *,
         interval_s: float = 60.0,
+        backoff: BackoffPolicy | None = None,
+        draw: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """``backoff``: how long failed nodes are held back (default: an interval, doubling
+        to 30 intervals); ``draw`` gives the jitter's uniform draws (tests fix it)."""
         self._fleet = fleet
         self._path = desired_path
         self.interval_s = interval_s
         self._clock = clock
         self._desired: Desired | None = None
+        policy = backoff or BackoffPolicy(base_s=interval_s, max_s=30 * interval_s)
+        self.backoff = Backoff(policy) if draw is None else Backoff(policy, draw)
         self.stats = Stats(started=clock())
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(self.stats))
+        self.registry.register(_Collector(self.stats, self.backoff, clock))
 
     # -- HTTP ----------------------------------------------------------------------------------
 
@@ -184,6 +220,10 @@ class Reconciler:
             ("share", desired.sharing),
             ("prewarm", desired.prewarm),
         )
+        # Back-off of nodes gone from the fleet, or of kinds the file no longer asks for, ends.
+        present = {v.name for v in selection.views}
+        asked = {kind for kind, kind_rules in rules if kind_rules}
+        self.backoff.retain(lambda key: key[0] in asked and key[1] in present)
         for kind, kind_rules in rules:
             self.stats.drift[kind] = 0
             self.stats.halted[kind] = 0
@@ -201,20 +241,56 @@ class Reconciler:
         self, kind: str, rule: _Rule, nodes: list[str], desired: Desired, selection: Selection
     ) -> None:
         check = self._record(kind, rule, nodes, desired)
+        change = _fingerprint(check)
         targets = {n: selection.targets[n] for n in nodes}
         previews = await preview(self._fleet, targets, check)
+        for p in previews:
+            if p.would == "unchanged":
+                self.backoff.succeeded((kind, p.node))
         drifted = [p.node for p in previews if p.would != "unchanged"]
         self.stats.drift[kind] += len(drifted)
         if not drifted:
             return
-        log.info("%s: %d node(s) differ from the desired state: %s", kind, len(drifted), drifted)
-        record = self._record(kind, rule, drifted, desired)
+        now = self._clock()
+        held = {n: h for n in drifted if (h := self.backoff.waiting((kind, n), now, change))}
+        if held:
+            log.info(
+                "%s: holding back %d node(s) after failures: %s",
+                kind,
+                len(held),
+                ", ".join(
+                    f"{n} ({h.failures} failure(s) in a row, retry in {h.retry_at - now:.0f} s)"
+                    for n, h in sorted(held.items())
+                ),
+            )
+        due = [n for n in drifted if n not in held]
+        if not due:
+            return
+        log.info("%s: %d node(s) differ from the desired state: %s", kind, len(due), due)
+        record = self._record(kind, rule, due, desired)
         await rollout(self._fleet, selection, record, report=_log_report(kind))
-        for state in record.states().values():
-            self.stats.changes[(kind, state.value)] += 1
+        self._note_outcomes(kind, record, change)
         if record.halted:
             self.stats.halted[kind] = 1
             log.error("%s rollout %s", kind, record.halted)
+
+    def _note_outcomes(self, kind: str, record: RolloutRecord, change: str) -> None:
+        now = self._clock()
+        for node, state in record.states().items():
+            self.stats.changes[(kind, state.value)] += 1
+            if state in (NodeState.SUCCEEDED, NodeState.UNCHANGED):
+                self.backoff.succeeded((kind, node))
+            elif state is NodeState.FAILED:
+                detail = record.nodes[node].detail
+                held = self.backoff.failed((kind, node), now, change, detail)
+                log.warning(
+                    "%s %s failed %d time(s) in a row (%s); next retry in %.0f s",
+                    kind,
+                    node,
+                    held.failures,
+                    detail,
+                    held.retry_at - now,
+                )
 
     @staticmethod
     def _record(kind: str, rule: _Rule, nodes: list[str], desired: Desired) -> RolloutRecord:
@@ -237,6 +313,12 @@ class Reconciler:
             # should not keep the item from the rest.
             limits |= {"max_unavailable": str(rule.concurrency), "max_failures": 0}
         return RolloutRecord.start(kind, spec, sorted(nodes), **limits)
+
+
+def _fingerprint(record: RolloutRecord) -> str:
+    """What a record applies, whatever its nodes: a different change is not held back."""
+    text = json.dumps([record.kind, record.spec], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _log_report(kind: str) -> Callable[[str, Any, str], None]:

@@ -291,6 +291,18 @@ def _section_document(section: ReplicatedResources) -> dict[str, object]:
     return doc
 
 
+def merge(current: PluginConfig, requested: PluginConfig) -> PluginConfig:
+    """The file a set of ``requested`` writes over ``current``: its sharing replaces the
+    current one; its ``flags`` and other sections are laid over the current file's (which the
+    plugin shares), so a request without them keeps e.g. ``failOnInitError`` as it was."""
+    flags = Flags(
+        mig_strategy=requested.flags.mig_strategy or current.flags.mig_strategy,
+        other=MappingProxyType({**current.flags.other, **requested.flags.other}),
+    )
+    other = MappingProxyType({**current.other, **requested.other})
+    return PluginConfig(flags=flags, sharing=requested.sharing, other=other)
+
+
 def render(config: PluginConfig) -> str:
     """YAML for the plugin: deterministic (same config, same bytes), with a one-line header."""
     body = yaml.safe_dump(

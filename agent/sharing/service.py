@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import Protocol
 
 from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec, NotFound
@@ -28,7 +27,7 @@ from agent.sharing.reload import (
     make_reloader,
     pickup,
 )
-from agent.sharing.schema import Flags, PluginConfig, Sharing, parse, render
+from agent.sharing.schema import PluginConfig, Sharing, merge, parse, render
 from agent.sharing.store import ConfigStore
 from agent.sharing.validate import validate, violations
 
@@ -127,7 +126,7 @@ class SharingService:
         with self._store.lock():
             raw = self._store.read()
             current = self._parse_current(raw)
-            desired = _merge(current, requested)
+            desired = merge(current, requested)
             layouts = self._layouts()
             validate(desired, layouts)
             return self._apply("set", current, desired, layouts, reloader)
@@ -236,15 +235,6 @@ class SharingService:
             raise Conflict(
                 f"{path} is not a valid device-plugin config ({problems}); fix or remove it"
             ) from exc
-
-
-def _merge(current: PluginConfig, requested: PluginConfig) -> PluginConfig:
-    flags = Flags(
-        mig_strategy=requested.flags.mig_strategy or current.flags.mig_strategy,
-        other=MappingProxyType({**current.flags.other, **requested.flags.other}),
-    )
-    other = MappingProxyType({**current.other, **requested.other})
-    return PluginConfig(flags=flags, sharing=requested.sharing, other=other)
 
 
 def _sha256(data: bytes) -> str:

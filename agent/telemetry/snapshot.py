@@ -109,3 +109,11 @@ class Snapshot:
     pods: tuple[PodUsage, ...] = ()
     xids: tuple[XidCount, ...] = ()
     support: tuple[FieldSupport, ...] = ()
+
+    def gpu_idle_seconds(self) -> dict[str, float]:
+        """Whole GPUs' idle seconds by UUID, where known (MIG instances are left out)."""
+        return {
+            s.entity.gpu.uuid: s.idle_seconds
+            for s in self.entities
+            if s.entity.instance is None and s.idle_seconds is not None
+        }

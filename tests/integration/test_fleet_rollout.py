@@ -139,6 +139,40 @@ def test_sharing_rolls_out_and_a_second_run_changes_nothing(agents: AgentFleet) 
     wait_for(shared, "every node to show time-slicing", timeout=30, every=1.0)
 
 
+def test_a_dry_run_of_a_sharing_file_shows_each_nodes_sharing_and_the_change(
+    agents: AgentFleet, tmp_path: Path
+) -> None:
+    """-f FILE used to preview as "unknown": the dry run now reads each node's config and
+    shows what the file would make of it, as the agent would decide."""
+    text = "version: v1\nsharing:\n  timeSlicing:\n    resources: [{{name: gpu, replicas: {}}}]\n"
+    four, eight, one = (tmp_path / f"ts{n}.yaml" for n in (4, 8, 1))
+    for path, n in ((four, 4), (eight, 8), (one, 1)):
+        path.write_text(text.format(n))
+    applied = run_json(agents, "apply", "share", "-f", str(four), "--max-unavailable", "4")
+    assert set(node_states(applied["record"]).values()) <= {"succeeded", "unchanged"}
+
+    same = {
+        p["node"]: p
+        for p in run_json(agents, "apply", "share", "-f", str(four), "--dry-run")["previews"]
+    }
+    assert {n: p["would"] for n, p in same.items()} == dict.fromkeys("abcd", "unchanged")
+    assert {p["current"] for p in same.values()} == {"time-slicing nvidia.com/gpu x4"}
+
+    more = run_json(agents, "apply", "share", "-f", str(eight), "--dry-run")["previews"]
+    assert {p["would"] for p in more} == {"change"}
+    assert {p["planned"] for p in more} == {"time-slicing nvidia.com/gpu x8"}
+    assert all(
+        p["detail"] == "now: time-slicing nvidia.com/gpu x4; planned: time-slicing "
+        "nvidia.com/gpu x8 (changes sharing.timeSlicing.resources)"
+        for p in more
+    ), more
+    refused = run_json(agents, "apply", "share", "-f", str(one), "--dry-run")["previews"]
+    assert {p["would"] for p in refused} == {"refused"}
+    table = agents.fleet("apply", "share", "-f", str(eight), "--dry-run")
+    assert "planned: time-slicing nvidia.com/gpu x8" in table.output
+    assert "unknown" not in table.output
+
+
 def test_prewarm_fans_out_with_a_concurrency_limit(agents: AgentFleet, tmp_path: Path) -> None:
     with Origin(tmp_path / "origin") as origin:
         (tmp_path / "origin").mkdir(exist_ok=True)

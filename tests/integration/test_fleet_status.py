@@ -47,6 +47,24 @@ def test_one_row_per_node_with_its_gpus_and_models(agents: AgentFleet) -> None:
     assert data["totals"] == {"nodes": 4, "reachable": 4, "gpus": 22, "idle_gpus": 0}
 
 
+def test_idle_gpus_come_with_the_inventory(agents: AgentFleet) -> None:
+    """Each agent's GetNode carries its sampler's idle seconds per GPU: nothing on these nodes
+    runs, so every GPU is idle for at least 0 s once the sampler and inventory have a tick."""
+
+    def all_idle() -> dict | None:
+        data = status(agents, "--idle-after", "0s")
+        return data if data["totals"]["idle_gpus"] == 22 else None
+
+    data = wait_for(all_idle, "every GPU counted idle", timeout=30, every=0.5)
+    assert {n["name"]: n["idle_gpus"] for n in data["nodes"]} == {
+        "a100": 8,
+        "a30": 4,
+        "h100": 8,
+        "nvl": 2,
+    }
+    assert status(agents, "--idle-after", "1d")["totals"]["idle_gpus"] == 0
+
+
 def test_mig_layouts_show_as_slice_maps_and_idle_devices(agents: AgentFleet) -> None:
     """A layout applied through the API shows up in the next sweep."""
     config = agents.root / "a30.yaml"

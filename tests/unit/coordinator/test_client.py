@@ -73,3 +73,41 @@ async def _unreachable(socket: Path) -> None:
 
 def test_an_agent_that_does_not_answer_is_unreachable_not_an_exception(tmp_path: Path) -> None:
     asyncio.run(_unreachable(tmp_path / "nobody.sock"))
+
+
+class IdleNode(agent_pb2_grpc.NodeServiceServicer):
+    """An agent with no TelemetryService at all: the sweep must not need one."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def GetNode(
+        self, request: agent_pb2.GetNodeRequest, context: grpc.aio.ServicerContext
+    ) -> agent_pb2.GetNodeResponse:
+        self.calls += 1
+        node = agent_pb2.Node(name="n1")
+        for index, idle in enumerate((7200.0, 30.0, None)):
+            node.gpus.add(index=index, uuid=f"GPU-{index}", idle_seconds=idle)
+        return agent_pb2.GetNodeResponse(node=node)
+
+
+async def _idle_sweep(socket: Path) -> None:
+    servicer = IdleNode()
+    server = grpc.aio.server(interceptors=[ApiInterceptor(Policy.of(()))])
+    agent_pb2_grpc.add_NodeServiceServicer_to_server(servicer, server)
+    server.add_insecure_port(f"unix:{socket}")
+    await server.start()
+    fleet = Fleet(StaticDiscovery([f"unix:{socket}"]), None, timeout_s=5.0)
+    try:
+        (view,) = await fleet.views(idle_after_s=3600.0)
+        assert (view.name, view.idle_gpus) == ("n1", 1)
+        assert servicer.calls == 1
+        (view,) = await fleet.views()  # plan and rollouts do not ask
+        assert view.idle_gpus is None
+    finally:
+        await fleet.close()
+        await server.stop(None)
+
+
+def test_the_status_sweep_is_one_getnode_per_agent(tmp_path: Path) -> None:
+    asyncio.run(_idle_sweep(tmp_path / "agent.sock"))

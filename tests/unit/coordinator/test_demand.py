@@ -55,6 +55,23 @@ def test_bad_demand_names_the_field(text: str, field: str, says: str) -> None:
     )
 
 
+def test_a_compute_instance_profile_is_refused_with_what_to_write_instead() -> None:
+    with pytest.raises(InvalidSpec) as caught:
+        parse_demand("version: v1\ndemand: {1c.3g.40gb: 6}", "demand.yaml")
+    message = str(caught.value)
+    assert message.startswith("demand.yaml: demand.1c.3g.40gb: 1c.3g.40gb is a compute-instance")
+    for says in (
+        "demand counts GPU-instance profiles (such as 3g.40gb)",
+        "ask for 3g.40gb GPU instances here",
+        "split into compute instances per layout in a MIG config",
+        "mig-devices: {1c.3g.40gb: N}",
+        "gpu-agent fleet apply mig",
+    ):
+        assert says in message, message
+    with pytest.raises(InvalidSpec, match=r"line 2\.profile: 1c\.2g\.20gb .* ask for 2g\.20gb GPU"):
+        parse_trace("time,profile,count\n0,1c.2g.20gb,1\n")  # a trace row alike
+
+
 def test_one_profile_is_counted_for_any_model_or_per_model_not_both() -> None:
     text = "version: v1\ndemand: {1g.10gb: 3, 1c.1g.10gb: {H100: 1}}"
     with pytest.raises(InvalidSpec, match="not both"):

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, sharing_pb2, telemetry_pb2
+from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, sharing_pb2
 from agent.api.convert import gpu_pb
 from agent.coordinator.discovery import Target
 from agent.coordinator.inventory import layout_from, node_view, unreachable_view
@@ -17,7 +17,8 @@ from agent.gpu.types import GiProfile
 from tests.unit.coordinator.fleets import A30, H100, gpu
 
 
-def _node() -> agent_pb2.Node:
+def _node(idle: tuple[float | None, ...] = (10.0, 7200.0, 3600.0)) -> agent_pb2.Node:
+    """``idle``: each GPU's idle seconds as the agent's telemetry sampler last saw them."""
     layouts = [
         gpu(
             "a",
@@ -30,7 +31,7 @@ def _node() -> agent_pb2.Node:
         gpu("a", 2, A30, [("2g.12gb", 0)]),
     ]
     node = agent_pb2.Node(name="node-a", simulated_preset="mixed")
-    node.gpus.extend(gpu_pb(g) for g in layouts)
+    node.gpus.extend(gpu_pb(g, idle_seconds=s) for g, s in zip(layouts, idle, strict=True))
     node.sharing.CopyFrom(
         sharing_pb2.SharingConfig(
             strategy=sharing_pb2.SHARING_STRATEGY_TIME_SLICING,
@@ -47,16 +48,6 @@ def _node() -> agent_pb2.Node:
     return node
 
 
-def _snapshot() -> telemetry_pb2.TelemetrySnapshot:
-    snap = telemetry_pb2.TelemetrySnapshot()
-    for index, idle in ((0, 10.0), (1, 7200.0), (2, 3600.0)):
-        snap.entities.add(entity=telemetry_pb2.TelemetryEntity(gpu_index=index), idle_seconds=idle)
-    snap.entities.add(
-        entity=telemetry_pb2.TelemetryEntity(gpu_index=0, gpu_instance_id=1), idle_seconds=1e6
-    )
-    return snap
-
-
 def test_what_planning_needs_of_a_layout_survives_the_trip_through_the_api() -> None:
     layout = gpu("a", 0, H100, [("3g.40gb", 4, (1, 1, 1))], busy=[(5, 1)])
     back = layout_from(gpu_pb(layout))
@@ -70,7 +61,7 @@ def test_what_planning_needs_of_a_layout_survives_the_trip_through_the_api() -> 
 
 
 def test_node_rows_and_profile_totals() -> None:
-    view = node_view(Target("10.0.0.1:9401", labels={"pool": "x"}), _node(), _snapshot(), 3600)
+    view = node_view(Target("10.0.0.1:9401", labels={"pool": "x"}), _node(), 3600)
     gone = unreachable_view(Target("10.0.0.9:9401", "node-z"), "10.0.0.9:9401: connection refused")
     status = fleet_status([view, gone])
     a, z = status.nodes
@@ -88,6 +79,43 @@ def test_node_rows_and_profile_totals() -> None:
 
 
 @pytest.mark.parametrize(
+    ("idle", "idle_after_s", "count"),
+    [
+        ((10.0, 7200.0, 3600.0), 3600.0, 2),
+        ((10.0, 7200.0, 3600.0), 0.0, 3),
+        ((10.0, None, 3600.0), 3600.0, 1),  # a GPU without a figure is not counted idle
+        ((None, None, None), 3600.0, None),  # no figure at all: unknown, not 0
+        ((10.0, 7200.0, 3600.0), None, None),  # not asked for
+    ],
+)
+def test_idle_gpus_are_counted_from_the_inventorys_idle_seconds(
+    idle: tuple[float | None, ...], idle_after_s: float | None, count: int | None
+) -> None:
+    """The sweep's one GetNode per node carries each GPU's idle seconds: no telemetry call."""
+    view = node_view(Target("10.0.0.1:9401"), _node(idle), idle_after_s)
+    assert view.idle_gpus == count
+
+
+def test_only_fully_warm_images_count_as_warm() -> None:
+    """A Nydus image pulled without its data is ready but not warm: its pod would still fetch."""
+    node = _node()
+    level = cache_pb2.ImageWarmthLevel
+    for name, warmth in [
+        ("server-full", level.Value("IMAGE_WARMTH_LEVEL_FULL")),
+        ("server-lazy", level.Value("IMAGE_WARMTH_LEVEL_BOOTSTRAP_ONLY")),
+        ("server-half", level.Value("IMAGE_WARMTH_LEVEL_PARTIAL")),
+    ]:
+        node.cache.items.add(
+            name=name,
+            kind=cache_pb2.CACHE_ITEM_KIND_IMAGE,
+            state=cache_pb2.CACHE_ITEM_STATE_READY,
+            image_warmth=cache_pb2.ImageWarmth(level=warmth),
+        )
+    view = node_view(Target("10.0.0.1:9401"), node)
+    assert view.warm == ("llama", "server-full")
+
+
+@pytest.mark.parametrize(
     ("text", "selected"),
     [
         ("", True),
@@ -102,7 +130,7 @@ def test_node_rows_and_profile_totals() -> None:
     ],
 )
 def test_selectors_match_node_facts_and_labels(text: str, selected: bool) -> None:
-    view = node_view(Target("10.0.0.1:9401", labels={"pool": "x"}), _node(), None, 3600)
+    view = node_view(Target("10.0.0.1:9401", labels={"pool": "x"}), _node())
     assert parse_selector(text).matches(view) is selected
 
 

@@ -24,6 +24,14 @@ class CacheItemState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CACHE_ITEM_STATE_READY: _ClassVar[CacheItemState]
     CACHE_ITEM_STATE_FAILED: _ClassVar[CacheItemState]
     CACHE_ITEM_STATE_EVICTED: _ClassVar[CacheItemState]
+
+class ImageWarmthLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    IMAGE_WARMTH_LEVEL_UNSPECIFIED: _ClassVar[ImageWarmthLevel]
+    IMAGE_WARMTH_LEVEL_FULL: _ClassVar[ImageWarmthLevel]
+    IMAGE_WARMTH_LEVEL_PARTIAL: _ClassVar[ImageWarmthLevel]
+    IMAGE_WARMTH_LEVEL_BOOTSTRAP_ONLY: _ClassVar[ImageWarmthLevel]
+    IMAGE_WARMTH_LEVEL_UNKNOWN: _ClassVar[ImageWarmthLevel]
 CACHE_ITEM_KIND_UNSPECIFIED: CacheItemKind
 CACHE_ITEM_KIND_FILE: CacheItemKind
 CACHE_ITEM_KIND_IMAGE: CacheItemKind
@@ -33,9 +41,30 @@ CACHE_ITEM_STATE_FETCHING: CacheItemState
 CACHE_ITEM_STATE_READY: CacheItemState
 CACHE_ITEM_STATE_FAILED: CacheItemState
 CACHE_ITEM_STATE_EVICTED: CacheItemState
+IMAGE_WARMTH_LEVEL_UNSPECIFIED: ImageWarmthLevel
+IMAGE_WARMTH_LEVEL_FULL: ImageWarmthLevel
+IMAGE_WARMTH_LEVEL_PARTIAL: ImageWarmthLevel
+IMAGE_WARMTH_LEVEL_BOOTSTRAP_ONLY: ImageWarmthLevel
+IMAGE_WARMTH_LEVEL_UNKNOWN: ImageWarmthLevel
+
+class ImageWarmth(_message.Message):
+    __slots__ = ("level", "lazy", "blobs_total", "blobs_warm", "bytes_total", "bytes_warm")
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    LAZY_FIELD_NUMBER: _ClassVar[int]
+    BLOBS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BLOBS_WARM_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WARM_FIELD_NUMBER: _ClassVar[int]
+    level: ImageWarmthLevel
+    lazy: bool
+    blobs_total: int
+    blobs_warm: int
+    bytes_total: int
+    bytes_warm: int
+    def __init__(self, level: _Optional[_Union[ImageWarmthLevel, str]] = ..., lazy: _Optional[bool] = ..., blobs_total: _Optional[int] = ..., blobs_warm: _Optional[int] = ..., bytes_total: _Optional[int] = ..., bytes_warm: _Optional[int] = ...) -> None: ...
 
 class CacheItem(_message.Message):
-    __slots__ = ("id", "kind", "name", "source", "state", "pinned", "size_bytes", "sha256", "expected_sha256", "fetched_bytes", "hits", "error", "warm_seconds", "create_time", "finish_time", "last_use_time")
+    __slots__ = ("id", "kind", "name", "source", "state", "pinned", "size_bytes", "sha256", "expected_sha256", "fetched_bytes", "hits", "error", "warm_seconds", "create_time", "finish_time", "last_use_time", "image_warmth")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +81,7 @@ class CacheItem(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     FINISH_TIME_FIELD_NUMBER: _ClassVar[int]
     LAST_USE_TIME_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_WARMTH_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: CacheItemKind
     name: str
@@ -68,7 +98,8 @@ class CacheItem(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     finish_time: _timestamp_pb2.Timestamp
     last_use_time: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CacheItemKind, str]] = ..., name: _Optional[str] = ..., source: _Optional[str] = ..., state: _Optional[_Union[CacheItemState, str]] = ..., pinned: _Optional[bool] = ..., size_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., expected_sha256: _Optional[str] = ..., fetched_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., error: _Optional[str] = ..., warm_seconds: _Optional[float] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_use_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    image_warmth: ImageWarmth
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CacheItemKind, str]] = ..., name: _Optional[str] = ..., source: _Optional[str] = ..., state: _Optional[_Union[CacheItemState, str]] = ..., pinned: _Optional[bool] = ..., size_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., expected_sha256: _Optional[str] = ..., fetched_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., error: _Optional[str] = ..., warm_seconds: _Optional[float] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_use_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., image_warmth: _Optional[_Union[ImageWarmth, _Mapping]] = ...) -> None: ...
 
 class CacheUsage(_message.Message):
     __slots__ = ("used_bytes", "reserved_bytes", "pinned_bytes", "capacity_bytes", "budget_bytes", "volume_bytes")

@@ -1,0 +1,186 @@
+"""The reconcile loop's per-node back-off: a node whose change failed is held back from the next
+passes, twice as long after every failure in a row, capped; it shows on /metrics and in the log;
+success, being in sync again, or a different desired change end it.
+
+The fleet is faked at the flows the loop calls (select, preview, rollout): what is tested is the
+loop's own bookkeeping, with an injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from prometheus_client import generate_latest
+
+from agent.coordinator import reconcile
+from agent.coordinator.actions import NodePreview
+from agent.coordinator.backoff import Backoff, BackoffPolicy
+from agent.coordinator.discovery import Target
+from agent.coordinator.fleet import Fleet
+from agent.coordinator.flows import RolloutResult, Selection
+from agent.coordinator.inventory import NodeView
+from agent.coordinator.record import RolloutRecord
+from agent.coordinator.rollout import NodeState
+
+DESIRED = """\
+version: v1
+sharing:
+  - strategy: time-slicing
+    replicas: {replicas}
+"""
+
+
+def test_the_hold_doubles_with_each_failure_up_to_the_cap() -> None:
+    policy = BackoffPolicy(base_s=60.0, max_s=600.0)
+    assert [policy.delay(n, 0.0) for n in (1, 2, 3, 4, 5, 6, 1000)] == [
+        60.0,
+        120.0,
+        240.0,
+        480.0,
+        600.0,
+        600.0,
+        600.0,
+    ]
+
+
+def test_jitter_shortens_a_hold_by_up_to_its_fraction() -> None:
+    policy = BackoffPolicy(base_s=100.0, max_s=1000.0, jitter=0.2)
+    assert policy.delay(2, 0.0) == 200.0
+    assert policy.delay(2, 0.5) == pytest.approx(180.0)
+    assert policy.delay(2, 0.999) > 160.0
+
+
+def test_a_different_change_is_not_held_back_and_starts_counting_again() -> None:
+    backoff = Backoff(BackoffPolicy(base_s=10.0, max_s=100.0))
+    backoff.failed(("mig", "a"), 0.0, change="v1")
+    assert backoff.failed(("mig", "a"), 10.0, change="v1").failures == 2
+    assert backoff.waiting(("mig", "a"), 15.0, change="v1") is not None
+    assert backoff.waiting(("mig", "a"), 15.0, change="v2") is None
+    assert backoff.failed(("mig", "a"), 15.0, change="v2").failures == 1
+    assert backoff.waiting(("share", "a"), 15.0, change="v2") is None  # per kind
+
+
+class FakeFleet:
+    """The flows `Reconciler` calls, over two nodes: ``broken`` ones fail every change."""
+
+    def __init__(self, broken: set[str]) -> None:
+        self.broken = broken
+        self.in_sync: set[str] = set()
+        self.rolled: list[list[str]] = []
+        self.views = tuple(NodeView(n, f"10.0.0.{i}:9401") for i, n in enumerate(("a", "b")))
+
+    async def select(self, fleet: object, selector: object) -> Selection:
+        return Selection(self.views, {v.name: Target(v.address, v.name) for v in self.views})
+
+    async def preview(
+        self, fleet: object, targets: dict[str, Target], record: RolloutRecord
+    ) -> list[NodePreview]:
+        return [
+            NodePreview(n, "unchanged" if n in self.in_sync else "change", "") for n in record.nodes
+        ]
+
+    async def rollout(
+        self, fleet: object, selection: Selection, record: RolloutRecord, **kw: Any
+    ) -> RolloutResult:
+        self.rolled.append(sorted(record.nodes))
+        for node, entry in record.nodes.items():
+            if node in self.broken:
+                entry.state, entry.detail = NodeState.FAILED.value, "plugin did not reload"
+            else:
+                entry.state = NodeState.SUCCEEDED.value
+                self.in_sync.add(node)
+        return RolloutResult(record)
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeFleet:
+    fleet = FakeFleet(broken={"b"})
+    monkeypatch.setattr(reconcile, "select", fleet.select)
+    monkeypatch.setattr(reconcile, "preview", fleet.preview)
+    monkeypatch.setattr(reconcile, "rollout", fleet.rollout)
+    return fleet
+
+
+def _metric(reconciler: reconcile.Reconciler, name: str, kind: str = "share") -> float:
+    text = generate_latest(reconciler.registry).decode()
+    prefix = f'gpu_agent_coordinator_{name}{{kind="{kind}"}} '
+    line = next(x for x in text.splitlines() if x.startswith(prefix))
+    return float(line.removeprefix(prefix))
+
+
+def _passes(reconciler: reconcile.Reconciler, clock: Clock, times: list[float]) -> None:
+    for t in times:
+        clock.now = t
+        asyncio.run(reconciler.pass_once())
+
+
+def test_a_failing_node_is_held_back_exponentially_and_shows_on_metrics(
+    fake: FakeFleet, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(DESIRED.format(replicas=2))
+    clock = Clock(1000.0)
+    reconciler = reconcile.Reconciler(
+        cast(Fleet, object()), desired, interval_s=60.0, clock=clock, draw=lambda: 0.0
+    )
+    caplog.set_level(logging.INFO, logger="agent.coordinator.reconcile")
+
+    _passes(reconciler, clock, [clock.now])
+    assert fake.rolled == [["a", "b"]]
+    assert "share b failed 1 time(s) in a row (plugin did not reload); next retry in 60 s" in (
+        caplog.text
+    )
+    assert _metric(reconciler, "backoff_nodes") == 1
+    assert _metric(reconciler, "backoff_next_retry_seconds") == 60.0
+    assert _metric(reconciler, "backoff_nodes", kind="mig") == 0
+
+    # Held back until 1060, then failed again: held 120 s, then 240 s.
+    _passes(reconciler, clock, [1030.0, 1060.0, 1120.0, 1179.0, 1180.0, 1300.0])
+    assert fake.rolled == [["a", "b"], ["b"], ["b"]]
+    assert "holding back 1 node(s) after failures: b (2 failure(s) in a row, retry in 1 s)" in (
+        caplog.text
+    )
+    assert _metric(reconciler, "backoff_next_retry_seconds") == 120.0  # 1420 - 1300
+    held = reconciler.backoff.held()[("share", "b")]
+    assert (held.failures, held.retry_at) == (3, 1420.0)
+    # Held nodes still count as drift: the fleet is not at the desired state.
+    assert reconciler.stats.drift["share"] == 1
+    assert reconciler.stats.changes[("share", "failed")] == 3
+
+    # A fixed desired file is a different change: tried at once, counted afresh.
+    desired.write_text(DESIRED.format(replicas=4))
+    fake.in_sync.clear()
+    _passes(reconciler, clock, [1310.0])
+    assert fake.rolled[-1] == ["a", "b"]
+    assert reconciler.backoff.held()[("share", "b")].failures == 1
+
+    # The node is repaired: its next retry succeeds and the hold is gone.
+    fake.broken.clear()
+    _passes(reconciler, clock, [1340.0, 1370.0])
+    assert fake.rolled[-1] == ["b"]
+    assert reconciler.backoff.held() == {}
+    assert _metric(reconciler, "backoff_nodes") == 0
+    assert _metric(reconciler, "backoff_next_retry_seconds") == 0
+
+
+def test_holds_end_for_nodes_gone_or_no_longer_asked_for(fake: FakeFleet, tmp_path: Path) -> None:
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(DESIRED.format(replicas=2))
+    clock = Clock(0.0)
+    reconciler = reconcile.Reconciler(cast(Fleet, object()), desired, interval_s=60.0, clock=clock)
+    _passes(reconciler, clock, [clock.now])
+    assert ("share", "b") in reconciler.backoff.held()
+    desired.write_text("version: v1\n")  # sharing no longer managed
+    _passes(reconciler, clock, [10.0])
+    assert reconciler.backoff.held() == {}

@@ -1,0 +1,83 @@
+"""`fleet apply share --dry-run`: each node's sharing now and what the change would make of it,
+for a spec and for a whole config file (-f) alike, as the agent's SetSharing would decide."""
+
+from __future__ import annotations
+
+from agent._proto.gpuagent.v1 import sharing_pb2
+from agent.coordinator.actions import sharing_preview
+from agent.sharing.request import requested_config
+from agent.sharing.schema import PluginConfig, parse, render
+from tests.unit.coordinator.fleets import gpu
+
+TS2 = """\
+version: v1
+flags: {migStrategy: none, failOnInitError: true}
+sharing:
+  timeSlicing:
+    resources: [{name: nvidia.com/gpu, replicas: 2}]
+"""
+
+
+def _file(text: str) -> sharing_pb2.SetSharingRequest:
+    return sharing_pb2.SetSharingRequest(config_yaml=text)
+
+
+def _on_node(text: str) -> PluginConfig:
+    """The config as the agent reports it (GetSharing renders the file it parsed)."""
+    return parse(render(parse(text)))
+
+
+LAYOUTS = [gpu("a", 0, mig=(False, False)), gpu("a", 1, mig=(False, False))]
+
+
+def test_a_whole_file_shows_the_current_and_the_planned_sharing() -> None:
+    wanted = requested_config(_file(TS2.replace("replicas: 2", "replicas: 4")))
+    p = sharing_preview("a", wanted, _on_node(TS2), LAYOUTS)
+    assert (p.would, p.current, p.planned) == (
+        "change",
+        "time-slicing nvidia.com/gpu x2 (migStrategy none)",
+        "time-slicing nvidia.com/gpu x4 (migStrategy none)",
+    )
+    assert p.detail == (
+        "now: time-slicing nvidia.com/gpu x2 (migStrategy none); "
+        "planned: time-slicing nvidia.com/gpu x4 (migStrategy none) "
+        "(changes sharing.timeSlicing.resources)"
+    )
+
+
+def test_the_same_file_again_is_unchanged() -> None:
+    p = sharing_preview("a", requested_config(_file(TS2)), _on_node(TS2), LAYOUTS)
+    assert (p.would, p.detail) == (
+        "unchanged",
+        "now: time-slicing nvidia.com/gpu x2 (migStrategy none)",
+    )
+
+
+def test_a_file_without_flags_keeps_the_nodes_flags_as_the_agent_does() -> None:
+    """SetSharing lays the request over the node's file: flags it leaves out stay."""
+    bare = "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 2}]\n"
+    p = sharing_preview("a", requested_config(_file(bare)), _on_node(TS2), LAYOUTS)
+    assert p.would == "unchanged"
+
+
+def test_a_node_without_a_config_file_and_a_spec() -> None:
+    spec = sharing_pb2.SetSharingRequest(
+        spec=sharing_pb2.SharingSpec(
+            strategy=sharing_pb2.SHARING_STRATEGY_MPS,
+            resources=[sharing_pb2.SharedResource(name="nvidia.com/gpu", replicas=3)],
+        )
+    )
+    p = sharing_preview("a", requested_config(spec), None, LAYOUTS)
+    assert (p.would, p.current, p.planned) == (
+        "change",
+        "none (no config file)",
+        "mps nvidia.com/gpu x3",
+    )
+    assert "changes sharing" in p.detail
+
+
+def test_a_config_the_agent_would_refuse_is_shown_refused() -> None:
+    wanted = requested_config(_file(TS2.replace("replicas: 2", "replicas: 1")))
+    p = sharing_preview("a", wanted, _on_node(TS2), LAYOUTS)
+    assert p.would == "refused"
+    assert "sharing.timeSlicing.resources[0].replicas" in p.detail
