@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import multiprocessing
 import os
 import random
@@ -46,6 +47,7 @@ from agent._proto.gpuagent.v1 import (  # noqa: E402
 from agent.api.auth import Policy  # noqa: E402
 from agent.api.convert import gpu_pb  # noqa: E402
 from agent.api.interceptor import ApiInterceptor  # noqa: E402
+from agent.coordinator import status_http  # noqa: E402
 from agent.coordinator.catalog import preset_layouts  # noqa: E402
 from agent.coordinator.client import ClientTls  # noqa: E402
 from agent.coordinator.demand import Demand, DemandEntry  # noqa: E402
@@ -53,6 +55,7 @@ from agent.coordinator.discovery import StaticDiscovery  # noqa: E402
 from agent.coordinator.fleet import Fleet  # noqa: E402
 from agent.coordinator.flows import layouts_of, rollout, select  # noqa: E402
 from agent.coordinator.planner import NodeLayouts, plan_fleet  # noqa: E402
+from agent.coordinator.query import STATUS_PATH  # noqa: E402
 from agent.coordinator.record import RolloutRecord  # noqa: E402
 from agent.coordinator.rollout import parse_max_unavailable  # noqa: E402
 from agent.coordinator.selector import Selector  # noqa: E402
@@ -66,6 +69,7 @@ from agent.gpu.types import (  # noqa: E402
     Placement,
     Process,
 )
+from agent.http import HttpServer  # noqa: E402
 from agent.mig.plan import Desired, plan_gpu  # noqa: E402
 from tests.unit.api.support import COORDINATOR, Pki  # noqa: E402
 
@@ -280,6 +284,7 @@ async def measure(args: argparse.Namespace, addresses: list[str], pki: Pki) -> d
         views = await fleet.views(targets)  # the sweep plan and rollouts make
         out["sweep_inventory"] = (time.perf_counter() - started, time.process_time() - cpu)
         out["gpus"] = sum(len(v.layouts) for v in views)
+        out["via_coordinator"] = await status_via_coordinator(fleet, len(addresses))
 
         nodes = layouts_of(views)
         demand = shifted_demand(views)
@@ -317,6 +322,29 @@ async def measure(args: argparse.Namespace, addresses: list[str], pki: Pki) -> d
     finally:
         await fleet.close()
     return out
+
+
+async def status_via_coordinator(fleet: Fleet, agents: int) -> float:
+    """`gpu-agent fleet status --coordinator URL -o json` as a user runs it (a new process),
+    answered by this process's open channels as `coordinator serve` would: median of 3."""
+    http = HttpServer({STATUS_PATH: status_http.StatusEndpoint(fleet)})
+    port = await http.start("127.0.0.1", 0)
+    times = []
+    try:
+        for _ in range(3):
+            started = time.perf_counter()
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", "from agent.cli.main import main; main()",
+                "fleet", "status", "--coordinator", f"http://127.0.0.1:{port}", "-o", "json",
+                stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            stdout, _ = await proc.communicate()
+            times.append(time.perf_counter() - started)
+            assert proc.returncode == 0, "fleet status --coordinator failed"
+            assert json.loads(stdout)["totals"]["reachable"] == agents
+    finally:
+        await http.stop()
+    return sorted(times)[1]
 
 
 def run(args: argparse.Namespace) -> tuple[dict[str, object], int]:
@@ -360,6 +388,9 @@ def table(args: argparse.Namespace, r: dict[str, object], most: int) -> str:
          "<= 2 s"),
         ("Inventory sweep alone (GetNode per agent; what plan and rollouts read)",
          _sweep(r["sweep_inventory"]), ""),
+        ("`gpu-agent fleet status --coordinator URL -o json` (a new CLI process; the sweep on "
+         "the coordinator's open channels; median of 3)", f"{r['via_coordinator']:.2f} s",
+         "<= 2 s"),
         ("Plan a demand shift on the partitioned fleet",
          f"{r['plan_shift']:.2f} s ({r['plan_shift_detail']})", "<= 5 s"),
         (f"Plan: partition every idle GPU of {args.agents:,} DGX H100 nodes into 7 x 1g",

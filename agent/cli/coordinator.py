@@ -212,7 +212,7 @@ def coordinator() -> None:
     "--listen",
     default="0.0.0.0:9400",
     show_default=True,
-    help="HOST:PORT for /metrics and /healthz.",
+    help="HOST:PORT for /metrics, /healthz and /fleet/status.",
 )
 @click.option(
     "--retry-backoff",
@@ -255,6 +255,9 @@ def serve(
 ) -> None:
     """Reconcile the fleet to --desired every --interval seconds, serving /metrics and /healthz.
 
+    It also answers GET /fleet/status (what `fleet status -o json` prints) over its open
+    channels: `gpu-agent fleet status --coordinator http://HOST:PORT`.
+
     Each pass: find the agents, compare each node with the desired MIG layout, sharing and
     warm items, and roll the differences out with the desired max-unavailable and
     max-failures. A node whose change failed is held back from the next passes, twice as long
@@ -266,7 +269,9 @@ def serve(
     Example:
       gpu-agent coordinator serve --kubernetes --desired /etc/gpu-agent/desired/desired.yaml
     """
+    from agent.coordinator import status_http
     from agent.coordinator.backoff import BackoffPolicy
+    from agent.coordinator.query import STATUS_PATH
     from agent.coordinator.reconcile import Reconciler
     from agent.errors import AgentError
     from agent.http import HttpServer
@@ -290,10 +295,17 @@ def serve(
             if once:
                 await reconciler.pass_once()
                 return 0 if reconciler.stats.passes["error"] == 0 else 1
-            http = HttpServer({"/metrics": reconciler.metrics, "/healthz": reconciler.healthz})
+            http = HttpServer(
+                {
+                    "/metrics": reconciler.metrics,
+                    "/healthz": reconciler.healthz,
+                    STATUS_PATH: status_http.StatusEndpoint(fleet),
+                }
+            )
             bound = await http.start(host.strip("[]") or "0.0.0.0", int(port))
             logging.getLogger(__name__).info(
-                "coordinator serving /metrics and /healthz on %s:%d; desired state %s",
+                "coordinator serving /metrics, /healthz and %s on %s:%d; desired state %s",
+                STATUS_PATH,
                 host,
                 bound,
                 desired_path,

@@ -6,6 +6,7 @@ their gRPC API (mTLS), found by a static list, a DNS name or the Kubernetes API.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -47,22 +48,7 @@ def fleet() -> None:
 # -- status ----------------------------------------------------------------------------------
 
 
-def _parse_duration(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    raw = text.strip()
-    try:
-        if raw and raw[-1] in units:
-            return float(raw[:-1]) * units[raw[-1]]
-        return float(raw)
-    except ValueError:
-        raise InvalidSpec(
-            f"{text!r} is not a duration",
-            [FieldViolation("idle-after", "seconds, or a number with s, m, h or d: 30m")],
-        ) from None
-
-
-def _status_table(data: dict[str, Any]) -> str:
-    status = data["status"]
+def _status_table(doc: dict[str, Any]) -> str:
     nodes = format_table(
         [
             "NODE",
@@ -77,26 +63,30 @@ def _status_table(data: dict[str, Any]) -> str:
         ],
         [
             [
-                n.name,
-                n.health if not n.detail else f"{n.health}: {n.detail}",
-                len(n.gpus),
-                n.models,
-                " ".join(g.slices for g in n.gpus) or "-",
-                _counts(n.idle),
-                n.sharing,
-                n.warm,
-                n.idle_gpus,
+                n["name"],
+                n["health"] if not n["detail"] else f"{n['health']}: {n['detail']}",
+                len(n["gpus"]),
+                n["models"],
+                " ".join(g["slices"] for g in n["gpus"]) or "-",
+                _counts(n["idle"]),
+                n["sharing"],
+                n["warm"],
+                n["idle_gpus"],
             ]
-            for n in status.nodes
+            for n in doc["nodes"]
         ],
     )
     profiles = format_table(
         ["PROFILE", "DEVICES", "IN USE", "IDLE", "CREATABLE"],
-        [[p.profile, p.devices, p.in_use, p.idle, p.creatable] for p in status.profiles],
+        [
+            [p["profile"], p["devices"], p["in_use"], p["idle"], p["creatable"]]
+            for p in doc["profiles"]
+        ],
     )
+    totals = doc["totals"]
     summary = (
-        f"{len(status.nodes)} node(s), {status.reachable} answering; {status.gpus} GPU(s), "
-        f"{status.idle_gpus} idle for {data['idle_after']} or more. "
+        f"{totals['nodes']} node(s), {totals['reachable']} answering; {totals['gpus']} GPU(s), "
+        f"{totals['idle_gpus']} idle for {doc['idle_after']} or more. "
         "MIG SLICES: one character per memory slice: the instance's size in compute slices, "
         "* in use, . free; - whole GPU (MIG off)."
     )
@@ -109,6 +99,31 @@ def _counts(counts: dict[str, int]) -> str:
     return counts_text(counts)
 
 
+def _status_from_coordinator(url: str, selector: str | None, idle_after: str) -> dict[str, Any]:
+    """GET /fleet/status from a running `coordinator serve` (its channels are already open)."""
+    import urllib.error
+    import urllib.request
+
+    from agent.coordinator.query import StatusQuery
+
+    address = url.rstrip("/") + StatusQuery(selector or "", idle_after).path()
+    try:
+        with urllib.request.urlopen(address, timeout=120) as response:
+            doc: dict[str, Any] = json.load(response)
+            return doc
+    except urllib.error.HTTPError as exc:
+        try:
+            body = json.loads(exc.read())
+        except ValueError:
+            body = {}
+        if exc.code == 400:
+            raise InvalidSpec(body.get("error", "bad request")) from None
+        raise AgentError(f"coordinator at {url} answered {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise AgentError(f"cannot reach the coordinator at {url}: {reason}") from None
+
+
 @fleet.command("status")
 @fleet_options
 @click.option("--selector", "-l", default=None, help="Only nodes matching key=value[,key!=value].")
@@ -118,40 +133,53 @@ def _counts(counts: dict[str, int]) -> str:
     show_default=True,
     help="A GPU idle at least this long counts as idle (s, m, h, d).",
 )
+@click.option(
+    "--coordinator",
+    "coordinator_url",
+    default=None,
+    envvar="GPU_AGENT_COORDINATOR",
+    help="Ask a running `coordinator serve` (http://HOST:PORT) instead of dialling every agent: "
+    "it keeps its connections open, so a large fleet answers in about half the time. The "
+    "connection options are then not used.",
+)
 @output_option
-def status(selector: str | None, idle_after: str, output: str, **kwargs: Any) -> None:
+def status(
+    selector: str | None,
+    idle_after: str,
+    coordinator_url: str | None,
+    output: str,
+    **kwargs: Any,
+) -> None:
     """One table of the fleet's nodes, and totals per MIG profile.
 
     Per node: GPUs and models, the MIG layout as a slice map, idle MIG devices, sharing, warm
     cache items, health, and GPUs idle longer than --idle-after.
 
     \b
-    Example:
+    Examples:
       gpu-agent fleet status --agents n1:9401,n2:9401 --tls-dir ./tls -o json
+      gpu-agent fleet status --coordinator http://gpu-agent-coordinator.gpu-agent:9400
     """
-    from agent.coordinator.flows import select
-    from agent.coordinator.selector import parse_selector
-    from agent.coordinator.status import fleet_status
+    from agent.coordinator.query import parse_duration
 
     options = options_from(kwargs)
-    chosen = parse_selector(selector)
-    seconds = _parse_duration(idle_after)
-    selection = run_with_fleet(options, lambda f: select(f, chosen, idle_after_s=seconds))
-    result = fleet_status(selection.views)
-    data = {
-        "status": result,
-        "idle_after": idle_after,
-        "totals": {
-            "nodes": len(result.nodes),
-            "reachable": result.reachable,
-            "gpus": result.gpus,
-            "idle_gpus": result.idle_gpus,
-        },
-    }
-    if output == "table":
-        click.echo(_status_table(data))
+    seconds = parse_duration(idle_after)
+    if coordinator_url:  # the coordinator checks the selector: nothing heavy loads here
+        doc = _status_from_coordinator(coordinator_url, selector, idle_after)
     else:
-        emit({"nodes": result.nodes, "profiles": result.profiles, "totals": data["totals"]}, output)
+        from agent.coordinator.flows import select
+        from agent.coordinator.selector import parse_selector
+        from agent.coordinator.status import fleet_status, status_document
+
+        chosen = parse_selector(selector)
+        selection = run_with_fleet(options, lambda f: select(f, chosen, idle_after_s=seconds))
+        doc = status_document(fleet_status(selection.views), idle_after)
+    if output == "table":
+        click.echo(_status_table(doc))
+    elif output == "json":  # already JSON data: skip emit's record walk (0.27 s at 1,000 nodes)
+        click.echo(json.dumps({k: doc[k] for k in ("nodes", "profiles", "totals")}, indent=2))
+    else:
+        emit({k: doc[k] for k in ("nodes", "profiles", "totals")}, output)
 
 
 # -- plan and replay ---------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -12,9 +14,37 @@ from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup, report
 from agent.errors import AgentError
 
+# Each command's module and attribute, imported only when that command runs (or help lists it):
+# importing every command module up front cost 0.73 s of each 0.85 s CLI start.
+_COMMANDS = {
+    "serve": ("agent.cli.serve", "serve"),
+    "status": ("agent.cli.status", "status"),
+    "sim": ("agent.cli.sim", "sim"),
+    "share": ("agent.cli.share", "share"),
+    "prewarm": ("agent.cli.prewarm", "prewarm"),
+    "cache": ("agent.cli.prewarm", "cache"),
+    "metrics": ("agent.cli.metrics", "metrics"),
+    "mig": ("agent.cli.mig", "mig"),
+    "fleet": ("agent.cli.fleet", "fleet"),
+    "coordinator": ("agent.cli.coordinator", "coordinator"),
+}
+
+
+class _LazyGroup(AgentGroup):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = _COMMANDS.get(cmd_name)
+        if where is None:
+            return None
+        command: Any = getattr(importlib.import_module(where[0]), where[1])
+        assert isinstance(command, click.Command)
+        return command
+
 
 @click.group(
-    cls=AgentGroup,
+    cls=_LazyGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 @click.version_option(__version__, prog_name="gpu-agent")
@@ -53,25 +83,6 @@ def cli(
     obj = CliContext(config_file, {"simulate": simulate, "state_dir": state_dir})
     ctx.obj = obj
     ctx.call_on_close(obj.close)
-
-
-def _register() -> None:
-    # Imported here so each command module stays independent of the others.
-    from agent.cli import coordinator, fleet, metrics, mig, prewarm, serve, share, sim, status
-
-    cli.add_command(serve.serve)
-    cli.add_command(status.status)
-    cli.add_command(sim.sim)
-    cli.add_command(share.share)
-    cli.add_command(prewarm.prewarm)
-    cli.add_command(prewarm.cache)
-    cli.add_command(metrics.metrics)
-    cli.add_command(mig.mig)
-    cli.add_command(fleet.fleet)
-    cli.add_command(coordinator.coordinator)
-
-
-_register()
 
 
 def main(argv: list[str] | None = None) -> None:

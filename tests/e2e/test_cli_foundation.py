@@ -12,10 +12,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+import click
 import pytest
 import yaml
 
 from agent.cli.main import cli
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run(
@@ -41,12 +44,37 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _commands(group: object, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+def _commands(group: click.Command, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command path, through click's own lookup (the root group loads lazily)."""
+    if not isinstance(group, click.Group):
+        return []
+    ctx = click.Context(group)
     out = []
-    for name, cmd in getattr(group, "commands", {}).items():
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        assert cmd is not None, f"{' '.join((*prefix, name))} is listed but cannot be loaded"
         out.append((*prefix, name))
         out.extend(_commands(cmd, (*prefix, name)))
     return out
+
+
+def test_the_command_tree_is_whole() -> None:
+    paths = {" ".join(p) for p in _commands(cli)}
+    assert {"serve", "status", "fleet status", "prewarm file", "cache list", "mig apply"} <= paths
+    assert len(paths) > 40
+
+
+def test_starting_the_cli_loads_no_command_module() -> None:
+    """`gpu-agent` imports a command's module only when it runs: the start stays fast."""
+    code = (
+        "import sys; from agent.cli.main import cli; "
+        "print(sorted(m for m in sys.modules if m.startswith('agent.') and "
+        "m.split('.')[1] in ('prewarm', 'mig', 'coordinator', 'telemetry', 'gpu', 'api')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert out.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("path", _commands(cli), ids=" ".join)
@@ -55,14 +83,17 @@ def test_every_command_has_help_with_an_example(path: tuple[str, ...]) -> None:
 
     result = CliRunner().invoke(cli, [*path, "--help"])
     assert result.exit_code == 0, result.output
-    if not hasattr(_lookup(path), "commands"):  # leaf commands carry a runnable example
+    if not isinstance(_lookup(path), click.Group):  # leaf commands carry a runnable example
         assert "Example" in result.output, f"`gpu-agent {' '.join(path)} --help` shows no example"
 
 
-def _lookup(path: tuple[str, ...]) -> object:
-    cmd: object = cli
+def _lookup(path: tuple[str, ...]) -> click.Command:
+    cmd: click.Command = cli
     for name in path:
-        cmd = cmd.commands[name]  # type: ignore[attr-defined]
+        assert isinstance(cmd, click.Group)
+        found = cmd.get_command(click.Context(cmd), name)
+        assert found is not None
+        cmd = found
     return cmd
 
 

@@ -1,6 +1,7 @@
 """`gpu-agent coordinator serve` against two agents on simulated nodes, over mTLS: one pass
 brings the fleet to the desired state; the serving loop then finds no drift and says so on
-/metrics; /healthz answers; SIGTERM stops it."""
+/metrics; /healthz answers; `fleet status --coordinator` gets the sweep from it; SIGTERM stops
+it."""
 
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def test_serving_reports_no_drift_on_metrics_and_stops_on_sigterm(agents: AgentF
         )  # fmt: skip
     try:
         match = wait_for(
-            lambda: re.search(r"/healthz on 127\.0\.0\.1:(\d+)", log.read_text()),
+            lambda: re.search(r"/fleet/status on 127\.0\.0\.1:(\d+)", log.read_text()),
             "the coordinator to serve",
         )
         base = f"http://127.0.0.1:{match.group(1)}"
@@ -104,9 +105,34 @@ def test_serving_reports_no_drift_on_metrics_and_stops_on_sigterm(agents: AgentF
         assert 'gpu_agent_coordinator_drift_nodes{kind="mig"} 0.0' in metrics
         assert 'gpu_agent_coordinator_nodes{state="answering"} 2.0' in metrics
         assert "gpu_agent_coordinator_desired_state_valid 1.0" in metrics
+        _status_through_the_coordinator_is_the_direct_sweep(agents, base)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def _status_through_the_coordinator_is_the_direct_sweep(agents: AgentFleet, base: str) -> None:
+    def rows(out: str) -> dict[str, tuple[object, ...]]:
+        return {
+            n["name"]: (n["health"], n["models"], [g["slices"] for g in n["gpus"]], n["sharing"])
+            for n in json.loads(out)["nodes"]
+        }
+
+    direct = agents.fleet("status", "-o", "json")
+    served = agents.fleet("status", "--coordinator", base, "-o", "json")
+    assert served.exit_code == 0, served.output
+    assert rows(served.output) == rows(direct.output)
+    assert set(rows(served.output)) == {"h100", "a30"}
+    only = agents.fleet("status", "--coordinator", base, "-l", "name=a30", "-o", "json")
+    assert set(rows(only.output)) == {"a30"}
+    table = agents.fleet("status", "--coordinator", base)
+    assert "MIG SLICES" in table.output and "2 node(s), 2 answering" in table.output
+    status, body = _get(base + "/fleet/status?selector=nonsense")
+    assert status == 400 and "key=value" in json.loads(body)["error"]
+    bad = agents.fleet("status", "--coordinator", base, "--idle-after", "soon")
+    assert bad.exit_code == 2 and "'soon' is not a duration" in bad.output
+    gone = agents.fleet("status", "--coordinator", "http://127.0.0.1:9")
+    assert gone.exit_code != 0 and "cannot reach the coordinator" in gone.output
