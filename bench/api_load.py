@@ -129,8 +129,8 @@ def _worker(
     start_at: float,
     duration: float,
     rate: float,
-    queue: multiprocessing.Queue,
-) -> None:  # type: ignore[type-arg]
+    queue: multiprocessing.Queue[object],
+) -> None:
     async def main() -> tuple[list[float], list[str]]:
         latencies: list[float] = []
         errors: list[str] = []

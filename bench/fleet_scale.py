@@ -412,7 +412,8 @@ def table(args: argparse.Namespace, r: dict[str, object], most: int) -> str:
 
 
 def _sweep(times: object) -> str:
-    wall, cpu = times  # type: ignore[misc]
+    assert isinstance(times, tuple)
+    wall, cpu = times
     return f"{wall:.2f} s ({cpu:.2f} s of coordinator CPU)"
 
 

@@ -73,7 +73,7 @@ def build_node(state_dir: Path, log_dir: Path) -> list[Device]:
 
     driver = open_driver(PRESET, state_dir)
     control = SimControl(state_dir)
-    devices = []
+    devices: list[Device] = []
     try:
         for gpu in driver.gpus():
             driver.set_mig_mode(gpu.uuid, True)
