@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -245,6 +247,53 @@ def test_every_rpc_over_mtls_and_over_the_unix_socket(
 
 def test_the_socket_is_root_only(agent: AgentProcess) -> None:
     assert (agent.socket.stat().st_mode & 0o777) == 0o600
+
+
+# The probe runs as nobody, who may not read the test venv's interpreter (under /root): the
+# system Python runs it, with nothing but the standard library.
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user")
+@pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason="needs the system python3")
+def test_a_non_root_user_cannot_connect_to_the_socket(agent: AgentProcess) -> None:
+    """Only the socket's own mode stops them: its directories are opened for the attempt."""
+    opened = []
+    for directory in agent.socket.parents:
+        mode = directory.stat().st_mode
+        if not mode & 0o001:
+            opened.append((directory, mode))
+            directory.chmod((mode & 0o7777) | 0o001)
+    probe = (
+        "import errno, socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "try:\n"
+        "    s.connect(sys.argv[1])\n"
+        "except OSError as exc:\n"
+        "    print(errno.errorcode[exc.errno])\n"
+        "else:\n"
+        "    print('connected')\n"
+    )
+    try:
+        as_nobody = subprocess.run(
+            [SYSTEM_PYTHON, "-c", probe, str(agent.socket)],
+            user=65534,
+            group=65534,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        as_root = subprocess.run(
+            [sys.executable, "-c", probe, str(agent.socket)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        for directory, mode in reversed(opened):
+            directory.chmod(mode & 0o7777)
+    assert as_root.stdout.strip() == "connected", as_root.stderr
+    assert as_nobody.stdout.strip() == "EACCES", as_nobody.stderr
 
 
 def test_health_and_reflection_answer_any_verified_client(agent: AgentProcess, pki: Pki) -> None:
