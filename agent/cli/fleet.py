@@ -99,31 +99,6 @@ def _counts(counts: dict[str, int]) -> str:
     return counts_text(counts)
 
 
-def _status_from_coordinator(url: str, selector: str | None, idle_after: str) -> dict[str, Any]:
-    """GET /fleet/status from a running `coordinator serve` (its channels are already open)."""
-    import urllib.error
-    import urllib.request
-
-    from agent.coordinator.query import StatusQuery
-
-    address = url.rstrip("/") + StatusQuery(selector or "", idle_after).path()
-    try:
-        with urllib.request.urlopen(address, timeout=120) as response:
-            doc: dict[str, Any] = json.load(response)
-            return doc
-    except urllib.error.HTTPError as exc:
-        try:
-            body = json.loads(exc.read())
-        except ValueError:
-            body = {}
-        if exc.code == 400:
-            raise InvalidSpec(body.get("error", "bad request")) from None
-        raise AgentError(f"coordinator at {url} answered {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise AgentError(f"cannot reach the coordinator at {url}: {reason}") from None
-
-
 @fleet.command("status")
 @fleet_options
 @click.option("--selector", "-l", default=None, help="Only nodes matching key=value[,key!=value].")
@@ -165,7 +140,9 @@ def status(
     options = options_from(kwargs)
     seconds = parse_duration(idle_after)
     if coordinator_url:  # the coordinator checks the selector: nothing heavy loads here
-        doc = _status_from_coordinator(coordinator_url, selector, idle_after)
+        from agent.coordinator.query import StatusQuery, fetch_status
+
+        doc = fetch_status(coordinator_url, StatusQuery(selector or "", idle_after))
     else:
         from agent.coordinator.flows import select
         from agent.coordinator.selector import parse_selector

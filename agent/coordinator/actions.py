@@ -147,17 +147,21 @@ class PrewarmApply(_Base):
         final = await _follow(client, op, notes)
         if final.state != operations_pb2.OPERATION_STATE_SUCCEEDED:
             return NodeResult(NodeState.FAILED, _failure(final))
-        items = final.response.prewarm.items
-        bad = [f"{i.name}: {i.error}" for i in items if i.state != cache_pb2.CACHE_ITEM_STATE_READY]
-        if bad:
-            return NodeResult(NodeState.FAILED, "; ".join(bad))
-        cold = [
-            f"{i.name} {_warmth_word(i)}" for i in items if not is_warm(i)
-        ]  # pulled, but a lazy image's data is not on the node: the pod would still fetch it
-        detail = f"{len(items)} item(s) ready"
-        return NodeResult(
-            NodeState.SUCCEEDED, f"{detail}; not fully warm: {', '.join(cold)}" if cold else detail
-        )
+        return prewarm_result(final.response.prewarm.items)
+
+
+def prewarm_result(items: Sequence[cache_pb2.CacheItem]) -> NodeResult:
+    """A node's prewarm outcome from its items: failed if any is not ready; ready images whose
+    data is not all on the node (a Nydus image pulled without Dragonfly) are named, since the
+    pod would still fetch that data."""
+    bad = [f"{i.name}: {i.error}" for i in items if i.state != cache_pb2.CACHE_ITEM_STATE_READY]
+    if bad:
+        return NodeResult(NodeState.FAILED, "; ".join(bad))
+    detail = f"{len(items)} item(s) ready"
+    cold = [f"{i.name} {_warmth_word(i)}" for i in items if not is_warm(i)]
+    return NodeResult(
+        NodeState.SUCCEEDED, f"{detail}; not fully warm: {', '.join(cold)}" if cold else detail
+    )
 
 
 _ACTIONS: Mapping[str, Callable[[Fleet, Mapping[str, Target], RolloutRecord], NodeAction]] = {

@@ -4,12 +4,16 @@ the planner or gRPC."""
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from agent.errors import FieldViolation, InvalidSpec
+from agent.errors import AgentError, FieldViolation, InvalidSpec
 
-__all__ = ["STATUS_PATH", "StatusQuery", "parse_duration"]
+__all__ = ["STATUS_PATH", "StatusQuery", "fetch_status", "parse_duration"]
 
 STATUS_PATH = "/fleet/status"
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -42,3 +46,25 @@ class StatusQuery:
     def from_path(cls, path: str) -> StatusQuery:
         query = parse_qs(urlsplit(path).query)
         return cls(query.get("selector", [""])[-1], query.get("idle_after", ["1h"])[-1])
+
+
+def fetch_status(url: str, query: StatusQuery, timeout_s: float = 120.0) -> dict[str, Any]:
+    """GET /fleet/status from a running `coordinator serve` at ``url`` (http://HOST:PORT).
+
+    A 400 (bad selector or duration) is InvalidSpec with the coordinator's reason."""
+    address = url.rstrip("/") + query.path()
+    try:
+        with urllib.request.urlopen(address, timeout=timeout_s) as response:
+            doc: dict[str, Any] = json.load(response)
+            return doc
+    except urllib.error.HTTPError as exc:
+        try:
+            body = json.loads(exc.read())
+        except ValueError:
+            body = {}
+        if exc.code == 400:
+            raise InvalidSpec(body.get("error", "bad request")) from None
+        raise AgentError(f"coordinator at {url} answered {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise AgentError(f"cannot reach the coordinator at {url}: {reason}") from None
