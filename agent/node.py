@@ -20,6 +20,9 @@ import contextlib
 import logging
 import os
 import signal
+import sys
+import threading
+import traceback
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -233,9 +236,14 @@ class Node:
         for op in failed:
             log.warning("operation %s (%s) was interrupted by the last stop", op.id, op.kind)
 
-    async def run(self, *, handle_signals: bool = True) -> None:
+    async def run(self, *, handle_signals: bool = True, exit_if_stuck: bool = False) -> None:
         """Serve until SIGTERM/SIGINT or `request_stop`; ``handle_signals`` False lets tests run
-        the agent on a thread (signal handlers need the main thread)."""
+        the agent on a thread (signal handlers need the main thread).
+
+        A shutdown that overruns SHUTDOWN_GRACE_S logs what still runs. Only the process that
+        is nothing but the agent (``serve``, ``exit_if_stuck``) then ends itself; an agent
+        embedded in another program (the CLI, tests) raises instead and never ends its host.
+        """
         loop = asyncio.get_running_loop()
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -248,11 +256,15 @@ class Node:
         finally:
             self._ready = False
             try:
-                # Unwinds in reverse start order; a part that failed to start has nothing to stop.
-                await asyncio.wait_for(stack.aclose(), SHUTDOWN_GRACE_S)
+                await asyncio.wait_for(_close(stack), SHUTDOWN_GRACE_S)
             except TimeoutError:
-                log.error("shutdown took over %.0fs; exiting now", SHUTDOWN_GRACE_S)
-                os._exit(1)  # last resort: worker threads must not keep the process alive
+                _log_stuck(asyncio.current_task())
+                if exit_if_stuck:
+                    log.error("shutdown took over %.0fs; exiting now", SHUTDOWN_GRACE_S)
+                    os._exit(1)  # last resort: worker threads must not keep the process alive
+                raise AgentError(
+                    f"the agent's shutdown took over {SHUTDOWN_GRACE_S:.0f}s"
+                ) from None
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> None:
         s = self.services
@@ -285,6 +297,7 @@ class Node:
         # land in the shared database; pick them up without waiting for a restart.
         self._guard("prewarm-queue", _every(PREWARM_QUEUE_S, s.prewarm.schedule_pending))
         stack.push_async_callback(self._cancel_tasks)
+        self._ready = True  # before the line that says so: a reader of the log may probe /readyz
         log.info(
             "agent serving: metrics %s:%d, gRPC %s, socket %s (%s, %d GPUs)",
             host,
@@ -294,7 +307,6 @@ class Node:
             f"simulated node {cfg.simulate}" if cfg.simulate else "NVML",
             len(s.inventory.layouts()),
         )
-        self._ready = True
 
     async def _stop_serving(self, server: grpc.aio.Server, health: HealthServicer) -> None:
         s = self.services
@@ -318,6 +330,29 @@ class Node:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def _close(stack: contextlib.AsyncExitStack) -> None:
+    # Unwinds in reverse start order; a part that failed to start has nothing to stop. Then
+    # the threads that blocking calls ran on: inside the deadline, so one stuck call is seen
+    # and named here rather than holding up the exit with no word.
+    await stack.aclose()
+    await asyncio.get_running_loop().shutdown_default_executor()
+
+
+def _log_stuck(current: asyncio.Task[Any] | None) -> None:
+    """Name what kept the shutdown from ending: asyncio tasks, then threads with their frame."""
+    tasks = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+    for task in tasks:
+        log.error("still running at shutdown: task %s (%s)", task.get_name(), task.get_coro())
+    frames = sys._current_frames()
+    for thread in threading.enumerate():
+        if thread is threading.main_thread() or thread is threading.current_thread():
+            continue
+        frame = frames.get(thread.ident or -1)
+        stack = traceback.extract_stack(frame, limit=3) if frame else []
+        where = " < ".join(f"{f.name} ({f.filename}:{f.lineno})" for f in reversed(stack))
+        log.error("still running at shutdown: thread %s in %s", thread.name, where or "?")
 
 
 async def _every(period_s: float, work: Callable[[], object]) -> None:

@@ -55,4 +55,4 @@ def serve(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     node = Node(build_services(config))
-    asyncio.run(node.run())
+    asyncio.run(node.run(exit_if_stuck=True))

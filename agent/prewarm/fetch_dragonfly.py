@@ -10,6 +10,7 @@ from its local store (prewarm.md §1.7).
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import grpc
@@ -30,6 +31,8 @@ class DragonflyFetcher:
         self._policy = policy
         self._target = f"unix://{socket}"
         self._timeout = timeout_s
+        self._live: set[grpc.Future] = set()
+        self._live_lock = threading.Lock()
 
     @property
     def mode(self) -> str:
@@ -56,6 +59,8 @@ class DragonflyFetcher:
             stub = dfdaemon_pb2_grpc.DfdaemonDownloadStub(channel)
             request = dfdaemon_pb2.DownloadTaskRequest(download=download)
             stream = stub.DownloadTask(request, timeout=self._timeout)
+            with self._live_lock:
+                self._live.add(stream)
             try:
                 for response in stream:
                     task_id = response.task_id or task_id
@@ -73,10 +78,22 @@ class DragonflyFetcher:
                         stream.cancel()
                         raise Cancelled("cancelled")
             except grpc.RpcError as exc:
+                if cancelled():
+                    raise Cancelled("cancelled") from None
                 raise _error(exc, spec.url) from None
+            finally:
+                with self._live_lock:
+                    self._live.discard(stream)
         if partial.limit is not None and done != partial.limit:
             raise FetchFailed(f"dfdaemon ended {redact_url(spec.url)} at {done} of {partial.limit}")
         return FetchInfo(dragonfly_task_id=task_id)
+
+    def interrupt(self) -> None:
+        """Cancel every stream in flight (the agent is stopping); dfdaemon keeps its pieces."""
+        with self._live_lock:
+            live = list(self._live)
+        for stream in live:
+            stream.cancel()
 
 
 def _error(exc: grpc.RpcError, url: str) -> Exception:

@@ -9,11 +9,13 @@ header value appears in an error or a log line.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import re
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ ProgressFn = Callable[[int, int | None], None]
 CancelledFn = Callable[[], bool]
 
 _BUF = 1024 * 1024
+_CANCEL_POLL_S = 0.05  # how soon a back-off notices a cancel or a stop
 _REDIRECTS = (301, 302, 303, 307, 308)
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _UNSATISFIED_RANGE = re.compile(r"bytes \*/(\d+)")
@@ -116,7 +119,6 @@ class HttpFetcher:
         backoff_s: float = 1.0,
         max_redirects: int = 5,
         ssl_context: ssl.SSLContext | None = None,
-        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._policy = policy
         self._proxy = urlsplit(proxy) if proxy else None
@@ -125,7 +127,8 @@ class HttpFetcher:
         self._backoff = backoff_s
         self._max_redirects = max_redirects
         self._ssl = ssl_context or ssl.create_default_context()
-        self._sleep = sleep
+        self._live: set[http.client.HTTPConnection] = set()
+        self._live_lock = threading.Lock()
 
     @property
     def mode(self) -> str:
@@ -152,7 +155,18 @@ class HttpFetcher:
                     exc,
                     delay,
                 )
-                self._sleep(delay)
+                _back_off(delay, cancelled)
+
+    def interrupt(self) -> None:
+        """Unblock every fetch waiting on the network (the agent is stopping): their sockets
+        are shut down, the read fails at once, and the fetch sees it is cancelled."""
+        with self._live_lock:
+            live = list(self._live)
+        for conn in live:
+            sock = conn.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
     def _attempt(
         self, spec: FetchSpec, partial: Sink, progress: ProgressFn, cancelled: CancelledFn
@@ -164,9 +178,20 @@ class HttpFetcher:
             self._stream(resp, partial, total, progress, cancelled)
             return FetchInfo(dragonfly_task_id=resp.getheader("X-Dragonfly-Task-ID"))
         except (OSError, http.client.HTTPException) as exc:
+            if cancelled():
+                raise Cancelled("cancelled") from None
             raise _Retry(_describe(exc)) from None
         finally:
+            self._forget(conn)
             conn.close()
+
+    def _track(self, conn: http.client.HTTPConnection) -> None:
+        with self._live_lock:
+            self._live.add(conn)
+
+    def _forget(self, conn: http.client.HTTPConnection) -> None:
+        with self._live_lock:
+            self._live.discard(conn)
 
     def _open(
         self, spec: FetchSpec, partial: Sink
@@ -177,16 +202,19 @@ class HttpFetcher:
         for _ in range(self._max_redirects + 1):
             target = self._policy.check(url)
             conn = self._connection(target)
+            self._track(conn)
             request_headers = self._headers(url, target, headers, partial, spec.url)
             try:
                 conn.request("GET", self._request_target(url), headers=request_headers)
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
+                self._forget(conn)
                 conn.close()
                 raise _Retry(_describe(exc)) from None
             if resp.status not in _REDIRECTS:
                 return conn, resp
             location = resp.getheader("Location")
+            self._forget(conn)
             conn.close()
             if not location:
                 raise FetchFailed(f"redirect without Location from {redact_url(url)}")
@@ -295,6 +323,18 @@ class HttpFetcher:
                 raise Cancelled("cancelled")
         if total is not None and partial.offset < total:
             raise _Retry(f"connection closed at {partial.offset} of {total} bytes")
+
+
+def _back_off(delay: float, cancelled: CancelledFn) -> None:
+    """Wait ``delay`` seconds between attempts, ending early with Cancelled when the item is
+    cancelled or the agent stops: a retrying fetch must never hold up a shutdown."""
+    deadline = time.monotonic() + delay
+    while not cancelled():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, _CANCEL_POLL_S))
+    raise Cancelled("cancelled during the retry back-off")
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:

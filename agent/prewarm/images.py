@@ -8,6 +8,7 @@ to choose the handler's snapshotter (prewarm.md §3).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from agent._proto.k8s.cri.runtime.v1 import api_pb2 as cri
 from agent._proto.k8s.cri.runtime.v1 import api_pb2_grpc as cri_grpc
 from agent.errors import AgentError, NotFound
 from agent.prewarm.docker_auth import credentials_for, registry_host
-from agent.prewarm.errors import FetchFailed
+from agent.prewarm.errors import Cancelled, FetchFailed
 from agent.prewarm.service import PullResult
 
 RUNTIME_HANDLER_ANNOTATION = "io.containerd.cri.runtime-handler"
@@ -59,6 +60,8 @@ class CriPuller:
         self._docker_config = docker_config
         self._timeout = timeout_s
         self._clock = clock
+        self._live: set[grpc.Future] = set()
+        self._live_lock = threading.Lock()
 
     def pull(self, ref: str, runtime_handler: str | None) -> PullResult:
         spec = cri.ImageSpec(image=ref, runtime_handler=runtime_handler or "")
@@ -72,13 +75,29 @@ class CriPuller:
             stub = cri_grpc.ImageServiceStub(channel)
             cold = not self._status(stub, spec).id
             start = self._clock()
+            call = stub.PullImage.future(request, timeout=self._timeout)
+            with self._live_lock:
+                self._live.add(call)
             try:
-                image_ref = stub.PullImage(request, timeout=self._timeout).image_ref
+                image_ref = call.result().image_ref
+            except grpc.FutureCancelledError:
+                raise Cancelled(f"pull of {ref} interrupted") from None
             except grpc.RpcError as exc:
                 raise self._error(exc, ref) from None
+            finally:
+                with self._live_lock:
+                    self._live.discard(call)
             seconds = self._clock() - start
             image = self._status(stub, cri.ImageSpec(image=image_ref or ref))
         return PullResult(image_ref or image.id, image.size or None, cold, seconds)
+
+    def interrupt(self) -> None:
+        """Cancel the pulls in flight (the agent is stopping); containerd keeps what it has
+        and the item is pulled again, quickly, after the restart."""
+        with self._live_lock:
+            live = list(self._live)
+        for call in live:
+            call.cancel()
 
     def status(self, ref: str) -> cri.Image:
         """The image as CRI reports it; an empty ``id`` when absent."""

@@ -65,6 +65,9 @@ class FileFetcher(Protocol):
         self, spec: FetchSpec, partial: Sink, progress: ProgressFn, cancelled: CancelledFn
     ) -> FetchInfo: ...
 
+    def interrupt(self) -> None:
+        """Unblock fetches waiting on the network; each then sees that it is cancelled."""
+
 
 @dataclass(frozen=True, slots=True)
 class PullResult:
@@ -78,6 +81,9 @@ class ImagePuller(Protocol):
     """Pulls an image into the node's runtime (CRI) and says how warm it is."""
 
     def pull(self, ref: str, runtime_handler: str | None) -> PullResult: ...
+
+    def interrupt(self) -> None:
+        """Cancel pulls in flight; each raises Cancelled."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +352,9 @@ class PrewarmService:
             events = list(self._cancel_events.values())
         for event in events:
             event.set()
+        self._fetcher.interrupt()
+        if self._puller is not None:
+            self._puller.interrupt()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -468,6 +477,8 @@ class PrewarmService:
         handler = item.options.get("runtime_handler")
         try:
             result = self._puller.pull(item.source, handler)
+        except Cancelled:
+            return self._requeue_if_stopped(item)
         except AgentError as exc:
             return self._fail_image(item, str(exc), {})
         self.index.record_pull(ImagePull(item.source, result.cold, result.seconds, self._clock()))
@@ -478,11 +489,7 @@ class PrewarmService:
             try:
                 warm = self._warmer.warm(item.source, handler, progress, cancelled)
             except Cancelled:
-                if self.index.get(item.id).state is ItemState.FETCHING:
-                    # Stopped by shutdown: warm again later (dfdaemon keeps what it has).
-                    self.index.set_owner(item.id, None)
-                    return self.index.update(item.id, state=ItemState.QUEUED)
-                return self.index.get(item.id)
+                return self._requeue_if_stopped(item)  # dfdaemon keeps what it has
             except ImageWarmFailed as exc:
                 return self._fail_image(item, str(exc), {**options, **exc.warmth.to_options()})
             except AgentError as exc:
@@ -510,6 +517,14 @@ class PrewarmService:
             "prewarmed image %s (%s)", item.name, warmth.warmth if warmth else "warmth not known"
         )
         return done
+
+    def _requeue_if_stopped(self, item: CacheItem) -> CacheItem:
+        """After a Cancelled image step: stopped by shutdown, so queue it for the next start
+        (still FETCHING); or cancelled by a user, already failed."""
+        if self.index.get(item.id).state is ItemState.FETCHING:
+            self.index.set_owner(item.id, None)
+            return self.index.update(item.id, state=ItemState.QUEUED)
+        return self.index.get(item.id)
 
     def _fail_image(self, item: CacheItem, error: str, options: Mapping[str, str]) -> CacheItem:
         self.index.set_owner(item.id, None)

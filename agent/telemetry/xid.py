@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["XidState", "XidWatcher", "xid_message"]
 
-_WAIT_MS = 1000
+_WAIT_MS = 250  # how long one NVML event wait blocks; bounds how long stopping takes
 _REOPEN_AFTER_S = 5.0
 
 # The XIDs operators meet most, worded after NVIDIA's XID catalog; others are "Unknown XID".

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +19,7 @@ import yaml
 from agent.cli.main import cli
 
 REPO = Path(__file__).resolve().parents[2]
+_SERVING_ON = re.compile(r"agent serving: metrics 127\.0\.0\.1:(\d+),")
 
 
 def run(
@@ -36,12 +37,6 @@ def run(
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}: {proc.stderr}")
     return proc
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _commands(group: click.Command, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -109,38 +104,36 @@ def test_without_nvml_serve_exits_with_one_line_naming_the_simulator(tmp_path: P
 def test_serve_on_a_simulated_node_answers_health_metrics_and_stops_on_sigterm(
     tmp_path: Path,
 ) -> None:
-    port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_AGENT_")}
     env["GPU_AGENT_SOCKET_PATH"] = str(tmp_path / "agent.sock")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agent.cli.main",
-            "--simulate",
-            "dgx-h100",
-            "--state-dir",
-            str(tmp_path),
-            "serve",
-            "--metrics-listen",
-            f"127.0.0.1:{port}",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agent.cli.main",
+                "--simulate",
+                "dgx-h100",
+                "--state-dir",
+                str(tmp_path),
+                "serve",
+                "--metrics-listen",
+                "127.0.0.1:0",  # the agent binds a free port and says which in its log
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-                    assert r.status == 200
-                    break
-            except OSError:
-                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-                assert time.monotonic() < deadline, "agent never became ready"
-                time.sleep(0.2)
+        while not (serving := _SERVING_ON.search(log.read_text(errors="replace"))):
+            assert proc.poll() is None, log.read_text(errors="replace")
+            assert time.monotonic() < deadline, "agent never became ready"
+            time.sleep(0.1)
+        port = int(serving.group(1))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+            assert r.status == 200
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
             assert r.read() == b"ok\n"
         # One scrape serves the GPUs' series and the other services' (prewarm cache) series;

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -260,20 +259,8 @@ def private_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A docker-registry (no containerd) asking for basic auth on every request."""
     work = tmp_path_factory.mktemp("private-registry")
     (work / "htpasswd").write_text(HTPASSWD)
-    port = cri._free_port()
-    conf = work / "registry.yml"
-    conf.write_text(
-        f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {work / 'data'}\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n"
-        f"auth:\n  htpasswd:\n    realm: test\n    path: {work / 'htpasswd'}\n"
-    )
-    proc = subprocess.Popen(
-        ["docker-registry", "serve", str(conf)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    port, proc = cri.start_registry(work, work / "htpasswd")
     try:
-        cri._wait(lambda: cri._port_open(port), "docker-registry")
         yield f"127.0.0.1:{port}"
     finally:
         proc.terminate()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -22,6 +21,7 @@ import pytest
 
 from agent.config import TelemetrySettings
 from agent.telemetry.service import TelemetryService, build_telemetry
+from tests.ports import launch_listening, stop
 from tests.unit.telemetry.httpd import scrape, serve_metrics
 from tests.unit.telemetry.simnode import SimNode, sim_node
 
@@ -69,12 +69,6 @@ def _binary(name: str) -> str:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get_json(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=10) as response:
         return json.load(response)
@@ -111,7 +105,6 @@ def agent(tmp_path: Path) -> Iterator[tuple[TelemetryService, int]]:
 def prometheus(tmp_path: Path, agent: tuple[TelemetryService, int]) -> Iterator[str]:
     binary = _binary("prometheus")
     _, agent_port = agent
-    port = _free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
@@ -121,23 +114,28 @@ def prometheus(tmp_path: Path, agent: tuple[TelemetryService, int]) -> Iterator[
         f"    static_configs: [{{targets: ['127.0.0.1:{agent_port}']}}]\n"
     )
     log = (tmp_path / "prometheus.log").open("w")
-    process = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+
+    def launch(port: int) -> list[subprocess.Popen[bytes]]:
+        return [
+            subprocess.Popen(
+                [
+                    binary,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        ]
+
+    port, procs = launch_listening(launch)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_for(lambda: _query(url, 'up{job="gpu-agent"} == 1'), "the agent's target to be up")
         yield url
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        stop(procs, 30)
         log.close()
 
 

@@ -4,7 +4,6 @@ pushed by skopeo, for image prewarm tests. Everything lives under a temp dir."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -12,17 +11,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.ports import launch_listening, stop
+
 TOOLS = ("containerd", "docker-registry", "skopeo", "umoci")
 
 
 def missing_tools() -> list[str]:
     return [t for t in TOOLS if shutil.which(t) is None]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(check: object, what: str, timeout: float = 20) -> None:
@@ -34,12 +29,27 @@ def _wait(check: object, what: str, timeout: float = 20) -> None:
     raise TimeoutError(f"{what} did not come up")
 
 
-def _port_open(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        return True
-    except OSError:
-        return False
+def start_registry(work: Path, htpasswd: Path | None = None) -> tuple[int, subprocess.Popen[bytes]]:
+    """A docker-registry on a loopback port it is seen listening on (tests/ports.py); with
+    ``htpasswd`` (bcrypt lines) it asks for basic auth on every request."""
+    auth = f"auth:\n  htpasswd:\n    realm: test\n    path: {htpasswd}\n" if htpasswd else ""
+
+    def launch(port: int) -> list[subprocess.Popen[bytes]]:
+        conf = work / "registry.yml"
+        conf.write_text(
+            "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: "
+            f"{work / 'registry-data'}\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}"
+        )
+        return [
+            subprocess.Popen(
+                ["docker-registry", "serve", str(conf)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        ]
+
+    port, (proc,) = launch_listening(launch)
+    return port, proc
 
 
 @dataclass
@@ -51,13 +61,7 @@ class Cluster:
 @contextmanager
 def registry_and_containerd(work: Path, htpasswd: Path | None = None) -> Iterator[Cluster]:
     """With ``htpasswd`` (bcrypt lines), the registry asks for basic auth on every request."""
-    port = _free_port()
-    reg_conf = work / "registry.yml"
-    auth = f"auth:\n  htpasswd:\n    realm: test\n    path: {htpasswd}\n" if htpasswd else ""
-    reg_conf.write_text(
-        "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: "
-        f"{work / 'registry-data'}\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}"
-    )
+    port, reg = start_registry(work, htpasswd)
     certs = work / "certs.d" / f"127.0.0.1:{port}"
     certs.mkdir(parents=True)
     certs.joinpath("hosts.toml").write_text(
@@ -76,20 +80,12 @@ def registry_and_containerd(work: Path, htpasswd: Path | None = None) -> Iterato
         f'  config_path = "{work / "certs.d"}"\n'
     )
     log = (work / "containerd.log").open("w")
-    reg = subprocess.Popen(
-        ["docker-registry", "serve", str(reg_conf)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     ctd = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=log)
     try:
-        _wait(lambda: _port_open(port), "docker-registry")
         _wait(sock.exists, "containerd")
         yield Cluster(sock, f"127.0.0.1:{port}")
     finally:
-        for proc in (ctd, reg):
-            proc.terminate()
-            proc.wait(20)
+        stop([ctd, reg])
         log.close()
 
 

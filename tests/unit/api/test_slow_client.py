@@ -4,7 +4,6 @@ from the bus once its queue is full, and it learns so (RESOURCE_EXHAUSTED) when 
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 
 import grpc
@@ -31,10 +30,8 @@ def test_a_stuck_watcher_is_dropped_and_others_are_served() -> None:
                     bus.publish(mig_layout=layout)
                 wait_for(lambda: bus.watchers == 0, "the stuck watcher to be dropped")
                 node = agent_pb2_grpc.NodeServiceStub(channel)
-                started = time.monotonic()
-                for _ in range(50):
+                for _ in range(50):  # served, each within its deadline, while one watch is stuck
                     node.GetNode(agent_pb2.GetNodeRequest(), timeout=5)
-                assert (time.monotonic() - started) / 50 < 0.1
                 received = 0
                 try:
                     for _ in stuck:

@@ -1,0 +1,43 @@
+"""An agent embedded in another program never ends its host (issue 13).
+
+When a shutdown overruns its deadline, `Node.run` logs what still runs and raises; only
+``serve`` (``exit_if_stuck``) ends its process. The hung part here is a prewarm stop that never
+returns in time, as a worker blocked in an uninterruptible call would.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import pytest
+
+import agent.node
+from agent.errors import AgentError
+from agent.prewarm.service import PrewarmService
+from tests.unit.api.support import InProcessAgent, agent_config
+
+
+def test_an_overrun_shutdown_raises_in_the_host_and_names_what_still_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(agent.node, "SHUTDOWN_GRACE_S", 3.0)
+    release = threading.Event()
+    harness = InProcessAgent(tmp_path, agent_config(tmp_path))
+    caplog.set_level(logging.ERROR, logger="agent.node")
+    stop = PrewarmService.stop
+
+    def hung_stop(self: PrewarmService) -> None:
+        release.wait(30)
+        stop(self)
+
+    monkeypatch.setattr(PrewarmService, "stop", hung_stop)
+    # asyncio.run in the host thread waits for the hung stop's thread: free it after the deadline.
+    threading.Timer(4.0, release.set).start()
+    with pytest.raises(AgentError, match="shutdown took over"), harness:
+        pass
+    release.set()
+    assert "exiting now" not in caplog.text  # the host (this test process) lives on
+    assert "still running at shutdown: thread" in caplog.text
+    assert "hung_stop (" in caplog.text  # the thread, named by where it waits
