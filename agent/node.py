@@ -178,8 +178,11 @@ def _mig_labels(
 class Node:
     """The running agent."""
 
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: Services, *, embedded: bool = False) -> None:
+        """``embedded``: inside another program (`agent.embedded`): the API on its socket only,
+        no metrics/health HTTP server and no cluster duties (label controllers)."""
         self.services = services
+        self.embedded = embedded
         self._stop = asyncio.Event()
         self._ready = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -236,13 +239,20 @@ class Node:
         for op in failed:
             log.warning("operation %s (%s) was interrupted by the last stop", op.id, op.kind)
 
-    async def run(self, *, handle_signals: bool = True, exit_if_stuck: bool = False) -> None:
+    async def run(
+        self,
+        *,
+        handle_signals: bool = True,
+        exit_if_stuck: bool = False,
+        ready: Callable[[], None] | None = None,
+    ) -> None:
         """Serve until SIGTERM/SIGINT or `request_stop`; ``handle_signals`` False lets tests run
         the agent on a thread (signal handlers need the main thread).
 
         A shutdown that overruns SHUTDOWN_GRACE_S logs what still runs. Only the process that
         is nothing but the agent (``serve``, ``exit_if_stuck``) then ends itself; an agent
         embedded in another program (the CLI, tests) raises instead and never ends its host.
+        ``ready`` is called once the API serves.
         """
         loop = asyncio.get_running_loop()
         if handle_signals:
@@ -251,6 +261,8 @@ class Node:
         stack = contextlib.AsyncExitStack()
         try:
             await self._start(stack)
+            if ready is not None:
+                ready()
             await self._stop.wait()
             log.info("stopping")
         finally:
@@ -280,24 +292,28 @@ class Node:
         stack.push_async_callback(asyncio.to_thread, s.prewarm.stop)
         await asyncio.to_thread(s.telemetry.start)
         stack.push_async_callback(asyncio.to_thread, s.telemetry.stop)
-        host, port = _split_listen(cfg.metrics_listen)
-        self.metrics_port = await self.http.start(host, port)
-        stack.push_async_callback(self.http.stop)
+        if not self.embedded:
+            host, port = _split_listen(cfg.metrics_listen)
+            self.metrics_port = await self.http.start(host, port)
+            stack.push_async_callback(self.http.stop)
         api = s.api()
         server, self.ports, health = create_server(api, cfg)
         await server.start()
         stack.push_async_callback(self._stop_serving, server, health)
         await set_serving(health, True)
         self._guard("inventory", s.inventory.run())
-        if s.mig_labels is not None:
+        if s.mig_labels is not None and not self.embedded:
             self._guard("mig-labels", _every(cfg.mig.label_poll_s, s.mig_labels.reconcile))
-        if s.kube is not None:
+        if s.kube is not None and not self.embedded:
             self._guard("cache-labels", _every(CACHE_LABELS_S, self._publish_cache_labels))
         # Items queued by the CLI in direct mode (`prewarm file --no-wait`) or by a manifest
         # land in the shared database; pick them up without waiting for a restart.
         self._guard("prewarm-queue", _every(PREWARM_QUEUE_S, s.prewarm.schedule_pending))
         stack.push_async_callback(self._cancel_tasks)
         self._ready = True  # before the line that says so: a reader of the log may probe /readyz
+        if self.embedded:
+            log.debug("embedded agent serving on %s", self.ports.socket)
+            return
         log.info(
             "agent serving: metrics %s:%d, gRPC %s, socket %s (%s, %d GPUs)",
             host,

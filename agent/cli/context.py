@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,8 +14,10 @@ if TYPE_CHECKING:
     from agent.cli.client import AgentClient, RemoteSharing
     from agent.config import AgentConfig
     from agent.gpu import GpuDriver
-    from agent.sharing.service import SharingService
     from agent.state import StateStore
+
+
+_WAIT_S = 0.1
 
 
 @dataclass
@@ -27,7 +31,6 @@ class CliContext:
     _gpu: GpuDriver | None = None
     _state: StateStore | None = None
     _agent: AgentClient | None = None
-    _agent_checked: bool = False
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
     @property
@@ -56,37 +59,51 @@ class CliContext:
             self._closers.append(self._state.close)
         return self._state
 
-    def agent(self) -> AgentClient | None:
-        """The running agent on ``socket_path``, or None: then the command works directly.
+    def agent(self) -> AgentClient:
+        """The node's agent: the running one on ``socket_path``, else one embedded in this
+        process for this command (agent/embedded.py). Either way the same API, so every
+        command has one code path; while an agent runs, it alone changes node state.
 
         Resolved once per command. PermissionDenied when an agent runs but this user may not
-        use its socket (root only): never act beside a running agent.
+        use its socket (root only). While another process owns the node (an agent starting,
+        or another command's embedded agent) it waits, saying for whom.
         """
-        if not self._agent_checked:
-            from agent.cli.client import AgentClient
-
-            self._agent_checked = True
-            self._agent = AgentClient.connect(self.config.socket_path)
-            if self._agent is not None:
-                self._closers.append(self._agent.close)
+        if self._agent is None:
+            self._agent = self._connect()
+            self._closers.append(self._agent.close)
         return self._agent
 
-    def sharing_service(self) -> SharingService | RemoteSharing:
-        """Through the running agent when there is one, else on the plugin's file directly."""
-        client = self.agent()
-        if client is not None:
-            return client.sharing()
-        from agent.sharing.service import SharingService
+    def _connect(self) -> AgentClient:
+        from agent.cli.client import AgentClient
+        from agent.ownership import NodeOwnership
 
-        def layouts() -> list[Any]:
-            gpu = self.gpu()
-            return [gpu.layout(g.uuid) for g in gpu.gpus()]
+        cfg = self.config
+        ownership = NodeOwnership(cfg.state_dir)
+        told = False
+        while True:
+            client = AgentClient.connect(cfg.socket_path)
+            if client is not None:
+                return client
+            if ownership.try_acquire(f"gpu-agent {' '.join(sys.argv[1:3])}".strip()):
+                self._closers.append(ownership.release)
+                return self._embed(cfg)
+            if not told:
+                holder = ownership.holder() or "another gpu-agent process (starting)"
+                print(f"waiting for {holder}, which owns this node's state", file=sys.stderr)
+                told = True
+            time.sleep(_WAIT_S)
 
-        from agent.kube import InClusterKubeClient
+    def _embed(self, config: AgentConfig) -> AgentClient:
+        from agent.cli.client import AgentClient
+        from agent.embedded import EmbeddedAgent
 
-        # In a pod (kubectl exec into the agent) the label and restart-pod reloads work too.
-        kube = InClusterKubeClient.in_pod()
-        return SharingService(self.config.sharing, layouts, kube, node_name=self.config.node_name)
+        embedded = EmbeddedAgent(config)
+        embedded.start()
+        self._closers.append(embedded.stop)
+        return AgentClient(embedded.socket_path)
+
+    def sharing_service(self) -> RemoteSharing:
+        return self.agent().sharing()
 
     def close(self) -> None:
         while self._closers:

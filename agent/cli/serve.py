@@ -42,6 +42,7 @@ def serve(
       gpu-agent --simulate dgx-h100 --state-dir /tmp/node serve --metrics-listen 127.0.0.1:9400
     """
     from agent.node import Node, build_services
+    from agent.ownership import NodeOwnership
 
     obj.flags = {
         **obj.flags,
@@ -53,6 +54,12 @@ def serve(
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # The node's one owner while it runs: a CLI command's embedded agent finishes first.
+    ownership = NodeOwnership(config.state_dir)
+    ownership.acquire(
+        "gpu-agent serve",
+        lambda holder: logging.getLogger(__name__).warning("waiting for %s to finish", holder),
     )
     node = Node(build_services(config))
     asyncio.run(node.run(exit_if_stuck=True))

@@ -1,15 +1,7 @@
 """``gpu-agent share``: GPU sharing (time-slicing / MPS) through NVIDIA's device plugin.
 
-Wiring required from the CLI main (agent/cli/main.py): register ``share`` on the root group and
-put on ``click.Context.obj`` an object with
-
-    def sharing_service(self) -> agent.sharing.SharingService
-
-called once per command. The main builds it as ``SharingService(config.sharing, layouts,
-kube, node_name=config.node_name)`` where ``layouts`` is
-``lambda: [gpu.layout(g.uuid) for g in gpu.gpus()]`` over ``ctx.obj.gpu()``, and ``kube`` is
-``InClusterKubeClient.from_service_account()`` when running in a pod (None otherwise; only the
-``label`` and ``restart-pod`` reload methods need it).
+Every command goes through the node's agent (the running one, or one embedded for the
+command: `CliContext.agent`), which validates, writes the plugin's config and reloads it.
 """
 
 from __future__ import annotations
@@ -27,15 +19,23 @@ from agent.sharing import (
     ApplyResult,
     PluginConfig,
     ReloadReport,
-    SharingService,
     SharingView,
     parse,
     to_document,
 )
 
 
+class SharingCalls(Protocol):
+    """What the commands call: the agent's sharing API (`agent.cli.client.RemoteSharing`)."""
+
+    def show(self) -> SharingView: ...
+    def set(self, requested: PluginConfig) -> ApplyResult: ...
+    def clear(self) -> ApplyResult: ...
+    def rollback(self) -> ApplyResult: ...
+
+
 class ShareContext(Protocol):
-    def sharing_service(self) -> SharingService: ...
+    def sharing_service(self) -> SharingCalls: ...
 
 
 @click.group("share", cls=AgentGroup)

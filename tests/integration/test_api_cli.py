@@ -1,4 +1,5 @@
-"""The CLI talks to the running agent over its Unix socket, and works directly without one."""
+"""The CLI talks to the running agent over its Unix socket; without one it runs on an agent
+embedded for the command (tests/integration/test_one_owner.py), through the same API."""
 
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ def test_share_goes_through_the_running_agent(tmp_path: Path) -> None:
         assert json.loads(shown.stdout)["strategy"] == "time-slicing"
 
         refused = cli(agent.state_dir, config, "share", "set", "--time-slicing", "nvidia.com/gpu=1")
-        assert refused.returncode == 2  # InvalidSpec, as in direct mode
+        assert refused.returncode == 2  # InvalidSpec
         assert "replicas" in refused.stderr
 
         client = AgentClient.connect(agent.socket)
@@ -119,16 +120,7 @@ def test_status_through_the_agent_matches_direct_mode(tmp_path: Path) -> None:
         driver.close()
 
 
-def test_without_an_agent_share_works_directly(tmp_path: Path) -> None:
-    config = cli_config(tmp_path, tmp_path / "no-agent")
-    done = cli(
-        tmp_path / "state", config, "share", "set", "--mps", "nvidia.com/gpu=2", "-o", "json"
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["config_path"] == str(tmp_path / "cli-plugin" / "config.yaml")
-
-
-def test_a_killed_agents_socket_means_direct_mode(tmp_path: Path) -> None:
+def test_a_killed_agents_socket_means_the_command_runs_on_an_embedded_agent(tmp_path: Path) -> None:
     agent_root = tmp_path / "agent"
     agent_root.mkdir()
     agent = AgentProcess(agent_root, agent_config(agent_root)).start()

@@ -1,0 +1,97 @@
+"""The agent inside another program: what a CLI command runs on when no agent serves.
+
+The same `Node` as ``serve`` (same services, servicers, validation, operations and errors), with
+its API on a private Unix socket in a fresh 0700 directory and nothing else: no TCP or HTTP
+listener and no cluster duties (label controllers). Its loop runs on a thread of the host; the
+host talks to it with the one client over that socket, so every command has one code path
+whether an agent runs or not. The caller must own the node (`agent.ownership`) first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+from agent.config import AgentConfig
+from agent.errors import AgentError
+
+_START_TIMEOUT_S = 120.0
+
+
+def embedded_config(config: AgentConfig, socket_dir: Path) -> AgentConfig:
+    """``config`` with every listener but a private socket switched off."""
+    return dataclasses.replace(
+        config,
+        socket_path=socket_dir / "agent.sock",
+        grpc_insecure_listen=None,
+        tls=dataclasses.replace(config.tls, cert_file=None, key_file=None),
+    )
+
+
+class EmbeddedAgent:
+    def __init__(self, config: AgentConfig) -> None:
+        self._dir = Path(tempfile.mkdtemp(prefix="gpu-agent-"))  # 0700, this user's only
+        self.config = embedded_config(config, self._dir)
+        self.socket_path = self.config.socket_path
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._node: object | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        """Build and start the node; returns once its API serves (or raises why it could not)."""
+        from agent.node import Node, build_services
+
+        # The agent's log is not the command's output: what fails reaches the command as an
+        # API error. GPU_AGENT_LOG_LEVEL=debug shows it all.
+        quiet = logging.DEBUG if self.config.log_level == "debug" else logging.ERROR
+        logging.getLogger("agent").setLevel(quiet)
+
+        node = Node(build_services(self.config), embedded=True)
+        self._node = node
+
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            await node.run(handle_signals=False, ready=self._started.set)
+
+        def serve() -> None:
+            try:
+                asyncio.run(main())
+            except BaseException as exc:  # handed to the host in start() or stop()
+                self._error = exc
+            finally:
+                self._started.set()
+
+        self._thread = threading.Thread(target=serve, name="embedded-agent", daemon=True)
+        self._thread.start()
+        if not self._started.wait(_START_TIMEOUT_S):
+            raise AgentError(f"the embedded agent did not start in {_START_TIMEOUT_S:.0f}s")
+        if self._error is not None:
+            error, self._error = self._error, None
+            self._cleanup()
+            raise error
+
+    def stop(self) -> None:
+        """Stop the node (operations checkpoint as in ``serve``) and remove the socket dir."""
+        from agent.node import Node
+
+        if self._thread is None:
+            return
+        node = self._node
+        if self._loop is not None and isinstance(node, Node) and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(node.request_stop)
+        self._thread.join()
+        self._thread = None
+        self._cleanup()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _cleanup(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)

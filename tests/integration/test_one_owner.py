@@ -1,0 +1,95 @@
+"""One owner of the node (issue 14): while an agent runs it alone changes node state; with none
+running, a CLI command runs on an agent embedded for it, and one owner at a time holds the
+node (`agent/ownership.py`): a second command, or a starting ``serve``, waits and says for whom.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.ownership import NodeOwnership
+from tests.integration.test_api_cli import cli, cli_config
+from tests.unit.api.support import REPO, AgentProcess, agent_config, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _start_cli(state_dir: Path, config: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agent.cli.main",
+            "--simulate",
+            "dgx-h100",
+            "--state-dir",
+            str(state_dir),
+            "--config",
+            str(config),
+            *args,
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_without_an_agent_a_command_runs_on_an_embedded_one_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    config = cli_config(tmp_path, tmp_path / "no-agent")
+    state = tmp_path / "state"
+    done = cli(state, config, "share", "set", "--mps", "nvidia.com/gpu=2", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    # The command's own warning (reload is off in this config), none of the agent's log.
+    assert [line.split(":")[0] for line in done.stderr.splitlines()] == ["warning"]
+    assert json.loads(done.stdout)["config_path"] == str(tmp_path / "cli-plugin" / "config.yaml")
+    # The same validation as the running agent's (one path): the plugin's rule, exit 2.
+    refused = cli(state, config, "share", "set", "--time-slicing", "nvidia.com/gpu=1")
+    assert refused.returncode == 2 and "replicas" in refused.stderr
+    assert NodeOwnership(state).try_acquire("test"), "the command released the node"
+    assert not (tmp_path / "no-agent" / "agent.sock").exists()
+
+
+def test_a_command_waits_for_the_nodes_owner_naming_it(tmp_path: Path) -> None:
+    config = cli_config(tmp_path, tmp_path / "no-agent")
+    state = tmp_path / "state"
+    owner = NodeOwnership(state)
+    assert owner.try_acquire("gpu-agent prewarm file")
+    proc = _start_cli(state, config, "share", "show", "-o", "json")
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert line.strip() == (
+            f"waiting for gpu-agent prewarm file (pid {os.getpid()}), which owns this node's state"
+        )
+        assert proc.poll() is None  # still waiting, nothing done beside the owner
+        owner.release()
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert json.loads(out)["strategy"] == "none"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_serve_waits_for_a_commands_embedded_agent_to_finish(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    owner = NodeOwnership(state)
+    assert owner.try_acquire("gpu-agent mig apply")
+    agent = AgentProcess(tmp_path, agent_config(tmp_path))
+    try:
+        with pytest.raises(AssertionError, match="timed out"):
+            agent.start(timeout=3)  # it waits rather than serving beside the owner
+        assert f"waiting for gpu-agent mig apply (pid {os.getpid()}) to finish" in agent.output()
+        owner.release()
+        wait_for(lambda: "agent serving:" in agent.output(), "the agent to serve once free", 60)
+    finally:
+        agent.stop()
