@@ -24,11 +24,12 @@ from agent.prewarm.factory import build_service
 from agent.prewarm.manifest import load_manifest
 from agent.prewarm.model import CacheItem, FileRequest, ImageRequest, ItemState, Progress
 from agent.prewarm.service import PrewarmService
+from agent.state import StateStore
 
 
 def _service(ctx: click.Context) -> PrewarmService:
     obj: CliContext = ctx.obj
-    service = build_service(obj.config.prewarm, obj.config.state_dir / "agent.db")
+    service = build_service(obj.config.prewarm, StateStore(obj.config.state_dir / "agent.db"))
     ctx.call_on_close(service.index.close)
     return service
 

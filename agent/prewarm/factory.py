@@ -11,6 +11,7 @@ from agent.prewarm.index import PrewarmIndex
 from agent.prewarm.policy import UrlPolicy
 from agent.prewarm.service import FileFetcher, ImagePuller, ImageWarmer, PrewarmService
 from agent.prewarm.store import CacheStore
+from agent.state import StateStore
 
 
 def policy_from(settings: PrewarmSettings) -> UrlPolicy:
@@ -66,8 +67,8 @@ def warmer_from(settings: PrewarmSettings, policy: UrlPolicy) -> ImageWarmer:
     )
 
 
-def build_service(settings: PrewarmSettings, db_path: Path) -> PrewarmService:
-    index = PrewarmIndex.open(db_path)
+def build_service(settings: PrewarmSettings, state: StateStore) -> PrewarmService:
+    index = PrewarmIndex(state)
     store = CacheStore(settings.cache_dir, index, settings.budget_bytes, settings.max_volume_share)
     policy = policy_from(settings)
     return PrewarmService(

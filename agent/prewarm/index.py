@@ -1,25 +1,25 @@
-"""The cache inventory in SQLite: one row per item, one per image pull.
+"""The cache inventory: one row per item, one per image pull, in the agent's one store.
 
-The tables are migration 2 of agent/state.py; `PrewarmIndex.open` runs the store's migrations
-first, so the CLI and tests work on a bare database with one schema mechanism. Rows are shared by
-the agent and the CLI in direct mode, so cross-process decisions (claiming an item, admitting
-bytes) happen inside one IMMEDIATE transaction.
+The tables are migration 2 of agent/state.py and follow its NORMAL durability rule (progress is
+saved every second during a download; see agent/state.py). Decisions that read then write
+(claiming an item, admitting bytes) happen inside one IMMEDIATE transaction.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from agent.errors import Conflict, NotFound
 from agent.prewarm.model import CacheItem, ItemKind, ItemState
-from agent.state import StateStore
+from agent.state import TABLE_DURABILITY, StateStore
+
+_DURABILITY = TABLE_DURABILITY["prewarm_items"]
 
 _COLUMNS = tuple(f.name for f in fields(CacheItem))
 
@@ -53,48 +53,30 @@ def _from_row(row: sqlite3.Row) -> CacheItem:
 
 
 class PrewarmIndex:
-    """Typed operations on the prewarm tables; safe to share between threads."""
+    """Typed operations on the prewarm tables of a `StateStore`; safe to share between threads."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        conn.row_factory = sqlite3.Row
-        self._conn = conn
-        self._lock = threading.RLock()
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
 
     @classmethod
     def open(cls, path: Path) -> PrewarmIndex:
-        StateStore(path).close()  # creates or migrates the schema, prewarm tables included
-        conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA busy_timeout=30000")
-        # NORMAL, not FULL: a commit here does not fsync. Progress is saved every second while a
-        # download dirties the same filesystem, and on ext4 each fsync would also flush that
-        # file's data (1.1 s of a 2.9 s 1 GiB fetch). Still atomic and crash-safe for a killed
-        # process; a power loss may lose the last rows, which reconcile() then squares with disk.
-        conn.execute("PRAGMA synchronous=NORMAL")
-        return cls(conn)
+        """On a store of its own (tools and tests that hold no other); `close` closes it."""
+        return cls(StateStore(path))
 
     def close(self) -> None:
-        self._conn.close()
+        self.store.close()
 
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """An IMMEDIATE transaction: other processes wait, so check-then-write is atomic."""
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        """An IMMEDIATE transaction at the prewarm tables' durability (check-then-write)."""
+        return self.store.transaction(_DURABILITY)
 
     def insert(self, item: CacheItem) -> CacheItem:
         row = _to_row(item)
         cols = ", ".join(row)
         marks = ", ".join(f":{c}" for c in row)
         try:
-            with self._lock:
-                self._conn.execute(f"INSERT INTO prewarm_items ({cols}) VALUES ({marks})", row)
+            with self.transaction() as conn:
+                conn.execute(f"INSERT INTO prewarm_items ({cols}) VALUES ({marks})", row)
         except sqlite3.IntegrityError:
             raise Conflict(f"a cache item named {item.name!r} already exists") from None
         return item
@@ -104,35 +86,31 @@ class PrewarmIndex:
         current = self.get(item_id)
         row = _to_row(replace(current, **changes))
         sets = ", ".join(f"{c} = :{c}" for c in changes)
-        with self._lock:
-            self._conn.execute(f"UPDATE prewarm_items SET {sets} WHERE id = :id", row)
+        with self.transaction() as conn:
+            conn.execute(f"UPDATE prewarm_items SET {sets} WHERE id = :id", row)
         return self.get(item_id)
 
     def set_owner(self, item_id: str, pid: int | None) -> None:
-        with self._lock:
-            self._conn.execute(
-                "UPDATE prewarm_items SET owner_pid = ? WHERE id = ?", (pid, item_id)
-            )
+        with self.transaction() as conn:
+            conn.execute("UPDATE prewarm_items SET owner_pid = ? WHERE id = ?", (pid, item_id))
 
     def owner(self, item_id: str) -> int | None:
-        with self._lock:
-            row = self._conn.execute(
+        with self.store.reading() as conn:
+            row = conn.execute(
                 "SELECT owner_pid FROM prewarm_items WHERE id = ?", (item_id,)
             ).fetchone()
         return None if row is None else row[0]
 
     def get(self, item_id: str) -> CacheItem:
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT * FROM prewarm_items WHERE id = ?", (item_id,)
-            ).fetchone()
+        with self.store.reading() as conn:
+            row = conn.execute("SELECT * FROM prewarm_items WHERE id = ?", (item_id,)).fetchone()
         if row is None:
             raise NotFound(f"no cache item with id {item_id!r}")
         return _from_row(row)
 
     def find(self, id_or_name: str) -> CacheItem:
-        with self._lock:
-            row = self._conn.execute(
+        with self.store.reading() as conn:
+            row = conn.execute(
                 "SELECT * FROM prewarm_items WHERE id = ? OR name = ?", (id_or_name, id_or_name)
             ).fetchone()
         if row is None:
@@ -140,10 +118,8 @@ class PrewarmIndex:
         return _from_row(row)
 
     def find_by_name(self, name: str) -> CacheItem | None:
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT * FROM prewarm_items WHERE name = ?", (name,)
-            ).fetchone()
+        with self.store.reading() as conn:
+            row = conn.execute("SELECT * FROM prewarm_items WHERE name = ?", (name,)).fetchone()
         return None if row is None else _from_row(row)
 
     def items(self, states: Sequence[ItemState] = ()) -> list[CacheItem]:
@@ -152,21 +128,21 @@ class PrewarmIndex:
         if states:
             query += f" WHERE state IN ({', '.join('?' for _ in states)})"
             args = [s.value for s in states]
-        with self._lock:
-            rows = self._conn.execute(query + " ORDER BY created_at, id", args).fetchall()
+        with self.store.reading() as conn:
+            rows = conn.execute(query + " ORDER BY created_at, id", args).fetchall()
         return [_from_row(r) for r in rows]
 
     def ready_with_digest(self, sha256: str) -> list[CacheItem]:
-        with self._lock:
-            rows = self._conn.execute(
+        with self.store.reading() as conn:
+            rows = conn.execute(
                 "SELECT * FROM prewarm_items WHERE sha256 = ? AND state = ? AND kind = ?",
                 (sha256, ItemState.READY.value, ItemKind.FILE.value),
             ).fetchall()
         return [_from_row(r) for r in rows]
 
     def record_pull(self, pull: ImagePull) -> None:
-        with self._lock:
-            self._conn.execute(
+        with self.transaction() as conn:
+            conn.execute(
                 "INSERT INTO prewarm_image_pulls (ref, cold, seconds, at) VALUES (?, ?, ?, ?)",
                 (pull.ref, int(pull.cold), pull.seconds, pull.at),
             )
@@ -176,6 +152,6 @@ class PrewarmIndex:
         args: tuple[str, ...] = ()
         if ref is not None:
             query, args = query + " WHERE ref = ?", (ref,)
-        with self._lock:
-            rows = self._conn.execute(query + " ORDER BY at", args).fetchall()
+        with self.store.reading() as conn:
+            rows = conn.execute(query + " ORDER BY at", args).fetchall()
         return [ImagePull(r[0], bool(r[1]), r[2], r[3]) for r in rows]

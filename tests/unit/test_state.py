@@ -14,7 +14,7 @@ import pytest
 
 import agent
 from agent.errors import Conflict, InvalidSpec, NotFound
-from agent.state import INTERRUPTED, MIGRATIONS, StateStore
+from agent.state import INTERRUPTED, MIGRATIONS, TABLE_DURABILITY, Durability, StateStore
 
 REPO_ROOT = Path(agent.__file__).resolve().parents[1]
 
@@ -372,3 +372,44 @@ def test_a_process_killed_inside_a_transaction_leaves_only_whole_commits(db_path
         assert store.list_operations() == []
         # The dead writer's lock is gone: we can write.
         store.journal_append("mig:GPU-a", {"step": "after"})
+
+
+def test_each_table_commits_at_its_own_durability(tmp_path: Path) -> None:
+    """One store, one connection: operations and the journal commit FULL (fsync: they survive a
+    power loss), the prewarm tables NORMAL (agent/state.py says why), each write at its rule."""
+    from agent.prewarm.index import PrewarmIndex
+    from agent.prewarm.model import CacheItem, ItemKind, ItemState
+
+    store = StateStore(tmp_path / "agent.db")
+    index = PrewarmIndex(store)
+    seen: list[str] = []
+    store._conn.set_trace_callback(seen.append)  # what SQLite is asked, in order
+
+    def level_of(statement: str) -> str:
+        """The synchronous level in force when ``statement`` ran."""
+        at = next(i for i, s in enumerate(seen) if s.startswith(statement))
+        pragmas = [s for s in seen[:at] if s.startswith("PRAGMA synchronous")]
+        return pragmas[-1].rsplit(" ", 1)[1] if pragmas else "FULL"  # FULL: set at open
+
+    index.insert(CacheItem("i1", ItemKind.FILE, "m", "http://o/m", ItemState.QUEUED, created_at=1))
+    store.create_operation("mig.apply", request_id=None, request={})
+    store.journal_append("gpu-0", {"step": "begin"})
+    assert level_of("INSERT INTO prewarm_items") == "NORMAL"
+    assert level_of("INSERT INTO operations") == "FULL"
+    assert level_of("INSERT INTO journal") == "FULL"
+    assert {t for t, d in TABLE_DURABILITY.items() if d is Durability.NORMAL} == {
+        "prewarm_items",
+        "prewarm_image_pulls",
+    }
+
+
+def test_a_nested_write_cannot_ask_for_more_durability_than_its_transaction(
+    tmp_path: Path,
+) -> None:
+    store = StateStore(tmp_path / "agent.db")
+    with (
+        pytest.raises(RuntimeError, match="FULL write inside a NORMAL transaction"),
+        store.transaction(Durability.NORMAL),
+    ):
+        store.journal_append("gpu-0", {"step": "begin"})
+    assert store.journal_entries("gpu-0") == []  # rolled back whole
