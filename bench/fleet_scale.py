@@ -47,9 +47,9 @@ from agent._proto.gpuagent.v1 import (  # noqa: E402
 from agent.api.auth import Policy  # noqa: E402
 from agent.api.convert import gpu_pb  # noqa: E402
 from agent.api.interceptor import ApiInterceptor  # noqa: E402
+from agent.client import ClientTls  # noqa: E402
 from agent.coordinator import status_http  # noqa: E402
 from agent.coordinator.catalog import preset_layouts  # noqa: E402
-from agent.coordinator.client import ClientTls  # noqa: E402
 from agent.coordinator.demand import Demand, DemandEntry  # noqa: E402
 from agent.coordinator.discovery import StaticDiscovery  # noqa: E402
 from agent.coordinator.fleet import Fleet  # noqa: E402

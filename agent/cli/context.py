@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agent.cli.client import AgentClient, RemoteSharing
+    from agent.cli.share import RemoteSharing
+    from agent.client import AgentClient
     from agent.config import AgentConfig
     from agent.gpu import GpuDriver
     from agent.state import StateStore
@@ -74,7 +75,7 @@ class CliContext:
         return self._agent
 
     def _connect(self) -> AgentClient:
-        from agent.cli.client import AgentClient
+        from agent.client import AgentClient
         from agent.ownership import NodeOwnership
 
         cfg = self.config
@@ -94,7 +95,7 @@ class CliContext:
             time.sleep(_WAIT_S)
 
     def _embed(self, config: AgentConfig) -> AgentClient:
-        from agent.cli.client import AgentClient
+        from agent.client import AgentClient
         from agent.embedded import EmbeddedAgent
 
         embedded = EmbeddedAgent(config)
@@ -103,7 +104,9 @@ class CliContext:
         return AgentClient(embedded.socket_path)
 
     def sharing_service(self) -> RemoteSharing:
-        return self.agent().sharing()
+        from agent.cli.share import RemoteSharing
+
+        return RemoteSharing(self.agent())
 
     def close(self) -> None:
         while self._closers:

@@ -45,7 +45,7 @@ class FleetOptions:
     timeout: float
 
     def open(self) -> Fleet:
-        from agent.coordinator.client import ClientTls
+        from agent.client import ClientTls
         from agent.coordinator.fleet import Fleet
 
         tls = None

@@ -29,7 +29,7 @@ from agent.mig.spec import MigSpec, load_spec
 from agent.mig.view import plan_data, plan_text, show_data, show_text
 
 if TYPE_CHECKING:
-    from agent.cli.client import AgentClient
+    from agent.client import AgentClient
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -235,9 +235,7 @@ def _apply_through_agent(
     """The running agent applies it as an operation (it owns the GPUs); we follow it to the end."""
     from google.protobuf.json_format import MessageToDict
 
-    from agent.cli.client import follow
-
-    op = client.mig_apply(text, selected or "", force)
+    op = client.apply_mig(text, selected or "", force=force)
     click.echo(f"applying through the running agent: {op.name}", err=True)
 
     def progress(update: Any) -> None:
@@ -245,7 +243,7 @@ def _apply_through_agent(
         if step:
             click.echo(f"  {step}", err=True)
 
-    done = follow(client, op, progress)
+    done = client.follow(op, progress)
     result = done.response.mig_apply
     data = MessageToDict(result, preserving_proto_field_name=True)
     emit(data, output, lambda _: _remote_apply_table(result))

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import IO, Protocol
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import click
 
+from agent._proto.gpuagent.v1 import sharing_pb2
 from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, output_option
+from agent.errors import FieldViolation
 from agent.sharing import (
     Advertised,
     ApplyResult,
@@ -23,10 +26,15 @@ from agent.sharing import (
     parse,
     to_document,
 )
+from agent.sharing.reload import Pickup, StatusRecord
+from agent.sharing.schema import render
+
+if TYPE_CHECKING:
+    from agent.client import AgentClient
 
 
 class SharingCalls(Protocol):
-    """What the commands call: the agent's sharing API (`agent.cli.client.RemoteSharing`)."""
+    """What the commands call: the agent's sharing API (`RemoteSharing`)."""
 
     def show(self) -> SharingView: ...
     def set(self, requested: PluginConfig) -> ApplyResult: ...
@@ -168,6 +176,66 @@ def rollback_command(obj: ShareContext, output: str) -> None:
       gpu-agent share rollback
     """
     _emit_result(obj.sharing_service().rollback(), output)
+
+
+class RemoteSharing:
+    """The agent's sharing API as the records the renderers below take (protos back into the
+    domain types they came from)."""
+
+    def __init__(self, client: AgentClient) -> None:
+        self._client = client
+
+    def show(self) -> SharingView:
+        view = self._client.get_sharing()
+        last = None
+        if view.HasField("last_write"):
+            w = view.last_write
+            last = StatusRecord(
+                w.action,
+                "",
+                w.write_time.ToNanoseconds() / 1e9,
+                _reload(w.reload) if w.HasField("reload") else None,
+            )
+        return SharingView(
+            config_path=Path(view.config_path),
+            exists=view.exists,
+            config=parse(view.config.config_yaml),
+            advertised=_advertised(view.advertised),
+            problems=tuple(FieldViolation(p.field, p.description) for p in view.problems),
+            pickup=Pickup(view.plugin_state, view.plugin_detail),  # type: ignore[arg-type]
+            last_write=last,
+        )
+
+    def set(self, requested: PluginConfig) -> ApplyResult:
+        request = sharing_pb2.SetSharingRequest(config_yaml=render(requested))
+        return _result(self._client.set_sharing(request))
+
+    def clear(self) -> ApplyResult:
+        return _result(self._client.clear_sharing())
+
+    def rollback(self) -> ApplyResult:
+        return _result(self._client.rollback_sharing())
+
+
+def _reload(msg: sharing_pb2.PluginReload) -> ReloadReport:
+    return ReloadReport(
+        msg.method, msg.done, msg.detail, msg.time.ToNanoseconds() / 1e9, tuple(msg.pids)
+    )
+
+
+def _advertised(items: Any) -> tuple[Advertised, ...]:
+    return tuple(Advertised(a.resource, a.devices, a.replicas) for a in items)
+
+
+def _result(change: sharing_pb2.SharingChange) -> ApplyResult:
+    return ApplyResult(
+        action=change.action,
+        changed=change.changed,
+        config_path=Path(change.config_path),
+        config=parse(change.config.config_yaml),
+        advertised=_advertised(change.advertised),
+        reload=_reload(change.reload) if change.HasField("reload") else None,
+    )
 
 
 def _document(

@@ -6,64 +6,9 @@ from typing import Any
 
 import click
 
+from agent._proto.gpuagent.v1 import agent_pb2
 from agent.cli.context import CliContext
 from agent.cli.render import emit, format_table, human_bytes, output_option
-from agent.gpu import GpuDriver
-from agent.gpu.types import GpuLayout
-
-
-def node_status(gpu: GpuDriver) -> dict[str, Any]:
-    """A JSON-able view of the node, the same shape for every output format."""
-    layouts = [gpu.layout(g.uuid) for g in gpu.gpus()]
-    return {
-        "driver_version": gpu.driver_version(),
-        "gpus": [_gpu_view(layout) for layout in layouts],
-    }
-
-
-def _gpu_view(layout: GpuLayout) -> dict[str, Any]:
-    g = layout.gpu
-    return {
-        "index": g.index,
-        "uuid": g.uuid,
-        "name": g.name,
-        "pci_bus_id": g.pci_bus_id,
-        "pci_device_id": f"0x{g.pci_device_id:08X}",
-        "memory_total_bytes": g.memory_total_bytes,
-        "mig": None
-        if g.mig_mode is None
-        else {
-            "current": "enabled" if g.mig_mode.current else "disabled",
-            "pending": "enabled" if g.mig_mode.pending else "disabled",
-        },
-        "instances": [
-            {
-                "gpu_instance_id": gi.id,
-                "profile": gi.profile_name,
-                "profile_id": gi.profile_id,
-                "placement": {"start": gi.placement.start, "size": gi.placement.size},
-                "compute_instances": [
-                    {
-                        "id": ci.id,
-                        "profile_id": ci.profile_id,
-                        "placement": {"start": ci.placement.start, "size": ci.placement.size},
-                        "uuid": ci.uuid,
-                    }
-                    for ci in gi.compute_instances
-                ],
-            }
-            for gi in layout.instances
-        ],
-        "processes": [
-            {
-                "pid": p.pid,
-                "used_memory_bytes": p.used_memory_bytes,
-                "gpu_instance_id": p.gpu_instance_id,
-                "compute_instance_id": p.compute_instance_id,
-            }
-            for p in layout.processes
-        ],
-    }
 
 
 def _table(data: dict[str, Any]) -> str:
@@ -123,23 +68,78 @@ def _table(data: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def status_view(node: agent_pb2.Node) -> dict[str, Any]:
+    """The node as ``gpu-agent status`` shows it (the shape `_table` renders)."""
+
+    def placement(p: agent_pb2.Placement) -> dict[str, int]:
+        return {"start": p.start, "size": p.size}
+
+    return {
+        "driver_version": node.driver_version,
+        "gpus": [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "pci_bus_id": g.pci_bus_id,
+                "pci_device_id": f"0x{g.pci_device_id:08X}",
+                "memory_total_bytes": g.memory_total_bytes,
+                "mig": None
+                if not g.HasField("mig_mode")
+                else {
+                    "current": "enabled" if g.mig_mode.current else "disabled",
+                    "pending": "enabled" if g.mig_mode.pending else "disabled",
+                },
+                "instances": [
+                    {
+                        "gpu_instance_id": gi.id,
+                        "profile": gi.profile_name,
+                        "profile_id": gi.profile_id,
+                        "placement": placement(gi.placement),
+                        "compute_instances": [
+                            {
+                                "id": ci.id,
+                                "profile_id": ci.profile_id,
+                                "placement": placement(ci.placement),
+                                "uuid": ci.uuid or None,
+                            }
+                            for ci in gi.compute_instances
+                        ],
+                    }
+                    for gi in g.instances
+                ],
+                "processes": [
+                    {
+                        "pid": p.pid,
+                        "used_memory_bytes": p.used_memory_bytes
+                        if p.HasField("used_memory_bytes")
+                        else None,
+                        "gpu_instance_id": p.gpu_instance_id
+                        if p.HasField("gpu_instance_id")
+                        else None,
+                        "compute_instance_id": p.compute_instance_id
+                        if p.HasField("compute_instance_id")
+                        else None,
+                    }
+                    for p in g.processes
+                ],
+            }
+            for g in node.gpus
+        ],
+    }
+
+
 @click.command()
 @output_option
 @click.pass_obj
 def status(obj: CliContext, output: str) -> None:
     """Show the node: GPUs, MIG mode and instances with placements, processes.
 
-    Asks the running agent over its Unix socket when there is one, else reads NVML directly.
+    The node's agent answers (the running one, or one embedded for this command); the CLI
+    itself never calls NVML.
 
     \b
     Example:
       gpu-agent --simulate dgx-h100 --state-dir /tmp/node status -o json
     """
-    client = obj.agent()
-    if client is not None:
-        from agent.cli.client import status_view
-
-        data = status_view(client.node())  # the running agent's view, no NVML call here
-    else:
-        data = node_status(obj.gpu())
-    emit(data, output, _table)
+    emit(status_view(obj.agent().node()), output, _table)

@@ -21,7 +21,7 @@ from agent._proto.gpuagent.v1 import (
     prewarm_pb2,
     sharing_pb2,
 )
-from agent.coordinator.client import AgentClient
+from agent.client import AsyncAgentClient as AgentClient
 from agent.coordinator.discovery import Target
 from agent.coordinator.execute import NodeAction, NodeResult, Notes
 from agent.coordinator.fleet import Fleet
@@ -70,7 +70,7 @@ async def _follow(
     notes.operation(op.name)
     last = op
     try:
-        async for last in client.watch(op.name):
+        async for last in client.watch_operation(op.name):
             notes.progress(_progress(last))
     except asyncio.CancelledError:
         if notes.timed_out:

@@ -9,7 +9,8 @@ from typing import Generic, TypeVar
 
 import grpc
 
-from agent.coordinator.client import AgentClient, ClientTls
+from agent.client import AsyncAgentClient as AgentClient
+from agent.client import ClientTls
 from agent.coordinator.discovery import Discovery, Target
 from agent.coordinator.inventory import NodeView, node_view, unreachable_view
 from agent.errors import AgentError

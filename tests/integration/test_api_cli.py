@@ -7,19 +7,75 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from agent._proto.gpuagent.v1 import operations_pb2
-from agent.cli.client import AgentClient, status_view
-from agent.cli.status import node_status
+from agent.cli.status import status_view
+from agent.client import AgentClient
 from agent.errors import Conflict, InvalidSpec
-from agent.gpu import open_driver
+from agent.gpu import GpuDriver, open_driver
 from agent.gpu.sim import SimControl
+from agent.gpu.types import GpuLayout
 from tests.unit.api.support import REPO, AgentProcess, agent_config, wait_for
 
 pytestmark = pytest.mark.integration
+
+
+def node_status(gpu: GpuDriver) -> dict[str, Any]:
+    """The node read straight from the driver: the oracle `status_view` must match."""
+    layouts = [gpu.layout(g.uuid) for g in gpu.gpus()]
+    return {
+        "driver_version": gpu.driver_version(),
+        "gpus": [_gpu_view(layout) for layout in layouts],
+    }
+
+
+def _gpu_view(layout: GpuLayout) -> dict[str, Any]:
+    g = layout.gpu
+    return {
+        "index": g.index,
+        "uuid": g.uuid,
+        "name": g.name,
+        "pci_bus_id": g.pci_bus_id,
+        "pci_device_id": f"0x{g.pci_device_id:08X}",
+        "memory_total_bytes": g.memory_total_bytes,
+        "mig": None
+        if g.mig_mode is None
+        else {
+            "current": "enabled" if g.mig_mode.current else "disabled",
+            "pending": "enabled" if g.mig_mode.pending else "disabled",
+        },
+        "instances": [
+            {
+                "gpu_instance_id": gi.id,
+                "profile": gi.profile_name,
+                "profile_id": gi.profile_id,
+                "placement": {"start": gi.placement.start, "size": gi.placement.size},
+                "compute_instances": [
+                    {
+                        "id": ci.id,
+                        "profile_id": ci.profile_id,
+                        "placement": {"start": ci.placement.start, "size": ci.placement.size},
+                        "uuid": ci.uuid,
+                    }
+                    for ci in gi.compute_instances
+                ],
+            }
+            for gi in layout.instances
+        ],
+        "processes": [
+            {
+                "pid": p.pid,
+                "used_memory_bytes": p.used_memory_bytes,
+                "gpu_instance_id": p.gpu_instance_id,
+                "compute_instance_id": p.compute_instance_id,
+            }
+            for p in layout.processes
+        ],
+    }
 
 
 def cli(state_dir: Path, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -100,7 +156,7 @@ def test_share_goes_through_the_running_agent(tmp_path: Path) -> None:
         client.close()
 
 
-def test_status_through_the_agent_matches_direct_mode(tmp_path: Path) -> None:
+def test_status_through_the_agent_matches_the_driver(tmp_path: Path) -> None:
     """`status_view` of GetNode is `gpu-agent status`'s own data, field for field."""
     with AgentProcess(tmp_path, agent_config(tmp_path)) as agent:
         control = SimControl(agent.state_dir)
@@ -141,18 +197,18 @@ def test_the_client_follows_a_mig_apply_and_rebuilds_domain_errors(tmp_path: Pat
     with AgentProcess(tmp_path, agent_config(tmp_path)) as agent:
         client = AgentClient.connect(agent.socket)
         assert client is not None
-        plan = client.mig_plan(one_gpu % "3g.40gb: 2")
+        plan = client.plan_mig(one_gpu % "3g.40gb: 2")
         assert [g.gpu_index for g in plan.gpus] == [1]
-        op = client.mig_apply(one_gpu % "3g.40gb: 2", request_id="cli-1")
-        states = list(client.watch(op.name))
+        op = client.apply_mig(one_gpu % "3g.40gb: 2", request_id="cli-1")
+        states = list(client.watch_operation(op.name))
         assert states[-1].done and states[-1].state == operations_pb2.OPERATION_STATE_SUCCEEDED
         assert any(s.metadata.mig_apply.steps_done for s in states)  # progress was streamed
-        assert "3g.40gb: 2" in client.mig_export()
+        assert "3g.40gb: 2" in client.export_mig()
         with pytest.raises(Conflict) as infeasible:
-            client.mig_apply(one_gpu % "7g.80gb: 2")
+            client.apply_mig(one_gpu % "7g.80gb: 2")
         assert "cannot be applied" in str(infeasible.value)
         with pytest.raises(InvalidSpec) as bad:
-            client.mig_plan("version: v1\nmig-configs: {it: [{devices: all}]}\n")
+            client.plan_mig("version: v1\nmig-configs: {it: [{devices: all}]}\n")
         assert bad.value.violations
         client.close()
 
@@ -190,7 +246,7 @@ def test_mig_apply_goes_through_the_running_agent_as_an_operation(tmp_path: Path
         assert result["config_name"] == "all-balanced"
         client = AgentClient(agent.socket)
         try:
-            ops = client.operations(kind="mig.apply")
+            ops = client.list_operations(kind="mig.apply")
             assert [op.state for op in ops] == [operations_pb2.OPERATION_STATE_SUCCEEDED]
             # GetNode serves the inventory the agent refreshes in the background.
             profiles = wait_for(

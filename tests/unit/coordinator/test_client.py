@@ -12,7 +12,8 @@ import pytest
 from agent._proto.gpuagent.v1 import agent_pb2, agent_pb2_grpc, sharing_pb2, sharing_pb2_grpc
 from agent.api.auth import Policy
 from agent.api.interceptor import ApiInterceptor
-from agent.coordinator.client import AgentClient, Unreachable
+from agent.client import AsyncAgentClient as AgentClient
+from agent.client import Unreachable
 from agent.coordinator.discovery import StaticDiscovery
 from agent.coordinator.fleet import Fleet
 from agent.errors import Busy, FieldViolation, InvalidSpec

@@ -1,0 +1,136 @@
+"""The asyncio client of one agent (the coordinator): its gRPC API over mTLS or a socket.
+
+The same method names and requests as the sync client (agent/client/sync.py); errors are the
+agent's domain errors (agent/client/errors.py), a dead or unreachable agent `Unreachable`.
+Channels are made per agent and reused while the caller runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from agent._proto.gpuagent.v1 import (
+    agent_pb2,
+    mig_pb2,
+    operations_pb2,
+    prewarm_pb2,
+    sharing_pb2,
+)
+from agent.client.base import ClientTls, Stubs, channel_options
+from agent.client.errors import Unreachable, domain_error
+
+__all__ = ["AsyncAgentClient"]
+
+_WATCH_RETRY_S = 1.0
+M = TypeVar("M", bound=Message)
+
+
+class AsyncAgentClient(Stubs):
+    """Calls on one agent. Every method raises the agent's domain error, or `Unreachable`."""
+
+    def __init__(
+        self,
+        address: str,
+        tls: ClientTls | None,
+        *,
+        timeout_s: float = 10.0,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        options = channel_options(tls)
+        if tls is None or address.startswith("unix:"):
+            self._channel = grpc.aio.insecure_channel(address, options=options)
+        else:
+            self._channel = grpc.aio.secure_channel(
+                address, credentials or tls.credentials(), options=options
+            )
+
+    async def close(self) -> None:
+        await self._channel.close(None)
+
+    async def _call(
+        self, method: Callable[..., Awaitable[M]], request: Message, timeout: float | None = None
+    ) -> M:
+        try:
+            return await method(request, timeout=timeout or self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise domain_error(exc, self.address) from exc
+
+    async def node(self) -> agent_pb2.Node:
+        response: agent_pb2.GetNodeResponse = await self._call(
+            self._node.GetNode, agent_pb2.GetNodeRequest()
+        )
+        return response.node
+
+    async def plan_mig(
+        self, config_yaml: str, config_name: str = "", force: bool = False
+    ) -> mig_pb2.PlanMigResponse:
+        request = mig_pb2.PlanMigRequest(
+            config_yaml=config_yaml, config_name=config_name, force=force
+        )
+        response: mig_pb2.PlanMigResponse = await self._call(self._mig.PlanMig, request)
+        return response
+
+    async def apply_mig(
+        self, config_yaml: str, config_name: str = "", request_id: str = "", force: bool = False
+    ) -> operations_pb2.Operation:
+        request = mig_pb2.ApplyMigRequest(
+            config_yaml=config_yaml, config_name=config_name, request_id=request_id, force=force
+        )
+        response: mig_pb2.ApplyMigResponse = await self._call(self._mig.ApplyMig, request)
+        return response.operation
+
+    async def get_sharing(self) -> sharing_pb2.GetSharingResponse:
+        response: sharing_pb2.GetSharingResponse = await self._call(
+            self._sharing.GetSharing, sharing_pb2.GetSharingRequest()
+        )
+        return response
+
+    async def set_sharing(
+        self, request: sharing_pb2.SetSharingRequest
+    ) -> sharing_pb2.SharingChange:
+        response: sharing_pb2.SetSharingResponse = await self._call(
+            self._sharing.SetSharing, request
+        )
+        return response.change
+
+    async def submit_prewarm(
+        self, targets: Sequence[prewarm_pb2.PrewarmTarget], request_id: str = ""
+    ) -> operations_pb2.Operation:
+        request = prewarm_pb2.SubmitPrewarmRequest(targets=targets, request_id=request_id)
+        response: prewarm_pb2.SubmitPrewarmResponse = await self._call(
+            self._prewarm.SubmitPrewarm, request
+        )
+        return response.operation
+
+    async def cancel_operation(self, name: str) -> operations_pb2.Operation:
+        response: operations_pb2.CancelOperationResponse = await self._call(
+            self._ops.CancelOperation, operations_pb2.CancelOperationRequest(name=name)
+        )
+        return response.operation
+
+    async def watch_operation(self, name: str) -> AsyncIterator[operations_pb2.Operation]:
+        """The operation at every change until it is done.
+
+        A broken stream (the agent restarted) is watched again: operations outlive restarts.
+        """
+        while True:
+            stream = self._ops.WatchOperation(operations_pb2.WatchOperationRequest(name=name))
+            try:
+                async for item in stream:
+                    yield item.operation
+                    if item.operation.done:
+                        return
+            except grpc.aio.AioRpcError as exc:
+                error = domain_error(exc, self.address)
+                if not isinstance(error, Unreachable):
+                    raise error from exc
+            finally:
+                stream.cancel()
+            await asyncio.sleep(_WATCH_RETRY_S)

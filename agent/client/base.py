@@ -1,0 +1,97 @@
+"""What both clients share: the channel's settings and the service stubs.
+
+The sync client (`agent.client.sync.AgentClient`, the CLI) and the asyncio one
+(`agent.client.aio.AsyncAgentClient`, the coordinator) have the same method names and build
+the same requests; only the calling convention differs. gRPC stubs are the same classes over a
+sync or an asyncio channel, so they live here, made on first use: a stub builds a callable per
+method, and a status sweep of a thousand fresh clients needs only GetNode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from agent._proto.gpuagent.v1 import (
+    agent_pb2_grpc,
+    mig_pb2_grpc,
+    operations_pb2_grpc,
+    prewarm_pb2_grpc,
+    sharing_pb2_grpc,
+    telemetry_pb2_grpc,
+)
+from agent.errors import FieldViolation, InvalidSpec
+
+# gRPC's default reconnect back-off grows to ~120 s; an agent restarted by its DaemonSet must
+# be seen again within seconds, so retries are capped low.
+CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTls:
+    """A client certificate, key and the agents' CA (mTLS); None for plaintext or a socket.
+
+    ``server_name`` is the name checked in the agent's certificate when dialling an address
+    that is not that name (a pod IP).
+    """
+
+    cert: Path
+    key: Path
+    ca: Path
+    server_name: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        # Read on every new channel: cert-manager rotates the files in place.
+        try:
+            ca, key, cert = (p.read_bytes() for p in (self.ca, self.key, self.cert))
+        except OSError as exc:
+            raise InvalidSpec(
+                f"cannot read the client TLS files: {exc}",
+                [FieldViolation("tls", f"{exc.filename}: {exc.strerror}")],
+            ) from exc
+        return grpc.ssl_channel_credentials(ca, key, cert)
+
+
+def channel_options(tls: ClientTls | None) -> list[tuple[str, Any]]:
+    options = list(CHANNEL_OPTIONS)
+    if tls is not None and tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return options
+
+
+class Stubs:
+    """The service stubs over ``self._channel`` (sync or asyncio: the same stub classes)."""
+
+    _channel: Any
+
+    @cached_property
+    def _node(self) -> agent_pb2_grpc.NodeServiceStub:
+        return agent_pb2_grpc.NodeServiceStub(self._channel)
+
+    @cached_property
+    def _telemetry(self) -> telemetry_pb2_grpc.TelemetryServiceStub:
+        return telemetry_pb2_grpc.TelemetryServiceStub(self._channel)
+
+    @cached_property
+    def _ops(self) -> operations_pb2_grpc.OperationsServiceStub:
+        return operations_pb2_grpc.OperationsServiceStub(self._channel)
+
+    @cached_property
+    def _mig(self) -> mig_pb2_grpc.MigServiceStub:
+        return mig_pb2_grpc.MigServiceStub(self._channel)
+
+    @cached_property
+    def _sharing(self) -> sharing_pb2_grpc.SharingServiceStub:
+        return sharing_pb2_grpc.SharingServiceStub(self._channel)
+
+    @cached_property
+    def _prewarm(self) -> prewarm_pb2_grpc.PrewarmServiceStub:
+        return prewarm_pb2_grpc.PrewarmServiceStub(self._channel)

@@ -1,0 +1,173 @@
+"""The sync client of the node's agent (the CLI): its gRPC API over the local Unix socket.
+
+The same method names and requests as the asyncio client (agent/client/aio.py); errors are the
+agent's domain errors (same class, message, field violations and blockers: agent/client/errors.py),
+so the CLI's one-line messages and exit codes are the agent's own.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from agent._proto.gpuagent.v1 import (
+    agent_pb2,
+    cache_pb2,
+    mig_pb2,
+    operations_pb2,
+    prewarm_pb2,
+    sharing_pb2,
+    telemetry_pb2,
+)
+from agent.client.base import Stubs, channel_options
+from agent.client.errors import domain_error, operation_failure
+from agent.errors import PermissionDenied
+
+__all__ = ["AgentClient"]
+
+_TIMEOUT_S = 60.0
+M = TypeVar("M", bound=Message)
+
+
+class AgentClient(Stubs):
+    """Calls on the agent; every method raises the agent's domain error when refused."""
+
+    def __init__(self, socket_path: Path, timeout_s: float = _TIMEOUT_S) -> None:
+        self.socket_path = socket_path
+        self._timeout = timeout_s
+        self._channel = grpc.insecure_channel(f"unix:{socket_path}", options=channel_options(None))
+
+    @classmethod
+    def connect(cls, socket_path: Path) -> AgentClient | None:
+        """A client when an agent serves on ``socket_path``; None when none runs there.
+
+        A socket only root may open raises PermissionDenied: the CLI must never act beside a
+        running agent it cannot reach.
+        """
+        if not socket_path.exists():
+            return None
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(socket_path))
+        except PermissionError as exc:
+            raise PermissionDenied(
+                f"an agent serves on {socket_path}, which only root may use: run as root"
+            ) from exc
+        except (ConnectionRefusedError, FileNotFoundError):
+            return None  # left behind by an agent that was killed
+        finally:
+            probe.close()
+        return cls(socket_path)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method: Callable[..., M], request: Message) -> M:
+        try:
+            return method(request, timeout=self._timeout)
+        except grpc.RpcError as exc:
+            raise domain_error(exc) from None
+
+    # -- node -------------------------------------------------------------------------------------
+
+    def node(self) -> agent_pb2.Node:
+        response = self._call(self._node.GetNode, agent_pb2.GetNodeRequest())
+        return response.node
+
+    def telemetry(self) -> telemetry_pb2.TelemetrySnapshot:
+        request = telemetry_pb2.GetTelemetrySnapshotRequest()
+        return self._call(self._telemetry.GetTelemetrySnapshot, request).snapshot
+
+    # -- operations -------------------------------------------------------------------------------
+
+    def list_operations(
+        self, kind: str = "", done: bool | None = None
+    ) -> list[operations_pb2.Operation]:
+        request = operations_pb2.ListOperationsRequest(kind=kind, done=done)
+        return list(self._call(self._ops.ListOperations, request).operations)
+
+    def get_operation(self, name: str) -> operations_pb2.Operation:
+        request = operations_pb2.GetOperationRequest(name=name)
+        return self._call(self._ops.GetOperation, request).operation
+
+    def cancel_operation(self, name: str) -> operations_pb2.Operation:
+        request = operations_pb2.CancelOperationRequest(name=name)
+        return self._call(self._ops.CancelOperation, request).operation
+
+    def watch_operation(self, name: str) -> Iterator[operations_pb2.Operation]:
+        """The operation at every change until it is done (no deadline: long work is long)."""
+        try:
+            for answer in self._ops.WatchOperation(operations_pb2.WatchOperationRequest(name=name)):
+                yield answer.operation
+        except grpc.RpcError as exc:
+            raise domain_error(exc) from None
+
+    def follow(
+        self, op: operations_pb2.Operation, on_update: Callable[[Any], None]
+    ) -> operations_pb2.Operation:
+        """Watch an operation to its end, passing each update on; raise its error if it failed."""
+        for update in self.watch_operation(op.name):
+            on_update(update)
+            op = update
+        if op.HasField("error"):
+            raise operation_failure(op.error)
+        return op
+
+    # -- MIG --------------------------------------------------------------------------------------
+
+    def plan_mig(
+        self, config_yaml: str, config_name: str = "", force: bool = False
+    ) -> mig_pb2.PlanMigResponse:
+        request = mig_pb2.PlanMigRequest(
+            config_yaml=config_yaml, config_name=config_name, force=force
+        )
+        return self._call(self._mig.PlanMig, request)
+
+    def apply_mig(
+        self, config_yaml: str, config_name: str = "", request_id: str = "", force: bool = False
+    ) -> operations_pb2.Operation:
+        """Starts the apply; follow it with `watch_operation` or `follow`."""
+        request = mig_pb2.ApplyMigRequest(
+            config_yaml=config_yaml, config_name=config_name, request_id=request_id, force=force
+        )
+        return self._call(self._mig.ApplyMig, request).operation
+
+    def assert_mig(self, config_yaml: str, config_name: str = "") -> mig_pb2.AssertMigResponse:
+        request = mig_pb2.AssertMigRequest(config_yaml=config_yaml, config_name=config_name)
+        return self._call(self._mig.AssertMig, request)
+
+    def export_mig(self, config_name: str = "current") -> str:
+        request = mig_pb2.ExportMigRequest(config_name=config_name)
+        return self._call(self._mig.ExportMig, request).config_yaml
+
+    # -- prewarm ----------------------------------------------------------------------------------
+
+    def submit_prewarm(
+        self, targets: Sequence[prewarm_pb2.PrewarmTarget], request_id: str = ""
+    ) -> operations_pb2.Operation:
+        """Starts warming; follow it with `watch_operation` or `follow`."""
+        request = prewarm_pb2.SubmitPrewarmRequest(targets=targets, request_id=request_id)
+        return self._call(self._prewarm.SubmitPrewarm, request).operation
+
+    def list_cache(self) -> cache_pb2.CacheInventory:
+        return self._call(self._prewarm.ListCache, prewarm_pb2.ListCacheRequest()).cache
+
+    # -- sharing ----------------------------------------------------------------------------------
+
+    def get_sharing(self) -> sharing_pb2.GetSharingResponse:
+        return self._call(self._sharing.GetSharing, sharing_pb2.GetSharingRequest())
+
+    def set_sharing(self, request: sharing_pb2.SetSharingRequest) -> sharing_pb2.SharingChange:
+        return self._call(self._sharing.SetSharing, request).change
+
+    def clear_sharing(self) -> sharing_pb2.SharingChange:
+        return self._call(self._sharing.ClearSharing, sharing_pb2.ClearSharingRequest()).change
+
+    def rollback_sharing(self) -> sharing_pb2.SharingChange:
+        request = sharing_pb2.RollbackSharingRequest()
+        return self._call(self._sharing.RollbackSharing, request).change
