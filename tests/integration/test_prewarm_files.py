@@ -154,9 +154,9 @@ def test_cancel_stops_a_running_fetch_and_deletes_the_partial(
     result: list[object] = []
     worker = threading.Thread(target=lambda: result.append(svc.run(item.id)))
     worker.start()
-    while svc.get(item.id).state is not ItemState.FETCHING:
+    # Until bytes are on disk: the cancel lands mid-transfer, with a partial to delete.
+    while not any(p.stat().st_size for p in svc.store.partial_dir.glob("*")):
         time.sleep(0.05)
-    time.sleep(0.3)
     svc.cancel(item.id)
     worker.join(10)
     final = svc.get(item.id)

@@ -15,7 +15,7 @@ from agent.config import TelemetrySettings
 from agent.telemetry.service import TelemetryService, build_telemetry
 from tests.unit.telemetry.httpd import scrape, serve_metrics
 from tests.unit.telemetry.kubelet import FakeKubelet, serve
-from tests.unit.telemetry.simnode import GPM_WINDOW_S, SimNode, sim_node
+from tests.unit.telemetry.simnode import SimNode, sim_node
 
 pytestmark = pytest.mark.integration
 
@@ -85,10 +85,25 @@ def cluster(tmp_path: Path) -> Iterator[tuple[SimNode, TelemetryService, Path]]:
         )
         service.start()
         try:
-            time.sleep(2 * GPM_WINDOW_S + 0.2)
+            _wait_until_attributed(service)
             yield node, service, tmp_path
         finally:
             service.stop()
+
+
+def _wait_until_attributed(service: TelemetryService, timeout: float = 30.0) -> None:
+    """Until a scrape has GPM rates and pod labels on them: two GPM samples and one pod refresh
+    have landed (a condition, not a guess at how long they take)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        families = _families(service)
+        tensor = families.get("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", [])
+        if any("pod" in s.labels for s in tensor) and families.get(
+            "gpu_agent_pod_sm_utilization_ratio"
+        ):
+            return
+        assert time.monotonic() < deadline, "no attributed GPM rates in time"
+        time.sleep(0.05)
 
 
 def _families(service: TelemetryService) -> dict[str, list]:  # type: ignore[type-arg]
