@@ -284,6 +284,7 @@ class Node:
         # Items queued by the CLI in direct mode (`prewarm file --no-wait`) or by a manifest
         # land in the shared database; pick them up without waiting for a restart.
         self._guard("prewarm-queue", _every(PREWARM_QUEUE_S, s.prewarm.schedule_pending))
+        self._guard("prewarm-audit", _every(cfg.prewarm.audit_interval_s, self._audit_cache))
         stack.push_async_callback(self._cancel_tasks)
         log.info(
             "agent serving: metrics %s:%d, gRPC %s, socket %s (%s, %d GPUs)",
@@ -304,6 +305,13 @@ class Node:
         await server.stop(RPC_GRACE_S)
         await operations
         s.config.socket_path.unlink(missing_ok=True)
+
+    def _audit_cache(self) -> None:
+        """Re-check every ready item (blob on disk, image in the CRI), then republish labels."""
+        s = self.services
+        s.prewarm.audit()
+        if s.kube is not None:
+            self._publish_cache_labels()
 
     def _publish_cache_labels(self) -> None:
         """``gpu-agent.io/cache.<name>=ready`` on this Node, for cache-affinity scheduling."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,13 +18,26 @@ def policy_from(settings: PrewarmSettings) -> UrlPolicy:
     return UrlPolicy(settings.allow_http, settings.allowed_hosts, settings.denied_hosts)
 
 
+def proxy_ssl_context(settings: PrewarmSettings) -> ssl.SSLContext | None:
+    """The system CAs, plus dfdaemon's CA when set: its proxy signs https origins with it."""
+    if settings.dragonfly_ca_file is None:
+        return None
+    context = ssl.create_default_context()
+    context.load_verify_locations(cafile=str(settings.dragonfly_ca_file))
+    return context
+
+
 def fetcher_from(settings: PrewarmSettings, policy: UrlPolicy) -> FileFetcher:
     """dfdaemon's gRPC socket when set, else its HTTP proxy when set, else direct (§1)."""
     if settings.dragonfly_socket is not None:
         from agent.prewarm.fetch_dragonfly import DragonflyFetcher
 
         return DragonflyFetcher(policy, settings.dragonfly_socket)
-    return HttpFetcher(policy, proxy=settings.dragonfly_proxy)
+    if settings.dragonfly_proxy is not None:
+        return HttpFetcher(
+            policy, proxy=settings.dragonfly_proxy, ssl_context=proxy_ssl_context(settings)
+        )
+    return HttpFetcher(policy)
 
 
 def puller_from(settings: PrewarmSettings) -> ImagePuller:
@@ -41,7 +55,8 @@ def blob_fetcher_from(settings: PrewarmSettings) -> Callable[[UrlPolicy], FileFe
     """
     if settings.dragonfly_proxy is not None:
         proxy = settings.dragonfly_proxy
-        return lambda policy: HttpFetcher(policy, proxy=proxy)
+        context = proxy_ssl_context(settings)
+        return lambda policy: HttpFetcher(policy, proxy=proxy, ssl_context=context)
     if settings.dragonfly_socket is not None:
         from agent.prewarm.fetch_dragonfly import DragonflyFetcher
 
@@ -78,4 +93,7 @@ def build_service(settings: PrewarmSettings, db_path: Path) -> PrewarmService:
         puller=puller_from(settings),
         warmer=warmer_from(settings, policy),
         header_dirs=[Path(d) for d in settings.header_dirs],
+        ignored_query_params=settings.ignored_query_params,
+        retry_initial_s=settings.retry_initial_s,
+        retry_max_s=settings.retry_max_s,
     )

@@ -108,6 +108,10 @@ class PrewarmIndex:
             self._conn.execute(f"UPDATE prewarm_items SET {sets} WHERE id = :id", row)
         return self.get(item_id)
 
+    def delete(self, item_id: str) -> None:
+        with self._lock:
+            self._conn.execute("DELETE FROM prewarm_items WHERE id = ?", (item_id,))
+
     def set_owner(self, item_id: str, pid: int | None) -> None:
         with self._lock:
             self._conn.execute(

@@ -18,6 +18,14 @@ class ItemState(enum.StrEnum):
     EVICTED = "evicted"
 
 
+class PullPolicy(enum.StrEnum):
+    """When a ready image is pulled again: never while present, on every request, or (with
+    ``repull_hours``) once the last pull is older than that (a moving tag)."""
+
+    IF_NOT_PRESENT = "IfNotPresent"
+    ALWAYS = "Always"
+
+
 class ItemKind(enum.StrEnum):
     FILE = "file"
     IMAGE = "image"
@@ -46,6 +54,8 @@ class ImageRequest:
     name: str | None = None
     runtime_handler: str | None = None
     pin: bool = False
+    pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
+    repull_hours: float | None = None
 
 
 class Warmth(enum.StrEnum):
@@ -122,6 +132,17 @@ class CacheItem:
     error: str | None = None
     warm_seconds: float | None = None
     options: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def retry_at(self) -> float | None:
+        """When the agent retries a file that failed for a transient reason (None: no retry)."""
+        value = self.options.get("retry_at")
+        return float(value) if value else None
+
+    @property
+    def attempts(self) -> int:
+        """Runs of this item that failed in a row (reset by a success)."""
+        return int(self.options.get("attempts", "0"))
 
     @property
     def image_warmth(self) -> ImageWarmth | None:

@@ -9,7 +9,8 @@ Layout under the cache directory::
 A fetch writes only under partial/. `CacheStore.commit` verifies the sha256, fsyncs, renames into
 blobs/ and then links the name, so a final path never holds partial or unverified bytes.
 The budget counts the cache alone (distinct ready blobs plus sizes reserved by running fetches),
-capped by ``max_volume_share`` of the volume, and evicts least recently used unpinned blobs.
+capped by ``max_volume_share`` of the volume, and evicts least recently used unpinned blobs
+that no process on the node holds open or mapped (agent.prewarm.inuse).
 """
 
 from __future__ import annotations
@@ -22,15 +23,16 @@ import json
 import logging
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.errors import Conflict
+from agent.errors import Busy, Conflict
 from agent.prewarm.errors import DigestMismatch, DiskFull
 from agent.prewarm.index import PrewarmIndex
+from agent.prewarm.inuse import ProcScanner, file_id
 from agent.prewarm.model import CacheItem, ItemKind, ItemState
 
 log = logging.getLogger(__name__)
@@ -216,8 +218,10 @@ class CacheStore:
         budget_bytes: int,
         max_volume_share: float,
         statvfs: Callable[[Path], os.statvfs_result] = os.statvfs,
+        scanner: ProcScanner | None = None,
     ) -> None:
         self.root = root
+        self._scanner = scanner or ProcScanner()
         self.index = index
         self.budget_bytes = budget_bytes
         self.max_volume_share = max_volume_share
@@ -233,6 +237,48 @@ class CacheStore:
 
     def name_path(self, name: str) -> Path:
         return self.name_dir / name
+
+    # -- readiness and use --------------------------------------------------------------------
+
+    def missing(self, item: CacheItem, verify_digest: bool = False) -> str | None:
+        """Why a ready file is not what its row claims (None when it is): the blob must be on
+        disk with the recorded size and, with ``verify_digest``, hash to its sha256. A lost
+        by-name link is only re-made."""
+        if not item.sha256:
+            return "no digest recorded"
+        blob = self.blob_path(item.sha256)
+        try:
+            size = blob.stat().st_size
+        except FileNotFoundError:
+            return f"blob sha256:{item.sha256} is missing from {self.blob_dir}"
+        if item.size is not None and size != item.size:
+            return f"blob sha256:{item.sha256} has {size} bytes, not {item.size}"
+        if verify_digest and _hash_file(blob) != item.sha256:
+            return f"blob sha256:{item.sha256} no longer hashes to its digest"
+        if os.path.realpath(self.name_path(item.name)) != os.path.realpath(blob):
+            self.link_name(item.name, item.sha256)
+        return None
+
+    def holders(self, sha256s: Iterable[str]) -> dict[str, set[int]]:
+        """The pids on the node holding each blob open or mapped; blobs nobody holds are absent."""
+        ids = {}
+        for sha in set(sha256s):
+            fid = file_id(self.blob_path(sha))
+            if fid is not None:
+                ids[fid] = sha
+        return {ids[fid]: pids for fid, pids in self._scanner.holders(ids).items()}
+
+    def discard_blob(self, sha256: str) -> list[str]:
+        """Drop a blob that is not what its name claims (wrong size or digest, or gone), with
+        every ready item naming it; no in-use check, as its bytes are not the item's."""
+        with self.index.transaction():
+            _, names = self._mark_evicted(sha256)
+        self._remove_blob(sha256, names)
+        return names
+
+    def remove_link(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.name_path(name).unlink()
 
     # -- budget -------------------------------------------------------------------------------
 
@@ -305,6 +351,7 @@ class CacheStore:
         for item in self.index.items([ItemState.READY]):
             if item.kind is ItemKind.FILE and item.sha256:
                 groups.setdefault(item.sha256, []).append(item)
+        held = self.holders(groups)
 
         def last_use(items: list[CacheItem]) -> float:
             return max((i.last_used or i.finished_at or 0.0) for i in items)
@@ -314,7 +361,7 @@ class CacheStore:
         for sha, items in sorted(groups.items(), key=lambda kv: last_use(kv[1])):
             if freed >= need:
                 break
-            if any(i.pinned for i in items):
+            if any(i.pinned for i in items) or sha in held:
                 continue
             size = items[0].size or 0
             chosen.append((sha, size))
@@ -366,7 +413,17 @@ class CacheStore:
         _fsync_dir(self.name_dir)
 
     def evict(self, sha256: str) -> list[str]:
-        """Evict a blob and every ready item naming it; returns the item names."""
+        """Evict a blob and every ready item naming it; returns the item names.
+
+        Refused (Busy, naming the pids) while a process holds the blob open or mapped.
+        """
+        pids = self.holders([sha256]).get(sha256)
+        if pids:
+            listed = ", ".join(str(p) for p in sorted(pids))
+            raise Busy(
+                f"blob sha256:{sha256} is open or mapped by process(es) {listed}; not evicted",
+                [str(p) for p in sorted(pids)],
+            )
         with self.index.transaction():
             _, names = self._mark_evicted(sha256)
         self._remove_blob(sha256, names)
@@ -405,6 +462,7 @@ class CacheStore:
             if blob.name not in wanted:
                 blob.unlink()
         active = {i.id for i in items if i.state in (ItemState.QUEUED, ItemState.FETCHING)}
+        active |= {i.id for i in items if i.state is ItemState.FAILED and i.retry_at is not None}
         for path in self.partial_dir.iterdir():
             if path.name.split(".", 1)[0] not in active:
                 path.unlink()
@@ -412,6 +470,14 @@ class CacheStore:
         for link in self.name_dir.iterdir():
             if link.name not in ready_names:
                 link.unlink()
+
+
+def _hash_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
