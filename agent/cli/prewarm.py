@@ -22,7 +22,14 @@ from agent.cli.render import emit, format_table, human_bytes, output_option, pla
 from agent.prewarm.errors import FetchFailed
 from agent.prewarm.factory import build_service
 from agent.prewarm.manifest import load_manifest
-from agent.prewarm.model import CacheItem, FileRequest, ImageRequest, ItemState, Progress
+from agent.prewarm.model import (
+    CacheItem,
+    FileRequest,
+    ImageRequest,
+    ItemState,
+    Progress,
+    PullPolicy,
+)
 from agent.prewarm.service import PrewarmService
 
 
@@ -189,7 +196,19 @@ def prewarm_file(
 @click.argument("ref")
 @click.option("--runtime-handler", help="CRI runtime handler, e.g. nydus for a lazy snapshotter.")
 @click.option("--name", help="Item name (default: from the reference).")
-@click.option("--pin", is_flag=True, help="Keep the image listed as pinned.")
+@click.option("--pin", is_flag=True, help="Never evict; pinned in containerd too.")
+@click.option(
+    "--pull-policy",
+    type=click.Choice([p.value for p in PullPolicy]),
+    default=PullPolicy.IF_NOT_PRESENT.value,
+    show_default=True,
+    help="Pull a ready image again only when absent, or on every request.",
+)
+@click.option(
+    "--repull-hours",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Pull again (a moving tag) once the last pull is this many hours old.",
+)
 @_wait_option
 @output_option
 @click.pass_context
@@ -199,6 +218,8 @@ def prewarm_image(
     runtime_handler: str | None,
     name: str | None,
     pin: bool,
+    pull_policy: str,
+    repull_hours: float | None,
     wait: bool,
     output: str,
 ) -> None:
@@ -209,7 +230,14 @@ def prewarm_image(
       gpu-agent prewarm image registry.example.com/llm/server:1.4 --runtime-handler nydus
     """
     service = _service(ctx)
-    request = ImageRequest(ref, name=name, runtime_handler=runtime_handler, pin=pin)
+    request = ImageRequest(
+        ref,
+        name=name,
+        runtime_handler=runtime_handler,
+        pin=pin,
+        pull_policy=PullPolicy(pull_policy),
+        repull_hours=repull_hours,
+    )
     _finish(_run_all(service, [service.submit(request)], wait), output)
 
 
@@ -257,6 +285,20 @@ def prewarm_cancel(ctx: click.Context, item: str, output: str) -> None:
     _emit_items([_service(ctx).cancel(item)], output)
 
 
+@prewarm.command("delete")
+@click.argument("item")
+@output_option
+@click.pass_context
+def prewarm_delete(ctx: click.Context, item: str, output: str) -> None:
+    """Remove an item (by id or name) from the inventory; a ready one is evicted first.
+
+    \b
+    Example:
+      gpu-agent prewarm delete llama-70b-shard-3
+    """
+    _emit_items([_service(ctx).delete(item)], output)
+
+
 @click.group(cls=AgentGroup)
 def cache() -> None:
     """The node's file cache: usage, eviction and pins."""
@@ -293,7 +335,7 @@ def cache_list(ctx: click.Context, output: str) -> None:
 @output_option
 @click.pass_context
 def cache_evict(ctx: click.Context, item: str, output: str) -> None:
-    """Delete a ready, unpinned file from the cache.
+    """Delete a ready, unpinned item: a file no process holds, or an image from containerd.
 
     \b
     Example:

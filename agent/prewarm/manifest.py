@@ -9,6 +9,8 @@ items:
     header_files: {Authorization: /var/run/secrets/models/token}
   - image: registry.example.com/serving/vllm:0.6
     runtime_handler: nydus
+    pull_policy: IfNotPresent      # or Always
+    repull_hours: 6                # optional: pull a moving tag again once 6 h old
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from typing import Any
 import yaml
 
 from agent.errors import FieldViolation, InvalidSpec
-from agent.prewarm.model import FileRequest, ImageRequest
+from agent.prewarm.model import FileRequest, ImageRequest, PullPolicy
 
 _FILE_KEYS = ("url", "name", "sha256", "pin", "header_files")
-_IMAGE_KEYS = ("image", "name", "runtime_handler", "pin")
+_IMAGE_KEYS = ("image", "name", "runtime_handler", "pin", "pull_policy", "repull_hours")
 
 
 def load_manifest(path: Path) -> list[FileRequest | ImageRequest]:
@@ -90,15 +92,28 @@ def _image(
 ) -> ImageRequest | None:
     if not _unknown(entry, _IMAGE_KEYS, where, errors):
         return None
-    fields = _strings(entry, ("image", "name", "runtime_handler"), where, errors)
+    fields = _strings(entry, ("image", "name", "runtime_handler", "pull_policy"), where, errors)
     pin = _bool(entry, where, errors)
     if fields is None or pin is None:
+        return None
+    policy = fields["pull_policy"] or PullPolicy.IF_NOT_PRESENT.value
+    if policy not in {p.value for p in PullPolicy}:
+        allowed = ", ".join(p.value for p in PullPolicy)
+        errors.append(FieldViolation(f"{where}.pull_policy", f"one of {allowed}"))
+        return None
+    hours = entry.get("repull_hours")
+    if hours is not None and (
+        isinstance(hours, bool) or not isinstance(hours, int | float) or hours <= 0
+    ):
+        errors.append(FieldViolation(f"{where}.repull_hours", "a number of hours > 0"))
         return None
     return ImageRequest(
         ref=fields["image"] or "",
         name=fields["name"],
         runtime_handler=fields["runtime_handler"],
         pin=pin,
+        pull_policy=PullPolicy(policy),
+        repull_hours=float(hours) if hours is not None else None,
     )
 
 
