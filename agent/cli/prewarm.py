@@ -25,6 +25,7 @@ from agent.prewarm.manifest import load_manifest
 from agent.prewarm.model import (
     CacheItem,
     FileRequest,
+    GroupRequest,
     ImageRequest,
     ItemState,
     Progress,
@@ -181,14 +182,73 @@ def prewarm_file(
       gpu-agent prewarm file https://models.example.com/llama/model.safetensors \\
         --name llama-8b --sha256 3f2a... --header Authorization=/secrets/hf/header
     """
+    service = _service(ctx)
+    request = FileRequest(
+        url, name=name, sha256=sha256, pin=pin, header_files=_header_files(headers)
+    )
+    _finish(_run_all(service, [service.submit(request)], wait), output)
+
+
+def _header_files(headers: Sequence[str]) -> dict[str, Path]:
     header_files = {}
     for spec in headers:
         key, sep, path = spec.partition("=")
         if not sep or not key or not path:
             raise click.BadParameter(f"{spec!r}: expected NAME=FILE", param_hint="--header")
         header_files[key] = Path(path)
+    return header_files
+
+
+@prewarm.command("model")
+@click.argument("repo")
+@click.option("--revision", default="main", show_default=True, help="Branch, tag or commit.")
+@click.option(
+    "--endpoint",
+    default="https://huggingface.co",
+    show_default=True,
+    help="Hub serving the repo (/api/models/... and /<repo>/resolve/...).",
+)
+@click.option(
+    "--include",
+    multiple=True,
+    metavar="GLOB",
+    help="Only files matching GLOB (repeatable); all files without it.",
+)
+@click.option("--name", help="Item name (default: the repo's name); the label and by-name dir.")
+@click.option("--pin", is_flag=True, help="Never evict this model.")
+@click.option("--header", "headers", multiple=True, metavar="NAME=FILE", help="As for file.")
+@_wait_option
+@output_option
+@click.pass_context
+def prewarm_model(
+    ctx: click.Context,
+    repo: str,
+    revision: str,
+    endpoint: str,
+    include: tuple[str, ...],
+    name: str | None,
+    pin: bool,
+    headers: tuple[str, ...],
+    wait: bool,
+    output: str,
+) -> None:
+    """Warm a model repo snapshot as one item: by-name/NAME/ is the directory vLLM loads.
+
+    \b
+    Example:
+      gpu-agent prewarm model meta-llama/Llama-3.1-8B-Instruct \\
+        --include '*.json' --include '*.safetensors' --header Authorization=/secrets/hf/header
+    """
     service = _service(ctx)
-    request = FileRequest(url, name=name, sha256=sha256, pin=pin, header_files=header_files)
+    request = GroupRequest(
+        repo,
+        revision=revision,
+        endpoint=endpoint,
+        include=include,
+        name=name,
+        pin=pin,
+        header_files=_header_files(headers),
+    )
     _finish(_run_all(service, [service.submit(request)], wait), output)
 
 

@@ -96,4 +96,5 @@ def build_service(settings: PrewarmSettings, db_path: Path) -> PrewarmService:
         ignored_query_params=settings.ignored_query_params,
         retry_initial_s=settings.retry_initial_s,
         retry_max_s=settings.retry_max_s,
+        lister=HttpFetcher(policy),  # listings name moving revisions: never from a P2P cache
     )

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,7 @@ class PullPolicy(enum.StrEnum):
 class ItemKind(enum.StrEnum):
     FILE = "file"
     IMAGE = "image"
+    GROUP = "group"  # a model: the files of a repo snapshot, warmed and labelled as one
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,20 @@ class FileRequest:
     url: str
     name: str | None = None
     sha256: str | None = None
+    pin: bool = False
+    header_files: Mapping[str, Path] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRequest:
+    """Warm a model repo snapshot (Hugging Face style) as one item: every file matching
+    ``include`` (all when empty), laid out as the model directory under by-name/<name>/."""
+
+    repo: str
+    revision: str = "main"
+    endpoint: str = "https://huggingface.co"
+    include: Sequence[str] = ()
+    name: str | None = None
     pin: bool = False
     header_files: Mapping[str, Path] = field(default_factory=dict)
 
@@ -134,6 +150,23 @@ class CacheItem:
     options: Mapping[str, str] = field(default_factory=dict)
 
     @property
+    def blobs(self) -> dict[str, int]:
+        """sha256 -> size of the blobs a ready file or group stands on ({} for others)."""
+        if self.kind is ItemKind.FILE:
+            return {self.sha256: self.size or 0} if self.sha256 else {}
+        if self.kind is ItemKind.GROUP:
+            return {sha: size for _, sha, size in self.members}
+        return {}
+
+    @property
+    def members(self) -> list[tuple[str, str, int]]:
+        """A ready group's files: (path in the model directory, sha256, size)."""
+        raw = self.options.get("members")
+        if not raw:
+            return []
+        return [(str(p), str(s), int(n)) for p, s, n in json.loads(raw)]
+
+    @property
     def retry_at(self) -> float | None:
         """When the agent retries a file that failed for a transient reason (None: no retry)."""
         value = self.options.get("retry_at")
@@ -158,7 +191,7 @@ class CacheItem:
         when the pod starts)."""
         if self.state is not ItemState.READY:
             return False
-        if self.kind is ItemKind.FILE:
+        if self.kind in (ItemKind.FILE, ItemKind.GROUP):
             return True
         warmth = self.image_warmth
         return warmth is not None and warmth.warmth is Warmth.FULL

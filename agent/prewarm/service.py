@@ -8,6 +8,8 @@ item's row. Items left fetching by a dead process are taken over and resume from
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import re
@@ -25,12 +27,14 @@ import psutil
 from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec
 from agent.prewarm.errors import Cancelled, FetchFailed, ImageWarmFailed
 from agent.prewarm.fetch_http import CancelledFn, FetchInfo, FetchSpec, ProgressFn
+from agent.prewarm.group import Member, check_repo, list_group, listing_url
 from agent.prewarm.headers import check_header_name, read_header_files
 from agent.prewarm.index import ImagePull, PrewarmIndex
 from agent.prewarm.inventory import Inventory
 from agent.prewarm.model import (
     CacheItem,
     FileRequest,
+    GroupRequest,
     ImageRequest,
     ImageWarmth,
     ItemKind,
@@ -49,7 +53,7 @@ from agent.prewarm.naming import (
 from agent.prewarm.policy import UrlPolicy, redact_url
 from agent.prewarm.progress import ProgressMeter
 from agent.prewarm.sink import Sink
-from agent.prewarm.store import CacheStore, Partial
+from agent.prewarm.store import CacheStore, MemberPartial, Partial
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,8 @@ _HEADER_PREFIX = "header:"
 _REQUEST_OPTIONS = ("runtime_handler", "pull_policy", "repull_hours")
 _RETRY_OPTIONS = ("retry_at", "attempts")
 _MAX_REPULL_H = 24 * 365
+_MAX_INCLUDE = 64
+Request = FileRequest | ImageRequest | GroupRequest
 
 ProgressCallback = Callable[[Progress], None]
 
@@ -143,8 +149,12 @@ class PrewarmService:
         ignored_query_params: Sequence[str] = DEFAULT_IGNORED_QUERY_PARAMS,
         retry_initial_s: float = 30.0,
         retry_max_s: float = 3600.0,
+        lister: FileFetcher | None = None,
+        group_parallel: int = 8,
     ) -> None:
         self.index = index
+        self._lister = lister or fetcher
+        self._group_parallel = group_parallel
         self._ignored_params = tuple(ignored_query_params)
         self._retry_initial = retry_initial_s
         self._retry_max = retry_max_s
@@ -165,11 +175,11 @@ class PrewarmService:
 
     # -- requests -----------------------------------------------------------------------------
 
-    def submit(self, request: FileRequest | ImageRequest) -> CacheItem:
+    def submit(self, request: Request) -> CacheItem:
         """Validate and record a request; returns the item (already ready on a cache hit)."""
         return self.submit_all([request])[0]
 
-    def submit_all(self, requests: Sequence[FileRequest | ImageRequest]) -> list[CacheItem]:
+    def submit_all(self, requests: Sequence[Request]) -> list[CacheItem]:
         """Validate and plan every request, then record them all in one transaction: a bad
         manifest, or one item of it that conflicts, changes nothing."""
         for request in requests:
@@ -189,7 +199,7 @@ class PrewarmService:
             plan.after(item)
         return items
 
-    def _validate(self, request: FileRequest | ImageRequest) -> None:
+    def _validate(self, request: Request) -> None:
         if request.name is not None:
             check_name(request.name)
         if isinstance(request, FileRequest):
@@ -204,6 +214,20 @@ class PrewarmService:
             read_header_files(
                 request.header_files, self._header_dirs
             )  # fail now, not minutes later
+            return
+        if isinstance(request, GroupRequest):
+            check_repo(request.repo, request.revision)
+            self.policy.check(listing_url(request.endpoint, request.repo, request.revision))
+            if len(request.include) > _MAX_INCLUDE or any(
+                not g or len(g) > 256 for g in request.include
+            ):
+                raise InvalidSpec(
+                    f"include takes 1 to {_MAX_INCLUDE} globs of at most 256 characters",
+                    [FieldViolation("include", "globs such as *.safetensors, config.json")],
+                )
+            for header in request.header_files:
+                check_header_name(header)
+            read_header_files(request.header_files, self._header_dirs)
             return
         if not request.ref or any(c.isspace() for c in request.ref):
             raise InvalidSpec(
@@ -220,9 +244,11 @@ class PrewarmService:
         """What makes two file URLs the same item: the URL without its signature parameters."""
         return source_identity(url, self._ignored_params)
 
-    def _plan(self, request: FileRequest | ImageRequest) -> _Plan:
+    def _plan(self, request: Request) -> _Plan:
         if isinstance(request, FileRequest):
             return self._plan_file(request)
+        if isinstance(request, GroupRequest):
+            return self._plan_group(request)
         return self._plan_image(request)
 
     def _free_name(self, source: str, identity: str, kind: ItemKind) -> str:
@@ -235,6 +261,34 @@ class PrewarmService:
 
     def _identity_of(self, item: CacheItem) -> str:
         return self.identity(item.source) if item.kind is ItemKind.FILE else item.source
+
+    def _plan_group(self, request: GroupRequest) -> _Plan:
+        source = listing_url(request.endpoint, request.repo, request.revision)
+        pretty = (
+            request.repo if request.revision == "main" else f"{request.repo}:{request.revision}"
+        )
+        name = request.name or self._free_name(pretty, source, ItemKind.GROUP)
+        options = {f"{_HEADER_PREFIX}{k}": str(v) for k, v in request.header_files.items()}
+        options.update(
+            repo=request.repo,
+            revision=request.revision,
+            endpoint=request.endpoint,
+            include=json.dumps(list(request.include)),
+        )
+        existing = self.index.find_by_name(name)
+        if existing is not None:
+            return self._plan_again(existing, source, source, None, request, options)
+        item = CacheItem(
+            id=_new_id(),
+            kind=ItemKind.GROUP,
+            name=name,
+            source=source,
+            state=ItemState.QUEUED,
+            pinned=request.pin,
+            created_at=self._clock(),
+            options=options,
+        )
+        return _Plan(name, partial(self.index.insert, item))
 
     def _plan_file(self, request: FileRequest) -> _Plan:
         identity = self.identity(request.url)
@@ -305,12 +359,12 @@ class PrewarmService:
         source: str,
         identity: str,
         sha256: str | None,
-        request: FileRequest | ImageRequest,
+        request: Request,
         options: dict[str, str],
     ) -> _Plan:
         """The same name again: a hit when ready and verified, else a retry (a re-signed URL
         of the same identity takes the item over and resumes its partial)."""
-        kind = ItemKind.FILE if isinstance(request, FileRequest) else ItemKind.IMAGE
+        kind = _KINDS[type(request)]
         if item.kind is not kind or self._identity_of(item) != identity:
             raise Conflict(
                 f"a cache item named {item.name!r} already exists for another source; "
@@ -344,8 +398,8 @@ class PrewarmService:
                 log.warning(
                     "%s is not what its row claims (%s); fetching it again", item.name, reason
                 )
-                if kind is ItemKind.FILE and item.sha256:
-                    self.store.discard_blob(item.sha256)
+                if kind is not ItemKind.IMAGE:
+                    self.store.discard_item(item)
         if item.state in (ItemState.FAILED, ItemState.EVICTED, ItemState.READY):
             # A ready image that is not fully warm (bootstrap-only, unknown) is warmed again:
             # Dragonfly may be there now, and a prefetch hint is used only once.
@@ -377,7 +431,7 @@ class PrewarmService:
     def _unready(self, item: CacheItem, verify_digest: bool = False) -> str | None:
         """Why a ready item is not there (None when it is): a file's blob on disk with its size
         (and digest when asked), an image in the CRI. A CRI that cannot answer is a reason."""
-        if item.kind is ItemKind.FILE:
+        if item.kind is not ItemKind.IMAGE:
             return self.store.missing(item, verify_digest)
         if self._puller is None:
             return "no image puller (CRI) is configured"
@@ -410,8 +464,8 @@ class PrewarmService:
             if reason is None:
                 continue
             log.warning("audit: %s is not ready: %s", item.name, reason)
-            if item.kind is ItemKind.FILE and item.sha256:
-                self.store.discard_blob(item.sha256)
+            if item.kind is not ItemKind.IMAGE:
+                self.store.discard_item(item)
             changed.append(self.index.update(item.id, state=ItemState.EVICTED, error=reason))
         return changed
 
@@ -460,6 +514,11 @@ class PrewarmService:
             if self._puller is not None:
                 self._puller.remove(item.source)
             return self.index.update(item.id, state=ItemState.EVICTED)
+        if item.kind is ItemKind.GROUP:
+            if item.pinned:
+                raise Conflict(f"{item.name} is pinned; unpin first")
+            self.store.evict_group(item)
+            return self.index.get(item.id)
         assert item.sha256 is not None
         sharing = self.index.ready_with_digest(item.sha256)
         pinned = [i.name for i in sharing if i.pinned]
@@ -574,6 +633,8 @@ class PrewarmService:
         try:
             if item.kind is ItemKind.FILE:
                 return self._run_file(item, event)
+            if item.kind is ItemKind.GROUP:
+                return self._run_group(item, event)
             return self._run_image(item, event)
         finally:
             with self._lock:
@@ -671,11 +732,18 @@ class PrewarmService:
         return done
 
     def _fail(
-        self, item: CacheItem, partial: Partial, error: str, transient: bool = False
+        self,
+        item: CacheItem,
+        partials: Partial | Sequence[Partial],
+        error: str,
+        transient: bool = False,
     ) -> CacheItem:
-        """Fail the item; a transient failure keeps its partial and is retried by the agent
-        after a doubling delay, anything else loses the partial and waits for a new request."""
-        partial.close()
+        """Fail the item; a transient failure keeps its partial(s) and is retried by the agent
+        after a doubling delay, anything else loses them and waits for a new request."""
+        parts = [partials] if isinstance(partials, Partial) else list(partials)
+        for part in parts:
+            part.close()
+        kept = sum(part.offset for part in parts)
         self.index.set_owner(item.id, None)
         now = self._clock()
         options = _without_retry(item.options)
@@ -683,7 +751,7 @@ class PrewarmService:
             attempts = item.attempts + 1
             delay = min(self._retry_initial * 2 ** (attempts - 1), self._retry_max)
             options.update(retry_at=f"{now + delay:.3f}", attempts=str(attempts))
-            error = f"{error} (retrying in {delay:.0f}s, {partial.offset} bytes kept)"
+            error = f"{error} (retrying in {delay:.0f}s, {kept} bytes kept)"
         else:
             self.store.discard_partial(item.id)
         log.warning("prewarm of %s (%s) failed: %s", item.name, redact_url(item.source), error)
@@ -694,8 +762,127 @@ class PrewarmService:
             size=None,
             finished_at=now,
             options=options,
-            fetched_bytes=partial.offset if transient else 0,
+            fetched_bytes=kept if transient else 0,
         )
+
+    def _run_group(self, item: CacheItem, event: threading.Event) -> CacheItem:
+        """List the snapshot, admit its total size, fetch the missing files in parallel (each
+        resumable on its own), verify and commit them, then lay out the model directory."""
+        progress, cancelled = self._watchers(item, event)
+        opts = item.options
+        partials: dict[str, MemberPartial] = {}
+        try:
+            headers = read_header_files(_header_files(item), self._header_dirs)
+            listing = list_group(
+                self._lister,
+                opts["endpoint"],
+                opts["repo"],
+                opts["revision"],
+                json.loads(opts.get("include", "[]")),
+                headers,
+                cancelled,
+            )
+            todo = [
+                m
+                for m in listing.members
+                if not (m.sha256 and self.store.blob_path(m.sha256).exists())
+            ]
+            for m in todo:
+                partials[m.path] = MemberPartial(self.store, _member_key(item.id, m.path), m.size)
+            on_disk = sum(p.offset for p in partials.values())
+            self.store.admit(item.id, listing.total, on_disk=on_disk)
+            self._fetch_members(todo, partials, headers, listing.total, progress, cancelled)
+            files = []
+            for m in listing.members:
+                if m.path in partials:
+                    what = f"{item.name}/{m.path}"
+                    sha = self.store.commit_blob(partials.pop(m.path), m.sha256, what)
+                else:
+                    sha = m.sha256 or ""
+                files.append((m.path, sha, m.size))
+            self.store.link_tree(item.name, item.id, [(p, sha) for p, sha, _ in files])
+        except Cancelled:
+            for part in partials.values():
+                part.close()
+            if self.index.get(item.id).state is ItemState.FETCHING:
+                self.index.update(item.id, state=ItemState.QUEUED)
+                self.index.set_owner(item.id, None)
+            else:
+                self.store.discard_partial(item.id)
+            return self.index.get(item.id)
+        except FetchFailed as exc:
+            return self._fail(item, list(partials.values()), str(exc), transient=exc.transient)
+        except AgentError as exc:
+            return self._fail(item, list(partials.values()), str(exc))
+        except Exception as exc:
+            log.exception("prewarm of model %s failed unexpectedly", item.name)
+            error = f"internal error: {type(exc).__name__}: {exc}"
+            return self._fail(item, list(partials.values()), error)
+        now = self._clock()
+        options = _without_retry(opts)
+        options.update(commit=listing.commit, members=json.dumps(files), via=self._fetcher.mode)
+        self.index.set_owner(item.id, None)
+        done = self.index.update(
+            item.id,
+            state=ItemState.READY,
+            size=listing.total,
+            fetched_bytes=listing.total,
+            finished_at=now,
+            last_used=now,
+            error=None,
+            options=options,
+            warm_seconds=now - (item.started_at or now),
+        )
+        log.info("prewarmed model %s (%d files, %d bytes)", item.name, len(files), listing.total)
+        return done
+
+    def _fetch_members(
+        self,
+        todo: Sequence[Member],
+        partials: Mapping[str, MemberPartial],
+        headers: Mapping[str, str],
+        total: int,
+        progress: ProgressFn,
+        cancelled: CancelledFn,
+    ) -> None:
+        """Fetch the files of a group side by side; raise the first failure once all ended
+        (the others' partials are kept for the retry)."""
+        lock = threading.Lock()
+        offsets = {m.path: partials[m.path].offset for m in todo}
+        done_before = total - sum(m.size for m in todo)
+
+        def member_progress(path: str) -> ProgressFn:
+            def report(done: int, _: int | None) -> None:
+                with lock:
+                    offsets[path] = done
+                    progress(done_before + sum(offsets.values()), total)
+
+            return report
+
+        if not todo:
+            return
+        with ThreadPoolExecutor(min(self._group_parallel, len(todo))) as pool:
+            futures = [
+                pool.submit(
+                    self._fetcher.fetch,
+                    FetchSpec(m.url, headers, m.sha256, resume_key=self.identity(m.url)),
+                    partials[m.path],
+                    member_progress(m.path),
+                    cancelled,
+                )
+                for m in todo
+            ]
+            errors = [f.exception() for f in futures]
+        failures = [e for e in errors if e is not None]
+        if failures:
+            # A shutdown first, then a failure to retry, then the rest.
+            failures.sort(
+                key=lambda e: (
+                    not isinstance(e, Cancelled),
+                    not (isinstance(e, FetchFailed) and e.transient),
+                )
+            )
+            raise failures[0]
 
     def _run_image(self, item: CacheItem, event: threading.Event) -> CacheItem:
         if self._puller is None:
@@ -773,6 +960,18 @@ def _header_files(item: CacheItem) -> dict[str, Path]:
         for k, v in item.options.items()
         if k.startswith(_HEADER_PREFIX)
     }
+
+
+_KINDS: dict[type, ItemKind] = {
+    FileRequest: ItemKind.FILE,
+    ImageRequest: ItemKind.IMAGE,
+    GroupRequest: ItemKind.GROUP,
+}
+
+
+def _member_key(item_id: str, path: str) -> str:
+    """A group file's partial: named by its path, so a retry resumes the same file."""
+    return f"{item_id}.{hashlib.sha256(path.encode()).hexdigest()[:16]}"
 
 
 def _nothing(item: CacheItem) -> None:

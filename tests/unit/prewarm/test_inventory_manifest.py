@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -12,6 +14,7 @@ from agent.prewarm.manifest import parse_manifest
 from agent.prewarm.model import (
     CacheItem,
     FileRequest,
+    GroupRequest,
     ImageRequest,
     ImageWarmth,
     ItemKind,
@@ -165,3 +168,33 @@ def test_manifest_images_take_a_pull_policy_and_a_repull_interval() -> None:
         "items[0].pull_policy",
         "items[1].repull_hours",
     ]
+
+
+def test_manifest_lists_models_as_groups() -> None:
+    [model] = parse_manifest(
+        {
+            "version": 1,
+            "items": [
+                {
+                    "model": "org/Tiny",
+                    "revision": "v1",
+                    "include": ["*.safetensors", "config.json"],
+                    "header_files": {"Authorization": "/secrets/hf"},
+                }
+            ],
+        }
+    )
+    assert model == GroupRequest(
+        "org/Tiny",
+        revision="v1",
+        include=("*.safetensors", "config.json"),
+        header_files={"Authorization": Path("/secrets/hf")},
+    )
+    with pytest.raises(InvalidSpec) as bad:
+        parse_manifest(
+            {
+                "version": 1,
+                "items": [{"model": "org/Tiny", "url": "https://h/x"}, {"model": "o/m", "inc": 1}],
+            }
+        )
+    assert [v.field for v in bad.value.violations] == ["items[0]", "items[1].inc"]
