@@ -28,15 +28,20 @@ def proxy_ssl_context(settings: PrewarmSettings) -> ssl.SSLContext | None:
 
 
 def fetcher_from(settings: PrewarmSettings, policy: UrlPolicy) -> FileFetcher:
-    """dfdaemon's gRPC socket when set, else its HTTP proxy when set, else direct (§1)."""
+    """dfdaemon's gRPC socket when set, else its HTTP proxy when set, else direct (§1).
+
+    dfdaemon follows redirects itself, so its fetchers get URLs whose redirects the agent
+    resolved and checked first (agent.prewarm.redirects)."""
+    from agent.prewarm.redirects import ResolvingFetcher
+
     if settings.dragonfly_socket is not None:
         from agent.prewarm.fetch_dragonfly import DragonflyFetcher
 
-        return DragonflyFetcher(policy, settings.dragonfly_socket)
+        return ResolvingFetcher(DragonflyFetcher(policy, settings.dragonfly_socket), policy)
     if settings.dragonfly_proxy is not None:
-        return HttpFetcher(
-            policy, proxy=settings.dragonfly_proxy, ssl_context=proxy_ssl_context(settings)
-        )
+        context = proxy_ssl_context(settings)
+        proxied = HttpFetcher(policy, proxy=settings.dragonfly_proxy, ssl_context=context)
+        return ResolvingFetcher(proxied, policy, ssl_context=context)
     return HttpFetcher(policy)
 
 

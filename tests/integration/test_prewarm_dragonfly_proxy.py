@@ -20,6 +20,7 @@ from agent.prewarm.model import FileRequest, ItemState
 from agent.prewarm.policy import UrlPolicy
 from tests.integration.prewarm_fixtures.agent import make_service
 from tests.integration.prewarm_fixtures.origin import Origin
+from tests.integration.prewarm_fixtures.recording_proxy import RecordingProxy
 from tests.integration.prewarm_fixtures.tinyproxy import tinyproxy
 
 pytestmark = [
@@ -125,3 +126,30 @@ def test_dragonfly_ca_file_is_trusted_for_https_through_the_proxy(tmp_path: Path
     assert refused.state is ItemState.FAILED and "CERTIFICATE_VERIFY_FAILED" in (
         refused.error or ""
     )
+
+
+def test_redirect_policy_holds_when_dfdaemon_follows_redirects(tmp_path: Path) -> None:
+    """The proxy follows redirects itself (as dfdaemon does): the agent resolves them first,
+    so a redirect to a denied address is refused and that address never asked; an allowed
+    redirect reaches dfdaemon as its final URL."""
+    roots = [tmp_path / "o1", tmp_path / "o2"]
+    for r in roots:
+        r.mkdir()
+    with (
+        Origin(roots[0]) as public,
+        Origin(roots[1], host="127.0.0.2") as private,
+        RecordingProxy(follow_redirects=True) as dfdaemon,
+    ):
+        private.add("secret.bin", b"s" * 1000)
+        digest = public.add("model.bin", b"m" * 5000)
+        public.faults.redirects["/evil"] = f"http://127.0.0.2:{private.port}/secret.bin"
+        public.faults.redirects["/moved"] = public.url("model.bin")
+        policy = UrlPolicy(allow_http=True, denied_hosts=("127.0.0.2/32",))
+        settings = PrewarmSettings(dragonfly_proxy=f"http://{dfdaemon.address}")
+        svc = make_service(tmp_path, fetcher=fetcher_from(settings, policy), policy=policy)
+        refused = svc.run(svc.submit(FileRequest(public.url("evil"), name="evil")).id)
+        moved = svc.run(svc.submit(FileRequest(public.url("moved"), sha256=digest)).id)
+    assert refused.state is ItemState.FAILED and "denied" in (refused.error or "")
+    assert private.requests == []
+    assert moved.state is ItemState.READY, moved.error
+    assert [r.url for r in dfdaemon.requests] == [public.url("model.bin")]
