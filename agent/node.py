@@ -105,7 +105,9 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
     gpu = open_driver(config.simulate, config.state_dir, latency=simulated_latency)
     state = StateStore(config.state_dir / "agent.db")
     bus = EventBus()
-    prewarm = build_prewarm(config.prewarm, config.state_dir / "agent.db")
+    prewarm = build_prewarm(
+        config.prewarm, config.state_dir / "agent.db", proc_root=config.telemetry.proc_root
+    )
     proc_root = None
     if config.simulate:
         from agent.gpu.sim import SimControl

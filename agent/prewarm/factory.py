@@ -9,6 +9,7 @@ from pathlib import Path
 from agent.config import PrewarmSettings
 from agent.prewarm.fetch_http import HttpFetcher
 from agent.prewarm.index import PrewarmIndex
+from agent.prewarm.inuse import ProcScanner
 from agent.prewarm.policy import UrlPolicy
 from agent.prewarm.service import FileFetcher, ImagePuller, ImageWarmer, PrewarmService
 from agent.prewarm.store import CacheStore
@@ -86,9 +87,18 @@ def warmer_from(settings: PrewarmSettings, policy: UrlPolicy) -> ImageWarmer:
     )
 
 
-def build_service(settings: PrewarmSettings, db_path: Path) -> PrewarmService:
+def build_service(
+    settings: PrewarmSettings, db_path: Path, proc_root: Path = Path("/proc")
+) -> PrewarmService:
+    """``proc_root``: the host's /proc (telemetry.proc_root), scanned for readers of blobs."""
     index = PrewarmIndex.open(db_path)
-    store = CacheStore(settings.cache_dir, index, settings.budget_bytes, settings.max_volume_share)
+    store = CacheStore(
+        settings.cache_dir,
+        index,
+        settings.budget_bytes,
+        settings.max_volume_share,
+        scanner=ProcScanner(proc_root),
+    )
     policy = policy_from(settings)
     return PrewarmService(
         index,
