@@ -263,7 +263,10 @@ class PrewarmService:
         return self.identity(item.source) if item.kind is ItemKind.FILE else item.source
 
     def _plan_group(self, request: GroupRequest) -> _Plan:
+        # The file selection is part of what the item is: other globs are another source.
         source = listing_url(request.endpoint, request.repo, request.revision)
+        if request.include:
+            source += "#include=" + ",".join(request.include)
         pretty = (
             request.repo if request.revision == "main" else f"{request.repo}:{request.revision}"
         )
@@ -466,7 +469,11 @@ class PrewarmService:
             log.warning("audit: %s is not ready: %s", item.name, reason)
             if item.kind is not ItemKind.IMAGE:
                 self.store.discard_item(item)
-            changed.append(self.index.update(item.id, state=ItemState.EVICTED, error=reason))
+            with self.index.transaction():
+                # A request may have queued it again meanwhile: leave that alone.
+                if self.index.get(item.id).state not in (ItemState.READY, ItemState.EVICTED):
+                    continue
+                changed.append(self.index.update(item.id, state=ItemState.EVICTED, error=reason))
         return changed
 
     # -- inventory ----------------------------------------------------------------------------
@@ -737,13 +744,15 @@ class PrewarmService:
         partials: Partial | Sequence[Partial],
         error: str,
         transient: bool = False,
+        kept: int | None = None,
     ) -> CacheItem:
         """Fail the item; a transient failure keeps its partial(s) and is retried by the agent
         after a doubling delay, anything else loses them and waits for a new request."""
         parts = [partials] if isinstance(partials, Partial) else list(partials)
         for part in parts:
             part.close()
-        kept = sum(part.offset for part in parts)
+        if kept is None:
+            kept = sum(part.offset for part in parts)
         self.index.set_owner(item.id, None)
         now = self._clock()
         options = _without_retry(item.options)
@@ -766,11 +775,12 @@ class PrewarmService:
         )
 
     def _run_group(self, item: CacheItem, event: threading.Event) -> CacheItem:
-        """List the snapshot, admit its total size, fetch the missing files in parallel (each
-        resumable on its own), verify and commit them, then lay out the model directory."""
+        """List the snapshot, admit its total size, fetch and commit the missing files in
+        parallel (each resumable on its own), then lay out the model directory."""
         progress, cancelled = self._watchers(item, event)
         opts = item.options
-        partials: dict[str, MemberPartial] = {}
+        # Files of this snapshot already committed by an earlier, failed run: url -> sha256.
+        fetched: dict[str, str] = json.loads(opts.get("fetched", "{}"))
         try:
             headers = read_header_files(_header_files(item), self._header_dirs)
             listing = list_group(
@@ -782,44 +792,45 @@ class PrewarmService:
                 headers,
                 cancelled,
             )
-            todo = [
-                m
-                for m in listing.members
-                if not (m.sha256 and self.store.blob_path(m.sha256).exists())
-            ]
-            for m in todo:
-                partials[m.path] = MemberPartial(self.store, _member_key(item.id, m.path), m.size)
-            on_disk = sum(p.offset for p in partials.values())
-            self.store.admit(item.id, listing.total, on_disk=on_disk)
-            self._fetch_members(todo, partials, headers, listing.total, progress, cancelled)
-            files = []
+            have: dict[str, str] = {}
             for m in listing.members:
-                if m.path in partials:
-                    what = f"{item.name}/{m.path}"
-                    sha = self.store.commit_blob(partials.pop(m.path), m.sha256, what)
-                else:
-                    sha = m.sha256 or ""
-                files.append((m.path, sha, m.size))
+                sha = m.sha256 or fetched.get(m.url)
+                blob = self.store.blob_path(sha) if sha else None
+                if sha and blob is not None and blob.exists() and blob.stat().st_size == m.size:
+                    have[m.path] = sha
+            todo = [m for m in listing.members if m.path not in have]
+            on_disk = sum(self.store.partial_size(_member_key(item.id, m.path)) for m in todo)
+            self.store.admit(item.id, listing.total, on_disk=on_disk)
+            self._fetch_members(
+                item, todo, have, fetched, headers, listing.total, progress, cancelled
+            )
+            files = [(m.path, have[m.path], m.size) for m in listing.members]
             self.store.link_tree(item.name, item.id, [(p, sha) for p, sha, _ in files])
         except Cancelled:
-            for part in partials.values():
-                part.close()
             if self.index.get(item.id).state is ItemState.FETCHING:
-                self.index.update(item.id, state=ItemState.QUEUED)
+                self.index.update(
+                    item.id,
+                    state=ItemState.QUEUED,
+                    options={**opts, "fetched": json.dumps(fetched)},
+                )
                 self.index.set_owner(item.id, None)
             else:
                 self.store.discard_partial(item.id)
             return self.index.get(item.id)
-        except FetchFailed as exc:
-            return self._fail(item, list(partials.values()), str(exc), transient=exc.transient)
-        except AgentError as exc:
-            return self._fail(item, list(partials.values()), str(exc))
         except Exception as exc:
-            log.exception("prewarm of model %s failed unexpectedly", item.name)
-            error = f"internal error: {type(exc).__name__}: {exc}"
-            return self._fail(item, list(partials.values()), error)
+            transient = isinstance(exc, FetchFailed) and exc.transient
+            if not isinstance(exc, AgentError):
+                log.exception("prewarm of model %s failed unexpectedly", item.name)
+            error = str(exc) if isinstance(exc, AgentError) else f"internal error: {exc!r}"
+            kept = {k: v for k, v in opts.items() if k != "fetched"}
+            if transient:
+                kept["fetched"] = json.dumps(fetched)
+            item = self.index.update(item.id, options=kept)
+            return self._fail(
+                item, [], error, transient=transient, kept=self.store.partial_size(item.id)
+            )
         now = self._clock()
-        options = _without_retry(opts)
+        options = {k: v for k, v in _without_retry(opts).items() if k != "fetched"}
         options.update(commit=listing.commit, members=json.dumps(files), via=self._fetcher.mode)
         self.index.set_owner(item.id, None)
         done = self.index.update(
@@ -838,44 +849,47 @@ class PrewarmService:
 
     def _fetch_members(
         self,
+        item: CacheItem,
         todo: Sequence[Member],
-        partials: Mapping[str, MemberPartial],
+        have: dict[str, str],
+        fetched: dict[str, str],
         headers: Mapping[str, str],
         total: int,
         progress: ProgressFn,
         cancelled: CancelledFn,
     ) -> None:
-        """Fetch the files of a group side by side; raise the first failure once all ended
-        (the others' partials are kept for the retry)."""
+        """Fetch and commit the files of a group, at most ``group_parallel`` at once (so at
+        most that many partials are open); raise the first failure once all ended. Files that
+        made it are recorded in ``have`` and ``fetched``, so a retry does not fetch them again."""
         lock = threading.Lock()
-        offsets = {m.path: partials[m.path].offset for m in todo}
+        offsets = {m.path: 0 for m in todo}
         done_before = total - sum(m.size for m in todo)
 
-        def member_progress(path: str) -> ProgressFn:
-            def report(done: int, _: int | None) -> None:
-                with lock:
-                    offsets[path] = done
-                    progress(done_before + sum(offsets.values()), total)
+        def one(m: Member) -> None:
+            part = MemberPartial(self.store, _member_key(item.id, m.path), m.size)
+            try:
 
-            return report
+                def report(done: int, _: int | None) -> None:
+                    with lock:
+                        offsets[m.path] = done
+                        progress(done_before + sum(offsets.values()), total)
+
+                spec = FetchSpec(m.url, headers, m.sha256, resume_key=self.identity(m.url))
+                self._fetcher.fetch(spec, part, report, cancelled)
+                sha = self.store.commit_blob(part, m.sha256, f"{item.name}/{m.path}")
+            finally:
+                part.close()
+            with lock:
+                have[m.path] = sha
+                fetched[m.url] = sha
 
         if not todo:
             return
         with ThreadPoolExecutor(min(self._group_parallel, len(todo))) as pool:
-            futures = [
-                pool.submit(
-                    self._fetcher.fetch,
-                    FetchSpec(m.url, headers, m.sha256, resume_key=self.identity(m.url)),
-                    partials[m.path],
-                    member_progress(m.path),
-                    cancelled,
-                )
-                for m in todo
-            ]
-            errors = [f.exception() for f in futures]
+            errors = [f.exception() for f in [pool.submit(one, m) for m in todo]]
         failures = [e for e in errors if e is not None]
         if failures:
-            # A shutdown first, then a failure to retry, then the rest.
+            # A shutdown first, then a failure worth a retry, then the rest.
             failures.sort(
                 key=lambda e: (
                     not isinstance(e, Cancelled),

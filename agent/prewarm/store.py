@@ -436,6 +436,14 @@ class CacheStore:
     def partial(self, item_id: str) -> Partial:
         return Partial(self, item_id)
 
+    def partial_size(self, item_id: str) -> int:
+        """Bytes on disk in an item's partial(s) (a group's: all its files')."""
+        total = 0
+        for path in self.partial_dir.glob(f"{item_id}.*part"):
+            with contextlib.suppress(FileNotFoundError):
+                total += path.stat().st_size
+        return total
+
     def discard_partial(self, item_id: str) -> None:
         """Delete an item's partial and validators (a group's: every member's)."""
         for path in self.partial_dir.glob(f"{item_id}.*"):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import Busy
+from agent.errors import Busy, Conflict
 from agent.prewarm.inventory import node_labels
 from agent.prewarm.model import GroupRequest, ItemKind, ItemState
 from agent.prewarm.naming import label_key
@@ -227,3 +227,12 @@ def test_cli_prewarm_model(tmp_path: Path, origin: Origin) -> None:
     [record] = json.loads(done.stdout)
     assert (record["kind"], record["state"]) == ("group", "ready")
     assert (tmp_path / "cache" / "by-name" / "tiny" / "config.json").exists()
+
+
+def test_other_include_globs_are_another_source(tmp_path: Path, origin: Origin) -> None:
+    endpoint, _ = hub.publish(origin, REPO, snapshot(shards=1))
+    svc = make_service(tmp_path)
+    svc.submit(GroupRequest(REPO, endpoint=endpoint, include=("*.json",), name="m"))
+    with pytest.raises(Conflict, match="another source"):
+        svc.submit(GroupRequest(REPO, endpoint=endpoint, include=("*",), name="m"))
+    assert len(svc.items()) == 1
