@@ -346,3 +346,40 @@ def test_cli_prewarm_delete_removes_a_failed_item(tmp_path: Path, origin: Origin
     assert json.loads(listed.stdout) == []
     again = cli.run(["prewarm", "delete", "nothing"], env)
     assert again.returncode != 0 and "nothing" in again.stderr
+
+
+def test_the_running_agent_audits_and_retries_on_its_own(tmp_path: Path, origin: Origin) -> None:
+    """The whole agent: its audit loop (prewarm.audit_interval_s) notices a deleted blob, and
+    its queue loop retries a transiently failed file from its partial once it is due."""
+    from tests.unit.api.support import InProcessAgent, agent_config, wait_for
+
+    digest = origin.add("kept.bin", blob(MIB, 15))
+    origin.add("flaky.bin", blob(2 * MIB, 16))
+    prewarm = {
+        "cache_dir": str(tmp_path / "cache"),
+        "allowed_hosts": ["127.0.0.1"],
+        "allow_http": True,
+        "containerd_socket": str(tmp_path / "containerd.sock"),
+        "audit_interval_s": 1.0,
+        "retry_initial_s": 0.5,
+    }
+    with InProcessAgent(tmp_path, agent_config(tmp_path, prewarm=prewarm)) as running:
+        svc = running.node.services.prewarm
+        kept = svc.run(svc.submit(FileRequest(origin.url("kept.bin"), name="kept")).id)
+        assert kept.state is ItemState.READY
+        svc.store.blob_path(digest).unlink()
+        gone = wait_for(
+            lambda: svc.get("kept").state is ItemState.EVICTED and svc.get("kept"), "the audit"
+        )
+        assert "missing" in (gone.error or "")
+
+        svc._fetcher._retries = 0  # one drop exhausts the fetcher's own retries
+        origin.faults.drop_after["/flaky.bin"] = MIB
+        failed = svc.run(svc.submit(FileRequest(origin.url("flaky.bin"), name="flaky")).id)
+        assert failed.state is ItemState.FAILED and failed.retry_at is not None
+        done = wait_for(
+            lambda: svc.get("flaky").state is ItemState.READY and svc.get("flaky"),
+            "the agent's retry",
+        )
+    assert done.attempts == 0
+    assert origin.ranges("flaky.bin")[-1] == f"bytes={MIB}-"
