@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from agent.errors import FieldViolation, InvalidSpec
+from agent.prewarm.naming import DEFAULT_IGNORED_QUERY_PARAMS
 
 __all__ = [
     "CONFIG_ENV",
@@ -345,6 +346,42 @@ class PrewarmSettings:
             requires="nydus_system_socket",
             doc="The prefetch hint's file, as nydusd sees it on the host: one absolute path per "
             "line of the files or directories to prefetch ('/' for the whole image).",
+        ),
+    )
+    dragonfly_ca_file: Path | None = field(
+        default=None,
+        metadata=_rules(
+            doc="PEM CA bundle that signs the certificates dfdaemon's proxy presents for https "
+            "URLs (its proxy.server.caCert); trusted in addition to the system CAs.",
+        ),
+    )
+    audit_interval_s: float = field(
+        default=60.0,
+        metadata=_rules(
+            ge=1.0,
+            doc="Seconds between audits that re-check every ready item (blob on disk with its "
+            "size, image present in the CRI) and republish the node labels.",
+        ),
+    )
+    retry_initial_s: float = field(
+        default=30.0,
+        metadata=_rules(
+            gt=0,
+            doc="Delay before the agent retries a file that failed for a transient reason "
+            "(origin or network down after the fetcher's own retries); doubles each time.",
+        ),
+    )
+    retry_max_s: float = field(
+        default=3600.0,
+        metadata=_rules(gt=0, doc="Longest delay between the agent's retries of a failed file."),
+    )
+    ignored_query_params: tuple[str, ...] = field(
+        default=DEFAULT_IGNORED_QUERY_PARAMS,
+        metadata=_rules(
+            default_doc="the signature parameters of S3, GCS, OSS, OBS, COS and containerd's ns "
+            "(Dragonfly's default filtered query params)",
+            doc="Query parameters (names, or globs such as X-Amz-*) left out of a file's source "
+            "identity, so a re-signed URL is the same item and resumes its partial.",
         ),
     )
     header_dirs: tuple[str, ...] = field(

@@ -108,7 +108,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
     gpu = open_driver(config.simulate, config.state_dir, latency=simulated_latency)
     state = StateStore(config.state_dir / "agent.db")
     bus = EventBus()
-    prewarm = build_prewarm(config.prewarm, state)
+    prewarm = build_prewarm(config.prewarm, state, proc_root=config.telemetry.proc_root)
     proc_root = None
     if config.simulate:
         from agent.gpu.sim import SimControl
@@ -309,6 +309,7 @@ class Node:
         # Items queued by the CLI in direct mode (`prewarm file --no-wait`) or by a manifest
         # land in the shared database; pick them up without waiting for a restart.
         self._guard("prewarm-queue", _every(PREWARM_QUEUE_S, s.prewarm.schedule_pending))
+        self._guard("prewarm-audit", _every(cfg.prewarm.audit_interval_s, self._audit_cache))
         stack.push_async_callback(self._cancel_tasks)
         self._ready = True  # before the line that says so: a reader of the log may probe /readyz
         if self.embedded:
@@ -332,6 +333,13 @@ class Node:
         await server.stop(RPC_GRACE_S)
         await operations
         s.config.socket_path.unlink(missing_ok=True)
+
+    def _audit_cache(self) -> None:
+        """Re-check every ready item (blob on disk, image in the CRI), then republish labels."""
+        s = self.services
+        s.prewarm.audit()
+        if s.kube is not None:
+            self._publish_cache_labels()
 
     def _publish_cache_labels(self) -> None:
         """``gpu-agent.io/cache.<name>=ready`` on this Node, for cache-affinity scheduling."""

@@ -124,6 +124,7 @@ def gpu_pb(
 _KINDS = {
     ItemKind.FILE: cache_pb2.CACHE_ITEM_KIND_FILE,
     ItemKind.IMAGE: cache_pb2.CACHE_ITEM_KIND_IMAGE,
+    ItemKind.GROUP: cache_pb2.CACHE_ITEM_KIND_GROUP,
 }
 _STATES: dict[ItemState, cache_pb2.CacheItemState] = {
     ItemState.QUEUED: cache_pb2.CACHE_ITEM_STATE_QUEUED,

@@ -22,7 +22,15 @@ from agent.cli.render import emit, format_table, human_bytes, output_option, pla
 from agent.prewarm.errors import FetchFailed
 from agent.prewarm.factory import build_service
 from agent.prewarm.manifest import load_manifest
-from agent.prewarm.model import CacheItem, FileRequest, ImageRequest, ItemState, Progress
+from agent.prewarm.model import (
+    CacheItem,
+    FileRequest,
+    GroupRequest,
+    ImageRequest,
+    ItemState,
+    Progress,
+    PullPolicy,
+)
 from agent.prewarm.service import PrewarmService
 from agent.state import StateStore
 
@@ -175,14 +183,73 @@ def prewarm_file(
       gpu-agent prewarm file https://models.example.com/llama/model.safetensors \\
         --name llama-8b --sha256 3f2a... --header Authorization=/secrets/hf/header
     """
+    service = _service(ctx)
+    request = FileRequest(
+        url, name=name, sha256=sha256, pin=pin, header_files=_header_files(headers)
+    )
+    _finish(_run_all(service, [service.submit(request)], wait), output)
+
+
+def _header_files(headers: Sequence[str]) -> dict[str, Path]:
     header_files = {}
     for spec in headers:
         key, sep, path = spec.partition("=")
         if not sep or not key or not path:
             raise click.BadParameter(f"{spec!r}: expected NAME=FILE", param_hint="--header")
         header_files[key] = Path(path)
+    return header_files
+
+
+@prewarm.command("model")
+@click.argument("repo")
+@click.option("--revision", default="main", show_default=True, help="Branch, tag or commit.")
+@click.option(
+    "--endpoint",
+    default="https://huggingface.co",
+    show_default=True,
+    help="Hub serving the repo (/api/models/... and /<repo>/resolve/...).",
+)
+@click.option(
+    "--include",
+    multiple=True,
+    metavar="GLOB",
+    help="Only files matching GLOB (repeatable); all files without it.",
+)
+@click.option("--name", help="Item name (default: the repo's name); the label and by-name dir.")
+@click.option("--pin", is_flag=True, help="Never evict this model.")
+@click.option("--header", "headers", multiple=True, metavar="NAME=FILE", help="As for file.")
+@_wait_option
+@output_option
+@click.pass_context
+def prewarm_model(
+    ctx: click.Context,
+    repo: str,
+    revision: str,
+    endpoint: str,
+    include: tuple[str, ...],
+    name: str | None,
+    pin: bool,
+    headers: tuple[str, ...],
+    wait: bool,
+    output: str,
+) -> None:
+    """Warm a model repo snapshot as one item: by-name/NAME/ is the directory vLLM loads.
+
+    \b
+    Example:
+      gpu-agent prewarm model meta-llama/Llama-3.1-8B-Instruct \\
+        --include '*.json' --include '*.safetensors' --header Authorization=/secrets/hf/header
+    """
     service = _service(ctx)
-    request = FileRequest(url, name=name, sha256=sha256, pin=pin, header_files=header_files)
+    request = GroupRequest(
+        repo,
+        revision=revision,
+        endpoint=endpoint,
+        include=include,
+        name=name,
+        pin=pin,
+        header_files=_header_files(headers),
+    )
     _finish(_run_all(service, [service.submit(request)], wait), output)
 
 
@@ -190,7 +257,19 @@ def prewarm_file(
 @click.argument("ref")
 @click.option("--runtime-handler", help="CRI runtime handler, e.g. nydus for a lazy snapshotter.")
 @click.option("--name", help="Item name (default: from the reference).")
-@click.option("--pin", is_flag=True, help="Keep the image listed as pinned.")
+@click.option("--pin", is_flag=True, help="Never evict; pinned in containerd too.")
+@click.option(
+    "--pull-policy",
+    type=click.Choice([p.value for p in PullPolicy]),
+    default=PullPolicy.IF_NOT_PRESENT.value,
+    show_default=True,
+    help="Pull a ready image again only when absent, or on every request.",
+)
+@click.option(
+    "--repull-hours",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Pull again (a moving tag) once the last pull is this many hours old.",
+)
 @_wait_option
 @output_option
 @click.pass_context
@@ -200,6 +279,8 @@ def prewarm_image(
     runtime_handler: str | None,
     name: str | None,
     pin: bool,
+    pull_policy: str,
+    repull_hours: float | None,
     wait: bool,
     output: str,
 ) -> None:
@@ -210,7 +291,14 @@ def prewarm_image(
       gpu-agent prewarm image registry.example.com/llm/server:1.4 --runtime-handler nydus
     """
     service = _service(ctx)
-    request = ImageRequest(ref, name=name, runtime_handler=runtime_handler, pin=pin)
+    request = ImageRequest(
+        ref,
+        name=name,
+        runtime_handler=runtime_handler,
+        pin=pin,
+        pull_policy=PullPolicy(pull_policy),
+        repull_hours=repull_hours,
+    )
     _finish(_run_all(service, [service.submit(request)], wait), output)
 
 
@@ -258,6 +346,20 @@ def prewarm_cancel(ctx: click.Context, item: str, output: str) -> None:
     _emit_items([_service(ctx).cancel(item)], output)
 
 
+@prewarm.command("delete")
+@click.argument("item")
+@output_option
+@click.pass_context
+def prewarm_delete(ctx: click.Context, item: str, output: str) -> None:
+    """Remove an item (by id or name) from the inventory; a ready one is evicted first.
+
+    \b
+    Example:
+      gpu-agent prewarm delete llama-70b-shard-3
+    """
+    _emit_items([_service(ctx).delete(item)], output)
+
+
 @click.group(cls=AgentGroup)
 def cache() -> None:
     """The node's file cache: usage, eviction and pins."""
@@ -294,7 +396,7 @@ def cache_list(ctx: click.Context, output: str) -> None:
 @output_option
 @click.pass_context
 def cache_evict(ctx: click.Context, item: str, output: str) -> None:
-    """Delete a ready, unpinned file from the cache.
+    """Delete a ready, unpinned item: a file no process holds, or an image from containerd.
 
     \b
     Example:

@@ -7,9 +7,17 @@ from agent.prewarm.model import ImageWarmth
 
 
 class FetchFailed(AgentError):
-    """The origin (or Dragonfly) could not deliver the bytes, after retries where they help."""
+    """The origin (or Dragonfly) could not deliver the bytes, after retries where they help.
+
+    ``transient``: the failure may pass (origin, proxy or network down, 5xx); the agent then
+    keeps the partial and retries the item later. An answer such as 404 is not transient.
+    """
 
     exit_code = 10
+
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class DigestMismatch(FetchFailed):

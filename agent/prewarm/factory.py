@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 
 from agent.config import PrewarmSettings
 from agent.prewarm.fetch_http import HttpFetcher
 from agent.prewarm.index import PrewarmIndex
+from agent.prewarm.inuse import ProcScanner
 from agent.prewarm.policy import UrlPolicy
 from agent.prewarm.service import FileFetcher, ImagePuller, ImageWarmer, PrewarmService
 from agent.prewarm.store import CacheStore
@@ -18,13 +20,31 @@ def policy_from(settings: PrewarmSettings) -> UrlPolicy:
     return UrlPolicy(settings.allow_http, settings.allowed_hosts, settings.denied_hosts)
 
 
+def proxy_ssl_context(settings: PrewarmSettings) -> ssl.SSLContext | None:
+    """The system CAs, plus dfdaemon's CA when set: its proxy signs https origins with it."""
+    if settings.dragonfly_ca_file is None:
+        return None
+    context = ssl.create_default_context()
+    context.load_verify_locations(cafile=str(settings.dragonfly_ca_file))
+    return context
+
+
 def fetcher_from(settings: PrewarmSettings, policy: UrlPolicy) -> FileFetcher:
-    """dfdaemon's gRPC socket when set, else its HTTP proxy when set, else direct (§1)."""
+    """dfdaemon's gRPC socket when set, else its HTTP proxy when set, else direct (§1).
+
+    dfdaemon follows redirects itself, so its fetchers get URLs whose redirects the agent
+    resolved and checked first (agent.prewarm.redirects)."""
+    from agent.prewarm.redirects import ResolvingFetcher
+
     if settings.dragonfly_socket is not None:
         from agent.prewarm.fetch_dragonfly import DragonflyFetcher
 
-        return DragonflyFetcher(policy, settings.dragonfly_socket)
-    return HttpFetcher(policy, proxy=settings.dragonfly_proxy)
+        return ResolvingFetcher(DragonflyFetcher(policy, settings.dragonfly_socket), policy)
+    if settings.dragonfly_proxy is not None:
+        context = proxy_ssl_context(settings)
+        proxied = HttpFetcher(policy, proxy=settings.dragonfly_proxy, ssl_context=context)
+        return ResolvingFetcher(proxied, policy, ssl_context=context)
+    return HttpFetcher(policy)
 
 
 def puller_from(settings: PrewarmSettings) -> ImagePuller:
@@ -42,7 +62,8 @@ def blob_fetcher_from(settings: PrewarmSettings) -> Callable[[UrlPolicy], FileFe
     """
     if settings.dragonfly_proxy is not None:
         proxy = settings.dragonfly_proxy
-        return lambda policy: HttpFetcher(policy, proxy=proxy)
+        context = proxy_ssl_context(settings)
+        return lambda policy: HttpFetcher(policy, proxy=proxy, ssl_context=context)
     if settings.dragonfly_socket is not None:
         from agent.prewarm.fetch_dragonfly import DragonflyFetcher
 
@@ -67,9 +88,18 @@ def warmer_from(settings: PrewarmSettings, policy: UrlPolicy) -> ImageWarmer:
     )
 
 
-def build_service(settings: PrewarmSettings, state: StateStore) -> PrewarmService:
+def build_service(
+    settings: PrewarmSettings, state: StateStore, proc_root: Path = Path("/proc")
+) -> PrewarmService:
+    """``proc_root``: the host's /proc (telemetry.proc_root), scanned for readers of blobs."""
     index = PrewarmIndex(state)
-    store = CacheStore(settings.cache_dir, index, settings.budget_bytes, settings.max_volume_share)
+    store = CacheStore(
+        settings.cache_dir,
+        index,
+        settings.budget_bytes,
+        settings.max_volume_share,
+        scanner=ProcScanner(proc_root),
+    )
     policy = policy_from(settings)
     return PrewarmService(
         index,
@@ -79,4 +109,8 @@ def build_service(settings: PrewarmSettings, state: StateStore) -> PrewarmServic
         puller=puller_from(settings),
         warmer=warmer_from(settings, policy),
         header_dirs=[Path(d) for d in settings.header_dirs],
+        ignored_query_params=settings.ignored_query_params,
+        retry_initial_s=settings.retry_initial_s,
+        retry_max_s=settings.retry_max_s,
+        lister=HttpFetcher(policy),  # listings name moving revisions: never from a P2P cache
     )

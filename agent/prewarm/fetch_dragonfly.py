@@ -29,6 +29,7 @@ _MAX_MESSAGE = 512 * 1024 * 1024
 class DragonflyFetcher:
     def __init__(self, policy: UrlPolicy, socket: Path, timeout_s: float = 7200.0) -> None:
         self._policy = policy
+        self._socket = socket
         self._target = f"unix://{socket}"
         self._timeout = timeout_s
         self._live: set[grpc.Future] = set()
@@ -80,7 +81,7 @@ class DragonflyFetcher:
             except grpc.RpcError as exc:
                 if cancelled():
                     raise Cancelled("cancelled") from None
-                raise _error(exc, spec.url) from None
+                raise _error(exc, spec.url, self._socket) from None
             finally:
                 with self._live_lock:
                     self._live.discard(stream)
@@ -96,9 +97,11 @@ class DragonflyFetcher:
             stream.cancel()
 
 
-def _error(exc: grpc.RpcError, url: str) -> Exception:
+def _error(exc: grpc.RpcError, url: str, socket: Path) -> Exception:
     code = exc.code() if isinstance(exc, grpc.Call) else None
     details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+    if code is grpc.StatusCode.UNAVAILABLE:
+        return FetchFailed(f"dfdaemon unreachable at {socket}: {details}", transient=True)
     if code is grpc.StatusCode.PERMISSION_DENIED:
         return PermissionDenied(f"dfdaemon refused {redact_url(url)}: {details}")
     if code is grpc.StatusCode.INTERNAL:
@@ -110,4 +113,7 @@ def _error(exc: grpc.RpcError, url: str) -> Exception:
                     details = f"origin {backend.get('status_code')}: {backend.get('message')}"
                 except ValueError:
                     pass
-    return FetchFailed(f"dfdaemon could not fetch {redact_url(url)}: {code} {details}")
+    return FetchFailed(
+        f"dfdaemon could not fetch {redact_url(url)}: {code} {details}",
+        transient=code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.DEADLINE_EXCEEDED),
+    )

@@ -45,6 +45,9 @@ class FetchSpec:
     url: str
     headers: Mapping[str, str] = field(default_factory=dict)
     expected_sha256: str | None = None
+    # What a partial's bytes belong to: the URL without its signature, so a re-signed URL
+    # resumes them (None: the URL itself).
+    resume_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +148,8 @@ class HttpFetcher:
                 attempt += 1
                 if attempt > self._retries:
                     raise FetchFailed(
-                        f"fetching {redact_url(spec.url)} failed after {attempt} attempts: {exc}"
+                        f"fetching {redact_url(spec.url)} failed after {attempt} attempts: {exc}",
+                        transient=True,
                     ) from None
                 delay = min(self._backoff * 2 ** (attempt - 1), 30.0)
                 log.warning(
@@ -202,8 +206,10 @@ class HttpFetcher:
         for _ in range(self._max_redirects + 1):
             target = self._policy.check(url)
             conn = self._connection(target)
+            first = spec.resume_key or spec.url
+            request_headers = self._headers(url, target, headers, partial, first)
+            self._connect(conn)
             self._track(conn)
-            request_headers = self._headers(url, target, headers, partial, spec.url)
             try:
                 conn.request("GET", self._request_target(url), headers=request_headers)
                 resp = conn.getresponse()
@@ -222,6 +228,21 @@ class HttpFetcher:
             if _origin(url) != origin:
                 headers = {}  # tokens are for the origin the user named, not where it points
         raise FetchFailed(f"more than {self._max_redirects} redirects from {redact_url(spec.url)}")
+
+    def _connect(self, conn: http.client.HTTPConnection) -> None:
+        """Open the connection; a failure to reach dfdaemon's proxy names the proxy, not the
+        origin, since the origin was never asked."""
+        try:
+            conn.connect()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            if self._proxy is None:
+                raise _Retry(_describe(exc)) from None
+            down = isinstance(exc, ConnectionError | TimeoutError | socket.gaierror)
+            raise _Retry(
+                f"Dragonfly proxy {self._proxy.geturl()} "
+                f"{'unreachable' if down else 'failed'}: {_describe(exc)}"
+            ) from None
 
     def _connection(self, target: Target) -> http.client.HTTPConnection:
         if self._proxy is None:
@@ -294,7 +315,7 @@ class HttpFetcher:
             )
         partial.save_validators(
             {
-                "url": spec.url,
+                "url": spec.resume_key or spec.url,
                 "etag": resp.getheader("ETag"),
                 "last_modified": resp.getheader("Last-Modified"),
                 "total": total,

@@ -4,6 +4,11 @@ Pulling through CRI rather than containerd's own API puts the image where the ku
 pod with imagePullPolicy IfNotPresent starts without pulling. A runtime handler (e.g. ``nydus``)
 goes both in ImageSpec.runtime_handler and in the legacy sandbox annotation containerd 1.7 reads
 to choose the handler's snapshotter (prewarm.md §3).
+
+Pinning goes through containerd's own Images API on the same socket: the CRI has no call for
+it. The ``io.cri-containerd.pinned=pinned`` label is set on every containerd name of the image
+(its tags, digests and id, as ImageStatus lists them); containerd 1.7+ reports it as
+``Image.pinned`` in the CRI, and the kubelet's image garbage collection skips pinned images.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+from google.protobuf import field_mask_pb2
 
+from agent._proto.containerd.services.images.v1 import images_pb2, images_pb2_grpc
 from agent._proto.k8s.cri.runtime.v1 import api_pb2 as cri
 from agent._proto.k8s.cri.runtime.v1 import api_pb2_grpc as cri_grpc
 from agent.errors import AgentError, NotFound
@@ -23,8 +30,11 @@ from agent.prewarm.errors import Cancelled, FetchFailed
 from agent.prewarm.service import PullResult
 
 RUNTIME_HANDLER_ANNOTATION = "io.containerd.cri.runtime-handler"
+PINNED_LABEL = "io.cri-containerd.pinned"
+_PINNED_VALUE = "pinned"
+_NAMESPACE = (("containerd-namespace", "k8s.io"),)
 
-__all__ = ["RUNTIME_HANDLER_ANNOTATION", "CriPuller", "auth_for", "registry_host"]
+__all__ = ["PINNED_LABEL", "RUNTIME_HANDLER_ANNOTATION", "CriPuller", "auth_for", "registry_host"]
 
 
 def auth_for(ref: str, docker_config: Path | None) -> cri.AuthConfig | None:
@@ -103,6 +113,51 @@ class CriPuller:
         """The image as CRI reports it; an empty ``id`` when absent."""
         with grpc.insecure_channel(self._target) as channel:
             return self._status(cri_grpc.ImageServiceStub(channel), cri.ImageSpec(image=ref))
+
+    def present(self, ref: str) -> bool:
+        """Whether the runtime has ``ref`` (ImageStatus); raises AgentError when it cannot say."""
+        return bool(self.status(ref).id)
+
+    def set_pinned(self, ref: str, pinned: bool) -> None:
+        """Set or clear containerd's pinned label on every name of the image ``ref`` is."""
+        image = self.status(ref)
+        if not image.id:
+            raise NotFound(f"image {ref} is not in the runtime; nothing to pin")
+        names = [*image.repo_tags, *image.repo_digests, image.id]
+        path = f"labels.{PINNED_LABEL}"
+        with grpc.insecure_channel(self._target) as channel:
+            stub = images_pb2_grpc.ImagesStub(channel)
+            for name in dict.fromkeys(names):
+                update = images_pb2.Image(name=name)
+                if pinned:
+                    update.labels[PINNED_LABEL] = _PINNED_VALUE
+                request = images_pb2.UpdateImageRequest(
+                    image=update, update_mask=field_mask_pb2.FieldMask(paths=[path])
+                )
+                try:
+                    stub.Update(request, metadata=_NAMESPACE, timeout=30)
+                except grpc.RpcError as exc:
+                    if isinstance(exc, grpc.Call) and exc.code() is grpc.StatusCode.NOT_FOUND:
+                        continue  # a name removed since ImageStatus answered
+                    raise self._error(exc, ref) from None
+
+    def pinned_names(self, ref: str) -> list[str]:
+        """The image's containerd names that carry the pinned label (for tests and status)."""
+        image = self.status(ref)
+        names = [*image.repo_tags, *image.repo_digests, image.id] if image.id else []
+        out = []
+        with grpc.insecure_channel(self._target) as channel:
+            stub = images_pb2_grpc.ImagesStub(channel)
+            for name in dict.fromkeys(names):
+                try:
+                    got = stub.Get(
+                        images_pb2.GetImageRequest(name=name), metadata=_NAMESPACE, timeout=30
+                    )
+                except grpc.RpcError as exc:
+                    raise self._error(exc, ref) from None
+                if got.image.labels.get(PINNED_LABEL) == _PINNED_VALUE:
+                    out.append(name)
+        return out
 
     def remove(self, ref: str) -> None:
         with grpc.insecure_channel(self._target) as channel:

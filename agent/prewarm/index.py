@@ -90,6 +90,10 @@ class PrewarmIndex:
             conn.execute(f"UPDATE prewarm_items SET {sets} WHERE id = :id", row)
         return self.get(item_id)
 
+    def delete(self, item_id: str) -> None:
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM prewarm_items WHERE id = ?", (item_id,))
+
     def set_owner(self, item_id: str, pid: int | None) -> None:
         with self.transaction() as conn:
             conn.execute("UPDATE prewarm_items SET owner_pid = ? WHERE id = ?", (pid, item_id))

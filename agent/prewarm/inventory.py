@@ -29,7 +29,8 @@ class Inventory:
 
 
 def node_labels(items: Sequence[CacheItem]) -> dict[str, str]:
-    """``gpu-agent.io/cache.<short-name>: ready`` for every ready file and fully warm image."""
+    """``gpu-agent.io/cache.<name>: ready`` (see `label_key`) for every ready file, ready model
+    and fully warm image."""
     return {label_key(i.name): READY_VALUE for i in items if i.label_ready}
 
 

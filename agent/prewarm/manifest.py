@@ -9,6 +9,13 @@ items:
     header_files: {Authorization: /var/run/secrets/models/token}
   - image: registry.example.com/serving/vllm:0.6
     runtime_handler: nydus
+    pull_policy: IfNotPresent      # or Always
+    repull_hours: 6                # optional: pull a moving tag again once 6 h old
+  - model: meta-llama/Llama-3.1-8B-Instruct   # a repo snapshot, warmed as one item
+    revision: main
+    endpoint: https://huggingface.co
+    include: ["*.json", "*.safetensors", "tokenizer*"]
+    header_files: {Authorization: /var/run/secrets/hf/header}
 """
 
 from __future__ import annotations
@@ -21,13 +28,18 @@ from typing import Any
 import yaml
 
 from agent.errors import FieldViolation, InvalidSpec
-from agent.prewarm.model import FileRequest, ImageRequest
+from agent.prewarm.model import FileRequest, GroupRequest, ImageRequest, PullPolicy
 
 _FILE_KEYS = ("url", "name", "sha256", "pin", "header_files")
-_IMAGE_KEYS = ("image", "name", "runtime_handler", "pin")
+_MODEL_KEYS = ("model", "revision", "endpoint", "include", "name", "pin", "header_files")
+_SOURCES = ("url", "image", "model")
+_IMAGE_KEYS = ("image", "name", "runtime_handler", "pin", "pull_policy", "repull_hours")
 
 
-def load_manifest(path: Path) -> list[FileRequest | ImageRequest]:
+Request = FileRequest | ImageRequest | GroupRequest
+
+
+def load_manifest(path: Path) -> list[Request]:
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -37,7 +49,7 @@ def load_manifest(path: Path) -> list[FileRequest | ImageRequest]:
     return parse_manifest(data)
 
 
-def parse_manifest(data: Any) -> list[FileRequest | ImageRequest]:
+def parse_manifest(data: Any) -> list[Request]:
     """Requests in manifest order; every violation is reported at once, with its field path."""
     errors: list[FieldViolation] = []
     if not isinstance(data, Mapping):
@@ -47,15 +59,25 @@ def parse_manifest(data: Any) -> list[FileRequest | ImageRequest]:
         errors.append(FieldViolation("version", "must be 1"))
     items = data.get("items")
     if not isinstance(items, list) or not items:
-        errors.append(FieldViolation("items", "a non-empty list of files (url) and images (image)"))
+        errors.append(
+            FieldViolation(
+                "items", "a non-empty list of files (url), images (image), models (model)"
+            )
+        )
         items = []
-    out: list[FileRequest | ImageRequest] = []
+    out: list[Request] = []
     for i, entry in enumerate(items):
         where = f"items[{i}]"
-        if not isinstance(entry, Mapping) or ("url" in entry) == ("image" in entry):
-            errors.append(FieldViolation(where, "a mapping with exactly one of url, image"))
+        if not isinstance(entry, Mapping) or sum(k in entry for k in _SOURCES) != 1:
+            errors.append(FieldViolation(where, "a mapping with exactly one of url, image, model"))
             continue
-        request = _file(entry, where, errors) if "url" in entry else _image(entry, where, errors)
+        request: Request | None
+        if "url" in entry:
+            request = _file(entry, where, errors)
+        elif "image" in entry:
+            request = _image(entry, where, errors)
+        else:
+            request = _model(entry, where, errors)
         if request is not None:
             out.append(request)
     if errors:
@@ -85,20 +107,70 @@ def _file(entry: Mapping[str, Any], where: str, errors: list[FieldViolation]) ->
     )
 
 
+def _headers(
+    entry: Mapping[str, Any], where: str, errors: list[FieldViolation]
+) -> dict[str, Path] | None:
+    headers = entry.get("header_files") or {}
+    if not isinstance(headers, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        errors.append(FieldViolation(f"{where}.header_files", "a mapping header name -> file path"))
+        return None
+    return {k: Path(v) for k, v in headers.items()}
+
+
+def _model(
+    entry: Mapping[str, Any], where: str, errors: list[FieldViolation]
+) -> GroupRequest | None:
+    if not _unknown(entry, _MODEL_KEYS, where, errors):
+        return None
+    headers = _headers(entry, where, errors)
+    fields = _strings(entry, ("model", "revision", "endpoint", "name"), where, errors)
+    pin = _bool(entry, where, errors)
+    include = entry.get("include") or []
+    if not isinstance(include, list) or not all(isinstance(g, str) for g in include):
+        errors.append(FieldViolation(f"{where}.include", "a list of globs"))
+        return None
+    if headers is None or fields is None or pin is None:
+        return None
+    return GroupRequest(
+        repo=fields["model"] or "",
+        revision=fields["revision"] or "main",
+        endpoint=fields["endpoint"] or "https://huggingface.co",
+        include=tuple(include),
+        name=fields["name"],
+        pin=pin,
+        header_files=headers,
+    )
+
+
 def _image(
     entry: Mapping[str, Any], where: str, errors: list[FieldViolation]
 ) -> ImageRequest | None:
     if not _unknown(entry, _IMAGE_KEYS, where, errors):
         return None
-    fields = _strings(entry, ("image", "name", "runtime_handler"), where, errors)
+    fields = _strings(entry, ("image", "name", "runtime_handler", "pull_policy"), where, errors)
     pin = _bool(entry, where, errors)
     if fields is None or pin is None:
+        return None
+    policy = fields["pull_policy"] or PullPolicy.IF_NOT_PRESENT.value
+    if policy not in {p.value for p in PullPolicy}:
+        allowed = ", ".join(p.value for p in PullPolicy)
+        errors.append(FieldViolation(f"{where}.pull_policy", f"one of {allowed}"))
+        return None
+    hours = entry.get("repull_hours")
+    if hours is not None and (
+        isinstance(hours, bool) or not isinstance(hours, int | float) or hours <= 0
+    ):
+        errors.append(FieldViolation(f"{where}.repull_hours", "a number of hours > 0"))
         return None
     return ImageRequest(
         ref=fields["image"] or "",
         name=fields["name"],
         runtime_handler=fields["runtime_handler"],
         pin=pin,
+        pull_policy=PullPolicy(policy),
+        repull_hours=float(hours) if hours is not None else None,
     )
 
 

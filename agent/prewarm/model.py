@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,9 +19,18 @@ class ItemState(enum.StrEnum):
     EVICTED = "evicted"
 
 
+class PullPolicy(enum.StrEnum):
+    """When a ready image is pulled again: never while present, on every request, or (with
+    ``repull_hours``) once the last pull is older than that (a moving tag)."""
+
+    IF_NOT_PRESENT = "IfNotPresent"
+    ALWAYS = "Always"
+
+
 class ItemKind(enum.StrEnum):
     FILE = "file"
     IMAGE = "image"
+    GROUP = "group"  # a model: the files of a repo snapshot, warmed and labelled as one
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +49,20 @@ class FileRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupRequest:
+    """Warm a model repo snapshot (Hugging Face style) as one item: every file matching
+    ``include`` (all when empty), laid out as the model directory under by-name/<name>/."""
+
+    repo: str
+    revision: str = "main"
+    endpoint: str = "https://huggingface.co"
+    include: Sequence[str] = ()
+    name: str | None = None
+    pin: bool = False
+    header_files: Mapping[str, Path] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class ImageRequest:
     """Pull one image through the node's CRI so the kubelet finds it in place."""
 
@@ -46,6 +70,8 @@ class ImageRequest:
     name: str | None = None
     runtime_handler: str | None = None
     pin: bool = False
+    pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
+    repull_hours: float | None = None
 
 
 class Warmth(enum.StrEnum):
@@ -124,6 +150,34 @@ class CacheItem:
     options: Mapping[str, str] = field(default_factory=dict)
 
     @property
+    def blobs(self) -> dict[str, int]:
+        """sha256 -> size of the blobs a ready file or group stands on ({} for others)."""
+        if self.kind is ItemKind.FILE:
+            return {self.sha256: self.size or 0} if self.sha256 else {}
+        if self.kind is ItemKind.GROUP:
+            return {sha: size for _, sha, size in self.members}
+        return {}
+
+    @property
+    def members(self) -> list[tuple[str, str, int]]:
+        """A ready group's files: (path in the model directory, sha256, size)."""
+        raw = self.options.get("members")
+        if not raw:
+            return []
+        return [(str(p), str(s), int(n)) for p, s, n in json.loads(raw)]
+
+    @property
+    def retry_at(self) -> float | None:
+        """When the agent retries a file that failed for a transient reason (None: no retry)."""
+        value = self.options.get("retry_at")
+        return float(value) if value else None
+
+    @property
+    def attempts(self) -> int:
+        """Runs of this item that failed in a row (reset by a success)."""
+        return int(self.options.get("attempts", "0"))
+
+    @property
     def image_warmth(self) -> ImageWarmth | None:
         """How warm an image is; None for files and for images not warmed yet."""
         if self.kind is not ItemKind.IMAGE:
@@ -137,7 +191,7 @@ class CacheItem:
         when the pod starts)."""
         if self.state is not ItemState.READY:
             return False
-        if self.kind is ItemKind.FILE:
+        if self.kind in (ItemKind.FILE, ItemKind.GROUP):
             return True
         warmth = self.image_warmth
         return warmth is not None and warmth.warmth is Warmth.FULL

@@ -1,14 +1,22 @@
-"""Names users give cache items, and the node-label keys derived from them.
+"""Names users give cache items, the node-label keys derived from them, and source identity.
 
 A name becomes a path component under the cache directory and part of a label key, so it is
 checked once here: no separators, no dot-dot, the label character set, at most 63 characters.
+
+Label keys are ``gpu-agent.io/cache.<name>`` with the name as it is: every item name is already
+a valid Kubernetes label name (the same characters, ``_`` included), so distinct names give
+distinct keys. Only names longer than the 57 characters left after ``cache.`` are shortened, to
+``<head>..<12 hex of sha256(name)>``: ``..`` never occurs in an item name, so a shortened key
+cannot equal the key of another, literal name.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from urllib.parse import unquote, urlsplit
+from collections.abc import Sequence
+from fnmatch import fnmatchcase
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from agent.errors import FieldViolation, InvalidSpec
 
@@ -17,7 +25,43 @@ _NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 # Kubernetes: the name part of a label key (after "gpu-agent.io/") is at most 63 characters.
 _LABEL_NAME_MAX = 63
 _LABEL_SHORT_MAX = _LABEL_NAME_MAX - len("cache.")
+_LABEL_HASH_CHARS = 12
 _HASH_CHARS = 8
+
+# Query parameters that sign a URL rather than name its content (Dragonfly's default
+# X-Dragonfly-Filtered-Query-Params, prewarm.md §1.4): S3, GCS, OSS, OBS, COS and containerd's ns.
+DEFAULT_IGNORED_QUERY_PARAMS: tuple[str, ...] = (
+    "X-Amz-Algorithm",
+    "X-Amz-Credential",
+    "X-Amz-Date",
+    "X-Amz-Expires",
+    "X-Amz-SignedHeaders",
+    "X-Amz-Signature",
+    "X-Amz-Security-Token",
+    "X-Amz-User-Agent",
+    "X-Goog-Algorithm",
+    "X-Goog-Credential",
+    "X-Goog-Date",
+    "X-Goog-Expires",
+    "X-Goog-SignedHeaders",
+    "X-Goog-Signature",
+    "OSSAccessKeyId",
+    "Expires",
+    "Signature",
+    "SecurityToken",
+    "AccessKeyId",
+    "X-Obs-Date",
+    "X-Obs-Security-Token",
+    "q-sign-algorithm",
+    "q-ak",
+    "q-sign-time",
+    "q-key-time",
+    "q-header-list",
+    "q-url-param-list",
+    "q-signature",
+    "x-cos-security-token",
+    "ns",
+)
 
 
 def check_name(name: str, field: str = "name") -> str:
@@ -41,7 +85,8 @@ def default_name(source: str) -> str:
     parts = urlsplit(source)
     tail = unquote(parts.path.rstrip("/").rsplit("/", 1)[-1]) if parts.scheme else source
     tail = tail.rsplit("/", 1)[-1].replace(":", "-").replace("@", "-")
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", tail).strip("._-").replace("..", ".")
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", tail).strip("._-")
+    cleaned = re.sub(r"\.{2,}", ".", cleaned)
     if not cleaned:
         cleaned = "item"
     if len(cleaned) > 63:
@@ -50,15 +95,33 @@ def default_name(source: str) -> str:
     return check_name(cleaned)
 
 
-def label_key(name: str) -> str:
-    """``gpu-agent.io/cache.<short-name>``; names too long for a label keep a prefix + hash.
+def qualified_name(base: str, identity: str) -> str:
+    """``base`` with 8 hex of the source's identity appended: the default name of a second
+    source whose plain default name another source already holds (``model.safetensors`` of two
+    repos). Deterministic, so asking for that source again finds the same item."""
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:_HASH_CHARS]
+    head = base[: 63 - _HASH_CHARS - 1].rstrip("._-")
+    return check_name(f"{head}-{digest}")
 
-    Like Fluid's fallback, a hash keeps distinct long names distinct while the prefix keeps the
-    key readable.
-    """
-    short = name.replace("_", "-")
-    if len(short) > _LABEL_SHORT_MAX:
-        digest = hashlib.sha256(name.encode()).hexdigest()[:_HASH_CHARS]
-        head = short[: _LABEL_SHORT_MAX - _HASH_CHARS - 1].rstrip("._-")
-        short = f"{head}-{digest}"
-    return LABEL_PREFIX + short
+
+def label_key(name: str) -> str:
+    """``gpu-agent.io/cache.<name>``; a name too long for a label keeps a prefix + hash."""
+    if len(name) <= _LABEL_SHORT_MAX:
+        return LABEL_PREFIX + name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:_LABEL_HASH_CHARS]
+    head = name[: _LABEL_SHORT_MAX - _LABEL_HASH_CHARS - 2].rstrip("._-")
+    return f"{LABEL_PREFIX}{head}..{digest}"
+
+
+def source_identity(url: str, ignored: Sequence[str] = DEFAULT_IGNORED_QUERY_PARAMS) -> str:
+    """The URL without the query parameters that only sign it (names or ``*`` globs, matched
+    case-sensitively as Dragonfly does), so a re-signed URL is the same item."""
+    parts = urlsplit(url)
+    if not parts.query:
+        return url
+    kept = [
+        (k, v)
+        for k, v in parse_qsl(parts.query, keep_blank_values=True)
+        if not any(fnmatchcase(k, pattern) for pattern in ignored)
+    ]
+    return urlunsplit(parts._replace(query=urlencode(kept), fragment=""))

@@ -8,6 +8,8 @@ item's row. Items left fetching by a dead process are taken over and resume from
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import re
@@ -15,33 +17,43 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
 import psutil
 
 from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec
-from agent.prewarm.errors import Cancelled, ImageWarmFailed
+from agent.prewarm.errors import Cancelled, FetchFailed, ImageWarmFailed
 from agent.prewarm.fetch_http import CancelledFn, FetchInfo, FetchSpec, ProgressFn
+from agent.prewarm.group import Member, check_repo, list_group, listing_url
 from agent.prewarm.headers import check_header_name, read_header_files
 from agent.prewarm.index import ImagePull, PrewarmIndex
 from agent.prewarm.inventory import Inventory
 from agent.prewarm.model import (
     CacheItem,
     FileRequest,
+    GroupRequest,
     ImageRequest,
     ImageWarmth,
     ItemKind,
     ItemState,
     Progress,
+    PullPolicy,
     Warmth,
 )
-from agent.prewarm.naming import check_name, default_name
+from agent.prewarm.naming import (
+    DEFAULT_IGNORED_QUERY_PARAMS,
+    check_name,
+    default_name,
+    qualified_name,
+    source_identity,
+)
 from agent.prewarm.policy import UrlPolicy, redact_url
 from agent.prewarm.progress import ProgressMeter
 from agent.prewarm.sink import Sink
-from agent.prewarm.store import CacheStore, Partial
+from agent.prewarm.store import CacheStore, MemberPartial, Partial
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +62,11 @@ _PUBLISH_S = 0.5
 _SAVE_S = 1.0
 _HEADER_PREFIX = "header:"
 # Options an image request sets; the rest are results of the last run and are replaced.
-_REQUEST_OPTIONS = ("runtime_handler",)
+_REQUEST_OPTIONS = ("runtime_handler", "pull_policy", "repull_hours")
+_RETRY_OPTIONS = ("retry_at", "attempts")
+_MAX_REPULL_H = 24 * 365
+_MAX_INCLUDE = 64
+Request = FileRequest | ImageRequest | GroupRequest
 
 ProgressCallback = Callable[[Progress], None]
 
@@ -78,12 +94,30 @@ class PullResult:
 
 
 class ImagePuller(Protocol):
-    """Pulls an image into the node's runtime (CRI) and says how warm it is."""
+    """Pulls, checks, pins and removes images in the node's runtime (CRI)."""
 
     def pull(self, ref: str, runtime_handler: str | None) -> PullResult: ...
 
     def interrupt(self) -> None:
         """Cancel pulls in flight; each raises Cancelled."""
+
+    def present(self, ref: str) -> bool:
+        """Whether the runtime has ``ref``; raises AgentError when it cannot say."""
+        ...
+
+    def set_pinned(self, ref: str, pinned: bool) -> None: ...
+
+    def remove(self, ref: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """One request's effect, decided before anything is written: ``write`` runs inside the
+    request's one transaction, ``after`` (links on disk, runtime pins) once it committed."""
+
+    name: str
+    write: Callable[[], CacheItem]
+    after: Callable[[CacheItem], None] = lambda item: None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +152,18 @@ class PrewarmService:
         monotonic: Callable[[], float] = time.monotonic,
         workers: int = 2,
         header_dirs: Sequence[Path] = (),
+        ignored_query_params: Sequence[str] = DEFAULT_IGNORED_QUERY_PARAMS,
+        retry_initial_s: float = 30.0,
+        retry_max_s: float = 3600.0,
+        lister: FileFetcher | None = None,
+        group_parallel: int = 8,
     ) -> None:
         self.index = index
+        self._lister = lister or fetcher
+        self._group_parallel = group_parallel
+        self._ignored_params = tuple(ignored_query_params)
+        self._retry_initial = retry_initial_s
+        self._retry_max = retry_max_s
         self._header_dirs = tuple(header_dirs)
         self.store = store
         self.policy = policy
@@ -137,19 +181,31 @@ class PrewarmService:
 
     # -- requests -----------------------------------------------------------------------------
 
-    def submit(self, request: FileRequest | ImageRequest) -> CacheItem:
+    def submit(self, request: Request) -> CacheItem:
         """Validate and record a request; returns the item (already ready on a cache hit)."""
-        if isinstance(request, FileRequest):
-            return self._submit_file(request)
-        return self._submit_image(request)
+        return self.submit_all([request])[0]
 
-    def submit_all(self, requests: Sequence[FileRequest | ImageRequest]) -> list[CacheItem]:
-        """Validate every request first, so a bad manifest changes nothing."""
+    def submit_all(self, requests: Sequence[Request]) -> list[CacheItem]:
+        """Validate and plan every request, then record them all in one transaction: a bad
+        manifest, or one item of it that conflicts, changes nothing."""
         for request in requests:
             self._validate(request)
-        return [self.submit(r) for r in requests]
+        plans = [self._plan(r) for r in requests]
+        seen: dict[str, int] = {}
+        for i, plan in enumerate(plans):
+            if plan.name in seen:
+                raise InvalidSpec(
+                    f"items {seen[plan.name]} and {i} would both be named {plan.name!r}",
+                    [FieldViolation(f"items[{i}].name", "a name no other item of the request has")],
+                )
+            seen[plan.name] = i
+        with self.index.transaction():
+            items = [plan.write() for plan in plans]
+        for plan, item in zip(plans, items, strict=True):
+            plan.after(item)
+        return items
 
-    def _validate(self, request: FileRequest | ImageRequest) -> None:
+    def _validate(self, request: Request) -> None:
         if request.name is not None:
             check_name(request.name)
         if isinstance(request, FileRequest):
@@ -164,19 +220,94 @@ class PrewarmService:
             read_header_files(
                 request.header_files, self._header_dirs
             )  # fail now, not minutes later
-        elif not request.ref or any(c.isspace() for c in request.ref):
+            return
+        if isinstance(request, GroupRequest):
+            check_repo(request.repo, request.revision)
+            self.policy.check(listing_url(request.endpoint, request.repo, request.revision))
+            if len(request.include) > _MAX_INCLUDE or any(
+                not g or len(g) > 256 for g in request.include
+            ):
+                raise InvalidSpec(
+                    f"include takes 1 to {_MAX_INCLUDE} globs of at most 256 characters",
+                    [FieldViolation("include", "globs such as *.safetensors, config.json")],
+                )
+            for header in request.header_files:
+                check_header_name(header)
+            read_header_files(request.header_files, self._header_dirs)
+            return
+        if not request.ref or any(c.isspace() for c in request.ref):
             raise InvalidSpec(
                 "image reference is empty or has spaces",
                 [FieldViolation("image", "e.g. registry.example.com/repo:tag")],
             )
+        if request.repull_hours is not None and not 0 < request.repull_hours <= _MAX_REPULL_H:
+            raise InvalidSpec(
+                f"repull_hours must be > 0 and <= {_MAX_REPULL_H}",
+                [FieldViolation("repull_hours", f"hours, 0 < h <= {_MAX_REPULL_H}")],
+            )
 
-    def _submit_file(self, request: FileRequest) -> CacheItem:
-        self._validate(request)
-        name = request.name or default_name(request.url)
+    def identity(self, url: str) -> str:
+        """What makes two file URLs the same item: the URL without its signature parameters."""
+        return source_identity(url, self._ignored_params)
+
+    def _plan(self, request: Request) -> _Plan:
+        if isinstance(request, FileRequest):
+            return self._plan_file(request)
+        if isinstance(request, GroupRequest):
+            return self._plan_group(request)
+        return self._plan_image(request)
+
+    def _free_name(self, source: str, identity: str, kind: ItemKind) -> str:
+        """The default name, unless another source holds it: then one qualified by a hash."""
+        base = default_name(source)
+        holder = self.index.find_by_name(base)
+        if holder is None or (holder.kind is kind and self._identity_of(holder) == identity):
+            return base
+        return qualified_name(base, identity)
+
+    def _identity_of(self, item: CacheItem) -> str:
+        return self.identity(item.source) if item.kind is ItemKind.FILE else item.source
+
+    def _plan_group(self, request: GroupRequest) -> _Plan:
+        # The file selection is part of what the item is: other globs are another source.
+        source = listing_url(request.endpoint, request.repo, request.revision)
+        if request.include:
+            source += "#include=" + ",".join(request.include)
+        pretty = (
+            request.repo if request.revision == "main" else f"{request.repo}:{request.revision}"
+        )
+        name = request.name or self._free_name(pretty, source, ItemKind.GROUP)
+        options = {f"{_HEADER_PREFIX}{k}": str(v) for k, v in request.header_files.items()}
+        options.update(
+            repo=request.repo,
+            revision=request.revision,
+            endpoint=request.endpoint,
+            include=json.dumps(list(request.include)),
+        )
+        existing = self.index.find_by_name(name)
+        if existing is not None:
+            return self._plan_again(existing, source, source, None, request, options)
+        item = CacheItem(
+            id=_new_id(),
+            kind=ItemKind.GROUP,
+            name=name,
+            source=source,
+            state=ItemState.QUEUED,
+            pinned=request.pin,
+            created_at=self._clock(),
+            options=options,
+        )
+        return _Plan(name, partial(self.index.insert, item))
+
+    def _plan_file(self, request: FileRequest) -> _Plan:
+        identity = self.identity(request.url)
+        name = request.name or self._free_name(request.url, identity, ItemKind.FILE)
         options = {f"{_HEADER_PREFIX}{k}": str(v) for k, v in request.header_files.items()}
         existing = self.index.find_by_name(name)
         if existing is not None:
-            return self._resubmit(existing, request.url, request.sha256, request.pin, options)
+            return self._plan_again(
+                existing, request.url, identity, request.sha256, request, options
+            )
         now = self._clock()
         item = CacheItem(
             id=_new_id(),
@@ -189,30 +320,36 @@ class PrewarmService:
             created_at=now,
             options=options,
         )
-        if request.sha256 and self.store.blob_path(request.sha256).exists():
-            # Same content under another name: link it, no fetch.
-            self.index.insert(item)
-            self.store.link_name(name, request.sha256)
-            size = self.store.blob_path(request.sha256).stat().st_size
-            return self.index.update(
-                item.id,
+        blob = self.store.blob_path(request.sha256) if request.sha256 else None
+        if blob is not None and blob.exists():
+            # Same content under another name: link it, no fetch, once the bytes still hash right.
+            ready = replace(
+                item,
                 state=ItemState.READY,
                 sha256=request.sha256,
-                size=size,
-                fetched_bytes=0,
+                size=blob.stat().st_size,
                 finished_at=now,
                 last_used=now,
                 warm_seconds=0.0,
             )
-        return self.index.insert(item)
+            if self.store.missing(ready, verify_digest=True) is None:
+                return _Plan(name, partial(self.index.insert, ready), self._link)
+        return _Plan(name, partial(self.index.insert, item))
 
-    def _submit_image(self, request: ImageRequest) -> CacheItem:
-        self._validate(request)
-        name = request.name or default_name(request.ref)
-        options = {"runtime_handler": request.runtime_handler} if request.runtime_handler else {}
+    def _link(self, item: CacheItem) -> None:
+        if item.sha256:
+            self.store.link_name(item.name, item.sha256)
+
+    def _plan_image(self, request: ImageRequest) -> _Plan:
+        name = request.name or self._free_name(request.ref, request.ref, ItemKind.IMAGE)
+        options = {"pull_policy": request.pull_policy.value}
+        if request.runtime_handler:
+            options["runtime_handler"] = request.runtime_handler
+        if request.repull_hours is not None:
+            options["repull_hours"] = f"{request.repull_hours:g}"
         existing = self.index.find_by_name(name)
         if existing is not None:
-            return self._resubmit(existing, request.ref, None, request.pin, options)
+            return self._plan_again(existing, request.ref, request.ref, None, request, options)
         item = CacheItem(
             id=_new_id(),
             kind=ItemKind.IMAGE,
@@ -223,36 +360,127 @@ class PrewarmService:
             created_at=self._clock(),
             options=options,
         )
-        return self.index.insert(item)
+        return _Plan(name, partial(self.index.insert, item))
 
-    def _resubmit(
-        self, item: CacheItem, source: str, sha256: str | None, pin: bool, options: dict[str, str]
-    ) -> CacheItem:
-        """The same name again: a hit when ready, a retry when failed or evicted."""
-        if item.source != source or (sha256 and item.expected_sha256 not in (None, sha256)):
+    def _plan_again(
+        self,
+        item: CacheItem,
+        source: str,
+        identity: str,
+        sha256: str | None,
+        request: Request,
+        options: dict[str, str],
+    ) -> _Plan:
+        """The same name again: a hit when ready and verified, else a retry (a re-signed URL
+        of the same identity takes the item over and resumes its partial)."""
+        kind = _KINDS[type(request)]
+        if item.kind is not kind or self._identity_of(item) != identity:
             raise Conflict(
                 f"a cache item named {item.name!r} already exists for another source; "
                 "choose another --name"
             )
-        pinned = item.pinned or pin
-        if item.state is ItemState.READY and item.label_ready:
-            now = self._clock()
-            return self.index.update(item.id, hits=item.hits + 1, last_used=now, pinned=pinned)
+        if sha256 and item.expected_sha256 not in (None, sha256):
+            raise Conflict(
+                f"{item.name} was requested with sha256 {item.expected_sha256}, now with "
+                f"{sha256} (field sha256); choose another --name or prewarm delete it first"
+            )
+        pinned = item.pinned or request.pin
+        if item.state is ItemState.READY:
+            reason = self._unready(item, verify_digest=sha256 is not None)
+            if reason is None and sha256 and item.sha256 != sha256:
+                raise Conflict(
+                    f"{item.name} is ready with sha256 {item.sha256}, not the requested {sha256} "
+                    "(field sha256): the origin's content differs; nothing changed"
+                )
+            if reason is None and item.label_ready and not self._repull(item, options):
+                changes = {
+                    "hits": item.hits + 1,
+                    "last_used": self._clock(),
+                    "pinned": pinned,
+                    "source": source,  # the latest signature, for the next fetch
+                    "expected_sha256": sha256 or item.expected_sha256,
+                }
+                pin_now = kind is ItemKind.IMAGE and pinned and not item.pinned
+                after = self._pin_in_runtime if pin_now else _nothing
+                return _Plan(item.name, partial(self.index.update, item.id, **changes), after)
+            if reason is not None:
+                log.warning(
+                    "%s is not what its row claims (%s); fetching it again", item.name, reason
+                )
+                if kind is not ItemKind.IMAGE:
+                    self.store.discard_item(item)
         if item.state in (ItemState.FAILED, ItemState.EVICTED, ItemState.READY):
             # A ready image that is not fully warm (bootstrap-only, unknown) is warmed again:
             # Dragonfly may be there now, and a prefetch hint is used only once.
-            return self.index.update(
-                item.id,
-                state=ItemState.QUEUED,
-                error=None,
-                pinned=pinned,
-                options=options,
-                expected_sha256=sha256 or item.expected_sha256,
-                fetched_bytes=0,
-                started_at=None,
-                finished_at=None,
-            )
-        return self.index.update(item.id, pinned=pinned)
+            changes = {
+                "state": ItemState.QUEUED,
+                "error": None,
+                "pinned": pinned,
+                "source": source,
+                "options": options,
+                "expected_sha256": sha256 or item.expected_sha256,
+                "fetched_bytes": 0,
+                "started_at": None,
+                "finished_at": None,
+            }
+            return _Plan(item.name, partial(self.index.update, item.id, **changes))
+        changes = {"pinned": pinned}
+        if item.state is ItemState.QUEUED:
+            changes["source"] = source
+        return _Plan(item.name, partial(self.index.update, item.id, **changes))
+
+    def _repull(self, item: CacheItem, options: Mapping[str, str]) -> bool:
+        """Whether a ready image is pulled again under the request's pull policy."""
+        if item.kind is not ItemKind.IMAGE:
+            return False
+        if options.get("pull_policy") == PullPolicy.ALWAYS.value:
+            return True
+        return _repull_due(options, item.finished_at, self._clock())
+
+    def _unready(self, item: CacheItem, verify_digest: bool = False) -> str | None:
+        """Why a ready item is not there (None when it is): a file's blob on disk with its size
+        (and digest when asked), an image in the CRI. A CRI that cannot answer is a reason."""
+        if item.kind is not ItemKind.IMAGE:
+            return self.store.missing(item, verify_digest)
+        if self._puller is None:
+            return "no image puller (CRI) is configured"
+        try:
+            present = self._puller.present(item.source)
+        except AgentError as exc:
+            return f"cannot check the runtime: {exc}"
+        return None if present else f"image {item.source} is no longer in the runtime"
+
+    def audit(self) -> list[CacheItem]:
+        """Re-check every ready item: a file whose blob is gone or wrong, or an image the
+        runtime no longer has (kubelet image GC), becomes evicted, so its label drops at the
+        next publish; an image past its re-pull interval is queued. A runtime that cannot answer
+        leaves its images as they are (unknown is not absent). Returns the items changed."""
+        changed = []
+        now = self._clock()
+        for item in self.index.items([ItemState.READY]):
+            if item.kind is ItemKind.IMAGE and _repull_due(item.options, item.finished_at, now):
+                changed.append(self.index.update(item.id, state=ItemState.QUEUED))
+                continue
+            if item.kind is ItemKind.IMAGE and self._puller is not None:
+                try:
+                    present = self._puller.present(item.source)
+                except AgentError as exc:
+                    log.warning("audit cannot check image %s: %s", item.name, exc)
+                    continue
+                reason = None if present else f"image {item.source} is no longer in the runtime"
+            else:
+                reason = self._unready(item)
+            if reason is None:
+                continue
+            log.warning("audit: %s is not ready: %s", item.name, reason)
+            if item.kind is not ItemKind.IMAGE:
+                self.store.discard_item(item)
+            with self.index.transaction():
+                # A request may have queued it again meanwhile: leave that alone.
+                if self.index.get(item.id).state not in (ItemState.READY, ItemState.EVICTED):
+                    continue
+                changed.append(self.index.update(item.id, state=ItemState.EVICTED, error=reason))
+        return changed
 
     # -- inventory ----------------------------------------------------------------------------
 
@@ -270,14 +498,41 @@ class PrewarmService:
         return Inventory(self.index.items(), self.store.usage(), self.index.pulls())
 
     def pin(self, id_or_name: str, pinned: bool = True) -> CacheItem:
+        """Keep an item out of eviction; a ready image is also pinned in containerd."""
         item = self.index.find(id_or_name)
+        if item.kind is ItemKind.IMAGE and item.state is ItemState.READY and self._puller:
+            self._puller.set_pinned(item.source, pinned)
         return self.index.update(item.id, pinned=pinned)
 
+    def _pin_in_runtime(self, item: CacheItem) -> None:
+        if self._puller is None:
+            return
+        try:
+            self._puller.set_pinned(item.source, True)
+        except AgentError as exc:
+            log.warning("cannot pin image %s in the runtime: %s", item.name, exc)
+
     def evict(self, id_or_name: str) -> CacheItem:
-        """Remove a ready file from disk (and other names sharing its blob); pinned is refused."""
+        """Remove a ready item: a file from disk (and other names sharing its blob), an image
+        from the runtime. Pinned items and blobs a process holds are refused; an item already
+        evicted (e.g. an image the kubelet removed) is returned as it is."""
         item = self.index.find(id_or_name)
-        if item.kind is not ItemKind.FILE or item.state is not ItemState.READY or not item.sha256:
-            raise Conflict(f"{item.name} is {item.state.value}; only ready files can be evicted")
+        if item.state is ItemState.EVICTED:
+            return item
+        if item.state is not ItemState.READY:
+            raise Conflict(f"{item.name} is {item.state.value}; only ready items can be evicted")
+        if item.kind is ItemKind.IMAGE:
+            if item.pinned:
+                raise Conflict(f"{item.name} is pinned; unpin first")
+            if self._puller is not None:
+                self._puller.remove(item.source)
+            return self.index.update(item.id, state=ItemState.EVICTED)
+        if item.kind is ItemKind.GROUP:
+            if item.pinned:
+                raise Conflict(f"{item.name} is pinned; unpin first")
+            self.store.evict_group(item)
+            return self.index.get(item.id)
+        assert item.sha256 is not None
         sharing = self.index.ready_with_digest(item.sha256)
         pinned = [i.name for i in sharing if i.pinned]
         if pinned:
@@ -286,6 +541,20 @@ class PrewarmService:
             )
         self.store.evict(item.sha256)
         return self.index.get(item.id)
+
+    def delete(self, id_or_name: str) -> CacheItem:
+        """Remove an item from the inventory: a ready one is evicted first (same refusals), a
+        queued one loses its partial; a fetching one must be cancelled first."""
+        item = self.index.find(id_or_name)
+        if item.state is ItemState.FETCHING:
+            raise Conflict(f"{item.name} is fetching; cancel it first")
+        if item.state is ItemState.READY:
+            self.evict(item.id)
+        self.index.delete(item.id)
+        self.store.discard_partial(item.id)
+        if not any(i.name == item.name for i in self.index.items([ItemState.READY])):
+            self.store.remove_link(item.name)
+        return item
 
     def cancel(self, id_or_name: str) -> CacheItem:
         """Stop a queued or running item; the worker (maybe another process) sees it and stops."""
@@ -299,7 +568,11 @@ class PrewarmService:
         if event is not None:
             event.set()
         updated = self.index.update(
-            item.id, state=ItemState.FAILED, error="cancelled", finished_at=self._clock()
+            item.id,
+            state=ItemState.FAILED,
+            error="cancelled",
+            finished_at=self._clock(),
+            options=_without_retry(item.options),
         )
         if item.state is ItemState.QUEUED:
             self.store.discard_partial(item.id)
@@ -325,6 +598,12 @@ class PrewarmService:
         self.schedule_pending()
 
     def schedule_pending(self) -> None:
+        """Run queued items, fetches whose process died, and failed items due for a retry."""
+        now = self._clock()
+        for item in self.index.items([ItemState.FAILED]):
+            if item.retry_at is not None and item.retry_at <= now:
+                log.info("retrying %s (attempt %d): %s", item.name, item.attempts + 1, item.error)
+                self.index.update(item.id, state=ItemState.QUEUED)
         for item in self.index.items([ItemState.QUEUED, ItemState.FETCHING]):
             if item.state is ItemState.QUEUED or not _alive(self.index.owner(item.id)):
                 self.enqueue(item.id)
@@ -370,6 +649,8 @@ class PrewarmService:
         try:
             if item.kind is ItemKind.FILE:
                 return self._run_file(item, event)
+            if item.kind is ItemKind.GROUP:
+                return self._run_group(item, event)
             return self._run_image(item, event)
         finally:
             with self._lock:
@@ -421,7 +702,9 @@ class PrewarmService:
         progress, cancelled = self._watchers(item, event)
         try:
             headers = read_header_files(_header_files(item), self._header_dirs)
-            spec = FetchSpec(item.source, headers, item.expected_sha256)
+            spec = FetchSpec(
+                item.source, headers, item.expected_sha256, resume_key=self.identity(item.source)
+            )
             info = self._fetcher.fetch(spec, partial, progress, cancelled)
             size = partial.offset
             digest = self.store.commit(item, partial)
@@ -434,13 +717,15 @@ class PrewarmService:
             else:
                 self.store.discard_partial(item.id)
             return self.index.get(item.id)
+        except FetchFailed as exc:
+            return self._fail(item, partial, str(exc), transient=exc.transient)
         except AgentError as exc:
             return self._fail(item, partial, str(exc))
         except Exception as exc:
             log.exception("prewarm of %s failed unexpectedly", item.name)
             return self._fail(item, partial, f"internal error: {type(exc).__name__}: {exc}")
         now = self._clock()
-        options = dict(item.options)
+        options = _without_retry(item.options)
         if info.dragonfly_task_id:
             options["dragonfly_task_id"] = info.dragonfly_task_id
         options["via"] = self._fetcher.mode
@@ -462,14 +747,165 @@ class PrewarmService:
         )
         return done
 
-    def _fail(self, item: CacheItem, partial: Partial, error: str) -> CacheItem:
-        partial.close()
-        self.store.discard_partial(item.id)
+    def _fail(
+        self,
+        item: CacheItem,
+        partials: Partial | Sequence[Partial],
+        error: str,
+        transient: bool = False,
+        kept: int | None = None,
+    ) -> CacheItem:
+        """Fail the item; a transient failure keeps its partial(s) and is retried by the agent
+        after a doubling delay, anything else loses them and waits for a new request."""
+        parts = [partials] if isinstance(partials, Partial) else list(partials)
+        for part in parts:
+            part.close()
+        if kept is None:
+            kept = sum(part.offset for part in parts)
         self.index.set_owner(item.id, None)
+        now = self._clock()
+        options = _without_retry(item.options)
+        if transient:
+            attempts = item.attempts + 1
+            delay = min(self._retry_initial * 2 ** (attempts - 1), self._retry_max)
+            options.update(retry_at=f"{now + delay:.3f}", attempts=str(attempts))
+            error = f"{error} (retrying in {delay:.0f}s, {kept} bytes kept)"
+        else:
+            self.store.discard_partial(item.id)
         log.warning("prewarm of %s (%s) failed: %s", item.name, redact_url(item.source), error)
         return self.index.update(
-            item.id, state=ItemState.FAILED, error=error, size=None, finished_at=self._clock()
+            item.id,
+            state=ItemState.FAILED,
+            error=error,
+            size=None,
+            finished_at=now,
+            options=options,
+            fetched_bytes=kept if transient else 0,
         )
+
+    def _run_group(self, item: CacheItem, event: threading.Event) -> CacheItem:
+        """List the snapshot, admit its total size, fetch and commit the missing files in
+        parallel (each resumable on its own), then lay out the model directory."""
+        progress, cancelled = self._watchers(item, event)
+        opts = item.options
+        # Files of this snapshot already committed by an earlier, failed run: url -> sha256.
+        fetched: dict[str, str] = json.loads(opts.get("fetched", "{}"))
+        try:
+            headers = read_header_files(_header_files(item), self._header_dirs)
+            listing = list_group(
+                self._lister,
+                opts["endpoint"],
+                opts["repo"],
+                opts["revision"],
+                json.loads(opts.get("include", "[]")),
+                headers,
+                cancelled,
+            )
+            have: dict[str, str] = {}
+            for m in listing.members:
+                sha = m.sha256 or fetched.get(m.url)
+                blob = self.store.blob_path(sha) if sha else None
+                if sha and blob is not None and blob.exists() and blob.stat().st_size == m.size:
+                    have[m.path] = sha
+            todo = [m for m in listing.members if m.path not in have]
+            on_disk = sum(self.store.partial_size(_member_key(item.id, m.path)) for m in todo)
+            self.store.admit(item.id, listing.total, on_disk=on_disk)
+            self._fetch_members(
+                item, todo, have, fetched, headers, listing.total, progress, cancelled
+            )
+            files = [(m.path, have[m.path], m.size) for m in listing.members]
+            self.store.link_tree(item.name, item.id, [(p, sha) for p, sha, _ in files])
+        except Cancelled:
+            if self.index.get(item.id).state is ItemState.FETCHING:
+                self.index.update(
+                    item.id,
+                    state=ItemState.QUEUED,
+                    options={**opts, "fetched": json.dumps(fetched)},
+                )
+                self.index.set_owner(item.id, None)
+            else:
+                self.store.discard_partial(item.id)
+            return self.index.get(item.id)
+        except Exception as exc:
+            transient = isinstance(exc, FetchFailed) and exc.transient
+            if not isinstance(exc, AgentError):
+                log.exception("prewarm of model %s failed unexpectedly", item.name)
+            error = str(exc) if isinstance(exc, AgentError) else f"internal error: {exc!r}"
+            kept = {k: v for k, v in opts.items() if k != "fetched"}
+            if transient:
+                kept["fetched"] = json.dumps(fetched)
+            item = self.index.update(item.id, options=kept)
+            return self._fail(
+                item, [], error, transient=transient, kept=self.store.partial_size(item.id)
+            )
+        now = self._clock()
+        options = {k: v for k, v in _without_retry(opts).items() if k != "fetched"}
+        options.update(commit=listing.commit, members=json.dumps(files), via=self._fetcher.mode)
+        self.index.set_owner(item.id, None)
+        done = self.index.update(
+            item.id,
+            state=ItemState.READY,
+            size=listing.total,
+            fetched_bytes=listing.total,
+            finished_at=now,
+            last_used=now,
+            error=None,
+            options=options,
+            warm_seconds=now - (item.started_at or now),
+        )
+        log.info("prewarmed model %s (%d files, %d bytes)", item.name, len(files), listing.total)
+        return done
+
+    def _fetch_members(
+        self,
+        item: CacheItem,
+        todo: Sequence[Member],
+        have: dict[str, str],
+        fetched: dict[str, str],
+        headers: Mapping[str, str],
+        total: int,
+        progress: ProgressFn,
+        cancelled: CancelledFn,
+    ) -> None:
+        """Fetch and commit the files of a group, at most ``group_parallel`` at once (so at
+        most that many partials are open); raise the first failure once all ended. Files that
+        made it are recorded in ``have`` and ``fetched``, so a retry does not fetch them again."""
+        lock = threading.Lock()
+        offsets = {m.path: 0 for m in todo}
+        done_before = total - sum(m.size for m in todo)
+
+        def one(m: Member) -> None:
+            part = MemberPartial(self.store, _member_key(item.id, m.path), m.size)
+            try:
+
+                def report(done: int, _: int | None) -> None:
+                    with lock:
+                        offsets[m.path] = done
+                        progress(done_before + sum(offsets.values()), total)
+
+                spec = FetchSpec(m.url, headers, m.sha256, resume_key=self.identity(m.url))
+                self._fetcher.fetch(spec, part, report, cancelled)
+                sha = self.store.commit_blob(part, m.sha256, f"{item.name}/{m.path}")
+            finally:
+                part.close()
+            with lock:
+                have[m.path] = sha
+                fetched[m.url] = sha
+
+        if not todo:
+            return
+        with ThreadPoolExecutor(min(self._group_parallel, len(todo))) as pool:
+            errors = [f.exception() for f in [pool.submit(one, m) for m in todo]]
+        failures = [e for e in errors if e is not None]
+        if failures:
+            # A shutdown first, then a failure worth a retry, then the rest.
+            failures.sort(
+                key=lambda e: (
+                    not isinstance(e, Cancelled),
+                    not (isinstance(e, FetchFailed) and e.transient),
+                )
+            )
+            raise failures[0]
 
     def _run_image(self, item: CacheItem, event: threading.Event) -> CacheItem:
         if self._puller is None:
@@ -500,6 +936,12 @@ class PrewarmService:
             else:
                 options.update(warm.notes)
                 options.update(warm.warmth.to_options())
+        if item.pinned and self._puller is not None:
+            try:
+                self._puller.set_pinned(item.source, True)
+            except AgentError as exc:
+                log.warning("cannot pin image %s in the runtime: %s", item.name, exc)
+                options["pin_error"] = str(exc)
         now = self._clock()
         self.index.set_owner(item.id, None)
         done = self.index.update(
@@ -547,6 +989,34 @@ def _header_files(item: CacheItem) -> dict[str, Path]:
         for k, v in item.options.items()
         if k.startswith(_HEADER_PREFIX)
     }
+
+
+_KINDS: dict[type, ItemKind] = {
+    FileRequest: ItemKind.FILE,
+    ImageRequest: ItemKind.IMAGE,
+    GroupRequest: ItemKind.GROUP,
+}
+
+
+def _member_key(item_id: str, path: str) -> str:
+    """A group file's partial: named by its path, so a retry resumes the same file."""
+    return f"{item_id}.{hashlib.sha256(path.encode()).hexdigest()[:16]}"
+
+
+def _nothing(item: CacheItem) -> None:
+    return None
+
+
+def _without_retry(options: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in options.items() if k not in _RETRY_OPTIONS}
+
+
+def _repull_due(options: Mapping[str, str], pulled_at: float | None, now: float) -> bool:
+    """Whether an image's ``repull_hours`` have passed since its last pull."""
+    hours = options.get("repull_hours")
+    if not hours or pulled_at is None:
+        return False
+    return now - pulled_at >= float(hours) * 3600
 
 
 def _alive(pid: int | None) -> bool:

@@ -3,13 +3,16 @@
 Layout under the cache directory::
 
     blobs/sha256/<hex>      verified content, read-only; the only files pods should read
-    by-name/<name>          symlink to a blob, the stable path a pod mounts
+    by-name/<name>          symlink to a blob (a file) or to trees/<id> (a group), the stable
+                            path a pod mounts
+    trees/<id>/<path>       a group's model directory: relative symlinks to its blobs
     partial/<id>.part       bytes of a running fetch, with <id>.json (resume validators)
 
 A fetch writes only under partial/. `CacheStore.commit` verifies the sha256, fsyncs, renames into
 blobs/ and then links the name, so a final path never holds partial or unverified bytes.
 The budget counts the cache alone (distinct ready blobs plus sizes reserved by running fetches),
-capped by ``max_volume_share`` of the volume, and evicts least recently used unpinned blobs.
+capped by ``max_volume_share`` of the volume, and evicts least recently used unpinned blobs
+that no process on the node holds open or mapped (agent.prewarm.inuse).
 """
 
 from __future__ import annotations
@@ -21,16 +24,18 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.errors import Conflict
+from agent.errors import Busy, Conflict
 from agent.prewarm.errors import DigestMismatch, DiskFull
 from agent.prewarm.index import PrewarmIndex
+from agent.prewarm.inuse import ProcScanner, file_id
 from agent.prewarm.model import CacheItem, ItemKind, ItemState
 
 log = logging.getLogger(__name__)
@@ -206,6 +211,30 @@ class Partial:
         self._file.close()
 
 
+class MemberPartial(Partial):
+    """The partial of one file of a group: admitted with its group (which holds the budget),
+    so here only bounded by the size the listing gave."""
+
+    def __init__(self, store: CacheStore, key: str, size: int) -> None:
+        super().__init__(store, key)
+        self.size = size
+
+    def admit(self, total: int | None) -> None:
+        if total is not None and total != self.size:
+            raise DigestMismatch(
+                f"the origin announced {total} bytes for a file listed with {self.size}"
+            )
+        self.limit = self.size
+
+
+@dataclass(slots=True)
+class _Unit:
+    """What eviction removes together: the ready files sharing one blob, or one ready group."""
+
+    items: list[CacheItem]
+    blobs: dict[str, int]
+
+
 class CacheStore:
     """Owns the cache directory and keeps it consistent with the index."""
 
@@ -216,8 +245,10 @@ class CacheStore:
         budget_bytes: int,
         max_volume_share: float,
         statvfs: Callable[[Path], os.statvfs_result] = os.statvfs,
+        scanner: ProcScanner | None = None,
     ) -> None:
         self.root = root
+        self._scanner = scanner or ProcScanner()
         self.index = index
         self.budget_bytes = budget_bytes
         self.max_volume_share = max_volume_share
@@ -225,7 +256,8 @@ class CacheStore:
         self.blob_dir = root / "blobs" / "sha256"
         self.partial_dir = root / "partial"
         self.name_dir = root / "by-name"
-        for d in (self.blob_dir, self.partial_dir, self.name_dir):
+        self.tree_dir = root / "trees"
+        for d in (self.blob_dir, self.partial_dir, self.name_dir, self.tree_dir):
             d.mkdir(parents=True, exist_ok=True)
 
     def blob_path(self, sha256: str) -> Path:
@@ -234,19 +266,82 @@ class CacheStore:
     def name_path(self, name: str) -> Path:
         return self.name_dir / name
 
+    def tree_path(self, item_id: str) -> Path:
+        return self.tree_dir / item_id
+
+    # -- readiness and use --------------------------------------------------------------------
+
+    def missing(self, item: CacheItem, verify_digest: bool = False) -> str | None:
+        """Why a ready file or group is not what its row claims (None when it is): every blob
+        on disk with its recorded size and, with ``verify_digest``, hashing to its sha256. A
+        lost by-name link or model directory is only re-made."""
+        blobs = item.blobs
+        if not blobs:
+            return "no digest recorded"
+        for sha, recorded in blobs.items():
+            blob = self.blob_path(sha)
+            try:
+                size = blob.stat().st_size
+            except FileNotFoundError:
+                return f"blob sha256:{sha} is missing from {self.blob_dir}"
+            if size != recorded and (item.kind is ItemKind.GROUP or item.size is not None):
+                return f"blob sha256:{sha} has {size} bytes, not {recorded}"
+            if verify_digest and _hash_file(blob) != sha:
+                return f"blob sha256:{sha} no longer hashes to its digest"
+        if item.kind is ItemKind.GROUP:
+            if not self._tree_intact(item):
+                self.link_tree(item.name, item.id, [(p, s) for p, s, _ in item.members])
+        elif os.path.realpath(self.name_path(item.name)) != os.path.realpath(
+            self.blob_path(item.sha256 or "")
+        ):
+            self.link_name(item.name, item.sha256 or "")
+        return None
+
+    def _tree_intact(self, item: CacheItem) -> bool:
+        tree = self.tree_path(item.id)
+        if os.path.realpath(self.name_path(item.name)) != os.path.realpath(tree):
+            return False
+        return all(
+            os.path.realpath(tree / path) == os.path.realpath(self.blob_path(sha))
+            for path, sha, _ in item.members
+        )
+
+    def holders(self, sha256s: Iterable[str]) -> dict[str, set[int]]:
+        """The pids on the node holding each blob open or mapped; blobs nobody holds are absent."""
+        ids = {}
+        for sha in set(sha256s):
+            fid = file_id(self.blob_path(sha))
+            if fid is not None:
+                ids[fid] = sha
+        return {ids[fid]: pids for fid, pids in self._scanner.holders(ids).items()}
+
+    def discard_blob(self, sha256: str) -> list[str]:
+        """Drop a blob that is not what its name claims (wrong size or digest, or gone), with
+        every ready item standing on it; no in-use check, as its bytes are not the item's."""
+        with self.index.transaction():
+            unit = self._mark_evicted(self._standing_on(sha256))
+        self._remove(unit, force={sha256})
+        return [i.name for i in unit.items]
+
+    def remove_link(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.name_path(name).unlink()
+
     # -- budget -------------------------------------------------------------------------------
 
     def usage(self, exclude: str | None = None) -> Usage:
-        files = [i for i in self.index.items() if i.kind is ItemKind.FILE]
+        items = self.index.items()
         ready: dict[str, int] = {}
         pinned: dict[str, int] = {}
-        for item in files:
-            if item.state is ItemState.READY and item.sha256 and item.size is not None:
-                ready[item.sha256] = item.size
+        for item in items:
+            if item.state is ItemState.READY:
+                ready.update(item.blobs)
                 if item.pinned:
-                    pinned[item.sha256] = item.size
+                    pinned.update(item.blobs)
         reserved = sum(
-            i.size or 0 for i in files if i.state is ItemState.FETCHING and i.id != exclude
+            i.size or 0
+            for i in items
+            if i.kind is not ItemKind.IMAGE and i.state is ItemState.FETCHING and i.id != exclude
         )
         st = self._statvfs(self.root)
         volume = st.f_blocks * st.f_frsize
@@ -263,8 +358,8 @@ class CacheStore:
         """Make room for ``total`` bytes of ``item_id``; returns the byte limit of the fetch.
 
         Raises Conflict, naming the numbers, when the item cannot fit even after evicting every
-        unpinned blob, or when the volume lacks the free space. With ``total`` unknown (a
-        chunked response) the limit is what fits now without evicting.
+        unpinned item no process holds, or when the volume lacks the free space. With ``total``
+        unknown (a chunked response) the limit is what fits now without evicting.
         """
         with self.index.transaction():
             use = self.usage(exclude=item_id)
@@ -281,44 +376,59 @@ class CacheStore:
                 )
             need = taken + total - use.capacity_bytes
             victims = self._victims(need) if need > 0 else []
-            if need > 0 and sum(size for _, size in victims) < need:
+            freed = sum(sum(u.blobs.values()) for u in victims)
+            if need > 0 and freed < need:
                 raise Conflict(
                     f"item needs {total} bytes; the cache holds {use.used_bytes} "
                     f"({use.pinned_bytes} pinned) and {use.reserved_bytes} reserved by running "
-                    f"fetches, capacity {use.capacity_bytes}; unpin or evict items first"
+                    f"fetches, capacity {use.capacity_bytes}; unpin or evict items first "
+                    "(items in use are not evicted)"
                 )
             st = self._statvfs(self.root)
-            free = st.f_bavail * st.f_frsize + sum(size for _, size in victims)
+            free = st.f_bavail * st.f_frsize + freed
             if total - on_disk > free:
                 raise Conflict(
                     f"item needs {total - on_disk} more bytes but the cache volume has {free} free"
                 )
-            evicted = [self._mark_evicted(sha) for sha, _ in victims]
+            evicted = [self._mark_evicted(u.items) for u in victims]
             self.index.update(item_id, size=total)
-        for sha, names in evicted:
-            self._remove_blob(sha, names)
+        for unit in evicted:
+            self._remove(unit)
         return total
 
-    def _victims(self, need: int) -> list[tuple[str, int]]:
-        """Least recently used unpinned blobs whose sizes add up to ``need`` (or all of them)."""
-        groups: dict[str, list[CacheItem]] = {}
+    def _units(self) -> list[_Unit]:
+        by_sha: dict[str, _Unit] = {}
+        units: list[_Unit] = []
         for item in self.index.items([ItemState.READY]):
             if item.kind is ItemKind.FILE and item.sha256:
-                groups.setdefault(item.sha256, []).append(item)
+                unit = by_sha.setdefault(item.sha256, _Unit([], dict(item.blobs)))
+                if not unit.items:
+                    units.append(unit)
+                unit.items.append(item)
+            elif item.kind is ItemKind.GROUP:
+                units.append(_Unit([item], item.blobs))
+        return units
 
-        def last_use(items: list[CacheItem]) -> float:
-            return max((i.last_used or i.finished_at or 0.0) for i in items)
+    def _victims(self, need: int) -> list[_Unit]:
+        """Least recently used units, unpinned and held by no process, whose blobs (those no
+        other unit stands on) add up to ``need`` (or all of them)."""
+        units = self._units()
+        held = self.holders(sha for u in units for sha in u.blobs)
 
-        chosen: list[tuple[str, int]] = []
+        def last_use(unit: _Unit) -> float:
+            return max((i.last_used or i.finished_at or 0.0) for i in unit.items)
+
+        chosen: list[_Unit] = []
         freed = 0
-        for sha, items in sorted(groups.items(), key=lambda kv: last_use(kv[1])):
+        for unit in sorted(units, key=last_use):
             if freed >= need:
                 break
-            if any(i.pinned for i in items):
+            if any(i.pinned for i in unit.items) or any(sha in held for sha in unit.blobs):
                 continue
-            size = items[0].size or 0
-            chosen.append((sha, size))
-            freed += size
+            others = {sha for u in units if u is not unit for sha in u.blobs}
+            own = {sha: size for sha, size in unit.blobs.items() if sha not in others}
+            chosen.append(_Unit(unit.items, own))
+            freed += sum(own.values())
         return chosen
 
     # -- commit and eviction ------------------------------------------------------------------
@@ -326,23 +436,46 @@ class CacheStore:
     def partial(self, item_id: str) -> Partial:
         return Partial(self, item_id)
 
-    def discard_partial(self, item_id: str) -> None:
-        for suffix in (".part", ".json", ".json.tmp"):
+    def partial_size(self, item_id: str) -> int:
+        """Bytes on disk in an item's partial(s) (a group's: all its files')."""
+        total = 0
+        for path in self.partial_dir.glob(f"{item_id}.*part"):
             with contextlib.suppress(FileNotFoundError):
-                (self.partial_dir / f"{item_id}{suffix}").unlink()
+                total += path.stat().st_size
+        return total
+
+    def discard_partial(self, item_id: str) -> None:
+        """Delete an item's partial and validators (a group's: every member's)."""
+        for path in self.partial_dir.glob(f"{item_id}.*"):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    def discard_item(self, item: CacheItem) -> None:
+        """Drop a ready item found not to be what it claims (a blob gone or wrong): a file's
+        blob goes with every name on it; a group loses its directory and blobs no one else uses."""
+        if item.kind is ItemKind.FILE and item.sha256:
+            self.discard_blob(item.sha256)
+        elif item.kind is ItemKind.GROUP:
+            with self.index.transaction():
+                unit = self._mark_evicted([self.index.get(item.id)])
+            self._remove(unit)
 
     def commit(self, item: CacheItem, partial: Partial) -> str:
         """Verify and move the partial to its blob path, link the name; return the sha256.
 
         On a digest mismatch the partial is deleted and nothing appears at a final path.
         """
+        digest = self.commit_blob(partial, item.expected_sha256, item.name)
+        self.link_name(item.name, digest)
+        return digest
+
+    def commit_blob(self, partial: Partial, expected: str | None, what: str) -> str:
+        """Verify the partial against ``expected`` and move it to its blob path (no name)."""
         digest = partial.sha256()
-        if item.expected_sha256 and digest != item.expected_sha256:
+        if expected and digest != expected:
             partial.close()
-            self.discard_partial(item.id)
-            raise DigestMismatch(
-                f"sha256 mismatch for {item.name}: expected {item.expected_sha256}, got {digest}"
-            )
+            self.discard_partial(partial.item_id)
+            raise DigestMismatch(f"sha256 mismatch for {what}: expected {expected}, got {digest}")
         partial.sync()
         partial.close()
         blob = self.blob_path(digest)
@@ -352,66 +485,138 @@ class CacheStore:
             os.chmod(partial.path, 0o444)
             os.replace(partial.path, blob)
             _fsync_dir(self.blob_dir)
-        self.discard_partial(item.id)
-        self.link_name(item.name, digest)
+        self.discard_partial(partial.item_id)
         return digest
 
     def link_name(self, name: str, sha256: str) -> None:
         """Point by-name/<name> at the blob, replacing any old link atomically."""
+        self._relink(name, Path("..", "blobs", "sha256", sha256))
+
+    def link_tree(self, name: str, item_id: str, files: Iterable[tuple[str, str]]) -> None:
+        """Lay a group out as a model directory, trees/<id>/<path> -> its blob (relative links,
+        so the cache can be mounted anywhere), then point by-name/<name> at it atomically."""
+        tree = self.tree_path(item_id)
+        tmp = self.tree_dir / f".{item_id}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for path, sha in files:
+            link = tmp / path
+            link.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.path.relpath(self.blob_path(sha), link.parent), link)
+        shutil.rmtree(tree, ignore_errors=True)
+        os.replace(tmp, tree)
+        _fsync_dir(self.tree_dir)
+        self._relink(name, Path("..", "trees", item_id))
+
+    def _relink(self, name: str, target: Path) -> None:
         tmp = self.name_dir / f".{name}.tmp"
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-        os.symlink(Path("..", "blobs", "sha256", sha256), tmp)
+        os.symlink(target, tmp)
         os.replace(tmp, self.name_path(name))
         _fsync_dir(self.name_dir)
 
     def evict(self, sha256: str) -> list[str]:
-        """Evict a blob and every ready item naming it; returns the item names."""
+        """Evict a blob and every ready file naming it; returns the item names.
+
+        Refused (Busy, naming the pids) while a process holds the blob open or mapped; a group
+        standing on the same blob keeps it.
+        """
+        self._refuse_held([sha256])
         with self.index.transaction():
-            _, names = self._mark_evicted(sha256)
-        self._remove_blob(sha256, names)
-        return names
+            unit = self._mark_evicted(self.index.ready_with_digest(sha256))
+        self._remove(unit)
+        return [i.name for i in unit.items]
 
-    def _mark_evicted(self, sha256: str) -> tuple[str, list[str]]:
-        names = []
-        for item in self.index.ready_with_digest(sha256):
-            self.index.update(item.id, state=ItemState.EVICTED)
-            names.append(item.name)
-        return sha256, names
+    def evict_group(self, item: CacheItem) -> None:
+        """Evict a ready group: its model directory, and the blobs nothing else stands on."""
+        self._refuse_held(item.blobs)
+        with self.index.transaction():
+            unit = self._mark_evicted([self.index.get(item.id)])
+        self._remove(unit)
 
-    def _remove_blob(self, sha256: str, names: list[str]) -> None:
-        for name in names:
+    def _refuse_held(self, sha256s: Iterable[str]) -> None:
+        held = self.holders(sha256s)
+        pids = sorted({p for ps in held.values() for p in ps})
+        if pids:
+            listed = ", ".join(str(p) for p in pids)
+            raise Busy(
+                f"blob(s) {', '.join(f'sha256:{s}' for s in sorted(held))} open or mapped by "
+                f"process(es) {listed}; not evicted",
+                [str(p) for p in pids],
+            )
+
+    def _standing_on(self, sha256: str) -> list[CacheItem]:
+        return [i for i in self.index.items([ItemState.READY]) if sha256 in i.blobs]
+
+    def _mark_evicted(self, items: Iterable[CacheItem]) -> _Unit:
+        unit = _Unit([], {})
+        for item in items:
+            if item.state is ItemState.READY:
+                self.index.update(item.id, state=ItemState.EVICTED)
+                unit.items.append(item)
+                unit.blobs.update(item.blobs)
+        return unit
+
+    def _remove(self, unit: _Unit, force: Iterable[str] = ()) -> None:
+        """Delete the links and model directories of evicted items, and their blobs that no
+        ready item still stands on (``force``: delete those blobs whatever stands on them)."""
+        for item in unit.items:
+            self.remove_link(item.name)
+            if item.kind is ItemKind.GROUP:
+                shutil.rmtree(self.tree_path(item.id), ignore_errors=True)
+        still = {sha for i in self.index.items([ItemState.READY]) for sha in i.blobs}
+        gone = [sha for sha in unit.blobs if sha not in still or sha in set(force)]
+        for sha in gone:
             with contextlib.suppress(FileNotFoundError):
-                self.name_path(name).unlink()
-        with contextlib.suppress(FileNotFoundError):
-            self.blob_path(sha256).unlink()
-        log.info("evicted blob sha256:%s (%s)", sha256, ", ".join(names))
+                self.blob_path(sha).unlink()
+        log.info(
+            "evicted %s (blobs %s)",
+            ", ".join(i.name for i in unit.items) or "nothing",
+            ", ".join(f"sha256:{s[:12]}" for s in gone) or "kept",
+        )
 
     def reconcile(self) -> None:
         """Make disk and index agree after a crash: the index says what is ready.
 
-        Blobs no ready item names and partials of items no longer fetching are deleted; a ready
-        item whose blob is gone becomes evicted.
+        Blobs no ready item stands on, model directories of no ready group and partials of
+        items no longer fetching (or waiting for a retry) are deleted; a ready item whose blob
+        is gone becomes evicted.
         """
         items = self.index.items()
-        wanted = {i.sha256 for i in items if i.state is ItemState.READY and i.sha256}
         for item in items:
-            if item.state is ItemState.READY and item.sha256:
-                if not self.blob_path(item.sha256).exists():
+            if item.state is ItemState.READY and item.blobs:
+                if any(not self.blob_path(sha).exists() for sha in item.blobs):
                     self.index.update(item.id, state=ItemState.EVICTED)
-                elif not self.name_path(item.name).is_symlink():
-                    self.link_name(item.name, item.sha256)
+                else:
+                    self.missing(item)  # re-makes a lost link or model directory
+        items = self.index.items()
+        ready = [i for i in items if i.state is ItemState.READY]
+        wanted = {sha for i in ready for sha in i.blobs}
         for blob in self.blob_dir.iterdir():
             if blob.name not in wanted:
                 blob.unlink()
+        trees = {i.id for i in ready if i.kind is ItemKind.GROUP}
+        for tree in self.tree_dir.iterdir():
+            if tree.name not in trees:
+                shutil.rmtree(tree, ignore_errors=True)
         active = {i.id for i in items if i.state in (ItemState.QUEUED, ItemState.FETCHING)}
+        active |= {i.id for i in items if i.state is ItemState.FAILED and i.retry_at is not None}
         for path in self.partial_dir.iterdir():
             if path.name.split(".", 1)[0] not in active:
                 path.unlink()
-        ready_names = {i.name for i in items if i.state is ItemState.READY}
+        ready_names = {i.name for i in ready}
         for link in self.name_dir.iterdir():
             if link.name not in ready_names:
                 link.unlink()
+
+
+def _hash_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from agent.prewarm.fetch_http import HttpFetcher
@@ -22,11 +24,22 @@ def make_service(
     policy: UrlPolicy | None = None,
     puller: ImagePuller | None = None,
     warmer: ImageWarmer | None = None,
+    retries: int = 5,
+    clock: Callable[[], float] = time.time,
 ) -> PrewarmService:
     index = PrewarmIndex.open(tmp / "state" / "agent.db")
     store = CacheStore(cache_dir or tmp / "cache", index, budget, share)
     policy = policy or UrlPolicy(allow_http=True)
-    fetcher = fetcher or HttpFetcher(policy, proxy=proxy, backoff_s=0.01, timeout_s=10)
+    fetcher = fetcher or HttpFetcher(
+        policy, proxy=proxy, backoff_s=0.01, timeout_s=10, retries=retries
+    )
     return PrewarmService(
-        index, store, policy, fetcher, puller=puller, warmer=warmer, header_dirs=[tmp]
+        index,
+        store,
+        policy,
+        fetcher,
+        puller=puller,
+        warmer=warmer,
+        header_dirs=[tmp],
+        clock=clock,
     )

@@ -11,7 +11,7 @@ import http.client
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 
 @dataclass
@@ -27,6 +27,7 @@ class Relayed:
 class RecordingProxy:
     requests: list[Relayed] = field(default_factory=list)
     corrupt: set[str] = field(default_factory=set)  # URL paths whose bodies get one byte flipped
+    follow_redirects: bool = False  # follow the origin's redirects itself, as dfdaemon does
     port: int = 0
 
     def __post_init__(self) -> None:
@@ -65,12 +66,20 @@ class RecordingProxy:
         self.requests.append(record)
         url = urlsplit(h.path)
         headers = {k: v for k, v in h.headers.items() if k.lower() not in ("proxy-connection",)}
-        conn = http.client.HTTPConnection(url.hostname or "", url.port or 80, timeout=30)
-        target = url.path + (f"?{url.query}" if url.query else "")
-        conn.request(h.command, target, headers=headers)
-        resp = conn.getresponse()
-        body = resp.read()
-        conn.close()
+        for _ in range(10):
+            conn = http.client.HTTPConnection(url.hostname or "", url.port or 80, timeout=30)
+            target = url.path + (f"?{url.query}" if url.query else "")
+            headers["Host"] = url.netloc
+            conn.request(h.command, target, headers=headers)
+            resp = conn.getresponse()
+            body = resp.read()
+            conn.close()
+            location = resp.getheader("Location")
+            if not (
+                self.follow_redirects and resp.status in (301, 302, 303, 307, 308) and location
+            ):
+                break
+            url = urlsplit(urljoin(url.geturl(), location))
         if url.path in self.corrupt and body:
             body = bytes([body[0] ^ 0xFF]) + body[1:]
         record.status, record.body_bytes = resp.status, len(body)

@@ -31,3 +31,9 @@ def test_files_and_images_not_yet_warmed_carry_no_warmth() -> None:
     file = CacheItem("f1", ItemKind.FILE, "w", "https://o/w", ItemState.READY, options={})
     assert not cache_item_pb(file).HasField("image_warmth")
     assert not cache_item_pb(_image({})).HasField("image_warmth")
+
+
+def test_every_item_kind_has_a_wire_value() -> None:
+    """A model (group) item must not break ListPrewarmItems."""
+    kinds = {cache_item_pb(CacheItem("i", k, "n", "s", ItemState.READY)).kind for k in ItemKind}
+    assert len(kinds) == len(ItemKind) and cache_pb2.CACHE_ITEM_KIND_UNSPECIFIED not in kinds

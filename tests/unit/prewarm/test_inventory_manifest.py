@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -12,10 +14,12 @@ from agent.prewarm.manifest import parse_manifest
 from agent.prewarm.model import (
     CacheItem,
     FileRequest,
+    GroupRequest,
     ImageRequest,
     ImageWarmth,
     ItemKind,
     ItemState,
+    PullPolicy,
     Warmth,
 )
 from agent.prewarm.progress import ProgressMeter
@@ -139,3 +143,58 @@ def test_images_are_labelled_only_when_fully_warm_and_export_their_warmth() -> N
     assert 'gpu_agent_prewarm_image_warm_ratio{name="unknown"}' not in text
     assert 'gpu_agent_prewarm_image_blobs{kind="warm",name="lazy"} 1.0' in text
     assert 'name="old"' not in text.split("gpu_agent_prewarm_image_warm_ratio", 1)[1]
+
+
+def test_manifest_images_take_a_pull_policy_and_a_repull_interval() -> None:
+    [image] = parse_manifest(
+        {
+            "version": 1,
+            "items": [{"image": "r.example/a:latest", "pull_policy": "Always", "repull_hours": 6}],
+        }
+    )
+    assert isinstance(image, ImageRequest)
+    assert (image.pull_policy, image.repull_hours) == (PullPolicy.ALWAYS, 6.0)
+    with pytest.raises(InvalidSpec) as bad:
+        parse_manifest(
+            {
+                "version": 1,
+                "items": [
+                    {"image": "r.example/a:1", "pull_policy": "Sometimes"},
+                    {"image": "r.example/a:2", "repull_hours": 0},
+                ],
+            }
+        )
+    assert [v.field for v in bad.value.violations] == [
+        "items[0].pull_policy",
+        "items[1].repull_hours",
+    ]
+
+
+def test_manifest_lists_models_as_groups() -> None:
+    [model] = parse_manifest(
+        {
+            "version": 1,
+            "items": [
+                {
+                    "model": "org/Tiny",
+                    "revision": "v1",
+                    "include": ["*.safetensors", "config.json"],
+                    "header_files": {"Authorization": "/secrets/hf"},
+                }
+            ],
+        }
+    )
+    assert model == GroupRequest(
+        "org/Tiny",
+        revision="v1",
+        include=("*.safetensors", "config.json"),
+        header_files={"Authorization": Path("/secrets/hf")},
+    )
+    with pytest.raises(InvalidSpec) as bad:
+        parse_manifest(
+            {
+                "version": 1,
+                "items": [{"model": "org/Tiny", "url": "https://h/x"}, {"model": "o/m", "inc": 1}],
+            }
+        )
+    assert [v.field for v in bad.value.violations] == ["items[0]", "items[1].inc"]

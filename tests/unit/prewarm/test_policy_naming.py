@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.errors import InvalidSpec, PermissionDenied
-from agent.prewarm.naming import LABEL_PREFIX, check_name, default_name, label_key
+from agent.prewarm.naming import (
+    LABEL_PREFIX,
+    check_name,
+    default_name,
+    label_key,
+    source_identity,
+)
 from agent.prewarm.policy import UrlPolicy, redact_url
 
 
@@ -99,3 +107,45 @@ def test_long_names_get_distinct_hashed_label_keys() -> None:
     a, b = "m" * 60 + "-a1", "m" * 60 + "-b2"
     assert label_key(a) != label_key(b)
     assert len(label_key(a).split("/", 1)[1]) == 63
+
+
+# Kubernetes' qualified-name rule for the part of a label key after the prefix
+# (k8s.io/apimachinery validation.IsQualifiedName), at most 63 characters.
+_K8S_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+
+
+def _valid_key(key: str) -> bool:
+    prefix, _, name = key.partition("/")
+    return prefix == "gpu-agent.io" and len(name) <= 63 and bool(_K8S_LABEL_NAME.fullmatch(name))
+
+
+def test_underscore_and_dash_names_get_distinct_valid_label_keys() -> None:
+    assert label_key("llama_8b") != label_key("llama-8b")
+    assert label_key("llama_8b") == "gpu-agent.io/cache.llama_8b"
+    assert _valid_key(label_key("llama_8b")) and _valid_key(label_key("llama-8b"))
+
+
+@given(st.from_regex(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?", fullmatch=True))
+def test_every_item_name_has_a_valid_label_key(name: str) -> None:
+    if ".." not in name:
+        assert _valid_key(label_key(name))
+
+
+def test_a_hashed_long_name_cannot_equal_a_literal_name() -> None:
+    """A shortened key holds '..', which no item name may contain."""
+    long = "m" * 63
+    key = label_key(long)
+    short = key.removeprefix(LABEL_PREFIX)
+    assert ".." in short and _valid_key(key)
+    with pytest.raises(InvalidSpec):
+        check_name(short)
+
+
+def test_signature_parameters_are_not_part_of_the_identity() -> None:
+    a = source_identity("https://b.s3.example.com/m.bin?X-Amz-Signature=a&X-Amz-Date=1&v=3")
+    b = source_identity("https://b.s3.example.com/m.bin?v=3&X-Amz-Signature=b")
+    assert a == b == "https://b.s3.example.com/m.bin?v=3"
+    assert source_identity("https://h/m?Signature=s&Expires=1") == "https://h/m"
+    assert source_identity("https://h/m?sig=1", ["sig"]) == "https://h/m"
+    assert source_identity("https://h/m?X-Goog-Signature=1", ["X-Goog-*"]) == "https://h/m"
+    assert source_identity("https://h/m?v=1") != source_identity("https://h/m?v=2")

@@ -15,6 +15,7 @@ class CacheItemKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CACHE_ITEM_KIND_UNSPECIFIED: _ClassVar[CacheItemKind]
     CACHE_ITEM_KIND_FILE: _ClassVar[CacheItemKind]
     CACHE_ITEM_KIND_IMAGE: _ClassVar[CacheItemKind]
+    CACHE_ITEM_KIND_GROUP: _ClassVar[CacheItemKind]
 
 class CacheItemState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -35,6 +36,7 @@ class ImageWarmthLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 CACHE_ITEM_KIND_UNSPECIFIED: CacheItemKind
 CACHE_ITEM_KIND_FILE: CacheItemKind
 CACHE_ITEM_KIND_IMAGE: CacheItemKind
+CACHE_ITEM_KIND_GROUP: CacheItemKind
 CACHE_ITEM_STATE_UNSPECIFIED: CacheItemState
 CACHE_ITEM_STATE_QUEUED: CacheItemState
 CACHE_ITEM_STATE_FETCHING: CacheItemState

@@ -1,0 +1,179 @@
+"""A model as one cache item: the files of a Hugging Face style repo snapshot.
+
+The listing is the Hub's model-info API, ``GET <endpoint>/api/models/<repo>/revision/<rev>
+?blobs=true``: the commit ``sha`` and ``siblings`` with ``rfilename``, ``size`` and, for LFS
+files (the weights), ``lfs.sha256``. Every file is then fetched from
+``<endpoint>/<repo>/resolve/<commit>/<path>``, at the commit the listing named, so all files come
+from one snapshot even while ``main`` moves, and an LFS file is verified against its sha256.
+
+Pure apart from `list_group`, which reads the listing through a fetcher into memory. The listing
+comes from the network and is hostile: paths are checked (relative, no ``..``, no empty or
+hidden-dir tricks), sizes bounded, and the number of files capped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+from urllib.parse import quote
+
+from agent.errors import FieldViolation, InvalidSpec
+from agent.prewarm.errors import FetchFailed
+from agent.prewarm.fetch_http import CancelledFn, FetchSpec
+from agent.prewarm.policy import redact_url
+
+MAX_FILES = 10_000
+MAX_LISTING_BYTES = 16 * 1024 * 1024
+_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
+_REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One file of a group: where it goes in the model directory, and where it comes from."""
+
+    path: str
+    url: str
+    size: int
+    sha256: str | None = None  # known for LFS files; others are hashed and recorded
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "url": self.url, "size": self.size, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Member:
+        return cls(str(data["path"]), str(data["url"]), int(data["size"]), data.get("sha256"))
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    commit: str
+    members: tuple[Member, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(m.size for m in self.members)
+
+
+def check_repo(repo: str, revision: str) -> None:
+    if not _REPO.fullmatch(repo) or ".." in repo:
+        raise InvalidSpec(
+            f"model repo {repo!r} is not a repo id",
+            [FieldViolation("model", "owner/name of A-Z a-z 0-9 . _ -")],
+        )
+    if not _REVISION.fullmatch(revision) or ".." in revision:
+        raise InvalidSpec(
+            f"revision {revision!r} is not a branch, tag or commit",
+            [FieldViolation("revision", "e.g. main, v1.0 or a 40-hex commit")],
+        )
+
+
+def listing_url(endpoint: str, repo: str, revision: str) -> str:
+    return (
+        f"{endpoint.rstrip('/')}/api/models/{repo}/revision/{quote(revision, safe='')}?blobs=true"
+    )
+
+
+def _safe_path(path: Any) -> str | None:
+    if not isinstance(path, str) or not path or len(path) > 1024 or "\\" in path or "\0" in path:
+        return None
+    parts = path.split("/")
+    if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        return None
+    return path
+
+
+def parse_listing(data: Any, endpoint: str, repo: str, include: Sequence[str] = ()) -> Listing:
+    """The snapshot's files (those matching ``include`` globs, all when empty), in path order."""
+    if not isinstance(data, dict) or not isinstance(data.get("siblings"), list):
+        raise FetchFailed(f"the listing of {repo} has no siblings list")
+    commit = data.get("sha")
+    if not isinstance(commit, str) or not _COMMIT.fullmatch(commit):
+        raise FetchFailed(f"the listing of {repo} names no 40-hex commit sha")
+    members: dict[str, Member] = {}
+    for sibling in data["siblings"]:
+        if not isinstance(sibling, dict):
+            raise FetchFailed(f"the listing of {repo} has a sibling that is not an object")
+        path = _safe_path(sibling.get("rfilename"))
+        if path is None:
+            raise FetchFailed(f"the listing of {repo} has an unsafe file path")
+        if include and not any(fnmatchcase(path, g) for g in include):
+            continue
+        raw_lfs = sibling.get("lfs")
+        lfs: dict[str, Any] = raw_lfs if isinstance(raw_lfs, dict) else {}
+        size = lfs.get("size", sibling.get("size"))
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise FetchFailed(f"the listing of {repo} gives no size for {path} (blobs=true)")
+        sha = lfs.get("sha256")
+        if sha is not None and (not isinstance(sha, str) or not _SHA256.fullmatch(sha)):
+            raise FetchFailed(f"the listing of {repo} gives a bad sha256 for {path}")
+        url = f"{endpoint.rstrip('/')}/{repo}/resolve/{commit}/{quote(path)}"
+        members[path] = Member(path, url, size, sha)
+    if not members:
+        raise FetchFailed(f"no file of {repo} matches {', '.join(include) or 'the listing'}")
+    if len(members) > MAX_FILES:
+        raise FetchFailed(f"{repo} lists {len(members)} files; at most {MAX_FILES} are warmed")
+    return Listing(commit, tuple(members[p] for p in sorted(members)))
+
+
+class MemorySink:
+    """Keeps a small response (a listing) in memory, bounded; satisfies `Sink`."""
+
+    def __init__(self, limit: int = MAX_LISTING_BYTES) -> None:
+        self.offset = 0
+        self.limit: int | None = limit
+        self._max = limit
+        self._data = bytearray()
+
+    @property
+    def validators(self) -> dict[str, Any]:
+        return {}
+
+    def save_validators(self, data: dict[str, Any]) -> None:
+        return None
+
+    def admit(self, total: int | None) -> None:
+        if total is not None and total > self._max:
+            raise FetchFailed(f"listing of {total} bytes passes the {self._max}-byte limit")
+
+    def restart(self) -> None:
+        self._data.clear()
+        self.offset = 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self.offset + len(data) > self._max:
+            raise FetchFailed(f"listing passes the {self._max}-byte limit")
+        self._data += data
+        self.offset += len(data)
+
+    def write_at(self, offset: int, data: bytes | memoryview) -> None:
+        raise FetchFailed("a listing is read in order")
+
+    def getvalue(self) -> bytes:
+        return bytes(self._data)
+
+
+def list_group(
+    fetcher: Any,
+    endpoint: str,
+    repo: str,
+    revision: str,
+    include: Sequence[str],
+    headers: dict[str, str],
+    cancelled: CancelledFn,
+) -> Listing:
+    """Read and parse the listing through ``fetcher`` (a direct `HttpFetcher`)."""
+    url = listing_url(endpoint, repo, revision)
+    sink = MemorySink()
+    fetcher.fetch(FetchSpec(url, headers), sink, lambda done, total: None, cancelled)
+    try:
+        data = json.loads(sink.getvalue())
+    except ValueError:
+        raise FetchFailed(f"the listing at {redact_url(url)} is not JSON") from None
+    return parse_listing(data, endpoint, repo, include)

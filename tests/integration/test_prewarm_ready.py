@@ -1,0 +1,385 @@
+"""Readiness that is checked, not remembered, for files: against a real origin on loopback, real
+reader processes and the real /proc. Images are in test_prewarm_image_ready.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.errors import Busy, Conflict, InvalidSpec
+from agent.prewarm.inventory import node_labels
+from agent.prewarm.model import FileRequest, ImageRequest, ItemState
+from agent.prewarm.naming import label_key
+from tests.integration.prewarm_fixtures import cli
+from tests.integration.prewarm_fixtures.agent import make_service
+from tests.integration.prewarm_fixtures.origin import Origin
+
+pytestmark = pytest.mark.integration
+MIB = 1024 * 1024
+
+
+@pytest.fixture
+def origin(tmp_path: Path) -> Iterator[Origin]:
+    root = tmp_path / "origin"
+    root.mkdir()
+    with Origin(root) as o:
+        yield o
+
+
+def blob(n: int, seed: int = 0) -> bytes:
+    return (hashlib.sha256(str(seed).encode()).digest() * (n // 32 + 1))[:n]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# -- a hit verifies what it claims ---------------------------------------------------------------
+
+
+def test_a_blob_deleted_from_disk_is_not_a_hit_and_its_label_drops(
+    tmp_path: Path, origin: Origin
+) -> None:
+    origin.add("m.bin", blob(MIB))
+    svc = make_service(tmp_path)
+    item = svc.run(svc.submit(FileRequest(origin.url("m.bin"), name="m")).id)
+    assert label_key("m") in node_labels(svc.items())
+    assert item.sha256 is not None
+    svc.store.blob_path(item.sha256).chmod(0o644)
+    svc.store.blob_path(item.sha256).unlink()
+
+    again = svc.submit(FileRequest(origin.url("m.bin"), name="m"))
+    assert again.state is ItemState.QUEUED  # a miss, not a hit
+    assert label_key("m") not in node_labels(svc.items())
+    done = svc.run(again.id)
+    assert done.state is ItemState.READY, done.error
+    assert svc.store.blob_path(item.sha256).exists()
+    assert len(origin.ranges("m.bin")) == 2
+
+
+def test_a_blob_of_the_wrong_size_is_fetched_again(tmp_path: Path, origin: Origin) -> None:
+    origin.add("s.bin", blob(MIB, 1))
+    svc = make_service(tmp_path)
+    item = svc.run(svc.submit(FileRequest(origin.url("s.bin"))).id)
+    assert item.sha256 is not None
+    path = svc.store.blob_path(item.sha256)
+    path.chmod(0o644)
+    with path.open("r+b") as f:
+        f.truncate(1000)
+    again = svc.submit(FileRequest(origin.url("s.bin")))
+    assert again.state is ItemState.QUEUED
+    assert svc.run(again.id).state is ItemState.READY
+    assert path.stat().st_size == MIB
+
+
+def test_sha256_on_a_ready_item_without_one_is_verified(tmp_path: Path, origin: Origin) -> None:
+    """The right digest is a hit and is recorded; a different one is refused, nothing changes."""
+    digest = origin.add("d.bin", blob(MIB, 2))
+    svc = make_service(tmp_path)
+    svc.run(svc.submit(FileRequest(origin.url("d.bin"), name="d")).id)
+
+    wrong = "0" * 64
+    with pytest.raises(Conflict, match="sha256"):
+        svc.submit(FileRequest(origin.url("d.bin"), name="d", sha256=wrong))
+    item = svc.get("d")
+    assert (item.state, item.expected_sha256, item.hits) == (ItemState.READY, None, 0)
+
+    hit = svc.submit(FileRequest(origin.url("d.bin"), name="d", sha256=digest))
+    assert (hit.state, hit.hits, hit.expected_sha256) == (ItemState.READY, 1, digest)
+
+
+def test_a_request_with_a_digest_rehashes_the_blob(tmp_path: Path, origin: Origin) -> None:
+    """Bytes changed on disk under the same size: only a digest request can tell, and does."""
+    digest = origin.add("c.bin", blob(MIB, 3))
+    svc = make_service(tmp_path)
+    svc.run(svc.submit(FileRequest(origin.url("c.bin"), name="c")).id)
+    path = svc.store.blob_path(digest)
+    path.chmod(0o644)
+    with path.open("r+b") as f:
+        f.write(b"corrupt!")
+    assert svc.submit(FileRequest(origin.url("c.bin"), name="c")).state is ItemState.READY
+    again = svc.submit(FileRequest(origin.url("c.bin"), name="c", sha256=digest))
+    assert again.state is ItemState.QUEUED
+    done = svc.run(again.id)
+    assert done.state is ItemState.READY, done.error
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+
+
+def test_audit_evicts_a_file_whose_blob_is_gone(tmp_path: Path, origin: Origin) -> None:
+    origin.add("a.bin", blob(MIB, 4))
+    origin.add("b.bin", blob(MIB, 5))
+    svc = make_service(tmp_path)
+    a = svc.run(svc.submit(FileRequest(origin.url("a.bin"), name="a")).id)
+    svc.run(svc.submit(FileRequest(origin.url("b.bin"), name="b")).id)
+    assert a.sha256 is not None
+    svc.store.blob_path(a.sha256).unlink()
+    svc.store.name_path("b").unlink()  # a lost link alone is only re-made
+
+    changed = svc.audit()
+    assert [i.name for i in changed] == ["a"]
+    assert svc.get("a").state is ItemState.EVICTED and "missing" in (svc.get("a").error or "")
+    assert set(node_labels(svc.items())) == {label_key("b")}
+    assert svc.store.name_path("b").resolve().exists()
+    assert not svc.store.name_path("a").exists()
+
+
+# -- in use is never evicted ---------------------------------------------------------------------
+
+_READER = """
+import mmap, sys
+f = open(sys.argv[1], "rb")
+if sys.argv[2] == "mmap":
+    m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    f.close()  # only the mapping holds it, as a safetensors loader does
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def _reader(path: Path, how: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _READER, str(path), how],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    return proc
+
+
+@pytest.mark.parametrize("how", ["open", "mmap"])
+def test_a_file_a_process_holds_is_not_evicted(tmp_path: Path, origin: Origin, how: str) -> None:
+    origin.add("held.bin", blob(MIB, 6))
+    svc = make_service(tmp_path)
+    svc.run(svc.submit(FileRequest(origin.url("held.bin"), name="held")).id)
+    reader = _reader(svc.store.name_path("held"), how)
+    try:
+        with pytest.raises(Busy, match=str(reader.pid)):
+            svc.evict("held")
+        assert svc.get("held").state is ItemState.READY
+        assert svc.store.name_path("held").resolve().exists()
+    finally:
+        reader.communicate("")
+    assert svc.evict("held").state is ItemState.EVICTED
+
+
+def test_budget_eviction_skips_a_held_blob(tmp_path: Path, origin: Origin) -> None:
+    """LRU would pick the held file; it is skipped, and with nothing else to evict the new item
+    is refused rather than the reader's file deleted."""
+    origin.add("old.bin", blob(2 * MIB, 7))
+    origin.add("new.bin", blob(2 * MIB, 8))
+    svc = make_service(tmp_path, budget=3 * MIB)
+    svc.run(svc.submit(FileRequest(origin.url("old.bin"), name="old")).id)
+    reader = _reader(svc.store.name_path("old"), "mmap")
+    try:
+        new = svc.run(svc.submit(FileRequest(origin.url("new.bin"), name="new")).id)
+        assert new.state is ItemState.FAILED and "evict" in (new.error or "")
+        assert svc.get("old").state is ItemState.READY
+    finally:
+        reader.communicate("")
+    new = svc.run(svc.submit(FileRequest(origin.url("new.bin"), name="new")).id)
+    assert new.state is ItemState.READY, new.error
+    assert svc.get("old").state is ItemState.EVICTED
+
+
+# -- resumable always ----------------------------------------------------------------------------
+
+
+def test_retries_exhausted_keep_the_partial_and_the_agent_retries(
+    tmp_path: Path, origin: Origin
+) -> None:
+    digest = origin.add("big.bin", blob(4 * MIB, 9))
+    origin.faults.drop_after["/big.bin"] = 3 * MIB // 2
+    clock = Clock()
+    svc = make_service(tmp_path, retries=0, clock=clock)
+    item = svc.run(svc.submit(FileRequest(origin.url("big.bin"), name="big", sha256=digest)).id)
+    assert item.state is ItemState.FAILED
+    assert item.retry_at == clock.now + 30 and item.attempts == 1
+    assert (svc.store.partial_dir / f"{item.id}.part").stat().st_size == 3 * MIB // 2
+    svc.store.reconcile()  # an agent restart keeps it too
+    assert (svc.store.partial_dir / f"{item.id}.part").exists()
+
+    svc.start()
+    try:
+        svc.schedule_pending()
+        assert svc.get("big").state is ItemState.FAILED  # not due yet
+        clock.now += 30
+        svc.schedule_pending()
+        done = svc.wait(item.id, timeout=30)
+    finally:
+        svc.stop()
+    assert done.state is ItemState.READY, done.error
+    assert origin.ranges("big.bin")[-1] == f"bytes={3 * MIB // 2}-"
+    assert done.retry_at is None and done.attempts == 0
+
+
+def test_retry_delay_doubles_up_to_the_cap(tmp_path: Path, origin: Origin) -> None:
+    origin.add("flaky.bin", blob(MIB, 10))
+    clock = Clock()
+    svc = make_service(tmp_path, retries=0, clock=clock)
+    svc._retry_max = 100.0
+    item = svc.submit(FileRequest(origin.url("flaky.bin"), name="flaky"))
+    delays = []
+    for _ in range(4):
+        origin.faults.drop_after["/flaky.bin"] = 1000
+        svc.index.update(item.id, state=ItemState.QUEUED)
+        failed = svc.run(item.id)
+        assert failed.retry_at is not None
+        delays.append(failed.retry_at - clock.now)
+    assert delays == [30, 60, 100, 100]
+
+
+def test_a_permanent_failure_is_not_retried(tmp_path: Path, origin: Origin) -> None:
+    svc = make_service(tmp_path)
+    item = svc.run(svc.submit(FileRequest(origin.url("absent.bin"), name="absent")).id)
+    assert item.state is ItemState.FAILED and "404" in (item.error or "")
+    assert item.retry_at is None
+
+
+def test_prewarm_delete_removes_an_item(tmp_path: Path, origin: Origin) -> None:
+    origin.add("r.bin", blob(MIB, 11))
+    svc = make_service(tmp_path)
+    failed = svc.run(svc.submit(FileRequest(origin.url("gone.bin"), name="gone")).id)
+    ready = svc.run(svc.submit(FileRequest(origin.url("r.bin"), name="r")).id)
+    assert svc.delete("gone").id == failed.id
+    assert svc.delete("r").id == ready.id
+    assert svc.items() == []
+    assert ready.sha256 is not None and not svc.store.blob_path(ready.sha256).exists()
+    assert not svc.store.name_path("r").exists()
+
+
+def test_prewarm_delete_refuses_a_pinned_item(tmp_path: Path, origin: Origin) -> None:
+    origin.add("p.bin", blob(MIB, 12))
+    svc = make_service(tmp_path)
+    svc.run(svc.submit(FileRequest(origin.url("p.bin"), name="p", pin=True)).id)
+    with pytest.raises(Conflict, match="pinned"):
+        svc.delete("p")
+    assert svc.get("p").state is ItemState.READY
+
+
+# -- source identity without signatures ---------------------------------------------------------
+
+
+def test_a_new_signature_resumes_the_same_item(tmp_path: Path, origin: Origin) -> None:
+    """A killed download whose signature expired: the re-signed URL takes over its partial."""
+    digest = origin.add("signed.bin", blob(4 * MIB, 13))
+    origin.faults.drop_after["/signed.bin"] = MIB
+    svc = make_service(tmp_path, retries=0)
+    first = origin.url("signed.bin") + "?X-Amz-Signature=aaa&X-Amz-Date=1&v=2"
+    item = svc.run(svc.submit(FileRequest(first, name="signed", sha256=digest)).id)
+    assert item.state is ItemState.FAILED
+
+    second = origin.url("signed.bin") + "?X-Amz-Signature=bbb&X-Amz-Date=2&v=2"
+    again = svc.submit(FileRequest(second, name="signed", sha256=digest))
+    assert again.id == item.id and again.source == second
+    done = svc.run(again.id)
+    assert done.state is ItemState.READY, done.error
+    last = origin.requests[-1]
+    assert (last.path, last.headers["Range"]) == (
+        "/signed.bin?X-Amz-Signature=bbb&X-Amz-Date=2&v=2",
+        f"bytes={MIB}-",
+    )
+    hit = svc.submit(
+        FileRequest(origin.url("signed.bin") + "?v=2&X-Amz-Signature=c", name="signed")
+    )
+    assert (hit.id, hit.state, hit.hits) == (item.id, ItemState.READY, 1)
+
+
+def test_other_query_parameters_still_make_another_source(tmp_path: Path, origin: Origin) -> None:
+    origin.add("v.bin", blob(MIB, 14))
+    svc = make_service(tmp_path)
+    svc.submit(FileRequest(origin.url("v.bin") + "?version=1", name="v"))
+    with pytest.raises(Conflict, match="another source"):
+        svc.submit(FileRequest(origin.url("v.bin") + "?version=2", name="v"))
+
+
+# -- atomic manifests and names ------------------------------------------------------------------
+
+
+def test_a_refused_manifest_queues_nothing(tmp_path: Path, origin: Origin) -> None:
+    svc = make_service(tmp_path)
+    svc.submit(FileRequest(origin.url("taken.bin"), name="taken"))
+    before = svc.items()
+    with pytest.raises(Conflict):
+        svc.submit_all(
+            [
+                FileRequest(origin.url("one.bin"), name="one"),
+                FileRequest(origin.url("other.bin"), name="taken"),
+            ]
+        )
+    with pytest.raises(InvalidSpec) as refused:
+        svc.submit_all(
+            [FileRequest(origin.url("x/one.bin")), ImageRequest("r.example/one", name="one.bin")]
+        )
+    assert [v.field for v in refused.value.violations] == ["items[1].name"]
+    assert svc.items() == before
+
+
+def test_default_names_of_two_sources_do_not_collide(tmp_path: Path, origin: Origin) -> None:
+    svc = make_service(tmp_path)
+    a = svc.submit(FileRequest(origin.url("org-a/llama/model.safetensors")))
+    b = svc.submit(FileRequest(origin.url("org-b/llama/model.safetensors")))
+    assert a.name == "model.safetensors"
+    assert b.name.startswith("model.safetensors-") and b.name != a.name
+    assert svc.submit(FileRequest(origin.url("org-b/llama/model.safetensors"))).id == b.id
+    assert len(svc.items()) == 2
+
+
+def test_cli_prewarm_delete_removes_a_failed_item(tmp_path: Path, origin: Origin) -> None:
+    env = cli.agent_env(tmp_path)
+    failed = cli.run(["prewarm", "file", origin.url("nothing.bin"), "--name", "nothing"], env)
+    assert failed.returncode != 0 and "404" in failed.stderr
+    deleted = cli.run(["prewarm", "delete", "nothing", "-o", "json"], env)
+    assert deleted.returncode == 0, deleted.stderr
+    assert json.loads(deleted.stdout)[0]["name"] == "nothing"
+    listed = cli.run(["prewarm", "list", "-o", "json"], env)
+    assert json.loads(listed.stdout) == []
+    again = cli.run(["prewarm", "delete", "nothing"], env)
+    assert again.returncode != 0 and "nothing" in again.stderr
+
+
+def test_the_running_agent_audits_and_retries_on_its_own(tmp_path: Path, origin: Origin) -> None:
+    """The whole agent: its audit loop (prewarm.audit_interval_s) notices a deleted blob, and
+    its queue loop retries a transiently failed file from its partial once it is due."""
+    from tests.unit.api.support import InProcessAgent, agent_config, wait_for
+
+    digest = origin.add("kept.bin", blob(MIB, 15))
+    origin.add("flaky.bin", blob(2 * MIB, 16))
+    prewarm = {
+        "cache_dir": str(tmp_path / "cache"),
+        "allowed_hosts": ["127.0.0.1"],
+        "allow_http": True,
+        "containerd_socket": str(tmp_path / "containerd.sock"),
+        "audit_interval_s": 1.0,
+        "retry_initial_s": 0.5,
+    }
+    with InProcessAgent(tmp_path, agent_config(tmp_path, prewarm=prewarm)) as running:
+        svc = running.node.services.prewarm
+        kept = svc.run(svc.submit(FileRequest(origin.url("kept.bin"), name="kept")).id)
+        assert kept.state is ItemState.READY
+        svc.store.blob_path(digest).unlink()
+        gone = wait_for(
+            lambda: svc.get("kept").state is ItemState.EVICTED and svc.get("kept"), "the audit"
+        )
+        assert "missing" in (gone.error or "")
+
+        svc._fetcher._retries = 0  # one drop exhausts the fetcher's own retries
+        origin.faults.drop_after["/flaky.bin"] = MIB
+        failed = svc.run(svc.submit(FileRequest(origin.url("flaky.bin"), name="flaky")).id)
+        assert failed.state is ItemState.FAILED and failed.retry_at is not None
+        done = wait_for(
+            lambda: svc.get("flaky").state is ItemState.READY and svc.get("flaky"),
+            "the agent's retry",
+        )
+    assert done.attempts == 0
+    assert origin.ranges("flaky.bin")[-1] == f"bytes={MIB}-"
