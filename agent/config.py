@@ -37,6 +37,7 @@ __all__ = [
     "AgentConfig",
     "MigSettings",
     "PrewarmSettings",
+    "RoleSettings",
     "SharingSettings",
     "TelemetrySettings",
     "TlsSettings",
@@ -357,6 +358,27 @@ class PrewarmSettings:
     )
 
 
+_URI_SAN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s]+")
+_DNS_SAN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?")
+
+
+def _are_identities(values: tuple[str, ...]) -> bool:
+    return all(
+        value == "*"
+        or (len(value) <= 2048 and (_URI_SAN.fullmatch(value) or _DNS_SAN.fullmatch(value)))
+        for value in values
+    )
+
+
+_IDENTITIES_ALLOWED = "a list of URI SANs (scheme://...), DNS names, or *"
+
+_IDENTITY_TEXT = (
+    "Client certificate identities: URI SANs (SPIFFE IDs, e.g. "
+    "spiffe://cluster/ns/gpu-system/sa/coordinator) or DNS SANs; * is every verified client "
+    "certificate. Email, IP and common names are never identities."
+)
+
+
 @dataclass(frozen=True)
 class TlsSettings:
     """mTLS of the gRPC API on grpc_listen."""
@@ -382,8 +404,65 @@ class TlsSettings:
     mutating_identities: tuple[str, ...] = field(
         default=(),
         metadata=_rules(
-            doc="Client certificate SAN identities (DNS names or URIs) allowed to call mutating "
-            "RPCs; everyone with a valid client certificate may read.",
+            check=_are_identities,
+            allowed=_IDENTITIES_ALLOWED,
+            doc="Deprecated, kept so older configs keep their meaning: identities listed here "
+            "hold the admin role, as if listed in roles.admin (they could call every mutating "
+            "RPC before roles existed).",
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class RoleSettings:
+    """Who may do what over mTLS: identities per role (the Unix socket is always admin, the
+    plaintext loopback listener always read). Any role includes read."""
+
+    read: tuple[str, ...] = field(
+        default=("*",),
+        metadata=_rules(
+            check=_are_identities,
+            allowed=_IDENTITIES_ALLOWED,
+            doc="Identities that may read: the inventory (without process lists), operations, "
+            "MIG assert and export, sharing, cache, telemetry (without pods), events. "
+            + _IDENTITY_TEXT,
+        ),
+    )
+    prewarm: tuple[str, ...] = field(
+        default=(),
+        metadata=_rules(
+            check=_are_identities,
+            allowed=_IDENTITIES_ALLOWED,
+            doc="Identities that may submit and cancel prewarm items and evict cache items, "
+            "and cancel prewarm operations; nothing that reconfigures GPUs. " + _IDENTITY_TEXT,
+        ),
+    )
+    sharing: tuple[str, ...] = field(
+        default=(),
+        metadata=_rules(
+            check=_are_identities,
+            allowed=_IDENTITIES_ALLOWED,
+            doc="Identities that may set, clear and roll back the device plugin's sharing "
+            "config. " + _IDENTITY_TEXT,
+        ),
+    )
+    mig: tuple[str, ...] = field(
+        default=(),
+        metadata=_rules(
+            check=_are_identities,
+            allowed=_IDENTITIES_ALLOWED,
+            doc="Identities that may plan and apply MIG layouts and cancel MIG operations; they "
+            "also see process lists (GetNode processes, telemetry pods), which say what a change "
+            "would disrupt. " + _IDENTITY_TEXT,
+        ),
+    )
+    admin: tuple[str, ...] = field(
+        default=(),
+        metadata=_rules(
+            check=_are_identities,
+            allowed=_IDENTITIES_ALLOWED,
+            doc="Identities that may call everything and see process lists (the coordinator). "
+            + _IDENTITY_TEXT,
         ),
     )
 
@@ -467,6 +546,10 @@ class AgentConfig:
     )
     tls: TlsSettings = field(
         default_factory=TlsSettings, metadata=_rules(doc="mTLS of the gRPC API.")
+    )
+    roles: RoleSettings = field(
+        default_factory=RoleSettings,
+        metadata=_rules(doc="Roles of mTLS client identities on the gRPC API."),
     )
 
 

@@ -26,10 +26,11 @@ import grpc
 from google.protobuf.message import Message
 
 from agent._proto.gpuagent.v1 import operations_pb2, operations_pb2_grpc
+from agent.api.auth import OPERATION_ROLES, Role, allows, granted
 from agent.api.convert import message_dict, operation_id_from, operation_name, operation_pb
 from agent.api.errors import error_record
 from agent.api.events import EventBus
-from agent.errors import AgentError, Busy, FieldViolation, InvalidSpec, NotFound
+from agent.errors import AgentError, Busy, FieldViolation, InvalidSpec, NotFound, PermissionDenied
 from agent.state import Operation, StateStore
 
 log = logging.getLogger(__name__)
@@ -401,7 +402,13 @@ class OperationsServicer(operations_pb2_grpc.OperationsServiceServicer):
     async def CancelOperation(
         self, request: operations_pb2.CancelOperationRequest, context: grpc.aio.ServicerContext
     ) -> operations_pb2.CancelOperationResponse:
-        op = await self._runner.cancel(operation_id_from(request.name))
+        op_id = operation_id_from(request.name)
+        needed = OPERATION_ROLES.get((await self._runner.get(op_id)).kind, Role.ADMIN)
+        if not allows(granted(), frozenset({needed})):
+            raise PermissionDenied(
+                f"cancelling operation {request.name!r} needs the role {needed.value} or admin"
+            )
+        op = await self._runner.cancel(op_id)
         return operations_pb2.CancelOperationResponse(operation=operation_pb(op))
 
     async def WatchOperation(

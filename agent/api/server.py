@@ -44,7 +44,7 @@ from agent._proto.gpuagent.v1 import (
     telemetry_pb2,
     telemetry_pb2_grpc,
 )
-from agent.api.auth import Policy
+from agent.api.auth import Policy, Role
 from agent.api.events import EventBus, EventsServicer
 from agent.api.interceptor import ApiInterceptor
 from agent.api.inventory import NodeInventory
@@ -54,7 +54,7 @@ from agent.api.operations import OperationRunner, OperationsServicer
 from agent.api.prewarm import PrewarmServicer
 from agent.api.sharing import SharingServicer
 from agent.api.telemetry import SnapshotSource, TelemetryServicer
-from agent.config import AgentConfig, TlsSettings
+from agent.config import AgentConfig, RoleSettings, TlsSettings
 from agent.errors import Conflict, FieldViolation, InvalidSpec
 from agent.mig.service import MigService
 from agent.prewarm.service import PrewarmService
@@ -67,6 +67,7 @@ __all__ = [
     "Ports",
     "ReloadingCertificates",
     "create_server",
+    "policy_of",
     "set_serving",
 ]
 
@@ -246,6 +247,14 @@ def _servicers(api: ApiServices) -> list[tuple[_Add, object]]:
     return servicers
 
 
+def policy_of(config: AgentConfig) -> Policy:
+    roles: RoleSettings = config.roles
+    members = {role: getattr(roles, role.value) for role in Role}
+    # The old allow-list meant "may call every mutating RPC": admin.
+    members[Role.ADMIN] = (*members[Role.ADMIN], *config.tls.mutating_identities)
+    return Policy.of(members)
+
+
 def create_server(
     api: ApiServices, config: AgentConfig
 ) -> tuple[grpc.aio.Server, Ports, health_aio.HealthServicer]:
@@ -254,7 +263,7 @@ def create_server(
     Returns the health servicer too: the agent marks itself NOT_SERVING while it shuts down.
     """
     server = grpc.aio.server(
-        interceptors=[ApiInterceptor(Policy.of(config.tls.mutating_identities))],
+        interceptors=[ApiInterceptor(policy_of(config))],
         options=_OPTIONS,
         maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
     )

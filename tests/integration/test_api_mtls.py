@@ -1,5 +1,6 @@
 """The gRPC API of a real agent process on a simulated DGX H100: every RPC over TCP with mTLS
-and over the Unix socket; who is refused what; health, reflection; certificate rotation."""
+and over the Unix socket; who is refused what (roles, which SANs count); who sees processes;
+health, reflection (v1 and v1alpha); certificate rotation."""
 
 from __future__ import annotations
 
@@ -34,10 +35,18 @@ from agent._proto.gpuagent.v1 import (
     telemetry_pb2,
     telemetry_pb2_grpc,
 )
-from agent.api.auth import METHOD_ACCESS, Access
+from agent.api.auth import METHOD_ROLES, Role
 from agent.api.server import SERVICE_NAMES
+from agent.gpu.sim import SimControl
 from tests.integration.prewarm_fixtures.origin import Origin
-from tests.unit.api.support import READER, AgentProcess, Pki, agent_config, unix_channel, wait_for
+from tests.unit.api.support import (
+    READER,
+    AgentProcess,
+    Pki,
+    agent_config,
+    unix_channel,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -223,7 +232,7 @@ def every_rpc(channel: grpc.Channel, origin: Origin, tag: str) -> dict[str, grpc
 
 
 def expected_codes() -> dict[str, grpc.StatusCode]:
-    codes = dict.fromkeys(METHOD_ACCESS, grpc.StatusCode.OK)
+    codes = dict.fromkeys(METHOD_ROLES, grpc.StatusCode.OK)
     codes["/gpuagent.v1.PrewarmService/CancelPrewarmItem"] = grpc.StatusCode.FAILED_PRECONDITION
     return codes
 
@@ -306,6 +315,35 @@ def test_health_and_reflection_answer_any_verified_client(agent: AgentProcess, p
     assert {*SERVICE_NAMES, "grpc.health.v1.Health"} <= names
 
 
+def denied_methods(channel: grpc.Channel) -> set[str]:
+    """Every API method the channel's caller is refused (raw bytes: an empty message fits every
+    request, and a refusal comes before the request is looked at; admitted streams end at once
+    on a request they refuse)."""
+    refused_stream = {
+        "/gpuagent.v1.OperationsService/WatchOperation": b"",  # no name
+        "/gpuagent.v1.EventsService/WatchEvents": events_pb2.WatchEventsRequest(
+            types=[999]  # type: ignore[list-item]  # no such type
+        ).SerializeToString(),
+    }
+    denied = set()
+    for method in METHOD_ROLES:
+        if method in refused_stream:
+            call: Callable[..., object] = channel.unary_stream(method)
+            request = refused_stream[method]
+            code = code_of(lambda call=call, request=request: list(call(request, timeout=10)))
+        else:
+            call = channel.unary_unary(method)
+            code = code_of(lambda call=call: call(b"", timeout=10))
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            denied.add(method)
+    return denied
+
+
+def needing(*roles: Role) -> set[str]:
+    """Methods none of ``roles`` may call."""
+    return {m for m, needed in METHOD_ROLES.items() if needed.isdisjoint(roles)}
+
+
 def test_a_read_only_identity_reads_but_every_mutation_is_denied(
     agent: AgentProcess, pki: Pki
 ) -> None:
@@ -314,15 +352,80 @@ def test_a_read_only_identity_reads_but_every_mutation_is_denied(
             agent_pb2.GetNodeRequest(), timeout=10
         )
         assert len(node.node.gpus) == 8
-        for method, access in METHOD_ACCESS.items():
-            if access is not Access.MUTATE:
-                continue
-            call = channel.unary_unary(method)  # raw bytes: an empty message fits every request
-            code = code_of(lambda call=call: call(b"", timeout=10))
-            assert code == grpc.StatusCode.PERMISSION_DENIED, method
+        assert denied_methods(channel) == needing(Role.READ)
+    assert "/gpuagent.v1.MigService/PlanMig" in needing(Role.READ)
     log = agent.output()
     assert f"denied /gpuagent.v1.SharingService/SetSharing to mTLS client {READER}" in log
     assert "PRIVATE KEY" not in log
+
+
+def test_email_ip_and_common_name_are_not_identities(agent: AgentProcess, pki: Pki) -> None:
+    """Issue 16: a certificate whose email SAN (and CN) is the coordinator's SPIFFE ID, with an
+    IP SAN too, holds no role beyond the read every verified client has."""
+    with mtls(agent, pki, "impostor") as channel:
+        assert denied_methods(channel) == needing(Role.READ)
+        share = sharing_pb2_grpc.SharingServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            share.ClearSharing(sharing_pb2.ClearSharingRequest(), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "without URI or DNS SAN" in (caught.value.details() or "")
+    assert "ClearSharing to mTLS client without URI or DNS SAN" in agent.output()
+
+
+def test_a_prewarm_team_prewarms_but_cannot_reconfigure_gpus(
+    agent: AgentProcess, pki: Pki, origin: Origin
+) -> None:
+    with mtls(agent, pki, "prewarmer") as channel:
+        assert denied_methods(channel) == needing(Role.READ, Role.PREWARM)
+        prewarm = prewarm_pb2_grpc.PrewarmServiceStub(channel)
+        sha = origin.add("team.bin", os.urandom(64 * 1024))
+        target = prewarm_pb2.PrewarmTarget(
+            file=prewarm_pb2.FileTarget(url=origin.url("team.bin"), sha256=sha, name="team")
+        )
+        submitted = prewarm.SubmitPrewarm(
+            prewarm_pb2.SubmitPrewarmRequest(targets=[target]), timeout=20
+        )
+        ops = operations_pb2_grpc.OperationsServiceStub(channel)
+        cancel = operations_pb2.CancelOperationRequest(name=submitted.operation.name)
+        assert ops.CancelOperation(cancel, timeout=10).operation.name == cancel.name
+    # The mig role may cancel MIG operations, not a team's prewarm.
+    with mtls(agent, pki, "mig_operator") as channel:
+        ops = operations_pb2_grpc.OperationsServiceStub(channel)
+        assert code_of(lambda: ops.CancelOperation(cancel, timeout=10)) == (
+            grpc.StatusCode.PERMISSION_DENIED
+        )
+        assert denied_methods(channel) == needing(Role.READ, Role.MIG)
+
+
+def test_process_lists_are_shown_to_mig_and_admin_only(agent: AgentProcess, pki: Pki) -> None:
+    control = SimControl(agent.state_dir)
+    control.start_process(4242, 0, used_memory_mib=2048)
+    try:
+
+        def node_as(who: str) -> agent_pb2.Node:
+            with mtls(agent, pki, who) as channel:
+                stub = agent_pb2_grpc.NodeServiceStub(channel)
+                return stub.GetNode(agent_pb2.GetNodeRequest(), timeout=10).node
+
+        def pids(node: agent_pb2.Node) -> list[int]:
+            return [p.pid for g in node.gpus for p in g.processes]
+
+        assert wait_for(lambda: pids(node_as("coordinator")) == [4242], "the process", 30)
+        mig = node_as("mig_operator")
+        assert pids(mig) == [4242] and not mig.processes_hidden
+        for who in ("reader", "prewarmer"):
+            node = node_as(who)
+            assert pids(node) == [] and node.processes_hidden, who
+            assert len(node.gpus) == 8
+        with mtls(agent, pki, "reader") as channel:
+            telemetry = telemetry_pb2_grpc.TelemetryServiceStub(channel)
+            request = telemetry_pb2.GetTelemetrySnapshotRequest()
+            assert telemetry.GetTelemetrySnapshot(request, timeout=10).snapshot.pods_hidden
+        with mtls(agent, pki) as channel:
+            telemetry = telemetry_pb2_grpc.TelemetryServiceStub(channel)
+            assert not telemetry.GetTelemetrySnapshot(request, timeout=10).snapshot.pods_hidden
+    finally:
+        control.stop_process(4242)
 
 
 def test_the_plaintext_loopback_listener_is_read_only(tmp_path: Path) -> None:
