@@ -30,6 +30,7 @@ from agent._proto.gpuagent.v1 import (
     sharing_pb2,
     sharing_pb2_grpc,
 )
+from agent.coordinator.discovery import Target
 from agent.errors import (
     AgentError,
     FieldViolation,
@@ -73,14 +74,35 @@ def domain_error(exc: grpc.aio.AioRpcError, address: str) -> AgentError:
 class ClientTls:
     """The coordinator's client certificate, key and the agents' CA; None for plaintext.
 
-    ``server_name`` is the name checked in the agents' certificate when dialling pod IPs (the
-    agents share one serving certificate naming their gRPC Service).
+    ``server_name`` is the name the agent's serving certificate must carry (a DNS SAN), checked
+    by the TLS handshake instead of the dialled pod IP. It may name the agent dialled:
+    ``{pod}`` and ``{node}`` are replaced by the target's pod and node, so each agent must
+    present its own certificate (one key per agent; see docs/api.md, "Trust model"). A target
+    that lacks what the template needs is not dialled.
     """
 
     cert: Path
     key: Path
     ca: Path
     server_name: str | None = None
+
+    def name_for(self, target: Target) -> str | None:
+        """The name ``target``'s certificate must carry; raises InvalidSpec when unknown."""
+        if self.server_name is None:
+            return None
+        values = {"pod": target.pod, "node": target.node}
+        needed = [key for key in values if "{" + key + "}" in self.server_name]
+        missing = [key for key in needed if not values[key]]
+        if missing:
+            raise InvalidSpec(
+                f"{target.address}: its {' and '.join(missing)} is unknown, so the name its "
+                f"certificate must carry ({self.server_name}) cannot be checked",
+                [FieldViolation("server_name", "use Kubernetes discovery, or a fixed name")],
+            )
+        name = self.server_name
+        for key in needed:
+            name = name.replace("{" + key + "}", str(values[key]))
+        return name
 
     def credentials(self) -> grpc.ChannelCredentials:
         # Read on every new channel: cert-manager rotates the files in place.
@@ -107,15 +129,19 @@ class AgentClient:
         *,
         timeout_s: float = 10.0,
         credentials: grpc.ChannelCredentials | None = None,
+        server_name: str | None = None,
     ) -> None:
+        """``server_name`` (see `ClientTls.name_for`) is what the agent's certificate must
+        name; None checks the dialled host."""
         self.address = address
         self.timeout_s = timeout_s
         if tls is None or address.startswith("unix:"):
             self._channel = grpc.aio.insecure_channel(address)
         else:
             options = []
-            if tls.server_name:
-                options.append(("grpc.ssl_target_name_override", tls.server_name))
+            if server_name:
+                # Verify this name (a DNS SAN) in the agent's certificate, not the pod IP.
+                options.append(("grpc.ssl_target_name_override", server_name))
             self._channel = grpc.aio.secure_channel(
                 address, credentials or tls.credentials(), options=options
             )
