@@ -106,3 +106,14 @@ def test_a_per_agent_name_needs_the_pod_it_names() -> None:
     assert ClientTls(Path("c"), Path("k"), Path("ca"), "agents.example").name_for(target) == (
         "agents.example"
     )
+
+
+def test_an_agent_that_hides_processes_is_not_planned_on() -> None:
+    """A coordinator holding only read sees no processes; it must not take GPUs for idle."""
+    from agent.coordinator.inventory import node_view
+
+    hidden = agent_pb2.Node(name="node-a", processes_hidden=True, gpus=[agent_pb2.Gpu(index=0)])
+    view = node_view(Target("10.0.0.7:9401", "node-a", pod="gpu-agent-x1"), hidden)
+    assert not view.reachable and "mig or admin role" in (view.error or "")
+    shown = node_view(Target("10.0.0.7:9401", "node-a"), agent_pb2.Node(name="node-a"))
+    assert shown.reachable
