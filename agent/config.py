@@ -36,6 +36,7 @@ __all__ = [
     "ENV_PREFIX",
     "AgentConfig",
     "MigSettings",
+    "OperationsSettings",
     "PrewarmSettings",
     "RoleSettings",
     "SharingSettings",
@@ -358,6 +359,38 @@ class PrewarmSettings:
     )
 
 
+@dataclass(frozen=True)
+class OperationsSettings:
+    """How long finished operations and request-id records are kept in the state database."""
+
+    max_age_s: float = field(
+        default=7 * 24 * 3600.0,
+        metadata=_rules(
+            ge=60,
+            doc="Seconds a done operation (and the record that makes a request_id retry return "
+            "the first answer) is kept after it last changed; older ones are deleted. Default "
+            "7 days. A retry after that runs the request again.",
+        ),
+    )
+    max_count: int = field(
+        default=1000,
+        metadata=_rules(
+            ge=1,
+            le=1_000_000,
+            doc="Done operations kept per kind (mig.apply, prewarm, and each quick call's "
+            "request-id records), newest first; the rest are deleted. Operations still running "
+            "are never deleted.",
+        ),
+    )
+    prune_interval_s: float = field(
+        default=600.0,
+        metadata=_rules(
+            ge=1,
+            doc="Seconds between prunes while the agent runs; it also prunes once at start.",
+        ),
+    )
+
+
 _URI_SAN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s]+")
 _DNS_SAN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?")
 
@@ -550,6 +583,10 @@ class AgentConfig:
     roles: RoleSettings = field(
         default_factory=RoleSettings,
         metadata=_rules(doc="Roles of mTLS client identities on the gRPC API."),
+    )
+    operations: OperationsSettings = field(
+        default_factory=OperationsSettings,
+        metadata=_rules(doc="Retention of operations and request-id records."),
     )
 
 

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import signal
+import sqlite3
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -263,6 +264,7 @@ class Node:
         s.bus.bind(loop)
         s.runner.bind(loop)
         await self._recover()
+        await asyncio.to_thread(self._prune)
         await asyncio.to_thread(s.inventory.refresh_all)  # GetNode never answers empty
         await asyncio.to_thread(s.prewarm.start)
         stack.push_async_callback(asyncio.to_thread, s.prewarm.stop)
@@ -284,6 +286,10 @@ class Node:
         # Items queued by the CLI in direct mode (`prewarm file --no-wait`) or by a manifest
         # land in the shared database; pick them up without waiting for a restart.
         self._guard("prewarm-queue", _every(PREWARM_QUEUE_S, s.prewarm.schedule_pending))
+        self._guard(
+            "prune-operations",
+            _every(cfg.operations.prune_interval_s, self._prune, wait_first=True),
+        )
         stack.push_async_callback(self._cancel_tasks)
         log.info(
             "agent serving: metrics %s:%d, gRPC %s, socket %s (%s, %d GPUs)",
@@ -305,6 +311,19 @@ class Node:
         await operations
         s.config.socket_path.unlink(missing_ok=True)
 
+    def _prune(self) -> None:
+        """Bound the state database: done operations and request-id records by age and count."""
+        retention = self.services.config.operations
+        try:
+            gone = self.services.state.prune_operations(
+                max_age_s=retention.max_age_s, keep_per_kind=retention.max_count
+            )
+        except sqlite3.Error as exc:  # e.g. the database busy past its timeout: next time
+            log.warning("pruning operations failed, retrying later: %s", exc)
+            return
+        if gone:
+            log.info("pruned %d done operation(s) and request-id record(s)", gone)
+
     def _publish_cache_labels(self) -> None:
         """``gpu-agent.io/cache.<name>=ready`` on this Node, for cache-affinity scheduling."""
         s = self.services
@@ -320,9 +339,12 @@ class Node:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-async def _every(period_s: float, work: Callable[[], object]) -> None:
+async def _every(period_s: float, work: Callable[[], object], *, wait_first: bool = False) -> None:
     """Run blocking ``work`` in a thread every ``period_s``; a failed pass is logged and retried
-    (the API server or a GPU may be briefly away), it does not stop the agent."""
+    (the API server or a GPU may be briefly away), it does not stop the agent. ``wait_first``:
+    the first pass comes a period after the start (it already ran once before serving)."""
+    if wait_first:
+        await asyncio.sleep(period_s)
     while True:
         try:
             await asyncio.to_thread(work)

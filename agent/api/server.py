@@ -8,8 +8,8 @@
 * ``grpc_insecure_listen``, only when configured and only on loopback: read-only (config.py
   refuses any other address).
 
-Health (grpc.health.v1) and reflection are served on all of them, so grpcurl and
-grpc_health_probe work.
+Health (grpc.health.v1) and reflection (grpc.reflection.v1 and v1alpha) are served on all of
+them, so grpcurl and grpc_health_probe work.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import Any, cast
 import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from agent._proto.gpuagent.v1 import (
     agent_pb2,
@@ -52,6 +51,7 @@ from agent.api.mig import MigServicer
 from agent.api.node import NodeServicer
 from agent.api.operations import OperationRunner, OperationsServicer
 from agent.api.prewarm import PrewarmServicer
+from agent.api.reflection import enable_reflection
 from agent.api.sharing import SharingServicer
 from agent.api.telemetry import SnapshotSource, TelemetryServicer
 from agent.config import AgentConfig, RoleSettings, TlsSettings
@@ -272,13 +272,8 @@ def create_server(
 
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (
-            *SERVICE_NAMES,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
+    enable_reflection(
+        (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), server
     )
 
     tcp = None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2
+from google.protobuf import descriptor_pb2, duration_pb2
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -35,6 +35,8 @@ from agent._proto.gpuagent.v1 import (
     telemetry_pb2,
     telemetry_pb2_grpc,
 )
+from agent._proto.grpc.reflection.v1 import reflection_pb2 as v1_pb2
+from agent._proto.grpc.reflection.v1 import reflection_pb2_grpc as v1_pb2_grpc
 from agent.api.auth import METHOD_ROLES, Role
 from agent.api.server import SERVICE_NAMES
 from agent.gpu.sim import SimControl
@@ -244,6 +246,15 @@ def served_services(channel: grpc.Channel) -> set[str]:
     return {s.name for s in answer.list_services_response.service}
 
 
+def v1_reflection(channel: grpc.Channel, **request: str) -> v1_pb2.ServerReflectionResponse:
+    """One grpc.reflection.v1 exchange, with v1's own messages (as grpcurl sends them)."""
+    stub = v1_pb2_grpc.ServerReflectionStub(channel)
+    (answer,) = stub.ServerReflectionInfo(
+        iter([v1_pb2.ServerReflectionRequest(**request)]), timeout=10
+    )
+    return answer
+
+
 def test_every_rpc_over_mtls_and_over_the_unix_socket(
     agent: AgentProcess, pki: Pki, origin: Origin
 ) -> None:
@@ -306,13 +317,36 @@ def test_a_non_root_user_cannot_connect_to_the_socket(agent: AgentProcess) -> No
 
 
 def test_health_and_reflection_answer_any_verified_client(agent: AgentProcess, pki: Pki) -> None:
+    """Reflection v1 (what current grpcurl asks first) and v1alpha list the same services, and
+    v1 describes them; any verified client may use them."""
     with mtls(agent, pki, "reader") as channel:
         health = health_pb2_grpc.HealthStub(channel)
         for service in ("", "gpuagent.v1.NodeService"):
             answer = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
         names = served_services(channel)
-    assert {*SERVICE_NAMES, "grpc.health.v1.Health"} <= names
+        v1 = v1_reflection(channel, list_services="")
+        described = v1_reflection(channel, file_containing_symbol="gpuagent.v1.NodeService")
+        itself = v1_reflection(
+            channel, file_containing_symbol="grpc.reflection.v1.ServerReflection"
+        )
+    reflection = {"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"}
+    assert {*SERVICE_NAMES, "grpc.health.v1.Health", *reflection} <= names
+    assert {s.name for s in v1.list_services_response.service} == names
+    files = [
+        descriptor_pb2.FileDescriptorProto.FromString(raw)
+        for raw in described.file_descriptor_response.file_descriptor_proto
+    ]
+    assert any(
+        f.name == "gpuagent/v1/agent.proto" and "NodeService" in {s.name for s in f.service}
+        for f in files
+    )
+    (own,) = [
+        descriptor_pb2.FileDescriptorProto.FromString(raw)
+        for raw in itself.file_descriptor_response.file_descriptor_proto
+    ]
+    assert own.package == "grpc.reflection.v1"
+    assert own.service[0].method[0].input_type == ".grpc.reflection.v1.ServerReflectionRequest"
 
 
 def denied_methods(channel: grpc.Channel) -> set[str]:
