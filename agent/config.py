@@ -542,6 +542,16 @@ class AgentConfig:
             doc="Address of the /metrics and /healthz HTTP server; dcgm-exporter's port.",
         ),
     )
+    metrics_web_config: Path | None = field(
+        default=None,
+        metadata=_rules(
+            doc="A Prometheus exporter-toolkit web config file (the --web.config.file format: "
+            "tls_server_config, basic_auth_users with bcrypt hashes) protecting /metrics with "
+            "TLS and basic auth or client certificates; none serves plain HTTP to anyone. "
+            "/healthz and /readyz stay unauthenticated (over TLS when it is on). See "
+            "docs/metrics.md.",
+        ),
+    )
     grpc_listen: str = field(
         default="0.0.0.0:9401",
         metadata=_rules(

@@ -21,7 +21,7 @@ import logging
 import os
 import signal
 import sqlite3
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,7 @@ from agent.api.operations import MIG_APPLY
 from agent.config import AgentConfig
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.gpu import GpuDriver, open_driver
-from agent.http import HttpServer, Request, Response
+from agent.http import Handler, HttpServer, Request, Response
 from agent.kube import InClusterKubeClient, KubeClient
 from agent.mig.labels import MigLabelController, MigStateCollector
 from agent.mig.lock import PartitionLock
@@ -54,6 +54,7 @@ from agent.prewarm.service import PrewarmService
 from agent.sharing import SharingService
 from agent.state import StateStore
 from agent.telemetry.service import TelemetryService, build_telemetry
+from agent.webconfig import BasicAuthGuard, ReloadingTls, WebConfig, load_web_config
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,8 @@ class Node:
             "/readyz": self._readyz,
             "/metrics": services.telemetry.exporter.handle,
         }
-        self.http = HttpServer(routes)
+        web = services.config.metrics_web_config
+        self.http = _metrics_server(routes, load_web_config(web) if web is not None else None)
         self.metrics_port: int | None = None
         self.ports: Ports | None = None
 
@@ -337,6 +339,14 @@ class Node:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _metrics_server(routes: Mapping[str, Handler], web: WebConfig | None) -> HttpServer:
+    """/metrics behind the web config's TLS, client certificates and basic auth, when set."""
+    if web is None:
+        return HttpServer(routes)
+    tls = ReloadingTls(web.tls).context if web.tls is not None else None
+    return HttpServer(routes, tls=tls, guard=BasicAuthGuard(web), protected={"/metrics"})
 
 
 async def _every(period_s: float, work: Callable[[], object], *, wait_first: bool = False) -> None:
