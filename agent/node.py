@@ -54,7 +54,7 @@ from agent.prewarm.service import PrewarmService
 from agent.sharing import SharingService
 from agent.state import StateStore
 from agent.telemetry.service import TelemetryService, build_telemetry
-from agent.webconfig import BasicAuthGuard, ReloadingTls, WebConfig, load_web_config
+from agent.webconfig import MetricsGuard, ReloadingTls, WebConfig, load_web_config
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +346,7 @@ def _metrics_server(routes: Mapping[str, Handler], web: WebConfig | None) -> Htt
     if web is None:
         return HttpServer(routes)
     tls = ReloadingTls(web.tls).context if web.tls is not None else None
-    return HttpServer(routes, tls=tls, guard=BasicAuthGuard(web), protected={"/metrics"})
+    return HttpServer(routes, tls=tls, guard=MetricsGuard(web), protected={"/metrics"})
 
 
 async def _every(period_s: float, work: Callable[[], object], *, wait_first: bool = False) -> None:

@@ -48,7 +48,7 @@ from agent.http import Request, Response
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BasicAuthGuard", "ReloadingTls", "TlsServerConfig", "WebConfig", "load_web_config"]
+__all__ = ["MetricsGuard", "ReloadingTls", "TlsServerConfig", "WebConfig", "load_web_config"]
 
 _MAX_FILE_BYTES = 64 * 1024
 _VERSIONS = {
@@ -280,7 +280,7 @@ class ReloadingTls:
                 [FieldViolation(_field("tls_server_config"), f"cert, key or CA: {exc}")],
             ) from exc
         # Optional at the handshake even when required: probes of /healthz carry none, and
-        # /metrics refuses a client without a verified certificate (BasicAuthGuard).
+        # /metrics refuses a client without a verified certificate (MetricsGuard).
         context.verify_mode = (
             ssl.CERT_OPTIONAL if c.client_auth_type in _VERIFYING else ssl.CERT_NONE
         )
@@ -298,8 +298,9 @@ class ReloadingTls:
         sock.context = self._current
 
 
-class BasicAuthGuard:
-    """Refuses /metrics without the credentials the web config asks for.
+class MetricsGuard:
+    """Refuses /metrics without the credentials the web config asks for: a verified client
+    certificate (RequireAndVerifyClientCert) and the basic auth password.
 
     bcrypt is slow on purpose (about 0.1 s at cost 10): checks run off the event loop, two at a
     time, and a successful check is remembered (a digest of user, password and hash, never the

@@ -15,8 +15,8 @@ import pytest
 
 from agent.errors import InvalidSpec
 from agent.http import Request, Response
-from agent.webconfig import BasicAuthGuard, ReloadingTls, load_web_config
-from tests.unit.api.support import Pki
+from agent.webconfig import MetricsGuard, ReloadingTls, load_web_config
+from tests.unit.api.support import Pki, wait_for
 from tests.unit.test_http import _Served
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4)).decode()  # cost 4: fast tests, same check
@@ -123,7 +123,7 @@ def test_tls_client_certificates_and_basic_auth_guard_metrics_not_health(tmp_pat
     with _Served(
         {"/metrics": ok, "/healthz": ok},
         tls=ReloadingTls(config.tls).context,
-        guard=BasicAuthGuard(config),
+        guard=MetricsGuard(config),
         protected={"/metrics"},
     ) as served:
         base = f"https://localhost:{served.port}"
@@ -147,3 +147,40 @@ def test_tls_client_certificates_and_basic_auth_guard_metrics_not_health(tmp_pat
             _get(f"{base}/metrics", rogue, good)
         with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP: no answer
             urllib.request.urlopen(f"http://localhost:{served.port}/healthz", timeout=10)
+
+
+def test_rotated_certificate_files_are_used_by_new_connections(tmp_path: Path) -> None:
+    """cert-manager replaces the files in place: new handshakes get the new certificate; a
+    half-written set keeps the old one."""
+    old, new = Pki(tmp_path / "old"), Pki(tmp_path / "new")
+    served_dir = tmp_path / "served"
+    served_dir.mkdir()
+    for name in ("server.pem", "server.key"):
+        (served_dir / name).write_bytes((old.root / name).read_bytes())
+    path = _write(
+        tmp_path,
+        "tls_server_config: {cert_file: served/server.pem, key_file: served/server.key}\n",
+    )
+    config = load_web_config(path)
+    assert config.tls is not None
+
+    async def ok(_: Request) -> Response:
+        return Response(200, b"fine\n")
+
+    def answers(pki: Pki) -> bool:
+        try:
+            context = ssl.create_default_context(cafile=str(pki.ca))
+            return _get(f"https://localhost:{served.port}/metrics", context)[0] == 200
+        except (urllib.error.URLError, ConnectionError):
+            return False
+
+    with _Served({"/metrics": ok}, tls=ReloadingTls(config.tls).context) as served:
+        assert answers(old) and not answers(new)
+        (served_dir / "server.pem").write_text("-----BEGIN CERTIFICATE-----\ntruncated")
+        assert answers(old)  # the broken set is not used
+        for name in ("server.key", "server.pem"):
+            staged = served_dir / f".{name}.new"
+            staged.write_bytes((new.root / name).read_bytes())
+            staged.replace(served_dir / name)
+        assert wait_for(lambda: answers(new), "the rotated certificate", 15)
+        assert not answers(old)
