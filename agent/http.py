@@ -127,6 +127,8 @@ class HttpServer:
         self._guard = guard
         self._protected = frozenset(protected)
         self._server: asyncio.Server | None = None
+        # Open connections, closed on stop: a kept-alive idle client must not outlive the server.
+        self._open: set[asyncio.StreamWriter] = set()
 
     async def start(self, host: str, port: int) -> int:
         self._server = await asyncio.start_server(
@@ -137,10 +139,13 @@ class HttpServer:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+            for writer in list(self._open):
+                writer.close()  # its reader sees the end and its loop returns
             await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer_cert = writer.get_extra_info("peercert") or None
+        self._open.add(writer)
         try:
             while True:
                 try:
@@ -170,6 +175,7 @@ class HttpServer:
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
             pass
         finally:
+            self._open.discard(writer)
             writer.close()
 
     async def _dispatch(self, request: Request) -> Response:

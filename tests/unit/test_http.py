@@ -204,3 +204,22 @@ def test_hostile_request_heads_and_bodies_are_refused_and_the_connection_closed(
             assert not re.search(rb"\nHTTP/1\.1 \d{3} ", answer), "one answer only"
             assert b"\r\nConnection: close\r\n" in answer
     assert calls == []
+
+
+def test_stop_closes_kept_alive_idle_connections() -> None:
+    """An idle kept-alive client must not keep a handler (and its 10 s read) past stop()."""
+    calls: list[str] = []
+
+    async def main() -> None:
+        server = HttpServer(_routes(calls))
+        port = await server.start("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]))
+        await server.stop()
+        # Closed by stop() itself, well before the handler's own 10 s idle timeout would.
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+
+    asyncio.run(main())
