@@ -53,10 +53,22 @@ def _row(name: str, samples: list[float]) -> str:
 
 def _self_signed(root: Path) -> tuple[Path, Path]:
     key, cert = root / "tls.key", root / "tls.crt"
-    command = (
-        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 "
-        "-subj /CN=x -addext subjectAltName=DNS:localhost"
-    ).split()
+    command = [
+        "openssl",
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=x",
+        "-addext",
+        "subjectAltName=DNS:localhost",
+    ]
     subprocess.run(
         [*command, "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True
     )
