@@ -42,6 +42,7 @@ from agent.api.server import SERVICE_NAMES
 from agent.gpu.sim import SimControl
 from tests.integration.prewarm_fixtures.origin import Origin
 from tests.unit.api.support import (
+    COORDINATOR,
     READER,
     AgentProcess,
     Pki,
@@ -403,7 +404,21 @@ def test_email_ip_and_common_name_are_not_identities(agent: AgentProcess, pki: P
             share.ClearSharing(sharing_pb2.ClearSharingRequest(), timeout=10)
     assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "without URI or DNS SAN" in (caught.value.details() or "")
+    assert "needs the role admin or sharing" in (caught.value.details() or "")
     assert "ClearSharing to mTLS client without URI or DNS SAN" in agent.output()
+
+
+def test_an_agents_serving_certificate_cannot_act_as_a_client(
+    agent: AgentProcess, pki: Pki
+) -> None:
+    """Agent certificates are server auth only (agent-daemonset.yaml): one node's key, even
+    with the coordinator's SPIFFE ID in it, is refused as a client by every other agent."""
+    serving = pki.issue("serving-only", f"URI:{COORDINATOR}", usage="serverAuth")
+    with grpc.secure_channel(f"localhost:{agent.tcp_port}", serving.credentials(pki.ca)) as ch:
+        stub = agent_pb2_grpc.NodeServiceStub(ch)
+        assert code_of(lambda: stub.GetNode(agent_pb2.GetNodeRequest(), timeout=5)) == (
+            grpc.StatusCode.UNAVAILABLE
+        )
 
 
 def test_a_prewarm_team_prewarms_but_cannot_reconfigure_gpus(

@@ -92,6 +92,7 @@ class Pki:
         ca: str = "ca",
         out: Path | None = None,
         common_name: str | None = None,
+        usage: str = "serverAuth,clientAuth",
     ) -> Identity:
         """A certificate with ``san`` signed by ``ca``, written to ``out`` (default: the root)."""
         out = out or self.root
@@ -112,7 +113,7 @@ class Pki:
             "-subj",
             "/CN=" + (common_name or name).replace("/", "\\/"),  # -subj separates with /
         )
-        ext.write_text(f"subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n")
+        ext.write_text(f"subjectAltName={san}\nextendedKeyUsage={usage}\n")
         _openssl(
             "x509",
             "-req",
