@@ -106,6 +106,10 @@ def test_a_per_agent_name_needs_the_pod_it_names() -> None:
     assert ClientTls(Path("c"), Path("k"), Path("ca"), "agents.example").name_for(target) == (
         "agents.example"
     )
+    by_node = ClientTls(Path("c"), Path("k"), Path("ca"), "{node}.agents.example")
+    assert by_node.name_for(target) == "node-a.agents.example"
+    with pytest.raises(InvalidSpec):
+        by_node.name_for(Target("10.0.0.7:9401"))
 
 
 def test_an_agent_that_hides_processes_is_not_planned_on() -> None:
