@@ -37,7 +37,9 @@ __all__ = [
     "ENV_PREFIX",
     "AgentConfig",
     "MigSettings",
+    "OperationsSettings",
     "PrewarmSettings",
+    "RoleSettings",
     "SharingSettings",
     "TelemetrySettings",
     "TlsSettings",
@@ -395,6 +397,59 @@ class PrewarmSettings:
 
 
 @dataclass(frozen=True)
+class OperationsSettings:
+    """How long finished operations and request-id records are kept in the state database."""
+
+    max_age_s: float = field(
+        default=7 * 24 * 3600.0,
+        metadata=_rules(
+            ge=60,
+            doc="Seconds a done operation (and the record that makes a request_id retry return "
+            "the first answer) is kept after it last changed; older ones are deleted. Default "
+            "7 days. A retry after that runs the request again.",
+        ),
+    )
+    max_count: int = field(
+        default=1000,
+        metadata=_rules(
+            ge=1,
+            le=1_000_000,
+            doc="Done operations kept per kind (mig.apply, prewarm, and each quick call's "
+            "request-id records), newest first; the rest are deleted. Operations still running "
+            "are never deleted.",
+        ),
+    )
+    prune_interval_s: float = field(
+        default=600.0,
+        metadata=_rules(
+            ge=1,
+            doc="Seconds between prunes while the agent runs; it also prunes once at start.",
+        ),
+    )
+
+
+_URI_SAN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s]+")
+_DNS_SAN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?")
+
+
+def _are_identities(values: tuple[str, ...]) -> bool:
+    return all(
+        value == "*"
+        or (len(value) <= 2048 and (_URI_SAN.fullmatch(value) or _DNS_SAN.fullmatch(value)))
+        for value in values
+    )
+
+
+_IDENTITIES_ALLOWED = "a list of URI SANs (scheme://...), DNS names, or *"
+
+_IDENTITY_TEXT = (
+    "Client certificate identities: URI SANs (SPIFFE IDs, e.g. "
+    "spiffe://cluster/ns/gpu-system/sa/coordinator) or DNS SANs; * is every verified client "
+    "certificate. Email, IP and common names are never identities."
+)
+
+
+@dataclass(frozen=True)
 class TlsSettings:
     """mTLS of the gRPC API on grpc_listen."""
 
@@ -419,8 +474,65 @@ class TlsSettings:
     mutating_identities: tuple[str, ...] = field(
         default=(),
         metadata=_rules(
-            doc="Client certificate SAN identities (DNS names or URIs) allowed to call mutating "
-            "RPCs; everyone with a valid client certificate may read.",
+            check=_are_identities,
+            allowed=_IDENTITIES_ALLOWED,
+            doc="Deprecated, kept so older configs keep their meaning: identities listed here "
+            "hold the admin role, as if listed in roles.admin (they could call every mutating "
+            "RPC before roles existed).",
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class RoleSettings:
+    """Who may do what over mTLS: identities per role (the Unix socket is always admin, the
+    plaintext loopback listener always read). Any role includes read."""
+
+    read: tuple[str, ...] = field(
+        default=("*",),
+        metadata=_rules(
+            check=_are_identities,
+            allowed=_IDENTITIES_ALLOWED,
+            doc="Identities that may read: the inventory (without process lists), operations, "
+            "MIG assert and export, sharing, cache, telemetry (without pods), events. "
+            + _IDENTITY_TEXT,
+        ),
+    )
+    prewarm: tuple[str, ...] = field(
+        default=(),
+        metadata=_rules(
+            check=_are_identities,
+            allowed=_IDENTITIES_ALLOWED,
+            doc="Identities that may submit and cancel prewarm items and evict cache items, "
+            "and cancel prewarm operations; nothing that reconfigures GPUs. " + _IDENTITY_TEXT,
+        ),
+    )
+    sharing: tuple[str, ...] = field(
+        default=(),
+        metadata=_rules(
+            check=_are_identities,
+            allowed=_IDENTITIES_ALLOWED,
+            doc="Identities that may set, clear and roll back the device plugin's sharing "
+            "config. " + _IDENTITY_TEXT,
+        ),
+    )
+    mig: tuple[str, ...] = field(
+        default=(),
+        metadata=_rules(
+            check=_are_identities,
+            allowed=_IDENTITIES_ALLOWED,
+            doc="Identities that may plan and apply MIG layouts and cancel MIG operations; they "
+            "also see process lists (GetNode processes, telemetry pods), which say what a change "
+            "would disrupt. " + _IDENTITY_TEXT,
+        ),
+    )
+    admin: tuple[str, ...] = field(
+        default=(),
+        metadata=_rules(
+            check=_are_identities,
+            allowed=_IDENTITIES_ALLOWED,
+            doc="Identities that may call everything and see process lists (the coordinator). "
+            + _IDENTITY_TEXT,
         ),
     )
 
@@ -467,6 +579,16 @@ class AgentConfig:
             doc="Address of the /metrics and /healthz HTTP server; dcgm-exporter's port.",
         ),
     )
+    metrics_web_config: Path | None = field(
+        default=None,
+        metadata=_rules(
+            doc="A Prometheus exporter-toolkit web config file (the --web.config.file format: "
+            "tls_server_config, basic_auth_users with bcrypt hashes) protecting /metrics with "
+            "TLS and basic auth or client certificates; none serves plain HTTP to anyone. "
+            "/healthz and /readyz stay unauthenticated (over TLS when it is on). See "
+            "docs/metrics.md.",
+        ),
+    )
     grpc_listen: str = field(
         default="0.0.0.0:9401",
         metadata=_rules(
@@ -504,6 +626,14 @@ class AgentConfig:
     )
     tls: TlsSettings = field(
         default_factory=TlsSettings, metadata=_rules(doc="mTLS of the gRPC API.")
+    )
+    roles: RoleSettings = field(
+        default_factory=RoleSettings,
+        metadata=_rules(doc="Roles of mTLS client identities on the gRPC API."),
+    )
+    operations: OperationsSettings = field(
+        default_factory=OperationsSettings,
+        metadata=_rules(doc="Retention of operations and request-id records."),
     )
 
 

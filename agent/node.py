@@ -20,10 +20,11 @@ import contextlib
 import logging
 import os
 import signal
+import sqlite3
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,7 @@ from agent.api.operations import MIG_APPLY
 from agent.config import AgentConfig
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.gpu import GpuDriver, open_driver
-from agent.http import HttpServer, Request, Response
+from agent.http import Handler, HttpServer, Request, Response
 from agent.kube import InClusterKubeClient, KubeClient
 from agent.mig.labels import MigLabelController, MigStateCollector
 from agent.mig.lock import PartitionLock
@@ -56,6 +57,7 @@ from agent.prewarm.service import PrewarmService
 from agent.sharing import SharingService
 from agent.state import StateStore
 from agent.telemetry.service import TelemetryService, build_telemetry
+from agent.webconfig import MetricsGuard, ReloadingTls, WebConfig, load_web_config
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +193,8 @@ class Node:
             "/readyz": self._readyz,
             "/metrics": services.telemetry.exporter.handle,
         }
-        self.http = HttpServer(routes)
+        web = services.config.metrics_web_config
+        self.http = _metrics_server(routes, load_web_config(web) if web is not None else None)
         self.metrics_port: int | None = None
         self.ports: Ports | None = None
 
@@ -287,6 +290,7 @@ class Node:
         s.bus.bind(loop)
         s.runner.bind(loop)
         await self._recover()
+        await asyncio.to_thread(self._prune)
         await asyncio.to_thread(s.inventory.refresh_all)  # GetNode never answers empty
         await asyncio.to_thread(s.prewarm.start)
         stack.push_async_callback(asyncio.to_thread, s.prewarm.stop)
@@ -310,6 +314,10 @@ class Node:
         # land in the shared database; pick them up without waiting for a restart.
         self._guard("prewarm-queue", _every(PREWARM_QUEUE_S, s.prewarm.schedule_pending))
         self._guard("prewarm-audit", _every(cfg.prewarm.audit_interval_s, self._audit_cache))
+        self._guard(
+            "prune-operations",
+            _every(cfg.operations.prune_interval_s, self._prune, wait_first=True),
+        )
         stack.push_async_callback(self._cancel_tasks)
         self._ready = True  # before the line that says so: a reader of the log may probe /readyz
         if self.embedded:
@@ -340,6 +348,19 @@ class Node:
         s.prewarm.audit()
         if s.kube is not None:
             self._publish_cache_labels()
+
+    def _prune(self) -> None:
+        """Bound the state database: done operations and request-id records by age and count."""
+        retention = self.services.config.operations
+        try:
+            gone = self.services.state.prune_operations(
+                max_age_s=retention.max_age_s, keep_per_kind=retention.max_count
+            )
+        except sqlite3.Error as exc:  # e.g. the database busy past its timeout: next time
+            log.warning("pruning operations failed, retrying later: %s", exc)
+            return
+        if gone:
+            log.info("pruned %d done operation(s) and request-id record(s)", gone)
 
     def _publish_cache_labels(self) -> None:
         """``gpu-agent.io/cache.<name>=ready`` on this Node, for cache-affinity scheduling."""
@@ -379,9 +400,20 @@ def _log_stuck(current: asyncio.Task[Any] | None) -> None:
         log.error("still running at shutdown: thread %s in %s", thread.name, where or "?")
 
 
-async def _every(period_s: float, work: Callable[[], object]) -> None:
+def _metrics_server(routes: Mapping[str, Handler], web: WebConfig | None) -> HttpServer:
+    """/metrics behind the web config's TLS, client certificates and basic auth, when set."""
+    if web is None:
+        return HttpServer(routes)
+    tls = ReloadingTls(web.tls).context if web.tls is not None else None
+    return HttpServer(routes, tls=tls, guard=MetricsGuard(web), protected={"/metrics"})
+
+
+async def _every(period_s: float, work: Callable[[], object], *, wait_first: bool = False) -> None:
     """Run blocking ``work`` in a thread every ``period_s``; a failed pass is logged and retried
-    (the API server or a GPU may be briefly away), it does not stop the agent."""
+    (the API server or a GPU may be briefly away), it does not stop the agent. ``wait_first``:
+    the first pass comes a period after the start (it already ran once before serving)."""
+    if wait_first:
+        await asyncio.sleep(period_s)
     while True:
         try:
             await asyncio.to_thread(work)

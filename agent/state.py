@@ -354,29 +354,64 @@ class StateStore:
         return _operation(row)
 
     def list_operations(
-        self, *, kind: str | None = None, done: bool | None = None, limit: int = 100
+        self,
+        *,
+        kind: str | None = None,
+        done: bool | None = None,
+        limit: int = 100,
+        kinds: Sequence[str] | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Operation]:
-        """Operations, newest first, optionally of one kind and done or not."""
+        """Operations, newest first (by creation, then id), optionally of one kind (or of
+        ``kinds``) and done or not; ``after`` (created_at, id) of the last one seen resumes."""
         if limit < 1:
             raise InvalidSpec(
                 f"limit must be >= 1, got {limit}", [FieldViolation("limit", "must be >= 1")]
             )
         where: list[str] = ["1"]
-        params: list[str] = []
+        params: list[object] = []
         if kind is not None:
             where.append("kind = ?")
             params.append(kind)
+        if kinds is not None:
+            where.append(f"kind IN ({', '.join('?' * len(kinds)) or 'NULL'})")
+            params.extend(kinds)
         if done is not None:
             marks = ", ".join("?" * len(DONE_STATES))
             where.append(f"state {'IN' if done else 'NOT IN'} ({marks})")
             params.extend(sorted(DONE_STATES))
+        if after is not None:
+            where.append("(created_at < ? OR (created_at = ? AND id < ?))")
+            params.extend((after[0], after[0], after[1]))
         sql = (
             f"SELECT * FROM operations WHERE {' AND '.join(where)}"
-            " ORDER BY created_at DESC, rowid DESC LIMIT ?"
+            " ORDER BY created_at DESC, id DESC LIMIT ?"
         )
         with self._lock:
             rows = self._conn.execute(sql, (*params, limit)).fetchall()
         return [_operation(row) for row in rows]
+
+    def prune_operations(self, *, max_age_s: float, keep_per_kind: int) -> int:
+        """Delete done operations (idempotency records included) last changed more than
+        ``max_age_s`` ago, and all but the newest ``keep_per_kind`` done ones of each kind.
+        Operations not done are never deleted. Returns how many went."""
+        done = sorted(DONE_STATES)
+        marks = ", ".join("?" * len(done))
+        cutoff = self._clock() - max_age_s
+        with self.transaction() as conn:
+            gone = conn.execute(
+                f"DELETE FROM operations WHERE state IN ({marks}) AND updated_at < ?",
+                (*done, cutoff),
+            ).rowcount
+            kinds = [row[0] for row in conn.execute("SELECT DISTINCT kind FROM operations")]
+            for kind in kinds:
+                gone += conn.execute(
+                    "DELETE FROM operations WHERE id IN (SELECT id FROM operations"
+                    f" WHERE kind = ? AND state IN ({marks})"
+                    " ORDER BY updated_at DESC, id DESC LIMIT -1 OFFSET ?)",
+                    (kind, *done, keep_per_kind),
+                ).rowcount
+        return gone
 
     def update_operation(
         self,

@@ -44,7 +44,7 @@ from agent._proto.gpuagent.v1 import (  # noqa: E402
     operations_pb2,
     operations_pb2_grpc,
 )
-from agent.api.auth import Policy  # noqa: E402
+from agent.api.auth import Policy, Role  # noqa: E402
 from agent.api.convert import gpu_pb  # noqa: E402
 from agent.api.interceptor import ApiInterceptor  # noqa: E402
 from agent.client import ClientTls  # noqa: E402
@@ -225,7 +225,9 @@ def _serve(
         servers, ports = [], []
         for node in nodes:
             agent = _Agent(node, apply_s, log)
-            server = grpc.aio.server(interceptors=[ApiInterceptor(Policy.of([COORDINATOR]))])
+            server = grpc.aio.server(
+                interceptors=[ApiInterceptor(Policy.of({Role.ADMIN: [COORDINATOR]}))]
+            )
             agent_pb2_grpc.add_NodeServiceServicer_to_server(agent, server)
             mig_pb2_grpc.add_MigServiceServicer_to_server(agent, server)
             operations_pb2_grpc.add_OperationsServiceServicer_to_server(agent, server)

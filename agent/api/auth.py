@@ -1,19 +1,26 @@
-"""Who is calling, and what they may do: identity from the connection, access by method as data.
+"""Who is calling, and what they may do: identity from the connection, roles by method as data.
 
 Three doors, told apart by the transport of the call:
 
 * the Unix socket (peer ``unix:``): mode 0600, so only root on the node reaches it; trusted as
-  the local admin, it may call everything;
+  the local admin, it holds every role;
 * TCP with mTLS: the client certificate was verified against the configured CA during the
-  handshake; its identities are the certificate's subject alternative names (SPIFFE URI, DNS
-  name). Every verified client may read; mutating methods need an identity on
-  ``tls.mutating_identities``;
+  handshake; its identities are the certificate's URI SANs (SPIFFE IDs) and DNS SANs, nothing
+  else (an email, IP or common name never is one). The ``roles`` settings map identities to
+  roles;
 * the plaintext loopback listener (only when configured): nobody is authenticated there, so it
-  is read-only.
+  holds ``read`` alone.
+
+Roles: ``read`` (every read), ``prewarm`` (submit and cancel prewarm items, evict cache items),
+``sharing`` (set, clear, roll back the sharing config), ``mig`` (plan and apply MIG layouts)
+and ``admin`` (everything). Any role includes ``read``. Process lists (GetNode's processes, the
+telemetry snapshot's pods) are shown only to ``mig`` and ``admin``: whoever reshapes GPUs must
+see what runs on them; a reader learns only that they were hidden.
 """
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import logging
 from collections.abc import Iterable, Mapping
@@ -23,12 +30,30 @@ import grpc
 
 log = logging.getLogger(__name__)
 
-__all__ = ["METHOD_ACCESS", "Access", "Caller", "Door", "Policy", "access_of", "caller_of"]
+__all__ = [
+    "ANY_IDENTITY",
+    "METHOD_ROLES",
+    "OPERATION_ROLES",
+    "PROCESS_ROLES",
+    "Caller",
+    "Door",
+    "Policy",
+    "Role",
+    "allows",
+    "caller_of",
+    "grant",
+    "granted",
+    "roles_of",
+    "sees_processes",
+]
 
 
-class Access(enum.Enum):
+class Role(enum.Enum):
     READ = "read"
-    MUTATE = "mutate"
+    PREWARM = "prewarm"
+    SHARING = "sharing"
+    MIG = "mig"
+    ADMIN = "admin"
 
 
 class Door(enum.Enum):
@@ -37,59 +62,81 @@ class Door(enum.Enum):
     ANONYMOUS = "anonymous"  # plaintext loopback
 
 
+ANY_IDENTITY = "*"
+"""In a role's identity list: every verified client certificate (not the loopback listener)."""
+
 _P = "/gpuagent.v1."
+_R, _W, _S, _M = Role.READ, Role.PREWARM, Role.SHARING, Role.MIG
 
-METHOD_ACCESS: Mapping[str, Access] = {
-    f"{_P}NodeService/GetNode": Access.READ,
-    f"{_P}OperationsService/GetOperation": Access.READ,
-    f"{_P}OperationsService/ListOperations": Access.READ,
-    f"{_P}OperationsService/WaitOperation": Access.READ,
-    f"{_P}OperationsService/WatchOperation": Access.READ,
-    f"{_P}OperationsService/CancelOperation": Access.MUTATE,
-    f"{_P}MigService/PlanMig": Access.READ,
-    f"{_P}MigService/AssertMig": Access.READ,
-    f"{_P}MigService/ExportMig": Access.READ,
-    f"{_P}MigService/ApplyMig": Access.MUTATE,
-    f"{_P}SharingService/GetSharing": Access.READ,
-    f"{_P}SharingService/SetSharing": Access.MUTATE,
-    f"{_P}SharingService/ClearSharing": Access.MUTATE,
-    f"{_P}SharingService/RollbackSharing": Access.MUTATE,
-    f"{_P}PrewarmService/SubmitPrewarm": Access.MUTATE,
-    f"{_P}PrewarmService/ListPrewarmItems": Access.READ,
-    f"{_P}PrewarmService/CancelPrewarmItem": Access.MUTATE,
-    f"{_P}PrewarmService/ListCache": Access.READ,
-    f"{_P}PrewarmService/EvictCacheItem": Access.MUTATE,
-    f"{_P}TelemetryService/GetTelemetrySnapshot": Access.READ,
-    f"{_P}EventsService/WatchEvents": Access.READ,
+METHOD_ROLES: Mapping[str, frozenset[Role]] = {
+    method: frozenset(roles)
+    for method, roles in {
+        f"{_P}NodeService/GetNode": {_R},
+        f"{_P}OperationsService/GetOperation": {_R},
+        f"{_P}OperationsService/ListOperations": {_R},
+        f"{_P}OperationsService/WaitOperation": {_R},
+        f"{_P}OperationsService/WatchOperation": {_R},
+        # The door lets any role that owns a kind of operation through; the servicer then checks
+        # the role of the operation's own kind (OPERATION_ROLES).
+        f"{_P}OperationsService/CancelOperation": {_W, _M},
+        # A plan names the processes in the way and is the first half of an apply.
+        f"{_P}MigService/PlanMig": {_M},
+        f"{_P}MigService/AssertMig": {_R},
+        f"{_P}MigService/ExportMig": {_R},
+        f"{_P}MigService/ApplyMig": {_M},
+        f"{_P}SharingService/GetSharing": {_R},
+        f"{_P}SharingService/SetSharing": {_S},
+        f"{_P}SharingService/ClearSharing": {_S},
+        f"{_P}SharingService/RollbackSharing": {_S},
+        f"{_P}PrewarmService/SubmitPrewarm": {_W},
+        f"{_P}PrewarmService/ListPrewarmItems": {_R},
+        f"{_P}PrewarmService/CancelPrewarmItem": {_W},
+        f"{_P}PrewarmService/ListCache": {_R},
+        f"{_P}PrewarmService/EvictCacheItem": {_W},
+        f"{_P}TelemetryService/GetTelemetrySnapshot": {_R},
+        f"{_P}EventsService/WatchEvents": {_R},
+    }.items()
 }
-"""Every method of the API; a test checks this against the generated services."""
+"""Every method of the API and the roles that may call it (any one of them; admin always may).
+A test checks this against the generated services."""
 
+OPERATION_ROLES: Mapping[str, Role] = {"mig.apply": Role.MIG, "prewarm": Role.PREWARM}
+"""Who may cancel an operation, by its kind."""
+
+PROCESS_ROLES = frozenset({Role.MIG, Role.ADMIN})
+"""Roles that see process lists (pids, GPU memory, pods)."""
+
+_ADMIN_ONLY = frozenset({Role.ADMIN})
 # Standard services every gRPC tool expects to read (grpcurl, grpc_health_probe).
 _READ_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.v1alpha.", "/grpc.reflection.v1.")
+_READ_ONLY = frozenset({Role.READ})
 
 
-def access_of(method: str) -> Access:
-    """A method not in the table is treated as mutating: a new method fails closed."""
-    found = METHOD_ACCESS.get(method)
+def roles_of(method: str) -> frozenset[Role]:
+    """A method not in the table needs admin: a new method fails closed."""
+    found = METHOD_ROLES.get(method)
     if found is not None:
         return found
-    return Access.READ if method.startswith(_READ_PREFIXES) else Access.MUTATE
+    return _READ_ONLY if method.startswith(_READ_PREFIXES) else _ADMIN_ONLY
 
 
 @dataclass(frozen=True, slots=True)
 class Caller:
     door: Door
-    #: SANs of the client certificate (mTLS only), e.g. spiffe://cluster/ns/x/sa/y.
+    #: URI and DNS SANs of the client certificate (mTLS only), e.g. spiffe://cluster/ns/x/sa/y.
     identities: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         if self.door is Door.MTLS:
-            return "mTLS client " + (", ".join(self.identities) or "without SAN")
+            return "mTLS client " + (", ".join(self.identities) or "without URI or DNS SAN")
         return "local admin (Unix socket)" if self.door is Door.LOCAL else "anonymous (loopback)"
 
 
 _LOCAL = Caller(Door.LOCAL)
 _ANONYMOUS = Caller(Door.ANONYMOUS)
+# grpc's auth context names each SAN type apart; x509_subject_alternative_name merges them all
+# (email and IP too), so it must not be read for identities.
+_IDENTITY_PROPERTIES = ("peer_uri", "peer_dns")
 
 
 def caller_of(context: grpc.aio.ServicerContext) -> Caller:
@@ -99,22 +146,54 @@ def caller_of(context: grpc.aio.ServicerContext) -> Caller:
     if auth.get("transport_security_type") != [b"ssl"]:
         return _ANONYMOUS
     # The handshake required a client certificate chaining to our CA (mTLS), so these SANs are
-    # verified. grpc puts DNS, URI, email and IP SANs into this one property.
-    sans = auth.get("x509_subject_alternative_name", [])
+    # verified.
+    sans = [san for name in _IDENTITY_PROPERTIES for san in auth.get(name, [])]
     return Caller(Door.MTLS, tuple(s.decode("utf-8", "replace") for s in sans))
 
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    mutating_identities: frozenset[str]
+    """Identities per role, from the agent config's ``roles`` section."""
+
+    members: Mapping[Role, frozenset[str]]
 
     @classmethod
-    def of(cls, identities: Iterable[str]) -> Policy:
-        return cls(frozenset(identities))
+    def of(cls, members: Mapping[Role, Iterable[str]]) -> Policy:
+        return cls({role: frozenset(members.get(role, ())) for role in Role})
 
-    def allows(self, caller: Caller, access: Access) -> bool:
-        if caller.door is Door.LOCAL or access is Access.READ:
-            return True
-        return caller.door is Door.MTLS and not self.mutating_identities.isdisjoint(
-            caller.identities
-        )
+    def grants(self, caller: Caller) -> frozenset[Role]:
+        if caller.door is Door.LOCAL:
+            return frozenset(Role)
+        if caller.door is Door.ANONYMOUS:
+            return _READ_ONLY
+        held = {
+            role
+            for role, names in self.members.items()
+            if ANY_IDENTITY in names or not names.isdisjoint(caller.identities)
+        }
+        if Role.ADMIN in held:
+            return frozenset(Role)
+        return frozenset(held | {Role.READ}) if held else frozenset()
+
+
+def allows(grants: frozenset[Role], needed: frozenset[Role]) -> bool:
+    return Role.ADMIN in grants or not grants.isdisjoint(needed)
+
+
+def sees_processes(grants: frozenset[Role]) -> bool:
+    return not grants.isdisjoint(PROCESS_ROLES)
+
+
+_GRANTED: contextvars.ContextVar[frozenset[Role]] = contextvars.ContextVar(
+    "gpu_agent_granted", default=frozenset()
+)
+
+
+def granted() -> frozenset[Role]:
+    """The roles of the call being served (set by the interceptor); none outside a call."""
+    return _GRANTED.get()
+
+
+def grant(roles: frozenset[Role]) -> None:
+    """Called by the interceptor once per call, in the task that runs the handler."""
+    _GRANTED.set(roles)

@@ -1,10 +1,11 @@
 """The one server interceptor: authorization, malformed requests, and domain errors -> status.
 
 It wraps every handler by arity (unary and streaming, both directions), so no servicer method
-can skip a check or leak an exception: a denied call gets PERMISSION_DENIED (logged with the
-caller's identity), undecodable request bytes get INVALID_ARGUMENT, an `AgentError` gets its
-status from `agent.api.errors`, and anything else is a bug: INTERNAL, logged with a traceback
-under an incident id that the client also sees.
+can skip a check or leak an exception: a call without a role the method needs gets
+PERMISSION_DENIED (logged with the caller's identity), the roles of an admitted call are set
+for the servicer (`agent.api.auth.granted`), undecodable request bytes get INVALID_ARGUMENT, an
+`AgentError` gets its status from `agent.api.errors`, and anything else is a bug: INTERNAL,
+logged with a traceback under an incident id that the client also sees.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
 
-from agent.api.auth import Access, Policy, access_of, caller_of
+from agent.api.auth import Policy, Role, allows, caller_of, grant, roles_of
 from agent.api.errors import grpc_code, internal_status, status_of, trailing_metadata
 from agent.errors import AgentError
 
@@ -58,21 +59,23 @@ async def _abort(context: grpc.aio.ServicerContext, status: status_pb2.Status) -
 class _Call:
     """One method's checks; built once per method and reused for every call."""
 
-    def __init__(self, method: str, access: Access, policy: Policy) -> None:
+    def __init__(self, method: str, needed: frozenset[Role], policy: Policy) -> None:
         self.method = method
-        self.access = access
+        self.needed = needed
         self.policy = policy
+        self.roles = " or ".join(sorted(role.value for role in needed | {Role.ADMIN}))
 
     async def admit(self, request: Any, context: grpc.aio.ServicerContext) -> None:
-        # Every door may read: skip reading the auth context on the hot read path.
-        caller = caller_of(context) if self.access is Access.MUTATE else None
-        if caller is not None and not self.policy.allows(caller, self.access):
+        caller = caller_of(context)
+        grants = self.policy.grants(caller)
+        if not allows(grants, self.needed):
             log.warning("denied %s to %s", self.method, caller)
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"{caller} may not call {self.method}: mutating calls need a client "
-                "certificate identity on the agent's tls.mutating_identities",
+                f"{caller} may not call {self.method}: it needs the role {self.roles} "
+                "(the agent's roles settings map client certificate identities to roles)",
             )
+        grant(grants)
         if isinstance(request, _Malformed):
             await self.malformed(context, request)
 
@@ -204,6 +207,6 @@ class ApiInterceptor(grpc.aio.ServerInterceptor):
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        wrapped = _wrap(_Call(method, access_of(method), self._policy), handler)
+        wrapped = _wrap(_Call(method, roles_of(method), self._policy), handler)
         self._wrapped[method] = (handler, wrapped)
         return wrapped

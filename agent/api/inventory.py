@@ -93,13 +93,15 @@ class NodeInventory:
         self._cache = _Part()
         self._cache_pb: cache_pb2.CacheInventory | None = None
         self._response = agent_pb2.GetNodeResponse()
+        self._redacted = agent_pb2.GetNodeResponse()
         self._poked: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- reads (any thread, no I/O) -----------------------------------------------------------
 
-    def response(self) -> agent_pb2.GetNodeResponse:
-        return self._response
+    def response(self, *, processes: bool = True) -> agent_pb2.GetNodeResponse:
+        """The node; without ``processes`` every process list is withheld (and says so)."""
+        return self._response if processes else self._redacted
 
     def layouts(self) -> tuple[GpuLayout, ...]:
         """The latest GPU layouts, for services that need the node's shape without NVML."""
@@ -262,6 +264,12 @@ class NodeInventory:
         if self._cache_pb is not None:
             node.cache.CopyFrom(self._cache_pb)
         self._response = agent_pb2.GetNodeResponse(node=node)
+        redacted = agent_pb2.GetNodeResponse()
+        redacted.CopyFrom(self._response)
+        for gpu in redacted.node.gpus:
+            del gpu.processes[:]
+        redacted.node.processes_hidden = True
+        self._redacted = redacted
 
     # -- the background loop --------------------------------------------------------------------
 

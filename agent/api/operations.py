@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -26,10 +27,11 @@ import grpc
 from google.protobuf.message import Message
 
 from agent._proto.gpuagent.v1 import operations_pb2, operations_pb2_grpc
+from agent.api.auth import OPERATION_ROLES, Role, allows, granted
 from agent.api.convert import message_dict, operation_id_from, operation_name, operation_pb
 from agent.api.errors import error_record
 from agent.api.events import EventBus
-from agent.errors import AgentError, Busy, FieldViolation, InvalidSpec, NotFound
+from agent.errors import AgentError, Busy, FieldViolation, InvalidSpec, NotFound, PermissionDenied
 from agent.state import Operation, StateStore
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,8 @@ __all__ = [
     "OperationsServicer",
     "Work",
     "check_request_id",
+    "page_token",
+    "read_page_token",
 ]
 
 MIG_APPLY = "mig.apply"
@@ -265,24 +269,18 @@ class OperationRunner:
             raise NotFound(f"operation {op_id!r} does not exist")
         return op
 
-    async def list(self, kind: str, done: bool | None, limit: int) -> list[Operation]:
+    async def list(
+        self, kind: str, done: bool | None, limit: int, after: tuple[float, str] | None = None
+    ) -> list[Operation]:
         if kind and kind not in API_KINDS:
             raise InvalidSpec(
                 f"unknown operation kind {kind!r}",
                 [FieldViolation("kind", f"one of: {', '.join(API_KINDS)}; empty for all")],
             )
         kinds = (kind,) if kind else API_KINDS
-
-        def read() -> list[Operation]:
-            found = [
-                op
-                for k in kinds
-                for op in self.store.list_operations(kind=k, done=done, limit=limit)
-            ]
-            found.sort(key=lambda op: op.created_at, reverse=True)
-            return found[:limit]
-
-        return await asyncio.to_thread(read)
+        return await asyncio.to_thread(
+            self.store.list_operations, kinds=kinds, done=done, limit=limit, after=after
+        )
 
     async def wait(self, op_id: str, timeout_s: float) -> Operation:
         deadline = time.monotonic() + timeout_s
@@ -339,6 +337,48 @@ def _request_dict(request: Message) -> dict[str, Any]:
     return data
 
 
+_TOKEN_MAX = 512
+
+
+def _filter_of(kind: str, done: bool | None) -> str:
+    return f"{kind}|{'' if done is None else int(done)}"
+
+
+def page_token(last: Operation, kind: str, done: bool | None) -> str:
+    """An opaque cursor after ``last``, bound to the call's filter (google AIP-158)."""
+    data = {"t": last.created_at, "id": last.id, "f": _filter_of(kind, done)}
+    return base64.urlsafe_b64encode(json.dumps(data).encode()).decode()
+
+
+def read_page_token(token: str, kind: str, done: bool | None) -> tuple[float, str] | None:
+    """The cursor of a page token; InvalidSpec naming page_token when it is not ours or was
+    made for another filter."""
+    if not token:
+        return None
+    try:
+        if len(token) > _TOKEN_MAX:
+            raise ValueError("too long")
+        data = json.loads(base64.urlsafe_b64decode(token.encode("ascii")))
+        created, op_id, where = data["t"], data["id"], data["f"]
+        if not isinstance(created, float | int) or not isinstance(op_id, str) or len(op_id) > 64:
+            raise ValueError("bad cursor")
+    except (ValueError, TypeError, KeyError, UnicodeError) as exc:
+        raise InvalidSpec(
+            "page_token is not a token ListOperations returned",
+            [FieldViolation("page_token", "a next_page_token from ListOperations, or empty")],
+        ) from exc
+    if where != _filter_of(kind, done):
+        raise InvalidSpec(
+            "page_token was returned for another kind or done filter",
+            [
+                FieldViolation(
+                    "page_token", "use it with the kind and done of the call it came from"
+                )
+            ],
+        )
+    return float(created), op_id
+
+
 def check_request_id(request_id: str) -> None:
     if len(request_id) > _REQUEST_ID_MAX or not request_id.isprintable():
         raise InvalidSpec(
@@ -388,8 +428,14 @@ class OperationsServicer(operations_pb2_grpc.OperationsServiceServicer):
                 [FieldViolation("page_size", f"1-{_MAX_PAGE}, or 0 for {_DEFAULT_PAGE}")],
             )
         done = request.done if request.HasField("done") else None
-        ops = await self._runner.list(request.kind, done, size)
-        return operations_pb2.ListOperationsResponse(operations=[operation_pb(op) for op in ops])
+        after = read_page_token(request.page_token, request.kind, done)
+        # One more than the page: whether a next page exists without a second query.
+        ops = await self._runner.list(request.kind, done, size + 1, after)
+        page, more = ops[:size], len(ops) > size
+        token = page_token(page[-1], request.kind, done) if more else ""
+        return operations_pb2.ListOperationsResponse(
+            operations=[operation_pb(op) for op in page], next_page_token=token
+        )
 
     async def WaitOperation(
         self, request: operations_pb2.WaitOperationRequest, context: grpc.aio.ServicerContext
@@ -401,7 +447,13 @@ class OperationsServicer(operations_pb2_grpc.OperationsServiceServicer):
     async def CancelOperation(
         self, request: operations_pb2.CancelOperationRequest, context: grpc.aio.ServicerContext
     ) -> operations_pb2.CancelOperationResponse:
-        op = await self._runner.cancel(operation_id_from(request.name))
+        op_id = operation_id_from(request.name)
+        needed = OPERATION_ROLES.get((await self._runner.get(op_id)).kind, Role.ADMIN)
+        if not allows(granted(), frozenset({needed})):
+            raise PermissionDenied(
+                f"cancelling operation {request.name!r} needs the role {needed.value} or admin"
+            )
+        op = await self._runner.cancel(op_id)
         return operations_pb2.CancelOperationResponse(operation=operation_pb(op))
 
     async def WatchOperation(

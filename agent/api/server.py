@@ -8,8 +8,8 @@
 * ``grpc_insecure_listen``, only when configured and only on loopback: read-only (config.py
   refuses any other address).
 
-Health (grpc.health.v1) and reflection are served on all of them, so grpcurl and
-grpc_health_probe work.
+Health (grpc.health.v1) and reflection (grpc.reflection.v1 and v1alpha) are served on all of
+them, so grpcurl and grpc_health_probe work.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import Any, cast
 import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from agent._proto.gpuagent.v1 import (
     agent_pb2,
@@ -44,7 +43,7 @@ from agent._proto.gpuagent.v1 import (
     telemetry_pb2,
     telemetry_pb2_grpc,
 )
-from agent.api.auth import Policy
+from agent.api.auth import Policy, Role
 from agent.api.events import EventBus, EventsServicer
 from agent.api.interceptor import ApiInterceptor
 from agent.api.inventory import NodeInventory
@@ -52,9 +51,10 @@ from agent.api.mig import MigServicer
 from agent.api.node import NodeServicer
 from agent.api.operations import OperationRunner, OperationsServicer
 from agent.api.prewarm import PrewarmServicer
+from agent.api.reflection import enable_reflection
 from agent.api.sharing import SharingServicer
 from agent.api.telemetry import SnapshotSource, TelemetryServicer
-from agent.config import AgentConfig, TlsSettings
+from agent.config import AgentConfig, RoleSettings, TlsSettings
 from agent.errors import Conflict, FieldViolation, InvalidSpec
 from agent.mig.service import MigService
 from agent.prewarm.service import PrewarmService
@@ -67,6 +67,7 @@ __all__ = [
     "Ports",
     "ReloadingCertificates",
     "create_server",
+    "policy_of",
     "set_serving",
 ]
 
@@ -246,6 +247,14 @@ def _servicers(api: ApiServices) -> list[tuple[_Add, object]]:
     return servicers
 
 
+def policy_of(config: AgentConfig) -> Policy:
+    roles: RoleSettings = config.roles
+    members = {role: getattr(roles, role.value) for role in Role}
+    # The old allow-list meant "may call every mutating RPC": admin.
+    members[Role.ADMIN] = (*members[Role.ADMIN], *config.tls.mutating_identities)
+    return Policy.of(members)
+
+
 def create_server(
     api: ApiServices, config: AgentConfig
 ) -> tuple[grpc.aio.Server, Ports, health_aio.HealthServicer]:
@@ -254,7 +263,7 @@ def create_server(
     Returns the health servicer too: the agent marks itself NOT_SERVING while it shuts down.
     """
     server = grpc.aio.server(
-        interceptors=[ApiInterceptor(Policy.of(config.tls.mutating_identities))],
+        interceptors=[ApiInterceptor(policy_of(config))],
         options=_OPTIONS,
         maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
     )
@@ -263,13 +272,8 @@ def create_server(
 
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (
-            *SERVICE_NAMES,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
+    enable_reflection(
+        (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), server
     )
 
     tcp = None

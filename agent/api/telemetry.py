@@ -7,6 +7,7 @@ from collections.abc import Callable, Collection
 import grpc
 
 from agent._proto.gpuagent.v1 import telemetry_pb2, telemetry_pb2_grpc
+from agent.api.auth import granted, sees_processes
 from agent.api.convert import timestamp
 from agent.errors import DriverUnavailable
 from agent.telemetry.snapshot import Entity, Snapshot
@@ -26,9 +27,10 @@ def _entity_pb(entity: Entity) -> telemetry_pb2.TelemetryEntity:
 
 
 def snapshot_pb(
-    snapshot: Snapshot, field_ids: Collection[int] = ()
+    snapshot: Snapshot, field_ids: Collection[int] = (), *, pods: bool = True
 ) -> telemetry_pb2.TelemetrySnapshot:
-    """``field_ids`` narrows the values returned; empty returns all."""
+    """``field_ids`` narrows the values returned; empty returns all. Without ``pods`` the pod
+    of every sample is withheld (and the snapshot says so)."""
     wanted = frozenset(field_ids)
     msg = telemetry_pb2.TelemetrySnapshot(
         time=timestamp(snapshot.taken_at),
@@ -42,6 +44,7 @@ def snapshot_pb(
             telemetry_pb2.XidCount(entity=_entity_pb(x.entity), xid=x.xid, count=x.count)
             for x in snapshot.xids
         ],
+        pods_hidden=not pods,
     )
     for sample in snapshot.entities:
         entry = msg.entities.add(entity=_entity_pb(sample.entity), idle_seconds=sample.idle_seconds)
@@ -50,7 +53,7 @@ def snapshot_pb(
                 continue
             known = BY_ID.get(field_id)
             entry.values.add(field_id=field_id, name=known.name if known else "", value=value)
-        if sample.pod is not None:
+        if pods and sample.pod is not None:
             entry.pod.namespace = sample.pod.namespace
             entry.pod.name = sample.pod.name
             entry.pod.container = sample.pod.container
@@ -68,5 +71,5 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         if snapshot is None:
             raise DriverUnavailable("no telemetry sample yet; the sampler is starting")
         return telemetry_pb2.GetTelemetrySnapshotResponse(
-            snapshot=snapshot_pb(snapshot, request.field_ids)
+            snapshot=snapshot_pb(snapshot, request.field_ids, pods=sees_processes(granted()))
         )

@@ -54,15 +54,25 @@ class FleetOptions:
                 self.tls_cert or self.tls_dir / "tls.crt",
                 self.tls_key or self.tls_dir / "tls.key",
                 self.tls_ca or self.tls_dir / "ca.crt",
-                self.server_name or self._default_server_name(),
+                self.server_name or self.default_server_name(),
             )
         return Fleet(self._discovery(), tls, timeout_s=self.timeout)
 
-    def _default_server_name(self) -> str | None:
-        # Pod IPs are dialled; the agents' certificate names their gRPC Service.
-        if self.kubernetes or self.dns:
-            return f"gpu-agent-grpc.{self.namespace}.svc"
+    def default_server_name(self) -> str | None:
+        """The name each agent's certificate must carry, when --server-name is not given."""
+        # Pod IPs are dialled. Each agent's certificate names its own pod (cert-manager's CSI
+        # driver, agent-daemonset.yaml), and Kubernetes discovery knows which pod runs on the
+        # node, so the handshake checks this agent is that node's. DNS discovery knows no pods:
+        # it needs an explicit --server-name.
+        if self._kubernetes():
+            return "{pod}.gpu-agent-grpc." + self.namespace + ".svc"
         return None
+
+    def _kubernetes(self) -> bool:
+        """Kubernetes discovery: asked for, or in a pod when no other source is given."""
+        if self.agents or self.dns:
+            return False
+        return self.kubernetes or bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
 
     def _discovery(self) -> Discovery:
         from agent.coordinator import discovery
@@ -78,7 +88,7 @@ class FleetOptions:
         if self.dns:
             name, _, port = self.dns.partition(":")
             return discovery.DnsDiscovery(name, int(port) if port else discovery.AGENT_PORT)
-        if self.kubernetes or os.environ.get("KUBERNETES_SERVICE_HOST"):
+        if self._kubernetes():
             from agent.coordinator.kube import KubeLister
 
             return discovery.KubeDiscovery(KubeLister.in_cluster(), self.namespace)
@@ -130,8 +140,9 @@ def fleet_options(fn: F) -> F:
         click.option(
             "--server-name",
             default=None,
-            help="Name to verify in the agents' certificate "
-            "(default gpu-agent-grpc.NAMESPACE.svc with --dns/--kubernetes).",
+            help="Name to verify in each agent's certificate; {pod} and {node} stand for the "
+            "agent's pod and node (default {pod}.gpu-agent-grpc.NAMESPACE.svc with "
+            "--kubernetes; none with --dns, which then needs it).",
         ),
         click.option(
             "--insecure", is_flag=True, help="Plaintext: Unix sockets or loopback test agents."

@@ -40,10 +40,13 @@ class AsyncAgentClient(Stubs):
         *,
         timeout_s: float = 10.0,
         credentials: grpc.ChannelCredentials | None = None,
+        server_name: str | None = None,
     ) -> None:
+        """``server_name`` (see `ClientTls.name_for`) is what the agent's certificate must
+        name; None checks the dialled host."""
         self.address = address
         self.timeout_s = timeout_s
-        options = channel_options(tls)
+        options = channel_options(server_name if tls is not None else None)
         if tls is None or address.startswith("unix:"):
             self._channel = grpc.aio.insecure_channel(address, options=options)
         else:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -37,18 +37,50 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
 )
 
 
+class Dialled(Protocol):
+    """What is known of the agent dialled (a discovery target)."""
+
+    @property
+    def address(self) -> str: ...
+    @property
+    def pod(self) -> str | None: ...
+    @property
+    def node(self) -> str | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ClientTls:
     """A client certificate, key and the agents' CA (mTLS); None for plaintext or a socket.
 
-    ``server_name`` is the name checked in the agent's certificate when dialling an address
-    that is not that name (a pod IP).
+    ``server_name`` is the name the agent's serving certificate must carry (a DNS SAN), checked
+    by the TLS handshake instead of the dialled pod IP. It may name the agent dialled:
+    ``{pod}`` and ``{node}`` are replaced by the target's pod and node, so each agent must
+    present its own certificate (one key per agent; see docs/api.md, "Trust model"). A target
+    that lacks what the template needs is not dialled.
     """
 
     cert: Path
     key: Path
     ca: Path
     server_name: str | None = None
+
+    def name_for(self, target: Dialled) -> str | None:
+        """The name ``target``'s certificate must carry; raises InvalidSpec when unknown."""
+        if self.server_name is None:
+            return None
+        values = {"pod": target.pod, "node": target.node}
+        needed = [key for key in values if "{" + key + "}" in self.server_name]
+        missing = [key for key in needed if not values[key]]
+        if missing:
+            raise InvalidSpec(
+                f"{target.address}: its {' and '.join(missing)} is unknown, so the name its "
+                f"certificate must carry ({self.server_name}) cannot be checked",
+                [FieldViolation("server_name", "use Kubernetes discovery, or a fixed name")],
+            )
+        name = self.server_name
+        for key in needed:
+            name = name.replace("{" + key + "}", str(values[key]))
+        return name
 
     def credentials(self) -> grpc.ChannelCredentials:
         # Read on every new channel: cert-manager rotates the files in place.
@@ -62,10 +94,12 @@ class ClientTls:
         return grpc.ssl_channel_credentials(ca, key, cert)
 
 
-def channel_options(tls: ClientTls | None) -> list[tuple[str, Any]]:
+def channel_options(server_name: str | None = None) -> list[tuple[str, Any]]:
+    """``server_name``: verify this name (a DNS SAN) in the agent's certificate, not the
+    dialled host (`ClientTls.name_for`)."""
     options = list(CHANNEL_OPTIONS)
-    if tls is not None and tls.server_name:
-        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    if server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
     return options
 
 

@@ -40,7 +40,7 @@ class AgentClient(Stubs):
     def __init__(self, socket_path: Path, timeout_s: float = _TIMEOUT_S) -> None:
         self.socket_path = socket_path
         self._timeout = timeout_s
-        self._channel = grpc.insecure_channel(f"unix:{socket_path}", options=channel_options(None))
+        self._channel = grpc.insecure_channel(f"unix:{socket_path}", options=channel_options())
 
     @classmethod
     def connect(cls, socket_path: Path) -> AgentClient | None:

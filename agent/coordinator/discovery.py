@@ -40,6 +40,9 @@ class Target:
     labels: Mapping[str, str] = field(default_factory=dict)
     #: why this agent cannot be dialled (e.g. its pod has no IP yet); None when it can.
     problem: str | None = None
+    #: the agent pod running on ``node`` (Kubernetes discovery): its serving certificate names
+    #: this pod, and the coordinator checks that it does.
+    pod: str | None = None
 
 
 class Discovery(Protocol):
@@ -134,5 +137,6 @@ class KubeDiscovery:
             elif not pod.ready:
                 problem = f"agent pod {pod.name} is not ready ({pod.phase})"
             address = join_host_port(pod.ip, pod.grpc_port or self._port) if pod.ip else ""
-            out.append(Target(address, pod.node or None, labels.get(pod.node, {}), problem))
+            node = pod.node or None
+            out.append(Target(address, node, labels.get(pod.node, {}), problem, pod.name or None))
         return tuple(out)

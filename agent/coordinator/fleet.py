@@ -46,7 +46,7 @@ class Fleet:
         self._tls = tls
         self._timeout_s = timeout_s
         self._limit = asyncio.Semaphore(concurrency)
-        self._clients: dict[str, AgentClient] = {}
+        self._clients: dict[tuple[str, str | None], AgentClient] = {}
         # One set of credentials for every channel: grpc then shares the TLS context.
         self._credentials: grpc.ChannelCredentials | None = None
 
@@ -54,14 +54,22 @@ class Fleet:
         return await self._discovery.targets()
 
     def client(self, target: Target) -> AgentClient:
-        found = self._clients.get(target.address)
+        """Raises InvalidSpec when the name the agent's certificate must carry is unknown."""
+        server_name = self._tls.name_for(target) if self._tls is not None else None
+        # Keyed by the name checked too: a pod IP reused by another agent pod gets a new channel.
+        key = (target.address, server_name)
+        found = self._clients.get(key)
         if found is None:
             if self._tls is not None and self._credentials is None:
                 self._credentials = self._tls.credentials()
             found = AgentClient(
-                target.address, self._tls, timeout_s=self._timeout_s, credentials=self._credentials
+                target.address,
+                self._tls,
+                timeout_s=self._timeout_s,
+                credentials=self._credentials,
+                server_name=server_name,
             )
-            self._clients[target.address] = found
+            self._clients[key] = found
         return found
 
     async def each(

@@ -191,7 +191,14 @@ def is_warm(item: cache_pb2.CacheItem) -> bool:
 
 def node_view(target: Target, node: agent_pb2.Node, idle_after_s: float | None = None) -> NodeView:
     """``idle_after_s``: count the GPUs idle at least that long (from each GPU's
-    ``idle_seconds``); None leaves the count unknown."""
+    ``idle_seconds``); None leaves the count unknown. An agent that withholds its process
+    lists is not planned on: empty lists would read as idle GPUs."""
+    if node.processes_hidden:
+        return unreachable_view(
+            target,
+            "the agent withholds its process lists: give the coordinator's identity the mig or "
+            "admin role (roles.mig / roles.admin)",
+        )
     gpus = node.gpus
     return NodeView(
         name=node.name or target.node or target.address,

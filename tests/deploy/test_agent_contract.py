@@ -4,7 +4,7 @@ The agent reads its settings through `agent.config.load_config`; this test feeds
 the manifests give a pod (the ConfigMap's file at the mounted path, the container's env with
 downward-API values filled in) and checks the result against the pod spec: ports and probes on
 the configured listen addresses, a host mount at every configured host path, the TLS files in
-the certificate's secret, the coordinator's identity on the mutating allowlist.
+the pod's own certificate (CSI driver), the coordinator's identity as the one admin.
 """
 
 from __future__ import annotations
@@ -167,9 +167,9 @@ def test_proc_root_is_the_hosts(objs: list[Obj], config: AgentConfig) -> None:
         assert spec.get("hostPID") is True
 
 
-def test_tls_files_come_from_the_server_certificate(objs: list[Obj], config: AgentConfig) -> None:
+def test_tls_files_come_from_the_pods_own_certificate(objs: list[Obj], config: AgentConfig) -> None:
+    """cert-manager's CSI driver writes this pod's key, certificate and CA (one key per agent)."""
     container = agent_container(objs)
-    secret = find(objs, "Certificate", "gpu-agent-server")["spec"]["secretName"]
     tls = config.tls
     files = [tls.cert_file, tls.key_file, tls.ca_file]
     assert all(files), "the gRPC TCP listener is off without cert, key and CA"
@@ -177,14 +177,27 @@ def test_tls_files_come_from_the_server_certificate(objs: list[Obj], config: Age
         path = PurePosixPath(str(file))
         mount = _mount_for(container, path)
         assert mount is not None, f"{path} is on no volume"
-        assert _volume(objs, mount["name"]).get("secret", {}).get("secretName") == secret
+        csi = _volume(objs, mount["name"]).get("csi", {})
+        assert csi.get("driver") == "csi.cert-manager.io"
+        written = {
+            csi["volumeAttributes"].get(f"csi.cert-manager.io/{key}", default)
+            for key, default in (
+                ("certificate-file", "tls.crt"),
+                ("privatekey-file", "tls.key"),
+                ("ca-file", "ca.crt"),
+            )
+        }
+        assert path.name in written
         assert path.name in _CERT_MANAGER_KEYS
     assert [PurePosixPath(str(f)).name for f in files] == ["tls.crt", "tls.key", "ca.crt"]
 
 
 def test_only_the_coordinator_may_mutate(objs: list[Obj], config: AgentConfig) -> None:
+    """The coordinator's URI is the one admin; no other role names anyone by default."""
     uris = find(objs, "Certificate", "gpu-agent-coordinator")["spec"]["uris"]
-    assert list(config.tls.mutating_identities) == uris
+    assert list(config.roles.admin) == uris
+    assert config.roles.prewarm == config.roles.sharing == config.roles.mig == ()
+    assert config.tls.mutating_identities == ()
 
 
 def test_restart_pod_reload_has_its_grant(objs: list[Obj], config: AgentConfig) -> None:

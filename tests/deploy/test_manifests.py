@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -122,7 +123,8 @@ _USAGES = {"digital signature", "key encipherment", "server auth", "client auth"
 
 def test_certificates_chain_to_the_installation_ca() -> None:
     """Issuer and Certificate fields as cert-manager v1 defines them, and the chain they form:
-    a self-signed Issuer signs the CA, a CA Issuer on the CA's secret signs the two leaves."""
+    a self-signed Issuer signs the CA, a CA Issuer on the CA's secret signs the coordinator's
+    certificate and every agent pod's (through cert-manager's CSI driver)."""
     objs = render("default")
     issuers = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Issuer"}
     certs = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Certificate"}
@@ -142,20 +144,67 @@ def test_certificates_chain_to_the_installation_ca() -> None:
     ca = certs["gpu-agent-ca"]["spec"]
     assert ca["isCA"] and "selfSigned" in issuers[ca["issuerRef"]["name"]]["spec"]
     assert issuers["gpu-agent-ca"]["spec"]["ca"]["secretName"] == ca["secretName"]
-    for leaf in ("gpu-agent-server", "gpu-agent-coordinator"):
-        assert certs[leaf]["spec"]["issuerRef"]["name"] == "gpu-agent-ca"
-        assert not certs[leaf]["spec"].get("isCA")
-    assert "server auth" in certs["gpu-agent-server"]["spec"]["usages"]
-    assert "client auth" in certs["gpu-agent-coordinator"]["spec"]["usages"]
+    assert set(certs) == {"gpu-agent-ca", "gpu-agent-coordinator"}  # no shared serving cert
+    coordinator = certs["gpu-agent-coordinator"]["spec"]
+    assert coordinator["issuerRef"]["name"] == "gpu-agent-ca" and not coordinator.get("isCA")
+    assert "client auth" in coordinator["usages"]
+    attrs = _agent_csi_volume(objs)["volumeAttributes"]
+    assert attrs["csi.cert-manager.io/issuer-name"] == "gpu-agent-ca"
+    assert attrs["csi.cert-manager.io/issuer-kind"] == "Issuer"
 
 
-def test_server_certificate_names_the_grpc_service() -> None:
-    """The agents' serving certificate covers the gRPC Service and each pod name under it."""
+#: What cert-manager's csi-driver substitutes (pkg/requestgen/generator.go, expand).
+_CSI_VARIABLES = {"POD_NAME", "POD_NAMESPACE", "POD_UID", "SERVICE_ACCOUNT_NAME"}
+
+
+def _agent_csi_volume(objs: list[Obj]) -> Obj:
+    volumes = find(objs, "DaemonSet", "gpu-agent")["spec"]["template"]["spec"]["volumes"]
+    (tls,) = [v for v in volumes if v["name"] == "tls"]
+    csi: Obj = tls["csi"]
+    assert csi["driver"] == "csi.cert-manager.io" and csi["readOnly"] is True
+    return csi
+
+
+def test_each_agent_gets_its_own_serving_key_naming_its_pod() -> None:
+    """No wildcard, no name two agents share: the one DNS SAN is the pod's name under the gRPC
+    Service, which the coordinator checks per pod ({pod}.gpu-agent-grpc.NAMESPACE.svc)."""
     objs = render("default")
     service = find(objs, "Service", "gpu-agent-grpc")
-    host = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
-    names = set(find(objs, "Certificate", "gpu-agent-server")["spec"]["dnsNames"])
-    assert {host, f"{host}.cluster.local", f"*.{host}", f"*.{host}.cluster.local"} <= names
+    attrs = _agent_csi_volume(objs)["volumeAttributes"]
+    names = [n.strip() for n in attrs["csi.cert-manager.io/dns-names"].split(",")]
+    assert names == [f"${{POD_NAME}}.{service['metadata']['name']}.${{POD_NAMESPACE}}.svc"]
+    assert (
+        "csi.cert-manager.io/uri-sans" not in attrs and "csi.cert-manager.io/ip-sans" not in attrs
+    )
+    used = set(re.findall(r"\$\{(\w+)\}", " ".join(attrs.values())))
+    assert used <= _CSI_VARIABLES
+    usages = {u.strip() for u in attrs["csi.cert-manager.io/key-usages"].split(",")}
+    assert "server auth" in usages and "client auth" not in usages
+    assert attrs["csi.cert-manager.io/key-algorithm"] in {"RSA", "ECDSA", "Ed25519"}
+    for field in ("duration", "renew-before"):
+        assert _DURATION.fullmatch(attrs[f"csi.cert-manager.io/{field}"]), field
+    files = [attrs[f"csi.cert-manager.io/{k}"] for k in ("certificate-file", "privatekey-file")]
+    assert [*files, attrs["csi.cert-manager.io/ca-file"]] == ["tls.crt", "tls.key", "ca.crt"]
+    # The coordinator's default check names exactly this pattern.
+    from agent.cli.coordinator import FleetOptions
+
+    options = FleetOptions(
+        agents=(),
+        dns=None,
+        kubernetes=True,
+        namespace=service["metadata"]["namespace"],
+        tls_dir=Path("/etc/gpu-agent/tls"),
+        tls_cert=None,
+        tls_key=None,
+        tls_ca=None,
+        server_name=None,
+        insecure=False,
+        timeout=1.0,
+    )
+    expected = names[0].replace("${POD_NAME}", "{pod}")
+    assert options.default_server_name() == expected.replace(
+        "${POD_NAMESPACE}", service["metadata"]["namespace"]
+    )
 
 
 def test_coordinator_identity_is_a_spiffe_uri_of_its_service_account() -> None:
@@ -172,10 +221,7 @@ def test_pods_mount_the_secrets_their_certificates_write() -> None:
     secrets = {
         o["spec"]["secretName"]: o["metadata"]["name"] for o in objs if o["kind"] == "Certificate"
     }
-    for kind, name, cert in (
-        ("DaemonSet", "gpu-agent", "gpu-agent-server"),
-        ("Deployment", "gpu-agent-coordinator", "gpu-agent-coordinator"),
-    ):
+    for kind, name, cert in (("Deployment", "gpu-agent-coordinator", "gpu-agent-coordinator"),):
         volumes = find(objs, kind, name)["spec"]["template"]["spec"]["volumes"]
         mounted = {v["secret"]["secretName"] for v in volumes if "secret" in v}
         assert {s for s in mounted if secrets.get(s) == cert}, f"{name} mounts no {cert} secret"

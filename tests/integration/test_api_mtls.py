@@ -1,5 +1,6 @@
 """The gRPC API of a real agent process on a simulated DGX H100: every RPC over TCP with mTLS
-and over the Unix socket; who is refused what; health, reflection; certificate rotation."""
+and over the Unix socket; who is refused what (roles, which SANs count); who sees processes;
+health, reflection (v1 and v1alpha); certificate rotation."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2
+from google.protobuf import descriptor_pb2, duration_pb2
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -34,10 +35,21 @@ from agent._proto.gpuagent.v1 import (
     telemetry_pb2,
     telemetry_pb2_grpc,
 )
-from agent.api.auth import METHOD_ACCESS, Access
+from agent._proto.grpc.reflection.v1 import reflection_pb2 as v1_pb2
+from agent._proto.grpc.reflection.v1 import reflection_pb2_grpc as v1_pb2_grpc
+from agent.api.auth import METHOD_ROLES, Role
 from agent.api.server import SERVICE_NAMES
+from agent.gpu.sim import SimControl
 from tests.integration.prewarm_fixtures.origin import Origin
-from tests.unit.api.support import READER, AgentProcess, Pki, agent_config, unix_channel, wait_for
+from tests.unit.api.support import (
+    COORDINATOR,
+    READER,
+    AgentProcess,
+    Pki,
+    agent_config,
+    unix_channel,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -223,7 +235,7 @@ def every_rpc(channel: grpc.Channel, origin: Origin, tag: str) -> dict[str, grpc
 
 
 def expected_codes() -> dict[str, grpc.StatusCode]:
-    codes = dict.fromkeys(METHOD_ACCESS, grpc.StatusCode.OK)
+    codes = dict.fromkeys(METHOD_ROLES, grpc.StatusCode.OK)
     codes["/gpuagent.v1.PrewarmService/CancelPrewarmItem"] = grpc.StatusCode.FAILED_PRECONDITION
     return codes
 
@@ -233,6 +245,15 @@ def served_services(channel: grpc.Channel) -> set[str]:
     request = reflection_pb2.ServerReflectionRequest(list_services="")
     (answer,) = stub.ServerReflectionInfo(iter([request]), timeout=10)
     return {s.name for s in answer.list_services_response.service}
+
+
+def v1_reflection(channel: grpc.Channel, **request: str) -> v1_pb2.ServerReflectionResponse:
+    """One grpc.reflection.v1 exchange, with v1's own messages (as grpcurl sends them)."""
+    stub = v1_pb2_grpc.ServerReflectionStub(channel)
+    (answer,) = stub.ServerReflectionInfo(
+        iter([v1_pb2.ServerReflectionRequest(**request)]), timeout=10
+    )
+    return answer
 
 
 def test_every_rpc_over_mtls_and_over_the_unix_socket(
@@ -297,13 +318,65 @@ def test_a_non_root_user_cannot_connect_to_the_socket(agent: AgentProcess) -> No
 
 
 def test_health_and_reflection_answer_any_verified_client(agent: AgentProcess, pki: Pki) -> None:
+    """Reflection v1 (what current grpcurl asks first) and v1alpha list the same services, and
+    v1 describes them; any verified client may use them."""
     with mtls(agent, pki, "reader") as channel:
         health = health_pb2_grpc.HealthStub(channel)
         for service in ("", "gpuagent.v1.NodeService"):
             answer = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
         names = served_services(channel)
-    assert {*SERVICE_NAMES, "grpc.health.v1.Health"} <= names
+        v1 = v1_reflection(channel, list_services="")
+        described = v1_reflection(channel, file_containing_symbol="gpuagent.v1.NodeService")
+        itself = v1_reflection(
+            channel, file_containing_symbol="grpc.reflection.v1.ServerReflection"
+        )
+    reflection = {"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"}
+    assert {*SERVICE_NAMES, "grpc.health.v1.Health", *reflection} <= names
+    assert {s.name for s in v1.list_services_response.service} == names
+    files = [
+        descriptor_pb2.FileDescriptorProto.FromString(raw)
+        for raw in described.file_descriptor_response.file_descriptor_proto
+    ]
+    assert any(
+        f.name == "gpuagent/v1/agent.proto" and "NodeService" in {s.name for s in f.service}
+        for f in files
+    )
+    (own,) = [
+        descriptor_pb2.FileDescriptorProto.FromString(raw)
+        for raw in itself.file_descriptor_response.file_descriptor_proto
+    ]
+    assert own.package == "grpc.reflection.v1"
+    assert own.service[0].method[0].input_type == ".grpc.reflection.v1.ServerReflectionRequest"
+
+
+def denied_methods(channel: grpc.Channel) -> set[str]:
+    """Every API method the channel's caller is refused (raw bytes: an empty message fits every
+    request, and a refusal comes before the request is looked at; admitted streams end at once
+    on a request they refuse)."""
+    refused_stream = {
+        "/gpuagent.v1.OperationsService/WatchOperation": b"",  # no name
+        "/gpuagent.v1.EventsService/WatchEvents": events_pb2.WatchEventsRequest(
+            types=[999]  # type: ignore[list-item]  # no such type
+        ).SerializeToString(),
+    }
+    denied = set()
+    for method in METHOD_ROLES:
+        if method in refused_stream:
+            call: Callable[..., object] = channel.unary_stream(method)
+            request = refused_stream[method]
+            code = code_of(lambda call=call, request=request: list(call(request, timeout=10)))
+        else:
+            call = channel.unary_unary(method)
+            code = code_of(lambda call=call: call(b"", timeout=10))
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            denied.add(method)
+    return denied
+
+
+def needing(*roles: Role) -> set[str]:
+    """Methods none of ``roles`` may call."""
+    return {m for m, needed in METHOD_ROLES.items() if needed.isdisjoint(roles)}
 
 
 def test_a_read_only_identity_reads_but_every_mutation_is_denied(
@@ -314,15 +387,94 @@ def test_a_read_only_identity_reads_but_every_mutation_is_denied(
             agent_pb2.GetNodeRequest(), timeout=10
         )
         assert len(node.node.gpus) == 8
-        for method, access in METHOD_ACCESS.items():
-            if access is not Access.MUTATE:
-                continue
-            call = channel.unary_unary(method)  # raw bytes: an empty message fits every request
-            code = code_of(lambda call=call: call(b"", timeout=10))
-            assert code == grpc.StatusCode.PERMISSION_DENIED, method
+        assert denied_methods(channel) == needing(Role.READ)
+    assert "/gpuagent.v1.MigService/PlanMig" in needing(Role.READ)
     log = agent.output()
     assert f"denied /gpuagent.v1.SharingService/SetSharing to mTLS client {READER}" in log
     assert "PRIVATE KEY" not in log
+
+
+def test_email_ip_and_common_name_are_not_identities(agent: AgentProcess, pki: Pki) -> None:
+    """Issue 16: a certificate whose email SAN (and CN) is the coordinator's SPIFFE ID, with an
+    IP SAN too, holds no role beyond the read every verified client has."""
+    with mtls(agent, pki, "impostor") as channel:
+        assert denied_methods(channel) == needing(Role.READ)
+        share = sharing_pb2_grpc.SharingServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            share.ClearSharing(sharing_pb2.ClearSharingRequest(), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "without URI or DNS SAN" in (caught.value.details() or "")
+    assert "needs the role admin or sharing" in (caught.value.details() or "")
+    assert "ClearSharing to mTLS client without URI or DNS SAN" in agent.output()
+
+
+def test_an_agents_serving_certificate_cannot_act_as_a_client(
+    agent: AgentProcess, pki: Pki
+) -> None:
+    """Agent certificates are server auth only (agent-daemonset.yaml): one node's key, even
+    with the coordinator's SPIFFE ID in it, is refused as a client by every other agent."""
+    serving = pki.issue("serving-only", f"URI:{COORDINATOR}", usage="serverAuth")
+    with grpc.secure_channel(f"localhost:{agent.tcp_port}", serving.credentials(pki.ca)) as ch:
+        stub = agent_pb2_grpc.NodeServiceStub(ch)
+        assert code_of(lambda: stub.GetNode(agent_pb2.GetNodeRequest(), timeout=5)) == (
+            grpc.StatusCode.UNAVAILABLE
+        )
+
+
+def test_a_prewarm_team_prewarms_but_cannot_reconfigure_gpus(
+    agent: AgentProcess, pki: Pki, origin: Origin
+) -> None:
+    with mtls(agent, pki, "prewarmer") as channel:
+        assert denied_methods(channel) == needing(Role.READ, Role.PREWARM)
+        prewarm = prewarm_pb2_grpc.PrewarmServiceStub(channel)
+        sha = origin.add("team.bin", os.urandom(64 * 1024))
+        target = prewarm_pb2.PrewarmTarget(
+            file=prewarm_pb2.FileTarget(url=origin.url("team.bin"), sha256=sha, name="team")
+        )
+        submitted = prewarm.SubmitPrewarm(
+            prewarm_pb2.SubmitPrewarmRequest(targets=[target]), timeout=20
+        )
+        ops = operations_pb2_grpc.OperationsServiceStub(channel)
+        cancel = operations_pb2.CancelOperationRequest(name=submitted.operation.name)
+        assert ops.CancelOperation(cancel, timeout=10).operation.name == cancel.name
+    # The mig role may cancel MIG operations, not a team's prewarm.
+    with mtls(agent, pki, "mig_operator") as channel:
+        ops = operations_pb2_grpc.OperationsServiceStub(channel)
+        assert code_of(lambda: ops.CancelOperation(cancel, timeout=10)) == (
+            grpc.StatusCode.PERMISSION_DENIED
+        )
+        assert denied_methods(channel) == needing(Role.READ, Role.MIG)
+
+
+def test_process_lists_are_shown_to_mig_and_admin_only(agent: AgentProcess, pki: Pki) -> None:
+    control = SimControl(agent.state_dir)
+    control.start_process(4242, 0, used_memory_mib=2048)
+    try:
+
+        def node_as(who: str) -> agent_pb2.Node:
+            with mtls(agent, pki, who) as channel:
+                stub = agent_pb2_grpc.NodeServiceStub(channel)
+                return stub.GetNode(agent_pb2.GetNodeRequest(), timeout=10).node
+
+        def pids(node: agent_pb2.Node) -> list[int]:
+            return [p.pid for g in node.gpus for p in g.processes]
+
+        assert wait_for(lambda: pids(node_as("coordinator")) == [4242], "the process", 30)
+        mig = node_as("mig_operator")
+        assert pids(mig) == [4242] and not mig.processes_hidden
+        for who in ("reader", "prewarmer"):
+            node = node_as(who)
+            assert pids(node) == [] and node.processes_hidden, who
+            assert len(node.gpus) == 8
+        with mtls(agent, pki, "reader") as channel:
+            telemetry = telemetry_pb2_grpc.TelemetryServiceStub(channel)
+            request = telemetry_pb2.GetTelemetrySnapshotRequest()
+            assert telemetry.GetTelemetrySnapshot(request, timeout=10).snapshot.pods_hidden
+        with mtls(agent, pki) as channel:
+            telemetry = telemetry_pb2_grpc.TelemetryServiceStub(channel)
+            assert not telemetry.GetTelemetrySnapshot(request, timeout=10).snapshot.pods_hidden
+    finally:
+        control.stop_process(4242)
 
 
 def test_the_plaintext_loopback_listener_is_read_only(tmp_path: Path) -> None:

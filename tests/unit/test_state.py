@@ -256,6 +256,48 @@ def test_list_filters_by_kind_and_done_newest_first(store: StateStore) -> None:
         store.list_operations(limit=0)
 
 
+def test_list_resumes_after_a_cursor_and_filters_kinds(store: StateStore) -> None:
+    made = [store.create_operation("prewarm", request_id=None, request={"n": n}) for n in range(5)]
+    store.create_operation("call:SetSharing", request_id="r", request={})
+    newest = list(reversed(made))
+    first = store.list_operations(kinds=("prewarm", "mig.apply"), limit=2)
+    assert first == newest[:2]
+    last = first[-1]
+    rest = store.list_operations(kinds=("prewarm",), after=(last.created_at, last.id), limit=10)
+    assert rest == newest[2:]
+    assert store.list_operations(kinds=()) == []
+
+
+def test_prune_drops_old_and_surplus_done_operations_never_running_ones(
+    db_path: Path,
+) -> None:
+    clock = FakeClock()
+    with StateStore(db_path, clock=clock) as store:
+        old = store.create_operation("prewarm", request_id="old", request={})
+        store.update_operation(old.id, state="succeeded")
+        running = store.create_operation("prewarm", request_id=None, request={})
+        store.update_operation(running.id, state="running")
+        clock.now += 3600  # an hour later
+        recent = []
+        for n in range(3):
+            op = store.create_operation("prewarm", request_id=f"r{n}", request={})
+            recent.append(store.update_operation(op.id, state="failed", error={"type": "X"}))
+        call = store.create_operation("call:SetSharing", request_id="k", request={})
+        store.update_operation(call.id, state="succeeded", result={"response": ""})
+
+        # Older than 30 minutes: `old`; beyond the newest 2 done per kind: recent[0].
+        assert store.prune_operations(max_age_s=1800, keep_per_kind=2) == 2
+        left = {op.id for op in store.list_operations(limit=100)}
+        assert left == {running.id, recent[1].id, recent[2].id, call.id}
+        # The request id of a pruned operation is free again: a retry runs anew.
+        again = store.create_operation("prewarm", request_id="old", request={"other": 1})
+        assert again.id != old.id
+        store.update_operation(running.id, state="cancelled")
+        clock.now += 10 * 3600
+        assert store.prune_operations(max_age_s=1800, keep_per_kind=1000) == 4
+        assert [op.id for op in store.list_operations(limit=100)] == [again.id]
+
+
 def test_mark_interrupted_fails_what_a_previous_process_left(db_path: Path) -> None:
     with StateStore(db_path) as before:
         pending = before.create_operation("prewarm", request_id=None, request={})

@@ -24,6 +24,8 @@ REPO = Path(__file__).resolve().parents[3]
 
 COORDINATOR = "spiffe://cluster/ns/gpu-system/sa/coordinator"
 READER = "spiffe://cluster/ns/monitoring/sa/dashboard"
+PREWARMER = "spiffe://cluster/ns/ml-team/sa/prewarm"
+MIG_OPERATOR = "spiffe://cluster/ns/gpu-system/sa/mig-operator"
 
 
 def _openssl(*args: str) -> None:
@@ -52,6 +54,13 @@ class Pki:
         self.server = self.issue("server", "DNS:localhost,IP:127.0.0.1")
         self.coordinator = self.issue("coordinator", f"URI:{COORDINATOR}")
         self.reader = self.issue("reader", f"URI:{READER}")
+        self.prewarmer = self.issue("prewarmer", f"URI:{PREWARMER}")
+        self.mig_operator = self.issue("mig-operator", f"URI:{MIG_OPERATOR}")
+        # The coordinator's identity where it does not count: an email SAN, an IP SAN and the
+        # subject's common name (issue 16: an email SAN could mutate).
+        self.impostor = self.issue(
+            "impostor", f"email:{COORDINATOR},IP:127.0.0.1", common_name=COORDINATOR
+        )
         self.rogue = self.issue("rogue", f"URI:{COORDINATOR}", ca="rogue-ca")
 
     def _ca(self, name: str, subject: str) -> Path:
@@ -75,7 +84,16 @@ class Pki:
         )
         return cert
 
-    def issue(self, name: str, san: str, *, ca: str = "ca", out: Path | None = None) -> Identity:
+    def issue(
+        self,
+        name: str,
+        san: str,
+        *,
+        ca: str = "ca",
+        out: Path | None = None,
+        common_name: str | None = None,
+        usage: str = "serverAuth,clientAuth",
+    ) -> Identity:
         """A certificate with ``san`` signed by ``ca``, written to ``out`` (default: the root)."""
         out = out or self.root
         out.mkdir(parents=True, exist_ok=True)
@@ -93,9 +111,9 @@ class Pki:
             "-out",
             str(csr),
             "-subj",
-            f"/CN={name}",
+            "/CN=" + (common_name or name).replace("/", "\\/"),  # -subj separates with /
         )
-        ext.write_text(f"subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n")
+        ext.write_text(f"subjectAltName={san}\nextendedKeyUsage={usage}\n")
         _openssl(
             "x509",
             "-req",
@@ -139,7 +157,11 @@ def agent_config(root: Path, pki: Pki | None = None, **extra: Any) -> Path:
             "cert_file": str(pki.server.cert),
             "key_file": str(pki.server.key),
             "ca_file": str(pki.ca),
-            "mutating_identities": [COORDINATOR],
+        }
+        config["roles"] = {
+            "admin": [COORDINATOR],
+            "prewarm": [PREWARMER],
+            "mig": [MIG_OPERATOR],
         }
     for key, value in extra.items():
         config[key] = value

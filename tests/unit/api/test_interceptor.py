@@ -36,7 +36,7 @@ class Streams(events_pb2_grpc.EventsServiceServicer):
 async def serve_and_call(
     socket: Path,
 ) -> tuple[grpc.aio.AioRpcError, list[int], grpc.aio.AioRpcError]:
-    server = grpc.aio.server(interceptors=[ApiInterceptor(Policy.of([]))])
+    server = grpc.aio.server(interceptors=[ApiInterceptor(Policy.of({}))])
     agent_pb2_grpc.add_NodeServiceServicer_to_server(Buggy(), server)
     events_pb2_grpc.add_EventsServiceServicer_to_server(Streams(), server)
     server.add_insecure_port(f"unix:{socket}")

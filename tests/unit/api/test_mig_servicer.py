@@ -69,7 +69,7 @@ async def scenario(tmp_path: Path) -> None:
     loop = asyncio.get_running_loop()
     bus.bind(loop)
     runner.bind(loop)
-    server = grpc.aio.server(interceptors=[ApiInterceptor(Policy.of([]))])
+    server = grpc.aio.server(interceptors=[ApiInterceptor(Policy.of({}))])
     mig_pb2_grpc.add_MigServiceServicer_to_server(
         MigServicer(service, runner, lambda: None), server
     )

@@ -13,7 +13,12 @@ import pytest
 from agent._proto.gpuagent.v1 import operations_pb2, prewarm_pb2, sharing_pb2
 from agent.api.convert import operation_pb
 from agent.api.events import EventBus
-from agent.api.operations import Checkpointed, OperationContext, OperationRunner
+from agent.api.operations import (
+    Checkpointed,
+    OperationContext,
+    OperationRunner,
+    OperationsServicer,
+)
 from agent.errors import Busy, Conflict, InvalidSpec
 from agent.state import INTERRUPTED, StateStore
 
@@ -242,3 +247,43 @@ async def _shutdown_scenario(tmp_path: Path) -> None:
     message = operation_pb(failed)
     assert message.error.code == grpc.StatusCode.ABORTED.value[0]
     store.close()
+
+
+@with_runner
+async def test_list_operations_pages_through_everything_once(runner: OperationRunner) -> None:
+    """AIP-158: page_size bounds a page, next_page_token resumes, the last page has none; a
+    token is refused (naming page_token) when garbled or used with another filter."""
+
+    servicer = OperationsServicer(runner)
+    made = [
+        runner.store.create_operation("prewarm", request_id=None, request={"n": n})
+        for n in range(5)
+    ]
+    runner.store.create_operation("call:SetSharing", request_id="k", request={})  # never listed
+    seen, token, pages = [], "", 0
+    context: grpc.aio.ServicerContext = None  # type: ignore[assignment]  # unused by the call
+    while True:
+        request = operations_pb2.ListOperationsRequest(page_size=2, page_token=token)
+        page = await servicer.ListOperations(request, context)
+        assert len(page.operations) <= 2
+        seen += [op.name for op in page.operations]
+        pages += 1
+        token = page.next_page_token
+        if not token:
+            break
+    assert seen == [f"operations/{op.id}" for op in reversed(made)] and pages == 3
+
+    first = await servicer.ListOperations(
+        operations_pb2.ListOperationsRequest(page_size=1), context
+    )
+    for bad in (
+        operations_pb2.ListOperationsRequest(page_token=first.next_page_token, kind="mig.apply"),
+        operations_pb2.ListOperationsRequest(page_token=first.next_page_token, done=True),
+        operations_pb2.ListOperationsRequest(page_token="not-a-token"),
+        operations_pb2.ListOperationsRequest(page_token="x" * 10_000),
+        operations_pb2.ListOperationsRequest(page_size=1001),
+    ):
+        with pytest.raises(InvalidSpec) as caught:
+            await servicer.ListOperations(bad, context)
+        assert {v.field for v in caught.value.violations} <= {"page_token", "page_size"}
+        assert caught.value.violations

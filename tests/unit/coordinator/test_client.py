@@ -37,7 +37,7 @@ class Sharing(sharing_pb2_grpc.SharingServiceServicer):
 
 
 async def _with_server(socket: Path) -> None:
-    server = grpc.aio.server(interceptors=[ApiInterceptor(Policy.of(()))])
+    server = grpc.aio.server(interceptors=[ApiInterceptor(Policy.of({}))])
     agent_pb2_grpc.add_NodeServiceServicer_to_server(Node(), server)
     sharing_pb2_grpc.add_SharingServiceServicer_to_server(Sharing(), server)
     server.add_insecure_port(f"unix:{socket}")
@@ -94,7 +94,7 @@ class IdleNode(agent_pb2_grpc.NodeServiceServicer):
 
 async def _idle_sweep(socket: Path) -> None:
     servicer = IdleNode()
-    server = grpc.aio.server(interceptors=[ApiInterceptor(Policy.of(()))])
+    server = grpc.aio.server(interceptors=[ApiInterceptor(Policy.of({}))])
     agent_pb2_grpc.add_NodeServiceServicer_to_server(servicer, server)
     server.add_insecure_port(f"unix:{socket}")
     await server.start()

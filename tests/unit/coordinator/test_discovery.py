@@ -123,9 +123,9 @@ def test_kubernetes_discovery_lists_agent_pods_with_their_nodes_labels(
     lister = KubeLister(api_server.url, token)
     found = asyncio.run(KubeDiscovery(lister, "gpu-agent").targets())
     assert found == (
-        Target("10.1.0.5:9411", "node-a", {"pool": "train"}),
-        Target("10.1.0.7:9411", "node-b", {"pool": "serve"}),
-        Target("", "node-c", {}, "agent pod gpu-agent-c is Pending with no IP"),
+        Target("10.1.0.5:9411", "node-a", {"pool": "train"}, pod="gpu-agent-a"),
+        Target("10.1.0.7:9411", "node-b", {"pool": "serve"}, pod="gpu-agent-b"),
+        Target("", "node-c", {}, "agent pod gpu-agent-c is Pending with no IP", "gpu-agent-c"),
     )
     path, query = api_server.queries[0]
     assert path == "/api/v1/namespaces/gpu-agent/pods"

@@ -32,7 +32,7 @@ class GetNodeResponse(_message.Message):
     def __init__(self, node: _Optional[_Union[Node, _Mapping]] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("name", "driver_version", "gpus", "sharing", "cache", "health", "observe_time", "simulated_preset", "agent_version")
+    __slots__ = ("name", "driver_version", "gpus", "sharing", "cache", "health", "observe_time", "simulated_preset", "agent_version", "processes_hidden")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class Node(_message.Message):
     OBSERVE_TIME_FIELD_NUMBER: _ClassVar[int]
     SIMULATED_PRESET_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_HIDDEN_FIELD_NUMBER: _ClassVar[int]
     name: str
     driver_version: str
     gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
@@ -51,7 +52,8 @@ class Node(_message.Message):
     observe_time: _timestamp_pb2.Timestamp
     simulated_preset: str
     agent_version: str
-    def __init__(self, name: _Optional[str] = ..., driver_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., sharing: _Optional[_Union[_sharing_pb2.SharingConfig, _Mapping]] = ..., cache: _Optional[_Union[_cache_pb2.CacheInventory, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, _Mapping]] = ..., observe_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., simulated_preset: _Optional[str] = ..., agent_version: _Optional[str] = ...) -> None: ...
+    processes_hidden: bool
+    def __init__(self, name: _Optional[str] = ..., driver_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., sharing: _Optional[_Union[_sharing_pb2.SharingConfig, _Mapping]] = ..., cache: _Optional[_Union[_cache_pb2.CacheInventory, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, _Mapping]] = ..., observe_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., simulated_preset: _Optional[str] = ..., agent_version: _Optional[str] = ..., processes_hidden: _Optional[bool] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_total_bytes", "mig_capable", "mig_mode", "instances", "processes", "pci_device_id", "mig_profiles", "health", "idle_seconds")

@@ -185,20 +185,24 @@ class GetOperationResponse(_message.Message):
     def __init__(self, operation: _Optional[_Union[Operation, _Mapping]] = ...) -> None: ...
 
 class ListOperationsRequest(_message.Message):
-    __slots__ = ("kind", "done", "page_size")
+    __slots__ = ("kind", "done", "page_size", "page_token")
     KIND_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     kind: str
     done: bool
     page_size: int
-    def __init__(self, kind: _Optional[str] = ..., done: _Optional[bool] = ..., page_size: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, kind: _Optional[str] = ..., done: _Optional[bool] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListOperationsResponse(_message.Message):
-    __slots__ = ("operations",)
+    __slots__ = ("operations", "next_page_token")
     OPERATIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     operations: _containers.RepeatedCompositeFieldContainer[Operation]
-    def __init__(self, operations: _Optional[_Iterable[_Union[Operation, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, operations: _Optional[_Iterable[_Union[Operation, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class WaitOperationRequest(_message.Message):
     __slots__ = ("name", "timeout")

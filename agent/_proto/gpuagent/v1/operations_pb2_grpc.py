@@ -74,7 +74,7 @@ class OperationsServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListOperations(self, request, context):
-        """ListOperations returns operations, newest first.
+        """ListOperations returns operations, newest first, a page at a time.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -22,20 +22,22 @@ class GetTelemetrySnapshotResponse(_message.Message):
     def __init__(self, snapshot: _Optional[_Union[TelemetrySnapshot, _Mapping]] = ...) -> None: ...
 
 class TelemetrySnapshot(_message.Message):
-    __slots__ = ("time", "hostname", "driver_version", "gpus", "entities", "xids")
+    __slots__ = ("time", "hostname", "driver_version", "gpus", "entities", "xids", "pods_hidden")
     TIME_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     ENTITIES_FIELD_NUMBER: _ClassVar[int]
     XIDS_FIELD_NUMBER: _ClassVar[int]
+    PODS_HIDDEN_FIELD_NUMBER: _ClassVar[int]
     time: _timestamp_pb2.Timestamp
     hostname: str
     driver_version: str
     gpus: _containers.RepeatedCompositeFieldContainer[GpuUp]
     entities: _containers.RepeatedCompositeFieldContainer[EntitySample]
     xids: _containers.RepeatedCompositeFieldContainer[XidCount]
-    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., hostname: _Optional[str] = ..., driver_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuUp, _Mapping]]] = ..., entities: _Optional[_Iterable[_Union[EntitySample, _Mapping]]] = ..., xids: _Optional[_Iterable[_Union[XidCount, _Mapping]]] = ...) -> None: ...
+    pods_hidden: bool
+    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., hostname: _Optional[str] = ..., driver_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuUp, _Mapping]]] = ..., entities: _Optional[_Iterable[_Union[EntitySample, _Mapping]]] = ..., xids: _Optional[_Iterable[_Union[XidCount, _Mapping]]] = ..., pods_hidden: _Optional[bool] = ...) -> None: ...
 
 class GpuUp(_message.Message):
     __slots__ = ("gpu_index", "gpu_uuid", "up")
