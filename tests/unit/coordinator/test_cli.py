@@ -52,7 +52,8 @@ def test_the_plan_table_shows_changes_totals_and_unmet_demand() -> None:
     result = PlanResult(plan_fleet(fleet_layouts, want), 3, ("node-z",))
     text = _plan_table({"result": result, "out": Path("plan.yaml")})
     assert "a     1    H100 80GB HBM3  -" in text
-    assert "UNMET 7g.80gb: 1 of 2 cannot be placed" in text
+    assert "UNMET 7g.80gb: 2 of 2 cannot be placed" in text
+    assert "lost to 3g.40gb (priority 0, 1 device(s))" in text
     assert "a plan from scratch would destroy 3" in text
     assert "Not planned (no answer): node-z" in text
     assert "gpu-agent fleet apply mig --plan plan.yaml" in text
