@@ -162,6 +162,12 @@ def status(
 # -- plan and replay ---------------------------------------------------------------------------
 
 
+class DemandUnmet(AgentError):
+    """`fleet plan` made a plan, but some demand does not fit; the plan says what and why."""
+
+    exit_code = 11
+
+
 def _plan_table(data: dict[str, Any]) -> str:
     result = data["result"]
     p = result.plan
@@ -181,8 +187,11 @@ def _plan_table(data: dict[str, Any]) -> str:
         ],
     )
     totals = format_table(
-        ["PROFILE", "MODEL", "DEMAND", "BEFORE", "AFTER"],
-        [[t.profile, t.model or "any", t.demand, t.before, t.after] for t in p.totals],
+        ["PROFILE", "MODEL", "POOL", "PRIORITY", "DEMAND", "BEFORE", "AFTER"],
+        [
+            [t.profile, t.model or "any", t.pool or "any", t.priority, t.demand, t.before, t.after]
+            for t in p.totals
+        ],
     )
     lines = [
         changes if p.changes else "No GPU changes.",
@@ -193,11 +202,14 @@ def _plan_table(data: dict[str, Any]) -> str:
         f"destroyed (a plan from scratch would destroy {result.scratch_destroyed}); "
         f"{p.free_slices} memory slice(s) stay free on MIG GPUs.",
     ]
+    if not p.optimal:
+        lines.append("The solver's time limit cut the search short: the plan is valid, not proven.")
     if p.free_capacity:
         lines.append("Free slices could still hold: " + _counts(dict(p.free_capacity)) + ".")
     for u in p.unmet:
-        label = u.profile if u.model is None else f"{u.profile} on {u.model}"
-        lines.append(f"UNMET {label}: {u.reason}")
+        lines.append(f"UNMET {u.label} (priority {u.priority}): {u.reason}")
+    for note in data.get("notes", ()):
+        lines.append(f"Note: {note}")
     if result.unreachable:
         lines.append(f"Not planned (no answer): {', '.join(result.unreachable)}")
     if data.get("out"):
@@ -214,8 +226,14 @@ def _plan_table(data: dict[str, Any]) -> str:
     "--demand",
     "demand_file",
     type=click.Path(path_type=Path, dir_okay=False),
-    required=True,
-    help="Demand file: devices wanted per MIG profile (and per GPU model).",
+    default=None,
+    help="Demand file: devices wanted per MIG profile (and per GPU model, priority, pool).",
+)
+@click.option(
+    "--from-cluster",
+    is_flag=True,
+    help="Take the demand from the cluster: Pending pods' MIG requests plus what running pods "
+    "hold (the pod's service account, or the API server in KUBERNETES_SERVICE_HOST).",
 )
 @click.option("--selector", "-l", default=None, help="Plan over the matching nodes only.")
 @click.option(
@@ -226,55 +244,103 @@ def _plan_table(data: dict[str, Any]) -> str:
 )
 @output_option
 def plan(
-    demand_file: Path, selector: str | None, out: Path | None, output: str, **kwargs: Any
+    demand_file: Path | None,
+    from_cluster: bool,
+    selector: str | None,
+    out: Path | None,
+    output: str,
+    **kwargs: Any,
 ) -> None:
     """Plan per-GPU MIG layouts that meet a demand with the least change.
 
-    Devices already there count; instances with running processes stay; the remaining free
-    slices are kept in as large regions as possible. Prints what changes where, and what
-    cannot be met and why. The demand file:
+    Devices already there count; instances with running processes stay. The plan is exact:
+    most demand met (by priority), then fewest instances destroyed, then fewest mutations,
+    then least fragmentation. Prints what changes where, and per unmet entry why, what it lost
+    to and what would make it fit. Exit status 11 when any demand is left unmet (the plan is
+    still printed and written). The demand file:
 
     \b
       version: v1
       demand:
         1g.10gb: 40
         3g.40gb: {NVIDIA H100 80GB HBM3: 6}
+    \b
+    or entries with priorities and pools:
+      demand:
+        - {profile: 7g.80gb, count: 8, priority: 100, pool: "pool=training"}
 
     \b
-    Example:
+    Examples:
       gpu-agent fleet plan --demand demand.yaml --out plan.yaml --kubernetes
+      gpu-agent fleet plan --from-cluster --kubernetes
     """
     from agent.coordinator.demand import load_demand
     from agent.coordinator.flows import plan as plan_flow
     from agent.coordinator.flows import select
     from agent.coordinator.planfile import plan_document
     from agent.coordinator.selector import parse_selector
+    from agent.errors import NotFound
 
-    demand = load_demand(demand_file)
+    if (demand_file is None) == (not from_cluster):
+        raise InvalidSpec(
+            "give --demand FILE or --from-cluster (one of them)",
+            [FieldViolation("demand", "--demand FILE or --from-cluster")],
+        )
+    notes: tuple[str, ...] = ()
+    pods: list[object] = []
+    if demand_file is not None:
+        demand = load_demand(demand_file)
+        source = str(demand_file)
+    else:
+        from agent.coordinator.clusterdemand import cluster_client, list_pods
+
+        pods = list_pods(cluster_client())
     chosen = parse_selector(selector)
     selection = run_with_fleet(options_from(kwargs), lambda f: select(f, chosen))
+    if not selection.views:
+        raise NotFound(
+            f"the selector {chosen} matched no node"
+            if chosen.terms
+            else "no node found: discovery returned no agents"
+        )
+    if from_cluster:
+        from agent.coordinator.clusterdemand import demand_from_pods, sharing_replicas
+
+        replicas = sharing_replicas(v.sharing for v in selection.reachable)
+        found = demand_from_pods(pods, replicas)
+        demand, notes, source = found.demand, found.notes, "cluster"
+        counted = f"{found.pending} pod(s) pending, {found.running} running with MIG devices"
+        notes = (counted, *notes)
     result = plan_flow(selection, demand)
     if out is not None:
-        out.write_text(
-            yaml.safe_dump(plan_document(result.plan, str(demand_file)), sort_keys=False)
-        )
+        out.write_text(yaml.safe_dump(plan_document(result.plan, source), sort_keys=False))
     if output == "table":
-        click.echo(_plan_table({"result": result, "out": out}))
-        return
-    emit(
-        {
-            "changes": result.plan.changes,
-            "unmet": result.plan.unmet,
-            "totals": result.plan.totals,
-            "created": result.plan.created,
-            "destroyed": result.plan.destroyed,
-            "scratch_destroyed": result.scratch_destroyed,
-            "free_slices": result.plan.free_slices,
-            "free_capacity": dict(result.plan.free_capacity),
-            "unreachable": result.unreachable,
-        },
-        output,
-    )
+        click.echo(_plan_table({"result": result, "out": out, "notes": notes}))
+    else:
+        emit(
+            {
+                "changes": result.plan.changes,
+                "unmet": result.plan.unmet,
+                "totals": result.plan.totals,
+                "created": result.plan.created,
+                "destroyed": result.plan.destroyed,
+                "mutations": result.plan.mutations,
+                "optimal": result.plan.optimal,
+                "scratch_destroyed": result.scratch_destroyed,
+                "free_slices": result.plan.free_slices,
+                "free_capacity": dict(result.plan.free_capacity),
+                "unreachable": result.unreachable,
+                "demand": {"source": source, "entries": demand.entries, "notes": notes},
+            },
+            output,
+        )
+    if result.plan.unmet:
+        short = sum(u.missing for u in result.plan.unmet)
+        raise DemandUnmet(
+            f"{short} device(s) of {len(result.plan.unmet)} demand entr"
+            f"{'y' if len(result.plan.unmet) == 1 else 'ies'} left unmet: "
+            + ", ".join(f"{u.label} short {u.missing}" for u in result.plan.unmet)
+        )
 
 
 def _replay_table(steps: Sequence[Any]) -> str:
@@ -345,7 +411,7 @@ def replay_cmd(
     from agent.coordinator.selector import parse_selector
 
     steps = load_trace(trace_file)
-    extra: list[NodeLayouts] = []
+    extra: list[tuple[str, NodeLayouts]] = []
     for spec in added:
         preset, _, count = spec.partition("=")
         if not count.isdigit() or int(count) < 1:
@@ -353,7 +419,7 @@ def replay_cmd(
                 f"--add {spec!r} is not PRESET=N", [FieldViolation("add", "e.g. dgx-h100=4")]
             )
         extra += [
-            NodeLayouts(f"{preset}-{i}", preset_layouts(preset, f"{preset}-{i}"))
+            (preset, NodeLayouts(f"{preset}-{i}", preset_layouts(preset, f"{preset}-{i}")))
             for i in range(int(count))
         ]
     options = options_from(kwargs)

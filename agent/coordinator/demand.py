@@ -129,7 +129,9 @@ def _profile(raw: object, field: str, bad: list[FieldViolation]) -> str | None:
 
 def _count(raw: object, field: str, bad: list[FieldViolation]) -> int | None:
     if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= MAX_COUNT:
-        bad.append(FieldViolation(field, f"must be an integer >= 0 (at most {MAX_COUNT}), not {raw!r}"))
+        bad.append(
+            FieldViolation(field, f"must be an integer >= 0 (at most {MAX_COUNT}), not {raw!r}")
+        )
         return None
     return raw
 

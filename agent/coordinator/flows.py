@@ -20,13 +20,15 @@ from agent.coordinator.planner import FleetPlan, NodeLayouts, plan_fleet, scratc
 from agent.coordinator.record import RolloutRecord
 from agent.coordinator.replay import StepResult, replay
 from agent.coordinator.rollout import Limits, NodeState, Scheduler, parse_max_unavailable
-from agent.coordinator.selector import Selector
+from agent.coordinator.selector import Selector, parse_selector
+from agent.errors import FieldViolation, InvalidSpec
 
 __all__ = [
     "PlanResult",
     "RolloutResult",
     "Selection",
     "plan",
+    "pool_nodes",
     "replay_trace",
     "rollout",
     "select",
@@ -77,18 +79,43 @@ class PlanResult:
     unreachable: tuple[str, ...]
 
 
+def pool_nodes(views: Sequence[NodeView], pools: Sequence[str]) -> dict[str, frozenset[str]]:
+    """Each demand pool's selector -> the reachable nodes it selects (none is a valid answer)."""
+    out: dict[str, frozenset[str]] = {}
+    for text in pools:
+        try:
+            chosen = parse_selector(text)
+        except InvalidSpec as exc:
+            raise InvalidSpec(
+                f"demand pool {text!r}: {exc}", [FieldViolation("pool", str(exc))]
+            ) from exc
+        out[text] = frozenset(v.name for v in views if v.reachable and chosen.matches(v))
+    return out
+
+
 def plan(selection: Selection, demand: Demand) -> PlanResult:
     nodes = layouts_of(selection.views)
-    result = plan_fleet(nodes, demand)
-    scratch = scratch_disruption(nodes, plan_fleet(nodes, demand, from_scratch=True))
+    pools = pool_nodes(selection.views, demand.pools)
+    result = plan_fleet(nodes, demand, pools=pools)
+    scratch = scratch_disruption(nodes, plan_fleet(nodes, demand, from_scratch=True, pools=pools))
     return PlanResult(result, scratch, tuple(v.name for v in selection.unreachable))
 
 
+def added_views(added: Sequence[tuple[str, NodeLayouts]]) -> list[NodeView]:
+    """Views of simulated nodes one might buy, (preset, layouts): pools select them by name,
+    preset and model."""
+    return [NodeView(n.name, "", layouts=n.gpus, preset=preset) for preset, n in added]
+
+
 def replay_trace(
-    selection: Selection | None, added: Sequence[NodeLayouts], steps: Sequence[TraceStep]
+    selection: Selection | None,
+    added: Sequence[tuple[str, NodeLayouts]],
+    steps: Sequence[TraceStep],
 ) -> tuple[StepResult, ...]:
-    nodes = (layouts_of(selection.views) if selection else []) + list(added)
-    return replay(nodes, steps)
+    views = list(selection.views if selection else ()) + added_views(added)
+    nodes = layouts_of(views)
+    pools = pool_nodes(views, sorted({p for s in steps for p in s.demand.pools}))
+    return replay(nodes, steps, pools=pools)
 
 
 @dataclass(frozen=True, slots=True)

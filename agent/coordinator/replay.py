@@ -9,7 +9,7 @@ destroy them, exactly as the planner treats busy instances on a real fleet.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.coordinator.capacity import busy_gi_ids
@@ -45,14 +45,19 @@ class StepResult:
         return sum(n for _, n in self.unmet)
 
 
-def replay(nodes: Sequence[NodeLayouts], steps: Sequence[TraceStep]) -> tuple[StepResult, ...]:
+def replay(
+    nodes: Sequence[NodeLayouts],
+    steps: Sequence[TraceStep],
+    *,
+    pools: Mapping[str, frozenset[str]] | None = None,
+) -> tuple[StepResult, ...]:
     catalog = Catalog(g for n in nodes for g in n.gpus)
     fleet = [NodeLayouts(n.name, tuple(catalog.complete(g) for g in n.gpus)) for n in nodes]
     out: list[StepResult] = []
     for step in steps:
         # Work that ended frees its devices before the plan; new work takes them after it.
         fleet = _occupy(fleet, step.demand)
-        plan = plan_fleet(fleet, step.demand)
+        plan = plan_fleet(fleet, step.demand, pools=pools)
         by_gpu = {(c.node, c.uuid): c for c in plan.changes}
         fleet = [
             NodeLayouts(n.name, tuple(_apply(g, by_gpu.get((n.name, g.gpu.uuid))) for g in n.gpus))
