@@ -349,22 +349,37 @@ def _replay_table(steps: Sequence[Any]) -> str:
             s.label,
             s.demand,
             s.met,
+            " ".join(f"{p.priority}:{p.met}/{p.demand}" for p in s.by_priority) or "-",
             _counts(dict(s.unmet)),
             s.disrupted,
             s.created,
             s.gpus_changed,
             f"{s.idle_slices}/{s.total_slices}",
+            f"{s.gpu_hours_idle:.1f}",
         ]
         for s in steps
     ]
     table = format_table(
-        ["TIME", "DEMAND", "MET", "UNMET", "DISRUPTED", "CREATED", "GPUS CHANGED", "IDLE SLICES"],
+        [
+            "TIME",
+            "DEMAND",
+            "MET",
+            "MET BY PRIORITY",
+            "UNMET",
+            "DESTROYED",
+            "CREATED",
+            "GPUS RECONFIGURED",
+            "IDLE SLICES",
+            "GPU-H IDLE",
+        ],
         rows,
     )
     short = sum(s.unmet_total > 0 for s in steps)
     return (
         f"{table}\n\n{short} of {len(steps)} step(s) leave demand unmet; "
-        f"{sum(s.disrupted for s in steps)} instance(s) destroyed across the trace."
+        f"{sum(s.disrupted for s in steps)} instance(s) destroyed and "
+        f"{sum(s.gpus_changed for s in steps)} GPU reconfiguration(s) across the trace; "
+        f"{sum(s.gpu_hours_idle for s in steps):.1f} GPU-hour(s) idle."
     )
 
 
@@ -375,7 +390,8 @@ def _replay_table(steps: Sequence[Any]) -> str:
     "trace_file",
     type=click.Path(path_type=Path, dir_okay=False),
     required=True,
-    help="CSV with time,profile,count[,model]: each row sets that profile's demand from then on.",
+    help="CSV with time,profile,count[,model][,priority][,pool]: each row sets that entry's "
+    "demand from then on.",
 )
 @click.option("--selector", "-l", default=None, help="Start from the matching nodes only.")
 @click.option(
@@ -386,37 +402,69 @@ def _replay_table(steps: Sequence[Any]) -> str:
     help="Also N idle simulated nodes of a preset (e.g. hgx-h200=10): GPUs you might buy.",
 )
 @click.option("--offline", is_flag=True, help="Ask no agents: replay on the --add nodes alone.")
+@click.option(
+    "--end",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Seconds after the trace's start when the last step ends (for its GPU-hours idle).",
+)
+@click.option(
+    "--report",
+    "report_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Write one row per step and priority here: .csv or .json.",
+)
+@click.option(
+    "--svg",
+    "svg_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Draw demand, capacity and met devices over time into this SVG file.",
+)
 @output_option
 def replay_cmd(
     trace_file: Path,
     selector: str | None,
     added: tuple[str, ...],
     offline: bool,
+    end: float | None,
+    report_file: Path | None,
+    svg_file: Path | None,
     output: str,
     **kwargs: Any,
 ) -> None:
     """Replay a demand trace against the planner: a capacity model before buying GPUs.
 
-    Starts from the fleet's current layouts (and any --add nodes); per step, reports unmet
-    demand, instances destroyed, and memory slices idle (free, or in instances not in use).
+    Starts from the fleet's current layouts (and any --add nodes); per step, reports demand met
+    per priority, unmet demand, instances destroyed, GPUs reconfigured, memory slices idle
+    (free, or in instances not in use) and GPU-hours idle until the next step.
 
     \b
     Example:
-      gpu-agent fleet replay --trace week.csv --offline --add dgx-h100=20 --add hgx-h200=4
+      gpu-agent fleet replay --trace week.csv --offline --add dgx-h100=20 --add hgx-h200=4 \\
+        --report week-report.csv --svg week.svg
     """
     from agent.coordinator.catalog import preset_layouts
     from agent.coordinator.demand import load_trace
     from agent.coordinator.flows import replay_trace, select
     from agent.coordinator.planner import NodeLayouts
+    from agent.coordinator.replayreport import report_csv, report_json, report_svg
     from agent.coordinator.selector import parse_selector
 
+    if report_file is not None and report_file.suffix not in (".csv", ".json"):
+        raise InvalidSpec(
+            f"--report {report_file}: the name must end in .csv or .json",
+            [FieldViolation("report", ".csv or .json")],
+        )
     steps = load_trace(trace_file)
     extra: list[tuple[str, NodeLayouts]] = []
     for spec in added:
         preset, _, count = spec.partition("=")
-        if not count.isdigit() or int(count) < 1:
+        if not count.isdigit() or not 1 <= int(count) <= 10_000:
             raise InvalidSpec(
-                f"--add {spec!r} is not PRESET=N", [FieldViolation("add", "e.g. dgx-h100=4")]
+                f"--add {spec!r} is not PRESET=N (N 1..10000)",
+                [FieldViolation("add", "e.g. dgx-h100=4")],
             )
         extra += [
             (preset, NodeLayouts(f"{preset}-{i}", preset_layouts(preset, f"{preset}-{i}")))
@@ -429,7 +477,12 @@ def replay_cmd(
     if not offline:
         chosen = parse_selector(selector)
         selection = run_with_fleet(options, lambda f: select(f, chosen))
-    results = replay_trace(selection, extra, steps)
+    results = replay_trace(selection, extra, steps, end=end)
+    if report_file is not None:
+        render = report_csv if report_file.suffix == ".csv" else report_json
+        report_file.write_text(render(results))
+    if svg_file is not None:
+        svg_file.write_text(report_svg(results, f"Demand vs capacity: {trace_file.name}"))
     emit(list(results), output, _replay_table)
 
 

@@ -111,11 +111,13 @@ def replay_trace(
     selection: Selection | None,
     added: Sequence[tuple[str, NodeLayouts]],
     steps: Sequence[TraceStep],
+    *,
+    end: float | None = None,
 ) -> tuple[StepResult, ...]:
     views = list(selection.views if selection else ()) + added_views(added)
     nodes = layouts_of(views)
     pools = pool_nodes(views, sorted({p for s in steps for p in s.demand.pools}))
-    return replay(nodes, steps, pools=pools)
+    return replay(nodes, steps, pools=pools, end=end)
 
 
 @dataclass(frozen=True, slots=True)

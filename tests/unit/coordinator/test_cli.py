@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -139,3 +140,18 @@ def test_plan_from_the_cluster_takes_pending_pods_and_their_node_selector_as_a_p
     assert [(c["node"], c["after"]) for c in doc["changes"]] == [("a", [["3g.40gb", 2]])]
     both = invoke(fleet, ["plan", "--from-cluster", "--demand", "x.yaml", "--agents", "a:1"])
     assert both.exit_code == 2 and "one of them" in both.output
+
+
+def test_replay_writes_its_report_and_picture(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("time,profile,count,priority\n0,7g.80gb,8,0\n0,1g.10gb,56,0\n")
+    report, svg = tmp_path / "report.csv", tmp_path / "demand.svg"
+    args = ["replay", "--trace", str(trace), "--offline", "--add", "dgx-h100=1"]
+    result = invoke(fleet, [*args, "--report", str(report), "--svg", str(svg), "--end", "3600"])
+    assert result.exit_code == 0, result.output
+    assert "0:56/64" in result.output  # met by priority, in the table
+    (row,) = csv.DictReader(report.read_text().splitlines())
+    assert (row["met"], row["unmet"], row["gpus_reconfigured"]) == ("56", "8", "8")
+    assert svg.read_text().startswith("<svg") and 'class="capacity"' in svg.read_text()
+    bad = invoke(fleet, [*args, "--report", str(tmp_path / "r.txt")])
+    assert bad.exit_code == 2 and ".csv or .json" in bad.output
