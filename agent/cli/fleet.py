@@ -486,6 +486,149 @@ def replay_cmd(
     emit(list(results), output, _replay_table)
 
 
+def _rightsize_table(data: dict[str, Any]) -> str:
+    rows = [
+        [
+            f"{s.observation.namespace}/{s.observation.pod}",
+            s.observation.node,
+            f"{s.observation.gpu_uuid[-8:]}/{s.observation.gpu_instance_id}",
+            s.observation.profile,
+            "-"
+            if s.observation.peak_memory_mib is None
+            else f"{s.observation.peak_memory_mib:.0f}",
+            "?" if s.observation.peak_activity is None else f"{s.observation.peak_activity:.0%}",
+            s.fits or "-",
+            s.reason,
+        ]
+        for s in data["suggestions"]
+    ]
+    table = format_table(
+        ["POD", "NODE", "GPU/GI", "NOW", "PEAK MIB", "PEAK ACTIVE", "FITS", "WHY"], rows
+    )
+    fits = [s for s in data["suggestions"] if s.fits]
+    lines = [
+        table if rows else "No pod on a MIG device was seen.",
+        "",
+        f"{len(fits)} of {len(rows)} pod(s) fit a smaller profile (headroom "
+        f"{data['headroom']:.0%}), freeing {sum(s.saves_slices for s in fits)} memory slice(s); "
+        f"{data['samples']} sample(s) over {data['window']}.",
+    ]
+    window = data["observed"]
+    if window.unattributed:
+        shared = sum(window.unattributed.values())
+        lines.append(
+            f"{shared} busy MIG device sample(s) had no single pod (time-sliced): not sized."
+        )
+    for node, error in sorted(window.failed.items()):
+        lines.append(f"No telemetry from {node}: {error}")
+    if data.get("demand_out"):
+        lines.append(
+            f"Demand written to {data['demand_out']}: gpu-agent fleet plan --demand "
+            f"{data['demand_out']}"
+        )
+    return "\n".join(lines)
+
+
+@fleet.command("rightsize")
+@fleet_options
+@click.option("--selector", "-l", default=None, help="Only pods on the matching nodes.")
+@click.option(
+    "--window",
+    default="10m",
+    show_default=True,
+    help="How long to watch the pods' use (s, m, h, d); 0 takes one sample.",
+)
+@click.option(
+    "--every", default="30s", show_default=True, help="Telemetry sweep interval (s, m, h)."
+)
+@click.option(
+    "--headroom",
+    type=click.FloatRange(min=0, max=4),
+    default=0.2,
+    show_default=True,
+    help="Margin over the peaks a smaller profile must still hold (0.2 = 20%).",
+)
+@click.option(
+    "--demand-out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Write the pods' devices as a demand file (the smaller profile where one fits).",
+)
+@output_option
+def rightsize(
+    selector: str | None,
+    window: str,
+    every: str,
+    headroom: float,
+    demand_out: Path | None,
+    output: str,
+    **kwargs: Any,
+) -> None:
+    """List pods on MIG devices whose observed work fits a smaller profile.
+
+    Watches every agent's telemetry over --window: per pod its peak memory and engine activity
+    (GPM, Hopper) against its slice. A smaller profile of the same model fits when it holds the
+    peaks with --headroom to spare; unknown activity (no GPM) is never taken as 0.
+
+    \b
+    Example:
+      gpu-agent fleet rightsize --window 1h --every 1m --demand-out smaller.yaml --kubernetes
+      gpu-agent fleet plan --demand smaller.yaml --kubernetes
+    """
+    from agent.coordinator.demand import demand_yaml
+    from agent.coordinator.flows import observe, select
+    from agent.coordinator.query import parse_duration
+    from agent.coordinator.rightsize import rightsized_demand, suggest
+    from agent.coordinator.selector import parse_selector
+
+    window_s, every_s = parse_duration(window), parse_duration(every)
+    if not 0 <= window_s <= 7 * 86400:
+        raise InvalidSpec(
+            f"--window {window} is not 0..7d", [FieldViolation("window", "0 to 7d, e.g. 1h")]
+        )
+    if window_s > 0 and not 1 <= every_s <= window_s:
+        raise InvalidSpec(
+            f"--every {every} is not 1s..--window", [FieldViolation("every", "1s up to --window")]
+        )
+    samples = 1 if window_s == 0 else int(window_s // every_s) + 1
+    chosen = parse_selector(selector)
+
+    async def work(f: Fleet) -> Any:
+        selection = await select(f, chosen)
+        return selection, await observe(f, selection, samples=samples, every_s=every_s)
+
+    selection, observed = run_with_fleet(options_from(kwargs), work)
+    layouts = {g.gpu.uuid: g for v in selection.reachable for g in v.layouts}
+    suggestions = suggest(observed, layouts, headroom)
+    if demand_out is not None:
+        demand_out.write_text(
+            demand_yaml(
+                rightsized_demand(suggestions),
+                f"From `gpu-agent fleet rightsize` over {window} (headroom {headroom:.0%}).",
+            )
+        )
+    data = {
+        "suggestions": suggestions,
+        "observed": observed,
+        "headroom": headroom,
+        "samples": samples,
+        "window": window,
+        "demand_out": demand_out,
+    }
+    if output == "table":
+        click.echo(_rightsize_table(data))
+        return
+    emit(
+        {
+            "pods": suggestions,
+            "unattributed": dict(observed.unattributed),
+            "failed": observed.failed,
+            "samples": samples,
+        },
+        output,
+    )
+
+
 # -- rollouts --------------------------------------------------------------------------------
 
 

@@ -29,6 +29,8 @@ from agent._proto.gpuagent.v1 import (
     prewarm_pb2_grpc,
     sharing_pb2,
     sharing_pb2_grpc,
+    telemetry_pb2,
+    telemetry_pb2_grpc,
 )
 from agent.errors import (
     AgentError,
@@ -142,6 +144,10 @@ class AgentClient:
     def _prewarm(self) -> prewarm_pb2_grpc.PrewarmServiceStub:
         return prewarm_pb2_grpc.PrewarmServiceStub(self._channel)
 
+    @cached_property
+    def _telemetry(self) -> telemetry_pb2_grpc.TelemetryServiceStub:
+        return telemetry_pb2_grpc.TelemetryServiceStub(self._channel)
+
     async def close(self) -> None:
         await self._channel.close(None)
 
@@ -160,6 +166,14 @@ class AgentClient:
             self._node.GetNode, agent_pb2.GetNodeRequest()
         )
         return response.node
+
+    async def telemetry(self, field_ids: Sequence[int] = ()) -> telemetry_pb2.TelemetrySnapshot:
+        """The agent's latest telemetry snapshot (only ``field_ids``, when given)."""
+        request = telemetry_pb2.GetTelemetrySnapshotRequest(field_ids=list(field_ids))
+        response: telemetry_pb2.GetTelemetrySnapshotResponse = await self._call(
+            self._telemetry.GetTelemetrySnapshot, request
+        )
+        return response.snapshot
 
     # -- MIG -------------------------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ __all__ = [
     "Demand",
     "DemandEntry",
     "TraceStep",
+    "demand_yaml",
     "load_demand",
     "load_trace",
     "model_key",
@@ -288,6 +289,22 @@ def _entries(raw: Mapping[object, object], bad: list[FieldViolation]) -> tuple[D
         for p in sorted({p for p in names if names.count(p) > 1})
     ]
     return tuple(out)
+
+
+def demand_yaml(demand: Demand, comment: str = "") -> str:
+    """``demand`` as a demand file (the list form), which `parse_demand` reads back."""
+    entries = []
+    for e in demand.entries:
+        item: dict[str, object] = {"profile": e.profile, "count": e.count}
+        if e.model is not None:
+            item["model"] = e.model
+        if e.priority:
+            item["priority"] = e.priority
+        if e.pool is not None:
+            item["pool"] = e.pool
+        entries.append(item)
+    head = "".join(f"# {line}\n" for line in comment.splitlines())
+    return head + yaml.safe_dump({"version": VERSION, "demand": entries}, sort_keys=False)
 
 
 # -- traces ----------------------------------------------------------------------------------------

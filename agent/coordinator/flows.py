@@ -6,8 +6,9 @@ the reconcile loop render or act on them.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from agent.coordinator.actions import NodePreview, action_for, preview
@@ -19,6 +20,7 @@ from agent.coordinator.inventory import NodeView
 from agent.coordinator.planner import FleetPlan, NodeLayouts, plan_fleet, scratch_disruption
 from agent.coordinator.record import RolloutRecord
 from agent.coordinator.replay import StepResult, replay
+from agent.coordinator.rightsize import ACTIVITY, FB_TOTAL, FB_USED, Window
 from agent.coordinator.rollout import Limits, NodeState, Scheduler, parse_max_unavailable
 from agent.coordinator.selector import Selector, parse_selector
 from agent.errors import FieldViolation, InvalidSpec
@@ -27,6 +29,7 @@ __all__ = [
     "PlanResult",
     "RolloutResult",
     "Selection",
+    "observe",
     "plan",
     "pool_nodes",
     "replay_trace",
@@ -99,6 +102,34 @@ def plan(selection: Selection, demand: Demand) -> PlanResult:
     result = plan_fleet(nodes, demand, pools=pools)
     scratch = scratch_disruption(nodes, plan_fleet(nodes, demand, from_scratch=True, pools=pools))
     return PlanResult(result, scratch, tuple(v.name for v in selection.unreachable))
+
+
+async def observe(
+    fleet: Fleet,
+    selection: Selection,
+    *,
+    samples: int,
+    every_s: float,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> Window:
+    """``samples`` telemetry sweeps of the selected agents, ``every_s`` apart, folded into peaks.
+
+    An agent that does not answer a sweep is noted in the window and asked again next time."""
+    window = Window()
+    chosen = {v.name: selection.targets[v.name] for v in selection.reachable}
+    targets = list(chosen.values())
+    by_address = {t.address: name for name, t in chosen.items()}
+    fields = [FB_USED, FB_TOTAL, *ACTIVITY]
+    for i in range(samples):
+        if i:
+            await sleep(every_s)
+        for o in await fleet.each(targets, lambda c: c.telemetry(fields)):
+            node = by_address[o.target.address]
+            if o.value is not None:
+                window.add(node, o.value)
+            else:
+                window.failed[node] = str(o.error)
+    return window
 
 
 def added_views(added: Sequence[tuple[str, NodeLayouts]]) -> list[NodeView]:

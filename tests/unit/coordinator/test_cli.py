@@ -10,16 +10,18 @@ import pytest
 
 from agent.cli.fleet import _plan_table, fleet
 from agent.coordinator import clusterdemand, flows
-from agent.coordinator.demand import Demand, DemandEntry
+from agent.coordinator.demand import Demand, DemandEntry, parse_demand
 from agent.coordinator.discovery import Target
 from agent.coordinator.flows import PlanResult, Selection
 from agent.coordinator.inventory import NodeView
 from agent.coordinator.planfile import load_plan
 from agent.coordinator.planner import plan_fleet
+from agent.coordinator.rightsize import Window
 from agent.coordinator.selector import Selector
 from agent.gpu.types import GpuLayout
 from tests.unit.coordinator.agents import invoke
 from tests.unit.coordinator.fleets import gpu, node
+from tests.unit.coordinator.test_rightsize import snapshot
 
 
 def test_an_offline_replay_on_nodes_one_might_buy(tmp_path: Path) -> None:
@@ -155,3 +157,32 @@ def test_replay_writes_its_report_and_picture(tmp_path: Path) -> None:
     assert svg.read_text().startswith("<svg") and 'class="capacity"' in svg.read_text()
     bad = invoke(fleet, [*args, "--report", str(tmp_path / "r.txt")])
     assert bad.exit_code == 2 and ".csv or .json" in bad.output
+
+
+def test_rightsize_lists_the_pods_that_fit_smaller_and_writes_their_demand(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layout = gpu("a", 0, instances=[("3g.40gb", 0)])
+    _answering(monkeypatch, [_view("a", layout)])
+    sweeps: list[int] = []
+
+    async def observe(f: object, selection: Selection, *, samples: int, every_s: float) -> Window:
+        sweeps.append(samples)
+        window = Window()
+        window.add("a", snapshot(("GPU-a-0", 1, "3g.40gb", "small", {252: 3000, 1001: 0.1})))
+        return window
+
+    monkeypatch.setattr(flows, "observe", observe)
+    out = tmp_path / "smaller.yaml"
+    args = ["rightsize", "--agents", "a:1", "--window", "2m", "--every", "30s"]
+    result = invoke(fleet, [*args, "--demand-out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert sweeps == [5]
+    assert "1 of 1 pod(s) fit a smaller profile (headroom 20%), freeing 3 memory slice(s)" in (
+        result.output
+    )
+    assert parse_demand(out.read_text()).entries == (
+        DemandEntry("1g.10gb", 1, "NVIDIA H100 80GB HBM3"),
+    )
+    bad = invoke(fleet, ["rightsize", "--agents", "a:1", "--window", "1m", "--every", "0"])
+    assert bad.exit_code == 2 and "--every" in bad.output
