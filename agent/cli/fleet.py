@@ -237,6 +237,13 @@ def _plan_table(data: dict[str, Any]) -> str:
 )
 @click.option("--selector", "-l", default=None, help="Plan over the matching nodes only.")
 @click.option(
+    "--time-limit",
+    type=click.FloatRange(min=1, max=600),
+    default=30.0,
+    show_default=True,
+    help="Seconds the solver may search; past it the best plan found is used (not proven).",
+)
+@click.option(
     "--out",
     type=click.Path(path_type=Path, dir_okay=False),
     default=None,
@@ -247,6 +254,7 @@ def plan(
     demand_file: Path | None,
     from_cluster: bool,
     selector: str | None,
+    time_limit: float,
     out: Path | None,
     output: str,
     **kwargs: Any,
@@ -311,7 +319,7 @@ def plan(
         demand, notes, source = found.demand, found.notes, "cluster"
         counted = f"{found.pending} pod(s) pending, {found.running} running with MIG devices"
         notes = (counted, *notes)
-    result = plan_flow(selection, demand)
+    result = plan_flow(selection, demand, time_limit_s=time_limit)
     if out is not None:
         out.write_text(yaml.safe_dump(plan_document(result.plan, source), sort_keys=False))
     if output == "table":

@@ -96,11 +96,12 @@ def pool_nodes(views: Sequence[NodeView], pools: Sequence[str]) -> dict[str, fro
     return out
 
 
-def plan(selection: Selection, demand: Demand) -> PlanResult:
+def plan(selection: Selection, demand: Demand, *, time_limit_s: float = 30.0) -> PlanResult:
     nodes = layouts_of(selection.views)
     pools = pool_nodes(selection.views, demand.pools)
-    result = plan_fleet(nodes, demand, pools=pools)
-    scratch = scratch_disruption(nodes, plan_fleet(nodes, demand, from_scratch=True, pools=pools))
+    result = plan_fleet(nodes, demand, pools=pools, time_limit_s=time_limit_s)
+    blank = plan_fleet(nodes, demand, from_scratch=True, pools=pools, time_limit_s=time_limit_s)
+    scratch = scratch_disruption(nodes, blank)
     return PlanResult(result, scratch, tuple(v.name for v in selection.unreachable))
 
 

@@ -32,7 +32,15 @@ from agent.coordinator.capacity import busy_gi_ids, mask
 from agent.gpu.types import GiProfile, GpuLayout
 from agent.mig.plan import ci_name, current_counts
 
-__all__ = ["Counts", "GpuOptions", "Option", "freeze", "gpu_options", "signature"]
+__all__ = [
+    "Counts",
+    "GpuOptions",
+    "Option",
+    "clear_cache",
+    "freeze",
+    "gpu_options",
+    "signature",
+]
 
 Counts = tuple[tuple[str, int], ...]
 
@@ -171,6 +179,7 @@ def _options(layout: GpuLayout, demanded: frozenset[str]) -> GpuOptions:
     if any(not e.keepable for e in busy):
         return GpuOptions((stay,))  # cannot happen on a real driver: a process needs a CI
     switch = 0 if mig_on else 1
+    frags: dict[int, int] = {}
     for kept in _subsets(idle):
         members = busy + kept
         bits = 0
@@ -185,20 +194,21 @@ def _options(layout: GpuLayout, demanded: frozenset[str]) -> GpuOptions:
             media = media or "+me" in e.profile.name
         destroyed = len(existing) - len(members)
         room = tuple(max(0, p.instance_count - per_profile[p.id]) for p in creatable)
+        kept = dict(counts)
         for added, created, after in _fills(creatable, width, bits, room, media):
             if destroyed == 0 and created == 0:
                 continue  # that is staying
-            total = counts + Counter(dict(added))
-            option = Option(
-                freeze(total),
-                destroyed,
-                destroyed + created + switch,
-                _frag(after, width, all_masks),
-                True,
-            )
-            found = best.get(option.counts)
-            if found is None or option.cost < found.cost:
-                best[option.counts] = option
+            total = dict(kept)
+            for name, n in added:
+                total[name] = total.get(name, 0) + n
+            key = tuple(sorted(total.items()))
+            frag = frags.get(after)
+            if frag is None:
+                frag = frags[after] = _frag(after, width, all_masks)
+            cost = (destroyed, destroyed + created + switch, frag)
+            found = best.get(key)
+            if found is None or cost < found.cost:
+                best[key] = Option(key, *cost, True)
     best.pop(stay.counts, None)
     return GpuOptions((stay, *sorted(best.values(), key=lambda o: (o.cost, o.counts))))
 
@@ -214,6 +224,7 @@ def _frag(taken: int, width: int, all_masks: tuple[tuple[int, int], ...]) -> int
     return width * width - largest * largest
 
 
+@lru_cache(maxsize=1 << 16)
 def _fills(
     creatable: tuple[GiProfile, ...],
     width: int,
@@ -222,14 +233,13 @@ def _fills(
     media: bool,
 ) -> tuple[tuple[Counts, int, int], ...]:
     """Every set of new instances in the free slices: (counts added, how many, slices after)."""
-    key = (tuple(p.name for p in creatable), width, taken, room, media)
-    found = _FILL_CACHE.get(key)
-    if found is None:
-        found = _FILL_CACHE[key] = _enumerate_fills(creatable, width, taken, room, media)
-    return found
+    return _enumerate_fills(creatable, width, taken, room, media)
 
 
-_FILL_CACHE: dict[tuple[object, ...], tuple[tuple[Counts, int, int], ...]] = {}
+def clear_cache() -> None:
+    """Forget every GPU state's options (benchmarks measure a cold planner)."""
+    _options_cached.cache_clear()
+    _fills.cache_clear()
 
 
 def _enumerate_fills(

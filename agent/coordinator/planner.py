@@ -220,7 +220,7 @@ def _problem(gpus: Sequence[_Gpu], demand: Demand) -> tuple[Problem, list[_Class
             by_key[key] = _Class([g], [])
         else:
             found.members.append(g)
-    for accepts in {tuple(es) for g in gpus for es in g.accepts.values()}:
+    for accepts in sorted({tuple(es) for g in gpus for es in g.accepts.values()}):
         groups.setdefault(accepts, len(groups))
     group_list = [es for es, _ in sorted(groups.items(), key=lambda kv: kv[1])]
     caps = [sum(demand.entries[e].count for e in es) for es in group_list]
@@ -523,6 +523,7 @@ def _fixes(
             n = ceil(missing / per_gpu)
             out.append(f"{n} more idle {model} GPU(s) ({per_gpu} x {e.profile} each)")
     fits: Counter[str] = Counter()
+    size: dict[str, tuple[int, int]] = {}
     for g in gpus:
         want = g.by_name.get(e.profile)
         placed = _placed(g, plans.get(g.order))
@@ -532,18 +533,15 @@ def _fixes(
             p = g.by_name[name]
             if p.memory_slices < want.memory_slices or p.slice_count < want.slice_count:
                 fits[name] += n
+                size[name] = (p.memory_slices, p.slice_count)
     if fits:
-        best = sorted(fits.items(), key=lambda kv: (-_gi_slices(kv[0]), kv[0]))
+        # Largest first: the closest to what was asked.
+        best = sorted(fits.items(), key=lambda kv: (tuple(-x for x in size[kv[0]]), kv[0]))
         out.append(
             "a smaller profile that fits now: "
             + ", ".join(f"{name} ({n} free)" for name, n in best[:3])
         )
     return tuple(out)
-
-
-def _gi_slices(name: str) -> int:
-    head = name.split("g.", 1)[0]
-    return int(head) if head.isdigit() else 0
 
 
 # -- baselines -----------------------------------------------------------------------------------
