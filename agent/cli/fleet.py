@@ -162,6 +162,15 @@ def status(
 # -- plan and replay ---------------------------------------------------------------------------
 
 
+def _no_node(selector: Any) -> AgentError:
+    """What to say when a sweep selected nothing: the selector, or discovery, found no node."""
+    from agent.errors import NotFound
+
+    if selector.terms:
+        return NotFound(f"the selector {selector} matched no node")
+    return NotFound("no node found: discovery returned no agents")
+
+
 class DemandUnmet(AgentError):
     """`fleet plan` made a plan, but some demand does not fit; the plan says what and why."""
 
@@ -287,7 +296,6 @@ def plan(
     from agent.coordinator.flows import select
     from agent.coordinator.planfile import plan_document
     from agent.coordinator.selector import parse_selector
-    from agent.errors import NotFound
 
     if (demand_file is None) == (not from_cluster):
         raise InvalidSpec(
@@ -306,11 +314,7 @@ def plan(
     chosen = parse_selector(selector)
     selection = run_with_fleet(options_from(kwargs), lambda f: select(f, chosen))
     if not selection.views:
-        raise NotFound(
-            f"the selector {chosen} matched no node"
-            if chosen.terms
-            else "no node found: discovery returned no agents"
-        )
+        raise _no_node(chosen)
     if from_cluster:
         from agent.coordinator.clusterdemand import demand_from_pods, sharing_replicas
 
@@ -485,6 +489,8 @@ def replay_cmd(
     if not offline:
         chosen = parse_selector(selector)
         selection = run_with_fleet(options, lambda f: select(f, chosen))
+        if not selection.views and not extra:
+            raise _no_node(chosen)
     results = replay_trace(selection, extra, steps, end=end)
     if report_file is not None:
         render = report_csv if report_file.suffix == ".csv" else report_json
@@ -603,6 +609,8 @@ def rightsize(
 
     async def work(f: Fleet) -> Any:
         selection = await select(f, chosen)
+        if not selection.views:
+            raise _no_node(chosen)
         return selection, await observe(f, selection, samples=samples, every_s=every_s)
 
     selection, observed = run_with_fleet(options_from(kwargs), work)

@@ -194,11 +194,11 @@ def _options(layout: GpuLayout, demanded: frozenset[str]) -> GpuOptions:
             media = media or "+me" in e.profile.name
         destroyed = len(existing) - len(members)
         room = tuple(max(0, p.instance_count - per_profile[p.id]) for p in creatable)
-        kept = dict(counts)
+        have = dict(counts)
         for added, created, after in _fills(creatable, width, bits, room, media):
             if destroyed == 0 and created == 0:
                 continue  # that is staying
-            total = dict(kept)
+            total = dict(have)
             for name, n in added:
                 total[name] = total.get(name, 0) + n
             key = tuple(sorted(total.items()))
