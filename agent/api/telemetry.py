@@ -54,6 +54,15 @@ def snapshot_pb(
             entry.pod.namespace = sample.pod.namespace
             entry.pod.name = sample.pod.name
             entry.pod.container = sample.pod.container
+    for usage in snapshot.pods:
+        msg.pods.add(
+            entity=_entity_pb(usage.entity),
+            pod=telemetry_pb2.PodRef(
+                namespace=usage.pod.namespace, name=usage.pod.name, container=usage.pod.container
+            ),
+            memory_used_bytes=usage.memory_used_bytes,
+            sm_utilization=usage.sm_utilization,
+        )
     return msg
 
 

@@ -505,8 +505,11 @@ def _rightsize_table(data: dict[str, Any]) -> str:
         [
             f"{s.observation.namespace}/{s.observation.pod}",
             s.observation.node,
-            f"{s.observation.gpu_uuid[-8:]}/{s.observation.gpu_instance_id}",
-            s.observation.profile,
+            f"{s.observation.gpu_uuid[-8:]}/"
+            + (
+                "-" if s.observation.gpu_instance_id is None else str(s.observation.gpu_instance_id)
+            ),
+            s.observation.device + (" (shared)" if s.observation.shared else ""),
             "-"
             if s.observation.peak_memory_mib is None
             else f"{s.observation.peak_memory_mib:.0f}",
@@ -521,7 +524,7 @@ def _rightsize_table(data: dict[str, Any]) -> str:
     )
     fits = [s for s in data["suggestions"] if s.fits]
     lines = [
-        table if rows else "No pod on a MIG device was seen.",
+        table if rows else "No pod on a MIG device or shared GPU was seen.",
         "",
         f"{len(fits)} of {len(rows)} pod(s) fit a smaller profile (headroom "
         f"{data['headroom']:.0%}), freeing {sum(s.saves_slices for s in fits)} memory slice(s); "
@@ -530,9 +533,7 @@ def _rightsize_table(data: dict[str, Any]) -> str:
     window = data["observed"]
     if window.unattributed:
         shared = sum(window.unattributed.values())
-        lines.append(
-            f"{shared} busy MIG device sample(s) had no single pod (time-sliced): not sized."
-        )
+        lines.append(f"{shared} busy shared device sample(s) named no container: not sized.")
     for node, error in sorted(window.failed.items()):
         lines.append(f"No telemetry from {node}: {error}")
     if data.get("demand_out"):
@@ -578,17 +579,19 @@ def rightsize(
     output: str,
     **kwargs: Any,
 ) -> None:
-    """List pods on MIG devices whose observed work fits a smaller profile.
+    """List pods whose observed work fits a smaller MIG profile than the device they hold.
 
-    Watches every agent's telemetry over --window: per pod its peak memory and engine activity
-    (GPM, Hopper) against its slice. A smaller profile of the same model fits when it holds the
-    peaks with --headroom to spare; unknown activity (no GPM) is never taken as 0.
+    Watches every agent's telemetry over --window: per pod on a MIG device its peak memory and
+    engine activity (GPM, Hopper); per container on a shared (time-sliced) GPU its own memory
+    and SM utilisation. A smaller profile of the same model fits when it holds the peaks with
+    --headroom to spare; unknown activity is never taken as 0.
 
     \b
     Example:
       gpu-agent fleet rightsize --window 1h --every 1m --demand-out smaller.yaml --kubernetes
       gpu-agent fleet plan --demand smaller.yaml --kubernetes
     """
+    from agent.coordinator.catalog import Catalog
     from agent.coordinator.demand import demand_yaml
     from agent.coordinator.flows import observe, select
     from agent.coordinator.query import parse_duration
@@ -614,8 +617,9 @@ def rightsize(
         return selection, await observe(f, selection, samples=samples, every_s=every_s)
 
     selection, observed = run_with_fleet(options_from(kwargs), work)
-    layouts = {g.gpu.uuid: g for v in selection.reachable for g in v.layouts}
-    suggestions = suggest(observed, layouts, headroom)
+    seen = [g for v in selection.reachable for g in v.layouts]
+    catalog = Catalog(seen)  # a GPU with MIG off reports no profiles: its model's
+    suggestions = suggest(observed, {g.gpu.uuid: catalog.complete(g) for g in seen}, headroom)
     if demand_out is not None:
         demand_out.write_text(
             demand_yaml(

@@ -11,6 +11,7 @@ from agent._proto.gpuagent.v1 import telemetry_pb2, telemetry_pb2_grpc
 from agent.api.auth import Policy
 from agent.api.interceptor import ApiInterceptor
 from agent.api.telemetry import TelemetryServicer
+from agent.coordinator.catalog import Catalog
 from agent.coordinator.demand import DemandEntry, demand_yaml, parse_demand
 from agent.coordinator.discovery import StaticDiscovery, Target
 from agent.coordinator.fleet import Fleet
@@ -19,7 +20,14 @@ from agent.coordinator.inventory import NodeView
 from agent.coordinator.rightsize import Window, rightsized_demand, suggest
 from agent.gpu.readings import GpuIdentity
 from agent.gpu.types import GpuLayout
-from agent.telemetry.snapshot import Entity, EntitySample, InstanceIdentity, PodRef, Snapshot
+from agent.telemetry.snapshot import (
+    Entity,
+    EntitySample,
+    InstanceIdentity,
+    PodRef,
+    PodUsage,
+    Snapshot,
+)
 from tests.unit.coordinator.fleets import A100_80, H100, gpu
 
 H100_NAME = "NVIDIA H100 80GB HBM3"
@@ -98,7 +106,8 @@ def test_more_headroom_asks_for_more() -> None:
 
 def test_the_window_is_read_over_the_agents_telemetry_api(tmp_path: Path) -> None:
     """Real gRPC: the agent's TelemetryServicer and interceptor, the coordinator's client and
-    sweep; the peak of three ticks is kept, and an agent without a sample yet is noted."""
+    sweep; the peak of three ticks is kept, per-container rows of a shared GPU arrive, and an
+    agent without a sample yet is noted."""
     ticks = iter([3000.0, 7000.0, 5000.0])
 
     def source() -> Snapshot:
@@ -108,7 +117,8 @@ def test_the_window_is_read_over_the_agents_telemetry_api(tmp_path: Path) -> Non
             {252: next(ticks), 1001: 0.1},
             PodRef("ml", "small", "main"),
         )
-        return Snapshot(0.0, "n1", "550", "12", (), (sample,))
+        light = PodUsage(Entity(gpu0), PodRef("ml", "light", "main"), 2.0 * (1 << 30), 0.25)
+        return Snapshot(0.0, "n1", "550", "12", (), (sample,), pods=(light,))
 
     async def run() -> Window:
         servers = []
@@ -137,6 +147,56 @@ def test_the_window_is_read_over_the_agents_telemetry_api(tmp_path: Path) -> Non
                 await server.stop(None)
 
     window = asyncio.run(run())
-    (obs,) = window.observations.values()
-    assert (obs.node, obs.pod, obs.samples, obs.peak_memory_mib) == ("n1", "small", 3, 7000.0)
+    small, light = sorted(window.observations.values(), key=lambda o: o.pod, reverse=True)
+    assert (small.node, small.pod, small.samples, small.peak_memory_mib) == ("n1", "small", 3, 7000)
+    # A container's own use of a shared GPU comes over the wire too.
+    assert (light.pod, light.shared, light.gpu_instance_id) == ("light", True, None)
+    assert (light.peak_memory_mib, light.peak_activity) == (2048.0, 0.25)
     assert "no telemetry sample yet" in window.failed["n2"]
+
+
+def shared(
+    msg: telemetry_pb2.TelemetrySnapshot,
+    uuid: str,
+    gi: int | None,
+    pod: str,
+    memory_mib: float | None,
+    sm: float | None,
+    profile: str = "",
+) -> None:
+    """A per-container row of the snapshot: one container's own use of a shared device."""
+    row = msg.pods.add()
+    row.entity.gpu_uuid = uuid
+    if gi is not None:
+        row.entity.gpu_instance_id, row.entity.profile = gi, profile
+    row.pod.namespace, row.pod.name, row.pod.container = "ml", pod, "main"
+    if memory_mib is not None:
+        row.memory_used_bytes = memory_mib * (1 << 20)
+    if sm is not None:
+        row.sm_utilization = sm
+
+
+def test_containers_on_a_shared_gpu_are_sized_against_the_models_mig_profiles() -> None:
+    """A time-sliced H100 (MIG off): 6000 MiB at 10% SM fits a 1g.10gb; 60 GiB at 50% needs
+    the whole GPU. On a time-sliced MIG instance NVML has no per-process utilisation: the
+    memory fit is shown, nothing is suggested."""
+    whole = gpu("n1", 2, H100, mig=(False, False))
+    split = gpu("n1", 3, H100, [("3g.40gb", 0)])
+    catalog = Catalog([whole, split])
+    window = Window()
+    msg = snapshot(("GPU-n1-3", 1, "3g.40gb", "", {252: 9000}))
+    shared(msg, "GPU-n1-2", None, "light", 6000, 0.1)
+    shared(msg, "GPU-n1-2", None, "heavy", 60_000, 0.5)
+    shared(msg, "GPU-n1-3", 1, "mig-shared", 4000, None, "3g.40gb")
+    window.add("n1", msg)
+    assert not window.unattributed  # the shared instance's containers are told apart
+    found = suggest(window, {g.gpu.uuid: catalog.complete(g) for g in (whole, split)}, 0.2)
+    by_pod = {s.observation.pod: s for s in found}
+    assert by_pod["light"].fits == "1g.10gb" and by_pod["light"].observation.shared
+    assert by_pod["heavy"].fits is None and by_pod["heavy"].reason == "its work needs the whole GPU"
+    assert by_pod["mig-shared"].fits is None
+    assert by_pod["mig-shared"].reason.endswith("memory alone fits 1g.10gb")
+    assert rightsized_demand(found).entries == (
+        DemandEntry("1g.10gb", 1, H100_NAME),
+        DemandEntry("3g.40gb", 1, H100_NAME),
+    )
