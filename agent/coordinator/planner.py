@@ -210,7 +210,9 @@ class _Class:
     kept: list[int]
 
 
-def _problem(gpus: Sequence[_Gpu], demand: Demand) -> tuple[Problem, list[_Class]]:
+def _problem(
+    gpus: Sequence[_Gpu], demand: Demand
+) -> tuple[Problem, list[_Class], list[tuple[int, ...]]]:
     groups: dict[tuple[int, ...], int] = {}
     by_key: dict[tuple[object, ...], _Class] = {}
     for g in gpus:
@@ -251,7 +253,7 @@ def _problem(gpus: Sequence[_Gpu], demand: Demand) -> tuple[Problem, list[_Class
         tuple(e.count for e in demand.entries),
         tuple(e.priority for e in demand.entries),
     )
-    return problem, classes
+    return problem, classes, group_list
 
 
 def _dominates(
@@ -315,8 +317,17 @@ def _placed(g: _Gpu, plan: GpuPlan | None) -> list[tuple[int, Placement]] | None
     return [(gi.profile_id, gi.placement) for gi in plan.target.instances]
 
 
-def _supply(gpus: Sequence[_Gpu], demand: Demand, counts_of: str) -> tuple[list[int], list[int]]:
-    """Devices counted per entry (and spare ones), split greedily by priority per group."""
+def _supply(
+    gpus: Sequence[_Gpu],
+    demand: Demand,
+    counts_of: str,
+    given: Mapping[tuple[tuple[int, ...], int], int] | None = None,
+) -> tuple[list[int], list[int]]:
+    """Devices counted per entry, and spare ones (beyond demand, on the group's first entry).
+
+    ``given`` is the solver's split of each group among its entries (optimal where entries
+    share devices); without it, devices go to entries by priority, single-entry groups first.
+    """
     per_group: Counter[tuple[int, ...]] = Counter()
     for g in gpus:
         counts = g.options.stay.counts if counts_of == "before" else g.after
@@ -326,10 +337,10 @@ def _supply(gpus: Sequence[_Gpu], demand: Demand, counts_of: str) -> tuple[list[
                 per_group[es] += n
     got = [0] * len(demand.entries)
     spare = [0] * len(demand.entries)
-    # Smallest groups first: a device only one entry accepts goes there before shared ones.
     for es, n in sorted(per_group.items(), key=lambda kv: (len(kv[0]), kv[0])):
         for e in es:
-            take = min(n, demand.entries[e].count - got[e])
+            want = demand.entries[e].count - got[e]
+            take = min(n, want if given is None else given.get((es, e), 0), want)
             if take > 0:
                 got[e] += take
                 n -= take
@@ -354,7 +365,7 @@ def plan_fleet(
     """
     pool_nodes = pools or {}
     gpus = _gpus(nodes, demand, pool_nodes, from_scratch)
-    problem, classes = _problem(gpus, demand)
+    problem, classes, groups = _problem(gpus, demand)
     solution = solve(problem, time_limit_s=time_limit_s)
     _assign(classes, solution)
     cache: dict[tuple[object, ...], GpuPlan] = {}
@@ -367,7 +378,8 @@ def plan_fleet(
         plan = plans[g.order] = _plan_of(g, cache)
         changes.append(_change(g, plan))
     before, spare_before = _supply(gpus, demand, "before")
-    after, spare_after = _supply(gpus, demand, "after")
+    given = {(groups[g], e): n for (g, e), n in solution.given.items()}
+    after, spare_after = _supply(gpus, demand, "after", given)
     free_slices = 0
     capacity: Counter[str] = Counter()
     for g in gpus:

@@ -95,12 +95,12 @@ def _highs() -> Any:
 def trivial(problem: Problem) -> Solution | None:
     """Every GPU stays, when that already meets all demand or nothing else is possible."""
     stay = tuple((c.count, *([0] * (len(c.cost) - 1))) for c in problem.classes)
-    given = _greedy_given(problem, stay)
-    if all(len(c.cost) == 1 for c in problem.classes) or not any(problem.demand):
-        return Solution(stay, given, True)
     # The greedy split is exact only when no two entries share a group: else ask the solver.
     if any(len(es) > 1 for es in problem.groups):
         return None
+    given = _greedy_given(problem, stay)
+    if all(len(c.cost) == 1 for c in problem.classes) or not any(problem.demand):
+        return Solution(stay, given, True)
     got = [0] * len(problem.demand)
     for (_, e), n in given.items():
         got[e] += n
