@@ -168,6 +168,31 @@ def _gpus(
 ) -> list[_Gpu]:
     catalog = Catalog(g for n in nodes for g in n.gpus)
     order = sorted(range(len(demand.entries)), key=lambda i: -demand.entries[i].priority)
+    known: dict[tuple[object, ...], tuple[dict[str, tuple[int, ...]], frozenset[str]]] = {}
+
+    def accepted(layout: GpuLayout, node: str) -> tuple[dict[str, tuple[int, ...]], frozenset[str]]:
+        """Which entries each profile counts toward here (same per model and pools), and the
+        profiles some entry wants devices of."""
+        member = frozenset(p for p, names in pools.items() if node in names)
+        key = (layout.gpu.name, tuple(p.name for p in layout.profiles), member)
+        found = known.get(key)
+        if found is None:
+            accepts: dict[str, tuple[int, ...]] = {}
+            for p in layout.profiles:
+                es = tuple(
+                    i
+                    for i in order
+                    if demand.entries[i].accepts(p.name, layout.gpu.name)
+                    and (demand.entries[i].pool is None or demand.entries[i].pool in member)
+                )
+                if es:
+                    accepts[p.name] = es
+            wanted = frozenset(
+                n for n, es in accepts.items() if any(demand.entries[i].count for i in es)
+            )
+            found = known[key] = (accepts, wanted)
+        return found
+
     out: list[_Gpu] = []
     for node in sorted(nodes, key=lambda n: n.name):
         for raw in node.gpus:
@@ -179,25 +204,9 @@ def _gpus(
             if scratch:
                 gpu = dataclasses.replace(layout.gpu, mig_mode=MigMode(True, True))
                 layout = GpuLayout(gpu, layout.profiles, (), ())
-            accepts: dict[str, tuple[int, ...]] = {}
-            for p in layout.profiles:
-                found = tuple(
-                    i
-                    for i in order
-                    if demand.entries[i].accepts(p.name, layout.gpu.name)
-                    and _in_pool(demand.entries[i], node.name, pools)
-                )
-                if found:
-                    accepts[p.name] = found
-            demanded = frozenset(
-                n for n, es in accepts.items() if any(demand.entries[i].count for i in es)
-            )
+            accepts, demanded = accepted(layout, node.name)
             out.append(_Gpu(len(out), node.name, layout, accepts, gpu_options(layout, demanded)))
     return out
-
-
-def _in_pool(entry: DemandEntry, node: str, pools: Mapping[str, frozenset[str]]) -> bool:
-    return entry.pool is None or node in pools.get(entry.pool, frozenset())
 
 
 # -- the program ---------------------------------------------------------------------------------
