@@ -30,7 +30,7 @@ def snapshot_pb(
     snapshot: Snapshot, field_ids: Collection[int] = (), *, pods: bool = True
 ) -> telemetry_pb2.TelemetrySnapshot:
     """``field_ids`` narrows the values returned; empty returns all. Without ``pods`` the pod
-    of every sample is withheld (and the snapshot says so)."""
+    of every sample and the per-container usage are withheld (and the snapshot says so)."""
     wanted = frozenset(field_ids)
     msg = telemetry_pb2.TelemetrySnapshot(
         time=timestamp(snapshot.taken_at),
@@ -57,6 +57,15 @@ def snapshot_pb(
             entry.pod.namespace = sample.pod.namespace
             entry.pod.name = sample.pod.name
             entry.pod.container = sample.pod.container
+    for usage in snapshot.pods if pods else ():
+        msg.pods.add(
+            entity=_entity_pb(usage.entity),
+            pod=telemetry_pb2.PodRef(
+                namespace=usage.pod.namespace, name=usage.pod.name, container=usage.pod.container
+            ),
+            memory_used_bytes=usage.memory_used_bytes,
+            sm_utilization=usage.sm_utilization,
+        )
     return msg
 
 

@@ -20,6 +20,7 @@ from agent._proto.gpuagent.v1 import (
     operations_pb2,
     prewarm_pb2,
     sharing_pb2,
+    telemetry_pb2,
 )
 from agent.client.base import ClientTls, Stubs, channel_options
 from agent.client.errors import Unreachable, domain_error
@@ -70,6 +71,14 @@ class AsyncAgentClient(Stubs):
             self._node.GetNode, agent_pb2.GetNodeRequest()
         )
         return response.node
+
+    async def telemetry(self, field_ids: Sequence[int] = ()) -> telemetry_pb2.TelemetrySnapshot:
+        """The agent's latest telemetry snapshot (only ``field_ids``, when given)."""
+        request = telemetry_pb2.GetTelemetrySnapshotRequest(field_ids=list(field_ids))
+        response: telemetry_pb2.GetTelemetrySnapshotResponse = await self._call(
+            self._telemetry.GetTelemetrySnapshot, request
+        )
+        return response.snapshot
 
     async def plan_mig(
         self, config_yaml: str, config_name: str = "", force: bool = False

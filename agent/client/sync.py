@@ -79,8 +79,9 @@ class AgentClient(Stubs):
         response = self._call(self._node.GetNode, agent_pb2.GetNodeRequest())
         return response.node
 
-    def telemetry(self) -> telemetry_pb2.TelemetrySnapshot:
-        request = telemetry_pb2.GetTelemetrySnapshotRequest()
+    def telemetry(self, field_ids: Sequence[int] = ()) -> telemetry_pb2.TelemetrySnapshot:
+        """The agent's latest telemetry snapshot (only ``field_ids``, when given)."""
+        request = telemetry_pb2.GetTelemetrySnapshotRequest(field_ids=list(field_ids))
         return self._call(self._telemetry.GetTelemetrySnapshot, request).snapshot
 
     # -- operations -------------------------------------------------------------------------------

@@ -11,8 +11,17 @@ GPU model where it matters (the same name, e.g. ``3g.40gb``, exists on A100-80GB
         NVIDIA H100 80GB HBM3: 6
         NVIDIA A100-SXM4-80GB: 2
 
-A trace is a CSV with the header ``time,profile,count[,model]`` (or the same rows as a YAML
-list): each row sets that profile's demand from that time on. Times are seconds or ISO-8601.
+or, with priorities and pools, a list of entries (``priority`` defaults to 0, higher is met
+first; ``pool`` is a node selector, as ``--selector`` takes, the entry's devices must be on)::
+
+    version: v1
+    demand:
+      - {profile: 7g.80gb, count: 8, priority: 100, pool: "pool=training"}
+      - {profile: 1g.10gb, count: 56, model: NVIDIA H100 80GB HBM3}
+
+A trace is a CSV with the header ``time,profile,count[,model][,priority][,pool]`` (or the same
+rows as a YAML list): each row sets that entry's demand (profile, model, priority, pool) from that
+time on. Times are seconds or ISO-8601.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ __all__ = [
     "Demand",
     "DemandEntry",
     "TraceStep",
+    "demand_yaml",
     "load_demand",
     "load_trace",
     "model_key",
@@ -52,15 +62,28 @@ def model_key(name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class DemandEntry:
-    """``count`` devices of ``profile`` on GPUs of ``model`` (None: any model offering it)."""
+    """``count`` devices of ``profile`` on GPUs of ``model`` (None: any model offering it).
+
+    ``priority``: higher is met first when not everything fits. ``pool``: a node selector the
+    devices must be on (None: any node).
+    """
 
     profile: str
     count: int
     model: str | None = None
+    priority: int = 0
+    pool: str | None = None
 
     @property
     def label(self) -> str:
-        return self.profile if self.model is None else f"{self.profile} on {self.model}"
+        out = self.profile if self.model is None else f"{self.profile} on {self.model}"
+        return out if self.pool is None else f"{out} in {self.pool}"
+
+    def accepts(self, profile: str, model: str) -> bool:
+        """Whether a ``profile`` device on a GPU named ``model`` counts (pools aside)."""
+        return self.profile == profile and (
+            self.model is None or model_key(self.model) == model_key(model)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +91,15 @@ class Demand:
     entries: tuple[DemandEntry, ...]
 
     def entry_for(self, profile: str, model: str) -> int | None:
-        """Index of the entry a device of ``profile`` on a GPU named ``model`` counts toward."""
-        key = model_key(model)
+        """Index of the first entry a ``profile`` device on a ``model`` GPU counts toward."""
         for i, e in enumerate(self.entries):
-            if e.profile == profile and (e.model is None or model_key(e.model) == key):
+            if e.accepts(profile, model):
                 return i
         return None
+
+    @property
+    def pools(self) -> tuple[str, ...]:
+        return tuple(sorted({e.pool for e in self.entries if e.pool is not None}))
 
     @property
     def total(self) -> int:
@@ -103,8 +129,10 @@ def _profile(raw: object, field: str, bad: list[FieldViolation]) -> str | None:
 
 
 def _count(raw: object, field: str, bad: list[FieldViolation]) -> int | None:
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
-        bad.append(FieldViolation(field, f"must be an integer >= 0, not {raw!r}"))
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= MAX_COUNT:
+        bad.append(
+            FieldViolation(field, f"must be an integer >= 0 (at most {MAX_COUNT}), not {raw!r}")
+        )
         return None
     return raw
 
@@ -154,13 +182,75 @@ def parse_demand(text: str, source: str = "<demand>") -> Demand:
         if k not in ("version", "demand")
     ]
     raw = doc.get("demand")
-    if not isinstance(raw, dict):
-        bad.append(FieldViolation("demand", "must map MIG profile names to counts"))
-        _raise(source, bad)
-        return Demand(())
-    entries = _entries(raw, bad)
+    if isinstance(raw, list):
+        entries = _list_entries(raw, bad)
+    elif isinstance(raw, dict):
+        entries = _entries(raw, bad)
+    else:
+        bad.append(
+            FieldViolation(
+                "demand", "must map MIG profile names to counts, or list entries with a profile"
+            )
+        )
+        entries = ()
     _raise(source, bad)
     return Demand(entries)
+
+
+#: Bounds on what a file may ask: far above any fleet, low enough to keep the planner sane.
+MAX_ENTRIES = 1000
+MAX_COUNT = 1_000_000
+MAX_TRACE_ROWS = 100_000
+_ENTRY_KEYS = ("profile", "count", "model", "priority", "pool")
+
+
+def _list_entries(raw: list[object], bad: list[FieldViolation]) -> tuple[DemandEntry, ...]:
+    if len(raw) > MAX_ENTRIES:
+        bad.append(FieldViolation("demand", f"at most {MAX_ENTRIES} entries, not {len(raw)}"))
+        return ()
+    out: list[DemandEntry] = []
+    for i, item in enumerate(raw):
+        field = f"demand[{i}]"
+        if not isinstance(item, dict):
+            bad.append(
+                FieldViolation(field, "an entry: {profile, count, model?, priority?, pool?}")
+            )
+            continue
+        bad += [
+            FieldViolation(f"{field}.{k}", f"unexpected field (allowed: {', '.join(_ENTRY_KEYS)})")
+            for k in item
+            if k not in _ENTRY_KEYS
+        ]
+        profile = _profile(item.get("profile"), f"{field}.profile", bad)
+        count = _count(item.get("count"), f"{field}.count", bad)
+        model = _text(item.get("model"), f"{field}.model", bad)
+        pool = _text(item.get("pool"), f"{field}.pool", bad)
+        priority = item.get("priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 10**6:
+            bad.append(FieldViolation(f"{field}.priority", f"an integer, not {priority!r}"))
+            continue
+        if profile is not None and count is not None:
+            out.append(DemandEntry(profile, count, model, priority, pool))
+    seen: set[tuple[str, str | None, int, str | None]] = set()
+    for i, e in enumerate(out):
+        key = (e.profile, None if e.model is None else model_key(e.model), e.priority, e.pool)
+        if key in seen:
+            bad.append(
+                FieldViolation(
+                    f"demand[{i}]", f"{e.label} at priority {e.priority} is listed twice"
+                )
+            )
+        seen.add(key)
+    return tuple(out)
+
+
+def _text(raw: object, field: str, bad: list[FieldViolation]) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw.strip() or len(raw) > 1024:
+        bad.append(FieldViolation(field, f"a non-empty string, not {raw!r}"))
+        return None
+    return raw.strip()
 
 
 def _entries(raw: Mapping[object, object], bad: list[FieldViolation]) -> tuple[DemandEntry, ...]:
@@ -199,6 +289,22 @@ def _entries(raw: Mapping[object, object], bad: list[FieldViolation]) -> tuple[D
         for p in sorted({p for p in names if names.count(p) > 1})
     ]
     return tuple(out)
+
+
+def demand_yaml(demand: Demand, comment: str = "") -> str:
+    """``demand`` as a demand file (the list form), which `parse_demand` reads back."""
+    entries = []
+    for e in demand.entries:
+        item: dict[str, object] = {"profile": e.profile, "count": e.count}
+        if e.model is not None:
+            item["model"] = e.model
+        if e.priority:
+            item["priority"] = e.priority
+        if e.pool is not None:
+            item["pool"] = e.pool
+        entries.append(item)
+    head = "".join(f"# {line}\n" for line in comment.splitlines())
+    return head + yaml.safe_dump({"version": VERSION, "demand": entries}, sort_keys=False)
 
 
 # -- traces ----------------------------------------------------------------------------------------
@@ -240,15 +346,25 @@ def parse_trace(text: str, source: str = "<trace>") -> tuple[TraceStep, ...]:
                 [FieldViolation("header", f"missing columns: {', '.join(missing)}")],
             )
         rows = [(f"line {i + 2}", r) for i, r in enumerate(reader)]
+    if len(rows) > MAX_TRACE_ROWS:
+        raise InvalidSpec(
+            f"{source}: at most {MAX_TRACE_ROWS} rows, not {len(rows)}",
+            [FieldViolation("rows", f"at most {MAX_TRACE_ROWS}")],
+        )
     bad: list[FieldViolation] = []
     parsed: list[tuple[float, str, DemandEntry]] = []
     for where, row in rows:
         time = _time(row.get("time"), f"{where}.time", bad)
         profile = _profile(row.get("profile"), f"{where}.profile", bad)
         count = _count(_int(row.get("count")), f"{where}.count", bad)
-        model = row.get("model") or None
+        model = _opt_str(row.get("model") or None)
+        pool = _opt_str(row.get("pool") or None)
+        priority = _int(row.get("priority") or 0)
+        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 10**6:
+            bad.append(FieldViolation(f"{where}.priority", f"an integer, not {priority!r}"))
+            continue
         if time is not None and profile is not None and count is not None:
-            parsed.append((time[0], time[1], DemandEntry(profile, count, _opt_str(model))))
+            parsed.append((time[0], time[1], DemandEntry(profile, count, model, priority, pool)))
     if not parsed and not bad:
         bad.append(FieldViolation("", "the trace has no rows"))
     _raise(source, bad)
@@ -257,10 +373,11 @@ def parse_trace(text: str, source: str = "<trace>") -> tuple[TraceStep, ...]:
 
 def _steps(rows: Sequence[tuple[float, str, DemandEntry]]) -> tuple[TraceStep, ...]:
     first = min(t for t, _, _ in rows)
-    level: dict[tuple[str, str | None], DemandEntry] = {}
+    level: dict[tuple[str, str | None, int, str | None], DemandEntry] = {}
     steps: list[TraceStep] = []
     for t, label, entry in sorted(rows, key=lambda r: r[0]):
-        level[(entry.profile, None if entry.model is None else model_key(entry.model))] = entry
+        model = None if entry.model is None else model_key(entry.model)
+        level[(entry.profile, model, entry.priority, entry.pool)] = entry
         demand = Demand(tuple(level.values()))
         if steps and steps[-1].time == t - first:
             steps[-1] = TraceStep(t - first, steps[-1].label, demand)

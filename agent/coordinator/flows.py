@@ -6,8 +6,9 @@ the reconcile loop render or act on them.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from agent.coordinator.actions import NodePreview, action_for, preview
@@ -19,14 +20,18 @@ from agent.coordinator.inventory import NodeView
 from agent.coordinator.planner import FleetPlan, NodeLayouts, plan_fleet, scratch_disruption
 from agent.coordinator.record import RolloutRecord
 from agent.coordinator.replay import StepResult, replay
+from agent.coordinator.rightsize import ACTIVITY, FB_TOTAL, FB_USED, Window
 from agent.coordinator.rollout import Limits, NodeState, Scheduler, parse_max_unavailable
-from agent.coordinator.selector import Selector
+from agent.coordinator.selector import Selector, parse_selector
+from agent.errors import FieldViolation, InvalidSpec
 
 __all__ = [
     "PlanResult",
     "RolloutResult",
     "Selection",
+    "observe",
     "plan",
+    "pool_nodes",
     "replay_trace",
     "rollout",
     "select",
@@ -77,18 +82,77 @@ class PlanResult:
     unreachable: tuple[str, ...]
 
 
-def plan(selection: Selection, demand: Demand) -> PlanResult:
+def pool_nodes(views: Sequence[NodeView], pools: Sequence[str]) -> dict[str, frozenset[str]]:
+    """Each demand pool's selector -> the reachable nodes it selects (none is a valid answer)."""
+    out: dict[str, frozenset[str]] = {}
+    for text in pools:
+        try:
+            chosen = parse_selector(text)
+        except InvalidSpec as exc:
+            raise InvalidSpec(
+                f"demand pool {text!r}: {exc}", [FieldViolation("pool", str(exc))]
+            ) from exc
+        out[text] = frozenset(v.name for v in views if v.reachable and chosen.matches(v))
+    return out
+
+
+def plan(selection: Selection, demand: Demand, *, time_limit_s: float = 30.0) -> PlanResult:
     nodes = layouts_of(selection.views)
-    result = plan_fleet(nodes, demand)
-    scratch = scratch_disruption(nodes, plan_fleet(nodes, demand, from_scratch=True))
+    pools = pool_nodes(selection.views, demand.pools)
+    result = plan_fleet(nodes, demand, pools=pools, time_limit_s=time_limit_s)
+    blank = plan_fleet(nodes, demand, from_scratch=True, pools=pools, time_limit_s=time_limit_s)
+    scratch = scratch_disruption(nodes, blank)
     return PlanResult(result, scratch, tuple(v.name for v in selection.unreachable))
 
 
+async def observe(
+    fleet: Fleet,
+    selection: Selection,
+    *,
+    samples: int,
+    every_s: float,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> Window:
+    """``samples`` telemetry sweeps of the selected agents, ``every_s`` apart, folded into peaks.
+
+    An agent that does not answer a sweep is noted in the window and asked again next time."""
+    window = Window()
+    chosen = {v.name: selection.targets[v.name] for v in selection.reachable}
+    targets = list(chosen.values())
+    by_address = {t.address: name for name, t in chosen.items()}
+    fields = [FB_USED, FB_TOTAL, *ACTIVITY]
+    for i in range(samples):
+        if i:
+            await sleep(every_s)
+        for o in await fleet.each(targets, lambda c: c.telemetry(fields)):
+            node = by_address[o.target.address]
+            if o.value is not None and o.value.pods_hidden:
+                # Its pods are withheld from this identity (roles): not "nothing runs there".
+                window.failed[node] = "the agent hides pods from this identity (needs mig or admin)"
+            elif o.value is not None:
+                window.add(node, o.value)
+            else:
+                window.failed[node] = str(o.error)
+    return window
+
+
+def added_views(added: Sequence[tuple[str, NodeLayouts]]) -> list[NodeView]:
+    """Views of simulated nodes one might buy, (preset, layouts): pools select them by name,
+    preset and model."""
+    return [NodeView(n.name, "", layouts=n.gpus, preset=preset) for preset, n in added]
+
+
 def replay_trace(
-    selection: Selection | None, added: Sequence[NodeLayouts], steps: Sequence[TraceStep]
+    selection: Selection | None,
+    added: Sequence[tuple[str, NodeLayouts]],
+    steps: Sequence[TraceStep],
+    *,
+    end: float | None = None,
 ) -> tuple[StepResult, ...]:
-    nodes = (layouts_of(selection.views) if selection else []) + list(added)
-    return replay(nodes, steps)
+    views = list(selection.views if selection else ()) + added_views(added)
+    nodes = layouts_of(views)
+    pools = pool_nodes(views, sorted({p for s in steps for p in s.demand.pools}))
+    return replay(nodes, steps, pools=pools, end=end)
 
 
 @dataclass(frozen=True, slots=True)

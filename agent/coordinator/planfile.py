@@ -62,7 +62,16 @@ def plan_document(plan: FleetPlan, demand_file: str) -> dict[str, Any]:
             for node, changes in sorted(by_node.items())
         },
         "unmet": [
-            {"profile": u.profile, "model": u.model, "missing": u.missing, "reason": u.reason}
+            {
+                "profile": u.profile,
+                "model": u.model,
+                "pool": u.pool,
+                "priority": u.priority,
+                "missing": u.missing,
+                "reason": u.reason,
+                "lost_to": list(u.lost_to),
+                "fixes": list(u.fixes),
+            }
             for u in plan.unmet
         ],
     }

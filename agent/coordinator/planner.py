@@ -4,37 +4,37 @@ Pure (no I/O). It decides *how many* devices of each profile every GPU should ho
 sit on a GPU is the per-GPU planner's job (`agent.mig.plan.plan_gpu`), the same function the
 agent runs when it applies the plan, so the fleet plan predicts the agent's layout exactly.
 
-Demand is a floor per profile (and per model where the file says so): devices already there
-count toward it and stay, surplus ones included, unless their slices are needed. Instances with
-running processes always stay. Missing devices are placed one at a time, largest profile first
-(big instances are the hard ones to fit, as in first-fit-decreasing), each on the GPU where it
-costs least, in this order:
+Demand is a floor per entry (a profile, optionally a model and a pool of nodes, with a
+priority): devices already there count toward it and stay unless their slices are needed.
+Instances with running processes always stay, and a whole GPU running processes is never
+switched to MIG. The plan is exact, in this order of objectives:
 
-1. fewest demanded devices displaced (a displaced device is placed again later; only devices of
-   smaller profiles may be displaced, so the process ends);
-2. fewest existing instances destroyed (a device in the free slices destroys none);
-3. no MIG mode switch (a GPU already in MIG mode before an idle whole GPU);
-4. fewest free slices left on that GPU (best fit: partly used GPUs fill up first, so whole free
-   GPUs and large free regions stay available), then the largest free region kept.
+1. as much demand met as possible, priority by priority, highest first (devices short);
+2. fewest existing instances destroyed;
+3. fewest mutations (instances destroyed + created + MIG mode switches);
+4. least fragmentation (free slices kept in large regions on few GPUs).
 
-GPUs in the same state cost the same, so costs are computed once per distinct state.
+Two steps: every GPU's reachable layouts with their costs (`agent.coordinator.options`), then
+one integer program over the fleet (`agent.coordinator.solve`) that picks a layout per GPU.
+GPUs in the same state and pools are one class, so a fleet of 8,000 GPUs in a few hundred
+distinct states is a program of a few thousand variables.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import cache
-from itertools import product
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from math import ceil
 
-from agent.coordinator.capacity import busy_gi_ids, free_capacity, occupied
+from agent.coordinator.capacity import busy_gi_ids, creatable, free_capacity, occupied
 from agent.coordinator.catalog import Catalog
 from agent.coordinator.demand import Demand, DemandEntry, model_key
+from agent.coordinator.options import Counts, GpuOptions, Option, gpu_options, signature
+from agent.coordinator.solve import ClassSpec, Problem, Solution, solve
 from agent.gpu.types import GiProfile, GpuLayout, MigMode, Placement
-from agent.mig.plan import Desired, GpuPlan, ci_name, current_counts, plan_gpu
+from agent.mig.plan import Desired, GpuPlan, plan_gpu
 from agent.mig.state import GiState
 
 __all__ = [
@@ -81,6 +81,17 @@ class Unmet:
     wanted: int
     missing: int
     reason: str
+    priority: int = 0
+    pool: str | None = None
+    #: the entries whose devices hold the slices this one needed ("7g.80gb (priority 10)").
+    lost_to: tuple[str, ...] = ()
+    #: what would make it fit: more GPUs of a model, or a profile that fits now.
+    fixes: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        out = self.profile if self.model is None else f"{self.profile} on {self.model}"
+        return out if self.pool is None else f"{out} in {self.pool}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +101,8 @@ class ProfileTotal:
     demand: int
     before: int
     after: int
+    priority: int = 0
+    pool: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,30 +118,17 @@ class FleetPlan:
     free_slices: int
     #: per profile name: instances that could still be created in those free slices (each alone).
     free_capacity: tuple[tuple[str, int], ...]
+    #: instances destroyed + created + MIG mode switches.
+    mutations: int = 0
+    #: every objective proven optimal (False only when the solver's time limit cut it short).
+    optimal: bool = True
 
     @property
     def met(self) -> bool:
         return not self.unmet
 
 
-# -- per-GPU evaluation ------------------------------------------------------------------------
-
-_Counts = tuple[tuple[str, int], ...]
-
-
-def _freeze(counts: Mapping[str, int]) -> _Counts:
-    return tuple(sorted((k, v) for k, v in counts.items() if v > 0))
-
-
-@dataclass(frozen=True, slots=True)
-class _Eval:
-    """What the per-GPU planner makes of a GPU state and target counts."""
-
-    ok: bool
-    destroyed: int = 0
-    free: int = 0
-    largest: int = 0
-    plan: GpuPlan | None = None
+# -- the fleet's GPUs ----------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -136,92 +136,64 @@ class _Gpu:
     order: int
     node: str
     layout: GpuLayout
-    sig: tuple[object, ...]
-    by_name: dict[str, GiProfile]
-    size: dict[str, int]  # device name -> memory slices of its GI
-    entries: dict[str, int]  # device name -> demand entry it counts toward
-    busy: Counter[str]
-    whole_busy: bool
-    mig_on: bool
-    base: _Counts
-    counts: Counter[str] = field(default_factory=Counter)
-    #: ``counts`` frozen, kept in step with it: the half of the class key that changes.
-    frozen: _Counts = ()
+    #: device name -> the entries it may count toward, highest priority first.
+    accepts: dict[str, tuple[int, ...]]
+    options: GpuOptions
+    choice: Option | None = None
 
     @property
-    def key(self) -> tuple[tuple[object, ...], _Counts]:
-        return (self.sig, self.frozen)
+    def mig_on(self) -> bool:
+        mode = self.layout.gpu.mig_mode
+        return bool(mode and mode.current)
+
+    @property
+    def whole_busy(self) -> bool:
+        return any(p.gpu_instance_id is None for p in self.layout.processes)
+
+    @property
+    def by_name(self) -> dict[str, GiProfile]:
+        return {p.name: p for p in self.layout.profiles}
+
+    @property
+    def after(self) -> Counts:
+        assert self.choice is not None
+        return self.choice.counts
 
 
-def _signature(layout: GpuLayout) -> tuple[object, ...]:
-    """Everything `plan_gpu` reads, minus the ids: GPUs with equal signatures plan alike."""
-    gpu = layout.gpu
-    busy = busy_gi_ids(layout)
-    instances = tuple(
-        (
-            gi.profile_id,
-            gi.placement.start,
-            gi.placement.size,
-            tuple(
-                (c.profile_id, c.placement.start, c.placement.size) for c in gi.compute_instances
-            ),
-            gi.id in busy,
-        )
-        for gi in layout.instances
-    )
-    mode = gpu.mig_mode
-    return (
-        gpu.name,
-        gpu.pci_device_id,
-        gpu.memory_total_bytes,
-        tuple(p.name for p in layout.profiles),
-        None if mode is None else (mode.current, mode.pending),
-        instances,
-        any(p.gpu_instance_id is None for p in layout.processes),
-    )
+def _gpus(
+    nodes: Sequence[NodeLayouts],
+    demand: Demand,
+    pools: Mapping[str, frozenset[str]],
+    scratch: bool,
+) -> list[_Gpu]:
+    catalog = Catalog(g for n in nodes for g in n.gpus)
+    order = sorted(range(len(demand.entries)), key=lambda i: -demand.entries[i].priority)
+    known: dict[tuple[object, ...], tuple[dict[str, tuple[int, ...]], frozenset[str]]] = {}
 
-
-class _Evaluator:
-    """`plan_gpu` results per (GPU signature, counts), computed once."""
-
-    def __init__(self) -> None:
-        self._cache: dict[tuple[tuple[object, ...], _Counts], _Eval] = {}
-
-    def __call__(self, gpu: _Gpu, counts: _Counts) -> _Eval:
-        key = (gpu.sig, counts)
-        found = self._cache.get(key)
+    def accepted(layout: GpuLayout, node: str) -> tuple[dict[str, tuple[int, ...]], frozenset[str]]:
+        """Which entries each profile counts toward here (same per model and pools), and the
+        profiles some entry wants devices of."""
+        member = frozenset(p for p, names in pools.items() if node in names)
+        key = (layout.gpu.name, tuple(p.name for p in layout.profiles), member)
+        found = known.get(key)
         if found is None:
-            found = self._cache[key] = self._plan(gpu, counts)
+            accepts: dict[str, tuple[int, ...]] = {}
+            for p in layout.profiles:
+                es = tuple(
+                    i
+                    for i in order
+                    if demand.entries[i].accepts(p.name, layout.gpu.name)
+                    and (demand.entries[i].pool is None or demand.entries[i].pool in member)
+                )
+                if es:
+                    accepts[p.name] = es
+            wanted = frozenset(
+                n for n, es in accepts.items() if any(demand.entries[i].count for i in es)
+            )
+            found = known[key] = (accepts, wanted)
         return found
 
-    @staticmethod
-    def _plan(gpu: _Gpu, counts: _Counts) -> _Eval:
-        plan = plan_gpu(gpu.layout, Desired(True, counts, "fleet-plan"))
-        if plan.infeasible is not None or plan.blockers or plan.target is None or plan.deferred:
-            return _Eval(False, plan=plan)
-        width = gpu.layout.total_memory_slices
-        taken = occupied(gi.placement for gi in plan.target.instances)
-        return _Eval(
-            True,
-            destroyed=len(plan.destroy),
-            free=width - bin(taken).count("1"),
-            largest=plan.free_region.size if plan.free_region else 0,
-            plan=plan,
-        )
-
-
-# -- the fleet ----------------------------------------------------------------------------------
-
-
-def _gpus(nodes: Sequence[NodeLayouts], demand: Demand, scratch: bool) -> list[_Gpu]:
-    catalog = Catalog(g for n in nodes for g in n.gpus)
     out: list[_Gpu] = []
-
-    @cache
-    def entries(model: str, names: tuple[str, ...]) -> dict[str, int]:
-        """Which demand entry each profile of a model counts toward (same for every GPU)."""
-        return {n: i for n in names if (i := demand.entry_for(n, model)) is not None}
-
     for node in sorted(nodes, key=lambda n: n.name):
         for raw in node.gpus:
             if raw.gpu.mig_mode is None:
@@ -232,289 +204,317 @@ def _gpus(nodes: Sequence[NodeLayouts], demand: Demand, scratch: bool) -> list[_
             if scratch:
                 gpu = dataclasses.replace(layout.gpu, mig_mode=MigMode(True, True))
                 layout = GpuLayout(gpu, layout.profiles, (), ())
-            out.append(_gpu(len(out), node.name, layout, entries))
+            accepts, demanded = accepted(layout, node.name)
+            out.append(_Gpu(len(out), node.name, layout, accepts, gpu_options(layout, demanded)))
     return out
 
 
-def _gpu(
-    order: int,
-    node: str,
-    layout: GpuLayout,
-    entries: Callable[[str, tuple[str, ...]], dict[str, int]],
-) -> _Gpu:
-    mode = layout.gpu.mig_mode
-    mig_on = bool(mode and mode.current)
-    by_name = {p.name: p for p in layout.profiles}
-    size = {p.name: p.memory_slices for p in layout.profiles}
-    by_id = {p.id: p for p in layout.profiles}
-    busy: Counter[str] = Counter()
-    busy_ids = busy_gi_ids(layout)
-    for gi in layout.instances if mig_on else ():
-        profile = by_id.get(gi.profile_id)
-        if profile is None:
-            continue
-        for ci in gi.compute_instances:
-            name = ci_name(profile, ci.placement.size)
-            size[name] = profile.memory_slices
-            if gi.id in busy_ids:
-                busy[name] += 1
-    base = current_counts(layout) if mig_on else {}
-    return _Gpu(
-        order=order,
-        node=node,
-        layout=layout,
-        sig=_signature(layout),
-        by_name=by_name,
-        size=size,
-        entries=entries(layout.gpu.name, tuple(by_name)),
-        busy=busy,
-        whole_busy=any(p.gpu_instance_id is None for p in layout.processes),
-        mig_on=mig_on,
-        base=_freeze(base),
-        counts=Counter(base),
-        frozen=_freeze(base),
+# -- the program ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Class:
+    members: list[_Gpu]
+    #: option indexes into the members' options that survive dominance.
+    kept: list[int]
+
+
+def _problem(
+    gpus: Sequence[_Gpu], demand: Demand
+) -> tuple[Problem, list[_Class], list[tuple[int, ...]]]:
+    groups: dict[tuple[int, ...], int] = {}
+    by_key: dict[tuple[object, ...], _Class] = {}
+    for g in gpus:
+        key = (signature(g.layout), tuple(sorted(g.accepts.items())))
+        found = by_key.get(key)
+        if found is None:
+            by_key[key] = _Class([g], [])
+        else:
+            found.members.append(g)
+    for accepts in sorted({tuple(es) for g in gpus for es in g.accepts.values()}):
+        groups.setdefault(accepts, len(groups))
+    group_list = [es for es, _ in sorted(groups.items(), key=lambda kv: kv[1])]
+    caps = [sum(demand.entries[e].count for e in es) for es in group_list]
+    classes = list(by_key.values())
+    specs: list[ClassSpec] = []
+    for cls in classes:
+        head = cls.members[0]
+        supplies: list[tuple[tuple[int, int], ...]] = []
+        costs: list[tuple[int, int, int]] = []
+        seen: list[tuple[dict[int, int], tuple[int, int, int]]] = []
+        for i, option in enumerate(head.options.options):
+            supply: Counter[int] = Counter()
+            for name, n in option.counts:
+                es = head.accepts.get(name)
+                if es is not None:
+                    supply[groups[es]] += n
+            capped = {grp: min(n, caps[grp]) for grp, n in supply.items() if caps[grp]}
+            if i and any(_dominates(s, c, capped, option.cost) for s, c in seen):
+                continue
+            seen.append((capped, option.cost))
+            cls.kept.append(i)
+            supplies.append(tuple(sorted(capped.items())))
+            costs.append(option.cost)
+        specs.append(ClassSpec(len(cls.members), tuple(supplies), tuple(costs)))
+    problem = Problem(
+        tuple(specs),
+        tuple(group_list),
+        tuple(e.count for e in demand.entries),
+        tuple(e.priority for e in demand.entries),
+    )
+    return problem, classes, group_list
+
+
+def _dominates(
+    supply: Mapping[int, int],
+    cost: tuple[int, int, int],
+    other_supply: Mapping[int, int],
+    other_cost: tuple[int, int, int],
+) -> bool:
+    """Whether (supply, cost) is at least as good as the other on every count and cost."""
+    return all(a <= b for a, b in zip(cost, other_cost, strict=True)) and all(
+        supply.get(g, 0) >= n for g, n in other_supply.items()
     )
 
 
-@dataclass(order=True, frozen=True, slots=True)
-class _Cost:
-    moves: int
-    destroyed: int
-    mode_switch: int
-    free_after: int
-    largest_lost: int
+def _assign(classes: Sequence[_Class], solution: Solution) -> None:
+    for cls, picks in zip(classes, solution.choice, strict=True):
+        members = iter(cls.members)
+        # Non-staying options go to the first GPUs of the class (node-name order): stable.
+        ordered = sorted(range(len(picks)), key=lambda k: (cls.kept[k] == 0, k))
+        for k in ordered:
+            option = cls.members[0].options.options[cls.kept[k]]
+            for _ in range(picks[k]):
+                next(members).choice = option
 
 
-@dataclass(frozen=True, slots=True)
-class _Option:
-    cost: _Cost
-    counts: _Counts
-    removed: tuple[str, ...]
+# -- results -------------------------------------------------------------------------------------
 
 
-#: More devices than any GPU holds (7 on an 8-slice GPU): the most one option can give up.
-_MAX_REMOVALS = 8
+def _plan_of(g: _Gpu, cache: dict[tuple[object, ...], GpuPlan]) -> GpuPlan:
+    key = (signature(g.layout), g.after)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = plan_gpu(g.layout, Desired(True, g.after, "fleet-plan"))
+    return found
 
 
-class _Fleet:
-    def __init__(self, gpus: list[_Gpu], demand: Demand) -> None:
-        self.gpus = gpus
-        self.demand = demand
-        self.evaluate = _Evaluator()
-        self.supply = [0] * len(demand.entries)
-        for g in gpus:
-            for name, n in g.counts.items():
-                entry = g.entries.get(name)
-                if entry is not None:
-                    self.supply[entry] += n
-        self.before = list(self.supply)
-        self.classes: dict[tuple[tuple[object, ...], _Counts], list[int]] = {}
-        self._options: dict[tuple[object, ...], _Option | None] = {}
-        for g in gpus:
-            self.classes.setdefault(g.key, []).append(g.order)  # already in order: a heap
-
-    def deficit(self, entry: int) -> int:
-        return self.demand.entries[entry].count - self.supply[entry]
-
-    def _moves(self, gpu: _Gpu, removed: Sequence[str]) -> int:
-        """Demanded devices that removing ``removed`` from ``gpu`` displaces."""
-        taken: Counter[int] = Counter()
-        moves = 0
-        for name in removed:
-            entry = gpu.entries.get(name)
-            if entry is None:
-                continue
-            taken[entry] += 1
-            if self.supply[entry] - taken[entry] < self.demand.entries[entry].count:
-                moves += 1
-        return moves
-
-    def option(self, gpu: _Gpu, entry: int, name: str) -> _Option | None:
-        """The cheapest way to add one ``name`` device to ``gpu``, or None.
-
-        The answer depends on the GPU's class and on how far supply stands from demand for the
-        devices it could give up, so it is remembered per both.
-        """
-        key = (gpu.key, entry, name, self._standing(gpu))
-        if key not in self._options:
-            self._options[key] = self._option(gpu, name)
-        return self._options[key]
-
-    def _standing(self, gpu: _Gpu) -> tuple[tuple[int, int], ...]:
-        # A GPU gives up at most _MAX_REMOVALS devices, so surplus beyond that, or any
-        # deficit, decides nothing more: clamp, to keep the remembered options reusable.
-        out = []
-        for name, _ in gpu.frozen:
-            entry = gpu.entries.get(name)
-            if entry is not None:
-                surplus = self.supply[entry] - self.demand.entries[entry].count
-                out.append((entry, max(-1, min(surplus, _MAX_REMOVALS))))
-        return tuple(out)
-
-    def _option(self, gpu: _Gpu, name: str) -> _Option | None:
-        if gpu.whole_busy and not gpu.mig_on:
-            return None
-        now = self.evaluate(gpu, gpu.frozen)
-        if not now.ok:
-            return None
-        size = gpu.size[name]
-        removable = {
-            n: gpu.counts[n] - gpu.busy[n]
-            for n in sorted(gpu.counts)
-            if gpu.counts[n] - gpu.busy[n] > 0
-        }
-        best: _Option | None = None
-        for k in range(sum(removable.values()) + 1):
-            for removed in _multisets(removable, k):
-                if size > now.free + sum(gpu.size[n] for n in removed):
-                    continue
-                if not self._may_displace(gpu, removed, size):
-                    continue
-                counts = Counter(gpu.counts)
-                counts.subtract(removed)
-                counts[name] += 1
-                frozen = _freeze(counts)
-                result = self.evaluate(gpu, frozen)
-                if not result.ok:
-                    continue
-                cost = _Cost(
-                    self._moves(gpu, removed),
-                    result.destroyed - now.destroyed,
-                    int(not gpu.mig_on and not any(v > 0 for v in gpu.counts.values())),
-                    result.free,
-                    now.largest - result.largest,
-                )
-                if best is None or cost < best.cost:
-                    best = _Option(cost, frozen, removed)
-            if best is not None:
-                return best
-        return None
-
-    def _may_displace(self, gpu: _Gpu, removed: Sequence[str], size: int) -> bool:
-        # Only smaller demanded devices may be displaced: they are placed again later, after
-        # every larger profile, so no device displaces its displacer and the planner ends.
-        taken: Counter[int] = Counter()
-        for n in removed:
-            entry = gpu.entries.get(n)
-            if entry is None:
-                continue
-            taken[entry] += 1
-            surplus = self.supply[entry] - taken[entry] >= self.demand.entries[entry].count
-            if not surplus and gpu.size[n] >= size:
-                return False
-        return True
-
-    def take(self, key: tuple[tuple[object, ...], _Counts]) -> _Gpu:
-        return self.gpus[heapq.heappop(self.classes[key])]
-
-    def move(self, gpu: _Gpu, option: _Option, entry: int) -> None:
-        for n in option.removed:
-            removed_entry = gpu.entries.get(n)
-            if removed_entry is not None:
-                self.supply[removed_entry] -= 1
-        gpu.counts = Counter(dict(option.counts))
-        gpu.frozen = option.counts
-        self.supply[entry] += 1
-        heapq.heappush(self.classes.setdefault(gpu.key, []), gpu.order)
-
-    def candidates(self, entry: int, name: str) -> Iterator[tuple[tuple[object, ...], _Counts]]:
-        for key, members in self.classes.items():
-            if members and self.gpus[members[0]].entries.get(name) == entry:
-                yield key
-
-
-def _multisets(available: Mapping[str, int], k: int) -> Iterator[tuple[str, ...]]:
-    """Every multiset of ``k`` names drawing at most ``available[name]`` of each."""
-    names = list(available)
-    for picks in product(*(range(min(available[n], k) + 1) for n in names)):
-        if sum(picks) == k:
-            yield tuple(n for n, c in zip(names, picks, strict=True) for _ in range(c))
-
-
-def _entry_order(fleet: _Fleet) -> list[tuple[int, str]]:
-    """Entries largest profile first, each with its device name."""
-    sizes: dict[int, tuple[int, int]] = {}
-    for g in fleet.gpus:
-        for name, entry in g.entries.items():
-            p = g.by_name[name]
-            sizes[entry] = max(sizes.get(entry, (0, 0)), (p.memory_slices, p.slice_count))
-    order = sorted(
-        range(len(fleet.demand.entries)),
-        key=lambda i: (
-            tuple(-x for x in sizes.get(i, (0, 0))),
-            fleet.demand.entries[i].profile,
-            fleet.demand.entries[i].model or "",
-        ),
+def _change(g: _Gpu, plan: GpuPlan) -> GpuChange:
+    assert plan.target is not None, "the fleet planner chose counts its GPU cannot hold"
+    return GpuChange(
+        node=g.node,
+        index=g.layout.gpu.index,
+        uuid=g.layout.gpu.uuid,
+        model=g.layout.gpu.name,
+        enable_mig=not g.mig_on,
+        before=g.options.stay.counts,
+        after=g.after,
+        keep=tuple(f"{gi.profile_name}@{gi.placement}" for gi in plan.keep),
+        destroy=tuple(f"{gi.profile_name}@{gi.placement}" for gi in plan.destroy),
+        create=tuple(gi.label for gi in plan.create),
+        target=plan.target.instances,
     )
-    return [(i, fleet.demand.entries[i].profile) for i in order]
 
 
-def _place(fleet: _Fleet, entry: int, name: str) -> None:
-    heap: list[tuple[_Cost, int, tuple[tuple[object, ...], _Counts]]] = []
+def _placed(g: _Gpu, plan: GpuPlan | None) -> list[tuple[int, Placement]] | None:
+    """(profile id, placement) of the GPU after the plan; None when it stays out of MIG mode."""
+    if plan is None:
+        if not g.mig_on:
+            return None
+        return [(gi.profile_id, gi.placement) for gi in g.layout.instances]
+    assert plan.target is not None
+    return [(gi.profile_id, gi.placement) for gi in plan.target.instances]
 
-    def push(key: tuple[tuple[object, ...], _Counts]) -> None:
-        members = fleet.classes.get(key)
-        if not members:
-            return
-        gpu = fleet.gpus[members[0]]
-        option = fleet.option(gpu, entry, name)
-        if option is not None:
-            heapq.heappush(heap, (option.cost, gpu.order, key))
 
-    for key in list(fleet.candidates(entry, name)):
-        push(key)
-    while fleet.deficit(entry) > 0 and heap:
-        cost, order, key = heapq.heappop(heap)
-        members = fleet.classes.get(key)
-        if not members:
+def _supply(
+    gpus: Sequence[_Gpu],
+    demand: Demand,
+    counts_of: str,
+    given: Mapping[tuple[tuple[int, ...], int], int] | None = None,
+) -> tuple[list[int], list[int]]:
+    """Devices counted per entry, and spare ones (beyond demand, on the group's first entry).
+
+    ``given`` is the solver's split of each group among its entries (optimal where entries
+    share devices); without it, devices go to entries by priority, single-entry groups first.
+    """
+    per_group: Counter[tuple[int, ...]] = Counter()
+    for g in gpus:
+        counts = g.options.stay.counts if counts_of == "before" else g.after
+        for name, n in counts:
+            es = g.accepts.get(name)
+            if es is not None:
+                per_group[es] += n
+    got = [0] * len(demand.entries)
+    spare = [0] * len(demand.entries)
+    for es, n in sorted(per_group.items(), key=lambda kv: (len(kv[0]), kv[0])):
+        for e in es:
+            want = demand.entries[e].count - got[e]
+            take = min(n, want if given is None else given.get((es, e), 0), want)
+            if take > 0:
+                got[e] += take
+                n -= take
+        if n > 0:
+            spare[es[0]] += n
+    return got, spare
+
+
+def plan_fleet(
+    nodes: Sequence[NodeLayouts],
+    demand: Demand,
+    *,
+    from_scratch: bool = False,
+    pools: Mapping[str, frozenset[str]] | None = None,
+    time_limit_s: float = 30.0,
+) -> FleetPlan:
+    """Plan per-GPU layouts meeting ``demand`` with the least change (see the module doc).
+
+    ``pools`` maps each entry's pool selector to the nodes it selects (a pool missing here
+    selects none). ``from_scratch`` plans as if every GPU were empty and in MIG mode: the
+    baseline a planner without memory of the current layouts would give.
+    """
+    pool_nodes = pools or {}
+    gpus = _gpus(nodes, demand, pool_nodes, from_scratch)
+    problem, classes, groups = _problem(gpus, demand)
+    solution = solve(problem, time_limit_s=time_limit_s)
+    _assign(classes, solution)
+    cache: dict[tuple[object, ...], GpuPlan] = {}
+    plans: dict[int, GpuPlan] = {}
+    changes: list[GpuChange] = []
+    for g in gpus:
+        assert g.choice is not None
+        if g.choice is g.options.stay:
             continue
-        gpu = fleet.gpus[members[0]]
-        option = fleet.option(gpu, entry, name)
-        if option is None:
+        plan = plans[g.order] = _plan_of(g, cache)
+        changes.append(_change(g, plan))
+    before, spare_before = _supply(gpus, demand, "before")
+    given = {(groups[g], e): n for (g, e), n in solution.given.items()}
+    after, spare_after = _supply(gpus, demand, "after", given)
+    free_slices = 0
+    capacity: Counter[str] = Counter()
+    for g in gpus:
+        placed = _placed(g, plans.get(g.order))
+        if placed is None:
             continue
-        if (option.cost, gpu.order) != (cost, order):  # supply moved since: re-rank
-            heapq.heappush(heap, (option.cost, gpu.order, key))
-            continue
-        taken = fleet.take(key)
-        fleet.move(taken, option, entry)
-        push(key)
-        push(taken.key)
+        free_slices += g.layout.total_memory_slices - bin(occupied(p for _, p in placed)).count("1")
+        capacity.update(free_capacity(g.layout.profiles, placed))
+    unmet = tuple(
+        _unmet(i, demand, after[i], gpus, plans, pool_nodes)
+        for i, e in enumerate(demand.entries)
+        if after[i] < e.count
+    )
+    totals = tuple(
+        ProfileTotal(
+            e.profile,
+            e.model,
+            e.count,
+            before[i] + spare_before[i],
+            after[i] + spare_after[i],
+            e.priority,
+            e.pool,
+        )
+        for i, e in enumerate(demand.entries)
+    )
+    return FleetPlan(
+        changes=tuple(changes),
+        unmet=unmet,
+        totals=totals,
+        gpus=len(gpus),
+        destroyed=sum(len(c.destroy) for c in changes),
+        created=sum(len(c.create) for c in changes),
+        free_slices=free_slices,
+        free_capacity=tuple(sorted(capacity.items())),
+        mutations=sum(len(c.destroy) + len(c.create) + c.enable_mig for c in changes),
+        optimal=solution.optimal,
+    )
 
 
-# -- explanations ------------------------------------------------------------------------------
+# -- explanations --------------------------------------------------------------------------------
 
 
-def _why(fleet: _Fleet, entry: int, missing: int, all_gpus: Sequence[_Gpu]) -> str:
-    e = fleet.demand.entries[entry]
-    eligible = [g for g in fleet.gpus if g.entries.get(e.profile) == entry]
+def _unmet(
+    entry: int,
+    demand: Demand,
+    got: int,
+    gpus: Sequence[_Gpu],
+    plans: Mapping[int, GpuPlan],
+    pools: Mapping[str, frozenset[str]],
+) -> Unmet:
+    e = demand.entries[entry]
+    missing = e.count - got
+    eligible = [g for g in gpus if entry in g.accepts.get(e.profile, ())]
+    lost: dict[int, int] = {}
     if not eligible:
-        return _no_gpu(e, all_gpus)
-    why: Counter[str] = Counter()
-    for g in eligible:
-        why[_why_gpu(fleet, g, e.profile)] += 1
-    parts = "; ".join(f"{n} {reason}" for reason, n in sorted(why.items(), key=lambda i: -i[1]))
-    return (
-        f"{missing} of {e.count} cannot be placed on the {len(eligible)} GPUs offering it: {parts}"
+        reason = _no_gpu(e, gpus, pools)
+    else:
+        why: Counter[str] = Counter()
+        for g in eligible:
+            text, holders = _why_gpu(g, e, entry, demand, plans.get(g.order))
+            why[text] += 1
+            for h, n in holders.items():
+                lost[h] = lost.get(h, 0) + n
+        parts = "; ".join(f"{n} {r}" for r, n in sorted(why.items(), key=lambda i: (-i[1], i[0])))
+        reason = (
+            f"{missing} of {e.count} cannot be placed on the {len(eligible)} GPUs offering it: "
+            f"{parts}"
+        )
+    lost_to = tuple(
+        f"{demand.entries[h].label} (priority {demand.entries[h].priority}, {n} device(s))"
+        for h, n in sorted(lost.items(), key=lambda kv: (-demand.entries[kv[0]].priority, kv[0]))
     )
+    fixes = _fixes(e, missing, eligible or gpus, plans)
+    text = reason
+    if lost_to:
+        text += "; lost to " + ", ".join(lost_to)
+    if fixes:
+        text += "; would fit with " + " or ".join(fixes)
+    return Unmet(e.profile, e.model, e.count, missing, text, e.priority, e.pool, lost_to, fixes)
 
 
-def _why_gpu(fleet: _Fleet, g: _Gpu, name: str) -> str:
-    profile = g.by_name[name]
+def _why_gpu(
+    g: _Gpu, e: DemandEntry, entry: int, demand: Demand, plan: GpuPlan | None
+) -> tuple[str, dict[int, int]]:
+    """Why this GPU holds no more of the entry's devices, and which entries hold its slices."""
+    profile = g.by_name[e.profile]
     if g.whole_busy and not g.mig_on:
-        return "run processes as whole GPUs (MIG off)"
-    if g.counts[name] >= profile.instance_count or (
-        "+me" in name and any("+me" in n and v for n, v in g.counts.items())
-    ):
-        return f"already hold the most {name} instances their model allows"
-    # Would one more fit if every other idle device gave way? If not, busy ones are in the way.
-    emptied = Counter({n: g.busy[n] for n in g.counts})
-    emptied[name] = g.counts[name] + 1
-    if not fleet.evaluate(g, _freeze(emptied)).ok:
-        return "have busy instances on the slices it needs"
-    return "would have to give up demanded devices of the same or larger profiles"
+        return "run processes as whole GPUs (MIG off)", {}
+    after = dict(g.after)
+    placed = _placed(g, plan) or []
+    by_id = {p.id: p for p in g.layout.profiles}
+    same = sum(1 for pid, _ in placed if pid == profile.id)
+    media = any("+me" in by_id[pid].name for pid, _ in placed if pid in by_id)
+    if same >= profile.instance_count or ("+me" in profile.name and media):
+        return f"already hold the most {e.profile} instances their model allows", {}
+    # Would one more fit if every idle instance gave way? If not, busy ones are in the way.
+    busy_ids = busy_gi_ids(g.layout)
+    busy = [gi for gi in g.layout.instances if gi.id in busy_ids] if g.mig_on else []
+    busy_mask = occupied(gi.placement for gi in busy)
+    busy_same = sum(1 for gi in busy if gi.profile_id == profile.id)
+    busy_media = any("+me" in gi.profile_name for gi in busy)
+    reachable = busy_same + creatable(profile, busy_mask, busy_same, busy_media)
+    if reachable <= after.get(e.profile, 0):
+        return "have busy instances on the slices it needs", {}
+    holders: dict[int, int] = {}
+    for name, n in after.items():
+        for other in g.accepts.get(name, ()):
+            if other != entry and demand.entries[other].count:
+                holders[other] = holders.get(other, 0) + n
+                break
+    higher = [h for h in holders if demand.entries[h].priority > e.priority]
+    if higher:
+        return "hold devices of higher-priority demand", holders
+    if holders:
+        return "hold devices of other demand of the same or lower priority", holders
+    return "have no free slices for it", {}
 
 
-def _no_gpu(e: DemandEntry, gpus: Sequence[_Gpu]) -> str:
+def _no_gpu(e: DemandEntry, gpus: Sequence[_Gpu], pools: Mapping[str, frozenset[str]]) -> str:
+    if e.pool is not None:
+        nodes = pools.get(e.pool, frozenset())
+        if not nodes:
+            return f"pool selector {e.pool!r} matched no node"
+        gpus = [g for g in gpus if g.node in nodes]
+        if not gpus:
+            return f"pool {e.pool!r} ({len(nodes)} node(s)) has no MIG-capable GPU"
     if e.model is not None:
         same = [g for g in gpus if model_key(g.layout.gpu.name) == model_key(e.model)]
         if not same:
@@ -528,85 +528,44 @@ def _no_gpu(e: DemandEntry, gpus: Sequence[_Gpu]) -> str:
     return f"no GPU in the fleet offers {e.profile}; profiles offered: {offered}"
 
 
-# -- the plan ----------------------------------------------------------------------------------
-
-
-def _change(fleet: _Fleet, g: _Gpu) -> GpuChange | None:
-    after = _freeze(g.counts)
-    enable = not g.mig_on and bool(after)
-    if after == g.base and not enable:
-        return None
-    plan = fleet.evaluate(g, after).plan
-    assert plan is not None and plan.target is not None  # only feasible counts are chosen
-    return GpuChange(
-        node=g.node,
-        index=g.layout.gpu.index,
-        uuid=g.layout.gpu.uuid,
-        model=g.layout.gpu.name,
-        enable_mig=enable,
-        before=g.base,
-        after=after,
-        keep=tuple(f"{gi.profile_name}@{gi.placement}" for gi in plan.keep),
-        destroy=tuple(f"{gi.profile_name}@{gi.placement}" for gi in plan.destroy),
-        create=tuple(gi.label for gi in plan.create),
-        target=plan.target.instances,
-    )
-
-
-def _placed(fleet: _Fleet, g: _Gpu) -> list[tuple[int, Placement]] | None:
-    """(profile id, placement) of the GPU after the plan; None when it stays out of MIG mode."""
-    counts = _freeze(g.counts)
-    if counts == g.base:
-        if not g.mig_on:
-            return None
-        return [(gi.profile_id, gi.placement) for gi in g.layout.instances]
-    plan = fleet.evaluate(g, counts).plan
-    assert plan is not None and plan.target is not None
-    return [(gi.profile_id, gi.placement) for gi in plan.target.instances]
-
-
-def plan_fleet(
-    nodes: Sequence[NodeLayouts], demand: Demand, *, from_scratch: bool = False
-) -> FleetPlan:
-    """Plan per-GPU layouts meeting ``demand`` with the least change (see the module doc).
-
-    ``from_scratch`` plans as if every GPU were empty and in MIG mode: the baseline a planner
-    without memory of the current layouts would give, to compare disruption against.
-    """
-    gpus = _gpus(nodes, demand, from_scratch)
-    fleet = _Fleet(gpus, demand)
-    for entry, name in _entry_order(fleet):
-        if fleet.deficit(entry) > 0:
-            _place(fleet, entry, name)
-    changes = tuple(c for g in gpus if (c := _change(fleet, g)) is not None)
-    unmet = tuple(
-        Unmet(e.profile, e.model, e.count, missing, _why(fleet, i, missing, gpus))
-        for i, e in enumerate(demand.entries)
-        if (missing := fleet.deficit(i)) > 0
-    )
-    totals = tuple(
-        ProfileTotal(e.profile, e.model, e.count, fleet.before[i], fleet.supply[i])
-        for i, e in enumerate(demand.entries)
-    )
-    free_slices = 0
-    capacity: Counter[str] = Counter()
+def _fixes(
+    e: DemandEntry, missing: int, gpus: Sequence[_Gpu], plans: Mapping[int, GpuPlan]
+) -> tuple[str, ...]:
+    """More idle GPUs of each model offering the profile, or smaller profiles that fit now."""
+    out: list[str] = []
+    models: dict[str, GiProfile] = {}
     for g in gpus:
-        placed = _placed(fleet, g)
-        if placed is None:
+        p = g.by_name.get(e.profile)
+        if p is not None:
+            models.setdefault(g.layout.gpu.name, p)
+    for model, p in sorted(models.items()):
+        per_gpu = creatable(p, 0, 0, False)
+        if per_gpu:
+            n = ceil(missing / per_gpu)
+            out.append(f"{n} more idle {model} GPU(s) ({per_gpu} x {e.profile} each)")
+    fits: Counter[str] = Counter()
+    size: dict[str, tuple[int, int]] = {}
+    for g in gpus:
+        want = g.by_name.get(e.profile)
+        placed = _placed(g, plans.get(g.order))
+        if want is None or placed is None:
             continue
-        taken = occupied(p for _, p in placed)
-        free_slices += g.layout.total_memory_slices - bin(taken).count("1")
-        capacity.update(free_capacity(g.layout.profiles, placed))
-    return FleetPlan(
-        changes=changes,
-        unmet=unmet,
-        totals=totals,
-        gpus=len(gpus),
-        destroyed=sum(len(c.destroy) for c in changes),
-        created=sum(len(c.create) for c in changes),
-        free_slices=free_slices,
-        free_capacity=tuple(sorted(capacity.items())),
-    )
+        for name, n in free_capacity(g.layout.profiles, placed).items():
+            p = g.by_name[name]
+            if p.memory_slices < want.memory_slices or p.slice_count < want.slice_count:
+                fits[name] += n
+                size[name] = (p.memory_slices, p.slice_count)
+    if fits:
+        # Largest first: the closest to what was asked.
+        best = sorted(fits.items(), key=lambda kv: (tuple(-x for x in size[kv[0]]), kv[0]))
+        out.append(
+            "a smaller profile that fits now: "
+            + ", ".join(f"{name} ({n} free)" for name, n in best[:3])
+        )
+    return tuple(out)
+
+
+# -- baselines -----------------------------------------------------------------------------------
 
 
 def scratch_disruption(nodes: Sequence[NodeLayouts], scratch: FleetPlan) -> int:

@@ -2,14 +2,16 @@
 
 Each step plans the trace's demand against the layouts the previous step left, applies the plan
 on paper, and counts what it cost. Demand is taken as devices in use: after each step that many
-devices of each profile run a process (those already running first), so the next step may not
-destroy them, exactly as the planner treats busy instances on a real fleet.
+devices of each entry run a process (those already running first, higher priorities first), so
+the next step may not destroy them, exactly as the planner treats busy instances on a real
+fleet. A step lasts until the next one (the last until ``end``, when given): GPU-hours idle are
+the memory slices in no device in use, as a fraction of their GPU, over that time.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.coordinator.capacity import busy_gi_ids
@@ -19,9 +21,20 @@ from agent.coordinator.planner import GpuChange, NodeLayouts, plan_fleet
 from agent.gpu.types import ComputeInstance, GpuInstance, GpuLayout, MigMode, Placement, Process
 from agent.mig.plan import ci_name
 
-__all__ = ["StepResult", "replay"]
+__all__ = ["PriorityResult", "StepResult", "replay"]
 
 _PID_BASE = 100_000  # simulated workload processes; far from the node's own pids
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityResult:
+    priority: int
+    demand: int
+    met: int
+
+    @property
+    def unmet(self) -> int:
+        return self.demand - self.met
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,35 +48,62 @@ class StepResult:
     #: instances destroyed to reach this step's layout (none of them in use).
     disrupted: int
     created: int
+    #: GPUs reconfigured in this step.
     gpus_changed: int
     #: memory slices on MIG GPUs not in a device in use: free slices plus idle instances.
     idle_slices: int
     total_slices: int
+    #: demand and met per priority, highest first.
+    by_priority: tuple[PriorityResult, ...] = ()
+    #: devices of the demanded profiles the fleet holds after the step (in use or not).
+    capacity: int = 0
+    #: seconds until the next step (the last: until ``end``, else 0).
+    duration_s: float = 0.0
+    #: GPU-hours idle over the step: idle slices as a fraction of their GPU, times duration.
+    gpu_hours_idle: float = 0.0
 
     @property
     def unmet_total(self) -> int:
         return sum(n for _, n in self.unmet)
 
 
-def replay(nodes: Sequence[NodeLayouts], steps: Sequence[TraceStep]) -> tuple[StepResult, ...]:
+def replay(
+    nodes: Sequence[NodeLayouts],
+    steps: Sequence[TraceStep],
+    *,
+    pools: Mapping[str, frozenset[str]] | None = None,
+    end: float | None = None,
+) -> tuple[StepResult, ...]:
     catalog = Catalog(g for n in nodes for g in n.gpus)
     fleet = [NodeLayouts(n.name, tuple(catalog.complete(g) for g in n.gpus)) for n in nodes]
+    chosen = pools or {}
     out: list[StepResult] = []
-    for step in steps:
+    for k, step in enumerate(steps):
         # Work that ended frees its devices before the plan; new work takes them after it.
-        fleet = _occupy(fleet, step.demand)
-        plan = plan_fleet(fleet, step.demand)
+        fleet = _occupy(fleet, step.demand, chosen)
+        plan = plan_fleet(fleet, step.demand, pools=chosen)
         by_gpu = {(c.node, c.uuid): c for c in plan.changes}
         fleet = [
             NodeLayouts(n.name, tuple(_apply(g, by_gpu.get((n.name, g.gpu.uuid))) for g in n.gpus))
             for n in fleet
         ]
-        fleet = _occupy(fleet, step.demand)
-        idle, total = _slices(fleet)
-        unmet = tuple(
-            (u.profile if u.model is None else f"{u.profile} on {u.model}", u.missing)
-            for u in plan.unmet
+        fleet = _occupy(fleet, step.demand, chosen)
+        idle, total, idle_gpus = _slices(fleet)
+        unmet = tuple((u.label, u.missing) for u in plan.unmet)
+        missing: dict[int, int] = {}
+        for u in plan.unmet:
+            missing[u.priority] = missing.get(u.priority, 0) + u.missing
+        levels = sorted({e.priority for e in step.demand.entries}, reverse=True)
+        by_priority = tuple(
+            PriorityResult(
+                level,
+                want := sum(e.count for e in step.demand.entries if e.priority == level),
+                want - missing.get(level, 0),
+            )
+            for level in levels
         )
+        following = steps[k + 1].time if k + 1 < len(steps) else end
+        duration = max(0.0, following - step.time) if following is not None else 0.0
         out.append(
             StepResult(
                 time=step.time,
@@ -76,6 +116,10 @@ def replay(nodes: Sequence[NodeLayouts], steps: Sequence[TraceStep]) -> tuple[St
                 gpus_changed=len(plan.changes),
                 idle_slices=idle,
                 total_slices=total,
+                by_priority=by_priority,
+                capacity=sum(t.after for t in plan.totals),
+                duration_s=duration,
+                gpu_hours_idle=idle_gpus * duration / 3600.0,
             )
         )
     return tuple(out)
@@ -112,14 +156,15 @@ def _apply(layout: GpuLayout, change: GpuChange | None) -> GpuLayout:
     return GpuLayout(gpu, layout.profiles, tuple(instances), processes)
 
 
-def _occupy(fleet: Sequence[NodeLayouts], demand: Demand) -> list[NodeLayouts]:
-    """Make exactly the demanded number of devices busy, keeping those already busy.
+def _occupy(
+    fleet: Sequence[NodeLayouts], demand: Demand, pools: Mapping[str, frozenset[str]]
+) -> list[NodeLayouts]:
+    """Make the demanded devices busy, those already busy first, higher priorities first.
 
     Processes on whole GPUs (MIG off) are left as they are: the trace does not model them.
     """
-    wanted = {i: e.count for i, e in enumerate(demand.entries)}
-    # entry -> (idle?, node, GPU, GI id): sorted, the busy ones come first and stay busy.
-    slots: dict[int, list[tuple[bool, int, int, int]]] = {}
+    # (node, GPU, GI id) -> (device name, model, node name, busy now)
+    devices: list[tuple[bool, int, int, int, str, str, str]] = []
     for n_i, node in enumerate(fleet):
         for g_i, layout in enumerate(node.gpus):
             busy = busy_gi_ids(layout)
@@ -129,13 +174,23 @@ def _occupy(fleet: Sequence[NodeLayouts], demand: Demand) -> list[NodeLayouts]:
                 if profile is None or len(gi.compute_instances) != 1:
                     continue
                 name = ci_name(profile, gi.compute_instances[0].placement.size)
-                entry = demand.entry_for(name, layout.gpu.name)
-                if entry is not None:
-                    slots.setdefault(entry, []).append((gi.id not in busy, n_i, g_i, gi.id))
+                devices.append(
+                    (gi.id not in busy, n_i, g_i, gi.id, name, layout.gpu.name, node.name)
+                )
+    devices.sort()  # busy ones first: they stay busy
     chosen: set[tuple[int, int, int]] = set()
-    for entry, candidates in slots.items():
-        for _, n_i, g_i, gi_id in sorted(candidates)[: wanted[entry]]:
-            chosen.add((n_i, g_i, gi_id))
+    for e in sorted(demand.entries, key=lambda e: -e.priority):
+        left = e.count
+        for _, n_i, g_i, gi_id, name, model, node_name in devices:
+            if left <= 0:
+                break
+            key = (n_i, g_i, gi_id)
+            if key in chosen or not e.accepts(name, model):
+                continue
+            if e.pool is not None and node_name not in pools.get(e.pool, frozenset()):
+                continue
+            chosen.add(key)
+            left -= 1
     out: list[NodeLayouts] = []
     for n_i, node in enumerate(fleet):
         gpus = []
@@ -151,15 +206,21 @@ def _occupy(fleet: Sequence[NodeLayouts], demand: Demand) -> list[NodeLayouts]:
     return out
 
 
-def _slices(fleet: Sequence[NodeLayouts]) -> tuple[int, int]:
+def _slices(fleet: Sequence[NodeLayouts]) -> tuple[int, int, float]:
+    """Idle and total memory slices of MIG GPUs; idle GPUs (MIG GPUs by idle fraction, whole
+    GPUs with no process as 1)."""
     idle = total = 0
+    gpus = 0.0
     for node in fleet:
         for layout in node.gpus:
             if not (layout.gpu.mig_mode and layout.gpu.mig_mode.current):
+                if layout.gpu.mig_mode is not None and not layout.processes:
+                    gpus += 1.0
                 continue
             width = layout.total_memory_slices
             busy = busy_gi_ids(layout)
             used = sum(gi.placement.size for gi in layout.instances if gi.id in busy)
             total += width
             idle += width - used
-    return idle, total
+            gpus += (width - used) / width if width else 0.0
+    return idle, total, gpus

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
+import pytest
+
 from agent.cli.fleet import _plan_table, fleet
-from agent.coordinator.demand import Demand, DemandEntry
-from agent.coordinator.flows import PlanResult
+from agent.coordinator import clusterdemand, flows
+from agent.coordinator.demand import Demand, DemandEntry, parse_demand
+from agent.coordinator.discovery import Target
+from agent.coordinator.flows import PlanResult, Selection
+from agent.coordinator.inventory import NodeView
+from agent.coordinator.planfile import load_plan
 from agent.coordinator.planner import plan_fleet
+from agent.coordinator.rightsize import Window
+from agent.coordinator.selector import Selector
+from agent.gpu.types import GpuLayout
 from tests.unit.coordinator.agents import invoke
 from tests.unit.coordinator.fleets import gpu, node
+from tests.unit.coordinator.test_rightsize import snapshot
 
 
 def test_an_offline_replay_on_nodes_one_might_buy(tmp_path: Path) -> None:
@@ -52,7 +63,126 @@ def test_the_plan_table_shows_changes_totals_and_unmet_demand() -> None:
     result = PlanResult(plan_fleet(fleet_layouts, want), 3, ("node-z",))
     text = _plan_table({"result": result, "out": Path("plan.yaml")})
     assert "a     1    H100 80GB HBM3  -" in text
-    assert "UNMET 7g.80gb: 1 of 2 cannot be placed" in text
+    assert "UNMET 7g.80gb (priority 0): 2 of 2 cannot be placed" in text
+    assert "lost to 3g.40gb (priority 0, 1 device(s))" in text
     assert "a plan from scratch would destroy 3" in text
     assert "Not planned (no answer): node-z" in text
     assert "gpu-agent fleet apply mig --plan plan.yaml" in text
+
+
+def _answering(monkeypatch: pytest.MonkeyPatch, views: list[NodeView]) -> None:
+    """`fleet plan` sees these nodes as its sweep's answer (no agent is dialled)."""
+
+    async def select(fleet: object, chosen: Selector, **_: object) -> Selection:
+        picked = tuple(v for v in views if chosen.matches(v))
+        return Selection(picked, {v.name: Target(v.address, v.name) for v in picked})
+
+    monkeypatch.setattr(flows, "select", select)
+
+
+def _view(name: str, *layouts: GpuLayout, labels: dict[str, str] | None = None) -> NodeView:
+    return NodeView(name, f"{name}:9401", labels=labels or {}, layouts=layouts)
+
+
+def test_plan_exits_11_when_demand_is_unmet_and_still_prints_the_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _answering(monkeypatch, [_view("a", gpu("a", 0))])
+    demand = tmp_path / "demand.yaml"
+    demand.write_text(
+        "version: v1\ndemand:\n  - {profile: 7g.80gb, count: 1, priority: 1}\n"
+        "  - {profile: 1g.10gb, count: 2}\n"
+    )
+    out = tmp_path / "plan.yaml"
+    result = invoke(fleet, ["plan", "--demand", str(demand), "--agents", "a:1", "--out", str(out)])
+    assert result.exit_code == 11, result.output
+    assert "UNMET 1g.10gb (priority 0)" in result.output
+    assert "lost to 7g.80gb (priority 1, 1 device(s))" in result.output
+    assert "error: 2 device(s) of 1 demand entry left unmet: 1g.10gb short 2" in result.output
+    assert load_plan(out)  # the plan is written all the same
+    met = tmp_path / "met.yaml"
+    met.write_text("version: v1\ndemand: {7g.80gb: 1}\n")
+    assert invoke(fleet, ["plan", "--demand", str(met), "--agents", "a:1"]).exit_code == 0
+
+
+def test_plan_says_when_the_selector_matched_no_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _answering(monkeypatch, [_view("a", gpu("a", 0))])
+    demand = tmp_path / "demand.yaml"
+    demand.write_text("version: v1\ndemand: {7g.80gb: 1}\n")
+    result = invoke(fleet, ["plan", "--demand", str(demand), "--agents", "a:1", "-l", "name=zz"])
+    assert result.exit_code == 3
+    assert "error: the selector name=zz matched no node" in result.output
+
+
+def test_plan_from_the_cluster_takes_pending_pods_and_their_node_selector_as_a_pool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _answering(
+        monkeypatch,
+        [_view("a", gpu("a", 0), labels={"pool": "train"}), _view("b", gpu("b", 0))],
+    )
+    pods = [
+        {
+            "metadata": {"name": "job", "namespace": "ml"},
+            "spec": {
+                "nodeSelector": {"pool": "train"},
+                "containers": [{"resources": {"limits": {"nvidia.com/mig-3g.40gb": 2}}}],
+            },
+            "status": {"phase": "Pending"},
+        }
+    ]
+    monkeypatch.setattr(clusterdemand, "cluster_client", lambda: None)
+    monkeypatch.setattr(clusterdemand, "list_pods", lambda client: pods)
+    result = invoke(fleet, ["plan", "--from-cluster", "--agents", "a:1", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["demand"]["source"] == "cluster"
+    assert [(c["node"], c["after"]) for c in doc["changes"]] == [("a", [["3g.40gb", 2]])]
+    both = invoke(fleet, ["plan", "--from-cluster", "--demand", "x.yaml", "--agents", "a:1"])
+    assert both.exit_code == 2 and "one of them" in both.output
+
+
+def test_replay_writes_its_report_and_picture(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("time,profile,count,priority\n0,7g.80gb,8,0\n0,1g.10gb,56,0\n")
+    report, svg = tmp_path / "report.csv", tmp_path / "demand.svg"
+    args = ["replay", "--trace", str(trace), "--offline", "--add", "dgx-h100=1"]
+    result = invoke(fleet, [*args, "--report", str(report), "--svg", str(svg), "--end", "3600"])
+    assert result.exit_code == 0, result.output
+    assert "0:56/64" in result.output  # met by priority, in the table
+    (row,) = csv.DictReader(report.read_text().splitlines())
+    assert (row["met"], row["unmet"], row["gpus_reconfigured"]) == ("56", "8", "8")
+    assert svg.read_text().startswith("<svg") and 'class="capacity"' in svg.read_text()
+    bad = invoke(fleet, [*args, "--report", str(tmp_path / "r.txt")])
+    assert bad.exit_code == 2 and ".csv or .json" in bad.output
+
+
+def test_rightsize_lists_the_pods_that_fit_smaller_and_writes_their_demand(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layout = gpu("a", 0, instances=[("3g.40gb", 0)])
+    _answering(monkeypatch, [_view("a", layout)])
+    sweeps: list[int] = []
+
+    async def observe(f: object, selection: Selection, *, samples: int, every_s: float) -> Window:
+        sweeps.append(samples)
+        window = Window()
+        window.add("a", snapshot(("GPU-a-0", 1, "3g.40gb", "small", {252: 3000, 1001: 0.1})))
+        return window
+
+    monkeypatch.setattr(flows, "observe", observe)
+    out = tmp_path / "smaller.yaml"
+    args = ["rightsize", "--agents", "a:1", "--window", "2m", "--every", "30s"]
+    result = invoke(fleet, [*args, "--demand-out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert sweeps == [5]
+    assert "1 of 1 pod(s) fit a smaller profile (headroom 20%), freeing 3 memory slice(s)" in (
+        result.output
+    )
+    assert parse_demand(out.read_text()).entries == (
+        DemandEntry("1g.10gb", 1, "NVIDIA H100 80GB HBM3"),
+    )
+    bad = invoke(fleet, ["rightsize", "--agents", "a:1", "--window", "1m", "--every", "0"])
+    assert bad.exit_code == 2 and "--every" in bad.output

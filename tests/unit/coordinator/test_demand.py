@@ -30,6 +30,25 @@ demand:
     assert demand.entry_for("2g.20gb", "NVIDIA H100 80GB HBM3") is None
 
 
+def test_entries_with_priorities_and_pools() -> None:
+    """The list form: the same profile may be asked for at several priorities and pools."""
+    demand = parse_demand(
+        """
+version: v1
+demand:
+  - {profile: 7g.80gb, count: 8, priority: 100, pool: "pool=training"}
+  - {profile: 1g.10gb, count: 56, model: NVIDIA H100 80GB HBM3}
+  - {profile: 1g.10gb, count: 4, priority: 5}
+"""
+    )
+    assert demand.entries == (
+        DemandEntry("7g.80gb", 8, None, 100, "pool=training"),
+        DemandEntry("1g.10gb", 56, "NVIDIA H100 80GB HBM3"),
+        DemandEntry("1g.10gb", 4, None, 5),
+    )
+    assert demand.pools == ("pool=training",)
+
+
 def test_model_names_match_without_case_or_the_vendor_prefix() -> None:
     assert model_key("NVIDIA  H100 80GB HBM3") == model_key("h100 80gb hbm3")
 
@@ -43,7 +62,25 @@ def test_model_names_match_without_case_or_the_vendor_prefix() -> None:
         ("version: v1\ndemand: {10gb: 1}", "demand.10gb", "invalid MIG profile"),
         ("version: v1\ndemand: {1c.3g.40gb: 1}", "demand.1c.3g.40gb", "compute-instance"),
         ("version: v1\ndemand: {1g.10gb: {}}", "demand.1g.10gb", "at least one model"),
-        ("version: v1\ndemand: [1]", "demand", "must map MIG profile names"),
+        ("version: v1\ndemand: 5", "demand", "must map MIG profile names"),
+        ("version: v1\ndemand: [1]", "demand[0]", "an entry"),
+        ("version: v1\ndemand: {1g.10gb: 1000001}", "demand.1g.10gb", "at most 1000000"),
+        ("version: v1\ndemand: [{profile: 1g.10gb, count: 1, x: 1}]", "demand[0].x", "unexpected"),
+        (
+            "version: v1\ndemand: [{profile: 1g.10gb, count: 1, priority: hi}]",
+            "demand[0].priority",
+            "an integer",
+        ),
+        (
+            "version: v1\ndemand: [{profile: 1g.10gb, count: 1, pool: ''}]",
+            "demand[0].pool",
+            "non-empty",
+        ),
+        (
+            "version: v1\ndemand: [{profile: 1g.10gb, count: 1}, {profile: 1g.10gb, count: 2}]",
+            "demand[1]",
+            "listed twice",
+        ),
         ("version: v1\ndemand: {}\nextra: 1", "extra", "unexpected field"),
     ],
 )

@@ -22,7 +22,7 @@ class GetTelemetrySnapshotResponse(_message.Message):
     def __init__(self, snapshot: _Optional[_Union[TelemetrySnapshot, _Mapping]] = ...) -> None: ...
 
 class TelemetrySnapshot(_message.Message):
-    __slots__ = ("time", "hostname", "driver_version", "gpus", "entities", "xids", "pods_hidden")
+    __slots__ = ("time", "hostname", "driver_version", "gpus", "entities", "xids", "pods_hidden", "pods")
     TIME_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class TelemetrySnapshot(_message.Message):
     ENTITIES_FIELD_NUMBER: _ClassVar[int]
     XIDS_FIELD_NUMBER: _ClassVar[int]
     PODS_HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    PODS_FIELD_NUMBER: _ClassVar[int]
     time: _timestamp_pb2.Timestamp
     hostname: str
     driver_version: str
@@ -37,7 +38,8 @@ class TelemetrySnapshot(_message.Message):
     entities: _containers.RepeatedCompositeFieldContainer[EntitySample]
     xids: _containers.RepeatedCompositeFieldContainer[XidCount]
     pods_hidden: bool
-    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., hostname: _Optional[str] = ..., driver_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuUp, _Mapping]]] = ..., entities: _Optional[_Iterable[_Union[EntitySample, _Mapping]]] = ..., xids: _Optional[_Iterable[_Union[XidCount, _Mapping]]] = ..., pods_hidden: _Optional[bool] = ...) -> None: ...
+    pods: _containers.RepeatedCompositeFieldContainer[PodUsage]
+    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., hostname: _Optional[str] = ..., driver_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuUp, _Mapping]]] = ..., entities: _Optional[_Iterable[_Union[EntitySample, _Mapping]]] = ..., xids: _Optional[_Iterable[_Union[XidCount, _Mapping]]] = ..., pods_hidden: _Optional[bool] = ..., pods: _Optional[_Iterable[_Union[PodUsage, _Mapping]]] = ...) -> None: ...
 
 class GpuUp(_message.Message):
     __slots__ = ("gpu_index", "gpu_uuid", "up")
@@ -92,6 +94,18 @@ class EntitySample(_message.Message):
     pod: PodRef
     idle_seconds: float
     def __init__(self, entity: _Optional[_Union[TelemetryEntity, _Mapping]] = ..., values: _Optional[_Iterable[_Union[FieldValue, _Mapping]]] = ..., pod: _Optional[_Union[PodRef, _Mapping]] = ..., idle_seconds: _Optional[float] = ...) -> None: ...
+
+class PodUsage(_message.Message):
+    __slots__ = ("entity", "pod", "memory_used_bytes", "sm_utilization")
+    ENTITY_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SM_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    entity: TelemetryEntity
+    pod: PodRef
+    memory_used_bytes: float
+    sm_utilization: float
+    def __init__(self, entity: _Optional[_Union[TelemetryEntity, _Mapping]] = ..., pod: _Optional[_Union[PodRef, _Mapping]] = ..., memory_used_bytes: _Optional[float] = ..., sm_utilization: _Optional[float] = ...) -> None: ...
 
 class XidCount(_message.Message):
     __slots__ = ("entity", "xid", "count")
