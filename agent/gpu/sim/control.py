@@ -19,7 +19,7 @@ from agent.errors import Busy, Conflict, DeviceLost, FieldViolation, InvalidSpec
 from agent.gpu.sim import activity, faults, layout, lifecycle
 from agent.gpu.sim.activity import RATIOS
 from agent.gpu.sim.lifecycle import model_of
-from agent.gpu.sim.models import profile_name
+from agent.gpu.models import profile_name
 from agent.gpu.sim.state import Gpu, GpuInstance, NodeState, Process, XidEvent
 from agent.gpu.sim.store import StateStore
 

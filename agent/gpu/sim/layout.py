@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 
 import pynvml
 
-from agent.gpu.sim.models import CiProfileSpec, GiProfileSpec, GpuModel
+from agent.gpu.models import CiProfileSpec, GiProfileSpec, GpuModel
 from agent.gpu.sim.state import ComputeInstance, Gpu, GpuInstance
 
 _Placement = tuple[int, int]  # (start, size)

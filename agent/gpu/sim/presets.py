@@ -11,7 +11,7 @@ from agent.errors import FieldViolation, InvalidSpec
 class Preset:
     name: str
     description: str
-    gpus: tuple[str, ...]  # model keys (agent.gpu.sim.models.MODELS), in NVML index order
+    gpus: tuple[str, ...]  # model keys (agent.gpu.models.MODELS), in NVML index order
     driver_version: str  # at least every model's min_driver_version
     cuda_driver_version: int  # nvmlSystemGetCudaDriverVersion, e.g. 12040 = CUDA 12.4
 

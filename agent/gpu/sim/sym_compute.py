@@ -26,7 +26,7 @@ from agent.gpu.sim.abi import (
     write_placements,
 )
 from agent.gpu.sim.handles import Handle, Kind, pointer
-from agent.gpu.sim.models import CiProfileSpec, profile_name
+from agent.gpu.models import CiProfileSpec, profile_name
 from agent.gpu.sim.state import ComputeInstance, GpuInstance
 from agent.gpu.sim.sym_mig import gi_handle
 

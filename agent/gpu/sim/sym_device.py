@@ -18,7 +18,7 @@ from agent.gpu.sim.abi import (
     write_string,
 )
 from agent.gpu.sim.handles import Handle, Kind
-from agent.gpu.sim.models import profile_name
+from agent.gpu.models import profile_name
 from agent.gpu.sim.state import Gpu
 
 if TYPE_CHECKING:

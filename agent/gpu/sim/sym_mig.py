@@ -28,7 +28,7 @@ from agent.gpu.sim.abi import (
     write_placements,
 )
 from agent.gpu.sim.handles import Handle, Kind, pointer
-from agent.gpu.sim.models import GiProfileSpec, profile_name
+from agent.gpu.models import GiProfileSpec, profile_name
 from agent.gpu.sim.state import Activity, GpuInstance
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ import pynvml
 
 from agent.gpu.sim import activity, lifecycle
 from agent.gpu.sim.abi import OutArray, fail, set_value, symbol, target, to_int
-from agent.gpu.sim.models import GpuModel
+from agent.gpu.models import GpuModel
 from agent.gpu.sim.state import Process
 
 if TYPE_CHECKING:

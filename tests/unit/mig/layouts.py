@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agent.gpu.profiles import profile_name
-from agent.gpu.sim.models import MODELS, GpuModel
+from agent.gpu.models import MODELS, GpuModel
 from agent.gpu.types import (
     ComputeInstance,
     GiProfile,

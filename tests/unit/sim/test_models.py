@@ -1,6 +1,6 @@
 """Pins the simulator's GPU tables to reference/mig.md, transcribed here by hand.
 
-If a number in agent/gpu/sim/models.py drifts from the reference, a test here names it.
+If a number in agent/gpu/models.py drifts from the reference, a test here names it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pynvml
 import pytest
 
 from agent.errors import InvalidSpec
-from agent.gpu.sim.models import GIB, MIB, MODELS, GiProfileSpec, GpuModel, profile_name
+from agent.gpu.models import GIB, MIB, MODELS, GiProfileSpec, GpuModel, profile_name
 from agent.gpu.sim.presets import PRESETS, get_preset
 
 # mig.md §1.2: NVML_GPU_INSTANCE_PROFILE_* values.

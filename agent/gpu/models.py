@@ -1,8 +1,14 @@
-"""GPU models the simulated driver can pretend to be: pure data, no driver behaviour.
+"""GPU models and their MIG profile tables: product data, no driver behaviour.
 
-Every MIG number comes from reference/mig.md §1.3 (profile tables) and §1.4 (placements); the
-tests in tests/unit/sim/test_models.py pin each table to that document. Device-level numbers the
-reference does not give (clocks, power, subsystem ids) are plausible, illustrative values.
+One source for everything that must know a board without asking its driver: the coordinator's
+catalog (profiles of a GPU whose MIG is off, so its driver lists none) and the simulated driver
+(``agent.gpu.sim``), which pretends to be these boards. The real driver path never reads it:
+on hardware the agent asks NVML.
+
+Every MIG number comes from reference/mig.md §1.3 (profile tables) and §1.4 (placements), or,
+for the boards added later, from the sources cited above each table; the tests in
+tests/unit/sim/test_models.py pin each table. Device-level numbers the sources do not give
+(clocks, power, subsystem ids) are plausible, illustrative values the simulator alone uses.
 """
 
 from __future__ import annotations
