@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agent.gpu.profiles import profile_name
 from agent.gpu.models import MODELS, GpuModel
+from agent.gpu.profiles import profile_name
 from agent.gpu.sim.presets import get_preset
 from agent.gpu.types import GiProfile, GpuInfo, GpuLayout, MigMode, Placement
 

@@ -195,6 +195,11 @@ def test_sim_commands_drive_one_node_shared_by_separate_processes(tmp_path: Path
         "dgx-h100",
         "h100-nvl",
         "hgx-h200",
+        "gh200",
+        "gh200-144",
+        "hgx-h20",
+        "dgx-b200",
+        "rtx-pro-6000",
         "mixed",
     } <= names
 

@@ -16,10 +16,10 @@ from typing import Any
 import pynvml
 
 from agent.errors import Busy, Conflict, DeviceLost, FieldViolation, InvalidSpec, NotFound
+from agent.gpu.models import profile_name
 from agent.gpu.sim import activity, faults, layout, lifecycle
 from agent.gpu.sim.activity import RATIOS
 from agent.gpu.sim.lifecycle import model_of
-from agent.gpu.models import profile_name
 from agent.gpu.sim.state import Gpu, GpuInstance, NodeState, Process, XidEvent
 from agent.gpu.sim.store import StateStore
 

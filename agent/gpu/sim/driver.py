@@ -19,6 +19,7 @@ from typing import Any
 
 import pynvml
 
+from agent.gpu.models import GpuModel
 from agent.gpu.sim import (
     latency,
     sym_compute,
@@ -31,7 +32,6 @@ from agent.gpu.sim import (
 from agent.gpu.sim.abi import REGISTRY, Export, NvmlReturn, decode, fail
 from agent.gpu.sim.handles import Kind
 from agent.gpu.sim.lifecycle import model_of
-from agent.gpu.models import GpuModel
 from agent.gpu.sim.state import ComputeInstance, Gpu, GpuInstance, NodeState
 from agent.gpu.sim.store import StateMissing, StateStore
 

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import pynvml
 
+from agent.gpu.models import profile_name
 from agent.gpu.sim import layout
 from agent.gpu.sim.abi import (
     fail,
@@ -18,7 +19,6 @@ from agent.gpu.sim.abi import (
     write_string,
 )
 from agent.gpu.sim.handles import Handle, Kind
-from agent.gpu.models import profile_name
 from agent.gpu.sim.state import Gpu
 
 if TYPE_CHECKING:

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import pynvml
 
+from agent.gpu.models import GpuModel
 from agent.gpu.sim import activity, lifecycle
 from agent.gpu.sim.abi import OutArray, fail, set_value, symbol, target, to_int
-from agent.gpu.models import GpuModel
 from agent.gpu.sim.state import Process
 
 if TYPE_CHECKING:
