@@ -94,6 +94,7 @@ class GpuModel:
     pcie_generation: int
     pcie_width: int
     min_driver_version: str  # mig.md §1.8 (guide v620) minimum driver for MIG on this model
+    hbm: bool = True  # HBM memory (a memory temperature sensor); False for GDDR boards
 
     @property
     def arch_code(self) -> int:
@@ -589,6 +590,7 @@ _MODEL_LIST = (
         memory_slices=4,
         compute_slices=4,
         gi_profiles=_RTX_PRO_6000_PROFILES,
+        hbm=False,  # 96 GB GDDR7
         max_sm_clock_mhz=2430,
         max_mem_clock_mhz=14001,
         power_limit_w=600,
