@@ -13,6 +13,7 @@ import pytest
 
 from agent.errors import InvalidSpec
 from agent.gpu.models import GIB, MIB, MODELS, GiProfileSpec, GpuModel, profile_name
+from agent.gpu.sim import generations
 from agent.gpu.sim.presets import PRESETS, get_preset
 
 # mig.md §1.2: NVML_GPU_INSTANCE_PROFILE_* values.
@@ -458,7 +459,7 @@ def test_preset_resolves_to_models(name: str) -> None:
     assert counts == PRESET_GPUS[name]
     models = [MODELS[key] for key in preset.gpus]
     assert all(_version(preset.driver_version) >= _version(m.min_driver_version) for m in models)
-    assert preset.cuda_driver_version >= 12000
+    assert preset.cuda_driver_version == generations.cuda_driver_version(preset.driver_version)
 
 
 def test_every_preset_is_pinned() -> None:
