@@ -61,8 +61,8 @@ def facts(driver: GpuDriver, index: int) -> dict[str, Any]:
 
 def simulated_facts(pci_device_id: int) -> dict[str, Any] | None:
     """The same facts read from a throwaway simulated node holding the same model."""
+    from agent.gpu.models import MODELS
     from agent.gpu.sim import open_simulator
-    from agent.gpu.sim.models import MODELS
     from agent.gpu.sim.presets import PRESETS
 
     model = next((m for m in MODELS.values() if m.pci_device_id == pci_device_id), None)

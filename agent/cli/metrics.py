@@ -49,14 +49,13 @@ def metrics(
         "telemetry.metric_names": metric_names,
     }
     config = obj.config
+    gpu = obj.gpu()  # first: on a new state dir this creates the simulated node from the preset
     proc_root = None
     if config.simulate:
         from agent.gpu.sim import SimControl
 
         proc_root = SimControl(config.state_dir).proc_root
-    service = build_telemetry(
-        obj.gpu(), config.telemetry, hostname=config.node_name, proc_root=proc_root
-    )
+    service = build_telemetry(gpu, config.telemetry, hostname=config.node_name, proc_root=proc_root)
     service.start()
     try:
         time.sleep(MIN_WINDOW_S * 1.2)

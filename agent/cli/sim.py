@@ -56,6 +56,7 @@ def presets(output: str) -> None:
             "name": p.name,
             "gpus": len(p.gpus),
             "models": sorted(set(p.gpus)),
+            "driver": p.driver_version,
             "description": p.description,
         }
         for p in PRESETS.values()
@@ -64,8 +65,11 @@ def presets(output: str) -> None:
         rows,
         output,
         lambda r: format_table(
-            ["PRESET", "GPUS", "MODELS", "DESCRIPTION"],
-            [[x["name"], x["gpus"], ",".join(x["models"]), x["description"]] for x in r],
+            ["PRESET", "GPUS", "MODELS", "DRIVER", "DESCRIPTION"],
+            [
+                [x["name"], x["gpus"], ",".join(x["models"]), x["driver"], x["description"]]
+                for x in r
+            ],
         ),
     )
 
@@ -288,6 +292,23 @@ def reset(obj: CliContext, gpu: int) -> None:
       gpu-agent sim reset 0
     """
     _control(obj).reset_gpu(gpu)
+
+
+@sim.command("driver")
+@click.argument("version")
+@click.pass_obj
+def driver(obj: CliContext, version: str) -> None:
+    """Install another driver version and reboot the node; it decides which NVML calls exist.
+
+    Older generations lack newer symbols (nvmlDeviceGetComputeRunningProcesses_v3 before R510
+    and on 535.98, nvmlDeviceGetMemoryInfo_v2 before R510, GPM before R525, ...): pynvml raises
+    NVMLError_FunctionNotFound for them, as on a real node. Restart the agent afterwards.
+
+    \b
+    Example:
+      gpu-agent sim driver 470.256.02
+    """
+    _control(obj).install_driver(version)
 
 
 @sim.command("reboot")

@@ -3,16 +3,16 @@
 The driver lists GPU-instance profiles only while MIG is on, so an agent reports none for a GPU
 with MIG off, yet the fleet planner must know what such a GPU could hold. Profiles come, in
 order of trust, from another GPU of the same model in the fleet that reports them (the real
-driver's numbers), then from the reference tables (reference/mig.md §1.3), which the simulator's
-model data pins.
+driver's numbers), then from the model tables in ``agent.gpu.models`` (the ones the simulator
+pretends to be).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from agent.gpu.models import MODELS, GpuModel
 from agent.gpu.profiles import profile_name
-from agent.gpu.sim.models import MODELS, GpuModel
 from agent.gpu.sim.presets import get_preset
 from agent.gpu.types import GiProfile, GpuInfo, GpuLayout, MigMode, Placement
 

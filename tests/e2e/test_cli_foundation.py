@@ -188,8 +188,23 @@ def test_sim_commands_drive_one_node_shared_by_separate_processes(tmp_path: Path
         "dgx-h100",
         "h100-nvl",
         "hgx-h200",
+        "gh200",
+        "gh200-144",
+        "hgx-h20",
+        "dgx-b200",
+        "rtx-pro-6000",
         "mixed",
     } <= names
+
+
+def test_sim_driver_installs_another_generation_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    env = {"GPU_AGENT_SIMULATE": "dgx-a100", "GPU_AGENT_STATE_DIR": str(tmp_path)}
+    run("sim", "driver", "470.256.02", env=env)
+    state = json.loads(run("sim", "show", "-o", "json", env=env).stdout)
+    assert (state["driver_version"], state["cuda_driver_version"]) == ("470.256.02", 11040)
+    bad = run("sim", "driver", "999", env=env, check=False)
+    assert bad.returncode != 0 and "driver_version" in bad.stderr
+    assert json.loads(run("sim", "show", "-o", "json", env=env).stdout) == state
 
 
 def test_a_different_preset_never_replaces_an_existing_simulated_node(tmp_path: Path) -> None:

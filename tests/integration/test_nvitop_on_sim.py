@@ -6,6 +6,7 @@ pynvml's wrappers and, for process lists and memory, C symbols directly with its
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -82,3 +83,52 @@ def test_nvitop_lists_gpus_memory_utilisation_and_processes(busy_node: Path) -> 
     assert "2000MiB / 39.50GiB" in out  # its memory
     assert "4242" in out and "4343" in out  # both processes
     assert "FunctionNotFound" not in result.stderr
+
+
+_RUN_EXPORTER = textwrap.dedent(
+    """
+    import json
+    import sys
+    import time
+    from pathlib import Path
+
+    from agent.gpu.sim import install_as_pynvml
+
+    install_as_pynvml(Path(sys.argv[1]))  # before nvitop imports pynvml
+    from nvitop import Device
+    from nvitop.api import libnvml
+    from nvitop_exporter.exporter import PrometheusExporter
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    device = Device(0)
+    exporter = PrometheusExporter([device], "node", registry=registry)
+    # One scrape loop iteration twice (collect() loops forever): the NVLink rate is the counter
+    # difference between two updates.
+    exporter.update_device(device)
+    time.sleep(0.2)
+    exporter.update_device(device)
+    labels = {"hostname": "node", "index": "0", "devicename": device.name(), "uuid": device.uuid()}
+    tx = registry.get_sample_value("gpu_nvlink_total_tx_throughput_MiBps", labels)
+    print(json.dumps({"unknown": sorted(libnvml.UNKNOWN_FUNCTIONS), "nvlink_tx_mib_s": tx}))
+    """
+)
+
+
+def test_nvitop_exporter_reads_nvlink_through_field_values(tmp_path: Path) -> None:
+    """nvitop-exporter's NVLink gauges come from nvmlDeviceGetFieldValues: no FunctionNotFound."""
+    open_simulator(tmp_path, "dgx-h100")
+    SimControl(tmp_path).set_workload(0, nvlink_tx_bytes_per_s=18 * 2**30)  # 18 GiB/s, 18 links
+    result = subprocess.run(
+        [sys.executable, "-c", _RUN_EXPORTER, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert "nvmlDeviceGetFieldValues" not in out["unknown"]
+    assert "FunctionNotFound" not in result.stderr
+    assert out["nvlink_tx_mib_s"] == pytest.approx(18 * 1024, rel=0.05)

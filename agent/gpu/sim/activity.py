@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from agent.errors import FieldViolation, InvalidSpec
-from agent.gpu.sim.models import GpuModel
+from agent.gpu.models import GpuModel
 from agent.gpu.sim.state import Activity, Gpu
 
 COMPUTE_RATIOS = (

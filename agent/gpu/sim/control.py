@@ -16,10 +16,10 @@ from typing import Any
 import pynvml
 
 from agent.errors import Busy, Conflict, DeviceLost, FieldViolation, InvalidSpec, NotFound
-from agent.gpu.sim import activity, faults, layout, lifecycle
+from agent.gpu.models import profile_name
+from agent.gpu.sim import activity, faults, generations, layout, lifecycle
 from agent.gpu.sim.activity import RATIOS
 from agent.gpu.sim.lifecycle import model_of
-from agent.gpu.sim.models import profile_name
 from agent.gpu.sim.state import Gpu, GpuInstance, NodeState, Process, XidEvent
 from agent.gpu.sim.store import StateStore
 
@@ -245,6 +245,21 @@ class SimControl:
 
     def reboot(self) -> None:
         with self._store.transaction() as node:
+            lifecycle.reboot(node, time.monotonic())
+        shutil.rmtree(self._proc_root, ignore_errors=True)
+
+    def install_driver(self, version: str) -> None:
+        """Install driver ``version`` and reboot, as an administrator would.
+
+        The version decides which NVML symbols exist (``generations.py``). A process that already
+        loaded the library keeps the symbols it resolved, so restart NVML clients afterwards.
+        """
+        with self._store.transaction() as node:
+            generations.check_supported(
+                version, {g.model: model_of(g).min_driver_version for g in node.gpus}
+            )
+            node.driver_version = version
+            node.cuda_driver_version = generations.cuda_driver_version(version)
             lifecycle.reboot(node, time.monotonic())
         shutil.rmtree(self._proc_root, ignore_errors=True)
 

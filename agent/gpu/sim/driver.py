@@ -19,11 +19,14 @@ from typing import Any
 
 import pynvml
 
+from agent.gpu.models import GpuModel
 from agent.gpu.sim import (
+    generations,
     latency,
     sym_compute,
     sym_device,
     sym_events,
+    sym_fields,
     sym_gpm,
     sym_mig,
     sym_telemetry,
@@ -31,12 +34,19 @@ from agent.gpu.sim import (
 from agent.gpu.sim.abi import REGISTRY, Export, NvmlReturn, decode, fail
 from agent.gpu.sim.handles import Kind
 from agent.gpu.sim.lifecycle import model_of
-from agent.gpu.sim.models import GpuModel
 from agent.gpu.sim.state import ComputeInstance, Gpu, GpuInstance, NodeState
 from agent.gpu.sim.store import StateMissing, StateStore
 
 # The symbol modules register themselves on import; naming them here keeps that import explicit.
-SYMBOL_MODULES = (sym_compute, sym_device, sym_events, sym_gpm, sym_mig, sym_telemetry)
+SYMBOL_MODULES = (
+    sym_compute,
+    sym_device,
+    sym_events,
+    sym_fields,
+    sym_gpm,
+    sym_mig,
+    sym_telemetry,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,16 +65,20 @@ class Target:
 
 
 class _Library:
-    """Attribute access by symbol name, like ``ctypes.CDLL``."""
+    """Attribute access by symbol name, like ``ctypes.CDLL``: a symbol the installed driver
+    generation lacks is missing, as with ``dlsym`` (``generations.py``)."""
 
-    def __init__(self, exports: dict[str, Callable[..., Any]]) -> None:
+    def __init__(
+        self, exports: dict[str, Callable[..., Any]], exported: Callable[[str], bool]
+    ) -> None:
         self._exports = exports
+        self._exported = exported
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        try:
-            return self._exports[name]
-        except KeyError:
-            raise AttributeError(name) from None
+        fn = self._exports.get(name)
+        if fn is None or not self._exported(name):
+            raise AttributeError(name)
+        return fn
 
 
 class SimDriver:
@@ -76,7 +90,16 @@ class SimDriver:
         self._local_ids = itertools.count(1)
         self.event_sets: dict[int, sym_events.EventSet] = {}
         self.samples: dict[int, sym_gpm.Sample | None] = {}
-        self.library = _Library({name: self._bind(e) for name, e in REGISTRY.items()})
+        self.library = _Library(
+            {name: self._bind(e) for name, e in REGISTRY.items()}, self._driver_exports
+        )
+
+    def _driver_exports(self, name: str) -> bool:
+        try:
+            version = self.store.read().driver_version
+        except StateMissing:
+            return True  # no driver loaded: the call itself answers DRIVER_NOT_LOADED
+        return generations.has_symbol(name, version)
 
     def _bind(self, export: Export) -> Callable[..., Any]:
         delay = latency.seconds(export.name)

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 
 import pynvml
 
-from agent.gpu.sim.models import CiProfileSpec, GiProfileSpec, GpuModel
+from agent.gpu.models import CiProfileSpec, GiProfileSpec, GpuModel
 from agent.gpu.sim.state import ComputeInstance, Gpu, GpuInstance
 
 _Placement = tuple[int, int]  # (start, size)
@@ -61,8 +61,8 @@ def gi_create_error(gpu: Gpu, model: GpuModel, spec: GiProfileSpec, start: int) 
     same = sum(1 for gi in gpu.gpu_instances if gi.profile_id == spec.id)
     if same >= spec.instance_count:
         return pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
-    if spec.attrs == "+me" and any(gi_spec(model, gi).attrs == "+me" for gi in gpu.gpu_instances):
-        return pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES  # only one +me GI per GPU (mig.md §1.4)
+    if _media_conflict(gpu, model, spec):
+        return pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
     if _overlaps((start, spec.memory_slices), _gi_ranges(gpu)):
         return pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
     return None
@@ -77,10 +77,24 @@ def choose_gi_start(gpu: Gpu, model: GpuModel, spec: GiProfileSpec) -> int | Non
 
 def gi_remaining_capacity(gpu: Gpu, model: GpuModel, spec: GiProfileSpec) -> int:
     same = sum(1 for gi in gpu.gpu_instances if gi.profile_id == spec.id)
-    if spec.attrs == "+me" and any(gi_spec(model, gi).attrs == "+me" for gi in gpu.gpu_instances):
+    if _media_conflict(gpu, model, spec):
         return 0
     fits = _disjoint_free(gi_placements(spec), _gi_ranges(gpu))
     return max(0, min(spec.instance_count - same, fits))
+
+
+_MEDIA = ("+me", "+me.all")
+
+
+def _media_conflict(gpu: Gpu, model: GpuModel, spec: GiProfileSpec) -> bool:
+    """Media-engine rules: one +me or +me.all GI per GPU (mig.md §1.4); a +me.all GI takes every
+    media engine, so it coexists only with -me GIs, either way round (nvml.h, ``_ALL_ME``)."""
+    existing = [gi_spec(model, gi).attrs for gi in gpu.gpu_instances]
+    if spec.attrs in _MEDIA and any(a in _MEDIA for a in existing):
+        return True
+    if spec.attrs == "+me.all" and any(a != "-me" for a in existing):
+        return True
+    return spec.attrs != "-me" and "+me.all" in existing
 
 
 def ci_spec_by_id(model: GpuModel, gi: GpuInstance, profile_id: int) -> CiProfileSpec | None:

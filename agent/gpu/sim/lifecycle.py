@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import pynvml
 
+from agent.gpu.models import MODELS, GpuModel
 from agent.gpu.sim import activity
-from agent.gpu.sim.models import MODELS, GpuModel
 from agent.gpu.sim.state import Activity, Gpu, NodeState
 
 MIB = 1 << 20

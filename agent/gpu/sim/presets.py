@@ -11,7 +11,7 @@ from agent.errors import FieldViolation, InvalidSpec
 class Preset:
     name: str
     description: str
-    gpus: tuple[str, ...]  # model keys (agent.gpu.sim.models.MODELS), in NVML index order
+    gpus: tuple[str, ...]  # model keys (agent.gpu.models.MODELS), in NVML index order
     driver_version: str  # at least every model's min_driver_version
     cuda_driver_version: int  # nvmlSystemGetCudaDriverVersion, e.g. 12040 = CUDA 12.4
 
@@ -59,6 +59,44 @@ _PRESET_LIST = (
         # H200 needs R550 (>= 550.90.07) for MIG (reference/mig.md §1.8).
         driver_version="550.90.07",
         cuda_driver_version=12040,
+    ),
+    Preset(
+        name="gh200",
+        description="4x GH200 superchip (H100 96GB HBM3) node",
+        gpus=("GH200-96GB",) * 4,
+        driver_version="550.90.07",
+        cuda_driver_version=12040,
+    ),
+    Preset(
+        name="gh200-144",
+        description="4x GH200 144G HBM3e superchip node",
+        gpus=("GH200-144GB",) * 4,
+        driver_version="550.90.07",
+        cuda_driver_version=12040,
+    ),
+    Preset(
+        name="hgx-h20",
+        description="HGX H20: 8x H20 96GB",
+        gpus=("H20",) * 8,
+        # H20 needs R535 (>= 535.161.07) for MIG (reference/mig.md §1.8).
+        driver_version="535.161.07",
+        cuda_driver_version=12020,
+    ),
+    Preset(
+        name="dgx-b200",
+        description="DGX B200: 8x B200 180GB",
+        gpus=("B200",) * 8,
+        # B200 needs R570 (>= 570.133.20) for MIG (reference/mig.md §1.8).
+        driver_version="570.133.20",
+        cuda_driver_version=12080,
+    ),
+    Preset(
+        name="rtx-pro-6000",
+        description="RTX PRO server: 8x RTX PRO 6000 Blackwell Server Edition 96GB (4-slice MIG)",
+        gpus=("RTX-PRO-6000-96GB",) * 8,
+        # RTX PRO 6000 Blackwell needs R575 (>= 575.51.03) for MIG (the MIG user guide).
+        driver_version="575.51.03",
+        cuda_driver_version=12090,
     ),
     Preset(
         name="mixed",

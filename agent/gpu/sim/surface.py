@@ -21,7 +21,7 @@ from typing import Any, TypeGuard
 
 import pynvml
 
-from agent.gpu.sim import faults, handles
+from agent.gpu.sim import faults, handles, sym_device
 from agent.gpu.sim.driver import SimDriver
 from agent.gpu.sim.handles import Kind
 from agent.gpu.sim.store import StateMissing, StateStore
@@ -39,6 +39,7 @@ class SimNvml(types.ModuleType):
     def __init__(self, store: StateStore, *, latency: bool = False) -> None:
         super().__init__("pynvml", pynvml.__doc__)
         _bind_pynvml(self.__dict__, SimDriver(store, latency=latency))
+        _cache_error_texts()
 
     def __getattr__(self, name: str) -> Any:
         # Reached only for names pynvml lacks too; declared so type checkers accept nvml* calls.
@@ -71,6 +72,18 @@ def _bind_pynvml(ns: dict[str, Any], driver: SimDriver) -> None:
     for name, value in list(ns.items()):
         if name.startswith("nvml") and _is_bound_here(value, ns):
             ns[name] = _with_faults(name, value, driver.store)
+
+
+def _cache_error_texts() -> None:
+    """Give pynvml's exceptions the driver's texts for the codes its own table lacks.
+
+    ``NVMLError.__str__`` (pynvml's class, shared with the real module) asks the *real* module's
+    ``nvmlErrorString`` for such codes; with no real library loaded that fails and the error
+    reads "NVML Error with code 19". A process on a real driver caches the driver's answer in
+    the same dict on first use, so filling it with the same texts changes nothing else.
+    """
+    for code, text in sym_device.ERROR_TEXT.items():
+        pynvml.NVMLError._errcode_to_string.setdefault(code, text)
 
 
 def _is_pynvml_function(value: Any) -> TypeGuard[types.FunctionType]:

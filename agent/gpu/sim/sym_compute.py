@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pynvml
 
+from agent.gpu.models import CiProfileSpec, profile_name
 from agent.gpu.sim import activity, layout
 from agent.gpu.sim.abi import (
     OutArray,
@@ -26,7 +27,6 @@ from agent.gpu.sim.abi import (
     write_placements,
 )
 from agent.gpu.sim.handles import Handle, Kind, pointer
-from agent.gpu.sim.models import CiProfileSpec, profile_name
 from agent.gpu.sim.state import ComputeInstance, GpuInstance
 from agent.gpu.sim.sym_mig import gi_handle
 

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import pynvml
 
+from agent.gpu.models import profile_name
 from agent.gpu.sim import layout
 from agent.gpu.sim.abi import (
     fail,
@@ -18,14 +19,13 @@ from agent.gpu.sim.abi import (
     write_string,
 )
 from agent.gpu.sim.handles import Handle, Kind
-from agent.gpu.sim.models import profile_name
 from agent.gpu.sim.state import Gpu
 
 if TYPE_CHECKING:
     from agent.gpu.sim.driver import SimDriver, Target
 
 # nvmlErrorString texts for codes pynvml has no text for, as nvidia-smi prints them (MIG guide).
-_ERROR_TEXT = {
+ERROR_TEXT = {
     pynvml.NVML_ERROR_IN_USE: "In use by another client",
     pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient Resources",
 }
@@ -67,7 +67,7 @@ def shutdown(drv: SimDriver) -> None:
 @symbol("nvmlErrorString", needs_init=False, returns_value=True)
 def error_string(drv: SimDriver, code: Any) -> bytes:
     value = to_int(code)
-    text = pynvml.NVMLError._errcode_to_string.get(value) or _ERROR_TEXT.get(value)
+    text = pynvml.NVMLError._errcode_to_string.get(value) or ERROR_TEXT.get(value)
     return (text or "Unknown Error").encode()
 
 

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import pynvml
 
+from agent.gpu.models import GiProfileSpec
 from agent.gpu.sim.abi import decode, fail, handle_slot, store_handle, symbol, target, to_int
 from agent.gpu.sim.handles import Handle, Kind
 from agent.gpu.sim.layout import gi_spec, whole_gpu_profile
-from agent.gpu.sim.models import GiProfileSpec
 from agent.gpu.sim.state import Activity
 
 if TYPE_CHECKING:

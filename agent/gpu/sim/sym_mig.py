@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pynvml
 
+from agent.gpu.models import GiProfileSpec, profile_name
 from agent.gpu.sim import activity, layout, lifecycle
 from agent.gpu.sim.abi import (
     OutArray,
@@ -28,7 +29,6 @@ from agent.gpu.sim.abi import (
     write_placements,
 )
 from agent.gpu.sim.handles import Handle, Kind, pointer
-from agent.gpu.sim.models import GiProfileSpec, profile_name
 from agent.gpu.sim.state import Activity, GpuInstance
 
 if TYPE_CHECKING:

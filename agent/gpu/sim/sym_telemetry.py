@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import pynvml
 
+from agent.gpu.models import GpuModel
 from agent.gpu.sim import activity, lifecycle
 from agent.gpu.sim.abi import OutArray, fail, set_value, symbol, target, to_int
-from agent.gpu.sim.models import GpuModel
 from agent.gpu.sim.state import Process
 
 if TYPE_CHECKING:
@@ -87,6 +87,7 @@ symbol("nvmlDeviceGetComputeRunningProcesses_v2")(_running_processes)
 symbol("nvmlDeviceGetGraphicsRunningProcesses_v3")(_no_processes)
 symbol("nvmlDeviceGetGraphicsRunningProcesses_v2")(_no_processes)
 symbol("nvmlDeviceGetMPSComputeRunningProcesses_v3")(_no_processes)
+symbol("nvmlDeviceGetMPSComputeRunningProcesses_v2")(_no_processes)
 
 
 @symbol("nvmlDeviceGetUtilizationRates")
@@ -155,11 +156,14 @@ def max_clock_info(drv: SimDriver, handle: Any, clock_type: Any, ref: Any) -> No
     set_value(ref, _clock_mhz(drv.physical(handle), to_int(clock_type), maximum=True))
 
 
-@symbol("nvmlDeviceGetCurrentClocksEventReasons")
-def clocks_event_reasons(drv: SimDriver, handle: Any, ref: Any) -> None:
+def _clocks_event_reasons(drv: SimDriver, handle: Any, ref: Any) -> None:
     rates = drv.physical(handle).gpu.activity.rates
     idle = rates.get("sm_active", 0.0) == 0.0
     set_value(ref, pynvml.nvmlClocksEventReasonGpuIdle if idle else 0)
+
+
+symbol("nvmlDeviceGetCurrentClocksEventReasons")(_clocks_event_reasons)  # R535 and later
+symbol("nvmlDeviceGetCurrentClocksThrottleReasons")(_clocks_event_reasons)  # the older name
 
 
 @symbol("nvmlDeviceGetPcieThroughput")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from agent.coordinator.catalog import Catalog
 from agent.coordinator.demand import Demand, DemandEntry
 from agent.coordinator.planner import NodeLayouts, plan_fleet, scratch_disruption
-from agent.gpu.sim.models import MODELS
+from agent.gpu.models import MODELS
 from agent.gpu.types import GpuLayout
 from agent.mig.plan import Desired, plan_gpu
 from tests.unit.coordinator.fleets import A30, A100_40, A100_80, H100, H200, gpu

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from agent.gpu.models import MODELS, GpuModel
 from agent.gpu.profiles import profile_name
-from agent.gpu.sim.models import MODELS, GpuModel
 from agent.gpu.types import (
     ComputeInstance,
     GiProfile,

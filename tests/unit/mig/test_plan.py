@@ -8,7 +8,7 @@ import pynvml
 import pytest
 
 from agent.errors import InvalidSpec
-from agent.gpu.sim.models import MODELS
+from agent.gpu.models import MODELS
 from agent.gpu.types import GpuLayout, Placement
 from agent.mig.plan import (
     CreateCi,

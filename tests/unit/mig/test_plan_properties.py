@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from agent.gpu.sim.models import MODELS
+from agent.gpu.models import MODELS
 from agent.gpu.types import GiProfile, GpuLayout, Placement
 from agent.mig.plan import (
     CreateCi,

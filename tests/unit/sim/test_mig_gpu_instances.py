@@ -162,6 +162,31 @@ def test_only_one_media_extension_instance_per_gpu(node: Opener) -> None:
         nvml.nvmlDeviceCreateGpuInstance(handle, 6)
 
 
+def test_all_media_instance_coexists_only_with_no_media_instances(node: Opener) -> None:
+    """nvml.h _ALL_ME: a +me.all GI takes every media engine; only -me GIs fit beside it."""
+    nvml, _ = node("rtx-pro-6000")
+    handle = enable_mig(nvml, 0)
+    create_at(nvml, handle, 65, 0, 1)  # 1g.24gb+me.all
+    for profile_id in (14, 21, 47):  # 1g.24gb, 1g.24gb+me, 1g.24gb+gfx
+        assert nvml.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, profile_id) == 0
+        with pytest.raises(nvml.NVMLError_InsufficientResources):
+            create_at(nvml, handle, profile_id, 1, 1)
+    assert nvml.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, 67) == 3  # 1g.24gb-me
+    create_at(nvml, handle, 67, 1, 1)
+    create_at(nvml, handle, 66, 2, 2)  # 2g.48gb-me
+    assert [row[1] for row in placements_of(nvml, handle)] == [65, 67, 66]
+
+
+def test_all_media_instance_needs_a_gpu_without_media_users(node: Opener) -> None:
+    nvml, _ = node("rtx-pro-6000")
+    handle = enable_mig(nvml, 0)
+    create_at(nvml, handle, 67, 0, 1)  # 1g.24gb-me: no media engines, no conflict
+    create_at(nvml, handle, 47, 1, 1)  # 1g.24gb+gfx holds its share of the engines
+    assert nvml.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, 64) == 0  # 2g.48gb+me.all
+    with pytest.raises(nvml.NVMLError_InsufficientResources):
+        create_at(nvml, handle, 64, 2, 2)
+
+
 def test_remaining_capacity_counts_free_placements_and_max_counts(node: Opener) -> None:
     nvml, _ = node("dgx-h100")
     handle = enable_mig(nvml, 0)

@@ -1,6 +1,6 @@
 """Pins the simulator's GPU tables to reference/mig.md, transcribed here by hand.
 
-If a number in agent/gpu/sim/models.py drifts from the reference, a test here names it.
+If a number in agent/gpu/models.py drifts from the reference, a test here names it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pynvml
 import pytest
 
 from agent.errors import InvalidSpec
-from agent.gpu.sim.models import GIB, MIB, MODELS, GiProfileSpec, GpuModel, profile_name
+from agent.gpu.models import GIB, MIB, MODELS, GiProfileSpec, GpuModel, profile_name
+from agent.gpu.sim import generations
 from agent.gpu.sim.presets import PRESETS, get_preset
 
 # mig.md §1.2: NVML_GPU_INSTANCE_PROFILE_* values.
@@ -25,6 +26,13 @@ GI_CONSTANTS = {
     "1_SLICE_REV1": 0x7,
     "2_SLICE_REV1": 0x8,
     "1_SLICE_REV2": 0x9,
+    "1_SLICE_GFX": 0x0A,
+    "2_SLICE_GFX": 0x0B,
+    "4_SLICE_GFX": 0x0C,
+    "1_SLICE_NO_ME": 0x0D,
+    "2_SLICE_NO_ME": 0x0E,
+    "1_SLICE_ALL_ME": 0x0F,
+    "2_SLICE_ALL_ME": 0x10,
 }
 # mig.md §1.2: NVML_COMPUTE_INSTANCE_PROFILE_* values, by compute slices.
 CI_CONSTANTS = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
@@ -34,8 +42,11 @@ S1_2M = (0, 2, 4, 6)
 S2 = (0, 2, 4)
 S3 = (0, 4)
 S0 = (0,)
+Q1 = (0, 1, 2, 3)  # 4-slice grid (A30; RTX PRO 6000 assumed alike)
+Q2 = (0, 2)
 
-# mig.md §1.3, one row per GI profile:
+# mig.md §1.3 (and, for the boards added for issue #20, the sources cited in
+# agent/gpu/models.py), one row per GI profile:
 # name, constant, id, C, M, max, MiB, SM, CE, DEC, JPG, OFA, starts
 Row = tuple[str, str, int, int, int, int, int, int, int, int, int, int, tuple[int, ...]]
 # fmt: off
@@ -93,7 +104,67 @@ PROFILES: dict[str, list[Row]] = {
         ("4g.71gb",    "4_SLICE",       5, 4, 4, 1, 71168,  64,  4, 4, 4, 0, S0),
         ("7g.141gb",   "7_SLICE",       0, 7, 8, 1, 143360, 132, 8, 7, 7, 1, S0),
     ],
+    # MIG user guide "H100 96GB" table; memory and the 1g.24gb SMs assumed (see models.py).
+    "GH200-96GB": [
+        ("1g.12gb",    "1_SLICE",      19, 1, 1, 7, 11264, 16,  1, 1, 1, 0, S1),
+        ("1g.12gb+me", "1_SLICE_REV1", 20, 1, 1, 1, 11264, 16,  1, 1, 1, 1, S1),
+        ("1g.24gb",    "1_SLICE_REV2", 15, 1, 2, 4, 22528, 26,  1, 1, 1, 0, S1_2M),
+        ("2g.24gb",    "2_SLICE",      14, 2, 2, 3, 22528, 32,  2, 2, 2, 0, S2),
+        ("3g.48gb",    "3_SLICE",       9, 3, 4, 2, 48384, 60,  3, 3, 3, 0, S3),
+        ("4g.48gb",    "4_SLICE",       5, 4, 4, 1, 48384, 64,  4, 4, 4, 0, S0),
+        ("7g.96gb",    "7_SLICE",       0, 7, 8, 1, 97280, 132, 8, 7, 7, 1, S0),
+    ],
+    # H100 96GB's rows with SMs scaled to 78 of 132 (an assumption, see models.py).
+    "H20": [
+        ("1g.12gb",    "1_SLICE",      19, 1, 1, 7, 11264, 9,   1, 1, 1, 0, S1),
+        ("1g.12gb+me", "1_SLICE_REV1", 20, 1, 1, 1, 11264, 9,   1, 1, 1, 1, S1),
+        ("1g.24gb",    "1_SLICE_REV2", 15, 1, 2, 4, 22528, 15,  1, 1, 1, 0, S1_2M),
+        ("2g.24gb",    "2_SLICE",      14, 2, 2, 3, 22528, 18,  2, 2, 2, 0, S2),
+        ("3g.48gb",    "3_SLICE",       9, 3, 4, 2, 48384, 35,  3, 3, 3, 0, S3),
+        ("4g.48gb",    "4_SLICE",       5, 4, 4, 1, 48384, 37,  4, 4, 4, 0, S0),
+        ("7g.96gb",    "7_SLICE",       0, 7, 8, 1, 97280, 78,  8, 7, 7, 1, S0),
+    ],
+    # mig-parted PR #139 -lgip for the 1g/2g rows; 3g/4g/7g memory assumed.
+    "GH200-144GB": [
+        ("1g.18gb",    "1_SLICE",      19, 1, 1, 7, 17920,  16,  1, 1, 1, 0, S1),
+        ("1g.18gb+me", "1_SLICE_REV1", 20, 1, 1, 1, 17920,  16,  1, 1, 1, 1, S1),
+        ("1g.36gb",    "1_SLICE_REV2", 15, 1, 2, 4, 36096,  26,  1, 1, 1, 0, S1_2M),
+        ("2g.36gb",    "2_SLICE",      14, 2, 2, 3, 36096,  32,  2, 2, 2, 0, S2),
+        ("3g.72gb",    "3_SLICE",       9, 3, 4, 2, 73216,  60,  3, 3, 3, 0, S3),
+        ("4g.72gb",    "4_SLICE",       5, 4, 4, 1, 73216,  64,  4, 4, 4, 0, S0),
+        ("7g.144gb",   "7_SLICE",       0, 7, 8, 1, 146176, 132, 8, 7, 7, 1, S0),
+    ],
+    # Guide's B200 table (CE, engines, counts) and mig-parted PR #166 -lgip (ids, 1g/2g rows).
+    "B200": [
+        ("1g.23gb",    "1_SLICE",      19, 1, 1, 7, 22528,  18,  2,  1, 1, 0, S1),
+        ("1g.23gb+me", "1_SLICE_REV1", 20, 1, 1, 1, 22528,  18,  2,  1, 1, 1, S1),
+        ("1g.45gb",    "1_SLICE_REV2", 15, 1, 2, 4, 45312,  30,  2,  1, 1, 0, S1_2M),
+        ("2g.45gb",    "2_SLICE",      14, 2, 2, 3, 45312,  36,  4,  2, 2, 0, S2),
+        ("3g.90gb",    "3_SLICE",       9, 3, 4, 2, 91136,  60,  6,  1, 1, 0, S3),
+        ("4g.90gb",    "4_SLICE",       5, 4, 4, 1, 91136,  72,  8,  1, 1, 0, S0),
+        ("7g.180gb",   "7_SLICE",       0, 7, 8, 1, 182784, 144, 16, 1, 1, 1, S0),
+    ],
+    # Guide's RTX PRO 6000 table and GoogleCloudPlatform/container-engine-accelerators PR #564
+    # -lgip (ids, 23.62/47.38/95.12 GiB, SMs). NVENC is pinned in RTX_PRO_NVENC.
+    "RTX-PRO-6000-96GB": [
+        ("1g.24gb",        "1_SLICE",        14, 1, 1, 4, 24192, 46,  1, 1, 1, 0, Q1),
+        ("1g.24gb+me",     "1_SLICE_REV1",   21, 1, 1, 1, 24192, 46,  1, 1, 1, 1, Q1),
+        ("1g.24gb+gfx",    "1_SLICE_GFX",    47, 1, 1, 4, 24192, 46,  1, 1, 1, 0, Q1),
+        ("1g.24gb+me.all", "1_SLICE_ALL_ME", 65, 1, 1, 1, 24192, 46,  1, 4, 4, 1, Q1),
+        ("1g.24gb-me",     "1_SLICE_NO_ME",  67, 1, 1, 4, 24192, 46,  1, 0, 0, 0, Q1),
+        ("2g.48gb",        "2_SLICE",         5, 2, 2, 2, 48512, 94,  2, 2, 2, 0, Q2),
+        ("2g.48gb+gfx",    "2_SLICE_GFX",    35, 2, 2, 2, 48512, 94,  2, 2, 2, 0, Q2),
+        ("2g.48gb+me.all", "2_SLICE_ALL_ME", 64, 2, 2, 1, 48512, 94,  2, 4, 4, 1, Q2),
+        ("2g.48gb-me",     "2_SLICE_NO_ME",  66, 2, 2, 2, 48512, 94,  2, 0, 0, 0, Q2),
+        ("4g.96gb",        "4_SLICE",         0, 4, 4, 1, 97408, 188, 4, 4, 4, 1, S0),
+        ("4g.96gb+gfx",    "4_SLICE_GFX",    32, 4, 4, 1, 97408, 188, 4, 4, 4, 1, S0),
+    ],
 }
+RTX_PRO_NVENC = {
+    "1g.24gb": 1, "1g.24gb+me": 1, "1g.24gb+gfx": 1, "1g.24gb+me.all": 4, "1g.24gb-me": 0,
+    "2g.48gb": 2, "2g.48gb+gfx": 2, "2g.48gb+me.all": 4, "2g.48gb-me": 0,
+    "4g.96gb": 4, "4g.96gb+gfx": 4,
+}  # fmt: skip
 
 # Device level: NVML name, arch, CUDA CC, packed PCI id, total MiB (as nvidia-smi prints it),
 # SMs, memory slices, compute slices, NVLink links.
@@ -104,6 +175,14 @@ DEVICES: dict[str, tuple[str, str, tuple[int, int], int, int, int, int, int, int
     "H100-SXM5-80GB": ("NVIDIA H100 80GB HBM3", "hopper", (9, 0), 0x233010DE, 81559, 132, 8, 7, 18),
     "H100-NVL-94GB": ("NVIDIA H100 NVL", "hopper", (9, 0), 0x232110DE, 95830, 132, 8, 7, 12),
     "H200-SXM-141GB": ("NVIDIA H200", "hopper", (9, 0), 0x233510DE, 143771, 132, 8, 7, 18),
+    "GH200-96GB": ("NVIDIA GH200 480GB", "hopper", (9, 0), 0x234210DE, 97871, 132, 8, 7, 18),
+    "H20": ("NVIDIA H20", "hopper", (9, 0), 0x232910DE, 97871, 78, 8, 7, 18),
+    "GH200-144GB": ("NVIDIA GH200 144G HBM3e", "hopper", (9, 0), 0x234810DE, 147008, 132, 8, 7, 18),
+    "B200": ("NVIDIA B200", "blackwell", (10, 0), 0x290110DE, 183359, 148, 8, 7, 18),
+    "RTX-PRO-6000-96GB": (
+        "NVIDIA RTX PRO 6000 Blackwell Server Edition", "blackwell", (12, 0), 0x2BB510DE, 97887,
+        188, 4, 4, 0,
+    ),
 }
 # fmt: on
 
@@ -150,8 +229,8 @@ def test_gi_profile_matches_reference(key: str, row: Row) -> None:
         gi.multiprocessor_count, gi.copy_engines, gi.decoders, gi.jpegs, gi.ofas, gi.starts,
     )  # fmt: skip
     assert got == (pid, c, m, count, mib, sm, ce, dec, jpg, ofa, starts)
-    assert gi.encoders == 0
-    assert gi.attrs == ("+me" if name.endswith("+me") else "")
+    assert gi.encoders == (RTX_PRO_NVENC[name] if key == "RTX-PRO-6000-96GB" else 0)
+    assert gi.attrs == name[name.index("gb") + 2 :]
     assert profile_name(model, gi) == name
 
 
@@ -188,7 +267,7 @@ def test_names_match_go_nvlib_float_algorithm(key: str) -> None:
     for gi in model.gi_profiles:
         fraction = math.ceil(gi.memory_mb * MIB / total * 8) / 8
         gb = math.floor(fraction * float((total + GIB - 1) // GIB) + 0.5)
-        assert profile_name(model, gi).split(".")[1].removesuffix("+me") == f"{gb}gb"
+        assert profile_name(model, gi).split(".")[1].split("+")[0].split("-")[0] == f"{gb}gb"
 
 
 def test_name_rounds_half_up() -> None:
@@ -263,14 +342,15 @@ def test_a100_ci_multiprocessors_are_per_slice() -> None:
 
 
 def test_gpm_and_arch_code_follow_architecture() -> None:
-    assert {k for k, m in MODELS.items() if m.gpm_supported} == {
-        "H100-SXM5-80GB",
-        "H100-NVL-94GB",
-        "H200-SXM-141GB",
+    """GPM from Hopper on; the arch code is the one nvmlDeviceGetArchitecture returns."""
+    codes = {
+        "ampere": pynvml.NVML_DEVICE_ARCH_AMPERE,
+        "hopper": pynvml.NVML_DEVICE_ARCH_HOPPER,
+        "blackwell": pynvml.NVML_DEVICE_ARCH_BLACKWELL,
     }
     for m in MODELS.values():
-        want = pynvml.NVML_DEVICE_ARCH_HOPPER if m.gpm_supported else pynvml.NVML_DEVICE_ARCH_AMPERE
-        assert m.arch_code == want
+        assert m.arch_code == codes[m.architecture]
+        assert m.gpm_supported == (m.arch_code >= pynvml.NVML_DEVICE_ARCH_HOPPER)
 
 
 # mig.md §1.5, "Maximal geometries that use all 7 compute slices": example placement and the
@@ -343,9 +423,10 @@ def test_maximal_geometry_is_placeable(key: str, geometry: str, memory_used: int
     _check_geometry(MODELS[key], geometry, memory_used)
 
 
+@pytest.mark.parametrize("key", ["A30", "RTX-PRO-6000-96GB"])
 @pytest.mark.parametrize("geometry, memory_used", A30_GEOMETRIES)
-def test_a30_geometry_is_placeable(geometry: str, memory_used: int) -> None:
-    _check_geometry(MODELS["A30"], geometry, memory_used)
+def test_four_slice_geometry_is_placeable(key: str, geometry: str, memory_used: int) -> None:
+    _check_geometry(MODELS[key], geometry, memory_used)
 
 
 PRESET_GPUS = {
@@ -356,6 +437,11 @@ PRESET_GPUS = {
     "h100-nvl": {"H100-NVL-94GB": 2},
     "hgx-h200": {"H200-SXM-141GB": 8},
     "mixed": {"A100-SXM4-80GB": 4, "H100-SXM5-80GB": 4},
+    "gh200": {"GH200-96GB": 4},
+    "gh200-144": {"GH200-144GB": 4},
+    "hgx-h20": {"H20": 8},
+    "dgx-b200": {"B200": 8},
+    "rtx-pro-6000": {"RTX-PRO-6000-96GB": 8},
 }
 
 
@@ -373,7 +459,7 @@ def test_preset_resolves_to_models(name: str) -> None:
     assert counts == PRESET_GPUS[name]
     models = [MODELS[key] for key in preset.gpus]
     assert all(_version(preset.driver_version) >= _version(m.min_driver_version) for m in models)
-    assert preset.cuda_driver_version >= 12000
+    assert preset.cuda_driver_version == generations.cuda_driver_version(preset.driver_version)
 
 
 def test_every_preset_is_pinned() -> None:
@@ -382,8 +468,8 @@ def test_every_preset_is_pinned() -> None:
 
 def test_get_preset_unknown_names_the_allowed_ones() -> None:
     with pytest.raises(InvalidSpec) as err:
-        get_preset("dgx-b200")
+        get_preset("dgx-gb300")
     message = str(err.value)
-    assert "dgx-b200" in message
+    assert "dgx-gb300" in message
     assert all(name in message for name in PRESETS)
     assert [v.field for v in err.value.violations] == ["preset"]

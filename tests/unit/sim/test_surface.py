@@ -48,7 +48,7 @@ def test_unimplemented_functions_raise_function_not_found(node: Opener) -> None:
     nvml, _ = node("dgx-h100")
     handle = nvml.nvmlDeviceGetHandleByIndex(0)
     with pytest.raises(pynvml.NVMLError_FunctionNotFound):
-        nvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_POWER_INSTANT])
+        nvml.nvmlDeviceGetPowerManagementLimitConstraints(handle)
 
 
 def test_simulator_never_touches_the_real_library(node: Opener) -> None:
@@ -152,3 +152,18 @@ def test_install_as_pynvml_replaces_the_module(
     module.nvmlInit()
     assert module.nvmlDeviceGetName(module.nvmlDeviceGetHandleByIndex(0)) == "NVIDIA A30"
     module.nvmlShutdown()
+
+
+def test_errors_read_the_drivers_text_not_a_bare_code(node: Opener) -> None:
+    """A simulated NVMLError_InUse reads as the driver's text, not "NVML Error with code 19"."""
+    nvml, _ = node("dgx-h100")
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    nvml.nvmlDeviceSetMigMode(handle, nvml.NVML_DEVICE_MIG_ENABLE)
+    gi = nvml.nvmlDeviceCreateGpuInstance(handle, 9)
+    nvml.nvmlGpuInstanceCreateComputeInstance(gi, nvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE)
+    with pytest.raises(pynvml.NVMLError_InUse) as busy:
+        nvml.nvmlGpuInstanceDestroy(gi)  # its compute instance is still there
+    assert str(busy.value) == "In use by another client"
+    with pytest.raises(pynvml.NVMLError_InsufficientResources) as full:
+        nvml.nvmlDeviceCreateGpuInstance(handle, 0)  # a 7g beside the 3g
+    assert str(full.value) == "Insufficient Resources"

@@ -55,3 +55,16 @@ def test_a_bad_counters_file_is_a_clear_error(tmp_path: Path) -> None:
     ctx.close()
     assert result.exit_code != 0
     assert "did you mean DCGM_FI_DEV_GPU_TEMP" in str(result.exception)
+
+
+def test_a_new_state_dir_gets_its_node_from_the_preset(tmp_path: Path) -> None:
+    """As `serve` does: no simulated node yet is not an error when a preset is given."""
+    ctx = _context(tmp_path)
+    result = CliRunner().invoke(metrics, [], obj=ctx)
+    ctx.close()
+    assert result.exit_code == 0, result.output
+    temps = [
+        line for line in result.output.splitlines() if line.startswith("DCGM_FI_DEV_GPU_TEMP{")
+    ]
+    assert len(temps) == 8  # every GPU of the dgx-h100 preset
+    assert SimControl(tmp_path).describe()["preset"] == "dgx-h100"

@@ -1,13 +1,20 @@
-"""GPU models the simulated driver can pretend to be: pure data, no driver behaviour.
+"""GPU models and their MIG profile tables: product data, no driver behaviour.
 
-Every MIG number comes from reference/mig.md §1.3 (profile tables) and §1.4 (placements); the
-tests in tests/unit/sim/test_models.py pin each table to that document. Device-level numbers the
-reference does not give (clocks, power, subsystem ids) are plausible, illustrative values.
+One source for everything that must know a board without asking its driver: the coordinator's
+catalog (profiles of a GPU whose MIG is off, so its driver lists none) and the simulated driver
+(``agent.gpu.sim``), which pretends to be these boards. The real driver path never reads it:
+on hardware the agent asks NVML.
+
+Every MIG number comes from reference/mig.md §1.3 (profile tables) and §1.4 (placements), or,
+for the boards added later, from the sources cited above each table; the tests in
+tests/unit/sim/test_models.py pin each table. Device-level numbers the sources do not give
+(clocks, power, subsystem ids) are plausible, illustrative values the simulator alone uses.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import pynvml
 
@@ -23,7 +30,7 @@ class GiProfileSpec:
 
     constant: int  # NVML_GPU_INSTANCE_PROFILE_* value passed to the info query
     id: int  # profile ID that create / placement / listing calls take
-    attrs: str  # "" or "+me"
+    attrs: str  # "", or a name suffix: "+me", "+me.all", "+gfx", "-me"
     slice_count: int  # compute slices G
     memory_slices: int  # placement size, not slice_count (3g -> 4, 7g -> 8, 1g REV2 -> 2)
     instance_count: int
@@ -62,6 +69,7 @@ _CI_CONSTANTS: dict[int, int] = {
 _ARCH_CODES: dict[str, int] = {
     "ampere": pynvml.NVML_DEVICE_ARCH_AMPERE,
     "hopper": pynvml.NVML_DEVICE_ARCH_HOPPER,
+    "blackwell": pynvml.NVML_DEVICE_ARCH_BLACKWELL,
 }
 
 
@@ -69,7 +77,7 @@ _ARCH_CODES: dict[str, int] = {
 class GpuModel:
     key: str
     name: str  # what nvmlDeviceGetName returns
-    architecture: str  # "ampere" | "hopper"
+    architecture: str  # "ampere" | "hopper" | "blackwell"
     cuda_capability: tuple[int, int]
     pci_device_id: int  # packed device << 16 | vendor, as mig-parted's device-filter matches it
     pci_subsystem_id: int  # packed subsystem << 16 | vendor; illustrative
@@ -86,6 +94,7 @@ class GpuModel:
     pcie_generation: int
     pcie_width: int
     min_driver_version: str  # mig.md §1.8 (guide v620) minimum driver for MIG on this model
+    hbm: bool = True  # HBM memory (a memory temperature sensor); False for GDDR boards
 
     @property
     def arch_code(self) -> int:
@@ -94,8 +103,8 @@ class GpuModel:
 
     @property
     def gpm_supported(self) -> bool:
-        # GPM (GPU performance monitoring) exists from Hopper on.
-        return self.architecture == "hopper"
+        # GPM (GPU performance monitoring) exists from Hopper on (nvitop gates it on the arch).
+        return self.architecture != "ampere"
 
     def gi_profile_by_constant(self, constant: int) -> GiProfileSpec | None:
         return next((p for p in self.gi_profiles if p.constant == constant), None)
@@ -145,8 +154,9 @@ def _gi(
     jpg: int,
     ofa: int,
     starts: tuple[int, ...],
+    enc: int = 0,
 ) -> GiProfileSpec:
-    """A table row in the reference's column order; NVENC is 0 on every profile here (§1.3)."""
+    """A table row in the reference's column order; NVENC is 0 except where a row gives it."""
     return GiProfileSpec(
         constant=constant,
         id=profile_id,
@@ -158,11 +168,15 @@ def _gi(
         multiprocessor_count=sm,
         copy_engines=ce,
         decoders=dec,
-        encoders=0,
+        encoders=enc,
         jpegs=jpg,
         ofas=ofa,
         starts=starts,
     )
+
+
+def _spec_fields(spec: GiProfileSpec) -> dict[str, Any]:
+    return {f.name: getattr(spec, f.name) for f in fields(spec)}
 
 
 _P1 = pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE
@@ -173,6 +187,13 @@ _P2_ME = pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1
 _P3 = pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE
 _P4 = pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE
 _P7 = pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE
+_P1_GFX = pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX
+_P2_GFX = pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_GFX
+_P4_GFX = pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE_GFX
+_P1_NO_ME = pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME
+_P2_NO_ME = pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_NO_ME
+_P1_ALL_ME = pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME
+_P2_ALL_ME = pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME
 
 # Valid starts on the 8-memory-slice grid (mig.md §1.4) and the 4-slice A30 grid.
 _S_1G = (0, 1, 2, 3, 4, 5, 6)
@@ -260,6 +281,85 @@ _H200_PROFILES = (
     _gi(_P3,     9, "",    3, 4, 2,   71168,  60,  3, 3,  3,  0,  _S_3G),
     _gi(_P4,     5, "",    4, 4, 1,   71168,  64,  4, 4,  4,  0,  _S_ZERO),
     _gi(_P7,     0, "",    7, 8, 1,   143360, 132, 8, 7,  7,  1,  _S_ZERO),
+)
+# H100 96GB (H100 on GH200, and H20): the MIG user guide's "H100 96GB" table (names, memory
+# fractions, engines, counts: same rows as H100 80GB), supported-mig-profiles page
+# (docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.html); ids and starts of
+# the 8-slice grid (mig.md §1.2, §1.4). No -lgip listing was found: memory is the H100 NVL's
+# scaled by board size to the nearest 0.25 GiB (11.0, 22.0, 47.25, 95.0 GiB), SMs are the other
+# Hopper boards' (the 1g.24gb 26 is assumed, as mig.md says).
+_H100_96GB_PROFILES = (
+    #   const   id  attrs  G  M  max  MiB    SM   CE DEC JPG OFA starts
+    _gi(_P1,    19, "",    1, 1, 7,   11264, 16,  1, 1,  1,  0,  _S_1G),
+    _gi(_P1_ME, 20, "+me", 1, 1, 1,   11264, 16,  1, 1,  1,  1,  _S_1G),
+    _gi(_P1_2M, 15, "",    1, 2, 4,   22528, 26,  1, 1,  1,  0,  _S_1G_2M),
+    _gi(_P2,    14, "",    2, 2, 3,   22528, 32,  2, 2,  2,  0,  _S_2G),
+    _gi(_P3,     9, "",    3, 4, 2,   48384, 60,  3, 3,  3,  0,  _S_3G),
+    _gi(_P4,     5, "",    4, 4, 1,   48384, 64,  4, 4,  4,  0,  _S_ZERO),
+    _gi(_P7,     0, "",    7, 8, 1,   97280, 132, 8, 7,  7,  1,  _S_ZERO),
+)
+
+# H20 (96GB, 78 SMs): the guide lists it as a 7-instance 96GB Hopper part and the GPU Operator's
+# default config groups it with H100-96GB (device-filter 0x2329 in all-balanced), so the names,
+# memory and engines are H100 96GB's. SM counts are an assumption: H100's scaled by 78/132.
+_H20_PROFILES = tuple(
+    GiProfileSpec(**{**_spec_fields(p), "multiprocessor_count": p.multiprocessor_count * 78 // 132})
+    for p in _H100_96GB_PROFILES
+)
+
+# GH200 144G HBM3e (0x2348): `nvidia-smi mig -lgip` in NVIDIA/mig-parted PR #139 for 1g.18gb
+# (17.50 GiB, 16 SM), 1g.18gb+me, 1g.36gb (35.25 GiB, 26 SM) and 2g.36gb (32 SM, CE 2, 2 DEC,
+# 2 JPEG); the rest of that listing was not readable: 3g.72gb/4g.72gb at 71.5 GiB and 7g.144gb at
+# 142.75 GiB are assumed (the half and whole board less the overhead H200 shows), with H200's
+# SMs and engines. Names and counts as in the GPU Operator's default config.
+_GH200_144GB_PROFILES = (
+    #   const   id  attrs  G  M  max  MiB     SM   CE DEC JPG OFA starts
+    _gi(_P1,    19, "",    1, 1, 7,   17920,  16,  1, 1,  1,  0,  _S_1G),
+    _gi(_P1_ME, 20, "+me", 1, 1, 1,   17920,  16,  1, 1,  1,  1,  _S_1G),
+    _gi(_P1_2M, 15, "",    1, 2, 4,   36096,  26,  1, 1,  1,  0,  _S_1G_2M),
+    _gi(_P2,    14, "",    2, 2, 3,   36096,  32,  2, 2,  2,  0,  _S_2G),
+    _gi(_P3,     9, "",    3, 4, 2,   73216,  60,  3, 3,  3,  0,  _S_3G),
+    _gi(_P4,     5, "",    4, 4, 1,   73216,  64,  4, 4,  4,  0,  _S_ZERO),
+    _gi(_P7,     0, "",    7, 8, 1,   146176, 132, 8, 7,  7,  1,  _S_ZERO),
+)
+
+# B200 180GB (0x2901): the guide's "B200 180 GB" table (counts, memory fractions, CE 2/2/2/3/6/8/16,
+# NVDEC/JPEG/OFA) and `nvidia-smi mig -lgip` in NVIDIA/mig-parted PR #166 (ids 19/20/15/14; 22.00
+# and 44.25 GiB; SMs 18/18/30/36; the 2g row there shows CE 4 and 2 NVDEC/2 JPEG where the guide
+# prints 3 and 1/1: NVML's numbers are used). 3g/4g/7g memory (89.0, 89.0, 178.5 GiB) and SMs
+# (60, 72, 144) are assumed; their engines are the guide's. Starts: the 8-slice grid (mig.md §1.4
+# lists B200).
+_B200_PROFILES = (
+    #   const   id  attrs  G  M  max  MiB     SM   CE  DEC JPG OFA starts
+    _gi(_P1,    19, "",    1, 1, 7,   22528,  18,  2,  1,  1,  0,  _S_1G),
+    _gi(_P1_ME, 20, "+me", 1, 1, 1,   22528,  18,  2,  1,  1,  1,  _S_1G),
+    _gi(_P1_2M, 15, "",    1, 2, 4,   45312,  30,  2,  1,  1,  0,  _S_1G_2M),
+    _gi(_P2,    14, "",    2, 2, 3,   45312,  36,  4,  2,  2,  0,  _S_2G),
+    _gi(_P3,     9, "",    3, 4, 2,   91136,  60,  6,  1,  1,  0,  _S_3G),
+    _gi(_P4,     5, "",    4, 4, 1,   91136,  72,  8,  1,  1,  0,  _S_ZERO),
+    _gi(_P7,     0, "",    7, 8, 1,   182784, 144, 16, 1,  1,  1,  _S_ZERO),
+)
+
+# RTX PRO 6000 Blackwell 96GB (0x2BB5; Server, Workstation and Max-Q editions): a 4-slice part
+# (4 memory, 4 compute slices). Rows, counts and engines (NVDEC/NVENC/JPEG/OFA, CE) from the guide's
+# "RTX PRO 6000 Blackwell MIG Profiles" table; ids, memory (23.62/47.38/95.12 GiB) and SMs
+# (46/94/188) from `nvidia-smi mig -lgip` in GoogleCloudPlatform/container-engine-accelerators
+# PR #564. Constants: nvml.h's _GFX, _NO_ME and _ALL_ME profiles (mig.md §1.2). No -lgipp listing
+# was found: starts are assumed to follow the A30's 4-slice grid. nvml.h: a +me.all instance
+# blocks every other profile except the -me ones (enforced by the simulator's layout rules).
+_RTX_PRO_6000_PROFILES = (
+    #   const       id  attrs      G  M  max  MiB    SM   CE DEC JPG OFA starts      NVENC
+    _gi(_P1,        14, "",        1, 1, 4,   24192, 46,  1, 1,  1,  0,  _S_A30_1G, enc=1),
+    _gi(_P1_ME,     21, "+me",     1, 1, 1,   24192, 46,  1, 1,  1,  1,  _S_A30_1G, enc=1),
+    _gi(_P1_GFX,    47, "+gfx",    1, 1, 4,   24192, 46,  1, 1,  1,  0,  _S_A30_1G, enc=1),
+    _gi(_P1_ALL_ME, 65, "+me.all", 1, 1, 1,   24192, 46,  1, 4,  4,  1,  _S_A30_1G, enc=4),
+    _gi(_P1_NO_ME,  67, "-me",     1, 1, 4,   24192, 46,  1, 0,  0,  0,  _S_A30_1G),
+    _gi(_P2,         5, "",        2, 2, 2,   48512, 94,  2, 2,  2,  0,  _S_A30_2G, enc=2),
+    _gi(_P2_GFX,    35, "+gfx",    2, 2, 2,   48512, 94,  2, 2,  2,  0,  _S_A30_2G, enc=2),
+    _gi(_P2_ALL_ME, 64, "+me.all", 2, 2, 1,   48512, 94,  2, 4,  4,  1,  _S_A30_2G, enc=4),
+    _gi(_P2_NO_ME,  66, "-me",     2, 2, 2,   48512, 94,  2, 0,  0,  0,  _S_A30_2G),
+    _gi(_P4,         0, "",        4, 4, 1,   97408, 188, 4, 4,  4,  1,  _S_ZERO,   enc=4),
+    _gi(_P4_GFX,    32, "+gfx",    4, 4, 1,   97408, 188, 4, 4,  4,  1,  _S_ZERO,   enc=4),
 )
 # fmt: on
 
@@ -393,6 +493,112 @@ _MODEL_LIST = (
         pcie_generation=5,
         pcie_width=16,
         min_driver_version="550.90.07",
+    ),
+    GpuModel(
+        key="GH200-96GB",
+        name="NVIDIA GH200 480GB",
+        architecture="hopper",
+        cuda_capability=(9, 0),
+        pci_device_id=0x234210DE,
+        pci_subsystem_id=0x16EB10DE,
+        memory_total_bytes=97871 * MIB,
+        multiprocessor_count=132,
+        memory_slices=8,
+        compute_slices=7,
+        gi_profiles=_H100_96GB_PROFILES,
+        max_sm_clock_mhz=1980,
+        max_mem_clock_mhz=2619,
+        power_limit_w=900,
+        idle_power_w=90,
+        nvlink_links=18,
+        pcie_generation=5,
+        pcie_width=16,
+        min_driver_version="525.85.12",
+    ),
+    GpuModel(
+        key="H20",
+        name="NVIDIA H20",
+        architecture="hopper",
+        cuda_capability=(9, 0),
+        pci_device_id=0x232910DE,
+        pci_subsystem_id=0x198B10DE,
+        memory_total_bytes=97871 * MIB,
+        multiprocessor_count=78,
+        memory_slices=8,
+        compute_slices=7,
+        gi_profiles=_H20_PROFILES,
+        max_sm_clock_mhz=1980,
+        max_mem_clock_mhz=2619,
+        power_limit_w=500,
+        idle_power_w=60,
+        nvlink_links=18,
+        pcie_generation=5,
+        pcie_width=16,
+        min_driver_version="535.161.07",
+    ),
+    GpuModel(
+        key="GH200-144GB",
+        name="NVIDIA GH200 144G HBM3e",
+        architecture="hopper",
+        cuda_capability=(9, 0),
+        pci_device_id=0x234810DE,
+        pci_subsystem_id=0x18B010DE,
+        memory_total_bytes=147008 * MIB,
+        multiprocessor_count=132,
+        memory_slices=8,
+        compute_slices=7,
+        gi_profiles=_GH200_144GB_PROFILES,
+        max_sm_clock_mhz=1980,
+        max_mem_clock_mhz=2619,
+        power_limit_w=900,
+        idle_power_w=90,
+        nvlink_links=18,
+        pcie_generation=5,
+        pcie_width=16,
+        min_driver_version="550.90.07",
+    ),
+    GpuModel(
+        key="B200",
+        name="NVIDIA B200",
+        architecture="blackwell",
+        cuda_capability=(10, 0),
+        pci_device_id=0x290110DE,
+        pci_subsystem_id=0x199910DE,
+        memory_total_bytes=183359 * MIB,
+        multiprocessor_count=148,
+        memory_slices=8,
+        compute_slices=7,
+        gi_profiles=_B200_PROFILES,
+        max_sm_clock_mhz=1965,
+        max_mem_clock_mhz=3996,
+        power_limit_w=1000,
+        idle_power_w=140,
+        nvlink_links=18,
+        pcie_generation=5,
+        pcie_width=16,
+        min_driver_version="570.133.20",
+    ),
+    GpuModel(
+        key="RTX-PRO-6000-96GB",
+        name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        architecture="blackwell",
+        cuda_capability=(12, 0),
+        pci_device_id=0x2BB510DE,
+        pci_subsystem_id=0x204E10DE,
+        memory_total_bytes=97887 * MIB,
+        multiprocessor_count=188,
+        memory_slices=4,
+        compute_slices=4,
+        gi_profiles=_RTX_PRO_6000_PROFILES,
+        hbm=False,  # 96 GB GDDR7
+        max_sm_clock_mhz=2430,
+        max_mem_clock_mhz=14001,
+        power_limit_w=600,
+        idle_power_w=35,
+        nvlink_links=0,
+        pcie_generation=5,
+        pcie_width=16,
+        min_driver_version="575.51.03",
     ),
 )
 
