@@ -67,8 +67,6 @@ RPC_GRACE_S = 5.0
 """Of it, how long calls in flight may finish after the server stops accepting new ones."""
 CACHE_LABELS_S = 10.0
 """How often the cache inventory is published as node labels."""
-PREWARM_QUEUE_S = 5.0
-"""How often the prewarm queue in the shared database is looked at for new items."""
 INTERRUPTED_REASON = (
     "the agent stopped while this operation ran (killed or restarted) and could not resume it"
 )
@@ -310,9 +308,6 @@ class Node:
             self._guard("mig-labels", _every(cfg.mig.label_poll_s, s.mig_labels.reconcile))
         if s.kube is not None and not self.embedded:
             self._guard("cache-labels", _every(CACHE_LABELS_S, self._publish_cache_labels))
-        # Items queued by the CLI in direct mode (`prewarm file --no-wait`) or by a manifest
-        # land in the shared database; pick them up without waiting for a restart.
-        self._guard("prewarm-queue", _every(PREWARM_QUEUE_S, s.prewarm.schedule_pending))
         self._guard("prewarm-audit", _every(cfg.prewarm.audit_interval_s, self._audit_cache))
         self._guard(
             "prune-operations",

@@ -93,6 +93,8 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
         f"{_P}PrewarmService/CancelPrewarmItem": {_W},
         f"{_P}PrewarmService/ListCache": {_R},
         f"{_P}PrewarmService/EvictCacheItem": {_W},
+        f"{_P}PrewarmService/DeletePrewarmItem": {_W},
+        f"{_P}PrewarmService/PinCacheItem": {_W},
         f"{_P}TelemetryService/GetTelemetrySnapshot": {_R},
         f"{_P}EventsService/WatchEvents": {_R},
     }.items()

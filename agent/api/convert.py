@@ -6,7 +6,7 @@ and answer with the ``*_pb`` ones.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +26,12 @@ from agent.gpu.types import GiProfile, GpuInstance, GpuLayout, Placement, Proces
 from agent.prewarm.model import (
     CacheItem,
     FileRequest,
+    GroupRequest,
     ImageRequest,
     ImageWarmth,
     ItemKind,
     ItemState,
+    PullPolicy,
     Warmth,
 )
 from agent.prewarm.store import Usage
@@ -158,6 +160,9 @@ def image_warmth_pb(w: ImageWarmth) -> cache_pb2.ImageWarmth:
     )
 
 
+_PRIVATE_OPTION = "header:"  # where a request's secrets are read from: not for readers
+
+
 def cache_item_pb(i: CacheItem) -> cache_pb2.CacheItem:
     item = cache_pb2.CacheItem(
         id=i.id,
@@ -174,6 +179,7 @@ def cache_item_pb(i: CacheItem) -> cache_pb2.CacheItem:
         error=i.error or "",
         warm_seconds=i.warm_seconds,
         create_time=timestamp(i.created_at),
+        options={k: v for k, v in i.options.items() if not k.startswith(_PRIVATE_OPTION)},
     )
     if i.finished_at is not None:
         item.finish_time.CopyFrom(timestamp(i.finished_at))
@@ -182,6 +188,10 @@ def cache_item_pb(i: CacheItem) -> cache_pb2.CacheItem:
     if i.image_warmth is not None:
         item.image_warmth.CopyFrom(image_warmth_pb(i.image_warmth))
     return item
+
+
+_KINDS_FROM = {pb: kind for kind, pb in _KINDS.items()}
+_STATES_FROM = {pb: state for state, pb in _STATES.items()}
 
 
 def cache_usage_pb(u: Usage) -> cache_pb2.CacheUsage:
@@ -206,14 +216,14 @@ _MAX_TARGETS = 1000
 
 def prewarm_requests_from(
     targets: Sequence[prewarm_pb2.PrewarmTarget],
-) -> list[FileRequest | ImageRequest]:
+) -> list[FileRequest | ImageRequest | GroupRequest]:
     """The request's targets as prewarm requests; shape errors name ``targets[i].field``."""
     if not 1 <= len(targets) <= _MAX_TARGETS:
         raise InvalidSpec(
             f"a prewarm needs 1 to {_MAX_TARGETS} targets, got {len(targets)}",
             [FieldViolation("targets", f"give 1 to {_MAX_TARGETS} targets")],
         )
-    requests: list[FileRequest | ImageRequest] = []
+    requests: list[FileRequest | ImageRequest | GroupRequest] = []
     bad: list[FieldViolation] = []
     for i, target in enumerate(targets):
         which = target.WhichOneof("target")
@@ -221,42 +231,146 @@ def prewarm_requests_from(
             f = target.file
             if not f.url:
                 bad.append(FieldViolation(f"targets[{i}].file.url", "required"))
-            headers = {}
-            for name, path in f.header_files.items():
-                if not path or not Path(path).is_absolute():
-                    bad.append(
-                        FieldViolation(
-                            f"targets[{i}].file.header_files[{name}]",
-                            "must be an absolute path on the node",
-                        )
-                    )
-                headers[name] = Path(path)
             requests.append(
                 FileRequest(
                     f.url,
                     name=f.name or None,
                     sha256=f.sha256 or None,
                     pin=f.pin,
-                    header_files=headers,
+                    header_files=_header_files(f.header_files, f"targets[{i}].file", bad),
                 )
             )
         elif which == "image":
             m = target.image
             if not m.ref:
                 bad.append(FieldViolation(f"targets[{i}].image.ref", "required"))
+            repull = m.repull_hours if m.HasField("repull_hours") else None
+            if repull is not None and not 0 < repull < 1e6:
+                bad.append(FieldViolation(f"targets[{i}].image.repull_hours", "more than 0 hours"))
             requests.append(
                 ImageRequest(
                     m.ref,
                     name=m.name or None,
                     runtime_handler=m.runtime_handler or None,
                     pin=m.pin,
+                    pull_policy=_PULL_POLICIES.get(m.pull_policy, PullPolicy.IF_NOT_PRESENT),
+                    repull_hours=repull,
+                )
+            )
+        elif which == "model":
+            g = target.model
+            if not g.repo:
+                bad.append(FieldViolation(f"targets[{i}].model.repo", "required"))
+            requests.append(
+                GroupRequest(
+                    g.repo,
+                    revision=g.revision or "main",
+                    endpoint=g.endpoint or "https://huggingface.co",
+                    include=tuple(g.include),
+                    name=g.name or None,
+                    pin=g.pin,
+                    header_files=_header_files(g.header_files, f"targets[{i}].model", bad),
                 )
             )
         else:
-            bad.append(FieldViolation(f"targets[{i}]", "set file or image"))
+            bad.append(FieldViolation(f"targets[{i}]", "set file, image or model"))
     if bad:
         raise InvalidSpec("the prewarm request is malformed", bad)
     return requests
+
+
+def _header_files(
+    header_files: Mapping[str, str], where: str, bad: list[FieldViolation]
+) -> dict[str, Path]:
+    headers = {}
+    for name, path in header_files.items():
+        if not path or not Path(path).is_absolute():
+            bad.append(
+                FieldViolation(
+                    f"{where}.header_files[{name}]", "must be an absolute path on the node"
+                )
+            )
+        headers[name] = Path(path)
+    return headers
+
+
+def prewarm_targets_pb(
+    requests: Iterable[FileRequest | ImageRequest | GroupRequest],
+) -> list[prewarm_pb2.PrewarmTarget]:
+    """Requests (a manifest's, a command's) as the API's targets: `prewarm_requests_from`
+    inverted, so a client says exactly what the agent will read back."""
+    targets = []
+    for r in requests:
+        if isinstance(r, FileRequest):
+            target = prewarm_pb2.PrewarmTarget(
+                file=prewarm_pb2.FileTarget(
+                    url=r.url,
+                    name=r.name or "",
+                    sha256=r.sha256 or "",
+                    pin=r.pin,
+                    header_files={k: str(v) for k, v in r.header_files.items()},
+                )
+            )
+        elif isinstance(r, ImageRequest):
+            target = prewarm_pb2.PrewarmTarget(
+                image=prewarm_pb2.ImageTarget(
+                    ref=r.ref,
+                    name=r.name or "",
+                    runtime_handler=r.runtime_handler or "",
+                    pin=r.pin,
+                    pull_policy=_PULL_POLICY_PB[r.pull_policy],
+                    repull_hours=r.repull_hours,
+                )
+            )
+        else:
+            target = prewarm_pb2.PrewarmTarget(
+                model=prewarm_pb2.ModelTarget(
+                    repo=r.repo,
+                    revision=r.revision,
+                    endpoint=r.endpoint,
+                    include=list(r.include),
+                    name=r.name or "",
+                    pin=r.pin,
+                    header_files={k: str(v) for k, v in r.header_files.items()},
+                )
+            )
+        targets.append(target)
+    return targets
+
+
+_PULL_POLICY_PB = {
+    PullPolicy.IF_NOT_PRESENT: prewarm_pb2.IMAGE_PULL_POLICY_IF_NOT_PRESENT,
+    PullPolicy.ALWAYS: prewarm_pb2.IMAGE_PULL_POLICY_ALWAYS,
+}
+_PULL_POLICIES = {pb: policy for policy, pb in _PULL_POLICY_PB.items()}
+
+
+def cache_item_from(pb: cache_pb2.CacheItem) -> CacheItem:
+    """`cache_item_pb` inverted, for a client that renders items (round trip tested); an
+    image's warmth travels in its options, as the agent keeps it."""
+    return CacheItem(
+        id=pb.id,
+        kind=_KINDS_FROM[pb.kind],
+        name=pb.name,
+        source=pb.source,
+        state=_STATES_FROM[pb.state],
+        pinned=pb.pinned,
+        size=pb.size_bytes if pb.HasField("size_bytes") else None,
+        sha256=pb.sha256 or None,
+        expected_sha256=pb.expected_sha256 or None,
+        fetched_bytes=pb.fetched_bytes,
+        created_at=_seconds(pb.create_time) or 0.0,
+        finished_at=_seconds(pb.finish_time) if pb.HasField("finish_time") else None,
+        last_used=_seconds(pb.last_use_time) if pb.HasField("last_use_time") else None,
+        hits=pb.hits,
+        error=pb.error or None,
+        warm_seconds=pb.warm_seconds if pb.HasField("warm_seconds") else None,
+        options=dict(pb.options),
+    )
+
+
+def _seconds(ts: timestamp_pb2.Timestamp) -> float:
+    return ts.ToNanoseconds() / 1e9
 
 
 # -- sharing --------------------------------------------------------------------------------------

@@ -191,3 +191,39 @@ class PrewarmServicer(prewarm_pb2_grpc.PrewarmServiceServicer):
             prewarm_pb2.EvictCacheItemResponse,
             call,
         )
+
+    async def DeletePrewarmItem(
+        self, request: prewarm_pb2.DeletePrewarmItemRequest, context: grpc.aio.ServicerContext
+    ) -> prewarm_pb2.DeletePrewarmItemResponse:
+        item = _item_name(request.item)
+
+        async def call() -> prewarm_pb2.DeletePrewarmItemResponse:
+            deleted = await asyncio.to_thread(self._service.delete, item)
+            self._changed()
+            return prewarm_pb2.DeletePrewarmItemResponse(item=cache_item_pb(deleted))
+
+        return await self._runner.once(
+            _SERVICE + "DeletePrewarmItem",
+            request,
+            request.request_id,
+            prewarm_pb2.DeletePrewarmItemResponse,
+            call,
+        )
+
+    async def PinCacheItem(
+        self, request: prewarm_pb2.PinCacheItemRequest, context: grpc.aio.ServicerContext
+    ) -> prewarm_pb2.PinCacheItemResponse:
+        item = _item_name(request.item)
+
+        async def call() -> prewarm_pb2.PinCacheItemResponse:
+            pinned = await asyncio.to_thread(self._service.pin, item, request.pinned)
+            self._changed()
+            return prewarm_pb2.PinCacheItemResponse(item=cache_item_pb(pinned))
+
+        return await self._runner.once(
+            _SERVICE + "PinCacheItem",
+            request,
+            request.request_id,
+            prewarm_pb2.PinCacheItemResponse,
+            call,
+        )

@@ -1,9 +1,11 @@
 """``gpu-agent prewarm …`` and ``gpu-agent cache …``: warm files and images, see the inventory.
 
-Direct mode: the command opens the agent's state database and cache directory itself and, unless
-``--no-wait``, does the fetch in the foreground with progress on stderr. A queued item (from
-``--no-wait``, or one whose process died) is picked up by the agent's workers, resuming from its
-partial file.
+Every command goes through the node's agent (the running one, or one embedded for the command:
+`CliContext.agent`), which owns the cache and its queue. A warm is an operation: the command
+follows it with progress on stderr until every item is ready or failed, and its exit code is
+the operation's. Ctrl-C (or ``--no-wait``) leaves the items with the agent: a running agent
+goes on; an embedded one stops with the command and the next agent to start resumes them from
+their partial files.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from typing import Any
 
 import click
 
+from agent._proto.gpuagent.v1 import cache_pb2, operations_pb2
+from agent.api.convert import cache_item_from, prewarm_targets_pb
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, human_bytes, output_option, plain
-from agent.prewarm.errors import FetchFailed
-from agent.prewarm.factory import build_service
+from agent.client import AgentClient, operation_failure
 from agent.prewarm.manifest import load_manifest
 from agent.prewarm.model import (
     CacheItem,
@@ -28,18 +31,15 @@ from agent.prewarm.model import (
     GroupRequest,
     ImageRequest,
     ItemState,
-    Progress,
     PullPolicy,
 )
-from agent.prewarm.service import PrewarmService
-from agent.state import StateStore
+
+Request = FileRequest | ImageRequest | GroupRequest
 
 
-def _service(ctx: click.Context) -> PrewarmService:
+def _client(ctx: click.Context) -> AgentClient:
     obj: CliContext = ctx.obj
-    service = build_service(obj.config.prewarm, StateStore(obj.config.state_dir / "agent.db"))
-    ctx.call_on_close(service.index.close)
-    return service
+    return obj.agent()
 
 
 class _Terminal:
@@ -49,30 +49,51 @@ class _Terminal:
         self._tty = sys.stderr.isatty()
         self._last = 0.0
 
-    def __call__(self, p: Progress) -> None:
+    def __call__(self, op: operations_pb2.Operation) -> None:
+        items = op.metadata.prewarm.items
         now = time.monotonic()
-        if not self._tty and now - self._last < 5 and p.done_bytes != p.total_bytes:
+        done = sum(i.done_bytes for i in items)
+        total = (
+            sum(i.total_bytes for i in items)
+            if all(i.HasField("total_bytes") for i in items)
+            else None
+        )
+        if not self._tty and now - self._last < 5 and done != total:
             return
         self._last = now
-        total = human_bytes(p.total_bytes) if p.total_bytes is not None else "?"
-        pct = f" {100 * p.done_bytes / p.total_bytes:5.1f}%" if p.total_bytes else ""
-        eta = f" ETA {p.eta_s:.0f}s" if p.eta_s is not None else ""
-        line = f"{human_bytes(p.done_bytes)} / {total}{pct} {human_bytes(int(p.rate_bps))}/s{eta}"
+        rate = sum(i.rate_bytes_per_second for i in items)
+        shown = human_bytes(total) if total is not None else "?"
+        pct = f" {100 * done / total:5.1f}%" if total else ""
+        etas = [i.eta_seconds for i in items if i.HasField("eta_seconds")]
+        eta = f" ETA {max(etas):.0f}s" if etas else ""
+        line = f"{human_bytes(done)} / {shown}{pct} {human_bytes(int(rate))}/s{eta}"
         click.echo(("\r" + line.ljust(60)) if self._tty else line, err=True, nl=not self._tty)
 
-
-def _run_all(service: PrewarmService, items: Sequence[CacheItem], wait: bool) -> list[CacheItem]:
-    if not wait:
-        return list(items)
-    terminal = _Terminal()
-    unsubscribe = service.subscribe(terminal)
-    try:
-        done = [service.run(item.id) for item in items]
-    finally:
-        unsubscribe()
-        if terminal._tty:
+    def close(self) -> None:
+        if self._tty:
             click.echo("", err=True)
-    return done
+
+
+def _warm(ctx: click.Context, requests: Sequence[Request], wait: bool, output: str) -> None:
+    """Submit the requests as one operation, follow it, render its items; fail as it failed."""
+    client = _client(ctx)
+    op = client.submit_prewarm(prewarm_targets_pb(requests))
+    ids = [i.item_id for i in op.metadata.prewarm.items]
+    if wait and not op.done:
+        terminal = _Terminal()
+        try:
+            for update in client.watch_operation(op.name):
+                terminal(update)
+                op = update
+        except KeyboardInterrupt:
+            terminal.close()
+            click.echo(f"detached from {op.name}; the items stay with the agent", err=True)
+            raise SystemExit(130) from None
+        terminal.close()
+    by_id = {i.id: i for i in client.list_prewarm_items()}
+    _emit_items([cache_item_from(by_id[i]) for i in ids if i in by_id], output)
+    if op.done and op.HasField("error"):
+        raise operation_failure(op.error)
 
 
 def _record(item: CacheItem) -> dict[str, Any]:
@@ -86,13 +107,6 @@ def _record(item: CacheItem) -> dict[str, Any]:
 
 def _emit_items(items: Sequence[CacheItem], output: str) -> None:
     emit([_record(i) for i in items], output, lambda _: _items_table(items))
-
-
-def _finish(items: Sequence[CacheItem], output: str) -> None:
-    _emit_items(items, output)
-    failed = [i for i in items if i.state is ItemState.FAILED]
-    if failed:
-        raise FetchFailed("; ".join(f"{i.name}: {i.error}" for i in failed))
 
 
 def _items_table(items: Sequence[CacheItem]) -> str:
@@ -142,7 +156,7 @@ _wait_option = click.option(
     "--wait/--no-wait",
     default=True,
     show_default=True,
-    help="Fetch now with progress, or only queue for the agent's workers.",
+    help="Follow the warm with progress, or hand it to the agent and return at once.",
 )
 
 
@@ -183,11 +197,10 @@ def prewarm_file(
       gpu-agent prewarm file https://models.example.com/llama/model.safetensors \\
         --name llama-8b --sha256 3f2a... --header Authorization=/secrets/hf/header
     """
-    service = _service(ctx)
     request = FileRequest(
         url, name=name, sha256=sha256, pin=pin, header_files=_header_files(headers)
     )
-    _finish(_run_all(service, [service.submit(request)], wait), output)
+    _warm(ctx, [request], wait, output)
 
 
 def _header_files(headers: Sequence[str]) -> dict[str, Path]:
@@ -240,7 +253,6 @@ def prewarm_model(
       gpu-agent prewarm model meta-llama/Llama-3.1-8B-Instruct \\
         --include '*.json' --include '*.safetensors' --header Authorization=/secrets/hf/header
     """
-    service = _service(ctx)
     request = GroupRequest(
         repo,
         revision=revision,
@@ -250,7 +262,7 @@ def prewarm_model(
         pin=pin,
         header_files=_header_files(headers),
     )
-    _finish(_run_all(service, [service.submit(request)], wait), output)
+    _warm(ctx, [request], wait, output)
 
 
 @prewarm.command("image")
@@ -290,7 +302,6 @@ def prewarm_image(
     Example:
       gpu-agent prewarm image registry.example.com/llm/server:1.4 --runtime-handler nydus
     """
-    service = _service(ctx)
     request = ImageRequest(
         ref,
         name=name,
@@ -299,7 +310,7 @@ def prewarm_image(
         pull_policy=PullPolicy(pull_policy),
         repull_hours=repull_hours,
     )
-    _finish(_run_all(service, [service.submit(request)], wait), output)
+    _warm(ctx, [request], wait, output)
 
 
 @prewarm.command("apply")
@@ -314,9 +325,7 @@ def prewarm_apply(ctx: click.Context, manifest: Path, wait: bool, output: str) -
     Example:
       gpu-agent prewarm apply models.yaml --no-wait
     """
-    service = _service(ctx)
-    items = service.submit_all(load_manifest(manifest))
-    _finish(_run_all(service, items, wait), output)
+    _warm(ctx, load_manifest(manifest), wait, output)
 
 
 @prewarm.command("list")
@@ -329,7 +338,7 @@ def prewarm_list(ctx: click.Context, output: str) -> None:
     Example:
       gpu-agent prewarm list -o json
     """
-    _emit_items(_service(ctx).items(), output)
+    _emit_items([cache_item_from(i) for i in _client(ctx).list_prewarm_items()], output)
 
 
 @prewarm.command("cancel")
@@ -343,7 +352,7 @@ def prewarm_cancel(ctx: click.Context, item: str, output: str) -> None:
     Example:
       gpu-agent prewarm cancel llama-70b-shard-3
     """
-    _emit_items([_service(ctx).cancel(item)], output)
+    _emit_items([cache_item_from(_client(ctx).cancel_prewarm_item(item))], output)
 
 
 @prewarm.command("delete")
@@ -357,7 +366,7 @@ def prewarm_delete(ctx: click.Context, item: str, output: str) -> None:
     Example:
       gpu-agent prewarm delete llama-70b-shard-3
     """
-    _emit_items([_service(ctx).delete(item)], output)
+    _emit_items([cache_item_from(_client(ctx).delete_prewarm_item(item))], output)
 
 
 @click.group(cls=AgentGroup)
@@ -375,16 +384,16 @@ def cache_list(ctx: click.Context, output: str) -> None:
     Example:
       gpu-agent cache list
     """
-    service = _service(ctx)
-    usage = service.store.usage()
-    ready = [i for i in service.items() if i.state is ItemState.READY]
+    inventory = _client(ctx).list_cache()
+    usage = _usage(inventory.usage)
+    ready = [cache_item_from(i) for i in inventory.items]
     data = {"usage": usage, "items": [_record(i) for i in ready]}
 
     def table(d: dict[str, object]) -> str:
         head = (
-            f"used {human_bytes(usage.used_bytes)} of {human_bytes(usage.capacity_bytes)} "
-            f"(pinned {human_bytes(usage.pinned_bytes)}, "
-            f"reserved {human_bytes(usage.reserved_bytes)})"
+            f"used {human_bytes(usage['used_bytes'])} of {human_bytes(usage['capacity_bytes'])} "
+            f"(pinned {human_bytes(usage['pinned_bytes'])}, "
+            f"reserved {human_bytes(usage['reserved_bytes'])})"
         )
         return head + "\n" + _items_table(ready)
 
@@ -402,7 +411,7 @@ def cache_evict(ctx: click.Context, item: str, output: str) -> None:
     Example:
       gpu-agent cache evict llama-70b-shard-3
     """
-    _emit_items([_service(ctx).evict(item)], output)
+    _emit_items([cache_item_from(_client(ctx).evict_cache_item(item))], output)
 
 
 @cache.command("pin")
@@ -417,4 +426,16 @@ def cache_pin(ctx: click.Context, item: str, unpin: bool, output: str) -> None:
     Example:
       gpu-agent cache pin llama-70b-shard-3
     """
-    _emit_items([_service(ctx).pin(item, not unpin)], output)
+    _emit_items([cache_item_from(_client(ctx).pin_cache_item(item, not unpin))], output)
+
+
+def _usage(pb: cache_pb2.CacheUsage) -> dict[str, int]:
+    """The cache's usage with the field names `cache list -o json` has always had."""
+    return {
+        "used_bytes": pb.used_bytes,
+        "reserved_bytes": pb.reserved_bytes,
+        "pinned_bytes": pb.pinned_bytes,
+        "capacity_bytes": pb.capacity_bytes,
+        "budget_bytes": pb.budget_bytes,
+        "volume_bytes": pb.volume_bytes,
+    }

@@ -155,8 +155,28 @@ class AgentClient(Stubs):
         request = prewarm_pb2.SubmitPrewarmRequest(targets=targets, request_id=request_id)
         return self._call(self._prewarm.SubmitPrewarm, request).operation
 
+    def list_prewarm_items(self) -> list[cache_pb2.CacheItem]:
+        request = prewarm_pb2.ListPrewarmItemsRequest()
+        return list(self._call(self._prewarm.ListPrewarmItems, request).items)
+
+    def cancel_prewarm_item(self, item: str) -> cache_pb2.CacheItem:
+        request = prewarm_pb2.CancelPrewarmItemRequest(item=item)
+        return self._call(self._prewarm.CancelPrewarmItem, request).item
+
+    def delete_prewarm_item(self, item: str) -> cache_pb2.CacheItem:
+        request = prewarm_pb2.DeletePrewarmItemRequest(item=item)
+        return self._call(self._prewarm.DeletePrewarmItem, request).item
+
     def list_cache(self) -> cache_pb2.CacheInventory:
         return self._call(self._prewarm.ListCache, prewarm_pb2.ListCacheRequest()).cache
+
+    def evict_cache_item(self, item: str) -> cache_pb2.CacheItem:
+        request = prewarm_pb2.EvictCacheItemRequest(item=item)
+        return self._call(self._prewarm.EvictCacheItem, request).item
+
+    def pin_cache_item(self, item: str, pinned: bool = True) -> cache_pb2.CacheItem:
+        request = prewarm_pb2.PinCacheItemRequest(item=item, pinned=pinned)
+        return self._call(self._prewarm.PinCacheItem, request).item
 
     # -- sharing ----------------------------------------------------------------------------------
 

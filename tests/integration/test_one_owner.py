@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent.ownership import NodeOwnership
+from tests.integration.prewarm_fixtures.origin import Origin
 from tests.integration.test_api_cli import cli, cli_config
 from tests.unit.api.support import REPO, AgentProcess, agent_config, wait_for
 
@@ -93,3 +94,62 @@ def test_serve_waits_for_a_commands_embedded_agent_to_finish(tmp_path: Path) -> 
         wait_for(lambda: "agent serving:" in agent.output(), "the agent to serve once free", 60)
     finally:
         agent.stop()
+
+
+def _agent_with_origin(tmp_path: Path) -> tuple[AgentProcess, Path]:
+    agent_root = tmp_path / "agent"
+    agent_root.mkdir()
+    agent = AgentProcess(agent_root, agent_config(agent_root)).start()
+    return agent, cli_config(tmp_path, agent_root)
+
+
+def test_a_manifest_applied_beside_the_running_agent_is_warmed_by_it(tmp_path: Path) -> None:
+    """The DaemonSet case of issue 14: `prewarm apply` in the agent's pod went to the database
+    beside the agent, whose queue scan took items 2..N while the CLI fetched item 1 (exit 5,
+    "being fetched by process"). Now the agent does all of it and the command follows."""
+    root = tmp_path / "origin"
+    root.mkdir()
+    with Origin(root) as origin:
+        digests = {f"h{i}": origin.add(f"h{i}.bin", os.urandom(256 * 1024)) for i in range(6)}
+        manifest = tmp_path / "models.yaml"
+        manifest.write_text(
+            "version: 1\nitems:\n"
+            + "".join(
+                f"  - url: {origin.url(name + '.bin')}\n    name: {name}\n    sha256: {sha}\n"
+                for name, sha in digests.items()
+            )
+        )
+        agent, config = _agent_with_origin(tmp_path)
+        try:
+            done = cli(agent.state_dir, config, "prewarm", "apply", str(manifest), "-o", "json")
+            assert done.returncode == 0, done.stderr
+            items = json.loads(done.stdout)
+            assert {(i["name"], i["state"], i["sha256"]) for i in items} == {
+                (name, "ready", sha) for name, sha in digests.items()
+            }
+            assert (agent.root / "cache" / "by-name" / "h5").exists()  # the agent's own cache
+        finally:
+            agent.stop()
+
+
+def test_two_requests_for_one_url_share_one_download_and_its_result(tmp_path: Path) -> None:
+    """A second request for an item being fetched joins it: one download, both exit 0 with the
+    same digest."""
+    root = tmp_path / "origin"
+    root.mkdir()
+    with Origin(root) as origin:
+        sha = origin.add("big.bin", os.urandom(4 * 1024 * 1024))
+        origin.faults.rate_bps["/big.bin"] = 2 * 1024 * 1024  # about 2 s: both land mid-fetch
+        agent, config = _agent_with_origin(tmp_path)
+        try:
+            args = ("prewarm", "file", origin.url("big.bin"), "--name", "big", "-o", "json")
+            first = _start_cli(agent.state_dir, config, *args)
+            wait_for(lambda: origin.ranges("big.bin"), "the first request's download", 30)
+            second = cli(agent.state_dir, config, *args)
+            out, err = first.communicate(timeout=60)
+            assert first.returncode == 0, err
+            assert second.returncode == 0, second.stderr
+            assert json.loads(out)[0]["sha256"] == json.loads(second.stdout)[0]["sha256"] == sha
+            assert origin.ranges("big.bin") == [None]  # one download, from the start
+        finally:
+            agent.stop()

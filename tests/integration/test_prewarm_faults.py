@@ -125,11 +125,14 @@ def test_cli_list_pin_evict_and_cancel(tmp_path: Path, origin: Origin) -> None:
     usage = json.loads(cli.run(["cache", "list", "-o", "json"], env).stdout)
     assert usage["usage"]["used_bytes"] == 0
 
-    queued = cli.run(["prewarm", "file", origin.url("a.bin"), "--name", "b", "--no-wait"], env)
-    assert (
-        json.loads(cli.run(["prewarm", "list", "-o", "json"], env).stdout)[1]["state"] == "queued"
-    )
-    assert queued.returncode == 0
+    # --no-wait hands the item to the agent: here none runs, so each later command's embedded
+    # agent works on it while it lives (a slow origin keeps it unfinished) until cancelled.
+    origin.add("slow.bin", data(8 * MIB))
+    origin.faults.rate_bps["/slow.bin"] = 64 * 1024
+    queued = cli.run(["prewarm", "file", origin.url("slow.bin"), "--name", "b", "--no-wait"], env)
+    assert queued.returncode == 0, queued.stderr
+    listed = json.loads(cli.run(["prewarm", "list", "-o", "json"], env).stdout)
+    assert listed[1]["name"] == "b" and listed[1]["state"] in ("queued", "fetching")
     cancelled = cli.run(["prewarm", "cancel", "b"], env)
     assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout
 

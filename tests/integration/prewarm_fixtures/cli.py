@@ -11,8 +11,13 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def agent_env(tmp: Path, **settings: str) -> dict[str, str]:
+    """A simulated node under ``tmp``: the commands run on the agent embedded for them (or on
+    one serving on ``tmp``/agent.sock), as every command does."""
     env = dict(os.environ)
+    env["GPU_AGENT_SIMULATE"] = "dgx-h100"
     env["GPU_AGENT_STATE_DIR"] = str(tmp / "state")
+    env["GPU_AGENT_SOCKET_PATH"] = str(tmp / "agent.sock")
+    env["GPU_AGENT_TELEMETRY__KUBELET_SOCKET"] = str(tmp / "kubelet.sock")
     env["GPU_AGENT_PREWARM__CACHE_DIR"] = str(tmp / "cache")
     env["GPU_AGENT_PREWARM__ALLOW_HTTP"] = "true"
     env["PYTHONPATH"] = str(ROOT)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from agent._proto.gpuagent.v1 import cache_pb2
 from agent.api.convert import cache_item_pb
 from agent.prewarm.model import CacheItem, ImageWarmth, ItemKind, ItemState, Warmth
@@ -37,3 +39,31 @@ def test_every_item_kind_has_a_wire_value() -> None:
     """A model (group) item must not break ListPrewarmItems."""
     kinds = {cache_item_pb(CacheItem("i", k, "n", "s", ItemState.READY)).kind for k in ItemKind}
     assert len(kinds) == len(ItemKind) and cache_pb2.CACHE_ITEM_KIND_UNSPECIFIED not in kinds
+
+
+def test_a_cache_item_survives_the_round_trip_a_client_makes() -> None:
+    """The CLI renders what the agent sent back into the record the agent holds: every field
+    but the ones the API leaves out (start time, owner) and the header files (secrets' paths)."""
+    from agent.api.convert import cache_item_from, cache_item_pb
+    from agent.prewarm.model import CacheItem, ItemKind, ItemState
+
+    item = CacheItem(
+        "i1",
+        ItemKind.IMAGE,
+        "server",
+        "registry.example/llm/server:1.4",
+        ItemState.READY,
+        pinned=True,
+        size=123,
+        sha256=None,
+        fetched_bytes=0,
+        created_at=1_700_000_000.0,
+        finished_at=1_700_000_010.5,
+        last_used=1_700_000_020.0,
+        hits=3,
+        warm_seconds=10.5,
+        options={"via": "cri", "image_format": "oci", "header:Authorization": "/secrets/tok"},
+    )
+    back = cache_item_from(cache_item_pb(item))
+    assert back.options == {"via": "cri", "image_format": "oci"}
+    assert back == dataclasses.replace(item, options={"via": "cri", "image_format": "oci"})

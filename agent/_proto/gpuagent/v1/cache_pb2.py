@@ -25,25 +25,29 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17gpuagent/v1/cache.proto\x12\x0bgpuagent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9b\x01\n\x0bImageWarmth\x12,\n\x05level\x18\x01 \x01(\x0e\x32\x1d.gpuagent.v1.ImageWarmthLevel\x12\x0c\n\x04lazy\x18\x02 \x01(\x08\x12\x13\n\x0b\x62lobs_total\x18\x03 \x01(\x04\x12\x12\n\nblobs_warm\x18\x04 \x01(\x04\x12\x13\n\x0b\x62ytes_total\x18\x05 \x01(\x04\x12\x12\n\nbytes_warm\x18\x06 \x01(\x04\"\x91\x04\n\tCacheItem\x12\n\n\x02id\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.gpuagent.v1.CacheItemKind\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\x12*\n\x05state\x18\x05 \x01(\x0e\x32\x1b.gpuagent.v1.CacheItemState\x12\x0e\n\x06pinned\x18\x06 \x01(\x08\x12\x17\n\nsize_bytes\x18\x07 \x01(\x04H\x00\x88\x01\x01\x12\x0e\n\x06sha256\x18\x08 \x01(\t\x12\x17\n\x0f\x65xpected_sha256\x18\t \x01(\t\x12\x15\n\rfetched_bytes\x18\n \x01(\x04\x12\x0c\n\x04hits\x18\x0b \x01(\x04\x12\r\n\x05\x65rror\x18\x0c \x01(\t\x12\x19\n\x0cwarm_seconds\x18\r \x01(\x01H\x01\x88\x01\x01\x12/\n\x0b\x63reate_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inish_time\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rlast_use_time\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0cimage_warmth\x18\x11 \x01(\x0b\x32\x18.gpuagent.v1.ImageWarmthB\r\n\x0b_size_bytesB\x0f\n\r_warm_seconds\"\x92\x01\n\nCacheUsage\x12\x12\n\nused_bytes\x18\x01 \x01(\x04\x12\x16\n\x0ereserved_bytes\x18\x02 \x01(\x04\x12\x14\n\x0cpinned_bytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12\x14\n\x0c\x62udget_bytes\x18\x05 \x01(\x04\x12\x14\n\x0cvolume_bytes\x18\x06 \x01(\x04\"_\n\x0e\x43\x61\x63heInventory\x12&\n\x05usage\x18\x01 \x01(\x0b\x32\x17.gpuagent.v1.CacheUsage\x12%\n\x05items\x18\x02 \x03(\x0b\x32\x16.gpuagent.v1.CacheItem*\x80\x01\n\rCacheItemKind\x12\x1f\n\x1b\x43\x41\x43HE_ITEM_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43\x41\x43HE_ITEM_KIND_FILE\x10\x01\x12\x19\n\x15\x43\x41\x43HE_ITEM_KIND_IMAGE\x10\x02\x12\x19\n\x15\x43\x41\x43HE_ITEM_KIND_GROUP\x10\x03*\xc5\x01\n\x0e\x43\x61\x63heItemState\x12 \n\x1c\x43\x41\x43HE_ITEM_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43\x41\x43HE_ITEM_STATE_QUEUED\x10\x01\x12\x1d\n\x19\x43\x41\x43HE_ITEM_STATE_FETCHING\x10\x02\x12\x1a\n\x16\x43\x41\x43HE_ITEM_STATE_READY\x10\x03\x12\x1b\n\x17\x43\x41\x43HE_ITEM_STATE_FAILED\x10\x04\x12\x1c\n\x18\x43\x41\x43HE_ITEM_STATE_EVICTED\x10\x05*\xba\x01\n\x10ImageWarmthLevel\x12\"\n\x1eIMAGE_WARMTH_LEVEL_UNSPECIFIED\x10\x00\x12\x1b\n\x17IMAGE_WARMTH_LEVEL_FULL\x10\x01\x12\x1e\n\x1aIMAGE_WARMTH_LEVEL_PARTIAL\x10\x02\x12%\n!IMAGE_WARMTH_LEVEL_BOOTSTRAP_ONLY\x10\x03\x12\x1e\n\x1aIMAGE_WARMTH_LEVEL_UNKNOWN\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17gpuagent/v1/cache.proto\x12\x0bgpuagent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9b\x01\n\x0bImageWarmth\x12,\n\x05level\x18\x01 \x01(\x0e\x32\x1d.gpuagent.v1.ImageWarmthLevel\x12\x0c\n\x04lazy\x18\x02 \x01(\x08\x12\x13\n\x0b\x62lobs_total\x18\x03 \x01(\x04\x12\x12\n\nblobs_warm\x18\x04 \x01(\x04\x12\x13\n\x0b\x62ytes_total\x18\x05 \x01(\x04\x12\x12\n\nbytes_warm\x18\x06 \x01(\x04\"\xf7\x04\n\tCacheItem\x12\n\n\x02id\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.gpuagent.v1.CacheItemKind\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\x12*\n\x05state\x18\x05 \x01(\x0e\x32\x1b.gpuagent.v1.CacheItemState\x12\x0e\n\x06pinned\x18\x06 \x01(\x08\x12\x17\n\nsize_bytes\x18\x07 \x01(\x04H\x00\x88\x01\x01\x12\x0e\n\x06sha256\x18\x08 \x01(\t\x12\x17\n\x0f\x65xpected_sha256\x18\t \x01(\t\x12\x15\n\rfetched_bytes\x18\n \x01(\x04\x12\x0c\n\x04hits\x18\x0b \x01(\x04\x12\r\n\x05\x65rror\x18\x0c \x01(\t\x12\x19\n\x0cwarm_seconds\x18\r \x01(\x01H\x01\x88\x01\x01\x12/\n\x0b\x63reate_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inish_time\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rlast_use_time\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0cimage_warmth\x18\x11 \x01(\x0b\x32\x18.gpuagent.v1.ImageWarmth\x12\x34\n\x07options\x18\x12 \x03(\x0b\x32#.gpuagent.v1.CacheItem.OptionsEntry\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\r\n\x0b_size_bytesB\x0f\n\r_warm_seconds\"\x92\x01\n\nCacheUsage\x12\x12\n\nused_bytes\x18\x01 \x01(\x04\x12\x16\n\x0ereserved_bytes\x18\x02 \x01(\x04\x12\x14\n\x0cpinned_bytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12\x14\n\x0c\x62udget_bytes\x18\x05 \x01(\x04\x12\x14\n\x0cvolume_bytes\x18\x06 \x01(\x04\"_\n\x0e\x43\x61\x63heInventory\x12&\n\x05usage\x18\x01 \x01(\x0b\x32\x17.gpuagent.v1.CacheUsage\x12%\n\x05items\x18\x02 \x03(\x0b\x32\x16.gpuagent.v1.CacheItem*\x80\x01\n\rCacheItemKind\x12\x1f\n\x1b\x43\x41\x43HE_ITEM_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43\x41\x43HE_ITEM_KIND_FILE\x10\x01\x12\x19\n\x15\x43\x41\x43HE_ITEM_KIND_IMAGE\x10\x02\x12\x19\n\x15\x43\x41\x43HE_ITEM_KIND_GROUP\x10\x03*\xc5\x01\n\x0e\x43\x61\x63heItemState\x12 \n\x1c\x43\x41\x43HE_ITEM_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43\x41\x43HE_ITEM_STATE_QUEUED\x10\x01\x12\x1d\n\x19\x43\x41\x43HE_ITEM_STATE_FETCHING\x10\x02\x12\x1a\n\x16\x43\x41\x43HE_ITEM_STATE_READY\x10\x03\x12\x1b\n\x17\x43\x41\x43HE_ITEM_STATE_FAILED\x10\x04\x12\x1c\n\x18\x43\x41\x43HE_ITEM_STATE_EVICTED\x10\x05*\xba\x01\n\x10ImageWarmthLevel\x12\"\n\x1eIMAGE_WARMTH_LEVEL_UNSPECIFIED\x10\x00\x12\x1b\n\x17IMAGE_WARMTH_LEVEL_FULL\x10\x01\x12\x1e\n\x1aIMAGE_WARMTH_LEVEL_PARTIAL\x10\x02\x12%\n!IMAGE_WARMTH_LEVEL_BOOTSTRAP_ONLY\x10\x03\x12\x1e\n\x1aIMAGE_WARMTH_LEVEL_UNKNOWN\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agent._proto.gpuagent.v1.cache_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CACHEITEMKIND']._serialized_start=1010
-  _globals['_CACHEITEMKIND']._serialized_end=1138
-  _globals['_CACHEITEMSTATE']._serialized_start=1141
-  _globals['_CACHEITEMSTATE']._serialized_end=1338
-  _globals['_IMAGEWARMTHLEVEL']._serialized_start=1341
-  _globals['_IMAGEWARMTHLEVEL']._serialized_end=1527
+  _globals['_CACHEITEM_OPTIONSENTRY']._loaded_options = None
+  _globals['_CACHEITEM_OPTIONSENTRY']._serialized_options = b'8\001'
+  _globals['_CACHEITEMKIND']._serialized_start=1112
+  _globals['_CACHEITEMKIND']._serialized_end=1240
+  _globals['_CACHEITEMSTATE']._serialized_start=1243
+  _globals['_CACHEITEMSTATE']._serialized_end=1440
+  _globals['_IMAGEWARMTHLEVEL']._serialized_start=1443
+  _globals['_IMAGEWARMTHLEVEL']._serialized_end=1629
   _globals['_IMAGEWARMTH']._serialized_start=74
   _globals['_IMAGEWARMTH']._serialized_end=229
   _globals['_CACHEITEM']._serialized_start=232
-  _globals['_CACHEITEM']._serialized_end=761
-  _globals['_CACHEUSAGE']._serialized_start=764
-  _globals['_CACHEUSAGE']._serialized_end=910
-  _globals['_CACHEINVENTORY']._serialized_start=912
-  _globals['_CACHEINVENTORY']._serialized_end=1007
+  _globals['_CACHEITEM']._serialized_end=863
+  _globals['_CACHEITEM_OPTIONSENTRY']._serialized_start=785
+  _globals['_CACHEITEM_OPTIONSENTRY']._serialized_end=831
+  _globals['_CACHEUSAGE']._serialized_start=866
+  _globals['_CACHEUSAGE']._serialized_end=1012
+  _globals['_CACHEINVENTORY']._serialized_start=1014
+  _globals['_CACHEINVENTORY']._serialized_end=1109
 # @@protoc_insertion_point(module_scope)

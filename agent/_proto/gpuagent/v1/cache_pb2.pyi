@@ -66,7 +66,14 @@ class ImageWarmth(_message.Message):
     def __init__(self, level: _Optional[_Union[ImageWarmthLevel, str]] = ..., lazy: _Optional[bool] = ..., blobs_total: _Optional[int] = ..., blobs_warm: _Optional[int] = ..., bytes_total: _Optional[int] = ..., bytes_warm: _Optional[int] = ...) -> None: ...
 
 class CacheItem(_message.Message):
-    __slots__ = ("id", "kind", "name", "source", "state", "pinned", "size_bytes", "sha256", "expected_sha256", "fetched_bytes", "hits", "error", "warm_seconds", "create_time", "finish_time", "last_use_time", "image_warmth")
+    __slots__ = ("id", "kind", "name", "source", "state", "pinned", "size_bytes", "sha256", "expected_sha256", "fetched_bytes", "hits", "error", "warm_seconds", "create_time", "finish_time", "last_use_time", "image_warmth", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +91,7 @@ class CacheItem(_message.Message):
     FINISH_TIME_FIELD_NUMBER: _ClassVar[int]
     LAST_USE_TIME_FIELD_NUMBER: _ClassVar[int]
     IMAGE_WARMTH_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: CacheItemKind
     name: str
@@ -101,7 +109,8 @@ class CacheItem(_message.Message):
     finish_time: _timestamp_pb2.Timestamp
     last_use_time: _timestamp_pb2.Timestamp
     image_warmth: ImageWarmth
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CacheItemKind, str]] = ..., name: _Optional[str] = ..., source: _Optional[str] = ..., state: _Optional[_Union[CacheItemState, str]] = ..., pinned: _Optional[bool] = ..., size_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., expected_sha256: _Optional[str] = ..., fetched_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., error: _Optional[str] = ..., warm_seconds: _Optional[float] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_use_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., image_warmth: _Optional[_Union[ImageWarmth, _Mapping]] = ...) -> None: ...
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CacheItemKind, str]] = ..., name: _Optional[str] = ..., source: _Optional[str] = ..., state: _Optional[_Union[CacheItemState, str]] = ..., pinned: _Optional[bool] = ..., size_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., expected_sha256: _Optional[str] = ..., fetched_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., error: _Optional[str] = ..., warm_seconds: _Optional[float] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_use_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., image_warmth: _Optional[_Union[ImageWarmth, _Mapping]] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class CacheUsage(_message.Message):
     __slots__ = ("used_bytes", "reserved_bytes", "pinned_bytes", "capacity_bytes", "budget_bytes", "volume_bytes")

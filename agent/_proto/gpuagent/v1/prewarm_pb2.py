@@ -26,7 +26,7 @@ from agent._proto.gpuagent.v1 import cache_pb2 as gpuagent_dot_v1_dot_cache__pb2
 from agent._proto.gpuagent.v1 import operations_pb2 as gpuagent_dot_v1_dot_operations__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19gpuagent/v1/prewarm.proto\x12\x0bgpuagent.v1\x1a\x17gpuagent/v1/cache.proto\x1a\x1cgpuagent/v1/operations.proto\"\xb8\x01\n\nFileTarget\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x0b\n\x03pin\x18\x04 \x01(\x08\x12>\n\x0cheader_files\x18\x05 \x03(\x0b\x32(.gpuagent.v1.FileTarget.HeaderFilesEntry\x1a\x32\n\x10HeaderFilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"N\n\x0bImageTarget\x12\x0b\n\x03ref\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x17\n\x0fruntime_handler\x18\x03 \x01(\t\x12\x0b\n\x03pin\x18\x04 \x01(\x08\"m\n\rPrewarmTarget\x12\'\n\x04\x66ile\x18\x01 \x01(\x0b\x32\x17.gpuagent.v1.FileTargetH\x00\x12)\n\x05image\x18\x02 \x01(\x0b\x32\x18.gpuagent.v1.ImageTargetH\x00\x42\x08\n\x06target\"W\n\x14SubmitPrewarmRequest\x12+\n\x07targets\x18\x01 \x03(\x0b\x32\x1a.gpuagent.v1.PrewarmTarget\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"B\n\x15SubmitPrewarmResponse\x12)\n\toperation\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.Operation\"\x19\n\x17ListPrewarmItemsRequest\"A\n\x18ListPrewarmItemsResponse\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.gpuagent.v1.CacheItem\"<\n\x18\x43\x61ncelPrewarmItemRequest\x12\x0c\n\x04item\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"A\n\x19\x43\x61ncelPrewarmItemResponse\x12$\n\x04item\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.CacheItem\"\x12\n\x10ListCacheRequest\"?\n\x11ListCacheResponse\x12*\n\x05\x63\x61\x63he\x18\x01 \x01(\x0b\x32\x1b.gpuagent.v1.CacheInventory\"9\n\x15\x45victCacheItemRequest\x12\x0c\n\x04item\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\">\n\x16\x45victCacheItemResponse\x12$\n\x04item\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.CacheItem2\xd4\x03\n\x0ePrewarmService\x12V\n\rSubmitPrewarm\x12!.gpuagent.v1.SubmitPrewarmRequest\x1a\".gpuagent.v1.SubmitPrewarmResponse\x12_\n\x10ListPrewarmItems\x12$.gpuagent.v1.ListPrewarmItemsRequest\x1a%.gpuagent.v1.ListPrewarmItemsResponse\x12\x62\n\x11\x43\x61ncelPrewarmItem\x12%.gpuagent.v1.CancelPrewarmItemRequest\x1a&.gpuagent.v1.CancelPrewarmItemResponse\x12J\n\tListCache\x12\x1d.gpuagent.v1.ListCacheRequest\x1a\x1e.gpuagent.v1.ListCacheResponse\x12Y\n\x0e\x45victCacheItem\x12\".gpuagent.v1.EvictCacheItemRequest\x1a#.gpuagent.v1.EvictCacheItemResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19gpuagent/v1/prewarm.proto\x12\x0bgpuagent.v1\x1a\x17gpuagent/v1/cache.proto\x1a\x1cgpuagent/v1/operations.proto\"\xb8\x01\n\nFileTarget\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x0b\n\x03pin\x18\x04 \x01(\x08\x12>\n\x0cheader_files\x18\x05 \x03(\x0b\x32(.gpuagent.v1.FileTarget.HeaderFilesEntry\x1a\x32\n\x10HeaderFilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xad\x01\n\x0bImageTarget\x12\x0b\n\x03ref\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x17\n\x0fruntime_handler\x18\x03 \x01(\t\x12\x0b\n\x03pin\x18\x04 \x01(\x08\x12\x31\n\x0bpull_policy\x18\x05 \x01(\x0e\x32\x1c.gpuagent.v1.ImagePullPolicy\x12\x19\n\x0crepull_hours\x18\x06 \x01(\x01H\x00\x88\x01\x01\x42\x0f\n\r_repull_hours\"\xe0\x01\n\x0bModelTarget\x12\x0c\n\x04repo\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x0f\n\x07include\x18\x04 \x03(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\x0b\n\x03pin\x18\x06 \x01(\x08\x12?\n\x0cheader_files\x18\x07 \x03(\x0b\x32).gpuagent.v1.ModelTarget.HeaderFilesEntry\x1a\x32\n\x10HeaderFilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x98\x01\n\rPrewarmTarget\x12\'\n\x04\x66ile\x18\x01 \x01(\x0b\x32\x17.gpuagent.v1.FileTargetH\x00\x12)\n\x05image\x18\x02 \x01(\x0b\x32\x18.gpuagent.v1.ImageTargetH\x00\x12)\n\x05model\x18\x03 \x01(\x0b\x32\x18.gpuagent.v1.ModelTargetH\x00\x42\x08\n\x06target\"W\n\x14SubmitPrewarmRequest\x12+\n\x07targets\x18\x01 \x03(\x0b\x32\x1a.gpuagent.v1.PrewarmTarget\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"B\n\x15SubmitPrewarmResponse\x12)\n\toperation\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.Operation\"\x19\n\x17ListPrewarmItemsRequest\"A\n\x18ListPrewarmItemsResponse\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.gpuagent.v1.CacheItem\"<\n\x18\x43\x61ncelPrewarmItemRequest\x12\x0c\n\x04item\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"A\n\x19\x43\x61ncelPrewarmItemResponse\x12$\n\x04item\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.CacheItem\"\x12\n\x10ListCacheRequest\"?\n\x11ListCacheResponse\x12*\n\x05\x63\x61\x63he\x18\x01 \x01(\x0b\x32\x1b.gpuagent.v1.CacheInventory\"9\n\x15\x45victCacheItemRequest\x12\x0c\n\x04item\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\">\n\x16\x45victCacheItemResponse\x12$\n\x04item\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.CacheItem\"<\n\x18\x44\x65letePrewarmItemRequest\x12\x0c\n\x04item\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"A\n\x19\x44\x65letePrewarmItemResponse\x12$\n\x04item\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.CacheItem\"G\n\x13PinCacheItemRequest\x12\x0c\n\x04item\x18\x01 \x01(\t\x12\x0e\n\x06pinned\x18\x02 \x01(\x08\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"<\n\x14PinCacheItemResponse\x12$\n\x04item\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.CacheItem*x\n\x0fImagePullPolicy\x12!\n\x1dIMAGE_PULL_POLICY_UNSPECIFIED\x10\x00\x12$\n IMAGE_PULL_POLICY_IF_NOT_PRESENT\x10\x01\x12\x1c\n\x18IMAGE_PULL_POLICY_ALWAYS\x10\x02\x32\x8d\x05\n\x0ePrewarmService\x12V\n\rSubmitPrewarm\x12!.gpuagent.v1.SubmitPrewarmRequest\x1a\".gpuagent.v1.SubmitPrewarmResponse\x12_\n\x10ListPrewarmItems\x12$.gpuagent.v1.ListPrewarmItemsRequest\x1a%.gpuagent.v1.ListPrewarmItemsResponse\x12\x62\n\x11\x43\x61ncelPrewarmItem\x12%.gpuagent.v1.CancelPrewarmItemRequest\x1a&.gpuagent.v1.CancelPrewarmItemResponse\x12J\n\tListCache\x12\x1d.gpuagent.v1.ListCacheRequest\x1a\x1e.gpuagent.v1.ListCacheResponse\x12Y\n\x0e\x45victCacheItem\x12\".gpuagent.v1.EvictCacheItemRequest\x1a#.gpuagent.v1.EvictCacheItemResponse\x12\x62\n\x11\x44\x65letePrewarmItem\x12%.gpuagent.v1.DeletePrewarmItemRequest\x1a&.gpuagent.v1.DeletePrewarmItemResponse\x12S\n\x0cPinCacheItem\x12 .gpuagent.v1.PinCacheItemRequest\x1a!.gpuagent.v1.PinCacheItemResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,34 +35,50 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FILETARGET_HEADERFILESENTRY']._loaded_options = None
   _globals['_FILETARGET_HEADERFILESENTRY']._serialized_options = b'8\001'
+  _globals['_MODELTARGET_HEADERFILESENTRY']._loaded_options = None
+  _globals['_MODELTARGET_HEADERFILESENTRY']._serialized_options = b'8\001'
+  _globals['_IMAGEPULLPOLICY']._serialized_start=1694
+  _globals['_IMAGEPULLPOLICY']._serialized_end=1814
   _globals['_FILETARGET']._serialized_start=98
   _globals['_FILETARGET']._serialized_end=282
   _globals['_FILETARGET_HEADERFILESENTRY']._serialized_start=232
   _globals['_FILETARGET_HEADERFILESENTRY']._serialized_end=282
-  _globals['_IMAGETARGET']._serialized_start=284
-  _globals['_IMAGETARGET']._serialized_end=362
-  _globals['_PREWARMTARGET']._serialized_start=364
-  _globals['_PREWARMTARGET']._serialized_end=473
-  _globals['_SUBMITPREWARMREQUEST']._serialized_start=475
-  _globals['_SUBMITPREWARMREQUEST']._serialized_end=562
-  _globals['_SUBMITPREWARMRESPONSE']._serialized_start=564
-  _globals['_SUBMITPREWARMRESPONSE']._serialized_end=630
-  _globals['_LISTPREWARMITEMSREQUEST']._serialized_start=632
-  _globals['_LISTPREWARMITEMSREQUEST']._serialized_end=657
-  _globals['_LISTPREWARMITEMSRESPONSE']._serialized_start=659
-  _globals['_LISTPREWARMITEMSRESPONSE']._serialized_end=724
-  _globals['_CANCELPREWARMITEMREQUEST']._serialized_start=726
-  _globals['_CANCELPREWARMITEMREQUEST']._serialized_end=786
-  _globals['_CANCELPREWARMITEMRESPONSE']._serialized_start=788
-  _globals['_CANCELPREWARMITEMRESPONSE']._serialized_end=853
-  _globals['_LISTCACHEREQUEST']._serialized_start=855
-  _globals['_LISTCACHEREQUEST']._serialized_end=873
-  _globals['_LISTCACHERESPONSE']._serialized_start=875
-  _globals['_LISTCACHERESPONSE']._serialized_end=938
-  _globals['_EVICTCACHEITEMREQUEST']._serialized_start=940
-  _globals['_EVICTCACHEITEMREQUEST']._serialized_end=997
-  _globals['_EVICTCACHEITEMRESPONSE']._serialized_start=999
-  _globals['_EVICTCACHEITEMRESPONSE']._serialized_end=1061
-  _globals['_PREWARMSERVICE']._serialized_start=1064
-  _globals['_PREWARMSERVICE']._serialized_end=1532
+  _globals['_IMAGETARGET']._serialized_start=285
+  _globals['_IMAGETARGET']._serialized_end=458
+  _globals['_MODELTARGET']._serialized_start=461
+  _globals['_MODELTARGET']._serialized_end=685
+  _globals['_MODELTARGET_HEADERFILESENTRY']._serialized_start=232
+  _globals['_MODELTARGET_HEADERFILESENTRY']._serialized_end=282
+  _globals['_PREWARMTARGET']._serialized_start=688
+  _globals['_PREWARMTARGET']._serialized_end=840
+  _globals['_SUBMITPREWARMREQUEST']._serialized_start=842
+  _globals['_SUBMITPREWARMREQUEST']._serialized_end=929
+  _globals['_SUBMITPREWARMRESPONSE']._serialized_start=931
+  _globals['_SUBMITPREWARMRESPONSE']._serialized_end=997
+  _globals['_LISTPREWARMITEMSREQUEST']._serialized_start=999
+  _globals['_LISTPREWARMITEMSREQUEST']._serialized_end=1024
+  _globals['_LISTPREWARMITEMSRESPONSE']._serialized_start=1026
+  _globals['_LISTPREWARMITEMSRESPONSE']._serialized_end=1091
+  _globals['_CANCELPREWARMITEMREQUEST']._serialized_start=1093
+  _globals['_CANCELPREWARMITEMREQUEST']._serialized_end=1153
+  _globals['_CANCELPREWARMITEMRESPONSE']._serialized_start=1155
+  _globals['_CANCELPREWARMITEMRESPONSE']._serialized_end=1220
+  _globals['_LISTCACHEREQUEST']._serialized_start=1222
+  _globals['_LISTCACHEREQUEST']._serialized_end=1240
+  _globals['_LISTCACHERESPONSE']._serialized_start=1242
+  _globals['_LISTCACHERESPONSE']._serialized_end=1305
+  _globals['_EVICTCACHEITEMREQUEST']._serialized_start=1307
+  _globals['_EVICTCACHEITEMREQUEST']._serialized_end=1364
+  _globals['_EVICTCACHEITEMRESPONSE']._serialized_start=1366
+  _globals['_EVICTCACHEITEMRESPONSE']._serialized_end=1428
+  _globals['_DELETEPREWARMITEMREQUEST']._serialized_start=1430
+  _globals['_DELETEPREWARMITEMREQUEST']._serialized_end=1490
+  _globals['_DELETEPREWARMITEMRESPONSE']._serialized_start=1492
+  _globals['_DELETEPREWARMITEMRESPONSE']._serialized_end=1557
+  _globals['_PINCACHEITEMREQUEST']._serialized_start=1559
+  _globals['_PINCACHEITEMREQUEST']._serialized_end=1630
+  _globals['_PINCACHEITEMRESPONSE']._serialized_start=1632
+  _globals['_PINCACHEITEMRESPONSE']._serialized_end=1692
+  _globals['_PREWARMSERVICE']._serialized_start=1817
+  _globals['_PREWARMSERVICE']._serialized_end=2470
 # @@protoc_insertion_point(module_scope)

@@ -60,6 +60,16 @@ class PrewarmServiceStub:
                 request_serializer=gpuagent_dot_v1_dot_prewarm__pb2.EvictCacheItemRequest.SerializeToString,
                 response_deserializer=gpuagent_dot_v1_dot_prewarm__pb2.EvictCacheItemResponse.FromString,
                 _registered_method=True)
+        self.DeletePrewarmItem = channel.unary_unary(
+                '/gpuagent.v1.PrewarmService/DeletePrewarmItem',
+                request_serializer=gpuagent_dot_v1_dot_prewarm__pb2.DeletePrewarmItemRequest.SerializeToString,
+                response_deserializer=gpuagent_dot_v1_dot_prewarm__pb2.DeletePrewarmItemResponse.FromString,
+                _registered_method=True)
+        self.PinCacheItem = channel.unary_unary(
+                '/gpuagent.v1.PrewarmService/PinCacheItem',
+                request_serializer=gpuagent_dot_v1_dot_prewarm__pb2.PinCacheItemRequest.SerializeToString,
+                response_deserializer=gpuagent_dot_v1_dot_prewarm__pb2.PinCacheItemResponse.FromString,
+                _registered_method=True)
 
 
 class PrewarmServiceServicer:
@@ -102,6 +112,21 @@ class PrewarmServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeletePrewarmItem(self, request, context):
+        """DeletePrewarmItem removes an item from the inventory; a ready one is evicted first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PinCacheItem(self, request, context):
+        """PinCacheItem keeps an item out of eviction (pinned in containerd too, for images), or
+        releases it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PrewarmServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +154,16 @@ def add_PrewarmServiceServicer_to_server(servicer, server):
                     servicer.EvictCacheItem,
                     request_deserializer=gpuagent_dot_v1_dot_prewarm__pb2.EvictCacheItemRequest.FromString,
                     response_serializer=gpuagent_dot_v1_dot_prewarm__pb2.EvictCacheItemResponse.SerializeToString,
+            ),
+            'DeletePrewarmItem': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeletePrewarmItem,
+                    request_deserializer=gpuagent_dot_v1_dot_prewarm__pb2.DeletePrewarmItemRequest.FromString,
+                    response_serializer=gpuagent_dot_v1_dot_prewarm__pb2.DeletePrewarmItemResponse.SerializeToString,
+            ),
+            'PinCacheItem': grpc.unary_unary_rpc_method_handler(
+                    servicer.PinCacheItem,
+                    request_deserializer=gpuagent_dot_v1_dot_prewarm__pb2.PinCacheItemRequest.FromString,
+                    response_serializer=gpuagent_dot_v1_dot_prewarm__pb2.PinCacheItemResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -267,6 +302,60 @@ class PrewarmService:
             '/gpuagent.v1.PrewarmService/EvictCacheItem',
             gpuagent_dot_v1_dot_prewarm__pb2.EvictCacheItemRequest.SerializeToString,
             gpuagent_dot_v1_dot_prewarm__pb2.EvictCacheItemResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeletePrewarmItem(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuagent.v1.PrewarmService/DeletePrewarmItem',
+            gpuagent_dot_v1_dot_prewarm__pb2.DeletePrewarmItemRequest.SerializeToString,
+            gpuagent_dot_v1_dot_prewarm__pb2.DeletePrewarmItemResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PinCacheItem(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuagent.v1.PrewarmService/PinCacheItem',
+            gpuagent_dot_v1_dot_prewarm__pb2.PinCacheItemRequest.SerializeToString,
+            gpuagent_dot_v1_dot_prewarm__pb2.PinCacheItemResponse.FromString,
             options,
             channel_credentials,
             insecure,
