@@ -138,10 +138,33 @@ class PrewarmService:
         return self._submit_image(request)
 
     def submit_all(self, requests: Sequence[FileRequest | ImageRequest]) -> list[CacheItem]:
-        """Validate every request first, so a bad manifest changes nothing."""
+        """Validate every request first, so a bad manifest changes nothing: each on its own,
+        then its name against the others' and the items already recorded."""
         for request in requests:
             self._validate(request)
+        self._check_names(requests)
         return [self.submit(r) for r in requests]
+
+    def _check_names(self, requests: Sequence[FileRequest | ImageRequest]) -> None:
+        """The `_resubmit` conflict, found before the first insert: a name that another source
+        holds, in the index or earlier in ``requests``."""
+        taken: dict[str, tuple[str, str | None]] = {}
+        for request in requests:
+            if isinstance(request, FileRequest):
+                source, sha256 = request.url, request.sha256
+            else:
+                source, sha256 = request.ref, None
+            name = request.name or default_name(source)
+            if name not in taken:
+                existing = self.index.find_by_name(name)
+                if existing is not None:
+                    taken[name] = (existing.source, existing.expected_sha256)
+            held = taken.setdefault(name, (source, sha256))
+            if held[0] != source or (sha256 and held[1] not in (None, sha256)):
+                raise Conflict(
+                    f"a cache item named {name!r} already exists for another source; "
+                    "choose another --name"
+                )
 
     def _validate(self, request: FileRequest | ImageRequest) -> None:
         if request.name is not None:
