@@ -14,6 +14,7 @@ The pure-Python composer is used on purpose: libyaml's composes in C, with no ho
 from __future__ import annotations
 
 import reprlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,7 @@ class _BoundedComposer(Composer):
     """Composer that counts as it goes and refuses at the first bound passed."""
 
     limits: Limits
+    check_event: Callable[..., bool]  # the Parser's, beside this class in the loader
 
     def _bounded_init(self, limits: Limits) -> None:
         self.limits = limits
@@ -215,8 +217,9 @@ def load(text: str | bytes, field: str, limits: Limits = DEFAULT) -> Any:
             raise InvalidSpec(
                 f"{field}: not UTF-8 text", [FieldViolation(field, f"not UTF-8 ({exc.reason})")]
             ) from None
-    loader = _Loader(text, limits)
+    loader: _Loader | None = None
     try:
+        loader = _Loader(text, limits)  # its reader refuses control characters at once
         return loader.get_single_data()
     except _Refused as exc:
         where = f"{field}: {exc.path}" if exc.path else field
@@ -235,4 +238,5 @@ def load(text: str | bytes, field: str, limits: Limits = DEFAULT) -> Any:
             f"{field}: nested too deeply", [FieldViolation(field, "nested too deeply")]
         ) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()

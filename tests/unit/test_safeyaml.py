@@ -130,6 +130,7 @@ def test_duplicate_keys_are_refused_not_silently_overwritten() -> None:
 
 def test_syntax_errors_and_unknown_tags_are_refusals_with_capped_text() -> None:
     refusal("a: [")
+    refusal("a: &a`\x7f?{b: *a}")  # control characters: found by bench/fuzz_rpc.py as INTERNAL
     refusal("!!python/object/apply:os.system ['true']")
     exc = refusal(b"\xff\xfe")
     assert "UTF-8" in str(exc)
