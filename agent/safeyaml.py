@@ -114,7 +114,8 @@ class _BoundedComposer(Composer):
         else:
             self._path.append("")
         try:
-            if self.check_event(AliasEvent):
+            alias = self.check_event(AliasEvent)
+            if alias:
                 self._aliases += 1
                 if self._aliases > lim.max_aliases:
                     raise _Refused(self._where(), f"at most {lim.max_aliases} YAML aliases (*name)")
@@ -122,7 +123,6 @@ class _BoundedComposer(Composer):
                 len(self._path) > lim.max_depth
             ):
                 raise _Refused(self._where(), f"nested deeper than {lim.max_depth} levels")
-            alias = self.check_event(AliasEvent)
             before = self._nodes
             node = super().compose_node(parent, index)
             if node is not None:

@@ -162,7 +162,11 @@ def mutate_doc(rng: random.Random, doc: dict[str, Any]) -> str:
 def hostile_yaml(rng: random.Random) -> str:
     kind = rng.randrange(14)
     if kind == 0:
-        return billion_laughs(rng.randint(3, 12), rng.randint(2, 20))
+        levels = rng.randint(3, 12)
+        laughs = billion_laughs(levels, rng.randint(2, 20))
+        # Bare, or as the value of fields that a careless error message would print whole.
+        target = rng.choice(["", "version", "mig-configs", "sharing", "flags", "imex"])
+        return laughs + (f"{target}: *l{levels - 1}\n" if target else "")
     if kind == 1:
         depth = rng.choice([33, 100, 1000, 100_000])
         return rng.choice(["[", "{a: "]) * depth + rng.choice(["]", "}"]) * depth
@@ -224,7 +228,13 @@ class Generator:
     def text(self, name: str) -> str:
         rng = self.rng
         if name == "config_yaml":
-            return hostile_yaml(rng)
+            # Half attacks on the parser, half documents that parse and test the rules.
+            roll = rng.random()
+            if roll < 0.5:
+                return hostile_yaml(rng)
+            if roll < 0.85:
+                return mutate_doc(rng, rng.choice([MIG_DOC, SHARING_DOC]))
+            return yaml.safe_dump(rng.choice([MIG_DOC, SHARING_DOC]))
         if name == "request_id":
             return rng.choice([*self.request_ids, "", "x" * 200, "a\x00b"])
         if name == "url":

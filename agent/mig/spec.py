@@ -132,10 +132,10 @@ def load_spec(source: str | Path, text: str | None = None) -> MigSpec:
     """Read and parse a config file; ``text`` overrides reading (``-`` = stdin is the CLI's job)."""
     if text is None:
         try:
-            text = Path(source).read_text()
-        except OSError as exc:
+            text = safeyaml.read_text(Path(source), "config-file")
+        except (OSError, UnicodeDecodeError) as exc:
             raise InvalidSpec(
-                f"cannot read MIG config {source}: {exc.strerror}",
+                f"cannot read MIG config {source}: {getattr(exc, 'strerror', None) or exc}",
                 [FieldViolation("config-file", str(exc))],
             ) from exc
     return parse_spec(text, str(source))
