@@ -11,7 +11,8 @@ sends ``--requests`` requests, cycling over every RPC of the API:
   alias cycles, merge bombs, duplicate keys, unknown tags, and valid MIG and sharing configs with
   one value swapped for a hostile one (replicas past uint32, MPS past 48 clients, ...);
 * mutated: a generated request's bytes flipped, cut, spliced or padded, and random bytes;
-* conflicting: pairs of ApplyMig sent at the same instant (``--pairs``).
+* conflicting: pairs of ApplyMig sent at the same instant (``--pairs``);
+* first of all, once each, the requests issue 16 reported (`issue_attacks`).
 
 It reports status codes per RPC, the INTERNAL and UNKNOWN answers (goal 0), refused mutating
 calls that changed the node (goal 0: GPU state file, plugin files, operations and prewarm items,
@@ -367,6 +368,39 @@ def mutate_bytes(rng: random.Random, data: bytes) -> bytes:
     return bytes(buf)
 
 
+def issue_attacks() -> list[tuple[str, bytes]]:
+    """The requests issue 16 names, each sent once to each YAML RPC before the generated ones:
+    10**8 laughs as the value of a field an error message would print, deep nesting, a list as
+    a key, a 5000-digit integer, a huge string; and replicas whose advertised count passes
+    2**32-1, MPS past the plugin's 48 clients."""
+    laughs = billion_laughs(8, 10) + "version: *l7\nmig-configs: *l7\nsharing: *l7\n"
+    texts = [
+        laughs,
+        "[" * 100_000 + "]" * 100_000,
+        "version: v1\nmig-configs:\n  ? [a, b]\n  : []\n",
+        "version: v1\nmig-configs:\n  a:\n  - devices: [" + "7" * 5000 + "]\n",
+        "version: v1\nmig-configs:\n  a:\n  - devices: all\n    mig-enabled: " + "y" * 900_000,
+    ]
+    out: list[tuple[str, bytes]] = []
+    for text in texts:
+        out += [
+            ("PlanMig", mig_pb2.PlanMigRequest(config_yaml=text).SerializeToString()),
+            ("ApplyMig", mig_pb2.ApplyMigRequest(config_yaml=text).SerializeToString()),
+            ("AssertMig", mig_pb2.AssertMigRequest(config_yaml=text).SerializeToString()),
+            ("SetSharing", sharing_pb2.SetSharingRequest(config_yaml=text).SerializeToString()),
+        ]
+    for strategy, replicas in (
+        (sharing_pb2.SHARING_STRATEGY_TIME_SLICING, 2**31),
+        (sharing_pb2.SHARING_STRATEGY_MPS, 49),
+    ):
+        spec = sharing_pb2.SharingSpec(
+            strategy=strategy,
+            resources=[sharing_pb2.SharedResource(name="nvidia.com/gpu", replicas=replicas)],
+        )
+        out.append(("SetSharing", sharing_pb2.SetSharingRequest(spec=spec).SerializeToString()))
+    return out
+
+
 def api_methods() -> list[MethodDescriptor]:
     return [
         method
@@ -602,10 +636,15 @@ def run(
             observer = Observer(agent, channel, plugin)
             gen = Generator(rng, origin.url)
             methods = api_methods()
+            by_name = {m.name: m for m in methods}
+            fixed = [(by_name[name], "attack", data) for name, data in issue_attacks()]
             for i in range(requests):
-                method = methods[i % len(methods)]
+                if i < len(fixed):
+                    method, how, payload = fixed[i]
+                else:
+                    method = methods[i % len(methods)]
+                    how, payload = gen.payload(method)
                 path = path_of(method)
-                how, payload = gen.payload(method)
                 mutating = path in MUTATING
                 before = observer.state(gen.names) if mutating else None
                 t0 = time.monotonic()
