@@ -548,6 +548,7 @@ class Report:
     slow: list[str] = field(default_factory=list)
     pairs: int = 0
     pairs_both_accepted: int = 0
+    stuck: list[str] = field(default_factory=list)
     peak_rss: int = 0
     sampled_rss: int = 0
     still_serves: bool = False
@@ -611,6 +612,27 @@ def conflicting_pair(channel: grpc.Channel, i: int, report: Report) -> None:
         ops.WaitOperation(operations_pb2.WaitOperationRequest(name=a.operation.name), timeout=60)
 
 
+def settle(channel: grpc.Channel, timeout_s: float = 120.0) -> list[str]:
+    """Wait for the applies the generated requests started, so the pairs race each other and
+    not a leftover; returns those still running after ``timeout_s`` (each should end)."""
+    ops = operations_pb2_grpc.OperationsServiceStub(channel)
+    running = ops.ListOperations(
+        operations_pb2.ListOperationsRequest(kind="mig.apply", done=False, page_size=1000),
+        timeout=CALL_TIMEOUT_S,
+    ).operations
+    deadline = time.monotonic() + timeout_s
+    stuck = []
+    for op in running:
+        left = max(deadline - time.monotonic(), 1.0)
+        done = ops.WaitOperation(
+            operations_pb2.WaitOperationRequest(name=op.name), timeout=left + 5
+        ).operation
+        if not done.done:
+            progress = done.metadata.mig_apply
+            stuck.append(f"{op.name}: {progress.phase} {progress.current_step}")
+    return stuck
+
+
 def still_serves(channel: grpc.Channel) -> bool:
     node = agent_pb2_grpc.NodeServiceStub(channel).GetNode(agent_pb2.GetNodeRequest(), timeout=30)
     sharing_pb2_grpc.SharingServiceStub(channel).GetSharing(
@@ -666,6 +688,7 @@ def run(
                         )
                 if progress is not None and (i + 1) % 500 == 0:
                     progress(i + 1)
+            report.stuck = settle(channel)
             for i in range(pairs):
                 conflicting_pair(channel, i, report)
             report.still_serves = still_serves(channel)
@@ -695,6 +718,7 @@ def markdown(report: Report, args: argparse.Namespace) -> str:
         f"(psutil samples {report.sampled_rss / mib:.0f} MiB) |",
         f"| still serves afterwards | {'yes' if report.still_serves else 'NO'} |",
         f"| calls slower than {CALL_TIMEOUT_S / 2:.0f} s | {len(report.slow)} |",
+        f"| applies still running 120 s after the last request | {len(report.stuck)} |",
         "",
         "| status | count |",
         "|---|---|",
@@ -711,6 +735,7 @@ def markdown(report: Report, args: argparse.Namespace) -> str:
         ("bugs", report.bugs),
         ("changed", report.changed),
         ("slow", report.slow),
+        ("stuck", report.stuck),
     ):
         if entries:
             lines += ["", f"{title}:", *(f"- {e}" for e in entries[:20])]

@@ -300,6 +300,7 @@ def test_seeded_hostile_run_against_an_agent_process_meets_every_goal(tmp_path: 
     assert report.internal == 0, report.bugs
     assert report.changed == []
     assert report.pairs == 4 and report.pairs_both_accepted == 0
+    assert report.stuck == []
     assert report.peak_rss <= 256 * 1024 * 1024
     assert report.still_serves
     assert report.codes["INVALID_ARGUMENT"] > 0 and report.codes["OK"] > 0
