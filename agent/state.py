@@ -26,6 +26,7 @@ __all__ = [
     "INTERRUPTED",
     "MIGRATIONS",
     "OPERATION_STATES",
+    "AlreadyRunning",
     "Operation",
     "StateStore",
 ]
@@ -168,6 +169,16 @@ def _operation(row: sqlite3.Row) -> Operation:
     )
 
 
+def _retried(row: sqlite3.Row, kind: str, request_id: str, encoded: str) -> Operation:
+    """The operation of a known request id; `Conflict` when it came with another request."""
+    if row["request"] != encoded:
+        raise Conflict(
+            f"request id {request_id!r} was already used for another {kind} "
+            f"request (operation {row['id']}); use a new request id"
+        )
+    return _operation(row)
+
+
 def _statements(script: str) -> Iterator[str]:
     """Split a script into statements; `sqlite3.complete_statement` keeps ';' in strings and
     trigger bodies where they belong (``executescript`` would commit our transaction)."""
@@ -294,12 +305,7 @@ class StateStore:
                     (kind, request_id),
                 ).fetchone()
                 if row is not None:
-                    if row["request"] != encoded:
-                        raise Conflict(
-                            f"request id {request_id!r} was already used for another {kind} "
-                            f"request (operation {row['id']}); use a new request id"
-                        )
-                    return _operation(row)
+                    return _retried(row, kind, request_id, encoded)
             if exclusive:
                 marks = ", ".join("?" * len(DONE_STATES))
                 running = conn.execute(
@@ -325,14 +331,7 @@ class StateStore:
             row = self._conn.execute(
                 "SELECT * FROM operations WHERE kind = ? AND request_id = ?", (kind, request_id)
             ).fetchone()
-        if row is None:
-            return None
-        if row["request"] != _encode(request):
-            raise Conflict(
-                f"request id {request_id!r} was already used for another {kind} "
-                f"request (operation {row['id']}); use a new request id"
-            )
-        return _operation(row)
+        return None if row is None else _retried(row, kind, request_id, _encode(request))
 
     def get_operation(self, op_id: str) -> Operation:
         with self._lock:
