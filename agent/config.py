@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
-
+from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec
 from agent.prewarm.naming import DEFAULT_IGNORED_QUERY_PARAMS
+from agent.safeyaml import brief
 
 __all__ = [
     "CONFIG_ENV",
@@ -898,7 +898,7 @@ class _Collector:
         try:
             self.values[leaf.path] = _coerce(leaf, raw)
         except ValueError:
-            self.reject(label, f"expected {_expected(leaf)}; got {raw!r}")
+            self.reject(label, f"expected {_expected(leaf)}; got {brief(raw)}")
 
     def reject(self, label: str, description: str) -> None:
         self.violations.append(FieldViolation(label, description))
@@ -906,17 +906,20 @@ class _Collector:
 
 def _read_yaml(file: Path) -> Mapping[object, object]:
     try:
-        with file.open(encoding="utf-8") as stream:
-            data = yaml.safe_load(stream)  # errors then name the file, line and column
+        text = safeyaml.read_text(file, "config")
     except FileNotFoundError as exc:
         raise InvalidSpec(
             f"config file {file} does not exist",
             [FieldViolation("config", f"{file} does not exist")],
         ) from exc
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise InvalidSpec(
             f"cannot read config file {file}: {exc}", [FieldViolation("config", str(exc))]
         ) from exc
+    try:
+        data = safeyaml.load(text, "config")  # errors then name the line and column
+    except InvalidSpec as exc:
+        raise InvalidSpec(f"config file {file}: {exc}", exc.violations) from None
     if data is None:  # an empty file: all defaults
         return {}
     if not isinstance(data, Mapping):
@@ -940,7 +943,7 @@ def _apply_mapping(
         elif isinstance(raw, Mapping):
             _apply_mapping(raw, child, (*prefix, str(key)), out)
         elif raw is not None:  # `telemetry:` with nothing under it is an empty section
-            out.reject(label, f"expected a mapping with keys: {', '.join(child)}; got {raw!r}")
+            out.reject(label, f"expected a mapping with keys: {', '.join(child)}; got {brief(raw)}")
 
 
 def _apply_env(env: Mapping[str, str], out: _Collector) -> None:

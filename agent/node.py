@@ -65,6 +65,8 @@ SHUTDOWN_GRACE_S = 20.0
 """Whole shutdown budget; Kubernetes' default terminationGracePeriodSeconds is 30."""
 RPC_GRACE_S = 5.0
 """Of it, how long calls in flight may finish after the server stops accepting new ones."""
+RETRY_CHECK_S = 5.0
+"""Longest wait between a prewarm retry falling due and it starting."""
 CACHE_LABELS_S = 10.0
 """How often the cache inventory is published as node labels."""
 INTERRUPTED_REASON = (
@@ -308,6 +310,10 @@ class Node:
             self._guard("mig-labels", _every(cfg.mig.label_poll_s, s.mig_labels.reconcile))
         if s.kube is not None and not self.embedded:
             self._guard("cache-labels", _every(CACHE_LABELS_S, self._publish_cache_labels))
+        # Failed items come back when their retry is due; the agent owns the queue, so this
+        # timer is all it takes (nothing else writes the queue).
+        retry_every = min(cfg.prewarm.retry_initial_s, RETRY_CHECK_S)
+        self._guard("prewarm-retries", _every(retry_every, s.prewarm.retry_due, wait_first=True))
         self._guard("prewarm-audit", _every(cfg.prewarm.audit_interval_s, self._audit_cache))
         self._guard(
             "prune-operations",

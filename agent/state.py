@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agent.errors import Conflict, FieldViolation, InvalidSpec, NotFound, NotSupported
+from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec, NotFound, NotSupported
 
 __all__ = [
     "DONE_STATES",
@@ -38,6 +38,7 @@ __all__ = [
     "MIGRATIONS",
     "OPERATION_STATES",
     "TABLE_DURABILITY",
+    "AlreadyRunning",
     "Durability",
     "Operation",
     "StateStore",
@@ -140,6 +141,14 @@ Append only: a released migration never changes, since databases in the field al
 """
 
 
+class AlreadyRunning(Busy):
+    """An operation of a kind that runs one at a time is in the way; ``running`` is it."""
+
+    def __init__(self, running: Operation) -> None:
+        super().__init__(f"{running.kind} operation {running.id} is running")
+        self.running = running
+
+
 @dataclass(frozen=True, slots=True)
 class Operation:
     """A long-running piece of work (google.longrunning style) as stored.
@@ -187,6 +196,16 @@ def _operation(row: sqlite3.Row) -> Operation:
         updated_at=row["updated_at"],
         cancel_requested=bool(row["cancel_requested"]),
     )
+
+
+def _retried(row: sqlite3.Row, kind: str, request_id: str, encoded: str) -> Operation:
+    """The operation of a known request id; `Conflict` when it came with another request."""
+    if row["request"] != encoded:
+        raise Conflict(
+            f"request id {request_id!r} was already used for another {kind} "
+            f"request (operation {row['id']}); use a new request id"
+        )
+    return _operation(row)
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -318,10 +337,14 @@ class StateStore:
         request_id: str | None,
         request: dict[str, Any],
         metadata: dict[str, Any] | None = None,
+        exclusive: bool = False,
     ) -> Operation:
         """A new pending operation; a retry with a known ``request_id`` gets the first one back.
 
         Raises `Conflict` when the ``request_id`` was used for this kind with another request.
+        With ``exclusive``, raises `AlreadyRunning` when an operation of this kind is not done:
+        the check and the insert are one transaction, so of two callers at the same instant
+        (threads or processes) exactly one gets an operation and the other gets no row at all.
         """
         encoded = _encode(request)
         with self.transaction() as conn:
@@ -331,12 +354,16 @@ class StateStore:
                     (kind, request_id),
                 ).fetchone()
                 if row is not None:
-                    if row["request"] != encoded:
-                        raise Conflict(
-                            f"request id {request_id!r} was already used for another {kind} "
-                            f"request (operation {row['id']}); use a new request id"
-                        )
-                    return _operation(row)
+                    return _retried(row, kind, request_id, encoded)
+            if exclusive:
+                marks = ", ".join("?" * len(DONE_STATES))
+                running = conn.execute(
+                    f"SELECT * FROM operations WHERE kind = ? AND state NOT IN ({marks})"
+                    " ORDER BY created_at LIMIT 1",
+                    (kind, *sorted(DONE_STATES)),
+                ).fetchone()
+                if running is not None:
+                    raise AlreadyRunning(_operation(running))
             now = self._clock()
             op_id = uuid.uuid4().hex
             conn.execute(
@@ -345,6 +372,15 @@ class StateStore:
                 (op_id, kind, request_id, encoded, _encode(metadata or {}), now, now),
             )
             return self.get_operation(op_id)
+
+    def find_request(self, kind: str, request_id: str, request: dict[str, Any]) -> Operation | None:
+        """The operation a ``request_id`` already started, None when it is new; `Conflict` (as
+        `create_operation` raises it) when the id was used for another request."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT * FROM operations WHERE kind = ? AND request_id = ?", (kind, request_id)
+            ).fetchone()
+        return None if row is None else _retried(row, kind, request_id, _encode(request))
 
     def get_operation(self, op_id: str) -> Operation:
         with self._lock:

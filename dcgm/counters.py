@@ -21,12 +21,18 @@ from importlib import resources
 from pathlib import Path
 
 from agent.errors import FieldViolation, InvalidSpec
+from agent.safeyaml import capped, read_text
 from dcgm.fields import Field, Kind, close_matches, lookup
 
 __all__ = ["DEFAULT_COUNTERS", "Counter", "CounterSet", "load_counters", "parse_counters"]
 
 #: The counters CSV used when none is given (dcgm-exporter's defaults plus all DCP pipes).
 DEFAULT_COUNTERS = "default-counters.csv"
+
+#: Bounds on a counters CSV: the catalog has a few hundred fields, so a real file is far smaller.
+MAX_BYTES = 1024 * 1024
+MAX_ROWS = 2000
+MAX_LINE = 4096
 
 _TYPES = ("gauge", "counter", "label")
 _DISTRIBUTIONS = ("histogram", "summary")
@@ -71,10 +77,10 @@ def load_counters(path: Path | None = None) -> CounterSet:
         text = resources.files("dcgm").joinpath(DEFAULT_COUNTERS).read_text(encoding="utf-8")
         return parse_counters(text, source=f"dcgm/{DEFAULT_COUNTERS}")
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
+        text = read_text(path, "telemetry.collectors", MAX_BYTES)
+    except (OSError, UnicodeDecodeError) as exc:
         raise InvalidSpec(
-            f"cannot read counters CSV {path}: {exc.strerror or exc}",
+            f"cannot read counters CSV {path}: {getattr(exc, 'strerror', None) or exc}",
             [FieldViolation("telemetry.collectors", f"cannot read {path}")],
         ) from exc
     return parse_counters(text, source=str(path))
@@ -85,14 +91,19 @@ def parse_counters(text: str, source: str = "<counters>") -> CounterSet:
     counters: list[Counter] = []
     problems: list[FieldViolation] = []
     seen: dict[str, int] = {}
-    for line, columns in _rows(text):
+    if len(text) > MAX_BYTES:
+        raise InvalidSpec(
+            f"invalid counters CSV {source}: larger than {MAX_BYTES} bytes",
+            [FieldViolation(source, f"at most {MAX_BYTES} bytes")],
+        )
+    for line, columns in _rows(text, source):
         where = f"{source}:{line}"
         if len(columns) != 3:
             problems.append(
                 FieldViolation(
                     where,
                     f"expected 3 comma-separated columns (DCGM field, type, help), "
-                    f"got {len(columns)}: {','.join(columns)!r}",
+                    f"got {len(columns)}: {capped(','.join(columns), 80)!r}",
                 )
             )
             continue
@@ -118,13 +129,33 @@ def parse_counters(text: str, source: str = "<counters>") -> CounterSet:
     return CounterSet(tuple(counters), source)
 
 
-def _rows(text: str) -> Iterator[tuple[int, list[str]]]:
-    """(1-based line number, trimmed columns) of every non-blank, non-comment line."""
+def _rows(text: str, source: str) -> Iterator[tuple[int, list[str]]]:
+    """(1-based line number, trimmed columns) of every non-blank, non-comment line; at most
+    MAX_ROWS of them, each at most MAX_LINE characters."""
+    rows = 0
     for number, raw in enumerate(text.splitlines(), start=1):
         stripped = raw.strip()
         if not stripped or stripped.startswith("#"):
             continue
-        columns = next(csv.reader(io.StringIO(stripped), skipinitialspace=True))
+        where = f"{source}:{number}"
+        rows += 1
+        if rows > MAX_ROWS:
+            raise InvalidSpec(
+                f"invalid counters CSV {source}: more than {MAX_ROWS} rows",
+                [FieldViolation(where, f"at most {MAX_ROWS} rows")],
+            )
+        if len(stripped) > MAX_LINE:
+            raise InvalidSpec(
+                f"invalid counters CSV {where}: a line longer than {MAX_LINE} characters",
+                [FieldViolation(where, f"at most {MAX_LINE} characters")],
+            )
+        try:
+            columns = next(csv.reader(io.StringIO(stripped), skipinitialspace=True))
+        except csv.Error as exc:  # e.g. a NUL byte
+            raise InvalidSpec(
+                f"invalid counters CSV {where}: {capped(str(exc))}",
+                [FieldViolation(where, capped(str(exc)))],
+            ) from None
         yield number, [c.strip() for c in columns]
 
 

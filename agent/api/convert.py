@@ -390,7 +390,7 @@ def sharing_config_pb(config: PluginConfig) -> sharing_pb2.SharingConfig:
         rename_by_default=active is not None and active.rename_by_default,
         fail_requests_greater_than_one=config.sharing.fail_requests_greater_than_one,
         resources=[
-            sharing_pb2.SharedResource(name=r.name, replicas=max(r.replicas, 0) & 0xFFFFFFFF)
+            sharing_pb2.SharedResource(name=r.name, replicas=_uint32(r.replicas))
             for r in (active.resources if active is not None else ())
         ],
         config_yaml=render(config),
@@ -400,10 +400,18 @@ def sharing_config_pb(config: PluginConfig) -> sharing_pb2.SharingConfig:
 def advertised_pb(advertised: Iterable[Advertised]) -> list[sharing_pb2.AdvertisedResource]:
     return [
         sharing_pb2.AdvertisedResource(
-            resource=a.resource, devices=a.devices, replicas=a.replicas, count=a.count
+            resource=a.resource,
+            devices=_uint32(a.devices),
+            replicas=_uint32(a.replicas),
+            count=_uint32(a.count),
         )
         for a in advertised
     ]
+
+
+def _uint32(value: int) -> int:
+    """Saturated, so a file on disk the rules refuse still shows (its problems say why)."""
+    return min(max(value, 0), 0xFFFFFFFF)
 
 
 def reload_pb(report: ReloadReport) -> sharing_pb2.PluginReload:

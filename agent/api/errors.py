@@ -34,6 +34,7 @@ from agent.errors import (
     PermissionDenied,
 )
 from agent.prewarm.errors import Cancelled, DiskFull, FetchFailed
+from agent.safeyaml import capped
 from agent.state import INTERRUPTED
 
 __all__ = [
@@ -94,6 +95,11 @@ _RECORDED_CODES: Mapping[str, grpc.StatusCode] = {
     "Internal": grpc.StatusCode.INTERNAL,
 }
 
+#: Bounds on what one error sends: a refusal never carries the input it refused.
+MAX_MESSAGE_CHARS = 1024
+MAX_FIELD_CHARS = 200
+MAX_VIOLATIONS = 20
+
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
 
 
@@ -123,7 +129,7 @@ def _details(exc: AgentError, code: grpc.StatusCode) -> list[any_pb2.Any]:
             )
         )
     ]
-    violations: Sequence[FieldViolation] = getattr(exc, "violations", ())
+    violations = _violations(exc)
     if violations:
         details.append(
             _packed(
@@ -155,6 +161,22 @@ def _details(exc: AgentError, code: grpc.StatusCode) -> list[any_pb2.Any]:
     return details
 
 
+def _message(exc: AgentError) -> str:
+    return capped(str(exc) or type(exc).__name__, MAX_MESSAGE_CHARS)
+
+
+def _violations(exc: AgentError) -> list[FieldViolation]:
+    """At most MAX_VIOLATIONS, each capped: the trailer stays small whatever the input held."""
+    violations: Sequence[FieldViolation] = getattr(exc, "violations", ())
+    out = [
+        FieldViolation(capped(v.field, MAX_FIELD_CHARS), capped(v.description))
+        for v in violations[:MAX_VIOLATIONS]
+    ]
+    if len(violations) > MAX_VIOLATIONS:
+        out.append(FieldViolation("", f"and {len(violations) - MAX_VIOLATIONS} more"))
+    return out
+
+
 def _info(exc: AgentError) -> dict[str, str]:
     # The domain class name lets a client map the status back to the same error (agent.cli).
     return {"error": type(exc).__name__}
@@ -163,9 +185,7 @@ def _info(exc: AgentError) -> dict[str, str]:
 def status_of(exc: AgentError) -> status_pb2.Status:
     """The google.rpc.Status for a domain error: its code, message and typed details."""
     code = code_of(exc)
-    return status_pb2.Status(
-        code=code.value[0], message=str(exc) or type(exc).__name__, details=_details(exc, code)
-    )
+    return status_pb2.Status(code=code.value[0], message=_message(exc), details=_details(exc, code))
 
 
 def internal_status(incident: str) -> status_pb2.Status:
@@ -202,10 +222,10 @@ def error_record(exc: BaseException) -> dict[str, Any]:
     record: dict[str, Any] = {
         "type": type(exc).__name__,
         "code": code_of(exc).value[0],
-        "message": str(exc) or type(exc).__name__,
+        "message": _message(exc),
     }
     blockers: Sequence[str] = getattr(exc, "blockers", ())
-    violations: Sequence[FieldViolation] = getattr(exc, "violations", ())
+    violations = _violations(exc)
     if blockers:
         record["blockers"] = list(blockers)
     if violations:

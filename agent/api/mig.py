@@ -31,7 +31,7 @@ from agent.mig.service import (
 )
 from agent.mig.spec import MigSpec, parse_spec
 from agent.prewarm.errors import Cancelled
-from agent.state import INTERRUPTED
+from agent.state import INTERRUPTED, AlreadyRunning
 
 __all__ = ["MigServicer", "apply_result_pb", "gpu_plan_pb", "interrupted_apply"]
 
@@ -197,6 +197,15 @@ class _Apply:
         return apply_result_pb(result)
 
 
+def _busy(running: str, blockers: Sequence[str]) -> Busy:
+    """ABORTED, naming the operation in the way (agent.api.errors: a Busy naming operations/)."""
+    return Busy(
+        f"MIG apply {operation_name(running)} is running; one reconfiguration at a time: wait "
+        "for it (WaitOperation) and retry",
+        [operation_name(op_id) for op_id in blockers],
+    )
+
+
 class MigServicer(mig_pb2_grpc.MigServiceServicer):
     def __init__(
         self, service: MigService, runner: OperationRunner, changed: Callable[[], None]
@@ -216,37 +225,39 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
         self, request: mig_pb2.ApplyMigRequest, context: grpc.aio.ServicerContext
     ) -> mig_pb2.ApplyMigResponse:
         spec, name = _spec(request.config_yaml, request.config_name)
-        # One reconfiguration at a time; the partition lock is the real guard, this answers at
-        # once instead of with an operation that fails. A retry of the running one passes.
+        # One reconfiguration at a time. This look answers at once, before planning; the
+        # exclusive insert below is the guard: two calls at the same instant both pass this
+        # look, and the store lets exactly one of them create an operation. A retry of the
+        # running one (same request id) passes both.
         running = [
             op
             for op in await self._runner.list(MIG_APPLY, False, 10)
             if not request.request_id or op.request_id != request.request_id
         ]
         if running:
-            raise Busy(
-                f"MIG apply {operation_name(running[0].id)} is running; one reconfiguration at a "
-                "time: wait for it (WaitOperation) and retry",
-                [operation_name(op.id) for op in running],
-            )
+            raise _busy(running[0].id, [op.id for op in running])
         # Plan first: an infeasible layout or busy GPUs are refused by the call, before any
         # operation exists (the apply checks again under the lock).
         plan = await asyncio.to_thread(self._service.plan, spec, name, force=request.force)
         refuse_unless_feasible(plan)
-        op = await self._runner.start(
-            MIG_APPLY,
-            request.request_id,
-            request,
-            _Apply(self._service, spec, name, plan, request.force),
-            metadata=operations_pb2.OperationMetadata(
-                mig_apply=operations_pb2.MigApplyProgress(
-                    config_name=plan.config,
-                    phase="pending",
-                    gpus_total=len(plan.changes),
-                    steps_total=sum(len(p.steps) for p in plan.changes),
-                )
-            ),
-        )
+        try:
+            op = await self._runner.start(
+                MIG_APPLY,
+                request.request_id,
+                request,
+                _Apply(self._service, spec, name, plan, request.force),
+                metadata=operations_pb2.OperationMetadata(
+                    mig_apply=operations_pb2.MigApplyProgress(
+                        config_name=plan.config,
+                        phase="pending",
+                        gpus_total=len(plan.changes),
+                        steps_total=sum(len(p.steps) for p in plan.changes),
+                    )
+                ),
+                exclusive=True,
+            )
+        except AlreadyRunning as exc:
+            raise _busy(exc.running.id, [exc.running.id]) from None
         self._changed()
         return mig_pb2.ApplyMigResponse(operation=operation_pb(op))
 

@@ -135,8 +135,14 @@ class OperationRunner:
         request: Message,
         work: Work,
         metadata: operations_pb2.OperationMetadata | None = None,
+        *,
+        exclusive: bool = False,
     ) -> Operation:
-        """A new operation running ``work``, or the first one for a retried ``request_id``."""
+        """A new operation running ``work``, or the first one for a retried ``request_id``.
+
+        ``exclusive``: one operation of ``kind`` at a time; `AlreadyRunning` (no row written)
+        when one is not done.
+        """
         check_request_id(request_id)
         op = await asyncio.to_thread(
             self.store.create_operation,
@@ -144,6 +150,7 @@ class OperationRunner:
             request_id=request_id or None,
             request=_request_dict(request),
             metadata=message_dict(metadata) if metadata is not None else None,
+            exclusive=exclusive,
         )
         with self._lock:
             fresh = op.state == "pending" and op.id not in self._running
@@ -156,6 +163,19 @@ class OperationRunner:
             log.info("operation %s (%s) started", op.id, kind)
             self._publish(op)
         return op
+
+    async def admit(self, kind: str, request_id: str, request: Message) -> Operation | None:
+        """Everything `start` could refuse, checked before the caller records anything: a bad
+        request id, a reused one, the agent stopping. Returns the first operation of a retried
+        ``request_id`` (answer with it and do nothing), None for a new request."""
+        check_request_id(request_id)
+        if self.stopping:
+            raise AgentError("the agent is shutting down; retry on its next start")
+        if not request_id:
+            return None
+        return await asyncio.to_thread(
+            self.store.find_request, kind, request_id, _request_dict(request)
+        )
 
     def _run(self, ctx: OperationContext, work: Work) -> None:
         try:

@@ -131,6 +131,11 @@ class PrewarmServicer(prewarm_pb2_grpc.PrewarmServiceServicer):
         self, request: prewarm_pb2.SubmitPrewarmRequest, context: grpc.aio.ServicerContext
     ) -> prewarm_pb2.SubmitPrewarmResponse:
         requests = prewarm_requests_from(request.targets)
+        # What could refuse the operation is checked before any item is recorded, so a refused
+        # request leaves no queued item behind; a retry gets its first operation, submits nothing.
+        first = await self._runner.admit(PREWARM, request.request_id, request)
+        if first is not None:
+            return prewarm_pb2.SubmitPrewarmResponse(operation=operation_pb(first))
         # Validates every target before recording any: a bad one refuses the whole request.
         items = await asyncio.to_thread(self._service.submit_all, requests)
         op = await self._runner.start(

@@ -36,8 +36,10 @@ from typing import Any
 
 import yaml
 
+from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec
 from agent.gpu.profiles import parse_profile
+from agent.safeyaml import brief, capped
 
 __all__ = [
     "Demand",
@@ -131,7 +133,9 @@ def _profile(raw: object, field: str, bad: list[FieldViolation]) -> str | None:
 def _count(raw: object, field: str, bad: list[FieldViolation]) -> int | None:
     if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= MAX_COUNT:
         bad.append(
-            FieldViolation(field, f"must be an integer >= 0 (at most {MAX_COUNT}), not {raw!r}")
+            FieldViolation(
+                field, f"must be an integer >= 0 (at most {MAX_COUNT}), not {brief(raw)}"
+            )
         )
         return None
     return raw
@@ -143,22 +147,47 @@ def _raise(source: str, bad: Sequence[FieldViolation]) -> None:
         raise InvalidSpec(f"{source}: {bad[0].field}: {bad[0].description}{more}", bad)
 
 
+#: A fleet's demand or a week's trace: far more than one node's files, still bounded.
+LIMITS = safeyaml.Limits(max_bytes=16 * 1024 * 1024, max_nodes=500_000)
+MAX_ROWS = 100_000
+#: Devices of one profile a fleet can ask for; more is a typo, not a plan.
+MAX_COUNT = 1_000_000
+
+
 def _load(path: Path) -> str:
     try:
-        return path.read_text()
-    except OSError as exc:
+        return safeyaml.read_text(path, "file", LIMITS.max_bytes)
+    except (OSError, UnicodeDecodeError) as exc:
         raise InvalidSpec(
-            f"cannot read {path}: {exc.strerror}", [FieldViolation("file", str(exc))]
+            f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}",
+            [FieldViolation("file", str(exc))],
         ) from exc
 
 
 def _yaml(text: str, source: str) -> Any:
+    return safeyaml.load(text, source, LIMITS)
+
+
+def _csv_rows(text: str, source: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """Header and rows of a CSV trace, at most MAX_ROWS; csv's own errors (a field longer than
+    its limit, a NUL) are refusals too."""
+    reader = csv.DictReader(io.StringIO(text))
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        header = list(reader.fieldnames or [])
+        rows: list[dict[str, Any]] = []
+        for row in reader:
+            if len(rows) == MAX_ROWS:
+                raise InvalidSpec(
+                    f"{source}: more than {MAX_ROWS} rows",
+                    [FieldViolation("rows", f"at most {MAX_ROWS}")],
+                )
+            rows.append(row)
+    except csv.Error as exc:
         raise InvalidSpec(
-            f"{source}: not valid YAML: {exc}", [FieldViolation("", str(exc))]
-        ) from exc
+            f"{source}: not a valid CSV: {capped(str(exc))}",
+            [FieldViolation(f"line {reader.line_num}", capped(str(exc)))],
+        ) from None
+    return header, rows
 
 
 def load_demand(path: Path) -> Demand:
@@ -175,7 +204,7 @@ def parse_demand(text: str, source: str = "<demand>") -> Demand:
             [FieldViolation("", "expected a mapping with 'version' and 'demand'")],
         )
     if doc.get("version") != VERSION:
-        bad.append(FieldViolation("version", f"must be {VERSION}, not {doc.get('version')!r}"))
+        bad.append(FieldViolation("version", f"must be {VERSION}, not {brief(doc.get('version'))}"))
     bad += [
         FieldViolation(str(k), f"unexpected field (allowed: version, demand): {k}")
         for k in doc
@@ -199,8 +228,7 @@ def parse_demand(text: str, source: str = "<demand>") -> Demand:
 
 #: Bounds on what a file may ask: far above any fleet, low enough to keep the planner sane.
 MAX_ENTRIES = 1000
-MAX_COUNT = 1_000_000
-MAX_TRACE_ROWS = 100_000
+MAX_TRACE_ROWS = MAX_ROWS
 _ENTRY_KEYS = ("profile", "count", "model", "priority", "pool")
 
 
@@ -336,8 +364,7 @@ def parse_trace(text: str, source: str = "<trace>") -> tuple[TraceStep, ...]:
             )
         rows = [(f"[{i}]", r) for i, r in enumerate(doc)]
     else:
-        reader = csv.DictReader(io.StringIO(text))
-        header = reader.fieldnames or []
+        header, csv_rows = _csv_rows(text, source)
         missing = [c for c in ("time", "profile", "count") if c not in header]
         if missing:
             raise InvalidSpec(
@@ -345,7 +372,7 @@ def parse_trace(text: str, source: str = "<trace>") -> tuple[TraceStep, ...]:
                 f"model); missing columns: {', '.join(missing)}",
                 [FieldViolation("header", f"missing columns: {', '.join(missing)}")],
             )
-        rows = [(f"line {i + 2}", r) for i, r in enumerate(reader)]
+        rows = [(f"line {i + 2}", r) for i, r in enumerate(csv_rows)]
     if len(rows) > MAX_TRACE_ROWS:
         raise InvalidSpec(
             f"{source}: at most {MAX_TRACE_ROWS} rows, not {len(rows)}",
@@ -388,8 +415,11 @@ def _steps(rows: Sequence[tuple[float, str, DemandEntry]]) -> tuple[TraceStep, .
 
 def _int(raw: object) -> object:
     if isinstance(raw, str):
+        text = raw.strip()
+        if len(text) > 20:  # int() of thousands of digits is slow, then refused anyway
+            return raw
         try:
-            return int(raw.strip())
+            return int(text)
         except ValueError:
             return raw
     return raw
@@ -414,5 +444,5 @@ def _time(raw: object, field: str, bad: list[FieldViolation]) -> tuple[float, st
             return datetime.fromisoformat(text).timestamp(), text
         except ValueError:
             pass
-    bad.append(FieldViolation(field, f"seconds or an ISO-8601 time, not {raw!r}"))
+    bad.append(FieldViolation(field, f"seconds or an ISO-8601 time, not {brief(raw)}"))
     return None

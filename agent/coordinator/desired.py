@@ -30,17 +30,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from google.protobuf import json_format
 
+from agent import safeyaml
 from agent._proto.gpuagent.v1 import prewarm_pb2, sharing_pb2
 from agent.coordinator.inventory import NodeView
 from agent.coordinator.rollout import parse_max_unavailable
 from agent.coordinator.selector import Selector, parse_selector
 from agent.errors import FieldViolation, InvalidSpec
 from agent.mig.spec import parse_spec
+from agent.safeyaml import brief, capped
 
 __all__ = ["Desired", "MigRule", "PrewarmRule", "RolloutSettings", "SharingRule", "load_desired"]
+
+#: A fleet's desired state: room for many rules, each MIG config a text scalar of its own.
+LIMITS = safeyaml.Limits(max_bytes=8 * 1024 * 1024, max_nodes=200_000, max_scalar=1024 * 1024)
+_UINT32 = 2**32 - 1
+_MAX_N = 1_000_000
+_MAX_TIMEOUT_S = 7 * 24 * 3600
+_MAX_CONCURRENCY = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,27 +98,22 @@ _TOP = ("version", "rollout", "mig", "sharing", "prewarm")
 
 def load_desired(path: Path) -> Desired:
     try:
-        text = path.read_text()
-    except OSError as exc:
+        text = safeyaml.read_text(path, "desired", LIMITS.max_bytes)
+    except (OSError, UnicodeDecodeError) as exc:
         raise InvalidSpec(
-            f"cannot read the desired state {path}: {exc.strerror}",
+            f"cannot read the desired state {path}: {getattr(exc, 'strerror', None) or exc}",
             [FieldViolation("desired", str(exc))],
         ) from exc
     return parse_desired(text, str(path))
 
 
 def parse_desired(text: str, source: str = "<desired>") -> Desired:
-    try:
-        doc = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise InvalidSpec(
-            f"{source}: not valid YAML: {exc}", [FieldViolation("", str(exc))]
-        ) from exc
+    doc = safeyaml.load(text, source, LIMITS) or {}
     bad: list[FieldViolation] = []
     if not isinstance(doc, dict):
         raise InvalidSpec(f"{source}: expected a mapping", [FieldViolation("", "a mapping")])
     if doc.get("version") != "v1":
-        bad.append(FieldViolation("version", f"must be v1, not {doc.get('version')!r}"))
+        bad.append(FieldViolation("version", f"must be v1, not {brief(doc.get('version'))}"))
     bad += [
         FieldViolation(str(k), f"unexpected field (allowed: {', '.join(_TOP)})")
         for k in doc
@@ -173,10 +176,18 @@ def _rollout(raw: Any, bad: list[FieldViolation]) -> RolloutSettings:
         parse_max_unavailable(settings.max_unavailable, 100)
     except InvalidSpec as exc:
         bad.append(FieldViolation("rollout.max_unavailable", str(exc)))
-    if not isinstance(settings.max_failures, int) or settings.max_failures < 0:
-        bad.append(FieldViolation("rollout.max_failures", "an integer >= 0 (0: never halt)"))
-    if not isinstance(settings.node_timeout_s, int | float) or settings.node_timeout_s <= 0:
-        bad.append(FieldViolation("rollout.node_timeout_s", "seconds > 0"))
+    failures = settings.max_failures
+    if isinstance(failures, bool) or not isinstance(failures, int) or not 0 <= failures <= _MAX_N:
+        bad.append(FieldViolation("rollout.max_failures", f"an integer 0-{_MAX_N} (0: never halt)"))
+    timeout = settings.node_timeout_s
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout <= _MAX_TIMEOUT_S
+    ):
+        bad.append(
+            FieldViolation("rollout.node_timeout_s", f"seconds, > 0 and <= {_MAX_TIMEOUT_S}")
+        )
     return settings
 
 
@@ -214,8 +225,9 @@ def _sharing(raw: Any, i: int, bad: list[FieldViolation]) -> SharingRule | None:
     resources = raw.get("resources") or ["nvidia.com/gpu"]
     if strategy is None:
         bad.append(FieldViolation(f"{where}.strategy", "time-slicing or mps"))
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
-        bad.append(FieldViolation(f"{where}.replicas", "an integer >= 2"))
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or not 2 <= replicas <= _UINT32:
+        bad.append(FieldViolation(f"{where}.replicas", f"an integer 2-{_UINT32}"))
+        replicas = None
     if not isinstance(resources, list) or not all(isinstance(r, str) for r in resources):
         bad.append(FieldViolation(f"{where}.resources", "a list of resource names"))
     if selector is None or strategy is None or not isinstance(replicas, int):
@@ -236,17 +248,25 @@ def _prewarm(raw: Any, i: int, bad: list[FieldViolation]) -> PrewarmRule | None:
         return None
     selector = _selector(raw, where, bad)
     concurrency = raw.get("concurrency", 10)
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        bad.append(FieldViolation(f"{where}.concurrency", "an integer >= 1"))
+    if (
+        isinstance(concurrency, bool)
+        or not isinstance(concurrency, int)
+        or not 1 <= concurrency <= _MAX_CONCURRENCY
+    ):
+        bad.append(FieldViolation(f"{where}.concurrency", f"an integer 1-{_MAX_CONCURRENCY}"))
     targets: list[dict[str, Any]] = []
     names: list[str] = []
     for kind, message in (("files", prewarm_pb2.FileTarget), ("images", prewarm_pb2.ImageTarget)):
-        for j, item in enumerate(raw.get(kind) or []):
+        listed = raw.get(kind) or []
+        if not isinstance(listed, list):
+            bad.append(FieldViolation(f"{where}.{kind}", "a list"))
+            continue
+        for j, item in enumerate(listed):
             field_path = f"{where}.{kind}[{j}]"
             try:
                 parsed = json_format.ParseDict(item, message())
-            except (json_format.ParseError, TypeError) as exc:
-                bad.append(FieldViolation(field_path, str(exc)))
+            except (json_format.ParseError, TypeError, ValueError) as exc:
+                bad.append(FieldViolation(field_path, capped(str(exc))))
                 continue
             if not parsed.name:
                 bad.append(FieldViolation(f"{field_path}.name", "required: how nodes list it"))

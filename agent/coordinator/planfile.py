@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from agent import safeyaml
 from agent.coordinator.planner import FleetPlan, GpuChange
 from agent.errors import FieldViolation, InvalidSpec
 from agent.mig.spec import VERSION as MIG_VERSION
@@ -77,14 +78,19 @@ def plan_document(plan: FleetPlan, demand_file: str) -> dict[str, Any]:
     }
 
 
+#: A plan holds one MIG config per node of the fleet.
+LIMITS = safeyaml.Limits(max_bytes=64 * 1024 * 1024, max_nodes=2_000_000, max_scalar=1024 * 1024)
+
+
 def load_plan(path: Path) -> Mapping[str, str]:
     """Node name -> its mig-parted config, from a plan file; every config is checked."""
     try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        raw = safeyaml.read_text(path, "plan", LIMITS.max_bytes)
+    except (OSError, UnicodeDecodeError) as exc:
         raise InvalidSpec(
             f"cannot read plan {path}: {exc}", [FieldViolation("plan", str(exc))]
         ) from exc
+    doc = safeyaml.load(raw, "plan", LIMITS)
     if (
         not isinstance(doc, dict)
         or doc.get("kind") != KIND

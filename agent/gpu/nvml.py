@@ -171,7 +171,16 @@ class GpuDriver:
             pci_subsystem_id=int(pci.pciSubSystemId),
             memory_total_bytes=int(mem.total),
             mig_mode=self._mig_mode(h),
+            compute_capability=self._compute_capability(h),
         )
+
+    def _compute_capability(self, h: Any) -> tuple[int, int] | None:
+        # A read that may degrade: unknown, not a guess (the MPS client limit depends on it).
+        try:
+            major, minor = self._nvml.nvmlDeviceGetCudaComputeCapability(h)
+        except self._nvml.NVMLError:
+            return None
+        return int(major), int(minor)
 
     def _mig_mode(self, h: Any) -> MigMode | None:
         try:

@@ -125,6 +125,8 @@ class GpuInfo:
     memory_total_bytes: int
     #: None when the GPU is not MIG-capable.
     mig_mode: MigMode | None
+    #: CUDA compute capability (major, minor); None when the driver did not say.
+    compute_capability: tuple[int, int] | None = None
 
     @property
     def mig_capable(self) -> bool:

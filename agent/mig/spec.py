@@ -14,16 +14,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
+from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec
 from agent.gpu.profiles import parse_profile
 from agent.gpu.types import GpuInfo
+from agent.safeyaml import brief, capped
 
 VERSION = "v1"
 ALL: Literal["all"] = "all"
 
-_DEVICE_ID_RE = re.compile(r"^(0[xX][0-9a-fA-F]{1,8}|[0-9]+)$")
+_DEVICE_ID_RE = re.compile(r"^(0[xX][0-9a-fA-F]{1,8}|[0-9]{1,10})$")
+#: A GPU holds at most 7 MIG devices (reference/mig.md §2); a larger count fits no GPU.
+MAX_COUNT = 7
+#: NVML numbers GPUs 0..N-1; no node has more than this many.
+MAX_GPU_INDEX = 255
+_MAX_UUID = 96
 _ENTRY_KEYS = ("device-filter", "devices", "mig-enabled", "mig-devices")
 
 
@@ -123,37 +128,14 @@ def select_gpus(
 # -- loading ---------------------------------------------------------------------------------------
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate mapping keys instead of keeping the last one silently."""
-
-
-def _mapping_no_duplicates(
-    loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False
-) -> Any:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_no_duplicates
-)
-
-
 def load_spec(source: str | Path, text: str | None = None) -> MigSpec:
     """Read and parse a config file; ``text`` overrides reading (``-`` = stdin is the CLI's job)."""
     if text is None:
         try:
-            text = Path(source).read_text()
-        except OSError as exc:
+            text = safeyaml.read_text(Path(source), "config-file")
+        except (OSError, UnicodeDecodeError) as exc:
             raise InvalidSpec(
-                f"cannot read MIG config {source}: {exc.strerror}",
+                f"cannot read MIG config {source}: {getattr(exc, 'strerror', None) or exc}",
                 [FieldViolation("config-file", str(exc))],
             ) from exc
     return parse_spec(text, str(source))
@@ -161,12 +143,7 @@ def load_spec(source: str | Path, text: str | None = None) -> MigSpec:
 
 def parse_spec(text: str, source: str = "<config>") -> MigSpec:
     """Parse YAML (or JSON) text as a mig-parted v1 config; InvalidSpec lists every problem."""
-    try:
-        doc = yaml.load(text, Loader=_StrictLoader)
-    except yaml.YAMLError as exc:
-        raise InvalidSpec(
-            f"{source}: not valid YAML: {exc}", [FieldViolation("", str(exc))]
-        ) from exc
+    doc = safeyaml.load(text, source)
     violations: list[FieldViolation] = []
     spec = _spec(doc, violations)
     if violations:
@@ -186,7 +163,10 @@ def _spec(doc: Any, bad: list[FieldViolation]) -> MigSpec | None:
         bad.append(FieldViolation("version", "unable to parse with missing 'version' field"))
     elif doc["version"] != VERSION:
         bad.append(
-            FieldViolation("version", f"unknown version: {doc['version']} (allowed: {VERSION})")
+            FieldViolation(
+                "version",
+                f"unknown version: {capped(str(doc['version']), 60)} (allowed: {VERSION})",
+            )
         )
     for key in doc:
         if key not in ("version", "mig-configs"):
@@ -231,7 +211,9 @@ def _entry(raw: Any, path: str, bad: list[FieldViolation]) -> MigConfigEntry | N
     devices = _devices(raw["devices"], f"{path}.devices", bad) if "devices" in raw else ALL
     enabled = raw.get("mig-enabled", False)
     if not isinstance(enabled, bool):
-        bad.append(FieldViolation(f"{path}.mig-enabled", f"must be true or false, not {enabled!r}"))
+        bad.append(
+            FieldViolation(f"{path}.mig-enabled", f"must be true or false, not {brief(enabled)}")
+        )
     mig_devices = _mig_devices(raw.get("mig-devices"), f"{path}.mig-devices", bad)
     if enabled is True and "mig-devices" not in raw:
         bad.append(
@@ -259,7 +241,9 @@ def _devices(
         if raw != ALL:
             bad.append(
                 FieldViolation(
-                    path, f"invalid string input for 'devices': {raw} (allowed: all, or a list)"
+                    path,
+                    f"invalid string input for 'devices': {capped(raw, 60)} "
+                    "(allowed: all, or a list)",
                 )
             )
         return ALL
@@ -268,14 +252,15 @@ def _devices(
         return ALL
     out: list[int | str] = []
     for i, d in enumerate(raw):
-        if (isinstance(d, int) and not isinstance(d, bool) and d >= 0) or (
-            isinstance(d, str) and d.startswith("GPU-")
+        if (isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_GPU_INDEX) or (
+            isinstance(d, str) and d.startswith("GPU-") and len(d) <= _MAX_UUID
         ):
             out.append(d)
         else:
             bad.append(
                 FieldViolation(
-                    f"{path}[{i}]", f"{d!r} is not a GPU index (int >= 0) or a GPU UUID (GPU-…)"
+                    f"{path}[{i}]",
+                    f"{brief(d)} is not a GPU index (0-{MAX_GPU_INDEX}) or a GPU UUID (GPU-…)",
                 )
             )
     return tuple(out)
@@ -298,10 +283,12 @@ def _mig_devices(raw: Any, path: str, bad: list[FieldViolation]) -> tuple[tuple[
                 FieldViolation(field, f"error validating values in 'mig-devices' field: {exc}")
             )
             continue
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_COUNT:
             bad.append(
                 FieldViolation(
-                    field, f"invalid count for '{key}': {count!r} (must be an integer >= 0)"
+                    field,
+                    f"invalid count for '{key}': {brief(count)} (must be an integer 0-{MAX_COUNT}: "
+                    "a GPU holds at most 7 MIG devices)",
                 )
             )
             continue
@@ -331,7 +318,7 @@ def _filters(raw: Any, path: str, bad: list[FieldViolation]) -> tuple[DeviceFilt
             bad.append(
                 FieldViolation(
                     where,
-                    f"invalid DeviceID format '{text}': "
+                    f"invalid DeviceID format {brief(text)}: "
                     "expected '0xDDDDVVVV' or '0xDDDDVVVV:0xSSSSVVVV'",
                 )
             )

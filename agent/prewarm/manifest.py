@@ -25,8 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec
 from agent.prewarm.model import FileRequest, GroupRequest, ImageRequest, PullPolicy
 
@@ -37,16 +36,20 @@ _IMAGE_KEYS = ("image", "name", "runtime_handler", "pin", "pull_policy", "repull
 
 
 Request = FileRequest | ImageRequest | GroupRequest
+#: A manifest may list a whole model repository, so it gets more room than an RPC field.
+LIMITS = safeyaml.Limits(max_bytes=8 * 1024 * 1024, max_nodes=200_000)
+MAX_ITEMS = 10_000
 
 
 def load_manifest(path: Path) -> list[Request]:
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise InvalidSpec(f"cannot read manifest {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise InvalidSpec(f"manifest {path} is not valid YAML: {exc}") from None
-    return parse_manifest(data)
+        text = safeyaml.read_text(path, "manifest", LIMITS.max_bytes)
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        raise InvalidSpec(
+            f"cannot read manifest {path}: {why}", [FieldViolation("manifest", str(why))]
+        ) from None
+    return parse_manifest(safeyaml.load(text, "manifest", LIMITS))
 
 
 def parse_manifest(data: Any) -> list[Request]:
@@ -64,6 +67,9 @@ def parse_manifest(data: Any) -> list[Request]:
                 "items", "a non-empty list of files (url), images (image), models (model)"
             )
         )
+        items = []
+    elif len(items) > MAX_ITEMS:
+        errors.append(FieldViolation("items", f"at most {MAX_ITEMS} items, got {len(items)}"))
         items = []
     out: list[Request] = []
     for i, entry in enumerate(items):

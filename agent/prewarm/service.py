@@ -599,14 +599,25 @@ class PrewarmService:
 
     def schedule_pending(self) -> None:
         """Run queued items, fetches whose process died, and failed items due for a retry."""
+        self._queue_due_retries()
+        for item in self.index.items([ItemState.QUEUED, ItemState.FETCHING]):
+            if item.state is ItemState.QUEUED or not _alive(self.index.owner(item.id)):
+                self.enqueue(item.id)
+
+    def retry_due(self) -> None:
+        """Run the failed items whose retry is due (the agent calls this on a timer)."""
+        for item_id in self._queue_due_retries():
+            self.enqueue(item_id)
+
+    def _queue_due_retries(self) -> list[str]:
         now = self._clock()
+        due = []
         for item in self.index.items([ItemState.FAILED]):
             if item.retry_at is not None and item.retry_at <= now:
                 log.info("retrying %s (attempt %d): %s", item.name, item.attempts + 1, item.error)
                 self.index.update(item.id, state=ItemState.QUEUED)
-        for item in self.index.items([ItemState.QUEUED, ItemState.FETCHING]):
-            if item.state is ItemState.QUEUED or not _alive(self.index.owner(item.id)):
-                self.enqueue(item.id)
+                due.append(item.id)
+        return due
 
     def enqueue(self, item_id: str) -> Future[CacheItem]:
         if self._pool is None:

@@ -56,7 +56,7 @@ def requested_config(request: sharing_pb2.SetSharingRequest) -> PluginConfig:
                 "config_yaml is too large",
                 [FieldViolation("config_yaml", f"at most {MAX_YAML} bytes")],
             )
-        return parse(request.config_yaml)
+        return parse(request.config_yaml, "config_yaml")
     raise InvalidSpec(
         "SetSharing needs a config", [FieldViolation("config", "set spec or config_yaml")]
     )

@@ -16,7 +16,9 @@ from typing import Literal, cast
 
 import yaml
 
+from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec
+from agent.safeyaml import brief
 
 VERSION = "v1"
 RESOURCE_PREFIX = "nvidia.com/"
@@ -144,41 +146,36 @@ class _Reader:
     def boolean(self, value: object, path: str) -> bool | None:
         if value is None or isinstance(value, bool):
             return value
-        self.bad(path, f"must be true or false, got {value!r}")
+        self.bad(path, f"must be true or false, got {brief(value)}")
         return None
 
     def integer(self, value: object, path: str) -> int | None:
         # bool is an int in Python but not in the plugin's Go schema.
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        self.bad(path, f"must be an integer, got {value!r}")
+        self.bad(path, f"must be an integer, got {brief(value)}")
         return None
 
     def string(self, value: object, path: str) -> str | None:
         if isinstance(value, str) and value:
             return value
-        self.bad(path, f"must be a non-empty string, got {value!r}")
+        self.bad(path, f"must be a non-empty string, got {brief(value)}")
         return None
 
 
-def parse(document: str | bytes | Mapping[str, object]) -> PluginConfig:
-    """Parse a config from YAML text or an already-loaded mapping.
+def parse(document: str | bytes | Mapping[str, object], field: str = "config") -> PluginConfig:
+    """Parse a config from YAML text (within `agent.safeyaml`'s bounds, refusals naming
+    ``field``) or an already-loaded mapping.
 
     Raises InvalidSpec listing every shape problem, each with its field path.
     """
     if isinstance(document, str | bytes):
-        try:
-            document = yaml.safe_load(document)
-        except yaml.YAMLError as exc:
-            raise InvalidSpec(
-                "the device-plugin config is not valid YAML",
-                [FieldViolation("config", str(exc).replace("\n", " "))],
-            ) from exc
+        document = safeyaml.load(document, field)
     r = _Reader()
     top = r.mapping(document, "", _TOP_KEYS)
     version = top.get("version", VERSION)
     if version != VERSION:
-        r.bad("version", f"must be {VERSION!r}, got {version!r}")
+        r.bad("version", f"must be {VERSION!r}, got {brief(version)}")
     flags = _parse_flags(r, top.get("flags"))
     sharing_raw = r.mapping(top.get("sharing"), "sharing", tuple(_SHARING_KEYS))
     sections = {
@@ -200,7 +197,8 @@ def _parse_flags(r: _Reader, value: object) -> Flags:
         return Flags()
     strategy = value.get("migStrategy")
     if strategy is not None and strategy not in MIG_STRATEGIES:
-        r.bad("flags.migStrategy", f"must be one of {', '.join(MIG_STRATEGIES)}, got {strategy!r}")
+        allowed = ", ".join(MIG_STRATEGIES)
+        r.bad("flags.migStrategy", f"must be one of {allowed}, got {brief(strategy)}")
         strategy = None
     other = {k: v for k, v in value.items() if k != "migStrategy"}
     return Flags(mig_strategy=cast(MigStrategy | None, strategy), other=_frozen(other))
@@ -228,7 +226,7 @@ def _parse_section(r: _Reader, value: object, path: str) -> ReplicatedResources:
 
 def _parse_resource(r: _Reader, value: object, path: str) -> ReplicatedResource | None:
     if not isinstance(value, Mapping):
-        r.bad(path, f"must be a mapping with name and replicas, got {value!r}")
+        r.bad(path, f"must be a mapping with name and replicas, got {brief(value)}")
         return None
     raw = r.mapping(value, path, _RESOURCE_KEYS)
     for key in ("name", "replicas"):
@@ -251,7 +249,7 @@ def _parse_devices(r: _Reader, value: object, path: str) -> Devices | None:
         isinstance(d, str | int) and not isinstance(d, bool) for d in value
     ):
         return tuple(value)
-    r.bad(path, f"must be 'all', a device count or a list of indices/UUIDs, got {value!r}")
+    r.bad(path, f"must be 'all', a device count or a list of indices/UUIDs, got {brief(value)}")
     return None
 
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from agent.errors import FieldViolation, InvalidSpec
 from agent.gpu.types import GpuLayout
+from agent.safeyaml import brief
 from agent.sharing.advertise import (
     GPU_RESOURCE,
     base_resources,
@@ -21,6 +22,22 @@ from agent.sharing.schema import RESOURCE_PREFIX, PluginConfig, ReplicatedResour
 
 MAX_RESOURCE_NAME = 63
 MIN_REPLICAS = 2
+#: The kubelet's capacity and our API's counts are uint32: devices x replicas must fit.
+MAX_ADVERTISED = 2**32 - 1
+#: Clients one MPS server takes (k8s-device-plugin cmd/mps-control-daemon/mps/device.go,
+#: maxClients): 48 from compute capability 7.5 on, 16 before.
+MPS_MAX_CLIENTS = 48
+MPS_MAX_CLIENTS_OLD = 16
+_MPS_NEW_FROM = (7, 5)
+#: Values the plugin accepts (cmd/nvidia-device-plugin/main.go validateFlags).
+DEVICE_ID_STRATEGIES = ("uuid", "index")
+DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
+ALLOCATION_POLICIES = ("distributed", "packed")
+DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra")
+#: Keys of a sharing section that have no meaning under ``flags``: the plugin's Flags type has no
+#: such field and its YAML reader drops unknown keys, so there they are ignored without a word.
+_SECTION_ONLY = ("renameByDefault", "failRequestsGreaterThanOne", "resources", "replicas")
+_IMEX_KEYS = ("channelIDs", "required")
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
 
@@ -35,7 +52,7 @@ def validate(config: PluginConfig, layouts: Sequence[GpuLayout]) -> None:
 
 def violations(config: PluginConfig, layouts: Sequence[GpuLayout]) -> list[FieldViolation]:
     """Every rule ``config`` breaks on a node with ``layouts``; empty when it is fine."""
-    found: list[FieldViolation] = []
+    found = _flags(config) + _imex(config)
     sharing = config.sharing
     if sharing.time_slicing is not None and sharing.mps is not None:
         found.append(
@@ -53,8 +70,124 @@ def violations(config: PluginConfig, layouts: Sequence[GpuLayout]) -> list[Field
     return found
 
 
+def _flags(config: PluginConfig) -> list[FieldViolation]:
+    found = []
+    other = config.flags.other
+    for key in (*_SECTION_ONLY, "timeSlicing", "mps", "sharing"):
+        if key in other:
+            found.append(
+                FieldViolation(
+                    f"flags.{key}",
+                    "misplaced: the device plugin ignores it under flags; it belongs under "
+                    "sharing.timeSlicing or sharing.mps"
+                    if key in _SECTION_ONLY
+                    else "misplaced: the device plugin ignores it under flags; it belongs under "
+                    "sharing",
+                )
+            )
+    _choice(
+        found,
+        "flags.deviceDiscoveryStrategy",
+        other.get("deviceDiscoveryStrategy"),
+        DISCOVERY_STRATEGIES,
+    )
+    plugin = other.get("plugin")
+    if plugin is not None and not isinstance(plugin, dict):
+        found.append(FieldViolation("flags.plugin", f"must be a mapping, got {brief(plugin)}"))
+    elif plugin is not None:
+        _choice(
+            found,
+            "flags.plugin.deviceIDStrategy",
+            plugin.get("deviceIDStrategy"),
+            DEVICE_ID_STRATEGIES,
+        )
+        _choice(
+            found,
+            "flags.plugin.sharedDevicesAllocationPolicy",
+            plugin.get("sharedDevicesAllocationPolicy"),
+            ALLOCATION_POLICIES,
+        )
+        lists = plugin.get("deviceListStrategy")
+        for i, item in enumerate(lists if isinstance(lists, list) else [lists]):
+            at = "flags.plugin.deviceListStrategy" + (f"[{i}]" if isinstance(lists, list) else "")
+            _choice(found, at, item, DEVICE_LIST_STRATEGIES)
+    return found
+
+
+def _choice(
+    found: list[FieldViolation], path: str, value: object, allowed: tuple[str, ...]
+) -> None:
+    if value is not None and value not in allowed:
+        found.append(
+            FieldViolation(
+                path,
+                f"must be one of {', '.join(allowed)}, got {brief(value)} (the plugin refuses "
+                "to start)",
+            )
+        )
+
+
+def _imex(config: PluginConfig) -> list[FieldViolation]:
+    imex = config.other.get("imex")
+    if imex is None:
+        return []
+    if not isinstance(imex, dict):
+        return [FieldViolation("imex", f"must be a mapping, got {brief(imex)}")]
+    found = [
+        FieldViolation(
+            f"imex.{key}", f"unknown key (ignored by the plugin); allowed: {', '.join(_IMEX_KEYS)}"
+        )
+        for key in imex
+        if key not in _IMEX_KEYS
+    ]
+    ids = imex.get("channelIDs")
+    if ids is not None and not _channel_ids_valid(ids):
+        # api/config/v1/imex.go AssertChannelIDsValid
+        found.append(
+            FieldViolation(
+                "imex.channelIDs",
+                f"must be [] or [0], got {brief(ids)} (the plugin refuses to start: "
+                '"channelIDs must be [] or [0]")',
+            )
+        )
+    required = imex.get("required")
+    if required is not None and not isinstance(required, bool):
+        found.append(
+            FieldViolation("imex.required", f"must be true or false, got {brief(required)}")
+        )
+    return found
+
+
+def _channel_ids_valid(ids: object) -> bool:
+    if not isinstance(ids, list):
+        return False
+    return ids == [] or (len(ids) == 1 and type(ids[0]) is int and ids[0] == 0)
+
+
+def _mps_clients(layouts: Sequence[GpuLayout]) -> int:
+    """The plugin's MPS client limit for this node: 16 when a GPU is known to be older than
+    compute capability 7.5; a GPU whose capability is unknown gets the limit of any newer one."""
+    old = any(
+        layout.gpu.compute_capability is not None and layout.gpu.compute_capability < _MPS_NEW_FROM
+        for layout in layouts
+    )
+    return MPS_MAX_CLIENTS_OLD if old else MPS_MAX_CLIENTS
+
+
 def _mps(config: PluginConfig, layouts: Sequence[GpuLayout]) -> list[FieldViolation]:
     found = []
+    assert config.sharing.mps is not None
+    limit = _mps_clients(layouts)
+    for i, res in enumerate(config.sharing.mps.resources):
+        if res.replicas > limit:
+            found.append(
+                FieldViolation(
+                    f"sharing.mps.resources[{i}].replicas",
+                    f"at most {limit} (one MPS server takes {limit} clients on these GPUs; the "
+                    f'plugin refuses more: "maximum allowed replicas exceeded"), '
+                    f"got {res.replicas}",
+                )
+            )
     if config.mig_strategy == "mixed":
         found.append(
             FieldViolation(
@@ -89,6 +222,7 @@ def _section(
         ]
     found = []
     first_index: dict[str, int] = {}
+    devices = base_resources(config.mig_strategy, layouts)
     for i, res in enumerate(section.resources):
         at = f"{path}.resources[{i}]"
         name_problem = _name_syntax(res.name)
@@ -105,6 +239,15 @@ def _section(
                     f"{at}.replicas",
                     f"must be >= {MIN_REPLICAS}, got {res.replicas} (the plugin refuses the "
                     'file: "number of replicas must be >= 2"); use share clear to stop sharing',
+                )
+            )
+        elif res.replicas * max(devices.get(res.name, 0), 1) > MAX_ADVERTISED:
+            n = devices.get(res.name, 0)
+            found.append(
+                FieldViolation(
+                    f"{at}.replicas",
+                    f"{res.replicas} replicas of {max(n, 1)} device(s) pass {MAX_ADVERTISED}, "
+                    "the most a node can advertise (uint32)",
                 )
             )
         if res.rename is not None:
@@ -130,12 +273,12 @@ def _name_syntax(name: str) -> str | None:
     if len(name) > MAX_RESOURCE_NAME:
         return (
             f"fully-qualified resource name must be {MAX_RESOURCE_NAME} characters or less, "
-            f"{name} has {len(name)}"
+            f"{brief(name)} has {len(name)}"
         )
     part = name.removeprefix(RESOURCE_PREFIX)
     if not _DNS_SUBDOMAIN.fullmatch(part):
         return (
-            f"{part!r} after {RESOURCE_PREFIX} must be a DNS subdomain: lowercase letters, "
+            f"{brief(part)} after {RESOURCE_PREFIX} must be a DNS subdomain: lowercase letters, "
             "digits, '-' and '.', starting and ending with a letter or digit"
         )
     return None

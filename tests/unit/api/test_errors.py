@@ -112,3 +112,22 @@ def test_bugs_are_recorded_without_their_text() -> None:
 def test_records_written_by_the_store_get_a_code_by_type() -> None:
     assert recorded_code({"type": INTERRUPTED, "message": "x"}) == S.ABORTED.value[0]
     assert recorded_code({"type": "Busy", "code": 9}) == 9
+
+
+def test_an_error_sends_a_bounded_text_whatever_it_carries() -> None:
+    """A refusal never carries its input: the message, the number of violations and each
+    violation's field and description are capped (docs/api.md, Errors)."""
+    exc = InvalidSpec(
+        "x" * 100_000,
+        [FieldViolation("f" * 5000, "d" * 50_000) for _ in range(500)],
+    )
+    status = status_of(exc)
+    assert len(status.message) <= 1024
+    bad = error_details_pb2.BadRequest()
+    assert any(d.Unpack(bad) for d in status.details)
+    assert len(bad.field_violations) == 21
+    assert bad.field_violations[-1].description == "and 480 more"
+    assert all(len(v.field) <= 200 and len(v.description) <= 300 for v in bad.field_violations)
+    assert len(status.SerializeToString()) < 16 * 1024
+    record = error_record(exc)
+    assert len(record["message"]) <= 1024 and len(record["violations"]) == 21

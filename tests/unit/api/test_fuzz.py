@@ -1,4 +1,5 @@
-"""Fuzzing the whole API over the Unix socket of an in-process agent on a simulated node.
+"""Fuzzing the whole API over the Unix socket of an in-process agent on a simulated node, and
+the seeded small run of bench/fuzz_rpc.py against a separate agent process.
 
 Hypothesis builds requests for every RPC from the message descriptors (any field, any value,
 unknown enum numbers, oneofs, maps, nested messages), plus raw bytes that may not decode at all.
@@ -27,7 +28,9 @@ from hypothesis import strategies as st
 
 from agent.api.auth import METHOD_ROLES, Role
 from agent.api.server import _MODULES
+from bench.fuzz_rpc import run
 from tests.unit.api.support import InProcessAgent, agent_config
+from tests.unit.test_safeyaml import billion_laughs
 
 TOTAL_EXAMPLES = 10_000
 RAW_EXAMPLES = 600
@@ -66,6 +69,14 @@ INTERESTING = [
     "{",
     "- [",
     "&a [*a, *a]",
+    # The attacker's YAML (issue 16): each is refused while composing, never expanded.
+    billion_laughs(),
+    "[" * 5000 + "]" * 5000,
+    "? [a, b]\n: 1\n",
+    "version: v1\nmig-configs: {a: [{devices: [" + "9" * 5000 + "]}]}\n",
+    "name: " + "A" * 20_000,
+    "&a [*a]",
+    SHARING_YAML.replace("replicas: 2", f"replicas: {2**31}"),
 ]
 
 STRINGS = st.one_of(
@@ -278,3 +289,18 @@ def test_the_fuzzed_agent_still_serves(agent: InProcessAgent, channel: grpc.Chan
 
     node = agent_pb2_grpc.NodeServiceStub(channel).GetNode(agent_pb2.GetNodeRequest(), timeout=10)
     assert len(node.node.gpus) == 8 and agent.node.ready
+
+
+def test_seeded_hostile_run_against_an_agent_process_meets_every_goal(tmp_path: Path) -> None:
+    """bench/fuzz_rpc.py at 300 requests (seeded, so the same requests every time) and four
+    pairs of conflicting applies: no INTERNAL or UNKNOWN answer, no refused call that changed
+    the node, never two applies accepted at once, peak RSS within 256 MiB, still serving."""
+    report = run(300, seed=16, pairs=4, root=tmp_path)
+    assert report.requests == 300
+    assert report.internal == 0, report.bugs
+    assert report.changed == []
+    assert report.pairs == 4 and report.pairs_both_accepted == 0
+    assert report.stuck == []
+    assert report.peak_rss <= 256 * 1024 * 1024
+    assert report.still_serves
+    assert report.codes["INVALID_ARGUMENT"] > 0 and report.codes["OK"] > 0

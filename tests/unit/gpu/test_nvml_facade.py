@@ -30,6 +30,8 @@ def test_inventory_reports_every_gpu_with_identity(h100: GpuDriver) -> None:
     assert all(g.pci_device_id == 0x233010DE for g in gpus)
     assert len({g.uuid for g in gpus}) == 8
     assert gpus[0].mig_mode is not None and not gpus[0].mig_mode.current
+    # The MPS client limit the sharing rules apply depends on it (48 from 7.5 on).
+    assert all(g.compute_capability == (9, 0) for g in gpus)
 
 
 def test_gpu_selection_by_index_uuid_and_bus_id(h100: GpuDriver) -> None:
