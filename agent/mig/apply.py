@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
-from agent.errors import Conflict, NotSupported
+from agent.errors import AgentError, Conflict, NotSupported
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.types import ActivationStatus, GpuInfo, Placement
+from agent.mig.journal import SCOPE, Journal
 from agent.mig.plan import (
     CreateCi,
     CreateGi,
@@ -27,17 +27,15 @@ from agent.mig.plan import (
 from agent.mig.reset import ResetFn
 from agent.mig.state import GpuMigState, fetch
 
-SCOPE = "mig:apply"
+__all__ = ["SCOPE", "Executor", "Journal", "Progress", "ProgressEvent", "Suspended", "restore"]
 
 
-class Journal(Protocol):
-    """The part of agent.state.StateStore the MIG journal uses."""
+class Suspended(AgentError):
+    """The process is stopping (SIGTERM): raised by a progress callback before a mutation, it
+    stops the apply there without a rollback; the journal keeps it, and the next start finishes
+    it (docs/mig.md, "SIGTERM during an apply")."""
 
-    def journal_append(self, scope: str, entry: dict[str, Any]) -> int: ...
-
-    def journal_entries(self, scope: str) -> list[tuple[int, dict[str, Any]]]: ...
-
-    def journal_clear(self, scope: str) -> None: ...
+    exit_code = 143  # 128 + SIGTERM, what a shell reports for a process it ended
 
 
 @dataclass(frozen=True, slots=True)

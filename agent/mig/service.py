@@ -10,13 +10,15 @@ GPU it touched to its snapshot; a killed apply is restored by ``recover`` on the
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import AgentError, Busy, Conflict
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.types import GpuInfo, GpuLayout
-from agent.mig.apply import SCOPE, Executor, Journal, Progress, restore
+from agent.mig.apply import Executor, Progress, Suspended, restore
+from agent.mig.journal import SCOPE, ApplyRecord, Journal, begin_entry, records
 from agent.mig.lock import PartitionLock
 from agent.mig.plan import Desired, GpuPlan, ResetGpu, current_counts, mismatches, plan_gpu
 from agent.mig.reset import ResetFn
@@ -32,6 +34,10 @@ from agent.mig.spec import (
 from agent.mig.state import GpuMigState, fetch
 
 log = logging.getLogger(__name__)
+
+
+class RollbackFailed(Conflict):
+    """An apply failed and restoring its snapshots failed too; the journal is kept."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,47 +161,85 @@ class MigService:
         progress: Progress | None = None,
         operation: str | None = None,
     ) -> ApplyResult:
-        """Reach the selected config; Conflict/Busy/InvalidSpec before any change if it can't."""
+        """Reach the selected config; Conflict/Busy/InvalidSpec before any change if it can't.
+
+        Raises :class:`Suspended` (journal kept, no rollback) when ``progress`` raises it.
+        """
         name, entries = spec.select(config)
         description = operation or f"mig apply {name}"
         with self._lock.hold(description):
             recovered = self._recover_locked()
+            unrecovered = [o for o in recovered if o.action == "failed"]
+            if unrecovered:
+                # Never start over an apply that is not undone: its snapshots are the layouts
+                # to return to, and a second apply's would be of the half-done GPUs.
+                raise Conflict(
+                    f"MIG config {name} not applied: an interrupted apply could not be rolled "
+                    "back yet ("
+                    + "; ".join(f"GPU {o.gpu}: {o.detail}" for o in unrecovered)
+                    + "). Nothing was changed; the journal is kept and the next apply or agent "
+                    "start retries the rollback"
+                )
             plan = _plan_node(name, entries, self.layouts(), force)
             refuse_unless_feasible(plan)
             executor = Executor(self._driver, self._journal, self._reset, progress)
             outcomes = {p.layout.gpu.uuid: _unchanged(p) for p in plan.gpus}
             if plan.changes:
+                desired = {p.layout.gpu.uuid: p.desired for p in plan.changes}
+                self._journal.journal_append(
+                    SCOPE, begin_entry(description, desired, force=force, skip_reset=skip_reset)
+                )
+                outcomes.update(
+                    self._execute(
+                        executor, plan.changes, [], {}, force=force, skip_reset=skip_reset
+                    )
+                )
+                self._journal.journal_clear(SCOPE)
+            return ApplyResult(name, tuple(outcomes.values()), executor.mutations, recovered)
+
+    def _execute(
+        self,
+        executor: Executor,
+        plans: Sequence[GpuPlan],
+        touched: list[tuple[GpuInfo, GpuMigState]],
+        befores: Mapping[str, GpuMigState],
+        *,
+        force: bool,
+        skip_reset: bool,
+    ) -> dict[str, GpuOutcome]:
+        """Change one GPU after the other; on an error restore ``touched`` and each GPU begun.
+
+        ``befores`` are snapshots already journalled (a resumed apply's): those GPUs return to
+        them, not to what they hold now.
+        """
+        outcomes: dict[str, GpuOutcome] = {}
+        for gpu_plan in plans:
+            gpu = gpu_plan.layout.gpu
+            before = befores.get(gpu.uuid)
+            if before is None:
+                before = fetch(gpu_plan.layout)
                 self._journal.journal_append(
                     SCOPE,
                     {
-                        "event": "begin",
-                        "operation": description,
-                        "gpus": [p.layout.gpu.uuid for p in plan.changes],
+                        "event": "gpu",
+                        "uuid": gpu.uuid,
+                        "index": gpu.index,
+                        "before": before.to_dict(),
                     },
                 )
-                touched: list[tuple[GpuInfo, GpuMigState]] = []
-                for gpu_plan in plan.changes:
-                    gpu = gpu_plan.layout.gpu
-                    before = fetch(gpu_plan.layout)
-                    self._journal.journal_append(
-                        SCOPE,
-                        {
-                            "event": "gpu",
-                            "uuid": gpu.uuid,
-                            "index": gpu.index,
-                            "before": before.to_dict(),
-                        },
-                    )
-                    touched.append((gpu, before))
-                    try:
-                        outcomes[gpu.uuid] = self._apply_gpu(executor, gpu_plan, force, skip_reset)
-                    except Exception as exc:
-                        self._roll_back(executor, touched, exc, skip_reset)
-                        raise
-                    executor.done(gpu)
-                    self._journal.journal_append(SCOPE, {"event": "done", "uuid": gpu.uuid})
-                self._journal.journal_clear(SCOPE)
-            return ApplyResult(name, tuple(outcomes.values()), executor.mutations, recovered)
+            touched.append((gpu, before))
+            try:
+                outcomes[gpu.uuid] = self._apply_gpu(executor, gpu_plan, force, skip_reset)
+            except Suspended as exc:
+                self._journal.journal_append(SCOPE, {"event": "suspend", "reason": str(exc)})
+                log.warning("MIG apply suspended (%s); the next start finishes it", exc)
+                raise
+            except Exception as exc:
+                self._roll_back(executor, touched, exc, skip_reset)
+                raise
+            executor.done(gpu)
+            self._journal.journal_append(SCOPE, {"event": "done", "uuid": gpu.uuid})
+        return outcomes
 
     def _apply_gpu(
         self, executor: Executor, gpu_plan: GpuPlan, force: bool, skip_reset: bool
@@ -236,6 +280,9 @@ class MigService:
         skip_reset: bool,
     ) -> None:
         """Restore every touched GPU, newest first; amend ``error`` or raise why we could not."""
+        # Marked first: a crash during the rollback must go on rolling back, never count the
+        # GPUs already done as finished.
+        self._journal.journal_append(SCOPE, {"event": "rollback", "reason": str(error)})
         failures = []
         for gpu, before in reversed(touched):
             try:
@@ -244,7 +291,7 @@ class MigService:
                 failures.append(f"GPU {gpu.index}: {exc}")
         if failures:
             log.error("MIG rollback failed: %s", "; ".join(failures))
-            raise Conflict(
+            raise RollbackFailed(
                 f"{error}; rolling back also failed ({'; '.join(failures)}). The journal is kept: "
                 "the next apply or agent start retries the rollback"
             ) from error
@@ -257,7 +304,7 @@ class MigService:
         log.warning("MIG apply failed (%s); rolled back GPU %s", error, gpus)
 
     def recover(self) -> tuple[RecoveryOutcome, ...]:
-        """On agent start: restore the GPUs an apply killed midway left behind; logs each outcome.
+        """On agent start: finish or undo what an interrupted apply left; logs each outcome.
 
         A journal whose owner still runs (it holds the lock) is not ours to touch: nothing is done.
         """
@@ -273,28 +320,33 @@ class MigService:
             return ()
 
     def _recover_locked(self) -> tuple[RecoveryOutcome, ...]:
-        entries = [entry for _, entry in self._journal.journal_entries(SCOPE)]
-        if not entries:
+        history = records(entry for _, entry in self._journal.journal_entries(SCOPE))
+        if not history:
             return ()
-        planned = next((set(e["gpus"]) for e in entries if e["event"] == "begin"), set())
-        befores = {
-            e["uuid"]: GpuMigState.from_dict(e["before"]) for e in entries if e["event"] == "gpu"
-        }
-        done = {e["uuid"] for e in entries if e["event"] == "done"}
-        operation = next((e["operation"] for e in entries if e["event"] == "begin"), "mig apply")
         outcomes: list[RecoveryOutcome] = []
-        if planned and planned <= done:
-            # Killed after the last change, before clearing the journal: the apply completed.
-            outcomes = [
-                RecoveryOutcome(
-                    self._driver.gpu(u).index, u, "completed", f"{operation} had finished"
-                )
-                for u in befores
-            ]
-        else:
+        settled: set[str] = set()  # GPUs a newer apply left at its target
+        for age, record in enumerate(reversed(history)):
+            if age == 0 and record.resumable:
+                # Stopped by SIGTERM on purpose: finish it (docs/mig.md explains the choice).
+                done = self._resume(record)
+                outcomes += done
+                if any(o.action == "failed" for o in done):
+                    break
+                settled |= {o.uuid for o in done if o.action == "completed"}
+                continue
+            if record.finished:
+                # Killed after its last change, before clearing the journal: it completed.
+                for uuid in record.befores:
+                    if uuid not in settled:
+                        outcomes.append(self._outcome(uuid, "completed", record.operation))
+                settled |= set(record.befores)
+                continue
+            # Undo newest first; an older apply then undoes its own changes to the same GPU
+            # (its snapshot is older), so each GPU ends at the layout before the first of them.
             executor = Executor(self._driver, self._journal, self._reset)
-            for uuid, before in reversed(befores.items()):
-                outcomes.append(self._restore_one(executor, uuid, before, operation))
+            for uuid, before in reversed(record.befores.items()):
+                if uuid not in settled:
+                    outcomes.append(self._restore_one(executor, uuid, before, record.operation))
         for outcome in outcomes:
             level = logging.ERROR if outcome.action == "failed" else logging.WARNING
             log.log(
@@ -307,6 +359,70 @@ class MigService:
         if all(o.action != "failed" for o in outcomes):
             self._journal.journal_clear(SCOPE)
         return tuple(outcomes)
+
+    def _resume(self, record: ApplyRecord) -> list[RecoveryOutcome]:
+        """Finish a suspended apply: plan each unfinished GPU again from what it holds now.
+
+        If it cannot be finished it is rolled back to its snapshots, as a failed apply is.
+        """
+        executor = Executor(self._driver, self._journal, self._reset)
+        left = [u for u in record.planned if u not in record.done]
+        begun = {u: b for u, b in record.befores.items() if u in left}
+        touched = [
+            (self._driver.gpu(u), record.befores[u]) for u in record.planned if u in record.done
+        ]
+        try:
+            try:
+                plans = [
+                    plan_gpu(self._driver.layout(u), record.desired[u], force=record.force)
+                    for u in left
+                ]
+            except AgentError as exc:
+                problem: AgentError | None = exc
+            else:
+                bad = [p for p in plans if p.status in ("infeasible", "blocked")]
+                problem = (
+                    Conflict("; ".join(f"GPU {p.layout.gpu.index}: {_why(p)}" for p in bad))
+                    if bad
+                    else None
+                )
+            if problem is not None:
+                touched += [(self._driver.gpu(u), b) for u, b in begun.items()]
+                self._roll_back(executor, touched, problem, record.skip_reset)
+                raise problem
+            results = self._execute(
+                executor, plans, touched, begun, force=record.force, skip_reset=record.skip_reset
+            )
+        except RollbackFailed as exc:
+            return [
+                RecoveryOutcome(
+                    self._driver.gpu(u).index, u, "failed", f"{record.operation}: {exc}"
+                )
+                for u in record.befores
+            ]
+        except Exception as exc:  # rolled back: reported, the journal is clear
+            return [
+                RecoveryOutcome(
+                    self._driver.gpu(u).index,
+                    u,
+                    "rolled-back",
+                    f"{record.operation} could not be finished after the restart: {exc}",
+                )
+                for u in record.befores
+            ]
+        outcomes = []
+        for u in record.planned:
+            detail = f"{record.operation} finished after the restart"
+            result = results.get(u)
+            if result is not None and result.status == "pending":
+                detail += f"; {result.message}"
+            outcomes.append(RecoveryOutcome(self._driver.gpu(u).index, u, "completed", detail))
+        return outcomes
+
+    def _outcome(self, uuid: str, action: str, operation: str) -> RecoveryOutcome:
+        return RecoveryOutcome(
+            self._driver.gpu(uuid).index, uuid, action, f"{operation} had finished"
+        )
 
     def _restore_one(
         self, executor: Executor, uuid: str, before: GpuMigState, operation: str
