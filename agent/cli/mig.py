@@ -7,9 +7,12 @@ directly; an apply takes the node's partition lock, so it never runs beside anot
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -20,7 +23,7 @@ from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, output_option, plain
 from agent.errors import Busy, Conflict
-from agent.mig.apply import ProgressEvent
+from agent.mig.apply import ProgressEvent, Suspended
 from agent.mig.lock import PartitionLock
 from agent.mig.plan import mig_parted_destroys
 from agent.mig.reset import command_reset, simulated_reset
@@ -32,6 +35,10 @@ if TYPE_CHECKING:
     from agent.cli.client import AgentClient
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: ``mig apply`` exit status when the layout is not reached because a MIG mode change waits for
+#: a GPU reset or a VM reboot: not success (0), not an error (1..10). docs/mig.md "Exit codes".
+PENDING_EXIT = 11
 
 
 def _service(obj: CliContext) -> MigService:
@@ -219,14 +226,56 @@ def apply_command(
         _apply_through_agent(client, text, selected, force, output)
         return
 
-    def progress(event: ProgressEvent) -> None:
-        if event.phase != "done":
-            click.echo(f"[{event.mutation}] {event.phase}: {event.message}", err=True)
-
-    result = _service(obj).apply(
-        spec, selected, force=force, skip_reset=skip_reset, progress=progress
+    result = direct_apply(
+        _service(obj), spec, selected, force=force, skip_reset=skip_reset, progress=_echo_step
     )
     emit(result, output, _apply_table)
+    if result.pending:
+        raise click.exceptions.Exit(PENDING_EXIT)
+
+
+def _echo_step(event: ProgressEvent) -> None:
+    if event.phase != "done":
+        click.echo(f"[{event.mutation}] {event.phase}: {event.message}", err=True)
+
+
+def direct_apply(
+    service: MigService,
+    spec: MigSpec,
+    selected: str | None,
+    *,
+    force: bool,
+    skip_reset: bool,
+    progress: Callable[[ProgressEvent], None],
+) -> ApplyResult:
+    """An apply in this process, as ``mig apply`` without an agent runs it: a SIGTERM suspends
+    it before its next mutation (Suspended, exit 143) for the next start to finish."""
+    stopping: list[int] = []
+
+    def step(event: ProgressEvent) -> None:
+        progress(event)
+        if stopping and event.phase == "apply":
+            raise Suspended(
+                f"SIGTERM: suspended before {event.message}; the next `mig apply` or agent "
+                "start finishes it"
+            )
+
+    with _suspend_on_sigterm(stopping):
+        return service.apply(spec, selected, force=force, skip_reset=skip_reset, progress=step)
+
+
+@contextlib.contextmanager
+def _suspend_on_sigterm(flag: list[int]) -> Iterator[None]:
+    """While applying, SIGTERM sets ``flag`` (the apply stops before its next mutation) instead
+    of ending the process mid-call; the previous handler comes back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread (tests invoke in threads)
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: flag.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _apply_through_agent(
@@ -249,26 +298,34 @@ def _apply_through_agent(
     result = done.response.mig_apply
     data = MessageToDict(result, preserving_proto_field_name=True)
     emit(data, output, lambda _: _remote_apply_table(result))
+    if any(g.status == "pending" for g in result.gpus):
+        raise click.exceptions.Exit(PENDING_EXIT)
 
 
 def _remote_apply_table(result: Any) -> str:
     rows = [[g.gpu_index, g.status, g.kept, g.destroyed, g.created] for g in result.gpus]
-    table = format_table(["GPU", "STATUS", "KEPT", "DESTROYED", "CREATED"], rows)
-    return table + "\nMIG configuration applied successfully"
+    pending = [g.message for g in result.gpus if g.status == "pending"]
+    return "\n".join([*result.recovered, format_table(_APPLY_HEADERS, rows), _verdict(pending)])
 
 
 def _apply_table(result: ApplyResult) -> str:
     parts = [f"GPU {r.gpu}: interrupted apply {r.action} ({r.detail})" for r in result.recovered]
-    parts.append(
-        format_table(
-            ["GPU", "STATUS", "KEPT", "DESTROYED", "CREATED"],
-            [[g.gpu, g.status, g.kept, g.destroyed, g.created] for g in result.gpus],
-        )
-    )
-    parts += [g.message for g in result.pending]
-    if not result.pending:
-        parts.append("MIG configuration applied successfully")
+    rows = [[g.gpu, g.status, g.kept, g.destroyed, g.created] for g in result.gpus]
+    parts.append(format_table(_APPLY_HEADERS, rows))
+    parts.append(_verdict([g.message for g in result.pending]))
     return "\n".join(parts)
+
+
+_APPLY_HEADERS = ["GPU", "STATUS", "KEPT", "DESTROYED", "CREATED"]
+
+
+def _verdict(pending: list[str]) -> str:
+    """mig-parted's success line, or why the config is not applied yet (exit PENDING_EXIT)."""
+    if not pending:
+        return "MIG configuration applied successfully"
+    return "\n".join(
+        [*pending, "MIG configuration NOT applied yet: a MIG mode change is pending (see above)"]
+    )
 
 
 @mig.command("assert", short_help="Exit 0 if the config is applied, 1 if not (mig-parted).")

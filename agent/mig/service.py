@@ -297,11 +297,12 @@ class MigService:
             ) from error
         self._journal.journal_clear(SCOPE)
         gpus = ", ".join(str(gpu.index) for gpu, _ in touched)
+        # Logged before the error is amended, so the line does not say "rolled back" twice.
+        log.warning("MIG apply failed (%s); rolled back GPU %s", error, gpus)
         if isinstance(error, AgentError) and error.args:
             error.args = (
                 f"{error.args[0]}; rolled back GPU {gpus} to the layout before the apply",
             )
-        log.warning("MIG apply failed (%s); rolled back GPU %s", error, gpus)
 
     def recover(self) -> tuple[RecoveryOutcome, ...]:
         """On agent start: finish or undo what an interrupted apply left; logs each outcome.
