@@ -72,6 +72,8 @@ class Executor:
         self._reset = reset
         self._progress = progress or _ignore
         self.mutations = 0
+        #: GPUs whose pending mode waits for a reboot of this (passthrough) VM, by UUID.
+        self.reboot_required: set[str] = set()
 
     def run(
         self, gpu: GpuInfo, steps: Sequence[Step], *, phase: str, skip_reset: bool
@@ -89,6 +91,8 @@ class Executor:
                     continue  # the driver reset the GPU itself
                 why = _why_left_pending(gpu, activation, skip_reset)
                 if why is not None:
+                    if activation is ActivationStatus.RESET_REQUIRED:
+                        self.reboot_required.add(uuid)
                     return why
             self._before(gpu, step, phase)
             match step:

@@ -64,6 +64,8 @@ class GpuOutcome:
     destroyed: int = 0
     created: int = 0
     message: str = ""
+    #: pending until this (passthrough) VM reboots, not until a GPU reset
+    reboot: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +255,12 @@ class MigService:
             pending = executor.run(gpu, steps[:cut], phase="apply", skip_reset=skip_reset)
             if pending:
                 return GpuOutcome(
-                    gpu.index, gpu.uuid, "pending", destroyed=len(gpu_plan.destroy), message=pending
+                    gpu.index,
+                    gpu.uuid,
+                    "pending",
+                    destroyed=len(gpu_plan.destroy),
+                    message=pending,
+                    reboot=gpu.uuid in executor.reboot_required,
                 )
             again = plan_gpu(self._driver.layout(gpu.uuid), gpu_plan.desired, force=force)
             if again.target is None or again.status in ("infeasible", "blocked"):
