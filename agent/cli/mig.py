@@ -235,8 +235,12 @@ def apply_command(
 
 
 def _echo_step(event: ProgressEvent) -> None:
-    if event.phase != "done":
-        click.echo(f"[{event.mutation}] {event.phase}: {event.message}", err=True)
+    click.echo(_step_line(event.phase, event.mutation, event.message), err=True)
+
+
+def _step_line(phase: str, mutation: int, message: str) -> str:
+    """``[12] apply: GPU 3: create ...`` per mutation, ``GPU 3 done`` per GPU: both paths."""
+    return message if phase == "done" else f"[{mutation}] {phase}: {message}"
 
 
 def direct_apply(
@@ -289,10 +293,15 @@ def _apply_through_agent(
     op = client.mig_apply(text, selected or "", force)
     click.echo(f"applying through the running agent: {op.name}", err=True)
 
+    printed: set[tuple[str, int, str]] = set()
+
     def progress(update: Any) -> None:
-        step = update.metadata.mig_apply.current_step
-        if step:
-            click.echo(f"  {step}", err=True)
+        # Updates repeat (a forced one per GPU, then the operation's end): one line per step.
+        meta = update.metadata.mig_apply
+        key = (meta.phase, meta.steps_done, meta.current_step)
+        if meta.current_step and key not in printed:
+            printed.add(key)
+            click.echo(_step_line(meta.phase, meta.steps_done, meta.current_step), err=True)
 
     done = follow(client, op, progress)
     result = done.response.mig_apply

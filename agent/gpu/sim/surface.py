@@ -25,6 +25,7 @@ from agent.gpu.sim import faults, handles
 from agent.gpu.sim.driver import SimDriver
 from agent.gpu.sim.handles import Kind
 from agent.gpu.sim.store import StateMissing, StateStore
+from agent.gpu.sim.sym_device import ERROR_TEXT
 
 _DEVICE_KINDS = (Kind.DEVICE, Kind.MIG_DEVICE, Kind.GPU_INSTANCE, Kind.COMPUTE_INSTANCE)
 # Helpers that never reach the library stay pynvml's own objects.
@@ -39,6 +40,11 @@ class SimNvml(types.ModuleType):
     def __init__(self, store: StateStore, *, latency: bool = False) -> None:
         super().__init__("pynvml", pynvml.__doc__)
         _bind_pynvml(self.__dict__, SimDriver(store, latency=latency))
+        # str(NVMLError) asks the real module's nvmlErrorString (the class is pynvml's own) and
+        # caches the answer per code; seed that cache with this driver's texts, so errors read
+        # "Insufficient Resources" as on a GPU, not "NVML Error with code 23".
+        for code, text in ERROR_TEXT.items():
+            pynvml.NVMLError._errcode_to_string.setdefault(code, text)
 
     def __getattr__(self, name: str) -> Any:
         # Reached only for names pynvml lacks too; declared so type checkers accept nvml* calls.
