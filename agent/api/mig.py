@@ -151,12 +151,19 @@ class _Apply:
     """The work of one ``mig.apply`` operation, on an operation worker thread."""
 
     def __init__(
-        self, service: MigService, spec: MigSpec, name: str | None, plan: NodePlan, force: bool
+        self,
+        service: MigService,
+        spec: MigSpec,
+        name: str | None,
+        plan: NodePlan,
+        force: bool,
+        mode_only: bool = False,
     ) -> None:
         self._service = service
         self._spec = spec
         self._name = name
         self._force = force
+        self._mode_only = mode_only
         self._gpus_total = len(plan.changes)
         self._steps_total = sum(len(p.steps) for p in plan.changes)
         self._config = plan.config
@@ -196,6 +203,7 @@ class _Apply:
                 self._spec,
                 self._name,
                 force=self._force,
+                mode_only=self._mode_only,
                 progress=progress,
                 # The lock's holder text: a refused caller is told which operation is in the way.
                 operation=operation_name(ctx.id),
@@ -239,13 +247,15 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
             )
         # Plan first: an infeasible layout or busy GPUs are refused by the call, before any
         # operation exists (the apply checks again under the lock).
-        plan = await asyncio.to_thread(self._service.plan, spec, name, force=request.force)
+        plan = await asyncio.to_thread(
+            self._service.plan, spec, name, force=request.force, mode_only=request.mode_only
+        )
         refuse_unless_feasible(plan)
         op = await self._runner.start(
             MIG_APPLY,
             request.request_id,
             request,
-            _Apply(self._service, spec, name, plan, request.force),
+            _Apply(self._service, spec, name, plan, request.force, request.mode_only),
             metadata=operations_pb2.OperationMetadata(
                 mig_apply=operations_pb2.MigApplyProgress(
                     config_name=plan.config,

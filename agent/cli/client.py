@@ -183,12 +183,21 @@ class AgentClient:
         return response
 
     def mig_apply(
-        self, config_yaml: str, name: str = "", force: bool = False, request_id: str = ""
+        self,
+        config_yaml: str,
+        name: str = "",
+        force: bool = False,
+        request_id: str = "",
+        mode_only: bool = False,
     ) -> operations_pb2.Operation:
         """Starts the apply; follow it with `watch`."""
         stub = mig_pb2_grpc.MigServiceStub(self._channel)
         request = mig_pb2.ApplyMigRequest(
-            config_yaml=config_yaml, config_name=name, force=force, request_id=request_id
+            config_yaml=config_yaml,
+            config_name=name,
+            force=force,
+            request_id=request_id,
+            mode_only=mode_only,
         )
         response: mig_pb2.ApplyMigResponse = self._call(stub.ApplyMig, request)
         return response.operation

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,6 +26,7 @@ from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, output_option, plain
 from agent.errors import Busy, Conflict
 from agent.mig.apply import ProgressEvent, Suspended
+from agent.mig.hooks import apply_with_hooks, load_hooks
 from agent.mig.lock import PartitionLock
 from agent.mig.plan import mig_parted_destroys
 from agent.mig.reset import command_reset, simulated_reset
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
     from agent.cli.client import AgentClient
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+_DEBUG = "gpu-agent.mig.debug"
 
 #: ``mig apply`` exit status when the layout is not reached because a MIG mode change waits for
 #: a GPU reset or a VM reboot: not success (0), not an error (1..10). docs/mig.md "Exit codes".
@@ -99,8 +104,19 @@ def _load_with_text(config_file: str) -> tuple[MigSpec, str]:
 
 
 @click.group("mig", cls=AgentGroup)
-def mig() -> None:
+@click.option(
+    "--debug", "-d", is_flag=True, help="Debug logging, and show the hooks' output (mig-parted -d)."
+)
+@click.pass_context
+def mig(ctx: click.Context, debug: bool) -> None:
     """MIG partitions: mig-parted config files, applied with as little disruption as possible."""
+    ctx.meta[_DEBUG] = debug
+    if debug:
+        logging.basicConfig(
+            level=logging.DEBUG,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
 
 
 @mig.command("show", short_help="Show each GPU's slice map: instances, free slices, busy ones.")
@@ -199,39 +215,108 @@ def _plan_table(plan: NodePlan) -> str:
     help="Leave a MIG mode change pending instead of resetting the GPU "
     "(env MIG_PARTED_SKIP_RESET).",
 )
+@click.option(
+    "--mode-only",
+    "-m",
+    is_flag=True,
+    envvar="MIG_PARTED_MODE_CHANGE_ONLY",
+    help="Only change the MIG mode of the GPUs whose mode differs; create no instances "
+    "(env MIG_PARTED_MODE_CHANGE_ONLY).",
+)
+@click.option(
+    "--hooks-file",
+    "-k",
+    envvar="MIG_PARTED_HOOKS_FILE",
+    metavar="FILE",
+    help="mig-parted hooks file: apply-start, pre-apply-mode, pre-apply-config, apply-exit "
+    "(env MIG_PARTED_HOOKS_FILE).",
+)
 @output_option
-@click.pass_obj
+@click.pass_context
 def apply_command(
-    obj: CliContext,
+    ctx: click.Context,
     config_file: str,
     selected: str | None,
     force: bool,
     skip_reset: bool,
+    mode_only: bool,
+    hooks_file: str | None,
     output: str,
 ) -> None:
     """Bring every selected GPU to its layout, destroying only the instances that must go and
     creating the others at planned placements. Refused before any change if a layout cannot fit
-    or running processes are in the way; on a failure midway every GPU is rolled back.
+    or running processes are in the way; on a failure midway every GPU is rolled back. Exits 11
+    when a MIG mode change is left pending (docs/mig.md, "Exit codes").
 
     \b
     Example:
       gpu-agent mig apply -f config.yaml -c all-balanced
       gpu-agent mig apply -f config.yaml -c all-1g.10gb --skip-reset
+      gpu-agent mig -d apply --mode-only -f config.yaml -c all-balanced -k hooks.yaml
     """
-
+    obj: CliContext = ctx.obj
     # Bad input is refused here, before anything is asked of anyone.
     spec, text = _load_with_text(config_file)
+    hooks = load_hooks(hooks_file) if hooks_file else None
     client = None if skip_reset else obj.agent()  # the API has no skip-reset: that stays local
-    if client is not None:
-        _apply_through_agent(client, text, selected, force, output)
-        return
 
-    result = direct_apply(
-        _service(obj), spec, selected, force=force, skip_reset=skip_reset, progress=_echo_step
-    )
-    emit(result, output, _apply_table)
-    if result.pending:
+    def run(only_mode: bool) -> _Applied:
+        if client is not None:
+            return _apply_through_agent(client, text, selected, force, only_mode)
+        result = direct_apply(
+            _service(obj),
+            spec,
+            selected,
+            force=force,
+            skip_reset=skip_reset,
+            mode_only=only_mode,
+            progress=_echo_step,
+        )
+        return _Applied(result, _apply_table(result), bool(result.pending))
+
+    if hooks is None:
+        applied = [run(mode_only)]
+    else:
+        # mig-parted's two phases, so that its hooks run between them.
+        service = _service(obj)
+        env = {
+            "MIG_PARTED_CONFIG_FILE": config_file,
+            "MIG_PARTED_SELECTED_CONFIG": selected or "",
+            "MIG_PARTED_HOOKS_FILE": hooks_file or "",
+            "MIG_PARTED_SKIP_RESET": _go_bool(skip_reset),
+            "MIG_PARTED_MODE_CHANGE_ONLY": _go_bool(mode_only),
+        }
+        applied = apply_with_hooks(
+            hooks,
+            env,
+            output=ctx.meta.get(_DEBUG, False),
+            mode_only=mode_only,
+            mode_applied=lambda: service.check(spec, selected, mode_only=True).applied,
+            apply_mode=lambda: run(True),
+            config_applied=lambda: service.check(spec, selected).applied,
+            apply_config=lambda: run(False),
+            stop_after_mode=lambda a: a.pending,
+        )
+    if not applied:  # every phase was already applied: nothing was asked of the GPUs
+        emit({"config": spec.select(selected)[0], "gpus": []}, output, lambda _: _verdict([]))
+        return
+    last = applied[-1]
+    emit(last.data, output, lambda _: last.table)
+    if last.pending:
         raise click.exceptions.Exit(PENDING_EXIT)
+
+
+@dataclass(frozen=True, slots=True)
+class _Applied:
+    """One apply's result, either path: its data (for -o json/yaml) and its table."""
+
+    data: Any
+    table: str
+    pending: bool
+
+
+def _go_bool(value: bool) -> str:
+    return "true" if value else "false"  # as mig-parted formats its flags for hooks (%v)
 
 
 def _echo_step(event: ProgressEvent) -> None:
@@ -251,6 +336,7 @@ def direct_apply(
     force: bool,
     skip_reset: bool,
     progress: Callable[[ProgressEvent], None],
+    mode_only: bool = False,
 ) -> ApplyResult:
     """An apply in this process, as ``mig apply`` without an agent runs it: a SIGTERM suspends
     it before its next mutation (Suspended, exit 143) for the next start to finish."""
@@ -265,7 +351,9 @@ def direct_apply(
             )
 
     with _suspend_on_sigterm(stopping):
-        return service.apply(spec, selected, force=force, skip_reset=skip_reset, progress=step)
+        return service.apply(
+            spec, selected, force=force, skip_reset=skip_reset, progress=step, mode_only=mode_only
+        )
 
 
 @contextlib.contextmanager
@@ -283,16 +371,15 @@ def _suspend_on_sigterm(flag: list[int]) -> Iterator[None]:
 
 
 def _apply_through_agent(
-    client: AgentClient, text: str, selected: str | None, force: bool, output: str
-) -> None:
+    client: AgentClient, text: str, selected: str | None, force: bool, mode_only: bool
+) -> _Applied:
     """The running agent applies it as an operation (it owns the GPUs); we follow it to the end."""
     from google.protobuf.json_format import MessageToDict
 
     from agent.cli.client import follow
 
-    op = client.mig_apply(text, selected or "", force)
+    op = client.mig_apply(text, selected or "", force, mode_only=mode_only)
     click.echo(f"applying through the running agent: {op.name}", err=True)
-
     printed: set[tuple[str, int, str]] = set()
 
     def progress(update: Any) -> None:
@@ -306,9 +393,8 @@ def _apply_through_agent(
     done = follow(client, op, progress)
     result = done.response.mig_apply
     data = MessageToDict(result, preserving_proto_field_name=True)
-    emit(data, output, lambda _: _remote_apply_table(result))
-    if any(g.status == "pending" for g in result.gpus):
-        raise click.exceptions.Exit(PENDING_EXIT)
+    pending = any(g.status == "pending" for g in result.gpus)
+    return _Applied(data, _remote_apply_table(result), pending)
 
 
 def _remote_apply_table(result: Any) -> str:

@@ -115,9 +115,16 @@ class MigService:
     def layouts(self) -> tuple[GpuLayout, ...]:
         return tuple(self._driver.layout(g.uuid) for g in self._driver.gpus())
 
-    def plan(self, spec: MigSpec, config: str | None = None, *, force: bool = False) -> NodePlan:
+    def plan(
+        self,
+        spec: MigSpec,
+        config: str | None = None,
+        *,
+        force: bool = False,
+        mode_only: bool = False,
+    ) -> NodePlan:
         name, entries = spec.select(config)
-        return _plan_node(name, entries, self.layouts(), force)
+        return _plan_node(name, entries, self.layouts(), force, mode_only)
 
     def check(
         self, spec: MigSpec, config: str | None = None, *, mode_only: bool = False
@@ -162,10 +169,13 @@ class MigService:
         skip_reset: bool = False,
         progress: Progress | None = None,
         operation: str | None = None,
+        mode_only: bool = False,
     ) -> ApplyResult:
         """Reach the selected config; Conflict/Busy/InvalidSpec before any change if it can't.
 
-        Raises :class:`Suspended` (journal kept, no rollback) when ``progress`` raises it.
+        ``mode_only`` (mig-parted's ``apply --mode-only``) changes only the MIG mode of the GPUs
+        whose mode differs, and creates no instances. Raises :class:`Suspended` (journal kept,
+        no rollback) when ``progress`` raises it.
         """
         name, entries = spec.select(config)
         description = operation or f"mig apply {name}"
@@ -182,7 +192,7 @@ class MigService:
                     + "). Nothing was changed; the journal is kept and the next apply or agent "
                     "start retries the rollback"
                 )
-            plan = _plan_node(name, entries, self.layouts(), force)
+            plan = _plan_node(name, entries, self.layouts(), force, mode_only)
             refuse_unless_feasible(plan)
             executor = Executor(self._driver, self._journal, self._reset, progress)
             outcomes = {p.layout.gpu.uuid: _unchanged(p) for p in plan.gpus}
@@ -453,7 +463,11 @@ class MigService:
 
 
 def _plan_node(
-    name: str, entries: tuple[MigConfigEntry, ...], layouts: tuple[GpuLayout, ...], force: bool
+    name: str,
+    entries: tuple[MigConfigEntry, ...],
+    layouts: tuple[GpuLayout, ...],
+    force: bool,
+    mode_only: bool = False,
 ) -> NodePlan:
     by_uuid = {layout.gpu.uuid: layout for layout in layouts}
     selections = select_gpus(entries, [layout.gpu for layout in layouts])
@@ -463,12 +477,23 @@ def _plan_node(
         if not selection.gpu.mig_capable and selection.entry.devices == ALL:
             skipped.append(selection.gpu)
             continue
-        plans.append(
-            plan_gpu(by_uuid[selection.gpu.uuid], desired_of(selection.entry), force=force)
-        )
+        layout = by_uuid[selection.gpu.uuid]
+        desired = desired_of(selection.entry)
+        if mode_only:
+            desired = mode_only_desired(layout, desired)
+        plans.append(plan_gpu(layout, desired, force=force))
     chosen = {s.gpu.uuid for s in selections}
     unselected = tuple(layout.gpu for layout in layouts if layout.gpu.uuid not in chosen)
     return NodePlan(name, tuple(plans), tuple(skipped), unselected)
+
+
+def mode_only_desired(layout: GpuLayout, desired: Desired) -> Desired:
+    """The mode of ``desired`` and nothing else: a GPU already in that mode keeps its instances
+    (a pending change is only cancelled); one switched gets no instances."""
+    mode = layout.gpu.mig_mode
+    keep = mode is not None and mode.current == desired.mig_enabled and desired.mig_enabled
+    counts = tuple(current_counts(layout).items()) if keep else ()
+    return Desired(desired.mig_enabled, counts, desired.source)
 
 
 def refuse_unless_feasible(plan: NodePlan) -> None:
