@@ -24,14 +24,17 @@ import yaml
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, output_option, plain
-from agent.errors import Busy, Conflict
+from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec
 from agent.mig.apply import ProgressEvent, Suspended
-from agent.mig.hooks import apply_with_hooks, load_hooks
+from agent.mig.checkpoint import checkpoint_document, parse_checkpoint
+from agent.mig.generate import generate
+from agent.mig.hooks import NO_HOOKS, apply_with_hooks, load_hooks
 from agent.mig.lock import PartitionLock
 from agent.mig.plan import mig_parted_destroys
 from agent.mig.reset import command_reset, simulated_reset
 from agent.mig.service import ApplyResult, MigService, NodePlan
 from agent.mig.spec import MigSpec, load_spec
+from agent.mig.state import fetch
 from agent.mig.view import plan_data, plan_text, show_data, show_text
 
 if TYPE_CHECKING:
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 _DEBUG = "gpu-agent.mig.debug"
+log = logging.getLogger(__name__)
 
 #: ``mig apply`` exit status when the layout is not reached because a MIG mode change waits for
 #: a GPU reset or a VM reboot: not success (0), not an error (1..10). docs/mig.md "Exit codes".
@@ -256,7 +260,11 @@ def apply_command(
     """
     obj: CliContext = ctx.obj
     # Bad input is refused here, before anything is asked of anyone.
+    log.debug("Parsing config file %s", config_file)
     spec, text = _load_with_text(config_file)
+    log.debug("Selected MIG config: %s", spec.select(selected)[0])
+    if hooks_file:
+        log.debug("Parsing hooks file %s", hooks_file)
     hooks = load_hooks(hooks_file) if hooks_file else None
     client = None if skip_reset else obj.agent()  # the API has no skip-reset: that stays local
 
@@ -494,3 +502,171 @@ def export_command(obj: CliContext, output_format: str, config_label: str) -> No
         click.echo(json.dumps(document, indent=2))
     else:
         click.echo(yaml.safe_dump(document, sort_keys=False).rstrip())
+
+
+@mig.command(
+    "generate-config", short_help="Print every MIG layout this node's GPUs can hold (mig-parted)."
+)
+@click.option(
+    "--output-file",
+    "-f",
+    envvar="MIG_PARTED_OUTPUT_FILE",
+    metavar="FILE",
+    help="Write here instead of stdout (env MIG_PARTED_OUTPUT_FILE).",
+)
+@click.option(
+    "--output-format",
+    "-o",
+    type=click.Choice(["yaml", "json"]),
+    default="yaml",
+    show_default=True,
+    envvar="MIG_PARTED_OUTPUT_FORMAT",
+    help="Format of the config (env MIG_PARTED_OUTPUT_FORMAT).",
+)
+@click.pass_obj
+def generate_config_command(obj: CliContext, output_file: str | None, output_format: str) -> None:
+    """A mig-parted v1 config with mig-parted's generated configs (all-disabled, all-enabled,
+    all-balanced, all-<profile>) and one layout-... config for every set of GPU instances that
+    fits on each GPU model of this node, from the profiles and placements the driver reports.
+
+    \b
+    Example:
+      gpu-agent mig generate-config -f /etc/nvidia-mig-manager/generated.yaml
+    """
+    generated = generate(_service(obj).layouts())
+    for index, why in generated.skipped:
+        click.echo(f"warning: GPU {index} left out: {why}", err=True)
+    document = generated.document
+    text = (
+        json.dumps(document, indent=2) + "\n"
+        if output_format == "json"
+        else yaml.safe_dump(document, sort_keys=False)
+    )
+    if output_file:
+        _write(Path(output_file), text)
+    else:
+        click.echo(text, nl=False)
+
+
+@mig.command("checkpoint", short_help="Save every GPU's exact MIG state to a file (mig-parted).")
+@click.option(
+    "--checkpoint-file",
+    "-f",
+    envvar="MIG_PARTED_CHECKPOINT_FILE",
+    required=True,
+    metavar="FILE",
+    help="Checkpoint file to write (env MIG_PARTED_CHECKPOINT_FILE).",
+)
+@click.pass_obj
+def checkpoint_command(obj: CliContext, checkpoint_file: str) -> None:
+    """Save each GPU's MIG mode and its instances with their profiles and placements, keyed by
+    GPU UUID, in mig-parted's checkpoint format; `mig restore` brings them back exactly.
+
+    \b
+    Example:
+      gpu-agent mig checkpoint -f /var/lib/mig-before-upgrade.json
+    """
+    states = [fetch(layout) for layout in _service(obj).layouts() if layout.gpu.mig_capable]
+    _write(Path(checkpoint_file), json.dumps(checkpoint_document(states)) + "\n")
+    click.echo("MIG configuration checkpointed successfully")
+
+
+@mig.command("restore", short_help="Bring the GPUs back to a checkpoint exactly (mig-parted).")
+@click.option(
+    "--checkpoint-file",
+    "-f",
+    envvar="MIG_PARTED_CHECKPOINT_FILE",
+    required=True,
+    metavar="FILE",
+    help="Checkpoint file to read (env MIG_PARTED_CHECKPOINT_FILE).",
+)
+@click.option(
+    "--hooks-file",
+    "-k",
+    envvar="MIG_PARTED_HOOKS_FILE",
+    metavar="FILE",
+    help="mig-parted hooks file (env MIG_PARTED_HOOKS_FILE).",
+)
+@click.option(
+    "--mode-only",
+    "-m",
+    is_flag=True,
+    envvar="MIG_PARTED_MODE_CHANGE_ONLY",
+    help="Only restore the MIG mode (env MIG_PARTED_MODE_CHANGE_ONLY).",
+)
+@output_option
+@click.pass_context
+def restore_command(
+    ctx: click.Context,
+    checkpoint_file: str,
+    hooks_file: str | None,
+    mode_only: bool,
+    output: str,
+) -> None:
+    """Restore each GPU the checkpoint lists (by UUID) to its exact state: mode, instances,
+    placements. Journalled and rolled back on failure like an apply; works on this node directly
+    under the partition lock, also beside a running agent. Exits 11 when a mode change is left
+    pending.
+
+    \b
+    Example:
+      gpu-agent mig restore -f /var/lib/mig-before-upgrade.json
+    """
+    obj: CliContext = ctx.obj
+    try:
+        text = Path(checkpoint_file).read_bytes()
+    except OSError as exc:
+        raise InvalidSpec(
+            f"cannot read checkpoint file {checkpoint_file}: {exc.strerror or exc}",
+            [FieldViolation("checkpoint-file", "a readable mig-parted checkpoint file")],
+        ) from exc
+    states = parse_checkpoint(text, checkpoint_file)
+    hooks = load_hooks(hooks_file) if hooks_file else NO_HOOKS
+    service = _service(obj)
+
+    def run(only_mode: bool) -> ApplyResult:
+        # No SIGTERM handler: a restore ended midway is rolled back by the next start.
+        return service.restore_checkpoint(states, mode_only=only_mode, progress=_echo_step)
+
+    def holds(only_mode: bool) -> bool:
+        return service.checkpoint_holds(states, mode_only=only_mode)
+
+    env = {
+        "MIG_PARTED_CHECKPOINT_FILE": checkpoint_file,
+        "MIG_PARTED_HOOKS_FILE": hooks_file or "",
+        "MIG_PARTED_MODE_CHANGE_ONLY": _go_bool(mode_only),
+    }
+    results = apply_with_hooks(
+        hooks,
+        env,
+        output=ctx.meta.get(_DEBUG, False),
+        mode_only=mode_only,
+        mode_applied=lambda: holds(True),
+        apply_mode=lambda: run(True),
+        config_applied=lambda: holds(False),
+        apply_config=lambda: run(False),
+        stop_after_mode=lambda r: bool(r.pending),
+    )
+    last = results[-1] if results else None
+    pending = [g.message for g in last.pending] if last is not None else []
+    emit(
+        last or {"gpus": []},
+        output,
+        lambda _: "\n".join(
+            [*pending, "MIG configuration NOT restored yet: a MIG mode change is pending"]
+            if pending
+            else ["MIG configuration restored successfully"]
+        ),
+    )
+    if pending:
+        raise click.exceptions.Exit(PENDING_EXIT)
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise InvalidSpec(
+            f"cannot write {path}: {exc.strerror or exc}",
+            [FieldViolation("output-file", "a writable path")],
+        ) from exc

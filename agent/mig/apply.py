@@ -7,6 +7,7 @@ killed at any point leaves enough behind for ``MigService.recover`` to restore t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +27,8 @@ from agent.mig.plan import (
 )
 from agent.mig.reset import ResetFn
 from agent.mig.state import GpuMigState, fetch
+
+log = logging.getLogger(__name__)
 
 __all__ = ["SCOPE", "Executor", "Journal", "Progress", "ProgressEvent", "Suspended", "restore"]
 
@@ -143,6 +146,7 @@ class Executor:
                 "step": text,
             },
         )
+        log.debug("MIG %s step %d: GPU %d: %s", phase, self.mutations, gpu.index, text)
         self._progress(
             ProgressEvent(phase, gpu.index, self.mutations, step.action, f"GPU {gpu.index}: {text}")
         )

@@ -60,6 +60,7 @@ class Hooks:
     def run(self, name: str, env: Mapping[str, str], *, output: bool) -> None:
         """Run the hooks named ``name`` in order; HookFailed at the first that fails."""
         for hook in self.by_name.get(name, ()):
+            log.debug("Running %s hook: %s %s", name, hook.command, " ".join(hook.args))
             try:
                 done = subprocess.run(
                     [hook.command, *hook.args],

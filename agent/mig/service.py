@@ -14,13 +14,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.errors import AgentError, Busy, Conflict
+from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.types import GpuInfo, GpuLayout
 from agent.mig.apply import Executor, Progress, Suspended, restore
 from agent.mig.journal import SCOPE, ApplyRecord, Journal, begin_entry, records
 from agent.mig.lock import PartitionLock
-from agent.mig.plan import Desired, GpuPlan, ResetGpu, current_counts, mismatches, plan_gpu
+from agent.mig.plan import (
+    CreateGi,
+    Desired,
+    DestroyGi,
+    GpuPlan,
+    ResetGpu,
+    converge_steps,
+    current_counts,
+    mismatches,
+    plan_gpu,
+)
 from agent.mig.reset import ResetFn
 from agent.mig.spec import (
     ALL,
@@ -31,7 +41,7 @@ from agent.mig.spec import (
     export_document,
     select_gpus,
 )
-from agent.mig.state import GpuMigState, fetch
+from agent.mig.state import GiState, GpuMigState, fetch
 
 log = logging.getLogger(__name__)
 
@@ -180,18 +190,7 @@ class MigService:
         name, entries = spec.select(config)
         description = operation or f"mig apply {name}"
         with self._lock.hold(description):
-            recovered = self._recover_locked()
-            unrecovered = [o for o in recovered if o.action == "failed"]
-            if unrecovered:
-                # Never start over an apply that is not undone: its snapshots are the layouts
-                # to return to, and a second apply's would be of the half-done GPUs.
-                raise Conflict(
-                    f"MIG config {name} not applied: an interrupted apply could not be rolled "
-                    "back yet ("
-                    + "; ".join(f"GPU {o.gpu}: {o.detail}" for o in unrecovered)
-                    + "). Nothing was changed; the journal is kept and the next apply or agent "
-                    "start retries the rollback"
-                )
+            recovered = self._refuse_over_unrecovered(f"MIG config {name}")
             plan = _plan_node(name, entries, self.layouts(), force, mode_only)
             refuse_unless_feasible(plan)
             executor = Executor(self._driver, self._journal, self._reset, progress)
@@ -208,6 +207,145 @@ class MigService:
                 )
                 self._journal.journal_clear(SCOPE)
             return ApplyResult(name, tuple(outcomes.values()), executor.mutations, recovered)
+
+    def restore_checkpoint(
+        self,
+        states: Sequence[GpuMigState],
+        *,
+        mode_only: bool = False,
+        progress: Progress | None = None,
+    ) -> ApplyResult:
+        """mig-parted's ``restore``: each listed GPU (by UUID) back to its exact checkpointed
+        state, placements included, journalled and rolled back on failure like an apply.
+        GPUs the checkpoint does not list are left alone."""
+        with self._lock.hold("mig restore"):
+            self._refuse_over_unrecovered("the checkpoint")
+            targets = self._checkpoint_targets(states, mode_only)
+            executor = Executor(self._driver, self._journal, self._reset, progress)
+            outcomes = []
+            changing = [(gpu, t) for gpu, t, same in targets if not same]
+            if changing:
+                self._journal.journal_append(
+                    SCOPE,
+                    {
+                        "event": "begin",
+                        "operation": "mig restore",
+                        "gpus": [g.uuid for g, _ in changing],
+                    },
+                )
+            touched: list[tuple[GpuInfo, GpuMigState]] = []
+            for gpu, target, same in targets:
+                if same:
+                    outcomes.append(
+                        GpuOutcome(gpu.index, gpu.uuid, "unchanged", kept=len(target.instances))
+                    )
+                    continue
+                before = fetch(self._driver.layout(gpu.uuid))
+                self._journal.journal_append(
+                    SCOPE,
+                    {
+                        "event": "gpu",
+                        "uuid": gpu.uuid,
+                        "index": gpu.index,
+                        "before": before.to_dict(),
+                    },
+                )
+                touched.append((gpu, before))
+                try:
+                    outcomes.append(self._restore_gpu(executor, gpu, target))
+                except Exception as exc:
+                    self._roll_back(executor, touched, exc, False)
+                    raise
+                executor.done(gpu)
+                self._journal.journal_append(SCOPE, {"event": "done", "uuid": gpu.uuid})
+            if changing:
+                self._journal.journal_clear(SCOPE)
+            return ApplyResult("checkpoint", tuple(outcomes), executor.mutations)
+
+    def checkpoint_holds(self, states: Sequence[GpuMigState], *, mode_only: bool = False) -> bool:
+        """Whether every listed GPU is in its checkpointed state (mode only: its mode)."""
+        return all(same for _, _, same in self._checkpoint_targets(states, mode_only))
+
+    def _refuse_over_unrecovered(self, what: str) -> tuple[RecoveryOutcome, ...]:
+        """Recover first; refuse to start over an apply that could not be undone: its
+        snapshots are the layouts to return to, a new apply's would be of half-done GPUs."""
+        recovered = self._recover_locked()
+        unrecovered = [o for o in recovered if o.action == "failed"]
+        if unrecovered:
+            raise Conflict(
+                f"{what} not applied: an interrupted apply could not be rolled back yet ("
+                + "; ".join(f"GPU {o.gpu}: {o.detail}" for o in unrecovered)
+                + "). Nothing was changed; the journal is kept and the next apply or agent "
+                "start retries the rollback"
+            )
+        return recovered
+
+    def _checkpoint_targets(
+        self, states: Sequence[GpuMigState], mode_only: bool
+    ) -> list[tuple[GpuInfo, GpuMigState, bool]]:
+        """Each state with its GPU, profile names filled in; True where it already holds."""
+        gpus = {g.uuid: g for g in self._driver.gpus()}
+        bad = [
+            FieldViolation(f"MigState.Devices[{i}].UUID", f"no GPU {s.uuid} on this node")
+            for i, s in enumerate(states)
+            if s.uuid not in gpus
+        ]
+        out = []
+        for i, s in enumerate(states):
+            if s.uuid not in gpus:
+                continue
+            layout = self._driver.layout(s.uuid)
+            names = {p.id: p.name for p in layout.profiles}
+            for gi in s.instances:
+                if gi.profile_id not in names:
+                    bad.append(
+                        FieldViolation(
+                            f"MigState.Devices[{i}].GpuInstances",
+                            f"GPU {s.uuid} has no GPU instance profile id {gi.profile_id}",
+                        )
+                    )
+            now = fetch(layout)
+            target = GpuMigState(
+                s.uuid,
+                s.mig_enabled,
+                tuple(
+                    GiState(gi.profile_id, names.get(gi.profile_id, ""), gi.placement, gi.cis)
+                    for gi in s.instances
+                ),
+            )
+            if mode_only:
+                same_mode = now.mig_enabled == s.mig_enabled
+                target = GpuMigState(s.uuid, s.mig_enabled, now.instances if same_mode else ())
+            mode = layout.gpu.mig_mode
+            settled = mode is None or mode.pending == mode.current
+            out.append((gpus[s.uuid], target, settled and target.satisfied_by(now)))
+        if bad:
+            raise InvalidSpec(f"the checkpoint does not fit this node: {bad[0].description}", bad)
+        return out
+
+    def _restore_gpu(self, executor: Executor, gpu: GpuInfo, target: GpuMigState) -> GpuOutcome:
+        steps = converge_steps(self._driver.layout(gpu.uuid), target)
+        pending = executor.run(gpu, steps, phase="apply", skip_reset=False)
+        if pending:
+            return GpuOutcome(
+                gpu.index,
+                gpu.uuid,
+                "pending",
+                message=pending,
+                reboot=gpu.uuid in executor.reboot_required,
+            )
+        if not target.satisfied_by(fetch(self._driver.layout(gpu.uuid))):
+            raise Conflict(f"GPU {gpu.index}: the layout after the restore is not the checkpoint's")
+        created = sum(isinstance(s, CreateGi) for s in steps)
+        destroyed = sum(isinstance(s, DestroyGi) for s in steps)
+        return GpuOutcome(
+            gpu.index,
+            gpu.uuid,
+            "applied",
+            kept=len(target.instances) - created,
+            destroyed=destroyed,
+            created=created,
+        )
 
     def _execute(
         self,

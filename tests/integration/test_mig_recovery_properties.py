@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,22 @@ def check_consistent(
         )
 
 
+def interrupter(interruption: object) -> Callable[[ProgressEvent], None]:
+    """A progress callback that kills (or SIGTERMs) the apply at its Nth event."""
+    seen: list[ProgressEvent] = []
+
+    def progress(e: ProgressEvent) -> None:
+        seen.append(e)
+        if interruption is None or len(seen) != interruption[1]:  # type: ignore[index]
+            return
+        if interruption[0] == "kill":  # type: ignore[index]
+            raise Killed
+        if e.phase == "apply":
+            raise Suspended("SIGTERM")
+
+    return progress
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(CONFIGS), st.lists(operations, min_size=1, max_size=6))
 def test_any_history_of_applies_faults_and_kills_ends_at_old_or_new_layout(
@@ -130,19 +147,8 @@ def test_any_history_of_applies_faults_and_kills_ends_at_old_or_new_layout(
                     function, nth, count = fault  # type: ignore[misc]
                     node.control.inject_fault(function, ERRORS[function], nth=nth, count=count)
                 wanted.append(config)
-                seen: list[ProgressEvent] = []
-
-                def progress(e: ProgressEvent) -> None:
-                    seen.append(e)
-                    if interruption is None or len(seen) != interruption[1]:  # type: ignore[index]
-                        return
-                    if interruption[0] == "kill":  # type: ignore[index]
-                        raise Killed
-                    if e.phase == "apply":
-                        raise Suspended("SIGTERM")
-
                 try:
-                    node.service.apply(SPEC, config, progress=progress)
+                    node.service.apply(SPEC, config, progress=interrupter(interruption))
                     event("applied")
                 except Killed:
                     event("killed")

@@ -176,6 +176,4 @@ def test_progress_is_one_line_per_step(a100: Invoke) -> None:
     result = a100("apply", "-f", "FILE", "-c", "balanced")
     lines = [line for line in result.stderr.splitlines() if line]
     assert len(lines) == len(set(lines)), lines
-    assert [line for line in lines if line.endswith(" done")] == [
-        f"GPU {i} done" for i in range(8)
-    ]
+    assert [line for line in lines if line.endswith(" done")] == [f"GPU {i} done" for i in range(8)]
