@@ -196,7 +196,9 @@ class _Apply:
             if ctx.cancelled():
                 raise Cancelled(f"MIG apply cancelled before {event.message}")
             if ctx.stopping():
-                raise Suspended(f"the agent is stopping; suspended before {event.message}")
+                raise Suspended(
+                    f"the agent is stopping: MIG apply suspended before {event.message}"
+                )
 
         try:
             result = self._service.apply(

@@ -380,9 +380,8 @@ class MigService:
             touched.append((gpu, before))
             try:
                 outcomes[gpu.uuid] = self._apply_gpu(executor, gpu_plan, force, skip_reset)
-            except Suspended as exc:
+            except Suspended as exc:  # the caller reports it; the next start finishes it
                 self._journal.journal_append(SCOPE, {"event": "suspend", "reason": str(exc)})
-                log.warning("MIG apply suspended (%s); the next start finishes it", exc)
                 raise
             except Exception as exc:
                 self._roll_back(executor, touched, exc, skip_reset)
@@ -453,7 +452,7 @@ class MigService:
         self._journal.journal_clear(SCOPE)
         gpus = ", ".join(str(gpu.index) for gpu, _ in touched)
         # Logged before the error is amended, so the line does not say "rolled back" twice.
-        log.warning("MIG apply failed (%s); rolled back GPU %s", error, gpus)
+        log.warning("MIG apply failed (%s); rolled back GPU %s", str(error), gpus)
         if isinstance(error, AgentError) and error.args:
             error.args = (
                 f"{error.args[0]}; rolled back GPU {gpus} to the layout before the apply",

@@ -31,6 +31,7 @@ CancelledFn = Callable[[], bool]
 
 _BUF = 1024 * 1024
 _REDIRECTS = (301, 302, 303, 307, 308)
+_BACK_OFF_SLICE_S = 0.25  # how soon a back-off notices a cancel or the agent stopping
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _UNSATISFIED_RANGE = re.compile(r"bytes \*/(\d+)")
 
@@ -152,7 +153,18 @@ class HttpFetcher:
                     exc,
                     delay,
                 )
-                self._sleep(delay)
+                self._back_off(delay, cancelled)
+
+    def _back_off(self, delay: float, cancelled: CancelledFn) -> None:
+        """Wait ``delay`` before resuming, cut short by a cancel or the agent stopping (whose
+        shutdown waits for this thread within its grace period)."""
+        left = delay
+        while left > 0:
+            if cancelled():
+                raise Cancelled("cancelled")
+            step = min(left, _BACK_OFF_SLICE_S)
+            self._sleep(step)
+            left -= step
 
     def _attempt(
         self, spec: FetchSpec, partial: Sink, progress: ProgressFn, cancelled: CancelledFn

@@ -250,5 +250,7 @@ def test_sigterm_of_the_agent_mid_apply_is_finished_by_the_next_start(tmp_path: 
         assert check.matches, check.mismatches
         if "suspended" in stopped:
             assert "finished after the restart" in agent.output()
+        for line in agent.output().splitlines():  # issue 20: the stop line said it all twice
+            assert line.count("suspended") <= 1 and line.count("rolled back") <= 1, line
     finally:
         agent.stop()

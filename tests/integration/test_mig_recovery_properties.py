@@ -12,6 +12,7 @@ wrote it (two applies in one scope) in ``test_a_two_apply_journal_undoes_both_ne
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import sys
@@ -288,5 +289,25 @@ def test_a_two_apply_journal_undoes_both_newest_first(tmp_path: Path) -> None:
         for gpu in node.driver.gpus():
             assert all(gi.compute_instances for gi in node.driver.layout(gpu.uuid).instances)
         assert not node.store.journal_entries(SCOPE)
+    finally:
+        node.close()
+
+
+def test_a_rolled_back_apply_logs_one_line_saying_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    node = sim_node(tmp_path, "h100-nvl")
+    try:
+        node.control.inject_fault(
+            "nvmlDeviceCreateGpuInstanceWithPlacement", "InsufficientResources", nth=2
+        )
+        with (
+            caplog.at_level(logging.WARNING, logger="agent.mig.service"),
+            pytest.raises(AgentError, match="Insufficient Resources; rolled back GPU 0"),
+        ):
+            node.service.apply(SPEC, "small")
+        (line,) = [r.getMessage() for r in caplog.records]
+        assert line.count("rolled back") == 1, line
+        assert "Insufficient Resources" in line  # the driver's text, not "code 23"
     finally:
         node.close()
