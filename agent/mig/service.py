@@ -1,10 +1,11 @@
-"""MigService: show, plan, apply, assert, export and recover MIG layouts on this node.
+"""MigService: show, plan, apply, assert, export, restore and recover MIG layouts on this node.
 
 The flow lives here, not in the CLI (STYLE.md practice 1), so the gRPC API and a label watcher
-call the same code. An apply takes the partition lock, finishes any interrupted apply first,
-plans every selected GPU, refuses before touching anything if a layout cannot fit or running
-processes are in the way, then changes one GPU after the other. On any error it restores every
-GPU it touched to its snapshot; a killed apply is restored by ``recover`` on the next start.
+call the same code. An apply takes the partition lock, finishes any interrupted apply first
+(and refuses if it cannot), plans every selected GPU, refuses before touching anything if a
+layout cannot fit or running processes are in the way, then changes one GPU after the other.
+On any error it restores every GPU it touched to its snapshot. ``recover`` on the next start
+rolls a killed apply back and finishes one suspended by SIGTERM (docs/mig.md).
 """
 
 from __future__ import annotations
