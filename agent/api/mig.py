@@ -3,7 +3,8 @@
 The servicer parses and converts; the flow (partition lock, journal, rollback, recovery) is the
 MIG service's. Two things are the API's: a second apply is refused at once with ABORTED naming
 the running operation, and a cancellation (or the agent stopping) interrupts the apply before
-its next mutation, which the MIG service answers by rolling back every GPU it touched.
+its next mutation: a cancel is answered by rolling back every GPU the apply touched, the agent
+stopping by suspending the apply, to be finished by the next start.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import yaml
 
 from agent._proto.gpuagent.v1 import mig_pb2, mig_pb2_grpc, operations_pb2
 from agent.api.convert import message_dict, operation_name, operation_pb
-from agent.api.operations import MIG_APPLY, OperationContext, OperationRunner
+from agent.api.operations import MIG_APPLY, Checkpointed, OperationContext, OperationRunner
 from agent.errors import Busy, FieldViolation, InvalidSpec
-from agent.mig.apply import ProgressEvent
+from agent.mig.apply import ProgressEvent, Suspended
 from agent.mig.plan import GpuPlan
 from agent.mig.service import (
     ApplyResult,
@@ -150,12 +151,21 @@ class _Apply:
     """The work of one ``mig.apply`` operation, on an operation worker thread."""
 
     def __init__(
-        self, service: MigService, spec: MigSpec, name: str | None, plan: NodePlan, force: bool
+        self,
+        service: MigService,
+        spec: MigSpec,
+        name: str | None,
+        plan: NodePlan,
+        force: bool,
+        mode_only: bool = False,
+        skip_reset: bool = False,
     ) -> None:
         self._service = service
+        self._skip_reset = skip_reset
         self._spec = spec
         self._name = name
         self._force = force
+        self._mode_only = mode_only
         self._gpus_total = len(plan.changes)
         self._steps_total = sum(len(p.steps) for p in plan.changes)
         self._config = plan.config
@@ -180,20 +190,31 @@ class _Apply:
             ctx.progress(
                 operations_pb2.OperationMetadata(mig_apply=meta), force=event.phase == "done"
             )
-            # Checked before each mutation of the apply (never during a rollback): raising here
-            # makes the MIG service restore every GPU it touched, then re-raise.
-            if event.phase == "apply" and (ctx.cancelled() or ctx.stopping()):
-                why = "cancelled" if ctx.cancelled() else "the agent is stopping"
-                raise Cancelled(f"MIG apply {why} before {event.message}")
+            # Checked before each mutation of the apply (never during a rollback). A cancel
+            # makes the MIG service restore every GPU it touched; the agent stopping (SIGTERM)
+            # suspends the apply, which the next start finishes (docs/mig.md).
+            if event.phase != "apply":
+                return
+            if ctx.cancelled():
+                raise Cancelled(f"MIG apply cancelled before {event.message}")
+            if ctx.stopping():
+                raise Suspended(
+                    f"the agent is stopping: MIG apply suspended before {event.message}"
+                )
 
-        result = self._service.apply(
-            self._spec,
-            self._name,
-            force=self._force,
-            progress=progress,
-            # The lock's holder text: a refused caller is told which operation is in the way.
-            operation=operation_name(ctx.id),
-        )
+        try:
+            result = self._service.apply(
+                self._spec,
+                self._name,
+                force=self._force,
+                mode_only=self._mode_only,
+                skip_reset=self._skip_reset,
+                progress=progress,
+                # The lock's holder text: a refused caller is told which operation is in the way.
+                operation=operation_name(ctx.id),
+            )
+        except Suspended as exc:
+            raise Checkpointed(str(exc)) from exc  # stays running; the next start ends it
         return apply_result_pb(result)
 
 
@@ -238,14 +259,24 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
             raise _busy(running[0].id, [op.id for op in running])
         # Plan first: an infeasible layout or busy GPUs are refused by the call, before any
         # operation exists (the apply checks again under the lock).
-        plan = await asyncio.to_thread(self._service.plan, spec, name, force=request.force)
+        plan = await asyncio.to_thread(
+            self._service.plan, spec, name, force=request.force, mode_only=request.mode_only
+        )
         refuse_unless_feasible(plan)
         try:
             op = await self._runner.start(
                 MIG_APPLY,
                 request.request_id,
                 request,
-                _Apply(self._service, spec, name, plan, request.force),
+                _Apply(
+                    self._service,
+                    spec,
+                    name,
+                    plan,
+                    request.force,
+                    request.mode_only,
+                    request.skip_reset,
+                ),
                 metadata=operations_pb2.OperationMetadata(
                     mig_apply=operations_pb2.MigApplyProgress(
                         config_name=plan.config,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +21,20 @@ if TYPE_CHECKING:
 
 
 _WAIT_S = 0.1
+SIGTERM_EXIT = 143
+
+
+def _stop_gracefully_on_sigterm() -> None:
+    """While this command's embedded agent runs, SIGTERM ends the command through its closers,
+    so the agent stops as ``serve`` does (a MIG apply is suspended before its next mutation
+    and the next start finishes it) instead of the process dying mid-call."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # handlers are the main thread's (tests invoke commands in threads)
+
+    def terminate(signum: int, _frame: object) -> None:
+        raise SystemExit(SIGTERM_EXIT)
+
+    signal.signal(signal.SIGTERM, terminate)
 
 
 @dataclass
@@ -101,6 +117,7 @@ class CliContext:
         embedded = EmbeddedAgent(config)
         embedded.start()
         self._closers.append(embedded.stop)
+        _stop_gracefully_on_sigterm()
         return AgentClient(embedded.socket_path)
 
     def sharing_service(self) -> RemoteSharing:

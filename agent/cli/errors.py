@@ -10,9 +10,13 @@ from agent.errors import AgentError
 
 
 def report(exc: AgentError) -> None:
-    click.echo(f"error: {exc}", err=True)
+    """Each problem once: a field the headline already names is not listed again."""
+    message = str(exc)
+    click.echo(f"error: {message}", err=True)
     for violation in getattr(exc, "violations", ()):
-        click.echo(f"  {violation.field}: {violation.description}", err=True)
+        line = f"{violation.field}: {violation.description}"
+        if line not in message:
+            click.echo(f"  {line}", err=True)
 
 
 class AgentGroup(click.Group):

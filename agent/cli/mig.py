@@ -8,8 +8,10 @@ directly; an apply takes the node's partition lock, so it never runs beside anot
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -19,19 +21,30 @@ import yaml
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, output_option, plain
-from agent.errors import Busy, Conflict
+from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec
 from agent.mig.apply import ProgressEvent
+from agent.mig.checkpoint import checkpoint_document, parse_checkpoint
+from agent.mig.generate import generate
+from agent.mig.hooks import NO_HOOKS, apply_with_hooks, load_hooks
 from agent.mig.lock import PartitionLock
 from agent.mig.plan import mig_parted_destroys
 from agent.mig.reset import command_reset, simulated_reset
 from agent.mig.service import ApplyResult, MigService, NodePlan
 from agent.mig.spec import MigSpec, load_spec
+from agent.mig.state import fetch
 from agent.mig.view import plan_data, plan_text, show_data, show_text
 
 if TYPE_CHECKING:
     from agent.client import AgentClient
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+_DEBUG = "gpu-agent.mig.debug"
+log = logging.getLogger(__name__)
+
+#: ``mig apply`` exit status when the layout is not reached because a MIG mode change waits for
+#: a GPU reset or a VM reboot: not success (0), not an error (1..10). docs/mig.md "Exit codes".
+PENDING_EXIT = 11
 
 
 def _service(obj: CliContext) -> MigService:
@@ -92,8 +105,19 @@ def _load_with_text(config_file: str) -> tuple[MigSpec, str]:
 
 
 @click.group("mig", cls=AgentGroup)
-def mig() -> None:
+@click.option(
+    "--debug", "-d", is_flag=True, help="Debug logging, and show the hooks' output (mig-parted -d)."
+)
+@click.pass_context
+def mig(ctx: click.Context, debug: bool) -> None:
     """MIG partitions: mig-parted config files, applied with as little disruption as possible."""
+    ctx.meta[_DEBUG] = debug
+    if debug:
+        logging.basicConfig(
+            level=logging.DEBUG,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
 
 
 @mig.command("show", short_help="Show each GPU's slice map: instances, free slices, busy ones.")
@@ -192,81 +216,168 @@ def _plan_table(plan: NodePlan) -> str:
     help="Leave a MIG mode change pending instead of resetting the GPU "
     "(env MIG_PARTED_SKIP_RESET).",
 )
+@click.option(
+    "--mode-only",
+    "-m",
+    is_flag=True,
+    envvar="MIG_PARTED_MODE_CHANGE_ONLY",
+    help="Only change the MIG mode of the GPUs whose mode differs; create no instances "
+    "(env MIG_PARTED_MODE_CHANGE_ONLY).",
+)
+@click.option(
+    "--hooks-file",
+    "-k",
+    envvar="MIG_PARTED_HOOKS_FILE",
+    metavar="FILE",
+    help="mig-parted hooks file: apply-start, pre-apply-mode, pre-apply-config, apply-exit "
+    "(env MIG_PARTED_HOOKS_FILE).",
+)
 @output_option
-@click.pass_obj
+@click.pass_context
 def apply_command(
-    obj: CliContext,
+    ctx: click.Context,
     config_file: str,
     selected: str | None,
     force: bool,
     skip_reset: bool,
+    mode_only: bool,
+    hooks_file: str | None,
     output: str,
 ) -> None:
     """Bring every selected GPU to its layout, destroying only the instances that must go and
     creating the others at planned placements. Refused before any change if a layout cannot fit
-    or running processes are in the way; on a failure midway every GPU is rolled back.
+    or running processes are in the way; on a failure midway every GPU is rolled back. Exits 11
+    when a MIG mode change is left pending (docs/mig.md, "Exit codes").
 
     \b
     Example:
       gpu-agent mig apply -f config.yaml -c all-balanced
       gpu-agent mig apply -f config.yaml -c all-1g.10gb --skip-reset
+      gpu-agent mig -d apply --mode-only -f config.yaml -c all-balanced -k hooks.yaml
     """
-
+    obj: CliContext = ctx.obj
     # Bad input is refused here, before anything is asked of anyone.
+    log.debug("Parsing config file %s", config_file)
     spec, text = _load_with_text(config_file)
-    client = None if skip_reset else obj.agent()  # the API has no skip-reset: that stays local
-    if client is not None:
-        _apply_through_agent(client, text, selected, force, output)
+    log.debug("Selected MIG config: %s", spec.select(selected)[0])
+    if hooks_file:
+        log.debug("Parsing hooks file %s", hooks_file)
+    hooks = load_hooks(hooks_file) if hooks_file else None
+    client = obj.agent()  # the node's agent applies it, as an operation (one path)
+
+    def run(only_mode: bool) -> _Applied:
+        return _apply_through_agent(client, text, selected, force, only_mode, skip_reset)
+
+    if hooks is None:
+        applied = [run(mode_only)]
+    else:
+        # mig-parted's two phases, so that its hooks run between them.
+        service = _service(obj)
+        env = {
+            "MIG_PARTED_CONFIG_FILE": config_file,
+            "MIG_PARTED_SELECTED_CONFIG": selected or "",
+            "MIG_PARTED_HOOKS_FILE": hooks_file or "",
+            "MIG_PARTED_SKIP_RESET": _go_bool(skip_reset),
+            "MIG_PARTED_MODE_CHANGE_ONLY": _go_bool(mode_only),
+        }
+        applied = apply_with_hooks(
+            hooks,
+            env,
+            output=ctx.meta.get(_DEBUG, False),
+            mode_only=mode_only,
+            mode_applied=lambda: service.check(spec, selected, mode_only=True).applied,
+            apply_mode=lambda: run(True),
+            config_applied=lambda: service.check(spec, selected).applied,
+            apply_config=lambda: run(False),
+            stop_after_mode=lambda a: a.pending,
+        )
+    if not applied:  # every phase was already applied: nothing was asked of the GPUs
+        emit({"config": spec.select(selected)[0], "gpus": []}, output, lambda _: _verdict([]))
         return
+    last = applied[-1]
+    emit(last.data, output, lambda _: last.table)
+    if last.pending:
+        raise click.exceptions.Exit(PENDING_EXIT)
 
-    def progress(event: ProgressEvent) -> None:
-        if event.phase != "done":
-            click.echo(f"[{event.mutation}] {event.phase}: {event.message}", err=True)
 
-    result = _service(obj).apply(
-        spec, selected, force=force, skip_reset=skip_reset, progress=progress
-    )
-    emit(result, output, _apply_table)
+@dataclass(frozen=True, slots=True)
+class _Applied:
+    """One apply's result, either path: its data (for -o json/yaml) and its table."""
+
+    data: Any
+    table: str
+    pending: bool
+
+
+def _go_bool(value: bool) -> str:
+    return "true" if value else "false"  # as mig-parted formats its flags for hooks (%v)
+
+
+def _echo_step(event: ProgressEvent) -> None:
+    click.echo(_step_line(event.phase, event.mutation, event.message), err=True)
+
+
+def _step_line(phase: str, mutation: int, message: str) -> str:
+    """``[12] apply: GPU 3: create ...`` per mutation, ``GPU 3 done`` per GPU: both paths."""
+    return message if phase == "done" else f"[{mutation}] {phase}: {message}"
 
 
 def _apply_through_agent(
-    client: AgentClient, text: str, selected: str | None, force: bool, output: str
-) -> None:
+    client: AgentClient,
+    text: str,
+    selected: str | None,
+    force: bool,
+    mode_only: bool,
+    skip_reset: bool,
+) -> _Applied:
     """The running agent applies it as an operation (it owns the GPUs); we follow it to the end."""
     from google.protobuf.json_format import MessageToDict
 
-    op = client.apply_mig(text, selected or "", force=force)
+    op = client.apply_mig(
+        text, selected or "", force=force, mode_only=mode_only, skip_reset=skip_reset
+    )
     click.echo(f"applying through the running agent: {op.name}", err=True)
+    printed: set[tuple[str, int, str]] = set()
 
     def progress(update: Any) -> None:
-        step = update.metadata.mig_apply.current_step
-        if step:
-            click.echo(f"  {step}", err=True)
+        # Updates repeat (a forced one per GPU, then the operation's end): one line per step.
+        meta = update.metadata.mig_apply
+        key = (meta.phase, meta.steps_done, meta.current_step)
+        if meta.current_step and key not in printed:
+            printed.add(key)
+            click.echo(_step_line(meta.phase, meta.steps_done, meta.current_step), err=True)
 
     done = client.follow(op, progress)
     result = done.response.mig_apply
     data = MessageToDict(result, preserving_proto_field_name=True)
-    emit(data, output, lambda _: _remote_apply_table(result))
+    pending = any(g.status == "pending" for g in result.gpus)
+    return _Applied(data, _remote_apply_table(result), pending)
 
 
 def _remote_apply_table(result: Any) -> str:
     rows = [[g.gpu_index, g.status, g.kept, g.destroyed, g.created] for g in result.gpus]
-    table = format_table(["GPU", "STATUS", "KEPT", "DESTROYED", "CREATED"], rows)
-    return table + "\nMIG configuration applied successfully"
+    pending = [g.message for g in result.gpus if g.status == "pending"]
+    return "\n".join([*result.recovered, format_table(_APPLY_HEADERS, rows), _verdict(pending)])
 
 
 def _apply_table(result: ApplyResult) -> str:
     parts = [f"GPU {r.gpu}: interrupted apply {r.action} ({r.detail})" for r in result.recovered]
-    parts.append(
-        format_table(
-            ["GPU", "STATUS", "KEPT", "DESTROYED", "CREATED"],
-            [[g.gpu, g.status, g.kept, g.destroyed, g.created] for g in result.gpus],
-        )
-    )
-    parts += [g.message for g in result.pending]
-    if not result.pending:
-        parts.append("MIG configuration applied successfully")
+    rows = [[g.gpu, g.status, g.kept, g.destroyed, g.created] for g in result.gpus]
+    parts.append(format_table(_APPLY_HEADERS, rows))
+    parts.append(_verdict([g.message for g in result.pending]))
     return "\n".join(parts)
+
+
+_APPLY_HEADERS = ["GPU", "STATUS", "KEPT", "DESTROYED", "CREATED"]
+
+
+def _verdict(pending: list[str]) -> str:
+    """mig-parted's success line, or why the config is not applied yet (exit PENDING_EXIT)."""
+    if not pending:
+        return "MIG configuration applied successfully"
+    return "\n".join(
+        [*pending, "MIG configuration NOT applied yet: a MIG mode change is pending (see above)"]
+    )
 
 
 @mig.command("assert", short_help="Exit 0 if the config is applied, 1 if not (mig-parted).")
@@ -340,3 +451,171 @@ def export_command(obj: CliContext, output_format: str, config_label: str) -> No
         click.echo(json.dumps(document, indent=2))
     else:
         click.echo(yaml.safe_dump(document, sort_keys=False).rstrip())
+
+
+@mig.command(
+    "generate-config", short_help="Print every MIG layout this node's GPUs can hold (mig-parted)."
+)
+@click.option(
+    "--output-file",
+    "-f",
+    envvar="MIG_PARTED_OUTPUT_FILE",
+    metavar="FILE",
+    help="Write here instead of stdout (env MIG_PARTED_OUTPUT_FILE).",
+)
+@click.option(
+    "--output-format",
+    "-o",
+    type=click.Choice(["yaml", "json"]),
+    default="yaml",
+    show_default=True,
+    envvar="MIG_PARTED_OUTPUT_FORMAT",
+    help="Format of the config (env MIG_PARTED_OUTPUT_FORMAT).",
+)
+@click.pass_obj
+def generate_config_command(obj: CliContext, output_file: str | None, output_format: str) -> None:
+    """A mig-parted v1 config with mig-parted's generated configs (all-disabled, all-enabled,
+    all-balanced, all-<profile>) and one layout-... config for every set of GPU instances that
+    fits on each GPU model of this node, from the profiles and placements the driver reports.
+
+    \b
+    Example:
+      gpu-agent mig generate-config -f /etc/nvidia-mig-manager/generated.yaml
+    """
+    generated = generate(_service(obj).layouts())
+    for index, why in generated.skipped:
+        click.echo(f"warning: GPU {index} left out: {why}", err=True)
+    document = generated.document
+    text = (
+        json.dumps(document, indent=2) + "\n"
+        if output_format == "json"
+        else yaml.safe_dump(document, sort_keys=False)
+    )
+    if output_file:
+        _write(Path(output_file), text)
+    else:
+        click.echo(text, nl=False)
+
+
+@mig.command("checkpoint", short_help="Save every GPU's exact MIG state to a file (mig-parted).")
+@click.option(
+    "--checkpoint-file",
+    "-f",
+    envvar="MIG_PARTED_CHECKPOINT_FILE",
+    required=True,
+    metavar="FILE",
+    help="Checkpoint file to write (env MIG_PARTED_CHECKPOINT_FILE).",
+)
+@click.pass_obj
+def checkpoint_command(obj: CliContext, checkpoint_file: str) -> None:
+    """Save each GPU's MIG mode and its instances with their profiles and placements, keyed by
+    GPU UUID, in mig-parted's checkpoint format; `mig restore` brings them back exactly.
+
+    \b
+    Example:
+      gpu-agent mig checkpoint -f /var/lib/mig-before-upgrade.json
+    """
+    states = [fetch(layout) for layout in _service(obj).layouts() if layout.gpu.mig_capable]
+    _write(Path(checkpoint_file), json.dumps(checkpoint_document(states)) + "\n")
+    click.echo("MIG configuration checkpointed successfully")
+
+
+@mig.command("restore", short_help="Bring the GPUs back to a checkpoint exactly (mig-parted).")
+@click.option(
+    "--checkpoint-file",
+    "-f",
+    envvar="MIG_PARTED_CHECKPOINT_FILE",
+    required=True,
+    metavar="FILE",
+    help="Checkpoint file to read (env MIG_PARTED_CHECKPOINT_FILE).",
+)
+@click.option(
+    "--hooks-file",
+    "-k",
+    envvar="MIG_PARTED_HOOKS_FILE",
+    metavar="FILE",
+    help="mig-parted hooks file (env MIG_PARTED_HOOKS_FILE).",
+)
+@click.option(
+    "--mode-only",
+    "-m",
+    is_flag=True,
+    envvar="MIG_PARTED_MODE_CHANGE_ONLY",
+    help="Only restore the MIG mode (env MIG_PARTED_MODE_CHANGE_ONLY).",
+)
+@output_option
+@click.pass_context
+def restore_command(
+    ctx: click.Context,
+    checkpoint_file: str,
+    hooks_file: str | None,
+    mode_only: bool,
+    output: str,
+) -> None:
+    """Restore each GPU the checkpoint lists (by UUID) to its exact state: mode, instances,
+    placements. Journalled and rolled back on failure like an apply; works on this node directly
+    under the partition lock, also beside a running agent. Exits 11 when a mode change is left
+    pending.
+
+    \b
+    Example:
+      gpu-agent mig restore -f /var/lib/mig-before-upgrade.json
+    """
+    obj: CliContext = ctx.obj
+    try:
+        text = Path(checkpoint_file).read_bytes()
+    except OSError as exc:
+        raise InvalidSpec(
+            f"cannot read checkpoint file {checkpoint_file}: {exc.strerror or exc}",
+            [FieldViolation("checkpoint-file", "a readable mig-parted checkpoint file")],
+        ) from exc
+    states = parse_checkpoint(text, checkpoint_file)
+    hooks = load_hooks(hooks_file) if hooks_file else NO_HOOKS
+    service = _service(obj)
+
+    def run(only_mode: bool) -> ApplyResult:
+        # No SIGTERM handler: a restore ended midway is rolled back by the next start.
+        return service.restore_checkpoint(states, mode_only=only_mode, progress=_echo_step)
+
+    def holds(only_mode: bool) -> bool:
+        return service.checkpoint_holds(states, mode_only=only_mode)
+
+    env = {
+        "MIG_PARTED_CHECKPOINT_FILE": checkpoint_file,
+        "MIG_PARTED_HOOKS_FILE": hooks_file or "",
+        "MIG_PARTED_MODE_CHANGE_ONLY": _go_bool(mode_only),
+    }
+    results = apply_with_hooks(
+        hooks,
+        env,
+        output=ctx.meta.get(_DEBUG, False),
+        mode_only=mode_only,
+        mode_applied=lambda: holds(True),
+        apply_mode=lambda: run(True),
+        config_applied=lambda: holds(False),
+        apply_config=lambda: run(False),
+        stop_after_mode=lambda r: bool(r.pending),
+    )
+    last = results[-1] if results else None
+    pending = [g.message for g in last.pending] if last is not None else []
+    emit(
+        last or {"gpus": []},
+        output,
+        lambda _: "\n".join(
+            [*pending, "MIG configuration NOT restored yet: a MIG mode change is pending"]
+            if pending
+            else ["MIG configuration restored successfully"]
+        ),
+    )
+    if pending:
+        raise click.exceptions.Exit(PENDING_EXIT)
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise InvalidSpec(
+            f"cannot write {path}: {exc.strerror or exc}",
+            [FieldViolation("output-file", "a writable path")],
+        ) from exc

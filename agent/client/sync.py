@@ -130,11 +130,22 @@ class AgentClient(Stubs):
         return self._call(self._mig.PlanMig, request)
 
     def apply_mig(
-        self, config_yaml: str, config_name: str = "", request_id: str = "", force: bool = False
+        self,
+        config_yaml: str,
+        config_name: str = "",
+        request_id: str = "",
+        force: bool = False,
+        mode_only: bool = False,
+        skip_reset: bool = False,
     ) -> operations_pb2.Operation:
         """Starts the apply; follow it with `watch_operation` or `follow`."""
         request = mig_pb2.ApplyMigRequest(
-            config_yaml=config_yaml, config_name=config_name, request_id=request_id, force=force
+            config_yaml=config_yaml,
+            config_name=config_name,
+            request_id=request_id,
+            force=force,
+            mode_only=mode_only,
+            skip_reset=skip_reset,
         )
         return self._call(self._mig.ApplyMig, request).operation
 

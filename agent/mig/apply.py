@@ -7,13 +7,14 @@ killed at any point leaves enough behind for ``MigService.recover`` to restore t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
-from agent.errors import Conflict, NotSupported
+from agent.errors import AgentError, Conflict, NotSupported
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.types import ActivationStatus, GpuInfo, Placement
+from agent.mig.journal import SCOPE, Journal
 from agent.mig.plan import (
     CreateCi,
     CreateGi,
@@ -27,17 +28,17 @@ from agent.mig.plan import (
 from agent.mig.reset import ResetFn
 from agent.mig.state import GpuMigState, fetch
 
-SCOPE = "mig:apply"
+log = logging.getLogger(__name__)
+
+__all__ = ["SCOPE", "Executor", "Journal", "Progress", "ProgressEvent", "Suspended", "restore"]
 
 
-class Journal(Protocol):
-    """The part of agent.state.StateStore the MIG journal uses."""
+class Suspended(AgentError):
+    """The process is stopping (SIGTERM): raised by a progress callback before a mutation, it
+    stops the apply there without a rollback; the journal keeps it, and the next start finishes
+    it (docs/mig.md, "SIGTERM during an apply")."""
 
-    def journal_append(self, scope: str, entry: dict[str, Any]) -> int: ...
-
-    def journal_entries(self, scope: str) -> list[tuple[int, dict[str, Any]]]: ...
-
-    def journal_clear(self, scope: str) -> None: ...
+    exit_code = 143  # 128 + SIGTERM, what a shell reports for a process it ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,8 @@ class Executor:
         self._reset = reset
         self._progress = progress or _ignore
         self.mutations = 0
+        #: GPUs whose pending mode waits for a reboot of this (passthrough) VM, by UUID.
+        self.reboot_required: set[str] = set()
 
     def run(
         self, gpu: GpuInfo, steps: Sequence[Step], *, phase: str, skip_reset: bool
@@ -91,6 +94,8 @@ class Executor:
                     continue  # the driver reset the GPU itself
                 why = _why_left_pending(gpu, activation, skip_reset)
                 if why is not None:
+                    if activation is ActivationStatus.RESET_REQUIRED:
+                        self.reboot_required.add(uuid)
                     return why
             self._before(gpu, step, phase)
             match step:
@@ -141,6 +146,7 @@ class Executor:
                 "step": text,
             },
         )
+        log.debug("MIG %s step %d: GPU %d: %s", phase, self.mutations, gpu.index, text)
         self._progress(
             ProgressEvent(phase, gpu.index, self.mutations, step.action, f"GPU {gpu.index}: {text}")
         )

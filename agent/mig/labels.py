@@ -2,17 +2,28 @@
 
 A user (or the coordinator) sets ``nvidia.com/mig.config=<name>`` on a node; the agent applies
 that config from its mig-parted file and publishes ``nvidia.com/mig.config.state``
-(pending -> success | failed). While it works, GPU operands selected by
-``nvidia.com/gpu.deploy.*=true`` are paused (``paused-for-mig-change``) and they are always put
-back afterwards, on failure too: mig-manager leaving them paused is a known wedge (mig-parted #485).
-Unlike mig-manager, a failed config is retried after a back-off instead of waiting for the label
-to change, and only the instances that must change are touched (the planner's job).
+(pending -> success | failed | rebooting). While it works, GPU operands selected by
+``nvidia.com/gpu.deploy.*=true`` are paused (``paused-for-mig-change``).
+
+What mig-manager gets wrong and this does not (mig-parted #485, issue 20):
+
+* Operands are always put back. Outside an apply no operand may stay paused, so every pass
+  restores any ``paused-for-mig-change`` label it finds (a restore PATCH that failed, an agent
+  restarted mid-apply, the config label removed), retrying a failed PATCH with back-off.
+* Nothing is paused for a config that cannot apply: the dry-run plan is asked first. A config
+  that cannot exist on these GPUs (or is not in the file) is ``failed`` with the reason and
+  waits for the label or the file to change; one blocked by running processes is retried
+  after a back-off, without pausing anything meanwhile.
+* A MIG mode change that waits for a reboot of this (passthrough) VM is ``rebooting``, not
+  ``success``; the operands are restored meanwhile (they serve the current layout until the
+  reboot), and the next agent start applies the config again.
 
 The decisions are pure functions; :class:`MigLabelController` does the I/O.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -23,9 +34,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from agent.errors import AgentError
+from agent.errors import AgentError, Busy
 from agent.kube import KubeClient
-from agent.mig.service import MigService
+from agent.mig.service import MigService, refuse_unless_feasible
 from agent.mig.spec import load_spec
 
 log = logging.getLogger(__name__)
@@ -45,7 +56,9 @@ OPERAND_LABELS = tuple(
         "client",
     )
 )
-STATES = ("pending", "success", "failed")
+STATES = ("pending", "success", "failed", "rebooting")
+#: First and longest wait before a label PATCH that failed is tried again.
+LABEL_RETRY_S = (5.0, 300.0)
 
 
 def pause_patch(labels: Mapping[str, str]) -> dict[str, str]:
@@ -66,15 +79,42 @@ class Outcome:
     state: str  # one of STATES
     message: str
     at: float  # monotonic seconds
+    #: False when only a change of the label or of the file can help (the config cannot apply)
+    retry: bool = True
+    #: the config file's digest the attempt read
+    digest: str = ""
 
 
-def due(wanted: str | None, last: Outcome | None, now: float, retry_after_s: float) -> bool:
-    """Whether the label asks for work: a new config, or a failed one whose back-off is over."""
+def due(
+    wanted: str | None, last: Outcome | None, now: float, retry_after_s: float, digest: str = ""
+) -> bool:
+    """Whether the label asks for work: a new config or file, or a failure worth retrying."""
     if not wanted:
         return False
-    if last is None or last.config != wanted:
+    if last is None or last.config != wanted or last.digest != digest:
         return True
-    return last.state == "failed" and now - last.at >= retry_after_s
+    return last.state == "failed" and last.retry and now - last.at >= retry_after_s
+
+
+def label_retry_delay(failures: int) -> float:
+    """Back-off after ``failures`` failed label PATCHes in a row: 5 s doubling to 300 s."""
+    base, cap = LABEL_RETRY_S
+    return float(min(cap, base * 2.0 ** min(max(failures - 1, 0), 16)))
+
+
+def labels_owed(labels: Mapping[str, str], last: Outcome | None) -> dict[str, str]:
+    """What the node's labels lack outside an apply: operands restored, the last state shown."""
+    patch = restore_patch(labels)
+    if last is not None and labels.get(STATE_LABEL) != last.state:
+        patch[STATE_LABEL] = last.state
+    return patch
+
+
+def _digest(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return ""  # unreadable: the attempt reports why
 
 
 class MigLabelController:
@@ -97,50 +137,92 @@ class MigLabelController:
         self._retry_after_s = retry_after_s
         self._clock = clock
         self.last: Outcome | None = None
+        self._patch_failures = 0
+        self._patch_next_at = 0.0
 
     def reconcile(self) -> Outcome | None:
-        """One pass: read the labels, apply when due, publish the state. Returns a new outcome."""
+        """One pass: read the labels, apply when due, put the labels right. Returns a new
+        outcome, or None when nothing was attempted."""
         labels = self._kube.node_labels(self._node)
         wanted = labels.get(CONFIG_LABEL)
-        if not due(wanted, self.last, self._clock(), self._retry_after_s):
-            return None
-        assert wanted is not None
-        self.last = self._attempt(wanted, labels)
-        log.info(
-            "MIG config %s on %s: %s %s", wanted, self._node, self.last.state, self.last.message
-        )
-        return self.last
+        digest = _digest(self._config_file)
+        outcome = None
+        if due(wanted, self.last, self._clock(), self._retry_after_s, digest):
+            assert wanted is not None
+            outcome = self.last = self._attempt(wanted, labels, digest)
+            log.info(
+                "MIG config %s on %s: %s (%s)", wanted, self._node, outcome.state, outcome.message
+            )
+            labels = self._kube.node_labels(self._node)  # a user's edit meanwhile is kept
+            self._patch_next_at = 0.0  # the end of an attempt is published at once
+        self._put_right(labels)
+        return outcome
 
-    def _attempt(self, wanted: str, labels: Mapping[str, str]) -> Outcome:
+    def _put_right(self, labels: Mapping[str, str]) -> None:
+        """Restore paused operands and publish the state; a failed PATCH backs off."""
+        patch = labels_owed(labels, self.last)
+        now = self._clock()
+        if not patch or now < self._patch_next_at:
+            return
+        try:
+            self._kube.patch_node_labels(self._node, patch)
+        except AgentError as exc:
+            self._patch_failures += 1
+            delay = label_retry_delay(self._patch_failures)
+            self._patch_next_at = now + delay
+            log.warning(
+                "could not set %s on node %s (%s); retrying in %.0fs",
+                ", ".join(f"{k}={v}" for k, v in sorted(patch.items())),
+                self._node,
+                exc,
+                delay,
+            )
+            return
+        self._patch_failures, self._patch_next_at = 0, 0.0
+
+    def _attempt(self, wanted: str, labels: Mapping[str, str], digest: str) -> Outcome:
         try:
             spec = load_spec(self._config_file)
             if self._service.check(spec, wanted).applied:
-                self._kube.patch_node_labels(self._node, {STATE_LABEL: "success"})
-                return self._outcome(wanted, "success", "already applied")
+                return self._outcome(wanted, "success", "already applied", digest)
+            # The dry run first: never pause the operands for a config that cannot apply now.
+            refuse_unless_feasible(self._service.plan(spec, wanted))
+        except Busy as exc:  # processes in the way: they may end, so try again later
+            return self._outcome(wanted, "failed", str(exc), digest)
+        except AgentError as exc:  # not in the file, invalid, or cannot fit these GPUs
+            return self._outcome(wanted, "failed", str(exc), digest, retry=False)
+        try:
+            self._kube.patch_node_labels(
+                self._node, {STATE_LABEL: "pending", **pause_patch(labels)}
+            )
         except AgentError as exc:
-            self._kube.patch_node_labels(self._node, {STATE_LABEL: "failed"})
-            return self._outcome(wanted, "failed", str(exc))
-        self._kube.patch_node_labels(self._node, {STATE_LABEL: "pending", **pause_patch(labels)})
-        self.last = self._outcome(wanted, "pending", "applying")
-        state, message = "failed", "interrupted"
+            return self._outcome(wanted, "failed", f"could not pause the operands: {exc}", digest)
+        self.last = self._outcome(wanted, "pending", "applying", digest)
         try:
             result = self._service.apply(spec, wanted, operation=f"label {CONFIG_LABEL}={wanted}")
-            pending = [f"GPU {o.gpu}" for o in result.pending]
-            if pending:
-                state, message = "failed", f"MIG mode change still pending on {', '.join(pending)}"
-            else:
-                state, message = "success", "applied"
-        except AgentError as exc:
-            message = str(exc)
-        finally:
-            # Always restore, whatever happened: read the labels again so a user's edit while we
-            # worked (say, an operand switched to false) is not overwritten.
-            current = self._kube.node_labels(self._node)
-            self._kube.patch_node_labels(self._node, {STATE_LABEL: state, **restore_patch(current)})
-        return self._outcome(wanted, state, message)
+        except Exception as exc:  # any failure ends in "failed"; the operands are put back
+            if not isinstance(exc, AgentError):
+                log.error("bug in the MIG apply for %s", wanted, exc_info=exc)
+            return self._outcome(wanted, "failed", str(exc), digest)
+        pending = result.pending
+        if pending and all(g.reboot for g in pending):
+            gpus = ", ".join(str(g.gpu) for g in pending)
+            return self._outcome(
+                wanted,
+                "rebooting",
+                f"MIG mode change on GPU {gpus} waits for a reboot of this VM",
+                digest,
+                retry=False,
+            )
+        if pending:
+            why = "; ".join(g.message for g in pending)
+            return self._outcome(wanted, "failed", f"MIG mode change still pending: {why}", digest)
+        return self._outcome(wanted, "success", "applied", digest)
 
-    def _outcome(self, config: str, state: str, message: str) -> Outcome:
-        return Outcome(config, state, message, self._clock())
+    def _outcome(
+        self, config: str, state: str, message: str, digest: str, *, retry: bool = True
+    ) -> Outcome:
+        return Outcome(config, state, message, self._clock(), retry, digest)
 
 
 class MigStateCollector(Collector):

@@ -1,24 +1,37 @@
-"""MigService: show, plan, apply, assert, export and recover MIG layouts on this node.
+"""MigService: show, plan, apply, assert, export, restore and recover MIG layouts on this node.
 
 The flow lives here, not in the CLI (STYLE.md practice 1), so the gRPC API and a label watcher
-call the same code. An apply takes the partition lock, finishes any interrupted apply first,
-plans every selected GPU, refuses before touching anything if a layout cannot fit or running
-processes are in the way, then changes one GPU after the other. On any error it restores every
-GPU it touched to its snapshot; a killed apply is restored by ``recover`` on the next start.
+call the same code. An apply takes the partition lock, finishes any interrupted apply first
+(and refuses if it cannot), plans every selected GPU, refuses before touching anything if a
+layout cannot fit or running processes are in the way, then changes one GPU after the other.
+On any error it restores every GPU it touched to its snapshot. ``recover`` on the next start
+rolls a killed apply back and finishes one suspended by SIGTERM (docs/mig.md).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.errors import AgentError, Busy, Conflict
+from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.types import GpuInfo, GpuLayout
-from agent.mig.apply import SCOPE, Executor, Journal, Progress, restore
+from agent.mig.apply import Executor, Progress, Suspended, restore
+from agent.mig.journal import SCOPE, ApplyRecord, Journal, begin_entry, records
 from agent.mig.lock import PartitionLock
-from agent.mig.plan import Desired, GpuPlan, ResetGpu, current_counts, mismatches, plan_gpu
+from agent.mig.plan import (
+    CreateGi,
+    Desired,
+    DestroyGi,
+    GpuPlan,
+    ResetGpu,
+    converge_steps,
+    current_counts,
+    mismatches,
+    plan_gpu,
+)
 from agent.mig.reset import ResetFn
 from agent.mig.spec import (
     ALL,
@@ -29,9 +42,13 @@ from agent.mig.spec import (
     export_document,
     select_gpus,
 )
-from agent.mig.state import GpuMigState, fetch
+from agent.mig.state import GiState, GpuMigState, fetch
 
 log = logging.getLogger(__name__)
+
+
+class RollbackFailed(Conflict):
+    """An apply failed and restoring its snapshots failed too; the journal is kept."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +75,8 @@ class GpuOutcome:
     destroyed: int = 0
     created: int = 0
     message: str = ""
+    #: pending until this (passthrough) VM reboots, not until a GPU reset
+    reboot: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +126,16 @@ class MigService:
     def layouts(self) -> tuple[GpuLayout, ...]:
         return tuple(self._driver.layout(g.uuid) for g in self._driver.gpus())
 
-    def plan(self, spec: MigSpec, config: str | None = None, *, force: bool = False) -> NodePlan:
+    def plan(
+        self,
+        spec: MigSpec,
+        config: str | None = None,
+        *,
+        force: bool = False,
+        mode_only: bool = False,
+    ) -> NodePlan:
         name, entries = spec.select(config)
-        return _plan_node(name, entries, self.layouts(), force)
+        return _plan_node(name, entries, self.layouts(), force, mode_only)
 
     def check(
         self, spec: MigSpec, config: str | None = None, *, mode_only: bool = False
@@ -154,48 +180,216 @@ class MigService:
         skip_reset: bool = False,
         progress: Progress | None = None,
         operation: str | None = None,
+        mode_only: bool = False,
     ) -> ApplyResult:
-        """Reach the selected config; Conflict/Busy/InvalidSpec before any change if it can't."""
+        """Reach the selected config; Conflict/Busy/InvalidSpec before any change if it can't.
+
+        ``mode_only`` (mig-parted's ``apply --mode-only``) changes only the MIG mode of the GPUs
+        whose mode differs, and creates no instances. Raises :class:`Suspended` (journal kept,
+        no rollback) when ``progress`` raises it.
+        """
         name, entries = spec.select(config)
         description = operation or f"mig apply {name}"
         with self._lock.hold(description):
-            recovered = self._recover_locked()
-            plan = _plan_node(name, entries, self.layouts(), force)
+            recovered = self._refuse_over_unrecovered(f"MIG config {name}")
+            plan = _plan_node(name, entries, self.layouts(), force, mode_only)
             refuse_unless_feasible(plan)
             executor = Executor(self._driver, self._journal, self._reset, progress)
             outcomes = {p.layout.gpu.uuid: _unchanged(p) for p in plan.gpus}
             if plan.changes:
+                desired = {p.layout.gpu.uuid: p.desired for p in plan.changes}
+                self._journal.journal_append(
+                    SCOPE, begin_entry(description, desired, force=force, skip_reset=skip_reset)
+                )
+                outcomes.update(
+                    self._execute(
+                        executor, plan.changes, [], {}, force=force, skip_reset=skip_reset
+                    )
+                )
+                self._journal.journal_clear(SCOPE)
+            return ApplyResult(name, tuple(outcomes.values()), executor.mutations, recovered)
+
+    def restore_checkpoint(
+        self,
+        states: Sequence[GpuMigState],
+        *,
+        mode_only: bool = False,
+        progress: Progress | None = None,
+    ) -> ApplyResult:
+        """mig-parted's ``restore``: each listed GPU (by UUID) back to its exact checkpointed
+        state, placements included, journalled and rolled back on failure like an apply.
+        GPUs the checkpoint does not list are left alone."""
+        with self._lock.hold("mig restore"):
+            self._refuse_over_unrecovered("the checkpoint")
+            targets = self._checkpoint_targets(states, mode_only)
+            executor = Executor(self._driver, self._journal, self._reset, progress)
+            outcomes = []
+            changing = [(gpu, t) for gpu, t, same in targets if not same]
+            if changing:
                 self._journal.journal_append(
                     SCOPE,
                     {
                         "event": "begin",
-                        "operation": description,
-                        "gpus": [p.layout.gpu.uuid for p in plan.changes],
+                        "operation": "mig restore",
+                        "gpus": [g.uuid for g, _ in changing],
                     },
                 )
-                touched: list[tuple[GpuInfo, GpuMigState]] = []
-                for gpu_plan in plan.changes:
-                    gpu = gpu_plan.layout.gpu
-                    before = fetch(gpu_plan.layout)
-                    self._journal.journal_append(
-                        SCOPE,
-                        {
-                            "event": "gpu",
-                            "uuid": gpu.uuid,
-                            "index": gpu.index,
-                            "before": before.to_dict(),
-                        },
+            touched: list[tuple[GpuInfo, GpuMigState]] = []
+            for gpu, target, same in targets:
+                if same:
+                    outcomes.append(
+                        GpuOutcome(gpu.index, gpu.uuid, "unchanged", kept=len(target.instances))
                     )
-                    touched.append((gpu, before))
-                    try:
-                        outcomes[gpu.uuid] = self._apply_gpu(executor, gpu_plan, force, skip_reset)
-                    except Exception as exc:
-                        self._roll_back(executor, touched, exc, skip_reset)
-                        raise
-                    executor.done(gpu)
-                    self._journal.journal_append(SCOPE, {"event": "done", "uuid": gpu.uuid})
+                    continue
+                before = fetch(self._driver.layout(gpu.uuid))
+                self._journal.journal_append(
+                    SCOPE,
+                    {
+                        "event": "gpu",
+                        "uuid": gpu.uuid,
+                        "index": gpu.index,
+                        "before": before.to_dict(),
+                    },
+                )
+                touched.append((gpu, before))
+                try:
+                    outcomes.append(self._restore_gpu(executor, gpu, target))
+                except Exception as exc:
+                    self._roll_back(executor, touched, exc, False)
+                    raise
+                executor.done(gpu)
+                self._journal.journal_append(SCOPE, {"event": "done", "uuid": gpu.uuid})
+            if changing:
                 self._journal.journal_clear(SCOPE)
-            return ApplyResult(name, tuple(outcomes.values()), executor.mutations, recovered)
+            return ApplyResult("checkpoint", tuple(outcomes), executor.mutations)
+
+    def checkpoint_holds(self, states: Sequence[GpuMigState], *, mode_only: bool = False) -> bool:
+        """Whether every listed GPU is in its checkpointed state (mode only: its mode)."""
+        return all(same for _, _, same in self._checkpoint_targets(states, mode_only))
+
+    def _refuse_over_unrecovered(self, what: str) -> tuple[RecoveryOutcome, ...]:
+        """Recover first; refuse to start over an apply that could not be undone: its
+        snapshots are the layouts to return to, a new apply's would be of half-done GPUs."""
+        recovered = self._recover_locked()
+        unrecovered = [o for o in recovered if o.action == "failed"]
+        if unrecovered:
+            raise Conflict(
+                f"{what} not applied: an interrupted apply could not be rolled back yet ("
+                + "; ".join(f"GPU {o.gpu}: {o.detail}" for o in unrecovered)
+                + "). Nothing was changed; the journal is kept and the next apply or agent "
+                "start retries the rollback"
+            )
+        return recovered
+
+    def _checkpoint_targets(
+        self, states: Sequence[GpuMigState], mode_only: bool
+    ) -> list[tuple[GpuInfo, GpuMigState, bool]]:
+        """Each state with its GPU, profile names filled in; True where it already holds."""
+        gpus = {g.uuid: g for g in self._driver.gpus()}
+        bad = [
+            FieldViolation(f"MigState.Devices[{i}].UUID", f"no GPU {s.uuid} on this node")
+            for i, s in enumerate(states)
+            if s.uuid not in gpus
+        ]
+        out = []
+        for i, s in enumerate(states):
+            if s.uuid not in gpus:
+                continue
+            layout = self._driver.layout(s.uuid)
+            names = {p.id: p.name for p in layout.profiles}
+            for gi in s.instances:
+                if gi.profile_id not in names:
+                    bad.append(
+                        FieldViolation(
+                            f"MigState.Devices[{i}].GpuInstances",
+                            f"GPU {s.uuid} has no GPU instance profile id {gi.profile_id}",
+                        )
+                    )
+            now = fetch(layout)
+            target = GpuMigState(
+                s.uuid,
+                s.mig_enabled,
+                tuple(
+                    GiState(gi.profile_id, names.get(gi.profile_id, ""), gi.placement, gi.cis)
+                    for gi in s.instances
+                ),
+            )
+            if mode_only:
+                same_mode = now.mig_enabled == s.mig_enabled
+                target = GpuMigState(s.uuid, s.mig_enabled, now.instances if same_mode else ())
+            mode = layout.gpu.mig_mode
+            settled = mode is None or mode.pending == mode.current
+            out.append((gpus[s.uuid], target, settled and target.satisfied_by(now)))
+        if bad:
+            raise InvalidSpec(f"the checkpoint does not fit this node: {bad[0].description}", bad)
+        return out
+
+    def _restore_gpu(self, executor: Executor, gpu: GpuInfo, target: GpuMigState) -> GpuOutcome:
+        steps = converge_steps(self._driver.layout(gpu.uuid), target)
+        pending = executor.run(gpu, steps, phase="apply", skip_reset=False)
+        if pending:
+            return GpuOutcome(
+                gpu.index,
+                gpu.uuid,
+                "pending",
+                message=pending,
+                reboot=gpu.uuid in executor.reboot_required,
+            )
+        if not target.satisfied_by(fetch(self._driver.layout(gpu.uuid))):
+            raise Conflict(f"GPU {gpu.index}: the layout after the restore is not the checkpoint's")
+        created = sum(isinstance(s, CreateGi) for s in steps)
+        destroyed = sum(isinstance(s, DestroyGi) for s in steps)
+        return GpuOutcome(
+            gpu.index,
+            gpu.uuid,
+            "applied",
+            kept=len(target.instances) - created,
+            destroyed=destroyed,
+            created=created,
+        )
+
+    def _execute(
+        self,
+        executor: Executor,
+        plans: Sequence[GpuPlan],
+        touched: list[tuple[GpuInfo, GpuMigState]],
+        befores: Mapping[str, GpuMigState],
+        *,
+        force: bool,
+        skip_reset: bool,
+    ) -> dict[str, GpuOutcome]:
+        """Change one GPU after the other; on an error restore ``touched`` and each GPU begun.
+
+        ``befores`` are snapshots already journalled (a resumed apply's): those GPUs return to
+        them, not to what they hold now.
+        """
+        outcomes: dict[str, GpuOutcome] = {}
+        for gpu_plan in plans:
+            gpu = gpu_plan.layout.gpu
+            before = befores.get(gpu.uuid)
+            if before is None:
+                before = fetch(gpu_plan.layout)
+                self._journal.journal_append(
+                    SCOPE,
+                    {
+                        "event": "gpu",
+                        "uuid": gpu.uuid,
+                        "index": gpu.index,
+                        "before": before.to_dict(),
+                    },
+                )
+            touched.append((gpu, before))
+            try:
+                outcomes[gpu.uuid] = self._apply_gpu(executor, gpu_plan, force, skip_reset)
+            except Suspended as exc:  # the caller reports it; the next start finishes it
+                self._journal.journal_append(SCOPE, {"event": "suspend", "reason": str(exc)})
+                raise
+            except Exception as exc:
+                self._roll_back(executor, touched, exc, skip_reset)
+                raise
+            executor.done(gpu)
+            self._journal.journal_append(SCOPE, {"event": "done", "uuid": gpu.uuid})
+        return outcomes
 
     def _apply_gpu(
         self, executor: Executor, gpu_plan: GpuPlan, force: bool, skip_reset: bool
@@ -209,7 +403,12 @@ class MigService:
             pending = executor.run(gpu, steps[:cut], phase="apply", skip_reset=skip_reset)
             if pending:
                 return GpuOutcome(
-                    gpu.index, gpu.uuid, "pending", destroyed=len(gpu_plan.destroy), message=pending
+                    gpu.index,
+                    gpu.uuid,
+                    "pending",
+                    destroyed=len(gpu_plan.destroy),
+                    message=pending,
+                    reboot=gpu.uuid in executor.reboot_required,
                 )
             again = plan_gpu(self._driver.layout(gpu.uuid), gpu_plan.desired, force=force)
             if again.target is None or again.status in ("infeasible", "blocked"):
@@ -236,6 +435,9 @@ class MigService:
         skip_reset: bool,
     ) -> None:
         """Restore every touched GPU, newest first; amend ``error`` or raise why we could not."""
+        # Marked first: a crash during the rollback must go on rolling back, never count the
+        # GPUs already done as finished.
+        self._journal.journal_append(SCOPE, {"event": "rollback", "reason": str(error)})
         failures = []
         for gpu, before in reversed(touched):
             try:
@@ -244,20 +446,21 @@ class MigService:
                 failures.append(f"GPU {gpu.index}: {exc}")
         if failures:
             log.error("MIG rollback failed: %s", "; ".join(failures))
-            raise Conflict(
+            raise RollbackFailed(
                 f"{error}; rolling back also failed ({'; '.join(failures)}). The journal is kept: "
                 "the next apply or agent start retries the rollback"
             ) from error
         self._journal.journal_clear(SCOPE)
         gpus = ", ".join(str(gpu.index) for gpu, _ in touched)
+        # Logged before the error is amended, so the line does not say "rolled back" twice.
+        log.warning("MIG apply failed (%s); rolled back GPU %s", str(error), gpus)
         if isinstance(error, AgentError) and error.args:
             error.args = (
                 f"{error.args[0]}; rolled back GPU {gpus} to the layout before the apply",
             )
-        log.warning("MIG apply failed (%s); rolled back GPU %s", error, gpus)
 
     def recover(self) -> tuple[RecoveryOutcome, ...]:
-        """On agent start: restore the GPUs an apply killed midway left behind; logs each outcome.
+        """On agent start: finish or undo what an interrupted apply left; logs each outcome.
 
         A journal whose owner still runs (it holds the lock) is not ours to touch: nothing is done.
         """
@@ -273,28 +476,33 @@ class MigService:
             return ()
 
     def _recover_locked(self) -> tuple[RecoveryOutcome, ...]:
-        entries = [entry for _, entry in self._journal.journal_entries(SCOPE)]
-        if not entries:
+        history = records(entry for _, entry in self._journal.journal_entries(SCOPE))
+        if not history:
             return ()
-        planned = next((set(e["gpus"]) for e in entries if e["event"] == "begin"), set())
-        befores = {
-            e["uuid"]: GpuMigState.from_dict(e["before"]) for e in entries if e["event"] == "gpu"
-        }
-        done = {e["uuid"] for e in entries if e["event"] == "done"}
-        operation = next((e["operation"] for e in entries if e["event"] == "begin"), "mig apply")
         outcomes: list[RecoveryOutcome] = []
-        if planned and planned <= done:
-            # Killed after the last change, before clearing the journal: the apply completed.
-            outcomes = [
-                RecoveryOutcome(
-                    self._driver.gpu(u).index, u, "completed", f"{operation} had finished"
-                )
-                for u in befores
-            ]
-        else:
+        settled: set[str] = set()  # GPUs a newer apply left at its target
+        for age, record in enumerate(reversed(history)):
+            if age == 0 and record.resumable:
+                # Stopped by SIGTERM on purpose: finish it (docs/mig.md explains the choice).
+                done = self._resume(record)
+                outcomes += done
+                if any(o.action == "failed" for o in done):
+                    break
+                settled |= {o.uuid for o in done if o.action == "completed"}
+                continue
+            if record.finished:
+                # Killed after its last change, before clearing the journal: it completed.
+                for uuid in record.befores:
+                    if uuid not in settled:
+                        outcomes.append(self._outcome(uuid, "completed", record.operation))
+                settled |= set(record.befores)
+                continue
+            # Undo newest first; an older apply then undoes its own changes to the same GPU
+            # (its snapshot is older), so each GPU ends at the layout before the first of them.
             executor = Executor(self._driver, self._journal, self._reset)
-            for uuid, before in reversed(befores.items()):
-                outcomes.append(self._restore_one(executor, uuid, before, operation))
+            for uuid, before in reversed(record.befores.items()):
+                if uuid not in settled:
+                    outcomes.append(self._restore_one(executor, uuid, before, record.operation))
         for outcome in outcomes:
             level = logging.ERROR if outcome.action == "failed" else logging.WARNING
             log.log(
@@ -307,6 +515,70 @@ class MigService:
         if all(o.action != "failed" for o in outcomes):
             self._journal.journal_clear(SCOPE)
         return tuple(outcomes)
+
+    def _resume(self, record: ApplyRecord) -> list[RecoveryOutcome]:
+        """Finish a suspended apply: plan each unfinished GPU again from what it holds now.
+
+        If it cannot be finished it is rolled back to its snapshots, as a failed apply is.
+        """
+        executor = Executor(self._driver, self._journal, self._reset)
+        left = [u for u in record.planned if u not in record.done]
+        begun = {u: b for u, b in record.befores.items() if u in left}
+        touched = [
+            (self._driver.gpu(u), record.befores[u]) for u in record.planned if u in record.done
+        ]
+        try:
+            try:
+                plans = [
+                    plan_gpu(self._driver.layout(u), record.desired[u], force=record.force)
+                    for u in left
+                ]
+            except AgentError as exc:
+                problem: AgentError | None = exc
+            else:
+                bad = [p for p in plans if p.status in ("infeasible", "blocked")]
+                problem = (
+                    Conflict("; ".join(f"GPU {p.layout.gpu.index}: {_why(p)}" for p in bad))
+                    if bad
+                    else None
+                )
+            if problem is not None:
+                touched += [(self._driver.gpu(u), b) for u, b in begun.items()]
+                self._roll_back(executor, touched, problem, record.skip_reset)
+                raise problem
+            results = self._execute(
+                executor, plans, touched, begun, force=record.force, skip_reset=record.skip_reset
+            )
+        except RollbackFailed as exc:
+            return [
+                RecoveryOutcome(
+                    self._driver.gpu(u).index, u, "failed", f"{record.operation}: {exc}"
+                )
+                for u in record.befores
+            ]
+        except Exception as exc:  # rolled back: reported, the journal is clear
+            return [
+                RecoveryOutcome(
+                    self._driver.gpu(u).index,
+                    u,
+                    "rolled-back",
+                    f"{record.operation} could not be finished after the restart: {exc}",
+                )
+                for u in record.befores
+            ]
+        outcomes = []
+        for u in record.planned:
+            detail = f"{record.operation} finished after the restart"
+            result = results.get(u)
+            if result is not None and result.status == "pending":
+                detail += f"; {result.message}"
+            outcomes.append(RecoveryOutcome(self._driver.gpu(u).index, u, "completed", detail))
+        return outcomes
+
+    def _outcome(self, uuid: str, action: str, operation: str) -> RecoveryOutcome:
+        return RecoveryOutcome(
+            self._driver.gpu(uuid).index, uuid, action, f"{operation} had finished"
+        )
 
     def _restore_one(
         self, executor: Executor, uuid: str, before: GpuMigState, operation: str
@@ -329,7 +601,11 @@ class MigService:
 
 
 def _plan_node(
-    name: str, entries: tuple[MigConfigEntry, ...], layouts: tuple[GpuLayout, ...], force: bool
+    name: str,
+    entries: tuple[MigConfigEntry, ...],
+    layouts: tuple[GpuLayout, ...],
+    force: bool,
+    mode_only: bool = False,
 ) -> NodePlan:
     by_uuid = {layout.gpu.uuid: layout for layout in layouts}
     selections = select_gpus(entries, [layout.gpu for layout in layouts])
@@ -339,12 +615,23 @@ def _plan_node(
         if not selection.gpu.mig_capable and selection.entry.devices == ALL:
             skipped.append(selection.gpu)
             continue
-        plans.append(
-            plan_gpu(by_uuid[selection.gpu.uuid], desired_of(selection.entry), force=force)
-        )
+        layout = by_uuid[selection.gpu.uuid]
+        desired = desired_of(selection.entry)
+        if mode_only:
+            desired = mode_only_desired(layout, desired)
+        plans.append(plan_gpu(layout, desired, force=force))
     chosen = {s.gpu.uuid for s in selections}
     unselected = tuple(layout.gpu for layout in layouts if layout.gpu.uuid not in chosen)
     return NodePlan(name, tuple(plans), tuple(skipped), unselected)
+
+
+def mode_only_desired(layout: GpuLayout, desired: Desired) -> Desired:
+    """The mode of ``desired`` and nothing else: a GPU already in that mode keeps its instances
+    (a pending change is only cancelled); one switched gets no instances."""
+    mode = layout.gpu.mig_mode
+    keep = mode is not None and mode.current == desired.mig_enabled and desired.mig_enabled
+    counts = tuple(current_counts(layout).items()) if keep else ()
+    return Desired(desired.mig_enabled, counts, desired.source)
 
 
 def refuse_unless_feasible(plan: NodePlan) -> None:

@@ -88,19 +88,60 @@ def slice_map(boxes: Sequence[Box], width: int, indent: str = "  ") -> str:
     return "\n".join(lines)
 
 
-def _gpu_title(gpu: GpuInfo) -> str:
-    return f"GPU {gpu.index}  {gpu.name}  {gpu.uuid}  {mode_text(gpu)}"
+def gpu_ranges(indexes: Sequence[int]) -> str:
+    """``0-3,5,7``: GPU indexes as the shortest list of ranges."""
+    out: list[str] = []
+    ordered = sorted(indexes)
+    start = prev = ordered[0]
+    for i in [*ordered[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ",".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """One GPU's part of the output: a title without the index, and the lines under it."""
+
+    index: int
+    title: str
+    body: tuple[str, ...]
+    #: after the title when the GPU stands alone (its UUID)
+    alone: str = ""
+    #: after that
+    tail: str = ""
+
+
+def _grouped(blocks: Sequence[_Block]) -> str:
+    """GPUs whose title and lines are the same print once, as ``GPU 0-7``."""
+    groups: dict[tuple[tuple[str, str], tuple[str, ...]], list[_Block]] = {}
+    for block in blocks:
+        groups.setdefault(((block.title, block.tail), block.body), []).append(block)
+    parts = []
+    for (_, body), members in groups.items():
+        first = members[0]
+        alone = f"  {first.alone}" if len(members) == 1 and first.alone else ""
+        which = gpu_ranges([b.index for b in members])
+        parts.append(f"GPU {which}  {first.title}{alone}{first.tail}".rstrip())
+        parts += body
+        parts.append("")
+    return "\n".join(parts).rstrip()
 
 
 def show_text(layouts: Sequence[GpuLayout]) -> str:
-    parts = []
+    """Every GPU's slice map; GPUs with the same model and layout share one."""
+    blocks = []
     for layout in layouts:
         gpu = layout.gpu
-        parts.append(_gpu_title(gpu))
+        body: list[str] = []
         mode = gpu.mig_mode
         if mode is not None and mode.current:
-            parts.append(slice_map(layout_boxes(layout), layout.total_memory_slices))
-            parts += [
+            body.append(slice_map(layout_boxes(layout), layout.total_memory_slices))
+            body += [
                 f"  * pid {p.pid} on GI {p.gpu_instance_id}"
                 + (f" ({_mib(p.used_memory_bytes)})" if p.used_memory_bytes is not None else "")
                 for p in layout.processes
@@ -108,9 +149,11 @@ def show_text(layouts: Sequence[GpuLayout]) -> str:
             ]
         elif mode is not None and layout.total_memory_slices:
             whole = Box(Placement(0, layout.total_memory_slices), "whole GPU (MIG disabled)")
-            parts.append(slice_map([whole], layout.total_memory_slices))
-        parts.append("")
-    return "\n".join(parts).rstrip()
+            body.append(slice_map([whole], layout.total_memory_slices))
+        blocks.append(
+            _Block(gpu.index, gpu.name, tuple(body), alone=gpu.uuid, tail=f"  {mode_text(gpu)}")
+        )
+    return _grouped(blocks)
 
 
 def show_data(layouts: Sequence[GpuLayout]) -> list[dict[str, Any]]:
@@ -156,17 +199,18 @@ def show_data(layouts: Sequence[GpuLayout]) -> list[dict[str, Any]]:
 
 
 def plan_text(plans: Sequence[GpuPlan]) -> str:
-    parts = []
+    """Every GPU's plan; GPUs planned the same way (same model, entry and steps) share one."""
+    blocks = []
     for plan in plans:
-        parts += _gpu_plan_lines(plan)
-        parts.append("")
-    return "\n".join(parts).rstrip()
+        gpu = plan.layout.gpu
+        source = f" ({plan.desired.source})" if plan.desired.source else ""
+        title = f"{gpu.name}{source}: {plan.status.upper()}"
+        blocks.append(_Block(gpu.index, title, tuple(_gpu_plan_lines(plan))))
+    return _grouped(blocks)
 
 
 def _gpu_plan_lines(plan: GpuPlan) -> list[str]:
-    gpu = plan.layout.gpu
-    source = f" ({plan.desired.source})" if plan.desired.source else ""
-    lines = [f"GPU {gpu.index}  {gpu.name}{source}: {plan.status.upper()}"]
+    lines: list[str] = []
     if plan.mode_change is not None:
         change = "enabled" if plan.mode_change.enable else "disabled"
         if plan.mode_change.activation:

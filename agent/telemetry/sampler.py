@@ -144,6 +144,9 @@ class Sampler:
         self._idle = IdleTracker(options.idle_threshold_percent)
         self._gpus: dict[int, _GpuState] = {}
         self._newly_unsupported: defaultdict[tuple[str, str], list[int]] = defaultdict(list)
+        #: (field, reason, GPU) already logged: a layout change re-probes support, but the same
+        #: condition is not logged again.
+        self._logged_unsupported: set[tuple[str, str, int]] = set()
         self._latest: Snapshot | None = None
         self._versions: tuple[str, str] | None = None
         self._subscribers: list[Callable[[Snapshot], None]] = []
@@ -413,7 +416,9 @@ class Sampler:
     def _unsupported(self, gpu: GpuIdentity, state: _GpuState, f: Field, reason: str) -> None:
         if f.id not in state.field_unsupported:
             state.field_unsupported[f.id] = reason
-            self._newly_unsupported[(f.name, reason)].append(gpu.index)
+            if (f.name, reason, gpu.index) not in self._logged_unsupported:
+                self._logged_unsupported.add((f.name, reason, gpu.index))
+                self._newly_unsupported[(f.name, reason)].append(gpu.index)
 
     def _report_unsupported(self) -> None:
         """One log line per field and reason, naming every GPU it was found on this tick."""

@@ -238,3 +238,77 @@ def test_a_kill_at_any_mutation_is_recovered_to_the_old_layout(
     record_property("kill_points", len(points))
     assert len(points) >= 6
     assert disturbed == len(points) - 1  # all but the kill before the first mutation
+
+
+def restarted(state_dir: Path, scenario: Scenario) -> SimNode:
+    """The node as a new agent opens it, with the operator's reset tooling."""
+    resets: list[Resets] = []
+    node = sim_node(state_dir, scenario.preset, reset=lambda gpu: resets[0](gpu))
+    resets.append(Resets(node))
+    return node
+
+
+TERMINATOR = """
+import os, signal, sys
+from pathlib import Path
+from tests.integration.test_mig_faults import SCENARIOS, Resets
+from tests.unit.mig.simnode import sim_node
+from tests.unit.mig.suspend import direct_apply
+from agent.mig.apply import Suspended
+from agent.mig.spec import parse_spec
+
+state_dir, name, term_at = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+scenario = SCENARIOS[name]
+resets = []
+node = sim_node(state_dir, scenario.preset, reset=lambda gpu: resets[0](gpu))
+resets.append(Resets(node))
+seen = []
+
+def progress(event):
+    seen.append(event)
+    if len(seen) == term_at:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+try:
+    direct_apply(node.service, parse_spec(scenario.config), "after", force=False,
+                 skip_reset=False, progress=progress)
+except Suspended as exc:
+    sys.exit(exc.exit_code)
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_a_sigterm_at_any_mutation_is_finished_after_the_restart(
+    name: str, tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
+    """docs/mig.md "SIGTERM during an apply": suspended, then rolled forward by the next start,
+    across mode changes and GPU resets too."""
+    scenario = SCENARIOS[name]
+    points = mutation_points(tmp_path, scenario)
+    suspended = 0
+    for i, point in enumerate(points, start=1):
+        state_dir = tmp_path / f"term-{i}"
+        node, _ = prepared(state_dir, scenario)
+        node.close()
+        done = subprocess.run(
+            [sys.executable, "-c", TERMINATOR, str(state_dir), name, str(i)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        where = f"SIGTERM at point {i} ({point.phase}: {point.message})"
+        assert done.returncode in (0, 143), f"{where}: exit {done.returncode}\n{done.stderr}"
+        node = restarted(state_dir, scenario)
+        if done.returncode == 143:
+            suspended += 1
+            outcomes = node.service.recover()
+            assert outcomes and {o.action for o in outcomes} == {"completed"}, (where, outcomes)
+        check = node.service.check(parse_spec(scenario.config), "after")
+        assert check.applied, f"{where}: {check.mismatches}"
+        assert not node.store.journal_entries(SCOPE), f"{where}: journal left behind"
+        node.close()
+    record_property("sigterm_points", len(points))
+    assert suspended >= len(points) - 2  # a signal during the last mutation has nothing to stop

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,32 @@ def test_two_requests_for_one_url_share_one_download_and_its_result(tmp_path: Pa
             assert origin.ranges("big.bin") == [None]  # one download, from the start
         finally:
             agent.stop()
+
+
+def test_sigterm_to_a_command_stops_its_embedded_agent_as_serve_stops(tmp_path: Path) -> None:
+    """A SIGTERM to `mig apply` running on its embedded agent suspends the apply before its
+    next mutation (exit 143), as the agent does; the next command's agent finishes it."""
+    config = cli_config(tmp_path, tmp_path / "no-agent")
+    state = tmp_path / "state"
+    mig_file = tmp_path / "mig.yaml"
+    mig_file.write_text(
+        "version: v1\nmig-configs:\n  all-1g:\n    - devices: all\n      mig-enabled: true\n"
+        "      mig-devices: {1g.10gb: 7}\n"
+    )
+    proc = _start_cli(state, config, "mig", "apply", "-f", str(mig_file), "-c", "all-1g")
+    try:
+        assert proc.stderr is not None
+        while "] apply: " not in (line := proc.stderr.readline()):
+            assert line, f"the apply ended before any step: {proc.communicate()}"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 143, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    check = cli(state, config, "mig", "assert", "-f", str(mig_file), "-c", "all-1g")
+    assert check.returncode == 1  # suspended: not applied, and nothing rolled back yet
+    done = cli(state, config, "mig", "apply", "-f", str(mig_file), "-c", "all-1g")
+    assert done.returncode == 0, done.stderr
+    check = cli(state, config, "mig", "assert", "-f", str(mig_file), "-c", "all-1g")
+    assert check.returncode == 0, check.stdout + check.stderr

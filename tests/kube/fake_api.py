@@ -42,6 +42,9 @@ class FakeKubeApi:
     requests: list[Request] = field(default_factory=list)
     #: (method, path) pairs answered 403 Forbidden, as RBAC would.
     forbidden: set[tuple[str, str]] = field(default_factory=set)
+    #: (method, path) -> (skip, count): after ``skip`` more such requests, ``count`` fail with
+    #: 500 (an API server blip).
+    failing: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
 
     def serve(self, cert: Path, key: Path) -> tuple[ThreadingHTTPServer, str]:
         api = self
@@ -78,6 +81,12 @@ class FakeKubeApi:
             return _reply(h, 401, _status(401, "Unauthorized"))
         if (h.command, path) in self.forbidden:
             return _reply(h, 403, _status(403, f"{h.command} {path} is forbidden: RBAC"))
+        skip, count = self.failing.get((h.command, path), (0, 0))
+        if skip > 0:
+            self.failing[(h.command, path)] = (skip - 1, count)
+        elif count > 0:
+            self.failing[(h.command, path)] = (0, count - 1)
+            return _reply(h, 500, _status(500, "etcdserver: request timed out"))
         parts = path.strip("/").split("/")
         if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
             return self._node(h, parts[3], body)

@@ -24,10 +24,32 @@ from agent.gpu.sim.state import Gpu
 if TYPE_CHECKING:
     from agent.gpu.sim.driver import SimDriver, Target
 
-# nvmlErrorString texts for codes pynvml has no text for, as nvidia-smi prints them (MIG guide).
+# nvmlErrorString's texts, as the driver's library returns them (NVIDIA's table in DCGM's
+# sdk/nvidia/nvml/nvml_error_strings.h); other codes read "Unknown Error".
 ERROR_TEXT = {
+    pynvml.NVML_SUCCESS: "Success",
+    pynvml.NVML_ERROR_UNINITIALIZED: "Uninitialized",
+    pynvml.NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
+    pynvml.NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+    pynvml.NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
+    pynvml.NVML_ERROR_ALREADY_INITIALIZED: "Already Initialized",
+    pynvml.NVML_ERROR_NOT_FOUND: "Not Found",
+    pynvml.NVML_ERROR_INSUFFICIENT_SIZE: "Insufficient Size",
+    pynvml.NVML_ERROR_INSUFFICIENT_POWER: "Insufficient External Power",
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+    pynvml.NVML_ERROR_TIMEOUT: "Timeout",
+    pynvml.NVML_ERROR_IRQ_ISSUE: "Interrupt Request Issue",
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
+    pynvml.NVML_ERROR_CORRUPTED_INFOROM: "Corrupted infoROM",
+    pynvml.NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    pynvml.NVML_ERROR_RESET_REQUIRED: "GPU requires reset",
+    pynvml.NVML_ERROR_OPERATING_SYSTEM: "GPU access blocked by the operating system",
+    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "Driver/library version mismatch",
     pynvml.NVML_ERROR_IN_USE: "In use by another client",
+    pynvml.NVML_ERROR_MEMORY: "Insufficient Memory",
     pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient Resources",
+    pynvml.NVML_ERROR_UNKNOWN: "Unknown Error",
 }
 
 
@@ -67,8 +89,7 @@ def shutdown(drv: SimDriver) -> None:
 @symbol("nvmlErrorString", needs_init=False, returns_value=True)
 def error_string(drv: SimDriver, code: Any) -> bytes:
     value = to_int(code)
-    text = pynvml.NVMLError._errcode_to_string.get(value) or ERROR_TEXT.get(value)
-    return (text or "Unknown Error").encode()
+    return ERROR_TEXT.get(value, "Unknown Error").encode()
 
 
 @symbol("nvmlSystemGetDriverVersion")

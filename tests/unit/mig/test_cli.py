@@ -133,3 +133,47 @@ def test_valid_config_only_parses(a30: Invoke) -> None:
     )
     missing = a30("assert", "-f", "FILE", "-c", "nope", "-a")
     assert missing.exit_code == 2 and "selected mig-config not present: nope" in missing.output
+
+
+def test_identical_gpus_are_planned_and_shown_once(a100: Invoke) -> None:
+    """Issue 20: an 8-GPU plan was 171 lines of identical blocks."""
+    planned = a100("plan", "-f", "FILE", "-c", "balanced")
+    assert planned.exit_code == 0, planned.output
+    assert "GPU 0-7  NVIDIA A100-SXM4-40GB (mig-configs.balanced[0]): CHANGE" in planned.output
+    assert planned.output.count("steps:") == 1
+    assert "8 GPU(s) change: 0 instance(s) kept, 0 destroyed, 32 created" in planned.output
+    assert a100("apply", "-f", "FILE", "-c", "balanced").exit_code == 0
+    shown = a100("show").output
+    assert shown.startswith("GPU 0-7  NVIDIA A100-SXM4-40GB  MIG enabled\n"), shown
+    assert shown.count("slice     0") == 1
+    assert len(yaml.safe_load(a100("show", "-o", "yaml").output)) == 8  # data stays per GPU
+
+
+def test_gpus_that_differ_are_shown_apart_with_their_uuid(a30: Invoke, tmp_path: Path) -> None:
+    spec = (
+        "version: v1\nmig-configs: {x: [{devices: [0], mig-enabled: true, "
+        "mig-devices: {2g.12gb: 1}}, {devices: [1, 2, 3], mig-enabled: false}]}"
+    )
+    assert a30("apply", "-f", "-", stdin=spec).exit_code == 0
+    shown = a30("show").output
+    titles = [line for line in shown.splitlines() if line.startswith("GPU ")]
+    assert len(titles) == 2 and titles[0].startswith("GPU 0  NVIDIA A30  GPU-"), titles
+    assert titles[1] == "GPU 1-3  NVIDIA A30  MIG disabled"
+
+
+def test_an_invalid_config_prints_each_problem_once(a100: Invoke) -> None:
+    bad = (
+        "version: v1\nmig-configs:\n  a:\n    - {devices: all, mig-enabled: true, "
+        "mig-devices: {bogus: 1}}\n    - {devices: all, mig-enabled: true}\n"
+    )
+    result = a100("apply", "-f", "-", stdin=bad)
+    assert result.exit_code == 2
+    assert result.output.count("invalid MIG profile 'bogus'") == 1, result.output
+    assert result.output.count("missing required field 'mig-devices'") == 1, result.output
+
+
+def test_progress_is_one_line_per_step(a100: Invoke) -> None:
+    result = a100("apply", "-f", "FILE", "-c", "balanced")
+    lines = [line for line in result.stderr.splitlines() if line]
+    assert len(lines) == len(set(lines)), lines
+    assert [line for line in lines if line.endswith(" done")] == [f"GPU {i} done" for i in range(8)]

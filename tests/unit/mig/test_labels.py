@@ -6,6 +6,7 @@ are a simulated node; the MIG service is the real one.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from agent.mig.labels import (
     pause_patch,
     restore_patch,
 )
+from agent.mig.spec import parse_spec
 from tests.kube.fake_api import FakeKubeApi
 from tests.kube.fixtures import NODE
 from tests.unit.mig.simnode import SimNode, sim_node
@@ -41,10 +43,15 @@ mig-configs:
     - devices: all
       mig-enabled: true
       mig-devices: {"3g.40gb": 3}
+  a100-1g:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"1g.5gb": 7}
 """
 
 DEVICE_PLUGIN = "nvidia.com/gpu.deploy.device-plugin"
 DCGM = "nvidia.com/gpu.deploy.dcgm-exporter"
+GFD = "nvidia.com/gpu.deploy.gpu-feature-discovery"
 
 
 class Clock:
@@ -110,20 +117,161 @@ def test_a_label_change_applies_the_config_pauses_operands_and_restores_them(
     assert ctl.reconcile() is None, "an unchanged label must not reapply"
 
 
-def test_a_failed_config_still_restores_operands_and_is_retried_after_back_off(
+def test_a_config_that_cannot_fit_fails_without_pausing_and_waits_for_a_label_change(
     controller: tuple[MigLabelController, Clock], kube_api: tuple[FakeKubeApi, str]
 ) -> None:
+    """Issue 20: no pause/restore of the device plugin, GFD and DCGM every 300 s."""
     ctl, clock = controller
     api, _ = kube_api
     api.nodes[NODE].update({CONFIG_LABEL: "too-many", DEVICE_PLUGIN: "true"})
     outcome = ctl.reconcile()
     assert outcome is not None and outcome.state == "failed"
+    assert "3g.40gb" in outcome.message, outcome.message  # the plan's reason
+    assert api.nodes[NODE][STATE_LABEL] == "failed"
+    for _ in range(4):  # 20 minutes of passes
+        clock.now += 301
+        assert ctl.reconcile() is None
+    assert PAUSED not in _patched_values(api), "paused for a config that cannot apply"
+    api.nodes[NODE][CONFIG_LABEL] = "all-balanced"
+    assert (ctl.reconcile() or Outcome("", "", "", 0)).state == "success"
+
+
+def test_a_failed_apply_restores_operands_and_is_retried_after_back_off(
+    controller: tuple[MigLabelController, Clock],
+    kube_api: tuple[FakeKubeApi, str],
+    node: SimNode,
+) -> None:
+    ctl, clock = controller
+    api, _ = kube_api
+    node.control.inject_fault("nvmlGpuInstanceCreateComputeInstance", "Unknown", nth=3)
+    api.nodes[NODE].update({CONFIG_LABEL: "all-balanced", DEVICE_PLUGIN: "true"})
+    outcome = ctl.reconcile()
+    assert outcome is not None and outcome.state == "failed" and "rolled back" in outcome.message
     assert api.nodes[NODE][STATE_LABEL] == "failed"
     assert api.nodes[NODE][DEVICE_PLUGIN] == "true"
+    assert PAUSED in _patched_values(api)  # it was paused for the apply, and put back
     assert ctl.reconcile() is None
     clock.now += 301
     retried = ctl.reconcile()
-    assert retried is not None and retried.state == "failed"
+    assert retried is not None and retried.state == "success"
+
+
+def test_processes_in_the_way_fail_without_pausing_and_are_retried(
+    controller: tuple[MigLabelController, Clock],
+    kube_api: tuple[FakeKubeApi, str],
+    node: SimNode,
+) -> None:
+    ctl, clock = controller
+    api, _ = kube_api
+    spec = parse_spec(CONFIG)
+    node.service.apply(spec, "all-balanced")
+    node.control.start_process(4242, 0, used_memory_mib=512, gpu_instance=_gi_of(node, "2g.20gb"))
+    api.nodes[NODE].update({CONFIG_LABEL: "all-disabled", DEVICE_PLUGIN: "true"})
+    outcome = ctl.reconcile()
+    assert outcome is not None and outcome.state == "failed" and "4242" in outcome.message
+    assert PAUSED not in _patched_values(api)
+    node.control.stop_process(4242)
+    clock.now += 301
+    assert (ctl.reconcile() or Outcome("", "", "", 0)).state == "success"
+    assert api.nodes[NODE][DEVICE_PLUGIN] == "true"
+
+
+def test_a_failed_restore_patch_is_retried_with_back_off_until_it_lands(
+    controller: tuple[MigLabelController, Clock], kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    """Issue 20: one failed restore PATCH left the device plugin paused for good."""
+    ctl, clock = controller
+    api, _ = kube_api
+    api.nodes[NODE].update({CONFIG_LABEL: "all-balanced", DEVICE_PLUGIN: "true"})
+    # The pause lands; the restore after the apply, and the next three tries, fail.
+    api.failing[("PATCH", f"/api/v1/nodes/{NODE}")] = (1, 4)
+    outcome = ctl.reconcile()
+    assert outcome is not None and outcome.state == "success"
+    assert api.nodes[NODE][DEVICE_PLUGIN] == PAUSED  # the restore PATCH failed
+    tries = []
+    for _ in range(240):  # 20 minutes of 5 s passes
+        clock.now += 5
+        before = len([r for r in api.requests if r.method == "PATCH"])
+        ctl.reconcile()
+        tries.append(len([r for r in api.requests if r.method == "PATCH"]) - before)
+    assert api.nodes[NODE][DEVICE_PLUGIN] == "true"
+    assert api.nodes[NODE][STATE_LABEL] == "success"
+    assert sum(tries) == 4, tries  # 3 more failures, then the one that lands; none after
+    first_tries = [i for i, n in enumerate(tries) if n]
+    gaps = [b - a for a, b in itertools.pairwise(first_tries)]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0], f"no back-off: {first_tries}"
+
+
+def test_a_restart_with_operands_paused_and_the_config_applied_restores_them(
+    node: SimNode, kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str], tmp_path: Path
+) -> None:
+    api, _ = kube_api
+    (tmp_path / "mig.yaml").write_text(CONFIG)
+    node.service.apply(parse_spec(CONFIG), "all-balanced")
+    # What the agent killed right after its apply, before its restore, left on the node.
+    api.nodes[NODE].update(
+        {CONFIG_LABEL: "all-balanced", STATE_LABEL: "pending", DEVICE_PLUGIN: PAUSED, DCGM: "false"}
+    )
+    fresh = MigLabelController(kube, NODE, node.service, tmp_path / "mig.yaml", clock=Clock())
+    outcome = fresh.reconcile()
+    assert outcome is not None and (outcome.state, outcome.message) == (
+        "success",
+        "already applied",
+    )
+    assert api.nodes[NODE][DEVICE_PLUGIN] == "true" and api.nodes[NODE][DCGM] == "false"
+    assert api.nodes[NODE][STATE_LABEL] == "success"
+
+
+def test_removing_the_config_label_restores_paused_operands(
+    controller: tuple[MigLabelController, Clock], kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    ctl, _ = controller
+    api, _ = kube_api
+    api.nodes[NODE].update({STATE_LABEL: "pending", DEVICE_PLUGIN: PAUSED, GFD: PAUSED})
+    assert ctl.reconcile() is None
+    assert api.nodes[NODE][DEVICE_PLUGIN] == "true" and api.nodes[NODE][GFD] == "true"
+
+
+def test_a_mode_change_waiting_for_a_vm_reboot_is_rebooting_then_applied_after_it(
+    kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str], tmp_path: Path
+) -> None:
+    api, _ = kube_api
+    (tmp_path / "mig.yaml").write_text(CONFIG)
+    a100 = sim_node(tmp_path / "a100", "dgx-a100")
+    try:
+        a100.control.set_passthrough_vm(True)
+        api.nodes[NODE].update({CONFIG_LABEL: "a100-1g", DEVICE_PLUGIN: "true"})
+        ctl = MigLabelController(kube, NODE, a100.service, tmp_path / "mig.yaml", clock=Clock())
+        outcome = ctl.reconcile()
+        assert outcome is not None and outcome.state == "rebooting", outcome
+        assert "reboot" in outcome.message
+        assert api.nodes[NODE][STATE_LABEL] == "rebooting"
+        assert api.nodes[NODE][DEVICE_PLUGIN] == "true"  # serving the current layout meanwhile
+        ctl.last = Outcome(
+            outcome.config, outcome.state, outcome.message, -1e9, False, outcome.digest
+        )
+        assert ctl.reconcile() is None  # waits for the reboot, no retry loop
+        a100.control.reboot()
+        after = MigLabelController(kube, NODE, a100.service, tmp_path / "mig.yaml", clock=Clock())
+        done = after.reconcile()  # the agent starts again after the reboot
+        assert done is not None and done.state == "success", done
+        assert api.nodes[NODE][STATE_LABEL] == "success"
+    finally:
+        a100.close()
+
+
+def _patched_values(api: FakeKubeApi) -> set[str]:
+    return {
+        v
+        for r in api.requests
+        if r.method == "PATCH"
+        for v in r.body["metadata"]["labels"].values()  # type: ignore[index]
+    }
+
+
+def _gi_of(node: SimNode, profile: str) -> int:
+    layout = node.driver.layout(node.driver.gpus()[0].uuid)
+    return next(gi.id for gi in layout.instances if gi.profile_name == profile)
 
 
 def test_an_unknown_config_name_fails_without_pausing_anything(
@@ -166,5 +314,5 @@ def test_the_state_is_exported_for_alerts(
     (family,) = collector.collect()
     values = {s.labels["state"]: s.value for s in family.samples}
     assert family.name == "gpu_agent_mig_config_state"
-    assert values == {"pending": 0.0, "success": 0.0, "failed": 1.0}
+    assert values == {"pending": 0.0, "success": 0.0, "failed": 1.0, "rebooting": 0.0}
     assert {s.labels["config"] for s in family.samples} == {"too-many"}

@@ -26,6 +26,23 @@ def test_the_nth_call_fails_with_the_injected_error(node: Opener) -> None:
     assert control.describe()["faults"] == []
 
 
+def test_an_nvml_error_reads_the_drivers_text(node: Opener) -> None:
+    """As str() of pynvml's error reads nvmlErrorString on a GPU: "In use by another client"
+    and "Insufficient Resources", never "NVML Error with code 19"."""
+    nvml, control = node("dgx-h100")
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    control.inject_fault("nvmlDeviceGetMemoryInfo", "InUse")
+    with pytest.raises(pynvml.NVMLError_InUse) as info:
+        nvml.nvmlDeviceGetMemoryInfo(handle)
+    assert str(info.value) == "In use by another client"
+    assert nvml.nvmlErrorString(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES) == (
+        "Insufficient Resources"
+    )
+    assert str(pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)) == (
+        "Insufficient Resources"
+    )
+
+
 def test_count_fails_consecutive_calls(node: Opener) -> None:
     nvml, control = node("dgx-h100")
     control.inject_fault("nvmlDeviceGetCount", pynvml.NVML_ERROR_UNKNOWN, count=2)

@@ -143,6 +143,29 @@ def test_utilization_unsupported_with_mig_is_reported_once(
     assert len(lines) == 1 and "GPU 1" in lines[0]
 
 
+def test_unsupported_warnings_are_not_logged_again_after_a_layout_change(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 20: the same "not supported" lines came back after every MIG layout change."""
+    node, _big, small = _mig_node(tmp_path)
+    sampler = node.sampler()
+    with caplog.at_level(logging.WARNING, logger="agent.telemetry.sampler"):
+        two_ticks(sampler)
+        first = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        uuid = node.uuids[1]
+        node.driver.destroy_compute_instance(uuid, small.id, 0)
+        node.driver.destroy_gpu_instance(uuid, small.id)
+        node.create_instance(1, "1g.10gb", slot=6)
+        two_ticks(sampler)
+        again = [r.getMessage() for r in caplog.records]
+    assert any("not supported" in line for line in first)
+    assert not [line for line in again if "not supported" in line], again
+    snapshot = sampler.tick()
+    support = {(s.field_id, s.gpu.index): s.supported for s in snapshot.support}
+    assert support[(F["DEV_GPU_UTIL"], 1)] is False  # still known unsupported, just not re-logged
+
+
 def test_recreated_instance_starts_a_new_gpm_window(tmp_path: Path) -> None:
     """A GI destroyed and re-created with the same id must not mix the two instances' counters."""
     node, _big, small = _mig_node(tmp_path)

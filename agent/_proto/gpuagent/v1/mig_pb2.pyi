@@ -78,16 +78,20 @@ class PlanMigResponse(_message.Message):
     def __init__(self, config_name: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuMigPlan, _Mapping]]] = ..., unselected_gpus: _Optional[_Iterable[int]] = ..., skipped_gpus: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ApplyMigRequest(_message.Message):
-    __slots__ = ("config_yaml", "config_name", "force", "request_id")
+    __slots__ = ("config_yaml", "config_name", "force", "request_id", "mode_only", "skip_reset")
     CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]
     CONFIG_NAME_FIELD_NUMBER: _ClassVar[int]
     FORCE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    SKIP_RESET_FIELD_NUMBER: _ClassVar[int]
     config_yaml: str
     config_name: str
     force: bool
     request_id: str
-    def __init__(self, config_yaml: _Optional[str] = ..., config_name: _Optional[str] = ..., force: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+    mode_only: bool
+    skip_reset: bool
+    def __init__(self, config_yaml: _Optional[str] = ..., config_name: _Optional[str] = ..., force: _Optional[bool] = ..., request_id: _Optional[str] = ..., mode_only: _Optional[bool] = ..., skip_reset: _Optional[bool] = ...) -> None: ...
 
 class ApplyMigResponse(_message.Message):
     __slots__ = ("operation",)
