@@ -115,14 +115,15 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         gpu, config.telemetry, hostname=config.node_name, proc_root=proc_root
     )
     inventory = NodeInventory(
-        gpu,
         bus,
         node_name=config.node_name,
         simulated_preset=config.simulate,
         cache=prewarm.inventory,
         xids=lambda: telemetry.xids.state().counts,
         telemetry=telemetry.sampler.latest,
+        wake=telemetry.sampler.wake,
     )
+    telemetry.sampler.subscribe(inventory.refresh_gpus)  # GetNode follows every snapshot
     # Sharing reads the node's shape from the inventory: no NVML call per request.
     kube: KubeClient | None = InClusterKubeClient.in_pod()
     sharing = SharingService(config.sharing, inventory.layouts, kube, node_name=config.node_name)
@@ -193,7 +194,13 @@ class Node:
         return Response(200, b"ok\n")
 
     async def _readyz(self, _: Request) -> Response:
-        return Response(200, b"ready\n") if self._ready else Response(503, b"starting\n")
+        """Ready once serving while at least one GPU answers: a lost GPU degrades the node (it
+        is reported as lost), it does not take the others out of the Service."""
+        if not self._ready:
+            return Response(503, b"starting\n")
+        if self.services.inventory.every_gpu_lost():
+            return Response(503, b"no GPU answers\n")
+        return Response(200, b"ready\n")
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -263,11 +270,12 @@ class Node:
         s.bus.bind(loop)
         s.runner.bind(loop)
         await self._recover()
-        await asyncio.to_thread(s.inventory.refresh_all)  # GetNode never answers empty
-        await asyncio.to_thread(s.prewarm.start)
-        stack.push_async_callback(asyncio.to_thread, s.prewarm.stop)
+        # The first snapshot is taken before GetNode serves: it never answers empty.
         await asyncio.to_thread(s.telemetry.start)
         stack.push_async_callback(asyncio.to_thread, s.telemetry.stop)
+        await asyncio.to_thread(s.inventory.refresh_all)
+        await asyncio.to_thread(s.prewarm.start)
+        stack.push_async_callback(asyncio.to_thread, s.prewarm.stop)
         host, port = _split_listen(cfg.metrics_listen)
         self.metrics_port = await self.http.start(host, port)
         stack.push_async_callback(self.http.stop)

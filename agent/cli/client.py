@@ -305,6 +305,15 @@ class RemoteSharing:
         return _result(response.change)
 
 
+def _lost_detail(node: agent_pb2.Node, index: int) -> str:
+    """The driver's error for a lost GPU, from the node's gpu-driver health detail."""
+    for c in node.health.components:
+        for part in c.detail.split("; "):
+            if part.startswith(f"GPU {index} lost: "):
+                return part.removeprefix(f"GPU {index} lost: ")
+    return "the GPU does not answer"
+
+
 def status_view(node: agent_pb2.Node) -> dict[str, Any]:
     """The node as ``gpu-agent status`` shows it (`agent.cli.status.node_status`'s shape)."""
 
@@ -316,11 +325,16 @@ def status_view(node: agent_pb2.Node) -> dict[str, Any]:
         "gpus": [
             {
                 "index": g.index,
-                "uuid": g.uuid,
-                "name": g.name,
-                "pci_bus_id": g.pci_bus_id,
-                "pci_device_id": f"0x{g.pci_device_id:08X}",
-                "memory_total_bytes": g.memory_total_bytes,
+                "health": "lost" if g.health == agent_pb2.GPU_HEALTH_LOST else "ok",
+                "detail": _lost_detail(node, g.index)
+                if g.health == agent_pb2.GPU_HEALTH_LOST
+                else "",
+                # A GPU lost before the agent saw it answer has only its index.
+                "uuid": g.uuid or None,
+                "name": g.name or None,
+                "pci_bus_id": g.pci_bus_id or None,
+                "pci_device_id": f"0x{g.pci_device_id:08X}" if g.uuid else None,
+                "memory_total_bytes": g.memory_total_bytes if g.uuid else None,
                 "mig": None
                 if not g.HasField("mig_mode")
                 else {

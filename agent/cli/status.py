@@ -9,15 +9,41 @@ import click
 from agent.cli.context import CliContext
 from agent.cli.render import emit, format_table, human_bytes, output_option
 from agent.gpu import GpuDriver
-from agent.gpu.types import GpuLayout
+from agent.gpu.types import GpuLayout, LostGpu
 
 
 def node_status(gpu: GpuDriver) -> dict[str, Any]:
-    """A JSON-able view of the node, the same shape for every output format."""
-    layouts = [gpu.layout(g.uuid) for g in gpu.gpus()]
+    """A JSON-able view of the node, the same shape for every output format. A lost GPU is
+    listed with ``health: lost`` and what is known of it; the others are read as usual."""
+    scan = gpu.scan()
+    views = [_gpu_view(gpu.layout(g.uuid)) for g in scan.gpus]
+    views += [_lost_view(g) for g in scan.lost]
     return {
         "driver_version": gpu.driver_version(),
-        "gpus": [_gpu_view(layout) for layout in layouts],
+        "gpus": sorted(views, key=lambda v: int(v["index"])),
+    }
+
+
+def _lost_view(lost: LostGpu) -> dict[str, Any]:
+    g = lost.last_known
+    empty = GpuLayout(g, (), (), ()) if g is not None else None
+    view = _gpu_view(empty) if empty is not None else _unknown_view(lost.index)
+    view.update(health="lost", detail=lost.detail)
+    return view
+
+
+def _unknown_view(index: int) -> dict[str, Any]:
+    """A GPU lost before anything could be read of it: NVML gives only its index."""
+    return {
+        "index": index,
+        "uuid": None,
+        "name": None,
+        "pci_bus_id": None,
+        "pci_device_id": None,
+        "memory_total_bytes": None,
+        "mig": None,
+        "instances": [],
+        "processes": [],
     }
 
 
@@ -25,6 +51,8 @@ def _gpu_view(layout: GpuLayout) -> dict[str, Any]:
     g = layout.gpu
     return {
         "index": g.index,
+        "health": "ok",
+        "detail": "",
         "uuid": g.uuid,
         "name": g.name,
         "pci_bus_id": g.pci_bus_id,
@@ -68,23 +96,30 @@ def _gpu_view(layout: GpuLayout) -> dict[str, Any]:
 
 def _table(data: dict[str, Any]) -> str:
     gpus = data["gpus"]
-    parts = [f"Driver {data['driver_version']}, {len(gpus)} GPU(s)", ""]
+    lost = [g for g in gpus if g["health"] == "lost"]
+    head = f"Driver {data['driver_version']}, {len(gpus)} GPU(s)"
+    parts = [head + (f", {len(lost)} lost" if lost else ""), ""]
     parts.append(
         format_table(
-            ["GPU", "UUID", "MODEL", "BUS ID", "MEMORY", "MIG (current/pending)"],
+            ["GPU", "HEALTH", "UUID", "MODEL", "BUS ID", "MEMORY", "MIG (current/pending)"],
             [
                 [
                     g["index"],
-                    g["uuid"],
-                    g["name"],
-                    g["pci_bus_id"],
-                    human_bytes(g["memory_total_bytes"]),
+                    g["health"],
+                    g["uuid"] or "?",
+                    g["name"] or "?",
+                    g["pci_bus_id"] or "?",
+                    "?"
+                    if g["memory_total_bytes"] is None
+                    else human_bytes(g["memory_total_bytes"]),
                     "n/a" if g["mig"] is None else f"{g['mig']['current']}/{g['mig']['pending']}",
                 ]
                 for g in gpus
             ],
         )
     )
+    for g in lost:
+        parts.append(f"GPU {g['index']} is lost: {g['detail']}")
     instances = [
         [
             g["index"],

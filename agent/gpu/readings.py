@@ -6,9 +6,13 @@ change while the driver is loaded (handles, identities, NVLink link counts, MIG 
 profile names) and reads the rest on request: grouped device readings (one NVML call per group,
 however many fields it feeds), MIG layouts, processes, GPM samples and XID events.
 
+Every call goes through the driver's one NVML gateway (:attr:`GpuDriver.nvml`: counted, with
+version fallbacks), and errors are translated by :meth:`GpuDriver.call`.
+
 Failures keep their meaning: a reading NVML does not support is reported as unsupported (the
-caller stops asking), a lost GPU raises :class:`~agent.errors.DeviceLost`, anything else is a
-failed reading for this tick. Nothing is turned into 0.
+caller stops asking), a lost GPU raises :class:`~agent.errors.DeviceLost` for that GPU only,
+anything else is a failed reading for this tick. Nothing is turned into 0. A GPU lost before the
+agent started is still listed (by index, with an empty identity) and re-tried every tick.
 """
 
 from __future__ import annotations
@@ -16,13 +20,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from agent.errors import DeviceLost, NotSupported
-from agent.gpu.nvml import GpuDriver, _translate
-from agent.gpu.types import Process
+from agent.errors import AgentError, DeviceLost, NotSupported
+from agent.gpu.nvml import GpuDriver, translate
+from agent.gpu.types import GpuLayout, Process
 
 __all__ = [
     "DeviceReadings",
@@ -48,6 +52,9 @@ _ERR_FUNCTION_NOT_FOUND = 13
 _ERR_GPU_IS_LOST = 15
 _UNSUPPORTED = (_ERR_NOT_SUPPORTED, _ERR_FUNCTION_NOT_FOUND)
 _NO_ID = 0xFFFFFFFF
+
+#: A full layout re-read at least this often (in reads, one per sampler tick).
+FULL_LAYOUT_EVERY = 30
 
 
 class Reading(Enum):
@@ -137,6 +144,8 @@ class GpuInstanceInfo:
 class MigLayout:
     enabled: bool
     instances: tuple[GpuInstanceInfo, ...] = ()
+    #: the requested mode (differs from ``enabled`` until a reset); None: not MIG-capable
+    pending: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,13 +194,16 @@ def _utilization(n: Any, h: Any) -> Mapping[Reading, float]:
 
 
 def _memory(n: Any, h: Any) -> Mapping[Reading, float]:
-    m = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)  # v2 separates reserved (R515+)
-    return {
+    m = n.nvmlDeviceGetMemoryInfo(h)  # the gateway picks v2 (reserved apart, R515+) or v1
+    out = {
         Reading.FB_TOTAL_BYTES: m.total,
         Reading.FB_FREE_BYTES: m.free,
         Reading.FB_USED_BYTES: m.used,
-        Reading.FB_RESERVED_BYTES: m.reserved,
     }
+    reserved = getattr(m, "reserved", None)
+    if reserved is not None:
+        out[Reading.FB_RESERVED_BYTES] = reserved
+    return out
 
 
 def _remapped(n: Any, h: Any) -> Mapping[Reading, float]:
@@ -324,7 +336,8 @@ class NodeReader:
 
     def __init__(self, driver: GpuDriver) -> None:
         self._driver = driver
-        self._n = driver.module
+        self._n = driver.nvml
+        #: by index; None for a GPU that has not answered yet (lost at start)
         self._handles: list[Any] = []
         self._identities: tuple[GpuIdentity, ...] = ()
         self._link_counts: dict[int, int] = {}
@@ -333,6 +346,8 @@ class NodeReader:
         self._mig_ids: dict[str, tuple[int, int, str]] = {}
         self._mig_handles: dict[str, Any] = {}
         self._profile_names: dict[int, dict[int, str]] = {}
+        #: gpu -> (what the full read saw, the layout, reads since the full one)
+        self._layouts: dict[int, tuple[tuple[MigLayout, int], GpuLayout, int]] = {}
 
     @property
     def driver(self) -> GpuDriver:
@@ -341,17 +356,31 @@ class NodeReader:
     # -- identity ---------------------------------------------------------------------------------
 
     def gpus(self) -> tuple[GpuIdentity, ...]:
-        """Every GPU's identity, read once."""
-        if not self._identities:
-            n = self._n
-            count = self._driver._call(n.nvmlDeviceGetCount)
-            handles = [self._driver._call(n.nvmlDeviceGetHandleByIndex, i) for i in range(count)]
-            self._identities = tuple(self._identity(i, h) for i, h in enumerate(handles))
-            self._handles = handles
+        """Every GPU's identity by index, read once; a GPU that does not answer has an empty
+        identity (``uuid == ""``) until it does (see :meth:`_handle`)."""
+        if not self._handles:
+            count = int(self._driver.call(self._n.nvmlDeviceGetCount))
+            self._handles = [None] * count
+            self._identities = tuple(GpuIdentity(i, "", "", "", i) for i in range(count))
+            for i in range(count):
+                with contextlib.suppress(DeviceLost):
+                    self._handle(i)
         return self._identities
 
+    def _handle(self, gpu: int) -> Any:
+        """The GPU's handle; opened (and its identity read) the first time it answers."""
+        h = self._handles[gpu]
+        if h is None:
+            h = self._driver.call(self._n.nvmlDeviceGetHandleByIndex, gpu)
+            identity = self._identity(gpu, h)
+            ids = list(self._identities)
+            ids[gpu] = identity
+            self._identities = tuple(ids)
+            self._handles[gpu] = h
+        return h
+
     def _identity(self, index: int, h: Any) -> GpuIdentity:
-        n, call = self._n, self._driver._call
+        n, call = self._n, self._driver.call
         pci = call(n.nvmlDeviceGetPciInfo, h)
         bus_id = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
         try:
@@ -368,7 +397,7 @@ class NodeReader:
 
     def versions(self) -> tuple[str, str]:
         """(driver version, NVML version)."""
-        n, call = self._n, self._driver._call
+        n, call = self._n, self._driver.call
         nvml = call(n.nvmlSystemGetNVMLVersion)
         return str(call(n.nvmlSystemGetDriverVersion)), nvml.decode() if isinstance(
             nvml, bytes
@@ -378,7 +407,7 @@ class NodeReader:
 
     def read(self, gpu: int, wanted: Iterable[Reading]) -> DeviceReadings:
         """Read ``wanted`` on a physical GPU. Raises DeviceLost when the GPU is gone."""
-        return self._read(self._handles[gpu], gpu, set(wanted))
+        return self._read(self._handle(gpu), gpu, set(wanted))
 
     def read_instance(self, mig_uuid: str, wanted: Iterable[Reading]) -> DeviceReadings:
         """Read per-instance readings (framebuffer) through a MIG device of the instance."""
@@ -471,22 +500,22 @@ class NodeReader:
     def mig_layout(self, gpu: int) -> MigLayout:
         """The GPU's MIG mode and instances now. Cheap: handle and UUID per MIG device slot,
         with ids and profile names looked up only for UUIDs not seen before."""
-        n, h = self._n, self._handles[gpu]
+        n, h = self._n, self._handle(gpu)
         try:
-            current, _pending = n.nvmlDeviceGetMigMode(h)
+            current, pending = n.nvmlDeviceGetMigMode(h)
         except n.NVMLError as exc:
             code = _code(exc)
             if code == _ERR_GPU_IS_LOST:
                 raise DeviceLost(str(exc)) from exc
             if code in _UNSUPPORTED:
                 return MigLayout(False)
-            raise _translate(exc, "nvmlDeviceGetMigMode") from exc
+            raise translate(exc, "nvmlDeviceGetMigMode") from exc
         if not current:
-            return MigLayout(False)
+            return MigLayout(False, pending=bool(pending))
         devices: dict[int, list[MigDevice]] = {}
         profiles: dict[int, str] = {}
         for mig in self._mig_device_handles(gpu, h):
-            uuid = str(self._driver._call(n.nvmlDeviceGetUUID, mig))
+            uuid = str(self._driver.call(n.nvmlDeviceGetUUID, mig))
             self._mig_handles[uuid] = mig
             if uuid not in self._mig_ids:
                 self._mig_ids[uuid] = self._mig_identity(gpu, h, mig)
@@ -499,22 +528,42 @@ class NodeReader:
             )
             for gi, devs in sorted(devices.items())
         )
-        return MigLayout(True, instances)
+        return MigLayout(True, instances, pending=bool(pending))
+
+    def layout(self, gpu: int, mig: MigLayout) -> GpuLayout:
+        """The planner's view of the GPU (``GpuLayout``) for the node snapshot, at the cost of
+        one process-list call on most ticks.
+
+        Profiles, instances and placements are re-read in full only when ``mig`` (this tick's
+        mode and MIG devices) differs from the last full read's, when the agent changed a GPU
+        since (the driver's ``generation``), or every ``FULL_LAYOUT_EVERY`` reads (a GPU
+        instance without a compute instance, made outside the agent, has no MIG device to
+        notice it by). Otherwise the cached shape is returned with fresh processes.
+        """
+        cached = self._layouts.get(gpu)
+        key = (mig, self._driver.generation)
+        if cached is None or cached[0] != key or cached[2] >= FULL_LAYOUT_EVERY:
+            layout = self._driver.layout(self._identities[gpu].uuid)
+            self._layouts[gpu] = (key, layout, 1)
+            return layout
+        _key, layout, reads = cached
+        self._layouts[gpu] = (key, layout, reads + 1)
+        return replace(layout, processes=self._driver.processes_of(self._handle(gpu)))
 
     def _mig_device_handles(self, gpu: int, h: Any) -> Iterable[Any]:
         n = self._n
         if gpu not in self._max_mig:
-            self._max_mig[gpu] = int(self._driver._call(n.nvmlDeviceGetMaxMigDeviceCount, h))
+            self._max_mig[gpu] = int(self._driver.call(n.nvmlDeviceGetMaxMigDeviceCount, h))
         for i in range(self._max_mig[gpu]):
             try:
                 yield n.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
             except n.NVMLError as exc:
                 if _code(exc) in (_ERR_NOT_FOUND, _ERR_INVALID_ARGUMENT):
                     continue  # empty slot: MIG device handles are sparse
-                raise _translate(exc, "nvmlDeviceGetMigDeviceHandleByIndex") from exc
+                raise translate(exc, "nvmlDeviceGetMigDeviceHandleByIndex") from exc
 
     def _mig_identity(self, gpu: int, h: Any, mig: Any) -> tuple[int, int, str]:
-        n, call = self._n, self._driver._call
+        n, call = self._n, self._driver.call
         gi = int(call(n.nvmlDeviceGetGpuInstanceId, mig))
         ci = int(call(n.nvmlDeviceGetComputeInstanceId, mig))
         info = call(n.nvmlGpuInstanceGetInfo, call(n.nvmlDeviceGetGpuInstanceById, h, gi))
@@ -530,20 +579,20 @@ class NodeReader:
 
     def processes(self, gpu: int, mig_uuid: str | None = None) -> tuple[Process, ...]:
         """Compute processes on a GPU, or on one MIG device."""
-        h = self._mig_handles[mig_uuid] if mig_uuid is not None else self._handles[gpu]
-        return self._driver._processes(h)
+        h = self._mig_handles[mig_uuid] if mig_uuid is not None else self._handle(gpu)
+        return self._driver.processes_of(h)
 
     def process_utilization(self, gpu: int, since_us: int) -> tuple[dict[int, float], int]:
         """(pid -> mean SM utilisation % over NVML's samples since ``since_us``, newest sample
         timestamp). Raises NotSupported on MIG-enabled GPUs and drivers without the call."""
         n = self._n
         try:
-            samples = n.nvmlDeviceGetProcessUtilization(self._handles[gpu], since_us)
+            samples = n.nvmlDeviceGetProcessUtilization(self._handle(gpu), since_us)
         except n.NVMLError as exc:
             code = _code(exc)
             if code in (_SUCCESS, _ERR_NOT_FOUND):
                 return {}, since_us  # no sample since then (pynvml raises on an empty first call)
-            raise _translate(exc, "nvmlDeviceGetProcessUtilization") from exc
+            raise translate(exc, "nvmlDeviceGetProcessUtilization") from exc
         sums: dict[int, list[float]] = {}
         newest = since_us
         for s in samples:
@@ -557,7 +606,7 @@ class NodeReader:
         """Decided by NVML per device, never by model name (telemetry.md fact 3)."""
         n = self._n
         try:
-            return bool(n.nvmlGpmQueryDeviceSupport(self._handles[gpu]).isSupportedDevice)
+            return bool(n.nvmlGpmQueryDeviceSupport(self._handle(gpu)).isSupportedDevice)
         except n.NVMLError as exc:
             if _code(exc) == _ERR_GPU_IS_LOST:
                 raise DeviceLost(str(exc)) from exc
@@ -569,13 +618,13 @@ class NodeReader:
         """Sample the GPU, or one of its GPU instances (parent handle + GI id, as DCGM does),
         into ``into`` or a newly allocated buffer."""
         n = self._n
-        sample = into if into is not None else GpmSample(self._driver._call(n.nvmlGpmSampleAlloc))
+        sample = into if into is not None else GpmSample(self._driver.call(n.nvmlGpmSampleAlloc))
         try:
             if gpu_instance_id is None:
-                self._driver._call(n.nvmlGpmSampleGet, self._handles[gpu], sample.native)
+                self._driver.call(n.nvmlGpmSampleGet, self._handle(gpu), sample.native)
             else:
-                self._driver._call(
-                    n.nvmlGpmMigSampleGet, self._handles[gpu], gpu_instance_id, sample.native
+                self._driver.call(
+                    n.nvmlGpmMigSampleGet, self._handle(gpu), gpu_instance_id, sample.native
                 )
         except BaseException:
             if into is None:
@@ -596,7 +645,7 @@ class NodeReader:
         request.sample2 = second.native
         for i, metric in enumerate(ids):
             request.metrics[i].metricId = metric
-        self._driver._call(n.nvmlGpmMetricsGet, request)
+        self._driver.call(n.nvmlGpmMetricsGet, request)
         values: dict[int, float] = {}
         unsupported: set[int] = set()
         for i, metric in enumerate(ids):
@@ -632,12 +681,16 @@ class XidEvents:
 
     def __init__(self, reader: NodeReader) -> None:
         self._driver = reader.driver
-        n = self._n = reader.driver.module
+        n = self._n = reader.driver.nvml
         self.unsupported: dict[int, str] = {}
         self._index_of: dict[int, int] = {}
-        self._set = self._driver._call(n.nvmlEventSetCreate)
+        self._set = self._driver.call(n.nvmlEventSetCreate)
         for gpu in reader.gpus():
-            h = self._driver._call(n.nvmlDeviceGetHandleByIndex, gpu.index)
+            try:
+                h = self._driver.call(n.nvmlDeviceGetHandleByIndex, gpu.index)
+            except AgentError as exc:  # lost at start: no events from it; the others still
+                self.unsupported[gpu.index] = str(exc)
+                continue
             self._index_of[_address(h)] = gpu.index
             try:
                 supported = n.nvmlDeviceGetSupportedEventTypes(h)
@@ -653,14 +706,14 @@ class XidEvents:
         domain errors when the event set breaks."""
         n = self._n
         try:
-            data = n.nvmlEventSetWait_v2(self._set, timeout_ms)
+            data = n.nvmlEventSetWait(self._set, timeout_ms)
         except n.NVMLError as exc:
             if _code(exc) == _ERR_TIMEOUT:
                 return None
-            raise _translate(exc, "nvmlEventSetWait") from exc
+            raise translate(exc, "nvmlEventSetWait") from exc
         index = self._index_of.get(_address(data.device))
         if index is None:
-            index = int(self._driver._call(n.nvmlDeviceGetIndex, data.device))
+            index = int(self._driver.call(n.nvmlDeviceGetIndex, data.device))
         return XidEvent(
             index,
             int(data.eventData),

@@ -1,6 +1,8 @@
 """The collection loop: one thread reads every selected field once per interval into a Snapshot.
 
-Per tick and per GPU: the MIG layout (cheap; instance changes are noticed at once), the NVML
+Per tick and per GPU: the MIG layout (cheap; instance changes are noticed at once) and the
+planner's layout with processes (``NodeReader.layout``: the API's inventory reads it from the
+snapshot instead of calling NVML again), the NVML
 readings of the selected fields (physical ones on the GPU only, framebuffer per instance too),
 GPM averages per GPU and per GPU instance (or the DCGM backend's values where the GPU has no GPM),
 the XID state, and per-pod process usage. Pod allocations come from the pod watcher's latest List.
@@ -25,6 +27,7 @@ from typing import Protocol
 
 from agent.errors import AgentError, DeviceLost, NotSupported
 from agent.gpu.readings import GpuIdentity, MigDevice, MigLayout, NodeReader, Reading
+from agent.gpu.types import GpuLayout
 from agent.telemetry.gpm import GpmKey, GpmTracker
 from agent.telemetry.idle import IdleTracker
 from agent.telemetry.pods import Allocation, DeviceId, EntityKey, attribute
@@ -90,6 +93,8 @@ class _GpuState:
     """What the sampler remembers about one GPU between ticks."""
 
     layout: MigLayout | None = None
+    #: the planner's view, last read (kept while the GPU is down)
+    node_layout: GpuLayout | None = None
     up: bool = True
     gpm: bool | None = None
     #: readings NVML refused on this GPU since its layout last changed
@@ -148,6 +153,7 @@ class Sampler:
         self._versions: tuple[str, str] | None = None
         self._subscribers: list[Callable[[Snapshot], None]] = []
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -164,8 +170,13 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, name="gpu-agent-sampler", daemon=True)
         self._thread.start()
 
+    def wake(self) -> None:
+        """Collect now rather than at the next interval (after the agent changed a GPU)."""
+        self._wake.set()
+
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
         self._gpm_gpu.close()
@@ -174,7 +185,11 @@ class Sampler:
     def _run(self) -> None:
         interval = self._options.interval_s
         deadline = self._clock() + interval
-        while not self._stop.wait(max(0.0, deadline - self._clock())):
+        while True:
+            self._wake.wait(max(0.0, deadline - self._clock()))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.tick()
             except Exception:
@@ -198,25 +213,29 @@ class Sampler:
         statuses: list[GpuStatus] = []
         samples: list[EntitySample] = []
         layouts: dict[int, MigLayout] = {}
+        node_layouts: list[GpuLayout] = []
         for gpu in gpus:
             state = self._gpus.setdefault(gpu.index, _GpuState())
             try:
                 gpu_samples = self._collect_gpu(gpu, state, xid, started)
             except DeviceLost as exc:
                 self._lost(gpu, state, exc)
-                statuses.append(GpuStatus(gpu, up=False))
+                statuses.append(GpuStatus(gpu, up=False, detail=str(exc)))
+                node_layouts.extend([state.node_layout] if state.node_layout else [])
                 continue
             except AgentError as exc:
                 # One GPU's NVML failure must not silence the others; it has no series this tick.
                 self._stats.error("nvml")
                 log.warning("GPU %d: collection failed this tick: %s", gpu.index, exc)
                 statuses.append(GpuStatus(gpu, up=state.up))
+                node_layouts.extend([state.node_layout] if state.node_layout else [])
                 continue
             if not state.up:
                 log.warning("GPU %d (%s) answers NVML again", gpu.index, gpu.uuid)
             state.up = True
             statuses.append(GpuStatus(gpu, up=True))
             layouts[gpu.index] = state.layout or MigLayout(False)
+            node_layouts.extend([state.node_layout] if state.node_layout else [])
             samples.extend(gpu_samples)
         self._gpm_gpu.retain(GpmKey(g, None, gpus[g].uuid) for g in layouts)
         self._gpm_gi.retain(self._instance_keys(gpus, layouts))
@@ -232,6 +251,7 @@ class Sampler:
             pods=tuple(pods),
             xids=self._xid_counts(gpus, layouts, xid),
             support=self._support(gpus),
+            layouts=tuple(node_layouts),
         )
         self._report_unsupported()
         self._stats.observe_collection(self._clock() - started)
@@ -258,6 +278,13 @@ class Sampler:
             state.layout = layout
             state.unsupported.clear()
             state.field_unsupported.clear()
+        try:
+            state.node_layout = self._reader.layout(gpu.index, layout)
+        except DeviceLost:
+            raise
+        except AgentError as exc:  # the inventory keeps the last layout; telemetry goes on
+            self._stats.error("nvml")
+            log.warning("GPU %d: MIG layout read failed this tick: %s", gpu.index, exc)
         if state.gpm is None:
             state.gpm = self._reader.gpm_supported(gpu.index)
         gpu_values, gpu_util = self._gpu_values(gpu, state, now)

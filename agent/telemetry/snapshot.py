@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agent.gpu.readings import GpuIdentity
+from agent.gpu.types import GpuLayout
 
 __all__ = [
     "Entity",
@@ -86,6 +87,8 @@ class XidCount:
 class GpuStatus:
     gpu: GpuIdentity
     up: bool
+    #: why the GPU is down (the driver's error); empty while it is up
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +112,13 @@ class Snapshot:
     pods: tuple[PodUsage, ...] = ()
     xids: tuple[XidCount, ...] = ()
     support: tuple[FieldSupport, ...] = ()
+    #: each GPU's MIG layout and processes (the planner's view) for the API's inventory; a GPU
+    #: down this tick keeps its last known layout, one never seen up has none
+    layouts: tuple[GpuLayout, ...] = ()
+
+    def serving(self) -> int:
+        """How many GPUs answered this tick."""
+        return sum(1 for g in self.gpus if g.up)
 
     def gpu_idle_seconds(self) -> dict[str, float]:
         """Whole GPUs' idle seconds by UUID, where known (MIG instances are left out)."""
