@@ -33,7 +33,9 @@ _MIG = (
 )
 
 
-def _cli(state_dir: Path, *args: str, config: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _cli(
+    state_dir: Path, *args: str, config: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     extra = ["--config", str(config)] if config is not None else []
     return subprocess.run(
         [
