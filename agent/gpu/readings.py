@@ -428,7 +428,10 @@ class NodeReader:
                 self._classify(exc, readings, out)
                 continue
             for reading in readings:
-                out.values[reading] = float(values[reading])
+                if reading in values:
+                    out.values[reading] = float(values[reading])
+                else:  # this driver's version of the call has no such figure (memory v1)
+                    out.unsupported[reading] = "not in this driver's answer"
         fielded = [r for r in wanted if r in _FIELD_VALUES or r is Reading.NVLINK_TRAFFIC_KIB]
         if fielded and gpu is not None:
             self._read_fields(h, gpu, fielded, out)
