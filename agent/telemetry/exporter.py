@@ -29,7 +29,7 @@ from agent.telemetry.snapshot import EntitySample, Snapshot
 from agent.telemetry.stats import Histogram, TelemetryStats
 from agent.telemetry.xid import xid_message
 from dcgm.counters import Counter, CounterSet
-from dcgm.fields import BY_ID, Info, Kind, XidEvents
+from dcgm.fields import BY_ID, Field, Info, Kind, Level, XidEvents
 
 __all__ = ["MetricsExporter", "families"]
 
@@ -44,8 +44,14 @@ def families(
     counters: CounterSet,
     native: bool,
     stats: TelemetryStats | None = None,
+    devices: str = "f",
 ) -> list[Metric]:
-    """Every metric family of one scrape, in a stable order. Pure apart from reading ``stats``."""
+    """Every metric family of one scrape, in a stable order. Pure apart from reading ``stats``.
+
+    ``devices`` is dcgm-exporter's ``--devices`` choice for the fields measured per GPU instance
+    (framebuffer, DCP): ``f`` (flex) renders them on a GPU's instances when it has MIG
+    instances and on the GPU otherwise; ``g`` on whole GPUs only. GPU-level fields (power,
+    temperature, PCIe...) are on the GPU row in both."""
     out: list[Metric] = []
     if snapshot is not None:
         naming: Naming = (
@@ -58,7 +64,7 @@ def families(
         if native:
             out.append(_info(snapshot, counters))
         for counter in counters.values:
-            out.extend(_field_families(counter, native, rows))
+            out.extend(_field_families(counter, native, _rows_for(counter.field, rows, devices)))
         out.extend(_agent_families(snapshot, naming, rows))
     if stats is not None:
         out.extend(_stats_families(stats))
@@ -80,8 +86,10 @@ class MetricsExporter:
         latest: Callable[[], Snapshot | None],
         stats: TelemetryStats,
         clock: Callable[[], float] = time.perf_counter,
+        devices: str = "f",
     ) -> None:
         self._counters = counters
+        self._devices = devices
         self._native = metric_names == "native"
         self._latest = latest
         self._stats = stats
@@ -129,7 +137,8 @@ class MetricsExporter:
             self._encode(snapshot, openmetrics)
 
     def _encode(self, snapshot: Snapshot | None, openmetrics: bool) -> bytes:
-        body = encode(families(snapshot, self._counters, self._native, self._stats), openmetrics)
+        rendered = families(snapshot, self._counters, self._native, self._stats, self._devices)
+        body = encode(rendered, openmetrics)
         with self._lock:
             self._cache[openmetrics] = (snapshot, body)
         return body
@@ -166,6 +175,21 @@ def _info(snapshot: Snapshot, counters: CounterSet) -> Metric:
         labels = NativeNaming.info(status.gpu, snapshot.hostname, versions)
         metric.samples.append(Sample("gpu_agent_gpu_info", labels, 1.0))
     return metric
+
+
+def _rows_for(field: Field, rows: list[_Row], devices: str) -> list[_Row]:
+    """The entities a field is rendered on (see ``families``); one row per quantity, so a sum
+    over a GPU's rows is the GPU's figure."""
+    if field.level is Level.GPU:
+        return rows
+    if devices == "g":
+        return [r for r in rows if r[0].entity.instance is None]
+    partitioned = {s.entity.gpu.index for s, _ in rows if s.entity.instance is not None}
+    return [
+        r
+        for r in rows
+        if r[0].entity.instance is not None or r[0].entity.gpu.index not in partitioned
+    ]
 
 
 def _field_families(counter: Counter, native: bool, rows: list[_Row]) -> Iterator[Metric]:

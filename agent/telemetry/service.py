@@ -99,7 +99,9 @@ def build_telemetry(
         xids=xids,
         profiling=profiling,
     )
-    exporter = MetricsExporter(counters, settings.metric_names, sampler.latest, stats)
+    exporter = MetricsExporter(
+        counters, settings.metric_names, sampler.latest, stats, devices=settings.devices
+    )
     sampler.subscribe(exporter.prerender)
     return TelemetryService(sampler, exporter, stats, xids, pods, profiling)
 
