@@ -44,7 +44,7 @@ from agent.telemetry.snapshot import (
     XidCount,
 )
 from agent.telemetry.stats import TelemetryStats
-from agent.telemetry.usage import pod_usage
+from agent.telemetry.usage import UNMAPPED, Unmapped, pod_usage
 from agent.telemetry.xid import XidState
 from dcgm.counters import CounterSet
 from dcgm.fields import Field, Gpm, Level, Nvml, NvmlRate, Unavailable, XidEvents
@@ -499,7 +499,13 @@ class Sampler:
             self._stats.error("nvml")
             log.debug("process list of %s failed: %s", entity, exc)
             return []
-        return pod_usage(entity, allocated, processes, self._pod_of_pid, util)
+        rows, unmapped = pod_usage(entity, allocated, processes, self._pod_of_pid, util)
+        if unmapped:
+            # Unknown, not 0: the rows go without a memory figure (gpu_agent_pod_memory_used_bytes
+            # has none) and the failures are counted.
+            self._stats.error("pod_mapping", unmapped)
+            log.debug("%s: %d process(es) not mapped to a container", entity, unmapped)
+        return rows
 
     def _process_util(self, gpu: int) -> dict[int, float] | None:
         state = self._gpus[gpu]
@@ -515,11 +521,17 @@ class Sampler:
         state.util_since_us = newest
         return util
 
-    def _pod_of_pid(self, pid: int) -> PodRef | None:
+    def _pod_of_pid(self, pid: int) -> PodRef | Unmapped | None:
         if self._containers is None:
-            return None
-        cid = read_container_id(self._options.proc_root, pid)
-        return None if cid is None else self._containers.lookup(cid)
+            return UNMAPPED
+        try:
+            cid = read_container_id(self._options.proc_root, pid)
+        except OSError:
+            return UNMAPPED  # no host /proc (hostPID off), or the process is not ours to read
+        if cid is None:
+            return None  # a host process
+        pod = self._containers.lookup(cid)
+        return UNMAPPED if pod is None else pod
 
     # -- results ----------------------------------------------------------------------------------
 
