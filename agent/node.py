@@ -112,7 +112,11 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
 
         proc_root = SimControl(config.state_dir).proc_root  # the simulator's /proc look-alike
     telemetry = build_telemetry(
-        gpu, config.telemetry, hostname=config.node_name, proc_root=proc_root
+        gpu,
+        config.telemetry,
+        hostname=config.node_name,
+        proc_root=proc_root,
+        state_dir=config.state_dir,
     )
     inventory = NodeInventory(
         bus,

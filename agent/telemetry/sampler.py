@@ -29,7 +29,7 @@ from agent.errors import AgentError, DeviceLost, NotSupported
 from agent.gpu.readings import GpuIdentity, MigDevice, MigLayout, NodeReader, Reading
 from agent.gpu.types import GpuLayout
 from agent.telemetry.gpm import GpmKey, GpmTracker
-from agent.telemetry.idle import IdleTracker
+from agent.telemetry.idle import IdleStore, IdleTracker
 from agent.telemetry.pods import Allocation, DeviceId, EntityKey, attribute
 from agent.telemetry.procs import ContainerDirectory, read_container_id
 from agent.telemetry.snapshot import (
@@ -78,6 +78,10 @@ class SamplerOptions:
     hostname: str = ""
     #: root of /proc for the processes' cgroups (the simulator keeps its own)
     proc_root: Path = Path("/proc")
+    #: where idle times survive agent restarts (the state dir's telemetry-idle.json); None: not
+    idle_file: Path | None = None
+    #: how often they are saved (and at stop)
+    idle_save_every_s: float = 30.0
 
 
 class _Pods(Protocol):
@@ -147,6 +151,11 @@ class Sampler:
         self._gpm_gpu = GpmTracker(reader, gpu_metrics | {_GR_ENGINE_METRIC}, clock)
         self._gpm_gi = GpmTracker(reader, gi_metrics | {_GR_ENGINE_METRIC}, clock)
         self._idle = IdleTracker(options.idle_threshold_percent)
+        self._idle_store = IdleStore(options.idle_file) if options.idle_file else None
+        #: saved last-busy times not yet matched to an entity seen this run
+        self._idle_saved = self._idle_store.load() if self._idle_store else {}
+        self._idle_saved_at: float | None = None
+        self._idle_names: dict[Entity, str] = {}
         self._gpus: dict[int, _GpuState] = {}
         self._newly_unsupported: defaultdict[tuple[str, str], list[int]] = defaultdict(list)
         self._latest: Snapshot | None = None
@@ -181,6 +190,7 @@ class Sampler:
             self._thread.join()
         self._gpm_gpu.close()
         self._gpm_gi.close()
+        self._save_idle(self._clock(), force=True)
 
     def _run(self) -> None:
         interval = self._options.interval_s
@@ -241,6 +251,8 @@ class Sampler:
         self._gpm_gi.retain(self._instance_keys(gpus, layouts))
         samples, pods = self._attribute(gpus, layouts, samples)
         self._idle.retain(s.entity for s in samples)
+        self._idle_names = {s.entity: _idle_name(s.entity) for s in samples}
+        self._save_idle(started)
         snapshot = Snapshot(
             taken_at=taken_at,
             hostname=self._options.hostname,
@@ -299,7 +311,7 @@ class Sampler:
             EntitySample(
                 gpu_entity,
                 MappingProxyType(gpu_values),
-                idle_seconds=self._idle.update(gpu_entity, _first(gpu_util, gpm_util), now),
+                idle_seconds=self._idle_seconds(gpu_entity, _first(gpu_util, gpm_util), now),
             )
         ]
         for instance in layout.instances:
@@ -311,10 +323,28 @@ class Sampler:
                 EntitySample(
                     entity,
                     MappingProxyType(values),
-                    idle_seconds=self._idle.update(entity, util, now),
+                    idle_seconds=self._idle_seconds(entity, util, now),
                 )
             )
         return out
+
+    def _idle_seconds(self, entity: Entity, util: float | None, now: float) -> float | None:
+        name = _idle_name(entity)
+        saved = self._idle_saved.pop(name, None)
+        if saved is not None:  # first sight this run: carry on from the last run's figure
+            self._idle.restore({name: saved}, {entity: name}, now, self._wall())
+        return self._idle.update(entity, util, now)
+
+    def _save_idle(self, now: float, *, force: bool = False) -> None:
+        if self._idle_store is None:
+            return
+        due = self._idle_saved_at is None or now - self._idle_saved_at >= (
+            self._options.idle_save_every_s
+        )
+        if force or due:
+            times = self._idle.export(self._idle_names, now, self._wall())
+            self._idle_store.save({**self._idle_saved, **times})  # keep GPUs not seen this run
+            self._idle_saved_at = now
 
     def _gpu_values(
         self, gpu: GpuIdentity, state: _GpuState, now: float
@@ -565,6 +595,13 @@ class Sampler:
             for f in self._selected:
                 out.append(FieldSupport(f.id, gpu, f.id not in state.field_unsupported))
         return tuple(out)
+
+
+def _idle_name(entity: Entity) -> str:
+    """The idle file's key: the GPU UUID, and the GPU instance (id and profile) on it."""
+    if entity.instance is None:
+        return entity.gpu.uuid
+    return f"{entity.gpu.uuid}/{entity.instance.gpu_instance_id}/{entity.instance.profile}"
 
 
 def _reading(f: Field) -> Reading:

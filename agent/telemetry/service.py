@@ -59,10 +59,12 @@ def build_telemetry(
     hostname: str,
     proc_root: Path | None = None,
     attribute_pods: bool = True,
+    state_dir: Path | None = None,
 ) -> TelemetryService:
     """Wire telemetry for one driver. Raises InvalidSpec for a bad counters CSV.
 
     ``proc_root`` overrides ``settings.proc_root`` (the simulator keeps its own /proc look-alike).
+    ``state_dir``: where idle times survive restarts (the agent's; one-shot commands pass none).
     """
     counters = load_counters(settings.collectors)
     for counter in counters.counters:
@@ -93,6 +95,7 @@ def build_telemetry(
             idle_threshold_percent=settings.idle_threshold_percent,
             hostname=hostname,
             proc_root=proc_root or settings.proc_root,
+            idle_file=state_dir / "telemetry-idle.json" if state_dir is not None else None,
         ),
         pods=pods,
         containers=ContainerDirectory(settings.container_log_dir),
