@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.config import TelemetrySettings
 from agent.telemetry.service import TelemetryService, build_telemetry
+from tests.unit.api.support import wait_for
 from tests.unit.telemetry.httpd import scrape, serve_metrics
 from tests.unit.telemetry.kubelet import FakeKubelet, serve
-from tests.unit.api.support import wait_for
 from tests.unit.telemetry.simnode import GPM_WINDOW_S, SimNode, sim_node
 
 pytestmark = pytest.mark.integration
