@@ -8,11 +8,13 @@ between collection ticks, counts occurrences per (GPU, GPU instance, XID) for
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 
 from agent.errors import AgentError
 from agent.gpu.readings import NodeReader, XidEvent, XidEvents
@@ -25,33 +27,25 @@ __all__ = ["XidState", "XidWatcher", "xid_message"]
 _WAIT_MS = 1000
 _REOPEN_AFTER_S = 5.0
 
-# The XIDs operators meet most, worded after NVIDIA's XID catalog; others are "Unknown XID".
-_MESSAGES = {
-    0: "No error",
-    13: "Graphics engine exception",
-    31: "GPU memory page fault",
-    43: "GPU stopped processing",
-    45: "Preemptive cleanup, due to previous errors",
-    48: "Double-bit ECC error",
-    61: "Internal micro-controller breakpoint/warning",
-    62: "Internal micro-controller halt",
-    63: "ECC page retirement or row remapping recording event",
-    64: "ECC page retirement or row remapping recording failure",
-    68: "NVDEC0 exception",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "High single-bit ECC error rate",
-    94: "Contained ECC error",
-    95: "Uncontained ECC error",
-    109: "Context switch timeout",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-}
+#: dcgm-exporter's err_msg for an XID outside the catalog
+UNKNOWN_XID = "Unknown Error"
+
+
+@functools.cache
+def _messages() -> dict[int, str]:
+    """XID -> its name in NVIDIA's XID catalog (``dcgm/xid-messages.tsv``, dcgm-exporter's table)."""
+    text = resources.files("dcgm").joinpath("xid-messages.tsv").read_text(encoding="utf-8")
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            number, message = line.split("\t", 1)
+            out[int(number)] = message
+    return out
 
 
 def xid_message(xid: int) -> str:
     """dcgm-exporter's ``err_msg`` for an XID number."""
-    return _MESSAGES.get(xid, "Unknown XID")
+    return _messages().get(xid, UNKNOWN_XID)
 
 
 @dataclass(frozen=True, slots=True)
