@@ -33,7 +33,7 @@ UNKNOWN_XID = "Unknown Error"
 
 @functools.cache
 def _messages() -> dict[int, str]:
-    """XID -> its name in NVIDIA's XID catalog (``dcgm/xid-messages.tsv``, dcgm-exporter's table)."""
+    """XID -> its NVIDIA XID catalog name (``dcgm/xid-messages.tsv``, dcgm-exporter's table)."""
     text = resources.files("dcgm").joinpath("xid-messages.tsv").read_text(encoding="utf-8")
     out = {}
     for line in text.splitlines():
