@@ -34,6 +34,7 @@ __all__ = [
     "GpmSample",
     "GpuIdentity",
     "GpuInstanceInfo",
+    "GpuString",
     "MigDevice",
     "MigLayout",
     "NodeReader",
@@ -99,6 +100,8 @@ class Reading(Enum):
     NVLINK_RECOVERY_ERRORS = "nvlink_recovery_errors"
     #: cumulative NVLink data traffic, TX + RX over all links
     NVLINK_TRAFFIC_KIB = "nvlink_traffic_kib"
+    #: the same on link 0 only
+    NVLINK_L0_TRAFFIC_KIB = "nvlink_l0_traffic_kib"
 
 
 #: Readings a MIG device handle answers (per GPU instance); all others are physical-GPU only.
@@ -122,6 +125,23 @@ class GpuIdentity:
     pci_bus_id: str
     #: /dev/nvidia<minor>
     minor: int
+    #: static strings of the board (``GpuString`` value -> text), those NVML answered
+    strings: tuple[tuple[str, str], ...] = ()
+
+    def string(self, key: GpuString) -> str | None:
+        return dict(self.strings).get(key.value)
+
+
+class GpuString(Enum):
+    """Static per-GPU strings, read once (dcgm-exporter's label-type fields)."""
+
+    BRAND = "brand"
+    SERIAL = "serial"
+    VBIOS_VERSION = "vbios_version"
+    INFOROM_OEM = "inforom_oem"
+    INFOROM_ECC = "inforom_ecc"
+    INFOROM_POWER = "inforom_power"
+    INFOROM_IMAGE = "inforom_image"
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +342,27 @@ _FIELD_VALUES: dict[Reading, str] = {
 }
 # Per-link KiB counters summed into NVLINK_TRAFFIC_KIB (scope id = link number).
 _NVLINK_TRAFFIC = ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX")
+_NVLINK_TRAFFIC_READINGS = (Reading.NVLINK_TRAFFIC_KIB, Reading.NVLINK_L0_TRAFFIC_KIB)
+#: nvmlBrandType_t -> the name DCGM gives it (DCGM_FI_DEV_BRAND; nvidia-smi's wording)
+_BRANDS = {
+    0: "Unknown",
+    1: "Quadro",
+    2: "Tesla",
+    3: "NVS",
+    4: "Grid",
+    5: "GeForce",
+    6: "Titan",
+    7: "NVIDIA Virtual Applications",
+    8: "NVIDIA Virtual PC",
+    9: "NVIDIA Virtual Compute Server",
+    10: "NVIDIA RTX Virtual Workstation",
+    11: "NVIDIA vGaming",
+    12: "Quadro RTX",
+    13: "NVIDIA RTX",
+    14: "NVIDIA",
+    15: "GeForce RTX",
+    16: "Titan RTX",
+}
 _FIELD_VALUE_KINDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
 
@@ -393,7 +434,32 @@ class NodeReader:
             str(call(n.nvmlDeviceGetName, h)),
             bus_id,
             minor,
+            self._strings(h),
         )
+
+    def _strings(self, h: Any) -> tuple[tuple[str, str], ...]:
+        """The board strings NVML answers; one it does not is left out (unknown, not "")."""
+        n = self._n
+        reads: dict[GpuString, Callable[[], Any]] = {
+            GpuString.BRAND: lambda: _BRANDS.get(int(n.nvmlDeviceGetBrand(h)), "Unknown"),
+            GpuString.SERIAL: lambda: n.nvmlDeviceGetSerial(h),
+            GpuString.VBIOS_VERSION: lambda: n.nvmlDeviceGetVbiosVersion(h),
+            GpuString.INFOROM_OEM: lambda: n.nvmlDeviceGetInforomVersion(h, n.NVML_INFOROM_OEM),
+            GpuString.INFOROM_ECC: lambda: n.nvmlDeviceGetInforomVersion(h, n.NVML_INFOROM_ECC),
+            GpuString.INFOROM_POWER: lambda: n.nvmlDeviceGetInforomVersion(h, n.NVML_INFOROM_POWER),
+            GpuString.INFOROM_IMAGE: lambda: n.nvmlDeviceGetInforomImageVersion(h),
+        }
+        out = []
+        for key, read in reads.items():
+            try:
+                value = read()
+            except n.NVMLError as exc:
+                if _code(exc) == _ERR_GPU_IS_LOST:
+                    raise DeviceLost(str(exc)) from exc
+                continue
+            text = value.decode() if isinstance(value, bytes) else str(value)
+            out.append((key.value, text))
+        return tuple(out)
 
     def versions(self) -> tuple[str, str]:
         """(driver version, NVML version)."""
@@ -432,7 +498,7 @@ class NodeReader:
                     out.values[reading] = float(values[reading])
                 else:  # this driver's version of the call has no such figure (memory v1)
                     out.unsupported[reading] = "not in this driver's answer"
-        fielded = [r for r in wanted if r in _FIELD_VALUES or r is Reading.NVLINK_TRAFFIC_KIB]
+        fielded = [r for r in wanted if r in _FIELD_VALUES or r in _NVLINK_TRAFFIC_READINGS]
         if fielded and gpu is not None:
             self._read_fields(h, gpu, fielded, out)
         return out
@@ -452,7 +518,7 @@ class NodeReader:
         ids: list[tuple[int, int]] = []
         owners: list[Reading] = []
         for reading in readings:
-            if reading is not Reading.NVLINK_TRAFFIC_KIB:
+            if reading not in _NVLINK_TRAFFIC_READINGS:
                 ids.append((getattr(n, _FIELD_VALUES[reading]), 0))
                 owners.append(reading)
                 continue
@@ -460,7 +526,7 @@ class NodeReader:
             if isinstance(links, str):
                 out.unsupported[reading] = links
                 continue
-            for link in range(links):
+            for link in range(links if reading is Reading.NVLINK_TRAFFIC_KIB else 1):
                 for name in _NVLINK_TRAFFIC:
                     ids.append((getattr(n, name), link))
                     owners.append(reading)

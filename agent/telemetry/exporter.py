@@ -24,12 +24,13 @@ from prometheus_client.samples import Sample
 
 from agent.http import Request, Response
 from agent.telemetry.encode import ClassicCounter, encode
-from agent.telemetry.naming import DcgmNaming, Labels, Naming, NativeNaming
+from agent.telemetry.naming import DcgmNaming, Labels, LabelValue, Naming, NativeNaming
 from agent.telemetry.snapshot import EntitySample, Snapshot
 from agent.telemetry.stats import Histogram, TelemetryStats
+from agent.telemetry.xid import WINDOW_S as XID_WINDOW_S
 from agent.telemetry.xid import xid_message
 from dcgm.counters import Counter, CounterSet
-from dcgm.fields import BY_ID, Field, Info, Kind, Level, XidEvents
+from dcgm.fields import BY_ID, Field, GpuStrings, Info, Kind, Level, XidEvents, XidWindow
 
 __all__ = ["MetricsExporter", "families"]
 
@@ -65,6 +66,8 @@ def families(
             out.append(_info(snapshot, counters))
         for counter in counters.values:
             out.extend(_field_families(counter, native, _rows_for(counter.field, rows, devices)))
+            if isinstance(counter.field.source, XidWindow):
+                out.extend(_xid_window(counter, snapshot, naming, native))
         out.extend(_agent_families(snapshot, naming, rows))
     if stats is not None:
         out.extend(_stats_families(stats))
@@ -150,13 +153,17 @@ class MetricsExporter:
         return Response(200, body, content_type)
 
 
-def _label_fields(snapshot: Snapshot, counters: CounterSet) -> dict[str, str]:
-    """The CSV's label-type fields with their values, e.g. DCGM_FI_DRIVER_VERSION."""
-    out = {}
+def _label_fields(snapshot: Snapshot, counters: CounterSet) -> list[tuple[str, LabelValue]]:
+    """The CSV's label-type fields in CSV order: (label name, node-wide text or per-GPU key)."""
+    out: list[tuple[str, LabelValue]] = []
     for counter in counters.labels:
-        value = _info_value(snapshot, counter)
-        if value:
-            out[counter.field.name] = value
+        source = counter.field.source
+        if isinstance(source, GpuStrings):
+            out.append((counter.name, source.key))
+        else:
+            value = _info_value(snapshot, counter)
+            if value:
+                out.append((counter.name, value))
     return out
 
 
@@ -169,9 +176,18 @@ def _info_value(snapshot: Snapshot, counter: Counter) -> str:
 
 
 def _info(snapshot: Snapshot, counters: CounterSet) -> Metric:
-    versions = {c.field.native: _info_value(snapshot, c) for c in counters.labels}
     metric = Metric("gpu_agent_gpu", "Identity of each GPU; value 1.", "info")
     for status in snapshot.gpus:
+        versions = {}
+        for c in counters.labels:
+            source = c.field.source
+            value = (
+                status.gpu.string(source.key)
+                if isinstance(source, GpuStrings)
+                else _info_value(snapshot, c)
+            )
+            if value is not None:
+                versions[c.field.native] = value
         labels = NativeNaming.info(status.gpu, snapshot.hostname, versions)
         metric.samples.append(Sample("gpu_agent_gpu_info", labels, 1.0))
     return metric
@@ -198,6 +214,8 @@ def _field_families(counter: Counter, native: bool, rows: list[_Row]) -> Iterato
         if not native:
             yield _last_xid(counter, rows)
         return  # occurrences are rendered by _agent_families for both schemes
+    if isinstance(field.source, XidWindow):
+        return  # rendered from the snapshot's window counts (_xid_window)
     if native:
         name, typ = field.native, field.kind.value
         sample_name = name + "_total" if field.kind is Kind.COUNTER else name
@@ -208,21 +226,35 @@ def _field_families(counter: Counter, native: bool, rows: list[_Row]) -> Iterato
                 metric.samples.append(Sample(sample_name, labels, field.to_base(value)))
         yield metric
         return
+    name = counter.name  # the DCGM name, or the 1.x name the CSV row used
     metric = (
-        ClassicCounter(field.name, counter.help)
+        ClassicCounter(name, counter.help)
         if field.kind is Kind.COUNTER
-        else Metric(field.name, counter.help, "gauge")
+        else Metric(name, counter.help, "gauge")
     )
     for sample, labels in rows:
         value = sample.values.get(field.id)
         if value is not None:
-            metric.samples.append(Sample(field.name, labels, value))
+            metric.samples.append(Sample(name, labels, value))
+    yield metric
+
+
+def _xid_window(
+    counter: Counter, snapshot: Snapshot, naming: Naming, native: bool
+) -> Iterator[Metric]:
+    """dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT: XIDs per GPU within the window."""
+    name = counter.field.native if native else counter.name
+    metric = Metric(name, counter.help, "gauge")
+    window = {"window_size_in_ms": str(int(XID_WINDOW_S * 1000))}
+    for x in snapshot.xid_recent:
+        labels = {**naming.gpu(x.entity.gpu), "xid": str(x.xid), **window}
+        metric.samples.append(Sample(name, labels, float(x.count)))
     yield metric
 
 
 def _last_xid(counter: Counter, rows: list[_Row]) -> Metric:
     """dcgm-exporter's last-XID gauge, with its ``err_code``/``err_msg`` labels."""
-    metric = Metric(counter.field.name, counter.help, "gauge")
+    metric = Metric(counter.name, counter.help, "gauge")
     for sample, entity_labels in rows:
         value = sample.values.get(_XID_FIELD)
         if value is not None:
@@ -232,7 +264,7 @@ def _last_xid(counter: Counter, rows: list[_Row]) -> Metric:
                 "err_code": str(code),
                 "err_msg": xid_message(code),
             }
-            metric.samples.append(Sample(counter.field.name, labels, value))
+            metric.samples.append(Sample(counter.name, labels, value))
     return metric
 
 

@@ -47,7 +47,7 @@ from agent.telemetry.stats import TelemetryStats
 from agent.telemetry.usage import UNMAPPED, Unmapped, pod_usage
 from agent.telemetry.xid import XidState
 from dcgm.counters import CounterSet
-from dcgm.fields import Field, Gpm, Level, Nvml, NvmlRate, Unavailable, XidEvents
+from dcgm.fields import Field, Gpm, Level, Nvml, NvmlRate, Unavailable, XidEvents, XidWindow
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +141,7 @@ class Sampler:
         self._prof = [f for f in fields if isinstance(f.source, Gpm)]
         self._unavailable = [f for f in fields if isinstance(f.source, Unavailable)]
         self._xid_selected = any(isinstance(f.source, XidEvents) for f in fields)
+        self._xid_window = any(isinstance(f.source, XidWindow) for f in fields)
         self._selected = fields
         gpu_metrics = {f.source.metric_id for f in self._prof if isinstance(f.source, Gpm)}
         gi_metrics = {
@@ -262,6 +263,7 @@ class Sampler:
             entities=tuple(samples),
             pods=tuple(pods),
             xids=self._xid_counts(gpus, layouts, xid),
+            xid_recent=self._xid_recent(gpus, xid),
             support=self._support(gpus),
             layouts=tuple(node_layouts),
         )
@@ -585,6 +587,17 @@ class Sampler:
             )
             out.append(XidCount(Entity(gpus[gpu], instance), code, count))
         return tuple(_merge_xids(out))
+
+    def _xid_recent(
+        self, gpus: tuple[GpuIdentity, ...], xid: XidState | None
+    ) -> tuple[XidCount, ...]:
+        if xid is None or not self._xid_window:
+            return ()
+        return tuple(
+            XidCount(Entity(gpus[gpu]), code, count)
+            for (gpu, code), count in sorted(xid.recent.items())
+            if gpu < len(gpus)
+        )
 
     def _support(self, gpus: tuple[GpuIdentity, ...]) -> tuple[FieldSupport, ...]:
         out = []

@@ -75,6 +75,8 @@ def build_telemetry(
                 counter.line,
                 counter.field.name,
             )
+    for note in counters.notes:
+        log.warning("%s", note)
     stats = TelemetryStats()
     reader = NodeReader(driver)
     prof_ids = [c.field.id for c in counters.values if isinstance(c.field.source, Gpm)]

@@ -112,6 +112,8 @@ class Snapshot:
     pods: tuple[PodUsage, ...] = ()
     xids: tuple[XidCount, ...] = ()
     support: tuple[FieldSupport, ...] = ()
+    #: XIDs per GPU within the last window (DCGM_EXP_XID_ERRORS_COUNT), when selected
+    xid_recent: tuple[XidCount, ...] = ()
     #: each GPU's MIG layout and processes (the planner's view) for the API's inventory; a GPU
     #: down this tick keeps its last known layout, one never seen up has none
     layouts: tuple[GpuLayout, ...] = ()

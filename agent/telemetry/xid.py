@@ -11,9 +11,10 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections import Counter
+import time
+from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 
 from agent.errors import AgentError
@@ -25,6 +26,10 @@ log = logging.getLogger(__name__)
 __all__ = ["XidState", "XidWatcher", "xid_message"]
 
 _WAIT_MS = 1000
+#: dcgm-exporter's --xid-count-window-size default (300000 ms)
+WINDOW_S = 300.0
+#: occurrences kept for the window; an XID storm beyond it still counts in the totals
+_RECENT_MAX = 10_000
 _REOPEN_AFTER_S = 5.0
 
 #: dcgm-exporter's err_msg for an XID outside the catalog
@@ -58,6 +63,8 @@ class XidState:
     unsupported: dict[int, str]
     #: False until the event set is registered (the first XIDs may not be seen yet)
     ready: bool
+    #: (GPU index, XID) -> occurrences within the last ``WINDOW_S`` (DCGM_EXP_XID_ERRORS_COUNT)
+    recent: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
 class XidWatcher:
@@ -68,8 +75,12 @@ class XidWatcher:
         open_events: Callable[[], XidEvents],
         stats: TelemetryStats,
         wait_ms: int = _WAIT_MS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._open = open_events
+        self._clock = clock
+        #: (when, GPU index, XID) of recent occurrences, oldest first
+        self._recent: deque[tuple[float, int, int]] = deque(maxlen=_RECENT_MAX)
         self._stats = stats
         self._wait_ms = wait_ms
         self._lock = threading.Lock()
@@ -97,14 +108,23 @@ class XidWatcher:
 
     def state(self) -> XidState:
         with self._lock:
+            since = self._clock() - WINDOW_S
+            while self._recent and self._recent[0][0] < since:
+                self._recent.popleft()
+            recent: Counter[tuple[int, int]] = Counter((g, x) for _, g, x in self._recent)
             return XidState(
-                dict(self._counts), dict(self._last), dict(self._unsupported), self._ready.is_set()
+                dict(self._counts),
+                dict(self._last),
+                dict(self._unsupported),
+                self._ready.is_set(),
+                dict(recent),
             )
 
     def record(self, event: XidEvent) -> None:
         with self._lock:
             self._counts[(event.gpu_index, event.gpu_instance_id, event.xid)] += 1
             self._last[event.gpu_index] = event.xid
+            self._recent.append((self._clock(), event.gpu_index, event.xid))
         log.warning(
             "XID %d (%s) on GPU %d%s",
             event.xid,

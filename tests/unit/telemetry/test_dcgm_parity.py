@@ -1,0 +1,56 @@
+"""dcgm-exporter parity of what the counters CSV selects: per-GPU label fields, 1.x series
+names, DCGM_EXP_XID_ERRORS_COUNT with its xid / window_size_in_ms labels, and rows the agent
+cannot serve reported unsupported rather than 0."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from agent.config import TelemetrySettings
+from agent.gpu import open_driver
+from agent.gpu.sim import SimControl
+from agent.telemetry.service import build_telemetry
+from tests.unit.api.support import wait_for
+
+CSV = """\
+dcgm_gpu_temp, gauge, GPU temperature (in C).
+DCGM_FI_DEV_SERIAL, label, Device Serial Number
+DCGM_FI_DEV_BRAND, label, Device Brand
+DCGM_FI_DEV_VBIOS_VERSION, label, VBIOS version of the device
+DCGM_EXP_XID_ERRORS_COUNT, counter, reported XIDs during last window
+DCGM_EXP_GPU_HEALTH_STATUS, counter, DCGM reported health status
+"""
+
+
+def test_label_fields_legacy_names_and_the_xid_window(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    driver = open_driver("dgx-h100", state)
+    csv = tmp_path / "c.csv"
+    csv.write_text(CSV)
+    settings = TelemetrySettings(kubelet_socket=tmp_path / "absent.sock", collectors=csv)
+    service = build_telemetry(driver, settings, hostname="n", attribute_pods=False)
+    service.xids.start()
+    try:
+        SimControl(state).raise_xid(2, 79)
+        SimControl(state).raise_xid(2, 79)
+        wait_for(lambda: service.xids.state().recent, "the XIDs to be counted", 10)
+        service.sampler.tick()
+        text = service.exporter.render("text/plain")[0].decode()
+    finally:
+        service.xids.stop()
+        driver.close()
+    temps = [line for line in text.splitlines() if line.startswith("dcgm_gpu_temp{")]
+    assert len(temps) == 8  # the 1.x name, once per GPU
+    serials = re.findall(r'DCGM_FI_DEV_SERIAL="([^"]+)"', temps[0])
+    assert len(serials) == 1 and serials[0]
+    assert 'DCGM_FI_DEV_BRAND="NVIDIA"' in temps[0]
+    assert "DCGM_FI_DEV_VBIOS_VERSION" not in text.replace("# HELP", "")  # unknown: no label
+    (xid,) = [line for line in text.splitlines() if line.startswith("DCGM_EXP_XID_ERRORS_COUNT{")]
+    assert 'gpu="2"' in xid and 'xid="79"' in xid and 'window_size_in_ms="300000"' in xid
+    assert xid.endswith(" 2.0")
+    assert not any(line.startswith("DCGM_EXP_GPU_HEALTH_STATUS{") for line in text.splitlines())
+    supported = re.findall(
+        r'gpu_agent_field_supported\{[^}]*field="DCGM_EXP_GPU_HEALTH_STATUS"[^}]*\} (\S+)', text
+    )
+    assert supported and set(supported) == {"0.0"}
