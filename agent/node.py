@@ -111,12 +111,14 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         from agent.gpu.sim import SimControl
 
         proc_root = SimControl(config.state_dir).proc_root  # the simulator's /proc look-alike
+    kube: KubeClient | None = InClusterKubeClient.in_pod()
     telemetry = build_telemetry(
         gpu,
         config.telemetry,
         hostname=config.node_name,
         proc_root=proc_root,
         state_dir=config.state_dir,
+        kube_get=kube.get if isinstance(kube, InClusterKubeClient) else None,
     )
     inventory = NodeInventory(
         bus,
@@ -129,7 +131,6 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
     )
     telemetry.sampler.subscribe(inventory.refresh_gpus)  # GetNode follows every snapshot
     # Sharing reads the node's shape from the inventory: no NVML call per request.
-    kube: KubeClient | None = InClusterKubeClient.in_pod()
     sharing = SharingService(config.sharing, inventory.layouts, kube, node_name=config.node_name)
     inventory.watch_sharing(sharing.show)
     reset = (

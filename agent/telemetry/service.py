@@ -12,6 +12,7 @@ from agent.errors import AgentError
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.readings import NodeReader
 from agent.telemetry.dcgm_backend import load_dcgm_backend
+from agent.telemetry.dra import DraDevices, Get
 from agent.telemetry.exporter import MetricsExporter
 from agent.telemetry.pods import PodResourcesClient, PodWatcher
 from agent.telemetry.procs import ContainerDirectory
@@ -60,11 +61,13 @@ def build_telemetry(
     proc_root: Path | None = None,
     attribute_pods: bool = True,
     state_dir: Path | None = None,
+    kube_get: Get | None = None,
 ) -> TelemetryService:
     """Wire telemetry for one driver. Raises InvalidSpec for a bad counters CSV.
 
     ``proc_root`` overrides ``settings.proc_root`` (the simulator keeps its own /proc look-alike).
     ``state_dir``: where idle times survive restarts (the agent's; one-shot commands pass none).
+    ``kube_get``: an API-server GET (in a pod), for DRA claims' devices from ResourceSlices.
     """
     counters = load_counters(settings.collectors)
     for counter in counters.counters:
@@ -86,7 +89,8 @@ def build_telemetry(
     if attribute_pods:
         socket = settings.kubelet_socket
         period = max(settings.interval_s, _MIN_POD_REFRESH_S)
-        pods = PodWatcher(PodResourcesClient(socket), socket, period, stats)
+        dra = DraDevices(kube_get, hostname) if kube_get is not None else None
+        pods = PodWatcher(PodResourcesClient(socket), socket, period, stats, dra)
     xids = XidWatcher.for_reader(reader, stats)
     sampler = Sampler(
         reader,
