@@ -200,16 +200,17 @@ def test_mig_apply_goes_through_the_running_agent_as_an_operation(tmp_path: Path
         try:
             ops = client.operations(kind="mig.apply")
             assert [op.state for op in ops] == [operations_pb2.OPERATION_STATE_SUCCEEDED]
-            # GetNode serves the inventory the agent refreshes in the background.
-            profiles = wait_for(
-                lambda: sorted(
-                    i["profile"] for i in status_view(client.node())["gpus"][0]["instances"]
-                ),
-                "GPU 0's new layout in the agent's inventory",
-            )
+            # GetNode serves the inventory the agent refreshes in the background (the sampler's
+            # snapshot, every second): a snapshot taken mid-apply is replaced by the next one.
+            want = ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+
+            def gpu0_profiles() -> list[str]:
+                gpu0 = status_view(client.node())["gpus"][0]
+                return sorted(i["profile"] for i in gpu0["instances"])
+
+            wait_for(lambda: gpu0_profiles() == want, "GPU 0's new layout in the inventory", 10)
         finally:
             client.close()
-        assert profiles == ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
         refused = cli(agent.state_dir, config, "mig", "apply", "-f", str(mig_file), "-c",
                       "too-many")  # fmt: skip
         assert refused.returncode == Conflict.exit_code, refused.stderr
