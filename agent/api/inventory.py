@@ -134,6 +134,8 @@ class NodeInventory:
             if snapshot is None:
                 return  # nothing collected yet: GetNode keeps saying "not read yet"
             before = self._gpus
+            if snapshot.taken_at < before.read_at:
+                return  # the 1 s refresh raced a newer snapshot pushed by the sampler
             by_index = {layout.gpu.index: layout for layout in snapshot.layouts}
             layouts: list[GpuLayout] = []
             lost: dict[int, str] = {}

@@ -111,3 +111,23 @@ def test_a_lost_gpu_is_reported_lost_and_the_others_serve(driver: GpuDriver) -> 
     assert not component.healthy
     assert "GPU 3 lost" in component.detail and "GPU 5 lost" in component.detail
     assert not inventory.every_gpu_lost()
+
+
+def test_an_older_snapshot_never_replaces_a_newer_one(driver: GpuDriver) -> None:
+    """The sampler pushes each snapshot and the 1 s loop reads the latest: GetNode never goes
+    back in time when the two race."""
+    new = _snapshot(driver)
+    old = Snapshot(
+        taken_at=0.5,
+        hostname="node-1",
+        driver_version="",
+        nvml_version="",
+        gpus=(),
+        entities=(),
+    )
+    inventory = NodeInventory(
+        EventBus(), node_name="node-1", simulated_preset=None, telemetry=lambda: old
+    )
+    inventory.refresh_gpus(new)
+    inventory.refresh_gpus()  # the loop, with the stale latest
+    assert len(inventory.response().node.gpus) == 8
