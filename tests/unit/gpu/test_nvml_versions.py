@@ -86,3 +86,37 @@ def test_memory_info_falls_back_to_v1_without_a_reserved_figure(
     out = reader.read(0, wanted)
     assert out.values[Reading.FB_TOTAL_BYTES] > 0
     assert Reading.FB_RESERVED_BYTES not in out.values  # unknown, not 0
+
+
+def test_a_driver_with_only_the_v1_process_list_is_read_with_the_v1_struct(
+    driver: GpuDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R450-era drivers export only the unversioned symbol, whose records have no GI/CI ids.
+    The simulator has no v1 symbol, so this test gives it one that speaks the v1 ABI."""
+    import pynvml
+
+    calls: list[bool] = []
+
+    def v1(handle: object, count_ref: object, array: object) -> int:
+        count = count_ref._obj  # type: ignore[attr-defined]  # ctypes.byref's target
+        calls.append(array is None)
+        if array is None:
+            count.value = 2
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        array[0].pid, array[0].usedGpuMemory = 11, 1 << 30  # type: ignore[index]
+        array[1].pid = 12  # type: ignore[index]
+        array[1].usedGpuMemory = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value  # type: ignore[index]
+        count.value = 2
+        return pynvml.NVML_SUCCESS
+
+    _drop(monkeypatch, driver, _V3, _V2)
+    monkeypatch.setitem(
+        driver.nvml.module.nvmlLib._exports, "nvmlDeviceGetComputeRunningProcesses", v1
+    )
+    procs = driver.processes(driver.gpus()[0].uuid)
+    assert [(p.pid, p.used_memory_bytes, p.gpu_instance_id) for p in procs] == [
+        (11, 1 << 30, None),
+        (12, None, None),  # "not available" is unknown, not a huge number
+    ]
+    assert calls == [True, False]
+    assert driver.nvml.versions_in_use()["nvmlDeviceGetComputeRunningProcesses"] == 2
