@@ -234,14 +234,14 @@ class Gateway:
                 except not_found:
                     if i + 1 == len(variants):
                         raise
-                    continue  # this driver lacks that version: the next, remembered below
                 except AttributeError as exc:  # a binding too old to know that version
                     if i + 1 == len(variants):
                         raise self._module.NVMLError(_ERR_FUNCTION_NOT_FOUND) from exc
-                    continue
-                if self._chosen.get(name) != i:
+                else:
                     self._chosen[name] = i
-                return result
+                    return result
+                # This driver lacks that version: never ask for it again.
+                self._chosen[name] = i + 1
             raise AssertionError("unreachable")  # pragma: no cover
 
         call.__name__ = name
