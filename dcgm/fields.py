@@ -21,8 +21,11 @@ from agent.gpu.readings import GpuString, Reading
 __all__ = [
     "BY_ID",
     "BY_NAME",
+    "CLOCK_EVENT_NAMES",
+    "CLOCK_EVENT_WINDOW_S",
     "FIELDS",
     "LEGACY_NAMES",
+    "ClockEventWindow",
     "Field",
     "Gpm",
     "GpuStrings",
@@ -108,6 +111,32 @@ class XidWindow:
 
 
 @dataclass(frozen=True, slots=True)
+class ClockEventWindow:
+    """dcgm-exporter's DCGM_EXP_CLOCK_EVENTS_COUNT: per GPU and clock-event reason, the samples
+    within the last window (its ``--clock-events-count-window-size``, 5 minutes) that had the
+    reason set."""
+
+    reading: Reading = Reading.CLOCK_EVENT_REASONS
+
+
+#: dcgm-exporter's --clock-events-count-window-size default (300000 ms)
+CLOCK_EVENT_WINDOW_S = 300.0
+
+#: nvmlClocksEventReason* bit -> dcgm-exporter's ``clock_event`` label (dcgmi's names)
+CLOCK_EVENT_NAMES: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "clocks_setting",
+    0x4: "power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+    0x100: "display_clocks",
+}
+
+
+@dataclass(frozen=True, slots=True)
 class Info:
     """A node-wide string: ``driver_version`` or ``nvml_version``."""
 
@@ -128,7 +157,17 @@ class Unavailable:
     reason: str
 
 
-Source = Nvml | NvmlRate | Gpm | XidEvents | XidWindow | Info | GpuStrings | Unavailable
+Source = (
+    Nvml
+    | NvmlRate
+    | Gpm
+    | XidEvents
+    | XidWindow
+    | ClockEventWindow
+    | Info
+    | GpuStrings
+    | Unavailable
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,10 +411,10 @@ FIELDS: tuple[Field, ...] = (
     Field(100_001, "DCGM_EXP_XID_ERRORS_COUNT", _G, _GPU, XidWindow(), "count",
           "gpu_agent_xid_errors_in_window", _ONE,
           "XIDs within the last window, by XID (labels xid, window_size_in_ms)."),
-    Field(100_002, "DCGM_EXP_CLOCK_EVENTS_COUNT", _G, _GPU,
-          Unavailable("clock-event windows come from DCGM's event watch, which the agent does "
-                      "not run; the DCGM_FI_DEV_*_VIOLATION counters give the time throttled"),
-          "count", "gpu_agent_clock_events_in_window", _ONE, "Clock events within a window."),
+    Field(100_002, "DCGM_EXP_CLOCK_EVENTS_COUNT", _G, _GPU, ClockEventWindow(), "count",
+          "gpu_agent_clock_events_in_window", _ONE,
+          "Samples within the last window with a clock-event reason set (labels clock_event, "
+          "window_size_in_ms)."),
     Field(100_003, "DCGM_EXP_GPU_HEALTH_STATUS", _G, _GPU,
           Unavailable("DCGM health checks need the hostengine; gpu_agent_gpu_up reports a lost "
                       "GPU and gpu_agent_xid_errors_total its XIDs"),

@@ -175,6 +175,11 @@ _VERSIONS: dict[str, tuple[Variant, ...]] = {
         lambda n: n.nvmlDeviceGetMemoryInfo,
     ),
     "nvmlEventSetWait": (lambda n: n.nvmlEventSetWait_v2, lambda n: n.nvmlEventSetWait),
+    # Renamed in R535; the old name stays for older drivers.
+    "nvmlDeviceGetCurrentClocksEventReasons": (
+        lambda n: n.nvmlDeviceGetCurrentClocksEventReasons,
+        lambda n: n.nvmlDeviceGetCurrentClocksThrottleReasons,
+    ),
 }
 
 

@@ -102,6 +102,8 @@ class Reading(Enum):
     NVLINK_TRAFFIC_KIB = "nvlink_traffic_kib"
     #: the same on link 0 only
     NVLINK_L0_TRAFFIC_KIB = "nvlink_l0_traffic_kib"
+    #: why clocks are held down now: a bitmask of nvmlClocksEventReason* (was ThrottleReasons)
+    CLOCK_EVENT_REASONS = "clock_event_reasons"
 
 
 #: Readings a MIG device handle answers (per GPU instance); all others are physical-GPU only.
@@ -330,6 +332,10 @@ _GETTERS: dict[Reading, Getter] = {
     _R.REMAPPED_ROWS_CORRECTABLE: _REMAPPED,
     _R.REMAPPED_ROWS_UNCORRECTABLE: _REMAPPED,
     _R.ROW_REMAP_FAILURE: _REMAPPED,
+    # The gateway falls back to the pre-R535 name (nvmlDeviceGetCurrentClocksThrottleReasons).
+    _R.CLOCK_EVENT_REASONS: _one(
+        _R.CLOCK_EVENT_REASONS, lambda n, h: n.nvmlDeviceGetCurrentClocksEventReasons(h)
+    ),
 }
 
 #: Readings served by nvmlDeviceGetFieldValues, batched into one call: Reading -> NVML_FI_* name.

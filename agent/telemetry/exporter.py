@@ -30,7 +30,18 @@ from agent.telemetry.stats import Histogram, TelemetryStats
 from agent.telemetry.xid import WINDOW_S as XID_WINDOW_S
 from agent.telemetry.xid import xid_message
 from dcgm.counters import Counter, CounterSet
-from dcgm.fields import BY_ID, Field, GpuStrings, Info, Kind, Level, XidEvents, XidWindow
+from dcgm.fields import (
+    BY_ID,
+    CLOCK_EVENT_WINDOW_S,
+    ClockEventWindow,
+    Field,
+    GpuStrings,
+    Info,
+    Kind,
+    Level,
+    XidEvents,
+    XidWindow,
+)
 
 __all__ = ["MetricsExporter", "families"]
 
@@ -68,6 +79,8 @@ def families(
             out.extend(_field_families(counter, native, _rows_for(counter.field, rows, devices)))
             if isinstance(counter.field.source, XidWindow):
                 out.extend(_xid_window(counter, snapshot, naming, native))
+            if isinstance(counter.field.source, ClockEventWindow):
+                out.extend(_clock_events(counter, snapshot, naming, native))
         out.extend(_agent_families(snapshot, naming, rows))
     if stats is not None:
         out.extend(_stats_families(stats))
@@ -214,8 +227,8 @@ def _field_families(counter: Counter, native: bool, rows: list[_Row]) -> Iterato
         if not native:
             yield _last_xid(counter, rows)
         return  # occurrences are rendered by _agent_families for both schemes
-    if isinstance(field.source, XidWindow):
-        return  # rendered from the snapshot's window counts (_xid_window)
+    if isinstance(field.source, XidWindow | ClockEventWindow):
+        return  # rendered from the snapshot's window counts (_xid_window, _clock_events)
     if native:
         name, typ = field.native, field.kind.value
         sample_name = name + "_total" if field.kind is Kind.COUNTER else name
@@ -249,6 +262,19 @@ def _xid_window(
     for x in snapshot.xid_recent:
         labels = {**naming.gpu(x.entity.gpu), "xid": str(x.xid), **window}
         metric.samples.append(Sample(name, labels, float(x.count)))
+    yield metric
+
+
+def _clock_events(
+    counter: Counter, snapshot: Snapshot, naming: Naming, native: bool
+) -> Iterator[Metric]:
+    """dcgm-exporter's DCGM_EXP_CLOCK_EVENTS_COUNT: per GPU and reason, samples in the window."""
+    name = counter.field.native if native else counter.name
+    metric = Metric(name, counter.help, "gauge")
+    window = {"window_size_in_ms": str(int(CLOCK_EVENT_WINDOW_S * 1000))}
+    for c in snapshot.clock_events:
+        labels = {**naming.gpu(c.gpu), "clock_event": c.reason, **window}
+        metric.samples.append(Sample(name, labels, float(c.count)))
     yield metric
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +33,7 @@ from agent.telemetry.idle import IdleStore, IdleTracker
 from agent.telemetry.pods import Allocation, DeviceId, EntityKey, attribute
 from agent.telemetry.procs import ContainerDirectory, read_container_id
 from agent.telemetry.snapshot import (
+    ClockEventCount,
     Entity,
     EntitySample,
     FieldSupport,
@@ -47,7 +48,19 @@ from agent.telemetry.stats import TelemetryStats
 from agent.telemetry.usage import UNMAPPED, Unmapped, pod_usage
 from agent.telemetry.xid import XidState
 from dcgm.counters import CounterSet
-from dcgm.fields import Field, Gpm, Level, Nvml, NvmlRate, Unavailable, XidEvents, XidWindow
+from dcgm.fields import (
+    CLOCK_EVENT_NAMES,
+    CLOCK_EVENT_WINDOW_S,
+    ClockEventWindow,
+    Field,
+    Gpm,
+    Level,
+    Nvml,
+    NvmlRate,
+    Unavailable,
+    XidEvents,
+    XidWindow,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +70,7 @@ _GR_ENGINE_METRIC = 1  # NVML_GPM_METRIC_GRAPHICS_UTIL: idle tracking where NVML
 _XID_FIELD = 230
 _GR_ENGINE_FIELD = 1001
 _NO_GPM = "the GPU has no GPM (Hopper or newer has)"
+_CLOCK_EVENT_SAMPLES = 3000  # 300 s at the fastest interval (0.1 s)
 
 
 class ProfilingBackend(Protocol):
@@ -108,6 +122,10 @@ class _GpuState:
     #: (reading) -> (monotonic time, cumulative value) for counter rates
     counters: dict[Reading, tuple[float, float]] = field(default_factory=dict)
     util_since_us: int = 0
+    #: (monotonic time, clock-event bitmask) of the ticks within the clock-event window
+    clock_events: deque[tuple[float, int]] = field(
+        default_factory=lambda: deque(maxlen=_CLOCK_EVENT_SAMPLES)
+    )
 
 
 class Sampler:
@@ -142,6 +160,7 @@ class Sampler:
         self._unavailable = [f for f in fields if isinstance(f.source, Unavailable)]
         self._xid_selected = any(isinstance(f.source, XidEvents) for f in fields)
         self._xid_window = any(isinstance(f.source, XidWindow) for f in fields)
+        self._clock_events = [f for f in fields if isinstance(f.source, ClockEventWindow)]
         self._selected = fields
         gpu_metrics = {f.source.metric_id for f in self._prof if isinstance(f.source, Gpm)}
         gi_metrics = {
@@ -264,6 +283,7 @@ class Sampler:
             pods=tuple(pods),
             xids=self._xid_counts(gpus, layouts, xid),
             xid_recent=self._xid_recent(gpus, xid),
+            clock_events=self._clock_event_counts(gpus),
             support=self._support(gpus),
             layouts=tuple(node_layouts),
         )
@@ -352,8 +372,12 @@ class Sampler:
         self, gpu: GpuIdentity, state: _GpuState, now: float
     ) -> tuple[dict[int, float], float | None]:
         wanted = {_reading(f) for f in self._nvml} | {Reading.GPU_UTIL_PERCENT}
+        if self._clock_events:
+            wanted.add(Reading.CLOCK_EVENT_REASONS)
         readings = self._reader.read(gpu.index, wanted - state.unsupported)
         self._note_readings(gpu, state, readings.unsupported, readings.failed)
+        if self._clock_events:
+            self._clock_event_sample(gpu, state, readings.values, readings.unsupported, now)
         values: dict[int, float] = {}
         for f in self._nvml:
             raw = readings.values.get(_reading(f))
@@ -366,6 +390,35 @@ class Sampler:
             elif isinstance(f.source, Nvml):
                 values[f.id] = f.source.scale(raw)
         return values, readings.values.get(Reading.GPU_UTIL_PERCENT)
+
+    def _clock_event_sample(
+        self,
+        gpu: GpuIdentity,
+        state: _GpuState,
+        values: Mapping[Reading, float],
+        unsupported: Mapping[Reading, str],
+        now: float,
+    ) -> None:
+        mask = values.get(Reading.CLOCK_EVENT_REASONS)
+        if mask is not None:
+            state.clock_events.append((now, int(mask)))
+        elif Reading.CLOCK_EVENT_REASONS in unsupported:
+            for f in self._clock_events:
+                self._unsupported(gpu, state, f, unsupported[Reading.CLOCK_EVENT_REASONS])
+        while state.clock_events and state.clock_events[0][0] < now - CLOCK_EVENT_WINDOW_S:
+            state.clock_events.popleft()
+
+    def _clock_event_counts(self, gpus: tuple[GpuIdentity, ...]) -> tuple[ClockEventCount, ...]:
+        out = []
+        for gpu in gpus:
+            state = self._gpus.get(gpu.index)
+            if not self._clock_events or state is None or not state.up:
+                continue
+            for bit, reason in CLOCK_EVENT_NAMES.items():
+                count = sum(1 for _, mask in state.clock_events if mask & bit)
+                if count:
+                    out.append(ClockEventCount(gpu, reason, count))
+        return tuple(out)
 
     def _instance_values(
         self, gpu: GpuIdentity, state: _GpuState, mig_uuid: str

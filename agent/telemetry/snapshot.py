@@ -15,6 +15,7 @@ from agent.gpu.readings import GpuIdentity
 from agent.gpu.types import GpuLayout
 
 __all__ = [
+    "ClockEventCount",
     "Entity",
     "EntitySample",
     "FieldSupport",
@@ -84,6 +85,15 @@ class XidCount:
 
 
 @dataclass(frozen=True, slots=True)
+class ClockEventCount:
+    gpu: GpuIdentity
+    #: dcgm-exporter's clock_event label, e.g. ``power_cap``
+    reason: str
+    #: samples within the window with the reason set
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class GpuStatus:
     gpu: GpuIdentity
     up: bool
@@ -114,6 +124,8 @@ class Snapshot:
     support: tuple[FieldSupport, ...] = ()
     #: XIDs per GPU within the last window (DCGM_EXP_XID_ERRORS_COUNT), when selected
     xid_recent: tuple[XidCount, ...] = ()
+    #: clock-event reasons per GPU within the last window (DCGM_EXP_CLOCK_EVENTS_COUNT)
+    clock_events: tuple[ClockEventCount, ...] = ()
     #: each GPU's MIG layout and processes (the planner's view) for the API's inventory; a GPU
     #: down this tick keeps its last known layout, one never seen up has none
     layouts: tuple[GpuLayout, ...] = ()

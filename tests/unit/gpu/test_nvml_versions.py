@@ -120,3 +120,19 @@ def test_a_driver_with_only_the_v1_process_list_is_read_with_the_v1_struct(
     ]
     assert calls == [True, False]
     assert driver.nvml.versions_in_use()["nvmlDeviceGetComputeRunningProcesses"] == 2
+
+
+def test_clock_event_reasons_fall_back_to_the_pre_r535_name(
+    driver: GpuDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent.gpu.readings import NodeReader, Reading
+
+    exports = driver.nvml.module.nvmlLib._exports
+    old_name = "nvmlDeviceGetCurrentClocksThrottleReasons"
+    monkeypatch.setitem(exports, old_name, exports["nvmlDeviceGetCurrentClocksEventReasons"])
+    _drop(monkeypatch, driver, "nvmlDeviceGetCurrentClocksEventReasons")
+    reader = NodeReader(driver)
+    reader.gpus()
+    out = reader.read(0, {Reading.CLOCK_EVENT_REASONS})
+    assert out.values[Reading.CLOCK_EVENT_REASONS] == 0x1  # idle: nothing runs on the GPU
+    assert driver.nvml.versions_in_use()["nvmlDeviceGetCurrentClocksEventReasons"] == 1

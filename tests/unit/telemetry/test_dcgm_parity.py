@@ -54,3 +54,24 @@ def test_label_fields_legacy_names_and_the_xid_window(tmp_path: Path) -> None:
         r'gpu_agent_field_supported\{[^}]*field="DCGM_EXP_GPU_HEALTH_STATUS"[^}]*\} (\S+)', text
     )
     assert supported and set(supported) == {"0.0"}
+
+
+def test_clock_events_count_the_samples_with_each_reason_in_the_window(tmp_path: Path) -> None:
+    """DCGM_EXP_CLOCK_EVENTS_COUNT{clock_event, window_size_in_ms}: per GPU, the samples within
+    the window that had the reason set (the simulator reports gpu_idle while nothing runs)."""
+    state = tmp_path / "state"
+    driver = open_driver("dgx-h100", state)
+    SimControl(state).set_workload(0, sm_active=0.5)
+    csv = tmp_path / "c.csv"
+    csv.write_text("DCGM_EXP_CLOCK_EVENTS_COUNT, counter, reported clock events\n")
+    settings = TelemetrySettings(kubelet_socket=tmp_path / "absent.sock", collectors=csv)
+    service = build_telemetry(driver, settings, hostname="n", attribute_pods=False)
+    for _ in range(3):
+        service.sampler.tick()
+    text = service.exporter.render("text/plain")[0].decode()
+    driver.close()
+    rows = [line for line in text.splitlines() if line.startswith("DCGM_EXP_CLOCK_EVENTS_COUNT{")]
+    gpus = {re.search(r'gpu="(\d+)"', line).group(1) for line in rows}  # type: ignore[union-attr]
+    assert gpus == {str(i) for i in range(1, 8)}  # GPU 0 is busy: not idle
+    assert all('clock_event="gpu_idle"' in r and 'window_size_in_ms="300000"' in r for r in rows)
+    assert all(r.endswith(" 3.0") for r in rows)
