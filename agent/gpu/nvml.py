@@ -282,7 +282,7 @@ class GpuDriver:
     def open(self) -> GpuDriver:
         with self._lock:
             if not self._initialised:
-                self._call(self._nvml.nvmlInit, what="nvmlInit")
+                self.call(self._nvml.nvmlInit, what="nvmlInit")
                 self._initialised = True
         return self
 
@@ -290,7 +290,7 @@ class GpuDriver:
         with self._lock:
             if self._initialised:
                 self._initialised = False
-                self._call(self._nvml.nvmlShutdown, what="nvmlShutdown")
+                self.call(self._nvml.nvmlShutdown, what="nvmlShutdown")
 
     @property
     def nvml(self) -> Gateway:
@@ -309,24 +309,22 @@ class GpuDriver:
         except self._nvml.NVMLError as exc:
             raise translate(exc, what or fn.__name__) from exc
 
-    _call = call
-
     def _handle(self, uuid: str) -> Any:
-        return self._call(self._nvml.nvmlDeviceGetHandleByUUID, uuid, what=f"GPU {uuid}")
+        return self.call(self._nvml.nvmlDeviceGetHandleByUUID, uuid, what=f"GPU {uuid}")
 
     # -- inventory -------------------------------------------------------------------------------
 
     def driver_version(self) -> str:
-        return str(self._call(self._nvml.nvmlSystemGetDriverVersion))
+        return str(self.call(self._nvml.nvmlSystemGetDriverVersion))
 
     def scan(self) -> GpuScan:
         """Every GPU by index; one that is lost (at start or since) is reported, not raised."""
-        count = self._call(self._nvml.nvmlDeviceGetCount)
+        count = self.call(self._nvml.nvmlDeviceGetCount)
         gpus: list[GpuInfo] = []
         lost: list[LostGpu] = []
         for i in range(count):
             try:
-                info = self._info(i, self._call(self._nvml.nvmlDeviceGetHandleByIndex, i))
+                info = self._info(i, self.call(self._nvml.nvmlDeviceGetHandleByIndex, i))
             except DeviceLost as exc:
                 lost.append(LostGpu(i, self._known.get(i), str(exc)))
                 continue
@@ -355,12 +353,12 @@ class GpuDriver:
 
     def _info(self, index: int, h: Any) -> GpuInfo:
         n = self._nvml
-        pci = self._call(n.nvmlDeviceGetPciInfo, h)
-        mem = self._call(n.nvmlDeviceGetMemoryInfo, h)
+        pci = self.call(n.nvmlDeviceGetPciInfo, h)
+        mem = self.call(n.nvmlDeviceGetMemoryInfo, h)
         return GpuInfo(
             index=index,
-            uuid=str(self._call(n.nvmlDeviceGetUUID, h)),
-            name=str(self._call(n.nvmlDeviceGetName, h)),
+            uuid=str(self.call(n.nvmlDeviceGetUUID, h)),
+            name=str(self.call(n.nvmlDeviceGetName, h)),
             pci_bus_id=_text(pci.busId),
             pci_device_id=int(pci.pciDeviceId),
             pci_subsystem_id=int(pci.pciSubSystemId),
@@ -380,7 +378,7 @@ class GpuDriver:
     def layout(self, uuid: str) -> GpuLayout:
         """Everything the MIG planner needs about one GPU, read in one go."""
         h = self._handle(uuid)
-        info = self._info(self._call(self._nvml.nvmlDeviceGetIndex, h), h)
+        info = self._info(self.call(self._nvml.nvmlDeviceGetIndex, h), h)
         profiles = self._gi_profiles(h, info.memory_total_bytes)
         enabled = info.mig_mode is not None and info.mig_mode.current
         instances = self._gpu_instances(h, profiles) if enabled else ()
@@ -390,7 +388,7 @@ class GpuDriver:
 
     def gi_profiles(self, uuid: str) -> tuple[GiProfile, ...]:
         h = self._handle(uuid)
-        total = int(self._call(self._nvml.nvmlDeviceGetMemoryInfo, h).total)
+        total = int(self.call(self._nvml.nvmlDeviceGetMemoryInfo, h).total)
         return self._gi_profiles(h, total)
 
     def _gi_profiles(self, h: Any, total_bytes: int) -> tuple[GiProfile, ...]:
@@ -437,7 +435,7 @@ class GpuDriver:
         n = self._nvml
         array = (n.c_nvmlGpuInstancePlacement_t * _MAX_PLACEMENTS)()
         count = ctypes.c_uint(_MAX_PLACEMENTS)
-        self._call(
+        self.call(
             n.nvmlDeviceGetGpuInstancePossiblePlacements, h, profile_id, array, ctypes.byref(count)
         )
         return tuple(Placement(int(array[i].start), int(array[i].size)) for i in range(count.value))
@@ -446,10 +444,10 @@ class GpuDriver:
         """CI profiles available inside one existing GI (reference/mig.md §1.6)."""
         n = self._nvml
         h = self._handle(uuid)
-        gi = self._call(n.nvmlDeviceGetGpuInstanceById, h, gi_id, what=f"GPU instance {gi_id}")
-        gi_info = self._call(n.nvmlGpuInstanceGetInfo, gi)
+        gi = self.call(n.nvmlDeviceGetGpuInstanceById, h, gi_id, what=f"GPU instance {gi_id}")
+        gi_info = self.call(n.nvmlGpuInstanceGetInfo, gi)
         gi_profile = next(p for p in self.gi_profiles(uuid) if p.id == gi_info.profileId)
-        total = int(self._call(n.nvmlDeviceGetMemoryInfo, h).total)
+        total = int(self.call(n.nvmlDeviceGetMemoryInfo, h).total)
         out: list[CiProfile] = []
         for constant in range(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
@@ -482,7 +480,7 @@ class GpuDriver:
 
     def gpu_instances(self, uuid: str) -> tuple[GpuInstance, ...]:
         h = self._handle(uuid)
-        total = int(self._call(self._nvml.nvmlDeviceGetMemoryInfo, h).total)
+        total = int(self.call(self._nvml.nvmlDeviceGetMemoryInfo, h).total)
         return self._gpu_instances(h, self._gi_profiles(h, total))
 
     def _gpu_instances(self, h: Any, profiles: tuple[GiProfile, ...]) -> tuple[GpuInstance, ...]:
@@ -492,9 +490,9 @@ class GpuDriver:
         for profile in profiles:
             array = (n.c_nvmlGpuInstance_t * max(profile.instance_count, 1))()
             count = ctypes.c_uint(0)
-            self._call(n.nvmlDeviceGetGpuInstances, h, profile.id, array, ctypes.byref(count))
+            self.call(n.nvmlDeviceGetGpuInstances, h, profile.id, array, ctypes.byref(count))
             for i in range(count.value):
-                info = self._call(n.nvmlGpuInstanceGetInfo, array[i])
+                info = self.call(n.nvmlGpuInstanceGetInfo, array[i])
                 out.append(
                     GpuInstance(
                         id=int(info.id),
@@ -511,7 +509,7 @@ class GpuDriver:
     ) -> tuple[ComputeInstance, ...]:
         n = self._nvml
         out: list[ComputeInstance] = []
-        gi_id = int(self._call(n.nvmlGpuInstanceGetInfo, gi).id)
+        gi_id = int(self.call(n.nvmlGpuInstanceGetInfo, gi).id)
         for constant in range(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
                 info = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
@@ -523,11 +521,9 @@ class GpuDriver:
                 raise translate(exc, "nvmlGpuInstanceGetComputeInstanceProfileInfo") from exc
             array = (n.c_nvmlComputeInstance_t * max(int(info.instanceCount), 1))()
             count = ctypes.c_uint(0)
-            self._call(
-                n.nvmlGpuInstanceGetComputeInstances, gi, info.id, array, ctypes.byref(count)
-            )
+            self.call(n.nvmlGpuInstanceGetComputeInstances, gi, info.id, array, ctypes.byref(count))
             for i in range(count.value):
-                ci = self._call(n.nvmlComputeInstanceGetInfo, array[i])
+                ci = self.call(n.nvmlComputeInstanceGetInfo, array[i])
                 out.append(
                     ComputeInstance(
                         id=int(ci.id),
@@ -543,14 +539,14 @@ class GpuDriver:
         n = self._nvml
         out: dict[tuple[int, int], str] = {}
         for mig in self._mig_handles(h):
-            gi_id = int(self._call(n.nvmlDeviceGetGpuInstanceId, mig))
-            ci_id = int(self._call(n.nvmlDeviceGetComputeInstanceId, mig))
-            out[(gi_id, ci_id)] = str(self._call(n.nvmlDeviceGetUUID, mig))
+            gi_id = int(self.call(n.nvmlDeviceGetGpuInstanceId, mig))
+            ci_id = int(self.call(n.nvmlDeviceGetComputeInstanceId, mig))
+            out[(gi_id, ci_id)] = str(self.call(n.nvmlDeviceGetUUID, mig))
         return out
 
     def _mig_handles(self, h: Any) -> Iterator[Any]:
         n = self._nvml
-        for i in range(int(self._call(n.nvmlDeviceGetMaxMigDeviceCount, h))):
+        for i in range(int(self.call(n.nvmlDeviceGetMaxMigDeviceCount, h))):
             try:
                 yield n.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
             except n.NVMLError as exc:
@@ -566,7 +562,7 @@ class GpuDriver:
         return self._processes(handle)
 
     def _processes(self, h: Any) -> tuple[Process, ...]:
-        procs = self._call(self._nvml.nvmlDeviceGetComputeRunningProcesses, h)
+        procs = self.call(self._nvml.nvmlDeviceGetComputeRunningProcesses, h)
         return tuple(
             Process(
                 pid=int(p.pid),
@@ -584,7 +580,7 @@ class GpuDriver:
         self.generation += 1
         n = self._nvml
         mode = n.NVML_DEVICE_MIG_ENABLE if enabled else n.NVML_DEVICE_MIG_DISABLE
-        status = self._call(
+        status = self.call(
             n.nvmlDeviceSetMigMode, self._handle(uuid), mode, what=f"set MIG mode on {uuid}"
         )
         return _ACTIVATION.get(int(status), ActivationStatus.NOT_SUPPORTED)
@@ -595,40 +591,40 @@ class GpuDriver:
         h = self._handle(uuid)
         ref = ctypes.byref(n.c_nvmlGpuInstancePlacement_t(placement.start, placement.size))
         what = f"create GPU instance profile {profile_id} at {placement} on {uuid}"
-        gi = self._call(n.nvmlDeviceCreateGpuInstanceWithPlacement, h, profile_id, ref, what=what)
-        info = self._call(n.nvmlGpuInstanceGetInfo, gi)
+        gi = self.call(n.nvmlDeviceCreateGpuInstanceWithPlacement, h, profile_id, ref, what=what)
+        info = self.call(n.nvmlGpuInstanceGetInfo, gi)
         name = next((p.name for p in self.gi_profiles(uuid) if p.id == profile_id), str(profile_id))
         return GpuInstance(int(info.id), profile_id, name, placement, ())
 
     def destroy_gpu_instance(self, uuid: str, gi_id: int) -> None:
         self.generation += 1
         n = self._nvml
-        gi = self._call(
+        gi = self.call(
             n.nvmlDeviceGetGpuInstanceById, self._handle(uuid), gi_id, what=f"GPU instance {gi_id}"
         )
-        self._call(n.nvmlGpuInstanceDestroy, gi, what=f"destroy GPU instance {gi_id} on {uuid}")
+        self.call(n.nvmlGpuInstanceDestroy, gi, what=f"destroy GPU instance {gi_id} on {uuid}")
 
     def create_compute_instance(
         self, uuid: str, gi_id: int, ci_profile_id: int, placement: Placement | None = None
     ) -> ComputeInstance:
         self.generation += 1
         n = self._nvml
-        gi = self._call(
+        gi = self.call(
             n.nvmlDeviceGetGpuInstanceById, self._handle(uuid), gi_id, what=f"GPU instance {gi_id}"
         )
         what = f"create compute instance profile {ci_profile_id} in GPU instance {gi_id} on {uuid}"
         if placement is None:
-            ci = self._call(n.nvmlGpuInstanceCreateComputeInstance, gi, ci_profile_id, what=what)
+            ci = self.call(n.nvmlGpuInstanceCreateComputeInstance, gi, ci_profile_id, what=what)
         else:
             ref = ctypes.byref(n.c_nvmlComputeInstancePlacement_t(placement.start, placement.size))
-            ci = self._call(
+            ci = self.call(
                 n.nvmlGpuInstanceCreateComputeInstanceWithPlacement,
                 gi,
                 ci_profile_id,
                 ref,
                 what=what,
             )
-        info = self._call(n.nvmlComputeInstanceGetInfo, ci)
+        info = self.call(n.nvmlComputeInstanceGetInfo, ci)
         uuid_of = self._mig_uuids(self._handle(uuid)).get((gi_id, int(info.id)))
         return ComputeInstance(
             int(info.id),
@@ -640,13 +636,13 @@ class GpuDriver:
     def destroy_compute_instance(self, uuid: str, gi_id: int, ci_id: int) -> None:
         self.generation += 1
         n = self._nvml
-        gi = self._call(
+        gi = self.call(
             n.nvmlDeviceGetGpuInstanceById, self._handle(uuid), gi_id, what=f"GPU instance {gi_id}"
         )
-        ci = self._call(
+        ci = self.call(
             n.nvmlGpuInstanceGetComputeInstanceById, gi, ci_id, what=f"compute instance {ci_id}"
         )
-        self._call(
+        self.call(
             n.nvmlComputeInstanceDestroy,
             ci,
             what=f"destroy compute instance {gi_id}/{ci_id} on {uuid}",
