@@ -25,6 +25,7 @@ __all__ = [
     "CLOCK_EVENT_WINDOW_S",
     "FIELDS",
     "LEGACY_NAMES",
+    "P2P_STATUS_NAMES",
     "ClockEventWindow",
     "Field",
     "Gpm",
@@ -34,6 +35,7 @@ __all__ = [
     "Level",
     "Nvml",
     "NvmlRate",
+    "P2pStatus",
     "Scale",
     "Unavailable",
     "XidEvents",
@@ -119,6 +121,23 @@ class ClockEventWindow:
     reading: Reading = Reading.CLOCK_EVENT_REASONS
 
 
+@dataclass(frozen=True, slots=True)
+class P2pStatus:
+    """dcgm-exporter's DCGM_EXP_P2P_STATUS: the NVLink P2P status of each GPU to each peer
+    (labels peer_gpu, link_status); read once, it is topology."""
+
+
+#: nvmlGpuP2PStatus_t -> dcgm-exporter's link_status label
+P2P_STATUS_NAMES: dict[int, str] = {
+    0: "OK",
+    1: "ChipsetNotSupported",
+    2: "GPUNotSupported",
+    3: "TopologyNotSupported",
+    4: "DisabledByRegKey",
+    5: "NotSupported",
+    6: "Unknown",
+}
+
 #: dcgm-exporter's --clock-events-count-window-size default (300000 ms)
 CLOCK_EVENT_WINDOW_S = 300.0
 
@@ -164,6 +183,7 @@ Source = (
     | XidEvents
     | XidWindow
     | ClockEventWindow
+    | P2pStatus
     | Info
     | GpuStrings
     | Unavailable
@@ -419,10 +439,9 @@ FIELDS: tuple[Field, ...] = (
           Unavailable("DCGM health checks need the hostengine; gpu_agent_gpu_up reports a lost "
                       "GPU and gpu_agent_xid_errors_total its XIDs"),
           "enum", "gpu_agent_health_status", _ONE, "DCGM health status."),
-    Field(100_004, "DCGM_EXP_P2P_STATUS", _G, _GPU,
-          Unavailable("P2P link status comes from DCGM's topology module, which the agent does "
-                      "not run"),
-          "enum", "gpu_agent_p2p_status", _ONE, "P2P NVLink status."),
+    Field(100_004, "DCGM_EXP_P2P_STATUS", _G, _GPU, P2pStatus(), "enum",
+          "gpu_agent_p2p_status", _ONE,
+          "NVLink P2P status to each peer GPU, 0 = OK (labels peer_gpu, link_status)."),
 )  # fmt: skip
 
 #: dcgm-exporter 1.x series names (its etc/1.x-compatibility-metrics.csv) -> the DCGM field. A

@@ -675,6 +675,27 @@ class NodeReader:
             newest = max(newest, int(s.timeStamp))
         return {pid: sum(v) / len(v) for pid, v in sums.items()}, newest
 
+    # -- topology -------------------------------------------------------------------------------
+
+    def p2p_status(self) -> dict[tuple[int, int], int]:
+        """NVLink P2P status (nvmlGpuP2PStatus_t: 0 OK, 1-6 why not) of every ordered pair of
+        GPUs that answer. Raises NotSupported when the driver cannot tell (no such call)."""
+        n = self._n
+        gpus = [g.index for g in self.gpus() if g.uuid]
+        out: dict[tuple[int, int], int] = {}
+        for a in gpus:
+            for b in gpus:
+                if a == b:
+                    continue
+                status = self._driver.call(
+                    n.nvmlDeviceGetP2PStatus,
+                    self._handle(a),
+                    self._handle(b),
+                    n.NVML_P2P_CAPS_INDEX_NVLINK,
+                )
+                out[(a, b)] = int(status)
+        return out
+
     # -- GPM --------------------------------------------------------------------------------------
 
     def gpm_supported(self, gpu: int) -> bool:

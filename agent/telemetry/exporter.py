@@ -33,12 +33,14 @@ from dcgm.counters import Counter, CounterSet
 from dcgm.fields import (
     BY_ID,
     CLOCK_EVENT_WINDOW_S,
+    P2P_STATUS_NAMES,
     ClockEventWindow,
     Field,
     GpuStrings,
     Info,
     Kind,
     Level,
+    P2pStatus,
     XidEvents,
     XidWindow,
 )
@@ -81,6 +83,8 @@ def families(
                 out.extend(_xid_window(counter, snapshot, naming, native))
             if isinstance(counter.field.source, ClockEventWindow):
                 out.extend(_clock_events(counter, snapshot, naming, native))
+            if isinstance(counter.field.source, P2pStatus):
+                out.extend(_p2p(counter, snapshot, naming, native))
         out.extend(_agent_families(snapshot, naming, rows))
     if stats is not None:
         out.extend(_stats_families(stats))
@@ -227,7 +231,7 @@ def _field_families(counter: Counter, native: bool, rows: list[_Row]) -> Iterato
         if not native:
             yield _last_xid(counter, rows)
         return  # occurrences are rendered by _agent_families for both schemes
-    if isinstance(field.source, XidWindow | ClockEventWindow):
+    if isinstance(field.source, XidWindow | ClockEventWindow | P2pStatus):
         return  # rendered from the snapshot's window counts (_xid_window, _clock_events)
     if native:
         name, typ = field.native, field.kind.value
@@ -275,6 +279,17 @@ def _clock_events(
     for c in snapshot.clock_events:
         labels = {**naming.gpu(c.gpu), "clock_event": c.reason, **window}
         metric.samples.append(Sample(name, labels, float(c.count)))
+    yield metric
+
+
+def _p2p(counter: Counter, snapshot: Snapshot, naming: Naming, native: bool) -> Iterator[Metric]:
+    """dcgm-exporter's DCGM_EXP_P2P_STATUS: per GPU and peer, the status code with its name."""
+    name = counter.field.native if native else counter.name
+    metric = Metric(name, counter.help, "gauge")
+    for link in snapshot.p2p:
+        status = P2P_STATUS_NAMES.get(link.status, "Unknown")
+        labels = {**naming.gpu(link.gpu), "peer_gpu": str(link.peer), "link_status": status}
+        metric.samples.append(Sample(name, labels, float(link.status)))
     yield metric
 
 

@@ -39,6 +39,7 @@ from agent.telemetry.snapshot import (
     FieldSupport,
     GpuStatus,
     InstanceIdentity,
+    P2pLink,
     PodRef,
     PodUsage,
     Snapshot,
@@ -57,6 +58,7 @@ from dcgm.fields import (
     Level,
     Nvml,
     NvmlRate,
+    P2pStatus,
     Unavailable,
     XidEvents,
     XidWindow,
@@ -161,6 +163,9 @@ class Sampler:
         self._xid_selected = any(isinstance(f.source, XidEvents) for f in fields)
         self._xid_window = any(isinstance(f.source, XidWindow) for f in fields)
         self._clock_events = [f for f in fields if isinstance(f.source, ClockEventWindow)]
+        self._p2p_fields = [f for f in fields if isinstance(f.source, P2pStatus)]
+        #: read once (topology); None until read, or when the driver cannot tell
+        self._p2p: dict[tuple[int, int], int] | None = None
         self._selected = fields
         gpu_metrics = {f.source.metric_id for f in self._prof if isinstance(f.source, Gpm)}
         gi_metrics = {
@@ -284,6 +289,7 @@ class Sampler:
             xids=self._xid_counts(gpus, layouts, xid),
             xid_recent=self._xid_recent(gpus, xid),
             clock_events=self._clock_event_counts(gpus),
+            p2p=self._p2p_links(gpus, statuses),
             support=self._support(gpus),
             layouts=tuple(node_layouts),
         )
@@ -419,6 +425,31 @@ class Sampler:
                 if count:
                     out.append(ClockEventCount(gpu, reason, count))
         return tuple(out)
+
+    def _p2p_links(
+        self, gpus: tuple[GpuIdentity, ...], statuses: list[GpuStatus]
+    ) -> tuple[P2pLink, ...]:
+        if not self._p2p_fields:
+            return ()
+        if self._p2p is None:
+            try:
+                self._p2p = self._reader.p2p_status()
+            except NotSupported as exc:
+                self._p2p = {}
+                for gpu in gpus:
+                    state = self._gpus.get(gpu.index)
+                    if state is not None:
+                        for f in self._p2p_fields:
+                            self._unsupported(gpu, state, f, str(exc))
+            except AgentError as exc:  # a GPU lost meanwhile: try again next tick
+                log.debug("P2P status: %s", exc)
+                return ()
+        up = {s.gpu.index for s in statuses if s.up}
+        return tuple(
+            P2pLink(gpus[a], b, status)
+            for (a, b), status in sorted(self._p2p.items())
+            if a in up and a < len(gpus)
+        )
 
     def _instance_values(
         self, gpu: GpuIdentity, state: _GpuState, mig_uuid: str

@@ -22,6 +22,7 @@ __all__ = [
     "GpuIdentity",
     "GpuStatus",
     "InstanceIdentity",
+    "P2pLink",
     "PodRef",
     "PodUsage",
     "Snapshot",
@@ -94,6 +95,14 @@ class ClockEventCount:
 
 
 @dataclass(frozen=True, slots=True)
+class P2pLink:
+    gpu: GpuIdentity
+    peer: int
+    #: nvmlGpuP2PStatus_t, 0 = OK
+    status: int
+
+
+@dataclass(frozen=True, slots=True)
 class GpuStatus:
     gpu: GpuIdentity
     up: bool
@@ -126,6 +135,8 @@ class Snapshot:
     xid_recent: tuple[XidCount, ...] = ()
     #: clock-event reasons per GPU within the last window (DCGM_EXP_CLOCK_EVENTS_COUNT)
     clock_events: tuple[ClockEventCount, ...] = ()
+    #: NVLink P2P status of each GPU to each peer (DCGM_EXP_P2P_STATUS), when selected
+    p2p: tuple[P2pLink, ...] = ()
     #: each GPU's MIG layout and processes (the planner's view) for the API's inventory; a GPU
     #: down this tick keeps its last known layout, one never seen up has none
     layouts: tuple[GpuLayout, ...] = ()
