@@ -245,6 +245,7 @@ class NodeInventory:
                     layout,
                     lost=layout.gpu.index in gpus.lost,
                     idle_seconds=idle.get(layout.gpu.uuid),
+                    lost_detail=gpus.lost.get(layout.gpu.index, ""),
                 )
                 for layout in gpus.layouts
             ],

@@ -305,15 +305,6 @@ class RemoteSharing:
         return _result(response.change)
 
 
-def _lost_detail(node: agent_pb2.Node, index: int) -> str:
-    """The driver's error for a lost GPU, from the node's gpu-driver health detail."""
-    for c in node.health.components:
-        for part in c.detail.split("; "):
-            if part.startswith(f"GPU {index} lost: "):
-                return part.removeprefix(f"GPU {index} lost: ")
-    return "the GPU does not answer"
-
-
 def status_view(node: agent_pb2.Node) -> dict[str, Any]:
     """The node as ``gpu-agent status`` shows it (`agent.cli.status.node_status`'s shape)."""
 
@@ -326,9 +317,7 @@ def status_view(node: agent_pb2.Node) -> dict[str, Any]:
             {
                 "index": g.index,
                 "health": "lost" if g.health == agent_pb2.GPU_HEALTH_LOST else "ok",
-                "detail": _lost_detail(node, g.index)
-                if g.health == agent_pb2.GPU_HEALTH_LOST
-                else "",
+                "detail": g.health_detail,
                 # A GPU lost before the agent saw it answer has only its index.
                 "uuid": g.uuid or None,
                 "name": g.name or None,

@@ -98,8 +98,10 @@ def test_a_gpu_lost_before_start_leaves_the_agent_serving_the_others(tmp_path: P
         config = agent_config(tmp_path)
         shown = _cli(agent.state_dir, "status", "-o", "json", config=config)
         assert shown.returncode == 0, shown.stderr
-        health = {g["index"]: g["health"] for g in json.loads(shown.stdout)["gpus"]}
+        gpus = json.loads(shown.stdout)["gpus"]
+        health = {g["index"]: g["health"] for g in gpus}
         assert health == {i: ("lost" if i == 3 else "ok") for i in range(8)}
+        assert "GPU is lost" in gpus[3]["detail"] and gpus[3]["uuid"] is None
         table = _cli(agent.state_dir, "status", config=config)
         assert table.returncode == 0, table.stderr
         assert re.search(r"^3\s+lost\s", table.stdout, re.M), table.stdout

@@ -105,6 +105,10 @@ def test_a_lost_gpu_is_reported_lost_and_the_others_serve(driver: GpuDriver) -> 
     node = inventory.response().node
     lost = {g.index: g.uuid for g in node.gpus if g.health == agent_pb2.GPU_HEALTH_LOST}
     assert lost == {3: snapshot.layouts[3].gpu.uuid, 5: ""}
+    assert {g.index: g.health_detail for g in node.gpus if g.health_detail} == {
+        3: "GPU is lost",
+        5: "GPU is lost",
+    }
     assert len(node.gpus) == 8
     assert [layout.gpu.index for layout in inventory.layouts()] == [0, 1, 2, 4, 6, 7]
     (component,) = [c for c in node.health.components if c.name == "gpu-driver"]
