@@ -128,6 +128,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         xids=lambda: telemetry.xids.state().counts,
         telemetry=telemetry.sampler.latest,
         wake=telemetry.sampler.wake,
+        fresh=telemetry.sampler.fresh,
     )
     telemetry.sampler.subscribe(inventory.refresh_gpus)  # GetNode follows every snapshot
     # Sharing reads the node's shape from the inventory: no NVML call per request.

@@ -74,9 +74,11 @@ class NodeInventory:
         xids: Callable[[], Mapping[XidKey, int]] | None = None,
         telemetry: Callable[[], Snapshot | None] | None = None,
         wake: Callable[[], None] | None = None,
+        fresh: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._bus = bus
+        self._fresh = fresh
         self._node_name = node_name
         self._preset = simulated_preset or ""
         self._sharing_source: Callable[[], SharingView] | None = None
@@ -263,6 +265,13 @@ class NodeInventory:
         self._response = agent_pb2.GetNodeResponse(node=node)
 
     # -- the background loop --------------------------------------------------------------------
+
+    def settle(self) -> None:
+        """Blocking (worker threads only): return once GetNode shows the GPUs as they are now,
+        after a change the agent finished (a MIG apply), not a snapshot taken while it ran."""
+        if self._fresh is not None and self._fresh():
+            self.refresh_gpus()
+        self.poke()
 
     def poke(self) -> None:
         """Refresh everything soon (after the agent changed the node); safe from any thread.

@@ -150,9 +150,16 @@ class _Apply:
     """The work of one ``mig.apply`` operation, on an operation worker thread."""
 
     def __init__(
-        self, service: MigService, spec: MigSpec, name: str | None, plan: NodePlan, force: bool
+        self,
+        service: MigService,
+        spec: MigSpec,
+        name: str | None,
+        plan: NodePlan,
+        force: bool,
+        settle: Callable[[], None] = lambda: None,
     ) -> None:
         self._service = service
+        self._settle = settle
         self._spec = spec
         self._name = name
         self._force = force
@@ -186,24 +193,33 @@ class _Apply:
                 why = "cancelled" if ctx.cancelled() else "the agent is stopping"
                 raise Cancelled(f"MIG apply {why} before {event.message}")
 
-        result = self._service.apply(
-            self._spec,
-            self._name,
-            force=self._force,
-            progress=progress,
-            # The lock's holder text: a refused caller is told which operation is in the way.
-            operation=operation_name(ctx.id),
-        )
+        try:
+            result = self._service.apply(
+                self._spec,
+                self._name,
+                force=self._force,
+                progress=progress,
+                # The lock's holder text: a refused caller is told which operation is in the way.
+                operation=operation_name(ctx.id),
+            )
+        finally:
+            # Before the operation reads done: GetNode then shows the layout it left.
+            self._settle()
         return apply_result_pb(result)
 
 
 class MigServicer(mig_pb2_grpc.MigServiceServicer):
     def __init__(
-        self, service: MigService, runner: OperationRunner, changed: Callable[[], None]
+        self,
+        service: MigService,
+        runner: OperationRunner,
+        changed: Callable[[], None],
+        settle: Callable[[], None] = lambda: None,
     ) -> None:
         self._service = service
         self._runner = runner
         self._changed = changed  # refreshes the inventory after a change
+        self._settle = settle  # blocks until the inventory shows a finished change
 
     async def PlanMig(
         self, request: mig_pb2.PlanMigRequest, context: grpc.aio.ServicerContext
@@ -237,7 +253,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
             MIG_APPLY,
             request.request_id,
             request,
-            _Apply(self._service, spec, name, plan, request.force),
+            _Apply(self._service, spec, name, plan, request.force, self._settle),
             metadata=operations_pb2.OperationMetadata(
                 mig_apply=operations_pb2.MigApplyProgress(
                     config_name=plan.config,

@@ -261,6 +261,20 @@ class GpuScan:
     lost: tuple[LostGpu, ...] = ()
 
 
+def _mutation(method: Callable[..., T]) -> Callable[..., T]:
+    """Bump ``generation`` before and after a change, so a layout read while it ran is re-read."""
+
+    @functools.wraps(method)
+    def mutate(self: GpuDriver, *args: Any, **kwargs: Any) -> T:
+        self.generation += 1
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.generation += 1
+
+    return mutate
+
+
 class GpuDriver:
     """Typed access to the GPUs of this node through a pynvml-compatible module.
 
@@ -274,7 +288,8 @@ class GpuDriver:
         self._initialised = False
         #: last identity each index answered with, to name a GPU after it is lost
         self._known: dict[int, GpuInfo] = {}
-        #: bumped by every mutation, so cached layouts are re-read after the agent's own changes
+        #: bumped before and after every mutation, so cached layouts are re-read after the agent's
+        #: own changes (also when a read raced one)
         self.generation = 0
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -575,9 +590,9 @@ class GpuDriver:
 
     # -- mutations -------------------------------------------------------------------------------
 
+    @_mutation
     def set_mig_mode(self, uuid: str, enabled: bool) -> ActivationStatus:
         """Request a MIG mode; the activation status says whether it took effect (mig.md §7.7)."""
-        self.generation += 1
         n = self._nvml
         mode = n.NVML_DEVICE_MIG_ENABLE if enabled else n.NVML_DEVICE_MIG_DISABLE
         status = self.call(
@@ -585,8 +600,8 @@ class GpuDriver:
         )
         return _ACTIVATION.get(int(status), ActivationStatus.NOT_SUPPORTED)
 
+    @_mutation
     def create_gpu_instance(self, uuid: str, profile_id: int, placement: Placement) -> GpuInstance:
-        self.generation += 1
         n = self._nvml
         h = self._handle(uuid)
         ref = ctypes.byref(n.c_nvmlGpuInstancePlacement_t(placement.start, placement.size))
@@ -596,18 +611,18 @@ class GpuDriver:
         name = next((p.name for p in self.gi_profiles(uuid) if p.id == profile_id), str(profile_id))
         return GpuInstance(int(info.id), profile_id, name, placement, ())
 
+    @_mutation
     def destroy_gpu_instance(self, uuid: str, gi_id: int) -> None:
-        self.generation += 1
         n = self._nvml
         gi = self.call(
             n.nvmlDeviceGetGpuInstanceById, self._handle(uuid), gi_id, what=f"GPU instance {gi_id}"
         )
         self.call(n.nvmlGpuInstanceDestroy, gi, what=f"destroy GPU instance {gi_id} on {uuid}")
 
+    @_mutation
     def create_compute_instance(
         self, uuid: str, gi_id: int, ci_profile_id: int, placement: Placement | None = None
     ) -> ComputeInstance:
-        self.generation += 1
         n = self._nvml
         gi = self.call(
             n.nvmlDeviceGetGpuInstanceById, self._handle(uuid), gi_id, what=f"GPU instance {gi_id}"
@@ -633,8 +648,8 @@ class GpuDriver:
             uuid_of,
         )
 
+    @_mutation
     def destroy_compute_instance(self, uuid: str, gi_id: int, ci_id: int) -> None:
-        self.generation += 1
         n = self._nvml
         gi = self.call(
             n.nvmlDeviceGetGpuInstanceById, self._handle(uuid), gi_id, what=f"GPU instance {gi_id}"

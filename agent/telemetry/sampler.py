@@ -189,6 +189,10 @@ class Sampler:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        #: ticks started / the latest tick finished, for :meth:`fresh`
+        self._ticks = threading.Condition()
+        self._started_seq = 0
+        self._done_seq = 0
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -207,6 +211,17 @@ class Sampler:
     def wake(self) -> None:
         """Collect now rather than at the next interval (after the agent changed a GPU)."""
         self._wake.set()
+
+    def fresh(self, timeout_s: float = 5.0) -> bool:
+        """Block until a snapshot collected after this call is published (waking the sampler),
+        so what the agent just changed is in it. False on timeout, or with no sampler thread."""
+        if self._thread is None or not self._thread.is_alive():
+            return False
+        with self._ticks:
+            target = self._started_seq + 1
+        self.wake()
+        with self._ticks:
+            return self._ticks.wait_for(lambda: self._done_seq >= target, timeout_s)
 
     def stop(self) -> None:
         self._stop.set()
@@ -237,6 +252,17 @@ class Sampler:
 
     def tick(self) -> Snapshot:
         """Collect once and publish the snapshot."""
+        with self._ticks:
+            self._started_seq += 1
+            seq = self._started_seq
+        try:
+            return self._tick()
+        finally:
+            with self._ticks:
+                self._done_seq = max(self._done_seq, seq)
+                self._ticks.notify_all()
+
+    def _tick(self) -> Snapshot:
         started = self._clock()
         taken_at = self._wall()
         if self._containers is not None:

@@ -306,3 +306,28 @@ def test_a_corrupt_idle_file_counts_from_now(tmp_path: Path) -> None:
     idle_file.write_text('{"GPU-x": "soon", "broken": [')
     sampler = _idle_sampler(node, idle_file, [1.0], [1_000.0])
     assert entity(sampler.tick(), 0).idle_seconds == 0
+
+
+def test_fresh_waits_for_a_snapshot_taken_after_the_call(tmp_path: Path) -> None:
+    """After a change the agent made (a MIG apply), GetNode must not serve a snapshot taken while
+    the change ran: fresh() wakes the sampler and returns once a later snapshot is out."""
+    from agent.gpu.readings import NodeReader
+    from agent.telemetry.sampler import Sampler, SamplerOptions
+    from dcgm.counters import load_counters
+
+    node = sim_node(tmp_path)
+    options = SamplerOptions(interval_s=3600, hostname="n", proc_root=node.control.proc_root)
+    sampler = Sampler(NodeReader(node.driver), load_counters(), node.stats, options)
+    assert not sampler.fresh(timeout_s=0.1)  # no thread: nothing to wait for
+    sampler.start()
+    try:
+        first = sampler.latest()
+        uuid = node.uuids[0]
+        node.driver.set_mig_mode(uuid, True)
+        assert sampler.fresh(timeout_s=10)
+        latest = sampler.latest()
+        assert latest is not first and latest is not None
+        (layout,) = [lay for lay in latest.layouts if lay.gpu.uuid == uuid]
+        assert layout.gpu.mig_mode is not None and layout.gpu.mig_mode.current
+    finally:
+        sampler.stop()
