@@ -220,6 +220,16 @@ class TelemetrySettings:
             "dcgm-exporter dashboards; native exports gpu_agent_* names.",
         ),
     )
+    devices: str = field(
+        default="f",
+        metadata=_rules(
+            choices=("f", "g"),
+            doc="Which entities carry the per-instance fields (framebuffer, DCP), named after "
+            "dcgm-exporter's --devices: f (flex, its default) exports them per GPU instance on "
+            "a GPU with MIG instances and per GPU elsewhere, so sums over a GPU never count "
+            "twice; g exports whole-GPU rows only, also on MIG GPUs, and no instance rows.",
+        ),
+    )
     idle_threshold_percent: float = field(
         default=5.0,
         metadata=_rules(

@@ -116,20 +116,27 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         from agent.gpu.sim import SimControl
 
         proc_root = SimControl(config.state_dir).proc_root  # the simulator's /proc look-alike
+    kube: KubeClient | None = InClusterKubeClient.in_pod()
     telemetry = build_telemetry(
-        gpu, config.telemetry, hostname=config.node_name, proc_root=proc_root
+        gpu,
+        config.telemetry,
+        hostname=config.node_name,
+        proc_root=proc_root,
+        state_dir=config.state_dir,
+        kube_get=kube.get if isinstance(kube, InClusterKubeClient) else None,
     )
     inventory = NodeInventory(
-        gpu,
         bus,
         node_name=config.node_name,
         simulated_preset=config.simulate,
         cache=prewarm.inventory,
         xids=lambda: telemetry.xids.state().counts,
         telemetry=telemetry.sampler.latest,
+        wake=telemetry.sampler.wake,
+        fresh=telemetry.sampler.fresh,
     )
+    telemetry.sampler.subscribe(inventory.refresh_gpus)  # GetNode follows every snapshot
     # Sharing reads the node's shape from the inventory: no NVML call per request.
-    kube: KubeClient | None = InClusterKubeClient.in_pod()
     sharing = SharingService(config.sharing, inventory.layouts, kube, node_name=config.node_name)
     inventory.watch_sharing(sharing.show)
     reset = (
@@ -202,7 +209,13 @@ class Node:
         return Response(200, b"ok\n")
 
     async def _readyz(self, _: Request) -> Response:
-        return Response(200, b"ready\n") if self._ready else Response(503, b"starting\n")
+        """Ready once serving while at least one GPU answers: a lost GPU degrades the node (it
+        is reported as lost), it does not take the others out of the Service."""
+        if not self._ready:
+            return Response(503, b"starting\n")
+        if self.services.inventory.every_gpu_lost():
+            return Response(503, b"no GPU answers\n")
+        return Response(200, b"ready\n")
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -291,11 +304,12 @@ class Node:
         s.runner.bind(loop)
         await self._recover()
         await asyncio.to_thread(self._prune)
-        await asyncio.to_thread(s.inventory.refresh_all)  # GetNode never answers empty
-        await asyncio.to_thread(s.prewarm.start)
-        stack.push_async_callback(asyncio.to_thread, s.prewarm.stop)
+        # The first snapshot is taken before GetNode serves: it never answers empty.
         await asyncio.to_thread(s.telemetry.start)
         stack.push_async_callback(asyncio.to_thread, s.telemetry.stop)
+        await asyncio.to_thread(s.inventory.refresh_all)
+        await asyncio.to_thread(s.prewarm.start)
+        stack.push_async_callback(asyncio.to_thread, s.prewarm.stop)
         if not self.embedded:
             host, port = _split_listen(cfg.metrics_listen)
             self.metrics_port = await self.http.start(host, port)

@@ -9,6 +9,12 @@ Types are checked against the catalog: ``label`` only for string fields and only
 them; ``histogram`` / ``summary`` never apply to a single-valued field. A field declared
 ``counter`` that is really a rate (``DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL``, the PCIe bytes of old
 CSVs) is accepted and exported as the gauge it is (``Counter.retyped``).
+
+Every row of dcgm-exporter's shipped CSVs is accepted, their commented rows too: the
+``DCGM_EXP_*`` rows, label fields and the 1.x names (``dcgm_sm_clock``...), which are exported
+under the name the row uses. A field listed twice (the 1.x CSV lists its PCIe bytes twice) is
+taken once, with a note (``CounterSet.notes``). A bad file's error lists each problem once, in
+its violations (tests/unit/telemetry/test_dcgm_counters.py).
 """
 
 from __future__ import annotations
@@ -47,6 +53,13 @@ class Counter:
     declared: str
     help: str
     line: int
+    #: the field name as the row writes it: the DCGM name, or a 1.x name (the series' name)
+    written: str = ""
+
+    @property
+    def name(self) -> str:
+        """The series name under dcgm naming."""
+        return self.written or self.field.name
 
     @property
     def retyped(self) -> bool:
@@ -59,6 +72,8 @@ class CounterSet:
     counters: tuple[Counter, ...]
     #: where it was read from, for logs and errors
     source: str
+    #: rows accepted with a remark (a repeated field), for the log
+    notes: tuple[str, ...] = ()
 
     @property
     def values(self) -> tuple[Counter, ...]:
@@ -90,7 +105,8 @@ def parse_counters(text: str, source: str = "<counters>") -> CounterSet:
     """Parse counters-CSV text; raises InvalidSpec naming every bad line."""
     counters: list[Counter] = []
     problems: list[FieldViolation] = []
-    seen: dict[str, int] = {}
+    notes: list[str] = []
+    seen: dict[int, int] = {}
     if len(text) > MAX_BYTES:
         raise InvalidSpec(
             f"invalid counters CSV {source}: larger than {MAX_BYTES} bytes",
@@ -112,21 +128,25 @@ def parse_counters(text: str, source: str = "<counters>") -> CounterSet:
         if field is None:
             problems.append(FieldViolation(where, _unknown(name)))
             continue
-        if name in seen:
-            problems.append(FieldViolation(where, f"{name} is already listed on line {seen[name]}"))
-            continue
         problem = _type_problem(field, declared)
         if problem:
             problems.append(FieldViolation(where, problem))
             continue
-        seen[name] = line
-        counters.append(Counter(field, declared, help_text or field.help, line))
+        if field.id in seen:
+            notes.append(f"{where}: {name} is already listed on line {seen[field.id]}; ignored")
+            continue
+        seen[field.id] = line
+        written = name if name != field.name else ""
+        counters.append(Counter(field, declared, help_text or field.help, line, written))
     if not problems and not counters:
         problems.append(FieldViolation(source, "selects no fields: every line is a comment"))
     if problems:
-        lines = "".join(f"\n  {p.field}: {p.description}" for p in problems)
-        raise InvalidSpec(f"invalid counters CSV {source}:{lines}", problems)
-    return CounterSet(tuple(counters), source)
+        # The violations carry the details; the CLI and the log print each of them once.
+        plural = "s" if len(problems) > 1 else ""
+        raise InvalidSpec(
+            f"invalid counters CSV {source} ({len(problems)} problem{plural})", problems
+        )
+    return CounterSet(tuple(counters), source, tuple(notes))
 
 
 def _rows(text: str, source: str) -> Iterator[tuple[int, list[str]]]:

@@ -16,22 +16,30 @@ import difflib
 from dataclasses import dataclass
 from enum import Enum
 
-from agent.gpu.readings import Reading
+from agent.gpu.readings import GpuString, Reading
 
 __all__ = [
     "BY_ID",
     "BY_NAME",
+    "CLOCK_EVENT_NAMES",
+    "CLOCK_EVENT_WINDOW_S",
     "FIELDS",
+    "LEGACY_NAMES",
+    "P2P_STATUS_NAMES",
+    "ClockEventWindow",
     "Field",
     "Gpm",
+    "GpuStrings",
     "Info",
     "Kind",
     "Level",
     "Nvml",
     "NvmlRate",
+    "P2pStatus",
     "Scale",
     "Unavailable",
     "XidEvents",
+    "XidWindow",
     "close_matches",
     "lookup",
 ]
@@ -99,10 +107,66 @@ class XidEvents:
 
 
 @dataclass(frozen=True, slots=True)
+class XidWindow:
+    """dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT: XIDs per GPU and XID within the last window
+    (its ``--xid-count-window-size``, 5 minutes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClockEventWindow:
+    """dcgm-exporter's DCGM_EXP_CLOCK_EVENTS_COUNT: per GPU and clock-event reason, the samples
+    within the last window (its ``--clock-events-count-window-size``, 5 minutes) that had the
+    reason set."""
+
+    reading: Reading = Reading.CLOCK_EVENT_REASONS
+
+
+@dataclass(frozen=True, slots=True)
+class P2pStatus:
+    """dcgm-exporter's DCGM_EXP_P2P_STATUS: the NVLink P2P status of each GPU to each peer
+    (labels peer_gpu, link_status); read once, it is topology."""
+
+
+#: nvmlGpuP2PStatus_t -> dcgm-exporter's link_status label
+P2P_STATUS_NAMES: dict[int, str] = {
+    0: "OK",
+    1: "ChipsetNotSupported",
+    2: "GPUNotSupported",
+    3: "TopologyNotSupported",
+    4: "DisabledByRegKey",
+    5: "NotSupported",
+    6: "Unknown",
+}
+
+#: dcgm-exporter's --clock-events-count-window-size default (300000 ms)
+CLOCK_EVENT_WINDOW_S = 300.0
+
+#: nvmlClocksEventReason* bit -> dcgm-exporter's ``clock_event`` label (dcgmi's names)
+CLOCK_EVENT_NAMES: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "clocks_setting",
+    0x4: "power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+    0x100: "display_clocks",
+}
+
+
+@dataclass(frozen=True, slots=True)
 class Info:
     """A node-wide string: ``driver_version`` or ``nvml_version``."""
 
     key: str
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStrings:
+    """A per-GPU static string (brand, serial, VBIOS and InfoROM versions), read once."""
+
+    key: GpuString
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +176,18 @@ class Unavailable:
     reason: str
 
 
-Source = Nvml | NvmlRate | Gpm | XidEvents | Info | Unavailable
+Source = (
+    Nvml
+    | NvmlRate
+    | Gpm
+    | XidEvents
+    | XidWindow
+    | ClockEventWindow
+    | P2pStatus
+    | Info
+    | GpuStrings
+    | Unavailable
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +283,20 @@ FIELDS: tuple[Field, ...] = (
        "NVIDIA driver version."),
     _f(2, "NVML_VERSION", _L, _GPU, Info("nvml_version"), "", "nvml_version", _ONE,
        "NVML library version."),
+    # -- per-GPU strings (label type) -------------------------------------------------------------
+    _f(51, "DEV_BRAND", _L, _GPU, GpuStrings(GpuString.BRAND), "", "brand", _ONE, "Device brand."),
+    _f(53, "DEV_SERIAL", _L, _GPU, GpuStrings(GpuString.SERIAL), "", "serial", _ONE,
+       "Board serial number."),
+    _f(56, "DEV_OEM_INFOROM_VER", _L, _GPU, GpuStrings(GpuString.INFOROM_OEM), "",
+       "inforom_oem_version", _ONE, "OEM InfoROM version."),
+    _f(80, "DEV_ECC_INFOROM_VER", _L, _GPU, GpuStrings(GpuString.INFOROM_ECC), "",
+       "inforom_ecc_version", _ONE, "ECC InfoROM version."),
+    _f(81, "DEV_POWER_INFOROM_VER", _L, _GPU, GpuStrings(GpuString.INFOROM_POWER), "",
+       "inforom_power_version", _ONE, "Power management InfoROM version."),
+    _f(82, "DEV_INFOROM_IMAGE_VER", _L, _GPU, GpuStrings(GpuString.INFOROM_IMAGE), "",
+       "inforom_image_version", _ONE, "InfoROM image version."),
+    _f(85, "DEV_VBIOS_VERSION", _L, _GPU, GpuStrings(GpuString.VBIOS_VERSION), "",
+       "vbios_version", _ONE, "VBIOS version."),
     # -- clocks, temperatures, power --------------------------------------------------------------
     _f(100, "DEV_SM_CLOCK", _G, _GPU, Nvml(_R.SM_CLOCK_MHZ), "MHz", "gpu_agent_sm_clock_hertz",
        _MHZ, "SM clock frequency."),
@@ -293,9 +382,16 @@ FIELDS: tuple[Field, ...] = (
        "count", "gpu_agent_nvlink_replay_errors", _ONE, "NVLink replays."),
     _f(439, "DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", _C, _GPU, Nvml(_R.NVLINK_RECOVERY_ERRORS),
        "count", "gpu_agent_nvlink_recovery_errors", _ONE, "NVLink recoveries."),
-    # DCGM derives this rate from NVML's cumulative KiB counters; dcgm-exporter types it counter.
-    _f(449, "DEV_NVLINK_BANDWIDTH_TOTAL", _G, _GPU, NvmlRate(_R.NVLINK_TRAFFIC_KIB), "KiB/s",
-       "gpu_agent_nvlink_bandwidth_bytes_per_second", Scale(mul=1024),
+    # DCGM 4.6 (DcgmCacheManager::ReadAndCacheNvLinkBandwidth) derives these rates from NVML's
+    # cumulative KiB counters (TX + RX) and divides KiB/s by 1000: its unit is "MB/s" of
+    # 1000 KiB (1,024,000 bytes). dcgm-exporter types them counter; they are rates.
+    _f(440, "DEV_NVLINK_BANDWIDTH_L0", _G, _GPU,
+       NvmlRate(_R.NVLINK_L0_TRAFFIC_KIB, Scale(div=1000)), "MB/s",
+       "gpu_agent_nvlink_l0_bandwidth_bytes_per_second", Scale(mul=1_024_000),
+       "NVLink data traffic on link 0 (TX + RX)."),
+    _f(449, "DEV_NVLINK_BANDWIDTH_TOTAL", _G, _GPU,
+       NvmlRate(_R.NVLINK_TRAFFIC_KIB, Scale(div=1000)), "MB/s",
+       "gpu_agent_nvlink_bandwidth_bytes_per_second", Scale(mul=1_024_000),
        "NVLink data traffic (TX + RX, all links)."),
     _f(526, "DEV_VGPU_LICENSE_STATUS", _G, _GPU,
        Unavailable("vGPU licensing applies to vGPU guests, which the agent does not run in"),
@@ -331,15 +427,74 @@ FIELDS: tuple[Field, ...] = (
                 "Share of cycles the FP64 tensor pipe was active."),
     _prof_ratio(1016, "PIPE_INT_ACTIVE", _CI, 4, "integer_active",
                 "Share of cycles the integer pipe was active."),
+    # -- computed by dcgm-exporter (DCGM_EXP_*; ids are the agent's own, above DCGM's) -----------
+    Field(100_001, "DCGM_EXP_XID_ERRORS_COUNT", _G, _GPU, XidWindow(), "count",
+          "gpu_agent_xid_errors_in_window", _ONE,
+          "XIDs within the last window, by XID (labels xid, window_size_in_ms)."),
+    Field(100_002, "DCGM_EXP_CLOCK_EVENTS_COUNT", _G, _GPU, ClockEventWindow(), "count",
+          "gpu_agent_clock_events_in_window", _ONE,
+          "Samples within the last window with a clock-event reason set (labels clock_event, "
+          "window_size_in_ms)."),
+    Field(100_003, "DCGM_EXP_GPU_HEALTH_STATUS", _G, _GPU,
+          Unavailable("DCGM health checks need the hostengine; gpu_agent_gpu_up reports a lost "
+                      "GPU and gpu_agent_xid_errors_total its XIDs"),
+          "enum", "gpu_agent_health_status", _ONE, "DCGM health status."),
+    Field(100_004, "DCGM_EXP_P2P_STATUS", _G, _GPU, P2pStatus(), "enum",
+          "gpu_agent_p2p_status", _ONE,
+          "NVLink P2P status to each peer GPU, 0 = OK (labels peer_gpu, link_status)."),
 )  # fmt: skip
+
+#: dcgm-exporter 1.x series names (its etc/1.x-compatibility-metrics.csv) -> the DCGM field. A
+#: counters row may name a field either way; it is exported under the name the row uses.
+LEGACY_NAMES: dict[str, str] = {
+    "dcgm_sm_clock": "DCGM_FI_DEV_SM_CLOCK",
+    "dcgm_memory_clock": "DCGM_FI_DEV_MEM_CLOCK",
+    "dcgm_memory_temp": "DCGM_FI_DEV_MEMORY_TEMP",
+    "dcgm_gpu_temp": "DCGM_FI_DEV_GPU_TEMP",
+    "dcgm_power_usage": "DCGM_FI_DEV_POWER_USAGE",
+    "dcgm_total_energy_consumption": "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "dcgm_pcie_replay_counter": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "dcgm_gpu_utilization": "DCGM_FI_DEV_GPU_UTIL",
+    "dcgm_mem_copy_utilization": "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "dcgm_enc_utilization": "DCGM_FI_DEV_ENC_UTIL",
+    "dcgm_dec_utilization": "DCGM_FI_DEV_DEC_UTIL",
+    "dcgm_xid_errors": "DCGM_FI_DEV_XID_ERRORS",
+    "dcgm_power_violation": "DCGM_FI_DEV_POWER_VIOLATION",
+    "dcgm_thermal_violation": "DCGM_FI_DEV_THERMAL_VIOLATION",
+    "dcgm_sync_boost_violation": "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
+    "dcgm_board_limit_violation": "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
+    "dcgm_low_util_violation": "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
+    "dcgm_reliability_violation": "DCGM_FI_DEV_RELIABILITY_VIOLATION",
+    "dcgm_fb_free": "DCGM_FI_DEV_FB_FREE",
+    "dcgm_fb_used": "DCGM_FI_DEV_FB_USED",
+    "dcgm_ecc_sbe_volatile_total": "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "dcgm_ecc_dbe_volatile_total": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "dcgm_ecc_sbe_aggregate_total": "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+    "dcgm_ecc_dbe_aggregate_total": "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+    "dcgm_retired_pages_sbe": "DCGM_FI_DEV_RETIRED_SBE",
+    "dcgm_retired_pages_dbe": "DCGM_FI_DEV_RETIRED_DBE",
+    "dcgm_retired_pages_pending": "DCGM_FI_DEV_RETIRED_PENDING",
+    "dcgm_nvlink_flit_crc_error_count_total": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_data_crc_error_count_total": "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_replay_error_count_total": "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_recovery_error_count_total": "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_bandwidth_total": "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "dcgm_fi_prof_gr_engine_active": "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "dcgm_fi_prof_sm_active": "DCGM_FI_PROF_SM_ACTIVE",
+    "dcgm_fi_prof_sm_occupancy": "DCGM_FI_PROF_SM_OCCUPANCY",
+    "dcgm_fi_prof_pipe_tensor_active": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "dcgm_fi_prof_dram_active": "DCGM_FI_PROF_DRAM_ACTIVE",
+    "dcgm_fi_prof_pcie_tx_bytes": "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "dcgm_fi_prof_pcie_rx_bytes": "DCGM_FI_PROF_PCIE_RX_BYTES",
+}
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
 BY_ID: dict[int, Field] = {f.id: f for f in FIELDS}
 
 
 def lookup(name: str) -> Field | None:
-    """The field called ``name`` (exact DCGM spelling), or None."""
-    return BY_NAME.get(name)
+    """The field called ``name`` (exact DCGM spelling, or a dcgm-exporter 1.x name), or None."""
+    return BY_NAME.get(LEGACY_NAMES.get(name, name))
 
 
 def close_matches(name: str) -> list[str]:

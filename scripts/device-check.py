@@ -30,7 +30,7 @@ def facts(driver: GpuDriver, index: int) -> dict[str, Any]:
     """The read-only MIG facts of one GPU, through the same facade the agent uses."""
     info = driver.gpus()[index]
     profiles = driver.gi_profiles(info.uuid)
-    nvml = driver.module
+    nvml = driver.nvml  # the one gateway: counted, version fallbacks
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     try:
         gpm = bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)

@@ -96,9 +96,14 @@ def mig_profile_pb(p: GiProfile) -> agent_pb2.MigProfile:
 
 
 def gpu_pb(
-    layout: GpuLayout, *, lost: bool = False, idle_seconds: float | None = None
+    layout: GpuLayout,
+    *,
+    lost: bool = False,
+    idle_seconds: float | None = None,
+    lost_detail: str = "",
 ) -> agent_pb2.Gpu:
-    """``idle_seconds``: from the telemetry sampler; None leaves the field absent (unknown)."""
+    """``idle_seconds``: from the telemetry sampler; None leaves the field absent (unknown).
+    ``lost_detail``: the driver's error for a lost GPU."""
     g = layout.gpu
     gpu = agent_pb2.Gpu(
         index=g.index,
@@ -113,6 +118,7 @@ def gpu_pb(
         mig_profiles=[mig_profile_pb(p) for p in layout.profiles],
         health=agent_pb2.GPU_HEALTH_LOST if lost else agent_pb2.GPU_HEALTH_OK,
         idle_seconds=idle_seconds,
+        health_detail=lost_detail if lost else "",
     )
     if g.mig_mode is not None:
         gpu.mig_mode.CopyFrom(

@@ -1,12 +1,13 @@
 """The node inventory GetNode serves: rebuilt in the background, read without any I/O.
 
 A request never calls NVML, reads a file or queries SQLite: it takes the latest prebuilt
-response (one reference, swapped whole). Background refreshes read the GPUs every second, the
-cache every 2 s and the sharing config (which scans processes for the device plugin) every 5 s;
-`poke` refreshes at once after a change the agent made. Each GPU also carries its idle seconds
-from the telemetry sampler's latest snapshot (taken at every rebuild, without NVML), so the
-coordinator's sweep needs no second call per node. Refreshing also notices MIG layout
-changes and lost GPUs and publishes them as events.
+response (one reference, swapped whole). The GPUs (layouts, processes, lost ones, idle seconds)
+come from the telemetry sampler's per-tick snapshot, so the inventory makes no NVML call of its
+own (BENCHMARKS.md, "NVML calls per node"); it is rebuilt with every snapshot and at least every
+second. The cache is re-read every 2 s and the sharing config (which scans processes for the
+device plugin) every 5 s; `poke` asks for a fresh snapshot and refreshes the rest at once after a
+change the agent made. Refreshing also notices MIG layout changes and lost GPUs and publishes
+them as events.
 """
 
 from __future__ import annotations
@@ -28,12 +29,11 @@ from agent.api.convert import (
     timestamp,
 )
 from agent.api.events import EventBus
-from agent.errors import AgentError, DeviceLost
-from agent.gpu import GpuDriver
-from agent.gpu.types import GpuLayout
+from agent.errors import AgentError
+from agent.gpu.types import GpuInfo, GpuLayout
 from agent.prewarm.inventory import Inventory as CacheInventory
 from agent.sharing import SharingView
-from agent.telemetry.snapshot import Snapshot
+from agent.telemetry.snapshot import GpuStatus, Snapshot
 from agent.telemetry.xid import xid_message
 
 log = logging.getLogger(__name__)
@@ -59,14 +59,13 @@ class _Part:
 @dataclass
 class _Gpus(_Part):
     layouts: tuple[GpuLayout, ...] = ()
-    lost: dict[str, str] = field(default_factory=dict)  # uuid -> the driver's error
+    lost: dict[int, str] = field(default_factory=dict)  # GPU index -> the driver's error
     driver_version: str = ""
 
 
 class NodeInventory:
     def __init__(
         self,
-        gpu: GpuDriver,
         bus: EventBus,
         *,
         node_name: str,
@@ -74,10 +73,12 @@ class NodeInventory:
         cache: Callable[[], CacheInventory] | None = None,
         xids: Callable[[], Mapping[XidKey, int]] | None = None,
         telemetry: Callable[[], Snapshot | None] | None = None,
+        wake: Callable[[], None] | None = None,
+        fresh: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._gpu = gpu
         self._bus = bus
+        self._fresh = fresh
         self._node_name = node_name
         self._preset = simulated_preset or ""
         self._sharing_source: Callable[[], SharingView] | None = None
@@ -85,6 +86,7 @@ class NodeInventory:
         self._xid_source = xids
         self._xids_seen: dict[XidKey, int] = {}
         self._telemetry = telemetry
+        self._wake = wake
         self._clock = clock
         self._lock = threading.Lock()  # one refresher of each part at a time
         self._gpus = _Gpus()
@@ -104,8 +106,15 @@ class NodeInventory:
         return self._response if processes else self._redacted
 
     def layouts(self) -> tuple[GpuLayout, ...]:
-        """The latest GPU layouts, for services that need the node's shape without NVML."""
-        return self._gpus.layouts
+        """The latest layouts of the GPUs that answer, for services that need the node's shape
+        without NVML (a lost GPU cannot be shared or partitioned)."""
+        gpus = self._gpus
+        return tuple(layout for layout in gpus.layouts if layout.gpu.index not in gpus.lost)
+
+    def every_gpu_lost(self) -> bool:
+        """The node has GPUs and none of them answers (a node with no GPU is not this)."""
+        gpus = self._gpus
+        return bool(gpus.layouts) and len(gpus.lost) == len(gpus.layouts)
 
     def watch_sharing(self, show: Callable[[], SharingView]) -> None:
         """Also refresh the sharing config (the sharing service reads `layouts`, so it comes
@@ -119,49 +128,39 @@ class NodeInventory:
         self.refresh_cache()
         self.refresh_sharing()
 
-    def refresh_gpus(self) -> None:
+    def refresh_gpus(self, snapshot: Snapshot | None = None) -> None:
+        """Take the GPUs from the telemetry sampler's snapshot (``snapshot``, or its latest):
+        no NVML call of its own. A GPU down in it is reported lost with its last known layout
+        (or only its index when it was lost before the agent started); the others serve."""
         with self._lock:
+            if snapshot is None and self._telemetry is not None:
+                snapshot = self._telemetry()
+            if snapshot is None:
+                return  # nothing collected yet: GetNode keeps saying "not read yet"
             before = self._gpus
-            now = self._clock()
-            try:
-                infos = self._gpu.gpus()
-                uuids = [g.uuid for g in infos]
-                driver = self._gpu.driver_version()
-            except AgentError as exc:
-                # The whole enumeration failed (a lost GPU breaks it): keep the known GPUs.
-                uuids = [layout.gpu.uuid for layout in before.layouts]
-                driver = before.driver_version
-                enumeration_error: str | None = str(exc)
-            else:
-                enumeration_error = None
+            if snapshot.taken_at < before.read_at:
+                return  # the 1 s refresh raced a newer snapshot pushed by the sampler
+            by_index = {layout.gpu.index: layout for layout in snapshot.layouts}
             layouts: list[GpuLayout] = []
-            lost: dict[str, str] = {}
-            known = {layout.gpu.uuid: layout for layout in before.layouts}
-            for uuid in uuids:
-                try:
-                    layouts.append(self._gpu.layout(uuid))
-                except DeviceLost as exc:
-                    lost[uuid] = str(exc)
-                    if uuid in known:
-                        layouts.append(known[uuid])
-                except AgentError as exc:
-                    log.warning("cannot read GPU %s: %s", uuid, exc)
-                    if uuid in known:
-                        layouts.append(known[uuid])
-            layouts.sort(key=lambda layout: layout.gpu.index)
-            problems = [enumeration_error] if enumeration_error else []
-            problems += [f"GPU {u} lost: {why}" for u, why in lost.items()]
+            lost: dict[int, str] = {}
+            for status in snapshot.gpus:
+                index = status.gpu.index
+                layout = by_index.get(index) or _placeholder(status)
+                layouts.append(layout)
+                if not status.up:
+                    lost[index] = status.detail or "the GPU does not answer"
+            problems = [f"GPU {i} lost: {why}" for i, why in lost.items()]
             self._gpus = _Gpus(
                 healthy=not problems,
                 detail="; ".join(problems) or f"{len(layouts)} GPU(s) read",
-                read_at=now,
+                read_at=snapshot.taken_at,
                 layouts=tuple(layouts),
                 lost=lost,
-                driver_version=driver,
+                driver_version=snapshot.driver_version,
             )
             self._announce(before, self._gpus)
             self._announce_xids()
-            self._rebuild()
+            self._rebuild(snapshot)
 
     def refresh_sharing(self) -> None:
         if self._sharing_source is None:
@@ -195,13 +194,13 @@ class NodeInventory:
     def _announce(self, before: _Gpus, after: _Gpus) -> None:
         old = {layout.gpu.uuid: layout for layout in before.layouts}
         for layout in after.layouts:
-            uuid = layout.gpu.uuid
-            if uuid in after.lost:
-                if uuid not in before.lost:
+            uuid, index = layout.gpu.uuid, layout.gpu.index
+            if index in after.lost:
+                if index not in before.lost:
                     log.error(
-                        "GPU %s (index %d) lost: %s", uuid, layout.gpu.index, after.lost[uuid]
+                        "GPU %d (%s) lost: %s", index, uuid or "uuid unknown", after.lost[index]
                     )
-                    self._bus.publish(gpu_lost=_gpu_lost(layout, after.lost[uuid]))
+                    self._bus.publish(gpu_lost=_gpu_lost(layout, after.lost[index]))
                 continue
             prior = old.get(uuid)
             if prior is not None and _mig_shape(prior) != _mig_shape(layout):
@@ -228,9 +227,10 @@ class NodeInventory:
                 )
         self._xids_seen = counts
 
-    def _rebuild(self) -> None:
+    def _rebuild(self, snapshot: Snapshot | None = None) -> None:
         gpus = self._gpus
-        snapshot = self._telemetry() if self._telemetry is not None else None
+        if snapshot is None and self._telemetry is not None:
+            snapshot = self._telemetry()
         idle = snapshot.gpu_idle_seconds() if snapshot is not None else {}
         parts: list[tuple[str, _Part]] = [("gpu-driver", gpus)]
         if self._sharing_source is not None:
@@ -247,8 +247,9 @@ class NodeInventory:
             gpus=[
                 gpu_pb(
                     layout,
-                    lost=layout.gpu.uuid in gpus.lost,
+                    lost=layout.gpu.index in gpus.lost,
                     idle_seconds=idle.get(layout.gpu.uuid),
+                    lost_detail=gpus.lost.get(layout.gpu.index, ""),
                 )
                 for layout in gpus.layouts
             ],
@@ -273,8 +274,18 @@ class NodeInventory:
 
     # -- the background loop --------------------------------------------------------------------
 
+    def settle(self) -> None:
+        """Blocking (worker threads only): return once GetNode shows the GPUs as they are now,
+        after a change the agent finished (a MIG apply), not a snapshot taken while it ran."""
+        if self._fresh is not None and self._fresh():
+            self.refresh_gpus()
+        self.poke()
+
     def poke(self) -> None:
-        """Refresh everything soon (after the agent changed the node); safe from any thread."""
+        """Refresh everything soon (after the agent changed the node); safe from any thread.
+        The GPUs come with the sampler's next snapshot, which this asks for at once."""
+        if self._wake is not None:
+            self._wake()
         poked, loop = self._poked, self._loop
         if poked is not None and loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(poked.set)
@@ -303,6 +314,12 @@ class NodeInventory:
                 continue
             self._poked.clear()
             due = dict.fromkeys(due, 0.0)
+
+
+def _placeholder(status: GpuStatus) -> GpuLayout:
+    """A GPU never seen answering: only what its status knows (its index, maybe a UUID)."""
+    g = status.gpu
+    return GpuLayout(GpuInfo(g.index, g.uuid, g.name, g.pci_bus_id, 0, 0, 0, None), (), (), ())
 
 
 def _mig_shape(layout: GpuLayout) -> tuple[object, ...]:

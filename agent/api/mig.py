@@ -159,9 +159,11 @@ class _Apply:
         force: bool,
         mode_only: bool = False,
         skip_reset: bool = False,
+        settle: Callable[[], None] = lambda: None,
     ) -> None:
         self._service = service
         self._skip_reset = skip_reset
+        self._settle = settle
         self._spec = spec
         self._name = name
         self._force = force
@@ -215,6 +217,9 @@ class _Apply:
             )
         except Suspended as exc:
             raise Checkpointed(str(exc)) from exc  # stays running; the next start ends it
+        finally:
+            # Before the operation reads done: GetNode then shows the layout it left.
+            self._settle()
         return apply_result_pb(result)
 
 
@@ -229,11 +234,16 @@ def _busy(running: str, blockers: Sequence[str]) -> Busy:
 
 class MigServicer(mig_pb2_grpc.MigServiceServicer):
     def __init__(
-        self, service: MigService, runner: OperationRunner, changed: Callable[[], None]
+        self,
+        service: MigService,
+        runner: OperationRunner,
+        changed: Callable[[], None],
+        settle: Callable[[], None] = lambda: None,
     ) -> None:
         self._service = service
         self._runner = runner
         self._changed = changed  # refreshes the inventory after a change
+        self._settle = settle  # blocks until the inventory shows a finished change
 
     async def PlanMig(
         self, request: mig_pb2.PlanMigRequest, context: grpc.aio.ServicerContext
@@ -276,6 +286,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
                     request.force,
                     request.mode_only,
                     request.skip_reset,
+                    self._settle,
                 ),
                 metadata=operations_pb2.OperationMetadata(
                     mig_apply=operations_pb2.MigApplyProgress(

@@ -242,7 +242,10 @@ def _servicers(api: ApiServices) -> list[tuple[_Add, object]]:
             TelemetryServicer(api.telemetry),
         ),
         (events_pb2_grpc.add_EventsServiceServicer_to_server, EventsServicer(api.bus)),
-        (mig_pb2_grpc.add_MigServiceServicer_to_server, MigServicer(api.mig, api.runner, changed)),
+        (
+            mig_pb2_grpc.add_MigServiceServicer_to_server,
+            MigServicer(api.mig, api.runner, changed, api.inventory.settle),
+        ),
     ]
     return servicers
 

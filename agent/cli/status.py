@@ -13,23 +13,30 @@ from agent.cli.render import emit, format_table, human_bytes, output_option
 
 def _table(data: dict[str, Any]) -> str:
     gpus = data["gpus"]
-    parts = [f"Driver {data['driver_version']}, {len(gpus)} GPU(s)", ""]
+    lost = [g for g in gpus if g["health"] == "lost"]
+    head = f"Driver {data['driver_version']}, {len(gpus)} GPU(s)"
+    parts = [head + (f", {len(lost)} lost" if lost else ""), ""]
     parts.append(
         format_table(
-            ["GPU", "UUID", "MODEL", "BUS ID", "MEMORY", "MIG (current/pending)"],
+            ["GPU", "HEALTH", "UUID", "MODEL", "BUS ID", "MEMORY", "MIG (current/pending)"],
             [
                 [
                     g["index"],
-                    g["uuid"],
-                    g["name"],
-                    g["pci_bus_id"],
-                    human_bytes(g["memory_total_bytes"]),
+                    g["health"],
+                    g["uuid"] or "?",
+                    g["name"] or "?",
+                    g["pci_bus_id"] or "?",
+                    "?"
+                    if g["memory_total_bytes"] is None
+                    else human_bytes(g["memory_total_bytes"]),
                     "n/a" if g["mig"] is None else f"{g['mig']['current']}/{g['mig']['pending']}",
                 ]
                 for g in gpus
             ],
         )
     )
+    for g in lost:
+        parts.append(f"GPU {g['index']} is lost: {g['detail']}")
     instances = [
         [
             g["index"],
@@ -79,11 +86,14 @@ def status_view(node: agent_pb2.Node) -> dict[str, Any]:
         "gpus": [
             {
                 "index": g.index,
-                "uuid": g.uuid,
-                "name": g.name,
-                "pci_bus_id": g.pci_bus_id,
-                "pci_device_id": f"0x{g.pci_device_id:08X}",
-                "memory_total_bytes": g.memory_total_bytes,
+                "health": "lost" if g.health == agent_pb2.GPU_HEALTH_LOST else "ok",
+                "detail": g.health_detail,
+                # A GPU lost before the agent saw it answer has only its index.
+                "uuid": g.uuid or None,
+                "name": g.name or None,
+                "pci_bus_id": g.pci_bus_id or None,
+                "pci_device_id": f"0x{g.pci_device_id:08X}" if g.uuid else None,
+                "memory_total_bytes": g.memory_total_bytes if g.uuid else None,
                 "mig": None
                 if not g.HasField("mig_mode")
                 else {

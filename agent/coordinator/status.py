@@ -121,7 +121,9 @@ def _node(view: NodeView) -> NodeStatus:
         return NodeStatus(
             view.name, view.address, "unreachable", view.error or "", "-", "-", 0, None, ()
         )
-    problems = list(view.unhealthy) + [f"GPU {u} lost" for u in sorted(view.lost)]
+    # By index: a GPU lost before its agent started has no UUID to name it by.
+    lost = [g.gpu.index for g in view.layouts if g.gpu.uuid in view.lost]
+    problems = list(view.unhealthy) + [f"GPU {i} lost" for i in lost]
     return NodeStatus(
         name=view.name,
         address=view.address,

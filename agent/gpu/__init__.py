@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from agent.errors import DriverUnavailable
@@ -10,10 +12,26 @@ from agent.gpu.nvml import GpuDriver
 __all__ = ["GpuDriver", "open_driver"]
 
 
-def open_driver(simulate: str | None, state_dir: Path, *, latency: bool = False) -> GpuDriver:
+#: What is wrong when NVML is missing inside a pod: the runtime did not inject the driver.
+IN_POD_HINT = (
+    " In a pod, the NVIDIA container runtime injects libnvidia-ml.so.1: the pod must run with "
+    "runtimeClassName: nvidia (deploy/kubernetes sets it; check `kubectl get runtimeclass "
+    "nvidia`), or, where nvidia is containerd's default runtime, be deployed with "
+    "deploy/kubernetes/overlays/nvidia-default-runtime."
+)
+
+
+def open_driver(
+    simulate: str | None,
+    state_dir: Path,
+    *,
+    latency: bool = False,
+    env: Mapping[str, str] = os.environ,
+) -> GpuDriver:
     """Open the real NVML, or the simulated node ``simulate`` whose state lives in ``state_dir``.
 
-    Never falls back to the simulator on its own: a machine without NVML gets a clear error.
+    Never falls back to the simulator on its own: a machine without NVML gets a clear error,
+    which in a pod (``KUBERNETES_SERVICE_HOST`` set) names the runtime class to check.
     """
     if simulate:
         from agent.gpu import sim
@@ -26,6 +44,11 @@ def open_driver(simulate: str | None, state_dir: Path, *, latency: bool = False)
     try:
         return GpuDriver(pynvml).open()
     except DriverUnavailable as exc:
+        if env.get("KUBERNETES_SERVICE_HOST"):
+            raise DriverUnavailable(
+                f"cannot use NVML ({exc.__cause__}): no NVIDIA driver in this container."
+                + IN_POD_HINT
+            ) from exc
         raise DriverUnavailable(
             f"cannot use NVML ({exc.__cause__}): no NVIDIA driver on this machine. "
             "To run on a simulated node instead, pass --simulate PRESET "

@@ -1,17 +1,31 @@
 """Typed facade over pynvml: the only code in the agent that calls NVML.
 
 The module it drives is either the real ``pynvml`` or the simulator (``agent.gpu.sim``), which
-exposes the same functions, structs and exceptions; this file cannot tell them apart. Every call
-goes through :meth:`GpuDriver._call`, which translates ``NVMLError`` into the agent's domain errors
-(keeping the NVML error as ``__cause__``).
+exposes the same functions, structs and exceptions; this file cannot tell them apart.
+
+Every NVML function is reached through one :class:`Gateway` (``GpuDriver.nvml``), which
+
+* counts the calls (``GpuDriver.calls``: the NVML budget is measured, not guessed);
+* falls back through a function's versions when the driver lacks the newest one, as nvitop's
+  libnvml does: ``nvmlDeviceGetComputeRunningProcesses`` tries ``_v3``, then ``_v2``, then the
+  unversioned v1 symbol, on ``FunctionNotFound``, and remembers the first that worked (R450/R470
+  and 535.98+ lack ``_v3``);
+
+and :meth:`GpuDriver.call` translates ``NVMLError`` into the agent's domain errors (keeping the
+NVML error as ``__cause__``). The telemetry read side (``agent.gpu.readings``) goes through the
+same gateway. One lost GPU never hides the others: :meth:`GpuDriver.scan` reports it beside
+the GPUs that answer.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agent.errors import (
@@ -34,6 +48,7 @@ from agent.gpu.types import (
     GpuInfo,
     GpuInstance,
     GpuLayout,
+    LostGpu,
     MigMode,
     Placement,
     Process,
@@ -87,12 +102,177 @@ class NvmlError(AgentError):
     """An NVML failure with no better domain meaning; ``code`` is the NVML return code."""
 
 
-def _translate(exc: Exception, what: str) -> AgentError:
+def translate(exc: Exception, what: str) -> AgentError:
+    """The domain error for an ``NVMLError`` (its code kept as ``nvml_code``)."""
     code = getattr(exc, "value", None)
     cls = _ERROR_MAP.get(code, NvmlError) if isinstance(code, int) else NvmlError
     err = cls(f"{what}: {exc}")
     err.nvml_code = code  # type: ignore[attr-defined]  # lets callers tell IN_USE from other Busy
     return err
+
+
+class _ProcessInfoV1(ctypes.Structure):
+    """nvmlProcessInfo_v1_t (nvml.h before R510): no GI/CI ids."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+def _processes_v1(n: Any, symbol: str) -> Callable[[Any], list[Any]]:
+    """pynvml has no wrapper for the v1 process list; the same two-call protocol by hand."""
+
+    def call(handle: Any) -> list[Any]:
+        fn = n._nvmlGetFunctionPointer(symbol)
+        count = ctypes.c_uint(0)
+        ret = fn(handle, ctypes.byref(count), None)
+        if ret == _SUCCESS:
+            return []
+        if ret != n.NVML_ERROR_INSUFFICIENT_SIZE:
+            raise n.NVMLError(ret)
+        count.value = count.value * 2 + 5  # room for processes started in between
+        array = (_ProcessInfoV1 * count.value)()
+        ret = fn(handle, ctypes.byref(count), array)
+        if ret != _SUCCESS:
+            raise n.NVMLError(ret)
+        not_available = n.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+        return [
+            _V1Process(
+                int(array[i].pid),
+                None if array[i].usedGpuMemory == not_available else int(array[i].usedGpuMemory),
+            )
+            for i in range(count.value)
+        ]
+
+    return call
+
+
+@dataclass(frozen=True, slots=True)
+class _V1Process:
+    pid: int
+    usedGpuMemory: int | None  # pynvml's attribute names
+    gpuInstanceId: int = _NO_ID
+    computeInstanceId: int = _NO_ID
+
+
+Variant = Callable[[Any], Callable[..., Any]]
+
+#: A function the agent calls by its plain name -> its versions, newest first. The plain pynvml
+#: wrapper is hard-wired to one version (the process lists to ``_v3``), so each variant names
+#: the exact versioned call.
+_VERSIONS: dict[str, tuple[Variant, ...]] = {
+    "nvmlDeviceGetComputeRunningProcesses": (
+        lambda n: n.nvmlDeviceGetComputeRunningProcesses_v3,
+        lambda n: n.nvmlDeviceGetComputeRunningProcesses_v2,
+        lambda n: _processes_v1(n, "nvmlDeviceGetComputeRunningProcesses"),
+    ),
+    "nvmlDeviceGetGraphicsRunningProcesses": (
+        lambda n: n.nvmlDeviceGetGraphicsRunningProcesses_v3,
+        lambda n: n.nvmlDeviceGetGraphicsRunningProcesses_v2,
+        lambda n: _processes_v1(n, "nvmlDeviceGetGraphicsRunningProcesses"),
+    ),
+    # v2 (R515+) separates reserved memory; v1 has no ``reserved`` (readings report it unknown).
+    "nvmlDeviceGetMemoryInfo": (
+        lambda n: functools.partial(n.nvmlDeviceGetMemoryInfo, version=n.nvmlMemory_v2),
+        lambda n: n.nvmlDeviceGetMemoryInfo,
+    ),
+    "nvmlEventSetWait": (lambda n: n.nvmlEventSetWait_v2, lambda n: n.nvmlEventSetWait),
+    # Renamed in R535; the old name stays for older drivers.
+    "nvmlDeviceGetCurrentClocksEventReasons": (
+        lambda n: n.nvmlDeviceGetCurrentClocksEventReasons,
+        lambda n: n.nvmlDeviceGetCurrentClocksThrottleReasons,
+    ),
+}
+
+
+class Gateway:
+    """The pynvml module as the agent sees it: every ``nvml*`` function counted, and the
+    versioned ones resolved to the newest the driver has. Constants, structs and exception
+    classes pass through unchanged, so read paths use it exactly like ``pynvml``."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+        self._lock = threading.Lock()
+        self.calls: Counter[str] = Counter()
+        #: plain name -> index of the version that worked (absent: not called yet)
+        self._chosen: dict[str, int] = {}
+        self._wrapped: dict[str, Callable[..., Any]] = {}
+
+    @property
+    def module(self) -> Any:
+        return self._module
+
+    def versions_in_use(self) -> dict[str, int]:
+        """Plain name -> how many versions back the driver made us fall (0 = the newest)."""
+        return dict(self._chosen)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._module, name)
+        if not (name.startswith("nvml") and callable(value)) or isinstance(value, type):
+            return value
+        wrapped = self._wrapped.get(name)
+        if wrapped is None:
+            wrapped = self._versioned(name) if name in _VERSIONS else self._counted(name, value)
+            self._wrapped[name] = wrapped
+        return wrapped
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self.calls[name] += 1
+
+    def _counted(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._count(name)
+            return fn(*args, **kwargs)
+
+        call.__name__ = name
+        return call
+
+    def _versioned(self, name: str) -> Callable[..., Any]:
+        variants = _VERSIONS[name]
+        not_found = self._module.NVMLError_FunctionNotFound
+
+        def call(*args: Any) -> Any:
+            start = self._chosen.get(name, 0)
+            for i in range(start, len(variants)):
+                self._count(name)
+                try:
+                    result = variants[i](self._module)(*args)
+                except not_found:
+                    if i + 1 == len(variants):
+                        raise
+                except AttributeError as exc:  # a binding too old to know that version
+                    if i + 1 == len(variants):
+                        raise self._module.NVMLError(_ERR_FUNCTION_NOT_FOUND) from exc
+                else:
+                    self._chosen[name] = i
+                    return result
+                # This driver lacks that version: never ask for it again.
+                self._chosen[name] = i + 1
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        call.__name__ = name
+        return call
+
+
+@dataclass(frozen=True, slots=True)
+class GpuScan:
+    """Every GPU the driver counts: the ones that answer, and the lost ones beside them."""
+
+    gpus: tuple[GpuInfo, ...]
+    lost: tuple[LostGpu, ...] = ()
+
+
+def _mutation(method: Callable[..., T]) -> Callable[..., T]:
+    """Bump ``generation`` before and after a change, so a layout read while it ran is re-read."""
+
+    @functools.wraps(method)
+    def mutate(self: GpuDriver, *args: Any, **kwargs: Any) -> T:
+        self.generation += 1
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.generation += 1
+
+    return mutate
 
 
 class GpuDriver:
@@ -103,16 +283,21 @@ class GpuDriver:
     """
 
     def __init__(self, nvml: Any) -> None:
-        self._nvml = nvml
+        self._nvml = Gateway(nvml)
         self._lock = threading.Lock()
         self._initialised = False
+        #: last identity each index answered with, to name a GPU after it is lost
+        self._known: dict[int, GpuInfo] = {}
+        #: bumped before and after every mutation, so cached layouts are re-read after the agent's
+        #: own changes (also when a read raced one)
+        self.generation = 0
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def open(self) -> GpuDriver:
         with self._lock:
             if not self._initialised:
-                self._call(self._nvml.nvmlInit, what="nvmlInit")
+                self.call(self._nvml.nvmlInit, what="nvmlInit")
                 self._initialised = True
         return self
 
@@ -120,52 +305,75 @@ class GpuDriver:
         with self._lock:
             if self._initialised:
                 self._initialised = False
-                self._call(self._nvml.nvmlShutdown, what="nvmlShutdown")
+                self.call(self._nvml.nvmlShutdown, what="nvmlShutdown")
 
     @property
-    def module(self) -> Any:
-        """The pynvml-compatible module (for the telemetry sampler's read paths)."""
+    def nvml(self) -> Gateway:
+        """The one NVML gateway (for the telemetry read paths in ``agent.gpu.readings``)."""
         return self._nvml
 
-    def _call(self, fn: Callable[..., T], *args: Any, what: str | None = None) -> T:
+    @property
+    def calls(self) -> Counter[str]:
+        """NVML calls made so far, by function (versioned tries counted each)."""
+        return self._nvml.calls
+
+    def call(self, fn: Callable[..., T], *args: Any, what: str | None = None) -> T:
+        """Call a gateway function; an ``NVMLError`` becomes the matching domain error."""
         try:
             return fn(*args)
         except self._nvml.NVMLError as exc:
-            raise _translate(exc, what or fn.__name__) from exc
+            raise translate(exc, what or fn.__name__) from exc
 
     def _handle(self, uuid: str) -> Any:
-        return self._call(self._nvml.nvmlDeviceGetHandleByUUID, uuid, what=f"GPU {uuid}")
+        return self.call(self._nvml.nvmlDeviceGetHandleByUUID, uuid, what=f"GPU {uuid}")
 
     # -- inventory -------------------------------------------------------------------------------
 
     def driver_version(self) -> str:
-        return str(self._call(self._nvml.nvmlSystemGetDriverVersion))
+        return str(self.call(self._nvml.nvmlSystemGetDriverVersion))
+
+    def scan(self) -> GpuScan:
+        """Every GPU by index; one that is lost (at start or since) is reported, not raised."""
+        count = self.call(self._nvml.nvmlDeviceGetCount)
+        gpus: list[GpuInfo] = []
+        lost: list[LostGpu] = []
+        for i in range(count):
+            try:
+                info = self._info(i, self.call(self._nvml.nvmlDeviceGetHandleByIndex, i))
+            except DeviceLost as exc:
+                lost.append(LostGpu(i, self._known.get(i), str(exc)))
+                continue
+            self._known[i] = info
+            gpus.append(info)
+        return GpuScan(tuple(gpus), tuple(lost))
 
     def gpus(self) -> tuple[GpuInfo, ...]:
-        count = self._call(self._nvml.nvmlDeviceGetCount)
-        return tuple(
-            self._info(i, self._call(self._nvml.nvmlDeviceGetHandleByIndex, i))
-            for i in range(count)
-        )
+        """The GPUs that answer (see :meth:`scan` for the lost ones)."""
+        return self.scan().gpus
 
     def gpu(self, selector: str | int) -> GpuInfo:
-        """A GPU by index, UUID (``GPU-…``) or PCI bus id; NotFound naming what exists."""
-        for info in self.gpus():
-            if str(selector) in (str(info.index), info.uuid) or _same_bus_id(
-                str(selector), info.pci_bus_id
-            ):
+        """A GPU by index, UUID (``GPU-…``) or PCI bus id; NotFound naming what exists,
+        DeviceLost when it is a lost GPU."""
+        scan = self.scan()
+        for info in scan.gpus:
+            if _selects(str(selector), info):
                 return info
-        known = ", ".join(f"{g.index}={g.uuid}" for g in self.gpus())
+        for gone in scan.lost:
+            if str(selector) == str(gone.index) or (
+                gone.last_known is not None and _selects(str(selector), gone.last_known)
+            ):
+                raise DeviceLost(f"GPU {gone.index} is lost: {gone.detail}")
+        known = ", ".join(f"{g.index}={g.uuid}" for g in scan.gpus)
         raise NotFound(f"no GPU {selector!r} on this node (GPUs: {known})")
 
     def _info(self, index: int, h: Any) -> GpuInfo:
         n = self._nvml
-        pci = self._call(n.nvmlDeviceGetPciInfo, h)
-        mem = self._call(n.nvmlDeviceGetMemoryInfo, h)
+        pci = self.call(n.nvmlDeviceGetPciInfo, h)
+        mem = self.call(n.nvmlDeviceGetMemoryInfo, h)
         return GpuInfo(
             index=index,
-            uuid=str(self._call(n.nvmlDeviceGetUUID, h)),
-            name=str(self._call(n.nvmlDeviceGetName, h)),
+            uuid=str(self.call(n.nvmlDeviceGetUUID, h)),
+            name=str(self.call(n.nvmlDeviceGetName, h)),
             pci_bus_id=_text(pci.busId),
             pci_device_id=int(pci.pciDeviceId),
             pci_subsystem_id=int(pci.pciSubSystemId),
@@ -188,13 +396,13 @@ class GpuDriver:
         except self._nvml.NVMLError as exc:
             if getattr(exc, "value", None) in (_ERR_NOT_SUPPORTED, _ERR_FUNCTION_NOT_FOUND):
                 return None  # not MIG-capable
-            raise _translate(exc, "nvmlDeviceGetMigMode") from exc
+            raise translate(exc, "nvmlDeviceGetMigMode") from exc
         return MigMode(current=bool(current), pending=bool(pending))
 
     def layout(self, uuid: str) -> GpuLayout:
         """Everything the MIG planner needs about one GPU, read in one go."""
         h = self._handle(uuid)
-        info = self._info(self._call(self._nvml.nvmlDeviceGetIndex, h), h)
+        info = self._info(self.call(self._nvml.nvmlDeviceGetIndex, h), h)
         profiles = self._gi_profiles(h, info.memory_total_bytes)
         enabled = info.mig_mode is not None and info.mig_mode.current
         instances = self._gpu_instances(h, profiles) if enabled else ()
@@ -204,7 +412,7 @@ class GpuDriver:
 
     def gi_profiles(self, uuid: str) -> tuple[GiProfile, ...]:
         h = self._handle(uuid)
-        total = int(self._call(self._nvml.nvmlDeviceGetMemoryInfo, h).total)
+        total = int(self.call(self._nvml.nvmlDeviceGetMemoryInfo, h).total)
         return self._gi_profiles(h, total)
 
     def _gi_profiles(self, h: Any, total_bytes: int) -> tuple[GiProfile, ...]:
@@ -220,7 +428,7 @@ class GpuDriver:
             except n.NVMLError as exc:
                 if getattr(exc, "value", None) in (_ERR_NOT_SUPPORTED, _ERR_INVALID_ARGUMENT):
                     continue
-                raise _translate(exc, "nvmlDeviceGetGpuInstanceProfileInfo") from exc
+                raise translate(exc, "nvmlDeviceGetGpuInstanceProfileInfo") from exc
             placements = self._gi_placements(h, info.id)
             out.append(
                 GiProfile(
@@ -251,7 +459,7 @@ class GpuDriver:
         n = self._nvml
         array = (n.c_nvmlGpuInstancePlacement_t * _MAX_PLACEMENTS)()
         count = ctypes.c_uint(_MAX_PLACEMENTS)
-        self._call(
+        self.call(
             n.nvmlDeviceGetGpuInstancePossiblePlacements, h, profile_id, array, ctypes.byref(count)
         )
         return tuple(Placement(int(array[i].start), int(array[i].size)) for i in range(count.value))
@@ -260,10 +468,10 @@ class GpuDriver:
         """CI profiles available inside one existing GI (reference/mig.md §1.6)."""
         n = self._nvml
         h = self._handle(uuid)
-        gi = self._call(n.nvmlDeviceGetGpuInstanceById, h, gi_id, what=f"GPU instance {gi_id}")
-        gi_info = self._call(n.nvmlGpuInstanceGetInfo, gi)
+        gi = self.call(n.nvmlDeviceGetGpuInstanceById, h, gi_id, what=f"GPU instance {gi_id}")
+        gi_info = self.call(n.nvmlGpuInstanceGetInfo, gi)
         gi_profile = next(p for p in self.gi_profiles(uuid) if p.id == gi_info.profileId)
-        total = int(self._call(n.nvmlDeviceGetMemoryInfo, h).total)
+        total = int(self.call(n.nvmlDeviceGetMemoryInfo, h).total)
         out: list[CiProfile] = []
         for constant in range(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
@@ -273,7 +481,7 @@ class GpuDriver:
             except n.NVMLError as exc:
                 if getattr(exc, "value", None) in (_ERR_NOT_SUPPORTED, _ERR_INVALID_ARGUMENT):
                     continue
-                raise _translate(exc, "nvmlGpuInstanceGetComputeInstanceProfileInfo") from exc
+                raise translate(exc, "nvmlGpuInstanceGetComputeInstanceProfileInfo") from exc
             out.append(
                 CiProfile(
                     constant=constant,
@@ -296,7 +504,7 @@ class GpuDriver:
 
     def gpu_instances(self, uuid: str) -> tuple[GpuInstance, ...]:
         h = self._handle(uuid)
-        total = int(self._call(self._nvml.nvmlDeviceGetMemoryInfo, h).total)
+        total = int(self.call(self._nvml.nvmlDeviceGetMemoryInfo, h).total)
         return self._gpu_instances(h, self._gi_profiles(h, total))
 
     def _gpu_instances(self, h: Any, profiles: tuple[GiProfile, ...]) -> tuple[GpuInstance, ...]:
@@ -306,9 +514,9 @@ class GpuDriver:
         for profile in profiles:
             array = (n.c_nvmlGpuInstance_t * max(profile.instance_count, 1))()
             count = ctypes.c_uint(0)
-            self._call(n.nvmlDeviceGetGpuInstances, h, profile.id, array, ctypes.byref(count))
+            self.call(n.nvmlDeviceGetGpuInstances, h, profile.id, array, ctypes.byref(count))
             for i in range(count.value):
-                info = self._call(n.nvmlGpuInstanceGetInfo, array[i])
+                info = self.call(n.nvmlGpuInstanceGetInfo, array[i])
                 out.append(
                     GpuInstance(
                         id=int(info.id),
@@ -325,7 +533,7 @@ class GpuDriver:
     ) -> tuple[ComputeInstance, ...]:
         n = self._nvml
         out: list[ComputeInstance] = []
-        gi_id = int(self._call(n.nvmlGpuInstanceGetInfo, gi).id)
+        gi_id = int(self.call(n.nvmlGpuInstanceGetInfo, gi).id)
         for constant in range(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
                 info = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
@@ -334,14 +542,12 @@ class GpuDriver:
             except n.NVMLError as exc:
                 if getattr(exc, "value", None) in (_ERR_NOT_SUPPORTED, _ERR_INVALID_ARGUMENT):
                     continue
-                raise _translate(exc, "nvmlGpuInstanceGetComputeInstanceProfileInfo") from exc
+                raise translate(exc, "nvmlGpuInstanceGetComputeInstanceProfileInfo") from exc
             array = (n.c_nvmlComputeInstance_t * max(int(info.instanceCount), 1))()
             count = ctypes.c_uint(0)
-            self._call(
-                n.nvmlGpuInstanceGetComputeInstances, gi, info.id, array, ctypes.byref(count)
-            )
+            self.call(n.nvmlGpuInstanceGetComputeInstances, gi, info.id, array, ctypes.byref(count))
             for i in range(count.value):
-                ci = self._call(n.nvmlComputeInstanceGetInfo, array[i])
+                ci = self.call(n.nvmlComputeInstanceGetInfo, array[i])
                 out.append(
                     ComputeInstance(
                         id=int(ci.id),
@@ -357,26 +563,30 @@ class GpuDriver:
         n = self._nvml
         out: dict[tuple[int, int], str] = {}
         for mig in self._mig_handles(h):
-            gi_id = int(self._call(n.nvmlDeviceGetGpuInstanceId, mig))
-            ci_id = int(self._call(n.nvmlDeviceGetComputeInstanceId, mig))
-            out[(gi_id, ci_id)] = str(self._call(n.nvmlDeviceGetUUID, mig))
+            gi_id = int(self.call(n.nvmlDeviceGetGpuInstanceId, mig))
+            ci_id = int(self.call(n.nvmlDeviceGetComputeInstanceId, mig))
+            out[(gi_id, ci_id)] = str(self.call(n.nvmlDeviceGetUUID, mig))
         return out
 
     def _mig_handles(self, h: Any) -> Iterator[Any]:
         n = self._nvml
-        for i in range(int(self._call(n.nvmlDeviceGetMaxMigDeviceCount, h))):
+        for i in range(int(self.call(n.nvmlDeviceGetMaxMigDeviceCount, h))):
             try:
                 yield n.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
             except n.NVMLError as exc:
                 if getattr(exc, "value", None) in (_ERR_NOT_FOUND, _ERR_INVALID_ARGUMENT):
                     continue  # empty slot: handles are sparse
-                raise _translate(exc, "nvmlDeviceGetMigDeviceHandleByIndex") from exc
+                raise translate(exc, "nvmlDeviceGetMigDeviceHandleByIndex") from exc
 
     def processes(self, uuid: str) -> tuple[Process, ...]:
         return self._processes(self._handle(uuid))
 
+    def processes_of(self, handle: Any) -> tuple[Process, ...]:
+        """Compute processes on a device or MIG device handle (the telemetry read side's)."""
+        return self._processes(handle)
+
     def _processes(self, h: Any) -> tuple[Process, ...]:
-        procs = self._call(self._nvml.nvmlDeviceGetComputeRunningProcesses, h)
+        procs = self.call(self._nvml.nvmlDeviceGetComputeRunningProcesses, h)
         return tuple(
             Process(
                 pid=int(p.pid),
@@ -389,52 +599,56 @@ class GpuDriver:
 
     # -- mutations -------------------------------------------------------------------------------
 
+    @_mutation
     def set_mig_mode(self, uuid: str, enabled: bool) -> ActivationStatus:
         """Request a MIG mode; the activation status says whether it took effect (mig.md §7.7)."""
         n = self._nvml
         mode = n.NVML_DEVICE_MIG_ENABLE if enabled else n.NVML_DEVICE_MIG_DISABLE
-        status = self._call(
+        status = self.call(
             n.nvmlDeviceSetMigMode, self._handle(uuid), mode, what=f"set MIG mode on {uuid}"
         )
         return _ACTIVATION.get(int(status), ActivationStatus.NOT_SUPPORTED)
 
+    @_mutation
     def create_gpu_instance(self, uuid: str, profile_id: int, placement: Placement) -> GpuInstance:
         n = self._nvml
         h = self._handle(uuid)
         ref = ctypes.byref(n.c_nvmlGpuInstancePlacement_t(placement.start, placement.size))
         what = f"create GPU instance profile {profile_id} at {placement} on {uuid}"
-        gi = self._call(n.nvmlDeviceCreateGpuInstanceWithPlacement, h, profile_id, ref, what=what)
-        info = self._call(n.nvmlGpuInstanceGetInfo, gi)
+        gi = self.call(n.nvmlDeviceCreateGpuInstanceWithPlacement, h, profile_id, ref, what=what)
+        info = self.call(n.nvmlGpuInstanceGetInfo, gi)
         name = next((p.name for p in self.gi_profiles(uuid) if p.id == profile_id), str(profile_id))
         return GpuInstance(int(info.id), profile_id, name, placement, ())
 
+    @_mutation
     def destroy_gpu_instance(self, uuid: str, gi_id: int) -> None:
         n = self._nvml
-        gi = self._call(
+        gi = self.call(
             n.nvmlDeviceGetGpuInstanceById, self._handle(uuid), gi_id, what=f"GPU instance {gi_id}"
         )
-        self._call(n.nvmlGpuInstanceDestroy, gi, what=f"destroy GPU instance {gi_id} on {uuid}")
+        self.call(n.nvmlGpuInstanceDestroy, gi, what=f"destroy GPU instance {gi_id} on {uuid}")
 
+    @_mutation
     def create_compute_instance(
         self, uuid: str, gi_id: int, ci_profile_id: int, placement: Placement | None = None
     ) -> ComputeInstance:
         n = self._nvml
-        gi = self._call(
+        gi = self.call(
             n.nvmlDeviceGetGpuInstanceById, self._handle(uuid), gi_id, what=f"GPU instance {gi_id}"
         )
         what = f"create compute instance profile {ci_profile_id} in GPU instance {gi_id} on {uuid}"
         if placement is None:
-            ci = self._call(n.nvmlGpuInstanceCreateComputeInstance, gi, ci_profile_id, what=what)
+            ci = self.call(n.nvmlGpuInstanceCreateComputeInstance, gi, ci_profile_id, what=what)
         else:
             ref = ctypes.byref(n.c_nvmlComputeInstancePlacement_t(placement.start, placement.size))
-            ci = self._call(
+            ci = self.call(
                 n.nvmlGpuInstanceCreateComputeInstanceWithPlacement,
                 gi,
                 ci_profile_id,
                 ref,
                 what=what,
             )
-        info = self._call(n.nvmlComputeInstanceGetInfo, ci)
+        info = self.call(n.nvmlComputeInstanceGetInfo, ci)
         uuid_of = self._mig_uuids(self._handle(uuid)).get((gi_id, int(info.id)))
         return ComputeInstance(
             int(info.id),
@@ -443,15 +657,16 @@ class GpuDriver:
             uuid_of,
         )
 
+    @_mutation
     def destroy_compute_instance(self, uuid: str, gi_id: int, ci_id: int) -> None:
         n = self._nvml
-        gi = self._call(
+        gi = self.call(
             n.nvmlDeviceGetGpuInstanceById, self._handle(uuid), gi_id, what=f"GPU instance {gi_id}"
         )
-        ci = self._call(
+        ci = self.call(
             n.nvmlGpuInstanceGetComputeInstanceById, gi, ci_id, what=f"compute instance {ci_id}"
         )
-        self._call(
+        self.call(
             n.nvmlComputeInstanceDestroy,
             ci,
             what=f"destroy compute instance {gi_id}/{ci_id} on {uuid}",
@@ -496,6 +711,10 @@ def _text(value: Any) -> str:
 def _opt_id(value: Any) -> int | None:
     v = int(value) if value is not None else _NO_ID
     return None if v == _NO_ID else v
+
+
+def _selects(selector: str, info: GpuInfo) -> bool:
+    return selector in (str(info.index), info.uuid) or _same_bus_id(selector, info.pci_bus_id)
 
 
 def _same_bus_id(a: str, b: str) -> bool:

@@ -6,9 +6,13 @@ change while the driver is loaded (handles, identities, NVLink link counts, MIG 
 profile names) and reads the rest on request: grouped device readings (one NVML call per group,
 however many fields it feeds), MIG layouts, processes, GPM samples and XID events.
 
+Every call goes through the driver's one NVML gateway (:attr:`GpuDriver.nvml`: counted, with
+version fallbacks), and errors are translated by :meth:`GpuDriver.call`.
+
 Failures keep their meaning: a reading NVML does not support is reported as unsupported (the
-caller stops asking), a lost GPU raises :class:`~agent.errors.DeviceLost`, anything else is a
-failed reading for this tick. Nothing is turned into 0.
+caller stops asking), a lost GPU raises :class:`~agent.errors.DeviceLost` for that GPU only,
+anything else is a failed reading for this tick. Nothing is turned into 0. A GPU lost before the
+agent started is still listed (by index, with an empty identity) and re-tried every tick.
 """
 
 from __future__ import annotations
@@ -16,13 +20,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from agent.errors import DeviceLost, NotSupported
-from agent.gpu.nvml import GpuDriver, _translate
-from agent.gpu.types import Process
+from agent.errors import AgentError, DeviceLost, NotSupported
+from agent.gpu.nvml import GpuDriver, translate
+from agent.gpu.types import GpuLayout, Process
 
 __all__ = [
     "DeviceReadings",
@@ -30,6 +34,7 @@ __all__ = [
     "GpmSample",
     "GpuIdentity",
     "GpuInstanceInfo",
+    "GpuString",
     "MigDevice",
     "MigLayout",
     "NodeReader",
@@ -48,6 +53,9 @@ _ERR_FUNCTION_NOT_FOUND = 13
 _ERR_GPU_IS_LOST = 15
 _UNSUPPORTED = (_ERR_NOT_SUPPORTED, _ERR_FUNCTION_NOT_FOUND)
 _NO_ID = 0xFFFFFFFF
+
+#: A full layout re-read at least this often (in reads, one per sampler tick).
+FULL_LAYOUT_EVERY = 30
 
 
 class Reading(Enum):
@@ -92,6 +100,10 @@ class Reading(Enum):
     NVLINK_RECOVERY_ERRORS = "nvlink_recovery_errors"
     #: cumulative NVLink data traffic, TX + RX over all links
     NVLINK_TRAFFIC_KIB = "nvlink_traffic_kib"
+    #: the same on link 0 only
+    NVLINK_L0_TRAFFIC_KIB = "nvlink_l0_traffic_kib"
+    #: why clocks are held down now: a bitmask of nvmlClocksEventReason* (was ThrottleReasons)
+    CLOCK_EVENT_REASONS = "clock_event_reasons"
 
 
 #: Readings a MIG device handle answers (per GPU instance); all others are physical-GPU only.
@@ -115,6 +127,23 @@ class GpuIdentity:
     pci_bus_id: str
     #: /dev/nvidia<minor>
     minor: int
+    #: static strings of the board (``GpuString`` value -> text), those NVML answered
+    strings: tuple[tuple[str, str], ...] = ()
+
+    def string(self, key: GpuString) -> str | None:
+        return dict(self.strings).get(key.value)
+
+
+class GpuString(Enum):
+    """Static per-GPU strings, read once (dcgm-exporter's label-type fields)."""
+
+    BRAND = "brand"
+    SERIAL = "serial"
+    VBIOS_VERSION = "vbios_version"
+    INFOROM_OEM = "inforom_oem"
+    INFOROM_ECC = "inforom_ecc"
+    INFOROM_POWER = "inforom_power"
+    INFOROM_IMAGE = "inforom_image"
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +166,8 @@ class GpuInstanceInfo:
 class MigLayout:
     enabled: bool
     instances: tuple[GpuInstanceInfo, ...] = ()
+    #: the requested mode (differs from ``enabled`` until a reset); None: not MIG-capable
+    pending: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,13 +216,16 @@ def _utilization(n: Any, h: Any) -> Mapping[Reading, float]:
 
 
 def _memory(n: Any, h: Any) -> Mapping[Reading, float]:
-    m = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)  # v2 separates reserved (R515+)
-    return {
+    m = n.nvmlDeviceGetMemoryInfo(h)  # the gateway picks v2 (reserved apart, R515+) or v1
+    out = {
         Reading.FB_TOTAL_BYTES: m.total,
         Reading.FB_FREE_BYTES: m.free,
         Reading.FB_USED_BYTES: m.used,
-        Reading.FB_RESERVED_BYTES: m.reserved,
     }
+    reserved = getattr(m, "reserved", None)
+    if reserved is not None:
+        out[Reading.FB_RESERVED_BYTES] = reserved
+    return out
 
 
 def _remapped(n: Any, h: Any) -> Mapping[Reading, float]:
@@ -298,6 +332,10 @@ _GETTERS: dict[Reading, Getter] = {
     _R.REMAPPED_ROWS_CORRECTABLE: _REMAPPED,
     _R.REMAPPED_ROWS_UNCORRECTABLE: _REMAPPED,
     _R.ROW_REMAP_FAILURE: _REMAPPED,
+    # The gateway falls back to the pre-R535 name (nvmlDeviceGetCurrentClocksThrottleReasons).
+    _R.CLOCK_EVENT_REASONS: _one(
+        _R.CLOCK_EVENT_REASONS, lambda n, h: n.nvmlDeviceGetCurrentClocksEventReasons(h)
+    ),
 }
 
 #: Readings served by nvmlDeviceGetFieldValues, batched into one call: Reading -> NVML_FI_* name.
@@ -310,6 +348,27 @@ _FIELD_VALUES: dict[Reading, str] = {
 }
 # Per-link KiB counters summed into NVLINK_TRAFFIC_KIB (scope id = link number).
 _NVLINK_TRAFFIC = ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX")
+_NVLINK_TRAFFIC_READINGS = (Reading.NVLINK_TRAFFIC_KIB, Reading.NVLINK_L0_TRAFFIC_KIB)
+#: nvmlBrandType_t -> the name DCGM gives it (DCGM_FI_DEV_BRAND; nvidia-smi's wording)
+_BRANDS = {
+    0: "Unknown",
+    1: "Quadro",
+    2: "Tesla",
+    3: "NVS",
+    4: "Grid",
+    5: "GeForce",
+    6: "Titan",
+    7: "NVIDIA Virtual Applications",
+    8: "NVIDIA Virtual PC",
+    9: "NVIDIA Virtual Compute Server",
+    10: "NVIDIA RTX Virtual Workstation",
+    11: "NVIDIA vGaming",
+    12: "Quadro RTX",
+    13: "NVIDIA RTX",
+    14: "NVIDIA",
+    15: "GeForce RTX",
+    16: "Titan RTX",
+}
 _FIELD_VALUE_KINDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
 
@@ -324,7 +383,8 @@ class NodeReader:
 
     def __init__(self, driver: GpuDriver) -> None:
         self._driver = driver
-        self._n = driver.module
+        self._n = driver.nvml
+        #: by index; None for a GPU that has not answered yet (lost at start)
         self._handles: list[Any] = []
         self._identities: tuple[GpuIdentity, ...] = ()
         self._link_counts: dict[int, int] = {}
@@ -333,6 +393,8 @@ class NodeReader:
         self._mig_ids: dict[str, tuple[int, int, str]] = {}
         self._mig_handles: dict[str, Any] = {}
         self._profile_names: dict[int, dict[int, str]] = {}
+        #: gpu -> (what the full read saw, the layout, reads since the full one)
+        self._layouts: dict[int, tuple[tuple[MigLayout, int], GpuLayout, int]] = {}
 
     @property
     def driver(self) -> GpuDriver:
@@ -341,17 +403,31 @@ class NodeReader:
     # -- identity ---------------------------------------------------------------------------------
 
     def gpus(self) -> tuple[GpuIdentity, ...]:
-        """Every GPU's identity, read once."""
-        if not self._identities:
-            n = self._n
-            count = self._driver._call(n.nvmlDeviceGetCount)
-            handles = [self._driver._call(n.nvmlDeviceGetHandleByIndex, i) for i in range(count)]
-            self._identities = tuple(self._identity(i, h) for i, h in enumerate(handles))
-            self._handles = handles
+        """Every GPU's identity by index, read once; a GPU that does not answer has an empty
+        identity (``uuid == ""``) until it does (see :meth:`_handle`)."""
+        if not self._handles:
+            count = int(self._driver.call(self._n.nvmlDeviceGetCount))
+            self._handles = [None] * count
+            self._identities = tuple(GpuIdentity(i, "", "", "", i) for i in range(count))
+            for i in range(count):
+                with contextlib.suppress(DeviceLost):
+                    self._handle(i)
         return self._identities
 
+    def _handle(self, gpu: int) -> Any:
+        """The GPU's handle; opened (and its identity read) the first time it answers."""
+        h = self._handles[gpu]
+        if h is None:
+            h = self._driver.call(self._n.nvmlDeviceGetHandleByIndex, gpu)
+            identity = self._identity(gpu, h)
+            ids = list(self._identities)
+            ids[gpu] = identity
+            self._identities = tuple(ids)
+            self._handles[gpu] = h
+        return h
+
     def _identity(self, index: int, h: Any) -> GpuIdentity:
-        n, call = self._n, self._driver._call
+        n, call = self._n, self._driver.call
         pci = call(n.nvmlDeviceGetPciInfo, h)
         bus_id = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
         try:
@@ -364,11 +440,36 @@ class NodeReader:
             str(call(n.nvmlDeviceGetName, h)),
             bus_id,
             minor,
+            self._strings(h),
         )
+
+    def _strings(self, h: Any) -> tuple[tuple[str, str], ...]:
+        """The board strings NVML answers; one it does not is left out (unknown, not "")."""
+        n = self._n
+        reads: dict[GpuString, Callable[[], Any]] = {
+            GpuString.BRAND: lambda: _BRANDS.get(int(n.nvmlDeviceGetBrand(h)), "Unknown"),
+            GpuString.SERIAL: lambda: n.nvmlDeviceGetSerial(h),
+            GpuString.VBIOS_VERSION: lambda: n.nvmlDeviceGetVbiosVersion(h),
+            GpuString.INFOROM_OEM: lambda: n.nvmlDeviceGetInforomVersion(h, n.NVML_INFOROM_OEM),
+            GpuString.INFOROM_ECC: lambda: n.nvmlDeviceGetInforomVersion(h, n.NVML_INFOROM_ECC),
+            GpuString.INFOROM_POWER: lambda: n.nvmlDeviceGetInforomVersion(h, n.NVML_INFOROM_POWER),
+            GpuString.INFOROM_IMAGE: lambda: n.nvmlDeviceGetInforomImageVersion(h),
+        }
+        out = []
+        for key, read in reads.items():
+            try:
+                value = read()
+            except n.NVMLError as exc:
+                if _code(exc) == _ERR_GPU_IS_LOST:
+                    raise DeviceLost(str(exc)) from exc
+                continue
+            text = value.decode() if isinstance(value, bytes) else str(value)
+            out.append((key.value, text))
+        return tuple(out)
 
     def versions(self) -> tuple[str, str]:
         """(driver version, NVML version)."""
-        n, call = self._n, self._driver._call
+        n, call = self._n, self._driver.call
         nvml = call(n.nvmlSystemGetNVMLVersion)
         return str(call(n.nvmlSystemGetDriverVersion)), nvml.decode() if isinstance(
             nvml, bytes
@@ -378,7 +479,7 @@ class NodeReader:
 
     def read(self, gpu: int, wanted: Iterable[Reading]) -> DeviceReadings:
         """Read ``wanted`` on a physical GPU. Raises DeviceLost when the GPU is gone."""
-        return self._read(self._handles[gpu], gpu, set(wanted))
+        return self._read(self._handle(gpu), gpu, set(wanted))
 
     def read_instance(self, mig_uuid: str, wanted: Iterable[Reading]) -> DeviceReadings:
         """Read per-instance readings (framebuffer) through a MIG device of the instance."""
@@ -399,8 +500,11 @@ class NodeReader:
                 self._classify(exc, readings, out)
                 continue
             for reading in readings:
-                out.values[reading] = float(values[reading])
-        fielded = [r for r in wanted if r in _FIELD_VALUES or r is Reading.NVLINK_TRAFFIC_KIB]
+                if reading in values:
+                    out.values[reading] = float(values[reading])
+                else:  # this driver's version of the call has no such figure (memory v1)
+                    out.unsupported[reading] = "not in this driver's answer"
+        fielded = [r for r in wanted if r in _FIELD_VALUES or r in _NVLINK_TRAFFIC_READINGS]
         if fielded and gpu is not None:
             self._read_fields(h, gpu, fielded, out)
         return out
@@ -420,7 +524,7 @@ class NodeReader:
         ids: list[tuple[int, int]] = []
         owners: list[Reading] = []
         for reading in readings:
-            if reading is not Reading.NVLINK_TRAFFIC_KIB:
+            if reading not in _NVLINK_TRAFFIC_READINGS:
                 ids.append((getattr(n, _FIELD_VALUES[reading]), 0))
                 owners.append(reading)
                 continue
@@ -428,7 +532,7 @@ class NodeReader:
             if isinstance(links, str):
                 out.unsupported[reading] = links
                 continue
-            for link in range(links):
+            for link in range(links if reading is Reading.NVLINK_TRAFFIC_KIB else 1):
                 for name in _NVLINK_TRAFFIC:
                     ids.append((getattr(n, name), link))
                     owners.append(reading)
@@ -471,22 +575,22 @@ class NodeReader:
     def mig_layout(self, gpu: int) -> MigLayout:
         """The GPU's MIG mode and instances now. Cheap: handle and UUID per MIG device slot,
         with ids and profile names looked up only for UUIDs not seen before."""
-        n, h = self._n, self._handles[gpu]
+        n, h = self._n, self._handle(gpu)
         try:
-            current, _pending = n.nvmlDeviceGetMigMode(h)
+            current, pending = n.nvmlDeviceGetMigMode(h)
         except n.NVMLError as exc:
             code = _code(exc)
             if code == _ERR_GPU_IS_LOST:
                 raise DeviceLost(str(exc)) from exc
             if code in _UNSUPPORTED:
                 return MigLayout(False)
-            raise _translate(exc, "nvmlDeviceGetMigMode") from exc
+            raise translate(exc, "nvmlDeviceGetMigMode") from exc
         if not current:
-            return MigLayout(False)
+            return MigLayout(False, pending=bool(pending))
         devices: dict[int, list[MigDevice]] = {}
         profiles: dict[int, str] = {}
         for mig in self._mig_device_handles(gpu, h):
-            uuid = str(self._driver._call(n.nvmlDeviceGetUUID, mig))
+            uuid = str(self._driver.call(n.nvmlDeviceGetUUID, mig))
             self._mig_handles[uuid] = mig
             if uuid not in self._mig_ids:
                 self._mig_ids[uuid] = self._mig_identity(gpu, h, mig)
@@ -499,22 +603,42 @@ class NodeReader:
             )
             for gi, devs in sorted(devices.items())
         )
-        return MigLayout(True, instances)
+        return MigLayout(True, instances, pending=bool(pending))
+
+    def layout(self, gpu: int, mig: MigLayout) -> GpuLayout:
+        """The planner's view of the GPU (``GpuLayout``) for the node snapshot, at the cost of
+        one process-list call on most ticks.
+
+        Profiles, instances and placements are re-read in full only when ``mig`` (this tick's
+        mode and MIG devices) differs from the last full read's, when the agent changed a GPU
+        since (the driver's ``generation``), or every ``FULL_LAYOUT_EVERY`` reads (a GPU
+        instance without a compute instance, made outside the agent, has no MIG device to
+        notice it by). Otherwise the cached shape is returned with fresh processes.
+        """
+        cached = self._layouts.get(gpu)
+        key = (mig, self._driver.generation)
+        if cached is None or cached[0] != key or cached[2] >= FULL_LAYOUT_EVERY:
+            layout = self._driver.layout(self._identities[gpu].uuid)
+            self._layouts[gpu] = (key, layout, 1)
+            return layout
+        _key, layout, reads = cached
+        self._layouts[gpu] = (key, layout, reads + 1)
+        return replace(layout, processes=self._driver.processes_of(self._handle(gpu)))
 
     def _mig_device_handles(self, gpu: int, h: Any) -> Iterable[Any]:
         n = self._n
         if gpu not in self._max_mig:
-            self._max_mig[gpu] = int(self._driver._call(n.nvmlDeviceGetMaxMigDeviceCount, h))
+            self._max_mig[gpu] = int(self._driver.call(n.nvmlDeviceGetMaxMigDeviceCount, h))
         for i in range(self._max_mig[gpu]):
             try:
                 yield n.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
             except n.NVMLError as exc:
                 if _code(exc) in (_ERR_NOT_FOUND, _ERR_INVALID_ARGUMENT):
                     continue  # empty slot: MIG device handles are sparse
-                raise _translate(exc, "nvmlDeviceGetMigDeviceHandleByIndex") from exc
+                raise translate(exc, "nvmlDeviceGetMigDeviceHandleByIndex") from exc
 
     def _mig_identity(self, gpu: int, h: Any, mig: Any) -> tuple[int, int, str]:
-        n, call = self._n, self._driver._call
+        n, call = self._n, self._driver.call
         gi = int(call(n.nvmlDeviceGetGpuInstanceId, mig))
         ci = int(call(n.nvmlDeviceGetComputeInstanceId, mig))
         info = call(n.nvmlGpuInstanceGetInfo, call(n.nvmlDeviceGetGpuInstanceById, h, gi))
@@ -530,20 +654,20 @@ class NodeReader:
 
     def processes(self, gpu: int, mig_uuid: str | None = None) -> tuple[Process, ...]:
         """Compute processes on a GPU, or on one MIG device."""
-        h = self._mig_handles[mig_uuid] if mig_uuid is not None else self._handles[gpu]
-        return self._driver._processes(h)
+        h = self._mig_handles[mig_uuid] if mig_uuid is not None else self._handle(gpu)
+        return self._driver.processes_of(h)
 
     def process_utilization(self, gpu: int, since_us: int) -> tuple[dict[int, float], int]:
         """(pid -> mean SM utilisation % over NVML's samples since ``since_us``, newest sample
         timestamp). Raises NotSupported on MIG-enabled GPUs and drivers without the call."""
         n = self._n
         try:
-            samples = n.nvmlDeviceGetProcessUtilization(self._handles[gpu], since_us)
+            samples = n.nvmlDeviceGetProcessUtilization(self._handle(gpu), since_us)
         except n.NVMLError as exc:
             code = _code(exc)
             if code in (_SUCCESS, _ERR_NOT_FOUND):
                 return {}, since_us  # no sample since then (pynvml raises on an empty first call)
-            raise _translate(exc, "nvmlDeviceGetProcessUtilization") from exc
+            raise translate(exc, "nvmlDeviceGetProcessUtilization") from exc
         sums: dict[int, list[float]] = {}
         newest = since_us
         for s in samples:
@@ -551,13 +675,34 @@ class NodeReader:
             newest = max(newest, int(s.timeStamp))
         return {pid: sum(v) / len(v) for pid, v in sums.items()}, newest
 
+    # -- topology -------------------------------------------------------------------------------
+
+    def p2p_status(self) -> dict[tuple[int, int], int]:
+        """NVLink P2P status (nvmlGpuP2PStatus_t: 0 OK, 1-6 why not) of every ordered pair of
+        GPUs that answer. Raises NotSupported when the driver cannot tell (no such call)."""
+        n = self._n
+        gpus = [g.index for g in self.gpus() if g.uuid]
+        out: dict[tuple[int, int], int] = {}
+        for a in gpus:
+            for b in gpus:
+                if a == b:
+                    continue
+                status = self._driver.call(
+                    n.nvmlDeviceGetP2PStatus,
+                    self._handle(a),
+                    self._handle(b),
+                    n.NVML_P2P_CAPS_INDEX_NVLINK,
+                )
+                out[(a, b)] = int(status)
+        return out
+
     # -- GPM --------------------------------------------------------------------------------------
 
     def gpm_supported(self, gpu: int) -> bool:
         """Decided by NVML per device, never by model name (telemetry.md fact 3)."""
         n = self._n
         try:
-            return bool(n.nvmlGpmQueryDeviceSupport(self._handles[gpu]).isSupportedDevice)
+            return bool(n.nvmlGpmQueryDeviceSupport(self._handle(gpu)).isSupportedDevice)
         except n.NVMLError as exc:
             if _code(exc) == _ERR_GPU_IS_LOST:
                 raise DeviceLost(str(exc)) from exc
@@ -569,13 +714,13 @@ class NodeReader:
         """Sample the GPU, or one of its GPU instances (parent handle + GI id, as DCGM does),
         into ``into`` or a newly allocated buffer."""
         n = self._n
-        sample = into if into is not None else GpmSample(self._driver._call(n.nvmlGpmSampleAlloc))
+        sample = into if into is not None else GpmSample(self._driver.call(n.nvmlGpmSampleAlloc))
         try:
             if gpu_instance_id is None:
-                self._driver._call(n.nvmlGpmSampleGet, self._handles[gpu], sample.native)
+                self._driver.call(n.nvmlGpmSampleGet, self._handle(gpu), sample.native)
             else:
-                self._driver._call(
-                    n.nvmlGpmMigSampleGet, self._handles[gpu], gpu_instance_id, sample.native
+                self._driver.call(
+                    n.nvmlGpmMigSampleGet, self._handle(gpu), gpu_instance_id, sample.native
                 )
         except BaseException:
             if into is None:
@@ -596,7 +741,7 @@ class NodeReader:
         request.sample2 = second.native
         for i, metric in enumerate(ids):
             request.metrics[i].metricId = metric
-        self._driver._call(n.nvmlGpmMetricsGet, request)
+        self._driver.call(n.nvmlGpmMetricsGet, request)
         values: dict[int, float] = {}
         unsupported: set[int] = set()
         for i, metric in enumerate(ids):
@@ -632,12 +777,16 @@ class XidEvents:
 
     def __init__(self, reader: NodeReader) -> None:
         self._driver = reader.driver
-        n = self._n = reader.driver.module
+        n = self._n = reader.driver.nvml
         self.unsupported: dict[int, str] = {}
         self._index_of: dict[int, int] = {}
-        self._set = self._driver._call(n.nvmlEventSetCreate)
+        self._set = self._driver.call(n.nvmlEventSetCreate)
         for gpu in reader.gpus():
-            h = self._driver._call(n.nvmlDeviceGetHandleByIndex, gpu.index)
+            try:
+                h = self._driver.call(n.nvmlDeviceGetHandleByIndex, gpu.index)
+            except AgentError as exc:  # lost at start: no events from it; the others still
+                self.unsupported[gpu.index] = str(exc)
+                continue
             self._index_of[_address(h)] = gpu.index
             try:
                 supported = n.nvmlDeviceGetSupportedEventTypes(h)
@@ -653,14 +802,14 @@ class XidEvents:
         domain errors when the event set breaks."""
         n = self._n
         try:
-            data = n.nvmlEventSetWait_v2(self._set, timeout_ms)
+            data = n.nvmlEventSetWait(self._set, timeout_ms)
         except n.NVMLError as exc:
             if _code(exc) == _ERR_TIMEOUT:
                 return None
-            raise _translate(exc, "nvmlEventSetWait") from exc
+            raise translate(exc, "nvmlEventSetWait") from exc
         index = self._index_of.get(_address(data.device))
         if index is None:
-            index = int(self._driver._call(n.nvmlDeviceGetIndex, data.device))
+            index = int(self._driver.call(n.nvmlDeviceGetIndex, data.device))
         return XidEvent(
             index,
             int(data.eventData),

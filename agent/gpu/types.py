@@ -146,3 +146,20 @@ class GpuLayout:
     def total_memory_slices(self) -> int:
         """8 on A100/H100/H200, 4 on A30: the size of the full-GPU profile's placement."""
         return max((p.memory_slices for p in self.profiles), default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class LostGpu:
+    """A GPU the driver still counts but that no longer answers (fallen off the bus, XID 79).
+
+    ``last_known`` is its identity when this process saw it answer before; None when it was lost
+    before the agent started (NVML then gives no UUID, name or bus id for it).
+    """
+
+    index: int
+    last_known: GpuInfo | None
+    detail: str
+
+    @property
+    def uuid(self) -> str:
+        return self.last_known.uuid if self.last_known is not None else ""

@@ -24,12 +24,26 @@ from prometheus_client.samples import Sample
 
 from agent.http import Request, Response
 from agent.telemetry.encode import ClassicCounter, encode
-from agent.telemetry.naming import DcgmNaming, Labels, Naming, NativeNaming
+from agent.telemetry.naming import DcgmNaming, Labels, LabelValue, Naming, NativeNaming
 from agent.telemetry.snapshot import EntitySample, Snapshot
 from agent.telemetry.stats import Histogram, TelemetryStats
+from agent.telemetry.xid import WINDOW_S as XID_WINDOW_S
 from agent.telemetry.xid import xid_message
 from dcgm.counters import Counter, CounterSet
-from dcgm.fields import BY_ID, Info, Kind, XidEvents
+from dcgm.fields import (
+    BY_ID,
+    CLOCK_EVENT_WINDOW_S,
+    P2P_STATUS_NAMES,
+    ClockEventWindow,
+    Field,
+    GpuStrings,
+    Info,
+    Kind,
+    Level,
+    P2pStatus,
+    XidEvents,
+    XidWindow,
+)
 
 __all__ = ["MetricsExporter", "families"]
 
@@ -44,8 +58,14 @@ def families(
     counters: CounterSet,
     native: bool,
     stats: TelemetryStats | None = None,
+    devices: str = "f",
 ) -> list[Metric]:
-    """Every metric family of one scrape, in a stable order. Pure apart from reading ``stats``."""
+    """Every metric family of one scrape, in a stable order. Pure apart from reading ``stats``.
+
+    ``devices`` is dcgm-exporter's ``--devices`` choice for the fields measured per GPU instance
+    (framebuffer, DCP): ``f`` (flex) renders them on a GPU's instances when it has MIG
+    instances and on the GPU otherwise; ``g`` on whole GPUs only. GPU-level fields (power,
+    temperature, PCIe...) are on the GPU row in both."""
     out: list[Metric] = []
     if snapshot is not None:
         naming: Naming = (
@@ -58,7 +78,13 @@ def families(
         if native:
             out.append(_info(snapshot, counters))
         for counter in counters.values:
-            out.extend(_field_families(counter, native, rows))
+            out.extend(_field_families(counter, native, _rows_for(counter.field, rows, devices)))
+            if isinstance(counter.field.source, XidWindow):
+                out.extend(_xid_window(counter, snapshot, naming, native))
+            if isinstance(counter.field.source, ClockEventWindow):
+                out.extend(_clock_events(counter, snapshot, naming, native))
+            if isinstance(counter.field.source, P2pStatus):
+                out.extend(_p2p(counter, snapshot, naming, native))
         out.extend(_agent_families(snapshot, naming, rows))
     if stats is not None:
         out.extend(_stats_families(stats))
@@ -80,8 +106,10 @@ class MetricsExporter:
         latest: Callable[[], Snapshot | None],
         stats: TelemetryStats,
         clock: Callable[[], float] = time.perf_counter,
+        devices: str = "f",
     ) -> None:
         self._counters = counters
+        self._devices = devices
         self._native = metric_names == "native"
         self._latest = latest
         self._stats = stats
@@ -129,7 +157,8 @@ class MetricsExporter:
             self._encode(snapshot, openmetrics)
 
     def _encode(self, snapshot: Snapshot | None, openmetrics: bool) -> bytes:
-        body = encode(families(snapshot, self._counters, self._native, self._stats), openmetrics)
+        rendered = families(snapshot, self._counters, self._native, self._stats, self._devices)
+        body = encode(rendered, openmetrics)
         with self._lock:
             self._cache[openmetrics] = (snapshot, body)
         return body
@@ -141,13 +170,17 @@ class MetricsExporter:
         return Response(200, body, content_type)
 
 
-def _label_fields(snapshot: Snapshot, counters: CounterSet) -> dict[str, str]:
-    """The CSV's label-type fields with their values, e.g. DCGM_FI_DRIVER_VERSION."""
-    out = {}
+def _label_fields(snapshot: Snapshot, counters: CounterSet) -> list[tuple[str, LabelValue]]:
+    """The CSV's label-type fields in CSV order: (label name, node-wide text or per-GPU key)."""
+    out: list[tuple[str, LabelValue]] = []
     for counter in counters.labels:
-        value = _info_value(snapshot, counter)
-        if value:
-            out[counter.field.name] = value
+        source = counter.field.source
+        if isinstance(source, GpuStrings):
+            out.append((counter.name, source.key))
+        else:
+            value = _info_value(snapshot, counter)
+            if value:
+                out.append((counter.name, value))
     return out
 
 
@@ -160,12 +193,36 @@ def _info_value(snapshot: Snapshot, counter: Counter) -> str:
 
 
 def _info(snapshot: Snapshot, counters: CounterSet) -> Metric:
-    versions = {c.field.native: _info_value(snapshot, c) for c in counters.labels}
     metric = Metric("gpu_agent_gpu", "Identity of each GPU; value 1.", "info")
     for status in snapshot.gpus:
+        versions = {}
+        for c in counters.labels:
+            source = c.field.source
+            value = (
+                status.gpu.string(source.key)
+                if isinstance(source, GpuStrings)
+                else _info_value(snapshot, c)
+            )
+            if value is not None:
+                versions[c.field.native] = value
         labels = NativeNaming.info(status.gpu, snapshot.hostname, versions)
         metric.samples.append(Sample("gpu_agent_gpu_info", labels, 1.0))
     return metric
+
+
+def _rows_for(field: Field, rows: list[_Row], devices: str) -> list[_Row]:
+    """The entities a field is rendered on (see ``families``); one row per quantity, so a sum
+    over a GPU's rows is the GPU's figure."""
+    if field.level is Level.GPU:
+        return rows
+    if devices == "g":
+        return [r for r in rows if r[0].entity.instance is None]
+    partitioned = {s.entity.gpu.index for s, _ in rows if s.entity.instance is not None}
+    return [
+        r
+        for r in rows
+        if r[0].entity.instance is not None or r[0].entity.gpu.index not in partitioned
+    ]
 
 
 def _field_families(counter: Counter, native: bool, rows: list[_Row]) -> Iterator[Metric]:
@@ -174,6 +231,8 @@ def _field_families(counter: Counter, native: bool, rows: list[_Row]) -> Iterato
         if not native:
             yield _last_xid(counter, rows)
         return  # occurrences are rendered by _agent_families for both schemes
+    if isinstance(field.source, XidWindow | ClockEventWindow | P2pStatus):
+        return  # rendered from the snapshot's window counts (_xid_window, _clock_events)
     if native:
         name, typ = field.native, field.kind.value
         sample_name = name + "_total" if field.kind is Kind.COUNTER else name
@@ -184,21 +243,59 @@ def _field_families(counter: Counter, native: bool, rows: list[_Row]) -> Iterato
                 metric.samples.append(Sample(sample_name, labels, field.to_base(value)))
         yield metric
         return
+    name = counter.name  # the DCGM name, or the 1.x name the CSV row used
     metric = (
-        ClassicCounter(field.name, counter.help)
+        ClassicCounter(name, counter.help)
         if field.kind is Kind.COUNTER
-        else Metric(field.name, counter.help, "gauge")
+        else Metric(name, counter.help, "gauge")
     )
     for sample, labels in rows:
         value = sample.values.get(field.id)
         if value is not None:
-            metric.samples.append(Sample(field.name, labels, value))
+            metric.samples.append(Sample(name, labels, value))
+    yield metric
+
+
+def _xid_window(
+    counter: Counter, snapshot: Snapshot, naming: Naming, native: bool
+) -> Iterator[Metric]:
+    """dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT: XIDs per GPU within the window."""
+    name = counter.field.native if native else counter.name
+    metric = Metric(name, counter.help, "gauge")
+    window = {"window_size_in_ms": str(int(XID_WINDOW_S * 1000))}
+    for x in snapshot.xid_recent:
+        labels = {**naming.gpu(x.entity.gpu), "xid": str(x.xid), **window}
+        metric.samples.append(Sample(name, labels, float(x.count)))
+    yield metric
+
+
+def _clock_events(
+    counter: Counter, snapshot: Snapshot, naming: Naming, native: bool
+) -> Iterator[Metric]:
+    """dcgm-exporter's DCGM_EXP_CLOCK_EVENTS_COUNT: per GPU and reason, samples in the window."""
+    name = counter.field.native if native else counter.name
+    metric = Metric(name, counter.help, "gauge")
+    window = {"window_size_in_ms": str(int(CLOCK_EVENT_WINDOW_S * 1000))}
+    for c in snapshot.clock_events:
+        labels = {**naming.gpu(c.gpu), "clock_event": c.reason, **window}
+        metric.samples.append(Sample(name, labels, float(c.count)))
+    yield metric
+
+
+def _p2p(counter: Counter, snapshot: Snapshot, naming: Naming, native: bool) -> Iterator[Metric]:
+    """dcgm-exporter's DCGM_EXP_P2P_STATUS: per GPU and peer, the status code with its name."""
+    name = counter.field.native if native else counter.name
+    metric = Metric(name, counter.help, "gauge")
+    for link in snapshot.p2p:
+        status = P2P_STATUS_NAMES.get(link.status, "Unknown")
+        labels = {**naming.gpu(link.gpu), "peer_gpu": str(link.peer), "link_status": status}
+        metric.samples.append(Sample(name, labels, float(link.status)))
     yield metric
 
 
 def _last_xid(counter: Counter, rows: list[_Row]) -> Metric:
     """dcgm-exporter's last-XID gauge, with its ``err_code``/``err_msg`` labels."""
-    metric = Metric(counter.field.name, counter.help, "gauge")
+    metric = Metric(counter.name, counter.help, "gauge")
     for sample, entity_labels in rows:
         value = sample.values.get(_XID_FIELD)
         if value is not None:
@@ -208,7 +305,7 @@ def _last_xid(counter: Counter, rows: list[_Row]) -> Metric:
                 "err_code": str(code),
                 "err_msg": xid_message(code),
             }
-            metric.samples.append(Sample(counter.field.name, labels, value))
+            metric.samples.append(Sample(counter.name, labels, value))
     return metric
 
 

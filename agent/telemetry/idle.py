@@ -1,12 +1,30 @@
 """Idle tracking: seconds since a GPU or instance was last busier than a threshold.
 
 A GPU nobody used for a day shows ``gpu_agent_idle_seconds > 86400``. Counting starts when the
-agent first sees the entity, so after an agent restart the figure restarts from 0.
+agent first sees the entity. The last-busy times are kept in the state dir
+(``telemetry-idle.json``, wall-clock seconds) and read back at start, so an agent restart (a
+DaemonSet upgrade) does not push a 24 h reclaim signal back by 24 h: the time the agent was down
+counts as idle, since nothing recorded a use in it. A saved time in the future (clock moved
+back) or an unreadable file counts from now.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Hashable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+__all__ = ["IdleStore", "IdleTracker"]
+
+#: bounds what a corrupt or hostile file can make the agent hold
+_MAX_ENTRIES = 4096
+_MAX_BYTES = 1 << 20
 
 
 class IdleTracker:
@@ -27,3 +45,51 @@ class IdleTracker:
         keep = set(keys)
         for key in [k for k in self._last_busy if k not in keep]:
             del self._last_busy[key]
+
+    def export(self, name: Mapping[Any, str], now: float, wall: float) -> dict[str, float]:
+        """Last-busy wall-clock times by ``name[key]`` (keys without a name are skipped)."""
+        return {name[k]: wall - (now - t) for k, t in self._last_busy.items() if k in name}
+
+    def restore(
+        self, saved: Mapping[str, float], name: Mapping[Any, str], now: float, wall: float
+    ) -> None:
+        """Seed keys not seen yet from ``saved`` wall-clock times."""
+        for key, label in name.items():
+            at = saved.get(label)
+            if at is not None and key not in self._last_busy:
+                self._last_busy[key] = now - max(0.0, wall - at)
+
+
+class IdleStore:
+    """The JSON file the last-busy times live in; written whole and renamed into place."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> dict[str, float]:
+        try:
+            if self.path.stat().st_size > _MAX_BYTES:
+                raise ValueError(f"larger than {_MAX_BYTES} bytes")
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring %s (idle times count from now): %s", self.path, exc)
+            return {}
+        out: dict[str, float] = {}
+        for key, value in list(data.items())[:_MAX_ENTRIES]:
+            if isinstance(key, str) and isinstance(value, int | float) and value == value:
+                out[key] = float(value)
+        return out
+
+    def save(self, times: Mapping[str, float]) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(dict(times), sort_keys=True), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("cannot save idle times to %s: %s", self.path, exc)
+            with contextlib.suppress(OSError):
+                tmp.unlink()

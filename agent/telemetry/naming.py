@@ -8,12 +8,15 @@ or instance allocated to exactly one container; scrape with ``honor_labels: true
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from agent.gpu.readings import GpuString
 from agent.telemetry.snapshot import Entity, GpuIdentity, PodRef
 
 Labels = dict[str, str]
+#: a label-type field's value: node-wide text, or the GPU's own string of that key
+LabelValue = str | GpuString
 
 
 class Naming(Protocol):
@@ -33,22 +36,27 @@ def _pod(labels: Labels, pod: PodRef | None) -> Labels:
 
 
 class DcgmNaming:
-    """dcgm-exporter's labels; ``extra`` holds the CSV's label-type fields (name -> value)."""
+    """dcgm-exporter's labels; ``extra`` holds the CSV's label-type fields in CSV order (name,
+    node-wide value or per-GPU string key). A GPU string NVML did not answer is left out."""
 
-    def __init__(self, hostname: str, extra: Mapping[str, str]) -> None:
+    def __init__(self, hostname: str, extra: Sequence[tuple[str, LabelValue]]) -> None:
         self._hostname = hostname
-        self._extra = dict(extra)
+        self._extra = tuple(extra)
 
     def gpu(self, gpu: GpuIdentity) -> Labels:
-        return {
+        labels = {
             "gpu": str(gpu.index),
             "UUID": gpu.uuid,
             "pci_bus_id": gpu.pci_bus_id,
             "device": f"nvidia{gpu.minor}",
             "modelName": gpu.name,
             "Hostname": self._hostname,
-            **self._extra,
         }
+        for name, value in self._extra:
+            text = gpu.string(value) if isinstance(value, GpuString) else value
+            if text is not None:
+                labels[name] = text
+        return labels
 
     def entity(self, entity: Entity, pod: PodRef | None) -> Labels:
         labels = self.gpu(entity.gpu)

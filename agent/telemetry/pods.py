@@ -1,6 +1,8 @@
 """Which pods hold which GPUs: kubelet's PodResources v1 ``List`` over its Unix socket.
 
-kubelet reports, per container, the device ids the device plugin allocated (reference §5). Every
+kubelet reports, per container, the device ids the device plugin allocated (reference §5), and
+the DRA claims' devices by pool and device name, resolved through this node's ResourceSlices
+(``dra.py``). Every
 id form is understood: ``GPU-<uuid>``, ``MIG-<uuid>``, the legacy ``MIG-GPU-<uuid>/<gi>/<ci>``,
 GKE's ``nvidia<N>[/gi<G>][/vgpu<k>]``, each optionally with a time-slicing / MPS replica suffix
 ``::<n>``. A device held by several containers (replicas of a shared GPU) maps to all of them,
@@ -16,13 +18,15 @@ import logging
 import re
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
 from agent._proto.k8s.podresources.v1 import api_pb2, api_pb2_grpc
+from agent.telemetry.dra import DRIVER as DRA_DRIVER
+from agent.telemetry.dra import DraDevices
 from agent.telemetry.snapshot import PodRef
 from agent.telemetry.stats import TelemetryStats
 
@@ -115,13 +119,14 @@ class PodResourcesClient:
         self._timeout_s = timeout_s
         self._channel: grpc.Channel | None = None
 
-    def list(self) -> tuple[Allocation, ...]:
-        """GPU allocations of all active pods. Raises grpc.RpcError when kubelet fails."""
+    def list(self, dra: Mapping[tuple[str, str], str] | None = None) -> tuple[Allocation, ...]:
+        """GPU allocations of all active pods, DRA claims resolved through ``dra`` ((pool,
+        device) -> UUID). Raises grpc.RpcError when kubelet fails."""
         if self._channel is None:
             self._channel = grpc.insecure_channel(f"unix://{self._socket}")
         stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
         response = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self._timeout_s)
-        return tuple(_allocations(response))
+        return tuple(_allocations(response, dra or {}))
 
     def close(self) -> None:
         if self._channel is not None:
@@ -129,7 +134,9 @@ class PodResourcesClient:
             self._channel = None
 
 
-def _allocations(response: api_pb2.ListPodResourcesResponse) -> Iterable[Allocation]:
+def _allocations(
+    response: api_pb2.ListPodResourcesResponse, dra: Mapping[tuple[str, str], str]
+) -> Iterable[Allocation]:
     for pod in response.pod_resources:
         for container in pod.containers:
             ref = PodRef(pod.namespace, pod.name, container.name)
@@ -140,6 +147,16 @@ def _allocations(response: api_pb2.ListPodResourcesResponse) -> Iterable[Allocat
                     parsed = parse_device_id(raw)
                     if parsed is not None:
                         yield Allocation(ref, devices.resource_name, parsed)
+            # DRA claims (kubelet's KubeletPodResourcesDynamicResources): by pool and device name.
+            for claim in container.dynamic_resources:
+                for res in claim.claim_resources:
+                    if res.driver_name != DRA_DRIVER:
+                        continue
+                    uuid = dra.get((res.pool_name, res.device_name))
+                    parsed = parse_device_id(uuid) if uuid else None
+                    if parsed is not None:
+                        claim_ref = f"{claim.claim_namespace}/{claim.claim_name}"
+                        yield Allocation(ref, f"dra:{claim_ref}", parsed)
 
 
 class PodWatcher:
@@ -156,8 +173,10 @@ class PodWatcher:
         socket: Path,
         period_s: float,
         stats: TelemetryStats,
+        dra: DraDevices | None = None,
     ) -> None:
         self._client = client
+        self._dra = dra
         self._socket = socket
         self._period_s = period_s
         self._stats = stats
@@ -179,7 +198,7 @@ class PodWatcher:
             return
         self._said_missing = False
         try:
-            self._current = self._client.list()
+            self._current = self._client.list(self._dra.lookup() if self._dra else None)
         except grpc.RpcError as exc:
             self._stats.error("kubelet")
             log.warning(

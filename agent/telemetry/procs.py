@@ -36,11 +36,9 @@ def container_id(cgroup_text: str) -> str | None:
 
 
 def read_container_id(proc_root: Path, pid: int) -> str | None:
-    """Container id of a process; None when it is gone, unreadable or not in a pod."""
-    try:
-        text = (proc_root / str(pid) / "cgroup").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
+    """Container id of a process; None when it is not in a pod. Raises OSError when its cgroup
+    cannot be read (no host /proc without hostPID, no permission): then nobody can tell."""
+    text = (proc_root / str(pid) / "cgroup").read_text(encoding="utf-8", errors="replace")
     return container_id(text)
 
 

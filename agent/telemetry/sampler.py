@@ -1,6 +1,8 @@
 """The collection loop: one thread reads every selected field once per interval into a Snapshot.
 
-Per tick and per GPU: the MIG layout (cheap; instance changes are noticed at once), the NVML
+Per tick and per GPU: the MIG layout (cheap; instance changes are noticed at once) and the
+planner's layout with processes (``NodeReader.layout``: the API's inventory reads it from the
+snapshot instead of calling NVML again), the NVML
 readings of the selected fields (physical ones on the GPU only, framebuffer per instance too),
 GPM averages per GPU and per GPU instance (or the DCGM backend's values where the GPU has no GPM),
 the XID state, and per-pod process usage. Pod allocations come from the pod watcher's latest List.
@@ -16,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,26 +27,42 @@ from typing import Protocol
 
 from agent.errors import AgentError, DeviceLost, NotSupported
 from agent.gpu.readings import GpuIdentity, MigDevice, MigLayout, NodeReader, Reading
+from agent.gpu.types import GpuLayout
 from agent.telemetry.gpm import GpmKey, GpmTracker
-from agent.telemetry.idle import IdleTracker
+from agent.telemetry.idle import IdleStore, IdleTracker
 from agent.telemetry.pods import Allocation, DeviceId, EntityKey, attribute
 from agent.telemetry.procs import ContainerDirectory, read_container_id
 from agent.telemetry.snapshot import (
+    ClockEventCount,
     Entity,
     EntitySample,
     FieldSupport,
     GpuStatus,
     InstanceIdentity,
+    P2pLink,
     PodRef,
     PodUsage,
     Snapshot,
     XidCount,
 )
 from agent.telemetry.stats import TelemetryStats
-from agent.telemetry.usage import pod_usage
+from agent.telemetry.usage import UNMAPPED, Unmapped, pod_usage
 from agent.telemetry.xid import XidState
 from dcgm.counters import CounterSet
-from dcgm.fields import Field, Gpm, Level, Nvml, NvmlRate, Unavailable, XidEvents
+from dcgm.fields import (
+    CLOCK_EVENT_NAMES,
+    CLOCK_EVENT_WINDOW_S,
+    ClockEventWindow,
+    Field,
+    Gpm,
+    Level,
+    Nvml,
+    NvmlRate,
+    P2pStatus,
+    Unavailable,
+    XidEvents,
+    XidWindow,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +72,7 @@ _GR_ENGINE_METRIC = 1  # NVML_GPM_METRIC_GRAPHICS_UTIL: idle tracking where NVML
 _XID_FIELD = 230
 _GR_ENGINE_FIELD = 1001
 _NO_GPM = "the GPU has no GPM (Hopper or newer has)"
+_CLOCK_EVENT_SAMPLES = 3000  # 300 s at the fastest interval (0.1 s)
 
 
 class ProfilingBackend(Protocol):
@@ -75,6 +94,10 @@ class SamplerOptions:
     hostname: str = ""
     #: root of /proc for the processes' cgroups (the simulator keeps its own)
     proc_root: Path = Path("/proc")
+    #: where idle times survive agent restarts (the state dir's telemetry-idle.json); None: not
+    idle_file: Path | None = None
+    #: how often they are saved (and at stop)
+    idle_save_every_s: float = 30.0
 
 
 class _Pods(Protocol):
@@ -90,6 +113,8 @@ class _GpuState:
     """What the sampler remembers about one GPU between ticks."""
 
     layout: MigLayout | None = None
+    #: the planner's view, last read (kept while the GPU is down)
+    node_layout: GpuLayout | None = None
     up: bool = True
     gpm: bool | None = None
     #: readings NVML refused on this GPU since its layout last changed
@@ -99,6 +124,10 @@ class _GpuState:
     #: (reading) -> (monotonic time, cumulative value) for counter rates
     counters: dict[Reading, tuple[float, float]] = field(default_factory=dict)
     util_since_us: int = 0
+    #: (monotonic time, clock-event bitmask) of the ticks within the clock-event window
+    clock_events: deque[tuple[float, int]] = field(
+        default_factory=lambda: deque(maxlen=_CLOCK_EVENT_SAMPLES)
+    )
 
 
 class Sampler:
@@ -132,6 +161,11 @@ class Sampler:
         self._prof = [f for f in fields if isinstance(f.source, Gpm)]
         self._unavailable = [f for f in fields if isinstance(f.source, Unavailable)]
         self._xid_selected = any(isinstance(f.source, XidEvents) for f in fields)
+        self._xid_window = any(isinstance(f.source, XidWindow) for f in fields)
+        self._clock_events = [f for f in fields if isinstance(f.source, ClockEventWindow)]
+        self._p2p_fields = [f for f in fields if isinstance(f.source, P2pStatus)]
+        #: read once (topology); None until read, or when the driver cannot tell
+        self._p2p: dict[tuple[int, int], int] | None = None
         self._selected = fields
         gpu_metrics = {f.source.metric_id for f in self._prof if isinstance(f.source, Gpm)}
         gi_metrics = {
@@ -142,6 +176,11 @@ class Sampler:
         self._gpm_gpu = GpmTracker(reader, gpu_metrics | {_GR_ENGINE_METRIC}, clock)
         self._gpm_gi = GpmTracker(reader, gi_metrics | {_GR_ENGINE_METRIC}, clock)
         self._idle = IdleTracker(options.idle_threshold_percent)
+        self._idle_store = IdleStore(options.idle_file) if options.idle_file else None
+        #: saved last-busy times not yet matched to an entity seen this run
+        self._idle_saved = self._idle_store.load() if self._idle_store else {}
+        self._idle_saved_at: float | None = None
+        self._idle_names: dict[Entity, str] = {}
         self._gpus: dict[int, _GpuState] = {}
         self._newly_unsupported: defaultdict[tuple[str, str], list[int]] = defaultdict(list)
         #: (field, reason, GPU) already logged: a layout change re-probes support, but the same
@@ -151,7 +190,12 @@ class Sampler:
         self._versions: tuple[str, str] | None = None
         self._subscribers: list[Callable[[Snapshot], None]] = []
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        #: ticks started / the latest tick finished, for :meth:`fresh`
+        self._ticks = threading.Condition()
+        self._started_seq = 0
+        self._done_seq = 0
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -167,17 +211,38 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, name="gpu-agent-sampler", daemon=True)
         self._thread.start()
 
+    def wake(self) -> None:
+        """Collect now rather than at the next interval (after the agent changed a GPU)."""
+        self._wake.set()
+
+    def fresh(self, timeout_s: float = 5.0) -> bool:
+        """Block until a snapshot collected after this call is published (waking the sampler),
+        so what the agent just changed is in it. False on timeout, or with no sampler thread."""
+        if self._thread is None or not self._thread.is_alive():
+            return False
+        with self._ticks:
+            target = self._started_seq + 1
+        self.wake()
+        with self._ticks:
+            return self._ticks.wait_for(lambda: self._done_seq >= target, timeout_s)
+
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
         self._gpm_gpu.close()
         self._gpm_gi.close()
+        self._save_idle(self._clock(), force=True)
 
     def _run(self) -> None:
         interval = self._options.interval_s
         deadline = self._clock() + interval
-        while not self._stop.wait(max(0.0, deadline - self._clock())):
+        while True:
+            self._wake.wait(max(0.0, deadline - self._clock()))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.tick()
             except Exception:
@@ -190,6 +255,17 @@ class Sampler:
 
     def tick(self) -> Snapshot:
         """Collect once and publish the snapshot."""
+        with self._ticks:
+            self._started_seq += 1
+            seq = self._started_seq
+        try:
+            return self._tick()
+        finally:
+            with self._ticks:
+                self._done_seq = max(self._done_seq, seq)
+                self._ticks.notify_all()
+
+    def _tick(self) -> Snapshot:
         started = self._clock()
         taken_at = self._wall()
         if self._containers is not None:
@@ -201,30 +277,36 @@ class Sampler:
         statuses: list[GpuStatus] = []
         samples: list[EntitySample] = []
         layouts: dict[int, MigLayout] = {}
+        node_layouts: list[GpuLayout] = []
         for gpu in gpus:
             state = self._gpus.setdefault(gpu.index, _GpuState())
             try:
                 gpu_samples = self._collect_gpu(gpu, state, xid, started)
             except DeviceLost as exc:
                 self._lost(gpu, state, exc)
-                statuses.append(GpuStatus(gpu, up=False))
+                statuses.append(GpuStatus(gpu, up=False, detail=str(exc)))
+                node_layouts.extend([state.node_layout] if state.node_layout else [])
                 continue
             except AgentError as exc:
                 # One GPU's NVML failure must not silence the others; it has no series this tick.
                 self._stats.error("nvml")
                 log.warning("GPU %d: collection failed this tick: %s", gpu.index, exc)
                 statuses.append(GpuStatus(gpu, up=state.up))
+                node_layouts.extend([state.node_layout] if state.node_layout else [])
                 continue
             if not state.up:
                 log.warning("GPU %d (%s) answers NVML again", gpu.index, gpu.uuid)
             state.up = True
             statuses.append(GpuStatus(gpu, up=True))
             layouts[gpu.index] = state.layout or MigLayout(False)
+            node_layouts.extend([state.node_layout] if state.node_layout else [])
             samples.extend(gpu_samples)
         self._gpm_gpu.retain(GpmKey(g, None, gpus[g].uuid) for g in layouts)
         self._gpm_gi.retain(self._instance_keys(gpus, layouts))
         samples, pods = self._attribute(gpus, layouts, samples)
         self._idle.retain(s.entity for s in samples)
+        self._idle_names = {s.entity: _idle_name(s.entity) for s in samples}
+        self._save_idle(started)
         snapshot = Snapshot(
             taken_at=taken_at,
             hostname=self._options.hostname,
@@ -234,7 +316,11 @@ class Sampler:
             entities=tuple(samples),
             pods=tuple(pods),
             xids=self._xid_counts(gpus, layouts, xid),
+            xid_recent=self._xid_recent(gpus, xid),
+            clock_events=self._clock_event_counts(gpus),
+            p2p=self._p2p_links(gpus, statuses),
             support=self._support(gpus),
+            layouts=tuple(node_layouts),
         )
         self._report_unsupported()
         self._stats.observe_collection(self._clock() - started)
@@ -261,6 +347,13 @@ class Sampler:
             state.layout = layout
             state.unsupported.clear()
             state.field_unsupported.clear()
+        try:
+            state.node_layout = self._reader.layout(gpu.index, layout)
+        except DeviceLost:
+            raise
+        except AgentError as exc:  # the inventory keeps the last layout; telemetry goes on
+            self._stats.error("nvml")
+            log.warning("GPU %d: MIG layout read failed this tick: %s", gpu.index, exc)
         if state.gpm is None:
             state.gpm = self._reader.gpm_supported(gpu.index)
         gpu_values, gpu_util = self._gpu_values(gpu, state, now)
@@ -275,7 +368,7 @@ class Sampler:
             EntitySample(
                 gpu_entity,
                 MappingProxyType(gpu_values),
-                idle_seconds=self._idle.update(gpu_entity, _first(gpu_util, gpm_util), now),
+                idle_seconds=self._idle_seconds(gpu_entity, _first(gpu_util, gpm_util), now),
             )
         ]
         for instance in layout.instances:
@@ -287,17 +380,39 @@ class Sampler:
                 EntitySample(
                     entity,
                     MappingProxyType(values),
-                    idle_seconds=self._idle.update(entity, util, now),
+                    idle_seconds=self._idle_seconds(entity, util, now),
                 )
             )
         return out
+
+    def _idle_seconds(self, entity: Entity, util: float | None, now: float) -> float | None:
+        name = _idle_name(entity)
+        saved = self._idle_saved.pop(name, None)
+        if saved is not None:  # first sight this run: carry on from the last run's figure
+            self._idle.restore({name: saved}, {entity: name}, now, self._wall())
+        return self._idle.update(entity, util, now)
+
+    def _save_idle(self, now: float, *, force: bool = False) -> None:
+        if self._idle_store is None:
+            return
+        due = self._idle_saved_at is None or now - self._idle_saved_at >= (
+            self._options.idle_save_every_s
+        )
+        if force or due:
+            times = self._idle.export(self._idle_names, now, self._wall())
+            self._idle_store.save({**self._idle_saved, **times})  # keep GPUs not seen this run
+            self._idle_saved_at = now
 
     def _gpu_values(
         self, gpu: GpuIdentity, state: _GpuState, now: float
     ) -> tuple[dict[int, float], float | None]:
         wanted = {_reading(f) for f in self._nvml} | {Reading.GPU_UTIL_PERCENT}
+        if self._clock_events:
+            wanted.add(Reading.CLOCK_EVENT_REASONS)
         readings = self._reader.read(gpu.index, wanted - state.unsupported)
         self._note_readings(gpu, state, readings.unsupported, readings.failed)
+        if self._clock_events:
+            self._clock_event_sample(gpu, state, readings.values, readings.unsupported, now)
         values: dict[int, float] = {}
         for f in self._nvml:
             raw = readings.values.get(_reading(f))
@@ -310,6 +425,60 @@ class Sampler:
             elif isinstance(f.source, Nvml):
                 values[f.id] = f.source.scale(raw)
         return values, readings.values.get(Reading.GPU_UTIL_PERCENT)
+
+    def _clock_event_sample(
+        self,
+        gpu: GpuIdentity,
+        state: _GpuState,
+        values: Mapping[Reading, float],
+        unsupported: Mapping[Reading, str],
+        now: float,
+    ) -> None:
+        mask = values.get(Reading.CLOCK_EVENT_REASONS)
+        if mask is not None:
+            state.clock_events.append((now, int(mask)))
+        elif Reading.CLOCK_EVENT_REASONS in unsupported:
+            for f in self._clock_events:
+                self._unsupported(gpu, state, f, unsupported[Reading.CLOCK_EVENT_REASONS])
+        while state.clock_events and state.clock_events[0][0] < now - CLOCK_EVENT_WINDOW_S:
+            state.clock_events.popleft()
+
+    def _clock_event_counts(self, gpus: tuple[GpuIdentity, ...]) -> tuple[ClockEventCount, ...]:
+        out = []
+        for gpu in gpus:
+            state = self._gpus.get(gpu.index)
+            if not self._clock_events or state is None or not state.up:
+                continue
+            for bit, reason in CLOCK_EVENT_NAMES.items():
+                count = sum(1 for _, mask in state.clock_events if mask & bit)
+                if count:
+                    out.append(ClockEventCount(gpu, reason, count))
+        return tuple(out)
+
+    def _p2p_links(
+        self, gpus: tuple[GpuIdentity, ...], statuses: list[GpuStatus]
+    ) -> tuple[P2pLink, ...]:
+        if not self._p2p_fields:
+            return ()
+        if self._p2p is None:
+            try:
+                self._p2p = self._reader.p2p_status()
+            except NotSupported as exc:
+                self._p2p = {}
+                for gpu in gpus:
+                    state = self._gpus.get(gpu.index)
+                    if state is not None:
+                        for f in self._p2p_fields:
+                            self._unsupported(gpu, state, f, str(exc))
+            except AgentError as exc:  # a GPU lost meanwhile: try again next tick
+                log.debug("P2P status: %s", exc)
+                return ()
+        up = {s.gpu.index for s in statuses if s.up}
+        return tuple(
+            P2pLink(gpus[a], b, status)
+            for (a, b), status in sorted(self._p2p.items())
+            if a in up and a < len(gpus)
+        )
 
     def _instance_values(
         self, gpu: GpuIdentity, state: _GpuState, mig_uuid: str
@@ -477,7 +646,13 @@ class Sampler:
             self._stats.error("nvml")
             log.debug("process list of %s failed: %s", entity, exc)
             return []
-        return pod_usage(entity, allocated, processes, self._pod_of_pid, util)
+        rows, unmapped = pod_usage(entity, allocated, processes, self._pod_of_pid, util)
+        if unmapped:
+            # Unknown, not 0: the rows go without a memory figure (gpu_agent_pod_memory_used_bytes
+            # has none) and the failures are counted.
+            self._stats.error("pod_mapping", unmapped)
+            log.debug("%s: %d process(es) not mapped to a container", entity, unmapped)
+        return rows
 
     def _process_util(self, gpu: int) -> dict[int, float] | None:
         state = self._gpus[gpu]
@@ -493,11 +668,17 @@ class Sampler:
         state.util_since_us = newest
         return util
 
-    def _pod_of_pid(self, pid: int) -> PodRef | None:
+    def _pod_of_pid(self, pid: int) -> PodRef | Unmapped | None:
         if self._containers is None:
-            return None
-        cid = read_container_id(self._options.proc_root, pid)
-        return None if cid is None else self._containers.lookup(cid)
+            return UNMAPPED
+        try:
+            cid = read_container_id(self._options.proc_root, pid)
+        except OSError:
+            return UNMAPPED  # no host /proc (hostPID off), or the process is not ours to read
+        if cid is None:
+            return None  # a host process
+        pod = self._containers.lookup(cid)
+        return UNMAPPED if pod is None else pod
 
     # -- results ----------------------------------------------------------------------------------
 
@@ -522,6 +703,17 @@ class Sampler:
             out.append(XidCount(Entity(gpus[gpu], instance), code, count))
         return tuple(_merge_xids(out))
 
+    def _xid_recent(
+        self, gpus: tuple[GpuIdentity, ...], xid: XidState | None
+    ) -> tuple[XidCount, ...]:
+        if xid is None or not self._xid_window:
+            return ()
+        return tuple(
+            XidCount(Entity(gpus[gpu]), code, count)
+            for (gpu, code), count in sorted(xid.recent.items())
+            if gpu < len(gpus)
+        )
+
     def _support(self, gpus: tuple[GpuIdentity, ...]) -> tuple[FieldSupport, ...]:
         out = []
         for gpu in gpus:
@@ -531,6 +723,13 @@ class Sampler:
             for f in self._selected:
                 out.append(FieldSupport(f.id, gpu, f.id not in state.field_unsupported))
         return tuple(out)
+
+
+def _idle_name(entity: Entity) -> str:
+    """The idle file's key: the GPU UUID, and the GPU instance (id and profile) on it."""
+    if entity.instance is None:
+        return entity.gpu.uuid
+    return f"{entity.gpu.uuid}/{entity.instance.gpu_instance_id}/{entity.instance.profile}"
 
 
 def _reading(f: Field) -> Reading:

@@ -12,6 +12,7 @@ from agent.errors import AgentError
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.readings import NodeReader
 from agent.telemetry.dcgm_backend import load_dcgm_backend
+from agent.telemetry.dra import DraDevices, Get
 from agent.telemetry.exporter import MetricsExporter
 from agent.telemetry.pods import PodResourcesClient, PodWatcher
 from agent.telemetry.procs import ContainerDirectory
@@ -59,10 +60,14 @@ def build_telemetry(
     hostname: str,
     proc_root: Path | None = None,
     attribute_pods: bool = True,
+    state_dir: Path | None = None,
+    kube_get: Get | None = None,
 ) -> TelemetryService:
     """Wire telemetry for one driver. Raises InvalidSpec for a bad counters CSV.
 
     ``proc_root`` overrides ``settings.proc_root`` (the simulator keeps its own /proc look-alike).
+    ``state_dir``: where idle times survive restarts (the agent's; one-shot commands pass none).
+    ``kube_get``: an API-server GET (in a pod), for DRA claims' devices from ResourceSlices.
     """
     counters = load_counters(settings.collectors)
     for counter in counters.counters:
@@ -73,6 +78,8 @@ def build_telemetry(
                 counter.line,
                 counter.field.name,
             )
+    for note in counters.notes:
+        log.warning("%s", note)
     stats = TelemetryStats()
     reader = NodeReader(driver)
     prof_ids = [c.field.id for c in counters.values if isinstance(c.field.source, Gpm)]
@@ -82,7 +89,8 @@ def build_telemetry(
     if attribute_pods:
         socket = settings.kubelet_socket
         period = max(settings.interval_s, _MIN_POD_REFRESH_S)
-        pods = PodWatcher(PodResourcesClient(socket), socket, period, stats)
+        dra = DraDevices(kube_get, hostname) if kube_get is not None else None
+        pods = PodWatcher(PodResourcesClient(socket), socket, period, stats, dra)
     xids = XidWatcher.for_reader(reader, stats)
     sampler = Sampler(
         reader,
@@ -93,13 +101,16 @@ def build_telemetry(
             idle_threshold_percent=settings.idle_threshold_percent,
             hostname=hostname,
             proc_root=proc_root or settings.proc_root,
+            idle_file=state_dir / "telemetry-idle.json" if state_dir is not None else None,
         ),
         pods=pods,
         containers=ContainerDirectory(settings.container_log_dir),
         xids=xids,
         profiling=profiling,
     )
-    exporter = MetricsExporter(counters, settings.metric_names, sampler.latest, stats)
+    exporter = MetricsExporter(
+        counters, settings.metric_names, sampler.latest, stats, devices=settings.devices
+    )
     sampler.subscribe(exporter.prerender)
     return TelemetryService(sampler, exporter, stats, xids, pods, profiling)
 

@@ -12,14 +12,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agent.gpu.readings import GpuIdentity
+from agent.gpu.types import GpuLayout
 
 __all__ = [
+    "ClockEventCount",
     "Entity",
     "EntitySample",
     "FieldSupport",
     "GpuIdentity",
     "GpuStatus",
     "InstanceIdentity",
+    "P2pLink",
     "PodRef",
     "PodUsage",
     "Snapshot",
@@ -83,9 +86,28 @@ class XidCount:
 
 
 @dataclass(frozen=True, slots=True)
+class ClockEventCount:
+    gpu: GpuIdentity
+    #: dcgm-exporter's clock_event label, e.g. ``power_cap``
+    reason: str
+    #: samples within the window with the reason set
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class P2pLink:
+    gpu: GpuIdentity
+    peer: int
+    #: nvmlGpuP2PStatus_t, 0 = OK
+    status: int
+
+
+@dataclass(frozen=True, slots=True)
 class GpuStatus:
     gpu: GpuIdentity
     up: bool
+    #: why the GPU is down (the driver's error); empty while it is up
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +131,19 @@ class Snapshot:
     pods: tuple[PodUsage, ...] = ()
     xids: tuple[XidCount, ...] = ()
     support: tuple[FieldSupport, ...] = ()
+    #: XIDs per GPU within the last window (DCGM_EXP_XID_ERRORS_COUNT), when selected
+    xid_recent: tuple[XidCount, ...] = ()
+    #: clock-event reasons per GPU within the last window (DCGM_EXP_CLOCK_EVENTS_COUNT)
+    clock_events: tuple[ClockEventCount, ...] = ()
+    #: NVLink P2P status of each GPU to each peer (DCGM_EXP_P2P_STATUS), when selected
+    p2p: tuple[P2pLink, ...] = ()
+    #: each GPU's MIG layout and processes (the planner's view) for the API's inventory; a GPU
+    #: down this tick keeps its last known layout, one never seen up has none
+    layouts: tuple[GpuLayout, ...] = ()
+
+    def serving(self) -> int:
+        """How many GPUs answered this tick."""
+        return sum(1 for g in self.gpus if g.up)
 
     def gpu_idle_seconds(self) -> dict[str, float]:
         """Whole GPUs' idle seconds by UUID, where known (MIG instances are left out)."""

@@ -67,7 +67,7 @@ class TelemetryStats:
             self._scrape.observe(seconds)
 
     def error(self, kind: str, count: int = 1) -> None:
-        """Count a failure by kind: nvml, gpm, gpu_lost, kubelet, proc, xid, dcgm."""
+        """Count a failure by kind: nvml, gpm, gpu_lost, kubelet, pod_mapping, xid, dcgm."""
         with self._lock:
             self._errors[kind] += count
 

@@ -8,11 +8,14 @@ between collection ticks, counts occurrences per (GPU, GPU instance, XID) for
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from collections import Counter
+import time
+from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from importlib import resources
 
 from agent.errors import AgentError
 from agent.gpu.readings import NodeReader, XidEvent, XidEvents
@@ -23,35 +26,31 @@ log = logging.getLogger(__name__)
 __all__ = ["XidState", "XidWatcher", "xid_message"]
 
 _WAIT_MS = 250  # how long one NVML event wait blocks; bounds how long stopping takes
+#: dcgm-exporter's --xid-count-window-size default (300000 ms)
+WINDOW_S = 300.0
+#: occurrences kept for the window; an XID storm beyond it still counts in the totals
+_RECENT_MAX = 10_000
 _REOPEN_AFTER_S = 5.0
 
-# The XIDs operators meet most, worded after NVIDIA's XID catalog; others are "Unknown XID".
-_MESSAGES = {
-    0: "No error",
-    13: "Graphics engine exception",
-    31: "GPU memory page fault",
-    43: "GPU stopped processing",
-    45: "Preemptive cleanup, due to previous errors",
-    48: "Double-bit ECC error",
-    61: "Internal micro-controller breakpoint/warning",
-    62: "Internal micro-controller halt",
-    63: "ECC page retirement or row remapping recording event",
-    64: "ECC page retirement or row remapping recording failure",
-    68: "NVDEC0 exception",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "High single-bit ECC error rate",
-    94: "Contained ECC error",
-    95: "Uncontained ECC error",
-    109: "Context switch timeout",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-}
+#: dcgm-exporter's err_msg for an XID outside the catalog
+UNKNOWN_XID = "Unknown Error"
+
+
+@functools.cache
+def _messages() -> dict[int, str]:
+    """XID -> its NVIDIA XID catalog name (``dcgm/xid-messages.tsv``, dcgm-exporter's table)."""
+    text = resources.files("dcgm").joinpath("xid-messages.tsv").read_text(encoding="utf-8")
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            number, message = line.split("\t", 1)
+            out[int(number)] = message
+    return out
 
 
 def xid_message(xid: int) -> str:
     """dcgm-exporter's ``err_msg`` for an XID number."""
-    return _MESSAGES.get(xid, "Unknown XID")
+    return _messages().get(xid, UNKNOWN_XID)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +63,8 @@ class XidState:
     unsupported: dict[int, str]
     #: False until the event set is registered (the first XIDs may not be seen yet)
     ready: bool
+    #: (GPU index, XID) -> occurrences within the last ``WINDOW_S`` (DCGM_EXP_XID_ERRORS_COUNT)
+    recent: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
 class XidWatcher:
@@ -74,8 +75,12 @@ class XidWatcher:
         open_events: Callable[[], XidEvents],
         stats: TelemetryStats,
         wait_ms: int = _WAIT_MS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._open = open_events
+        self._clock = clock
+        #: (when, GPU index, XID) of recent occurrences, oldest first
+        self._recent: deque[tuple[float, int, int]] = deque(maxlen=_RECENT_MAX)
         self._stats = stats
         self._wait_ms = wait_ms
         self._lock = threading.Lock()
@@ -103,14 +108,23 @@ class XidWatcher:
 
     def state(self) -> XidState:
         with self._lock:
+            since = self._clock() - WINDOW_S
+            while self._recent and self._recent[0][0] < since:
+                self._recent.popleft()
+            recent: Counter[tuple[int, int]] = Counter((g, x) for _, g, x in self._recent)
             return XidState(
-                dict(self._counts), dict(self._last), dict(self._unsupported), self._ready.is_set()
+                dict(self._counts),
+                dict(self._last),
+                dict(self._unsupported),
+                self._ready.is_set(),
+                dict(recent),
             )
 
     def record(self, event: XidEvent) -> None:
         with self._lock:
             self._counts[(event.gpu_index, event.gpu_instance_id, event.xid)] += 1
             self._last[event.gpu_index] = event.xid
+            self._recent.append((self._clock(), event.gpu_index, event.xid))
         log.warning(
             "XID %d (%s) on GPU %d%s",
             event.xid,

@@ -145,3 +145,35 @@ def test_dashboard_shows_what_operators_asked_for() -> None:
         if "GPU_I_ID" in t.get("legendFormat", "")
     ]
     assert legends
+
+
+def test_the_xid_stat_counts_a_storm_of_new_xids(tmp_path: Path) -> None:
+    """ "XID errors (1 h)" during a storm: XIDs seen for the first time this hour count too
+    (increase() alone reads 0 for a series that starts with its first occurrence), as the
+    gpu_agent:xid_errors:increase10m recording rule does."""
+    (panel,) = [p for p in _panels() if p["title"] == "XID errors (1 h)"]
+    variables = {v["name"] for v in _dashboard()["templating"]["list"]}
+    expr = _substitute(panel["targets"][0]["expr"], variables)
+    series = 'gpu_agent_xid_errors_total{{pool="p",node="n",gpu="0",xid="{}"}}'
+    tests = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    # Two XIDs new 20 minutes ago (3 and 1 occurrences), one older that rose by 2.
+                    {"series": series.format(79), "values": "_x40 3x30"},
+                    {"series": series.format(48), "values": "_x40 1x30"},
+                    {"series": series.format(13), "values": "5x40 7x30"},
+                ],
+                "promql_expr_test": [
+                    {"expr": expr, "eval_time": "60m", "exp_samples": [{"value": 6}]}
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "xid-stat.test.yaml"
+    path.write_text(yaml.safe_dump(tests))
+    result = run([tool("promtool"), "test", "rules", str(path)], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

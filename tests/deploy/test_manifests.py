@@ -288,3 +288,25 @@ def test_images_are_the_package_version(kustomization: str) -> None:
         c["image"] for o in objs if o["kind"] in ("DaemonSet", "Deployment") for c in containers(o)
     }
     assert images == {f"gpu-node-agent:{version}", f"gpu-node-agent-coordinator:{version}"}
+
+
+# --- runtime class ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kustomization", "runtime_class"),
+    [
+        ("default", "nvidia"),
+        ("without-prometheus-operator", "nvidia"),
+        ("nvidia-default-runtime", None),
+        ("simulated", None),
+    ],
+)
+def test_the_agent_runs_with_the_nvidia_runtime_class(
+    kustomization: str, runtime_class: str | None
+) -> None:
+    """The GPU Operator's default (CDI on) leaves nvidia out of containerd's default runtime and
+    runs its operands with runtimeClassName nvidia; so does the agent, unless an overlay says
+    nvidia is the default runtime (or there is no GPU: simulated)."""
+    pod = find(render(kustomization), "DaemonSet", "gpu-agent")["spec"]["template"]["spec"]
+    assert pod.get("runtimeClassName") == runtime_class

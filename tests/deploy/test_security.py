@@ -74,7 +74,8 @@ def test_rbac_grants_no_wildcards_and_no_secrets(kustomization: str) -> None:
 
 
 def test_agent_rbac_is_what_the_agent_does() -> None:
-    """Read and label its Node, read pods, write events; nothing else."""
+    """Read and label its Node, read pods, write events, read DRA ResourceSlices (to attribute
+    GPUs pods got through DRA claims); nothing else."""
     grants = {
         (tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"])
         for r in _rules(render("default"), "ClusterRole", "gpu-agent")
@@ -83,6 +84,7 @@ def test_agent_rbac_is_what_the_agent_does() -> None:
         (("",), ("nodes",)): READ | {"patch"},
         (("",), ("pods",)): READ,
         (("", "events.k8s.io"), ("events",)): {"create", "patch"},
+        (("resource.k8s.io",), ("resourceslices",)): {"get", "list"},
     }
 
 

@@ -18,18 +18,44 @@ from agent.client import AgentClient
 from agent.errors import Conflict, InvalidSpec
 from agent.gpu import GpuDriver, open_driver
 from agent.gpu.sim import SimControl
-from agent.gpu.types import GpuLayout
+from agent.gpu.types import GpuLayout, LostGpu
 from tests.unit.api.support import REPO, AgentProcess, agent_config, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 def node_status(gpu: GpuDriver) -> dict[str, Any]:
-    """The node read straight from the driver: the oracle `status_view` must match."""
-    layouts = [gpu.layout(g.uuid) for g in gpu.gpus()]
+    """The node read straight from the driver: the oracle `status_view` must match. A lost
+    GPU is listed with ``health: lost`` and what is known of it."""
+    scan = gpu.scan()
+    views = [_gpu_view(gpu.layout(g.uuid)) for g in scan.gpus]
+    views += [_lost_view(g) for g in scan.lost]
     return {
         "driver_version": gpu.driver_version(),
-        "gpus": [_gpu_view(layout) for layout in layouts],
+        "gpus": sorted(views, key=lambda v: int(v["index"])),
+    }
+
+
+def _lost_view(lost: LostGpu) -> dict[str, Any]:
+    g = lost.last_known
+    empty = GpuLayout(g, (), (), ()) if g is not None else None
+    view = _gpu_view(empty) if empty is not None else _unknown_view(lost.index)
+    view.update(health="lost", detail=lost.detail)
+    return view
+
+
+def _unknown_view(index: int) -> dict[str, Any]:
+    """A GPU lost before anything could be read of it: NVML gives only its index."""
+    return {
+        "index": index,
+        "uuid": None,
+        "name": None,
+        "pci_bus_id": None,
+        "pci_device_id": None,
+        "memory_total_bytes": None,
+        "mig": None,
+        "instances": [],
+        "processes": [],
     }
 
 
@@ -37,6 +63,8 @@ def _gpu_view(layout: GpuLayout) -> dict[str, Any]:
     g = layout.gpu
     return {
         "index": g.index,
+        "health": "ok",
+        "detail": "",
         "uuid": g.uuid,
         "name": g.name,
         "pci_bus_id": g.pci_bus_id,
@@ -248,16 +276,17 @@ def test_mig_apply_goes_through_the_running_agent_as_an_operation(tmp_path: Path
         try:
             ops = client.list_operations(kind="mig.apply")
             assert [op.state for op in ops] == [operations_pb2.OPERATION_STATE_SUCCEEDED]
-            # GetNode serves the inventory the agent refreshes in the background.
-            profiles = wait_for(
-                lambda: sorted(
-                    i["profile"] for i in status_view(client.node())["gpus"][0]["instances"]
-                ),
-                "GPU 0's new layout in the agent's inventory",
-            )
+            # GetNode serves the inventory the agent refreshes in the background (the sampler's
+            # snapshot, every second): a snapshot taken mid-apply is replaced by the next one.
+            want = ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+
+            def gpu0_profiles() -> list[str]:
+                gpu0 = status_view(client.node())["gpus"][0]
+                return sorted(i["profile"] for i in gpu0["instances"])
+
+            wait_for(lambda: gpu0_profiles() == want, "GPU 0's new layout in the inventory", 10)
         finally:
             client.close()
-        assert profiles == ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
         refused = cli(agent.state_dir, config, "mig", "apply", "-f", str(mig_file), "-c",
                       "too-many")  # fmt: skip
         assert refused.returncode == Conflict.exit_code, refused.stderr

@@ -74,7 +74,7 @@ def test_mig_layout_changes_xids_and_lost_gpus_are_streamed(agent: AgentProcess)
         control.raise_xid(0, 13)
         xid = wait_for(lambda: watcher.of("xid"), "an XID event", 15)[0].xid
         assert (xid.gpu_index, xid.xid, xid.count) == (0, 13, 1)
-        assert xid.message == "Graphics engine exception"
+        assert xid.message == "Graphics Engine Exception"  # dcgm-exporter's err_msg
 
         control.mark_lost(3)
         lost = wait_for(lambda: watcher.of("gpu_lost"), "a GPU lost event", 15)[0].gpu_lost

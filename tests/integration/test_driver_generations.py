@@ -25,15 +25,10 @@ from tests.unit.api.support import REPO, AgentProcess, agent_config
 
 pytestmark = pytest.mark.integration
 
-# The facade still calls pynvml's process-list wrapper, which is hard-wired to the _v3 symbol;
-# its per-call fallbacks are the NVML facade work of #15. Strict: these flip to XPASS (a
-# failure) the day the fallback lands, so the marks cannot outlive the bug.
-_NO_V3 = pytest.mark.xfail(
-    strict=True, reason="#15: no nvmlDeviceGetComputeRunningProcesses_v3 and no facade fallback"
-)
+# R470 and 535.98 lack the _v3 process calls: the NVML gateway falls back through the versions.
 GENERATIONS = [
-    pytest.param("dgx-a100", "470.256.02", marks=_NO_V3, id="R470-A100"),
-    pytest.param("dgx-a100", "535.98", marks=_NO_V3, id="535.98-A100"),
+    pytest.param("dgx-a100", "470.256.02", id="R470-A100"),
+    pytest.param("dgx-a100", "535.98", id="535.98-A100"),
     pytest.param("dgx-a100", "535.183.01", id="R535-A100"),
     pytest.param("dgx-h100", "550.90.07", id="R550-H100"),
     pytest.param("dgx-b200", "570.133.20", id="R570-B200"),

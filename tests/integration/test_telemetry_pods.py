@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.config import TelemetrySettings
 from agent.telemetry.service import TelemetryService, build_telemetry
+from tests.unit.api.support import wait_for
 from tests.unit.telemetry.httpd import scrape, serve_metrics
 from tests.unit.telemetry.kubelet import FakeKubelet, serve
 from tests.unit.telemetry.simnode import SimNode, sim_node
@@ -169,3 +170,27 @@ def test_label_sets_are_stable_between_scrapes(cluster) -> None:  # type: ignore
     first = label_sets()
     time.sleep(0.5)
     assert label_sets() == first
+
+
+def test_a_process_that_cannot_be_mapped_leaves_the_pods_unknown_not_zero(cluster) -> None:  # type: ignore[no-untyped-def]
+    """A pod process whose container kubelet does not list could be any pod's: GPU 0's pods
+    get no memory row (not 0.0), the failure is counted, GPU 1's pods keep theirs."""
+    node, service, _ = cluster
+    node.control.start_process(1099, 0, used_memory_mib=64, cgroup=_cgroup(99))  # no log link
+
+    def gpu0_rows_gone() -> dict[str, list] | None:  # type: ignore[type-arg]
+        families = _families(service)
+        rows = families.get("gpu_agent_pod_memory_used_bytes", [])
+        return None if any(s.labels["gpu"] == "0" for s in rows) else families
+
+    families = wait_for(gpu0_rows_gone, "GPU 0's pod rows to go unknown", 10)
+    assert {s.labels["pod"] for s in families["gpu_agent_pod_memory_used_bytes"]} == {
+        "infer-a",
+        "infer-b",
+    }
+    errors = {
+        s.labels["kind"]: s.value
+        for s in families["gpu_agent_telemetry_errors"]
+        if s.name.endswith("_total")
+    }
+    assert errors["pod_mapping"] >= 1

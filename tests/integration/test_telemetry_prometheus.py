@@ -1,5 +1,10 @@
 """A real Prometheus scrapes the agent: every query of NVIDIA's Grafana dashboard 12239 returns the
-expected series, and promtool finds nothing wrong with the native names.
+series a dcgm-exporter (default flex mode) returns on the same MIG node, sums over a MIG GPU
+equal the memory in use, and promtool finds nothing wrong with the native names.
+
+One deliberate difference: on a MIG GPU dcgm-exporter repeats the physical-GPU fields (power,
+temperature, clocks) on every GPU instance's series (its issue #353), so sum(POWER_USAGE) counts
+such a GPU once per instance. The agent renders them once per GPU (docs/metrics.md, "Fields").
 
 Needs the Debian ``prometheus`` package (``apt-get update && apt-get install -y prometheus``;
 scripts/test installs it). Without the binaries these tests skip and say how to install them.
@@ -47,19 +52,28 @@ DASHBOARD_12239 = {
 #: The dashboard's template variables: label_values(DCGM_FI_DEV_GPU_TEMP, <label>).
 DASHBOARD_VARIABLES = ("instance", "gpu")
 
-# Simulated node: 8x H100, GPU 1 in MIG mode with two instances. Expected series per panel:
-# physical-GPU fields once per GPU (8), GPU_UTIL not on the MIG GPU (7), framebuffer and tensor
-# activity per GPU plus per instance (10); aggregations one series.
+# Simulated node: 8x H100, GPU 1 in MIG mode with two 1g.10gb instances (their GPU_I_IDs are
+# read at run time). Expected series per panel, as (gpu, GPU_I_ID):
+# dcgm-exporter's flex mode watches the instances of a MIG GPU and the other GPUs whole, so the
+# per-instance fields (framebuffer, tensor activity) come per instance on GPU 1 and per GPU
+# elsewhere; GPU_UTIL is not available on a MIG GPU; physical-GPU fields once per GPU (see the
+# module doc); aggregations are one series.
+WHOLE = "whole"  # every GPU, once
+FLEX = "flex"  # the instances of GPU 1, every other GPU whole
+NOT_MIG = "not-mig"  # every GPU but the MIG one
+ONE = "one"
 EXPECTED_SERIES = {
-    "GPU Temperature": 8,
-    "GPU Avg. Temp": 1,
-    "GPU Power Usage": 8,
-    "GPU Power Total": 1,
-    "GPU SM Clocks": 8,
-    "GPU Utilization": 7,
-    "GPU Framebuffer Mem Used": 10,
-    "Tensor Core Utilization": 10,
+    "GPU Temperature": WHOLE,
+    "GPU Avg. Temp": ONE,
+    "GPU Power Usage": WHOLE,
+    "GPU Power Total": ONE,
+    "GPU SM Clocks": WHOLE,
+    "GPU Utilization": NOT_MIG,
+    "GPU Framebuffer Mem Used": FLEX,
+    "Tensor Core Utilization": FLEX,
 }
+#: GPU memory used by the processes on GPU 1's two instances, MiB
+MIG_PROCESS_MIB = (1536, 512)
 
 
 def _binary(name: str) -> str:
@@ -82,6 +96,13 @@ def _node(tmp_path: Path) -> SimNode:
     for slot, tensor in ((0, 0.25), (1, 0.75)):
         gi = node.create_instance(1, "1g.10gb", slot=slot)
         node.control.set_workload(1, gpu_instance=gi.id, sm_active=0.5, tensor_active=tensor)
+        node.control.start_process(
+            700 + slot,
+            1,
+            used_memory_mib=MIG_PROCESS_MIB[slot],
+            gpu_instance=gi.id,
+            compute_instance=0,
+        )
     node.control.set_workload(0, sm_active=0.9, tensor_active=0.42)
     return node
 
@@ -163,16 +184,48 @@ def _dashboard_query(template: str) -> str:
     return template.replace("$instance", ".*").replace("$gpu", ".*")
 
 
-def test_every_dashboard_12239_query_returns_the_expected_series(prometheus: str) -> None:
+def _series(result: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(r["metric"].get("gpu", ""), r["metric"].get("GPU_I_ID", "")) for r in result}
+
+
+def test_every_dashboard_12239_query_returns_dcgm_exporters_series(prometheus: str) -> None:
+    instances = _wait_for(
+        lambda: _query(prometheus, 'DCGM_FI_DEV_FB_USED{gpu="1", GPU_I_ID!=""}'),
+        "GPU 1's instances",
+    )
+    mig = {("1", r["metric"]["GPU_I_ID"]) for r in instances}
+    assert len(mig) == 2
+    whole = {(str(g), "") for g in range(8)}
+    expected = {
+        WHOLE: whole,
+        FLEX: (whole - {("1", "")}) | mig,
+        NOT_MIG: whole - {("1", "")},
+        ONE: {("", "")},
+    }
     for panel, template in DASHBOARD_12239.items():
         query = _dashboard_query(template)
+        want = expected[EXPECTED_SERIES[panel]]
         result = _wait_for(
-            lambda q=query, n=EXPECTED_SERIES[panel]: (
-                (r := _query(prometheus, q)) and len(r) == n and r
-            ),
-            f"{panel}: {query} to return {EXPECTED_SERIES[panel]} series",
+            lambda q=query, w=want: (r := _query(prometheus, q)) and _series(r) == w and r,
+            f"{panel}: {query} to return the series {sorted(want)}",
         )
-        assert len(result) == EXPECTED_SERIES[panel], panel
+        assert _series(result) == want, panel
+
+
+def test_sums_over_a_mig_gpu_equal_the_memory_in_use(prometheus: str) -> None:
+    """No double counting: the framebuffer rows of a MIG GPU add up to its processes' memory."""
+    total = sum(MIG_PROCESS_MIB)
+    result = _wait_for(
+        lambda: (
+            (r := _query(prometheus, 'sum(DCGM_FI_DEV_FB_USED{gpu="1"})'))
+            and float(r[0]["value"][1]) == total
+            and r
+        ),
+        f"sum(DCGM_FI_DEV_FB_USED{{gpu='1'}}) == {total}",
+    )
+    assert float(result[0]["value"][1]) == total
+    by_instance = _query(prometheus, 'DCGM_FI_DEV_FB_USED{gpu="1"}')
+    assert sorted(float(r["value"][1]) for r in by_instance) == sorted(MIG_PROCESS_MIB)
 
 
 def test_dashboard_values_and_units(prometheus: str) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from agent._proto.gpuagent.v1 import agent_pb2
 from agent.api.events import EventBus
 from agent.api.inventory import NodeInventory
 from agent.gpu import GpuDriver, open_driver
@@ -15,6 +16,7 @@ from agent.telemetry.snapshot import (
     Entity,
     EntitySample,
     GpuIdentity,
+    GpuStatus,
     InstanceIdentity,
     Snapshot,
 )
@@ -32,11 +34,12 @@ def driver(tmp_path: Path) -> Iterator[GpuDriver]:
 def _snapshot(driver: GpuDriver) -> Snapshot:
     gpus = [GpuIdentity(g.index, g.uuid, g.name, g.pci_bus_id, g.index) for g in driver.gpus()]
     return Snapshot(
-        taken_at=0.0,
+        taken_at=1.0,
         hostname="node-1",
         driver_version="",
         nvml_version="",
-        gpus=(),
+        gpus=tuple(GpuStatus(g, up=True) for g in gpus),
+        layouts=tuple(driver.layout(g.uuid) for g in gpus),
         entities=(
             EntitySample(Entity(gpus[0]), {}, idle_seconds=7200.0),
             # An instance's figure is its own, never its GPU's.
@@ -50,7 +53,7 @@ def _snapshot(driver: GpuDriver) -> Snapshot:
 def test_each_gpu_carries_its_idle_seconds_from_the_latest_snapshot(driver: GpuDriver) -> None:
     snapshot = _snapshot(driver)
     inventory = NodeInventory(
-        driver, EventBus(), node_name="node-1", simulated_preset=None, telemetry=lambda: snapshot
+        EventBus(), node_name="node-1", simulated_preset=None, telemetry=lambda: snapshot
     )
     inventory.refresh_gpus()
     gpus = inventory.response().node.gpus
@@ -58,18 +61,77 @@ def test_each_gpu_carries_its_idle_seconds_from_the_latest_snapshot(driver: GpuD
     assert idle == {0: 7200.0, 3: 0.0}
 
 
-@pytest.mark.parametrize("with_source", [True, False])
-def test_without_a_snapshot_the_idle_seconds_are_absent(
-    driver: GpuDriver, with_source: bool
-) -> None:
+def test_without_idle_figures_the_idle_seconds_are_absent(driver: GpuDriver) -> None:
+    snapshot = _snapshot(driver)
+    bare = Snapshot(
+        taken_at=1.0,
+        hostname="node-1",
+        driver_version="",
+        nvml_version="",
+        gpus=snapshot.gpus,
+        entities=(),
+        layouts=snapshot.layouts,
+    )
     inventory = NodeInventory(
-        driver,
-        EventBus(),
-        node_name="node-1",
-        simulated_preset=None,
-        telemetry=(lambda: None) if with_source else None,
+        EventBus(), node_name="node-1", simulated_preset=None, telemetry=lambda: bare
     )
     inventory.refresh_gpus()
     gpus = inventory.response().node.gpus
     assert len(gpus) == 8
     assert not any(g.HasField("idle_seconds") for g in gpus)
+
+
+def test_a_lost_gpu_is_reported_lost_and_the_others_serve(driver: GpuDriver) -> None:
+    """A GPU down in the snapshot keeps its last layout with health LOST; one never seen up
+    is listed by its index alone; the gpu-driver component names both."""
+    snapshot = _snapshot(driver)
+    statuses = list(snapshot.gpus)
+    statuses[3] = GpuStatus(statuses[3].gpu, up=False, detail="GPU is lost")
+    statuses[5] = GpuStatus(GpuIdentity(5, "", "", "", 5), up=False, detail="GPU is lost")
+    layouts = tuple(layout for layout in snapshot.layouts if layout.gpu.index != 5)
+    degraded = Snapshot(
+        taken_at=2.0,
+        hostname="node-1",
+        driver_version="",
+        nvml_version="",
+        gpus=tuple(statuses),
+        entities=(),
+        layouts=layouts,
+    )
+    inventory = NodeInventory(
+        EventBus(), node_name="node-1", simulated_preset=None, telemetry=lambda: degraded
+    )
+    inventory.refresh_gpus()
+    node = inventory.response().node
+    lost = {g.index: g.uuid for g in node.gpus if g.health == agent_pb2.GPU_HEALTH_LOST}
+    assert lost == {3: snapshot.layouts[3].gpu.uuid, 5: ""}
+    assert {g.index: g.health_detail for g in node.gpus if g.health_detail} == {
+        3: "GPU is lost",
+        5: "GPU is lost",
+    }
+    assert len(node.gpus) == 8
+    assert [layout.gpu.index for layout in inventory.layouts()] == [0, 1, 2, 4, 6, 7]
+    (component,) = [c for c in node.health.components if c.name == "gpu-driver"]
+    assert not component.healthy
+    assert "GPU 3 lost" in component.detail and "GPU 5 lost" in component.detail
+    assert not inventory.every_gpu_lost()
+
+
+def test_an_older_snapshot_never_replaces_a_newer_one(driver: GpuDriver) -> None:
+    """The sampler pushes each snapshot and the 1 s loop reads the latest: GetNode never goes
+    back in time when the two race."""
+    new = _snapshot(driver)
+    old = Snapshot(
+        taken_at=0.5,
+        hostname="node-1",
+        driver_version="",
+        nvml_version="",
+        gpus=(),
+        entities=(),
+    )
+    inventory = NodeInventory(
+        EventBus(), node_name="node-1", simulated_preset=None, telemetry=lambda: old
+    )
+    inventory.refresh_gpus(new)
+    inventory.refresh_gpus()  # the loop, with the stale latest
+    assert len(inventory.response().node.gpus) == 8

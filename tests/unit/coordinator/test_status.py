@@ -137,3 +137,16 @@ def test_selectors_match_node_facts_and_labels(text: str, selected: bool) -> Non
 def test_a_bad_selector_term_says_what_is_allowed() -> None:
     with pytest.raises(InvalidSpec, match="not key=value"):
         parse_selector("model")
+
+
+def test_a_lost_gpu_shows_lost_in_fleet_status_even_without_a_uuid() -> None:
+    """A GPU lost mid-run keeps its identity; one lost before the agent started is only an
+    index (GetNode gives it no UUID): both rows say lost, the node's detail names both."""
+    node = _node()
+    node.gpus[1].health = agent_pb2.GPU_HEALTH_LOST
+    node.gpus.add(index=3, health=agent_pb2.GPU_HEALTH_LOST)
+    status = fleet_status([node_view(Target("10.0.0.1:9401"), node)])
+    (row,) = status.nodes
+    assert {g.index: g.mig for g in row.gpus} == {0: "on", 1: "lost", 2: "on", 3: "lost"}
+    assert row.health == "unhealthy"
+    assert "GPU 1 lost" in row.detail and "GPU 3 lost" in row.detail

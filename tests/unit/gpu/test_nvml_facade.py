@@ -107,3 +107,14 @@ def test_real_nvml_missing_is_one_clear_error_never_the_simulator(tmp_path: Path
     """No libnvidia-ml here: the real path must say so and how to simulate, not fall back."""
     with pytest.raises(DriverUnavailable, match="--simulate"):
         open_driver(None, tmp_path)
+
+
+def test_nvml_missing_in_a_pod_names_the_runtime_class(tmp_path: Path) -> None:
+    """No libnvidia-ml.so.1 here: in a pod the error says which runtime class to check."""
+    with pytest.raises(DriverUnavailable) as in_pod:
+        open_driver(None, tmp_path, env={"KUBERNETES_SERVICE_HOST": "10.96.0.1"})
+    assert "runtimeClassName: nvidia" in str(in_pod.value)
+    assert "overlays/nvidia-default-runtime" in str(in_pod.value)
+    with pytest.raises(DriverUnavailable) as outside:
+        open_driver(None, tmp_path, env={})
+    assert "runtimeClassName" not in str(outside.value) and "--simulate" in str(outside.value)

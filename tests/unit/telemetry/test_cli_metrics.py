@@ -7,6 +7,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from agent.cli.context import CliContext
+from agent.cli.main import cli
 from agent.cli.metrics import metrics
 from agent.gpu import open_driver
 from agent.gpu.sim import SimControl
@@ -46,15 +47,18 @@ def test_native_openmetrics_with_a_counters_file(tmp_path: Path) -> None:
     assert result.output.endswith("# EOF\n")
 
 
-def test_a_bad_counters_file_is_a_clear_error(tmp_path: Path) -> None:
+def test_a_bad_counters_file_is_a_clear_error_each_problem_once(tmp_path: Path) -> None:
     open_driver("dgx-h100", tmp_path).close()
     csv = tmp_path / "counters.csv"
-    csv.write_text("DCGM_FI_DEV_GPU_TEMPERATURE, gauge, t\n")
-    ctx = _context(tmp_path)
-    result = CliRunner().invoke(metrics, ["--collectors", str(csv)], obj=ctx)
-    ctx.close()
-    assert result.exit_code != 0
-    assert "did you mean DCGM_FI_DEV_GPU_TEMP" in str(result.exception)
+    csv.write_text("DCGM_FI_DEV_GPU_TEMPERATURE, gauge, t\nDCGM_FI_DEV_SM_CLOCK, gage, c\n")
+    env = {"GPU_AGENT_TELEMETRY__KUBELET_SOCKET": str(tmp_path / "absent.sock")}
+    args = ["--simulate", "dgx-h100", "--state-dir", str(tmp_path), "metrics"]
+    result = CliRunner().invoke(cli, [*args, "--collectors", str(csv)], env=env)
+    assert result.exit_code == 2, result.output
+    err = result.stderr
+    assert err.count("did you mean DCGM_FI_DEV_GPU_TEMP") == 1, err
+    assert err.count("unknown type 'gage'") == 1, err
+    assert err.splitlines()[0].startswith("error: invalid counters CSV") and "(2 problems)" in err
 
 
 def test_a_new_state_dir_gets_its_node_from_the_preset(tmp_path: Path) -> None:

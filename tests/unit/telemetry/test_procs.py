@@ -45,7 +45,8 @@ def test_read_container_id_from_a_proc_root(tmp_path: Path) -> None:
     (tmp_path / "4242").mkdir()
     (tmp_path / "4242" / "cgroup").write_text(f"0::/kubepods/pod{UID}/{CID}\n")
     assert read_container_id(tmp_path, 4242) == CID
-    assert read_container_id(tmp_path, 1) is None  # exited, or no permission
+    with pytest.raises(OSError):  # no such process in this /proc, or no permission: unknown
+        read_container_id(tmp_path, 1)
 
 
 def test_directory_names_containers_and_rescans_once_per_tick(tmp_path: Path) -> None:

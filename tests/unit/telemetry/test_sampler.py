@@ -283,3 +283,74 @@ def test_one_gpus_nvml_failure_does_not_silence_the_others(tmp_path: Path) -> No
     assert all(s.up for s in snapshot.gpus), "an unknown error is not a lost GPU"
     assert dict(node.stats.view().errors) == {"nvml": 1}
     assert {s.entity.gpu.index for s in sampler.tick().entities} == set(range(8))
+
+
+def _idle_sampler(node, idle_file: Path, mono: list[float], wall: list[float]):  # type: ignore[no-untyped-def]
+    from agent.gpu.readings import NodeReader
+    from agent.telemetry.sampler import Sampler, SamplerOptions
+    from dcgm.counters import load_counters
+
+    options = SamplerOptions(hostname="n", proc_root=node.control.proc_root, idle_file=idle_file)
+    return Sampler(
+        NodeReader(node.driver),
+        load_counters(),
+        node.stats,
+        options,
+        clock=lambda: mono[0],
+        wall_clock=lambda: wall[0],
+    )
+
+
+def test_idle_seconds_survive_an_agent_restart(tmp_path: Path) -> None:
+    """A restart (DaemonSet upgrade) carries on from the saved last-busy time: the downtime
+    counts as idle, so the 24 h reclaim signal is not pushed back by the upgrade."""
+    node = sim_node(tmp_path)
+    idle_file = tmp_path / "telemetry-idle.json"
+    mono, wall = [100.0], [1_000_000.0]
+    first = _idle_sampler(node, idle_file, mono, wall)
+    first.tick()
+    mono[0] += 3600
+    wall[0] += 3600
+    assert entity(first.tick(), 0).idle_seconds == 3600
+    first.stop()  # saves
+    # The new process: another monotonic clock; 120 s of downtime on the wall clock.
+    mono[0], wall[0] = 5.0, wall[0] + 120
+    second = _idle_sampler(node, idle_file, mono, wall)
+    assert entity(second.tick(), 0).idle_seconds == 3720
+    node.control.set_workload(0, sm_active=0.5)
+    mono[0] += 1
+    wall[0] += 1
+    assert entity(second.tick(), 0).idle_seconds == 0  # busy resets as before
+
+
+def test_a_corrupt_idle_file_counts_from_now(tmp_path: Path) -> None:
+    node = sim_node(tmp_path)
+    idle_file = tmp_path / "telemetry-idle.json"
+    idle_file.write_text('{"GPU-x": "soon", "broken": [')
+    sampler = _idle_sampler(node, idle_file, [1.0], [1_000.0])
+    assert entity(sampler.tick(), 0).idle_seconds == 0
+
+
+def test_fresh_waits_for_a_snapshot_taken_after_the_call(tmp_path: Path) -> None:
+    """After a change the agent made (a MIG apply), GetNode must not serve a snapshot taken while
+    the change ran: fresh() wakes the sampler and returns once a later snapshot is out."""
+    from agent.gpu.readings import NodeReader
+    from agent.telemetry.sampler import Sampler, SamplerOptions
+    from dcgm.counters import load_counters
+
+    node = sim_node(tmp_path)
+    options = SamplerOptions(interval_s=3600, hostname="n", proc_root=node.control.proc_root)
+    sampler = Sampler(NodeReader(node.driver), load_counters(), node.stats, options)
+    assert not sampler.fresh(timeout_s=0.1)  # no thread: nothing to wait for
+    sampler.start()
+    try:
+        first = sampler.latest()
+        uuid = node.uuids[0]
+        node.driver.set_mig_mode(uuid, True)
+        assert sampler.fresh(timeout_s=10)
+        latest = sampler.latest()
+        assert latest is not first and latest is not None
+        (layout,) = [lay for lay in latest.layouts if lay.gpu.uuid == uuid]
+        assert layout.gpu.mig_mode is not None and layout.gpu.mig_mode.current
+    finally:
+        sampler.stop()

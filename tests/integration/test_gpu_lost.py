@@ -1,0 +1,176 @@
+"""One lost GPU degrades the node, it does not black it out (issue 15).
+
+The agent runs as a real ``gpu-agent serve`` process on the simulator; ``gpu-agent sim lost N``
+makes every NVML call on GPU N fail with GPU_IS_LOST, at start or while the agent runs. The lost
+GPU is ``gpu_agent_gpu_up 0`` and ``health: lost`` in ``status`` (table and json) and GetNode;
+every other GPU keeps its series and accepts MIG changes; ``/readyz`` stays ready while at
+least one GPU answers (docs/operations.md, "A lost GPU").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from agent.client import AgentClient
+
+from agent._proto.gpuagent.v1 import agent_pb2
+from agent.gpu.sim import SimControl, open_simulator
+from tests.unit.api.support import REPO, AgentProcess, agent_config, wait_for
+
+pytestmark = pytest.mark.integration
+
+_METRICS_PORT = re.compile(r"agent serving: metrics [^ ]*:(\d+)")
+_MIG = (
+    "version: v1\nmig-configs:\n  half:\n"
+    "    - {devices: [0], mig-enabled: true, mig-devices: {3g.40gb: 2}}\n"
+)
+
+
+def _cli(
+    state_dir: Path, *args: str, config: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    extra = ["--config", str(config)] if config is not None else []
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent.cli.main",
+            "--simulate",
+            "dgx-h100",
+            "--state-dir",
+            str(state_dir),
+            *extra,
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _up(metrics: str) -> dict[str, float]:
+    """gpu label -> gpu_agent_gpu_up value."""
+    return {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r'^gpu_agent_gpu_up\{[^}]*gpu="(\d+)"[^}]*\} (\S+)$', metrics, re.M)
+    }
+
+
+def _temps(metrics: str) -> set[str]:
+    return set(re.findall(r'^DCGM_FI_DEV_GPU_TEMP\{[^}]*gpu="(\d+)"', metrics, re.M))
+
+
+def _lost_in_getnode(client: AgentClient) -> set[int]:
+    return {g.index for g in client.node().gpus if g.health == agent_pb2.GPU_HEALTH_LOST}
+
+
+def test_a_gpu_lost_before_start_leaves_the_agent_serving_the_others(tmp_path: Path) -> None:
+    agent = AgentProcess(tmp_path, agent_config(tmp_path))
+    open_simulator(agent.state_dir, "dgx-h100")  # the node exists before the agent
+    SimControl(agent.state_dir).mark_lost(3)
+    with agent:
+        port = int(_METRICS_PORT.search(agent.output()).group(1))  # type: ignore[union-attr]
+        status, metrics = _get(port, "/metrics")
+        assert status == 200
+        assert _up(metrics) == {str(i): (0.0 if i == 3 else 1.0) for i in range(8)}
+        assert _temps(metrics) == {str(i) for i in range(8) if i != 3}
+        assert _get(port, "/readyz") == (200, "ready\n")
+
+        client = AgentClient.connect(agent.socket)
+        assert client is not None
+        assert _lost_in_getnode(client) == {3}
+        config = agent_config(tmp_path)
+        shown = _cli(agent.state_dir, "status", "-o", "json", config=config)
+        assert shown.returncode == 0, shown.stderr
+        gpus = json.loads(shown.stdout)["gpus"]
+        health = {g["index"]: g["health"] for g in gpus}
+        assert health == {i: ("lost" if i == 3 else "ok") for i in range(8)}
+        assert "GPU is lost" in gpus[3]["detail"] and gpus[3]["uuid"] is None
+        table = _cli(agent.state_dir, "status", config=config)
+        assert table.returncode == 0, table.stderr
+        assert re.search(r"^3\s+lost\s", table.stdout, re.M), table.stdout
+        assert "GPU 3 is lost" in table.stdout
+
+        # Another GPU still takes a MIG change, through the running agent.
+        spec = tmp_path / "mig.yaml"
+        spec.write_text(_MIG)
+        applied = _cli(agent.state_dir, "mig", "apply", "-f", str(spec), config=config)
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+
+        def gpu0_has_two_instances() -> bool:
+            return len(client.node().gpus[0].instances) == 2
+
+        wait_for(gpu0_has_two_instances, "GPU 0's new instances in GetNode", 20)
+        client.close()
+    assert "Traceback" not in agent.output()
+
+
+def test_a_gpu_lost_while_serving_goes_down_alone(tmp_path: Path) -> None:
+    with AgentProcess(tmp_path, agent_config(tmp_path)) as agent:
+        port = int(_METRICS_PORT.search(agent.output()).group(1))  # type: ignore[union-attr]
+        client = AgentClient.connect(agent.socket)
+        assert client is not None
+        assert _lost_in_getnode(client) == set()
+        lost = _cli(agent.state_dir, "sim", "lost", "5")
+        assert lost.returncode == 0, lost.stderr
+
+        wait_for(lambda: _lost_in_getnode(client) == {5}, "GPU 5 lost in GetNode", 20)
+        # It keeps its identity: the agent saw it answer before.
+        gpu5 = client.node().gpus[5]
+        assert gpu5.uuid.startswith("GPU-") and gpu5.name
+        wait_for(lambda: _up(_get(port, "/metrics")[1]).get("5") == 0.0, "gpu_up 0 for GPU 5", 20)
+        metrics = _get(port, "/metrics")[1]
+        assert _temps(metrics) == {str(i) for i in range(8) if i != 5}
+        assert _get(port, "/readyz") == (200, "ready\n")
+        client.close()
+        assert agent.proc is not None and agent.proc.poll() is None
+
+
+def test_readyz_fails_only_when_every_gpu_is_lost(tmp_path: Path) -> None:
+    with AgentProcess(tmp_path, agent_config(tmp_path), preset="h100-nvl") as agent:
+        port = int(_METRICS_PORT.search(agent.output()).group(1))  # type: ignore[union-attr]
+        control = SimControl(agent.state_dir)
+        count = len(AgentClient.connect(agent.socket).node().gpus)  # type: ignore[union-attr]
+        for i in range(count - 1):
+            control.mark_lost(i)
+        wait_for(lambda: _up(_get(port, "/metrics")[1]).get(str(count - 2)) == 0.0, "lost", 20)
+        assert _get(port, "/readyz") == (200, "ready\n")
+        control.mark_lost(count - 1)
+        wait_for(lambda: _get(port, "/readyz")[0] == 503, "/readyz 503", 20)
+        assert _get(port, "/readyz")[1] == "no GPU answers\n"
+
+
+def test_direct_mode_commands_work_beside_a_lost_gpu(tmp_path: Path) -> None:
+    """Without an agent: `metrics`, `status` and `mig apply` of another GPU all work."""
+    state = tmp_path / "state"
+    open_simulator(state, "dgx-h100")
+    SimControl(state).mark_lost(3)
+    metrics = _cli(state, "metrics")
+    assert metrics.returncode == 0, metrics.stderr
+    assert _up(metrics.stdout)["3"] == 0.0 and _up(metrics.stdout)["0"] == 1.0
+    shown = _cli(state, "status", "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    gpu3 = json.loads(shown.stdout)["gpus"][3]
+    assert gpu3["health"] == "lost" and gpu3["uuid"] is None
+    spec = tmp_path / "mig.yaml"
+    spec.write_text(_MIG)
+    applied = _cli(state, "mig", "apply", "-f", str(spec), "-o", "json")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    refused = _cli(state, "mig", "show")
+    assert refused.returncode == 0, refused.stderr

@@ -1,0 +1,132 @@
+"""dcgm-exporter parity of what the counters CSV selects: per-GPU label fields, 1.x series
+names, DCGM_EXP_XID_ERRORS_COUNT with its xid / window_size_in_ms labels, and rows the agent
+cannot serve reported unsupported rather than 0."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from agent.config import TelemetrySettings
+from agent.gpu import open_driver
+from agent.gpu.sim import SimControl
+from agent.telemetry.service import build_telemetry
+from tests.unit.api.support import wait_for
+
+CSV = """\
+dcgm_gpu_temp, gauge, GPU temperature (in C).
+DCGM_FI_DEV_SERIAL, label, Device Serial Number
+DCGM_FI_DEV_BRAND, label, Device Brand
+DCGM_FI_DEV_VBIOS_VERSION, label, VBIOS version of the device
+DCGM_EXP_XID_ERRORS_COUNT, counter, reported XIDs during last window
+DCGM_EXP_GPU_HEALTH_STATUS, counter, DCGM reported health status
+"""
+
+
+def test_label_fields_legacy_names_and_the_xid_window(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    driver = open_driver("dgx-h100", state)
+    csv = tmp_path / "c.csv"
+    csv.write_text(CSV)
+    settings = TelemetrySettings(kubelet_socket=tmp_path / "absent.sock", collectors=csv)
+    service = build_telemetry(driver, settings, hostname="n", attribute_pods=False)
+    service.xids.start()
+    try:
+        SimControl(state).raise_xid(2, 79)
+        SimControl(state).raise_xid(2, 79)
+        wait_for(lambda: sum(service.xids.state().recent.values()) == 2, "both XIDs counted", 10)
+        service.sampler.tick()
+        text = service.exporter.render("text/plain")[0].decode()
+    finally:
+        service.xids.stop()
+        driver.close()
+    temps = [line for line in text.splitlines() if line.startswith("dcgm_gpu_temp{")]
+    assert len(temps) == 8  # the 1.x name, once per GPU
+    serials = re.findall(r'DCGM_FI_DEV_SERIAL="([^"]+)"', temps[0])
+    assert len(serials) == 1 and serials[0]
+    assert 'DCGM_FI_DEV_BRAND="NVIDIA"' in temps[0]
+    assert "DCGM_FI_DEV_VBIOS_VERSION" not in text.replace("# HELP", "")  # unknown: no label
+    (xid,) = [line for line in text.splitlines() if line.startswith("DCGM_EXP_XID_ERRORS_COUNT{")]
+    assert 'gpu="2"' in xid and 'xid="79"' in xid and 'window_size_in_ms="300000"' in xid
+    assert xid.endswith(" 2.0")
+    assert not any(line.startswith("DCGM_EXP_GPU_HEALTH_STATUS{") for line in text.splitlines())
+    supported = re.findall(
+        r'gpu_agent_field_supported\{[^}]*field="DCGM_EXP_GPU_HEALTH_STATUS"[^}]*\} (\S+)', text
+    )
+    assert supported and set(supported) == {"0.0"}
+
+
+def test_clock_events_count_the_samples_with_each_reason_in_the_window(tmp_path: Path) -> None:
+    """DCGM_EXP_CLOCK_EVENTS_COUNT{clock_event, window_size_in_ms}: per GPU, the samples within
+    the window that had the reason set (the simulator reports gpu_idle while nothing runs)."""
+    state = tmp_path / "state"
+    driver = open_driver("dgx-h100", state)
+    SimControl(state).set_workload(0, sm_active=0.5)
+    csv = tmp_path / "c.csv"
+    csv.write_text("DCGM_EXP_CLOCK_EVENTS_COUNT, counter, reported clock events\n")
+    settings = TelemetrySettings(kubelet_socket=tmp_path / "absent.sock", collectors=csv)
+    service = build_telemetry(driver, settings, hostname="n", attribute_pods=False)
+    for _ in range(3):
+        service.sampler.tick()
+    text = service.exporter.render("text/plain")[0].decode()
+    driver.close()
+    rows = [line for line in text.splitlines() if line.startswith("DCGM_EXP_CLOCK_EVENTS_COUNT{")]
+    gpus = {re.search(r'gpu="(\d+)"', line).group(1) for line in rows}  # type: ignore[union-attr]
+    assert gpus == {str(i) for i in range(1, 8)}  # GPU 0 is busy: not idle
+    assert all('clock_event="gpu_idle"' in r and 'window_size_in_ms="300000"' in r for r in rows)
+    assert all(r.endswith(" 3.0") for r in rows)
+
+
+def test_p2p_status_per_gpu_and_peer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DCGM_EXP_P2P_STATUS{peer_gpu, link_status}: read once from NVML. The simulator has no
+    nvmlDeviceGetP2PStatus, so the test gives it one (NVLink between GPUs 0 and 1 only)."""
+    import ctypes
+
+    import pynvml
+
+    state = tmp_path / "state"
+    driver = open_driver("h100-nvl", state)
+
+    def p2p(a: object, b: object, index: int, ref: object) -> int:
+        pair = {ctypes.cast(a, ctypes.c_void_p).value, ctypes.cast(b, ctypes.c_void_p).value}
+        ok = index == pynvml.NVML_P2P_CAPS_INDEX_NVLINK and len(pair) == 2
+        ref._obj.value = 0 if ok else 5  # type: ignore[attr-defined]
+        return pynvml.NVML_SUCCESS
+
+    monkeypatch.setitem(driver.nvml.module.nvmlLib._exports, "nvmlDeviceGetP2PStatus", p2p)
+    csv = tmp_path / "c.csv"
+    csv.write_text("DCGM_EXP_P2P_STATUS, counter, P2P NvLink status\n")
+    settings = TelemetrySettings(kubelet_socket=tmp_path / "absent.sock", collectors=csv)
+    service = build_telemetry(driver, settings, hostname="n", attribute_pods=False)
+    service.sampler.tick()
+    before = sum(driver.calls.values())
+    service.sampler.tick()
+    text = service.exporter.render("text/plain")[0].decode()
+    p2p_calls = driver.calls["nvmlDeviceGetP2PStatus"]
+    driver.close()
+    rows = [line for line in text.splitlines() if line.startswith("DCGM_EXP_P2P_STATUS{")]
+    got = {
+        (re.search(r'gpu="(\d)"', r).group(1), re.search(r'peer_gpu="(\d)"', r).group(1))  # type: ignore[union-attr]
+        for r in rows
+    }
+    assert got == {("0", "1"), ("1", "0")}
+    assert all('link_status="OK"' in r and r.endswith(" 0.0") for r in rows)
+    assert p2p_calls == 2 and before > 0  # read once: topology does not change
+
+
+def test_p2p_status_without_the_call_is_unsupported_not_ok(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    driver = open_driver("h100-nvl", state)
+    csv = tmp_path / "c.csv"
+    csv.write_text("DCGM_EXP_P2P_STATUS, counter, P2P NvLink status\n")
+    settings = TelemetrySettings(kubelet_socket=tmp_path / "absent.sock", collectors=csv)
+    service = build_telemetry(driver, settings, hostname="n", attribute_pods=False)
+    service.sampler.tick()
+    text = service.exporter.render("text/plain")[0].decode()
+    driver.close()
+    assert not any(line.startswith("DCGM_EXP_P2P_STATUS{") for line in text.splitlines())
+    assert re.search(
+        r'gpu_agent_field_supported\{[^}]*field="DCGM_EXP_P2P_STATUS"[^}]*\} 0.0', text
+    )
