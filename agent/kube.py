@@ -1,24 +1,38 @@
 """The few Kubernetes API calls the agent makes, behind a narrow Protocol.
 
 ``InClusterKubeClient`` speaks plain HTTPS to the API server with the pod's service-account
-token: no client library, since three calls do not justify a dependency. Callers: sharing reload
-(node label, plugin pod restart), the MIG label protocol (read and patch the own Node's labels)
-and the prewarm inventory labels. RBAC: nodes get/patch, pods list/delete in the plugin's
-namespace.
+token, or with what a kubeconfig names (``from_kubeconfig``: a laptop's ``KUBECONFIG``): no
+client library, since a handful of calls do not justify a dependency (lightkube and
+kubernetes_asyncio both pin versions of their own; this is ~300 lines we test against the API
+stand-in). Callers: sharing reload (node label, plugin pod restart), the MIG label protocol
+(read and patch the own Node's labels), the prewarm inventory labels, and the coordinator
+(lists, watches, its Lease). RBAC: nodes get/patch, pods list/delete in the plugin's namespace.
 """
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
 import ssl
+import tempfile
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from agent.errors import AgentError, Conflict, NotFound, NotSupported, PermissionDenied
+import yaml
+
+from agent.errors import (
+    AgentError,
+    Conflict,
+    FieldViolation,
+    InvalidSpec,
+    NotFound,
+    NotSupported,
+    PermissionDenied,
+)
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -29,6 +43,9 @@ _STATUS_ERRORS: dict[int, type[AgentError]] = {
     404: NotFound,
     409: Conflict,
 }
+
+#: A response body larger than this is refused: a list is paged, never this big.
+MAX_RESPONSE_BYTES = 64 << 20
 
 
 class KubeClient(Protocol):
@@ -52,8 +69,20 @@ class InClusterKubeClient:
     """
 
     def __init__(
-        self, server: str, token_path: Path, ca_path: Path | None = None, timeout: float = 10.0
+        self,
+        server: str,
+        token_path: Path | None,
+        ca_path: Path | None = None,
+        timeout: float = 10.0,
+        *,
+        token: str | None = None,
+        ca_data: bytes | None = None,
+        client_cert: tuple[bytes, bytes] | None = None,
+        insecure: bool = False,
     ) -> None:
+        """``token_path`` (re-read per request) or ``token``; ``client_cert`` is (cert, key) PEM
+        from a kubeconfig; ``insecure`` skips the server check (kubeconfig's
+        insecure-skip-tls-verify)."""
         url = urllib.parse.urlsplit(server)
         if url.scheme not in ("https", "http") or not url.hostname:
             raise NotSupported(f"Kubernetes API server must be an http(s) URL, got {server!r}")
@@ -62,11 +91,24 @@ class InClusterKubeClient:
         self._host = url.hostname
         self._port = url.port or (443 if self._https else 80)
         self._token_path = token_path
+        self._token = token
         self._timeout = timeout
         try:
-            self._ssl = ssl.create_default_context(cafile=str(ca_path) if ca_path else None)
-        except (OSError, ssl.SSLError) as exc:
-            raise NotSupported(f"cannot load the cluster CA {ca_path}: {exc}") from exc
+            self._ssl = ssl.create_default_context(
+                cafile=str(ca_path) if ca_path else None,
+                cadata=ca_data.decode() if ca_data else None,
+            )
+            if insecure:
+                self._ssl.check_hostname = False
+                self._ssl.verify_mode = ssl.CERT_NONE
+            if client_cert is not None:
+                _load_client_cert(self._ssl, *client_cert)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            raise NotSupported(f"cannot load the cluster TLS settings ({ca_path}): {exc}") from exc
+
+    @property
+    def server(self) -> str:
+        return self._server
 
     @classmethod
     def from_service_account(
@@ -87,6 +129,61 @@ class InClusterKubeClient:
         return cls(f"https://{host}:{port}", token, directory / "ca.crt")
 
     @classmethod
+    def from_kubeconfig(
+        cls, path: Path, context: str | None = None, timeout: float = 10.0
+    ) -> InClusterKubeClient:
+        """The client a kubeconfig's (current) context names: server, CA, token or client
+        certificate. Exec and auth-provider plugins are refused (NotSupported, naming them)."""
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise InvalidSpec(
+                f"cannot read the kubeconfig {path}: {exc}",
+                [FieldViolation("kubeconfig", f"{path}: a readable kubeconfig YAML file")],
+            ) from exc
+        base = path.parent
+        name = context or _str(_dig(doc, "current-context"))
+        ctx = _named(doc, "contexts", name, "context", path)
+        cluster = _named(doc, "clusters", _str(_dig(ctx, "cluster")), "cluster", path)
+        user = _named(doc, "users", _str(_dig(ctx, "user")), "user", path, required=False)
+        for plugin in ("exec", "auth-provider"):
+            if _dig(user, plugin):
+                raise NotSupported(
+                    f"kubeconfig {path}: user {plugin} plugins are not supported; "
+                    "use a token or a client certificate"
+                )
+        token = _str(_dig(user, "token")) or None
+        token_file = _str(_dig(user, "tokenFile"))
+        cert = _pem(user, "client-certificate", base)
+        key = _pem(user, "client-key", base)
+        return cls(
+            _str(_dig(cluster, "server")),
+            base / token_file if token_file else None,
+            timeout=timeout,
+            token=token,
+            ca_data=_pem(cluster, "certificate-authority", base),
+            client_cert=(cert, key) if cert and key else None,
+            insecure=_dig(cluster, "insecure-skip-tls-verify") is True,
+        )
+
+    @classmethod
+    def from_environment(
+        cls, environ: Mapping[str, str] = os.environ, directory: Path = SERVICE_ACCOUNT_DIR
+    ) -> InClusterKubeClient:
+        """In a pod, its service account; elsewhere the kubeconfig (``KUBECONFIG``, first
+        file, else ``~/.kube/config``), as kubectl finds it. NotSupported when neither."""
+        if environ.get("KUBERNETES_SERVICE_HOST") and (directory / "token").is_file():
+            return cls.from_service_account(environ, directory)
+        listed = [p for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+        path = Path(listed[0]) if listed else Path(environ.get("HOME", "~")) / ".kube" / "config"
+        if not path.is_file():
+            raise NotSupported(
+                "no Kubernetes API: not in a pod (KUBERNETES_SERVICE_HOST unset) and no "
+                f"kubeconfig at {path} (set KUBECONFIG)"
+            )
+        return cls.from_kubeconfig(path)
+
+    @classmethod
     def in_pod(cls) -> InClusterKubeClient | None:
         """The pod's client, or None outside Kubernetes (then only kube-free paths work)."""
         try:
@@ -97,6 +194,45 @@ class InClusterKubeClient:
     def get(self, path: str, query: Mapping[str, str] | None = None) -> object:
         """A GET on the API server, decoded JSON (for readers beyond the Protocol's calls)."""
         return self._request("GET", path, query=query)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: object = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        """Any call (create, update, patch, delete), decoded JSON; errors as ``_request``."""
+        return self._request(method, path, query=query, body=body, content_type=content_type)
+
+    def stream(
+        self, path: str, query: Mapping[str, str], timeout: float
+    ) -> http.client.HTTPResponse:
+        """A GET whose body is read as it comes (a watch: one JSON event per line).
+
+        The caller closes the response; ``timeout`` bounds each read, not the whole stream.
+        """
+        conn = self._connection(timeout)
+        target = path + "?" + urllib.parse.urlencode(query)
+        try:
+            conn.request("GET", target, headers=self._headers())
+            response = conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise AgentError(
+                f"Kubernetes API {self._server} unreachable (watch {path}): {exc}"
+            ) from exc
+        if response.status >= 400:
+            data = response.read(MAX_RESPONSE_BYTES)
+            conn.close()
+            error = _STATUS_ERRORS.get(response.status, AgentError)
+            raise error(
+                f"Kubernetes API watch {path}: {response.status} {response.reason}: "
+                f"{_status_message(data)}"
+            )
+        return response
 
     def node_labels(self, node: str) -> Mapping[str, str]:
         obj = self._request("GET", f"/api/v1/nodes/{_segment(node)}")
@@ -141,26 +277,16 @@ class InClusterKubeClient:
         content_type: str = "application/json",
     ) -> object:
         target = path + ("?" + urllib.parse.urlencode(query) if query else "")
-        try:
-            token = self._token_path.read_text().strip()
-        except OSError as exc:
-            raise PermissionDenied(f"cannot read the service-account token: {exc}") from exc
-        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        headers = self._headers()
         payload = None
         if body is not None:
             payload = json.dumps(body).encode()
             headers["Content-Type"] = content_type
-        conn: http.client.HTTPConnection
-        if self._https:
-            conn = http.client.HTTPSConnection(
-                self._host, self._port, timeout=self._timeout, context=self._ssl
-            )
-        else:
-            conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+        conn = self._connection(self._timeout)
         try:
             conn.request(method, target, body=payload, headers=headers)
             response = conn.getresponse()
-            data = response.read()
+            data = response.read(MAX_RESPONSE_BYTES + 1)
         except (OSError, http.client.HTTPException) as exc:
             raise AgentError(
                 f"Kubernetes API {self._server} unreachable ({method} {path}): {exc}"
@@ -173,7 +299,81 @@ class InClusterKubeClient:
                 f"Kubernetes API {method} {path}: {response.status} {response.reason}: "
                 f"{_status_message(data)}"
             )
+        if len(data) > MAX_RESPONSE_BYTES:
+            raise AgentError(f"Kubernetes API {method} {path}: over {MAX_RESPONSE_BYTES} bytes")
         return json.loads(data) if data else None
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        token = self._token
+        if self._token_path is not None:
+            try:
+                token = self._token_path.read_text().strip()
+            except OSError as exc:
+                raise PermissionDenied(f"cannot read the service-account token: {exc}") from exc
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        if self._https:
+            return http.client.HTTPSConnection(
+                self._host, self._port, timeout=timeout, context=self._ssl
+            )
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+
+def _str(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _named(
+    doc: object, section: str, name: str, key: str, path: Path, *, required: bool = True
+) -> object:
+    """The ``key`` body of the entry called ``name`` in a kubeconfig list (contexts, ...)."""
+    entries = _dig(doc, section)
+    for entry in entries if isinstance(entries, list) else []:
+        if _dig(entry, "name") == name:
+            return _dig(entry, key) or {}
+    if not required:
+        return {}
+    raise InvalidSpec(
+        f"kubeconfig {path}: no {section[:-1]} named {name!r}",
+        [FieldViolation(section, f"an entry named {name!r} (current-context or --context)")],
+    )
+
+
+def _pem(section: object, field: str, base: Path) -> bytes | None:
+    """A kubeconfig PEM given inline (``FIELD-data``, base64) or as a file path."""
+    data = _str(_dig(section, f"{field}-data"))
+    if data:
+        try:
+            return base64.b64decode(data, validate=True)
+        except ValueError as exc:
+            raise InvalidSpec(
+                f"kubeconfig {field}-data is not base64",
+                [FieldViolation(f"{field}-data", "base64 PEM")],
+            ) from exc
+    name = _str(_dig(section, field))
+    if not name:
+        return None
+    try:
+        return (base / name).read_bytes()
+    except OSError as exc:
+        raise InvalidSpec(
+            f"kubeconfig {field} {base / name}: {exc.strerror}",
+            [FieldViolation(field, f"{base / name}: a readable PEM file")],
+        ) from exc
+
+
+def _load_client_cert(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    # ssl loads a certificate chain from files only: a private temporary directory, removed.
+    with tempfile.TemporaryDirectory(prefix="gpu-agent-kube-") as d:
+        cert_path, key_path = Path(d) / "tls.crt", Path(d) / "tls.key"
+        cert_path.write_bytes(cert)
+        key_path.touch(mode=0o600)
+        key_path.write_bytes(key)
+        context.load_cert_chain(cert_path, key_path)
 
 
 def _segment(value: str) -> str:

@@ -20,6 +20,7 @@ from agent.errors import FieldViolation, InvalidSpec
 if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
     from agent.coordinator.discovery import Discovery
     from agent.coordinator.fleet import Fleet
+    from agent.coordinator.lease import ElectionTiming, LeaderElector
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -56,7 +57,30 @@ class FleetOptions:
                 self.tls_ca or self.tls_dir / "ca.crt",
                 self.server_name or self._default_server_name(),
             )
+            tls.credentials()  # a missing file is a configuration error here, not N unreachable
         return Fleet(self._discovery(), tls, timeout_s=self.timeout)
+
+    def elector(
+        self,
+        lease: str,
+        *,
+        identity: str | None = None,
+        timing: ElectionTiming | None = None,
+        required: bool = False,
+    ) -> LeaderElector | None:
+        """The elector on the Lease ``lease`` in --namespace, when a Kubernetes API is
+        configured (in a pod, or KUBECONFIG); None without one unless ``required``."""
+        from agent.coordinator.kube import KubeLister
+        from agent.coordinator.lease import LeaderElector
+        from agent.errors import NotSupported
+
+        try:
+            kube = KubeLister.in_cluster()
+        except NotSupported:
+            if required:
+                raise
+            return None
+        return LeaderElector(kube, self.namespace, lease, identity, timing)
 
     def _default_server_name(self) -> str | None:
         # Pod IPs are dialled; the agents' certificate names their gRPC Service.
@@ -165,17 +189,48 @@ def options_from(kwargs: dict[str, Any]) -> FleetOptions:
     return FleetOptions(agents=agents, **{k: kwargs.pop(k) for k in _OPTION_NAMES})
 
 
-def run_with_fleet(options: FleetOptions, work: Callable[[Fleet], Awaitable[T]]) -> T:
-    """Run ``work`` on the fleet in a fresh event loop, closing every channel after."""
+def run_with_fleet(
+    options: FleetOptions,
+    work: Callable[[Fleet], Awaitable[T]],
+    *,
+    lease: str | None = None,
+) -> T:
+    """Run ``work`` on the fleet in a fresh event loop, closing every channel after.
+
+    With ``lease`` (a change by hand), ``work`` runs holding that Lease when a Kubernetes API
+    is configured, and is refused, naming the holder, while another holds it (`coordinator
+    serve` acting): a human and the controller never change nodes at once.
+    """
 
     async def main() -> T:
         fleet = options.open()
         try:
-            return await work(fleet)
+            elector = None
+            if lease is not None:
+                from agent.coordinator.lease import default_identity
+
+                elector = options.elector(lease, identity="fleet-apply/" + default_identity())
+            if elector is None:
+                return await work(fleet)
+            from agent.coordinator.lease import while_leading
+
+            return await while_leading(elector, work(fleet))
         finally:
             await fleet.close()
 
     return asyncio.run(main())
+
+
+def lease_option(fn: F) -> F:
+    """--lease: the Lease a change takes (the coordinator's, so they never act at once)."""
+    return click.option(
+        "--lease",
+        "lease_name",
+        default="gpu-agent-coordinator",
+        show_default=True,
+        help="coordination.k8s.io Lease (in --namespace) held while changing nodes, shared with "
+        "`coordinator serve`; taken when a Kubernetes API is configured (pod or KUBECONFIG).",
+    )(fn)
 
 
 # -- coordinator serve ---------------------------------------------------------------------------
@@ -236,6 +291,34 @@ def coordinator() -> None:
     "nodes that failed together; 0 for none.",
 )
 @click.option("--once", is_flag=True, help="Run one pass and exit (non-zero if it failed).")
+@lease_option
+@click.option(
+    "--leader-elect/--no-leader-elect",
+    default=None,
+    help="Act only while holding --lease, so replicas take turns.  "
+    "[default: on when a Kubernetes API is configured]",
+)
+@click.option(
+    "--lease-duration",
+    type=click.FloatRange(min=1.0),
+    default=15.0,
+    show_default=True,
+    help="Seconds a Lease not renewed stays its holder's (client-go LeaseDuration).",
+)
+@click.option(
+    "--renew-deadline",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds the leader acts without a successful renewal; < --lease-duration.",
+)
+@click.option(
+    "--retry-period",
+    type=click.FloatRange(min=0.1),
+    default=2.0,
+    show_default=True,
+    help="Seconds between attempts to take or renew the Lease.",
+)
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
@@ -250,6 +333,11 @@ def serve(
     retry_backoff_max: float | None,
     retry_jitter: float,
     once: bool,
+    lease_name: str,
+    leader_elect: bool | None,
+    lease_duration: float,
+    renew_deadline: float,
+    retry_period: float,
     log_level: str,
     **kwargs: Any,
 ) -> None:
@@ -265,12 +353,19 @@ def serve(
     when the desired change for it changes. Nothing else is kept between passes but metrics:
     the agents and the file are the state.
 
+    With leader election (on wherever a Kubernetes API is configured), replicas take turns
+    on the coordination.k8s.io Lease --lease: only the holder reconciles; a replica that
+    cannot renew it for --renew-deadline stops before another may take it (--lease-duration).
+    /healthz says the loop makes progress; /readyz says it leads or is a working standby.
+
     \b
     Example:
       gpu-agent coordinator serve --kubernetes --desired /etc/gpu-agent/desired/desired.yaml
     """
     from agent.coordinator import status_http
     from agent.coordinator.backoff import BackoffPolicy
+    from agent.coordinator.desired import load_desired
+    from agent.coordinator.lease import ElectionTiming, default_identity
     from agent.coordinator.query import STATUS_PATH
     from agent.coordinator.reconcile import Reconciler
     from agent.errors import AgentError
@@ -288,17 +383,42 @@ def serve(
         jitter=retry_jitter,
     )
 
+    timing = ElectionTiming(lease_duration, renew_deadline, retry_period)
+    if once and desired_path.exists():
+        load_desired(desired_path)  # one run: a file that does not parse is the answer (exit 2)
+
     async def main() -> int:
         fleet = options.open()
-        reconciler = Reconciler(fleet, desired_path, interval_s=interval, backoff=backoff)
+        elector = None
+        if leader_elect is not False:
+            elector = options.elector(
+                lease_name, identity=default_identity(), timing=timing, required=bool(leader_elect)
+            )
+        if elector is None:
+            logging.getLogger(__name__).warning(
+                "no leader election (no Kubernetes API, or --no-leader-elect): run one replica"
+            )
+        reconciler = Reconciler(
+            fleet,
+            desired_path,
+            interval_s=interval,
+            backoff=backoff,
+            elector=None if once else elector,
+        )
         try:
             if once:
-                await reconciler.pass_once()
+                if elector is None:
+                    await reconciler.pass_once()
+                else:
+                    from agent.coordinator.lease import while_leading
+
+                    await while_leading(elector, reconciler.pass_once())
                 return 0 if reconciler.stats.passes["error"] == 0 else 1
             http = HttpServer(
                 {
                     "/metrics": reconciler.metrics,
                     "/healthz": reconciler.healthz,
+                    "/readyz": reconciler.readyz,
                     STATUS_PATH: status_http.StatusEndpoint(fleet),
                 }
             )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +16,8 @@ from typing import Protocol
 
 from agent.coordinator.kube import KubeLister
 from agent.errors import AgentError, FieldViolation, InvalidSpec
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AGENT_PORT",
@@ -40,6 +43,9 @@ class Target:
     labels: Mapping[str, str] = field(default_factory=dict)
     #: why this agent cannot be dialled (e.g. its pod has no IP yet); None when it can.
     problem: str | None = None
+    #: False when the node's labels could not be read (an API outage): ``labels`` is then
+    #: empty for want of an answer, not because the node has none.
+    labels_known: bool = True
 
 
 class Discovery(Protocol):
@@ -122,10 +128,13 @@ class KubeDiscovery:
 
     async def targets(self) -> tuple[Target, ...]:
         pods = await asyncio.to_thread(self._lister.agent_pods, self._namespace, self._selector)
+        known = True
         try:
             labels = await asyncio.to_thread(self._lister.node_labels_all)
-        except AgentError:
-            labels = {}  # selectors on node labels then match nothing; names still work
+        except AgentError as exc:
+            # Unknown, not empty: rules on labels hold these nodes (no change) until it reads.
+            log.warning("node labels unavailable, nodes are marked unknown: %s", exc)
+            labels, known = {}, False
         out = []
         for pod in sorted(pods, key=lambda p: (p.node, p.name)):
             problem = None
@@ -134,5 +143,6 @@ class KubeDiscovery:
             elif not pod.ready:
                 problem = f"agent pod {pod.name} is not ready ({pod.phase})"
             address = join_host_port(pod.ip, pod.grpc_port or self._port) if pod.ip else ""
-            out.append(Target(address, pod.node or None, labels.get(pod.node, {}), problem))
+            node_labels = labels.get(pod.node, {})
+            out.append(Target(address, pod.node or None, node_labels, problem, known))
         return tuple(out)

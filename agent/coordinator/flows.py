@@ -21,6 +21,7 @@ from agent.coordinator.record import RolloutRecord
 from agent.coordinator.replay import StepResult, replay
 from agent.coordinator.rollout import Limits, NodeState, Scheduler, parse_max_unavailable
 from agent.coordinator.selector import Selector
+from agent.errors import AgentError
 
 __all__ = [
     "PlanResult",
@@ -54,6 +55,12 @@ async def select(
 ) -> Selection:
     """The nodes ``selector`` picks; ``idle_after_s`` also counts idle GPUs (`Fleet.views`)."""
     targets = await fleet.targets()
+    unknown = sorted(t.node or t.address for t in targets if not t.labels_known)
+    if unknown and selector.needs_labels:
+        raise AgentError(
+            f"selector {selector} needs node labels, which could not be read for "
+            f"{len(unknown)} node(s) ({', '.join(unknown[:5])}): nothing selected on a guess"
+        )
     views = await fleet.views(targets, idle_after_s=idle_after_s)
     by_address = {t.address: t for t in targets}
     chosen = tuple(
@@ -97,6 +104,9 @@ class RolloutResult:
     previews: tuple[NodePreview, ...] = ()
     #: nodes left out because they did not answer; still pending in the record.
     skipped: tuple[str, ...] = ()
+    #: nodes mid-change by an operation this rollout did not start (another coordinator's,
+    #: or a hand-run one's): they count against max-unavailable and are left pending.
+    busy: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -134,12 +144,41 @@ async def rollout(
         record.max_failures,
         record.node_timeout_s,
     )
+    busy = await changing(fleet, selection, record)
+    for node in busy:
+        if node in record.nodes and not record.state(node).finished:
+            record.nodes[node].detail = f"waiting: {busy[node]} is still running on the agent"
     scheduler = Scheduler(
-        [n for n in names if n in reachable],
+        [n for n in names if n in reachable and n not in busy],
         limits,
         states=record.states(),
-        already_unavailable=len(skipped),
+        already_unavailable=len(skipped) + len(busy),
     )
     record.save()
+    if scheduler.pending and scheduler.capacity <= 0:
+        return RolloutResult(record, (), skipped, tuple(sorted(busy)))  # wait: nothing may start
     await run_rollout(record, scheduler, action_for(fleet, targets, record), report=report)
-    return RolloutResult(record, (), skipped)
+    return RolloutResult(record, (), skipped, tuple(sorted(busy)))
+
+
+#: The agent operation kind whose nodes are unavailable while it runs, by rollout kind.
+_CHANGING = {"mig": "mig.apply"}
+
+
+async def changing(fleet: Fleet, selection: Selection, record: RolloutRecord) -> dict[str, str]:
+    """Selected nodes with an operation of the record's kind running that the record did not
+    start: node -> operation. A node that does not answer is left to the skipped count."""
+    kind = _CHANGING.get(record.kind)
+    if kind is None:
+        return {}
+    live = [selection.targets[v.name] for v in selection.reachable if v.name in selection.targets]
+    outcomes = await fleet.each(live, lambda c: c.running_operations(kind))
+    names = {t.address: n for n, t in selection.targets.items()}
+    found: dict[str, str] = {}
+    for o in outcomes:
+        node = names[o.target.address]
+        own = record.nodes[node].operation if node in record.nodes else ""
+        others = [op.name for op in o.value or () if op.name != own]
+        if others:
+            found[node] = others[0]
+    return found

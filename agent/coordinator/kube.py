@@ -1,8 +1,10 @@
-"""The two Kubernetes reads discovery needs: agent pods, and node labels.
+"""The coordinator's Kubernetes calls: agent pods, node labels, and its Lease.
 
-Reuses the sharing service's in-cluster client (service-account token, cluster CA, error
-mapping) rather than a second HTTP client; only the list calls are added here. RBAC:
-``pods list`` in the agents' namespace, ``nodes list`` (coordinator-rbac.yaml grants both).
+Reuses the agent's client (service-account token or kubeconfig, CA, error mapping) rather than
+a second HTTP client; only the coordinator's calls are added here. Lists are paged
+(``limit``/``continue``, as client-go's pager) so a large cluster is never one huge response.
+RBAC: ``pods list`` in the agents' namespace, ``nodes list``, ``leases get/create/update`` in
+its own namespace (coordinator-rbac.yaml).
 """
 
 from __future__ import annotations
@@ -10,10 +12,17 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from agent.errors import AgentError
 from agent.kube import InClusterKubeClient
 
-__all__ = ["AgentPod", "KubeLister"]
+__all__ = ["PAGE_SIZE", "AgentPod", "KubeLister"]
+
+#: Items per list page (client-go's pager uses 500).
+PAGE_SIZE = 500
+#: Pages one list may take: 2,000 x 500 items is past any cluster this runs in.
+MAX_PAGES = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,21 +51,57 @@ def _items(listing: object) -> list[object]:
 class KubeLister(InClusterKubeClient):
     """Lists agent pods and node labels; blocking, so callers run it in a thread."""
 
+    #: items per list page
+    page_size = PAGE_SIZE
+
     @classmethod
     def in_cluster(cls) -> KubeLister:
-        """The pod's own service account; NotSupported outside a pod."""
-        client = cls.from_service_account()
+        """The pod's own service account, else the kubeconfig; NotSupported without either."""
+        client = cls.from_environment()
         assert isinstance(client, KubeLister)  # the base classmethod builds ``cls``
         return client
 
+    def list_all(self, path: str, query: Mapping[str, str] | None = None) -> list[object]:
+        """Every item of a list, a page at a time (``limit`` and ``continue``)."""
+        items: list[object] = []
+        token = ""
+        for _ in range(MAX_PAGES):
+            page = dict(query or {}, limit=str(self.page_size))
+            if token:
+                page["continue"] = token
+            listing = self.get(path, page)
+            items += _items(listing)
+            token = str(_get(listing, "metadata", "continue") or "")
+            if not token:
+                return items
+        raise AgentError(f"Kubernetes list {path} did not end after {MAX_PAGES} pages")
+
     def agent_pods(self, namespace: str, label_selector: str) -> tuple[AgentPod, ...]:
         path = f"/api/v1/namespaces/{urllib.parse.quote(namespace, safe='')}/pods"
-        listing = self.get(path, {"labelSelector": label_selector})
-        return tuple(_pod(item) for item in _items(listing))
+        return tuple(_pod(item) for item in self.list_all(path, {"labelSelector": label_selector}))
+
+    # -- the Lease (agent.coordinator.lease.LeaseApi) ---------------------------------------------
+
+    def _leases(self, namespace: str) -> str:
+        ns = urllib.parse.quote(namespace, safe="")
+        return f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+
+    def get_lease(self, namespace: str, name: str) -> Mapping[str, Any]:
+        obj = self.get(f"{self._leases(namespace)}/{urllib.parse.quote(name, safe='')}")
+        return obj if isinstance(obj, dict) else {}
+
+    def create_lease(self, namespace: str, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        out = self.request("POST", self._leases(namespace), body=obj)
+        return out if isinstance(out, dict) else {}
+
+    def update_lease(self, namespace: str, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        name = urllib.parse.quote(str(obj["metadata"]["name"]), safe="")
+        out = self.request("PUT", f"{self._leases(namespace)}/{name}", body=obj)
+        return out if isinstance(out, dict) else {}
 
     def node_labels_all(self) -> Mapping[str, Mapping[str, str]]:
         out: dict[str, Mapping[str, str]] = {}
-        for item in _items(self.get("/api/v1/nodes")):
+        for item in self.list_all("/api/v1/nodes"):
             name = _get(item, "metadata", "name")
             labels = _get(item, "metadata", "labels")
             if isinstance(name, str):

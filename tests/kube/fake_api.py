@@ -1,20 +1,52 @@
-"""A fake Kubernetes API server over HTTPS, for the few calls sharing makes.
+"""A stand-in Kubernetes API server over HTTPS, for the calls the agent and coordinator make.
 
-It is a fake because no API server runs on the machines this project is built and tested on.
-It answers the real paths, verbs, content types, bearer-token check and Status error bodies for:
-GET/PATCH ``/api/v1/nodes/{name}``, GET (list with labelSelector and fieldSelector) and DELETE
-``/api/v1/namespaces/{ns}/pods[/{name}]``. Every request is recorded for assertions.
+It is a stand-in because no API server runs on the machines this project is built and tested
+on. It answers the real paths, verbs, content types, bearer-token check and Status error bodies
+for: GET/PATCH ``/api/v1/nodes/{name}``, GET ``/api/v1/nodes`` (list, paged with
+``limit``/``continue``), GET (list with labelSelector, fieldSelector, paging) and DELETE
+``/api/v1/namespaces/{ns}/pods[/{name}]``, and GET/POST/PUT
+``/apis/coordination.k8s.io/v1/namespaces/{ns}/leases[/{name}]``. Like the real server:
+- every write bumps one cluster-wide ``resourceVersion``; a PUT whose
+  ``metadata.resourceVersion`` is stale is 409 Conflict, a POST of an existing name 409
+  AlreadyExists, a PUT of a missing object 404;
+- label keys and values are validated (prefix a DNS subdomain <= 253, name <= 63 of
+  ``[A-Za-z0-9._-]`` starting and ending alphanumeric; values the same, or empty): 422 Invalid;
+- a Node merge-patch with ``metadata.resourceVersion`` is a precondition: stale is 409.
+
+What it does not model: authorization beyond one bearer token and the ``forbidden`` set;
+admission, defaulting and the full object schemas (objects are the fields the code reads);
+strategic-merge and JSON patches; ``resourceVersionMatch``; a ``continue`` token that
+expires (410); field selectors other than ``spec.nodeName`` on pods; label selectors other
+than ``k=v`` conjunctions; watch (not served: 405). Every request is recorded for assertions.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 import ssl
 import threading
 import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
+
+_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def label_problem(key: str, value: str) -> str | None:
+    """Why the API server refuses this label (its validation rules), or None."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS.match(prefix)):
+        return f"{key}: prefix part must be a DNS-1123 subdomain"
+    if not name or len(name) > 63 or not _NAME.match(name):
+        return f"{key}: name part must be <= 63 characters of [A-Za-z0-9._-], alphanumeric ends"
+    if len(value) > 63 or not _NAME.match(value):
+        return f"{key}={value}: a label value must be <= 63 characters of [A-Za-z0-9._-]"
+    return None
 
 
 @dataclass
@@ -23,6 +55,24 @@ class Pod:
     name: str
     node: str
     labels: dict[str, str]
+    #: status.podIP and a container port named "grpc", for agent pods
+    ip: str | None = None
+    grpc_port: int | None = None
+    ready: bool = True
+
+    def obj(self) -> dict[str, Any]:
+        ports = [{"name": "grpc", "containerPort": self.grpc_port}] if self.grpc_port else []
+        status: dict[str, Any] = {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True" if self.ready else "False"}],
+        }
+        if self.ip:
+            status["podIP"] = self.ip
+        return {
+            "metadata": {"name": self.name, "namespace": self.namespace, "labels": self.labels},
+            "spec": {"nodeName": self.node, "containers": [{"name": "c", "ports": ports}]},
+            "status": status,
+        }
 
 
 @dataclass
@@ -42,6 +92,18 @@ class FakeKubeApi:
     requests: list[Request] = field(default_factory=list)
     #: (method, path) pairs answered 403 Forbidden, as RBAC would.
     forbidden: set[tuple[str, str]] = field(default_factory=set)
+    #: (namespace, name) -> Lease object
+    leases: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    #: name -> resourceVersion of that Node's last write
+    node_versions: dict[str, str] = field(default_factory=dict)
+    #: paths answered 503, as an API server that is down (e.g. during an upgrade)
+    unavailable: set[str] = field(default_factory=set)
+    version: int = 1
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def bump(self) -> str:
+        self.version += 1
+        return str(self.version)
 
     def serve(self, cert: Path, key: Path) -> tuple[ThreadingHTTPServer, str]:
         api = self
@@ -57,6 +119,12 @@ class FakeKubeApi:
                 api._handle(self)
 
             def do_DELETE(self) -> None:
+                api._handle(self)
+
+            def do_POST(self) -> None:
+                api._handle(self)
+
+            def do_PUT(self) -> None:
                 api._handle(self)
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -78,12 +146,46 @@ class FakeKubeApi:
             return _reply(h, 401, _status(401, "Unauthorized"))
         if (h.command, path) in self.forbidden:
             return _reply(h, 403, _status(403, f"{h.command} {path} is forbidden: RBAC"))
+        if path in self.unavailable:
+            return _reply(h, 503, _status(503, "the server is currently unable to handle it"))
+        if query.get("watch") in ("1", "true"):
+            return _reply(h, 405, _status(405, "watch is not served by this stand-in"))
         parts = path.strip("/").split("/")
-        if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
-            return self._node(h, parts[3], body)
-        if parts[:3] == ["api", "v1", "namespaces"] and len(parts) >= 5 and parts[4] == "pods":
-            return self._pods(h, parts[3], parts[5] if len(parts) == 6 else None, query)
+        with self.lock:
+            if parts == ["api", "v1", "nodes"] and h.command == "GET":
+                nodes = [self._node_obj(n) for n in sorted(self.nodes)]
+                return _reply(h, 200, self._page("NodeList", nodes, query))
+            if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
+                return self._node(h, parts[3], body)
+            if parts[:3] == ["api", "v1", "namespaces"] and len(parts) >= 5 and parts[4] == "pods":
+                return self._pods(h, parts[3], parts[5] if len(parts) == 6 else None, query)
+            lease = ["apis", "coordination.k8s.io", "v1", "namespaces"]
+            if parts[:4] == lease and len(parts) >= 6 and parts[5] == "leases":
+                return self._lease(h, parts[4], parts[6] if len(parts) == 7 else None, body)
         return _reply(h, 404, _status(404, "the server could not find the requested resource"))
+
+    def _page(
+        self, kind: str, items: list[dict[str, Any]], query: dict[str, str]
+    ) -> dict[str, Any]:
+        """One page of a list: ``limit`` items from the ``continue`` offset (an opaque token)."""
+        start = int(query.get("continue") or 0)
+        limit = int(query.get("limit") or 0) or len(items)
+        chunk = items[start : start + limit]
+        metadata: dict[str, Any] = {"resourceVersion": str(self.version)}
+        if start + limit < len(items):
+            metadata["continue"] = str(start + limit)
+        return {"kind": kind, "apiVersion": "v1", "metadata": metadata, "items": chunk}
+
+    def _node_obj(self, name: str) -> dict[str, Any]:
+        version = self.node_versions.setdefault(name, "1")
+        return {
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": dict(self.nodes[name]),
+                "resourceVersion": version,
+            },
+        }
 
     def _node(self, h: BaseHTTPRequestHandler, name: str, body: object) -> None:
         if name not in self.nodes:
@@ -92,13 +194,53 @@ class FakeKubeApi:
             if h.headers.get("Content-Type") != "application/merge-patch+json":
                 return _reply(h, 415, _status(415, "unsupported media type"))
             assert isinstance(body, dict)
-            for key, value in body["metadata"]["labels"].items():
+            metadata = body.get("metadata") or {}
+            want = metadata.get("resourceVersion")
+            if want is not None and want != self.node_versions.setdefault(name, "1"):
+                return _reply(h, 409, _conflict("nodes", name))
+            labels = metadata.get("labels") or {}
+            bad = [p for k, v in labels.items() if v is not None and (p := label_problem(k, v))]
+            bad += [p for k in labels if (p := label_problem(k, ""))]
+            if bad:
+                return _reply(h, 422, _status(422, f'Node "{name}" is invalid: {"; ".join(bad)}'))
+            for key, value in labels.items():
                 if value is None:
                     self.nodes[name].pop(key, None)
                 else:
                     self.nodes[name][key] = value
-        obj = {"kind": "Node", "metadata": {"name": name, "labels": dict(self.nodes[name])}}
-        return _reply(h, 200, obj)
+            self.node_versions[name] = self.bump()
+        return _reply(h, 200, self._node_obj(name))
+
+    def _lease(self, h: BaseHTTPRequestHandler, ns: str, name: str | None, body: object) -> None:
+        if name is None and h.command == "POST":
+            assert isinstance(body, dict)
+            key = (ns, str(body["metadata"]["name"]))
+            if key in self.leases:
+                message = f'leases.coordination.k8s.io "{key[1]}" already exists'
+                return _reply(h, 409, _status(409, message, "AlreadyExists"))
+            if body["metadata"].get("resourceVersion"):
+                return _reply(h, 400, _status(400, "resourceVersion should not be set on create"))
+            return _reply(h, 201, self._store_lease(key, body))
+        if name is None:
+            return _reply(h, 405, _status(405, "method not allowed"))
+        key = (ns, name)
+        if key not in self.leases:
+            return _reply(h, 404, _status(404, f'leases.coordination.k8s.io "{name}" not found'))
+        if h.command == "GET":
+            return _reply(h, 200, self.leases[key])
+        if h.command == "PUT":
+            assert isinstance(body, dict)
+            want = body["metadata"].get("resourceVersion")
+            if want and want != self.leases[key]["metadata"]["resourceVersion"]:
+                return _reply(h, 409, _conflict("leases.coordination.k8s.io", name))
+            return _reply(h, 200, self._store_lease(key, body))
+        return _reply(h, 405, _status(405, "method not allowed"))
+
+    def _store_lease(self, key: tuple[str, str], body: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(body)
+        obj["metadata"].update(namespace=key[0], name=key[1], resourceVersion=self.bump())
+        self.leases[key] = obj
+        return obj
 
     def _pods(
         self, h: BaseHTTPRequestHandler, ns: str, name: str | None, query: dict[str, str]
@@ -111,13 +253,13 @@ class FakeKubeApi:
                 kv.split("=", 1) for kv in query.get("fieldSelector", "").split(",") if kv
             )
             items = [
-                {"metadata": {"name": p.name, "namespace": p.namespace, "labels": p.labels}}
+                p.obj()
                 for p in self.pods
                 if p.namespace == ns
                 and all(p.labels.get(k) == v for k, v in selector.items())
                 and fields.get("spec.nodeName", p.node) == p.node
             ]
-            return _reply(h, 200, {"kind": "PodList", "items": items})
+            return _reply(h, 200, self._page("PodList", items, query))
         if name is not None and h.command == "DELETE":
             for pod in self.pods:
                 if pod.namespace == ns and pod.name == name:
@@ -127,14 +269,24 @@ class FakeKubeApi:
         return _reply(h, 405, _status(405, "method not allowed"))
 
 
-def _status(code: int, message: str) -> dict[str, object]:
+def _status(code: int, message: str, reason: str = "") -> dict[str, object]:
     return {
         "kind": "Status",
         "apiVersion": "v1",
         "status": "Failure",
         "message": message,
+        "reason": reason,
         "code": code,
     }
+
+
+def _conflict(resource: str, name: str) -> dict[str, object]:
+    return _status(
+        409,
+        f'Operation cannot be fulfilled on {resource} "{name}": the object has been modified; '
+        "please apply your changes to the latest version and try again",
+        "Conflict",
+    )
 
 
 def _reply(h: BaseHTTPRequestHandler, code: int, obj: object) -> None:
