@@ -15,7 +15,13 @@ import click
 import yaml
 from google.protobuf import json_format
 
-from agent.cli.coordinator import FleetOptions, fleet_options, options_from, run_with_fleet
+from agent.cli.coordinator import (
+    FleetOptions,
+    fleet_options,
+    lease_option,
+    options_from,
+    run_with_fleet,
+)
 from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, output_option
 from agent.errors import AgentError, FieldViolation, InvalidSpec
@@ -404,7 +410,7 @@ def rollout_options(fn: F) -> F:
     ]
     for option in reversed(options):
         fn = option(fn)
-    return fn
+    return lease_option(fn)
 
 
 def _report(output: str) -> Callable[[str, Any, str], None]:
@@ -463,6 +469,11 @@ def _finish(result: Any, output: str) -> None:
         else "pass --record FILE to be able to resume"
     )
     reason = result.record.halted or "some nodes failed or did not answer"
+    if result.busy:
+        reason = (
+            f"{len(result.busy)} node(s) mid-change by an operation this rollout did not start "
+            f"({', '.join(result.busy)}), counted against max-unavailable"
+        )
     raise RolloutIncomplete(f"the rollout is incomplete ({reason}); {hint}")
 
 
@@ -484,6 +495,7 @@ def _start(
     chosen = parse_selector(selector)
     dry_run = rollout.pop("dry_run")
     path = rollout.pop("record_file")
+    lease = rollout.pop("lease_name")
 
     async def work(fleet: Fleet) -> Any:
         selection = await select(fleet, chosen)
@@ -496,7 +508,8 @@ def _start(
         record.path = None if dry_run else path
         return await rollout_flow(fleet, selection, record, dry_run=dry_run, report=_report(output))
 
-    _finish(run_with_fleet(options, work), output)
+    # A dry run changes nothing: it needs no Lease.
+    _finish(run_with_fleet(options, work, lease=None if dry_run else lease), output)
 
 
 def _rollout_args(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -506,6 +519,7 @@ def _rollout_args(kwargs: dict[str, Any]) -> dict[str, Any]:
         "node_timeout_s": kwargs.pop("node_timeout"),
         "dry_run": kwargs.pop("dry_run"),
         "record_file": kwargs.pop("record_file"),
+        "lease_name": kwargs.pop("lease_name"),
     }
 
 
@@ -714,23 +728,60 @@ def prewarm(
 @fleet_options
 @click.argument("record_file", type=click.Path(path_type=Path, dir_okay=False, exists=True))
 @click.option("--dry-run", is_flag=True, help="Show what the resumed rollout would do.")
+@click.option(
+    "--max-unavailable",
+    default=None,
+    help="Change the record's limit: nodes changing at once (a count or a percentage).",
+)
+@click.option(
+    "--max-failures",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Change the record's limit: halt after this many failed nodes (0: never).",
+)
+@click.option(
+    "--node-timeout",
+    type=click.FloatRange(min=1.0),
+    default=None,
+    help="Change the record's limit: seconds one node may take.",
+)
+@lease_option
 @output_option
-def resume(record_file: Path, dry_run: bool, output: str, **kwargs: Any) -> None:
+def resume(
+    record_file: Path,
+    dry_run: bool,
+    max_unavailable: str | None,
+    max_failures: int | None,
+    node_timeout: float | None,
+    lease_name: str,
+    output: str,
+    **kwargs: Any,
+) -> None:
     """Carry on a halted or interrupted rollout from its record.
 
     Finished nodes are skipped, failed nodes retried, nodes left mid-operation re-attached to
-    their operation on the agent.
+    their operation on the agent. --max-unavailable, --max-failures and --node-timeout replace
+    the record's limits (kept in the record from then on); failures so far count against the
+    new --max-failures.
 
     \b
     Example:
-      gpu-agent fleet resume rollout.json --kubernetes
+      gpu-agent fleet resume rollout.json --max-unavailable 25% --max-failures 3 --kubernetes
     """
     from agent.coordinator.flows import rollout as rollout_flow
     from agent.coordinator.flows import select
     from agent.coordinator.record import RolloutRecord
+    from agent.coordinator.rollout import parse_max_unavailable
     from agent.coordinator.selector import Selector
 
     record = RolloutRecord.load(record_file)
+    if max_unavailable is not None:
+        parse_max_unavailable(max_unavailable, len(record.nodes))  # refused before any change
+        record.max_unavailable = max_unavailable
+    if max_failures is not None:
+        record.max_failures = max_failures
+    if node_timeout is not None:
+        record.node_timeout_s = node_timeout
 
     async def work(fleet: Fleet) -> Any:
         selection = await select(fleet, Selector())
@@ -741,4 +792,5 @@ def resume(record_file: Path, dry_run: bool, output: str, **kwargs: Any) -> None
             fleet, selection, record, order=order, dry_run=dry_run, report=_report(output)
         )
 
-    _finish(run_with_fleet(options_from(kwargs), work), output)
+    lease = None if dry_run else lease_name
+    _finish(run_with_fleet(options_from(kwargs), work, lease=lease), output)
