@@ -86,15 +86,37 @@ def test_agent_rbac_is_what_the_agent_does() -> None:
     }
 
 
-def test_coordinator_only_reads() -> None:
+def test_coordinator_only_reads_but_for_its_own_lease() -> None:
+    """It reads nodes and pods; it writes one thing, its Lease, by name (leader election)."""
     objs = render("default")
     rules = _rules(objs, "ClusterRole", "gpu-agent-coordinator") + _rules(
         objs, "Role", "gpu-agent-coordinator"
     )
-    assert {v for r in rules for v in r["verbs"]} <= READ
-    assert {res for r in rules for res in r["resources"]} == {"nodes", "pods"}
+    reads = [r for r in rules if r["resources"] != ["leases"]]
+    assert {v for r in reads for v in r["verbs"]} <= READ
+    assert {res for r in reads for res in r["resources"]} == {"nodes", "pods"}
+    leases = [r for r in rules if r["resources"] == ["leases"]]
+    assert {g for r in leases for g in r["apiGroups"]} == {"coordination.k8s.io"}
+    assert [r["verbs"] for r in leases if not r.get("resourceNames")] == [["create"]]
+    named = [r for r in leases if r.get("resourceNames")]
+    assert [(r["resourceNames"], sorted(r["verbs"])) for r in named] == [
+        (["gpu-agent-coordinator"], ["get", "update"])
+    ]
     role = find(objs, "Role", "gpu-agent-coordinator")
-    assert role["metadata"]["namespace"] == "gpu-agent", "agent pods: this namespace only"
+    assert role["metadata"]["namespace"] == "gpu-agent", "agent pods and the Lease: here only"
+
+
+def test_coordinator_runs_two_replicas_with_progress_and_leader_probes() -> None:
+    """Two replicas (leader election makes it safe); liveness on /healthz (progress) and
+    readiness on /readyz (leading or a working standby); the pod name names the holder."""
+    deployment = find(render("default"), "Deployment", "gpu-agent-coordinator")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    assert env["POD_NAME"] == "metadata.name"
 
 
 def test_node_patches_are_fenced_by_the_admission_policy() -> None:

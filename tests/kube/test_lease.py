@@ -187,5 +187,5 @@ def test_work_runs_holding_the_lease_and_releases_it(
 def test_timings_that_cannot_be_safe_are_refused() -> None:
     with pytest.raises(InvalidSpec, match="longer than the renew deadline"):
         ElectionTiming(lease_duration_s=10, renew_deadline_s=10, retry_period_s=2)
-    with pytest.raises(InvalidSpec, match="1.2 x the retry period"):
+    with pytest.raises(InvalidSpec, match=r"1\.2 x the retry period"):
         ElectionTiming(lease_duration_s=15, renew_deadline_s=2, retry_period_s=2)
