@@ -14,11 +14,13 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import logging
 import os
 import ssl
 import tempfile
+import threading
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,7 +36,21 @@ from agent.errors import (
     PermissionDenied,
 )
 
+log = logging.getLogger(__name__)
+
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+#: Items per list page (client-go's pager uses 500).
+PAGE_SIZE = 500
+#: Pages one list may take: 2,000 x 500 items is past any cluster this runs in.
+MAX_PAGES = 2000
+#: A watch event line longer than this is refused (one object, never this big).
+MAX_EVENT_BYTES = 4 << 20
+
+
+class Gone(AgentError):
+    """410: the resourceVersion asked for is older than the API server keeps: list again."""
+
 
 #: HTTP status -> domain error; anything else unexpected is a plain AgentError.
 _STATUS_ERRORS: dict[int, type[AgentError]] = {
@@ -195,6 +211,63 @@ class InClusterKubeClient:
         """A GET on the API server, decoded JSON (for readers beyond the Protocol's calls)."""
         return self._request("GET", path, query=query)
 
+    def list_all(
+        self, path: str, query: Mapping[str, str] | None = None, page_size: int = PAGE_SIZE
+    ) -> tuple[list[Any], str]:
+        """Every item of a list, a page at a time (``limit``/``continue``), and the list's
+        resourceVersion (where a watch starts)."""
+        items: list[Any] = []
+        token = ""
+        for _ in range(MAX_PAGES):
+            page = dict(query or {}, limit=str(page_size))
+            if token:
+                page["continue"] = token
+            listing = self.get(path, page)
+            found = _dig(listing, "items")
+            items += found if isinstance(found, list) else []
+            token = str(_dig(listing, "metadata", "continue") or "")
+            if not token:
+                return items, str(_dig(listing, "metadata", "resourceVersion") or "")
+        raise AgentError(f"Kubernetes list {path} did not end after {MAX_PAGES} pages")
+
+    def watch(
+        self, path: str, query: Mapping[str, str], resource_version: str, timeout_s: float
+    ) -> Iterator[tuple[str, Any]]:
+        """(type, object) events after ``resource_version`` until the server ends the watch
+        (``timeoutSeconds``); Gone when that version is too old (list again)."""
+        q = dict(
+            query,
+            watch="1",
+            resourceVersion=resource_version,
+            timeoutSeconds=str(max(1, int(timeout_s))),
+            allowWatchBookmarks="true",
+        )
+        response = self.stream(path, q, timeout=timeout_s + 30)  # opened here: errors now
+        return self._events(path, response)
+
+    def _events(self, path: str, response: http.client.HTTPResponse) -> Iterator[tuple[str, Any]]:
+        try:
+            while True:
+                try:
+                    line = response.readline(MAX_EVENT_BYTES + 1)
+                except (OSError, http.client.HTTPException) as exc:
+                    raise AgentError(f"Kubernetes watch {path} broke: {exc}") from exc
+                if not line:
+                    return
+                if len(line) > MAX_EVENT_BYTES:
+                    raise AgentError(f"Kubernetes watch {path}: an event over {MAX_EVENT_BYTES} B")
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = str(_dig(event, "type") or ""), _dig(event, "object")
+                if kind == "ERROR":
+                    if _dig(obj, "code") == 410:
+                        raise Gone(f"Kubernetes watch {path}: {_dig(obj, 'message')}")
+                    raise AgentError(f"Kubernetes watch {path}: {_dig(obj, 'message')}")
+                yield kind, obj
+        finally:
+            response.close()
+
     def request(
         self,
         method: str,
@@ -321,6 +394,134 @@ class InClusterKubeClient:
                 self._host, self._port, timeout=timeout, context=self._ssl
             )
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+
+class Informer:
+    """One resource kept current by list+watch, as client-go's reflector does.
+
+    List (paged) once, then watch from the list's resourceVersion; every event updates the
+    cache and moves the version, so a dropped watch resumes where it was; 410 Gone (the
+    version was compacted away) lists again. Errors are retried with a back-off (1 s doubling
+    to 30 s); ``healthy`` is False from a failed call until the next good one, so a reader can
+    tell a stale cache from a current one. Blocking: ``start`` runs it on a daemon thread.
+    """
+
+    def __init__(
+        self,
+        client: InClusterKubeClient,
+        path: str,
+        query: Mapping[str, str] | None = None,
+        *,
+        page_size: int = PAGE_SIZE,
+        watch_timeout_s: float = 300.0,
+        on_change: Callable[[], object] = lambda: None,
+    ) -> None:
+        self._client = client
+        self.path = path
+        self._query = dict(query or {})
+        self._page_size = page_size
+        self._watch_timeout_s = watch_timeout_s
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self._objects: dict[str, Any] = {}
+        self.resource_version = ""
+        self.synced = threading.Event()
+        self.healthy = False
+        self.error = ""
+        #: calls made, for the counts a test or a metric wants
+        self.lists = 0
+        self.watches = 0
+        self._stop = threading.Event()
+
+    def objects(self) -> list[Any]:
+        with self._lock:
+            return list(self._objects.values())
+
+    def relist(self) -> None:
+        items, version = self._client.list_all(self.path, self._query, self._page_size)
+        self.lists += 1
+        with self._lock:
+            self._objects = {_key(o): o for o in items}
+            self.resource_version = version
+        self._good()
+        self._on_change()
+
+    def watch_once(self) -> None:
+        """One watch, from the current version until the server ends it."""
+        self.watches += 1
+        events = self._client.watch(
+            self.path, self._query, self.resource_version, self._watch_timeout_s
+        )
+        self._good()  # the API server took the watch: the cache is current again
+        for kind, obj in events:
+            version = str(_dig(obj, "metadata", "resourceVersion") or "")
+            with self._lock:
+                if kind in ("ADDED", "MODIFIED"):
+                    self._objects[_key(obj)] = obj
+                elif kind == "DELETED":
+                    self._objects.pop(_key(obj), None)
+                if version:
+                    self.resource_version = version
+            self._good()
+            if kind != "BOOKMARK":
+                self._on_change()
+
+    def run(self) -> None:
+        delay = 1.0
+        while not self._stop.is_set():
+            try:
+                if not self.resource_version:
+                    self.relist()
+                self.watch_once()
+                delay = 1.0
+            except Gone:
+                self.resource_version = ""  # compacted: list again at once
+            except (AgentError, ValueError) as exc:
+                self.healthy, self.error = False, str(exc)
+                log.warning("%s: %s; again in %.0f s", self.path, exc, delay)
+                self._stop.wait(delay)
+                delay = min(30.0, delay * 2)
+
+    def start(self) -> Informer:
+        threading.Thread(target=self.run, name=f"informer {self.path}", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """Stops after the watch in flight ends (the thread is a daemon: it never blocks exit)."""
+        self._stop.set()
+
+    def _good(self) -> None:
+        self.healthy, self.error = True, ""
+        self.synced.set()
+
+
+class NodeWatch:
+    """This agent's own Node, kept by a list+watch with ``fieldSelector=metadata.name=NODE``
+    (as the GPU Operator's mig-manager watches its node) instead of a GET every few seconds.
+
+    ``changed`` is called from the watch thread on every change of the Node; ``labels`` is the
+    cached labels while the watch is current, None while it is not (then read with a GET).
+    """
+
+    def __init__(
+        self, client: InClusterKubeClient, node: str, on_change: Callable[[], object]
+    ) -> None:
+        self.node = node
+        self.informer = Informer(
+            client, "/api/v1/nodes", {"fieldSelector": f"metadata.name={node}"}, on_change=on_change
+        )
+
+    def labels(self) -> Mapping[str, str] | None:
+        if not (self.informer.synced.is_set() and self.informer.healthy):
+            return None
+        for obj in self.informer.objects():
+            found = _dig(obj, "metadata", "labels")
+            return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+        return None
+
+
+def _key(obj: object) -> str:
+    return f"{_dig(obj, 'metadata', 'namespace') or ''}/{_dig(obj, 'metadata', 'name') or ''}"
 
 
 def _str(value: object) -> str:

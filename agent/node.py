@@ -42,7 +42,7 @@ from agent.config import AgentConfig
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.gpu import GpuDriver, open_driver
 from agent.http import HttpServer, Request, Response
-from agent.kube import InClusterKubeClient, KubeClient
+from agent.kube import InClusterKubeClient, KubeClient, NodeWatch
 from agent.mig.labels import MigLabelController, MigStateCollector
 from agent.mig.lock import PartitionLock
 from agent.mig.reset import command_reset, simulated_reset
@@ -61,6 +61,9 @@ SHUTDOWN_GRACE_S = 20.0
 RPC_GRACE_S = 5.0
 """Of it, how long calls in flight may finish after the server stops accepting new ones."""
 CACHE_LABELS_S = 10.0
+#: With the own Node watched, MIG labels are re-read without a change this often (a failed
+#: config's retry); a change of the Node wakes the controller at once.
+MIG_RESYNC_S = 60.0
 """How often the cache inventory is published as node labels."""
 PREWARM_QUEUE_S = 5.0
 """How often the prewarm queue in the shared database is looked at for new items."""
@@ -179,6 +182,7 @@ class Node:
         self.services = services
         self._stop = asyncio.Event()
         self._ready = False
+        self._node_watch: NodeWatch | None = None
         self._tasks: list[asyncio.Task[None]] = []
         routes = {
             "/healthz": self._healthz,
@@ -277,8 +281,17 @@ class Node:
         stack.push_async_callback(self._stop_serving, server, health)
         await set_serving(health, True)
         self._guard("inventory", s.inventory.run())
+        changed = asyncio.Event()
+        if isinstance(s.kube, InClusterKubeClient):
+            # Watch the own Node instead of polling it (the API server's load is per agent).
+            self._node_watch = NodeWatch(
+                s.kube, cfg.node_name, lambda: loop.call_soon_threadsafe(changed.set)
+            )
+            self._node_watch.informer.start()
+            stack.callback(self._node_watch.informer.stop)
         if s.mig_labels is not None:
-            self._guard("mig-labels", _every(cfg.mig.label_poll_s, s.mig_labels.reconcile))
+            period = cfg.mig.label_poll_s if self._node_watch is None else MIG_RESYNC_S
+            self._guard("mig-labels", _every(period, s.mig_labels.reconcile, changed))
         if s.kube is not None:
             self._guard("cache-labels", _every(CACHE_LABELS_S, self._publish_cache_labels))
         # Items queued by the CLI in direct mode (`prewarm file --no-wait`) or by a manifest
@@ -310,7 +323,9 @@ class Node:
         s = self.services
         assert s.kube is not None
         node = s.config.node_name
-        patch = label_patch(s.kube.node_labels(node), s.prewarm.items())
+        watched = self._node_watch.labels() if self._node_watch is not None else None
+        current = watched if watched is not None else s.kube.node_labels(node)
+        patch = label_patch(current, s.prewarm.items())
         if patch:
             s.kube.patch_node_labels(node, patch["metadata"]["labels"])
 
@@ -320,15 +335,23 @@ class Node:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-async def _every(period_s: float, work: Callable[[], object]) -> None:
-    """Run blocking ``work`` in a thread every ``period_s``; a failed pass is logged and retried
-    (the API server or a GPU may be briefly away), it does not stop the agent."""
+async def _every(
+    period_s: float, work: Callable[[], object], wake: asyncio.Event | None = None
+) -> None:
+    """Run blocking ``work`` in a thread every ``period_s``, and at once when ``wake`` is set;
+    a failed pass is logged and retried (the API server or a GPU may be briefly away), it does
+    not stop the agent."""
     while True:
         try:
             await asyncio.to_thread(work)
         except (AgentError, OSError):
             log.exception("periodic %s failed; retrying in %.0fs", work, period_s)
-        await asyncio.sleep(period_s)
+        if wake is None:
+            await asyncio.sleep(period_s)
+            continue
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), period_s)
+        wake.clear()
 
 
 def _split_listen(listen: str) -> tuple[str, int]:

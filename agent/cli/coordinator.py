@@ -45,7 +45,8 @@ class FleetOptions:
     insecure: bool
     timeout: float
 
-    def open(self) -> Fleet:
+    def open(self, *, watch: bool = False) -> Fleet:
+        """The fleet; ``watch`` keeps Kubernetes discovery current by list+watch (serve)."""
         from agent.coordinator.client import ClientTls
         from agent.coordinator.fleet import Fleet
 
@@ -58,7 +59,7 @@ class FleetOptions:
                 self.server_name or self._default_server_name(),
             )
             tls.credentials()  # a missing file is a configuration error here, not N unreachable
-        return Fleet(self._discovery(), tls, timeout_s=self.timeout)
+        return Fleet(self._discovery(watch), tls, timeout_s=self.timeout)
 
     def elector(
         self,
@@ -88,7 +89,7 @@ class FleetOptions:
             return f"gpu-agent-grpc.{self.namespace}.svc"
         return None
 
-    def _discovery(self) -> Discovery:
+    def _discovery(self, watch: bool = False) -> Discovery:
         from agent.coordinator import discovery
 
         chosen = sum((bool(self.agents), bool(self.dns), self.kubernetes))
@@ -105,7 +106,7 @@ class FleetOptions:
         if self.kubernetes or os.environ.get("KUBERNETES_SERVICE_HOST"):
             from agent.coordinator.kube import KubeLister
 
-            return discovery.KubeDiscovery(KubeLister.in_cluster(), self.namespace)
+            return discovery.KubeDiscovery(KubeLister.in_cluster(), self.namespace, watch=watch)
         raise InvalidSpec(
             "where are the agents? give --agents HOST:PORT,..., --dns NAME or --kubernetes",
             [FieldViolation("discovery", "--agents, --dns or --kubernetes")],
@@ -388,7 +389,7 @@ def serve(
         load_desired(desired_path)  # one run: a file that does not parse is the answer (exit 2)
 
     async def main() -> int:
-        fleet = options.open()
+        fleet = options.open(watch=not once)
         elector = None
         if leader_elect is not False:
             elector = options.elector(

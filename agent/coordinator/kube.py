@@ -14,15 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.errors import AgentError
-from agent.kube import InClusterKubeClient
+from agent.kube import PAGE_SIZE, InClusterKubeClient, Informer
 
-__all__ = ["PAGE_SIZE", "AgentPod", "KubeLister"]
-
-#: Items per list page (client-go's pager uses 500).
-PAGE_SIZE = 500
-#: Pages one list may take: 2,000 x 500 items is past any cluster this runs in.
-MAX_PAGES = 2000
+__all__ = ["AgentPod", "KubeLister", "agent_pod", "labels_by_node"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,11 +37,6 @@ def _get(obj: object, *keys: str) -> object:
     return obj
 
 
-def _items(listing: object) -> list[object]:
-    items = _get(listing, "items")
-    return items if isinstance(items, list) else []
-
-
 class KubeLister(InClusterKubeClient):
     """Lists agent pods and node labels; blocking, so callers run it in a thread."""
 
@@ -61,24 +50,18 @@ class KubeLister(InClusterKubeClient):
         assert isinstance(client, KubeLister)  # the base classmethod builds ``cls``
         return client
 
-    def list_all(self, path: str, query: Mapping[str, str] | None = None) -> list[object]:
-        """Every item of a list, a page at a time (``limit`` and ``continue``)."""
-        items: list[object] = []
-        token = ""
-        for _ in range(MAX_PAGES):
-            page = dict(query or {}, limit=str(self.page_size))
-            if token:
-                page["continue"] = token
-            listing = self.get(path, page)
-            items += _items(listing)
-            token = str(_get(listing, "metadata", "continue") or "")
-            if not token:
-                return items
-        raise AgentError(f"Kubernetes list {path} did not end after {MAX_PAGES} pages")
-
     def agent_pods(self, namespace: str, label_selector: str) -> tuple[AgentPod, ...]:
-        path = f"/api/v1/namespaces/{urllib.parse.quote(namespace, safe='')}/pods"
-        return tuple(_pod(item) for item in self.list_all(path, {"labelSelector": label_selector}))
+        query = {"labelSelector": label_selector}
+        items, _ = self.list_all(_pods_path(namespace), query, self.page_size)
+        return tuple(agent_pod(item) for item in items)
+
+    def pod_informer(self, namespace: str, label_selector: str) -> Informer:
+        """The agent pods, kept by list+watch (for `coordinator serve`)."""
+        query = {"labelSelector": label_selector}
+        return Informer(self, _pods_path(namespace), query, page_size=self.page_size)
+
+    def node_informer(self) -> Informer:
+        return Informer(self, "/api/v1/nodes", page_size=self.page_size)
 
     # -- the Lease (agent.coordinator.lease.LeaseApi) ---------------------------------------------
 
@@ -100,18 +83,26 @@ class KubeLister(InClusterKubeClient):
         return out if isinstance(out, dict) else {}
 
     def node_labels_all(self) -> Mapping[str, Mapping[str, str]]:
-        out: dict[str, Mapping[str, str]] = {}
-        for item in self.list_all("/api/v1/nodes"):
-            name = _get(item, "metadata", "name")
-            labels = _get(item, "metadata", "labels")
-            if isinstance(name, str):
-                out[name] = (
-                    {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
-                )
-        return out
+        return labels_by_node(self.list_all("/api/v1/nodes", page_size=self.page_size)[0])
 
 
-def _pod(item: object) -> AgentPod:
+def _pods_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{urllib.parse.quote(namespace, safe='')}/pods"
+
+
+def labels_by_node(items: list[object]) -> Mapping[str, Mapping[str, str]]:
+    out: dict[str, Mapping[str, str]] = {}
+    for item in items:
+        name = _get(item, "metadata", "name")
+        labels = _get(item, "metadata", "labels")
+        if isinstance(name, str):
+            out[name] = (
+                {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+            )
+    return out
+
+
+def agent_pod(item: object) -> AgentPod:
     conditions = _get(item, "status", "conditions")
     ready = any(
         _get(c, "type") == "Ready" and _get(c, "status") == "True"

@@ -11,13 +11,21 @@ for: GET/PATCH ``/api/v1/nodes/{name}``, GET ``/api/v1/nodes`` (list, paged with
   AlreadyExists, a PUT of a missing object 404;
 - label keys and values are validated (prefix a DNS subdomain <= 253, name <= 63 of
   ``[A-Za-z0-9._-]`` starting and ending alphanumeric; values the same, or empty): 422 Invalid;
-- a Node merge-patch with ``metadata.resourceVersion`` is a precondition: stale is 409.
+- a Node merge-patch with ``metadata.resourceVersion`` is a precondition: stale is 409;
+- ``?watch=1`` on the node and pod lists streams ``{"type", "object"}`` lines: with a
+  ``resourceVersion``, every change after it (ADDED/MODIFIED/DELETED, the object carrying its
+  new version), with none or "0" the current objects as ADDED first; a version older than the
+  retained history (``compact``) is an ERROR event with a 410 Status, as the real server's
+  "too old resource version"; the watch ends after ``timeoutSeconds``. ``fieldSelector``
+  ``metadata.name=`` (nodes) and ``labelSelector`` (pods) filter it.
 
 What it does not model: authorization beyond one bearer token and the ``forbidden`` set;
 admission, defaulting and the full object schemas (objects are the fields the code reads);
 strategic-merge and JSON patches; ``resourceVersionMatch``; a ``continue`` token that
-expires (410); field selectors other than ``spec.nodeName`` on pods; label selectors other
-than ``k=v`` conjunctions; watch (not served: 405). Every request is recorded for assertions.
+expires (410); field selectors other than ``spec.nodeName`` on pods and ``metadata.name`` on
+node watches; label selectors other than ``k=v`` conjunctions; watch bookmarks; chunked
+transfer encoding (a watch is an HTTP/1.0 body ended by closing). Every request is recorded
+for assertions.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import json
 import re
 import ssl
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -100,10 +109,48 @@ class FakeKubeApi:
     unavailable: set[str] = field(default_factory=set)
     version: int = 1
     lock: threading.RLock = field(default_factory=threading.RLock)
+    #: (version, resource, type, object) of every change, for watches; ``compact`` trims it
+    history: list[tuple[int, str, str, dict[str, Any]]] = field(default_factory=list)
+    compacted: int = 0
+    closed: bool = False
+
+    def __post_init__(self) -> None:
+        self.changed = threading.Condition(self.lock)
 
     def bump(self) -> str:
         self.version += 1
         return str(self.version)
+
+    # -- changes made by a test (a user with kubectl), seen by watches --------------------------
+
+    def set_labels(self, node: str, labels: dict[str, str | None]) -> None:
+        with self.lock:
+            kind = "MODIFIED" if node in self.nodes else "ADDED"
+            current = self.nodes.setdefault(node, {})
+            for key, value in labels.items():
+                if value is None:
+                    current.pop(key, None)
+                else:
+                    current[key] = value
+            self.node_versions[node] = self.bump()
+            self._record("nodes", kind, self._node_obj(node))
+
+    def compact(self) -> None:
+        """Forget the history: a watch from any version seen so far gets 410 Gone."""
+        with self.lock:
+            self.compacted = self.version
+            self.history.clear()
+            self.bump()  # a list from now on starts past the compacted versions
+
+    def close(self) -> None:
+        """End every watch (the test is over)."""
+        with self.lock:
+            self.closed = True
+            self.changed.notify_all()
+
+    def _record(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
+        self.history.append((self.version, resource, kind, copy.deepcopy(obj)))
+        self.changed.notify_all()
 
     def serve(self, cert: Path, key: Path) -> tuple[ThreadingHTTPServer, str]:
         api = self
@@ -148,9 +195,13 @@ class FakeKubeApi:
             return _reply(h, 403, _status(403, f"{h.command} {path} is forbidden: RBAC"))
         if path in self.unavailable:
             return _reply(h, 503, _status(503, "the server is currently unable to handle it"))
-        if query.get("watch") in ("1", "true"):
-            return _reply(h, 405, _status(405, "watch is not served by this stand-in"))
         parts = path.strip("/").split("/")
+        if query.get("watch") in ("1", "true") and h.command == "GET":
+            if parts == ["api", "v1", "nodes"]:
+                return self._watch(h, "nodes", query)
+            if parts[:3] == ["api", "v1", "namespaces"] and parts[4:] == ["pods"]:
+                return self._watch(h, "pods", query, parts[3])
+            return _reply(h, 405, _status(405, "watch is served on the node and pod lists"))
         with self.lock:
             if parts == ["api", "v1", "nodes"] and h.command == "GET":
                 nodes = [self._node_obj(n) for n in sorted(self.nodes)]
@@ -187,6 +238,65 @@ class FakeKubeApi:
             },
         }
 
+    def _watch(
+        self, h: BaseHTTPRequestHandler, resource: str, query: dict[str, str], ns: str = ""
+    ) -> None:
+        name = query.get("fieldSelector", "").removeprefix("metadata.name=")
+        wanted = dict(kv.split("=", 1) for kv in query.get("labelSelector", "").split(",") if kv)
+
+        def matches(obj: dict[str, Any]) -> bool:
+            meta = obj.get("metadata") or {}
+            if resource == "nodes":
+                return not name or meta.get("name") == name
+            labels = meta.get("labels") or {}
+            return meta.get("namespace") == ns and all(
+                labels.get(k) == v for k, v in wanted.items()
+            )
+
+        version = query.get("resourceVersion", "")
+        with self.lock:
+            if version and version != "0" and int(version) <= self.compacted:
+                first: list[tuple[str, dict[str, Any]]] = [
+                    ("ERROR", _status(410, f"too old resource version: {version}", "Expired"))
+                ]
+                since = None
+            elif version and version != "0":
+                first, since = [], int(version)
+            else:
+                current = (
+                    [self._node_obj(n) for n in sorted(self.nodes)]
+                    if resource == "nodes"
+                    else [p.obj() for p in self.pods]
+                )
+                first, since = [("ADDED", o) for o in current if matches(o)], self.version
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.end_headers()
+
+        def send(kind: str, obj: dict[str, Any]) -> None:
+            h.wfile.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+            h.wfile.flush()
+
+        try:
+            for kind, obj in first:
+                send(kind, obj)
+            deadline = time.monotonic() + min(float(query.get("timeoutSeconds") or 60), 600)
+            while since is not None and not self.closed and time.monotonic() < deadline:
+                with self.lock:
+                    events = [
+                        e
+                        for e in self.history
+                        if e[0] > since and e[1] == resource and matches(e[3])
+                    ]
+                    if not events:
+                        self.changed.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+                        continue
+                for event in events:
+                    send(event[2], event[3])
+                since = events[-1][0]
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
+            pass  # the client went away
+
     def _node(self, h: BaseHTTPRequestHandler, name: str, body: object) -> None:
         if name not in self.nodes:
             return _reply(h, 404, _status(404, f'nodes "{name}" not found'))
@@ -209,6 +319,7 @@ class FakeKubeApi:
                 else:
                     self.nodes[name][key] = value
             self.node_versions[name] = self.bump()
+            self._record("nodes", "MODIFIED", self._node_obj(name))
         return _reply(h, 200, self._node_obj(name))
 
     def _lease(self, h: BaseHTTPRequestHandler, ns: str, name: str | None, body: object) -> None:
