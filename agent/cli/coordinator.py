@@ -20,6 +20,7 @@ from agent.errors import FieldViolation, InvalidSpec
 if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
     from agent.coordinator.discovery import Discovery
     from agent.coordinator.fleet import Fleet
+    from agent.coordinator.kube import KubeLister
     from agent.coordinator.lease import ElectionTiming, LeaderElector
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -71,17 +72,25 @@ class FleetOptions:
     ) -> LeaderElector | None:
         """The elector on the Lease ``lease`` in --namespace, when a Kubernetes API is
         configured (in a pod, or KUBECONFIG); None without one unless ``required``."""
-        from agent.coordinator.kube import KubeLister
         from agent.coordinator.lease import LeaderElector
+
+        kube = self.kube(required=required)
+        return (
+            None if kube is None else LeaderElector(kube, self.namespace, lease, identity, timing)
+        )
+
+    def kube(self, *, required: bool = False) -> KubeLister | None:
+        """The Kubernetes API client (in a pod, or KUBECONFIG); None without one unless
+        ``required`` (then NotSupported says why)."""
+        from agent.coordinator.kube import KubeLister
         from agent.errors import NotSupported
 
         try:
-            kube = KubeLister.in_cluster()
+            return KubeLister.in_cluster()
         except NotSupported:
             if required:
                 raise
             return None
-        return LeaderElector(kube, self.namespace, lease, identity, timing)
 
     def _default_server_name(self) -> str | None:
         # Pod IPs are dialled; the agents' certificate names their gRPC Service.
@@ -365,8 +374,9 @@ def serve(
     """
     from agent.coordinator import status_http
     from agent.coordinator.backoff import BackoffPolicy
+    from agent.coordinator.cluster import ClusterReport
     from agent.coordinator.desired import load_desired
-    from agent.coordinator.lease import ElectionTiming, default_identity
+    from agent.coordinator.lease import ElectionTiming, LeaderElector, default_identity
     from agent.coordinator.query import STATUS_PATH
     from agent.coordinator.reconcile import Reconciler
     from agent.errors import AgentError
@@ -390,11 +400,12 @@ def serve(
 
     async def main() -> int:
         fleet = options.open(watch=not once)
+        kube = options.kube(required=bool(leader_elect))
+        identity = default_identity()
         elector = None
-        if leader_elect is not False:
-            elector = options.elector(
-                lease_name, identity=default_identity(), timing=timing, required=bool(leader_elect)
-            )
+        if kube is not None and leader_elect is not False:
+            elector = LeaderElector(kube, options.namespace, lease_name, identity, timing)
+        cluster = None if kube is None else ClusterReport(kube, options.namespace, identity)
         if elector is None:
             logging.getLogger(__name__).warning(
                 "no leader election (no Kubernetes API, or --no-leader-elect): run one replica"
@@ -405,6 +416,7 @@ def serve(
             interval_s=interval,
             backoff=backoff,
             elector=None if once else elector,
+            cluster=cluster,
         )
         try:
             if once:
@@ -414,6 +426,7 @@ def serve(
                     from agent.coordinator.lease import while_leading
 
                     await while_leading(elector, reconciler.pass_once())
+                await reconciler.flush_reports()
                 return 0 if reconciler.stats.passes["error"] == 0 else 1
             http = HttpServer(
                 {

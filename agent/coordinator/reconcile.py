@@ -21,7 +21,9 @@ node timeout. Ready: leading, or a standby whose last Lease read was answered.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import copy
 import hashlib
 import json
 import logging
@@ -38,6 +40,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from agent.coordinator.actions import preview
 from agent.coordinator.backoff import Backoff, BackoffPolicy
+from agent.coordinator.cluster import ClusterReport
 from agent.coordinator.desired import Desired, MigRule, PrewarmRule, SharingRule, load_desired
 from agent.coordinator.fleet import Fleet
 from agent.coordinator.flows import Selection, rollout, select
@@ -165,15 +168,20 @@ class Reconciler:
         draw: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.time,
         elector: LeaderElector | None = None,
+        cluster: ClusterReport | None = None,
     ) -> None:
         """``backoff``: how long failed nodes are held back (default: an interval, doubling
         to 30 intervals); ``draw`` gives the jitter's uniform draws (tests fix it);
-        ``elector``: act only while holding its Lease (None: this process acts alone)."""
+        ``elector``: act only while holding its Lease (None: this process acts alone);
+        ``cluster``: post Node Events and the status ConfigMap (None: not in a cluster)."""
         self._fleet = fleet
         self._path = desired_path
         self.interval_s = interval_s
         self._clock = clock
         self._elector = elector
+        self._cluster = cluster
+        # One worker, so the cluster sees the reports in order; never waited on by a pass.
+        self._reports = concurrent.futures.ThreadPoolExecutor(1, "cluster-report")
         self._desired: Desired | None = None
         self._progress_at = clock()
         #: node -> when it may have been silent too long (its start + node timeout + grace)
@@ -250,6 +258,16 @@ class Reconciler:
             if keeper is not None:
                 await keeper  # releases the Lease
             self.stats.leading = False
+            await asyncio.to_thread(self._reports.shutdown, True, cancel_futures=True)
+
+    def _tell(self, call: Callable[..., None], *args: Any) -> None:
+        """A report to the cluster, in order, off the loop; a failure is only logged."""
+        if self._cluster is not None:
+            self._reports.submit(call, *args)
+
+    async def flush_reports(self) -> None:
+        """Wait until every report so far has been sent (tests, and the end of --once)."""
+        await asyncio.wrap_future(self._reports.submit(lambda: None))
 
     async def _guarded_pass(self, stop: asyncio.Event) -> None:
         """One pass, cancelled when ``stop`` comes or the Lease is lost, whichever first."""
@@ -370,7 +388,12 @@ class Reconciler:
             return
         log.info("%s: %d node(s) differ from the desired state: %s", kind, len(due), due)
         record = self._record(kind, rule, due, desired)
+        if self._cluster is not None:
+            self._tell(self._cluster.status, copy.deepcopy(record), "running")
         result = await rollout(self._fleet, selection, record, report=self._report(kind, record))
+        if self._cluster is not None:
+            end = "halted" if record.halted else "done"
+            self._tell(self._cluster.status, copy.deepcopy(record), end)
         if result.busy:
             log.info(
                 "%s: %d node(s) mid-change by an operation started elsewhere, counted as "
@@ -435,6 +458,10 @@ class Reconciler:
                 self._running[(kind, node)] = self._clock() + record.node_timeout_s + 30.0
             elif state.finished:
                 self._running.pop((kind, node), None)
+            if self._cluster is not None and (state.finished or detail == "started"):
+                self._tell(self._cluster.node_step, kind, node, state.value, detail)
+                if state.finished:
+                    self._tell(self._cluster.status, copy.deepcopy(record), "running")
             log_end(node, state, detail)
 
         return report

@@ -86,22 +86,24 @@ def test_agent_rbac_is_what_the_agent_does() -> None:
     }
 
 
-def test_coordinator_only_reads_but_for_its_own_lease() -> None:
-    """It reads nodes and pods; it writes one thing, its Lease, by name (leader election)."""
+def test_coordinator_reads_and_writes_only_its_lease_status_and_events() -> None:
+    """It reads nodes and pods; it writes its Lease and its status ConfigMap, by name (create
+    cannot name one), and creates Events; nothing else (no node patch, no pod delete)."""
     objs = render("default")
     rules = _rules(objs, "ClusterRole", "gpu-agent-coordinator") + _rules(
         objs, "Role", "gpu-agent-coordinator"
     )
-    reads = [r for r in rules if r["resources"] != ["leases"]]
+    owned = {"leases": "gpu-agent-coordinator", "configmaps": "gpu-agent-rollout-status"}
+    reads = [r for r in rules if r["resources"][0] not in {*owned, "events"}]
     assert {v for r in reads for v in r["verbs"]} <= READ
     assert {res for r in reads for res in r["resources"]} == {"nodes", "pods"}
-    leases = [r for r in rules if r["resources"] == ["leases"]]
-    assert {g for r in leases for g in r["apiGroups"]} == {"coordination.k8s.io"}
-    assert [r["verbs"] for r in leases if not r.get("resourceNames")] == [["create"]]
-    named = [r for r in leases if r.get("resourceNames")]
-    assert [(r["resourceNames"], sorted(r["verbs"])) for r in named] == [
-        (["gpu-agent-coordinator"], ["get", "update"])
-    ]
+    for resource, name in owned.items():
+        mine = [r for r in rules if r["resources"] == [resource]]
+        assert [r["verbs"] for r in mine if not r.get("resourceNames")] == [["create"]]
+        assert [
+            (r["resourceNames"], sorted(r["verbs"])) for r in mine if r.get("resourceNames")
+        ] == [([name], ["get", "update"])]
+    assert [r["verbs"] for r in rules if r["resources"] == ["events"]] == [["create"]]
     role = find(objs, "Role", "gpu-agent-coordinator")
     assert role["metadata"]["namespace"] == "gpu-agent", "agent pods and the Lease: here only"
 

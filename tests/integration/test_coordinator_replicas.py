@@ -135,6 +135,31 @@ def test_two_replicas_take_turns_and_never_exceed_max_unavailable(
             timeout=120,
             every=1.0,
         )
+
+        # Every node's steps are Events on the Node; the rollout's status is in a ConfigMap.
+        def reasons(node: str) -> list[str]:
+            return [e["reason"] for e in api.events if e["involvedObject"]["name"] == node]
+
+        for node in NODES:
+            wait_for(lambda n=node: "MigConfigChanged" in reasons(n), f"{node}'s events")
+            assert reasons(node)[:2] == ["RolloutStarted", "MigConfigChanged"]
+        event = next(e for e in api.events if e["reason"] == "MigConfigChanged")
+        assert event["involvedObject"] == {
+            "apiVersion": "v1", "kind": "Node", "name": event["involvedObject"]["name"],
+            "uid": event["involvedObject"]["name"],
+        }  # fmt: skip
+        assert event["metadata"]["namespace"] == "default" and event["reportingInstance"] == first
+
+        def mig_status() -> dict | None:
+            found = api.configmaps.get(("gpu-agent", "gpu-agent-rollout-status"))
+            return json.loads(found["data"]["mig"]) if found else None
+
+        status = wait_for(lambda: (m := mig_status()) and m["state"] == "done" and m, "status")
+        assert status["leader"] == first and status["max_unavailable"] == "1"
+        assert {n: r["state"] for n, r in status["nodes"].items()} == dict.fromkeys(
+            NODES, "succeeded"
+        )
+
         # The standby is ready (a working standby) and live, and says it is not leading.
         status, body = _get(standby.base + "/readyz")
         assert status == 200 and f"standby: the lease is held by {first}" in body
@@ -171,6 +196,7 @@ def test_two_replicas_take_turns_and_never_exceed_max_unavailable(
             every=1.0,
         )
         assert api.leases[LEASE]["spec"]["leaseTransitions"] >= 1
+        wait_for(lambda: (m := mig_status()) and m["leader"] == second, "the new leader's status")
         assert _get(standby.base + "/readyz") == (200, f"leading as {second}\n")
         intervals = [i for n in NODES for i in op_intervals(agents.operations(n, "mig.apply"))]
         assert len(intervals) >= 2 * len(NODES)

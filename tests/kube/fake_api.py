@@ -5,7 +5,9 @@ on. It answers the real paths, verbs, content types, bearer-token check and Stat
 for: GET/PATCH ``/api/v1/nodes/{name}``, GET ``/api/v1/nodes`` (list, paged with
 ``limit``/``continue``), GET (list with labelSelector, fieldSelector, paging) and DELETE
 ``/api/v1/namespaces/{ns}/pods[/{name}]``, and GET/POST/PUT
-``/apis/coordination.k8s.io/v1/namespaces/{ns}/leases[/{name}]``. Like the real server:
+``/apis/coordination.k8s.io/v1/namespaces/{ns}/leases[/{name}]`` and
+``/api/v1/namespaces/{ns}/configmaps[/{name}]``, and POST ``/api/v1/namespaces/{ns}/events``.
+Like the real server:
 - every write bumps one cluster-wide ``resourceVersion``; a PUT whose
   ``metadata.resourceVersion`` is stale is 409 Conflict, a POST of an existing name 409
   AlreadyExists, a PUT of a missing object 404;
@@ -101,8 +103,8 @@ class FakeKubeApi:
     requests: list[Request] = field(default_factory=list)
     #: (method, path) pairs answered 403 Forbidden, as RBAC would.
     forbidden: set[tuple[str, str]] = field(default_factory=set)
-    #: (namespace, name) -> Lease object
-    leases: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    #: resource ("leases", "configmaps", "events") -> (namespace, name) -> object
+    stores: dict[str, dict[tuple[str, str], dict[str, Any]]] = field(default_factory=dict)
     #: name -> resourceVersion of that Node's last write
     node_versions: dict[str, str] = field(default_factory=dict)
     #: paths answered 503, as an API server that is down (e.g. during an upgrade)
@@ -116,6 +118,20 @@ class FakeKubeApi:
 
     def __post_init__(self) -> None:
         self.changed = threading.Condition(self.lock)
+
+    @property
+    def leases(self) -> dict[tuple[str, str], dict[str, Any]]:
+        return self.stores.setdefault("leases", {})
+
+    @property
+    def configmaps(self) -> dict[tuple[str, str], dict[str, Any]]:
+        return self.stores.setdefault("configmaps", {})
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """Events posted, oldest first."""
+        found = self.stores.get("events", {})
+        return sorted(found.values(), key=lambda e: int(e["metadata"]["resourceVersion"]))
 
     def bump(self) -> str:
         self.version += 1
@@ -211,8 +227,13 @@ class FakeKubeApi:
             if parts[:3] == ["api", "v1", "namespaces"] and len(parts) >= 5 and parts[4] == "pods":
                 return self._pods(h, parts[3], parts[5] if len(parts) == 6 else None, query)
             lease = ["apis", "coordination.k8s.io", "v1", "namespaces"]
-            if parts[:4] == lease and len(parts) >= 6 and parts[5] == "leases":
-                return self._lease(h, parts[4], parts[6] if len(parts) == 7 else None, body)
+            if parts[:4] == lease and len(parts) in (6, 7) and parts[5] == "leases":
+                name = parts[6] if len(parts) == 7 else None
+                return self._namespaced(h, "leases", parts[4], name, body)
+            core = ["api", "v1", "namespaces"]
+            if parts[:3] == core and len(parts) in (5, 6) and parts[4] in ("configmaps", "events"):
+                name = parts[5] if len(parts) == 6 else None
+                return self._namespaced(h, parts[4], parts[3], name, body)
         return _reply(h, 404, _status(404, "the server could not find the requested resource"))
 
     def _page(
@@ -322,35 +343,59 @@ class FakeKubeApi:
             self._record("nodes", "MODIFIED", self._node_obj(name))
         return _reply(h, 200, self._node_obj(name))
 
-    def _lease(self, h: BaseHTTPRequestHandler, ns: str, name: str | None, body: object) -> None:
+    def _namespaced(
+        self,
+        h: BaseHTTPRequestHandler,
+        resource: str,
+        ns: str,
+        name: str | None,
+        body: object,
+    ) -> None:
+        """GET/POST/PUT of a namespaced object (Lease, ConfigMap), with the server's
+        resourceVersion rules; POST of an Event (kept, never read back)."""
+        store = self.stores.setdefault(resource, {})
         if name is None and h.command == "POST":
             assert isinstance(body, dict)
-            key = (ns, str(body["metadata"]["name"]))
-            if key in self.leases:
-                message = f'leases.coordination.k8s.io "{key[1]}" already exists'
+            meta = body.get("metadata") or {}
+            if resource == "events":
+                meta = dict(
+                    meta, name=meta.get("name") or f"{meta.get('generateName', '')}{self.version}"
+                )
+                body = dict(body, metadata=meta)
+            key = (ns, str(meta.get("name") or ""))
+            if not key[1]:
+                return _reply(h, 422, _status(422, f"{resource}: metadata.name: Required value"))
+            if key in store:
+                message = f'{resource} "{key[1]}" already exists'
                 return _reply(h, 409, _status(409, message, "AlreadyExists"))
-            if body["metadata"].get("resourceVersion"):
+            if meta.get("resourceVersion"):
                 return _reply(h, 400, _status(400, "resourceVersion should not be set on create"))
-            return _reply(h, 201, self._store_lease(key, body))
+            return _reply(h, 201, self._store(store, key, body))
         if name is None:
             return _reply(h, 405, _status(405, "method not allowed"))
         key = (ns, name)
-        if key not in self.leases:
-            return _reply(h, 404, _status(404, f'leases.coordination.k8s.io "{name}" not found'))
+        if key not in store:
+            return _reply(h, 404, _status(404, f'{resource} "{name}" not found'))
         if h.command == "GET":
-            return _reply(h, 200, self.leases[key])
+            return _reply(h, 200, store[key])
         if h.command == "PUT":
             assert isinstance(body, dict)
-            want = body["metadata"].get("resourceVersion")
-            if want and want != self.leases[key]["metadata"]["resourceVersion"]:
-                return _reply(h, 409, _conflict("leases.coordination.k8s.io", name))
-            return _reply(h, 200, self._store_lease(key, body))
+            want = (body.get("metadata") or {}).get("resourceVersion")
+            if want and want != store[key]["metadata"]["resourceVersion"]:
+                return _reply(h, 409, _conflict(resource, name))
+            return _reply(h, 200, self._store(store, key, body))
         return _reply(h, 405, _status(405, "method not allowed"))
 
-    def _store_lease(self, key: tuple[str, str], body: dict[str, Any]) -> dict[str, Any]:
+    def _store(
+        self,
+        store: dict[tuple[str, str], dict[str, Any]],
+        key: tuple[str, str],
+        body: dict[str, Any],
+    ) -> dict[str, Any]:
         obj = copy.deepcopy(body)
+        obj["metadata"] = dict(obj.get("metadata") or {})
         obj["metadata"].update(namespace=key[0], name=key[1], resourceVersion=self.bump())
-        self.leases[key] = obj
+        store[key] = obj
         return obj
 
     def _pods(
