@@ -144,7 +144,9 @@ class MigSettings:
     label_poll_s: float = field(
         default=5.0,
         metadata=_rules(
-            doc="Seconds between reads of the node's labels when watch_node_label is on.",
+            doc="Seconds between reads of the node's labels when watch_node_label is on and the "
+            "Node is not watched (no Kubernetes API client); in a pod the agent watches its Node "
+            "(a label change is seen at once) and re-reads the labels every 60 s.",
             ge=1.0,
         ),
     )
