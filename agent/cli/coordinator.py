@@ -300,6 +300,14 @@ def coordinator() -> None:
     help="Each hold is shortened by up to this fraction at random, spreading the retries of "
     "nodes that failed together; 0 for none.",
 )
+@click.option(
+    "--status-max-age",
+    type=click.FloatRange(min=0.0),
+    default=60.0,
+    show_default=True,
+    help="GET /fleet/status answers from the latest sweep (a pass's, or a request's) up to "
+    "this many seconds old, else sweeps; 0: always sweep. `fleet status --fresh` asks anew.",
+)
 @click.option("--once", is_flag=True, help="Run one pass and exit (non-zero if it failed).")
 @lease_option
 @click.option(
@@ -342,6 +350,7 @@ def serve(
     retry_backoff: float | None,
     retry_backoff_max: float | None,
     retry_jitter: float,
+    status_max_age: float,
     once: bool,
     lease_name: str,
     leader_elect: bool | None,
@@ -410,6 +419,7 @@ def serve(
             logging.getLogger(__name__).warning(
                 "no leader election (no Kubernetes API, or --no-leader-elect): run one replica"
             )
+        status = status_http.StatusEndpoint(fleet, max_age_s=status_max_age)
         reconciler = Reconciler(
             fleet,
             desired_path,
@@ -417,6 +427,7 @@ def serve(
             backoff=backoff,
             elector=None if once else elector,
             cluster=cluster,
+            on_sweep=status.observe,
         )
         try:
             if once:
@@ -433,7 +444,7 @@ def serve(
                     "/metrics": reconciler.metrics,
                     "/healthz": reconciler.healthz,
                     "/readyz": reconciler.readyz,
-                    STATUS_PATH: status_http.StatusEndpoint(fleet),
+                    STATUS_PATH: status,
                 }
             )
             bound = await http.start(host.strip("[]") or "0.0.0.0", int(port))

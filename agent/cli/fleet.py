@@ -123,11 +123,18 @@ def _counts(counts: dict[str, int]) -> str:
     "it keeps its connections open, so a large fleet answers in about half the time. The "
     "connection options are then not used.",
 )
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="With --coordinator: a new sweep, not the coordinator's latest (up to its "
+    "--status-max-age old).",
+)
 @output_option
 def status(
     selector: str | None,
     idle_after: str,
     coordinator_url: str | None,
+    fresh: bool,
     output: str,
     **kwargs: Any,
 ) -> None:
@@ -148,7 +155,7 @@ def status(
     if coordinator_url:  # the coordinator checks the selector: nothing heavy loads here
         from agent.coordinator.query import StatusQuery, fetch_status
 
-        doc = fetch_status(coordinator_url, StatusQuery(selector or "", idle_after))
+        doc = fetch_status(coordinator_url, StatusQuery(selector or "", idle_after, fresh))
     else:
         from agent.coordinator.flows import select
         from agent.coordinator.selector import parse_selector

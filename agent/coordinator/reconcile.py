@@ -44,6 +44,7 @@ from agent.coordinator.cluster import ClusterReport
 from agent.coordinator.desired import Desired, MigRule, PrewarmRule, SharingRule, load_desired
 from agent.coordinator.fleet import Fleet
 from agent.coordinator.flows import Selection, rollout, select
+from agent.coordinator.inventory import NodeView
 from agent.coordinator.lease import LeaderElector
 from agent.coordinator.record import RolloutRecord
 from agent.coordinator.rollout import NodeState
@@ -56,6 +57,8 @@ log = logging.getLogger(__name__)
 __all__ = ["Reconciler", "Stats"]
 
 KINDS = ("mig", "share", "prewarm")
+#: the pass sweeps as `fleet status` does by default, so its sweep can answer GET /fleet/status
+SWEEP_IDLE_AFTER_S = 3600.0
 _Rule = MigRule | SharingRule | PrewarmRule
 
 
@@ -169,17 +172,20 @@ class Reconciler:
         clock: Callable[[], float] = time.time,
         elector: LeaderElector | None = None,
         cluster: ClusterReport | None = None,
+        on_sweep: Callable[[Sequence[NodeView], float, float], None] | None = None,
     ) -> None:
         """``backoff``: how long failed nodes are held back (default: an interval, doubling
         to 30 intervals); ``draw`` gives the jitter's uniform draws (tests fix it);
         ``elector``: act only while holding its Lease (None: this process acts alone);
-        ``cluster``: post Node Events and the status ConfigMap (None: not in a cluster)."""
+        ``cluster``: post Node Events and the status ConfigMap (None: not in a cluster);
+        ``on_sweep(views, idle_after_s, at)`` gets each pass's sweep (GET /fleet/status)."""
         self._fleet = fleet
         self._path = desired_path
         self.interval_s = interval_s
         self._clock = clock
         self._elector = elector
         self._cluster = cluster
+        self._on_sweep = on_sweep
         # One worker, so the cluster sees the reports in order; never waited on by a pass.
         self._reports = concurrent.futures.ThreadPoolExecutor(1, "cluster-report")
         self._desired: Desired | None = None
@@ -291,7 +297,9 @@ class Reconciler:
         began = self._clock()
         try:
             desired = self._load()
-            selection = await select(self._fleet, Selector())
+            selection = await select(self._fleet, Selector(), idle_after_s=SWEEP_IDLE_AFTER_S)
+            if self._on_sweep is not None:
+                self._on_sweep(selection.views, SWEEP_IDLE_AFTER_S, began)
             self.stats.nodes = Counter(
                 "answering" if v.reachable else "unreachable" for v in selection.views
             )
