@@ -227,6 +227,28 @@ class TelemetrySettings:
             doc="Percent utilisation under which a GPU or MIG instance counts as idle.",
         ),
     )
+    idle_reclaim_after_s: float = field(
+        default=86400.0,
+        metadata=_rules(
+            ge=0,
+            doc="Seconds a GPU must stay idle with no process before the agent marks it "
+            "reclaimable on its Node (annotation gpu-agent.io/reclaimable=<GPU indices>, and an "
+            "Event); 0 turns the mark off. Needs the Kubernetes API (in a pod).",
+        ),
+    )
+    reclaim_exclude_selector: str = field(
+        default="",
+        metadata=_rules(
+            check=lambda v: all(
+                "=" in t and t.partition("!=" if "!=" in t else "=")[0].strip()
+                for t in (x.strip() for x in v.split(","))
+                if t
+            ),
+            allowed="comma-separated key=value or key!=value over node labels",
+            doc="Nodes whose labels match this selector are never marked reclaimable (an "
+            "inference pool idles by design), e.g. pool=inference; empty excludes none.",
+        ),
+    )
     kubelet_socket: Path = field(
         default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
         metadata=_rules(

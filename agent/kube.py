@@ -19,6 +19,7 @@ import os
 import ssl
 import tempfile
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -320,6 +321,42 @@ class InClusterKubeClient:
             content_type="application/merge-patch+json",
         )
 
+    def node_metadata(self, node: str) -> tuple[Mapping[str, str], Mapping[str, str]]:
+        """The Node's (labels, annotations)."""
+        obj = self._request("GET", f"/api/v1/nodes/{_segment(node)}")
+        return _strings(_dig(obj, "metadata", "labels")), _strings(
+            _dig(obj, "metadata", "annotations")
+        )
+
+    def patch_node_annotations(self, node: str, annotations: Mapping[str, str | None]) -> None:
+        self._request(
+            "PATCH",
+            f"/api/v1/nodes/{_segment(node)}",
+            body={"metadata": {"annotations": dict(annotations)}},
+            content_type="application/merge-patch+json",
+        )
+
+    def post_node_event(
+        self, node: str, reason: str, message: str, component: str = "gpu-agent"
+    ) -> None:
+        """A Normal Event on the Node (namespace default, uid the node name, as the kubelet's),
+        so ``kubectl describe node`` shows it."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{node}.{component}."},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Normal",
+            "source": {"component": component, "host": node},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self._request("POST", "/api/v1/namespaces/default/events", body=body)
+
     def delete_pods(self, namespace: str, label_selector: str, node_name: str) -> tuple[str, ...]:
         base = f"/api/v1/namespaces/{_segment(namespace)}/pods"
         # The node field selector keeps this to the plugin pod of *this* node.
@@ -512,16 +549,25 @@ class NodeWatch:
         )
 
     def labels(self) -> Mapping[str, str] | None:
+        found = self.metadata()
+        return None if found is None else found[0]
+
+    def metadata(self) -> tuple[Mapping[str, str], Mapping[str, str]] | None:
+        """(labels, annotations) from the watch; None while it is not current."""
         if not (self.informer.synced.is_set() and self.informer.healthy):
             return None
         for obj in self.informer.objects():
-            found = _dig(obj, "metadata", "labels")
-            return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+            meta = _dig(obj, "metadata")
+            return _strings(_dig(meta, "labels")), _strings(_dig(meta, "annotations"))
         return None
 
 
 def _key(obj: object) -> str:
     return f"{_dig(obj, 'metadata', 'namespace') or ''}/{_dig(obj, 'metadata', 'name') or ''}"
+
+
+def _strings(found: object) -> dict[str, str]:
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
 def _str(value: object) -> str:

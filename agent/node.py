@@ -50,6 +50,7 @@ from agent.mig.service import MigService
 from agent.prewarm.factory import build_service as build_prewarm
 from agent.prewarm.inventory import PrewarmCollector, label_patch
 from agent.prewarm.service import PrewarmService
+from agent.reclaim import reclaim_marker
 from agent.sharing import SharingService
 from agent.state import StateStore
 from agent.telemetry.service import TelemetryService, build_telemetry
@@ -64,6 +65,8 @@ CACHE_LABELS_S = 10.0
 #: With the own Node watched, MIG labels are re-read without a change this often (a failed
 #: config's retry); a change of the Node wakes the controller at once.
 MIG_RESYNC_S = 60.0
+#: How often the reclaimable-GPU mark is recomputed (it moves in hours; the write is rare).
+RECLAIM_S = 60.0
 """How often the cache inventory is published as node labels."""
 PREWARM_QUEUE_S = 5.0
 """How often the prewarm queue in the shared database is looked at for new items."""
@@ -294,6 +297,9 @@ class Node:
             self._guard("mig-labels", _every(period, s.mig_labels.reconcile, changed))
         if s.kube is not None:
             self._guard("cache-labels", _every(CACHE_LABELS_S, self._publish_cache_labels))
+        if isinstance(s.kube, InClusterKubeClient) and cfg.telemetry.idle_reclaim_after_s > 0:
+            marker = reclaim_marker(s.kube, cfg, self._node_watch, s.inventory, s.telemetry)
+            self._guard("reclaim", _every(RECLAIM_S, marker.mark))
         # Items queued by the CLI in direct mode (`prewarm file --no-wait`) or by a manifest
         # land in the shared database; pick them up without waiting for a restart.
         self._guard("prewarm-queue", _every(PREWARM_QUEUE_S, s.prewarm.schedule_pending))

@@ -107,6 +107,8 @@ class FakeKubeApi:
     stores: dict[str, dict[tuple[str, str], dict[str, Any]]] = field(default_factory=dict)
     #: name -> resourceVersion of that Node's last write
     node_versions: dict[str, str] = field(default_factory=dict)
+    #: name -> that Node's annotations
+    node_annotations: dict[str, dict[str, str]] = field(default_factory=dict)
     #: paths answered 503, as an API server that is down (e.g. during an upgrade)
     unavailable: set[str] = field(default_factory=set)
     version: int = 1
@@ -255,6 +257,7 @@ class FakeKubeApi:
             "metadata": {
                 "name": name,
                 "labels": dict(self.nodes[name]),
+                "annotations": dict(self.node_annotations.get(name, {})),
                 "resourceVersion": version,
             },
         }
@@ -339,6 +342,12 @@ class FakeKubeApi:
                     self.nodes[name].pop(key, None)
                 else:
                     self.nodes[name][key] = value
+            notes = self.node_annotations.setdefault(name, {})
+            for key, value in (metadata.get("annotations") or {}).items():
+                if value is None:
+                    notes.pop(key, None)
+                else:
+                    notes[key] = str(value)
             self.node_versions[name] = self.bump()
             self._record("nodes", "MODIFIED", self._node_obj(name))
         return _reply(h, 200, self._node_obj(name))
