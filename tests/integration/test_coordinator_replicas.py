@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.kube.fake_api import FakeKubeApi
+from agent.cli.fleet import fleet
+from tests.kube.fake_api import FakeKubeApi, Pod
 from tests.unit.api.support import REPO, Pki, wait_for
-from tests.unit.coordinator.agents import AgentFleet, most_at_once, op_intervals
+from tests.unit.coordinator.agents import AgentFleet, invoke, most_at_once, op_intervals
 
 pytestmark = pytest.mark.integration
 
@@ -204,3 +205,31 @@ def test_two_replicas_take_turns_and_never_exceed_max_unavailable(
     finally:
         for r in replicas:
             r.stop()
+
+
+def test_fleet_status_from_a_laptop_with_a_kubeconfig(
+    agents: AgentFleet,
+    kube_api: tuple[FakeKubeApi, str],
+    tls_cert: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Outside a pod, `--kubernetes` uses the kubeconfig (KUBECONFIG) to find the agent pods
+    and their nodes' labels, as kubectl would."""
+    api, url = kube_api
+    selector = {"app.kubernetes.io/name": "gpu-agent", "app.kubernetes.io/component": "agent"}
+    for name in NODES:
+        api.nodes[name] = {"pool": "train" if name == "n2" else "batch"}
+        port = agents.agents[name].tcp_port
+        api.pods.append(
+            Pod("gpu-agent", f"gpu-agent-{name}", name, dict(selector), "127.0.0.1", port)
+        )
+    config = kubeconfig(agents.root / "laptop-kubeconfig", url, tls_cert[0], "token-1")
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    tls = agents.args()[2:]  # the client certificate flags, without --agents
+    args = ["status", "--kubernetes", "--namespace", "gpu-agent", "--server-name", "localhost"]
+    result = invoke(fleet, [*args, *tls, "-o", "json"])
+    assert result.exit_code == 0, result.output
+    assert {n["name"] for n in json.loads(result.output)["nodes"]} == set(NODES)
+    picked = invoke(fleet, [*args, *tls, "-l", "pool=train", "-o", "json"])
+    assert [n["name"] for n in json.loads(picked.output)["nodes"]] == ["n2"]
