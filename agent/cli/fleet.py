@@ -96,6 +96,8 @@ def _status_table(doc: dict[str, Any]) -> str:
         "MIG SLICES: one character per memory slice: the instance's size in compute slices, "
         "* in use, . free; - whole GPU (MIG off)."
     )
+    if "age_s" in doc:  # answered by a coordinator from its latest sweep
+        summary += f" Swept by the coordinator {doc['age_s']:.0f} s ago (--fresh for a new one)."
     return f"{nodes}\n\n{profiles}\n\n{summary}"
 
 
