@@ -203,6 +203,18 @@ class _Agent(
         self.log.append((started, time.time()))
         self.done[name].set()
 
+    async def ListOperations(
+        self, request: operations_pb2.ListOperationsRequest, context: object
+    ) -> operations_pb2.ListOperationsResponse:
+        # The rollout asks for operations still running (started by another coordinator).
+        ops = [
+            op
+            for op in reversed(self.ops.values())
+            if (not request.kind or op.kind == request.kind)
+            and (not request.HasField("done") or op.done == request.done)
+        ]
+        return operations_pb2.ListOperationsResponse(operations=ops[: request.page_size or 100])
+
     async def WatchOperation(self, request: object, context: object) -> AsyncIterator[object]:
         name = request.name  # type: ignore[attr-defined]
         yield operations_pb2.WatchOperationResponse(operation=self.ops[name])
