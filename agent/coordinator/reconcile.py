@@ -77,13 +77,21 @@ class Stats:
     #: nodes held (no change) because the labels their rule depends on could not be read
     labels_unknown: Counter[str] = field(default_factory=Counter)
     desired_valid: bool = False
-    leading: bool = False
+    #: the loop runs passes (without an elector: always while it runs)
+    acting: bool = False
 
 
 class _Collector:
     """Fresh metric families from `Stats` at every scrape (nothing to go stale)."""
 
-    def __init__(self, stats: Stats, backoff: Backoff, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        stats: Stats,
+        backoff: Backoff,
+        clock: Callable[[], float],
+        leading: Callable[[], bool],
+    ) -> None:
+        self._leading = leading
         self._stats = stats
         self._backoff = backoff
         self._clock = clock
@@ -129,7 +137,9 @@ class _Collector:
             unknown.add_metric([kind], s.labels_unknown[kind])
         yield from (drift, changes, halted, unknown)
         yield GaugeMetricFamily(
-            p + "leader", "1 while this replica holds the Lease (or runs alone).", value=s.leading
+            p + "leader",
+            "1 while this replica holds the Lease (or runs alone).",
+            value=float(self._leading()),
         )
         yield from self._backoff_metrics(p)
         yield GaugeMetricFamily(
@@ -196,7 +206,7 @@ class Reconciler:
         self.backoff = Backoff(policy) if draw is None else Backoff(policy, draw)
         self.stats = Stats(started=clock())
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(self.stats, self.backoff, clock))
+        self.registry.register(_Collector(self.stats, self.backoff, clock, self.leading))
 
     # -- HTTP ----------------------------------------------------------------------------------
 
@@ -210,6 +220,12 @@ class Reconciler:
     async def readyz(self, request: Request) -> Response:
         ready, why = self.ready()
         return Response(200 if ready else 503, (why + "\n").encode())
+
+    def leading(self) -> bool:
+        """Acting now: holding the Lease (by its renew deadline), or running without one."""
+        if self._elector is not None:
+            return self._elector.leading
+        return self.stats.acting
 
     def beat(self) -> None:
         """The loop made progress (a step, a watch event, a wait or Lease attempt ended)."""
@@ -250,10 +266,10 @@ class Reconciler:
         try:
             while not stop.is_set():
                 if self._elector is not None:
-                    self.stats.leading = False
+                    self.stats.acting = False
                     if not await self._elector.won(stop):
                         break
-                self.stats.leading = True
+                self.stats.acting = True
                 await self._guarded_pass(stop)
                 self.beat()
                 with contextlib.suppress(TimeoutError):  # the interval passed: next pass
@@ -263,7 +279,7 @@ class Reconciler:
             keep_stop.set()
             if keeper is not None:
                 await keeper  # releases the Lease
-            self.stats.leading = False
+            self.stats.acting = False
             await asyncio.to_thread(self._reports.shutdown, True, cancel_futures=True)
 
     def _tell(self, call: Callable[..., None], *args: Any) -> None:
