@@ -236,8 +236,8 @@ class TelemetrySettings:
             "Event); 0 turns the mark off. Needs the Kubernetes API (in a pod).",
         ),
     )
-    reclaim_exclude_selector: str = field(
-        default="",
+    reclaim_exclude_selector: str | None = field(
+        default=None,
         metadata=_rules(
             check=lambda v: all(
                 "=" in t and t.partition("!=" if "!=" in t else "=")[0].strip()
@@ -246,7 +246,7 @@ class TelemetrySettings:
             ),
             allowed="comma-separated key=value or key!=value over node labels",
             doc="Nodes whose labels match this selector are never marked reclaimable (an "
-            "inference pool idles by design), e.g. pool=inference; empty excludes none.",
+            "inference pool idles by design), e.g. pool=inference; none excludes no node.",
         ),
     )
     kubelet_socket: Path = field(

@@ -166,5 +166,5 @@ def reclaim_marker(
         inventory.layouts,
         idle,
         settings.idle_reclaim_after_s,
-        ExcludeSelector.parse(settings.reclaim_exclude_selector),
+        ExcludeSelector.parse(settings.reclaim_exclude_selector or ""),
     )

@@ -76,7 +76,7 @@ class FakeFleet:
         self.rolled: list[list[str]] = []
         self.views = tuple(NodeView(n, f"10.0.0.{i}:9401") for i, n in enumerate(("a", "b")))
 
-    async def select(self, fleet: object, selector: object) -> Selection:
+    async def select(self, fleet: object, selector: object, **kw: object) -> Selection:
         return Selection(self.views, {v.name: Target(v.address, v.name) for v in self.views})
 
     async def preview(
@@ -219,7 +219,7 @@ def test_nodes_whose_rule_depends_on_unread_labels_are_held_and_reported(
     )
     reconciler = reconcile.Reconciler(cast(Fleet, object()), desired, clock=Clock(0.0))
 
-    async def outage(fleet: object, selector: object) -> Selection:
+    async def outage(fleet: object, selector: object, **kw: object) -> Selection:
         return unknown
 
     monkeypatch.setattr(reconcile, "select", outage)
@@ -231,7 +231,7 @@ def test_nodes_whose_rule_depends_on_unread_labels_are_held_and_reported(
     labelled = (NodeView("a", "10.0.0.0:9401", {"pool": "inference"}), fake.views[1])
     known = Selection(labelled, {v.name: Target(v.address, v.name, v.labels) for v in labelled})
 
-    async def back(fleet: object, selector: object) -> Selection:
+    async def back(fleet: object, selector: object, **kw: object) -> Selection:
         return known
 
     monkeypatch.setattr(reconcile, "select", back)
@@ -250,7 +250,7 @@ def test_a_rule_needing_no_labels_still_applies_during_a_label_outage(
         fake.views, {v.name: Target(v.address, v.name, {}, None, False) for v in fake.views}
     )
 
-    async def outage(fleet: object, selector: object) -> Selection:
+    async def outage(fleet: object, selector: object, **kw: object) -> Selection:
         return unknown
 
     monkeypatch.setattr(reconcile, "select", outage)
