@@ -51,6 +51,7 @@ class FleetOptions:
         from agent.coordinator.client import ClientTls
         from agent.coordinator.fleet import Fleet
 
+        discovery = self._discovery(watch)  # where the agents are is asked for first
         tls = None
         if not self.insecure:
             tls = ClientTls(
@@ -60,7 +61,7 @@ class FleetOptions:
                 self.server_name or self._default_server_name(),
             )
             tls.credentials()  # a missing file is a configuration error here, not N unreachable
-        return Fleet(self._discovery(watch), tls, timeout_s=self.timeout)
+        return Fleet(discovery, tls, timeout_s=self.timeout)
 
     def elector(
         self,

@@ -328,6 +328,7 @@ class Reconciler:
         finally:
             self.stats.last_pass = self._clock()
             self.stats.last_duration_s = self.stats.last_pass - began
+            self.beat()
 
     def _load(self) -> Desired | None:
         """The desired state; a bad file keeps the last good one (and says so in metrics)."""
