@@ -422,10 +422,28 @@ def rollout_options(fn: F) -> F:
     return lease_option(fn)
 
 
-def _report(output: str) -> Callable[[str, Any, str], None]:
+def _report(
+    output: str, options: FleetOptions | None = None, kind: str = ""
+) -> Callable[[str, Any, str], None]:
+    """Node steps on stderr (table output), and as Events on the Node when a Kubernetes API is
+    configured (``options``), as `coordinator serve` posts them."""
+    import asyncio
+
     last: dict[str, str] = {}
+    cluster = None
+    kube = options.kube() if options is not None else None
+    if kube is not None:
+        from agent.coordinator.cluster import ClusterReport
+        from agent.coordinator.lease import default_identity
+
+        identity = "fleet-apply/" + default_identity()
+        cluster = ClusterReport(kube, options.namespace if options else "", identity)
 
     def report(node: str, state: Any, detail: str) -> None:
+        if cluster is not None and (state.finished or detail == "started"):
+            # Off the loop; asyncio.run waits for these before the command exits.
+            loop = asyncio.get_running_loop()
+            loop.run_in_executor(None, cluster.node_step, kind, node, state.value, detail)
         line = f"{state.value}: {detail}" if detail else state.value
         if output == "table" and last.get(node) != line:
             last[node] = line
@@ -515,7 +533,8 @@ def _start(
             )
         record = RolloutRecord.start(kind, spec, sorted(names), selector=str(chosen), **rollout)
         record.path = None if dry_run else path
-        return await rollout_flow(fleet, selection, record, dry_run=dry_run, report=_report(output))
+        report = _report(output, None if dry_run else options, kind)
+        return await rollout_flow(fleet, selection, record, dry_run=dry_run, report=report)
 
     # A dry run changes nothing: it needs no Lease.
     _finish(run_with_fleet(options, work, lease=None if dry_run else lease), output)
@@ -797,9 +816,11 @@ def resume(
         order = record.resume()
         if dry_run:
             record.path = None
+        report = _report(output, None if dry_run else options, record.kind)
         return await rollout_flow(
-            fleet, selection, record, order=order, dry_run=dry_run, report=_report(output)
+            fleet, selection, record, order=order, dry_run=dry_run, report=report
         )
 
+    options = options_from(kwargs)
     lease = None if dry_run else lease_name
-    _finish(run_with_fleet(options_from(kwargs), work, lease=lease), output)
+    _finish(run_with_fleet(options, work, lease=lease), output)

@@ -233,3 +233,26 @@ def test_fleet_status_from_a_laptop_with_a_kubeconfig(
     assert {n["name"] for n in json.loads(result.output)["nodes"]} == set(NODES)
     picked = invoke(fleet, [*args, *tls, "-l", "pool=train", "-o", "json"])
     assert [n["name"] for n in json.loads(picked.output)["nodes"]] == ["n2"]
+
+
+def test_a_change_by_hand_takes_the_free_lease_and_posts_node_events(
+    agents: AgentFleet,
+    kube_api: tuple[FakeKubeApi, str],
+    tls_cert: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With no coordinator acting, `fleet apply` holds the Lease while it runs, releases it,
+    and leaves an Event on each Node it changed."""
+    api, url = kube_api
+    monkeypatch.setenv(
+        "KUBECONFIG", str(kubeconfig(agents.root / "kc", url, tls_cert[0], "token-1"))
+    )
+    mig = agents.root / "hand.yaml"
+    mig.write_text(yaml.safe_load(desired("quarters", "2g.20gb: 3"))["mig"][0]["config"])
+    result = agents.fleet("apply", "mig", "-f", str(mig), "--namespace", "gpu-agent")
+    assert result.exit_code == 0, result.output
+    lease = api.leases[LEASE]["spec"]
+    assert lease["holderIdentity"] == "" and lease["leaseDurationSeconds"] == 1  # released
+    changed = {e["involvedObject"]["name"] for e in api.events if e["reason"] == "MigConfigChanged"}
+    assert changed == set(NODES)
+    assert all(e["reportingInstance"].startswith("fleet-apply/") for e in api.events)
