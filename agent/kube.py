@@ -29,6 +29,7 @@ import yaml
 
 from agent.errors import (
     AgentError,
+    Busy,
     Conflict,
     FieldViolation,
     InvalidSpec,
@@ -59,6 +60,8 @@ _STATUS_ERRORS: dict[int, type[AgentError]] = {
     403: PermissionDenied,
     404: NotFound,
     409: Conflict,
+    # Too Many Requests: an eviction a PodDisruptionBudget refuses now, or API throttling.
+    429: Busy,
 }
 
 #: A response body larger than this is refused: a list is paged, never this big.

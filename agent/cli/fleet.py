@@ -512,6 +512,8 @@ def _start(
     rollout: dict[str, Any],
     output: str,
     nodes: Sequence[str] | None = None,
+    *,
+    drain: bool = False,
 ) -> None:
     """Select nodes, write a new record, run (or dry-run) the rollout, render it."""
     from agent.coordinator.flows import rollout as rollout_flow
@@ -534,7 +536,21 @@ def _start(
         record = RolloutRecord.start(kind, spec, sorted(names), selector=str(chosen), **rollout)
         record.path = None if dry_run else path
         report = _report(output, None if dry_run else options, kind)
-        return await rollout_flow(fleet, selection, record, dry_run=dry_run, report=report)
+        wrap = None
+        if drainer is not None:
+            from agent.coordinator.drain import Drain
+
+            kube = drainer
+
+            def wrap(action: Any) -> Any:
+                return Drain(action, fleet, selection.targets, record, kube)
+
+        return await rollout_flow(
+            fleet, selection, record, dry_run=dry_run, report=report, wrap=wrap
+        )
+
+    # The Kubernetes API a drain needs is checked before any node is touched.
+    drainer = options.kube(required=True) if drain and not dry_run else None
 
     # A dry run changes nothing: it needs no Lease.
     _finish(run_with_fleet(options, work, lease=None if dry_run else lease), output)
@@ -575,11 +591,19 @@ def apply() -> None:
     default=None,
     help="A plan from `fleet plan --out`: each node gets its own config.",
 )
+@click.option(
+    "--drain",
+    is_flag=True,
+    help="For a node whose change must destroy busy instances: cordon it, evict the pods on "
+    "the affected GPUs (Eviction API: PodDisruptionBudgets respected), apply, uncordon. Needs "
+    "a Kubernetes API (pod or KUBECONFIG) allowed to patch nodes and create pods/eviction.",
+)
 @output_option
 def apply_mig(
     config_file: Path | None,
     config_name: str,
     plan_file: Path | None,
+    drain: bool,
     selector: str | None,
     output: str,
     **kwargs: Any,
@@ -615,7 +639,7 @@ def apply_mig(
         name, _ = load_spec(config_file, text).select(config_name or None)
         spec = {"config_yaml": text, "config_name": name}
         nodes = None
-    _start(options_from(kwargs), "mig", spec, selector, rollout, output, nodes)
+    _start(options_from(kwargs), "mig", spec, selector, rollout, output, nodes, drain=drain)
 
 
 @apply.command("share")

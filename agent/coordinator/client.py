@@ -29,6 +29,8 @@ from agent._proto.gpuagent.v1 import (
     prewarm_pb2_grpc,
     sharing_pb2,
     sharing_pb2_grpc,
+    telemetry_pb2,
+    telemetry_pb2_grpc,
 )
 from agent.errors import (
     AgentError,
@@ -153,6 +155,10 @@ class AgentClient:
         return sharing_pb2_grpc.SharingServiceStub(self._channel)
 
     @cached_property
+    def _telemetry(self) -> telemetry_pb2_grpc.TelemetryServiceStub:
+        return telemetry_pb2_grpc.TelemetryServiceStub(self._channel)
+
+    @cached_property
     def _prewarm(self) -> prewarm_pb2_grpc.PrewarmServiceStub:
         return prewarm_pb2_grpc.PrewarmServiceStub(self._channel)
 
@@ -219,6 +225,20 @@ class AgentClient:
         return response.operation
 
     # -- operations ------------------------------------------------------------------------------
+
+    async def pods_on(self, gpu_indices: Iterable[int]) -> set[tuple[str, str]]:
+        """(namespace, pod) of the containers the agent attributes to those GPUs or their MIG
+        instances (kubelet's pod-resources, as its telemetry labels them)."""
+        wanted = set(gpu_indices)
+        response: telemetry_pb2.GetTelemetrySnapshotResponse = await self._call(
+            self._telemetry.GetTelemetrySnapshot,
+            telemetry_pb2.GetTelemetrySnapshotRequest(),
+        )
+        return {
+            (e.pod.namespace, e.pod.name)
+            for e in response.snapshot.entities
+            if e.entity.gpu_index in wanted and e.HasField("pod") and e.pod.name
+        }
 
     async def running_operations(self, kind: str) -> list[operations_pb2.Operation]:
         """The agent's operations of ``kind`` not done yet (whoever started them)."""

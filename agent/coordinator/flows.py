@@ -7,13 +7,13 @@ the reconcile loop render or act on them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agent.coordinator.actions import NodePreview, action_for, preview
 from agent.coordinator.demand import Demand, TraceStep
 from agent.coordinator.discovery import Target
-from agent.coordinator.execute import Report, run_rollout
+from agent.coordinator.execute import NodeAction, Report, run_rollout
 from agent.coordinator.fleet import Fleet
 from agent.coordinator.inventory import NodeView
 from agent.coordinator.planner import FleetPlan, NodeLayouts, plan_fleet, scratch_disruption
@@ -123,11 +123,13 @@ async def rollout(
     order: Sequence[str] | None = None,
     dry_run: bool = False,
     report: Report = lambda node, state, detail: None,
+    wrap: Callable[[NodeAction], NodeAction] | None = None,
 ) -> RolloutResult:
     """Run (or with ``dry_run`` only plan) ``record`` over the selected nodes it names.
 
     ``order`` is the node order (a resume puts nodes left mid-operation first). Nodes that do
-    not answer are skipped and count against max-unavailable, as nodes already down.
+    not answer are skipped and count against max-unavailable, as nodes already down. ``wrap``
+    wraps each node's action (a drain around a MIG change).
     """
     reachable = {v.name for v in selection.reachable}
     names = list(order or record.nodes)
@@ -157,7 +159,8 @@ async def rollout(
     record.save()
     if scheduler.pending and scheduler.capacity <= 0:
         return RolloutResult(record, (), skipped, tuple(sorted(busy)))  # wait: nothing may start
-    await run_rollout(record, scheduler, action_for(fleet, targets, record), report=report)
+    action = action_for(fleet, targets, record)
+    await run_rollout(record, scheduler, wrap(action) if wrap else action, report=report)
     return RolloutResult(record, (), skipped, tuple(sorted(busy)))
 
 

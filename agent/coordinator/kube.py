@@ -82,6 +82,39 @@ class KubeLister(InClusterKubeClient):
         out = self.request("PUT", f"{self._leases(namespace)}/{name}", body=obj)
         return out if isinstance(out, dict) else {}
 
+    # -- drain (agent.coordinator.drain.DrainApi) --------------------------------------------
+
+    def cordon(self, node: str) -> bool:
+        """Mark the Node unschedulable; True when it already was (then leave it so after)."""
+        path = f"/api/v1/nodes/{urllib.parse.quote(node, safe='')}"
+        spec = _get(self.get(path), "spec")
+        if _get(spec, "unschedulable") is True:
+            return True
+        self._unschedulable(node, True)
+        return False
+
+    def uncordon(self, node: str) -> None:
+        self._unschedulable(node, False)
+
+    def _unschedulable(self, node: str, value: bool) -> None:
+        self.request(
+            "PATCH",
+            f"/api/v1/nodes/{urllib.parse.quote(node, safe='')}",
+            body={"spec": {"unschedulable": value}},
+            content_type="application/merge-patch+json",
+        )
+
+    def evict(self, namespace: str, pod: str) -> None:
+        """POST an Eviction (policy/v1): the API server honours PodDisruptionBudgets and
+        answers 429 (Busy) while one forbids it; NotFound when the pod is gone."""
+        ns, name = urllib.parse.quote(namespace, safe=""), urllib.parse.quote(pod, safe="")
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": namespace},
+        }
+        self.request("POST", f"/api/v1/namespaces/{ns}/pods/{name}/eviction", body=body)
+
     def node_labels_all(self) -> Mapping[str, Mapping[str, str]]:
         return labels_by_node(self.list_all("/api/v1/nodes", page_size=self.page_size)[0])
 

@@ -6,7 +6,10 @@ for: GET/PATCH ``/api/v1/nodes/{name}``, GET ``/api/v1/nodes`` (list, paged with
 ``limit``/``continue``), GET (list with labelSelector, fieldSelector, paging) and DELETE
 ``/api/v1/namespaces/{ns}/pods[/{name}]``, and GET/POST/PUT
 ``/apis/coordination.k8s.io/v1/namespaces/{ns}/leases[/{name}]`` and
-``/api/v1/namespaces/{ns}/configmaps[/{name}]``, and POST ``/api/v1/namespaces/{ns}/events``.
+``/api/v1/namespaces/{ns}/configmaps[/{name}]``, POST ``/api/v1/namespaces/{ns}/events``, and
+POST ``/api/v1/namespaces/{ns}/pods/{name}/eviction`` (429 while ``pdb_refusals`` says the
+pod's disruption budget refuses, as the real server answers; otherwise the pod is deleted).
+A Node merge-patch may set ``spec.unschedulable`` (cordon).
 Like the real server:
 - every write bumps one cluster-wide ``resourceVersion``; a PUT whose
   ``metadata.resourceVersion`` is stale is 409 Conflict, a POST of an existing name 409
@@ -109,6 +112,12 @@ class FakeKubeApi:
     node_versions: dict[str, str] = field(default_factory=dict)
     #: name -> that Node's annotations
     node_annotations: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: (namespace, pod) -> evictions still refused (429) by its PodDisruptionBudget
+    pdb_refusals: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: called (namespace, pod) after an eviction deleted a pod: the kubelet stopping it
+    on_evict: Any = field(default=lambda ns, name: None)
+    #: Nodes marked spec.unschedulable (cordoned)
+    unschedulable: set[str] = field(default_factory=set)
     #: paths answered 503, as an API server that is down (e.g. during an upgrade)
     unavailable: set[str] = field(default_factory=set)
     version: int = 1
@@ -226,7 +235,10 @@ class FakeKubeApi:
                 return _reply(h, 200, self._page("NodeList", nodes, query))
             if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
                 return self._node(h, parts[3], body)
-            if parts[:3] == ["api", "v1", "namespaces"] and len(parts) >= 5 and parts[4] == "pods":
+            pods = parts[:3] == ["api", "v1", "namespaces"] and parts[4:5] == ["pods"]
+            if pods and len(parts) == 7 and parts[6] == "eviction" and h.command == "POST":
+                return self._evict(h, parts[3], parts[5], body)
+            if pods and len(parts) in (5, 6):
                 return self._pods(h, parts[3], parts[5] if len(parts) == 6 else None, query)
             lease = ["apis", "coordination.k8s.io", "v1", "namespaces"]
             if parts[:4] == lease and len(parts) in (6, 7) and parts[5] == "leases":
@@ -254,6 +266,7 @@ class FakeKubeApi:
         version = self.node_versions.setdefault(name, "1")
         return {
             "kind": "Node",
+            "spec": {"unschedulable": True} if name in self.unschedulable else {},
             "metadata": {
                 "name": name,
                 "labels": dict(self.nodes[name]),
@@ -342,6 +355,12 @@ class FakeKubeApi:
                     self.nodes[name].pop(key, None)
                 else:
                     self.nodes[name][key] = value
+            spec = body.get("spec") or {}
+            if "unschedulable" in spec:
+                if spec["unschedulable"]:
+                    self.unschedulable.add(name)
+                else:
+                    self.unschedulable.discard(name)
             notes = self.node_annotations.setdefault(name, {})
             for key, value in (metadata.get("annotations") or {}).items():
                 if value is None:
@@ -432,6 +451,22 @@ class FakeKubeApi:
                     return _reply(h, 200, {"kind": "Pod", "metadata": {"name": name}})
             return _reply(h, 404, _status(404, f'pods "{name}" not found'))
         return _reply(h, 405, _status(405, "method not allowed"))
+
+    def _evict(self, h: BaseHTTPRequestHandler, ns: str, name: str, body: object) -> None:
+        """policy/v1 Eviction: 429 while the pod's disruption budget refuses, else deleted."""
+        if not isinstance(body, dict) or body.get("kind") != "Eviction":
+            return _reply(h, 400, _status(400, "the body must be a policy/v1 Eviction"))
+        pod = next((p for p in self.pods if p.namespace == ns and p.name == name), None)
+        if pod is None:
+            return _reply(h, 404, _status(404, f'pods "{name}" not found'))
+        left = self.pdb_refusals.get((ns, name), 0)
+        if left > 0:
+            self.pdb_refusals[(ns, name)] = left - 1
+            message = "Cannot evict pod as it would violate the pod's disruption budget."
+            return _reply(h, 429, _status(429, message, "TooManyRequests"))
+        self.pods.remove(pod)
+        self.on_evict(ns, name)
+        return _reply(h, 201, _status(201, "", "") | {"status": "Success"})
 
 
 def _status(code: int, message: str, reason: str = "") -> dict[str, object]:
