@@ -512,8 +512,11 @@ class Informer:
             try:
                 if not self.resource_version:
                     self.relist()
+                began = time.monotonic()
                 self.watch_once()
                 delay = 1.0
+                if time.monotonic() - began < 1.0:
+                    self._stop.wait(1.0)  # a server ending watches at once is not spun on
             except Gone:
                 self.resource_version = ""  # compacted: list again at once
             except (AgentError, ValueError) as exc:
