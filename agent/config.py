@@ -147,7 +147,9 @@ class MigSettings:
     label_poll_s: float = field(
         default=5.0,
         metadata=_rules(
-            doc="Seconds between reads of the node's labels when watch_node_label is on.",
+            doc="Seconds between reads of the node's labels when watch_node_label is on and the "
+            "Node is not watched (no Kubernetes API client); in a pod the agent watches its Node "
+            "(a label change is seen at once) and re-reads the labels every 60 s.",
             ge=1.0,
         ),
     )
@@ -236,6 +238,28 @@ class TelemetrySettings:
             ge=0,
             le=100,
             doc="Percent utilisation under which a GPU or MIG instance counts as idle.",
+        ),
+    )
+    idle_reclaim_after_s: float = field(
+        default=86400.0,
+        metadata=_rules(
+            ge=0,
+            doc="Seconds a GPU must stay idle with no process before the agent marks it "
+            "reclaimable on its Node (annotation gpu-agent.io/reclaimable=<GPU indices>, and an "
+            "Event); 0 turns the mark off. Needs the Kubernetes API (in a pod).",
+        ),
+    )
+    reclaim_exclude_selector: str | None = field(
+        default=None,
+        metadata=_rules(
+            check=lambda v: all(
+                "=" in t and t.partition("!=" if "!=" in t else "=")[0].strip()
+                for t in (x.strip() for x in v.split(","))
+                if t
+            ),
+            allowed="comma-separated key=value or key!=value over node labels",
+            doc="Nodes whose labels match this selector are never marked reclaimable (an "
+            "inference pool idles by design), e.g. pool=inference; none excludes no node.",
         ),
     )
     kubelet_socket: Path = field(

@@ -1,26 +1,58 @@
 """The few Kubernetes API calls the agent makes, behind a narrow Protocol.
 
 ``InClusterKubeClient`` speaks plain HTTPS to the API server with the pod's service-account
-token: no client library, since three calls do not justify a dependency. Callers: sharing reload
-(node label, plugin pod restart), the MIG label protocol (read and patch the own Node's labels)
-and the prewarm inventory labels. RBAC: nodes get/patch, pods list/delete in the plugin's
-namespace.
+token, or with what a kubeconfig names (``from_kubeconfig``: a laptop's ``KUBECONFIG``): no
+client library, since a handful of calls do not justify a dependency (lightkube and
+kubernetes_asyncio both pin versions of their own; this is ~300 lines we test against the API
+stand-in). Callers: sharing reload (node label, plugin pod restart), the MIG label protocol
+(read and patch the own Node's labels), the prewarm inventory labels, and the coordinator
+(lists, watches, its Lease). RBAC: nodes get/patch, pods list/delete in the plugin's namespace.
 """
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
+import logging
 import os
 import ssl
+import tempfile
+import threading
+import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from agent.errors import AgentError, Conflict, NotFound, NotSupported, PermissionDenied
+import yaml
+
+from agent.errors import (
+    AgentError,
+    Busy,
+    Conflict,
+    FieldViolation,
+    InvalidSpec,
+    NotFound,
+    NotSupported,
+    PermissionDenied,
+)
+
+log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+#: Items per list page (client-go's pager uses 500).
+PAGE_SIZE = 500
+#: Pages one list may take: 2,000 x 500 items is past any cluster this runs in.
+MAX_PAGES = 2000
+#: A watch event line longer than this is refused (one object, never this big).
+MAX_EVENT_BYTES = 4 << 20
+
+
+class Gone(AgentError):
+    """410: the resourceVersion asked for is older than the API server keeps: list again."""
+
 
 #: HTTP status -> domain error; anything else unexpected is a plain AgentError.
 _STATUS_ERRORS: dict[int, type[AgentError]] = {
@@ -28,7 +60,12 @@ _STATUS_ERRORS: dict[int, type[AgentError]] = {
     403: PermissionDenied,
     404: NotFound,
     409: Conflict,
+    # Too Many Requests: an eviction a PodDisruptionBudget refuses now, or API throttling.
+    429: Busy,
 }
+
+#: A response body larger than this is refused: a list is paged, never this big.
+MAX_RESPONSE_BYTES = 64 << 20
 
 
 class KubeClient(Protocol):
@@ -52,8 +89,20 @@ class InClusterKubeClient:
     """
 
     def __init__(
-        self, server: str, token_path: Path, ca_path: Path | None = None, timeout: float = 10.0
+        self,
+        server: str,
+        token_path: Path | None,
+        ca_path: Path | None = None,
+        timeout: float = 10.0,
+        *,
+        token: str | None = None,
+        ca_data: bytes | None = None,
+        client_cert: tuple[bytes, bytes] | None = None,
+        insecure: bool = False,
     ) -> None:
+        """``token_path`` (re-read per request) or ``token``; ``client_cert`` is (cert, key) PEM
+        from a kubeconfig; ``insecure`` skips the server check (kubeconfig's
+        insecure-skip-tls-verify)."""
         url = urllib.parse.urlsplit(server)
         if url.scheme not in ("https", "http") or not url.hostname:
             raise NotSupported(f"Kubernetes API server must be an http(s) URL, got {server!r}")
@@ -62,11 +111,24 @@ class InClusterKubeClient:
         self._host = url.hostname
         self._port = url.port or (443 if self._https else 80)
         self._token_path = token_path
+        self._token = token
         self._timeout = timeout
         try:
-            self._ssl = ssl.create_default_context(cafile=str(ca_path) if ca_path else None)
-        except (OSError, ssl.SSLError) as exc:
-            raise NotSupported(f"cannot load the cluster CA {ca_path}: {exc}") from exc
+            self._ssl = ssl.create_default_context(
+                cafile=str(ca_path) if ca_path else None,
+                cadata=ca_data.decode() if ca_data else None,
+            )
+            if insecure:
+                self._ssl.check_hostname = False
+                self._ssl.verify_mode = ssl.CERT_NONE
+            if client_cert is not None:
+                _load_client_cert(self._ssl, *client_cert)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            raise NotSupported(f"cannot load the cluster TLS settings ({ca_path}): {exc}") from exc
+
+    @property
+    def server(self) -> str:
+        return self._server
 
     @classmethod
     def from_service_account(
@@ -87,6 +149,61 @@ class InClusterKubeClient:
         return cls(f"https://{host}:{port}", token, directory / "ca.crt")
 
     @classmethod
+    def from_kubeconfig(
+        cls, path: Path, context: str | None = None, timeout: float = 10.0
+    ) -> InClusterKubeClient:
+        """The client a kubeconfig's (current) context names: server, CA, token or client
+        certificate. Exec and auth-provider plugins are refused (NotSupported, naming them)."""
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise InvalidSpec(
+                f"cannot read the kubeconfig {path}: {exc}",
+                [FieldViolation("kubeconfig", f"{path}: a readable kubeconfig YAML file")],
+            ) from exc
+        base = path.parent
+        name = context or _str(_dig(doc, "current-context"))
+        ctx = _named(doc, "contexts", name, "context", path)
+        cluster = _named(doc, "clusters", _str(_dig(ctx, "cluster")), "cluster", path)
+        user = _named(doc, "users", _str(_dig(ctx, "user")), "user", path, required=False)
+        for plugin in ("exec", "auth-provider"):
+            if _dig(user, plugin):
+                raise NotSupported(
+                    f"kubeconfig {path}: user {plugin} plugins are not supported; "
+                    "use a token or a client certificate"
+                )
+        token = _str(_dig(user, "token")) or None
+        token_file = _str(_dig(user, "tokenFile"))
+        cert = _pem(user, "client-certificate", base)
+        key = _pem(user, "client-key", base)
+        return cls(
+            _str(_dig(cluster, "server")),
+            base / token_file if token_file else None,
+            timeout=timeout,
+            token=token,
+            ca_data=_pem(cluster, "certificate-authority", base),
+            client_cert=(cert, key) if cert and key else None,
+            insecure=_dig(cluster, "insecure-skip-tls-verify") is True,
+        )
+
+    @classmethod
+    def from_environment(
+        cls, environ: Mapping[str, str] = os.environ, directory: Path = SERVICE_ACCOUNT_DIR
+    ) -> InClusterKubeClient:
+        """In a pod, its service account; elsewhere the kubeconfig (``KUBECONFIG``, first
+        file, else ``~/.kube/config``), as kubectl finds it. NotSupported when neither."""
+        if environ.get("KUBERNETES_SERVICE_HOST") and (directory / "token").is_file():
+            return cls.from_service_account(environ, directory)
+        listed = [p for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+        path = Path(listed[0]) if listed else Path(environ.get("HOME", "~")) / ".kube" / "config"
+        if not path.is_file():
+            raise NotSupported(
+                "no Kubernetes API: not in a pod (KUBERNETES_SERVICE_HOST unset) and no "
+                f"kubeconfig at {path} (set KUBECONFIG)"
+            )
+        return cls.from_kubeconfig(path)
+
+    @classmethod
     def in_pod(cls) -> InClusterKubeClient | None:
         """The pod's client, or None outside Kubernetes (then only kube-free paths work)."""
         try:
@@ -97,6 +214,102 @@ class InClusterKubeClient:
     def get(self, path: str, query: Mapping[str, str] | None = None) -> object:
         """A GET on the API server, decoded JSON (for readers beyond the Protocol's calls)."""
         return self._request("GET", path, query=query)
+
+    def list_all(
+        self, path: str, query: Mapping[str, str] | None = None, page_size: int = PAGE_SIZE
+    ) -> tuple[list[Any], str]:
+        """Every item of a list, a page at a time (``limit``/``continue``), and the list's
+        resourceVersion (where a watch starts)."""
+        items: list[Any] = []
+        token = ""
+        for _ in range(MAX_PAGES):
+            page = dict(query or {}, limit=str(page_size))
+            if token:
+                page["continue"] = token
+            listing = self.get(path, page)
+            found = _dig(listing, "items")
+            items += found if isinstance(found, list) else []
+            token = str(_dig(listing, "metadata", "continue") or "")
+            if not token:
+                return items, str(_dig(listing, "metadata", "resourceVersion") or "")
+        raise AgentError(f"Kubernetes list {path} did not end after {MAX_PAGES} pages")
+
+    def watch(
+        self, path: str, query: Mapping[str, str], resource_version: str, timeout_s: float
+    ) -> Iterator[tuple[str, Any]]:
+        """(type, object) events after ``resource_version`` until the server ends the watch
+        (``timeoutSeconds``); Gone when that version is too old (list again)."""
+        q = dict(
+            query,
+            watch="1",
+            resourceVersion=resource_version,
+            timeoutSeconds=str(max(1, int(timeout_s))),
+            allowWatchBookmarks="true",
+        )
+        response = self.stream(path, q, timeout=timeout_s + 30)  # opened here: errors now
+        return self._events(path, response)
+
+    def _events(self, path: str, response: http.client.HTTPResponse) -> Iterator[tuple[str, Any]]:
+        try:
+            while True:
+                try:
+                    line = response.readline(MAX_EVENT_BYTES + 1)
+                except (OSError, http.client.HTTPException) as exc:
+                    raise AgentError(f"Kubernetes watch {path} broke: {exc}") from exc
+                if not line:
+                    return
+                if len(line) > MAX_EVENT_BYTES:
+                    raise AgentError(f"Kubernetes watch {path}: an event over {MAX_EVENT_BYTES} B")
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = str(_dig(event, "type") or ""), _dig(event, "object")
+                if kind == "ERROR":
+                    if _dig(obj, "code") == 410:
+                        raise Gone(f"Kubernetes watch {path}: {_dig(obj, 'message')}")
+                    raise AgentError(f"Kubernetes watch {path}: {_dig(obj, 'message')}")
+                yield kind, obj
+        finally:
+            response.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: object = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        """Any call (create, update, patch, delete), decoded JSON; errors as ``_request``."""
+        return self._request(method, path, query=query, body=body, content_type=content_type)
+
+    def stream(
+        self, path: str, query: Mapping[str, str], timeout: float
+    ) -> http.client.HTTPResponse:
+        """A GET whose body is read as it comes (a watch: one JSON event per line).
+
+        The caller closes the response; ``timeout`` bounds each read, not the whole stream.
+        """
+        conn = self._connection(timeout)
+        target = path + "?" + urllib.parse.urlencode(query)
+        try:
+            conn.request("GET", target, headers=self._headers())
+            response = conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise AgentError(
+                f"Kubernetes API {self._server} unreachable (watch {path}): {exc}"
+            ) from exc
+        if response.status >= 400:
+            data = response.read(MAX_RESPONSE_BYTES)
+            conn.close()
+            error = _STATUS_ERRORS.get(response.status, AgentError)
+            raise error(
+                f"Kubernetes API watch {path}: {response.status} {response.reason}: "
+                f"{_status_message(data)}"
+            )
+        return response
 
     def node_labels(self, node: str) -> Mapping[str, str]:
         obj = self._request("GET", f"/api/v1/nodes/{_segment(node)}")
@@ -110,6 +323,42 @@ class InClusterKubeClient:
             body={"metadata": {"labels": dict(labels)}},
             content_type="application/merge-patch+json",
         )
+
+    def node_metadata(self, node: str) -> tuple[Mapping[str, str], Mapping[str, str]]:
+        """The Node's (labels, annotations)."""
+        obj = self._request("GET", f"/api/v1/nodes/{_segment(node)}")
+        return _strings(_dig(obj, "metadata", "labels")), _strings(
+            _dig(obj, "metadata", "annotations")
+        )
+
+    def patch_node_annotations(self, node: str, annotations: Mapping[str, str | None]) -> None:
+        self._request(
+            "PATCH",
+            f"/api/v1/nodes/{_segment(node)}",
+            body={"metadata": {"annotations": dict(annotations)}},
+            content_type="application/merge-patch+json",
+        )
+
+    def post_node_event(
+        self, node: str, reason: str, message: str, component: str = "gpu-agent"
+    ) -> None:
+        """A Normal Event on the Node (namespace default, uid the node name, as the kubelet's),
+        so ``kubectl describe node`` shows it."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{node}.{component}."},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Normal",
+            "source": {"component": component, "host": node},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self._request("POST", "/api/v1/namespaces/default/events", body=body)
 
     def delete_pods(self, namespace: str, label_selector: str, node_name: str) -> tuple[str, ...]:
         base = f"/api/v1/namespaces/{_segment(namespace)}/pods"
@@ -141,26 +390,16 @@ class InClusterKubeClient:
         content_type: str = "application/json",
     ) -> object:
         target = path + ("?" + urllib.parse.urlencode(query) if query else "")
-        try:
-            token = self._token_path.read_text().strip()
-        except OSError as exc:
-            raise PermissionDenied(f"cannot read the service-account token: {exc}") from exc
-        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        headers = self._headers()
         payload = None
         if body is not None:
             payload = json.dumps(body).encode()
             headers["Content-Type"] = content_type
-        conn: http.client.HTTPConnection
-        if self._https:
-            conn = http.client.HTTPSConnection(
-                self._host, self._port, timeout=self._timeout, context=self._ssl
-            )
-        else:
-            conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+        conn = self._connection(self._timeout)
         try:
             conn.request(method, target, body=payload, headers=headers)
             response = conn.getresponse()
-            data = response.read()
+            data = response.read(MAX_RESPONSE_BYTES + 1)
         except (OSError, http.client.HTTPException) as exc:
             raise AgentError(
                 f"Kubernetes API {self._server} unreachable ({method} {path}): {exc}"
@@ -173,7 +412,221 @@ class InClusterKubeClient:
                 f"Kubernetes API {method} {path}: {response.status} {response.reason}: "
                 f"{_status_message(data)}"
             )
+        if len(data) > MAX_RESPONSE_BYTES:
+            raise AgentError(f"Kubernetes API {method} {path}: over {MAX_RESPONSE_BYTES} bytes")
         return json.loads(data) if data else None
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        token = self._token
+        if self._token_path is not None:
+            try:
+                token = self._token_path.read_text().strip()
+            except OSError as exc:
+                raise PermissionDenied(f"cannot read the service-account token: {exc}") from exc
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        if self._https:
+            return http.client.HTTPSConnection(
+                self._host, self._port, timeout=timeout, context=self._ssl
+            )
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+
+class Informer:
+    """One resource kept current by list+watch, as client-go's reflector does.
+
+    List (paged) once, then watch from the list's resourceVersion; every event updates the
+    cache and moves the version, so a dropped watch resumes where it was; 410 Gone (the
+    version was compacted away) lists again. Errors are retried with a back-off (1 s doubling
+    to 30 s); ``healthy`` is False from a failed call until the next good one, so a reader can
+    tell a stale cache from a current one. Blocking: ``start`` runs it on a daemon thread.
+    """
+
+    def __init__(
+        self,
+        client: InClusterKubeClient,
+        path: str,
+        query: Mapping[str, str] | None = None,
+        *,
+        page_size: int = PAGE_SIZE,
+        watch_timeout_s: float = 300.0,
+        on_change: Callable[[], object] = lambda: None,
+    ) -> None:
+        self._client = client
+        self.path = path
+        self._query = dict(query or {})
+        self._page_size = page_size
+        self._watch_timeout_s = watch_timeout_s
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self._objects: dict[str, Any] = {}
+        self.resource_version = ""
+        self.synced = threading.Event()
+        self.healthy = False
+        self.error = ""
+        #: calls made, for the counts a test or a metric wants
+        self.lists = 0
+        self.watches = 0
+        self._stop = threading.Event()
+
+    def objects(self) -> list[Any]:
+        with self._lock:
+            return list(self._objects.values())
+
+    def relist(self) -> None:
+        items, version = self._client.list_all(self.path, self._query, self._page_size)
+        self.lists += 1
+        with self._lock:
+            self._objects = {_key(o): o for o in items}
+            self.resource_version = version
+        self._good()
+        self._on_change()
+
+    def watch_once(self) -> None:
+        """One watch, from the current version until the server ends it."""
+        self.watches += 1
+        events = self._client.watch(
+            self.path, self._query, self.resource_version, self._watch_timeout_s
+        )
+        self._good()  # the API server took the watch: the cache is current again
+        for kind, obj in events:
+            version = str(_dig(obj, "metadata", "resourceVersion") or "")
+            with self._lock:
+                if kind in ("ADDED", "MODIFIED"):
+                    self._objects[_key(obj)] = obj
+                elif kind == "DELETED":
+                    self._objects.pop(_key(obj), None)
+                if version:
+                    self.resource_version = version
+            self._good()
+            if kind != "BOOKMARK":
+                self._on_change()
+
+    def run(self) -> None:
+        delay = 1.0
+        while not self._stop.is_set():
+            try:
+                if not self.resource_version:
+                    self.relist()
+                began = time.monotonic()
+                self.watch_once()
+                delay = 1.0
+                if time.monotonic() - began < 1.0:
+                    self._stop.wait(1.0)  # a server ending watches at once is not spun on
+            except Gone:
+                self.resource_version = ""  # compacted: list again at once
+            except (AgentError, ValueError) as exc:
+                self.healthy, self.error = False, str(exc)
+                log.warning("%s: %s; again in %.0f s", self.path, exc, delay)
+                self._stop.wait(delay)
+                delay = min(30.0, delay * 2)
+
+    def start(self) -> Informer:
+        threading.Thread(target=self.run, name=f"informer {self.path}", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """Stops after the watch in flight ends (the thread is a daemon: it never blocks exit)."""
+        self._stop.set()
+
+    def _good(self) -> None:
+        self.healthy, self.error = True, ""
+        self.synced.set()
+
+
+class NodeWatch:
+    """This agent's own Node, kept by a list+watch with ``fieldSelector=metadata.name=NODE``
+    (as the GPU Operator's mig-manager watches its node) instead of a GET every few seconds.
+
+    ``changed`` is called from the watch thread on every change of the Node; ``labels`` is the
+    cached labels while the watch is current, None while it is not (then read with a GET).
+    """
+
+    def __init__(
+        self, client: InClusterKubeClient, node: str, on_change: Callable[[], object]
+    ) -> None:
+        self.node = node
+        self.informer = Informer(
+            client, "/api/v1/nodes", {"fieldSelector": f"metadata.name={node}"}, on_change=on_change
+        )
+
+    def labels(self) -> Mapping[str, str] | None:
+        found = self.metadata()
+        return None if found is None else found[0]
+
+    def metadata(self) -> tuple[Mapping[str, str], Mapping[str, str]] | None:
+        """(labels, annotations) from the watch; None while it is not current."""
+        if not (self.informer.synced.is_set() and self.informer.healthy):
+            return None
+        for obj in self.informer.objects():
+            meta = _dig(obj, "metadata")
+            return _strings(_dig(meta, "labels")), _strings(_dig(meta, "annotations"))
+        return None
+
+
+def _key(obj: object) -> str:
+    return f"{_dig(obj, 'metadata', 'namespace') or ''}/{_dig(obj, 'metadata', 'name') or ''}"
+
+
+def _strings(found: object) -> dict[str, str]:
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+
+def _str(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _named(
+    doc: object, section: str, name: str, key: str, path: Path, *, required: bool = True
+) -> object:
+    """The ``key`` body of the entry called ``name`` in a kubeconfig list (contexts, ...)."""
+    entries = _dig(doc, section)
+    for entry in entries if isinstance(entries, list) else []:
+        if _dig(entry, "name") == name:
+            return _dig(entry, key) or {}
+    if not required:
+        return {}
+    raise InvalidSpec(
+        f"kubeconfig {path}: no {section[:-1]} named {name!r}",
+        [FieldViolation(section, f"an entry named {name!r} (current-context or --context)")],
+    )
+
+
+def _pem(section: object, field: str, base: Path) -> bytes | None:
+    """A kubeconfig PEM given inline (``FIELD-data``, base64) or as a file path."""
+    data = _str(_dig(section, f"{field}-data"))
+    if data:
+        try:
+            return base64.b64decode(data, validate=True)
+        except ValueError as exc:
+            raise InvalidSpec(
+                f"kubeconfig {field}-data is not base64",
+                [FieldViolation(f"{field}-data", "base64 PEM")],
+            ) from exc
+    name = _str(_dig(section, field))
+    if not name:
+        return None
+    try:
+        return (base / name).read_bytes()
+    except OSError as exc:
+        raise InvalidSpec(
+            f"kubeconfig {field} {base / name}: {exc.strerror}",
+            [FieldViolation(field, f"{base / name}: a readable PEM file")],
+        ) from exc
+
+
+def _load_client_cert(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    # ssl loads a certificate chain from files only: a private temporary directory, removed.
+    with tempfile.TemporaryDirectory(prefix="gpu-agent-kube-") as d:
+        cert_path, key_path = Path(d) / "tls.crt", Path(d) / "tls.key"
+        cert_path.write_bytes(cert)
+        key_path.touch(mode=0o600)
+        key_path.write_bytes(key)
+        context.load_cert_chain(cert_path, key_path)
 
 
 def _segment(value: str) -> str:

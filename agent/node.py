@@ -46,7 +46,7 @@ from agent.config import AgentConfig
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.gpu import GpuDriver, open_driver
 from agent.http import Handler, HttpServer, Request, Response
-from agent.kube import InClusterKubeClient, KubeClient
+from agent.kube import InClusterKubeClient, KubeClient, NodeWatch
 from agent.mig.labels import MigLabelController, MigStateCollector
 from agent.mig.lock import PartitionLock
 from agent.mig.reset import command_reset, simulated_reset
@@ -54,6 +54,7 @@ from agent.mig.service import MigService
 from agent.prewarm.factory import build_service as build_prewarm
 from agent.prewarm.inventory import PrewarmCollector, label_patch
 from agent.prewarm.service import PrewarmService
+from agent.reclaim import reclaim_marker
 from agent.sharing import SharingService
 from agent.state import StateStore
 from agent.telemetry.service import TelemetryService, build_telemetry
@@ -68,6 +69,11 @@ RPC_GRACE_S = 5.0
 RETRY_CHECK_S = 5.0
 """Longest wait between a prewarm retry falling due and it starting."""
 CACHE_LABELS_S = 10.0
+#: With the own Node watched, MIG labels are re-read without a change this often (a failed
+#: config's retry); a change of the Node wakes the controller at once.
+MIG_RESYNC_S = 60.0
+#: How often the reclaimable-GPU mark is recomputed (it moves in hours; the write is rare).
+RECLAIM_S = 60.0
 """How often the cache inventory is published as node labels."""
 INTERRUPTED_REASON = (
     "the agent stopped while this operation ran (killed or restarted) and could not resume it"
@@ -194,6 +200,7 @@ class Node:
         self.embedded = embedded
         self._stop = asyncio.Event()
         self._ready = False
+        self._node_watch: NodeWatch | None = None
         self._tasks: list[asyncio.Task[None]] = []
         routes = {
             "/healthz": self._healthz,
@@ -320,10 +327,26 @@ class Node:
         stack.push_async_callback(self._stop_serving, server, health)
         await set_serving(health, True)
         self._guard("inventory", s.inventory.run())
+        changed = asyncio.Event()
+        if isinstance(s.kube, InClusterKubeClient) and not self.embedded:
+            # Watch the own Node instead of polling it (the API server's load is per agent).
+            self._node_watch = NodeWatch(
+                s.kube, cfg.node_name, lambda: loop.call_soon_threadsafe(changed.set)
+            )
+            self._node_watch.informer.start()
+            stack.callback(self._node_watch.informer.stop)
         if s.mig_labels is not None and not self.embedded:
-            self._guard("mig-labels", _every(cfg.mig.label_poll_s, s.mig_labels.reconcile))
+            period = cfg.mig.label_poll_s if self._node_watch is None else MIG_RESYNC_S
+            self._guard("mig-labels", _every(period, s.mig_labels.reconcile, changed))
         if s.kube is not None and not self.embedded:
             self._guard("cache-labels", _every(CACHE_LABELS_S, self._publish_cache_labels))
+        if (
+            isinstance(s.kube, InClusterKubeClient)
+            and not self.embedded
+            and cfg.telemetry.idle_reclaim_after_s > 0
+        ):
+            marker = reclaim_marker(s.kube, cfg, self._node_watch, s.inventory, s.telemetry)
+            self._guard("reclaim", _every(RECLAIM_S, marker.mark))
         # Failed items come back when their retry is due; the agent owns the queue, so this
         # timer is all it takes (nothing else writes the queue).
         retry_every = min(cfg.prewarm.retry_initial_s, RETRY_CHECK_S)
@@ -382,7 +405,9 @@ class Node:
         s = self.services
         assert s.kube is not None
         node = s.config.node_name
-        patch = label_patch(s.kube.node_labels(node), s.prewarm.items())
+        watched = self._node_watch.labels() if self._node_watch is not None else None
+        current = watched if watched is not None else s.kube.node_labels(node)
+        patch = label_patch(current, s.prewarm.items())
         if patch:
             s.kube.patch_node_labels(node, patch["metadata"]["labels"])
 
@@ -423,10 +448,17 @@ def _metrics_server(routes: Mapping[str, Handler], web: WebConfig | None) -> Htt
     return HttpServer(routes, tls=tls, guard=MetricsGuard(web), protected={"/metrics"})
 
 
-async def _every(period_s: float, work: Callable[[], object], *, wait_first: bool = False) -> None:
-    """Run blocking ``work`` in a thread every ``period_s``; a failed pass is logged and retried
-    (the API server or a GPU may be briefly away), it does not stop the agent. ``wait_first``:
-    the first pass comes a period after the start (it already ran once before serving)."""
+async def _every(
+    period_s: float,
+    work: Callable[[], object],
+    wake: asyncio.Event | None = None,
+    *,
+    wait_first: bool = False,
+) -> None:
+    """Run blocking ``work`` in a thread every ``period_s``, and at once when ``wake`` is set;
+    a failed pass is logged and retried (the API server or a GPU may be briefly away), it does
+    not stop the agent. ``wait_first``: the first pass comes a period after the start (it
+    already ran once before serving)."""
     if wait_first:
         await asyncio.sleep(period_s)
     while True:
@@ -434,7 +466,12 @@ async def _every(period_s: float, work: Callable[[], object], *, wait_first: boo
             await asyncio.to_thread(work)
         except (AgentError, OSError):
             log.exception("periodic %s failed; retrying in %.0fs", work, period_s)
-        await asyncio.sleep(period_s)
+        if wake is None:
+            await asyncio.sleep(period_s)
+            continue
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), period_s)
+        wake.clear()
 
 
 def _split_listen(listen: str) -> tuple[str, int]:

@@ -203,6 +203,18 @@ class _Agent(
         self.log.append((started, time.time()))
         self.done[name].set()
 
+    async def ListOperations(
+        self, request: operations_pb2.ListOperationsRequest, context: object
+    ) -> operations_pb2.ListOperationsResponse:
+        # The rollout asks for operations still running (started by another coordinator).
+        ops = [
+            op
+            for op in reversed(self.ops.values())
+            if (not request.kind or op.kind == request.kind)
+            and (not request.HasField("done") or op.done == request.done)
+        ]
+        return operations_pb2.ListOperationsResponse(operations=ops[: request.page_size or 100])
+
     async def WatchOperation(self, request: object, context: object) -> AsyncIterator[object]:
         name = request.name  # type: ignore[attr-defined]
         yield operations_pb2.WatchOperationResponse(operation=self.ops[name])
@@ -287,6 +299,9 @@ async def measure(args: argparse.Namespace, addresses: list[str], pki: Pki) -> d
         out["sweep_inventory"] = (time.perf_counter() - started, time.process_time() - cpu)
         out["gpus"] = sum(len(v.layouts) for v in views)
         out["via_coordinator"] = await status_via_coordinator(fleet, len(addresses))
+        out["via_coordinator_fresh"] = await status_via_coordinator(
+            fleet, len(addresses), fresh=True
+        )
 
         nodes = layouts_of(views)
         demand = shifted_demand(views)
@@ -326,19 +341,26 @@ async def measure(args: argparse.Namespace, addresses: list[str], pki: Pki) -> d
     return out
 
 
-async def status_via_coordinator(fleet: Fleet, agents: int) -> float:
+async def status_via_coordinator(fleet: Fleet, agents: int, *, fresh: bool = False) -> float:
     """`gpu-agent fleet status --coordinator URL -o json` as a user runs it (a new process),
-    answered by this process's open channels as `coordinator serve` would: median of 3."""
-    http = HttpServer({STATUS_PATH: status_http.StatusEndpoint(fleet)})
+    answered by this process's open channels as `coordinator serve` would: median of 3.
+
+    As in serve, a reconcile pass's sweep feeds the endpoint first (``observe``); ``fresh``
+    asks for a new sweep (`--fresh`) instead."""
+    endpoint = status_http.StatusEndpoint(fleet, max_age_s=60.0)
+    selection = await select(fleet, Selector(), idle_after_s=3600.0)  # the pass's sweep
+    endpoint.observe(selection.views, 3600.0, time.time())
+    http = HttpServer({STATUS_PATH: endpoint})
     port = await http.start("127.0.0.1", 0)
     times = []
+    flags = ["--fresh"] if fresh else []
     try:
         for _ in range(3):
             started = time.perf_counter()
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", "from agent.cli.main import main; main()",
                 "fleet", "status", "--coordinator", f"http://127.0.0.1:{port}", "-o", "json",
-                stdout=asyncio.subprocess.PIPE,
+                *flags, stdout=asyncio.subprocess.PIPE,
             )  # fmt: skip
             stdout, _ = await proc.communicate()
             times.append(time.perf_counter() - started)
@@ -390,9 +412,11 @@ def table(args: argparse.Namespace, r: dict[str, object], most: int) -> str:
          "<= 2 s"),
         ("Inventory sweep alone (GetNode per agent; what plan and rollouts read)",
          _sweep(r["sweep_inventory"]), ""),
-        ("`gpu-agent fleet status --coordinator URL -o json` (a new CLI process; the sweep on "
-         "the coordinator's open channels; median of 3)", f"{r['via_coordinator']:.2f} s",
-         "<= 2 s"),
+        ("`gpu-agent fleet status --coordinator URL -o json` end to end (a new CLI process; "
+         "the coordinator's latest sweep, under --status-max-age; median of 3)",
+         f"{r['via_coordinator']:.2f} s", "<= 2 s"),
+        ("the same with `--fresh` (a new sweep on the coordinator's open channels)",
+         f"{r['via_coordinator_fresh']:.2f} s", ""),
         ("Plan a demand shift on the partitioned fleet",
          f"{r['plan_shift']:.2f} s ({r['plan_shift_detail']})", "<= 5 s"),
         (f"Plan: partition every idle GPU of {args.agents:,} DGX H100 nodes into 7 x 1g",

@@ -20,6 +20,8 @@ from agent.errors import FieldViolation, InvalidSpec
 if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
     from agent.coordinator.discovery import Discovery
     from agent.coordinator.fleet import Fleet
+    from agent.coordinator.kube import KubeLister
+    from agent.coordinator.lease import ElectionTiming, LeaderElector
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -44,10 +46,12 @@ class FleetOptions:
     insecure: bool
     timeout: float
 
-    def open(self) -> Fleet:
+    def open(self, *, watch: bool = False) -> Fleet:
+        """The fleet; ``watch`` keeps Kubernetes discovery current by list+watch (serve)."""
         from agent.client import ClientTls
         from agent.coordinator.fleet import Fleet
 
+        discovery = self._discovery(watch)  # where the agents are is asked for first
         tls = None
         if not self.insecure:
             tls = ClientTls(
@@ -56,7 +60,38 @@ class FleetOptions:
                 self.tls_ca or self.tls_dir / "ca.crt",
                 self.server_name or self.default_server_name(),
             )
-        return Fleet(self._discovery(), tls, timeout_s=self.timeout)
+            tls.credentials()  # a missing file is a configuration error here, not N unreachable
+        return Fleet(discovery, tls, timeout_s=self.timeout)
+
+    def elector(
+        self,
+        lease: str,
+        *,
+        identity: str | None = None,
+        timing: ElectionTiming | None = None,
+        required: bool = False,
+    ) -> LeaderElector | None:
+        """The elector on the Lease ``lease`` in --namespace, when a Kubernetes API is
+        configured (in a pod, or KUBECONFIG); None without one unless ``required``."""
+        from agent.coordinator.lease import LeaderElector
+
+        kube = self.kube(required=required)
+        return (
+            None if kube is None else LeaderElector(kube, self.namespace, lease, identity, timing)
+        )
+
+    def kube(self, *, required: bool = False) -> KubeLister | None:
+        """The Kubernetes API client (in a pod, or KUBECONFIG); None without one unless
+        ``required`` (then NotSupported says why)."""
+        from agent.coordinator.kube import KubeLister
+        from agent.errors import NotSupported
+
+        try:
+            return KubeLister.in_cluster()
+        except NotSupported:
+            if required:
+                raise
+            return None
 
     def default_server_name(self) -> str | None:
         """The name each agent's certificate must carry, when --server-name is not given."""
@@ -74,7 +109,7 @@ class FleetOptions:
             return False
         return self.kubernetes or bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
 
-    def _discovery(self) -> Discovery:
+    def _discovery(self, watch: bool = False) -> Discovery:
         from agent.coordinator import discovery
 
         chosen = sum((bool(self.agents), bool(self.dns), self.kubernetes))
@@ -91,7 +126,7 @@ class FleetOptions:
         if self._kubernetes():
             from agent.coordinator.kube import KubeLister
 
-            return discovery.KubeDiscovery(KubeLister.in_cluster(), self.namespace)
+            return discovery.KubeDiscovery(KubeLister.in_cluster(), self.namespace, watch=watch)
         raise InvalidSpec(
             "where are the agents? give --agents HOST:PORT,..., --dns NAME or --kubernetes",
             [FieldViolation("discovery", "--agents, --dns or --kubernetes")],
@@ -176,17 +211,48 @@ def options_from(kwargs: dict[str, Any]) -> FleetOptions:
     return FleetOptions(agents=agents, **{k: kwargs.pop(k) for k in _OPTION_NAMES})
 
 
-def run_with_fleet(options: FleetOptions, work: Callable[[Fleet], Awaitable[T]]) -> T:
-    """Run ``work`` on the fleet in a fresh event loop, closing every channel after."""
+def run_with_fleet(
+    options: FleetOptions,
+    work: Callable[[Fleet], Awaitable[T]],
+    *,
+    lease: str | None = None,
+) -> T:
+    """Run ``work`` on the fleet in a fresh event loop, closing every channel after.
+
+    With ``lease`` (a change by hand), ``work`` runs holding that Lease when a Kubernetes API
+    is configured, and is refused, naming the holder, while another holds it (`coordinator
+    serve` acting): a human and the controller never change nodes at once.
+    """
 
     async def main() -> T:
         fleet = options.open()
         try:
-            return await work(fleet)
+            elector = None
+            if lease is not None:
+                from agent.coordinator.lease import default_identity
+
+                elector = options.elector(lease, identity="fleet-apply/" + default_identity())
+            if elector is None:
+                return await work(fleet)
+            from agent.coordinator.lease import while_leading
+
+            return await while_leading(elector, work(fleet))
         finally:
             await fleet.close()
 
     return asyncio.run(main())
+
+
+def lease_option(fn: F) -> F:
+    """--lease: the Lease a change takes (the coordinator's, so they never act at once)."""
+    return click.option(
+        "--lease",
+        "lease_name",
+        default="gpu-agent-coordinator",
+        show_default=True,
+        help="coordination.k8s.io Lease (in --namespace) held while changing nodes, shared with "
+        "`coordinator serve`; taken when a Kubernetes API is configured (pod or KUBECONFIG).",
+    )(fn)
 
 
 # -- coordinator serve ---------------------------------------------------------------------------
@@ -246,7 +312,43 @@ def coordinator() -> None:
     help="Each hold is shortened by up to this fraction at random, spreading the retries of "
     "nodes that failed together; 0 for none.",
 )
+@click.option(
+    "--status-max-age",
+    type=click.FloatRange(min=0.0),
+    default=60.0,
+    show_default=True,
+    help="GET /fleet/status answers from the latest sweep (a pass's, or a request's) up to "
+    "this many seconds old, else sweeps; 0: always sweep. `fleet status --fresh` asks anew.",
+)
 @click.option("--once", is_flag=True, help="Run one pass and exit (non-zero if it failed).")
+@lease_option
+@click.option(
+    "--leader-elect/--no-leader-elect",
+    default=None,
+    help="Act only while holding --lease, so replicas take turns.  "
+    "[default: on when a Kubernetes API is configured]",
+)
+@click.option(
+    "--lease-duration",
+    type=click.FloatRange(min=1.0),
+    default=15.0,
+    show_default=True,
+    help="Seconds a Lease not renewed stays its holder's (client-go LeaseDuration).",
+)
+@click.option(
+    "--renew-deadline",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds the leader acts without a successful renewal; < --lease-duration.",
+)
+@click.option(
+    "--retry-period",
+    type=click.FloatRange(min=0.1),
+    default=2.0,
+    show_default=True,
+    help="Seconds between attempts to take or renew the Lease.",
+)
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
@@ -260,7 +362,13 @@ def serve(
     retry_backoff: float | None,
     retry_backoff_max: float | None,
     retry_jitter: float,
+    status_max_age: float,
     once: bool,
+    lease_name: str,
+    leader_elect: bool | None,
+    lease_duration: float,
+    renew_deadline: float,
+    retry_period: float,
     log_level: str,
     **kwargs: Any,
 ) -> None:
@@ -276,12 +384,20 @@ def serve(
     when the desired change for it changes. Nothing else is kept between passes but metrics:
     the agents and the file are the state.
 
+    With leader election (on wherever a Kubernetes API is configured), replicas take turns
+    on the coordination.k8s.io Lease --lease: only the holder reconciles; a replica that
+    cannot renew it for --renew-deadline stops before another may take it (--lease-duration).
+    /healthz says the loop makes progress; /readyz says it leads or is a working standby.
+
     \b
     Example:
       gpu-agent coordinator serve --kubernetes --desired /etc/gpu-agent/desired/desired.yaml
     """
     from agent.coordinator import status_http
     from agent.coordinator.backoff import BackoffPolicy
+    from agent.coordinator.cluster import ClusterReport
+    from agent.coordinator.desired import load_desired
+    from agent.coordinator.lease import ElectionTiming, LeaderElector, default_identity
     from agent.coordinator.query import STATUS_PATH
     from agent.coordinator.reconcile import Reconciler
     from agent.errors import AgentError
@@ -299,18 +415,48 @@ def serve(
         jitter=retry_jitter,
     )
 
+    timing = ElectionTiming(lease_duration, renew_deadline, retry_period)
+    if once and desired_path.exists():
+        load_desired(desired_path)  # one run: a file that does not parse is the answer (exit 2)
+
     async def main() -> int:
-        fleet = options.open()
-        reconciler = Reconciler(fleet, desired_path, interval_s=interval, backoff=backoff)
+        fleet = options.open(watch=not once)
+        kube = options.kube(required=bool(leader_elect))
+        identity = default_identity()
+        elector = None
+        if kube is not None and leader_elect is not False:
+            elector = LeaderElector(kube, options.namespace, lease_name, identity, timing)
+        cluster = None if kube is None else ClusterReport(kube, options.namespace, identity)
+        if elector is None:
+            logging.getLogger(__name__).warning(
+                "no leader election (no Kubernetes API, or --no-leader-elect): run one replica"
+            )
+        status = status_http.StatusEndpoint(fleet, max_age_s=status_max_age)
+        reconciler = Reconciler(
+            fleet,
+            desired_path,
+            interval_s=interval,
+            backoff=backoff,
+            elector=None if once else elector,
+            cluster=cluster,
+            on_sweep=status.observe,
+        )
         try:
             if once:
-                await reconciler.pass_once()
+                if elector is None:
+                    await reconciler.pass_once()
+                else:
+                    from agent.coordinator.lease import while_leading
+
+                    await while_leading(elector, reconciler.pass_once())
+                await reconciler.flush_reports()
                 return 0 if reconciler.stats.passes["error"] == 0 else 1
             http = HttpServer(
                 {
                     "/metrics": reconciler.metrics,
                     "/healthz": reconciler.healthz,
-                    STATUS_PATH: status_http.StatusEndpoint(fleet),
+                    "/readyz": reconciler.readyz,
+                    STATUS_PATH: status,
                 }
             )
             bound = await http.start(host.strip("[]") or "0.0.0.0", int(port))

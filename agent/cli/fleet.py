@@ -15,7 +15,13 @@ import click
 import yaml
 from google.protobuf import json_format
 
-from agent.cli.coordinator import FleetOptions, fleet_options, options_from, run_with_fleet
+from agent.cli.coordinator import (
+    FleetOptions,
+    fleet_options,
+    lease_option,
+    options_from,
+    run_with_fleet,
+)
 from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, output_option
 from agent.errors import AgentError, FieldViolation, InvalidSpec
@@ -90,6 +96,8 @@ def _status_table(doc: dict[str, Any]) -> str:
         "MIG SLICES: one character per memory slice: the instance's size in compute slices, "
         "* in use, . free; - whole GPU (MIG off)."
     )
+    if "age_s" in doc:  # answered by a coordinator from its latest sweep
+        summary += f" Swept by the coordinator {doc['age_s']:.0f} s ago (--fresh for a new one)."
     return f"{nodes}\n\n{profiles}\n\n{summary}"
 
 
@@ -117,11 +125,18 @@ def _counts(counts: dict[str, int]) -> str:
     "it keeps its connections open, so a large fleet answers in about half the time. The "
     "connection options are then not used.",
 )
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="With --coordinator: a new sweep, not the coordinator's latest (up to its "
+    "--status-max-age old).",
+)
 @output_option
 def status(
     selector: str | None,
     idle_after: str,
     coordinator_url: str | None,
+    fresh: bool,
     output: str,
     **kwargs: Any,
 ) -> None:
@@ -142,7 +157,7 @@ def status(
     if coordinator_url:  # the coordinator checks the selector: nothing heavy loads here
         from agent.coordinator.query import StatusQuery, fetch_status
 
-        doc = fetch_status(coordinator_url, StatusQuery(selector or "", idle_after))
+        doc = fetch_status(coordinator_url, StatusQuery(selector or "", idle_after, fresh))
     else:
         from agent.coordinator.flows import select
         from agent.coordinator.selector import parse_selector
@@ -686,13 +701,31 @@ def rollout_options(fn: F) -> F:
     ]
     for option in reversed(options):
         fn = option(fn)
-    return fn
+    return lease_option(fn)
 
 
-def _report(output: str) -> Callable[[str, Any, str], None]:
+def _report(
+    output: str, options: FleetOptions | None = None, kind: str = ""
+) -> Callable[[str, Any, str], None]:
+    """Node steps on stderr (table output), and as Events on the Node when a Kubernetes API is
+    configured (``options``), as `coordinator serve` posts them."""
+    import asyncio
+
     last: dict[str, str] = {}
+    cluster = None
+    kube = options.kube() if options is not None else None
+    if kube is not None:
+        from agent.coordinator.cluster import ClusterReport
+        from agent.coordinator.lease import default_identity
+
+        identity = "fleet-apply/" + default_identity()
+        cluster = ClusterReport(kube, options.namespace if options else "", identity)
 
     def report(node: str, state: Any, detail: str) -> None:
+        if cluster is not None and (state.finished or detail == "started"):
+            # Off the loop; asyncio.run waits for these before the command exits.
+            loop = asyncio.get_running_loop()
+            loop.run_in_executor(None, cluster.node_step, kind, node, state.value, detail)
         line = f"{state.value}: {detail}" if detail else state.value
         if output == "table" and last.get(node) != line:
             last[node] = line
@@ -745,6 +778,11 @@ def _finish(result: Any, output: str) -> None:
         else "pass --record FILE to be able to resume"
     )
     reason = result.record.halted or "some nodes failed or did not answer"
+    if result.busy:
+        reason = (
+            f"{len(result.busy)} node(s) mid-change by an operation this rollout did not start "
+            f"({', '.join(result.busy)}), counted against max-unavailable"
+        )
     raise RolloutIncomplete(f"the rollout is incomplete ({reason}); {hint}")
 
 
@@ -756,6 +794,8 @@ def _start(
     rollout: dict[str, Any],
     output: str,
     nodes: Sequence[str] | None = None,
+    *,
+    drain: bool = False,
 ) -> None:
     """Select nodes, write a new record, run (or dry-run) the rollout, render it."""
     from agent.coordinator.flows import rollout as rollout_flow
@@ -766,6 +806,7 @@ def _start(
     chosen = parse_selector(selector)
     dry_run = rollout.pop("dry_run")
     path = rollout.pop("record_file")
+    lease = rollout.pop("lease_name")
 
     async def work(fleet: Fleet) -> Any:
         selection = await select(fleet, chosen)
@@ -776,9 +817,25 @@ def _start(
             )
         record = RolloutRecord.start(kind, spec, sorted(names), selector=str(chosen), **rollout)
         record.path = None if dry_run else path
-        return await rollout_flow(fleet, selection, record, dry_run=dry_run, report=_report(output))
+        report = _report(output, None if dry_run else options, kind)
+        wrap = None
+        if drainer is not None:
+            from agent.coordinator.drain import Drain
 
-    _finish(run_with_fleet(options, work), output)
+            kube = drainer
+
+            def wrap(action: Any) -> Any:
+                return Drain(action, fleet, selection.targets, record, kube)
+
+        return await rollout_flow(
+            fleet, selection, record, dry_run=dry_run, report=report, wrap=wrap
+        )
+
+    # The Kubernetes API a drain needs is checked before any node is touched.
+    drainer = options.kube(required=True) if drain and not dry_run else None
+
+    # A dry run changes nothing: it needs no Lease.
+    _finish(run_with_fleet(options, work, lease=None if dry_run else lease), output)
 
 
 def _rollout_args(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -788,6 +845,7 @@ def _rollout_args(kwargs: dict[str, Any]) -> dict[str, Any]:
         "node_timeout_s": kwargs.pop("node_timeout"),
         "dry_run": kwargs.pop("dry_run"),
         "record_file": kwargs.pop("record_file"),
+        "lease_name": kwargs.pop("lease_name"),
     }
 
 
@@ -815,11 +873,19 @@ def apply() -> None:
     default=None,
     help="A plan from `fleet plan --out`: each node gets its own config.",
 )
+@click.option(
+    "--drain",
+    is_flag=True,
+    help="For a node whose change must destroy busy instances: cordon it, evict the pods on "
+    "the affected GPUs (Eviction API: PodDisruptionBudgets respected), apply, uncordon. Needs "
+    "a Kubernetes API (pod or KUBECONFIG) allowed to patch nodes and create pods/eviction.",
+)
 @output_option
 def apply_mig(
     config_file: Path | None,
     config_name: str,
     plan_file: Path | None,
+    drain: bool,
     selector: str | None,
     output: str,
     **kwargs: Any,
@@ -855,7 +921,7 @@ def apply_mig(
         name, _ = load_spec(config_file, text).select(config_name or None)
         spec = {"config_yaml": text, "config_name": name}
         nodes = None
-    _start(options_from(kwargs), "mig", spec, selector, rollout, output, nodes)
+    _start(options_from(kwargs), "mig", spec, selector, rollout, output, nodes, drain=drain)
 
 
 @apply.command("share")
@@ -996,31 +1062,71 @@ def prewarm(
 @fleet_options
 @click.argument("record_file", type=click.Path(path_type=Path, dir_okay=False, exists=True))
 @click.option("--dry-run", is_flag=True, help="Show what the resumed rollout would do.")
+@click.option(
+    "--max-unavailable",
+    default=None,
+    help="Change the record's limit: nodes changing at once (a count or a percentage).",
+)
+@click.option(
+    "--max-failures",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Change the record's limit: halt after this many failed nodes (0: never).",
+)
+@click.option(
+    "--node-timeout",
+    type=click.FloatRange(min=1.0),
+    default=None,
+    help="Change the record's limit: seconds one node may take.",
+)
+@lease_option
 @output_option
-def resume(record_file: Path, dry_run: bool, output: str, **kwargs: Any) -> None:
+def resume(
+    record_file: Path,
+    dry_run: bool,
+    max_unavailable: str | None,
+    max_failures: int | None,
+    node_timeout: float | None,
+    lease_name: str,
+    output: str,
+    **kwargs: Any,
+) -> None:
     """Carry on a halted or interrupted rollout from its record.
 
     Finished nodes are skipped, failed nodes retried, nodes left mid-operation re-attached to
-    their operation on the agent.
+    their operation on the agent. --max-unavailable, --max-failures and --node-timeout replace
+    the record's limits (kept in the record from then on); failures so far count against the
+    new --max-failures.
 
     \b
     Example:
-      gpu-agent fleet resume rollout.json --kubernetes
+      gpu-agent fleet resume rollout.json --max-unavailable 25% --max-failures 3 --kubernetes
     """
     from agent.coordinator.flows import rollout as rollout_flow
     from agent.coordinator.flows import select
     from agent.coordinator.record import RolloutRecord
+    from agent.coordinator.rollout import parse_max_unavailable
     from agent.coordinator.selector import Selector
 
     record = RolloutRecord.load(record_file)
+    if max_unavailable is not None:
+        parse_max_unavailable(max_unavailable, len(record.nodes))  # refused before any change
+        record.max_unavailable = max_unavailable
+    if max_failures is not None:
+        record.max_failures = max_failures
+    if node_timeout is not None:
+        record.node_timeout_s = node_timeout
 
     async def work(fleet: Fleet) -> Any:
         selection = await select(fleet, Selector())
         order = record.resume()
         if dry_run:
             record.path = None
+        report = _report(output, None if dry_run else options, record.kind)
         return await rollout_flow(
-            fleet, selection, record, order=order, dry_run=dry_run, report=_report(output)
+            fleet, selection, record, order=order, dry_run=dry_run, report=report
         )
 
-    _finish(run_with_fleet(options_from(kwargs), work), output)
+    options = options_from(kwargs)
+    lease = None if dry_run else lease_name
+    _finish(run_with_fleet(options, work, lease=lease), output)

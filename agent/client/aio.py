@@ -8,7 +8,7 @@ Channels are made per agent and reused while the caller runs.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
 import grpc
@@ -120,6 +120,25 @@ class AsyncAgentClient(Stubs):
             self._prewarm.SubmitPrewarm, request
         )
         return response.operation
+
+    async def pods_on(self, gpu_indices: Iterable[int]) -> set[tuple[str, str]]:
+        """(namespace, pod) of the containers the agent attributes to those GPUs or their MIG
+        instances (kubelet's pod-resources, as its telemetry labels them)."""
+        wanted = set(gpu_indices)
+        snapshot = await self.telemetry()
+        return {
+            (e.pod.namespace, e.pod.name)
+            for e in snapshot.entities
+            if e.entity.gpu_index in wanted and e.HasField("pod") and e.pod.name
+        }
+
+    async def running_operations(self, kind: str) -> list[operations_pb2.Operation]:
+        """The agent's operations of ``kind`` not done yet (whoever started them)."""
+        request = operations_pb2.ListOperationsRequest(kind=kind, done=False, page_size=100)
+        response: operations_pb2.ListOperationsResponse = await self._call(
+            self._ops.ListOperations, request
+        )
+        return list(response.operations)
 
     async def cancel_operation(self, name: str) -> operations_pb2.Operation:
         response: operations_pb2.CancelOperationResponse = await self._call(

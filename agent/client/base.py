@@ -84,13 +84,18 @@ class ClientTls:
 
     def credentials(self) -> grpc.ChannelCredentials:
         # Read on every new channel: cert-manager rotates the files in place.
-        try:
-            ca, key, cert = (p.read_bytes() for p in (self.ca, self.key, self.cert))
-        except OSError as exc:
-            raise InvalidSpec(
-                f"cannot read the client TLS files: {exc}",
-                [FieldViolation("tls", f"{exc.filename}: {exc.strerror}")],
-            ) from exc
+        files = []
+        named = (("--tls-ca", self.ca), ("--tls-key", self.key), ("--tls-cert", self.cert))
+        for option, path in named:
+            try:
+                files.append(path.read_bytes())
+            except OSError as exc:
+                # A configuration error, not an unreachable fleet: one line naming the option.
+                raise InvalidSpec(
+                    f"cannot read the client TLS file {path} ({option} or --tls-dir): "
+                    f"{exc.strerror}"
+                ) from exc
+        ca, key, cert = files
         return grpc.ssl_channel_credentials(ca, key, cert)
 
 

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from agent.coordinator.kube import KubeLister
+from agent.coordinator.kube import AgentPod, KubeLister, agent_pod, labels_by_node
 from agent.errors import AgentError, FieldViolation, InvalidSpec
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AGENT_PORT",
@@ -43,6 +46,9 @@ class Target:
     #: the agent pod running on ``node`` (Kubernetes discovery): its serving certificate names
     #: this pod, and the coordinator checks that it does.
     pod: str | None = None
+    #: False when the node's labels could not be read (an API outage): ``labels`` is then
+    #: empty for want of an answer, not because the node has none.
+    labels_known: bool = True
 
 
 class Discovery(Protocol):
@@ -108,8 +114,17 @@ class DnsDiscovery:
         return tuple(Target(join_host_port(a, self._port)) for a in unique)
 
 
+#: How long a first list may take before discovery answers without it.
+SYNC_TIMEOUT_S = 30.0
+
+
 class KubeDiscovery:
-    """The agent DaemonSet's pods, read from the Kubernetes API, with their nodes' labels."""
+    """The agent DaemonSet's pods, read from the Kubernetes API, with their nodes' labels.
+
+    One-shot commands list both each time. With ``watch`` (`coordinator serve`) both are
+    kept by list+watch (`agent.kube.Informer`): after the first list a pass costs the API
+    server nothing, and a change lands as it happens.
+    """
 
     def __init__(
         self,
@@ -117,18 +132,52 @@ class KubeDiscovery:
         namespace: str,
         selector: str = AGENT_SELECTOR,
         port: int = AGENT_PORT,
+        *,
+        watch: bool = False,
     ) -> None:
         self._lister = lister
         self._namespace = namespace
         self._selector = selector
         self._port = port
+        self._pods = lister.pod_informer(namespace, selector) if watch else None
+        self._nodes = lister.node_informer() if watch else None
+        self._started = False
 
-    async def targets(self) -> tuple[Target, ...]:
+    def close(self) -> None:
+        for informer in (self._pods, self._nodes):
+            if informer is not None:
+                informer.stop()
+
+    async def _watched(self) -> tuple[tuple[AgentPod, ...], Mapping[str, Mapping[str, str]] | None]:
+        assert self._pods is not None and self._nodes is not None
+        if not self._started:
+            self._started = True
+            self._pods.start()
+            self._nodes.start()
+        for informer in (self._pods, self._nodes):
+            await asyncio.to_thread(informer.synced.wait, SYNC_TIMEOUT_S)
+        if not self._pods.synced.is_set():
+            raise AgentError(f"cannot list the agent pods: {self._pods.error or 'no answer'}")
+        pods = tuple(agent_pod(item) for item in self._pods.objects())
+        if not (self._nodes.synced.is_set() and self._nodes.healthy):
+            # A cache that may be stale is not read as current labels.
+            log.warning("node labels unavailable, nodes are marked unknown: %s", self._nodes.error)
+            return pods, None
+        return pods, labels_by_node(self._nodes.objects())
+
+    async def _listed(self) -> tuple[tuple[AgentPod, ...], Mapping[str, Mapping[str, str]] | None]:
         pods = await asyncio.to_thread(self._lister.agent_pods, self._namespace, self._selector)
         try:
-            labels = await asyncio.to_thread(self._lister.node_labels_all)
-        except AgentError:
-            labels = {}  # selectors on node labels then match nothing; names still work
+            return pods, await asyncio.to_thread(self._lister.node_labels_all)
+        except AgentError as exc:
+            # Unknown, not empty: rules on labels hold these nodes (no change) until it reads.
+            log.warning("node labels unavailable, nodes are marked unknown: %s", exc)
+            return pods, None
+
+    async def targets(self) -> tuple[Target, ...]:
+        pods, read = await (self._watched() if self._pods is not None else self._listed())
+        known = read is not None
+        labels = read or {}
         out = []
         for pod in sorted(pods, key=lambda p: (p.node, p.name)):
             problem = None
@@ -137,6 +186,15 @@ class KubeDiscovery:
             elif not pod.ready:
                 problem = f"agent pod {pod.name} is not ready ({pod.phase})"
             address = join_host_port(pod.ip, pod.grpc_port or self._port) if pod.ip else ""
-            node = pod.node or None
-            out.append(Target(address, node, labels.get(pod.node, {}), problem, pod.name or None))
+            node_labels = labels.get(pod.node, {})
+            out.append(
+                Target(
+                    address,
+                    pod.node or None,
+                    node_labels,
+                    problem,
+                    pod=pod.name or None,
+                    labels_known=known,
+                )
+            )
         return tuple(out)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from agent.coordinator.actions import NodePreview, action_for, preview
 from agent.coordinator.demand import Demand, TraceStep
 from agent.coordinator.discovery import Target
-from agent.coordinator.execute import Report, run_rollout
+from agent.coordinator.execute import NodeAction, Report, run_rollout
 from agent.coordinator.fleet import Fleet
 from agent.coordinator.inventory import NodeView
 from agent.coordinator.planner import FleetPlan, NodeLayouts, plan_fleet, scratch_disruption
@@ -23,7 +23,7 @@ from agent.coordinator.replay import StepResult, replay
 from agent.coordinator.rightsize import ACTIVITY, FB_TOTAL, FB_USED, Window
 from agent.coordinator.rollout import Limits, NodeState, Scheduler, parse_max_unavailable
 from agent.coordinator.selector import Selector, parse_selector
-from agent.errors import FieldViolation, InvalidSpec
+from agent.errors import AgentError, FieldViolation, InvalidSpec
 
 __all__ = [
     "PlanResult",
@@ -59,6 +59,12 @@ async def select(
 ) -> Selection:
     """The nodes ``selector`` picks; ``idle_after_s`` also counts idle GPUs (`Fleet.views`)."""
     targets = await fleet.targets()
+    unknown = sorted(t.node or t.address for t in targets if not t.labels_known)
+    if unknown and selector.needs_labels:
+        raise AgentError(
+            f"selector {selector} needs node labels, which could not be read for "
+            f"{len(unknown)} node(s) ({', '.join(unknown[:5])}): nothing selected on a guess"
+        )
     views = await fleet.views(targets, idle_after_s=idle_after_s)
     by_address = {t.address: t for t in targets}
     chosen = tuple(
@@ -161,6 +167,9 @@ class RolloutResult:
     previews: tuple[NodePreview, ...] = ()
     #: nodes left out because they did not answer; still pending in the record.
     skipped: tuple[str, ...] = ()
+    #: nodes mid-change by an operation this rollout did not start (another coordinator's,
+    #: or a hand-run one's): they count against max-unavailable and are left pending.
+    busy: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -177,11 +186,13 @@ async def rollout(
     order: Sequence[str] | None = None,
     dry_run: bool = False,
     report: Report = lambda node, state, detail: None,
+    wrap: Callable[[NodeAction], NodeAction] | None = None,
 ) -> RolloutResult:
     """Run (or with ``dry_run`` only plan) ``record`` over the selected nodes it names.
 
     ``order`` is the node order (a resume puts nodes left mid-operation first). Nodes that do
-    not answer are skipped and count against max-unavailable, as nodes already down.
+    not answer are skipped and count against max-unavailable, as nodes already down. ``wrap``
+    wraps each node's action (a drain around a MIG change).
     """
     reachable = {v.name for v in selection.reachable}
     names = list(order or record.nodes)
@@ -198,12 +209,42 @@ async def rollout(
         record.max_failures,
         record.node_timeout_s,
     )
+    busy = await changing(fleet, selection, record)
+    for node in busy:
+        if node in record.nodes and not record.state(node).finished:
+            record.nodes[node].detail = f"waiting: {busy[node]} is still running on the agent"
     scheduler = Scheduler(
-        [n for n in names if n in reachable],
+        [n for n in names if n in reachable and n not in busy],
         limits,
         states=record.states(),
-        already_unavailable=len(skipped),
+        already_unavailable=len(skipped) + len(busy),
     )
     record.save()
-    await run_rollout(record, scheduler, action_for(fleet, targets, record), report=report)
-    return RolloutResult(record, (), skipped)
+    if scheduler.pending and scheduler.capacity <= 0:
+        return RolloutResult(record, (), skipped, tuple(sorted(busy)))  # wait: nothing may start
+    action = action_for(fleet, targets, record)
+    await run_rollout(record, scheduler, wrap(action) if wrap else action, report=report)
+    return RolloutResult(record, (), skipped, tuple(sorted(busy)))
+
+
+#: The agent operation kind whose nodes are unavailable while it runs, by rollout kind.
+_CHANGING = {"mig": "mig.apply"}
+
+
+async def changing(fleet: Fleet, selection: Selection, record: RolloutRecord) -> dict[str, str]:
+    """Selected nodes with an operation of the record's kind running that the record did not
+    start: node -> operation. A node that does not answer is left to the skipped count."""
+    kind = _CHANGING.get(record.kind)
+    if kind is None:
+        return {}
+    live = [selection.targets[v.name] for v in selection.reachable if v.name in selection.targets]
+    outcomes = await fleet.each(live, lambda c: c.running_operations(kind))
+    names = {t.address: n for n, t in selection.targets.items()}
+    found: dict[str, str] = {}
+    for o in outcomes:
+        node = names[o.target.address]
+        own = record.nodes[node].operation if node in record.nodes else ""
+        others = [op.name for op in o.value or () if op.name != own]
+        if others:
+            found[node] = others[0]
+    return found

@@ -1,8 +1,10 @@
-"""The two Kubernetes reads discovery needs: agent pods, and node labels.
+"""The coordinator's Kubernetes calls: agent pods, node labels, and its Lease.
 
-Reuses the sharing service's in-cluster client (service-account token, cluster CA, error
-mapping) rather than a second HTTP client; only the list calls are added here. RBAC:
-``pods list`` in the agents' namespace, ``nodes list`` (coordinator-rbac.yaml grants both).
+Reuses the agent's client (service-account token or kubeconfig, CA, error mapping) rather than
+a second HTTP client; only the coordinator's calls are added here. Lists are paged
+(``limit``/``continue``, as client-go's pager) so a large cluster is never one huge response.
+RBAC: ``pods list`` in the agents' namespace, ``nodes list``, ``leases get/create/update`` in
+its own namespace (coordinator-rbac.yaml).
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from agent.kube import InClusterKubeClient
+from agent.kube import PAGE_SIZE, InClusterKubeClient, Informer
 
-__all__ = ["AgentPod", "KubeLister"]
+__all__ = ["AgentPod", "KubeLister", "agent_pod", "labels_by_node"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,39 +37,105 @@ def _get(obj: object, *keys: str) -> object:
     return obj
 
 
-def _items(listing: object) -> list[object]:
-    items = _get(listing, "items")
-    return items if isinstance(items, list) else []
-
-
 class KubeLister(InClusterKubeClient):
     """Lists agent pods and node labels; blocking, so callers run it in a thread."""
 
+    #: items per list page
+    page_size = PAGE_SIZE
+
     @classmethod
     def in_cluster(cls) -> KubeLister:
-        """The pod's own service account; NotSupported outside a pod."""
-        client = cls.from_service_account()
+        """The pod's own service account, else the kubeconfig; NotSupported without either."""
+        client = cls.from_environment()
         assert isinstance(client, KubeLister)  # the base classmethod builds ``cls``
         return client
 
     def agent_pods(self, namespace: str, label_selector: str) -> tuple[AgentPod, ...]:
-        path = f"/api/v1/namespaces/{urllib.parse.quote(namespace, safe='')}/pods"
-        listing = self.get(path, {"labelSelector": label_selector})
-        return tuple(_pod(item) for item in _items(listing))
+        query = {"labelSelector": label_selector}
+        items, _ = self.list_all(_pods_path(namespace), query, self.page_size)
+        return tuple(agent_pod(item) for item in items)
+
+    def pod_informer(self, namespace: str, label_selector: str) -> Informer:
+        """The agent pods, kept by list+watch (for `coordinator serve`)."""
+        query = {"labelSelector": label_selector}
+        return Informer(self, _pods_path(namespace), query, page_size=self.page_size)
+
+    def node_informer(self) -> Informer:
+        return Informer(self, "/api/v1/nodes", page_size=self.page_size)
+
+    # -- the Lease (agent.coordinator.lease.LeaseApi) ---------------------------------------------
+
+    def _leases(self, namespace: str) -> str:
+        ns = urllib.parse.quote(namespace, safe="")
+        return f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+
+    def get_lease(self, namespace: str, name: str) -> Mapping[str, Any]:
+        obj = self.get(f"{self._leases(namespace)}/{urllib.parse.quote(name, safe='')}")
+        return obj if isinstance(obj, dict) else {}
+
+    def create_lease(self, namespace: str, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        out = self.request("POST", self._leases(namespace), body=obj)
+        return out if isinstance(out, dict) else {}
+
+    def update_lease(self, namespace: str, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        name = urllib.parse.quote(str(obj["metadata"]["name"]), safe="")
+        out = self.request("PUT", f"{self._leases(namespace)}/{name}", body=obj)
+        return out if isinstance(out, dict) else {}
+
+    # -- drain (agent.coordinator.drain.DrainApi) --------------------------------------------
+
+    def cordon(self, node: str) -> bool:
+        """Mark the Node unschedulable; True when it already was (then leave it so after)."""
+        path = f"/api/v1/nodes/{urllib.parse.quote(node, safe='')}"
+        spec = _get(self.get(path), "spec")
+        if _get(spec, "unschedulable") is True:
+            return True
+        self._unschedulable(node, True)
+        return False
+
+    def uncordon(self, node: str) -> None:
+        self._unschedulable(node, False)
+
+    def _unschedulable(self, node: str, value: bool) -> None:
+        self.request(
+            "PATCH",
+            f"/api/v1/nodes/{urllib.parse.quote(node, safe='')}",
+            body={"spec": {"unschedulable": value}},
+            content_type="application/merge-patch+json",
+        )
+
+    def evict(self, namespace: str, pod: str) -> None:
+        """POST an Eviction (policy/v1): the API server honours PodDisruptionBudgets and
+        answers 429 (Busy) while one forbids it; NotFound when the pod is gone."""
+        ns, name = urllib.parse.quote(namespace, safe=""), urllib.parse.quote(pod, safe="")
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": namespace},
+        }
+        self.request("POST", f"/api/v1/namespaces/{ns}/pods/{name}/eviction", body=body)
 
     def node_labels_all(self) -> Mapping[str, Mapping[str, str]]:
-        out: dict[str, Mapping[str, str]] = {}
-        for item in _items(self.get("/api/v1/nodes")):
-            name = _get(item, "metadata", "name")
-            labels = _get(item, "metadata", "labels")
-            if isinstance(name, str):
-                out[name] = (
-                    {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
-                )
-        return out
+        return labels_by_node(self.list_all("/api/v1/nodes", page_size=self.page_size)[0])
 
 
-def _pod(item: object) -> AgentPod:
+def _pods_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{urllib.parse.quote(namespace, safe='')}/pods"
+
+
+def labels_by_node(items: list[object]) -> Mapping[str, Mapping[str, str]]:
+    out: dict[str, Mapping[str, str]] = {}
+    for item in items:
+        name = _get(item, "metadata", "name")
+        labels = _get(item, "metadata", "labels")
+        if isinstance(name, str):
+            out[name] = (
+                {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+            )
+    return out
+
+
+def agent_pod(item: object) -> AgentPod:
     conditions = _get(item, "status", "conditions")
     ready = any(
         _get(c, "type") == "Ready" and _get(c, "status") == "True"

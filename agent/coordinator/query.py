@@ -37,15 +37,23 @@ def parse_duration(text: str) -> float:
 class StatusQuery:
     selector: str = ""
     idle_after: str = "1h"
+    #: a new sweep, not the coordinator's latest one
+    fresh: bool = False
 
     def path(self) -> str:
-        query = urlencode({"selector": self.selector, "idle_after": self.idle_after})
-        return f"{STATUS_PATH}?{query}"
+        fields = {"selector": self.selector, "idle_after": self.idle_after}
+        if self.fresh:
+            fields["fresh"] = "1"
+        return f"{STATUS_PATH}?{urlencode(fields)}"
 
     @classmethod
     def from_path(cls, path: str) -> StatusQuery:
         query = parse_qs(urlsplit(path).query)
-        return cls(query.get("selector", [""])[-1], query.get("idle_after", ["1h"])[-1])
+        return cls(
+            query.get("selector", [""])[-1],
+            query.get("idle_after", ["1h"])[-1],
+            query.get("fresh", ["0"])[-1] in ("1", "true"),
+        )
 
 
 def fetch_status(url: str, query: StatusQuery, timeout_s: float = 120.0) -> dict[str, Any]:

@@ -7,12 +7,23 @@ A node whose change failed is held back from the next passes with an exponential
 (`agent.coordinator.backoff`). The loop keeps nothing between passes but counters for /metrics
 and the back-off: the agents and the desired file are the state, so a restarted coordinator
 carries on where the fleet is (and retries failed nodes at once).
+
+With an elector (`agent.coordinator.lease`) a pass runs only while this replica holds the
+Lease, and is cancelled the moment it stops holding it (its renew deadline passed): the
+agents' operations it started run on, and the next leader counts those nodes as changing.
+
+Health is progress, not finished passes (a rollout may take hours): the loop is live while it
+keeps stepping (a node started, a watch event, a node finished, a pass or wait ended, a Lease
+attempt) within ``max(3 x interval, 60 s)``, or while a node it started is still inside its
+node timeout. Ready: leading, or a standby whose last Lease read was answered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import copy
 import hashlib
 import json
 import logging
@@ -29,9 +40,12 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from agent.coordinator.actions import preview
 from agent.coordinator.backoff import Backoff, BackoffPolicy
+from agent.coordinator.cluster import ClusterReport
 from agent.coordinator.desired import Desired, MigRule, PrewarmRule, SharingRule, load_desired
 from agent.coordinator.fleet import Fleet
 from agent.coordinator.flows import Selection, rollout, select
+from agent.coordinator.inventory import NodeView
+from agent.coordinator.lease import LeaderElector
 from agent.coordinator.record import RolloutRecord
 from agent.coordinator.rollout import NodeState
 from agent.coordinator.selector import Selector
@@ -43,6 +57,8 @@ log = logging.getLogger(__name__)
 __all__ = ["Reconciler", "Stats"]
 
 KINDS = ("mig", "share", "prewarm")
+#: the pass sweeps as `fleet status` does by default, so its sweep can answer GET /fleet/status
+SWEEP_IDLE_AFTER_S = 3600.0
 _Rule = MigRule | SharingRule | PrewarmRule
 
 
@@ -58,13 +74,24 @@ class Stats:
     drift: Counter[str] = field(default_factory=Counter)
     changes: Counter[tuple[str, str]] = field(default_factory=Counter)
     halted: Counter[str] = field(default_factory=Counter)
+    #: nodes held (no change) because the labels their rule depends on could not be read
+    labels_unknown: Counter[str] = field(default_factory=Counter)
     desired_valid: bool = False
+    #: the loop runs passes (without an elector: always while it runs)
+    acting: bool = False
 
 
 class _Collector:
     """Fresh metric families from `Stats` at every scrape (nothing to go stale)."""
 
-    def __init__(self, stats: Stats, backoff: Backoff, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        stats: Stats,
+        backoff: Backoff,
+        clock: Callable[[], float],
+        leading: Callable[[], bool],
+    ) -> None:
+        self._leading = leading
         self._stats = stats
         self._backoff = backoff
         self._clock = clock
@@ -101,7 +128,19 @@ class _Collector:
             halted.add_metric([kind], s.halted[kind])
             for result in ("succeeded", "unchanged", "failed"):
                 changes.add_metric([kind, result], s.changes[(kind, result)])
-        yield from (drift, changes, halted)
+        unknown = GaugeMetricFamily(
+            p + "labels_unknown_nodes",
+            "Nodes held (no change) in the last pass: their labels could not be read.",
+            labels=["kind"],
+        )
+        for kind in KINDS:
+            unknown.add_metric([kind], s.labels_unknown[kind])
+        yield from (drift, changes, halted, unknown)
+        yield GaugeMetricFamily(
+            p + "leader",
+            "1 while this replica holds the Lease (or runs alone).",
+            value=float(self._leading()),
+        )
         yield from self._backoff_metrics(p)
         yield GaugeMetricFamily(
             p + "desired_state_valid",
@@ -141,19 +180,33 @@ class Reconciler:
         backoff: BackoffPolicy | None = None,
         draw: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.time,
+        elector: LeaderElector | None = None,
+        cluster: ClusterReport | None = None,
+        on_sweep: Callable[[Sequence[NodeView], float, float], None] | None = None,
     ) -> None:
         """``backoff``: how long failed nodes are held back (default: an interval, doubling
-        to 30 intervals); ``draw`` gives the jitter's uniform draws (tests fix it)."""
+        to 30 intervals); ``draw`` gives the jitter's uniform draws (tests fix it);
+        ``elector``: act only while holding its Lease (None: this process acts alone);
+        ``cluster``: post Node Events and the status ConfigMap (None: not in a cluster);
+        ``on_sweep(views, idle_after_s, at)`` gets each pass's sweep (GET /fleet/status)."""
         self._fleet = fleet
         self._path = desired_path
         self.interval_s = interval_s
         self._clock = clock
+        self._elector = elector
+        self._cluster = cluster
+        self._on_sweep = on_sweep
+        # One worker, so the cluster sees the reports in order; never waited on by a pass.
+        self._reports = concurrent.futures.ThreadPoolExecutor(1, "cluster-report")
         self._desired: Desired | None = None
+        self._progress_at = clock()
+        #: node -> when it may have been silent too long (its start + node timeout + grace)
+        self._running: dict[tuple[str, str], float] = {}
         policy = backoff or BackoffPolicy(base_s=interval_s, max_s=30 * interval_s)
         self.backoff = Backoff(policy) if draw is None else Backoff(policy, draw)
         self.stats = Stats(started=clock())
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(self.stats, self.backoff, clock))
+        self.registry.register(_Collector(self.stats, self.backoff, clock, self.leading))
 
     # -- HTTP ----------------------------------------------------------------------------------
 
@@ -164,28 +217,105 @@ class Reconciler:
         healthy, why = self.healthy()
         return Response(200 if healthy else 503, (why + "\n").encode())
 
+    async def readyz(self, request: Request) -> Response:
+        ready, why = self.ready()
+        return Response(200 if ready else 503, (why + "\n").encode())
+
+    def leading(self) -> bool:
+        """Acting now: holding the Lease (by its renew deadline), or running without one."""
+        if self._elector is not None:
+            return self._elector.leading
+        return self.stats.acting
+
+    def beat(self) -> None:
+        """The loop made progress (a step, a watch event, a wait or Lease attempt ended)."""
+        self._progress_at = self._clock()
+
     def healthy(self) -> tuple[bool, str]:
-        """Alive while passes keep ending: within three intervals (a minute at least)."""
+        """Live while the loop keeps stepping: within three intervals (a minute at least), or
+        while a node it started is within its node timeout (a long step sends no events)."""
         allowed = max(3 * self.interval_s, 60.0)
-        since = self.stats.last_pass or self.stats.started
-        late = self._clock() - since
-        if late > allowed:
-            return False, f"no reconcile pass has ended for {late:.0f} s (allowed {allowed:.0f})"
-        return True, "ok"
+        now = self._clock()
+        quiet = now - self._progress_at
+        if quiet <= allowed or any(now <= until for until in self._running.values()):
+            return True, "ok"
+        return False, f"the reconcile loop made no progress for {quiet:.0f} s (allowed {allowed:g})"
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready when live and leading, or live and a standby that can read the Lease."""
+        live, why = self.healthy()
+        if not live:
+            return False, why
+        e = self._elector
+        if e is None:
+            return True, "leading (no lease: acting alone)"
+        if e.leading:
+            return True, f"leading as {e.identity}"
+        if e.answered_recently():
+            return True, f"standby: the lease is held by {e.holder or 'nobody'}"
+        return False, "standby that cannot read the lease"
 
     # -- the loop ------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.pass_once()
-            with contextlib.suppress(TimeoutError):  # the interval passed: next pass
-                await asyncio.wait_for(stop.wait(), self.interval_s)
+        """Passes every interval until ``stop``; with an elector, only while leading."""
+        keep_stop = asyncio.Event()
+        keeper = None
+        if self._elector is not None:
+            keeper = asyncio.create_task(self._elector.keep(keep_stop, self.beat))
+        try:
+            while not stop.is_set():
+                if self._elector is not None:
+                    self.stats.acting = False
+                    if not await self._elector.won(stop):
+                        break
+                self.stats.acting = True
+                await self._guarded_pass(stop)
+                self.beat()
+                with contextlib.suppress(TimeoutError):  # the interval passed: next pass
+                    await asyncio.wait_for(stop.wait(), self.interval_s)
+                self.beat()
+        finally:
+            keep_stop.set()
+            if keeper is not None:
+                await keeper  # releases the Lease
+            self.stats.acting = False
+            await asyncio.to_thread(self._reports.shutdown, True, cancel_futures=True)
+
+    def _tell(self, call: Callable[..., None], *args: Any) -> None:
+        """A report to the cluster, in order, off the loop; a failure is only logged."""
+        if self._cluster is not None:
+            self._reports.submit(call, *args)
+
+    async def flush_reports(self) -> None:
+        """Wait until every report so far has been sent (tests, and the end of --once)."""
+        await asyncio.wrap_future(self._reports.submit(lambda: None))
+
+    async def _guarded_pass(self, stop: asyncio.Event) -> None:
+        """One pass, cancelled when ``stop`` comes or the Lease is lost, whichever first."""
+        work = asyncio.create_task(self.pass_once())
+        guards: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait())]
+        if self._elector is not None:
+            guards.append(asyncio.create_task(self._elector.lost()))
+        try:
+            await asyncio.wait([work, *guards], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for guard in guards:
+                guard.cancel()
+            if not work.done():
+                why = "stopping" if stop.is_set() else "lost the lease"
+                log.warning("%s: the reconcile pass stops here; operations started run on", why)
+                work.cancel()
+            await asyncio.gather(work, *guards, return_exceptions=True)
+            self._running.clear()
 
     async def pass_once(self) -> None:
         began = self._clock()
         try:
             desired = self._load()
-            selection = await select(self._fleet, Selector())
+            selection = await select(self._fleet, Selector(), idle_after_s=SWEEP_IDLE_AFTER_S)
+            if self._on_sweep is not None:
+                self._on_sweep(selection.views, SWEEP_IDLE_AFTER_S, began)
             self.stats.nodes = Counter(
                 "answering" if v.reachable else "unreachable" for v in selection.views
             )
@@ -198,6 +328,7 @@ class Reconciler:
         finally:
             self.stats.last_pass = self._clock()
             self.stats.last_duration_s = self.stats.last_pass - began
+            self.beat()
 
     def _load(self) -> Desired | None:
         """The desired state; a bad file keeps the last good one (and says so in metrics)."""
@@ -227,13 +358,27 @@ class Reconciler:
         for kind, kind_rules in rules:
             self.stats.drift[kind] = 0
             self.stats.halted[kind] = 0
-            for index, rule in enumerate(kind_rules):
+            chosen: dict[str, _Rule | None] = {}
+            unknown = []
+            for v in selection.reachable:
+                labels_known = selection.targets[v.name].labels_known
+                rule = _rule_for(kind_rules, v, labels_known)
+                if rule is _UNKNOWN:
+                    unknown.append(v.name)
+                else:
+                    chosen[v.name] = rule
+            self.stats.labels_unknown[kind] = len(unknown)
+            if unknown:
+                log.warning(
+                    "%s: holding %d node(s) unchanged: their labels could not be read and a "
+                    "rule depends on them: %s",
+                    kind,
+                    len(unknown),
+                    ", ".join(unknown),
+                )
+            for rule in kind_rules:
                 # First matching rule wins, so a node is only ever driven by one rule per kind.
-                nodes = [
-                    v.name
-                    for v in selection.reachable
-                    if desired.rule_for(kind_rules, v) is kind_rules[index]
-                ]
+                nodes = [n for n, r in chosen.items() if r is rule]
                 if nodes:
                     await self._rule(kind, rule, nodes, desired, selection)
 
@@ -268,7 +413,20 @@ class Reconciler:
             return
         log.info("%s: %d node(s) differ from the desired state: %s", kind, len(due), due)
         record = self._record(kind, rule, due, desired)
-        await rollout(self._fleet, selection, record, report=_log_report(kind))
+        if self._cluster is not None:
+            self._tell(self._cluster.status, copy.deepcopy(record), "running")
+        result = await rollout(self._fleet, selection, record, report=self._report(kind, record))
+        if self._cluster is not None:
+            end = "halted" if record.halted else "done"
+            self._tell(self._cluster.status, copy.deepcopy(record), end)
+        if result.busy:
+            log.info(
+                "%s: %d node(s) mid-change by an operation started elsewhere, counted as "
+                "unavailable: %s",
+                kind,
+                len(result.busy),
+                ", ".join(result.busy),
+            )
         self._note_outcomes(kind, record, change)
         if record.halted:
             self.stats.halted[kind] = 1
@@ -313,6 +471,40 @@ class Reconciler:
             # should not keep the item from the rest.
             limits |= {"max_unavailable": str(rule.concurrency), "max_failures": 0}
         return RolloutRecord.start(kind, spec, sorted(nodes), **limits)
+
+    def _report(self, kind: str, record: RolloutRecord) -> Callable[[str, Any, str], None]:
+        """Log each node's end; every report is progress; a running node is live to its
+        timeout (plus 30 s for the cancel)."""
+        log_end = _log_report(kind)
+
+        def report(node: str, state: Any, detail: str) -> None:
+            self.beat()
+            if state is NodeState.RUNNING and detail == "started":
+                self._running[(kind, node)] = self._clock() + record.node_timeout_s + 30.0
+            elif state.finished:
+                self._running.pop((kind, node), None)
+            if self._cluster is not None and (state.finished or detail == "started"):
+                self._tell(self._cluster.node_step, kind, node, state.value, detail)
+                if state.finished:
+                    self._tell(self._cluster.status, copy.deepcopy(record), "running")
+            log_end(node, state, detail)
+
+        return report
+
+
+#: A node whose rule cannot be told without its (unread) labels.
+_UNKNOWN: Any = object()
+
+
+def _rule_for(rules: Sequence[_Rule], view: Any, labels_known: bool) -> Any:
+    """The first rule picking ``view``; `_UNKNOWN` when an earlier-or-matching rule's
+    selector needs labels that could not be read (a guess could re-bind the node)."""
+    for rule in rules:
+        if not labels_known and rule.selector.needs_labels:
+            return _UNKNOWN
+        if rule.selector.matches(view):
+            return rule
+    return None
 
 
 def _fingerprint(record: RolloutRecord) -> str:

@@ -58,6 +58,11 @@ class Selector:
         """Whether only a reachable node's answer can tell (model, preset)."""
         return any(t.key in ("model", "preset") for t in self.terms)
 
+    @property
+    def needs_labels(self) -> bool:
+        """Whether a Kubernetes node label decides (unknown while the API is down)."""
+        return any(t.key not in _FACTS for t in self.terms)
+
     def __str__(self) -> str:
         return self.text or "(every node)"
 

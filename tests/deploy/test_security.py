@@ -88,15 +88,39 @@ def test_agent_rbac_is_what_the_agent_does() -> None:
     }
 
 
-def test_coordinator_only_reads() -> None:
+def test_coordinator_reads_and_writes_only_its_lease_status_and_events() -> None:
+    """It reads nodes and pods; it writes its Lease and its status ConfigMap, by name (create
+    cannot name one), and creates Events; nothing else (no node patch, no pod delete)."""
     objs = render("default")
     rules = _rules(objs, "ClusterRole", "gpu-agent-coordinator") + _rules(
         objs, "Role", "gpu-agent-coordinator"
     )
-    assert {v for r in rules for v in r["verbs"]} <= READ
-    assert {res for r in rules for res in r["resources"]} == {"nodes", "pods"}
+    owned = {"leases": "gpu-agent-coordinator", "configmaps": "gpu-agent-rollout-status"}
+    reads = [r for r in rules if r["resources"][0] not in {*owned, "events"}]
+    assert {v for r in reads for v in r["verbs"]} <= READ
+    assert {res for r in reads for res in r["resources"]} == {"nodes", "pods"}
+    for resource, name in owned.items():
+        mine = [r for r in rules if r["resources"] == [resource]]
+        assert [r["verbs"] for r in mine if not r.get("resourceNames")] == [["create"]]
+        assert [
+            (r["resourceNames"], sorted(r["verbs"])) for r in mine if r.get("resourceNames")
+        ] == [([name], ["get", "update"])]
+    assert [r["verbs"] for r in rules if r["resources"] == ["events"]] == [["create"]]
     role = find(objs, "Role", "gpu-agent-coordinator")
-    assert role["metadata"]["namespace"] == "gpu-agent", "agent pods: this namespace only"
+    assert role["metadata"]["namespace"] == "gpu-agent", "agent pods and the Lease: here only"
+
+
+def test_coordinator_runs_two_replicas_with_progress_and_leader_probes() -> None:
+    """Two replicas (leader election makes it safe); liveness on /healthz (progress) and
+    readiness on /readyz (leading or a working standby); the pod name names the holder."""
+    deployment = find(render("default"), "Deployment", "gpu-agent-coordinator")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    assert env["POD_NAME"] == "metadata.name"
 
 
 def test_node_patches_are_fenced_by_the_admission_policy() -> None:

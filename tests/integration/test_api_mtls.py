@@ -198,6 +198,12 @@ def every_rpc(channel: grpc.Channel, origin: Origin, tag: str) -> dict[str, grpc
         lambda: prewarm.ListCache(prewarm_pb2.ListCacheRequest(), timeout=t),
     )
     record(
+        P + "PrewarmService/PinCacheItem",
+        lambda: prewarm.PinCacheItem(
+            prewarm_pb2.PinCacheItemRequest(item=f"w-{tag}", pinned=False), timeout=t
+        ),
+    )
+    record(
         P + "PrewarmService/EvictCacheItem",
         lambda: prewarm.EvictCacheItem(
             prewarm_pb2.EvictCacheItemRequest(item=f"w-{tag}"), timeout=t
@@ -208,6 +214,12 @@ def every_rpc(channel: grpc.Channel, origin: Origin, tag: str) -> dict[str, grpc
         P + "PrewarmService/CancelPrewarmItem",
         lambda: prewarm.CancelPrewarmItem(
             prewarm_pb2.CancelPrewarmItemRequest(item=f"w-{tag}"), timeout=t
+        ),
+    )
+    record(
+        P + "PrewarmService/DeletePrewarmItem",
+        lambda: prewarm.DeletePrewarmItem(
+            prewarm_pb2.DeletePrewarmItemRequest(item=f"w-{tag}"), timeout=t
         ),
     )
     record(

@@ -114,11 +114,22 @@ def test_a_failing_node_halts_the_rollout_and_a_resume_finishes_it(
     assert saved["nodes"]["b"]["operation"].startswith("operations/")
     applied_on_a = len(agents.operations("a", "mig.apply"))
 
-    resumed = run_json(agents, "resume", str(record))
+    before = record.read_text()
+    bad = agents.fleet("resume", str(record), "--max-unavailable", "0")
+    assert bad.exit_code == 2 and "max-unavailable '0'" in bad.output
+    assert record.read_text() == before  # refused: nothing changed
+    # The resume may change the limits: three nodes left, two at a time, three failures.
+    resumed = run_json(
+        agents, "resume", str(record), "--max-unavailable", "2", "--max-failures", "3"
+    )
     assert node_states(resumed["record"]) == {
         "a": "succeeded", "b": "succeeded", "c": "succeeded", "d": "succeeded"
     }  # fmt: skip
     assert resumed["record"]["nodes"]["b"]["attempt"] == 2
+    saved = json.loads(record.read_text())
+    assert (saved["max_unavailable"], saved["max_failures"]) == ("2", 3)
+    last = [agents.operations(n, "mig.apply")[0] for n in "bcd"]  # newest first
+    assert most_at_once(op_intervals(last)) == 2
     assert len(agents.operations("a", "mig.apply")) == applied_on_a  # a was not touched again
     status = {n["name"]: n for n in run_json(agents, "status")["nodes"]}
     for name in PRESETS:

@@ -18,9 +18,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from agent.client import AgentClient
 
 from agent._proto.gpuagent.v1 import agent_pb2
+from agent.client import AgentClient
 from agent.gpu.sim import SimControl, open_simulator
 from tests.unit.api.support import REPO, AgentProcess, agent_config, wait_for
 

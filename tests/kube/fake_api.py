@@ -1,20 +1,66 @@
-"""A fake Kubernetes API server over HTTPS, for the few calls sharing makes.
+"""A stand-in Kubernetes API server over HTTPS, for the calls the agent and coordinator make.
 
-It is a fake because no API server runs on the machines this project is built and tested on.
-It answers the real paths, verbs, content types, bearer-token check and Status error bodies for:
-GET/PATCH ``/api/v1/nodes/{name}``, GET (list with labelSelector and fieldSelector) and DELETE
-``/api/v1/namespaces/{ns}/pods[/{name}]``. Every request is recorded for assertions.
+It is a stand-in because no API server runs on the machines this project is built and tested
+on. It answers the real paths, verbs, content types, bearer-token check and Status error bodies
+for: GET/PATCH ``/api/v1/nodes/{name}``, GET ``/api/v1/nodes`` (list, paged with
+``limit``/``continue``), GET (list with labelSelector, fieldSelector, paging) and DELETE
+``/api/v1/namespaces/{ns}/pods[/{name}]``, and GET/POST/PUT
+``/apis/coordination.k8s.io/v1/namespaces/{ns}/leases[/{name}]`` and
+``/api/v1/namespaces/{ns}/configmaps[/{name}]``, POST ``/api/v1/namespaces/{ns}/events``, and
+POST ``/api/v1/namespaces/{ns}/pods/{name}/eviction`` (429 while ``pdb_refusals`` says the
+pod's disruption budget refuses, as the real server answers; otherwise the pod is deleted).
+A Node merge-patch may set ``spec.unschedulable`` (cordon).
+Like the real server:
+- every write bumps one cluster-wide ``resourceVersion``; a PUT whose
+  ``metadata.resourceVersion`` is stale is 409 Conflict, a POST of an existing name 409
+  AlreadyExists, a PUT of a missing object 404;
+- label keys and values are validated (prefix a DNS subdomain <= 253, name <= 63 of
+  ``[A-Za-z0-9._-]`` starting and ending alphanumeric; values the same, or empty): 422 Invalid;
+- a Node merge-patch with ``metadata.resourceVersion`` is a precondition: stale is 409;
+- ``?watch=1`` on the node and pod lists streams ``{"type", "object"}`` lines: with a
+  ``resourceVersion``, every change after it (ADDED/MODIFIED/DELETED, the object carrying its
+  new version), with none or "0" the current objects as ADDED first; a version older than the
+  retained history (``compact``) is an ERROR event with a 410 Status, as the real server's
+  "too old resource version"; the watch ends after ``timeoutSeconds``. ``fieldSelector``
+  ``metadata.name=`` (nodes) and ``labelSelector`` (pods) filter it.
+
+What it does not model: authorization beyond one bearer token and the ``forbidden`` set;
+admission, defaulting and the full object schemas (objects are the fields the code reads);
+strategic-merge and JSON patches; ``resourceVersionMatch``; a ``continue`` token that
+expires (410); field selectors other than ``spec.nodeName`` on pods and ``metadata.name`` on
+node watches; label selectors other than ``k=v`` conjunctions; watch bookmarks; chunked
+transfer encoding (a watch is an HTTP/1.0 body ended by closing). Every request is recorded
+for assertions.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 import ssl
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
+
+_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def label_problem(key: str, value: str) -> str | None:
+    """Why the API server refuses this label (its validation rules), or None."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS.match(prefix)):
+        return f"{key}: prefix part must be a DNS-1123 subdomain"
+    if not name or len(name) > 63 or not _NAME.match(name):
+        return f"{key}: name part must be <= 63 characters of [A-Za-z0-9._-], alphanumeric ends"
+    if len(value) > 63 or not _NAME.match(value):
+        return f"{key}={value}: a label value must be <= 63 characters of [A-Za-z0-9._-]"
+    return None
 
 
 @dataclass
@@ -23,6 +69,24 @@ class Pod:
     name: str
     node: str
     labels: dict[str, str]
+    #: status.podIP and a container port named "grpc", for agent pods
+    ip: str | None = None
+    grpc_port: int | None = None
+    ready: bool = True
+
+    def obj(self) -> dict[str, Any]:
+        ports = [{"name": "grpc", "containerPort": self.grpc_port}] if self.grpc_port else []
+        status: dict[str, Any] = {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True" if self.ready else "False"}],
+        }
+        if self.ip:
+            status["podIP"] = self.ip
+        return {
+            "metadata": {"name": self.name, "namespace": self.namespace, "labels": self.labels},
+            "spec": {"nodeName": self.node, "containers": [{"name": "c", "ports": ports}]},
+            "status": status,
+        }
 
 
 @dataclass
@@ -45,6 +109,78 @@ class FakeKubeApi:
     #: (method, path) -> (skip, count): after ``skip`` more such requests, ``count`` fail with
     #: 500 (an API server blip).
     failing: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    #: resource ("leases", "configmaps", "events") -> (namespace, name) -> object
+    stores: dict[str, dict[tuple[str, str], dict[str, Any]]] = field(default_factory=dict)
+    #: name -> resourceVersion of that Node's last write
+    node_versions: dict[str, str] = field(default_factory=dict)
+    #: name -> that Node's annotations
+    node_annotations: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: (namespace, pod) -> evictions still refused (429) by its PodDisruptionBudget
+    pdb_refusals: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: called (namespace, pod) after an eviction deleted a pod: the kubelet stopping it
+    on_evict: Any = field(default=lambda ns, name: None)
+    #: Nodes marked spec.unschedulable (cordoned)
+    unschedulable: set[str] = field(default_factory=set)
+    #: paths answered 503, as an API server that is down (e.g. during an upgrade)
+    unavailable: set[str] = field(default_factory=set)
+    version: int = 1
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    #: (version, resource, type, object) of every change, for watches; ``compact`` trims it
+    history: list[tuple[int, str, str, dict[str, Any]]] = field(default_factory=list)
+    compacted: int = 0
+    closed: bool = False
+
+    def __post_init__(self) -> None:
+        self.changed = threading.Condition(self.lock)
+
+    @property
+    def leases(self) -> dict[tuple[str, str], dict[str, Any]]:
+        return self.stores.setdefault("leases", {})
+
+    @property
+    def configmaps(self) -> dict[tuple[str, str], dict[str, Any]]:
+        return self.stores.setdefault("configmaps", {})
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """Events posted, oldest first."""
+        found = self.stores.get("events", {})
+        return sorted(found.values(), key=lambda e: int(e["metadata"]["resourceVersion"]))
+
+    def bump(self) -> str:
+        self.version += 1
+        return str(self.version)
+
+    # -- changes made by a test (a user with kubectl), seen by watches --------------------------
+
+    def set_labels(self, node: str, labels: dict[str, str | None]) -> None:
+        with self.lock:
+            kind = "MODIFIED" if node in self.nodes else "ADDED"
+            current = self.nodes.setdefault(node, {})
+            for key, value in labels.items():
+                if value is None:
+                    current.pop(key, None)
+                else:
+                    current[key] = value
+            self.node_versions[node] = self.bump()
+            self._record("nodes", kind, self._node_obj(node))
+
+    def compact(self) -> None:
+        """Forget the history: a watch from any version seen so far gets 410 Gone."""
+        with self.lock:
+            self.compacted = self.version
+            self.history.clear()
+            self.bump()  # a list from now on starts past the compacted versions
+
+    def close(self) -> None:
+        """End every watch (the test is over)."""
+        with self.lock:
+            self.closed = True
+            self.changed.notify_all()
+
+    def _record(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
+        self.history.append((self.version, resource, kind, copy.deepcopy(obj)))
+        self.changed.notify_all()
 
     def serve(self, cert: Path, key: Path) -> tuple[ThreadingHTTPServer, str]:
         api = self
@@ -60,6 +196,12 @@ class FakeKubeApi:
                 api._handle(self)
 
             def do_DELETE(self) -> None:
+                api._handle(self)
+
+            def do_POST(self) -> None:
+                api._handle(self)
+
+            def do_PUT(self) -> None:
                 api._handle(self)
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -87,12 +229,119 @@ class FakeKubeApi:
         elif count > 0:
             self.failing[(h.command, path)] = (0, count - 1)
             return _reply(h, 500, _status(500, "etcdserver: request timed out"))
+        if path in self.unavailable:
+            return _reply(h, 503, _status(503, "the server is currently unable to handle it"))
         parts = path.strip("/").split("/")
-        if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
-            return self._node(h, parts[3], body)
-        if parts[:3] == ["api", "v1", "namespaces"] and len(parts) >= 5 and parts[4] == "pods":
-            return self._pods(h, parts[3], parts[5] if len(parts) == 6 else None, query)
+        if query.get("watch") in ("1", "true") and h.command == "GET":
+            if parts == ["api", "v1", "nodes"]:
+                return self._watch(h, "nodes", query)
+            if parts[:3] == ["api", "v1", "namespaces"] and parts[4:] == ["pods"]:
+                return self._watch(h, "pods", query, parts[3])
+            return _reply(h, 405, _status(405, "watch is served on the node and pod lists"))
+        with self.lock:
+            if parts == ["api", "v1", "nodes"] and h.command == "GET":
+                nodes = [self._node_obj(n) for n in sorted(self.nodes)]
+                return _reply(h, 200, self._page("NodeList", nodes, query))
+            if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
+                return self._node(h, parts[3], body)
+            pods = parts[:3] == ["api", "v1", "namespaces"] and parts[4:5] == ["pods"]
+            if pods and len(parts) == 7 and parts[6] == "eviction" and h.command == "POST":
+                return self._evict(h, parts[3], parts[5], body)
+            if pods and len(parts) in (5, 6):
+                return self._pods(h, parts[3], parts[5] if len(parts) == 6 else None, query)
+            lease = ["apis", "coordination.k8s.io", "v1", "namespaces"]
+            if parts[:4] == lease and len(parts) in (6, 7) and parts[5] == "leases":
+                name = parts[6] if len(parts) == 7 else None
+                return self._namespaced(h, "leases", parts[4], name, body)
+            core = ["api", "v1", "namespaces"]
+            if parts[:3] == core and len(parts) in (5, 6) and parts[4] in ("configmaps", "events"):
+                name = parts[5] if len(parts) == 6 else None
+                return self._namespaced(h, parts[4], parts[3], name, body)
         return _reply(h, 404, _status(404, "the server could not find the requested resource"))
+
+    def _page(
+        self, kind: str, items: list[dict[str, Any]], query: dict[str, str]
+    ) -> dict[str, Any]:
+        """One page of a list: ``limit`` items from the ``continue`` offset (an opaque token)."""
+        start = int(query.get("continue") or 0)
+        limit = int(query.get("limit") or 0) or len(items)
+        chunk = items[start : start + limit]
+        metadata: dict[str, Any] = {"resourceVersion": str(self.version)}
+        if start + limit < len(items):
+            metadata["continue"] = str(start + limit)
+        return {"kind": kind, "apiVersion": "v1", "metadata": metadata, "items": chunk}
+
+    def _node_obj(self, name: str) -> dict[str, Any]:
+        version = self.node_versions.setdefault(name, "1")
+        return {
+            "kind": "Node",
+            "spec": {"unschedulable": True} if name in self.unschedulable else {},
+            "metadata": {
+                "name": name,
+                "labels": dict(self.nodes[name]),
+                "annotations": dict(self.node_annotations.get(name, {})),
+                "resourceVersion": version,
+            },
+        }
+
+    def _watch(
+        self, h: BaseHTTPRequestHandler, resource: str, query: dict[str, str], ns: str = ""
+    ) -> None:
+        name = query.get("fieldSelector", "").removeprefix("metadata.name=")
+        wanted = dict(kv.split("=", 1) for kv in query.get("labelSelector", "").split(",") if kv)
+
+        def matches(obj: dict[str, Any]) -> bool:
+            meta = obj.get("metadata") or {}
+            if resource == "nodes":
+                return not name or meta.get("name") == name
+            labels = meta.get("labels") or {}
+            return meta.get("namespace") == ns and all(
+                labels.get(k) == v for k, v in wanted.items()
+            )
+
+        version = query.get("resourceVersion", "")
+        with self.lock:
+            if version and version != "0" and int(version) <= self.compacted:
+                first: list[tuple[str, dict[str, Any]]] = [
+                    ("ERROR", _status(410, f"too old resource version: {version}", "Expired"))
+                ]
+                since = None
+            elif version and version != "0":
+                first, since = [], int(version)
+            else:
+                current = (
+                    [self._node_obj(n) for n in sorted(self.nodes)]
+                    if resource == "nodes"
+                    else [p.obj() for p in self.pods]
+                )
+                first, since = [("ADDED", o) for o in current if matches(o)], self.version
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.end_headers()
+
+        def send(kind: str, obj: dict[str, Any]) -> None:
+            h.wfile.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+            h.wfile.flush()
+
+        try:
+            for kind, obj in first:
+                send(kind, obj)
+            deadline = time.monotonic() + min(float(query.get("timeoutSeconds") or 60), 600)
+            while since is not None and not self.closed and time.monotonic() < deadline:
+                with self.lock:
+                    events = [
+                        e
+                        for e in self.history
+                        if e[0] > since and e[1] == resource and matches(e[3])
+                    ]
+                    if not events:
+                        self.changed.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+                        continue
+                for event in events:
+                    send(event[2], event[3])
+                since = events[-1][0]
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
+            pass  # the client went away
 
     def _node(self, h: BaseHTTPRequestHandler, name: str, body: object) -> None:
         if name not in self.nodes:
@@ -101,13 +350,90 @@ class FakeKubeApi:
             if h.headers.get("Content-Type") != "application/merge-patch+json":
                 return _reply(h, 415, _status(415, "unsupported media type"))
             assert isinstance(body, dict)
-            for key, value in body["metadata"]["labels"].items():
+            metadata = body.get("metadata") or {}
+            want = metadata.get("resourceVersion")
+            if want is not None and want != self.node_versions.setdefault(name, "1"):
+                return _reply(h, 409, _conflict("nodes", name))
+            labels = metadata.get("labels") or {}
+            bad = [p for k, v in labels.items() if v is not None and (p := label_problem(k, v))]
+            bad += [p for k in labels if (p := label_problem(k, ""))]
+            if bad:
+                return _reply(h, 422, _status(422, f'Node "{name}" is invalid: {"; ".join(bad)}'))
+            for key, value in labels.items():
                 if value is None:
                     self.nodes[name].pop(key, None)
                 else:
                     self.nodes[name][key] = value
-        obj = {"kind": "Node", "metadata": {"name": name, "labels": dict(self.nodes[name])}}
-        return _reply(h, 200, obj)
+            spec = body.get("spec") or {}
+            if "unschedulable" in spec:
+                if spec["unschedulable"]:
+                    self.unschedulable.add(name)
+                else:
+                    self.unschedulable.discard(name)
+            notes = self.node_annotations.setdefault(name, {})
+            for key, value in (metadata.get("annotations") or {}).items():
+                if value is None:
+                    notes.pop(key, None)
+                else:
+                    notes[key] = str(value)
+            self.node_versions[name] = self.bump()
+            self._record("nodes", "MODIFIED", self._node_obj(name))
+        return _reply(h, 200, self._node_obj(name))
+
+    def _namespaced(
+        self,
+        h: BaseHTTPRequestHandler,
+        resource: str,
+        ns: str,
+        name: str | None,
+        body: object,
+    ) -> None:
+        """GET/POST/PUT of a namespaced object (Lease, ConfigMap), with the server's
+        resourceVersion rules; POST of an Event (kept, never read back)."""
+        store = self.stores.setdefault(resource, {})
+        if name is None and h.command == "POST":
+            assert isinstance(body, dict)
+            meta = body.get("metadata") or {}
+            if resource == "events":
+                meta = dict(
+                    meta, name=meta.get("name") or f"{meta.get('generateName', '')}{self.version}"
+                )
+                body = dict(body, metadata=meta)
+            key = (ns, str(meta.get("name") or ""))
+            if not key[1]:
+                return _reply(h, 422, _status(422, f"{resource}: metadata.name: Required value"))
+            if key in store:
+                message = f'{resource} "{key[1]}" already exists'
+                return _reply(h, 409, _status(409, message, "AlreadyExists"))
+            if meta.get("resourceVersion"):
+                return _reply(h, 400, _status(400, "resourceVersion should not be set on create"))
+            return _reply(h, 201, self._store(store, key, body))
+        if name is None:
+            return _reply(h, 405, _status(405, "method not allowed"))
+        key = (ns, name)
+        if key not in store:
+            return _reply(h, 404, _status(404, f'{resource} "{name}" not found'))
+        if h.command == "GET":
+            return _reply(h, 200, store[key])
+        if h.command == "PUT":
+            assert isinstance(body, dict)
+            want = (body.get("metadata") or {}).get("resourceVersion")
+            if want and want != store[key]["metadata"]["resourceVersion"]:
+                return _reply(h, 409, _conflict(resource, name))
+            return _reply(h, 200, self._store(store, key, body))
+        return _reply(h, 405, _status(405, "method not allowed"))
+
+    def _store(
+        self,
+        store: dict[tuple[str, str], dict[str, Any]],
+        key: tuple[str, str],
+        body: dict[str, Any],
+    ) -> dict[str, Any]:
+        obj = copy.deepcopy(body)
+        obj["metadata"] = dict(obj.get("metadata") or {})
+        obj["metadata"].update(namespace=key[0], name=key[1], resourceVersion=self.bump())
+        store[key] = obj
+        return obj
 
     def _pods(
         self, h: BaseHTTPRequestHandler, ns: str, name: str | None, query: dict[str, str]
@@ -120,13 +446,13 @@ class FakeKubeApi:
                 kv.split("=", 1) for kv in query.get("fieldSelector", "").split(",") if kv
             )
             items = [
-                {"metadata": {"name": p.name, "namespace": p.namespace, "labels": p.labels}}
+                p.obj()
                 for p in self.pods
                 if p.namespace == ns
                 and all(p.labels.get(k) == v for k, v in selector.items())
                 and fields.get("spec.nodeName", p.node) == p.node
             ]
-            return _reply(h, 200, {"kind": "PodList", "items": items})
+            return _reply(h, 200, self._page("PodList", items, query))
         if name is not None and h.command == "DELETE":
             for pod in self.pods:
                 if pod.namespace == ns and pod.name == name:
@@ -135,15 +461,41 @@ class FakeKubeApi:
             return _reply(h, 404, _status(404, f'pods "{name}" not found'))
         return _reply(h, 405, _status(405, "method not allowed"))
 
+    def _evict(self, h: BaseHTTPRequestHandler, ns: str, name: str, body: object) -> None:
+        """policy/v1 Eviction: 429 while the pod's disruption budget refuses, else deleted."""
+        if not isinstance(body, dict) or body.get("kind") != "Eviction":
+            return _reply(h, 400, _status(400, "the body must be a policy/v1 Eviction"))
+        pod = next((p for p in self.pods if p.namespace == ns and p.name == name), None)
+        if pod is None:
+            return _reply(h, 404, _status(404, f'pods "{name}" not found'))
+        left = self.pdb_refusals.get((ns, name), 0)
+        if left > 0:
+            self.pdb_refusals[(ns, name)] = left - 1
+            message = "Cannot evict pod as it would violate the pod's disruption budget."
+            return _reply(h, 429, _status(429, message, "TooManyRequests"))
+        self.pods.remove(pod)
+        self.on_evict(ns, name)
+        return _reply(h, 201, _status(201, "", "") | {"status": "Success"})
 
-def _status(code: int, message: str) -> dict[str, object]:
+
+def _status(code: int, message: str, reason: str = "") -> dict[str, object]:
     return {
         "kind": "Status",
         "apiVersion": "v1",
         "status": "Failure",
         "message": message,
+        "reason": reason,
         "code": code,
     }
+
+
+def _conflict(resource: str, name: str) -> dict[str, object]:
+    return _status(
+        409,
+        f'Operation cannot be fulfilled on {resource} "{name}": the object has been modified; '
+        "please apply your changes to the latest version and try again",
+        "Conflict",
+    )
 
 
 def _reply(h: BaseHTTPRequestHandler, code: int, obj: object) -> None:

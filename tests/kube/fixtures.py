@@ -1,4 +1,4 @@
-"""Fixtures: a fake Kubernetes API server (no API server runs here) with a real TLS certificate."""
+"""Fixtures: the Kubernetes API stand-in (no API server runs here) with a real TLS certificate."""
 
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ def kube_api(tmp_path: Path, tls_cert: tuple[Path, Path]) -> Iterator[tuple[Fake
     try:
         yield api, url
     finally:
+        api.close()
         server.shutdown()
         server.server_close()
 

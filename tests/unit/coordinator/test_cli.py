@@ -50,7 +50,8 @@ def test_commands_say_what_is_missing(tmp_path: Path) -> None:
     no_agents = invoke(fleet, ["plan", "--demand", str(demand)])
     assert no_agents.exit_code == 2 and "where are the agents?" in no_agents.output
     both = invoke(
-        fleet, ["apply", "mig", "-f", str(demand), "--plan", str(demand), "--agents", "a:1"]
+        fleet,
+        ["apply", "mig", "-f", str(demand), "--plan", str(demand), "--agents", "a:1", "--insecure"],
     )
     assert both.exit_code == 2 and "not both" in both.output
     bad_add = invoke(fleet, ["replay", "--trace", str(demand), "--offline", "--add", "x"])
@@ -94,7 +95,9 @@ def test_plan_exits_11_when_demand_is_unmet_and_still_prints_the_plan(
         "  - {profile: 1g.10gb, count: 2}\n"
     )
     out = tmp_path / "plan.yaml"
-    result = invoke(fleet, ["plan", "--demand", str(demand), "--agents", "a:1", "--out", str(out)])
+    result = invoke(
+        fleet, ["plan", "--demand", str(demand), "--agents", "a:1", "--insecure", "--out", str(out)]
+    )
     assert result.exit_code == 11, result.output
     assert "UNMET 1g.10gb (priority 0)" in result.output
     assert "lost to 7g.80gb (priority 1, 1 device(s))" in result.output
@@ -102,7 +105,10 @@ def test_plan_exits_11_when_demand_is_unmet_and_still_prints_the_plan(
     assert load_plan(out)  # the plan is written all the same
     met = tmp_path / "met.yaml"
     met.write_text("version: v1\ndemand: {7g.80gb: 1}\n")
-    assert invoke(fleet, ["plan", "--demand", str(met), "--agents", "a:1"]).exit_code == 0
+    assert (
+        invoke(fleet, ["plan", "--demand", str(met), "--agents", "a:1", "--insecure"]).exit_code
+        == 0
+    )
 
 
 def test_plan_says_when_the_selector_matched_no_node(
@@ -111,7 +117,9 @@ def test_plan_says_when_the_selector_matched_no_node(
     _answering(monkeypatch, [_view("a", gpu("a", 0))])
     demand = tmp_path / "demand.yaml"
     demand.write_text("version: v1\ndemand: {7g.80gb: 1}\n")
-    result = invoke(fleet, ["plan", "--demand", str(demand), "--agents", "a:1", "-l", "name=zz"])
+    result = invoke(
+        fleet, ["plan", "--demand", str(demand), "--agents", "a:1", "--insecure", "-l", "name=zz"]
+    )
     assert result.exit_code == 3
     assert "error: the selector name=zz matched no node" in result.output
 
@@ -135,12 +143,16 @@ def test_plan_from_the_cluster_takes_pending_pods_and_their_node_selector_as_a_p
     ]
     monkeypatch.setattr(clusterdemand, "cluster_client", lambda: None)
     monkeypatch.setattr(clusterdemand, "list_pods", lambda client: pods)
-    result = invoke(fleet, ["plan", "--from-cluster", "--agents", "a:1", "-o", "json"])
+    result = invoke(
+        fleet, ["plan", "--from-cluster", "--agents", "a:1", "--insecure", "-o", "json"]
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert doc["demand"]["source"] == "cluster"
     assert [(c["node"], c["after"]) for c in doc["changes"]] == [("a", [["3g.40gb", 2]])]
-    both = invoke(fleet, ["plan", "--from-cluster", "--demand", "x.yaml", "--agents", "a:1"])
+    both = invoke(
+        fleet, ["plan", "--from-cluster", "--demand", "x.yaml", "--agents", "a:1", "--insecure"]
+    )
     assert both.exit_code == 2 and "one of them" in both.output
 
 
@@ -174,7 +186,7 @@ def test_rightsize_lists_the_pods_that_fit_smaller_and_writes_their_demand(
 
     monkeypatch.setattr(flows, "observe", observe)
     out = tmp_path / "smaller.yaml"
-    args = ["rightsize", "--agents", "a:1", "--window", "2m", "--every", "30s"]
+    args = ["rightsize", "--agents", "a:1", "--insecure", "--window", "2m", "--every", "30s"]
     result = invoke(fleet, [*args, "--demand-out", str(out)])
     assert result.exit_code == 0, result.output
     assert sweeps == [5]
@@ -184,5 +196,7 @@ def test_rightsize_lists_the_pods_that_fit_smaller_and_writes_their_demand(
     assert parse_demand(out.read_text()).entries == (
         DemandEntry("1g.10gb", 1, "NVIDIA H100 80GB HBM3"),
     )
-    bad = invoke(fleet, ["rightsize", "--agents", "a:1", "--window", "1m", "--every", "0"])
+    bad = invoke(
+        fleet, ["rightsize", "--agents", "a:1", "--insecure", "--window", "1m", "--every", "0"]
+    )
     assert bad.exit_code == 2 and "--every" in bad.output

@@ -80,7 +80,7 @@ async def _serve_without_agents(tmp_path: Path) -> None:
         assert "gpu_agent_coordinator_desired_state_valid 0.0" in text
         now[0] += 61
         healthy, why = reconciler.healthy()
-        assert not healthy and "no reconcile pass has ended for 61 s" in why
+        assert not healthy and "the reconcile loop made no progress for 61 s" in why
     finally:
         await fleet.close()
 

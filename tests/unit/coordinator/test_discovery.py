@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
-from collections.abc import Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Sequence
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -21,6 +17,7 @@ from agent.coordinator.discovery import (
 )
 from agent.coordinator.kube import KubeLister
 from agent.errors import InvalidSpec
+from tests.kube.fake_api import FakeKubeApi, Pod
 
 
 def test_static_addresses_are_checked_and_kept_in_order() -> None:
@@ -41,92 +38,51 @@ def test_every_address_of_a_dns_name_is_an_agent() -> None:
     assert [t.address for t in found] == ["10.0.0.1:9401", "10.0.0.2:9401", "[fd00::5]:9401"]
 
 
-def _pod(name: str, node: str, ip: str | None, ready: bool, phase: str = "Running") -> dict:
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "nodeName": node,
-            "containers": [
-                {
-                    "ports": [
-                        {"name": "metrics", "containerPort": 9400},
-                        {"name": "grpc", "containerPort": 9411},
-                    ]
-                }
-            ],
-        },
-        "status": {
-            "phase": phase,
-            "podIP": ip,
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-        },
-    }
-
-
-class FakeApiServer:
-    """The two list calls of the Kubernetes API, recording the queries it gets."""
-
-    def __init__(self) -> None:
-        self.queries: list[tuple[str, dict[str, list[str]]]] = []
-        pods = [
-            _pod("gpu-agent-b", "node-b", "10.1.0.7", True),
-            _pod("gpu-agent-a", "node-a", "10.1.0.5", True),
-            _pod("gpu-agent-c", "node-c", None, False, "Pending"),
-        ]
-        nodes = [
-            {"metadata": {"name": "node-a", "labels": {"pool": "train"}}},
-            {"metadata": {"name": "node-b", "labels": {"pool": "serve"}}},
-        ]
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                url = urlsplit(self.path)
-                owner.queries.append((url.path, parse_qs(url.query)))
-                assert self.headers["Authorization"] == "Bearer t0ken"
-                body = {
-                    "/api/v1/namespaces/gpu-agent/pods": {"items": pods},
-                    "/api/v1/nodes": {"items": nodes},
-                }.get(url.path)
-                data = json.dumps(body).encode()
-                self.send_response(200 if body else 404)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def __enter__(self) -> FakeApiServer:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def api_server() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
+def agents_api(
+    kube_api: tuple[FakeKubeApi, str], tls_cert: tuple[Path, Path]
+) -> tuple[FakeKubeApi, KubeLister]:
+    """The API stand-in with three agent pods (one pending) and their nodes' labels."""
+    api, url = kube_api
+    labels = {"app.kubernetes.io/name": "gpu-agent", "app.kubernetes.io/component": "agent"}
+    api.nodes.update({"node-a": {"pool": "train"}, "node-b": {"pool": "serve"}, "node-c": {}})
+    api.pods += [
+        Pod("gpu-agent", "gpu-agent-b", "node-b", dict(labels), "10.1.0.7", 9411),
+        Pod("gpu-agent", "gpu-agent-a", "node-a", dict(labels), "10.1.0.5", 9411),
+        Pod("gpu-agent", "gpu-agent-c", "node-c", dict(labels), None, 9411, ready=False),
+        Pod("gpu-agent", "other", "node-a", {"app": "other"}, "10.1.0.9", 80),
+    ]
+    lister = KubeLister(url, api.token_path, ca_path=tls_cert[0], timeout=5.0)
+    lister.page_size = 2  # three agent pods and five nodes: every list takes pages
+    return api, lister
 
 
 def test_kubernetes_discovery_lists_agent_pods_with_their_nodes_labels(
-    api_server: FakeApiServer, tmp_path: Path
+    agents_api: tuple[FakeKubeApi, KubeLister],
 ) -> None:
-    token = tmp_path / "token"
-    token.write_text("t0ken\n")
-    lister = KubeLister(api_server.url, token)
+    api, lister = agents_api
     found = asyncio.run(KubeDiscovery(lister, "gpu-agent").targets())
     assert found == (
         Target("10.1.0.5:9411", "node-a", {"pool": "train"}, pod="gpu-agent-a"),
         Target("10.1.0.7:9411", "node-b", {"pool": "serve"}, pod="gpu-agent-b"),
-        Target("", "node-c", {}, "agent pod gpu-agent-c is Pending with no IP", "gpu-agent-c"),
+        Target("", "node-c", {}, "agent pod gpu-agent-c is Running with no IP", "gpu-agent-c"),
     )
-    path, query = api_server.queries[0]
-    assert path == "/api/v1/namespaces/gpu-agent/pods"
-    assert query == {"labelSelector": [AGENT_SELECTOR]}
+    pods = [r for r in api.requests if r.path == "/api/v1/namespaces/gpu-agent/pods"]
+    assert [r.query.get("continue") for r in pods] == [None, "2"]  # paged, limit 2
+    assert {r.query["labelSelector"] for r in pods} == {AGENT_SELECTOR}
+    assert all(r.query["limit"] == "2" for r in api.requests)
+
+
+def test_node_labels_that_cannot_be_read_are_unknown_not_empty(
+    agents_api: tuple[FakeKubeApi, KubeLister],
+) -> None:
+    """An API outage on the node list marks every target's labels unknown (empty for want
+    of an answer), so a rule on labels cannot re-bind a node on a guess."""
+    api, lister = agents_api
+    api.unavailable.add("/api/v1/nodes")
+    found = asyncio.run(KubeDiscovery(lister, "gpu-agent").targets())
+    assert [(t.node, t.labels, t.labels_known) for t in found] == [
+        ("node-a", {}, False),
+        ("node-b", {}, False),
+        ("node-c", {}, False),
+    ]

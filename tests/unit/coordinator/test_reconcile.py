@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,8 +24,10 @@ from agent.coordinator.discovery import Target
 from agent.coordinator.fleet import Fleet
 from agent.coordinator.flows import RolloutResult, Selection
 from agent.coordinator.inventory import NodeView
+from agent.coordinator.lease import ElectionTiming, LeaderElector
 from agent.coordinator.record import RolloutRecord
 from agent.coordinator.rollout import NodeState
+from agent.errors import AgentError, Conflict, NotFound
 
 DESIRED = """\
 version: v1
@@ -72,7 +76,7 @@ class FakeFleet:
         self.rolled: list[list[str]] = []
         self.views = tuple(NodeView(n, f"10.0.0.{i}:9401") for i, n in enumerate(("a", "b")))
 
-    async def select(self, fleet: object, selector: object) -> Selection:
+    async def select(self, fleet: object, selector: object, **kw: object) -> Selection:
         return Selection(self.views, {v.name: Target(v.address, v.name) for v in self.views})
 
     async def preview(
@@ -184,3 +188,191 @@ def test_holds_end_for_nodes_gone_or_no_longer_asked_for(fake: FakeFleet, tmp_pa
     desired.write_text("version: v1\n")  # sharing no longer managed
     _passes(reconciler, clock, [10.0])
     assert reconciler.backoff.held() == {}
+
+
+LABELLED = """\
+version: v1
+sharing:
+  - selector: pool=inference
+    strategy: mps
+    replicas: 2
+  - selector: ""
+    strategy: time-slicing
+    replicas: 4
+"""
+
+
+def test_nodes_whose_rule_depends_on_unread_labels_are_held_and_reported(
+    fake: FakeFleet,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The node list failed: labels are unknown, not empty. A rule on labels could re-bind an
+    inference node to the catch-all rule, so every node is held unchanged and the pass says
+    so; once the labels read again the node gets its own rule."""
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(LABELLED)
+    fake.broken.clear()
+    unknown = Selection(
+        fake.views,
+        {v.name: Target(v.address, v.name, {}, None, labels_known=False) for v in fake.views},
+    )
+    reconciler = reconcile.Reconciler(cast(Fleet, object()), desired, clock=Clock(0.0))
+
+    async def outage(fleet: object, selector: object, **kw: object) -> Selection:
+        return unknown
+
+    monkeypatch.setattr(reconcile, "select", outage)
+    asyncio.run(reconciler.pass_once())
+    assert fake.rolled == []
+    assert _metric(reconciler, "labels_unknown_nodes") == 2
+    assert "holding 2 node(s) unchanged: their labels could not be read" in caplog.text
+
+    labelled = (NodeView("a", "10.0.0.0:9401", {"pool": "inference"}), fake.views[1])
+    known = Selection(labelled, {v.name: Target(v.address, v.name, v.labels) for v in labelled})
+
+    async def back(fleet: object, selector: object, **kw: object) -> Selection:
+        return known
+
+    monkeypatch.setattr(reconcile, "select", back)
+    asyncio.run(reconciler.pass_once())
+    assert fake.rolled == [["a"], ["b"]]  # a by the inference rule, b by the catch-all
+    assert _metric(reconciler, "labels_unknown_nodes") == 0
+
+
+def test_a_rule_needing_no_labels_still_applies_during_a_label_outage(
+    fake: FakeFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(DESIRED.format(replicas=2))
+    fake.broken.clear()
+    unknown = Selection(
+        fake.views,
+        {v.name: Target(v.address, v.name, {}, None, labels_known=False) for v in fake.views},
+    )
+
+    async def outage(fleet: object, selector: object, **kw: object) -> Selection:
+        return unknown
+
+    monkeypatch.setattr(reconcile, "select", outage)
+    asyncio.run(reconcile.Reconciler(cast(Fleet, object()), desired).pass_once())
+    assert fake.rolled == [["a", "b"]]
+
+
+def test_liveness_is_progress_a_long_node_step_stays_live_to_its_timeout(
+    fake: FakeFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass may last hours: the loop is live while it steps, and while a node it started is
+    inside its node timeout (a MIG step can be silent for minutes); past that it is not."""
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(DESIRED.format(replicas=2))
+    fake.broken.clear()
+    clock = Clock(0.0)
+    reconciler = reconcile.Reconciler(cast(Fleet, object()), desired, interval_s=5.0, clock=clock)
+    seen: list[tuple[float, bool]] = []
+    why: list[str] = []
+
+    async def slow(fleet: object, selection: Selection, record: RolloutRecord, **kw: Any) -> Any:
+        report = kw["report"]
+        report("a", NodeState.RUNNING, "started")  # node timeout 900 s: live to 930 s
+        for t in (59.0, 61.0, 600.0, 929.0):
+            clock.now = t
+            seen.append((t, reconciler.healthy()[0]))
+        report("a", NodeState.RUNNING, "2 of 7 instances created")  # a watch event
+        clock.now = 989.0
+        seen.append((989.0, reconciler.healthy()[0]))
+        clock.now = 1100.0
+        seen.append((1100.0, reconciler.healthy()[0]))
+        why.append(reconciler.healthy()[1])
+        return await fake.rollout(fleet, selection, record)
+
+    monkeypatch.setattr(reconcile, "rollout", slow)
+    asyncio.run(reconciler.pass_once())
+    assert seen == [
+        (59.0, True),
+        (61.0, True),
+        (600.0, True),
+        (929.0, True),
+        (989.0, True),
+        (1100.0, False),
+    ]
+    assert why == ["the reconcile loop made no progress for 171 s (allowed 60)"]
+    assert reconciler.healthy() == (True, "ok")  # the pass ended: progress
+
+
+class MemoryLeases:
+    """A Lease store with the API server's resourceVersion rule; ``down`` fails every call."""
+
+    def __init__(self) -> None:
+        self.obj: dict[str, Any] | None = None
+        self.version = 0
+        self.down = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise AgentError("Kubernetes API unreachable")
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
+        self._check()
+        if self.obj is None:
+            raise NotFound("no lease")
+        return self.obj
+
+    def create_lease(self, namespace: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        self._check()
+        return self._store(obj)
+
+    def update_lease(self, namespace: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        self._check()
+        assert self.obj is not None
+        if obj["metadata"]["resourceVersion"] != self.obj["metadata"]["resourceVersion"]:
+            raise Conflict("stale")
+        return self._store(obj)
+
+    def _store(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        self.written_at = time.monotonic()
+        self.version += 1
+        self.obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(self.version)}}
+        return self.obj
+
+
+def test_a_leader_that_cannot_renew_stops_its_pass_by_the_renew_deadline(
+    fake: FakeFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API server goes away mid-rollout: the leader's pass is cancelled once its last
+    renewal is renew-deadline old, before the Lease could expire for anyone else."""
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(DESIRED.format(replicas=2))
+    leases = MemoryLeases()
+    timing = ElectionTiming(lease_duration_s=3.0, renew_deadline_s=1.0, retry_period_s=0.2)
+    elector = LeaderElector(leases, "ns", "coord", "me", timing)
+    reconciler = reconcile.Reconciler(
+        cast(Fleet, object()), desired, interval_s=60.0, elector=elector
+    )
+    ended: list[float] = []
+
+    async def main() -> None:
+        cancelled = asyncio.Event()
+
+        async def forever(fleet: object, selection: Selection, record: Any, **kw: Any) -> Any:
+            leases.down = True  # no renewal succeeds from here on
+            try:
+                await asyncio.Event().wait()
+            finally:
+                ended.append(time.monotonic())
+                cancelled.set()
+
+        monkeypatch.setattr(reconcile, "rollout", forever)
+        stop = asyncio.Event()
+        run = asyncio.create_task(reconciler.run(stop))
+        await asyncio.wait_for(cancelled.wait(), 30)
+        assert not elector.leading and not reconciler.leading()
+        stop.set()
+        await run
+
+    asyncio.run(main())
+    # Stopped after the last write by less than the lease duration: nobody could take over yet.
+    assert timing.renew_deadline_s - 0.3 <= ended[0] - leases.written_at < timing.lease_duration_s
+    assert leases.obj is not None and leases.obj["spec"]["holderIdentity"] == "me"
+    assert reconciler.stats.acting is False

@@ -1,0 +1,170 @@
+"""Reclaimable GPUs, marked on the agent's own Node for a cost job or an autoscaler to act on.
+
+A GPU is reclaimable when it has been under ``telemetry.idle_threshold_percent`` for at least
+``telemetry.idle_reclaim_after_s`` (default 24 h) and runs no process. The agent then sets the
+annotation ``gpu-agent.io/reclaimable=<GPU indices>`` (comma-separated, ascending) on its Node
+and posts an Event ``GpusReclaimable``; when the set changes the annotation follows, and when
+no GPU is reclaimable any more (one is used again) the annotation is removed with an Event
+``GpusInUse``. A node whose labels match ``telemetry.reclaim_exclude_selector`` (say
+``pool=inference``: a serving pool idles by design) is never marked. Unknown idle time (no
+telemetry yet, a GPU that stopped answering) is not idle: such a GPU is never marked.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from agent.errors import FieldViolation, InvalidSpec
+from agent.gpu.types import GpuLayout
+
+if TYPE_CHECKING:
+    from agent.api.inventory import NodeInventory
+    from agent.config import AgentConfig
+    from agent.kube import InClusterKubeClient, NodeWatch
+    from agent.telemetry.service import TelemetryService
+
+__all__ = ["ANNOTATION", "ExcludeSelector", "ReclaimMarker", "reclaim_marker", "reclaimable"]
+
+log = logging.getLogger(__name__)
+
+ANNOTATION = "gpu-agent.io/reclaimable"
+
+
+def reclaimable(
+    layouts: Sequence[GpuLayout], idle_by_uuid: Mapping[str, float], after_s: float
+) -> tuple[int, ...]:
+    """Indices of GPUs idle at least ``after_s`` with no process (pure)."""
+    return tuple(
+        sorted(
+            layout.gpu.index
+            for layout in layouts
+            if not layout.processes
+            and (idle := idle_by_uuid.get(layout.gpu.uuid)) is not None
+            and idle >= after_s
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ExcludeSelector:
+    """``key=value,key!=value`` over node labels; empty excludes nothing."""
+
+    terms: tuple[tuple[str, str, bool], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> ExcludeSelector:
+        terms = []
+        for raw in (t.strip() for t in text.split(",") if t.strip()):
+            negate = "!=" in raw
+            key, sep, value = raw.partition("!=" if negate else "=")
+            if not sep or not key.strip():
+                raise InvalidSpec(
+                    f"telemetry.reclaim_exclude_selector term {raw!r} is not key=value",
+                    [FieldViolation("telemetry.reclaim_exclude_selector", "key=value,key!=value")],
+                )
+            terms.append((key.strip(), value.strip(), negate))
+        return cls(tuple(terms))
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if not self.terms:
+            return False
+        return all((labels.get(k) == v) != negate for k, v, negate in self.terms)
+
+
+class NodeMarks(Protocol):
+    """The writes the marker makes on its Node (agent.kube.InClusterKubeClient)."""
+
+    def patch_node_annotations(self, node: str, annotations: Mapping[str, str | None]) -> None:
+        """Merge-patch annotations; None removes one."""
+        ...
+
+    def post_node_event(self, node: str, reason: str, message: str) -> None:
+        """A Normal Event on the Node."""
+        ...
+
+
+#: (labels, annotations) of the Node now
+Metadata = Callable[[], tuple[Mapping[str, str], Mapping[str, str]]]
+
+
+class ReclaimMarker:
+    """One pass: compute the reclaimable GPUs, and mark the Node when that changed."""
+
+    def __init__(
+        self,
+        kube: NodeMarks,
+        node: str,
+        metadata: Metadata,
+        layouts: Callable[[], Sequence[GpuLayout]],
+        idle: Callable[[], Mapping[str, float] | None],
+        after_s: float,
+        exclude: ExcludeSelector,
+    ) -> None:
+        self._kube = kube
+        self._node = node
+        self._metadata = metadata
+        self._layouts = layouts
+        self._idle = idle
+        self._after_s = after_s
+        self._exclude = exclude
+
+    def mark(self) -> tuple[int, ...] | None:
+        """The GPUs marked now; None when idle time is not known yet (nothing changed)."""
+        idle = self._idle()
+        if idle is None:
+            return None
+        labels, annotations = self._metadata()
+        gpus = (
+            ()
+            if self._exclude.matches(labels)
+            else reclaimable(self._layouts(), idle, self._after_s)
+        )
+        value = ",".join(str(i) for i in gpus)
+        current = annotations.get(ANNOTATION)
+        if (current or "") == value:
+            return gpus
+        self._kube.patch_node_annotations(self._node, {ANNOTATION: value or None})
+        hours = self._after_s / 3600
+        if gpus:
+            message = f"GPU(s) {value} idle for {hours:g} h or more with no process: reclaimable"
+            self._kube.post_node_event(self._node, "GpusReclaimable", message)
+        else:
+            self._kube.post_node_event(
+                self._node, "GpusInUse", f"GPU(s) {current} are in use again (or excluded)"
+            )
+        log.info("node %s: %s=%s", self._node, ANNOTATION, value or "(removed)")
+        return gpus
+
+
+def reclaim_marker(
+    kube: InClusterKubeClient,
+    config: AgentConfig,
+    watch: NodeWatch | None,
+    inventory: NodeInventory,
+    telemetry: TelemetryService,
+) -> ReclaimMarker:
+    """The marker the agent runs: metadata from its Node watch (a GET while that is not
+    current), layouts from the inventory, idle seconds from the latest telemetry snapshot."""
+    node = config.node_name
+
+    def metadata() -> tuple[Mapping[str, str], Mapping[str, str]]:
+        found = watch.metadata() if watch is not None else None
+        return found if found is not None else kube.node_metadata(node)
+
+    def idle() -> Mapping[str, float] | None:
+        snapshot = telemetry.sampler.latest()
+        return None if snapshot is None else snapshot.gpu_idle_seconds()
+
+    settings = config.telemetry
+    return ReclaimMarker(
+        kube,
+        node,
+        metadata,
+        inventory.layouts,
+        idle,
+        settings.idle_reclaim_after_s,
+        ExcludeSelector.parse(settings.reclaim_exclude_selector or ""),
+    )

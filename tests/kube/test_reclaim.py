@@ -1,0 +1,94 @@
+"""Reclaimable GPUs marked on the Node, against the API stand-in: after the reclaim time under
+the idle threshold with no process a GPU is in ``gpu-agent.io/reclaimable`` with an Event;
+the mark follows the set and clears on use; an excluded pool is never marked; unknown idle
+time marks nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import pytest
+
+from agent.coordinator.catalog import preset_layouts
+from agent.errors import InvalidSpec
+from agent.gpu.types import Process
+from agent.kube import InClusterKubeClient
+from agent.reclaim import ANNOTATION, ExcludeSelector, ReclaimMarker, reclaimable
+from tests.kube.fake_api import FakeKubeApi
+from tests.kube.fixtures import NODE
+
+DAY = 86400.0
+LAYOUTS = preset_layouts("dgx-h100", NODE)
+BUSY = dataclasses.replace(LAYOUTS[1], processes=(Process(4242, 1 << 30, None, None),))
+
+
+def idle(*seconds: float | None) -> dict[str, float]:
+    return {LAYOUTS[i].gpu.uuid: s for i, s in enumerate(seconds) if s is not None}
+
+
+def test_only_gpus_idle_long_enough_with_no_process_are_reclaimable() -> None:
+    layouts = (LAYOUTS[0], BUSY, LAYOUTS[2], LAYOUTS[3])
+    assert reclaimable(layouts, idle(DAY, 2 * DAY, DAY - 1, None), DAY) == (0,)
+
+
+class Marker:
+    def __init__(self, kube: InClusterKubeClient, exclude: str = "") -> None:
+        self.idle: Mapping[str, float] | None = None
+        self.layouts = (LAYOUTS[0], BUSY, *LAYOUTS[2:])
+        self.marker = ReclaimMarker(
+            kube,
+            NODE,
+            lambda: kube.node_metadata(NODE),
+            lambda: self.layouts,
+            lambda: self.idle,
+            DAY,
+            ExcludeSelector.parse(exclude),
+        )
+
+
+def events(api: FakeKubeApi) -> list[tuple[str, str]]:
+    return [(e["reason"], e["message"]) for e in api.events]
+
+
+def test_the_mark_and_its_events_follow_idle_gpus_and_clear_on_use(
+    kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    api, _ = kube_api
+    m = Marker(kube)
+    assert m.marker.mark() is None and not api.requests  # no telemetry yet: nothing
+    m.idle = idle(DAY + 5, DAY + 5, 10, DAY, 0, 0, 0, 0)
+    assert m.marker.mark() == (0, 3)
+    assert api.node_annotations[NODE] == {ANNOTATION: "0,3"}
+    assert events(api) == [
+        ("GpusReclaimable", "GPU(s) 0,3 idle for 24 h or more with no process: reclaimable")
+    ]
+    event = api.events[0]
+    assert event["involvedObject"]["kind"] == "Node" and event["involvedObject"]["name"] == NODE
+    patches = len([r for r in api.requests if r.method == "PATCH"])
+    assert m.marker.mark() == (0, 3)  # unchanged: no write, no Event
+    assert len([r for r in api.requests if r.method == "PATCH"]) == patches
+    m.idle = idle(DAY + 70, DAY + 70, 10, 0, 0, 0, 0, 0)  # GPU 3 used again
+    assert m.marker.mark() == (0,) and api.node_annotations[NODE] == {ANNOTATION: "0"}
+    m.idle = idle(1, DAY, 10, 0, 0, 0, 0, 0)  # GPU 0 too
+    assert m.marker.mark() == ()
+    assert ANNOTATION not in api.node_annotations[NODE]
+    assert events(api)[-1] == ("GpusInUse", "GPU(s) 0 are in use again (or excluded)")
+
+
+def test_an_excluded_pool_is_never_marked(
+    kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    api, _ = kube_api
+    api.nodes[NODE]["pool"] = "inference"
+    m = Marker(kube, exclude="pool=inference")
+    m.idle = idle(*[2 * DAY] * 8)
+    assert m.marker.mark() == ()
+    assert not api.node_annotations.get(NODE) and api.events == []
+
+
+def test_a_bad_exclude_selector_names_the_setting() -> None:
+    with pytest.raises(InvalidSpec, match="reclaim_exclude_selector term 'pool'"):
+        ExcludeSelector.parse("pool")
+    assert ExcludeSelector.parse("pool!=train").matches({"pool": "inference"})
+    assert not ExcludeSelector.parse("").matches({"pool": "inference"})

@@ -1,0 +1,121 @@
+"""List+watch against the API stand-in over HTTPS: one list, then changes as they happen
+(resuming at the last resourceVersion), a relist only on 410 Gone; the agent's own Node by a
+field selector; discovery's caches for `coordinator serve`; an outage marks the cache stale."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from agent.coordinator.discovery import KubeDiscovery
+from agent.coordinator.kube import KubeLister
+from agent.kube import InClusterKubeClient, Informer, NodeWatch
+from tests.kube.fake_api import FakeKubeApi, Pod
+from tests.kube.fixtures import NODE
+from tests.unit.api.support import wait_for
+
+
+@pytest.fixture
+def lister(kube_api: tuple[FakeKubeApi, str], tls_cert: tuple[Path, Path]) -> KubeLister:
+    api, url = kube_api
+    return KubeLister(url, api.token_path, ca_path=tls_cert[0], timeout=5.0)
+
+
+def test_one_list_then_changes_by_watch_and_a_relist_only_on_410(
+    lister: KubeLister, kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    api, _ = kube_api
+    seen = threading.Event()
+    informer = Informer(lister, "/api/v1/nodes", page_size=1, watch_timeout_s=1, on_change=seen.set)
+    informer.start()
+    try:
+        assert informer.synced.wait(10)
+        assert informer.lists == 1 and len(informer.objects()) == 2  # two pages of one
+        api.set_labels("gpu-node-2", {"pool": "inference"})
+
+        def labelled() -> bool:
+            return any(
+                o["metadata"]["labels"].get("pool") == "inference" for o in informer.objects()
+            )
+
+        wait_for(labelled, "the change to arrive by watch", timeout=10)
+        # Watches end every second (timeoutSeconds) and resume at the last version: no relist.
+        wait_for(lambda: informer.watches >= 3, "the watch to be resumed", timeout=10)
+        assert informer.lists == 1
+        watches = [r for r in api.requests if r.query.get("watch") == "1"]
+        assert all(r.query["resourceVersion"] for r in watches)
+        # The history is compacted past the informer's version: 410 Gone, then one relist.
+        api.compact()
+        wait_for(lambda: informer.lists == 2, "a relist after 410 Gone", timeout=10)
+        api.set_labels("gpu-node-3", {"pool": "train"})
+        wait_for(lambda: len(informer.objects()) == 3, "the next change by watch", timeout=10)
+        assert informer.lists == 2
+    finally:
+        informer.stop()
+
+
+def test_an_outage_marks_the_cache_stale_until_the_api_answers_again(
+    lister: KubeLister, kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    api, _ = kube_api
+    informer = Informer(lister, "/api/v1/nodes", watch_timeout_s=1).start()
+    try:
+        assert informer.synced.wait(10) and informer.healthy
+        api.unavailable.add("/api/v1/nodes")
+        wait_for(lambda: not informer.healthy, "the outage to be noticed", timeout=10)
+        assert "503" in informer.error
+        api.unavailable.clear()
+        wait_for(lambda: informer.healthy, "the watch to come back", timeout=15)
+    finally:
+        informer.stop()
+
+
+def test_the_agent_watches_its_own_node_by_field_selector(
+    kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    """Only this Node's changes reach the agent, each as it happens: no polling GETs."""
+    api, _ = kube_api
+    changes = []
+    watch = NodeWatch(kube, NODE, lambda: changes.append(1))
+    watch.informer.start()
+    try:
+        wait_for(lambda: watch.labels() is not None, "the first list")
+        assert watch.labels() == {"kubernetes.io/hostname": NODE}
+        before = len(changes)
+        api.set_labels("gpu-node-2", {"other": "x"})  # another node: not seen
+        api.set_labels(NODE, {"nvidia.com/mig.config": "all-1g.10gb"})
+        wait_for(lambda: (watch.labels() or {}).get("nvidia.com/mig.config"), "the label")
+        assert len(changes) == before + 1
+        selectors = {r.query.get("fieldSelector") for r in api.requests if r.method == "GET"}
+        assert selectors == {f"metadata.name={NODE}"}
+        assert not [r for r in api.requests if r.path == f"/api/v1/nodes/{NODE}"]  # no GETs
+    finally:
+        watch.informer.stop()
+
+
+def test_serve_discovery_keeps_pods_and_labels_by_watch(
+    lister: KubeLister, kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    """Passes read the caches: after the first list, a pass makes no request at all; a label
+    change is in the next pass."""
+    api, _ = kube_api
+    labels = {"app.kubernetes.io/name": "gpu-agent", "app.kubernetes.io/component": "agent"}
+    api.pods.append(Pod("gpu-agent", "agent-1", NODE, labels, "10.0.0.1", 9401))
+    discovery = KubeDiscovery(lister, "gpu-agent", watch=True)
+    try:
+        (first,) = asyncio.run(discovery.targets())
+        assert (first.address, first.labels_known) == ("10.0.0.1:9401", True)
+        listed = len([r for r in api.requests if r.query.get("watch") is None])
+        api.set_labels(NODE, {"pool": "inference"})
+
+        def relabelled() -> bool:
+            (t,) = asyncio.run(discovery.targets())
+            return t.labels.get("pool") == "inference"
+
+        wait_for(relabelled, "the label in a pass", timeout=10)
+        assert len([r for r in api.requests if r.query.get("watch") is None]) == listed
+    finally:
+        discovery.close()

@@ -1,0 +1,93 @@
+"""GET /fleet/status on `coordinator serve` answers from the latest sweep while it is at most
+--status-max-age old (a reconcile pass's sweep feeds it), sweeps otherwise or when asked
+``fresh``, says how old its sweep is, and shares one sweep between concurrent requests.
+The fleet is faked at `select`, with an injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, cast
+
+import pytest
+
+from agent.coordinator import status_http
+from agent.coordinator.discovery import Target
+from agent.coordinator.fleet import Fleet
+from agent.coordinator.flows import Selection
+from agent.coordinator.inventory import NodeView
+from agent.http import Request
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def sweeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Each sweep's idle threshold; a sweep answers two nodes after a yield to the loop."""
+    made: list[float] = []
+
+    async def select(fleet: object, selector: object, *, idle_after_s: float) -> Selection:
+        made.append(idle_after_s)
+        await asyncio.sleep(0)
+        views = tuple(NodeView(f"n{i}", f"10.0.0.{i}:9401") for i in (1, 2))
+        return Selection(views, {v.name: Target(v.address, v.name) for v in views})
+
+    monkeypatch.setattr(status_http, "select", select)
+    return made
+
+
+def get(endpoint: status_http.StatusEndpoint, query: str = "") -> dict[str, Any]:
+    response = asyncio.run(
+        endpoint(cast(Request, type("R", (), {"path": f"/fleet/status{query}"})))
+    )
+    assert response.status == 200
+    return cast(dict[str, Any], json.loads(response.body))
+
+
+def test_a_recent_sweep_answers_and_says_its_age(sweeps: list[float]) -> None:
+    clock = Clock()
+    endpoint = status_http.StatusEndpoint(cast(Fleet, object()), max_age_s=60, clock=clock)
+    endpoint.observe((NodeView("n9", "10.0.0.9:9401"),), 3600.0, clock.now)  # a pass's sweep
+    clock.now += 20
+    doc = get(endpoint)
+    assert [n["name"] for n in doc["nodes"]] == ["n9"] and doc["age_s"] == 20.0
+    assert doc["observed_at"] == 1000.0 and sweeps == []
+    assert [n["name"] for n in get(endpoint, "?selector=name%3Dn8")["nodes"]] == []
+    # fresh: a new sweep, which the next requests then reuse
+    assert [n["name"] for n in get(endpoint, "?fresh=1")["nodes"]] == ["n1", "n2"]
+    assert sweeps == [3600.0]
+    assert get(endpoint)["age_s"] == 0.0 and sweeps == [3600.0]
+
+
+def test_an_old_sweep_or_another_idle_threshold_sweeps_anew(sweeps: list[float]) -> None:
+    clock = Clock()
+    endpoint = status_http.StatusEndpoint(cast(Fleet, object()), max_age_s=60, clock=clock)
+    endpoint.observe((NodeView("n9", "10.0.0.9:9401"),), 3600.0, clock.now)
+    clock.now += 61
+    assert [n["name"] for n in get(endpoint)["nodes"]] == ["n1", "n2"]
+    assert get(endpoint, "?idle_after=30m")["idle_after"] == "30m"
+    assert sweeps == [3600.0, 1800.0]
+
+
+def test_max_age_zero_sweeps_every_time(sweeps: list[float]) -> None:
+    endpoint = status_http.StatusEndpoint(cast(Fleet, object()))
+    get(endpoint)
+    get(endpoint)
+    assert sweeps == [3600.0, 3600.0]
+
+
+def test_concurrent_requests_share_one_sweep(sweeps: list[float]) -> None:
+    endpoint = status_http.StatusEndpoint(cast(Fleet, object()), max_age_s=60)
+    request = cast(Request, type("R", (), {"path": "/fleet/status?fresh=1"}))
+
+    async def both() -> list[Any]:
+        return list(await asyncio.gather(endpoint(request), endpoint(request)))
+
+    answers = asyncio.run(both())
+    assert [a.status for a in answers] == [200, 200] and len(sweeps) == 1
