@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -393,94 +392,26 @@ def serve(
     Example:
       gpu-agent coordinator serve --kubernetes --desired /etc/gpu-agent/desired/desired.yaml
     """
-    from agent.coordinator import status_http
-    from agent.coordinator.backoff import BackoffPolicy
-    from agent.coordinator.cluster import ClusterReport
-    from agent.coordinator.desired import load_desired
-    from agent.coordinator.lease import ElectionTiming, LeaderElector, default_identity
-    from agent.coordinator.query import STATUS_PATH
-    from agent.coordinator.reconcile import Reconciler
-    from agent.errors import AgentError
-    from agent.http import HttpServer
+    from agent.coordinator.app import CoordinatorSettings, run_coordinator
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    options = options_from(kwargs)
-    host, _, port = listen.rpartition(":")
-    base = interval if retry_backoff is None else retry_backoff
-    backoff = BackoffPolicy(
-        base_s=base,
-        max_s=max(base, 30 * interval if retry_backoff_max is None else retry_backoff_max),
-        jitter=retry_jitter,
+    settings = CoordinatorSettings(
+        desired_path=desired_path,
+        interval_s=interval,
+        listen=listen,
+        retry_backoff_s=retry_backoff,
+        retry_backoff_max_s=retry_backoff_max,
+        retry_jitter=retry_jitter,
+        status_max_age_s=status_max_age,
+        once=once,
+        lease_name=lease_name,
+        leader_elect=leader_elect,
+        lease_duration_s=lease_duration,
+        renew_deadline_s=renew_deadline,
+        retry_period_s=retry_period,
     )
-
-    timing = ElectionTiming(lease_duration, renew_deadline, retry_period)
-    if once and desired_path.exists():
-        load_desired(desired_path)  # one run: a file that does not parse is the answer (exit 2)
-
-    async def main() -> int:
-        fleet = options.open(watch=not once)
-        kube = options.kube(required=bool(leader_elect))
-        identity = default_identity()
-        elector = None
-        if kube is not None and leader_elect is not False:
-            elector = LeaderElector(kube, options.namespace, lease_name, identity, timing)
-        cluster = None if kube is None else ClusterReport(kube, options.namespace, identity)
-        if elector is None:
-            logging.getLogger(__name__).warning(
-                "no leader election (no Kubernetes API, or --no-leader-elect): run one replica"
-            )
-        status = status_http.StatusEndpoint(fleet, max_age_s=status_max_age)
-        reconciler = Reconciler(
-            fleet,
-            desired_path,
-            interval_s=interval,
-            backoff=backoff,
-            elector=None if once else elector,
-            cluster=cluster,
-            on_sweep=status.observe,
-        )
-        try:
-            if once:
-                if elector is None:
-                    await reconciler.pass_once()
-                else:
-                    from agent.coordinator.lease import while_leading
-
-                    await while_leading(elector, reconciler.pass_once())
-                await reconciler.flush_reports()
-                return 0 if reconciler.stats.passes["error"] == 0 else 1
-            http = HttpServer(
-                {
-                    "/metrics": reconciler.metrics,
-                    "/healthz": reconciler.healthz,
-                    "/readyz": reconciler.readyz,
-                    STATUS_PATH: status,
-                }
-            )
-            bound = await http.start(host.strip("[]") or "0.0.0.0", int(port))
-            logging.getLogger(__name__).info(
-                "coordinator serving /metrics, /healthz and %s on %s:%d; desired state %s",
-                STATUS_PATH,
-                host,
-                bound,
-                desired_path,
-            )
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
-            try:
-                await reconciler.run(stop)
-            finally:
-                await http.stop()
-            return 0
-        finally:
-            await fleet.close()
-
-    if not port.isdigit():
-        raise AgentError(f"--listen {listen!r} is not HOST:PORT")
-    code = asyncio.run(main())
+    code = run_coordinator(settings, options_from(kwargs))
     if code:
         raise SystemExit(code)
