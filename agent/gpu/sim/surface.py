@@ -83,7 +83,10 @@ def _cache_error_texts() -> None:
     the same dict on first use, so filling it with the same texts changes nothing else.
     """
     for code, text in sym_device.ERROR_TEXT.items():
-        pynvml.NVMLError._errcode_to_string.setdefault(code, text)
+        # Only codes that are errors: tools that read the table (nvitop) map each key to its
+        # exception class, and SUCCESS has none.
+        if code in pynvml.NVMLError._valClassMapping:
+            pynvml.NVMLError._errcode_to_string.setdefault(code, text)
 
 
 def _is_pynvml_function(value: Any) -> TypeGuard[types.FunctionType]:
