@@ -40,4 +40,6 @@ def test_a_stuck_watcher_is_dropped_and_others_are_served() -> None:
                     assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                 else:
                     raise AssertionError("the stuck watcher's stream should have been ended")
-                assert 0 < received < EVENTS
+                # What was already on its way before the drop (possibly nothing: the drop can
+                # come before the first send), never the whole backlog.
+                assert received < EVENTS
