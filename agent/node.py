@@ -290,10 +290,15 @@ class Node:
             log.info("stopping")
         finally:
             self._ready = False
-            try:
-                await asyncio.wait_for(_close(stack), SHUTDOWN_GRACE_S)
-            except TimeoutError:
+            # Not wait_for: a shutdown past its deadline must still be running when it is
+            # logged, so the log can say where it waits.
+            closing = asyncio.ensure_future(_close(stack))
+            done, _ = await asyncio.wait({closing}, timeout=SHUTDOWN_GRACE_S)
+            if done:
+                closing.result()
+            else:
                 _log_stuck(asyncio.current_task())
+                closing.cancel()
                 if exit_if_stuck:
                     log.error("shutdown took over %.0fs; exiting now", SHUTDOWN_GRACE_S)
                     os._exit(1)  # last resort: worker threads must not keep the process alive
@@ -429,7 +434,11 @@ def _log_stuck(current: asyncio.Task[Any] | None) -> None:
     """Name what kept the shutdown from ending: asyncio tasks, then threads with their frame."""
     tasks = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
     for task in tasks:
-        log.error("still running at shutdown: task %s (%s)", task.get_name(), task.get_coro())
+        suspended = task.get_stack(limit=4)
+        where = " < ".join(
+            f"{f.f_code.co_name} ({f.f_code.co_filename}:{f.f_lineno})" for f in suspended
+        )
+        log.error("still running at shutdown: task %s in %s", task.get_name(), where or "?")
     frames = sys._current_frames()
     for thread in threading.enumerate():
         if thread is threading.main_thread() or thread is threading.current_thread():
