@@ -66,6 +66,7 @@ SHUTDOWN_GRACE_S = 20.0
 """Whole shutdown budget; Kubernetes' default terminationGracePeriodSeconds is 30."""
 RPC_GRACE_S = 5.0
 """Of it, how long calls in flight may finish after the server stops accepting new ones."""
+_CANCEL_AGAIN_S = 0.1
 RETRY_CHECK_S = 5.0
 """Longest wait between a prewarm retry falling due and it starting."""
 CACHE_LABELS_S = 10.0
@@ -417,9 +418,14 @@ class Node:
             s.kube.patch_node_labels(node, patch["metadata"]["labels"])
 
     async def _cancel_tasks(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        pending = set(self._tasks)
+        while pending:
+            # Cancelled again until done: on Python 3.11 a cancel that lands as an inner
+            # wait_for completes is swallowed, and the task's loop goes on (seen in the
+            # inventory task: one shutdown in ~20 hung until its deadline).
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=_CANCEL_AGAIN_S)
 
 
 async def _close(stack: contextlib.AsyncExitStack) -> None:
