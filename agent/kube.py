@@ -25,8 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
-
+from agent import safeyaml
 from agent.errors import (
     AgentError,
     Busy,
@@ -155,8 +154,8 @@ class InClusterKubeClient:
         """The client a kubeconfig's (current) context names: server, CA, token or client
         certificate. Exec and auth-provider plugins are refused (NotSupported, naming them)."""
         try:
-            doc = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as exc:
+            doc = safeyaml.load(safeyaml.read_text(path, "kubeconfig"), "kubeconfig")
+        except (OSError, UnicodeDecodeError) as exc:
             raise InvalidSpec(
                 f"cannot read the kubeconfig {path}: {exc}",
                 [FieldViolation("kubeconfig", f"{path}: a readable kubeconfig YAML file")],

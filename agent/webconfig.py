@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import bcrypt
-import yaml
 
+from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec
 from agent.http import Request, Response
 
@@ -108,11 +108,11 @@ def _read(path: Path) -> Mapping[object, object]:
             raw = stream.read(_MAX_FILE_BYTES + 1)
         if len(raw) > _MAX_FILE_BYTES:
             problem = f"over {_MAX_FILE_BYTES} bytes"
-        elif any(isinstance(e, yaml.AliasEvent) for e in yaml.parse(raw, Loader=yaml.SafeLoader)):
-            problem = "YAML aliases are not accepted"
         else:
-            data = yaml.safe_load(raw)
-    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+            data = safeyaml.load(raw, "metrics_web_config", safeyaml.Limits(max_aliases=0))
+    except (OSError, UnicodeDecodeError) as exc:
+        problem = str(exc)[:500]
+    except InvalidSpec as exc:
         problem = str(exc)[:500]
     if problem is not None:
         raise InvalidSpec(

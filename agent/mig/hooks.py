@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
+from agent import safeyaml
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 
 HOOK_NAMES = ("apply-start", "pre-apply-mode", "pre-apply-config", "apply-exit")
@@ -98,12 +97,7 @@ def load_hooks(path: str | Path) -> Hooks:
             f"hooks file {where} is larger than {_MAX_BYTES} bytes",
             [FieldViolation("hooks-file", f"at most {_MAX_BYTES} bytes")],
         )
-    try:
-        data = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise InvalidSpec(
-            f"hooks file {where} is not YAML: {exc}", [FieldViolation("hooks-file", "YAML")]
-        ) from exc
+    data = safeyaml.load(raw, "hooks-file")  # bounded; refusals name the field
     bad: list[FieldViolation] = []
     hooks = _parse(data, bad)
     if bad:
