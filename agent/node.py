@@ -108,6 +108,7 @@ class Services:
             prewarm=self.prewarm,
             telemetry=self.telemetry.sampler.latest,
             mig=self.mig,
+            metrics=lambda openmetrics: self.telemetry.exposition(openmetrics=openmetrics),
         )
 
 

@@ -84,6 +84,7 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
         f"{_P}MigService/AssertMig": {_R},
         f"{_P}MigService/ExportMig": {_R},
         f"{_P}MigService/ApplyMig": {_M},
+        f"{_P}MigService/RestoreMig": {_M},
         f"{_P}SharingService/GetSharing": {_R},
         f"{_P}SharingService/SetSharing": {_S},
         f"{_P}SharingService/ClearSharing": {_S},
@@ -96,6 +97,8 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
         f"{_P}PrewarmService/DeletePrewarmItem": {_W},
         f"{_P}PrewarmService/PinCacheItem": {_W},
         f"{_P}TelemetryService/GetTelemetrySnapshot": {_R},
+        # The exposition carries pod labels and per-process figures (PROCESS_ROLES).
+        f"{_P}TelemetryService/GetMetrics": {_M},
         f"{_P}EventsService/WatchEvents": {_R},
     }.items()
 }

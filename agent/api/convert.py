@@ -92,6 +92,7 @@ def mig_profile_pb(p: GiProfile) -> agent_pb2.MigProfile:
         instance_count=p.instance_count,
         memory_mb=p.memory_mb,
         placements=[placement_pb(x) for x in p.placements],
+        constant=p.constant,
     )
 
 

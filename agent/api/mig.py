@@ -22,6 +22,7 @@ from agent.api.convert import message_dict, operation_name, operation_pb
 from agent.api.operations import MIG_APPLY, Checkpointed, OperationContext, OperationRunner
 from agent.errors import Busy, FieldViolation, InvalidSpec
 from agent.mig.apply import ProgressEvent, Suspended
+from agent.mig.checkpoint import parse_checkpoint
 from agent.mig.plan import GpuPlan
 from agent.mig.service import (
     ApplyResult,
@@ -38,6 +39,7 @@ __all__ = ["MigServicer", "apply_result_pb", "gpu_plan_pb", "interrupted_apply"]
 
 _MAX_CONFIG = 1024 * 1024
 _MAX_NAME = 253
+_CHECKPOINT = "checkpoint"  # the config name a restore reports
 
 _STATUS = {
     "unchanged": mig_pb2.MIG_PLAN_STATUS_UNCHANGED,
@@ -147,30 +149,28 @@ def _spec(text: str, name: str, field: str = "config_yaml") -> tuple[MigSpec, st
     return parse_spec(text, field), name or None
 
 
-class _Apply:
-    """The work of one ``mig.apply`` operation, on an operation worker thread."""
+class _Reconfigure:
+    """The work of one ``mig.apply`` operation (an apply or a checkpoint restore), on an
+    operation worker thread: progress, and the interruption rules checked before each mutation."""
 
     def __init__(
         self,
-        service: MigService,
-        spec: MigSpec,
-        name: str | None,
-        plan: NodePlan,
-        force: bool,
-        mode_only: bool = False,
-        skip_reset: bool = False,
+        work: Callable[[Callable[[ProgressEvent], None], str], ApplyResult],
+        config: str,
+        gpus_total: int,
+        steps_total: int,
+        *,
+        suspend: bool,
         settle: Callable[[], None] = lambda: None,
     ) -> None:
-        self._service = service
-        self._skip_reset = skip_reset
+        self._work = work
+        self._config = config
+        self._gpus_total = gpus_total
+        self._steps_total = steps_total
+        # An apply suspended by the agent stopping is finished by the next start; a restore
+        # has no such record (its target is the file), so it is rolled back like a cancel.
+        self._suspend = suspend
         self._settle = settle
-        self._spec = spec
-        self._name = name
-        self._force = force
-        self._mode_only = mode_only
-        self._gpus_total = len(plan.changes)
-        self._steps_total = sum(len(p.steps) for p in plan.changes)
-        self._config = plan.config
         self._gpus_done = 0
         self._lock = threading.Lock()
 
@@ -192,29 +192,25 @@ class _Apply:
             ctx.progress(
                 operations_pb2.OperationMetadata(mig_apply=meta), force=event.phase == "done"
             )
-            # Checked before each mutation of the apply (never during a rollback). A cancel
-            # makes the MIG service restore every GPU it touched; the agent stopping (SIGTERM)
-            # suspends the apply, which the next start finishes (docs/mig.md).
+            # Checked before each mutation (never during a rollback). A cancel makes the MIG
+            # service restore every GPU it touched; the agent stopping (SIGTERM) suspends an
+            # apply, which the next start finishes (docs/mig.md).
             if event.phase != "apply":
                 return
             if ctx.cancelled():
-                raise Cancelled(f"MIG apply cancelled before {event.message}")
+                raise Cancelled(f"MIG change cancelled before {event.message}")
             if ctx.stopping():
+                if not self._suspend:
+                    raise Cancelled(
+                        f"the agent is stopping: restore rolled back before {event.message}"
+                    )
                 raise Suspended(
                     f"the agent is stopping: MIG apply suspended before {event.message}"
                 )
 
         try:
-            result = self._service.apply(
-                self._spec,
-                self._name,
-                force=self._force,
-                mode_only=self._mode_only,
-                skip_reset=self._skip_reset,
-                progress=progress,
-                # The lock's holder text: a refused caller is told which operation is in the way.
-                operation=operation_name(ctx.id),
-            )
+            # The lock's holder text: a refused caller is told which operation is in the way.
+            result = self._work(progress, operation_name(ctx.id))
         except Suspended as exc:
             raise Checkpointed(str(exc)) from exc  # stays running; the next start ends it
         finally:
@@ -256,17 +252,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
         self, request: mig_pb2.ApplyMigRequest, context: grpc.aio.ServicerContext
     ) -> mig_pb2.ApplyMigResponse:
         spec, name = _spec(request.config_yaml, request.config_name)
-        # One reconfiguration at a time. This look answers at once, before planning; the
-        # exclusive insert below is the guard: two calls at the same instant both pass this
-        # look, and the store lets exactly one of them create an operation. A retry of the
-        # running one (same request id) passes both.
-        running = [
-            op
-            for op in await self._runner.list(MIG_APPLY, False, 10)
-            if not request.request_id or op.request_id != request.request_id
-        ]
-        if running:
-            raise _busy(running[0].id, [op.id for op in running])
+        await self._refuse_while_running(request.request_id)
         # Plan first: an infeasible layout or busy GPUs are refused by the call, before any
         # operation exists (the apply checks again under the lock).
         plan = await asyncio.to_thread(
@@ -278,15 +264,21 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
                 MIG_APPLY,
                 request.request_id,
                 request,
-                _Apply(
-                    self._service,
-                    spec,
-                    name,
-                    plan,
-                    request.force,
-                    request.mode_only,
-                    request.skip_reset,
-                    self._settle,
+                _Reconfigure(
+                    lambda progress, operation: self._service.apply(
+                        spec,
+                        name,
+                        force=request.force,
+                        mode_only=request.mode_only,
+                        skip_reset=request.skip_reset,
+                        progress=progress,
+                        operation=operation,
+                    ),
+                    plan.config,
+                    len(plan.changes),
+                    sum(len(p.steps) for p in plan.changes),
+                    suspend=True,
+                    settle=self._settle,
                 ),
                 metadata=operations_pb2.OperationMetadata(
                     mig_apply=operations_pb2.MigApplyProgress(
@@ -323,3 +315,62 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
             )
         document = await asyncio.to_thread(self._service.export, label)
         return mig_pb2.ExportMigResponse(config_yaml=yaml.safe_dump(document, sort_keys=False))
+
+    async def RestoreMig(
+        self, request: mig_pb2.RestoreMigRequest, context: grpc.aio.ServicerContext
+    ) -> mig_pb2.RestoreMigResponse:
+        if not request.checkpoint:
+            raise InvalidSpec(
+                "checkpoint is required",
+                [FieldViolation("checkpoint", "required: a mig-parted checkpoint file")],
+            )
+        states = parse_checkpoint(request.checkpoint, "checkpoint", field="checkpoint")
+        await self._refuse_while_running(request.request_id)
+        # A checkpoint naming a GPU or profile this node lacks is refused here, before any
+        # operation exists; the restore checks again under the lock.
+        changing = [
+            target
+            for _, target, same in await asyncio.to_thread(
+                self._service.checkpoint_targets, states, request.mode_only
+            )
+            if not same
+        ]
+        try:
+            op = await self._runner.start(
+                MIG_APPLY,
+                request.request_id,
+                request,
+                _Reconfigure(
+                    lambda progress, _operation: self._service.restore_checkpoint(
+                        states, mode_only=request.mode_only, progress=progress
+                    ),
+                    _CHECKPOINT,
+                    len(changing),
+                    0,  # counted as they come: a restore's steps are planned under the lock
+                    suspend=False,
+                    settle=self._settle,
+                ),
+                metadata=operations_pb2.OperationMetadata(
+                    mig_apply=operations_pb2.MigApplyProgress(
+                        config_name=_CHECKPOINT, phase="pending", gpus_total=len(changing)
+                    )
+                ),
+                exclusive=True,
+            )
+        except AlreadyRunning as exc:
+            raise _busy(exc.running.id, [exc.running.id]) from None
+        self._changed()
+        return mig_pb2.RestoreMigResponse(operation=operation_pb(op))
+
+    async def _refuse_while_running(self, request_id: str) -> None:
+        """One reconfiguration at a time. This look answers at once, before planning; the
+        exclusive insert of the operation is the guard: two calls at the same instant both pass
+        this look, and the store lets exactly one of them create an operation. A retry of the
+        running one (same request id) passes both."""
+        running = [
+            op
+            for op in await self._runner.list(MIG_APPLY, False, 10)
+            if not request_id or op.request_id != request_id
+        ]
+        if running:
+            raise _busy(running[0].id, [op.id for op in running])

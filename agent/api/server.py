@@ -53,7 +53,7 @@ from agent.api.operations import OperationRunner, OperationsServicer
 from agent.api.prewarm import PrewarmServicer
 from agent.api.reflection import enable_reflection
 from agent.api.sharing import SharingServicer
-from agent.api.telemetry import SnapshotSource, TelemetryServicer
+from agent.api.telemetry import Exposition, SnapshotSource, TelemetryServicer
 from agent.config import AgentConfig, RoleSettings, TlsSettings
 from agent.errors import Conflict, FieldViolation, InvalidSpec
 from agent.mig.service import MigService
@@ -117,6 +117,7 @@ class ApiServices:
     prewarm: PrewarmService
     telemetry: SnapshotSource
     mig: MigService
+    metrics: Exposition | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +240,7 @@ def _servicers(api: ApiServices) -> list[tuple[_Add, object]]:
         ),
         (
             telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server,
-            TelemetryServicer(api.telemetry),
+            TelemetryServicer(api.telemetry, api.metrics),
         ),
         (events_pb2_grpc.add_EventsServiceServicer_to_server, EventsServicer(api.bus)),
         (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Collection
 
 import grpc
@@ -13,9 +14,11 @@ from agent.errors import DriverUnavailable
 from agent.telemetry.snapshot import Entity, Snapshot
 from dcgm.fields import BY_ID
 
-__all__ = ["SnapshotSource", "TelemetryServicer", "snapshot_pb"]
+__all__ = ["Exposition", "SnapshotSource", "TelemetryServicer", "snapshot_pb"]
 
 SnapshotSource = Callable[[], Snapshot | None]
+#: openmetrics -> the /metrics body and its content type (TelemetryService.exposition)
+Exposition = Callable[[bool], tuple[bytes, str]]
 
 
 def _entity_pb(entity: Entity) -> telemetry_pb2.TelemetryEntity:
@@ -70,8 +73,9 @@ def snapshot_pb(
 
 
 class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
-    def __init__(self, source: SnapshotSource) -> None:
+    def __init__(self, source: SnapshotSource, exposition: Exposition | None = None) -> None:
         self._source = source
+        self._exposition = exposition
 
     async def GetTelemetrySnapshot(
         self, request: telemetry_pb2.GetTelemetrySnapshotRequest, context: grpc.aio.ServicerContext
@@ -81,4 +85,16 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
             raise DriverUnavailable("no telemetry sample yet; the sampler is starting")
         return telemetry_pb2.GetTelemetrySnapshotResponse(
             snapshot=snapshot_pb(snapshot, request.field_ids, pods=sees_processes(granted()))
+        )
+
+    async def GetMetrics(
+        self, request: telemetry_pb2.GetMetricsRequest, context: grpc.aio.ServicerContext
+    ) -> telemetry_pb2.GetMetricsResponse:
+        snapshot = self._source()
+        if self._exposition is None or snapshot is None:
+            raise DriverUnavailable("no telemetry sample yet; the sampler is starting")
+        # Rendered at most once per sample (the exporter caches it); off the loop when not.
+        body, content_type = await asyncio.to_thread(self._exposition, request.openmetrics)
+        return telemetry_pb2.GetMetricsResponse(
+            body=body, content_type=content_type, sample_time=timestamp(snapshot.taken_at)
         )

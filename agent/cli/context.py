@@ -16,8 +16,6 @@ if TYPE_CHECKING:
     from agent.cli.share import RemoteSharing
     from agent.client import AgentClient
     from agent.config import AgentConfig
-    from agent.gpu import GpuDriver
-    from agent.state import StateStore
 
 
 _WAIT_S = 0.1
@@ -39,15 +37,14 @@ def _stop_gracefully_on_sigterm() -> None:
 
 @dataclass
 class CliContext:
-    """Resolved lazily so ``--help`` and bad-config errors never touch NVML or the disk."""
+    """Resolved lazily so ``--help`` and bad-config errors never start or reach an agent."""
 
     config_file: Path | None
     flags: Mapping[str, Any]
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     _config: AgentConfig | None = None
-    _gpu: GpuDriver | None = None
-    _state: StateStore | None = None
     _agent: AgentClient | None = None
+    _embedded: bool = False
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
     @property
@@ -57,24 +54,6 @@ class CliContext:
 
             self._config = load_config(self.config_file, self.env, self.flags)
         return self._config
-
-    def gpu(self) -> GpuDriver:
-        """The GPU facade in direct mode (real NVML, or the simulated node of --simulate)."""
-        if self._gpu is None:
-            from agent.gpu import open_driver
-
-            cfg = self.config
-            self._gpu = open_driver(cfg.simulate, cfg.state_dir)
-            self._closers.append(self._gpu.close)
-        return self._gpu
-
-    def state(self) -> StateStore:
-        if self._state is None:
-            from agent.state import StateStore
-
-            self._state = StateStore(self.config.state_dir / "agent.db")
-            self._closers.append(self._state.close)
-        return self._state
 
     def agent(self) -> AgentClient:
         """The node's agent: the running one on ``socket_path``, else one embedded in this
@@ -117,8 +96,14 @@ class CliContext:
         embedded = EmbeddedAgent(config)
         embedded.start()
         self._closers.append(embedded.stop)
+        self._embedded = True
         _stop_gracefully_on_sigterm()
         return AgentClient(embedded.socket_path)
+
+    @property
+    def embedded(self) -> bool:
+        """Whether ``agent()`` started an agent inside this command (none was running)."""
+        return self._embedded
 
     def sharing_service(self) -> RemoteSharing:
         from agent.cli.share import RemoteSharing

@@ -1,4 +1,4 @@
-"""``gpu-agent metrics``: collect once and print what a /metrics scrape would return."""
+"""``gpu-agent metrics``: print what a /metrics scrape of the node's agent returns."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 import click
 
 from agent.cli.context import CliContext
+from agent.errors import FieldViolation, InvalidSpec
 
-_OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+_SECOND_SAMPLE_S = 30.0  # at most this long for the embedded agent's second sample
 
 
 @click.command()
@@ -30,10 +31,14 @@ _OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 def metrics(
     obj: CliContext, collectors: Path | None, metric_names: str | None, openmetrics: bool
 ) -> None:
-    """Collect one snapshot and print it in Prometheus exposition format.
+    """Print what a scrape of the node agent's /metrics returns, in Prometheus exposition
+    format.
 
-    Samples twice, one profiling window apart, so rate fields (GPM) have values. Reads NVML
-    directly; it does not need a running agent.
+    With no agent running, one is embedded for the command (with --collectors and
+    --metric-names applied) and its second sample is printed, so rate fields (GPM) have
+    values. A running agent exports with its own configured fields and names: the
+    two options are then refused (set telemetry.collectors / telemetry.metric_names in its
+    config instead).
 
     \b
     Examples:
@@ -41,26 +46,23 @@ def metrics(
       gpu-agent metrics --metric-names native --collectors my-counters.csv
     """
     from agent.telemetry.gpm import MIN_WINDOW_S
-    from agent.telemetry.service import build_telemetry
 
-    obj.flags = {
-        **obj.flags,
-        "telemetry.collectors": collectors,
-        "telemetry.metric_names": metric_names,
-    }
-    config = obj.config
-    gpu = obj.gpu()  # first: on a new state dir this creates the simulated node from the preset
-    proc_root = None
-    if config.simulate:
-        from agent.gpu.sim import SimControl
-
-        proc_root = SimControl(config.state_dir).proc_root
-    service = build_telemetry(gpu, config.telemetry, hostname=config.node_name, proc_root=proc_root)
-    service.start()
-    try:
-        time.sleep(MIN_WINDOW_S * 1.2)
-        service.sampler.tick()
-        body, _ = service.exporter.render(_OPENMETRICS if openmetrics else "text/plain")
-    finally:
-        service.stop()
-    click.echo(body.decode(), nl=False)
+    chosen = {"telemetry.collectors": collectors, "telemetry.metric_names": metric_names}
+    obj.flags = {**obj.flags, **chosen}
+    client = obj.agent()
+    if not obj.embedded:
+        given = [f"--{k.split('.')[1].replace('_', '-')}" for k, v in chosen.items() if v]
+        if given:
+            raise InvalidSpec(
+                f"{', '.join(given)}: the running agent exports with its own configured fields",
+                [FieldViolation(g.lstrip("-"), "only without a running agent") for g in given],
+            )
+    response = client.metrics(openmetrics=openmetrics)
+    if obj.embedded:
+        # The agent's first sample has no rates (GPM needs two, a window apart): the next one.
+        first = response.sample_time.ToNanoseconds()
+        deadline = time.monotonic() + _SECOND_SAMPLE_S
+        while response.sample_time.ToNanoseconds() == first and time.monotonic() < deadline:
+            time.sleep(MIN_WINDOW_S)
+            response = client.metrics(openmetrics=openmetrics)
+    click.echo(response.body.decode(), nl=False)

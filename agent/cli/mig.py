@@ -1,8 +1,11 @@
 """``gpu-agent mig``: MIG layouts from mig-parted config files (show, plan, apply, assert, export).
 
 The flags, environment variables, messages and exit codes of ``nvidia-mig-parted`` are kept
-(reference/mig.md §3.2), so scripts written for it keep working. The commands work on this node
-directly; an apply takes the node's partition lock, so it never runs beside another one.
+(reference/mig.md §3.2), so scripts written for it keep working. Every command goes through the
+node's agent (the running one, or one embedded for the command): changes (apply, restore) are its
+operations, followed to the end; reads take the GPUs as the agent read them (GetNode) and run the
+same pure functions on them that the agent runs (agent.mig.service), so this module opens neither
+NVML nor the state database.
 """
 
 from __future__ import annotations
@@ -22,20 +25,25 @@ from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, output_option, plain
 from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec
-from agent.mig.apply import ProgressEvent
 from agent.mig.checkpoint import checkpoint_document, parse_checkpoint
 from agent.mig.generate import generate
 from agent.mig.hooks import NO_HOOKS, apply_with_hooks, load_hooks
-from agent.mig.lock import PartitionLock
 from agent.mig.plan import mig_parted_destroys
-from agent.mig.reset import command_reset, simulated_reset
-from agent.mig.service import ApplyResult, MigService, NodePlan
+from agent.mig.service import (
+    NodePlan,
+    check_layouts,
+    checkpoint_holds,
+    export_layouts,
+    plan_layouts,
+)
 from agent.mig.spec import MigSpec, load_spec
 from agent.mig.state import fetch
 from agent.mig.view import plan_data, plan_text, show_data, show_text
 
 if TYPE_CHECKING:
+    from agent._proto.gpuagent.v1 import operations_pb2
     from agent.client import AgentClient
+    from agent.gpu.types import GpuLayout
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -47,26 +55,20 @@ log = logging.getLogger(__name__)
 PENDING_EXIT = 11
 
 
-def _service(obj: CliContext) -> MigService:
-    cfg = obj.config
-    reset = simulated_reset(cfg.state_dir) if cfg.simulate else command_reset(cfg.mig.reset_command)
-    return MigService(obj.gpu(), _LazyJournal(obj), PartitionLock(cfg.state_dir), reset)
+def _layouts(obj: CliContext) -> tuple[GpuLayout, ...]:
+    """The node's GPUs as its agent read them: the one read path. A lost GPU is named on
+    stderr and left out (it can be neither read nor partitioned)."""
+    from agent._proto.gpuagent.v1 import agent_pb2
+    from agent.client.layouts import layout_from
 
-
-class _LazyJournal:
-    """Opens the state database on first use, so read-only commands never create it."""
-
-    def __init__(self, obj: CliContext) -> None:
-        self._obj = obj
-
-    def journal_append(self, scope: str, entry: dict[str, Any]) -> int:
-        return self._obj.state().journal_append(scope, entry)
-
-    def journal_entries(self, scope: str) -> list[tuple[int, dict[str, Any]]]:
-        return self._obj.state().journal_entries(scope)
-
-    def journal_clear(self, scope: str) -> None:
-        self._obj.state().journal_clear(scope)
+    layouts = []
+    for gpu in obj.agent().node().gpus:
+        if gpu.health == agent_pb2.GPU_HEALTH_LOST:
+            why = gpu.health_detail or "it does not answer"
+            click.echo(f"warning: GPU {gpu.index} left out: lost ({why})", err=True)
+            continue
+        layouts.append(layout_from(gpu))
+    return tuple(layouts)
 
 
 def _config_options(fn: F) -> F:
@@ -131,7 +133,7 @@ def show_command(obj: CliContext, output: str) -> None:
     Example:
       gpu-agent --simulate dgx-a100 --state-dir /tmp/node mig show
     """
-    layouts = _service(obj).layouts()
+    layouts = _layouts(obj)
     emit(show_data(layouts), output, lambda _: show_text(layouts))
 
 
@@ -152,7 +154,7 @@ def plan_command(
     Example:
       gpu-agent mig plan -f /etc/nvidia-mig-manager/config.yaml -c all-balanced
     """
-    plan = _service(obj).plan(_load(config_file), selected, force=force)
+    plan = plan_layouts(_load(config_file), selected, _layouts(obj), force=force)
     data = {
         "config": plan.config,
         "gpus": [plan_data(p) for p in plan.gpus],
@@ -266,13 +268,18 @@ def apply_command(
     client = obj.agent()  # the node's agent applies it, as an operation (one path)
 
     def run(only_mode: bool) -> _Applied:
-        return _apply_through_agent(client, text, selected, force, only_mode, skip_reset)
+        op = client.apply_mig(
+            text, selected or "", force=force, mode_only=only_mode, skip_reset=skip_reset
+        )
+        return _follow(client, op)
+
+    def applied_now(only_mode: bool) -> bool:
+        return check_layouts(spec, selected, _layouts(obj), mode_only=only_mode).applied
 
     if hooks is None:
         applied = [run(mode_only)]
     else:
         # mig-parted's two phases, so that its hooks run between them.
-        service = _service(obj)
         env = {
             "MIG_PARTED_CONFIG_FILE": config_file,
             "MIG_PARTED_SELECTED_CONFIG": selected or "",
@@ -285,11 +292,11 @@ def apply_command(
             env,
             output=ctx.meta.get(_DEBUG, False),
             mode_only=mode_only,
-            mode_applied=lambda: service.check(spec, selected, mode_only=True).applied,
+            mode_applied=lambda: applied_now(True),
             apply_mode=lambda: run(True),
-            config_applied=lambda: service.check(spec, selected).applied,
+            config_applied=lambda: applied_now(False),
             apply_config=lambda: run(False),
-            stop_after_mode=lambda a: a.pending,
+            stop_after_mode=lambda a: bool(a.pending),
         )
     if not applied:  # every phase was already applied: nothing was asked of the GPUs
         emit({"config": spec.select(selected)[0], "gpus": []}, output, lambda _: _verdict([]))
@@ -302,41 +309,28 @@ def apply_command(
 
 @dataclass(frozen=True, slots=True)
 class _Applied:
-    """One apply's result, either path: its data (for -o json/yaml) and its table."""
+    """One reconfiguration's result: its data (for -o json/yaml), its table and the messages of
+    the GPUs left with a MIG mode change pending."""
 
     data: Any
     table: str
-    pending: bool
+    pending: list[str]
 
 
 def _go_bool(value: bool) -> str:
     return "true" if value else "false"  # as mig-parted formats its flags for hooks (%v)
 
 
-def _echo_step(event: ProgressEvent) -> None:
-    click.echo(_step_line(event.phase, event.mutation, event.message), err=True)
-
-
 def _step_line(phase: str, mutation: int, message: str) -> str:
-    """``[12] apply: GPU 3: create ...`` per mutation, ``GPU 3 done`` per GPU: both paths."""
+    """``[12] apply: GPU 3: create ...`` per mutation, ``GPU 3 done`` per GPU."""
     return message if phase == "done" else f"[{mutation}] {phase}: {message}"
 
 
-def _apply_through_agent(
-    client: AgentClient,
-    text: str,
-    selected: str | None,
-    force: bool,
-    mode_only: bool,
-    skip_reset: bool,
-) -> _Applied:
-    """The running agent applies it as an operation (it owns the GPUs); we follow it to the end."""
+def _follow(client: AgentClient, op: operations_pb2.Operation) -> _Applied:
+    """Follow a ``mig.apply`` operation (an apply or a restore) to its end, one line per step."""
     from google.protobuf.json_format import MessageToDict
 
-    op = client.apply_mig(
-        text, selected or "", force=force, mode_only=mode_only, skip_reset=skip_reset
-    )
-    click.echo(f"applying through the running agent: {op.name}", err=True)
+    click.echo(f"reconfiguring through the node's agent: {op.name}", err=True)
     printed: set[tuple[str, int, str]] = set()
 
     def progress(update: Any) -> None:
@@ -349,23 +343,17 @@ def _apply_through_agent(
 
     done = client.follow(op, progress)
     result = done.response.mig_apply
-    data = MessageToDict(result, preserving_proto_field_name=True)
-    pending = any(g.status == "pending" for g in result.gpus)
-    return _Applied(data, _remote_apply_table(result), pending)
+    data = MessageToDict(
+        result, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    pending = [g.message for g in result.gpus if g.status == "pending"]
+    return _Applied(data, _apply_table(result), pending)
 
 
-def _remote_apply_table(result: Any) -> str:
+def _apply_table(result: Any) -> str:
     rows = [[g.gpu_index, g.status, g.kept, g.destroyed, g.created] for g in result.gpus]
     pending = [g.message for g in result.gpus if g.status == "pending"]
     return "\n".join([*result.recovered, format_table(_APPLY_HEADERS, rows), _verdict(pending)])
-
-
-def _apply_table(result: ApplyResult) -> str:
-    parts = [f"GPU {r.gpu}: interrupted apply {r.action} ({r.detail})" for r in result.recovered]
-    rows = [[g.gpu, g.status, g.kept, g.destroyed, g.created] for g in result.gpus]
-    parts.append(format_table(_APPLY_HEADERS, rows))
-    parts.append(_verdict([g.message for g in result.pending]))
-    return "\n".join(parts)
 
 
 _APPLY_HEADERS = ["GPU", "STATUS", "KEPT", "DESTROYED", "CREATED"]
@@ -411,7 +399,7 @@ def assert_command(
         spec.select(selected)
         click.echo("Selected MIG configuration is valid")
         return
-    result = _service(obj).check(spec, selected, mode_only=mode_only)
+    result = check_layouts(spec, selected, _layouts(obj), mode_only=mode_only)
     if output != "table":
         emit(result, output)
     elif result.applied:
@@ -446,7 +434,7 @@ def export_command(obj: CliContext, output_format: str, config_label: str) -> No
     Example:
       gpu-agent mig export -l golden > golden.yaml
     """
-    document = plain(_service(obj).export(config_label))
+    document = plain(export_layouts(_layouts(obj), config_label))
     if output_format == "json":
         click.echo(json.dumps(document, indent=2))
     else:
@@ -482,7 +470,7 @@ def generate_config_command(obj: CliContext, output_file: str | None, output_for
     Example:
       gpu-agent mig generate-config -f /etc/nvidia-mig-manager/generated.yaml
     """
-    generated = generate(_service(obj).layouts())
+    generated = generate(_layouts(obj))
     for index, why in generated.skipped:
         click.echo(f"warning: GPU {index} left out: {why}", err=True)
     document = generated.document
@@ -515,7 +503,7 @@ def checkpoint_command(obj: CliContext, checkpoint_file: str) -> None:
     Example:
       gpu-agent mig checkpoint -f /var/lib/mig-before-upgrade.json
     """
-    states = [fetch(layout) for layout in _service(obj).layouts() if layout.gpu.mig_capable]
+    states = [fetch(layout) for layout in _layouts(obj) if layout.gpu.mig_capable]
     _write(Path(checkpoint_file), json.dumps(checkpoint_document(states)) + "\n")
     click.echo("MIG configuration checkpointed successfully")
 
@@ -553,8 +541,8 @@ def restore_command(
     output: str,
 ) -> None:
     """Restore each GPU the checkpoint lists (by UUID) to its exact state: mode, instances,
-    placements. Journalled and rolled back on failure like an apply; works on this node directly
-    under the partition lock, also beside a running agent. Exits 11 when a mode change is left
+    placements. The node's agent does it as an operation, journalled and rolled back on failure
+    like an apply (an agent stopping midway rolls it back). Exits 11 when a mode change is left
     pending.
 
     \b
@@ -569,16 +557,15 @@ def restore_command(
             f"cannot read checkpoint file {checkpoint_file}: {exc.strerror or exc}",
             [FieldViolation("checkpoint-file", "a readable mig-parted checkpoint file")],
         ) from exc
-    states = parse_checkpoint(text, checkpoint_file)
+    states = parse_checkpoint(text, checkpoint_file)  # bad input refused before the agent
     hooks = load_hooks(hooks_file) if hooks_file else NO_HOOKS
-    service = _service(obj)
+    client = obj.agent()  # the node's agent restores it, as an operation (one path)
 
-    def run(only_mode: bool) -> ApplyResult:
-        # No SIGTERM handler: a restore ended midway is rolled back by the next start.
-        return service.restore_checkpoint(states, mode_only=only_mode, progress=_echo_step)
+    def run(only_mode: bool) -> _Applied:
+        return _follow(client, client.restore_mig(text, mode_only=only_mode))
 
     def holds(only_mode: bool) -> bool:
-        return service.checkpoint_holds(states, mode_only=only_mode)
+        return checkpoint_holds(states, _layouts(obj), mode_only=only_mode)
 
     env = {
         "MIG_PARTED_CHECKPOINT_FILE": checkpoint_file,
@@ -597,9 +584,9 @@ def restore_command(
         stop_after_mode=lambda r: bool(r.pending),
     )
     last = results[-1] if results else None
-    pending = [g.message for g in last.pending] if last is not None else []
+    pending = last.pending if last is not None else []
     emit(
-        last or {"gpus": []},
+        last.data if last is not None else {"gpus": []},
         output,
         lambda _: "\n".join(
             [*pending, "MIG configuration NOT restored yet: a MIG mode change is pending"]

@@ -17,14 +17,14 @@ from agent.errors import InvalidSpec
 
 
 def _control(obj: CliContext) -> Any:
-    from agent.gpu.sim import SimControl
+    from agent.gpu.sim import SimControl, open_simulator
 
     cfg = obj.config
     if not cfg.simulate:
         raise InvalidSpec(
             "`gpu-agent sim` needs a simulated node: pass --simulate PRESET (or GPU_AGENT_SIMULATE)"
         )
-    obj.gpu()  # creates the node from the preset on first use, or checks it matches
+    open_simulator(cfg.state_dir, cfg.simulate)  # creates the node from the preset, or checks it
     return SimControl(cfg.state_dir)
 
 

@@ -84,6 +84,11 @@ class AgentClient(Stubs):
         request = telemetry_pb2.GetTelemetrySnapshotRequest(field_ids=list(field_ids))
         return self._call(self._telemetry.GetTelemetrySnapshot, request).snapshot
 
+    def metrics(self, *, openmetrics: bool = False) -> telemetry_pb2.GetMetricsResponse:
+        """What the agent's /metrics returns now, with the time of the sample rendered."""
+        request = telemetry_pb2.GetMetricsRequest(openmetrics=openmetrics)
+        return self._call(self._telemetry.GetMetrics, request)
+
     # -- operations -------------------------------------------------------------------------------
 
     def list_operations(
@@ -156,6 +161,15 @@ class AgentClient(Stubs):
     def export_mig(self, config_name: str = "current") -> str:
         request = mig_pb2.ExportMigRequest(config_name=config_name)
         return self._call(self._mig.ExportMig, request).config_yaml
+
+    def restore_mig(
+        self, checkpoint: bytes, *, mode_only: bool = False, request_id: str = ""
+    ) -> operations_pb2.Operation:
+        """Starts restoring a mig-parted checkpoint; follow it with `follow`."""
+        request = mig_pb2.RestoreMigRequest(
+            checkpoint=checkpoint, mode_only=mode_only, request_id=request_id
+        )
+        return self._call(self._mig.RestoreMig, request).operation
 
     # -- prewarm ----------------------------------------------------------------------------------
 

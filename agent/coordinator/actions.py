@@ -22,10 +22,11 @@ from agent._proto.gpuagent.v1 import (
     sharing_pb2,
 )
 from agent.client import AsyncAgentClient as AgentClient
+from agent.client.layouts import layout_from
 from agent.coordinator.discovery import Target
 from agent.coordinator.execute import NodeAction, NodeResult, Notes
 from agent.coordinator.fleet import Fleet
-from agent.coordinator.inventory import is_warm, layout_from
+from agent.coordinator.inventory import is_warm
 from agent.coordinator.record import RolloutRecord
 from agent.coordinator.rollout import NodeState
 from agent.errors import AgentError

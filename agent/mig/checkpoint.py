@@ -66,28 +66,30 @@ def _ci_order(ci: CiState) -> tuple[int, int, int]:
     return (ci.slices, -1 if ci.start is None else ci.start, ci.profile_id or 0)
 
 
-def parse_checkpoint(text: str | bytes, source: str = "<checkpoint>") -> list[GpuMigState]:
-    """The GPU states a checkpoint file holds; InvalidSpec naming the field otherwise.
+def parse_checkpoint(
+    text: str | bytes, source: str = "<checkpoint>", field: str = "checkpoint-file"
+) -> list[GpuMigState]:
+    """The GPU states a checkpoint file holds; InvalidSpec naming ``field`` otherwise.
 
     GI profile names are filled in later from the GPU (the file has ids only): "" here.
     """
     if len(text) > _MAX_BYTES:
         raise InvalidSpec(
             f"{source}: larger than {_MAX_BYTES} bytes",
-            [FieldViolation("checkpoint-file", f"at most {_MAX_BYTES} bytes")],
+            [FieldViolation(field, f"at most {_MAX_BYTES} bytes")],
         )
     try:
         data = json.loads(text)
     except ValueError as exc:
         raise InvalidSpec(
-            f"{source}: not a JSON checkpoint: {exc}", [FieldViolation("checkpoint-file", "JSON")]
+            f"{source}: not a JSON checkpoint: {exc}", [FieldViolation(field, "JSON")]
         ) from exc
     try:
         return _states(data)
     except (KeyError, TypeError, ValueError) as exc:
         raise InvalidSpec(
             f"{source}: not a mig-parted v1 checkpoint ({exc!r})",
-            [FieldViolation("checkpoint-file", "mig-parted checkpoint v1")],
+            [FieldViolation(field, "mig-parted checkpoint v1")],
         ) from exc
 
 

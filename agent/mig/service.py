@@ -134,40 +134,17 @@ class MigService:
         force: bool = False,
         mode_only: bool = False,
     ) -> NodePlan:
-        name, entries = spec.select(config)
-        return _plan_node(name, entries, self.layouts(), force, mode_only)
+        return plan_layouts(spec, config, self.layouts(), force=force, mode_only=mode_only)
 
     def check(
         self, spec: MigSpec, config: str | None = None, *, mode_only: bool = False
     ) -> AssertResult:
         """mig-parted's ``assert``: every GPU selected and matching (counts; placement ignored)."""
-        name, entries = spec.select(config)
-        layouts = self.layouts()
-        chosen = {s.gpu.uuid: s for s in select_gpus(entries, [lay.gpu for lay in layouts])}
-        problems: list[str] = []
-        for layout in layouts:
-            gpu = layout.gpu
-            selection = chosen.get(gpu.uuid)
-            if selection is None:
-                if gpu.mig_capable:
-                    problems.append(f"GPU {gpu.index} is not selected by any entry of {name}")
-                continue
-            if not gpu.mig_capable and selection.entry.devices == ALL:
-                continue
-            problems += mismatches(layout, desired_of(selection.entry), mode_only=mode_only)
-        return AssertResult(name, not problems, tuple(problems))
+        return check_layouts(spec, config, self.layouts(), mode_only=mode_only)
 
     def export(self, label: str = "current") -> dict[str, Any]:
         """The current state as a mig-parted v1 config named ``label`` (mig-parted ``export``)."""
-        gpus = []
-        for layout in self.layouts():
-            mode = layout.gpu.mig_mode
-            enabled = bool(mode and mode.current)
-            counts = current_counts(layout) if enabled else {}
-            gpus.append(
-                ExportedGpu(layout.gpu.index, str(DeviceFilter.of(layout.gpu)), enabled, counts)
-            )
-        return export_document(gpus, label)
+        return export_layouts(self.layouts(), label)
 
     # -- changes (under the partition lock) ------------------------------------------------------
 
@@ -221,7 +198,7 @@ class MigService:
         GPUs the checkpoint does not list are left alone."""
         with self._lock.hold("mig restore"):
             self._refuse_over_unrecovered("the checkpoint")
-            targets = self._checkpoint_targets(states, mode_only)
+            targets = self.checkpoint_targets(states, mode_only)
             executor = Executor(self._driver, self._journal, self._reset, progress)
             outcomes = []
             changing = [(gpu, t) for gpu, t, same in targets if not same]
@@ -264,8 +241,7 @@ class MigService:
             return ApplyResult("checkpoint", tuple(outcomes), executor.mutations)
 
     def checkpoint_holds(self, states: Sequence[GpuMigState], *, mode_only: bool = False) -> bool:
-        """Whether every listed GPU is in its checkpointed state (mode only: its mode)."""
-        return all(same for _, _, same in self._checkpoint_targets(states, mode_only))
+        return checkpoint_holds(states, self.layouts(), mode_only=mode_only)
 
     def _refuse_over_unrecovered(self, what: str) -> tuple[RecoveryOutcome, ...]:
         """Recover first; refuse to start over an apply that could not be undone: its
@@ -281,48 +257,10 @@ class MigService:
             )
         return recovered
 
-    def _checkpoint_targets(
+    def checkpoint_targets(
         self, states: Sequence[GpuMigState], mode_only: bool
     ) -> list[tuple[GpuInfo, GpuMigState, bool]]:
-        """Each state with its GPU, profile names filled in; True where it already holds."""
-        gpus = {g.uuid: g for g in self._driver.gpus()}
-        bad = [
-            FieldViolation(f"MigState.Devices[{i}].UUID", f"no GPU {s.uuid} on this node")
-            for i, s in enumerate(states)
-            if s.uuid not in gpus
-        ]
-        out = []
-        for i, s in enumerate(states):
-            if s.uuid not in gpus:
-                continue
-            layout = self._driver.layout(s.uuid)
-            names = {p.id: p.name for p in layout.profiles}
-            for gi in s.instances:
-                if gi.profile_id not in names:
-                    bad.append(
-                        FieldViolation(
-                            f"MigState.Devices[{i}].GpuInstances",
-                            f"GPU {s.uuid} has no GPU instance profile id {gi.profile_id}",
-                        )
-                    )
-            now = fetch(layout)
-            target = GpuMigState(
-                s.uuid,
-                s.mig_enabled,
-                tuple(
-                    GiState(gi.profile_id, names.get(gi.profile_id, ""), gi.placement, gi.cis)
-                    for gi in s.instances
-                ),
-            )
-            if mode_only:
-                same_mode = now.mig_enabled == s.mig_enabled
-                target = GpuMigState(s.uuid, s.mig_enabled, now.instances if same_mode else ())
-            mode = layout.gpu.mig_mode
-            settled = mode is None or mode.pending == mode.current
-            out.append((gpus[s.uuid], target, settled and target.satisfied_by(now)))
-        if bad:
-            raise InvalidSpec(f"the checkpoint does not fit this node: {bad[0].description}", bad)
-        return out
+        return checkpoint_targets(states, self.layouts(), mode_only)
 
     def _restore_gpu(self, executor: Executor, gpu: GpuInfo, target: GpuMigState) -> GpuOutcome:
         steps = converge_steps(self._driver.layout(gpu.uuid), target)
@@ -598,6 +536,106 @@ class MigService:
             f"{operation} interrupted; restored the layout before it "
             f"({executor.mutations - count} changes)",
         )
+
+
+# -- reads: pure functions of the layouts (the agent's driver or its GetNode answer) ----------
+
+
+def plan_layouts(
+    spec: MigSpec,
+    config: str | None,
+    layouts: Sequence[GpuLayout],
+    *,
+    force: bool = False,
+    mode_only: bool = False,
+) -> NodePlan:
+    name, entries = spec.select(config)
+    return _plan_node(name, entries, tuple(layouts), force, mode_only)
+
+
+def check_layouts(
+    spec: MigSpec, config: str | None, layouts: Sequence[GpuLayout], *, mode_only: bool = False
+) -> AssertResult:
+    """mig-parted's ``assert``: every GPU selected and matching (counts; placement ignored)."""
+    name, entries = spec.select(config)
+    chosen = {s.gpu.uuid: s for s in select_gpus(entries, [lay.gpu for lay in layouts])}
+    problems: list[str] = []
+    for layout in layouts:
+        gpu = layout.gpu
+        selection = chosen.get(gpu.uuid)
+        if selection is None:
+            if gpu.mig_capable:
+                problems.append(f"GPU {gpu.index} is not selected by any entry of {name}")
+            continue
+        if not gpu.mig_capable and selection.entry.devices == ALL:
+            continue
+        problems += mismatches(layout, desired_of(selection.entry), mode_only=mode_only)
+    return AssertResult(name, not problems, tuple(problems))
+
+
+def export_layouts(layouts: Sequence[GpuLayout], label: str = "current") -> dict[str, Any]:
+    """The layouts as a mig-parted v1 config named ``label`` (mig-parted ``export``)."""
+    gpus = []
+    for layout in layouts:
+        mode = layout.gpu.mig_mode
+        enabled = bool(mode and mode.current)
+        counts = current_counts(layout) if enabled else {}
+        gpus.append(
+            ExportedGpu(layout.gpu.index, str(DeviceFilter.of(layout.gpu)), enabled, counts)
+        )
+    return export_document(gpus, label)
+
+
+def checkpoint_holds(
+    states: Sequence[GpuMigState], layouts: Sequence[GpuLayout], *, mode_only: bool = False
+) -> bool:
+    """Whether every listed GPU is in its checkpointed state (mode only: its mode)."""
+    return all(same for _, _, same in checkpoint_targets(states, layouts, mode_only))
+
+
+def checkpoint_targets(
+    states: Sequence[GpuMigState], layouts: Sequence[GpuLayout], mode_only: bool
+) -> list[tuple[GpuInfo, GpuMigState, bool]]:
+    """Each state with its GPU, profile names filled in; True where it already holds.
+    InvalidSpec when the checkpoint names a GPU or a profile this node lacks."""
+    by_uuid = {layout.gpu.uuid: layout for layout in layouts}
+    bad = [
+        FieldViolation(f"MigState.Devices[{i}].UUID", f"no GPU {s.uuid} on this node")
+        for i, s in enumerate(states)
+        if s.uuid not in by_uuid
+    ]
+    out = []
+    for i, s in enumerate(states):
+        layout = by_uuid.get(s.uuid)
+        if layout is None:
+            continue
+        names = {p.id: p.name for p in layout.profiles}
+        for gi in s.instances:
+            if gi.profile_id not in names:
+                bad.append(
+                    FieldViolation(
+                        f"MigState.Devices[{i}].GpuInstances",
+                        f"GPU {s.uuid} has no GPU instance profile id {gi.profile_id}",
+                    )
+                )
+        now = fetch(layout)
+        target = GpuMigState(
+            s.uuid,
+            s.mig_enabled,
+            tuple(
+                GiState(gi.profile_id, names.get(gi.profile_id, ""), gi.placement, gi.cis)
+                for gi in s.instances
+            ),
+        )
+        if mode_only:
+            same_mode = now.mig_enabled == s.mig_enabled
+            target = GpuMigState(s.uuid, s.mig_enabled, now.instances if same_mode else ())
+        mode = layout.gpu.mig_mode
+        settled = mode is None or mode.pending == mode.current
+        out.append((layout.gpu, target, settled and target.satisfied_by(now)))
+    if bad:
+        raise InvalidSpec(f"the checkpoint does not fit this node: {bad[0].description}", bad)
+    return out
 
 
 def _plan_node(

@@ -28,6 +28,7 @@ __all__ = ["TelemetryService", "build_telemetry"]
 
 #: kubelet's per-container log links, which name each container id's pod (procs.py)
 _MIN_POD_REFRESH_S = 1.0  # kubelet rate-limits PodResources; once a second is plenty
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
 
 @dataclass
@@ -45,6 +46,10 @@ class TelemetryService:
         if self.pods is not None:
             self.pods.start()
         self.sampler.start()
+
+    def exposition(self, *, openmetrics: bool) -> tuple[bytes, str]:
+        """What a /metrics scrape returns now: (body, content type)."""
+        return self.exporter.render(OPENMETRICS if openmetrics else "text/plain")
 
     def stop(self) -> None:
         self.sampler.stop()

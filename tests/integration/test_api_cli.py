@@ -269,7 +269,7 @@ def test_mig_apply_goes_through_the_running_agent_as_an_operation(tmp_path: Path
         done = cli(agent.state_dir, config, "mig", "apply", "-f", str(mig_file), "-c",
                    "all-balanced", "-o", "json")  # fmt: skip
         assert done.returncode == 0, done.stderr
-        assert "applying through the running agent: operations/" in done.stderr
+        assert "reconfiguring through the node's agent: operations/" in done.stderr
         result = json.loads(done.stdout)
         assert result["config_name"] == "all-balanced"
         client = AgentClient(agent.socket)

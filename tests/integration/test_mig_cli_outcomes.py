@@ -127,7 +127,7 @@ def test_a_pending_mode_change_is_not_success_through_the_agent(tmp_path: Path) 
             "all-1g",
             config=cli_config,
         )
-    assert "applying through the running agent" in done.stderr, done.stderr
+    assert "reconfiguring through the node's agent" in done.stderr, done.stderr
     steps = [line for line in done.stderr.splitlines() if line.startswith(("[", "GPU "))]
     assert len(steps) == len(set(steps)), f"progress repeats lines: {steps}"
     assert steps.count("GPU 7 done") == 1, steps

@@ -177,9 +177,125 @@ def test_sigterm_to_a_command_stops_its_embedded_agent_as_serve_stops(tmp_path: 
     finally:
         if proc.poll() is None:
             proc.kill()
-    check = cli(state, config, "mig", "assert", "-f", str(mig_file), "-c", "all-1g")
-    assert check.returncode == 1  # suspended: not applied, and nothing rolled back yet
-    done = cli(state, config, "mig", "apply", "-f", str(mig_file), "-c", "all-1g")
-    assert done.returncode == 0, done.stderr
+    # The next command's agent (this assert's) finishes the suspended apply as it starts, as
+    # `serve` does; the apply after it has nothing left to do.
     check = cli(state, config, "mig", "assert", "-f", str(mig_file), "-c", "all-1g")
     assert check.returncode == 0, check.stdout + check.stderr
+    done = cli(state, config, "mig", "apply", "-f", str(mig_file), "-c", "all-1g", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    assert {g["status"] for g in json.loads(done.stdout)["gpus"]} == {"unchanged"}
+
+
+_GPU0 = (
+    "version: v1\nmig-configs:\n"
+    "  gpu0-1g:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {1g.10gb: 7}\n"
+)
+
+
+def _mig_operations(agent: AgentProcess) -> list[str]:
+    from agent.client import AgentClient
+
+    client = AgentClient(agent.socket)
+    try:
+        return [op.metadata.mig_apply.config_name for op in client.list_operations("mig.apply")]
+    finally:
+        client.close()
+
+
+def test_mig_apply_skip_reset_beside_the_running_agent_is_its_operation(tmp_path: Path) -> None:
+    """Issue 14: `mig apply --skip-reset` beside a running agent applied directly, with no
+    operation record, under the agent's feet. Now the agent does it and the command follows
+    (an H100 on bare metal switches MIG mode at once, so nothing is left pending), and the
+    agent lists the operation. Every field of the result is printed, GPU 0's index too."""
+    mig_file = tmp_path / "mig.yaml"
+    mig_file.write_text(_GPU0)
+    agent, config = _agent_with_origin(tmp_path)
+    try:
+        args = ("mig", "apply", "--skip-reset", "-f", str(mig_file), "-c", "gpu0-1g", "-o", "json")
+        done = cli(agent.state_dir, config, *args)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "reconfiguring through the node's agent: operations/" in done.stderr
+        gpus = json.loads(done.stdout)["gpus"]
+        assert [(g["gpu_index"], g["status"], g["created"]) for g in gpus] == [(0, "applied", 7)]
+        assert _mig_operations(agent) == ["gpu0-1g"]
+    finally:
+        agent.stop()
+
+
+def test_checkpoint_and_restore_go_through_the_running_agent(tmp_path: Path) -> None:
+    """`mig checkpoint` reads the GPUs as the agent read them; `mig restore` is the agent's
+    operation (config name "checkpoint"), and brings the layout back exactly."""
+    mig_file = tmp_path / "mig.yaml"
+    mig_file.write_text(_GPU0)
+    saved = tmp_path / "before.json"
+    agent, config = _agent_with_origin(tmp_path)
+    try:
+        taken = cli(agent.state_dir, config, "mig", "checkpoint", "-f", str(saved))
+        assert taken.returncode == 0, taken.stderr
+        devices = json.loads(saved.read_text())["MigState"]["Devices"]
+        assert len(devices) == 8 and not any(d["MigMode"] for d in devices)
+        applied = cli(agent.state_dir, config, "mig", "apply", "-f", str(mig_file), "-c", "gpu0-1g")
+        assert applied.returncode == 0, applied.stderr
+        restored = cli(agent.state_dir, config, "mig", "restore", "-f", str(saved), "-o", "json")
+        assert restored.returncode == 0, restored.stderr
+        statuses = {g["gpu_index"]: g["status"] for g in json.loads(restored.stdout)["gpus"]}
+        assert statuses[0] == "applied" and set(statuses.values()) <= {"applied", "unchanged"}
+        assert _mig_operations(agent) == ["checkpoint", "gpu0-1g"]
+        again = cli(agent.state_dir, config, "mig", "checkpoint", "-f", str(tmp_path / "now.json"))
+        assert again.returncode == 0, again.stderr
+        assert json.loads((tmp_path / "now.json").read_text()) == json.loads(saved.read_text())
+    finally:
+        agent.stop()
+
+
+def test_metrics_beside_the_running_agent_are_its_scrape(tmp_path: Path) -> None:
+    """`metrics` prints the running agent's exposition (GetMetrics), and refuses options that
+    would need another agent's configuration rather than ignoring them."""
+    agent, config = _agent_with_origin(tmp_path)
+    try:
+        done = cli(agent.state_dir, config, "metrics")
+        assert done.returncode == 0, done.stderr
+        temps = [
+            line for line in done.stdout.splitlines() if line.startswith("DCGM_FI_DEV_GPU_TEMP{")
+        ]
+        assert len(temps) == 8
+        csv = tmp_path / "counters.csv"
+        csv.write_text("DCGM_FI_DEV_POWER_USAGE, gauge, power\n")
+        refused = cli(agent.state_dir, config, "metrics", "--collectors", str(csv))
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "--collectors: the running agent exports with its own configured fields" in (
+            refused.stderr
+        )
+    finally:
+        agent.stop()
+
+
+def test_no_cli_module_opens_the_database_or_nvml() -> None:
+    """Issue 14: the CLI parses, calls the agent and renders; only the agent (agent/node.py's
+    composition root) opens the state database and the GPU driver."""
+    import ast
+
+    forbidden = {
+        "agent.state",
+        "agent.gpu.nvml",
+        "agent.prewarm.index",
+        "agent.mig.lock",
+        "agent.mig.reset",
+        "pynvml",
+        "sqlite3",
+    }
+    forbidden_names = {("agent.gpu", "open_driver"), ("agent.mig.service", "MigService")}
+    found = []
+    for path in sorted((REPO / "agent" / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found += [(path.name, a.name) for a in node.names if a.name in forbidden]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                if node.module in forbidden:
+                    found.append((path.name, node.module))
+                found += [
+                    (path.name, f"{node.module}.{a.name}")
+                    for a in node.names
+                    if (node.module, a.name) in forbidden_names
+                ]
+    assert found == []

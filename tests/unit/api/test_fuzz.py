@@ -225,12 +225,29 @@ DELIBERATE = {
 }
 
 METHODS = api_methods()
+
+
+def distinct_requests(method: MethodDescriptor) -> int | None:
+    """How many different requests there are when that is few (no field: one; only single
+    bools: two per field), else None. Hypothesis stops once it has tried them all."""
+    fields = method.input_type.fields
+    if all(f.type == f.TYPE_BOOL and not f.is_repeated for f in fields):
+        return 2 ** len(fields)
+    return None
+
+
 # The budget is shared by request fields: a request with four fields has more to explore than
-# one with a single name, and one without fields has a single possible value.
-PER_FIELD = TOTAL_EXAMPLES / sum(len(m.input_type.fields) for m in METHODS)
+# one with a single name; a request with few possible values gets exactly those.
+_FEW = {m.full_name: n for m in METHODS if (n := distinct_requests(m)) is not None}
+PER_FIELD = (TOTAL_EXAMPLES - sum(_FEW.values())) / sum(
+    len(m.input_type.fields) for m in METHODS if m.full_name not in _FEW
+)
 
 
 def budget_of(method: MethodDescriptor) -> int:
+    few = _FEW.get(method.full_name)
+    if few is not None:
+        return few
     return max(1, math.ceil(PER_FIELD * len(method.input_type.fields)))
 
 

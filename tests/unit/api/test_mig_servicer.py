@@ -1,11 +1,14 @@
 """MigService over a real server, interceptor and MIG service on the simulator: ApplyMig
 answers with an operation at once and reports typed progress; a second apply is refused with
 ABORTED naming the running one; a retry gets the same operation; a cancellation rolls the GPUs
-back; infeasible configs and busy GPUs are refused by the call itself."""
+back; infeasible configs and busy GPUs are refused by the call itself. RestoreMig is the same
+kind of operation: refused while an apply runs, bad checkpoints refused by the call naming the
+field, and a checkpoint brought back exactly."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from pathlib import Path
 
@@ -22,8 +25,10 @@ from agent.api.operations import OperationRunner, OperationsServicer
 from agent.gpu import open_driver
 from agent.gpu.sim import SimControl
 from agent.gpu.types import GpuInfo
+from agent.mig.checkpoint import checkpoint_document
 from agent.mig.lock import PartitionLock
 from agent.mig.service import MigService
+from agent.mig.state import fetch
 from agent.state import StateStore
 
 HOLDER = "nvidia-persistenced"
@@ -81,6 +86,24 @@ async def scenario(tmp_path: Path) -> None:
             mig = mig_pb2_grpc.MigServiceStub(channel)
             ops = operations_pb2_grpc.OperationsServiceStub(channel)
             held = config("[0]", "{3g.40gb: 2}")
+            before = json.dumps(
+                checkpoint_document([fetch(driver.layout(g.uuid)) for g in driver.gpus()])
+            ).encode()
+            for bad, field in ((b"", "checkpoint"), (b"{not json", "checkpoint")):
+                try:
+                    await mig.RestoreMig(mig_pb2.RestoreMigRequest(checkpoint=bad))
+                    raise AssertionError("a bad checkpoint must be refused by the call")
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+                    (request_error,) = details(exc, error_details_pb2.BadRequest)
+                    assert [v.field for v in request_error.field_violations] == [field]
+            stranger = before.replace(driver.gpus()[0].uuid.encode(), b"GPU-elsewhere")
+            try:
+                await mig.RestoreMig(mig_pb2.RestoreMigRequest(checkpoint=stranger))
+                raise AssertionError("a checkpoint of another node's GPU must be refused")
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "no GPU GPU-elsewhere on this node" in (exc.details() or "")
 
             plan = await mig.PlanMig(mig_pb2.PlanMigRequest(config_yaml=held))
             assert plan.config_name == "it" and [g.gpu_index for g in plan.gpus] == [0]
@@ -101,6 +124,11 @@ async def scenario(tmp_path: Path) -> None:
             await asyncio.to_thread(entered.wait, 10)
             assert (await mig.ApplyMig(request)).operation.name == op.name  # the retry
 
+            try:
+                await mig.RestoreMig(mig_pb2.RestoreMigRequest(checkpoint=before))
+                raise AssertionError("a restore must be refused while an apply runs")
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == grpc.StatusCode.ABORTED  # one reconfiguration at a time
             other = mig_pb2.ApplyMigRequest(config_yaml=config("[1]", "{1g.10gb: 7}"))
             try:
                 await mig.ApplyMig(other)
@@ -150,6 +178,20 @@ async def scenario(tmp_path: Path) -> None:
             assert not check.matches  # the other GPUs are not selected by this config
             exported = await mig.ExportMig(mig_pb2.ExportMigRequest(config_name="now"))
             assert "3g.40gb: 2" in exported.config_yaml
+
+            back = (await mig.RestoreMig(mig_pb2.RestoreMigRequest(checkpoint=before))).operation
+            assert back.kind == "mig.apply" and back.metadata.mig_apply.gpus_total == 1
+            restored = (
+                await ops.WaitOperation(
+                    operations_pb2.WaitOperationRequest(name=back.name), timeout=20
+                )
+            ).operation
+            assert restored.state == operations_pb2.OPERATION_STATE_SUCCEEDED, restored
+            assert restored.metadata.mig_apply.config_name == "checkpoint"
+            statuses = {g.gpu_index: g.status for g in restored.response.mig_apply.gpus}
+            assert statuses[1] == "applied" and set(statuses.values()) == {"applied", "unchanged"}
+            gpu1 = driver.gpus()[1]
+            assert gpu1.mig_mode is not None and not gpu1.mig_mode.current  # as checkpointed
     finally:
         release.set()
         await server.stop(None)

@@ -8,8 +8,9 @@ import pytest
 
 from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, sharing_pb2
 from agent.api.convert import gpu_pb
+from agent.client.layouts import layout_from
 from agent.coordinator.discovery import Target
-from agent.coordinator.inventory import layout_from, node_view, unreachable_view
+from agent.coordinator.inventory import node_view, unreachable_view
 from agent.coordinator.selector import parse_selector
 from agent.coordinator.status import fleet_status
 from agent.errors import InvalidSpec
@@ -49,13 +50,23 @@ def _node(idle: tuple[float | None, ...] = (10.0, 7200.0, 3600.0)) -> agent_pb2.
 
 
 def test_what_planning_needs_of_a_layout_survives_the_trip_through_the_api() -> None:
+    """The CLI's MIG reads and the coordinator plan on these records (agent/client/layouts.py);
+    generate-config orders profiles by their NVML constant, so it must come through too."""
     layout = gpu("a", 0, H100, [("3g.40gb", 4, (1, 1, 1))], busy=[(5, 1)])
     back = layout_from(gpu_pb(layout))
     assert (back.instances, back.processes) == (layout.instances, layout.processes)
     assert back.gpu == dataclasses.replace(layout.gpu, pci_subsystem_id=0)  # not in the API
 
     def planning(p: GiProfile) -> tuple[object, ...]:
-        return (p.id, p.name, p.slice_count, p.memory_slices, p.instance_count, p.placements)
+        return (
+            p.id,
+            p.constant,
+            p.name,
+            p.slice_count,
+            p.memory_slices,
+            p.instance_count,
+            p.placements,
+        )
 
     assert [planning(p) for p in back.profiles] == [planning(p) for p in layout.profiles]
 

@@ -104,7 +104,7 @@ class Placement(_message.Message):
     def __init__(self, start: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
 
 class MigProfile(_message.Message):
-    __slots__ = ("id", "name", "slice_count", "memory_slices", "instance_count", "memory_mb", "placements")
+    __slots__ = ("id", "name", "slice_count", "memory_slices", "instance_count", "memory_mb", "placements", "constant")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SLICE_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class MigProfile(_message.Message):
     INSTANCE_COUNT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
     PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    CONSTANT_FIELD_NUMBER: _ClassVar[int]
     id: int
     name: str
     slice_count: int
@@ -119,7 +120,8 @@ class MigProfile(_message.Message):
     instance_count: int
     memory_mb: int
     placements: _containers.RepeatedCompositeFieldContainer[Placement]
-    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., slice_count: _Optional[int] = ..., memory_slices: _Optional[int] = ..., instance_count: _Optional[int] = ..., memory_mb: _Optional[int] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...) -> None: ...
+    constant: int
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., slice_count: _Optional[int] = ..., memory_slices: _Optional[int] = ..., instance_count: _Optional[int] = ..., memory_mb: _Optional[int] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., constant: _Optional[int] = ...) -> None: ...
 
 class GpuInstance(_message.Message):
     __slots__ = ("id", "profile_id", "profile_name", "placement", "compute_instances")

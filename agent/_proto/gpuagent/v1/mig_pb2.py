@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from agent._proto.gpuagent.v1 import operations_pb2 as gpuagent_dot_v1_dot_operations__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15gpuagent/v1/mig.proto\x12\x0bgpuagent.v1\x1a\x1cgpuagent/v1/operations.proto\";\n\nMigBlocker\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x10\n\x08instance\x18\x02 \x01(\t\x12\x0e\n\x06\x63hange\x18\x03 \x01(\t\"\xf3\x01\n\nGpuMigPlan\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12*\n\x06status\x18\x03 \x01(\x0e\x32\x1a.gpuagent.v1.MigPlanStatus\x12\r\n\x05steps\x18\x04 \x03(\t\x12)\n\x08\x62lockers\x18\x05 \x03(\x0b\x32\x17.gpuagent.v1.MigBlocker\x12\x19\n\x11infeasible_reason\x18\x06 \x01(\t\x12\x0c\n\x04keep\x18\x07 \x03(\t\x12\x0f\n\x07\x64\x65stroy\x18\x08 \x03(\t\x12\x0e\n\x06\x63reate\x18\t \x03(\t\x12\x10\n\x08\x64\x65\x66\x65rred\x18\n \x01(\x08\"I\n\x0ePlanMigRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_name\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\"|\n\x0fPlanMigResponse\x12\x13\n\x0b\x63onfig_name\x18\x01 \x01(\t\x12%\n\x04gpus\x18\x02 \x03(\x0b\x32\x17.gpuagent.v1.GpuMigPlan\x12\x17\n\x0funselected_gpus\x18\x03 \x03(\r\x12\x14\n\x0cskipped_gpus\x18\x04 \x03(\r\"\x85\x01\n\x0f\x41pplyMigRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_name\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x11\n\tmode_only\x18\x05 \x01(\x08\x12\x12\n\nskip_reset\x18\x06 \x01(\x08\"=\n\x10\x41pplyMigResponse\x12)\n\toperation\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.Operation\"<\n\x10\x41ssertMigRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_name\x18\x02 \x01(\t\"M\n\x11\x41ssertMigResponse\x12\x0f\n\x07matches\x18\x01 \x01(\x08\x12\x12\n\nmismatches\x18\x02 \x03(\t\x12\x13\n\x0b\x63onfig_name\x18\x03 \x01(\t\"\'\n\x10\x45xportMigRequest\x12\x13\n\x0b\x63onfig_name\x18\x01 \x01(\t\"(\n\x11\x45xportMigResponse\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t*\xa8\x01\n\rMigPlanStatus\x12\x1f\n\x1bMIG_PLAN_STATUS_UNSPECIFIED\x10\x00\x12\x1d\n\x19MIG_PLAN_STATUS_UNCHANGED\x10\x01\x12\x1a\n\x16MIG_PLAN_STATUS_CHANGE\x10\x02\x12\x1b\n\x17MIG_PLAN_STATUS_BLOCKED\x10\x03\x12\x1e\n\x1aMIG_PLAN_STATUS_INFEASIBLE\x10\x04\x32\xb3\x02\n\nMigService\x12\x44\n\x07PlanMig\x12\x1b.gpuagent.v1.PlanMigRequest\x1a\x1c.gpuagent.v1.PlanMigResponse\x12G\n\x08\x41pplyMig\x12\x1c.gpuagent.v1.ApplyMigRequest\x1a\x1d.gpuagent.v1.ApplyMigResponse\x12J\n\tAssertMig\x12\x1d.gpuagent.v1.AssertMigRequest\x1a\x1e.gpuagent.v1.AssertMigResponse\x12J\n\tExportMig\x12\x1d.gpuagent.v1.ExportMigRequest\x1a\x1e.gpuagent.v1.ExportMigResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15gpuagent/v1/mig.proto\x12\x0bgpuagent.v1\x1a\x1cgpuagent/v1/operations.proto\";\n\nMigBlocker\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x10\n\x08instance\x18\x02 \x01(\t\x12\x0e\n\x06\x63hange\x18\x03 \x01(\t\"\xf3\x01\n\nGpuMigPlan\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12*\n\x06status\x18\x03 \x01(\x0e\x32\x1a.gpuagent.v1.MigPlanStatus\x12\r\n\x05steps\x18\x04 \x03(\t\x12)\n\x08\x62lockers\x18\x05 \x03(\x0b\x32\x17.gpuagent.v1.MigBlocker\x12\x19\n\x11infeasible_reason\x18\x06 \x01(\t\x12\x0c\n\x04keep\x18\x07 \x03(\t\x12\x0f\n\x07\x64\x65stroy\x18\x08 \x03(\t\x12\x0e\n\x06\x63reate\x18\t \x03(\t\x12\x10\n\x08\x64\x65\x66\x65rred\x18\n \x01(\x08\"I\n\x0ePlanMigRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_name\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\"|\n\x0fPlanMigResponse\x12\x13\n\x0b\x63onfig_name\x18\x01 \x01(\t\x12%\n\x04gpus\x18\x02 \x03(\x0b\x32\x17.gpuagent.v1.GpuMigPlan\x12\x17\n\x0funselected_gpus\x18\x03 \x03(\r\x12\x14\n\x0cskipped_gpus\x18\x04 \x03(\r\"\x85\x01\n\x0f\x41pplyMigRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_name\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x11\n\tmode_only\x18\x05 \x01(\x08\x12\x12\n\nskip_reset\x18\x06 \x01(\x08\"=\n\x10\x41pplyMigResponse\x12)\n\toperation\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.Operation\"<\n\x10\x41ssertMigRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_name\x18\x02 \x01(\t\"M\n\x11\x41ssertMigResponse\x12\x0f\n\x07matches\x18\x01 \x01(\x08\x12\x12\n\nmismatches\x18\x02 \x03(\t\x12\x13\n\x0b\x63onfig_name\x18\x03 \x01(\t\"\'\n\x10\x45xportMigRequest\x12\x13\n\x0b\x63onfig_name\x18\x01 \x01(\t\"N\n\x11RestoreMigRequest\x12\x12\n\ncheckpoint\x18\x01 \x01(\x0c\x12\x11\n\tmode_only\x18\x02 \x01(\x08\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"?\n\x12RestoreMigResponse\x12)\n\toperation\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.Operation\"(\n\x11\x45xportMigResponse\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t*\xa8\x01\n\rMigPlanStatus\x12\x1f\n\x1bMIG_PLAN_STATUS_UNSPECIFIED\x10\x00\x12\x1d\n\x19MIG_PLAN_STATUS_UNCHANGED\x10\x01\x12\x1a\n\x16MIG_PLAN_STATUS_CHANGE\x10\x02\x12\x1b\n\x17MIG_PLAN_STATUS_BLOCKED\x10\x03\x12\x1e\n\x1aMIG_PLAN_STATUS_INFEASIBLE\x10\x04\x32\x82\x03\n\nMigService\x12\x44\n\x07PlanMig\x12\x1b.gpuagent.v1.PlanMigRequest\x1a\x1c.gpuagent.v1.PlanMigResponse\x12G\n\x08\x41pplyMig\x12\x1c.gpuagent.v1.ApplyMigRequest\x1a\x1d.gpuagent.v1.ApplyMigResponse\x12J\n\tAssertMig\x12\x1d.gpuagent.v1.AssertMigRequest\x1a\x1e.gpuagent.v1.AssertMigResponse\x12J\n\tExportMig\x12\x1d.gpuagent.v1.ExportMigRequest\x1a\x1e.gpuagent.v1.ExportMigResponse\x12M\n\nRestoreMig\x12\x1e.gpuagent.v1.RestoreMigRequest\x1a\x1f.gpuagent.v1.RestoreMigResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agent._proto.gpuagent.v1.mig_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MIGPLANSTATUS']._serialized_start=1000
-  _globals['_MIGPLANSTATUS']._serialized_end=1168
+  _globals['_MIGPLANSTATUS']._serialized_start=1145
+  _globals['_MIGPLANSTATUS']._serialized_end=1313
   _globals['_MIGBLOCKER']._serialized_start=68
   _globals['_MIGBLOCKER']._serialized_end=127
   _globals['_GPUMIGPLAN']._serialized_start=130
@@ -52,8 +52,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ASSERTMIGRESPONSE']._serialized_end=914
   _globals['_EXPORTMIGREQUEST']._serialized_start=916
   _globals['_EXPORTMIGREQUEST']._serialized_end=955
-  _globals['_EXPORTMIGRESPONSE']._serialized_start=957
-  _globals['_EXPORTMIGRESPONSE']._serialized_end=997
-  _globals['_MIGSERVICE']._serialized_start=1171
-  _globals['_MIGSERVICE']._serialized_end=1478
+  _globals['_RESTOREMIGREQUEST']._serialized_start=957
+  _globals['_RESTOREMIGREQUEST']._serialized_end=1035
+  _globals['_RESTOREMIGRESPONSE']._serialized_start=1037
+  _globals['_RESTOREMIGRESPONSE']._serialized_end=1100
+  _globals['_EXPORTMIGRESPONSE']._serialized_start=1102
+  _globals['_EXPORTMIGRESPONSE']._serialized_end=1142
+  _globals['_MIGSERVICE']._serialized_start=1316
+  _globals['_MIGSERVICE']._serialized_end=1702
 # @@protoc_insertion_point(module_scope)

@@ -123,6 +123,22 @@ class ExportMigRequest(_message.Message):
     config_name: str
     def __init__(self, config_name: _Optional[str] = ...) -> None: ...
 
+class RestoreMigRequest(_message.Message):
+    __slots__ = ("checkpoint", "mode_only", "request_id")
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    MODE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: bytes
+    mode_only: bool
+    request_id: str
+    def __init__(self, checkpoint: _Optional[bytes] = ..., mode_only: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class RestoreMigResponse(_message.Message):
+    __slots__ = ("operation",)
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    operation: _operations_pb2.Operation
+    def __init__(self, operation: _Optional[_Union[_operations_pb2.Operation, _Mapping]] = ...) -> None: ...
+
 class ExportMigResponse(_message.Message):
     __slots__ = ("config_yaml",)
     CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]

@@ -56,6 +56,11 @@ class MigServiceStub:
                 request_serializer=gpuagent_dot_v1_dot_mig__pb2.ExportMigRequest.SerializeToString,
                 response_deserializer=gpuagent_dot_v1_dot_mig__pb2.ExportMigResponse.FromString,
                 _registered_method=True)
+        self.RestoreMig = channel.unary_unary(
+                '/gpuagent.v1.MigService/RestoreMig',
+                request_serializer=gpuagent_dot_v1_dot_mig__pb2.RestoreMigRequest.SerializeToString,
+                response_deserializer=gpuagent_dot_v1_dot_mig__pb2.RestoreMigResponse.FromString,
+                _registered_method=True)
 
 
 class MigServiceServicer:
@@ -92,6 +97,16 @@ class MigServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RestoreMig(self, request, context):
+        """RestoreMig starts bringing the GPUs a mig-parted checkpoint lists back to their exact
+        state (mode, instances, placements) and returns its Operation ("mig.apply", config name
+        "checkpoint"). One reconfiguration at a time, as ApplyMig; a checkpoint that names a GPU or
+        a profile this node lacks is refused with INVALID_ARGUMENT before any change.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MigServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -114,6 +129,11 @@ def add_MigServiceServicer_to_server(servicer, server):
                     servicer.ExportMig,
                     request_deserializer=gpuagent_dot_v1_dot_mig__pb2.ExportMigRequest.FromString,
                     response_serializer=gpuagent_dot_v1_dot_mig__pb2.ExportMigResponse.SerializeToString,
+            ),
+            'RestoreMig': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreMig,
+                    request_deserializer=gpuagent_dot_v1_dot_mig__pb2.RestoreMigRequest.FromString,
+                    response_serializer=gpuagent_dot_v1_dot_mig__pb2.RestoreMigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -226,6 +246,33 @@ class MigService:
             '/gpuagent.v1.MigService/ExportMig',
             gpuagent_dot_v1_dot_mig__pb2.ExportMigRequest.SerializeToString,
             gpuagent_dot_v1_dot_mig__pb2.ExportMigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreMig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuagent.v1.MigService/RestoreMig',
+            gpuagent_dot_v1_dot_mig__pb2.RestoreMigRequest.SerializeToString,
+            gpuagent_dot_v1_dot_mig__pb2.RestoreMigResponse.FromString,
             options,
             channel_credentials,
             insecure,

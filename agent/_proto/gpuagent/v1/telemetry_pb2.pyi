@@ -9,6 +9,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GetMetricsRequest(_message.Message):
+    __slots__ = ("openmetrics",)
+    OPENMETRICS_FIELD_NUMBER: _ClassVar[int]
+    openmetrics: bool
+    def __init__(self, openmetrics: _Optional[bool] = ...) -> None: ...
+
+class GetMetricsResponse(_message.Message):
+    __slots__ = ("body", "content_type", "sample_time")
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_TIME_FIELD_NUMBER: _ClassVar[int]
+    body: bytes
+    content_type: str
+    sample_time: _timestamp_pb2.Timestamp
+    def __init__(self, body: _Optional[bytes] = ..., content_type: _Optional[str] = ..., sample_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
 class GetTelemetrySnapshotRequest(_message.Message):
     __slots__ = ("field_ids",)
     FIELD_IDS_FIELD_NUMBER: _ClassVar[int]

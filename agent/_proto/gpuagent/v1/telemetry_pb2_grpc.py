@@ -40,6 +40,11 @@ class TelemetryServiceStub:
                 request_serializer=gpuagent_dot_v1_dot_telemetry__pb2.GetTelemetrySnapshotRequest.SerializeToString,
                 response_deserializer=gpuagent_dot_v1_dot_telemetry__pb2.GetTelemetrySnapshotResponse.FromString,
                 _registered_method=True)
+        self.GetMetrics = channel.unary_unary(
+                '/gpuagent.v1.TelemetryService/GetMetrics',
+                request_serializer=gpuagent_dot_v1_dot_telemetry__pb2.GetMetricsRequest.SerializeToString,
+                response_deserializer=gpuagent_dot_v1_dot_telemetry__pb2.GetMetricsResponse.FromString,
+                _registered_method=True)
 
 
 class TelemetryServiceServicer:
@@ -53,6 +58,14 @@ class TelemetryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetMetrics(self, request, context):
+        """GetMetrics returns what a scrape of the agent's /metrics returns: its collectors and metric
+        names, as configured. It carries pod labels, so it needs a role that sees processes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TelemetryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -60,6 +73,11 @@ def add_TelemetryServiceServicer_to_server(servicer, server):
                     servicer.GetTelemetrySnapshot,
                     request_deserializer=gpuagent_dot_v1_dot_telemetry__pb2.GetTelemetrySnapshotRequest.FromString,
                     response_serializer=gpuagent_dot_v1_dot_telemetry__pb2.GetTelemetrySnapshotResponse.SerializeToString,
+            ),
+            'GetMetrics': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMetrics,
+                    request_deserializer=gpuagent_dot_v1_dot_telemetry__pb2.GetMetricsRequest.FromString,
+                    response_serializer=gpuagent_dot_v1_dot_telemetry__pb2.GetMetricsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +108,33 @@ class TelemetryService:
             '/gpuagent.v1.TelemetryService/GetTelemetrySnapshot',
             gpuagent_dot_v1_dot_telemetry__pb2.GetTelemetrySnapshotRequest.SerializeToString,
             gpuagent_dot_v1_dot_telemetry__pb2.GetTelemetrySnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMetrics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuagent.v1.TelemetryService/GetMetrics',
+            gpuagent_dot_v1_dot_telemetry__pb2.GetMetricsRequest.SerializeToString,
+            gpuagent_dot_v1_dot_telemetry__pb2.GetMetricsResponse.FromString,
             options,
             channel_credentials,
             insecure,
