@@ -732,6 +732,9 @@ class PrewarmService:
         options = _without_retry(item.options)
         if info.dragonfly_task_id:
             options["dragonfly_task_id"] = info.dragonfly_task_id
+        options.pop("dragonfly_output", None)  # this run's, not one before a config change
+        if info.dragonfly_output:
+            options["dragonfly_output"] = info.dragonfly_output
         options["via"] = self._fetcher.mode
         self.index.set_owner(item.id, None)
         done = self.index.update(
