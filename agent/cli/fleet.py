@@ -29,6 +29,7 @@ from agent.errors import AgentError, FieldViolation, InvalidSpec
 F = TypeVar("F", bound=Callable[..., Any])
 
 if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
+    from agent._proto.gpuagent.v1.prewarm_pb2 import PrewarmTarget
     from agent.coordinator.fleet import Fleet
 
 
@@ -1095,7 +1096,7 @@ def _prewarm_target(
     name: str,
     pin: bool,
     header_files: tuple[str, ...],
-) -> Any:
+) -> PrewarmTarget:
     """The one PrewarmTarget the options ask for; a bad combination is refused here, naming
     the option, before any node is contacted."""
     from agent._proto.gpuagent.v1 import prewarm_pb2
