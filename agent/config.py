@@ -334,6 +334,19 @@ class PrewarmSettings:
             "(and Nydus image data blobs, when no dragonfly_proxy is set)."
         ),
     )
+    dragonfly_output: str = field(
+        default="stream",
+        metadata=_rules(
+            choices=("stream", "hard-link"),
+            doc="How files fetched through dragonfly_socket reach the cache. stream: dfdaemon "
+            "sends every piece over gRPC and the agent writes it (a second copy beside "
+            "dfdaemon's own). hard-link: dfdaemon hard-links its task file into the cache's "
+            "partial directory (output_path with force_hard_link, no piece content sent); "
+            "needs dfdaemon to see cache_dir at the same path, on the filesystem of its "
+            "storage. The file is still checked (size, sha256) before it is ready; when "
+            "dfdaemon refuses the link, the agent logs why and streams instead.",
+        ),
+    )
     dragonfly_proxy: str | None = field(
         default=None,
         metadata=_rules(

@@ -29,6 +29,7 @@ from agent.coordinator.fleet import Fleet
 from agent.coordinator.inventory import is_warm
 from agent.coordinator.record import RolloutRecord
 from agent.coordinator.rollout import NodeState
+from agent.coordinator.targets import target_name
 from agent.errors import AgentError
 from agent.gpu.types import GpuLayout
 from agent.sharing.request import requested_config
@@ -280,7 +281,7 @@ def _changed_keys(before: Mapping[str, Any], after: Mapping[str, Any], at: str =
 async def _preview_prewarm(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:
     items = (await client.node()).cache.items
     ready = {i.name for i in items if is_warm(i)}
-    names = [_target_name(t) for t in prewarm_targets(record)]
+    names = [target_name(t) for t in prewarm_targets(record)]
     missing = [n for n in names if not n or n not in ready]
     if not missing:
         return NodePreview(node, "unchanged", "every item is warm")
@@ -290,10 +291,6 @@ async def _preview_prewarm(client: AgentClient, record: RolloutRecord, node: str
 def _warmth_word(item: cache_pb2.CacheItem) -> str:
     name = cache_pb2.ImageWarmthLevel.Name(item.image_warmth.level)
     return name.removeprefix("IMAGE_WARMTH_LEVEL_").lower().replace("_", "-")
-
-
-def _target_name(target: prewarm_pb2.PrewarmTarget) -> str:
-    return target.file.name if target.HasField("file") else target.image.name
 
 
 _PREVIEWS = {"mig": _preview_mig, "share": _preview_share, "prewarm": _preview_prewarm}

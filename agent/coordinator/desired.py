@@ -21,6 +21,13 @@
         concurrency: 10                   # nodes fetching at once
         files: [{url: https://..., sha256: ..., name: llama-8b}]
         images: [{ref: registry.example/app:1.2, name: app}]
+        models:                           # a repo snapshot, warmed and labelled as one item
+          - {repo: meta-llama/Llama-3.1-8B-Instruct, revision: main, name: llama-8b,
+             include: ["*.json", "*.safetensors", "tokenizer*"]}
+
+Every prewarm target needs a ``name``: nodes list it, and label themselves
+``gpu-agent.io/cache.<name>=ready``, under it. A model takes the fields of ModelTarget
+(``repo``, ``revision``, ``endpoint``, ``include``, ``name``, ``pin``, ``header_files``).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from agent._proto.gpuagent.v1 import prewarm_pb2, sharing_pb2
 from agent.coordinator.inventory import NodeView
 from agent.coordinator.rollout import parse_max_unavailable
 from agent.coordinator.selector import Selector, parse_selector
+from agent.coordinator.targets import model_violations
 from agent.errors import FieldViolation, InvalidSpec
 from agent.mig.spec import parse_spec
 from agent.safeyaml import brief, capped
@@ -242,9 +250,19 @@ def _sharing(raw: Any, i: int, bad: list[FieldViolation]) -> SharingRule | None:
     return SharingRule(selector, json_format.MessageToDict(request))
 
 
+_PREWARM_KINDS = (
+    ("files", "file", prewarm_pb2.FileTarget),
+    ("images", "image", prewarm_pb2.ImageTarget),
+    ("models", "model", prewarm_pb2.ModelTarget),
+)
+#: Targets of one rule: what one SubmitPrewarm takes (a whole model repo is one target).
+_MAX_TARGETS = 1000
+
+
 def _prewarm(raw: Any, i: int, bad: list[FieldViolation]) -> PrewarmRule | None:
     where = f"prewarm[{i}]"
-    if not _keys(raw, where, ("selector", "concurrency", "files", "images"), bad):
+    allowed = ("selector", "concurrency", *(kind for kind, _, _ in _PREWARM_KINDS))
+    if not _keys(raw, where, allowed, bad):
         return None
     selector = _selector(raw, where, bad)
     concurrency = raw.get("concurrency", 10)
@@ -256,26 +274,44 @@ def _prewarm(raw: Any, i: int, bad: list[FieldViolation]) -> PrewarmRule | None:
         bad.append(FieldViolation(f"{where}.concurrency", f"an integer 1-{_MAX_CONCURRENCY}"))
     targets: list[dict[str, Any]] = []
     names: list[str] = []
-    for kind, message in (("files", prewarm_pb2.FileTarget), ("images", prewarm_pb2.ImageTarget)):
+    seen: set[str] = set()
+    errors_before = len(bad)
+    for kind, key, message in _PREWARM_KINDS:
         listed = raw.get(kind) or []
         if not isinstance(listed, list):
             bad.append(FieldViolation(f"{where}.{kind}", "a list"))
             continue
+        if len(listed) > _MAX_TARGETS:
+            bad.append(FieldViolation(f"{where}.{kind}", f"at most {_MAX_TARGETS} entries"))
+            continue
         for j, item in enumerate(listed):
             field_path = f"{where}.{kind}[{j}]"
+            if not isinstance(item, dict):
+                bad.append(FieldViolation(field_path, f"a mapping (a {key} target)"))
+                continue
             try:
                 parsed = json_format.ParseDict(item, message())
             except (json_format.ParseError, TypeError, ValueError) as exc:
                 bad.append(FieldViolation(field_path, capped(str(exc))))
                 continue
+            if isinstance(parsed, prewarm_pb2.ModelTarget):
+                found = model_violations(parsed, field_path)
+                if found:
+                    bad += found
+                    continue
             if not parsed.name:
                 bad.append(FieldViolation(f"{field_path}.name", "required: how nodes list it"))
                 continue
-            key = "file" if kind == "files" else "image"
+            if parsed.name in seen:
+                bad.append(FieldViolation(f"{field_path}.name", "a name no other target has"))
+                continue
             targets.append({key: json_format.MessageToDict(parsed)})
             names.append(parsed.name)
-    if not targets:
-        bad.append(FieldViolation(where, "at least one of files or images"))
+            seen.add(parsed.name)
+    if len(targets) > _MAX_TARGETS:
+        bad.append(FieldViolation(where, f"at most {_MAX_TARGETS} files, images and models"))
+    if not targets and len(bad) == errors_before:
+        bad.append(FieldViolation(where, "at least one of files, images or models"))
     if selector is None or not targets or not isinstance(concurrency, int):
         return None
     return PrewarmRule(selector, tuple(targets), tuple(names), concurrency)

@@ -39,7 +39,10 @@ def fetcher_from(settings: PrewarmSettings, policy: UrlPolicy) -> FileFetcher:
     if settings.dragonfly_socket is not None:
         from agent.prewarm.fetch_dragonfly import DragonflyFetcher
 
-        return ResolvingFetcher(DragonflyFetcher(policy, settings.dragonfly_socket), policy)
+        dfdaemon = DragonflyFetcher(
+            policy, settings.dragonfly_socket, output=settings.dragonfly_output
+        )
+        return ResolvingFetcher(dfdaemon, policy)
     if settings.dragonfly_proxy is not None:
         context = proxy_ssl_context(settings)
         proxied = HttpFetcher(policy, proxy=settings.dragonfly_proxy, ssl_context=context)

@@ -55,6 +55,8 @@ class FetchInfo:
     """What the fetch learned beyond the bytes (e.g. the Dragonfly task id, to match pulls)."""
 
     dragonfly_task_id: str | None = None
+    #: How dfdaemon delivered the bytes: "stream" (pieces sent) or "hard-link" (its file linked)
+    dragonfly_output: str | None = None
 
 
 class _Retry(Exception):

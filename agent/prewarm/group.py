@@ -27,6 +27,8 @@ from agent.prewarm.fetch_http import CancelledFn, FetchSpec
 from agent.prewarm.policy import redact_url
 
 MAX_FILES = 10_000
+MAX_INCLUDE = 64
+MAX_GLOB = 256
 MAX_LISTING_BYTES = 16 * 1024 * 1024
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
 _REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
@@ -71,6 +73,14 @@ def check_repo(repo: str, revision: str) -> None:
         raise InvalidSpec(
             f"revision {revision!r} is not a branch, tag or commit",
             [FieldViolation("revision", "e.g. main, v1.0 or a 40-hex commit")],
+        )
+
+
+def check_include(include: Sequence[str]) -> None:
+    if len(include) > MAX_INCLUDE or any(not g or len(g) > MAX_GLOB for g in include):
+        raise InvalidSpec(
+            f"include takes 1 to {MAX_INCLUDE} globs of at most {MAX_GLOB} characters",
+            [FieldViolation("include", "globs such as *.safetensors, config.json")],
         )
 
 

@@ -27,7 +27,7 @@ import psutil
 from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec
 from agent.prewarm.errors import Cancelled, FetchFailed, ImageWarmFailed
 from agent.prewarm.fetch_http import CancelledFn, FetchInfo, FetchSpec, ProgressFn
-from agent.prewarm.group import Member, check_repo, list_group, listing_url
+from agent.prewarm.group import Member, check_include, check_repo, list_group, listing_url
 from agent.prewarm.headers import check_header_name, read_header_files
 from agent.prewarm.index import ImagePull, PrewarmIndex
 from agent.prewarm.inventory import Inventory
@@ -65,7 +65,6 @@ _HEADER_PREFIX = "header:"
 _REQUEST_OPTIONS = ("runtime_handler", "pull_policy", "repull_hours")
 _RETRY_OPTIONS = ("retry_at", "attempts")
 _MAX_REPULL_H = 24 * 365
-_MAX_INCLUDE = 64
 Request = FileRequest | ImageRequest | GroupRequest
 
 ProgressCallback = Callable[[Progress], None]
@@ -224,13 +223,7 @@ class PrewarmService:
         if isinstance(request, GroupRequest):
             check_repo(request.repo, request.revision)
             self.policy.check(listing_url(request.endpoint, request.repo, request.revision))
-            if len(request.include) > _MAX_INCLUDE or any(
-                not g or len(g) > 256 for g in request.include
-            ):
-                raise InvalidSpec(
-                    f"include takes 1 to {_MAX_INCLUDE} globs of at most 256 characters",
-                    [FieldViolation("include", "globs such as *.safetensors, config.json")],
-                )
+            check_include(request.include)
             for header in request.header_files:
                 check_header_name(header)
             read_header_files(request.header_files, self._header_dirs)
@@ -739,6 +732,9 @@ class PrewarmService:
         options = _without_retry(item.options)
         if info.dragonfly_task_id:
             options["dragonfly_task_id"] = info.dragonfly_task_id
+        options.pop("dragonfly_output", None)  # this run's, not one before a config change
+        if info.dragonfly_output:
+            options["dragonfly_output"] = info.dragonfly_output
         options["via"] = self._fetcher.mode
         self.index.set_owner(item.id, None)
         done = self.index.update(

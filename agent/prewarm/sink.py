@@ -3,13 +3,16 @@
 A file fetch writes into a `Partial` (the cache's temp file). Warming a Nydus data blob keeps the
 bytes out of our cache: they only have to pass through dfdaemon, which keeps them, so the
 `DigestSink` counts and hashes them and throws them away. Both satisfy `Sink`, the interface
-the fetchers (`HttpFetcher`, `DragonflyFetcher`) write to.
+the fetchers (`HttpFetcher`, `DragonflyFetcher`) write to. A Partial is also a `LinkSink`:
+dfdaemon can hard-link its own copy of the bytes into the partial directory instead of
+streaming them (prewarm.dragonfly_output: hard-link).
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from agent.prewarm.errors import DigestMismatch, FetchFailed
 
@@ -37,6 +40,22 @@ class Sink(Protocol):
     def write(self, data: bytes | memoryview) -> None: ...
 
     def write_at(self, offset: int, data: bytes | memoryview) -> None: ...
+
+
+@runtime_checkable
+class LinkSink(Sink, Protocol):
+    """A Sink backed by a file in the cache's partial directory, so another process on the same
+    filesystem (dfdaemon) can hard-link its copy of the bytes in rather than send them."""
+
+    @property
+    def link_path(self) -> Path:
+        """Where the link may be made; nothing is there until it is."""
+        ...
+
+    def adopt_link(self) -> None:
+        """Take the file at `link_path` as the bytes so far (read and hashed again, so it is
+        verified as fetched bytes are); FileNotFoundError when no link was made."""
+        ...
 
 
 class DigestSink:

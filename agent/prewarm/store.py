@@ -6,7 +6,8 @@ Layout under the cache directory::
     by-name/<name>          symlink to a blob (a file) or to trees/<id> (a group), the stable
                             path a pod mounts
     trees/<id>/<path>       a group's model directory: relative symlinks to its blobs
-    partial/<id>.part       bytes of a running fetch, with <id>.json (resume validators)
+    partial/<id>.part       bytes of a running fetch, with <id>.json (resume validators);
+                            <id>.dfpart: dfdaemon's task file hard-linked in (dragonfly_output)
 
 A fetch writes only under partial/. `CacheStore.commit` verifies the sha256, fsyncs, renames into
 blobs/ and then links the name, so a final path never holds partial or unverified bytes.
@@ -25,6 +26,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import Busy, Conflict
-from agent.prewarm.errors import DigestMismatch, DiskFull
+from agent.prewarm.errors import DigestMismatch, DiskFull, FetchFailed
 from agent.prewarm.index import PrewarmIndex
 from agent.prewarm.inuse import ProcScanner, file_id
 from agent.prewarm.model import CacheItem, ItemKind, ItemState
@@ -194,6 +196,29 @@ class Partial:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise DiskFull(f"cache volume full while writing ({self._store.root})") from exc
             raise
+
+    @property
+    def link_path(self) -> Path:
+        """``<id>.dfpart`` beside the partial: where dfdaemon hard-links its task file."""
+        return self.path.with_suffix(".dfpart")
+
+    def adopt_link(self) -> None:
+        """Make the file dfdaemon linked at `link_path` this partial (same inode, no copy),
+        then hash it from the start; `CacheStore.commit` verifies and renames it as any other.
+
+        It is opened read-only: dfdaemon owns the inode too, and nothing here writes it."""
+        info = os.lstat(self.link_path)
+        if not stat.S_ISREG(info.st_mode):
+            raise FetchFailed(f"dfdaemon left something other than a file at {self.link_path}")
+        self._hash.close()
+        self._file.close()
+        os.replace(self.link_path, self.path)
+        fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        self._file = os.fdopen(fd, "rb", buffering=0)
+        self._hash = _Hasher()
+        self._sequential = True
+        self.offset = self._rehash()
+        self._written_back = self.offset
 
     def sha256(self) -> str:
         if not self._sequential:

@@ -1,7 +1,7 @@
 """`gpu-agent coordinator serve` against two agents on simulated nodes, over mTLS: one pass
 brings the fleet to the desired state; the serving loop then finds no drift and says so on
 /metrics; /healthz answers; `fleet status --coordinator` gets the sweep from it; SIGTERM stops
-it."""
+it; a model of the desired file warmed on every node, then left alone."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from tests.integration.prewarm_fixtures import hub
+from tests.integration.prewarm_fixtures.origin import Origin
 from tests.unit.api.support import REPO, Pki, wait_for
 from tests.unit.coordinator.agents import AgentFleet
 
@@ -136,3 +139,43 @@ def _status_through_the_coordinator_is_the_direct_sweep(agents: AgentFleet, base
     assert bad.exit_code == 2 and "'soon' is not a duration" in bad.output
     gone = agents.fleet("status", "--coordinator", "http://127.0.0.1:9")
     assert gone.exit_code != 0 and "cannot reach the coordinator" in gone.output
+
+
+def test_a_desired_model_is_warmed_on_every_node_and_then_left_alone(
+    agents: AgentFleet, tmp_path: Path
+) -> None:
+    """A `models:` entry of the desired file: one pass warms the repo snapshot (from a local
+    Hugging Face style origin) as one ready item on every node, labelled under its name; once
+    the nodes report it warm, the next pass starts no prewarm."""
+    root = tmp_path / "hub"
+    root.mkdir()
+    files = hub.tiny_model()
+    with Origin(root) as origin:
+        endpoint, commit = hub.publish(origin, "org-a/Tiny-Llama", files)
+        desired = tmp_path / "desired.yaml"
+        desired.write_text(
+            "version: v1\n"
+            "prewarm:\n"
+            "  - concurrency: 2\n"
+            f"    models: [{{repo: org-a/Tiny-Llama, endpoint: '{endpoint}', name: tiny}}]\n"
+        )
+        first = agents.coordinator("serve", "--once", "--desired", str(desired))
+        assert first.exit_code == 0, first.output
+        for name in agents.agents:
+            item = hub.ready_model(agents.cache(name), "tiny")
+            assert item is not None, (name, agents.cache(name))
+            assert (item.size_bytes, item.options["commit"]) == (
+                sum(len(d) for d in files.values()),
+                commit,
+            )
+        ops = {n: len(agents.operations(n, "prewarm")) for n in agents.agents}
+        assert ops == dict.fromkeys(agents.agents, 1)
+
+        def warm() -> bool:  # GetNode's cache is re-read every few seconds
+            rows = json.loads(agents.fleet("status", "-o", "json").output)["nodes"]
+            return {r["name"]: r["warm"] for r in rows} == dict.fromkeys(agents.agents, 1)
+
+        wait_for(warm, "the model warm in every node's answer", timeout=30, every=1.0)
+        again = agents.coordinator("serve", "--once", "--desired", str(desired))
+        assert again.exit_code == 0, again.output
+        assert {n: len(agents.operations(n, "prewarm")) for n in agents.agents} == ops

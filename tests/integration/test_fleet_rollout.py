@@ -1,7 +1,8 @@
 """Rollouts across four agent processes on simulated nodes, over mTLS: a dry run that changes
 nothing; max-unavailable respected, as the agents' own operation records show; a node whose
 apply fails (an injected NVML fault) halting the rollout at max-failures; the halted rollout
-resumed from its record; sharing rolled out; a file prewarmed with a concurrency limit."""
+resumed from its record; sharing rolled out; a file prewarmed with a concurrency limit; a model
+repo snapshot prewarmed as one ready item on every node."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.prewarm_fixtures import hub
 from tests.integration.prewarm_fixtures.origin import Origin
 from tests.unit.api.support import Pki, wait_for
 from tests.unit.coordinator.agents import AgentFleet, most_at_once, op_intervals
@@ -203,6 +205,33 @@ def test_prewarm_fans_out_with_a_concurrency_limit(agents: AgentFleet, tmp_path:
         return {r["name"]: r["warm"] for r in rows} == dict.fromkeys("abcd", 1)
 
     wait_for(warm, "the item warm on every node", timeout=30, every=1.0)
+
+
+def test_prewarm_of_a_model_makes_it_one_ready_item_on_every_node(
+    agents: AgentFleet, tmp_path: Path
+) -> None:
+    """`fleet prewarm --model` warms a Hugging Face style repo snapshot (from a local origin)
+    on every node as one item: each node lists the model ready at its full size, and the
+    node label it publishes for it is ``cache.<name>=ready``."""
+    root = tmp_path / "hub"
+    root.mkdir()
+    files = hub.tiny_model()
+    with Origin(root) as origin:
+        endpoint, commit = hub.publish(origin, "org-a/Tiny-Llama", files)
+        data = run_json(
+            agents,
+            "prewarm", "--model", "org-a/Tiny-Llama", "--endpoint", endpoint,
+            "--include", "*.json", "--include", "*.safetensors", "--name", "tiny-llama",
+            "--max-unavailable", "2", "--max-failures", "0",
+        )  # fmt: skip
+        resolved = {r.path for r in origin.requests if "/resolve/" in r.path}
+    assert node_states(data["record"]) == dict.fromkeys("abcd", "succeeded")
+    for name in PRESETS:
+        item = hub.ready_model(agents.cache(name), "tiny-llama")
+        assert item is not None, (name, agents.cache(name))
+        assert item.size_bytes == sum(len(d) for d in files.values())
+        assert item.options["commit"] == commit
+    assert resolved == {f"/org-a/Tiny-Llama/resolve/{commit}/{p}" for p in files}
 
 
 def test_a_fleet_plan_is_applied_with_fleet_apply_and_meets_the_demand(

@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
+from agent._proto.gpuagent.v1 import cache_pb2
+from agent.api.convert import cache_item_from
+from agent.prewarm.inventory import READY_VALUE, node_labels
+from agent.prewarm.naming import label_key
 from tests.integration.prewarm_fixtures.origin import Origin
 
 LFS_SUFFIXES = (".safetensors", ".bin")
@@ -36,3 +41,27 @@ def publish(
 
 def listing_path(origin: Origin, repo: str, revision: str = "main") -> Path:
     return origin.root / "api" / "models" / repo / "revision" / revision
+
+
+def tiny_model(shards: int = 2, shard_size: int = 64 * 1024) -> dict[str, bytes]:
+    """A small repo snapshot: config, tokenizer and ``shards`` safetensors shards (LFS)."""
+    files = {"config.json": b'{"model_type": "llama"}', "tokenizer.json": b'{"version": "1.0"}'}
+    for i in range(1, shards + 1):
+        data = hashlib.sha256(f"shard{i}".encode()).digest() * (shard_size // 32)
+        files[f"model-{i:05d}-of-{shards:05d}.safetensors"] = data
+    return files
+
+
+def ready_model(items: Sequence[cache_pb2.CacheItem], name: str) -> cache_pb2.CacheItem | None:
+    """The ready model item ``name`` of a node's cache answer, if the node would label itself
+    ``gpu-agent.io/cache.<name>=ready`` for it (the label its publisher derives from it)."""
+    labels = node_labels([cache_item_from(i) for i in items])
+    for item in items:
+        if (
+            item.name == name
+            and item.kind == cache_pb2.CACHE_ITEM_KIND_GROUP
+            and item.state == cache_pb2.CACHE_ITEM_STATE_READY
+            and labels.get(label_key(name)) == READY_VALUE
+        ):
+            return item
+    return None

@@ -15,7 +15,13 @@ import click
 import grpc
 from click.testing import CliRunner
 
-from agent._proto.gpuagent.v1 import operations_pb2, operations_pb2_grpc
+from agent._proto.gpuagent.v1 import (
+    cache_pb2,
+    operations_pb2,
+    operations_pb2_grpc,
+    prewarm_pb2,
+    prewarm_pb2_grpc,
+)
 from agent.cli.coordinator import coordinator
 from agent.cli.fleet import fleet
 from agent.errors import AgentError
@@ -119,6 +125,12 @@ class AgentFleet:
             stub = operations_pb2_grpc.OperationsServiceStub(channel)
             request = operations_pb2.ListOperationsRequest(kind=kind, page_size=1000)
             return list(stub.ListOperations(request, timeout=30).operations)
+
+    def cache(self, name: str) -> list[cache_pb2.CacheItem]:
+        """The agent's ready items, as it answers ListCache (over its Unix socket)."""
+        with grpc.insecure_channel(f"unix:{self.agents[name].socket}") as channel:
+            stub = prewarm_pb2_grpc.PrewarmServiceStub(channel)
+            return list(stub.ListCache(prewarm_pb2.ListCacheRequest(), timeout=30).cache.items)
 
 
 def most_at_once(intervals: Sequence[tuple[float, float]]) -> int:

@@ -1,12 +1,16 @@
-"""`gpu-agent fleet` commands that need no agents: offline replay, and refused arguments."""
+"""`gpu-agent fleet` commands that need no agents: offline replay, and refused arguments
+(`fleet prewarm`'s source options refused before any node is contacted)."""
 
 from __future__ import annotations
 
 import csv
 import json
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from agent.cli.fleet import _plan_table, fleet
 from agent.coordinator import clusterdemand, flows
@@ -18,6 +22,7 @@ from agent.coordinator.planfile import load_plan
 from agent.coordinator.planner import plan_fleet
 from agent.coordinator.rightsize import Window
 from agent.coordinator.selector import Selector
+from agent.errors import InvalidSpec
 from agent.gpu.types import GpuLayout
 from tests.unit.coordinator.agents import invoke
 from tests.unit.coordinator.fleets import gpu, node
@@ -200,3 +205,65 @@ def test_rightsize_lists_the_pods_that_fit_smaller_and_writes_their_demand(
         fleet, ["rightsize", "--agents", "a:1", "--insecure", "--window", "1m", "--every", "0"]
     )
     assert bad.exit_code == 2 and "--every" in bad.output
+
+
+@pytest.fixture
+def listener(tmp_path: Path) -> Iterator[socket.socket]:
+    """A Unix socket that is listening but never answers: an agent address that records
+    whether anything connected."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(tmp_path / "agent.sock"))
+        sock.listen(8)
+        sock.setblocking(False)
+        yield sock
+
+
+def _connected(sock: socket.socket) -> bool:
+    try:
+        sock.accept()[0].close()
+    except BlockingIOError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        ([], "url"),
+        (["--url", "https://x/a", "--model", "org/m"], "model"),
+        (["--image", "r/app:1", "--model", "org/m"], "model"),
+        (["--url", "https://x/a", "--image", "r/app:1"], "image"),
+        (["--url", "https://x/a", "--revision", "v1"], "revision"),
+        (["--url", "https://x/a", "--include", "*.json"], "include"),
+        (["--image", "r/app:1", "--endpoint", "https://hub"], "endpoint"),
+        (["--model", "org/m", "--sha256", "0" * 64], "sha256"),
+        (["--model", "org/m", "--runtime-handler", "nydus"], "runtime_handler"),
+        (["--model", "../etc"], "model"),
+        (["--model", "org/m", "--revision", "a..b"], "revision"),
+        (["--model", "org/m", "--include", ""], "include"),
+        (["--model", "org/m", "--name", "a/b"], "name"),
+        (["--model", "org/m", "--endpoint", "ftp://hub"], "endpoint"),
+        (["--model", "org/m", "--header-file", "Authorization"], "header_files"),
+        (
+            ["--model", "org/m", "--header-file", "Authorization=token"],
+            "header_files[Authorization]",
+        ),
+        (["--image", "r/app:1", "--header-file", "Authorization=/s/t"], "header_files"),
+    ],
+)
+def test_fleet_prewarm_refuses_a_bad_combination_before_contacting_a_node(
+    args: list[str], field: str, listener: socket.socket
+) -> None:
+    """Exactly one of --url, --image, --model, with only the options of that source; the
+    refusal is InvalidSpec naming the field, and no agent is contacted."""
+    address = f"unix:{listener.getsockname()}"
+    result = CliRunner().invoke(fleet, ["prewarm", *args, "--agents", address, "--insecure"])
+    assert result.exit_code == InvalidSpec.exit_code, result.output
+    # "error: [--model: ]HEADLINE", then "  FIELD: description" per violation not in it.
+    lines = [
+        line.removeprefix("error: ").removeprefix("--model: ").strip()
+        for line in result.output.splitlines()
+    ]
+    assert result.output.startswith("error: ")
+    assert field in [line.split(": ")[0] for line in lines], result.output
+    assert not _connected(listener)

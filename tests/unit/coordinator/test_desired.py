@@ -6,7 +6,9 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from google.protobuf import json_format
 
+from agent._proto.gpuagent.v1 import prewarm_pb2
 from agent.coordinator.desired import parse_desired
 from agent.coordinator.discovery import StaticDiscovery
 from agent.coordinator.fleet import Fleet
@@ -62,6 +64,99 @@ def test_a_bad_desired_state_names_the_field(text: str, field: str) -> None:
     with pytest.raises(InvalidSpec) as caught:
         parse_desired(text)
     assert field in [v.field for v in caught.value.violations], caught.value.violations
+
+
+MODELS = """\
+version: v1
+prewarm:
+  - selector: pool=inference
+    files: [{url: "https://models.example/a.bin", name: a}]
+    models:
+      - repo: org-a/Tiny-Llama
+        revision: v1.0
+        include: ["*.json", "*.safetensors"]
+        name: tiny
+        pin: true
+        header_files: {Authorization: /var/run/secrets/hf/header}
+      - {repo: org-b/other, endpoint: "https://hub.example", name: other}
+"""
+
+
+def test_models_parse_into_model_targets_beside_files() -> None:
+    """`models:` entries become ModelTargets, sent to each node as `model` targets and
+    listed under their names (the node's ``cache.<name>`` label)."""
+    (rule,) = parse_desired(MODELS).prewarm
+    assert rule.names == ("a", "tiny", "other")
+    sent = [json_format.ParseDict(t, prewarm_pb2.PrewarmTarget()) for t in rule.targets]
+    assert [t.WhichOneof("target") for t in sent] == ["file", "model", "model"]
+    tiny = sent[1].model
+    assert (tiny.repo, tiny.revision, list(tiny.include), tiny.name, tiny.pin) == (
+        "org-a/Tiny-Llama",
+        "v1.0",
+        ["*.json", "*.safetensors"],
+        "tiny",
+        True,
+    )
+    assert dict(tiny.header_files) == {"Authorization": "/var/run/secrets/hf/header"}
+    assert (sent[2].model.endpoint, sent[2].model.revision) == ("https://hub.example", "")
+
+
+def _models(*entries: str) -> str:
+    return "version: v1\nprewarm:\n  - models:\n" + "".join(f"    - {e}\n" for e in entries)
+
+
+GOOD = "{repo: org/m, name: m}"
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        (_models(GOOD, "{name: n}"), "prewarm[0].models[1].repo"),
+        (_models(GOOD, "{repo: '', name: n}"), "prewarm[0].models[1].repo"),
+        (_models("{repo: ../../etc, name: n}"), "prewarm[0].models[0].repo"),
+        (_models("{repo: 'a/b/c', name: n}"), "prewarm[0].models[0].repo"),
+        (_models("{repo: org/m, revision: '../x', name: n}"), "prewarm[0].models[0].revision"),
+        (_models("{repo: org/m}"), "prewarm[0].models[0].name"),
+        (_models("{repo: org/m, name: 'a/b'}"), "prewarm[0].models[0].name"),
+        (_models(GOOD, "{repo: org/n, name: m}"), "prewarm[0].models[1].name"),
+        (_models("{repo: org/m, name: m, include: [''] }"), "prewarm[0].models[0].include"),
+        (
+            _models("{repo: org/m, name: m, include: %s}" % (["g"] * 65)),
+            "prewarm[0].models[0].include",
+        ),
+        (
+            _models("{repo: org/m, name: m, endpoint: 'file:///etc'}"),
+            "prewarm[0].models[0].endpoint",
+        ),
+        (
+            _models("{repo: org/m, name: m, header_files: {Authorization: token}}"),
+            "prewarm[0].models[0].header_files[Authorization]",
+        ),
+        (
+            _models("{repo: org/m, name: m, header_files: {'bad header': /x}}"),
+            "prewarm[0].models[0].header_files",
+        ),
+        (_models("{repo: org/m, name: m, sha256: abc}"), "prewarm[0].models[0]"),
+        (_models("{repo: [org/m], name: m}"), "prewarm[0].models[0]"),
+        (_models("org/m"), "prewarm[0].models[0]"),
+        ("version: v1\nprewarm: [{models: {repo: org/m}}]", "prewarm[0].models"),
+        ("version: v1\nprewarm: [{modles: []}]", "prewarm[0].modles"),
+        ("version: v1\nprewarm: [{models: []}]", "prewarm[0]"),
+    ],
+)
+def test_a_bad_model_names_its_field_and_keeps_nothing(text: str, field: str) -> None:
+    """Hostile entries are refused with the field path of the entry at fault; no rule of the
+    file is kept (the loop keeps its last good desired state)."""
+    with pytest.raises(InvalidSpec) as caught:
+        parse_desired(text)
+    assert field in [v.field for v in caught.value.violations], caught.value.violations
+
+
+def test_a_rule_with_more_targets_than_one_request_takes_is_refused() -> None:
+    many = ", ".join(f"{{repo: org/m{i}, name: m{i}}}" for i in range(1001))
+    with pytest.raises(InvalidSpec) as caught:
+        parse_desired(f"version: v1\nprewarm: [{{models: [{many}]}}]")
+    assert [v.field for v in caught.value.violations] == ["prewarm[0].models"]
 
 
 async def _serve_without_agents(tmp_path: Path) -> None:
