@@ -1,6 +1,6 @@
 """Prewarm file throughput vs curl + sha256sum, same file, same local origin, same run.
 
-    .venv/bin/python bench/prewarm_throughput.py [--size-mib 2048] [--runs 3]
+    .venv/bin/python bench/prewarm_throughput.py [--size-mib 2048] [--runs 3] [--rate-mib N]
 
 Serves a file from a local HTTP origin (a real socket, sendfile), then per run:
 curl -o (download only), sha256sum of curl's file, and `PrewarmService` (download + sha256
@@ -10,6 +10,8 @@ is prewarm >= 0.9x curl's throughput. Caches are dropped between tools only by u
 curl leaves its bytes in the page cache; the prewarm fsyncs before the rename so a final path
 never holds bytes a power loss could lose. The "curl, then fsync" row times the same durability
 for curl's file, so the table shows where the disk, not the code, sets the limit.
+``--rate-mib`` paces the origin (MiB/s) as a network link would; 0, the default, is loopback
+with sendfile, faster than most disks can write back.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size-mib", type=int, default=2048)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--rate-mib", type=int, default=0, help="origin pace; 0: unpaced")
     args = parser.parse_args()
     size = args.size_mib * MIB
     curl = shutil.which("curl")
@@ -83,6 +86,8 @@ def main() -> None:
         }
         with Origin(work / "origin") as origin:
             url = origin.url("model.bin")
+            if args.rate_mib:
+                origin.faults.rate_bps["/model.bin"] = args.rate_mib * MIB
             for run in range(args.runs):
                 out = work / f"curl-{run}.bin"
                 t_curl = timed(
@@ -112,7 +117,8 @@ def main() -> None:
     base = statistics.median(results["curl"])
     print(
         f"Command: `.venv/bin/python bench/prewarm_throughput.py --size-mib {args.size_mib} "
-        f"--runs {args.runs}` ({os.cpu_count()} CPUs, origin on 127.0.0.1)\n"
+        f"--runs {args.runs} --rate-mib {args.rate_mib}` ({os.cpu_count()} CPUs, origin on "
+        f"127.0.0.1, {f'paced at {args.rate_mib} MiB/s' if args.rate_mib else 'unpaced'})\n"
     )
     print("| tool | median s | MiB/s | vs curl |")
     print("|---|---:|---:|---:|")

@@ -19,7 +19,6 @@ that no process on the node holds open or mapped (agent.prewarm.inuse).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import hashlib
 import json
@@ -44,31 +43,45 @@ log = logging.getLogger(__name__)
 
 _CHUNK = 4 * 1024 * 1024
 _HASH_BACKLOG = 32  # chunks queued for the hasher thread before the writer waits
-_WRITEBACK_BYTES = 32 * 1024 * 1024
+_FLUSH_BYTES = 64 * 1024 * 1024
 
 
-def _load_sync_file_range() -> Callable[[int, int, int], None]:
-    """Linux sync_file_range(SYNC_FILE_RANGE_WRITE): start writeback without waiting for it.
+class _Flusher:
+    """fdatasync on its own thread every ``_FLUSH_BYTES`` of a fetch, so the disk writes while the
+    network reads and the fsync before the rename finds almost nothing left.
 
-    Starting writeback as bytes arrive lets the disk work while the network does, so the fsync
-    before the rename finds little left to flush (it took 1.7 s of a 3 s 1 GiB fetch without).
-    Elsewhere it is a no-op and fsync does all the work.
+    Measured on this project's VM (BENCHMARKS.md, prewarm vs curl): sync_file_range only starts
+    writeback into the host's cache, and the final fsync of 2 GiB still took 0.65 s; a flush per
+    64 MiB on a side thread took it under 0.1 s without slowing the writes (256 MiB did as well
+    for one big file, but left a model's 128 MiB shards one whole flush each at the end). One
+    flush at a time: a request while one runs is folded into the next.
     """
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return lambda fd, offset, length: None
-    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-    fn.restype = ctypes.c_int
-    write_flag = 2  # SYNC_FILE_RANGE_WRITE
 
-    def start_writeback(fd: int, offset: int, length: int) -> None:
-        fn(fd, offset, length, write_flag)  # advisory: a failure only leaves work for fsync
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="prewarm-flush")
+        self._running: Future[None] | None = None
+        self._flushed_at = 0
 
-    return start_writeback
+    def wrote(self, offset: int) -> None:
+        """``offset`` bytes are written; flush if a step has passed and none runs."""
+        if offset - self._flushed_at < _FLUSH_BYTES:
+            return
+        if self._running is not None and not self._running.done():
+            return
+        self._flushed_at = offset
+        self._running = self._pool.submit(self._flush)
 
+    def _flush(self) -> None:
+        with contextlib.suppress(OSError):  # advisory: the final fsync reports what is wrong
+            os.fdatasync(self._fd)
 
-_start_writeback = _load_sync_file_range()
+    def reset(self, offset: int) -> None:
+        self._flushed_at = offset
+
+    def close(self) -> None:
+        """Wait for the flush in flight (the caller fsyncs or closes the file next)."""
+        self._pool.shutdown(wait=True)
 
 
 class _Hasher:
@@ -122,7 +135,8 @@ class Partial:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         self._file = os.fdopen(fd, "r+b", buffering=0)
         self.offset = self._rehash()
-        self._written_back = self.offset
+        self._flusher = _Flusher(self._file.fileno())
+        self._flusher.reset(self.offset)
 
     def _rehash(self) -> int:
         # hashlib state cannot be saved, so a resumed fetch re-reads what it already has: a
@@ -160,7 +174,7 @@ class Partial:
         self._hash = _Hasher()
         self._sequential = True
         self.offset = 0
-        self._written_back = 0
+        self._flusher.reset(0)
 
     def write(self, data: bytes | memoryview) -> None:
         """Append; raises when the bytes would pass the admitted size or the disk is full."""
@@ -172,11 +186,7 @@ class Partial:
         self._write(chunk, self.offset)
         self._hash.update(chunk)
         self.offset += len(chunk)
-        if self.offset - self._written_back >= _WRITEBACK_BYTES:
-            _start_writeback(
-                self._file.fileno(), self._written_back, self.offset - self._written_back
-            )
-            self._written_back = self.offset
+        self._flusher.wrote(self.offset)
 
     def write_at(self, offset: int, data: bytes | memoryview) -> None:
         """Write a piece at its offset (pieces from a P2P peer arrive in any order)."""
@@ -185,6 +195,7 @@ class Partial:
         self._write(data, offset)
         self._sequential = False
         self.offset = max(self.offset, offset + len(data))
+        self._flusher.wrote(self.offset)
 
     def _write(self, data: bytes | memoryview, offset: int) -> None:
         try:
@@ -211,6 +222,7 @@ class Partial:
         if not stat.S_ISREG(info.st_mode):
             raise FetchFailed(f"dfdaemon left something other than a file at {self.link_path}")
         self._hash.close()
+        self._flusher.close()  # before its file descriptor is closed (and its number reused)
         self._file.close()
         os.replace(self.link_path, self.path)
         fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -218,7 +230,8 @@ class Partial:
         self._hash = _Hasher()
         self._sequential = True
         self.offset = self._rehash()
-        self._written_back = self.offset
+        self._flusher = _Flusher(self._file.fileno())
+        self._flusher.reset(self.offset)
 
     def sha256(self) -> str:
         if not self._sequential:
@@ -229,10 +242,13 @@ class Partial:
         return self._hash.hexdigest()
 
     def sync(self) -> None:
+        self._flusher.close()  # the flush in flight first: fsync then finds little left
+        self._flusher = _Flusher(self._file.fileno())
         os.fsync(self._file.fileno())
 
     def close(self) -> None:
         self._hash.close()
+        self._flusher.close()  # before its file descriptor is closed (and its number reused)
         self._file.close()
 
 
