@@ -298,6 +298,11 @@ class ReloadingTls:
         sock.context = self._current
 
 
+def _cost(hashed: bytes) -> int:
+    """The work factor of a bcrypt hash (``$2y$12$...`` is 12); load_web_config checked the form."""
+    return min(max(int(hashed.split(b"$")[2]), 4), 31)  # what gensalt accepts
+
+
 class MetricsGuard:
     """Refuses /metrics without the credentials the web config asks for: a verified client
     certificate (RequireAndVerifyClientCert) and the basic auth password.
@@ -311,6 +316,13 @@ class MetricsGuard:
 
     def __init__(self, config: WebConfig) -> None:
         self._users = dict(config.users)
+        # An unknown user is checked against this, at the configured cost, so the answer takes
+        # as long as a wrong password's and its speed does not tell which user names exist.
+        self._stand_in = (
+            bcrypt.hashpw(b"", bcrypt.gensalt(max(_cost(h) for h in self._users.values())))
+            if self._users
+            else b""
+        )
         self._needs_cert = config.tls is not None and config.tls.requires_client_cert
         self._checks = asyncio.Semaphore(2)
         self._good: OrderedDict[bytes, None] = OrderedDict()
@@ -336,15 +348,18 @@ class MetricsGuard:
             user, colon, password = base64.b64decode(encoded, validate=True).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
             return False
-        hashed = self._users.get(user)
-        if not colon or hashed is None:
+        if not colon:
             return False
+        known = self._users.get(user)
+        hashed = self._stand_in if known is None else known
         key = hashlib.sha256(b"\0".join((user.encode(), password.encode(), hashed))).digest()
         if key in self._good:
             self._good.move_to_end(key)
             return True
         async with self._checks:
             ok = await asyncio.to_thread(bcrypt.checkpw, password.encode(), hashed)
+        if known is None:
+            return False  # the stand-in's password is "", which must not let anyone in
         if ok:
             self._good[key] = None
             if len(self._good) > self._REMEMBER:

@@ -184,3 +184,35 @@ def test_rotated_certificate_files_are_used_by_new_connections(tmp_path: Path) -
             staged.replace(served_dir / name)
         assert wait_for(lambda: answers(new), "the rotated certificate", 15)
         assert not answers(old)
+
+
+def test_an_unknown_user_costs_one_bcrypt_check_like_a_wrong_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Answering an unknown user at once would tell an attacker which user names exist: the
+    guard runs the same bcrypt check (at the configured cost) for it, and still refuses it,
+    also with the stand-in hash's own empty password."""
+    import asyncio
+
+    config = load_web_config(_write(tmp_path, f"basic_auth_users: {{prometheus: '{HASH}'}}\n"))
+    guard = MetricsGuard(config)
+    checked: list[bytes] = []
+    real = bcrypt.checkpw
+
+    def counting(password: bytes, hashed: bytes) -> bool:
+        checked.append(hashed[:7])
+        return real(password, hashed)
+
+    monkeypatch.setattr(bcrypt, "checkpw", counting)
+
+    def answer(credentials: bytes) -> int:
+        header = "Basic " + base64.b64encode(credentials).decode()
+        request = Request("GET", "/metrics", {"authorization": header})
+        refused = asyncio.run(guard.refuse(request))
+        return 200 if refused is None else refused.status
+
+    assert answer(b"prometheus:guess") == 401
+    assert answer(b"nobody:guess") == 401
+    assert answer(b"nobody:") == 401
+    assert answer(b"prometheus:s3cret") == 200
+    assert checked == [HASH[:7].encode()] * 4  # every answer paid one check at cost 04
