@@ -611,6 +611,22 @@ def _capacity_problem(shapes: Sequence[Shape], layout: GpuLayout) -> Infeasibili
             media[1],
             fits_instead=_fitting_counts(shapes),
         )
+    # At most one +me.all by now (it is a +me profile too); everything beside it must be -me.
+    every_engine = [s.profile.name for s in shapes if _takes_every_engine(s.profile)]
+    beside = sorted(
+        {
+            s.profile.name
+            for s in shapes
+            if not _takes_every_engine(s.profile) and not _has_no_engine(s.profile)
+        }
+    )
+    if every_engine and beside:
+        return Infeasibility(
+            f"a {every_engine[0]} instance takes every media engine, so only -me instances may "
+            f"share its GPU; requested beside it: {', '.join(beside)}",
+            every_engine[0],
+            fits_instead=_fitting_counts(shapes),
+        )
     used = sum(s.profile.memory_slices for s in shapes)
     width = layout.total_memory_slices
     if used > width:
@@ -626,14 +642,29 @@ def _is_media(profile: GiProfile) -> bool:
     return "+me" in profile.name
 
 
+def _takes_every_engine(profile: GiProfile) -> bool:
+    """``+me.all``: nvml.h's _ALL_ME profiles, which block every profile but the -me ones."""
+    return profile.name.endswith("+me.all")
+
+
+def _has_no_engine(profile: GiProfile) -> bool:
+    return profile.name.endswith("-me")
+
+
 def _within_limits(shapes: Sequence[Shape]) -> list[Shape]:
-    """``shapes`` cut to each profile's max count and to one +me instance (§1.4)."""
+    """``shapes`` cut to each profile's max count, to one +me instance and to a +me.all instance
+    only beside -me ones (§1.2, §1.4)."""
     out: list[Shape] = []
     for s in shapes:
         same = sum(o.profile == s.profile for o in out)
         media = sum(_is_media(o.profile) for o in out)
-        if same < s.profile.instance_count and not (_is_media(s.profile) and media):
-            out.append(s)
+        if same >= s.profile.instance_count or (_is_media(s.profile) and media):
+            continue
+        if _takes_every_engine(s.profile) and any(not _has_no_engine(o.profile) for o in out):
+            continue
+        if any(_takes_every_engine(o.profile) for o in out) and not _has_no_engine(s.profile):
+            continue
+        out.append(s)
     return out
 
 

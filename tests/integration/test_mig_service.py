@@ -123,6 +123,27 @@ def test_profile_names_resolve_per_board(tmp_path: Path) -> None:
     mixed.close()
 
 
+def test_an_all_media_engine_layout_is_planned_as_the_driver_allows_it(tmp_path: Path) -> None:
+    """RTX PRO 6000: +me.all beside non -me instances is refused before any change (the
+    simulated driver, like nvml.h, would refuse the create midway); beside -me it applies."""
+    rtx = sim_node(tmp_path, "rtx-pro-6000")
+    try:
+        configs = parse_spec(
+            "version: v1\nmig-configs:\n"
+            "  mixed: [{devices: [0], mig-enabled: true, "
+            "mig-devices: {1g.24gb+me.all: 1, 1g.24gb: 2}}]\n"
+            "  media: [{devices: [0], mig-enabled: true, "
+            "mig-devices: {1g.24gb+me.all: 1, 1g.24gb-me: 3}}]\n"
+        )
+        with pytest.raises(Conflict, match=r"only -me instances may share its GPU"):
+            rtx.service.apply(configs, "mixed")
+        assert not any(s.mig_enabled for s in rtx.states().values())
+        result = rtx.service.apply(configs, "media")
+        assert [(g.gpu, g.status, g.created) for g in result.gpus] == [(0, "applied", 4)]
+    finally:
+        rtx.close()
+
+
 def test_skip_reset_leaves_the_mode_pending_with_a_clear_message(node: SimNode) -> None:
     node.control.add_holder(0, "nv-hostengine")
     result = node.service.apply(CONFIGS, "seven", skip_reset=True)

@@ -21,6 +21,12 @@ def within_limits(shapes: Sequence[Shape], width: int) -> bool:
         return False
     if sum(n for p, n in per_profile.items() if "+me" in p.name) > 1:
         return False
+    # nvml.h: an _ALL_ME instance blocks every profile but the _NO_ME ones.
+    names = [p.name for p, _ in shapes]
+    if any(n.endswith("+me.all") for n in names) and not all(
+        n.endswith(("+me.all", "-me")) for n in names
+    ):
+        return False
     return sum(p.memory_slices for p, _ in shapes) <= width
 
 

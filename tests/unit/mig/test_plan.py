@@ -287,6 +287,19 @@ def test_only_one_media_extension_instance_per_gpu() -> None:
     assert plan.status == "infeasible" and "only one +me" in plan.infeasible.reason  # type: ignore[union-attr]
 
 
+def test_an_all_media_engine_instance_shares_its_gpu_only_with_no_engine_ones() -> None:
+    """nvml.h: a +me.all instance blocks every profile but the -me ones. The planner refused
+    nothing and the driver (the simulator, as nvml.h says) refused the apply midway."""
+    gpu = "RTX-PRO-6000-96GB"
+    plan = plan_gpu(make_layout(gpu), Desired(True, (("1g.24gb+me.all", 1), ("1g.24gb", 2))))
+    why = plan.infeasible
+    assert plan.status == "infeasible" and why is not None and why.profile == "1g.24gb+me.all"
+    assert "only -me instances may share its GPU; requested beside it: 1g.24gb" in why.reason
+    assert dict(why.fits_instead) == {"1g.24gb": 2}
+    fine = plan_gpu(make_layout(gpu), Desired(True, (("1g.24gb+me.all", 1), ("1g.24gb-me", 3))))
+    assert fine.status == "change", fine.infeasible
+
+
 def test_a_collision_says_which_slices_collide_and_what_fits() -> None:
     plan = plan_gpu(make_layout(A100), Desired(True, (("4g.20gb", 1), ("2g.10gb", 2))))
     why = plan.infeasible
