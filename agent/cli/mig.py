@@ -271,7 +271,7 @@ def apply_command(
         op = client.apply_mig(
             text, selected or "", force=force, mode_only=only_mode, skip_reset=skip_reset
         )
-        return _follow(client, op)
+        return _follow(client, op, obj.embedded)
 
     def applied_now(only_mode: bool) -> bool:
         return check_layouts(spec, selected, _layouts(obj), mode_only=only_mode).applied
@@ -326,8 +326,10 @@ def _step_line(phase: str, mutation: int, message: str) -> str:
     return message if phase == "done" else f"[{mutation}] {phase}: {message}"
 
 
-def _follow(client: AgentClient, op: operations_pb2.Operation) -> _Applied:
-    """Follow a ``mig.apply`` operation (an apply or a restore) to its end, one line per step."""
+def _follow(client: AgentClient, op: operations_pb2.Operation, embedded: bool) -> _Applied:
+    """Follow a ``mig.apply`` operation (an apply or a restore) to its end, one line per step.
+    Ctrl-C detaches from a running agent's operation, which goes on; an embedded agent stops
+    with the command, as ``serve`` stops (an apply is suspended, a restore rolled back)."""
     from google.protobuf.json_format import MessageToDict
 
     click.echo(f"reconfiguring through the node's agent: {op.name}", err=True)
@@ -341,7 +343,14 @@ def _follow(client: AgentClient, op: operations_pb2.Operation) -> _Applied:
             printed.add(key)
             click.echo(_step_line(meta.phase, meta.steps_done, meta.current_step), err=True)
 
-    done = client.follow(op, progress)
+    try:
+        done = client.follow(op, progress)
+    except KeyboardInterrupt:
+        if embedded:
+            click.echo(f"interrupted: {op.name} stops with this command's agent", err=True)
+        else:
+            click.echo(f"detached from {op.name}; the node's agent carries on with it", err=True)
+        raise SystemExit(130) from None
     result = done.response.mig_apply
     data = MessageToDict(
         result, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
@@ -562,7 +571,7 @@ def restore_command(
     client = obj.agent()  # the node's agent restores it, as an operation (one path)
 
     def run(only_mode: bool) -> _Applied:
-        return _follow(client, client.restore_mig(text, mode_only=only_mode))
+        return _follow(client, client.restore_mig(text, mode_only=only_mode), obj.embedded)
 
     def holds(only_mode: bool) -> bool:
         return checkpoint_holds(states, _layouts(obj), mode_only=only_mode)

@@ -299,3 +299,43 @@ def test_no_cli_module_opens_the_database_or_nvml() -> None:
                     if (node.module, a.name) in forbidden_names
                 ]
     assert found == []
+
+
+def test_ctrl_c_detaches_from_the_running_agents_apply_which_goes_on(tmp_path: Path) -> None:
+    """Ctrl-C while `mig apply` follows the running agent's operation leaves it to the agent
+    (exit 130, naming the operation); the agent finishes the apply."""
+    from agent._proto.gpuagent.v1 import operations_pb2
+    from agent.client import AgentClient
+
+    mig_file = tmp_path / "mig.yaml"
+    mig_file.write_text(
+        "version: v1\nmig-configs:\n  all-1g:\n    - devices: all\n      mig-enabled: true\n"
+        "      mig-devices: {1g.10gb: 7}\n"
+    )
+    agent, config = _agent_with_origin(tmp_path)
+    try:
+        proc = _start_cli(
+            agent.state_dir, config, "mig", "apply", "-f", str(mig_file), "-c", "all-1g"
+        )
+        try:
+            assert proc.stderr is not None
+            while "] apply: " not in (line := proc.stderr.readline()):
+                assert line, f"the apply ended before any step: {proc.communicate()}"
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 130, err
+        assert "detached from operations/" in err and "the node's agent carries on" in err
+        client = AgentClient(agent.socket)
+        try:
+            (op,) = client.list_operations("mig.apply")
+            done = client.follow(op, lambda _: None)
+            assert done.state == operations_pb2.OPERATION_STATE_SUCCEEDED
+        finally:
+            client.close()
+        check = cli(agent.state_dir, config, "mig", "assert", "-f", str(mig_file), "-c", "all-1g")
+        assert check.returncode == 0, check.stdout + check.stderr
+    finally:
+        agent.stop()
