@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 import yaml
+from google.protobuf.message import Message
 
 from agent._proto.gpuagent.v1 import mig_pb2, mig_pb2_grpc, operations_pb2
 from agent.api.convert import message_dict, operation_name, operation_pb
@@ -174,6 +175,15 @@ class _Reconfigure:
         self._gpus_done = 0
         self._lock = threading.Lock()
 
+    def pending(self) -> operations_pb2.MigApplyProgress:
+        """The progress it starts with, before the first step."""
+        return operations_pb2.MigApplyProgress(
+            config_name=self._config,
+            phase="pending",
+            gpus_total=self._gpus_total,
+            steps_total=self._steps_total,
+        )
+
     def __call__(self, ctx: OperationContext) -> operations_pb2.OperationResponse:
         def progress(event: ProgressEvent) -> None:
             with self._lock:
@@ -259,41 +269,25 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
             self._service.plan, spec, name, force=request.force, mode_only=request.mode_only
         )
         refuse_unless_feasible(plan)
-        try:
-            op = await self._runner.start(
-                MIG_APPLY,
-                request.request_id,
-                request,
-                _Reconfigure(
-                    lambda progress, operation: self._service.apply(
-                        spec,
-                        name,
-                        force=request.force,
-                        mode_only=request.mode_only,
-                        skip_reset=request.skip_reset,
-                        progress=progress,
-                        operation=operation,
-                    ),
-                    plan.config,
-                    len(plan.changes),
-                    sum(len(p.steps) for p in plan.changes),
-                    suspend=True,
-                    settle=self._settle,
-                ),
-                metadata=operations_pb2.OperationMetadata(
-                    mig_apply=operations_pb2.MigApplyProgress(
-                        config_name=plan.config,
-                        phase="pending",
-                        gpus_total=len(plan.changes),
-                        steps_total=sum(len(p.steps) for p in plan.changes),
-                    )
-                ),
-                exclusive=True,
-            )
-        except AlreadyRunning as exc:
-            raise _busy(exc.running.id, [exc.running.id]) from None
-        self._changed()
-        return mig_pb2.ApplyMigResponse(operation=operation_pb(op))
+        work = _Reconfigure(
+            lambda progress, operation: self._service.apply(
+                spec,
+                name,
+                force=request.force,
+                mode_only=request.mode_only,
+                skip_reset=request.skip_reset,
+                progress=progress,
+                operation=operation,
+            ),
+            plan.config,
+            len(plan.changes),
+            sum(len(p.steps) for p in plan.changes),
+            suspend=True,
+            settle=self._settle,
+        )
+        return mig_pb2.ApplyMigResponse(
+            operation=await self._start(request.request_id, request, work)
+        )
 
     async def AssertMig(
         self, request: mig_pb2.AssertMigRequest, context: grpc.aio.ServicerContext
@@ -335,32 +329,38 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
             )
             if not same
         ]
+        work = _Reconfigure(
+            lambda progress, _operation: self._service.restore_checkpoint(
+                states, mode_only=request.mode_only, progress=progress
+            ),
+            _CHECKPOINT,
+            len(changing),
+            0,  # counted as they come: a restore's steps are planned under the lock
+            suspend=False,
+            settle=self._settle,
+        )
+        return mig_pb2.RestoreMigResponse(
+            operation=await self._start(request.request_id, request, work)
+        )
+
+    async def _start(
+        self, request_id: str, request: Message, work: _Reconfigure
+    ) -> operations_pb2.Operation:
+        """The ``mig.apply`` operation doing ``work``; the store's exclusive insert lets one
+        reconfiguration exist at a time (a retry of it, same request id, gets it back)."""
         try:
             op = await self._runner.start(
                 MIG_APPLY,
-                request.request_id,
+                request_id,
                 request,
-                _Reconfigure(
-                    lambda progress, _operation: self._service.restore_checkpoint(
-                        states, mode_only=request.mode_only, progress=progress
-                    ),
-                    _CHECKPOINT,
-                    len(changing),
-                    0,  # counted as they come: a restore's steps are planned under the lock
-                    suspend=False,
-                    settle=self._settle,
-                ),
-                metadata=operations_pb2.OperationMetadata(
-                    mig_apply=operations_pb2.MigApplyProgress(
-                        config_name=_CHECKPOINT, phase="pending", gpus_total=len(changing)
-                    )
-                ),
+                work,
+                metadata=operations_pb2.OperationMetadata(mig_apply=work.pending()),
                 exclusive=True,
             )
         except AlreadyRunning as exc:
             raise _busy(exc.running.id, [exc.running.id]) from None
         self._changed()
-        return mig_pb2.RestoreMigResponse(operation=operation_pb(op))
+        return operation_pb(op)
 
     async def _refuse_while_running(self, request_id: str) -> None:
         """One reconfiguration at a time. This look answers at once, before planning; the
