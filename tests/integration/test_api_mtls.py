@@ -238,6 +238,25 @@ def every_rpc(channel: grpc.Channel, origin: Origin, tag: str) -> dict[str, grpc
     )
     record(P + "MigService/ExportMig", lambda: mig.ExportMig(mig_pb2.ExportMigRequest(), timeout=t))
     record(
+        P + "TelemetryService/GetMetrics",
+        lambda: telemetry.GetMetrics(telemetry_pb2.GetMetricsRequest(), timeout=t),
+    )
+
+    def one_reconfiguration_at_a_time() -> None:  # an earlier pass's apply may still run
+        running = ops.ListOperations(
+            operations_pb2.ListOperationsRequest(kind="mig.apply", done=False), timeout=t
+        ).operations
+        for op in running:
+            ops.WaitOperation(operations_pb2.WaitOperationRequest(name=op.name), timeout=t)
+
+    one_reconfiguration_at_a_time()
+    nothing = b'{"Version": "v1", "MigState": {"Devices": []}}'  # a checkpoint of no GPU
+    record(
+        P + "MigService/RestoreMig",
+        lambda: mig.RestoreMig(mig_pb2.RestoreMigRequest(checkpoint=nothing), timeout=t),
+    )
+    one_reconfiguration_at_a_time()
+    record(
         P + "MigService/ApplyMig",
         lambda: mig.ApplyMig(
             mig_pb2.ApplyMigRequest(config_yaml=MIG_CONFIG, config_name="all-disabled"), timeout=t

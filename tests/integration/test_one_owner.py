@@ -22,6 +22,12 @@ from tests.unit.api.support import REPO, AgentProcess, agent_config, wait_for
 pytestmark = pytest.mark.integration
 
 
+def _interruptible() -> None:
+    # A shell starts background jobs (a CI runner's, say) with SIGINT ignored, which every child
+    # inherits and Python then leaves alone: the command gets SIGINT as from a terminal.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_cli(state_dir: Path, config: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
@@ -40,6 +46,7 @@ def _start_cli(state_dir: Path, config: Path, *args: str) -> subprocess.Popen[st
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_interruptible,
     )
 
 
