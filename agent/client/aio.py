@@ -98,24 +98,6 @@ class AsyncAgentClient(Stubs):
         response: mig_pb2.ApplyMigResponse = await self._call(self._mig.ApplyMig, request)
         return response.operation
 
-    async def restore_mig(
-        self, checkpoint: bytes, *, mode_only: bool = False, request_id: str = ""
-    ) -> operations_pb2.Operation:
-        request = mig_pb2.RestoreMigRequest(
-            checkpoint=checkpoint, mode_only=mode_only, request_id=request_id
-        )
-        response: mig_pb2.RestoreMigResponse = await self._call(self._mig.RestoreMig, request)
-        return response.operation
-
-    async def metrics(
-        self, *, openmetrics: bool = False, fresh: bool = False
-    ) -> telemetry_pb2.GetMetricsResponse:
-        request = telemetry_pb2.GetMetricsRequest(openmetrics=openmetrics)
-        response: telemetry_pb2.GetMetricsResponse = await self._call(
-            self._telemetry.GetMetrics, request
-        )
-        return response
-
     async def get_sharing(self) -> sharing_pb2.GetSharingResponse:
         response: sharing_pb2.GetSharingResponse = await self._call(
             self._sharing.GetSharing, sharing_pb2.GetSharingRequest()

@@ -154,10 +154,6 @@ class AgentClient(Stubs):
         )
         return self._call(self._mig.ApplyMig, request).operation
 
-    def assert_mig(self, config_yaml: str, config_name: str = "") -> mig_pb2.AssertMigResponse:
-        request = mig_pb2.AssertMigRequest(config_yaml=config_yaml, config_name=config_name)
-        return self._call(self._mig.AssertMig, request)
-
     def export_mig(self, config_name: str = "current") -> str:
         request = mig_pb2.ExportMigRequest(config_name=config_name)
         return self._call(self._mig.ExportMig, request).config_yaml

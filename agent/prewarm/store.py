@@ -79,6 +79,11 @@ class _Flusher:
     def reset(self, offset: int) -> None:
         self._flushed_at = offset
 
+    def wait(self) -> None:
+        """Until the flush in flight, if any, has ended."""
+        if self._running is not None:
+            self._running.result()
+
     def close(self) -> None:
         """Wait for the flush in flight (the caller fsyncs or closes the file next)."""
         self._pool.shutdown(wait=True)
@@ -242,8 +247,7 @@ class Partial:
         return self._hash.hexdigest()
 
     def sync(self) -> None:
-        self._flusher.close()  # the flush in flight first: fsync then finds little left
-        self._flusher = _Flusher(self._file.fileno())
+        self._flusher.wait()  # the flush in flight first: fsync then finds little left
         os.fsync(self._file.fileno())
 
     def close(self) -> None:
