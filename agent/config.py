@@ -36,6 +36,7 @@ __all__ = [
     "CONFIG_ENV",
     "ENV_PREFIX",
     "AgentConfig",
+    "ApiSettings",
     "MigSettings",
     "OperationsSettings",
     "PrewarmSettings",
@@ -475,6 +476,63 @@ class OperationsSettings:
     )
 
 
+@dataclass(frozen=True)
+class ApiSettings:
+    """Each caller's share of the gRPC API, so that no caller can starve another door.
+
+    A caller is one mTLS identity (its certificate's URI and DNS SANs), the plaintext loopback
+    listener as a whole, or the Unix socket. The Unix socket and identities holding the admin
+    role (the coordinator) are the reserved share: they are never counted against a door's
+    limit, and their streams are never cut."""
+
+    max_calls_per_caller: int = field(
+        default=64,
+        metadata=_rules(
+            ge=1,
+            le=100_000,
+            doc="Calls (unary and streams) one caller outside the reserved share may have in "
+            "flight; more get RESOURCE_EXHAUSTED at once instead of queueing.",
+        ),
+    )
+    max_streams_per_caller: int = field(
+        default=16,
+        metadata=_rules(
+            ge=1,
+            le=100_000,
+            doc="Of those, streams (WatchEvents, WatchOperation, health Watch, reflection) one "
+            "caller outside the reserved share may hold open.",
+        ),
+    )
+    max_calls_per_door: int = field(
+        default=256,
+        metadata=_rules(
+            ge=1,
+            le=100_000,
+            doc="Calls in flight of all callers outside the reserved share on one door (the "
+            "mTLS port; the loopback listener), so many read identities together still leave "
+            "the rest served.",
+        ),
+    )
+    reserved_calls: int = field(
+        default=256,
+        metadata=_rules(
+            ge=1,
+            le=100_000,
+            doc="Calls each caller of the reserved share (the Unix socket; each admin identity) "
+            "may have in flight, whatever other callers hold.",
+        ),
+    )
+    stream_max_s: float = field(
+        default=3600.0,
+        metadata=_rules(
+            ge=1,
+            doc="Seconds a stream of a caller outside the reserved share may stay open; then it "
+            "ends with UNAVAILABLE and the client watches again (the agent's clients do), so a "
+            "stream nobody reads does not hold its slot for ever.",
+        ),
+    )
+
+
 _URI_SAN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s]+")
 _DNS_SAN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?")
 
@@ -656,7 +714,19 @@ class AgentConfig:
     socket_path: Path = field(
         default=Path("/run/gpu-agent/agent.sock"),
         metadata=_rules(
-            doc="Unix socket of the gRPC API for the local CLI (mode 0600: root on the node)."
+            doc="Unix socket of the gRPC API for the local CLI (mode 0600: root on the node). "
+            "Its directory is created 0700 when missing; the agent refuses to serve from a "
+            "directory that another user owns or that group or others may write.",
+        ),
+    )
+    handshake_timeout_s: float = field(
+        default=10.0,
+        metadata=_rules(
+            gt=0,
+            le=120,
+            doc="Seconds a new connection to the mTLS gRPC port or the TLS metrics port may take "
+            "to finish its TLS handshake; then it is closed, so connections that never finish "
+            "one cannot pile up.",
         ),
     )
     mig: MigSettings = field(
@@ -677,6 +747,10 @@ class AgentConfig:
     roles: RoleSettings = field(
         default_factory=RoleSettings,
         metadata=_rules(doc="Roles of mTLS client identities on the gRPC API."),
+    )
+    api: ApiSettings = field(
+        default_factory=ApiSettings,
+        metadata=_rules(doc="Each caller's share of the gRPC API: calls, streams, lifetimes."),
     )
     operations: OperationsSettings = field(
         default_factory=OperationsSettings,

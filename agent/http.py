@@ -5,6 +5,7 @@ dependency in the image for that. The request loop follows RFC 9112 where it mat
 
 * a request head is at most 16 KiB and 100 header lines (431 past them), and the next request
   must arrive within 10 s (the connection is closed then), so a slow client cannot hold the loop;
+  over TLS, the handshake must finish within ``handshake_timeout_s`` (10 s unless configured);
 * a body announced by Content-Length is read and dropped, up to 64 KiB (413 past it), so it is
   never parsed as a second request; Transfer-Encoding is refused (501) and the connection closed,
   since its end cannot be found without decoding it;
@@ -35,6 +36,7 @@ _MAX_HEADER_BYTES = 16 * 1024
 _MAX_HEADERS = 100
 _MAX_BODY_BYTES = 64 * 1024
 _READ_TIMEOUT_S = 10.0
+_HANDSHAKE_TIMEOUT_S = 10.0
 _GZIP_MIN_BYTES = 1024
 _REASONS = {
     200: "OK",
@@ -119,11 +121,13 @@ class HttpServer:
         routes: Mapping[str, Handler],
         *,
         tls: ssl.SSLContext | None = None,
+        handshake_timeout_s: float = _HANDSHAKE_TIMEOUT_S,
         guard: Guard | None = None,
         protected: Collection[str] = (),
     ) -> None:
         self._routes = dict(routes)
         self._tls = tls
+        self._handshake_timeout_s = handshake_timeout_s
         self._guard = guard
         self._protected = frozenset(protected)
         self._server: asyncio.Server | None = None
@@ -132,7 +136,13 @@ class HttpServer:
 
     async def start(self, host: str, port: int) -> int:
         self._server = await asyncio.start_server(
-            self._serve, host, port, ssl=self._tls, limit=_MAX_HEADER_BYTES
+            self._serve,
+            host,
+            port,
+            ssl=self._tls,
+            # asyncio's default is 60 s; a client that never finishes one is closed sooner.
+            ssl_handshake_timeout=self._handshake_timeout_s if self._tls is not None else None,
+            limit=_MAX_HEADER_BYTES,
         )
         return int(self._server.sockets[0].getsockname()[1])
 

@@ -210,7 +210,11 @@ class Node:
             "/metrics": services.telemetry.exporter.handle,
         }
         web = services.config.metrics_web_config
-        self.http = _metrics_server(routes, load_web_config(web) if web is not None else None)
+        self.http = _metrics_server(
+            routes,
+            load_web_config(web) if web is not None else None,
+            services.config.handshake_timeout_s,
+        )
         self.metrics_port: int | None = None
         self.ports: Ports | None = None
 
@@ -456,12 +460,20 @@ def _log_stuck(current: asyncio.Task[Any] | None) -> None:
         log.error("still running at shutdown: thread %s in %s", thread.name, where or "?")
 
 
-def _metrics_server(routes: Mapping[str, Handler], web: WebConfig | None) -> HttpServer:
+def _metrics_server(
+    routes: Mapping[str, Handler], web: WebConfig | None, handshake_timeout_s: float
+) -> HttpServer:
     """/metrics behind the web config's TLS, client certificates and basic auth, when set."""
     if web is None:
         return HttpServer(routes)
     tls = ReloadingTls(web.tls).context if web.tls is not None else None
-    return HttpServer(routes, tls=tls, guard=MetricsGuard(web), protected={"/metrics"})
+    return HttpServer(
+        routes,
+        tls=tls,
+        handshake_timeout_s=handshake_timeout_s,
+        guard=MetricsGuard(web),
+        protected={"/metrics"},
+    )
 
 
 async def _every(

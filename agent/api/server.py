@@ -3,21 +3,22 @@
 * TCP ``grpc_listen`` (default :9401) with mTLS: client certificates must chain to
   ``tls.ca_file``. Certificate, key and CA files are re-read when they change (cert-manager
   rotates them in place), checked on every new handshake; connections already open keep the
-  certificate they started with.
-* The Unix socket ``socket_path`` (mode 0600, root only) for the local CLI: the local admin.
+  certificate they started with. A connection must finish its handshake within
+  ``handshake_timeout_s``.
+* The Unix socket ``socket_path`` (mode 0600, root only) for the local CLI: the local admin. Its
+  directory is checked first (agent/api/socket_dir.py).
 * ``grpc_insecure_listen``, only when configured and only on loopback: read-only (config.py
   refuses any other address).
 
-Health (grpc.health.v1) and reflection (grpc.reflection.v1 and v1alpha) are served on all of
-them, so grpcurl and grpc_health_probe work.
+Every caller has its share of calls and streams (agent/api/share.py), enforced by the
+interceptor. Health (grpc.health.v1) and reflection (grpc.reflection.v1 and v1alpha) are served
+on all of them, so grpcurl and grpc_health_probe work.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
-import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,9 @@ from agent.api.node import NodeServicer
 from agent.api.operations import OperationRunner, OperationsServicer
 from agent.api.prewarm import PrewarmServicer
 from agent.api.reflection import enable_reflection
+from agent.api.share import FairShare
 from agent.api.sharing import SharingServicer
+from agent.api.socket_dir import prepare_socket
 from agent.api.telemetry import Exposition, SnapshotSource, TelemetryServicer
 from agent.config import AgentConfig, RoleSettings, TlsSettings
 from agent.errors import Conflict, FieldViolation, InvalidSpec
@@ -73,8 +76,9 @@ __all__ = [
 
 MAX_RECEIVE_BYTES = 4 * 1024 * 1024  # the largest request: a mig-parted file or manifest
 MAX_SEND_BYTES = 16 * 1024 * 1024
-MAX_CONCURRENT_RPCS = 1024  # beyond it calls get RESOURCE_EXHAUSTED instead of queueing
 MAX_STREAMS_PER_CONNECTION = 128
+# No server-wide cap on calls (grpc's maximum_concurrent_rpcs): one cap for every door would let
+# one caller's calls refuse everyone's. Each caller and door has its share (agent/api/share.py).
 
 _OPTIONS: Sequence[tuple[str, int]] = (
     ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
@@ -199,26 +203,6 @@ class ReloadingCertificates:
         )
 
 
-def _prepare_socket(path: Path) -> None:
-    """Make way for the socket: refuse when a live agent serves on it, remove a stale one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
-        raise Conflict(f"{path} exists and is not a socket; remove it or set socket_path")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
-    except (ConnectionRefusedError, FileNotFoundError):
-        path.unlink(missing_ok=True)  # left by an agent that was killed
-        return
-    finally:
-        probe.close()
-    raise Conflict(f"another agent is serving on {path}; stop it first")
-
-
 _Add = Callable[[Any, grpc.aio.Server], None]
 
 
@@ -259,6 +243,13 @@ def policy_of(config: AgentConfig) -> Policy:
     return Policy.of(members)
 
 
+def _options(config: AgentConfig) -> Sequence[tuple[str, int]]:
+    # A connection that never finishes its TLS handshake is closed after this (grpc's own
+    # default is 120 s).
+    handshake_ms = round(config.handshake_timeout_s * 1000)
+    return (*_OPTIONS, ("grpc.server_handshake_timeout_ms", handshake_ms))
+
+
 def create_server(
     api: ApiServices, config: AgentConfig
 ) -> tuple[grpc.aio.Server, Ports, health_aio.HealthServicer]:
@@ -267,9 +258,8 @@ def create_server(
     Returns the health servicer too: the agent marks itself NOT_SERVING while it shuts down.
     """
     server = grpc.aio.server(
-        interceptors=[ApiInterceptor(policy_of(config))],
-        options=_OPTIONS,
-        maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
+        interceptors=[ApiInterceptor(policy_of(config), FairShare(config.api))],
+        options=_options(config),
     )
     for add, servicer in _servicers(api):
         add(servicer, server)
@@ -295,7 +285,7 @@ def create_server(
             config.grpc_insecure_listen,
             insecure,
         )
-    _prepare_socket(config.socket_path)
+    prepare_socket(config.socket_path)
     _bind(server, f"unix:{config.socket_path}", None)
     # Only root may connect: the socket grants the local admin everything.
     os.chmod(config.socket_path, 0o600)

@@ -4,7 +4,6 @@ every coordinator command reaches the agents (discovery and mTLS options)."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from agent import logs
 from agent.cli.errors import AgentGroup
 from agent.errors import FieldViolation, InvalidSpec
 
@@ -394,9 +394,7 @@ def serve(
     """
     from agent.coordinator.app import CoordinatorSettings, run_coordinator
 
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(log_level)
     settings = CoordinatorSettings(
         desired_path=desired_path,
         interval_s=interval,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from agent import __version__
+from agent import __version__, logs
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup, report
 from agent.errors import AgentError
@@ -87,6 +88,9 @@ def cli(
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; domain errors become one line on stderr and the error's exit code."""
+    # Warnings print as Python's last-resort handler would print them, escaped (agent/logs.py);
+    # serve and the coordinator switch to their configured level and format.
+    logs.configure(logging.WARNING, "%(message)s")
     try:
         rv = cli.main(args=argv, prog_name="gpu-agent", standalone_mode=False)
     except click.exceptions.Abort:

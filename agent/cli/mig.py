@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 import yaml
 
+from agent import logs
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, output_option, plain
@@ -115,11 +116,7 @@ def mig(ctx: click.Context, debug: bool) -> None:
     """MIG partitions: mig-parted config files, applied with as little disruption as possible."""
     ctx.meta[_DEBUG] = debug
     if debug:
-        logging.basicConfig(
-            level=logging.DEBUG,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
-        )
+        logs.configure(logging.DEBUG)
 
 
 @mig.command("show", short_help="Show each GPU's slice map: instances, free slices, busy ones.")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from agent import logs
 from agent.cli.context import CliContext
 
 
@@ -51,10 +52,7 @@ def serve(
         "telemetry.metric_names": metric_names,
     }
     config = obj.config
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(config.log_level)
     # The node's one owner while it runs: a CLI command's embedded agent finishes first.
     ownership = NodeOwnership(config.state_dir)
     ownership.acquire(

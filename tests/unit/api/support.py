@@ -180,7 +180,7 @@ def wait_for(check: Any, what: str, timeout: float = 30.0, every: float = 0.05) 
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-_SERVING = re.compile(r"agent serving: .* gRPC (?:mTLS :(\d+)|TCP off)")
+_SERVING = re.compile(r"agent serving: metrics \S*:(\d+), gRPC (?:mTLS :(\d+)|TCP off)")
 
 
 class AgentProcess:
@@ -195,6 +195,7 @@ class AgentProcess:
         self.log = root / "agent.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.tcp_port: int | None = None
+        self.metrics_port: int | None = None
 
     def start(self, timeout: float = 60.0) -> AgentProcess:
         offset = self.log.stat().st_size if self.log.exists() else 0
@@ -226,7 +227,8 @@ class AgentProcess:
             return _SERVING.search(text)
 
         match = wait_for(serving, "the agent to serve", timeout)
-        self.tcp_port = int(match.group(1)) if match.group(1) else None
+        self.metrics_port = int(match.group(1))
+        self.tcp_port = int(match.group(2)) if match.group(2) else None
         return self
 
     def output(self) -> str:

@@ -1,0 +1,119 @@
+"""The Unix socket is served only from a directory nobody else can write: the attack run had
+uid nobody squat the path of a 0777 directory (the agent exited 4) or replace the live socket."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.api.socket_dir import prepare_socket
+from agent.errors import Conflict, InvalidSpec
+from tests.unit.api.support import REPO, agent_config
+
+NOBODY = 65534
+
+
+def refusal(path: Path) -> str:
+    with pytest.raises(InvalidSpec) as caught:
+        prepare_socket(path)
+    (violation,) = caught.value.violations
+    assert violation.field == "socket_path"
+    return str(caught.value)
+
+
+def test_a_missing_directory_is_created_for_root_alone(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        prepare_socket(tmp_path / "run" / "gpu-agent" / "agent.sock")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "run" / "gpu-agent").stat().st_mode) == 0o700
+
+
+def test_a_directory_others_may_write_is_refused_with_the_fix(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    run.chmod(0o777)
+    message = refusal(run / "agent.sock")
+    assert str(run / "agent.sock") in message
+    assert "mode 0777" in message and f"chmod 0700 {run}" in message
+    run.chmod(0o770)  # group-writable is no better
+    assert "mode 0770" in refusal(run / "agent.sock")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory away needs root")
+def test_a_directory_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    os.chown(run, NOBODY, NOBODY)
+    message = refusal(run / "agent.sock")
+    assert f"{run} is owned by uid {NOBODY}" in message
+    assert f"chown {os.geteuid()} {run}" in message
+
+
+def test_an_ancestor_others_may_write_is_refused_unless_sticky(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    (shared / "gpu-agent").mkdir(parents=True, mode=0o700)
+    shared.chmod(0o777)  # anyone could rename gpu-agent/ and put their own in its place
+    message = refusal(shared / "gpu-agent" / "agent.sock")
+    assert f"ancestor {shared}" in message and f"chmod go-w {shared}" in message
+    shared.chmod(0o1777)  # like /tmp: only the owner may rename what is in it
+    prepare_socket(shared / "gpu-agent" / "agent.sock")
+
+
+def test_a_symlinked_directory_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    assert f"point socket_path at the real directory ({real})" in refusal(
+        tmp_path / "link" / "agent.sock"
+    )
+
+
+def test_a_stale_socket_is_removed_and_a_live_one_refused(tmp_path: Path) -> None:
+    path = tmp_path / "agent.sock"
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    live.bind(str(path))
+    live.listen()
+    with pytest.raises(Conflict, match="another agent is serving"):
+        prepare_socket(path)
+    live.close()  # the file stays, nobody listens: what a killed agent leaves
+    prepare_socket(path)
+    assert not path.exists()
+
+
+def test_the_agent_refuses_to_serve_from_such_a_directory(tmp_path: Path) -> None:
+    """``gpu-agent serve`` exits with the refusal (an invalid setting, exit 2) and serves
+    nothing, instead of creating a socket others could replace."""
+    run = tmp_path / "run"
+    run.mkdir()
+    run.chmod(0o777)
+    config = agent_config(tmp_path, socket_path=str(run / "agent.sock"))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent.cli.main",
+            "--simulate",
+            "dgx-a100",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--config",
+            str(config),
+            "serve",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"refusing to serve the API on {run / 'agent.sock'}" in result.stderr
+    assert f"chmod 0700 {run}" in result.stderr
+    assert not (run / "agent.sock").exists()
