@@ -321,14 +321,14 @@ class PrewarmService:
             created_at=now,
             options=options,
         )
-        blob = self.store.blob_path(request.sha256) if request.sha256 else None
-        if blob is not None and blob.exists():
+        size = self.store.blob_size(request.sha256) if request.sha256 else None
+        if size is not None:
             # Same content under another name: link it, no fetch, once the bytes still hash right.
             ready = replace(
                 item,
                 state=ItemState.READY,
                 sha256=request.sha256,
-                size=blob.stat().st_size,
+                size=size,
                 finished_at=now,
                 last_used=now,
                 warm_seconds=0.0,
@@ -828,8 +828,7 @@ class PrewarmService:
             have: dict[str, str] = {}
             for m in listing.members:
                 sha = m.sha256 or fetched.get(m.url)
-                blob = self.store.blob_path(sha) if sha else None
-                if sha and blob is not None and blob.exists() and blob.stat().st_size == m.size:
+                if sha and self.store.blob_size(sha) == m.size:
                     have[m.path] = sha
             todo = [m for m in listing.members if m.path not in have]
             on_disk = sum(self.store.partial_size(_member_key(item.id, m.path)) for m in todo)
