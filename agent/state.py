@@ -4,6 +4,10 @@ One WAL-mode database under the state dir, one connection, one transaction helpe
 runs in a ``BEGIN IMMEDIATE`` transaction, so a killed process leaves only whole transactions
 behind. Only the node's owner (agent/ownership.py) opens it.
 
+The database and its ``-wal`` and ``-shm`` files are mode 0600 and the state dir 0700, set on
+every open (files an older agent made are fixed): they hold signed URLs of prewarm requests and
+the node's MIG history, for root alone (docs/security.md, "State on disk").
+
 Durability is chosen per table (`TABLE_DURABILITY`) and set per transaction, since SQLite's
 ``synchronous`` applies to a commit, not a table:
 
@@ -20,12 +24,13 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -134,6 +139,17 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         );
         """,
     ),
+    (
+        3,
+        # Who did the work (agent/owner.py): an admin's items and operations are undone only by
+        # an admin. NULL: work from before owners were recorded, anyone's of its role to undo.
+        """
+        ALTER TABLE prewarm_items ADD COLUMN owner TEXT;
+        ALTER TABLE prewarm_items ADD COLUMN owner_role TEXT;
+        ALTER TABLE operations ADD COLUMN owner TEXT;
+        ALTER TABLE operations ADD COLUMN owner_role TEXT;
+        """,
+    ),
 )
 """Schema migrations: (version, SQL), applied in order; ``PRAGMA user_version`` records the last.
 
@@ -168,6 +184,8 @@ class Operation:
     created_at: float
     updated_at: float
     cancel_requested: bool
+    owner: str | None = None  # the identity that started it (agent/owner.py)
+    owner_role: str | None = None  # the role it acted under
 
     @property
     def done(self) -> bool:
@@ -195,6 +213,8 @@ def _operation(row: sqlite3.Row) -> Operation:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         cancel_requested=bool(row["cancel_requested"]),
+        owner=row["owner"],
+        owner_role=row["owner_role"],
     )
 
 
@@ -222,6 +242,31 @@ def _statements(script: str) -> Iterator[str]:
         yield buffer  # incomplete: SQLite reports the error instead of it being dropped
 
 
+_DB_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def _make_private(path: Path) -> None:
+    """The state dir 0700 and the database files 0600, also those an older agent left 0644.
+
+    The database file is made before SQLite opens it: SQLite gives its -wal and -shm the
+    database's mode, whatever the umask."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    _chmod_file(path, os.O_CREAT)
+    for suffix in _DB_SIDE_FILES:
+        with suppress(FileNotFoundError):
+            _chmod_file(path.with_name(path.name + suffix))
+
+
+def _chmod_file(path: Path, flags: int = 0) -> None:
+    """0600 on the file itself: O_NOFOLLOW, so a link planted in its place is refused (ELOOP)."""
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
 class StateStore:
     """The agent's SQLite database. Thread-safe: one connection behind a lock."""
 
@@ -234,7 +279,7 @@ class StateStore:
         self.path = path
         self._clock = clock
         self._lock = threading.RLock()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_private(path)
         # Autocommit mode: transactions are ours, explicit, and never opened behind our back.
         self._conn = sqlite3.connect(
             path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_MS / 1000
@@ -338,8 +383,11 @@ class StateStore:
         request: dict[str, Any],
         metadata: dict[str, Any] | None = None,
         exclusive: bool = False,
+        owner: str | None = None,
+        owner_role: str | None = None,
     ) -> Operation:
         """A new pending operation; a retry with a known ``request_id`` gets the first one back.
+        ``owner`` and ``owner_role``: who starts it (agent/owner.py).
 
         Raises `Conflict` when the ``request_id`` was used for this kind with another request.
         With ``exclusive``, raises `AlreadyRunning` when an operation of this kind is not done:
@@ -368,8 +416,19 @@ class StateStore:
             op_id = uuid.uuid4().hex
             conn.execute(
                 "INSERT INTO operations (id, kind, state, request_id, request, metadata,"
-                " created_at, updated_at) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?)",
-                (op_id, kind, request_id, encoded, _encode(metadata or {}), now, now),
+                " created_at, updated_at, owner, owner_role)"
+                " VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    op_id,
+                    kind,
+                    request_id,
+                    encoded,
+                    _encode(metadata or {}),
+                    now,
+                    now,
+                    owner,
+                    owner_role,
+                ),
             )
             return self.get_operation(op_id)
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from agent.owner import ADMIN, Actor
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "Door",
     "Policy",
     "Role",
+    "actor_of",
     "allows",
     "caller_of",
     "grant",
@@ -187,6 +190,14 @@ def allows(grants: frozenset[Role], needed: frozenset[Role]) -> bool:
 
 def sees_processes(grants: frozenset[Role]) -> bool:
     return not grants.isdisjoint(PROCESS_ROLES)
+
+
+def actor_of(context: grpc.aio.ServicerContext, acting: Role) -> Actor:
+    """The caller of this call as the owner of what it changes (agent/owner.py): ``admin`` when
+    it holds admin (the Unix socket, the coordinator), else ``acting``, the role of the work."""
+    caller = caller_of(context)
+    identity = "local" if caller.door is Door.LOCAL else ",".join(caller.identities)
+    return Actor(identity or str(caller), ADMIN if Role.ADMIN in granted() else acting.value)
 
 
 _GRANTED: contextvars.ContextVar[frozenset[Role]] = contextvars.ContextVar(

@@ -35,6 +35,7 @@ from agent.prewarm.model import (
     Warmth,
 )
 from agent.prewarm.store import Usage
+from agent.redact import redact_text, redact_url
 from agent.sharing import Advertised, ApplyResult, PluginConfig, ReloadReport, SharingView
 from agent.sharing.schema import render
 from agent.state import Operation
@@ -170,12 +171,20 @@ def image_warmth_pb(w: ImageWarmth) -> cache_pb2.ImageWarmth:
 _PRIVATE_OPTION = "header:"  # where a request's secrets are read from: not for readers
 
 
+def _source_pb(i: CacheItem) -> str:
+    """A file's or model's source URL as readers see it (`redact_url`); an image reference has
+    no query or user info and is shown whole."""
+    return i.source if i.kind is ItemKind.IMAGE else redact_url(i.source)
+
+
 def cache_item_pb(i: CacheItem) -> cache_pb2.CacheItem:
+    """An item as every reader sees it: no credential (source and error redacted, no header
+    file paths), so it may go into replies, stored operation results and events alike."""
     item = cache_pb2.CacheItem(
         id=i.id,
         kind=_KINDS[i.kind],
         name=i.name,
-        source=i.source,
+        source=_source_pb(i),
         state=_STATES[i.state],
         pinned=i.pinned,
         size_bytes=i.size,
@@ -183,7 +192,7 @@ def cache_item_pb(i: CacheItem) -> cache_pb2.CacheItem:
         expected_sha256=i.expected_sha256 or "",
         fetched_bytes=max(i.fetched_bytes, 0),
         hits=max(i.hits, 0),
-        error=i.error or "",
+        error=redact_text(i.error or ""),
         warm_seconds=i.warm_seconds,
         create_time=timestamp(i.created_at),
         options={k: v for k, v in i.options.items() if not k.startswith(_PRIVATE_OPTION)},
@@ -498,7 +507,7 @@ def operation_error_pb(record: dict[str, Any]) -> operations_pb2.OperationError:
     return operations_pb2.OperationError(
         code=recorded_code(record),
         reason=str(record.get("type", "")),
-        message=str(record.get("message", "")),
+        message=redact_text(str(record.get("message", ""))),
         blockers=[str(b) for b in record.get("blockers", ())],
         violations=[
             types_pb2.FieldViolation(

@@ -19,6 +19,7 @@ import yaml
 from google.protobuf.message import Message
 
 from agent._proto.gpuagent.v1 import mig_pb2, mig_pb2_grpc, operations_pb2
+from agent.api.auth import Role, actor_of
 from agent.api.convert import message_dict, operation_name, operation_pb
 from agent.api.operations import MIG_APPLY, Checkpointed, OperationContext, OperationRunner
 from agent.errors import Busy, FieldViolation, InvalidSpec
@@ -33,6 +34,7 @@ from agent.mig.service import (
     refuse_unless_feasible,
 )
 from agent.mig.spec import MigSpec, parse_spec
+from agent.owner import Actor
 from agent.prewarm.errors import Cancelled
 from agent.state import INTERRUPTED, AlreadyRunning
 
@@ -286,7 +288,9 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
             settle=self._settle,
         )
         return mig_pb2.ApplyMigResponse(
-            operation=await self._start(request.request_id, request, work)
+            operation=await self._start(
+                request.request_id, request, work, actor_of(context, Role.MIG)
+            )
         )
 
     async def AssertMig(
@@ -340,11 +344,13 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
             settle=self._settle,
         )
         return mig_pb2.RestoreMigResponse(
-            operation=await self._start(request.request_id, request, work)
+            operation=await self._start(
+                request.request_id, request, work, actor_of(context, Role.MIG)
+            )
         )
 
     async def _start(
-        self, request_id: str, request: Message, work: _Reconfigure
+        self, request_id: str, request: Message, work: _Reconfigure, owner: Actor
     ) -> operations_pb2.Operation:
         """The ``mig.apply`` operation doing ``work``; the store's exclusive insert lets one
         reconfiguration exist at a time (a retry of it, same request id, gets it back)."""
@@ -356,6 +362,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
                 work,
                 metadata=operations_pb2.OperationMetadata(mig_apply=work.pending()),
                 exclusive=True,
+                owner=owner,
             )
         except AlreadyRunning as exc:
             raise _busy(exc.running.id, [exc.running.id]) from None

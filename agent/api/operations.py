@@ -27,11 +27,12 @@ import grpc
 from google.protobuf.message import Message
 
 from agent._proto.gpuagent.v1 import operations_pb2, operations_pb2_grpc
-from agent.api.auth import OPERATION_ROLES, Role, allows, granted
+from agent.api.auth import OPERATION_ROLES, Role, actor_of, allows, granted
 from agent.api.convert import message_dict, operation_id_from, operation_name, operation_pb
 from agent.api.errors import error_record
 from agent.api.events import EventBus
 from agent.errors import AgentError, Busy, FieldViolation, InvalidSpec, NotFound, PermissionDenied
+from agent.owner import Actor, check_may_undo
 from agent.state import Operation, StateStore
 
 log = logging.getLogger(__name__)
@@ -137,8 +138,10 @@ class OperationRunner:
         metadata: operations_pb2.OperationMetadata | None = None,
         *,
         exclusive: bool = False,
+        owner: Actor | None = None,
     ) -> Operation:
-        """A new operation running ``work``, or the first one for a retried ``request_id``.
+        """A new operation running ``work``, or the first one for a retried ``request_id``;
+        ``owner`` started it (only an equal or higher role cancels it, agent/owner.py).
 
         ``exclusive``: one operation of ``kind`` at a time; `AlreadyRunning` (no row written)
         when one is not done.
@@ -151,6 +154,8 @@ class OperationRunner:
             request=_request_dict(request),
             metadata=message_dict(metadata) if metadata is not None else None,
             exclusive=exclusive,
+            owner=owner.identity if owner is not None else None,
+            owner_role=owner.role if owner is not None else None,
         )
         with self._lock:
             fresh = op.state == "pending" and op.id not in self._running
@@ -468,11 +473,15 @@ class OperationsServicer(operations_pb2_grpc.OperationsServiceServicer):
         self, request: operations_pb2.CancelOperationRequest, context: grpc.aio.ServicerContext
     ) -> operations_pb2.CancelOperationResponse:
         op_id = operation_id_from(request.name)
-        needed = OPERATION_ROLES.get((await self._runner.get(op_id)).kind, Role.ADMIN)
+        current = await self._runner.get(op_id)
+        needed = OPERATION_ROLES.get(current.kind, Role.ADMIN)
         if not allows(granted(), frozenset({needed})):
             raise PermissionDenied(
                 f"cancelling operation {request.name!r} needs the role {needed.value} or admin"
             )
+        check_may_undo(
+            actor_of(context, needed), current.owner_role, f"operation {request.name}", "cancel"
+        )
         op = await self._runner.cancel(op_id)
         return operations_pb2.CancelOperationResponse(operation=operation_pb(op))
 

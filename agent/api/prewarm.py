@@ -12,6 +12,7 @@ from concurrent.futures import wait as wait_futures
 import grpc
 
 from agent._proto.gpuagent.v1 import operations_pb2, prewarm_pb2, prewarm_pb2_grpc
+from agent.api.auth import Role, actor_of
 from agent.api.convert import (
     cache_inventory_pb,
     cache_item_pb,
@@ -20,7 +21,8 @@ from agent.api.convert import (
     prewarm_requests_from,
 )
 from agent.api.operations import PREWARM, Checkpointed, OperationContext, OperationRunner
-from agent.errors import Conflict, FieldViolation, InvalidSpec
+from agent.errors import Conflict, FieldViolation, InvalidSpec, PermissionDenied
+from agent.owner import Actor
 from agent.prewarm.errors import Cancelled, FetchFailed
 from agent.prewarm.model import CacheItem, ItemState, Progress
 from agent.prewarm.service import PrewarmService
@@ -63,9 +65,10 @@ def _progress(
 class _PrewarmWork:
     """Runs on an operation worker: enqueue the items, follow them, report how they ended."""
 
-    def __init__(self, service: PrewarmService, item_ids: Sequence[str]) -> None:
+    def __init__(self, service: PrewarmService, item_ids: Sequence[str], by: Actor) -> None:
         self._service = service
         self._ids = list(item_ids)
+        self._by = by  # who submitted: cancelling the operation cancels only what it may
         self._live: dict[str, Progress] = {}
         self._lock = threading.Lock()
 
@@ -106,8 +109,10 @@ class _PrewarmWork:
     def _cancel(self, items: Sequence[CacheItem]) -> None:
         for item in items:
             if item.state not in _DONE:
-                with contextlib.suppress(Conflict):  # it ended meanwhile
-                    self._service.cancel(item.id)
+                # Conflict: it ended meanwhile; PermissionDenied: a higher role's item that this
+                # request only joined goes on.
+                with contextlib.suppress(Conflict, PermissionDenied):
+                    self._service.cancel(item.id, self._by)
 
 
 def _item_name(value: str) -> str:
@@ -136,14 +141,16 @@ class PrewarmServicer(prewarm_pb2_grpc.PrewarmServiceServicer):
         first = await self._runner.admit(PREWARM, request.request_id, request)
         if first is not None:
             return prewarm_pb2.SubmitPrewarmResponse(operation=operation_pb(first))
+        by = actor_of(context, Role.PREWARM)
         # Validates every target before recording any: a bad one refuses the whole request.
-        items = await asyncio.to_thread(self._service.submit_all, requests)
+        items = await asyncio.to_thread(self._service.submit_all, requests, by)
         op = await self._runner.start(
             PREWARM,
             request.request_id,
             request,
-            _PrewarmWork(self._service, [i.id for i in items]),
+            _PrewarmWork(self._service, [i.id for i in items], by),
             metadata=_progress(items, {}),
+            owner=by,
         )
         self._changed()
         return prewarm_pb2.SubmitPrewarmResponse(operation=operation_pb(op))
@@ -158,9 +165,10 @@ class PrewarmServicer(prewarm_pb2_grpc.PrewarmServiceServicer):
         self, request: prewarm_pb2.CancelPrewarmItemRequest, context: grpc.aio.ServicerContext
     ) -> prewarm_pb2.CancelPrewarmItemResponse:
         item = _item_name(request.item)
+        by = actor_of(context, Role.PREWARM)
 
         async def call() -> prewarm_pb2.CancelPrewarmItemResponse:
-            cancelled = await asyncio.to_thread(self._service.cancel, item)
+            cancelled = await asyncio.to_thread(self._service.cancel, item, by)
             self._changed()
             return prewarm_pb2.CancelPrewarmItemResponse(item=cache_item_pb(cancelled))
 
@@ -183,9 +191,10 @@ class PrewarmServicer(prewarm_pb2_grpc.PrewarmServiceServicer):
         self, request: prewarm_pb2.EvictCacheItemRequest, context: grpc.aio.ServicerContext
     ) -> prewarm_pb2.EvictCacheItemResponse:
         item = _item_name(request.item)
+        by = actor_of(context, Role.PREWARM)
 
         async def call() -> prewarm_pb2.EvictCacheItemResponse:
-            evicted = await asyncio.to_thread(self._service.evict, item)
+            evicted = await asyncio.to_thread(self._service.evict, item, by)
             self._changed()
             return prewarm_pb2.EvictCacheItemResponse(item=cache_item_pb(evicted))
 
@@ -201,9 +210,10 @@ class PrewarmServicer(prewarm_pb2_grpc.PrewarmServiceServicer):
         self, request: prewarm_pb2.DeletePrewarmItemRequest, context: grpc.aio.ServicerContext
     ) -> prewarm_pb2.DeletePrewarmItemResponse:
         item = _item_name(request.item)
+        by = actor_of(context, Role.PREWARM)
 
         async def call() -> prewarm_pb2.DeletePrewarmItemResponse:
-            deleted = await asyncio.to_thread(self._service.delete, item)
+            deleted = await asyncio.to_thread(self._service.delete, item, by)
             self._changed()
             return prewarm_pb2.DeletePrewarmItemResponse(item=cache_item_pb(deleted))
 
@@ -219,9 +229,10 @@ class PrewarmServicer(prewarm_pb2_grpc.PrewarmServiceServicer):
         self, request: prewarm_pb2.PinCacheItemRequest, context: grpc.aio.ServicerContext
     ) -> prewarm_pb2.PinCacheItemResponse:
         item = _item_name(request.item)
+        by = actor_of(context, Role.PREWARM)
 
         async def call() -> prewarm_pb2.PinCacheItemResponse:
-            pinned = await asyncio.to_thread(self._service.pin, item, request.pinned)
+            pinned = await asyncio.to_thread(self._service.pin, item, request.pinned, by)
             self._changed()
             return prewarm_pb2.PinCacheItemResponse(item=cache_item_pb(pinned))
 

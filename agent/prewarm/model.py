@@ -148,6 +148,8 @@ class CacheItem:
     error: str | None = None
     warm_seconds: float | None = None
     options: Mapping[str, str] = field(default_factory=dict)
+    owner: str | None = None  # who submitted or pinned it (agent/owner.py); not shown to readers
+    owner_role: str | None = None  # the role it acted under
 
     @property
     def blobs(self) -> dict[str, int]:

@@ -16,6 +16,7 @@ from fnmatch import fnmatchcase
 from urllib.parse import urlsplit
 
 from agent.errors import FieldViolation, InvalidSpec, PermissionDenied
+from agent.redact import redact_url as redact_url  # the one redaction; fetchers import it here
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Sequence[str]]
@@ -37,20 +38,6 @@ DEFAULT_DENIED_HOSTS = ("metadata.google.internal", "metadata", "instance-data")
 def system_resolver(host: str, port: int) -> list[str]:
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
-
-
-def redact_url(url: str) -> str:
-    """The URL without user info or query values, fit for logs, errors and labels.
-
-    Signed object-store URLs carry credentials in the query, so none of it is shown.
-    """
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = host if parts.port is None else f"{host}:{parts.port}"
-    query = "?…" if parts.query else ""
-    return f"{parts.scheme}://{netloc}{parts.path}{query}"
 
 
 @dataclass(frozen=True, slots=True)

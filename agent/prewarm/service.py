@@ -25,6 +25,7 @@ from typing import Protocol
 import psutil
 
 from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec
+from agent.owner import Actor, check_may_undo, claimed_by
 from agent.prewarm.errors import Cancelled, FetchFailed, ImageWarmFailed
 from agent.prewarm.fetch_http import CancelledFn, FetchInfo, FetchSpec, ProgressFn
 from agent.prewarm.group import Member, check_include, check_repo, list_group, listing_url
@@ -180,13 +181,14 @@ class PrewarmService:
 
     # -- requests -----------------------------------------------------------------------------
 
-    def submit(self, request: Request) -> CacheItem:
+    def submit(self, request: Request, by: Actor | None = None) -> CacheItem:
         """Validate and record a request; returns the item (already ready on a cache hit)."""
-        return self.submit_all([request])[0]
+        return self.submit_all([request], by)[0]
 
-    def submit_all(self, requests: Sequence[Request]) -> list[CacheItem]:
+    def submit_all(self, requests: Sequence[Request], by: Actor | None = None) -> list[CacheItem]:
         """Validate and plan every request, then record them all in one transaction: a bad
-        manifest, or one item of it that conflicts, changes nothing."""
+        manifest, or one item of it that conflicts, changes nothing. ``by`` (None: the agent
+        itself) becomes the owner of new items, and of old ones it outranks (agent/owner.py)."""
         for request in requests:
             self._validate(request)
         plans = [self._plan(r) for r in requests]
@@ -199,10 +201,16 @@ class PrewarmService:
                 )
             seen[plan.name] = i
         with self.index.transaction():
-            items = [plan.write() for plan in plans]
+            items = [self._claim_for(plan.write(), by) for plan in plans]
         for plan, item in zip(plans, items, strict=True):
             plan.after(item)
         return items
+
+    def _claim_for(self, item: CacheItem, by: Actor | None) -> CacheItem:
+        owner, role = claimed_by(by, item.owner, item.owner_role)
+        if (owner, role) == (item.owner, item.owner_role):
+            return item
+        return self.index.update(item.id, owner=owner, owner_role=role)
 
     def _validate(self, request: Request) -> None:
         if request.name is not None:
@@ -313,14 +321,14 @@ class PrewarmService:
             created_at=now,
             options=options,
         )
-        blob = self.store.blob_path(request.sha256) if request.sha256 else None
-        if blob is not None and blob.exists():
+        size = self.store.blob_size(request.sha256) if request.sha256 else None
+        if size is not None:
             # Same content under another name: link it, no fetch, once the bytes still hash right.
             ready = replace(
                 item,
                 state=ItemState.READY,
                 sha256=request.sha256,
-                size=blob.stat().st_size,
+                size=size,
                 finished_at=now,
                 last_used=now,
                 warm_seconds=0.0,
@@ -490,12 +498,16 @@ class PrewarmService:
         """One consistent read for metrics and node labels."""
         return Inventory(self.index.items(), self.store.usage(), self.index.pulls())
 
-    def pin(self, id_or_name: str, pinned: bool = True) -> CacheItem:
-        """Keep an item out of eviction; a ready image is also pinned in containerd."""
+    def pin(self, id_or_name: str, pinned: bool = True, by: Actor | None = None) -> CacheItem:
+        """Keep an item out of eviction; a ready image is also pinned in containerd. Pinning
+        claims the item for ``by`` when it outranks the owner; unpinning needs that rank."""
         item = self.index.find(id_or_name)
+        if not pinned:
+            check_may_undo(by, item.owner_role, item.name, "unpin")
         if item.kind is ItemKind.IMAGE and item.state is ItemState.READY and self._puller:
             self._puller.set_pinned(item.source, pinned)
-        return self.index.update(item.id, pinned=pinned)
+        owner, role = claimed_by(by if pinned else None, item.owner, item.owner_role)
+        return self.index.update(item.id, pinned=pinned, owner=owner, owner_role=role)
 
     def _pin_in_runtime(self, item: CacheItem) -> None:
         if self._puller is None:
@@ -505,13 +517,14 @@ class PrewarmService:
         except AgentError as exc:
             log.warning("cannot pin image %s in the runtime: %s", item.name, exc)
 
-    def evict(self, id_or_name: str) -> CacheItem:
+    def evict(self, id_or_name: str, by: Actor | None = None) -> CacheItem:
         """Remove a ready item: a file from disk (and other names sharing its blob), an image
         from the runtime. Pinned items and blobs a process holds are refused; an item already
         evicted (e.g. an image the kubelet removed) is returned as it is."""
         item = self.index.find(id_or_name)
         if item.state is ItemState.EVICTED:
             return item
+        check_may_undo(by, item.owner_role, item.name, "evict")
         if item.state is not ItemState.READY:
             raise Conflict(f"{item.name} is {item.state.value}; only ready items can be evicted")
         if item.kind is ItemKind.IMAGE:
@@ -527,6 +540,8 @@ class PrewarmService:
             return self.index.get(item.id)
         assert item.sha256 is not None
         sharing = self.index.ready_with_digest(item.sha256)
+        for other in sharing:  # evicting the blob evicts every name on it
+            check_may_undo(by, other.owner_role, other.name, "evict")
         pinned = [i.name for i in sharing if i.pinned]
         if pinned:
             raise Conflict(
@@ -535,23 +550,25 @@ class PrewarmService:
         self.store.evict(item.sha256)
         return self.index.get(item.id)
 
-    def delete(self, id_or_name: str) -> CacheItem:
+    def delete(self, id_or_name: str, by: Actor | None = None) -> CacheItem:
         """Remove an item from the inventory: a ready one is evicted first (same refusals), a
         queued one loses its partial; a fetching one must be cancelled first."""
         item = self.index.find(id_or_name)
+        check_may_undo(by, item.owner_role, item.name, "delete")
         if item.state is ItemState.FETCHING:
             raise Conflict(f"{item.name} is fetching; cancel it first")
         if item.state is ItemState.READY:
-            self.evict(item.id)
+            self.evict(item.id, by)
         self.index.delete(item.id)
         self.store.discard_partial(item.id)
         if not any(i.name == item.name for i in self.index.items([ItemState.READY])):
             self.store.remove_link(item.name)
         return item
 
-    def cancel(self, id_or_name: str) -> CacheItem:
+    def cancel(self, id_or_name: str, by: Actor | None = None) -> CacheItem:
         """Stop a queued or running item; the worker (maybe another process) sees it and stops."""
         item = self.index.find(id_or_name)
+        check_may_undo(by, item.owner_role, item.name, "cancel")
         if item.state not in (ItemState.QUEUED, ItemState.FETCHING):
             raise Conflict(
                 f"{item.name} is {item.state.value}; only queued or fetching items cancel"
@@ -811,8 +828,7 @@ class PrewarmService:
             have: dict[str, str] = {}
             for m in listing.members:
                 sha = m.sha256 or fetched.get(m.url)
-                blob = self.store.blob_path(sha) if sha else None
-                if sha and blob is not None and blob.exists() and blob.stat().st_size == m.size:
+                if sha and self.store.blob_size(sha) == m.size:
                     have[m.path] = sha
             todo = [m for m in listing.members if m.path not in have]
             on_disk = sum(self.store.partial_size(_member_key(item.id, m.path)) for m in todo)

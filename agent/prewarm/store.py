@@ -8,6 +8,15 @@ Layout under the cache directory::
     trees/<id>/<path>       a group's model directory: relative symlinks to its blobs
     partial/<id>.part       bytes of a running fetch, with <id>.json (resume validators);
                             <id>.dfpart: dfdaemon's task file hard-linked in (dragonfly_output)
+    quarantine/             whatever the agent found in its place and did not make (below)
+
+Anything that can write the cache's host path is not trusted, so the cache never follows a link
+it did not make: files are opened with O_NOFOLLOW relative to a directory opened with
+O_NOFOLLOW, a blob or partial must be a regular file (a partial also singly linked, as a hard
+link to a file outside would be truncated with it), and a subdirectory must be a directory.
+Anything else found in their place is moved into quarantine/ (renamed, never followed or
+deleted) and logged; the item is then fetched again. Cleanup deletes only inside these
+directories, opened the same way.
 
 A fetch writes only under partial/. `CacheStore.commit` verifies the sha256, fsyncs, renames into
 blobs/ and then links the name, so a final path never holds partial or unverified bytes.
@@ -26,8 +35,9 @@ import logging
 import os
 import shutil
 import stat
+import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +54,7 @@ log = logging.getLogger(__name__)
 _CHUNK = 4 * 1024 * 1024
 _HASH_BACKLOG = 32  # chunks queued for the hasher thread before the writer waits
 _FLUSH_BYTES = 64 * 1024 * 1024
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class _Flusher:
@@ -137,8 +148,7 @@ class Partial:
         self._hash = _Hasher()
         self._sequential = True
         self.limit: int | None = None
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        self._file = os.fdopen(fd, "r+b", buffering=0)
+        self._file = os.fdopen(store.open_partial(self.path.name), "r+b", buffering=0)
         self.offset = self._rehash()
         self._flusher = _Flusher(self._file.fileno())
         self._flusher.reset(self.offset)
@@ -157,15 +167,13 @@ class Partial:
     def validators(self) -> dict[str, Any]:
         """What the origin said about the bytes so far (ETag, Last-Modified, total)."""
         try:
-            data = json.loads(self._meta_path.read_text())
+            data = json.loads(self._store.read_partial(self._meta_path.name))
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
 
     def save_validators(self, data: dict[str, Any]) -> None:
-        tmp = self._meta_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self._meta_path)
+        self._store.write_partial(self._meta_path.name, json.dumps(data).encode())
 
     def admit(self, total: int | None) -> None:
         """Reserve ``total`` bytes in the budget (evicting if needed) before any body byte."""
@@ -223,14 +231,11 @@ class Partial:
         then hash it from the start; `CacheStore.commit` verifies and renames it as any other.
 
         It is opened read-only: dfdaemon owns the inode too, and nothing here writes it."""
-        info = os.lstat(self.link_path)
-        if not stat.S_ISREG(info.st_mode):
-            raise FetchFailed(f"dfdaemon left something other than a file at {self.link_path}")
+        self._store.check_link(self.link_path.name)  # before this partial lets go of its file
         self._hash.close()
         self._flusher.close()  # before its file descriptor is closed (and its number reused)
         self._file.close()
-        os.replace(self.link_path, self.path)
-        fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = self._store.adopt_partial(self.link_path.name, self.path.name)
         self._file = os.fdopen(fd, "rb", buffering=0)
         self._hash = _Hasher()
         self._sequential = True
@@ -249,6 +254,10 @@ class Partial:
     def sync(self) -> None:
         self._flusher.wait()  # the flush in flight first: fsync then finds little left
         os.fsync(self._file.fileno())
+
+    def seal(self) -> None:
+        """Read-only from now on (the mode of a blob), set on the open file, not a path."""
+        os.fchmod(self._file.fileno(), 0o444)
 
     def close(self) -> None:
         self._hash.close()
@@ -302,8 +311,133 @@ class CacheStore:
         self.partial_dir = root / "partial"
         self.name_dir = root / "by-name"
         self.tree_dir = root / "trees"
-        for d in (self.blob_dir, self.partial_dir, self.name_dir, self.tree_dir):
-            d.mkdir(parents=True, exist_ok=True)
+        self.quarantine_dir = root / "quarantine"
+        root.mkdir(parents=True, exist_ok=True)  # the root may be a link: the operator's choice
+        _real_dir(self.quarantine_dir, None)
+        for d in (root / "blobs", self.blob_dir, self.partial_dir, self.name_dir, self.tree_dir):
+            _real_dir(d, self.quarantine_dir)
+
+    # -- files the agent made, and nothing else ------------------------------------------------
+
+    @contextlib.contextmanager
+    def _dir(self, path: Path) -> Iterator[int]:
+        """A cache subdirectory's fd; opening fails (ELOOP, ENOTDIR) if it is not a directory."""
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _quarantine(self, dir_fd: int, name: str, where: Path, why: str) -> None:
+        """Move ``where/name`` (whatever it is) into quarantine/ without following it; logged."""
+        moved = f"{where.name}-{name}-{time.time_ns()}"
+        with self._dir(self.quarantine_dir) as qfd:
+            os.rename(name, moved, src_dir_fd=dir_fd, dst_dir_fd=qfd)
+        log.warning(
+            "cache: %s is %s, not a file the agent made; moved to %s unread",
+            where / name,
+            why,
+            self.quarantine_dir / moved,
+        )
+
+    def _foreign(self, dir_fd: int, name: str, single: bool) -> str | None:
+        """Why ``name`` in the directory is not a file the agent made (None: it is, or is
+        absent): not a regular file, or (``single``) a hard link to a file elsewhere too."""
+        try:
+            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        return _not_ours(info, single)
+
+    def _checked(self, dir_fd: int, name: str, where: Path, single: bool) -> None:
+        why = self._foreign(dir_fd, name, single)
+        if why is not None:
+            self._quarantine(dir_fd, name, where, why)
+
+    def open_partial(self, name: str) -> int:
+        """partial/<name> opened read-write (made 0600 if absent); anything not the agent's
+        there goes to quarantine first."""
+        with self._dir(self.partial_dir) as dfd:
+            self._checked(dfd, name, self.partial_dir, single=True)
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600, dir_fd=dfd)
+            why = _not_ours(os.fstat(fd), single=True)  # swapped in since the check
+            if why is not None:
+                os.close(fd)
+                raise FetchFailed(f"cache: {self.partial_dir / name} is {why}; not written")
+            return fd
+
+    def read_partial(self, name: str) -> bytes:
+        with self._dir(self.partial_dir) as dfd:
+            self._checked(dfd, name, self.partial_dir, single=True)
+            fd = os.open(name, os.O_RDONLY | _NOFOLLOW, dir_fd=dfd)
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    def write_partial(self, name: str, data: bytes) -> None:
+        """partial/<name> replaced atomically by ``data`` (through a fresh <name>.tmp)."""
+        tmp = name + ".tmp"
+        with self._dir(self.partial_dir) as dfd:
+            self._checked(dfd, tmp, self.partial_dir, single=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dfd)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600, dir_fd=dfd)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+    def check_link(self, link: str) -> None:
+        """That dfdaemon left a regular file at partial/<link> (FileNotFoundError: nothing)."""
+        with self._dir(self.partial_dir) as dfd:
+            info = os.stat(link, dir_fd=dfd, follow_symlinks=False)
+        if not stat.S_ISREG(info.st_mode):
+            raise FetchFailed(
+                f"dfdaemon left something other than a file at {self.partial_dir / link}"
+            )
+
+    def adopt_partial(self, link: str, name: str) -> int:
+        """dfdaemon's hard link partial/<link> renamed to partial/<name>, opened read-only."""
+        with self._dir(self.partial_dir) as dfd:
+            self.check_link(link)  # still: the rename below must not take a link in
+            os.replace(link, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            return os.open(name, os.O_RDONLY | _NOFOLLOW, dir_fd=dfd)
+
+    def blob_size(self, sha256: str) -> int | None:
+        """The size of the blob on disk; None when absent or not a file the agent made (then
+        it is quarantined, and the item is not served from it)."""
+        with self._dir(self.blob_dir) as dfd:
+            try:
+                info = os.stat(sha256, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+            why = _not_ours(info, single=False)
+            if why is not None:
+                self._quarantine(dfd, sha256, self.blob_dir, why)
+                return None
+            return info.st_size
+
+    def _hash_blob(self, sha256: str) -> str:
+        with self._dir(self.blob_dir) as dfd:
+            fd = os.open(sha256, os.O_RDONLY | _NOFOLLOW, dir_fd=dfd)
+        digest = hashlib.sha256()
+        with os.fdopen(fd, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    def _sweep(self, path: Path, keep: set[str], kind: int) -> None:
+        """Delete the entries of a cache subdirectory not in ``keep``; an entry that is not of
+        ``kind`` (S_IFREG, S_IFLNK, S_IFDIR: what the agent makes there) is quarantined."""
+        with self._dir(path) as dfd:
+            for entry in list(os.scandir(dfd)):
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_IFMT(info.st_mode) != kind:
+                    self._quarantine(dfd, entry.name, path, _kind_name(info.st_mode))
+                elif entry.name in keep:
+                    continue
+                elif kind == stat.S_IFDIR:
+                    shutil.rmtree(entry.name, dir_fd=dfd)  # fd-based: follows no link inside
+                else:
+                    os.unlink(entry.name, dir_fd=dfd)
 
     def blob_path(self, sha256: str) -> Path:
         return self.blob_dir / sha256
@@ -324,14 +458,12 @@ class CacheStore:
         if not blobs:
             return "no digest recorded"
         for sha, recorded in blobs.items():
-            blob = self.blob_path(sha)
-            try:
-                size = blob.stat().st_size
-            except FileNotFoundError:
+            size = self.blob_size(sha)
+            if size is None:
                 return f"blob sha256:{sha} is missing from {self.blob_dir}"
             if size != recorded and (item.kind is ItemKind.GROUP or item.size is not None):
                 return f"blob sha256:{sha} has {size} bytes, not {recorded}"
-            if verify_digest and _hash_file(blob) != sha:
+            if verify_digest and self._hash_blob(sha) != sha:
                 return f"blob sha256:{sha} no longer hashes to its digest"
         if item.kind is ItemKind.GROUP:
             if not self._tree_intact(item):
@@ -484,16 +616,27 @@ class CacheStore:
     def partial_size(self, item_id: str) -> int:
         """Bytes on disk in an item's partial(s) (a group's: all its files')."""
         total = 0
-        for path in self.partial_dir.glob(f"{item_id}.*part"):
-            with contextlib.suppress(FileNotFoundError):
-                total += path.stat().st_size
+        with self._dir(self.partial_dir) as dfd:
+            for entry in os.scandir(dfd):
+                if entry.name.startswith(f"{item_id}.") and entry.name.endswith("part"):
+                    with contextlib.suppress(FileNotFoundError):
+                        info = entry.stat(follow_symlinks=False)
+                        total += info.st_size if stat.S_ISREG(info.st_mode) else 0
         return total
 
     def discard_partial(self, item_id: str) -> None:
-        """Delete an item's partial and validators (a group's: every member's)."""
-        for path in self.partial_dir.glob(f"{item_id}.*"):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        """Delete an item's partial and validators (a group's: every member's); what is not a
+        file the agent made goes to quarantine instead."""
+        with self._dir(self.partial_dir) as dfd:
+            for entry in list(os.scandir(dfd)):
+                if not entry.name.startswith(f"{item_id}."):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    why = _not_ours(entry.stat(follow_symlinks=False), single=False)
+                    if why is not None:
+                        self._quarantine(dfd, entry.name, self.partial_dir, why)
+                    else:
+                        os.unlink(entry.name, dir_fd=dfd)
 
     def discard_item(self, item: CacheItem) -> None:
         """Drop a ready item found not to be what it claims (a blob gone or wrong): a file's
@@ -522,14 +665,14 @@ class CacheStore:
             self.discard_partial(partial.item_id)
             raise DigestMismatch(f"sha256 mismatch for {what}: expected {expected}, got {digest}")
         partial.sync()
-        partial.close()
-        blob = self.blob_path(digest)
-        if blob.exists():
-            partial.path.unlink()
-        else:
-            os.chmod(partial.path, 0o444)
-            os.replace(partial.path, blob)
+        if self.blob_size(digest) is None:  # absent, or a planted link now in quarantine
+            partial.seal()
+            partial.close()
+            with self._dir(self.partial_dir) as pfd, self._dir(self.blob_dir) as bfd:
+                os.replace(partial.path.name, digest, src_dir_fd=pfd, dst_dir_fd=bfd)
             _fsync_dir(self.blob_dir)
+        else:
+            partial.close()
         self.discard_partial(partial.item_id)
         return digest
 
@@ -631,37 +774,67 @@ class CacheStore:
         items = self.index.items()
         for item in items:
             if item.state is ItemState.READY and item.blobs:
-                if any(not self.blob_path(sha).exists() for sha in item.blobs):
+                if any(self.blob_size(sha) is None for sha in item.blobs):
                     self.index.update(item.id, state=ItemState.EVICTED)
                 else:
                     self.missing(item)  # re-makes a lost link or model directory
         items = self.index.items()
         ready = [i for i in items if i.state is ItemState.READY]
         wanted = {sha for i in ready for sha in i.blobs}
-        for blob in self.blob_dir.iterdir():
-            if blob.name not in wanted:
-                blob.unlink()
+        self._sweep(self.blob_dir, wanted, stat.S_IFREG)
         trees = {i.id for i in ready if i.kind is ItemKind.GROUP}
-        for tree in self.tree_dir.iterdir():
-            if tree.name not in trees:
-                shutil.rmtree(tree, ignore_errors=True)
+        self._sweep(self.tree_dir, trees, stat.S_IFDIR)
         active = {i.id for i in items if i.state in (ItemState.QUEUED, ItemState.FETCHING)}
         active |= {i.id for i in items if i.state is ItemState.FAILED and i.retry_at is not None}
-        for path in self.partial_dir.iterdir():
-            if path.name.split(".", 1)[0] not in active:
-                path.unlink()
-        ready_names = {i.name for i in ready}
-        for link in self.name_dir.iterdir():
-            if link.name not in ready_names:
-                link.unlink()
+        with self._dir(self.partial_dir) as dfd:
+            names = set(os.listdir(dfd))
+        self._sweep(
+            self.partial_dir, {n for n in names if n.split(".", 1)[0] in active}, stat.S_IFREG
+        )
+        self._sweep(self.name_dir, {i.name for i in ready}, stat.S_IFLNK)
 
 
-def _hash_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+def _not_ours(info: os.stat_result, single: bool) -> str | None:
+    """Why a file is not one the agent made (None: it may be): a link or anything but a regular
+    file, or (``single``) a file with another name elsewhere."""
+    if not stat.S_ISREG(info.st_mode):
+        return _kind_name(info.st_mode)
+    if single and info.st_nlink > 1:
+        return f"a file with {info.st_nlink} hard links"
+    return None
+
+
+def _kind_name(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "a regular file" if stat.S_ISREG(mode) else "a special file"
+
+
+def _real_dir(path: Path, quarantine: Path | None) -> None:
+    """``path`` as a directory of its own: a link or file in its place is moved into
+    ``quarantine`` (None: it is the quarantine, and the link is removed) unfollowed."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        path.mkdir(mode=0o755)
+        return
+    if stat.S_ISDIR(info.st_mode):
+        return
+    if quarantine is None:
+        os.unlink(path)  # removes the link itself
+        log.warning("cache: %s was %s; removed, unread", path, _kind_name(info.st_mode))
+    else:
+        moved = quarantine / f"{path.name}-{time.time_ns()}"
+        os.rename(path, moved)
+        log.warning(
+            "cache: %s is %s, not a directory the agent made; moved to %s unread",
+            path,
+            _kind_name(info.st_mode),
+            moved,
+        )
+    path.mkdir(mode=0o755)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 import subprocess
 import sys
 import textwrap
@@ -455,3 +456,48 @@ def test_a_nested_write_cannot_ask_for_more_durability_than_its_transaction(
     ):
         store.journal_append("gpu-0", {"step": "begin"})
     assert store.journal_entries("gpu-0") == []  # rolled back whole
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_the_database_its_wal_and_shm_are_root_only_and_so_is_its_directory(
+    tmp_path: Path,
+) -> None:
+    """They hold signed URLs of prewarm requests: 0600 files in a 0700 directory, whatever the
+    umask, and files an older agent left 0644 (in a 0755 dir) are fixed on open."""
+    state = tmp_path / "state"
+    db = state / "agent.db"
+    old = os.umask(0o022)
+    try:
+        with StateStore(db) as store:
+            store.create_operation("k", request_id=None, request={"url": "https://x/?sig=s"})
+            files = [db, db.with_name("agent.db-wal"), db.with_name("agent.db-shm")]
+            assert [_mode(f) for f in files] == [0o600] * 3
+        assert _mode(state) == 0o700
+        for f in files:
+            if f.exists():
+                os.chmod(f, 0o644)
+        os.chmod(state, 0o755)
+        with StateStore(db) as store:
+            store.create_operation("k", request_id=None, request={})
+            assert [_mode(f) for f in files] == [0o600] * 3
+        assert _mode(state) == 0o700
+    finally:
+        os.umask(old)
+
+
+def test_a_database_migrated_to_owners_keeps_its_rows_without_an_owner(db_path: Path) -> None:
+    """Operations from before owners were recorded stay, owned by no one (schema 3)."""
+    with StateStore(db_path) as store:
+        op = store.create_operation("prewarm", request_id=None, request={})
+        mine = store.create_operation(
+            "prewarm", request_id=None, request={}, owner="local", owner_role="admin"
+        )
+        assert (store.get_operation(mine.id).owner, store.get_operation(mine.id).owner_role) == (
+            "local",
+            "admin",
+        )
+        assert store.get_operation(op.id).owner_role is None
+        assert store.schema_version == len(MIGRATIONS) >= 3

@@ -1,0 +1,166 @@
+"""The cache never follows a link it did not make: whatever can write the cache's host path
+plants links (and hard links) where the agent writes, reads or cleans; the file outside stays
+as it was, the planted thing goes to quarantine/, and no item is served from it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.prewarm.model import FileRequest, ItemState
+from tests.integration.prewarm_fixtures.agent import make_service
+from tests.integration.prewarm_fixtures.origin import Origin
+
+pytestmark = pytest.mark.integration
+MIB = 1024 * 1024
+SECRET = b"root:$6$not-for-the-cache\n"
+
+
+@pytest.fixture
+def origin(tmp_path: Path) -> Iterator[Origin]:
+    root = tmp_path / "origin"
+    root.mkdir()
+    with Origin(root) as o:
+        yield o
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """A file outside the cache that a planted link points at."""
+    path = tmp_path / "etc" / "shadow"
+    path.parent.mkdir()
+    path.write_bytes(SECRET)
+    return path
+
+
+def quarantined(cache: Path) -> list[Path]:
+    return sorted((cache / "quarantine").iterdir())
+
+
+def test_a_partial_linked_outside_is_quarantined_and_the_outside_file_untouched(
+    tmp_path: Path, origin: Origin, outside: Path
+) -> None:
+    data = os.urandom(MIB)
+    digest = origin.add("w.bin", data)
+    svc = make_service(tmp_path)
+    item = svc.submit(FileRequest(origin.url("w.bin"), sha256=digest))
+    os.symlink(outside, svc.store.partial_dir / f"{item.id}.part")
+
+    done = svc.run(item.id)
+
+    assert done.state is ItemState.READY, done.error
+    assert outside.read_bytes() == SECRET
+    (moved,) = quarantined(svc.store.root)
+    assert moved.is_symlink() and os.readlink(moved) == str(outside)
+    blob = svc.store.blob_path(digest)
+    assert stat.S_ISREG(os.lstat(blob).st_mode) and blob.read_bytes() == data
+
+
+def test_a_partial_hard_linked_to_an_outside_file_is_quarantined(
+    tmp_path: Path, origin: Origin, outside: Path
+) -> None:
+    """A hard link is a regular file, but truncating it would truncate the file outside."""
+    digest = origin.add("h.bin", os.urandom(MIB))
+    svc = make_service(tmp_path)
+    item = svc.submit(FileRequest(origin.url("h.bin"), sha256=digest))
+    os.link(outside, svc.store.partial_dir / f"{item.id}.part")
+
+    assert svc.run(item.id).state is ItemState.READY
+    assert outside.read_bytes() == SECRET
+    assert len(quarantined(svc.store.root)) == 1
+
+
+def test_a_planted_blob_link_is_not_served_as_a_verified_file(
+    tmp_path: Path, origin: Origin, outside: Path
+) -> None:
+    """A link at blobs/sha256/<digest> to a file with that digest: the agent would have linked
+    the name to it without a fetch. It is quarantined and the bytes come from the origin."""
+    digest = hashlib.sha256(SECRET).hexdigest()
+    origin.add("model.bin", SECRET)
+    svc = make_service(tmp_path)
+    planted = svc.store.blob_path(digest)
+    os.symlink(outside, planted)
+
+    item = svc.submit(FileRequest(origin.url("model.bin"), sha256=digest))
+    assert item.state is ItemState.QUEUED  # not a hit on the planted link
+    done = svc.run(item.id)
+
+    assert done.state is ItemState.READY, done.error
+    assert origin.ranges("model.bin") == [None]  # fetched, not taken from the link
+    assert stat.S_ISREG(os.lstat(planted).st_mode)
+    assert os.path.realpath(svc.store.name_path(done.name)) == str(planted)
+    assert outside.read_bytes() == SECRET
+    (moved,) = quarantined(svc.store.root)
+    assert os.readlink(moved) == str(outside)
+
+
+def test_a_ready_items_blob_swapped_for_a_link_is_evicted_on_audit(
+    tmp_path: Path, origin: Origin, outside: Path
+) -> None:
+    digest = origin.add("r.bin", os.urandom(MIB))
+    svc = make_service(tmp_path)
+    item = svc.run(svc.submit(FileRequest(origin.url("r.bin"), sha256=digest)).id)
+    blob = svc.store.blob_path(digest)
+    blob.unlink()
+    os.symlink(outside, blob)
+
+    (changed,) = svc.audit()
+
+    assert (changed.id, changed.state) == (item.id, ItemState.EVICTED)
+    assert outside.read_bytes() == SECRET
+    assert not os.path.lexists(blob)
+    assert len(quarantined(svc.store.root)) == 1
+
+
+def test_a_partial_dir_linked_outside_is_not_emptied_at_start(
+    tmp_path: Path, outside: Path
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    os.symlink(outside.parent, cache / "partial")
+
+    svc = make_service(tmp_path, cache_dir=cache)
+    svc.store.reconcile()
+
+    assert outside.read_bytes() == SECRET
+    assert not (cache / "partial").is_symlink() and (cache / "partial").is_dir()
+    (moved,) = quarantined(cache)
+    assert moved.is_symlink() and os.readlink(moved) == str(outside.parent)
+
+
+def test_links_planted_among_partials_blobs_and_names_are_quarantined_at_start(
+    tmp_path: Path, outside: Path
+) -> None:
+    svc = make_service(tmp_path)
+    store = svc.store
+    os.symlink(outside, store.partial_dir / "stale.part")
+    os.symlink(outside, store.blob_path("0" * 64))
+    (store.name_dir / "plain-file").write_bytes(b"x")
+    (store.partial_dir / "a-dir").mkdir()
+
+    store.reconcile()
+
+    assert outside.read_bytes() == SECRET
+    assert len(quarantined(store.root)) == 4
+    assert list(store.partial_dir.iterdir()) == []
+    assert list(store.blob_dir.iterdir()) == [] and list(store.name_dir.iterdir()) == []
+
+
+def test_a_validators_temp_file_linked_outside_is_not_overwritten(
+    tmp_path: Path, origin: Origin, outside: Path
+) -> None:
+    """The origin's ETag is saved through partial/<id>.json.tmp on the way to <id>.json."""
+    digest = origin.add("v.bin", os.urandom(MIB))
+    svc = make_service(tmp_path)
+    item = svc.submit(FileRequest(origin.url("v.bin"), sha256=digest))
+    os.symlink(outside, svc.store.partial_dir / f"{item.id}.json.tmp")
+
+    assert svc.run(item.id).state is ItemState.READY
+    assert outside.read_bytes() == SECRET
+    (moved,) = quarantined(svc.store.root)
+    assert os.readlink(moved) == str(outside)
