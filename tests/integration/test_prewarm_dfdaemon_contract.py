@@ -30,7 +30,7 @@ from agent.prewarm.model import FileRequest, ItemState  # noqa: E402
 from agent.prewarm.policy import UrlPolicy  # noqa: E402
 from agent.prewarm.service import PrewarmService  # noqa: E402
 from agent.prewarm.sink import DigestSink  # noqa: E402
-from tests.integration.prewarm_fixtures.agent import make_service  # noqa: E402
+from tests.integration.prewarm_fixtures.agent import LOOPBACK, make_service  # noqa: E402
 from tests.integration.prewarm_fixtures.origin import Origin  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -255,7 +255,10 @@ def test_the_dragonfly_output_setting_picks_hard_link_for_the_agents_fetcher(
     with Origin(root) as origin:
         origin.add("m.bin", DATA)
         settings = PrewarmSettings(
-            dragonfly_socket=sock, dragonfly_output="hard-link", allow_http=True
+            dragonfly_socket=sock,
+            dragonfly_output="hard-link",
+            allow_http=True,
+            egress_allow=LOOPBACK,
         )
         policy = policy_from(settings)
         svc = make_service(tmp_path, fetcher=fetcher_from(settings, policy), policy=policy)

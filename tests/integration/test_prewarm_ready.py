@@ -358,6 +358,7 @@ def test_the_running_agent_audits_and_retries_on_its_own(tmp_path: Path, origin:
     prewarm = {
         "cache_dir": str(tmp_path / "cache"),
         "allowed_hosts": ["127.0.0.1"],
+        "egress_allow": ["127.0.0.0/8"],
         "allow_http": True,
         "containerd_socket": str(tmp_path / "containerd.sock"),
         "audit_interval_s": 1.0,
