@@ -356,7 +356,7 @@ class PrewarmSettings:
             doc="Non-public addresses the agent may fetch from and pull images from. Without "
             "an entry, loopback, private (RFC 1918), CGNAT, link-local, unique-local (ULA), "
             "multicast and cloud metadata addresses are denied in every spelling (IPv4-mapped, "
-            "NAT64, 6to4, decimal and octal forms), checked on the address connected to after "
+            "NAT64, 6to4, decimal, octal and hex forms), checked on the address connected to after "
             "DNS and on every redirect. A CIDR opens the addresses it holds; a host name opens "
             "whatever that name resolves to.",
         ),
