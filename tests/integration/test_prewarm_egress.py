@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import PermissionDenied
+from agent.errors import InvalidSpec, PermissionDenied
 from agent.prewarm.errors import FetchFailed
 from agent.prewarm.fetch_http import FetchSpec, HttpFetcher
-from agent.prewarm.model import FileRequest, ImageRequest, ItemState
+from agent.prewarm.model import FileRequest, GroupRequest, ImageRequest, ItemState
 from agent.prewarm.policy import UrlPolicy
 from agent.prewarm.service import PullResult
 from agent.prewarm.sink import DigestSink
@@ -204,6 +204,28 @@ def test_header_secrets_go_only_to_the_origin_their_directory_is_bound_to(
     assert item.state is ItemState.READY, item.error
     assert origin.requests[0].headers["Authorization"] == "Bearer s3cr3t"
     assert [r.headers.get("Authorization") for r in other.requests] == [None]
+
+
+def test_a_models_header_secrets_are_bound_to_its_endpoint(tmp_path: Path, origin: Origin) -> None:
+    secret = tmp_path / "token"
+    secret.write_text("Bearer s3cr3t\n")
+    svc = make_service(tmp_path, header_origins=["https://huggingface.co"])
+    req = GroupRequest("org/m", endpoint=origin.url(""), header_files={"Authorization": secret})
+    with pytest.raises(PermissionDenied, match=r"may be sent to https://huggingface\.co:443 only"):
+        svc.submit(req)
+    assert svc.items() == [] and origin.requests == []
+
+
+@pytest.mark.parametrize("value", ["Bearer t\u00f6k\u00e9n", "Bearer \u6a21\u578b", "a\x00b"])
+def test_a_header_value_http_cannot_carry_is_refused_at_submit(
+    tmp_path: Path, origin: Origin, value: str
+) -> None:
+    secret = tmp_path / "token"
+    secret.write_text(value)
+    svc = make_service(tmp_path, header_origins=[origin.url("")])
+    with pytest.raises(InvalidSpec, match="printable ASCII"):
+        svc.submit(FileRequest(origin.url("m.bin"), header_files={"Authorization": secret}))
+    assert svc.items() == [] and origin.requests == []
 
 
 def _open_fds() -> int:
