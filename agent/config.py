@@ -29,7 +29,9 @@ from urllib.parse import urlsplit
 
 from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec
+from agent.prewarm.headers import parse_header_dir
 from agent.prewarm.naming import DEFAULT_IGNORED_QUERY_PARAMS
+from agent.prewarm.policy import is_host_pattern
 from agent.safeyaml import brief
 
 __all__ = [
@@ -113,6 +115,19 @@ def _is_loopback_listen(value: str) -> bool:
 def _is_http_url(value: str) -> bool:
     parts = urlsplit(value)
     return parts.scheme in ("http", "https") and bool(parts.netloc)
+
+
+def _are_egress_entries(values: tuple[str, ...]) -> bool:
+    return all(is_host_pattern(value) for value in values)
+
+
+def _are_header_dirs(values: tuple[str, ...]) -> bool:
+    try:
+        for value in values:
+            parse_header_dir(value)
+    except ValueError:
+        return False
+    return True
 
 
 _LISTEN_TEXT = "HOST:PORT or [IPv6]:PORT with PORT 0-65535, e.g. 0.0.0.0:9400"
@@ -321,12 +336,31 @@ class PrewarmSettings:
     allowed_hosts: tuple[str, ...] = field(
         default=(),
         metadata=_rules(
-            doc="Origin hosts files may be fetched from; empty allows any host not denied."
+            doc="Origin hosts (names, globs, CIDRs) files and models may be fetched from; empty "
+            "allows any host not denied. Non-public addresses stay denied until egress_allow "
+            "opens them."
         ),
     )
     denied_hosts: tuple[str, ...] = field(
         default=(),
-        metadata=_rules(doc="Origin hosts never fetched from; wins over allowed_hosts."),
+        metadata=_rules(
+            doc="Hosts (names, globs, CIDRs) never fetched from nor pulled from; wins over "
+            "allowed_hosts and egress_allow."
+        ),
+    )
+    egress_allow: tuple[str, ...] = field(
+        default=(),
+        metadata=_rules(
+            check=_are_egress_entries,
+            allowed="a list of CIDRs or addresses (127.0.0.0/8, ::1) and host names or globs "
+            "(minio.internal, *.corp.example)",
+            doc="Non-public addresses the agent may fetch from and pull images from. Without "
+            "an entry, loopback, private (RFC 1918), CGNAT, link-local, unique-local (ULA), "
+            "multicast and cloud metadata addresses are denied in every spelling (IPv4-mapped, "
+            "NAT64, 6to4, decimal, octal and hex forms), checked on the address connected to after "
+            "DNS and on every redirect. A CIDR opens the addresses it holds; a host name opens "
+            "whatever that name resolves to.",
+        ),
     )
     dragonfly_socket: Path | None = field(
         default=None,
@@ -435,11 +469,17 @@ class PrewarmSettings:
         ),
     )
     header_dirs: tuple[str, ...] = field(
-        default=("/etc/gpu-agent/secrets",),
+        default=(),
         metadata=_rules(
-            doc="Directories request header files (tokens, mounted secrets) may be read from. A "
-            "header file elsewhere is refused, so an API caller cannot make the agent send an "
-            "arbitrary node file to an origin.",
+            check=_are_header_dirs,
+            allowed="a list of ORIGIN=DIRECTORY, ORIGIN being scheme://host[:port], e.g. "
+            "https://huggingface.co=/etc/gpu-agent/secrets/hf",
+            doc="Directories request header files (tokens, mounted secrets) may be read from, "
+            "each bound to the one origin (scheme, host, port) its headers may be sent to; list "
+            "a directory once per origin. A header file outside them is refused, as is one "
+            "whose directory is not bound to the request's origin, and a redirect to another "
+            "origin drops the headers: an API caller cannot make the agent send a node file or "
+            "a secret anywhere else.",
         ),
     )
 

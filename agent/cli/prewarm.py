@@ -175,7 +175,8 @@ def prewarm() -> None:
     "headers",
     multiple=True,
     metavar="NAME=FILE",
-    help="Send header NAME with the value read from FILE (a mounted secret). Repeatable.",
+    help="Send header NAME with the value read from FILE (a mounted secret), which must lie in "
+    "a prewarm.header_dirs directory bound to the URL's origin. Repeatable.",
 )
 @_wait_option
 @output_option

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from agent.config import PrewarmSettings
 from agent.prewarm.fetch_http import HttpFetcher
+from agent.prewarm.headers import parse_header_dir
 from agent.prewarm.index import PrewarmIndex
 from agent.prewarm.inuse import ProcScanner
 from agent.prewarm.policy import UrlPolicy
@@ -17,7 +18,12 @@ from agent.state import StateStore
 
 
 def policy_from(settings: PrewarmSettings) -> UrlPolicy:
-    return UrlPolicy(settings.allow_http, settings.allowed_hosts, settings.denied_hosts)
+    return UrlPolicy(
+        settings.allow_http,
+        settings.allowed_hosts,
+        settings.denied_hosts,
+        settings.egress_allow,
+    )
 
 
 def proxy_ssl_context(settings: PrewarmSettings) -> ssl.SSLContext | None:
@@ -111,7 +117,7 @@ def build_service(
         fetcher_from(settings, policy),
         puller=puller_from(settings),
         warmer=warmer_from(settings, policy),
-        header_dirs=[Path(d) for d in settings.header_dirs],
+        header_dirs=[parse_header_dir(d) for d in settings.header_dirs],
         ignored_query_params=settings.ignored_query_params,
         retry_initial_s=settings.retry_initial_s,
         retry_max_s=settings.retry_max_s,

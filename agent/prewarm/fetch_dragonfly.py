@@ -263,10 +263,16 @@ def _error(exc: grpc.RpcError, url: str, socket: Path) -> Exception:
     if code is grpc.StatusCode.PERMISSION_DENIED:
         return PermissionDenied(f"dfdaemon refused {redact_url(url)}: {details}")
     if code is grpc.StatusCode.INTERNAL:
-        # Backend failures carry JSON {message, header, status_code}; headers may hold secrets.
+        # Backend failures carry JSON {message, header, status_code}: the origin's words and
+        # headers (which may hold secrets) stay out; only its status is said.
         backend = _backend(exc)
         if backend is not None:
-            details = f"origin {backend.get('status_code')}: {backend.get('message')}"
+            status = backend.get("status_code")
+            details = (
+                f"origin answered HTTP {status}"
+                if isinstance(status, int) and not isinstance(status, bool)
+                else "origin failed"
+            )
     return FetchFailed(
         f"dfdaemon could not fetch {redact_url(url)}: {code} {details}",
         transient=code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.DEADLINE_EXCEEDED),

@@ -3,8 +3,9 @@
 Streams into a `Sink` (the cache's `Partial`, or a `DigestSink` that only hashes), resuming
 with ``Range`` + ``If-Range`` after a dropped connection or a restart. Every URL, redirects
 included, passes `UrlPolicy`; direct connections go to the address the policy checked. Request
-headers (tokens) go only to the first origin: a redirect to another host drops them, and no
-header value appears in an error or a log line.
+headers (tokens) go only to the first origin: a redirect to another origin drops them, and no
+header value appears in an error or a log line. Nor does anything the origin sent: errors say
+"origin answered HTTP 503" or "malformed status line", never its reason phrase or its bytes.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
-from agent.prewarm.errors import Cancelled, FetchFailed
-from agent.prewarm.policy import Target, UrlPolicy, redact_url
+from agent.prewarm.errors import Cancelled, FetchFailed, transport_error
+from agent.prewarm.policy import Target, UrlPolicy, origin_of, redact_url
 from agent.prewarm.sink import Sink
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,10 @@ _CANCEL_POLL_S = 0.05  # how soon a back-off notices a cancel or a stop
 _REDIRECTS = (301, 302, 303, 307, 308)
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _UNSATISFIED_RANGE = re.compile(r"bytes \*/(\d+)")
+_DRAGONFLY_ERROR_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+# What a request line keeps as it is: RFC 3986's reserved and unreserved characters and "%";
+# anything else (non-ASCII, spaces, controls) is percent-encoded as UTF-8.
+_URI_SAFE = "!#$%&'()*+,/:;=?@[]~-._"
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +190,7 @@ class HttpFetcher:
         except (OSError, http.client.HTTPException) as exc:
             if cancelled():
                 raise Cancelled("cancelled") from None
-            raise _Retry(_describe(exc)) from None
+            raise _Retry(transport_error(exc)) from None
         finally:
             self._forget(conn)
             conn.close()
@@ -204,7 +208,7 @@ class HttpFetcher:
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         url = spec.url
         headers = dict(spec.headers)
-        origin = _origin(url)
+        origin = origin_of(url)
         for _ in range(self._max_redirects + 1):
             target = self._policy.check(url)
             conn = self._connection(target)
@@ -215,10 +219,14 @@ class HttpFetcher:
             try:
                 conn.request("GET", self._request_target(url), headers=request_headers)
                 resp = conn.getresponse()
-            except (OSError, http.client.HTTPException) as exc:
+            except BaseException as exc:
+                # Whatever fails (a dropped connection, a header http.client cannot encode),
+                # the socket is closed here: nothing else holds it.
                 self._forget(conn)
                 conn.close()
-                raise _Retry(_describe(exc)) from None
+                if isinstance(exc, OSError | http.client.HTTPException):
+                    raise _Retry(transport_error(exc)) from None
+                raise
             if resp.status not in _REDIRECTS:
                 return conn, resp
             location = resp.getheader("Location")
@@ -227,7 +235,7 @@ class HttpFetcher:
             if not location:
                 raise FetchFailed(f"redirect without Location from {redact_url(url)}")
             url = urljoin(url, location)
-            if _origin(url) != origin:
+            if origin_of(url) != origin:
                 headers = {}  # tokens are for the origin the user named, not where it points
         raise FetchFailed(f"more than {self._max_redirects} redirects from {redact_url(spec.url)}")
 
@@ -239,11 +247,11 @@ class HttpFetcher:
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             if self._proxy is None:
-                raise _Retry(_describe(exc)) from None
+                raise _Retry(transport_error(exc)) from None
             down = isinstance(exc, ConnectionError | TimeoutError | socket.gaierror)
             raise _Retry(
                 f"Dragonfly proxy {self._proxy.geturl()} "
-                f"{'unreachable' if down else 'failed'}: {_describe(exc)}"
+                f"{'unreachable' if down else 'failed'}: {transport_error(exc)}"
             ) from None
 
     def _connection(self, target: Target) -> http.client.HTTPConnection:
@@ -262,8 +270,8 @@ class HttpFetcher:
     def _request_target(self, url: str) -> str:
         parts = urlsplit(url)
         if self._proxy is not None and parts.scheme == "http":
-            return url
-        return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            return request_target(url)
+        return request_target((parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
 
     def _headers(
         self, url: str, target: Target, headers: Mapping[str, str], partial: Sink, first: str
@@ -309,11 +317,11 @@ class HttpFetcher:
             partial.restart()
             raise _Retry("origin refused the resume range")
         elif status == 429 or status >= 500:
-            raise _Retry(f"origin answered {status} {resp.reason}{_dragonfly_error(resp)}")
+            raise _Retry(f"origin answered HTTP {status}{self._dragonfly_error(resp)}")
         else:
             raise FetchFailed(
-                f"origin answered {status} {resp.reason} for {redact_url(spec.url)}"
-                f"{_dragonfly_error(resp)}"
+                f"origin answered HTTP {status} for {redact_url(spec.url)}"
+                f"{self._dragonfly_error(resp)}"
             )
         partial.save_validators(
             {
@@ -324,6 +332,13 @@ class HttpFetcher:
             }
         )
         return total
+
+    def _dragonfly_error(self, resp: http.client.HTTPResponse) -> str:
+        """dfdaemon's error type, when its proxy set one: a short token, never free text."""
+        kind = resp.getheader("X-Dragonfly-Error-Type") if self._proxy is not None else None
+        if kind and _DRAGONFLY_ERROR_TYPE.fullmatch(kind):
+            return f" (dragonfly error type: {kind})"
+        return ""
 
     def _stream(
         self,
@@ -360,17 +375,7 @@ def _back_off(delay: float, cancelled: CancelledFn) -> None:
     raise Cancelled("cancelled during the retry back-off")
 
 
-def _origin(url: str) -> tuple[str, str, int | None]:
-    parts = urlsplit(url)
-    return parts.scheme, (parts.hostname or "").lower(), parts.port
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, http.client.IncompleteRead):
-        return f"connection closed mid-body ({len(exc.partial)} bytes in the last read)"
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _dragonfly_error(resp: Any) -> str:
-    kind = resp.getheader("X-Dragonfly-Error-Type")
-    return f" (dragonfly error type: {kind})" if kind else ""
+def request_target(text: str) -> str:
+    """``text`` (a path and query, or an absolute URL) as an ASCII request target: characters
+    a request line cannot carry are percent-encoded, as a browser sends them."""
+    return quote(text, safe=_URI_SAFE)

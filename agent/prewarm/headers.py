@@ -1,14 +1,53 @@
-"""Request headers read from files (mounted Kubernetes secrets), checked and never logged."""
+"""Request headers read from files (mounted Kubernetes secrets), bound to their origins.
+
+The operator names each header directory with the one origin (``scheme://host:port``) its files
+were written for (``prewarm.header_dirs``: ``ORIGIN=DIRECTORY``). A request may use a header file
+only when it lies in a directory bound to the origin the request goes to, so a caller cannot
+send a node file, or another origin's token, to a host of its choosing. Values are checked
+and never logged.
+"""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from agent.errors import FieldViolation, InvalidSpec
+from agent.errors import FieldViolation, InvalidSpec, PermissionDenied
+from agent.prewarm.policy import origin_of
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+# A header value as http.client sends it: visible ASCII, spaces and tabs.
+_VALUE = re.compile(r"[\t\x20-\x7e]*")
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderDir:
+    """A directory of header files and the origin (``scheme://host:port``) they may go to."""
+
+    origin: str
+    path: Path
+
+
+def parse_header_dir(text: str) -> HeaderDir:
+    """``ORIGIN=DIRECTORY`` as `prewarm.header_dirs` lists it; ValueError when malformed."""
+    origin, sep, directory = text.partition("=")
+    parts = urlsplit(origin)
+    if (
+        not sep
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.username is not None
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or not Path(directory).is_absolute()
+    ):
+        raise ValueError(text)
+    _ = parts.port  # raises ValueError for a bad port
+    return HeaderDir(origin_of(origin), Path(directory))
 
 
 def check_header_name(name: str) -> str:
@@ -20,22 +59,33 @@ def check_header_name(name: str) -> str:
     return name
 
 
-def read_header_files(files: Mapping[str, Path], allowed_dirs: Sequence[Path]) -> dict[str, str]:
-    """Header name → value read from its file; read at each fetch so rotated secrets apply.
+def read_header_files(
+    files: Mapping[str, Path], dirs: Sequence[HeaderDir], url: str
+) -> dict[str, str]:
+    """Header name → value read from its file, for a request to ``url``; read at each fetch so
+    rotated secrets apply.
 
-    Only files under ``allowed_dirs`` (after resolving links) are read: otherwise any caller of
-    the API could ship any file of the node to an origin as a header. Errors name the header and
-    the file, never the value.
+    Only files under a directory of ``dirs`` (after resolving links) bound to ``url``'s origin
+    are read. Errors name the header and the file, never the value.
     """
     headers = {}
-    roots = [d.resolve() for d in allowed_dirs]
+    origin = origin_of(url)
     for name, path in files.items():
         check_header_name(name)
-        if not any(path.resolve().is_relative_to(root) for root in roots):
-            allowed = ", ".join(str(d) for d in allowed_dirs) or "none configured"
+        real = path.resolve()
+        holding = [d for d in dirs if real.is_relative_to(d.path.resolve())]
+        if not holding:
+            allowed = ", ".join(sorted({str(d.path) for d in dirs})) or "none configured"
             raise InvalidSpec(
                 f"header {name}: {path} is outside the header directories ({allowed})",
                 [FieldViolation("header_files", f"a file under: {allowed}")],
+            )
+        if not any(d.origin == origin for d in holding):
+            bound = ", ".join(sorted({d.origin for d in holding}))
+            raise PermissionDenied(
+                f"header {name}: {path} may be sent to {bound} only, not to {origin} "
+                "(header_files; the operator binds header directories to origins in "
+                "prewarm.header_dirs)"
             )
         try:
             value = path.read_text().strip("\r\n")
@@ -44,10 +94,11 @@ def read_header_files(files: Mapping[str, Path], allowed_dirs: Sequence[Path]) -
                 f"cannot read header {name} from {path}: {exc.strerror or exc}",
                 [FieldViolation("header_files", "a readable file holding the header value")],
             ) from None
-        if "\n" in value or "\r" in value or "\0" in value:
+        if not _VALUE.fullmatch(value):
             raise InvalidSpec(
-                f"header {name} from {path} spans lines",
-                [FieldViolation("header_files", "one line, no NUL")],
+                f"header {name} from {path} spans lines or holds characters other than "
+                "printable ASCII",
+                [FieldViolation("header_files", "one line of printable ASCII")],
             )
         headers[name] = value
     return headers

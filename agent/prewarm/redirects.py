@@ -17,15 +17,16 @@ import ssl
 from dataclasses import replace
 from urllib.parse import urljoin, urlsplit
 
-from agent.prewarm.errors import FetchFailed
+from agent.prewarm.errors import FetchFailed, transport_error
 from agent.prewarm.fetch_http import (
     CancelledFn,
     FetchInfo,
     FetchSpec,
     ProgressFn,
     direct_connection,
+    request_target,
 )
-from agent.prewarm.policy import UrlPolicy, redact_url
+from agent.prewarm.policy import UrlPolicy, origin_of, redact_url
 from agent.prewarm.service import FileFetcher
 from agent.prewarm.sink import Sink
 
@@ -42,12 +43,12 @@ def resolve(
     """``spec`` pointed at where its URL's redirects end, each hop allowed by ``policy``;
     request headers (tokens) are dropped once the chain leaves the first origin."""
     url, headers = spec.url, dict(spec.headers)
-    first = _origin(url)
+    first = origin_of(url)
     for _ in range(max_redirects + 1):
         target = policy.check(url)
         conn = direct_connection(target, timeout_s, ssl_context)
         parts = urlsplit(url)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        path = request_target((parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
         default_port = 443 if target.scheme == "https" else 80
         host = target.host if target.port == default_port else f"{target.host}:{target.port}"
         probe = {
@@ -64,7 +65,8 @@ def resolve(
             status = resp.status
         except (OSError, http.client.HTTPException) as exc:
             raise FetchFailed(
-                f"cannot reach {redact_url(url)} to resolve its redirects: {exc}", transient=True
+                f"cannot reach {redact_url(url)} to resolve its redirects: {transport_error(exc)}",
+                transient=True,
             ) from None
         finally:
             conn.close()
@@ -73,7 +75,7 @@ def resolve(
         if not location:
             raise FetchFailed(f"redirect without Location from {redact_url(url)}")
         url = urljoin(url, location)
-        if _origin(url) != first:
+        if origin_of(url) != first:
             headers = {}
     raise FetchFailed(f"more than {max_redirects} redirects from {redact_url(spec.url)}")
 
@@ -102,8 +104,3 @@ class ResolvingFetcher:
 
     def interrupt(self) -> None:
         self._inner.interrupt()
-
-
-def _origin(url: str) -> tuple[str, str, int | None]:
-    parts = urlsplit(url)
-    return parts.scheme, (parts.hostname or "").lower(), parts.port

@@ -33,8 +33,8 @@ from urllib.parse import urlencode, urljoin, urlsplit
 
 from agent.errors import FieldViolation, InvalidSpec, NotFound, PermissionDenied
 from agent.prewarm.docker_auth import DOCKER_HUB, Credentials, credentials_for, registry_host
-from agent.prewarm.errors import FetchFailed
-from agent.prewarm.fetch_http import direct_connection
+from agent.prewarm.errors import FetchFailed, transport_error
+from agent.prewarm.fetch_http import direct_connection, request_target
 from agent.prewarm.policy import UrlPolicy, redact_url
 
 log = logging.getLogger(__name__)
@@ -225,7 +225,7 @@ def _descriptor(data: Any, where: str) -> Descriptor:
         raise FetchFailed(f"{where}: a descriptor is not an object")
     digest, size = data.get("digest"), data.get("size")
     if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
-        raise FetchFailed(f"{where}: descriptor digest {digest!r} is not sha256/sha512 hex")
+        raise FetchFailed(f"{where}: a descriptor digest is not sha256/sha512 hex")
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise FetchFailed(f"{where}: descriptor {digest} has no valid size")
     annotations = data.get("annotations") or {}
@@ -372,7 +372,7 @@ class RegistryClient:
         if resp.status == 404:
             raise NotFound(f"manifest {reference} of {name.repository} not found at {url}")
         if resp.status != 200:
-            raise FetchFailed(f"registry answered {resp.status} {resp.reason} for {url}")
+            raise FetchFailed(f"registry answered HTTP {resp.status} for {redact_url(url)}")
         pinned = _DIGEST.fullmatch(reference) is not None
         algorithm = reference.split(":", 1)[0] if pinned else "sha256"
         digest = f"{algorithm}:{hashlib.new(algorithm, resp.body).hexdigest()}"
@@ -475,9 +475,7 @@ class RegistryClient:
                 f"({resp.status}; check prewarm.docker_config)"
             )
         if resp.status != 200:
-            raise FetchFailed(
-                f"token service {redact_url(realm)} answered {resp.status} {resp.reason}"
-            )
+            raise FetchFailed(f"token service {redact_url(realm)} answered HTTP {resp.status}")
         try:
             data = json.loads(resp.body)
             value = data.get("token") or data.get("access_token")
@@ -506,7 +504,7 @@ class RegistryClient:
             target = self.policy_for(url).check(url, field="image")
             conn = direct_connection(target, self._timeout, self._ssl)
             parts = urlsplit(url)
-            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            path = request_target((parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
             try:
                 conn.request(
                     method, path, body=body, headers={"User-Agent": "gpu-agent-prewarm", **current}
@@ -533,7 +531,7 @@ class RegistryClient:
                 )
             except (OSError, http.client.HTTPException) as exc:
                 raise FetchFailed(
-                    f"registry request to {redact_url(url)} failed: {type(exc).__name__}: {exc}"
+                    f"registry request to {redact_url(url)} failed: {transport_error(exc)}"
                 ) from None
             finally:
                 conn.close()

@@ -26,10 +26,11 @@ import psutil
 
 from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec
 from agent.owner import Actor, check_may_undo, claimed_by
+from agent.prewarm.docker_auth import registry_host
 from agent.prewarm.errors import Cancelled, FetchFailed, ImageWarmFailed
 from agent.prewarm.fetch_http import CancelledFn, FetchInfo, FetchSpec, ProgressFn
 from agent.prewarm.group import Member, check_include, check_repo, list_group, listing_url
-from agent.prewarm.headers import check_header_name, read_header_files
+from agent.prewarm.headers import HeaderDir, check_header_name, read_header_files
 from agent.prewarm.index import ImagePull, PrewarmIndex
 from agent.prewarm.inventory import Inventory
 from agent.prewarm.model import (
@@ -151,7 +152,7 @@ class PrewarmService:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         workers: int = 2,
-        header_dirs: Sequence[Path] = (),
+        header_dirs: Sequence[HeaderDir] = (),
         ignored_query_params: Sequence[str] = DEFAULT_IGNORED_QUERY_PARAMS,
         retry_initial_s: float = 30.0,
         retry_max_s: float = 3600.0,
@@ -225,22 +226,24 @@ class PrewarmService:
             for header in request.header_files:
                 check_header_name(header)
             read_header_files(
-                request.header_files, self._header_dirs
+                request.header_files, self._header_dirs, request.url
             )  # fail now, not minutes later
             return
         if isinstance(request, GroupRequest):
             check_repo(request.repo, request.revision)
-            self.policy.check(listing_url(request.endpoint, request.repo, request.revision))
+            listing = listing_url(request.endpoint, request.repo, request.revision)
+            self.policy.check(listing)
             check_include(request.include)
             for header in request.header_files:
                 check_header_name(header)
-            read_header_files(request.header_files, self._header_dirs)
+            read_header_files(request.header_files, self._header_dirs, listing)
             return
         if not request.ref or any(c.isspace() for c in request.ref):
             raise InvalidSpec(
                 "image reference is empty or has spaces",
                 [FieldViolation("image", "e.g. registry.example.com/repo:tag")],
             )
+        self.policy.check_registry(registry_host(request.ref))
         if request.repull_hours is not None and not 0 < request.repull_hours <= _MAX_REPULL_H:
             raise InvalidSpec(
                 f"repull_hours must be > 0 and <= {_MAX_REPULL_H}",
@@ -722,7 +725,7 @@ class PrewarmService:
             log.info("resuming %s from %d bytes on disk", item.name, partial.offset)
         progress, cancelled = self._watchers(item, event)
         try:
-            headers = read_header_files(_header_files(item), self._header_dirs)
+            headers = read_header_files(_header_files(item), self._header_dirs, item.source)
             spec = FetchSpec(
                 item.source, headers, item.expected_sha256, resume_key=self.identity(item.source)
             )
@@ -815,7 +818,11 @@ class PrewarmService:
         # Files of this snapshot already committed by an earlier, failed run: url -> sha256.
         fetched: dict[str, str] = json.loads(opts.get("fetched", "{}"))
         try:
-            headers = read_header_files(_header_files(item), self._header_dirs)
+            headers = read_header_files(
+                _header_files(item),
+                self._header_dirs,
+                listing_url(opts["endpoint"], opts["repo"], opts["revision"]),
+            )
             listing = list_group(
                 self._lister,
                 opts["endpoint"],
@@ -935,6 +942,8 @@ class PrewarmService:
             return self._fail_image(item, "no image puller (CRI) is configured", {})
         handler = item.options.get("runtime_handler")
         try:
+            # Checked again as it goes to the CRI: the registry's DNS may have moved since.
+            self.policy.check_registry(registry_host(item.source))
             result = self._puller.pull(item.source, handler)
         except Cancelled:
             return self._requeue_if_stopped(item)

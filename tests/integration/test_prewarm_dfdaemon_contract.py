@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -30,7 +31,7 @@ from agent.prewarm.model import FileRequest, ItemState  # noqa: E402
 from agent.prewarm.policy import UrlPolicy  # noqa: E402
 from agent.prewarm.service import PrewarmService  # noqa: E402
 from agent.prewarm.sink import DigestSink  # noqa: E402
-from tests.integration.prewarm_fixtures.agent import make_service  # noqa: E402
+from tests.integration.prewarm_fixtures.agent import LOOPBACK, make_service  # noqa: E402
 from tests.integration.prewarm_fixtures.origin import Origin  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -53,7 +54,9 @@ class FakeDfdaemon(dfdaemon_pb2_grpc.DfdaemonDownloadServicer):
     ``link_errno`` makes every link fail with that errno (EXDEV: its storage on another
     filesystem); ``corrupt_after_check`` flips a byte of the task file after its digest check
     (what the agent's own check must catch); ``ignore_output_path`` is a dfdaemon that knows no
-    output path (it serves the task and writes nothing there).
+    output path (it serves the task and writes nothing there); ``backend_failure`` is an
+    origin failure it reports as dfdaemon does: INTERNAL with the backend's JSON
+    {message, header, status_code} in ``grpc-status-details-bin``.
     """
 
     def __init__(self, storage: Path) -> None:
@@ -63,9 +66,14 @@ class FakeDfdaemon(dfdaemon_pb2_grpc.DfdaemonDownloadServicer):
         self.link_errno: int | None = None
         self.corrupt_after_check = False
         self.ignore_output_path = False
+        self.backend_failure: dict[str, object] | None = None
 
     def DownloadTask(self, request, context):  # type: ignore[no-untyped-def]
         self.requests.append(request)
+        if self.backend_failure is not None:
+            details = json.dumps(self.backend_failure).encode()
+            context.set_trailing_metadata([("grpc-status-details-bin", details)])
+            context.abort(grpc.StatusCode.INTERNAL, "backend error")
         download = request.download
         self.storage.mkdir(exist_ok=True)
         self.task_file.unlink(missing_ok=True)
@@ -174,6 +182,25 @@ def test_a_nydus_blob_warms_through_download_task_into_a_hash_only_sink(
         wrong.verify()
 
 
+def test_an_origin_failure_dfdaemon_reports_reaches_the_caller_as_its_status_only(
+    tmp_path: Path, dfdaemon: tuple[Path, FakeDfdaemon]
+) -> None:
+    """dfdaemon passes on what the origin said (its message, its headers): the caller reads
+    the HTTP status, never those bytes."""
+    sock, servicer = dfdaemon
+    servicer.backend_failure = {
+        "message": "-ERR internal-secret=hunter2",
+        "header": {"Set-Cookie": "session=hunter2"},
+        "status_code": 503,
+    }
+    policy = UrlPolicy(resolver=lambda h, p: ["203.0.113.5"])
+    svc = make_service(tmp_path, fetcher=DragonflyFetcher(policy, sock), policy=policy)
+    item = svc.run(svc.submit(FileRequest("https://models.example.com/m.bin")).id)
+    assert item.state is ItemState.FAILED
+    assert "origin answered HTTP 503" in (item.error or "")
+    assert "hunter2" not in (item.error or "") and "internal-secret" not in (item.error or "")
+
+
 def _link_service(tmp_path: Path, sock: Path) -> PrewarmService:
     policy = UrlPolicy(resolver=lambda h, p: ["203.0.113.5"])
     fetcher = DragonflyFetcher(policy, sock, output="hard-link")
@@ -255,7 +282,10 @@ def test_the_dragonfly_output_setting_picks_hard_link_for_the_agents_fetcher(
     with Origin(root) as origin:
         origin.add("m.bin", DATA)
         settings = PrewarmSettings(
-            dragonfly_socket=sock, dragonfly_output="hard-link", allow_http=True
+            dragonfly_socket=sock,
+            dragonfly_output="hard-link",
+            allow_http=True,
+            egress_allow=LOOPBACK,
         )
         policy = policy_from(settings)
         svc = make_service(tmp_path, fetcher=fetcher_from(settings, policy), policy=policy)

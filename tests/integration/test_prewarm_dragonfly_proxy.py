@@ -18,7 +18,7 @@ from agent.prewarm.factory import fetcher_from
 from agent.prewarm.fetch_http import HttpFetcher
 from agent.prewarm.model import FileRequest, ItemState
 from agent.prewarm.policy import UrlPolicy
-from tests.integration.prewarm_fixtures.agent import make_service
+from tests.integration.prewarm_fixtures.agent import LOOPBACK, make_service
 from tests.integration.prewarm_fixtures.origin import Origin
 from tests.integration.prewarm_fixtures.recording_proxy import RecordingProxy
 from tests.integration.prewarm_fixtures.tinyproxy import tinyproxy
@@ -114,7 +114,7 @@ def test_dragonfly_ca_file_is_trusted_for_https_through_the_proxy(tmp_path: Path
         )
         digest = tls_origin.add("t.bin", b"tls" * 10000)
         url = f"https://127.0.0.1:{tls_origin.port}/t.bin"
-        policy = UrlPolicy()
+        policy = UrlPolicy(egress_allow=LOOPBACK)
         settings = PrewarmSettings(dragonfly_proxy=proxy, dragonfly_ca_file=ca)
         trusting = make_service(tmp_path / "a", fetcher=fetcher_from(settings, policy))
         item = trusting.run(trusting.submit(FileRequest(url, sha256=digest)).id)
@@ -144,7 +144,7 @@ def test_redirect_policy_holds_when_dfdaemon_follows_redirects(tmp_path: Path) -
         digest = public.add("model.bin", b"m" * 5000)
         public.faults.redirects["/evil"] = f"http://127.0.0.2:{private.port}/secret.bin"
         public.faults.redirects["/moved"] = public.url("model.bin")
-        policy = UrlPolicy(allow_http=True, denied_hosts=("127.0.0.2/32",))
+        policy = UrlPolicy(allow_http=True, denied_hosts=("127.0.0.2/32",), egress_allow=LOOPBACK)
         settings = PrewarmSettings(dragonfly_proxy=f"http://{dfdaemon.address}")
         svc = make_service(tmp_path, fetcher=fetcher_from(settings, policy), policy=policy)
         refused = svc.run(svc.submit(FileRequest(public.url("evil"), name="evil")).id)

@@ -181,7 +181,7 @@ def test_headers_are_read_from_files_and_dropped_on_cross_host_redirect(
     secret = tmp_path / "token"
     secret.write_text("Bearer s3cr3t\n")
     origin.faults.redirects["/start"] = f"http://localhost:{origin.port}/m.bin"
-    svc = make_service(tmp_path)
+    svc = make_service(tmp_path, header_origins=[origin.url("")])
     req = FileRequest(origin.url("start"), name="m", header_files={"Authorization": secret})
     item = svc.run(svc.submit(req).id)
     assert item.state is ItemState.READY, item.error
@@ -194,7 +194,7 @@ def test_headers_are_read_from_files_and_dropped_on_cross_host_redirect(
 def test_errors_never_show_tokens_or_query_credentials(tmp_path: Path, origin: Origin) -> None:
     secret = tmp_path / "token"
     secret.write_text("Bearer s3cr3t")
-    svc = make_service(tmp_path)
+    svc = make_service(tmp_path, header_origins=[origin.url("")])
     url = origin.url("missing.bin?X-Amz-Signature=abcdef")
     item = svc.run(svc.submit(FileRequest(url, header_files={"Authorization": secret})).id)
     assert item.state is ItemState.FAILED
@@ -252,7 +252,7 @@ def test_header_files_outside_the_header_directories_are_refused(
     (outside / "shadow").write_text("root:x\n")
     link = tmp_path / "innocent"
     link.symlink_to(outside / "shadow")  # a link inside that points out is outside too
-    svc = make_service(tmp_path)
+    svc = make_service(tmp_path, header_origins=[origin.url("")])
     for path in (outside / "shadow", link):
         with pytest.raises(InvalidSpec, match="outside the header directories"):
             svc.submit(FileRequest(origin.url("m.bin"), header_files={"X": path}))

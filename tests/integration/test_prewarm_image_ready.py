@@ -20,6 +20,7 @@ from agent.prewarm.policy import UrlPolicy
 from agent.prewarm.registry import RegistryClient
 from agent.prewarm.service import PrewarmService
 from tests.integration.prewarm_fixtures import cri
+from tests.integration.prewarm_fixtures.agent import LOOPBACK
 from tests.integration.prewarm_fixtures.agent import make_service as _make_service
 
 pytestmark = [
@@ -39,7 +40,7 @@ class Clock:
 
 def make_service(tmp: Path, **kw: Any) -> PrewarmService:
     """With the warmer the agent has: a plain image is fully warm (labelled) once pulled."""
-    warmer = NydusWarmer(RegistryClient(UrlPolicy()), None)
+    warmer = NydusWarmer(RegistryClient(UrlPolicy(egress_allow=LOOPBACK)), None)
     return _make_service(tmp, warmer=warmer, **kw)
 
 

@@ -33,7 +33,7 @@ from agent.prewarm.policy import UrlPolicy
 from agent.prewarm.registry import RegistryClient
 from agent.prewarm.snapshotter import SnapshotterClient
 from tests.integration.prewarm_fixtures import cli, cri
-from tests.integration.prewarm_fixtures.agent import make_service
+from tests.integration.prewarm_fixtures.agent import LOOPBACK, make_service
 from tests.integration.prewarm_fixtures.nydus_image import PushedImage, push_nydus_shaped
 from tests.integration.prewarm_fixtures.recording_proxy import RecordingProxy
 from tests.integration.prewarm_fixtures.snapshotter import FakeSnapshotter
@@ -71,7 +71,7 @@ def _warmer(proxy: str | None = None, **kw: object) -> NydusWarmer:
     fetcher = None
     if proxy is not None:
         fetcher = lambda policy: HttpFetcher(policy, proxy=proxy, backoff_s=0.01, timeout_s=10)  # noqa: E731
-    return NydusWarmer(RegistryClient(UrlPolicy()), fetcher, **kw)  # type: ignore[arg-type]
+    return NydusWarmer(RegistryClient(UrlPolicy(egress_allow=LOOPBACK)), fetcher, **kw)  # type: ignore[arg-type]
 
 
 def _blob_gets(recorder: RecordingProxy) -> list[str]:
@@ -281,7 +281,7 @@ def test_blobs_of_a_private_registry_carry_its_credentials_through_the_proxy(
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"auths": {private_registry: {"auth": token}}}))
     fetcher = lambda policy: HttpFetcher(policy, proxy=proxy, backoff_s=0.01, timeout_s=10)  # noqa: E731
-    warmer = NydusWarmer(RegistryClient(UrlPolicy(), config), fetcher)
+    warmer = NydusWarmer(RegistryClient(UrlPolicy(egress_allow=LOOPBACK), config), fetcher)
     result = warmer.warm(image.ref, "nydus", lambda d, t: None, lambda: False)
     assert result.warmth.warmth is Warmth.FULL
     assert result.warmth.bytes_warm == image.bytes_total
@@ -293,7 +293,7 @@ def test_blobs_of_a_private_registry_carry_its_credentials_through_the_proxy(
     assert relayed.headers["Authorization"] == f"Basic {token}"
     assert relayed.status == 200  # the registry accepted them
 
-    anonymous = NydusWarmer(RegistryClient(UrlPolicy()), fetcher)
+    anonymous = NydusWarmer(RegistryClient(UrlPolicy(egress_allow=LOOPBACK)), fetcher)
     with pytest.raises(PermissionDenied) as err:
         anonymous.warm(image.ref, "nydus", lambda d, t: None, lambda: False)
     assert "basic auth" in str(err.value) and PULL_PASSWORD not in str(err.value)

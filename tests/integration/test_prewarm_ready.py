@@ -358,6 +358,7 @@ def test_the_running_agent_audits_and_retries_on_its_own(tmp_path: Path, origin:
     prewarm = {
         "cache_dir": str(tmp_path / "cache"),
         "allowed_hosts": ["127.0.0.1"],
+        "egress_allow": ["127.0.0.0/8"],
         "allow_http": True,
         "containerd_socket": str(tmp_path / "containerd.sock"),
         "audit_interval_s": 1.0,
@@ -368,8 +369,11 @@ def test_the_running_agent_audits_and_retries_on_its_own(tmp_path: Path, origin:
         kept = svc.run(svc.submit(FileRequest(origin.url("kept.bin"), name="kept")).id)
         assert kept.state is ItemState.READY
         svc.store.blob_path(digest).unlink()
+        # The store marks the blob's items evicted first, the audit then records why: wait for
+        # the verdict, not the first of its two writes.
         gone = wait_for(
-            lambda: svc.get("kept").state is ItemState.EVICTED and svc.get("kept"), "the audit"
+            lambda: (item := svc.get("kept")).state is ItemState.EVICTED and item.error and item,
+            "the audit",
         )
         assert "missing" in (gone.error or "")
 

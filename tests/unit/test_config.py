@@ -250,6 +250,13 @@ BAD_FILE_VALUES = [
     ("prewarm:\n  allow_http: maybe\n", "prewarm.allow_http", "true or false"),
     ("prewarm:\n  allowed_hosts: [1, 2]\n", "prewarm.allowed_hosts", "a list of non-empty strings"),
     ("prewarm:\n  allowed_hosts: {a: 1}\n", "prewarm.allowed_hosts", "a list of non-empty strings"),
+    ("prewarm:\n  egress_allow: ['10.0.0.0/8 x']\n", "prewarm.egress_allow", "CIDRs"),
+    ("prewarm:\n  egress_allow: ['http://a']\n", "prewarm.egress_allow", "host names or globs"),
+    # A header directory names the origin its secrets may go to.
+    ("prewarm:\n  header_dirs: [/etc/s]\n", "prewarm.header_dirs", "ORIGIN=DIRECTORY"),
+    ("prewarm:\n  header_dirs: ['https://h/p=/s']\n", "prewarm.header_dirs", "scheme://host"),
+    ("prewarm:\n  header_dirs: ['https://h=rel']\n", "prewarm.header_dirs", "ORIGIN=DIRECTORY"),
+    ("prewarm:\n  header_dirs: ['https://h:x=/s']\n", "prewarm.header_dirs", "ORIGIN=DIRECTORY"),
     (
         "prewarm:\n  dragonfly_proxy: ftp://x\n",
         "prewarm.dragonfly_proxy",

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agent.prewarm.fetch_http import HttpFetcher
+from agent.prewarm.headers import HeaderDir
 from agent.prewarm.index import PrewarmIndex
-from agent.prewarm.policy import UrlPolicy
+from agent.prewarm.policy import UrlPolicy, origin_of
 from agent.prewarm.service import FileFetcher, ImagePuller, ImageWarmer, PrewarmService
 from agent.prewarm.store import CacheStore
+
+# The test origins, registries and proxies listen on loopback, which the agent refuses unless
+# the operator opens it (prewarm.egress_allow): the tests open it, as an operator would.
+LOOPBACK = ("127.0.0.0/8", "::1")
 
 
 def make_service(
@@ -26,10 +31,12 @@ def make_service(
     warmer: ImageWarmer | None = None,
     retries: int = 5,
     clock: Callable[[], float] = time.time,
+    header_origins: Sequence[str] = (),
 ) -> PrewarmService:
+    """``header_origins``: the origins header files under ``tmp`` may be sent to."""
     index = PrewarmIndex.open(tmp / "state" / "agent.db")
     store = CacheStore(cache_dir or tmp / "cache", index, budget, share)
-    policy = policy or UrlPolicy(allow_http=True)
+    policy = policy or UrlPolicy(allow_http=True, egress_allow=LOOPBACK)
     fetcher = fetcher or HttpFetcher(
         policy, proxy=proxy, backoff_s=0.01, timeout_s=10, retries=retries
     )
@@ -40,6 +47,6 @@ def make_service(
         fetcher,
         puller=puller,
         warmer=warmer,
-        header_dirs=[tmp],
+        header_dirs=[HeaderDir(origin_of(o), tmp) for o in header_origins],
         clock=clock,
     )

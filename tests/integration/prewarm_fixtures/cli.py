@@ -20,6 +20,8 @@ def agent_env(tmp: Path, **settings: str) -> dict[str, str]:
     env["GPU_AGENT_TELEMETRY__KUBELET_SOCKET"] = str(tmp / "kubelet.sock")
     env["GPU_AGENT_PREWARM__CACHE_DIR"] = str(tmp / "cache")
     env["GPU_AGENT_PREWARM__ALLOW_HTTP"] = "true"
+    # The test origins listen on loopback, which the agent refuses unless the operator opens it.
+    env["GPU_AGENT_PREWARM__EGRESS_ALLOW"] = "127.0.0.0/8,::1"
     env["PYTHONPATH"] = str(ROOT)
     for key, value in settings.items():
         env[f"GPU_AGENT_PREWARM__{key.upper()}"] = value

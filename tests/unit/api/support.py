@@ -146,6 +146,7 @@ def agent_config(root: Path, pki: Pki | None = None, **extra: Any) -> Path:
             "cache_dir": str(root / "cache"),
             # Loopback only: tests and fuzzing must never fetch from anywhere else.
             "allowed_hosts": ["127.0.0.1"],
+            "egress_allow": ["127.0.0.0/8", "::1"],  # loopback is denied unless opened
             "allow_http": True,
             "containerd_socket": str(root / "containerd.sock"),
         },

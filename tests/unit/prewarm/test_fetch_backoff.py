@@ -20,7 +20,7 @@ from agent.prewarm.sink import DigestSink
 def test_a_cancel_during_the_back_off_ends_the_fetch_without_waiting_it_out() -> None:
     stop = threading.Event()
     fetcher = HttpFetcher(
-        UrlPolicy(allow_http=True, allowed_hosts=("127.0.0.1",)),
+        UrlPolicy(allow_http=True, allowed_hosts=("127.0.0.1",), egress_allow=("127.0.0.0/8",)),
         retries=5,
         backoff_s=16.0,
         timeout_s=2.0,

@@ -26,6 +26,7 @@ from agent.prewarm.registry import (
     parse_challenges,
     parse_reference,
 )
+from tests.integration.prewarm_fixtures.agent import LOOPBACK
 
 MANIFEST = json.dumps(
     {
@@ -185,7 +186,7 @@ def test_bearer_flow_gets_a_token_with_docker_config_credentials_and_reuses_it(
 ) -> None:
     now = [1000.0]
     client = RegistryClient(
-        UrlPolicy(),
+        UrlPolicy(egress_allow=LOOPBACK),
         docker_config(tmp_path, registry.host, "puller", "s3cret"),
         clock=lambda: now[0],
     )
@@ -209,13 +210,14 @@ def test_refused_credentials_are_a_permission_error_without_the_secret(
     tmp_path: Path, registry: FakeRegistry
 ) -> None:
     client = RegistryClient(
-        UrlPolicy(), docker_config(tmp_path, registry.host, "puller", "wrong-pw")
+        UrlPolicy(egress_allow=LOOPBACK),
+        docker_config(tmp_path, registry.host, "puller", "wrong-pw"),
     )
     with pytest.raises(PermissionDenied) as err:
         client.manifest(client.name(f"{registry.host}/team/app:v1"))
     assert "refused pull access to team/app" in str(err.value)
     assert "wrong-pw" not in str(err.value)
-    anonymous = RegistryClient(UrlPolicy())
+    anonymous = RegistryClient(UrlPolicy(egress_allow=LOOPBACK))
     with pytest.raises(PermissionDenied):
         anonymous.manifest(anonymous.name(f"{registry.host}/team/app:v1"))
 
@@ -223,7 +225,9 @@ def test_refused_credentials_are_a_permission_error_without_the_secret(
 def test_basic_challenge_sends_basic_credentials(tmp_path: Path) -> None:
     fake = FakeRegistry(scheme="basic")
     try:
-        client = RegistryClient(UrlPolicy(), docker_config(tmp_path, fake.host, "puller", "s3cret"))
+        client = RegistryClient(
+            UrlPolicy(egress_allow=LOOPBACK), docker_config(tmp_path, fake.host, "puller", "s3cret")
+        )
         name = client.name(f"{fake.host}/team/app:v1")
         assert client.manifest(name)[0].digest == MANIFEST_DIGEST
         expected = "Basic " + base64.b64encode(b"puller:s3cret").decode()
@@ -234,7 +238,9 @@ def test_basic_challenge_sends_basic_credentials(tmp_path: Path) -> None:
 
 
 def test_a_pinned_digest_must_match_the_bytes(registry: FakeRegistry, tmp_path: Path) -> None:
-    client = RegistryClient(UrlPolicy(), docker_config(tmp_path, registry.host, "puller", "s3cret"))
+    client = RegistryClient(
+        UrlPolicy(egress_allow=LOOPBACK), docker_config(tmp_path, registry.host, "puller", "s3cret")
+    )
     assert client.manifest(client.name(f"{registry.host}/team/app@{MANIFEST_DIGEST}"))
     other = "sha256:" + "f" * 64
     with pytest.raises(FetchFailed, match="the bytes hash to"):
@@ -247,5 +253,5 @@ def test_the_url_policy_still_applies_to_registries(registry: FakeRegistry) -> N
         denied.manifest(denied.name(f"{registry.host}/team/app:v1"))
     assert registry.seen == []
     # Not loopback and not listed as insecure: https only, even with allow_http off or on.
-    client = RegistryClient(UrlPolicy())
+    client = RegistryClient(UrlPolicy(egress_allow=LOOPBACK))
     assert client.name("registry.example.com/x:1").scheme == "https"

@@ -1,0 +1,256 @@
+"""What the agent fetches and whom it tells: real origins on loopback, the service as node.py
+builds it. Loopback stands for every non-public address here: the agent refuses it until the
+operator opens it (prewarm.egress_allow)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.errors import InvalidSpec, PermissionDenied
+from agent.prewarm.errors import FetchFailed
+from agent.prewarm.fetch_http import FetchSpec, HttpFetcher
+from agent.prewarm.model import FileRequest, GroupRequest, ImageRequest, ItemState
+from agent.prewarm.policy import UrlPolicy
+from agent.prewarm.service import PullResult
+from agent.prewarm.sink import DigestSink
+from tests.integration.prewarm_fixtures.agent import LOOPBACK, make_service
+from tests.integration.prewarm_fixtures.origin import Origin
+
+DATA = b"weights" * 1000
+
+
+@pytest.fixture
+def origin(tmp_path: Path) -> Iterator[Origin]:
+    root = tmp_path / "origin"
+    root.mkdir()
+    with Origin(root) as o:
+        o.add("m.bin", DATA)
+        yield o
+
+
+def test_a_loopback_origin_is_refused_by_default_and_fetched_once_allowed(
+    tmp_path: Path, origin: Origin
+) -> None:
+    closed = make_service(tmp_path / "closed", policy=UrlPolicy(allow_http=True))
+    with pytest.raises(PermissionDenied, match="loopback"):
+        closed.submit(FileRequest(origin.url("m.bin")))
+    assert closed.items() == [] and origin.requests == []
+    opened = make_service(
+        tmp_path / "open", policy=UrlPolicy(allow_http=True, egress_allow=LOOPBACK)
+    )
+    item = opened.run(opened.submit(FileRequest(origin.url("m.bin"))).id)
+    assert item.state is ItemState.READY, item.error
+
+
+@pytest.mark.parametrize(
+    "target", ["http://127.0.0.1:{port}/m.bin", "http://169.254.169.254/latest/meta-data/"]
+)
+def test_a_redirect_from_an_allowed_origin_to_a_denied_address_is_not_followed(
+    tmp_path: Path, origin: Origin, target: str
+) -> None:
+    """The operator opened one name (origin.test, on loopback); its redirect to loopback by
+    address, or to the metadata service, is refused without a connection."""
+    policy = UrlPolicy(
+        allow_http=True, egress_allow=("origin.test",), resolver=lambda h, p: ["127.0.0.1"]
+    )
+    origin.faults.redirects["/r"] = target.format(port=origin.port)
+    svc = make_service(tmp_path, policy=policy)
+    item = svc.run(svc.submit(FileRequest(f"http://origin.test:{origin.port}/r", name="r")).id)
+    assert item.state is ItemState.FAILED
+    assert "denied" in (item.error or "")
+    assert [r.path for r in origin.requests] == ["/r"]
+
+
+def test_a_name_that_rebinds_to_loopback_after_the_check_is_not_connected_to(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """Submit sees a public address; by fetch time the name points at loopback: the fetch
+    checks the address it connects to, so the origin is never asked."""
+    answers = iter([["203.0.113.9"], ["127.0.0.1"]])
+    policy = UrlPolicy(allow_http=True, resolver=lambda h, p: next(answers))
+    svc = make_service(tmp_path, policy=policy)
+    item = svc.submit(FileRequest(f"http://cdn.example.com:{origin.port}/m.bin", name="m"))
+    done = svc.run(item.id)
+    assert done.state is ItemState.FAILED
+    assert "loopback" in (done.error or "")
+    assert origin.requests == []
+
+
+class RecordingPuller:
+    """A CRI that records what it was asked to pull."""
+
+    def __init__(self) -> None:
+        self.pulled: list[str] = []
+
+    def pull(self, ref: str, runtime_handler: str | None) -> PullResult:
+        self.pulled.append(ref)
+        return PullResult(ref, 1, True, 0.0)
+
+    def interrupt(self) -> None:
+        pass
+
+    def present(self, ref: str) -> bool:
+        return ref in self.pulled
+
+    def set_pinned(self, ref: str, pinned: bool) -> None:
+        pass
+
+    def remove(self, ref: str) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "127.0.0.1:5000/team/app:1",
+        "[::ffff:169.254.169.254]:80/latest/app:1",
+        "registry.corp.example/team/app:1",  # resolves to 10.0.0.7 below
+    ],
+)
+def test_an_image_on_a_denied_registry_is_refused_before_the_cri(tmp_path: Path, ref: str) -> None:
+    puller = RecordingPuller()
+    policy = UrlPolicy(resolver=lambda h, p: ["10.0.0.7"])
+    svc = make_service(tmp_path, policy=policy, puller=puller)
+    with pytest.raises(PermissionDenied, match="denied"):
+        svc.submit(ImageRequest(ref, name="img"))
+    assert svc.items() == [] and puller.pulled == []
+
+
+def test_a_registry_that_moved_to_a_denied_address_is_refused_at_pull_time(
+    tmp_path: Path,
+) -> None:
+    answers = iter([["203.0.113.9"], ["169.254.169.254"]])
+    puller = RecordingPuller()
+    policy = UrlPolicy(resolver=lambda h, p: next(answers))
+    svc = make_service(tmp_path, policy=policy, puller=puller)
+    item = svc.run(svc.submit(ImageRequest("registry.example.com/team/app:1", name="img")).id)
+    assert item.state is ItemState.FAILED
+    assert "metadata" in (item.error or "")
+    assert puller.pulled == []
+
+
+class RawOrigin:
+    """A TCP server that answers every connection with the same bytes, then closes it."""
+
+    def __init__(self, answer: bytes) -> None:
+        self._answer = answer
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(self._answer)
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+SECRET = b"internal-secret=hunter2"
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (b"-ERR " + SECRET + b"\r\n", "malformed status line"),
+        (b"HTTP/1.1 503 " + SECRET + b"\r\nContent-Length: 0\r\n\r\n", "HTTP 503"),
+        (b"HTTP/1.1 403 " + SECRET + b"\r\nContent-Length: 0\r\n\r\n", "HTTP 403"),
+        (b"HTTP/1.1 200 OK\r\nX-" + SECRET + b"x" * 70000 + b"\r\n\r\n", "too long"),
+    ],
+)
+def test_an_origins_bytes_never_reach_the_caller(
+    tmp_path: Path, answer: bytes, said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    raw = RawOrigin(answer)
+    try:
+        svc = make_service(tmp_path, retries=1)
+        item = svc.run(svc.submit(FileRequest(f"http://127.0.0.1:{raw.port}/m", name="m")).id)
+    finally:
+        raw.close()
+    assert item.state is ItemState.FAILED
+    assert said in (item.error or "")
+    for text in (item.error or "", caplog.text):
+        assert "internal-secret" not in text and "hunter2" not in text
+
+
+def test_header_secrets_go_only_to_the_origin_their_directory_is_bound_to(
+    tmp_path: Path, origin: Origin
+) -> None:
+    secret = tmp_path / "token"
+    secret.write_text("Bearer s3cr3t\n")
+    with Origin(tmp_path / "origin") as other:
+        svc = make_service(tmp_path, header_origins=[origin.url("")])
+        # Another origin (same host, another port) is refused at submit: nothing is sent.
+        with pytest.raises(PermissionDenied, match="may be sent to"):
+            svc.submit(FileRequest(other.url("m.bin"), header_files={"Authorization": secret}))
+        assert other.requests == []
+        # Its own origin gets it; a redirect from there to the other origin does not carry it.
+        origin.faults.redirects["/start"] = other.url("m.bin")
+        req = FileRequest(origin.url("start"), name="m", header_files={"Authorization": secret})
+        item = svc.run(svc.submit(req).id)
+    assert item.state is ItemState.READY, item.error
+    assert origin.requests[0].headers["Authorization"] == "Bearer s3cr3t"
+    assert [r.headers.get("Authorization") for r in other.requests] == [None]
+
+
+def test_a_models_header_secrets_are_bound_to_its_endpoint(tmp_path: Path, origin: Origin) -> None:
+    secret = tmp_path / "token"
+    secret.write_text("Bearer s3cr3t\n")
+    svc = make_service(tmp_path, header_origins=["https://huggingface.co"])
+    req = GroupRequest("org/m", endpoint=origin.url(""), header_files={"Authorization": secret})
+    with pytest.raises(PermissionDenied, match=r"may be sent to https://huggingface\.co:443 only"):
+        svc.submit(req)
+    assert svc.items() == [] and origin.requests == []
+
+
+@pytest.mark.parametrize("value", ["Bearer t\u00f6k\u00e9n", "Bearer \u6a21\u578b", "a\x00b"])
+def test_a_header_value_http_cannot_carry_is_refused_at_submit(
+    tmp_path: Path, origin: Origin, value: str
+) -> None:
+    secret = tmp_path / "token"
+    secret.write_text(value)
+    svc = make_service(tmp_path, header_origins=[origin.url("")])
+    with pytest.raises(InvalidSpec, match="printable ASCII"):
+        svc.submit(FileRequest(origin.url("m.bin"), header_files={"Authorization": secret}))
+    assert svc.items() == [] and origin.requests == []
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_fetches_of_a_non_ascii_path_leak_no_socket(origin: Origin) -> None:
+    fetcher = HttpFetcher(UrlPolicy(allow_http=True, egress_allow=LOOPBACK), retries=0)
+    url = origin.url("mödel.bin")
+
+    def fetch() -> None:
+        with pytest.raises(FetchFailed, match="HTTP 404"):
+            fetcher.fetch(FetchSpec(url), DigestSink("0" * 64), _ignore, _never)
+
+    fetch()
+    before = _open_fds()
+    for _ in range(100):
+        fetch()
+    assert _open_fds() <= before
+    assert origin.requests[-1].path == "/m%C3%B6del.bin"  # sent percent-encoded, as browsers do
+
+
+def _ignore(done: int, total: int | None) -> None:
+    pass
+
+
+def _never() -> bool:
+    return False
