@@ -130,3 +130,38 @@ def test_p2p_status_without_the_call_is_unsupported_not_ok(tmp_path: Path) -> No
     assert re.search(
         r'gpu_agent_field_supported\{[^}]*field="DCGM_EXP_P2P_STATUS"[^}]*\} 0.0', text
     )
+
+
+def test_a_csv_naming_fields_the_agent_cannot_read_starts_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The rows that used to stop the agent: served where the agent reads the field, otherwise
+    logged once at start and exposed as unserved, never a refusal."""
+    state = tmp_path / "state"
+    driver = open_driver("dgx-h100", state)
+    csv = tmp_path / "c.csv"
+    csv.write_text(
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS, gauge, clock event reasons\n"
+        "DCGM_FI_DEV_FB_USED_PERCENT, gauge, framebuffer used\n"
+        "DCGM_FI_DEV_NVSWITCH_LINK_CRC_ERRORS, counter, switch CRC\n"
+    )
+    settings = TelemetrySettings(kubelet_socket=tmp_path / "absent.sock", collectors=csv)
+    with caplog.at_level("WARNING", logger="agent.telemetry.service"):
+        service = build_telemetry(driver, settings, hostname="n", attribute_pods=False)
+    try:
+        service.sampler.tick()
+        service.sampler.tick()
+        text = service.exporter.render("text/plain")[0].decode()
+    finally:
+        driver.close()
+    reasons = [line for line in text.splitlines() if line.startswith("DCGM_FI_DEV_CLOCKS_EVENT")]
+    # An idle GPU: clocks held down for nvmlClocksEventReasonGpuIdle (0x1) only.
+    assert len(reasons) == 8 and all(line.endswith(" 1.0") for line in reasons)
+    unserved = [m for m in caplog.messages if "is not served" in m]
+    assert len(unserved) == 2
+    assert "DCGM_FI_DEV_FB_USED_PERCENT" in unserved[0] and "no NVML reading" in unserved[0]
+    assert "DCGM_FI_DEV_NVSWITCH_LINK_CRC_ERRORS" in unserved[1] and "NVSwitch" in unserved[1]
+    assert (
+        'gpu_agent_dcgm_field_unserved{field="DCGM_FI_DEV_FB_USED_PERCENT",'
+        'reason="gpu-agent has no NVML reading for it yet"} 1.0'
+    ) in text
