@@ -62,6 +62,7 @@ def exec_(obj: CliContext, program: str, args: tuple[str, ...]) -> None:
 
     _control(obj)  # the node exists (created from the preset) before the program looks
     cfg = obj.config
+    assert cfg.simulate  # _control refused otherwise
     env = exec_environment(os.environ, cfg.simulate, cfg.state_dir)
     try:
         os.execvpe(program, [program, *args], env)
