@@ -79,23 +79,11 @@ def test_clock_events_count_the_samples_with_each_reason_in_the_window(tmp_path:
     assert all(r.endswith(" 3.0") for r in rows)
 
 
-def test_p2p_status_per_gpu_and_peer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """DCGM_EXP_P2P_STATUS{peer_gpu, link_status}: read once from NVML. The simulator has no
-    nvmlDeviceGetP2PStatus, so the test gives it one (NVLink between GPUs 0 and 1 only)."""
-    import ctypes
-
-    import pynvml
-
+def test_p2p_status_per_gpu_and_peer(tmp_path: Path) -> None:
+    """DCGM_EXP_P2P_STATUS{peer_gpu, link_status}: read once from NVML. The simulator answers
+    from the preset's NVLink topology: h100-nvl is one bridged pair."""
     state = tmp_path / "state"
     driver = open_driver("h100-nvl", state)
-
-    def p2p(a: object, b: object, index: int, ref: object) -> int:
-        pair = {ctypes.cast(a, ctypes.c_void_p).value, ctypes.cast(b, ctypes.c_void_p).value}
-        ok = index == pynvml.NVML_P2P_CAPS_INDEX_NVLINK and len(pair) == 2
-        ref._obj.value = 0 if ok else 5  # type: ignore[attr-defined]
-        return pynvml.NVML_SUCCESS
-
-    monkeypatch.setitem(driver.nvml.module.nvmlLib._exports, "nvmlDeviceGetP2PStatus", p2p)
     csv = tmp_path / "c.csv"
     csv.write_text("DCGM_EXP_P2P_STATUS, counter, P2P NvLink status\n")
     settings = TelemetrySettings(kubelet_socket=tmp_path / "absent.sock", collectors=csv)
@@ -116,9 +104,13 @@ def test_p2p_status_per_gpu_and_peer(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert p2p_calls == 2 and before > 0  # read once: topology does not change
 
 
-def test_p2p_status_without_the_call_is_unsupported_not_ok(tmp_path: Path) -> None:
+def test_p2p_status_without_the_call_is_unsupported_not_ok(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     state = tmp_path / "state"
     driver = open_driver("h100-nvl", state)
+    # A driver library without the symbol: pynvml raises FunctionNotFound.
+    monkeypatch.delitem(driver.nvml.module.nvmlLib._exports, "nvmlDeviceGetP2PStatus")
     csv = tmp_path / "c.csv"
     csv.write_text("DCGM_EXP_P2P_STATUS, counter, P2P NvLink status\n")
     settings = TelemetrySettings(kubelet_socket=tmp_path / "absent.sock", collectors=csv)
