@@ -5,10 +5,18 @@ Same format as dcgm-exporter (reference/telemetry.md §1.1): one
 ``#`` starts a comment, blank lines ignored.
 Everything wrong in a file is reported at once, each problem with its line and the allowed values.
 
-Types are checked against the catalog: ``label`` only for string fields and only ``label`` for
-them; ``histogram`` / ``summary`` never apply to a single-valued field. A field declared
-``counter`` that is really a rate (``DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL``, the PCIe bytes of old
-CSVs) is accepted and exported as the gauge it is (``Counter.retyped``).
+Every name DCGM knows is accepted (``dcgm.catalog``: DCGM's current names, its deprecated ones
+and dcgm-exporter's 1.x names). A field the agent serves (``dcgm.fields``) is exported; any other
+is listed in ``CounterSet.unserved`` with the reason, logged once and exposed as
+``gpu_agent_dcgm_field_unserved``, as dcgm-exporter goes on without the fields a GPU does not
+report. A name DCGM does not know stops the start, as it stops dcgm-exporter's.
+
+Types of served fields are checked against the catalog: ``label`` only for string fields and
+only ``label`` for them; ``histogram`` / ``summary`` never apply to a single-valued field (the
+family dcgm-exporter writes for them is not a valid histogram or summary). Under DCGM names a
+field is exported with the type its row declares, counter or gauge, as dcgm-exporter does, even
+where that is not what the field is (``Counter.mistyped``: NVLink bandwidth declared counter is
+a rate).
 
 Every row of dcgm-exporter's shipped CSVs is accepted, their commented rows too: the
 ``DCGM_EXP_*`` rows, label fields and the 1.x names (``dcgm_sm_clock``...), which are exported
@@ -28,9 +36,17 @@ from pathlib import Path
 
 from agent.errors import FieldViolation, InvalidSpec
 from agent.safeyaml import capped, read_text
+from dcgm.catalog import DcgmField, catalogue, unserved_reason
 from dcgm.fields import Field, Kind, close_matches, lookup
 
-__all__ = ["DEFAULT_COUNTERS", "Counter", "CounterSet", "load_counters", "parse_counters"]
+__all__ = [
+    "DEFAULT_COUNTERS",
+    "Counter",
+    "CounterSet",
+    "Unserved",
+    "load_counters",
+    "parse_counters",
+]
 
 #: The counters CSV used when none is given (dcgm-exporter's defaults plus all DCP pipes).
 DEFAULT_COUNTERS = "default-counters.csv"
@@ -42,6 +58,8 @@ MAX_LINE = 4096
 
 _TYPES = ("gauge", "counter", "label")
 _DISTRIBUTIONS = ("histogram", "summary")
+#: the Prometheus types dcgm-exporter's parser accepts (its promMetricType)
+_EXPORTER_TYPES = (*_TYPES, *_DISTRIBUTIONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +80,25 @@ class Counter:
         return self.written or self.field.name
 
     @property
-    def retyped(self) -> bool:
-        """Declared counter, exported as the gauge it is."""
-        return self.declared == "counter" and self.field.kind is Kind.GAUGE
+    def exported_kind(self) -> Kind:
+        """The type under DCGM names: the one the row declares."""
+        return Kind(self.declared)
+
+    @property
+    def mistyped(self) -> bool:
+        """Declared counter or gauge, but the field is the other (exported as declared)."""
+        return self.field.kind is not Kind.LABEL and self.field.kind is not self.exported_kind
+
+
+@dataclass(frozen=True, slots=True)
+class Unserved:
+    """A selected field DCGM knows that the agent does not serve: no series, a reason."""
+
+    #: the name as the row writes it
+    name: str
+    field: DcgmField
+    line: int
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +108,8 @@ class CounterSet:
     source: str
     #: rows accepted with a remark (a repeated field), for the log
     notes: tuple[str, ...] = ()
+    #: selected fields the agent does not serve, each with its reason
+    unserved: tuple[Unserved, ...] = ()
 
     @property
     def values(self) -> tuple[Counter, ...]:
@@ -104,6 +140,7 @@ def load_counters(path: Path | None = None) -> CounterSet:
 def parse_counters(text: str, source: str = "<counters>") -> CounterSet:
     """Parse counters-CSV text; raises InvalidSpec naming every bad line."""
     counters: list[Counter] = []
+    unserved: list[Unserved] = []
     problems: list[FieldViolation] = []
     notes: list[str] = []
     seen: dict[int, int] = {}
@@ -125,20 +162,27 @@ def parse_counters(text: str, source: str = "<counters>") -> CounterSet:
             continue
         name, declared, help_text = columns[0], columns[1].lower(), columns[2]
         field = lookup(name)
-        if field is None:
+        known = catalogue().lookup(name) if field is None else None
+        if field is None and known is None:
             problems.append(FieldViolation(where, _unknown(name)))
             continue
-        problem = _type_problem(field, declared)
+        problem = (
+            _type_problem(field, declared) if field is not None else _exporter_type(name, declared)
+        )
         if problem:
             problems.append(FieldViolation(where, problem))
             continue
-        if field.id in seen:
-            notes.append(f"{where}: {name} is already listed on line {seen[field.id]}; ignored")
+        fid = field.id if field is not None else known.id if known is not None else -1
+        if fid in seen:
+            notes.append(f"{where}: {name} is already listed on line {seen[fid]}; ignored")
             continue
-        seen[field.id] = line
-        written = name if name != field.name else ""
-        counters.append(Counter(field, declared, help_text or field.help, line, written))
-    if not problems and not counters:
+        seen[fid] = line
+        if known is not None:
+            unserved.append(Unserved(name, known, line, unserved_reason(known)))
+        elif field is not None:
+            written = name if name != field.name else ""
+            counters.append(Counter(field, declared, help_text or field.help, line, written))
+    if not problems and not counters and not unserved:
         problems.append(FieldViolation(source, "selects no fields: every line is a comment"))
     if problems:
         # The violations carry the details; the CLI and the log print each of them once.
@@ -146,7 +190,7 @@ def parse_counters(text: str, source: str = "<counters>") -> CounterSet:
         raise InvalidSpec(
             f"invalid counters CSV {source} ({len(problems)} problem{plural})", problems
         )
-    return CounterSet(tuple(counters), source, tuple(notes))
+    return CounterSet(tuple(counters), source, tuple(notes), tuple(unserved))
 
 
 def _rows(text: str, source: str) -> Iterator[tuple[int, list[str]]]:
@@ -180,17 +224,20 @@ def _rows(text: str, source: str) -> Iterator[tuple[int, list[str]]]:
 
 
 def _unknown(name: str) -> str:
-    if name.startswith("DCGM_EXP_"):
-        hint = (
-            "; XID occurrences are gpu_agent_xid_errors_total{xid=...}"
-            " (select DCGM_FI_DEV_XID_ERRORS)"
-            if "XID" in name
-            else ""
-        )
-        return f"{name} is computed inside dcgm-exporter and gpu-agent does not provide it{hint}"
+    """A name neither DCGM nor dcgm-exporter knows: dcgm-exporter stops on it, and so do we."""
     guesses = close_matches(name)
     hint = f"; did you mean {' or '.join(guesses)}?" if guesses else ""
-    return f"unknown DCGM field {name!r}{hint} (supported fields: docs/metrics.md)"
+    what = "dcgm-exporter field" if name.startswith("DCGM_EXP_") else "DCGM field"
+    return (
+        f"unknown {what} {name!r}{hint} (DCGM's fields: dcgm/dcgm-catalog.tsv; "
+        "served: docs/metrics.md)"
+    )
+
+
+def _exporter_type(name: str, declared: str) -> str | None:
+    if declared not in _EXPORTER_TYPES:
+        return f"unknown type {declared!r} for {name}; allowed: {', '.join(_TYPES)}"
+    return None
 
 
 def _type_problem(field: Field, declared: str) -> str | None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from agent.gpu.readings import GpuString, Reading
+from dcgm.catalog import catalogue
 
 __all__ = [
     "BY_ID",
@@ -302,6 +303,10 @@ FIELDS: tuple[Field, ...] = (
        _MHZ, "SM clock frequency."),
     _f(101, "DEV_MEM_CLOCK", _G, _GPU, Nvml(_R.MEMORY_CLOCK_MHZ), "MHz",
        "gpu_agent_memory_clock_hertz", _MHZ, "Memory clock frequency."),
+    # A bitmask of nvmlClocksEventReason* (DCGM_FI_DEV_CLOCK_THROTTLE_REASONS before DCGM 3.2).
+    _f(112, "DEV_CLOCKS_EVENT_REASONS", _G, _GPU, Nvml(_R.CLOCK_EVENT_REASONS), "bitmask",
+       "gpu_agent_clock_event_reasons", _ONE,
+       "Why clocks are held down now: a bitmask of NVML's clock-event reasons."),
     _f(140, "DEV_MEMORY_TEMP", _G, _GPU, Nvml(_R.MEMORY_TEMPERATURE_C), "C",
        "gpu_agent_memory_temperature_celsius", _ONE, "Memory (HBM) temperature."),
     _f(150, "DEV_GPU_TEMP", _G, _GPU, Nvml(_R.GPU_TEMPERATURE_C), "C",
@@ -493,10 +498,16 @@ BY_ID: dict[int, Field] = {f.id: f for f in FIELDS}
 
 
 def lookup(name: str) -> Field | None:
-    """The field called ``name`` (exact DCGM spelling, or a dcgm-exporter 1.x name), or None."""
-    return BY_NAME.get(LEGACY_NAMES.get(name, name))
+    """The served field called ``name``, or None: a dcgm-exporter 1.x name, or any name DCGM
+    gives the field (the name this catalog uses, DCGM 4.6's new name or a deprecated one)."""
+    field = BY_NAME.get(LEGACY_NAMES.get(name, name))
+    if field is None:
+        known = catalogue().lookup(name)
+        field = BY_ID.get(known.id) if known is not None else None
+    return field
 
 
 def close_matches(name: str) -> list[str]:
-    """Catalog names that look like ``name``, for error messages."""
-    return difflib.get_close_matches(name.upper(), BY_NAME, n=3, cutoff=0.8)
+    """Served and DCGM names that look like ``name``, for error messages."""
+    names = list(dict.fromkeys([*BY_NAME, *sorted(catalogue().names)]))
+    return difflib.get_close_matches(name.upper(), names, n=3, cutoff=0.8)

@@ -40,6 +40,36 @@ def sim() -> None:
     """
 
 
+@sim.command("exec", context_settings={"ignore_unknown_options": True})
+@click.argument("program")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_obj
+def exec_(obj: CliContext, program: str, args: tuple[str, ...]) -> None:
+    """Run PROGRAM unmodified on the simulated node: its Python processes import the simulator
+    as pynvml (nvitop, gpustat, nvidia-ml-py's examples, your own code).
+
+    PROGRAM replaces this process. Python programs must run on the interpreter gpu-node-agent is
+    installed in (the simulator is loaded through a sitecustomize on PYTHONPATH); other programs
+    see GPU_AGENT_SIMULATE and GPU_AGENT_STATE_DIR.
+
+    \b
+    Example:
+      gpu-agent --simulate dgx-h100 --state-dir /tmp/node sim exec -- nvitop -1
+    """
+    import os
+
+    from agent.gpu.sim.launch import exec_environment
+
+    _control(obj)  # the node exists (created from the preset) before the program looks
+    cfg = obj.config
+    assert cfg.simulate  # _control refused otherwise
+    env = exec_environment(os.environ, cfg.simulate, cfg.state_dir)
+    try:
+        os.execvpe(program, [program, *args], env)
+    except OSError as exc:
+        raise click.ClickException(f"cannot run {program!r}: {exc.strerror or exc}") from exc
+
+
 @sim.command("presets")
 @output_option
 def presets(output: str) -> None:

@@ -86,6 +86,7 @@ def families(
             if isinstance(counter.field.source, P2pStatus):
                 out.extend(_p2p(counter, snapshot, naming, native))
         out.extend(_agent_families(snapshot, naming, rows))
+    out.append(_unserved(counters))
     if stats is not None:
         out.extend(_stats_families(stats))
     return [f for f in out if f.samples]
@@ -244,9 +245,9 @@ def _field_families(counter: Counter, native: bool, rows: list[_Row]) -> Iterato
         yield metric
         return
     name = counter.name  # the DCGM name, or the 1.x name the CSV row used
-    metric = (
+    metric = (  # typed as the row declares it, as dcgm-exporter does
         ClassicCounter(name, counter.help)
-        if field.kind is Kind.COUNTER
+        if counter.exported_kind is Kind.COUNTER
         else Metric(name, counter.help, "gauge")
     )
     for sample, labels in rows:
@@ -348,6 +349,17 @@ def _agent_families(snapshot: Snapshot, naming: Naming, rows: list[_Row]) -> Ite
     )
     stamp.samples.append(Sample(stamp.name, {}, snapshot.taken_at))
     yield stamp
+
+
+def _unserved(counters: CounterSet) -> Metric:
+    metric = Metric(
+        "gpu_agent_dcgm_field_unserved",
+        "1 for each selected DCGM field the agent does not serve (no series), with the reason.",
+        "gauge",
+    )
+    for u in counters.unserved:
+        metric.samples.append(Sample(metric.name, {"field": u.name, "reason": u.reason}, 1.0))
+    return metric
 
 
 def _pod_families(snapshot: Snapshot, naming: Naming) -> Iterator[Metric]:

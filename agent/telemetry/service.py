@@ -76,15 +76,25 @@ def build_telemetry(
     """
     counters = load_counters(settings.collectors)
     for counter in counters.counters:
-        if counter.retyped:
+        if counter.mistyped:
             log.info(
-                "%s line %d: %s is a rate, exported as a gauge although declared counter",
+                "%s line %d: %s is a %s, exported as the %s its row declares",
                 counters.source,
                 counter.line,
-                counter.field.name,
+                counter.name,
+                counter.field.kind.value,
+                counter.declared,
             )
     for note in counters.notes:
         log.warning("%s", note)
+    for unserved in counters.unserved:
+        log.warning(
+            "%s line %d: %s is not served (no series; gpu_agent_dcgm_field_unserved): %s",
+            counters.source,
+            unserved.line,
+            unserved.name,
+            unserved.reason,
+        )
     stats = TelemetryStats()
     reader = NodeReader(driver)
     prof_ids = [c.field.id for c in counters.values if isinstance(c.field.source, Gpm)]

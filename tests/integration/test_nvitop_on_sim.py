@@ -1,4 +1,5 @@
-"""nvitop, unmodified, reads the simulated node through pynvml.
+"""nvitop and gpustat, unmodified, read the simulated node through pynvml, started the supported
+way: ``gpu-agent sim exec -- PROGRAM``.
 
 The external check that the simulator speaks pynvml rather than a dialect of our own: nvitop calls
 pynvml's wrappers and, for process lists and memory, C symbols directly with its own structs.
@@ -7,6 +8,7 @@ pynvml's wrappers and, for process lists and memory, C symbols directly with its
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -20,31 +22,25 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 
-_RUN_NVITOP = textwrap.dedent(
-    """
-    import sys
-    from pathlib import Path
-
-    from agent.gpu.sim import install_as_pynvml
-
-    install_as_pynvml(Path(sys.argv[1]))  # before nvitop imports pynvml
-    from nvitop.cli import main
-
-    sys.argv = ["nvitop", *sys.argv[2:]]
-    sys.exit(main())
-    """
-)
+BIN = Path(sys.executable).parent
 
 
-def nvitop(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def sim_exec(state_dir: Path, *program: str) -> subprocess.CompletedProcess[str]:
+    """``gpu-agent --simulate dgx-h100 --state-dir STATE sim exec -- PROGRAM...``"""
+    node = ["--simulate", "dgx-h100", "--state-dir", str(state_dir)]
     return subprocess.run(
-        [sys.executable, "-c", _RUN_NVITOP, str(state_dir), *args],
+        [sys.executable, "-m", "agent.cli.main", *node, "sim", "exec", "--", *program],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
+        env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"},
     )
+
+
+def nvitop(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return sim_exec(state_dir, "nvitop", *args)
 
 
 @pytest.fixture
@@ -88,13 +84,8 @@ def test_nvitop_lists_gpus_memory_utilisation_and_processes(busy_node: Path) -> 
 _RUN_EXPORTER = textwrap.dedent(
     """
     import json
-    import sys
     import time
-    from pathlib import Path
 
-    from agent.gpu.sim import install_as_pynvml
-
-    install_as_pynvml(Path(sys.argv[1]))  # before nvitop imports pynvml
     from nvitop import Device
     from nvitop.api import libnvml
     from nvitop_exporter.exporter import PrometheusExporter
@@ -119,16 +110,43 @@ def test_nvitop_exporter_reads_nvlink_through_field_values(tmp_path: Path) -> No
     """nvitop-exporter's NVLink gauges come from nvmlDeviceGetFieldValues: no FunctionNotFound."""
     open_simulator(tmp_path, "dgx-h100")
     SimControl(tmp_path).set_workload(0, nvlink_tx_bytes_per_s=18 * 2**30)  # 18 GiB/s, 18 links
-    result = subprocess.run(
-        [sys.executable, "-c", _RUN_EXPORTER, str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = sim_exec(tmp_path, sys.executable, "-c", _RUN_EXPORTER)
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout.splitlines()[-1])
     assert "nvmlDeviceGetFieldValues" not in out["unknown"]
     assert "FunctionNotFound" not in result.stderr
     assert out["nvlink_tx_mib_s"] == pytest.approx(18 * 1024, rel=0.05)
+
+
+def test_gpustat_lists_the_simulated_gpus_and_processes(busy_node: Path) -> None:
+    # gpustat shows only processes psutil finds on the host: give GPU 2 this test's own pid.
+    SimControl(busy_node).start_process(os.getpid(), 2, used_memory_mib=512)
+    result = sim_exec(busy_node, "gpustat", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["driver_version"] == "550.90.07"
+    gpus = report["gpus"]
+    assert [g["name"] for g in gpus] == ["NVIDIA H100 80GB HBM3"] * 8
+    assert gpus[0]["memory.used"] == 12345 and gpus[0]["utilization.gpu"] == 75
+    assert gpus[0]["processes"] == []  # pid 4242 is simulated only: gpustat leaves it out
+    (mine,) = gpus[2]["processes"]
+    assert mine["pid"] == os.getpid() and mine["gpu_memory_usage"] == 512
+
+
+def test_sim_exec_puts_the_simulator_under_plain_import_pynvml(tmp_path: Path) -> None:
+    """Any Python program, not only the tools tested above: ``import pynvml`` is the simulator of
+    the node named on the command line, which exec creates from the preset."""
+    code = (
+        "import pynvml; pynvml.nvmlInit(); "
+        "print(type(pynvml).__name__, pynvml.nvmlDeviceGetCount(), "
+        "pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(7)))"
+    )
+    result = sim_exec(tmp_path / "node", sys.executable, "-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["SimNvml", "8", "NVIDIA", "H100", "80GB", "HBM3"]
+
+
+def test_sim_exec_names_a_program_it_cannot_run(tmp_path: Path) -> None:
+    result = sim_exec(tmp_path, "no-such-program-here")
+    assert result.returncode != 0
+    assert "cannot run 'no-such-program-here'" in result.stderr

@@ -30,6 +30,7 @@ from agent.gpu.sim import (
     sym_gpm,
     sym_mig,
     sym_telemetry,
+    sym_topology,
 )
 from agent.gpu.sim.abi import REGISTRY, Export, NvmlReturn, decode, fail
 from agent.gpu.sim.handles import Kind
@@ -46,6 +47,7 @@ SYMBOL_MODULES = (
     sym_gpm,
     sym_mig,
     sym_telemetry,
+    sym_topology,
 )
 
 

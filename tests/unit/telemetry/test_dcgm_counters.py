@@ -47,12 +47,14 @@ def test_exporter_style_file_parses() -> None:
     assert len(counters.values) == 4
 
 
-def test_rate_declared_counter_is_exported_as_gauge() -> None:
-    """dcgm-exporter's CSV types NVLink bandwidth as counter; it is a rate (fact 2)."""
+def test_rate_declared_counter_is_exported_as_the_counter_it_is_declared() -> None:
+    """dcgm-exporter's CSV types NVLink bandwidth as counter; it is a rate (fact 2). Under DCGM
+    names the row's type wins, as in dcgm-exporter; the mismatch is noted for the log."""
     counter = parse_counters(_EXPORTER_STYLE).counters[2]
     assert counter.declared == "counter"
     assert counter.field.kind is Kind.GAUGE
-    assert counter.retyped
+    assert counter.exported_kind is Kind.COUNTER
+    assert counter.mistyped
 
 
 def test_default_file_selects_every_dashboard_and_issue_field() -> None:
@@ -99,16 +101,20 @@ def test_unknown_field_names_line_and_suggests() -> None:
     assert problems == [
         (
             "c.csv:2",
-            "unknown DCGM field 'DCGM_FI_DEV_GPU_TEMPERATURE'; did you mean DCGM_FI_DEV_GPU_TEMP? "
-            "(supported fields: docs/metrics.md)",
+            "unknown DCGM field 'DCGM_FI_DEV_GPU_TEMPERATURE'; did you mean DCGM_FI_DEV_GPU_TEMP"
+            " or DCGM_FI_DEV_GPU_PSTATE or DCGM_FI_DEV_GPU_TEMP_CELSIUS? (DCGM's fields:"
+            " dcgm/dcgm-catalog.tsv; served: docs/metrics.md)",
         )
     ]
 
 
 def test_an_exporter_field_it_does_not_know_is_named_as_such() -> None:
-    ((where, text),) = _problems("DCGM_EXP_SOMETHING_NEW, gauge, x\n")
+    ((where, text),) = _problems("DCGM_EXP_XID_ERRORS_COUNTXXX, gauge, x\n")
     assert where == "c.csv:1"
-    assert "computed inside dcgm-exporter" in text
+    assert text.startswith(
+        "unknown dcgm-exporter field 'DCGM_EXP_XID_ERRORS_COUNTXXX'; "
+        "did you mean DCGM_EXP_XID_ERRORS_COUNT?"
+    )
 
 
 #: Every row (field, declared type) of dcgm-exporter's shipped CSVs (etc/ at d5e5f51), commented

@@ -115,7 +115,8 @@ def test_scale_keeps_percent_exact() -> None:
 
 
 def test_close_matches_suggests_spellings() -> None:
-    assert close_matches("DCGM_FI_DEV_GPU_TEMPERATURE") == ["DCGM_FI_DEV_GPU_TEMP"]
+    assert close_matches("DCGM_FI_DEV_GPU_TEMPERATURE")[0] == "DCGM_FI_DEV_GPU_TEMP"
+    assert close_matches("DCGM_FI_DEV_CLOCK_EVENT_REASONS")[0] == "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
 
 
 def test_docs_list_every_field_with_its_native_name() -> None:

@@ -79,23 +79,11 @@ def test_clock_events_count_the_samples_with_each_reason_in_the_window(tmp_path:
     assert all(r.endswith(" 3.0") for r in rows)
 
 
-def test_p2p_status_per_gpu_and_peer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """DCGM_EXP_P2P_STATUS{peer_gpu, link_status}: read once from NVML. The simulator has no
-    nvmlDeviceGetP2PStatus, so the test gives it one (NVLink between GPUs 0 and 1 only)."""
-    import ctypes
-
-    import pynvml
-
+def test_p2p_status_per_gpu_and_peer(tmp_path: Path) -> None:
+    """DCGM_EXP_P2P_STATUS{peer_gpu, link_status}: read once from NVML. The simulator answers
+    from the preset's NVLink topology: h100-nvl is one bridged pair."""
     state = tmp_path / "state"
     driver = open_driver("h100-nvl", state)
-
-    def p2p(a: object, b: object, index: int, ref: object) -> int:
-        pair = {ctypes.cast(a, ctypes.c_void_p).value, ctypes.cast(b, ctypes.c_void_p).value}
-        ok = index == pynvml.NVML_P2P_CAPS_INDEX_NVLINK and len(pair) == 2
-        ref._obj.value = 0 if ok else 5  # type: ignore[attr-defined]
-        return pynvml.NVML_SUCCESS
-
-    monkeypatch.setitem(driver.nvml.module.nvmlLib._exports, "nvmlDeviceGetP2PStatus", p2p)
     csv = tmp_path / "c.csv"
     csv.write_text("DCGM_EXP_P2P_STATUS, counter, P2P NvLink status\n")
     settings = TelemetrySettings(kubelet_socket=tmp_path / "absent.sock", collectors=csv)
@@ -116,9 +104,13 @@ def test_p2p_status_per_gpu_and_peer(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert p2p_calls == 2 and before > 0  # read once: topology does not change
 
 
-def test_p2p_status_without_the_call_is_unsupported_not_ok(tmp_path: Path) -> None:
+def test_p2p_status_without_the_call_is_unsupported_not_ok(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     state = tmp_path / "state"
     driver = open_driver("h100-nvl", state)
+    # A driver library without the symbol: pynvml raises FunctionNotFound.
+    monkeypatch.delitem(driver.nvml.module.nvmlLib._exports, "nvmlDeviceGetP2PStatus")
     csv = tmp_path / "c.csv"
     csv.write_text("DCGM_EXP_P2P_STATUS, counter, P2P NvLink status\n")
     settings = TelemetrySettings(kubelet_socket=tmp_path / "absent.sock", collectors=csv)
@@ -130,3 +122,38 @@ def test_p2p_status_without_the_call_is_unsupported_not_ok(tmp_path: Path) -> No
     assert re.search(
         r'gpu_agent_field_supported\{[^}]*field="DCGM_EXP_P2P_STATUS"[^}]*\} 0.0', text
     )
+
+
+def test_a_csv_naming_fields_the_agent_cannot_read_starts_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The rows that used to stop the agent: served where the agent reads the field, otherwise
+    logged once at start and exposed as unserved, never a refusal."""
+    state = tmp_path / "state"
+    driver = open_driver("dgx-h100", state)
+    csv = tmp_path / "c.csv"
+    csv.write_text(
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS, gauge, clock event reasons\n"
+        "DCGM_FI_DEV_FB_USED_PERCENT, gauge, framebuffer used\n"
+        "DCGM_FI_DEV_NVSWITCH_LINK_CRC_ERRORS, counter, switch CRC\n"
+    )
+    settings = TelemetrySettings(kubelet_socket=tmp_path / "absent.sock", collectors=csv)
+    with caplog.at_level("WARNING", logger="agent.telemetry.service"):
+        service = build_telemetry(driver, settings, hostname="n", attribute_pods=False)
+    try:
+        service.sampler.tick()
+        service.sampler.tick()
+        text = service.exporter.render("text/plain")[0].decode()
+    finally:
+        driver.close()
+    reasons = [line for line in text.splitlines() if line.startswith("DCGM_FI_DEV_CLOCKS_EVENT")]
+    # An idle GPU: clocks held down for nvmlClocksEventReasonGpuIdle (0x1) only.
+    assert len(reasons) == 8 and all(line.endswith(" 1.0") for line in reasons)
+    unserved = [m for m in caplog.messages if "is not served" in m]
+    assert len(unserved) == 2
+    assert "DCGM_FI_DEV_FB_USED_PERCENT" in unserved[0] and "no NVML reading" in unserved[0]
+    assert "DCGM_FI_DEV_NVSWITCH_LINK_CRC_ERRORS" in unserved[1] and "NVSwitch" in unserved[1]
+    assert (
+        'gpu_agent_dcgm_field_unserved{field="DCGM_FI_DEV_FB_USED_PERCENT",'
+        'reason="gpu-agent has no NVML reading for it yet"} 1.0'
+    ) in text

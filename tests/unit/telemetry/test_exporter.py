@@ -259,3 +259,33 @@ def test_handler_negotiates_and_records_scrape_duration() -> None:
 def test_family_order_is_stable() -> None:
     first = [f.name for f in families(SNAPSHOT, COUNTERS, native=False)]
     assert first == [f.name for f in families(SNAPSHOT, COUNTERS, native=False)]
+
+
+def test_dcgm_names_take_the_rows_type_and_unserved_fields_say_why() -> None:
+    """As dcgm-exporter: the CSV's type is the family's type, either way round. A selected field
+    the agent does not serve has no series and one gpu_agent_dcgm_field_unserved sample."""
+    counters = parse_counters(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL, counter, NVLink bandwidth\n"
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, gauge, Energy\n"
+        "DCGM_FI_DEV_PSTATE, gauge, Performance state\n"
+    )
+    snapshot = replace(
+        SNAPSHOT,
+        entities=(EntitySample(Entity(GPU0), MappingProxyType({449: 12.5, 156: 1000.0})),),
+    )
+    body, _ = MetricsExporter(counters, "dcgm", lambda: snapshot, _stats()).render("text/plain")
+    text = body.decode()
+    assert "# TYPE DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL counter\n" in text
+    assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION gauge\n" in text
+    assert "DCGM_FI_DEV_PSTATE{" not in text
+    (unserved,) = (f for f in parse_text(text) if f.name == "gpu_agent_dcgm_field_unserved")
+    (sample,) = unserved.samples
+    assert sample.labels == {
+        "field": "DCGM_FI_DEV_PSTATE",
+        "reason": "gpu-agent has no NVML reading for it yet",
+    }
+    assert sample.value == 1.0
+    native, _ = MetricsExporter(counters, "native", lambda: snapshot, _stats()).render("text/plain")
+    # Native names keep the field's true type: a rate is a gauge, energy a counter.
+    assert "# TYPE gpu_agent_nvlink_bandwidth_bytes_per_second gauge\n" in native.decode()
+    assert "# TYPE gpu_agent_energy_joules_total counter\n" in native.decode()
