@@ -81,3 +81,12 @@ class DriverUnavailable(AgentError):
     """No NVML library or driver: the agent cannot talk to GPUs at all."""
 
     exit_code = 9
+
+
+class StateUnavailable(AgentError):
+    """The agent's state dir cannot take a write (read-only, full, or failing); nothing changed.
+
+    The message names the directory and what to do; the agent goes on serving reads.
+    """
+
+    exit_code = 10

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
+import resource
 import signal
 import sqlite3
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -43,7 +46,7 @@ from agent.api import (
 from agent.api.mig import interrupted_apply
 from agent.api.operations import MIG_APPLY
 from agent.config import AgentConfig
-from agent.errors import AgentError, FieldViolation, InvalidSpec
+from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec
 from agent.gpu import GpuDriver, open_driver
 from agent.http import Handler, HttpServer, Request, Response
 from agent.kube import InClusterKubeClient, KubeClient, NodeWatch
@@ -142,6 +145,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         telemetry=telemetry.sampler.latest,
         wake=telemetry.sampler.wake,
         fresh=telemetry.sampler.fresh,
+        state=state.health,
     )
     telemetry.sampler.subscribe(inventory.refresh_gpus)  # GetNode follows every snapshot
     # Sharing reads the node's shape from the inventory: no NVML call per request.
@@ -284,6 +288,8 @@ class Node:
         ``ready`` is called once the API serves.
         """
         loop = asyncio.get_running_loop()
+        if not self.embedded:  # the host program's loop handler is the host's
+            loop.set_exception_handler(_ExhaustionLog())
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop)
@@ -330,14 +336,21 @@ class Node:
         stack.push_async_callback(asyncio.to_thread, s.prewarm.stop)
         if not self.embedded:
             host, port = _split_listen(cfg.metrics_listen)
-            self.metrics_port = await self.http.start(host, port)
+            try:
+                self.metrics_port = await self.http.start(host, port)
+            except OSError as exc:
+                raise Conflict(
+                    f"metrics_listen {cfg.metrics_listen}: cannot listen ({exc.strerror}); "
+                    "another process (an agent, dcgm-exporter) may hold the port: stop it, or "
+                    "pick another address with --metrics-listen or GPU_AGENT_METRICS_LISTEN"
+                ) from exc
             stack.push_async_callback(self.http.stop)
         api = s.api()
         server, self.ports, health = create_server(api, cfg)
         await server.start()
         stack.push_async_callback(self._stop_serving, server, health)
         await set_serving(health, True)
-        self._guard("inventory", s.inventory.run())
+        self._guard("inventory", _restarting("inventory", s.inventory.run))
         changed = asyncio.Event()
         if isinstance(s.kube, InClusterKubeClient) and not self.embedded:
             # Watch the own Node instead of polling it (the API server's load is per agent).
@@ -492,7 +505,7 @@ async def _every(
     while True:
         try:
             await asyncio.to_thread(work)
-        except (AgentError, OSError):
+        except (AgentError, OSError, MemoryError):
             log.exception("periodic %s failed; retrying in %.0fs", work, period_s)
         if wake is None:
             await asyncio.sleep(period_s)
@@ -500,6 +513,71 @@ async def _every(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), period_s)
         wake.clear()
+
+
+_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+_RESTART_MAX_S = 60.0
+_EXHAUSTION_LOG_S = 60.0
+
+
+def _exhaustion(exc: BaseException) -> str | None:
+    """What ran out, when ``exc`` is the process running out of descriptors or memory."""
+    if isinstance(exc, MemoryError):
+        return "out of memory"
+    if isinstance(exc, OSError) and exc.errno in _EXHAUSTED:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            return f"out of file descriptors ({exc.strerror}; the limit is {limit})"
+        return f"out of memory ({exc.strerror})"
+    return None
+
+
+async def _restarting(name: str, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``start()``; when it fails because the process ran out of file descriptors or
+    memory, log one line and start it again after a back-off (1 s, doubling to 60 s): load to
+    shed, not a reason to stop the agent. Any other failure ends it as before."""
+    delay = 1.0
+    while True:
+        try:
+            await start()
+            return
+        except (OSError, MemoryError) as exc:
+            what = _exhaustion(exc)
+            if what is None:
+                raise
+            log.warning("background task %s: %s; retrying in %.0fs", name, what, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, _RESTART_MAX_S)
+
+
+class _ExhaustionLog:
+    """The loop's exception handler: a listener out of descriptors (asyncio pauses its accepts
+    and retries) is one line per minute saying what ran out and what to raise, instead of a
+    traceback per refused accept; everything else goes to asyncio's default handler."""
+
+    def __init__(self) -> None:
+        self._last = -_EXHAUSTION_LOG_S
+        self._count = 0
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        what = _exhaustion(context.get("exception") or Exception())
+        if what is None:
+            loop.default_exception_handler(context)
+            return
+        self._count += 1
+        now = time.monotonic()
+        if now - self._last < _EXHAUSTION_LOG_S:
+            return
+        self._last = now
+        log.error(
+            "%s: %s (%d time(s) since the last line); new connections wait until some close. "
+            "Raise the limit (ulimit -n, LimitNOFILE=, the container's nofile) or find who "
+            "holds the connections",
+            context.get("message", "the agent"),
+            what,
+            self._count,
+        )
+        self._count = 0
 
 
 def _split_listen(listen: str) -> tuple[str, int]:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from agent.errors import StateUnavailable
 from agent.lockfile import HolderLock
 
 LOCK_FILE = "agent.lock"
@@ -22,10 +23,30 @@ class NodeOwnership:
     def __init__(self, state_dir: Path) -> None:
         self._lock = HolderLock(state_dir / LOCK_FILE)
         self.path = self._lock.path
+        self.state_dir = state_dir
 
     def try_acquire(self, role: str) -> bool:
-        """Take ownership if nobody has it; False (and nothing held) if someone does."""
-        return self._lock.try_acquire({"role": role, "pid": os.getpid(), "since": time.time()})
+        """Take ownership if nobody has it; False (and nothing held) if someone does.
+
+        `StateUnavailable` naming the state dir when its lock file cannot be made (read-only,
+        full, not ours)."""
+        record = {"role": role, "pid": os.getpid(), "since": time.time()}
+        try:
+            return self._lock.try_acquire(record)
+        except OSError as exc:
+            raise StateUnavailable(
+                f"the state dir {self.state_dir} is not writable ({exc.strerror}): the agent "
+                "keeps its state there; make it writable (remount read-write, free space, fix "
+                "its owner) or pass another --state-dir"
+            ) from exc
+
+    def holder_pid(self, role: str) -> int | None:
+        """The pid of the holder when it holds the node as ``role``; None otherwise."""
+        record = self._lock.holder()
+        if record is None or record.get("role") != role:
+            return None
+        pid = record.get("pid")
+        return pid if isinstance(pid, int) else None
 
     def acquire(self, role: str, waiting: Callable[[str], None]) -> None:
         """Take ownership, waiting for the holder; ``waiting(holder)`` is called once if so."""

@@ -23,7 +23,9 @@ Durability is chosen per table (`TABLE_DURABILITY`) and set per transaction, sin
 from __future__ import annotations
 
 import enum
+import glob
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -35,11 +37,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec, NotFound, NotSupported
+from agent.errors import (
+    Busy,
+    Conflict,
+    FieldViolation,
+    InvalidSpec,
+    NotFound,
+    NotSupported,
+    StateUnavailable,
+)
 
 __all__ = [
     "DONE_STATES",
     "INTERRUPTED",
+    "LOST_WITH_DATABASE",
     "MIGRATIONS",
     "OPERATION_STATES",
     "TABLE_DURABILITY",
@@ -55,6 +66,27 @@ INTERRUPTED = "Interrupted"
 """``error["type"]`` of operations the agent stopped in the middle of (see mark_interrupted)."""
 
 _BUSY_TIMEOUT_MS = 10_000
+_CORRUPT_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+LOST_WITH_DATABASE = (
+    "the operation history, the MIG journal (a MIG change cut short is not rolled back from "
+    "it; the layout is read from the GPUs), and the prewarm index (cache files are adopted "
+    "back from disk; pins, sources and retries are lost)"
+)
+"""What a corrupt state database takes with it, as the log and the node's health say."""
+
+log = logging.getLogger(__name__)
+
+
+class _Corrupt(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _code(exc: sqlite3.Error) -> int | None:
+    """SQLite's primary result code of ``exc`` (extended codes carry it in the low byte)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF
 
 
 class Durability(enum.IntEnum):
@@ -279,17 +311,120 @@ class StateStore:
         self.path = path
         self._clock = clock
         self._lock = threading.RLock()
-        _make_private(path)
+        self._write_error: StateUnavailable | None = None
+        try:
+            _make_private(path)
+            try:
+                self._conn = self._open()
+            except _Corrupt as exc:
+                self._quarantine(exc.reason)
+                _make_private(path)  # the fresh database, as private as the one kept aside
+                self._conn = self._open()
+            self._kept = self.quarantined()  # listed once: health() only stats them
+        except sqlite3.Error as exc:
+            refusal = self._refusal(exc)
+            if refusal is None:
+                raise
+            raise refusal from exc
+        except OSError as exc:
+            raise StateUnavailable(
+                f"the state dir {path.parent} is not writable ({exc.strerror}): the agent keeps "
+                "its state there; make it writable (remount read-write, fix its owner) or pass "
+                "another --state-dir"
+            ) from exc
+
+    def _open(self) -> sqlite3.Connection:
+        """Connect, configure, check the file's integrity and migrate; `_Corrupt` when the file
+        is damaged (then nothing is left open)."""
         # Autocommit mode: transactions are ours, explicit, and never opened behind our back.
         self._conn = sqlite3.connect(
-            path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_MS / 1000
+            self.path,
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=_BUSY_TIMEOUT_MS / 1000,
         )
         try:
             self._configure()
+            self._check()
             self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            if _code(exc) in _CORRUPT_CODES:
+                raise _Corrupt(str(exc)) from exc
+            raise
         except BaseException:
             self._conn.close()
             raise
+        return self._conn
+
+    def _check(self) -> None:
+        """``PRAGMA quick_check``: every page and record well formed (not the index contents,
+        which ``integrity_check`` also compares; see docs/operations.md for the cost of each)."""
+        rows = [row[0] for row in self._conn.execute("PRAGMA quick_check(5)")]
+        if rows != ["ok"]:
+            raise _Corrupt("; ".join(rows))
+
+    def _quarantine(self, reason: str) -> None:
+        """Move the damaged database (and its WAL) aside under a timestamped name, kept for a
+        person to look at; the store then starts a new one."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
+        kept = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        for suffix in ("", "-wal", "-shm"):
+            source = self.path.with_name(self.path.name + suffix)
+            if source.exists():
+                source.rename(kept.with_name(kept.name + suffix))
+        fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        log.error(
+            "state database %s is corrupt (%s): kept as %s, starting a new one. Lost: %s",
+            self.path,
+            reason,
+            kept,
+            LOST_WITH_DATABASE,
+        )
+
+    def quarantined(self) -> list[Path]:
+        """Damaged databases kept beside this one (`_quarantine`), until a person removes them."""
+        return sorted(self.path.parent.glob(f"{glob.escape(self.path.name)}.corrupt-*[0-9TZ]"))
+
+    def health(self) -> tuple[bool, str]:
+        """(healthy, detail) of the store, for the node's health: the last write refused, or a
+        damaged database kept beside it; healthy otherwise."""
+        if self._write_error is not None:
+            return False, str(self._write_error)
+        kept = [path for path in self._kept if path.exists()]
+        if kept:
+            return False, (
+                f"the state database was corrupt and was started anew; the damaged one is kept "
+                f"as {kept[-1]} (remove it once looked at). Lost: {LOST_WITH_DATABASE}"
+            )
+        return True, f"{self.path}: ok"
+
+    def _refusal(self, exc: sqlite3.Error) -> StateUnavailable | None:
+        """The domain error for a write the disk refused (read-only, full, failing, damaged);
+        None for other errors (bugs, constraint violations), which stay what they are."""
+        where = self.path.parent
+        match _code(exc):
+            case sqlite3.SQLITE_READONLY | sqlite3.SQLITE_CANTOPEN | sqlite3.SQLITE_PERM:
+                what = (
+                    f"the state dir {where} is not writable ({exc}): make it writable "
+                    "(remount read-write, fix its owner) or pass another --state-dir"
+                )
+            case sqlite3.SQLITE_FULL:
+                what = f"the state dir {where} is full ({exc}): free space on its filesystem"
+            case sqlite3.SQLITE_IOERR:
+                what = f"the state database {self.path} failed a write ({exc}): check the disk"
+            case sqlite3.SQLITE_CORRUPT | sqlite3.SQLITE_NOTADB:
+                what = (
+                    f"the state database {self.path} is corrupt ({exc}): restart the agent, "
+                    "which keeps it aside and starts a new one"
+                )
+            case _:
+                return None
+        return StateUnavailable(f"{what}; nothing was changed")
 
     def _configure(self) -> None:
         conn = self._conn
@@ -355,17 +490,34 @@ class StateStore:
             if durability is not self._synchronous:
                 self._conn.execute(f"PRAGMA synchronous = {durability.name}")
                 self._synchronous = durability
-            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise self._refused(exc) from exc
             self._durability = durability
             try:
                 yield self._conn
                 self._conn.execute("COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 if self._conn.in_transaction:  # also when COMMIT itself failed (disk full)
                     self._conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise self._refused(exc) from exc
                 raise
+            else:
+                self._write_error = None
             finally:
                 self._durability = None
+
+    def _refused(self, exc: sqlite3.Error) -> Exception:
+        """What a failed write raises: `StateUnavailable` (remembered for `health`) when the
+        disk refused it, else the error itself."""
+        refusal = self._refusal(exc)
+        if refusal is None:
+            return exc
+        self._write_error = refusal
+        log.error("%s", refusal)
+        return refusal
 
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Connection]:

@@ -32,6 +32,7 @@ from agent.errors import (
     NotFound,
     NotSupported,
     PermissionDenied,
+    StateUnavailable,
 )
 from agent.prewarm.errors import Cancelled, DiskFull, FetchFailed
 from agent.safeyaml import capped
@@ -85,6 +86,8 @@ _RULES: tuple[_Rule, ...] = (
     _Rule(DeviceLost, grpc.StatusCode.FAILED_PRECONDITION),
     _Rule(PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     _Rule(DriverUnavailable, grpc.StatusCode.UNAVAILABLE),
+    # The state dir took no write (read-only, full): retry once an admin has freed it.
+    _Rule(StateUnavailable, grpc.StatusCode.UNAVAILABLE),
     # A deliberate error without a better class (e.g. an NVML error with no domain meaning).
     _Rule(AgentError, grpc.StatusCode.UNKNOWN),
 )

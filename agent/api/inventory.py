@@ -76,8 +76,11 @@ class NodeInventory:
         wake: Callable[[], None] | None = None,
         fresh: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.time,
+        state: Callable[[], tuple[bool, str]] | None = None,
     ) -> None:
+        """``state``: the state store's (healthy, detail), shown as the "state" component."""
         self._bus = bus
+        self._state_health = state
         self._fresh = fresh
         self._node_name = node_name
         self._preset = simulated_preset or ""
@@ -241,6 +244,11 @@ class NodeInventory:
             agent_pb2.ComponentHealth(name=name, healthy=part.healthy, detail=part.detail)
             for name, part in parts
         ]
+        if self._state_health is not None:
+            healthy, detail = self._state_health()
+            components.append(
+                agent_pb2.ComponentHealth(name="state", healthy=healthy, detail=detail)
+            )
         node = agent_pb2.Node(
             name=self._node_name,
             driver_version=gpus.driver_version,

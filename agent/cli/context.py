@@ -12,10 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.errors import Conflict
+
 if TYPE_CHECKING:
     from agent.cli.share import RemoteSharing
     from agent.client import AgentClient
     from agent.config import AgentConfig
+    from agent.ownership import NodeOwnership
 
 
 _WAIT_S = 0.1
@@ -78,7 +81,7 @@ class CliContext:
         told = False
         while True:
             client = AgentClient.connect(cfg.socket_path)
-            if client is not None:
+            if client is not None and self._asked_for(client, ownership):
                 return client
             if ownership.try_acquire(f"gpu-agent {' '.join(sys.argv[1:3])}".strip()):
                 self._closers.append(ownership.release)
@@ -88,6 +91,43 @@ class CliContext:
                 print(f"waiting for {holder}, which owns this node's state", file=sys.stderr)
                 told = True
             time.sleep(_WAIT_S)
+
+    def _asked_for(self, client: AgentClient, ownership: NodeOwnership) -> bool:
+        """Whether the agent on the socket is the node this command was asked about.
+
+        Checked when the user named the node (--state-dir, --simulate): the agent must hold
+        that state dir's lock, and run that simulated preset. False (the client closed) when
+        nobody owns the named state dir: the command then runs on its own embedded agent. An
+        agent of another node raises `Conflict` naming it: never an answer from another node.
+        """
+        cfg = self.config
+        if self.flags.get("state_dir") is not None:
+            serves = _holds(client.peer_pid, ownership.path)
+            if serves is False:
+                holder = ownership.holder()
+                if holder is None and ownership.try_acquire("gpu-agent (checking)"):
+                    ownership.release()
+                    client.close()
+                    return False
+                who = f"pid {client.peer_pid}" if client.peer_pid else "an agent"
+                raise Conflict(
+                    f"the agent answering on {cfg.socket_path} ({who}) does not serve the state "
+                    f"dir {cfg.state_dir}"
+                    + (f", which {holder} owns" if holder else "")
+                    + ": point socket_path (--config or GPU_AGENT_SOCKET_PATH) at that node's "
+                    "agent, or leave out --state-dir to ask the agent on the socket"
+                )
+        wanted = self.flags.get("simulate")
+        if wanted is not None:
+            preset = client.node().simulated_preset
+            if preset != wanted:
+                runs = f"simulated node {preset}" if preset else "the real NVML"
+                raise Conflict(
+                    f"the agent answering on {cfg.socket_path} runs {runs}, not --simulate "
+                    f"{wanted}: point socket_path (--config or GPU_AGENT_SOCKET_PATH) at that "
+                    "node's agent, or leave out --simulate to ask the agent on the socket"
+                )
+        return True
 
     def _embed(self, config: AgentConfig) -> AgentClient:
         from agent.client import AgentClient
@@ -113,3 +153,28 @@ class CliContext:
     def close(self) -> None:
         while self._closers:
             self._closers.pop()()
+
+
+def _holds(pid: int | None, lock: Path) -> bool | None:
+    """Whether process ``pid`` has the state dir's lock file open (an agent holds it for its
+    whole life); None when that cannot be seen (pid unknown, /proc not readable). By file
+    identity, not by pid: it holds when the agent runs in another pid namespace (a pod)."""
+    try:
+        target = os.stat(lock)
+    except OSError:
+        return False  # no lock file: no agent ever served this state dir
+    if pid is None:
+        return None
+    fd_dir = Path(f"/proc/{pid}/fd")
+    try:
+        fds = list(fd_dir.iterdir())
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            opened = os.stat(fd)
+        except OSError:
+            continue  # closed meanwhile
+        if (opened.st_dev, opened.st_ino) == (target.st_dev, target.st_ino):
+            return True
+    return False

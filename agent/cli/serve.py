@@ -11,6 +11,9 @@ import click
 from agent import logs
 from agent.cli.context import CliContext
 
+SERVE_ROLE = "gpu-agent serve"
+"""The role ``serve`` holds the node's ownership as (agent/ownership.py)."""
+
 
 @click.command()
 @click.option(
@@ -42,6 +45,7 @@ def serve(
     Example:
       gpu-agent --simulate dgx-h100 --state-dir /tmp/node serve --metrics-listen 127.0.0.1:9400
     """
+    from agent.errors import Conflict
     from agent.node import Node, build_services
     from agent.ownership import NodeOwnership
 
@@ -55,8 +59,16 @@ def serve(
     logs.configure(config.log_level)
     # The node's one owner while it runs: a CLI command's embedded agent finishes first.
     ownership = NodeOwnership(config.state_dir)
+    if not ownership.try_acquire(SERVE_ROLE):
+        # Another serve never finishes on its own: say so at once instead of waiting for it.
+        pid = ownership.holder_pid(SERVE_ROLE)
+        if pid is not None:
+            raise Conflict(
+                f"an agent (pid {pid}) already serves the state dir {config.state_dir}: stop it "
+                f"first (kill -TERM {pid}), or give this one another --state-dir"
+            )
     ownership.acquire(
-        "gpu-agent serve",
+        SERVE_ROLE,
         lambda holder: logging.getLogger(__name__).warning("waiting for %s to finish", holder),
     )
     node = Node(build_services(config))

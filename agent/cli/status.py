@@ -37,6 +37,8 @@ def _table(data: dict[str, Any]) -> str:
     )
     for g in lost:
         parts.append(f"GPU {g['index']} is lost: {g['detail']}")
+    for d in data["degraded"]:
+        parts.append(f"degraded: {d['component']}: {d['detail']}")
     instances = [
         [
             g["index"],
@@ -83,6 +85,12 @@ def status_view(node: agent_pb2.Node) -> dict[str, Any]:
 
     return {
         "driver_version": node.driver_version,
+        # The agent's parts that do not work as they should, with why (e.g. the state store).
+        "degraded": [
+            {"component": c.name, "detail": c.detail}
+            for c in node.health.components
+            if not c.healthy and c.name != "gpu-driver"  # GPUs: their own health column
+        ],
         "gpus": [
             {
                 "index": g.index,

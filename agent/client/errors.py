@@ -26,6 +26,7 @@ from agent.errors import (
     NotFound,
     NotSupported,
     PermissionDenied,
+    StateUnavailable,
 )
 from agent.prewarm.errors import Cancelled, DigestMismatch, DiskFull, FetchFailed
 
@@ -51,6 +52,7 @@ BY_NAME: Mapping[str, type[AgentError]] = {
         NotFound,
         NotSupported,
         PermissionDenied,
+        StateUnavailable,
     )
 }
 #: Without an ErrorInfo (a status from grpc itself), go by the code.

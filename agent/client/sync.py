@@ -8,12 +8,16 @@ so the CLI's one-line messages and exit codes are the agent's own.
 from __future__ import annotations
 
 import socket
+import struct
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agent._proto.gpuagent.v1 import (
     agent_pb2,
@@ -25,20 +29,31 @@ from agent._proto.gpuagent.v1 import (
     telemetry_pb2,
 )
 from agent.client.base import Stubs, channel_options
-from agent.client.errors import domain_error, operation_failure
+from agent.client.errors import Unreachable, domain_error, operation_failure
 from agent.errors import PermissionDenied
 
-__all__ = ["AgentClient"]
+__all__ = ["PROBE_AFTER_S", "PROBE_TIMEOUT_S", "AgentClient"]
 
 _TIMEOUT_S = 60.0
+PROBE_AFTER_S = 2.0
+"""A call the agent has not answered in this long makes the client check the agent is alive."""
+PROBE_TIMEOUT_S = 3.0
+"""How long that check (a health Check on a new connection) may take; then the call ends with
+a message naming the agent, so a stopped or wedged agent is reported in under 10 s."""
+_PROBE_EVERY_S = 5.0
+_CONNECT_TIMEOUT_S = 5.0
 M = TypeVar("M", bound=Message)
 
 
 class AgentClient(Stubs):
     """Calls on the agent; every method raises the agent's domain error when refused."""
 
-    def __init__(self, socket_path: Path, timeout_s: float = _TIMEOUT_S) -> None:
+    def __init__(
+        self, socket_path: Path, timeout_s: float = _TIMEOUT_S, peer_pid: int | None = None
+    ) -> None:
+        """``peer_pid``: the agent process behind the socket, when known (`connect`)."""
         self.socket_path = socket_path
+        self.peer_pid = peer_pid
         self._timeout = timeout_s
         self._channel = grpc.insecure_channel(f"unix:{socket_path}", options=channel_options())
 
@@ -52,26 +67,94 @@ class AgentClient(Stubs):
         if not socket_path.exists():
             return None
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(_CONNECT_TIMEOUT_S)  # a full backlog: the agent accepts nothing
         try:
             probe.connect(str(socket_path))
+            # The listening process, as the kernel knows it (SO_PEERCRED: pid, uid, gid).
+            creds = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            pid = struct.unpack("3i", creds)[0] or None
         except PermissionError as exc:
             raise PermissionDenied(
                 f"an agent serves on {socket_path}, which only root may use: run as root"
             ) from exc
         except (ConnectionRefusedError, FileNotFoundError):
             return None  # left behind by an agent that was killed
+        except TimeoutError:
+            raise Unreachable(
+                f"the agent on {socket_path} accepts no connection in {_CONNECT_TIMEOUT_S:.0f}s "
+                "(stopped, wedged or out of file descriptors): look at its log and restart it"
+            ) from None
         finally:
             probe.close()
-        return cls(socket_path)
+        return cls(socket_path, peer_pid=pid)
 
     def close(self) -> None:
         self._channel.close()
 
     def _call(self, method: Callable[..., M], request: Message) -> M:
+        # The future form, so the watchdog can cancel a call the agent will never answer.
+        call = cast(Any, method).future(request, timeout=self._timeout)
+        with self._watchdog(call.cancel) as verdict:
+            try:
+                return cast(M, call.result())
+            except (grpc.RpcError, grpc.FutureCancelledError) as exc:
+                if verdict:
+                    raise Unreachable(verdict[0]) from None
+                assert isinstance(exc, grpc.RpcError)
+                raise domain_error(exc) from None
+
+    @contextmanager
+    def _watchdog(self, cancel: Callable[[], object]) -> Iterator[list[str]]:
+        """While the block waits for the agent: from PROBE_AFTER_S on, check now and then that
+        the agent answers at all; when it does not, put why in the list and ``cancel`` the call
+        (the block then raises `Unreachable` with it). A slow answer from a live agent is
+        waited for as long as the call's deadline allows."""
+        verdict: list[str] = []
+        done = threading.Event()
+
+        def watch() -> None:
+            wait = PROBE_AFTER_S
+            while not done.wait(wait):
+                why = self._unanswered()
+                if why is not None and not done.is_set():
+                    verdict.append(why)
+                    cancel()
+                    return
+                wait = _PROBE_EVERY_S
+
+        watcher = threading.Thread(target=watch, name="agent-watchdog", daemon=True)
+        watcher.start()
         try:
-            return method(request, timeout=self._timeout)
+            yield verdict
+        finally:
+            done.set()
+
+    def _unanswered(self) -> str | None:
+        """None when the agent answers a health check on a new connection in PROBE_TIMEOUT_S;
+        else a message naming it (pid, socket) and what to do."""
+        channel = grpc.insecure_channel(f"unix:{self.socket_path}", options=channel_options())
+        try:
+            health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=PROBE_TIMEOUT_S
+            )
+            return None
         except grpc.RpcError as exc:
-            raise domain_error(exc) from None
+            if exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                return None  # it answered, if only to refuse
+        finally:
+            channel.close()
+        pid = self.peer_pid
+        who = f"the agent on {self.socket_path}" + (f" (pid {pid})" if pid else "")
+        if pid is not None and _process_state(pid) == "T":
+            return (
+                f"{who} is stopped (SIGSTOP or a debugger) and answers nothing: "
+                f"resume it with kill -CONT {pid}"
+            )
+        how = f"restart it (kill -TERM {pid})" if pid else "restart it"
+        return (
+            f"{who} did not answer a health check in {PROBE_TIMEOUT_S:.0f}s: it is wedged or "
+            f"overloaded; look at its log, or {how}"
+        )
 
     # -- node -------------------------------------------------------------------------------------
 
@@ -107,11 +190,15 @@ class AgentClient(Stubs):
 
     def watch_operation(self, name: str) -> Iterator[operations_pb2.Operation]:
         """The operation at every change until it is done (no deadline: long work is long)."""
-        try:
-            for answer in self._ops.WatchOperation(operations_pb2.WatchOperationRequest(name=name)):
-                yield answer.operation
-        except grpc.RpcError as exc:
-            raise domain_error(exc) from None
+        call = self._ops.WatchOperation(operations_pb2.WatchOperationRequest(name=name))
+        with self._watchdog(call.cancel) as verdict:
+            try:
+                for answer in call:
+                    yield answer.operation
+            except grpc.RpcError as exc:
+                if verdict:
+                    raise Unreachable(verdict[0]) from None
+                raise domain_error(exc) from None
 
     def follow(
         self, op: operations_pb2.Operation, on_update: Callable[[Any], None]
@@ -213,3 +300,12 @@ class AgentClient(Stubs):
     def rollback_sharing(self) -> sharing_pb2.SharingChange:
         request = sharing_pb2.RollbackSharingRequest()
         return self._call(self._sharing.RollbackSharing, request).change
+
+
+def _process_state(pid: int) -> str | None:
+    """The state letter of ``pid`` in /proc (R, S, D, T for stopped, ...); None when unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[0] if ")" in stat else None

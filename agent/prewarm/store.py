@@ -778,6 +778,7 @@ class CacheStore:
                     self.index.update(item.id, state=ItemState.EVICTED)
                 else:
                     self.missing(item)  # re-makes a lost link or model directory
+        self._adopt_orphans(items)
         items = self.index.items()
         ready = [i for i in items if i.state is ItemState.READY]
         wanted = {sha for i in ready for sha in i.blobs}
@@ -792,6 +793,71 @@ class CacheStore:
             self.partial_dir, {n for n in names if n.split(".", 1)[0] in active}, stat.S_IFREG
         )
         self._sweep(self.name_dir, {i.name for i in ready}, stat.S_IFLNK)
+
+    def _adopt_orphans(self, items: list[CacheItem]) -> None:
+        """Blobs no index row knows (the index was lost: a corrupt state database started anew)
+        are never deleted unseen: one that verifies and that a by-name link points at becomes a
+        ready file of that name again (its source and pin are not known); any other is moved to
+        quarantine/ for a person, with a log line."""
+        known = {sha for i in items for sha in (*i.blobs, i.sha256, i.expected_sha256) if sha}
+        known |= {sha for i in items for _, sha, _ in i.members}
+        orphans = {b.name: b for b in self.blob_dir.iterdir() if b.name not in known}
+        if not orphans:
+            return
+        names = {i.name for i in items}
+        for link in sorted(self.name_dir.iterdir()):
+            if link.name in names or not link.is_symlink():
+                continue
+            target = Path(os.readlink(link))
+            sha = target.name
+            if target.parent.name != "sha256" or sha not in orphans:
+                continue
+            blob = orphans[sha]
+            size = self.blob_size(sha)  # not a regular file the agent made: quarantined
+            if size is None or self._hash_blob(sha) != sha:
+                continue  # damaged or planted: kept aside below, never served
+            mtime = os.stat(blob, follow_symlinks=False).st_mtime
+            self.index.insert(
+                CacheItem(
+                    id=os.urandom(6).hex(),
+                    kind=ItemKind.FILE,
+                    name=link.name,
+                    source=ADOPTED_SOURCE,
+                    state=ItemState.READY,
+                    size=size,
+                    sha256=sha,
+                    expected_sha256=sha,
+                    fetched_bytes=size,
+                    created_at=mtime,
+                    finished_at=mtime,
+                )
+            )
+            names.add(link.name)
+            del orphans[sha]
+            log.warning(
+                "cache file %s had no index row: adopted as ready item %r (sha256 %s); its "
+                "source and pin were lost, pin it again if it must stay",
+                blob,
+                link.name,
+                sha,
+            )
+        with self._dir(self.blob_dir) as dfd:
+            left = [sha for sha in sorted(orphans) if self._foreign(dfd, sha, single=False) is None]
+            for sha in left:
+                with contextlib.suppress(FileNotFoundError):  # quarantined above as not the agent's
+                    self._quarantine(dfd, sha, self.blob_dir, "a blob no index row or name knows")
+        if left:
+            log.warning(
+                "%d cache file(s) with no index row and no name were moved to %s (not deleted; "
+                "remove them once looked at): %s",
+                len(left),
+                self.quarantine_dir,
+                ", ".join(left),
+            )
+
+
+ADOPTED_SOURCE = "adopted: found in the cache with no index row"
+"""``source`` of a ready item rebuilt from a blob and its by-name link (`_adopt_orphans`)."""
 
 
 def _not_ours(info: os.stat_result, single: bool) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -197,6 +198,7 @@ class AgentProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.tcp_port: int | None = None
         self.metrics_port: int | None = None
+        self.nofile: int | None = None  # RLIMIT_NOFILE of the child, when set
 
     def start(self, timeout: float = 60.0) -> AgentProcess:
         offset = self.log.stat().st_size if self.log.exists() else 0
@@ -218,6 +220,7 @@ class AgentProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                preexec_fn=None if self.nofile is None else self._limit_files,
             )
 
         def serving() -> re.Match[str] | None:
@@ -231,6 +234,10 @@ class AgentProcess:
         self.metrics_port = int(match.group(1))
         self.tcp_port = int(match.group(2)) if match.group(2) else None
         return self
+
+    def _limit_files(self) -> None:
+        assert self.nofile is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""

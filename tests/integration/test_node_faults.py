@@ -1,0 +1,164 @@
+"""A bad day on a node (issue 30): each fault ends in a clear state, tried with real processes.
+
+A real ``gpu-agent serve`` child and real CLI processes: a corrupt state database, a second
+``serve``, a metrics port in use, an agent stopped with SIGSTOP while a command waits, and a
+command naming another node than the one the socket's agent serves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.integration.prewarm_fixtures.origin import Origin
+from tests.integration.test_api_cli import cli, cli_config
+from tests.unit.api.support import AgentProcess, agent_config, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _agent(tmp_path: Path) -> tuple[AgentProcess, Path]:
+    root = tmp_path / "agent"
+    root.mkdir()
+    return AgentProcess(root, agent_config(root)), cli_config(tmp_path, root)
+
+
+def test_a_corrupt_state_database_is_kept_aside_and_the_cache_adopted_back(
+    tmp_path: Path,
+) -> None:
+    """Truncated at rest: the agent starts (no crash loop), names the kept file and what was
+    lost, says so in its health, and the cached file is adopted back, not deleted unseen."""
+    origin_root = tmp_path / "origin"
+    origin_root.mkdir()
+    agent, config = _agent(tmp_path)
+    with Origin(origin_root) as origin:
+        sha = origin.add("w.bin", os.urandom(64 * 1024))
+        agent.start()
+        args = ("prewarm", "file", origin.url("w.bin"), "--name", "w", "--pin", "-o", "json")
+        warmed = cli(agent.state_dir, config, *args)
+        assert warmed.returncode == 0, warmed.stderr
+        assert agent.terminate() == 0  # a clean stop: the database file holds it all
+        db = agent.state_dir / "agent.db"
+        with db.open("r+b") as f:
+            f.truncate(db.stat().st_size // 2)
+        with agent:
+            [kept] = agent.state_dir.glob("agent.db.corrupt-*[0-9Z]")
+            assert "is corrupt" in agent.output() and f"kept as {kept}" in agent.output()
+            assert "adopted as ready item 'w'" in agent.output()
+            listed = cli(agent.state_dir, config, "cache", "list", "-o", "json")
+            assert listed.returncode == 0, listed.stderr
+            [item] = json.loads(listed.stdout)["items"]
+            assert (item["name"], item["state"], item["sha256"]) == ("w", "ready", sha)
+            assert (agent.root / "cache" / "blobs" / "sha256" / sha).exists()
+            status = cli(agent.state_dir, config, "status", "-o", "json")
+            assert status.returncode == 0, status.stderr
+            degraded = {d["component"]: d["detail"] for d in json.loads(status.stdout)["degraded"]}
+            assert str(kept) in degraded["state"] and "MIG journal" in degraded["state"]
+
+
+def test_a_second_serve_on_the_same_state_dir_exits_at_once_naming_the_first(
+    tmp_path: Path,
+) -> None:
+    agent, _ = _agent(tmp_path)
+    with agent:
+        assert agent.proc is not None
+        second = AgentProcess(agent.root, agent.config)
+        second.log = agent.root / "second.log"
+        with pytest.raises(AssertionError, match="agent exited 4"):
+            second.start(timeout=60)
+        assert (
+            f"error: an agent (pid {agent.proc.pid}) already serves the state dir "
+            f"{agent.state_dir}: stop it first (kill -TERM {agent.proc.pid})"
+        ) in second.output()
+        assert "Traceback" not in second.output()
+
+
+def test_a_metrics_port_in_use_is_one_line_naming_the_setting(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        root = tmp_path / "agent"
+        root.mkdir()
+        agent = AgentProcess(root, agent_config(root, metrics_listen=f"127.0.0.1:{port}"))
+        with pytest.raises(AssertionError, match="agent exited 4"):
+            agent.start(timeout=60)
+    assert f"error: metrics_listen 127.0.0.1:{port}: cannot listen" in agent.output()
+    assert "--metrics-listen" in agent.output() and "Traceback" not in agent.output()
+
+
+def test_a_stopped_agent_is_named_within_10_seconds(tmp_path: Path) -> None:
+    agent, config = _agent(tmp_path)
+    with agent:
+        assert agent.proc is not None
+        os.kill(agent.proc.pid, signal.SIGSTOP)
+        try:
+            began = time.monotonic()
+            done = cli(agent.state_dir, config, "status")
+            took = time.monotonic() - began
+        finally:
+            os.kill(agent.proc.pid, signal.SIGCONT)
+        assert done.returncode == 9, done.stderr
+        assert done.stderr.strip() == (
+            f"error: the agent on {agent.socket} (pid {agent.proc.pid}) is stopped (SIGSTOP or "
+            f"a debugger) and answers nothing: resume it with kill -CONT {agent.proc.pid}"
+        )
+        assert took < 10, took
+        assert cli(agent.state_dir, config, "status").returncode == 0  # resumed: it answers
+
+
+def test_a_command_about_another_node_never_gets_this_agents_answer(tmp_path: Path) -> None:
+    """docs/metrics.md's ``--state-dir /tmp/node`` beside an agent serving another state dir:
+    the command runs on that state dir's own (embedded) agent; a --simulate preset the agent
+    does not run is refused naming it."""
+    agent, config = _agent(tmp_path)
+    with agent:
+        other = tmp_path / "other-node"
+        shown = cli(other, config, "share", "show", "-o", "json")
+        assert shown.returncode == 0, shown.stderr
+        assert (other / "agent.db").exists()  # answered from the node it was asked about
+        # Another node's agent holding that state dir: refused, naming who owns it.
+        from agent.ownership import NodeOwnership
+
+        owner = NodeOwnership(other)
+        assert owner.try_acquire("gpu-agent mig apply")
+        try:
+            refused = cli(other, config, "status")
+        finally:
+            owner.release()
+        assert refused.returncode == 4, refused.stderr
+        assert agent.proc is not None
+        assert refused.stderr.startswith(
+            f"error: the agent answering on {agent.socket} (pid {agent.proc.pid}) does not "
+            f"serve the state dir {other}, which gpu-agent mig apply (pid {os.getpid()}) owns"
+        )
+
+
+def test_out_of_file_descriptors_sheds_connections_and_the_agent_goes_on(tmp_path: Path) -> None:
+    """``ulimit -n 64`` and 100 idle connections to /metrics: one line says what ran out, the
+    background tasks retry instead of stopping the agent, and it serves once they close."""
+    agent, _ = _agent(tmp_path)
+    agent.nofile = 64
+    with agent:
+        match = re.search(r"metrics 127\.0\.0\.1:(\d+)", agent.output())
+        assert match is not None
+        port = int(match.group(1))
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(100)]
+        wait_for(lambda: "out of file descriptors" in agent.output(), "the line saying so", 20)
+        time.sleep(2)  # the background tasks' passes meet the limit meanwhile
+        for conn in idle:
+            conn.close()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as answer:
+            assert answer.read() == b"ok\n"
+        assert agent.proc is not None and agent.proc.poll() is None
+        log = agent.output()
+        assert "stopping the agent" not in log
+        assert log.count("socket.accept() out of system resource") == 1
