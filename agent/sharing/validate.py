@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from agent.errors import FieldViolation, InvalidSpec
 from agent.gpu.types import GpuLayout
 from agent.safeyaml import brief
+from agent.sharing import flagtypes
 from agent.sharing.advertise import (
     GPU_RESOURCE,
     base_resources,
@@ -29,11 +30,6 @@ MAX_ADVERTISED = 2**32 - 1
 MPS_MAX_CLIENTS = 48
 MPS_MAX_CLIENTS_OLD = 16
 _MPS_NEW_FROM = (7, 5)
-#: Values the plugin accepts (cmd/nvidia-device-plugin/main.go validateFlags).
-DEVICE_ID_STRATEGIES = ("uuid", "index")
-DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
-ALLOCATION_POLICIES = ("distributed", "packed")
-DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra")
 #: Keys of a sharing section that have no meaning under ``flags``: the plugin's Flags type has no
 #: such field and its YAML reader drops unknown keys, so there they are ignored without a word.
 _SECTION_ONLY = ("renameByDefault", "failRequestsGreaterThanOne", "resources", "replicas")
@@ -85,46 +81,7 @@ def _flags(config: PluginConfig) -> list[FieldViolation]:
                     "sharing",
                 )
             )
-    _choice(
-        found,
-        "flags.deviceDiscoveryStrategy",
-        other.get("deviceDiscoveryStrategy"),
-        DISCOVERY_STRATEGIES,
-    )
-    plugin = other.get("plugin")
-    if plugin is not None and not isinstance(plugin, dict):
-        found.append(FieldViolation("flags.plugin", f"must be a mapping, got {brief(plugin)}"))
-    elif plugin is not None:
-        _choice(
-            found,
-            "flags.plugin.deviceIDStrategy",
-            plugin.get("deviceIDStrategy"),
-            DEVICE_ID_STRATEGIES,
-        )
-        _choice(
-            found,
-            "flags.plugin.sharedDevicesAllocationPolicy",
-            plugin.get("sharedDevicesAllocationPolicy"),
-            ALLOCATION_POLICIES,
-        )
-        lists = plugin.get("deviceListStrategy")
-        for i, item in enumerate(lists if isinstance(lists, list) else [lists]):
-            at = "flags.plugin.deviceListStrategy" + (f"[{i}]" if isinstance(lists, list) else "")
-            _choice(found, at, item, DEVICE_LIST_STRATEGIES)
-    return found
-
-
-def _choice(
-    found: list[FieldViolation], path: str, value: object, allowed: tuple[str, ...]
-) -> None:
-    if value is not None and value not in allowed:
-        found.append(
-            FieldViolation(
-                path,
-                f"must be one of {', '.join(allowed)}, got {brief(value)} (the plugin refuses "
-                "to start)",
-            )
-        )
+    return found + flagtypes.violations(other)
 
 
 def _imex(config: PluginConfig) -> list[FieldViolation]:
