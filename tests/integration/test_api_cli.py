@@ -32,6 +32,7 @@ def node_status(gpu: GpuDriver) -> dict[str, Any]:
     views += [_lost_view(g) for g in scan.lost]
     return {
         "driver_version": gpu.driver_version(),
+        "processes_withheld": False,  # the admin socket sees them
         "gpus": sorted(views, key=lambda v: int(v["index"])),
     }
 
