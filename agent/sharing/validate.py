@@ -19,7 +19,7 @@ from agent.sharing.advertise import (
     mig_enabled,
     single_strategy_problem,
 )
-from agent.sharing.schema import RESOURCE_PREFIX, PluginConfig, ReplicatedResources
+from agent.sharing.schema import RESOURCE_PREFIX, PluginConfig, ReplicatedResources, qualify
 
 MAX_RESOURCE_NAME = 63
 MIN_REPLICAS = 2
@@ -48,7 +48,7 @@ def validate(config: PluginConfig, layouts: Sequence[GpuLayout]) -> None:
 
 def violations(config: PluginConfig, layouts: Sequence[GpuLayout]) -> list[FieldViolation]:
     """Every rule ``config`` breaks on a node with ``layouts``; empty when it is fine."""
-    found = _flags(config) + _imex(config)
+    found = _flags(config) + _imex(config) + _resources(config)
     sharing = config.sharing
     if sharing.time_slicing is not None and sharing.mps is not None:
         found.append(
@@ -82,6 +82,47 @@ def _flags(config: PluginConfig) -> list[FieldViolation]:
                 )
             )
     return found + flagtypes.violations(other)
+
+
+def _resources(config: PluginConfig) -> list[FieldViolation]:
+    """The top-level ``resources`` (renaming): the plugin ignores it once read, with a warning,
+    but it must still read (api/config/v1/resources.go), or the plugin does not start."""
+    section = config.other.get("resources")
+    if section is None:
+        return []
+    stop = " (the plugin cannot parse the file and does not start)"
+    if not isinstance(section, dict):
+        return [FieldViolation("resources", f"must be a mapping, got {brief(section)}{stop}")]
+    found = []
+    for key, value in section.items():
+        if str(key).casefold() not in ("gpus", "mig") or value is None:
+            continue  # a key the plugin's struct lacks is dropped there
+        if not isinstance(value, list):
+            found.append(FieldViolation(f"resources.{key}", f"must be a list{stop}"))
+            continue
+        for i, item in enumerate(value):
+            at = f"resources.{key}[{i}]"
+            if not isinstance(item, dict):
+                found.append(FieldViolation(at, f"must be a mapping of pattern and name{stop}"))
+                continue
+            for field in ("pattern", "name"):
+                if field not in item:
+                    found.append(FieldViolation(f"{at}.{field}", f"required{stop}"))
+            pattern = item.get("pattern")
+            if pattern is not None and not isinstance(pattern, str):
+                found.append(
+                    FieldViolation(f"{at}.pattern", f"must be a string, got {brief(pattern)}{stop}")
+                )
+            if "name" in item:
+                name = item["name"]
+                problem = (
+                    _name_syntax(qualify(name))
+                    if isinstance(name, str)
+                    else f"must be a string, got {brief(name)}"
+                )
+                if problem is not None:
+                    found.append(FieldViolation(f"{at}.name", problem + stop))
+    return found
 
 
 def _imex(config: PluginConfig) -> list[FieldViolation]:
