@@ -117,6 +117,7 @@ def gpu_pb(
         instances=[gpu_instance_pb(gi) for gi in layout.instances],
         processes=[process_pb(p) for p in layout.processes],
         pci_device_id=g.pci_device_id & 0xFFFFFFFF,
+        pci_subsystem_id=g.pci_subsystem_id & 0xFFFFFFFF,
         mig_profiles=[mig_profile_pb(p) for p in layout.profiles],
         health=agent_pb2.GPU_HEALTH_LOST if lost else agent_pb2.GPU_HEALTH_OK,
         idle_seconds=idle_seconds,

@@ -75,7 +75,7 @@ def _status_table(doc: dict[str, Any]) -> str:
                 len(n["gpus"]),
                 n["models"],
                 " ".join(g["slices"] for g in n["gpus"]) or "-",
-                _counts(n["idle"]),
+                "withheld" if n["idle"] is None else _counts(n["idle"]),
                 n["sharing"],
                 n["warm"],
                 n["idle_gpus"],
@@ -97,6 +97,12 @@ def _status_table(doc: dict[str, Any]) -> str:
         "MIG SLICES: one character per memory slice: the instance's size in compute slices, "
         "* in use, . free; - whole GPU (MIG off)."
     )
+    unknown = sum(p.get("unknown", 0) for p in doc["profiles"])
+    if unknown:
+        summary += (
+            f" {unknown} MIG device(s) on nodes that withhold their process lists from this "
+            "identity: whether they are in use is not known (not counted in IN USE or IDLE)."
+        )
     if "age_s" in doc:  # answered by a coordinator from its latest sweep
         summary += f" Swept by the coordinator {doc['age_s']:.0f} s ago (--fresh for a new one)."
     return f"{nodes}\n\n{profiles}\n\n{summary}"

@@ -67,13 +67,13 @@ def _table(data: dict[str, Any]) -> str:
             else f"{p['gpu_instance_id']}/{p['compute_instance_id']}",
         ]
         for g in gpus
-        for p in g["processes"]
+        for p in g["processes"] or ()
     ]
-    parts += [
-        "",
-        "Processes",
-        format_table(["GPU", "PID", "MEMORY", "GI/CI"], procs) if procs else "  none",
-    ]
+    if data["processes_withheld"]:
+        shown = "  withheld (read role): this identity may not see what runs on the GPUs"
+    else:
+        shown = format_table(["GPU", "PID", "MEMORY", "GI/CI"], procs) if procs else "  none"
+    parts += ["", "Processes", shown]
     return "\n".join(parts)
 
 
@@ -83,6 +83,7 @@ def status_view(node: agent_pb2.Node) -> dict[str, Any]:
     def placement(p: agent_pb2.Placement) -> dict[str, int]:
         return {"start": p.start, "size": p.size}
 
+    hidden = node.processes_hidden
     return {
         "driver_version": node.driver_version,
         # The agent's parts that do not work as they should, with why (e.g. the state store).
@@ -91,6 +92,8 @@ def status_view(node: agent_pb2.Node) -> dict[str, Any]:
             for c in node.health.components
             if not c.healthy and c.name != "gpu-driver"  # GPUs: their own health column
         ],
+        # Withheld from this identity's roles: None per GPU, never an empty list ("none run").
+        "processes_withheld": hidden,
         "gpus": [
             {
                 "index": g.index,
@@ -126,7 +129,9 @@ def status_view(node: agent_pb2.Node) -> dict[str, Any]:
                     }
                     for gi in g.instances
                 ],
-                "processes": [
+                "processes": None
+                if hidden
+                else [
                     {
                         "pid": p.pid,
                         "used_memory_bytes": p.used_memory_bytes

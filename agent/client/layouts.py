@@ -88,7 +88,7 @@ def layout_from(gpu: agent_pb2.Gpu) -> GpuLayout:
         gpu.name,
         gpu.pci_bus_id,
         gpu.pci_device_id,
-        0,  # pci_subsystem_id: not in the API; device filters match on the device id
+        gpu.pci_subsystem_id,
         gpu.memory_total_bytes,
         MigMode(mode.current, mode.pending) if gpu.mig_capable else None,
     )

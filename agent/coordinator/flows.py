@@ -40,18 +40,20 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """The nodes a selector picks: reachable ones, and unreachable ones it may pick."""
+    """The nodes a selector picks: those that can be acted on, and the others it may pick
+    (no answer, or an answer with the process lists withheld)."""
 
     views: tuple[NodeView, ...]
     targets: dict[str, Target]
 
     @property
     def reachable(self) -> tuple[NodeView, ...]:
-        return tuple(v for v in self.views if v.reachable)
+        """Answered with everything planning and rollouts need."""
+        return tuple(v for v in self.views if v.plannable)
 
     @property
     def unreachable(self) -> tuple[NodeView, ...]:
-        return tuple(v for v in self.views if not v.reachable)
+        return tuple(v for v in self.views if not v.plannable)
 
 
 async def select(
@@ -77,7 +79,7 @@ async def select(
 
 
 def layouts_of(views: Sequence[NodeView]) -> list[NodeLayouts]:
-    return [NodeLayouts(v.name, v.usable_layouts) for v in views if v.reachable]
+    return [NodeLayouts(v.name, v.usable_layouts) for v in views if v.plannable]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +100,7 @@ def pool_nodes(views: Sequence[NodeView], pools: Sequence[str]) -> dict[str, fro
             raise InvalidSpec(
                 f"demand pool {text!r}: {exc}", [FieldViolation("pool", str(exc))]
             ) from exc
-        out[text] = frozenset(v.name for v in views if v.reachable and chosen.matches(v))
+        out[text] = frozenset(v.name for v in views if v.plannable and chosen.matches(v))
     return out
 
 

@@ -15,6 +15,12 @@ from agent.gpu.types import GpuLayout
 
 __all__ = ["NodeView", "node_view", "unreachable_view"]
 
+PROCESSES = "processes"
+WITHHELD_PROCESSES = (
+    "the agent withholds its process lists from this identity (read role): give the "
+    "coordinator's identity the mig or admin role (roles.mig / roles.admin) to plan here"
+)
+
 _STRATEGIES = {
     sharing_pb2.SHARING_STRATEGY_TIME_SLICING: "time-slicing",
     sharing_pb2.SHARING_STRATEGY_MPS: "mps",
@@ -41,10 +47,25 @@ class NodeView:
     preset: str = ""
     agent_version: str = ""
     error: str | None = None
+    #: What the agent withheld from this identity's roles (``processes``): shown as withheld,
+    #: never as empty.
+    withheld: tuple[str, ...] = ()
 
     @property
     def reachable(self) -> bool:
+        """The agent answered."""
         return self.error is None
+
+    @property
+    def plannable(self) -> bool:
+        """Answered with what planning needs: withheld process lists would read as idle GPUs."""
+        return self.error is None and PROCESSES not in self.withheld
+
+    @property
+    def why_not_plannable(self) -> str:
+        if self.error is not None:
+            return self.error
+        return WITHHELD_PROCESSES if not self.plannable else ""
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -89,13 +110,7 @@ def is_warm(item: cache_pb2.CacheItem) -> bool:
 def node_view(target: Target, node: agent_pb2.Node, idle_after_s: float | None = None) -> NodeView:
     """``idle_after_s``: count the GPUs idle at least that long (from each GPU's
     ``idle_seconds``); None leaves the count unknown. An agent that withholds its process
-    lists is not planned on: empty lists would read as idle GPUs."""
-    if node.processes_hidden:
-        return unreachable_view(
-            target,
-            "the agent withholds its process lists: give the coordinator's identity the mig or "
-            "admin role (roles.mig / roles.admin)",
-        )
+    lists is shown with what it did send and marked so (``withheld``); it is not planned on."""
     gpus = node.gpus
     return NodeView(
         name=node.name or target.node or target.address,
@@ -109,6 +124,7 @@ def node_view(target: Target, node: agent_pb2.Node, idle_after_s: float | None =
         idle_gpus=_idle_gpus(gpus, idle_after_s),
         preset=node.simulated_preset,
         agent_version=node.agent_version,
+        withheld=(PROCESSES,) if node.processes_hidden else (),
     )
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.coordinator.capacity import free_capacity, idle_devices, slice_map
-from agent.coordinator.inventory import NodeView
+from agent.coordinator.inventory import PROCESSES, NodeView
 from agent.gpu.types import GpuLayout
 from agent.mig.plan import current_counts
 
@@ -32,7 +32,8 @@ class GpuStatus:
     mig: str
     slices: str
     devices: dict[str, int]
-    idle: dict[str, int]
+    #: None when the process lists were withheld: which devices are idle is unknown.
+    idle: dict[str, int] | None
     creatable: dict[str, int]
 
 
@@ -48,12 +49,17 @@ class NodeStatus:
     warm: int
     idle_gpus: int | None
     gpus: tuple[GpuStatus, ...]
+    #: What the agent withheld from this identity (``processes``): idle devices are then unknown.
+    withheld: tuple[str, ...] = ()
 
     @property
-    def idle(self) -> dict[str, int]:
+    def idle(self) -> dict[str, int] | None:
+        """Idle MIG devices by profile; None when the process lists were withheld (unknown)."""
+        if PROCESSES in self.withheld:
+            return None
         total: Counter[str] = Counter()
         for g in self.gpus:
-            total.update(g.idle)
+            total.update(g.idle or {})
         return dict(sorted(total.items()))
 
 
@@ -65,6 +71,9 @@ class ProfileStatus:
     idle: int
     #: more instances that fit in the fleet's free slices, this profile alone.
     creatable: int
+    #: devices on nodes that withhold their process lists: neither in use nor idle as far as
+    #: this identity can tell.
+    unknown: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +105,7 @@ def _mig(layout: GpuLayout, lost: bool) -> str:
     return "on" if mode.current else "off"
 
 
-def _gpu(layout: GpuLayout, lost: bool) -> GpuStatus:
+def _gpu(layout: GpuLayout, lost: bool, processes_known: bool) -> GpuStatus:
     on = bool(layout.gpu.mig_mode and layout.gpu.mig_mode.current)
     placed = [(gi.profile_id, gi.placement) for gi in layout.instances]
     return GpuStatus(
@@ -106,7 +115,7 @@ def _gpu(layout: GpuLayout, lost: bool) -> GpuStatus:
         mig=_mig(layout, lost),
         slices=slice_map(layout),
         devices=current_counts(layout) if on else {},
-        idle=dict(sorted(idle_devices(layout).items())),
+        idle=dict(sorted(idle_devices(layout).items())) if processes_known else None,
         creatable=free_capacity(layout.profiles, placed) if on and not lost else {},
     )
 
@@ -124,16 +133,20 @@ def _node(view: NodeView) -> NodeStatus:
     # By index: a GPU lost before its agent started has no UUID to name it by.
     lost = [g.gpu.index for g in view.layouts if g.gpu.uuid in view.lost]
     problems = list(view.unhealthy) + [f"GPU {i} lost" for i in lost]
+    # Not a problem of the node: what this identity may not see, said so next to the health.
+    withheld = [f"{what} withheld (read role)" for what in view.withheld]
+    known = PROCESSES not in view.withheld
     return NodeStatus(
         name=view.name,
         address=view.address,
         health="unhealthy" if problems else "ok",
-        detail="; ".join(problems),
+        detail="; ".join(problems + withheld),
         models=_models(view),
         sharing=view.sharing,
         warm=len(view.warm),
         idle_gpus=view.idle_gpus,
-        gpus=tuple(_gpu(g, g.gpu.uuid in view.lost) for g in view.layouts),
+        gpus=tuple(_gpu(g, g.gpu.uuid in view.lost, known) for g in view.layouts),
+        withheld=view.withheld,
     )
 
 
@@ -142,13 +155,19 @@ def fleet_status(views: Sequence[NodeView]) -> FleetStatus:
     devices: Counter[str] = Counter()
     idle: Counter[str] = Counter()
     creatable: Counter[str] = Counter()
+    unknown: Counter[str] = Counter()
     for node in nodes:
         for g in node.gpus:
             devices.update(g.devices)
-            idle.update(g.idle)
+            if g.idle is None:
+                unknown.update(g.devices)
+            else:
+                idle.update(g.idle)
             creatable.update(g.creatable)
     profiles = tuple(
-        ProfileStatus(p, devices[p], devices[p] - idle[p], idle[p], creatable[p])
+        ProfileStatus(
+            p, devices[p], devices[p] - idle[p] - unknown[p], idle[p], creatable[p], unknown[p]
+        )
         for p in sorted(set(devices) | set(creatable))
     )
     return FleetStatus(nodes, profiles)
@@ -180,6 +199,7 @@ def _node_record(n: NodeStatus) -> dict[str, Any]:
         "idle_gpus": n.idle_gpus,
         "gpus": [_gpu_record(g) for g in n.gpus],
         "idle": n.idle,
+        "withheld": list(n.withheld),
     }
 
 

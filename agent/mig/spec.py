@@ -8,7 +8,6 @@ error) and we also accept GPU UUIDs in ``devices``.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,6 @@ from agent.safeyaml import brief, capped
 VERSION = "v1"
 ALL: Literal["all"] = "all"
 
-_DEVICE_ID_RE = re.compile(r"^(0[xX][0-9a-fA-F]{1,8}|[0-9]{1,10})$")
 #: A GPU holds at most 7 MIG devices (reference/mig.md §2); a larger count fits no GPU.
 MAX_COUNT = 7
 #: NVML numbers GPUs 0..N-1; no node has more than this many.
@@ -215,7 +213,8 @@ def _entry(raw: Any, path: str, bad: list[FieldViolation]) -> MigConfigEntry | N
             FieldViolation(f"{path}.mig-enabled", f"must be true or false, not {brief(enabled)}")
         )
     mig_devices = _mig_devices(raw.get("mig-devices"), f"{path}.mig-devices", bad)
-    if enabled is True and "mig-devices" not in raw:
+    # mig-parted reads a null mig-devices as none at all.
+    if enabled is True and raw.get("mig-devices") is None:
         bad.append(
             FieldViolation(
                 f"{path}.mig-devices",
@@ -312,26 +311,80 @@ def _filters(raw: Any, path: str, bad: list[FieldViolation]) -> tuple[DeviceFilt
         return ()
     out: list[DeviceFilter] = []
     for i, text in enumerate(items):
-        parsed = _filter(text)
-        if parsed is None:
-            where = path if isinstance(raw, str) else f"{path}[{i}]"
-            bad.append(
-                FieldViolation(
-                    where,
-                    f"invalid DeviceID format {brief(text)}: "
-                    "expected '0xDDDDVVVV' or '0xDDDDVVVV:0xSSSSVVVV'",
-                )
-            )
-        else:
-            out.append(parsed)
+        where = path if isinstance(raw, str) else f"{path}[{i}]"
+        try:
+            out.append(parse_filter(text))
+        except ValueError as exc:
+            bad.append(FieldViolation(where, str(exc)))
     return tuple(out)
 
 
-def _filter(text: str) -> DeviceFilter | None:
+def parse_filter(text: str) -> DeviceFilter:
+    """``0xDDDDVVVV[:0xSSSSVVVV]`` as mig-parted's ``types.NewDeviceIDFromString`` reads it:
+    each part an unsigned 32-bit number in Go's notation (``strconv.ParseUint(s, 0, 32)``).
+    ValueError, naming the part and the format, when mig-parted could not read it (it would
+    then silently match no GPU)."""
     parts = text.split(":")
-    if len(parts) > 2 or not all(_DEVICE_ID_RE.match(p) for p in parts):
-        return None
-    return DeviceFilter(int(parts[0], 0), int(parts[1], 0) if len(parts) == 2 else None)
+    if len(parts) > 2:
+        raise ValueError(
+            f"invalid DeviceID format {brief(text)}: expected '0xDDDDVVVV' or "
+            "'0xDDDDVVVV:0xSSSSVVVV'"
+        )
+    values = []
+    for name, part in zip(("device id", "subsystem id"), parts, strict=False):
+        try:
+            values.append(parse_go_uint(part, 32))
+        except ValueError as exc:
+            raise ValueError(
+                f"invalid DeviceID format {brief(text)}: the {name} {brief(part)} is {exc}; "
+                "expected '0xDDDDVVVV' or '0xDDDDVVVV:0xSSSSVVVV' (PCI device and vendor)"
+            ) from None
+    return DeviceFilter(values[0], values[1] if len(values) == 2 else None)
+
+
+def parse_go_uint(text: str, bits: int) -> int:
+    """``strconv.ParseUint(text, 0, bits)``: decimal, ``0x`` hex, ``0o`` or leading-``0`` octal,
+    ``0b`` binary, ``_`` between digits; no sign, no spaces; below ``2**bits``."""
+    s, base = text, 10
+    if s[:1] == "0" and len(s) >= 3 and s[1] in "bBoOxX":
+        base, s = {"b": 2, "o": 8, "x": 16}[s[1].lower()], s[2:]
+    elif s[:1] == "0":
+        base, s = 8, s[1:]
+    if not text:
+        raise ValueError("empty")
+    value, underscores = 0, False
+    for c in s:
+        if c == "_":
+            underscores = True
+            continue
+        digit = int(c, 36) if c.isascii() and c.isalnum() else base
+        if digit >= base:
+            raise ValueError("not a number")
+        value = value * base + digit
+    if underscores and not _underscores_ok(text):
+        raise ValueError("not a number")
+    if value >= 1 << bits:
+        raise ValueError(f"out of range: more than {bits} bits")
+    return value
+
+
+def _underscores_ok(text: str) -> bool:
+    # Go's strconv underscoreOK: '_' only between digits, or after a base prefix.
+    saw, i, hexa = "^", 0, False
+    if len(text) >= 2 and text[0] == "0" and text[1] in "bBoOxX":
+        saw, i, hexa = "0", 2, text[1] in "xX"
+    for c in text[i:]:
+        if "0" <= c <= "9" or (hexa and c.lower() in "abcdef"):
+            saw = "0"
+        elif c == "_":
+            if saw != "0":
+                return False
+            saw = "_"
+        else:
+            if saw == "_":
+                return False
+            saw = "!"
+    return saw != "_"
 
 
 # -- export ----------------------------------------------------------------------------------------

@@ -33,6 +33,9 @@ Devices = str | int | tuple[int | str, ...]
 _UNMANAGED_SECTIONS = ("imex", "resources")
 _TOP_KEYS = ("version", "flags", "sharing", *_UNMANAGED_SECTIONS)
 _SHARING_KEYS = {"timeSlicing": "time_slicing", "mps": "mps"}
+#: ``sharing.timeSlicing`` is a struct in the plugin, so null still runs its reader, which refuses
+#: it ("no resources specified"); ``sharing.mps`` is a pointer, so null leaves it unset.
+_NULL_IS_EMPTY = ("timeSlicing",)
 _SECTION_KEYS = ("renameByDefault", "failRequestsGreaterThanOne", "resources")
 _RESOURCE_KEYS = ("name", "replicas", "rename", "devices")
 _HEADER = "# Written by gpu-agent: change sharing with `gpu-agent share set`, not by hand.\n"
@@ -150,9 +153,12 @@ class _Reader:
         return None
 
     def integer(self, value: object, path: str) -> int | None:
-        # bool is an int in Python but not in the plugin's Go schema.
+        # bool is an int in Python but not in the plugin's Go schema. A whole float (2.0) reaches
+        # the plugin as the JSON number 2 (sigs.k8s.io/yaml), which its int takes.
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
         self.bad(path, f"must be an integer, got {brief(value)}")
         return None
 
@@ -173,7 +179,8 @@ def parse(document: str | bytes | Mapping[str, object], field: str = "config") -
         document = safeyaml.load(document, field)
     r = _Reader()
     top = r.mapping(document, "", _TOP_KEYS)
-    version = top.get("version", VERSION)
+    # A null version is unset to the plugin, which then reads v1.
+    version = top.get("version") or VERSION
     if version != VERSION:
         r.bad("version", f"must be {VERSION!r}, got {brief(version)}")
     flags = _parse_flags(r, top.get("flags"))
@@ -181,7 +188,7 @@ def parse(document: str | bytes | Mapping[str, object], field: str = "config") -
     sections = {
         attr: _parse_section(r, sharing_raw[key], f"sharing.{key}")
         for key, attr in _SHARING_KEYS.items()
-        if sharing_raw.get(key) is not None
+        if key in sharing_raw and (sharing_raw[key] is not None or key in _NULL_IS_EMPTY)
     }
     other = {key: top[key] for key in _UNMANAGED_SECTIONS if key in top}
     if r.violations:

@@ -12,13 +12,14 @@ from collections.abc import Sequence
 from agent.errors import FieldViolation, InvalidSpec
 from agent.gpu.types import GpuLayout
 from agent.safeyaml import brief
+from agent.sharing import flagtypes
 from agent.sharing.advertise import (
     GPU_RESOURCE,
     base_resources,
     mig_enabled,
     single_strategy_problem,
 )
-from agent.sharing.schema import RESOURCE_PREFIX, PluginConfig, ReplicatedResources
+from agent.sharing.schema import RESOURCE_PREFIX, PluginConfig, ReplicatedResources, qualify
 
 MAX_RESOURCE_NAME = 63
 MIN_REPLICAS = 2
@@ -29,11 +30,6 @@ MAX_ADVERTISED = 2**32 - 1
 MPS_MAX_CLIENTS = 48
 MPS_MAX_CLIENTS_OLD = 16
 _MPS_NEW_FROM = (7, 5)
-#: Values the plugin accepts (cmd/nvidia-device-plugin/main.go validateFlags).
-DEVICE_ID_STRATEGIES = ("uuid", "index")
-DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
-ALLOCATION_POLICIES = ("distributed", "packed")
-DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra")
 #: Keys of a sharing section that have no meaning under ``flags``: the plugin's Flags type has no
 #: such field and its YAML reader drops unknown keys, so there they are ignored without a word.
 _SECTION_ONLY = ("renameByDefault", "failRequestsGreaterThanOne", "resources", "replicas")
@@ -52,7 +48,7 @@ def validate(config: PluginConfig, layouts: Sequence[GpuLayout]) -> None:
 
 def violations(config: PluginConfig, layouts: Sequence[GpuLayout]) -> list[FieldViolation]:
     """Every rule ``config`` breaks on a node with ``layouts``; empty when it is fine."""
-    found = _flags(config) + _imex(config)
+    found = _flags(config) + _imex(config) + _resources(config)
     sharing = config.sharing
     if sharing.time_slicing is not None and sharing.mps is not None:
         found.append(
@@ -85,46 +81,48 @@ def _flags(config: PluginConfig) -> list[FieldViolation]:
                     "sharing",
                 )
             )
-    _choice(
-        found,
-        "flags.deviceDiscoveryStrategy",
-        other.get("deviceDiscoveryStrategy"),
-        DISCOVERY_STRATEGIES,
-    )
-    plugin = other.get("plugin")
-    if plugin is not None and not isinstance(plugin, dict):
-        found.append(FieldViolation("flags.plugin", f"must be a mapping, got {brief(plugin)}"))
-    elif plugin is not None:
-        _choice(
-            found,
-            "flags.plugin.deviceIDStrategy",
-            plugin.get("deviceIDStrategy"),
-            DEVICE_ID_STRATEGIES,
-        )
-        _choice(
-            found,
-            "flags.plugin.sharedDevicesAllocationPolicy",
-            plugin.get("sharedDevicesAllocationPolicy"),
-            ALLOCATION_POLICIES,
-        )
-        lists = plugin.get("deviceListStrategy")
-        for i, item in enumerate(lists if isinstance(lists, list) else [lists]):
-            at = "flags.plugin.deviceListStrategy" + (f"[{i}]" if isinstance(lists, list) else "")
-            _choice(found, at, item, DEVICE_LIST_STRATEGIES)
+    return found + flagtypes.violations(other)
+
+
+def _resources(config: PluginConfig) -> list[FieldViolation]:
+    """The top-level ``resources`` (renaming): the plugin ignores it once read, with a warning,
+    but it must still read (api/config/v1/resources.go), or the plugin does not start."""
+    section = config.other.get("resources")
+    if section is None:
+        return []
+    stop = " (the plugin cannot parse the file and does not start)"
+    if not isinstance(section, dict):
+        return [FieldViolation("resources", f"must be a mapping, got {brief(section)}{stop}")]
+    found = []
+    for key, value in section.items():
+        if str(key).casefold() not in ("gpus", "mig") or value is None:
+            continue  # a key the plugin's struct lacks is dropped there
+        if not isinstance(value, list):
+            found.append(FieldViolation(f"resources.{key}", f"must be a list{stop}"))
+            continue
+        for i, item in enumerate(value):
+            at = f"resources.{key}[{i}]"
+            if not isinstance(item, dict):
+                found.append(FieldViolation(at, f"must be a mapping of pattern and name{stop}"))
+                continue
+            for field in ("pattern", "name"):
+                if field not in item:
+                    found.append(FieldViolation(f"{at}.{field}", f"required{stop}"))
+            pattern = item.get("pattern")
+            if pattern is not None and not isinstance(pattern, str):
+                found.append(
+                    FieldViolation(f"{at}.pattern", f"must be a string, got {brief(pattern)}{stop}")
+                )
+            if "name" in item:
+                name = item["name"]
+                problem = (
+                    _name_syntax(qualify(name))
+                    if isinstance(name, str)
+                    else f"must be a string, got {brief(name)}"
+                )
+                if problem is not None:
+                    found.append(FieldViolation(f"{at}.name", problem + stop))
     return found
-
-
-def _choice(
-    found: list[FieldViolation], path: str, value: object, allowed: tuple[str, ...]
-) -> None:
-    if value is not None and value not in allowed:
-        found.append(
-            FieldViolation(
-                path,
-                f"must be one of {', '.join(allowed)}, got {brief(value)} (the plugin refuses "
-                "to start)",
-            )
-        )
 
 
 def _imex(config: PluginConfig) -> list[FieldViolation]:

@@ -33,6 +33,7 @@ def node_status(gpu: GpuDriver) -> dict[str, Any]:
     return {
         "driver_version": gpu.driver_version(),
         "degraded": [],
+        "processes_withheld": False,  # the admin socket sees them
         "gpus": sorted(views, key=lambda v: int(v["index"])),
     }
 

@@ -4,6 +4,7 @@ health, reflection (v1 and v1alpha); certificate rotation."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -523,6 +524,31 @@ def test_the_plaintext_loopback_listener_is_read_only(tmp_path: Path) -> None:
             )
         assert code == grpc.StatusCode.PERMISSION_DENIED
         assert process.tcp_port is None  # no certificate: no TCP listener besides loopback
+
+
+def test_fleet_status_through_the_read_only_door_shows_the_node_and_what_was_withheld(
+    tmp_path: Path,
+) -> None:
+    """`fleet status --insecure` on the loopback door (read role): the node answers, so it is
+    shown reachable with its GPUs; its process lists are withheld from the role, and the row
+    says so instead of reading as unreachable or as idle devices."""
+    from agent.cli.fleet import fleet
+    from tests.unit.coordinator.agents import invoke
+
+    config = agent_config(tmp_path, grpc_insecure_listen="127.0.0.1:0")
+    with AgentProcess(tmp_path, config) as process:
+        address = f"127.0.0.1:{_insecure_port(process)}"
+        done = invoke(fleet, ["status", "-o", "json", "--agents", address, "--insecure"])
+        table = invoke(fleet, ["status", "--agents", address, "--insecure"])
+    assert done.exit_code == 0, done.output
+    [row] = json.loads(done.output)["nodes"]
+    assert row["health"] != "unreachable", row
+    assert "processes withheld (read role)" in row["detail"]
+    assert len(row["gpus"]) > 0 and row["models"] != "-"
+    assert row["idle"] is None and row["withheld"] == ["processes"]
+    assert json.loads(done.output)["totals"]["reachable"] == 1
+    assert "processes withheld (read role)" in table.output
+    assert "unreachable" not in table.output
 
 
 def _insecure_port(process: AgentProcess) -> int:

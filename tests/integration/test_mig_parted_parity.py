@@ -38,6 +38,11 @@ mig-configs:
     - devices: all
       mig-enabled: true
       mig-devices: {1g.5gb: 2, 2g.10gb: 1, 3g.20gb: 1}
+  a100-sxm4-40gb-by-subsystem:
+    - device-filter: "0x20B010DE:0x134F10DE"
+      devices: all
+      mig-enabled: true
+      mig-devices: {3g.20gb: 2}
 """
 
 
@@ -131,6 +136,47 @@ nvidia-mig-parted assert -m -f ${MIG_CONFIG_FILE} -c all-disabled; echo "assert=
     node = sim_node(tmp_path / "s", "dgx-a100")
     try:
         assert all(not s.mig_enabled and not s.instances for s in node.states().values())
+    finally:
+        node.close()
+
+
+def test_a_subsystem_filter_selects_the_same_gpus_in_plan_apply_and_assert(
+    tmp_path: Path,
+) -> None:
+    """``0xDDDDVVVV:0xSSSSVVVV``: plan and assert read the GPUs through the API, apply through
+    the driver; all three select the same ones (the API carries the subsystem id)."""
+    for name, text in (("octal", "0123"), ("bad", "09")):
+        (tmp_path / f"{name}.yaml").write_text(
+            f"version: v1\nmig-configs:\n  {name}:\n    - {{device-filter: '{text}', "
+            "devices: all, mig-enabled: false}\n"
+        )
+    done = bash(
+        tmp_path,
+        "dgx-a100",
+        """
+F=${MIG_CONFIG_FILE}; C=a100-sxm4-40gb-by-subsystem
+nvidia-mig-parted plan -f $F -c $C; echo "plan=$?"
+nvidia-mig-parted apply -f $F -c $C; echo "apply=$?"
+nvidia-mig-parted assert -f $F -c $C; echo "assert=$?"
+nvidia-mig-parted assert --valid-config -f DIR/octal.yaml -c octal; echo "octal=$?"
+nvidia-mig-parted assert --valid-config -f DIR/bad.yaml -c bad; echo "bad=$?"
+""".replace("DIR", str(tmp_path)),
+    )
+    codes = dict(line.split("=") for line in done.stdout.splitlines() if "=" in line)
+    out = done.stdout + done.stderr
+    assert codes == {
+        "plan": "0",
+        "apply": "0",
+        "assert": "0",
+        "octal": "0",  # Go reads 0123 as octal, as mig-parted does
+        "bad": "2",
+    }, out
+    assert "GPU 0-7  NVIDIA A100-SXM4-40GB (mig-configs.a100-sxm4-40gb-by-subsystem[0]): " in out
+    assert "mig-configs.bad[0].device-filter: invalid DeviceID format '09'" in out
+    assert "Traceback" not in out
+    node = sim_node(tmp_path / "s", "dgx-a100")
+    try:
+        assert all(len(s.instances) == 2 for s in node.states().values())
     finally:
         node.close()
 

@@ -133,3 +133,23 @@ def test_mps_replicas_above_the_plugins_client_limit_are_refused(
     assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "at most 48" in field_violations(caught.value)[0].description
     assert not agent.config.sharing.config_path.exists()
+
+
+def test_a_config_yaml_with_flags_the_plugin_cannot_parse_is_refused_over_the_api(
+    agent: InProcessAgent, channel: grpc.Channel
+) -> None:
+    """SetSharing(config_yaml) is checked with the plugin's own types, like `share set -f`:
+    INVALID_ARGUMENT naming each field, and no file written for the plugin to choke on."""
+    stub = sharing_pb2_grpc.SharingServiceStub(channel)
+    config = (
+        "version: v1\nflags:\n  failOnInitError: 'false'\n  gfd: {sleepInterval: 1 minute}\n"
+        "sharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 2}]\n"
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.SetSharing(sharing_pb2.SetSharingRequest(config_yaml=config), timeout=10)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert sorted(v.field for v in field_violations(caught.value)) == [
+        "flags.failOnInitError",
+        "flags.gfd.sleepInterval",
+    ]
+    assert not agent.config.sharing.config_path.exists()

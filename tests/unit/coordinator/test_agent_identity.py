@@ -118,6 +118,7 @@ def test_an_agent_that_hides_processes_is_not_planned_on() -> None:
 
     hidden = agent_pb2.Node(name="node-a", processes_hidden=True, gpus=[agent_pb2.Gpu(index=0)])
     view = node_view(Target("10.0.0.7:9401", "node-a", pod="gpu-agent-x1"), hidden)
-    assert not view.reachable and "mig or admin role" in (view.error or "")
+    assert view.reachable and not view.plannable
+    assert "mig or admin role" in view.why_not_plannable
     shown = node_view(Target("10.0.0.7:9401", "node-a"), agent_pb2.Node(name="node-a"))
     assert shown.reachable

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, sharing_pb2
@@ -55,7 +53,7 @@ def test_what_planning_needs_of_a_layout_survives_the_trip_through_the_api() -> 
     layout = gpu("a", 0, H100, [("3g.40gb", 4, (1, 1, 1))], busy=[(5, 1)])
     back = layout_from(gpu_pb(layout))
     assert (back.instances, back.processes) == (layout.instances, layout.processes)
-    assert back.gpu == dataclasses.replace(layout.gpu, pci_subsystem_id=0)  # not in the API
+    assert back.gpu == layout.gpu  # the subsystem id too: device filters match on it
 
     def planning(p: GiProfile) -> tuple[object, ...]:
         return (
@@ -161,3 +159,27 @@ def test_a_lost_gpu_shows_lost_in_fleet_status_even_without_a_uuid() -> None:
     assert {g.index: g.mig for g in row.gpus} == {0: "on", 1: "lost", 2: "on", 3: "lost"}
     assert row.health == "unhealthy"
     assert "GPU 1 lost" in row.detail and "GPU 3 lost" in row.detail
+
+
+def test_a_node_that_withholds_processes_is_shown_with_its_gpus_and_says_so() -> None:
+    """A read identity (e.g. `fleet status --insecure` on the read-only loopback door) sees the
+    node answering with its GPUs and layouts; only which devices are idle is unknown, and it is
+    shown as withheld, never as 0 idle or as an unreachable node."""
+    node = _node()
+    node.processes_hidden = True
+    for g in node.gpus:
+        del g.processes[:]
+    view = node_view(Target("10.0.0.1:9401"), node, 3600)
+    assert view.reachable and view.withheld == ("processes",)
+    assert not view.plannable and "read role" in view.why_not_plannable
+    status = fleet_status([view])
+    [row] = status.nodes
+    assert row.health == "unhealthy"  # its sharing component, as without the roles
+    assert row.detail == "sharing: plugin not loaded; processes withheld (read role)"
+    assert len(row.gpus) == 3 and row.models == "1x A30, 2x H100 80GB HBM3"
+    assert row.idle is None and all(g.idle is None for g in row.gpus)
+    assert row.idle_gpus == 2  # from telemetry's idle seconds, which are not withheld
+    assert status.reachable == 1
+    by_profile = {p.profile: p for p in status.profiles}
+    assert (by_profile["1g.10gb"].devices, by_profile["1g.10gb"].unknown) == (2, 2)
+    assert (by_profile["1g.10gb"].in_use, by_profile["1g.10gb"].idle) == (0, 0)

@@ -167,3 +167,37 @@ def test_rollback_with_nothing_to_restore_exits_with_not_founds_code(config_path
 def test_every_command_documents_an_example() -> None:
     for name, command in share.commands.items():
         assert command.help and "gpu-agent share " + name in command.help, name
+
+
+def test_a_flag_the_plugin_cannot_parse_is_refused_before_writing(
+    config_path: Path, tmp_path: Path
+) -> None:
+    """`share set -f` with flags the plugin's Go types refuse: nothing written, nothing reloaded,
+    each field named with what the plugin expects (tests/fixtures/device-plugin-configs)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "version: v1\nflags:\n  failOnInitError: 'false'\n  gfd: {sleepInterval: 1 minute}\n"
+        "  plugin: {passDeviceSpecs: 'true'}\n"
+        "sharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 4}]\n"
+    )
+    result = run(config_path, "set", "-f", str(bad))
+    assert result.exit_code == 2, result.output
+    assert "  flags.failOnInitError: must be true or false (a YAML boolean" in result.stderr
+    assert "  flags.gfd.sleepInterval: must be a Go duration" in result.stderr
+    assert "  flags.plugin.passDeviceSpecs: must be true or false" in result.stderr
+    assert not config_path.exists()
+
+
+def test_show_of_a_hand_written_file_names_the_flag_that_stops_the_plugin(
+    config_path: Path,
+) -> None:
+    config_path.write_text("version: v1\nflags:\n  gfd:\n    sleepInterval: true\n")
+    shown = run(config_path, "show", "-o", "json")
+    assert shown.exit_code == 0, shown.output
+    problems = json.loads(shown.stdout)["problems"]
+    assert [p["field"] for p in problems] == ["flags.gfd.sleepInterval"]
+    # And a set over that file is refused for it, rather than written and reloaded.
+    result = run(config_path, "set", "--time-slicing", "gpu=2")
+    assert result.exit_code == 2
+    assert "flags.gfd.sleepInterval" in result.stderr
+    assert "sleepInterval: true" in config_path.read_text()

@@ -56,7 +56,7 @@ class Node(_message.Message):
     def __init__(self, name: _Optional[str] = ..., driver_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., sharing: _Optional[_Union[_sharing_pb2.SharingConfig, _Mapping]] = ..., cache: _Optional[_Union[_cache_pb2.CacheInventory, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, _Mapping]] = ..., observe_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., simulated_preset: _Optional[str] = ..., agent_version: _Optional[str] = ..., processes_hidden: _Optional[bool] = ...) -> None: ...
 
 class Gpu(_message.Message):
-    __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_total_bytes", "mig_capable", "mig_mode", "instances", "processes", "pci_device_id", "mig_profiles", "health", "idle_seconds", "health_detail")
+    __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_total_bytes", "mig_capable", "mig_mode", "instances", "processes", "pci_device_id", "mig_profiles", "health", "idle_seconds", "health_detail", "pci_subsystem_id")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class Gpu(_message.Message):
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     HEALTH_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    PCI_SUBSYSTEM_ID_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
@@ -85,7 +86,8 @@ class Gpu(_message.Message):
     health: GpuHealth
     idle_seconds: float
     health_detail: str
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., mig_capable: _Optional[bool] = ..., mig_mode: _Optional[_Union[MigMode, _Mapping]] = ..., instances: _Optional[_Iterable[_Union[GpuInstance, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., pci_device_id: _Optional[int] = ..., mig_profiles: _Optional[_Iterable[_Union[MigProfile, _Mapping]]] = ..., health: _Optional[_Union[GpuHealth, str]] = ..., idle_seconds: _Optional[float] = ..., health_detail: _Optional[str] = ...) -> None: ...
+    pci_subsystem_id: int
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., mig_capable: _Optional[bool] = ..., mig_mode: _Optional[_Union[MigMode, _Mapping]] = ..., instances: _Optional[_Iterable[_Union[GpuInstance, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., pci_device_id: _Optional[int] = ..., mig_profiles: _Optional[_Iterable[_Union[MigProfile, _Mapping]]] = ..., health: _Optional[_Union[GpuHealth, str]] = ..., idle_seconds: _Optional[float] = ..., health_detail: _Optional[str] = ..., pci_subsystem_id: _Optional[int] = ...) -> None: ...
 
 class MigMode(_message.Message):
     __slots__ = ("current", "pending")

@@ -1,0 +1,84 @@
+"""Our verdict on mig-parted config entries and device-filter spellings matches mig-parted's.
+
+The cases (tests/fixtures/mig-parted-parity/cases.yaml) are mig-parted's own tests rewritten,
+plus the spellings its parser (Go's strconv.ParseUint) takes or refuses beyond them. A refusal
+names its field and never escapes as anything but InvalidSpec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.api.convert import gpu_pb
+from agent.client.layouts import layout_from
+from agent.errors import InvalidSpec
+from agent.mig.spec import parse_filter, parse_spec, select_gpus
+from tests.unit.sharing.layouts import full_gpu
+
+CASES = yaml.safe_load(
+    (Path(__file__).parents[2] / "fixtures" / "mig-parted-parity" / "cases.yaml").read_text()
+)
+
+
+def ids(kind: str) -> list[str]:
+    return [c["id"] for c in CASES[kind]]
+
+
+def one_entry(entry: dict[str, Any]) -> str:
+    return yaml.safe_dump({"version": "v1", "mig-configs": {"c": [entry]}})
+
+
+@pytest.mark.parametrize("case", CASES["filters"], ids=ids("filters"))
+def test_a_filter_spelling_gets_mig_parteds_verdict(case: dict[str, Any]) -> None:
+    text = one_entry({"device-filter": case["filter"], "devices": "all", "mig-enabled": False})
+    if case["verdict"] == "refuse":
+        with pytest.raises(InvalidSpec) as info:
+            parse_spec(text)
+        [violation] = info.value.violations
+        assert violation.field == "mig-configs.c[0].device-filter"
+        assert "expected '0xDDDDVVVV' or '0xDDDDVVVV:0xSSSSVVVV'" in violation.description
+        return
+    [entry] = parse_spec(text).select("c")[1]
+    [parsed] = entry.device_filter
+    assert (parsed.device_id, parsed.subsystem_id) == (case["device"], case.get("subsystem"))
+
+
+@pytest.mark.parametrize("case", CASES["matches"], ids=ids("matches"))
+def test_a_filter_matches_the_gpus_mig_parted_matches(case: dict[str, Any]) -> None:
+    gpu = dataclasses.replace(
+        full_gpu(0).gpu, pci_device_id=case["device"], pci_subsystem_id=case["subsystem"]
+    )
+    assert parse_filter(case["filter"]).matches(gpu) is case["match"]
+
+
+@pytest.mark.parametrize("case", CASES["entries"], ids=ids("entries"))
+def test_an_entry_gets_mig_parteds_verdict(case: dict[str, Any]) -> None:
+    if case["verdict"] == "accept":
+        parse_spec(one_entry(case["entry"]))
+        return
+    with pytest.raises(InvalidSpec) as info:
+        parse_spec(one_entry(case["entry"]))
+    fields = [v.field for v in info.value.violations]
+    assert f"mig-configs.c[0].{case['field']}" in fields
+
+
+def test_a_subsystem_filter_selects_the_same_gpus_through_the_api() -> None:
+    """plan and assert read the node through the API (agent/client/layouts.py), apply reads the
+    driver: the subsystem id must survive the conversion, or the filter matches nothing there."""
+    spec = parse_spec(
+        one_entry(
+            {"device-filter": "0x233010DE:0x16C110DE", "devices": "all", "mig-enabled": False}
+        )
+    )
+    driver = [full_gpu(0), full_gpu(1)]
+    through_api = [layout_from(gpu_pb(layout)) for layout in driver]
+    assert through_api[0].gpu.pci_subsystem_id == 0x16C110DE
+    entries = spec.select("c")[1]
+    on_driver = [s.gpu.index for s in select_gpus(entries, [g.gpu for g in driver])]
+    on_api = [s.gpu.index for s in select_gpus(entries, [g.gpu for g in through_api])]
+    assert on_api == on_driver == [0, 1]
