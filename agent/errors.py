@@ -81,3 +81,11 @@ class DriverUnavailable(AgentError):
     """No NVML library or driver: the agent cannot talk to GPUs at all."""
 
     exit_code = 9
+
+
+class DriverNotReady(AgentError):
+    """A GPU feature was asked for while the NVIDIA driver is not attached (not loaded yet, or
+    going away in an upgrade). A state of the running agent, not a fault: everything that needs
+    no GPU keeps working, and the feature works once the agent attaches (docs/operations.md)."""
+
+    exit_code = 11

@@ -26,6 +26,7 @@ from agent.errors import (
     Busy,
     Conflict,
     DeviceLost,
+    DriverNotReady,
     DriverUnavailable,
     FieldViolation,
     InvalidSpec,
@@ -84,6 +85,8 @@ _RULES: tuple[_Rule, ...] = (
     # Retrying does not bring a GPU back; a person must look: a precondition, not UNAVAILABLE.
     _Rule(DeviceLost, grpc.StatusCode.FAILED_PRECONDITION),
     _Rule(PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    # The node has no driver yet (or it is being upgraded): fix the node, not the call.
+    _Rule(DriverNotReady, grpc.StatusCode.FAILED_PRECONDITION),
     _Rule(DriverUnavailable, grpc.StatusCode.UNAVAILABLE),
     # A deliberate error without a better class (e.g. an NVML error with no domain meaning).
     _Rule(AgentError, grpc.StatusCode.UNKNOWN),
