@@ -39,6 +39,7 @@ __all__ = [
     "ENV_PREFIX",
     "AgentConfig",
     "ApiSettings",
+    "DriverSettings",
     "MigSettings",
     "OperationsSettings",
     "PrewarmSettings",
@@ -573,6 +574,32 @@ class ApiSettings:
     )
 
 
+@dataclass(frozen=True)
+class DriverSettings:
+    """How the agent follows the NVIDIA driver: it starts without one (a GPU Operator node
+    boots before its driver container), attaches when NVML answers and detaches when the
+    driver goes away (docs/operations.md, "The driver arrives late, or goes away")."""
+
+    retry_max_s: float = field(
+        default=5.0,
+        metadata=_rules(
+            gt=0,
+            le=300,
+            doc="Longest wait between tries to attach to a driver that is not ready; the wait "
+            "starts at a quarter second and doubles up to this.",
+        ),
+    )
+    check_s: float = field(
+        default=2.0,
+        metadata=_rules(
+            gt=0,
+            le=300,
+            doc="Seconds between checks, while attached, that the driver is still loaded (one "
+            "nvmlDeviceGetCount); a driver that went away is detached from at the next check.",
+        ),
+    )
+
+
 _URI_SAN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s]+")
 _DNS_SAN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?")
 
@@ -791,6 +818,10 @@ class AgentConfig:
     api: ApiSettings = field(
         default_factory=ApiSettings,
         metadata=_rules(doc="Each caller's share of the gRPC API: calls, streams, lifetimes."),
+    )
+    driver: DriverSettings = field(
+        default_factory=DriverSettings,
+        metadata=_rules(doc="Following the NVIDIA driver as it arrives and goes away."),
     )
     operations: OperationsSettings = field(
         default_factory=OperationsSettings,

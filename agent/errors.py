@@ -90,3 +90,11 @@ class StateUnavailable(AgentError):
     """
 
     exit_code = 10
+
+
+class DriverNotReady(AgentError):
+    """A GPU feature was asked for while the NVIDIA driver is not attached (not loaded yet, or
+    going away in an upgrade). A state of the running agent, not a fault: everything that needs
+    no GPU keeps working, and the feature works once the agent attaches (docs/operations.md)."""
+
+    exit_code = 11

@@ -47,7 +47,8 @@ from agent.api.mig import interrupted_apply
 from agent.api.operations import MIG_APPLY
 from agent.config import AgentConfig
 from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec
-from agent.gpu import GpuDriver, open_driver
+from agent.gpu import GpuDriver, load_driver
+from agent.gpu.attach import DriverCollector, DriverLink, DriverState
 from agent.http import Handler, HttpServer, Request, Response
 from agent.kube import InClusterKubeClient, KubeClient, NodeWatch
 from agent.mig.labels import MigLabelController, MigStateCollector
@@ -70,6 +71,8 @@ SHUTDOWN_GRACE_S = 20.0
 RPC_GRACE_S = 5.0
 """Of it, how long calls in flight may finish after the server stops accepting new ones."""
 _CANCEL_AGAIN_S = 0.1
+#: First wait before the driver is probed again; it doubles up to driver.retry_max_s.
+_FIRST_RETRY_S = 0.25
 RETRY_CHECK_S = 5.0
 """Longest wait between a prewarm retry falling due and it starting."""
 CACHE_LABELS_S = 10.0
@@ -90,6 +93,8 @@ class Services:
 
     config: AgentConfig
     gpu: GpuDriver
+    #: Whether the GPUs are attached: the one state every GPU feature checks.
+    driver: DriverLink
     state: StateStore
     bus: EventBus
     runner: OperationRunner
@@ -109,8 +114,9 @@ class Services:
             bus=self.bus,
             sharing=self.sharing,
             prewarm=self.prewarm,
-            telemetry=self.telemetry.sampler.latest,
+            telemetry=self.telemetry.latest,
             mig=self.mig,
+            gpu_guard=self.driver.require,
             metrics=lambda openmetrics: self.telemetry.exposition(openmetrics=openmetrics),
         )
 
@@ -118,7 +124,8 @@ class Services:
 def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Services:
     """``simulated_latency``: the simulated driver models real NVML latencies, so timings
     while serving are honest; tests that need no timings turn it off to run at memory speed."""
-    gpu = open_driver(config.simulate, config.state_dir, latency=simulated_latency)
+    gpu = load_driver(config.simulate, config.state_dir, latency=simulated_latency)
+    driver = DriverLink(gpu, simulated=bool(config.simulate))
     state = StateStore(config.state_dir / "agent.db")
     bus = EventBus()
     prewarm = build_prewarm(config.prewarm, state, proc_root=config.telemetry.proc_root)
@@ -135,19 +142,20 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         proc_root=proc_root,
         state_dir=config.state_dir,
         kube_get=kube.get if isinstance(kube, InClusterKubeClient) else None,
+        attach=False,  # once the driver is ready (Node._attach)
     )
     inventory = NodeInventory(
         bus,
         node_name=config.node_name,
         simulated_preset=config.simulate,
         cache=prewarm.inventory,
-        xids=lambda: telemetry.xids.state().counts,
-        telemetry=telemetry.sampler.latest,
-        wake=telemetry.sampler.wake,
-        fresh=telemetry.sampler.fresh,
+        xids=telemetry.xid_counts,
+        telemetry=telemetry.latest,
+        wake=telemetry.wake,
+        fresh=telemetry.fresh,
         state=state.health,
     )
-    telemetry.sampler.subscribe(inventory.refresh_gpus)  # GetNode follows every snapshot
+    telemetry.subscribe(inventory.refresh_gpus)  # GetNode follows every snapshot
     # Sharing reads the node's shape from the inventory: no NVML call per request.
     sharing = SharingService(config.sharing, inventory.layouts, kube, node_name=config.node_name)
     inventory.watch_sharing(sharing.show)
@@ -157,6 +165,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         else command_reset(config.mig.reset_command)
     )
     mig = MigService(gpu, state, PartitionLock(config.state_dir), reset)
+    telemetry.exporter.add_collector(DriverCollector(driver))
     telemetry.exporter.add_collector(PrewarmCollector(prewarm.inventory))
     mig_labels = _mig_labels(config, kube, mig)
     if mig_labels is not None:
@@ -164,6 +173,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
     return Services(
         config=config,
         gpu=gpu,
+        driver=driver,
         state=state,
         bus=bus,
         runner=OperationRunner(state, bus),
@@ -208,6 +218,11 @@ class Node:
         self._ready = False
         self._node_watch: NodeWatch | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        #: Attaching and detaching run on worker threads, one at a time (and never beside the
+        #: shutdown's stop of the GPU parts).
+        self._gpu_parts = threading.Lock()
+        #: Set when the own Node changed, or the driver attached: the MIG label pass runs.
+        self._mig_wake: asyncio.Event | None = None
         routes = {
             "/healthz": self._healthz,
             "/readyz": self._readyz,
@@ -227,9 +242,18 @@ class Node:
 
     async def _readyz(self, _: Request) -> Response:
         """Ready once serving while at least one GPU answers: a lost GPU degrades the node (it
-        is reported as lost), it does not take the others out of the Service."""
+        is reported as lost), it does not take the others out of the Service.
+
+        A driver that is not ready yet (or is being upgraded) is a state, not a failure: the
+        API, prewarm and /metrics serve, so the agent stays ready and says what GPU features
+        wait for (docs/operations.md, "The driver arrives late, or goes away")."""
         if not self._ready:
             return Response(503, b"starting\n")
+        driver = self.services.driver.state
+        if not driver.attached:
+            return Response(
+                200, f"ready; GPU features wait for the driver: {driver.reason}\n".encode()
+            )
         if self.services.inventory.every_gpu_lost():
             return Response(503, b"no GPU answers\n")
         return Response(200, b"ready\n")
@@ -257,11 +281,12 @@ class Node:
 
         self._tasks.append(asyncio.create_task(guarded(), name=name))
 
-    async def _recover(self) -> None:
+    async def _recover(self, attached: bool) -> None:
         """Before serving: let the MIG service restore what a killed apply left, record on the
-        apply's operation how it ended, then fail whatever else was left pending or running."""
+        apply's operation how it ended, then fail whatever else was left pending or running.
+        Without a driver (not ``attached``) the MIG journal waits for the attach."""
         s = self.services
-        outcomes = await asyncio.to_thread(s.mig.recover)
+        outcomes = await asyncio.to_thread(s.mig.recover) if attached else ()
         left = await asyncio.to_thread(s.state.list_operations, kind=MIG_APPLY, done=False)
         for op in left:
             ended = await asyncio.to_thread(
@@ -322,15 +347,21 @@ class Node:
         s = self.services
         cfg = s.config
         loop = asyncio.get_running_loop()
-        stack.callback(s.gpu.close)
+        stack.callback(s.driver.close)
         stack.callback(s.state.close)
         s.bus.bind(loop)
         s.runner.bind(loop)
-        await self._recover()
+        # The driver is tried once before serving, so a node that has one serves with its GPUs
+        # from the first call; one that has none yet serves everything else and attaches later.
+        missing = await asyncio.to_thread(s.driver.probe)
+        await self._recover(attached=missing is None)
         await asyncio.to_thread(self._prune)
-        # The first snapshot is taken before GetNode serves: it never answers empty.
-        await asyncio.to_thread(s.telemetry.start)
-        stack.push_async_callback(asyncio.to_thread, s.telemetry.stop)
+        stack.push_async_callback(asyncio.to_thread, self._stop_gpu_parts)
+        if missing is None:
+            # The first snapshot is taken before GetNode serves: it never answers empty.
+            await asyncio.to_thread(self._attach, False)
+        else:
+            s.inventory.driver_missing(missing.reason)
         await asyncio.to_thread(s.inventory.refresh_all)
         await asyncio.to_thread(s.prewarm.start)
         stack.push_async_callback(asyncio.to_thread, s.prewarm.stop)
@@ -351,7 +382,8 @@ class Node:
         stack.push_async_callback(self._stop_serving, server, health)
         await set_serving(health, True)
         self._guard("inventory", _restarting("inventory", s.inventory.run))
-        changed = asyncio.Event()
+        self._mig_wake = changed = asyncio.Event()
+        self._guard("driver", self._follow_driver(attached=missing is None))
         if isinstance(s.kube, InClusterKubeClient) and not self.embedded:
             # Watch the own Node instead of polling it (the API server's load is per agent).
             self._node_watch = NodeWatch(
@@ -361,7 +393,7 @@ class Node:
             stack.callback(self._node_watch.informer.stop)
         if s.mig_labels is not None and not self.embedded:
             period = cfg.mig.label_poll_s if self._node_watch is None else MIG_RESYNC_S
-            self._guard("mig-labels", _every(period, s.mig_labels.reconcile, changed))
+            self._guard("mig-labels", _every(period, self._reconcile_mig_labels, changed))
         if s.kube is not None and not self.embedded:
             self._guard("cache-labels", _every(CACHE_LABELS_S, self._publish_cache_labels))
         if (
@@ -386,14 +418,71 @@ class Node:
             log.debug("embedded agent serving on %s", self.ports.socket)
             return
         log.info(
-            "agent serving: metrics %s:%d, gRPC %s, socket %s (%s, %d GPUs)",
+            "agent serving: metrics %s:%d, gRPC %s, socket %s (%s, %s)",
             host,
             self.metrics_port,
             f"mTLS :{self.ports.tcp}" if self.ports.tcp else "TCP off",
             self.ports.socket,
             f"simulated node {cfg.simulate}" if cfg.simulate else "NVML",
-            len(s.inventory.layouts()),
+            f"{len(s.inventory.layouts())} GPUs" if missing is None else "waiting for the driver",
         )
+
+    # -- the driver: attach when it is ready, detach when it goes away --------------------------
+
+    async def _follow_driver(self, *, attached: bool) -> None:
+        """Probe a missing driver with a capped back-off; while attached, check that it stays."""
+        s = self.services
+        settings = s.config.driver
+        delay = _FIRST_RETRY_S
+        while True:
+            if not attached:
+                await asyncio.sleep(min(delay, settings.retry_max_s))
+                delay = min(delay * 2, settings.retry_max_s)
+                if await asyncio.to_thread(s.driver.probe) is not None:
+                    continue
+                await asyncio.to_thread(self._attach, True)
+                attached, delay = True, _FIRST_RETRY_S
+                if self._mig_wake is not None:
+                    self._mig_wake.set()  # a label set while the driver was away applies now
+                continue
+            await asyncio.sleep(settings.check_s)
+            gone = await asyncio.to_thread(s.driver.check)
+            if gone is not None:
+                await asyncio.to_thread(self._detach, gone)
+                attached = False
+
+    def _attach(self, recover: bool) -> None:
+        """With NVML open (a probe found GPUs): finish what a killed apply left (``recover``;
+        at start `_recover` does), start reading the GPUs, then let GPU features in."""
+        s = self.services
+        with self._gpu_parts:
+            if recover:
+                for outcome in s.mig.recover():
+                    log.warning("MIG recovery after the driver attached: %s", outcome)
+            s.telemetry.attach()
+            s.telemetry.start()
+            s.inventory.refresh_gpus()
+            gpus = len(s.inventory.layouts())
+            s.driver.attached(gpus)
+        log.info("NVIDIA driver attached: %d GPU(s); GPU features are available", gpus)
+
+    def _detach(self, gone: DriverState) -> None:
+        s = self.services
+        with self._gpu_parts:
+            s.telemetry.detach()
+            s.driver.detached(gone)
+            s.inventory.driver_missing(gone.reason)
+
+    def _stop_gpu_parts(self) -> None:
+        with self._gpu_parts:
+            self.services.telemetry.stop()
+
+    def _reconcile_mig_labels(self) -> None:
+        """The GPU Operator's MIG label protocol, only while the GPUs are attached: without
+        them no state label is published (it would claim what nobody verified)."""
+        s = self.services
+        if s.mig_labels is not None and s.driver.is_attached:
+            s.mig_labels.reconcile()
 
     async def _stop_serving(self, server: grpc.aio.Server, health: HealthServicer) -> None:
         s = self.services

@@ -155,7 +155,7 @@ def reclaim_marker(
         return found if found is not None else kube.node_metadata(node)
 
     def idle() -> Mapping[str, float] | None:
-        snapshot = telemetry.sampler.latest()
+        snapshot = telemetry.latest()
         return None if snapshot is None else snapshot.gpu_idle_seconds()
 
     settings = config.telemetry

@@ -26,6 +26,7 @@ from agent.errors import (
     Busy,
     Conflict,
     DeviceLost,
+    DriverNotReady,
     DriverUnavailable,
     FieldViolation,
     InvalidSpec,
@@ -85,6 +86,8 @@ _RULES: tuple[_Rule, ...] = (
     # Retrying does not bring a GPU back; a person must look: a precondition, not UNAVAILABLE.
     _Rule(DeviceLost, grpc.StatusCode.FAILED_PRECONDITION),
     _Rule(PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    # The node has no driver yet (or it is being upgraded): fix the node, not the call.
+    _Rule(DriverNotReady, grpc.StatusCode.FAILED_PRECONDITION),
     _Rule(DriverUnavailable, grpc.StatusCode.UNAVAILABLE),
     # The state dir took no write (read-only, full): retry once an admin has freed it.
     _Rule(StateUnavailable, grpc.StatusCode.UNAVAILABLE),

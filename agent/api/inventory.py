@@ -165,6 +165,17 @@ class NodeInventory:
             self._announce_xids()
             self._rebuild(snapshot)
 
+    def driver_missing(self, reason: str) -> None:
+        """The driver is not attached (yet, or any more): no GPUs, and the gpu-driver
+        component says what is missing. The next snapshot after an attach replaces this."""
+        with self._lock:
+            self._gpus = _Gpus(
+                healthy=False,
+                detail=f"waiting for the NVIDIA driver: {reason}",
+                read_at=self._clock(),
+            )
+            self._rebuild()
+
     def refresh_sharing(self) -> None:
         if self._sharing_source is None:
             return

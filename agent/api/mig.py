@@ -246,9 +246,13 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
         service: MigService,
         runner: OperationRunner,
         changed: Callable[[], None],
-        settle: Callable[[], None] = lambda: None,
+        settle: Callable[[], None],
+        require_gpu: Callable[[str], None],
     ) -> None:
+        """``require_gpu(feature)``: the node's driver guard (DriverNotReady while the GPUs
+        are not attached), asked by every call before it reads or changes a GPU."""
         self._service = service
+        self._require_gpu = require_gpu
         self._runner = runner
         self._changed = changed  # refreshes the inventory after a change
         self._settle = settle  # blocks until the inventory shows a finished change
@@ -257,6 +261,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
         self, request: mig_pb2.PlanMigRequest, context: grpc.aio.ServicerContext
     ) -> mig_pb2.PlanMigResponse:
         spec, name = _spec(request.config_yaml, request.config_name)
+        self._require_gpu("mig plan")
         plan = await asyncio.to_thread(self._service.plan, spec, name, force=request.force)
         return node_plan_pb(plan)
 
@@ -264,6 +269,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
         self, request: mig_pb2.ApplyMigRequest, context: grpc.aio.ServicerContext
     ) -> mig_pb2.ApplyMigResponse:
         spec, name = _spec(request.config_yaml, request.config_name)
+        self._require_gpu("mig apply")
         await self._refuse_while_running(request.request_id)
         # Plan first: an infeasible layout or busy GPUs are refused by the call, before any
         # operation exists (the apply checks again under the lock).
@@ -297,6 +303,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
         self, request: mig_pb2.AssertMigRequest, context: grpc.aio.ServicerContext
     ) -> mig_pb2.AssertMigResponse:
         spec, name = _spec(request.config_yaml, request.config_name)
+        self._require_gpu("mig assert")
         result = await asyncio.to_thread(self._service.check, spec, name)
         return mig_pb2.AssertMigResponse(
             matches=result.applied, mismatches=result.mismatches, config_name=result.config
@@ -311,6 +318,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
                 "config_name is too long or not printable",
                 [FieldViolation("config_name", f"at most {_MAX_NAME} printable characters")],
             )
+        self._require_gpu("mig export")
         document = await asyncio.to_thread(self._service.export, label)
         return mig_pb2.ExportMigResponse(config_yaml=yaml.safe_dump(document, sort_keys=False))
 
@@ -323,6 +331,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
                 [FieldViolation("checkpoint", "required: a mig-parted checkpoint file")],
             )
         states = parse_checkpoint(request.checkpoint, "checkpoint", field="checkpoint")
+        self._require_gpu("mig restore")
         await self._refuse_while_running(request.request_id)
         # A checkpoint naming a GPU or profile this node lacks is refused here, before any
         # operation exists; the restore checks again under the lock.

@@ -121,6 +121,9 @@ class ApiServices:
     prewarm: PrewarmService
     telemetry: SnapshotSource
     mig: MigService
+    #: The guard of GPU features (agent.gpu.attach.DriverLink.require): DriverNotReady while
+    #: the driver is not attached.
+    gpu_guard: Callable[[str], None]
     metrics: Exposition | None = None
 
 
@@ -224,12 +227,12 @@ def _servicers(api: ApiServices) -> list[tuple[_Add, object]]:
         ),
         (
             telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server,
-            TelemetryServicer(api.telemetry, api.metrics),
+            TelemetryServicer(api.telemetry, api.gpu_guard, api.metrics),
         ),
         (events_pb2_grpc.add_EventsServiceServicer_to_server, EventsServicer(api.bus)),
         (
             mig_pb2_grpc.add_MigServiceServicer_to_server,
-            MigServicer(api.mig, api.runner, changed, api.inventory.settle),
+            MigServicer(api.mig, api.runner, changed, api.inventory.settle, api.gpu_guard),
         ),
     ]
     return servicers

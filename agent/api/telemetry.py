@@ -10,7 +10,7 @@ import grpc
 from agent._proto.gpuagent.v1 import telemetry_pb2, telemetry_pb2_grpc
 from agent.api.auth import granted, sees_processes
 from agent.api.convert import timestamp
-from agent.errors import DriverUnavailable
+from agent.errors import DriverUnavailable, NotSupported
 from agent.telemetry.snapshot import Entity, Snapshot
 from dcgm.fields import BY_ID
 
@@ -73,13 +73,22 @@ def snapshot_pb(
 
 
 class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
-    def __init__(self, source: SnapshotSource, exposition: Exposition | None = None) -> None:
+    def __init__(
+        self,
+        source: SnapshotSource,
+        require_gpu: Callable[[str], None],
+        exposition: Exposition | None = None,
+    ) -> None:
+        """``require_gpu``: the node's driver guard; the snapshot is of GPUs, the metrics
+        are the agent's too and serve without a driver."""
         self._source = source
+        self._require_gpu = require_gpu
         self._exposition = exposition
 
     async def GetTelemetrySnapshot(
         self, request: telemetry_pb2.GetTelemetrySnapshotRequest, context: grpc.aio.ServicerContext
     ) -> telemetry_pb2.GetTelemetrySnapshotResponse:
+        self._require_gpu("a telemetry snapshot")
         snapshot = self._source()
         if snapshot is None:
             raise DriverUnavailable("no telemetry sample yet; the sampler is starting")
@@ -91,10 +100,11 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         self, request: telemetry_pb2.GetMetricsRequest, context: grpc.aio.ServicerContext
     ) -> telemetry_pb2.GetMetricsResponse:
         snapshot = self._source()
-        if self._exposition is None or snapshot is None:
-            raise DriverUnavailable("no telemetry sample yet; the sampler is starting")
+        if self._exposition is None:
+            raise NotSupported("this agent serves no metrics exposition")
         # Rendered at most once per sample (the exporter caches it); off the loop when not.
         body, content_type = await asyncio.to_thread(self._exposition, request.openmetrics)
-        return telemetry_pb2.GetMetricsResponse(
-            body=body, content_type=content_type, sample_time=timestamp(snapshot.taken_at)
-        )
+        response = telemetry_pb2.GetMetricsResponse(body=body, content_type=content_type)
+        if snapshot is not None:  # none while the driver is away: the agent's own series only
+            response.sample_time.CopyFrom(timestamp(snapshot.taken_at))
+        return response

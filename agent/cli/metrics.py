@@ -58,8 +58,9 @@ def metrics(
                 [FieldViolation(g.lstrip("-"), "only without a running agent") for g in given],
             )
     response = client.metrics(openmetrics=openmetrics)
-    if obj.embedded:
+    if obj.embedded and response.HasField("sample_time"):
         # The agent's first sample has no rates (GPM needs two, a window apart): the next one.
+        # (None without a driver: the agent's own series are all there is.)
         first = response.sample_time.ToNanoseconds()
         deadline = time.monotonic() + _SECOND_SAMPLE_S
         while response.sample_time.ToNanoseconds() == first and time.monotonic() < deadline:

@@ -13,7 +13,7 @@ import click
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, output_option
-from agent.errors import InvalidSpec
+from agent.errors import FieldViolation, InvalidSpec
 
 
 def _control(obj: CliContext) -> Any:
@@ -339,6 +339,58 @@ def driver(obj: CliContext, version: str) -> None:
       gpu-agent sim driver 470.256.02
     """
     _control(obj).install_driver(version)
+
+
+@sim.command("driver-absent")
+@click.option(
+    "--for",
+    "duration",
+    default=None,
+    metavar="DURATION",
+    help="How long, e.g. 30s, 2m or 45 (seconds); default: until `sim driver-present`.",
+)
+@click.pass_obj
+def driver_absent(obj: CliContext, duration: str | None) -> None:
+    """Unload the simulated driver, as on a GPU Operator node before its driver container
+    arrives or during a driver upgrade: NVML is not found (or answers DRIVER_NOT_LOADED) until
+    the time is up or `sim driver-present`. A running agent detaches and attaches again.
+
+    \b
+    Example:
+      gpu-agent sim driver-absent --for 30s
+    """
+    _control(obj).driver_absent(None if duration is None else _seconds(duration))
+
+
+@sim.command("driver-present")
+@click.pass_obj
+def driver_present(obj: CliContext) -> None:
+    """Load the simulated driver again (ends `sim driver-absent`).
+
+    \b
+    Example:
+      gpu-agent sim driver-present
+    """
+    _control(obj).driver_present()
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _seconds(text: str) -> float:
+    value = text.strip()
+    scale = _UNITS.get(value[-1:])
+    number = value[:-1] if scale is not None else value
+    try:
+        seconds = float(number) * (scale or 1.0)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise InvalidSpec(
+            f"--for must be a duration > 0 such as 30s, 2m or 45, got {text!r}",
+            [FieldViolation("for", "a number of seconds > 0, optionally with s, m or h")],
+        )
+    return seconds
 
 
 @sim.command("reboot")

@@ -9,7 +9,7 @@ from pathlib import Path
 from agent.errors import DriverUnavailable
 from agent.gpu.nvml import GpuDriver
 
-__all__ = ["GpuDriver", "open_driver"]
+__all__ = ["GpuDriver", "explain", "load_driver", "open_driver"]
 
 
 #: What is wrong when NVML is missing inside a pod: the runtime did not inject the driver.
@@ -21,6 +21,37 @@ IN_POD_HINT = (
 )
 
 
+def load_driver(simulate: str | None, state_dir: Path, *, latency: bool = False) -> GpuDriver:
+    """The driver facade over the real pynvml, or over the simulated node ``simulate`` whose
+    state lives in ``state_dir`` (created from the preset if there is none); NVML is not
+    initialised yet (`GpuDriver.open`, or `agent.gpu.attach.DriverLink` in a running agent)."""
+    if simulate:
+        from agent.gpu import sim
+
+        return GpuDriver(sim.open_simulator(state_dir, simulate, latency=latency))
+    try:
+        import pynvml
+    except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a dependency
+        raise DriverUnavailable("the nvidia-ml-py package is not installed") from exc
+    return GpuDriver(pynvml)
+
+
+def explain(exc: DriverUnavailable, *, simulated: bool, env: Mapping[str, str] = os.environ) -> str:
+    """What a missing NVML means here, in one line: in a pod (``KUBERNETES_SERVICE_HOST``
+    set) the runtime class to check; on a machine, how to run the simulator instead (never a
+    silent fall-back to it)."""
+    cause = exc.__cause__ or exc
+    if simulated:
+        return f"cannot use NVML ({cause}): the simulated driver is not loaded"
+    if env.get("KUBERNETES_SERVICE_HOST"):
+        return f"cannot use NVML ({cause}): no NVIDIA driver in this container." + IN_POD_HINT
+    return (
+        f"cannot use NVML ({cause}): no NVIDIA driver on this machine. "
+        "To run on a simulated node instead, pass --simulate PRESET "
+        "(e.g. --simulate dgx-h100; list presets with `gpu-agent sim presets`)."
+    )
+
+
 def open_driver(
     simulate: str | None,
     state_dir: Path,
@@ -28,29 +59,12 @@ def open_driver(
     latency: bool = False,
     env: Mapping[str, str] = os.environ,
 ) -> GpuDriver:
-    """Open the real NVML, or the simulated node ``simulate`` whose state lives in ``state_dir``.
+    """`load_driver`, opened: for one-shot tools (benchmarks, tests) that need the GPUs now.
 
-    Never falls back to the simulator on its own: a machine without NVML gets a clear error,
-    which in a pod (``KUBERNETES_SERVICE_HOST`` set) names the runtime class to check.
+    A machine without NVML gets DriverUnavailable saying what is wrong (`explain`).
     """
-    if simulate:
-        from agent.gpu import sim
-
-        return GpuDriver(sim.open_simulator(state_dir, simulate, latency=latency)).open()
+    driver = load_driver(simulate, state_dir, latency=latency)
     try:
-        import pynvml
-    except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a dependency
-        raise DriverUnavailable("the nvidia-ml-py package is not installed") from exc
-    try:
-        return GpuDriver(pynvml).open()
+        return driver.open()
     except DriverUnavailable as exc:
-        if env.get("KUBERNETES_SERVICE_HOST"):
-            raise DriverUnavailable(
-                f"cannot use NVML ({exc.__cause__}): no NVIDIA driver in this container."
-                + IN_POD_HINT
-            ) from exc
-        raise DriverUnavailable(
-            f"cannot use NVML ({exc.__cause__}): no NVIDIA driver on this machine. "
-            "To run on a simulated node instead, pass --simulate PRESET "
-            "(e.g. --simulate dgx-h100; list presets with `gpu-agent sim presets`)."
-        ) from exc
+        raise DriverUnavailable(explain(exc, simulated=bool(simulate), env=env)) from exc

@@ -1,9 +1,11 @@
-"""Builds the telemetry parts from the agent config and runs them: sampler, XID and pod threads,
-the optional DCGM profiling backend and the /metrics exporter."""
+"""Builds the telemetry parts from the agent config and runs them: the /metrics exporter for the
+agent's life, and beneath it, while the driver is attached, the collection (sampler, XID and pod
+threads, the optional DCGM profiling backend)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from agent.telemetry.exporter import MetricsExporter
 from agent.telemetry.pods import PodResourcesClient, PodWatcher
 from agent.telemetry.procs import ContainerDirectory
 from agent.telemetry.sampler import ProfilingBackend, Sampler, SamplerOptions
+from agent.telemetry.snapshot import Snapshot
 from agent.telemetry.stats import TelemetryStats
 from agent.telemetry.xid import XidWatcher
 from dcgm.counters import load_counters
@@ -24,7 +27,7 @@ from dcgm.fields import Gpm
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TelemetryService", "build_telemetry"]
+__all__ = ["Collection", "TelemetryService", "build_telemetry"]
 
 #: kubelet's per-container log links, which name each container id's pod (procs.py)
 _MIN_POD_REFRESH_S = 1.0  # kubelet rate-limits PodResources; once a second is plenty
@@ -32,30 +35,105 @@ OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
 
 @dataclass
-class TelemetryService:
+class Collection:
+    """What reads the GPUs while the driver is attached: built per attachment, since NVML's
+    handles, event sets and GPM samples do not outlive an nvmlShutdown."""
+
     sampler: Sampler
-    exporter: MetricsExporter
-    stats: TelemetryStats
     xids: XidWatcher
     pods: PodWatcher | None
     profiling: ProfilingBackend | None = None
 
+
+class TelemetryService:
+    """The /metrics exporter and its statistics, for the agent's whole life, and the GPU
+    collection beneath them while the driver is attached (`attach` / `detach`); without one,
+    a scrape serves the agent's own series and no GPU's."""
+
+    def __init__(
+        self,
+        exporter_of: Callable[[Callable[[], Snapshot | None]], MetricsExporter],
+        stats: TelemetryStats,
+        collect: Callable[[], Collection],
+    ) -> None:
+        self.stats = stats
+        self.exporter = exporter_of(self.latest)
+        self._collect = collect
+        self._collection: Collection | None = None
+        self._subscribers: list[Callable[[Snapshot], None]] = [self.exporter.prerender]
+
+    @property
+    def sampler(self) -> Sampler:
+        """The attached collection's sampler (AgentError while detached)."""
+        return self._attached().sampler
+
+    @property
+    def xids(self) -> XidWatcher:
+        return self._attached().xids
+
+    def _attached(self) -> Collection:
+        collection = self._collection
+        if collection is None:
+            raise AgentError("telemetry is not attached to a driver")
+        return collection
+
+    def subscribe(self, callback: Callable[[Snapshot], None]) -> None:
+        """Call ``callback`` with every snapshot, of this collection and the later ones."""
+        self._subscribers.append(callback)
+        if self._collection is not None:
+            self._collection.sampler.subscribe(callback)
+
+    def attach(self) -> None:
+        """Build the collection over the (open) driver; nothing runs until `start`."""
+        collection = self._collect()
+        for callback in self._subscribers:
+            collection.sampler.subscribe(callback)
+        self._collection = collection
+
     def start(self) -> None:
-        """Start the threads; returns after the first snapshot is published."""
-        self.xids.start()
-        if self.pods is not None:
-            self.pods.start()
-        self.sampler.start()
+        """Start the collection's threads; returns after the first snapshot is published."""
+        collection = self._attached()
+        collection.xids.start()
+        if collection.pods is not None:
+            collection.pods.start()
+        collection.sampler.start()
+
+    def stop(self) -> None:
+        collection = self._collection
+        if collection is None:
+            return
+        collection.sampler.stop()
+        if collection.pods is not None:
+            collection.pods.stop()
+        collection.xids.stop()
+
+    def detach(self) -> None:
+        """Stop the collection and drop it: GPU series go, the agent's own stay."""
+        self.stop()
+        self._collection = None
+
+    # -- reads (any thread) ----------------------------------------------------------------------
+
+    def latest(self) -> Snapshot | None:
+        collection = self._collection
+        return collection.sampler.latest() if collection is not None else None
+
+    def wake(self) -> None:
+        collection = self._collection
+        if collection is not None:
+            collection.sampler.wake()
+
+    def fresh(self) -> bool:
+        collection = self._collection
+        return collection.sampler.fresh() if collection is not None else False
+
+    def xid_counts(self) -> Mapping[tuple[int, int | None, int], int]:
+        collection = self._collection
+        return collection.xids.state().counts if collection is not None else {}
 
     def exposition(self, *, openmetrics: bool) -> tuple[bytes, str]:
         """What a /metrics scrape returns now: (body, content type)."""
         return self.exporter.render(OPENMETRICS if openmetrics else "text/plain")
-
-    def stop(self) -> None:
-        self.sampler.stop()
-        if self.pods is not None:
-            self.pods.stop()
-        self.xids.stop()
 
 
 def build_telemetry(
@@ -67,12 +145,15 @@ def build_telemetry(
     attribute_pods: bool = True,
     state_dir: Path | None = None,
     kube_get: Get | None = None,
+    attach: bool = True,
 ) -> TelemetryService:
     """Wire telemetry for one driver. Raises InvalidSpec for a bad counters CSV.
 
     ``proc_root`` overrides ``settings.proc_root`` (the simulator keeps its own /proc look-alike).
     ``state_dir``: where idle times survive restarts (the agent's; one-shot commands pass none).
     ``kube_get``: an API-server GET (in a pod), for DRA claims' devices from ResourceSlices.
+    ``attach``: build the collection now (the driver is open); the agent attaches later, when
+    the driver is ready (`TelemetryService.attach`).
     """
     counters = load_counters(settings.collectors)
     for counter in counters.counters:
@@ -96,38 +177,46 @@ def build_telemetry(
             unserved.reason,
         )
     stats = TelemetryStats()
-    reader = NodeReader(driver)
-    prof_ids = [c.field.id for c in counters.values if isinstance(c.field.source, Gpm)]
-    needs_dcgm = prof_ids and not all(_has_gpm(reader, g.index) for g in reader.gpus())
-    profiling = load_dcgm_backend(prof_ids, settings.interval_s) if needs_dcgm else None
-    pods = None
-    if attribute_pods:
-        socket = settings.kubelet_socket
-        period = max(settings.interval_s, _MIN_POD_REFRESH_S)
-        dra = DraDevices(kube_get, hostname) if kube_get is not None else None
-        pods = PodWatcher(PodResourcesClient(socket), socket, period, stats, dra)
-    xids = XidWatcher.for_reader(reader, stats)
-    sampler = Sampler(
-        reader,
-        counters,
-        stats,
-        SamplerOptions(
-            interval_s=settings.interval_s,
-            idle_threshold_percent=settings.idle_threshold_percent,
-            hostname=hostname,
-            proc_root=proc_root or settings.proc_root,
-            idle_file=state_dir / "telemetry-idle.json" if state_dir is not None else None,
-        ),
-        pods=pods,
-        containers=ContainerDirectory(settings.container_log_dir),
-        xids=xids,
-        profiling=profiling,
-    )
-    exporter = MetricsExporter(
-        counters, settings.metric_names, sampler.latest, stats, devices=settings.devices
-    )
-    sampler.subscribe(exporter.prerender)
-    return TelemetryService(sampler, exporter, stats, xids, pods, profiling)
+
+    def collect() -> Collection:
+        reader = NodeReader(driver)
+        prof_ids = [c.field.id for c in counters.values if isinstance(c.field.source, Gpm)]
+        needs_dcgm = prof_ids and not all(_has_gpm(reader, g.index) for g in reader.gpus())
+        profiling = load_dcgm_backend(prof_ids, settings.interval_s) if needs_dcgm else None
+        pods = None
+        if attribute_pods:
+            socket = settings.kubelet_socket
+            period = max(settings.interval_s, _MIN_POD_REFRESH_S)
+            dra = DraDevices(kube_get, hostname) if kube_get is not None else None
+            pods = PodWatcher(PodResourcesClient(socket), socket, period, stats, dra)
+        xids = XidWatcher.for_reader(reader, stats)
+        sampler = Sampler(
+            reader,
+            counters,
+            stats,
+            SamplerOptions(
+                interval_s=settings.interval_s,
+                idle_threshold_percent=settings.idle_threshold_percent,
+                hostname=hostname,
+                proc_root=proc_root or settings.proc_root,
+                idle_file=state_dir / "telemetry-idle.json" if state_dir is not None else None,
+            ),
+            pods=pods,
+            containers=ContainerDirectory(settings.container_log_dir),
+            xids=xids,
+            profiling=profiling,
+        )
+        return Collection(sampler, xids, pods, profiling)
+
+    def exporter_of(latest: Callable[[], Snapshot | None]) -> MetricsExporter:
+        return MetricsExporter(
+            counters, settings.metric_names, latest, stats, devices=settings.devices
+        )
+
+    service = TelemetryService(exporter_of, stats, collect)
+    if attach:
+        service.attach()
+    return service
 
 
 def _has_gpm(reader: NodeReader, gpu: int) -> bool:

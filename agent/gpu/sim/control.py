@@ -55,6 +55,7 @@ class SimControl:
             "cuda_driver_version": node.cuda_driver_version,
             "passthrough_vm": node.passthrough_vm,
             "boot_id": node.boot_id,
+            "driver_loaded": not node.driver_missing(time.time()),
             "gpus": [_describe_gpu(g) for g in node.gpus],
             "processes": [asdict(p) for p in node.processes],
             "faults": [
@@ -247,6 +248,32 @@ class SimControl:
         with self._store.transaction() as node:
             lifecycle.reboot(node, time.monotonic())
         shutil.rmtree(self._proc_root, ignore_errors=True)
+
+    def driver_absent(self, for_s: float | None = None) -> None:
+        """Unload the driver: for ``for_s`` seconds, or until :meth:`driver_present`.
+
+        A process that has not loaded the library yet gets LIBRARY_NOT_FOUND from pynvml
+        (no libnvidia-ml.so.1, as on a GPU Operator node before its driver container); one that
+        has gets DRIVER_NOT_LOADED from every call. Unloading the kernel module ends what it
+        held, as a reboot does: GPU and compute instances and processes are gone, the MIG mode
+        stays.
+        """
+        if for_s is not None and not for_s > 0:
+            raise InvalidSpec(
+                f"for must be > 0 seconds, got {for_s}",
+                [FieldViolation("for", "seconds > 0, or omitted: until driver-present")],
+            )
+        with self._store.transaction() as node:
+            node.driver_absent = True
+            node.driver_absent_until = None if for_s is None else time.time() + for_s
+            lifecycle.reboot(node, time.monotonic())
+        shutil.rmtree(self._proc_root, ignore_errors=True)
+
+    def driver_present(self) -> None:
+        """Load the driver again (ends :meth:`driver_absent` before its time)."""
+        with self._store.transaction() as node:
+            node.driver_absent = False
+            node.driver_absent_until = None
 
     def install_driver(self, version: str) -> None:
         """Install driver ``version`` and reboot, as an administrator would.

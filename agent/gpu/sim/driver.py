@@ -51,6 +51,10 @@ SYMBOL_MODULES = (
 )
 
 
+#: Calls that never reach the kernel module: they answer with the driver unloaded too.
+_WITHOUT_MODULE = frozenset({"nvmlShutdown", "nvmlErrorString"})
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     """What a handle resolved to in one state snapshot."""
@@ -109,6 +113,8 @@ class SimDriver:
         def call(*args: Any) -> Any:
             if self.latency and delay:
                 time.sleep(delay)
+            if export.name not in _WITHOUT_MODULE and self.module_unloaded():
+                return pynvml.NVML_ERROR_DRIVER_NOT_LOADED
             if export.needs_init and self.refcount == 0:
                 return pynvml.NVML_ERROR_UNINITIALIZED
             try:
@@ -121,6 +127,14 @@ class SimDriver:
 
         call.__name__ = export.name
         return call
+
+    def module_unloaded(self) -> bool:
+        """The node's driver is marked absent (``SimControl.driver_absent``): the library may
+        be loaded in this process, but the kernel module behind it is not."""
+        try:
+            return self.store.read().driver_missing(time.time())
+        except StateMissing:
+            return False  # the call itself answers DRIVER_NOT_LOADED
 
     def new_local_id(self) -> int:
         return next(self._local_ids)

@@ -126,6 +126,16 @@ class NodeState:
     processes: list[Process] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     events: list[XidEvent] = field(default_factory=list)
+    #: No driver loaded (a GPU Operator node before its driver container, or during an
+    #: upgrade): until ``driver_absent_until`` (Unix time), or until cleared when that is None.
+    driver_absent: bool = False
+    driver_absent_until: float | None = None
+
+    def driver_missing(self, now: float) -> bool:
+        """Whether the "kernel module" is unloaded at Unix time ``now``."""
+        return self.driver_absent and (
+            self.driver_absent_until is None or now < self.driver_absent_until
+        )
 
     def take_serial(self) -> int:
         serial = self.next_serial
@@ -173,6 +183,8 @@ def loads(text: str) -> NodeState:
         processes=[Process(**p) for p in raw["processes"]],
         faults=[Fault(**f) for f in raw["faults"]],
         events=[XidEvent(**e) for e in raw["events"]],
+        driver_absent=raw.get("driver_absent", False),
+        driver_absent_until=raw.get("driver_absent_until"),
     )
 
 

@@ -53,8 +53,12 @@ def _bind_pynvml(ns: dict[str, Any], driver: SimDriver) -> None:
 
     def load_library() -> None:
         # Replaces pynvml's _LoadNvmlLibrary: "dlopen" the simulated library, never the real one.
+        # With the driver absent there is no libnvidia-ml.so.1 to load (a GPU Operator node
+        # before its driver container); once loaded it stays loaded, as pynvml keeps it.
         with lock:
             if ns["nvmlLib"] is None:
+                if driver.module_unloaded():
+                    raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
                 ns["nvmlLib"] = driver.library
 
     # pynvml's module-level library state, fresh for this simulated library.

@@ -99,7 +99,7 @@ async def two_applies_at_once(tmp_path: Path) -> None:
     runner.bind(loop)
     server = grpc.aio.server(interceptors=[ApiInterceptor(Policy.of({}))])
     mig_pb2_grpc.add_MigServiceServicer_to_server(
-        MigServicer(service, runner, lambda: None), server
+        MigServicer(service, runner, lambda: None, lambda: None, lambda _feature: None), server
     )
     operations_pb2_grpc.add_OperationsServiceServicer_to_server(OperationsServicer(runner), server)
     sock = tmp_path / "s.sock"

@@ -125,7 +125,7 @@ def test_the_window_is_read_over_the_agents_telemetry_api(tmp_path: Path) -> Non
         for name, src in (("n1", source), ("n2", lambda: None)):
             server = grpc.aio.server(interceptors=[ApiInterceptor(Policy.of({}))])
             telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server(
-                TelemetryServicer(src), server
+                TelemetryServicer(src, lambda _feature: None), server
             )
             server.add_insecure_port(f"unix:{tmp_path / name}.sock")
             await server.start()

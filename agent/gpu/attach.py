@@ -1,0 +1,211 @@
+"""Whether this node's GPUs are attached: one state, owned by the running node, read by every
+GPU feature through one guard.
+
+No driver yet (a GPU Operator node boots minutes before its driver container), driver present,
+and driver going away (an upgrade unloads it) are states of one running agent, not reasons to
+exit (ARCHITECTURE.md, "Driver lifecycle"). :class:`DriverLink` holds that state over the one
+:class:`~agent.gpu.nvml.GpuDriver`:
+
+* :meth:`DriverLink.probe` loads and initialises NVML and lists the GPUs; the node attaches
+  (starts what reads the GPUs, then :meth:`DriverLink.attached`) only once at least one GPU
+  answers. The node retries with a capped back-off (agent/node.py).
+* :meth:`DriverLink.check`, while attached: NVML answering DRIVER_NOT_LOADED or
+  LIBRARY_NOT_FOUND means the driver went away; the node stops what reads the GPUs and
+  :meth:`DriverLink.detached` shuts NVML down, then probes again.
+* :meth:`DriverLink.require` is the guard: a GPU feature asked for while detached raises
+  :class:`~agent.errors.DriverNotReady` naming the cause (FAILED_PRECONDITION on the API).
+
+:class:`DriverCollector` exports the state as ``gpu_agent_driver_ready``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from agent.errors import AgentError, DriverNotReady, DriverUnavailable
+from agent.gpu.nvml import GpuDriver
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DriverCollector", "DriverLink", "DriverState"]
+
+#: Why the GPUs are not attached (the ``reason`` label of gpu_agent_driver_ready).
+STARTING = "starting"
+LIBRARY_NOT_FOUND = "library_not_found"
+DRIVER_NOT_LOADED = "driver_not_loaded"
+NO_GPUS = "no_gpus"
+NVML_ERROR = "nvml_error"
+
+_NVML_LIBRARY_NOT_FOUND = 12  # nvml.h; the rest of DriverUnavailable is DRIVER_NOT_LOADED
+
+
+@dataclass(frozen=True, slots=True)
+class DriverState:
+    """The driver as the agent last found it."""
+
+    attached: bool
+    #: "" when attached, else one of the reasons above
+    cause: str
+    #: one line saying what is missing ("" when attached)
+    reason: str
+    #: Unix time of the last change of state
+    since: float
+    #: GPUs that answered when it attached
+    gpus: int = 0
+
+
+class DriverLink:
+    """The attach state of one GpuDriver; thread-safe. Blocking methods call NVML."""
+
+    def __init__(
+        self,
+        driver: GpuDriver,
+        *,
+        simulated: bool,
+        env: Mapping[str, str] = os.environ,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._driver = driver
+        self._simulated = simulated
+        self._env = env
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._state = DriverState(
+            False, STARTING, "the agent has not reached the driver yet", clock()
+        )
+        self._logged: tuple[str, str] | None = None
+
+    @property
+    def driver(self) -> GpuDriver:
+        return self._driver
+
+    @property
+    def state(self) -> DriverState:
+        return self._state
+
+    @property
+    def is_attached(self) -> bool:
+        return self._state.attached
+
+    def require(self, feature: str) -> None:
+        """The guard of every GPU feature: DriverNotReady naming the cause while detached."""
+        state = self._state
+        if not state.attached:
+            raise DriverNotReady(
+                f"{feature} needs the NVIDIA driver, which is not ready: {state.reason}"
+            )
+
+    # -- transitions (the node calls these, from worker threads) --------------------------------
+
+    def probe(self) -> DriverState | None:
+        """Load and initialise NVML and list the GPUs. None when at least one GPU answers (NVML
+        stays open for the node to start its GPU parts, then call :meth:`attached`); otherwise
+        the not-ready state, which is also logged once per distinct reason."""
+        try:
+            self._driver.open()
+            scan = self._driver.scan()
+        except DriverUnavailable as exc:
+            missing = self._not_ready(_cause(exc), self._explain(exc))
+        except AgentError as exc:  # e.g. a library that does not match the loaded module
+            missing = self._not_ready(NVML_ERROR, f"NVML does not answer: {exc}")
+        else:
+            if scan.gpus:
+                return None
+            lost = f" ({len(scan.lost)} lost)" if scan.lost else ""
+            missing = self._not_ready(NO_GPUS, f"the driver lists no GPU that answers{lost}")
+        self._close_quietly()
+        with self._lock:
+            self._state = missing if self._state.cause != missing.cause else self._state
+            state = self._state
+        if self._logged != (state.cause, state.reason):
+            self._logged = (state.cause, state.reason)
+            log.warning(
+                "GPU features are unavailable until the driver is ready (the agent attaches "
+                "when it is, without a restart): %s",
+                state.reason,
+            )
+        return state
+
+    def attached(self, gpus: int) -> None:
+        with self._lock:
+            self._state = DriverState(True, "", "", self._clock(), gpus)
+        self._logged = None
+
+    def check(self) -> DriverState | None:
+        """While attached: None while NVML answers; the not-ready state when the driver went
+        away (the caller detaches). Other NVML errors are a GPU's business (the sampler marks
+        a lost GPU), not the driver's."""
+        try:
+            self._driver.call(self._driver.nvml.nvmlDeviceGetCount)
+        except DriverUnavailable as exc:
+            return self._not_ready(_cause(exc), f"the driver went away: {self._explain(exc)}")
+        except AgentError:
+            return None
+        return None
+
+    def detached(self, state: DriverState) -> None:
+        """Record ``state`` (GPU features refuse from now on) and shut NVML down."""
+        with self._lock:
+            self._state = state
+        log.warning("GPU features detached: %s", state.reason)
+        self._logged = (state.cause, state.reason)
+        self._close_quietly()
+
+    def close(self) -> None:
+        """At the agent's stop."""
+        if self._state.attached:
+            self._close_quietly()
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _not_ready(self, cause: str, reason: str) -> DriverState:
+        return DriverState(False, cause, reason, self._clock())
+
+    def _explain(self, exc: DriverUnavailable) -> str:
+        from agent.gpu import explain
+
+        return explain(exc, simulated=self._simulated, env=self._env)
+
+    def _close_quietly(self) -> None:
+        try:
+            self._driver.close()
+        except AgentError as exc:  # the driver is gone: nothing left to shut down
+            log.debug("nvmlShutdown failed: %s", exc)
+
+
+def _cause(exc: DriverUnavailable) -> str:
+    code = getattr(exc, "nvml_code", None)
+    return LIBRARY_NOT_FOUND if code == _NVML_LIBRARY_NOT_FOUND else DRIVER_NOT_LOADED
+
+
+class DriverCollector(Collector):
+    """``gpu_agent_driver_ready``: 1 while the GPUs are attached; 0 with the reason otherwise."""
+
+    def __init__(self, link: DriverLink) -> None:
+        self._link = link
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._link.state
+        ready = GaugeMetricFamily(
+            "gpu_agent_driver_ready",
+            "1 while the NVIDIA driver is attached (NVML initialised, GPUs listed); 0 while "
+            "GPU features wait for it, with the reason.",
+            labels=["reason"],
+        )
+        ready.add_metric([state.cause], 1.0 if state.attached else 0.0)
+        since = GaugeMetricFamily(
+            "gpu_agent_driver_state_since_timestamp_seconds",
+            "When gpu_agent_driver_ready last changed (Unix time).",
+        )
+        since.add_metric([], state.since)
+        yield ready
+        yield since

@@ -1,0 +1,168 @@
+"""A node that boots warm: no driver yet is a state of the running agent (issue 27).
+
+A real ``gpu-agent serve`` process runs on a simulated node whose driver is unloaded
+(``SimControl.driver_absent``: pynvml finds no library, or every call answers
+DRIVER_NOT_LOADED). It serves /healthz, a /readyz that names what is missing, /metrics with
+``gpu_agent_driver_ready 0``, and prewarm from a real HTTP origin; GPU features answer
+FAILED_PRECONDITION naming the cause. When the driver loads it attaches without a restart, and
+when it goes away it detaches the same way. The CLI prewarms with no agent and no driver.
+
+The origin is on loopback: ``agent_config`` allows 127.0.0.1 for prewarm egress, which is the
+one place to change if loopback egress needs another setting.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from agent._proto.gpuagent.v1 import mig_pb2, mig_pb2_grpc
+from agent.client import AgentClient
+from agent.errors import DriverNotReady
+from agent.gpu.sim import SimControl, open_simulator
+from tests.integration.prewarm_fixtures.origin import Origin
+from tests.integration.test_api_cli import agent_config_prewarm, cli, cli_config
+from tests.unit.api.support import AgentProcess, agent_config, wait_for
+
+pytestmark = pytest.mark.integration
+
+_METRICS_PORT = re.compile(r"agent serving: metrics [^ ]*:(\d+)")
+_MIG = "version: v1\nmig-configs:\n  all-disabled:\n    - {devices: all, mig-enabled: false}\n"
+#: Fast follow-up for tests; the defaults are 5 s (retry) and 2 s (check).
+_DRIVER = {"retry_max_s": 0.2, "check_s": 0.2}
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _ready_series(metrics: str) -> str | None:
+    found = re.search(r"^gpu_agent_driver_ready(\{[^}]*\})? (\S+)$", metrics, re.M)
+    return None if found is None else f"{found.group(1) or ''} {found.group(2)}"
+
+
+def _with_gpu_series(port: int) -> str | None:
+    metrics = _get(port, "/metrics")[1]
+    return metrics if "DCGM_FI_DEV_GPU_TEMP{" in metrics else None
+
+
+def _driverless_node(root: Path) -> SimControl:
+    state_dir = root / "state"
+    open_simulator(state_dir, "dgx-h100")
+    control = SimControl(state_dir)
+    control.driver_absent()
+    return control
+
+
+def _apply_mig(socket: Path) -> grpc.RpcError:
+    with grpc.insecure_channel(f"unix:{socket}") as channel:
+        stub = mig_pb2_grpc.MigServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ApplyMig(
+                mig_pb2.ApplyMigRequest(config_yaml=_MIG, config_name="all-disabled"), timeout=30
+            )
+    return refused.value
+
+
+def test_serve_without_a_driver_prewarms_then_attaches_and_detaches_without_restart(
+    tmp_path: Path,
+) -> None:
+    agent_root = tmp_path / "agent"
+    agent_root.mkdir()
+    (tmp_path / "origin").mkdir()
+    control = _driverless_node(agent_root)
+    with (
+        Origin(tmp_path / "origin") as origin,
+        AgentProcess(agent_root, agent_config(agent_root, driver=_DRIVER)) as agent,
+    ):
+        port = int(_METRICS_PORT.search(agent.output()).group(1))  # type: ignore[union-attr]
+        assert _get(port, "/healthz") == (200, "ok\n")
+        status, body = _get(port, "/readyz")
+        assert status == 200
+        assert "GPU features wait for the driver" in body and "not loaded" in body
+        assert _ready_series(_get(port, "/metrics")[1]) == '{reason="library_not_found"} 0.0'
+
+        # Prewarm needs no GPU: through the running agent, from a real origin.
+        origin.add("model.bin", b"weights" * 1000)
+        config = cli_config(tmp_path, agent_root)
+        config.write_text(
+            config.read_text() + yaml.safe_dump({"prewarm": agent_config_prewarm(agent_root)})
+        )
+        warmed = cli(agent.state_dir, config, "prewarm", "file", origin.url("model.bin"),
+                     "--name", "model")  # fmt: skip
+        assert warmed.returncode == 0, warmed.stderr
+
+        # A GPU feature: FAILED_PRECONDITION naming the cause; the CLI says it in one line.
+        refused = _apply_mig(agent.socket)
+        assert refused.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "mig apply needs the NVIDIA driver" in (refused.details() or "")
+        mig_file = tmp_path / "mig.yaml"
+        mig_file.write_text(_MIG)
+        by_cli = cli(agent.state_dir, config, "mig", "apply", "-f", str(mig_file), "-c",
+                     "all-disabled")  # fmt: skip
+        assert by_cli.returncode == DriverNotReady.exit_code, by_cli.stderr
+        assert "needs the NVIDIA driver, which is not ready" in by_cli.stderr
+
+        client = AgentClient.connect(agent.socket)
+        assert client is not None
+        try:
+            node = client.node()
+            assert not node.gpus
+            health = {c.name: c for c in node.health.components}
+            assert not health["gpu-driver"].healthy
+            assert "waiting for the NVIDIA driver" in health["gpu-driver"].detail
+
+            # The driver loads: the same process attaches, GPUs and their series appear.
+            control.driver_present()
+            wait_for(lambda: len(client.node().gpus) == 8, "the agent to attach", 20)
+            metrics = wait_for(lambda: _with_gpu_series(port), "GPU series", 10)
+            assert _ready_series(metrics) == '{reason=""} 1.0'
+            assert _get(port, "/readyz") == (200, "ready\n")
+
+            # The driver goes away (an upgrade unloads it): detached, GPU series gone.
+            control.driver_absent()
+            wait_for(lambda: not client.node().gpus, "the agent to detach", 20)
+            metrics = _get(port, "/metrics")[1]
+            assert _ready_series(metrics) == '{reason="driver_not_loaded"} 0.0'
+            assert "DCGM_FI_DEV_GPU_TEMP{" not in metrics
+            assert _apply_mig(agent.socket).code() is grpc.StatusCode.FAILED_PRECONDITION
+        finally:
+            client.close()
+        assert agent.proc is not None and agent.proc.poll() is None, "no restart, no exit"
+        assert "Traceback" not in agent.output()
+
+
+def test_the_cli_prewarms_with_no_agent_and_no_driver(tmp_path: Path) -> None:
+    """No agent runs and the driver is not loaded: the embedded agent starts driver-less,
+    `prewarm file` warms from the origin and `cache list` shows it; `mig apply` says why not."""
+    root = tmp_path / "node"
+    root.mkdir()
+    (tmp_path / "origin").mkdir()
+    _driverless_node(root)
+    config = agent_config(root)
+    with Origin(tmp_path / "origin") as origin:
+        origin.add("model.bin", b"weights" * 1000)
+        warmed = cli(root / "state", config, "prewarm", "file", origin.url("model.bin"),
+                     "--name", "model")  # fmt: skip
+        assert warmed.returncode == 0, warmed.stderr
+    listed = cli(root / "state", config, "cache", "list")
+    assert listed.returncode == 0 and "model" in listed.stdout, listed.stderr
+    mig_file = tmp_path / "mig.yaml"
+    mig_file.write_text(_MIG)
+    refused = cli(root / "state", config, "mig", "apply", "-f", str(mig_file), "-c",
+                  "all-disabled")  # fmt: skip
+    assert refused.returncode == DriverNotReady.exit_code
+    assert refused.stderr.strip().splitlines() == [
+        "error: mig apply needs the NVIDIA driver, which is not ready: cannot use NVML "
+        "(NVML Shared Library Not Found): the simulated driver is not loaded"
+    ]

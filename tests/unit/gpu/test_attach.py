@@ -1,0 +1,86 @@
+"""The driver's attach state (agent.gpu.attach): probe, attach, check, detach, the guard."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agent.cli.main import cli
+from agent.errors import DriverNotReady
+from agent.gpu import load_driver
+from agent.gpu.attach import (
+    DRIVER_NOT_LOADED,
+    LIBRARY_NOT_FOUND,
+    DriverCollector,
+    DriverLink,
+)
+from agent.gpu.sim import SimControl
+
+
+def _ready(link: DriverLink) -> tuple[str, float]:
+    (sample,) = next(iter(DriverCollector(link).collect())).samples
+    return sample.labels["reason"], sample.value
+
+
+def test_no_nvml_here_is_a_state_naming_the_simulator_never_a_fallback(tmp_path: Path) -> None:
+    link = DriverLink(load_driver(None, tmp_path), simulated=False, env={})
+    missing = link.probe()
+    assert missing is not None and missing.cause == LIBRARY_NOT_FOUND
+    assert "--simulate" in missing.reason
+    assert _ready(link) == (LIBRARY_NOT_FOUND, 0.0)
+    with pytest.raises(DriverNotReady, match=r"mig apply needs the NVIDIA driver.*--simulate"):
+        link.require("mig apply")
+    assert not (tmp_path / "sim").exists()
+
+
+def test_the_simulated_driver_comes_goes_and_comes_back(tmp_path: Path) -> None:
+    link = DriverLink(load_driver("dgx-h100", tmp_path), simulated=True)
+    control = SimControl(tmp_path)
+    control.driver_absent()
+    missing = link.probe()
+    assert missing is not None and missing.cause == LIBRARY_NOT_FOUND  # nothing loaded yet
+
+    control.driver_present()
+    assert link.probe() is None
+    link.attached(len(link.driver.gpus()))
+    link.require("mig apply")
+    assert link.check() is None
+    assert _ready(link) == ("", 1.0)
+
+    control.driver_absent()  # an upgrade unloads the module under the loaded library
+    gone = link.check()
+    assert gone is not None and gone.cause == DRIVER_NOT_LOADED
+    link.detached(gone)
+    with pytest.raises(DriverNotReady, match="went away"):
+        link.require("mig apply")
+    missing = link.probe()
+    assert missing is not None and missing.cause == DRIVER_NOT_LOADED
+
+    control.driver_present()
+    assert link.probe() is None  # the same library initialises again: no restart
+    assert len(link.driver.gpus()) == 8
+    link.driver.close()
+
+
+def test_driver_absent_for_a_time_ends_by_itself(tmp_path: Path) -> None:
+    link = DriverLink(load_driver("dgx-h100", tmp_path), simulated=True)
+    SimControl(tmp_path).driver_absent(for_s=0.2)
+    assert link.probe() is not None
+    time.sleep(0.25)
+    assert link.probe() is None
+    link.driver.close()
+
+
+def test_sim_driver_absent_refuses_a_bad_duration_naming_the_option(tmp_path: Path) -> None:
+    args = ["--simulate", "dgx-h100", "--state-dir", str(tmp_path), "sim"]
+    bad = CliRunner().invoke(cli, [*args, "driver-absent", "--for", "soon"])
+    assert bad.exit_code == 2 and "--for must be a duration" in bad.output
+    assert SimControl(tmp_path).describe()["driver_loaded"]
+    good = CliRunner().invoke(cli, [*args, "driver-absent", "--for", "2m"])
+    assert good.exit_code == 0, good.output
+    assert not SimControl(tmp_path).describe()["driver_loaded"]
+    assert CliRunner().invoke(cli, [*args, "driver-present"]).exit_code == 0
+    assert SimControl(tmp_path).describe()["driver_loaded"]
