@@ -123,8 +123,10 @@ class Services:
 
 def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Services:
     """``simulated_latency``: the simulated driver models real NVML latencies, so timings
-    while serving are honest; tests that need no timings turn it off to run at memory speed."""
-    gpu = load_driver(config.simulate, config.state_dir, latency=simulated_latency)
+    while serving are honest (unless the config's ``simulate_latency`` is off); tests that need
+    no timings turn it off to run at memory speed."""
+    latency = simulated_latency and config.simulate_latency
+    gpu = load_driver(config.simulate, config.state_dir, latency=latency)
     driver = DriverLink(gpu, simulated=bool(config.simulate))
     state = StateStore(config.state_dir / "agent.db")
     bus = EventBus()

@@ -19,14 +19,16 @@ FORGED = "2030-01-01 00:00:00,000 CRITICAL agent.node: forged"
 
 @pytest.fixture
 def output() -> Iterator[io.StringIO]:
-    root = logging.getLogger()
-    saved = (root.handlers[:], root.level)
+    root, agent = logging.getLogger(), logging.getLogger("agent")
+    saved = (root.handlers[:], root.level, agent.level)
+    agent.setLevel(logging.NOTSET)  # an embedded agent of an earlier test quiets "agent"
     stream = io.StringIO()
     logs.configure("info", stream=stream)
     try:
         yield stream
     finally:
-        root.handlers[:], root.level = saved
+        root.handlers[:], root.level, _ = saved
+        agent.setLevel(saved[2])
 
 
 def test_control_characters_of_a_value_are_escaped(output: io.StringIO) -> None:

@@ -131,13 +131,25 @@ def counts_of_target(plan: object) -> dict[str, int]:
 
 @pytest.mark.parametrize("model_key", list(MODELS))
 def test_every_count_combination_is_accepted_exactly_when_it_fits(model_key: str) -> None:
-    """Exhaustive over counts 0..max of every profile: the planner agrees with a naive search,
-    refuses the rest with a reason, and what it offers instead really fits."""
+    """Over counts 0..max of every profile: the planner agrees with a naive search, refuses the
+    rest with a reason, and what it offers instead really fits.
+
+    Exhaustive up to one memory slice past the GPU's width, where fitting is decided by
+    placement; past that, the refusal follows from the sum alone, so every 16th such
+    combination is checked (the RTX PRO 6000's 108,000 combinations took 125 s exhaustively)."""
     layout = make_layout(model_key)
     profiles = layout.profiles
     by_name = {p.name: p for p in profiles}
     refused = 0
-    combos = list(itertools.product(*(range(p.instance_count + 1) for p in profiles)))
+    width = layout.total_memory_slices
+    combos = [
+        counts
+        for i, counts in enumerate(
+            itertools.product(*(range(p.instance_count + 1) for p in profiles))
+        )
+        if sum(p.memory_slices * n for p, n in zip(profiles, counts, strict=True)) <= width + 1
+        or i % 16 == 0
+    ]
     for counts in combos:
         desired = Desired(
             True, tuple((p.name, n) for p, n in zip(profiles, counts, strict=True) if n)
