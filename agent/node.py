@@ -56,7 +56,7 @@ from agent.mig.lock import PartitionLock
 from agent.mig.reset import command_reset, simulated_reset
 from agent.mig.service import MigService
 from agent.prewarm.factory import build_service as build_prewarm
-from agent.prewarm.inventory import PrewarmCollector, label_patch
+from agent.prewarm.inventory import PrewarmCollector, label_patch, node_labels
 from agent.prewarm.service import PrewarmService
 from agent.reclaim import reclaim_marker
 from agent.sharing import SharingService
@@ -75,13 +75,16 @@ _CANCEL_AGAIN_S = 0.1
 _FIRST_RETRY_S = 0.25
 RETRY_CHECK_S = 5.0
 """Longest wait between a prewarm retry falling due and it starting."""
+#: How often the cache inventory is published as node labels even without a change (labels
+#: someone else changed are put right; a failed publish is tried again).
 CACHE_LABELS_S = 10.0
+#: How often the cache's labels are computed (a local read): a change is published at once.
+CACHE_LABELS_CHECK_S = 0.5
 #: With the own Node watched, MIG labels are re-read without a change this often (a failed
 #: config's retry); a change of the Node wakes the controller at once.
 MIG_RESYNC_S = 60.0
 #: How often the reclaimable-GPU mark is recomputed (it moves in hours; the write is rare).
 RECLAIM_S = 60.0
-"""How often the cache inventory is published as node labels."""
 INTERRUPTED_REASON = (
     "the agent stopped while this operation ran (killed or restarted) and could not resume it"
 )
@@ -225,6 +228,9 @@ class Node:
         self._gpu_parts = threading.Lock()
         #: Set when the own Node changed, or the driver attached: the MIG label pass runs.
         self._mig_wake: asyncio.Event | None = None
+        #: The cache labels last published, and when (`_sync_cache_labels`).
+        self._cache_labels_sent: dict[str, str] | None = None
+        self._cache_labels_at = 0.0
         routes = {
             "/healthz": self._healthz,
             "/readyz": self._readyz,
@@ -397,7 +403,7 @@ class Node:
             period = cfg.mig.label_poll_s if self._node_watch is None else MIG_RESYNC_S
             self._guard("mig-labels", _every(period, self._reconcile_mig_labels, changed))
         if s.kube is not None and not self.embedded:
-            self._guard("cache-labels", _every(CACHE_LABELS_S, self._publish_cache_labels))
+            self._guard("cache-labels", _every(CACHE_LABELS_CHECK_S, self._sync_cache_labels))
         if (
             isinstance(s.kube, InClusterKubeClient)
             and not self.embedded
@@ -514,6 +520,22 @@ class Node:
             return
         if gone:
             log.info("pruned %d done operation(s) and request-id record(s)", gone)
+
+    def _sync_cache_labels(self) -> None:
+        """Publish the cache labels when the cache's ready set changed, and every
+        CACHE_LABELS_S anyway (labels someone else changed are put right). A failed publish
+        is tried again after CACHE_LABELS_S (or at the next change), not at every check."""
+        wanted = node_labels(self.services.prewarm.items())
+        now = time.monotonic()
+        if wanted == self._cache_labels_sent and now - self._cache_labels_at < CACHE_LABELS_S:
+            return
+        self._cache_labels_sent, self._cache_labels_at = wanted, now
+        try:
+            self._publish_cache_labels()
+        except AgentError as exc:  # the API server briefly away, or refusing
+            log.warning(
+                "publishing cache labels failed, retrying in %.0fs: %s", CACHE_LABELS_S, exc
+            )
 
     def _publish_cache_labels(self) -> None:
         """``gpu-agent.io/cache.<name>=ready`` on this Node, for cache-affinity scheduling."""

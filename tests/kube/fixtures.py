@@ -15,13 +15,10 @@ from tests.kube.fake_api import FakeKubeApi, Pod
 NODE = "gpu-node-1"
 
 
-@pytest.fixture(scope="session")
-def tls_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1, made with the openssl command."""
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl command is needed to make a test TLS certificate")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "ca.crt", d / "tls.key"
+def make_tls_cert(directory: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (``ca.crt``, ``tls.key`` in ``directory``),
+    made with the openssl command; the benchmarks use it too."""
+    cert, key = directory / "ca.crt", directory / "tls.key"
     subprocess.run(
         [
             "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
@@ -32,6 +29,14 @@ def tls_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         capture_output=True,
     )  # fmt: skip
     return cert, key
+
+
+@pytest.fixture(scope="session")
+def tls_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1, made with the openssl command."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is needed to make a test TLS certificate")
+    return make_tls_cert(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture
