@@ -313,6 +313,7 @@ class Sampler:
         self._save_idle(started)
         snapshot = Snapshot(
             taken_at=taken_at,
+            taken_mono=started,
             hostname=self._options.hostname,
             driver_version=self._versions[0],
             nvml_version=self._versions[1],
