@@ -670,11 +670,8 @@ class PrewarmService:
                     known = self._retry_due[item.id] = (item.retry_at, deadline)
                 if known[1] <= mono:
                     due.append(item)
-            self._retry_due = {
-                k: v for k, v in self._retry_due.items() if k in {i.id for i in failed}
-            }
-            for item in due:
-                self._retry_due.pop(item.id, None)
+            waiting = {i.id for i in failed} - {i.id for i in due}
+            self._retry_due = {k: v for k, v in self._retry_due.items() if k in waiting}
             unrecorded = list(self._unrecorded)
         if unrecorded:  # those deleted meanwhile are gone
             live = {i.id for i in self.index.items([ItemState.QUEUED, ItemState.FETCHING])}
