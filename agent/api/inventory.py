@@ -61,6 +61,8 @@ class _Gpus(_Part):
     layouts: tuple[GpuLayout, ...] = ()
     lost: dict[int, str] = field(default_factory=dict)  # GPU index -> the driver's error
     driver_version: str = ""
+    #: monotonic time of what this came from (a snapshot's ``taken_mono``): orders refreshes
+    taken_mono: float = 0.0
 
 
 class NodeInventory:
@@ -76,6 +78,7 @@ class NodeInventory:
         wake: Callable[[], None] | None = None,
         fresh: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         state: Callable[[], tuple[bool, str]] | None = None,
     ) -> None:
         """``state``: the state store's (healthy, detail), shown as the "state" component."""
@@ -91,6 +94,7 @@ class NodeInventory:
         self._telemetry = telemetry
         self._wake = wake
         self._clock = clock
+        self._monotonic = monotonic
         self._lock = threading.Lock()  # one refresher of each part at a time
         self._gpus = _Gpus()
         self._sharing = _Part()
@@ -141,7 +145,7 @@ class NodeInventory:
             if snapshot is None:
                 return  # nothing collected yet: GetNode keeps saying "not read yet"
             before = self._gpus
-            if snapshot.taken_at < before.read_at:
+            if snapshot.taken_mono < before.taken_mono:
                 return  # the 1 s refresh raced a newer snapshot pushed by the sampler
             by_index = {layout.gpu.index: layout for layout in snapshot.layouts}
             layouts: list[GpuLayout] = []
@@ -157,6 +161,7 @@ class NodeInventory:
                 healthy=not problems,
                 detail="; ".join(problems) or f"{len(layouts)} GPU(s) read",
                 read_at=snapshot.taken_at,
+                taken_mono=snapshot.taken_mono,
                 layouts=tuple(layouts),
                 lost=lost,
                 driver_version=snapshot.driver_version,
@@ -173,6 +178,7 @@ class NodeInventory:
                 healthy=False,
                 detail=f"waiting for the NVIDIA driver: {reason}",
                 read_at=self._clock(),
+                taken_mono=self._monotonic(),
             )
             self._rebuild()
 

@@ -179,7 +179,8 @@ class Reconciler:
         interval_s: float = 60.0,
         backoff: BackoffPolicy | None = None,
         draw: Callable[[], float] | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
         elector: LeaderElector | None = None,
         cluster: ClusterReport | None = None,
         on_sweep: Callable[[Sequence[NodeView], float, float], None] | None = None,
@@ -188,11 +189,14 @@ class Reconciler:
         to 30 intervals); ``draw`` gives the jitter's uniform draws (tests fix it);
         ``elector``: act only while holding its Lease (None: this process acts alone);
         ``cluster``: post Node Events and the status ConfigMap (None: not in a cluster);
-        ``on_sweep(views, idle_after_s, at)`` gets each pass's sweep (GET /fleet/status)."""
+        ``on_sweep(views, idle_after_s, at)`` gets each pass's sweep (GET /fleet/status, ``at``
+        on ``clock``); ``clock`` (monotonic) runs the timers, back-off and durations, ``wall``
+        only dates what /metrics shows, so a clock step moves neither liveness nor back-off."""
         self._fleet = fleet
         self._path = desired_path
         self.interval_s = interval_s
-        self._clock = clock
+        self._clock = clock  # timers, back-off, durations
+        self._wall = wall  # what /metrics dates
         self._elector = elector
         self._cluster = cluster
         self._on_sweep = on_sweep
@@ -204,7 +208,7 @@ class Reconciler:
         self._running: dict[tuple[str, str], float] = {}
         policy = backoff or BackoffPolicy(base_s=interval_s, max_s=30 * interval_s)
         self.backoff = Backoff(policy) if draw is None else Backoff(policy, draw)
-        self.stats = Stats(started=clock())
+        self.stats = Stats(started=wall())
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self.stats, self.backoff, clock, self.leading))
 
@@ -326,8 +330,8 @@ class Reconciler:
             log.error("reconcile pass failed: %s", exc)
             self.stats.passes["error"] += 1
         finally:
-            self.stats.last_pass = self._clock()
-            self.stats.last_duration_s = self.stats.last_pass - began
+            self.stats.last_pass = self._wall()
+            self.stats.last_duration_s = self._clock() - began
             self.beat()
 
     def _load(self) -> Desired | None:

@@ -37,27 +37,38 @@ DEFAULT_IDLE_AFTER_S = 3600.0
 class _Sweep:
     views: tuple[NodeView, ...]
     idle_after_s: float
+    #: monotonic, for its age; ``observed_at`` is the wall-clock time shown
     at: float
+    observed_at: float
     #: rendered answers by selector text: the status records cost 0.5 s at 1,000 nodes
     rendered: dict[tuple[str, str], bytes] = field(default_factory=dict)
 
 
 class StatusEndpoint:
     def __init__(
-        self, fleet: Fleet, *, max_age_s: float = 0.0, clock: Callable[[], float] = time.time
+        self,
+        fleet: Fleet,
+        *,
+        max_age_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
-        """``max_age_s`` 0: every request sweeps (nothing is reused)."""
+        """``max_age_s`` 0: every request sweeps (nothing is reused). ``clock`` (monotonic)
+        ages sweeps; ``wall`` only dates them."""
         self._fleet = fleet
         self._max_age_s = max_age_s
         self._clock = clock
+        self._wall = wall
         self._last: _Sweep | None = None
         #: the sweep in flight, and its idle threshold
         self._running: tuple[float, asyncio.Future[_Sweep]] | None = None
         self._refresh: asyncio.Task[None] | None = None
 
     def observe(self, views: Sequence[NodeView], idle_after_s: float, at: float) -> None:
-        """A sweep made elsewhere (the reconcile pass), for the next requests."""
-        self._last = _Sweep(tuple(views), idle_after_s, at)
+        """A sweep made elsewhere (the reconcile pass, ``at`` on this endpoint's monotonic
+        clock), for the next requests."""
+        observed_at = self._wall() - (self._clock() - at)
+        self._last = _Sweep(tuple(views), idle_after_s, at, observed_at)
 
     async def __call__(self, request: Request) -> Response:
         query = StatusQuery.from_path(request.path)
@@ -87,9 +98,9 @@ class StatusEndpoint:
         return await asyncio.shield(self._running[1])
 
     async def _new_sweep(self, idle_after_s: float) -> _Sweep:
-        at = self._clock()
+        at, observed_at = self._clock(), self._wall()
         selection = await select(self._fleet, Selector(), idle_after_s=idle_after_s)
-        self._last = _Sweep(selection.views, idle_after_s, at)
+        self._last = _Sweep(selection.views, idle_after_s, at, observed_at)
         return self._last
 
     def _refresh_later(self, idle_after_s: float) -> None:
@@ -106,7 +117,7 @@ class StatusEndpoint:
         if found is None:
             views = [v for v in sweep.views if selector.matches(v)]
             document = status_document(fleet_status(views), query.idle_after)
-            document["observed_at"] = sweep.at
+            document["observed_at"] = sweep.observed_at
             found = json.dumps(document).encode()
             sweep.rendered[key] = found
         # The age is the only part that changes between requests: patched into the bytes.

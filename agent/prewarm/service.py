@@ -8,6 +8,7 @@ item's row. Items left fetching by a dead process are taken over and resume from
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -24,7 +25,15 @@ from typing import Protocol
 
 import psutil
 
-from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec
+from agent.clocks import deadline_from_wall, start_from_wall
+from agent.errors import (
+    AgentError,
+    Busy,
+    Conflict,
+    FieldViolation,
+    InvalidSpec,
+    StateUnavailable,
+)
 from agent.owner import Actor, check_may_undo, claimed_by
 from agent.prewarm.docker_auth import registry_host
 from agent.prewarm.errors import Cancelled, FetchFailed, ImageWarmFailed
@@ -179,6 +188,14 @@ class PrewarmService:
         self._cancel_events: dict[str, threading.Event] = {}
         self._subscribers: list[ProgressCallback] = []
         self._lock = threading.Lock()
+        #: retries scheduled in this process: item id -> (the stored wall-clock retry_at, the
+        #: monotonic deadline it stands for); the wall clock only says when across a restart
+        self._retry_due: dict[str, tuple[float, float]] = {}
+        #: monotonic start of items being warmed, for their time-to-warm
+        self._started: dict[str, float] = {}
+        #: items whose outcome the state store refused to record (its disk full or read-only):
+        #: item id -> why; shown as failed with that reason and run again by `retry_due`
+        self._unrecorded: dict[str, str] = {}
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -489,17 +506,25 @@ class PrewarmService:
     # -- inventory ----------------------------------------------------------------------------
 
     def items(self) -> list[CacheItem]:
-        return self.index.items()
+        return [self._shown(i) for i in self.index.items()]
 
     def get(self, id_or_name: str) -> CacheItem:
-        return self.index.find(id_or_name)
+        return self._shown(self.index.find(id_or_name))
+
+    def _shown(self, item: CacheItem) -> CacheItem:
+        """The row, or for an item whose outcome could not be recorded, failed with why."""
+        with self._lock:
+            why = self._unrecorded.get(item.id)
+        if why is None or item.state not in (ItemState.FETCHING, ItemState.QUEUED):
+            return item
+        return replace(item, state=ItemState.FAILED, error=why)
 
     def pulls(self) -> list[ImagePull]:
         return self.index.pulls()
 
     def inventory(self) -> Inventory:
         """One consistent read for metrics and node labels."""
-        return Inventory(self.index.items(), self.store.usage(), self.index.pulls())
+        return Inventory(self.items(), self.store.usage(), self.index.pulls())
 
     def pin(self, id_or_name: str, pinned: bool = True, by: Actor | None = None) -> CacheItem:
         """Keep an item out of eviction; a ready image is also pinned in containerd. Pinning
@@ -612,25 +637,56 @@ class PrewarmService:
 
     def schedule_pending(self) -> None:
         """Run queued items, fetches whose process died, and failed items due for a retry."""
-        self._queue_due_retries()
+        again = set(self._queue_due_retries())
         for item in self.index.items([ItemState.QUEUED, ItemState.FETCHING]):
-            if item.state is ItemState.QUEUED or not _alive(self.index.owner(item.id)):
+            if (
+                item.state is ItemState.QUEUED
+                or item.id in again
+                or not _alive(self.index.owner(item.id))
+            ):
                 self.enqueue(item.id)
 
     def retry_due(self) -> None:
-        """Run the failed items whose retry is due (the agent calls this on a timer)."""
+        """Run the failed items whose retry is due, and those whose outcome the state store
+        could not record (the agent calls this on a timer)."""
         for item_id in self._queue_due_retries():
             self.enqueue(item_id)
 
     def _queue_due_retries(self) -> list[str]:
-        now = self._clock()
+        wall, mono = self._clock(), self._monotonic()
         due = []
-        for item in self.index.items([ItemState.FAILED]):
-            if item.retry_at is not None and item.retry_at <= now:
-                log.info("retrying %s (attempt %d): %s", item.name, item.attempts + 1, item.error)
-                self.index.update(item.id, state=ItemState.QUEUED)
-                due.append(item.id)
-        return due
+        failed = [i for i in self.index.items([ItemState.FAILED]) if i.retry_at is not None]
+        with self._lock:
+            for item in failed:
+                assert item.retry_at is not None
+                known = self._retry_due.get(item.id)
+                if known is None or known[0] != item.retry_at:  # set before this process, or by
+                    deadline = deadline_from_wall(  # another one (the CLI's embedded agent)
+                        item.retry_at,
+                        wall_now=wall,
+                        mono_now=mono,
+                        bound_s=self._retry_delay(item.attempts),
+                    )
+                    known = self._retry_due[item.id] = (item.retry_at, deadline)
+                if known[1] <= mono:
+                    due.append(item)
+            waiting = {i.id for i in failed} - {i.id for i in due}
+            self._retry_due = {k: v for k, v in self._retry_due.items() if k in waiting}
+            unrecorded = list(self._unrecorded)
+        if unrecorded:  # those deleted meanwhile are gone
+            live = {i.id for i in self.index.items([ItemState.QUEUED, ItemState.FETCHING])}
+            with self._lock:
+                for gone in [i for i in unrecorded if i not in live]:
+                    self._unrecorded.pop(gone, None)
+            unrecorded = [i for i in unrecorded if i in live]
+        for item in due:
+            log.info("retrying %s (attempt %d): %s", item.name, item.attempts + 1, item.error)
+            self.index.update(item.id, state=ItemState.QUEUED)
+        return [item.id for item in due] + unrecorded
+
+    def _retry_delay(self, attempts: int) -> float:
+        """The wait before retry number ``attempts``: doubling from the first, up to the cap."""
+        return min(self._retry_initial * 2 ** (max(attempts, 1) - 1), self._retry_max)
 
     def enqueue(self, item_id: str) -> Future[CacheItem]:
         if self._pool is None:
@@ -647,7 +703,7 @@ class PrewarmService:
             future = self._futures.get(item_id)
         if future is not None:
             future.exception(timeout)
-        return self.index.get(item_id)
+        return self._shown(self.index.get(item_id))
 
     def stop(self) -> None:
         """Stop workers; running fetches are cancelled and keep their partials for resume."""
@@ -664,21 +720,35 @@ class PrewarmService:
 
     def run(self, item_id: str) -> CacheItem:
         """Do one item's work now, in this thread; returns its final row (ready or failed)."""
-        item = self._claim(item_id)
-        if item.state is not ItemState.FETCHING:
-            return item
         event = threading.Event()
         with self._lock:
-            self._cancel_events[item.id] = event
+            self._cancel_events[item_id] = event
         try:
+            item = self._claim(item_id)
+            with self._lock:
+                self._unrecorded.pop(item_id, None)
+            if item.state is not ItemState.FETCHING:
+                return item
             if item.kind is ItemKind.FILE:
                 return self._run_file(item, event)
             if item.kind is ItemKind.GROUP:
                 return self._run_group(item, event)
             return self._run_image(item, event)
+        except StateUnavailable as exc:
+            return self._not_recorded(item_id, exc)
         finally:
             with self._lock:
-                self._cancel_events.pop(item.id, None)
+                self._cancel_events.pop(item_id, None)
+
+    def _not_recorded(self, item_id: str, exc: StateUnavailable) -> CacheItem:
+        """The state store refused to record how the item's run went: nothing is lost that a
+        new run cannot redo, so the item shows failed with the store's reason and `retry_due`
+        runs it again until the store takes the outcome."""
+        why = f"{exc}; the outcome was not recorded and it runs again once it can be"
+        with self._lock:
+            self._unrecorded[item_id] = why
+        log.error("prewarm of item %s: %s", item_id, why)
+        return self._shown(self.index.get(item_id))
 
     def _claim(self, item_id: str) -> CacheItem:
         with self.index.transaction():
@@ -689,9 +759,23 @@ class PrewarmService:
             if item.state not in (ItemState.QUEUED, ItemState.FETCHING):
                 return item
             self.index.set_owner(item_id, os.getpid())
+            wall, mono = self._clock(), self._monotonic()
+            with self._lock:
+                if item.started_at is None:
+                    self._started[item_id] = mono
+                elif item_id not in self._started:  # started by an earlier process
+                    self._started[item_id] = start_from_wall(
+                        item.started_at, wall_now=wall, mono_now=mono
+                    )
             return self.index.update(
-                item_id, state=ItemState.FETCHING, started_at=item.started_at or self._clock()
+                item_id, state=ItemState.FETCHING, started_at=item.started_at or wall
             )
+
+    def _warm_seconds(self, item_id: str) -> float:
+        """Monotonic seconds from the item's first run to now (retries included)."""
+        mono = self._monotonic()
+        with self._lock:
+            return max(0.0, mono - self._started.pop(item_id, mono))
 
     def _watchers(self, item: CacheItem, event: threading.Event) -> tuple[ProgressFn, CancelledFn]:
         """Progress (published, saved in the row) and cancellation checks for one item's fetch."""
@@ -706,7 +790,8 @@ class PrewarmService:
                 self._publish(meter.snapshot())
             if now - last["save"] >= _SAVE_S:
                 last["save"] = now
-                self.index.update(item.id, fetched_bytes=done)
+                with contextlib.suppress(StateUnavailable):  # a hint for resume: the
+                    self.index.update(item.id, fetched_bytes=done)  # outcome write says
 
         def cancelled() -> bool:
             if event.is_set():
@@ -743,6 +828,9 @@ class PrewarmService:
             return self.index.get(item.id)
         except FetchFailed as exc:
             return self._fail(item, partial, str(exc), transient=exc.transient)
+        except StateUnavailable:
+            partial.close()
+            raise
         except AgentError as exc:
             return self._fail(item, partial, str(exc))
         except Exception as exc:
@@ -767,7 +855,7 @@ class PrewarmService:
             last_used=now,
             error=None,
             options=options,
-            warm_seconds=now - (item.started_at or now),
+            warm_seconds=self._warm_seconds(item.id),
         )
         log.info(
             "prewarmed %s (%d bytes, sha256 %s) via %s", item.name, size, digest, self._fetcher.mode
@@ -794,11 +882,16 @@ class PrewarmService:
         options = _without_retry(item.options)
         if transient:
             attempts = item.attempts + 1
-            delay = min(self._retry_initial * 2 ** (attempts - 1), self._retry_max)
-            options.update(retry_at=f"{now + delay:.3f}", attempts=str(attempts))
+            delay = self._retry_delay(attempts)
+            retry_at = f"{now + delay:.3f}"
+            options.update(retry_at=retry_at, attempts=str(attempts))
+            with self._lock:
+                self._retry_due[item.id] = (float(retry_at), self._monotonic() + delay)
             error = f"{error} (retrying in {delay:.0f}s, {kept} bytes kept)"
         else:
             self.store.discard_partial(item.id)
+            with self._lock:
+                self._started.pop(item.id, None)  # a new request starts the clock again
         log.warning("prewarm of %s (%s) failed: %s", item.name, redact_url(item.source), error)
         return self.index.update(
             item.id,
@@ -856,6 +949,8 @@ class PrewarmService:
             else:
                 self.store.discard_partial(item.id)
             return self.index.get(item.id)
+        except StateUnavailable:
+            raise
         except Exception as exc:
             transient = isinstance(exc, FetchFailed) and exc.transient
             if not isinstance(exc, AgentError):
@@ -881,7 +976,7 @@ class PrewarmService:
             last_used=now,
             error=None,
             options=options,
-            warm_seconds=now - (item.started_at or now),
+            warm_seconds=self._warm_seconds(item.id),
         )
         log.info("prewarmed model %s (%d files, %d bytes)", item.name, len(files), listing.total)
         return done
@@ -982,7 +1077,7 @@ class PrewarmService:
             size=result.size,
             finished_at=now,
             last_used=now,
-            warm_seconds=now - (item.started_at or now),
+            warm_seconds=self._warm_seconds(item.id),
             options=options,
             error=None,
         )

@@ -4,8 +4,11 @@ A GPU nobody used for a day shows ``gpu_agent_idle_seconds > 86400``. Counting s
 agent first sees the entity. The last-busy times are kept in the state dir
 (``telemetry-idle.json``, wall-clock seconds) and read back at start, so an agent restart (a
 DaemonSet upgrade) does not push a 24 h reclaim signal back by 24 h: the time the agent was down
-counts as idle, since nothing recorded a use in it. A saved time in the future (clock moved
-back) or an unreadable file counts from now.
+counts as idle, since nothing recorded a use in it. While the agent runs, idle seconds are
+monotonic, and the sampler converts them to wall-clock times against the wall clock it read at
+start, so a clock step (NTP, an admin) neither adds nor removes idle seconds nor reaches the file.
+A saved time in the future (clock moved back while the agent was down) or an unreadable file
+counts from now.
 """
 
 from __future__ import annotations

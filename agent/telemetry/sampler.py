@@ -156,6 +156,10 @@ class Sampler:
         self._profiling = profiling
         self._clock = clock
         self._wall = wall_clock
+        #: the wall clock as of now, read once: idle times are saved as ``wall0 + (mono - mono0)``
+        #: so a clock step while the agent runs neither adds nor removes idle seconds, in this
+        #: run or in the file the next one reads
+        self._wall0, self._mono0 = wall_clock(), clock()
         fields = [c.field for c in counters.values]
         self._nvml = [f for f in fields if isinstance(f.source, Nvml | NvmlRate)]
         self._prof = [f for f in fields if isinstance(f.source, Gpm)]
@@ -309,6 +313,7 @@ class Sampler:
         self._save_idle(started)
         snapshot = Snapshot(
             taken_at=taken_at,
+            taken_mono=started,
             hostname=self._options.hostname,
             driver_version=self._versions[0],
             nvml_version=self._versions[1],
@@ -389,8 +394,12 @@ class Sampler:
         name = _idle_name(entity)
         saved = self._idle_saved.pop(name, None)
         if saved is not None:  # first sight this run: carry on from the last run's figure
-            self._idle.restore({name: saved}, {entity: name}, now, self._wall())
+            self._idle.restore({name: saved}, {entity: name}, now, self._wall_at(now))
         return self._idle.update(entity, util, now)
+
+    def _wall_at(self, now: float) -> float:
+        """The wall-clock time of monotonic ``now``, blind to steps since the sampler began."""
+        return self._wall0 + (now - self._mono0)
 
     def _save_idle(self, now: float, *, force: bool = False) -> None:
         if self._idle_store is None:
@@ -399,7 +408,7 @@ class Sampler:
             self._options.idle_save_every_s
         )
         if force or due:
-            times = self._idle.export(self._idle_names, now, self._wall())
+            times = self._idle.export(self._idle_names, now, self._wall_at(now))
             self._idle_store.save({**self._idle_saved, **times})  # keep GPUs not seen this run
             self._idle_saved_at = now
 

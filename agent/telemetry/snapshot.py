@@ -121,7 +121,7 @@ class FieldSupport:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    #: wall-clock seconds when the tick started
+    #: wall-clock seconds when the tick started (for display: the wall clock may step)
     taken_at: float
     hostname: str
     driver_version: str
@@ -140,6 +140,8 @@ class Snapshot:
     #: each GPU's MIG layout and processes (the planner's view) for the API's inventory; a GPU
     #: down this tick keeps its last known layout, one never seen up has none
     layouts: tuple[GpuLayout, ...] = ()
+    #: the sampler's monotonic seconds when the tick started: what orders snapshots
+    taken_mono: float = 0.0
 
     def serving(self) -> int:
         """How many GPUs answered this tick."""

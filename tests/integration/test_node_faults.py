@@ -162,3 +162,41 @@ def test_out_of_file_descriptors_sheds_connections_and_the_agent_goes_on(tmp_pat
         log = agent.output()
         assert "stopping the agent" not in log
         assert log.count("socket.accept() out of system resource") == 1
+
+
+def test_what_mig_apply_reported_applied_stays_applied_after_a_kill_9(tmp_path: Path) -> None:
+    """Committed before reported: the agent is killed (SIGKILL, no cleanup) the moment the CLI
+    says the apply succeeded; the restarted agent reports that operation succeeded, the GPUs
+    keep the layout, and its recovery rolls nothing back."""
+    from agent._proto.gpuagent.v1 import operations_pb2
+    from agent.client import AgentClient
+    from agent.gpu import open_driver
+    from agent.mig.plan import Desired, mismatches
+    from tests.integration.test_api_cli import MIG_CONFIG
+
+    agent, config = _agent(tmp_path)
+    mig_file = tmp_path / "mig.yaml"
+    mig_file.write_text(MIG_CONFIG)
+    with agent:
+        done = cli(agent.state_dir, config, "mig", "apply", "-f", str(mig_file), "-c",
+                   "all-balanced")  # fmt: skip
+        agent.kill()
+        assert done.returncode == 0, done.stderr
+        reported = re.search(r"operations/[\w-]+", done.stderr)
+        assert reported is not None, done.stderr
+        agent.start()
+        client = AgentClient(agent.socket)
+        try:
+            op = client.get_operation(reported.group(0))
+            assert op.state == operations_pb2.OPERATION_STATE_SUCCEEDED, op
+            assert [o.state for o in client.list_operations(kind="mig.apply")] == [op.state]
+        finally:
+            client.close()
+        driver = open_driver(agent.preset, agent.state_dir)
+        try:
+            gpu0 = driver.gpus()[0]
+            want = Desired(True, (("1g.10gb", 2), ("2g.20gb", 1), ("3g.40gb", 1)))
+            assert not mismatches(driver.layout(gpu0.uuid), want)
+        finally:
+            driver.close()
+        assert "rolled back" not in agent.output() and "Traceback" not in agent.output()

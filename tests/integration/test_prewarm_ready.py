@@ -200,8 +200,8 @@ def test_retries_exhausted_keep_the_partial_and_the_agent_retries(
 ) -> None:
     digest = origin.add("big.bin", blob(4 * MIB, 9))
     origin.faults.drop_after["/big.bin"] = 3 * MIB // 2
-    clock = Clock()
-    svc = make_service(tmp_path, retries=0, clock=clock)
+    clock, mono = Clock(), Clock()
+    svc = make_service(tmp_path, retries=0, clock=clock, monotonic=mono)
     item = svc.run(svc.submit(FileRequest(origin.url("big.bin"), name="big", sha256=digest)).id)
     assert item.state is ItemState.FAILED
     assert item.retry_at == clock.now + 30 and item.attempts == 1
@@ -214,6 +214,7 @@ def test_retries_exhausted_keep_the_partial_and_the_agent_retries(
         svc.schedule_pending()
         assert svc.get("big").state is ItemState.FAILED  # not due yet
         clock.now += 30
+        mono.now += 30
         svc.schedule_pending()
         done = svc.wait(item.id, timeout=30)
     finally:
@@ -221,6 +222,102 @@ def test_retries_exhausted_keep_the_partial_and_the_agent_retries(
     assert done.state is ItemState.READY, done.error
     assert origin.ranges("big.bin")[-1] == f"bytes={3 * MIB // 2}-"
     assert done.retry_at is None and done.attempts == 0
+
+
+@pytest.mark.parametrize("step_s", [3600.0, -3600.0])
+def test_a_clock_step_neither_hastens_nor_delays_a_retry_or_skews_time_to_warm(
+    tmp_path: Path, origin: Origin, step_s: float
+) -> None:
+    """Retries wait on the monotonic clock: the wall clock stepped an hour either way, a 30 s
+    retry still runs 30 s later, and the time-to-warm is the 30 s it took, not 30 s +- 1 h."""
+    origin.add("step.bin", blob(MIB, 12))
+    origin.faults.drop_after["/step.bin"] = 1000
+    clock, mono = Clock(), Clock()
+    svc = make_service(tmp_path, retries=0, clock=clock, monotonic=mono)
+    item = svc.run(svc.submit(FileRequest(origin.url("step.bin"), name="step")).id)
+    assert item.state is ItemState.FAILED and item.retry_at == clock.now + 30
+    clock.now += step_s
+    svc.start()
+    try:
+        mono.now += 29
+        clock.now += 29
+        svc.schedule_pending()
+        assert svc.get("step").state is ItemState.FAILED  # not due yet
+        mono.now += 1
+        clock.now += 1
+        svc.schedule_pending()
+        done = svc.wait(item.id, timeout=30)
+    finally:
+        svc.stop()
+    assert done.state is ItemState.READY, done.error
+    assert done.warm_seconds == 30
+
+
+def test_a_retry_saved_before_the_clock_stepped_back_runs_on_time_after_a_restart(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """The retry time survives a restart on the wall clock; stepped back an hour while the agent
+    was down, it still runs within the 30 s it was given, not an hour late."""
+    origin.add("back.bin", blob(MIB, 13))
+    origin.faults.drop_after["/back.bin"] = 1000
+    clock = Clock()
+    first = make_service(tmp_path, retries=0, clock=clock, monotonic=Clock())
+    item = first.run(first.submit(FileRequest(origin.url("back.bin"), name="back")).id)
+    assert item.state is ItemState.FAILED and item.retry_at == clock.now + 30
+    first.index.close()
+    clock.now -= 3600
+    mono = Clock()
+    second = make_service(tmp_path, retries=0, clock=clock, monotonic=mono)
+    second.start()
+    try:
+        assert second.get("back").state is ItemState.FAILED  # start() saw it: not due yet
+        mono.now += 30
+        clock.now += 30
+        second.retry_due()
+        done = second.wait(item.id, timeout=30)
+    finally:
+        second.stop()
+    assert done.state is ItemState.READY, done.error
+    # How long the first run took before the step cannot be told; it is never negative.
+    assert done.warm_seconds is not None and 0 <= done.warm_seconds < 1
+
+
+def test_a_prewarm_whose_state_dir_fills_says_why_and_finishes_when_space_returns(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """The state dir (a real 1 MiB tmpfs) fills while a file is fetched: the item shows failed,
+    naming the full state dir, not `fetching` for ever; with space again the agent's retry timer
+    runs it to ready."""
+    import contextlib
+
+    from agent.errors import StateUnavailable
+    from tests.unit.test_state_disk import _tmpfs
+
+    digest = origin.add("full.bin", blob(MIB, 14))
+    with _tmpfs(tmp_path / "state", "1m") as state:
+        svc = make_service(tmp_path)
+        try:
+            item = svc.submit(FileRequest(origin.url("full.bin"), name="full", sha256=digest))
+            with (state / "filler").open("wb") as filler, contextlib.suppress(OSError):
+                while True:
+                    filler.write(b"\0" * 65536)
+                    filler.flush()
+            with pytest.raises(StateUnavailable):  # until the WAL has no room left either
+                for n in range(1000):
+                    svc.index.update(item.id, options={"pad": str(n) * 2000})
+            failed = svc.run(item.id)
+            assert failed.state is ItemState.FAILED
+            assert f"the state dir {state} is full" in (failed.error or "")
+            assert svc.get("full").error == failed.error  # what a reader sees too
+            (state / "filler").unlink()
+            svc.start()
+            svc.retry_due()
+            done = svc.wait(item.id, timeout=30)
+            assert done.state is ItemState.READY and done.error is None, done.error
+            assert done.sha256 == digest
+        finally:
+            svc.stop()
+            svc.index.close()
 
 
 def test_retry_delay_doubles_up_to_the_cap(tmp_path: Path, origin: Origin) -> None:

@@ -31,6 +31,7 @@ def make_service(
     warmer: ImageWarmer | None = None,
     retries: int = 5,
     clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
     header_origins: Sequence[str] = (),
 ) -> PrewarmService:
     """``header_origins``: the origins header files under ``tmp`` may be sent to."""
@@ -49,4 +50,5 @@ def make_service(
         warmer=warmer,
         header_dirs=[HeaderDir(origin_of(o), tmp) for o in header_origins],
         clock=clock,
+        monotonic=monotonic,
     )

@@ -35,6 +35,7 @@ def _snapshot(driver: GpuDriver) -> Snapshot:
     gpus = [GpuIdentity(g.index, g.uuid, g.name, g.pci_bus_id, g.index) for g in driver.gpus()]
     return Snapshot(
         taken_at=1.0,
+        taken_mono=1.0,
         hostname="node-1",
         driver_version="",
         nvml_version="",
@@ -123,6 +124,7 @@ def test_an_older_snapshot_never_replaces_a_newer_one(driver: GpuDriver) -> None
     new = _snapshot(driver)
     old = Snapshot(
         taken_at=0.5,
+        taken_mono=0.5,
         hostname="node-1",
         driver_version="",
         nvml_version="",
@@ -135,3 +137,28 @@ def test_an_older_snapshot_never_replaces_a_newer_one(driver: GpuDriver) -> None
     inventory.refresh_gpus(new)
     inventory.refresh_gpus()  # the loop, with the stale latest
     assert len(inventory.response().node.gpus) == 8
+
+
+def test_a_snapshot_taken_after_the_clock_stepped_back_still_replaces_the_last(
+    driver: GpuDriver,
+) -> None:
+    """Snapshots are ordered by the sampler's monotonic clock: with the wall clock stepped back
+    an hour, GetNode still shows the newest (a GPU lost since), not the last one for an hour."""
+    from dataclasses import replace
+
+    before = _snapshot(driver)
+    statuses = list(before.gpus)
+    statuses[2] = GpuStatus(statuses[2].gpu, up=False, detail="GPU is lost")
+    after = replace(
+        before,
+        taken_at=before.taken_at - 3600,
+        taken_mono=before.taken_mono + 1,
+        gpus=tuple(statuses),
+    )
+    inventory = NodeInventory(EventBus(), node_name="node-1", simulated_preset=None)
+    inventory.refresh_gpus(before)
+    inventory.refresh_gpus(after)
+    lost = [
+        g.index for g in inventory.response().node.gpus if g.health == agent_pb2.GPU_HEALTH_LOST
+    ]
+    assert lost == [2]

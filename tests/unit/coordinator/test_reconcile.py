@@ -376,3 +376,35 @@ def test_a_leader_that_cannot_renew_stops_its_pass_by_the_renew_deadline(
     assert timing.renew_deadline_s - 0.3 <= ended[0] - leases.written_at < timing.lease_duration_s
     assert leases.obj is not None and leases.obj["spec"]["holderIdentity"] == "me"
     assert reconciler.stats.acting is False
+
+
+@pytest.mark.parametrize("step_s", [3600.0, -3600.0])
+def test_a_clock_step_moves_neither_liveness_nor_back_off(
+    fake: FakeFleet, tmp_path: Path, step_s: float
+) -> None:
+    """Liveness and back-off run on the monotonic clock: the wall clock stepped an hour, the
+    loop stays live (a liveness probe does not restart it) and a failed node waits out its own
+    back-off; /metrics dates the last pass by the wall clock."""
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(DESIRED.format(replicas=2))
+    mono, wall = Clock(0.0), Clock(1_000_000.0)
+    reconciler = reconcile.Reconciler(
+        cast(Fleet, object()), desired, interval_s=60.0, clock=mono, wall=wall, draw=lambda: 0.0
+    )
+    asyncio.run(reconciler.pass_once())  # b fails: held back 60 s
+    assert fake.rolled == [["a", "b"]]
+    wall.now += step_s
+    mono.now += 30
+    assert reconciler.healthy()[0]
+    asyncio.run(reconciler.pass_once())
+    assert fake.rolled == [["a", "b"]]  # b still held, a in sync
+    assert _metric_plain(reconciler, "last_pass_timestamp_seconds") == wall.now
+    mono.now += 30
+    asyncio.run(reconciler.pass_once())
+    assert fake.rolled == [["a", "b"], ["b"]]
+
+
+def _metric_plain(reconciler: reconcile.Reconciler, name: str) -> float:
+    text = generate_latest(reconciler.registry).decode()
+    prefix = f"gpu_agent_coordinator_{name} "
+    return float(next(x for x in text.splitlines() if x.startswith(prefix)).removeprefix(prefix))

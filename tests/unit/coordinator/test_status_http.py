@@ -52,7 +52,9 @@ def get(endpoint: status_http.StatusEndpoint, query: str = "") -> dict[str, Any]
 
 def test_a_recent_sweep_answers_and_says_its_age(sweeps: list[float]) -> None:
     clock = Clock()
-    endpoint = status_http.StatusEndpoint(cast(Fleet, object()), max_age_s=60, clock=clock)
+    endpoint = status_http.StatusEndpoint(
+        cast(Fleet, object()), max_age_s=60, clock=clock, wall=clock
+    )
     endpoint.observe((NodeView("n9", "10.0.0.9:9401"),), 3600.0, clock.now)  # a pass's sweep
     clock.now += 20
     doc = get(endpoint)
@@ -91,3 +93,20 @@ def test_concurrent_requests_share_one_sweep(sweeps: list[float]) -> None:
 
     answers = asyncio.run(both())
     assert [a.status for a in answers] == [200, 200] and len(sweeps) == 1
+
+
+def test_a_clock_step_neither_ages_a_sweep_nor_keeps_an_old_one(sweeps: list[float]) -> None:
+    """Sweeps age on the monotonic clock: the wall clock stepped an hour either way, a 20 s old
+    sweep still answers as 20 s old (dated by the wall clock it was taken at)."""
+    mono, wall = Clock(), Clock()
+    endpoint = status_http.StatusEndpoint(
+        cast(Fleet, object()), max_age_s=60, clock=mono, wall=wall
+    )
+    endpoint.observe((NodeView("n9", "10.0.0.9:9401"),), 3600.0, mono.now)
+    for step in (3600.0, -7200.0):
+        wall.now += step
+        doc = get(endpoint)
+        assert [n["name"] for n in doc["nodes"]] == ["n9"] and doc["age_s"] == 0.0
+        assert doc["observed_at"] == 1000.0 and sweeps == []
+    mono.now += 61
+    assert [n["name"] for n in get(endpoint)["nodes"]] == ["n1", "n2"]

@@ -323,6 +323,25 @@ def test_idle_seconds_survive_an_agent_restart(tmp_path: Path) -> None:
     assert entity(second.tick(), 0).idle_seconds == 0  # busy resets as before
 
 
+@pytest.mark.parametrize("step_s", [3600.0, -3600.0])
+def test_a_clock_step_neither_adds_nor_removes_idle_seconds(tmp_path: Path, step_s: float) -> None:
+    """The wall clock stepped an hour while the agent ran: idle seconds count on as before, and
+    the saved last-busy time is the one the GPU had, not one moved by the step."""
+    import json
+
+    node = sim_node(tmp_path)
+    idle_file = tmp_path / "telemetry-idle.json"
+    mono, wall = [100.0], [1_000_000.0]
+    sampler = _idle_sampler(node, idle_file, mono, wall)
+    sampler.tick()  # GPU 0 idle from wall 1_000_000
+    mono[0] += 30
+    wall[0] += 30 + step_s
+    assert entity(sampler.tick(), 0).idle_seconds == 30
+    sampler.stop()
+    saved = json.loads(idle_file.read_text())
+    assert saved[node.uuids[0]] == 1_000_000.0
+
+
 def test_a_corrupt_idle_file_counts_from_now(tmp_path: Path) -> None:
     node = sim_node(tmp_path)
     idle_file = tmp_path / "telemetry-idle.json"
