@@ -1,0 +1,244 @@
+"""Docs are tests: every command block in README.md and docs/*.md runs, in order, as written.
+
+The conventions a doc follows (and this test enforces):
+
+- A ```` ```sh ```` block is shell commands. Each document's blocks run top to bottom in ONE bash
+  session (so an ``export`` or a ``gpu-agent serve &`` in one block holds for the next), in a
+  fresh temporary working directory holding a copy of ``examples/`` (docs name those files as
+  ``examples/mig-config.yaml`` etc., as a user in a checkout would). Every command's exit
+  status is checked; the first one that fails fails the test, naming the doc, the line and the
+  command, with the session's output.
+- A command expected to fail says so in its comment with ``(exit N)``: it must exit exactly N.
+- A ```` ```console ```` block is a transcript: its ``$ `` lines are commands and run as above;
+  the other lines are example output and are not compared.
+- A block that cannot run here (it needs a cluster, a registry, a real GPU, or installs
+  software) carries an HTML comment on the line right before its fence:
+  ``<!-- not run: REASON -->``. Nothing else skips a block; the test prints every skipped block
+  with its reason, and a marker without a reason is refused.
+- Every fence names its language (```` ``` ```` alone is refused), and a block with a line that
+  starts with ``gpu-agent`` must be ``sh`` or ``console``: a command cannot hide in a ``text``
+  block.
+- A command ending in ``&`` runs in the background; after ``gpu-agent serve &`` the session
+  waits for the agent's socket. Every background job is killed when the document ends.
+
+The session's environment is the user's fresh machine, isolated for parallel runs: the venv's
+``gpu-agent`` first on PATH, HOME, ``GPU_AGENT_STATE_DIR`` and the agent's socket
+(``GPU_AGENT_SOCKET_PATH``) under the test's temp dir, the metrics listener on a free loopback
+port (``GPU_AGENT_METRICS_LISTEN=127.0.0.1:0``) instead of the fixed :9400. For docs/*.md,
+whose examples speak of "the node", ``GPU_AGENT_SIMULATE=dgx-h100``; README sets up its node
+itself, so it runs without it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+_FENCE = re.compile(r"^(\s*)```(.*)$")
+_NOT_RUN = re.compile(r"^\s*<!--\s*not run:(.*?)-->\s*$")
+_EXPECT = re.compile(r"#.*\(exit (\d+)\)")
+_DOC_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class Block:
+    doc: str
+    line: int  # 1-based line of the opening fence
+    lang: str
+    body: list[str]
+    skip_reason: str | None
+
+
+@dataclass(frozen=True)
+class Command:
+    doc: str
+    line: int
+    text: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.doc}:{self.line}"
+
+
+def blocks(path: Path) -> list[Block]:
+    lines = path.read_text().split("\n")
+    name = path.relative_to(REPO).as_posix()
+    out: list[Block] = []
+    i = 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, info = m.group(1), m.group(2).strip()
+        start = i
+        i += 1
+        body: list[str] = []
+        while i < len(lines) and lines[i].strip() != "```":
+            body.append(lines[i][len(indent) :] if lines[i].startswith(indent) else lines[i])
+            i += 1
+        marker = _NOT_RUN.match(lines[start - 1]) if start else None
+        reason = marker.group(1).strip() if marker else None
+        assert reason != "", f"{name}:{start + 1}: '<!-- not run: -->' needs a reason"
+        out.append(Block(name, start + 1, info.split()[0] if info else "", body, reason))
+        i += 1
+    return out
+
+
+def _complete(text: str) -> bool:
+    return subprocess.run(["bash", "-n", "-c", text], capture_output=True).returncode == 0
+
+
+def commands(block: Block) -> list[Command]:
+    """The block's commands: one per logical line (continuations and open quotes joined)."""
+    lines: list[tuple[int, str]] = []
+    for n, raw in enumerate(block.body, start=block.line + 1):
+        if block.lang == "console":
+            if raw.startswith("$ "):
+                lines.append((n, raw[2:]))
+            elif lines and lines[-1][1].rstrip().endswith("\\"):
+                lines.append((n, raw))
+            continue
+        lines.append((n, raw))
+    out: list[Command] = []
+    pending: list[str] = []
+    first = 0
+    for n, raw in lines:
+        if not pending and (not raw.strip() or raw.lstrip().startswith("#")):
+            continue
+        if not pending:
+            first = n
+        pending.append(raw)
+        text = "\n".join(pending)
+        if not text.rstrip().endswith("\\") and _complete(text):
+            out.append(Command(block.doc, first, text))
+            pending = []
+    assert not pending, f"{block.doc}:{first}: incomplete shell command: {pending}"
+    return out
+
+
+def _background(text: str) -> bool:
+    code = subprocess.run(
+        [
+            "bash",
+            "-c",
+            'shopt -s extglob; c="$1"; c="${c%%#*}"; printf %s "${c%%+([[:space:]])}"',
+            "_",
+            text,
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout
+    return code.endswith("&") and not code.endswith("&&")
+
+
+def script(cmds: list[Command], marks: Path) -> str:
+    """One bash session running ``cmds`` in order, stopping at the first unexpected status."""
+    out = [
+        "set -o pipefail",
+        "trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null' EXIT",
+        "__wait_socket() { for _ in $(seq 1 300); do",
+        '  [ -S "$GPU_AGENT_SOCKET_PATH" ] && return 0; sleep 0.05; done;',
+        '  echo "the agent never opened $GPU_AGENT_SOCKET_PATH" >&2; return 1; }',
+    ]
+    for i, c in enumerate(cmds):
+        m = _EXPECT.search(c.text.split("\n")[-1])
+        want = int(m.group(1)) if m else 0
+        out.append(f"echo {i} $EPOCHREALTIME >> {marks}")
+        out.append(c.text)
+        if _background(c.text):
+            if re.search(r"\bgpu-agent\b.*\bserve\b", c.text):
+                out.append(f"__wait_socket || exit {100 + i % 100}")
+            continue
+        out.append(f'__rc=$?; [ $__rc -eq {want} ] || {{ echo "exit:$__rc" >> {marks}; exit 1; }}')
+    out.append(f"echo done $EPOCHREALTIME >> {marks}")
+    return "\n".join(out) + "\n"
+
+
+def _env(tmp: Path, readme: bool) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_AGENT_")}
+    env.update(
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        HOME=str(tmp / "home"),
+        GPU_AGENT_STATE_DIR=str(tmp / "state"),
+        GPU_AGENT_SOCKET_PATH=str(tmp / "run" / "agent.sock"),
+        GPU_AGENT_METRICS_LISTEN="127.0.0.1:0",
+    )
+    if not readme:
+        env["GPU_AGENT_SIMULATE"] = "dgx-h100"
+    (tmp / "home").mkdir()
+    return env
+
+
+def _ids() -> list[str]:
+    return [p.relative_to(REPO).as_posix() for p in DOCS]
+
+
+@pytest.mark.parametrize("doc", _ids())
+def test_every_command_block_runs_as_written(
+    doc: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    all_blocks = blocks(REPO / doc)
+    for b in all_blocks:
+        assert b.lang, f"{doc}:{b.line}: a fence without a language: use sh, console, yaml, text…"
+        if b.lang not in ("sh", "console") and b.skip_reason is None:
+            cmd = next((x for x in b.body if x.lstrip().startswith("gpu-agent ")), None)
+            assert cmd is None, f"{doc}:{b.line}: a command in a {b.lang} block: {cmd.strip()}"
+    runnable = [b for b in all_blocks if b.lang in ("sh", "console")]
+    for b in runnable:
+        if b.skip_reason:
+            print(f"not run: {doc}:{b.line}: {b.skip_reason}")
+    cmds = [c for b in runnable if b.skip_reason is None for c in commands(b)]
+    if not cmds:
+        pytest.skip(f"{doc} has no command block to run")
+    # A short base: the agent's Unix socket path must stay under the kernel's 108 bytes.
+    tmp = Path(tmp_path_factory.mktemp("doc", numbered=True))
+    work = tmp / "work"
+    shutil.copytree(REPO / "examples", work / "examples")
+    marks = tmp / "marks"
+    marks.touch()
+    body = script(cmds, marks)
+    try:
+        proc = subprocess.run(
+            ["bash", "-c", body],
+            cwd=work,
+            env=_env(tmp, doc == "README.md"),
+            capture_output=True,
+            text=True,
+            timeout=_DOC_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+        output, timed_out = proc.stdout + proc.stderr, False
+    except subprocess.TimeoutExpired as e:
+        output = (e.stdout or b"").decode() + (e.stderr or b"").decode()  # type: ignore[union-attr]
+        timed_out = True
+    got = [line.split() for line in marks.read_text().splitlines()]
+    if got and got[-1][0] == "done" and not timed_out:
+        took = sorted(
+            ((float(b[1]) - float(a[1]), cmds[int(a[0])]) for a, b in itertools.pairwise(got)),
+            key=lambda t: -t[0],
+        )
+        for seconds, c in took[:5]:
+            print(f"{seconds:5.1f} s  {c.where}: {c.text.splitlines()[0]}")
+        return
+    started = [x[0] for x in got if x[0].isdigit()]
+    failed = cmds[int(started[-1])] if started else cmds[0]
+    why = (
+        f"still running after {_DOC_TIMEOUT_S} s"
+        if timed_out
+        else (got[-1][0] if got and got[-1][0].startswith("exit:") else "the session ended")
+    )
+    pytest.fail(
+        f"{failed.where}: {why}: {failed.text}\n--- session output (tail) ---\n{output[-4000:]}",
+        pytrace=False,
+    )
