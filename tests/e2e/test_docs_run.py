@@ -34,6 +34,7 @@ import itertools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -183,7 +184,7 @@ def _ids() -> list[str]:
     return [p.relative_to(REPO).as_posix() for p in DOCS]
 
 
-def run_doc(name: str, text: str, tmp: Path) -> str | None:
+def run_doc(name: str, text: str, tmp: Path, timeout_s: float = _DOC_TIMEOUT_S) -> str | None:
     """Check ``text``'s fences and run its command blocks; the failure, or None when all ran."""
     all_blocks = blocks(name, text)
     for b in all_blocks:
@@ -204,20 +205,21 @@ def run_doc(name: str, text: str, tmp: Path) -> str | None:
     shutil.copytree(REPO / "examples", work / "examples")
     marks = tmp / "marks"
     marks.touch()
-    try:
-        proc = subprocess.run(
-            ["bash", "-c", script(cmds, marks)],
-            cwd=work,
-            env=_env(tmp),
-            capture_output=True,
-            text=True,
-            timeout=_DOC_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-        )
-        output, timed_out = proc.stdout + proc.stderr, False
-    except subprocess.TimeoutExpired as e:
-        output = (e.stdout or b"").decode() + (e.stderr or b"").decode()  # type: ignore[union-attr]
-        timed_out = True
+    with subprocess.Popen(
+        ["bash", "-c", script(cmds, marks)],
+        cwd=work,
+        env=_env(tmp),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,  # its own process group: a timeout ends its background jobs too
+    ) as proc:
+        try:
+            output, timed_out = proc.communicate(timeout=timeout_s)[0], False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, timed_out = proc.communicate()[0], True
     got = [line.split() for line in marks.read_text().splitlines()]
     if got and got[-1][0] == "done" and not timed_out:
         took = sorted(
@@ -230,7 +232,7 @@ def run_doc(name: str, text: str, tmp: Path) -> str | None:
     started = [x[0] for x in got if x[0].isdigit()]
     failed = cmds[int(started[-1])] if started else cmds[0]
     why = (
-        f"still running after {_DOC_TIMEOUT_S} s"
+        f"still running after {timeout_s:g} s"
         if timed_out
         else (got[-1][0] if got and got[-1][0].startswith("exit:") else "the session ended")
     )
@@ -285,3 +287,14 @@ def test_a_block_is_never_skipped_silently(tmp_path: Path) -> None:
     assert hidden == "b.md:1: a command in a text block: gpu-agent status"
     with pytest.raises(AssertionError, match=r"c.md:2: .* needs a reason"):
         run_doc("c.md", "<!-- not run: -->\n```sh\nfalse\n```\n", tmp_path / "c")
+
+
+def test_a_doc_past_its_time_is_named_and_its_background_jobs_end(tmp_path: Path) -> None:
+    doc = "```sh\nsh -c 'echo $$ > bg.pid; exec sleep 60' &\nsleep 0.2\nsleep 60\n```\n"
+    failure = run_doc("slow.md", doc, tmp_path, timeout_s=1)
+    assert failure is not None and failure.startswith(
+        "slow.md:4: still running after 1 s: sleep 60"
+    )
+    stat = Path(f"/proc/{int((tmp_path / 'work' / 'bg.pid').read_text())}/stat")
+    # Gone, or a zombie that init has not reaped yet: either way it runs no more.
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
