@@ -22,8 +22,9 @@ The conventions a doc follows (and this test enforces):
   waits for the agent's socket. Every background job is killed when the document ends.
 
 The session's environment is the user's fresh machine, isolated for parallel runs: the venv's
-``gpu-agent`` first on PATH, HOME and TMPDIR, ``GPU_AGENT_STATE_DIR`` and the agent's socket
-(``GPU_AGENT_SOCKET_PATH``) under the test's temp dir, the metrics listener on a free loopback
+``gpu-agent`` first on PATH, HOME and TMPDIR, ``GPU_AGENT_STATE_DIR``, the agent's socket
+(``GPU_AGENT_SOCKET_PATH``) and file cache (``GPU_AGENT_PREWARM__CACHE_DIR``, not the shared
+/var/cache/gpu-agent) under the test's temp dir, the metrics listener on a free loopback
 port (``GPU_AGENT_METRICS_LISTEN=127.0.0.1:0``) instead of the fixed :9400. No simulated node is
 set up for a doc: a doc that drives one says so itself (``export GPU_AGENT_SIMULATE=...``).
 """
@@ -173,6 +174,7 @@ def _env(tmp: Path) -> dict[str, str]:
         TMPDIR=str(tmp / "tmp"),
         GPU_AGENT_STATE_DIR=str(tmp / "state"),
         GPU_AGENT_SOCKET_PATH=str(tmp / "run" / "agent.sock"),
+        GPU_AGENT_PREWARM__CACHE_DIR=str(tmp / "cache"),
         GPU_AGENT_METRICS_LISTEN="127.0.0.1:0",
     )
     (tmp / "home").mkdir()
