@@ -7,6 +7,7 @@ their gRPC API (mTLS), found by a static list, a DNS name or the Kubernetes API.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -491,6 +492,7 @@ def replay_cmd(
             f"--report {report_file}: the name must end in .csv or .json",
             [FieldViolation("report", ".csv or .json")],
         )
+    _refuse_overwriting(trace_file, {"report": report_file, "svg": svg_file})
     steps = load_trace(trace_file)
     extra: list[tuple[str, NodeLayouts]] = []
     for spec in added:
@@ -520,6 +522,33 @@ def replay_cmd(
     if svg_file is not None:
         svg_file.write_text(report_svg(results, f"Demand vs capacity: {trace_file.name}"))
     emit(list(results), output, _replay_table)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)  # hard links and bind mounts too
+    except OSError:
+        return False  # one of them does not exist yet
+
+
+def _refuse_overwriting(trace_file: Path, outputs: dict[str, Path | None]) -> None:
+    """Refuse before reading anything when an output would overwrite the trace or another output."""
+    named = [(flag, path) for flag, path in outputs.items() if path is not None]
+    for i, (flag, path) in enumerate(named):
+        if _same_file(path, trace_file):
+            raise InvalidSpec(
+                f"--{flag} {path} is the input trace {trace_file}: writing it would destroy the "
+                "trace; name another file",
+                [FieldViolation(flag, f"a file other than --trace {trace_file}")],
+            )
+        for other_flag, other in named[i + 1 :]:
+            if _same_file(path, other):
+                raise InvalidSpec(
+                    f"--{flag} and --{other_flag} are both {path}: name two files",
+                    [FieldViolation(other_flag, f"a file other than --{flag} {path}")],
+                )
 
 
 def _rightsize_table(data: dict[str, Any]) -> str:

@@ -176,6 +176,23 @@ def test_replay_writes_its_report_and_picture(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and ".csv or .json" in bad.output
 
 
+def test_replay_refuses_to_write_over_its_own_trace_naming_it(tmp_path: Path) -> None:
+    trace = tmp_path / "week.csv"
+    text = "time,profile,count\n0,7g.80gb,1\n"
+    trace.write_text(text)
+    (tmp_path / "link.csv").symlink_to(trace)
+    args = ["replay", "--trace", str(trace), "--offline", "--add", "dgx-h100=1"]
+    for report in (str(trace), str(tmp_path / "link.csv"), str(tmp_path / "." / "week.csv")):
+        result = invoke(fleet, [*args, "--report", report])
+        assert result.exit_code == 2, result.output
+        assert f"is the input trace {trace}" in result.output
+    assert invoke(fleet, [*args, "--svg", str(trace)]).exit_code == 2
+    same = str(tmp_path / "out.csv")
+    both = invoke(fleet, [*args, "--report", same, "--svg", same])
+    assert both.exit_code == 2 and "name two files" in both.output
+    assert trace.read_text() == text and not (tmp_path / "out.csv").exists()
+
+
 def test_rightsize_lists_the_pods_that_fit_smaller_and_writes_their_demand(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
