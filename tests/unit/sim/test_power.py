@@ -19,7 +19,7 @@ from tests.unit.sim.conftest import Opener
         ("dgx-a100", 100_000, 400_000),
         ("a30-node", 100_000, 165_000),
         ("hgx-h200", 200_000, 700_000),
-    ],  # fmt: skip
+    ],
 )
 def test_range_and_default_are_the_models(
     node: Opener, preset: str, low: int, default: int
