@@ -13,7 +13,7 @@ from agent.errors import FieldViolation, InvalidSpec
 from agent.gpu.types import PowerLimits
 from agent.power.spec import Entry, PowerSpec
 
-__all__ = ["GpuPower", "Target", "model_key", "plan"]
+__all__ = ["GpuPower", "Target", "model_key", "plan", "resolve"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,21 @@ def model_key(name: str) -> str:
 
 
 def plan(spec: PowerSpec, gpus: list[GpuPower]) -> list[Target]:
-    """The wanted limit of every GPU the spec selects (later entries win), by GPU index."""
+    """The wanted limit of every GPU the spec selects (later entries win), by GPU index; one
+    refusal listing every problem when there is any."""
+    targets, problems = resolve(spec, gpus)
+    if problems:
+        raise InvalidSpec(
+            "power spec refused, no GPU changed: "
+            + "; ".join(f"{p.field}: {p.description}" for p in problems),
+            problems,
+        )
+    return targets
+
+
+def resolve(spec: PowerSpec, gpus: list[GpuPower]) -> tuple[list[Target], list[FieldViolation]]:
+    """The targets that fit, and what does not (a GPU gone or out of range): re-applying a
+    stored spec sets what still fits instead of giving up on every GPU."""
     problems: list[FieldViolation] = []
     chosen: dict[int, tuple[str, Entry]] = {}
     for i, entry in enumerate(spec.entries):
@@ -70,13 +84,7 @@ def plan(spec: PowerSpec, gpus: list[GpuPower]) -> list[Target]:
             )
             continue
         targets.append(Target(gpu, want, where))
-    if problems:
-        raise InvalidSpec(
-            "power spec refused, no GPU changed: "
-            + "; ".join(f"{p.field}: {p.description}" for p in problems),
-            problems,
-        )
-    return targets
+    return targets, problems
 
 
 def _selected(

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from agent.errors import AgentError
 from agent.gpu.nvml import GpuDriver
-from agent.power.plan import GpuPower, plan
+from agent.power.plan import GpuPower, plan, resolve
 from agent.power.spec import PowerSpec, parse
 
 __all__ = ["BASELINE", "DESIRED", "Change", "PowerService", "PowerView"]
@@ -127,10 +127,13 @@ class PowerService:
                 spec = self._desired()
                 if spec is None:
                     return []
-                targets = [t for t in plan(spec, self._read()) if t.changes]
+                targets, problems = resolve(spec, self._read(strict=False))
             except AgentError as exc:
                 self._log_once("", f"the stored power spec cannot be re-applied: {exc}")
                 return []
+            for p in problems:
+                self._log_once("", f"power spec not re-applied there: {p.field}: {p.description}")
+            targets = [t for t in targets if t.changes]
             changes = []
             for t in targets:
                 try:
@@ -151,11 +154,18 @@ class PowerService:
 
     # -- helpers ---------------------------------------------------------------------------------
 
-    def _read(self) -> list[GpuPower]:
-        return [
-            GpuPower(g.index, g.uuid, g.name, self._gpu.power_limits(g.uuid))
-            for g in self._gpu.gpus()
-        ]
+    def _read(self, *, strict: bool = True) -> list[GpuPower]:
+        """Every GPU that answers with its limits. ``strict``: a GPU whose limits cannot be
+        read fails the read (an apply refuses); otherwise it is left out and logged once."""
+        found = []
+        for g in self._gpu.gpus():
+            try:
+                found.append(GpuPower(g.index, g.uuid, g.name, self._gpu.power_limits(g.uuid)))
+            except AgentError as exc:
+                if strict:
+                    raise
+                self._log_once(g.uuid, f"power limits of GPU {g.index} cannot be read: {exc}")
+        return found
 
     def _set(self, gpu: GpuPower, milliwatts: int) -> Change:
         self._gpu.set_power_limit(gpu.uuid, milliwatts)

@@ -142,3 +142,18 @@ def test_reconcile_logs_a_lasting_refusal_once_and_sets_the_others(
     assert len(refusals) == 1 and "GPU 0" in refusals[0].getMessage()
     assert [c.index for c in service.reconcile()] == [0]  # the fault is spent
     assert _limits(gpu) == want
+
+
+def test_one_unreadable_gpu_does_not_keep_the_others_uncapped(
+    gpu: GpuDriver, tmp_path: Path
+) -> None:
+    service = _service(gpu, tmp_path)
+    service.apply(_SPEC)
+    want = _limits(gpu)
+    SimControl(tmp_path).reboot()
+    SimControl(tmp_path).inject_fault(
+        "nvmlDeviceGetPowerManagementLimitConstraints", "NotSupported", gpu=1, count=1
+    )
+    assert [c.index for c in service.reconcile()] == [0, *range(2, len(want))]
+    assert [c.index for c in service.reconcile()] == [1]  # readable again: capped too
+    assert _limits(gpu) == want
