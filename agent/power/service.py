@@ -90,14 +90,25 @@ class PowerService:
         """Make ``text`` the power spec; refused with nothing changed when it does not fit."""
         spec = parse(text)
         with self._lock:
-            targets = plan(spec, self._read())
+            gpus = self._read()
+            targets = plan(spec, gpus)
             known = self._baseline()
             for t in targets:
                 if t.gpu.uuid not in known:
                     self._journal.journal_append(
                         BASELINE, {"uuid": t.gpu.uuid, "limit_mw": t.gpu.limits.current_mw}
                     )
-            changes = self._set_all([(t.gpu, t.want_mw) for t in targets if t.changes])
+            wanted = [(t.gpu, t.want_mw) for t in targets if t.changes]
+            # A GPU an earlier spec capped and this one leaves out goes back to its baseline.
+            selected = {t.gpu.uuid for t in targets}
+            wanted += [
+                (g, known[g.uuid])
+                for g in gpus
+                if g.uuid in known
+                and g.uuid not in selected
+                and g.limits.current_mw != known[g.uuid]
+            ]
+            changes = sorted(self._set_all(wanted), key=lambda c: c.index)
             self._journal.journal_replace(DESIRED, {"spec": spec.text})
             self._logged.clear()
         for c in changes:

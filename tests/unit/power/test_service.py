@@ -157,3 +157,14 @@ def test_one_unreadable_gpu_does_not_keep_the_others_uncapped(
     assert [c.index for c in service.reconcile()] == [0, *range(2, len(want))]
     assert [c.index for c in service.reconcile()] == [1]  # readable again: capped too
     assert _limits(gpu) == want
+
+
+def test_a_gpu_the_new_spec_leaves_out_goes_back_to_its_baseline(
+    gpu: GpuDriver, tmp_path: Path
+) -> None:
+    service = _service(gpu, tmp_path)
+    defaults = _limits(gpu)
+    service.apply(_SPEC)
+    changes = service.apply("version: v1\npower: [{gpus: [0], limit: 300W}]\n")
+    assert _limits(gpu) == [300_000, *defaults[1:]]
+    assert [c.index for c in changes] == list(range(1, len(defaults)))
