@@ -595,7 +595,8 @@ class DriverSettings:
             gt=0,
             le=300,
             doc="Seconds between checks, while attached, that the driver is still loaded (one "
-            "nvmlDeviceGetCount); a driver that went away is detached from at the next check.",
+            "nvmlDeviceGetCount); a driver that went away is detached from at the next check. "
+            "Power caps lost to a reboot or another tool are set again on the same period.",
         ),
     )
 
@@ -696,6 +697,15 @@ class RoleSettings:
             doc="Identities that may plan and apply MIG layouts and cancel MIG operations; they "
             "also see process lists (GetNode processes, telemetry pods), which say what a change "
             "would disrupt. " + _IDENTITY_TEXT,
+        ),
+    )
+    power: tuple[str, ...] = field(
+        default=(),
+        metadata=_rules(
+            check=_are_identities,
+            allowed=_IDENTITIES_ALLOWED,
+            doc="Identities that may apply and restore power caps (docs/power.md); nothing "
+            "that reshapes GPUs, and no process lists. " + _IDENTITY_TEXT,
         ),
     )
     admin: tuple[str, ...] = field(

@@ -55,6 +55,7 @@ from agent.mig.labels import MigLabelController, MigStateCollector
 from agent.mig.lock import PartitionLock
 from agent.mig.reset import command_reset, simulated_reset
 from agent.mig.service import MigService
+from agent.power import PowerService
 from agent.prewarm.factory import build_service as build_prewarm
 from agent.prewarm.inventory import PrewarmCollector, label_patch, node_labels
 from agent.prewarm.service import PrewarmService
@@ -106,6 +107,7 @@ class Services:
     prewarm: PrewarmService
     telemetry: TelemetryService
     mig: MigService
+    power: PowerService
     kube: KubeClient | None
     #: The GPU Operator's label protocol, when mig.watch_node_label is on.
     mig_labels: MigLabelController | None
@@ -119,6 +121,7 @@ class Services:
             prewarm=self.prewarm,
             telemetry=self.telemetry.latest,
             mig=self.mig,
+            power=self.power,
             gpu_guard=self.driver.require,
             metrics=lambda openmetrics: self.telemetry.exposition(openmetrics=openmetrics),
         )
@@ -187,6 +190,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         prewarm=prewarm,
         telemetry=telemetry,
         mig=mig,
+        power=PowerService(gpu, state),
         kube=kube,
         mig_labels=mig_labels,
     )
@@ -415,6 +419,7 @@ class Node:
         # timer is all it takes (nothing else writes the queue).
         retry_every = min(cfg.prewarm.retry_initial_s, RETRY_CHECK_S)
         self._guard("prewarm-retries", _every(retry_every, s.prewarm.retry_due, wait_first=True))
+        self._guard("power", _every(cfg.driver.check_s, self._reconcile_power, wait_first=True))
         self._guard("prewarm-audit", _every(cfg.prewarm.audit_interval_s, self._audit_cache))
         self._guard(
             "prune-operations",
@@ -467,6 +472,7 @@ class Node:
             if recover:
                 for outcome in s.mig.recover():
                     log.warning("MIG recovery after the driver attached: %s", outcome)
+            s.power.reconcile()  # a reloaded driver forgot the power caps (docs/power.md)
             s.telemetry.attach()
             s.telemetry.start()
             s.inventory.refresh_gpus()
@@ -484,6 +490,10 @@ class Node:
     def _stop_gpu_parts(self) -> None:
         with self._gpu_parts:
             self.services.telemetry.stop()
+
+    def _reconcile_power(self) -> None:
+        if self.services.driver.is_attached:
+            self.services.power.reconcile()
 
     def _reconcile_mig_labels(self) -> None:
         """The GPU Operator's MIG label protocol, only while the GPUs are attached: without

@@ -747,6 +747,17 @@ class StateStore:
             ).fetchall()
         return [(row["seq"], _decode(row["entry"])) for row in rows]
 
+    def journal_replace(self, scope: str, entry: dict[str, Any]) -> int:
+        """Make ``entry`` the scope's only entry, in one transaction; returns its seq."""
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM journal WHERE scope = ?", (scope,))
+            cursor = conn.execute(
+                "INSERT INTO journal (scope, entry, created_at) VALUES (?, ?, ?)",
+                (scope, _encode(entry), self._clock()),
+            )
+            assert cursor.lastrowid is not None
+            return cursor.lastrowid
+
     def journal_clear(self, scope: str) -> None:
         with self.transaction() as conn:
             conn.execute("DELETE FROM journal WHERE scope = ?", (scope,))

@@ -315,6 +315,17 @@ FIELDS: tuple[Field, ...] = (
        "gpu_agent_power_watts", _ONE, "Power draw."),
     _f(156, "DEV_TOTAL_ENERGY_CONSUMPTION", _C, _GPU, Nvml(_R.ENERGY_MJ), "mJ",
        "gpu_agent_energy_joules", Scale(div=1000), "Energy consumed since the driver loaded."),
+    _f(160, "DEV_POWER_MGMT_LIMIT", _G, _GPU, Nvml(_R.POWER_LIMIT_MW, Scale(div=1000)), "W",
+       "gpu_agent_power_limit_watts", _ONE,
+       "Power management limit set (the agent's power caps, nvidia-smi -pl, or the default)."),
+    _f(163, "DEV_POWER_MGMT_LIMIT_DEF", _G, _GPU,
+       Nvml(_R.DEFAULT_POWER_LIMIT_MW, Scale(div=1000)), "W",
+       "gpu_agent_power_limit_default_watts", _ONE,
+       "Power management limit after a reboot or driver reload."),
+    _f(164, "DEV_ENFORCED_POWER_LIMIT", _G, _GPU,
+       Nvml(_R.ENFORCED_POWER_LIMIT_MW, Scale(div=1000)), "W",
+       "gpu_agent_power_limit_enforced_watts", _ONE,
+       "Power limit the board enforces: the lowest of the limits in force."),
     # -- PCIe and utilisation ---------------------------------------------------------------------
     # NVML's PCIe throughput is a rate over a 20 ms window in KB/s (KiB/s, as nvitop reads it).
     _f(200, "DEV_PCIE_TX_THROUGHPUT", _G, _GPU, Nvml(_R.PCIE_TX_KB_S), "KB/s",

@@ -12,9 +12,11 @@ Three doors, told apart by the transport of the call:
   holds ``read`` alone.
 
 Roles: ``read`` (every read), ``prewarm`` (submit and cancel prewarm items, evict cache items),
-``sharing`` (set, clear, roll back the sharing config), ``mig`` (plan and apply MIG layouts)
-and ``admin`` (everything). Any role includes ``read``. Process lists (GetNode's processes, the
-telemetry snapshot's pods) are shown only to ``mig`` and ``admin``: whoever reshapes GPUs must
+``sharing`` (set, clear, roll back the sharing config), ``mig`` (plan and apply MIG layouts),
+``power`` (apply and restore power caps: a duty apart from MIG, so a capacity or facilities
+identity may cap watts without reshaping GPUs or seeing processes) and ``admin``
+(everything). Any role includes ``read``. Process lists (GetNode's processes, the telemetry
+snapshot's pods) are shown only to ``mig`` and ``admin``: whoever reshapes GPUs must
 see what runs on them; a reader learns only that they were hidden.
 """
 
@@ -56,6 +58,7 @@ class Role(enum.Enum):
     PREWARM = "prewarm"
     SHARING = "sharing"
     MIG = "mig"
+    POWER = "power"
     ADMIN = "admin"
 
 
@@ -99,6 +102,9 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
         f"{_P}PrewarmService/EvictCacheItem": {_W},
         f"{_P}PrewarmService/DeletePrewarmItem": {_W},
         f"{_P}PrewarmService/PinCacheItem": {_W},
+        f"{_P}PowerService/GetPower": {_R},
+        f"{_P}PowerService/ApplyPower": {Role.POWER},
+        f"{_P}PowerService/RestorePower": {Role.POWER},
         f"{_P}TelemetryService/GetTelemetrySnapshot": {_R},
         # The exposition carries pod labels and per-process figures (PROCESS_ROLES).
         f"{_P}TelemetryService/GetMetrics": {_M},

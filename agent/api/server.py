@@ -37,6 +37,8 @@ from agent._proto.gpuagent.v1 import (
     mig_pb2_grpc,
     operations_pb2,
     operations_pb2_grpc,
+    power_pb2,
+    power_pb2_grpc,
     prewarm_pb2,
     prewarm_pb2_grpc,
     sharing_pb2,
@@ -51,6 +53,7 @@ from agent.api.inventory import NodeInventory
 from agent.api.mig import MigServicer
 from agent.api.node import NodeServicer
 from agent.api.operations import OperationRunner, OperationsServicer
+from agent.api.power import PowerServicer
 from agent.api.prewarm import PrewarmServicer
 from agent.api.reflection import enable_reflection
 from agent.api.share import FairShare
@@ -60,6 +63,7 @@ from agent.api.telemetry import Exposition, SnapshotSource, TelemetryServicer
 from agent.config import AgentConfig, RoleSettings, TlsSettings
 from agent.errors import Conflict, FieldViolation, InvalidSpec
 from agent.mig.service import MigService
+from agent.power import PowerService
 from agent.prewarm.service import PrewarmService
 from agent.sharing import SharingService
 
@@ -102,6 +106,7 @@ _MODULES = (
     prewarm_pb2,
     telemetry_pb2,
     events_pb2,
+    power_pb2,
 )
 SERVICE_NAMES: tuple[str, ...] = tuple(
     service.full_name
@@ -121,6 +126,7 @@ class ApiServices:
     prewarm: PrewarmService
     telemetry: SnapshotSource
     mig: MigService
+    power: PowerService
     #: The guard of GPU features (agent.gpu.attach.DriverLink.require): DriverNotReady while
     #: the driver is not attached.
     gpu_guard: Callable[[str], None]
@@ -233,6 +239,10 @@ def _servicers(api: ApiServices) -> list[tuple[_Add, object]]:
         (
             mig_pb2_grpc.add_MigServiceServicer_to_server,
             MigServicer(api.mig, api.runner, changed, api.inventory.settle, api.gpu_guard),
+        ),
+        (
+            power_pb2_grpc.add_PowerServiceServicer_to_server,
+            PowerServicer(api.power, api.runner, api.gpu_guard),
         ),
     ]
     return servicers

@@ -26,6 +26,7 @@ _COMMANDS = {
     "cache": ("agent.cli.prewarm", "cache"),
     "metrics": ("agent.cli.metrics", "metrics"),
     "mig": ("agent.cli.mig", "mig"),
+    "power": ("agent.cli.power", "power"),
     "fleet": ("agent.cli.fleet", "fleet"),
     "coordinator": ("agent.cli.coordinator", "coordinator"),
 }

@@ -18,6 +18,7 @@ from agent._proto.gpuagent.v1 import (
     agent_pb2,
     mig_pb2,
     operations_pb2,
+    power_pb2,
     prewarm_pb2,
     sharing_pb2,
     telemetry_pb2,
@@ -97,6 +98,19 @@ class AsyncAgentClient(Stubs):
         )
         response: mig_pb2.ApplyMigResponse = await self._call(self._mig.ApplyMig, request)
         return response.operation
+
+    async def get_power(self) -> power_pb2.GetPowerResponse:
+        response: power_pb2.GetPowerResponse = await self._call(
+            self._power.GetPower, power_pb2.GetPowerRequest()
+        )
+        return response
+
+    async def apply_power(
+        self, spec_yaml: str, request_id: str = ""
+    ) -> list[power_pb2.PowerChange]:
+        request = power_pb2.ApplyPowerRequest(spec_yaml=spec_yaml, request_id=request_id)
+        response: power_pb2.ApplyPowerResponse = await self._call(self._power.ApplyPower, request)
+        return list(response.changes)
 
     async def get_sharing(self) -> sharing_pb2.GetSharingResponse:
         response: sharing_pb2.GetSharingResponse = await self._call(

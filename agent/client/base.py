@@ -20,6 +20,7 @@ from agent._proto.gpuagent.v1 import (
     agent_pb2_grpc,
     mig_pb2_grpc,
     operations_pb2_grpc,
+    power_pb2_grpc,
     prewarm_pb2_grpc,
     sharing_pb2_grpc,
     telemetry_pb2_grpc,
@@ -132,6 +133,10 @@ class Stubs:
     @cached_property
     def _sharing(self) -> sharing_pb2_grpc.SharingServiceStub:
         return sharing_pb2_grpc.SharingServiceStub(self._channel)
+
+    @cached_property
+    def _power(self) -> power_pb2_grpc.PowerServiceStub:
+        return power_pb2_grpc.PowerServiceStub(self._channel)
 
     @cached_property
     def _prewarm(self) -> prewarm_pb2_grpc.PrewarmServiceStub:

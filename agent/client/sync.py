@@ -24,6 +24,7 @@ from agent._proto.gpuagent.v1 import (
     cache_pb2,
     mig_pb2,
     operations_pb2,
+    power_pb2,
     prewarm_pb2,
     sharing_pb2,
     telemetry_pb2,
@@ -300,6 +301,18 @@ class AgentClient(Stubs):
     def rollback_sharing(self) -> sharing_pb2.SharingChange:
         request = sharing_pb2.RollbackSharingRequest()
         return self._call(self._sharing.RollbackSharing, request).change
+
+    # -- power ------------------------------------------------------------------------------------
+
+    def get_power(self) -> power_pb2.GetPowerResponse:
+        return self._call(self._power.GetPower, power_pb2.GetPowerRequest())
+
+    def apply_power(self, spec_yaml: str) -> list[power_pb2.PowerChange]:
+        request = power_pb2.ApplyPowerRequest(spec_yaml=spec_yaml)
+        return list(self._call(self._power.ApplyPower, request).changes)
+
+    def restore_power(self) -> list[power_pb2.PowerChange]:
+        return list(self._call(self._power.RestorePower, power_pb2.RestorePowerRequest()).changes)
 
 
 def _process_state(pid: int) -> str | None:

@@ -31,7 +31,9 @@ from agent.coordinator.record import RolloutRecord
 from agent.coordinator.rollout import NodeState
 from agent.coordinator.targets import target_name
 from agent.errors import AgentError
-from agent.gpu.types import GpuLayout
+from agent.gpu.types import GpuLayout, PowerLimits
+from agent.power.plan import GpuPower, resolve
+from agent.power.spec import parse as parse_power
 from agent.sharing.request import requested_config
 from agent.sharing.schema import PluginConfig, merge, parse, to_document
 from agent.sharing.validate import violations
@@ -142,6 +144,15 @@ class ShareApply(_Base):
         return NodeResult(NodeState.SUCCEEDED, reload or "config written")
 
 
+class PowerApply(_Base):
+    async def __call__(self, node: str, notes: Notes) -> NodeResult:
+        spec = self.record.spec["spec_yaml"]
+        changes = await self.client(node).apply_power(spec, self.record.request_id(node))
+        if not changes:
+            return NodeResult(NodeState.UNCHANGED, "already as asked")
+        return NodeResult(NodeState.SUCCEEDED, f"{len(changes)} GPU(s) capped")
+
+
 class PrewarmApply(_Base):
     async def __call__(self, node: str, notes: Notes) -> NodeResult:
         client = self.client(node)
@@ -168,6 +179,7 @@ def prewarm_result(items: Sequence[cache_pb2.CacheItem]) -> NodeResult:
 
 _ACTIONS: Mapping[str, Callable[[Fleet, Mapping[str, Target], RolloutRecord], NodeAction]] = {
     "mig": MigApply,
+    "power": PowerApply,
     "share": ShareApply,
     "prewarm": PrewarmApply,
 }
@@ -278,6 +290,29 @@ def _changed_keys(before: Mapping[str, Any], after: Mapping[str, Any], at: str =
     return changed
 
 
+async def _preview_power(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:
+    """The agent's own check on paper: the spec against each GPU's range (agent.power.plan)."""
+    view = await client.get_power()
+    gpus = [
+        GpuPower(
+            g.index,
+            g.uuid,
+            g.name,
+            PowerLimits(g.min_mw, g.max_mw, g.default_mw, g.current_mw, g.enforced_mw),
+        )
+        for g in view.gpus
+    ]
+    spec_yaml = record.spec["spec_yaml"]
+    targets, problems = resolve(parse_power(spec_yaml), gpus)
+    if problems:
+        why = "; ".join(f"{p.field}: {p.description}" for p in problems)
+        return NodePreview(node, "refused", why)
+    changing = [t for t in targets if t.changes]
+    if not changing and view.spec_yaml == spec_yaml:
+        return NodePreview(node, "unchanged", f"{len(targets)} GPU(s) capped as asked")
+    return NodePreview(node, "change", f"{len(changing)}/{len(gpus)} GPU(s) change")
+
+
 async def _preview_prewarm(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:
     items = (await client.node()).cache.items
     ready = {i.name for i in items if is_warm(i)}
@@ -293,7 +328,12 @@ def _warmth_word(item: cache_pb2.CacheItem) -> str:
     return name.removeprefix("IMAGE_WARMTH_LEVEL_").lower().replace("_", "-")
 
 
-_PREVIEWS = {"mig": _preview_mig, "share": _preview_share, "prewarm": _preview_prewarm}
+_PREVIEWS = {
+    "mig": _preview_mig,
+    "power": _preview_power,
+    "share": _preview_share,
+    "prewarm": _preview_prewarm,
+}
 
 
 async def preview(

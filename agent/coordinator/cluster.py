@@ -37,7 +37,12 @@ COMPONENT = "gpu-agent-coordinator"
 #: A node's detail in an Event or the ConfigMap is cut to this (a ConfigMap holds 1 MiB).
 MAX_DETAIL = 256
 
-_SUCCESS_REASON = {"mig": "MigConfigChanged", "share": "SharingChanged", "prewarm": "PrewarmDone"}
+_SUCCESS_REASON = {
+    "mig": "MigConfigChanged",
+    "power": "PowerCapsApplied",
+    "share": "SharingChanged",
+    "prewarm": "PrewarmDone",
+}
 
 
 class Requester(Protocol):

@@ -11,6 +11,10 @@
           version: v1
           mig-configs: {all-1g.10gb: [{devices: all, mig-enabled: true,
                                        mig-devices: {1g.10gb: 7}}]}
+    power:                                # power caps (docs/power.md); first match wins
+      - selector: model=*H100*
+        limits:                           # the entries of a power spec
+          - {gpus: all, limit: 0.8}
     sharing:
       - selector: pool=inference
         strategy: time-slicing            # or mps
@@ -37,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from google.protobuf import json_format
 
 from agent import safeyaml
@@ -47,9 +52,18 @@ from agent.coordinator.selector import Selector, parse_selector
 from agent.coordinator.targets import model_violations
 from agent.errors import FieldViolation, InvalidSpec
 from agent.mig.spec import parse_spec
+from agent.power.spec import parse as parse_power
 from agent.safeyaml import brief, capped
 
-__all__ = ["Desired", "MigRule", "PrewarmRule", "RolloutSettings", "SharingRule", "load_desired"]
+__all__ = [
+    "Desired",
+    "MigRule",
+    "PowerRule",
+    "PrewarmRule",
+    "RolloutSettings",
+    "SharingRule",
+    "load_desired",
+]
 
 #: A fleet's desired state: room for many rules, each MIG config a text scalar of its own.
 LIMITS = safeyaml.Limits(max_bytes=8 * 1024 * 1024, max_nodes=200_000, max_scalar=1024 * 1024)
@@ -74,6 +88,13 @@ class MigRule:
 
 
 @dataclass(frozen=True, slots=True)
+class PowerRule:
+    selector: Selector
+    #: a whole power spec (version v1), as ApplyPower takes it
+    spec_yaml: str
+
+
+@dataclass(frozen=True, slots=True)
 class SharingRule:
     selector: Selector
     #: SetSharingRequest as JSON, without request_id
@@ -95,13 +116,14 @@ class Desired:
     sharing: tuple[SharingRule, ...] = ()
     prewarm: tuple[PrewarmRule, ...] = ()
     source: str = field(default="", compare=False)
+    power: tuple[PowerRule, ...] = ()
 
     def rule_for(self, rules: Sequence[Any], view: NodeView) -> Any:
         """The first rule whose selector picks ``view``, or None."""
         return next((r for r in rules if r.selector.matches(view)), None)
 
 
-_TOP = ("version", "rollout", "mig", "sharing", "prewarm")
+_TOP = ("version", "rollout", "mig", "sharing", "prewarm", "power")
 
 
 def load_desired(path: Path) -> Desired:
@@ -131,6 +153,7 @@ def parse_desired(text: str, source: str = "<desired>") -> Desired:
     mig = tuple(_mig(raw, i, bad) for i, raw in enumerate(_list(doc, "mig", bad)))
     sharing = tuple(_sharing(raw, i, bad) for i, raw in enumerate(_list(doc, "sharing", bad)))
     prewarm = tuple(_prewarm(raw, i, bad) for i, raw in enumerate(_list(doc, "prewarm", bad)))
+    power = tuple(_power(raw, i, bad) for i, raw in enumerate(_list(doc, "power", bad)))
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise InvalidSpec(f"{source}: {bad[0].field}: {bad[0].description}{more}", bad)
@@ -141,6 +164,7 @@ def parse_desired(text: str, source: str = "<desired>") -> Desired:
         tuple(r for r in sharing if r is not None),
         tuple(r for r in prewarm if r is not None),
         source,
+        tuple(r for r in power if r is not None),
     )
 
 
@@ -220,6 +244,24 @@ _STRATEGIES = {
     "time-slicing": sharing_pb2.SHARING_STRATEGY_TIME_SLICING,
     "mps": sharing_pb2.SHARING_STRATEGY_MPS,
 }
+
+
+def _power(raw: Any, i: int, bad: list[FieldViolation]) -> PowerRule | None:
+    """A power spec per rule; what needs the node's GPUs (ranges, indices) the agent checks."""
+    where = f"power[{i}]"
+    if not _keys(raw, where, ("selector", "limits"), bad):
+        return None
+    selector = _selector(raw, where, bad)
+    text = yaml.safe_dump({"version": "v1", "power": raw.get("limits")}, sort_keys=False)
+    try:
+        parse_power(text)
+    except InvalidSpec as exc:
+        bad += [
+            FieldViolation(f"{where}.limits{v.field.removeprefix('power')}", v.description)
+            for v in exc.violations
+        ]
+        return None
+    return PowerRule(selector, text) if selector is not None else None
 
 
 def _sharing(raw: Any, i: int, bad: list[FieldViolation]) -> SharingRule | None:

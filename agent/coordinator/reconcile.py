@@ -41,7 +41,14 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from agent.coordinator.actions import preview
 from agent.coordinator.backoff import Backoff, BackoffPolicy
 from agent.coordinator.cluster import ClusterReport
-from agent.coordinator.desired import Desired, MigRule, PrewarmRule, SharingRule, load_desired
+from agent.coordinator.desired import (
+    Desired,
+    MigRule,
+    PowerRule,
+    PrewarmRule,
+    SharingRule,
+    load_desired,
+)
 from agent.coordinator.fleet import Fleet
 from agent.coordinator.flows import Selection, rollout, select
 from agent.coordinator.inventory import NodeView
@@ -56,10 +63,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Reconciler", "Stats"]
 
-KINDS = ("mig", "share", "prewarm")
+KINDS = ("mig", "power", "share", "prewarm")
 #: the pass sweeps as `fleet status` does by default, so its sweep can answer GET /fleet/status
 SWEEP_IDLE_AFTER_S = 3600.0
-_Rule = MigRule | SharingRule | PrewarmRule
+_Rule = MigRule | PowerRule | SharingRule | PrewarmRule
 
 
 @dataclass
@@ -352,6 +359,7 @@ class Reconciler:
     async def _converge(self, desired: Desired, selection: Selection) -> None:
         rules: Sequence[tuple[str, Sequence[_Rule]]] = (
             ("mig", desired.mig),
+            ("power", desired.power),
             ("share", desired.sharing),
             ("prewarm", desired.prewarm),
         )
@@ -467,6 +475,8 @@ class Reconciler:
                 "config_yaml": rule.config_yaml,
                 "config_name": rule.config_name,
             }
+        elif isinstance(rule, PowerRule):
+            spec = {"spec_yaml": rule.spec_yaml}
         elif isinstance(rule, SharingRule):
             spec = {"request": rule.request}
         else:

@@ -25,7 +25,7 @@ from agent.errors import FieldViolation, InvalidSpec
 __all__ = ["KINDS", "NodeRecord", "RolloutRecord"]
 
 VERSION = 1
-KINDS = ("mig", "share", "prewarm")
+KINDS = ("mig", "power", "share", "prewarm")
 
 
 @dataclass

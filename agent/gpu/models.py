@@ -88,8 +88,11 @@ class GpuModel:
     gi_profiles: tuple[GiProfileSpec, ...]
     max_sm_clock_mhz: int
     max_mem_clock_mhz: int
+    #: default (and, on these boards, maximum) power management limit
     power_limit_w: int
     idle_power_w: int
+    #: lowest power management limit the driver accepts (nvidia-smi's "Min Power Limit")
+    min_power_limit_w: int
     nvlink_links: int
     pcie_generation: int
     pcie_width: int
@@ -366,7 +369,10 @@ _RTX_PRO_6000_PROFILES = (
 # Device level. PCI device ids: mig.md §1.3 / §3.5. Memory totals: what nvidia-smi prints (MiB);
 # they make every name come out as §1.3 / §3.5 say. Names, SM counts, NVLink counts: public spec
 # sheets. Clocks, power, subsystem ids and the H100 NVL link count (600 GB/s bridge / 50 GB/s per
-# NVLink4 link) are illustrative.
+# NVLink4 link) are illustrative, except these power limits (default = max, and min, in W), which
+# are what NVIDIA's datasheets and nvidia-smi -q report: A100 SXM4 400/100, A30 165/100, H100 SXM5
+# 700/200, H200 SXM 700/200. The other models' minimums (200 W; 150 W on the RTX PRO 6000) are
+# illustrative.
 _MODEL_LIST = (
     GpuModel(
         key="A100-SXM4-40GB",
@@ -384,6 +390,7 @@ _MODEL_LIST = (
         max_mem_clock_mhz=1215,
         power_limit_w=400,
         idle_power_w=55,
+        min_power_limit_w=100,
         nvlink_links=12,
         pcie_generation=4,
         pcie_width=16,
@@ -405,6 +412,7 @@ _MODEL_LIST = (
         max_mem_clock_mhz=1593,
         power_limit_w=400,
         idle_power_w=60,
+        min_power_limit_w=100,
         nvlink_links=12,
         pcie_generation=4,
         pcie_width=16,
@@ -426,6 +434,7 @@ _MODEL_LIST = (
         max_mem_clock_mhz=1215,
         power_limit_w=165,
         idle_power_w=30,
+        min_power_limit_w=100,
         nvlink_links=0,
         pcie_generation=4,
         pcie_width=16,
@@ -447,6 +456,7 @@ _MODEL_LIST = (
         max_mem_clock_mhz=2619,
         power_limit_w=700,
         idle_power_w=70,
+        min_power_limit_w=200,
         nvlink_links=18,
         pcie_generation=5,
         pcie_width=16,
@@ -468,6 +478,7 @@ _MODEL_LIST = (
         max_mem_clock_mhz=2619,
         power_limit_w=400,
         idle_power_w=60,
+        min_power_limit_w=200,
         nvlink_links=12,
         pcie_generation=5,
         pcie_width=16,
@@ -489,6 +500,7 @@ _MODEL_LIST = (
         max_mem_clock_mhz=3201,
         power_limit_w=700,
         idle_power_w=75,
+        min_power_limit_w=200,
         nvlink_links=18,
         pcie_generation=5,
         pcie_width=16,
@@ -510,6 +522,7 @@ _MODEL_LIST = (
         max_mem_clock_mhz=2619,
         power_limit_w=900,
         idle_power_w=90,
+        min_power_limit_w=200,
         nvlink_links=18,
         pcie_generation=5,
         pcie_width=16,
@@ -531,6 +544,7 @@ _MODEL_LIST = (
         max_mem_clock_mhz=2619,
         power_limit_w=500,
         idle_power_w=60,
+        min_power_limit_w=200,
         nvlink_links=18,
         pcie_generation=5,
         pcie_width=16,
@@ -552,6 +566,7 @@ _MODEL_LIST = (
         max_mem_clock_mhz=2619,
         power_limit_w=900,
         idle_power_w=90,
+        min_power_limit_w=200,
         nvlink_links=18,
         pcie_generation=5,
         pcie_width=16,
@@ -573,6 +588,7 @@ _MODEL_LIST = (
         max_mem_clock_mhz=3996,
         power_limit_w=1000,
         idle_power_w=140,
+        min_power_limit_w=200,
         nvlink_links=18,
         pcie_generation=5,
         pcie_width=16,
@@ -595,6 +611,7 @@ _MODEL_LIST = (
         max_mem_clock_mhz=14001,
         power_limit_w=600,
         idle_power_w=35,
+        min_power_limit_w=150,
         nvlink_links=0,
         pcie_generation=5,
         pcie_width=16,

@@ -51,6 +51,7 @@ from agent.gpu.types import (
     LostGpu,
     MigMode,
     Placement,
+    PowerLimits,
     Process,
 )
 
@@ -597,7 +598,40 @@ class GpuDriver:
             for p in procs
         )
 
+    def power_limits(self, uuid: str) -> PowerLimits:
+        """The GPU's power management range, default, set and enforced limits (mW)."""
+        n = self._nvml
+        h = self._handle(uuid)
+        low, high = self.call(
+            n.nvmlDeviceGetPowerManagementLimitConstraints, h, what=f"power limit range of {uuid}"
+        )
+        return PowerLimits(
+            min_mw=int(low),
+            max_mw=int(high),
+            default_mw=int(
+                self.call(
+                    n.nvmlDeviceGetPowerManagementDefaultLimit, h, what=f"default power of {uuid}"
+                )
+            ),
+            current_mw=int(
+                self.call(n.nvmlDeviceGetPowerManagementLimit, h, what=f"power limit of {uuid}")
+            ),
+            enforced_mw=int(
+                self.call(n.nvmlDeviceGetEnforcedPowerLimit, h, what=f"enforced power of {uuid}")
+            ),
+        )
+
     # -- mutations -------------------------------------------------------------------------------
+
+    def set_power_limit(self, uuid: str, milliwatts: int) -> None:
+        """Set the power management limit; the driver forgets it on reboot and reload."""
+        n = self._nvml
+        self.call(
+            n.nvmlDeviceSetPowerManagementLimit,
+            self._handle(uuid),
+            milliwatts,
+            what=f"set power limit {milliwatts / 1000:g} W on {uuid}",
+        )
 
     @_mutation
     def set_mig_mode(self, uuid: str, enabled: bool) -> ActivationStatus:

@@ -66,6 +66,12 @@ class Reading(Enum):
     GPU_TEMPERATURE_C = "gpu_temperature_c"
     MEMORY_TEMPERATURE_C = "memory_temperature_c"
     POWER_MW = "power_mw"
+    #: the power management limit set (nvidia-smi -pl, the agent's power caps, or the default)
+    POWER_LIMIT_MW = "power_limit_mw"
+    #: the limit the board enforces
+    ENFORCED_POWER_LIMIT_MW = "enforced_power_limit_mw"
+    #: the limit after a reboot or driver reload
+    DEFAULT_POWER_LIMIT_MW = "default_power_limit_mw"
     ENERGY_MJ = "energy_mj"
     PCIE_TX_KB_S = "pcie_tx_kb_s"
     PCIE_RX_KB_S = "pcie_rx_kb_s"
@@ -274,6 +280,13 @@ _GETTERS: dict[Reading, Getter] = {
         _R.GPU_TEMPERATURE_C, lambda n, h: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)
     ),
     _R.POWER_MW: _one(_R.POWER_MW, lambda n, h: n.nvmlDeviceGetPowerUsage(h)),
+    _R.POWER_LIMIT_MW: _one(_R.POWER_LIMIT_MW, lambda n, h: n.nvmlDeviceGetPowerManagementLimit(h)),
+    _R.ENFORCED_POWER_LIMIT_MW: _one(
+        _R.ENFORCED_POWER_LIMIT_MW, lambda n, h: n.nvmlDeviceGetEnforcedPowerLimit(h)
+    ),
+    _R.DEFAULT_POWER_LIMIT_MW: _one(
+        _R.DEFAULT_POWER_LIMIT_MW, lambda n, h: n.nvmlDeviceGetPowerManagementDefaultLimit(h)
+    ),
     _R.ENERGY_MJ: _one(_R.ENERGY_MJ, lambda n, h: n.nvmlDeviceGetTotalEnergyConsumption(h)),
     _R.PCIE_TX_KB_S: _one(
         _R.PCIE_TX_KB_S, lambda n, h: n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_TX_BYTES)

@@ -163,3 +163,18 @@ class LostGpu:
     @property
     def uuid(self) -> str:
         return self.last_known.uuid if self.last_known is not None else ""
+
+
+@dataclass(frozen=True, slots=True)
+class PowerLimits:
+    """A GPU's power management limits as NVML reports them, in milliwatts."""
+
+    #: the range nvmlDeviceSetPowerManagementLimit accepts
+    min_mw: int
+    max_mw: int
+    #: the limit after a reboot or driver reload
+    default_mw: int
+    #: the limit set (by the agent, nvidia-smi -pl, or the default)
+    current_mw: int
+    #: the limit the board enforces: the lowest of every limit in force (e.g. an in-band one)
+    enforced_mw: int

@@ -29,6 +29,8 @@ from agent._proto.gpuagent.v1 import (
     mig_pb2_grpc,
     operations_pb2,
     operations_pb2_grpc,
+    power_pb2,
+    power_pb2_grpc,
     prewarm_pb2,
     prewarm_pb2_grpc,
     sharing_pb2,
@@ -119,6 +121,7 @@ def every_rpc(channel: grpc.Channel, origin: Origin, tag: str) -> dict[str, grpc
     prewarm = prewarm_pb2_grpc.PrewarmServiceStub(channel)
     telemetry = telemetry_pb2_grpc.TelemetryServiceStub(channel)
     events = events_pb2_grpc.EventsServiceStub(channel)
+    power = power_pb2_grpc.PowerServiceStub(channel)
     codes: dict[str, grpc.StatusCode] = {}
     t = 20
 
@@ -149,6 +152,18 @@ def every_rpc(channel: grpc.Channel, origin: Origin, tag: str) -> dict[str, grpc
 
     P = "/gpuagent.v1."
     record(P + "NodeService/GetNode", lambda: node.GetNode(agent_pb2.GetNodeRequest(), timeout=t))
+    record(
+        P + "PowerService/GetPower", lambda: power.GetPower(power_pb2.GetPowerRequest(), timeout=t)
+    )
+    at_default = "version: v1\npower: [{gpus: all, limit: 1}]\n"  # changes no limit
+    record(
+        P + "PowerService/ApplyPower",
+        lambda: power.ApplyPower(power_pb2.ApplyPowerRequest(spec_yaml=at_default), timeout=t),
+    )
+    record(
+        P + "PowerService/RestorePower",
+        lambda: power.RestorePower(power_pb2.RestorePowerRequest(), timeout=t),
+    )
     record(
         P + "OperationsService/GetOperation",
         lambda: ops.GetOperation(operations_pb2.GetOperationRequest(name=name), timeout=t),

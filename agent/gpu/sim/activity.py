@@ -115,8 +115,14 @@ def refresh(gpu: Gpu, model: GpuModel, now: float) -> None:
         fold(gi.activity, now)
         gi.activity.rates = dict(gi.workload)
     rates = gpu_rates(gpu, model)
-    rates[POWER_MW] = power_w(model, rates) * 1000.0
+    # The board holds its draw at the enforced limit (clocks come down instead).
+    rates[POWER_MW] = min(power_w(model, rates) * 1000.0, float(power_limit_mw(gpu, model)))
     gpu.activity.rates = rates
+
+
+def power_limit_mw(gpu: Gpu, model: GpuModel) -> int:
+    """The limit in force: the one set, else the model's default."""
+    return model.power_limit_w * 1000 if gpu.power_limit_mw is None else gpu.power_limit_mw
 
 
 def load(rates: dict[str, float]) -> float:

@@ -377,6 +377,7 @@ def _describe_gpu(g: Gpu) -> dict[str, Any]:
         "lost": g.lost,
         "holders": list(g.holders),
         "mig": {"current": g.mig_current, "pending": g.mig_pending},
+        "power_limit_w": activity.power_limit_mw(g, model) / 1000,
         "workload": dict(g.workload),
         "gpu_instances": instances,
     }

@@ -29,6 +29,7 @@ from agent.gpu.sim import (
     sym_fields,
     sym_gpm,
     sym_mig,
+    sym_power,
     sym_telemetry,
     sym_topology,
 )
@@ -46,6 +47,7 @@ SYMBOL_MODULES = (
     sym_fields,
     sym_gpm,
     sym_mig,
+    sym_power,
     sym_telemetry,
     sym_topology,
 )

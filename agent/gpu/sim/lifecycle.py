@@ -10,7 +10,8 @@ mode change, happens at once unless something is in the way:
   Hopper and later switch inside a passthrough VM like on bare metal.
 
 A reset (``nvidia-smi -r``) destroys every GPU and compute instance; a reboot also ends every
-process, brings lost GPUs back and releases holders. Only the MIG mode survives both.
+process, brings lost GPUs back, releases holders and puts power limits back to their default.
+Only the MIG mode survives both.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def reboot(node: NodeState, now: float) -> None:
     for gpu in node.gpus:
         gpu.lost = False
         gpu.holders.clear()
+        gpu.power_limit_mw = None  # power limits do not survive the driver
         _reset(gpu, now)
     boot(node, now)
 

@@ -74,6 +74,9 @@ class Gpu:
     workload: dict[str, float] = field(default_factory=dict)
     #: The GPU's effective activity (with MIG on: the aggregate of its GIs); also carries power.
     activity: Activity = field(default_factory=Activity)
+    #: Power management limit set through nvmlDeviceSetPowerManagementLimit (mW); None: the
+    #: model's default. The driver forgets it on reboot and driver reload.
+    power_limit_mw: int | None = None
 
     @property
     def pci_bus_id(self) -> str:

@@ -202,8 +202,6 @@ def _from_model(read: Callable[[GpuModel], int]) -> Callable[..., None]:
     return getter
 
 
-symbol("nvmlDeviceGetPowerManagementLimit")(_from_model(lambda m: m.power_limit_w * 1000))
-symbol("nvmlDeviceGetEnforcedPowerLimit")(_from_model(lambda m: m.power_limit_w * 1000))
 symbol("nvmlDeviceGetCurrPcieLinkGeneration")(_from_model(lambda m: m.pcie_generation))
 symbol("nvmlDeviceGetMaxPcieLinkGeneration")(_from_model(lambda m: m.pcie_generation))
 symbol("nvmlDeviceGetCurrPcieLinkWidth")(_from_model(lambda m: m.pcie_width))

@@ -88,6 +88,26 @@ def test_a_prewarm_team_cannot_reconfigure_gpus() -> None:
     assert not sees_processes(grants)
 
 
+def test_the_power_role_caps_power_and_nothing_else(tmp_path: Path) -> None:
+    """A facilities identity in roles.power applies and restores power caps; it cannot reshape
+    GPUs, change sharing or prewarm, and sees no process lists; mig cannot cap power."""
+    config = tmp_path / "agent.yaml"
+    facilities = "spiffe://cluster/ns/facilities/sa/power"
+    config.write_text(f"roles:\n  power: [{facilities}]\n")
+    grants = policy_of(load_config(config, env={})).grants(Caller(Door.MTLS, (facilities,)))
+    assert grants == {Role.POWER, Role.READ}
+    mutations = {m for m, needed in METHOD_ROLES.items() if Role.READ not in needed}
+    allowed = {m for m in mutations if allows(grants, METHOD_ROLES[m])}
+    assert allowed == {
+        "/gpuagent.v1.PowerService/ApplyPower",
+        "/gpuagent.v1.PowerService/RestorePower",
+    }
+    assert not sees_processes(grants)
+    assert not allows(
+        frozenset({Role.MIG, Role.READ}), METHOD_ROLES["/gpuagent.v1.PowerService/ApplyPower"]
+    )
+
+
 def test_process_lists_need_mig_or_admin() -> None:
     assert not sees_processes(frozenset({Role.READ, Role.SHARING, Role.PREWARM}))
     assert sees_processes(frozenset({Role.READ, Role.MIG}))

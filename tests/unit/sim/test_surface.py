@@ -48,7 +48,7 @@ def test_unimplemented_functions_raise_function_not_found(node: Opener) -> None:
     nvml, _ = node("dgx-h100")
     handle = nvml.nvmlDeviceGetHandleByIndex(0)
     with pytest.raises(pynvml.NVMLError_FunctionNotFound):
-        nvml.nvmlDeviceGetPowerManagementLimitConstraints(handle)
+        nvml.nvmlDeviceGetPowerManagementMode(handle)
 
 
 def test_simulator_never_touches_the_real_library(node: Opener) -> None:

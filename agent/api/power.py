@@ -1,0 +1,96 @@
+"""PowerService: show, apply and restore the node's power caps (agent.power)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import grpc
+
+from agent._proto.gpuagent.v1 import power_pb2, power_pb2_grpc
+from agent.api.operations import OperationRunner
+from agent.power import Change, PowerService, PowerView
+
+__all__ = ["PowerServicer"]
+
+_SERVICE = "/gpuagent.v1.PowerService/"
+_FEATURE = "power caps"
+
+
+class PowerServicer(power_pb2_grpc.PowerServiceServicer):
+    def __init__(
+        self, power: PowerService, runner: OperationRunner, gpu_guard: Callable[[str], None]
+    ) -> None:
+        self._power = power
+        self._runner = runner
+        self._guard = gpu_guard  # DriverNotReady while the driver is not attached
+
+    async def GetPower(
+        self, request: power_pb2.GetPowerRequest, context: grpc.aio.ServicerContext
+    ) -> power_pb2.GetPowerResponse:
+        self._guard(_FEATURE)
+        return _view_pb(await asyncio.to_thread(self._power.show))
+
+    async def ApplyPower(
+        self, request: power_pb2.ApplyPowerRequest, context: grpc.aio.ServicerContext
+    ) -> power_pb2.ApplyPowerResponse:
+        self._guard(_FEATURE)
+
+        async def call() -> power_pb2.ApplyPowerResponse:
+            changes = await asyncio.to_thread(self._power.apply, request.spec_yaml)
+            return power_pb2.ApplyPowerResponse(changes=_changes_pb(changes))
+
+        return await self._runner.once(
+            _SERVICE + "ApplyPower",
+            request,
+            request.request_id,
+            power_pb2.ApplyPowerResponse,
+            call,
+        )
+
+    async def RestorePower(
+        self, request: power_pb2.RestorePowerRequest, context: grpc.aio.ServicerContext
+    ) -> power_pb2.RestorePowerResponse:
+        self._guard(_FEATURE)
+
+        async def call() -> power_pb2.RestorePowerResponse:
+            changes = await asyncio.to_thread(self._power.restore)
+            return power_pb2.RestorePowerResponse(changes=_changes_pb(changes))
+
+        return await self._runner.once(
+            _SERVICE + "RestorePower",
+            request,
+            request.request_id,
+            power_pb2.RestorePowerResponse,
+            call,
+        )
+
+
+def _view_pb(view: PowerView) -> power_pb2.GetPowerResponse:
+    gpus = []
+    for g in view.gpus:
+        lim = g.limits
+        gpus.append(
+            power_pb2.GpuPower(
+                index=g.index,
+                uuid=g.uuid,
+                name=g.name,
+                min_mw=lim.min_mw,
+                max_mw=lim.max_mw,
+                default_mw=lim.default_mw,
+                current_mw=lim.current_mw,
+                enforced_mw=lim.enforced_mw,
+                desired_mw=view.desired_mw.get(g.uuid),
+                baseline_mw=view.baseline_mw.get(g.uuid),
+            )
+        )
+    return power_pb2.GetPowerResponse(gpus=gpus, spec_yaml=view.spec_text)
+
+
+def _changes_pb(changes: list[Change]) -> list[power_pb2.PowerChange]:
+    return [
+        power_pb2.PowerChange(
+            index=c.index, uuid=c.uuid, before_mw=c.before_mw, after_mw=c.after_mw
+        )
+        for c in changes
+    ]

@@ -1,0 +1,158 @@
+"""``gpu-agent power``: declarative power caps, kept across reboots and driver reloads.
+
+Every command goes through the node's agent (the running one, or one embedded for the
+command: `CliContext.agent`), which checks the spec against every GPU, journals and applies it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import IO, TYPE_CHECKING, Any, Protocol
+
+import click
+
+from agent.cli.errors import AgentGroup
+from agent.cli.render import emit, format_table, output_option
+
+if TYPE_CHECKING:
+    from agent._proto.gpuagent.v1 import power_pb2
+    from agent.client import AgentClient
+
+
+class PowerContext(Protocol):
+    def agent(self) -> AgentClient: ...
+
+
+@click.group("power", cls=AgentGroup)
+def power() -> None:
+    """Power caps per GPU, as a spec the agent keeps: set again after every reboot and driver
+    reload, which forget `nvidia-smi -pl` (docs/power.md)."""
+
+
+@power.command("show", short_help="Each GPU's power range, default, set and enforced limits.")
+@output_option
+@click.pass_obj
+def show_command(obj: PowerContext, output: str) -> None:
+    """Show each GPU's power limit range, default, set and enforced limits, what the spec in
+    force wants, and what `power restore` would put back.
+
+    \b
+    Example:
+      gpu-agent power show
+      gpu-agent power show -o json
+    """
+    view = obj.agent().get_power()
+    data = {
+        "spec": view.spec_yaml or None,
+        "gpus": [_gpu(g) for g in view.gpus],
+    }
+    emit(data, output, _show_table)
+
+
+@power.command("apply", short_help="Apply a power spec (every GPU checked first).")
+@click.option(
+    "-f",
+    "--file",
+    "spec_file",
+    type=click.File("r"),
+    required=True,
+    help="The power spec (YAML, version v1; '-' for stdin).",
+)
+@output_option
+@click.pass_obj
+def apply_command(obj: PowerContext, spec_file: IO[str], output: str) -> None:
+    """Make a spec the node's power caps. The whole spec is checked against every GPU first; a
+    limit outside a GPU's range is refused, naming the GPU and its range, and nothing changes.
+    The limits from before the first change are kept for `power restore`.
+
+    \b
+    Spec:
+      version: v1
+      power:
+        - gpus: all              # or [0, 1], or GPU UUIDs
+          limit: 0.8             # a fraction of the default limit (or "80%")
+        - model: H100 80GB HBM3  # the name NVML reports, "NVIDIA " optional
+          limit: 500W            # watts
+    \b
+    Example:
+      gpu-agent power apply -f power.yaml
+    """
+    changes = obj.agent().apply_power(spec_file.read())
+    emit({"changes": _changes(changes)}, output, _changes_table)
+
+
+@power.command("restore", short_help="Forget the spec; put back the limits from before it.")
+@output_option
+@click.pass_obj
+def restore_command(obj: PowerContext, output: str) -> None:
+    """Forget the power spec and put back each GPU's limit from before the agent first changed
+    it (usually the default).
+
+    \b
+    Example:
+      gpu-agent power restore
+    """
+    changes = obj.agent().restore_power()
+    emit({"changes": _changes(changes)}, output, _changes_table)
+
+
+def _watts(milliwatts: int) -> float:
+    return milliwatts / 1000
+
+
+def _gpu(g: power_pb2.GpuPower) -> dict[str, Any]:
+    return {
+        "index": g.index,
+        "uuid": g.uuid,
+        "name": g.name,
+        "min_w": _watts(g.min_mw),
+        "max_w": _watts(g.max_mw),
+        "default_w": _watts(g.default_mw),
+        "limit_w": _watts(g.current_mw),
+        "enforced_w": _watts(g.enforced_mw),
+        "desired_w": _watts(g.desired_mw) if g.HasField("desired_mw") else None,
+        "baseline_w": _watts(g.baseline_mw) if g.HasField("baseline_mw") else None,
+    }
+
+
+def _changes(changes: Sequence[power_pb2.PowerChange]) -> list[dict[str, Any]]:
+    return [
+        {
+            "index": c.index,
+            "uuid": c.uuid,
+            "before_w": _watts(c.before_mw),
+            "after_w": _watts(c.after_mw),
+        }
+        for c in changes
+    ]
+
+
+def _w(value: float | None) -> str | None:
+    return None if value is None else f"{value:g} W"
+
+
+def _show_table(data: dict[str, Any]) -> str:
+    rows = [
+        (
+            g["index"],
+            g["name"],
+            f"{g['min_w']:g}-{g['max_w']:g} W",
+            _w(g["default_w"]),
+            _w(g["limit_w"]),
+            _w(g["enforced_w"]),
+            _w(g["desired_w"]),
+            _w(g["baseline_w"]),
+        )
+        for g in data["gpus"]
+    ]
+    table = format_table(
+        ("GPU", "NAME", "RANGE", "DEFAULT", "LIMIT", "ENFORCED", "SPEC", "RESTORES TO"), rows
+    )
+    return table + ("" if data["spec"] else "\nno power spec applied")
+
+
+def _changes_table(data: dict[str, Any]) -> str:
+    if not data["changes"]:
+        return "no GPU changed: every limit was already as asked"
+    rows = [(c["index"], c["uuid"], _w(c["before_w"]), _w(c["after_w"])) for c in data["changes"]]
+    return format_table(("GPU", "UUID", "BEFORE", "AFTER"), rows)

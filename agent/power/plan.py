@@ -1,0 +1,126 @@
+"""From a power spec and the node's GPUs to one wanted limit per GPU. Pure: no NVML, no journal.
+
+The whole spec is checked against every GPU before anything is set: a limit outside a GPU's range,
+an index or UUID the node lacks, a model no GPU is, all come back together in one refusal naming
+the entry, the GPU and its range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.errors import FieldViolation, InvalidSpec
+from agent.gpu.types import PowerLimits
+from agent.power.spec import Entry, PowerSpec
+
+__all__ = ["GpuPower", "Target", "model_key", "plan", "resolve"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPower:
+    """One GPU as the plan sees it."""
+
+    index: int
+    uuid: str
+    name: str
+    limits: PowerLimits
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    gpu: GpuPower
+    want_mw: int
+    #: the entry that set it ("power[2]")
+    entry: str
+
+    @property
+    def changes(self) -> bool:
+        return self.gpu.limits.current_mw != self.want_mw
+
+
+def model_key(name: str) -> str:
+    """ "NVIDIA H100 80GB HBM3" and "h100  80gb hbm3" name the same model."""
+    words = name.lower().split()
+    return " ".join(words[1:] if words[:1] == ["nvidia"] else words)
+
+
+def plan(spec: PowerSpec, gpus: list[GpuPower]) -> list[Target]:
+    """The wanted limit of every GPU the spec selects (later entries win), by GPU index; one
+    refusal listing every problem when there is any."""
+    targets, problems = resolve(spec, gpus)
+    if problems:
+        raise InvalidSpec(
+            "power spec refused, no GPU changed: "
+            + "; ".join(f"{p.field}: {p.description}" for p in problems),
+            problems,
+        )
+    return targets
+
+
+def resolve(spec: PowerSpec, gpus: list[GpuPower]) -> tuple[list[Target], list[FieldViolation]]:
+    """The targets that fit, and what does not (a GPU gone or out of range): re-applying a
+    stored spec sets what still fits instead of giving up on every GPU."""
+    problems: list[FieldViolation] = []
+    chosen: dict[int, tuple[str, Entry]] = {}
+    for i, entry in enumerate(spec.entries):
+        where = f"power[{i}]"
+        for gpu in _selected(where, entry, gpus, problems):
+            chosen[gpu.index] = (where, entry)
+    by_index = {g.index: g for g in gpus}
+    targets = []
+    for index in sorted(chosen):
+        where, entry = chosen[index]
+        gpu = by_index[index]
+        lim = gpu.limits
+        want = entry.limit.milliwatts(lim.default_mw)
+        if not lim.min_mw <= want <= lim.max_mw:
+            problems.append(
+                FieldViolation(
+                    f"{where}.limit",
+                    f"{entry.limit} is {want / 1000:g} W on GPU {index} ({gpu.name}), outside its "
+                    f"range {lim.min_mw / 1000:g}-{lim.max_mw / 1000:g} W "
+                    f"(default {lim.default_mw / 1000:g} W)",
+                )
+            )
+            continue
+        targets.append(Target(gpu, want, where))
+    return targets, problems
+
+
+def _selected(
+    where: str, entry: Entry, gpus: list[GpuPower], problems: list[FieldViolation]
+) -> list[GpuPower]:
+    if entry.all_gpus:
+        return list(gpus)
+    if entry.model is not None:
+        key = model_key(entry.model)
+        found = [g for g in gpus if model_key(g.name) == key]
+        if not found:
+            names = sorted({g.name for g in gpus})
+            problems.append(
+                FieldViolation(
+                    f"{where}.model",
+                    f"no GPU of this node is {entry.model!r}; it has {', '.join(names) or 'none'}",
+                )
+            )
+        return found
+    found = []
+    indices = {g.index: g for g in gpus}
+    uuids = {g.uuid: g for g in gpus}
+    for index in entry.indices:
+        if index in indices:
+            found.append(indices[index])
+        else:
+            problems.append(
+                FieldViolation(
+                    f"{where}.gpus",
+                    f"GPU {index} does not exist; the node has GPUs "
+                    f"{', '.join(str(i) for i in sorted(indices)) or 'none'}",
+                )
+            )
+    for uuid in entry.uuids:
+        if uuid in uuids:
+            found.append(uuids[uuid])
+        else:
+            problems.append(FieldViolation(f"{where}.gpus", f"no GPU of this node is {uuid}"))
+    return found

@@ -1,0 +1,213 @@
+"""PowerService: show, apply, restore and keep the node's declarative power caps.
+
+The driver forgets a power limit at every reboot and driver reload (``nvidia-smi -pl`` has to be
+run again); the agent keeps the spec instead. Two journal scopes in the state store hold what
+the node needs across restarts:
+
+* ``power:baseline``: each GPU's limit from before the agent first changed it, written before
+  the change, so ``restore`` returns it (one entry per GPU, the first one wins);
+* ``power:desired``: the spec last applied, written once every GPU took it.
+
+``apply`` reads every GPU's range, plans the whole spec (agent.power.plan refuses before any
+GPU is touched), records the baselines, sets the limits, and on an NVML failure puts the GPUs it
+changed back. ``reconcile`` sets the desired limits again where a GPU lost them (a reboot, a
+driver reload, someone's ``nvidia-smi -pl``): the node runs it when the driver attaches and then
+on every driver check. ``restore`` forgets the spec and puts the baselines back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agent.errors import AgentError
+from agent.gpu.nvml import GpuDriver
+from agent.power.plan import GpuPower, plan, resolve
+from agent.power.spec import PowerSpec, parse
+
+__all__ = ["BASELINE", "DESIRED", "Change", "PowerService", "PowerView"]
+
+log = logging.getLogger(__name__)
+
+BASELINE = "power:baseline"
+DESIRED = "power:desired"
+
+
+class Journal(Protocol):
+    """The part of agent.state.StateStore the power service uses."""
+
+    def journal_append(self, scope: str, entry: dict[str, Any]) -> int: ...
+    def journal_replace(self, scope: str, entry: dict[str, Any]) -> int: ...
+    def journal_entries(self, scope: str) -> list[tuple[int, dict[str, Any]]]: ...
+    def journal_clear(self, scope: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    index: int
+    uuid: str
+    before_mw: int
+    after_mw: int
+
+
+@dataclass(frozen=True, slots=True)
+class PowerView:
+    gpus: tuple[GpuPower, ...]
+    #: uuid -> the limit the spec wants
+    desired_mw: dict[str, int]
+    #: uuid -> the limit from before the agent's first change
+    baseline_mw: dict[str, int]
+    #: the spec in force, as applied ("" when none)
+    spec_text: str
+
+
+class PowerService:
+    def __init__(self, gpu: GpuDriver, journal: Journal) -> None:
+        self._gpu = gpu
+        self._journal = journal
+        self._lock = threading.Lock()
+        #: (uuid, error) already logged by reconcile, so a lasting refusal is one line
+        self._logged: set[tuple[str, str]] = set()
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def show(self) -> PowerView:
+        gpus = self._read()
+        spec = self._desired()
+        desired: dict[str, int] = {}
+        if spec is not None:
+            try:
+                desired = {t.gpu.uuid: t.want_mw for t in plan(spec, gpus)}
+            except AgentError as exc:  # the node changed under the spec: shown, not fatal
+                log.warning("the stored power spec no longer fits this node: %s", exc)
+        return PowerView(tuple(gpus), desired, self._baseline(), spec.text if spec else "")
+
+    # -- changes ---------------------------------------------------------------------------------
+
+    def apply(self, text: str) -> list[Change]:
+        """Make ``text`` the power spec; refused with nothing changed when it does not fit."""
+        spec = parse(text)
+        with self._lock:
+            gpus = self._read()
+            targets = plan(spec, gpus)
+            known = self._baseline()
+            for t in targets:
+                if t.gpu.uuid not in known:
+                    self._journal.journal_append(
+                        BASELINE, {"uuid": t.gpu.uuid, "limit_mw": t.gpu.limits.current_mw}
+                    )
+            wanted = [(t.gpu, t.want_mw) for t in targets if t.changes]
+            # A GPU an earlier spec capped and this one leaves out goes back to its baseline.
+            selected = {t.gpu.uuid for t in targets}
+            wanted += [
+                (g, known[g.uuid])
+                for g in gpus
+                if g.uuid in known
+                and g.uuid not in selected
+                and g.limits.current_mw != known[g.uuid]
+            ]
+            changes = sorted(self._set_all(wanted), key=lambda c: c.index)
+            self._journal.journal_replace(DESIRED, {"spec": spec.text})
+            self._logged.clear()
+        for c in changes:
+            log.info(
+                "power cap on GPU %d: %g W -> %g W", c.index, c.before_mw / 1000, c.after_mw / 1000
+            )
+        return changes
+
+    def restore(self) -> list[Change]:
+        """Forget the spec and put each GPU's limit from before the agent's first change back."""
+        with self._lock:
+            self._journal.journal_clear(DESIRED)  # reconcile no longer re-caps
+            baseline = self._baseline()
+            gpus = [g for g in self._read() if g.uuid in baseline]
+            wanted = [
+                (g, baseline[g.uuid]) for g in gpus if g.limits.current_mw != baseline[g.uuid]
+            ]
+            changes = self._set_all(wanted)
+            self._journal.journal_clear(BASELINE)
+        return changes
+
+    def reconcile(self) -> list[Change]:
+        """Set the desired limits again where a GPU lost them; a GPU that refuses is logged
+        once and tried again next time, the others are set."""
+        with self._lock:
+            try:
+                spec = self._desired()
+                if spec is None:
+                    return []
+                targets, problems = resolve(spec, self._read(strict=False))
+            except AgentError as exc:
+                self._log_once("", f"the stored power spec cannot be re-applied: {exc}")
+                return []
+            for p in problems:
+                self._log_once("", f"power spec not re-applied there: {p.field}: {p.description}")
+            targets = [t for t in targets if t.changes]
+            changes = []
+            for t in targets:
+                try:
+                    changes.append(self._set(t.gpu, t.want_mw))
+                except AgentError as exc:
+                    self._log_once(
+                        t.gpu.uuid, f"power cap on GPU {t.gpu.index} not re-applied: {exc}"
+                    )
+        for c in changes:
+            log.warning(
+                "power cap re-applied on GPU %d: %g W -> %g W (the driver had lost it: a reboot, a "
+                "driver reload, or another tool changed it)",
+                c.index,
+                c.before_mw / 1000,
+                c.after_mw / 1000,
+            )
+        return changes
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _read(self, *, strict: bool = True) -> list[GpuPower]:
+        """Every GPU that answers with its limits. ``strict``: a GPU whose limits cannot be
+        read fails the read (an apply refuses); otherwise it is left out and logged once."""
+        found = []
+        for g in self._gpu.gpus():
+            try:
+                found.append(GpuPower(g.index, g.uuid, g.name, self._gpu.power_limits(g.uuid)))
+            except AgentError as exc:
+                if strict:
+                    raise
+                self._log_once(g.uuid, f"power limits of GPU {g.index} cannot be read: {exc}")
+        return found
+
+    def _set(self, gpu: GpuPower, milliwatts: int) -> Change:
+        self._gpu.set_power_limit(gpu.uuid, milliwatts)
+        return Change(gpu.index, gpu.uuid, gpu.limits.current_mw, milliwatts)
+
+    def _set_all(self, wanted: list[tuple[GpuPower, int]]) -> list[Change]:
+        """Set each limit; on a failure put the ones already set back and raise it."""
+        done: list[Change] = []
+        try:
+            for gpu, milliwatts in wanted:
+                done.append(self._set(gpu, milliwatts))
+        except AgentError:
+            for c in reversed(done):
+                try:
+                    self._gpu.set_power_limit(c.uuid, c.before_mw)
+                except AgentError as exc:
+                    log.error("could not put GPU %d's power limit back: %s", c.index, exc)
+            raise
+        return done
+
+    def _desired(self) -> PowerSpec | None:
+        entries = self._journal.journal_entries(DESIRED)
+        return parse(entries[-1][1]["spec"]) if entries else None
+
+    def _baseline(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for _, entry in self._journal.journal_entries(BASELINE):
+            found.setdefault(str(entry["uuid"]), int(entry["limit_mw"]))
+        return found
+
+    def _log_once(self, uuid: str, message: str) -> None:
+        if (uuid, message) not in self._logged:
+            self._logged.add((uuid, message))
+            log.warning("%s", message)

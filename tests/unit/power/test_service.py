@@ -1,0 +1,170 @@
+"""PowerService on a simulated node: the whole spec checked before any GPU is touched, the
+baselines journaled for restore, lost caps set again, and a failed apply put back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.errors import InvalidSpec, NotSupported, PermissionDenied
+from agent.gpu import GpuDriver, load_driver
+from agent.gpu.sim import SimControl
+from agent.power import PowerService
+from agent.state import StateStore
+
+_SPEC = "version: v1\npower:\n  - {gpus: all, limit: 0.8}\n  - {gpus: [0], limit: 300W}\n"
+
+
+@pytest.fixture
+def gpu(tmp_path: Path) -> Iterator[GpuDriver]:
+    driver = load_driver("mixed", tmp_path, latency=False).open()
+    yield driver
+    driver.close()
+
+
+def _service(gpu: GpuDriver, tmp_path: Path) -> PowerService:
+    return PowerService(gpu, StateStore(tmp_path / "agent.db"))
+
+
+def _limits(gpu: GpuDriver) -> list[int]:
+    return [gpu.power_limits(g.uuid).current_mw for g in gpu.gpus()]
+
+
+def test_apply_sets_each_gpu_and_later_entries_win(gpu: GpuDriver, tmp_path: Path) -> None:
+    defaults = [gpu.power_limits(g.uuid).default_mw for g in gpu.gpus()]
+    changes = _service(gpu, tmp_path).apply(_SPEC)
+    want = [300_000] + [round(d * 0.8) for d in defaults[1:]]
+    assert _limits(gpu) == want
+    assert [(c.index, c.before_mw, c.after_mw) for c in changes] == [
+        (i, d, w) for i, (d, w) in enumerate(zip(defaults, want, strict=True))
+    ]
+
+
+def test_a_limit_outside_one_gpus_range_refuses_the_whole_spec(
+    gpu: GpuDriver, tmp_path: Path
+) -> None:
+    before = _limits(gpu)
+    with pytest.raises(InvalidSpec) as refused:
+        _service(gpu, tmp_path).apply("version: v1\npower:\n  - {gpus: all, limit: 450W}\n")
+    assert _limits(gpu) == before  # no GPU changed, not even the H100s 450 W fits
+    texts = [v.description for v in refused.value.violations]
+    assert {v.field for v in refused.value.violations} == {"power[0].limit"}
+    assert texts == [
+        f"450W is 450 W on GPU {i} (NVIDIA A100-SXM4-80GB), outside its range 100-400 W "
+        "(default 400 W)"
+        for i in range(4)
+    ]
+
+
+def test_selectors_that_find_nothing_are_refused(gpu: GpuDriver, tmp_path: Path) -> None:
+    service = _service(gpu, tmp_path)
+    for text, says in [
+        ("version: v1\npower: [{gpus: [99], limit: 0.9}]\n", "GPU 99 does not exist"),
+        ("version: v1\npower: [{gpus: [GPU-nope], limit: 0.9}]\n", "no GPU of this node is"),
+        ("version: v1\npower: [{model: B200, limit: 0.9}]\n", "no GPU of this node is 'B200'"),
+    ]:
+        with pytest.raises(InvalidSpec, match=says):
+            service.apply(text)
+    assert service.show().spec_text == ""
+
+
+def test_model_matches_the_nvml_name_with_or_without_nvidia(gpu: GpuDriver, tmp_path: Path) -> None:
+    service = _service(gpu, tmp_path)
+    service.apply("version: v1\npower: [{model: '  h100 80GB  HBM3 ', limit: 600W}]\n")
+    view = service.show()
+    assert {g.name for g in view.gpus if g.uuid in view.desired_mw} == {"NVIDIA H100 80GB HBM3"}
+    assert list(view.desired_mw.values()) == [600_000] * 4
+
+
+def test_restore_returns_the_limits_from_before_the_first_apply(
+    gpu: GpuDriver, tmp_path: Path
+) -> None:
+    service = _service(gpu, tmp_path)
+    first = gpu.gpus()[0].uuid
+    gpu.set_power_limit(first, 350_000)  # an operator's nvidia-smi -pl before the agent
+    before = _limits(gpu)
+    service.apply(_SPEC)
+    service.apply("version: v1\npower: [{gpus: all, limit: 0.9}]\n")  # baselines stay the first
+    changes = service.restore()
+    assert _limits(gpu) == before
+    assert {c.after_mw for c in changes if c.uuid == first} == {350_000}
+    view = service.show()
+    assert (view.spec_text, view.desired_mw, view.baseline_mw) == ("", {}, {})
+    assert service.reconcile() == []  # nothing re-caps after a restore
+
+
+def test_a_new_service_reapplies_after_a_reboot(gpu: GpuDriver, tmp_path: Path) -> None:
+    _service(gpu, tmp_path).apply(_SPEC)
+    want = _limits(gpu)
+    SimControl(tmp_path).reboot()
+    assert _limits(gpu) != want
+    restarted = _service(gpu, tmp_path)  # the agent restarted: only the journal is left
+    assert len(restarted.reconcile()) == len(want)
+    assert _limits(gpu) == want
+    assert restarted.reconcile() == []
+
+
+def test_a_refused_set_puts_back_the_gpus_already_changed(gpu: GpuDriver, tmp_path: Path) -> None:
+    service = _service(gpu, tmp_path)
+    before = _limits(gpu)
+    SimControl(tmp_path).inject_fault("nvmlDeviceSetPowerManagementLimit", "NoPermission", nth=3)
+    with pytest.raises(PermissionDenied):
+        service.apply(_SPEC)
+    assert _limits(gpu) == before
+    assert service.show().spec_text == ""  # not the desired state: nothing to re-apply
+
+
+def test_a_gpu_without_power_management_refuses_the_apply(gpu: GpuDriver, tmp_path: Path) -> None:
+    before = _limits(gpu)
+    SimControl(tmp_path).inject_fault(
+        "nvmlDeviceGetPowerManagementLimitConstraints", "NotSupported", gpu=1
+    )
+    with pytest.raises(NotSupported):
+        _service(gpu, tmp_path).apply(_SPEC)
+    assert _limits(gpu) == before
+
+
+def test_reconcile_logs_a_lasting_refusal_once_and_sets_the_others(
+    gpu: GpuDriver, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = _service(gpu, tmp_path)
+    service.apply(_SPEC)
+    want = _limits(gpu)
+    SimControl(tmp_path).reboot()
+    SimControl(tmp_path).inject_fault(
+        "nvmlDeviceSetPowerManagementLimit", "NoPermission", gpu=0, count=2
+    )
+    assert [c.index for c in service.reconcile()] == list(range(1, len(want)))
+    service.reconcile()
+    refusals = [r for r in caplog.records if "not re-applied" in r.getMessage()]
+    assert len(refusals) == 1 and "GPU 0" in refusals[0].getMessage()
+    assert [c.index for c in service.reconcile()] == [0]  # the fault is spent
+    assert _limits(gpu) == want
+
+
+def test_one_unreadable_gpu_does_not_keep_the_others_uncapped(
+    gpu: GpuDriver, tmp_path: Path
+) -> None:
+    service = _service(gpu, tmp_path)
+    service.apply(_SPEC)
+    want = _limits(gpu)
+    SimControl(tmp_path).reboot()
+    SimControl(tmp_path).inject_fault(
+        "nvmlDeviceGetPowerManagementLimitConstraints", "NotSupported", gpu=1, count=1
+    )
+    assert [c.index for c in service.reconcile()] == [0, *range(2, len(want))]
+    assert [c.index for c in service.reconcile()] == [1]  # readable again: capped too
+    assert _limits(gpu) == want
+
+
+def test_a_gpu_the_new_spec_leaves_out_goes_back_to_its_baseline(
+    gpu: GpuDriver, tmp_path: Path
+) -> None:
+    service = _service(gpu, tmp_path)
+    defaults = _limits(gpu)
+    service.apply(_SPEC)
+    changes = service.apply("version: v1\npower: [{gpus: [0], limit: 300W}]\n")
+    assert _limits(gpu) == [300_000, *defaults[1:]]
+    assert [c.index for c in changes] == list(range(1, len(defaults)))
