@@ -730,14 +730,6 @@ class AgentConfig:
             "without a driver is then an error, never a silent fall-back to the simulator.",
         ),
     )
-    simulate_latency: bool = field(
-        default=True,
-        metadata=_rules(
-            doc="With simulate: each simulated NVML call takes about as long as the real one "
-            "(a MIG mode change about a second), so timings are honest; off, calls run at "
-            "memory speed (the test suite turns it off where a test is not about timing).",
-        ),
-    )
     state_dir: Path = field(
         default=Path("/var/lib/gpu-agent"),
         metadata=_rules(
@@ -752,6 +744,14 @@ class AgentConfig:
             default_doc="the machine's host name",
             doc="Kubernetes node name used for labels, events and pod attribution. Env NODE_NAME "
             "(the downward API's spec.nodeName) is read when GPU_AGENT_NODE_NAME is not set.",
+        ),
+    )
+    simulate_latency: bool = field(
+        default=True,
+        metadata=_rules(
+            doc="With simulate: each simulated NVML call takes about as long as the real one "
+            "(a MIG mode change about a second), so timings are honest; off, calls run at "
+            "memory speed (the test suite turns it off where a test is not about timing).",
         ),
     )
     log_level: str = field(

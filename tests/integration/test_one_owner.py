@@ -97,7 +97,9 @@ def test_serve_waits_for_a_commands_embedded_agent_to_finish(tmp_path: Path) -> 
     try:
         with pytest.raises(AssertionError, match="timed out"):
             agent.start(timeout=3)  # it waits rather than serving beside the owner
-        assert f"waiting for gpu-agent mig apply (pid {os.getpid()}) to finish" in agent.output()
+        waiting = f"waiting for gpu-agent mig apply (pid {os.getpid()}) to finish"
+        wait_for(lambda: waiting in agent.output(), "the agent to say whom it waits for", 60)
+        assert "agent serving:" not in agent.output()
         owner.release()
         wait_for(lambda: "agent serving:" in agent.output(), "the agent to serve once free", 60)
     finally:

@@ -73,11 +73,13 @@ def submit(agent: AgentProcess, url: str) -> str:
 
 
 def assert_quick_clean_exit(agent: AgentProcess) -> None:
+    """Exit 0 within 2 s of SIGTERM on an idle machine; the bound is 4 s because the suite runs
+    several workers on two cores (a wait on the fetch's back-off or origin would take 16-30 s)."""
     started = time.monotonic()
     code = agent.terminate(timeout=30)
     took = time.monotonic() - started
     assert code == 0, agent.output()
-    assert took < 2.0, f"SIGTERM took {took:.1f}s:\n{agent.output()}"
+    assert took < 4.0, f"SIGTERM took {took:.1f}s:\n{agent.output()}"
     assert "still running at shutdown" not in agent.output()
 
 
