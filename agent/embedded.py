@@ -43,6 +43,7 @@ class EmbeddedAgent:
         self._node: object | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
+        self._log_level = logging.NOTSET
 
     def start(self) -> None:
         """Build and start the node; returns once its API serves (or raises why it could not)."""
@@ -51,6 +52,7 @@ class EmbeddedAgent:
         # The agent's log is not the command's output: what fails reaches the command as an
         # API error. GPU_AGENT_LOG_LEVEL=debug shows it all.
         quiet = logging.DEBUG if self.config.log_level == "debug" else logging.ERROR
+        self._log_level = logging.getLogger("agent").level  # given back when it stops
         logging.getLogger("agent").setLevel(quiet)
 
         node = Node(build_services(self.config), embedded=True)
@@ -95,3 +97,4 @@ class EmbeddedAgent:
 
     def _cleanup(self) -> None:
         shutil.rmtree(self._dir, ignore_errors=True)
+        logging.getLogger("agent").setLevel(self._log_level)  # the host's logging, as it was

@@ -8,6 +8,7 @@ import logging
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +94,20 @@ def test_every_cli_command_logs_through_it() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stderr == "a\\n\\x1bb\n"
+
+
+def test_a_stopped_embedded_agent_gives_the_host_its_log_level_back(tmp_path: Path) -> None:
+    """A process that embeds an agent (the CLI, a test) logs as before once the agent stops."""
+    from agent.config import AgentConfig
+    from agent.embedded import EmbeddedAgent
+
+    agent_log = logging.getLogger("agent")
+    agent_log.setLevel(logging.INFO)
+    try:
+        embedded = EmbeddedAgent(AgentConfig(simulate="dgx-h100", state_dir=tmp_path / "s"))
+        embedded.start()
+        assert agent_log.level == logging.ERROR  # the agent's log is not the command's output
+        embedded.stop()
+        assert agent_log.level == logging.INFO
+    finally:
+        agent_log.setLevel(logging.NOTSET)
