@@ -8,7 +8,10 @@ for: GET/PATCH ``/api/v1/nodes/{name}``, GET ``/api/v1/nodes`` (list, paged with
 ``/apis/coordination.k8s.io/v1/namespaces/{ns}/leases[/{name}]`` and
 ``/api/v1/namespaces/{ns}/configmaps[/{name}]``, POST ``/api/v1/namespaces/{ns}/events``, and
 POST ``/api/v1/namespaces/{ns}/pods/{name}/eviction`` (429 while ``pdb_refusals`` says the
-pod's disruption budget refuses, as the real server answers; otherwise the pod is deleted).
+pod's disruption budget refuses, as the real server answers; otherwise the pod is deleted), and
+``resource.k8s.io/v1`` ResourceSlices, DeviceClasses, ResourceClaims and ResourceClaimTemplates
+(list, get, watch, create, update, delete, the claims' ``/status``; tests/kube/fake_dra.py says
+what of their schema and semantics is modelled).
 A Node merge-patch may set ``spec.unschedulable`` (cordon).
 Like the real server:
 - every write bumps one cluster-wide ``resourceVersion``; a PUT whose
@@ -46,6 +49,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from tests.kube import fake_dra
 
 _NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -165,6 +170,32 @@ class FakeKubeApi:
             self.node_versions[node] = self.bump()
             self._record("nodes", kind, self._node_obj(node))
 
+    def put_dra(self, resource: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create or replace a resource.k8s.io object as its writer would (a DRA driver
+        publishing a slice, kubectl, the scheduler writing a claim's status): validated like a
+        request, seen by watches."""
+        kind, namespaced = fake_dra.RESOURCES[resource]
+        problems = fake_dra.invalid(kind, obj)
+        if problems:
+            raise ValueError("; ".join(problems))
+        meta = obj.get("metadata") or {}
+        key = (str(meta.get("namespace") or "default") if namespaced else "", str(meta["name"]))
+        with self.lock:
+            event = "MODIFIED" if key in self.stores.get(resource, {}) else "ADDED"
+            return self._dra_write(resource, key, obj, event, namespaced)
+
+    def delete_dra(self, resource: str, name: str, namespace: str = "") -> None:
+        with self.lock:
+            obj = self.stores.setdefault(resource, {}).pop((namespace, name))
+            self.bump()
+            self._record(resource, "DELETED", obj)
+
+    def dra(self, resource: str) -> list[dict[str, Any]]:
+        """The stored objects of a resource.k8s.io resource, by (namespace, name)."""
+        with self.lock:
+            store = self.stores.get(resource, {})
+            return [copy.deepcopy(store[k]) for k in sorted(store)]
+
     def compact(self) -> None:
         """Forget the history: a watch from any version seen so far gets 410 Gone."""
         with self.lock:
@@ -237,8 +268,13 @@ class FakeKubeApi:
                 return self._watch(h, "nodes", query)
             if parts[:3] == ["api", "v1", "namespaces"] and parts[4:] == ["pods"]:
                 return self._watch(h, "pods", query, parts[3])
-            return _reply(h, 405, _status(405, "watch is served on the node and pod lists"))
+            dra = self._dra_target(parts)
+            if dra is not None and dra[2] is None:
+                return self._watch(h, dra[0], query, dra[1])
+            return _reply(h, 405, _status(405, "watch is served on the node, pod and DRA lists"))
         with self.lock:
+            if parts[:2] == ["apis", fake_dra.GROUP]:
+                return self._dra(h, parts, query, body)
             if parts == ["api", "v1", "nodes"] and h.command == "GET":
                 nodes = [self._node_obj(n) for n in sorted(self.nodes)]
                 return _reply(h, 200, self._page("NodeList", nodes, query))
@@ -292,6 +328,10 @@ class FakeKubeApi:
 
         def matches(obj: dict[str, Any]) -> bool:
             meta = obj.get("metadata") or {}
+            if resource in fake_dra.RESOURCES:
+                return (not ns or meta.get("namespace") == ns) and fake_dra.field_selected(
+                    resource, obj, query.get("fieldSelector", "")
+                )
             if resource == "nodes":
                 return not name or meta.get("name") == name
             labels = meta.get("labels") or {}
@@ -309,11 +349,12 @@ class FakeKubeApi:
             elif version and version != "0":
                 first, since = [], int(version)
             else:
-                current = (
-                    [self._node_obj(n) for n in sorted(self.nodes)]
-                    if resource == "nodes"
-                    else [p.obj() for p in self.pods]
-                )
+                if resource == "nodes":
+                    current = [self._node_obj(n) for n in sorted(self.nodes)]
+                elif resource in fake_dra.RESOURCES:
+                    current = self.dra(resource)
+                else:
+                    current = [p.obj() for p in self.pods]
                 first, since = [("ADDED", o) for o in current if matches(o)], self.version
         h.send_response(200)
         h.send_header("Content-Type", "application/json")
@@ -342,6 +383,111 @@ class FakeKubeApi:
                 since = events[-1][0]
         except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
             pass  # the client went away
+
+    @staticmethod
+    def _dra_target(parts: list[str]) -> tuple[str, str, str | None, bool] | None:
+        """(resource, namespace, name, status subresource) of a resource.k8s.io/v1 path."""
+        if parts[:3] != ["apis", fake_dra.GROUP, fake_dra.VERSION]:
+            return None
+        rest, ns = parts[3:], ""
+        if rest[:1] == ["namespaces"] and len(rest) >= 3:
+            ns, rest = rest[1], rest[2:]
+        if not rest or rest[0] not in fake_dra.RESOURCES or len(rest) > 3:
+            return None
+        if fake_dra.RESOURCES[rest[0]][1] != bool(ns) and not (len(rest) == 1 and not ns):
+            return None  # a namespaced kind outside a namespace lists all namespaces
+        if len(rest) == 3 and rest[2] != "status":
+            return None
+        return rest[0], ns, rest[1] if len(rest) >= 2 else None, len(rest) == 3
+
+    def _dra(
+        self, h: BaseHTTPRequestHandler, parts: list[str], query: dict[str, str], body: object
+    ) -> None:
+        target = self._dra_target(parts)
+        if target is None:
+            return _reply(h, 404, _status(404, "the server could not find the requested resource"))
+        resource, ns, name, status = target
+        kind, namespaced = fake_dra.RESOURCES[resource]
+        store = self.stores.setdefault(resource, {})
+        if name is None and h.command == "GET":
+            try:
+                items = [
+                    o
+                    for o in self.dra(resource)
+                    if (not ns or o["metadata"].get("namespace") == ns)
+                    and fake_dra.field_selected(resource, o, query.get("fieldSelector", ""))
+                ]
+            except ValueError as exc:
+                return _reply(h, 400, _status(400, str(exc), "BadRequest"))
+            page = self._page(f"{kind}List", items, query)
+            return _reply(h, 200, page | {"apiVersion": "resource.k8s.io/v1"})
+        key = (ns, name or "")
+        if name is None and h.command == "POST":
+            if not isinstance(body, dict):
+                return _reply(h, 400, _status(400, "the body must be an object"))
+            meta = body.get("metadata") or {}
+            key = (ns, str(meta.get("name") or ""))
+            problems = fake_dra.invalid(kind, body)
+            if problems:
+                return self._invalid(h, kind, key[1], problems)
+            if key in store:
+                message = f'{resource}.{fake_dra.GROUP} "{key[1]}" already exists'
+                return _reply(h, 409, _status(409, message, "AlreadyExists"))
+            if meta.get("resourceVersion"):
+                return _reply(h, 400, _status(400, "resourceVersion should not be set on create"))
+            obj = fake_dra.keep_status(None, body)
+            return _reply(h, 201, self._dra_write(resource, key, obj, "ADDED", namespaced))
+        if name is None:
+            return _reply(h, 405, _status(405, "method not allowed"))
+        if key not in store:
+            return _reply(h, 404, _status(404, f'{resource}.{fake_dra.GROUP} "{name}" not found'))
+        stored = store[key]
+        if h.command == "GET":
+            return _reply(h, 200, copy.deepcopy(stored))
+        if h.command == "DELETE":
+            del store[key]
+            self.bump()
+            self._record(resource, "DELETED", stored)
+            return _reply(h, 200, stored)
+        if h.command != "PUT" or not isinstance(body, dict):
+            return _reply(h, 405, _status(405, "method not allowed"))
+        want = (body.get("metadata") or {}).get("resourceVersion")
+        if want and want != stored["metadata"]["resourceVersion"]:
+            return _reply(h, 409, _conflict(f"{resource}.{fake_dra.GROUP}", name))
+        if status:
+            if resource != "resourceclaims":
+                return _reply(h, 404, _status(404, "the server could not find the resource"))
+            obj = copy.deepcopy(stored)
+            obj["status"] = copy.deepcopy(body.get("status") or {})
+        else:
+            problems = fake_dra.invalid(kind, body)
+            if resource == "resourceclaims" and body.get("spec") != stored.get("spec"):
+                problems.append("spec: Invalid value: field is immutable")
+            if problems:
+                return self._invalid(h, kind, name, problems)
+            obj = fake_dra.keep_status(stored, body)
+        return _reply(h, 200, self._dra_write(resource, key, obj, "MODIFIED", namespaced))
+
+    def _dra_write(
+        self,
+        resource: str,
+        key: tuple[str, str],
+        obj: dict[str, Any],
+        event: str,
+        namespaced: bool,
+    ) -> dict[str, Any]:
+        kind = fake_dra.RESOURCES[resource][0]
+        obj = dict(obj, kind=kind, apiVersion=f"{fake_dra.GROUP}/{fake_dra.VERSION}")
+        stored = self._store(self.stores.setdefault(resource, {}), key, obj)
+        if not namespaced:
+            stored["metadata"].pop("namespace", None)
+        self._record(resource, event, stored)
+        return copy.deepcopy(stored)
+
+    @staticmethod
+    def _invalid(h: BaseHTTPRequestHandler, kind: str, name: str, problems: list[str]) -> None:
+        message = f'{kind}.{fake_dra.GROUP} "{name}" is invalid: {"; ".join(problems)}'
+        return _reply(h, 422, _status(422, message, "Invalid"))
 
     def _node(self, h: BaseHTTPRequestHandler, name: str, body: object) -> None:
         if name not in self.nodes:

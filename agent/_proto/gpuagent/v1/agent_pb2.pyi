@@ -12,11 +12,35 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class AllocationMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ALLOCATION_MODE_UNSPECIFIED: _ClassVar[AllocationMode]
+    ALLOCATION_MODE_DEVICE_PLUGIN: _ClassVar[AllocationMode]
+    ALLOCATION_MODE_DRA: _ClassVar[AllocationMode]
+    ALLOCATION_MODE_DRA_DYNAMIC_MIG: _ClassVar[AllocationMode]
+    ALLOCATION_MODE_NONE: _ClassVar[AllocationMode]
+
+class HealthState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HEALTH_STATE_UNSPECIFIED: _ClassVar[HealthState]
+    HEALTH_STATE_HEALTHY: _ClassVar[HealthState]
+    HEALTH_STATE_DEGRADED: _ClassVar[HealthState]
+    HEALTH_STATE_FAILED: _ClassVar[HealthState]
+
 class GpuHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     GPU_HEALTH_UNSPECIFIED: _ClassVar[GpuHealth]
     GPU_HEALTH_OK: _ClassVar[GpuHealth]
     GPU_HEALTH_LOST: _ClassVar[GpuHealth]
+ALLOCATION_MODE_UNSPECIFIED: AllocationMode
+ALLOCATION_MODE_DEVICE_PLUGIN: AllocationMode
+ALLOCATION_MODE_DRA: AllocationMode
+ALLOCATION_MODE_DRA_DYNAMIC_MIG: AllocationMode
+ALLOCATION_MODE_NONE: AllocationMode
+HEALTH_STATE_UNSPECIFIED: HealthState
+HEALTH_STATE_HEALTHY: HealthState
+HEALTH_STATE_DEGRADED: HealthState
+HEALTH_STATE_FAILED: HealthState
 GPU_HEALTH_UNSPECIFIED: GpuHealth
 GPU_HEALTH_OK: GpuHealth
 GPU_HEALTH_LOST: GpuHealth
@@ -32,7 +56,7 @@ class GetNodeResponse(_message.Message):
     def __init__(self, node: _Optional[_Union[Node, _Mapping]] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("name", "driver_version", "gpus", "sharing", "cache", "health", "observe_time", "simulated_preset", "agent_version", "processes_hidden")
+    __slots__ = ("name", "driver_version", "gpus", "sharing", "cache", "health", "observe_time", "simulated_preset", "agent_version", "processes_hidden", "allocation")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +67,7 @@ class Node(_message.Message):
     SIMULATED_PRESET_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_FIELD_NUMBER: _ClassVar[int]
     name: str
     driver_version: str
     gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
@@ -53,10 +78,21 @@ class Node(_message.Message):
     simulated_preset: str
     agent_version: str
     processes_hidden: bool
-    def __init__(self, name: _Optional[str] = ..., driver_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., sharing: _Optional[_Union[_sharing_pb2.SharingConfig, _Mapping]] = ..., cache: _Optional[_Union[_cache_pb2.CacheInventory, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, _Mapping]] = ..., observe_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., simulated_preset: _Optional[str] = ..., agent_version: _Optional[str] = ..., processes_hidden: _Optional[bool] = ...) -> None: ...
+    allocation: Allocation
+    def __init__(self, name: _Optional[str] = ..., driver_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., sharing: _Optional[_Union[_sharing_pb2.SharingConfig, _Mapping]] = ..., cache: _Optional[_Union[_cache_pb2.CacheInventory, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, _Mapping]] = ..., observe_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., simulated_preset: _Optional[str] = ..., agent_version: _Optional[str] = ..., processes_hidden: _Optional[bool] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ...) -> None: ...
+
+class Allocation(_message.Message):
+    __slots__ = ("mode", "evidence", "dra_driver")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    DRA_DRIVER_FIELD_NUMBER: _ClassVar[int]
+    mode: AllocationMode
+    evidence: str
+    dra_driver: str
+    def __init__(self, mode: _Optional[_Union[AllocationMode, str]] = ..., evidence: _Optional[str] = ..., dra_driver: _Optional[str] = ...) -> None: ...
 
 class Gpu(_message.Message):
-    __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_total_bytes", "mig_capable", "mig_mode", "instances", "processes", "pci_device_id", "mig_profiles", "health", "idle_seconds", "health_detail", "pci_subsystem_id")
+    __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_total_bytes", "mig_capable", "mig_mode", "instances", "processes", "pci_device_id", "mig_profiles", "health", "idle_seconds", "health_detail", "pci_subsystem_id", "condition")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +108,7 @@ class Gpu(_message.Message):
     IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     HEALTH_DETAIL_FIELD_NUMBER: _ClassVar[int]
     PCI_SUBSYSTEM_ID_FIELD_NUMBER: _ClassVar[int]
+    CONDITION_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
@@ -87,7 +124,22 @@ class Gpu(_message.Message):
     idle_seconds: float
     health_detail: str
     pci_subsystem_id: int
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., mig_capable: _Optional[bool] = ..., mig_mode: _Optional[_Union[MigMode, _Mapping]] = ..., instances: _Optional[_Iterable[_Union[GpuInstance, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., pci_device_id: _Optional[int] = ..., mig_profiles: _Optional[_Iterable[_Union[MigProfile, _Mapping]]] = ..., health: _Optional[_Union[GpuHealth, str]] = ..., idle_seconds: _Optional[float] = ..., health_detail: _Optional[str] = ..., pci_subsystem_id: _Optional[int] = ...) -> None: ...
+    condition: HealthMark
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., mig_capable: _Optional[bool] = ..., mig_mode: _Optional[_Union[MigMode, _Mapping]] = ..., instances: _Optional[_Iterable[_Union[GpuInstance, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., pci_device_id: _Optional[int] = ..., mig_profiles: _Optional[_Iterable[_Union[MigProfile, _Mapping]]] = ..., health: _Optional[_Union[GpuHealth, str]] = ..., idle_seconds: _Optional[float] = ..., health_detail: _Optional[str] = ..., pci_subsystem_id: _Optional[int] = ..., condition: _Optional[_Union[HealthMark, _Mapping]] = ...) -> None: ...
+
+class HealthMark(_message.Message):
+    __slots__ = ("state", "reason", "since", "action", "pods")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    PODS_FIELD_NUMBER: _ClassVar[int]
+    state: HealthState
+    reason: str
+    since: _timestamp_pb2.Timestamp
+    action: str
+    pods: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, state: _Optional[_Union[HealthState, str]] = ..., reason: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., action: _Optional[str] = ..., pods: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class MigMode(_message.Message):
     __slots__ = ("current", "pending")
@@ -126,18 +178,20 @@ class MigProfile(_message.Message):
     def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., slice_count: _Optional[int] = ..., memory_slices: _Optional[int] = ..., instance_count: _Optional[int] = ..., memory_mb: _Optional[int] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., constant: _Optional[int] = ...) -> None: ...
 
 class GpuInstance(_message.Message):
-    __slots__ = ("id", "profile_id", "profile_name", "placement", "compute_instances")
+    __slots__ = ("id", "profile_id", "profile_name", "placement", "compute_instances", "condition")
     ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_NAME_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    CONDITION_FIELD_NUMBER: _ClassVar[int]
     id: int
     profile_id: int
     profile_name: str
     placement: Placement
     compute_instances: _containers.RepeatedCompositeFieldContainer[ComputeInstance]
-    def __init__(self, id: _Optional[int] = ..., profile_id: _Optional[int] = ..., profile_name: _Optional[str] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., compute_instances: _Optional[_Iterable[_Union[ComputeInstance, _Mapping]]] = ...) -> None: ...
+    condition: HealthMark
+    def __init__(self, id: _Optional[int] = ..., profile_id: _Optional[int] = ..., profile_name: _Optional[str] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., compute_instances: _Optional[_Iterable[_Union[ComputeInstance, _Mapping]]] = ..., condition: _Optional[_Union[HealthMark, _Mapping]] = ...) -> None: ...
 
 class ComputeInstance(_message.Message):
     __slots__ = ("id", "profile_id", "placement", "uuid")
