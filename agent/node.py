@@ -149,7 +149,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         hostname=config.node_name,
         proc_root=proc_root,
         state_dir=config.state_dir,
-        kube_get=kube.get if isinstance(kube, InClusterKubeClient) else None,
+        kube=kube if isinstance(kube, InClusterKubeClient) else None,
         attach=False,  # once the driver is ready (Node._attach)
     )
     inventory = NodeInventory(

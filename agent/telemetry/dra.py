@@ -1,42 +1,81 @@
-"""DRA attribution: which GPU or MIG device a claim's device is.
+"""DRA attribution: which GPU or MIG instance a claim's device is, from this node's ResourceSlices.
 
 kubelet's PodResources reports the DRA claims of a container in ``dynamic_resources`` by driver,
 pool and device name, never by UUID. NVIDIA's DRA driver (``gpu.nvidia.com``) publishes each
-device of a node in a ResourceSlice with the attributes ``type`` (``gpu`` or ``mig``) and
-``uuid`` (a ``GPU-`` or ``MIG-`` UUID), as dcgm-exporter reads them. :class:`DraDevices` lists
-the slices of this node (``fieldSelector=spec.nodeName``) at most every ``period_s`` and maps
-(pool, device) to that UUID; the usual device-id resolution does the rest. A failed list keeps
-the last answer.
+device of a node in a ResourceSlice with the attribute ``type`` (``gpu`` or ``mig``); a GPU
+carries ``uuid``, a MIG device ``parentUUID`` and ``profile``, and ``uuid`` only where the
+instance exists when it is published (static MIG). Under the driver's DynamicMIG mode a MIG
+device is an abstract placement, created when a claim is prepared; its name is the driver's
+canonical ``gpu-<parent minor>-mig-<profile>-<GI profile id>-<placement start>`` (the driver's
+``MigSpecTuple.ToCanonicalName``), which is what identifies the instance on the node.
+
+:class:`DraDevices` keeps the slices of this node (``fieldSelector=spec.nodeName,spec.driver``)
+by list+watch (`agent.kube.Informer`): a republished slice is seen as the watch delivers it, a
+410 lists again, an API server that stops answering leaves the last answer in place and
+:meth:`DraDevices.status` says it is stale. Only ``resource.k8s.io/v1`` (Kubernetes 1.34+) is
+read: on a cluster that serves only v1beta1/v1beta2 the list answers 404, which the status says,
+and DRA claims are not attributed (device-plugin pods still are).
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Mapping
+import re
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agent.kube import InClusterKubeClient, Informer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DRIVER", "DraDevices", "slice_devices"]
+__all__ = [
+    "DRIVER",
+    "PATH",
+    "DraDevices",
+    "DraSlicesCollector",
+    "SliceDevice",
+    "slice_devices",
+]
 
 DRIVER = "gpu.nvidia.com"
-#: resource.k8s.io versions tried in order (v1 is GA since Kubernetes 1.34)
-_VERSIONS = ("v1", "v1beta2", "v1beta1")
+PATH = "/apis/resource.k8s.io/v1/resourceslices"
 _MAX_DEVICES = 4096  # bounds what a hostile or broken answer can make the agent hold
+#: the driver's canonical MIG device name (its ``canonicalMigNameRegex``)
+_CANONICAL_MIG = re.compile(r"gpu-(?P<minor>\d+)-mig-(?P<profile>.+)-(?P<id>\d+)-(?P<start>\d+)")
 
 DeviceKey = tuple[str, str]  # (pool, device)
-Get = Callable[[str, Mapping[str, str]], object]
 
 
-def slice_devices(listing: object) -> dict[DeviceKey, str]:
-    """(pool, device) -> UUID from a ResourceSliceList of any served version (v1 devices carry
-    ``attributes``, v1beta1 ones ``basic.attributes``); other drivers and malformed entries are
-    skipped."""
-    out: dict[DeviceKey, str] = {}
-    items = listing.get("items") if isinstance(listing, dict) else None
-    for item in items if isinstance(items, list) else []:
-        spec = item.get("spec") if isinstance(item, dict) else None
+@dataclass(frozen=True, slots=True)
+class SliceDevice:
+    """One device of NVIDIA's DRA driver as its slice publishes it."""
+
+    #: ``gpu`` or ``mig`` (the ``type`` attribute)
+    kind: str
+    #: ``GPU-``/``MIG-`` UUID: whole GPUs and MIG instances that exist when published
+    uuid: str | None = None
+    #: a MIG device's ``parentUUID``
+    parent_uuid: str | None = None
+    #: a MIG device's ``profile``, e.g. ``1g.10gb``
+    profile: str | None = None
+    #: a MIG device's parent minor, GI profile id and placement start, from its canonical name
+    parent_minor: int | None = None
+    profile_id: int | None = None
+    placement_start: int | None = None
+
+
+def slice_devices(slices: Iterable[object]) -> dict[DeviceKey, SliceDevice]:
+    """(pool, device) -> the device, from ResourceSlice objects (``resource.k8s.io/v1``); other
+    drivers, other device types (vfio) and malformed entries are skipped. A MIG device counts
+    only with its ``parentUUID``, as dcgm-exporter reads it."""
+    out: dict[DeviceKey, SliceDevice] = {}
+    for item in slices:
+        spec = _dig(item, "spec")
         if not isinstance(spec, dict) or spec.get("driver") != DRIVER:
             continue
         pool = _dig(spec, "pool", "name")
@@ -46,12 +85,37 @@ def slice_devices(listing: object) -> dict[DeviceKey, str]:
         for device in devices:
             if len(out) >= _MAX_DEVICES:
                 return out
-            name = device.get("name") if isinstance(device, dict) else None
-            attrs = _dig(device, "attributes") or _dig(device, "basic", "attributes")
-            uuid = _dig(attrs, "uuid", "string")
-            if isinstance(name, str) and isinstance(uuid, str) and uuid:
-                out[(pool, name)] = uuid
+            name = _dig(device, "name")
+            parsed = _device(name, _dig(device, "attributes"))
+            if isinstance(name, str) and parsed is not None:
+                out[(pool, name)] = parsed
     return out
+
+
+def _device(name: object, attrs: object) -> SliceDevice | None:
+    kind, uuid = _string(attrs, "type"), _string(attrs, "uuid")
+    if kind == "gpu":
+        return SliceDevice("gpu", uuid=uuid) if uuid else None
+    if kind != "mig" or not isinstance(name, str):
+        return None
+    parent = _string(attrs, "parentUUID")
+    if not parent:
+        return None
+    m = _CANONICAL_MIG.fullmatch(name)
+    return SliceDevice(
+        "mig",
+        uuid=uuid,
+        parent_uuid=parent,
+        profile=_string(attrs, "profile"),
+        parent_minor=int(m["minor"]) if m else None,
+        profile_id=int(m["id"]) if m else None,
+        placement_start=int(m["start"]) if m else None,
+    )
+
+
+def _string(attrs: object, key: str) -> str | None:
+    value = _dig(attrs, key, "string")
+    return value if isinstance(value, str) and value else None
 
 
 def _dig(obj: Any, *keys: str) -> Any:
@@ -63,41 +127,81 @@ def _dig(obj: Any, *keys: str) -> Any:
 
 
 class DraDevices:
-    """This node's DRA GPU devices from the API server, refreshed lazily."""
+    """This node's DRA GPU devices, kept current by a watch on its ResourceSlices."""
 
     def __init__(
-        self,
-        get: Get,
-        node: str,
-        period_s: float = 30.0,
-        clock: Callable[[], float] = time.monotonic,
+        self, client: InClusterKubeClient, node: str, *, watch_timeout_s: float = 300.0
     ) -> None:
-        self._get = get
-        self._node = node
-        self._period_s = period_s
-        self._clock = clock
-        self._devices: dict[DeviceKey, str] = {}
-        self._read_at: float | None = None
-        self._version: str | None = None
+        self._client = client
+        self._query = {"fieldSelector": f"spec.nodeName={node},spec.driver={DRIVER}"}
+        self._watch_timeout_s = watch_timeout_s
+        self._lock = threading.Lock()
+        self._informer: Informer | None = None
+        self._devices: dict[DeviceKey, SliceDevice] = {}
 
-    def lookup(self) -> Mapping[DeviceKey, str]:
-        now = self._clock()
-        if self._read_at is None or now - self._read_at >= self._period_s:
-            self._read_at = now
-            self._refresh()
+    def lookup(self) -> Mapping[DeviceKey, SliceDevice]:
+        """The devices as of the last answer (kept while the API server does not answer)."""
         return self._devices
 
-    def _refresh(self) -> None:
-        query = {"fieldSelector": f"spec.nodeName={self._node}"}
-        versions = (self._version,) if self._version else _VERSIONS
-        for version in versions:
-            try:
-                listing = self._get(f"/apis/resource.k8s.io/{version}/resourceslices", query)
-            except Exception as exc:  # the API server's errors: keep the last answer
-                log.debug("ResourceSlices %s: %s", version, exc)
-                continue
-            self._devices = slice_devices(listing)
-            self._version = version
-            return
-        if self._version is None:
-            log.info("no resource.k8s.io ResourceSlices to read: DRA claims are not attributed")
+    def start(self) -> None:
+        """Start watching (again after `stop`); returns at once."""
+        with self._lock:
+            if self._informer is not None:
+                return
+            informer = Informer(
+                self._client,
+                PATH,
+                self._query,
+                watch_timeout_s=self._watch_timeout_s,
+                on_change=lambda: self._rebuild(informer),
+            )
+            self._informer = informer
+        informer.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            informer, self._informer = self._informer, None
+        if informer is not None:
+            informer.stop()
+
+    def status(self) -> tuple[bool, str]:
+        """(current, detail): False with why while the devices are the last answer kept."""
+        informer = self._informer
+        if informer is None:
+            return False, "not watching ResourceSlices"
+        if not informer.synced.is_set():
+            return False, f"ResourceSlices not listed yet: {informer.error or 'listing'}"
+        if not informer.healthy:
+            return False, (
+                f"ResourceSlices stale (keeping the last {len(self._devices)} device(s)): "
+                f"{informer.error}"
+            )
+        return True, f"watching ResourceSlices: {len(self._devices)} device(s)"
+
+    def _rebuild(self, informer: Informer) -> None:
+        if informer is self._informer:  # a stopped informer's last watch changes nothing
+            self._devices = slice_devices(informer.objects())
+
+
+class DraSlicesCollector(Collector):
+    """``gpu_agent_dra_slices_current``: 1 while the ResourceSlice watch is current, 0 while
+    attribution uses the last answer kept (the API server down or refusing)."""
+
+    def __init__(self, devices: DraDevices) -> None:
+        self._devices = devices
+
+    def collect(self) -> Iterator[Metric]:
+        current, _detail = self._devices.status()
+        gauge = GaugeMetricFamily(
+            "gpu_agent_dra_slices_current",
+            "1 while this node's DRA ResourceSlices are watched and current; 0 while DRA claim "
+            "attribution uses the last answer kept.",
+        )
+        gauge.add_metric([], 1.0 if current else 0.0)
+        yield gauge
+        count = GaugeMetricFamily(
+            "gpu_agent_dra_slice_devices",
+            "GPU and MIG devices of NVIDIA's DRA driver in this node's ResourceSlices.",
+        )
+        count.add_metric([], float(len(self._devices.lookup())))
+        yield count

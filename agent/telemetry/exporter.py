@@ -74,7 +74,7 @@ def families(
             else DcgmNaming(snapshot.hostname, _label_fields(snapshot, counters))
         )
         # One label dict per entity, shared by all its series (the encoder escapes it once).
-        rows = [(s, naming.entity(s.entity, s.pod)) for s in snapshot.entities]
+        rows = [(s, naming.entity(s.entity, s.pod, s.claim, s.pod_uid)) for s in snapshot.entities]
         if native:
             out.append(_info(snapshot, counters))
         for counter in counters.values:
@@ -374,7 +374,7 @@ def _pod_families(snapshot: Snapshot, naming: Naming) -> Iterator[Metric]:
         "gauge",
     )
     for usage in snapshot.pods:
-        labels = naming.entity(usage.entity, usage.pod)
+        labels = naming.entity(usage.entity, usage.pod, usage.claim, usage.pod_uid)
         if usage.memory_used_bytes is not None:
             memory.samples.append(Sample(memory.name, labels, usage.memory_used_bytes))
         if usage.sm_utilization is not None:

@@ -4,6 +4,8 @@
 and existing rules work unchanged. ``native``: snake_case, identity only on series and the rest on
 ``gpu_agent_gpu_info`` (§6, fact 9). Both put ``pod``/``namespace``/``container`` on series of a GPU
 or instance allocated to exactly one container; scrape with ``honor_labels: true`` to keep them.
+A DRA claim's rows add ``pod_uid`` and dcgm-exporter's ``dra_*`` labels, named as it names them,
+in both schemes (docs/dra.md, "Telemetry on DRA nodes").
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from agent.gpu.readings import GpuString
-from agent.telemetry.snapshot import Entity, GpuIdentity, PodRef
+from agent.telemetry.snapshot import DraClaim, Entity, GpuIdentity, PodRef
 
 Labels = dict[str, str]
 #: a label-type field's value: node-wide text, or the GPU's own string of that key
@@ -24,14 +26,33 @@ class Naming(Protocol):
 
     def gpu(self, gpu: GpuIdentity) -> Labels: ...
 
-    def entity(self, entity: Entity, pod: PodRef | None) -> Labels: ...
+    def entity(
+        self,
+        entity: Entity,
+        pod: PodRef | None,
+        claim: DraClaim | None = None,
+        pod_uid: str | None = None,
+    ) -> Labels: ...
 
 
-def _pod(labels: Labels, pod: PodRef | None) -> Labels:
-    if pod is not None:
-        labels["pod"] = pod.name
-        labels["namespace"] = pod.namespace
-        labels["container"] = pod.container
+def _pod(labels: Labels, pod: PodRef | None, claim: DraClaim | None, pod_uid: str | None) -> Labels:
+    if pod is None:
+        return labels
+    labels["pod"] = pod.name
+    labels["namespace"] = pod.namespace
+    labels["container"] = pod.container
+    if pod_uid is not None:
+        labels["pod_uid"] = pod_uid  # dcgm-exporter's name (--kubernetes-enable-pod-uid)
+    if claim is not None:
+        labels["dra_claim_name"] = claim.name
+        labels["dra_claim_namespace"] = claim.namespace
+        labels["dra_driver_name"] = claim.driver
+        labels["dra_pool_name"] = claim.pool
+        labels["dra_device_name"] = claim.device
+        if claim.mig_profile is not None:
+            labels["dra_mig_profile"] = claim.mig_profile
+        if claim.mig_device_uuid is not None:
+            labels["dra_mig_device_uuid"] = claim.mig_device_uuid
     return labels
 
 
@@ -58,12 +79,18 @@ class DcgmNaming:
                 labels[name] = text
         return labels
 
-    def entity(self, entity: Entity, pod: PodRef | None) -> Labels:
+    def entity(
+        self,
+        entity: Entity,
+        pod: PodRef | None,
+        claim: DraClaim | None = None,
+        pod_uid: str | None = None,
+    ) -> Labels:
         labels = self.gpu(entity.gpu)
         if entity.instance is not None:
             labels["GPU_I_PROFILE"] = entity.instance.profile
             labels["GPU_I_ID"] = str(entity.instance.gpu_instance_id)
-        return _pod(labels, pod)
+        return _pod(labels, pod, claim, pod_uid)
 
 
 class NativeNaming:
@@ -72,12 +99,18 @@ class NativeNaming:
     def gpu(self, gpu: GpuIdentity) -> Labels:
         return {"gpu": str(gpu.index), "uuid": gpu.uuid}
 
-    def entity(self, entity: Entity, pod: PodRef | None) -> Labels:
+    def entity(
+        self,
+        entity: Entity,
+        pod: PodRef | None,
+        claim: DraClaim | None = None,
+        pod_uid: str | None = None,
+    ) -> Labels:
         labels = self.gpu(entity.gpu)
         if entity.instance is not None:
             labels["gpu_instance_id"] = str(entity.instance.gpu_instance_id)
             labels["gpu_profile"] = entity.instance.profile
-        return _pod(labels, pod)
+        return _pod(labels, pod, claim, pod_uid)
 
     @staticmethod
     def info(gpu: GpuIdentity, node: str, versions: Mapping[str, str]) -> Labels:

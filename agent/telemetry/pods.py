@@ -2,7 +2,8 @@
 
 kubelet reports, per container, the device ids the device plugin allocated (reference §5), and
 the DRA claims' devices by pool and device name, resolved through this node's ResourceSlices
-(``dra.py``). Every
+(``dra.py``) to a UUID or, for a DynamicMIG device, to its parent GPU, GI profile and placement,
+which the sampler matches against the MIG instances NVML reports. Every
 id form is understood: ``GPU-<uuid>``, ``MIG-<uuid>``, the legacy ``MIG-GPU-<uuid>/<gi>/<ci>``,
 GKE's ``nvidia<N>[/gi<G>][/vgpu<k>]``, each optionally with a time-slicing / MPS replica suffix
 ``::<n>``. A device held by several containers (replicas of a shared GPU) maps to all of them,
@@ -26,8 +27,8 @@ import grpc
 
 from agent._proto.k8s.podresources.v1 import api_pb2, api_pb2_grpc
 from agent.telemetry.dra import DRIVER as DRA_DRIVER
-from agent.telemetry.dra import DraDevices
-from agent.telemetry.snapshot import PodRef
+from agent.telemetry.dra import DeviceKey, DraDevices, SliceDevice
+from agent.telemetry.snapshot import DraClaim, PodRef
 from agent.telemetry.stats import TelemetryStats
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ __all__ = [
     "PodWatcher",
     "Resolver",
     "attribute",
+    "claims_of",
     "parse_device_id",
 ]
 
@@ -56,7 +58,10 @@ _GKE = re.compile(r"nvidia(?P<minor>\d+)(?:/gi(?P<gi>\d+))?(?:/vgpu(?P<vgpu>\d+)
 
 @dataclass(frozen=True, slots=True)
 class DeviceId:
-    """One parsed kubelet device id. Exactly one of ``uuid`` / ``gpu_uuid`` / ``minor`` is set."""
+    """One parsed kubelet device id, or a DRA device. One of ``uuid`` / ``gpu_uuid`` / ``minor``
+    is set; a DynamicMIG device sets ``profile_id`` and ``placement_start`` with its parent's
+    ``gpu_uuid`` and ``minor`` both (the slice's ``parentUUID`` and its name's minor), which
+    must name the same GPU."""
 
     #: a ``GPU-`` or (R470+) ``MIG-`` UUID, resolved through NVML's topology
     uuid: str | None = None
@@ -67,6 +72,9 @@ class DeviceId:
     gpu_instance_id: int | None = None
     #: time-slicing / MPS replica (``::n`` or GKE ``/vgpu<k>``)
     replica: int | None = None
+    #: a DynamicMIG device: its GPU-instance profile id and placement start on the parent
+    profile_id: int | None = None
+    placement_start: int | None = None
 
 
 def parse_device_id(raw: str) -> DeviceId | None:
@@ -92,7 +100,10 @@ class Allocation:
 
     pod: PodRef
     resource: str
-    device: DeviceId
+    #: None: a DRA claim's device this node's ResourceSlices do not identify
+    device: DeviceId | None
+    #: the DRA claim it holds the device through; None for the device plugin's
+    claim: DraClaim | None = None
 
 
 #: Maps a parsed device to the GPU or instance it is, or None when this node has no such device.
@@ -100,15 +111,35 @@ Resolver = Callable[[DeviceId], EntityKey | None]
 
 
 def attribute(
-    allocations: Iterable[Allocation], resolve: Resolver
+    allocations: Iterable[Allocation],
+    resolve: Resolver,
+    unresolved: Callable[[Allocation], object] = lambda _: None,
 ) -> dict[EntityKey, tuple[PodRef, ...]]:
-    """Entity -> every container holding it (sorted, deduplicated); unknown devices dropped."""
+    """Entity -> every container holding it (sorted, deduplicated). Devices of no GPU here are
+    dropped; a DRA claim's device that resolves to none is also passed to ``unresolved``."""
     out: defaultdict[EntityKey, set[PodRef]] = defaultdict(set)
     for allocation in allocations:
-        key = resolve(allocation.device)
+        key = resolve(allocation.device) if allocation.device is not None else None
         if key is not None:
             out[key].add(allocation.pod)
+        elif allocation.claim is not None:
+            unresolved(allocation)
     return {key: tuple(sorted(pods)) for key, pods in out.items()}
+
+
+def claims_of(
+    allocations: Iterable[Allocation], resolve: Resolver
+) -> dict[tuple[EntityKey, PodRef], DraClaim]:
+    """(entity, container) -> the DRA claim it holds the entity through, where that is one
+    claim (a device plugin's allocation has none)."""
+    found: defaultdict[tuple[EntityKey, PodRef], set[DraClaim]] = defaultdict(set)
+    for allocation in allocations:
+        if allocation.claim is None or allocation.device is None:
+            continue
+        key = resolve(allocation.device)
+        if key is not None:
+            found[(key, allocation.pod)].add(allocation.claim)
+    return {k: next(iter(v)) for k, v in found.items() if len(v) == 1}
 
 
 class PodResourcesClient:
@@ -119,9 +150,9 @@ class PodResourcesClient:
         self._timeout_s = timeout_s
         self._channel: grpc.Channel | None = None
 
-    def list(self, dra: Mapping[tuple[str, str], str] | None = None) -> tuple[Allocation, ...]:
-        """GPU allocations of all active pods, DRA claims resolved through ``dra`` ((pool,
-        device) -> UUID). Raises grpc.RpcError when kubelet fails."""
+    def list(self, dra: Mapping[DeviceKey, SliceDevice] | None = None) -> tuple[Allocation, ...]:
+        """GPU allocations of all active pods, DRA claims' devices looked up in ``dra`` ((pool,
+        device) -> the slice's device). Raises grpc.RpcError when kubelet fails."""
         if self._channel is None:
             self._channel = grpc.insecure_channel(f"unix://{self._socket}")
         stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
@@ -135,7 +166,7 @@ class PodResourcesClient:
 
 
 def _allocations(
-    response: api_pb2.ListPodResourcesResponse, dra: Mapping[tuple[str, str], str]
+    response: api_pb2.ListPodResourcesResponse, dra: Mapping[DeviceKey, SliceDevice]
 ) -> Iterable[Allocation]:
     for pod in response.pod_resources:
         for container in pod.containers:
@@ -152,11 +183,36 @@ def _allocations(
                 for res in claim.claim_resources:
                     if res.driver_name != DRA_DRIVER:
                         continue
-                    uuid = dra.get((res.pool_name, res.device_name))
-                    parsed = parse_device_id(uuid) if uuid else None
-                    if parsed is not None:
-                        claim_ref = f"{claim.claim_namespace}/{claim.claim_name}"
-                        yield Allocation(ref, f"dra:{claim_ref}", parsed)
+                    device = dra.get((res.pool_name, res.device_name))
+                    mig = device is not None and device.kind == "mig"
+                    ref_claim = DraClaim(
+                        claim.claim_name,
+                        claim.claim_namespace,
+                        res.driver_name,
+                        res.pool_name,
+                        res.device_name,
+                        mig_profile=device.profile if mig and device else None,
+                        mig_device_uuid=device.uuid if mig and device else None,
+                    )
+                    claim_ref = f"{claim.claim_namespace}/{claim.claim_name}"
+                    parsed = _dra_device_id(device) if device is not None else None
+                    yield Allocation(ref, f"dra:{claim_ref}", parsed, ref_claim)
+
+
+def _dra_device_id(device: SliceDevice) -> DeviceId | None:
+    """How the sampler finds a DRA device: by the slice's UUID, else (a DynamicMIG device, made
+    when its claim was prepared) by parent, GI profile id and placement start."""
+    if device.uuid is not None:
+        parsed = parse_device_id(device.uuid)
+        return parsed if parsed is not None and parsed.replica is None else None
+    if device.profile_id is None or device.placement_start is None:
+        return None  # a MIG device with neither a UUID nor the driver's canonical name
+    return DeviceId(
+        gpu_uuid=device.parent_uuid,
+        minor=device.parent_minor,
+        profile_id=device.profile_id,
+        placement_start=device.placement_start,
+    )
 
 
 class PodWatcher:

@@ -6,11 +6,15 @@ driver (``cri-containerd-<id>.scope``, ``crio-<id>.scope``, ``docker-<id>.scope`
 ``/var/log/containers/<pod>_<namespace>_<container>-<id>.log``; pod, namespace and container names
 cannot contain ``_``, so the name alone maps a container id to its pod. PodResources carries no pod
 UID or container id, so this is how per-process NVML data reaches pods without the API server.
+Each link points into the pod's log directory, ``/var/log/pods/<namespace>_<pod>_<uid>/``
+(kubelet's ``BuildPodLogsDirectory``): reading the link (not following it) gives the pod's UID.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from collections import defaultdict
 from pathlib import Path
 
 from agent.telemetry.snapshot import PodRef
@@ -21,6 +25,10 @@ _CONTAINER_ID = re.compile(
     r"(?:cri-containerd-|crio-|docker-|containerd-)?(?P<id>[0-9a-f]{64})(?:\.scope)?"
 )
 _LOG_LINK = re.compile(r"(?P<pod>[^_]+)_(?P<ns>[^_]+)_(?P<container>.+)-(?P<id>[0-9a-f]{64})\.log")
+#: a log link's target directory: <namespace>_<pod>_<uid> (a pod UID is an RFC 4122 UUID)
+_POD_DIR = re.compile(
+    r"(?P<ns>[^_/]+)_(?P<pod>[^_/]+)_(?P<uid>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
+)
 
 
 def container_id(cgroup_text: str) -> str | None:
@@ -52,6 +60,7 @@ class ContainerDirectory:
     def __init__(self, log_dir: Path) -> None:
         self._log_dir = log_dir
         self._known: dict[str, PodRef] = {}
+        self._uids: dict[tuple[str, str], str] = {}
         self._fresh = False
 
     def begin(self) -> None:
@@ -60,18 +69,38 @@ class ContainerDirectory:
 
     def lookup(self, cid: str) -> PodRef | None:
         if cid not in self._known and not self._fresh:
-            self._known = self._scan()
-            self._fresh = True
+            self._scan()
         return self._known.get(cid)
 
-    def _scan(self) -> dict[str, PodRef]:
+    def pod_uid(self, pod: PodRef) -> str | None:
+        """The pod's UID from its containers' log links; None when no link names it or links
+        name two UIDs (a pod recreated under the same name while the old one's logs remain)."""
+        key = (pod.namespace, pod.name)
+        if key not in self._uids and not self._fresh:
+            self._scan()
+        return self._uids.get(key)
+
+    def _scan(self) -> None:
+        self._fresh = True
         try:
-            names = [entry.name for entry in self._log_dir.iterdir()]
+            entries = list(self._log_dir.iterdir())
         except OSError:
-            return {}
-        out = {}
-        for name in names:
-            m = _LOG_LINK.fullmatch(name)
-            if m:
-                out[m["id"]] = PodRef(m["ns"], m["pod"], m["container"])
-        return out
+            self._known, self._uids = {}, {}
+            return
+        known: dict[str, PodRef] = {}
+        uids: defaultdict[tuple[str, str], set[str]] = defaultdict(set)
+        for entry in entries:
+            m = _LOG_LINK.fullmatch(entry.name)
+            if not m:
+                continue
+            known[m["id"]] = PodRef(m["ns"], m["pod"], m["container"])
+            try:
+                target = os.readlink(entry)
+            except OSError:
+                continue  # not a link (or gone): no UID from it
+            parts = Path(target).parts
+            d = _POD_DIR.fullmatch(parts[-3]) if len(parts) >= 3 else None
+            if d and (d["ns"], d["pod"]) == (m["ns"], m["pod"]):
+                uids[(m["ns"], m["pod"])].add(d["uid"])
+        self._known = known
+        self._uids = {k: next(iter(v)) for k, v in uids.items() if len(v) == 1}

@@ -20,7 +20,7 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
@@ -30,10 +30,11 @@ from agent.gpu.readings import GpuIdentity, MigDevice, MigLayout, NodeReader, Re
 from agent.gpu.types import GpuLayout
 from agent.telemetry.gpm import GpmKey, GpmTracker
 from agent.telemetry.idle import IdleStore, IdleTracker
-from agent.telemetry.pods import Allocation, DeviceId, EntityKey, attribute
+from agent.telemetry.pods import Allocation, DeviceId, EntityKey, attribute, claims_of
 from agent.telemetry.procs import ContainerDirectory, read_container_id
 from agent.telemetry.snapshot import (
     ClockEventCount,
+    DraClaim,
     Entity,
     EntitySample,
     FieldSupport,
@@ -152,6 +153,8 @@ class Sampler:
         self._options = options
         self._pods = pods
         self._containers = containers
+        #: DRA claims' devices that resolved to nothing last tick (each logged once)
+        self._dra_unresolved: set[tuple[str, ...]] = set()
         self._xids = xids
         self._profiling = profiling
         self._clock = clock
@@ -616,8 +619,13 @@ class Sampler:
     ) -> tuple[list[EntitySample], list[PodUsage]]:
         if self._pods is None:
             return samples, []
-        resolve = _resolver(gpus, layouts)
-        holders = attribute(self._pods.current(), resolve)
+        placed = [n for i in layouts if (n := self._gpus[i].node_layout) is not None]
+        resolve = _resolver(gpus, layouts, placed)
+        allocations = self._pods.current()
+        unresolved: dict[tuple[str, ...], Allocation] = {}
+        holders = attribute(allocations, resolve, lambda a: unresolved.setdefault(_dra_key(a), a))
+        claims = claims_of(allocations, resolve)
+        self._report_unresolved(unresolved)
         out: list[EntitySample] = []
         usage: list[PodUsage] = []
         for sample in samples:
@@ -628,10 +636,46 @@ class Sampler:
             )
             allocated = holders.get(key, ())
             pod = allocated[0] if len(allocated) == 1 else None
-            out.append(EntitySample(entity, sample.values, pod, sample.idle_seconds))
+            claim = claims.get((key, pod)) if pod is not None else None
+            uid = None
+            if pod is not None and claim is not None:
+                claim = _with_mig_uuid(claim, layouts[entity.gpu.index], key[1])
+                uid = self._containers.pod_uid(pod) if self._containers is not None else None
+            out.append(EntitySample(entity, sample.values, pod, sample.idle_seconds, claim, uid))
             if allocated:
-                usage.extend(self._usage(entity, layouts[entity.gpu.index], allocated))
+                rows = self._usage(entity, layouts[entity.gpu.index], allocated)
+                if claim is not None:
+                    rows = [
+                        replace(r, claim=claim, pod_uid=uid) if r.pod == pod else r for r in rows
+                    ]
+                usage.extend(rows)
         return out, usage
+
+    def _report_unresolved(self, now: Mapping[tuple[str, ...], Allocation]) -> None:
+        """Count and log each DRA claim's device that matches nothing here once, while it
+        stays unresolved (it is left unattributed, never guessed)."""
+        for key, allocation in now.items():
+            if key in self._dra_unresolved:
+                continue
+            self._stats.error("dra_unresolved")
+            claim = allocation.claim
+            assert claim is not None
+            why = (
+                "not a GPU or MIG device in this node's ResourceSlices"
+                if allocation.device is None
+                else f"no GPU or MIG instance of this node is {_describe(allocation.device)}"
+            )
+            log.warning(
+                "DRA claim %s/%s device %s/%s (pod %s/%s) is left unattributed: %s",
+                claim.namespace,
+                claim.name,
+                claim.pool,
+                claim.device,
+                allocation.pod.namespace,
+                allocation.pod.name,
+                why,
+            )
+        self._dra_unresolved = set(now)
 
     def _usage(
         self, entity: Entity, layout: MigLayout, allocated: tuple[PodRef, ...]
@@ -785,8 +829,34 @@ def _merge_xids(counts: list[XidCount]) -> list[XidCount]:
     return [XidCount(entity, code, count) for (entity, code), count in merged.items()]
 
 
+def _dra_key(allocation: Allocation) -> tuple[str, ...]:
+    claim = allocation.claim
+    assert claim is not None
+    return (claim.namespace, claim.name, claim.pool, claim.device)
+
+
+def _describe(device: DeviceId) -> str:
+    if device.profile_id is not None:
+        return (
+            f"GPU {device.gpu_uuid or ''} (minor {device.minor}) GI profile {device.profile_id} "
+            f"at placement {device.placement_start}"
+        )
+    return device.uuid or device.gpu_uuid or f"nvidia{device.minor}"
+
+
+def _with_mig_uuid(claim: DraClaim, layout: MigLayout, gi: int | None) -> DraClaim:
+    """A MIG claim without the slice's UUID (DynamicMIG) gets the one MIG device NVML reports
+    for the instance it resolved to; none where the instance has not exactly one."""
+    if claim.mig_profile is None or claim.mig_device_uuid is not None or gi is None:
+        return claim
+    devices = [d for i in layout.instances if i.id == gi for d in i.devices]
+    return replace(claim, mig_device_uuid=devices[0].uuid) if len(devices) == 1 else claim
+
+
 def _resolver(
-    gpus: tuple[GpuIdentity, ...], layouts: Mapping[int, MigLayout]
+    gpus: tuple[GpuIdentity, ...],
+    layouts: Mapping[int, MigLayout],
+    placed: Iterable[GpuLayout] = (),
 ) -> Callable[[DeviceId], EntityKey | None]:
     by_uuid = {g.uuid: g for g in gpus}
     by_minor = {g.minor: g for g in gpus}
@@ -795,8 +865,16 @@ def _resolver(
         for instance in layout.instances:
             for device in instance.devices:
                 mig[device.uuid] = (gpus[index].uuid, instance.id)
+    # (GPU UUID, GI profile id, placement start) -> GI ids: instances cannot overlap, so one
+    by_placement: defaultdict[tuple[str, int, int], list[int]] = defaultdict(list)
+    for node_layout in placed:
+        for gi in node_layout.instances:
+            place = (node_layout.gpu.uuid, gi.profile_id, gi.placement.start)
+            by_placement[place].append(gi.id)
 
     def resolve(device: DeviceId) -> EntityKey | None:
+        if device.profile_id is not None and device.placement_start is not None:
+            return by_place(device, device.profile_id, device.placement_start)
         if device.uuid is not None:
             if device.uuid in by_uuid:
                 return (device.uuid, None)
@@ -811,5 +889,18 @@ def _resolver(
             return (parent.uuid, None)
         known = _profile_of(layouts.get(parent.index), device.gpu_instance_id)
         return (parent.uuid, device.gpu_instance_id) if known is not None else None
+
+    def by_place(device: DeviceId, profile_id: int, start: int) -> EntityKey | None:
+        """A DynamicMIG device: its parent (the slice's parentUUID and the name's minor must
+        agree) and the one instance of that profile at that placement start."""
+        parent = by_uuid.get(device.gpu_uuid) if device.gpu_uuid is not None else None
+        if parent is None and device.gpu_uuid is None and device.minor is not None:
+            parent = by_minor.get(device.minor)
+        if parent is None or (device.minor is not None and parent.minor != device.minor):
+            return None
+        found = by_placement.get((parent.uuid, profile_id, start), [])
+        if len(found) != 1 or _profile_of(layouts.get(parent.index), found[0]) is None:
+            return None
+        return (parent.uuid, found[0])
 
     return resolve

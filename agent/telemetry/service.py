@@ -13,8 +13,9 @@ from agent.config import TelemetrySettings
 from agent.errors import AgentError
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.readings import NodeReader
+from agent.kube import InClusterKubeClient
 from agent.telemetry.dcgm_backend import load_dcgm_backend
-from agent.telemetry.dra import DraDevices, Get
+from agent.telemetry.dra import DraDevices, DraSlicesCollector
 from agent.telemetry.exporter import MetricsExporter
 from agent.telemetry.pods import PodResourcesClient, PodWatcher
 from agent.telemetry.procs import ContainerDirectory
@@ -55,10 +56,13 @@ class TelemetryService:
         exporter_of: Callable[[Callable[[], Snapshot | None]], MetricsExporter],
         stats: TelemetryStats,
         collect: Callable[[], Collection],
+        dra: DraDevices | None = None,
     ) -> None:
         self.stats = stats
         self.exporter = exporter_of(self.latest)
         self._collect = collect
+        #: this node's DRA devices, watched while the collection runs (None: no API server)
+        self.dra = dra
         self._collection: Collection | None = None
         self._subscribers: list[Callable[[Snapshot], None]] = [self.exporter.prerender]
 
@@ -94,6 +98,8 @@ class TelemetryService:
         """Start the collection's threads; returns after the first snapshot is published."""
         collection = self._attached()
         collection.xids.start()
+        if self.dra is not None and collection.pods is not None:
+            self.dra.start()
         if collection.pods is not None:
             collection.pods.start()
         collection.sampler.start()
@@ -105,6 +111,8 @@ class TelemetryService:
         collection.sampler.stop()
         if collection.pods is not None:
             collection.pods.stop()
+        if self.dra is not None:
+            self.dra.stop()
         collection.xids.stop()
 
     def detach(self) -> None:
@@ -144,14 +152,14 @@ def build_telemetry(
     proc_root: Path | None = None,
     attribute_pods: bool = True,
     state_dir: Path | None = None,
-    kube_get: Get | None = None,
+    kube: InClusterKubeClient | None = None,
     attach: bool = True,
 ) -> TelemetryService:
     """Wire telemetry for one driver. Raises InvalidSpec for a bad counters CSV.
 
     ``proc_root`` overrides ``settings.proc_root`` (the simulator keeps its own /proc look-alike).
     ``state_dir``: where idle times survive restarts (the agent's; one-shot commands pass none).
-    ``kube_get``: an API-server GET (in a pod), for DRA claims' devices from ResourceSlices.
+    ``kube``: the API server (in a pod), whose ResourceSlices name DRA claims' devices.
     ``attach``: build the collection now (the driver is open); the agent attaches later, when
     the driver is ready (`TelemetryService.attach`).
     """
@@ -177,6 +185,7 @@ def build_telemetry(
             unserved.reason,
         )
     stats = TelemetryStats()
+    dra = DraDevices(kube, hostname) if kube is not None and attribute_pods else None
 
     def collect() -> Collection:
         reader = NodeReader(driver)
@@ -187,7 +196,6 @@ def build_telemetry(
         if attribute_pods:
             socket = settings.kubelet_socket
             period = max(settings.interval_s, _MIN_POD_REFRESH_S)
-            dra = DraDevices(kube_get, hostname) if kube_get is not None else None
             pods = PodWatcher(PodResourcesClient(socket), socket, period, stats, dra)
         xids = XidWatcher.for_reader(reader, stats)
         sampler = Sampler(
@@ -209,11 +217,14 @@ def build_telemetry(
         return Collection(sampler, xids, pods, profiling)
 
     def exporter_of(latest: Callable[[], Snapshot | None]) -> MetricsExporter:
-        return MetricsExporter(
+        exporter = MetricsExporter(
             counters, settings.metric_names, latest, stats, devices=settings.devices
         )
+        if dra is not None:
+            exporter.add_collector(DraSlicesCollector(dra))
+        return exporter
 
-    service = TelemetryService(exporter_of, stats, collect)
+    service = TelemetryService(exporter_of, stats, collect, dra)
     if attach:
         service.attach()
     return service

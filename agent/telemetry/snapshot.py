@@ -16,6 +16,7 @@ from agent.gpu.types import GpuLayout
 
 __all__ = [
     "ClockEventCount",
+    "DraClaim",
     "Entity",
     "EntitySample",
     "FieldSupport",
@@ -49,6 +50,23 @@ class PodRef:
 
 
 @dataclass(frozen=True, slots=True)
+class DraClaim:
+    """The DRA claim a GPU or instance was allocated through: dcgm-exporter's ``dra_*`` labels,
+    filled as it fills them (``mig_*`` only for a device of type ``mig``)."""
+
+    name: str
+    namespace: str
+    driver: str
+    pool: str
+    device: str
+    #: the slice's ``profile`` attribute, e.g. ``1g.10gb``
+    mig_profile: str | None = None
+    #: the slice's ``uuid`` attribute, or for a DynamicMIG device (none in the slice) the MIG
+    #: device UUID NVML reports for the instance it resolved to
+    mig_device_uuid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Entity:
     """A GPU (``instance`` None) or one of its GPU instances."""
 
@@ -65,6 +83,10 @@ class EntitySample:
     pod: PodRef | None = None
     #: seconds since utilisation was last above the idle threshold; None when unknown
     idle_seconds: float | None = None
+    #: the DRA claim ``pod`` holds it through; None for device-plugin pods
+    claim: DraClaim | None = None
+    #: the pod's UID (from kubelet's log links), on DRA-attributed rows; None when unknown
+    pod_uid: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +98,8 @@ class PodUsage:
     memory_used_bytes: float | None
     #: summed SM utilisation of its processes (0-1); None where NVML has none (MIG)
     sm_utilization: float | None
+    claim: DraClaim | None = None
+    pod_uid: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,7 +84,7 @@ def test_agent_rbac_is_what_the_agent_does() -> None:
         (("",), ("nodes",)): READ | {"patch"},
         (("",), ("pods",)): READ,
         (("", "events.k8s.io"), ("events",)): {"create", "patch"},
-        (("resource.k8s.io",), ("resourceslices",)): {"get", "list"},
+        (("resource.k8s.io",), ("resourceslices",)): READ,
     }
 
 

@@ -1,114 +1,265 @@
-"""DRA attribution: a pod that got a GPU or a MIG device through a DRA claim (kubelet's
-``dynamic_resources``, resolved through this node's ResourceSlices) carries its pod labels."""
+"""DRA attribution: this node's ResourceSlices watched on the API stand-in (a republished slice
+seen at once, a relist on 410, the last answer kept while the API server is down), and the
+claims' devices, DynamicMIG ones included, resolved to the GPUs and MIG instances NVML reports."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+import time
 from pathlib import Path
+from typing import Any
 
-from agent.telemetry.dra import DraDevices, slice_devices
+import pytest
+
+from agent.kube import InClusterKubeClient
+from agent.telemetry.dra import PATH, DraDevices, DraSlicesCollector, SliceDevice, slice_devices
 from agent.telemetry.pods import PodResourcesClient, PodWatcher
 from agent.telemetry.stats import TelemetryStats
+from tests.kube.fake_api import FakeKubeApi
+from tests.kube.fixtures import NODE
+from tests.unit.api.support import wait_for
 from tests.unit.telemetry.kubelet import FakeKubelet, serve
 from tests.unit.telemetry.simnode import sim_node
 
+GPU_A = "GPU-11111111-2222-3333-4444-555555555555"
+MIG_A = "MIG-99999999-8888-7777-6666-555555555555"
 
-def _slices(node: str, devices: list[tuple[str, str, str]], *, v1: bool = True) -> dict:  # type: ignore[type-arg]
-    """A ResourceSliceList of NVIDIA's DRA driver: (device name, type, uuid)."""
 
-    def device(name: str, kind: str, uuid: str) -> dict:  # type: ignore[type-arg]
-        attrs = {"type": {"string": kind}, "uuid": {"string": uuid}}
-        return (
-            {"name": name, "attributes": attrs}
-            if v1
-            else {"name": name, "basic": {"attributes": attrs}}
-        )
+def gpu_device(name: str, uuid: str) -> dict[str, Any]:
+    return {"name": name, "attributes": {"type": {"string": "gpu"}, "uuid": {"string": uuid}}}
 
+
+def mig_device(name: str, parent: str, profile: str, uuid: str | None = None) -> dict[str, Any]:
+    """A MIG device as NVIDIA's driver publishes it: static MIG with the instance's UUID,
+    DynamicMIG (an abstract placement, made when a claim is prepared) without one."""
+    attrs = {
+        "type": {"string": "mig"},
+        "parentUUID": {"string": parent},
+        "profile": {"string": profile},
+    }
+    if uuid is not None:
+        attrs["uuid"] = {"string": uuid}
+    return {"name": name, "attributes": attrs}
+
+
+def resource_slice(
+    name: str, devices: list[dict[str, Any]], node: str = NODE, generation: int = 1
+) -> dict[str, Any]:
     return {
-        "items": [
-            {"spec": {"driver": "gpu.nvidia.com", "nodeName": node, "pool": {"name": node},
-                      "devices": [device(*d) for d in devices]}},
-            {"spec": {"driver": "other.example.com", "pool": {"name": node},
-                      "devices": [device("gpu-0", "gpu", "GPU-not-this")]}},
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+
+
+def test_slices_name_gpus_static_and_dynamic_mig_devices() -> None:
+    other = resource_slice("other-driver", [gpu_device("gpu-0", "GPU-not-this")])
+    other["spec"]["driver"] = "other.example.com"
+    vfio = {"name": "gpu-vfio-0", "attributes": {"type": {"string": "vfio"}}}
+    orphan = mig_device("gpu-0-mig-1g10gb-19-0", "", "1g.10gb")  # no parentUUID: skipped
+    got = slice_devices(
+        [
+            resource_slice(
+                "s",
+                [
+                    gpu_device("gpu-0", GPU_A),
+                    mig_device("gpu-0-mig-1g10gb-19-2", GPU_A, "1g.10gb", MIG_A),
+                    mig_device("gpu-0-mig-3g40gb-9-4", GPU_A, "3g.40gb"),
+                    mig_device("oddly-named", GPU_A, "1g.10gb"),
+                    vfio,
+                    orphan,
+                ],
+            ),
+            other,
+            {"spec": "nonsense"},
+            7,
         ]
-    }  # fmt: skip
-
-
-def test_slices_map_pool_and_device_to_the_uuid_in_either_version() -> None:
-    for v1 in (True, False):
-        got = slice_devices(
-            _slices("n1", [("gpu-0", "gpu", "GPU-a"), ("mig-1", "mig", "MIG-b")], v1=v1)
-        )
-        assert got == {("n1", "gpu-0"): "GPU-a", ("n1", "mig-1"): "MIG-b"}
-    assert slice_devices({"items": [{"spec": "nonsense"}, 7]}) == {}
-    assert slice_devices("not a list") == {}
-
-
-def test_a_dra_claim_attributes_its_gpu_and_its_mig_device(tmp_path: Path) -> None:
-    node = sim_node(tmp_path / "state")
-    gi = node.create_instance(1, "3g.40gb")
-    mig_uuid = next(
-        ci.uuid
-        for layout_gi in node.driver.layout(node.uuids[1]).instances
-        if layout_gi.id == gi.id
-        for ci in layout_gi.compute_instances
     )
-    assert mig_uuid is not None
-    asked: list[tuple[str, Mapping[str, str]]] = []
+    assert got == {
+        (NODE, "gpu-0"): SliceDevice("gpu", uuid=GPU_A),
+        (NODE, "gpu-0-mig-1g10gb-19-2"): SliceDevice(
+            "mig", MIG_A, GPU_A, "1g.10gb", parent_minor=0, profile_id=19, placement_start=2
+        ),
+        (NODE, "gpu-0-mig-3g40gb-9-4"): SliceDevice(
+            "mig", None, GPU_A, "3g.40gb", parent_minor=0, profile_id=9, placement_start=4
+        ),
+        (NODE, "oddly-named"): SliceDevice("mig", None, GPU_A, "1g.10gb"),
+    }
 
-    def get(path: str, query: Mapping[str, str]) -> object:
-        asked.append((path, query))
-        return _slices(
-            "node-1", [("gpu-0", "gpu", node.uuids[0]), ("gpu-1-mig-0", "mig", mig_uuid)]
+
+def _requests(api: FakeKubeApi, *, watch: bool) -> list[Any]:
+    return [
+        r
+        for r in api.requests
+        if r.path == PATH and r.method == "GET" and (r.query.get("watch") == "1") == watch
+    ]
+
+
+def test_a_republished_slice_is_seen_by_the_watch_within_a_second(
+    kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    api, _ = kube_api
+    api.put_dra("resourceslices", resource_slice("node-gpus", [gpu_device("gpu-0", GPU_A)]))
+    api.put_dra(
+        "resourceslices",
+        resource_slice("elsewhere", [gpu_device("gpu-0", "GPU-not-this")], node="gpu-node-2"),
+    )
+    dra = DraDevices(kube, NODE)
+    dra.start()
+    try:
+        wait_for(lambda: dra.lookup(), "the first list", timeout=10)
+        assert dict(dra.lookup()) == {(NODE, "gpu-0"): SliceDevice("gpu", uuid=GPU_A)}
+        assert dra.status()[0]
+        # The driver republishes the slice with a MIG instance made since.
+        republished = time.monotonic()
+        api.put_dra(
+            "resourceslices",
+            resource_slice(
+                "node-gpus",
+                [
+                    gpu_device("gpu-0", GPU_A),
+                    mig_device("gpu-0-mig-1g10gb-19-0", GPU_A, "1g.10gb", MIG_A),
+                ],
+                generation=2,
+            ),
         )
+        wait_for(lambda: len(dra.lookup()) == 2, "the republished slice", timeout=5, every=0.01)
+        assert time.monotonic() - republished < 1.0
+        lists, watches = _requests(api, watch=False), _requests(api, watch=True)
+        assert len(lists) == 1  # one list, then the watch: no period, no polling
+        assert watches and watches[0].query["resourceVersion"]
+        assert {r.query["fieldSelector"] for r in lists + watches} == {
+            f"spec.nodeName={NODE},spec.driver=gpu.nvidia.com"
+        }
+    finally:
+        dra.stop()
 
+
+def test_a_410_lists_again_and_keeps_following_changes(
+    kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    api, _ = kube_api
+    api.put_dra("resourceslices", resource_slice("node-gpus", [gpu_device("gpu-0", GPU_A)]))
+    dra = DraDevices(kube, NODE, watch_timeout_s=1)
+    dra.start()
+    try:
+        wait_for(lambda: dra.lookup(), "the first list", timeout=10)
+        api.compact()  # the watch's version is gone: 410 at the next watch
+        wait_for(lambda: len(_requests(api, watch=False)) == 2, "a relist after 410", timeout=10)
+        api.delete_dra("resourceslices", "node-gpus")
+        wait_for(lambda: not dra.lookup(), "the deletion by watch", timeout=5)
+        assert len(_requests(api, watch=False)) == 2
+    finally:
+        dra.stop()
+
+
+def test_an_api_server_down_keeps_the_last_answer_and_says_it_is_stale(
+    kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    api, _ = kube_api
+    api.put_dra("resourceslices", resource_slice("node-gpus", [gpu_device("gpu-0", GPU_A)]))
+    dra = DraDevices(kube, NODE, watch_timeout_s=1)
+    collector = DraSlicesCollector(dra)
+
+    def gauges() -> dict[str, float]:
+        return {m.name: m.samples[0].value for m in collector.collect()}
+
+    dra.start()
+    try:
+        wait_for(lambda: dra.status()[0], "the first list", timeout=10)
+        assert gauges() == {"gpu_agent_dra_slices_current": 1.0, "gpu_agent_dra_slice_devices": 1.0}
+        api.unavailable.add(PATH)
+        wait_for(lambda: not dra.status()[0], "the outage to be noticed", timeout=10)
+        _, detail = dra.status()
+        assert "stale" in detail and "503" in detail
+        assert dict(dra.lookup()) == {(NODE, "gpu-0"): SliceDevice("gpu", uuid=GPU_A)}
+        assert gauges() == {"gpu_agent_dra_slices_current": 0.0, "gpu_agent_dra_slice_devices": 1.0}
+        api.unavailable.clear()
+        wait_for(lambda: dra.status()[0], "the watch to come back", timeout=15)
+    finally:
+        dra.stop()
+
+
+def test_dynamic_mig_devices_resolve_to_their_instances_and_never_guess(
+    tmp_path: Path,
+    kube: InClusterKubeClient,
+    kube_api: tuple[FakeKubeApi, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two 1g.10gb instances on one GPU, made by the driver when their claims were prepared:
+    each claim's device (by GI profile and placement in its name) is its own instance; a
+    placement with no instance and a name whose minor is another GPU's stay unattributed,
+    counted and logged once."""
+    api, _ = kube_api
+    node = sim_node(tmp_path / "state")
+    parent = node.uuids[1]
+    # Made in this order, GI ids do not follow placements (the simulator gives 10, then 8).
+    high = node.create_instance(1, "1g.10gb", slot=3)
+    low = node.create_instance(1, "1g.10gb", slot=1)
+    assert high.id != low.id and high.profile_id == low.profile_id
+    pid = low.profile_id
+
+    def name(start: int, minor: int = 1) -> str:
+        return f"gpu-{minor}-mig-1g10gb-{pid}-{start}"
+
+    api.put_dra(
+        "resourceslices",
+        resource_slice(
+            "node-gpus",
+            [gpu_device("gpu-0", node.uuids[0])]
+            + [mig_device(name(s), parent, "1g.10gb") for s in range(7)]
+            + [mig_device(name(1, minor=0), parent, "1g.10gb")],
+        ),
+    )
     kubelet = FakeKubelet(
         dra_rows=[
-            ("ml", "train-0", "main", "gpu-claim", "gpu.nvidia.com", "node-1", "gpu-0"),
-            ("ml", "infer-0", "srv", "mig-claim", "gpu.nvidia.com", "node-1", "gpu-1-mig-0"),
-            ("ml", "other", "x", "c", "other.example.com", "node-1", "gpu-0"),
+            ("ml", "infer-high", "srv", "claim-high", "gpu.nvidia.com", NODE, name(3)),
+            ("ml", "infer-low", "srv", "claim-low", "gpu.nvidia.com", NODE, name(1)),
+            ("ml", "no-instance", "srv", "claim-5", "gpu.nvidia.com", NODE, name(5)),
+            ("ml", "wrong-gpu", "srv", "claim-w", "gpu.nvidia.com", NODE, name(1, minor=0)),
+            ("ml", "unpublished", "srv", "claim-u", "gpu.nvidia.com", NODE, "gpu-7"),
         ]
     )
     socket = tmp_path / "kubelet.sock"
-    with serve(socket, kubelet):
-        dra = DraDevices(get, "node-1")
-        watcher = PodWatcher(PodResourcesClient(socket), socket, 60, TelemetryStats(), dra)
-        watcher.refresh()
-        sampler = node.sampler(pods=watcher)
+    dra = DraDevices(kube, NODE)
+    dra.start()
+    try:
+        wait_for(lambda: dra.lookup(), "the slices", timeout=10)
+        with serve(socket, kubelet):
+            watcher = PodWatcher(PodResourcesClient(socket), socket, 60, TelemetryStats(), dra)
+            watcher.refresh()
+            watcher.stop()
+    finally:
+        dra.stop()
+    sampler = node.sampler(pods=watcher)
+    with caplog.at_level(logging.WARNING, logger="agent.telemetry.sampler"):
+        sampler.tick()
         snapshot = sampler.tick()
-        watcher.stop()
-    assert asked[0] == (
-        "/apis/resource.k8s.io/v1/resourceslices",
-        {"fieldSelector": "spec.nodeName=node-1"},
-    )
-    pods = {
-        (s.entity.gpu.index, s.entity.instance.gpu_instance_id if s.entity.instance else None): (
-            s.pod.namespace, s.pod.name, s.pod.container
-        )
+    layout = {gi.id: gi for gi in node.driver.layout(parent).instances}
+    got = {
+        s.entity.instance.gpu_instance_id: (s.pod.name, s.claim.name, s.claim.mig_device_uuid)
         for s in snapshot.entities
-        if s.pod is not None
-    }  # fmt: skip
-    assert pods == {(0, None): ("ml", "train-0", "main"), (1, gi.id): ("ml", "infer-0", "srv")}
-
-
-def test_an_api_server_without_v1_falls_back_and_failures_keep_the_last_answer() -> None:
-    calls: list[str] = []
-    answer: list[object] = [_slices("n", [("gpu-0", "gpu", "GPU-a")], v1=False)]
-
-    def get(path: str, query: Mapping[str, str]) -> object:
-        calls.append(path)
-        if "/v1/" in path or isinstance(answer[0], Exception):
-            raise OSError("404")
-        return answer[0]
-
-    clock = [0.0]
-    dra = DraDevices(get, "n", period_s=30, clock=lambda: clock[0])
-    assert dra.lookup() == {("n", "gpu-0"): "GPU-a"}
-    assert calls == [
-        "/apis/resource.k8s.io/v1/resourceslices",
-        "/apis/resource.k8s.io/v1beta2/resourceslices",
-    ]
-    answer[0] = OSError("down")
-    clock[0] = 31
-    assert dra.lookup() == {("n", "gpu-0"): "GPU-a"}  # kept
-    assert calls[-1] == "/apis/resource.k8s.io/v1beta2/resourceslices"  # the version that worked
+        if s.pod is not None and s.claim is not None and s.entity.instance is not None
+    }
+    assert got == {
+        high.id: ("infer-high", "claim-high", layout[high.id].compute_instances[0].uuid),
+        low.id: ("infer-low", "claim-low", layout[low.id].compute_instances[0].uuid),
+    }
+    assert {s.pod.name for s in snapshot.entities if s.pod is not None} == {
+        "infer-high",
+        "infer-low",
+    }
+    unattributed = [r.getMessage() for r in caplog.records if "left unattributed" in r.message]
+    assert len(unattributed) == 3  # once each, over two ticks
+    assert {m.split("(pod ml/")[1].split(")")[0] for m in unattributed} == {
+        "no-instance",
+        "wrong-gpu",
+        "unpublished",
+    }
+    assert dict(node.stats.view().errors)["dra_unresolved"] == 3
