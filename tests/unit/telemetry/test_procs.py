@@ -71,3 +71,22 @@ def test_directory_that_does_not_exist_knows_nothing(tmp_path: Path) -> None:
     directory = ContainerDirectory(tmp_path / "absent")
     directory.begin()
     assert directory.lookup(CID) is None
+
+
+def test_pod_uids_come_from_where_the_log_links_point_and_two_are_none(tmp_path: Path) -> None:
+    """kubelet links /var/log/containers/<pod>_<ns>_<c>-<id>.log into
+    /var/log/pods/<ns>_<pod>_<uid>/: the link names the UID (the target need not be mounted).
+    A pod recreated under its name while the old one's link remains has two: unknown."""
+    uid, old, new = (f"{n}{n}{n}{n}{n}{n}{n}{n}-1234-4abc-8def-0123456789ab" for n in "abc")
+    (tmp_path / f"train-0_ml_main-{CID}.log").symlink_to(
+        f"/var/log/pods/ml_train-0_{uid}/main/0.log"
+    )
+    (tmp_path / f"web_ml_srv-{'ab' * 32}.log").symlink_to(f"/var/log/pods/ml_web_{old}/srv/0.log")
+    (tmp_path / f"web_ml_srv-{'cd' * 32}.log").symlink_to(f"/var/log/pods/ml_web_{new}/srv/1.log")
+    (tmp_path / f"odd_ml_c-{'ef' * 32}.log").symlink_to("/var/log/pods/ml_other_x/c/0.log")
+    directory = ContainerDirectory(tmp_path)
+    directory.begin()
+    assert directory.pod_uid(PodRef("ml", "train-0", "main")) == uid
+    assert directory.pod_uid(PodRef("ml", "web", "srv")) is None
+    assert directory.pod_uid(PodRef("ml", "odd", "c")) is None  # points at another pod's logs
+    assert directory.lookup(CID) == PodRef("ml", "train-0", "main")
