@@ -72,16 +72,26 @@ class SliceDevice:
 def slice_devices(slices: Iterable[object]) -> dict[DeviceKey, SliceDevice]:
     """(pool, device) -> the device, from ResourceSlice objects (``resource.k8s.io/v1``); other
     drivers, other device types (vfio) and malformed entries are skipped. A MIG device counts
-    only with its ``parentUUID``, as dcgm-exporter reads it."""
+    only with its ``parentUUID``, as dcgm-exporter reads it. Of a pool being republished, only
+    the slices of its newest ``pool.generation`` count, as the scheduler reads them."""
     out: dict[DeviceKey, SliceDevice] = {}
-    for item in slices:
-        spec = _dig(item, "spec")
-        if not isinstance(spec, dict) or spec.get("driver") != DRIVER:
-            continue
+    ours = [
+        spec
+        for item in slices
+        if isinstance(spec := _dig(item, "spec"), dict) and spec.get("driver") == DRIVER
+    ]
+    newest: dict[str, int] = {}
+    for spec in ours:
+        pool, generation = _dig(spec, "pool", "name"), _dig(spec, "pool", "generation")
+        if isinstance(pool, str) and isinstance(generation, int):
+            newest[pool] = max(generation, newest.get(pool, generation))
+    for spec in ours:
         pool = _dig(spec, "pool", "name")
         devices = spec.get("devices")
         if not isinstance(pool, str) or not isinstance(devices, list):
             continue
+        if _dig(spec, "pool", "generation") != newest.get(pool):
+            continue  # an older generation of a pool being republished, or no generation
         for device in devices:
             if len(out) >= _MAX_DEVICES:
                 return out

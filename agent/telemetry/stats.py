@@ -67,7 +67,8 @@ class TelemetryStats:
             self._scrape.observe(seconds)
 
     def error(self, kind: str, count: int = 1) -> None:
-        """Count a failure by kind: nvml, gpm, gpu_lost, kubelet, pod_mapping, xid, dcgm."""
+        """Count a failure by kind: nvml, gpm, gpu_lost, kubelet, pod_mapping, dra_unresolved,
+        xid, dcgm."""
         with self._lock:
             self._errors[kind] += count
 

@@ -67,7 +67,8 @@ def test_slices_name_gpus_static_and_dynamic_mig_devices() -> None:
         [
             resource_slice(
                 "s",
-                [
+                generation=2,
+                devices=[
                     gpu_device("gpu-0", GPU_A),
                     mig_device("gpu-0-mig-1g10gb-19-2", GPU_A, "1g.10gb", MIG_A),
                     mig_device("gpu-0-mig-3g40gb-9-4", GPU_A, "3g.40gb"),
@@ -76,6 +77,8 @@ def test_slices_name_gpus_static_and_dynamic_mig_devices() -> None:
                     orphan,
                 ],
             ),
+            # The pool mid-republish: the older generation's slice no longer counts.
+            resource_slice("s-old", [gpu_device("gpu-0", "GPU-old"), gpu_device("gpu-9", "GPU-x")]),
             other,
             {"spec": "nonsense"},
             7,
