@@ -148,10 +148,12 @@ class DraDevices:
         self._lock = threading.Lock()
         self._informer: Informer | None = None
         self._devices: dict[DeviceKey, SliceDevice] = {}
+        self._listed = False
 
-    def lookup(self) -> Mapping[DeviceKey, SliceDevice]:
-        """The devices as of the last answer (kept while the API server does not answer)."""
-        return self._devices
+    def lookup(self) -> Mapping[DeviceKey, SliceDevice] | None:
+        """The devices as of the last answer (kept while the API server does not answer); None
+        until the slices were listed once (nothing can be told about a claim's device yet)."""
+        return self._devices if self._listed else None
 
     def start(self) -> None:
         """Start watching (again after `stop`); returns at once."""
@@ -191,6 +193,7 @@ class DraDevices:
     def _rebuild(self, informer: Informer) -> None:
         if informer is self._informer:  # a stopped informer's last watch changes nothing
             self._devices = slice_devices(informer.objects())
+            self._listed = True
 
 
 class DraSlicesCollector(Collector):
@@ -213,5 +216,7 @@ class DraSlicesCollector(Collector):
             "gpu_agent_dra_slice_devices",
             "GPU and MIG devices of NVIDIA's DRA driver in this node's ResourceSlices.",
         )
-        count.add_metric([], float(len(self._devices.lookup())))
+        devices = self._devices.lookup()
+        if devices is not None:  # unknown until listed once, not 0
+            count.add_metric([], float(len(devices)))
         yield count

@@ -152,12 +152,13 @@ class PodResourcesClient:
 
     def list(self, dra: Mapping[DeviceKey, SliceDevice] | None = None) -> tuple[Allocation, ...]:
         """GPU allocations of all active pods, DRA claims' devices looked up in ``dra`` ((pool,
-        device) -> the slice's device). Raises grpc.RpcError when kubelet fails."""
+        device) -> the slice's device); with no slices known (None: no API server, or not
+        listed yet) DRA claims are left out. Raises grpc.RpcError when kubelet fails."""
         if self._channel is None:
             self._channel = grpc.insecure_channel(f"unix://{self._socket}")
         stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
         response = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self._timeout_s)
-        return tuple(_allocations(response, dra or {}))
+        return tuple(_allocations(response, dra))
 
     def close(self) -> None:
         if self._channel is not None:
@@ -166,7 +167,7 @@ class PodResourcesClient:
 
 
 def _allocations(
-    response: api_pb2.ListPodResourcesResponse, dra: Mapping[DeviceKey, SliceDevice]
+    response: api_pb2.ListPodResourcesResponse, dra: Mapping[DeviceKey, SliceDevice] | None
 ) -> Iterable[Allocation]:
     for pod in response.pod_resources:
         for container in pod.containers:
@@ -179,6 +180,8 @@ def _allocations(
                     if parsed is not None:
                         yield Allocation(ref, devices.resource_name, parsed)
             # DRA claims (kubelet's KubeletPodResourcesDynamicResources): by pool and device name.
+            if dra is None:
+                continue  # no slices known: a claim's device cannot be told yet
             for claim in container.dynamic_resources:
                 for res in claim.claim_resources:
                     if res.driver_name != DRA_DRIVER:

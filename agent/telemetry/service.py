@@ -98,7 +98,7 @@ class TelemetryService:
         """Start the collection's threads; returns after the first snapshot is published."""
         collection = self._attached()
         collection.xids.start()
-        if self.dra is not None and collection.pods is not None:
+        if self.dra is not None:
             self.dra.start()
         if collection.pods is not None:
             collection.pods.start()

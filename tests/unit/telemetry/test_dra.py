@@ -266,3 +266,32 @@ def test_dynamic_mig_devices_resolve_to_their_instances_and_never_guess(
         "unpublished",
     }
     assert dict(node.stats.view().errors)["dra_unresolved"] == 3
+
+
+def test_before_the_first_list_no_claim_is_judged(
+    tmp_path: Path, kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    """An API server down from the start: no slice is known, so a claim's device is neither
+    attributed nor reported unresolved, and the device count is unknown, not 0."""
+    api, _ = kube_api
+    api.unavailable.add(PATH)
+    dra = DraDevices(kube, NODE)
+    dra.start()
+    try:
+        wait_for(lambda: "503" in dra.status()[1], "the failed list", timeout=10)
+        assert dra.status()[0] is False and "not listed yet" in dra.status()[1]
+        assert dra.lookup() is None
+        samples = {m.name: m.samples for m in DraSlicesCollector(dra).collect()}
+        assert samples["gpu_agent_dra_slice_devices"] == []
+        assert samples["gpu_agent_dra_slices_current"][0].value == 0.0
+        socket = tmp_path / "kubelet.sock"
+        rows = [("ml", "p", "c", "claim", "gpu.nvidia.com", NODE, "gpu-0")]
+        with serve(
+            socket, FakeKubelet(rows=[("ml", "q", "c", "nvidia.com/gpu", [GPU_A])], dra_rows=rows)
+        ):
+            watcher = PodWatcher(PodResourcesClient(socket), socket, 60, TelemetryStats(), dra)
+            watcher.refresh()
+            watcher.stop()
+        assert [a.pod.name for a in watcher.current()] == ["q"]
+    finally:
+        dra.stop()
