@@ -278,13 +278,12 @@ async def _act(
             f"(kubectl uncordon {remedy.node}) once the GPU is",
             cordoned,
         )
+    gpus = ", ".join(map(str, indices))
     if cordoned:
         assert kube is not None
         await asyncio.to_thread(kube.uncordon, remedy.node)
-        progress(f"GPU {', '.join(map(str, indices))} healthy: uncordoned {remedy.node}")
-        return Outcome("healthy", f"GPU {', '.join(map(str, indices))} healthy; uncordoned", False)
+        progress(f"GPU {gpus} healthy: uncordoned {remedy.node}")
+        return Outcome("healthy", f"GPU {gpus} healthy; uncordoned {remedy.node}", False)
     return Outcome(
-        "healthy",
-        f"GPU {', '.join(map(str, indices))} healthy; {remedy.node} was cordoned before: left so",
-        False,
+        "healthy", f"GPU {gpus} healthy; {remedy.node} was cordoned before: left so", False
     )

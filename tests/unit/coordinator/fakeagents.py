@@ -106,6 +106,13 @@ def _reply(agent: FakeAgent, method: str, request: bytes) -> bytes | None:
     return None
 
 
+def _fail(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str) -> bytes:
+    """The call ends with ``code`` (set, not raised: the answer is sent as any other)."""
+    context.set_code(code)
+    context.set_details(details)
+    return b""
+
+
 class _Handler(grpc.GenericRpcHandler):
     def __init__(self, agent: FakeAgent, upstream: grpc.aio.Channel | None) -> None:
         self._agent = agent
@@ -119,13 +126,14 @@ class _Handler(grpc.GenericRpcHandler):
             agent.calls.append(method)
             agent.on_call(agent, method)
             if method == "MigService/ResetGpu" and agent.reset_error is not None:
-                await context.abort(*agent.reset_error)
+                return _fail(context, *agent.reset_error)
             if self._upstream is not None:
                 call = self._upstream.unary_unary(_P + method)
                 try:
                     raw: bytes = await call(request, timeout=60)
                 except grpc.aio.AioRpcError as exc:
-                    await context.abort(exc.code(), exc.details() or "", exc.trailing_metadata())
+                    context.set_trailing_metadata(exc.trailing_metadata())
+                    return _fail(context, exc.code(), exc.details() or "")
                 if method == "NodeService/GetNode":
                     got = agent_pb2.GetNodeResponse.FromString(raw)
                     agent.rewrite(got.node)
@@ -134,8 +142,7 @@ class _Handler(grpc.GenericRpcHandler):
                 return raw
             found = _reply(agent, method, request)
             if found is None:
-                await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not faked")
-            assert found is not None
+                return _fail(context, grpc.StatusCode.UNIMPLEMENTED, f"{method} is not faked")
             return found
 
         return grpc.unary_unary_rpc_method_handler(answer)
