@@ -134,6 +134,10 @@ class _Handler(grpc.GenericRpcHandler):
                 except grpc.aio.AioRpcError as exc:
                     context.set_trailing_metadata(exc.trailing_metadata())
                     return _fail(context, exc.code(), exc.details() or "")
+                if method == "MigService/ResetGpu":
+                    asked = mig_pb2.ResetGpuRequest.FromString(request)
+                    if not asked.validate_only:  # the real agent reset it
+                        agent.resets.append(asked.gpu_index)
                 if method == "NodeService/GetNode":
                     got = agent_pb2.GetNodeResponse.FromString(raw)
                     agent.rewrite(got.node)
