@@ -198,3 +198,26 @@ def test_coordinator_metrics_count_gpus_per_verdict(monkeypatch: pytest.MonkeyPa
             state = line.split('"')[1]
             found[state] = float(line.rsplit(" ", 1)[1])
     assert found == {"healthy": 1.0, "unknown": 1.0, "degraded": 0.0, "failed": 1.0}
+
+
+def test_a_node_that_fails_before_its_turn_is_not_changed(agents: FakeAgents) -> None:
+    """c was healthy at the sweep; its GPU fails while b is changed. When c's turn comes its
+    agent is asked again: c is not changed, and the rollout halts (--on-unhealthy stop)."""
+    b = agents.add(node("b", mark("healthy")))
+    c = agents.add(node("c", mark("healthy")))
+
+    def c_fails(agent: FakeAgent, method: str) -> None:
+        if method == "SharingService/SetSharing":
+            c.node.gpus[0].condition.CopyFrom(mark("failed", XID48, "reset-gpu"))
+
+    b.on_call = c_fails
+    result = _share(agents, "--max-failures", "0", "--max-unavailable", "1")
+    assert result.exit_code == 10, result.output
+    record = json.loads(result.output.split("\nerror:")[0])["record"]
+    assert record["nodes"]["b"]["state"] == "succeeded"
+    assert record["nodes"]["c"] == record["nodes"]["c"] | {
+        "state": "failed",
+        "detail": f"not changed: GPU 0 failed: {XID48} (action reset-gpu)",
+    }
+    assert _set_sharing(c) == 0
+    assert record["halted"].startswith("halted: c turned unhealthy during the rollout")
