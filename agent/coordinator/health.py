@@ -8,6 +8,7 @@ and counts as its GPU. A node is as bad as its worst GPU or instance.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -65,15 +66,20 @@ class GpuMark:
     mark: Mark
     #: instances that carry a verdict of their own
     instances: tuple[InstanceMark, ...] = ()
+    #: the GPU's own state, or worse when one of its instances is worse (set from the others)
+    state: str = dataclasses.field(init=False)
 
-    @property
-    def state(self) -> str:
-        """The GPU's own state, or worse when one of its instances is worse."""
-        return worst([self.mark.state, *(i.mark.state for i in self.instances)])
+    def __post_init__(self) -> None:
+        state = self.mark.state
+        if self.instances:
+            state = worst([state, *(i.mark.state for i in self.instances)])
+        object.__setattr__(self, "state", state)
 
     @property
     def pods(self) -> tuple[str, ...]:
         """The pods the marks name (the GPU's and its instances'), each once, in order."""
+        if not self.instances:
+            return self.mark.pods
         seen = dict.fromkeys(self.mark.pods)
         for i in self.instances:
             seen.update(dict.fromkeys(i.mark.pods))
@@ -93,6 +99,8 @@ class GpuMark:
     @property
     def worst_mark(self) -> tuple[str, Mark]:
         """(what, mark) of the worst verdict: the GPU's own when it is as bad as any."""
+        if self.mark.state == self.state:
+            return f"GPU {self.index}", self.mark
         marks = [(f"GPU {self.index}", self.mark)] + [
             (f"GPU {self.index} GI {i.gpu_instance_id} ({i.profile})", i.mark)
             for i in self.instances
@@ -121,11 +129,13 @@ def gpu_marks(gpus: Iterable[agent_pb2.Gpu]) -> tuple[GpuMark, ...]:
     """Each GPU's verdict and its instances' own verdicts, from a GetNode answer."""
     out = []
     for g in gpus:
-        instances = tuple(
-            InstanceMark(gi.id, gi.profile_name, _mark(gi.condition, True, UNKNOWN))
-            for gi in g.instances
-            if gi.HasField("condition") and gi.condition.state in _STATE
-        )
+        instances: tuple[InstanceMark, ...] = ()
+        if g.instances:  # most GPUs have none: no generator for them (8,000 GPUs a sweep)
+            instances = tuple(
+                InstanceMark(gi.id, gi.profile_name, _mark(gi.condition, True, UNKNOWN))
+                for gi in g.instances
+                if gi.HasField("condition") and gi.condition.state in _STATE
+            )
         own = _mark(g.condition, g.HasField("condition"), UNKNOWN)
         out.append(GpuMark(g.index, g.uuid, own, instances))
     return tuple(out)
