@@ -91,6 +91,8 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
         f"{_P}MigService/ExportMig": {_R},
         f"{_P}MigService/ApplyMig": {_M},
         f"{_P}MigService/RestoreMig": {_M},
+        # A reset ends whatever runs on the GPU, as destroying its instances would.
+        f"{_P}MigService/ResetGpu": {_M},
         f"{_P}SharingService/GetSharing": {_R},
         f"{_P}SharingService/SetSharing": {_S},
         f"{_P}SharingService/ClearSharing": {_S},

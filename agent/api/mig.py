@@ -358,6 +358,31 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
             )
         )
 
+    async def ResetGpu(
+        self, request: mig_pb2.ResetGpuRequest, context: grpc.aio.ServicerContext
+    ) -> mig_pb2.ResetGpuResponse:
+        self._require_gpu("gpu reset")
+        if request.validate_only:
+            gpu = await asyncio.to_thread(
+                self._service.reset_gpu, request.gpu_index, validate_only=True
+            )
+            return mig_pb2.ResetGpuResponse(gpu_uuid=gpu.uuid, reset=False)
+        # Not while a reconfiguration runs: it holds the GPUs (the lock would refuse too).
+        await self._refuse_while_running("")
+
+        async def call() -> mig_pb2.ResetGpuResponse:
+            gpu = await asyncio.to_thread(self._service.reset_gpu, request.gpu_index)
+            self._changed()  # the inventory shows the GPU after its reset
+            return mig_pb2.ResetGpuResponse(gpu_uuid=gpu.uuid, reset=True)
+
+        return await self._runner.once(
+            "/gpuagent.v1.MigService/ResetGpu",
+            request,
+            request.request_id,
+            mig_pb2.ResetGpuResponse,
+            call,
+        )
+
     async def _start(
         self, request_id: str, request: Message, work: _Reconfigure, owner: Actor
     ) -> operations_pb2.Operation:

@@ -61,6 +61,7 @@ def _status_table(doc: dict[str, Any]) -> str:
         [
             "NODE",
             "HEALTH",
+            "GPU HEALTH",
             "GPUS",
             "MODELS",
             "MIG SLICES",
@@ -73,6 +74,7 @@ def _status_table(doc: dict[str, Any]) -> str:
             [
                 n["name"],
                 n["health"] if not n["detail"] else f"{n['health']}: {n['detail']}",
+                n.get("gpu_health", "unknown"),
                 len(n["gpus"]),
                 n["models"],
                 " ".join(g["slices"] for g in n["gpus"]) or "-",
@@ -91,6 +93,7 @@ def _status_table(doc: dict[str, Any]) -> str:
             for p in doc["profiles"]
         ],
     )
+    marks = _gpu_health_table(doc)
     totals = doc["totals"]
     summary = (
         f"{totals['nodes']} node(s), {totals['reachable']} answering; {totals['gpus']} GPU(s), "
@@ -106,7 +109,33 @@ def _status_table(doc: dict[str, Any]) -> str:
         )
     if "age_s" in doc:  # answered by a coordinator from its latest sweep
         summary += f" Swept by the coordinator {doc['age_s']:.0f} s ago (--fresh for a new one)."
-    return f"{nodes}\n\n{profiles}\n\n{summary}"
+    if "gpu_health" in totals:
+        counts = ", ".join(f"{n} {state}" for state, n in totals["gpu_health"].items() if n)
+        summary += f" GPU health: {counts or 'no GPU'}."
+    return f"{nodes}\n\n{marks}{profiles}\n\n{summary}"
+
+
+def _gpu_health_table(doc: dict[str, Any]) -> str:
+    """One row per failed or degraded GPU, with the verdict's reason, the action that clears
+    it and the pods it names; '' when none (GPUs without a verdict are counted in the summary
+    and shown unknown in their node's row)."""
+    rows = [
+        [
+            n["name"],
+            g["index"],
+            g["health"]["state"],
+            g["health"]["reason"] or "-",
+            g["health"]["action"] or "-",
+            ", ".join(g["health"]["pods"]) or "-",
+        ]
+        for n in doc["nodes"]
+        for g in n["gpus"]
+        if "health" in g and g["health"]["state"] in ("failed", "degraded")
+    ]
+    if not rows:
+        return ""
+    table = format_table(["NODE", "GPU", "STATE", "REASON", "ACTION", "PODS"], rows)
+    return f"{table}\n\n"
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -703,6 +732,17 @@ def rightsize(
 # -- rollouts --------------------------------------------------------------------------------
 
 
+on_unhealthy_option = click.option(
+    "--on-unhealthy",
+    type=click.Choice(["stop", "skip"]),
+    default="stop",
+    show_default=True,
+    help="A node whose GPU fails during the rollout (found just before or after its change): "
+    "stop halts the rollout (running nodes finish), skip fails that node alone. Nodes with a "
+    "failed GPU at the start are always skipped.",
+)
+
+
 def rollout_options(fn: F) -> F:
     options = [
         click.option("--selector", "-l", default=None, help="Nodes to change: key=value,..."),
@@ -726,6 +766,7 @@ def rollout_options(fn: F) -> F:
             show_default=True,
             help="Seconds one node may take before its operation is cancelled and it fails.",
         ),
+        on_unhealthy_option,
         click.option("--dry-run", is_flag=True, help="Show every node's plan; change nothing."),
         click.option(
             "--record",
@@ -784,7 +825,8 @@ def _rollout_table(result: Any) -> str:
                     reason = g["reason"] or "; ".join(g["blockers"])
                     rows.append(["", f"GPU {g['gpu']}", f"{g['status']} {what or reason}".strip()])
         head = format_table(["NODE", "WOULD", "DETAIL"], rows)
-        return f"{head}\n\nDry run of a {record.kind} rollout: nothing was changed."
+        notes = "".join(f"\n{line}" for line in _health_lines(result))
+        return f"{head}\n\nDry run of a {record.kind} rollout: nothing was changed.{notes}"
     table = format_table(
         ["NODE", "STATE", "ATTEMPT", "DETAIL"],
         [[n, r.state, r.attempt, r.detail] for n, r in record.nodes.items()],
@@ -794,18 +836,42 @@ def _rollout_table(result: Any) -> str:
         lines.append(record.halted.capitalize() + ".")
     if result.skipped:
         lines.append(f"Skipped (no answer): {', '.join(result.skipped)}.")
+    lines += _health_lines(result)
     if record.path is not None:
         lines.append(f"Record: {record.path}")
     return "\n".join(lines)
+
+
+def _health_lines(result: Any) -> list[str]:
+    """The nodes a rollout left out for a failed GPU, and the degraded ones it went ahead on."""
+    lines = [f"Skipped (GPU failed): {n}: {why}." for n, why in result.unhealthy.items()]
+    lines += [f"Degraded (changed all the same): {n}: {why}." for n, why in result.degraded.items()]
+    return lines
 
 
 def _finish(result: Any, output: str) -> None:
     if output == "table":
         click.echo(_rollout_table(result))
     elif result.previews:
-        emit({"kind": result.record.kind, "previews": result.previews}, output)
+        emit(
+            {
+                "kind": result.record.kind,
+                "previews": result.previews,
+                "unhealthy": dict(result.unhealthy),
+                "degraded": dict(result.degraded),
+            },
+            output,
+        )
     else:
-        emit({"record": result.record.to_dict(), "skipped": result.skipped}, output)
+        emit(
+            {
+                "record": result.record.to_dict(),
+                "skipped": result.skipped,
+                "unhealthy": dict(result.unhealthy),
+                "degraded": dict(result.degraded),
+            },
+            output,
+        )
     if result.previews or result.complete:
         return
     hint = (
@@ -814,12 +880,26 @@ def _finish(result: Any, output: str) -> None:
         else "pass --record FILE to be able to resume"
     )
     reason = result.record.halted or "some nodes failed or did not answer"
+    if result.unhealthy and not result.record.halted:
+        reason = (
+            f"{len(result.unhealthy)} node(s) skipped for a failed GPU "
+            f"({', '.join(result.unhealthy)})"
+            + ("; others failed or did not answer" if _others_left(result) else "")
+        )
     if result.busy:
         reason = (
             f"{len(result.busy)} node(s) mid-change by an operation this rollout did not start "
             f"({', '.join(result.busy)}), counted against max-unavailable"
         )
     raise RolloutIncomplete(f"the rollout is incomplete ({reason}); {hint}")
+
+
+def _others_left(result: Any) -> bool:
+    """Nodes other than the unhealthy ones that did not end succeeded or unchanged."""
+    done = ("succeeded", "unchanged")
+    return any(
+        r.state not in done for n, r in result.record.nodes.items() if n not in result.unhealthy
+    )
 
 
 def _start(
@@ -879,6 +959,7 @@ def _rollout_args(kwargs: dict[str, Any]) -> dict[str, Any]:
         "max_unavailable": kwargs.pop("max_unavailable"),
         "max_failures": kwargs.pop("max_failures"),
         "node_timeout_s": kwargs.pop("node_timeout"),
+        "on_unhealthy": kwargs.pop("on_unhealthy"),
         "dry_run": kwargs.pop("dry_run"),
         "record_file": kwargs.pop("record_file"),
         "lease_name": kwargs.pop("lease_name"),
@@ -1225,6 +1306,12 @@ def _prewarm_target(
     default=None,
     help="Change the record's limit: seconds one node may take.",
 )
+@click.option(
+    "--on-unhealthy",
+    type=click.Choice(["stop", "skip"]),
+    default=None,
+    help="Change the record's policy for a node whose GPU fails during the rollout.",
+)
 @lease_option
 @output_option
 def resume(
@@ -1233,6 +1320,7 @@ def resume(
     max_unavailable: str | None,
     max_failures: int | None,
     node_timeout: float | None,
+    on_unhealthy: str | None,
     lease_name: str,
     output: str,
     **kwargs: Any,
@@ -1262,6 +1350,8 @@ def resume(
         record.max_failures = max_failures
     if node_timeout is not None:
         record.node_timeout_s = node_timeout
+    if on_unhealthy is not None:
+        record.on_unhealthy = on_unhealthy
 
     async def work(fleet: Fleet) -> Any:
         selection = await select(fleet, Selector())
@@ -1276,3 +1366,12 @@ def resume(
     options = options_from(kwargs)
     lease = None if dry_run else lease_name
     _finish(run_with_fleet(options, work, lease=lease), output)
+
+
+def _add_remediate() -> None:
+    from agent.cli.fleet_remediate import remediate
+
+    fleet.add_command(remediate)
+
+
+_add_remediate()

@@ -99,6 +99,20 @@ class AsyncAgentClient(Stubs):
         response: mig_pb2.ApplyMigResponse = await self._call(self._mig.ApplyMig, request)
         return response.operation
 
+    async def reset_gpu(
+        self, gpu_index: int, *, validate_only: bool = False, request_id: str = ""
+    ) -> mig_pb2.ResetGpuResponse:
+        """Reset one GPU through the agent (refused while processes hold it); with
+        ``validate_only`` only whether the agent could try. A reset may take the driver a
+        while: the call may take four times the client's timeout."""
+        request = mig_pb2.ResetGpuRequest(
+            gpu_index=gpu_index, validate_only=validate_only, request_id=request_id
+        )
+        response: mig_pb2.ResetGpuResponse = await self._call(
+            self._mig.ResetGpu, request, timeout=4 * self.timeout_s
+        )
+        return response
+
     async def get_power(self) -> power_pb2.GetPowerResponse:
         response: power_pb2.GetPowerResponse = await self._call(
             self._power.GetPower, power_pb2.GetPowerRequest()

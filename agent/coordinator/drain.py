@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from agent._proto.gpuagent.v1 import mig_pb2
@@ -24,7 +24,7 @@ from agent.coordinator.record import RolloutRecord
 from agent.coordinator.rollout import NodeState
 from agent.errors import Busy, NotFound
 
-__all__ = ["Drain", "DrainApi"]
+__all__ = ["Drain", "DrainApi", "evict"]
 
 
 class DrainApi(Protocol):
@@ -77,7 +77,7 @@ class Drain:
             names = ", ".join(f"{ns}/{name}" for ns, name in sorted(pods))
             notes.progress(f"cordoned; evicting {names}")
             for namespace, pod in sorted(pods):
-                await self._evict(namespace, pod, notes)
+                await evict(self._kube, namespace, pod, notes.progress, self._poll_s)
             notes.progress(f"evicted {names}; waiting for their processes to end")
             while await self._blocked(node):
                 await asyncio.sleep(self._poll_s)
@@ -93,13 +93,18 @@ class Drain:
         plan = await self._fleet.client(self._targets[node]).plan_mig(text, name)
         return [g.gpu_index for g in plan.gpus if g.status == mig_pb2.MIG_PLAN_STATUS_BLOCKED]
 
-    async def _evict(self, namespace: str, pod: str, notes: Notes) -> None:
-        while True:
-            try:
-                await asyncio.to_thread(self._kube.evict, namespace, pod)
-                return
-            except NotFound:
-                return  # already gone
-            except Busy as exc:  # a PodDisruptionBudget says not now
-                notes.progress(f"eviction of {namespace}/{pod} refused for now: {exc}")
-                await asyncio.sleep(self._poll_s)
+
+async def evict(
+    kube: DrainApi, namespace: str, pod: str, progress: Callable[[str], None], poll_s: float
+) -> None:
+    """Evict one pod through the Eviction API until it is allowed (a PodDisruptionBudget's
+    429 is retried every ``poll_s``, said through ``progress``) or the pod is gone."""
+    while True:
+        try:
+            await asyncio.to_thread(kube.evict, namespace, pod)
+            return
+        except NotFound:
+            return  # already gone
+        except Busy as exc:  # a PodDisruptionBudget says not now
+            progress(f"eviction of {namespace}/{pod} refused for now: {exc}")
+            await asyncio.sleep(poll_s)

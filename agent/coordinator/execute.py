@@ -24,6 +24,9 @@ __all__ = ["NodeAction", "NodeResult", "Notes", "Report", "run_rollout"]
 class NodeResult:
     state: NodeState
     detail: str = ""
+    #: why the whole rollout must halt now (nothing new starts, running nodes finish);
+    #: empty: only this node's state counts (max-failures decides)
+    stop: str = ""
 
 
 class Notes(Protocol):
@@ -83,6 +86,8 @@ async def run_rollout(
 
     def finish(node: str, result: NodeResult) -> None:
         scheduler.finish(node, result.state)
+        if result.stop:
+            scheduler.stop(result.stop)
         rec = record.nodes[node]
         rec.state, rec.detail, rec.finished = result.state.value, result.detail, wall()
         record.halted = scheduler.halt_reason()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.coordinator.actions import NodePreview, action_for, preview
@@ -16,6 +16,7 @@ from agent.coordinator.demand import Demand, TraceStep
 from agent.coordinator.discovery import Target
 from agent.coordinator.execute import NodeAction, Report, run_rollout
 from agent.coordinator.fleet import Fleet
+from agent.coordinator.healthgate import HealthGate, degraded_detail, unhealthy_nodes
 from agent.coordinator.inventory import NodeView
 from agent.coordinator.planner import FleetPlan, NodeLayouts, plan_fleet, scratch_disruption
 from agent.coordinator.record import RolloutRecord
@@ -172,6 +173,11 @@ class RolloutResult:
     #: nodes mid-change by an operation this rollout did not start (another coordinator's,
     #: or a hand-run one's): they count against max-unavailable and are left pending.
     busy: tuple[str, ...] = ()
+    #: nodes left out because a GPU (or MIG instance) of theirs failed -> what failed; still
+    #: pending in the record, for a resume once they are healthy.
+    unhealthy: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: nodes with a degraded GPU, changed all the same -> what is degraded.
+    degraded: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -193,19 +199,31 @@ async def rollout(
     """Run (or with ``dry_run`` only plan) ``record`` over the selected nodes it names.
 
     ``order`` is the node order (a resume puts nodes left mid-operation first). Nodes that do
-    not answer are skipped and count against max-unavailable, as nodes already down. ``wrap``
-    wraps each node's action (a drain around a MIG change).
+    not answer are skipped and count against max-unavailable, as nodes already down. Nodes
+    whose agent reports a failed GPU are skipped too (not counted: they answer, and nothing
+    of theirs is being changed); each node's change is gated on its health
+    (`agent.coordinator.healthgate`, ``record.on_unhealthy``). ``wrap`` wraps each node's
+    action (a drain around a MIG change).
     """
-    reachable = {v.name for v in selection.reachable}
+    in_record = [v for v in selection.views if v.name in record.nodes]
+    pending = {n for n in record.nodes if not record.state(n).finished}
+    unhealthy = {n: d for n, d in unhealthy_nodes(in_record).items() if n in pending}
+    degraded = {v.name: degraded_detail(v) for v in in_record if v.degraded_gpus}
+    degraded = {n: d for n, d in degraded.items() if n in pending and n not in unhealthy}
+    reachable = {v.name for v in selection.reachable} - set(unhealthy)
     names = list(order or record.nodes)
-    skipped = tuple(n for n in names if n not in reachable and not record.state(n).finished)
+    skipped = tuple(n for n in names if n not in reachable and n not in unhealthy and n in pending)
     for node in skipped:
         record.nodes[node].detail = "skipped: the agent did not answer"
+    for node, why in unhealthy.items():
+        record.nodes[node].detail = f"skipped: {why}"
     targets = {n: t for n, t in selection.targets.items() if n in record.nodes}
     if dry_run:
         live = {n: targets[n] for n in names if n in reachable}
         shown = dataclasses.replace(record, nodes={n: record.nodes[n] for n in live}, path=None)
-        return RolloutResult(record, tuple(await preview(fleet, live, shown)), skipped)
+        previews = await preview(fleet, live, shown)
+        previews += [NodePreview(n, "skipped", unhealthy[n]) for n in names if n in unhealthy]
+        return RolloutResult(record, tuple(previews), skipped, (), unhealthy, degraded)
     limits = Limits(
         parse_max_unavailable(record.max_unavailable, len(record.nodes)),
         record.max_failures,
@@ -222,11 +240,13 @@ async def rollout(
         already_unavailable=len(skipped) + len(busy),
     )
     record.save()
-    if scheduler.pending and scheduler.capacity <= 0:
-        return RolloutResult(record, (), skipped, tuple(sorted(busy)))  # wait: nothing may start
+    busy_nodes = tuple(sorted(busy))
+    if scheduler.pending and scheduler.capacity <= 0:  # wait: nothing may start
+        return RolloutResult(record, (), skipped, busy_nodes, unhealthy, degraded)
     action = action_for(fleet, targets, record)
-    await run_rollout(record, scheduler, wrap(action) if wrap else action, report=report)
-    return RolloutResult(record, (), skipped, tuple(sorted(busy)))
+    gated = HealthGate(wrap(action) if wrap else action, fleet, targets, record.on_unhealthy)
+    await run_rollout(record, scheduler, gated, report=report)
+    return RolloutResult(record, (), skipped, busy_nodes, unhealthy, degraded)
 
 
 #: The agent operation kind whose nodes are unavailable while it runs, by rollout kind.

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, sharing_pb2
 from agent.client.layouts import layout_from
 from agent.coordinator.discovery import Target
+from agent.coordinator.health import DEGRADED, FAILED, UNKNOWN, GpuMark, gpu_marks, worst
 from agent.gpu.types import GpuLayout
 
 __all__ = ["NodeView", "node_view", "unreachable_view"]
@@ -50,6 +51,25 @@ class NodeView:
     #: What the agent withheld from this identity's roles (``processes``): shown as withheld,
     #: never as empty.
     withheld: tuple[str, ...] = ()
+    #: each GPU's health verdict (and its instances'), as the agent reported it
+    marks: tuple[GpuMark, ...] = ()
+
+    @property
+    def gpu_health(self) -> str:
+        """The worst GPU or instance verdict: healthy, degraded, failed; unknown when the
+        agent did not answer or gave a GPU no verdict (never healthy unchecked)."""
+        if self.error is not None:
+            return UNKNOWN
+        return worst(m.state for m in self.marks)
+
+    @property
+    def failed_gpus(self) -> tuple[GpuMark, ...]:
+        """GPUs failed themselves or with a failed instance."""
+        return tuple(m for m in self.marks if m.state == FAILED)
+
+    @property
+    def degraded_gpus(self) -> tuple[GpuMark, ...]:
+        return tuple(m for m in self.marks if m.state == DEGRADED)
 
     @property
     def reachable(self) -> bool:
@@ -125,6 +145,7 @@ def node_view(target: Target, node: agent_pb2.Node, idle_after_s: float | None =
         preset=node.simulated_preset,
         agent_version=node.agent_version,
         withheld=(PROCESSES,) if node.processes_hidden else (),
+        marks=gpu_marks(gpus),
     )
 
 

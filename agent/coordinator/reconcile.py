@@ -51,6 +51,7 @@ from agent.coordinator.desired import (
 )
 from agent.coordinator.fleet import Fleet
 from agent.coordinator.flows import Selection, rollout, select
+from agent.coordinator.health import STATES
 from agent.coordinator.inventory import NodeView
 from agent.coordinator.lease import LeaderElector
 from agent.coordinator.record import RolloutRecord
@@ -78,6 +79,8 @@ class Stats:
     last_pass: float | None = None
     last_duration_s: float = 0.0
     nodes: Counter[str] = field(default_factory=Counter)
+    #: GPUs of the answering nodes per health verdict, in the last sweep
+    gpu_health: Counter[str] = field(default_factory=Counter)
     drift: Counter[str] = field(default_factory=Counter)
     changes: Counter[tuple[str, str]] = field(default_factory=Counter)
     halted: Counter[str] = field(default_factory=Counter)
@@ -121,6 +124,15 @@ class _Collector:
         for state in ("answering", "unreachable"):
             nodes.add_metric([state], s.nodes[state])
         yield nodes
+        gpus = GaugeMetricFamily(
+            p + "gpus",
+            "GPUs of the answering agents in the last sweep, by the agent's health verdict "
+            "(unknown: no verdict).",
+            labels=["health"],
+        )
+        for state in STATES:
+            gpus.add_metric([state], s.gpu_health[state])
+        yield gpus
         drift = GaugeMetricFamily(
             p + "drift_nodes", "Nodes that differed from the desired state.", labels=["kind"]
         )
@@ -329,6 +341,9 @@ class Reconciler:
                 self._on_sweep(selection.views, SWEEP_IDLE_AFTER_S, began)
             self.stats.nodes = Counter(
                 "answering" if v.reachable else "unreachable" for v in selection.views
+            )
+            self.stats.gpu_health = Counter(
+                m.state for v in selection.views if v.reachable for m in v.marks
             )
             if desired is not None:
                 await self._converge(desired, selection)

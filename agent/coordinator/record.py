@@ -22,10 +22,13 @@ from typing import Any
 from agent.coordinator.rollout import NodeState
 from agent.errors import FieldViolation, InvalidSpec
 
-__all__ = ["KINDS", "NodeRecord", "RolloutRecord"]
+__all__ = ["KINDS", "ON_UNHEALTHY", "NodeRecord", "RolloutRecord"]
 
 VERSION = 1
 KINDS = ("mig", "power", "share", "prewarm")
+#: what a node that turns unhealthy (a GPU failed) during the rollout does: ``stop`` halts the
+#: rollout, ``skip`` fails that node alone (max-failures decides). The first is the default.
+ON_UNHEALTHY = ("stop", "skip")
 
 
 @dataclass
@@ -52,6 +55,8 @@ class RolloutRecord:
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     created: float = field(default_factory=time.time)
     halted: str | None = None
+    #: ON_UNHEALTHY; records from before the field read as the default
+    on_unhealthy: str = ON_UNHEALTHY[0]
     path: Path | None = field(default=None, compare=False)
 
     @classmethod
@@ -128,6 +133,8 @@ class RolloutRecord:
         try:
             if data.pop("version") != VERSION or data["kind"] not in KINDS:
                 raise ValueError("version or kind")
+            if data.get("on_unhealthy", ON_UNHEALTHY[0]) not in ON_UNHEALTHY:
+                raise ValueError(f"on_unhealthy {data['on_unhealthy']!r}")
             nodes = {str(n): NodeRecord(**r) for n, r in data.pop("nodes").items()}
             for r in nodes.values():
                 NodeState(r.state)

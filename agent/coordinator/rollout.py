@@ -3,7 +3,8 @@
 A node being changed is unavailable, so at most ``max_unavailable`` nodes run at once (nodes
 already down when the rollout starts count against that too). Once ``max_failures`` nodes have
 failed the rollout halts: nothing new starts, running nodes finish. A node running longer than
-the timeout is reported overdue, for the runner to cancel.
+the timeout is reported overdue, for the runner to cancel. A rollout can also be stopped with
+a reason (a node turned unhealthy during it): it halts the same way.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class Scheduler:
         self._order = list(nodes)
         self._already_unavailable = already_unavailable
         self._started: dict[str, float] = {}
+        self._stopped: str | None = None
 
     def _in(self, state: NodeState) -> list[str]:
         return [n for n in self._order if self.states[n] is state]
@@ -95,7 +97,13 @@ class Scheduler:
 
     @property
     def halted(self) -> bool:
-        return 0 < self.limits.max_failures <= len(self.failed)
+        return self._stopped is not None or 0 < self.limits.max_failures <= len(self.failed)
+
+    def stop(self, reason: str) -> None:
+        """Halt as at max-failures (nothing new starts, running nodes finish), for ``reason``;
+        the first reason given is kept."""
+        if self._stopped is None:
+            self._stopped = reason
 
     @property
     def done(self) -> bool:
@@ -146,6 +154,8 @@ class Scheduler:
     def halt_reason(self) -> str | None:
         if not self.halted:
             return None
+        if self._stopped is not None:
+            return f"halted: {self._stopped}"
         return (
             f"halted after {len(self.failed)} failed node(s) "
             f"(max-failures {self.limits.max_failures}): {', '.join(self.failed)}"

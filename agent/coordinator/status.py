@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.coordinator.capacity import free_capacity, idle_devices, slice_map
+from agent.coordinator.health import STATES, UNKNOWN, GpuMark, InstanceMark
 from agent.coordinator.inventory import PROCESSES, NodeView
 from agent.gpu.types import GpuLayout
 from agent.mig.plan import current_counts
@@ -16,11 +17,58 @@ from agent.mig.plan import current_counts
 __all__ = [
     "FleetStatus",
     "GpuStatus",
+    "HealthStatus",
+    "InstanceHealth",
     "NodeStatus",
     "ProfileStatus",
     "fleet_status",
     "status_document",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceHealth:
+    """A MIG instance's own verdict."""
+
+    gpu_instance_id: int
+    profile: str
+    state: str
+    reason: str
+    action: str
+    pods: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HealthStatus:
+    """A GPU's verdict: the worst over the GPU and its instances (``unknown`` when the agent
+    gave the GPU none), that verdict's reason, action and start, the pods the marks name, and
+    the instances with a verdict of their own."""
+
+    state: str
+    reason: str = ""
+    action: str = ""
+    since: float | None = None
+    pods: tuple[str, ...] = ()
+    instances: tuple[InstanceHealth, ...] = ()
+
+
+def _health(mark: GpuMark | None) -> HealthStatus:
+    if mark is None:
+        return HealthStatus(UNKNOWN)
+    worst = mark.worst_mark[1]
+    return HealthStatus(
+        worst.state,
+        worst.reason,
+        worst.action,
+        worst.since,
+        mark.pods,
+        tuple(_instance(i) for i in mark.instances),
+    )
+
+
+def _instance(i: InstanceMark) -> InstanceHealth:
+    m = i.mark
+    return InstanceHealth(i.gpu_instance_id, i.profile, m.state, m.reason, m.action, m.pods)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +83,8 @@ class GpuStatus:
     #: None when the process lists were withheld: which devices are idle is unknown.
     idle: dict[str, int] | None
     creatable: dict[str, int]
+    #: the agent's verdict (docs/health.md)
+    health: HealthStatus = dataclasses.field(default_factory=lambda: HealthStatus(UNKNOWN))
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +101,8 @@ class NodeStatus:
     gpus: tuple[GpuStatus, ...]
     #: What the agent withheld from this identity (``processes``): idle devices are then unknown.
     withheld: tuple[str, ...] = ()
+    #: the worst GPU or instance verdict: healthy, degraded, failed, unknown
+    gpu_health: str = UNKNOWN
 
     @property
     def idle(self) -> dict[str, int] | None:
@@ -93,6 +145,12 @@ class FleetStatus:
     def idle_gpus(self) -> int:
         return sum(n.idle_gpus or 0 for n in self.nodes)
 
+    @property
+    def gpu_health(self) -> dict[str, int]:
+        """GPUs per verdict, every state named (0 included), of the answering nodes."""
+        counts = Counter(g.health.state for n in self.nodes for g in n.gpus)
+        return {state: counts[state] for state in STATES}
+
 
 def _mig(layout: GpuLayout, lost: bool) -> str:
     mode = layout.gpu.mig_mode
@@ -105,7 +163,7 @@ def _mig(layout: GpuLayout, lost: bool) -> str:
     return "on" if mode.current else "off"
 
 
-def _gpu(layout: GpuLayout, lost: bool, processes_known: bool) -> GpuStatus:
+def _gpu(layout: GpuLayout, lost: bool, processes_known: bool, mark: GpuMark | None) -> GpuStatus:
     on = bool(layout.gpu.mig_mode and layout.gpu.mig_mode.current)
     placed = [(gi.profile_id, gi.placement) for gi in layout.instances]
     return GpuStatus(
@@ -117,6 +175,7 @@ def _gpu(layout: GpuLayout, lost: bool, processes_known: bool) -> GpuStatus:
         devices=current_counts(layout) if on else {},
         idle=dict(sorted(idle_devices(layout).items())) if processes_known else None,
         creatable=free_capacity(layout.profiles, placed) if on and not lost else {},
+        health=_health(mark),
     )
 
 
@@ -133,6 +192,7 @@ def _node(view: NodeView) -> NodeStatus:
     # By index: a GPU lost before its agent started has no UUID to name it by.
     lost = [g.gpu.index for g in view.layouts if g.gpu.uuid in view.lost]
     problems = list(view.unhealthy) + [f"GPU {i} lost" for i in lost]
+    problems += [m.describe() for m in view.failed_gpus]
     # Not a problem of the node: what this identity may not see, said so next to the health.
     withheld = [f"{what} withheld (read role)" for what in view.withheld]
     known = PROCESSES not in view.withheld
@@ -145,9 +205,20 @@ def _node(view: NodeView) -> NodeStatus:
         sharing=view.sharing,
         warm=len(view.warm),
         idle_gpus=view.idle_gpus,
-        gpus=tuple(_gpu(g, g.gpu.uuid in view.lost, known) for g in view.layouts),
+        gpus=tuple(
+            _gpu(g, g.gpu.uuid in view.lost, known, m)
+            for g, m in zip(view.layouts, _marks(view), strict=True)
+        ),
         withheld=view.withheld,
+        gpu_health=view.gpu_health,
     )
+
+
+def _marks(view: NodeView) -> list[GpuMark | None]:
+    """The verdict of each layout, in order (a view made without marks has none)."""
+    if len(view.marks) == len(view.layouts):
+        return list(view.marks)
+    return [None] * len(view.layouts)
 
 
 def fleet_status(views: Sequence[NodeView]) -> FleetStatus:
@@ -183,6 +254,28 @@ def _gpu_record(g: GpuStatus) -> dict[str, Any]:
         "devices": g.devices,
         "idle": g.idle,
         "creatable": g.creatable,
+        "health": _health_record(g.health),
+    }
+
+
+def _health_record(h: HealthStatus) -> dict[str, Any]:
+    return {
+        "state": h.state,
+        "reason": h.reason,
+        "action": h.action,
+        "since": h.since,
+        "pods": h.pods,
+        "instances": tuple(
+            {
+                "gpu_instance_id": i.gpu_instance_id,
+                "profile": i.profile,
+                "state": i.state,
+                "reason": i.reason,
+                "action": i.action,
+                "pods": i.pods,
+            }
+            for i in h.instances
+        ),
     }
 
 
@@ -200,6 +293,7 @@ def _node_record(n: NodeStatus) -> dict[str, Any]:
         "gpus": [_gpu_record(g) for g in n.gpus],
         "idle": n.idle,
         "withheld": list(n.withheld),
+        "gpu_health": n.gpu_health,
     }
 
 
@@ -214,6 +308,7 @@ def status_document(status: FleetStatus, idle_after: str) -> dict[str, Any]:
             "reachable": status.reachable,
             "gpus": status.gpus,
             "idle_gpus": status.idle_gpus,
+            "gpu_health": status.gpu_health,
         },
         "idle_after": idle_after,
     }

@@ -148,6 +148,26 @@ class MigService:
 
     # -- changes (under the partition lock) ------------------------------------------------------
 
+    def reset_gpu(self, index: int, *, validate_only: bool = False) -> GpuInfo:
+        """Reset one GPU through the node's reset (the one pending MIG modes take), under the
+        partition lock; Busy naming the processes while any run on it (the reset would fail
+        or kill them), NotFound/DeviceLost for a GPU that is not there to reset.
+        ``validate_only`` checks and changes nothing."""
+        gpu = self._driver.gpu(index)
+        if validate_only:
+            return gpu
+        with self._lock.hold(f"gpu reset {index}"):
+            running = self._driver.layout(gpu.uuid).processes
+            if running:
+                pids = ", ".join(str(p.pid) for p in running)
+                raise Busy(
+                    f"GPU {index} runs processes {pids}: stop them (evict their pods) before a "
+                    "reset",
+                    [f"pid {p.pid}" for p in running],
+                )
+            self._reset(gpu)
+        return gpu
+
     def apply(
         self,
         spec: MigSpec,

@@ -254,6 +254,10 @@ def every_rpc(channel: grpc.Channel, origin: Origin, tag: str) -> dict[str, grpc
     )
     record(P + "MigService/ExportMig", lambda: mig.ExportMig(mig_pb2.ExportMigRequest(), timeout=t))
     record(
+        P + "MigService/ResetGpu",
+        lambda: mig.ResetGpu(mig_pb2.ResetGpuRequest(gpu_index=0, validate_only=True), timeout=t),
+    )
+    record(
         P + "TelemetryService/GetMetrics",
         lambda: telemetry.GetMetrics(telemetry_pb2.GetMetricsRequest(), timeout=t),
     )

@@ -44,7 +44,10 @@ def test_one_row_per_node_with_its_gpus_and_models(agents: AgentFleet) -> None:
     assert rows["nvl"]["models"] == "2x H100 NVL"
     assert all(r["health"] in ("ok", "unhealthy") for r in rows.values())
     assert {g["slices"] for g in rows["h100"]["gpus"]} == {"-"}  # MIG off on a fresh node
+    health = data["totals"].pop("gpu_health")
     assert data["totals"] == {"nodes": 4, "reachable": 4, "gpus": 22, "idle_gpus": 0}
+    # Every GPU counted once by its verdict (unknown where the agent gives none), none failed.
+    assert sum(health.values()) == 22 and health["failed"] == 0
 
 
 def test_idle_gpus_come_with_the_inventory(agents: AgentFleet) -> None:

@@ -123,3 +123,19 @@ def test_max_unavailable_is_a_count_or_a_percentage_rounded_down(
 def test_a_bad_max_unavailable_names_the_flag(text: str) -> None:
     with pytest.raises(InvalidSpec, match="max-unavailable"):
         parse_max_unavailable(text, 10)
+
+
+def test_a_stop_halts_like_max_failures_whatever_the_failure_count() -> None:
+    """A node turned unhealthy stops the rollout (agent.coordinator.healthgate): nothing new
+    starts, the running node finishes, the first reason is kept."""
+    scheduler = Scheduler(NODES[:4], Limits(2, max_failures=0))
+    assert scheduler.start(0.0) == ["n00", "n01"]
+    scheduler.finish("n00", NodeState.FAILED)
+    scheduler.stop("n00 turned unhealthy during the rollout (GPU 0 failed)")
+    scheduler.stop("a second reason")
+    assert scheduler.start(1.0) == [] and scheduler.halted and not scheduler.done
+    scheduler.finish("n01", NodeState.SUCCEEDED)
+    assert scheduler.done and scheduler.pending == ["n02", "n03"]
+    assert scheduler.halt_reason() == (
+        "halted: n00 turned unhealthy during the rollout (GPU 0 failed)"
+    )

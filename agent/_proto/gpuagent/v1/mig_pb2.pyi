@@ -144,3 +144,21 @@ class ExportMigResponse(_message.Message):
     CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]
     config_yaml: str
     def __init__(self, config_yaml: _Optional[str] = ...) -> None: ...
+
+class ResetGpuRequest(_message.Message):
+    __slots__ = ("gpu_index", "validate_only", "request_id")
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    gpu_index: int
+    validate_only: bool
+    request_id: str
+    def __init__(self, gpu_index: _Optional[int] = ..., validate_only: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ResetGpuResponse(_message.Message):
+    __slots__ = ("gpu_uuid", "reset")
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    gpu_uuid: str
+    reset: bool
+    def __init__(self, gpu_uuid: _Optional[str] = ..., reset: _Optional[bool] = ...) -> None: ...

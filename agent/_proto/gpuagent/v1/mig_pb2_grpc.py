@@ -61,6 +61,11 @@ class MigServiceStub:
                 request_serializer=gpuagent_dot_v1_dot_mig__pb2.RestoreMigRequest.SerializeToString,
                 response_deserializer=gpuagent_dot_v1_dot_mig__pb2.RestoreMigResponse.FromString,
                 _registered_method=True)
+        self.ResetGpu = channel.unary_unary(
+                '/gpuagent.v1.MigService/ResetGpu',
+                request_serializer=gpuagent_dot_v1_dot_mig__pb2.ResetGpuRequest.SerializeToString,
+                response_deserializer=gpuagent_dot_v1_dot_mig__pb2.ResetGpuResponse.FromString,
+                _registered_method=True)
 
 
 class MigServiceServicer:
@@ -107,6 +112,17 @@ class MigServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResetGpu(self, request, context):
+        """ResetGpu resets one GPU (as `nvidia-smi -r`, through the reset the agent is configured
+        with, the one MIG mode changes use), under the partition lock: refused with
+        FAILED_PRECONDITION naming them while processes or daemons hold the GPU, ABORTED while
+        another reconfiguration runs, NOT_FOUND for an index the node lacks. With validate_only it
+        checks the index and that a reset can be attempted, and changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MigServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -134,6 +150,11 @@ def add_MigServiceServicer_to_server(servicer, server):
                     servicer.RestoreMig,
                     request_deserializer=gpuagent_dot_v1_dot_mig__pb2.RestoreMigRequest.FromString,
                     response_serializer=gpuagent_dot_v1_dot_mig__pb2.RestoreMigResponse.SerializeToString,
+            ),
+            'ResetGpu': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetGpu,
+                    request_deserializer=gpuagent_dot_v1_dot_mig__pb2.ResetGpuRequest.FromString,
+                    response_serializer=gpuagent_dot_v1_dot_mig__pb2.ResetGpuResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -273,6 +294,33 @@ class MigService:
             '/gpuagent.v1.MigService/RestoreMig',
             gpuagent_dot_v1_dot_mig__pb2.RestoreMigRequest.SerializeToString,
             gpuagent_dot_v1_dot_mig__pb2.RestoreMigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetGpu(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuagent.v1.MigService/ResetGpu',
+            gpuagent_dot_v1_dot_mig__pb2.ResetGpuRequest.SerializeToString,
+            gpuagent_dot_v1_dot_mig__pb2.ResetGpuResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,149 @@
+"""The agents' health marks as the coordinator reads them (proto -> records). Pure.
+
+Each GPU and MIG instance of a GetNode answer may carry a HealthMark (docs/health.md): healthy,
+degraded (usable, watched) or failed (not usable until its action). A GPU without a verdict
+is ``unknown``, never healthy unchecked; an instance without one has no verdict of its own
+and counts as its GPU. A node is as bad as its worst GPU or instance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from agent._proto.gpuagent.v1 import agent_pb2
+
+__all__ = [
+    "ACTIONS",
+    "DEGRADED",
+    "FAILED",
+    "HEALTHY",
+    "STATES",
+    "UNKNOWN",
+    "GpuMark",
+    "InstanceMark",
+    "Mark",
+    "gpu_marks",
+    "worst",
+]
+
+HEALTHY, DEGRADED, FAILED, UNKNOWN = "healthy", "degraded", "failed", "unknown"
+#: best to worst: a node shows the worst of its GPUs and instances
+STATES = (HEALTHY, UNKNOWN, DEGRADED, FAILED)
+#: what clears a mark, as the agent names it
+ACTIONS = ("none", "restart-application", "reset-gpu", "reboot-node")
+
+_STATE = {
+    agent_pb2.HEALTH_STATE_HEALTHY: HEALTHY,
+    agent_pb2.HEALTH_STATE_DEGRADED: DEGRADED,
+    agent_pb2.HEALTH_STATE_FAILED: FAILED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """One verdict: ``since`` in seconds since the epoch (None when the agent gave none)."""
+
+    state: str
+    reason: str = ""
+    action: str = ""
+    pods: tuple[str, ...] = ()
+    since: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceMark:
+    gpu_instance_id: int
+    profile: str
+    mark: Mark
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMark:
+    index: int
+    uuid: str
+    mark: Mark
+    #: instances that carry a verdict of their own
+    instances: tuple[InstanceMark, ...] = ()
+    #: the GPU's own state, or worse when one of its instances is worse (set from the others)
+    state: str = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        state = self.mark.state
+        if self.instances:
+            state = worst([state, *(i.mark.state for i in self.instances)])
+        object.__setattr__(self, "state", state)
+
+    @property
+    def pods(self) -> tuple[str, ...]:
+        """The pods the marks name (the GPU's and its instances'), each once, in order."""
+        if not self.instances:
+            return self.mark.pods
+        seen = dict.fromkeys(self.mark.pods)
+        for i in self.instances:
+            seen.update(dict.fromkeys(i.mark.pods))
+        return tuple(seen)
+
+    @property
+    def failed_marks(self) -> tuple[tuple[str, Mark], ...]:
+        """(what, mark) of each failed verdict on this GPU: ``GPU 2``, ``GPU 2 GI 7 (1g.10gb)``."""
+        found = [(f"GPU {self.index}", self.mark)] if self.mark.state == FAILED else []
+        found += [
+            (f"GPU {self.index} GI {i.gpu_instance_id} ({i.profile})", i.mark)
+            for i in self.instances
+            if i.mark.state == FAILED
+        ]
+        return tuple(found)
+
+    @property
+    def worst_mark(self) -> tuple[str, Mark]:
+        """(what, mark) of the worst verdict: the GPU's own when it is as bad as any."""
+        if self.mark.state == self.state:
+            return f"GPU {self.index}", self.mark
+        marks = [(f"GPU {self.index}", self.mark)] + [
+            (f"GPU {self.index} GI {i.gpu_instance_id} ({i.profile})", i.mark)
+            for i in self.instances
+        ]
+        return next((w, m) for w, m in marks if m.state == self.state)
+
+    def describe(self) -> str:
+        """``GPU 2 failed: XID 79 (...) (action reset-gpu)``: the worst verdict, in words."""
+        what, mark = self.worst_mark
+        text = f"{what} {mark.state}"
+        if mark.reason:
+            text += f": {mark.reason}"
+        if mark.action and mark.action != "none":
+            text += f" (action {mark.action})"
+        return text
+
+
+def _mark(pb: agent_pb2.HealthMark, has: bool, absent: str) -> Mark:
+    if not has or pb.state not in _STATE:
+        return Mark(absent)
+    since = pb.since.ToNanoseconds() / 1e9 if pb.HasField("since") else None
+    return Mark(_STATE[pb.state], pb.reason, pb.action, tuple(pb.pods), since)
+
+
+def gpu_marks(gpus: Iterable[agent_pb2.Gpu]) -> tuple[GpuMark, ...]:
+    """Each GPU's verdict and its instances' own verdicts, from a GetNode answer."""
+    out = []
+    for g in gpus:
+        instances: tuple[InstanceMark, ...] = ()
+        if g.instances:  # most GPUs have none: no generator for them (8,000 GPUs a sweep)
+            instances = tuple(
+                InstanceMark(gi.id, gi.profile_name, _mark(gi.condition, True, UNKNOWN))
+                for gi in g.instances
+                if gi.HasField("condition") and gi.condition.state in _STATE
+            )
+        own = _mark(g.condition, g.HasField("condition"), UNKNOWN)
+        out.append(GpuMark(g.index, g.uuid, own, instances))
+    return tuple(out)
+
+
+def worst(states: Sequence[str] | Iterable[str]) -> str:
+    """The worst of ``states`` (failed, degraded, unknown, healthy); ``unknown`` when none."""
+    found = list(states)
+    if not found:
+        return UNKNOWN
+    return max(found, key=STATES.index)

@@ -1,0 +1,216 @@
+"""Fake agents over real gRPC (Unix sockets, grpc.aio servers on a thread of their own), for
+the coordinator's health tests: each answers GetNode with a Node the test sets (HealthMarks
+included), records the calls it gets, and either answers the rest itself (SetSharing,
+GetSharing, ResetGpu, GetTelemetrySnapshot) or forwards them untouched to a real agent's
+socket (``upstream``), rewriting only GetNode's answer through ``rewrite``.
+
+The real agent fills no HealthMark yet on this branch (the health state machine is built
+alongside); these stand in for its GetNode until it does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from agent._proto.gpuagent.v1 import (
+    agent_pb2,
+    mig_pb2,
+    operations_pb2,
+    sharing_pb2,
+    telemetry_pb2,
+)
+
+_P = "/gpuagent.v1."
+
+
+def mark(state: str, reason: str = "", action: str = "", pods: tuple[str, ...] = ()) -> Any:
+    """A HealthMark: ``state`` healthy, degraded or failed."""
+    value = agent_pb2.HealthState.Value(f"HEALTH_STATE_{state.upper()}")
+    return agent_pb2.HealthMark(state=value, reason=reason, action=action, pods=list(pods))
+
+
+def node(name: str, *marks: Any, processes: dict[int, list[int]] | None = None) -> Any:
+    """A Node of ``len(marks)`` GPUs, GPU i marked ``marks[i]`` (None: no verdict)."""
+    answer = agent_pb2.Node(name=name)
+    for i, m in enumerate(marks):
+        gpu = answer.gpus.add(index=i, uuid=f"GPU-{name}-{i}", name="NVIDIA H100 80GB HBM3")
+        gpu.health = agent_pb2.GPU_HEALTH_OK
+        if m is not None:
+            gpu.condition.CopyFrom(m)
+        for pid in (processes or {}).get(i, []):
+            gpu.processes.add(pid=pid)
+    return answer
+
+
+@dataclass
+class FakeAgent:
+    name: str
+    socket: Path
+    node: Any
+    #: (namespace, pod) per GPU index, as the agent's telemetry attributes them
+    pods: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)
+    #: GPU indices reset (ResetGpu, not validate_only)
+    resets: list[int] = field(default_factory=list)
+    #: called with each method name before it is answered (the test changes ``node`` there)
+    on_call: Callable[[FakeAgent, str], None] = lambda agent, method: None
+    #: a real agent's socket to forward every call but GetNode's answer to
+    upstream: str | None = None
+    #: GetNode's answer from the upstream agent's, when forwarding
+    rewrite: Callable[[Any], None] = lambda answer: None
+    #: ResetGpu refused with this status and message
+    reset_error: tuple[grpc.StatusCode, str] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"unix:{self.socket}"
+
+
+def _reply(agent: FakeAgent, method: str, request: bytes) -> bytes | None:
+    """The fake's own answer, or None for a method it does not serve."""
+    if method == "NodeService/GetNode":
+        return agent_pb2.GetNodeResponse(node=agent.node).SerializeToString()
+    if method == "SharingService/SetSharing":
+        change = sharing_pb2.SharingChange(changed=True)
+        return sharing_pb2.SetSharingResponse(change=change).SerializeToString()
+    if method == "SharingService/GetSharing":
+        return sharing_pb2.GetSharingResponse().SerializeToString()
+    if method == "OperationsService/ListOperations":
+        return operations_pb2.ListOperationsResponse().SerializeToString()
+    if method == "TelemetryService/GetTelemetrySnapshot":
+        snapshot = telemetry_pb2.TelemetrySnapshot()
+        for index, pods in agent.pods.items():
+            for namespace, name in pods:
+                entry = snapshot.entities.add()
+                entry.entity.gpu_index = index
+                entry.pod.namespace, entry.pod.name = namespace, name
+        return telemetry_pb2.GetTelemetrySnapshotResponse(snapshot=snapshot).SerializeToString()
+    if method == "MigService/ResetGpu":
+        asked = mig_pb2.ResetGpuRequest.FromString(request)
+        if not asked.validate_only:
+            agent.resets.append(asked.gpu_index)
+        uuid = f"GPU-{agent.name}-{asked.gpu_index}"
+        return mig_pb2.ResetGpuResponse(
+            gpu_uuid=uuid, reset=not asked.validate_only
+        ).SerializeToString()
+    return None
+
+
+def _fail(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str) -> bytes:
+    """The call ends with ``code`` (set, not raised: the answer is sent as any other)."""
+    context.set_code(code)
+    context.set_details(details)
+    return b""
+
+
+class _Handler(grpc.GenericRpcHandler):
+    def __init__(self, agent: FakeAgent, upstream: grpc.aio.Channel | None) -> None:
+        self._agent = agent
+        self._upstream = upstream
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = str(details.method).removeprefix(_P)
+
+        async def answer(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            agent = self._agent
+            agent.calls.append(method)
+            agent.on_call(agent, method)
+            if method == "MigService/ResetGpu" and agent.reset_error is not None:
+                return _fail(context, *agent.reset_error)
+            if self._upstream is not None:
+                call = self._upstream.unary_unary(_P + method)
+                try:
+                    raw: bytes = await call(request, timeout=60)
+                except grpc.aio.AioRpcError as exc:
+                    context.set_trailing_metadata(exc.trailing_metadata())
+                    return _fail(context, exc.code(), exc.details() or "")
+                if method == "MigService/ResetGpu":
+                    asked = mig_pb2.ResetGpuRequest.FromString(request)
+                    if not asked.validate_only:  # the real agent reset it
+                        agent.resets.append(asked.gpu_index)
+                if method == "NodeService/GetNode":
+                    got = agent_pb2.GetNodeResponse.FromString(raw)
+                    agent.rewrite(got.node)
+                    agent.node = got.node
+                    raw = got.SerializeToString()
+                return raw
+            found = _reply(agent, method, request)
+            if found is None:
+                return _fail(context, grpc.StatusCode.UNIMPLEMENTED, f"{method} is not faked")
+            return found
+
+        return grpc.unary_unary_rpc_method_handler(answer)
+
+
+class FakeAgents:
+    """Fake agents on a loop of their own, so the CLI's asyncio.run can call them."""
+
+    def __init__(self) -> None:
+        # Short: a Unix socket path has at most 107 bytes, and tmp_path names the test.
+        self.root = Path(tempfile.mkdtemp(prefix="fa-", dir="/tmp"))
+        self.agents: dict[str, FakeAgent] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._servers: list[grpc.aio.Server] = []
+        self._channels: list[grpc.aio.Channel] = []
+
+    def _run(self, work: Awaitable[Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result(30)  # type: ignore[arg-type]
+
+    def add(self, agent_node: Any, **kw: Any) -> FakeAgent:
+        name = agent_node.name
+        agent = FakeAgent(name, self.root / f"{name}.sock", agent_node, **kw)
+
+        async def start() -> None:
+            upstream = None
+            if agent.upstream is not None:
+                upstream = grpc.aio.insecure_channel(agent.upstream)
+                self._channels.append(upstream)
+            server = grpc.aio.server()
+            server.add_generic_rpc_handlers([_Handler(agent, upstream)])
+            server.add_insecure_port(agent.address)
+            await server.start()
+            self._servers.append(server)
+
+        self._run(start())
+        self.agents[name] = agent
+        return agent
+
+    def args(self) -> list[str]:
+        return ["--agents", ",".join(a.address for a in self.agents.values()), "--insecure"]
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        async def stop() -> None:
+            for server in self._servers:
+                await server.stop(None)
+            for channel in self._channels:
+                await channel.close()
+
+        self._run(stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextmanager
+def fake_agents() -> Iterator[FakeAgents]:
+    agents = FakeAgents()
+    agents.start()
+    try:
+        yield agents
+    finally:
+        agents.stop()

@@ -1,0 +1,223 @@
+"""The coordinator acts on the agents' health marks: `fleet status` shows them, rollouts skip
+nodes with a failed GPU and stop when a node turns unhealthy, `coordinator serve` counts GPUs
+per verdict. Fake agents over real gRPC (tests/unit/coordinator/fakeagents.py) answer GetNode
+with the marks set."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from prometheus_client import generate_latest
+
+from agent.cli.fleet import fleet
+from agent.coordinator import reconcile
+from agent.coordinator.discovery import Target
+from agent.coordinator.fleet import Fleet
+from agent.coordinator.flows import Selection
+from agent.coordinator.inventory import node_view
+from tests.unit.coordinator.agents import Outcome, invoke
+from tests.unit.coordinator.fakeagents import FakeAgent, FakeAgents, fake_agents, mark, node
+
+XID48 = "XID 48 (double-bit ECC error): needs a GPU reset"
+
+
+@pytest.fixture
+def agents() -> Iterator[FakeAgents]:
+    with fake_agents() as found:
+        yield found
+
+
+def run(agents: FakeAgents, *args: str) -> Outcome:
+    return invoke(fleet, [*args, *agents.args()])
+
+
+def _mixed(agents: FakeAgents) -> None:
+    """a: GPU 0 failed, GPU 1 degraded, GPU 2 healthy; b: an agent that gives no verdict."""
+    agents.add(
+        node(
+            "a",
+            mark("failed", XID48, "reset-gpu", ("team/train-0",)),
+            mark("degraded", "XID 63 (row remap pending)", "none"),
+            mark("healthy"),
+        )
+    )
+    agents.add(node("b", None, None))
+
+
+def test_fleet_status_shows_each_gpus_verdict_and_the_nodes_worst(agents: FakeAgents) -> None:
+    _mixed(agents)
+    result = run(agents, "status", "-o", "json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    a, b = doc["nodes"]
+    assert (a["gpu_health"], b["gpu_health"]) == ("failed", "unknown")
+    health = [g["health"] for g in a["gpus"]]
+    assert [h["state"] for h in health] == ["failed", "degraded", "healthy"]
+    assert (health[0]["reason"], health[0]["action"], health[0]["pods"]) == (
+        XID48,
+        "reset-gpu",
+        ["team/train-0"],
+    )
+    # No verdict is unknown, never healthy unchecked.
+    assert [g["health"]["state"] for g in b["gpus"]] == ["unknown", "unknown"]
+    assert doc["totals"]["gpu_health"] == {"healthy": 1, "unknown": 2, "degraded": 1, "failed": 1}
+    assert a["health"] == "unhealthy" and f"GPU 0 failed: {XID48}" in a["detail"]
+
+    table = run(agents, "status")
+    assert table.exit_code == 0, table.output
+    rows = table.output.splitlines()
+    assert any(r.split()[:3] == ["a", "unhealthy:", "GPU"] and "failed" in r for r in rows)
+    assert any(r.startswith("b ") and " unknown " in r for r in rows)
+    failed = next(r for r in rows if r.startswith("a ") and " reset-gpu " in r)
+    assert "XID 48" in failed and "team/train-0" in failed
+    assert any(r.startswith("a ") and "degraded" in r and "XID 63" in r for r in rows)
+    assert "GPU health: 1 healthy, 2 unknown, 1 degraded, 1 failed." in table.output
+
+
+def test_an_unspecified_state_and_instance_marks_count_as_the_agent_said() -> None:
+    """A mark set with state UNSPECIFIED is no verdict (unknown); a failed MIG instance makes
+    its GPU, and so its node, failed; an instance without a verdict of its own is its GPU's."""
+    answer = node("n", mark("healthy"), mark("healthy"))
+    answer.gpus[0].condition.state = 0  # HEALTH_STATE_UNSPECIFIED, set
+    answer.gpus[1].instances.add(id=7, profile_name="1g.10gb")
+    bad = answer.gpus[1].instances.add(id=8, profile_name="3g.40gb")
+    bad.condition.CopyFrom(mark("failed", "XID 94 (contained ECC)", "restart-application"))
+    view = node_view(Target("unix:/x", "n"), answer)
+    assert [m.state for m in view.marks] == ["unknown", "failed"]
+    assert view.gpu_health == "failed"
+    assert view.failed_gpus[0].describe() == (
+        "GPU 1 GI 8 (3g.40gb) failed: XID 94 (contained ECC) (action restart-application)"
+    )
+
+
+def _share(agents: FakeAgents, *extra: str) -> Outcome:
+    return run(
+        agents,
+        "apply",
+        "share",
+        "--strategy",
+        "time-slicing",
+        "--replicas",
+        "2",
+        "-o",
+        "json",
+        *extra,
+    )
+
+
+def _set_sharing(agent: FakeAgent) -> int:
+    return agent.calls.count("SharingService/SetSharing")
+
+
+def test_a_rollout_skips_a_node_with_a_failed_gpu_and_shows_degraded_ones(
+    agents: FakeAgents,
+) -> None:
+    a = agents.add(node("a", mark("failed", XID48, "reset-gpu")))
+    b = agents.add(node("b", mark("healthy")))
+    c = agents.add(node("c", mark("degraded", "XID 63 (row remap pending)", "none")))
+    dry = _share(agents, "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    previews = {p["node"]: p for p in json.loads(dry.output)["previews"]}
+    assert (previews["a"]["would"], previews["b"]["would"]) == ("skipped", "change")
+    assert previews["a"]["detail"] == f"GPU 0 failed: {XID48} (action reset-gpu)"
+
+    result = _share(agents, "--max-unavailable", "3")
+    assert result.exit_code == 10, result.output
+    doc = json.loads(result.output.split("\nerror:")[0])
+    nodes = doc["record"]["nodes"]
+    assert nodes["a"]["state"] == "pending"
+    assert nodes["a"]["detail"] == f"skipped: GPU 0 failed: {XID48} (action reset-gpu)"
+    assert (nodes["b"]["state"], nodes["c"]["state"]) == ("succeeded", "succeeded")
+    assert (_set_sharing(a), _set_sharing(b), _set_sharing(c)) == (0, 1, 1)
+    assert doc["unhealthy"] == {"a": f"GPU 0 failed: {XID48} (action reset-gpu)"}
+    assert doc["degraded"] == {"c": "GPU 0 degraded: XID 63 (row remap pending)"}
+    assert "1 node(s) skipped for a failed GPU (a)" in result.output
+
+    text = run(agents, "apply", "share", "--strategy", "time-slicing", "--replicas", "2")
+    assert f"Skipped (GPU failed): a: GPU 0 failed: {XID48}" in text.output
+    assert "Degraded (changed all the same): c: GPU 0 degraded" in text.output
+
+
+def _fails_on_change(agent: FakeAgent, method: str) -> None:
+    if method == "SharingService/SetSharing":
+        failed = mark("failed", "XID 79 (fell off the bus)", "reboot-node")
+        agent.node.gpus[0].condition.CopyFrom(failed)
+
+
+@pytest.mark.parametrize(("policy", "c_changed"), [("stop", 0), ("skip", 1)])
+def test_a_node_that_turns_unhealthy_during_the_rollout_stops_it(
+    agents: FakeAgents, policy: str, c_changed: int
+) -> None:
+    """One node at a time; b's GPU fails as it is changed. With --on-unhealthy stop (the
+    default) the rollout halts there, whatever --max-failures says: c is never started. With
+    skip only b fails and c goes on."""
+    a = agents.add(node("a", mark("healthy")))
+    b = agents.add(node("b", mark("healthy")), on_call=_fails_on_change)
+    c = agents.add(node("c", mark("healthy")))
+    extra = ["--max-failures", "0", "--max-unavailable", "1"]
+    if policy == "skip":
+        extra += ["--on-unhealthy", "skip"]
+    result = _share(agents, *extra)
+    assert result.exit_code == 10, result.output
+    record = json.loads(result.output.split("\nerror:")[0])["record"]
+    assert record["nodes"]["a"]["state"] == "succeeded"
+    assert record["nodes"]["b"]["state"] == "failed"
+    assert record["nodes"]["b"]["detail"] == (
+        "succeeded: config written; then GPU 0 failed: XID 79 (fell off the bus) "
+        "(action reboot-node)"
+    )
+    assert (_set_sharing(a), _set_sharing(b), _set_sharing(c)) == (1, 1, c_changed)
+    if policy == "stop":
+        assert record["halted"].startswith("halted: b turned unhealthy during the rollout")
+        assert record["nodes"]["c"]["state"] == "pending"
+    else:
+        assert record["halted"] is None and record["nodes"]["c"]["state"] == "succeeded"
+
+
+def test_coordinator_metrics_count_gpus_per_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    views = (
+        node_view(Target("unix:/a", "a"), node("a", mark("failed", XID48), mark("healthy"))),
+        node_view(Target("unix:/b", "b"), node("b", None)),
+    )
+
+    async def select(fleet: object, selector: object, **_: object) -> Selection:
+        return Selection(views, {v.name: Target(v.address, v.name) for v in views})
+
+    monkeypatch.setattr(reconcile, "select", select)
+    reconciler = reconcile.Reconciler(cast(Fleet, object()), Path("/nonexistent/desired.yaml"))
+    asyncio.run(reconciler.pass_once())
+    text = generate_latest(reconciler.registry).decode()
+    found: dict[str, Any] = {}
+    for line in text.splitlines():
+        if line.startswith("gpu_agent_coordinator_gpus{"):
+            state = line.split('"')[1]
+            found[state] = float(line.rsplit(" ", 1)[1])
+    assert found == {"healthy": 1.0, "unknown": 1.0, "degraded": 0.0, "failed": 1.0}
+
+
+def test_a_node_that_fails_before_its_turn_is_not_changed(agents: FakeAgents) -> None:
+    """c was healthy at the sweep; its GPU fails while b is changed. When c's turn comes its
+    agent is asked again: c is not changed, and the rollout halts (--on-unhealthy stop)."""
+    b = agents.add(node("b", mark("healthy")))
+    c = agents.add(node("c", mark("healthy")))
+
+    def c_fails(agent: FakeAgent, method: str) -> None:
+        if method == "SharingService/SetSharing":
+            c.node.gpus[0].condition.CopyFrom(mark("failed", XID48, "reset-gpu"))
+
+    b.on_call = c_fails
+    result = _share(agents, "--max-failures", "0", "--max-unavailable", "1")
+    assert result.exit_code == 10, result.output
+    record = json.loads(result.output.split("\nerror:")[0])["record"]
+    assert record["nodes"]["b"]["state"] == "succeeded"
+    assert record["nodes"]["c"] == record["nodes"]["c"] | {
+        "state": "failed",
+        "detail": f"not changed: GPU 0 failed: {XID48} (action reset-gpu)",
+    }
+    assert _set_sharing(c) == 0
+    assert record["halted"].startswith("halted: c turned unhealthy during the rollout")
