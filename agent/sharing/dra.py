@@ -44,7 +44,7 @@ from agent.safeyaml import brief
 from agent.sharing import dra_api
 from agent.sharing.advertise import GPU_RESOURCE
 from agent.sharing.schema import RESOURCE_PREFIX, PluginConfig, ReplicatedResources
-from agent.sharing.validate import MIN_REPLICAS, MPS_MAX_CLIENTS
+from agent.sharing.validate import MAX_RESOURCE_NAME, MIN_REPLICAS, MPS_MAX_CLIENTS
 
 API_VERSION = "resource.k8s.io/v1"
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -198,14 +198,14 @@ def _section(
     seen: dict[str, int] = {}
     for i, res in enumerate(section.resources):
         at = f"{path}.resources[{i}]"
-        target = _device(res.name)
+        target = _device(res.name) if len(res.name) <= MAX_RESOURCE_NAME else None
         if target is None:
             found.append(
                 FieldViolation(
                     f"{at}.name",
                     f"{brief(res.name)} is no device of the DRA driver: use {GPU_RESOURCE} (full "
                     f"GPUs) or {RESOURCE_PREFIX}mig-<profile> (MIG devices, e.g. "
-                    f"{RESOURCE_PREFIX}mig-1g.10gb)",
+                    f"{RESOURCE_PREFIX}mig-1g.10gb), at most {MAX_RESOURCE_NAME} characters",
                 )
             )
         elif res.name in seen:
