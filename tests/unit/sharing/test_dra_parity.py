@@ -66,3 +66,41 @@ def test_quantities_read_as_kubernetes_reads_them(text: str, value: int) -> None
 def test_a_bad_quantity_is_refused_bounded(text: str) -> None:
     with pytest.raises(ValueError):
         dra_api.parse_quantity(text)
+
+
+HOSTILE: list[object] = [
+    None,
+    [],
+    "GpuConfig",
+    {"apiVersion": dra_api.API_VERSION, "kind": ["GpuConfig"]},
+    {"apiVersion": dra_api.API_VERSION, "kind": "GpuConfig", "sharing": []},
+    {"apiVersion": dra_api.API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": {"a": 1}}},
+    {
+        "apiVersion": dra_api.API_VERSION,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": "Long"},
+    },
+    {
+        "apiVersion": dra_api.API_VERSION,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": True}},
+    },
+    {
+        "apiVersion": dra_api.API_VERSION,
+        "kind": "MigDeviceConfig",
+        "sharing": {
+            "strategy": "MPS",
+            "mpsConfig": {
+                "defaultPerDevicePinnedMemoryLimit": {str(i): "1Ki" for i in range(2000)}
+            },
+        },
+    },
+]
+
+
+@pytest.mark.parametrize("parameters", HOSTILE)
+def test_hostile_parameters_are_refused_by_field_never_crash(parameters: object) -> None:
+    """What `share show` reads back from the cluster may be anything a person wrote."""
+    found = dra_api.violations(parameters)
+    assert found and all(v.field.startswith("parameters") for v in found)
+    assert len(found) <= 2001
