@@ -77,7 +77,15 @@ class DeviceClasses:
             body = self._kube.request("PUT", f"{PATH}/{change.name}", body=dict(change.body))
         elif change.action == "delete":
             version = str(change.body.get("metadata", {}).get("resourceVersion") or "")
-            precondition = {"preconditions": {"resourceVersion": version}} if version else None
+            precondition = (
+                {
+                    "apiVersion": "v1",
+                    "kind": "DeleteOptions",
+                    "preconditions": {"resourceVersion": version},
+                }
+                if version
+                else None
+            )
             with contextlib.suppress(NotFound):  # already gone: what delete wanted
                 self._kube.request("DELETE", f"{PATH}/{change.name}", body=precondition)
             return change
