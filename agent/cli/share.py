@@ -1,21 +1,27 @@
-"""``gpu-agent share``: GPU sharing (time-slicing / MPS) through NVIDIA's device plugin.
+"""``gpu-agent share``: GPU sharing (time-slicing / MPS) through NVIDIA's device plugin, or on
+DRA nodes through NVIDIA's DRA driver config in DeviceClasses.
 
-Every command goes through the node's agent (the running one, or one embedded for the
-command: `CliContext.agent`), which validates, writes the plugin's config and reloads it.
+Every command but ``render`` goes through the node's agent (the running one, or one embedded
+for the command: `CliContext.agent`), which validates, writes the plugin's config and reloads
+it, or writes the DeviceClasses. ``render --dra`` prints the DRA objects of a spec, for GitOps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import click
+import yaml
 
 from agent._proto.gpuagent.v1 import sharing_pb2
 from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, output_option
+from agent.dra.mode import Allocation, AllocationMode
 from agent.errors import FieldViolation
 from agent.sharing import (
     Advertised,
@@ -23,14 +29,20 @@ from agent.sharing import (
     PluginConfig,
     ReloadReport,
     SharingView,
+    dra,
+    dra_api,
     parse,
     to_document,
 )
 from agent.sharing.reload import Pickup, StatusRecord
 from agent.sharing.schema import render
+from agent.sharing.service import DraObject, DraView
 
 if TYPE_CHECKING:
     from agent.client import AgentClient
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class SharingCalls(Protocol):
@@ -44,6 +56,56 @@ class SharingCalls(Protocol):
 
 class ShareContext(Protocol):
     def sharing_service(self) -> SharingCalls: ...
+
+
+def _spec_options(fn: Callable[..., None]) -> Callable[..., None]:
+    """The options that say what to share (``set`` and ``render`` take the same spec)."""
+    for option in reversed(_SPEC_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+_SPEC_OPTIONS = [
+    click.option(
+        "--time-slicing",
+        "time_slicing",
+        multiple=True,
+        metavar="RESOURCE=REPLICAS",
+        help="Time-slice RESOURCE into REPLICAS (>= 2). Repeatable.",
+    ),
+    click.option(
+        "--mps",
+        multiple=True,
+        metavar="RESOURCE=REPLICAS",
+        help="Share nvidia.com/gpu through MPS into REPLICAS (>= 2). Repeatable.",
+    ),
+    click.option(
+        "--rename-by-default",
+        is_flag=True,
+        help="Advertise shared resources as <name>.shared.",
+    ),
+    click.option(
+        "--fail-requests-greater-than-one/--no-fail-requests-greater-than-one",
+        "fail_requests",
+        default=None,
+        help="Refuse pods asking for more than one replica (plugin default: off for "
+        "time-slicing, on for MPS).",
+    ),
+    click.option(
+        "--mig-strategy",
+        type=click.Choice(["none", "single", "mixed"]),
+        default=None,
+        help="Also set flags.migStrategy (default: keep the file's).",
+    ),
+    click.option(
+        "-f",
+        "--file",
+        "config_file",
+        type=click.File("r"),
+        default=None,
+        help="A config in the device plugin's own schema ('-' for stdin).",
+    ),
+]
 
 
 @click.group("share", cls=AgentGroup)
@@ -70,45 +132,7 @@ def show_command(obj: ShareContext, output: str) -> None:
 
 
 @share.command("set", short_help="Set time-slicing or MPS sharing and reload the plugin.")
-@click.option(
-    "--time-slicing",
-    "time_slicing",
-    multiple=True,
-    metavar="RESOURCE=REPLICAS",
-    help="Time-slice RESOURCE into REPLICAS (>= 2). Repeatable.",
-)
-@click.option(
-    "--mps",
-    multiple=True,
-    metavar="RESOURCE=REPLICAS",
-    help="Share nvidia.com/gpu through MPS into REPLICAS (>= 2). Repeatable.",
-)
-@click.option(
-    "--rename-by-default",
-    is_flag=True,
-    help="Advertise shared resources as <name>.shared.",
-)
-@click.option(
-    "--fail-requests-greater-than-one/--no-fail-requests-greater-than-one",
-    "fail_requests",
-    default=None,
-    help="Refuse pods asking for more than one replica (plugin default: off for "
-    "time-slicing, on for MPS).",
-)
-@click.option(
-    "--mig-strategy",
-    type=click.Choice(["none", "single", "mixed"]),
-    default=None,
-    help="Also set flags.migStrategy (default: keep the file's).",
-)
-@click.option(
-    "-f",
-    "--file",
-    "config_file",
-    type=click.File("r"),
-    default=None,
-    help="A config in the device plugin's own schema ('-' for stdin).",
-)
+@_spec_options
 @output_option
 @click.pass_obj
 def set_command(
@@ -135,19 +159,29 @@ def set_command(
       gpu-agent share set --mig-strategy mixed --time-slicing nvidia.com/mig-1g.10gb=3
       gpu-agent share set -f time-slicing.yaml
     """
+    requested = _requested(
+        time_slicing, mps, rename_by_default, fail_requests, mig_strategy, config_file
+    )
+    _emit_result(obj.sharing_service().set(requested), output)
+
+
+def _requested(
+    time_slicing: Sequence[str],
+    mps: Sequence[str],
+    rename_by_default: bool,
+    fail_requests: bool | None,
+    mig_strategy: str | None,
+    config_file: IO[str] | None,
+) -> PluginConfig:
     if config_file is not None:
         if time_slicing or mps or rename_by_default or fail_requests is not None or mig_strategy:
             raise click.UsageError("-f FILE cannot be combined with the other set options")
-        requested = parse(config_file.read())
-    elif time_slicing or mps:
-        requested = parse(
-            _document(time_slicing, mps, rename_by_default, fail_requests, mig_strategy)
-        )
-    else:
-        raise click.UsageError(
-            "give --time-slicing, --mps or -f FILE (to stop sharing: gpu-agent share clear)"
-        )
-    _emit_result(obj.sharing_service().set(requested), output)
+        return parse(config_file.read())
+    if time_slicing or mps:
+        return parse(_document(time_slicing, mps, rename_by_default, fail_requests, mig_strategy))
+    raise click.UsageError(
+        "give --time-slicing, --mps or -f FILE (to stop sharing: gpu-agent share clear)"
+    )
 
 
 @share.command("clear", short_help="Stop sharing and reload the plugin.")
@@ -178,6 +212,80 @@ def rollback_command(obj: ShareContext, output: str) -> None:
     _emit_result(obj.sharing_service().rollback(), output)
 
 
+@share.command("render", short_help="Print the DRA objects a spec renders, writing nothing.")
+@click.option(
+    "--dra",
+    "for_dra",
+    is_flag=True,
+    help="Render for NVIDIA's DRA driver (DeviceClasses, and templates with --namespace).",
+)
+@click.option(
+    "--namespace",
+    default=None,
+    help="Also render a ResourceClaimTemplate per shared resource in this namespace.",
+)
+@click.option(
+    "--dynamic-mig",
+    is_flag=True,
+    help="For nodes whose driver makes MIG devices per claim (allocation mode dra-dynamic-mig).",
+)
+@_spec_options
+@click.option(
+    "--output",
+    "-o",
+    type=click.Choice(["yaml", "json"]),
+    default="yaml",
+    show_default=True,
+    help="yaml: one document per object; json: a v1 List.",
+)
+def render_command(
+    for_dra: bool,
+    namespace: str | None,
+    dynamic_mig: bool,
+    time_slicing: Sequence[str],
+    mps: Sequence[str],
+    rename_by_default: bool,
+    fail_requests: bool | None,
+    mig_strategy: str | None,
+    config_file: IO[str] | None,
+    output: str,
+) -> None:
+    """Print the objects a sharing spec renders for the DRA driver, for GitOps: nothing is
+    written and no agent is asked. Refused, naming the field, where the driver cannot take it.
+
+    The objects are labelled gpu-agent.io/rendered-by, so no agent takes them for its own.
+
+    \b
+    Examples:
+      gpu-agent share render --dra --time-slicing nvidia.com/gpu=4
+      gpu-agent share render --dra --mps nvidia.com/gpu=4 --namespace team-a -o json
+    """
+    if not for_dra:
+        raise click.UsageError(
+            "render prints the DRA driver's objects: give --dra (on device-plugin nodes "
+            "share set writes the plugin's file)"
+        )
+    if namespace is not None and not _DNS_LABEL.fullmatch(namespace):
+        raise click.BadParameter(
+            f"{namespace!r}: a namespace is a DNS label (lowercase letters, digits and '-', "
+            "at most 63)",
+            param_hint="--namespace",
+        )
+    requested = _requested(
+        time_slicing, mps, rename_by_default, fail_requests, mig_strategy, config_file
+    )
+    mode = AllocationMode.DRA_DYNAMIC_MIG if dynamic_mig else AllocationMode.DRA
+    allocation = Allocation(mode, "share render", dra_api.DRIVER)
+    objects = dra.render(requested, allocation, namespace)
+    if output == "json":
+        listing = {"apiVersion": "v1", "kind": "List", "items": objects}
+        click.echo(json.dumps(listing, indent=2))
+    else:
+        click.echo(yaml.safe_dump_all(objects, sort_keys=False).rstrip())
+    for note in dra.plan(requested, allocation).notes:  # stderr: the objects stay pipeable
+        click.echo(f"note: {note.field}: {note.description}", err=True)
+
+
 class RemoteSharing:
     """The agent's sharing API as the records the renderers below take (protos back into the
     domain types they came from)."""
@@ -204,6 +312,7 @@ class RemoteSharing:
             problems=tuple(FieldViolation(p.field, p.description) for p in view.problems),
             pickup=Pickup(view.plugin_state, view.plugin_detail),  # type: ignore[arg-type]
             last_write=last,
+            dra=_dra(view.dra) if view.HasField("dra") else None,
         )
 
     def set(self, requested: PluginConfig) -> ApplyResult:
@@ -235,6 +344,19 @@ def _result(change: sharing_pb2.SharingChange) -> ApplyResult:
         config=parse(change.config.config_yaml),
         advertised=_advertised(change.advertised),
         reload=_reload(change.reload) if change.HasField("reload") else None,
+        dra=_dra(change.dra) if change.HasField("dra") else None,
+    )
+
+
+def _dra(msg: sharing_pb2.DraSharing) -> DraView:
+    return DraView(
+        allocation=Allocation(AllocationMode(msg.mode), msg.evidence, msg.driver),
+        objects=tuple(
+            DraObject(o.kind, o.name, o.state, json.loads(o.json) if o.json else {}, o.namespace)
+            for o in msg.objects
+        ),
+        notes=tuple(FieldViolation(n.field, n.description) for n in msg.notes),
+        error=msg.error,
     )
 
 
@@ -327,6 +449,58 @@ def _reload_data(report: ReloadReport | None) -> dict[str, object] | None:
     }
 
 
+def _dra_data(view: DraView | None) -> dict[str, object] | None:
+    if view is None:
+        return None
+    return {
+        "mode": view.allocation.mode.value,
+        "evidence": view.allocation.evidence,
+        "driver": view.allocation.driver,
+        "objects": [
+            {
+                "kind": o.kind,
+                "name": o.name,
+                "namespace": o.namespace,
+                "state": o.state,
+                "object": dict(o.body),
+            }
+            for o in view.objects
+        ],
+        "notes": [{"field": n.field, "description": n.description} for n in view.notes],
+        "error": view.error or None,
+    }
+
+
+def _dra_lines(view: DraView | None) -> list[str]:
+    if view is None:
+        return []
+    lines = [f"Mode:      {view.allocation.describe()}: sharing is the DRA driver's config"]
+    if view.error:
+        lines.append(f"Objects:   unknown: {view.error}")
+    elif not view.objects:
+        lines.append("Objects:   none for this node")
+    else:
+        rows = [["DEVICECLASS", "STATE", "RESOURCE"]] + [
+            [o.name, o.state, str(_annotation(o.body, dra.RESOURCE_NAME))] for o in view.objects
+        ]
+        widths = [max(len(row[i]) for row in rows) for i in range(3)]
+        lines += ["", "Claims share a device by naming one of these DeviceClasses:"]
+        lines += [
+            "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            for row in rows
+        ]
+    if view.notes:
+        lines += ["", "Not carried by the driver, or mapped:"]
+        lines += [f"  {n.field}: {n.description}" for n in view.notes]
+    return lines
+
+
+def _annotation(body: Mapping[str, Any], key: str) -> str:
+    meta = body.get("metadata")
+    found = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return str(found.get(key, "-")) if isinstance(found, Mapping) else "-"
+
+
 def _view_data(view: SharingView) -> dict[str, object]:
     last = view.last_write
     return {
@@ -344,6 +518,7 @@ def _view_data(view: SharingView) -> dict[str, object]:
         },
         "problems": [{"field": p.field, "description": p.description} for p in view.problems],
         "config": to_document(view.config),
+        "dra": _dra_data(view.dra),
     }
 
 
@@ -356,6 +531,7 @@ def _result_data(result: ApplyResult) -> dict[str, object]:
         "advertised": _advertised_data(result.advertised),
         "reload": _reload_data(result.reload),
         "config": to_document(result.config),
+        "dra": _dra_data(result.dra),
     }
 
 
@@ -384,6 +560,8 @@ def _advertised_table(advertised: Sequence[Advertised]) -> str:
 
 
 def _view_table(view: SharingView) -> str:
+    if view.dra is not None:
+        return _dra_view_table(view, view.dra)
     state = "" if view.exists else " (absent: the plugin runs with its defaults)"
     lines = [f"Config:    {view.config_path}{state}", *_sharing_lines(view.config)]
     if view.last_write is not None:
@@ -399,7 +577,29 @@ def _view_table(view: SharingView) -> str:
     return "\n".join(lines)
 
 
+def _dra_view_table(view: SharingView, dra_view: DraView) -> str:
+    state = "" if view.exists else " (absent: nothing set on this node)"
+    lines = [f"Spec:      {view.config_path}{state}", *_sharing_lines(view.config)]
+    if view.last_write is not None:
+        lines.append(
+            f"Written:   {_time(view.last_write.written_at)} by gpu-agent "
+            f"(share {view.last_write.action})"
+        )
+    lines += _dra_lines(dra_view)
+    if view.problems:
+        lines += ["", "Problems:"]
+        lines += [f"  {p.field}: {p.description}" for p in view.problems]
+    return "\n".join(lines)
+
+
 def _result_table(result: ApplyResult) -> str:
+    if result.dra is not None:
+        head = (
+            f"{result.action.capitalize()}: the DRA driver's DeviceClasses"
+            if result.changed
+            else "Unchanged: the DeviceClasses already say this; nothing written."
+        )
+        return "\n".join([head, *_sharing_lines(result.config), *_dra_lines(result.dra)])
     if not result.changed:
         head = f"Unchanged: {result.config_path} already says this; nothing written or reloaded."
     else:

@@ -1,23 +1,32 @@
-"""GPU sharing on this node: show, set, clear and roll back the device plugin's sharing config.
+"""GPU sharing on this node: show, set, clear and roll back the device plugin's sharing config,
+or, on a node whose GPUs a DRA driver hands out, the DeviceClasses carrying the driver's config.
 
-The flow of every change: read the current file, decide (merge, validate: pure), and only then
-write atomically and reload the plugin. A refused change writes nothing; an unchanged one
-neither writes nor reloads.
+The flow of every change: read the current state, decide (merge, validate: pure), and only then
+write and reload. A refused change writes nothing; an unchanged one neither writes nor reloads.
+
+Which of the two a change goes to is the node's allocation mode, read from the ``allocation``
+callable on every call (`agent.dra.mode.Allocation`; the detection lives in agent/dra): ``dra``
+and ``dra-dynamic-mig`` render the spec as DeviceClasses (`agent.sharing.dra`), ``unknown``
+refuses every change naming the mode, and the others (``device-plugin``, ``none``) write the
+plugin's file as before. Without a callable the mode is ``none``: the plugin's file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec, NotFound
+from agent.dra.mode import Allocation, AllocationMode
+from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec, NotFound, NotSupported
 from agent.gpu.types import GpuLayout
 from agent.kube import KubeClient
+from agent.sharing import dra, dra_api
 from agent.sharing.advertise import Advertised, advertise
+from agent.sharing.dra_kube import DeviceClasses, DraKube
 from agent.sharing.reload import (
     Pickup,
     Reloader,
@@ -50,6 +59,31 @@ class SharingSettings(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class DraObject:
+    """One object of the node's DRA sharing, and what became of it (or what state it is in)."""
+
+    kind: str
+    name: str
+    #: created, updated, deleted, unchanged (a change); present, missing, differs (show)
+    state: str
+    body: Mapping[str, Any]
+    namespace: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DraView:
+    """Sharing through the DRA driver: the allocation mode, the agent's DeviceClasses for this
+    node, and what of the spec the driver does not carry."""
+
+    allocation: Allocation
+    objects: tuple[DraObject, ...] = ()
+    #: fields of the spec mapped or not carried, and why (`agent.sharing.dra.plan`)
+    notes: tuple[FieldViolation, ...] = ()
+    #: why the objects could not be read (the API server down); "" when they were
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class SharingView:
     """The node's sharing as ``share show`` reports it."""
 
@@ -62,6 +96,8 @@ class SharingView:
     pickup: Pickup
     #: The agent's record of the file on disk; None when the agent did not write it.
     last_write: StatusRecord | None
+    #: On a DRA node: the driver's objects (config_path is then the agent's record of the spec).
+    dra: DraView | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +109,16 @@ class ApplyResult:
     config: PluginConfig
     advertised: tuple[Advertised, ...]
     reload: ReloadReport | None
+    #: On a DRA node: the objects written (config_path is the agent's record of the spec).
+    dra: DraView | None = None
+
+
+def no_detection() -> Allocation:
+    """The mode when nothing detects one: ``none``, so sharing writes the plugin's file."""
+    return Allocation(AllocationMode.NONE, "no allocation-mode detection wired")
+
+
+_STATE = {"create": "created", "update": "updated", "delete": "deleted", "unchanged": "unchanged"}
 
 
 class SharingService:
@@ -84,15 +130,24 @@ class SharingService:
         *,
         node_name: str | None = None,
         clock: Callable[[], float] = time.time,
+        allocation: Callable[[], Allocation] = no_detection,
     ) -> None:
         self._settings = settings
+        self._allocation = allocation
         self._layouts = layouts_provider
         self._kube = kube
         self._node_name = node_name
         self._clock = clock
         self._store = ConfigStore(settings.config_path)
+        #: On DRA nodes: the spec as last set (for show and rollback), beside the plugin's file.
+        self._dra_store = ConfigStore(
+            settings.config_path.with_name(settings.config_path.name + ".dra")
+        )
 
     def show(self) -> SharingView:
+        allocation = self._allocation()
+        if allocation.mode.is_dra:
+            return self._dra_show(allocation)
         raw = self._store.read()
         config = self._parse_current(raw)
         layouts = self._layouts()
@@ -120,8 +175,12 @@ class SharingService:
         """Make ``requested.sharing`` the node's sharing.
 
         Its ``flags`` and other sections are laid over the current file's (which the plugin
-        shares), so a request without them keeps e.g. ``failOnInitError`` as it was.
+        shares), so a request without them keeps e.g. ``failOnInitError`` as it was. On a DRA
+        node: the DeviceClasses ``requested`` renders, nothing merged.
         """
+        allocation = self._mode_for_change()
+        if allocation.mode.is_dra:
+            return self._dra_set(allocation, requested)
         reloader = self._reloader()
         with self._store.lock():
             raw = self._store.read()
@@ -132,7 +191,11 @@ class SharingService:
             return self._apply("set", current, desired, layouts, reloader)
 
     def clear(self) -> ApplyResult:
-        """Stop sharing: keep the file's flags and other sections, drop ``sharing``."""
+        """Stop sharing: keep the file's flags and other sections, drop ``sharing``. On a DRA
+        node: this node leaves the agent's DeviceClasses (the last node out deletes them)."""
+        allocation = self._mode_for_change()
+        if allocation.mode.is_dra:
+            return self._dra_clear(allocation)
         reloader = self._reloader()
         with self._store.lock():
             current = self._parse_current(self._store.read())
@@ -141,6 +204,9 @@ class SharingService:
 
     def rollback(self) -> ApplyResult:
         """Restore the previous config; the current one becomes the previous (undo by repeating)."""
+        allocation = self._mode_for_change()
+        if allocation.mode.is_dra:
+            return self._dra_rollback(allocation)
         reloader = self._reloader()
         with self._store.lock():
             previous_raw = self._store.read_previous()
@@ -222,6 +288,158 @@ class SharingService:
             node_name=self._node_name,
             clock=self._clock,
         )
+
+    def _mode_for_change(self) -> Allocation:
+        allocation = self._allocation()
+        if allocation.mode is AllocationMode.UNKNOWN:
+            raise Conflict(
+                f"allocation mode {allocation.describe()}: sharing is not changed until the "
+                "node's mode is known (device plugin or DRA); retry when it is"
+            )
+        return allocation
+
+    # -- DRA ------------------------------------------------------------------------------------
+
+    def _dra_classes(self) -> tuple[DeviceClasses, str]:
+        if not isinstance(self._kube, DraKube):
+            raise NotSupported(
+                "sharing on a DRA node writes DeviceClasses: the agent has no Kubernetes API "
+                "client here (run it in the cluster, or give it a kubeconfig)"
+            )
+        if not self._node_name:
+            raise NotSupported("sharing on a DRA node needs the agent's node name (node_name)")
+        return DeviceClasses(self._kube), self._node_name
+
+    def _dra_set(self, allocation: Allocation, requested: PluginConfig) -> ApplyResult:
+        planned = dra.plan(requested, allocation)  # InvalidSpec before anything is touched
+        desired = PluginConfig(sharing=requested.sharing, flags=requested.flags)
+        return self._dra_apply("set", allocation, planned, desired)
+
+    def _dra_clear(self, allocation: Allocation) -> ApplyResult:
+        return self._dra_apply("clear", allocation, dra.DraPlan((), ()), PluginConfig())
+
+    def _dra_rollback(self, allocation: Allocation) -> ApplyResult:
+        with self._dra_store.lock():
+            previous_raw = self._dra_store.read_previous()
+        if previous_raw is None:
+            raise NotFound(
+                f"no previous spec at {self._dra_store.previous_path}: nothing to roll back to"
+            )
+        previous = self._parse(previous_raw, self._dra_store.previous_path)
+        if previous.sharing == Sharing():
+            return self._dra_apply("rollback", allocation, dra.DraPlan((), ()), previous)
+        try:
+            planned = dra.plan(previous, allocation)
+        except InvalidSpec as exc:
+            raise InvalidSpec(
+                "cannot roll back: the previous spec is refused on this node now", exc.violations
+            ) from exc
+        return self._dra_apply("rollback", allocation, planned, previous)
+
+    def _dra_apply(
+        self, action: str, allocation: Allocation, planned: dra.DraPlan, spec: PluginConfig
+    ) -> ApplyResult:
+        classes, node = self._dra_classes()
+        with self._dra_store.lock():
+            changes = dra.reconcile(planned.classes, classes.owned(), node)  # Conflict: no write
+            done = classes.apply(changes, planned.classes, node)
+            data = render(spec).encode()
+            current = self._dra_store.read()
+            wrote = current != data and not (current is None and spec == PluginConfig())
+            if wrote:
+                if action == "rollback":
+                    self._dra_store.swap_with_previous(data)
+                else:
+                    self._dra_store.write(data)
+                self._dra_store.write_status(
+                    StatusRecord(action, _sha256(data), self._clock(), None).to_json()
+                )
+        objects = tuple(
+            DraObject("DeviceClass", c.name, _STATE[c.action], c.body)
+            for c in done
+            if c.action != "unchanged" or c.name in {s.name for s in planned.classes}
+        )
+        changed = wrote or any(c.action != "unchanged" for c in done)
+        return ApplyResult(
+            action,
+            changed,
+            self._dra_store.path,
+            spec,
+            (),
+            None,
+            DraView(allocation, objects, planned.notes),
+        )
+
+    def _dra_show(self, allocation: Allocation) -> SharingView:
+        raw = self._dra_store.read()
+        config = self._parse_current_at(raw, self._dra_store.path)
+        status_raw = self._dra_store.read_status()
+        status = StatusRecord.from_json(status_raw) if status_raw is not None else None
+        last_write = (
+            status
+            if status is not None and raw is not None and (status.sha256 == _sha256(raw))
+            else None
+        )
+        problems: list[FieldViolation] = []
+        notes: tuple[FieldViolation, ...] = ()
+        wanted: dict[str, dra.SharedClass] = {}
+        if config.sharing != Sharing():
+            try:
+                planned = dra.plan(config, allocation)
+            except InvalidSpec as exc:
+                problems += exc.violations
+            else:
+                notes = planned.notes
+                wanted = {s.name: s for s in planned.classes}
+        objects: list[DraObject] = []
+        error = ""
+        try:
+            classes, node = self._dra_classes()
+            found = {str(o["metadata"].get("name")): o for o in classes.owned()}
+        except AgentError as exc:
+            error = str(exc)
+        else:
+            for name in sorted(
+                set(wanted) | {n for n, o in found.items() if node in dra.nodes_of(o)}
+            ):
+                obj = found.get(name)
+                want = wanted.get(name)
+                if obj is None:
+                    objects.append(DraObject("DeviceClass", name, "missing", {}))
+                    problems.append(
+                        FieldViolation(name, "DeviceClass missing: run share set again")
+                    )
+                    continue
+                state = "present"
+                if want is None or not dra.same_spec(obj, dra.class_spec(want)):
+                    state = "differs"
+                    problems.append(
+                        FieldViolation(name, "DeviceClass differs from the spec set on this node")
+                    )
+                for entry in (obj.get("spec") or {}).get("config") or []:
+                    opaque = entry.get("opaque") if isinstance(entry, dict) else None
+                    if isinstance(opaque, dict) and opaque.get("driver") == dra_api.DRIVER:
+                        problems += dra_api.violations(
+                            opaque.get("parameters"), f"{name}.spec.config.opaque.parameters"
+                        )
+                objects.append(DraObject("DeviceClass", name, state, obj))
+        return SharingView(
+            config_path=self._dra_store.path,
+            exists=raw is not None,
+            config=config,
+            advertised=(),
+            problems=tuple(problems),
+            pickup=Pickup(
+                "unknown",
+                f"allocation mode {allocation.mode.value}: no device plugin to load it; the DRA "
+                "driver reads a DeviceClass's config when it prepares a claim",
+            ),
+            last_write=last_write,
+            dra=DraView(allocation, tuple(objects), notes, error),
+        )
+
+    def _parse_current_at(self, raw: bytes | None, path: Path) -> PluginConfig:
+        return PluginConfig() if raw is None else self._parse(raw, path)
 
     def _parse_current(self, raw: bytes | None) -> PluginConfig:
         return PluginConfig() if raw is None else self._parse(raw, self._store.path)

@@ -75,7 +75,8 @@ def test_rbac_grants_no_wildcards_and_no_secrets(kustomization: str) -> None:
 
 def test_agent_rbac_is_what_the_agent_does() -> None:
     """Read and label its Node, read pods, write events, read DRA ResourceSlices (to attribute
-    GPUs pods got through DRA claims); nothing else."""
+    GPUs pods got through DRA claims), write the DeviceClasses of sharing on DRA nodes;
+    nothing else."""
     grants = {
         (tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"])
         for r in _rules(render("default"), "ClusterRole", "gpu-agent")
@@ -85,6 +86,7 @@ def test_agent_rbac_is_what_the_agent_does() -> None:
         (("",), ("pods",)): READ,
         (("", "events.k8s.io"), ("events",)): {"create", "patch"},
         (("resource.k8s.io",), ("resourceslices",)): READ,
+        (("resource.k8s.io",), ("deviceclasses",)): {"get", "list", "create", "update", "delete"},
     }
 
 

@@ -91,7 +91,7 @@ class GetSharingRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetSharingResponse(_message.Message):
-    __slots__ = ("config", "config_path", "exists", "advertised", "plugin_state", "plugin_detail", "problems", "last_write")
+    __slots__ = ("config", "config_path", "exists", "advertised", "plugin_state", "plugin_detail", "problems", "last_write", "dra")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     CONFIG_PATH_FIELD_NUMBER: _ClassVar[int]
     EXISTS_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,7 @@ class GetSharingResponse(_message.Message):
     PLUGIN_DETAIL_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     LAST_WRITE_FIELD_NUMBER: _ClassVar[int]
+    DRA_FIELD_NUMBER: _ClassVar[int]
     config: SharingConfig
     config_path: str
     exists: bool
@@ -108,7 +109,38 @@ class GetSharingResponse(_message.Message):
     plugin_detail: str
     problems: _containers.RepeatedCompositeFieldContainer[_types_pb2.FieldViolation]
     last_write: SharingWrite
-    def __init__(self, config: _Optional[_Union[SharingConfig, _Mapping]] = ..., config_path: _Optional[str] = ..., exists: _Optional[bool] = ..., advertised: _Optional[_Iterable[_Union[AdvertisedResource, _Mapping]]] = ..., plugin_state: _Optional[str] = ..., plugin_detail: _Optional[str] = ..., problems: _Optional[_Iterable[_Union[_types_pb2.FieldViolation, _Mapping]]] = ..., last_write: _Optional[_Union[SharingWrite, _Mapping]] = ...) -> None: ...
+    dra: DraSharing
+    def __init__(self, config: _Optional[_Union[SharingConfig, _Mapping]] = ..., config_path: _Optional[str] = ..., exists: _Optional[bool] = ..., advertised: _Optional[_Iterable[_Union[AdvertisedResource, _Mapping]]] = ..., plugin_state: _Optional[str] = ..., plugin_detail: _Optional[str] = ..., problems: _Optional[_Iterable[_Union[_types_pb2.FieldViolation, _Mapping]]] = ..., last_write: _Optional[_Union[SharingWrite, _Mapping]] = ..., dra: _Optional[_Union[DraSharing, _Mapping]] = ...) -> None: ...
+
+class DraSharing(_message.Message):
+    __slots__ = ("mode", "evidence", "driver", "objects", "notes", "error")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    evidence: str
+    driver: str
+    objects: _containers.RepeatedCompositeFieldContainer[DraObject]
+    notes: _containers.RepeatedCompositeFieldContainer[_types_pb2.FieldViolation]
+    error: str
+    def __init__(self, mode: _Optional[str] = ..., evidence: _Optional[str] = ..., driver: _Optional[str] = ..., objects: _Optional[_Iterable[_Union[DraObject, _Mapping]]] = ..., notes: _Optional[_Iterable[_Union[_types_pb2.FieldViolation, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class DraObject(_message.Message):
+    __slots__ = ("kind", "name", "namespace", "state", "json")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    name: str
+    namespace: str
+    state: str
+    json: str
+    def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., namespace: _Optional[str] = ..., state: _Optional[str] = ..., json: _Optional[str] = ...) -> None: ...
 
 class SharingWrite(_message.Message):
     __slots__ = ("action", "write_time", "reload")
@@ -121,20 +153,22 @@ class SharingWrite(_message.Message):
     def __init__(self, action: _Optional[str] = ..., write_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reload: _Optional[_Union[PluginReload, _Mapping]] = ...) -> None: ...
 
 class SharingChange(_message.Message):
-    __slots__ = ("action", "changed", "config", "config_path", "advertised", "reload")
+    __slots__ = ("action", "changed", "config", "config_path", "advertised", "reload", "dra")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     CHANGED_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     CONFIG_PATH_FIELD_NUMBER: _ClassVar[int]
     ADVERTISED_FIELD_NUMBER: _ClassVar[int]
     RELOAD_FIELD_NUMBER: _ClassVar[int]
+    DRA_FIELD_NUMBER: _ClassVar[int]
     action: str
     changed: bool
     config: SharingConfig
     config_path: str
     advertised: _containers.RepeatedCompositeFieldContainer[AdvertisedResource]
     reload: PluginReload
-    def __init__(self, action: _Optional[str] = ..., changed: _Optional[bool] = ..., config: _Optional[_Union[SharingConfig, _Mapping]] = ..., config_path: _Optional[str] = ..., advertised: _Optional[_Iterable[_Union[AdvertisedResource, _Mapping]]] = ..., reload: _Optional[_Union[PluginReload, _Mapping]] = ...) -> None: ...
+    dra: DraSharing
+    def __init__(self, action: _Optional[str] = ..., changed: _Optional[bool] = ..., config: _Optional[_Union[SharingConfig, _Mapping]] = ..., config_path: _Optional[str] = ..., advertised: _Optional[_Iterable[_Union[AdvertisedResource, _Mapping]]] = ..., reload: _Optional[_Union[PluginReload, _Mapping]] = ..., dra: _Optional[_Union[DraSharing, _Mapping]] = ...) -> None: ...
 
 class SetSharingRequest(_message.Message):
     __slots__ = ("spec", "config_yaml", "request_id")
