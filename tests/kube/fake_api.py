@@ -12,7 +12,10 @@ pod's disruption budget refuses, as the real server answers; otherwise the pod i
 ``resource.k8s.io/v1`` ResourceSlices, DeviceClasses, ResourceClaims and ResourceClaimTemplates
 (list, get, watch, create, update, delete, the claims' ``/status``; tests/kube/fake_dra.py says
 what of their schema and semantics is modelled).
-A Node merge-patch may set ``spec.unschedulable`` (cordon).
+A Node merge-patch may set ``spec.unschedulable`` (cordon) and ``spec.taints`` (a list: replaced
+whole, as RFC 7386 says). PATCH ``/api/v1/nodes/{name}/status`` (the status subresource) takes a
+strategic-merge patch of ``status.conditions``: conditions merge by ``type`` (the list's patch
+merge key in the Node schema), the others are kept; nothing else of the status is modelled.
 Like the real server:
 - every write bumps one cluster-wide ``resourceVersion``; a PUT whose
   ``metadata.resourceVersion`` is stale is 409 Conflict, a POST of an existing name 409
@@ -126,6 +129,10 @@ class FakeKubeApi:
     on_evict: Any = field(default=lambda ns, name: None)
     #: Nodes marked spec.unschedulable (cordoned)
     unschedulable: set[str] = field(default_factory=set)
+    #: name -> that Node's spec.taints
+    node_taints: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: name -> that Node's status.conditions
+    node_conditions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     #: paths answered 503, as an API server that is down (e.g. during an upgrade)
     unavailable: set[str] = field(default_factory=set)
     version: int = 1
@@ -280,6 +287,8 @@ class FakeKubeApi:
                 return _reply(h, 200, self._page("NodeList", nodes, query))
             if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
                 return self._node(h, parts[3], body)
+            if parts[:3] == ["api", "v1", "nodes"] and parts[4:] == ["status"]:
+                return self._node_status(h, parts[3], body)
             pods = parts[:3] == ["api", "v1", "namespaces"] and parts[4:5] == ["pods"]
             if pods and len(parts) == 7 and parts[6] == "eviction" and h.command == "POST":
                 return self._evict(h, parts[3], parts[5], body)
@@ -309,9 +318,13 @@ class FakeKubeApi:
 
     def _node_obj(self, name: str) -> dict[str, Any]:
         version = self.node_versions.setdefault(name, "1")
+        spec: dict[str, Any] = {"unschedulable": True} if name in self.unschedulable else {}
+        if self.node_taints.get(name):
+            spec["taints"] = copy.deepcopy(self.node_taints[name])
         return {
             "kind": "Node",
-            "spec": {"unschedulable": True} if name in self.unschedulable else {},
+            "spec": spec,
+            "status": {"conditions": copy.deepcopy(self.node_conditions.get(name, []))},
             "metadata": {
                 "name": name,
                 "labels": dict(self.nodes[name]),
@@ -511,6 +524,8 @@ class FakeKubeApi:
                 else:
                     self.nodes[name][key] = value
             spec = body.get("spec") or {}
+            if "taints" in spec:
+                self.node_taints[name] = list(spec["taints"] or [])
             if "unschedulable" in spec:
                 if spec["unschedulable"]:
                     self.unschedulable.add(name)
@@ -524,6 +539,28 @@ class FakeKubeApi:
                     notes[key] = str(value)
             self.node_versions[name] = self.bump()
             self._record("nodes", "MODIFIED", self._node_obj(name))
+        return _reply(h, 200, self._node_obj(name))
+
+    def _node_status(self, h: BaseHTTPRequestHandler, name: str, body: object) -> None:
+        if name not in self.nodes:
+            return _reply(h, 404, _status(404, f'nodes "{name}" not found'))
+        if h.command != "PATCH":
+            return _reply(h, 405, _status(405, "only PATCH is served on the Node's status"))
+        if h.headers.get("Content-Type") != "application/strategic-merge-patch+json":
+            return _reply(h, 415, _status(415, "unsupported media type"))
+        assert isinstance(body, dict)
+        conditions = self.node_conditions.setdefault(name, [])
+        for patch in (body.get("status") or {}).get("conditions") or []:
+            if not patch.get("type") or patch.get("status") not in ("True", "False", "Unknown"):
+                message = f'Node "{name}" is invalid: status.conditions: type and status required'
+                return _reply(h, 422, _status(422, message, "Invalid"))
+            found = next((c for c in conditions if c["type"] == patch["type"]), None)
+            if found is None:
+                conditions.append(dict(patch))
+            else:
+                found.update(patch)
+        self.node_versions[name] = self.bump()
+        self._record("nodes", "MODIFIED", self._node_obj(name))
         return _reply(h, 200, self._node_obj(name))
 
     def _namespaced(

@@ -1,0 +1,79 @@
+"""Faults the health marks judge, injected into the simulator and read through pynvml as the
+agent reads them: XIDs attributed to a MIG GPU instance, ECC counts (volatile ones restart at a
+reset, a pending row remap takes effect there), a failed remap, clocks held down."""
+
+from __future__ import annotations
+
+import pynvml
+import pytest
+
+from agent.errors import InvalidSpec
+
+from .conftest import Opener, create_at, enable_mig
+
+_ECC = (
+    pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+    pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+)
+
+
+def _ecc(nvml: object, handle: object) -> dict[str, int]:
+    get = nvml.nvmlDeviceGetTotalEccErrors  # type: ignore[attr-defined]
+    return {
+        f"{kind}_{span}": get(handle, error_type, counter)
+        for kind, error_type in zip(("dbe", "sbe"), _ECC, strict=True)
+        for span, counter in (
+            ("volatile", pynvml.NVML_VOLATILE_ECC),
+            ("aggregate", pynvml.NVML_AGGREGATE_ECC),
+        )
+    }
+
+
+def test_an_xid_inside_a_gpu_instance_carries_its_id(node: Opener) -> None:
+    nvml, control = node("dgx-h100")
+    handle = enable_mig(nvml, 1)
+    gi = create_at(nvml, handle, 19, 0, 1)  # 1g.10gb
+    gi_id = nvml.nvmlGpuInstanceGetInfo(gi).id
+    event_set = nvml.nvmlEventSetCreate()
+    nvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
+    control.raise_xid(1, 13, gpu_instance=gi_id)
+    event = nvml.nvmlEventSetWait(event_set, 1000)
+    assert (event.eventData, event.gpuInstanceId) == (13, gi_id)
+    with pytest.raises(InvalidSpec):
+        control.raise_xid(0, 13, gpu_instance=1)  # GPU 0 has no MIG
+    nvml.nvmlEventSetFree(event_set)
+
+
+def test_ecc_errors_count_and_a_reset_applies_the_pending_remap(node: Opener) -> None:
+    nvml, control = node("dgx-h100")
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    assert _ecc(nvml, handle) == dict.fromkeys(_ecc(nvml, handle), 0)
+    assert nvml.nvmlDeviceGetRemappedRows(handle) == (0, 0, 0, 0)
+    control.memory_errors(0, sbe=5, dbe=2)
+    assert _ecc(nvml, handle) == {
+        "dbe_volatile": 2, "dbe_aggregate": 2, "sbe_volatile": 5, "sbe_aggregate": 5,
+    }  # fmt: skip
+    assert nvml.nvmlDeviceGetRemappedRows(handle) == (0, 0, 1, 0)  # pending until a reset
+    control.reset_gpu(0)
+    assert _ecc(nvml, handle) == {
+        "dbe_volatile": 0, "dbe_aggregate": 2, "sbe_volatile": 0, "sbe_aggregate": 5,
+    }  # fmt: skip
+    assert nvml.nvmlDeviceGetRemappedRows(handle) == (0, 2, 0, 0)
+    control.memory_errors(0, remap_failure=True)
+    assert nvml.nvmlDeviceGetRemappedRows(handle)[3] == 1
+    with pytest.raises(InvalidSpec):
+        control.memory_errors(0, dbe=-1)
+
+
+def test_clocks_held_down_add_to_the_computed_idle_reason(node: Opener) -> None:
+    nvml, control = node("dgx-h100")
+    handle = nvml.nvmlDeviceGetHandleByIndex(3)
+    idle = pynvml.nvmlClocksEventReasonGpuIdle
+    assert nvml.nvmlDeviceGetCurrentClocksEventReasons(handle) == idle
+    thermal = pynvml.nvmlClocksEventReasonHwThermalSlowdown
+    control.set_clock_event_reasons(3, thermal)
+    assert nvml.nvmlDeviceGetCurrentClocksEventReasons(handle) == idle | thermal
+    control.set_clock_event_reasons(3, 0)
+    assert nvml.nvmlDeviceGetCurrentClocksEventReasons(handle) == idle
+    with pytest.raises(InvalidSpec):
+        control.set_clock_event_reasons(3, 0x1000)
