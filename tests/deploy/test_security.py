@@ -74,14 +74,16 @@ def test_rbac_grants_no_wildcards_and_no_secrets(kustomization: str) -> None:
 
 
 def test_agent_rbac_is_what_the_agent_does() -> None:
-    """Read and label its Node, read pods, write events, read DRA ResourceSlices (to attribute
-    GPUs pods got through DRA claims); nothing else."""
+    """Read and label its Node, patch its Node's status (the GPUHealthy condition), read pods,
+    write events, read DRA ResourceSlices (to attribute GPUs pods got through DRA claims);
+    nothing else."""
     grants = {
         (tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"])
         for r in _rules(render("default"), "ClusterRole", "gpu-agent")
     }
     assert grants == {
         (("",), ("nodes",)): READ | {"patch"},
+        (("",), ("nodes/status",)): {"patch"},
         (("",), ("pods",)): READ,
         (("", "events.k8s.io"), ("events",)): {"create", "patch"},
         (("resource.k8s.io",), ("resourceslices",)): {"get", "list"},
