@@ -50,6 +50,7 @@ from agent.config import AgentConfig
 from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec
 from agent.gpu import GpuDriver, load_driver
 from agent.gpu.attach import DriverCollector, DriverLink, DriverState
+from agent.health.device_taints import DeviceTaints
 from agent.health.machine import Policy
 from agent.health.metrics import HealthCollector
 from agent.health.monitor import HealthMonitor
@@ -172,7 +173,10 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
     health.subscribe(lambda change: bus.publish(health=health_event_pb(change)))
     publisher = None
     if isinstance(kube, InClusterKubeClient):
-        publisher = NodePublisher(kube, config.node_name, health.shown, taint=h.taint)
+        rules = DeviceTaints(kube.request, config.node_name, health.shown, health.device_uuids)
+        publisher = NodePublisher(
+            kube, config.node_name, health.shown, taint=h.taint, device_taints=rules.sync
+        )
         health.subscribe(publisher.on_change)
     inventory = NodeInventory(
         bus,

@@ -60,6 +60,8 @@ class HealthMonitor:
         self._lock = threading.Lock()
         self._marks: dict[Target, Mark] = self._store.load() if self._store else {}
         self._index: dict[str, int] = {}
+        #: MIG device UUIDs of each GPU instance (its compute instances), as last read
+        self._mig_uuids: dict[Target, tuple[str, ...]] = {}
         self._xids: list[tuple[float, XidEvent]] = []
         self._listeners: list[Callable[[HealthChange], None]] = []
         self._saved_at = 0.0
@@ -86,6 +88,15 @@ class HealthMonitor:
                 for t, m in self._marks.items()
             }
 
+    def device_uuids(self) -> dict[Target, tuple[str, ...]]:
+        """The driver UUIDs each target answers to: a GPU's own, an instance's MIG devices."""
+        with self._lock:
+            out: dict[Target, tuple[str, ...]] = {
+                t: (t.gpu_uuid,) for t in self._marks if t.gpu_instance is None
+            }
+            out.update(self._mig_uuids)
+            return out
+
     # -- inputs -----------------------------------------------------------------------------------
 
     def record_xid(self, event: XidEvent) -> None:
@@ -103,6 +114,13 @@ class HealthMonitor:
             self._index.update({s.gpu.uuid: s.gpu.index for s in snapshot.gpus if s.gpu.uuid})
             uuids = {s.gpu.index: s.gpu.uuid or f"index-{s.gpu.index}" for s in snapshot.gpus}
             instances = _instances(snapshot)
+            self._mig_uuids = {
+                Target(layout.gpu.uuid, gi.id): tuple(
+                    ci.uuid for ci in gi.compute_instances if ci.uuid
+                )
+                for layout in snapshot.layouts
+                for gi in layout.instances
+            }
             pods = _pods(snapshot)
             self._track(uuids, instances, now)
 

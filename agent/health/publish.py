@@ -14,7 +14,8 @@ its Events (bounded) until a pass gets through.
   write theirs): True while every GPU and instance is healthy;
 - taint ``gpu-agent.io/health=failed:NoSchedule`` while a GPU is failed, only with
   ``health.taint``; a merge PATCH of ``spec.taints`` with the Node's resourceVersion as a
-  precondition (a list is replaced whole: the others are sent back as they were).
+  precondition (a list is replaced whole: the others are sent back as they were);
+- on DRA nodes, DRA device taints (``device_taints``: agent/health/device_taints.py).
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ class NodePublisher:
         marks: Callable[[], Marks],
         *,
         taint: bool,
+        device_taints: Callable[[], None] | None = None,
         resync_s: float = 60.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -154,6 +156,7 @@ class NodePublisher:
         self._node = node
         self._marks = marks
         self._taint = taint
+        self._device_taints = device_taints
         self._resync_s = resync_s
         self._clock = clock
         self._lock = threading.Lock()
@@ -190,6 +193,8 @@ class NodePublisher:
         self._condition(want, now)
         if self._taint:
             self._taints(want.tainted)
+        if self._device_taints is not None:
+            self._device_taints()
         self._sent, self._sent_at = want, now
 
     def _condition(self, want: Publication, now: float) -> None:

@@ -24,14 +24,14 @@ AGENT = "system:serviceaccount:gpu-agent:gpu-agent"
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
 
 
-def _policy() -> Obj:
+def _policy(name: str = "gpu-agent-own-node-labels") -> Obj:
     if cel is None:
         pytest.fail(
             "the PyPI package common-expression-language is missing: "
             "pip install common-expression-language",
             pytrace=False,
         )
-    return find(render("default"), "ValidatingAdmissionPolicy", "gpu-agent-own-node-labels")
+    return find(render("default"), "ValidatingAdmissionPolicy", name)
 
 
 def _node(name: str = "gpu-1") -> dict[str, Any]:
@@ -74,10 +74,15 @@ def _evaluate(expression: str, variables: dict[str, Any]) -> Any:
     return cel.evaluate(expression, context)
 
 
-def _admit(old: dict[str, Any], new: dict[str, Any], request: dict[str, Any]) -> list[str]:
+def _admit(
+    old: dict[str, Any] | None,
+    new: dict[str, Any] | None,
+    request: dict[str, Any],
+    policy: str = "gpu-agent-own-node-labels",
+) -> list[str]:
     """The messages of the validations that fail (empty: admitted); ["not matched"] when the
     policy does not apply to the request."""
-    spec = _policy()["spec"]
+    spec = _policy(policy)["spec"]
     context: dict[str, Any] = {"object": new, "oldObject": old, "request": request}
     for condition in spec["matchConditions"]:
         if not _evaluate(condition["expression"], context):
@@ -242,3 +247,32 @@ def test_other_users_are_not_this_policys_business(user: str) -> None:
     old = _node()
     new = _labels(old, {"kubernetes.io/hostname": "renamed"})
     assert _admit(old, new, _request(user=user)) == ["not matched"]
+
+
+def _rule(node: str = "gpu-1", pool: str = "gpu-1", key: str = "gpu-agent.io/health") -> Obj:
+    return {
+        "metadata": {
+            "name": f"gpu-agent.{node}.{pool}.gpu-0",
+            "labels": {"gpu-agent.io/node": node},
+        },
+        "spec": {
+            "deviceSelector": {"driver": "gpu.nvidia.com", "pool": pool, "device": "gpu-0"},
+            "taint": {"key": key, "value": "failed", "effect": "NoSchedule"},
+        },
+    }
+
+
+def test_agent_may_write_device_taint_rules_of_its_own_node_only() -> None:
+    policy = "gpu-agent-own-device-taints"
+    create, delete = {**_request(), "operation": "CREATE"}, {**_request(), "operation": "DELETE"}
+    assert _admit(None, _rule(), create, policy) == []
+    assert _admit(_rule(), None, delete, policy) == []
+    own = (
+        "gpu-agent may write only DeviceTaintRules of its own node "
+        "(label gpu-agent.io/node and pool)"
+    )
+    assert _admit(None, _rule(pool="gpu-2"), create, policy) == [own]
+    assert _admit(_rule(node="gpu-2", pool="gpu-2"), None, delete, policy) == [own]
+    assert _admit(None, _rule(key="evil/x"), create, policy) == [
+        "gpu-agent may set only the gpu-agent.io/health device taint"
+    ]

@@ -2,10 +2,10 @@
 GetNode and WatchEvents over real gRPC on its Unix socket, its /metrics over HTTP, the API
 stand-in for the Node, a fake kubelet PodResources server for the pods.
 
-A fatal XID fails its GPU everywhere (GetNode, metric, labels, condition, taint, Event naming
-the pod) and clears after the configured hold-down; a lost GPU stays failed while it is lost;
-a driver reload and an agent restart do not clear a failed mark before its hold-down; an XID
-inside a MIG instance marks that instance, a GPU-wide one every instance.
+A fatal XID fails its GPU everywhere (GetNode, metric, labels, condition, taint, DRA device
+taint, Event naming the pod) and clears after the configured hold-down; a lost GPU stays failed
+while it is lost; a driver reload and an agent restart do not clear a failed mark before its
+hold-down; an XID inside a MIG instance marks that instance, a GPU-wide one every instance.
 """
 
 from __future__ import annotations
@@ -80,6 +80,19 @@ def _events(api: FakeKubeApi, reason: str) -> list[dict[str, Any]]:
     return [e for e in api.events if e["reason"] == reason]
 
 
+def _slice(uuid: str) -> dict[str, Any]:
+    device = {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": uuid}}}
+    return {
+        "metadata": {"name": f"{NODE}-gpu"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": NODE,
+            "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+            "devices": [device],
+        },
+    }
+
+
 @pytest.fixture
 def pod_on_gpu0(tmp_path: Path) -> Iterator[str]:
     """The simulated node, with pod ml/train-0 allocated GPU 0 (kubelet's PodResources)."""
@@ -97,6 +110,7 @@ def test_a_fatal_xid_fails_the_gpu_everywhere_naming_the_pod_then_clears_after_t
 ) -> None:
     api = in_cluster
     api.node_taints[NODE] = [dict(OTHER_TAINT)]
+    api.put_dra("resourceslices", _slice(pod_on_gpu0))  # NVIDIA's DRA driver on the node
     root = tmp_path / "agent"
     control = SimControl(root / "state")
     with (
@@ -118,13 +132,18 @@ def test_a_fatal_xid_fails_the_gpu_everywhere_naming_the_pod_then_clears_after_t
         series = _health_series(agent.node.metrics_port)
         assert series[("0", "", "failed")] == 1.0 and series[("0", "", "healthy")] == 0.0
         assert series[("1", "", "healthy")] == 1.0
-        wait_for(lambda: api.nodes[NODE].get("gpu-agent.io/health") == "failed", "label", 5)
+        rule = f"gpu-agent.{NODE}.{NODE}.gpu-0"
+        # the pass writes labels, condition, taint, then the DRA device taint: wait for the last
+        wait_for(lambda: rule in api.taint_rules, "the DRA device taint", 5)
+        assert api.nodes[NODE]["gpu-agent.io/health"] == "failed"
         assert api.nodes[NODE]["gpu-agent.io/health.failed-gpus"] == "1"
         assert api.nodes[NODE]["gpu-agent.io/health.healthy-gpus"] == "7"
         (condition,) = [c for c in api.node_conditions[NODE] if c["type"] == "GPUHealthy"]
         assert condition["status"] == "False" and "GPU 0 failed: XID 79" in condition["message"]
         ours = {"key": "gpu-agent.io/health", "value": "failed", "effect": "NoSchedule"}
         assert api.node_taints[NODE] == [OTHER_TAINT, ours]
+        assert list(api.taint_rules) == [rule]
+        assert api.taint_rules[rule]["spec"]["deviceSelector"]["device"] == "gpu-0"
         (event,) = wait_for(lambda: _events(api, "GpuFailed"), "the Event", 5)
         assert event["type"] == "Warning"
         assert "GPU 0 (" + pod_on_gpu0 + ") healthy -> failed: XID 79" in event["message"]
@@ -138,8 +157,9 @@ def test_a_fatal_xid_fails_the_gpu_everywhere_naming_the_pod_then_clears_after_t
         assert time.time() - raised >= HOLD_DOWN_S
         reason = _gpu(agent.socket, 0).condition.reason
         assert re.fullmatch(r"healthy: no new error for \d+ s since XID 79 .*", reason), reason
-        wait_for(lambda: api.nodes[NODE].get("gpu-agent.io/health") == "healthy", "label", 5)
-        wait_for(lambda: api.node_taints[NODE] == [OTHER_TAINT], "the taint removed", 5)
+        wait_for(lambda: not api.taint_rules, "the DRA device taint removed", 5)
+        assert api.nodes[NODE]["gpu-agent.io/health"] == "healthy"
+        assert api.node_taints[NODE] == [OTHER_TAINT]
         (condition,) = [c for c in api.node_conditions[NODE] if c["type"] == "GPUHealthy"]
         assert condition["status"] == "True"
         (cleared,) = wait_for(lambda: _events(api, "GpuHealthy"), "the clearing Event", 5)

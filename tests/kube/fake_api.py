@@ -11,7 +11,11 @@ POST ``/api/v1/namespaces/{ns}/pods/{name}/eviction`` (429 while ``pdb_refusals`
 pod's disruption budget refuses, as the real server answers; otherwise the pod is deleted), and
 ``resource.k8s.io/v1`` ResourceSlices, DeviceClasses, ResourceClaims and ResourceClaimTemplates
 (list, get, watch, create, update, delete, the claims' ``/status``; tests/kube/fake_dra.py says
-what of their schema and semantics is modelled).
+what of their schema and semantics is modelled), and ``resource.k8s.io/v1alpha3``
+DeviceTaintRules (cluster scoped; list with ``labelSelector``, get, create, delete; a create
+needs a DNS-subdomain name, ``spec.taint.key`` a label name and ``spec.taint.effect`` one of
+None, NoSchedule, NoExecute; ``device_taint_rules = False`` answers 404 as a cluster without
+the DRADeviceTaints feature gate does).
 A Node merge-patch may set ``spec.unschedulable`` (cordon) and ``spec.taints`` (a list: replaced
 whole, as RFC 7386 says). PATCH ``/api/v1/nodes/{name}/status`` (the status subresource) takes a
 strategic-merge patch of ``status.conditions``: conditions merge by ``type`` (the list's patch
@@ -133,6 +137,8 @@ class FakeKubeApi:
     node_taints: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     #: name -> that Node's status.conditions
     node_conditions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: whether resource.k8s.io/v1alpha3 DeviceTaintRules are served (the alpha feature gate)
+    device_taint_rules: bool = True
     #: paths answered 503, as an API server that is down (e.g. during an upgrade)
     unavailable: set[str] = field(default_factory=set)
     version: int = 1
@@ -280,6 +286,10 @@ class FakeKubeApi:
                 return self._watch(h, dra[0], query, dra[1])
             return _reply(h, 405, _status(405, "watch is served on the node, pod and DRA lists"))
         with self.lock:
+            if parts[:4] == ["apis", fake_dra.GROUP, "v1alpha3", "devicetaintrules"]:
+                if self.device_taint_rules and len(parts) in (4, 5):
+                    return self._taint_rules(h, parts[4] if len(parts) == 5 else None, query, body)
+                return _reply(h, 404, _status(404, "the server could not find the resource"))
             if parts[:2] == ["apis", fake_dra.GROUP]:
                 return self._dra(h, parts, query, body)
             if parts == ["api", "v1", "nodes"] and h.command == "GET":
@@ -562,6 +572,56 @@ class FakeKubeApi:
         self.node_versions[name] = self.bump()
         self._record("nodes", "MODIFIED", self._node_obj(name))
         return _reply(h, 200, self._node_obj(name))
+
+    @property
+    def taint_rules(self) -> dict[str, dict[str, Any]]:
+        """DeviceTaintRules by name."""
+        return {k[1]: v for k, v in self.stores.get("devicetaintrules", {}).items()}
+
+    def _taint_rules(
+        self, h: BaseHTTPRequestHandler, name: str | None, query: dict[str, str], body: object
+    ) -> None:
+        store = self.stores.setdefault("devicetaintrules", {})
+        if name is None and h.command == "GET":
+            wanted = dict(
+                kv.split("=", 1) for kv in query.get("labelSelector", "").split(",") if kv
+            )
+            items = [
+                o
+                for o in store.values()
+                if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())
+            ]
+            return _reply(h, 200, self._page("DeviceTaintRuleList", items, query))
+        if name is None and h.command == "POST":
+            assert isinstance(body, dict)
+            meta, spec = body.get("metadata") or {}, body.get("spec") or {}
+            rule = str(meta.get("name") or "")
+            taint = spec.get("taint") or {}
+            problems = []
+            if not rule or len(rule) > 253 or not _DNS.match(rule):
+                problems.append("metadata.name: a lowercase RFC 1123 subdomain")
+            if not isinstance(taint.get("key"), str) or label_problem(taint["key"], ""):
+                problems.append("spec.taint.key: must be a label name")
+            if taint.get("effect") not in ("None", "NoSchedule", "NoExecute"):
+                problems.append('spec.taint.effect: supported values: "None", "NoExecute", ...')
+            if problems:
+                message = f'DeviceTaintRule.resource.k8s.io "{rule}" is invalid: ' + "; ".join(
+                    problems
+                )
+                return _reply(h, 422, _status(422, message, "Invalid"))
+            if ("", rule) in store:
+                message = f'devicetaintrules.resource.k8s.io "{rule}" already exists'
+                return _reply(h, 409, _status(409, message, "AlreadyExists"))
+            return _reply(h, 201, self._store(store, ("", rule), body))
+        if name is not None and ("", name) not in store:
+            return _reply(h, 404, _status(404, f'devicetaintrules "{name}" not found'))
+        if name is not None and h.command == "GET":
+            return _reply(h, 200, store[("", name)])
+        if name is not None and h.command == "DELETE":
+            gone = store.pop(("", name))
+            self.bump()
+            return _reply(h, 200, gone)
+        return _reply(h, 405, _status(405, "method not allowed"))
 
     def _namespaced(
         self,

@@ -4,6 +4,7 @@ else on the Node is kept, and an API server that is away gets it all when it ret
 
 from __future__ import annotations
 
+from agent.health.device_taints import RULES, UNSERVED_RETRY_S, DeviceTaints
 from agent.health.machine import Mark, State
 from agent.health.monitor import HealthChange
 from agent.health.publish import NodePublisher, plan
@@ -104,3 +105,82 @@ def test_with_the_api_server_away_the_marks_and_events_wait_for_it(
     )
     publisher.sync()
     assert len(api.events) == 1  # sent once
+
+
+def _dra_node(api: FakeKubeApi) -> None:
+    """NVIDIA's DRA driver on the node: GPU 0 whole, GPU 1 with a MIG device of instance 2."""
+    devices = [
+        {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": "GPU-0"}}},
+        {"name": "gpu-1", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": "GPU-1"}}},
+        {
+            "name": "gpu-1-mig-19-0",
+            "attributes": {"type": {"string": "mig"}, "uuid": {"string": "MIG-1-2"}},
+        },
+    ]
+    api.put_dra(
+        "resourceslices",
+        {
+            "metadata": {"name": f"{NODE}-gpu"},
+            "spec": {
+                "driver": "gpu.nvidia.com",
+                "nodeName": NODE,
+                "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+                "devices": devices,
+            },
+        },
+    )
+
+
+def test_failed_devices_get_dra_device_taint_rules_removed_when_they_clear(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = kube_api
+    _dra_node(api)
+    theirs = {
+        "metadata": {"name": "admin-rule", "labels": {"team": "ops"}},
+        "spec": {
+            "deviceSelector": {"device": "gpu-7"},
+            "taint": {"key": "ops/x", "effect": "None"},
+        },
+    }
+    kube.request("POST", RULES, body=theirs)
+    marks = _marks(FAILED, Mark(State.FAILED, "XID 95 (Uncontained ECC error)", 5.0, "reset-gpu"))
+    uuids = {Target("GPU-0"): ("GPU-0",), Target("GPU-1"): ("GPU-1",),
+             Target("GPU-1", 2): ("MIG-1-2",)}  # fmt: skip
+    rules = DeviceTaints(kube.request, NODE, lambda: marks, lambda: uuids)
+    NodePublisher(kube, NODE, lambda: marks, taint=False, device_taints=rules.sync).sync()
+    made = {n: r for n, r in api.taint_rules.items() if n != "admin-rule"}
+    assert sorted(made) == [
+        f"gpu-agent.{NODE}.{NODE}.gpu-0",
+        f"gpu-agent.{NODE}.{NODE}.gpu-1-mig-19-0",
+    ]
+    rule = made[f"gpu-agent.{NODE}.{NODE}.gpu-0"]
+    assert rule["spec"] == {
+        "deviceSelector": {"driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-0"},
+        "taint": {"key": "gpu-agent.io/health", "value": "failed", "effect": "NoSchedule"},
+    }
+    assert rule["metadata"]["labels"] == {"gpu-agent.io/node": NODE}
+    marks.clear()
+    marks.update(_marks(Mark(State.HEALTHY, "healthy: no new error for 600 s", 700.0), Mark()))
+    rules.sync()
+    assert sorted(api.taint_rules) == ["admin-rule"]  # the admin's rule is not the agent's
+
+
+def test_a_cluster_without_device_taints_is_asked_again_later(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = kube_api
+    _dra_node(api)
+    api.device_taint_rules = False
+    now = [0.0]
+    marks = _marks(FAILED)
+    rules = DeviceTaints(kube.request, NODE, lambda: marks, lambda: {Target("GPU-0"): ("GPU-0",)},
+                         clock=lambda: now[0])  # fmt: skip
+    rules.sync()  # 404: no error, nothing written
+    asked = len(api.requests)
+    rules.sync()
+    assert len(api.requests) == asked  # not asked again at once
+    api.device_taint_rules = True
+    now[0] = UNSERVED_RETRY_S
+    rules.sync()
+    assert list(api.taint_rules) == [f"gpu-agent.{NODE}.{NODE}.gpu-0"]
