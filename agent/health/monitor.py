@@ -164,7 +164,12 @@ class HealthMonitor:
         self, uuids: Mapping[int, str], instances: Mapping[str, set[int]], now: float
     ) -> None:
         """Every GPU seen and every instance it has now gets a mark (healthy at first); the
-        marks of instances that are gone (destroyed, or lost with a reboot) go with them."""
+        marks of instances that are gone (destroyed, or lost with a reboot) go with them, and
+        those of GPUs the driver no longer lists (a GPU replaced: a new UUID)."""
+        listed = set(uuids.values())
+        for target in [t for t in self._marks if listed and t.gpu_uuid not in listed]:
+            del self._marks[target]
+            self._dirty = True
         wanted = [Target(u) for u in uuids.values()]
         wanted += [Target(u, gi) for u, ids in instances.items() for gi in ids]
         for target in wanted:
