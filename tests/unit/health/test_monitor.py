@@ -1,4 +1,4 @@
-"""The monitor on hand-made snapshots (agent/health/monitor.py): what a GPU that is replaced or
+"""The monitor on hand-made snapshots (agent/health/monitor.py): what a GPU that is replaced
 leaves behind."""
 
 from __future__ import annotations
