@@ -4,10 +4,13 @@ reset, a pending row remap takes effect there), a failed remap, clocks held down
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pynvml
 import pytest
 
 from agent.errors import InvalidSpec
+from agent.gpu.sim import SimControl, open_simulator
 
 from .conftest import Opener, create_at, enable_mig
 
@@ -77,3 +80,30 @@ def test_clocks_held_down_add_to_the_computed_idle_reason(node: Opener) -> None:
     assert nvml.nvmlDeviceGetCurrentClocksEventReasons(handle) == idle
     with pytest.raises(InvalidSpec):
         control.set_clock_event_reasons(3, 0x1000)
+
+
+def test_the_sim_commands_inject_them(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from agent.cli.main import cli
+
+    def sim(*args: str) -> None:
+        base = ["--simulate", "dgx-h100", "--state-dir", str(tmp_path), "sim"]
+        result = CliRunner().invoke(cli, [*base, *args])
+        assert result.exit_code == 0, result.output
+
+    sim("ecc", "2", "--dbe", "1", "--sbe", "3")
+    sim("clocks", "2", "hw_thermal", "hw_power_brake")
+    sim("xid", "2", "48")
+    nvml = open_simulator(tmp_path, "dgx-h100")
+    nvml.nvmlInit()
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(2)
+        assert _ecc(nvml, handle)["dbe_volatile"] == 1
+        reasons = nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
+        held = pynvml.nvmlClocksEventReasonHwThermalSlowdown
+        assert reasons & held and reasons & pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
+    finally:
+        nvml.nvmlShutdown()
+    assert SimControl(tmp_path).describe()["pending_xids"][-1]["xid"] == 48
+    sim("clocks", "2")  # none: clocks run free
