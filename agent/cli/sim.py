@@ -306,34 +306,20 @@ def ecc(obj: CliContext, gpu: int, sbe: int, dbe: int, remap_failure: bool) -> N
     _control(obj).memory_errors(gpu, sbe=sbe, dbe=dbe, remap_failure=remap_failure)
 
 
-_CLOCK_REASONS = {
-    "sw_power_cap": "nvmlClocksEventReasonSwPowerCap",
-    "hw_slowdown": "nvmlClocksEventReasonHwSlowdown",
-    "sync_boost": "nvmlClocksEventReasonSyncBoost",
-    "sw_thermal": "nvmlClocksEventReasonSwThermalSlowdown",
-    "hw_thermal": "nvmlClocksEventReasonHwThermalSlowdown",
-    "hw_power_brake": "nvmlClocksEventReasonHwPowerBrakeSlowdown",
-}
-
-
 @sim.command("clocks")
 @click.argument("gpu", type=int)
-@click.argument("reasons", nargs=-1, type=click.Choice(sorted(_CLOCK_REASONS)))
+@click.argument("reasons", nargs=-1)
 @click.pass_obj
 def clocks(obj: CliContext, gpu: int, reasons: tuple[str, ...]) -> None:
-    """Hold a GPU's clocks down for REASONS (none: clocks run free again).
+    """Hold a GPU's clocks down for REASONS (sw_power_cap, hw_slowdown, sync_boost,
+    sw_thermal, hw_thermal, hw_power_brake); none: clocks run free again.
 
     \b
     Example:
       gpu-agent sim clocks 0 hw_thermal
       gpu-agent sim clocks 0
     """
-    import pynvml
-
-    mask = 0
-    for reason in reasons:
-        mask |= int(getattr(pynvml, _CLOCK_REASONS[reason]))
-    _control(obj).set_clock_event_reasons(gpu, mask)
+    _control(obj).hold_clocks(gpu, reasons)
 
 
 @sim.command("holder")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,16 @@ from agent.gpu.sim.store import StateStore
 MIB = 1 << 20
 XID_GPU_FALLEN_OFF_BUS = 79  # what the driver reports when a GPU drops off the bus
 _MAX_QUEUED_EVENTS = 1024
-#: every nvmlClocksEventReason* bit but GPU idle, which the simulator computes
-_CLOCK_EVENT_BITS = pynvml.nvmlClocksEventReasonAll & ~pynvml.nvmlClocksEventReasonGpuIdle
+#: the nvmlClocksEventReason* bits a test or `gpu-agent sim clocks` may hold (GPU idle is the
+#: simulator's own), by the names dcgm-exporter's clock_event label uses
+CLOCK_REASONS = {
+    "sw_power_cap": pynvml.nvmlClocksEventReasonSwPowerCap,
+    "hw_slowdown": pynvml.nvmlClocksEventReasonHwSlowdown,
+    "sync_boost": pynvml.nvmlClocksEventReasonSyncBoost,
+    "sw_thermal": pynvml.nvmlClocksEventReasonSwThermalSlowdown,
+    "hw_thermal": pynvml.nvmlClocksEventReasonHwThermalSlowdown,
+    "hw_power_brake": pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown,
+}
 
 
 def missing_node(state_dir: Path) -> InvalidSpec:
@@ -262,17 +271,22 @@ class SimControl:
             if remap_failure:
                 g.remap["failure"] = 1
 
-    def set_clock_event_reasons(self, gpu: int, reasons: int) -> None:
-        """Hold ``gpu``'s clocks down for nvmlClocksEventReason* ``reasons`` (0 clears them);
-        GPU idle is the simulator's own and is added when nothing runs."""
-        known = _CLOCK_EVENT_BITS
-        if reasons < 0 or reasons & ~known:
+    def hold_clocks(self, gpu: int, reasons: Sequence[str]) -> None:
+        """Hold ``gpu``'s clocks down for ``reasons`` (`CLOCK_REASONS` names; none clears
+        them), as nvmlDeviceGetCurrentClocksEventReasons then reports; GPU idle is the
+        simulator's own and is added when nothing runs."""
+        unknown = [r for r in reasons if r not in CLOCK_REASONS]
+        if unknown:
             raise InvalidSpec(
-                f"reasons {reasons:#x} has bits outside nvmlClocksEventReasonAll ({known:#x})",
-                [FieldViolation("reasons", "nvmlClocksEventReason* bits")],
+                f"unknown clock reason(s) {', '.join(unknown)}; allowed: "
+                + ", ".join(CLOCK_REASONS),
+                [FieldViolation("reasons", "one of " + ", ".join(CLOCK_REASONS))],
             )
+        mask = 0
+        for reason in reasons:
+            mask |= CLOCK_REASONS[reason]
         with self._store.transaction() as node:
-            _gpu(node, gpu).clock_event_reasons = reasons
+            _gpu(node, gpu).clock_event_reasons = mask
 
     def reset_gpu(self, gpu: int) -> None:
         with self._store.transaction() as node:

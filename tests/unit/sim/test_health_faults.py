@@ -74,12 +74,12 @@ def test_clocks_held_down_add_to_the_computed_idle_reason(node: Opener) -> None:
     idle = pynvml.nvmlClocksEventReasonGpuIdle
     assert nvml.nvmlDeviceGetCurrentClocksEventReasons(handle) == idle
     thermal = pynvml.nvmlClocksEventReasonHwThermalSlowdown
-    control.set_clock_event_reasons(3, thermal)
+    control.hold_clocks(3, ["hw_thermal"])
     assert nvml.nvmlDeviceGetCurrentClocksEventReasons(handle) == idle | thermal
-    control.set_clock_event_reasons(3, 0)
+    control.hold_clocks(3, [])
     assert nvml.nvmlDeviceGetCurrentClocksEventReasons(handle) == idle
-    with pytest.raises(InvalidSpec):
-        control.set_clock_event_reasons(3, 0x1000)
+    with pytest.raises(InvalidSpec, match="allowed: sw_power_cap"):
+        control.hold_clocks(3, ["gpu_idle"])
 
 
 def test_the_sim_commands_inject_them(tmp_path: Path) -> None:
