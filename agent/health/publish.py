@@ -163,8 +163,8 @@ class NodePublisher:
         self._events: deque[HealthChange] = deque()
         self._sent: Publication | None = None
         self._sent_at = 0.0
-        #: the condition's status as last written, and when it last changed
-        self._transition: tuple[str, float] | None = None
+        #: the condition's status as last written, and when it last changed (RFC 3339)
+        self._transition: tuple[str, str] | None = None
         self.wake: Callable[[], None] = lambda: None
 
     def on_change(self, change: HealthChange) -> None:
@@ -198,10 +198,12 @@ class NodePublisher:
         self._sent, self._sent_at = want, now
 
     def _condition(self, want: Publication, now: float) -> None:
-        if self._transition is None or self._transition[0] != want.status:
-            self._transition = (want.status, now)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._transition[1]))
+        if self._transition is None:  # first pass: the Node says since when (an agent restart)
+            self._transition = self._written_transition()
+        if self._transition is None or self._transition[0] != want.status:
+            self._transition = (want.status, stamp)
+        since = self._transition[1]
         condition = {
             "type": CONDITION,
             "status": want.status,
@@ -216,6 +218,13 @@ class NodePublisher:
             body={"status": {"conditions": [condition]}},
             content_type="application/strategic-merge-patch+json",
         )
+
+    def _written_transition(self) -> tuple[str, str] | None:
+        node = self._kube.request("GET", f"/api/v1/nodes/{self._node}")
+        for condition in (node.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == CONDITION and condition.get("lastTransitionTime"):
+                return str(condition.get("status")), str(condition["lastTransitionTime"])
+        return None
 
     def _taints(self, tainted: bool) -> None:
         node = self._kube.request("GET", f"/api/v1/nodes/{self._node}")

@@ -184,3 +184,20 @@ def test_a_cluster_without_device_taints_is_asked_again_later(
     now[0] = UNSERVED_RETRY_S
     rules.sync()
     assert list(api.taint_rules) == [f"gpu-agent.{NODE}.{NODE}.gpu-0"]
+
+
+def test_the_condition_keeps_its_transition_time_across_a_restart_and_moves_on_a_change(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = kube_api
+    api.node_conditions[NODE] = [
+        {"type": "GPUHealthy", "status": "False", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    ]
+    marks = _marks(FAILED)
+    publisher = NodePublisher(kube, NODE, lambda: marks, taint=False, clock=lambda: 1.8e9)
+    publisher.sync()  # a restarted agent: still failed, so still since then
+    assert _condition(api)["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert _condition(api)["lastHeartbeatTime"] == "2027-01-15T08:00:00Z"
+    marks.update(_marks(Mark(State.HEALTHY, "healthy: no new error for 600 s", 700.0)))
+    publisher.sync()
+    assert _condition(api)["lastTransitionTime"] == "2027-01-15T08:00:00Z"
