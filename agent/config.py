@@ -40,6 +40,7 @@ __all__ = [
     "AgentConfig",
     "ApiSettings",
     "DriverSettings",
+    "HealthSettings",
     "MigSettings",
     "OperationsSettings",
     "PrewarmSettings",
@@ -601,6 +602,58 @@ class DriverSettings:
     )
 
 
+@dataclass(frozen=True)
+class HealthSettings:
+    """Health marks: when a GPU or MIG instance degrades, fails and clears (docs/health.md).
+
+    Also whether the Node is tainted while a GPU is failed."""
+
+    degrade_events: int = field(
+        default=3,
+        metadata=_rules(
+            ge=1,
+            le=1000,
+            doc="Degrading signals (an application XID, clocks held down by heat or power, a "
+            "pending row remap: one per collection tick while it lasts) within "
+            "health.degrade_window_s that mark a GPU or instance degraded; fewer do nothing.",
+        ),
+    )
+    degrade_window_s: float = field(
+        default=300.0,
+        metadata=_rules(
+            gt=0, le=86400, doc="Seconds of the sliding window health.degrade_events counts in."
+        ),
+    )
+    hold_down_s: float = field(
+        default=600.0,
+        metadata=_rules(
+            gt=0,
+            le=7 * 86400,
+            doc="Seconds without a new signal of its severity before a degraded or failed mark "
+            "clears; it survives agent restarts and driver reloads (nothing clears while the "
+            "driver is away).",
+        ),
+    )
+    max_changes_per_hour: int = field(
+        default=6,
+        metadata=_rules(
+            ge=2,
+            le=100,
+            doc="State changes a GPU or instance may make in an hour; beyond it a mark does not "
+            "improve (it stays at the worse state and its reason says so) until the hour has "
+            "room again. Getting worse is never held back.",
+        ),
+    )
+    taint: bool = field(
+        default=False,
+        metadata=_rules(
+            doc="Taint the Node gpu-agent.io/health=failed:NoSchedule while a GPU on it is "
+            "failed (other taints are kept); off, only labels, the GPUHealthy condition and "
+            "events say so.",
+        ),
+    )
+
+
 _URI_SAN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s]+")
 _DNS_SAN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?")
 
@@ -844,6 +897,10 @@ class AgentConfig:
     operations: OperationsSettings = field(
         default_factory=OperationsSettings,
         metadata=_rules(doc="Retention of operations and request-id records."),
+    )
+    health: HealthSettings = field(
+        default_factory=HealthSettings,
+        metadata=_rules(doc="Health marks per GPU and MIG instance, and where they are published."),
     )
 
 

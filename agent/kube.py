@@ -339,10 +339,15 @@ class InClusterKubeClient:
         )
 
     def post_node_event(
-        self, node: str, reason: str, message: str, component: str = "gpu-agent"
+        self,
+        node: str,
+        reason: str,
+        message: str,
+        component: str = "gpu-agent",
+        type_: str = "Normal",
     ) -> None:
-        """A Normal Event on the Node (namespace default, uid the node name, as the kubelet's),
-        so ``kubectl describe node`` shows it."""
+        """An Event (``type_`` Normal or Warning) on the Node (namespace default, uid the node
+        name, as the kubelet's), so ``kubectl describe node`` shows it."""
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         body = {
             "apiVersion": "v1",
@@ -351,7 +356,7 @@ class InClusterKubeClient:
             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
             "reason": reason,
             "message": message[:1024],
-            "type": "Normal",
+            "type": type_,
             "source": {"component": component, "host": node},
             "firstTimestamp": now,
             "lastTimestamp": now,

@@ -43,12 +43,18 @@ from agent.api import (
     create_server,
     set_serving,
 )
+from agent.api.convert import health_event_pb
 from agent.api.mig import interrupted_apply
 from agent.api.operations import MIG_APPLY
 from agent.config import AgentConfig
 from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec
 from agent.gpu import GpuDriver, load_driver
 from agent.gpu.attach import DriverCollector, DriverLink, DriverState
+from agent.health.device_taints import DeviceTaints
+from agent.health.machine import Policy
+from agent.health.metrics import HealthCollector
+from agent.health.monitor import HealthMonitor
+from agent.health.publish import NodePublisher
 from agent.http import Handler, HttpServer, Request, Response
 from agent.kube import InClusterKubeClient, KubeClient, NodeWatch
 from agent.mig.labels import MigLabelController, MigStateCollector
@@ -86,6 +92,8 @@ CACHE_LABELS_CHECK_S = 0.5
 MIG_RESYNC_S = 60.0
 #: How often the reclaimable-GPU mark is recomputed (it moves in hours; the write is rare).
 RECLAIM_S = 60.0
+#: How often the health marks' publication on the Node is checked; a change wakes it at once.
+HEALTH_PUBLISH_S = 10.0
 INTERRUPTED_REASON = (
     "the agent stopped while this operation ran (killed or restarted) and could not resume it"
 )
@@ -111,6 +119,9 @@ class Services:
     kube: KubeClient | None
     #: The GPU Operator's label protocol, when mig.watch_node_label is on.
     mig_labels: MigLabelController | None
+    health: HealthMonitor
+    #: The health marks on the Node, in a pod.
+    health_publisher: NodePublisher | None = None
 
     def api(self) -> ApiServices:
         return ApiServices(
@@ -152,6 +163,21 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         kube=kube if isinstance(kube, InClusterKubeClient) else None,
         attach=False,  # once the driver is ready (Node._attach)
     )
+    h = config.health
+    health = HealthMonitor(
+        Policy(h.degrade_events, h.degrade_window_s, h.hold_down_s, h.max_changes_per_hour),
+        config.state_dir,
+    )
+    telemetry.on_xid(health.record_xid)
+    telemetry.subscribe(health.observe)  # before the inventory: GetNode shows this tick's marks
+    health.subscribe(lambda change: bus.publish(health=health_event_pb(change)))
+    publisher = None
+    if isinstance(kube, InClusterKubeClient):
+        rules = DeviceTaints(kube.request, config.node_name, health.shown, health.device_uuids)
+        publisher = NodePublisher(
+            kube, config.node_name, health.shown, taint=h.taint, device_taints=rules.sync
+        )
+        health.subscribe(publisher.on_change)
     inventory = NodeInventory(
         bus,
         node_name=config.node_name,
@@ -162,6 +188,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         wake=telemetry.wake,
         fresh=telemetry.fresh,
         state=state.health,
+        health=health.shown,
     )
     telemetry.subscribe(inventory.refresh_gpus)  # GetNode follows every snapshot
     # Sharing reads the node's shape from the inventory: no NVML call per request.
@@ -175,6 +202,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
     mig = MigService(gpu, state, PartitionLock(config.state_dir), reset)
     telemetry.exporter.add_collector(DriverCollector(driver))
     telemetry.exporter.add_collector(PrewarmCollector(prewarm.inventory))
+    telemetry.exporter.add_collector(HealthCollector(health.shown))
     mig_labels = _mig_labels(config, kube, mig)
     if mig_labels is not None:
         telemetry.exporter.add_collector(MigStateCollector(mig_labels))
@@ -193,6 +221,8 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         power=PowerService(gpu, state),
         kube=kube,
         mig_labels=mig_labels,
+        health=health,
+        health_publisher=publisher,
     )
 
 
@@ -408,6 +438,10 @@ class Node:
             self._guard("mig-labels", _every(period, self._reconcile_mig_labels, changed))
         if s.kube is not None and not self.embedded:
             self._guard("cache-labels", _every(CACHE_LABELS_CHECK_S, self._sync_cache_labels))
+        if s.health_publisher is not None and not self.embedded:
+            published = asyncio.Event()
+            s.health_publisher.wake = lambda: _soon(loop, published.set)
+            self._guard("health", _every(HEALTH_PUBLISH_S, s.health_publisher.sync, published))
         if (
             isinstance(s.kube, InClusterKubeClient)
             and not self.embedded
@@ -701,6 +735,11 @@ class _ExhaustionLog:
             self._count,
         )
         self._count = 0
+
+
+def _soon(loop: asyncio.AbstractEventLoop, call: Callable[[], object]) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop closed under a late caller
+        loop.call_soon_threadsafe(call)
 
 
 def _split_listen(listen: str) -> tuple[str, int]:

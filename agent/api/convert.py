@@ -15,6 +15,7 @@ from google.protobuf import json_format, timestamp_pb2
 from agent._proto.gpuagent.v1 import (
     agent_pb2,
     cache_pb2,
+    events_pb2,
     operations_pb2,
     prewarm_pb2,
     sharing_pb2,
@@ -23,6 +24,8 @@ from agent._proto.gpuagent.v1 import (
 from agent.api.errors import recorded_code
 from agent.errors import FieldViolation, InvalidSpec
 from agent.gpu.types import GiProfile, GpuInstance, GpuLayout, Placement, Process
+from agent.health.machine import Mark, State
+from agent.health.monitor import HealthChange
 from agent.prewarm.model import (
     CacheItem,
     FileRequest,
@@ -50,6 +53,35 @@ def timestamp(epoch_s: float) -> timestamp_pb2.Timestamp:
 
 
 # -- node -----------------------------------------------------------------------------------------
+
+
+_HEALTH_STATES = {
+    State.HEALTHY: agent_pb2.HEALTH_STATE_HEALTHY,
+    State.DEGRADED: agent_pb2.HEALTH_STATE_DEGRADED,
+    State.FAILED: agent_pb2.HEALTH_STATE_FAILED,
+}
+
+
+def health_mark_pb(mark: Mark, reason: str) -> agent_pb2.HealthMark:
+    """``reason``: the mark's reason as shown (`Mark.describe`)."""
+    return agent_pb2.HealthMark(
+        state=_HEALTH_STATES[mark.state],
+        reason=reason,
+        since=timestamp(mark.since),
+        action=mark.action,
+        pods=list(mark.pods),
+    )
+
+
+def health_event_pb(change: HealthChange) -> events_pb2.HealthEvent:
+    return events_pb2.HealthEvent(
+        gpu_index=max(change.gpu_index, 0),
+        gpu_uuid=change.target.gpu_uuid,
+        gpu_instance_id=change.target.gpu_instance,
+        previous=_HEALTH_STATES[change.before],
+        mark=health_mark_pb(change.mark, change.reason),
+        held=change.held,
+    )
 
 
 def placement_pb(p: Placement) -> agent_pb2.Placement:

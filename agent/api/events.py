@@ -34,6 +34,7 @@ _TYPES = {
     "mig_layout": events_pb2.EVENT_TYPE_MIG_LAYOUT,
     "xid": events_pb2.EVENT_TYPE_XID,
     "gpu_lost": events_pb2.EVENT_TYPE_GPU_LOST,
+    "health": events_pb2.EVENT_TYPE_HEALTH,
 }
 
 

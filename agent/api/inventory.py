@@ -25,12 +25,15 @@ from agent.api.convert import (
     cache_inventory_pb,
     gpu_instance_pb,
     gpu_pb,
+    health_mark_pb,
     sharing_config_pb,
     timestamp,
 )
 from agent.api.events import EventBus
 from agent.errors import AgentError
 from agent.gpu.types import GpuInfo, GpuLayout
+from agent.health.machine import Mark
+from agent.health.store import Target
 from agent.prewarm.inventory import Inventory as CacheInventory
 from agent.sharing import SharingView
 from agent.telemetry.snapshot import GpuStatus, Snapshot
@@ -41,6 +44,8 @@ log = logging.getLogger(__name__)
 __all__ = ["NodeInventory"]
 
 XidKey = tuple[int, int | None, int]  # (GPU index, GPU instance id or None, XID)
+#: the health marks: target -> (GPU index, mark, reason as shown)
+HealthMarks = Callable[[], Mapping[Target, tuple[int, Mark, str]]]
 
 GPU_EVERY_S = 1.0
 CACHE_EVERY_S = 2.0
@@ -80,9 +85,12 @@ class NodeInventory:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         state: Callable[[], tuple[bool, str]] | None = None,
+        health: HealthMarks | None = None,
     ) -> None:
-        """``state``: the state store's (healthy, detail), shown as the "state" component."""
+        """``state``: the state store's (healthy, detail), shown as the "state" component.
+        ``health``: the health marks filled in each GPU's and instance's ``condition``."""
         self._bus = bus
+        self._health = health
         self._state_health = state
         self._fresh = fresh
         self._node_name = node_name
@@ -285,6 +293,7 @@ class NodeInventory:
             simulated_preset=self._preset,
             agent_version=__version__,
         )
+        self._conditions(node)
         if self._sharing_pb is not None:
             node.sharing.CopyFrom(self._sharing_pb)
         if self._cache_pb is not None:
@@ -296,6 +305,20 @@ class NodeInventory:
             del gpu.processes[:]
         redacted.node.processes_hidden = True
         self._redacted = redacted
+
+    def _conditions(self, node: agent_pb2.Node) -> None:
+        if self._health is None:
+            return
+        marks = self._health()
+        for gpu in node.gpus:
+            uuid = gpu.uuid or f"index-{gpu.index}"
+            found = marks.get(Target(uuid))
+            if found is not None:
+                gpu.condition.CopyFrom(health_mark_pb(found[1], found[2]))
+            for gi in gpu.instances:
+                found = marks.get(Target(uuid, gi.id))
+                if found is not None:
+                    gi.condition.CopyFrom(health_mark_pb(found[1], found[2]))
 
     # -- the background loop --------------------------------------------------------------------
 

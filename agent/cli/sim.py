@@ -271,15 +271,55 @@ def lost(obj: CliContext, gpu: int) -> None:
 @sim.command("xid")
 @click.argument("gpu", type=int)
 @click.argument("xid", type=int)
+@click.option("--gpu-instance", "-g", type=int, default=None, help="MIG GPU instance it concerns.")
 @click.pass_obj
-def xid(obj: CliContext, gpu: int, xid: int) -> None:
-    """Raise an XID error event on a GPU.
+def xid(obj: CliContext, gpu: int, xid: int, gpu_instance: int | None) -> None:
+    """Raise an XID error event on a GPU (or attributed to one of its MIG instances).
 
     \b
     Example:
       gpu-agent sim xid 0 79
+      gpu-agent sim xid 1 13 -g 2
     """
-    _control(obj).raise_xid(gpu, xid)
+    _control(obj).raise_xid(gpu, xid, gpu_instance=gpu_instance)
+
+
+@sim.command("ecc")
+@click.argument("gpu", type=int)
+@click.option("--sbe", type=int, default=0, help="Corrected (single-bit) errors to add.")
+@click.option(
+    "--dbe",
+    type=int,
+    default=0,
+    help="Uncorrected (double-bit) errors to add; each leaves a row remap pending until the "
+    "next reset.",
+)
+@click.option("--remap-failure", is_flag=True, help="A row remap found no spare row.")
+@click.pass_obj
+def ecc(obj: CliContext, gpu: int, sbe: int, dbe: int, remap_failure: bool) -> None:
+    """Add ECC memory errors to a GPU (a reset or reboot clears the volatile counts).
+
+    \b
+    Example:
+      gpu-agent sim ecc 0 --dbe 1
+    """
+    _control(obj).memory_errors(gpu, sbe=sbe, dbe=dbe, remap_failure=remap_failure)
+
+
+@sim.command("clocks")
+@click.argument("gpu", type=int)
+@click.argument("reasons", nargs=-1)
+@click.pass_obj
+def clocks(obj: CliContext, gpu: int, reasons: tuple[str, ...]) -> None:
+    """Hold a GPU's clocks down for REASONS (sw_power_cap, hw_slowdown, sync_boost,
+    sw_thermal, hw_thermal, hw_power_brake); none: clocks run free again.
+
+    \b
+    Example:
+      gpu-agent sim clocks 0 hw_thermal
+      gpu-agent sim clocks 0
+    """
+    _control(obj).hold_clocks(gpu, reasons)
 
 
 @sim.command("holder")

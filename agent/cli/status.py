@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
 import click
@@ -18,11 +19,12 @@ def _table(data: dict[str, Any]) -> str:
     parts = [head + (f", {len(lost)} lost" if lost else ""), ""]
     parts.append(
         format_table(
-            ["GPU", "HEALTH", "UUID", "MODEL", "BUS ID", "MEMORY", "MIG (current/pending)"],
+            ["GPU", "HEALTH", "MARK", "UUID", "MODEL", "BUS ID", "MEMORY", "MIG (current/pending)"],
             [
                 [
                     g["index"],
                     g["health"],
+                    _mark(g["condition"]),
                     g["uuid"] or "?",
                     g["name"] or "?",
                     g["pci_bus_id"] or "?",
@@ -37,12 +39,16 @@ def _table(data: dict[str, Any]) -> str:
     )
     for g in lost:
         parts.append(f"GPU {g['index']} is lost: {g['detail']}")
+    for where, mark in _marked(gpus):
+        pods = f" (pods: {', '.join(mark['pods'])})" if mark["pods"] else ""
+        parts.append(f"{where} {mark['state']} since {mark['since']}: {mark['reason']}{pods}")
     for d in data["degraded"]:
         parts.append(f"degraded: {d['component']}: {d['detail']}")
     instances = [
         [
             g["index"],
             i["gpu_instance_id"],
+            _mark(i["condition"]),
             i["profile"],
             f"{i['placement']['start']}:{i['placement']['size']}",
             ",".join(str(c["id"]) for c in i["compute_instances"]) or "-",
@@ -55,7 +61,9 @@ def _table(data: dict[str, Any]) -> str:
         parts += [
             "",
             "MIG instances",
-            format_table(["GPU", "GI", "PROFILE", "PLACEMENT", "CIs", "MIG UUID"], instances),
+            format_table(
+                ["GPU", "GI", "MARK", "PROFILE", "PLACEMENT", "CIs", "MIG UUID"], instances
+            ),
         ]
     procs = [
         [
@@ -75,6 +83,47 @@ def _table(data: dict[str, Any]) -> str:
         shown = format_table(["GPU", "PID", "MEMORY", "GI/CI"], procs) if procs else "  none"
     parts += ["", "Processes", shown]
     return "\n".join(parts)
+
+
+def _mark(mark: dict[str, Any] | None) -> str:
+    if mark is None:
+        return "-"  # not judged yet
+    action = mark["action"]
+    return mark["state"] if action in ("", "none") else f"{mark['state']} ({action})"
+
+
+def _marked(gpus: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(where, mark) of every GPU and instance whose mark is not healthy."""
+    out = []
+    for g in gpus:
+        for where, mark in [(f"GPU {g['index']}", g["condition"])] + [
+            (f"GPU {g['index']} GPU instance {i['gpu_instance_id']}", i["condition"])
+            for i in g["instances"]
+        ]:
+            if mark is not None and mark["state"] != "healthy":
+                out.append((where, mark))
+    return out
+
+
+_STATES = {
+    agent_pb2.HEALTH_STATE_HEALTHY: "healthy",
+    agent_pb2.HEALTH_STATE_DEGRADED: "degraded",
+    agent_pb2.HEALTH_STATE_FAILED: "failed",
+}
+
+
+def health_mark_view(message: agent_pb2.Gpu | agent_pb2.GpuInstance) -> dict[str, Any] | None:
+    """The agent's health mark (docs/health.md); None before its first verdict."""
+    if not message.HasField("condition"):
+        return None
+    mark = message.condition
+    return {
+        "state": _STATES.get(mark.state, "unknown"),
+        "reason": mark.reason,
+        "since": mark.since.ToDatetime(tzinfo=UTC).isoformat(timespec="seconds"),
+        "action": mark.action,
+        "pods": list(mark.pods),
+    }
 
 
 def status_view(node: agent_pb2.Node) -> dict[str, Any]:
@@ -98,6 +147,7 @@ def status_view(node: agent_pb2.Node) -> dict[str, Any]:
             {
                 "index": g.index,
                 "health": "lost" if g.health == agent_pb2.GPU_HEALTH_LOST else "ok",
+                "condition": health_mark_view(g),
                 "detail": g.health_detail,
                 # A GPU lost before the agent saw it answer has only its index.
                 "uuid": g.uuid or None,
@@ -114,6 +164,7 @@ def status_view(node: agent_pb2.Node) -> dict[str, Any]:
                 "instances": [
                     {
                         "gpu_instance_id": gi.id,
+                        "condition": health_mark_view(gi),
                         "profile": gi.profile_name,
                         "profile_id": gi.profile_id,
                         "placement": placement(gi.placement),
@@ -156,7 +207,8 @@ def status_view(node: agent_pb2.Node) -> dict[str, Any]:
 @output_option
 @click.pass_obj
 def status(obj: CliContext, output: str) -> None:
-    """Show the node: GPUs, MIG mode and instances with placements, processes.
+    """Show the node: GPUs with their health marks, MIG mode and instances with placements,
+    processes.
 
     The node's agent answers (the running one, or one embedded for this command); the CLI
     itself never calls NVML.

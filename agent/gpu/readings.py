@@ -100,6 +100,8 @@ class Reading(Enum):
     REMAPPED_ROWS_CORRECTABLE = "remapped_rows_correctable"
     REMAPPED_ROWS_UNCORRECTABLE = "remapped_rows_uncorrectable"
     ROW_REMAP_FAILURE = "row_remap_failure"
+    #: 1 while a row remap waits for the next GPU reset
+    ROW_REMAP_PENDING = "row_remap_pending"
     NVLINK_CRC_FLIT_ERRORS = "nvlink_crc_flit_errors"
     NVLINK_CRC_DATA_ERRORS = "nvlink_crc_data_errors"
     NVLINK_REPLAY_ERRORS = "nvlink_replay_errors"
@@ -235,11 +237,12 @@ def _memory(n: Any, h: Any) -> Mapping[Reading, float]:
 
 
 def _remapped(n: Any, h: Any) -> Mapping[Reading, float]:
-    corr, unc, _pending, failure = n.nvmlDeviceGetRemappedRows(h)
+    corr, unc, pending, failure = n.nvmlDeviceGetRemappedRows(h)
     return {
         Reading.REMAPPED_ROWS_CORRECTABLE: corr,
         Reading.REMAPPED_ROWS_UNCORRECTABLE: unc,
         Reading.ROW_REMAP_FAILURE: failure,
+        Reading.ROW_REMAP_PENDING: pending,
     }
 
 
@@ -345,6 +348,7 @@ _GETTERS: dict[Reading, Getter] = {
     _R.REMAPPED_ROWS_CORRECTABLE: _REMAPPED,
     _R.REMAPPED_ROWS_UNCORRECTABLE: _REMAPPED,
     _R.ROW_REMAP_FAILURE: _REMAPPED,
+    _R.ROW_REMAP_PENDING: _REMAPPED,
     # The gateway falls back to the pre-R535 name (nvmlDeviceGetCurrentClocksThrottleReasons).
     _R.CLOCK_EVENT_REASONS: _one(
         _R.CLOCK_EVENT_REASONS, lambda n, h: n.nvmlDeviceGetCurrentClocksEventReasons(h)

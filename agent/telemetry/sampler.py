@@ -39,6 +39,7 @@ from agent.telemetry.snapshot import (
     EntitySample,
     FieldSupport,
     GpuStatus,
+    HealthReadings,
     InstanceIdentity,
     P2pLink,
     PodRef,
@@ -74,6 +75,16 @@ _XID_FIELD = 230
 _GR_ENGINE_FIELD = 1001
 _NO_GPM = "the GPU has no GPM (Hopper or newer has)"
 _CLOCK_EVENT_SAMPLES = 3000  # 300 s at the fastest interval (0.1 s)
+#: Read every tick for the health marks (agent/health), whatever the counters CSV selects:
+#: one ECC call, the row-remap call (already made for the default CSV) and the clock reasons.
+HEALTH_READINGS = frozenset(
+    {
+        Reading.ECC_DBE_VOLATILE,
+        Reading.ROW_REMAP_PENDING,
+        Reading.ROW_REMAP_FAILURE,
+        Reading.CLOCK_EVENT_REASONS,
+    }
+)
 
 
 class ProfilingBackend(Protocol):
@@ -129,6 +140,8 @@ class _GpuState:
     clock_events: deque[tuple[float, int]] = field(
         default_factory=lambda: deque(maxlen=_CLOCK_EVENT_SAMPLES)
     )
+    #: this tick's HEALTH_READINGS
+    health: Mapping[Reading, float] = field(default_factory=dict)
 
 
 class Sampler:
@@ -329,6 +342,9 @@ class Sampler:
             p2p=self._p2p_links(gpus, statuses),
             support=self._support(gpus),
             layouts=tuple(node_layouts),
+            health=tuple(
+                HealthReadings(s.gpu, self._gpus[s.gpu.index].health) for s in statuses if s.up
+            ),
         )
         self._report_unsupported()
         self._stats.observe_collection(self._clock() - started)
@@ -418,11 +434,12 @@ class Sampler:
     def _gpu_values(
         self, gpu: GpuIdentity, state: _GpuState, now: float
     ) -> tuple[dict[int, float], float | None]:
-        wanted = {_reading(f) for f in self._nvml} | {Reading.GPU_UTIL_PERCENT}
-        if self._clock_events:
-            wanted.add(Reading.CLOCK_EVENT_REASONS)
+        wanted = {_reading(f) for f in self._nvml} | {Reading.GPU_UTIL_PERCENT} | HEALTH_READINGS
         readings = self._reader.read(gpu.index, wanted - state.unsupported)
         self._note_readings(gpu, state, readings.unsupported, readings.failed)
+        state.health = MappingProxyType(
+            {r: v for r, v in readings.values.items() if r in HEALTH_READINGS}
+        )
         if self._clock_events:
             self._clock_event_sample(gpu, state, readings.values, readings.unsupported, now)
         values: dict[int, float] = {}

@@ -12,7 +12,7 @@ from pathlib import Path
 from agent.config import TelemetrySettings
 from agent.errors import AgentError
 from agent.gpu.nvml import GpuDriver
-from agent.gpu.readings import NodeReader
+from agent.gpu.readings import NodeReader, XidEvent
 from agent.kube import InClusterKubeClient
 from agent.telemetry.dcgm_backend import load_dcgm_backend
 from agent.telemetry.dra import DraDevices, DraSlicesCollector
@@ -65,6 +65,7 @@ class TelemetryService:
         self.dra = dra
         self._collection: Collection | None = None
         self._subscribers: list[Callable[[Snapshot], None]] = [self.exporter.prerender]
+        self._xid_listeners: list[Callable[[XidEvent], None]] = []
 
     @property
     def sampler(self) -> Sampler:
@@ -87,11 +88,19 @@ class TelemetryService:
         if self._collection is not None:
             self._collection.sampler.subscribe(callback)
 
+    def on_xid(self, listener: Callable[[XidEvent], None]) -> None:
+        """Hand every XID of this collection and the later ones to ``listener``."""
+        self._xid_listeners.append(listener)
+        if self._collection is not None:
+            self._collection.xids.listen(listener)
+
     def attach(self) -> None:
         """Build the collection over the (open) driver; nothing runs until `start`."""
         collection = self._collect()
         for callback in self._subscribers:
             collection.sampler.subscribe(callback)
+        for listener in self._xid_listeners:
+            collection.xids.listen(listener)
         self._collection = collection
 
     def start(self) -> None:

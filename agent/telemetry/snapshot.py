@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from agent.gpu.readings import GpuIdentity
+from agent.gpu.readings import GpuIdentity, Reading
 from agent.gpu.types import GpuLayout
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "FieldSupport",
     "GpuIdentity",
     "GpuStatus",
+    "HealthReadings",
     "InstanceIdentity",
     "P2pLink",
     "PodRef",
@@ -135,6 +136,15 @@ class GpuStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class HealthReadings:
+    """What the health marks judge a GPU by this tick (``HEALTH_READINGS`` in the sampler),
+    read whatever the counters select; a reading NVML does not answer is absent."""
+
+    gpu: GpuIdentity
+    values: Mapping[Reading, float]
+
+
+@dataclass(frozen=True, slots=True)
 class FieldSupport:
     """Whether a selected field could be read on a GPU (its own series or its instances')."""
 
@@ -166,6 +176,8 @@ class Snapshot:
     layouts: tuple[GpuLayout, ...] = ()
     #: the sampler's monotonic seconds when the tick started: what orders snapshots
     taken_mono: float = 0.0
+    #: per GPU that answered: ECC, row-remap and clock-event readings for the health marks
+    health: tuple[HealthReadings, ...] = ()
 
     def serving(self) -> int:
         """How many GPUs answered this tick."""

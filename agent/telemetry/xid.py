@@ -90,6 +90,7 @@ class XidWatcher:
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._listeners: list[Callable[[XidEvent], None]] = []
 
     @classmethod
     def for_reader(cls, reader: NodeReader, stats: TelemetryStats) -> XidWatcher:
@@ -120,11 +121,17 @@ class XidWatcher:
                 dict(recent),
             )
 
+    def listen(self, listener: Callable[[XidEvent], None]) -> None:
+        """Also hand every XID to ``listener`` (on this thread; it must not block)."""
+        self._listeners.append(listener)
+
     def record(self, event: XidEvent) -> None:
         with self._lock:
             self._counts[(event.gpu_index, event.gpu_instance_id, event.xid)] += 1
             self._last[event.gpu_index] = event.xid
             self._recent.append((self._clock(), event.gpu_index, event.xid))
+        for listener in self._listeners:
+            listener(event)
         log.warning(
             "XID %d (%s) on GPU %d%s",
             event.xid,

@@ -24,14 +24,14 @@ AGENT = "system:serviceaccount:gpu-agent:gpu-agent"
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
 
 
-def _policy() -> Obj:
+def _policy(name: str = "gpu-agent-own-node-labels") -> Obj:
     if cel is None:
         pytest.fail(
             "the PyPI package common-expression-language is missing: "
             "pip install common-expression-language",
             pytrace=False,
         )
-    return find(render("default"), "ValidatingAdmissionPolicy", "gpu-agent-own-node-labels")
+    return find(render("default"), "ValidatingAdmissionPolicy", name)
 
 
 def _node(name: str = "gpu-1") -> dict[str, Any]:
@@ -62,7 +62,7 @@ def _request(user: str = AGENT, node: str | None = "gpu-1") -> dict[str, Any]:
             NODE_EXTRA: [node],
             "authentication.kubernetes.io/pod-name": ["gpu-agent-x"],
         }
-    return {"operation": "UPDATE", "userInfo": info}
+    return {"operation": "UPDATE", "subResource": "", "userInfo": info}
 
 
 def _evaluate(expression: str, variables: dict[str, Any]) -> Any:
@@ -74,10 +74,15 @@ def _evaluate(expression: str, variables: dict[str, Any]) -> Any:
     return cel.evaluate(expression, context)
 
 
-def _admit(old: dict[str, Any], new: dict[str, Any], request: dict[str, Any]) -> list[str]:
+def _admit(
+    old: dict[str, Any] | None,
+    new: dict[str, Any] | None,
+    request: dict[str, Any],
+    policy: str = "gpu-agent-own-node-labels",
+) -> list[str]:
     """The messages of the validations that fail (empty: admitted); ["not matched"] when the
     policy does not apply to the request."""
-    spec = _policy()["spec"]
+    spec = _policy(policy)["spec"]
     context: dict[str, Any] = {"object": new, "oldObject": old, "request": request}
     for condition in spec["matchConditions"]:
         if not _evaluate(condition["expression"], context):
@@ -153,13 +158,66 @@ def test_a_token_without_a_node_name_is_refused() -> None:
     assert len(failed) == 1 and "no node name" in failed[0]
 
 
-def test_agent_may_not_taint_or_cordon() -> None:
+SPEC_REFUSED = (
+    "gpu-agent may change only its own taint (gpu-agent.io/health, NoSchedule) in a node's "
+    "spec; not unschedulable, podCIDR or other taints"
+)
+HEALTH_TAINT = {"key": "gpu-agent.io/health", "value": "failed", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda spec: spec.update(unschedulable=True),
+        lambda spec: spec["taints"].append({"key": "evil", "effect": "NoExecute"}),
+        lambda spec: spec["taints"].clear(),  # dropping someone else's taint
+        lambda spec: spec.update(podCIDR="10.9.9.0/24"),
+        lambda spec: spec["taints"].append({**HEALTH_TAINT, "effect": "NoExecute"}),
+    ],
+    ids=["cordon", "another taint", "drop another taint", "podCIDR", "own key, NoExecute"],
+)
+def test_agent_may_not_cordon_or_touch_other_taints(change: Any) -> None:
     old = _node()
     new = copy.deepcopy(old)
-    new["spec"]["unschedulable"] = True
-    new["spec"]["taints"].append({"key": "evil", "effect": "NoExecute"})
-    failed = _admit(old, new, _request())
-    assert failed == ["gpu-agent may not change a node's spec (taints, unschedulable, podCIDR)"]
+    change(new["spec"])
+    assert _admit(old, new, _request()) == [SPEC_REFUSED]
+
+
+def test_agent_may_set_and_remove_its_own_health_taint() -> None:
+    old = _node()
+    tainted = copy.deepcopy(old)
+    tainted["spec"]["taints"].append(dict(HEALTH_TAINT))
+    assert _admit(old, tainted, _request()) == []
+    assert _admit(tainted, old, _request()) == []
+    del old["spec"]["taints"]  # a node with no taints at all
+    fresh = copy.deepcopy(old)
+    fresh["spec"]["taints"] = [dict(HEALTH_TAINT)]
+    assert _admit(old, fresh, _request()) == []
+
+
+def _status(conditions: list[dict[str, str]]) -> dict[str, Any]:
+    node = _node()
+    node["status"] = {"conditions": conditions}
+    return node
+
+
+def test_agent_may_write_only_its_own_node_condition() -> None:
+    rules = _policy()["spec"]["matchConstraints"]["resourceRules"]
+    assert "nodes/status" in rules[0]["resources"]  # the status subresource is fenced too
+    ready = {"type": "Ready", "status": "True"}
+    old = _status([ready])
+    request = {**_request(), "subResource": "status"}
+    ours = _status([ready, {"type": "GPUHealthy", "status": "False"}])
+    assert _admit(old, ours, request) == []
+    theirs = _status([{"type": "Ready", "status": "False"}])
+    assert _admit(old, theirs, request) == [
+        "gpu-agent may change only its own node condition (GPUHealthy)"
+    ]
+    other = _status([{"type": "Ready", "status": "True"}])
+    other["metadata"]["name"] = "gpu-2"
+    assert _admit(_status([ready]) | {"metadata": other["metadata"]}, other, request)[0] == (
+        "gpu-agent on node gpu-1 may not change node gpu-2"
+    )
 
 
 def test_agent_annotations_only_under_its_prefix() -> None:
@@ -189,3 +247,32 @@ def test_other_users_are_not_this_policys_business(user: str) -> None:
     old = _node()
     new = _labels(old, {"kubernetes.io/hostname": "renamed"})
     assert _admit(old, new, _request(user=user)) == ["not matched"]
+
+
+def _rule(node: str = "gpu-1", pool: str = "gpu-1", key: str = "gpu-agent.io/health") -> Obj:
+    return {
+        "metadata": {
+            "name": f"gpu-agent.{node}.{pool}.gpu-0",
+            "labels": {"gpu-agent.io/node": node},
+        },
+        "spec": {
+            "deviceSelector": {"driver": "gpu.nvidia.com", "pool": pool, "device": "gpu-0"},
+            "taint": {"key": key, "value": "failed", "effect": "NoSchedule"},
+        },
+    }
+
+
+def test_agent_may_write_device_taint_rules_of_its_own_node_only() -> None:
+    policy = "gpu-agent-own-device-taints"
+    create, delete = {**_request(), "operation": "CREATE"}, {**_request(), "operation": "DELETE"}
+    assert _admit(None, _rule(), create, policy) == []
+    assert _admit(_rule(), None, delete, policy) == []
+    own = (
+        "gpu-agent may write only DeviceTaintRules of its own node "
+        "(label gpu-agent.io/node and pool)"
+    )
+    assert _admit(None, _rule(pool="gpu-2"), create, policy) == [own]
+    assert _admit(_rule(node="gpu-2", pool="gpu-2"), None, delete, policy) == [own]
+    assert _admit(None, _rule(key="evil/x"), create, policy) == [
+        "gpu-agent may set only the gpu-agent.io/health device taint"
+    ]

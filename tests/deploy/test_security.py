@@ -74,8 +74,9 @@ def test_rbac_grants_no_wildcards_and_no_secrets(kustomization: str) -> None:
 
 
 def test_agent_rbac_is_what_the_agent_does() -> None:
-    """Read and label its Node, read pods, write events, read DRA ResourceSlices (to attribute
-    GPUs pods got through DRA claims), write the DeviceClasses of sharing on DRA nodes;
+    """Read and label its Node, patch its Node's status (the GPUHealthy condition), read pods,
+    write events, read DRA ResourceSlices (to attribute GPUs pods got through DRA claims),
+    write the DeviceClasses of sharing on DRA nodes and DeviceTaintRules for its failed GPUs;
     nothing else."""
     grants = {
         (tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"])
@@ -83,10 +84,12 @@ def test_agent_rbac_is_what_the_agent_does() -> None:
     }
     assert grants == {
         (("",), ("nodes",)): READ | {"patch"},
+        (("",), ("nodes/status",)): {"patch"},
         (("",), ("pods",)): READ,
         (("", "events.k8s.io"), ("events",)): {"create", "patch"},
         (("resource.k8s.io",), ("resourceslices",)): READ,
         (("resource.k8s.io",), ("deviceclasses",)): {"get", "list", "create", "update", "delete"},
+        (("resource.k8s.io",), ("devicetaintrules",)): {"list", "create", "delete"},
     }
 
 

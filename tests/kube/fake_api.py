@@ -11,8 +11,15 @@ POST ``/api/v1/namespaces/{ns}/pods/{name}/eviction`` (429 while ``pdb_refusals`
 pod's disruption budget refuses, as the real server answers; otherwise the pod is deleted), and
 ``resource.k8s.io/v1`` ResourceSlices, DeviceClasses, ResourceClaims and ResourceClaimTemplates
 (list, get, watch, create, update, delete, the claims' ``/status``; tests/kube/fake_dra.py says
-what of their schema and semantics is modelled).
-A Node merge-patch may set ``spec.unschedulable`` (cordon).
+what of their schema and semantics is modelled), and ``resource.k8s.io/v1alpha3``
+DeviceTaintRules (cluster scoped; list with ``labelSelector``, get, create, delete; a create
+needs a DNS-subdomain name, ``spec.taint.key`` a label name and ``spec.taint.effect`` one of
+None, NoSchedule, NoExecute; ``device_taint_rules = False`` answers 404 as a cluster without
+the DRADeviceTaints feature gate does).
+A Node merge-patch may set ``spec.unschedulable`` (cordon) and ``spec.taints`` (a list: replaced
+whole, as RFC 7386 says). PATCH ``/api/v1/nodes/{name}/status`` (the status subresource) takes a
+strategic-merge patch of ``status.conditions``: conditions merge by ``type`` (the list's patch
+merge key in the Node schema), the others are kept; nothing else of the status is modelled.
 Like the real server:
 - every write bumps one cluster-wide ``resourceVersion``; a PUT whose
   ``metadata.resourceVersion`` is stale is 409 Conflict, a POST of an existing name 409
@@ -126,6 +133,12 @@ class FakeKubeApi:
     on_evict: Any = field(default=lambda ns, name: None)
     #: Nodes marked spec.unschedulable (cordoned)
     unschedulable: set[str] = field(default_factory=set)
+    #: name -> that Node's spec.taints
+    node_taints: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: name -> that Node's status.conditions
+    node_conditions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: whether resource.k8s.io/v1alpha3 DeviceTaintRules are served (the alpha feature gate)
+    device_taint_rules: bool = True
     #: paths answered 503, as an API server that is down (e.g. during an upgrade)
     unavailable: set[str] = field(default_factory=set)
     version: int = 1
@@ -273,6 +286,10 @@ class FakeKubeApi:
                 return self._watch(h, dra[0], query, dra[1])
             return _reply(h, 405, _status(405, "watch is served on the node, pod and DRA lists"))
         with self.lock:
+            if parts[:4] == ["apis", fake_dra.GROUP, "v1alpha3", "devicetaintrules"]:
+                if self.device_taint_rules and len(parts) in (4, 5):
+                    return self._taint_rules(h, parts[4] if len(parts) == 5 else None, query, body)
+                return _reply(h, 404, _status(404, "the server could not find the resource"))
             if parts[:2] == ["apis", fake_dra.GROUP]:
                 return self._dra(h, parts, query, body)
             if parts == ["api", "v1", "nodes"] and h.command == "GET":
@@ -280,6 +297,8 @@ class FakeKubeApi:
                 return _reply(h, 200, self._page("NodeList", nodes, query))
             if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
                 return self._node(h, parts[3], body)
+            if parts[:3] == ["api", "v1", "nodes"] and parts[4:] == ["status"]:
+                return self._node_status(h, parts[3], body)
             pods = parts[:3] == ["api", "v1", "namespaces"] and parts[4:5] == ["pods"]
             if pods and len(parts) == 7 and parts[6] == "eviction" and h.command == "POST":
                 return self._evict(h, parts[3], parts[5], body)
@@ -309,9 +328,13 @@ class FakeKubeApi:
 
     def _node_obj(self, name: str) -> dict[str, Any]:
         version = self.node_versions.setdefault(name, "1")
+        spec: dict[str, Any] = {"unschedulable": True} if name in self.unschedulable else {}
+        if self.node_taints.get(name):
+            spec["taints"] = copy.deepcopy(self.node_taints[name])
         return {
             "kind": "Node",
-            "spec": {"unschedulable": True} if name in self.unschedulable else {},
+            "spec": spec,
+            "status": {"conditions": copy.deepcopy(self.node_conditions.get(name, []))},
             "metadata": {
                 "name": name,
                 "labels": dict(self.nodes[name]),
@@ -511,6 +534,8 @@ class FakeKubeApi:
                 else:
                     self.nodes[name][key] = value
             spec = body.get("spec") or {}
+            if "taints" in spec:
+                self.node_taints[name] = list(spec["taints"] or [])
             if "unschedulable" in spec:
                 if spec["unschedulable"]:
                     self.unschedulable.add(name)
@@ -525,6 +550,78 @@ class FakeKubeApi:
             self.node_versions[name] = self.bump()
             self._record("nodes", "MODIFIED", self._node_obj(name))
         return _reply(h, 200, self._node_obj(name))
+
+    def _node_status(self, h: BaseHTTPRequestHandler, name: str, body: object) -> None:
+        if name not in self.nodes:
+            return _reply(h, 404, _status(404, f'nodes "{name}" not found'))
+        if h.command != "PATCH":
+            return _reply(h, 405, _status(405, "only PATCH is served on the Node's status"))
+        if h.headers.get("Content-Type") != "application/strategic-merge-patch+json":
+            return _reply(h, 415, _status(415, "unsupported media type"))
+        assert isinstance(body, dict)
+        conditions = self.node_conditions.setdefault(name, [])
+        for patch in (body.get("status") or {}).get("conditions") or []:
+            if not patch.get("type") or patch.get("status") not in ("True", "False", "Unknown"):
+                message = f'Node "{name}" is invalid: status.conditions: type and status required'
+                return _reply(h, 422, _status(422, message, "Invalid"))
+            found = next((c for c in conditions if c["type"] == patch["type"]), None)
+            if found is None:
+                conditions.append(dict(patch))
+            else:
+                found.update(patch)
+        self.node_versions[name] = self.bump()
+        self._record("nodes", "MODIFIED", self._node_obj(name))
+        return _reply(h, 200, self._node_obj(name))
+
+    @property
+    def taint_rules(self) -> dict[str, dict[str, Any]]:
+        """DeviceTaintRules by name."""
+        return {k[1]: v for k, v in self.stores.get("devicetaintrules", {}).items()}
+
+    def _taint_rules(
+        self, h: BaseHTTPRequestHandler, name: str | None, query: dict[str, str], body: object
+    ) -> None:
+        store = self.stores.setdefault("devicetaintrules", {})
+        if name is None and h.command == "GET":
+            wanted = dict(
+                kv.split("=", 1) for kv in query.get("labelSelector", "").split(",") if kv
+            )
+            items = [
+                o
+                for o in store.values()
+                if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())
+            ]
+            return _reply(h, 200, self._page("DeviceTaintRuleList", items, query))
+        if name is None and h.command == "POST":
+            assert isinstance(body, dict)
+            meta, spec = body.get("metadata") or {}, body.get("spec") or {}
+            rule = str(meta.get("name") or "")
+            taint = spec.get("taint") or {}
+            problems = []
+            if not rule or len(rule) > 253 or not _DNS.match(rule):
+                problems.append("metadata.name: a lowercase RFC 1123 subdomain")
+            if not isinstance(taint.get("key"), str) or label_problem(taint["key"], ""):
+                problems.append("spec.taint.key: must be a label name")
+            if taint.get("effect") not in ("None", "NoSchedule", "NoExecute"):
+                problems.append('spec.taint.effect: supported values: "None", "NoExecute", ...')
+            if problems:
+                message = f'DeviceTaintRule.resource.k8s.io "{rule}" is invalid: ' + "; ".join(
+                    problems
+                )
+                return _reply(h, 422, _status(422, message, "Invalid"))
+            if ("", rule) in store:
+                message = f'devicetaintrules.resource.k8s.io "{rule}" already exists'
+                return _reply(h, 409, _status(409, message, "AlreadyExists"))
+            return _reply(h, 201, self._store(store, ("", rule), body))
+        if name is not None and ("", name) not in store:
+            return _reply(h, 404, _status(404, f'devicetaintrules "{name}" not found'))
+        if name is not None and h.command == "GET":
+            return _reply(h, 200, store[("", name)])
+        if name is not None and h.command == "DELETE":
+            gone = store.pop(("", name))
+            self.bump()
+            return _reply(h, 200, gone)
+        return _reply(h, 405, _status(405, "method not allowed"))
 
     def _namespaced(
         self,

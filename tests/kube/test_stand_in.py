@@ -93,3 +93,28 @@ def test_a_paged_list_returns_every_item_once(
     assert sorted(names) == sorted(api.nodes) and len(names) == len(set(names)) == 9
     assert version == str(api.version)
     assert len([r for r in api.requests if r.path == "/api/v1/nodes"]) == 3
+
+
+def test_node_status_conditions_merge_by_type_as_a_strategic_merge_patch(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = kube_api
+    api.node_conditions[NODE] = [{"type": "Ready", "status": "True"}]
+    path = f"/api/v1/nodes/{NODE}/status"
+    smp = "application/strategic-merge-patch+json"
+    for status in ("False", "True"):
+        body = {"status": {"conditions": [{"type": "GPUHealthy", "status": status}]}}
+        kube.request("PATCH", path, body=body, content_type=smp)
+    node = kube.get(f"/api/v1/nodes/{NODE}")
+    assert isinstance(node, dict)
+    assert node["status"]["conditions"] == [
+        {"type": "Ready", "status": "True"},
+        {"type": "GPUHealthy", "status": "True"},
+    ]
+    with pytest.raises(AgentError, match="415"):  # a JSON merge patch would replace the list
+        kube.request(
+            "PATCH", path, body={"status": {}}, content_type="application/merge-patch+json"
+        )
+    with pytest.raises(AgentError, match="422"):
+        bad = {"status": {"conditions": [{"type": "GPUHealthy", "status": "maybe"}]}}
+        kube.request("PATCH", path, body=bad, content_type=smp)

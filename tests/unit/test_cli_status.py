@@ -29,3 +29,33 @@ def test_a_node_without_processes_still_says_none() -> None:
     assert data["processes_withheld"] is False
     assert [g["processes"] for g in data["gpus"]] == [[], []]
     assert _table(data).endswith("Processes\n  none")
+
+
+def test_health_marks_show_per_gpu_and_instance_with_reason_and_pods() -> None:
+    node = _node(hidden=False)
+    node.gpus[0].condition.CopyFrom(
+        agent_pb2.HealthMark(
+            state=agent_pb2.HEALTH_STATE_FAILED,
+            reason="XID 79 (GPU has fallen off the bus): needs reboot-node",
+            action="reboot-node",
+            pods=["ml/train-0"],
+        )
+    )
+    node.gpus[0].condition.since.FromSeconds(1_800_000_000)
+    node.gpus[1].condition.CopyFrom(agent_pb2.HealthMark(state=agent_pb2.HEALTH_STATE_HEALTHY))
+    data = status_view(node)
+    assert data["gpus"][0]["condition"] == {
+        "state": "failed",
+        "reason": "XID 79 (GPU has fallen off the bus): needs reboot-node",
+        "since": "2027-01-15T08:00:00+00:00",
+        "action": "reboot-node",
+        "pods": ["ml/train-0"],
+    }
+    text = _table(data)
+    assert "failed (reboot-node)" in text and "healthy" in text
+    assert (
+        "GPU 0 failed since 2027-01-15T08:00:00+00:00: XID 79 (GPU has fallen off the bus): "
+        "needs reboot-node (pods: ml/train-0)"
+    ) in text
+    node.gpus[1].ClearField("condition")
+    assert status_view(node)["gpus"][1]["condition"] is None  # not judged yet

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,16 @@ from agent.gpu.sim.store import StateStore
 MIB = 1 << 20
 XID_GPU_FALLEN_OFF_BUS = 79  # what the driver reports when a GPU drops off the bus
 _MAX_QUEUED_EVENTS = 1024
+#: the nvmlClocksEventReason* bits a test or `gpu-agent sim clocks` may hold (GPU idle is the
+#: simulator's own), by the names dcgm-exporter's clock_event label uses
+CLOCK_REASONS = {
+    "sw_power_cap": pynvml.nvmlClocksEventReasonSwPowerCap,
+    "hw_slowdown": pynvml.nvmlClocksEventReasonHwSlowdown,
+    "sync_boost": pynvml.nvmlClocksEventReasonSyncBoost,
+    "sw_thermal": pynvml.nvmlClocksEventReasonSwThermalSlowdown,
+    "hw_thermal": pynvml.nvmlClocksEventReasonHwThermalSlowdown,
+    "hw_power_brake": pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown,
+}
 
 
 def missing_node(state_dir: Path) -> InvalidSpec:
@@ -227,12 +238,55 @@ class SimControl:
                 g.lost = True
                 _queue_xid(node, gpu, XID_GPU_FALLEN_OFF_BUS)
 
-    def raise_xid(self, gpu: int, xid: int) -> None:
+    def raise_xid(self, gpu: int, xid: int, *, gpu_instance: int | None = None) -> None:
+        """Queue XID ``xid`` on ``gpu``; with ``gpu_instance``, attributed to that MIG GPU
+        instance as the driver does for faults inside one (the event's gpuInstanceId)."""
         if xid <= 0:
             raise InvalidSpec(f"xid must be > 0, got {xid}", [FieldViolation("xid", "must be > 0")])
         with self._store.transaction() as node:
-            _gpu(node, gpu)
-            _queue_xid(node, gpu, xid)
+            g = _gpu(node, gpu)
+            if gpu_instance is not None:
+                _mig_instance(g, gpu_instance)
+            _queue_xid(node, gpu, xid, gpu_instance)
+
+    def memory_errors(
+        self, gpu: int, *, sbe: int = 0, dbe: int = 0, remap_failure: bool = False
+    ) -> None:
+        """ECC errors on ``gpu``: ``sbe`` corrected and ``dbe`` uncorrected (volatile and
+        aggregate counts). Each uncorrected error records a row remap that
+        is pending until the next reset; ``remap_failure``: a remap found no spare row."""
+        if sbe < 0 or dbe < 0:
+            raise InvalidSpec(
+                f"sbe and dbe must be >= 0, got {sbe} and {dbe}",
+                [FieldViolation("sbe" if sbe < 0 else "dbe", "a count >= 0")],
+            )
+        with self._store.transaction() as node:
+            g = _gpu(node, gpu)
+            for kind, count in (("sbe", sbe), ("dbe", dbe)):
+                for span in ("volatile", "aggregate"):
+                    key = f"{kind}_{span}"
+                    g.ecc[key] = g.ecc.get(key, 0) + count
+            if dbe:  # every simulated model is Ampere or later: row remapping, not page retirement
+                g.remap["pending"] = g.remap.get("pending", 0) + dbe
+            if remap_failure:
+                g.remap["failure"] = 1
+
+    def hold_clocks(self, gpu: int, reasons: Sequence[str]) -> None:
+        """Hold ``gpu``'s clocks down for ``reasons`` (`CLOCK_REASONS` names; none clears
+        them), as nvmlDeviceGetCurrentClocksEventReasons then reports; GPU idle is the
+        simulator's own and is added when nothing runs."""
+        unknown = [r for r in reasons if r not in CLOCK_REASONS]
+        if unknown:
+            raise InvalidSpec(
+                f"unknown clock reason(s) {', '.join(unknown)}; allowed: "
+                + ", ".join(CLOCK_REASONS),
+                [FieldViolation("reasons", "one of " + ", ".join(CLOCK_REASONS))],
+            )
+        mask = 0
+        for reason in reasons:
+            mask |= CLOCK_REASONS[reason]
+        with self._store.transaction() as node:
+            _gpu(node, gpu).clock_event_reasons = mask
 
     def reset_gpu(self, gpu: int) -> None:
         with self._store.transaction() as node:
@@ -338,8 +392,8 @@ def _placement_of_process(
     return gi.id, compute_instance
 
 
-def _queue_xid(node: NodeState, gpu: int, xid: int) -> None:
-    node.events.append(XidEvent(node.next_event_seq, gpu, xid))
+def _queue_xid(node: NodeState, gpu: int, xid: int, gpu_instance: int | None = None) -> None:
+    node.events.append(XidEvent(node.next_event_seq, gpu, xid, gpu_instance))
     node.next_event_seq += 1
     del node.events[:-_MAX_QUEUED_EVENTS]
 

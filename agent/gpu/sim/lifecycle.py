@@ -95,6 +95,13 @@ def _reset(gpu: Gpu, now: float, *, apply_pending: bool = True) -> None:
     activity.refresh(gpu, model, now)  # fold counters under the old workloads first
     gpu.gpu_instances.clear()
     gpu.workload.clear()
+    # Volatile ECC counts start again; pending row remaps take effect (NVIDIA's row-remapping
+    # rules: a remap recorded after an uncorrectable error is applied at the next reset).
+    for kind in ("sbe_volatile", "dbe_volatile"):
+        gpu.ecc.pop(kind, None)
+    pending = gpu.remap.pop("pending", 0)
+    if pending:
+        gpu.remap["uncorrectable"] = gpu.remap.get("uncorrectable", 0) + pending
     if apply_pending:
         gpu.mig_current = gpu.mig_pending
     activity.refresh(gpu, model, now)

@@ -77,6 +77,15 @@ class Gpu:
     #: Power management limit set through nvmlDeviceSetPowerManagementLimit (mW); None: the
     #: model's default. The driver forgets it on reboot and driver reload.
     power_limit_mw: int | None = None
+    #: ECC error counts (nvmlDeviceGetTotalEccErrors): "sbe_volatile", "dbe_volatile",
+    #: "sbe_aggregate", "dbe_aggregate"; volatile ones restart at zero on a reset or reboot
+    ecc: dict[str, int] = field(default_factory=dict)
+    #: row remapping (nvmlDeviceGetRemappedRows, Ampere and later): "correctable" and
+    #: "uncorrectable" rows remapped, "pending" rows waiting for the next reset, "failure" 1
+    #: once a remapping failed (no spare row left); the aggregate ones survive resets
+    remap: dict[str, int] = field(default_factory=dict)
+    #: injected nvmlClocksEventReason* bits (heat, power brake...); idle is computed
+    clock_event_reasons: int = 0
 
     @property
     def pci_bus_id(self) -> str:
@@ -114,6 +123,8 @@ class XidEvent:
     seq: int
     gpu: int
     xid: int
+    #: the GPU instance the driver attributes it to (None: the whole GPU)
+    gpu_instance: int | None = None
 
 
 @dataclass

@@ -104,7 +104,8 @@ def wait(drv: SimDriver, value: Any, data_ref: Any, timeout_ms: Any) -> None:
             data.device = pointer(pynvml.c_nvmlDevice_t, Handle(Kind.DEVICE, event.gpu, 0))
             data.eventType = pynvml.nvmlEventTypeXidCriticalError
             data.eventData = event.xid
-            data.gpuInstanceId = _NOT_ATTRIBUTABLE
+            gi = event.gpu_instance
+            data.gpuInstanceId = _NOT_ATTRIBUTABLE if gi is None else gi
             data.computeInstanceId = _NOT_ATTRIBUTABLE
             return
         left = deadline - time.monotonic()

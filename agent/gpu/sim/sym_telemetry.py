@@ -159,7 +159,8 @@ def max_clock_info(drv: SimDriver, handle: Any, clock_type: Any, ref: Any) -> No
 def _clocks_event_reasons(drv: SimDriver, handle: Any, ref: Any) -> None:
     rates = drv.physical(handle).gpu.activity.rates
     idle = rates.get("sm_active", 0.0) == 0.0
-    set_value(ref, pynvml.nvmlClocksEventReasonGpuIdle if idle else 0)
+    injected = drv.physical(handle).gpu.clock_event_reasons
+    set_value(ref, (pynvml.nvmlClocksEventReasonGpuIdle if idle else 0) | injected)
 
 
 symbol("nvmlDeviceGetCurrentClocksEventReasons")(_clocks_event_reasons)  # R535 and later
@@ -219,8 +220,11 @@ def remapped_rows(drv: SimDriver, handle: Any, corr: Any, unc: Any, pend: Any, f
     t = drv.physical(handle)
     if t.gpu.mig_current and t.gpu.gpu_instances:
         raise fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # telemetry.md §4
-    for ref in (corr, unc, pend, fail_):
-        set_value(ref, 0)
+    remap = t.gpu.remap
+    set_value(corr, remap.get("correctable", 0))
+    set_value(unc, remap.get("uncorrectable", 0))
+    set_value(pend, 1 if remap.get("pending", 0) else 0)
+    set_value(fail_, remap.get("failure", 0))
 
 
 def _engine_utilization(drv: SimDriver, handle: Any, util: Any, period: Any) -> None:
@@ -242,12 +246,14 @@ def ecc_mode(drv: SimDriver, handle: Any, current: Any, pending: Any) -> None:
 
 @symbol("nvmlDeviceGetTotalEccErrors")
 def total_ecc_errors(drv: SimDriver, handle: Any, error_type: Any, counter: Any, ref: Any) -> None:
-    drv.device(handle)  # nvidia-smi shows ECC counts per MIG device too
+    t = drv.device(handle)  # nvidia-smi shows ECC counts per MIG device too
     if to_int(error_type) >= pynvml.NVML_MEMORY_ERROR_TYPE_COUNT:
         raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
     if to_int(counter) >= pynvml.NVML_ECC_COUNTER_TYPE_COUNT:
         raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-    set_value(ref, 0)
+    kind = "sbe" if to_int(error_type) == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED else "dbe"
+    span = "volatile" if to_int(counter) == pynvml.NVML_VOLATILE_ECC else "aggregate"
+    set_value(ref, t.gpu.ecc.get(f"{kind}_{span}", 0))
 
 
 @symbol("nvmlDeviceGetBAR1MemoryInfo")

@@ -27,27 +27,29 @@ from agent._proto.gpuagent.v1 import agent_pb2 as gpuagent_dot_v1_dot_agent__pb2
 from agent._proto.gpuagent.v1 import operations_pb2 as gpuagent_dot_v1_dot_operations__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18gpuagent/v1/events.proto\x12\x0bgpuagent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17gpuagent/v1/agent.proto\x1a\x1cgpuagent/v1/operations.proto\";\n\x12WatchEventsRequest\x12%\n\x05types\x18\x01 \x03(\x0e\x32\x16.gpuagent.v1.EventType\"8\n\x13WatchEventsResponse\x12!\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x12.gpuagent.v1.Event\"\x83\x02\n\x05\x45vent\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\toperation\x18\x03 \x01(\x0b\x32\x16.gpuagent.v1.OperationH\x00\x12\x31\n\nmig_layout\x18\x04 \x01(\x0b\x32\x1b.gpuagent.v1.MigLayoutEventH\x00\x12$\n\x03xid\x18\x05 \x01(\x0b\x32\x15.gpuagent.v1.XidEventH\x00\x12-\n\x08gpu_lost\x18\x06 \x01(\x0b\x32\x19.gpuagent.v1.GpuLostEventH\x00\x42\t\n\x07payload\"\x8a\x01\n\x0eMigLayoutEvent\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12&\n\x08mig_mode\x18\x03 \x01(\x0b\x32\x14.gpuagent.v1.MigMode\x12+\n\tinstances\x18\x04 \x03(\x0b\x32\x18.gpuagent.v1.GpuInstance\"\x8e\x01\n\x08XidEvent\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\x1c\n\x0fgpu_instance_id\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x0b\n\x03xid\x18\x04 \x01(\r\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\r\n\x05\x63ount\x18\x06 \x01(\x04\x42\x12\n\x10_gpu_instance_id\"C\n\x0cGpuLostEvent\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t*\x89\x01\n\tEventType\x12\x1a\n\x16\x45VENT_TYPE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x45VENT_TYPE_OPERATION\x10\x01\x12\x19\n\x15\x45VENT_TYPE_MIG_LAYOUT\x10\x02\x12\x12\n\x0e\x45VENT_TYPE_XID\x10\x03\x12\x17\n\x13\x45VENT_TYPE_GPU_LOST\x10\x04\x32\x63\n\rEventsService\x12R\n\x0bWatchEvents\x12\x1f.gpuagent.v1.WatchEventsRequest\x1a .gpuagent.v1.WatchEventsResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18gpuagent/v1/events.proto\x12\x0bgpuagent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17gpuagent/v1/agent.proto\x1a\x1cgpuagent/v1/operations.proto\";\n\x12WatchEventsRequest\x12%\n\x05types\x18\x01 \x03(\x0e\x32\x16.gpuagent.v1.EventType\"8\n\x13WatchEventsResponse\x12!\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x12.gpuagent.v1.Event\"\xaf\x02\n\x05\x45vent\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\toperation\x18\x03 \x01(\x0b\x32\x16.gpuagent.v1.OperationH\x00\x12\x31\n\nmig_layout\x18\x04 \x01(\x0b\x32\x1b.gpuagent.v1.MigLayoutEventH\x00\x12$\n\x03xid\x18\x05 \x01(\x0b\x32\x15.gpuagent.v1.XidEventH\x00\x12-\n\x08gpu_lost\x18\x06 \x01(\x0b\x32\x19.gpuagent.v1.GpuLostEventH\x00\x12*\n\x06health\x18\x07 \x01(\x0b\x32\x18.gpuagent.v1.HealthEventH\x00\x42\t\n\x07payload\"\x8a\x01\n\x0eMigLayoutEvent\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12&\n\x08mig_mode\x18\x03 \x01(\x0b\x32\x14.gpuagent.v1.MigMode\x12+\n\tinstances\x18\x04 \x03(\x0b\x32\x18.gpuagent.v1.GpuInstance\"\x8e\x01\n\x08XidEvent\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\x1c\n\x0fgpu_instance_id\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x0b\n\x03xid\x18\x04 \x01(\r\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\r\n\x05\x63ount\x18\x06 \x01(\x04\x42\x12\n\x10_gpu_instance_id\"C\n\x0cGpuLostEvent\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\xc5\x01\n\x0bHealthEvent\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\x1c\n\x0fgpu_instance_id\x18\x03 \x01(\rH\x00\x88\x01\x01\x12*\n\x08previous\x18\x04 \x01(\x0e\x32\x18.gpuagent.v1.HealthState\x12%\n\x04mark\x18\x05 \x01(\x0b\x32\x17.gpuagent.v1.HealthMark\x12\x0c\n\x04held\x18\x06 \x01(\x08\x42\x12\n\x10_gpu_instance_id*\xa0\x01\n\tEventType\x12\x1a\n\x16\x45VENT_TYPE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x45VENT_TYPE_OPERATION\x10\x01\x12\x19\n\x15\x45VENT_TYPE_MIG_LAYOUT\x10\x02\x12\x12\n\x0e\x45VENT_TYPE_XID\x10\x03\x12\x17\n\x13\x45VENT_TYPE_GPU_LOST\x10\x04\x12\x15\n\x11\x45VENT_TYPE_HEALTH\x10\x05\x32\x63\n\rEventsService\x12R\n\x0bWatchEvents\x12\x1f.gpuagent.v1.WatchEventsRequest\x1a .gpuagent.v1.WatchEventsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agent._proto.gpuagent.v1.events_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EVENTTYPE']._serialized_start=866
-  _globals['_EVENTTYPE']._serialized_end=1003
+  _globals['_EVENTTYPE']._serialized_start=1110
+  _globals['_EVENTTYPE']._serialized_end=1270
   _globals['_WATCHEVENTSREQUEST']._serialized_start=129
   _globals['_WATCHEVENTSREQUEST']._serialized_end=188
   _globals['_WATCHEVENTSRESPONSE']._serialized_start=190
   _globals['_WATCHEVENTSRESPONSE']._serialized_end=246
   _globals['_EVENT']._serialized_start=249
-  _globals['_EVENT']._serialized_end=508
-  _globals['_MIGLAYOUTEVENT']._serialized_start=511
-  _globals['_MIGLAYOUTEVENT']._serialized_end=649
-  _globals['_XIDEVENT']._serialized_start=652
-  _globals['_XIDEVENT']._serialized_end=794
-  _globals['_GPULOSTEVENT']._serialized_start=796
-  _globals['_GPULOSTEVENT']._serialized_end=863
-  _globals['_EVENTSSERVICE']._serialized_start=1005
-  _globals['_EVENTSSERVICE']._serialized_end=1104
+  _globals['_EVENT']._serialized_end=552
+  _globals['_MIGLAYOUTEVENT']._serialized_start=555
+  _globals['_MIGLAYOUTEVENT']._serialized_end=693
+  _globals['_XIDEVENT']._serialized_start=696
+  _globals['_XIDEVENT']._serialized_end=838
+  _globals['_GPULOSTEVENT']._serialized_start=840
+  _globals['_GPULOSTEVENT']._serialized_end=907
+  _globals['_HEALTHEVENT']._serialized_start=910
+  _globals['_HEALTHEVENT']._serialized_end=1107
+  _globals['_EVENTSSERVICE']._serialized_start=1272
+  _globals['_EVENTSSERVICE']._serialized_end=1371
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,249 @@
+"""Health marks end to end (docs/health.md): the whole agent on the simulated driver, its
+GetNode and WatchEvents over real gRPC on its Unix socket, its /metrics over HTTP, the API
+stand-in for the Node, a fake kubelet PodResources server for the pods.
+
+A fatal XID fails its GPU everywhere (GetNode, metric, labels, condition, taint, DRA device
+taint, Event naming the pod) and clears after the configured hold-down; a lost GPU stays failed
+while it is lost; a driver reload and an agent restart do not clear a failed mark before its
+hold-down; an XID inside a MIG instance marks that instance, a GPU-wide one every instance.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent._proto.gpuagent.v1 import agent_pb2, agent_pb2_grpc, events_pb2
+from agent.gpu.sim import SimControl, open_simulator
+from agent.kube import InClusterKubeClient
+from tests.integration.test_api_events import Watcher
+from tests.kube.fake_api import FakeKubeApi
+from tests.kube.fixtures import NODE
+from tests.unit.api.support import InProcessAgent, agent_config, unix_channel, wait_for
+from tests.unit.telemetry.kubelet import FakeKubelet, serve
+from tests.unit.telemetry.simnode import sim_node
+
+pytestmark = pytest.mark.integration
+
+HOLD_DOWN_S = 1.5
+FAILED, HEALTHY = agent_pb2.HEALTH_STATE_FAILED, agent_pb2.HEALTH_STATE_HEALTHY
+OTHER_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+
+
+def _config(root: Path, hold_down_s: float = HOLD_DOWN_S, **health: Any) -> Path:
+    return agent_config(
+        root,
+        node_name=NODE,
+        telemetry={"kubelet_socket": str(root / "kubelet.sock"), "interval_s": 0.2},
+        health={"hold_down_s": hold_down_s, **health},
+        driver={"retry_max_s": 0.2, "check_s": 0.2},
+    )
+
+
+@pytest.fixture
+def in_cluster(
+    kube_api: tuple[FakeKubeApi, str],
+    kube: InClusterKubeClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> FakeKubeApi:
+    monkeypatch.setattr(InClusterKubeClient, "in_pod", classmethod(lambda cls: kube))
+    return kube_api[0]
+
+
+def _gpu(socket: Path, index: int) -> agent_pb2.Gpu:
+    with unix_channel(socket) as channel:
+        node = agent_pb2_grpc.NodeServiceStub(channel).GetNode(agent_pb2.GetNodeRequest()).node
+    return next(g for g in node.gpus if g.index == index)
+
+
+def _state(socket: Path, index: int) -> int:
+    return _gpu(socket, index).condition.state
+
+
+def _health_series(port: int) -> dict[tuple[str, str, str], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    found = {}
+    for m in re.finditer(r"^gpu_agent_health_state\{([^}]*)\} (\S+)$", text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        found[(labels["gpu"], labels["gpu_instance"], labels["state"])] = float(m.group(2))
+    return found
+
+
+def _events(api: FakeKubeApi, reason: str) -> list[dict[str, Any]]:
+    return [e for e in api.events if e["reason"] == reason]
+
+
+def _slice(uuid: str) -> dict[str, Any]:
+    device = {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": uuid}}}
+    return {
+        "metadata": {"name": f"{NODE}-gpu"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": NODE,
+            "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+            "devices": [device],
+        },
+    }
+
+
+@pytest.fixture
+def pod_on_gpu0(tmp_path: Path) -> Iterator[str]:
+    """The simulated node, with pod ml/train-0 allocated GPU 0 (kubelet's PodResources)."""
+    root = tmp_path / "agent"
+    open_simulator(root / "state", "dgx-h100")
+    uuid = SimControl(root / "state").describe()["gpus"][0]["uuid"]
+    root.mkdir(exist_ok=True)
+    rows = [("ml", "train-0", "main", "nvidia.com/gpu", [uuid])]
+    with serve(root / "kubelet.sock", FakeKubelet(rows)):
+        yield uuid
+
+
+def test_a_fatal_xid_fails_the_gpu_everywhere_naming_the_pod_then_clears_after_the_hold_down(
+    tmp_path: Path, in_cluster: FakeKubeApi, pod_on_gpu0: str
+) -> None:
+    api = in_cluster
+    api.node_taints[NODE] = [dict(OTHER_TAINT)]
+    api.put_dra("resourceslices", _slice(pod_on_gpu0))  # NVIDIA's DRA driver on the node
+    root = tmp_path / "agent"
+    control = SimControl(root / "state")
+    with (
+        InProcessAgent(root, _config(root, taint=True)) as agent,
+        unix_channel(agent.socket) as channel,
+    ):
+        watcher = Watcher(channel, [events_pb2.EVENT_TYPE_HEALTH])
+        telemetry = agent.node.services.telemetry
+        wait_for(lambda: any(e.pod for e in telemetry.latest().entities), "the pod on GPU 0", 10)
+        assert _state(agent.socket, 0) == HEALTHY
+        control.raise_xid(0, 79)
+        raised = time.time()
+
+        gpu = wait_for(lambda: _state(agent.socket, 0) == FAILED and _gpu(agent.socket, 0), "", 5)
+        mark = gpu.condition
+        assert mark.reason == "XID 79 (GPU has fallen off the bus): needs reboot-node"
+        assert mark.action == "reboot-node" and list(mark.pods) == ["ml/train-0"]
+        assert _state(agent.socket, 1) == HEALTHY
+        series = _health_series(agent.node.metrics_port)
+        assert series[("0", "", "failed")] == 1.0 and series[("0", "", "healthy")] == 0.0
+        assert series[("1", "", "healthy")] == 1.0
+        rule = f"gpu-agent.{NODE}.{NODE}.gpu-0"
+        # the pass writes labels, condition, taint, then the DRA device taint: wait for the last
+        wait_for(lambda: rule in api.taint_rules, "the DRA device taint", 5)
+        assert api.nodes[NODE]["gpu-agent.io/health"] == "failed"
+        assert api.nodes[NODE]["gpu-agent.io/health.failed-gpus"] == "1"
+        assert api.nodes[NODE]["gpu-agent.io/health.healthy-gpus"] == "7"
+        (condition,) = [c for c in api.node_conditions[NODE] if c["type"] == "GPUHealthy"]
+        assert condition["status"] == "False" and "GPU 0 failed: XID 79" in condition["message"]
+        ours = {"key": "gpu-agent.io/health", "value": "failed", "effect": "NoSchedule"}
+        assert api.node_taints[NODE] == [OTHER_TAINT, ours]
+        assert list(api.taint_rules) == [rule]
+        assert api.taint_rules[rule]["spec"]["deviceSelector"]["device"] == "gpu-0"
+        (event,) = wait_for(lambda: _events(api, "GpuFailed"), "the Event", 5)
+        assert event["type"] == "Warning"
+        assert "GPU 0 (" + pod_on_gpu0 + ") healthy -> failed: XID 79" in event["message"]
+        assert event["message"].endswith("pods: ml/train-0")
+        (streamed,) = wait_for(lambda: watcher.of("health"), "the health event", 5)
+        assert streamed.health.gpu_index == 0 and streamed.health.gpu_uuid == pod_on_gpu0
+        assert streamed.health.previous == HEALTHY and streamed.health.mark.state == FAILED
+        assert list(streamed.health.mark.pods) == ["ml/train-0"]
+
+        wait_for(lambda: _state(agent.socket, 0) == HEALTHY, "the mark cleared", 10)
+        assert time.time() - raised >= HOLD_DOWN_S
+        reason = _gpu(agent.socket, 0).condition.reason
+        assert re.fullmatch(r"healthy: no new error for \d+ s since XID 79 .*", reason), reason
+        wait_for(lambda: not api.taint_rules, "the DRA device taint removed", 5)
+        assert api.nodes[NODE]["gpu-agent.io/health"] == "healthy"
+        assert api.node_taints[NODE] == [OTHER_TAINT]
+        (condition,) = [c for c in api.node_conditions[NODE] if c["type"] == "GPUHealthy"]
+        assert condition["status"] == "True"
+        (cleared,) = wait_for(lambda: _events(api, "GpuHealthy"), "the clearing Event", 5)
+        assert "failed -> healthy: healthy: no new error" in cleared["message"]
+        watcher.close()
+
+
+def test_a_lost_gpu_stays_failed_while_it_is_lost(tmp_path: Path) -> None:
+    root = tmp_path / "agent"
+    with InProcessAgent(root, _config(root, hold_down_s=0.5)) as agent:
+        SimControl(root / "state").mark_lost(3)
+        wait_for(lambda: _state(agent.socket, 3) == FAILED, "GPU 3 failed", 5)
+        time.sleep(1.5)  # three hold-downs: the ongoing loss keeps it failed
+        gpu = _gpu(agent.socket, 3)
+        assert gpu.health == agent_pb2.GPU_HEALTH_LOST
+        assert gpu.condition.state == FAILED and gpu.condition.action == "reboot-node"
+        assert _state(agent.socket, 2) == HEALTHY
+
+
+def test_a_driver_reload_does_not_clear_a_failed_mark_before_its_hold_down(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "agent"
+    hold_down = 4.0
+    with InProcessAgent(root, _config(root, hold_down_s=hold_down)) as agent:
+        control = SimControl(root / "state")
+        control.raise_xid(1, 48)
+        raised = time.time()
+        wait_for(lambda: _state(agent.socket, 1) == FAILED, "GPU 1 failed", 5)
+        since = _gpu(agent.socket, 1).condition.since
+        control.driver_absent()
+        driver = agent.node.services.driver
+        wait_for(lambda: not driver.is_attached, "the agent detached", 5)
+        control.driver_present()
+        wait_for(lambda: driver.is_attached, "the agent attached again", 5)
+        wait_for(lambda: len(agent.node.services.inventory.layouts()) == 8, "GPUs again", 5)
+        assert time.time() - raised < hold_down, "the reload took longer than the hold-down"
+        gpu = _gpu(agent.socket, 1)
+        assert gpu.condition.state == FAILED and gpu.condition.since == since
+        wait_for(lambda: _state(agent.socket, 1) == HEALTHY, "the mark cleared", 10)
+        assert time.time() - raised >= hold_down
+
+
+def test_a_restart_keeps_a_failed_mark_until_its_hold_down(tmp_path: Path) -> None:
+    root = tmp_path / "agent"
+    hold_down = 3.0
+    config = _config(root, hold_down_s=hold_down)
+    with InProcessAgent(root, config) as agent:
+        SimControl(root / "state").raise_xid(2, 95)
+        raised = time.time()
+        wait_for(lambda: _state(agent.socket, 2) == FAILED, "GPU 2 failed", 5)
+        since = _gpu(agent.socket, 2).condition.since
+    with InProcessAgent(root, config) as agent:
+        gpu = _gpu(agent.socket, 2)  # the first snapshot, before any hold-down passed
+        assert time.time() - raised < hold_down
+        assert gpu.condition.state == FAILED and gpu.condition.since == since
+        assert gpu.condition.reason == "XID 95 (Uncontained ECC error): needs reset-gpu"
+        wait_for(lambda: _state(agent.socket, 2) == HEALTHY, "the mark cleared", 10)
+        assert time.time() - raised >= hold_down
+
+
+def test_an_xid_in_a_mig_instance_marks_it_and_a_gpu_wide_one_every_instance(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "agent"
+    node = sim_node(root / "state")
+    first = node.create_instance(1, "1g.10gb", slot=0).id
+    second = node.create_instance(1, "1g.10gb", slot=1).id
+
+    def instances(socket: Path) -> dict[int, int]:
+        return {gi.id: gi.condition.state for gi in _gpu(socket, 1).instances}
+
+    with InProcessAgent(root, _config(root, hold_down_s=60)) as agent:
+        control = SimControl(root / "state")
+        wait_for(lambda: instances(agent.socket) == {first: HEALTHY, second: HEALTHY}, "", 5)
+        control.raise_xid(1, 13, gpu_instance=first)
+        time.sleep(0.5)  # one application XID: nothing
+        assert instances(agent.socket) == {first: HEALTHY, second: HEALTHY}
+        for _ in range(2):
+            control.raise_xid(1, 13, gpu_instance=first)
+        degraded = agent_pb2.HEALTH_STATE_DEGRADED
+        wait_for(lambda: instances(agent.socket)[first] == degraded, "instance degraded", 5)
+        assert instances(agent.socket)[second] == HEALTHY
+        assert _state(agent.socket, 1) == HEALTHY
+        control.raise_xid(1, 95)
+        wait_for(lambda: _state(agent.socket, 1) == FAILED, "GPU 1 failed", 5)
+        assert instances(agent.socket) == {first: FAILED, second: FAILED}

@@ -1,0 +1,207 @@
+"""The health marks on the Node (agent/health/publish.py), written to the API stand-in: labels,
+the GPUHealthy condition through the status subresource, the opt-in taint, Events; everything
+else on the Node is kept, and an API server that is away gets it all when it returns."""
+
+from __future__ import annotations
+
+from agent.health.device_taints import RULES, UNSERVED_RETRY_S, DeviceTaints
+from agent.health.machine import Mark, State
+from agent.health.monitor import HealthChange
+from agent.health.publish import NodePublisher, plan
+from agent.health.store import Target
+from agent.kube import InClusterKubeClient
+from tests.kube.fake_api import FakeKubeApi
+from tests.kube.fixtures import NODE
+
+FAILED = Mark(State.FAILED, "XID 79 (GPU has fallen off the bus): needs reboot-node", 10.0,
+              "reboot-node", ("ml/train-0",), 10.0)  # fmt: skip
+OTHER_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+
+
+def _marks(gpu0: Mark, gi: Mark | None = None) -> dict[Target, tuple[int, Mark, str]]:
+    marks = {Target("GPU-0"): (0, gpu0, gpu0.reason), Target("GPU-1"): (1, Mark(), "")}
+    if gi is not None:
+        marks[Target("GPU-1", 2)] = (1, gi, gi.reason)
+    return marks
+
+
+def _condition(api: FakeKubeApi) -> dict[str, str]:
+    found = [c for c in api.node_conditions.get(NODE, []) if c["type"] == "GPUHealthy"]
+    assert len(found) == 1
+    return found[0]
+
+
+def test_a_failed_gpu_is_labelled_conditioned_tainted_and_cleared_keeping_the_rest(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = kube_api
+    api.node_taints[NODE] = [dict(OTHER_TAINT)]
+    api.node_conditions[NODE] = [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
+    marks = _marks(FAILED)
+    publisher = NodePublisher(kube, NODE, lambda: marks, taint=True)
+    publisher.sync()
+    labels = api.nodes[NODE]
+    assert labels["gpu-agent.io/health"] == "failed"
+    assert labels["gpu-agent.io/health.failed-gpus"] == "1"
+    assert labels["gpu-agent.io/health.healthy-gpus"] == "1"
+    assert labels["gpu-agent.io/health.degraded-gpus"] == "0"
+    assert labels["kubernetes.io/hostname"] == NODE
+    condition = _condition(api)
+    assert condition["status"] == "False" and condition["reason"] == "GpusFailed"
+    assert "GPU 0 failed: XID 79" in condition["message"]
+    assert {"type": "Ready", "status": "True", "reason": "KubeletReady"} in api.node_conditions[
+        NODE
+    ]
+    ours = {"key": "gpu-agent.io/health", "value": "failed", "effect": "NoSchedule"}
+    assert api.node_taints[NODE] == [OTHER_TAINT, ours]
+    status_patch = [r for r in api.requests if r.path == f"/api/v1/nodes/{NODE}/status"][-1]
+    assert status_patch.headers["Content-Type"] == "application/strategic-merge-patch+json"
+
+    marks.update(_marks(Mark(State.HEALTHY, "healthy: no new error for 600 s", 700.0)))
+    publisher.sync()
+    assert labels["gpu-agent.io/health"] == "healthy"
+    assert labels["gpu-agent.io/health.failed-gpus"] == "0"
+    assert _condition(api)["status"] == "True"
+    assert _condition(api)["reason"] == "GpusHealthy"
+    assert api.node_taints[NODE] == [OTHER_TAINT]
+
+
+def test_without_the_taint_setting_no_taint_is_written(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = kube_api
+    NodePublisher(kube, NODE, lambda: _marks(FAILED), taint=False).sync()
+    assert api.nodes[NODE]["gpu-agent.io/health"] == "failed"
+    assert NODE not in api.node_taints
+    assert not [r for r in api.requests if r.method == "PATCH" and "taints" in str(r.body)]
+
+
+def test_an_instance_that_is_not_healthy_makes_the_node_degraded() -> None:
+    degraded = Mark(State.DEGRADED, "XID 13 (Graphics Engine Exception) (3 ...)", 5.0)
+    published = plan(_marks(Mark(), degraded))
+    assert published.labels["gpu-agent.io/health"] == "degraded"
+    assert published.labels["gpu-agent.io/health.healthy-gpus"] == "2"
+    assert published.status == "False" and not published.tainted
+    assert "GPU 1 GPU instance 2 degraded" in published.message
+
+
+def test_with_the_api_server_away_the_marks_and_events_wait_for_it(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = kube_api
+    api.unavailable = {f"/api/v1/nodes/{NODE}", "/api/v1/namespaces/default/events"}
+    publisher = NodePublisher(kube, NODE, lambda: _marks(FAILED), taint=False)
+    publisher.on_change(HealthChange(Target("GPU-0"), 0, State.HEALTHY, FAILED, FAILED.reason))
+    publisher.sync()  # logged, not raised
+    assert "gpu-agent.io/health" not in api.nodes[NODE] and not api.events
+    api.unavailable = set()
+    publisher.sync()
+    assert api.nodes[NODE]["gpu-agent.io/health"] == "failed"
+    (event,) = api.events
+    assert event["reason"] == "GpuFailed" and event["type"] == "Warning"
+    assert event["message"] == (
+        "GPU 0 (GPU-0) healthy -> failed: XID 79 (GPU has fallen off the bus): needs "
+        "reboot-node; action: reboot-node; pods: ml/train-0"
+    )
+    publisher.sync()
+    assert len(api.events) == 1  # sent once
+
+
+def _dra_node(api: FakeKubeApi) -> None:
+    """NVIDIA's DRA driver on the node: GPU 0 whole, GPU 1 with a MIG device of instance 2."""
+    devices = [
+        {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": "GPU-0"}}},
+        {"name": "gpu-1", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": "GPU-1"}}},
+        {
+            "name": "gpu-1-mig-19-0",
+            "attributes": {
+                "type": {"string": "mig"},
+                "uuid": {"string": "MIG-1-2"},
+                "parentUUID": {"string": "GPU-1"},
+            },
+        },
+    ]
+    api.put_dra(
+        "resourceslices",
+        {
+            "metadata": {"name": f"{NODE}-gpu"},
+            "spec": {
+                "driver": "gpu.nvidia.com",
+                "nodeName": NODE,
+                "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+                "devices": devices,
+            },
+        },
+    )
+
+
+def test_failed_devices_get_dra_device_taint_rules_removed_when_they_clear(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = kube_api
+    _dra_node(api)
+    theirs = {
+        "metadata": {"name": "admin-rule", "labels": {"team": "ops"}},
+        "spec": {
+            "deviceSelector": {"device": "gpu-7"},
+            "taint": {"key": "ops/x", "effect": "None"},
+        },
+    }
+    kube.request("POST", RULES, body=theirs)
+    marks = _marks(FAILED, Mark(State.FAILED, "XID 95 (Uncontained ECC error)", 5.0, "reset-gpu"))
+    uuids = {Target("GPU-0"): ("GPU-0",), Target("GPU-1"): ("GPU-1",),
+             Target("GPU-1", 2): ("MIG-1-2",)}  # fmt: skip
+    rules = DeviceTaints(kube.request, NODE, lambda: marks, lambda: uuids)
+    NodePublisher(kube, NODE, lambda: marks, taint=False, device_taints=rules.sync).sync()
+    made = {n: r for n, r in api.taint_rules.items() if n != "admin-rule"}
+    assert sorted(made) == [
+        f"gpu-agent.{NODE}.{NODE}.gpu-0",
+        f"gpu-agent.{NODE}.{NODE}.gpu-1-mig-19-0",
+    ]
+    rule = made[f"gpu-agent.{NODE}.{NODE}.gpu-0"]
+    assert rule["spec"] == {
+        "deviceSelector": {"driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-0"},
+        "taint": {"key": "gpu-agent.io/health", "value": "failed", "effect": "NoSchedule"},
+    }
+    assert rule["metadata"]["labels"] == {"gpu-agent.io/node": NODE}
+    marks.clear()
+    marks.update(_marks(Mark(State.HEALTHY, "healthy: no new error for 600 s", 700.0), Mark()))
+    rules.sync()
+    assert sorted(api.taint_rules) == ["admin-rule"]  # the admin's rule is not the agent's
+
+
+def test_a_cluster_without_device_taints_is_asked_again_later(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = kube_api
+    _dra_node(api)
+    api.device_taint_rules = False
+    now = [0.0]
+    marks = _marks(FAILED)
+    rules = DeviceTaints(kube.request, NODE, lambda: marks, lambda: {Target("GPU-0"): ("GPU-0",)},
+                         clock=lambda: now[0])  # fmt: skip
+    rules.sync()  # 404: no error, nothing written
+    asked = len(api.requests)
+    rules.sync()
+    assert len(api.requests) == asked  # not asked again at once
+    api.device_taint_rules = True
+    now[0] = UNSERVED_RETRY_S
+    rules.sync()
+    assert list(api.taint_rules) == [f"gpu-agent.{NODE}.{NODE}.gpu-0"]
+
+
+def test_the_condition_keeps_its_transition_time_across_a_restart_and_moves_on_a_change(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = kube_api
+    api.node_conditions[NODE] = [
+        {"type": "GPUHealthy", "status": "False", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    ]
+    marks = _marks(FAILED)
+    publisher = NodePublisher(kube, NODE, lambda: marks, taint=False, clock=lambda: 1.8e9)
+    publisher.sync()  # a restarted agent: still failed, so still since then
+    assert _condition(api)["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert _condition(api)["lastHeartbeatTime"] == "2027-01-15T08:00:00Z"
+    marks.update(_marks(Mark(State.HEALTHY, "healthy: no new error for 600 s", 700.0)))
+    publisher.sync()
+    assert _condition(api)["lastTransitionTime"] == "2027-01-15T08:00:00Z"

@@ -1,0 +1,41 @@
+"""The monitor on hand-made snapshots (agent/health/monitor.py): what a GPU that is replaced
+leaves behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.gpu.readings import GpuIdentity, XidEvent
+from agent.health.machine import Policy, State
+from agent.health.monitor import HealthChange, HealthMonitor
+from agent.health.store import Target
+from agent.telemetry.snapshot import GpuStatus, Snapshot
+
+
+def _snapshot(*uuids: str) -> Snapshot:
+    gpus = tuple(
+        GpuStatus(GpuIdentity(i, uuid, "H100", f"0000:{i:02x}:00.0", i), up=True)
+        for i, uuid in enumerate(uuids)
+    )
+    return Snapshot(0.0, "node", "550.90.07", "12.550", gpus, ())
+
+
+def test_a_replaced_gpu_takes_its_mark_with_it_and_the_new_one_starts_healthy(
+    tmp_path: Path,
+) -> None:
+    now = [1000.0]
+    monitor = HealthMonitor(Policy(hold_down_s=600), tmp_path, clock=lambda: now[0])
+    changes: list[HealthChange] = []
+    monitor.subscribe(changes.append)
+    monitor.observe(_snapshot("GPU-a", "GPU-b"))
+    monitor.record_xid(XidEvent(1, 79, None, None))
+    monitor.observe(_snapshot("GPU-a", "GPU-b"))
+    assert monitor.marks()[Target("GPU-b")].state is State.FAILED
+    assert [(c.gpu_index, c.mark.state) for c in changes] == [(1, State.FAILED)]
+    # the restarted agent (marks from the state dir) on a node whose GPU 1 was replaced
+    now[0] += 10
+    again = HealthMonitor(Policy(hold_down_s=600), tmp_path, clock=lambda: now[0])
+    assert again.marks()[Target("GPU-b")].state is State.FAILED
+    again.observe(_snapshot("GPU-a", "GPU-c"))
+    assert set(again.marks()) == {Target("GPU-a"), Target("GPU-c")}
+    assert again.marks()[Target("GPU-c")].state is State.HEALTHY

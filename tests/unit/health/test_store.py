@@ -1,0 +1,29 @@
+"""The marks in the state dir (agent/health/store.py): a restart gets them back, and a mark
+still being refreshed when saved counts its hold-down from the save, never earlier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.health.machine import Mark, State
+from agent.health.store import MarkStore, Target
+
+
+def test_marks_survive_a_restart_and_an_ongoing_one_counts_from_the_save(tmp_path: Path) -> None:
+    failed = Mark(
+        State.FAILED, "GPU lost: GPU is lost", 100.0, "reboot-node", ("ml/a",), 198.0,
+        (150.0,), "XID 13", (100.0,), False,
+    )  # fmt: skip
+    old = Mark(State.FAILED, "XID 48", 10.0, "reset-gpu", (), 10.0)
+    marks = {Target("GPU-a"): failed, Target("GPU-a", 3): Mark(since=1.0), Target("GPU-b"): old}
+    MarkStore(tmp_path).save(marks, now=200.0)
+    loaded = MarkStore(tmp_path).load()
+    assert loaded[Target("GPU-a", 3)] == Mark(since=1.0)
+    assert loaded[Target("GPU-a")].bad_at == 200.0  # refreshed within SAVE_EVERY_S of the save
+    assert loaded[Target("GPU-a")].pods == ("ml/a",) and loaded[Target("GPU-a")].recent == (150.0,)
+    assert loaded[Target("GPU-b")] == old  # its last signal is older than the save's period
+
+
+def test_an_unreadable_file_starts_from_no_marks(tmp_path: Path) -> None:
+    (tmp_path / "health-marks.json").write_text("{not json")
+    assert MarkStore(tmp_path).load() == {}
