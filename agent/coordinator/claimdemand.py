@@ -6,6 +6,9 @@ one claim per pod from the template; ``status.resourceClaimStatuses[]`` then map
 claim name to the generated claim's name, and an entry without a name means none was needed).
 Until the claim is generated, the template's ``spec.spec`` is the claim the pod waits for.
 
+Claim demand is for DRA nodes with static MIG devices: its entries' pool is ``allocation=dra``
+(with the pod's nodeSelector), so the planner places it there and nowhere else.
+
 A claim with ``status.allocation`` is allocated (its devices are held: they count as running
 pods' devices do); one without it, referenced by a Pending pod, is pending demand. Each claim
 counts once however many pods share it.
@@ -49,6 +52,8 @@ MAX_SELECTOR = 1024
 #: Kubernetes allows 32 requests per claim; more is not a claim the server accepted.
 MAX_REQUESTS = 32
 MAX_COUNT = 10_000
+#: The pool term claim demand carries: only nodes whose mode is dra can hold planned devices.
+DRA_POOL = "allocation=dra"
 _PAGE = 500
 
 _PROFILE_SELECTOR = re.compile(
@@ -250,8 +255,9 @@ def _count(items: Iterable[_Wanted], missing: Counter[str]) -> ClaimDemand:
             n_allocated += 1
         else:
             n_pending += 1
+        pool = DRA_POOL if w.pool is None else f"{DRA_POOL},{w.pool}"
         for profile, n in mig:
-            totals[(profile, w.priority, w.pool)] += n
+            totals[(profile, w.priority, pool)] += n
             if not allocated:
                 pending.append(PendingRequest(w.who, profile, n, w.priority, w.pool))
     notes = [f"left out: {r}" for r in sorted(reasons)]

@@ -15,6 +15,7 @@ from agent.coordinator.claimdemand import (
 from agent.coordinator.clusterdemand import demand_from_pods, with_claims
 from agent.coordinator.demand import DemandEntry
 
+DRA = "allocation=dra"
 PROFILE = "device.attributes['gpu.nvidia.com'].profile == '{}'"
 
 
@@ -74,7 +75,7 @@ def test_pending_claims_of_pending_pods_are_demand_and_allocated_ones_are_held()
         pod("done", "Succeeded", [{"name": "gpu", "resourceClaimName": "orphan"}]),
     ]
     found = demand_from_claims(pods, claims)
-    assert found.wanted == {("3g.40gb", 100, None): 1, ("1g.10gb", 0, None): 3}
+    assert found.wanted == {("3g.40gb", 100, DRA): 1, ("1g.10gb", 0, DRA): 3}
     assert (found.pending_claims, found.allocated_claims) == (2, 1)
     assert found.pending == (
         PendingRequest("ml/shared", "1g.10gb", 1),
@@ -98,7 +99,7 @@ def test_template_claims_are_found_through_the_pods_status_or_read_from_the_temp
         pod("p3", "Pending", ref, statuses=[{"name": "gpu"}]),
     ]
     found = demand_from_claims(pods, [generated], [template])
-    assert found.wanted == {("3g.40gb", 0, None): 1, ("3g.40gb", 0, "pool=train"): 1}
+    assert found.wanted == {("3g.40gb", 0, DRA): 1, ("3g.40gb", 0, f"{DRA},pool=train"): 1}
     assert [p.who for p in found.pending] == [
         "ml/p1-gpu-x7k2q",
         "ml/p2/gpu (template mig-3g, not generated yet)",
@@ -174,6 +175,6 @@ def test_claims_and_extended_resources_make_one_demand() -> None:
     ]  # fmt: skip
     claims = [claim("train", mig_request("3g.40gb"))]
     found = with_claims(demand_from_pods(pods), demand_from_claims(pods, claims))
-    assert found.demand.entries == (DemandEntry("3g.40gb", 2),)
+    assert found.demand.entries == (DemandEntry("3g.40gb", 1), DemandEntry("3g.40gb", 1, pool=DRA))
     assert [w.who for w in found.waiting] == ["ml/old", "ml/train"]
     assert "1 ResourceClaim(s) pending, 0 allocated with MIG devices" in found.notes
