@@ -14,6 +14,7 @@ from agent.cli.fleet import _cluster_claims, _dra_plan_lines, _with_claims
 from agent.coordinator.clusterdemand import demand_from_pods, list_pods
 from agent.coordinator.flows import DYNAMIC_MIG, Selection, not_mig_plannable, plan
 from agent.coordinator.inventory import NodeView
+from agent.coordinator.selector import parse_selector
 from agent.dra.mode import AllocationMode
 from agent.kube import InClusterKubeClient
 from tests.unit.coordinator.fleets import A100_40, H100, gpu
@@ -158,3 +159,12 @@ def test_an_agent_that_reports_no_allocation_mode_is_planned_as_before() -> None
     assert not_mig_plannable(view("plugin", AllocationMode.DEVICE_PLUGIN)) is None
     assert not_mig_plannable(view("static", AllocationMode.DRA)) is None
     assert not_mig_plannable(view("dyn", AllocationMode.DRA_DYNAMIC_MIG)) == DYNAMIC_MIG
+
+
+def test_the_allocation_mode_is_a_selector_fact() -> None:
+    dyn = view("dyn", AllocationMode.DRA_DYNAMIC_MIG)
+    old = NodeView("old", "old:9401")
+    chosen = parse_selector("allocation=dra*")
+    assert chosen.matches(dyn) and not chosen.matches(old)
+    assert parse_selector("allocation!=dra-dynamic-mig").matches(old)
+    assert not chosen.needs_labels and chosen.needs_inventory
