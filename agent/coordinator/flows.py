@@ -211,7 +211,9 @@ def replay_trace(
     *,
     end: float | None = None,
 ) -> tuple[StepResult, ...]:
-    views = list(selection.views if selection else ()) + added_views(added)
+    # Nodes the MIG planner leaves out (dra-dynamic-mig, unknown mode) are left out here too.
+    current = [v for v in (selection.views if selection else ()) if not not_mig_plannable(v)]
+    views = current + added_views(added)
     nodes = layouts_of(views)
     pools = pool_nodes(views, sorted({p for s in steps for p in s.demand.pools}))
     return replay(nodes, steps, pools=pools, end=end)

@@ -12,7 +12,14 @@ import pytest
 
 from agent.cli.fleet import _cluster_claims, _dra_plan_lines, _with_claims
 from agent.coordinator.clusterdemand import demand_from_pods, list_pods
-from agent.coordinator.flows import DYNAMIC_MIG, Selection, not_mig_plannable, plan
+from agent.coordinator.demand import Demand, DemandEntry, TraceStep
+from agent.coordinator.flows import (
+    DYNAMIC_MIG,
+    Selection,
+    not_mig_plannable,
+    plan,
+    replay_trace,
+)
 from agent.coordinator.inventory import NodeView
 from agent.coordinator.selector import parse_selector
 from agent.dra.mode import AllocationMode
@@ -168,3 +175,13 @@ def test_the_allocation_mode_is_a_selector_fact() -> None:
     assert chosen.matches(dyn) and not chosen.matches(old)
     assert parse_selector("allocation!=dra-dynamic-mig").matches(old)
     assert not chosen.needs_labels and chosen.needs_inventory
+
+
+def test_a_replay_leaves_dynamic_mig_nodes_out_as_the_plan_does() -> None:
+    views = (
+        view("dyn", AllocationMode.DRA_DYNAMIC_MIG, gpu("dyn", 0, H100)),
+        view("static", AllocationMode.DRA, gpu("static", 0, H100)),
+    )
+    step = TraceStep(0.0, "0", Demand((DemandEntry("7g.80gb", 2),)))
+    (result,) = replay_trace(Selection(views, {}), [], [step])
+    assert (result.demand, result.met) == (2, 1)  # only the static node's GPU is planned
