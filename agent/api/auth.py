@@ -89,6 +89,7 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
         f"{_P}MigService/PlanMig": {_M},
         f"{_P}MigService/AssertMig": {_R},
         f"{_P}MigService/ExportMig": {_R},
+        f"{_P}MigService/AdviseMig": {_R},
         f"{_P}MigService/ApplyMig": {_M},
         f"{_P}MigService/RestoreMig": {_M},
         # A reset ends whatever runs on the GPU, as destroying its instances would.

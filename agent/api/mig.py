@@ -19,10 +19,12 @@ import yaml
 from google.protobuf.message import Message
 
 from agent._proto.gpuagent.v1 import mig_pb2, mig_pb2_grpc, operations_pb2
-from agent.api.auth import Role, actor_of
+from agent.api.auth import Role, actor_of, granted, sees_processes
 from agent.api.convert import message_dict, operation_name, operation_pb
 from agent.api.operations import MIG_APPLY, Checkpointed, OperationContext, OperationRunner
 from agent.errors import Busy, FieldViolation, InvalidSpec
+from agent.gpu.types import GpuLayout
+from agent.mig.advice import GpuAdvice, advise_gpu, moves_to_fit
 from agent.mig.apply import ProgressEvent, Suspended
 from agent.mig.checkpoint import parse_checkpoint
 from agent.mig.plan import GpuPlan
@@ -38,7 +40,14 @@ from agent.owner import Actor
 from agent.prewarm.errors import Cancelled
 from agent.state import INTERRUPTED, AlreadyRunning
 
-__all__ = ["MigServicer", "apply_result_pb", "gpu_plan_pb", "interrupted_apply"]
+__all__ = [
+    "MigServicer",
+    "advise_layouts",
+    "apply_result_pb",
+    "gpu_advice_pb",
+    "gpu_plan_pb",
+    "interrupted_apply",
+]
 
 _MAX_CONFIG = 1024 * 1024
 _MAX_NAME = 253
@@ -68,6 +77,89 @@ def gpu_plan_pb(plan: GpuPlan) -> mig_pb2.GpuMigPlan:
         destroy=[f"{gi.profile_name}@{gi.placement}" for gi in plan.destroy],
         create=[gi.label for gi in plan.create],
         deferred=plan.deferred,
+    )
+
+
+def gpu_advice_pb(advice: GpuAdvice, layout: GpuLayout) -> mig_pb2.GpuMigAdvice:
+    """The advice as the API sends it, with the moves that fit each fragmented profile."""
+    profiles = []
+    for p in advice.profiles:
+        found = moves_to_fit(layout, p.profile) if p.fragmented else None
+        moves, start = found if found is not None else ((), None)
+        profiles.append(
+            mig_pb2.MigProfileAdvice(
+                profile=p.profile,
+                placements=[
+                    mig_pb2.MigPlacementAdvice(
+                        start=o.placement.start,
+                        size=o.placement.size,
+                        fits_after=_counts_pb(o.fits_after),
+                        largest_after=o.largest_after or "",
+                        recommended=o.placement == p.recommended,
+                    )
+                    for o in p.placements
+                ],
+                reason=p.reason,
+                fragmented=p.fragmented,
+                moves=[
+                    mig_pb2.MigMove(
+                        profile=m.profile,
+                        gpu_instance_id=m.gpu_instance,
+                        from_start=m.source.start,
+                        to_start=m.target.start,
+                        busy=m.busy,
+                    )
+                    for m in moves
+                ],
+                start_after_moves=None if start is None else start.start,
+            )
+        )
+    return mig_pb2.GpuMigAdvice(
+        gpu_index=advice.index,
+        gpu_uuid=advice.uuid,
+        model=advice.model,
+        free_slices=advice.free_slices,
+        memory_slices=advice.width,
+        fits_now=_counts_pb(advice.fits_now),
+        profiles=profiles,
+        note=advice.note,
+    )
+
+
+def _counts_pb(counts: Sequence[tuple[str, int]]) -> list[mig_pb2.MigProfileCount]:
+    return [mig_pb2.MigProfileCount(profile=name, count=n) for name, n in counts]
+
+
+def advise_layouts(
+    layouts: Sequence[GpuLayout], gpu_index: int | None, profile: str
+) -> mig_pb2.AdviseMigResponse:
+    """Advice for the GPUs (or the one ``gpu_index`` names), for every profile or ``profile``;
+    InvalidSpec names the field when the index or the profile names nothing here."""
+    if len(profile) > _MAX_NAME or not profile.isprintable():
+        raise InvalidSpec(
+            "profile is too long or not printable",
+            [FieldViolation("profile", f"at most {_MAX_NAME} printable characters")],
+        )
+    chosen = [g for g in layouts if gpu_index is None or g.gpu.index == gpu_index]
+    if not chosen:
+        have = ", ".join(str(g.gpu.index) for g in layouts) or "none"
+        raise InvalidSpec(
+            f"no GPU with index {gpu_index} on this node (GPUs: {have})",
+            [FieldViolation("gpu_index", f"one of: {have}")],
+        )
+    offered = sorted({p.name for g in chosen for p in g.profiles})
+    if profile and profile not in offered:
+        have = ", ".join(offered) or "none (MIG is off)"
+        raise InvalidSpec(
+            f"MIG profile {profile!r} is not a GPU-instance profile of the GPUs asked about; "
+            f"they offer: {have}",
+            [FieldViolation("profile", f"one of: {have}")],
+        )
+    return mig_pb2.AdviseMigResponse(
+        gpus=[
+            gpu_advice_pb(advise_gpu(g, profile or None), g)
+            for g in sorted(chosen, key=lambda g: g.gpu.index)
+        ]
     )
 
 
@@ -321,6 +413,19 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
         self._require_gpu("mig export")
         document = await asyncio.to_thread(self._service.export, label)
         return mig_pb2.ExportMigResponse(config_yaml=yaml.safe_dump(document, sort_keys=False))
+
+    async def AdviseMig(
+        self, request: mig_pb2.AdviseMigRequest, context: grpc.aio.ServicerContext
+    ) -> mig_pb2.AdviseMigResponse:
+        index = request.gpu_index if request.HasField("gpu_index") else None
+        self._require_gpu("mig advise")
+        layouts = await asyncio.to_thread(self._service.layouts)
+        hidden = not sees_processes(granted())
+        if hidden:  # whether an instance is in use is process information too
+            layouts = tuple(GpuLayout(g.gpu, g.profiles, g.instances, ()) for g in layouts)
+        response = await asyncio.to_thread(advise_layouts, layouts, index, request.profile)
+        response.processes_hidden = hidden
+        return response
 
     async def RestoreMig(
         self, request: mig_pb2.RestoreMigRequest, context: grpc.aio.ServicerContext

@@ -273,12 +273,79 @@ def _plan_table(data: dict[str, Any]) -> str:
         lines.append(f"Note: {note}")
     if result.unreachable:
         lines.append(f"Not planned (no answer): {', '.join(result.unreachable)}")
+    lines += _dra_plan_lines(result)
     if data.get("out"):
         lines.append(
             f"Plan written to {data['out']}; apply it with: gpu-agent fleet apply mig "
             f"--plan {data['out']}"
         )
     return "\n".join(lines)
+
+
+def _cluster_claims(client: Any) -> tuple[list[object], list[object], str | None]:
+    """Every ResourceClaim and ResourceClaimTemplate, or why they could not be read (a cluster
+    without resource.k8s.io/v1, or RBAC): then the plan is made without them, and says so."""
+    from agent.coordinator.claimdemand import list_claims, list_templates
+
+    try:
+        return list_claims(client), list_templates(client), None
+    except AgentError as exc:
+        return [], [], f"ResourceClaims not read ({exc}): demand from pods' resources only"
+
+
+def _with_claims(found: Any, pods: list[object], claims: Any) -> Any:
+    from agent.coordinator.claimdemand import demand_from_claims
+    from agent.coordinator.clusterdemand import ClusterDemand, with_claims
+
+    listed, templates, problem = claims
+    if problem is not None:
+        return ClusterDemand(
+            found.demand, found.pending, found.running, (*found.notes, problem), found.waiting
+        )
+    return with_claims(found, demand_from_claims(pods, listed, templates))
+
+
+def _dra_plan_lines(result: Any) -> list[str]:
+    """Nodes the MIG planner left out for their allocation mode, and fragmentation advice."""
+    lines = [f"Not planned: {n.node}: {n.reason}" for n in result.not_planned]
+    for f in result.fragmented:
+        lines.append(f"FRAGMENTED {f.text} (advice: nothing is changed on dynamic MIG nodes)")
+    return lines
+
+
+def _dra_plan_data(result: Any) -> dict[str, Any]:
+    return {
+        "not_planned": [{"node": n.node, "reason": n.reason} for n in result.not_planned],
+        "fragmented": [
+            {
+                "who": f.who,
+                "profile": f.profile,
+                "count": f.count,
+                "gpus": f.gpus,
+                "fits": [
+                    {
+                        "node": h.node,
+                        "gpu": h.gpu,
+                        "start": h.start,
+                        "moves": [
+                            {
+                                "profile": m.profile,
+                                "gpu_instance": m.gpu_instance,
+                                "from_start": m.source.start,
+                                "to_start": m.target.start,
+                                "busy": m.busy,
+                            }
+                            for m in h.moves
+                        ],
+                        "text": h.text,
+                    }
+                    for h in f.hints
+                ],
+                "text": f.text,
+            }
+            for f in result.fragmented
+        ],
+    }
 
 
 @fleet.command("plan")
@@ -293,8 +360,9 @@ def _plan_table(data: dict[str, Any]) -> str:
 @click.option(
     "--from-cluster",
     is_flag=True,
-    help="Take the demand from the cluster: Pending pods' MIG requests plus what running pods "
-    "hold (the pod's service account, or the API server in KUBERNETES_SERVICE_HOST).",
+    help="Take the demand from the cluster: Pending pods' MIG requests and pending ResourceClaims, "
+    "plus what running pods and allocated claims hold (the pod's service account, or the API "
+    "server in KUBERNETES_SERVICE_HOST).",
 )
 @click.option("--selector", "-l", default=None, help="Plan over the matching nodes only.")
 @click.option(
@@ -356,13 +424,17 @@ def plan(
         )
     notes: tuple[str, ...] = ()
     pods: list[object] = []
+    claims: tuple[list[object], list[object], str | None] = ([], [], None)
+    waiting: Sequence[Any] = ()
     if demand_file is not None:
         demand = load_demand(demand_file)
         source = str(demand_file)
     else:
         from agent.coordinator.clusterdemand import cluster_client, list_pods
 
-        pods = list_pods(cluster_client())
+        client = cluster_client()
+        pods = list_pods(client)
+        claims = _cluster_claims(client)
     chosen = parse_selector(selector)
     selection = run_with_fleet(options_from(kwargs), lambda f: select(f, chosen))
     if not selection.views:
@@ -371,11 +443,12 @@ def plan(
         from agent.coordinator.clusterdemand import demand_from_pods, sharing_replicas
 
         replicas = sharing_replicas(v.sharing for v in selection.reachable)
-        found = demand_from_pods(pods, replicas)
+        found = _with_claims(demand_from_pods(pods, replicas), pods, claims)
         demand, notes, source = found.demand, found.notes, "cluster"
         counted = f"{found.pending} pod(s) pending, {found.running} running with MIG devices"
         notes = (counted, *notes)
-    result = plan_flow(selection, demand, time_limit_s=time_limit)
+        waiting = found.waiting
+    result = plan_flow(selection, demand, time_limit_s=time_limit, waiting=waiting)
     if out is not None:
         out.write_text(yaml.safe_dump(plan_document(result.plan, source), sort_keys=False))
     if output == "table":
@@ -394,6 +467,7 @@ def plan(
                 "free_slices": result.plan.free_slices,
                 "free_capacity": dict(result.plan.free_capacity),
                 "unreachable": result.unreachable,
+                **_dra_plan_data(result),
                 "demand": {"source": source, "entries": demand.entries, "notes": notes},
             },
             output,

@@ -246,6 +246,12 @@ class AgentClient(Stubs):
         request = mig_pb2.ExportMigRequest(config_name=config_name)
         return self._call(self._mig.ExportMig, request).config_yaml
 
+    def advise_mig(
+        self, gpu_index: int | None = None, profile: str = ""
+    ) -> mig_pb2.AdviseMigResponse:
+        request = mig_pb2.AdviseMigRequest(gpu_index=gpu_index, profile=profile)
+        return self._call(self._mig.AdviseMig, request)
+
     def restore_mig(
         self, checkpoint: bytes, *, mode_only: bool = False, request_id: str = ""
     ) -> operations_pb2.Operation:

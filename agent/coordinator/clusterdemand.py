@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from math import ceil
 
+from agent.coordinator.claimdemand import ClaimDemand, PendingRequest
 from agent.coordinator.demand import Demand, DemandEntry
 from agent.errors import InvalidSpec
 from agent.gpu.profiles import parse_profile
@@ -32,6 +33,7 @@ __all__ = [
     "list_pods",
     "mig_profile",
     "sharing_replicas",
+    "with_claims",
 ]
 
 MIG_PREFIX = "nvidia.com/mig-"
@@ -49,6 +51,9 @@ class ClusterDemand:
     running: int
     #: what was left out, and why (whole-GPU requests, names that are no profile, ...).
     notes: tuple[str, ...] = ()
+    #: who waits for which devices (pending pods and pending ResourceClaims), for the report
+    #: of demand that only fragmentation keeps from fitting.
+    waiting: tuple[PendingRequest, ...] = ()
 
 
 def cluster_client() -> InClusterKubeClient:
@@ -111,6 +116,7 @@ def demand_from_pods(
     """The demand the pods make (pure; see the module doc)."""
     per_replica = replicas or {}
     wanted: Counter[tuple[str, int, str | None, str]] = Counter()
+    waiting: list[PendingRequest] = []
     pending = running = whole = 0
     bad: Counter[str] = Counter()
     for item in items:
@@ -139,6 +145,10 @@ def demand_from_pods(
         for resource, (profile, n) in mig.items():
             base = resource.removesuffix(".shared")
             wanted[(profile, level, pool, base)] += n
+            if phase == "Pending" and not _get(item, "spec", "nodeName"):
+                who = f"{_get(item, 'metadata', 'namespace')}/{_get(item, 'metadata', 'name')}"
+                devices = ceil(n / per_replica.get(base, 1))
+                waiting.append(PendingRequest(who, profile, devices, level, pool))
     entries: Counter[tuple[str, int, str | None]] = Counter()
     for (profile, level, pool, resource), n in wanted.items():
         entries[(profile, level, pool)] += ceil(n / per_replica.get(resource, 1))
@@ -159,7 +169,34 @@ def demand_from_pods(
             )
         )
     )
-    return ClusterDemand(demand, pending, running, tuple(notes))
+    return ClusterDemand(demand, pending, running, tuple(notes), tuple(waiting))
+
+
+def with_claims(found: ClusterDemand, claims: ClaimDemand) -> ClusterDemand:
+    """The pods' extended-resource demand plus their ResourceClaims' (one demand, by entry)."""
+    entries: Counter[tuple[str, int, str | None]] = Counter()
+    for e in found.demand.entries:
+        entries[(e.profile, e.priority, e.pool)] += e.count
+    entries.update(claims.wanted)
+    demand = Demand(
+        tuple(
+            DemandEntry(profile, n, None, level, pool)
+            for (profile, level, pool), n in sorted(
+                entries.items(), key=lambda kv: (-kv[0][1], kv[0][0], kv[0][2] or "")
+            )
+        )
+    )
+    counted = (
+        f"{claims.pending_claims} ResourceClaim(s) pending, {claims.allocated_claims} allocated "
+        "with MIG devices"
+    )
+    return ClusterDemand(
+        demand,
+        found.pending,
+        found.running,
+        (*found.notes, counted, *claims.notes),
+        (*found.waiting, *claims.pending),
+    )
 
 
 def _requests(pod: object) -> Counter[str]:

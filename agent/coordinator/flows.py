@@ -12,10 +12,12 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.coordinator.actions import NodePreview, action_for, preview
+from agent.coordinator.claimdemand import PendingRequest
 from agent.coordinator.demand import Demand, TraceStep
 from agent.coordinator.discovery import Target
 from agent.coordinator.execute import NodeAction, Report, run_rollout
 from agent.coordinator.fleet import Fleet
+from agent.coordinator.fragmentation import Fragmented, fragmented_requests
 from agent.coordinator.healthgate import HealthGate, degraded_detail, unhealthy_nodes
 from agent.coordinator.inventory import NodeView
 from agent.coordinator.planner import FleetPlan, NodeLayouts, plan_fleet, scratch_disruption
@@ -24,6 +26,7 @@ from agent.coordinator.replay import StepResult, replay
 from agent.coordinator.rightsize import ACTIVITY, FB_TOTAL, FB_USED, Window
 from agent.coordinator.rollout import Limits, NodeState, Scheduler, parse_max_unavailable
 from agent.coordinator.selector import Selector, parse_selector
+from agent.dra.mode import AllocationMode
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 
 __all__ = [
@@ -83,12 +86,43 @@ def layouts_of(views: Sequence[NodeView]) -> list[NodeLayouts]:
     return [NodeLayouts(v.name, v.usable_layouts) for v in views if v.plannable]
 
 
+DYNAMIC_MIG = (
+    "dynamic MIG: advice only (its DRA driver creates and destroys MIG instances per claim; "
+    "the coordinator never changes them)"
+)
+
+
+def not_mig_plannable(view: NodeView) -> str | None:
+    """Why the MIG planner leaves this node out because of its allocation mode, or None.
+
+    dra-dynamic-mig: its driver owns the layout. Unknown: the agent cannot say who hands out
+    its GPUs yet, so no layout is planned on a guess. An agent that sends no allocation at all
+    predates allocation modes (and gates nothing on them): planned as before.
+    """
+    if view.allocation is AllocationMode.DRA_DYNAMIC_MIG:
+        return DYNAMIC_MIG
+    if view.allocation is AllocationMode.UNKNOWN:
+        why = view.allocation_evidence or "not detected yet"
+        return f"allocation mode unknown ({why}): not planned until the agent knows it"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class NotPlanned:
+    node: str
+    reason: str
+
+
 @dataclass(frozen=True, slots=True)
 class PlanResult:
     plan: FleetPlan
     #: instances a plan made from scratch (ignoring the current layouts) would destroy.
     scratch_destroyed: int
     unreachable: tuple[str, ...]
+    #: answering nodes the MIG planner leaves out because of their allocation mode.
+    not_planned: tuple[NotPlanned, ...] = ()
+    #: waiting demand only fragmentation keeps from fitting on dra-dynamic-mig nodes: advice.
+    fragmented: tuple[Fragmented, ...] = ()
 
 
 def pool_nodes(views: Sequence[NodeView], pools: Sequence[str]) -> dict[str, frozenset[str]]:
@@ -105,13 +139,33 @@ def pool_nodes(views: Sequence[NodeView], pools: Sequence[str]) -> dict[str, fro
     return out
 
 
-def plan(selection: Selection, demand: Demand, *, time_limit_s: float = 30.0) -> PlanResult:
-    nodes = layouts_of(selection.views)
-    pools = pool_nodes(selection.views, demand.pools)
+def plan(
+    selection: Selection,
+    demand: Demand,
+    *,
+    time_limit_s: float = 30.0,
+    waiting: Sequence[PendingRequest] = (),
+) -> PlanResult:
+    """The fleet plan over the nodes whose mode allows MIG changes; ``waiting`` (who waits for
+    which devices) is checked for fragmentation on the dra-dynamic-mig nodes."""
+    skipped = tuple(
+        NotPlanned(v.name, why)
+        for v in selection.reachable
+        if (why := not_mig_plannable(v)) is not None
+    )
+    left_out = {s.node for s in skipped}
+    views = [v for v in selection.views if v.name not in left_out]
+    nodes = layouts_of(views)
+    pools = pool_nodes(views, demand.pools)
     result = plan_fleet(nodes, demand, pools=pools, time_limit_s=time_limit_s)
     blank = plan_fleet(nodes, demand, from_scratch=True, pools=pools, time_limit_s=time_limit_s)
     scratch = scratch_disruption(nodes, blank)
-    return PlanResult(result, scratch, tuple(v.name for v in selection.unreachable))
+    wait_pools = sorted({w.pool for w in waiting if w.pool is not None})
+    fragmented = fragmented_requests(
+        selection.reachable, waiting, pool_nodes(selection.views, wait_pools)
+    )
+    unreachable = tuple(v.name for v in selection.unreachable)
+    return PlanResult(result, scratch, unreachable, skipped, fragmented)
 
 
 async def observe(
@@ -158,7 +212,9 @@ def replay_trace(
     *,
     end: float | None = None,
 ) -> tuple[StepResult, ...]:
-    views = list(selection.views if selection else ()) + added_views(added)
+    # Nodes the MIG planner leaves out (dra-dynamic-mig, unknown mode) are left out here too.
+    current = [v for v in (selection.views if selection else ()) if not not_mig_plannable(v)]
+    views = current + added_views(added)
     nodes = layouts_of(views)
     pools = pool_nodes(views, sorted({p for s in steps for p in s.demand.pools}))
     return replay(nodes, steps, pools=pools, end=end)

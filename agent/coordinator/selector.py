@@ -1,7 +1,9 @@
 """Node selectors: ``key=value,key!=value`` over node facts and Kubernetes node labels.
 
-Keys ``name``, ``address``, ``model`` (any GPU of the node; the ``NVIDIA`` prefix optional) and
-``preset`` are facts the agents report; any other key is a node label (Kubernetes discovery
+Keys ``name``, ``address``, ``model`` (any GPU of the node; the ``NVIDIA`` prefix optional),
+``preset`` and ``allocation`` (the node's allocation mode: ``device-plugin``, ``dra``,
+``dra-dynamic-mig``, ``none``, ``unknown``; an agent that reports none matches no value) are
+facts the agents report; any other key is a node label (Kubernetes discovery
 only). Values may use shell globs (``name=gpu-a-*``); model matches ignore case.
 """
 
@@ -17,7 +19,7 @@ from agent.errors import FieldViolation, InvalidSpec
 
 __all__ = ["Selector", "parse_selector"]
 
-_FACTS = ("name", "address", "model", "preset")
+_FACTS = ("name", "address", "model", "preset", "allocation")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,8 @@ class _Term:
             return tuple(model_key(m) for m in view.models)
         if self.key == "preset":
             return (view.preset,)
+        if self.key == "allocation":
+            return () if view.allocation is None else (view.allocation.value,)
         label = view.labels.get(self.key)
         return () if label is None else (label,)
 
@@ -56,7 +60,7 @@ class Selector:
     @property
     def needs_inventory(self) -> bool:
         """Whether only a reachable node's answer can tell (model, preset)."""
-        return any(t.key in ("model", "preset") for t in self.terms)
+        return any(t.key in ("model", "preset", "allocation") for t in self.terms)
 
     @property
     def needs_labels(self) -> bool:

@@ -253,6 +253,7 @@ def every_rpc(channel: grpc.Channel, origin: Origin, tag: str) -> dict[str, grpc
         lambda: mig.AssertMig(mig_pb2.AssertMigRequest(config_yaml=MIG_CONFIG), timeout=t),
     )
     record(P + "MigService/ExportMig", lambda: mig.ExportMig(mig_pb2.ExportMigRequest(), timeout=t))
+    record(P + "MigService/AdviseMig", lambda: mig.AdviseMig(mig_pb2.AdviseMigRequest(), timeout=t))
     record(
         P + "MigService/ResetGpu",
         lambda: mig.ResetGpu(mig_pb2.ResetGpuRequest(gpu_index=0, validate_only=True), timeout=t),
@@ -652,3 +653,17 @@ def test_certificates_rotate_while_clients_stay_connected(
     assert not new_connection_uses(pki.ca, pki)  # the old server certificate is gone
     assert "TLS certificate files changed" in agent.output()
     before.close()
+
+
+def test_mig_advice_is_a_read_but_tells_a_reader_nothing_about_processes(
+    agent: AgentProcess, pki: Pki
+) -> None:
+    """AdviseMig is open to the read role; whether an instance is in use is process
+    information, so a reader's advice is made without it and says so."""
+    request = mig_pb2.AdviseMigRequest(gpu_index=0)
+    with mtls(agent, pki, "reader") as channel:
+        read = mig_pb2_grpc.MigServiceStub(channel).AdviseMig(request, timeout=10)
+    with mtls(agent, pki) as channel:
+        full = mig_pb2_grpc.MigServiceStub(channel).AdviseMig(request, timeout=10)
+    assert read.processes_hidden and not full.processes_hidden
+    assert [g.gpu_index for g in read.gpus] == [0]

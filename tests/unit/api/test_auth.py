@@ -46,7 +46,7 @@ def test_only_pure_reads_are_open_to_the_read_role() -> None:
     with_processes = {"/gpuagent.v1.TelemetryService/GetMetrics"}
     for method, roles in METHOD_ROLES.items():
         verb = method.rsplit("/", 1)[1]
-        reads = verb.startswith(("Get", "List", "Wait", "Watch", "Assert", "Export"))
+        reads = verb.startswith(("Get", "List", "Wait", "Watch", "Assert", "Export", "Advise"))
         assert (Role.READ in roles) == (reads and method not in with_processes), method
     assert METHOD_ROLES["/gpuagent.v1.MigService/PlanMig"] == {Role.MIG}
     assert all(METHOD_ROLES[m] <= PROCESS_ROLES for m in with_processes)

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from agent.cli.fleet import _plan_table, fleet
-from agent.coordinator import clusterdemand, flows
+from agent.coordinator import claimdemand, clusterdemand, flows
 from agent.coordinator.demand import Demand, DemandEntry, parse_demand
 from agent.coordinator.discovery import Target
 from agent.coordinator.flows import PlanResult, Selection
@@ -148,6 +148,8 @@ def test_plan_from_the_cluster_takes_pending_pods_and_their_node_selector_as_a_p
     ]
     monkeypatch.setattr(clusterdemand, "cluster_client", lambda: None)
     monkeypatch.setattr(clusterdemand, "list_pods", lambda client: pods)
+    monkeypatch.setattr(claimdemand, "list_claims", lambda client: [])
+    monkeypatch.setattr(claimdemand, "list_templates", lambda client: [])
     result = invoke(
         fleet, ["plan", "--from-cluster", "--agents", "a:1", "--insecure", "-o", "json"]
     )

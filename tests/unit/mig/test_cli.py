@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,7 +12,10 @@ from click.testing import CliRunner, Result
 
 from agent.cli.context import CliContext
 from agent.cli.mig import mig
+from agent.gpu import open_driver
+from agent.gpu.types import Placement
 from agent.mig.lock import PartitionLock
+from agent.mig.state import fetch
 
 CONFIG = """
 version: v1
@@ -177,3 +181,59 @@ def test_progress_is_one_line_per_step(a100: Invoke) -> None:
     lines = [line for line in result.stderr.splitlines() if line]
     assert len(lines) == len(set(lines)), lines
     assert [line for line in lines if line.endswith(" done")] == [f"GPU {i} done" for i in range(8)]
+
+
+def _place(state_dir: Path, preset: str, gpu: int, instances: list[tuple[str, int]]) -> None:
+    """Make instances at exact placements on the simulated driver, as a DRA driver would."""
+    driver = open_driver(preset, state_dir)
+    try:
+        uuid = driver.gpus()[gpu].uuid
+        driver.set_mig_mode(uuid, True)
+        by_name = {p.name: p for p in driver.gi_profiles(uuid)}
+        for name, start in instances:
+            profile = by_name[name]
+            gi = driver.create_gpu_instance(
+                uuid, profile.id, Placement(start, profile.memory_slices)
+            )
+            full = max(driver.ci_profiles(uuid, gi.id), key=lambda c: c.slice_count)
+            driver.create_compute_instance(uuid, gi.id, full.id)
+    finally:
+        driver.close()
+
+
+def _states(state_dir: Path) -> list[object]:
+    driver = open_driver("dgx-a100", state_dir)
+    try:
+        return [fetch(driver.layout(g.uuid)) for g in driver.gpus()]
+    finally:
+        driver.close()
+
+
+def test_advise_names_the_placement_to_use_and_the_moves_that_fit_a_fragmented_profile(
+    a100: Invoke, tmp_path: Path
+) -> None:
+    _place(tmp_path, "dgx-a100", 0, [("1g.5gb", 2), ("1g.5gb", 5)])
+    before = _states(tmp_path)
+    table = a100("advise", "--gpu", "0")
+    assert table.exit_code == 0, table.output
+    assert "GPU 0 (NVIDIA A100-SXM4-40GB): free memory slices 0,1,3,4,6,7 of 8" in table.output
+    assert (
+        "3g.20gb: fragmented: 6 free memory slice(s) and 5 free compute slice(s) are enough, "
+        "but no placement is free" in table.output
+    )
+    assert "it would fit at slice 4 if the 1g.5gb at slice 5 were at slice 3" in table.output
+    data = json.loads(a100("advise", "--gpu", "0", "--profile", "2g.10gb", "-o", "json").output)
+    (gpu,) = data
+    (two,) = gpu["profiles"]
+    assert [o["start"] for o in two["placements"]] == [0]
+    assert two["recommended"] == 0 and two["placements"][0]["largest_after"] == "1g.10gb"
+    assert gpu["fits_now"]["3g.20gb"] == 0 and gpu["fits_now"]["1g.5gb"] == 5
+    # Read only: the layout is as it was.
+    assert _states(tmp_path) == before
+
+
+def test_advise_refuses_a_gpu_or_profile_the_node_lacks(a100: Invoke) -> None:
+    assert a100("advise", "--gpu", "9").exit_code == 2
+    bad = a100("advise", "--profile", "9g.1gb")
+    assert bad.exit_code == 2
+    assert "they offer:" in str(bad.exception) + bad.output

@@ -162,3 +162,91 @@ class ResetGpuResponse(_message.Message):
     gpu_uuid: str
     reset: bool
     def __init__(self, gpu_uuid: _Optional[str] = ..., reset: _Optional[bool] = ...) -> None: ...
+
+class AdviseMigRequest(_message.Message):
+    __slots__ = ("gpu_index", "profile")
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    gpu_index: int
+    profile: str
+    def __init__(self, gpu_index: _Optional[int] = ..., profile: _Optional[str] = ...) -> None: ...
+
+class MigProfileCount(_message.Message):
+    __slots__ = ("profile", "count")
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    profile: str
+    count: int
+    def __init__(self, profile: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class MigPlacementAdvice(_message.Message):
+    __slots__ = ("start", "size", "fits_after", "largest_after", "recommended")
+    START_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    FITS_AFTER_FIELD_NUMBER: _ClassVar[int]
+    LARGEST_AFTER_FIELD_NUMBER: _ClassVar[int]
+    RECOMMENDED_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    size: int
+    fits_after: _containers.RepeatedCompositeFieldContainer[MigProfileCount]
+    largest_after: str
+    recommended: bool
+    def __init__(self, start: _Optional[int] = ..., size: _Optional[int] = ..., fits_after: _Optional[_Iterable[_Union[MigProfileCount, _Mapping]]] = ..., largest_after: _Optional[str] = ..., recommended: _Optional[bool] = ...) -> None: ...
+
+class MigMove(_message.Message):
+    __slots__ = ("profile", "gpu_instance_id", "from_start", "to_start", "busy")
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    GPU_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_START_FIELD_NUMBER: _ClassVar[int]
+    TO_START_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    profile: str
+    gpu_instance_id: int
+    from_start: int
+    to_start: int
+    busy: bool
+    def __init__(self, profile: _Optional[str] = ..., gpu_instance_id: _Optional[int] = ..., from_start: _Optional[int] = ..., to_start: _Optional[int] = ..., busy: _Optional[bool] = ...) -> None: ...
+
+class MigProfileAdvice(_message.Message):
+    __slots__ = ("profile", "placements", "reason", "fragmented", "moves", "start_after_moves")
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FRAGMENTED_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    START_AFTER_MOVES_FIELD_NUMBER: _ClassVar[int]
+    profile: str
+    placements: _containers.RepeatedCompositeFieldContainer[MigPlacementAdvice]
+    reason: str
+    fragmented: bool
+    moves: _containers.RepeatedCompositeFieldContainer[MigMove]
+    start_after_moves: int
+    def __init__(self, profile: _Optional[str] = ..., placements: _Optional[_Iterable[_Union[MigPlacementAdvice, _Mapping]]] = ..., reason: _Optional[str] = ..., fragmented: _Optional[bool] = ..., moves: _Optional[_Iterable[_Union[MigMove, _Mapping]]] = ..., start_after_moves: _Optional[int] = ...) -> None: ...
+
+class GpuMigAdvice(_message.Message):
+    __slots__ = ("gpu_index", "gpu_uuid", "model", "free_slices", "memory_slices", "fits_now", "profiles", "note")
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    FREE_SLICES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_SLICES_FIELD_NUMBER: _ClassVar[int]
+    FITS_NOW_FIELD_NUMBER: _ClassVar[int]
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    gpu_index: int
+    gpu_uuid: str
+    model: str
+    free_slices: _containers.RepeatedScalarFieldContainer[int]
+    memory_slices: int
+    fits_now: _containers.RepeatedCompositeFieldContainer[MigProfileCount]
+    profiles: _containers.RepeatedCompositeFieldContainer[MigProfileAdvice]
+    note: str
+    def __init__(self, gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., model: _Optional[str] = ..., free_slices: _Optional[_Iterable[int]] = ..., memory_slices: _Optional[int] = ..., fits_now: _Optional[_Iterable[_Union[MigProfileCount, _Mapping]]] = ..., profiles: _Optional[_Iterable[_Union[MigProfileAdvice, _Mapping]]] = ..., note: _Optional[str] = ...) -> None: ...
+
+class AdviseMigResponse(_message.Message):
+    __slots__ = ("gpus", "processes_hidden")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuMigAdvice]
+    processes_hidden: bool
+    def __init__(self, gpus: _Optional[_Iterable[_Union[GpuMigAdvice, _Mapping]]] = ..., processes_hidden: _Optional[bool] = ...) -> None: ...

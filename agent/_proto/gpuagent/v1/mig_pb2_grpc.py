@@ -66,6 +66,11 @@ class MigServiceStub:
                 request_serializer=gpuagent_dot_v1_dot_mig__pb2.ResetGpuRequest.SerializeToString,
                 response_deserializer=gpuagent_dot_v1_dot_mig__pb2.ResetGpuResponse.FromString,
                 _registered_method=True)
+        self.AdviseMig = channel.unary_unary(
+                '/gpuagent.v1.MigService/AdviseMig',
+                request_serializer=gpuagent_dot_v1_dot_mig__pb2.AdviseMigRequest.SerializeToString,
+                response_deserializer=gpuagent_dot_v1_dot_mig__pb2.AdviseMigResponse.FromString,
+                _registered_method=True)
 
 
 class MigServiceServicer:
@@ -123,6 +128,16 @@ class MigServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AdviseMig(self, request, context):
+        """AdviseMig says, per GPU and MIG profile, which placements are free, what would still fit
+        after each, and which one keeps the largest profiles placeable; for a profile that does not
+        fit because the free slices are fragmented, the moves of existing instances that would fit
+        it. Read only, in every allocation mode (on dra-dynamic-mig nodes it is all the agent does).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MigServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -155,6 +170,11 @@ def add_MigServiceServicer_to_server(servicer, server):
                     servicer.ResetGpu,
                     request_deserializer=gpuagent_dot_v1_dot_mig__pb2.ResetGpuRequest.FromString,
                     response_serializer=gpuagent_dot_v1_dot_mig__pb2.ResetGpuResponse.SerializeToString,
+            ),
+            'AdviseMig': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdviseMig,
+                    request_deserializer=gpuagent_dot_v1_dot_mig__pb2.AdviseMigRequest.FromString,
+                    response_serializer=gpuagent_dot_v1_dot_mig__pb2.AdviseMigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -321,6 +341,33 @@ class MigService:
             '/gpuagent.v1.MigService/ResetGpu',
             gpuagent_dot_v1_dot_mig__pb2.ResetGpuRequest.SerializeToString,
             gpuagent_dot_v1_dot_mig__pb2.ResetGpuResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdviseMig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuagent.v1.MigService/AdviseMig',
+            gpuagent_dot_v1_dot_mig__pb2.AdviseMigRequest.SerializeToString,
+            gpuagent_dot_v1_dot_mig__pb2.AdviseMigResponse.FromString,
             options,
             channel_credentials,
             insecure,
