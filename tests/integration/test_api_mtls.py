@@ -616,6 +616,20 @@ def test_domain_errors_carry_rich_details(agent: AgentProcess) -> None:
     assert any("replicas" in v.field for v in bad.field_violations), bad
 
 
+def test_mig_advice_is_a_read_but_tells_a_reader_nothing_about_processes(
+    agent: AgentProcess, pki: Pki
+) -> None:
+    """AdviseMig is open to the read role; whether an instance is in use is process
+    information, so a reader's advice is made without it and says so."""
+    request = mig_pb2.AdviseMigRequest(gpu_index=0)
+    with mtls(agent, pki, "reader") as channel:
+        read = mig_pb2_grpc.MigServiceStub(channel).AdviseMig(request, timeout=10)
+    with mtls(agent, pki) as channel:
+        full = mig_pb2_grpc.MigServiceStub(channel).AdviseMig(request, timeout=10)
+    assert read.processes_hidden and not full.processes_hidden
+    assert [g.gpu_index for g in read.gpus] == [0]
+
+
 def test_certificates_rotate_while_clients_stay_connected(
     agent: AgentProcess, pki: Pki, tmp_path: Path
 ) -> None:
@@ -653,17 +667,3 @@ def test_certificates_rotate_while_clients_stay_connected(
     assert not new_connection_uses(pki.ca, pki)  # the old server certificate is gone
     assert "TLS certificate files changed" in agent.output()
     before.close()
-
-
-def test_mig_advice_is_a_read_but_tells_a_reader_nothing_about_processes(
-    agent: AgentProcess, pki: Pki
-) -> None:
-    """AdviseMig is open to the read role; whether an instance is in use is process
-    information, so a reader's advice is made without it and says so."""
-    request = mig_pb2.AdviseMigRequest(gpu_index=0)
-    with mtls(agent, pki, "reader") as channel:
-        read = mig_pb2_grpc.MigServiceStub(channel).AdviseMig(request, timeout=10)
-    with mtls(agent, pki) as channel:
-        full = mig_pb2_grpc.MigServiceStub(channel).AdviseMig(request, timeout=10)
-    assert read.processes_hidden and not full.processes_hidden
-    assert [g.gpu_index for g in read.gpus] == [0]
