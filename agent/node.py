@@ -403,7 +403,10 @@ class Node:
         else:
             s.inventory.driver_missing(missing.reason)
         await asyncio.to_thread(s.inventory.refresh_all)
-        await asyncio.to_thread(s.prewarm.start)
+        if s.state.read_only is None:
+            await asyncio.to_thread(s.prewarm.start)
+        else:  # its reconcile, queue and retries write the index
+            s.state.note("the prewarm cache is listed as last recorded; nothing is fetched")
         stack.push_async_callback(asyncio.to_thread, s.prewarm.stop)
         if not self.embedded:
             host, port = _split_listen(cfg.metrics_listen)
@@ -446,7 +449,10 @@ class Node:
         # Failed items come back when their retry is due; the agent owns the queue, so this
         # timer is all it takes (nothing else writes the queue).
         retry_every = min(cfg.prewarm.retry_initial_s, RETRY_CHECK_S)
-        self._guard("prewarm-retries", _every(retry_every, s.prewarm.retry_due, wait_first=True))
+        if s.state.read_only is None:
+            self._guard(
+                "prewarm-retries", _every(retry_every, s.prewarm.retry_due, wait_first=True)
+            )
         self._guard("power", _every(cfg.driver.check_s, self._reconcile_power, wait_first=True))
         self._guard("prewarm-audit", _every(cfg.prewarm.audit_interval_s, self._audit_cache))
         self._guard(
@@ -542,7 +548,8 @@ class Node:
     def _audit_cache(self) -> None:
         """Re-check every ready item (blob on disk, image in the CRI), then republish labels."""
         s = self.services
-        s.prewarm.audit()
+        if s.state.read_only is None:  # an audit records what it finds
+            s.prewarm.audit()
         if s.kube is not None:
             self._publish_cache_labels()
 

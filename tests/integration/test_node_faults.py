@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -213,17 +214,24 @@ def _get(port: int, path: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def _state_detail(agent: AgentProcess, config: Path) -> str:
-    shown = cli(agent.state_dir, config, "status", "-o", "json")
-    assert shown.returncode == 0, shown.stderr
-    degraded = {d["component"]: d["detail"] for d in json.loads(shown.stdout)["degraded"]}
-    return str(degraded.get("state", ""))
+def _node(agent: AgentProcess) -> Any:
+    from agent.client import AgentClient
+
+    client = AgentClient(agent.socket)
+    try:
+        return client.node()
+    finally:
+        client.close()
 
 
-def _mig_shapes(agent: AgentProcess, config: Path) -> list[object]:
-    shown = cli(agent.state_dir, config, "status", "-o", "json")
-    assert shown.returncode == 0, shown.stderr
-    return [(g["mig"], g["instances"]) for g in json.loads(shown.stdout)["gpus"]]
+def _state_detail(agent: AgentProcess) -> str:
+    """The "state" component's detail, when it is unhealthy ("" when healthy)."""
+    parts = {c.name: c for c in _node(agent).health.components}
+    return "" if parts["state"].healthy else str(parts["state"].detail)
+
+
+def _mig_shapes(agent: AgentProcess) -> list[object]:
+    return [(g.mig_mode, list(g.instances)) for g in _node(agent).gpus]
 
 
 def _changes(agent: AgentProcess, config: Path, tmp_path: Path, url: str) -> dict[str, object]:
@@ -273,6 +281,8 @@ def test_a_read_only_state_dir_serves_reads_and_refuses_every_change_naming_it(
         with StateStore(state / "agent.db") as store:  # as a kill right after an apply began
             begun = begin_entry("mig apply all-balanced", {}, force=False, skip_reset=False)
             store.journal_append(SCOPE, begun)
+        [blob] = (agent.root / "cache" / "blobs" / "sha256").iterdir()
+        blob.unlink()  # a reconcile would record it evicted: it writes, so it waits
         subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True)
         with agent:
             line = f"the state dir {state} takes no writes (Read-only file system)"
@@ -283,10 +293,14 @@ def test_a_read_only_state_dir_serves_reads_and_refuses_every_change_naming_it(
             assert "Traceback" not in agent.output()
             cut_short = "a MIG apply was cut short and its journal cannot be recovered"
             assert cut_short in agent.output()
-            assert line in _state_detail(agent, config)
-            assert cut_short in _state_detail(agent, config)
+            shown = cli(state, config, "status", "-o", "json")  # the CLI's one status line
+            assert shown.returncode == 0, shown.stderr
+            degraded = {d["component"]: d["detail"] for d in json.loads(shown.stdout)["degraded"]}
+            assert line in degraded["state"] and "reads are served" in degraded["state"]
+            assert cut_short in _state_detail(agent)
             listed = cli(state, config, "cache", "list", "-o", "json")
             assert [i["name"] for i in json.loads(listed.stdout)["items"]] == ["w"]
+            assert "the prewarm cache is listed as last recorded" in _state_detail(agent)
             assert agent.metrics_port is not None
             _, metrics = _get(agent.metrics_port, "/metrics")
             assert 'gpu_agent_state_writable{reason="EROFS"} 0.0' in metrics
@@ -295,22 +309,22 @@ def test_a_read_only_state_dir_serves_reads_and_refuses_every_change_naming_it(
                 200,
                 f"ready; read-only: {line}: {fix}\n",
             )
-            before = _mig_shapes(agent, config)
+            before = _mig_shapes(agent)
             for name, done in _changes(agent, config, tmp_path, origin.url("w.bin")).items():
                 assert done.returncode == 10, (name, done.stdout, done.stderr)
                 assert f"error: {line}" in done.stderr and "restart the agent" in done.stderr
                 assert "internal" not in done.stderr.lower()
-            assert _mig_shapes(agent, config) == before
+            assert _mig_shapes(agent) == before
 
             subprocess.run(["mount", "-o", "remount,rw", str(state)], check=True)
             wait_for(
-                lambda: "takes writes again: restart the agent" in _state_detail(agent, config),
+                lambda: "takes writes again: restart the agent" in _state_detail(agent),
                 "status to ask for a restart",
             )
             _, metrics = _get(agent.metrics_port, "/metrics")
             assert 'gpu_agent_state_writable{reason="restart_needed"} 0.0' in metrics
         with agent:  # restarted on a writable dir: changes are taken again
-            assert _state_detail(agent, config) == ""
+            assert _state_detail(agent) == ""
             shared = cli(state, config, "share", "set", "--time-slicing", "nvidia.com/gpu=2")
             assert shared.returncode == 0, shared.stderr
 
@@ -328,18 +342,18 @@ def test_a_state_dir_that_fills_while_running_refuses_changes_naming_it(tmp_path
         with filler.open("wb") as f, contextlib.suppress(OSError):
             while True:
                 f.write(bytes(1 << 16))
-        before = _mig_shapes(agent, config)
+        before = _mig_shapes(agent)
         for name, done in _changes(agent, config, tmp_path, "http://127.0.0.1:9/x").items():
             assert done.returncode == 10, (name, done.stdout, done.stderr)
             assert f"the state dir {state} " in done.stderr, (name, done.stderr)
             assert "internal" not in done.stderr.lower()
-        assert _mig_shapes(agent, config) == before
+        assert _mig_shapes(agent) == before
         assert agent.metrics_port is not None
         _, metrics = _get(agent.metrics_port, "/metrics")
         assert 'gpu_agent_state_writable{reason="ENOSPC"} 0.0' in metrics
-        assert f"the state dir {state}" in _state_detail(agent, config)
+        assert f"the state dir {state}" in _state_detail(agent)
 
         filler.unlink()
         shared = cli(state, config, "share", "set", "--time-slicing", "nvidia.com/gpu=2")
         assert shared.returncode == 0, shared.stderr
-        assert _state_detail(agent, config) == ""
+        assert _state_detail(agent) == ""
