@@ -344,7 +344,7 @@ class StateStore:
                     f"{read_only}; and its database {path} cannot be read ({exc})"
                 ) from exc
             self.read_only = read_only
-            log.error(
+            log.warning(  # a state, like a late driver: an embedded agent's command is quiet
                 "%s. The agent serves reads and refuses every change until it is restarted "
                 "with a writable state dir",
                 read_only,
