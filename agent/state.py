@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -392,10 +392,11 @@ class StateStore:
         if self.path.exists():
             wal = self.path.with_name(self.path.name + "-wal")
             shm = self.path.with_name(self.path.name + "-shm")
-            with tempfile.TemporaryDirectory(prefix="gpu-agent-state-") as scratch:
+            with ExitStack() as scratch:
                 source, query = self.path, "mode=ro" if wal.exists() else "immutable=1"
                 if wal.exists() and not shm.exists():
-                    source = Path(scratch) / self.path.name
+                    temporary = tempfile.TemporaryDirectory(prefix="gpu-agent-state-")  # 0700
+                    source = Path(scratch.enter_context(temporary)) / self.path.name
                     shutil.copyfile(self.path, source)
                     shutil.copyfile(wal, source.with_name(source.name + "-wal"))
                 disk = sqlite3.connect(f"file:{quote(str(source))}?{query}", uri=True)
