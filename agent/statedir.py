@@ -9,7 +9,8 @@ directory takes writes again.
 
 A probe makes a small file, reserves a block for it and removes it: ``posix_fallocate`` asks
 the filesystem for the space at once (ext4 and xfs otherwise allocate a plain write's blocks
-only at writeback, so a full disk would pass), with no fsync, so it costs microseconds.
+only at writeback, so a full disk would pass), with no fsync: 0.16-0.4 ms a probe on ext4
+(1,000 probes on a loaded 2-core VM).
 """
 
 from __future__ import annotations

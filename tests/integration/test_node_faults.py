@@ -357,3 +357,29 @@ def test_a_state_dir_that_fills_while_running_refuses_changes_naming_it(tmp_path
         shared = cli(state, config, "share", "set", "--time-slicing", "nvidia.com/gpu=2")
         assert shared.returncode == 0, shared.stderr
         assert _state_detail(agent) == ""
+
+
+def test_a_command_with_no_agent_on_a_read_only_state_dir_reads_and_refuses_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """No agent runs: the CLI's embedded agent on a state dir the kernel remounted read-only
+    (a real tmpfs) shows status and refuses a change with exactly one error line."""
+    from tests.unit.test_state_disk import _tmpfs
+
+    root = tmp_path / "agent"
+    root.mkdir()
+    config = cli_config(tmp_path, root)
+    with _tmpfs(root / "state", "16m") as state:
+        made = cli(state, config, "status")  # the embedded agent makes the node and its state
+        assert made.returncode == 0, made.stderr
+        subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True)
+        shown = cli(state, config, "status", "-o", "json")
+        assert shown.returncode == 0, shown.stderr
+        assert len(json.loads(shown.stdout)["gpus"]) == 8
+        refused = cli(state, config, "share", "set", "--time-slicing", "nvidia.com/gpu=2")
+        assert refused.returncode == 10
+        assert refused.stderr.splitlines() == [
+            f"error: the state dir {state} takes no writes (Read-only file system): remount it "
+            "read-write, free space on its filesystem, or fix its owner, then restart the agent "
+            "(it started read-only and serves reads only); nothing was changed"
+        ]
