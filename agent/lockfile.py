@@ -4,15 +4,23 @@ lock (agent/ownership.py) and the MIG partition lock (agent/mig/lock.py).
 The holder writes a JSON record into the file, so a refused or waiting caller can name it. A
 killed holder releases the lock with its last descriptor; its stale record is overwritten by
 the next holder.
+
+A state dir that takes no writes (read-only, full, not the agent's) still locks: the file (or,
+when it was never made, the directory itself) is opened read-only, and ``flock`` needs no write
+access; only the record is missing, so a refused caller cannot name the holder.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
+
+_UNWRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
 
 
 class HolderLock:
@@ -28,21 +36,34 @@ class HolderLock:
         """Take the lock and write ``record``; False (nothing held) when another has it."""
         if self._fd is not None:
             return True
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = self._open()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             return False
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record).encode(), 0)
+        with suppress(OSError):  # read-only or full: the lock holds without its record
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(record).encode(), 0)
         self._fd = fd
         return True
 
+    def _open(self) -> int:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            if exc.errno not in _UNWRITABLE:
+                raise
+            try:
+                return os.open(self.path, os.O_RDONLY)
+            except FileNotFoundError:
+                return os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+
     def release(self) -> None:
         if self._fd is not None:
-            os.ftruncate(self._fd, 0)
+            with suppress(OSError):  # opened read-only: there is no record to clear
+                os.ftruncate(self._fd, 0)
             os.close(self._fd)  # releases the flock
             self._fd = None
 

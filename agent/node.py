@@ -68,6 +68,7 @@ from agent.prewarm.service import PrewarmService
 from agent.reclaim import reclaim_marker
 from agent.sharing import SharingService
 from agent.state import StateStore
+from agent.statedir import StateCollector, probe
 from agent.telemetry.service import TelemetryService, build_telemetry
 from agent.webconfig import MetricsGuard, ReloadingTls, WebConfig, load_web_config
 
@@ -145,7 +146,8 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
     latency = simulated_latency and config.simulate_latency
     gpu = load_driver(config.simulate, config.state_dir, latency=latency)
     driver = DriverLink(gpu, simulated=bool(config.simulate))
-    state = StateStore(config.state_dir / "agent.db")
+    # A state dir that takes no writes starts the agent read-only (agent/statedir.py).
+    state = StateStore(config.state_dir / "agent.db", read_only=probe(config.state_dir))
     bus = EventBus()
     prewarm = build_prewarm(config.prewarm, state, proc_root=config.telemetry.proc_root)
     proc_root = None
@@ -201,6 +203,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
     )
     mig = MigService(gpu, state, PartitionLock(config.state_dir), reset)
     telemetry.exporter.add_collector(DriverCollector(driver))
+    telemetry.exporter.add_collector(StateCollector(state.writable))
     telemetry.exporter.add_collector(PrewarmCollector(prewarm.inventory))
     telemetry.exporter.add_collector(HealthCollector(health.shown))
     mig_labels = _mig_labels(config, kube, mig)
@@ -298,6 +301,8 @@ class Node:
             )
         if self.services.inventory.every_gpu_lost():
             return Response(503, b"no GPU answers\n")
+        if self.services.state.read_only is not None:  # reads serve: still in the Service
+            return Response(200, f"ready; read-only: {self.services.state.read_only}\n".encode())
         return Response(200, b"ready\n")
 
     def request_stop(self) -> None:
@@ -328,6 +333,9 @@ class Node:
         apply's operation how it ended, then fail whatever else was left pending or running.
         Without a driver (not ``attached``) the MIG journal waits for the attach."""
         s = self.services
+        if s.state.read_only is not None:
+            await asyncio.to_thread(self._recover_later)
+            return
         outcomes = await asyncio.to_thread(s.mig.recover) if attached else ()
         left = await asyncio.to_thread(s.state.list_operations, kind=MIG_APPLY, done=False)
         for op in left:
@@ -338,6 +346,26 @@ class Node:
         failed = await asyncio.to_thread(s.state.mark_interrupted_operations, INTERRUPTED_REASON)
         for op in failed:
             log.warning("operation %s (%s) was interrupted by the last stop", op.id, op.kind)
+
+    def _recover_later(self) -> None:
+        """Read-only: recovery writes (the journal, the operations), so nothing is recovered;
+        a MIG change cut short is said in the state's health (MIG changes are refused anyway,
+        as every change is) and recovered at the first start with a writable state dir."""
+        s = self.services
+        if s.mig.interrupted():
+            left = (
+                "a MIG apply was cut short and its journal cannot be recovered (rolled back or "
+                "forward) without writing: the GPUs may be between layouts until the agent "
+                "restarts with a writable state dir"
+            )
+            log.error("%s", left)
+            s.state.note(left)
+        undone = s.state.list_operations(done=False)
+        if undone:
+            s.state.note(
+                f"{len(undone)} operation(s) the last stop left unfinished are shown as they "
+                "were recorded, until the agent can mark them interrupted"
+            )
 
     async def run(
         self,
@@ -405,7 +433,10 @@ class Node:
         else:
             s.inventory.driver_missing(missing.reason)
         await asyncio.to_thread(s.inventory.refresh_all)
-        await asyncio.to_thread(s.prewarm.start)
+        if s.state.read_only is None:
+            await asyncio.to_thread(s.prewarm.start)
+        else:  # its reconcile, queue and retries write the index
+            s.state.note("the prewarm cache is listed as last recorded; nothing is fetched")
         stack.push_async_callback(asyncio.to_thread, s.prewarm.stop)
         if not self.embedded:
             host, port = _split_listen(cfg.metrics_listen)
@@ -452,7 +483,10 @@ class Node:
         # Failed items come back when their retry is due; the agent owns the queue, so this
         # timer is all it takes (nothing else writes the queue).
         retry_every = min(cfg.prewarm.retry_initial_s, RETRY_CHECK_S)
-        self._guard("prewarm-retries", _every(retry_every, s.prewarm.retry_due, wait_first=True))
+        if s.state.read_only is None:
+            self._guard(
+                "prewarm-retries", _every(retry_every, s.prewarm.retry_due, wait_first=True)
+            )
         self._guard("power", _every(cfg.driver.check_s, self._reconcile_power, wait_first=True))
         self._guard("prewarm-audit", _every(cfg.prewarm.audit_interval_s, self._audit_cache))
         self._guard(
@@ -503,7 +537,7 @@ class Node:
         at start `_recover` does), start reading the GPUs, then let GPU features in."""
         s = self.services
         with self._gpu_parts:
-            if recover:
+            if recover and s.state.read_only is None:  # read-only: see `_recover_later`
                 for outcome in s.mig.recover():
                     log.warning("MIG recovery after the driver attached: %s", outcome)
             s.power.reconcile()  # a reloaded driver forgot the power caps (docs/power.md)
@@ -548,13 +582,16 @@ class Node:
     def _audit_cache(self) -> None:
         """Re-check every ready item (blob on disk, image in the CRI), then republish labels."""
         s = self.services
-        s.prewarm.audit()
+        if s.state.read_only is None:  # an audit records what it finds
+            s.prewarm.audit()
         if s.kube is not None:
             self._publish_cache_labels()
 
     def _prune(self) -> None:
         """Bound the state database: done operations and request-id records by age and count."""
         retention = self.services.config.operations
+        if self.services.state.read_only is not None:
+            return
         try:
             gone = self.services.state.prune_operations(
                 max_age_s=retention.max_age_s, keep_per_kind=retention.max_count

@@ -27,15 +27,18 @@ import glob
 import json
 import logging
 import os
+import shutil
 import sqlite3
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import quote
 
 from agent.errors import (
     Busy,
@@ -46,6 +49,7 @@ from agent.errors import (
     NotSupported,
     StateUnavailable,
 )
+from agent.statedir import Unwritable, probe
 
 __all__ = [
     "DONE_STATES",
@@ -66,6 +70,8 @@ INTERRUPTED = "Interrupted"
 """``error["type"]`` of operations the agent stopped in the middle of (see mark_interrupted)."""
 
 _BUSY_TIMEOUT_MS = 10_000
+#: How often health and the metric probe a state dir that took no write (agent/statedir.py).
+_PROBE_EVERY_S = 1.0
 _CORRUPT_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
 LOST_WITH_DATABASE = (
     "the operation history, the MIG journal (a MIG change cut short is not rolled back from "
@@ -304,7 +310,15 @@ class StateStore:
 
     MIGRATIONS: ClassVar[Sequence[tuple[int, str]]] = MIGRATIONS
 
-    def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        clock: Callable[[], float] = time.time,
+        read_only: Unwritable | None = None,
+    ) -> None:
+        """``read_only``: the state dir took no write at start (`agent.statedir.probe`): the
+        store serves reads from a copy in memory (`_open_read_only`) and refuses every write."""
         versions = [version for version, _ in self.MIGRATIONS]
         if versions != list(range(1, len(versions) + 1)):
             raise ValueError(f"migration versions must be 1, 2, 3, ... in order; got {versions}")
@@ -312,6 +326,30 @@ class StateStore:
         self._clock = clock
         self._lock = threading.RLock()
         self._write_error: StateUnavailable | None = None
+        self._synchronous = Durability.FULL
+        self._durability: Durability | None = None  # of the transaction in progress
+        #: Why the store is read-only (set once it is open), and whether the dir takes writes
+        #: again (`_probe_again`); what the read-only store left undone (`note`).
+        self.read_only: Unwritable | None = None
+        self._writable_again = False
+        self._probed_at = -_PROBE_EVERY_S
+        self._last_probe: Unwritable | None = None
+        self._notes: list[str] = []
+        if read_only is not None:
+            self._kept = []
+            try:
+                self._conn = self._open_read_only()
+            except (sqlite3.Error, OSError) as exc:
+                raise StateUnavailable(
+                    f"{read_only}; and its database {path} cannot be read ({exc})"
+                ) from exc
+            self.read_only = read_only
+            log.warning(  # a state, like a late driver: an embedded agent's command is quiet
+                "%s. The agent serves reads and refuses every change until it is restarted "
+                "with a writable state dir",
+                read_only,
+            )
+            return
         try:
             _make_private(path)
             try:
@@ -332,6 +370,49 @@ class StateStore:
                 "its state there; make it writable (remount read-write, fix its owner) or pass "
                 "another --state-dir"
             ) from exc
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        """A private copy in memory of the database in a state dir that takes no writes.
+
+        SQLite opens a WAL database in a directory it cannot write only when the -wal and -shm
+        files both exist (it maps the -shm read-only) or when the URI says ``immutable=1``,
+        which ignores the -wal (sqlite.org/wal.html, "Read-Only Databases"). So: with both,
+        ``mode=ro`` (the WAL's committed transactions are read too); with no -wal (a clean
+        stop), the database file is all there is and ``immutable=1`` reads it whole; with a
+        -wal but no -shm, the two are copied to a private temporary dir and read there.
+
+        ``immutable=1`` also skips SQLite's locks and change checks, which is safe here: every
+        writer of this database (a serving agent, a CLI's embedded one) holds the node's owner
+        lock first (agent/ownership.py), and this agent holds it, so nothing changes the file
+        while it is read. The copy is then backed up into memory and migrated there: no file
+        stays open, reads see the schema this agent knows, and the copy stays true while the
+        agent owns the node. No database at all (a node never written) reads as an empty one.
+        """
+        memory = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        if self.path.exists():
+            wal = self.path.with_name(self.path.name + "-wal")
+            shm = self.path.with_name(self.path.name + "-shm")
+            with ExitStack() as scratch:
+                source, query = self.path, "mode=ro" if wal.exists() else "immutable=1"
+                if wal.exists() and not shm.exists():
+                    temporary = tempfile.TemporaryDirectory(prefix="gpu-agent-state-")  # 0700
+                    source = Path(scratch.enter_context(temporary)) / self.path.name
+                    shutil.copyfile(self.path, source)
+                    shutil.copyfile(wal, source.with_name(source.name + "-wal"))
+                disk = sqlite3.connect(f"file:{quote(str(source))}?{query}", uri=True)
+                try:
+                    disk.backup(memory)
+                finally:
+                    disk.close()
+        self._conn = memory
+        memory.row_factory = sqlite3.Row
+        try:
+            self._check()
+            self._migrate()
+        except BaseException:
+            memory.close()
+            raise
+        return memory
 
     def _open(self) -> sqlite3.Connection:
         """Connect, configure, check the file's integrity and migrate; `_Corrupt` when the file
@@ -393,6 +474,10 @@ class StateStore:
     def health(self) -> tuple[bool, str]:
         """(healthy, detail) of the store, for the node's health: the last write refused, or a
         damaged database kept beside it; healthy otherwise."""
+        if self.read_only is not None:
+            return False, self._read_only_detail()
+        if self._write_error is not None and self._probe_again() is None:
+            self._write_error = None  # space was freed, or the dir remounted read-write
         if self._write_error is not None:
             return False, str(self._write_error)
         kept = [path for path in self._kept if path.exists()]
@@ -402,6 +487,74 @@ class StateStore:
                 f"as {kept[-1]} (remove it once looked at). Lost: {LOST_WITH_DATABASE}"
             )
         return True, f"{self.path}: ok"
+
+    def _read_only_detail(self) -> str:
+        assert self.read_only is not None
+        detail = f"read-only since the agent started: {self.read_only}"
+        if self._probe_again() is None:
+            detail = (
+                f"read-only since the agent started ({self.read_only.strerror}), and the state "
+                f"dir {self.path.parent} takes writes again: restart the agent to leave "
+                "read-only mode"
+            )
+        else:
+            detail += ", then restart the agent"
+        return "; ".join([detail, "reads are served, every change is refused", *self._notes])
+
+    def _probe_again(self) -> Unwritable | None:
+        """`probe` the state dir again, at most every _PROBE_EVERY_S (health is read often);
+        the last answer in between. A read-only store logs once that the dir is back."""
+        now = time.monotonic()
+        if now - self._probed_at >= _PROBE_EVERY_S:
+            self._probed_at = now
+            self._last_probe = probe(self.path.parent)
+            if self.read_only is not None and self._last_probe is None and not self._writable_again:
+                log.warning(
+                    "the state dir %s takes writes again: restart the agent to leave read-only "
+                    "mode (it does not reopen its state while it runs)",
+                    self.path.parent,
+                )
+            self._writable_again = self._last_probe is None
+        return self._last_probe
+
+    def note(self, left_undone: str) -> None:
+        """Add what a read-only store kept the agent from doing (e.g. a MIG recovery) to its
+        health."""
+        self._notes.append(left_undone)
+
+    def writable(self) -> tuple[bool, str]:
+        """(takes writes, cause) for the metric: the cause is an errno name (EROFS, ENOSPC,
+        ...) when not, ``restart_needed`` for a read-only store whose dir is back, or "ok"."""
+        if self.read_only is not None:
+            return False, "restart_needed" if self._probe_again() is None else self.read_only.cause
+        if self._write_error is None:
+            return True, "ok"
+        found = self._probe_again()
+        if found is None:
+            self._write_error = None
+            return True, "ok"
+        return False, found.cause
+
+    def require_writable(self) -> None:
+        """Refuse a change before it starts (`StateUnavailable` naming the dir and the fix)
+        when the store is read-only or the state dir takes no write now (full, remounted
+        read-only): a change the agent could not record is not made."""
+        if self.read_only is not None:
+            raise StateUnavailable(self._read_only_refusal())
+        found = probe(self.path.parent)
+        self._last_probe, self._probed_at = found, time.monotonic()  # health sees it at once
+        if found is None:
+            self._write_error = None
+            return
+        self._write_error = StateUnavailable(f"{found}; nothing was changed")
+        raise self._write_error
+
+    def _read_only_refusal(self) -> str:
+        assert self.read_only is not None
+        return (
+            f"{self.read_only}, then restart the agent (it started read-only and serves reads "
+            "only); nothing was changed"
+        )
 
     def _refusal(self, exc: sqlite3.Error) -> StateUnavailable | None:
         """The domain error for a write the disk refused (read-only, full, failing, damaged);
@@ -439,7 +592,7 @@ class StateStore:
         conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA synchronous = FULL")
         self._synchronous = Durability.FULL
-        self._durability: Durability | None = None  # of the transaction in progress
+        self._durability = None
 
     def _migrate(self) -> None:
         latest = len(self.MIGRATIONS)
@@ -479,6 +632,8 @@ class StateStore:
         a nested block may not ask for more durability than the outer one promised (SQLite
         cannot change it inside a transaction).
         """
+        if self.read_only is not None:
+            raise StateUnavailable(self._read_only_refusal())
         with self._lock:
             if self._conn.in_transaction:
                 if self._durability is not None and durability > self._durability:

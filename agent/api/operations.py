@@ -147,6 +147,7 @@ class OperationRunner:
         when one is not done.
         """
         check_request_id(request_id)
+        await asyncio.to_thread(self.store.require_writable)  # agent/statedir.py
         op = await asyncio.to_thread(
             self.store.create_operation,
             kind,
@@ -243,6 +244,8 @@ class OperationRunner:
         Without a request id the call just runs. A failed first attempt changed nothing, so
         its retry runs again.
         """
+        # A change the state dir could not record is not made (agent/statedir.py).
+        await asyncio.to_thread(self.store.require_writable)
         if not request_id:
             return await call()
         check_request_id(request_id)

@@ -417,6 +417,10 @@ class MigService:
                 f"{error.args[0]}; rolled back GPU {gpus} to the layout before the apply",
             )
 
+    def interrupted(self) -> bool:
+        """Whether the journal holds an apply that `recover` has yet to finish or undo."""
+        return bool(self._journal.journal_entries(SCOPE))
+
     def recover(self) -> tuple[RecoveryOutcome, ...]:
         """On agent start: finish or undo what an interrupted apply left; logs each outcome.
 

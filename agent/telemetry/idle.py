@@ -68,6 +68,7 @@ class IdleStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._failed: str | None = None  # the last save's error, said once until it changes
 
     def load(self) -> dict[str, float]:
         try:
@@ -93,6 +94,10 @@ class IdleStore:
             tmp.write_text(json.dumps(dict(times), sort_keys=True), encoding="utf-8")
             os.replace(tmp, self.path)
         except OSError as exc:
-            log.warning("cannot save idle times to %s: %s", self.path, exc)
+            if str(exc) != self._failed:  # a read-only state dir: once, not every 30 s
+                log.warning("cannot save idle times to %s: %s", self.path, exc)
+            self._failed = str(exc)
             with contextlib.suppress(OSError):
                 tmp.unlink()
+        else:
+            self._failed = None

@@ -7,14 +7,18 @@ command naming another node than the one the socket's agent serves.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import socket
+import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -200,3 +204,182 @@ def test_what_mig_apply_reported_applied_stays_applied_after_a_kill_9(tmp_path: 
         finally:
             driver.close()
         assert "rolled back" not in agent.output() and "Traceback" not in agent.output()
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _node(agent: AgentProcess) -> Any:
+    from agent.client import AgentClient
+
+    client = AgentClient(agent.socket)
+    try:
+        return client.node()
+    finally:
+        client.close()
+
+
+def _state_detail(agent: AgentProcess) -> str:
+    """The "state" component's detail, when it is unhealthy ("" when healthy)."""
+    parts = {c.name: c for c in _node(agent).health.components}
+    return "" if parts["state"].healthy else str(parts["state"].detail)
+
+
+def _mig_shapes(agent: AgentProcess) -> list[object]:
+    return [(g.mig_mode, list(g.instances)) for g in _node(agent).gpus]
+
+
+def _changes(agent: AgentProcess, config: Path, tmp_path: Path, url: str) -> dict[str, object]:
+    """mig apply, prewarm, share set and power apply through the real CLI: what each returned."""
+    from tests.integration.test_api_cli import MIG_CONFIG
+
+    mig_file = tmp_path / "mig.yaml"
+    mig_file.write_text(MIG_CONFIG)
+    power = tmp_path / "power.yaml"
+    power.write_text("version: v1\npower: [{gpus: [0], limit: 500W}]\n")
+    commands = {
+        "mig": ("mig", "apply", "-f", str(mig_file), "-c", "all-balanced"),
+        "prewarm": ("prewarm", "file", url, "--name", "later"),
+        "share": ("share", "set", "--time-slicing", "nvidia.com/gpu=2"),
+        "power": ("power", "apply", "-f", str(power)),
+    }
+    return {name: cli(agent.state_dir, config, *args) for name, args in commands.items()}
+
+
+def test_a_read_only_state_dir_serves_reads_and_refuses_every_change_naming_it(
+    tmp_path: Path,
+) -> None:
+    """Real: the state dir is a tmpfs the kernel remounts read-only (every write is EROFS, as
+        on a read-only hostPath; tests run as root, which chmod would not stop), the agent and the
+        CLI are real processes. The agent starts with one line naming the dir and the fix, serves
+        status, the cache listing and /metrics, refuses mig apply, prewarm, share set and power
+        apply naming it (exit 10, UNAVAILABLE) with the GPUs unchanged, and /readyz and the metric
+        say so; a MIG journal left by an apply cut short is reported, not recovered (that writes);
+    once the dir is writable again, status says to restart, and the restart recovers it."""
+    from agent.mig.journal import SCOPE, begin_entry
+    from agent.state import StateStore
+    from tests.unit.test_state_disk import _tmpfs
+
+    origin_root = tmp_path / "origin"
+    origin_root.mkdir()
+    agent, config = _agent(tmp_path)
+    with _tmpfs(agent.state_dir, "16m") as state, Origin(origin_root) as origin:
+        origin.add("w.bin", os.urandom(4096))
+        agent.start()
+        warmed = cli(state, config, "prewarm", "file", origin.url("w.bin"), "--name", "w")
+        assert warmed.returncode == 0, warmed.stderr
+        wait_for(
+            lambda: '"ready"' in cli(state, config, "cache", "list", "-o", "json").stdout,
+            "the item ready",
+        )
+        assert agent.terminate() == 0
+        with StateStore(state / "agent.db") as store:  # as a kill right after an apply began
+            begun = begin_entry("mig apply all-balanced", {}, force=False, skip_reset=False)
+            store.journal_append(SCOPE, begun)
+        [blob] = (agent.root / "cache" / "blobs" / "sha256").iterdir()
+        blob.unlink()  # a reconcile would record it evicted: it writes, so it waits
+        subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True)
+        with agent:
+            line = f"the state dir {state} takes no writes (Read-only file system)"
+            assert agent.output().count(line) == 1, agent.output()
+            assert "remount it read-write, free space on its filesystem, or fix its owner" in (
+                agent.output()
+            )
+            assert "Traceback" not in agent.output()
+            cut_short = "a MIG apply was cut short and its journal cannot be recovered"
+            assert cut_short in agent.output()
+            shown = cli(state, config, "status", "-o", "json")  # the CLI's one status line
+            assert shown.returncode == 0, shown.stderr
+            degraded = {d["component"]: d["detail"] for d in json.loads(shown.stdout)["degraded"]}
+            assert line in degraded["state"] and "reads are served" in degraded["state"]
+            assert cut_short in _state_detail(agent)
+            listed = cli(state, config, "cache", "list", "-o", "json")
+            assert [i["name"] for i in json.loads(listed.stdout)["items"]] == ["w"]
+            assert "the prewarm cache is listed as last recorded" in _state_detail(agent)
+            assert agent.metrics_port is not None
+            _, metrics = _get(agent.metrics_port, "/metrics")
+            assert 'gpu_agent_state_writable{reason="EROFS"} 0.0' in metrics
+            fix = "remount it read-write, free space on its filesystem, or fix its owner"
+            assert _get(agent.metrics_port, "/readyz") == (
+                200,
+                f"ready; read-only: {line}: {fix}\n",
+            )
+            before = _mig_shapes(agent)
+            for name, done in _changes(agent, config, tmp_path, origin.url("w.bin")).items():
+                assert done.returncode == 10, (name, done.stdout, done.stderr)
+                assert f"error: {line}" in done.stderr and "restart the agent" in done.stderr
+                assert "internal" not in done.stderr.lower()
+            assert _mig_shapes(agent) == before
+
+            subprocess.run(["mount", "-o", "remount,rw", str(state)], check=True)
+            wait_for(
+                lambda: "takes writes again: restart the agent" in _state_detail(agent),
+                "status to ask for a restart",
+            )
+            _, metrics = _get(agent.metrics_port, "/metrics")
+            assert 'gpu_agent_state_writable{reason="restart_needed"} 0.0' in metrics
+        with agent:  # restarted on a writable dir: changes are taken again
+            assert _state_detail(agent) == ""
+            shared = cli(state, config, "share", "set", "--time-slicing", "nvidia.com/gpu=2")
+            assert shared.returncode == 0, shared.stderr
+
+
+def test_a_state_dir_that_fills_while_running_refuses_changes_naming_it(tmp_path: Path) -> None:
+    """Real: a small tmpfs filled by a file while the agent runs (ENOSPC from the kernel).
+    Every change is refused naming the full dir (exit 10, never INTERNAL) with the GPUs
+    unchanged, the metric says ENOSPC; once space is freed, changes are taken again with no
+    restart."""
+    from tests.unit.test_state_disk import _tmpfs
+
+    agent, config = _agent(tmp_path)
+    with _tmpfs(agent.state_dir, "8m") as state, agent:
+        filler = state / "filler"
+        with filler.open("wb") as f, contextlib.suppress(OSError):
+            while True:
+                f.write(bytes(1 << 16))
+        before = _mig_shapes(agent)
+        for name, done in _changes(agent, config, tmp_path, "http://127.0.0.1:9/x").items():
+            assert done.returncode == 10, (name, done.stdout, done.stderr)
+            assert f"the state dir {state} " in done.stderr, (name, done.stderr)
+            assert "internal" not in done.stderr.lower()
+        assert _mig_shapes(agent) == before
+        assert agent.metrics_port is not None
+        _, metrics = _get(agent.metrics_port, "/metrics")
+        assert 'gpu_agent_state_writable{reason="ENOSPC"} 0.0' in metrics
+        assert f"the state dir {state}" in _state_detail(agent)
+
+        filler.unlink()
+        shared = cli(state, config, "share", "set", "--time-slicing", "nvidia.com/gpu=2")
+        assert shared.returncode == 0, shared.stderr
+        assert _state_detail(agent) == ""
+
+
+def test_a_command_with_no_agent_on_a_read_only_state_dir_reads_and_refuses_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """No agent runs: the CLI's embedded agent on a state dir the kernel remounted read-only
+    (a real tmpfs) shows status and refuses a change with exactly one error line."""
+    from tests.unit.test_state_disk import _tmpfs
+
+    root = tmp_path / "agent"
+    root.mkdir()
+    config = cli_config(tmp_path, root)
+    with _tmpfs(root / "state", "16m") as state:
+        made = cli(state, config, "status")  # the embedded agent makes the node and its state
+        assert made.returncode == 0, made.stderr
+        subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True)
+        shown = cli(state, config, "status", "-o", "json")
+        assert shown.returncode == 0, shown.stderr
+        assert len(json.loads(shown.stdout)["gpus"]) == 8
+        refused = cli(state, config, "share", "set", "--time-slicing", "nvidia.com/gpu=2")
+        assert refused.returncode == 10
+        assert refused.stderr.splitlines() == [
+            f"error: the state dir {state} takes no writes (Read-only file system): remount it "
+            "read-write, free space on its filesystem, or fix its owner, then restart the agent "
+            "(it started read-only and serves reads only); nothing was changed"
+        ]

@@ -18,6 +18,7 @@ import pytest
 
 from agent.errors import StateUnavailable
 from agent.state import StateStore
+from agent.statedir import probe
 
 
 def _filled(path: Path) -> Path:
@@ -127,3 +128,77 @@ def test_a_full_state_dir_refuses_writes_naming_it_and_serves_reads(tmp_path: Pa
             assert store.health()[0]
         finally:
             store.close()
+
+
+@contextlib.contextmanager
+def _read_only_copy(tmp_path: Path, files: dict[str, bytes]) -> Iterator[Path]:
+    """``files`` on a tmpfs the kernel then remounts read-only (EROFS on every write)."""
+    with _tmpfs(tmp_path / "ro", "4m") as where:
+        for name, data in files.items():
+            (where / name).write_bytes(data)
+        subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
+        yield where
+
+
+def _files(db: Path) -> dict[str, bytes]:
+    return {
+        db.name + suffix: db.with_name(db.name + suffix).read_bytes()
+        for suffix in ("", "-wal", "-shm")
+        if db.with_name(db.name + suffix).exists()
+    }
+
+
+@pytest.mark.parametrize("left", ["clean stop", "killed (-wal and -shm)", "-wal without -shm"])
+def test_a_read_only_state_dir_serves_every_committed_row_and_refuses_writes(
+    tmp_path: Path, left: str
+) -> None:
+    """What SQLite needs to read a WAL database it may not write (immutable=1 without a -wal,
+    mode=ro with both files, a private copy with a -wal alone): no committed row is missed."""
+    db = tmp_path / "rw" / "agent.db"
+    store = StateStore(db)
+    ids = [store.create_operation("prewarm", request_id=None, request={"n": n}).id for n in (1, 2)]
+    if left == "clean stop":
+        store.close()
+        files = _files(db)
+    else:
+        files = _files(db)  # while open: the second row only in the -wal, as a kill leaves it
+        assert db.name + "-wal" in files
+        if left == "-wal without -shm":
+            del files[db.name + "-shm"]
+        store.close()
+    with _read_only_copy(tmp_path, files) as ro:
+        unwritable = probe(ro)
+        assert unwritable is not None and unwritable.cause == "EROFS"
+        with StateStore(ro / "agent.db", read_only=unwritable) as read_only:
+            assert sorted(op.id for op in read_only.list_operations()) == sorted(ids)
+            assert read_only.schema_version == len(StateStore.MIGRATIONS)
+            with pytest.raises(StateUnavailable, match=f"the state dir {ro} takes no writes"):
+                read_only.create_operation("prewarm", request_id=None, request={})
+            with pytest.raises(StateUnavailable, match="restart the agent"):
+                read_only.require_writable()
+            healthy, detail = read_only.health()
+            assert not healthy and "read-only since the agent started" in detail
+            assert read_only.writable() == (False, "EROFS")
+        assert sorted(path.name for path in ro.iterdir()) == sorted(files)  # nothing written
+
+
+def test_a_read_only_state_dir_without_a_database_reads_as_an_empty_node(tmp_path: Path) -> None:
+    with _read_only_copy(tmp_path, {}) as ro:
+        store = StateStore(ro / "agent.db", read_only=probe(ro))
+        assert store.list_operations() == [] and store.journal_scopes() == []
+        store.close()
+
+
+def test_the_owner_lock_still_excludes_on_a_read_only_state_dir(tmp_path: Path) -> None:
+    """flock needs no write access: the lock file (or the directory, when none was ever made)
+    opened read-only still keeps a second owner out; only the holder's record is missing."""
+    from agent.lockfile import HolderLock
+
+    with _read_only_copy(tmp_path, {"agent.lock": b""}) as ro:
+        for path in (ro / "agent.lock", ro / "never-made.lock"):
+            first, second = HolderLock(path), HolderLock(path)
+            assert first.try_acquire({"pid": 1})
+            assert not second.try_acquire({"pid": 2})
+            first.release()
+            assert second.try_acquire({"pid": 2})
+            second.release()

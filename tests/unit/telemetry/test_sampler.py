@@ -373,3 +373,19 @@ def test_fresh_waits_for_a_snapshot_taken_after_the_call(tmp_path: Path) -> None
         assert layout.gpu.mig_mode is not None and layout.gpu.mig_mode.current
     finally:
         sampler.stop()
+
+
+def test_an_idle_file_that_cannot_be_saved_is_said_once_not_every_save(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read-only state dir (or a full one) refuses every save: one warning until it changes."""
+    from agent.telemetry.idle import IdleStore
+
+    store = IdleStore(tmp_path / "gone" / "telemetry-idle.json")  # its directory is missing
+    with caplog.at_level(logging.WARNING, logger="agent.telemetry.idle"):
+        for _ in range(3):
+            store.save({"GPU-x": 1.0})
+    assert len([r for r in caplog.records if "cannot save idle times" in r.message]) == 1
+    (tmp_path / "gone").mkdir()
+    store.save({"GPU-x": 1.0})
+    assert store.load() == {"GPU-x": 1.0}
