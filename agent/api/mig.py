@@ -270,6 +270,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
     ) -> mig_pb2.ApplyMigResponse:
         spec, name = _spec(request.config_yaml, request.config_name)
         self._require_gpu("mig apply")
+        self._service.refuse_by_mode("mig apply")  # before any operation exists (docs/dra.md)
         await self._refuse_while_running(request.request_id)
         # Plan first: an infeasible layout or busy GPUs are refused by the call, before any
         # operation exists (the apply checks again under the lock).
@@ -332,6 +333,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
             )
         states = parse_checkpoint(request.checkpoint, "checkpoint", field="checkpoint")
         self._require_gpu("mig restore")
+        self._service.refuse_by_mode("mig restore")
         await self._refuse_while_running(request.request_id)
         # A checkpoint naming a GPU or profile this node lacks is refused here, before any
         # operation exists; the restore checks again under the lock.

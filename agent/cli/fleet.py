@@ -61,6 +61,7 @@ def _status_table(doc: dict[str, Any]) -> str:
         [
             "NODE",
             "HEALTH",
+            "ALLOCATION",
             "GPUS",
             "MODELS",
             "MIG SLICES",
@@ -73,6 +74,7 @@ def _status_table(doc: dict[str, Any]) -> str:
             [
                 n["name"],
                 n["health"] if not n["detail"] else f"{n['health']}: {n['detail']}",
+                (n.get("allocation") or {}).get("mode") or "-",
                 len(n["gpus"]),
                 n["models"],
                 " ".join(g["slices"] for g in n["gpus"]) or "-",

@@ -9,8 +9,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, sharing_pb2
+from agent.client.allocation import allocation_of
 from agent.client.layouts import layout_from
 from agent.coordinator.discovery import Target
+from agent.dra.mode import Allocation
 from agent.gpu.types import GpuLayout
 
 __all__ = ["NodeView", "node_view", "unreachable_view"]
@@ -50,6 +52,8 @@ class NodeView:
     #: What the agent withheld from this identity's roles (``processes``): shown as withheld,
     #: never as empty.
     withheld: tuple[str, ...] = ()
+    #: How the node's GPUs reach pods (docs/dra.md); None when the agent did not answer.
+    allocation: Allocation | None = None
 
     @property
     def reachable(self) -> bool:
@@ -125,6 +129,7 @@ def node_view(target: Target, node: agent_pb2.Node, idle_after_s: float | None =
         preset=node.simulated_preset,
         agent_version=node.agent_version,
         withheld=(PROCESSES,) if node.processes_hidden else (),
+        allocation=allocation_of(node),
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from agent.coordinator.capacity import free_capacity, idle_devices, slice_map
 from agent.coordinator.inventory import PROCESSES, NodeView
+from agent.dra.mode import Allocation
 from agent.gpu.types import GpuLayout
 from agent.mig.plan import current_counts
 
@@ -51,6 +52,9 @@ class NodeStatus:
     gpus: tuple[GpuStatus, ...]
     #: What the agent withheld from this identity (``processes``): idle devices are then unknown.
     withheld: tuple[str, ...] = ()
+    #: the node's allocation mode (device-plugin, dra, dra-dynamic-mig, none, unknown) with its
+    #: evidence; None for an agent that did not answer
+    allocation: Allocation | None = None
 
     @property
     def idle(self) -> dict[str, int] | None:
@@ -147,6 +151,7 @@ def _node(view: NodeView) -> NodeStatus:
         idle_gpus=view.idle_gpus,
         gpus=tuple(_gpu(g, g.gpu.uuid in view.lost, known) for g in view.layouts),
         withheld=view.withheld,
+        allocation=view.allocation,
     )
 
 
@@ -200,6 +205,13 @@ def _node_record(n: NodeStatus) -> dict[str, Any]:
         "gpus": [_gpu_record(g) for g in n.gpus],
         "idle": n.idle,
         "withheld": list(n.withheld),
+        "allocation": None
+        if n.allocation is None
+        else {
+            "mode": n.allocation.mode.value,
+            "evidence": n.allocation.evidence,
+            "driver": n.allocation.driver or None,
+        },
     }
 
 
