@@ -99,16 +99,14 @@ def start(tmp_path: Path, **dra: Any) -> InProcessAgent:
     return InProcessAgent(root, agent_config(root, node_name=NODE, dra=dra))
 
 
-def test_dynamic_mig_refuses_every_mig_change_and_touches_no_gpu(
-    tmp_path: Path, node_api: FakeKubeApi
-) -> None:
-    state = tmp_path / "state"
-    # A killed apply's journal: GPU 0 was switched to 1g instances, its snapshot is MIG off.
-    # Anywhere else the start rolls it back; beside a dynamic-MIG driver it must not.
+def killed_apply(state: Path) -> list[dict[str, Any]]:
+    """A killed apply's journal: GPU 0 was switched to 1g instances, its snapshot is MIG off.
+    Returns the GPUs as they were before it."""
     driver = open_driver("dgx-h100", state)
     store = StateStore(state / "agent.db")
     uuid = driver.gpus()[0].uuid
     before = fetch(driver.layout(uuid)).to_dict()
+    held = gpus(state)
     spec = parse_spec(CONFIG)
     MigService(driver, store, PartitionLock(state), simulated_reset(state)).apply(spec, "gpu0-1g")
     desired = {uuid: desired_of(spec.select("gpu0-1g")[1][0])}
@@ -118,6 +116,23 @@ def test_dynamic_mig_refuses_every_mig_change_and_touches_no_gpu(
     store.journal_append(SCOPE, {"event": "gpu", "uuid": uuid, "index": 0, "before": before})
     store.close()
     driver.close()
+    return held
+
+
+def journal(state: Path) -> list[Any]:
+    store = StateStore(state / "agent.db")
+    try:
+        return store.journal_entries(SCOPE)
+    finally:
+        store.close()
+
+
+def test_dynamic_mig_refuses_every_mig_change_and_touches_no_gpu(
+    tmp_path: Path, node_api: FakeKubeApi
+) -> None:
+    state = tmp_path / "state"
+    # Anywhere else the start rolls a killed apply back; beside a dynamic-MIG driver it must not.
+    killed_apply(state)
     FakeDraPlugin(node_api, NODE, state, dynamic_mig=True).start()
     held = gpus(state)
 
@@ -137,9 +152,7 @@ def test_dynamic_mig_refuses_every_mig_change_and_touches_no_gpu(
         assert 'gpu_agent_allocation_mode{mode="dra-dynamic-mig"} 1.0' in metrics
         assert all(op.done for op in client.list_operations())  # none was left running
     assert gpus(state) == held  # the start-up recovery left GPU 0 as the driver found it
-    kept = StateStore(state / "agent.db")
-    assert kept.journal_entries(SCOPE)  # kept for a mode that allows acting on it
-    kept.close()
+    assert journal(state)  # kept for a mode that allows acting on it
 
 
 def test_a_static_apply_succeeds_once_the_driver_republished_the_new_devices(
@@ -185,9 +198,7 @@ def test_an_apply_rolls_back_when_the_driver_never_republishes(
         assert "rolled back GPU 0 to the layout before the apply" in message
         assert plugin.restarts == 2  # once to publish the apply, once for the rollback
     assert gpus(state) == held
-    kept = StateStore(state / "agent.db")
-    assert not kept.journal_entries(SCOPE)
-    kept.close()
+    assert not journal(state)
 
 
 def test_an_api_that_does_not_answer_makes_the_mode_unknown_and_refuses_mig(
@@ -195,6 +206,7 @@ def test_an_api_that_does_not_answer_makes_the_mode_unknown_and_refuses_mig(
 ) -> None:
     node_api.unavailable.add("/apis/resource.k8s.io/v1/resourceslices")
     state = tmp_path / "state"
+    before = killed_apply(state)
     held = gpus(state)
     with start(tmp_path) as agent:
         with closing(AgentClient(agent.socket)) as client:
@@ -210,7 +222,8 @@ def test_an_api_that_does_not_answer_makes_the_mode_unknown_and_refuses_mig(
         assert refused.returncode == 12, refused.stderr
         assert "allocation mode is unknown" in refused.stderr
         assert "set dra.mode" in refused.stderr
-        # Once the API answers, the mode is detected and shown.
+        assert gpus(state) == held and journal(state)  # nor was the killed apply undone
+        # Once the API answers, the mode is detected and shown, and the recovery runs.
         node_api.unavailable.clear()
         with closing(AgentClient(agent.socket)) as client:
             wait_for(
@@ -218,4 +231,30 @@ def test_an_api_that_does_not_answer_makes_the_mode_unknown_and_refuses_mig(
                 "the mode once the API answers",
                 10,
             )
-    assert gpus(state) == held
+        wait_for(lambda: not journal(state), "the deferred MIG recovery", 5)
+    assert gpus(state) == before
+
+
+def test_a_device_plugin_node_applies_as_before_and_follows_a_driver_that_appears(
+    tmp_path: Path, node_api: FakeKubeApi
+) -> None:
+    node_api.set_node_status(
+        NODE, {"allocatable": {"nvidia.com/gpu": "8"}, "capacity": {"nvidia.com/gpu": "8"}}
+    )
+    with start(tmp_path) as agent, closing(AgentClient(agent.socket)) as client:
+        allocation = client.node().allocation
+        assert allocation.mode == agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN
+        assert allocation.evidence == "Node allocatable nvidia.com/gpu=8"
+        done = client.follow(client.apply_mig(CONFIG, "gpu0-1g"), lambda _: None)
+        assert not done.HasField("error")
+        assert not [r for r in node_api.requests if r.method == "DELETE"]  # no plugin restart
+        # A DynamicMIG driver starts on the node: seen through the watch, and MIG is refused.
+        FakeDraPlugin(node_api, NODE, tmp_path / "state", dynamic_mig=True).start()
+        wait_for(
+            lambda: client.node().allocation.mode == agent_pb2.ALLOCATION_MODE_DRA_DYNAMIC_MIG,
+            "the new mode in GetNode",
+            5,
+        )
+        assert "conflicting" in client.node().allocation.evidence
+        with pytest.raises(ModeRefused, match="dra-dynamic-mig"):
+            client.apply_mig(CONFIG, "gpu0-3g")

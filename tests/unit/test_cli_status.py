@@ -29,3 +29,24 @@ def test_a_node_without_processes_still_says_none() -> None:
     assert data["processes_withheld"] is False
     assert [g["processes"] for g in data["gpus"]] == [[], []]
     assert _table(data).endswith("Processes\n  none")
+
+
+def test_status_shows_the_allocation_mode_with_its_evidence() -> None:
+    node = _node(hidden=False)
+    node.allocation.CopyFrom(
+        agent_pb2.Allocation(
+            mode=agent_pb2.ALLOCATION_MODE_DRA,
+            evidence="ResourceSlices of gpu.nvidia.com on this node list 2 device(s) (2 gpu)",
+            dra_driver="gpu.nvidia.com",
+        )
+    )
+    data = status_view(node)
+    assert data["allocation"] == {
+        "mode": "dra",
+        "evidence": "ResourceSlices of gpu.nvidia.com on this node list 2 device(s) (2 gpu)",
+        "driver": "gpu.nvidia.com",
+    }
+    assert "\nAllocation: dra (ResourceSlices of gpu.nvidia.com" in _table(data)
+    # An agent from before the field: unknown, and said why (never shown as none).
+    old = status_view(_node(hidden=False))["allocation"]
+    assert old["mode"] == "unknown" and "older version" in old["evidence"]
