@@ -204,10 +204,11 @@ class _Reconfigure:
             ctx.progress(
                 operations_pb2.OperationMetadata(mig_apply=meta), force=event.phase == "done"
             )
-            # Checked before each mutation (never during a rollback). A cancel makes the MIG
+            # Checked before each mutation and while a DRA driver republishes (never during a
+            # rollback). A cancel makes the MIG
             # service restore every GPU it touched; the agent stopping (SIGTERM) suspends an
             # apply, which the next start finishes (docs/mig.md).
-            if event.phase != "apply":
+            if event.phase not in ("apply", "republish"):  # republish: waiting for DRA
                 return
             if ctx.cancelled():
                 raise Cancelled(f"MIG change cancelled before {event.message}")

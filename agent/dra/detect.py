@@ -89,7 +89,7 @@ def detect(facts: NodeFacts) -> Allocation:
     assert facts.slices is not None and facts.allocatable is not None
     slices = facts.slices
     plugin = device_plugin_resources(facts.allocatable)
-    plugin_said = ", ".join(f"{k}={v}" for k, v in plugin)
+    plugin_said = _said(plugin)
     if slices.partitionable:
         evidence = (
             f"ResourceSlices of {driver} on this node carry partitionable devices "
@@ -131,8 +131,7 @@ def detect(facts: NodeFacts) -> Allocation:
     evidence = f"no ResourceSlices of {driver} on this node and no {_GPU} or {_MIG}* allocatable"
     stale = device_plugin_resources(facts.capacity or {})
     if stale:
-        said = ", ".join(f"{k}={v}" for k, v in stale)
-        evidence += f" ({said} in capacity only: a device plugin that stopped)"
+        evidence += f" ({_said(stale)} in capacity only: a device plugin that stopped)"
     return Allocation(AllocationMode.NONE, evidence)
 
 
@@ -149,6 +148,12 @@ def device_plugin_resources(resources: Mapping[str, object]) -> tuple[tuple[str,
         if count:
             found.append((name, count))
     return tuple(sorted(found))
+
+
+def _said(resources: tuple[tuple[str, int], ...]) -> str:
+    """At most four named (a Node may list one resource per MIG profile)."""
+    said = ", ".join(f"{k}={v}" for k, v in resources[:4])
+    return said + (f" and {len(resources) - 4} more" if len(resources) > 4 else "")
 
 
 def _count(value: object) -> int:

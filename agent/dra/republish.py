@@ -105,8 +105,8 @@ class Republisher:
                 said = time.monotonic()
                 listed = len(set(now.uuids) & set(want)) if now is not None else 0
                 progress(
-                    f"waiting for the ResourceSlices of {self._watch.driver}: {listed} of "
-                    f"{len(want)} new device(s) listed"
+                    f"waiting for the ResourceSlices of {self._watch.driver}: {listed} of the "
+                    f"{len(want)} device(s) NVML has listed"
                 )
 
     def _why(self, want: tuple[str, ...], listed: tuple[str, ...] | None) -> str:

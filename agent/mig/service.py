@@ -418,7 +418,9 @@ class MigService:
     ) -> None:
         """On a ``dra`` node: the DRA driver republishes the new layout (its ResourceSlices list
         exactly the devices NVML now has), or the layout is rolled back as a failed apply is,
-        and the driver is restarted once more so it publishes the layout it is back to."""
+        and the driver is restarted once more so it publishes the layout it is back to. The
+        wait's progress events (phase ``republish``) may raise like any other: a cancellation
+        rolls back, the agent stopping leaves the applied layout to the next start."""
         if allocation.mode is not AllocationMode.DRA or self._republish is None:
             return
 
@@ -428,6 +430,10 @@ class MigService:
 
         try:
             self._republish.republish(expected_uuids(self.layouts()), say)
+        except Suspended:
+            # The agent is stopping: every GPU is done (the journal says so, and the next start
+            # reports the apply completed); the restarted plugin publishes the new layout.
+            raise
         except AgentError as exc:
             self._roll_back(executor, touched, exc, skip_reset)
             try:

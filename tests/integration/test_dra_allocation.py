@@ -21,7 +21,7 @@ import pytest
 
 from agent._proto.gpuagent.v1 import agent_pb2
 from agent.client.sync import AgentClient
-from agent.errors import Conflict, ModeRefused
+from agent.errors import AgentError, Conflict, ModeRefused
 from agent.gpu import open_driver
 from agent.gpu.sim import SimControl
 from agent.kube import InClusterKubeClient
@@ -258,3 +258,23 @@ def test_a_device_plugin_node_applies_as_before_and_follows_a_driver_that_appear
         assert "conflicting" in client.node().allocation.evidence
         with pytest.raises(ModeRefused, match="dra-dynamic-mig"):
             client.apply_mig(CONFIG, "gpu0-3g")
+
+
+def test_a_cancel_while_waiting_for_the_driver_rolls_the_apply_back(
+    tmp_path: Path, node_api: FakeKubeApi
+) -> None:
+    state = tmp_path / "state"
+    FakeDraPlugin(node_api, NODE, state, republish=False).start()
+    held = gpus(state)
+    with start(tmp_path, republish_timeout_s=60) as agent, closing(AgentClient(agent.socket)) as c:
+        op = c.apply_mig(CONFIG, "gpu0-1g")
+        wait_for(
+            lambda: c.get_operation(op.name).metadata.mig_apply.phase == "republish",
+            "the wait for the driver",
+            10,
+        )
+        c.cancel_operation(op.name)
+        with pytest.raises(AgentError, match="cancelled before waiting for the ResourceSlices"):
+            c.follow(op, lambda _: None)
+    assert gpus(state) == held
+    assert not journal(state)

@@ -130,9 +130,9 @@ def test_reading_is_bounded() -> None:
     assert detect(facts(many)).mode is AllocationMode.UNKNOWN
     huge = read_slices([slice_([gpu(0, f"GPU-{i}") for i in range(1000)])], DRIVER, NODE)
     assert len(huge.devices) == 128 and huge.truncated
-    assert detect(facts([], {f"nvidia.com/mig-{i}": "1" for i in range(10_000)})).mode is (
-        AllocationMode.DEVICE_PLUGIN
-    )
+    many_resources = detect(facts([], {f"nvidia.com/mig-{i}": "1" for i in range(10_000)}))
+    assert many_resources.mode is AllocationMode.DEVICE_PLUGIN
+    assert many_resources.evidence.endswith("and 252 more") and len(many_resources.evidence) < 200
     assert detect(facts([], {"nvidia.com/gpu": "1k"})).mode is AllocationMode.NONE
 
 
