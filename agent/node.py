@@ -226,7 +226,8 @@ def _allocation(
     """The allocation mode's source (the config's mode, or detection over the API), and on a
     cluster the republisher a MIG apply on a ``dra`` node uses (agent.dra)."""
     dra = config.dra
-    if not isinstance(kube, InClusterKubeClient):
+    # A mode set in config needs no watch, except dra: its applies wait for the slices.
+    if not isinstance(kube, InClusterKubeClient) or dra.mode not in ("auto", "dra"):
         return AllocationSource(configured(dra.mode, dra.driver), None), None
     watch = AllocationWatch(kube, config.node_name, dra.driver)
     republish = Republisher(
