@@ -39,6 +39,7 @@ __all__ = [
     "ENV_PREFIX",
     "AgentConfig",
     "ApiSettings",
+    "DraSettings",
     "DriverSettings",
     "HealthSettings",
     "MigSettings",
@@ -654,6 +655,51 @@ class HealthSettings:
     )
 
 
+@dataclass(frozen=True)
+class DraSettings:
+    """The node's GPU allocation mode (device plugin, DRA driver, DRA with dynamic MIG) and how
+    a MIG layout reaches the DRA driver's ResourceSlices (docs/dra.md)."""
+
+    mode: str = field(
+        default="auto",
+        metadata=_rules(
+            choices=("auto", "device-plugin", "dra", "dra-dynamic-mig", "none"),
+            doc="auto: detect from this node's ResourceSlices and the Node's allocatable "
+            "resources; a mode: use it (shown as set in config), for nodes where detection "
+            "cannot see. dra-dynamic-mig refuses every MIG change.",
+        ),
+    )
+    driver: str = field(
+        default="gpu.nvidia.com",
+        metadata=_rules(doc="Name of the GPU DRA driver whose ResourceSlices are read."),
+    )
+    plugin_namespace: str = field(
+        default="gpu-operator",
+        metadata=_rules(
+            doc="Namespace of the DRA driver's kubelet plugin pods (the GPU Operator's "
+            "namespace; a standalone Helm install uses its release namespace, e.g. "
+            "dra-driver-nvidia-gpu).",
+        ),
+    )
+    plugin_label_selector: str = field(
+        default="app=nvidia-dra-driver-kubelet-plugin",
+        metadata=_rules(
+            doc="Label selector of the kubelet plugin pods, restarted after a MIG apply on a dra "
+            "node so the driver republishes (the GPU Operator's label; the driver's own Helm "
+            "chart labels them dra-driver-nvidia-gpu-component=kubelet-plugin).",
+        ),
+    )
+    republish_timeout_s: float = field(
+        default=180.0,
+        metadata=_rules(
+            gt=0,
+            le=3600,
+            doc="Seconds a MIG apply on a dra node waits for the driver's ResourceSlices to list "
+            "exactly the new devices before it rolls the layout back.",
+        ),
+    )
+
+
 _URI_SAN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s]+")
 _DNS_SAN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?")
 
@@ -901,6 +947,10 @@ class AgentConfig:
     health: HealthSettings = field(
         default_factory=HealthSettings,
         metadata=_rules(doc="Health marks per GPU and MIG instance, and where they are published."),
+    )
+    dra: DraSettings = field(
+        default_factory=DraSettings,
+        metadata=_rules(doc="GPU allocation mode and Dynamic Resource Allocation."),
     )
 
 

@@ -98,3 +98,11 @@ class DriverNotReady(AgentError):
     no GPU keeps working, and the feature works once the agent attaches (docs/operations.md)."""
 
     exit_code = 11
+
+
+class ModeRefused(AgentError):
+    """A change this node's GPU allocation mode forbids (a DRA driver that makes MIG instances
+    itself), or one that depends on a mode the agent has not been able to detect yet. Nothing
+    changed; the message names the mode and its evidence (docs/dra.md)."""
+
+    exit_code = 12

@@ -47,6 +47,11 @@ from agent.api.convert import health_event_pb
 from agent.api.mig import interrupted_apply
 from agent.api.operations import MIG_APPLY
 from agent.config import AgentConfig
+from agent.dra.detect import NO_API, configured
+from agent.dra.metrics import AllocationCollector
+from agent.dra.mode import AllocationMode
+from agent.dra.republish import Republisher
+from agent.dra.watch import AllocationSource, AllocationWatch
 from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec
 from agent.gpu import GpuDriver, load_driver
 from agent.gpu.attach import DriverCollector, DriverLink, DriverState
@@ -95,6 +100,12 @@ MIG_RESYNC_S = 60.0
 RECLAIM_S = 60.0
 #: How often the health marks' publication on the Node is checked; a change wakes it at once.
 HEALTH_PUBLISH_S = 10.0
+#: How long the start waits for the allocation mode's first list (then it is unknown until the
+#: API server answers), and how often the mode is looked at without a change.
+ALLOCATION_SYNC_S = 3.0
+ALLOCATION_CHECK_S = 30.0
+#: Modes under which MIG is not touched (agent.dra.gate).
+REFUSING = (AllocationMode.UNKNOWN, AllocationMode.DRA_DYNAMIC_MIG)
 INTERRUPTED_REASON = (
     "the agent stopped while this operation ran (killed or restarted) and could not resume it"
 )
@@ -121,6 +132,8 @@ class Services:
     #: The GPU Operator's label protocol, when mig.watch_node_label is on.
     mig_labels: MigLabelController | None
     health: HealthMonitor
+    #: The node's allocation mode (docs/dra.md): it gates every MIG change.
+    allocation: AllocationSource
     #: The health marks on the Node, in a pod.
     health_publisher: NodePublisher | None = None
 
@@ -194,14 +207,30 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
     )
     telemetry.subscribe(inventory.refresh_gpus)  # GetNode follows every snapshot
     # Sharing reads the node's shape from the inventory: no NVML call per request.
-    sharing = SharingService(config.sharing, inventory.layouts, kube, node_name=config.node_name)
+    allocation, republish = _allocation(config, kube)
+    sharing = SharingService(
+        config.sharing,
+        inventory.layouts,
+        kube,
+        node_name=config.node_name,
+        allocation=allocation.current,
+    )
     inventory.watch_sharing(sharing.show)
     reset = (
         simulated_reset(config.state_dir)
         if config.simulate
         else command_reset(config.mig.reset_command)
     )
-    mig = MigService(gpu, state, PartitionLock(config.state_dir), reset)
+    mig = MigService(
+        gpu,
+        state,
+        PartitionLock(config.state_dir),
+        reset,
+        allocation=allocation.current,
+        republish=republish,
+    )
+    inventory.watch_allocation(allocation.current)
+    telemetry.exporter.add_collector(AllocationCollector(allocation.current))
     telemetry.exporter.add_collector(DriverCollector(driver))
     telemetry.exporter.add_collector(StateCollector(state.writable))
     telemetry.exporter.add_collector(PrewarmCollector(prewarm.inventory))
@@ -226,7 +255,28 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         mig_labels=mig_labels,
         health=health,
         health_publisher=publisher,
+        allocation=allocation,
     )
+
+
+def _allocation(
+    config: AgentConfig, kube: KubeClient | None
+) -> tuple[AllocationSource, Republisher | None]:
+    """The allocation mode's source (the config's mode, or detection over the API), and on a
+    cluster the republisher a MIG apply on a ``dra`` node uses (agent.dra)."""
+    dra = config.dra
+    # A mode set in config needs no watch, except dra: its applies wait for the slices.
+    if not isinstance(kube, InClusterKubeClient) or dra.mode not in ("auto", "dra"):
+        return AllocationSource(configured(dra.mode, dra.driver), None), None
+    watch = AllocationWatch(kube, config.node_name, dra.driver)
+    republish = Republisher(
+        kube,
+        watch,
+        namespace=dra.plugin_namespace,
+        label_selector=dra.plugin_label_selector,
+        timeout_s=dra.republish_timeout_s,
+    )
+    return AllocationSource(configured(dra.mode, dra.driver), watch), republish
 
 
 def _mig_labels(
@@ -267,6 +317,7 @@ class Node:
         self._mig_wake: asyncio.Event | None = None
         #: The cache labels last published, and when (`_sync_cache_labels`).
         self._cache_labels_sent: dict[str, str] | None = None
+        self._allocation_seen = NO_API
         self._cache_labels_at = 0.0
         routes = {
             "/healthz": self._healthz,
@@ -424,6 +475,7 @@ class Node:
         # The driver is tried once before serving, so a node that has one serves with its GPUs
         # from the first call; one that has none yet serves everything else and attaches later.
         missing = await asyncio.to_thread(s.driver.probe)
+        await self._follow_allocation(stack)  # before recovery: the mode gates the MIG journal
         await self._recover(attached=missing is None)
         await asyncio.to_thread(self._prune)
         stack.push_async_callback(asyncio.to_thread, self._stop_gpu_parts)
@@ -507,6 +559,40 @@ class Node:
             f"simulated node {cfg.simulate}" if cfg.simulate else "NVML",
             f"{len(s.inventory.layouts())} GPUs" if missing is None else "waiting for the driver",
         )
+
+    # -- the allocation mode (docs/dra.md) -------------------------------------------------------
+
+    async def _follow_allocation(self, stack: contextlib.AsyncExitStack) -> None:
+        """Watch the facts the allocation mode is read from; wait (bounded) for their first
+        list, so the start's MIG recovery sees the mode, then follow its changes."""
+        s = self.services
+        watch = s.allocation.watch
+        changed = asyncio.Event()
+        if watch is not None:
+            loop = asyncio.get_running_loop()
+            watch.on_change = lambda: loop.call_soon_threadsafe(changed.set)
+            watch.start()
+            stack.callback(watch.stop)
+            await asyncio.to_thread(watch.wait_synced, ALLOCATION_SYNC_S)
+        self._allocation_seen = s.allocation.current()
+        log.info("GPU allocation mode: %s", self._allocation_seen.describe())
+        if watch is not None:
+            self._guard("allocation", _every(ALLOCATION_CHECK_S, self._allocation_moved, changed))
+
+    def _allocation_moved(self) -> None:
+        """Show a changed mode; a MIG journal a refusing mode left alone is recovered once the
+        mode allows it (e.g. unknown at the start, device-plugin once the API answered)."""
+        s = self.services
+        now, was = s.allocation.current(), self._allocation_seen
+        s.inventory.refresh_allocation()
+        if now.mode is was.mode:
+            return
+        self._allocation_seen = now
+        log.warning("GPU allocation mode changed: %s (was %s)", now.describe(), was.mode.value)
+        if s.driver.is_attached and was.mode in REFUSING and now.mode not in REFUSING:
+            with self._gpu_parts:
+                for outcome in s.mig.recover():
+                    log.warning("MIG recovery once the allocation mode allowed it: %s", outcome)
 
     # -- the driver: attach when it is ready, detach when it goes away --------------------------
 

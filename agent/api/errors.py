@@ -30,6 +30,7 @@ from agent.errors import (
     DriverUnavailable,
     FieldViolation,
     InvalidSpec,
+    ModeRefused,
     NotFound,
     NotSupported,
     PermissionDenied,
@@ -88,6 +89,8 @@ _RULES: tuple[_Rule, ...] = (
     _Rule(PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     # The node has no driver yet (or it is being upgraded): fix the node, not the call.
     _Rule(DriverNotReady, grpc.StatusCode.FAILED_PRECONDITION),
+    # The node's GPU allocation mode forbids the change, or is not known yet (docs/dra.md).
+    _Rule(ModeRefused, grpc.StatusCode.FAILED_PRECONDITION),
     _Rule(DriverUnavailable, grpc.StatusCode.UNAVAILABLE),
     # The state dir took no write (read-only, full): retry once an admin has freed it.
     _Rule(StateUnavailable, grpc.StatusCode.UNAVAILABLE),

@@ -30,6 +30,7 @@ from agent.api.convert import (
     timestamp,
 )
 from agent.api.events import EventBus
+from agent.dra.mode import Allocation, AllocationMode
 from agent.errors import AgentError
 from agent.gpu.types import GpuInfo, GpuLayout
 from agent.health.machine import Mark
@@ -46,6 +47,21 @@ __all__ = ["NodeInventory"]
 XidKey = tuple[int, int | None, int]  # (GPU index, GPU instance id or None, XID)
 #: the health marks: target -> (GPU index, mark, reason as shown)
 HealthMarks = Callable[[], Mapping[Target, tuple[int, Mark, str]]]
+
+_MODES = {
+    AllocationMode.UNKNOWN: agent_pb2.ALLOCATION_MODE_UNSPECIFIED,
+    AllocationMode.DEVICE_PLUGIN: agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN,
+    AllocationMode.DRA: agent_pb2.ALLOCATION_MODE_DRA,
+    AllocationMode.DRA_DYNAMIC_MIG: agent_pb2.ALLOCATION_MODE_DRA_DYNAMIC_MIG,
+    AllocationMode.NONE: agent_pb2.ALLOCATION_MODE_NONE,
+}
+
+
+def allocation_pb(allocation: Allocation) -> agent_pb2.Allocation:
+    return agent_pb2.Allocation(
+        mode=_MODES[allocation.mode], evidence=allocation.evidence, dra_driver=allocation.driver
+    )
+
 
 GPU_EVERY_S = 1.0
 CACHE_EVERY_S = 2.0
@@ -96,6 +112,8 @@ class NodeInventory:
         self._node_name = node_name
         self._preset = simulated_preset or ""
         self._sharing_source: Callable[[], SharingView] | None = None
+        self._allocation_source: Callable[[], Allocation] | None = None
+        self._allocation: Allocation | None = None
         self._cache_source = cache
         self._xid_source = xids
         self._xids_seen: dict[XidKey, int] = {}
@@ -135,6 +153,17 @@ class NodeInventory:
         """Also refresh the sharing config (the sharing service reads `layouts`, so it comes
         after this inventory is built)."""
         self._sharing_source = show
+
+    def watch_allocation(self, current: Callable[[], Allocation]) -> None:
+        """Show the node's allocation mode (agent.dra): read at every rebuild."""
+        self._allocation_source = current
+
+    def refresh_allocation(self) -> None:
+        """Rebuild now if the allocation mode changed (any thread; no I/O)."""
+        source = self._allocation_source
+        if source is not None and source() != self._allocation:
+            with self._lock:
+                self._rebuild()
 
     # -- refreshes (blocking: worker threads) --------------------------------------------------
 
@@ -294,6 +323,9 @@ class NodeInventory:
             agent_version=__version__,
         )
         self._conditions(node)
+        if self._allocation_source is not None:
+            self._allocation = self._allocation_source()
+            node.allocation.CopyFrom(allocation_pb(self._allocation))
         if self._sharing_pb is not None:
             node.sharing.CopyFrom(self._sharing_pb)
         if self._cache_pb is not None:

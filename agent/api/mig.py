@@ -296,10 +296,11 @@ class _Reconfigure:
             ctx.progress(
                 operations_pb2.OperationMetadata(mig_apply=meta), force=event.phase == "done"
             )
-            # Checked before each mutation (never during a rollback). A cancel makes the MIG
+            # Checked before each mutation and while a DRA driver republishes (never during a
+            # rollback). A cancel makes the MIG
             # service restore every GPU it touched; the agent stopping (SIGTERM) suspends an
             # apply, which the next start finishes (docs/mig.md).
-            if event.phase != "apply":
+            if event.phase not in ("apply", "republish"):  # republish: waiting for DRA
                 return
             if ctx.cancelled():
                 raise Cancelled(f"MIG change cancelled before {event.message}")
@@ -362,6 +363,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
     ) -> mig_pb2.ApplyMigResponse:
         spec, name = _spec(request.config_yaml, request.config_name)
         self._require_gpu("mig apply")
+        self._service.refuse_by_mode("mig apply")  # before any operation exists (docs/dra.md)
         await self._refuse_while_running(request.request_id)
         # Plan first: an infeasible layout or busy GPUs are refused by the call, before any
         # operation exists (the apply checks again under the lock).
@@ -437,6 +439,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
             )
         states = parse_checkpoint(request.checkpoint, "checkpoint", field="checkpoint")
         self._require_gpu("mig restore")
+        self._service.refuse_by_mode("mig restore")
         await self._refuse_while_running(request.request_id)
         # A checkpoint naming a GPU or profile this node lacks is refused here, before any
         # operation exists; the restore checks again under the lock.

@@ -10,13 +10,19 @@ import click
 from agent._proto.gpuagent.v1 import agent_pb2
 from agent.cli.context import CliContext
 from agent.cli.render import emit, format_table, human_bytes, output_option
+from agent.client.allocation import allocation_of
 
 
 def _table(data: dict[str, Any]) -> str:
     gpus = data["gpus"]
     lost = [g for g in gpus if g["health"] == "lost"]
     head = f"Driver {data['driver_version']}, {len(gpus)} GPU(s)"
-    parts = [head + (f", {len(lost)} lost" if lost else ""), ""]
+    allocation = data["allocation"]
+    parts = [
+        head + (f", {len(lost)} lost" if lost else ""),
+        f"Allocation: {allocation['mode']} ({allocation['evidence']})",
+        "",
+    ]
     parts.append(
         format_table(
             ["GPU", "HEALTH", "MARK", "UUID", "MODEL", "BUS ID", "MEMORY", "MIG (current/pending)"],
@@ -133,8 +139,15 @@ def status_view(node: agent_pb2.Node) -> dict[str, Any]:
         return {"start": p.start, "size": p.size}
 
     hidden = node.processes_hidden
+    allocation = allocation_of(node)
     return {
         "driver_version": node.driver_version,
+        # Who hands the GPUs to pods, and what it was read from; it gates MIG (docs/dra.md).
+        "allocation": {
+            "mode": allocation.mode.value,
+            "evidence": allocation.evidence,
+            "driver": allocation.driver or None,
+        },
         # The agent's parts that do not work as they should, with why (e.g. the state store).
         "degraded": [
             {"component": c.name, "detail": c.detail}

@@ -96,13 +96,13 @@ def not_mig_plannable(view: NodeView) -> str | None:
     """Why the MIG planner leaves this node out because of its allocation mode, or None.
 
     dra-dynamic-mig: its driver owns the layout. Unknown: the agent cannot say who hands out
-    its GPUs yet, so no layout is planned on a guess. An agent that sends no allocation at all
-    predates allocation modes (and gates nothing on them): planned as before.
+    its GPUs yet (or, being older, does not report it), so no layout is planned on a guess.
     """
-    if view.allocation is AllocationMode.DRA_DYNAMIC_MIG:
+    mode = None if view.allocation is None else view.allocation.mode
+    if mode is AllocationMode.DRA_DYNAMIC_MIG:
         return DYNAMIC_MIG
-    if view.allocation is AllocationMode.UNKNOWN:
-        why = view.allocation_evidence or "not detected yet"
+    if mode is AllocationMode.UNKNOWN and view.allocation is not None:
+        why = view.allocation.evidence or "not detected yet"
         return f"allocation mode unknown ({why}): not planned until the agent knows it"
     return None
 

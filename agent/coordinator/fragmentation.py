@@ -68,7 +68,8 @@ def _candidates(
         (v.name, g)
         for v in sorted(views, key=lambda v: v.name)
         if v.plannable
-        and v.allocation is AllocationMode.DRA_DYNAMIC_MIG
+        and v.allocation is not None
+        and v.allocation.mode is AllocationMode.DRA_DYNAMIC_MIG
         and (allowed is None or v.name in allowed)
         for g in sorted(v.usable_layouts, key=lambda g: g.gpu.index)
         if g.gpu.mig_mode is not None and g.gpu.mig_mode.current

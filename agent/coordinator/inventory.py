@@ -9,10 +9,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, sharing_pb2
+from agent.client.allocation import allocation_of
 from agent.client.layouts import layout_from
 from agent.coordinator.discovery import Target
 from agent.coordinator.health import DEGRADED, FAILED, UNKNOWN, GpuMark, gpu_marks, worst
-from agent.dra.mode import AllocationMode
+from agent.dra.mode import Allocation
 from agent.gpu.types import GpuLayout
 
 __all__ = ["NodeView", "node_view", "unreachable_view"]
@@ -22,14 +23,6 @@ WITHHELD_PROCESSES = (
     "the agent withholds its process lists from this identity (read role): give the "
     "coordinator's identity the mig or admin role (roles.mig / roles.admin) to plan here"
 )
-
-_MODES = {
-    agent_pb2.ALLOCATION_MODE_UNSPECIFIED: AllocationMode.UNKNOWN,
-    agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN: AllocationMode.DEVICE_PLUGIN,
-    agent_pb2.ALLOCATION_MODE_DRA: AllocationMode.DRA,
-    agent_pb2.ALLOCATION_MODE_DRA_DYNAMIC_MIG: AllocationMode.DRA_DYNAMIC_MIG,
-    agent_pb2.ALLOCATION_MODE_NONE: AllocationMode.NONE,
-}
 
 _STRATEGIES = {
     sharing_pb2.SHARING_STRATEGY_TIME_SLICING: "time-slicing",
@@ -62,11 +55,8 @@ class NodeView:
     withheld: tuple[str, ...] = ()
     #: each GPU's health verdict (and its instances'), as the agent reported it
     marks: tuple[GpuMark, ...] = ()
-    #: who hands the node's GPUs to pods, as its agent says; None when the agent sends no
-    #: allocation (an agent from before allocation modes), UNKNOWN when it does not know yet.
-    allocation: AllocationMode | None = None
-    #: what the agent read the mode from, or why it is unknown.
-    allocation_evidence: str = ""
+    #: How the node's GPUs reach pods (docs/dra.md); None when the agent did not answer.
+    allocation: Allocation | None = None
 
     @property
     def gpu_health(self) -> str:
@@ -160,12 +150,7 @@ def node_view(target: Target, node: agent_pb2.Node, idle_after_s: float | None =
         agent_version=node.agent_version,
         withheld=(PROCESSES,) if node.processes_hidden else (),
         marks=gpu_marks(gpus),
-        allocation=(
-            _MODES.get(node.allocation.mode, AllocationMode.UNKNOWN)
-            if node.HasField("allocation")
-            else None
-        ),
-        allocation_evidence=node.allocation.evidence,
+        allocation=allocation_of(node),
     )
 
 

@@ -38,7 +38,7 @@ class _Term:
         if self.key == "preset":
             return (view.preset,)
         if self.key == "allocation":
-            return () if view.allocation is None else (view.allocation.value,)
+            return () if view.allocation is None else (view.allocation.mode.value,)
         label = view.labels.get(self.key)
         return () if label is None else (label,)
 

@@ -11,6 +11,7 @@ from typing import Any
 from agent.coordinator.capacity import free_capacity, idle_devices, slice_map
 from agent.coordinator.health import STATES, UNKNOWN, GpuMark, InstanceMark
 from agent.coordinator.inventory import PROCESSES, NodeView
+from agent.dra.mode import Allocation
 from agent.gpu.types import GpuLayout
 from agent.mig.plan import current_counts
 
@@ -103,6 +104,9 @@ class NodeStatus:
     withheld: tuple[str, ...] = ()
     #: the worst GPU or instance verdict: healthy, degraded, failed, unknown
     gpu_health: str = UNKNOWN
+    #: the node's allocation mode (device-plugin, dra, dra-dynamic-mig, none, unknown) with its
+    #: evidence; None for an agent that did not answer
+    allocation: Allocation | None = None
 
     @property
     def idle(self) -> dict[str, int] | None:
@@ -211,6 +215,7 @@ def _node(view: NodeView) -> NodeStatus:
         ),
         withheld=view.withheld,
         gpu_health=view.gpu_health,
+        allocation=view.allocation,
     )
 
 
@@ -294,6 +299,13 @@ def _node_record(n: NodeStatus) -> dict[str, Any]:
         "idle": n.idle,
         "withheld": list(n.withheld),
         "gpu_health": n.gpu_health,
+        "allocation": None
+        if n.allocation is None
+        else {
+            "mode": n.allocation.mode.value,
+            "evidence": n.allocation.evidence,
+            "driver": n.allocation.driver or None,
+        },
     }
 
 

@@ -34,7 +34,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from agent.errors import AgentError, Busy
+from agent.errors import AgentError, Busy, ModeRefused
 from agent.kube import KubeClient
 from agent.mig.service import MigService, refuse_unless_feasible
 from agent.mig.spec import load_spec
@@ -185,8 +185,12 @@ class MigLabelController:
             spec = load_spec(self._config_file)
             if self._service.check(spec, wanted).applied:
                 return self._outcome(wanted, "success", "already applied", digest)
-            # The dry run first: never pause the operands for a config that cannot apply now.
+            # The dry run first: never pause the operands for a config that cannot apply now,
+            # nor on a node whose allocation mode forbids MIG changes (docs/dra.md).
+            self._service.refuse_by_mode("the MIG config label")
             refuse_unless_feasible(self._service.plan(spec, wanted))
+        except ModeRefused as exc:  # unknown may become known: tried again like Busy
+            return self._outcome(wanted, "failed", str(exc), digest)
         except Busy as exc:  # processes in the way: they may end, so try again later
             return self._outcome(wanted, "failed", str(exc), digest)
         except AgentError as exc:  # not in the file, invalid, or cannot fit these GPUs

@@ -11,14 +11,17 @@ rolls a killed apply back and finishes one suspended by SIGTERM (docs/mig.md).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec
+from agent.dra.gate import refuse_mig_change
+from agent.dra.mode import Allocation, AllocationMode
+from agent.dra.republish import expected_uuids
+from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec, ModeRefused
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.types import GpuInfo, GpuLayout
-from agent.mig.apply import Executor, Progress, Suspended, restore
+from agent.mig.apply import Executor, Progress, ProgressEvent, Suspended, restore
 from agent.mig.journal import SCOPE, ApplyRecord, Journal, begin_entry, records
 from agent.mig.lock import PartitionLock
 from agent.mig.plan import (
@@ -49,6 +52,18 @@ log = logging.getLogger(__name__)
 
 class RollbackFailed(Conflict):
     """An apply failed and restoring its snapshots failed too; the journal is kept."""
+
+
+class Republish(Protocol):
+    """How a new layout reaches a DRA driver's ResourceSlices (agent.dra.republish)."""
+
+    def republish(self, expected: Sequence[str], progress: Callable[[str], None]) -> None: ...
+
+    def restart(self) -> tuple[str, ...]: ...
+
+
+#: Without a Kubernetes API (a laptop, the simulated quick start): MIG works as it always did.
+_NO_MODE = Allocation(AllocationMode.NONE, "no allocation mode source")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,12 +129,35 @@ def desired_of(entry: MigConfigEntry) -> Desired:
 
 class MigService:
     def __init__(
-        self, driver: GpuDriver, journal: Journal, lock: PartitionLock, reset: ResetFn
+        self,
+        driver: GpuDriver,
+        journal: Journal,
+        lock: PartitionLock,
+        reset: ResetFn,
+        *,
+        allocation: Callable[[], Allocation] = lambda: _NO_MODE,
+        republish: Republish | None = None,
     ) -> None:
+        """``allocation``: the node's allocation mode, asked before every change (docs/dra.md);
+        ``republish``: on a ``dra`` node, makes the DRA driver publish a new layout."""
         self._driver = driver
         self._journal = journal
         self._lock = lock
         self._reset = reset
+        self._allocation = allocation
+        self._republish = republish
+
+    def refuse_by_mode(self, what: str) -> Allocation:
+        """ModeRefused when this node's allocation mode forbids a MIG change; else the mode."""
+        allocation = self._allocation()
+        refuse_mig_change(allocation, what)
+        if allocation.mode is AllocationMode.DRA and self._republish is None:
+            raise ModeRefused(
+                f"{what} refused: this node's allocation mode is {allocation.describe()}, and "
+                "without a Kubernetes API the agent cannot make the DRA driver republish a new "
+                "layout; nothing was changed"
+            )
+        return allocation
 
     # -- reads (never take the lock) -------------------------------------------------------------
 
@@ -187,6 +225,7 @@ class MigService:
         """
         name, entries = spec.select(config)
         description = operation or f"mig apply {name}"
+        allocation = self.refuse_by_mode("mig apply")
         with self._lock.hold(description):
             recovered = self._refuse_over_unrecovered(f"MIG config {name}")
             plan = _plan_node(name, entries, self.layouts(), force, mode_only)
@@ -198,11 +237,13 @@ class MigService:
                 self._journal.journal_append(
                     SCOPE, begin_entry(description, desired, force=force, skip_reset=skip_reset)
                 )
+                touched: list[tuple[GpuInfo, GpuMigState]] = []
                 outcomes.update(
                     self._execute(
-                        executor, plan.changes, [], {}, force=force, skip_reset=skip_reset
+                        executor, plan.changes, touched, {}, force=force, skip_reset=skip_reset
                     )
                 )
+                self._publish(allocation, executor, touched, skip_reset, progress)
                 self._journal.journal_clear(SCOPE)
             return ApplyResult(name, tuple(outcomes.values()), executor.mutations, recovered)
 
@@ -216,6 +257,7 @@ class MigService:
         """mig-parted's ``restore``: each listed GPU (by UUID) back to its exact checkpointed
         state, placements included, journalled and rolled back on failure like an apply.
         GPUs the checkpoint does not list are left alone."""
+        allocation = self.refuse_by_mode("mig restore")
         with self._lock.hold("mig restore"):
             self._refuse_over_unrecovered("the checkpoint")
             targets = self.checkpoint_targets(states, mode_only)
@@ -257,6 +299,7 @@ class MigService:
                 executor.done(gpu)
                 self._journal.journal_append(SCOPE, {"event": "done", "uuid": gpu.uuid})
             if changing:
+                self._publish(allocation, executor, touched, False, progress)
                 self._journal.journal_clear(SCOPE)
             return ApplyResult("checkpoint", tuple(outcomes), executor.mutations)
 
@@ -385,6 +428,42 @@ class MigService:
             created=len(target.instances) - len(gpu_plan.keep),
         )
 
+    def _publish(
+        self,
+        allocation: Allocation,
+        executor: Executor,
+        touched: list[tuple[GpuInfo, GpuMigState]],
+        skip_reset: bool,
+        progress: Progress | None,
+    ) -> None:
+        """On a ``dra`` node: the DRA driver republishes the new layout (its ResourceSlices list
+        exactly the devices NVML now has), or the layout is rolled back as a failed apply is,
+        and the driver is restarted once more so it publishes the layout it is back to. The
+        wait's progress events (phase ``republish``) may raise like any other: a cancellation
+        rolls back, the agent stopping leaves the applied layout to the next start."""
+        if allocation.mode is not AllocationMode.DRA or self._republish is None:
+            return
+
+        def say(message: str) -> None:
+            if progress is not None:
+                progress(ProgressEvent("republish", 0, executor.mutations, "republish", message))
+
+        try:
+            self._republish.republish(expected_uuids(self.layouts()), say)
+        except Suspended:
+            # The agent is stopping: every GPU is done (the journal says so, and the next start
+            # reports the apply completed); the restarted plugin publishes the new layout.
+            raise
+        except AgentError as exc:
+            self._roll_back(executor, touched, exc, skip_reset)
+            try:
+                self._republish.restart()
+            except AgentError as again:
+                log.error("after the rollback, the DRA driver was not restarted: %s", again)
+            else:
+                exc.args = (f"{exc}; the DRA kubelet plugin was restarted to publish it",)
+            raise
+
     def _roll_back(
         self,
         executor: Executor,
@@ -429,6 +508,10 @@ class MigService:
         if not self._journal.journal_entries(SCOPE):
             return ()
         try:
+            self.refuse_by_mode("MIG recovery")
+        except ModeRefused as exc:
+            return self._left_alone(str(exc))
+        try:
             with self._lock.hold("mig recover"):
                 return self._recover_locked()
         except Busy:
@@ -436,6 +519,16 @@ class MigService:
                 "MIG journal belongs to a running apply (%s); not recovering", self._lock.holder()
             )
             return ()
+
+    def _left_alone(self, why: str) -> tuple[RecoveryOutcome, ...]:
+        """A journal this node's mode forbids acting on: kept, every GPU in it untouched."""
+        history = records(entry for _, entry in self._journal.journal_entries(SCOPE))
+        uuids = list(dict.fromkeys(u for record in history for u in record.befores))
+        log.warning("MIG journal left as it is (%d GPU(s)): %s", len(uuids), why)
+        return tuple(
+            RecoveryOutcome(self._driver.gpu(u).index, u, "untouched", f"not recovered: {why}")
+            for u in uuids
+        )
 
     def _recover_locked(self) -> tuple[RecoveryOutcome, ...]:
         history = records(entry for _, entry in self._journal.journal_entries(SCOPE))

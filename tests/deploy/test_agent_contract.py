@@ -218,6 +218,54 @@ def test_restart_pod_reload_has_its_grant(objs: list[Obj], config: AgentConfig) 
     assert {"kind": "ServiceAccount", "name": account, "namespace": "gpu-agent"} in subjects
 
 
+def _pod_restart_grant(objs: list[Obj], namespace: str, prefix: str) -> set[str]:
+    """The pod verbs a Role named ``prefix...`` in ``namespace`` bound to the agent grants."""
+    account = agent_daemonset(objs)["spec"]["template"]["spec"]["serviceAccountName"]
+    verbs: set[str] = set()
+    for role in objs:
+        meta = role["metadata"]
+        if role["kind"] != "Role" or meta.get("namespace") != namespace:
+            continue
+        if not meta["name"].startswith(prefix):
+            continue
+        bound = any(
+            o["kind"] == "RoleBinding"
+            and o["roleRef"]["name"] == meta["name"]
+            and {"kind": "ServiceAccount", "name": account, "namespace": "gpu-agent"}
+            in o["subjects"]
+            for o in objs
+        )
+        if bound:
+            verbs |= {
+                v for rule in role["rules"] if "pods" in rule["resources"] for v in rule["verbs"]
+            }
+    return verbs
+
+
+def test_the_allocation_mode_can_watch_resourceslices(objs: list[Obj]) -> None:
+    """The allocation mode (docs/dra.md) is a list+watch of the node's ResourceSlices."""
+    role = find(objs, "ClusterRole", "gpu-agent")
+    verbs = {
+        v
+        for rule in role["rules"]
+        if "resourceslices" in rule["resources"] and "resource.k8s.io" in rule["apiGroups"]
+        for v in rule["verbs"]
+    }
+    assert {"list", "watch"} <= verbs
+
+
+def test_static_mig_under_dra_has_its_grant(
+    kustomization: str, objs: list[Obj], config: AgentConfig
+) -> None:
+    """The dra-static-mig overlay lets the agent restart the DRA kubelet plugin pod in the
+    driver's namespace (the republish after a MIG apply on a dra node); nothing else does."""
+    verbs = _pod_restart_grant(objs, config.dra.plugin_namespace, "gpu-agent-dra-")
+    if kustomization == "dra-static-mig":
+        assert {"list", "delete"} <= verbs
+    else:
+        assert not verbs
+
+
 def test_overlays_change_what_they_say(kustomization: str, config: AgentConfig) -> None:
     expected: dict[str, Any] = {"simulated": "dgx-h100"}
     assert config.simulate == expected.get(kustomization)

@@ -16,6 +16,7 @@ import yaml
 from agent._proto.gpuagent.v1 import operations_pb2
 from agent.cli.status import status_view
 from agent.client import AgentClient
+from agent.dra.detect import NO_API
 from agent.errors import Conflict, InvalidSpec
 from agent.gpu import GpuDriver, open_driver
 from agent.gpu.sim import SimControl
@@ -33,6 +34,8 @@ def node_status(gpu: GpuDriver) -> dict[str, Any]:
     views += [_lost_view(g) for g in scan.lost]
     return {
         "driver_version": gpu.driver_version(),
+        # No Kubernetes API here: nothing hands out the GPUs (docs/dra.md).
+        "allocation": {"mode": "none", "evidence": NO_API.evidence, "driver": None},
         "degraded": [],
         "processes_withheld": False,  # the admin socket sees them
         "gpus": sorted(views, key=lambda v: int(v["index"])),

@@ -20,6 +20,9 @@ A Node merge-patch may set ``spec.unschedulable`` (cordon) and ``spec.taints`` (
 whole, as RFC 7386 says). PATCH ``/api/v1/nodes/{name}/status`` (the status subresource) takes a
 strategic-merge patch of ``status.conditions``: conditions merge by ``type`` (the list's patch
 merge key in the Node schema), the others are kept; nothing else of the status is modelled.
+A Node carries the ``status`` (allocatable, capacity) a test sets with ``set_node_status``,
+as its kubelet would; a pod DELETE calls ``on_delete`` (a test's DaemonSet controller
+recreating the pod).
 Like the real server:
 - every write bumps one cluster-wide ``resourceVersion``; a PUT whose
   ``metadata.resourceVersion`` is stale is 409 Conflict, a POST of an existing name 409
@@ -131,6 +134,11 @@ class FakeKubeApi:
     pdb_refusals: dict[tuple[str, str], int] = field(default_factory=dict)
     #: called (namespace, pod) after an eviction deleted a pod: the kubelet stopping it
     on_evict: Any = field(default=lambda ns, name: None)
+    #: called (namespace, pod) after a DELETE removed a pod (its DaemonSet making a new one:
+    #: tests/kube/fake_dra_plugin.py); called with the lock held, so it must not block
+    on_delete: Any = field(default=lambda ns, name: None)
+    #: name -> that Node's ``status`` (``allocatable`` and ``capacity``, as the kubelet sets)
+    node_status: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Nodes marked spec.unschedulable (cordoned)
     unschedulable: set[str] = field(default_factory=set)
     #: name -> that Node's spec.taints
@@ -182,6 +190,14 @@ class FakeKubeApi:
                     current[key] = value
             self.node_versions[node] = self.bump()
             self._record("nodes", kind, self._node_obj(node))
+
+    def set_node_status(self, node: str, status: dict[str, Any]) -> None:
+        """Replace the Node's status (its kubelet reporting allocatable/capacity), seen by
+        watches."""
+        with self.lock:
+            self.node_status[node] = copy.deepcopy(status)
+            self.node_versions[node] = self.bump()
+            self._record("nodes", "MODIFIED", self._node_obj(node))
 
     def put_dra(self, resource: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Create or replace a resource.k8s.io object as its writer would (a DRA driver
@@ -334,7 +350,8 @@ class FakeKubeApi:
         return {
             "kind": "Node",
             "spec": spec,
-            "status": {"conditions": copy.deepcopy(self.node_conditions.get(name, []))},
+            "status": copy.deepcopy(self.node_status.get(name, {}))
+            | {"conditions": copy.deepcopy(self.node_conditions.get(name, []))},
             "metadata": {
                 "name": name,
                 "labels": dict(self.nodes[name]),
@@ -700,6 +717,7 @@ class FakeKubeApi:
             for pod in self.pods:
                 if pod.namespace == ns and pod.name == name:
                     self.pods.remove(pod)
+                    self.on_delete(ns, name)
                     return _reply(h, 200, {"kind": "Pod", "metadata": {"name": name}})
             return _reply(h, 404, _status(404, f'pods "{name}" not found'))
         return _reply(h, 405, _status(405, "method not allowed"))

@@ -59,3 +59,24 @@ def test_health_marks_show_per_gpu_and_instance_with_reason_and_pods() -> None:
     ) in text
     node.gpus[1].ClearField("condition")
     assert status_view(node)["gpus"][1]["condition"] is None  # not judged yet
+
+
+def test_status_shows_the_allocation_mode_with_its_evidence() -> None:
+    node = _node(hidden=False)
+    node.allocation.CopyFrom(
+        agent_pb2.Allocation(
+            mode=agent_pb2.ALLOCATION_MODE_DRA,
+            evidence="ResourceSlices of gpu.nvidia.com on this node list 2 device(s) (2 gpu)",
+            dra_driver="gpu.nvidia.com",
+        )
+    )
+    data = status_view(node)
+    assert data["allocation"] == {
+        "mode": "dra",
+        "evidence": "ResourceSlices of gpu.nvidia.com on this node list 2 device(s) (2 gpu)",
+        "driver": "gpu.nvidia.com",
+    }
+    assert "\nAllocation: dra (ResourceSlices of gpu.nvidia.com" in _table(data)
+    # An agent from before the field: unknown, and said why (never shown as none).
+    old = status_view(_node(hidden=False))["allocation"]
+    assert old["mode"] == "unknown" and "older version" in old["evidence"]

@@ -183,3 +183,25 @@ def test_a_node_that_withholds_processes_is_shown_with_its_gpus_and_says_so() ->
     by_profile = {p.profile: p for p in status.profiles}
     assert (by_profile["1g.10gb"].devices, by_profile["1g.10gb"].unknown) == (2, 2)
     assert (by_profile["1g.10gb"].in_use, by_profile["1g.10gb"].idle) == (0, 0)
+
+
+def test_each_node_row_carries_its_allocation_mode() -> None:
+    from agent.cli.fleet import _status_table
+    from agent.coordinator.status import status_document
+
+    node = _node()
+    node.allocation.mode = agent_pb2.ALLOCATION_MODE_DRA_DYNAMIC_MIG
+    node.allocation.evidence = "partitionable devices"
+    node.allocation.dra_driver = "gpu.nvidia.com"
+    gone = unreachable_view(Target("10.0.0.9:9401", "node-z"), "connection refused")
+    doc = status_document(fleet_status([node_view(Target("10.0.0.1:9401"), node), gone]), "1h")
+    a, z = doc["nodes"]
+    assert a["allocation"] == {
+        "mode": "dra-dynamic-mig",
+        "evidence": "partitionable devices",
+        "driver": "gpu.nvidia.com",
+    }
+    assert z["allocation"] is None  # not answered: not a mode
+    table = _status_table(doc).splitlines()
+    assert "ALLOCATION" in table[0]
+    assert "dra-dynamic-mig" in table[1] and " - " in table[2]

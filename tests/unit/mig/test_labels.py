@@ -316,3 +316,35 @@ def test_the_state_is_exported_for_alerts(
     assert family.name == "gpu_agent_mig_config_state"
     assert values == {"pending": 0.0, "success": 0.0, "failed": 1.0, "rebooting": 0.0}
     assert {s.labels["config"] for s in family.samples} == {"too-many"}
+
+
+def test_a_dynamic_mig_node_fails_the_label_without_pausing_or_touching_a_gpu(
+    node: SimNode, kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str], tmp_path: Path
+) -> None:
+    """Beside a DRA driver that makes MIG instances itself, the label protocol says why it
+    does nothing, and neither pauses the operands nor changes a GPU (docs/dra.md)."""
+    from agent.dra.mode import Allocation, AllocationMode
+    from agent.mig.lock import PartitionLock
+    from agent.mig.reset import simulated_reset
+    from agent.mig.service import MigService
+
+    api, _ = kube_api
+    dynamic = Allocation(AllocationMode.DRA_DYNAMIC_MIG, "partitionable devices", "gpu.nvidia.com")
+    service = MigService(
+        node.driver,
+        node.store,
+        PartitionLock(node.state_dir),
+        simulated_reset(node.state_dir),
+        allocation=lambda: dynamic,
+    )
+    config = tmp_path / "mig.yaml"
+    config.write_text(CONFIG)
+    ctl = MigLabelController(kube, NODE, service, config, clock=Clock())
+    before = node.states()
+    api.nodes[NODE].update({CONFIG_LABEL: "all-balanced", DEVICE_PLUGIN: "true"})
+    outcome = ctl.reconcile()
+    assert outcome is not None and outcome.state == "failed"
+    assert "allocation mode is dra-dynamic-mig" in outcome.message
+    assert api.nodes[NODE][STATE_LABEL] == "failed"
+    assert PAUSED not in _patched_values(api)
+    assert node.states() == before
