@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
+from agent._proto.gpuagent.v1 import agent_pb2
 from agent.cli.fleet import _cluster_claims, _dra_plan_lines, _with_claims
 from agent.coordinator.clusterdemand import demand_from_pods, list_pods
 from agent.coordinator.demand import Demand, DemandEntry, TraceStep
+from agent.coordinator.discovery import Target
 from agent.coordinator.flows import (
     DYNAMIC_MIG,
     Selection,
@@ -20,9 +22,9 @@ from agent.coordinator.flows import (
     plan,
     replay_trace,
 )
-from agent.coordinator.inventory import NodeView
+from agent.coordinator.inventory import NodeView, node_view
 from agent.coordinator.selector import parse_selector
-from agent.dra.mode import AllocationMode
+from agent.dra.mode import Allocation, AllocationMode
 from agent.kube import InClusterKubeClient
 from tests.unit.coordinator.fleets import A100_40, H100, gpu
 from tests.unit.coordinator.test_cluster_demand import PodsApi
@@ -93,9 +95,7 @@ def cluster(
 
 
 def view(name: str, mode: AllocationMode, *gpus: Any, evidence: str = "") -> NodeView:
-    return NodeView(
-        name, f"{name}:9401", layouts=gpus, allocation=mode, allocation_evidence=evidence
-    )
+    return NodeView(name, f"{name}:9401", layouts=gpus, allocation=Allocation(mode, evidence))
 
 
 def test_pending_claims_are_demand_and_a_dynamic_mig_node_gets_advice_not_a_change(
@@ -160,10 +160,15 @@ def test_a_cluster_without_the_dra_api_is_planned_from_pods_and_says_so(
     assert note.endswith("demand from pods' resources only")
 
 
-def test_an_agent_that_reports_no_allocation_mode_is_planned_as_before() -> None:
-    """Agents from before allocation modes send no Node.allocation and gate nothing on it."""
-    assert not_mig_plannable(NodeView("old", "old:9401")) is None
+def test_an_agent_that_reports_no_allocation_mode_is_not_planned_on_a_guess() -> None:
+    """An agent from before allocation modes sends no Node.allocation: its mode is unknown,
+    said why, and no layout is planned on it; the modes that allow MIG changes are planned."""
+    old = node_view(Target("old", "old:9401"), agent_pb2.Node(name="old"))
+    assert old.allocation is not None and old.allocation.mode is AllocationMode.UNKNOWN
+    why = not_mig_plannable(old)
+    assert why is not None and "older version" in why
     assert not_mig_plannable(view("plugin", AllocationMode.DEVICE_PLUGIN)) is None
+    assert not_mig_plannable(view("none", AllocationMode.NONE)) is None
     assert not_mig_plannable(view("static", AllocationMode.DRA)) is None
     assert not_mig_plannable(view("dyn", AllocationMode.DRA_DYNAMIC_MIG)) == DYNAMIC_MIG
 
