@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf import json_format, timestamp_pb2
 
@@ -23,19 +23,20 @@ from agent._proto.gpuagent.v1 import (
 from agent.api.errors import recorded_code
 from agent.errors import FieldViolation, InvalidSpec
 from agent.gpu.types import GiProfile, GpuInstance, GpuLayout, Placement, Process
+from agent.prewarm.kinds import source_for
 from agent.prewarm.model import (
     CacheItem,
     FileRequest,
     GroupRequest,
     ImageRequest,
     ImageWarmth,
-    ItemKind,
     ItemState,
     PullPolicy,
     Warmth,
+    item_kind,
 )
 from agent.prewarm.store import Usage
-from agent.redact import redact_text, redact_url
+from agent.redact import redact_text
 from agent.sharing import Advertised, ApplyResult, PluginConfig, ReloadReport, SharingView
 from agent.sharing.schema import render
 from agent.state import Operation
@@ -132,11 +133,14 @@ def gpu_pb(
 
 # -- cache ----------------------------------------------------------------------------------------
 
-_KINDS = {
-    ItemKind.FILE: cache_pb2.CACHE_ITEM_KIND_FILE,
-    ItemKind.IMAGE: cache_pb2.CACHE_ITEM_KIND_IMAGE,
-    ItemKind.GROUP: cache_pb2.CACHE_ITEM_KIND_GROUP,
+#: kind -> the API's CACHE_ITEM_KIND_<KIND>; a kind the API does not name yet shows as
+#: UNSPECIFIED (a new kind adds its value to cache.proto to be named)
+_KINDS: dict[str, cache_pb2.CacheItemKind] = {
+    name.removeprefix("CACHE_ITEM_KIND_").lower(): cast(cache_pb2.CacheItemKind, value)
+    for name, value in cache_pb2.CacheItemKind.items()
+    if value != cache_pb2.CACHE_ITEM_KIND_UNSPECIFIED
 }
+_KINDS_FROM = {value: item_kind(kind) for kind, value in _KINDS.items()}
 _STATES: dict[ItemState, cache_pb2.CacheItemState] = {
     ItemState.QUEUED: cache_pb2.CACHE_ITEM_STATE_QUEUED,
     ItemState.FETCHING: cache_pb2.CACHE_ITEM_STATE_FETCHING,
@@ -173,9 +177,9 @@ _PRIVATE_OPTION = "header:"  # where a request's secrets are read from: not for 
 
 
 def _source_pb(i: CacheItem) -> str:
-    """A file's or model's source URL as readers see it (`redact_url`); an image reference has
-    no query or user info and is shown whole."""
-    return i.source if i.kind is ItemKind.IMAGE else redact_url(i.source)
+    """An item's source as readers see it, as its kind says (agent/prewarm/source.py): a URL
+    redacted (`redact_url`), an image reference whole (it has no query or user info)."""
+    return source_for(i.kind).describe(i)
 
 
 def cache_item_pb(i: CacheItem) -> cache_pb2.CacheItem:
@@ -183,7 +187,7 @@ def cache_item_pb(i: CacheItem) -> cache_pb2.CacheItem:
     file paths), so it may go into replies, stored operation results and events alike."""
     item = cache_pb2.CacheItem(
         id=i.id,
-        kind=_KINDS[i.kind],
+        kind=_KINDS.get(i.kind, cache_pb2.CACHE_ITEM_KIND_UNSPECIFIED),
         name=i.name,
         source=_source_pb(i),
         state=_STATES[i.state],
@@ -207,7 +211,6 @@ def cache_item_pb(i: CacheItem) -> cache_pb2.CacheItem:
     return item
 
 
-_KINDS_FROM = {pb: kind for kind, pb in _KINDS.items()}
 _STATES_FROM = {pb: state for state, pb in _STATES.items()}
 
 

@@ -113,7 +113,7 @@ def _items_table(items: Sequence[CacheItem]) -> str:
     rows = [
         (
             i.id,
-            i.kind.value,
+            str(i.kind),
             i.name,
             i.state.value,
             human_bytes(i.size),

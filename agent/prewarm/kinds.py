@@ -1,0 +1,69 @@
+"""The registry of prewarm source kinds: the one place a kind is made known.
+
+Each kind is one `Source` (agent/prewarm/source.py) in its own module; registering it here
+is all the service, the store, the inventory and the API's item conversion need to handle
+its items. The built-ins are registered below; a test registers its own with `register` and
+drops it with `unregister`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from agent.errors import InvalidSpec, NotSupported
+from agent.prewarm.source import Source, SourceRequest
+from agent.prewarm.source_file import FileSource
+from agent.prewarm.source_image import ImageSource
+from agent.prewarm.source_model import ModelSource
+
+_BY_KIND: dict[str, Source] = {}
+_BY_REQUEST: dict[type, Source] = {}
+
+
+def register(source: Source) -> None:
+    """Make ``source``'s kind known; a kind or request type registered twice is refused."""
+    if source.kind in _BY_KIND or source.request_type in _BY_REQUEST:
+        raise ValueError(f"prewarm kind {source.kind!r} is already registered")
+    _BY_KIND[source.kind] = source
+    _BY_REQUEST[source.request_type] = source
+
+
+def unregister(kind: str) -> None:
+    source = _BY_KIND.pop(kind)
+    del _BY_REQUEST[source.request_type]
+
+
+@contextmanager
+def registered(source: Source) -> Iterator[Source]:
+    """``source`` registered for the block (a test's own kind)."""
+    register(source)
+    try:
+        yield source
+    finally:
+        unregister(source.kind)
+
+
+def source_for(kind: str) -> Source:
+    """The `Source` of a stored item's kind."""
+    try:
+        return _BY_KIND[kind]
+    except KeyError:
+        raise NotSupported(f"prewarm kind {kind!r} is not known to this agent") from None
+
+
+def for_request(request: SourceRequest) -> Source:
+    """The `Source` that takes ``request``."""
+    try:
+        return _BY_REQUEST[type(request)]
+    except KeyError:
+        raise InvalidSpec(f"not a prewarm request: {type(request).__name__}") from None
+
+
+def kinds() -> list[str]:
+    """The registered kinds, built-ins first."""
+    return list(_BY_KIND)
+
+
+for _builtin in (FileSource(), ImageSource(), ModelSource()):
+    register(_builtin)
