@@ -6,8 +6,7 @@ and answer with the ``*_pb`` ones.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 from google.protobuf import json_format, timestamp_pb2
@@ -23,19 +22,19 @@ from agent._proto.gpuagent.v1 import (
 from agent.api.errors import recorded_code
 from agent.errors import FieldViolation, InvalidSpec
 from agent.gpu.types import GiProfile, GpuInstance, GpuLayout, Placement, Process
+from agent.prewarm import kinds
 from agent.prewarm.kinds import source_for
 from agent.prewarm.model import (
     CacheItem,
-    FileRequest,
-    GroupRequest,
-    ImageRequest,
     ImageWarmth,
     ItemState,
     PullPolicy,
     Warmth,
     item_kind,
 )
+from agent.prewarm.source import SourceRequest
 from agent.prewarm.store import Usage
+from agent.prewarm.target import PULL_POLICY_PB, FieldType, message_values
 from agent.redact import redact_text
 from agent.sharing import Advertised, ApplyResult, PluginConfig, ReloadReport, SharingView
 from agent.sharing.schema import render
@@ -234,135 +233,61 @@ def cache_inventory_pb(usage: Usage, items: Iterable[CacheItem]) -> cache_pb2.Ca
 _MAX_TARGETS = 1000
 
 
-def prewarm_requests_from(
-    targets: Sequence[prewarm_pb2.PrewarmTarget],
-) -> list[FileRequest | ImageRequest | GroupRequest]:
-    """The request's targets as prewarm requests; shape errors name ``targets[i].field``."""
+def prewarm_requests_from(targets: Sequence[prewarm_pb2.PrewarmTarget]) -> list[SourceRequest]:
+    """The request's targets as prewarm requests, each read by its kind's target schema
+    (agent/prewarm/target.py); shape errors name ``targets[i].<kind>.<field>``."""
     if not 1 <= len(targets) <= _MAX_TARGETS:
         raise InvalidSpec(
             f"a prewarm needs 1 to {_MAX_TARGETS} targets, got {len(targets)}",
             [FieldViolation("targets", f"give 1 to {_MAX_TARGETS} targets")],
         )
-    requests: list[FileRequest | ImageRequest | GroupRequest] = []
+    requests: list[SourceRequest] = []
     bad: list[FieldViolation] = []
     for i, target in enumerate(targets):
         which = target.WhichOneof("target")
-        if which == "file":
-            f = target.file
-            if not f.url:
-                bad.append(FieldViolation(f"targets[{i}].file.url", "required"))
-            requests.append(
-                FileRequest(
-                    f.url,
-                    name=f.name or None,
-                    sha256=f.sha256 or None,
-                    pin=f.pin,
-                    header_files=_header_files(f.header_files, f"targets[{i}].file", bad),
-                )
+        schema = kinds.schema_for(which) if which else None
+        if schema is None:
+            names = [s.kind for s in kinds.schemas()]
+            bad.append(
+                FieldViolation(f"targets[{i}]", f"set {', '.join(names[:-1])} or {names[-1]}")
             )
-        elif which == "image":
-            m = target.image
-            if not m.ref:
-                bad.append(FieldViolation(f"targets[{i}].image.ref", "required"))
-            repull = m.repull_hours if m.HasField("repull_hours") else None
-            if repull is not None and not 0 < repull < 1e6:
-                bad.append(FieldViolation(f"targets[{i}].image.repull_hours", "more than 0 hours"))
-            requests.append(
-                ImageRequest(
-                    m.ref,
-                    name=m.name or None,
-                    runtime_handler=m.runtime_handler or None,
-                    pin=m.pin,
-                    pull_policy=_PULL_POLICIES.get(m.pull_policy, PullPolicy.IF_NOT_PRESENT),
-                    repull_hours=repull,
-                )
-            )
-        elif which == "model":
-            g = target.model
-            if not g.repo:
-                bad.append(FieldViolation(f"targets[{i}].model.repo", "required"))
-            requests.append(
-                GroupRequest(
-                    g.repo,
-                    revision=g.revision or "main",
-                    endpoint=g.endpoint or "https://huggingface.co",
-                    include=tuple(g.include),
-                    name=g.name or None,
-                    pin=g.pin,
-                    header_files=_header_files(g.header_files, f"targets[{i}].model", bad),
-                )
-            )
-        else:
-            bad.append(FieldViolation(f"targets[{i}]", "set file, image or model"))
+            continue
+        assert which is not None
+        values = message_values(schema, getattr(target, which), f"targets[{i}].{which}", bad)
+        requests.append(schema.build(values))
     if bad:
         raise InvalidSpec("the prewarm request is malformed", bad)
     return requests
 
 
-def _header_files(
-    header_files: Mapping[str, str], where: str, bad: list[FieldViolation]
-) -> dict[str, Path]:
-    headers = {}
-    for name, path in header_files.items():
-        if not path or not Path(path).is_absolute():
-            bad.append(
-                FieldViolation(
-                    f"{where}.header_files[{name}]", "must be an absolute path on the node"
-                )
-            )
-        headers[name] = Path(path)
-    return headers
-
-
-def prewarm_targets_pb(
-    requests: Iterable[FileRequest | ImageRequest | GroupRequest],
-) -> list[prewarm_pb2.PrewarmTarget]:
+def prewarm_targets_pb(requests: Iterable[SourceRequest]) -> list[prewarm_pb2.PrewarmTarget]:
     """Requests (a manifest's, a command's) as the API's targets: `prewarm_requests_from`
     inverted, so a client says exactly what the agent will read back."""
     targets = []
     for r in requests:
-        if isinstance(r, FileRequest):
-            target = prewarm_pb2.PrewarmTarget(
-                file=prewarm_pb2.FileTarget(
-                    url=r.url,
-                    name=r.name or "",
-                    sha256=r.sha256 or "",
-                    pin=r.pin,
-                    header_files={k: str(v) for k, v in r.header_files.items()},
-                )
-            )
-        elif isinstance(r, ImageRequest):
-            target = prewarm_pb2.PrewarmTarget(
-                image=prewarm_pb2.ImageTarget(
-                    ref=r.ref,
-                    name=r.name or "",
-                    runtime_handler=r.runtime_handler or "",
-                    pin=r.pin,
-                    pull_policy=_PULL_POLICY_PB[r.pull_policy],
-                    repull_hours=r.repull_hours,
-                )
-            )
-        else:
-            target = prewarm_pb2.PrewarmTarget(
-                model=prewarm_pb2.ModelTarget(
-                    repo=r.repo,
-                    revision=r.revision,
-                    endpoint=r.endpoint,
-                    include=list(r.include),
-                    name=r.name or "",
-                    pin=r.pin,
-                    header_files={k: str(v) for k, v in r.header_files.items()},
-                )
-            )
-        targets.append(target)
+        schema = kinds.for_request(r).schema
+        if schema is None:
+            raise InvalidSpec(f"a {kinds.for_request(r).kind} request has no API target")
+        fields: dict[str, Any] = {}
+        for name, value in schema.values(r).items():
+            kind = schema.fields[name]
+            if kind is FieldType.PULL_POLICY:
+                fields[name] = PULL_POLICY_PB[PullPolicy(value)]
+            elif kind is FieldType.TEXT:
+                fields[name] = value or ""
+            else:
+                fields[name] = value
+        message = _TARGET_MESSAGES[schema.kind]
+        targets.append(prewarm_pb2.PrewarmTarget(**{schema.kind: message(**fields)}))
     return targets
 
 
-_PULL_POLICY_PB = {
-    PullPolicy.IF_NOT_PRESENT: prewarm_pb2.IMAGE_PULL_POLICY_IF_NOT_PRESENT,
-    PullPolicy.ALWAYS: prewarm_pb2.IMAGE_PULL_POLICY_ALWAYS,
+#: PrewarmTarget's field -> its message class (FileTarget, ImageTarget, ModelTarget, ...)
+_TARGET_MESSAGES: dict[str, Any] = {
+    f.name: getattr(prewarm_pb2, f.message_type.name)
+    for f in prewarm_pb2.PrewarmTarget.DESCRIPTOR.oneofs_by_name["target"].fields
+    if f.message_type is not None
 }
-_PULL_POLICIES = {pb: policy for policy, pb in _PULL_POLICY_PB.items()}
 
 
 def cache_item_from(pb: cache_pb2.CacheItem) -> CacheItem:

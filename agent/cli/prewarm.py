@@ -33,8 +33,9 @@ from agent.prewarm.model import (
     ItemState,
     PullPolicy,
 )
+from agent.prewarm.source import SourceRequest
 
-Request = FileRequest | ImageRequest | GroupRequest
+Request = SourceRequest  # a request of any registered kind
 
 
 def _client(ctx: click.Context) -> AgentClient:

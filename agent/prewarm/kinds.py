@@ -16,6 +16,7 @@ from agent.prewarm.source import Source, SourceRequest
 from agent.prewarm.source_file import FileSource
 from agent.prewarm.source_image import ImageSource
 from agent.prewarm.source_model import ModelSource
+from agent.prewarm.target import TargetSchema
 
 _BY_KIND: dict[str, Source] = {}
 _BY_REQUEST: dict[type, Source] = {}
@@ -58,6 +59,16 @@ def for_request(request: SourceRequest) -> Source:
         return _BY_REQUEST[type(request)]
     except KeyError:
         raise InvalidSpec(f"not a prewarm request: {type(request).__name__}") from None
+
+
+def schemas() -> list[TargetSchema]:
+    """The target schemas of the registered kinds that have one, built-ins first."""
+    return [s.schema for s in _BY_KIND.values() if s.schema is not None]
+
+
+def schema_for(target_kind: str) -> TargetSchema | None:
+    """The schema whose ``kind`` (the API's target field: file, image, model) is given."""
+    return next((s for s in schemas() if s.kind == target_kind), None)
 
 
 def kinds() -> list[str]:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from agent.prewarm.index import PrewarmIndex
     from agent.prewarm.service import FileFetcher, ImagePuller, ImageWarmer
     from agent.prewarm.store import CacheStore, Partial
+    from agent.prewarm.target import TargetSchema
 
 
 class SourceRequest(Protocol):
@@ -125,6 +126,8 @@ class Source:
     request_type: ClassVar[type]
     #: where a ready item's bytes live: one blob, a directory of blobs, or the node's runtime
     layout: ClassVar[Layout] = Layout.BLOB
+    #: its target as manifests, the API and desired files write it (None: in-process only)
+    schema: ClassVar[TargetSchema | None] = None
 
     def validate(self, request: SourceRequest, work: Work) -> None:
         """Refuse a bad request (InvalidSpec naming the field) before anything is written."""

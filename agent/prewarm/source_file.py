@@ -6,7 +6,9 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from agent.errors import AgentError, FieldViolation, InvalidSpec, StateUnavailable
 from agent.prewarm.errors import Cancelled, FetchFailed
@@ -19,15 +21,53 @@ from agent.prewarm.headers import (
 )
 from agent.prewarm.model import CacheItem, FileRequest, ItemKind, ItemState
 from agent.prewarm.source import Source, SourceRequest, Target, Work, without_retry
+from agent.prewarm.target import FieldType, TargetSchema, headers
 
 log = logging.getLogger("agent.prewarm.service")
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+def _build(v: Mapping[str, Any]) -> FileRequest:
+    return FileRequest(
+        url=v["url"] or "",
+        name=v["name"],
+        sha256=v["sha256"],
+        pin=v["pin"],
+        header_files=headers(v["header_files"]),
+    )
+
+
+def _values(r: FileRequest) -> dict[str, Any]:
+    return {
+        "url": r.url,
+        "name": r.name,
+        "sha256": r.sha256,
+        "pin": r.pin,
+        "header_files": {k: str(v) for k, v in r.header_files.items()},
+    }
+
+
+SCHEMA = TargetSchema(
+    kind="file",
+    plural="files",
+    source="url",
+    fields={
+        "url": FieldType.TEXT,
+        "name": FieldType.TEXT,
+        "sha256": FieldType.TEXT,
+        "pin": FieldType.FLAG,
+        "header_files": FieldType.HEADERS,
+    },
+    build=_build,
+    values=_values,
+)
+
+
 class FileSource(Source):
     kind = ItemKind.FILE
     request_type = FileRequest
+    schema = SCHEMA
 
     def validate(self, request: SourceRequest, work: Work) -> None:
         assert isinstance(request, FileRequest)

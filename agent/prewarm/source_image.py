@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
+from typing import Any
 
 from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec
 from agent.owner import Actor
@@ -25,6 +26,7 @@ from agent.prewarm.model import (
     Warmth,
 )
 from agent.prewarm.source import Source, SourceRequest, Target, Work
+from agent.prewarm.target import FieldType, TargetSchema
 
 log = logging.getLogger("agent.prewarm.service")
 
@@ -34,10 +36,52 @@ _REQUEST_OPTIONS = ("runtime_handler", "pull_policy", "repull_hours")
 _NO_PULLER = "no image puller (CRI) is configured"
 
 
+def _build(v: Mapping[str, Any]) -> ImageRequest:
+    hours = v["repull_hours"]
+    return ImageRequest(
+        ref=v["ref"] or "",
+        name=v["name"],
+        runtime_handler=v["runtime_handler"],
+        pin=v["pin"],
+        pull_policy=PullPolicy(v["pull_policy"] or PullPolicy.IF_NOT_PRESENT.value),
+        repull_hours=float(hours) if hours is not None else None,
+    )
+
+
+def _values(r: ImageRequest) -> dict[str, Any]:
+    return {
+        "ref": r.ref,
+        "name": r.name,
+        "runtime_handler": r.runtime_handler,
+        "pin": r.pin,
+        "pull_policy": r.pull_policy.value,
+        "repull_hours": r.repull_hours,
+    }
+
+
+SCHEMA = TargetSchema(
+    kind="image",
+    plural="images",
+    source="ref",
+    fields={
+        "ref": FieldType.TEXT,
+        "name": FieldType.TEXT,
+        "runtime_handler": FieldType.TEXT,
+        "pin": FieldType.FLAG,
+        "pull_policy": FieldType.PULL_POLICY,
+        "repull_hours": FieldType.HOURS,
+    },
+    build=_build,
+    values=_values,
+    manifest_names={"ref": "image"},
+)
+
+
 class ImageSource(Source):
     kind = ItemKind.IMAGE
     request_type = ImageRequest
     layout = Layout.RUNTIME
+    schema = SCHEMA
 
     def validate(self, request: SourceRequest, work: Work) -> None:
         assert isinstance(request, ImageRequest)

@@ -10,6 +10,7 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from agent.errors import AgentError, Conflict, StateUnavailable
 from agent.owner import Actor
@@ -25,14 +26,60 @@ from agent.prewarm.headers import (
 from agent.prewarm.model import CacheItem, GroupRequest, ItemKind, ItemState, Layout
 from agent.prewarm.source import Source, SourceRequest, Target, Work, without_retry
 from agent.prewarm.store import MemberPartial
+from agent.prewarm.target import FieldType, TargetSchema, headers
 
 log = logging.getLogger("agent.prewarm.service")
+
+
+def _build(v: Mapping[str, Any]) -> GroupRequest:
+    return GroupRequest(
+        repo=v["repo"] or "",
+        revision=v["revision"] or "main",
+        endpoint=v["endpoint"] or DEFAULT_ENDPOINT,
+        include=tuple(v["include"]),
+        name=v["name"],
+        pin=v["pin"],
+        header_files=headers(v["header_files"]),
+    )
+
+
+def _values(r: GroupRequest) -> dict[str, Any]:
+    return {
+        "repo": r.repo,
+        "revision": r.revision,
+        "endpoint": r.endpoint,
+        "include": list(r.include),
+        "name": r.name,
+        "pin": r.pin,
+        "header_files": {k: str(v) for k, v in r.header_files.items()},
+    }
+
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+SCHEMA = TargetSchema(
+    kind="model",
+    plural="models",
+    source="repo",
+    fields={
+        "repo": FieldType.TEXT,
+        "revision": FieldType.TEXT,
+        "endpoint": FieldType.TEXT,
+        "include": FieldType.GLOBS,
+        "name": FieldType.TEXT,
+        "pin": FieldType.FLAG,
+        "header_files": FieldType.HEADERS,
+    },
+    build=_build,
+    values=_values,
+    manifest_names={"repo": "model"},
+)
 
 
 class ModelSource(Source):
     kind = ItemKind.GROUP
     request_type = GroupRequest
     layout = Layout.TREE
+    schema = SCHEMA
 
     def validate(self, request: SourceRequest, work: Work) -> None:
         assert isinstance(request, GroupRequest)

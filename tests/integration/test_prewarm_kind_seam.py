@@ -17,10 +17,12 @@ from agent.api.convert import cache_item_pb
 from agent.errors import FieldViolation, InvalidSpec, NotSupported
 from agent.prewarm import kinds
 from agent.prewarm.inventory import node_labels
+from agent.prewarm.manifest import parse_manifest
 from agent.prewarm.model import CacheItem, ItemState
 from agent.prewarm.service import PrewarmService
 from agent.prewarm.source import Source, SourceRequest, Target, Work
 from agent.prewarm.store import Partial
+from agent.prewarm.target import FieldType, TargetSchema
 from tests.integration.prewarm_fixtures.agent import make_service
 
 pytestmark = pytest.mark.integration
@@ -35,9 +37,20 @@ class DirRequest:
     pin: bool = False
 
 
+SCHEMA = TargetSchema(
+    kind="dir",
+    plural="dirs",
+    source="path",
+    fields={"path": FieldType.TEXT, "name": FieldType.TEXT, "pin": FieldType.FLAG},
+    build=lambda v: DirRequest(v["path"] or "", v["name"], v["pin"]),
+    values=lambda r: {"path": r.path, "name": r.name, "pin": r.pin},
+)
+
+
 class DirSource(Source):
     kind = "dir"
     request_type = DirRequest
+    schema = SCHEMA
 
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
@@ -160,3 +173,25 @@ def test_a_kind_is_registered_once_and_an_unknown_one_is_refused_by_name(
     with pytest.raises(NotSupported, match="prewarm kind 'dir' is not known"):
         kinds.source_for("dir")
     assert kinds.kinds() == ["file", "image", "group"]
+
+
+def test_a_manifest_lists_a_registered_kind_by_its_target_schema(tmp_path: Path) -> None:
+    """The manifest parser knows no kind: an entry is the kind whose key it has, checked by
+    that kind's schema with the same rules (unknown keys with a hint, types) as the others."""
+    with kinds.registered(DirSource(tmp_path)):
+        requests = parse_manifest(
+            {"version": 1, "items": [{"path": "/x/a.bin", "pin": True}, {"url": "https://h/f"}]}
+        )
+        assert requests[0] == DirRequest("/x/a.bin", None, True)
+        with pytest.raises(InvalidSpec) as refused:
+            parse_manifest({"version": 1, "items": [{"path": "/x", "pinn": True, "name": 3}]})
+    found = {v.field: v.description for v in refused.value.violations}
+    assert found == {
+        "items[0].pinn": "unknown key (did you mean pin?); allowed: path, name, pin",
+        "items[0].name": "a string",
+    }
+    with pytest.raises(InvalidSpec) as unknown:  # unregistered: not a kind any more
+        parse_manifest({"version": 1, "items": [{"path": "/x"}]})
+    assert unknown.value.violations[0].description == (
+        "a mapping with exactly one of url, image, model"
+    )
