@@ -1,21 +1,22 @@
 """The registry of prewarm source kinds: the one place a kind is made known.
 
-Each kind is one `Source` (agent/prewarm/source.py) in its own module; registering it here
-is all the service, the store, the inventory and the API's item conversion need to handle
-its items. The built-ins are registered below; a test registers its own with `register` and
-drops it with `unregister`.
+Each kind is one `Source` (agent/prewarm/source.py) in its own module,
+``agent/prewarm/source_<kind>.py``, which names it ``SOURCE``: this registry finds those
+modules by name and registers each, so a new kind is its module alone. Registered, it is all
+the service, the store, the inventory, the manifest and the API's conversion need to handle
+its items. A test registers a kind of its own with `register` (or `registered`) and drops it
+with `unregister`.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from agent.errors import InvalidSpec, NotSupported
 from agent.prewarm.source import Source, SourceRequest
-from agent.prewarm.source_file import FileSource
-from agent.prewarm.source_image import ImageSource
-from agent.prewarm.source_model import ModelSource
 from agent.prewarm.target import TargetSchema
 
 _BY_KIND: dict[str, Source] = {}
@@ -76,5 +77,12 @@ def kinds() -> list[str]:
     return list(_BY_KIND)
 
 
-for _builtin in (FileSource(), ImageSource(), ModelSource()):
-    register(_builtin)
+def _discover() -> None:
+    """Register the ``SOURCE`` of every ``source_<kind>`` module of this package, by name."""
+    package = importlib.import_module("agent.prewarm")
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if info.name.startswith("source_"):
+            register(importlib.import_module(f"agent.prewarm.{info.name}").SOURCE)
+
+
+_discover()

@@ -7,8 +7,8 @@ options), does the item's work (`run`), checks a ready item is still there (`unr
 (`describe`) and how it leaves the node (`discard`, `evict`, `pin`). `PrewarmService` holds
 everything that is the same for every kind (naming, the one transaction of a request, retries,
 claims, workers) and asks the kind's `Source` for the rest; `agent/prewarm/kinds.py` is the
-one registry keyed by kind. A new kind is one module with its `Source`, its `TargetSchema`
-(agent/prewarm/target.py) and its registration; see docs/architecture.md.
+one registry keyed by kind. A new kind is one module, ``source_<kind>.py``, with its `Source`
+(named ``SOURCE``) and its `TargetSchema` (agent/prewarm/target.py); see docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -161,3 +161,6 @@ class FileSource(Source):
         done = work.finish(item, sha256=digest, size=size, fetched_bytes=size, options=options)
         log.info("prewarmed %s (%d bytes, sha256 %s) via %s", item.name, size, digest, fetcher.mode)
         return done
+
+
+SOURCE = FileSource()

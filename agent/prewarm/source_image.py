@@ -229,3 +229,6 @@ def _repull_due(options: Mapping[str, str], pulled_at: float | None, now: float)
     if not hours or pulled_at is None:
         return False
     return now - pulled_at >= float(hours) * 3600
+
+
+SOURCE = ImageSource()

@@ -238,3 +238,6 @@ def _fetch_members(
 def _member_key(item_id: str, path: str) -> str:
     """A group file's partial: named by its path, so a retry resumes the same file."""
     return f"{item_id}.{hashlib.sha256(path.encode()).hexdigest()[:16]}"
+
+
+SOURCE = ModelSource()
