@@ -104,14 +104,6 @@ class TargetSchema:
             return None
         return self.build(values)
 
-    def manifest_entry(self, request: Any) -> dict[str, Any]:
-        """``request`` as a manifest entry (None fields left out)."""
-        return {
-            self.manifest_names.get(k, k): v
-            for k, v in self.values(request).items()
-            if v is not None
-        }
-
 
 def message_values(
     schema: TargetSchema, msg: Any, where: str, bad: list[FieldViolation]
