@@ -6,9 +6,8 @@ and answer with the ``*_pb`` ones.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
 from google.protobuf import json_format, timestamp_pb2
 
@@ -26,19 +25,20 @@ from agent.errors import FieldViolation, InvalidSpec
 from agent.gpu.types import GiProfile, GpuInstance, GpuLayout, Placement, Process
 from agent.health.machine import Mark, State
 from agent.health.monitor import HealthChange
+from agent.prewarm import kinds
+from agent.prewarm.kinds import source_for
 from agent.prewarm.model import (
     CacheItem,
-    FileRequest,
-    GroupRequest,
-    ImageRequest,
     ImageWarmth,
-    ItemKind,
     ItemState,
     PullPolicy,
     Warmth,
+    item_kind,
 )
+from agent.prewarm.source import SourceRequest
 from agent.prewarm.store import Usage
-from agent.redact import redact_text, redact_url
+from agent.prewarm.target import PULL_POLICY_PB, FieldType, message_values
+from agent.redact import redact_text
 from agent.sharing import Advertised, ApplyResult, PluginConfig, ReloadReport, SharingView
 from agent.sharing.schema import render
 from agent.state import Operation
@@ -164,11 +164,14 @@ def gpu_pb(
 
 # -- cache ----------------------------------------------------------------------------------------
 
-_KINDS = {
-    ItemKind.FILE: cache_pb2.CACHE_ITEM_KIND_FILE,
-    ItemKind.IMAGE: cache_pb2.CACHE_ITEM_KIND_IMAGE,
-    ItemKind.GROUP: cache_pb2.CACHE_ITEM_KIND_GROUP,
+#: kind -> the API's CACHE_ITEM_KIND_<KIND>; a kind the API does not name yet shows as
+#: UNSPECIFIED (a new kind adds its value to cache.proto to be named)
+_KINDS: dict[str, cache_pb2.CacheItemKind] = {
+    name.removeprefix("CACHE_ITEM_KIND_").lower(): cast(cache_pb2.CacheItemKind, value)
+    for name, value in cache_pb2.CacheItemKind.items()
+    if value != cache_pb2.CACHE_ITEM_KIND_UNSPECIFIED
 }
+_KINDS_FROM = {value: item_kind(kind) for kind, value in _KINDS.items()}
 _STATES: dict[ItemState, cache_pb2.CacheItemState] = {
     ItemState.QUEUED: cache_pb2.CACHE_ITEM_STATE_QUEUED,
     ItemState.FETCHING: cache_pb2.CACHE_ITEM_STATE_FETCHING,
@@ -205,9 +208,9 @@ _PRIVATE_OPTION = "header:"  # where a request's secrets are read from: not for 
 
 
 def _source_pb(i: CacheItem) -> str:
-    """A file's or model's source URL as readers see it (`redact_url`); an image reference has
-    no query or user info and is shown whole."""
-    return i.source if i.kind is ItemKind.IMAGE else redact_url(i.source)
+    """An item's source as readers see it, as its kind says (agent/prewarm/source.py): a URL
+    redacted (`redact_url`), an image reference whole (it has no query or user info)."""
+    return source_for(i.kind).describe(i)
 
 
 def cache_item_pb(i: CacheItem) -> cache_pb2.CacheItem:
@@ -215,7 +218,7 @@ def cache_item_pb(i: CacheItem) -> cache_pb2.CacheItem:
     file paths), so it may go into replies, stored operation results and events alike."""
     item = cache_pb2.CacheItem(
         id=i.id,
-        kind=_KINDS[i.kind],
+        kind=_KINDS.get(i.kind, cache_pb2.CACHE_ITEM_KIND_UNSPECIFIED),
         name=i.name,
         source=_source_pb(i),
         state=_STATES[i.state],
@@ -239,7 +242,6 @@ def cache_item_pb(i: CacheItem) -> cache_pb2.CacheItem:
     return item
 
 
-_KINDS_FROM = {pb: kind for kind, pb in _KINDS.items()}
 _STATES_FROM = {pb: state for state, pb in _STATES.items()}
 
 
@@ -263,135 +265,61 @@ def cache_inventory_pb(usage: Usage, items: Iterable[CacheItem]) -> cache_pb2.Ca
 _MAX_TARGETS = 1000
 
 
-def prewarm_requests_from(
-    targets: Sequence[prewarm_pb2.PrewarmTarget],
-) -> list[FileRequest | ImageRequest | GroupRequest]:
-    """The request's targets as prewarm requests; shape errors name ``targets[i].field``."""
+def prewarm_requests_from(targets: Sequence[prewarm_pb2.PrewarmTarget]) -> list[SourceRequest]:
+    """The request's targets as prewarm requests, each read by its kind's target schema
+    (agent/prewarm/target.py); shape errors name ``targets[i].<kind>.<field>``."""
     if not 1 <= len(targets) <= _MAX_TARGETS:
         raise InvalidSpec(
             f"a prewarm needs 1 to {_MAX_TARGETS} targets, got {len(targets)}",
             [FieldViolation("targets", f"give 1 to {_MAX_TARGETS} targets")],
         )
-    requests: list[FileRequest | ImageRequest | GroupRequest] = []
+    requests: list[SourceRequest] = []
     bad: list[FieldViolation] = []
     for i, target in enumerate(targets):
         which = target.WhichOneof("target")
-        if which == "file":
-            f = target.file
-            if not f.url:
-                bad.append(FieldViolation(f"targets[{i}].file.url", "required"))
-            requests.append(
-                FileRequest(
-                    f.url,
-                    name=f.name or None,
-                    sha256=f.sha256 or None,
-                    pin=f.pin,
-                    header_files=_header_files(f.header_files, f"targets[{i}].file", bad),
-                )
+        schema = kinds.schema_for(which) if which else None
+        if schema is None:
+            names = [s.kind for s in kinds.schemas()]
+            bad.append(
+                FieldViolation(f"targets[{i}]", f"set {', '.join(names[:-1])} or {names[-1]}")
             )
-        elif which == "image":
-            m = target.image
-            if not m.ref:
-                bad.append(FieldViolation(f"targets[{i}].image.ref", "required"))
-            repull = m.repull_hours if m.HasField("repull_hours") else None
-            if repull is not None and not 0 < repull < 1e6:
-                bad.append(FieldViolation(f"targets[{i}].image.repull_hours", "more than 0 hours"))
-            requests.append(
-                ImageRequest(
-                    m.ref,
-                    name=m.name or None,
-                    runtime_handler=m.runtime_handler or None,
-                    pin=m.pin,
-                    pull_policy=_PULL_POLICIES.get(m.pull_policy, PullPolicy.IF_NOT_PRESENT),
-                    repull_hours=repull,
-                )
-            )
-        elif which == "model":
-            g = target.model
-            if not g.repo:
-                bad.append(FieldViolation(f"targets[{i}].model.repo", "required"))
-            requests.append(
-                GroupRequest(
-                    g.repo,
-                    revision=g.revision or "main",
-                    endpoint=g.endpoint or "https://huggingface.co",
-                    include=tuple(g.include),
-                    name=g.name or None,
-                    pin=g.pin,
-                    header_files=_header_files(g.header_files, f"targets[{i}].model", bad),
-                )
-            )
-        else:
-            bad.append(FieldViolation(f"targets[{i}]", "set file, image or model"))
+            continue
+        assert which is not None
+        values = message_values(schema, getattr(target, which), f"targets[{i}].{which}", bad)
+        requests.append(schema.build(values))
     if bad:
         raise InvalidSpec("the prewarm request is malformed", bad)
     return requests
 
 
-def _header_files(
-    header_files: Mapping[str, str], where: str, bad: list[FieldViolation]
-) -> dict[str, Path]:
-    headers = {}
-    for name, path in header_files.items():
-        if not path or not Path(path).is_absolute():
-            bad.append(
-                FieldViolation(
-                    f"{where}.header_files[{name}]", "must be an absolute path on the node"
-                )
-            )
-        headers[name] = Path(path)
-    return headers
-
-
-def prewarm_targets_pb(
-    requests: Iterable[FileRequest | ImageRequest | GroupRequest],
-) -> list[prewarm_pb2.PrewarmTarget]:
+def prewarm_targets_pb(requests: Iterable[SourceRequest]) -> list[prewarm_pb2.PrewarmTarget]:
     """Requests (a manifest's, a command's) as the API's targets: `prewarm_requests_from`
     inverted, so a client says exactly what the agent will read back."""
     targets = []
     for r in requests:
-        if isinstance(r, FileRequest):
-            target = prewarm_pb2.PrewarmTarget(
-                file=prewarm_pb2.FileTarget(
-                    url=r.url,
-                    name=r.name or "",
-                    sha256=r.sha256 or "",
-                    pin=r.pin,
-                    header_files={k: str(v) for k, v in r.header_files.items()},
-                )
-            )
-        elif isinstance(r, ImageRequest):
-            target = prewarm_pb2.PrewarmTarget(
-                image=prewarm_pb2.ImageTarget(
-                    ref=r.ref,
-                    name=r.name or "",
-                    runtime_handler=r.runtime_handler or "",
-                    pin=r.pin,
-                    pull_policy=_PULL_POLICY_PB[r.pull_policy],
-                    repull_hours=r.repull_hours,
-                )
-            )
-        else:
-            target = prewarm_pb2.PrewarmTarget(
-                model=prewarm_pb2.ModelTarget(
-                    repo=r.repo,
-                    revision=r.revision,
-                    endpoint=r.endpoint,
-                    include=list(r.include),
-                    name=r.name or "",
-                    pin=r.pin,
-                    header_files={k: str(v) for k, v in r.header_files.items()},
-                )
-            )
-        targets.append(target)
+        schema = kinds.for_request(r).schema
+        if schema is None:
+            raise InvalidSpec(f"a {kinds.for_request(r).kind} request has no API target")
+        fields: dict[str, Any] = {}
+        for name, value in schema.values(r).items():
+            kind = schema.fields[name]
+            if kind is FieldType.PULL_POLICY:
+                fields[name] = PULL_POLICY_PB[PullPolicy(value)]
+            elif kind is FieldType.TEXT:
+                fields[name] = value or ""
+            else:
+                fields[name] = value
+        message = _TARGET_MESSAGES[schema.kind]
+        targets.append(prewarm_pb2.PrewarmTarget(**{schema.kind: message(**fields)}))
     return targets
 
 
-_PULL_POLICY_PB = {
-    PullPolicy.IF_NOT_PRESENT: prewarm_pb2.IMAGE_PULL_POLICY_IF_NOT_PRESENT,
-    PullPolicy.ALWAYS: prewarm_pb2.IMAGE_PULL_POLICY_ALWAYS,
+#: PrewarmTarget's field -> its message class (FileTarget, ImageTarget, ModelTarget, ...)
+_TARGET_MESSAGES: dict[str, Any] = {
+    f.name: getattr(prewarm_pb2, f.message_type.name)
+    for f in prewarm_pb2.PrewarmTarget.DESCRIPTOR.oneofs_by_name["target"].fields
+    if f.message_type is not None
 }
-_PULL_POLICIES = {pb: policy for policy, pb in _PULL_POLICY_PB.items()}
 
 
 def cache_item_from(pb: cache_pb2.CacheItem) -> CacheItem:

@@ -33,8 +33,9 @@ from agent.prewarm.model import (
     ItemState,
     PullPolicy,
 )
+from agent.prewarm.source import SourceRequest
 
-Request = FileRequest | ImageRequest | GroupRequest
+Request = SourceRequest  # a request of any registered kind
 
 
 def _client(ctx: click.Context) -> AgentClient:
@@ -113,7 +114,7 @@ def _items_table(items: Sequence[CacheItem]) -> str:
     rows = [
         (
             i.id,
-            i.kind.value,
+            str(i.kind),
             i.name,
             i.state.value,
             human_bytes(i.size),

@@ -53,6 +53,8 @@ from agent.coordinator.targets import model_violations
 from agent.errors import FieldViolation, InvalidSpec
 from agent.mig.spec import parse_spec
 from agent.power.spec import parse as parse_power
+from agent.prewarm import kinds
+from agent.prewarm.target import TargetSchema, message_values
 from agent.safeyaml import brief, capped
 
 __all__ = [
@@ -292,18 +294,32 @@ def _sharing(raw: Any, i: int, bad: list[FieldViolation]) -> SharingRule | None:
     return SharingRule(selector, json_format.MessageToDict(request))
 
 
-_PREWARM_KINDS = (
-    ("files", "file", prewarm_pb2.FileTarget),
-    ("images", "image", prewarm_pb2.ImageTarget),
-    ("models", "model", prewarm_pb2.ModelTarget),
-)
+def _prewarm_kinds() -> list[tuple[str, str, Any, TargetSchema]]:
+    """(list key, PrewarmTarget field, its message, its schema) of each registered kind with
+    an API target (agent/prewarm/target.py): ``files``, ``images``, ``models``."""
+    fields = prewarm_pb2.PrewarmTarget.DESCRIPTOR.fields_by_name
+    known = []
+    for s in kinds.schemas():
+        message = fields[s.kind].message_type if s.kind in fields else None
+        if message is not None:
+            known.append((s.plural, s.kind, getattr(prewarm_pb2, message.name), s))
+    return known
+
+
+def _listed(known: Sequence[tuple[str, str, Any, TargetSchema]], last: str) -> str:
+    """``files, images and models``: the list keys, as a sentence."""
+    plurals = [plural for plural, _, _, _ in known]
+    return f"{', '.join(plurals[:-1])} {last} {plurals[-1]}"
+
+
 #: Targets of one rule: what one SubmitPrewarm takes (a whole model repo is one target).
 _MAX_TARGETS = 1000
 
 
 def _prewarm(raw: Any, i: int, bad: list[FieldViolation]) -> PrewarmRule | None:
     where = f"prewarm[{i}]"
-    allowed = ("selector", "concurrency", *(kind for kind, _, _ in _PREWARM_KINDS))
+    known = _prewarm_kinds()
+    allowed = ("selector", "concurrency", *(plural for plural, _, _, _ in known))
     if not _keys(raw, where, allowed, bad):
         return None
     selector = _selector(raw, where, bad)
@@ -318,7 +334,7 @@ def _prewarm(raw: Any, i: int, bad: list[FieldViolation]) -> PrewarmRule | None:
     names: list[str] = []
     seen: set[str] = set()
     errors_before = len(bad)
-    for kind, key, message in _PREWARM_KINDS:
+    for kind, key, message, schema in known:
         listed = raw.get(kind) or []
         if not isinstance(listed, list):
             bad.append(FieldViolation(f"{where}.{kind}", "a list"))
@@ -336,11 +352,18 @@ def _prewarm(raw: Any, i: int, bad: list[FieldViolation]) -> PrewarmRule | None:
             except (json_format.ParseError, TypeError, ValueError) as exc:
                 bad.append(FieldViolation(field_path, capped(str(exc))))
                 continue
-            if isinstance(parsed, prewarm_pb2.ModelTarget):
-                found = model_violations(parsed, field_path)
-                if found:
-                    bad += found
-                    continue
+            # The checks the agent's conversion makes, once here instead of from every node;
+            # a model's deeper ones (repo, revision, globs, endpoint) as the agent makes them.
+            found = (
+                model_violations(parsed, field_path)
+                if isinstance(parsed, prewarm_pb2.ModelTarget)
+                else []
+            )
+            if not found:
+                message_values(schema, parsed, field_path, found)
+            if found:
+                bad += found
+                continue
             if not parsed.name:
                 bad.append(FieldViolation(f"{field_path}.name", "required: how nodes list it"))
                 continue
@@ -351,9 +374,9 @@ def _prewarm(raw: Any, i: int, bad: list[FieldViolation]) -> PrewarmRule | None:
             names.append(parsed.name)
             seen.add(parsed.name)
     if len(targets) > _MAX_TARGETS:
-        bad.append(FieldViolation(where, f"at most {_MAX_TARGETS} files, images and models"))
+        bad.append(FieldViolation(where, f"at most {_MAX_TARGETS} {_listed(known, 'and')}"))
     if not targets and len(bad) == errors_before:
-        bad.append(FieldViolation(where, "at least one of files, images or models"))
+        bad.append(FieldViolation(where, f"at least one of {_listed(known, 'or')}"))
     if selector is None or not targets or not isinstance(concurrency, int):
         return None
     return PrewarmRule(selector, tuple(targets), tuple(names), concurrency)

@@ -21,13 +21,7 @@ _MODEL_FIELDS = {"model": "repo"}
 def target_name(target: prewarm_pb2.PrewarmTarget) -> str:
     """The item name a target asks for ("" when the node derives one)."""
     which = target.WhichOneof("target")
-    if which == "file":
-        return target.file.name
-    if which == "image":
-        return target.image.name
-    if which == "model":
-        return target.model.name
-    return ""
+    return str(getattr(target, which).name) if which else ""
 
 
 def model_violations(model: prewarm_pb2.ModelTarget, where: str) -> list[FieldViolation]:

@@ -102,3 +102,19 @@ def read_header_files(
             )
         headers[name] = value
     return headers
+
+
+#: An item's option that names a header file: ``header:<name>`` -> the file's path.
+HEADER_OPTION = "header:"
+
+
+def header_options(header_files: Mapping[str, Path]) -> dict[str, str]:
+    """A request's header files as the item's options (where each header's value is read)."""
+    return {f"{HEADER_OPTION}{k}": str(v) for k, v in header_files.items()}
+
+
+def header_files_of(options: Mapping[str, str]) -> dict[str, Path]:
+    """The header files an item's options name."""
+    return {
+        k[len(HEADER_OPTION) :]: Path(v) for k, v in options.items() if k.startswith(HEADER_OPTION)
+    }

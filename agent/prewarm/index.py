@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import Conflict, NotFound
-from agent.prewarm.model import CacheItem, ItemKind, ItemState
+from agent.prewarm.model import CacheItem, ItemState, Layout, item_kind
 from agent.state import TABLE_DURABILITY, StateStore
 
 _DURABILITY = TABLE_DURABILITY["prewarm_items"]
@@ -36,7 +36,7 @@ class ImagePull:
 
 def _to_row(item: CacheItem) -> dict[str, Any]:
     row = {name: getattr(item, name) for name in _COLUMNS}
-    row["kind"] = item.kind.value
+    row["kind"] = str(item.kind)
     row["state"] = item.state.value
     row["pinned"] = int(item.pinned)
     row["options"] = json.dumps(dict(item.options), sort_keys=True)
@@ -45,7 +45,7 @@ def _to_row(item: CacheItem) -> dict[str, Any]:
 
 def _from_row(row: sqlite3.Row) -> CacheItem:
     data = {name: row[name] for name in _COLUMNS}
-    data["kind"] = ItemKind(data["kind"])
+    data["kind"] = item_kind(data["kind"])
     data["state"] = ItemState(data["state"])
     data["pinned"] = bool(data["pinned"])
     data["options"] = json.loads(data["options"])
@@ -137,12 +137,13 @@ class PrewarmIndex:
         return [_from_row(r) for r in rows]
 
     def ready_with_digest(self, sha256: str) -> list[CacheItem]:
+        """The ready items that are the one blob ``sha256`` (every name on it)."""
         with self.store.reading() as conn:
             rows = conn.execute(
-                "SELECT * FROM prewarm_items WHERE sha256 = ? AND state = ? AND kind = ?",
-                (sha256, ItemState.READY.value, ItemKind.FILE.value),
+                "SELECT * FROM prewarm_items WHERE sha256 = ? AND state = ?",
+                (sha256, ItemState.READY.value),
             ).fetchall()
-        return [_from_row(r) for r in rows]
+        return [i for i in map(_from_row, rows) if i.layout is Layout.BLOB]
 
     def record_pull(self, pull: ImagePull) -> None:
         with self.transaction() as conn:

@@ -81,7 +81,7 @@ class PrewarmCollector(Collector):
             labels=labels,
         )
         for item in inv.items:
-            key = [item.kind.value, item.name]
+            key = [str(item.kind), item.name]
             for s in ItemState:
                 state.add_metric([*key, s.value], 1.0 if item.state is s else 0.0)
             if item.size is not None:

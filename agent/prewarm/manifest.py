@@ -20,22 +20,17 @@ items:
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec
-from agent.prewarm.model import FileRequest, GroupRequest, ImageRequest, PullPolicy
+from agent.prewarm import kinds
+from agent.prewarm.source import SourceRequest
+from agent.prewarm.target import TargetSchema, unknown_keys
 
-_FILE_KEYS = ("url", "name", "sha256", "pin", "header_files")
-_MODEL_KEYS = ("model", "revision", "endpoint", "include", "name", "pin", "header_files")
-_SOURCES = ("url", "image", "model")
-_IMAGE_KEYS = ("image", "name", "runtime_handler", "pin", "pull_policy", "repull_hours")
-
-
-Request = FileRequest | ImageRequest | GroupRequest
+Request = SourceRequest
 #: A manifest may list a whole model repository, so it gets more room than an RPC field.
 LIMITS = safeyaml.Limits(max_bytes=8 * 1024 * 1024, max_nodes=200_000)
 MAX_ITEMS = 10_000
@@ -53,20 +48,19 @@ def load_manifest(path: Path) -> list[Request]:
 
 
 def parse_manifest(data: Any) -> list[Request]:
-    """Requests in manifest order; every violation is reported at once, with its field path."""
+    """Requests in manifest order; every violation is reported at once, with its field path.
+    Each entry is a target of the registered kind whose key it has (agent/prewarm/target.py)."""
     errors: list[FieldViolation] = []
     if not isinstance(data, Mapping):
         raise InvalidSpec("manifest must be a mapping", [FieldViolation("", "version, items")])
-    _unknown(data, ("version", "items"), "", errors)
+    unknown_keys(data, ("version", "items"), "", errors)
     if data.get("version") != 1:
         errors.append(FieldViolation("version", "must be 1"))
+    schemas = kinds.schemas()
     items = data.get("items")
     if not isinstance(items, list) or not items:
-        errors.append(
-            FieldViolation(
-                "items", "a non-empty list of files (url), images (image), models (model)"
-            )
-        )
+        listed = ", ".join(f"{s.plural} ({s.manifest_source})" for s in schemas)
+        errors.append(FieldViolation("items", f"a non-empty list of {listed}"))
         items = []
     elif len(items) > MAX_ITEMS:
         errors.append(FieldViolation("items", f"at most {MAX_ITEMS} items, got {len(items)}"))
@@ -74,142 +68,17 @@ def parse_manifest(data: Any) -> list[Request]:
     out: list[Request] = []
     for i, entry in enumerate(items):
         where = f"items[{i}]"
-        if not isinstance(entry, Mapping) or sum(k in entry for k in _SOURCES) != 1:
-            errors.append(FieldViolation(where, "a mapping with exactly one of url, image, model"))
+        which: list[TargetSchema] = []
+        if isinstance(entry, Mapping):
+            which = [s for s in schemas if s.manifest_source in entry]
+        if len(which) != 1:
+            keys = ", ".join(s.manifest_source for s in schemas)
+            errors.append(FieldViolation(where, f"a mapping with exactly one of {keys}"))
             continue
-        request: Request | None
-        if "url" in entry:
-            request = _file(entry, where, errors)
-        elif "image" in entry:
-            request = _image(entry, where, errors)
-        else:
-            request = _model(entry, where, errors)
+        (schema,) = which
+        request = schema.parse(entry, where, errors, schema.manifest_names)
         if request is not None:
             out.append(request)
     if errors:
         raise InvalidSpec(f"manifest has {len(errors)} error(s)", errors)
     return out
-
-
-def _file(entry: Mapping[str, Any], where: str, errors: list[FieldViolation]) -> FileRequest | None:
-    if not _unknown(entry, _FILE_KEYS, where, errors):
-        return None
-    headers = entry.get("header_files") or {}
-    if not isinstance(headers, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
-    ):
-        errors.append(FieldViolation(f"{where}.header_files", "a mapping header name -> file path"))
-        return None
-    fields = _strings(entry, ("url", "name", "sha256"), where, errors)
-    pin = _bool(entry, where, errors)
-    if fields is None or pin is None:
-        return None
-    return FileRequest(
-        url=fields["url"] or "",
-        name=fields["name"],
-        sha256=fields["sha256"],
-        pin=pin,
-        header_files={k: Path(v) for k, v in headers.items()},
-    )
-
-
-def _headers(
-    entry: Mapping[str, Any], where: str, errors: list[FieldViolation]
-) -> dict[str, Path] | None:
-    headers = entry.get("header_files") or {}
-    if not isinstance(headers, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
-    ):
-        errors.append(FieldViolation(f"{where}.header_files", "a mapping header name -> file path"))
-        return None
-    return {k: Path(v) for k, v in headers.items()}
-
-
-def _model(
-    entry: Mapping[str, Any], where: str, errors: list[FieldViolation]
-) -> GroupRequest | None:
-    if not _unknown(entry, _MODEL_KEYS, where, errors):
-        return None
-    headers = _headers(entry, where, errors)
-    fields = _strings(entry, ("model", "revision", "endpoint", "name"), where, errors)
-    pin = _bool(entry, where, errors)
-    include = entry.get("include") or []
-    if not isinstance(include, list) or not all(isinstance(g, str) for g in include):
-        errors.append(FieldViolation(f"{where}.include", "a list of globs"))
-        return None
-    if headers is None or fields is None or pin is None:
-        return None
-    return GroupRequest(
-        repo=fields["model"] or "",
-        revision=fields["revision"] or "main",
-        endpoint=fields["endpoint"] or "https://huggingface.co",
-        include=tuple(include),
-        name=fields["name"],
-        pin=pin,
-        header_files=headers,
-    )
-
-
-def _image(
-    entry: Mapping[str, Any], where: str, errors: list[FieldViolation]
-) -> ImageRequest | None:
-    if not _unknown(entry, _IMAGE_KEYS, where, errors):
-        return None
-    fields = _strings(entry, ("image", "name", "runtime_handler", "pull_policy"), where, errors)
-    pin = _bool(entry, where, errors)
-    if fields is None or pin is None:
-        return None
-    policy = fields["pull_policy"] or PullPolicy.IF_NOT_PRESENT.value
-    if policy not in {p.value for p in PullPolicy}:
-        allowed = ", ".join(p.value for p in PullPolicy)
-        errors.append(FieldViolation(f"{where}.pull_policy", f"one of {allowed}"))
-        return None
-    hours = entry.get("repull_hours")
-    if hours is not None and (
-        isinstance(hours, bool) or not isinstance(hours, int | float) or hours <= 0
-    ):
-        errors.append(FieldViolation(f"{where}.repull_hours", "a number of hours > 0"))
-        return None
-    return ImageRequest(
-        ref=fields["image"] or "",
-        name=fields["name"],
-        runtime_handler=fields["runtime_handler"],
-        pin=pin,
-        pull_policy=PullPolicy(policy),
-        repull_hours=float(hours) if hours is not None else None,
-    )
-
-
-def _unknown(
-    entry: Mapping[str, Any], allowed: tuple[str, ...], where: str, errors: list[FieldViolation]
-) -> bool:
-    ok = True
-    for key in entry:
-        if key not in allowed:
-            near = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f" (did you mean {near[0]}?)" if near else ""
-            path = f"{where}.{key}" if where else str(key)
-            errors.append(FieldViolation(path, f"unknown key{hint}; allowed: {', '.join(allowed)}"))
-            ok = False
-    return ok
-
-
-def _strings(
-    entry: Mapping[str, Any], keys: tuple[str, ...], where: str, errors: list[FieldViolation]
-) -> dict[str, str | None] | None:
-    out: dict[str, str | None] = {}
-    for key in keys:
-        value = entry.get(key)
-        if value is not None and not isinstance(value, str):
-            errors.append(FieldViolation(f"{where}.{key}", "a string"))
-            return None
-        out[key] = value
-    return out
-
-
-def _bool(entry: Mapping[str, Any], where: str, errors: list[FieldViolation]) -> bool | None:
-    value = entry.get("pin", False)
-    if not isinstance(value, bool):
-        errors.append(FieldViolation(f"{where}.pin", "true or false"))
-        return None
-    return value

@@ -7,6 +7,10 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent.prewarm.source import Source
 
 
 class ItemState(enum.StrEnum):
@@ -28,9 +32,29 @@ class PullPolicy(enum.StrEnum):
 
 
 class ItemKind(enum.StrEnum):
+    """The built-in source kinds (agent/prewarm/kinds.py registers one `Source` each); a
+    kind registered beyond these is its own string."""
+
     FILE = "file"
     IMAGE = "image"
     GROUP = "group"  # a model: the files of a repo snapshot, warmed and labelled as one
+
+
+def item_kind(value: str) -> str:
+    """A stored kind: the built-in's enum member, or the registered kind's own string."""
+    try:
+        return ItemKind(value)
+    except ValueError:
+        return value
+
+
+class Layout(enum.Enum):
+    """Where a ready item's bytes are: one blob of the cache (with a by-name link), a
+    directory of blob links (a model), or outside the cache in the node's runtime (an image)."""
+
+    BLOB = "blob"
+    TREE = "tree"
+    RUNTIME = "runtime"
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +155,7 @@ class CacheItem:
     """One row of the inventory: a file or an image, whatever its state."""
 
     id: str
-    kind: ItemKind
+    kind: str  # an ItemKind, or a kind registered beyond them
     name: str
     source: str
     state: ItemState
@@ -152,11 +176,17 @@ class CacheItem:
     owner_role: str | None = None  # the role it acted under
 
     @property
+    def layout(self) -> Layout:
+        """Where this item's kind keeps a ready item (its registered `Source` says)."""
+        return _source(self.kind).layout
+
+    @property
     def blobs(self) -> dict[str, int]:
         """sha256 -> size of the blobs a ready file or group stands on ({} for others)."""
-        if self.kind is ItemKind.FILE:
+        layout = self.layout
+        if layout is Layout.BLOB:
             return {self.sha256: self.size or 0} if self.sha256 else {}
-        if self.kind is ItemKind.GROUP:
+        if layout is Layout.TREE:
             return {sha: size for _, sha, size in self.members}
         return {}
 
@@ -188,15 +218,10 @@ class CacheItem:
 
     @property
     def label_ready(self) -> bool:
-        """Worth a ``cache.<name>=ready`` node label: a ready file, or a ready image that is
-        fully warm (a Nydus image with only its bootstrap pulled would still fetch its data
-        when the pod starts)."""
-        if self.state is not ItemState.READY:
-            return False
-        if self.kind in (ItemKind.FILE, ItemKind.GROUP):
-            return True
-        warmth = self.image_warmth
-        return warmth is not None and warmth.warmth is Warmth.FULL
+        """Worth a ``cache.<name>=ready`` node label: ready, and as its kind's `Source.ready`
+        says (a Nydus image with only its bootstrap pulled would still fetch its data when the
+        pod starts)."""
+        return _source(self.kind).ready(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,3 +233,10 @@ class Progress:
     total_bytes: int | None
     rate_bps: float
     eta_s: float | None
+
+
+def _source(kind: str) -> Source:
+    # The registry imports the kinds, which import this module: looked up when first asked.
+    from agent.prewarm.kinds import source_for
+
+    return source_for(kind)

@@ -47,7 +47,7 @@ from agent.errors import Busy, Conflict
 from agent.prewarm.errors import DigestMismatch, DiskFull, FetchFailed
 from agent.prewarm.index import PrewarmIndex
 from agent.prewarm.inuse import ProcScanner, file_id
-from agent.prewarm.model import CacheItem, ItemKind, ItemState
+from agent.prewarm.model import CacheItem, ItemKind, ItemState, Layout
 
 log = logging.getLogger(__name__)
 
@@ -461,11 +461,11 @@ class CacheStore:
             size = self.blob_size(sha)
             if size is None:
                 return f"blob sha256:{sha} is missing from {self.blob_dir}"
-            if size != recorded and (item.kind is ItemKind.GROUP or item.size is not None):
+            if size != recorded and (item.layout is Layout.TREE or item.size is not None):
                 return f"blob sha256:{sha} has {size} bytes, not {recorded}"
             if verify_digest and self._hash_blob(sha) != sha:
                 return f"blob sha256:{sha} no longer hashes to its digest"
-        if item.kind is ItemKind.GROUP:
+        if item.layout is Layout.TREE:
             if not self._tree_intact(item):
                 self.link_tree(item.name, item.id, [(p, s) for p, s, _ in item.members])
         elif os.path.realpath(self.name_path(item.name)) != os.path.realpath(
@@ -518,7 +518,7 @@ class CacheStore:
         reserved = sum(
             i.size or 0
             for i in items
-            if i.kind is not ItemKind.IMAGE and i.state is ItemState.FETCHING and i.id != exclude
+            if i.layout is not Layout.RUNTIME and i.state is ItemState.FETCHING and i.id != exclude
         )
         st = self._statvfs(self.root)
         volume = st.f_blocks * st.f_frsize
@@ -577,12 +577,12 @@ class CacheStore:
         by_sha: dict[str, _Unit] = {}
         units: list[_Unit] = []
         for item in self.index.items([ItemState.READY]):
-            if item.kind is ItemKind.FILE and item.sha256:
+            if item.layout is Layout.BLOB and item.sha256:
                 unit = by_sha.setdefault(item.sha256, _Unit([], dict(item.blobs)))
                 if not unit.items:
                     units.append(unit)
                 unit.items.append(item)
-            elif item.kind is ItemKind.GROUP:
+            elif item.layout is Layout.TREE:
                 units.append(_Unit([item], item.blobs))
         return units
 
@@ -641,9 +641,9 @@ class CacheStore:
     def discard_item(self, item: CacheItem) -> None:
         """Drop a ready item found not to be what it claims (a blob gone or wrong): a file's
         blob goes with every name on it; a group loses its directory and blobs no one else uses."""
-        if item.kind is ItemKind.FILE and item.sha256:
+        if item.layout is Layout.BLOB and item.sha256:
             self.discard_blob(item.sha256)
-        elif item.kind is ItemKind.GROUP:
+        elif item.layout is Layout.TREE:
             with self.index.transaction():
                 unit = self._mark_evicted([self.index.get(item.id)])
             self._remove(unit)
@@ -751,7 +751,7 @@ class CacheStore:
         ready item still stands on (``force``: delete those blobs whatever stands on them)."""
         for item in unit.items:
             self.remove_link(item.name)
-            if item.kind is ItemKind.GROUP:
+            if item.layout is Layout.TREE:
                 shutil.rmtree(self.tree_path(item.id), ignore_errors=True)
         still = {sha for i in self.index.items([ItemState.READY]) for sha in i.blobs}
         gone = [sha for sha in unit.blobs if sha not in still or sha in set(force)]
@@ -783,7 +783,7 @@ class CacheStore:
         ready = [i for i in items if i.state is ItemState.READY]
         wanted = {sha for i in ready for sha in i.blobs}
         self._sweep(self.blob_dir, wanted, stat.S_IFREG)
-        trees = {i.id for i in ready if i.kind is ItemKind.GROUP}
+        trees = {i.id for i in ready if i.layout is Layout.TREE}
         self._sweep(self.tree_dir, trees, stat.S_IFDIR)
         active = {i.id for i in items if i.state in (ItemState.QUEUED, ItemState.FETCHING)}
         active |= {i.id for i in items if i.state is ItemState.FAILED and i.retry_at is not None}

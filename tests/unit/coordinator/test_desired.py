@@ -184,3 +184,26 @@ def test_the_loop_is_healthy_while_passes_end_and_reports_a_bad_desired_file(
     tmp_path: Path,
 ) -> None:
     asyncio.run(_serve_without_agents(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("entry", "field"),
+    [
+        ("files: [{name: f}]", "prewarm[0].files[0].url"),
+        ("images: [{name: i}]", "prewarm[0].images[0].ref"),
+        (
+            "images: [{ref: r.example/a:1, name: i, repull_hours: -1}]",
+            "prewarm[0].images[0].repull_hours",
+        ),
+        (
+            "files: [{url: 'https://x/a', name: f, header_files: {Authorization: token}}]",
+            "prewarm[0].files[0].header_files[Authorization]",
+        ),
+    ],
+)
+def test_a_target_every_agent_would_refuse_is_refused_once_at_load(entry: str, field: str) -> None:
+    """The agent's own target checks (the shared target schema, agent/prewarm/target.py) run on
+    the desired file as it loads, instead of each node refusing the same target."""
+    with pytest.raises(InvalidSpec) as caught:
+        parse_desired(f"version: v1\nprewarm: [{{{entry}}}]")
+    assert field in [v.field for v in caught.value.violations], caught.value.violations

@@ -1,0 +1,211 @@
+"""The one interface a prewarm source kind implements, and what it may use of the service.
+
+A kind (an HTTP file, a model repo snapshot, a container image, ...) is one `Source`: it
+validates its requests, says what item a request names (`target`: source, resume identity,
+options), does the item's work (`run`), checks a ready item is still there (`unready`,
+`recheck`), says when it is worth a node label (`ready`), how readers see its source
+(`describe`) and how it leaves the node (`discard`, `evict`, `pin`). `PrewarmService` holds
+everything that is the same for every kind (naming, the one transaction of a request, retries,
+claims, workers) and asks the kind's `Source` for the rest; `agent/prewarm/kinds.py` is the
+one registry keyed by kind. A new kind is one module, ``source_<kind>.py``, with its `Source`
+(named ``SOURCE``) and its `TargetSchema` (agent/prewarm/target.py); see docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from agent.errors import Conflict
+from agent.owner import Actor, check_may_undo
+from agent.prewarm.headers import HeaderDir
+from agent.prewarm.model import CacheItem, ItemState, Layout
+from agent.prewarm.policy import UrlPolicy, redact_url
+
+if TYPE_CHECKING:
+    from agent.prewarm.fetch_http import CancelledFn, ProgressFn
+    from agent.prewarm.index import PrewarmIndex
+    from agent.prewarm.service import FileFetcher, ImagePuller, ImageWarmer
+    from agent.prewarm.store import CacheStore, Partial
+    from agent.prewarm.target import TargetSchema
+
+
+class SourceRequest(Protocol):
+    """What every kind's request has: the item name asked for (None: derived) and the pin."""
+
+    @property
+    def name(self) -> str | None: ...
+
+    @property
+    def pin(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The item a request names, decided before anything is written.
+
+    ``source`` is stored as the item's source (the URL to fetch, the image reference);
+    ``identity`` is what makes two requests the same item (a URL without its signature);
+    ``pretty`` is what the default name derives from; ``options`` are the request's settings
+    kept in the item's row; ``sha256`` the content the request pins, if any.
+    """
+
+    source: str
+    identity: str
+    pretty: str
+    options: Mapping[str, str] = field(default_factory=dict)
+    sha256: str | None = None
+
+
+class Work(Protocol):
+    """What a `Source` may use of the service that runs it (the service itself)."""
+
+    index: PrewarmIndex
+    store: CacheStore
+    policy: UrlPolicy
+
+    @property
+    def fetcher(self) -> FileFetcher: ...
+
+    @property
+    def lister(self) -> FileFetcher: ...
+
+    @property
+    def puller(self) -> ImagePuller | None: ...
+
+    @property
+    def warmer(self) -> ImageWarmer | None: ...
+
+    @property
+    def header_dirs(self) -> Sequence[HeaderDir]: ...
+
+    @property
+    def group_parallel(self) -> int: ...
+
+    def now(self) -> float:
+        """The wall clock, for the row's timestamps."""
+        ...
+
+    def identity(self, url: str) -> str:
+        """A URL without the query parameters that only sign it (the resume key)."""
+        ...
+
+    def watchers(self, item: CacheItem, event: threading.Event) -> tuple[ProgressFn, CancelledFn]:
+        """Progress reporting and cancellation checks for one item's run."""
+        ...
+
+    def fail(
+        self,
+        item: CacheItem,
+        partials: Partial | Sequence[Partial],
+        error: str,
+        transient: bool = False,
+        kept: int | None = None,
+    ) -> CacheItem:
+        """Fail a cache-backed item; a transient failure keeps its partials and is retried."""
+        ...
+
+    def finish(self, item: CacheItem, **changes: object) -> CacheItem:
+        """Record a run's success: the item ready, released, with its time-to-warm."""
+        ...
+
+    def requeue_if_stopped(self, item: CacheItem) -> CacheItem:
+        """After Cancelled: queued again when the agent is stopping, else as the user left it."""
+        ...
+
+
+class Source:
+    """One prewarm source kind. The defaults fit a kind whose ready item is bytes in the
+    content-addressed cache (`Layout.BLOB`); a kind overrides what differs."""
+
+    #: the item kind stored in the index and shown by the API, CLI and metrics
+    kind: ClassVar[str]
+    #: the request dataclass of this kind (what `PrewarmService.submit` takes)
+    request_type: ClassVar[type]
+    #: where a ready item's bytes live: one blob, a directory of blobs, or the node's runtime
+    layout: ClassVar[Layout] = Layout.BLOB
+    #: its target as manifests, the API and desired files write it (None: in-process only)
+    schema: ClassVar[TargetSchema | None] = None
+
+    def validate(self, request: SourceRequest, work: Work) -> None:
+        """Refuse a bad request (InvalidSpec naming the field) before anything is written."""
+
+    def target(self, request: SourceRequest, work: Work) -> Target:
+        """The item ``request`` names."""
+        raise NotImplementedError
+
+    def identity(self, item: CacheItem, work: Work) -> str:
+        """What makes a stored item the same as a new request's ``Target.identity``."""
+        return item.source
+
+    def shortcut(self, item: CacheItem, work: Work) -> CacheItem | None:
+        """A queued new item already satisfied without a run (the same content under another
+        name), ready; None to run it."""
+        return None
+
+    def after_ready(self, item: CacheItem, work: Work) -> None:
+        """Once a `shortcut` item is recorded: what it needs on disk (a by-name link)."""
+
+    def run(self, item: CacheItem, event: threading.Event, work: Work) -> CacheItem:
+        """Do the item's work (it is FETCHING and claimed); returns its final row."""
+        raise NotImplementedError
+
+    def ready(self, item: CacheItem) -> bool:
+        """Worth a ``cache.<name>=ready`` node label."""
+        return item.state is ItemState.READY
+
+    def unready(self, item: CacheItem, work: Work, verify_digest: bool = False) -> str | None:
+        """Why a ready item is not there (None when it is); ``verify_digest`` hashes bytes."""
+        return work.store.missing(item, verify_digest)
+
+    def recheck(self, item: CacheItem, work: Work) -> str | None:
+        """The audit's check of a ready item: why it is gone (None: there, or not known)."""
+        return self.unready(item, work)
+
+    def due(self, item: CacheItem, now: float) -> bool:
+        """Whether a ready item is to be fetched again by the audit (a moving tag's interval)."""
+        return False
+
+    def repull(self, item: CacheItem, options: Mapping[str, str], now: float) -> bool:
+        """Whether a new request with ``options`` runs a ready item again instead of a hit."""
+        return False
+
+    def discard(self, item: CacheItem, work: Work) -> None:
+        """Drop what a ready item found not to be what it claims left in the cache."""
+        work.store.discard_item(item)
+
+    def evict(self, item: CacheItem, by: Actor | None, work: Work) -> CacheItem:
+        """Remove a ready item from the node; returns its row. The default, for one blob:
+        evicting the blob evicts every name on it, so each must be the caller's to evict and
+        none pinned; a blob a process holds is refused by the store."""
+        assert item.sha256 is not None
+        sharing = work.index.ready_with_digest(item.sha256)
+        for other in sharing:  # evicting the blob evicts every name on it
+            check_may_undo(by, other.owner_role, other.name, "evict")
+        pinned = [i.name for i in sharing if i.pinned]
+        if pinned:
+            raise Conflict(
+                f"{item.name} shares its blob with pinned {', '.join(pinned)}; unpin first"
+            )
+        work.store.evict(item.sha256)
+        return work.index.get(item.id)
+
+    def pin(self, item: CacheItem, pinned: bool, work: Work) -> None:
+        """Pin or unpin a ready item where it lives, beyond the cache's own pin (the runtime)."""
+
+    def pin_after_hit(self, item: CacheItem, work: Work) -> None:
+        """A hit pinned an item that was not: pin it where it lives, logging what fails."""
+
+    def describe(self, item: CacheItem) -> str:
+        """The item's source as readers see it: no signature or user info."""
+        return redact_url(item.source)
+
+
+_RETRY_OPTIONS = ("retry_at", "attempts")
+
+
+def without_retry(options: Mapping[str, str]) -> dict[str, str]:
+    """An item's options less the retry schedule of its last failure."""
+    return {k: v for k, v in options.items() if k not in _RETRY_OPTIONS}

@@ -1,0 +1,166 @@
+"""The file kind: one URL's bytes from an HTTP(S) origin (directly, or through Dragonfly:
+the service's fetcher says which) into the content-addressed cache, resumable, verified."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from agent.errors import AgentError, FieldViolation, InvalidSpec, StateUnavailable
+from agent.prewarm.errors import Cancelled, FetchFailed
+from agent.prewarm.fetch_http import FetchSpec
+from agent.prewarm.headers import (
+    check_header_name,
+    header_files_of,
+    header_options,
+    read_header_files,
+)
+from agent.prewarm.model import CacheItem, FileRequest, ItemKind, ItemState
+from agent.prewarm.source import Source, SourceRequest, Target, Work, without_retry
+from agent.prewarm.target import FieldType, TargetSchema, headers
+
+log = logging.getLogger("agent.prewarm.service")
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _build(v: Mapping[str, Any]) -> FileRequest:
+    return FileRequest(
+        url=v["url"] or "",
+        name=v["name"],
+        sha256=v["sha256"],
+        pin=v["pin"],
+        header_files=headers(v["header_files"]),
+    )
+
+
+def _values(r: FileRequest) -> dict[str, Any]:
+    return {
+        "url": r.url,
+        "name": r.name,
+        "sha256": r.sha256,
+        "pin": r.pin,
+        "header_files": {k: str(v) for k, v in r.header_files.items()},
+    }
+
+
+SCHEMA = TargetSchema(
+    kind="file",
+    plural="files",
+    source="url",
+    fields={
+        "url": FieldType.TEXT,
+        "name": FieldType.TEXT,
+        "sha256": FieldType.TEXT,
+        "pin": FieldType.FLAG,
+        "header_files": FieldType.HEADERS,
+    },
+    build=_build,
+    values=_values,
+)
+
+
+class FileSource(Source):
+    kind = ItemKind.FILE
+    request_type = FileRequest
+    schema = SCHEMA
+
+    def validate(self, request: SourceRequest, work: Work) -> None:
+        assert isinstance(request, FileRequest)
+        work.policy.check(request.url)
+        if request.sha256 is not None and not _SHA256.fullmatch(request.sha256):
+            raise InvalidSpec(
+                "sha256 must be 64 lowercase hex digits",
+                [FieldViolation("sha256", "64 characters 0-9 a-f")],
+            )
+        for header in request.header_files:
+            check_header_name(header)
+        read_header_files(
+            request.header_files, work.header_dirs, request.url
+        )  # fail now, not minutes later
+
+    def target(self, request: SourceRequest, work: Work) -> Target:
+        assert isinstance(request, FileRequest)
+        return Target(
+            source=request.url,
+            identity=work.identity(request.url),
+            pretty=request.url,
+            options=header_options(request.header_files),
+            sha256=request.sha256,
+        )
+
+    def identity(self, item: CacheItem, work: Work) -> str:
+        return work.identity(item.source)
+
+    def shortcut(self, item: CacheItem, work: Work) -> CacheItem | None:
+        size = work.store.blob_size(item.expected_sha256) if item.expected_sha256 else None
+        if size is None:
+            return None
+        # Same content under another name: link it, no fetch, once the bytes still hash right.
+        ready = replace(
+            item,
+            state=ItemState.READY,
+            sha256=item.expected_sha256,
+            size=size,
+            finished_at=item.created_at,
+            last_used=item.created_at,
+            warm_seconds=0.0,
+        )
+        return ready if work.store.missing(ready, verify_digest=True) is None else None
+
+    def after_ready(self, item: CacheItem, work: Work) -> None:
+        if item.sha256:
+            work.store.link_name(item.name, item.sha256)
+
+    def run(self, item: CacheItem, event: threading.Event, work: Work) -> CacheItem:
+        partial = work.store.partial(item.id)
+        if partial.offset:
+            log.info("resuming %s from %d bytes on disk", item.name, partial.offset)
+        progress, cancelled = work.watchers(item, event)
+        fetcher = work.fetcher
+        try:
+            headers = read_header_files(
+                header_files_of(item.options), work.header_dirs, item.source
+            )
+            spec = FetchSpec(
+                item.source, headers, item.expected_sha256, resume_key=work.identity(item.source)
+            )
+            info = fetcher.fetch(spec, partial, progress, cancelled)
+            size = partial.offset
+            digest = work.store.commit(item, partial)
+        except Cancelled:
+            partial.close()
+            if work.index.get(item.id).state is ItemState.FETCHING:
+                # Stopped by shutdown, not by a user: keep the partial and resume later.
+                work.index.update(item.id, state=ItemState.QUEUED, fetched_bytes=partial.offset)
+                work.index.set_owner(item.id, None)
+            else:
+                work.store.discard_partial(item.id)
+            return work.index.get(item.id)
+        except FetchFailed as exc:
+            return work.fail(item, partial, str(exc), transient=exc.transient)
+        except StateUnavailable:
+            partial.close()
+            raise
+        except AgentError as exc:
+            return work.fail(item, partial, str(exc))
+        except Exception as exc:
+            log.exception("prewarm of %s failed unexpectedly", item.name)
+            return work.fail(item, partial, f"internal error: {type(exc).__name__}: {exc}")
+        options = without_retry(item.options)
+        if info.dragonfly_task_id:
+            options["dragonfly_task_id"] = info.dragonfly_task_id
+        options.pop("dragonfly_output", None)  # this run's, not one before a config change
+        if info.dragonfly_output:
+            options["dragonfly_output"] = info.dragonfly_output
+        options["via"] = fetcher.mode
+        done = work.finish(item, sha256=digest, size=size, fetched_bytes=size, options=options)
+        log.info("prewarmed %s (%d bytes, sha256 %s) via %s", item.name, size, digest, fetcher.mode)
+        return done
+
+
+SOURCE = FileSource()

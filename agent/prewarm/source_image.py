@@ -1,0 +1,234 @@
+"""The image kind: a container image pulled through the node's CRI (containerd), so the
+kubelet finds it in place, then warmed by the service's `ImageWarmer` (a Nydus image's data
+blobs through Dragonfly); ready for a label only when fully warm. Its bytes live in the
+runtime, not the cache: presence, pins and removal go to the runtime."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec
+from agent.owner import Actor
+from agent.prewarm.docker_auth import registry_host
+from agent.prewarm.errors import Cancelled, ImageWarmFailed
+from agent.prewarm.index import ImagePull
+from agent.prewarm.model import (
+    CacheItem,
+    ImageRequest,
+    ImageWarmth,
+    ItemKind,
+    ItemState,
+    Layout,
+    PullPolicy,
+    Warmth,
+)
+from agent.prewarm.source import Source, SourceRequest, Target, Work
+from agent.prewarm.target import FieldType, TargetSchema
+
+log = logging.getLogger("agent.prewarm.service")
+
+_MAX_REPULL_H = 24 * 365
+# Options an image request sets; the rest are results of the last run and are replaced.
+_REQUEST_OPTIONS = ("runtime_handler", "pull_policy", "repull_hours")
+_NO_PULLER = "no image puller (CRI) is configured"
+
+
+def _build(v: Mapping[str, Any]) -> ImageRequest:
+    hours = v["repull_hours"]
+    return ImageRequest(
+        ref=v["ref"] or "",
+        name=v["name"],
+        runtime_handler=v["runtime_handler"],
+        pin=v["pin"],
+        pull_policy=PullPolicy(v["pull_policy"] or PullPolicy.IF_NOT_PRESENT.value),
+        repull_hours=float(hours) if hours is not None else None,
+    )
+
+
+def _values(r: ImageRequest) -> dict[str, Any]:
+    return {
+        "ref": r.ref,
+        "name": r.name,
+        "runtime_handler": r.runtime_handler,
+        "pin": r.pin,
+        "pull_policy": r.pull_policy.value,
+        "repull_hours": r.repull_hours,
+    }
+
+
+SCHEMA = TargetSchema(
+    kind="image",
+    plural="images",
+    source="ref",
+    fields={
+        "ref": FieldType.TEXT,
+        "name": FieldType.TEXT,
+        "runtime_handler": FieldType.TEXT,
+        "pin": FieldType.FLAG,
+        "pull_policy": FieldType.PULL_POLICY,
+        "repull_hours": FieldType.HOURS,
+    },
+    build=_build,
+    values=_values,
+    manifest_names={"ref": "image"},
+)
+
+
+class ImageSource(Source):
+    kind = ItemKind.IMAGE
+    request_type = ImageRequest
+    layout = Layout.RUNTIME
+    schema = SCHEMA
+
+    def validate(self, request: SourceRequest, work: Work) -> None:
+        assert isinstance(request, ImageRequest)
+        if not request.ref or any(c.isspace() for c in request.ref):
+            raise InvalidSpec(
+                "image reference is empty or has spaces",
+                [FieldViolation("image", "e.g. registry.example.com/repo:tag")],
+            )
+        work.policy.check_registry(registry_host(request.ref))
+        if request.repull_hours is not None and not 0 < request.repull_hours <= _MAX_REPULL_H:
+            raise InvalidSpec(
+                f"repull_hours must be > 0 and <= {_MAX_REPULL_H}",
+                [FieldViolation("repull_hours", f"hours, 0 < h <= {_MAX_REPULL_H}")],
+            )
+
+    def target(self, request: SourceRequest, work: Work) -> Target:
+        assert isinstance(request, ImageRequest)
+        options = {"pull_policy": request.pull_policy.value}
+        if request.runtime_handler:
+            options["runtime_handler"] = request.runtime_handler
+        if request.repull_hours is not None:
+            options["repull_hours"] = f"{request.repull_hours:g}"
+        return Target(source=request.ref, identity=request.ref, pretty=request.ref, options=options)
+
+    def ready(self, item: CacheItem) -> bool:
+        # Fully warm only: a Nydus image with its bootstrap alone fetches its data at start.
+        if item.state is not ItemState.READY:
+            return False
+        warmth = item.image_warmth
+        return warmth is not None and warmth.warmth is Warmth.FULL
+
+    def describe(self, item: CacheItem) -> str:
+        return item.source  # a reference has no query or user info: shown whole
+
+    def unready(self, item: CacheItem, work: Work, verify_digest: bool = False) -> str | None:
+        puller = work.puller
+        if puller is None:
+            return _NO_PULLER
+        try:
+            present = puller.present(item.source)
+        except AgentError as exc:
+            return f"cannot check the runtime: {exc}"
+        return None if present else f"image {item.source} is no longer in the runtime"
+
+    def recheck(self, item: CacheItem, work: Work) -> str | None:
+        puller = work.puller
+        if puller is None:
+            return self.unready(item, work)
+        try:
+            present = puller.present(item.source)
+        except AgentError as exc:  # unknown is not absent: left as it is
+            log.warning("audit cannot check image %s: %s", item.name, exc)
+            return None
+        return None if present else f"image {item.source} is no longer in the runtime"
+
+    def due(self, item: CacheItem, now: float) -> bool:
+        return _repull_due(item.options, item.finished_at, now)
+
+    def repull(self, item: CacheItem, options: Mapping[str, str], now: float) -> bool:
+        if options.get("pull_policy") == PullPolicy.ALWAYS.value:
+            return True
+        return _repull_due(options, item.finished_at, now)
+
+    def discard(self, item: CacheItem, work: Work) -> None:
+        return None  # nothing of it in the cache
+
+    def evict(self, item: CacheItem, by: Actor | None, work: Work) -> CacheItem:
+        if item.pinned:
+            raise Conflict(f"{item.name} is pinned; unpin first")
+        if work.puller is not None:
+            work.puller.remove(item.source)
+        return work.index.update(item.id, state=ItemState.EVICTED)
+
+    def pin(self, item: CacheItem, pinned: bool, work: Work) -> None:
+        if item.state is ItemState.READY and work.puller:
+            work.puller.set_pinned(item.source, pinned)
+
+    def pin_after_hit(self, item: CacheItem, work: Work) -> None:
+        if work.puller is None:
+            return
+        try:
+            work.puller.set_pinned(item.source, True)
+        except AgentError as exc:
+            log.warning("cannot pin image %s in the runtime: %s", item.name, exc)
+
+    def run(self, item: CacheItem, event: threading.Event, work: Work) -> CacheItem:
+        puller = work.puller
+        if puller is None:
+            return _fail(work, item, _NO_PULLER, {})
+        handler = item.options.get("runtime_handler")
+        try:
+            # Checked again as it goes to the CRI: the registry's DNS may have moved since.
+            work.policy.check_registry(registry_host(item.source))
+            result = puller.pull(item.source, handler)
+        except Cancelled:
+            return work.requeue_if_stopped(item)
+        except AgentError as exc:
+            return _fail(work, item, str(exc), {})
+        work.index.record_pull(ImagePull(item.source, result.cold, result.seconds, work.now()))
+        options = {k: v for k, v in item.options.items() if k in _REQUEST_OPTIONS}
+        options["image_ref"] = result.image_ref
+        warmer = work.warmer
+        if warmer is not None:
+            progress, cancelled = work.watchers(item, event)
+            try:
+                warm = warmer.warm(item.source, handler, progress, cancelled)
+            except Cancelled:
+                return work.requeue_if_stopped(item)  # dfdaemon keeps what it has
+            except ImageWarmFailed as exc:
+                return _fail(work, item, str(exc), {**options, **exc.warmth.to_options()})
+            except AgentError as exc:
+                # Pulled, but its layers could not be read: say so rather than guess.
+                log.warning("cannot tell how warm %s is: %s", item.name, exc)
+                unknown = ImageWarmth(Warmth.UNKNOWN)
+                options.update(unknown.to_options(), warmth_error=str(exc))
+            else:
+                options.update(warm.notes)
+                options.update(warm.warmth.to_options())
+        if item.pinned:
+            try:
+                puller.set_pinned(item.source, True)
+            except AgentError as exc:
+                log.warning("cannot pin image %s in the runtime: %s", item.name, exc)
+                options["pin_error"] = str(exc)
+        done = work.finish(item, size=result.size, options=options)
+        warmth = done.image_warmth
+        log.info(
+            "prewarmed image %s (%s)", item.name, warmth.warmth if warmth else "warmth not known"
+        )
+        return done
+
+
+def _fail(work: Work, item: CacheItem, error: str, options: Mapping[str, str]) -> CacheItem:
+    work.index.set_owner(item.id, None)
+    log.warning("prewarm of image %s failed: %s", item.name, error)
+    changes: dict[str, object] = {"options": options} if options else {}
+    return work.index.update(
+        item.id, state=ItemState.FAILED, error=error, finished_at=work.now(), **changes
+    )
+
+
+def _repull_due(options: Mapping[str, str], pulled_at: float | None, now: float) -> bool:
+    """Whether an image's ``repull_hours`` have passed since its last pull."""
+    hours = options.get("repull_hours")
+    if not hours or pulled_at is None:
+        return False
+    return now - pulled_at >= float(hours) * 3600
+
+
+SOURCE = ImageSource()

@@ -1,0 +1,243 @@
+"""The model kind (stored as ``group``): a model repo snapshot (Hugging Face style) warmed
+and labelled as one item: listed, admitted by its total size, its files fetched in parallel
+(each resumable on its own), then laid out as the model directory under by-name/<name>/."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from agent.errors import AgentError, Conflict, StateUnavailable
+from agent.owner import Actor
+from agent.prewarm.errors import Cancelled, FetchFailed
+from agent.prewarm.fetch_http import CancelledFn, FetchSpec, ProgressFn
+from agent.prewarm.group import Member, check_include, check_repo, list_group, listing_url
+from agent.prewarm.headers import (
+    check_header_name,
+    header_files_of,
+    header_options,
+    read_header_files,
+)
+from agent.prewarm.model import CacheItem, GroupRequest, ItemKind, ItemState, Layout
+from agent.prewarm.source import Source, SourceRequest, Target, Work, without_retry
+from agent.prewarm.store import MemberPartial
+from agent.prewarm.target import FieldType, TargetSchema, headers
+
+log = logging.getLogger("agent.prewarm.service")
+
+
+def _build(v: Mapping[str, Any]) -> GroupRequest:
+    return GroupRequest(
+        repo=v["repo"] or "",
+        revision=v["revision"] or "main",
+        endpoint=v["endpoint"] or DEFAULT_ENDPOINT,
+        include=tuple(v["include"]),
+        name=v["name"],
+        pin=v["pin"],
+        header_files=headers(v["header_files"]),
+    )
+
+
+def _values(r: GroupRequest) -> dict[str, Any]:
+    return {
+        "repo": r.repo,
+        "revision": r.revision,
+        "endpoint": r.endpoint,
+        "include": list(r.include),
+        "name": r.name,
+        "pin": r.pin,
+        "header_files": {k: str(v) for k, v in r.header_files.items()},
+    }
+
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+SCHEMA = TargetSchema(
+    kind="model",
+    plural="models",
+    source="repo",
+    fields={
+        "repo": FieldType.TEXT,
+        "revision": FieldType.TEXT,
+        "endpoint": FieldType.TEXT,
+        "include": FieldType.GLOBS,
+        "name": FieldType.TEXT,
+        "pin": FieldType.FLAG,
+        "header_files": FieldType.HEADERS,
+    },
+    build=_build,
+    values=_values,
+    manifest_names={"repo": "model"},
+)
+
+
+class ModelSource(Source):
+    kind = ItemKind.GROUP
+    request_type = GroupRequest
+    layout = Layout.TREE
+    schema = SCHEMA
+
+    def validate(self, request: SourceRequest, work: Work) -> None:
+        assert isinstance(request, GroupRequest)
+        check_repo(request.repo, request.revision)
+        listing = listing_url(request.endpoint, request.repo, request.revision)
+        work.policy.check(listing)
+        check_include(request.include)
+        for header in request.header_files:
+            check_header_name(header)
+        read_header_files(request.header_files, work.header_dirs, listing)
+
+    def target(self, request: SourceRequest, work: Work) -> Target:
+        assert isinstance(request, GroupRequest)
+        # The file selection is part of what the item is: other globs are another source.
+        source = listing_url(request.endpoint, request.repo, request.revision)
+        if request.include:
+            source += "#include=" + ",".join(request.include)
+        pretty = (
+            request.repo if request.revision == "main" else f"{request.repo}:{request.revision}"
+        )
+        options = header_options(request.header_files)
+        options.update(
+            repo=request.repo,
+            revision=request.revision,
+            endpoint=request.endpoint,
+            include=json.dumps(list(request.include)),
+        )
+        return Target(source=source, identity=source, pretty=pretty, options=options)
+
+    def evict(self, item: CacheItem, by: Actor | None, work: Work) -> CacheItem:
+        if item.pinned:
+            raise Conflict(f"{item.name} is pinned; unpin first")
+        work.store.evict_group(item)
+        return work.index.get(item.id)
+
+    def run(self, item: CacheItem, event: threading.Event, work: Work) -> CacheItem:
+        """List the snapshot, admit its total size, fetch and commit the missing files in
+        parallel (each resumable on its own), then lay out the model directory."""
+        progress, cancelled = work.watchers(item, event)
+        opts = item.options
+        # Files of this snapshot already committed by an earlier, failed run: url -> sha256.
+        fetched: dict[str, str] = json.loads(opts.get("fetched", "{}"))
+        try:
+            headers = read_header_files(
+                header_files_of(opts),
+                work.header_dirs,
+                listing_url(opts["endpoint"], opts["repo"], opts["revision"]),
+            )
+            listing = list_group(
+                work.lister,
+                opts["endpoint"],
+                opts["repo"],
+                opts["revision"],
+                json.loads(opts.get("include", "[]")),
+                headers,
+                cancelled,
+            )
+            have: dict[str, str] = {}
+            for m in listing.members:
+                sha = m.sha256 or fetched.get(m.url)
+                if sha and work.store.blob_size(sha) == m.size:
+                    have[m.path] = sha
+            todo = [m for m in listing.members if m.path not in have]
+            on_disk = sum(work.store.partial_size(_member_key(item.id, m.path)) for m in todo)
+            work.store.admit(item.id, listing.total, on_disk=on_disk)
+            _fetch_members(
+                work, item, todo, have, fetched, headers, listing.total, progress, cancelled
+            )
+            files = [(m.path, have[m.path], m.size) for m in listing.members]
+            work.store.link_tree(item.name, item.id, [(p, sha) for p, sha, _ in files])
+        except Cancelled:
+            if work.index.get(item.id).state is ItemState.FETCHING:
+                work.index.update(
+                    item.id,
+                    state=ItemState.QUEUED,
+                    options={**opts, "fetched": json.dumps(fetched)},
+                )
+                work.index.set_owner(item.id, None)
+            else:
+                work.store.discard_partial(item.id)
+            return work.index.get(item.id)
+        except StateUnavailable:
+            raise
+        except Exception as exc:
+            transient = isinstance(exc, FetchFailed) and exc.transient
+            if not isinstance(exc, AgentError):
+                log.exception("prewarm of model %s failed unexpectedly", item.name)
+            error = str(exc) if isinstance(exc, AgentError) else f"internal error: {exc!r}"
+            kept = {k: v for k, v in opts.items() if k != "fetched"}
+            if transient:
+                kept["fetched"] = json.dumps(fetched)
+            item = work.index.update(item.id, options=kept)
+            return work.fail(
+                item, [], error, transient=transient, kept=work.store.partial_size(item.id)
+            )
+        options = {k: v for k, v in without_retry(opts).items() if k != "fetched"}
+        options.update(commit=listing.commit, members=json.dumps(files), via=work.fetcher.mode)
+        done = work.finish(item, size=listing.total, fetched_bytes=listing.total, options=options)
+        log.info("prewarmed model %s (%d files, %d bytes)", item.name, len(files), listing.total)
+        return done
+
+
+def _fetch_members(
+    work: Work,
+    item: CacheItem,
+    todo: Sequence[Member],
+    have: dict[str, str],
+    fetched: dict[str, str],
+    headers: Mapping[str, str],
+    total: int,
+    progress: ProgressFn,
+    cancelled: CancelledFn,
+) -> None:
+    """Fetch and commit the files of a group, at most ``group_parallel`` at once (so at
+    most that many partials are open); raise the first failure once all ended. Files that
+    made it are recorded in ``have`` and ``fetched``, so a retry does not fetch them again."""
+    lock = threading.Lock()
+    offsets = {m.path: 0 for m in todo}
+    done_before = total - sum(m.size for m in todo)
+    fetcher = work.fetcher
+
+    def one(m: Member) -> None:
+        part = MemberPartial(work.store, _member_key(item.id, m.path), m.size)
+        try:
+
+            def report(done: int, _: int | None) -> None:
+                with lock:
+                    offsets[m.path] = done
+                    progress(done_before + sum(offsets.values()), total)
+
+            spec = FetchSpec(m.url, headers, m.sha256, resume_key=work.identity(m.url))
+            fetcher.fetch(spec, part, report, cancelled)
+            sha = work.store.commit_blob(part, m.sha256, f"{item.name}/{m.path}")
+        finally:
+            part.close()
+        with lock:
+            have[m.path] = sha
+            fetched[m.url] = sha
+
+    if not todo:
+        return
+    with ThreadPoolExecutor(min(work.group_parallel, len(todo))) as pool:
+        errors = [f.exception() for f in [pool.submit(one, m) for m in todo]]
+    failures = [e for e in errors if e is not None]
+    if failures:
+        # A shutdown first, then a failure worth a retry, then the rest.
+        failures.sort(
+            key=lambda e: (
+                not isinstance(e, Cancelled),
+                not (isinstance(e, FetchFailed) and e.transient),
+            )
+        )
+        raise failures[0]
+
+
+def _member_key(item_id: str, path: str) -> str:
+    """A group file's partial: named by its path, so a retry resumes the same file."""
+    return f"{item_id}.{hashlib.sha256(path.encode()).hexdigest()[:16]}"
+
+
+SOURCE = ModelSource()

@@ -1,0 +1,166 @@
+"""The import rules docs/architecture.md states, checked on the source: every ``import`` of
+``agent`` (module level, in functions, under TYPE_CHECKING) is read with ast, so an upward
+import fails here instead of growing unnoticed. The known exceptions are listed with their
+reason, and one that is gone must leave the list (and the doc) too."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+AGENT = REPO / "agent"
+
+#: Parts of ``agent`` by layer (docs/architecture.md, "Layers"); a part is a top-level module
+#: (``errors``) or package (``prewarm``) of agent/.
+BASE = {"__init__", "errors", "safeyaml", "clocks", "redact", "lockfile", "logs", "http", "_proto"}
+INFRA = {"state", "kube", "owner", "ownership", "webconfig"}
+DOMAIN = {"mig", "sharing", "prewarm", "telemetry", "power", "dra", "health"}
+CONFIG = {"config"}
+ROOTS = {"node", "embedded", "reclaim"}  # composition: build and wire the services
+
+UPPER = {"api", "client", "coordinator", "cli"}
+
+#: part -> the only parts it may import (besides itself)
+ONLY: dict[str, set[str]] = {
+    **{b: BASE for b in BASE},
+    "gpu": BASE,
+    **{i: BASE | INFRA for i in INFRA},
+}
+#: part -> the parts it must never import
+NEVER: dict[str, set[str]] = {
+    **{d: CONFIG | UPPER | ROOTS for d in DOMAIN},
+    "config": UPPER | ROOTS,
+    "api": {"cli", "coordinator", "client"} | ROOTS,
+    "client": {"api", "cli", "coordinator"} | ROOTS,
+    "coordinator": {"api", "cli"} | ROOTS,
+    **{r: {"cli"} for r in ROOTS},
+}
+#: parts that talk to agents, never to a driver: GPU data types yes, NVML or the simulator no
+DRIVER = ("agent.gpu.nvml", "agent.gpu.sim")
+DRIVERLESS = {"client", "coordinator"}
+
+#: (importing file, imported module) pairs the rules allow by name, and why.
+KNOWN_EXCEPTIONS = {
+    # The coordinator's GPU catalog takes the models and layouts a fleet may have from the
+    # simulator's presets (tables, no driver code).
+    ("agent/coordinator/catalog.py", "agent.gpu.sim.presets"),
+    # Telemetry's service reads its settings type from the agent config (prewarm reads its
+    # through a Protocol instead, agent/prewarm/factory.py).
+    ("agent/telemetry/service.py", "agent.config"),
+}
+
+
+def _part(module: str) -> str | None:
+    """``agent.prewarm.store`` -> ``prewarm``; ``agent`` itself -> ``__init__``."""
+    parts = module.split(".")
+    if parts[0] != "agent":
+        return None
+    if len(parts) == 1:
+        return "__init__"
+    return parts[1]
+
+
+def _imports(path: Path) -> Iterator[str]:
+    """Every agent module ``path`` imports, at any depth of the file."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "agent":  # from agent import config: the module named
+                yield from (f"agent.{a.name}" for a in node.names)
+            else:
+                yield node.module
+
+
+@functools.cache
+def _edges() -> list[tuple[str, str, str, str]]:
+    """(file, its part, imported module, that module's part) for every import of agent."""
+    return list(_walk())
+
+
+def _walk() -> Iterator[tuple[str, str, str, str]]:
+    for path in sorted(AGENT.rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        here = path.relative_to(AGENT).parts[0].removesuffix(".py")
+        if here == "_proto":
+            continue  # generated: imports only itself and protobuf (checked below)
+        for module in _imports(path):
+            there = _part(module)
+            if there is not None and there != here:
+                yield rel, here, module, there
+
+
+def _forbidden(here: str, module: str) -> bool:
+    """Whether part ``here`` may not import ``module`` by the rules above."""
+    there = _part(module)
+    if there is None or there == here:
+        return False
+    if here in ONLY and there not in ONLY[here]:
+        return True
+    if there in NEVER.get(here, set()):
+        return True
+    return here in DRIVERLESS and module.startswith(DRIVER)
+
+
+def test_every_part_of_agent_has_a_layer() -> None:
+    """A new top-level module or package is placed in a layer here and in the doc."""
+    parts = {
+        p.name.removesuffix(".py")
+        for p in AGENT.iterdir()
+        if p.suffix == ".py" or (p / "__init__.py").exists()
+    }
+    placed = BASE | INFRA | DOMAIN | CONFIG | ROOTS | UPPER | {"gpu"}
+    assert parts - placed == set(), "add it to a layer in tests/deploy/test_layering.py"
+
+
+def test_no_part_of_agent_imports_upward() -> None:
+    found = [
+        f"{rel} imports {module} ({here} -> {there})"
+        for rel, here, module, there in _edges()
+        if _forbidden(here, module) and (rel, module) not in KNOWN_EXCEPTIONS
+    ]
+    assert found == [], "upward imports (docs/architecture.md, Layers):\n" + "\n".join(found)
+
+
+def test_the_cli_is_imported_by_nothing() -> None:
+    found = [f"{rel} imports {m}" for rel, here, m, there in _edges() if there == "cli"]
+    assert found == []
+
+
+def test_the_known_exceptions_are_still_there() -> None:
+    """An exception that is gone leaves this list and docs/architecture.md."""
+    seen = {(rel, module) for rel, _, module, _ in _edges()}
+    assert KNOWN_EXCEPTIONS - seen == set()
+
+
+def test_generated_code_imports_only_itself() -> None:
+    for path in (AGENT / "_proto").rglob("*.py"):
+        for module in _imports(path):
+            assert module.startswith("agent._proto") or _part(module) is None, (path, module)
+
+
+@pytest.mark.parametrize(
+    ("here", "module"),
+    [
+        ("agent/gpu/nvml.py", "agent.state"),
+        ("agent/prewarm/store.py", "agent.api.convert"),
+        ("agent/prewarm/factory.py", "agent.config"),
+        ("agent/api/prewarm.py", "agent.client"),
+        ("agent/client/agent.py", "agent.api.convert"),
+        ("agent/coordinator/rollout.py", "agent.api.errors"),
+        ("agent/errors.py", "agent.gpu"),
+        ("agent/state.py", "agent.prewarm.model"),
+        ("agent/node.py", "agent.cli.main"),
+        ("agent/coordinator/fleet.py", "agent.gpu.nvml"),
+        ("agent/client/agent.py", "agent.gpu.sim"),
+        ("agent/kube.py", "agent.prewarm"),
+    ],
+)
+def test_the_rules_refuse_an_upward_import(here: str, module: str) -> None:
+    """The checker itself: each of these would be reported."""
+    assert _forbidden(Path(here).relative_to("agent").parts[0].removesuffix(".py"), module)
