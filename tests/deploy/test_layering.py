@@ -17,7 +17,18 @@ AGENT = REPO / "agent"
 
 #: Parts of ``agent`` by layer (docs/architecture.md, "Layers"); a part is a top-level module
 #: (``errors``) or package (``prewarm``) of agent/.
-BASE = {"__init__", "errors", "safeyaml", "clocks", "redact", "lockfile", "logs", "http", "_proto"}
+BASE = {
+    "__init__",
+    "errors",
+    "safeyaml",
+    "clocks",
+    "redact",
+    "lockfile",
+    "logs",
+    "http",
+    "statedir",
+    "_proto",
+}
 INFRA = {"state", "kube", "owner", "ownership", "webconfig"}
 DOMAIN = {"mig", "sharing", "prewarm", "telemetry", "power", "dra", "health"}
 CONFIG = {"config"}
