@@ -306,7 +306,7 @@ def test_a_rolled_back_apply_logs_one_line_saying_so_once(
             pytest.raises(AgentError, match="Insufficient Resources; rolled back GPU 0"),
         ):
             node.service.apply(SPEC, "small")
-        (line,) = [r.getMessage() for r in caplog.records]
+        (line,) = [r.getMessage() for r in caplog.records if r.name == "agent.mig.service"]
         assert line.count("rolled back") == 1, line
         assert "Insufficient Resources" in line  # the driver's text, not "code 23"
     finally:
