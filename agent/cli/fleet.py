@@ -922,6 +922,7 @@ def _health_lines(result: Any) -> list[str]:
     """The nodes a rollout left out for a failed GPU, and the degraded ones it went ahead on."""
     lines = [f"Skipped (GPU failed): {n}: {why}." for n, why in result.unhealthy.items()]
     lines += [f"Degraded (changed all the same): {n}: {why}." for n, why in result.degraded.items()]
+    lines += [f"Skipped (allocation mode): {n}: {why}." for n, why in result.not_allowed.items()]
     return lines
 
 
@@ -935,6 +936,7 @@ def _finish(result: Any, output: str) -> None:
                 "previews": result.previews,
                 "unhealthy": dict(result.unhealthy),
                 "degraded": dict(result.degraded),
+                "not_allowed": dict(result.not_allowed),
             },
             output,
         )
@@ -945,6 +947,7 @@ def _finish(result: Any, output: str) -> None:
                 "skipped": result.skipped,
                 "unhealthy": dict(result.unhealthy),
                 "degraded": dict(result.degraded),
+                "not_allowed": dict(result.not_allowed),
             },
             output,
         )
@@ -962,6 +965,11 @@ def _finish(result: Any, output: str) -> None:
             f"({', '.join(result.unhealthy)})"
             + ("; others failed or did not answer" if _others_left(result) else "")
         )
+    if result.not_allowed and not result.record.halted:
+        reason = (
+            f"{len(result.not_allowed)} node(s) skipped: their allocation mode allows no MIG "
+            f"change ({', '.join(result.not_allowed)})"
+        )
     if result.busy:
         reason = (
             f"{len(result.busy)} node(s) mid-change by an operation this rollout did not start "
@@ -974,7 +982,9 @@ def _others_left(result: Any) -> bool:
     """Nodes other than the unhealthy ones that did not end succeeded or unchanged."""
     done = ("succeeded", "unchanged")
     return any(
-        r.state not in done for n, r in result.record.nodes.items() if n not in result.unhealthy
+        r.state not in done
+        for n, r in result.record.nodes.items()
+        if n not in result.unhealthy and n not in result.not_allowed
     )
 
 

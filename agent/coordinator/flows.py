@@ -234,6 +234,9 @@ class RolloutResult:
     unhealthy: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: nodes with a degraded GPU, changed all the same -> what is degraded.
     degraded: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: nodes whose allocation mode lets no change of this kind happen (a MIG rollout on a
+    #: dra-dynamic-mig node, or one whose mode is unknown) -> why; still pending in the record.
+    not_allowed: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -266,20 +269,34 @@ async def rollout(
     unhealthy = {n: d for n, d in unhealthy_nodes(in_record).items() if n in pending}
     degraded = {v.name: degraded_detail(v) for v in in_record if v.degraded_gpus}
     degraded = {n: d for n, d in degraded.items() if n in pending and n not in unhealthy}
-    reachable = {v.name for v in selection.reachable} - set(unhealthy)
+    # The agent refuses a MIG change its allocation mode forbids: the coordinator leaves such
+    # nodes out as the planner does, instead of failing them one by one.
+    not_allowed = (
+        {
+            v.name: why
+            for v in in_record
+            if v.name in pending and v.name not in unhealthy and (why := not_mig_plannable(v))
+        }
+        if record.kind == "mig"
+        else {}
+    )
+    left_out = set(unhealthy) | set(not_allowed)
+    reachable = {v.name for v in selection.reachable} - left_out
     names = list(order or record.nodes)
-    skipped = tuple(n for n in names if n not in reachable and n not in unhealthy and n in pending)
+    skipped = tuple(n for n in names if n not in reachable and n not in left_out and n in pending)
     for node in skipped:
         record.nodes[node].detail = "skipped: the agent did not answer"
-    for node, why in unhealthy.items():
+    for node, why in (unhealthy | not_allowed).items():
         record.nodes[node].detail = f"skipped: {why}"
     targets = {n: t for n, t in selection.targets.items() if n in record.nodes}
     if dry_run:
         live = {n: targets[n] for n in names if n in reachable}
         shown = dataclasses.replace(record, nodes={n: record.nodes[n] for n in live}, path=None)
         previews = await preview(fleet, live, shown)
-        previews += [NodePreview(n, "skipped", unhealthy[n]) for n in names if n in unhealthy]
-        return RolloutResult(record, tuple(previews), skipped, (), unhealthy, degraded)
+        previews += [
+            NodePreview(n, "skipped", (unhealthy | not_allowed)[n]) for n in names if n in left_out
+        ]
+        return RolloutResult(record, tuple(previews), skipped, (), unhealthy, degraded, not_allowed)
     limits = Limits(
         parse_max_unavailable(record.max_unavailable, len(record.nodes)),
         record.max_failures,
@@ -298,11 +315,11 @@ async def rollout(
     record.save()
     busy_nodes = tuple(sorted(busy))
     if scheduler.pending and scheduler.capacity <= 0:  # wait: nothing may start
-        return RolloutResult(record, (), skipped, busy_nodes, unhealthy, degraded)
+        return RolloutResult(record, (), skipped, busy_nodes, unhealthy, degraded, not_allowed)
     action = action_for(fleet, targets, record)
     gated = HealthGate(wrap(action) if wrap else action, fleet, targets, record.on_unhealthy)
     await run_rollout(record, scheduler, gated, report=report)
-    return RolloutResult(record, (), skipped, busy_nodes, unhealthy, degraded)
+    return RolloutResult(record, (), skipped, busy_nodes, unhealthy, degraded, not_allowed)
 
 
 #: The agent operation kind whose nodes are unavailable while it runs, by rollout kind.
