@@ -66,10 +66,15 @@ class AllocationWatch:
         is not waited for: the mode is unknown until it answers), at most ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         informers = (self._slices, self._node)
-        while time.monotonic() < deadline:
-            if any(i.error for i in informers) or all(i.synced.is_set() for i in informers):
-                break
-            time.sleep(0.02)
+
+        def settled() -> bool:
+            return any(i.error for i in informers) or all(i.synced.is_set() for i in informers)
+
+        # A list wakes it (on_change); a failure sets no callback, so it is looked at every
+        # 0.1 s; `stop` wakes it at once.
+        with self._changed:
+            while not settled() and (left := deadline - time.monotonic()) > 0:
+                self._changed.wait(min(0.1, left))
         return all(i.synced.is_set() for i in informers)
 
     def slices(self) -> DriverSlices | None:

@@ -13,6 +13,7 @@ one registry keyed by kind. A new kind is one module, ``source_<kind>.py``, with
 
 from __future__ import annotations
 
+import abc
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -116,7 +117,7 @@ class Work(Protocol):
         ...
 
 
-class Source:
+class Source(abc.ABC):
     """One prewarm source kind. The defaults fit a kind whose ready item is bytes in the
     content-addressed cache (`Layout.BLOB`); a kind overrides what differs."""
 
@@ -131,10 +132,11 @@ class Source:
 
     def validate(self, request: SourceRequest, work: Work) -> None:
         """Refuse a bad request (InvalidSpec naming the field) before anything is written."""
+        return None  # a hook: nothing to do for most kinds
 
+    @abc.abstractmethod
     def target(self, request: SourceRequest, work: Work) -> Target:
         """The item ``request`` names."""
-        raise NotImplementedError
 
     def identity(self, item: CacheItem, work: Work) -> str:
         """What makes a stored item the same as a new request's ``Target.identity``."""
@@ -147,10 +149,11 @@ class Source:
 
     def after_ready(self, item: CacheItem, work: Work) -> None:
         """Once a `shortcut` item is recorded: what it needs on disk (a by-name link)."""
+        return None  # a hook: nothing to do for most kinds
 
+    @abc.abstractmethod
     def run(self, item: CacheItem, event: threading.Event, work: Work) -> CacheItem:
         """Do the item's work (it is FETCHING and claimed); returns its final row."""
-        raise NotImplementedError
 
     def ready(self, item: CacheItem) -> bool:
         """Worth a ``cache.<name>=ready`` node label."""
@@ -194,9 +197,11 @@ class Source:
 
     def pin(self, item: CacheItem, pinned: bool, work: Work) -> None:
         """Pin or unpin a ready item where it lives, beyond the cache's own pin (the runtime)."""
+        return None  # a hook: nothing to do for most kinds
 
     def pin_after_hit(self, item: CacheItem, work: Work) -> None:
         """A hit pinned an item that was not: pin it where it lives, logging what fails."""
+        return None  # a hook: nothing to do for most kinds
 
     def describe(self, item: CacheItem) -> str:
         """The item's source as readers see it: no signature or user info."""
