@@ -7,8 +7,9 @@ uncordons once GPU 1 reports healthy.
 
 The real agent's own mark would hold for its 600 s hold-down after the reset, so its GetNode
 answers pass through a proxy on a Unix socket (tests/unit/coordinator/fakeagents.py, upstream
-mode) that sets GPU 1's mark: failed until the agent has reset it, healthy after. Every other call, ResetGpu included, goes to the real agent
-over real gRPC (its admin socket) unchanged.
+mode) that sets GPU 1's mark: failed until the agent has reset it, healthy after. Every
+other call, ResetGpu included, goes to the real agent over real gRPC (its admin socket)
+unchanged.
 """
 
 from __future__ import annotations
