@@ -113,6 +113,10 @@ def _fail(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str
     return b""
 
 
+#: the agent's server-streaming methods (the rest are unary)
+_STREAMS = {"OperationsService/WatchOperation", "EventsService/WatchEvents"}
+
+
 class _Handler(grpc.GenericRpcHandler):
     def __init__(self, agent: FakeAgent, upstream: grpc.aio.Channel | None) -> None:
         self._agent = agent
@@ -149,6 +153,21 @@ class _Handler(grpc.GenericRpcHandler):
                 return _fail(context, grpc.StatusCode.UNIMPLEMENTED, f"{method} is not faked")
             return found
 
+        async def stream(request: bytes, context: grpc.aio.ServicerContext) -> Any:
+            self._agent.calls.append(method)
+            if self._upstream is None:
+                context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+                context.set_details(f"{method} is not faked")
+                return
+            try:
+                async for raw in self._upstream.unary_stream(_P + method)(request):
+                    yield raw
+            except grpc.aio.AioRpcError as exc:
+                context.set_code(exc.code())
+                context.set_details(exc.details() or "")
+
+        if method in _STREAMS:  # server-streaming: forwarded message by message
+            return grpc.unary_stream_rpc_method_handler(stream)
         return grpc.unary_unary_rpc_method_handler(answer)
 
 
