@@ -1,4 +1,4 @@
-"""Fake agents over real gRPC (Unix sockets, grpc.aio servers on a thread of their own), for
+"""Fake agents over real gRPC (Unix sockets, gRPC's threaded server), for
 the coordinator's health tests: each answers GetNode with a Node the test sets (HealthMarks
 included), records the calls it gets, and either answers the rest itself (SetSharing,
 GetSharing, ResetGpu, GetTelemetrySnapshot) or forwards them untouched to a real agent's
@@ -10,11 +10,10 @@ alongside); these stand in for its GetNode until it does.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import tempfile
-import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,7 +105,7 @@ def _reply(agent: FakeAgent, method: str, request: bytes) -> bytes | None:
     return None
 
 
-def _fail(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str) -> bytes:
+def _fail(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> bytes:
     """The call ends with ``code`` (set, not raised: the answer is sent as any other)."""
     context.set_code(code)
     context.set_details(details)
@@ -118,14 +117,14 @@ _STREAMS = {"OperationsService/WatchOperation", "EventsService/WatchEvents"}
 
 
 class _Handler(grpc.GenericRpcHandler):
-    def __init__(self, agent: FakeAgent, upstream: grpc.aio.Channel | None) -> None:
+    def __init__(self, agent: FakeAgent, upstream: grpc.Channel | None) -> None:
         self._agent = agent
         self._upstream = upstream
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         method = str(details.method).removeprefix(_P)
 
-        async def answer(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        def answer(request: bytes, context: grpc.ServicerContext) -> bytes:
             agent = self._agent
             agent.calls.append(method)
             agent.on_call(agent, method)
@@ -134,8 +133,8 @@ class _Handler(grpc.GenericRpcHandler):
             if self._upstream is not None:
                 call = self._upstream.unary_unary(_P + method)
                 try:
-                    raw: bytes = await call(request, timeout=60)
-                except grpc.aio.AioRpcError as exc:
+                    raw: bytes = call(request, timeout=60)
+                except grpc.RpcError as exc:
                     context.set_trailing_metadata(exc.trailing_metadata())
                     return _fail(context, exc.code(), exc.details() or "")
                 if method == "MigService/ResetGpu":
@@ -153,16 +152,17 @@ class _Handler(grpc.GenericRpcHandler):
                 return _fail(context, grpc.StatusCode.UNIMPLEMENTED, f"{method} is not faked")
             return found
 
-        async def stream(request: bytes, context: grpc.aio.ServicerContext) -> Any:
+        def stream(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
             self._agent.calls.append(method)
             if self._upstream is None:
                 context.set_code(grpc.StatusCode.UNIMPLEMENTED)
                 context.set_details(f"{method} is not faked")
                 return
+            upstream = self._upstream.unary_stream(_P + method)(request)
+            context.add_callback(upstream.cancel)  # the client went: stop forwarding
             try:
-                async for raw in self._upstream.unary_stream(_P + method)(request):
-                    yield raw
-            except grpc.aio.AioRpcError as exc:
+                yield from upstream
+            except grpc.RpcError as exc:
                 context.set_code(exc.code())
                 context.set_details(exc.details() or "")
 
@@ -172,63 +172,48 @@ class _Handler(grpc.GenericRpcHandler):
 
 
 class FakeAgents:
-    """Fake agents on a loop of their own, so the CLI's asyncio.run can call them."""
+    """Fake agents on gRPC's threaded (not asyncio) server, beside the CLI's asyncio.run.
+
+    Not grpc.aio on a loop of its own: with two asyncio loops in one process grpc.aio now
+    and then never delivers a call's completion to the CLI's loop (its deadline included), and
+    the test hangs until pytest's timeout (seen about one run in five of test_remediate)."""
 
     def __init__(self) -> None:
         # Short: a Unix socket path has at most 107 bytes, and tmp_path names the test.
         self.root = Path(tempfile.mkdtemp(prefix="fa-", dir="/tmp"))
         self.agents: dict[str, FakeAgent] = {}
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._servers: list[grpc.aio.Server] = []
-        self._channels: list[grpc.aio.Channel] = []
-
-    def _run(self, work: Awaitable[Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(work, self._loop).result(30)  # type: ignore[arg-type]
+        self._servers: list[grpc.Server] = []
+        self._channels: list[grpc.Channel] = []
 
     def add(self, agent_node: Any, **kw: Any) -> FakeAgent:
         name = agent_node.name
         agent = FakeAgent(name, self.root / f"{name}.sock", agent_node, **kw)
-
-        async def start() -> None:
-            upstream = None
-            if agent.upstream is not None:
-                upstream = grpc.aio.insecure_channel(agent.upstream)
-                self._channels.append(upstream)
-            server = grpc.aio.server()
-            server.add_generic_rpc_handlers([_Handler(agent, upstream)])
-            server.add_insecure_port(agent.address)
-            await server.start()
-            self._servers.append(server)
-
-        self._run(start())
+        upstream = None
+        if agent.upstream is not None:
+            upstream = grpc.insecure_channel(agent.upstream)
+            self._channels.append(upstream)
+        server = grpc.server(ThreadPoolExecutor(max_workers=8))
+        server.add_generic_rpc_handlers([_Handler(agent, upstream)])
+        server.add_insecure_port(agent.address)
+        server.start()
+        self._servers.append(server)
         self.agents[name] = agent
         return agent
 
     def args(self) -> list[str]:
         return ["--agents", ",".join(a.address for a in self.agents.values()), "--insecure"]
 
-    def start(self) -> None:
-        self._thread.start()
-
     def stop(self) -> None:
-        async def stop() -> None:
-            for server in self._servers:
-                await server.stop(None)
-            for channel in self._channels:
-                await channel.close()
-
-        self._run(stop())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
+        for server in self._servers:
+            server.stop(None).wait(10)
+        for channel in self._channels:
+            channel.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
 @contextmanager
 def fake_agents() -> Iterator[FakeAgents]:
     agents = FakeAgents()
-    agents.start()
     try:
         yield agents
     finally:
