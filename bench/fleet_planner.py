@@ -34,10 +34,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent.coordinator.catalog import preset_layouts  # noqa: E402
-from agent.coordinator.demand import Demand, DemandEntry  # noqa: E402
-from agent.coordinator.options import clear_cache  # noqa: E402
-from agent.coordinator.planner import NodeLayouts, plan_fleet  # noqa: E402
+from agent.coordinator.planning.catalog import preset_layouts  # noqa: E402
+from agent.coordinator.planning.demand import Demand, DemandEntry  # noqa: E402
+from agent.coordinator.planning.options import clear_cache  # noqa: E402
+from agent.coordinator.planning.planner import NodeLayouts, plan_fleet  # noqa: E402
 from agent.gpu.types import (  # noqa: E402
     ComputeInstance,
     GpuInstance,
@@ -166,7 +166,7 @@ def small_fleet(rng: random.Random) -> tuple[list[NodeLayouts], Demand]:
 def greedy_module(ref: str) -> ModuleType:
     """The planner as it was at ``ref``, loaded beside the current one."""
     source = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{ref}:agent/coordinator/planner.py"],
+        ["git", "-C", str(REPO), "show", f"{ref}:agent/coordinator/planning/planner.py"],
         check=True,
         capture_output=True,
         text=True,

@@ -48,18 +48,18 @@ from agent.api.auth import Policy, Role  # noqa: E402
 from agent.api.convert import gpu_pb  # noqa: E402
 from agent.api.interceptor import ApiInterceptor  # noqa: E402
 from agent.client import ClientTls  # noqa: E402
-from agent.coordinator import status_http  # noqa: E402
-from agent.coordinator.catalog import preset_layouts  # noqa: E402
-from agent.coordinator.demand import Demand, DemandEntry  # noqa: E402
-from agent.coordinator.discovery import StaticDiscovery  # noqa: E402
-from agent.coordinator.fleet import Fleet  # noqa: E402
+from agent.coordinator.control import status_http  # noqa: E402
+from agent.coordinator.fleet.channels import Fleet  # noqa: E402
+from agent.coordinator.fleet.discovery import StaticDiscovery  # noqa: E402
+from agent.coordinator.fleet.query import STATUS_PATH  # noqa: E402
+from agent.coordinator.fleet.selector import Selector  # noqa: E402
+from agent.coordinator.fleet.status import fleet_status  # noqa: E402
 from agent.coordinator.flows import layouts_of, rollout, select  # noqa: E402
-from agent.coordinator.planner import NodeLayouts, plan_fleet  # noqa: E402
-from agent.coordinator.query import STATUS_PATH  # noqa: E402
-from agent.coordinator.record import RolloutRecord  # noqa: E402
-from agent.coordinator.rollout import parse_max_unavailable  # noqa: E402
-from agent.coordinator.selector import Selector  # noqa: E402
-from agent.coordinator.status import fleet_status  # noqa: E402
+from agent.coordinator.planning.catalog import preset_layouts  # noqa: E402
+from agent.coordinator.planning.demand import Demand, DemandEntry  # noqa: E402
+from agent.coordinator.planning.planner import NodeLayouts, plan_fleet  # noqa: E402
+from agent.coordinator.rollout.record import RolloutRecord  # noqa: E402
+from agent.coordinator.rollout.schedule import parse_max_unavailable  # noqa: E402
 from agent.gpu import open_driver  # noqa: E402
 from agent.gpu.types import (  # noqa: E402
     ComputeInstance,

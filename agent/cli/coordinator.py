@@ -4,9 +4,7 @@ every coordinator command reaches the agents (discovery and mTLS options)."""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -14,13 +12,10 @@ import click
 
 from agent import logs
 from agent.cli.errors import AgentGroup
-from agent.errors import FieldViolation, InvalidSpec
+from agent.coordinator.control.connect import FleetOptions
 
 if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
-    from agent.coordinator.discovery import Discovery
-    from agent.coordinator.fleet import Fleet
-    from agent.coordinator.kube import KubeLister
-    from agent.coordinator.lease import ElectionTiming, LeaderElector
+    from agent.coordinator.fleet.channels import Fleet
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -29,107 +24,6 @@ DEFAULT_DESIRED = Path("/etc/gpu-agent/desired/desired.yaml")
 
 
 # -- connecting to the fleet (every `fleet` command and `coordinator serve`) -----------------
-
-
-@dataclass(frozen=True)
-class FleetOptions:
-    agents: tuple[str, ...]
-    dns: str | None
-    kubernetes: bool
-    namespace: str
-    tls_dir: Path
-    tls_cert: Path | None
-    tls_key: Path | None
-    tls_ca: Path | None
-    server_name: str | None
-    insecure: bool
-    timeout: float
-
-    def open(self, *, watch: bool = False) -> Fleet:
-        """The fleet; ``watch`` keeps Kubernetes discovery current by list+watch (serve)."""
-        from agent.client import ClientTls
-        from agent.coordinator.fleet import Fleet
-
-        discovery = self._discovery(watch)  # where the agents are is asked for first
-        tls = None
-        if not self.insecure:
-            tls = ClientTls(
-                self.tls_cert or self.tls_dir / "tls.crt",
-                self.tls_key or self.tls_dir / "tls.key",
-                self.tls_ca or self.tls_dir / "ca.crt",
-                self.server_name or self.default_server_name(),
-            )
-            tls.credentials()  # a missing file is a configuration error here, not N unreachable
-        return Fleet(discovery, tls, timeout_s=self.timeout)
-
-    def elector(
-        self,
-        lease: str,
-        *,
-        identity: str | None = None,
-        timing: ElectionTiming | None = None,
-        required: bool = False,
-    ) -> LeaderElector | None:
-        """The elector on the Lease ``lease`` in --namespace, when a Kubernetes API is
-        configured (in a pod, or KUBECONFIG); None without one unless ``required``."""
-        from agent.coordinator.lease import LeaderElector
-
-        kube = self.kube(required=required)
-        return (
-            None if kube is None else LeaderElector(kube, self.namespace, lease, identity, timing)
-        )
-
-    def kube(self, *, required: bool = False) -> KubeLister | None:
-        """The Kubernetes API client (in a pod, or KUBECONFIG); None without one unless
-        ``required`` (then NotSupported says why)."""
-        from agent.coordinator.kube import KubeLister
-        from agent.errors import NotSupported
-
-        try:
-            return KubeLister.in_cluster()
-        except NotSupported:
-            if required:
-                raise
-            return None
-
-    def default_server_name(self) -> str | None:
-        """The name each agent's certificate must carry, when --server-name is not given."""
-        # Pod IPs are dialled. Each agent's certificate names its own pod (cert-manager's CSI
-        # driver, agent-daemonset.yaml), and Kubernetes discovery knows which pod runs on the
-        # node, so the handshake checks this agent is that node's. DNS discovery knows no pods:
-        # it needs an explicit --server-name.
-        if self._kubernetes():
-            return "{pod}.gpu-agent-grpc." + self.namespace + ".svc"
-        return None
-
-    def _kubernetes(self) -> bool:
-        """Kubernetes discovery: asked for, or in a pod when no other source is given."""
-        if self.agents or self.dns:
-            return False
-        return self.kubernetes or bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-
-    def _discovery(self, watch: bool = False) -> Discovery:
-        from agent.coordinator import discovery
-
-        chosen = sum((bool(self.agents), bool(self.dns), self.kubernetes))
-        if chosen > 1:
-            raise InvalidSpec(
-                "give one of --agents, --dns or --kubernetes",
-                [FieldViolation("discovery", "exactly one source of agents")],
-            )
-        if self.agents:
-            return discovery.StaticDiscovery(self.agents)
-        if self.dns:
-            name, _, port = self.dns.partition(":")
-            return discovery.DnsDiscovery(name, int(port) if port else discovery.AGENT_PORT)
-        if self._kubernetes():
-            from agent.coordinator.kube import KubeLister
-
-            return discovery.KubeDiscovery(KubeLister.in_cluster(), self.namespace, watch=watch)
-        raise InvalidSpec(
-            "where are the agents? give --agents HOST:PORT,..., --dns NAME or --kubernetes",
-            [FieldViolation("discovery", "--agents, --dns or --kubernetes")],
-        )
 
 
 def fleet_options(fn: F) -> F:
@@ -228,12 +122,12 @@ def run_with_fleet(
         try:
             elector = None
             if lease is not None:
-                from agent.coordinator.lease import default_identity
+                from agent.coordinator.control.lease import default_identity
 
                 elector = options.elector(lease, identity="fleet-apply/" + default_identity())
             if elector is None:
                 return await work(fleet)
-            from agent.coordinator.lease import while_leading
+            from agent.coordinator.control.lease import while_leading
 
             return await while_leading(elector, work(fleet))
         finally:
@@ -392,7 +286,7 @@ def serve(
     Example:
       gpu-agent coordinator serve --kubernetes --desired /etc/gpu-agent/desired/desired.yaml
     """
-    from agent.coordinator.app import CoordinatorSettings, run_coordinator
+    from agent.coordinator.control.app import CoordinatorSettings, run_coordinator
 
     logs.configure(log_level)
     settings = CoordinatorSettings(

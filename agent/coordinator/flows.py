@@ -11,21 +11,26 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.coordinator.actions import NodePreview, action_for, preview
-from agent.coordinator.claimdemand import PendingRequest
-from agent.coordinator.demand import Demand, TraceStep
-from agent.coordinator.discovery import Target
-from agent.coordinator.execute import NodeAction, Report, run_rollout
-from agent.coordinator.fleet import Fleet
-from agent.coordinator.fragmentation import Fragmented, fragmented_requests
-from agent.coordinator.healthgate import HealthGate, degraded_detail, unhealthy_nodes
-from agent.coordinator.inventory import NodeView
-from agent.coordinator.planner import FleetPlan, NodeLayouts, plan_fleet, scratch_disruption
-from agent.coordinator.record import RolloutRecord
-from agent.coordinator.replay import StepResult, replay
-from agent.coordinator.rightsize import ACTIVITY, FB_TOTAL, FB_USED, Window
-from agent.coordinator.rollout import Limits, NodeState, Scheduler, parse_max_unavailable
-from agent.coordinator.selector import Selector, parse_selector
+from agent.coordinator.fleet.channels import Fleet
+from agent.coordinator.fleet.discovery import Target
+from agent.coordinator.fleet.inventory import NodeView
+from agent.coordinator.fleet.selector import Selector, parse_selector
+from agent.coordinator.planning.claimdemand import PendingRequest
+from agent.coordinator.planning.demand import Demand, TraceStep
+from agent.coordinator.planning.fragmentation import Fragmented, fragmented_requests
+from agent.coordinator.planning.planner import (
+    FleetPlan,
+    NodeLayouts,
+    plan_fleet,
+    scratch_disruption,
+)
+from agent.coordinator.planning.replay import StepResult, replay
+from agent.coordinator.planning.rightsize import ACTIVITY, FB_TOTAL, FB_USED, Window
+from agent.coordinator.rollout.actions import NodePreview, action_for, preview
+from agent.coordinator.rollout.execute import NodeAction, Report, run_rollout
+from agent.coordinator.rollout.healthgate import HealthGate, degraded_detail, unhealthy_nodes
+from agent.coordinator.rollout.record import RolloutRecord
+from agent.coordinator.rollout.schedule import Limits, NodeState, Scheduler, parse_max_unavailable
 from agent.dra.mode import AllocationMode
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 
@@ -261,7 +266,7 @@ async def rollout(
     not answer are skipped and count against max-unavailable, as nodes already down. Nodes
     whose agent reports a failed GPU are skipped too (not counted: they answer, and nothing
     of theirs is being changed); each node's change is gated on its health
-    (`agent.coordinator.healthgate`, ``record.on_unhealthy``). ``wrap`` wraps each node's
+    (`agent.coordinator.rollout.healthgate`, ``record.on_unhealthy``). ``wrap`` wraps each node's
     action (a drain around a MIG change).
     """
     in_record = [v for v in selection.views if v.name in record.nodes]

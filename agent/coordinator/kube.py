@@ -63,7 +63,7 @@ class KubeLister(InClusterKubeClient):
     def node_informer(self) -> Informer:
         return Informer(self, "/api/v1/nodes", page_size=self.page_size)
 
-    # -- the Lease (agent.coordinator.lease.LeaseApi) ---------------------------------------------
+    # -- the Lease (agent.coordinator.control.lease.LeaseApi) --------------------------------------
 
     def _leases(self, namespace: str) -> str:
         ns = urllib.parse.quote(namespace, safe="")
@@ -82,7 +82,7 @@ class KubeLister(InClusterKubeClient):
         out = self.request("PUT", f"{self._leases(namespace)}/{name}", body=obj)
         return out if isinstance(out, dict) else {}
 
-    # -- drain (agent.coordinator.drain.DrainApi) --------------------------------------------
+    # -- drain (agent.coordinator.rollout.drain.DrainApi) ------------------------------------------
 
     def cordon(self, node: str) -> bool:
         """Mark the Node unschedulable; True when it already was (then leave it so after)."""

@@ -137,6 +137,12 @@ class GpuModel:
         )
 
 
+def model_key(name: str) -> str:
+    """A GPU product name as matched: case-insensitive, the ``NVIDIA`` prefix optional."""
+    key = " ".join(name.split()).casefold()
+    return key.removeprefix("nvidia ")
+
+
 def profile_name(model: GpuModel, gi: GiProfileSpec, ci_slices: int | None = None) -> str:
     """The profile name this model's numbers give, e.g. ``3g.71gb`` or ``1c.3g.20gb``."""
     total = model.memory_total_bytes

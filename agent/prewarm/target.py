@@ -6,7 +6,7 @@ its message in prewarm.proto), each with a type whose rule and refusal are writt
 here; the field that names what to warm (``source``) and how a manifest spells it; how
 checked values become the kind's request (``build``) and back (``values``). The manifest
 parser, the API's conversion (agent/api/convert.py) and the desired file's prewarm part
-(agent/coordinator/desired.py) all go through the registered schemas, so a new kind is
+(agent/coordinator/control/desired.py) all go through the registered schemas, so a new kind is
 parsed everywhere by declaring its schema (and, for the API, its message in prewarm.proto).
 """
 

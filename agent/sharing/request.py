@@ -1,8 +1,8 @@
 """A SetSharingRequest as the device-plugin config it asks for. Pure.
 
 The one reading of the request: the agent's SharingService applies what this returns, and the
-coordinator's dry run predicts the agent's answer with it (`agent.coordinator.actions`). Kept out
-of ``agent.api`` so the coordinator can use it without loading the agent's servicers.
+coordinator's dry run predicts the agent's answer with it (`agent.coordinator.rollout.actions`).
+Kept out of ``agent.api`` so the coordinator can use it without loading the agent's servicers.
 """
 
 from __future__ import annotations

@@ -57,13 +57,25 @@ DRIVERLESS = {"client", "coordinator"}
 
 #: (importing file, imported module) pairs the rules allow by name, and why.
 KNOWN_EXCEPTIONS = {
-    # The coordinator's GPU catalog takes the models and layouts a fleet may have from the
-    # simulator's presets (tables, no driver code).
-    ("agent/coordinator/catalog.py", "agent.gpu.sim.presets"),
     # Telemetry's service reads its settings type from the agent config (prewarm reads its
     # through a Protocol instead, agent/prewarm/factory.py).
     ("agent/telemetry/service.py", "agent.config"),
 }
+
+
+#: the coordinator's rooms, lowest first (docs/architecture.md, "The coordinator"): a room
+#: imports only itself and the rooms before it. ``kube`` and ``flows`` are modules at the
+#: coordinator's top: its Kubernetes calls (under every room), and the user-facing flows the CLI
+#: and ``control`` run (over fleet, planning and rollout).
+ROOMS = ("kube", "fleet", "planning", "rollout", "flows", "control")
+
+
+def _room(module: str) -> str | None:
+    """``agent.coordinator.planning.solve`` -> ``planning``; None outside the coordinator."""
+    parts = module.split(".")
+    if parts[:2] != ["agent", "coordinator"] or len(parts) < 3:
+        return None
+    return parts[2]
 
 
 def _part(module: str) -> str | None:
@@ -138,6 +150,52 @@ def test_no_part_of_agent_imports_upward() -> None:
     assert found == [], "upward imports (docs/architecture.md, Layers):\n" + "\n".join(found)
 
 
+def _room_of(rel: str) -> str | None:
+    return _room(rel.removesuffix(".py").removesuffix("/__init__").replace("/", "."))
+
+
+def _upward_room(rel: str, module: str) -> bool:
+    here, there = _room_of(rel), _room(module)
+    if here is None or there is None or here == there:
+        return False
+    return ROOMS.index(there) > ROOMS.index(here)
+
+
+def test_every_module_of_the_coordinator_is_in_a_room() -> None:
+    """A new coordinator module goes into a room (a new room: here and in the doc)."""
+    found = {
+        _room_of(p.relative_to(REPO).as_posix())
+        for p in (AGENT / "coordinator").rglob("*.py")
+        if p.name != "__init__.py" or p.parent != AGENT / "coordinator"
+    }
+    assert found - set(ROOMS) == set()
+
+
+def test_no_room_of_the_coordinator_imports_a_later_one() -> None:
+    found = [
+        f"{rel} imports {module}"
+        for path in sorted((AGENT / "coordinator").rglob("*.py"))
+        for rel in [path.relative_to(REPO).as_posix()]
+        for module in _imports(path)
+        if _upward_room(rel, module)
+    ]
+    assert found == [], "rooms: " + " < ".join(ROOMS) + "\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    ("here", "module"),
+    [
+        ("agent/coordinator/fleet/inventory.py", "agent.coordinator.planning.catalog"),
+        ("agent/coordinator/planning/planner.py", "agent.coordinator.rollout.schedule"),
+        ("agent/coordinator/rollout/actions.py", "agent.coordinator.flows"),
+        ("agent/coordinator/flows.py", "agent.coordinator.control.lease"),
+        ("agent/coordinator/kube.py", "agent.coordinator.fleet.discovery"),
+    ],
+)
+def test_the_room_rule_refuses_a_later_room(here: str, module: str) -> None:
+    assert _upward_room(here, module)
+
+
 def test_the_cli_is_imported_by_nothing() -> None:
     found = [f"{rel} imports {m}" for rel, here, m, there in _edges() if there == "cli"]
     assert found == []
@@ -163,11 +221,11 @@ def test_generated_code_imports_only_itself() -> None:
         ("agent/prewarm/factory.py", "agent.config"),
         ("agent/api/prewarm.py", "agent.client"),
         ("agent/client/agent.py", "agent.api.convert"),
-        ("agent/coordinator/rollout.py", "agent.api.errors"),
+        ("agent/coordinator/rollout/schedule.py", "agent.api.errors"),
         ("agent/errors.py", "agent.gpu"),
         ("agent/state.py", "agent.prewarm.model"),
         ("agent/node.py", "agent.cli.main"),
-        ("agent/coordinator/fleet.py", "agent.gpu.nvml"),
+        ("agent/coordinator/fleet/channels.py", "agent.gpu.nvml"),
         ("agent/client/agent.py", "agent.gpu.sim"),
         ("agent/kube.py", "agent.prewarm"),
     ],

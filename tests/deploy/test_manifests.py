@@ -186,7 +186,7 @@ def test_each_agent_gets_its_own_serving_key_naming_its_pod() -> None:
     files = [attrs[f"csi.cert-manager.io/{k}"] for k in ("certificate-file", "privatekey-file")]
     assert [*files, attrs["csi.cert-manager.io/ca-file"]] == ["tls.crt", "tls.key", "ca.crt"]
     # The coordinator's default check names exactly this pattern.
-    from agent.cli.coordinator import FleetOptions
+    from agent.coordinator.control.connect import FleetOptions
 
     options = FleetOptions(
         agents=(),

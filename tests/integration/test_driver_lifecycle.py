@@ -56,6 +56,11 @@ def _with_gpu_series(port: int) -> str | None:
     return metrics if "DCGM_FI_DEV_GPU_TEMP{" in metrics else None
 
 
+def _attached_series(port: int) -> bool:
+    metrics = _with_gpu_series(port)
+    return metrics is not None and _ready_series(metrics) == '{reason=""} 1.0'
+
+
 def _driverless_node(root: Path) -> SimControl:
     state_dir = root / "state"
     open_simulator(state_dir, "dgx-h100")
@@ -125,8 +130,9 @@ def test_serve_without_a_driver_prewarms_then_attaches_and_detaches_without_rest
             # The driver loads: the same process attaches, GPUs and their series appear.
             control.driver_present()
             wait_for(lambda: len(client.node().gpus) == 8, "the agent to attach", 20)
-            metrics = wait_for(lambda: _with_gpu_series(port), "GPU series", 10)
-            assert _ready_series(metrics) == '{reason=""} 1.0'
+            # The GPU series and the ready gauge come from two parts (the sampler's first
+            # snapshot, then the attach): a scrape between them may see one without the other.
+            wait_for(lambda: _attached_series(port), "GPU series and the driver ready", 10)
             assert _get(port, "/readyz") == (200, "ready\n")
 
             # The driver goes away (an upgrade unloads it): detached, GPU series gone.

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from agent._proto.gpuagent.v1 import agent_pb2
-from agent.cli.fleet import _cluster_claims, _dra_plan_lines, _with_claims
-from agent.coordinator.clusterdemand import demand_from_pods, list_pods
-from agent.coordinator.demand import Demand, DemandEntry, TraceStep
-from agent.coordinator.discovery import Target
+from agent.cli.fleet.plan import _cluster_claims, _dra_plan_lines, _with_claims
+from agent.coordinator.fleet.discovery import Target
+from agent.coordinator.fleet.inventory import NodeView, node_view
+from agent.coordinator.fleet.selector import parse_selector
 from agent.coordinator.flows import (
     DYNAMIC_MIG,
     Selection,
@@ -22,8 +22,8 @@ from agent.coordinator.flows import (
     plan,
     replay_trace,
 )
-from agent.coordinator.inventory import NodeView, node_view
-from agent.coordinator.selector import parse_selector
+from agent.coordinator.planning.clusterdemand import demand_from_pods, list_pods
+from agent.coordinator.planning.demand import Demand, DemandEntry, TraceStep
 from agent.dra.mode import Allocation, AllocationMode
 from agent.kube import InClusterKubeClient
 from tests.unit.coordinator.fleets import A100_40, H100, gpu

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from agent.coordinator.kube import KubeLister
-from agent.coordinator.lease import (
+from agent.coordinator.control.lease import (
     ElectionTiming,
     LeaderElector,
     LeaseHeld,
     while_leading,
 )
+from agent.coordinator.kube import KubeLister
 from agent.errors import Conflict, InvalidSpec
 from tests.kube.fake_api import FakeKubeApi
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from agent.coordinator.catalog import preset_layouts
+from agent.coordinator.planning.catalog import preset_layouts
 from agent.errors import InvalidSpec
 from agent.gpu.types import Process
 from agent.kube import InClusterKubeClient

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.coordinator.discovery import KubeDiscovery
+from agent.coordinator.fleet.discovery import KubeDiscovery
 from agent.coordinator.kube import KubeLister
 from agent.kube import InClusterKubeClient, Informer, NodeWatch
 from tests.kube.fake_api import FakeKubeApi, Pod

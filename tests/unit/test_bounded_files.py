@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from agent.config import load_config
-from agent.coordinator.demand import MAX_ROWS, load_demand, load_trace
-from agent.coordinator.desired import load_desired
-from agent.coordinator.planfile import load_plan
+from agent.coordinator.control.desired import load_desired
+from agent.coordinator.planning.demand import MAX_ROWS, load_demand, load_trace
+from agent.coordinator.planning.planfile import load_plan
 from agent.errors import InvalidSpec
 from agent.mig.spec import load_spec
 from agent.prewarm.manifest import load_manifest

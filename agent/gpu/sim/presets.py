@@ -1,10 +1,11 @@
-"""Named simulated nodes (``gpu-agent --simulate <preset>``): which GPUs, which driver."""
+"""Named simulated nodes (``gpu-agent --simulate <preset>``): a node shape (agent.gpu.shapes) and
+the driver, NVLink and CPUs the simulator gives it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.errors import FieldViolation, InvalidSpec
+from agent.gpu.shapes import SHAPES, NodeShape, get_shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,15 +47,28 @@ class Host:
 
 @dataclass(frozen=True, slots=True)
 class Preset:
-    name: str
-    description: str
-    gpus: tuple[str, ...]  # model keys (agent.gpu.models.MODELS), in NVML index order
+    """A simulated node: a node shape (its GPUs) and how the simulator runs it."""
+
+    shape: NodeShape
     driver_version: str  # at least every model's min_driver_version
     cuda_driver_version: int  # nvmlSystemGetCudaDriverVersion, e.g. 12040 = CUDA 12.4
     #: how the GPUs' NVLinks connect: "switch" (NVSwitch or direct links: every NVLink GPU of a
     #: model reaches every other), "pairs" (bridges 0-1, 2-3, ...) or "none"
     nvlink: str = "switch"
     host: Host = Host()
+
+    @property
+    def name(self) -> str:
+        return self.shape.name
+
+    @property
+    def description(self) -> str:
+        return self.shape.description
+
+    @property
+    def gpus(self) -> tuple[str, ...]:
+        """Model keys (agent.gpu.models.MODELS), in NVML index order."""
+        return self.shape.gpus
 
     def nvlink_peers(self, a: int, b: int) -> bool:
         """GPUs ``a`` and ``b`` reach each other over NVLink."""
@@ -70,96 +84,72 @@ _GH200_HOST = Host(sockets=4, cores_per_numa=72, threads_per_core=1)
 
 _PRESET_LIST = (
     Preset(
-        name="dgx-a100",
-        description="DGX A100: 8x A100-SXM4-40GB",
-        gpus=("A100-SXM4-40GB",) * 8,
+        SHAPES["dgx-a100"],
         driver_version="535.183.01",
         cuda_driver_version=12020,
         host=_DGX_A100_HOST,
     ),
     Preset(
-        name="dgx-a100-80",
-        description="DGX A100 80GB: 8x A100-SXM4-80GB",
-        gpus=("A100-SXM4-80GB",) * 8,
+        SHAPES["dgx-a100-80"],
         driver_version="535.183.01",
         cuda_driver_version=12020,
         host=_DGX_A100_HOST,
     ),
     Preset(
-        name="a30-node",
-        description="PCIe server with 4x A30 (4-slice MIG grid)",
-        gpus=("A30",) * 4,
+        SHAPES["a30-node"],
         driver_version="535.183.01",
         cuda_driver_version=12020,
         nvlink="none",  # no NVLink bridges fitted
     ),
     Preset(
-        name="dgx-h100",
-        description="DGX H100: 8x H100 SXM5 80GB",
-        gpus=("H100-SXM5-80GB",) * 8,
+        SHAPES["dgx-h100"],
         driver_version="550.90.07",
         cuda_driver_version=12040,
     ),
     Preset(
-        name="h100-nvl",
-        description="PCIe server with 2x H100 NVL 94GB (one NVLink-bridged pair)",
-        gpus=("H100-NVL-94GB",) * 2,
+        SHAPES["h100-nvl"],
         driver_version="550.90.07",
         cuda_driver_version=12040,
         nvlink="pairs",
     ),
     Preset(
-        name="hgx-h200",
-        description="HGX H200: 8x H200 SXM 141GB",
-        gpus=("H200-SXM-141GB",) * 8,
+        SHAPES["hgx-h200"],
         # H200 needs R550 (>= 550.90.07) for MIG (reference/mig.md §1.8).
         driver_version="550.90.07",
         cuda_driver_version=12040,
     ),
     Preset(
-        name="gh200",
-        description="4x GH200 superchip (H100 96GB HBM3) node",
-        gpus=("GH200-96GB",) * 4,
+        SHAPES["gh200"],
         driver_version="550.90.07",
         cuda_driver_version=12040,
         host=_GH200_HOST,
     ),
     Preset(
-        name="gh200-144",
-        description="4x GH200 144G HBM3e superchip node",
-        gpus=("GH200-144GB",) * 4,
+        SHAPES["gh200-144"],
         driver_version="550.90.07",
         cuda_driver_version=12040,
         host=_GH200_HOST,
     ),
     Preset(
-        name="hgx-h20",
-        description="HGX H20: 8x H20 96GB",
-        gpus=("H20",) * 8,
+        SHAPES["hgx-h20"],
         # H20 needs R535 (>= 535.161.07) for MIG (reference/mig.md §1.8).
         driver_version="535.161.07",
         cuda_driver_version=12020,
     ),
     Preset(
-        name="dgx-b200",
-        description="DGX B200: 8x B200 180GB",
-        gpus=("B200",) * 8,
+        SHAPES["dgx-b200"],
         # B200 needs R570 (>= 570.133.20) for MIG (reference/mig.md §1.8).
         driver_version="570.133.20",
         cuda_driver_version=12080,
     ),
     Preset(
-        name="rtx-pro-6000",
-        description="RTX PRO server: 8x RTX PRO 6000 Blackwell Server Edition 96GB (4-slice MIG)",
-        gpus=("RTX-PRO-6000-96GB",) * 8,
+        SHAPES["rtx-pro-6000"],
         # RTX PRO 6000 Blackwell needs R575 (>= 575.51.03) for MIG (the MIG user guide).
         driver_version="575.51.03",
         cuda_driver_version=12090,
     ),
     Preset(
-        name="mixed",
-        description="Two models on one node: 4x A100-SXM4-80GB then 4x H100 SXM5 80GB",
-        gpus=("A100-SXM4-80GB",) * 4 + ("H100-SXM5-80GB",) * 4,
+        SHAPES["mixed"],
         driver_version="550.90.07",
         cuda_driver_version=12040,
     ),
@@ -169,11 +159,5 @@ PRESETS: dict[str, Preset] = {p.name: p for p in _PRESET_LIST}
 
 
 def get_preset(name: str) -> Preset:
-    try:
-        return PRESETS[name]
-    except KeyError:
-        allowed = ", ".join(PRESETS)
-        raise InvalidSpec(
-            f"unknown simulator preset {name!r}; allowed: {allowed}",
-            [FieldViolation("preset", f"must be one of: {allowed}")],
-        ) from None
+    get_shape(name)  # an unknown name is refused naming the shapes there are
+    return PRESETS[name]

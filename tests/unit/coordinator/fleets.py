@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from agent.coordinator.planner import NodeLayouts
+from agent.coordinator.planning.planner import NodeLayouts
 from agent.gpu.types import GpuLayout
 from tests.unit.mig.layouts import Instance, make_layout
 

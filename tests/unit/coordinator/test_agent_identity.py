@@ -15,8 +15,8 @@ from agent._proto.gpuagent.v1 import agent_pb2, agent_pb2_grpc
 from agent.api.auth import Policy, Role
 from agent.api.interceptor import ApiInterceptor
 from agent.client import ClientTls
-from agent.coordinator.discovery import KubeDiscovery, Target
-from agent.coordinator.fleet import Fleet
+from agent.coordinator.fleet.channels import Fleet
+from agent.coordinator.fleet.discovery import KubeDiscovery, Target
 from agent.coordinator.kube import AgentPod
 from agent.errors import InvalidSpec
 from tests.unit.api.support import COORDINATOR, Identity, Pki
@@ -114,7 +114,7 @@ def test_a_per_agent_name_needs_the_pod_it_names() -> None:
 
 def test_an_agent_that_hides_processes_is_not_planned_on() -> None:
     """A coordinator holding only read sees no processes; it must not take GPUs for idle."""
-    from agent.coordinator.inventory import node_view
+    from agent.coordinator.fleet.inventory import node_view
 
     hidden = agent_pb2.Node(name="node-a", processes_hidden=True, gpus=[agent_pb2.Gpu(index=0)])
     view = node_view(Target("10.0.0.7:9401", "node-a", pod="gpu-agent-x1"), hidden)

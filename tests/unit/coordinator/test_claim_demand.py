@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.coordinator.claimdemand import (
+from agent.coordinator.planning.claimdemand import (
     MAX_SELECTOR,
     PendingRequest,
     demand_from_claims,
     request_profile,
 )
-from agent.coordinator.clusterdemand import demand_from_pods, with_claims
-from agent.coordinator.demand import DemandEntry
+from agent.coordinator.planning.clusterdemand import demand_from_pods, with_claims
+from agent.coordinator.planning.demand import DemandEntry
 
 DRA = "allocation=dra"
 PROFILE = "device.attributes['gpu.nvidia.com'].profile == '{}'"

@@ -12,16 +12,18 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from agent.cli.fleet import _plan_table, fleet
-from agent.coordinator import claimdemand, clusterdemand, flows
-from agent.coordinator.demand import Demand, DemandEntry, parse_demand
-from agent.coordinator.discovery import Target
+from agent.cli.fleet import fleet
+from agent.cli.fleet.plan import _plan_table
+from agent.coordinator import flows
+from agent.coordinator.fleet.discovery import Target
+from agent.coordinator.fleet.inventory import NodeView
+from agent.coordinator.fleet.selector import Selector
 from agent.coordinator.flows import PlanResult, Selection
-from agent.coordinator.inventory import NodeView
-from agent.coordinator.planfile import load_plan
-from agent.coordinator.planner import plan_fleet
-from agent.coordinator.rightsize import Window
-from agent.coordinator.selector import Selector
+from agent.coordinator.planning import claimdemand, clusterdemand
+from agent.coordinator.planning.demand import Demand, DemandEntry, parse_demand
+from agent.coordinator.planning.planfile import load_plan
+from agent.coordinator.planning.planner import plan_fleet
+from agent.coordinator.planning.rightsize import Window
 from agent.errors import InvalidSpec
 from agent.gpu.types import GpuLayout
 from tests.unit.coordinator.agents import invoke

@@ -14,8 +14,8 @@ from agent.api.auth import Policy
 from agent.api.interceptor import ApiInterceptor
 from agent.client import AsyncAgentClient as AgentClient
 from agent.client import Unreachable
-from agent.coordinator.discovery import StaticDiscovery
-from agent.coordinator.fleet import Fleet
+from agent.coordinator.fleet.channels import Fleet
+from agent.coordinator.fleet.discovery import StaticDiscovery
 from agent.errors import Busy, FieldViolation, InvalidSpec
 
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.coordinator.clusterdemand import (
+from agent.coordinator.planning.clusterdemand import (
     demand_from_pods,
     list_pods,
     mig_profile,
     sharing_replicas,
 )
-from agent.coordinator.demand import DemandEntry
+from agent.coordinator.planning.demand import DemandEntry
 from agent.kube import InClusterKubeClient
 from tests.kube.fake_api import FakeKubeApi, _reply, _status
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.coordinator.demand import Demand, DemandEntry, model_key, parse_demand, parse_trace
+from agent.coordinator.planning.demand import Demand, DemandEntry, parse_demand, parse_trace
 from agent.errors import InvalidSpec
+from agent.gpu.models import model_key
 
 
 def test_counts_for_any_model_and_per_model() -> None:

@@ -9,10 +9,10 @@ import pytest
 from google.protobuf import json_format
 
 from agent._proto.gpuagent.v1 import prewarm_pb2
-from agent.coordinator.desired import parse_desired
-from agent.coordinator.discovery import StaticDiscovery
-from agent.coordinator.fleet import Fleet
-from agent.coordinator.reconcile import Reconciler
+from agent.coordinator.control.desired import parse_desired
+from agent.coordinator.control.reconcile import Reconciler
+from agent.coordinator.fleet.channels import Fleet
+from agent.coordinator.fleet.discovery import StaticDiscovery
 from agent.errors import InvalidSpec
 
 FULL = """\

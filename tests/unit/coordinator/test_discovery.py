@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.coordinator.discovery import (
+from agent.coordinator.fleet.discovery import (
     AGENT_SELECTOR,
     DnsDiscovery,
     KubeDiscovery,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.coordinator.execute import NodeResult, Notes, run_rollout
-from agent.coordinator.record import RolloutRecord
-from agent.coordinator.rollout import Limits, NodeState, Scheduler
+from agent.coordinator.rollout.execute import NodeResult, Notes, run_rollout
+from agent.coordinator.rollout.record import RolloutRecord
+from agent.coordinator.rollout.schedule import Limits, NodeState, Scheduler
 from agent.errors import Busy, InvalidSpec
 
 NODES = [f"n{i}" for i in range(6)]

@@ -15,11 +15,11 @@ import pytest
 from prometheus_client import generate_latest
 
 from agent.cli.fleet import fleet
-from agent.coordinator import reconcile
-from agent.coordinator.discovery import Target
-from agent.coordinator.fleet import Fleet
+from agent.coordinator.control import reconcile
+from agent.coordinator.fleet.channels import Fleet
+from agent.coordinator.fleet.discovery import Target
+from agent.coordinator.fleet.inventory import node_view
 from agent.coordinator.flows import Selection
-from agent.coordinator.inventory import node_view
 from tests.unit.coordinator.agents import Outcome, invoke
 from tests.unit.coordinator.fakeagents import FakeAgent, FakeAgents, fake_agents, mark, node
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import yaml
 
-from agent.coordinator.demand import Demand, DemandEntry, parse_demand
-from agent.coordinator.planfile import PLAN_CONFIG, load_plan, plan_document
-from agent.coordinator.planner import FleetPlan, plan_fleet, scratch_disruption
+from agent.coordinator.planning.demand import Demand, DemandEntry, parse_demand
+from agent.coordinator.planning.planfile import PLAN_CONFIG, load_plan, plan_document
+from agent.coordinator.planning.planner import FleetPlan, plan_fleet, scratch_disruption
 from agent.mig.spec import parse_spec
 from tests.unit.coordinator.fleets import A30, A100_80, H100, empty_node, gpu, node
 

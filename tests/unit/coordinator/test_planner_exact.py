@@ -16,10 +16,10 @@ from itertools import product
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.coordinator.catalog import Catalog
-from agent.coordinator.demand import Demand, DemandEntry, parse_trace
-from agent.coordinator.planner import NodeLayouts, plan_fleet
-from agent.coordinator.replay import replay
+from agent.coordinator.planning.catalog import Catalog
+from agent.coordinator.planning.demand import Demand, DemandEntry, parse_trace
+from agent.coordinator.planning.planner import NodeLayouts, plan_fleet
+from agent.coordinator.planning.replay import replay
 from agent.gpu.types import GiProfile, GpuLayout
 from agent.mig.plan import Desired, plan_gpu
 from tests.unit.coordinator.fleets import A30, A100_40, H100, empty_node, gpu, node

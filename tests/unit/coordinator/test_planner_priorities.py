@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent.coordinator.demand import Demand, DemandEntry
-from agent.coordinator.planner import plan_fleet
+from agent.coordinator.planning.demand import Demand, DemandEntry
+from agent.coordinator.planning.planner import plan_fleet
 from tests.unit.coordinator.fleets import A30, H100, empty_node, gpu, node
 
 

@@ -7,9 +7,9 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.coordinator.catalog import Catalog
-from agent.coordinator.demand import Demand, DemandEntry
-from agent.coordinator.planner import NodeLayouts, plan_fleet, scratch_disruption
+from agent.coordinator.planning.catalog import Catalog
+from agent.coordinator.planning.demand import Demand, DemandEntry
+from agent.coordinator.planning.planner import NodeLayouts, plan_fleet, scratch_disruption
 from agent.gpu.models import MODELS
 from agent.gpu.types import GpuLayout
 from agent.mig.plan import Desired, plan_gpu

@@ -4,9 +4,9 @@ is named, since its pod would still fetch that data."""
 from __future__ import annotations
 
 from agent._proto.gpuagent.v1 import cache_pb2
-from agent.coordinator.actions import prewarm_result
-from agent.coordinator.execute import NodeResult
-from agent.coordinator.rollout import NodeState
+from agent.coordinator.rollout.actions import prewarm_result
+from agent.coordinator.rollout.execute import NodeResult
+from agent.coordinator.rollout.schedule import NodeState
 
 READY = cache_pb2.CACHE_ITEM_STATE_READY
 

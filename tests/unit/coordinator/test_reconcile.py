@@ -17,16 +17,16 @@ from typing import Any, cast
 import pytest
 from prometheus_client import generate_latest
 
-from agent.coordinator import reconcile
-from agent.coordinator.actions import NodePreview
-from agent.coordinator.backoff import Backoff, BackoffPolicy
-from agent.coordinator.discovery import Target
-from agent.coordinator.fleet import Fleet
+from agent.coordinator.control import reconcile
+from agent.coordinator.control.backoff import Backoff, BackoffPolicy
+from agent.coordinator.control.lease import ElectionTiming, LeaderElector
+from agent.coordinator.fleet.channels import Fleet
+from agent.coordinator.fleet.discovery import Target
+from agent.coordinator.fleet.inventory import NodeView
 from agent.coordinator.flows import RolloutResult, Selection
-from agent.coordinator.inventory import NodeView
-from agent.coordinator.lease import ElectionTiming, LeaderElector
-from agent.coordinator.record import RolloutRecord
-from agent.coordinator.rollout import NodeState
+from agent.coordinator.rollout.actions import NodePreview
+from agent.coordinator.rollout.record import RolloutRecord
+from agent.coordinator.rollout.schedule import NodeState
 from agent.errors import AgentError, Conflict, NotFound
 
 DESIRED = """\
@@ -138,7 +138,7 @@ def test_a_failing_node_is_held_back_exponentially_and_shows_on_metrics(
     reconciler = reconcile.Reconciler(
         cast(Fleet, object()), desired, interval_s=60.0, clock=clock, draw=lambda: 0.0
     )
-    caplog.set_level(logging.INFO, logger="agent.coordinator.reconcile")
+    caplog.set_level(logging.INFO, logger="agent.coordinator.control.reconcile")
 
     _passes(reconciler, clock, [clock.now])
     assert fake.rolled == [["a", "b"]]

@@ -9,9 +9,9 @@ from xml.etree import ElementTree
 
 import pytest
 
-from agent.coordinator.demand import parse_trace
-from agent.coordinator.replay import replay
-from agent.coordinator.replayreport import report_csv, report_json, report_svg
+from agent.coordinator.planning.demand import parse_trace
+from agent.coordinator.planning.replay import replay
+from agent.coordinator.planning.replayreport import report_csv, report_json, report_svg
 from tests.unit.coordinator.fleets import A100_80, empty_node
 
 TRACE = """time,profile,count

@@ -11,13 +11,13 @@ from agent._proto.gpuagent.v1 import telemetry_pb2, telemetry_pb2_grpc
 from agent.api.auth import Policy
 from agent.api.interceptor import ApiInterceptor
 from agent.api.telemetry import TelemetryServicer
-from agent.coordinator.catalog import Catalog
-from agent.coordinator.demand import DemandEntry, demand_yaml, parse_demand
-from agent.coordinator.discovery import StaticDiscovery, Target
-from agent.coordinator.fleet import Fleet
+from agent.coordinator.fleet.channels import Fleet
+from agent.coordinator.fleet.discovery import StaticDiscovery, Target
+from agent.coordinator.fleet.inventory import NodeView
 from agent.coordinator.flows import Selection, observe
-from agent.coordinator.inventory import NodeView
-from agent.coordinator.rightsize import Window, rightsized_demand, suggest
+from agent.coordinator.planning.catalog import Catalog
+from agent.coordinator.planning.demand import DemandEntry, demand_yaml, parse_demand
+from agent.coordinator.planning.rightsize import Window, rightsized_demand, suggest
 from agent.gpu.readings import GpuIdentity
 from agent.gpu.types import GpuLayout
 from agent.telemetry.snapshot import (

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from agent.coordinator.rollout import Limits, NodeState, Scheduler, parse_max_unavailable
+from agent.coordinator.rollout.schedule import Limits, NodeState, Scheduler, parse_max_unavailable
 from agent.errors import InvalidSpec
 
 
@@ -126,7 +126,7 @@ def test_a_bad_max_unavailable_names_the_flag(text: str) -> None:
 
 
 def test_a_stop_halts_like_max_failures_whatever_the_failure_count() -> None:
-    """A node turned unhealthy stops the rollout (agent.coordinator.healthgate): nothing new
+    """A node turned unhealthy stops the rollout (agent.coordinator.rollout.healthgate): nothing new
     starts, the running node finishes, the first reason is kept."""
     scheduler = Scheduler(NODES[:4], Limits(2, max_failures=0))
     assert scheduler.start(0.0) == ["n00", "n01"]

@@ -4,7 +4,7 @@ for a spec and for a whole config file (-f) alike, as the agent's SetSharing wou
 from __future__ import annotations
 
 from agent._proto.gpuagent.v1 import sharing_pb2
-from agent.coordinator.actions import sharing_preview
+from agent.coordinator.rollout.actions import sharing_preview
 from agent.sharing.request import requested_config
 from agent.sharing.schema import PluginConfig, parse, render
 from tests.unit.coordinator.fleets import gpu

@@ -7,10 +7,10 @@ import pytest
 from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, sharing_pb2
 from agent.api.convert import gpu_pb
 from agent.client.layouts import layout_from
-from agent.coordinator.discovery import Target
-from agent.coordinator.inventory import node_view, unreachable_view
-from agent.coordinator.selector import parse_selector
-from agent.coordinator.status import fleet_status
+from agent.coordinator.fleet.discovery import Target
+from agent.coordinator.fleet.inventory import node_view, unreachable_view
+from agent.coordinator.fleet.selector import parse_selector
+from agent.coordinator.fleet.status import fleet_status
 from agent.errors import InvalidSpec
 from agent.gpu.types import GiProfile
 from tests.unit.coordinator.fleets import A30, H100, gpu
@@ -186,8 +186,8 @@ def test_a_node_that_withholds_processes_is_shown_with_its_gpus_and_says_so() ->
 
 
 def test_each_node_row_carries_its_allocation_mode() -> None:
-    from agent.cli.fleet import _status_table
-    from agent.coordinator.status import status_document
+    from agent.cli.fleet.status import _status_table
+    from agent.coordinator.fleet.status import status_document
 
     node = _node()
     node.allocation.mode = agent_pb2.ALLOCATION_MODE_DRA_DYNAMIC_MIG

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from agent.coordinator.status import GpuStatus, NodeStatus, _gpu_record, _node_record
+from agent.coordinator.fleet.status import GpuStatus, NodeStatus, _gpu_record, _node_record
 
 
 def test_records_carry_every_dataclass_field() -> None:

@@ -11,11 +11,11 @@ from typing import Any, cast
 
 import pytest
 
-from agent.coordinator import status_http
-from agent.coordinator.discovery import Target
-from agent.coordinator.fleet import Fleet
+from agent.coordinator.control import status_http
+from agent.coordinator.fleet.channels import Fleet
+from agent.coordinator.fleet.discovery import Target
+from agent.coordinator.fleet.inventory import NodeView
 from agent.coordinator.flows import Selection
-from agent.coordinator.inventory import NodeView
 from agent.http import Request
 
 

@@ -1,0 +1,182 @@
+"""``gpu-agent fleet status``: every node's GPUs, MIG devices, sharing and health marks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from agent.cli.coordinator import (
+    fleet_options,
+    options_from,
+    run_with_fleet,
+)
+from agent.cli.render import emit, format_table, output_option
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
+    pass
+
+
+# -- status ----------------------------------------------------------------------------------
+
+
+def _status_table(doc: dict[str, Any]) -> str:
+    nodes = format_table(
+        [
+            "NODE",
+            "HEALTH",
+            "GPU HEALTH",
+            "ALLOCATION",
+            "GPUS",
+            "MODELS",
+            "MIG SLICES",
+            "IDLE DEVICES",
+            "SHARING",
+            "WARM",
+            "IDLE GPUS",
+        ],
+        [
+            [
+                n["name"],
+                n["health"] if not n["detail"] else f"{n['health']}: {n['detail']}",
+                n.get("gpu_health", "unknown"),
+                (n.get("allocation") or {}).get("mode") or "-",
+                len(n["gpus"]),
+                n["models"],
+                " ".join(g["slices"] for g in n["gpus"]) or "-",
+                "withheld" if n["idle"] is None else counts_text(n["idle"]),
+                n["sharing"],
+                n["warm"],
+                n["idle_gpus"],
+            ]
+            for n in doc["nodes"]
+        ],
+    )
+    profiles = format_table(
+        ["PROFILE", "DEVICES", "IN USE", "IDLE", "CREATABLE"],
+        [
+            [p["profile"], p["devices"], p["in_use"], p["idle"], p["creatable"]]
+            for p in doc["profiles"]
+        ],
+    )
+    marks = _gpu_health_table(doc)
+    totals = doc["totals"]
+    summary = (
+        f"{totals['nodes']} node(s), {totals['reachable']} answering; {totals['gpus']} GPU(s), "
+        f"{totals['idle_gpus']} idle for {doc['idle_after']} or more. "
+        "MIG SLICES: one character per memory slice: the instance's size in compute slices, "
+        "* in use, . free; - whole GPU (MIG off)."
+    )
+    unknown = sum(p.get("unknown", 0) for p in doc["profiles"])
+    if unknown:
+        summary += (
+            f" {unknown} MIG device(s) on nodes that withhold their process lists from this "
+            "identity: whether they are in use is not known (not counted in IN USE or IDLE)."
+        )
+    if "age_s" in doc:  # answered by a coordinator from its latest sweep
+        summary += f" Swept by the coordinator {doc['age_s']:.0f} s ago (--fresh for a new one)."
+    if "gpu_health" in totals:
+        counts = ", ".join(f"{n} {state}" for state, n in totals["gpu_health"].items() if n)
+        summary += f" GPU health: {counts or 'no GPU'}."
+    return f"{nodes}\n\n{marks}{profiles}\n\n{summary}"
+
+
+def _gpu_health_table(doc: dict[str, Any]) -> str:
+    """One row per failed or degraded GPU, with the verdict's reason, the action that clears
+    it and the pods it names; '' when none (GPUs without a verdict are counted in the summary
+    and shown unknown in their node's row)."""
+    rows = [
+        [
+            n["name"],
+            g["index"],
+            g["health"]["state"],
+            g["health"]["reason"] or "-",
+            g["health"]["action"] or "-",
+            ", ".join(g["health"]["pods"]) or "-",
+        ]
+        for n in doc["nodes"]
+        for g in n["gpus"]
+        if "health" in g and g["health"]["state"] in ("failed", "degraded")
+    ]
+    if not rows:
+        return ""
+    table = format_table(["NODE", "GPU", "STATE", "REASON", "ACTION", "PODS"], rows)
+    return f"{table}\n\n"
+
+
+def counts_text(counts: dict[str, int]) -> str:
+    """Device counts in words (the coordinator's words, imported when a command runs)."""
+    from agent.coordinator.fleet import capacity
+
+    return capacity.counts_text(counts)
+
+
+@click.command("status")
+@fleet_options
+@click.option("--selector", "-l", default=None, help="Only nodes matching key=value[,key!=value].")
+@click.option(
+    "--idle-after",
+    default="1h",
+    show_default=True,
+    help="A GPU idle at least this long counts as idle (s, m, h, d).",
+)
+@click.option(
+    "--coordinator",
+    "coordinator_url",
+    default=None,
+    envvar="GPU_AGENT_COORDINATOR",
+    help="Ask a running `coordinator serve` (http://HOST:PORT) instead of dialling every agent: "
+    "it keeps its connections open, so a large fleet answers in about half the time. The "
+    "connection options are then not used.",
+)
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="With --coordinator: a new sweep, not the coordinator's latest (up to its "
+    "--status-max-age old).",
+)
+@output_option
+def status(
+    selector: str | None,
+    idle_after: str,
+    coordinator_url: str | None,
+    fresh: bool,
+    output: str,
+    **kwargs: Any,
+) -> None:
+    """One table of the fleet's nodes, and totals per MIG profile.
+
+    Per node: GPUs and models, the MIG layout as a slice map, idle MIG devices, sharing, warm
+    cache items, health, and GPUs idle longer than --idle-after.
+
+    \b
+    Examples:
+      gpu-agent fleet status --agents n1:9401,n2:9401 --tls-dir ./tls -o json
+      gpu-agent fleet status --coordinator http://gpu-agent-coordinator.gpu-agent:9400
+    """
+    from agent.coordinator.fleet.query import parse_duration
+
+    options = options_from(kwargs)
+    seconds = parse_duration(idle_after)
+    if coordinator_url:  # the coordinator checks the selector: nothing heavy loads here
+        from agent.coordinator.fleet.query import StatusQuery, fetch_status
+
+        doc = fetch_status(coordinator_url, StatusQuery(selector or "", idle_after, fresh))
+    else:
+        from agent.coordinator.fleet.selector import parse_selector
+        from agent.coordinator.fleet.status import fleet_status, status_document
+        from agent.coordinator.flows import select
+
+        chosen = parse_selector(selector)
+        selection = run_with_fleet(options, lambda f: select(f, chosen, idle_after_s=seconds))
+        doc = status_document(fleet_status(selection.views), idle_after)
+    if output == "table":
+        click.echo(_status_table(doc))
+    elif output == "json":  # already JSON data: skip emit's record walk (0.27 s at 1,000 nodes)
+        click.echo(json.dumps({k: doc[k] for k in ("nodes", "profiles", "totals")}, indent=2))
+    else:
+        emit({k: doc[k] for k in ("nodes", "profiles", "totals")}, output)

@@ -1,0 +1,95 @@
+"""Node selectors: ``key=value,key!=value`` over node facts and Kubernetes node labels.
+
+Keys ``name``, ``address``, ``model`` (any GPU of the node; the ``NVIDIA`` prefix optional),
+``preset`` and ``allocation`` (the node's allocation mode: ``device-plugin``, ``dra``,
+``dra-dynamic-mig``, ``none``, ``unknown``; an agent that reports none matches no value) are
+facts the agents report; any other key is a node label (Kubernetes discovery
+only). Values may use shell globs (``name=gpu-a-*``); model matches ignore case.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agent.coordinator.fleet.inventory import NodeView
+from agent.errors import FieldViolation, InvalidSpec
+from agent.gpu.models import model_key
+
+__all__ = ["Selector", "parse_selector"]
+
+_FACTS = ("name", "address", "model", "preset", "allocation")
+
+
+@dataclass(frozen=True, slots=True)
+class _Term:
+    key: str
+    pattern: str
+    negate: bool
+
+    def values(self, view: NodeView) -> Sequence[str]:
+        if self.key == "name":
+            return (view.name,)
+        if self.key == "address":
+            return (view.address,)
+        if self.key == "model":
+            return tuple(model_key(m) for m in view.models)
+        if self.key == "preset":
+            return (view.preset,)
+        if self.key == "allocation":
+            return () if view.allocation is None else (view.allocation.mode.value,)
+        label = view.labels.get(self.key)
+        return () if label is None else (label,)
+
+    def matches(self, view: NodeView) -> bool:
+        pattern = model_key(self.pattern) if self.key == "model" else self.pattern
+        found = any(fnmatch.fnmatchcase(v, pattern) for v in self.values(view))
+        return found != self.negate
+
+
+@dataclass(frozen=True, slots=True)
+class Selector:
+    terms: tuple[_Term, ...] = ()
+    text: str = ""
+
+    def matches(self, view: NodeView) -> bool:
+        """Every term holds; the empty selector selects every node."""
+        return all(t.matches(view) for t in self.terms)
+
+    @property
+    def needs_inventory(self) -> bool:
+        """Whether only a reachable node's answer can tell (model, preset)."""
+        return any(t.key in ("model", "preset", "allocation") for t in self.terms)
+
+    @property
+    def needs_labels(self) -> bool:
+        """Whether a Kubernetes node label decides (unknown while the API is down)."""
+        return any(t.key not in _FACTS for t in self.terms)
+
+    def __str__(self) -> str:
+        return self.text or "(every node)"
+
+
+def parse_selector(text: str | None) -> Selector:
+    if not text or not text.strip():
+        return Selector()
+    terms = []
+    for raw in text.split(","):
+        part = raw.strip()
+        negate = "!=" in part
+        key, sep, value = part.partition("!=" if negate else "=")
+        key, value = key.strip(), value.strip().removeprefix("=")  # accept ==
+        if not sep or not key or not value:
+            raise InvalidSpec(
+                f"selector term {part!r} is not key=value or key!=value",
+                [
+                    FieldViolation(
+                        "selector",
+                        f"comma-separated key=value / key!=value; keys: {', '.join(_FACTS)} "
+                        "or a node label; values may use * and ?",
+                    )
+                ],
+            )
+        terms.append(_Term(key, value, negate))
+    return Selector(tuple(terms), text.strip())

@@ -1,0 +1,352 @@
+"""What a rollout does to one node, per kind (MIG, sharing, prewarm), through the agent API.
+
+Each action is idempotent per (rollout, node, attempt): its request id makes a retry, or a
+resume after the coordinator died, find the operation the first call started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import json_format
+
+from agent._proto.gpuagent.v1 import (
+    cache_pb2,
+    mig_pb2,
+    operations_pb2,
+    prewarm_pb2,
+    sharing_pb2,
+)
+from agent.client import AsyncAgentClient as AgentClient
+from agent.client.layouts import layout_from
+from agent.coordinator.fleet.channels import Fleet
+from agent.coordinator.fleet.discovery import Target
+from agent.coordinator.fleet.inventory import is_warm
+from agent.coordinator.rollout.execute import NodeAction, NodeResult, Notes
+from agent.coordinator.rollout.record import RolloutRecord
+from agent.coordinator.rollout.schedule import NodeState
+from agent.coordinator.rollout.targets import target_name
+from agent.errors import AgentError
+from agent.gpu.types import GpuLayout, PowerLimits
+from agent.power.plan import GpuPower, resolve
+from agent.power.spec import parse as parse_power
+from agent.sharing.request import requested_config
+from agent.sharing.schema import PluginConfig, merge, parse, to_document
+from agent.sharing.validate import violations
+
+__all__ = ["NodePreview", "action_for", "preview"]
+
+_CANCEL_TIMEOUT_S = 5.0
+_PLAN_STATUS = {
+    mig_pb2.MIG_PLAN_STATUS_UNCHANGED: "unchanged",
+    mig_pb2.MIG_PLAN_STATUS_CHANGE: "change",
+    mig_pb2.MIG_PLAN_STATUS_BLOCKED: "blocked",
+    mig_pb2.MIG_PLAN_STATUS_INFEASIBLE: "infeasible",
+}
+
+
+def mig_config(record: RolloutRecord, node: str) -> tuple[str, str]:
+    """The config file and name a node gets: one for all, or its own from a fleet plan."""
+    spec = record.spec
+    configs: Mapping[str, str] | None = spec.get("configs")
+    text = configs[node] if configs is not None else spec["config_yaml"]
+    return text, spec["config_name"]
+
+
+def sharing_request(record: RolloutRecord, node: str) -> sharing_pb2.SetSharingRequest:
+    request = json_format.ParseDict(record.spec["request"], sharing_pb2.SetSharingRequest())
+    request.request_id = record.request_id(node)
+    return request
+
+
+def prewarm_targets(record: RolloutRecord) -> list[prewarm_pb2.PrewarmTarget]:
+    return [json_format.ParseDict(t, prewarm_pb2.PrewarmTarget()) for t in record.spec["targets"]]
+
+
+async def _follow(
+    client: AgentClient, op: operations_pb2.Operation, notes: Notes
+) -> operations_pb2.Operation:
+    """Watch an operation to its end, reporting progress; cancel it when the node timed out."""
+    notes.operation(op.name)
+    last = op
+    try:
+        async for last in client.watch_operation(op.name):
+            notes.progress(_progress(last))
+    except asyncio.CancelledError:
+        if notes.timed_out:
+            with contextlib.suppress(AgentError, TimeoutError):
+                await asyncio.wait_for(client.cancel_operation(op.name), _CANCEL_TIMEOUT_S)
+        raise
+    return last
+
+
+def _progress(op: operations_pb2.Operation) -> str:
+    which = op.metadata.WhichOneof("progress")
+    if which == "mig_apply":
+        m = op.metadata.mig_apply
+        return f"{m.phase}: {m.gpus_done}/{m.gpus_total} GPUs, step {m.steps_done}/{m.steps_total}"
+    if which == "prewarm":
+        p = op.metadata.prewarm
+        return f"{p.items_done}/{p.items_total} items done"
+    return op.name
+
+
+def _failure(op: operations_pb2.Operation) -> str:
+    if op.HasField("error"):
+        return f"{op.error.reason}: {op.error.message}"
+    return f"ended {operations_pb2.OperationState.Name(op.state)}"
+
+
+@dataclass
+class _Base:
+    fleet: Fleet
+    targets: Mapping[str, Target]
+    record: RolloutRecord
+
+    def client(self, node: str) -> AgentClient:
+        return self.fleet.client(self.targets[node])
+
+
+class MigApply(_Base):
+    async def __call__(self, node: str, notes: Notes) -> NodeResult:
+        client = self.client(node)
+        text, name = mig_config(self.record, node)
+        plan = await client.plan_mig(text, name)
+        statuses = {_PLAN_STATUS.get(g.status, "unknown") for g in plan.gpus}
+        if statuses <= {"unchanged"}:
+            return NodeResult(NodeState.UNCHANGED, "already as asked")
+        refused = [
+            f"GPU {g.gpu_index}: {_PLAN_STATUS.get(g.status)} "
+            f"{g.infeasible_reason or '; '.join(f'{b.pid} on {b.instance}' for b in g.blockers)}"
+            for g in plan.gpus
+            if g.status in (mig_pb2.MIG_PLAN_STATUS_BLOCKED, mig_pb2.MIG_PLAN_STATUS_INFEASIBLE)
+        ]
+        if refused:
+            return NodeResult(NodeState.FAILED, "not applied: " + "; ".join(refused))
+        op = await client.apply_mig(text, name, self.record.request_id(node))
+        final = await _follow(client, op, notes)
+        if final.state != operations_pb2.OPERATION_STATE_SUCCEEDED:
+            return NodeResult(NodeState.FAILED, _failure(final))
+        changed = len(final.response.mig_apply.changed_gpu_uuids)
+        return NodeResult(NodeState.SUCCEEDED, f"{changed} GPU(s) changed")
+
+
+class ShareApply(_Base):
+    async def __call__(self, node: str, notes: Notes) -> NodeResult:
+        change = await self.client(node).set_sharing(sharing_request(self.record, node))
+        if not change.changed:
+            return NodeResult(NodeState.UNCHANGED, "already as asked")
+        reload = change.reload.detail if change.HasField("reload") else ""
+        return NodeResult(NodeState.SUCCEEDED, reload or "config written")
+
+
+class PowerApply(_Base):
+    async def __call__(self, node: str, notes: Notes) -> NodeResult:
+        spec = self.record.spec["spec_yaml"]
+        changes = await self.client(node).apply_power(spec, self.record.request_id(node))
+        if not changes:
+            return NodeResult(NodeState.UNCHANGED, "already as asked")
+        return NodeResult(NodeState.SUCCEEDED, f"{len(changes)} GPU(s) capped")
+
+
+class PrewarmApply(_Base):
+    async def __call__(self, node: str, notes: Notes) -> NodeResult:
+        client = self.client(node)
+        op = await client.submit_prewarm(prewarm_targets(self.record), self.record.request_id(node))
+        final = await _follow(client, op, notes)
+        if final.state != operations_pb2.OPERATION_STATE_SUCCEEDED:
+            return NodeResult(NodeState.FAILED, _failure(final))
+        return prewarm_result(final.response.prewarm.items)
+
+
+def prewarm_result(items: Sequence[cache_pb2.CacheItem]) -> NodeResult:
+    """A node's prewarm outcome from its items: failed if any is not ready; ready images whose
+    data is not all on the node (a Nydus image pulled without Dragonfly) are named, since the
+    pod would still fetch that data."""
+    bad = [f"{i.name}: {i.error}" for i in items if i.state != cache_pb2.CACHE_ITEM_STATE_READY]
+    if bad:
+        return NodeResult(NodeState.FAILED, "; ".join(bad))
+    detail = f"{len(items)} item(s) ready"
+    cold = [f"{i.name} {_warmth_word(i)}" for i in items if not is_warm(i)]
+    return NodeResult(
+        NodeState.SUCCEEDED, f"{detail}; not fully warm: {', '.join(cold)}" if cold else detail
+    )
+
+
+_ACTIONS: Mapping[str, Callable[[Fleet, Mapping[str, Target], RolloutRecord], NodeAction]] = {
+    "mig": MigApply,
+    "power": PowerApply,
+    "share": ShareApply,
+    "prewarm": PrewarmApply,
+}
+
+
+def action_for(fleet: Fleet, targets: Mapping[str, Target], record: RolloutRecord) -> NodeAction:
+    return _ACTIONS[record.kind](fleet, targets, record)
+
+
+# -- dry runs ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodePreview:
+    """What a rollout would do to one node; ``gpus`` holds the MIG plan per GPU, ``current``
+    and ``planned`` the node's sharing now and after the change."""
+
+    node: str
+    would: str  # change, unchanged, refused, unknown (the node did not answer)
+    detail: str
+    gpus: tuple[dict[str, Any], ...] = ()
+    current: str = ""
+    planned: str = ""
+
+
+async def _preview_mig(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:
+    text, name = mig_config(record, node)
+    plan = await client.plan_mig(text, name)
+    gpus = tuple(
+        {
+            "gpu": g.gpu_index,
+            "status": _PLAN_STATUS.get(g.status, "unknown"),
+            "keep": list(g.keep),
+            "destroy": list(g.destroy),
+            "create": list(g.create),
+            "blockers": [f"{b.pid} on {b.instance} ({b.change})" for b in g.blockers],
+            "reason": g.infeasible_reason,
+            "deferred": g.deferred,
+        }
+        for g in plan.gpus
+    )
+    statuses = {g["status"] for g in gpus}
+    if statuses & {"blocked", "infeasible"}:
+        would = "refused"
+    else:
+        would = "unchanged" if statuses <= {"unchanged"} else "change"
+    changing = sum(g["status"] != "unchanged" for g in gpus)
+    return NodePreview(node, would, f"{changing}/{len(gpus)} GPU(s) change", gpus)
+
+
+async def _preview_share(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:
+    requested = requested_config(sharing_request(record, node))
+    now, inventory = await asyncio.gather(client.get_sharing(), client.node())
+    current = parse(now.config.config_yaml) if now.exists else None
+    return sharing_preview(node, requested, current, [layout_from(g) for g in inventory.gpus])
+
+
+def sharing_preview(
+    node: str,
+    requested: PluginConfig,
+    current: PluginConfig | None,
+    layouts: Sequence[GpuLayout],
+) -> NodePreview:
+    """What SetSharing of ``requested`` would do on a node whose config file is ``current``
+    (None: no file) and whose GPUs are ``layouts``: the agent's own steps on paper (lay the
+    request over the file, check it against the GPUs, compare), for a spec and a whole file
+    (-f) alike."""
+    base = current if current is not None else PluginConfig()  # the agent's view of no file
+    was = describe_sharing(base) + ("" if current is not None else " (no config file)")
+    planned = merge(base, requested)
+    will = describe_sharing(planned)
+    found = violations(planned, layouts)
+    if found:
+        why = "; ".join(f"{v.field}: {v.description}" for v in found)
+        return NodePreview(node, "refused", f"now: {was}; refused: {why}", (), was, will)
+    if planned == base:
+        return NodePreview(node, "unchanged", f"now: {was}", (), was, will)
+    changed = _changed_keys(to_document(base), to_document(planned))
+    detail = f"now: {was}; planned: {will}"
+    if changed:
+        detail += f" (changes {', '.join(changed)})"
+    return NodePreview(node, "change", detail, (), was, will)
+
+
+def describe_sharing(config: PluginConfig) -> str:
+    """``time-slicing nvidia.com/gpu x4``, ``none``, with the plugin flags sharing depends on."""
+    active = config.sharing.active
+    text = "none"
+    if active is not None:
+        resources = ", ".join(f"{r.name} x{r.replicas}" for r in active.resources)
+        text = f"{config.sharing.strategy} {resources}"
+    notes = [f"migStrategy {config.flags.mig_strategy}"] if config.flags.mig_strategy else []
+    if active is not None and active.rename_by_default:
+        notes.append("renameByDefault")
+    return f"{text} ({', '.join(notes)})" if notes else text
+
+
+def _changed_keys(before: Mapping[str, Any], after: Mapping[str, Any], at: str = "") -> list[str]:
+    """The dotted keys whose values differ, e.g. ``sharing.timeSlicing.resources``."""
+    changed = []
+    for key in sorted(set(before) | set(after), key=str):
+        path = f"{at}.{key}" if at else str(key)
+        old, new = before.get(key), after.get(key)
+        if isinstance(old, Mapping) and isinstance(new, Mapping):
+            changed += _changed_keys(old, new, path)
+        elif old != new:
+            changed.append(path)
+    return changed
+
+
+async def _preview_power(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:
+    """The agent's own check on paper: the spec against each GPU's range (agent.power.plan)."""
+    view = await client.get_power()
+    gpus = [
+        GpuPower(
+            g.index,
+            g.uuid,
+            g.name,
+            PowerLimits(g.min_mw, g.max_mw, g.default_mw, g.current_mw, g.enforced_mw),
+        )
+        for g in view.gpus
+    ]
+    spec_yaml = record.spec["spec_yaml"]
+    targets, problems = resolve(parse_power(spec_yaml), gpus)
+    if problems:
+        why = "; ".join(f"{p.field}: {p.description}" for p in problems)
+        return NodePreview(node, "refused", why)
+    changing = [t for t in targets if t.changes]
+    if not changing and view.spec_yaml == spec_yaml:
+        return NodePreview(node, "unchanged", f"{len(targets)} GPU(s) capped as asked")
+    return NodePreview(node, "change", f"{len(changing)}/{len(gpus)} GPU(s) change")
+
+
+async def _preview_prewarm(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:
+    items = (await client.node()).cache.items
+    ready = {i.name for i in items if is_warm(i)}
+    names = [target_name(t) for t in prewarm_targets(record)]
+    missing = [n for n in names if not n or n not in ready]
+    if not missing:
+        return NodePreview(node, "unchanged", "every item is warm")
+    return NodePreview(node, "change", f"{len(missing)}/{len(names)} item(s) to fetch")
+
+
+def _warmth_word(item: cache_pb2.CacheItem) -> str:
+    name = cache_pb2.ImageWarmthLevel.Name(item.image_warmth.level)
+    return name.removeprefix("IMAGE_WARMTH_LEVEL_").lower().replace("_", "-")
+
+
+_PREVIEWS = {
+    "mig": _preview_mig,
+    "power": _preview_power,
+    "share": _preview_share,
+    "prewarm": _preview_prewarm,
+}
+
+
+async def preview(
+    fleet: Fleet, targets: Mapping[str, Target], record: RolloutRecord
+) -> list[NodePreview]:
+    """Every node's plan, read-only, in rollout order; a node that cannot answer says why."""
+    show = _PREVIEWS[record.kind]
+    nodes = list(record.nodes)
+
+    async def one(node: str) -> NodePreview:
+        try:
+            return await show(fleet.client(targets[node]), record, node)
+        except AgentError as exc:
+            return NodePreview(node, "unknown", str(exc))
+
+    return list(await asyncio.gather(*(one(n) for n in nodes)))
