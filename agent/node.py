@@ -43,7 +43,6 @@ from agent.api import (
     create_server,
     set_serving,
 )
-from agent.api.convert import health_event_pb
 from agent.api.mig import interrupted_apply
 from agent.api.operations import MIG_APPLY
 from agent.config import AgentConfig
@@ -76,6 +75,7 @@ from agent.state import StateStore
 from agent.statedir import StateCollector, probe
 from agent.telemetry.service import TelemetryService, build_telemetry
 from agent.webconfig import MetricsGuard, ReloadingTls, WebConfig, load_web_config
+from agent.wire.node import health_event_pb
 
 log = logging.getLogger(__name__)
 

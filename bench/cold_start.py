@@ -56,12 +56,12 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent._proto.gpuagent.v1 import cache_pb2
-from agent.api.convert import cache_item_from
 from agent.client import AgentClient
 from agent.gpu.sim import SimControl, open_simulator
 from agent.prewarm.images import CriPuller
 from agent.prewarm.inventory import READY_VALUE, node_labels
 from agent.prewarm.naming import label_key
+from agent.wire.prewarm import cache_item_from
 from tests.integration.prewarm_fixtures import cri, hub
 from tests.integration.prewarm_fixtures.origin import Origin
 from tests.kube.fake_api import FakeKubeApi

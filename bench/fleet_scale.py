@@ -3,7 +3,7 @@
 
 Agents are lightweight gRPC servers, many per process (``--procs``), each on its own port with
 mTLS and the agent's own interceptor (authorization, error mapping). Each serves the real
-NodeService answer (``agent.api.convert.gpu_pb`` over layouts read from the simulated driver of
+NodeService answer (``agent.wire.node.gpu_pb`` over layouts read from the simulated driver of
 a preset, with canned MIG layouts, busy instances and each GPU's idle seconds); MigService and
 OperationsService are stand-ins whose apply takes ``--apply-s`` seconds, so the rollout row
 measures the coordinator's scheduling, not a GPU. The coordinator side is the real code:
@@ -45,7 +45,6 @@ from agent._proto.gpuagent.v1 import (  # noqa: E402
     operations_pb2_grpc,
 )
 from agent.api.auth import Policy, Role  # noqa: E402
-from agent.api.convert import gpu_pb  # noqa: E402
 from agent.api.interceptor import ApiInterceptor  # noqa: E402
 from agent.client import ClientTls  # noqa: E402
 from agent.coordinator.control import status_http  # noqa: E402
@@ -71,6 +70,7 @@ from agent.gpu.types import (  # noqa: E402
 )
 from agent.http import HttpServer  # noqa: E402
 from agent.mig.plan import Desired, plan_gpu  # noqa: E402
+from agent.wire.node import gpu_pb  # noqa: E402
 from tests.unit.api.support import COORDINATOR, Pki  # noqa: E402
 
 PRESETS = ("dgx-h100", "dgx-a100-80", "hgx-h200", "dgx-a100")

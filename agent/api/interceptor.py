@@ -7,7 +7,7 @@ PERMISSION_DENIED (logged with the caller's identity), the roles of an admitted 
 for the servicer (`agent.api.auth.granted`), undecodable request bytes get INVALID_ARGUMENT, a
 call past its caller's or its door's share (`agent.api.share`) gets RESOURCE_EXHAUSTED, a stream
 past its lifetime ends with UNAVAILABLE, an `AgentError` gets its status from
-`agent.api.errors`, and anything else is a bug: INTERNAL, logged with a traceback under an
+`agent.wire.errors`, and anything else is a bug: INTERNAL, logged with a traceback under an
 incident id that the client also sees.
 """
 
@@ -27,10 +27,10 @@ from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
 
 from agent.api.auth import Policy, Role, allows, caller_of, grant, roles_of
-from agent.api.errors import grpc_code, internal_status, status_of, trailing_metadata
 from agent.api.share import FairShare, Refusal, Slot
 from agent.config import ApiSettings
 from agent.errors import AgentError
+from agent.wire.errors import grpc_code, internal_status, status_of, trailing_metadata
 
 log = logging.getLogger(__name__)
 

@@ -21,16 +21,8 @@ from dataclasses import dataclass, field
 
 from agent import __version__
 from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, events_pb2, sharing_pb2
-from agent.api.convert import (
-    cache_inventory_pb,
-    gpu_instance_pb,
-    gpu_pb,
-    health_mark_pb,
-    sharing_config_pb,
-    timestamp,
-)
 from agent.api.events import EventBus
-from agent.dra.mode import Allocation, AllocationMode
+from agent.dra.mode import Allocation
 from agent.errors import AgentError
 from agent.gpu.types import GpuInfo, GpuLayout
 from agent.health.machine import Mark
@@ -39,6 +31,10 @@ from agent.prewarm.inventory import Inventory as CacheInventory
 from agent.sharing import SharingView
 from agent.telemetry.snapshot import GpuStatus, Snapshot
 from agent.telemetry.xid import xid_message
+from agent.wire.node import allocation_pb, gpu_instance_pb, gpu_pb, health_mark_pb
+from agent.wire.prewarm import cache_inventory_pb
+from agent.wire.sharing import sharing_config_pb
+from agent.wire.timestamps import timestamp
 
 log = logging.getLogger(__name__)
 
@@ -47,21 +43,6 @@ __all__ = ["NodeInventory"]
 XidKey = tuple[int, int | None, int]  # (GPU index, GPU instance id or None, XID)
 #: the health marks: target -> (GPU index, mark, reason as shown)
 HealthMarks = Callable[[], Mapping[Target, tuple[int, Mark, str]]]
-
-_MODES = {
-    AllocationMode.UNKNOWN: agent_pb2.ALLOCATION_MODE_UNSPECIFIED,
-    AllocationMode.DEVICE_PLUGIN: agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN,
-    AllocationMode.DRA: agent_pb2.ALLOCATION_MODE_DRA,
-    AllocationMode.DRA_DYNAMIC_MIG: agent_pb2.ALLOCATION_MODE_DRA_DYNAMIC_MIG,
-    AllocationMode.NONE: agent_pb2.ALLOCATION_MODE_NONE,
-}
-
-
-def allocation_pb(allocation: Allocation) -> agent_pb2.Allocation:
-    return agent_pb2.Allocation(
-        mode=_MODES[allocation.mode], evidence=allocation.evidence, dra_driver=allocation.driver
-    )
-
 
 GPU_EVERY_S = 1.0
 CACHE_EVERY_S = 2.0

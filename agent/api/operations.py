@@ -28,12 +28,12 @@ from google.protobuf.message import Message
 
 from agent._proto.gpuagent.v1 import operations_pb2, operations_pb2_grpc
 from agent.api.auth import OPERATION_ROLES, Role, actor_of, allows, granted
-from agent.api.convert import message_dict, operation_id_from, operation_name, operation_pb
-from agent.api.errors import error_record
 from agent.api.events import EventBus
 from agent.errors import AgentError, Busy, FieldViolation, InvalidSpec, NotFound, PermissionDenied
 from agent.owner import Actor, check_may_undo
 from agent.state import Operation, StateStore
+from agent.wire.errors import error_record
+from agent.wire.operations import message_dict, operation_id_from, operation_name, operation_pb
 
 log = logging.getLogger(__name__)
 

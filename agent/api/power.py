@@ -9,7 +9,8 @@ import grpc
 
 from agent._proto.gpuagent.v1 import power_pb2, power_pb2_grpc
 from agent.api.operations import OperationRunner
-from agent.power import Change, PowerService, PowerView
+from agent.power import PowerService
+from agent.wire.power import power_changes_pb, power_view_pb
 
 __all__ = ["PowerServicer"]
 
@@ -29,7 +30,7 @@ class PowerServicer(power_pb2_grpc.PowerServiceServicer):
         self, request: power_pb2.GetPowerRequest, context: grpc.aio.ServicerContext
     ) -> power_pb2.GetPowerResponse:
         self._guard(_FEATURE)
-        return _view_pb(await asyncio.to_thread(self._power.show))
+        return power_view_pb(await asyncio.to_thread(self._power.show))
 
     async def ApplyPower(
         self, request: power_pb2.ApplyPowerRequest, context: grpc.aio.ServicerContext
@@ -38,7 +39,7 @@ class PowerServicer(power_pb2_grpc.PowerServiceServicer):
 
         async def call() -> power_pb2.ApplyPowerResponse:
             changes = await asyncio.to_thread(self._power.apply, request.spec_yaml)
-            return power_pb2.ApplyPowerResponse(changes=_changes_pb(changes))
+            return power_pb2.ApplyPowerResponse(changes=power_changes_pb(changes))
 
         return await self._runner.once(
             _SERVICE + "ApplyPower",
@@ -55,7 +56,7 @@ class PowerServicer(power_pb2_grpc.PowerServiceServicer):
 
         async def call() -> power_pb2.RestorePowerResponse:
             changes = await asyncio.to_thread(self._power.restore)
-            return power_pb2.RestorePowerResponse(changes=_changes_pb(changes))
+            return power_pb2.RestorePowerResponse(changes=power_changes_pb(changes))
 
         return await self._runner.once(
             _SERVICE + "RestorePower",
@@ -64,33 +65,3 @@ class PowerServicer(power_pb2_grpc.PowerServiceServicer):
             power_pb2.RestorePowerResponse,
             call,
         )
-
-
-def _view_pb(view: PowerView) -> power_pb2.GetPowerResponse:
-    gpus = []
-    for g in view.gpus:
-        lim = g.limits
-        gpus.append(
-            power_pb2.GpuPower(
-                index=g.index,
-                uuid=g.uuid,
-                name=g.name,
-                min_mw=lim.min_mw,
-                max_mw=lim.max_mw,
-                default_mw=lim.default_mw,
-                current_mw=lim.current_mw,
-                enforced_mw=lim.enforced_mw,
-                desired_mw=view.desired_mw.get(g.uuid),
-                baseline_mw=view.baseline_mw.get(g.uuid),
-            )
-        )
-    return power_pb2.GetPowerResponse(gpus=gpus, spec_yaml=view.spec_text)
-
-
-def _changes_pb(changes: list[Change]) -> list[power_pb2.PowerChange]:
-    return [
-        power_pb2.PowerChange(
-            index=c.index, uuid=c.uuid, before_mw=c.before_mw, after_mw=c.after_mw
-        )
-        for c in changes
-    ]

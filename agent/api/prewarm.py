@@ -13,19 +13,19 @@ import grpc
 
 from agent._proto.gpuagent.v1 import operations_pb2, prewarm_pb2, prewarm_pb2_grpc
 from agent.api.auth import Role, actor_of
-from agent.api.convert import (
-    cache_inventory_pb,
-    cache_item_pb,
-    item_state_pb,
-    operation_pb,
-    prewarm_requests_from,
-)
 from agent.api.operations import PREWARM, Checkpointed, OperationContext, OperationRunner
 from agent.errors import Conflict, FieldViolation, InvalidSpec, PermissionDenied
 from agent.owner import Actor
 from agent.prewarm.errors import Cancelled, FetchFailed
 from agent.prewarm.model import CacheItem, ItemState, Progress
 from agent.prewarm.service import PrewarmService
+from agent.wire.operations import operation_pb
+from agent.wire.prewarm import (
+    cache_inventory_pb,
+    cache_item_pb,
+    item_state_pb,
+    prewarm_requests_from,
+)
 
 __all__ = ["PrewarmServicer"]
 

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 
 import grpc
 
 from agent._proto.gpuagent.v1 import sharing_pb2, sharing_pb2_grpc
-from agent.api.convert import sharing_change_pb, sharing_view_pb, violations_pb
 from agent.api.operations import OperationRunner
 from agent.sharing import ApplyResult, SharingService
 from agent.sharing.request import requested_config
-from agent.sharing.service import DraView
+from agent.wire.sharing import sharing_change_pb, sharing_view_pb
 
 __all__ = ["SharingServicer"]
 
@@ -31,11 +29,7 @@ class SharingServicer(sharing_pb2_grpc.SharingServiceServicer):
     async def GetSharing(
         self, request: sharing_pb2.GetSharingRequest, context: grpc.aio.ServicerContext
     ) -> sharing_pb2.GetSharingResponse:
-        view = await asyncio.to_thread(self._sharing.show)
-        response = sharing_view_pb(view)
-        if view.dra is not None:
-            response.dra.CopyFrom(dra_pb(view.dra))
-        return response
+        return sharing_view_pb(await asyncio.to_thread(self._sharing.show))
 
     async def SetSharing(
         self, request: sharing_pb2.SetSharingRequest, context: grpc.aio.ServicerContext
@@ -87,28 +81,4 @@ class SharingServicer(sharing_pb2_grpc.SharingServiceServicer):
         result = await asyncio.to_thread(change)
         if result.changed:
             self._changed()
-        message = sharing_change_pb(result)
-        if result.dra is not None:
-            message.dra.CopyFrom(dra_pb(result.dra))
-        return message
-
-
-def dra_pb(view: DraView) -> sharing_pb2.DraSharing:
-    """A node's DRA sharing as its message (objects as JSON, keys in a fixed order)."""
-    return sharing_pb2.DraSharing(
-        mode=view.allocation.mode.value,
-        evidence=view.allocation.evidence,
-        driver=view.allocation.driver,
-        objects=[
-            sharing_pb2.DraObject(
-                kind=o.kind,
-                name=o.name,
-                namespace=o.namespace,
-                state=o.state,
-                json=json.dumps(o.body, sort_keys=True),
-            )
-            for o in view.objects
-        ],
-        notes=violations_pb(view.notes),
-        error=view.error,
-    )
+        return sharing_change_pb(result)

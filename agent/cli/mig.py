@@ -60,7 +60,7 @@ def _layouts(obj: CliContext) -> tuple[GpuLayout, ...]:
     """The node's GPUs as its agent read them: the one read path. A lost GPU is named on
     stderr and left out (it can be neither read nor partitioned)."""
     from agent._proto.gpuagent.v1 import agent_pb2
-    from agent.client.layouts import layout_from
+    from agent.wire.node import layout_from
 
     layouts = []
     for gpu in obj.agent().node().gpus:

@@ -19,11 +19,10 @@ from typing import Any
 import click
 
 from agent._proto.gpuagent.v1 import cache_pb2, operations_pb2
-from agent.api.convert import cache_item_from, prewarm_targets_pb
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, human_bytes, output_option, plain
-from agent.client import AgentClient, operation_failure
+from agent.client import AgentClient
 from agent.prewarm.manifest import load_manifest
 from agent.prewarm.model import (
     CacheItem,
@@ -34,6 +33,8 @@ from agent.prewarm.model import (
     PullPolicy,
 )
 from agent.prewarm.source import SourceRequest
+from agent.wire.errors import operation_failure
+from agent.wire.prewarm import cache_item_from, prewarm_targets_pb
 
 Request = SourceRequest  # a request of any registered kind
 

@@ -10,7 +10,7 @@ import click
 from agent._proto.gpuagent.v1 import agent_pb2
 from agent.cli.context import CliContext
 from agent.cli.render import emit, format_table, human_bytes, output_option
-from agent.client.allocation import allocation_of
+from agent.wire.node import allocation_of
 
 
 def _table(data: dict[str, Any]) -> str:

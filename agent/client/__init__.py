@@ -2,12 +2,13 @@
 
 `AgentClient` (sync, the CLI over the node's socket) and `AsyncAgentClient` (asyncio, the
 coordinator over mTLS) share their channel settings and stubs (base.py), method names and
-requests, and one decoder of the agent's errors (errors.py).
+requests; they answer in the domain's records, converted by agent/wire, and raise the
+agent's domain errors (agent/wire/errors.py).
 """
 
 from agent.client.aio import AsyncAgentClient
 from agent.client.base import ClientTls
-from agent.client.errors import Unreachable, domain_error, operation_failure
+from agent.client.errors import Unreachable
 from agent.client.sync import AgentClient
 
 __all__ = [
@@ -15,6 +16,4 @@ __all__ = [
     "AsyncAgentClient",
     "ClientTls",
     "Unreachable",
-    "domain_error",
-    "operation_failure",
 ]

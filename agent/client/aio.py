@@ -1,7 +1,7 @@
 """The asyncio client of one agent (the coordinator): its gRPC API over mTLS or a socket.
 
 The same method names and requests as the sync client (agent/client/sync.py); errors are the
-agent's domain errors (agent/client/errors.py), a dead or unreachable agent `Unreachable`.
+agent's domain errors (agent/wire/errors.py), a dead or unreachable agent `Unreachable`.
 Channels are made per agent and reused while the caller runs.
 """
 

@@ -1,7 +1,7 @@
 """The sync client of the node's agent (the CLI): its gRPC API over the local Unix socket.
 
 The same method names and requests as the asyncio client (agent/client/aio.py); errors are the
-agent's domain errors (same class, message, field violations and blockers: agent/client/errors.py),
+agent's domain errors (same class, message, field violations and blockers: agent/wire/errors.py),
 so the CLI's one-line messages and exit codes are the agent's own.
 """
 
@@ -30,8 +30,9 @@ from agent._proto.gpuagent.v1 import (
     telemetry_pb2,
 )
 from agent.client.base import Stubs, channel_options
-from agent.client.errors import Unreachable, domain_error, operation_failure
+from agent.client.errors import Unreachable, domain_error
 from agent.errors import PermissionDenied
+from agent.wire.errors import operation_failure
 
 __all__ = ["PROBE_AFTER_S", "PROBE_TIMEOUT_S", "AgentClient"]
 

@@ -32,6 +32,8 @@ BASE = {
 INFRA = {"state", "kube", "owner", "ownership", "webconfig"}
 DOMAIN = {"mig", "sharing", "prewarm", "telemetry", "power", "dra", "health"}
 CONFIG = {"config"}
+#: the API on the wire: messages <-> records and the error mapping, under api/ and client/
+WIRE = {"wire"}
 ROOTS = {"node", "embedded", "reclaim"}  # composition: build and wire the services
 
 UPPER = {"api", "client", "coordinator", "cli"}
@@ -44,8 +46,9 @@ ONLY: dict[str, set[str]] = {
 }
 #: part -> the parts it must never import
 NEVER: dict[str, set[str]] = {
-    **{d: CONFIG | UPPER | ROOTS for d in DOMAIN},
-    "config": UPPER | ROOTS,
+    **{d: CONFIG | WIRE | UPPER | ROOTS for d in DOMAIN},
+    "config": WIRE | UPPER | ROOTS,
+    "wire": CONFIG | UPPER | ROOTS,
     "api": {"cli", "coordinator", "client"} | ROOTS,
     "client": {"api", "cli", "coordinator"} | ROOTS,
     "coordinator": {"api", "cli"} | ROOTS,
@@ -53,7 +56,10 @@ NEVER: dict[str, set[str]] = {
 }
 #: parts that talk to agents, never to a driver: GPU data types yes, NVML or the simulator no
 DRIVER = ("agent.gpu.nvml", "agent.gpu.sim")
-DRIVERLESS = {"client", "coordinator"}
+DRIVERLESS = {"client", "coordinator", "wire"}
+#: part -> modules it must never import although their part is allowed: the CLI reaches the
+#: agent only through agent.client, so it never touches the servicers nor a generated message
+NEVER_MODULES: dict[str, tuple[str, ...]] = {"cli": ("agent.api",)}
 
 #: (importing file, imported module) pairs the rules allow by name, and why.
 KNOWN_EXCEPTIONS = {
@@ -127,7 +133,14 @@ def _forbidden(here: str, module: str) -> bool:
         return True
     if there in NEVER.get(here, set()):
         return True
+    if any(_within(module, m) for m in NEVER_MODULES.get(here, ())):
+        return True
     return here in DRIVERLESS and module.startswith(DRIVER)
+
+
+def _within(module: str, package: str) -> bool:
+    """Whether ``module`` is ``package`` or inside it."""
+    return module == package or module.startswith(package + ".")
 
 
 def test_every_part_of_agent_has_a_layer() -> None:
@@ -137,7 +150,7 @@ def test_every_part_of_agent_has_a_layer() -> None:
         for p in AGENT.iterdir()
         if p.suffix == ".py" or (p / "__init__.py").exists()
     }
-    placed = BASE | INFRA | DOMAIN | CONFIG | ROOTS | UPPER | {"gpu"}
+    placed = BASE | INFRA | DOMAIN | CONFIG | WIRE | ROOTS | UPPER | {"gpu"}
     assert parts - placed == set(), "add it to a layer in tests/deploy/test_layering.py"
 
 
@@ -217,11 +230,20 @@ def test_generated_code_imports_only_itself() -> None:
     ("here", "module"),
     [
         ("agent/gpu/nvml.py", "agent.state"),
-        ("agent/prewarm/store.py", "agent.api.convert"),
+        ("agent/prewarm/store.py", "agent.api.prewarm"),
+        ("agent/prewarm/store.py", "agent.wire.prewarm"),
         ("agent/prewarm/factory.py", "agent.config"),
         ("agent/api/prewarm.py", "agent.client"),
-        ("agent/client/agent.py", "agent.api.convert"),
-        ("agent/coordinator/rollout/schedule.py", "agent.api.errors"),
+        ("agent/client/agent.py", "agent.api.prewarm"),
+        ("agent/coordinator/rollout/schedule.py", "agent.api.operations"),
+        ("agent/wire/node.py", "agent.api.inventory"),
+        ("agent/wire/errors.py", "agent.client.errors"),
+        ("agent/wire/sharing.py", "agent.config"),
+        ("agent/wire/node.py", "agent.node"),
+        ("agent/wire/prewarm.py", "agent.coordinator.fleet.inventory"),
+        ("agent/wire/node.py", "agent.gpu.nvml"),
+        ("agent/cli/status.py", "agent.api.inventory"),
+        ("agent/cli/share.py", "agent.api"),
         ("agent/errors.py", "agent.gpu"),
         ("agent/state.py", "agent.prewarm.model"),
         ("agent/node.py", "agent.cli.main"),

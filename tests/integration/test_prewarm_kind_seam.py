@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from agent.api.convert import cache_item_pb
 from agent.errors import FieldViolation, InvalidSpec, NotSupported
 from agent.prewarm import kinds
 from agent.prewarm.inventory import node_labels
@@ -23,6 +22,7 @@ from agent.prewarm.service import PrewarmService
 from agent.prewarm.source import Source, SourceRequest, Target, Work
 from agent.prewarm.store import Partial
 from agent.prewarm.target import FieldType, TargetSchema
+from agent.wire.prewarm import cache_item_pb
 from tests.integration.prewarm_fixtures.agent import make_service
 
 pytestmark = pytest.mark.integration

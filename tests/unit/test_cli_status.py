@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from agent._proto.gpuagent.v1 import agent_pb2
-from agent.api.convert import gpu_pb
 from agent.cli.status import _table, status_view
+from agent.wire.node import gpu_pb
 from tests.unit.sharing.layouts import full_gpu
 
 

@@ -9,12 +9,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, sharing_pb2
-from agent.client.allocation import allocation_of
-from agent.client.layouts import layout_from
 from agent.coordinator.fleet.discovery import Target
 from agent.coordinator.fleet.health import DEGRADED, FAILED, UNKNOWN, GpuMark, gpu_marks, worst
 from agent.dra.mode import Allocation
 from agent.gpu.types import GpuLayout
+from agent.wire.node import allocation_of, layout_from
 
 __all__ = ["NodeView", "node_view", "unreachable_view"]
 

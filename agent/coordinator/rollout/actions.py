@@ -22,7 +22,6 @@ from agent._proto.gpuagent.v1 import (
     sharing_pb2,
 )
 from agent.client import AsyncAgentClient as AgentClient
-from agent.client.layouts import layout_from
 from agent.coordinator.fleet.channels import Fleet
 from agent.coordinator.fleet.discovery import Target
 from agent.coordinator.fleet.inventory import is_warm
@@ -37,6 +36,7 @@ from agent.power.spec import parse as parse_power
 from agent.sharing.request import requested_config
 from agent.sharing.schema import PluginConfig, merge, parse, to_document
 from agent.sharing.validate import violations
+from agent.wire.node import layout_from
 
 __all__ = ["NodePreview", "action_for", "preview"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from agent._proto.gpuagent.v1 import cache_pb2
-from agent.api.convert import cache_item_pb
 from agent.prewarm.model import CacheItem, ImageWarmth, ItemKind, ItemState, Warmth
+from agent.wire.prewarm import cache_item_pb
 
 
 def _image(options: dict[str, str]) -> CacheItem:
@@ -44,8 +44,8 @@ def test_every_item_kind_has_a_wire_value() -> None:
 def test_a_cache_item_survives_the_round_trip_a_client_makes() -> None:
     """The CLI renders what the agent sent back into the record the agent holds: every field
     but the ones the API leaves out (start time, owner) and the header files (secrets' paths)."""
-    from agent.api.convert import cache_item_from, cache_item_pb
     from agent.prewarm.model import CacheItem, ItemKind, ItemState
+    from agent.wire.prewarm import cache_item_from, cache_item_pb
 
     item = CacheItem(
         "i1",

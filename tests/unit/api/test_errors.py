@@ -6,7 +6,6 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from agent.api.errors import code_of, error_record, internal_status, recorded_code, status_of
 from agent.errors import (
     AgentError,
     Busy,
@@ -22,6 +21,7 @@ from agent.errors import (
 )
 from agent.prewarm.errors import Cancelled, DigestMismatch, DiskFull, FetchFailed
 from agent.state import INTERRUPTED
+from agent.wire.errors import code_of, error_record, internal_status, recorded_code, status_of
 
 S = grpc.StatusCode
 

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from agent._proto.gpuagent.v1 import mig_pb2
-from agent.api.mig import _spec, gpu_plan_pb
+from agent.api.mig import _spec
 from agent.errors import InvalidSpec
 from agent.gpu import GpuDriver, open_driver
 from agent.gpu.sim import SimControl
 from agent.mig.plan import Desired, plan_gpu
+from agent.wire.mig import gpu_plan_pb
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import grpc
 import pytest
 
 from agent._proto.gpuagent.v1 import operations_pb2, prewarm_pb2, sharing_pb2
-from agent.api.convert import operation_pb
 from agent.api.events import EventBus
 from agent.api.operations import (
     Checkpointed,
@@ -21,6 +20,7 @@ from agent.api.operations import (
 )
 from agent.errors import Busy, Conflict, InvalidSpec
 from agent.state import INTERRUPTED, StateStore
+from agent.wire.operations import operation_pb
 
 REQUEST = prewarm_pb2.SubmitPrewarmRequest(
     targets=[prewarm_pb2.PrewarmTarget(image=prewarm_pb2.ImageTarget(ref="busybox:1"))]

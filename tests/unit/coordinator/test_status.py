@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 
 from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, sharing_pb2
-from agent.api.convert import gpu_pb
-from agent.client.layouts import layout_from
 from agent.coordinator.fleet.discovery import Target
 from agent.coordinator.fleet.inventory import node_view, unreachable_view
 from agent.coordinator.fleet.selector import parse_selector
 from agent.coordinator.fleet.status import fleet_status
 from agent.errors import InvalidSpec
 from agent.gpu.types import GiProfile
+from agent.wire.node import gpu_pb, layout_from
 from tests.unit.coordinator.fleets import A30, H100, gpu
 
 

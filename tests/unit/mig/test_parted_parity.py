@@ -14,10 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.api.convert import gpu_pb
-from agent.client.layouts import layout_from
 from agent.errors import InvalidSpec
 from agent.mig.spec import parse_filter, parse_spec, select_gpus
+from agent.wire.node import gpu_pb, layout_from
 from tests.unit.sharing.layouts import full_gpu
 
 CASES = yaml.safe_load(

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from agent._proto.gpuagent.v1 import sharing_pb2
-from agent.api.convert import sharing_view_pb
 from agent.config import SharingSettings
 from agent.errors import InvalidSpec
 from agent.gpu.types import GpuLayout
 from agent.sharing import SharingService, parse
 from agent.sharing.validate import violations
+from agent.wire.sharing import sharing_view_pb
 from tests.unit.sharing.layouts import full_gpu, node
 
 

@@ -1,13 +1,20 @@
-"""Domain errors -> gRPC status codes with google.rpc details: the ONE mapping of the API.
+"""Domain errors <-> gRPC status codes with google.rpc details: the ONE mapping of the API, in
+both directions, so the server's encoding and the clients' decoding cannot drift apart.
 
-Every handler runs under `agent.api.interceptor`, which sends any `AgentError` through
-`status_of`; servicers never pick a status code themselves. The rich status (google.rpc.Status
-with ``ErrorInfo`` and, where they apply, ``BadRequest`` or ``PreconditionFailure``) travels in
-the ``grpc-status-details-bin`` trailer, so any client can read the field violations and the
-blockers; `grpc_status.rpc_status.from_call` decodes it.
+Encoding: every handler runs under `agent.api.interceptor`, which sends any `AgentError`
+through `status_of`; servicers never pick a status code themselves. The rich status
+(google.rpc.Status with ``ErrorInfo`` and, where they apply, ``BadRequest`` or
+``PreconditionFailure``) travels in the ``grpc-status-details-bin`` trailer, so any client
+can read the field violations and the blockers; `grpc_status.rpc_status.from_call` decodes it.
 
 Operations that fail record the same mapping (`error_record`), so ``Operation.error.code`` agrees
 with what the call would have returned.
+
+Decoding: the error's class name travels in the ErrorInfo and its data in BadRequest /
+PreconditionFailure details; `rebuild` makes the same AgentError from them (and
+`operation_failure` from a failed operation), so a caller handles one error tree wherever it
+runs. Reading a failed call's trailers, and naming a call that never reached an agent, is the
+client's (agent/client/errors.py).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import grpc
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 
+from agent._proto.gpuagent.v1 import operations_pb2
 from agent.errors import (
     AgentError,
     Busy,
@@ -36,18 +44,23 @@ from agent.errors import (
     PermissionDenied,
     StateUnavailable,
 )
-from agent.prewarm.errors import Cancelled, DiskFull, FetchFailed
+from agent.prewarm.errors import Cancelled, DigestMismatch, DiskFull, FetchFailed
 from agent.safeyaml import capped
 from agent.state import INTERRUPTED
 
 __all__ = [
+    "BY_CODE",
+    "BY_NAME",
+    "DETAILS_KEY",
     "DOMAIN",
     "OPERATION_BLOCKER_PREFIX",
     "code_of",
     "error_record",
     "grpc_code",
     "internal_status",
+    "operation_failure",
     "reason_of",
+    "rebuild",
     "recorded_code",
     "status_of",
     "trailing_metadata",
@@ -250,3 +263,78 @@ def recorded_code(record: Mapping[str, Any]) -> int:
     if isinstance(code, int):
         return code
     return _RECORDED_CODES.get(str(record.get("type")), grpc.StatusCode.UNKNOWN).value[0]
+
+
+# -- decoding: a status (or a failed operation) back into the domain error --------------------
+
+#: Error class by the name the server sends in its ErrorInfo.
+BY_NAME: Mapping[str, type[AgentError]] = {
+    cls.__name__: cls
+    for cls in (
+        AgentError,
+        Busy,
+        Cancelled,
+        Conflict,
+        DeviceLost,
+        DigestMismatch,
+        DiskFull,
+        DriverNotReady,
+        DriverUnavailable,
+        FetchFailed,
+        InvalidSpec,
+        ModeRefused,
+        NotFound,
+        NotSupported,
+        PermissionDenied,
+        StateUnavailable,
+    )
+}
+#: Without an ErrorInfo (a status from grpc itself), go by the code.
+BY_CODE: Mapping[grpc.StatusCode, type[AgentError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidSpec,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.FAILED_PRECONDITION: Conflict,
+    grpc.StatusCode.ABORTED: Busy,
+    grpc.StatusCode.UNIMPLEMENTED: NotSupported,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.UNAUTHENTICATED: PermissionDenied,
+}
+
+
+def rebuild(
+    code: grpc.StatusCode,
+    message: str,
+    status: status_pb2.Status | None,
+    by_code: Mapping[grpc.StatusCode, type[AgentError]] = BY_CODE,
+) -> AgentError:
+    """The domain error for a failed call; ``by_code`` lets a client name transport failures."""
+    name: str | None = None
+    violations: list[FieldViolation] = []
+    blockers: list[str] = []
+    for detail in status.details if status is not None else ():
+        info = error_details_pb2.ErrorInfo()
+        bad = error_details_pb2.BadRequest()
+        failure = error_details_pb2.PreconditionFailure()
+        if detail.Unpack(info):
+            name = info.metadata.get("error")
+        elif detail.Unpack(bad):
+            violations += [FieldViolation(v.field, v.description) for v in bad.field_violations]
+        elif detail.Unpack(failure):
+            blockers += [v.subject for v in failure.violations]
+    cls = BY_NAME.get(name or "") or by_code.get(code, AgentError)
+    if issubclass(cls, InvalidSpec):
+        return cls(message, violations)
+    if issubclass(cls, Busy):
+        return cls(message, blockers)
+    return cls(message)
+
+
+def operation_failure(error: operations_pb2.OperationError) -> AgentError:
+    """The domain error an operation ended with (its reason names the error class)."""
+    cls = BY_NAME.get(error.reason, AgentError)
+    message = f"{error.reason}: {error.message}" if cls is AgentError else error.message
+    if issubclass(cls, InvalidSpec):
+        return cls(message, [FieldViolation(v.field, v.description) for v in error.violations])
+    if issubclass(cls, Busy):
+        return cls(message, list(error.blockers))
+    return cls(message)

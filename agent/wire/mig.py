@@ -1,0 +1,143 @@
+"""MigService on the wire: plans, advice and apply results as messages.
+
+An apply's result is stored on its operation as this message's JSON, so a client reads a
+finished apply as the operation's response.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agent._proto.gpuagent.v1 import mig_pb2, operations_pb2
+from agent.gpu.types import GpuLayout
+from agent.mig.advice import GpuAdvice, moves_to_fit
+from agent.mig.plan import GpuPlan
+from agent.mig.service import ApplyResult, NodePlan, RecoveryOutcome
+
+__all__ = [
+    "apply_result_pb",
+    "gpu_advice_pb",
+    "gpu_plan_pb",
+    "node_plan_pb",
+    "recovered_apply_pb",
+]
+
+_STATUS = {
+    "unchanged": mig_pb2.MIG_PLAN_STATUS_UNCHANGED,
+    "change": mig_pb2.MIG_PLAN_STATUS_CHANGE,
+    "blocked": mig_pb2.MIG_PLAN_STATUS_BLOCKED,
+    "infeasible": mig_pb2.MIG_PLAN_STATUS_INFEASIBLE,
+}
+
+
+def gpu_plan_pb(plan: GpuPlan) -> mig_pb2.GpuMigPlan:
+    gpu = plan.layout.gpu
+    return mig_pb2.GpuMigPlan(
+        gpu_index=gpu.index,
+        gpu_uuid=gpu.uuid,
+        status=_STATUS[plan.status],
+        steps=[str(s) for s in plan.steps],
+        blockers=[
+            mig_pb2.MigBlocker(pid=b.pid & 0xFFFFFFFF, instance=b.instance, change=b.change)
+            for b in plan.blockers
+        ],
+        infeasible_reason=plan.infeasible.reason if plan.infeasible else "",
+        keep=[f"{gi.profile_name}@{gi.placement}" for gi in plan.keep],
+        destroy=[f"{gi.profile_name}@{gi.placement}" for gi in plan.destroy],
+        create=[gi.label for gi in plan.create],
+        deferred=plan.deferred,
+    )
+
+
+def gpu_advice_pb(advice: GpuAdvice, layout: GpuLayout) -> mig_pb2.GpuMigAdvice:
+    """The advice as the API sends it, with the moves that fit each fragmented profile."""
+    profiles = []
+    for p in advice.profiles:
+        found = moves_to_fit(layout, p.profile) if p.fragmented else None
+        moves, start = found if found is not None else ((), None)
+        profiles.append(
+            mig_pb2.MigProfileAdvice(
+                profile=p.profile,
+                placements=[
+                    mig_pb2.MigPlacementAdvice(
+                        start=o.placement.start,
+                        size=o.placement.size,
+                        fits_after=_counts_pb(o.fits_after),
+                        largest_after=o.largest_after or "",
+                        recommended=o.placement == p.recommended,
+                    )
+                    for o in p.placements
+                ],
+                reason=p.reason,
+                fragmented=p.fragmented,
+                moves=[
+                    mig_pb2.MigMove(
+                        profile=m.profile,
+                        gpu_instance_id=m.gpu_instance,
+                        from_start=m.source.start,
+                        to_start=m.target.start,
+                        busy=m.busy,
+                    )
+                    for m in moves
+                ],
+                start_after_moves=None if start is None else start.start,
+            )
+        )
+    return mig_pb2.GpuMigAdvice(
+        gpu_index=advice.index,
+        gpu_uuid=advice.uuid,
+        model=advice.model,
+        free_slices=advice.free_slices,
+        memory_slices=advice.width,
+        fits_now=_counts_pb(advice.fits_now),
+        profiles=profiles,
+        note=advice.note,
+    )
+
+
+def _counts_pb(counts: Sequence[tuple[str, int]]) -> list[mig_pb2.MigProfileCount]:
+    return [mig_pb2.MigProfileCount(profile=name, count=n) for name, n in counts]
+
+
+def node_plan_pb(plan: NodePlan) -> mig_pb2.PlanMigResponse:
+    return mig_pb2.PlanMigResponse(
+        config_name=plan.config,
+        gpus=[gpu_plan_pb(p) for p in plan.gpus],
+        unselected_gpus=[g.index for g in plan.unselected],
+        skipped_gpus=[g.index for g in plan.skipped],
+    )
+
+
+def apply_result_pb(result: ApplyResult) -> operations_pb2.OperationResponse:
+    return operations_pb2.OperationResponse(
+        mig_apply=operations_pb2.MigApplyResult(
+            config_name=result.config,
+            changed_gpu_uuids=[g.uuid for g in result.gpus if g.status != "unchanged"],
+            changed=result.mutations > 0,
+            gpus=[
+                operations_pb2.MigGpuOutcome(
+                    gpu_index=g.gpu,
+                    gpu_uuid=g.uuid,
+                    status=g.status,
+                    kept=g.kept,
+                    destroyed=g.destroyed,
+                    created=g.created,
+                    message=g.message,
+                )
+                for g in result.gpus
+            ],
+            mutations=result.mutations,
+            recovered=[f"GPU {r.gpu}: {r.action} ({r.detail})" for r in result.recovered],
+        )
+    )
+
+
+def recovered_apply_pb(outcomes: Sequence[RecoveryOutcome]) -> operations_pb2.OperationResponse:
+    """The result of an apply the agent was killed in and finished on its next start."""
+    return operations_pb2.OperationResponse(
+        mig_apply=operations_pb2.MigApplyResult(
+            changed_gpu_uuids=[o.uuid for o in outcomes],
+            changed=True,
+            recovered=[f"GPU {o.gpu}: {o.action} ({o.detail})" for o in outcomes],
+        )
+    )

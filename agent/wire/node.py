@@ -1,0 +1,267 @@
+"""NodeService on the wire: GPUs, MIG layouts, health marks and the allocation mode.
+
+Records -> messages for the agent's GetNode and its events; messages -> records
+(`layout_from`, `allocation_of`) for every client: the CLI's MIG reads and the coordinator's
+planning run the same pure functions on these records that the agent runs on its driver's, so
+a layout is read once, by the agent, and converted here once.
+"""
+
+from __future__ import annotations
+
+from agent._proto.gpuagent.v1 import agent_pb2, events_pb2
+from agent.dra.mode import Allocation, AllocationMode
+from agent.gpu.types import (
+    ComputeInstance,
+    GiProfile,
+    GpuInfo,
+    GpuInstance,
+    GpuLayout,
+    MigMode,
+    Placement,
+    Process,
+)
+from agent.health.machine import Mark, State
+from agent.health.monitor import HealthChange
+from agent.wire.timestamps import timestamp
+
+__all__ = [
+    "allocation_of",
+    "allocation_pb",
+    "gpu_instance_pb",
+    "gpu_pb",
+    "health_event_pb",
+    "health_mark_pb",
+    "layout_from",
+]
+
+
+_HEALTH_STATES = {
+    State.HEALTHY: agent_pb2.HEALTH_STATE_HEALTHY,
+    State.DEGRADED: agent_pb2.HEALTH_STATE_DEGRADED,
+    State.FAILED: agent_pb2.HEALTH_STATE_FAILED,
+}
+
+
+def health_mark_pb(mark: Mark, reason: str) -> agent_pb2.HealthMark:
+    """``reason``: the mark's reason as shown (`Mark.describe`)."""
+    return agent_pb2.HealthMark(
+        state=_HEALTH_STATES[mark.state],
+        reason=reason,
+        since=timestamp(mark.since),
+        action=mark.action,
+        pods=list(mark.pods),
+    )
+
+
+def health_event_pb(change: HealthChange) -> events_pb2.HealthEvent:
+    return events_pb2.HealthEvent(
+        gpu_index=max(change.gpu_index, 0),
+        gpu_uuid=change.target.gpu_uuid,
+        gpu_instance_id=change.target.gpu_instance,
+        previous=_HEALTH_STATES[change.before],
+        mark=health_mark_pb(change.mark, change.reason),
+        held=change.held,
+    )
+
+
+def placement_pb(p: Placement) -> agent_pb2.Placement:
+    return agent_pb2.Placement(start=p.start, size=p.size)
+
+
+def gpu_instance_pb(gi: GpuInstance) -> agent_pb2.GpuInstance:
+    return agent_pb2.GpuInstance(
+        id=gi.id,
+        profile_id=gi.profile_id,
+        profile_name=gi.profile_name,
+        placement=placement_pb(gi.placement),
+        compute_instances=[
+            agent_pb2.ComputeInstance(
+                id=ci.id,
+                profile_id=ci.profile_id,
+                placement=placement_pb(ci.placement),
+                uuid=ci.uuid or "",
+            )
+            for ci in gi.compute_instances
+        ],
+    )
+
+
+def process_pb(p: Process) -> agent_pb2.Process:
+    # pids of processes in other namespaces can exceed nothing here, but keep uint32 safe.
+    return agent_pb2.Process(
+        pid=p.pid & 0xFFFFFFFF,
+        used_memory_bytes=p.used_memory_bytes,
+        gpu_instance_id=p.gpu_instance_id,
+        compute_instance_id=p.compute_instance_id,
+    )
+
+
+def mig_profile_pb(p: GiProfile) -> agent_pb2.MigProfile:
+    return agent_pb2.MigProfile(
+        id=p.id,
+        name=p.name,
+        slice_count=p.slice_count,
+        memory_slices=p.memory_slices,
+        instance_count=p.instance_count,
+        memory_mb=p.memory_mb,
+        placements=[placement_pb(x) for x in p.placements],
+        constant=p.constant,
+    )
+
+
+def gpu_pb(
+    layout: GpuLayout,
+    *,
+    lost: bool = False,
+    idle_seconds: float | None = None,
+    lost_detail: str = "",
+) -> agent_pb2.Gpu:
+    """``idle_seconds``: from the telemetry sampler; None leaves the field absent (unknown).
+    ``lost_detail``: the driver's error for a lost GPU."""
+    g = layout.gpu
+    gpu = agent_pb2.Gpu(
+        index=g.index,
+        uuid=g.uuid,
+        name=g.name,
+        pci_bus_id=g.pci_bus_id,
+        memory_total_bytes=g.memory_total_bytes,
+        mig_capable=g.mig_capable,
+        instances=[gpu_instance_pb(gi) for gi in layout.instances],
+        processes=[process_pb(p) for p in layout.processes],
+        pci_device_id=g.pci_device_id & 0xFFFFFFFF,
+        pci_subsystem_id=g.pci_subsystem_id & 0xFFFFFFFF,
+        mig_profiles=[mig_profile_pb(p) for p in layout.profiles],
+        health=agent_pb2.GPU_HEALTH_LOST if lost else agent_pb2.GPU_HEALTH_OK,
+        idle_seconds=idle_seconds,
+        health_detail=lost_detail if lost else "",
+    )
+    if g.mig_mode is not None:
+        gpu.mig_mode.CopyFrom(
+            agent_pb2.MigMode(current=g.mig_mode.current, pending=g.mig_mode.pending)
+        )
+    return gpu
+
+
+# -- the allocation mode ------------------------------------------------------------------------
+
+_MODES = {
+    AllocationMode.UNKNOWN: agent_pb2.ALLOCATION_MODE_UNSPECIFIED,
+    AllocationMode.DEVICE_PLUGIN: agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN,
+    AllocationMode.DRA: agent_pb2.ALLOCATION_MODE_DRA,
+    AllocationMode.DRA_DYNAMIC_MIG: agent_pb2.ALLOCATION_MODE_DRA_DYNAMIC_MIG,
+    AllocationMode.NONE: agent_pb2.ALLOCATION_MODE_NONE,
+}
+_MODES_FROM = {pb: mode for mode, pb in _MODES.items()}
+
+
+def allocation_pb(allocation: Allocation) -> agent_pb2.Allocation:
+    return agent_pb2.Allocation(
+        mode=_MODES[allocation.mode], evidence=allocation.evidence, dra_driver=allocation.driver
+    )
+
+
+def allocation_of(node: agent_pb2.Node) -> Allocation:
+    """A node's allocation mode as its agent reports it; an agent from before the field sends
+    none: unknown, and said why."""
+    if not node.HasField("allocation"):
+        return Allocation(AllocationMode.UNKNOWN, "not reported by this agent (an older version)")
+    found = node.allocation
+    mode = _MODES_FROM.get(found.mode, AllocationMode.UNKNOWN)
+    return Allocation(mode, found.evidence, found.dra_driver)
+
+
+# -- layouts, back into records -------------------------------------------------------------------
+
+_placements: dict[tuple[int, int], Placement] = {}
+
+
+def _placement(p: agent_pb2.Placement) -> Placement:
+    # Frozen and few: one object per distinct placement. A plain dict rather than lru_cache:
+    # this runs for every instance of every GPU of a sweep.
+    key = (p.start, p.size)
+    found = _placements.get(key)
+    if found is None:
+        if len(_placements) >= 1024:  # a bound, against agents sending odd placements
+            _placements.clear()
+        found = _placements[key] = Placement(*key)
+    return found
+
+
+_MAX_MODELS = 256
+_ProfilesKey = tuple[bytes, ...]
+_profiles_seen: dict[_ProfilesKey, tuple[GiProfile, ...]] = {}
+
+
+def _profiles(gpu: agent_pb2.Gpu) -> tuple[GiProfile, ...]:
+    """The GPU's profiles, converted once per model: the driver reports the same profiles and
+    placements for every board of a product and memory size, and a 1,000-node sweep would
+    otherwise build a quarter of a million placements."""
+    # Keyed by the profiles' own bytes (serialising is C code, cheap): a key that only guessed
+    # at sameness (model, memory, count) served one GPU's profiles for another's. MigProfile has
+    # no map fields, so plain serialising is already byte-stable (and a third faster).
+    key = tuple(p.SerializeToString() for p in gpu.mig_profiles)
+    found = _profiles_seen.get(key)
+    if found is None:
+        if len(_profiles_seen) >= _MAX_MODELS:  # a bound, should drivers ever vary per GPU
+            _profiles_seen.clear()
+        found = _profiles_seen[key] = tuple(_profile(p) for p in gpu.mig_profiles)
+    return found
+
+
+def _profile(p: agent_pb2.MigProfile) -> GiProfile:
+    # The API carries what planning needs; engine counts are not part of it.
+    return GiProfile(
+        constant=p.constant,
+        id=p.id,
+        name=p.name,
+        slice_count=p.slice_count,
+        memory_slices=p.memory_slices,
+        instance_count=p.instance_count,
+        memory_mb=p.memory_mb,
+        multiprocessor_count=0,
+        copy_engines=0,
+        decoders=0,
+        encoders=0,
+        jpegs=0,
+        ofas=0,
+        placements=tuple(_placement(x) for x in p.placements),
+    )
+
+
+def layout_from(gpu: agent_pb2.Gpu) -> GpuLayout:
+    # Positional arguments (in the records' field order): this runs for every GPU of a sweep,
+    # and keyword passing is a measurable part of its cost.
+    mode = gpu.mig_mode
+    info = GpuInfo(
+        gpu.index,
+        gpu.uuid,
+        gpu.name,
+        gpu.pci_bus_id,
+        gpu.pci_device_id,
+        gpu.pci_subsystem_id,
+        gpu.memory_total_bytes,
+        MigMode(mode.current, mode.pending) if gpu.mig_capable else None,
+    )
+    instances = tuple(
+        GpuInstance(
+            gi.id,
+            gi.profile_id,
+            gi.profile_name,
+            _placement(gi.placement),
+            tuple(
+                ComputeInstance(ci.id, ci.profile_id, _placement(ci.placement), ci.uuid or None)
+                for ci in gi.compute_instances
+            ),
+        )
+        for gi in gpu.instances
+    )
+    processes = tuple(
+        Process(
+            p.pid,
+            p.used_memory_bytes if p.HasField("used_memory_bytes") else None,
+            p.gpu_instance_id if p.HasField("gpu_instance_id") else None,
+            p.compute_instance_id if p.HasField("compute_instance_id") else None,
+        )
+        for p in gpu.processes
+    )
+    return GpuLayout(info, _profiles(gpu), instances, processes)

@@ -1,0 +1,233 @@
+"""PrewarmService on the wire: targets, cache items and the cache's usage.
+
+Servicers parse targets with `prewarm_requests_from` (raising `InvalidSpec` naming the request
+field) and answer with the ``*_pb`` functions; clients turn answers back into records with the
+``*_from`` ones, and say what to warm with `prewarm_targets_pb`, the parser inverted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
+
+from agent._proto.gpuagent.v1 import cache_pb2, prewarm_pb2
+from agent.errors import FieldViolation, InvalidSpec
+from agent.prewarm import kinds
+from agent.prewarm.kinds import source_for
+from agent.prewarm.model import (
+    CacheItem,
+    ImageWarmth,
+    ItemState,
+    PullPolicy,
+    Warmth,
+    item_kind,
+)
+from agent.prewarm.source import SourceRequest
+from agent.prewarm.store import Usage
+from agent.prewarm.target import PULL_POLICY_PB, FieldType, message_values
+from agent.redact import redact_text
+from agent.wire.timestamps import seconds, timestamp
+
+__all__ = [
+    "cache_inventory_pb",
+    "cache_item_from",
+    "cache_item_pb",
+    "cache_usage_from",
+    "item_state_pb",
+    "prewarm_requests_from",
+    "prewarm_targets_pb",
+]
+
+
+#: kind -> the API's CACHE_ITEM_KIND_<KIND>; a kind the API does not name yet shows as
+#: UNSPECIFIED (a new kind adds its value to cache.proto to be named)
+_KINDS: dict[str, cache_pb2.CacheItemKind] = {
+    name.removeprefix("CACHE_ITEM_KIND_").lower(): cast(cache_pb2.CacheItemKind, value)
+    for name, value in cache_pb2.CacheItemKind.items()
+    if value != cache_pb2.CACHE_ITEM_KIND_UNSPECIFIED
+}
+_KINDS_FROM = {value: item_kind(kind) for kind, value in _KINDS.items()}
+_STATES: dict[ItemState, cache_pb2.CacheItemState] = {
+    ItemState.QUEUED: cache_pb2.CACHE_ITEM_STATE_QUEUED,
+    ItemState.FETCHING: cache_pb2.CACHE_ITEM_STATE_FETCHING,
+    ItemState.READY: cache_pb2.CACHE_ITEM_STATE_READY,
+    ItemState.FAILED: cache_pb2.CACHE_ITEM_STATE_FAILED,
+    ItemState.EVICTED: cache_pb2.CACHE_ITEM_STATE_EVICTED,
+}
+
+
+def item_state_pb(state: ItemState) -> cache_pb2.CacheItemState:
+    return _STATES[state]
+
+
+_WARMTH: dict[Warmth, cache_pb2.ImageWarmthLevel] = {
+    Warmth.FULL: cache_pb2.IMAGE_WARMTH_LEVEL_FULL,
+    Warmth.PARTIAL: cache_pb2.IMAGE_WARMTH_LEVEL_PARTIAL,
+    Warmth.BOOTSTRAP_ONLY: cache_pb2.IMAGE_WARMTH_LEVEL_BOOTSTRAP_ONLY,
+    Warmth.UNKNOWN: cache_pb2.IMAGE_WARMTH_LEVEL_UNKNOWN,
+}
+
+
+def image_warmth_pb(w: ImageWarmth) -> cache_pb2.ImageWarmth:
+    return cache_pb2.ImageWarmth(
+        level=_WARMTH[w.warmth],
+        lazy=w.lazy,
+        blobs_total=max(w.blobs_total, 0),
+        blobs_warm=max(w.blobs_warm, 0),
+        bytes_total=max(w.bytes_total, 0),
+        bytes_warm=max(w.bytes_warm, 0),
+    )
+
+
+_PRIVATE_OPTION = "header:"  # where a request's secrets are read from: not for readers
+
+
+def _source_pb(i: CacheItem) -> str:
+    """An item's source as readers see it, as its kind says (agent/prewarm/source.py): a URL
+    redacted (`redact_url`), an image reference whole (it has no query or user info)."""
+    return source_for(i.kind).describe(i)
+
+
+def cache_item_pb(i: CacheItem) -> cache_pb2.CacheItem:
+    """An item as every reader sees it: no credential (source and error redacted, no header
+    file paths), so it may go into replies, stored operation results and events alike."""
+    item = cache_pb2.CacheItem(
+        id=i.id,
+        kind=_KINDS.get(i.kind, cache_pb2.CACHE_ITEM_KIND_UNSPECIFIED),
+        name=i.name,
+        source=_source_pb(i),
+        state=_STATES[i.state],
+        pinned=i.pinned,
+        size_bytes=i.size,
+        sha256=i.sha256 or "",
+        expected_sha256=i.expected_sha256 or "",
+        fetched_bytes=max(i.fetched_bytes, 0),
+        hits=max(i.hits, 0),
+        error=redact_text(i.error or ""),
+        warm_seconds=i.warm_seconds,
+        create_time=timestamp(i.created_at),
+        options={k: v for k, v in i.options.items() if not k.startswith(_PRIVATE_OPTION)},
+    )
+    if i.finished_at is not None:
+        item.finish_time.CopyFrom(timestamp(i.finished_at))
+    if i.last_used is not None:
+        item.last_use_time.CopyFrom(timestamp(i.last_used))
+    if i.image_warmth is not None:
+        item.image_warmth.CopyFrom(image_warmth_pb(i.image_warmth))
+    return item
+
+
+_STATES_FROM = {pb: state for state, pb in _STATES.items()}
+
+
+def cache_usage_pb(u: Usage) -> cache_pb2.CacheUsage:
+    return cache_pb2.CacheUsage(
+        used_bytes=max(u.used_bytes, 0),
+        reserved_bytes=max(u.reserved_bytes, 0),
+        pinned_bytes=max(u.pinned_bytes, 0),
+        capacity_bytes=max(u.capacity_bytes, 0),
+        budget_bytes=max(u.budget_bytes, 0),
+        volume_bytes=max(u.volume_bytes, 0),
+    )
+
+
+def cache_inventory_pb(usage: Usage, items: Iterable[CacheItem]) -> cache_pb2.CacheInventory:
+    return cache_pb2.CacheInventory(
+        usage=cache_usage_pb(usage), items=[cache_item_pb(i) for i in items]
+    )
+
+
+_MAX_TARGETS = 1000
+
+
+def prewarm_requests_from(targets: Sequence[prewarm_pb2.PrewarmTarget]) -> list[SourceRequest]:
+    """The request's targets as prewarm requests, each read by its kind's target schema
+    (agent/prewarm/target.py); shape errors name ``targets[i].<kind>.<field>``."""
+    if not 1 <= len(targets) <= _MAX_TARGETS:
+        raise InvalidSpec(
+            f"a prewarm needs 1 to {_MAX_TARGETS} targets, got {len(targets)}",
+            [FieldViolation("targets", f"give 1 to {_MAX_TARGETS} targets")],
+        )
+    requests: list[SourceRequest] = []
+    bad: list[FieldViolation] = []
+    for i, target in enumerate(targets):
+        which = target.WhichOneof("target")
+        schema = kinds.schema_for(which) if which else None
+        if schema is None:
+            names = [s.kind for s in kinds.schemas()]
+            bad.append(
+                FieldViolation(f"targets[{i}]", f"set {', '.join(names[:-1])} or {names[-1]}")
+            )
+            continue
+        assert which is not None
+        values = message_values(schema, getattr(target, which), f"targets[{i}].{which}", bad)
+        requests.append(schema.build(values))
+    if bad:
+        raise InvalidSpec("the prewarm request is malformed", bad)
+    return requests
+
+
+def prewarm_targets_pb(requests: Iterable[SourceRequest]) -> list[prewarm_pb2.PrewarmTarget]:
+    """Requests (a manifest's, a command's) as the API's targets: `prewarm_requests_from`
+    inverted, so a client says exactly what the agent will read back."""
+    targets = []
+    for r in requests:
+        schema = kinds.for_request(r).schema
+        if schema is None:
+            raise InvalidSpec(f"a {kinds.for_request(r).kind} request has no API target")
+        fields: dict[str, Any] = {}
+        for name, value in schema.values(r).items():
+            kind = schema.fields[name]
+            if kind is FieldType.PULL_POLICY:
+                fields[name] = PULL_POLICY_PB[PullPolicy(value)]
+            elif kind is FieldType.TEXT:
+                fields[name] = value or ""
+            else:
+                fields[name] = value
+        message = _TARGET_MESSAGES[schema.kind]
+        targets.append(prewarm_pb2.PrewarmTarget(**{schema.kind: message(**fields)}))
+    return targets
+
+
+#: PrewarmTarget's field -> its message class (FileTarget, ImageTarget, ModelTarget, ...)
+_TARGET_MESSAGES: dict[str, Any] = {
+    f.name: getattr(prewarm_pb2, f.message_type.name)
+    for f in prewarm_pb2.PrewarmTarget.DESCRIPTOR.oneofs_by_name["target"].fields
+    if f.message_type is not None
+}
+
+
+def cache_item_from(pb: cache_pb2.CacheItem) -> CacheItem:
+    """`cache_item_pb` inverted, for a client that renders items (round trip tested); an
+    image's warmth travels in its options, as the agent keeps it."""
+    return CacheItem(
+        id=pb.id,
+        kind=_KINDS_FROM[pb.kind],
+        name=pb.name,
+        source=pb.source,
+        state=_STATES_FROM[pb.state],
+        pinned=pb.pinned,
+        size=pb.size_bytes if pb.HasField("size_bytes") else None,
+        sha256=pb.sha256 or None,
+        expected_sha256=pb.expected_sha256 or None,
+        fetched_bytes=pb.fetched_bytes,
+        created_at=seconds(pb.create_time) or 0.0,
+        finished_at=seconds(pb.finish_time) if pb.HasField("finish_time") else None,
+        last_used=seconds(pb.last_use_time) if pb.HasField("last_use_time") else None,
+        hits=pb.hits,
+        error=pb.error or None,
+        warm_seconds=pb.warm_seconds if pb.HasField("warm_seconds") else None,
+        options=dict(pb.options),
+    )
+
+
+def cache_usage_from(pb: cache_pb2.CacheUsage) -> Usage:
+    """`cache_usage_pb` inverted, for a client that renders the cache."""
+    return Usage(
+        used_bytes=pb.used_bytes,
+        reserved_bytes=pb.reserved_bytes,
+        pinned_bytes=pb.pinned_bytes,
+        capacity_bytes=pb.capacity_bytes,
+        budget_bytes=pb.budget_bytes,
+        volume_bytes=pb.volume_bytes,
+    )

@@ -1,0 +1,210 @@
+"""SharingService on the wire: the device plugin's sharing config, what it advertises, its
+reloads, and a DRA node's DeviceClasses.
+
+The agent answers with the ``*_pb`` functions; clients read the answers back into the same
+records (`sharing_view_from`, `sharing_change_from`), and ask for a config with
+`set_sharing_request`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from agent._proto.gpuagent.v1 import sharing_pb2, types_pb2
+from agent.dra.mode import Allocation, AllocationMode
+from agent.errors import FieldViolation
+from agent.sharing import Advertised, ApplyResult, PluginConfig, ReloadReport, SharingView, parse
+from agent.sharing.reload import Pickup, StatusRecord
+from agent.sharing.schema import render
+from agent.sharing.service import DraObject, DraView
+from agent.wire.timestamps import seconds, timestamp
+
+__all__ = [
+    "dra_pb",
+    "set_sharing_request",
+    "sharing_change_from",
+    "sharing_change_pb",
+    "sharing_config_pb",
+    "sharing_view_from",
+    "sharing_view_pb",
+    "violations_pb",
+]
+
+
+_STRATEGIES = {
+    "none": sharing_pb2.SHARING_STRATEGY_NONE,
+    "time-slicing": sharing_pb2.SHARING_STRATEGY_TIME_SLICING,
+    "mps": sharing_pb2.SHARING_STRATEGY_MPS,
+}
+
+
+def sharing_config_pb(config: PluginConfig) -> sharing_pb2.SharingConfig:
+    active = config.sharing.active
+    return sharing_pb2.SharingConfig(
+        strategy=_STRATEGIES[config.sharing.strategy],
+        mig_strategy=config.mig_strategy,
+        rename_by_default=active is not None and active.rename_by_default,
+        fail_requests_greater_than_one=config.sharing.fail_requests_greater_than_one,
+        resources=[
+            sharing_pb2.SharedResource(name=r.name, replicas=_uint32(r.replicas))
+            for r in (active.resources if active is not None else ())
+        ],
+        config_yaml=render(config),
+    )
+
+
+def advertised_pb(advertised: Iterable[Advertised]) -> list[sharing_pb2.AdvertisedResource]:
+    return [
+        sharing_pb2.AdvertisedResource(
+            resource=a.resource,
+            devices=_uint32(a.devices),
+            replicas=_uint32(a.replicas),
+            count=_uint32(a.count),
+        )
+        for a in advertised
+    ]
+
+
+def _uint32(value: int) -> int:
+    """Saturated, so a file on disk the rules refuse still shows (its problems say why)."""
+    return min(max(value, 0), 0xFFFFFFFF)
+
+
+def reload_pb(report: ReloadReport) -> sharing_pb2.PluginReload:
+    return sharing_pb2.PluginReload(
+        method=report.method,
+        done=report.done,
+        detail=report.detail,
+        time=timestamp(report.at),
+        pids=[p & 0xFFFFFFFF for p in report.pids],
+    )
+
+
+def violations_pb(violations: Iterable[FieldViolation]) -> list[types_pb2.FieldViolation]:
+    return [types_pb2.FieldViolation(field=v.field, description=v.description) for v in violations]
+
+
+def sharing_view_pb(view: SharingView) -> sharing_pb2.GetSharingResponse:
+    response = sharing_pb2.GetSharingResponse(
+        config=sharing_config_pb(view.config),
+        config_path=str(view.config_path),
+        exists=view.exists,
+        advertised=advertised_pb(view.advertised),
+        plugin_state=view.pickup.state,
+        plugin_detail=view.pickup.detail,
+        problems=violations_pb(view.problems),
+    )
+    last = view.last_write
+    if last is not None:
+        response.last_write.CopyFrom(
+            sharing_pb2.SharingWrite(action=last.action, write_time=timestamp(last.written_at))
+        )
+        if last.reload is not None:
+            response.last_write.reload.CopyFrom(reload_pb(last.reload))
+    if view.dra is not None:
+        response.dra.CopyFrom(dra_pb(view.dra))
+    return response
+
+
+def sharing_change_pb(result: ApplyResult) -> sharing_pb2.SharingChange:
+    change = sharing_pb2.SharingChange(
+        action=result.action,
+        changed=result.changed,
+        config=sharing_config_pb(result.config),
+        config_path=str(result.config_path),
+        advertised=advertised_pb(result.advertised),
+    )
+    if result.reload is not None:
+        change.reload.CopyFrom(reload_pb(result.reload))
+    if result.dra is not None:
+        change.dra.CopyFrom(dra_pb(result.dra))
+    return change
+
+
+def dra_pb(view: DraView) -> sharing_pb2.DraSharing:
+    """A node's DRA sharing as its message (objects as JSON, keys in a fixed order)."""
+    return sharing_pb2.DraSharing(
+        mode=view.allocation.mode.value,
+        evidence=view.allocation.evidence,
+        driver=view.allocation.driver,
+        objects=[
+            sharing_pb2.DraObject(
+                kind=o.kind,
+                name=o.name,
+                namespace=o.namespace,
+                state=o.state,
+                json=json.dumps(o.body, sort_keys=True),
+            )
+            for o in view.objects
+        ],
+        notes=violations_pb(view.notes),
+        error=view.error,
+    )
+
+
+# -- back into records, for clients ---------------------------------------------------------------
+
+
+def set_sharing_request(config: PluginConfig) -> sharing_pb2.SetSharingRequest:
+    """Ask for ``config`` as the plugin's own file: the agent parses it with the same parser."""
+    return sharing_pb2.SetSharingRequest(config_yaml=render(config))
+
+
+def sharing_view_from(view: sharing_pb2.GetSharingResponse) -> SharingView:
+    """`sharing_view_pb` inverted (the DRA part included)."""
+    last = None
+    if view.HasField("last_write"):
+        w = view.last_write
+        last = StatusRecord(
+            w.action,
+            "",
+            seconds(w.write_time),
+            _reload_from(w.reload) if w.HasField("reload") else None,
+        )
+    return SharingView(
+        config_path=Path(view.config_path),
+        exists=view.exists,
+        config=parse(view.config.config_yaml),
+        advertised=_advertised_from(view.advertised),
+        problems=tuple(FieldViolation(p.field, p.description) for p in view.problems),
+        pickup=Pickup(view.plugin_state, view.plugin_detail),  # type: ignore[arg-type]
+        last_write=last,
+        dra=_dra_from(view.dra) if view.HasField("dra") else None,
+    )
+
+
+def sharing_change_from(change: sharing_pb2.SharingChange) -> ApplyResult:
+    """`sharing_change_pb` inverted (the DRA part included)."""
+    return ApplyResult(
+        action=change.action,
+        changed=change.changed,
+        config_path=Path(change.config_path),
+        config=parse(change.config.config_yaml),
+        advertised=_advertised_from(change.advertised),
+        reload=_reload_from(change.reload) if change.HasField("reload") else None,
+        dra=_dra_from(change.dra) if change.HasField("dra") else None,
+    )
+
+
+def _reload_from(msg: sharing_pb2.PluginReload) -> ReloadReport:
+    return ReloadReport(msg.method, msg.done, msg.detail, seconds(msg.time), tuple(msg.pids))
+
+
+def _advertised_from(
+    items: Iterable[sharing_pb2.AdvertisedResource],
+) -> tuple[Advertised, ...]:
+    return tuple(Advertised(a.resource, a.devices, a.replicas) for a in items)
+
+
+def _dra_from(msg: sharing_pb2.DraSharing) -> DraView:
+    return DraView(
+        allocation=Allocation(AllocationMode(msg.mode), msg.evidence, msg.driver),
+        objects=tuple(
+            DraObject(o.kind, o.name, o.state, json.loads(o.json) if o.json else {}, o.namespace)
+            for o in msg.objects
+        ),
+        notes=tuple(FieldViolation(n.field, n.description) for n in msg.notes),
+        error=msg.error,
+    )
