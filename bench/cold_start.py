@@ -55,13 +55,13 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent._proto.gpuagent.v1 import cache_pb2
+
 from agent.client import AgentClient
 from agent.gpu.sim import SimControl, open_simulator
 from agent.prewarm.images import CriPuller
 from agent.prewarm.inventory import READY_VALUE, node_labels
+from agent.prewarm.model import ItemState
 from agent.prewarm.naming import label_key
-from agent.wire.prewarm import cache_item_from
 from tests.integration.prewarm_fixtures import cri, hub
 from tests.integration.prewarm_fixtures.origin import Origin
 from tests.kube.fake_api import FakeKubeApi
@@ -285,10 +285,10 @@ def timeline(
                         f"never happened: {missing}\n{(root / 'agent.log').read_text()}"
                     )
                 items = client.list_prewarm_items()
-                failed = [i for i in items if i.state == cache_pb2.CACHE_ITEM_STATE_FAILED]
+                failed = [i for i in items if i.state is ItemState.FAILED]
                 if failed:
                     raise SystemExit(f"prewarm failed: {[(i.name, i.error) for i in failed]}")
-                computed = node_labels([cache_item_from(i) for i in items])
+                computed = node_labels(items)
                 with api.lock:
                     on_node = dict(api.nodes.get(NODE, {}))
                 for event, (kind, name) in wanted.items():

@@ -15,8 +15,8 @@ from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, output_option
 
 if TYPE_CHECKING:
-    from agent._proto.gpuagent.v1 import power_pb2
     from agent.client import AgentClient
+    from agent.power import Change, GpuPower, PowerView
 
 
 class PowerContext(Protocol):
@@ -43,8 +43,8 @@ def show_command(obj: PowerContext, output: str) -> None:
     """
     view = obj.agent().get_power()
     data = {
-        "spec": view.spec_yaml or None,
-        "gpus": [_gpu(g) for g in view.gpus],
+        "spec": view.spec_text or None,
+        "gpus": [_gpu(g, view) for g in view.gpus],
     }
     emit(data, output, _show_table)
 
@@ -100,22 +100,24 @@ def _watts(milliwatts: int) -> float:
     return milliwatts / 1000
 
 
-def _gpu(g: power_pb2.GpuPower) -> dict[str, Any]:
+def _gpu(g: GpuPower, view: PowerView) -> dict[str, Any]:
+    lim = g.limits
+    desired, baseline = view.desired_mw.get(g.uuid), view.baseline_mw.get(g.uuid)
     return {
         "index": g.index,
         "uuid": g.uuid,
         "name": g.name,
-        "min_w": _watts(g.min_mw),
-        "max_w": _watts(g.max_mw),
-        "default_w": _watts(g.default_mw),
-        "limit_w": _watts(g.current_mw),
-        "enforced_w": _watts(g.enforced_mw),
-        "desired_w": _watts(g.desired_mw) if g.HasField("desired_mw") else None,
-        "baseline_w": _watts(g.baseline_mw) if g.HasField("baseline_mw") else None,
+        "min_w": _watts(lim.min_mw),
+        "max_w": _watts(lim.max_mw),
+        "default_w": _watts(lim.default_mw),
+        "limit_w": _watts(lim.current_mw),
+        "enforced_w": _watts(lim.enforced_mw),
+        "desired_w": None if desired is None else _watts(desired),
+        "baseline_w": None if baseline is None else _watts(baseline),
     }
 
 
-def _changes(changes: Sequence[power_pb2.PowerChange]) -> list[dict[str, Any]]:
+def _changes(changes: Sequence[Change]) -> list[dict[str, Any]]:
     return [
         {
             "index": c.index,

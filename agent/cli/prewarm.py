@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from agent._proto.gpuagent.v1 import cache_pb2, operations_pb2
+from agent._proto.gpuagent.v1 import operations_pb2
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, human_bytes, output_option, plain
@@ -34,7 +34,6 @@ from agent.prewarm.model import (
 )
 from agent.prewarm.source import SourceRequest
 from agent.wire.errors import operation_failure
-from agent.wire.prewarm import cache_item_from, prewarm_targets_pb
 
 Request = SourceRequest  # a request of any registered kind
 
@@ -79,7 +78,7 @@ class _Terminal:
 def _warm(ctx: click.Context, requests: Sequence[Request], wait: bool, output: str) -> None:
     """Submit the requests as one operation, follow it, render its items; fail as it failed."""
     client = _client(ctx)
-    op = client.submit_prewarm(prewarm_targets_pb(requests))
+    op = client.submit_prewarm(requests)
     ids = [i.item_id for i in op.metadata.prewarm.items]
     if wait and not op.done:
         terminal = _Terminal()
@@ -93,7 +92,7 @@ def _warm(ctx: click.Context, requests: Sequence[Request], wait: bool, output: s
             raise SystemExit(130) from None
         terminal.close()
     by_id = {i.id: i for i in client.list_prewarm_items()}
-    _emit_items([cache_item_from(by_id[i]) for i in ids if i in by_id], output)
+    _emit_items([by_id[i] for i in ids if i in by_id], output)
     if op.done and op.HasField("error"):
         raise operation_failure(op.error)
 
@@ -341,7 +340,7 @@ def prewarm_list(ctx: click.Context, output: str) -> None:
     Example:
       gpu-agent prewarm list -o json
     """
-    _emit_items([cache_item_from(i) for i in _client(ctx).list_prewarm_items()], output)
+    _emit_items(_client(ctx).list_prewarm_items(), output)
 
 
 @prewarm.command("cancel")
@@ -355,7 +354,7 @@ def prewarm_cancel(ctx: click.Context, item: str, output: str) -> None:
     Example:
       gpu-agent prewarm cancel llama-70b-shard-3
     """
-    _emit_items([cache_item_from(_client(ctx).cancel_prewarm_item(item))], output)
+    _emit_items([_client(ctx).cancel_prewarm_item(item)], output)
 
 
 @prewarm.command("delete")
@@ -369,7 +368,7 @@ def prewarm_delete(ctx: click.Context, item: str, output: str) -> None:
     Example:
       gpu-agent prewarm delete llama-70b-shard-3
     """
-    _emit_items([cache_item_from(_client(ctx).delete_prewarm_item(item))], output)
+    _emit_items([_client(ctx).delete_prewarm_item(item)], output)
 
 
 @click.group(cls=AgentGroup)
@@ -387,9 +386,9 @@ def cache_list(ctx: click.Context, output: str) -> None:
     Example:
       gpu-agent cache list
     """
-    inventory = _client(ctx).list_cache()
-    usage = _usage(inventory.usage)
-    ready = [cache_item_from(i) for i in inventory.items]
+    contents = _client(ctx).list_cache()
+    usage = plain(contents.usage)
+    ready = contents.items
     data = {"usage": usage, "items": [_record(i) for i in ready]}
 
     def table(d: dict[str, object]) -> str:
@@ -414,7 +413,7 @@ def cache_evict(ctx: click.Context, item: str, output: str) -> None:
     Example:
       gpu-agent cache evict llama-70b-shard-3
     """
-    _emit_items([cache_item_from(_client(ctx).evict_cache_item(item))], output)
+    _emit_items([_client(ctx).evict_cache_item(item)], output)
 
 
 @cache.command("pin")
@@ -429,16 +428,4 @@ def cache_pin(ctx: click.Context, item: str, unpin: bool, output: str) -> None:
     Example:
       gpu-agent cache pin llama-70b-shard-3
     """
-    _emit_items([cache_item_from(_client(ctx).pin_cache_item(item, not unpin))], output)
-
-
-def _usage(pb: cache_pb2.CacheUsage) -> dict[str, int]:
-    """The cache's usage with the field names `cache list -o json` has always had."""
-    return {
-        "used_bytes": pb.used_bytes,
-        "reserved_bytes": pb.reserved_bytes,
-        "pinned_bytes": pb.pinned_bytes,
-        "capacity_bytes": pb.capacity_bytes,
-        "budget_bytes": pb.budget_bytes,
-        "volume_bytes": pb.volume_bytes,
-    }
+    _emit_items([_client(ctx).pin_cache_item(item, not unpin)], output)

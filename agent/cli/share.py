@@ -12,17 +12,14 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import click
 import yaml
 
-from agent._proto.gpuagent.v1 import sharing_pb2
 from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, output_option
 from agent.dra.mode import Allocation, AllocationMode
-from agent.errors import FieldViolation
 from agent.sharing import (
     Advertised,
     ApplyResult,
@@ -34,9 +31,7 @@ from agent.sharing import (
     parse,
     to_document,
 )
-from agent.sharing.reload import Pickup, StatusRecord
-from agent.sharing.schema import render
-from agent.sharing.service import DraObject, DraView
+from agent.sharing.service import DraView
 
 if TYPE_CHECKING:
     from agent.client import AgentClient
@@ -287,77 +282,22 @@ def render_command(
 
 
 class RemoteSharing:
-    """The agent's sharing API as the records the renderers below take (protos back into the
-    domain types they came from)."""
+    """The agent's sharing API under the names the commands call (`SharingCalls`)."""
 
     def __init__(self, client: AgentClient) -> None:
         self._client = client
 
     def show(self) -> SharingView:
-        view = self._client.get_sharing()
-        last = None
-        if view.HasField("last_write"):
-            w = view.last_write
-            last = StatusRecord(
-                w.action,
-                "",
-                w.write_time.ToNanoseconds() / 1e9,
-                _reload(w.reload) if w.HasField("reload") else None,
-            )
-        return SharingView(
-            config_path=Path(view.config_path),
-            exists=view.exists,
-            config=parse(view.config.config_yaml),
-            advertised=_advertised(view.advertised),
-            problems=tuple(FieldViolation(p.field, p.description) for p in view.problems),
-            pickup=Pickup(view.plugin_state, view.plugin_detail),  # type: ignore[arg-type]
-            last_write=last,
-            dra=_dra(view.dra) if view.HasField("dra") else None,
-        )
+        return self._client.get_sharing()
 
     def set(self, requested: PluginConfig) -> ApplyResult:
-        request = sharing_pb2.SetSharingRequest(config_yaml=render(requested))
-        return _result(self._client.set_sharing(request))
+        return self._client.set_sharing(requested)
 
     def clear(self) -> ApplyResult:
-        return _result(self._client.clear_sharing())
+        return self._client.clear_sharing()
 
     def rollback(self) -> ApplyResult:
-        return _result(self._client.rollback_sharing())
-
-
-def _reload(msg: sharing_pb2.PluginReload) -> ReloadReport:
-    return ReloadReport(
-        msg.method, msg.done, msg.detail, msg.time.ToNanoseconds() / 1e9, tuple(msg.pids)
-    )
-
-
-def _advertised(items: Any) -> tuple[Advertised, ...]:
-    return tuple(Advertised(a.resource, a.devices, a.replicas) for a in items)
-
-
-def _result(change: sharing_pb2.SharingChange) -> ApplyResult:
-    return ApplyResult(
-        action=change.action,
-        changed=change.changed,
-        config_path=Path(change.config_path),
-        config=parse(change.config.config_yaml),
-        advertised=_advertised(change.advertised),
-        reload=_reload(change.reload) if change.HasField("reload") else None,
-        dra=_dra(change.dra) if change.HasField("dra") else None,
-    )
-
-
-def _dra(msg: sharing_pb2.DraSharing) -> DraView:
-    return DraView(
-        allocation=Allocation(AllocationMode(msg.mode), msg.evidence, msg.driver),
-        objects=tuple(
-            DraObject(o.kind, o.name, o.state, json.loads(o.json) if o.json else {}, o.namespace)
-            for o in msg.objects
-        ),
-        notes=tuple(FieldViolation(n.field, n.description) for n in msg.notes),
-        error=msg.error,
-    )
+        return self._client.rollback_sharing()
 
 
 def _document(

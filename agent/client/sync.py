@@ -21,7 +21,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agent._proto.gpuagent.v1 import (
     agent_pb2,
-    cache_pb2,
     mig_pb2,
     operations_pb2,
     power_pb2,
@@ -32,7 +31,19 @@ from agent._proto.gpuagent.v1 import (
 from agent.client.base import Stubs, channel_options
 from agent.client.errors import Unreachable, domain_error
 from agent.errors import PermissionDenied
+from agent.power import Change, PowerView
+from agent.prewarm.model import CacheItem
+from agent.prewarm.source import SourceRequest
+from agent.sharing import ApplyResult, PluginConfig, SharingView
 from agent.wire.errors import operation_failure
+from agent.wire.power import power_changes_from, power_view_from
+from agent.wire.prewarm import (
+    CacheContents,
+    cache_contents_from,
+    cache_item_from,
+    prewarm_targets_pb,
+)
+from agent.wire.sharing import set_sharing_request, sharing_change_from, sharing_view_from
 
 __all__ = ["PROBE_AFTER_S", "PROBE_TIMEOUT_S", "AgentClient"]
 
@@ -265,61 +276,74 @@ class AgentClient(Stubs):
     # -- prewarm ----------------------------------------------------------------------------------
 
     def submit_prewarm(
-        self, targets: Sequence[prewarm_pb2.PrewarmTarget], request_id: str = ""
+        self, requests: Sequence[SourceRequest], request_id: str = ""
     ) -> operations_pb2.Operation:
-        """Starts warming; follow it with `watch_operation` or `follow`."""
-        request = prewarm_pb2.SubmitPrewarmRequest(targets=targets, request_id=request_id)
+        """Starts warming what ``requests`` ask for (any registered kind, sent as the targets
+        the agent reads back into the same requests); follow it with `watch_operation` or
+        `follow`."""
+        request = prewarm_pb2.SubmitPrewarmRequest(
+            targets=prewarm_targets_pb(requests), request_id=request_id
+        )
         return self._call(self._prewarm.SubmitPrewarm, request).operation
 
-    def list_prewarm_items(self) -> list[cache_pb2.CacheItem]:
+    def list_prewarm_items(self) -> list[CacheItem]:
         request = prewarm_pb2.ListPrewarmItemsRequest()
-        return list(self._call(self._prewarm.ListPrewarmItems, request).items)
+        return [
+            cache_item_from(i) for i in self._call(self._prewarm.ListPrewarmItems, request).items
+        ]
 
-    def cancel_prewarm_item(self, item: str) -> cache_pb2.CacheItem:
+    def cancel_prewarm_item(self, item: str) -> CacheItem:
         request = prewarm_pb2.CancelPrewarmItemRequest(item=item)
-        return self._call(self._prewarm.CancelPrewarmItem, request).item
+        return cache_item_from(self._call(self._prewarm.CancelPrewarmItem, request).item)
 
-    def delete_prewarm_item(self, item: str) -> cache_pb2.CacheItem:
+    def delete_prewarm_item(self, item: str) -> CacheItem:
         request = prewarm_pb2.DeletePrewarmItemRequest(item=item)
-        return self._call(self._prewarm.DeletePrewarmItem, request).item
+        return cache_item_from(self._call(self._prewarm.DeletePrewarmItem, request).item)
 
-    def list_cache(self) -> cache_pb2.CacheInventory:
-        return self._call(self._prewarm.ListCache, prewarm_pb2.ListCacheRequest()).cache
+    def list_cache(self) -> CacheContents:
+        cache = self._call(self._prewarm.ListCache, prewarm_pb2.ListCacheRequest()).cache
+        return cache_contents_from(cache)
 
-    def evict_cache_item(self, item: str) -> cache_pb2.CacheItem:
+    def evict_cache_item(self, item: str) -> CacheItem:
         request = prewarm_pb2.EvictCacheItemRequest(item=item)
-        return self._call(self._prewarm.EvictCacheItem, request).item
+        return cache_item_from(self._call(self._prewarm.EvictCacheItem, request).item)
 
-    def pin_cache_item(self, item: str, pinned: bool = True) -> cache_pb2.CacheItem:
+    def pin_cache_item(self, item: str, pinned: bool = True) -> CacheItem:
         request = prewarm_pb2.PinCacheItemRequest(item=item, pinned=pinned)
-        return self._call(self._prewarm.PinCacheItem, request).item
+        return cache_item_from(self._call(self._prewarm.PinCacheItem, request).item)
 
     # -- sharing ----------------------------------------------------------------------------------
 
-    def get_sharing(self) -> sharing_pb2.GetSharingResponse:
-        return self._call(self._sharing.GetSharing, sharing_pb2.GetSharingRequest())
+    def get_sharing(self) -> SharingView:
+        return sharing_view_from(
+            self._call(self._sharing.GetSharing, sharing_pb2.GetSharingRequest())
+        )
 
-    def set_sharing(self, request: sharing_pb2.SetSharingRequest) -> sharing_pb2.SharingChange:
-        return self._call(self._sharing.SetSharing, request).change
+    def set_sharing(self, config: PluginConfig) -> ApplyResult:
+        """Make ``config`` the node's sharing (sent as the plugin's own file)."""
+        change = self._call(self._sharing.SetSharing, set_sharing_request(config)).change
+        return sharing_change_from(change)
 
-    def clear_sharing(self) -> sharing_pb2.SharingChange:
-        return self._call(self._sharing.ClearSharing, sharing_pb2.ClearSharingRequest()).change
+    def clear_sharing(self) -> ApplyResult:
+        request = sharing_pb2.ClearSharingRequest()
+        return sharing_change_from(self._call(self._sharing.ClearSharing, request).change)
 
-    def rollback_sharing(self) -> sharing_pb2.SharingChange:
+    def rollback_sharing(self) -> ApplyResult:
         request = sharing_pb2.RollbackSharingRequest()
-        return self._call(self._sharing.RollbackSharing, request).change
+        return sharing_change_from(self._call(self._sharing.RollbackSharing, request).change)
 
     # -- power ------------------------------------------------------------------------------------
 
-    def get_power(self) -> power_pb2.GetPowerResponse:
-        return self._call(self._power.GetPower, power_pb2.GetPowerRequest())
+    def get_power(self) -> PowerView:
+        return power_view_from(self._call(self._power.GetPower, power_pb2.GetPowerRequest()))
 
-    def apply_power(self, spec_yaml: str) -> list[power_pb2.PowerChange]:
+    def apply_power(self, spec_yaml: str) -> list[Change]:
         request = power_pb2.ApplyPowerRequest(spec_yaml=spec_yaml)
-        return list(self._call(self._power.ApplyPower, request).changes)
+        return power_changes_from(self._call(self._power.ApplyPower, request).changes)
 
-    def restore_power(self) -> list[power_pb2.PowerChange]:
-        return list(self._call(self._power.RestorePower, power_pb2.RestorePowerRequest()).changes)
+    def restore_power(self) -> list[Change]:
+        request = power_pb2.RestorePowerRequest()
+        return power_changes_from(self._call(self._power.RestorePower, request).changes)
 
 
 def _process_state(pid: int) -> str | None:

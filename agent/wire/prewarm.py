@@ -8,6 +8,7 @@ field) and answer with the ``*_pb`` functions; clients turn answers back into re
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from agent._proto.gpuagent.v1 import cache_pb2, prewarm_pb2
@@ -29,10 +30,11 @@ from agent.redact import redact_text
 from agent.wire.timestamps import seconds, timestamp
 
 __all__ = [
+    "CacheContents",
+    "cache_contents_from",
     "cache_inventory_pb",
     "cache_item_from",
     "cache_item_pb",
-    "cache_usage_from",
     "item_state_pb",
     "prewarm_requests_from",
     "prewarm_targets_pb",
@@ -221,13 +223,23 @@ def cache_item_from(pb: cache_pb2.CacheItem) -> CacheItem:
     )
 
 
-def cache_usage_from(pb: cache_pb2.CacheUsage) -> Usage:
-    """`cache_usage_pb` inverted, for a client that renders the cache."""
-    return Usage(
-        used_bytes=pb.used_bytes,
-        reserved_bytes=pb.reserved_bytes,
-        pinned_bytes=pb.pinned_bytes,
-        capacity_bytes=pb.capacity_bytes,
-        budget_bytes=pb.budget_bytes,
-        volume_bytes=pb.volume_bytes,
+@dataclass(frozen=True, slots=True)
+class CacheContents:
+    """The cache as ListCache tells it: its usage and its ready items."""
+
+    usage: Usage
+    items: tuple[CacheItem, ...]
+
+
+def cache_contents_from(pb: cache_pb2.CacheInventory) -> CacheContents:
+    """`cache_inventory_pb` inverted, for a client that renders the cache."""
+    u = pb.usage
+    usage = Usage(
+        used_bytes=u.used_bytes,
+        reserved_bytes=u.reserved_bytes,
+        pinned_bytes=u.pinned_bytes,
+        capacity_bytes=u.capacity_bytes,
+        budget_bytes=u.budget_bytes,
+        volume_bytes=u.volume_bytes,
     )
+    return CacheContents(usage, tuple(cache_item_from(i) for i in pb.items))

@@ -35,7 +35,7 @@ def _watts(agents: AgentFleet, name: str) -> list[float]:
     client = AgentClient.connect(agents.agents[name].socket)
     assert client is not None
     try:
-        return [g.current_mw / 1000 for g in client.get_power().gpus]
+        return [g.limits.current_mw / 1000 for g in client.get_power().gpus]
     finally:
         client.close()
 

@@ -41,7 +41,7 @@ def _limits(agent: AgentProcess, _config: Path) -> list[float]:
     client = AgentClient.connect(agent.socket)
     assert client is not None
     with contextlib.closing(client):
-        return [g.current_mw / 1000 for g in client.get_power().gpus]
+        return [g.limits.current_mw / 1000 for g in client.get_power().gpus]
 
 
 def test_caps_are_applied_shown_kept_across_reboot_reload_restart_and_restored(
@@ -100,5 +100,5 @@ def test_caps_are_applied_shown_kept_across_reboot_reload_restart_and_restored(
         assert client is not None
         with contextlib.closing(client):
             view = client.get_power()
-        assert view.spec_yaml == ""
-        assert [g.current_mw / 1000 for g in view.gpus] == _DEFAULT  # nothing re-caps now
+        assert view.spec_text == ""
+        assert [g.limits.current_mw / 1000 for g in view.gpus] == _DEFAULT  # nothing re-caps now

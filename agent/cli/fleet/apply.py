@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from google.protobuf import json_format
 
 from agent.cli.coordinator import (
     fleet_options,
@@ -141,32 +140,16 @@ def apply_share(
       gpu-agent fleet apply share --strategy time-slicing --replicas 4 -l name=inference-* \\
         --max-unavailable 2 --kubernetes
     """
-    from agent._proto.gpuagent.v1 import sharing_pb2
-    from agent.sharing.request import requested_config
+    from agent.coordinator.rollout.specs import sharing_spec
 
     rollout = rollout_args(kwargs)
     if config_file is not None:
-        request = sharing_pb2.SetSharingRequest(config_yaml=config_file.read_text())
+        spec = sharing_spec(config_file.read_text())
     elif strategy is not None and replicas is not None:
-        request = sharing_pb2.SetSharingRequest(
-            spec=sharing_pb2.SharingSpec(
-                strategy=(
-                    sharing_pb2.SHARING_STRATEGY_TIME_SLICING
-                    if strategy == "time-slicing"
-                    else sharing_pb2.SHARING_STRATEGY_MPS
-                ),
-                resources=[
-                    sharing_pb2.SharedResource(name=r, replicas=replicas) for r in resources
-                ],
-                rename_by_default=rename,
-            )
-        )
+        spec = sharing_spec(None, strategy, resources, replicas, rename)
     else:
         raise InvalidSpec(
             "give --strategy and --replicas, or -f with a device-plugin config file",
             [FieldViolation("strategy", "time-slicing or mps, with --replicas N >= 2")],
         )
-    # A malformed file is one clear error here, not the same refusal from every node.
-    requested_config(request)
-    spec = {"request": json_format.MessageToDict(request)}
     start_rollout(options_from(kwargs), "share", spec, selector, rollout, output)

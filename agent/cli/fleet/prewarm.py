@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import click
-from google.protobuf import json_format
 
 from agent.cli.coordinator import (
     fleet_options,
@@ -17,9 +16,6 @@ from agent.cli.render import output_option
 from agent.errors import FieldViolation, InvalidSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
-    from agent._proto.gpuagent.v1.prewarm_pb2 import PrewarmTarget
 
 
 @click.command("prewarm")
@@ -86,7 +82,7 @@ def prewarm(
         --max-unavailable 10 --max-failures 0 --kubernetes
     """
     rollout = rollout_args(kwargs)
-    target = _prewarm_target(
+    spec = _prewarm_spec(
         {"url": url, "image": image, "model": model},
         {
             "sha256": sha256,
@@ -99,7 +95,6 @@ def prewarm(
         pin,
         header_files,
     )
-    spec = {"targets": [json_format.MessageToDict(target)]}
     start_rollout(options_from(kwargs), "prewarm", spec, selector, rollout, output)
 
 
@@ -114,17 +109,16 @@ _SOURCE_OPTIONS = {
 }
 
 
-def _prewarm_target(
+def _prewarm_spec(
     sources: dict[str, str | None],
     extras: dict[str, Any],
     name: str,
     pin: bool,
     header_files: tuple[str, ...],
-) -> PrewarmTarget:
-    """The one PrewarmTarget the options ask for; a bad combination is refused here, naming
-    the option, before any node is contacted."""
-    from agent._proto.gpuagent.v1 import prewarm_pb2
-    from agent.coordinator.rollout.targets import model_violations
+) -> dict[str, Any]:
+    """The rollout spec of the one target the options ask for; a bad combination is refused
+    here, naming the option, before any node is contacted."""
+    from agent.coordinator.rollout.specs import prewarm_spec, target_violations
 
     given = [k for k, v in sources.items() if v is not None]
     if len(given) != 1:
@@ -156,38 +150,40 @@ def _prewarm_target(
                 "registry credentials",
                 [FieldViolation("header_files", "only with --url or --model")],
             )
-        return prewarm_pb2.PrewarmTarget(
-            image=prewarm_pb2.ImageTarget(
-                ref=sources["image"] or "",
-                name=name,
-                runtime_handler=extras["runtime_handler"],
-                pin=pin,
-            )
+        return prewarm_spec(
+            "image",
+            {
+                "ref": sources["image"] or "",
+                "name": name,
+                "runtime_handler": extras["runtime_handler"],
+                "pin": pin,
+            },
         )
     if source == "url":
-        return prewarm_pb2.PrewarmTarget(
-            file=prewarm_pb2.FileTarget(
-                url=sources["url"] or "",
-                name=name,
-                sha256=extras["sha256"],
-                pin=pin,
-                header_files=headers,
-            )
+        return prewarm_spec(
+            "file",
+            {
+                "url": sources["url"] or "",
+                "name": name,
+                "sha256": extras["sha256"],
+                "pin": pin,
+                "header_files": headers,
+            },
         )
-    model = prewarm_pb2.ModelTarget(
-        repo=sources["model"] or "",
-        revision=extras["revision"],
-        endpoint=extras["endpoint"],
-        include=list(extras["include"]),
-        name=name,
-        pin=pin,
-        header_files=headers,
-    )
+    model = {
+        "repo": sources["model"] or "",
+        "revision": extras["revision"],
+        "endpoint": extras["endpoint"],
+        "include": list(extras["include"]),
+        "name": name,
+        "pin": pin,
+        "header_files": headers,
+    }
     # Fields named as the options are: --model is the repo.
     bad = [
         FieldViolation(_MODEL_OPTION.get(v.field, v.field.removeprefix("model.")), v.description)
-        for v in model_violations(model, "model")
+        for v in target_violations("model", model)
     ]
     if bad:
         raise InvalidSpec(f"--model: {bad[0].field}: {bad[0].description}", bad)
-    return prewarm_pb2.PrewarmTarget(model=model)
+    return prewarm_spec("model", model)
