@@ -59,16 +59,13 @@ PENDING_EXIT = 11
 def _layouts(obj: CliContext) -> tuple[GpuLayout, ...]:
     """The node's GPUs as its agent read them: the one read path. A lost GPU is named on
     stderr and left out (it can be neither read nor partitioned)."""
-    from agent._proto.gpuagent.v1 import agent_pb2
-    from agent.wire.node import layout_from
-
     layouts = []
     for gpu in obj.agent().node().gpus:
-        if gpu.health == agent_pb2.GPU_HEALTH_LOST:
-            why = gpu.health_detail or "it does not answer"
-            click.echo(f"warning: GPU {gpu.index} left out: lost ({why})", err=True)
+        if gpu.lost:
+            why = gpu.detail or "it does not answer"
+            click.echo(f"warning: GPU {gpu.layout.gpu.index} left out: lost ({why})", err=True)
             continue
-        layouts.append(layout_from(gpu))
+        layouts.append(gpu.layout)
     return tuple(layouts)
 
 

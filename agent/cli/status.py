@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import UTC
-from typing import Any
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from agent._proto.gpuagent.v1 import agent_pb2
 from agent.cli.context import CliContext
 from agent.cli.render import emit, format_table, human_bytes, output_option
-from agent.wire.node import allocation_of
+
+if TYPE_CHECKING:
+    from agent.gpu.types import Placement
+    from agent.health.machine import Mark
+    from agent.wire.node import NodeGpu, NodeView
 
 
 def _table(data: dict[str, Any]) -> str:
@@ -111,35 +114,79 @@ def _marked(gpus: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-_STATES = {
-    agent_pb2.HEALTH_STATE_HEALTHY: "healthy",
-    agent_pb2.HEALTH_STATE_DEGRADED: "degraded",
-    agent_pb2.HEALTH_STATE_FAILED: "failed",
-}
-
-
-def health_mark_view(message: agent_pb2.Gpu | agent_pb2.GpuInstance) -> dict[str, Any] | None:
+def health_mark_view(mark: Mark | None) -> dict[str, Any] | None:
     """The agent's health mark (docs/health.md); None before its first verdict."""
-    if not message.HasField("condition"):
+    if mark is None:
         return None
-    mark = message.condition
     return {
-        "state": _STATES.get(mark.state, "unknown"),
+        "state": mark.state.value,
         "reason": mark.reason,
-        "since": mark.since.ToDatetime(tzinfo=UTC).isoformat(timespec="seconds"),
+        "since": datetime.fromtimestamp(mark.since, UTC).isoformat(timespec="seconds"),
         "action": mark.action,
         "pods": list(mark.pods),
     }
 
 
-def status_view(node: agent_pb2.Node) -> dict[str, Any]:
+def _placement(p: Placement) -> dict[str, int]:
+    return {"start": p.start, "size": p.size}
+
+
+def _gpu_view(g: NodeGpu, hidden: bool) -> dict[str, Any]:
+    info = g.layout.gpu
+    mode = info.mig_mode
+    return {
+        "index": info.index,
+        "health": "lost" if g.lost else "ok",
+        "condition": health_mark_view(g.condition),
+        "detail": g.detail,
+        # A GPU lost before the agent saw it answer has only its index.
+        "uuid": info.uuid or None,
+        "name": info.name or None,
+        "pci_bus_id": info.pci_bus_id or None,
+        "pci_device_id": f"0x{info.pci_device_id:08X}" if info.uuid else None,
+        "memory_total_bytes": info.memory_total_bytes if info.uuid else None,
+        "mig": None
+        if mode is None
+        else {
+            "current": "enabled" if mode.current else "disabled",
+            "pending": "enabled" if mode.pending else "disabled",
+        },
+        "instances": [
+            {
+                "gpu_instance_id": gi.id,
+                "condition": health_mark_view(g.instance_conditions.get(gi.id)),
+                "profile": gi.profile_name,
+                "profile_id": gi.profile_id,
+                "placement": _placement(gi.placement),
+                "compute_instances": [
+                    {
+                        "id": ci.id,
+                        "profile_id": ci.profile_id,
+                        "placement": _placement(ci.placement),
+                        "uuid": ci.uuid,
+                    }
+                    for ci in gi.compute_instances
+                ],
+            }
+            for gi in g.layout.instances
+        ],
+        "processes": None
+        if hidden
+        else [
+            {
+                "pid": p.pid,
+                "used_memory_bytes": p.used_memory_bytes,
+                "gpu_instance_id": p.gpu_instance_id,
+                "compute_instance_id": p.compute_instance_id,
+            }
+            for p in g.layout.processes
+        ],
+    }
+
+
+def status_view(node: NodeView) -> dict[str, Any]:
     """The node as ``gpu-agent status`` shows it (the shape `_table` renders)."""
-
-    def placement(p: agent_pb2.Placement) -> dict[str, int]:
-        return {"start": p.start, "size": p.size}
-
-    hidden = node.processes_hidden
-    allocation = allocation_of(node)
+    allocation = node.allocation
     return {
         "driver_version": node.driver_version,
         # Who hands the GPUs to pods, and what it was read from; it gates MIG (docs/dra.md).
@@ -151,68 +198,12 @@ def status_view(node: agent_pb2.Node) -> dict[str, Any]:
         # The agent's parts that do not work as they should, with why (e.g. the state store).
         "degraded": [
             {"component": c.name, "detail": c.detail}
-            for c in node.health.components
+            for c in node.components
             if not c.healthy and c.name != "gpu-driver"  # GPUs: their own health column
         ],
         # Withheld from this identity's roles: None per GPU, never an empty list ("none run").
-        "processes_withheld": hidden,
-        "gpus": [
-            {
-                "index": g.index,
-                "health": "lost" if g.health == agent_pb2.GPU_HEALTH_LOST else "ok",
-                "condition": health_mark_view(g),
-                "detail": g.health_detail,
-                # A GPU lost before the agent saw it answer has only its index.
-                "uuid": g.uuid or None,
-                "name": g.name or None,
-                "pci_bus_id": g.pci_bus_id or None,
-                "pci_device_id": f"0x{g.pci_device_id:08X}" if g.uuid else None,
-                "memory_total_bytes": g.memory_total_bytes if g.uuid else None,
-                "mig": None
-                if not g.HasField("mig_mode")
-                else {
-                    "current": "enabled" if g.mig_mode.current else "disabled",
-                    "pending": "enabled" if g.mig_mode.pending else "disabled",
-                },
-                "instances": [
-                    {
-                        "gpu_instance_id": gi.id,
-                        "condition": health_mark_view(gi),
-                        "profile": gi.profile_name,
-                        "profile_id": gi.profile_id,
-                        "placement": placement(gi.placement),
-                        "compute_instances": [
-                            {
-                                "id": ci.id,
-                                "profile_id": ci.profile_id,
-                                "placement": placement(ci.placement),
-                                "uuid": ci.uuid or None,
-                            }
-                            for ci in gi.compute_instances
-                        ],
-                    }
-                    for gi in g.instances
-                ],
-                "processes": None
-                if hidden
-                else [
-                    {
-                        "pid": p.pid,
-                        "used_memory_bytes": p.used_memory_bytes
-                        if p.HasField("used_memory_bytes")
-                        else None,
-                        "gpu_instance_id": p.gpu_instance_id
-                        if p.HasField("gpu_instance_id")
-                        else None,
-                        "compute_instance_id": p.compute_instance_id
-                        if p.HasField("compute_instance_id")
-                        else None,
-                    }
-                    for p in g.processes
-                ],
-            }
-            for g in node.gpus
-        ],
+        "processes_withheld": node.processes_hidden,
+        "gpus": [_gpu_view(g, node.processes_hidden) for g in node.gpus],
     }
 
 

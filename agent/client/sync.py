@@ -36,6 +36,7 @@ from agent.prewarm.model import CacheItem
 from agent.prewarm.source import SourceRequest
 from agent.sharing import ApplyResult, PluginConfig, SharingView
 from agent.wire.errors import operation_failure
+from agent.wire.node import NodeView, node_from
 from agent.wire.power import power_changes_from, power_view_from
 from agent.wire.prewarm import (
     CacheContents,
@@ -171,9 +172,8 @@ class AgentClient(Stubs):
 
     # -- node -------------------------------------------------------------------------------------
 
-    def node(self) -> agent_pb2.Node:
-        response = self._call(self._node.GetNode, agent_pb2.GetNodeRequest())
-        return response.node
+    def node(self) -> NodeView:
+        return node_from(self._call(self._node.GetNode, agent_pb2.GetNodeRequest()).node)
 
     def telemetry(self, field_ids: Sequence[int] = ()) -> telemetry_pb2.TelemetrySnapshot:
         """The agent's latest telemetry snapshot (only ``field_ids``, when given)."""

@@ -8,6 +8,9 @@ a layout is read once, by the agent, and converted here once.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from agent._proto.gpuagent.v1 import agent_pb2, events_pb2
 from agent.dra.mode import Allocation, AllocationMode
 from agent.gpu.types import (
@@ -22,9 +25,12 @@ from agent.gpu.types import (
 )
 from agent.health.machine import Mark, State
 from agent.health.monitor import HealthChange
-from agent.wire.timestamps import timestamp
+from agent.wire.timestamps import seconds, timestamp
 
 __all__ = [
+    "Component",
+    "NodeGpu",
+    "NodeView",
     "allocation_of",
     "allocation_pb",
     "gpu_instance_pb",
@@ -32,6 +38,7 @@ __all__ = [
     "health_event_pb",
     "health_mark_pb",
     "layout_from",
+    "node_from",
 ]
 
 
@@ -140,6 +147,88 @@ def gpu_pb(
             agent_pb2.MigMode(current=g.mig_mode.current, pending=g.mig_mode.pending)
         )
     return gpu
+
+
+# -- a node, back into records -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Component:
+    """One part of the agent and whether it works (``detail``: why not, or what it did)."""
+
+    name: str
+    healthy: bool
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGpu:
+    """One GPU of a node as its agent reports it."""
+
+    layout: GpuLayout
+    #: the GPU stopped answering; ``detail`` is the driver's error
+    lost: bool
+    detail: str
+    #: its health mark (the reason as shown); None before the agent's first verdict
+    condition: Mark | None
+    #: GPU-instance id -> that instance's mark, for the instances judged
+    instance_conditions: Mapping[int, Mark]
+    #: seconds without activity, from the telemetry sampler; None when unknown
+    idle_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """GetNode's node: its GPUs, how pods get them, and the agent's own health."""
+
+    name: str
+    driver_version: str
+    agent_version: str
+    #: the simulator preset the agent runs on; "" on real NVML
+    simulated_preset: str
+    #: the caller's roles do not show processes: every GPU's processes were withheld
+    processes_hidden: bool
+    allocation: Allocation
+    components: tuple[Component, ...]
+    gpus: tuple[NodeGpu, ...]
+
+
+_HEALTH_STATES_FROM = {pb: state for state, pb in _HEALTH_STATES.items()}
+
+
+def _mark_from(pb: agent_pb2.HealthMark) -> Mark | None:
+    state = _HEALTH_STATES_FROM.get(pb.state)
+    if state is None:  # a state this client does not know: not a verdict it can show
+        return None
+    return Mark(state, pb.reason, seconds(pb.since), pb.action, tuple(pb.pods))
+
+
+def node_from(node: agent_pb2.Node) -> NodeView:
+    """GetNode's answer as records: the layouts as `layout_from` reads them."""
+    return NodeView(
+        name=node.name,
+        driver_version=node.driver_version,
+        agent_version=node.agent_version,
+        simulated_preset=node.simulated_preset,
+        processes_hidden=node.processes_hidden,
+        allocation=allocation_of(node),
+        components=tuple(Component(c.name, c.healthy, c.detail) for c in node.health.components),
+        gpus=tuple(
+            NodeGpu(
+                layout=layout_from(g),
+                lost=g.health == agent_pb2.GPU_HEALTH_LOST,
+                detail=g.health_detail,
+                condition=_mark_from(g.condition) if g.HasField("condition") else None,
+                instance_conditions={
+                    gi.id: mark
+                    for gi in g.instances
+                    if gi.HasField("condition") and (mark := _mark_from(gi.condition)) is not None
+                },
+                idle_seconds=g.idle_seconds if g.HasField("idle_seconds") else None,
+            )
+            for g in node.gpus
+        ),
+    )
 
 
 # -- the allocation mode ------------------------------------------------------------------------

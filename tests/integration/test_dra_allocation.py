@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from agent._proto.gpuagent.v1 import agent_pb2
 from agent.client.sync import AgentClient
+from agent.dra.mode import AllocationMode
 from agent.errors import AgentError, Conflict, ModeRefused
 from agent.gpu import open_driver
 from agent.gpu.sim import SimControl
@@ -138,8 +138,8 @@ def test_dynamic_mig_refuses_every_mig_change_and_touches_no_gpu(
 
     with start(tmp_path) as agent, closing(AgentClient(agent.socket)) as client:
         node = client.node()
-        assert node.allocation.mode == agent_pb2.ALLOCATION_MODE_DRA_DYNAMIC_MIG
-        assert node.allocation.dra_driver == DRIVER
+        assert node.allocation.mode == AllocationMode.DRA_DYNAMIC_MIG
+        assert node.allocation.driver == DRIVER
         assert "DynamicMIG" in node.allocation.evidence
         for call in (
             lambda: client.apply_mig(CONFIG, "gpu0-3g"),
@@ -165,7 +165,7 @@ def test_a_static_apply_succeeds_once_the_driver_republished_the_new_devices(
         closing(AgentClient(agent.socket)) as client,
     ):
         node = client.node()
-        assert node.allocation.mode == agent_pb2.ALLOCATION_MODE_DRA, node.allocation
+        assert node.allocation.mode == AllocationMode.DRA, node.allocation
         phases: list[str] = []
         done = client.follow(
             client.apply_mig(CONFIG, "gpu0-1g"),
@@ -189,7 +189,7 @@ def test_an_apply_rolls_back_when_the_driver_never_republishes(
         start(tmp_path, republish_timeout_s=0.5) as agent,
         closing(AgentClient(agent.socket)) as client,
     ):
-        assert client.node().allocation.mode == agent_pb2.ALLOCATION_MODE_DRA
+        assert client.node().allocation.mode == AllocationMode.DRA
         with pytest.raises(Conflict) as failed:
             client.follow(client.apply_mig(CONFIG, "gpu0-1g"), lambda _: None)
         message = str(failed.value)
@@ -211,7 +211,7 @@ def test_an_api_that_does_not_answer_makes_the_mode_unknown_and_refuses_mig(
     with start(tmp_path) as agent:
         with closing(AgentClient(agent.socket)) as client:
             allocation = client.node().allocation
-            assert allocation.mode == agent_pb2.ALLOCATION_MODE_UNSPECIFIED
+            assert allocation.mode == AllocationMode.UNKNOWN
             assert "has not answered yet" in allocation.evidence
         (tmp_path / "mig.yaml").write_text(CONFIG)
         refused = subprocess.run(
@@ -227,7 +227,7 @@ def test_an_api_that_does_not_answer_makes_the_mode_unknown_and_refuses_mig(
         node_api.unavailable.clear()
         with closing(AgentClient(agent.socket)) as client:
             wait_for(
-                lambda: client.node().allocation.mode == agent_pb2.ALLOCATION_MODE_NONE,
+                lambda: client.node().allocation.mode == AllocationMode.NONE,
                 "the mode once the API answers",
                 10,
             )
@@ -243,7 +243,7 @@ def test_a_device_plugin_node_applies_as_before_and_follows_a_driver_that_appear
     )
     with start(tmp_path) as agent, closing(AgentClient(agent.socket)) as client:
         allocation = client.node().allocation
-        assert allocation.mode == agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN
+        assert allocation.mode == AllocationMode.DEVICE_PLUGIN
         assert allocation.evidence == "Node allocatable nvidia.com/gpu=8"
         done = client.follow(client.apply_mig(CONFIG, "gpu0-1g"), lambda _: None)
         assert not done.HasField("error")
@@ -251,7 +251,7 @@ def test_a_device_plugin_node_applies_as_before_and_follows_a_driver_that_appear
         # A DynamicMIG driver starts on the node: seen through the watch, and MIG is refused.
         FakeDraPlugin(node_api, NODE, tmp_path / "state", dynamic_mig=True).start()
         wait_for(
-            lambda: client.node().allocation.mode == agent_pb2.ALLOCATION_MODE_DRA_DYNAMIC_MIG,
+            lambda: client.node().allocation.mode == AllocationMode.DRA_DYNAMIC_MIG,
             "the new mode in GetNode",
             5,
         )

@@ -123,7 +123,7 @@ def test_serve_without_a_driver_prewarms_then_attaches_and_detaches_without_rest
         try:
             node = client.node()
             assert not node.gpus
-            health = {c.name: c for c in node.health.components}
+            health = {c.name: c for c in node.components}
             assert not health["gpu-driver"].healthy
             assert "waiting for the NVIDIA driver" in health["gpu-driver"].detail
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from agent._proto.gpuagent.v1 import agent_pb2
 from agent.client import AgentClient
 from agent.gpu.sim import SimControl, open_simulator
 from tests.unit.api.support import REPO, AgentProcess, agent_config, wait_for
@@ -77,7 +76,7 @@ def _temps(metrics: str) -> set[str]:
 
 
 def _lost_in_getnode(client: AgentClient) -> set[int]:
-    return {g.index for g in client.node().gpus if g.health == agent_pb2.GPU_HEALTH_LOST}
+    return {g.layout.gpu.index for g in client.node().gpus if g.lost}
 
 
 def test_a_gpu_lost_before_start_leaves_the_agent_serving_the_others(tmp_path: Path) -> None:
@@ -114,7 +113,7 @@ def test_a_gpu_lost_before_start_leaves_the_agent_serving_the_others(tmp_path: P
         assert applied.returncode == 0, applied.stdout + applied.stderr
 
         def gpu0_has_two_instances() -> bool:
-            return len(client.node().gpus[0].instances) == 2
+            return len(client.node().gpus[0].layout.instances) == 2
 
         wait_for(gpu0_has_two_instances, "GPU 0's new instances in GetNode", 20)
         client.close()
@@ -132,7 +131,7 @@ def test_a_gpu_lost_while_serving_goes_down_alone(tmp_path: Path) -> None:
 
         wait_for(lambda: _lost_in_getnode(client) == {5}, "GPU 5 lost in GetNode", 20)
         # It keeps its identity: the agent saw it answer before.
-        gpu5 = client.node().gpus[5]
+        gpu5 = client.node().gpus[5].layout.gpu
         assert gpu5.uuid.startswith("GPU-") and gpu5.name
         wait_for(lambda: _up(_get(port, "/metrics")[1]).get("5") == 0.0, "gpu_up 0 for GPU 5", 20)
         metrics = _get(port, "/metrics")[1]

@@ -226,12 +226,12 @@ def _node(agent: AgentProcess) -> Any:
 
 def _state_detail(agent: AgentProcess) -> str:
     """The "state" component's detail, when it is unhealthy ("" when healthy)."""
-    parts = {c.name: c for c in _node(agent).health.components}
+    parts = {c.name: c for c in _node(agent).components}
     return "" if parts["state"].healthy else str(parts["state"].detail)
 
 
 def _mig_shapes(agent: AgentProcess) -> list[object]:
-    return [(g.mig_mode, list(g.instances)) for g in _node(agent).gpus]
+    return [(g.layout.gpu.mig_mode, list(g.layout.instances)) for g in _node(agent).gpus]
 
 
 def _changes(agent: AgentProcess, config: Path, tmp_path: Path, url: str) -> dict[str, object]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from agent._proto.gpuagent.v1 import agent_pb2
 from agent.cli.status import _table, status_view
-from agent.wire.node import gpu_pb
+from agent.wire.node import gpu_pb, node_from
 from tests.unit.sharing.layouts import full_gpu
 
 
@@ -15,7 +15,7 @@ def _node(hidden: bool) -> agent_pb2.Node:
 
 
 def test_withheld_processes_are_shown_as_withheld_not_as_none_running() -> None:
-    data = status_view(_node(hidden=True))
+    data = status_view(node_from(_node(hidden=True)))
     assert data["processes_withheld"] is True
     assert [g["processes"] for g in data["gpus"]] == [None, None]
     text = _table(data)
@@ -25,7 +25,7 @@ def test_withheld_processes_are_shown_as_withheld_not_as_none_running() -> None:
 
 
 def test_a_node_without_processes_still_says_none() -> None:
-    data = status_view(_node(hidden=False))
+    data = status_view(node_from(_node(hidden=False)))
     assert data["processes_withheld"] is False
     assert [g["processes"] for g in data["gpus"]] == [[], []]
     assert _table(data).endswith("Processes\n  none")
@@ -43,7 +43,7 @@ def test_health_marks_show_per_gpu_and_instance_with_reason_and_pods() -> None:
     )
     node.gpus[0].condition.since.FromSeconds(1_800_000_000)
     node.gpus[1].condition.CopyFrom(agent_pb2.HealthMark(state=agent_pb2.HEALTH_STATE_HEALTHY))
-    data = status_view(node)
+    data = status_view(node_from(node))
     assert data["gpus"][0]["condition"] == {
         "state": "failed",
         "reason": "XID 79 (GPU has fallen off the bus): needs reboot-node",
@@ -58,7 +58,7 @@ def test_health_marks_show_per_gpu_and_instance_with_reason_and_pods() -> None:
         "needs reboot-node (pods: ml/train-0)"
     ) in text
     node.gpus[1].ClearField("condition")
-    assert status_view(node)["gpus"][1]["condition"] is None  # not judged yet
+    assert status_view(node_from(node))["gpus"][1]["condition"] is None  # not judged yet
 
 
 def test_status_shows_the_allocation_mode_with_its_evidence() -> None:
@@ -70,7 +70,7 @@ def test_status_shows_the_allocation_mode_with_its_evidence() -> None:
             dra_driver="gpu.nvidia.com",
         )
     )
-    data = status_view(node)
+    data = status_view(node_from(node))
     assert data["allocation"] == {
         "mode": "dra",
         "evidence": "ResourceSlices of gpu.nvidia.com on this node list 2 device(s) (2 gpu)",
@@ -78,5 +78,5 @@ def test_status_shows_the_allocation_mode_with_its_evidence() -> None:
     }
     assert "\nAllocation: dra (ResourceSlices of gpu.nvidia.com" in _table(data)
     # An agent from before the field: unknown, and said why (never shown as none).
-    old = status_view(_node(hidden=False))["allocation"]
+    old = status_view(node_from(_node(hidden=False)))["allocation"]
     assert old["mode"] == "unknown" and "older version" in old["evidence"]
