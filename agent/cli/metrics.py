@@ -58,12 +58,12 @@ def metrics(
                 [FieldViolation(g.lstrip("-"), "only without a running agent") for g in given],
             )
     response = client.metrics(openmetrics=openmetrics)
-    if obj.embedded and response.HasField("sample_time"):
+    first = response.sample_time
+    if obj.embedded and first is not None:
         # The agent's first sample has no rates (GPM needs two, a window apart): the next one.
         # (None without a driver: the agent's own series are all there is.)
-        first = response.sample_time.ToNanoseconds()
         deadline = time.monotonic() + _SECOND_SAMPLE_S
-        while response.sample_time.ToNanoseconds() == first and time.monotonic() < deadline:
+        while response.sample_time == first and time.monotonic() < deadline:
             time.sleep(MIN_WINDOW_S)
             response = client.metrics(openmetrics=openmetrics)
     click.echo(response.body.decode(), nl=False)

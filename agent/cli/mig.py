@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -40,11 +40,13 @@ from agent.mig.service import (
 from agent.mig.spec import MigSpec, load_spec
 from agent.mig.state import fetch
 from agent.mig.view import plan_data, plan_text, show_data, show_text
+from agent.wire.operations import MigApplied
 
 if TYPE_CHECKING:
-    from agent._proto.gpuagent.v1 import operations_pb2
     from agent.client import AgentClient
     from agent.gpu.types import GpuLayout
+    from agent.wire.mig import AdvisedGpu
+    from agent.wire.operations import OperationView
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -320,18 +322,18 @@ def _step_line(phase: str, mutation: int, message: str) -> str:
     return message if phase == "done" else f"[{mutation}] {phase}: {message}"
 
 
-def _follow(client: AgentClient, op: operations_pb2.Operation, embedded: bool) -> _Applied:
+def _follow(client: AgentClient, op: OperationView, embedded: bool) -> _Applied:
     """Follow a ``mig.apply`` operation (an apply or a restore) to its end, one line per step.
     Ctrl-C detaches from a running agent's operation, which goes on; an embedded agent stops
     with the command, as ``serve`` stops (an apply is suspended, a restore rolled back)."""
-    from google.protobuf.json_format import MessageToDict
-
     click.echo(f"reconfiguring through the node's agent: {op.name}", err=True)
     printed: set[tuple[str, int, str]] = set()
 
-    def progress(update: Any) -> None:
+    def progress(update: OperationView) -> None:
         # Updates repeat (a forced one per GPU, then the operation's end): one line per step.
-        meta = update.metadata.mig_apply
+        meta = update.mig_progress
+        if meta is None:
+            return
         key = (meta.phase, meta.steps_done, meta.current_step)
         if meta.current_step and key not in printed:
             printed.add(key)
@@ -345,15 +347,15 @@ def _follow(client: AgentClient, op: operations_pb2.Operation, embedded: bool) -
         else:
             click.echo(f"detached from {op.name}; the node's agent carries on with it", err=True)
         raise SystemExit(130) from None
-    result = done.response.mig_apply
-    data = MessageToDict(
-        result, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
+    result = done.mig_result
+    if result is None:  # an agent that answered without the result: nothing was done
+        result = MigApplied("", (), False, (), 0, ())
+    data = plain(result)
     pending = [g.message for g in result.gpus if g.status == "pending"]
     return _Applied(data, _apply_table(result), pending)
 
 
-def _apply_table(result: Any) -> str:
+def _apply_table(result: MigApplied) -> str:
     rows = [[g.gpu_index, g.status, g.kept, g.destroyed, g.created] for g in result.gpus]
     pending = [g.message for g in result.gpus if g.status == "pending"]
     return "\n".join([*result.recovered, format_table(_APPLY_HEADERS, rows), _verdict(pending)])
@@ -416,11 +418,11 @@ def assert_command(
         raise click.exceptions.Exit(1)
 
 
-def _advice_data(response: Any) -> list[dict[str, Any]]:
-    """AdviseMigResponse as plain data: every field written, zeros included."""
+def _advice_data(gpus: Sequence[AdvisedGpu]) -> list[dict[str, Any]]:
+    """The advice as plain data: every field written, zeros included."""
 
-    def counts(items: Any) -> dict[str, int]:
-        return {c.profile: c.count for c in items}
+    def counts(items: Sequence[tuple[str, int]]) -> dict[str, int]:
+        return dict(items)
 
     return [
         {
@@ -457,14 +459,12 @@ def _advice_data(response: Any) -> list[dict[str, Any]]:
                         }
                         for m in p.moves
                     ],
-                    "start_after_moves": (
-                        p.start_after_moves if p.HasField("start_after_moves") else None
-                    ),
+                    "start_after_moves": p.start_after_moves,
                 }
                 for p in g.profiles
             ],
         }
-        for g in response.gpus
+        for g in gpus
     ]
 
 

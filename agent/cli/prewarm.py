@@ -14,11 +14,10 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from agent._proto.gpuagent.v1 import operations_pb2
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, human_bytes, output_option, plain
@@ -33,7 +32,9 @@ from agent.prewarm.model import (
     PullPolicy,
 )
 from agent.prewarm.source import SourceRequest
-from agent.wire.errors import operation_failure
+
+if TYPE_CHECKING:
+    from agent.wire.operations import OperationView
 
 Request = SourceRequest  # a request of any registered kind
 
@@ -50,22 +51,19 @@ class _Terminal:
         self._tty = sys.stderr.isatty()
         self._last = 0.0
 
-    def __call__(self, op: operations_pb2.Operation) -> None:
-        items = op.metadata.prewarm.items
+    def __call__(self, op: OperationView) -> None:
+        items = op.prewarm
         now = time.monotonic()
         done = sum(i.done_bytes for i in items)
-        total = (
-            sum(i.total_bytes for i in items)
-            if all(i.HasField("total_bytes") for i in items)
-            else None
-        )
+        sizes = [i.total_bytes for i in items]
+        total = sum(s for s in sizes if s is not None) if None not in sizes else None
         if not self._tty and now - self._last < 5 and done != total:
             return
         self._last = now
         rate = sum(i.rate_bytes_per_second for i in items)
         shown = human_bytes(total) if total is not None else "?"
         pct = f" {100 * done / total:5.1f}%" if total else ""
-        etas = [i.eta_seconds for i in items if i.HasField("eta_seconds")]
+        etas = [i.eta_seconds for i in items if i.eta_seconds is not None]
         eta = f" ETA {max(etas):.0f}s" if etas else ""
         line = f"{human_bytes(done)} / {shown}{pct} {human_bytes(int(rate))}/s{eta}"
         click.echo(("\r" + line.ljust(60)) if self._tty else line, err=True, nl=not self._tty)
@@ -79,7 +77,7 @@ def _warm(ctx: click.Context, requests: Sequence[Request], wait: bool, output: s
     """Submit the requests as one operation, follow it, render its items; fail as it failed."""
     client = _client(ctx)
     op = client.submit_prewarm(requests)
-    ids = [i.item_id for i in op.metadata.prewarm.items]
+    ids = [i.item_id for i in op.prewarm]
     if wait and not op.done:
         terminal = _Terminal()
         try:
@@ -93,8 +91,8 @@ def _warm(ctx: click.Context, requests: Sequence[Request], wait: bool, output: s
         terminal.close()
     by_id = {i.id: i for i in client.list_prewarm_items()}
     _emit_items([by_id[i] for i in ids if i in by_id], output)
-    if op.done and op.HasField("error"):
-        raise operation_failure(op.error)
+    if op.done and op.error is not None:
+        raise op.error
 
 
 def _record(item: CacheItem) -> dict[str, Any]:

@@ -35,8 +35,9 @@ from agent.power import Change, PowerView
 from agent.prewarm.model import CacheItem
 from agent.prewarm.source import SourceRequest
 from agent.sharing import ApplyResult, PluginConfig, SharingView
-from agent.wire.errors import operation_failure
+from agent.wire.mig import AdvisedGpu, advice_from
 from agent.wire.node import NodeView, node_from
+from agent.wire.operations import OperationView, operation_from
 from agent.wire.power import power_changes_from, power_view_from
 from agent.wire.prewarm import (
     CacheContents,
@@ -45,6 +46,7 @@ from agent.wire.prewarm import (
     prewarm_targets_pb,
 )
 from agent.wire.sharing import set_sharing_request, sharing_change_from, sharing_view_from
+from agent.wire.telemetry import Scrape, scrape_from
 
 __all__ = ["PROBE_AFTER_S", "PROBE_TIMEOUT_S", "AgentClient"]
 
@@ -180,48 +182,47 @@ class AgentClient(Stubs):
         request = telemetry_pb2.GetTelemetrySnapshotRequest(field_ids=list(field_ids))
         return self._call(self._telemetry.GetTelemetrySnapshot, request).snapshot
 
-    def metrics(self, *, openmetrics: bool = False) -> telemetry_pb2.GetMetricsResponse:
+    def metrics(self, *, openmetrics: bool = False) -> Scrape:
         """What the agent's /metrics returns now, with the time of the sample rendered."""
         request = telemetry_pb2.GetMetricsRequest(openmetrics=openmetrics)
-        return self._call(self._telemetry.GetMetrics, request)
+        return scrape_from(self._call(self._telemetry.GetMetrics, request))
 
     # -- operations -------------------------------------------------------------------------------
 
-    def list_operations(
-        self, kind: str = "", done: bool | None = None
-    ) -> list[operations_pb2.Operation]:
+    def list_operations(self, kind: str = "", done: bool | None = None) -> list[OperationView]:
         request = operations_pb2.ListOperationsRequest(kind=kind, done=done)
-        return list(self._call(self._ops.ListOperations, request).operations)
+        answer = self._call(self._ops.ListOperations, request)
+        return [operation_from(op) for op in answer.operations]
 
-    def get_operation(self, name: str) -> operations_pb2.Operation:
+    def get_operation(self, name: str) -> OperationView:
         request = operations_pb2.GetOperationRequest(name=name)
-        return self._call(self._ops.GetOperation, request).operation
+        return operation_from(self._call(self._ops.GetOperation, request).operation)
 
-    def cancel_operation(self, name: str) -> operations_pb2.Operation:
+    def cancel_operation(self, name: str) -> OperationView:
         request = operations_pb2.CancelOperationRequest(name=name)
-        return self._call(self._ops.CancelOperation, request).operation
+        return operation_from(self._call(self._ops.CancelOperation, request).operation)
 
-    def watch_operation(self, name: str) -> Iterator[operations_pb2.Operation]:
+    def watch_operation(self, name: str) -> Iterator[OperationView]:
         """The operation at every change until it is done (no deadline: long work is long)."""
         call = self._ops.WatchOperation(operations_pb2.WatchOperationRequest(name=name))
         with self._watchdog(call.cancel) as verdict:
             try:
                 for answer in call:
-                    yield answer.operation
+                    yield operation_from(answer.operation)
             except grpc.RpcError as exc:
                 if verdict:
                     raise Unreachable(verdict[0]) from None
                 raise domain_error(exc) from None
 
     def follow(
-        self, op: operations_pb2.Operation, on_update: Callable[[Any], None]
-    ) -> operations_pb2.Operation:
+        self, op: OperationView, on_update: Callable[[OperationView], None]
+    ) -> OperationView:
         """Watch an operation to its end, passing each update on; raise its error if it failed."""
         for update in self.watch_operation(op.name):
             on_update(update)
             op = update
-        if op.HasField("error"):
-            raise operation_failure(op.error)
+        if op.error is not None:
+            raise op.error
         return op
 
     # -- MIG --------------------------------------------------------------------------------------
@@ -242,7 +243,7 @@ class AgentClient(Stubs):
         force: bool = False,
         mode_only: bool = False,
         skip_reset: bool = False,
-    ) -> operations_pb2.Operation:
+    ) -> OperationView:
         """Starts the apply; follow it with `watch_operation` or `follow`."""
         request = mig_pb2.ApplyMigRequest(
             config_yaml=config_yaml,
@@ -252,39 +253,37 @@ class AgentClient(Stubs):
             mode_only=mode_only,
             skip_reset=skip_reset,
         )
-        return self._call(self._mig.ApplyMig, request).operation
+        return operation_from(self._call(self._mig.ApplyMig, request).operation)
 
     def export_mig(self, config_name: str = "current") -> str:
         request = mig_pb2.ExportMigRequest(config_name=config_name)
         return self._call(self._mig.ExportMig, request).config_yaml
 
-    def advise_mig(
-        self, gpu_index: int | None = None, profile: str = ""
-    ) -> mig_pb2.AdviseMigResponse:
+    def advise_mig(self, gpu_index: int | None = None, profile: str = "") -> tuple[AdvisedGpu, ...]:
         request = mig_pb2.AdviseMigRequest(gpu_index=gpu_index, profile=profile)
-        return self._call(self._mig.AdviseMig, request)
+        return advice_from(self._call(self._mig.AdviseMig, request))
 
     def restore_mig(
         self, checkpoint: bytes, *, mode_only: bool = False, request_id: str = ""
-    ) -> operations_pb2.Operation:
+    ) -> OperationView:
         """Starts restoring a mig-parted checkpoint; follow it with `follow`."""
         request = mig_pb2.RestoreMigRequest(
             checkpoint=checkpoint, mode_only=mode_only, request_id=request_id
         )
-        return self._call(self._mig.RestoreMig, request).operation
+        return operation_from(self._call(self._mig.RestoreMig, request).operation)
 
     # -- prewarm ----------------------------------------------------------------------------------
 
     def submit_prewarm(
         self, requests: Sequence[SourceRequest], request_id: str = ""
-    ) -> operations_pb2.Operation:
+    ) -> OperationView:
         """Starts warming what ``requests`` ask for (any registered kind, sent as the targets
         the agent reads back into the same requests); follow it with `watch_operation` or
         `follow`."""
         request = prewarm_pb2.SubmitPrewarmRequest(
             targets=prewarm_targets_pb(requests), request_id=request_id
         )
-        return self._call(self._prewarm.SubmitPrewarm, request).operation
+        return operation_from(self._call(self._prewarm.SubmitPrewarm, request).operation)
 
     def list_prewarm_items(self) -> list[CacheItem]:
         request = prewarm_pb2.ListPrewarmItemsRequest()

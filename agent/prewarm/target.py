@@ -5,7 +5,7 @@ Each kind's `Source` declares its `TargetSchema`: its fields by their API name (
 its message in prewarm.proto), each with a type whose rule and refusal are written once
 here; the field that names what to warm (``source``) and how a manifest spells it; how
 checked values become the kind's request (``build``) and back (``values``). The manifest
-parser, the API's conversion (agent/api/convert.py) and the desired file's prewarm part
+parser, the API's conversion (agent/wire/prewarm.py) and the desired file's prewarm part
 (agent/coordinator/control/desired.py) all go through the registered schemas, so a new kind is
 parsed everywhere by declaring its schema (and, for the API, its message in prewarm.proto).
 """

@@ -7,6 +7,7 @@ finished apply as the operation's response.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from agent._proto.gpuagent.v1 import mig_pb2, operations_pb2
 from agent.gpu.types import GpuLayout
@@ -15,6 +16,11 @@ from agent.mig.plan import GpuPlan
 from agent.mig.service import ApplyResult, NodePlan, RecoveryOutcome
 
 __all__ = [
+    "AdvisedGpu",
+    "AdvisedMove",
+    "AdvisedPlacement",
+    "AdvisedProfile",
+    "advice_from",
     "apply_result_pb",
     "gpu_advice_pb",
     "gpu_plan_pb",
@@ -140,4 +146,98 @@ def recovered_apply_pb(outcomes: Sequence[RecoveryOutcome]) -> operations_pb2.Op
             changed=True,
             recovered=[f"GPU {o.gpu}: {o.action} ({o.detail})" for o in outcomes],
         )
+    )
+
+
+# -- advice, back into records, for clients -------------------------------------------------------
+
+Counts = tuple[tuple[str, int], ...]  # (profile, how many more instances fit)
+
+
+@dataclass(frozen=True, slots=True)
+class AdvisedPlacement:
+    start: int
+    size: int
+    #: what would still fit after an instance here
+    fits_after: Counts
+    #: the largest profile still placeable after it ("" when none)
+    largest_after: str
+    recommended: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AdvisedMove:
+    """An existing instance that, moved, would make room for a fragmented profile."""
+
+    profile: str
+    gpu_instance_id: int
+    from_start: int
+    to_start: int
+    busy: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AdvisedProfile:
+    profile: str
+    placements: tuple[AdvisedPlacement, ...]
+    reason: str
+    fragmented: bool
+    moves: tuple[AdvisedMove, ...]
+    #: where the profile would fit once ``moves`` are made; None without moves
+    start_after_moves: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class AdvisedGpu:
+    """`gpu_advice_pb` read back: one GPU's placement advice."""
+
+    gpu_index: int
+    gpu_uuid: str
+    model: str
+    free_slices: tuple[int, ...]
+    memory_slices: int
+    fits_now: Counts
+    profiles: tuple[AdvisedProfile, ...]
+    #: why there is no placement advice (e.g. MIG off), "" when there is
+    note: str
+
+
+def advice_from(response: mig_pb2.AdviseMigResponse) -> tuple[AdvisedGpu, ...]:
+    return tuple(_gpu_advice_from(g) for g in response.gpus)
+
+
+def _counts_from(counts: Sequence[mig_pb2.MigProfileCount]) -> Counts:
+    return tuple((c.profile, c.count) for c in counts)
+
+
+def _gpu_advice_from(g: mig_pb2.GpuMigAdvice) -> AdvisedGpu:
+    return AdvisedGpu(
+        gpu_index=g.gpu_index,
+        gpu_uuid=g.gpu_uuid,
+        model=g.model,
+        free_slices=tuple(g.free_slices),
+        memory_slices=g.memory_slices,
+        fits_now=_counts_from(g.fits_now),
+        profiles=tuple(
+            AdvisedProfile(
+                profile=p.profile,
+                placements=tuple(
+                    AdvisedPlacement(
+                        o.start, o.size, _counts_from(o.fits_after), o.largest_after, o.recommended
+                    )
+                    for o in p.placements
+                ),
+                reason=p.reason,
+                fragmented=p.fragmented,
+                moves=tuple(
+                    AdvisedMove(m.profile, m.gpu_instance_id, m.from_start, m.to_start, m.busy)
+                    for m in p.moves
+                ),
+                start_after_moves=(
+                    p.start_after_moves if p.HasField("start_after_moves") else None
+                ),
+            )
+            for p in g.profiles
+        ),
+        note=g.note,
     )

@@ -6,20 +6,27 @@ so a stored operation reads back as the message it was.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
 
 from agent._proto.gpuagent.v1 import operations_pb2, types_pb2
-from agent.errors import FieldViolation, InvalidSpec
+from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.redact import redact_text
 from agent.state import Operation
-from agent.wire.errors import recorded_code
+from agent.wire.errors import operation_failure, recorded_code
 from agent.wire.timestamps import timestamp
 
 __all__ = [
     "OPERATION_PREFIX",
+    "ItemProgress",
+    "MigApplied",
+    "MigGpuOutcome",
+    "MigProgress",
+    "OperationView",
     "message_dict",
+    "operation_from",
     "operation_id_from",
     "operation_name",
     "operation_pb",
@@ -34,6 +41,9 @@ _OP_STATES = {
     "failed": operations_pb2.OPERATION_STATE_FAILED,
     "cancelled": operations_pb2.OPERATION_STATE_CANCELLED,
 }
+
+
+_OP_STATES_FROM = {pb: state for state, pb in _OP_STATES.items()}
 
 
 def operation_name(op_id: str) -> str:
@@ -91,3 +101,119 @@ def operation_pb(op: Operation) -> operations_pb2.Operation:
 def message_dict(message: Any) -> dict[str, Any]:
     """A message as the JSON dict we store (proto field names, defaults left out)."""
     return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+# -- back into records, for clients ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ItemProgress:
+    """How far one item of a prewarm got."""
+
+    item_id: str
+    done_bytes: int
+    #: None while the item's size is not known
+    total_bytes: int | None
+    rate_bytes_per_second: float
+    #: None while the rate gives no estimate
+    eta_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class MigProgress:
+    """Where a MIG apply (or restore) is: its phase and the mutation being made."""
+
+    config_name: str
+    phase: str
+    steps_done: int
+    current_step: str
+
+
+@dataclass(frozen=True, slots=True)
+class MigGpuOutcome:
+    """What an apply did to one GPU (the fields, in order, of the API's MigGpuOutcome)."""
+
+    gpu_index: int
+    gpu_uuid: str
+    #: unchanged, applied, or pending (the MIG mode waits for a reset or a reboot: ``message``)
+    status: str
+    kept: int
+    destroyed: int
+    created: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class MigApplied:
+    """What a MIG apply did (the fields, in order, of the API's MigApplyResult)."""
+
+    config_name: str
+    changed_gpu_uuids: tuple[str, ...]
+    changed: bool
+    gpus: tuple[MigGpuOutcome, ...]
+    mutations: int
+    #: what finishing an earlier, interrupted apply did first, in words
+    recovered: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OperationView:
+    """An operation as a client follows it: its state, its kind's progress, how it ended."""
+
+    name: str
+    kind: str
+    #: pending, running, succeeded, failed or cancelled (the state store's names)
+    state: str
+    done: bool
+    #: the domain error it ended with; None unless it failed or was cancelled
+    error: AgentError | None
+    #: a prewarm's items ((): another kind)
+    prewarm: tuple[ItemProgress, ...]
+    #: a MIG apply's progress (None: another kind)
+    mig_progress: MigProgress | None
+    #: what a MIG apply did, once it succeeded
+    mig_result: MigApplied | None
+
+
+def operation_from(op: operations_pb2.Operation) -> OperationView:
+    """`operation_pb` read back, for clients; an unknown state reads as "pending"."""
+    meta = op.metadata
+    mig = meta.mig_apply if meta.HasField("mig_apply") else None
+    result = op.response.mig_apply if op.response.HasField("mig_apply") else None
+    return OperationView(
+        name=op.name,
+        kind=op.kind,
+        state=_OP_STATES_FROM.get(op.state, "pending"),
+        done=op.done,
+        error=operation_failure(op.error) if op.HasField("error") else None,
+        prewarm=tuple(
+            ItemProgress(
+                i.item_id,
+                i.done_bytes,
+                i.total_bytes if i.HasField("total_bytes") else None,
+                i.rate_bytes_per_second,
+                i.eta_seconds if i.HasField("eta_seconds") else None,
+            )
+            for i in meta.prewarm.items
+        ),
+        mig_progress=None
+        if mig is None
+        else MigProgress(mig.config_name, mig.phase, mig.steps_done, mig.current_step),
+        mig_result=None if result is None else _mig_applied(result),
+    )
+
+
+def _mig_applied(result: operations_pb2.MigApplyResult) -> MigApplied:
+    return MigApplied(
+        config_name=result.config_name,
+        changed_gpu_uuids=tuple(result.changed_gpu_uuids),
+        changed=result.changed,
+        gpus=tuple(
+            MigGpuOutcome(
+                g.gpu_index, g.gpu_uuid, g.status, g.kept, g.destroyed, g.created, g.message
+            )
+            for g in result.gpus
+        ),
+        mutations=result.mutations,
+        recovered=tuple(result.recovered),
+    )

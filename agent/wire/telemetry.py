@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 
 from agent._proto.gpuagent.v1 import telemetry_pb2
 from agent.telemetry.snapshot import Entity, Snapshot
-from agent.wire.timestamps import timestamp
+from agent.wire.timestamps import seconds, timestamp
 from dcgm.fields import BY_ID
 
-__all__ = ["snapshot_pb"]
+__all__ = ["Scrape", "scrape_from", "snapshot_pb"]
 
 
 def _entity_pb(entity: Entity) -> telemetry_pb2.TelemetryEntity:
@@ -61,3 +62,18 @@ def snapshot_pb(
             sm_utilization=usage.sm_utilization,
         )
     return msg
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    """What the agent's /metrics returns now (GetMetrics)."""
+
+    body: bytes
+    content_type: str
+    #: when the sample rendered was taken; None while there is none (no driver)
+    sample_time: float | None
+
+
+def scrape_from(response: telemetry_pb2.GetMetricsResponse) -> Scrape:
+    sample = seconds(response.sample_time) if response.HasField("sample_time") else None
+    return Scrape(response.body, response.content_type, sample)

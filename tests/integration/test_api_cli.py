@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import yaml
 
-from agent._proto.gpuagent.v1 import operations_pb2
 from agent.cli.status import status_view
 from agent.client import AgentClient
 from agent.dra.detect import NO_API
@@ -254,8 +253,8 @@ def test_the_client_follows_a_mig_apply_and_rebuilds_domain_errors(tmp_path: Pat
         assert [g.gpu_index for g in plan.gpus] == [1]
         op = client.apply_mig(one_gpu % "3g.40gb: 2", request_id="cli-1")
         states = list(client.watch_operation(op.name))
-        assert states[-1].done and states[-1].state == operations_pb2.OPERATION_STATE_SUCCEEDED
-        assert any(s.metadata.mig_apply.steps_done for s in states)  # progress was streamed
+        assert states[-1].done and states[-1].state == "succeeded"
+        assert any(s.mig_progress.steps_done for s in states)  # progress was streamed
         assert "3g.40gb: 2" in client.export_mig()
         with pytest.raises(Conflict) as infeasible:
             client.apply_mig(one_gpu % "7g.80gb: 2")
@@ -300,7 +299,7 @@ def test_mig_apply_goes_through_the_running_agent_as_an_operation(tmp_path: Path
         client = AgentClient(agent.socket)
         try:
             ops = client.list_operations(kind="mig.apply")
-            assert [op.state for op in ops] == [operations_pb2.OPERATION_STATE_SUCCEEDED]
+            assert [op.state for op in ops] == ["succeeded"]
             # GetNode serves the inventory the agent refreshes in the background (the sampler's
             # snapshot, every second): a snapshot taken mid-apply is replaced by the next one.
             want = ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]

@@ -169,9 +169,9 @@ def test_a_static_apply_succeeds_once_the_driver_republished_the_new_devices(
         phases: list[str] = []
         done = client.follow(
             client.apply_mig(CONFIG, "gpu0-1g"),
-            lambda op: phases.append(op.metadata.mig_apply.phase),
+            lambda op: phases.append(op.mig_progress.phase),
         )
-        assert not done.HasField("error"), done.error
+        assert done.error is None, done.error
         # Success came after the plugin's restart and its new slice, never before it.
         assert plugin.restarts == 1 and plugin.publishes == 2
         assert "republish" in phases
@@ -246,7 +246,7 @@ def test_a_device_plugin_node_applies_as_before_and_follows_a_driver_that_appear
         assert allocation.mode == AllocationMode.DEVICE_PLUGIN
         assert allocation.evidence == "Node allocatable nvidia.com/gpu=8"
         done = client.follow(client.apply_mig(CONFIG, "gpu0-1g"), lambda _: None)
-        assert not done.HasField("error")
+        assert done.error is None
         assert not [r for r in node_api.requests if r.method == "DELETE"]  # no plugin restart
         # A DynamicMIG driver starts on the node: seen through the watch, and MIG is refused.
         FakeDraPlugin(node_api, NODE, tmp_path / "state", dynamic_mig=True).start()
@@ -269,7 +269,7 @@ def test_a_cancel_while_waiting_for_the_driver_rolls_the_apply_back(
     with start(tmp_path, republish_timeout_s=60) as agent, closing(AgentClient(agent.socket)) as c:
         op = c.apply_mig(CONFIG, "gpu0-1g")
         wait_for(
-            lambda: c.get_operation(op.name).metadata.mig_apply.phase == "republish",
+            lambda: c.get_operation(op.name).mig_progress.phase == "republish",
             "the wait for the driver",
             10,
         )

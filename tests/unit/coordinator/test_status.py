@@ -47,7 +47,7 @@ def _node(idle: tuple[float | None, ...] = (10.0, 7200.0, 3600.0)) -> agent_pb2.
 
 
 def test_what_planning_needs_of_a_layout_survives_the_trip_through_the_api() -> None:
-    """The CLI's MIG reads and the coordinator plan on these records (agent/client/layouts.py);
+    """The CLI's MIG reads and the coordinator plan on these records (agent/wire/node.py);
     generate-config orders profiles by their NVML constant, so it must come through too."""
     layout = gpu("a", 0, H100, [("3g.40gb", 4, (1, 1, 1))], busy=[(5, 1)])
     back = layout_from(gpu_pb(layout))

@@ -67,7 +67,7 @@ def test_an_entry_gets_mig_parteds_verdict(case: dict[str, Any]) -> None:
 
 
 def test_a_subsystem_filter_selects_the_same_gpus_through_the_api() -> None:
-    """plan and assert read the node through the API (agent/client/layouts.py), apply reads the
+    """plan and assert read the node through the API (agent/wire/node.py), apply reads the
     driver: the subsystem id must survive the conversion, or the filter matches nothing there."""
     spec = parse_spec(
         one_entry(
