@@ -267,27 +267,10 @@ def recorded_code(record: Mapping[str, Any]) -> int:
 
 # -- decoding: a status (or a failed operation) back into the domain error --------------------
 
-#: Error class by the name the server sends in its ErrorInfo.
+#: Error class by the name the server sends in its ErrorInfo: every class a rule encodes, and
+#: the subclasses sent under their base's rule.
 BY_NAME: Mapping[str, type[AgentError]] = {
-    cls.__name__: cls
-    for cls in (
-        AgentError,
-        Busy,
-        Cancelled,
-        Conflict,
-        DeviceLost,
-        DigestMismatch,
-        DiskFull,
-        DriverNotReady,
-        DriverUnavailable,
-        FetchFailed,
-        InvalidSpec,
-        ModeRefused,
-        NotFound,
-        NotSupported,
-        PermissionDenied,
-        StateUnavailable,
-    )
+    cls.__name__: cls for cls in (*(rule.error for rule in _RULES), DigestMismatch)
 }
 #: Without an ErrorInfo (a status from grpc itself), go by the code.
 BY_CODE: Mapping[grpc.StatusCode, type[AgentError]] = {

@@ -25,6 +25,7 @@ __all__ = [
     "gpu_advice_pb",
     "gpu_plan_pb",
     "node_plan_pb",
+    "plan_status_of",
     "recovered_apply_pb",
 ]
 
@@ -34,6 +35,15 @@ _STATUS = {
     "blocked": mig_pb2.MIG_PLAN_STATUS_BLOCKED,
     "infeasible": mig_pb2.MIG_PLAN_STATUS_INFEASIBLE,
 }
+
+
+_STATUS_FROM = {pb: status for status, pb in _STATUS.items()}
+
+
+def plan_status_of(status: mig_pb2.MigPlanStatus) -> str:
+    """A GPU plan's status as the domain names it (`GpuPlan.status`); "unknown" for a value
+    this client does not know."""
+    return _STATUS_FROM.get(status, "unknown")
 
 
 def gpu_plan_pb(plan: GpuPlan) -> mig_pb2.GpuMigPlan:

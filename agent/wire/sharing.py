@@ -1,9 +1,10 @@
 """SharingService on the wire: the device plugin's sharing config, what it advertises, its
 reloads, and a DRA node's DeviceClasses.
 
-The agent answers with the ``*_pb`` functions; clients read the answers back into the same
-records (`sharing_view_from`, `sharing_change_from`), and ask for a config with
-`set_sharing_request`.
+The agent reads a SetSharingRequest with `requested_config` (the coordinator's dry run
+predicts the agent's answer with the same function) and answers with the ``*_pb`` functions;
+clients read the answers back into the same records (`sharing_view_from`,
+`sharing_change_from`), and ask for a config with `set_sharing_request`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from agent._proto.gpuagent.v1 import sharing_pb2, types_pb2
 from agent.dra.mode import Allocation, AllocationMode
-from agent.errors import FieldViolation
+from agent.errors import FieldViolation, InvalidSpec
 from agent.sharing import Advertised, ApplyResult, PluginConfig, ReloadReport, SharingView, parse
 from agent.sharing.reload import Pickup, StatusRecord
 from agent.sharing.schema import render
@@ -23,6 +24,7 @@ from agent.wire.timestamps import seconds, timestamp
 
 __all__ = [
     "dra_pb",
+    "requested_config",
     "set_sharing_request",
     "sharing_change_from",
     "sharing_change_pb",
@@ -141,6 +143,57 @@ def dra_pb(view: DraView) -> sharing_pb2.DraSharing:
         ],
         notes=violations_pb(view.notes),
         error=view.error,
+    )
+
+
+# -- requests -------------------------------------------------------------------------------------
+
+_MAX_YAML = 1024 * 1024
+
+_SPEC_SECTIONS = {
+    sharing_pb2.SHARING_STRATEGY_TIME_SLICING: "timeSlicing",
+    sharing_pb2.SHARING_STRATEGY_MPS: "mps",
+}
+
+
+def _document_from(spec: sharing_pb2.SharingSpec) -> dict[str, object]:
+    """A SharingSpec as a document in the plugin's schema, so it goes through the one parser
+    and the one validator, as the CLI's flags do."""
+    section_key = _SPEC_SECTIONS.get(spec.strategy)
+    bad = []
+    if section_key is None:
+        bad.append(FieldViolation("spec.strategy", "must be TIME_SLICING or MPS"))
+    if not spec.resources:
+        bad.append(FieldViolation("spec.resources", "give at least one resource"))
+    if bad:
+        raise InvalidSpec("the sharing spec is incomplete", bad)
+    section: dict[str, object] = {
+        "renameByDefault": spec.rename_by_default,
+        "resources": [{"name": r.name, "replicas": r.replicas} for r in spec.resources],
+    }
+    if spec.HasField("fail_requests_greater_than_one"):
+        section["failRequestsGreaterThanOne"] = spec.fail_requests_greater_than_one
+    doc: dict[str, object] = {"version": "v1", "sharing": {section_key: section}}
+    if spec.mig_strategy:
+        doc["flags"] = {"migStrategy": spec.mig_strategy}
+    return doc
+
+
+def requested_config(request: sharing_pb2.SetSharingRequest) -> PluginConfig:
+    """The config ``request`` asks for (before it is laid over the node's file); InvalidSpec
+    naming the request field when it is malformed."""
+    which = request.WhichOneof("config")
+    if which == "spec":
+        return parse(_document_from(request.spec))
+    if which == "config_yaml":
+        if len(request.config_yaml) > _MAX_YAML:
+            raise InvalidSpec(
+                "config_yaml is too large",
+                [FieldViolation("config_yaml", f"at most {_MAX_YAML} bytes")],
+            )
+        return parse(request.config_yaml, "config_yaml")
+    raise InvalidSpec(
+        "SetSharing needs a config", [FieldViolation("config", "set spec or config_yaml")]
     )
 
 

@@ -143,6 +143,7 @@ def _prewarm_spec(
                 [FieldViolation("header_files", "HEADER=PATH")],
             )
         headers[key] = path
+    fields: dict[str, Any]
     if source == "image":
         if headers:
             raise InvalidSpec(
@@ -150,7 +151,7 @@ def _prewarm_spec(
                 "registry credentials",
                 [FieldViolation("header_files", "only with --url or --model")],
             )
-        return prewarm_spec(
+        kind, fields = (
             "image",
             {
                 "ref": sources["image"] or "",
@@ -159,8 +160,8 @@ def _prewarm_spec(
                 "pin": pin,
             },
         )
-    if source == "url":
-        return prewarm_spec(
+    elif source == "url":
+        kind, fields = (
             "file",
             {
                 "url": sources["url"] or "",
@@ -170,20 +171,24 @@ def _prewarm_spec(
                 "header_files": headers,
             },
         )
-    model = {
-        "repo": sources["model"] or "",
-        "revision": extras["revision"],
-        "endpoint": extras["endpoint"],
-        "include": list(extras["include"]),
-        "name": name,
-        "pin": pin,
-        "header_files": headers,
-    }
+    else:
+        kind, fields = (
+            "model",
+            {
+                "repo": sources["model"] or "",
+                "revision": extras["revision"],
+                "endpoint": extras["endpoint"],
+                "include": list(extras["include"]),
+                "name": name,
+                "pin": pin,
+                "header_files": headers,
+            },
+        )
     # Fields named as the options are: --model is the repo.
     bad = [
         FieldViolation(_MODEL_OPTION.get(v.field, v.field.removeprefix("model.")), v.description)
-        for v in target_violations("model", model)
+        for v in target_violations(kind, fields)
     ]
     if bad:
         raise InvalidSpec(f"--model: {bad[0].field}: {bad[0].description}", bad)
-    return prewarm_spec("model", model)
+    return prewarm_spec(kind, fields)

@@ -33,20 +33,15 @@ from agent.errors import AgentError
 from agent.gpu.types import GpuLayout, PowerLimits
 from agent.power.plan import GpuPower, resolve
 from agent.power.spec import parse as parse_power
-from agent.sharing.request import requested_config
 from agent.sharing.schema import PluginConfig, merge, parse, to_document
 from agent.sharing.validate import violations
+from agent.wire.mig import plan_status_of
 from agent.wire.node import layout_from
+from agent.wire.sharing import requested_config
 
 __all__ = ["NodePreview", "action_for", "preview"]
 
 _CANCEL_TIMEOUT_S = 5.0
-_PLAN_STATUS = {
-    mig_pb2.MIG_PLAN_STATUS_UNCHANGED: "unchanged",
-    mig_pb2.MIG_PLAN_STATUS_CHANGE: "change",
-    mig_pb2.MIG_PLAN_STATUS_BLOCKED: "blocked",
-    mig_pb2.MIG_PLAN_STATUS_INFEASIBLE: "infeasible",
-}
 
 
 def mig_config(record: RolloutRecord, node: str) -> tuple[str, str]:
@@ -116,11 +111,11 @@ class MigApply(_Base):
         client = self.client(node)
         text, name = mig_config(self.record, node)
         plan = await client.plan_mig(text, name)
-        statuses = {_PLAN_STATUS.get(g.status, "unknown") for g in plan.gpus}
+        statuses = {plan_status_of(g.status) for g in plan.gpus}
         if statuses <= {"unchanged"}:
             return NodeResult(NodeState.UNCHANGED, "already as asked")
         refused = [
-            f"GPU {g.gpu_index}: {_PLAN_STATUS.get(g.status)} "
+            f"GPU {g.gpu_index}: {plan_status_of(g.status)} "
             f"{g.infeasible_reason or '; '.join(f'{b.pid} on {b.instance}' for b in g.blockers)}"
             for g in plan.gpus
             if g.status in (mig_pb2.MIG_PLAN_STATUS_BLOCKED, mig_pb2.MIG_PLAN_STATUS_INFEASIBLE)
@@ -211,7 +206,7 @@ async def _preview_mig(client: AgentClient, record: RolloutRecord, node: str) ->
     gpus = tuple(
         {
             "gpu": g.gpu_index,
-            "status": _PLAN_STATUS.get(g.status, "unknown"),
+            "status": plan_status_of(g.status),
             "keep": list(g.keep),
             "destroy": list(g.destroy),
             "create": list(g.create),

@@ -14,7 +14,7 @@ from google.protobuf import json_format
 from agent._proto.gpuagent.v1 import prewarm_pb2, sharing_pb2
 from agent.coordinator.rollout.targets import model_violations
 from agent.errors import FieldViolation
-from agent.sharing.request import requested_config
+from agent.wire.sharing import requested_config
 
 __all__ = ["prewarm_spec", "sharing_spec", "target_violations"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from agent._proto.gpuagent.v1 import sharing_pb2
 from agent.coordinator.rollout.actions import sharing_preview
-from agent.sharing.request import requested_config
 from agent.sharing.schema import PluginConfig, parse, render
+from agent.wire.sharing import requested_config
 from tests.unit.coordinator.fleets import gpu
 
 TS2 = """\
