@@ -2,8 +2,9 @@
 
 `AgentClient` (sync, the CLI over the node's socket) and `AsyncAgentClient` (asyncio, the
 coordinator over mTLS) share their channel settings and stubs (base.py), method names and
-requests; they answer in the domain's records, converted by agent/wire, and raise the
-agent's domain errors (agent/wire/errors.py).
+requests, and raise the agent's domain errors (agent/wire/errors.py). The sync client takes
+domain values and answers in records (converted by agent/wire), so the CLI never sees a
+message; the asyncio one still answers the coordinator's reads in messages.
 """
 
 from agent.client.aio import AsyncAgentClient
