@@ -214,6 +214,16 @@ def test_the_cli_is_imported_by_nothing() -> None:
     assert found == []
 
 
+def test_the_cli_reaches_the_agent_only_through_the_client() -> None:
+    """No servicer, no generated message: the client answers the CLI in records (agent/wire)."""
+    found = [
+        f"{rel} imports {m}"
+        for rel, here, m, _ in _edges()
+        if here == "cli" and any(_within(m, p) for p in NEVER_MODULES["cli"])
+    ]
+    assert found == []
+
+
 def test_the_known_exceptions_are_still_there() -> None:
     """An exception that is gone leaves this list and docs/architecture.md."""
     seen = {(rel, module) for rel, _, module, _ in _edges()}
