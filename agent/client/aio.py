@@ -25,6 +25,10 @@ from agent._proto.gpuagent.v1 import (
 )
 from agent.client.base import ClientTls, Stubs, channel_options
 from agent.client.errors import Unreachable, domain_error
+from agent.power import Change, PowerView
+from agent.sharing import ApplyResult, SharingView
+from agent.wire.power import power_changes_from, power_view_from
+from agent.wire.sharing import sharing_change_from, sharing_view_from
 
 __all__ = ["AsyncAgentClient"]
 
@@ -113,32 +117,29 @@ class AsyncAgentClient(Stubs):
         )
         return response
 
-    async def get_power(self) -> power_pb2.GetPowerResponse:
+    async def get_power(self) -> PowerView:
         response: power_pb2.GetPowerResponse = await self._call(
             self._power.GetPower, power_pb2.GetPowerRequest()
         )
-        return response
+        return power_view_from(response)
 
-    async def apply_power(
-        self, spec_yaml: str, request_id: str = ""
-    ) -> list[power_pb2.PowerChange]:
+    async def apply_power(self, spec_yaml: str, request_id: str = "") -> list[Change]:
         request = power_pb2.ApplyPowerRequest(spec_yaml=spec_yaml, request_id=request_id)
         response: power_pb2.ApplyPowerResponse = await self._call(self._power.ApplyPower, request)
-        return list(response.changes)
+        return power_changes_from(response.changes)
 
-    async def get_sharing(self) -> sharing_pb2.GetSharingResponse:
+    async def get_sharing(self) -> SharingView:
         response: sharing_pb2.GetSharingResponse = await self._call(
             self._sharing.GetSharing, sharing_pb2.GetSharingRequest()
         )
-        return response
+        return sharing_view_from(response)
 
-    async def set_sharing(
-        self, request: sharing_pb2.SetSharingRequest
-    ) -> sharing_pb2.SharingChange:
+    async def set_sharing(self, request: sharing_pb2.SetSharingRequest) -> ApplyResult:
+        """``request``: as a rollout record keeps it (agent.coordinator.rollout.specs)."""
         response: sharing_pb2.SetSharingResponse = await self._call(
             self._sharing.SetSharing, request
         )
-        return response.change
+        return sharing_change_from(response.change)
 
     async def submit_prewarm(
         self, targets: Sequence[prewarm_pb2.PrewarmTarget], request_id: str = ""

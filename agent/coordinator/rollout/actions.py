@@ -30,10 +30,10 @@ from agent.coordinator.rollout.record import RolloutRecord
 from agent.coordinator.rollout.schedule import NodeState
 from agent.coordinator.rollout.targets import target_name
 from agent.errors import AgentError
-from agent.gpu.types import GpuLayout, PowerLimits
-from agent.power.plan import GpuPower, resolve
+from agent.gpu.types import GpuLayout
+from agent.power.plan import resolve
 from agent.power.spec import parse as parse_power
-from agent.sharing.schema import PluginConfig, merge, parse, to_document
+from agent.sharing.schema import PluginConfig, merge, to_document
 from agent.sharing.validate import violations
 from agent.wire.mig import plan_status_of
 from agent.wire.node import layout_from
@@ -135,7 +135,7 @@ class ShareApply(_Base):
         change = await self.client(node).set_sharing(sharing_request(self.record, node))
         if not change.changed:
             return NodeResult(NodeState.UNCHANGED, "already as asked")
-        reload = change.reload.detail if change.HasField("reload") else ""
+        reload = change.reload.detail if change.reload is not None else ""
         return NodeResult(NodeState.SUCCEEDED, reload or "config written")
 
 
@@ -228,7 +228,7 @@ async def _preview_mig(client: AgentClient, record: RolloutRecord, node: str) ->
 async def _preview_share(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:
     requested = requested_config(sharing_request(record, node))
     now, inventory = await asyncio.gather(client.get_sharing(), client.node())
-    current = parse(now.config.config_yaml) if now.exists else None
+    current = now.config if now.exists else None
     return sharing_preview(node, requested, current, [layout_from(g) for g in inventory.gpus])
 
 
@@ -288,22 +288,14 @@ def _changed_keys(before: Mapping[str, Any], after: Mapping[str, Any], at: str =
 async def _preview_power(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:
     """The agent's own check on paper: the spec against each GPU's range (agent.power.plan)."""
     view = await client.get_power()
-    gpus = [
-        GpuPower(
-            g.index,
-            g.uuid,
-            g.name,
-            PowerLimits(g.min_mw, g.max_mw, g.default_mw, g.current_mw, g.enforced_mw),
-        )
-        for g in view.gpus
-    ]
+    gpus = list(view.gpus)
     spec_yaml = record.spec["spec_yaml"]
     targets, problems = resolve(parse_power(spec_yaml), gpus)
     if problems:
         why = "; ".join(f"{p.field}: {p.description}" for p in problems)
         return NodePreview(node, "refused", why)
     changing = [t for t in targets if t.changes]
-    if not changing and view.spec_yaml == spec_yaml:
+    if not changing and view.spec_text == spec_yaml:
         return NodePreview(node, "unchanged", f"{len(targets)} GPU(s) capped as asked")
     return NodePreview(node, "change", f"{len(changing)}/{len(gpus)} GPU(s) change")
 
