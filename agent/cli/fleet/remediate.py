@@ -113,10 +113,9 @@ def remediate(
       gpu-agent fleet remediate gpu-node-7 --kubernetes
       gpu-agent fleet remediate gpu-node-7 --gpu 3 --apply --kubernetes
     """
-    from agent.coordinator.fleet.health import FAILED, gpu_marks
     from agent.coordinator.fleet.selector import Selector
     from agent.coordinator.flows import select
-    from agent.coordinator.rollout.remediate import plan_remedy, run_remedy
+    from agent.coordinator.rollout.remediate import remedy_for, run_remedy
 
     options = options_from(kwargs)
     kube = None
@@ -130,13 +129,9 @@ def remediate(
         if not view.reachable:
             raise NotFound(f"the agent of {node} does not answer: {view.error}")
         client = fleet.client(selection.targets[node])
-        answer = await client.node()
-        failing = [m.index for m in gpu_marks(answer.gpus) if m.state == FAILED]
-        chosen = [gpu_index] if gpu_index is not None else failing
-        attributed = {i: sorted(await client.pods_on([i])) for i in chosen}
-        remedy = plan_remedy(node, answer, gpu_index, attributed)
+        remedy, withheld = await remedy_for(client, node, gpu_index)
         notes = []
-        if answer.processes_hidden:
+        if withheld:
             notes.append(
                 "the agent withholds pods from this identity (read role): only the pods the "
                 "marks name are listed"

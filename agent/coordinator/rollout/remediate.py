@@ -28,7 +28,7 @@ from agent.coordinator.fleet.health import ACTIONS, FAILED, HEALTHY, GpuMark, gp
 from agent.coordinator.rollout.drain import DrainApi, evict
 from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec, NotSupported
 
-__all__ = ["GpuRemedy", "Outcome", "Remedy", "plan_remedy", "run_remedy"]
+__all__ = ["GpuRemedy", "Outcome", "Remedy", "plan_remedy", "remedy_for", "run_remedy"]
 
 RESET, REBOOT, RESTART = "reset-gpu", "reboot-node", "restart-application"
 #: the actions this command takes, weakest first (a GPU with several failed marks takes the
@@ -105,6 +105,17 @@ def _action(mark: GpuMark) -> str:
                 f"`fleet remediate` takes {', '.join(TAKEN)}"
             )
     return max(asked, key=TAKEN.index)
+
+
+async def remedy_for(client: AgentClient, node: str, gpu: int | None) -> tuple[Remedy, bool]:
+    """The remedy for ``gpu`` (None: every failed GPU) of ``node``, from what its agent says
+    now (the marks, and the pods it attributes to each GPU); and whether the agent withholds
+    pods from this identity, so only the pods the marks name are known."""
+    answer = await client.node()
+    failing = [m.index for m in gpu_marks(answer.gpus) if m.state == FAILED]
+    chosen = [gpu] if gpu is not None else failing
+    attributed = {i: sorted(await client.pods_on([i])) for i in chosen}
+    return plan_remedy(node, answer, gpu, attributed), answer.processes_hidden
 
 
 def plan_remedy(
