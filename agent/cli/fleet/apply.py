@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import click
 
@@ -18,9 +18,6 @@ from agent.cli.render import output_option
 from agent.errors import FieldViolation, InvalidSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
-    pass
 
 
 @click.group("apply", cls=AgentGroup)
