@@ -268,8 +268,13 @@ class Sampler:
             except Exception:
                 self._stats.error("sampler")
                 log.exception("telemetry collection failed; serving the previous snapshot")
-            # Fixed rate; after an overrun, skip the missed ticks rather than bursting.
-            deadline = max(deadline + interval, self._clock())
+            # Fixed rate; after an overrun, skip the missed ticks rather than bursting. A tick
+            # woken early (``wake``) that ended before the deadline leaves it where it is: moving
+            # it on per woken tick put a burst of N wake-ups N intervals ahead (after a run of
+            # API changes, no snapshot for as many seconds).
+            now = self._clock()
+            if now >= deadline:
+                deadline = max(deadline + interval, now)
 
     # -- one tick ---------------------------------------------------------------------------------
 

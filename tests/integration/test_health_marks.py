@@ -133,14 +133,21 @@ def test_a_fatal_xid_fails_the_gpu_everywhere_naming_the_pod_then_clears_after_t
         assert series[("0", "", "failed")] == 1.0 and series[("0", "", "healthy")] == 0.0
         assert series[("1", "", "healthy")] == 1.0
         rule = f"gpu-agent.{NODE}.{NODE}.gpu-0"
-        # the pass writes labels, condition, taint, then the DRA device taint: wait for the last
-        wait_for(lambda: rule in api.taint_rules, "the DRA device taint", 5)
+        ours = {"key": "gpu-agent.io/health", "value": "failed", "effect": "NoSchedule"}
+        # A pass writes labels, condition and taint from the marks it read at its start, then
+        # the DRA device taints from the marks as they are then: a pass that began just before
+        # the XID writes the DRA taint first, and the next pass (woken by the change) the
+        # rest. So wait for both the Node's taint and the DRA device taint.
+        wait_for(
+            lambda: rule in api.taint_rules and ours in api.node_taints[NODE],
+            "the Node taint and the DRA device taint",
+            5,
+        )
         assert api.nodes[NODE]["gpu-agent.io/health"] == "failed"
         assert api.nodes[NODE]["gpu-agent.io/health.failed-gpus"] == "1"
         assert api.nodes[NODE]["gpu-agent.io/health.healthy-gpus"] == "7"
         (condition,) = [c for c in api.node_conditions[NODE] if c["type"] == "GPUHealthy"]
         assert condition["status"] == "False" and "GPU 0 failed: XID 79" in condition["message"]
-        ours = {"key": "gpu-agent.io/health", "value": "failed", "effect": "NoSchedule"}
         assert api.node_taints[NODE] == [OTHER_TAINT, ours]
         assert list(api.taint_rules) == [rule]
         assert api.taint_rules[rule]["spec"]["deviceSelector"]["device"] == "gpu-0"
@@ -157,7 +164,11 @@ def test_a_fatal_xid_fails_the_gpu_everywhere_naming_the_pod_then_clears_after_t
         assert time.time() - raised >= HOLD_DOWN_S
         reason = _gpu(agent.socket, 0).condition.reason
         assert re.fullmatch(r"healthy: no new error for \d+ s since XID 79 .*", reason), reason
-        wait_for(lambda: not api.taint_rules, "the DRA device taint removed", 5)
+        wait_for(  # both, as above: one pass may remove the DRA taint before the Node's
+            lambda: not api.taint_rules and ours not in api.node_taints[NODE],
+            "the Node taint and the DRA device taint removed",
+            5,
+        )
         assert api.nodes[NODE]["gpu-agent.io/health"] == "healthy"
         assert api.node_taints[NODE] == [OTHER_TAINT]
         (condition,) = [c for c in api.node_conditions[NODE] if c["type"] == "GPUHealthy"]

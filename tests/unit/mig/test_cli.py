@@ -35,13 +35,18 @@ Invoke = Callable[..., Result]
 
 
 def _invoker(tmp_path: Path, preset: str) -> Invoke:
-    """Runs ``gpu-agent --simulate PRESET --state-dir TMP mig ARGS``; FILE is the config above."""
+    """Runs ``gpu-agent --simulate PRESET --state-dir TMP mig ARGS``; FILE is the config above.
+
+    The environment is empty but for the latency model turned off (these tests are about what
+    the commands say and do, not how long a reconfiguration takes; with it on, each apply on
+    the 8-GPU node slept ~14 s)."""
     config = tmp_path / "mig.yaml"
     if not config.exists():
         config.write_text(CONFIG)
 
     def invoke(*args: str, stdin: str | None = None) -> Result:
-        obj = CliContext(None, {"simulate": preset, "state_dir": tmp_path}, env={})
+        env = {"GPU_AGENT_SIMULATE_LATENCY": "false"}
+        obj = CliContext(None, {"simulate": preset, "state_dir": tmp_path}, env=env)
         try:
             argv = [a.replace("FILE", str(config)) for a in args]
             return CliRunner().invoke(mig, argv, obj=obj, input=stdin)

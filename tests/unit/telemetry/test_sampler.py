@@ -375,6 +375,35 @@ def test_fresh_waits_for_a_snapshot_taken_after_the_call(tmp_path: Path) -> None
         sampler.stop()
 
 
+def test_a_burst_of_wake_ups_does_not_postpone_the_next_interval(tmp_path: Path) -> None:
+    """Twenty changes in a row wake the sampler twenty times; the periodic tick after them
+    still comes one interval on (it came twenty intervals later: GetNode served a snapshot
+    without a newly started process for 25 s)."""
+    from agent.gpu.readings import NodeReader
+    from agent.telemetry.sampler import Sampler, SamplerOptions
+    from dcgm.counters import load_counters
+
+    node = sim_node(tmp_path)
+    interval = 1.0
+    options = SamplerOptions(interval_s=interval, hostname="n", proc_root=node.control.proc_root)
+    sampler = Sampler(NodeReader(node.driver), load_counters(), node.stats, options)
+    sampler.start()
+    try:
+        for _ in range(20):
+            assert sampler.fresh(timeout_s=10)  # one woken tick each
+        after_burst = sampler.latest()
+        assert after_burst is not None
+        # With no more wake-ups, a periodic tick within two intervals (not twenty).
+        deadline = time.monotonic() + 15
+        while sampler.latest() is after_burst and time.monotonic() < deadline:
+            time.sleep(0.01)
+        latest = sampler.latest()
+        assert latest is not None and latest is not after_burst
+        assert latest.taken_mono - after_burst.taken_mono < 2 * interval
+    finally:
+        sampler.stop()
+
+
 def test_an_idle_file_that_cannot_be_saved_is_said_once_not_every_save(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
