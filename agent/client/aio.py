@@ -1,7 +1,9 @@
 """The asyncio client of one agent (the coordinator): its gRPC API over mTLS or a socket.
 
-The same method names and requests as the sync client (agent/client/sync.py); errors are the
-agent's domain errors (agent/wire/errors.py), a dead or unreachable agent `Unreachable`.
+The same method names and requests as the sync client (agent/client/sync.py); answers are
+records (agent/wire), errors the agent's domain errors (agent/wire/errors.py), a dead or
+unreachable agent `Unreachable`. ``set_sharing`` and ``submit_prewarm`` take the requests a
+rollout record keeps as their messages' JSON (agent.coordinator.rollout.specs).
 Channels are made per agent and reused while the caller runs.
 """
 
