@@ -2,9 +2,9 @@
 
 `AgentClient` (sync, the CLI over the node's socket) and `AsyncAgentClient` (asyncio, the
 coordinator over mTLS) share their channel settings and stubs (base.py), method names and
-requests, and raise the agent's domain errors (agent/wire/errors.py). The sync client takes
-domain values and answers in records (converted by agent/wire), so the CLI never sees a
-message; the asyncio one still answers the coordinator's reads in messages.
+requests, and raise the agent's domain errors (agent/wire/errors.py). Both answer in records
+(converted by agent/wire), so neither the CLI nor the coordinator reads a message; the sync
+client takes domain values, the asyncio one a rollout record's stored requests as kept.
 """
 
 from agent.client.aio import AsyncAgentClient

@@ -1,7 +1,9 @@
 """The asyncio client of one agent (the coordinator): its gRPC API over mTLS or a socket.
 
-The same method names and requests as the sync client (agent/client/sync.py); errors are the
-agent's domain errors (agent/wire/errors.py), a dead or unreachable agent `Unreachable`.
+The same method names and requests as the sync client (agent/client/sync.py); answers are
+records (agent/wire), errors the agent's domain errors (agent/wire/errors.py), a dead or
+unreachable agent `Unreachable`. ``set_sharing`` and ``submit_prewarm`` take the requests a
+rollout record keeps as their messages' JSON (agent.coordinator.rollout.specs).
 Channels are made per agent and reused while the caller runs.
 """
 
@@ -27,8 +29,12 @@ from agent.client.base import ClientTls, Stubs, channel_options
 from agent.client.errors import Unreachable, domain_error
 from agent.power import Change, PowerView
 from agent.sharing import ApplyResult, SharingView
+from agent.wire.mig import GpuReset, MigPlanView, plan_from, reset_from
+from agent.wire.node import NodeView, node_from
+from agent.wire.operations import OperationView, operation_from
 from agent.wire.power import power_changes_from, power_view_from
 from agent.wire.sharing import sharing_change_from, sharing_view_from
+from agent.wire.telemetry import TelemetryView, telemetry_from
 
 __all__ = ["AsyncAgentClient"]
 
@@ -71,41 +77,41 @@ class AsyncAgentClient(Stubs):
         except grpc.aio.AioRpcError as exc:
             raise domain_error(exc, self.address) from exc
 
-    async def node(self) -> agent_pb2.Node:
+    async def node(self) -> NodeView:
         response: agent_pb2.GetNodeResponse = await self._call(
             self._node.GetNode, agent_pb2.GetNodeRequest()
         )
-        return response.node
+        return node_from(response.node)
 
-    async def telemetry(self, field_ids: Sequence[int] = ()) -> telemetry_pb2.TelemetrySnapshot:
+    async def telemetry(self, field_ids: Sequence[int] = ()) -> TelemetryView:
         """The agent's latest telemetry snapshot (only ``field_ids``, when given)."""
         request = telemetry_pb2.GetTelemetrySnapshotRequest(field_ids=list(field_ids))
         response: telemetry_pb2.GetTelemetrySnapshotResponse = await self._call(
             self._telemetry.GetTelemetrySnapshot, request
         )
-        return response.snapshot
+        return telemetry_from(response.snapshot)
 
     async def plan_mig(
         self, config_yaml: str, config_name: str = "", force: bool = False
-    ) -> mig_pb2.PlanMigResponse:
+    ) -> MigPlanView:
         request = mig_pb2.PlanMigRequest(
             config_yaml=config_yaml, config_name=config_name, force=force
         )
         response: mig_pb2.PlanMigResponse = await self._call(self._mig.PlanMig, request)
-        return response
+        return plan_from(response)
 
     async def apply_mig(
         self, config_yaml: str, config_name: str = "", request_id: str = "", force: bool = False
-    ) -> operations_pb2.Operation:
+    ) -> OperationView:
         request = mig_pb2.ApplyMigRequest(
             config_yaml=config_yaml, config_name=config_name, request_id=request_id, force=force
         )
         response: mig_pb2.ApplyMigResponse = await self._call(self._mig.ApplyMig, request)
-        return response.operation
+        return operation_from(response.operation)
 
     async def reset_gpu(
         self, gpu_index: int, *, validate_only: bool = False, request_id: str = ""
-    ) -> mig_pb2.ResetGpuResponse:
+    ) -> GpuReset:
         """Reset one GPU through the agent (refused while processes hold it); with
         ``validate_only`` only whether the agent could try. A reset may take the driver a
         while: the call may take four times the client's timeout."""
@@ -115,7 +121,7 @@ class AsyncAgentClient(Stubs):
         response: mig_pb2.ResetGpuResponse = await self._call(
             self._mig.ResetGpu, request, timeout=4 * self.timeout_s
         )
-        return response
+        return reset_from(response)
 
     async def get_power(self) -> PowerView:
         response: power_pb2.GetPowerResponse = await self._call(
@@ -143,12 +149,13 @@ class AsyncAgentClient(Stubs):
 
     async def submit_prewarm(
         self, targets: Sequence[prewarm_pb2.PrewarmTarget], request_id: str = ""
-    ) -> operations_pb2.Operation:
+    ) -> OperationView:
+        """``targets``: as a rollout record keeps them (agent.coordinator.rollout.specs)."""
         request = prewarm_pb2.SubmitPrewarmRequest(targets=targets, request_id=request_id)
         response: prewarm_pb2.SubmitPrewarmResponse = await self._call(
             self._prewarm.SubmitPrewarm, request
         )
-        return response.operation
+        return operation_from(response.operation)
 
     async def pods_on(self, gpu_indices: Iterable[int]) -> set[tuple[str, str]]:
         """(namespace, pod) of the containers the agent attributes to those GPUs or their MIG
@@ -156,26 +163,26 @@ class AsyncAgentClient(Stubs):
         wanted = set(gpu_indices)
         snapshot = await self.telemetry()
         return {
-            (e.pod.namespace, e.pod.name)
-            for e in snapshot.entities
-            if e.entity.gpu_index in wanted and e.HasField("pod") and e.pod.name
+            (s.pod.namespace, s.pod.name)
+            for s in snapshot.samples
+            if s.entity.gpu_index in wanted and s.pod is not None and s.pod.name
         }
 
-    async def running_operations(self, kind: str) -> list[operations_pb2.Operation]:
+    async def running_operations(self, kind: str) -> list[OperationView]:
         """The agent's operations of ``kind`` not done yet (whoever started them)."""
         request = operations_pb2.ListOperationsRequest(kind=kind, done=False, page_size=100)
         response: operations_pb2.ListOperationsResponse = await self._call(
             self._ops.ListOperations, request
         )
-        return list(response.operations)
+        return [operation_from(op) for op in response.operations]
 
-    async def cancel_operation(self, name: str) -> operations_pb2.Operation:
+    async def cancel_operation(self, name: str) -> OperationView:
         response: operations_pb2.CancelOperationResponse = await self._call(
             self._ops.CancelOperation, operations_pb2.CancelOperationRequest(name=name)
         )
-        return response.operation
+        return operation_from(response.operation)
 
-    async def watch_operation(self, name: str) -> AsyncIterator[operations_pb2.Operation]:
+    async def watch_operation(self, name: str) -> AsyncIterator[OperationView]:
         """The operation at every change until it is done.
 
         A broken stream (the agent restarted) is watched again: operations outlive restarts.
@@ -184,7 +191,7 @@ class AsyncAgentClient(Stubs):
             stream = self._ops.WatchOperation(operations_pb2.WatchOperationRequest(name=name))
             try:
                 async for item in stream:
-                    yield item.operation
+                    yield operation_from(item.operation)
                     if item.operation.done:
                         return
             except grpc.aio.AioRpcError as exc:

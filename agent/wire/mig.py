@@ -20,13 +20,19 @@ __all__ = [
     "AdvisedMove",
     "AdvisedPlacement",
     "AdvisedProfile",
+    "GpuReset",
+    "MigPlanView",
+    "PlanBlocker",
+    "PlannedGpu",
     "advice_from",
     "apply_result_pb",
     "gpu_advice_pb",
     "gpu_plan_pb",
     "node_plan_pb",
+    "plan_from",
     "plan_status_of",
     "recovered_apply_pb",
+    "reset_from",
 ]
 
 _STATUS = {
@@ -157,6 +163,81 @@ def recovered_apply_pb(outcomes: Sequence[RecoveryOutcome]) -> operations_pb2.Op
             recovered=[f"GPU {o.gpu}: {o.action} ({o.detail})" for o in outcomes],
         )
     )
+
+
+# -- plans and resets, back into records, for clients --------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PlanBlocker:
+    """A process that keeps a GPU's plan from being applied."""
+
+    pid: int
+    instance: str
+    change: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedGpu:
+    """`gpu_plan_pb` read back: what applying the config would do to one GPU."""
+
+    gpu_index: int
+    gpu_uuid: str
+    #: unchanged, change, blocked, infeasible (`GpuPlan.status`); unknown for a status this
+    #: client does not know
+    status: str
+    steps: tuple[str, ...]
+    blockers: tuple[PlanBlocker, ...]
+    infeasible_reason: str
+    keep: tuple[str, ...]
+    destroy: tuple[str, ...]
+    create: tuple[str, ...]
+    deferred: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MigPlanView:
+    """`node_plan_pb` read back: PlanMig's answer."""
+
+    config_name: str
+    gpus: tuple[PlannedGpu, ...]
+    unselected_gpus: tuple[int, ...]
+    skipped_gpus: tuple[int, ...]
+
+
+def plan_from(response: mig_pb2.PlanMigResponse) -> MigPlanView:
+    return MigPlanView(
+        config_name=response.config_name,
+        gpus=tuple(
+            PlannedGpu(
+                gpu_index=g.gpu_index,
+                gpu_uuid=g.gpu_uuid,
+                status=plan_status_of(g.status),
+                steps=tuple(g.steps),
+                blockers=tuple(PlanBlocker(b.pid, b.instance, b.change) for b in g.blockers),
+                infeasible_reason=g.infeasible_reason,
+                keep=tuple(g.keep),
+                destroy=tuple(g.destroy),
+                create=tuple(g.create),
+                deferred=g.deferred,
+            )
+            for g in response.gpus
+        ),
+        unselected_gpus=tuple(response.unselected_gpus),
+        skipped_gpus=tuple(response.skipped_gpus),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReset:
+    """ResetGpu's answer: the GPU, and whether it was reset (False for a validate-only call)."""
+
+    gpu_uuid: str
+    reset: bool
+
+
+def reset_from(response: mig_pb2.ResetGpuResponse) -> GpuReset:
+    return GpuReset(response.gpu_uuid, response.reset)
 
 
 # -- advice, back into records, for clients -------------------------------------------------------

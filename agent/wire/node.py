@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from agent._proto.gpuagent.v1 import agent_pb2, events_pb2
+from agent._proto.gpuagent.v1 import agent_pb2, events_pb2, sharing_pb2
 from agent.dra.mode import Allocation, AllocationMode
 from agent.gpu.types import (
     ComputeInstance,
@@ -25,11 +25,13 @@ from agent.gpu.types import (
 )
 from agent.health.machine import Mark, State
 from agent.health.monitor import HealthChange
+from agent.wire.prewarm import ItemStatus, item_status_from
 from agent.wire.timestamps import seconds, timestamp
 
 __all__ = [
     "Component",
     "NodeGpu",
+    "NodeSharing",
     "NodeView",
     "allocation_of",
     "allocation_pb",
@@ -178,6 +180,17 @@ class NodeGpu:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeSharing:
+    """The device plugin's sharing as GetNode reports it."""
+
+    #: "time-slicing" or "mps"; None when it shares nothing (or in a strategy this client
+    #: does not know)
+    strategy: str | None
+    #: (resource, replicas) of each shared resource
+    resources: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class NodeView:
     """GetNode's node: its GPUs, how pods get them, and the agent's own health."""
 
@@ -191,9 +204,27 @@ class NodeView:
     allocation: Allocation
     components: tuple[Component, ...]
     gpus: tuple[NodeGpu, ...]
+    #: the device plugin's sharing; None when the agent could not read it
+    sharing: NodeSharing | None
+    #: the node's cache items (files and images), as far as readiness goes
+    cache: tuple[ItemStatus, ...]
 
 
 _HEALTH_STATES_FROM = {pb: state for state, pb in _HEALTH_STATES.items()}
+_STRATEGIES_FROM = {
+    sharing_pb2.SHARING_STRATEGY_TIME_SLICING: "time-slicing",
+    sharing_pb2.SHARING_STRATEGY_MPS: "mps",
+}
+
+
+def _sharing_from(node: agent_pb2.Node) -> NodeSharing | None:
+    if not node.HasField("sharing"):
+        return None
+    config = node.sharing
+    return NodeSharing(
+        _STRATEGIES_FROM.get(config.strategy),
+        tuple((r.name, r.replicas) for r in config.resources),
+    )
 
 
 def _mark_from(pb: agent_pb2.HealthMark) -> Mark | None:
@@ -228,6 +259,8 @@ def node_from(node: agent_pb2.Node) -> NodeView:
             )
             for g in node.gpus
         ),
+        sharing=_sharing_from(node),
+        cache=tuple(item_status_from(i) for i in node.cache.items),
     )
 
 

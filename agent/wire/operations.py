@@ -16,6 +16,7 @@ from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.redact import redact_text
 from agent.state import Operation
 from agent.wire.errors import operation_failure, recorded_code
+from agent.wire.prewarm import ItemStatus, item_status_from
 from agent.wire.timestamps import timestamp
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "MigGpuOutcome",
     "MigProgress",
     "OperationView",
+    "PrewarmProgress",
     "message_dict",
     "operation_from",
     "operation_id_from",
@@ -127,6 +129,19 @@ class MigProgress:
     phase: str
     steps_done: int
     current_step: str
+    #: GPUs the plan changes, and those finished
+    gpus_total: int
+    gpus_done: int
+    #: mutations the plan expects
+    steps_total: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrewarmProgress:
+    """A prewarm's items in the request, and those ready or failed."""
+
+    items_total: int
+    items_done: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,13 +188,48 @@ class OperationView:
     mig_progress: MigProgress | None
     #: what a MIG apply did, once it succeeded
     mig_result: MigApplied | None
+    #: a prewarm's counts of items (None: another kind)
+    prewarm_progress: PrewarmProgress | None
+    #: a prewarm's items as they ended, once it succeeded
+    prewarm_result: tuple[ItemStatus, ...]
+    #: the error as the agent reported it: the domain error's name and its message ("" when
+    #: none), for a one-line account that names even an error this client does not know
+    error_reason: str
+    error_message: str
+
+    @property
+    def state_name(self) -> str:
+        """The state as the API names it, e.g. ``OPERATION_STATE_CANCELLED``."""
+        return operations_pb2.OperationState.Name(_OP_STATES[self.state])
+
+    @property
+    def progress(self) -> str:
+        """How far it got, in words (its name for a kind without progress)."""
+        m = self.mig_progress
+        if m is not None:
+            return (
+                f"{m.phase}: {m.gpus_done}/{m.gpus_total} GPUs, step {m.steps_done}/{m.steps_total}"
+            )
+        p = self.prewarm_progress
+        if p is not None:
+            return f"{p.items_done}/{p.items_total} items done"
+        return self.name
+
+    @property
+    def failure(self) -> str:
+        """Why it did not succeed, in one line."""
+        if self.error is not None:
+            return f"{self.error_reason}: {self.error_message}"
+        return f"ended {self.state_name}"
 
 
 def operation_from(op: operations_pb2.Operation) -> OperationView:
     """`operation_pb` read back, for clients; an unknown state reads as "pending"."""
     meta = op.metadata
     mig = meta.mig_apply if meta.HasField("mig_apply") else None
+    warming = meta.prewarm if meta.HasField("prewarm") else None
     result = op.response.mig_apply if op.response.HasField("mig_apply") else None
+    warmed = op.response.prewarm.items if op.response.HasField("prewarm") else ()
     return OperationView(
         name=op.name,
         kind=op.kind,
@@ -198,8 +248,22 @@ def operation_from(op: operations_pb2.Operation) -> OperationView:
         ),
         mig_progress=None
         if mig is None
-        else MigProgress(mig.config_name, mig.phase, mig.steps_done, mig.current_step),
+        else MigProgress(
+            mig.config_name,
+            mig.phase,
+            mig.steps_done,
+            mig.current_step,
+            mig.gpus_total,
+            mig.gpus_done,
+            mig.steps_total,
+        ),
         mig_result=None if result is None else _mig_applied(result),
+        prewarm_progress=None
+        if warming is None
+        else PrewarmProgress(warming.items_total, warming.items_done),
+        prewarm_result=tuple(item_status_from(i) for i in warmed),
+        error_reason=op.error.reason,
+        error_message=op.error.message,
     )
 
 

@@ -31,11 +31,13 @@ from agent.wire.timestamps import seconds, timestamp
 
 __all__ = [
     "CacheContents",
+    "ItemStatus",
     "cache_contents_from",
     "cache_inventory_pb",
     "cache_item_from",
     "cache_item_pb",
     "item_state_pb",
+    "item_status_from",
     "prewarm_requests_from",
     "prewarm_targets_pb",
 ]
@@ -221,6 +223,40 @@ def cache_item_from(pb: cache_pb2.CacheItem) -> CacheItem:
         warm_seconds=pb.warm_seconds if pb.HasField("warm_seconds") else None,
         options=dict(pb.options),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ItemStatus:
+    """How far a cache item got, as a rollout weighs it (GetNode's cache, a prewarm's result)."""
+
+    name: str
+    ready: bool
+    #: why it failed ("" when it did not)
+    error: str
+    #: an image's warmth (full, partial, bootstrap-only, unknown, unspecified); None when the
+    #: agent reports none (a file, or an agent from before image warmth)
+    warmth: str | None
+
+    @property
+    def warm(self) -> bool:
+        """Ready, and for an image all of its data (a bootstrap-only Nydus image is not
+        warm). Agents from before image warmth send none: their ready images count."""
+        return self.ready and (self.warmth is None or self.warmth == "full")
+
+    @property
+    def warmth_word(self) -> str:
+        """The warmth as shown ("unspecified" when none was reported)."""
+        return self.warmth if self.warmth is not None else _warmth_word(0)
+
+
+def _warmth_word(level: int) -> str:
+    name = cache_pb2.ImageWarmthLevel.Name(cast(cache_pb2.ImageWarmthLevel, level))
+    return name.removeprefix("IMAGE_WARMTH_LEVEL_").lower().replace("_", "-")
+
+
+def item_status_from(pb: cache_pb2.CacheItem) -> ItemStatus:
+    warmth = _warmth_word(pb.image_warmth.level) if pb.HasField("image_warmth") else None
+    return ItemStatus(pb.name, pb.state == cache_pb2.CACHE_ITEM_STATE_READY, pb.error, warmth)
 
 
 @dataclass(frozen=True, slots=True)

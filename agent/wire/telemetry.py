@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from agent._proto.gpuagent.v1 import telemetry_pb2
-from agent.telemetry.snapshot import Entity, Snapshot
+from agent.telemetry.snapshot import Entity, PodRef, Snapshot
 from agent.wire.timestamps import seconds, timestamp
 from dcgm.fields import BY_ID
 
-__all__ = ["Scrape", "scrape_from", "snapshot_pb"]
+__all__ = [
+    "PodUse",
+    "Sample",
+    "SampledEntity",
+    "Scrape",
+    "TelemetryView",
+    "scrape_from",
+    "snapshot_pb",
+    "telemetry_from",
+]
 
 
 def _entity_pb(entity: Entity) -> telemetry_pb2.TelemetryEntity:
@@ -77,3 +86,88 @@ class Scrape:
 def scrape_from(response: telemetry_pb2.GetMetricsResponse) -> Scrape:
     sample = seconds(response.sample_time) if response.HasField("sample_time") else None
     return Scrape(response.body, response.content_type, sample)
+
+
+# -- a snapshot, back into records, for clients ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SampledEntity:
+    """What a sample is of: a whole GPU, or one of its MIG GPU instances."""
+
+    gpu_index: int
+    gpu_uuid: str
+    #: the GPU instance; None for a whole GPU
+    gpu_instance_id: int | None
+    #: the instance's profile; "" for a whole GPU
+    profile: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    entity: SampledEntity
+    #: DCGM field id -> value
+    values: Mapping[int, float]
+    #: the container on the entity; None when none (or withheld)
+    pod: PodRef | None
+    idle_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PodUse:
+    """One container's use of a shared device."""
+
+    entity: SampledEntity
+    pod: PodRef
+    memory_used_bytes: float | None
+    sm_utilization: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryView:
+    """GetTelemetrySnapshot's snapshot: the latest samples and per-container use."""
+
+    taken_at: float
+    hostname: str
+    driver_version: str
+    samples: tuple[Sample, ...]
+    pods: tuple[PodUse, ...]
+    #: the caller's roles do not show pods: every sample's pod and the usage were withheld
+    pods_hidden: bool
+
+
+def _entity_from(e: telemetry_pb2.TelemetryEntity) -> SampledEntity:
+    gi = e.gpu_instance_id if e.HasField("gpu_instance_id") else None
+    return SampledEntity(e.gpu_index, e.gpu_uuid, gi, e.profile)
+
+
+def _pod_from(p: telemetry_pb2.PodRef) -> PodRef:
+    return PodRef(p.namespace, p.name, p.container)
+
+
+def telemetry_from(snapshot: telemetry_pb2.TelemetrySnapshot) -> TelemetryView:
+    """`snapshot_pb` read back, for clients."""
+    return TelemetryView(
+        taken_at=seconds(snapshot.time),
+        hostname=snapshot.hostname,
+        driver_version=snapshot.driver_version,
+        samples=tuple(
+            Sample(
+                _entity_from(s.entity),
+                {v.field_id: v.value for v in s.values},
+                _pod_from(s.pod) if s.HasField("pod") else None,
+                s.idle_seconds if s.HasField("idle_seconds") else None,
+            )
+            for s in snapshot.entities
+        ),
+        pods=tuple(
+            PodUse(
+                _entity_from(u.entity),
+                _pod_from(u.pod),
+                u.memory_used_bytes if u.HasField("memory_used_bytes") else None,
+                u.sm_utilization if u.HasField("sm_utilization") else None,
+            )
+            for u in snapshot.pods
+        ),
+        pods_hidden=snapshot.pods_hidden,
+    )

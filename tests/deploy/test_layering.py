@@ -58,14 +58,25 @@ NEVER: dict[str, set[str]] = {
 DRIVER = ("agent.gpu.nvml", "agent.gpu.sim")
 DRIVERLESS = {"client", "coordinator", "wire"}
 #: part -> modules it must never import although their part is allowed: the CLI reaches the
-#: agent only through agent.client, so it never touches the servicers nor a generated message
-NEVER_MODULES: dict[str, tuple[str, ...]] = {"cli": ("agent.api", "agent._proto")}
+#: agent only through agent.client, so it never touches the servicers nor a generated message;
+#: the coordinator reads the agents' answers as records (agent/wire), never as messages
+NEVER_MODULES: dict[str, tuple[str, ...]] = {
+    "cli": ("agent.api", "agent._proto"),
+    "coordinator": ("agent._proto",),
+}
 
 #: (importing file, imported module) pairs the rules allow by name, and why.
 KNOWN_EXCEPTIONS = {
     # Telemetry's service reads its settings type from the agent config (prewarm reads its
     # through a Protocol instead, agent/prewarm/factory.py).
     ("agent/telemetry/service.py", "agent.config"),
+    # The coordinator builds the requests a rollout record stores as their messages' JSON
+    # (a sharing change's SetSharingRequest, a prewarm's PrewarmTargets): the record's format.
+    # It reads no message an agent sends.
+    ("agent/coordinator/rollout/specs.py", "agent._proto.gpuagent.v1"),  # builds them
+    ("agent/coordinator/control/desired.py", "agent._proto.gpuagent.v1"),  # from desired files
+    ("agent/coordinator/rollout/targets.py", "agent._proto.gpuagent.v1"),  # names, checks them
+    ("agent/coordinator/rollout/actions.py", "agent._proto.gpuagent.v1"),  # reads them back
 }
 
 
@@ -224,6 +235,19 @@ def test_the_cli_reaches_the_agent_only_through_the_client() -> None:
     assert found == []
 
 
+def test_the_coordinator_reads_no_message_from_an_agent() -> None:
+    """The async client answers the coordinator in records (agent/wire); only the named
+    builders of a rollout record's requests import generated code."""
+    found = [
+        f"{rel} imports {m}"
+        for rel, here, m, _ in _edges()
+        if here == "coordinator"
+        and any(_within(m, p) for p in NEVER_MODULES["coordinator"])
+        and (rel, m) not in KNOWN_EXCEPTIONS
+    ]
+    assert found == []
+
+
 def test_the_known_exceptions_are_still_there() -> None:
     """An exception that is gone leaves this list and docs/architecture.md."""
     seen = {(rel, module) for rel, _, module, _ in _edges()}
@@ -260,6 +284,8 @@ def test_generated_code_imports_only_itself() -> None:
         ("agent/state.py", "agent.prewarm.model"),
         ("agent/node.py", "agent.cli.main"),
         ("agent/coordinator/fleet/channels.py", "agent.gpu.nvml"),
+        ("agent/coordinator/fleet/inventory.py", "agent._proto.gpuagent.v1.agent_pb2"),
+        ("agent/coordinator/rollout/specs.py", "agent._proto"),
         ("agent/client/agent.py", "agent.gpu.sim"),
         ("agent/kube.py", "agent.prewarm"),
     ],

@@ -26,6 +26,7 @@ from agent.coordinator.planning.clusterdemand import demand_from_pods, list_pods
 from agent.coordinator.planning.demand import Demand, DemandEntry, TraceStep
 from agent.dra.mode import Allocation, AllocationMode
 from agent.kube import InClusterKubeClient
+from agent.wire.node import node_from
 from tests.unit.coordinator.fleets import A100_40, H100, gpu
 from tests.unit.coordinator.test_cluster_demand import PodsApi
 
@@ -163,7 +164,7 @@ def test_a_cluster_without_the_dra_api_is_planned_from_pods_and_says_so(
 def test_an_agent_that_reports_no_allocation_mode_is_not_planned_on_a_guess() -> None:
     """An agent from before allocation modes sends no Node.allocation: its mode is unknown,
     said why, and no layout is planned on it; the modes that allow MIG changes are planned."""
-    old = node_view(Target("old", "old:9401"), agent_pb2.Node(name="old"))
+    old = node_view(Target("old", "old:9401"), node_from(agent_pb2.Node(name="old")))
     assert old.allocation is not None and old.allocation.mode is AllocationMode.UNKNOWN
     why = not_mig_plannable(old)
     assert why is not None and "older version" in why

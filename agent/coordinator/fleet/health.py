@@ -1,4 +1,4 @@
-"""The agents' health marks as the coordinator reads them (proto -> records). Pure.
+"""The agents' health marks as the coordinator reads them (the wire's records -> its own). Pure.
 
 Each GPU and MIG instance of a GetNode answer may carry a HealthMark (docs/health.md): healthy,
 degraded (usable, watched) or failed (not usable until its action). A GPU without a verdict
@@ -12,7 +12,8 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from agent._proto.gpuagent.v1 import agent_pb2
+from agent.health import machine
+from agent.wire.node import NodeGpu
 
 __all__ = [
     "ACTIONS",
@@ -35,9 +36,9 @@ STATES = (HEALTHY, UNKNOWN, DEGRADED, FAILED)
 ACTIONS = ("none", "restart-application", "reset-gpu", "reboot-node")
 
 _STATE = {
-    agent_pb2.HEALTH_STATE_HEALTHY: HEALTHY,
-    agent_pb2.HEALTH_STATE_DEGRADED: DEGRADED,
-    agent_pb2.HEALTH_STATE_FAILED: FAILED,
+    machine.State.HEALTHY: HEALTHY,
+    machine.State.DEGRADED: DEGRADED,
+    machine.State.FAILED: FAILED,
 }
 
 
@@ -118,26 +119,26 @@ class GpuMark:
         return text
 
 
-def _mark(pb: agent_pb2.HealthMark, has: bool, absent: str) -> Mark:
-    if not has or pb.state not in _STATE:
-        return Mark(absent)
-    since = pb.since.ToNanoseconds() / 1e9 if pb.HasField("since") else None
-    return Mark(_STATE[pb.state], pb.reason, pb.action, tuple(pb.pods), since)
+def _mark(found: machine.Mark | None) -> Mark:
+    if found is None:  # no verdict, or one in a state this coordinator does not know
+        return Mark(UNKNOWN)
+    return Mark(_STATE[found.state], found.reason, found.action, found.pods, found.since)
 
 
-def gpu_marks(gpus: Iterable[agent_pb2.Gpu]) -> tuple[GpuMark, ...]:
+def gpu_marks(gpus: Iterable[NodeGpu]) -> tuple[GpuMark, ...]:
     """Each GPU's verdict and its instances' own verdicts, from a GetNode answer."""
     out = []
     for g in gpus:
+        layout = g.layout
         instances: tuple[InstanceMark, ...] = ()
-        if g.instances:  # most GPUs have none: no generator for them (8,000 GPUs a sweep)
+        judged = g.instance_conditions
+        if judged:  # most GPUs have none: no generator for them (8,000 GPUs a sweep)
             instances = tuple(
-                InstanceMark(gi.id, gi.profile_name, _mark(gi.condition, True, UNKNOWN))
-                for gi in g.instances
-                if gi.HasField("condition") and gi.condition.state in _STATE
+                InstanceMark(gi.id, gi.profile_name, _mark(judged[gi.id]))
+                for gi in layout.instances
+                if gi.id in judged
             )
-        own = _mark(g.condition, g.HasField("condition"), UNKNOWN)
-        out.append(GpuMark(g.index, g.uuid, own, instances))
+        out.append(GpuMark(layout.gpu.index, layout.gpu.uuid, _mark(g.condition), instances))
     return tuple(out)
 
 

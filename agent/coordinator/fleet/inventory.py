@@ -1,4 +1,4 @@
-"""One node as the coordinator sees it, rebuilt from the agent's answers (proto -> records).
+"""One node as the coordinator sees it, rebuilt from the agent's answer (agent/wire's records).
 
 Nothing here is kept between sweeps: the agents hold the truth and are asked again.
 """
@@ -8,12 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, sharing_pb2
 from agent.coordinator.fleet.discovery import Target
 from agent.coordinator.fleet.health import DEGRADED, FAILED, UNKNOWN, GpuMark, gpu_marks, worst
 from agent.dra.mode import Allocation
 from agent.gpu.types import GpuLayout
-from agent.wire.node import allocation_of, layout_from
+from agent.wire import node as wire
 
 __all__ = ["NodeView", "node_view", "unreachable_view"]
 
@@ -22,11 +21,6 @@ WITHHELD_PROCESSES = (
     "the agent withholds its process lists from this identity (read role): give the "
     "coordinator's identity the mig or admin role (roles.mig / roles.admin) to plan here"
 )
-
-_STRATEGIES = {
-    sharing_pb2.SHARING_STRATEGY_TIME_SLICING: "time-slicing",
-    sharing_pb2.SHARING_STRATEGY_MPS: "mps",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,38 +93,25 @@ class NodeView:
         return tuple(g for g in self.layouts if g.gpu.uuid not in self.lost)
 
 
-def _sharing(node: agent_pb2.Node) -> str:
-    if not node.HasField("sharing"):
+def _sharing(sharing: wire.NodeSharing | None) -> str:
+    if sharing is None:
         return "unknown"
-    config = node.sharing
-    strategy = _STRATEGIES.get(config.strategy)
-    if strategy is None or not config.resources:
+    if sharing.strategy is None or not sharing.resources:
         return "none"
-    resources = ", ".join(f"{r.name} x{r.replicas}" for r in config.resources)
-    return f"{strategy} {resources}"
+    resources = ", ".join(f"{name} x{replicas}" for name, replicas in sharing.resources)
+    return f"{sharing.strategy} {resources}"
 
 
-def _idle_gpus(gpus: Sequence[agent_pb2.Gpu], idle_after_s: float | None) -> int | None:
+def _idle_gpus(gpus: Sequence[wire.NodeGpu], idle_after_s: float | None) -> int | None:
     if idle_after_s is None:
         return None
-    known = [g.idle_seconds for g in gpus if g.HasField("idle_seconds")]
+    known = [g.idle_seconds for g in gpus if g.idle_seconds is not None]
     if gpus and not known:
         return None  # unknown is not "none idle"
     return sum(1 for seconds in known if seconds >= idle_after_s)
 
 
-def is_warm(item: cache_pb2.CacheItem) -> bool:
-    """Ready, and for an image all of its data (a bootstrap-only Nydus image is not warm).
-
-    Agents from before image warmth send no ``image_warmth``: their ready images count."""
-    if item.state != cache_pb2.CACHE_ITEM_STATE_READY:
-        return False
-    if not item.HasField("image_warmth"):
-        return True
-    return item.image_warmth.level == cache_pb2.IMAGE_WARMTH_LEVEL_FULL
-
-
-def node_view(target: Target, node: agent_pb2.Node, idle_after_s: float | None = None) -> NodeView:
+def node_view(target: Target, node: wire.NodeView, idle_after_s: float | None = None) -> NodeView:
     """``idle_after_s``: count the GPUs idle at least that long (from each GPU's
     ``idle_seconds``); None leaves the count unknown. An agent that withholds its process
     lists is shown with what it did send and marked so (``withheld``); it is not planned on."""
@@ -139,17 +120,17 @@ def node_view(target: Target, node: agent_pb2.Node, idle_after_s: float | None =
         name=node.name or target.node or target.address,
         address=target.address,
         labels=target.labels,
-        layouts=tuple(layout_from(g) for g in gpus),
-        lost=frozenset(g.uuid for g in gpus if g.health == agent_pb2.GPU_HEALTH_LOST),
-        sharing=_sharing(node),
-        warm=tuple(sorted(i.name for i in node.cache.items if is_warm(i))),
-        unhealthy=tuple(f"{c.name}: {c.detail}" for c in node.health.components if not c.healthy),
+        layouts=tuple(g.layout for g in gpus),
+        lost=frozenset(g.layout.gpu.uuid for g in gpus if g.lost),
+        sharing=_sharing(node.sharing),
+        warm=tuple(sorted(i.name for i in node.cache if i.warm)),
+        unhealthy=tuple(f"{c.name}: {c.detail}" for c in node.components if not c.healthy),
         idle_gpus=_idle_gpus(gpus, idle_after_s),
         preset=node.simulated_preset,
         agent_version=node.agent_version,
         withheld=(PROCESSES,) if node.processes_hidden else (),
         marks=gpu_marks(gpus),
-        allocation=allocation_of(node),
+        allocation=node.allocation,
     )
 
 

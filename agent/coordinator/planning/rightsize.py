@@ -27,9 +27,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from math import ceil
 
-from agent._proto.gpuagent.v1 import telemetry_pb2
 from agent.coordinator.planning.demand import Demand, DemandEntry
 from agent.gpu.types import GpuLayout
+from agent.telemetry.snapshot import PodRef
+from agent.wire.telemetry import SampledEntity, TelemetryView
 
 __all__ = ["Observation", "Suggestion", "Window", "rightsized_demand", "suggest"]
 
@@ -87,16 +88,16 @@ class Window:
     #: nodes whose last sweep failed, and why.
     failed: dict[str, str] = field(default_factory=dict)
 
-    def add(self, node: str, snapshot: telemetry_pb2.TelemetrySnapshot) -> None:
+    def add(self, node: str, snapshot: TelemetryView) -> None:
         self.snapshots += 1
         self.failed.pop(node, None)
         per_container = {(u.entity.gpu_uuid, _gi(u.entity)) for u in snapshot.pods if u.pod.name}
-        for sample in snapshot.entities:
+        for sample in snapshot.samples:
             entity = sample.entity
-            if not entity.HasField("gpu_instance_id"):
+            if entity.gpu_instance_id is None:
                 continue
-            values = {v.field_id: v.value for v in sample.values}
-            if not sample.HasField("pod") or not sample.pod.name:
+            values = sample.values
+            if sample.pod is None or not sample.pod.name:
                 busy = values.get(FB_USED, 0.0) > 0
                 if busy and (entity.gpu_uuid, _gi(entity)) not in per_container:
                     self.unattributed[node] += 1
@@ -108,25 +109,25 @@ class Window:
             seen.peak_activity = _peak(seen.peak_activity, activity)
         exclusive = {
             (s.entity.gpu_uuid, _gi(s.entity))
-            for s in snapshot.entities
-            if s.HasField("pod") and s.pod.name
+            for s in snapshot.samples
+            if s.pod is not None and s.pod.name
         }
         for usage in snapshot.pods:
             where = (usage.entity.gpu_uuid, _gi(usage.entity))
             if not usage.pod.name or where in exclusive:
                 continue  # an exclusive device is sized from its own sample
             seen = self._seen(node, usage.entity, usage.pod, shared=True)
-            if usage.HasField("memory_used_bytes"):
+            if usage.memory_used_bytes is not None:
                 memory = usage.memory_used_bytes / (1 << 20)
                 seen.peak_memory_mib = _peak(seen.peak_memory_mib, memory)
-            if usage.HasField("sm_utilization"):
+            if usage.sm_utilization is not None:
                 seen.peak_activity = _peak(seen.peak_activity, usage.sm_utilization)
 
     def _seen(
         self,
         node: str,
-        entity: telemetry_pb2.TelemetryEntity,
-        pod: telemetry_pb2.PodRef,
+        entity: SampledEntity,
+        pod: PodRef,
         *,
         shared: bool,
     ) -> Observation:
@@ -147,8 +148,8 @@ class Window:
         return seen
 
 
-def _gi(entity: telemetry_pb2.TelemetryEntity) -> int | None:
-    return entity.gpu_instance_id if entity.HasField("gpu_instance_id") else None
+def _gi(entity: SampledEntity) -> int | None:
+    return entity.gpu_instance_id
 
 
 def _peak(old: float | None, new: float | None) -> float | None:

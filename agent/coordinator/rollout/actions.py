@@ -14,17 +14,10 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from agent._proto.gpuagent.v1 import (
-    cache_pb2,
-    mig_pb2,
-    operations_pb2,
-    prewarm_pb2,
-    sharing_pb2,
-)
+from agent._proto.gpuagent.v1 import prewarm_pb2, sharing_pb2
 from agent.client import AsyncAgentClient as AgentClient
 from agent.coordinator.fleet.channels import Fleet
 from agent.coordinator.fleet.discovery import Target
-from agent.coordinator.fleet.inventory import is_warm
 from agent.coordinator.rollout.execute import NodeAction, NodeResult, Notes
 from agent.coordinator.rollout.record import RolloutRecord
 from agent.coordinator.rollout.schedule import NodeState
@@ -35,8 +28,8 @@ from agent.power.plan import resolve
 from agent.power.spec import parse as parse_power
 from agent.sharing.schema import PluginConfig, merge, to_document
 from agent.sharing.validate import violations
-from agent.wire.mig import plan_status_of
-from agent.wire.node import layout_from
+from agent.wire.operations import OperationView
+from agent.wire.prewarm import ItemStatus
 from agent.wire.sharing import requested_config
 
 __all__ = ["NodePreview", "action_for", "preview"]
@@ -62,38 +55,19 @@ def prewarm_targets(record: RolloutRecord) -> list[prewarm_pb2.PrewarmTarget]:
     return [json_format.ParseDict(t, prewarm_pb2.PrewarmTarget()) for t in record.spec["targets"]]
 
 
-async def _follow(
-    client: AgentClient, op: operations_pb2.Operation, notes: Notes
-) -> operations_pb2.Operation:
+async def _follow(client: AgentClient, op: OperationView, notes: Notes) -> OperationView:
     """Watch an operation to its end, reporting progress; cancel it when the node timed out."""
     notes.operation(op.name)
     last = op
     try:
         async for last in client.watch_operation(op.name):
-            notes.progress(_progress(last))
+            notes.progress(last.progress)
     except asyncio.CancelledError:
         if notes.timed_out:
             with contextlib.suppress(AgentError, TimeoutError):
                 await asyncio.wait_for(client.cancel_operation(op.name), _CANCEL_TIMEOUT_S)
         raise
     return last
-
-
-def _progress(op: operations_pb2.Operation) -> str:
-    which = op.metadata.WhichOneof("progress")
-    if which == "mig_apply":
-        m = op.metadata.mig_apply
-        return f"{m.phase}: {m.gpus_done}/{m.gpus_total} GPUs, step {m.steps_done}/{m.steps_total}"
-    if which == "prewarm":
-        p = op.metadata.prewarm
-        return f"{p.items_done}/{p.items_total} items done"
-    return op.name
-
-
-def _failure(op: operations_pb2.Operation) -> str:
-    if op.HasField("error"):
-        return f"{op.error.reason}: {op.error.message}"
-    return f"ended {operations_pb2.OperationState.Name(op.state)}"
 
 
 @dataclass
@@ -111,22 +85,23 @@ class MigApply(_Base):
         client = self.client(node)
         text, name = mig_config(self.record, node)
         plan = await client.plan_mig(text, name)
-        statuses = {plan_status_of(g.status) for g in plan.gpus}
+        statuses = {g.status for g in plan.gpus}
         if statuses <= {"unchanged"}:
             return NodeResult(NodeState.UNCHANGED, "already as asked")
         refused = [
-            f"GPU {g.gpu_index}: {plan_status_of(g.status)} "
+            f"GPU {g.gpu_index}: {g.status} "
             f"{g.infeasible_reason or '; '.join(f'{b.pid} on {b.instance}' for b in g.blockers)}"
             for g in plan.gpus
-            if g.status in (mig_pb2.MIG_PLAN_STATUS_BLOCKED, mig_pb2.MIG_PLAN_STATUS_INFEASIBLE)
+            if g.status in ("blocked", "infeasible")
         ]
         if refused:
             return NodeResult(NodeState.FAILED, "not applied: " + "; ".join(refused))
         op = await client.apply_mig(text, name, self.record.request_id(node))
         final = await _follow(client, op, notes)
-        if final.state != operations_pb2.OPERATION_STATE_SUCCEEDED:
-            return NodeResult(NodeState.FAILED, _failure(final))
-        changed = len(final.response.mig_apply.changed_gpu_uuids)
+        if final.state != "succeeded":
+            return NodeResult(NodeState.FAILED, final.failure)
+        applied = final.mig_result
+        changed = len(applied.changed_gpu_uuids) if applied is not None else 0
         return NodeResult(NodeState.SUCCEEDED, f"{changed} GPU(s) changed")
 
 
@@ -153,20 +128,20 @@ class PrewarmApply(_Base):
         client = self.client(node)
         op = await client.submit_prewarm(prewarm_targets(self.record), self.record.request_id(node))
         final = await _follow(client, op, notes)
-        if final.state != operations_pb2.OPERATION_STATE_SUCCEEDED:
-            return NodeResult(NodeState.FAILED, _failure(final))
-        return prewarm_result(final.response.prewarm.items)
+        if final.state != "succeeded":
+            return NodeResult(NodeState.FAILED, final.failure)
+        return prewarm_result(final.prewarm_result)
 
 
-def prewarm_result(items: Sequence[cache_pb2.CacheItem]) -> NodeResult:
+def prewarm_result(items: Sequence[ItemStatus]) -> NodeResult:
     """A node's prewarm outcome from its items: failed if any is not ready; ready images whose
     data is not all on the node (a Nydus image pulled without Dragonfly) are named, since the
     pod would still fetch that data."""
-    bad = [f"{i.name}: {i.error}" for i in items if i.state != cache_pb2.CACHE_ITEM_STATE_READY]
+    bad = [f"{i.name}: {i.error}" for i in items if not i.ready]
     if bad:
         return NodeResult(NodeState.FAILED, "; ".join(bad))
     detail = f"{len(items)} item(s) ready"
-    cold = [f"{i.name} {_warmth_word(i)}" for i in items if not is_warm(i)]
+    cold = [f"{i.name} {i.warmth_word}" for i in items if not i.warm]
     return NodeResult(
         NodeState.SUCCEEDED, f"{detail}; not fully warm: {', '.join(cold)}" if cold else detail
     )
@@ -206,7 +181,7 @@ async def _preview_mig(client: AgentClient, record: RolloutRecord, node: str) ->
     gpus = tuple(
         {
             "gpu": g.gpu_index,
-            "status": plan_status_of(g.status),
+            "status": g.status,
             "keep": list(g.keep),
             "destroy": list(g.destroy),
             "create": list(g.create),
@@ -229,7 +204,7 @@ async def _preview_share(client: AgentClient, record: RolloutRecord, node: str) 
     requested = requested_config(sharing_request(record, node))
     now, inventory = await asyncio.gather(client.get_sharing(), client.node())
     current = now.config if now.exists else None
-    return sharing_preview(node, requested, current, [layout_from(g) for g in inventory.gpus])
+    return sharing_preview(node, requested, current, [g.layout for g in inventory.gpus])
 
 
 def sharing_preview(
@@ -301,18 +276,13 @@ async def _preview_power(client: AgentClient, record: RolloutRecord, node: str) 
 
 
 async def _preview_prewarm(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:
-    items = (await client.node()).cache.items
-    ready = {i.name for i in items if is_warm(i)}
+    items = (await client.node()).cache
+    ready = {i.name for i in items if i.warm}
     names = [target_name(t) for t in prewarm_targets(record)]
     missing = [n for n in names if not n or n not in ready]
     if not missing:
         return NodePreview(node, "unchanged", "every item is warm")
     return NodePreview(node, "change", f"{len(missing)}/{len(names)} item(s) to fetch")
-
-
-def _warmth_word(item: cache_pb2.CacheItem) -> str:
-    name = cache_pb2.ImageWarmthLevel.Name(item.image_warmth.level)
-    return name.removeprefix("IMAGE_WARMTH_LEVEL_").lower().replace("_", "-")
 
 
 _PREVIEWS = {

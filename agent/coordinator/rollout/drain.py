@@ -15,7 +15,6 @@ import contextlib
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from agent._proto.gpuagent.v1 import mig_pb2
 from agent.coordinator.fleet.channels import Fleet
 from agent.coordinator.fleet.discovery import Target
 from agent.coordinator.rollout.actions import mig_config
@@ -91,7 +90,7 @@ class Drain:
     async def _blocked(self, node: str) -> list[int]:
         text, name = mig_config(self._record, node)
         plan = await self._fleet.client(self._targets[node]).plan_mig(text, name)
-        return [g.gpu_index for g in plan.gpus if g.status == mig_pb2.MIG_PLAN_STATUS_BLOCKED]
+        return [g.gpu_index for g in plan.gpus if g.status == "blocked"]
 
 
 async def evict(

@@ -22,11 +22,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent._proto.gpuagent.v1 import agent_pb2
 from agent.client import AsyncAgentClient as AgentClient
 from agent.coordinator.fleet.health import ACTIONS, FAILED, HEALTHY, GpuMark, gpu_marks
 from agent.coordinator.rollout.drain import DrainApi, evict
 from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec, NotSupported
+from agent.wire.node import NodeView
 
 __all__ = ["GpuRemedy", "Outcome", "Remedy", "plan_remedy", "remedy_for", "run_remedy"]
 
@@ -120,7 +120,7 @@ async def remedy_for(client: AgentClient, node: str, gpu: int | None) -> tuple[R
 
 def plan_remedy(
     node: str,
-    answer: agent_pb2.Node,
+    answer: NodeView,
     gpu: int | None,
     attributed: Mapping[int, Sequence[Pod]],
 ) -> Remedy:
@@ -182,7 +182,11 @@ async def _processes_end(
 ) -> None:
     while True:
         answer = await client.node()
-        busy = [g.index for g in answer.gpus if g.index in indices and g.processes]
+        busy = [
+            g.layout.gpu.index
+            for g in answer.gpus
+            if g.layout.gpu.index in indices and g.layout.processes
+        ]
         if not busy:
             return
         if time.monotonic() >= deadline:

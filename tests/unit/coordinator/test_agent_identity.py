@@ -19,6 +19,7 @@ from agent.coordinator.fleet.channels import Fleet
 from agent.coordinator.fleet.discovery import KubeDiscovery, Target
 from agent.coordinator.kube import AgentPod
 from agent.errors import InvalidSpec
+from agent.wire.node import node_from
 from tests.unit.api.support import COORDINATOR, Identity, Pki
 
 SERVER_NAME = "{pod}.gpu-agent-grpc.gpu-agent.svc"  # the coordinator's default with --kubernetes
@@ -117,8 +118,8 @@ def test_an_agent_that_hides_processes_is_not_planned_on() -> None:
     from agent.coordinator.fleet.inventory import node_view
 
     hidden = agent_pb2.Node(name="node-a", processes_hidden=True, gpus=[agent_pb2.Gpu(index=0)])
-    view = node_view(Target("10.0.0.7:9401", "node-a", pod="gpu-agent-x1"), hidden)
+    view = node_view(Target("10.0.0.7:9401", "node-a", pod="gpu-agent-x1"), node_from(hidden))
     assert view.reachable and not view.plannable
     assert "mig or admin role" in view.why_not_plannable
-    shown = node_view(Target("10.0.0.7:9401", "node-a"), agent_pb2.Node(name="node-a"))
+    shown = node_view(Target("10.0.0.7:9401", "node-a"), node_from(agent_pb2.Node(name="node-a")))
     assert shown.reachable

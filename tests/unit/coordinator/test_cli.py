@@ -26,6 +26,7 @@ from agent.coordinator.planning.planner import plan_fleet
 from agent.coordinator.planning.rightsize import Window
 from agent.errors import InvalidSpec
 from agent.gpu.types import GpuLayout
+from agent.wire.telemetry import telemetry_from
 from tests.unit.coordinator.agents import invoke
 from tests.unit.coordinator.fleets import gpu, node
 from tests.unit.coordinator.test_rightsize import snapshot
@@ -207,7 +208,8 @@ def test_rightsize_lists_the_pods_that_fit_smaller_and_writes_their_demand(
     async def observe(f: object, selection: Selection, *, samples: int, every_s: float) -> Window:
         sweeps.append(samples)
         window = Window()
-        window.add("a", snapshot(("GPU-a-0", 1, "3g.40gb", "small", {252: 3000, 1001: 0.1})))
+        sample = ("GPU-a-0", 1, "3g.40gb", "small", {252: 3000, 1001: 0.1})
+        window.add("a", telemetry_from(snapshot(sample)))
         return window
 
     monkeypatch.setattr(flows, "observe", observe)

@@ -20,6 +20,7 @@ from agent.coordinator.fleet.channels import Fleet
 from agent.coordinator.fleet.discovery import Target
 from agent.coordinator.fleet.inventory import node_view
 from agent.coordinator.flows import Selection
+from agent.wire.node import node_from
 from tests.unit.coordinator.agents import Outcome, invoke
 from tests.unit.coordinator.fakeagents import FakeAgent, FakeAgents, fake_agents, mark, node
 
@@ -87,7 +88,7 @@ def test_an_unspecified_state_and_instance_marks_count_as_the_agent_said() -> No
     answer.gpus[1].instances.add(id=7, profile_name="1g.10gb")
     bad = answer.gpus[1].instances.add(id=8, profile_name="3g.40gb")
     bad.condition.CopyFrom(mark("failed", "XID 94 (contained ECC)", "restart-application"))
-    view = node_view(Target("unix:/x", "n"), answer)
+    view = node_view(Target("unix:/x", "n"), node_from(answer))
     assert [m.state for m in view.marks] == ["unknown", "failed"]
     assert view.gpu_health == "failed"
     assert view.failed_gpus[0].describe() == (
@@ -181,8 +182,10 @@ def test_a_node_that_turns_unhealthy_during_the_rollout_stops_it(
 
 def test_coordinator_metrics_count_gpus_per_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
     views = (
-        node_view(Target("unix:/a", "a"), node("a", mark("failed", XID48), mark("healthy"))),
-        node_view(Target("unix:/b", "b"), node("b", None)),
+        node_view(
+            Target("unix:/a", "a"), node_from(node("a", mark("failed", XID48), mark("healthy")))
+        ),
+        node_view(Target("unix:/b", "b"), node_from(node("b", None))),
     )
 
     async def select(fleet: object, selector: object, **_: object) -> Selection:

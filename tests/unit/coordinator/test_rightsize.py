@@ -28,6 +28,7 @@ from agent.telemetry.snapshot import (
     PodUsage,
     Snapshot,
 )
+from agent.wire.telemetry import telemetry_from
 from tests.unit.coordinator.fleets import A100_80, H100, gpu
 
 H100_NAME = "NVIDIA H100 80GB HBM3"
@@ -69,11 +70,19 @@ def test_the_peak_over_the_window_decides_and_the_smallest_fit_is_named() -> Non
     ):
         window.add(
             "n1",
-            snapshot(
-                ("GPU-n1-0", 1, "3g.40gb", "small", {252: small_mem, 250: 40000, 1001: small_act}),
-                ("GPU-n1-0", 2, "3g.40gb", "big", {252: big_mem, 250: 40000, 1001: busy_act}),
-                ("GPU-n1-1", 1, "3g.40gb", "no-gpm", {252: 1000, 250: 40000}),
-                ("GPU-n1-0", 3, "1g.10gb", "", {252: 500}),
+            telemetry_from(
+                snapshot(
+                    (
+                        "GPU-n1-0",
+                        1,
+                        "3g.40gb",
+                        "small",
+                        {252: small_mem, 250: 40000, 1001: small_act},
+                    ),
+                    ("GPU-n1-0", 2, "3g.40gb", "big", {252: big_mem, 250: 40000, 1001: busy_act}),
+                    ("GPU-n1-1", 1, "3g.40gb", "no-gpm", {252: 1000, 250: 40000}),
+                    ("GPU-n1-0", 3, "1g.10gb", "", {252: 500}),
+                )
             ),
         )
     by_pod = {s.observation.pod: s for s in suggest(window, layouts(), headroom=0.2)}
@@ -97,7 +106,9 @@ def test_the_peak_over_the_window_decides_and_the_smallest_fit_is_named() -> Non
 
 def test_more_headroom_asks_for_more() -> None:
     window = Window()
-    window.add("n1", snapshot(("GPU-n1-0", 1, "3g.40gb", "p", {252: 9000, 1001: 0.3})))
+    window.add(
+        "n1", telemetry_from(snapshot(("GPU-n1-0", 1, "3g.40gb", "p", {252: 9000, 1001: 0.3})))
+    )
     (tight,) = suggest(window, layouts(), headroom=0.0)
     (loose,) = suggest(window, layouts(), headroom=0.5)
     assert tight.fits == "1g.10gb"  # 9000 MiB, 0.9 slices
@@ -188,7 +199,7 @@ def test_containers_on_a_shared_gpu_are_sized_against_the_models_mig_profiles() 
     shared(msg, "GPU-n1-2", None, "light", 6000, 0.1)
     shared(msg, "GPU-n1-2", None, "heavy", 60_000, 0.5)
     shared(msg, "GPU-n1-3", 1, "mig-shared", 4000, None, "3g.40gb")
-    window.add("n1", msg)
+    window.add("n1", telemetry_from(msg))
     assert not window.unattributed  # the shared instance's containers are told apart
     found = suggest(window, {g.gpu.uuid: catalog.complete(g) for g in (whole, split)}, 0.2)
     by_pod = {s.observation.pod: s for s in found}

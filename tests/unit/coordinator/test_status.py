@@ -11,7 +11,7 @@ from agent.coordinator.fleet.selector import parse_selector
 from agent.coordinator.fleet.status import fleet_status
 from agent.errors import InvalidSpec
 from agent.gpu.types import GiProfile
-from agent.wire.node import gpu_pb, layout_from
+from agent.wire.node import gpu_pb, layout_from, node_from
 from tests.unit.coordinator.fleets import A30, H100, gpu
 
 
@@ -69,7 +69,7 @@ def test_what_planning_needs_of_a_layout_survives_the_trip_through_the_api() -> 
 
 
 def test_node_rows_and_profile_totals() -> None:
-    view = node_view(Target("10.0.0.1:9401", labels={"pool": "x"}), _node(), 3600)
+    view = node_view(Target("10.0.0.1:9401", labels={"pool": "x"}), node_from(_node()), 3600)
     gone = unreachable_view(Target("10.0.0.9:9401", "node-z"), "10.0.0.9:9401: connection refused")
     status = fleet_status([view, gone])
     a, z = status.nodes
@@ -100,7 +100,7 @@ def test_idle_gpus_are_counted_from_the_inventorys_idle_seconds(
     idle: tuple[float | None, ...], idle_after_s: float | None, count: int | None
 ) -> None:
     """The sweep's one GetNode per node carries each GPU's idle seconds: no telemetry call."""
-    view = node_view(Target("10.0.0.1:9401"), _node(idle), idle_after_s)
+    view = node_view(Target("10.0.0.1:9401"), node_from(_node(idle)), idle_after_s)
     assert view.idle_gpus == count
 
 
@@ -119,7 +119,7 @@ def test_only_fully_warm_images_count_as_warm() -> None:
             state=cache_pb2.CACHE_ITEM_STATE_READY,
             image_warmth=cache_pb2.ImageWarmth(level=warmth),
         )
-    view = node_view(Target("10.0.0.1:9401"), node)
+    view = node_view(Target("10.0.0.1:9401"), node_from(node))
     assert view.warm == ("llama", "server-full")
 
 
@@ -138,7 +138,7 @@ def test_only_fully_warm_images_count_as_warm() -> None:
     ],
 )
 def test_selectors_match_node_facts_and_labels(text: str, selected: bool) -> None:
-    view = node_view(Target("10.0.0.1:9401", labels={"pool": "x"}), _node())
+    view = node_view(Target("10.0.0.1:9401", labels={"pool": "x"}), node_from(_node()))
     assert parse_selector(text).matches(view) is selected
 
 
@@ -153,7 +153,7 @@ def test_a_lost_gpu_shows_lost_in_fleet_status_even_without_a_uuid() -> None:
     node = _node()
     node.gpus[1].health = agent_pb2.GPU_HEALTH_LOST
     node.gpus.add(index=3, health=agent_pb2.GPU_HEALTH_LOST)
-    status = fleet_status([node_view(Target("10.0.0.1:9401"), node)])
+    status = fleet_status([node_view(Target("10.0.0.1:9401"), node_from(node))])
     (row,) = status.nodes
     assert {g.index: g.mig for g in row.gpus} == {0: "on", 1: "lost", 2: "on", 3: "lost"}
     assert row.health == "unhealthy"
@@ -168,7 +168,7 @@ def test_a_node_that_withholds_processes_is_shown_with_its_gpus_and_says_so() ->
     node.processes_hidden = True
     for g in node.gpus:
         del g.processes[:]
-    view = node_view(Target("10.0.0.1:9401"), node, 3600)
+    view = node_view(Target("10.0.0.1:9401"), node_from(node), 3600)
     assert view.reachable and view.withheld == ("processes",)
     assert not view.plannable and "read role" in view.why_not_plannable
     status = fleet_status([view])
@@ -193,7 +193,9 @@ def test_each_node_row_carries_its_allocation_mode() -> None:
     node.allocation.evidence = "partitionable devices"
     node.allocation.dra_driver = "gpu.nvidia.com"
     gone = unreachable_view(Target("10.0.0.9:9401", "node-z"), "connection refused")
-    doc = status_document(fleet_status([node_view(Target("10.0.0.1:9401"), node), gone]), "1h")
+    doc = status_document(
+        fleet_status([node_view(Target("10.0.0.1:9401"), node_from(node)), gone]), "1h"
+    )
     a, z = doc["nodes"]
     assert a["allocation"] == {
         "mode": "dra-dynamic-mig",
