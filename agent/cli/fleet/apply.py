@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
@@ -16,8 +16,6 @@ from agent.cli.errors import AgentGroup
 from agent.cli.fleet.rollout import rollout_args, rollout_options, start_rollout
 from agent.cli.render import output_option
 from agent.errors import FieldViolation, InvalidSpec
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 @click.group("apply", cls=AgentGroup)

@@ -5,9 +5,9 @@ replayed over the fleet, and the devices the pods use.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
 import yaml
@@ -20,8 +20,6 @@ from agent.cli.coordinator import (
 from agent.cli.fleet.status import counts_text
 from agent.cli.render import emit, format_table, output_option
 from agent.errors import AgentError, FieldViolation, InvalidSpec
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
     from agent.coordinator.fleet.channels import Fleet

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
@@ -14,8 +13,6 @@ from agent.cli.coordinator import (
 from agent.cli.fleet.rollout import rollout_args, rollout_options, start_rollout
 from agent.cli.render import output_option
 from agent.errors import FieldViolation, InvalidSpec
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 @click.command("prewarm")

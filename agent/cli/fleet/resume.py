@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -16,8 +15,6 @@ from agent.cli.coordinator import (
 )
 from agent.cli.fleet.rollout import finish_rollout, progress_report
 from agent.cli.render import output_option
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
     from agent.coordinator.fleet.channels import Fleet

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 import click
 
@@ -14,12 +13,6 @@ from agent.cli.coordinator import (
     run_with_fleet,
 )
 from agent.cli.render import emit, format_table, output_option
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
-    pass
-
 
 # -- status ----------------------------------------------------------------------------------
 
