@@ -35,7 +35,7 @@ from agent.power import Change, PowerView
 from agent.prewarm.model import CacheItem
 from agent.prewarm.source import SourceRequest
 from agent.sharing import ApplyResult, PluginConfig, SharingView
-from agent.wire.mig import AdvisedGpu, advice_from
+from agent.wire.mig import AdvisedGpu, MigPlanView, advice_from, plan_from
 from agent.wire.node import NodeView, node_from
 from agent.wire.operations import OperationView, operation_from
 from agent.wire.power import power_changes_from, power_view_from
@@ -46,7 +46,7 @@ from agent.wire.prewarm import (
     prewarm_targets_pb,
 )
 from agent.wire.sharing import set_sharing_request, sharing_change_from, sharing_view_from
-from agent.wire.telemetry import Scrape, scrape_from
+from agent.wire.telemetry import Scrape, TelemetryView, scrape_from, telemetry_from
 
 __all__ = ["PROBE_AFTER_S", "PROBE_TIMEOUT_S", "AgentClient"]
 
@@ -177,10 +177,10 @@ class AgentClient(Stubs):
     def node(self) -> NodeView:
         return node_from(self._call(self._node.GetNode, agent_pb2.GetNodeRequest()).node)
 
-    def telemetry(self, field_ids: Sequence[int] = ()) -> telemetry_pb2.TelemetrySnapshot:
+    def telemetry(self, field_ids: Sequence[int] = ()) -> TelemetryView:
         """The agent's latest telemetry snapshot (only ``field_ids``, when given)."""
         request = telemetry_pb2.GetTelemetrySnapshotRequest(field_ids=list(field_ids))
-        return self._call(self._telemetry.GetTelemetrySnapshot, request).snapshot
+        return telemetry_from(self._call(self._telemetry.GetTelemetrySnapshot, request).snapshot)
 
     def metrics(self, *, openmetrics: bool = False) -> Scrape:
         """What the agent's /metrics returns now, with the time of the sample rendered."""
@@ -227,13 +227,12 @@ class AgentClient(Stubs):
 
     # -- MIG --------------------------------------------------------------------------------------
 
-    def plan_mig(
-        self, config_yaml: str, config_name: str = "", force: bool = False
-    ) -> mig_pb2.PlanMigResponse:
+    def plan_mig(self, config_yaml: str, config_name: str = "", force: bool = False) -> MigPlanView:
+        """What an apply of ``config_yaml`` would do, GPU by GPU; changes nothing."""
         request = mig_pb2.PlanMigRequest(
             config_yaml=config_yaml, config_name=config_name, force=force
         )
-        return self._call(self._mig.PlanMig, request)
+        return plan_from(self._call(self._mig.PlanMig, request))
 
     def apply_mig(
         self,

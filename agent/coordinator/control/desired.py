@@ -45,10 +45,11 @@ import yaml
 from google.protobuf import json_format
 
 from agent import safeyaml
-from agent._proto.gpuagent.v1 import prewarm_pb2, sharing_pb2
+from agent._proto.gpuagent.v1 import prewarm_pb2
 from agent.coordinator.fleet.inventory import NodeView
 from agent.coordinator.fleet.selector import Selector, parse_selector
 from agent.coordinator.rollout.schedule import parse_max_unavailable
+from agent.coordinator.rollout.specs import STRATEGIES, sharing_spec
 from agent.coordinator.rollout.targets import model_violations
 from agent.errors import FieldViolation, InvalidSpec
 from agent.mig.spec import parse_spec
@@ -242,12 +243,6 @@ def _mig(raw: Any, i: int, bad: list[FieldViolation]) -> MigRule | None:
     return None if selector is None else MigRule(selector, text, name)
 
 
-_STRATEGIES = {
-    "time-slicing": sharing_pb2.SHARING_STRATEGY_TIME_SLICING,
-    "mps": sharing_pb2.SHARING_STRATEGY_MPS,
-}
-
-
 def _power(raw: Any, i: int, bad: list[FieldViolation]) -> PowerRule | None:
     """A power spec per rule; what needs the node's GPUs (ranges, indices) the agent checks."""
     where = f"power[{i}]"
@@ -272,26 +267,27 @@ def _sharing(raw: Any, i: int, bad: list[FieldViolation]) -> SharingRule | None:
     if not _keys(raw, where, allowed, bad):
         return None
     selector = _selector(raw, where, bad)
-    strategy = _STRATEGIES.get(raw.get("strategy"))
+    strategy = raw.get("strategy")
     replicas = raw.get("replicas")
     resources = raw.get("resources") or ["nvidia.com/gpu"]
-    if strategy is None:
-        bad.append(FieldViolation(f"{where}.strategy", "time-slicing or mps"))
+    if strategy not in STRATEGIES:
+        bad.append(FieldViolation(f"{where}.strategy", " or ".join(STRATEGIES)))
+        strategy = None
     if isinstance(replicas, bool) or not isinstance(replicas, int) or not 2 <= replicas <= _UINT32:
         bad.append(FieldViolation(f"{where}.replicas", f"an integer 2-{_UINT32}"))
         replicas = None
     if not isinstance(resources, list) or not all(isinstance(r, str) for r in resources):
         bad.append(FieldViolation(f"{where}.resources", "a list of resource names"))
-    if selector is None or strategy is None or not isinstance(replicas, int):
+        resources = None
+    if selector is None or strategy is None or not isinstance(replicas, int) or resources is None:
         return None
-    request = sharing_pb2.SetSharingRequest(
-        spec=sharing_pb2.SharingSpec(
-            strategy=strategy,
-            resources=[sharing_pb2.SharedResource(name=r, replicas=replicas) for r in resources],
-            rename_by_default=bool(raw.get("rename", False)),
-        )
-    )
-    return SharingRule(selector, json_format.MessageToDict(request))
+    try:
+        # The request a rollout record keeps, built and checked as `fleet apply --sharing` does.
+        spec = sharing_spec(None, strategy, resources, replicas, bool(raw.get("rename", False)))
+    except InvalidSpec as exc:
+        bad += [FieldViolation(where, f"{v.field}: {v.description}") for v in exc.violations]
+        return None
+    return SharingRule(selector, spec["request"])
 
 
 def _prewarm_kinds() -> list[tuple[str, str, Any, TargetSchema]]:

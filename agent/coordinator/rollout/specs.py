@@ -16,9 +16,10 @@ from agent.coordinator.rollout.targets import model_violations
 from agent.errors import FieldViolation
 from agent.wire.sharing import requested_config
 
-__all__ = ["prewarm_spec", "sharing_spec", "target_violations"]
+__all__ = ["STRATEGIES", "prewarm_spec", "sharing_spec", "target_violations"]
 
-_STRATEGIES = {
+#: a sharing strategy's name, as the fleet CLI and the desired file take it -> its enum
+STRATEGIES: Mapping[str, sharing_pb2.SharingStrategy] = {
     "time-slicing": sharing_pb2.SHARING_STRATEGY_TIME_SLICING,
     "mps": sharing_pb2.SHARING_STRATEGY_MPS,
 }
@@ -44,7 +45,7 @@ def sharing_spec(
     else:
         request = sharing_pb2.SetSharingRequest(
             spec=sharing_pb2.SharingSpec(
-                strategy=_STRATEGIES[strategy],
+                strategy=STRATEGIES[strategy],
                 resources=[
                     sharing_pb2.SharedResource(name=r, replicas=replicas) for r in resources
                 ],

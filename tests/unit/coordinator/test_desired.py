@@ -13,6 +13,7 @@ from agent.coordinator.control.desired import parse_desired
 from agent.coordinator.control.reconcile import Reconciler
 from agent.coordinator.fleet.channels import Fleet
 from agent.coordinator.fleet.discovery import StaticDiscovery
+from agent.coordinator.rollout.specs import sharing_spec
 from agent.errors import InvalidSpec
 
 FULL = """\
@@ -42,6 +43,8 @@ def test_a_full_desired_state_parses() -> None:
     assert mig.config_name == "all-1g" and str(mig.selector) == "model=*H100*"
     (share,) = desired.sharing
     assert share.request["spec"]["strategy"] == "SHARING_STRATEGY_MPS"
+    # one builder: the request `fleet apply --sharing mps --replicas 3` would record
+    assert share.request == sharing_spec(None, "mps", ["nvidia.com/gpu"], 3)["request"]
     (warm,) = desired.prewarm
     assert warm.names == ("a", "app") and warm.concurrency == 5
 
@@ -54,6 +57,10 @@ def test_a_full_desired_state_parses() -> None:
         ("version: v1\nrollout: {max_unavailable: 0}", "rollout.max_unavailable"),
         ("version: v1\nsharing: [{strategy: magic, replicas: 2}]", "sharing[0].strategy"),
         ("version: v1\nsharing: [{strategy: mps, replicas: 1}]", "sharing[0].replicas"),
+        (
+            "version: v1\nsharing: [{strategy: mps, replicas: 2, resources: nvidia.com/gpu}]",
+            "sharing[0].resources",
+        ),
         ("version: v1\nmig: [{config: 'version: v1'}]", "mig[0].config"),
         ("version: v1\nmig: [{selector: 'model', config: 'x'}]", "mig[0].selector"),
         ("version: v1\nprewarm: [{files: [{url: 'https://x/a'}]}]", "prewarm[0].files[0].name"),

@@ -4,21 +4,33 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent._proto.gpuagent.v1 import agent_pb2
+from agent._proto.gpuagent.v1 import agent_pb2, mig_pb2
 from agent.errors import Busy
 from agent.gpu.types import PowerLimits
 from agent.health.machine import Mark, State
+from agent.mig.plan import Desired, plan_gpu
 from agent.mig.service import ApplyResult as MigApplyResult
-from agent.mig.service import GpuOutcome
+from agent.mig.service import GpuOutcome, NodePlan
 from agent.power import Change, GpuPower, PowerView
 from agent.sharing import Advertised, ApplyResult, ReloadReport, parse
 from agent.state import Operation
+from agent.telemetry.snapshot import (
+    Entity,
+    EntitySample,
+    GpuIdentity,
+    GpuStatus,
+    InstanceIdentity,
+    PodRef,
+    PodUsage,
+    Snapshot,
+)
 from agent.wire.errors import error_record
-from agent.wire.mig import apply_result_pb
+from agent.wire.mig import GpuReset, apply_result_pb, node_plan_pb, plan_from, reset_from
 from agent.wire.node import gpu_pb, health_mark_pb, node_from
 from agent.wire.operations import message_dict, operation_from, operation_pb
 from agent.wire.power import power_changes_from, power_changes_pb, power_view_from, power_view_pb
 from agent.wire.sharing import sharing_change_from, sharing_change_pb
+from agent.wire.telemetry import snapshot_pb, telemetry_from
 from tests.unit.sharing.layouts import full_gpu, mig_gpu
 
 _TS2 = """\
@@ -98,3 +110,76 @@ def test_an_operation_reads_back_with_its_result_or_its_error() -> None:
     assert (
         isinstance(error, Busy) and tuple(error.blockers) == ("pid 42",) and str(error) == str(busy)
     )
+
+
+def test_a_mig_plan_reads_back_gpu_by_gpu_with_its_steps_and_instances() -> None:
+    """PlanMig as both clients read it (`plan_from`): each GPU's status, steps, the instances
+    kept, destroyed and created, and the GPUs left out; a status from a newer agent is
+    "unknown", not an error."""
+    split, whole, other = mig_gpu(0, "3g.40gb", "3g.40gb"), full_gpu(1), full_gpu(2)
+    plans = (
+        plan_gpu(split, Desired(True, (("3g.40gb", 1), ("1g.10gb", 4)))),
+        plan_gpu(whole, Desired(True, (("7g.80gb", 1),))),
+        plan_gpu(whole, Desired(True, (("7g.80gb", 2),))),
+    )
+    view = plan_from(node_plan_pb(NodePlan("mixed", plans, unselected=(other.gpu,))))
+    assert (view.config_name, view.unselected_gpus, view.skipped_gpus) == ("mixed", (2,), ())
+    for domain, read in zip(plans, view.gpus, strict=True):
+        assert (read.gpu_index, read.gpu_uuid) == (domain.layout.gpu.index, domain.layout.gpu.uuid)
+        assert read.status == domain.status
+        assert read.steps == tuple(str(s) for s in domain.steps)
+        assert read.create == tuple(gi.label for gi in domain.create)
+        assert read.keep == tuple(f"{gi.profile_name}@{gi.placement}" for gi in domain.keep)
+        assert read.destroy == tuple(f"{gi.profile_name}@{gi.placement}" for gi in domain.destroy)
+        assert read.deferred == domain.deferred
+    assert [p.status for p in view.gpus] == ["change", "change", "infeasible"]
+    one, two = (f"{gi.profile_name}@{gi.placement}" for gi in split.instances)
+    assert {view.gpus[0].keep, view.gpus[0].destroy} == {(one,), (two,)}
+    assert view.gpus[2].infeasible_reason == plans[2].infeasible.reason  # type: ignore[union-attr]
+    newer = mig_pb2.PlanMigResponse(gpus=[mig_pb2.GpuMigPlan(gpu_index=0, status=99)])  # type: ignore[arg-type]
+    assert plan_from(newer).gpus[0].status == "unknown"
+
+
+def test_a_telemetry_snapshot_reads_back_per_entity_and_withholds_pods_when_asked() -> None:
+    """GetTelemetrySnapshot as the coordinator reads it (`telemetry_from`): values by field id,
+    the MIG instance of a sample, the pod on it, idle time and per-container use; an unknown
+    value stays unknown (None), never 0."""
+    gpu = GpuIdentity(0, "GPU-0", "NVIDIA H100 80GB HBM3", "00000000:18:00.0", 0)
+    mig = Entity(gpu, InstanceIdentity(7, "3g.40gb"))
+    pod = PodRef("ml", "train-0", "main")
+    snapshot = Snapshot(
+        taken_at=1_800_000_000.5,
+        hostname="node-a",
+        driver_version="570.86.15",
+        nvml_version="12.570.86.15",
+        gpus=(GpuStatus(gpu, True),),
+        entities=(
+            EntitySample(Entity(gpu), {150: 41.0, 1004: 0.25}, None, 12.0),
+            EntitySample(mig, {1004: 0.5}, pod, None),
+        ),
+        pods=(PodUsage(mig, pod, 2.0e9, None),),
+    )
+    view = telemetry_from(snapshot_pb(snapshot))
+    assert (view.taken_at, view.hostname, view.driver_version) == (
+        1_800_000_000.5,
+        "node-a",
+        "570.86.15",
+    )
+    whole, part = view.samples
+    assert (whole.entity.gpu_instance_id, whole.entity.profile) == (None, "")
+    assert dict(whole.values) == {150: 41.0, 1004: 0.25} and whole.idle_seconds == 12.0
+    assert (part.entity.gpu_instance_id, part.entity.profile, part.pod) == (7, "3g.40gb", pod)
+    assert part.idle_seconds is None
+    (use,) = view.pods
+    assert (use.pod, use.memory_used_bytes, use.sm_utilization) == (pod, 2.0e9, None)
+    assert not view.pods_hidden
+    only = telemetry_from(snapshot_pb(snapshot, {1004}, pods=False))
+    assert [dict(s.values) for s in only.samples] == [{1004: 0.25}, {1004: 0.5}]
+    assert only.pods_hidden and only.pods == () and only.samples[1].pod is None
+
+
+def test_a_reset_reads_back_as_the_gpu_and_whether_it_was_reset() -> None:
+    assert reset_from(mig_pb2.ResetGpuResponse(gpu_uuid="GPU-0", reset=True)) == GpuReset(
+        "GPU-0", True
+    )
+    assert not reset_from(mig_pb2.ResetGpuResponse(gpu_uuid="GPU-0")).reset
