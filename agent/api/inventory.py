@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from agent import __version__
-from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, events_pb2, sharing_pb2
+from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, sharing_pb2
 from agent.api.events import EventBus
 from agent.dra.mode import Allocation
 from agent.errors import AgentError
@@ -30,8 +30,14 @@ from agent.health.store import Target
 from agent.prewarm.inventory import Inventory as CacheInventory
 from agent.sharing import SharingView
 from agent.telemetry.snapshot import GpuStatus, Snapshot
-from agent.telemetry.xid import xid_message
-from agent.wire.node import allocation_pb, gpu_instance_pb, gpu_pb, health_mark_pb
+from agent.wire.node import (
+    allocation_pb,
+    gpu_lost_event_pb,
+    gpu_pb,
+    health_mark_pb,
+    mig_layout_event_pb,
+    xid_event_pb,
+)
 from agent.wire.prewarm import cache_inventory_pb
 from agent.wire.sharing import sharing_config_pb
 from agent.wire.timestamps import timestamp
@@ -238,11 +244,11 @@ class NodeInventory:
                     log.error(
                         "GPU %d (%s) lost: %s", index, uuid or "uuid unknown", after.lost[index]
                     )
-                    self._bus.publish(gpu_lost=_gpu_lost(layout, after.lost[index]))
+                    self._bus.publish(gpu_lost=gpu_lost_event_pb(layout, after.lost[index]))
                 continue
             prior = old.get(uuid)
             if prior is not None and _mig_shape(prior) != _mig_shape(layout):
-                self._bus.publish(mig_layout=_mig_layout_event(layout))
+                self._bus.publish(mig_layout=mig_layout_event_pb(layout))
 
     def _announce_xids(self) -> None:
         if self._xid_source is None:
@@ -253,16 +259,7 @@ class NodeInventory:
             new = count - self._xids_seen.get(key, 0)
             if new > 0:
                 index, gi, xid = key
-                self._bus.publish(
-                    xid=events_pb2.XidEvent(
-                        gpu_index=index,
-                        gpu_uuid=by_index.get(index, ""),
-                        gpu_instance_id=gi,
-                        xid=xid,
-                        message=xid_message(xid),
-                        count=new,
-                    )
-                )
+                self._bus.publish(xid=xid_event_pb(index, by_index.get(index, ""), gi, xid, new))
         self._xids_seen = counts
 
     def _rebuild(self, snapshot: Snapshot | None = None) -> None:
@@ -388,24 +385,4 @@ def _mig_shape(layout: GpuLayout) -> tuple[object, ...]:
     return (
         None if mode is None else (mode.current, mode.pending),
         tuple((gi.profile_id, gi.placement, gi.compute_instances) for gi in layout.instances),
-    )
-
-
-def _mig_layout_event(layout: GpuLayout) -> events_pb2.MigLayoutEvent:
-    g = layout.gpu
-    event = events_pb2.MigLayoutEvent(
-        gpu_index=g.index,
-        gpu_uuid=g.uuid,
-        instances=[gpu_instance_pb(gi) for gi in layout.instances],
-    )
-    if g.mig_mode is not None:
-        event.mig_mode.CopyFrom(
-            agent_pb2.MigMode(current=g.mig_mode.current, pending=g.mig_mode.pending)
-        )
-    return event
-
-
-def _gpu_lost(layout: GpuLayout, detail: str) -> events_pb2.GpuLostEvent:
-    return events_pb2.GpuLostEvent(
-        gpu_index=layout.gpu.index, gpu_uuid=layout.gpu.uuid, detail=detail
     )

@@ -25,6 +25,7 @@ from agent.gpu.types import (
 )
 from agent.health.machine import Mark, State
 from agent.health.monitor import HealthChange
+from agent.telemetry.xid import xid_message
 from agent.wire.prewarm import ItemStatus, item_status_from
 from agent.wire.timestamps import seconds, timestamp
 
@@ -36,11 +37,14 @@ __all__ = [
     "allocation_of",
     "allocation_pb",
     "gpu_instance_pb",
+    "gpu_lost_event_pb",
     "gpu_pb",
     "health_event_pb",
     "health_mark_pb",
     "layout_from",
+    "mig_layout_event_pb",
     "node_from",
+    "xid_event_pb",
 ]
 
 
@@ -70,6 +74,42 @@ def health_event_pb(change: HealthChange) -> events_pb2.HealthEvent:
         previous=_HEALTH_STATES[change.before],
         mark=health_mark_pb(change.mark, change.reason),
         held=change.held,
+    )
+
+
+def mig_layout_event_pb(layout: GpuLayout) -> events_pb2.MigLayoutEvent:
+    """A GPU's MIG mode or instances changed (by anyone, not only this agent)."""
+    g = layout.gpu
+    event = events_pb2.MigLayoutEvent(
+        gpu_index=g.index,
+        gpu_uuid=g.uuid,
+        instances=[gpu_instance_pb(gi) for gi in layout.instances],
+    )
+    if g.mig_mode is not None:
+        event.mig_mode.CopyFrom(
+            agent_pb2.MigMode(current=g.mig_mode.current, pending=g.mig_mode.pending)
+        )
+    return event
+
+
+def gpu_lost_event_pb(layout: GpuLayout, detail: str) -> events_pb2.GpuLostEvent:
+    """``detail``: the driver's error for the GPU."""
+    return events_pb2.GpuLostEvent(
+        gpu_index=layout.gpu.index, gpu_uuid=layout.gpu.uuid, detail=detail
+    )
+
+
+def xid_event_pb(
+    gpu_index: int, gpu_uuid: str, gpu_instance_id: int | None, xid: int, count: int
+) -> events_pb2.XidEvent:
+    """``count`` new XIDs of one kind on a GPU (or one of its instances) since the last event."""
+    return events_pb2.XidEvent(
+        gpu_index=gpu_index,
+        gpu_uuid=gpu_uuid,
+        gpu_instance_id=gpu_instance_id,
+        xid=xid,
+        message=xid_message(xid),
+        count=count,
     )
 
 
