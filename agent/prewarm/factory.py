@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from agent.prewarm import kinds
 from agent.prewarm.fetch_http import HttpFetcher
 from agent.prewarm.headers import parse_header_dir
 from agent.prewarm.index import PrewarmIndex
@@ -154,6 +155,7 @@ def build_service(
         settings.budget_bytes,
         settings.max_volume_share,
         scanner=ProcScanner(proc_root),
+        layout_of=kinds.layout_of,
     )
     policy = policy_from(settings)
     return PrewarmService(

@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from agent.prewarm import kinds
 from agent.prewarm.index import ImagePull
 from agent.prewarm.model import CacheItem, ItemState, Warmth
 from agent.prewarm.naming import LABEL_PREFIX, label_key
@@ -31,7 +32,7 @@ class Inventory:
 def node_labels(items: Sequence[CacheItem]) -> dict[str, str]:
     """``gpu-agent.io/cache.<name>: ready`` (see `label_key`) for every ready file, ready model
     and fully warm image."""
-    return {label_key(i.name): READY_VALUE for i in items if i.label_ready}
+    return {label_key(i.name): READY_VALUE for i in items if kinds.label_ready(i)}
 
 
 def label_patch(current: Mapping[str, str], items: Sequence[CacheItem]) -> dict[str, Any]:

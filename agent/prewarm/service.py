@@ -272,7 +272,7 @@ class PrewarmService:
                 )
             if (
                 reason is None
-                and item.label_ready
+                and source.ready(item)
                 and not source.repull(item, target.options, self._clock())
             ):
                 changes = {
