@@ -7,8 +7,9 @@ field) and answer with the ``*_pb`` functions; clients turn answers back into re
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 from agent._proto.gpuagent.v1 import cache_pb2, prewarm_pb2
@@ -25,7 +26,7 @@ from agent.prewarm.model import (
 )
 from agent.prewarm.source import SourceRequest
 from agent.prewarm.store import Usage
-from agent.prewarm.target import PULL_POLICY_PB, FieldType, message_values
+from agent.prewarm.target import FieldType, TargetSchema
 from agent.redact import redact_text
 from agent.wire.timestamps import seconds, timestamp
 
@@ -38,6 +39,7 @@ __all__ = [
     "cache_item_pb",
     "item_state_pb",
     "item_status_from",
+    "message_values",
     "prewarm_requests_from",
     "prewarm_targets_pb",
 ]
@@ -139,6 +141,62 @@ def cache_inventory_pb(usage: Usage, items: Iterable[CacheItem]) -> cache_pb2.Ca
     return cache_pb2.CacheInventory(
         usage=cache_usage_pb(usage), items=[cache_item_pb(i) for i in items]
     )
+
+
+def message_values(
+    schema: TargetSchema, msg: Any, where: str, bad: list[FieldViolation]
+) -> dict[str, Any]:
+    """A target message's fields (prewarm.proto's FileTarget, ImageTarget, ...) as its
+    schema's values (agent/prewarm/target.py), for the API and the coordinator's desired file
+    alike: proto3's empty values read as absent; the checks a message's types cannot
+    make (a source given, hours in range, header files as absolute paths) go to ``bad``."""
+    if not getattr(msg, schema.source):
+        bad.append(FieldViolation(f"{where}.{schema.source}", "required"))
+    values: dict[str, Any] = {}
+    for name, kind in schema.fields.items():
+        value = getattr(msg, name)
+        if kind is FieldType.TEXT:
+            values[name] = value or None
+        elif kind is FieldType.HOURS:
+            values[name] = value if msg.HasField(name) else None
+            if values[name] is not None and not 0 < value < 1e6:
+                bad.append(FieldViolation(f"{where}.{name}", "more than 0 hours"))
+        elif kind is FieldType.PULL_POLICY:
+            values[name] = pull_policy_of(value).value
+        elif kind is FieldType.HEADERS:
+            values[name] = _absolute_headers(value, where, bad)
+        elif kind is FieldType.GLOBS:
+            values[name] = list(value)
+        else:
+            values[name] = bool(value)
+    return values
+
+
+#: a PULL_POLICY field as prewarm.proto's ImagePullPolicy, and back (UNSPECIFIED: the default)
+PULL_POLICY_PB = {
+    PullPolicy.IF_NOT_PRESENT: prewarm_pb2.IMAGE_PULL_POLICY_IF_NOT_PRESENT,
+    PullPolicy.ALWAYS: prewarm_pb2.IMAGE_PULL_POLICY_ALWAYS,
+}
+_PULL_POLICIES: dict[int, PullPolicy] = {pb: policy for policy, pb in PULL_POLICY_PB.items()}
+
+
+def pull_policy_of(number: int) -> PullPolicy:
+    return _PULL_POLICIES.get(number, PullPolicy.IF_NOT_PRESENT)
+
+
+def _absolute_headers(
+    header_files: Mapping[str, str], where: str, bad: list[FieldViolation]
+) -> dict[str, Path]:
+    headers = {}
+    for name, path in header_files.items():
+        if not path or not Path(path).is_absolute():
+            bad.append(
+                FieldViolation(
+                    f"{where}.header_files[{name}]", "must be an absolute path on the node"
+                )
+            )
+        headers[name] = Path(path)
+    return headers
 
 
 _MAX_TARGETS = 1000
