@@ -20,6 +20,8 @@ from agent.prewarm.naming import LABEL_PREFIX, label_key
 from agent.prewarm.store import Usage
 
 READY_VALUE = "ready"
+#: the states of gpu_agent_prewarm_item_state (an agent's items are never UNKNOWN)
+_COUNTED_STATES = tuple(s for s in ItemState if s is not ItemState.UNKNOWN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +85,7 @@ class PrewarmCollector(Collector):
         )
         for item in inv.items:
             key = [str(item.kind), item.name]
-            for s in ItemState:
+            for s in _COUNTED_STATES:
                 state.add_metric([*key, s.value], 1.0 if item.state is s else 0.0)
             if item.size is not None:
                 size.add_metric(key, float(item.size))

@@ -17,6 +17,9 @@ class ItemState(enum.StrEnum):
     READY = "ready"
     FAILED = "failed"
     EVICTED = "evicted"
+    #: a state a newer agent sent that this client does not know: read from the wire only,
+    #: never stored nor counted by an agent
+    UNKNOWN = "unknown"
 
 
 class PullPolicy(enum.StrEnum):

@@ -31,6 +31,7 @@ from agent.redact import redact_text
 from agent.wire.timestamps import seconds, timestamp
 
 __all__ = [
+    "UNKNOWN_KIND",
     "CacheContents",
     "ItemStatus",
     "cache_contents_from",
@@ -53,6 +54,9 @@ _KINDS: dict[str, cache_pb2.CacheItemKind] = {
     if value != cache_pb2.CACHE_ITEM_KIND_UNSPECIFIED
 }
 _KINDS_FROM = {value: item_kind(kind) for kind, value in _KINDS.items()}
+#: what a client reads for a kind the API does not name (UNSPECIFIED: a kind registered beyond
+#: cache.proto's) or that it does not know (a newer agent's)
+UNKNOWN_KIND = "unknown"
 _STATES: dict[ItemState, cache_pb2.CacheItemState] = {
     ItemState.QUEUED: cache_pb2.CACHE_ITEM_STATE_QUEUED,
     ItemState.FETCHING: cache_pb2.CACHE_ITEM_STATE_FETCHING,
@@ -63,7 +67,7 @@ _STATES: dict[ItemState, cache_pb2.CacheItemState] = {
 
 
 def item_state_pb(state: ItemState) -> cache_pb2.CacheItemState:
-    return _STATES[state]
+    return _STATES.get(state, cache_pb2.CACHE_ITEM_STATE_UNSPECIFIED)
 
 
 _WARMTH: dict[Warmth, cache_pb2.ImageWarmthLevel] = {
@@ -102,7 +106,7 @@ def cache_item_pb(i: CacheItem) -> cache_pb2.CacheItem:
         kind=_KINDS.get(i.kind, cache_pb2.CACHE_ITEM_KIND_UNSPECIFIED),
         name=i.name,
         source=_source_pb(i),
-        state=_STATES[i.state],
+        state=item_state_pb(i.state),
         pinned=i.pinned,
         size_bytes=i.size,
         sha256=i.sha256 or "",
@@ -261,13 +265,15 @@ _TARGET_MESSAGES: dict[str, Any] = {
 
 def cache_item_from(pb: cache_pb2.CacheItem) -> CacheItem:
     """`cache_item_pb` inverted, for a client that renders items (round trip tested); an
-    image's warmth travels in its options, as the agent keeps it."""
+    image's warmth travels in its options, as the agent keeps it. A kind or state this client
+    does not know (UNSPECIFIED, or a newer agent's value) reads as `UNKNOWN_KIND` or
+    `ItemState.UNKNOWN`, never as an error."""
     return CacheItem(
         id=pb.id,
-        kind=_KINDS_FROM[pb.kind],
+        kind=_KINDS_FROM.get(pb.kind, UNKNOWN_KIND),
         name=pb.name,
         source=pb.source,
-        state=_STATES_FROM[pb.state],
+        state=_STATES_FROM.get(pb.state, ItemState.UNKNOWN),
         pinned=pb.pinned,
         size=pb.size_bytes if pb.HasField("size_bytes") else None,
         sha256=pb.sha256 or None,
