@@ -13,7 +13,8 @@ from agent.prewarm.headers import parse_header_dir
 from agent.prewarm.index import PrewarmIndex
 from agent.prewarm.inuse import ProcScanner
 from agent.prewarm.policy import UrlPolicy
-from agent.prewarm.service import FileFetcher, ImagePuller, ImageWarmer, PrewarmService
+from agent.prewarm.ports import FileFetcher, ImagePuller, ImageWarmer
+from agent.prewarm.service import PrewarmService
 from agent.prewarm.store import CacheStore
 from agent.state import StateStore
 

@@ -28,7 +28,7 @@ from agent.prewarm.policy import UrlPolicy, redact_url
 if TYPE_CHECKING:
     from agent.prewarm.fetch_http import CancelledFn, ProgressFn
     from agent.prewarm.index import PrewarmIndex
-    from agent.prewarm.service import FileFetcher, ImagePuller, ImageWarmer
+    from agent.prewarm.ports import FileFetcher, ImagePuller, ImageWarmer
     from agent.prewarm.store import CacheStore, Partial
     from agent.prewarm.target import TargetSchema
 

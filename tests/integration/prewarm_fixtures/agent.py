@@ -11,7 +11,8 @@ from agent.prewarm.fetch_http import HttpFetcher
 from agent.prewarm.headers import HeaderDir
 from agent.prewarm.index import PrewarmIndex
 from agent.prewarm.policy import UrlPolicy, origin_of
-from agent.prewarm.service import FileFetcher, ImagePuller, ImageWarmer, PrewarmService
+from agent.prewarm.ports import FileFetcher, ImagePuller, ImageWarmer
+from agent.prewarm.service import PrewarmService
 from agent.prewarm.store import CacheStore
 
 # The test origins, registries and proxies listen on loopback, which the agent refuses unless
