@@ -67,7 +67,8 @@ from agent.mig.reset import command_reset, simulated_reset
 from agent.mig.service import MigService
 from agent.power import PowerService
 from agent.prewarm.factory import build_service as build_prewarm
-from agent.prewarm.inventory import PrewarmCollector, label_patch, node_labels
+from agent.prewarm.inventory import PrewarmCollector
+from agent.prewarm.labels import label_patch, node_labels
 from agent.prewarm.service import PrewarmService
 from agent.reclaim import reclaim_marker
 from agent.sharing import SharingService

@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent.client import AgentClient
 from agent.gpu.sim import SimControl, open_simulator
 from agent.prewarm.images import CriPuller
-from agent.prewarm.inventory import READY_VALUE, node_labels
+from agent.prewarm.labels import READY_VALUE, node_labels
 from agent.prewarm.model import ItemState
 from agent.prewarm.naming import label_key
 from tests.integration.prewarm_fixtures import cri, hub

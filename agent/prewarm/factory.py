@@ -7,12 +7,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from agent.prewarm import kinds
 from agent.prewarm.fetch_http import HttpFetcher
 from agent.prewarm.headers import parse_header_dir
 from agent.prewarm.index import PrewarmIndex
 from agent.prewarm.inuse import ProcScanner
 from agent.prewarm.policy import UrlPolicy
-from agent.prewarm.service import FileFetcher, ImagePuller, ImageWarmer, PrewarmService
+from agent.prewarm.ports import FileFetcher, ImagePuller, ImageWarmer
+from agent.prewarm.service import PrewarmService
 from agent.prewarm.store import CacheStore
 from agent.state import StateStore
 
@@ -154,6 +156,7 @@ def build_service(
         settings.budget_bytes,
         settings.max_volume_share,
         scanner=ProcScanner(proc_root),
+        layout_of=kinds.layout_of,
     )
     policy = policy_from(settings)
     return PrewarmService(

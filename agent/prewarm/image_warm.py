@@ -26,8 +26,8 @@ from agent.prewarm.errors import Cancelled, FetchFailed, ImageWarmFailed
 from agent.prewarm.fetch_http import CancelledFn, FetchSpec, ProgressFn
 from agent.prewarm.nydus import NYDUS_FEATURE, classify, warmth
 from agent.prewarm.policy import UrlPolicy
+from agent.prewarm.ports import FileFetcher, WarmResult
 from agent.prewarm.registry import Descriptor, ImageName, RegistryClient
-from agent.prewarm.service import FileFetcher, WarmResult
 from agent.prewarm.sink import DigestSink
 from agent.prewarm.snapshotter import SnapshotterClient
 

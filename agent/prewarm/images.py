@@ -27,7 +27,7 @@ from agent._proto.k8s.cri.runtime.v1 import api_pb2_grpc as cri_grpc
 from agent.errors import AgentError, NotFound
 from agent.prewarm.docker_auth import credentials_for, registry_host
 from agent.prewarm.errors import Cancelled, FetchFailed
-from agent.prewarm.service import PullResult
+from agent.prewarm.ports import PullResult
 
 RUNTIME_HANDLER_ANNOTATION = "io.containerd.cri.runtime-handler"
 PINNED_LABEL = "io.cri-containerd.pinned"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import Conflict, NotFound
-from agent.prewarm.model import CacheItem, ItemState, Layout, item_kind
+from agent.prewarm.model import CacheItem, ItemState, item_kind
 from agent.state import TABLE_DURABILITY, StateStore
 
 _DURABILITY = TABLE_DURABILITY["prewarm_items"]
@@ -136,14 +136,15 @@ class PrewarmIndex:
             rows = conn.execute(query + " ORDER BY created_at, id", args).fetchall()
         return [_from_row(r) for r in rows]
 
-    def ready_with_digest(self, sha256: str) -> list[CacheItem]:
-        """The ready items that are the one blob ``sha256`` (every name on it)."""
+    def ready_with_sha256(self, sha256: str) -> list[CacheItem]:
+        """The ready items that record ``sha256``, of any kind (`CacheStore.on_blob` keeps
+        those that are that one blob)."""
         with self.store.reading() as conn:
             rows = conn.execute(
                 "SELECT * FROM prewarm_items WHERE sha256 = ? AND state = ?",
                 (sha256, ItemState.READY.value),
             ).fetchall()
-        return [i for i in map(_from_row, rows) if i.layout is Layout.BLOB]
+        return [_from_row(r) for r in rows]
 
     def record_pull(self, pull: ImagePull) -> None:
         with self.transaction() as conn:

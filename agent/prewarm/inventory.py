@@ -1,24 +1,24 @@
-"""The inventory as others see it: node labels for cache affinity, and Prometheus series.
+"""The inventory as others see it: Prometheus series (the node labels are
+agent/prewarm/labels.py's).
 
-Both are pure renderings of one `Inventory` snapshot; the collector never touches the disk or
+They are a pure rendering of one `Inventory` snapshot; the collector never touches the disk or
 the network on a scrape (it calls the supplier, which reads the index).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from agent.prewarm.index import ImagePull
 from agent.prewarm.model import CacheItem, ItemState, Warmth
-from agent.prewarm.naming import LABEL_PREFIX, label_key
 from agent.prewarm.store import Usage
 
-READY_VALUE = "ready"
+#: the states of gpu_agent_prewarm_item_state (an agent's items are never UNKNOWN)
+_COUNTED_STATES = tuple(s for s in ItemState if s is not ItemState.UNKNOWN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,26 +26,6 @@ class Inventory:
     items: Sequence[CacheItem]
     usage: Usage
     pulls: Sequence[ImagePull]
-
-
-def node_labels(items: Sequence[CacheItem]) -> dict[str, str]:
-    """``gpu-agent.io/cache.<name>: ready`` (see `label_key`) for every ready file, ready model
-    and fully warm image."""
-    return {label_key(i.name): READY_VALUE for i in items if i.label_ready}
-
-
-def label_patch(current: Mapping[str, str], items: Sequence[CacheItem]) -> dict[str, Any]:
-    """A JSON merge patch of the Node that sets ready labels and removes our stale ones.
-
-    Only keys under ``gpu-agent.io/cache.`` are touched; ``None`` deletes a label. Empty when the
-    node already matches, so the publisher can skip the API call.
-    """
-    wanted = node_labels(items)
-    changes: dict[str, str | None] = {k: v for k, v in wanted.items() if current.get(k) != v}
-    for key in current:
-        if key.startswith(LABEL_PREFIX) and key not in wanted:
-            changes[key] = None
-    return {"metadata": {"labels": changes}} if changes else {}
 
 
 class PrewarmCollector(Collector):
@@ -82,7 +62,7 @@ class PrewarmCollector(Collector):
         )
         for item in inv.items:
             key = [str(item.kind), item.name]
-            for s in ItemState:
+            for s in _COUNTED_STATES:
                 state.add_metric([*key, s.value], 1.0 if item.state is s else 0.0)
             if item.size is not None:
                 size.add_metric(key, float(item.size))

@@ -4,8 +4,10 @@ Each kind is one `Source` (agent/prewarm/source.py) in its own module,
 ``agent/prewarm/source_<kind>.py``, which names it ``SOURCE``: this registry finds those
 modules by name and registers each, so a new kind is its module alone. Registered, it is all
 the service, the store, the inventory, the manifest and the API's conversion need to handle
-its items. A test registers a kind of its own with `register` (or `registered`) and drops it
-with `unregister`.
+its items. The records (agent/prewarm/model.py) know no kinds: what depends on an item's kind
+is asked here (`layout_of`, `label_ready`), and the store, below this registry (a kind's
+module imports it), is given `layout_of` when it is built. A test registers a kind of its own
+with `register` (or `registered`) and drops it with `unregister`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from agent.errors import InvalidSpec, NotSupported
+from agent.prewarm.model import CacheItem, Layout
 from agent.prewarm.source import Source, SourceRequest
 from agent.prewarm.target import TargetSchema
 
@@ -52,6 +55,18 @@ def source_for(kind: str) -> Source:
         return _BY_KIND[kind]
     except KeyError:
         raise NotSupported(f"prewarm kind {kind!r} is not known to this agent") from None
+
+
+def layout_of(kind: str) -> Layout:
+    """Where a stored item's kind keeps a ready item (its `Source` says)."""
+    return source_for(kind).layout
+
+
+def label_ready(item: CacheItem) -> bool:
+    """Worth a ``cache.<name>=ready`` node label: ready, and as its kind's `Source.ready`
+    says (a Nydus image with only its bootstrap pulled would still fetch its data when the
+    pod starts)."""
+    return source_for(item.kind).ready(item)
 
 
 def for_request(request: SourceRequest) -> Source:

@@ -7,10 +7,6 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from agent.prewarm.source import Source
 
 
 class ItemState(enum.StrEnum):
@@ -21,6 +17,9 @@ class ItemState(enum.StrEnum):
     READY = "ready"
     FAILED = "failed"
     EVICTED = "evicted"
+    #: a state a newer agent sent that this client does not know: read from the wire only,
+    #: never stored nor counted by an agent
+    UNKNOWN = "unknown"
 
 
 class PullPolicy(enum.StrEnum):
@@ -175,15 +174,9 @@ class CacheItem:
     owner: str | None = None  # who submitted or pinned it (agent/owner.py); not shown to readers
     owner_role: str | None = None  # the role it acted under
 
-    @property
-    def layout(self) -> Layout:
-        """Where this item's kind keeps a ready item (its registered `Source` says)."""
-        return _source(self.kind).layout
-
-    @property
-    def blobs(self) -> dict[str, int]:
-        """sha256 -> size of the blobs a ready file or group stands on ({} for others)."""
-        layout = self.layout
+    def blobs(self, layout: Layout) -> dict[str, int]:
+        """sha256 -> size of the blobs a ready file or group stands on ({} for others), laid
+        out as its kind's ``layout`` says (`kinds.layout_of`; the records know no kinds)."""
         if layout is Layout.BLOB:
             return {self.sha256: self.size or 0} if self.sha256 else {}
         if layout is Layout.TREE:
@@ -216,13 +209,6 @@ class CacheItem:
             return None
         return ImageWarmth.from_options(self.options)
 
-    @property
-    def label_ready(self) -> bool:
-        """Worth a ``cache.<name>=ready`` node label: ready, and as its kind's `Source.ready`
-        says (a Nydus image with only its bootstrap pulled would still fetch its data when the
-        pod starts)."""
-        return _source(self.kind).ready(self)
-
 
 @dataclass(frozen=True, slots=True)
 class Progress:
@@ -233,10 +219,3 @@ class Progress:
     total_bytes: int | None
     rate_bps: float
     eta_s: float | None
-
-
-def _source(kind: str) -> Source:
-    # The registry imports the kinds, which import this module: looked up when first asked.
-    from agent.prewarm.kinds import source_for
-
-    return source_for(kind)

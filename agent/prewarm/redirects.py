@@ -27,7 +27,7 @@ from agent.prewarm.fetch_http import (
     request_target,
 )
 from agent.prewarm.policy import UrlPolicy, origin_of, redact_url
-from agent.prewarm.service import FileFetcher
+from agent.prewarm.ports import FileFetcher
 from agent.prewarm.sink import Sink
 
 _REDIRECTS = (301, 302, 303, 307, 308)

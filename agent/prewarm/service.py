@@ -13,11 +13,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import Protocol
 
 import psutil
 
@@ -25,11 +24,11 @@ from agent.clocks import deadline_from_wall, start_from_wall
 from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec, StateUnavailable
 from agent.owner import Actor, check_may_undo, claimed_by
 from agent.prewarm import kinds
-from agent.prewarm.fetch_http import CancelledFn, FetchInfo, FetchSpec, ProgressFn
+from agent.prewarm.fetch_http import CancelledFn, ProgressFn
 from agent.prewarm.headers import HeaderDir
 from agent.prewarm.index import ImagePull, PrewarmIndex
 from agent.prewarm.inventory import Inventory
-from agent.prewarm.model import CacheItem, ImageWarmth, ItemState, Progress
+from agent.prewarm.model import CacheItem, ItemState, Progress
 from agent.prewarm.naming import (
     DEFAULT_IGNORED_QUERY_PARAMS,
     check_name,
@@ -38,8 +37,8 @@ from agent.prewarm.naming import (
     source_identity,
 )
 from agent.prewarm.policy import UrlPolicy, redact_url
+from agent.prewarm.ports import FileFetcher, ImagePuller, ImageWarmer
 from agent.prewarm.progress import ProgressMeter
-from agent.prewarm.sink import Sink
 from agent.prewarm.source import Source, SourceRequest, Target, without_retry
 from agent.prewarm.store import CacheStore, Partial
 
@@ -53,45 +52,6 @@ Request = SourceRequest  # a request of any registered kind (agent/prewarm/kinds
 ProgressCallback = Callable[[Progress], None]
 
 
-class FileFetcher(Protocol):
-    """Moves one URL's bytes into a Sink (direct HTTP, Dragonfly proxy or dfdaemon gRPC)."""
-
-    @property
-    def mode(self) -> str: ...
-
-    def fetch(
-        self, spec: FetchSpec, partial: Sink, progress: ProgressFn, cancelled: CancelledFn
-    ) -> FetchInfo: ...
-
-    def interrupt(self) -> None:
-        """Unblock fetches waiting on the network; each then sees that it is cancelled."""
-
-
-@dataclass(frozen=True, slots=True)
-class PullResult:
-    image_ref: str
-    size: int | None
-    cold: bool
-    seconds: float
-
-
-class ImagePuller(Protocol):
-    """Pulls, checks, pins and removes images in the node's runtime (CRI)."""
-
-    def pull(self, ref: str, runtime_handler: str | None) -> PullResult: ...
-
-    def interrupt(self) -> None:
-        """Cancel pulls in flight; each raises Cancelled."""
-
-    def present(self, ref: str) -> bool:
-        """Whether the runtime has ``ref``; raises AgentError when it cannot say."""
-        ...
-
-    def set_pinned(self, ref: str, pinned: bool) -> None: ...
-
-    def remove(self, ref: str) -> None: ...
-
-
 @dataclass(frozen=True, slots=True)
 class _Plan:
     """One request's effect, decided before anything is written: ``write`` runs inside the
@@ -100,25 +60,6 @@ class _Plan:
     name: str
     write: Callable[[], CacheItem]
     after: Callable[[CacheItem], None] = lambda item: None
-
-
-@dataclass(frozen=True, slots=True)
-class WarmResult:
-    warmth: ImageWarmth
-    notes: Mapping[str, str] = field(default_factory=dict)  # facts for the item's options
-
-
-class ImageWarmer(Protocol):
-    """After the pull: warms what it left cold (a Nydus image's data) and says how warm the
-    image is; raises ImageWarmFailed with the warmth reached when a blob cannot be warmed."""
-
-    def warm(
-        self,
-        ref: str,
-        runtime_handler: str | None,
-        progress: ProgressFn,
-        cancelled: CancelledFn,
-    ) -> WarmResult: ...
 
 
 class PrewarmService:
@@ -272,7 +213,7 @@ class PrewarmService:
                 )
             if (
                 reason is None
-                and item.label_ready
+                and source.ready(item)
                 and not source.repull(item, target.options, self._clock())
             ):
                 changes = {

@@ -28,7 +28,7 @@ from agent.prewarm.policy import UrlPolicy, redact_url
 if TYPE_CHECKING:
     from agent.prewarm.fetch_http import CancelledFn, ProgressFn
     from agent.prewarm.index import PrewarmIndex
-    from agent.prewarm.service import FileFetcher, ImagePuller, ImageWarmer
+    from agent.prewarm.ports import FileFetcher, ImagePuller, ImageWarmer
     from agent.prewarm.store import CacheStore, Partial
     from agent.prewarm.target import TargetSchema
 
@@ -184,7 +184,7 @@ class Source(abc.ABC):
         evicting the blob evicts every name on it, so each must be the caller's to evict and
         none pinned; a blob a process holds is refused by the store."""
         assert item.sha256 is not None
-        sharing = work.index.ready_with_digest(item.sha256)
+        sharing = work.store.on_blob(item.sha256)
         for other in sharing:  # evicting the blob evicts every name on it
             check_may_undo(by, other.owner_role, other.name, "evict")
         pinned = [i.name for i in sharing if i.pinned]

@@ -300,8 +300,13 @@ class CacheStore:
         max_volume_share: float,
         statvfs: Callable[[Path], os.statvfs_result] = os.statvfs,
         scanner: ProcScanner | None = None,
+        *,
+        layout_of: Callable[[str], Layout],
     ) -> None:
+        """``layout_of``: a stored kind's `Layout` (`kinds.layout_of`; the registry's kinds
+        import this module, so it is given, never imported)."""
         self.root = root
+        self._layout_of = layout_of
         self._scanner = scanner or ProcScanner()
         self.index = index
         self.budget_bytes = budget_bytes
@@ -448,24 +453,38 @@ class CacheStore:
     def tree_path(self, item_id: str) -> Path:
         return self.tree_dir / item_id
 
+    # -- what an item stands on --------------------------------------------------------------
+
+    def layout(self, item: CacheItem) -> Layout:
+        """Where ``item``'s kind keeps a ready item."""
+        return self._layout_of(item.kind)
+
+    def blobs(self, item: CacheItem) -> dict[str, int]:
+        """sha256 -> size of the blobs a ready file or group stands on ({} for others)."""
+        return item.blobs(self.layout(item))
+
+    def on_blob(self, sha256: str) -> list[CacheItem]:
+        """The ready items that are the one blob ``sha256`` (every name on it)."""
+        return [i for i in self.index.ready_with_sha256(sha256) if self.layout(i) is Layout.BLOB]
+
     # -- readiness and use --------------------------------------------------------------------
 
     def missing(self, item: CacheItem, verify_digest: bool = False) -> str | None:
         """Why a ready file or group is not what its row claims (None when it is): every blob
         on disk with its recorded size and, with ``verify_digest``, hashing to its sha256. A
         lost by-name link or model directory is only re-made."""
-        blobs = item.blobs
+        blobs = self.blobs(item)
         if not blobs:
             return "no digest recorded"
         for sha, recorded in blobs.items():
             size = self.blob_size(sha)
             if size is None:
                 return f"blob sha256:{sha} is missing from {self.blob_dir}"
-            if size != recorded and (item.layout is Layout.TREE or item.size is not None):
+            if size != recorded and (self.layout(item) is Layout.TREE or item.size is not None):
                 return f"blob sha256:{sha} has {size} bytes, not {recorded}"
             if verify_digest and self._hash_blob(sha) != sha:
                 return f"blob sha256:{sha} no longer hashes to its digest"
-        if item.layout is Layout.TREE:
+        if self.layout(item) is Layout.TREE:
             if not self._tree_intact(item):
                 self.link_tree(item.name, item.id, [(p, s) for p, s, _ in item.members])
         elif os.path.realpath(self.name_path(item.name)) != os.path.realpath(
@@ -512,13 +531,15 @@ class CacheStore:
         pinned: dict[str, int] = {}
         for item in items:
             if item.state is ItemState.READY:
-                ready.update(item.blobs)
+                ready.update(self.blobs(item))
                 if item.pinned:
-                    pinned.update(item.blobs)
+                    pinned.update(self.blobs(item))
         reserved = sum(
             i.size or 0
             for i in items
-            if i.layout is not Layout.RUNTIME and i.state is ItemState.FETCHING and i.id != exclude
+            if self.layout(i) is not Layout.RUNTIME
+            and i.state is ItemState.FETCHING
+            and i.id != exclude
         )
         st = self._statvfs(self.root)
         volume = st.f_blocks * st.f_frsize
@@ -577,13 +598,13 @@ class CacheStore:
         by_sha: dict[str, _Unit] = {}
         units: list[_Unit] = []
         for item in self.index.items([ItemState.READY]):
-            if item.layout is Layout.BLOB and item.sha256:
-                unit = by_sha.setdefault(item.sha256, _Unit([], dict(item.blobs)))
+            if self.layout(item) is Layout.BLOB and item.sha256:
+                unit = by_sha.setdefault(item.sha256, _Unit([], dict(self.blobs(item))))
                 if not unit.items:
                     units.append(unit)
                 unit.items.append(item)
-            elif item.layout is Layout.TREE:
-                units.append(_Unit([item], item.blobs))
+            elif self.layout(item) is Layout.TREE:
+                units.append(_Unit([item], self.blobs(item)))
         return units
 
     def _victims(self, need: int) -> list[_Unit]:
@@ -641,9 +662,9 @@ class CacheStore:
     def discard_item(self, item: CacheItem) -> None:
         """Drop a ready item found not to be what it claims (a blob gone or wrong): a file's
         blob goes with every name on it; a group loses its directory and blobs no one else uses."""
-        if item.layout is Layout.BLOB and item.sha256:
+        if self.layout(item) is Layout.BLOB and item.sha256:
             self.discard_blob(item.sha256)
-        elif item.layout is Layout.TREE:
+        elif self.layout(item) is Layout.TREE:
             with self.index.transaction():
                 unit = self._mark_evicted([self.index.get(item.id)])
             self._remove(unit)
@@ -712,13 +733,13 @@ class CacheStore:
         """
         self._refuse_held([sha256])
         with self.index.transaction():
-            unit = self._mark_evicted(self.index.ready_with_digest(sha256))
+            unit = self._mark_evicted(self.on_blob(sha256))
         self._remove(unit)
         return [i.name for i in unit.items]
 
     def evict_group(self, item: CacheItem) -> None:
         """Evict a ready group: its model directory, and the blobs nothing else stands on."""
-        self._refuse_held(item.blobs)
+        self._refuse_held(self.blobs(item))
         with self.index.transaction():
             unit = self._mark_evicted([self.index.get(item.id)])
         self._remove(unit)
@@ -735,7 +756,7 @@ class CacheStore:
             )
 
     def _standing_on(self, sha256: str) -> list[CacheItem]:
-        return [i for i in self.index.items([ItemState.READY]) if sha256 in i.blobs]
+        return [i for i in self.index.items([ItemState.READY]) if sha256 in self.blobs(i)]
 
     def _mark_evicted(self, items: Iterable[CacheItem]) -> _Unit:
         unit = _Unit([], {})
@@ -743,7 +764,7 @@ class CacheStore:
             if item.state is ItemState.READY:
                 self.index.update(item.id, state=ItemState.EVICTED)
                 unit.items.append(item)
-                unit.blobs.update(item.blobs)
+                unit.blobs.update(self.blobs(item))
         return unit
 
     def _remove(self, unit: _Unit, force: Iterable[str] = ()) -> None:
@@ -751,9 +772,9 @@ class CacheStore:
         ready item still stands on (``force``: delete those blobs whatever stands on them)."""
         for item in unit.items:
             self.remove_link(item.name)
-            if item.layout is Layout.TREE:
+            if self.layout(item) is Layout.TREE:
                 shutil.rmtree(self.tree_path(item.id), ignore_errors=True)
-        still = {sha for i in self.index.items([ItemState.READY]) for sha in i.blobs}
+        still = {sha for i in self.index.items([ItemState.READY]) for sha in self.blobs(i)}
         gone = [sha for sha in unit.blobs if sha not in still or sha in set(force)]
         for sha in gone:
             with contextlib.suppress(FileNotFoundError):
@@ -773,17 +794,17 @@ class CacheStore:
         """
         items = self.index.items()
         for item in items:
-            if item.state is ItemState.READY and item.blobs:
-                if any(self.blob_size(sha) is None for sha in item.blobs):
+            if item.state is ItemState.READY and self.blobs(item):
+                if any(self.blob_size(sha) is None for sha in self.blobs(item)):
                     self.index.update(item.id, state=ItemState.EVICTED)
                 else:
                     self.missing(item)  # re-makes a lost link or model directory
         self._adopt_orphans(items)
         items = self.index.items()
         ready = [i for i in items if i.state is ItemState.READY]
-        wanted = {sha for i in ready for sha in i.blobs}
+        wanted = {sha for i in ready for sha in self.blobs(i)}
         self._sweep(self.blob_dir, wanted, stat.S_IFREG)
-        trees = {i.id for i in ready if i.layout is Layout.TREE}
+        trees = {i.id for i in ready if self.layout(i) is Layout.TREE}
         self._sweep(self.tree_dir, trees, stat.S_IFDIR)
         active = {i.id for i in items if i.state in (ItemState.QUEUED, ItemState.FETCHING)}
         active |= {i.id for i in items if i.state is ItemState.FAILED and i.retry_at is not None}
@@ -799,7 +820,7 @@ class CacheStore:
         are never deleted unseen: one that verifies and that a by-name link points at becomes a
         ready file of that name again (its source and pin are not known); any other is moved to
         quarantine/ for a person, with a log line."""
-        known = {sha for i in items for sha in (*i.blobs, i.sha256, i.expected_sha256) if sha}
+        known = {sha for i in items for sha in (*self.blobs(i), i.sha256, i.expected_sha256) if sha}
         known |= {sha for i in items for _, sha, _ in i.members}
         orphans = {b.name: b for b in self.blob_dir.iterdir() if b.name not in known}
         if not orphans:

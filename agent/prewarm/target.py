@@ -8,6 +8,8 @@ checked values become the kind's request (``build``) and back (``values``). The 
 parser, the API's conversion (agent/wire/prewarm.py) and the desired file's prewarm part
 (agent/coordinator/control/desired.py) all go through the registered schemas, so a new kind is
 parsed everywhere by declaring its schema (and, for the API, its message in prewarm.proto).
+The schema knows no message: reading one into its values (`message_values`) and the pull
+policy's proto numbers are agent/wire/prewarm.py's.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent._proto.gpuagent.v1 import prewarm_pb2
 from agent.errors import FieldViolation
 from agent.prewarm.model import PullPolicy
 
@@ -103,76 +104,6 @@ class TargetSchema:
         if not found:
             return None
         return self.build(values)
-
-
-def message_values(
-    schema: TargetSchema, msg: Any, where: str, bad: list[FieldViolation]
-) -> dict[str, Any]:
-    """A target message's fields (prewarm.proto's FileTarget, ImageTarget, ...) as its
-    schema's values: proto3's empty values read as absent; the checks a message's types cannot
-    make (a source given, hours in range, header files as absolute paths) go to ``bad``."""
-    if not getattr(msg, schema.source):
-        bad.append(FieldViolation(f"{where}.{schema.source}", "required"))
-    values: dict[str, Any] = {}
-    for name, kind in schema.fields.items():
-        value = getattr(msg, name)
-        if kind is FieldType.TEXT:
-            values[name] = value or None
-        elif kind is FieldType.HOURS:
-            values[name] = value if msg.HasField(name) else None
-            if values[name] is not None and not 0 < value < 1e6:
-                bad.append(FieldViolation(f"{where}.{name}", "more than 0 hours"))
-        elif kind is FieldType.PULL_POLICY:
-            values[name] = pull_policy_of(value).value
-        elif kind is FieldType.HEADERS:
-            values[name] = _absolute_headers(value, where, bad)
-        elif kind is FieldType.GLOBS:
-            values[name] = list(value)
-        else:
-            values[name] = bool(value)
-    return values
-
-
-def _header_files(
-    header_files: Mapping[str, str], where: str, bad: list[FieldViolation]
-) -> dict[str, Path]:
-    headers = {}
-    for name, path in header_files.items():
-        if not path or not Path(path).is_absolute():
-            bad.append(
-                FieldViolation(
-                    f"{where}.header_files[{name}]", "must be an absolute path on the node"
-                )
-            )
-        headers[name] = Path(path)
-    return headers
-
-
-#: a PULL_POLICY field as prewarm.proto's ImagePullPolicy, and back (UNSPECIFIED: the default)
-PULL_POLICY_PB = {
-    PullPolicy.IF_NOT_PRESENT: prewarm_pb2.IMAGE_PULL_POLICY_IF_NOT_PRESENT,
-    PullPolicy.ALWAYS: prewarm_pb2.IMAGE_PULL_POLICY_ALWAYS,
-}
-_PULL_POLICIES: dict[int, PullPolicy] = {pb: policy for policy, pb in PULL_POLICY_PB.items()}
-
-
-def pull_policy_of(number: int) -> PullPolicy:
-    return _PULL_POLICIES.get(number, PullPolicy.IF_NOT_PRESENT)
-
-
-def _absolute_headers(
-    header_files: Mapping[str, str], where: str, bad: list[FieldViolation]
-) -> dict[str, Path]:
-    headers = {}
-    for name, path in header_files.items():
-        if not path or not Path(path).is_absolute():
-            bad.append(
-                FieldViolation(
-                    f"{where}.header_files[{name}]", "must be an absolute path on the node"
-                )
-            )
-        headers[name] = Path(path)
-    return headers
 
 
 def headers(value: Mapping[str, Any]) -> dict[str, Path]:

@@ -7,8 +7,9 @@ field) and answer with the ``*_pb`` functions; clients turn answers back into re
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 from agent._proto.gpuagent.v1 import cache_pb2, prewarm_pb2
@@ -25,11 +26,12 @@ from agent.prewarm.model import (
 )
 from agent.prewarm.source import SourceRequest
 from agent.prewarm.store import Usage
-from agent.prewarm.target import PULL_POLICY_PB, FieldType, message_values
+from agent.prewarm.target import FieldType, TargetSchema
 from agent.redact import redact_text
 from agent.wire.timestamps import seconds, timestamp
 
 __all__ = [
+    "UNKNOWN_KIND",
     "CacheContents",
     "ItemStatus",
     "cache_contents_from",
@@ -38,6 +40,7 @@ __all__ = [
     "cache_item_pb",
     "item_state_pb",
     "item_status_from",
+    "message_values",
     "prewarm_requests_from",
     "prewarm_targets_pb",
 ]
@@ -51,6 +54,9 @@ _KINDS: dict[str, cache_pb2.CacheItemKind] = {
     if value != cache_pb2.CACHE_ITEM_KIND_UNSPECIFIED
 }
 _KINDS_FROM = {value: item_kind(kind) for kind, value in _KINDS.items()}
+#: what a client reads for a kind the API does not name (UNSPECIFIED: a kind registered beyond
+#: cache.proto's) or that it does not know (a newer agent's)
+UNKNOWN_KIND = "unknown"
 _STATES: dict[ItemState, cache_pb2.CacheItemState] = {
     ItemState.QUEUED: cache_pb2.CACHE_ITEM_STATE_QUEUED,
     ItemState.FETCHING: cache_pb2.CACHE_ITEM_STATE_FETCHING,
@@ -61,7 +67,7 @@ _STATES: dict[ItemState, cache_pb2.CacheItemState] = {
 
 
 def item_state_pb(state: ItemState) -> cache_pb2.CacheItemState:
-    return _STATES[state]
+    return _STATES.get(state, cache_pb2.CACHE_ITEM_STATE_UNSPECIFIED)
 
 
 _WARMTH: dict[Warmth, cache_pb2.ImageWarmthLevel] = {
@@ -100,7 +106,7 @@ def cache_item_pb(i: CacheItem) -> cache_pb2.CacheItem:
         kind=_KINDS.get(i.kind, cache_pb2.CACHE_ITEM_KIND_UNSPECIFIED),
         name=i.name,
         source=_source_pb(i),
-        state=_STATES[i.state],
+        state=item_state_pb(i.state),
         pinned=i.pinned,
         size_bytes=i.size,
         sha256=i.sha256 or "",
@@ -139,6 +145,62 @@ def cache_inventory_pb(usage: Usage, items: Iterable[CacheItem]) -> cache_pb2.Ca
     return cache_pb2.CacheInventory(
         usage=cache_usage_pb(usage), items=[cache_item_pb(i) for i in items]
     )
+
+
+def message_values(
+    schema: TargetSchema, msg: Any, where: str, bad: list[FieldViolation]
+) -> dict[str, Any]:
+    """A target message's fields (prewarm.proto's FileTarget, ImageTarget, ...) as its
+    schema's values (agent/prewarm/target.py), for the API and the coordinator's desired file
+    alike: proto3's empty values read as absent; the checks a message's types cannot
+    make (a source given, hours in range, header files as absolute paths) go to ``bad``."""
+    if not getattr(msg, schema.source):
+        bad.append(FieldViolation(f"{where}.{schema.source}", "required"))
+    values: dict[str, Any] = {}
+    for name, kind in schema.fields.items():
+        value = getattr(msg, name)
+        if kind is FieldType.TEXT:
+            values[name] = value or None
+        elif kind is FieldType.HOURS:
+            values[name] = value if msg.HasField(name) else None
+            if values[name] is not None and not 0 < value < 1e6:
+                bad.append(FieldViolation(f"{where}.{name}", "more than 0 hours"))
+        elif kind is FieldType.PULL_POLICY:
+            values[name] = pull_policy_of(value).value
+        elif kind is FieldType.HEADERS:
+            values[name] = _absolute_headers(value, where, bad)
+        elif kind is FieldType.GLOBS:
+            values[name] = list(value)
+        else:
+            values[name] = bool(value)
+    return values
+
+
+#: a PULL_POLICY field as prewarm.proto's ImagePullPolicy, and back (UNSPECIFIED: the default)
+PULL_POLICY_PB = {
+    PullPolicy.IF_NOT_PRESENT: prewarm_pb2.IMAGE_PULL_POLICY_IF_NOT_PRESENT,
+    PullPolicy.ALWAYS: prewarm_pb2.IMAGE_PULL_POLICY_ALWAYS,
+}
+_PULL_POLICIES: dict[int, PullPolicy] = {pb: policy for policy, pb in PULL_POLICY_PB.items()}
+
+
+def pull_policy_of(number: int) -> PullPolicy:
+    return _PULL_POLICIES.get(number, PullPolicy.IF_NOT_PRESENT)
+
+
+def _absolute_headers(
+    header_files: Mapping[str, str], where: str, bad: list[FieldViolation]
+) -> dict[str, Path]:
+    headers = {}
+    for name, path in header_files.items():
+        if not path or not Path(path).is_absolute():
+            bad.append(
+                FieldViolation(
+                    f"{where}.header_files[{name}]", "must be an absolute path on the node"
+                )
+            )
+        headers[name] = Path(path)
+    return headers
 
 
 _MAX_TARGETS = 1000
@@ -203,13 +265,15 @@ _TARGET_MESSAGES: dict[str, Any] = {
 
 def cache_item_from(pb: cache_pb2.CacheItem) -> CacheItem:
     """`cache_item_pb` inverted, for a client that renders items (round trip tested); an
-    image's warmth travels in its options, as the agent keeps it."""
+    image's warmth travels in its options, as the agent keeps it. A kind or state this client
+    does not know (UNSPECIFIED, or a newer agent's value) reads as `UNKNOWN_KIND` or
+    `ItemState.UNKNOWN`, never as an error."""
     return CacheItem(
         id=pb.id,
-        kind=_KINDS_FROM[pb.kind],
+        kind=_KINDS_FROM.get(pb.kind, UNKNOWN_KIND),
         name=pb.name,
         source=pb.source,
-        state=_STATES_FROM[pb.state],
+        state=_STATES_FROM.get(pb.state, ItemState.UNKNOWN),
         pinned=pb.pinned,
         size=pb.size_bytes if pb.HasField("size_bytes") else None,
         sha256=pb.sha256 or None,

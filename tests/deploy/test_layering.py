@@ -59,10 +59,14 @@ DRIVER = ("agent.gpu.nvml", "agent.gpu.sim")
 DRIVERLESS = {"client", "coordinator", "wire"}
 #: part -> modules it must never import although their part is allowed: the CLI reaches the
 #: agent only through agent.client, so it never touches the servicers nor a generated message;
-#: the coordinator reads the agents' answers as records (agent/wire), never as messages
+#: the coordinator reads the agents' answers as records (agent/wire), never as messages; a
+#: domain never reads nor builds a message of the agent's own API (agent/wire converts them),
+#: only those of the services it is a client of (the CRI, containerd, the kubelet's podresources)
+API_MESSAGES = "agent._proto.gpuagent"
 NEVER_MODULES: dict[str, tuple[str, ...]] = {
     "cli": ("agent.api", "agent._proto"),
     "coordinator": ("agent._proto",),
+    **{d: (API_MESSAGES,) for d in DOMAIN},
 }
 
 #: (importing file, imported module) pairs the rules allow by name, and why.
@@ -248,6 +252,29 @@ def test_the_coordinator_reads_no_message_from_an_agent() -> None:
     assert found == []
 
 
+def test_no_domain_reads_a_message_of_the_agent_api() -> None:
+    """The domains (agent/prewarm's target schema among them) hold records; the API's messages
+    are read and built in agent/wire alone."""
+    found = [
+        f"{rel} imports {m}"
+        for rel, here, m, _ in _edges()
+        if here in DOMAIN and _within(m, API_MESSAGES)
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("here", "module"),
+    [
+        ("prewarm", "agent._proto.k8s.cri.runtime.v1"),
+        ("prewarm", "agent._proto.containerd.services.images.v1"),
+        ("telemetry", "agent._proto.k8s.podresources.v1"),
+    ],
+)
+def test_a_domain_may_read_the_messages_of_a_service_it_calls(here: str, module: str) -> None:
+    assert not _forbidden(here, module)
+
+
 def test_the_known_exceptions_are_still_there() -> None:
     """An exception that is gone leaves this list and docs/architecture.md."""
     seen = {(rel, module) for rel, _, module, _ in _edges()}
@@ -288,6 +315,9 @@ def test_generated_code_imports_only_itself() -> None:
         ("agent/coordinator/rollout/specs.py", "agent._proto"),
         ("agent/client/agent.py", "agent.gpu.sim"),
         ("agent/kube.py", "agent.prewarm"),
+        ("agent/prewarm/target.py", "agent._proto.gpuagent.v1"),
+        ("agent/prewarm/target.py", "agent._proto.gpuagent.v1.prewarm_pb2"),
+        ("agent/mig/plan.py", "agent._proto.gpuagent.v1.mig_pb2"),
     ],
 )
 def test_the_rules_refuse_an_upward_import(here: str, module: str) -> None:

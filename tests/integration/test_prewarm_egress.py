@@ -18,7 +18,7 @@ from agent.prewarm.errors import FetchFailed
 from agent.prewarm.fetch_http import FetchSpec, HttpFetcher
 from agent.prewarm.model import FileRequest, GroupRequest, ImageRequest, ItemState
 from agent.prewarm.policy import UrlPolicy
-from agent.prewarm.service import PullResult
+from agent.prewarm.ports import PullResult
 from agent.prewarm.sink import DigestSink
 from tests.integration.prewarm_fixtures.agent import LOOPBACK, make_service
 from tests.integration.prewarm_fixtures.origin import Origin

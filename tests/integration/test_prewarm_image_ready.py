@@ -13,7 +13,7 @@ import pytest
 from agent.errors import Conflict
 from agent.prewarm.image_warm import NydusWarmer
 from agent.prewarm.images import CriPuller
-from agent.prewarm.inventory import node_labels
+from agent.prewarm.labels import node_labels
 from agent.prewarm.model import ImageRequest, ItemState, PullPolicy
 from agent.prewarm.naming import label_key
 from agent.prewarm.policy import UrlPolicy

@@ -15,7 +15,7 @@ import pytest
 
 from agent.errors import FieldViolation, InvalidSpec, NotSupported
 from agent.prewarm import kinds
-from agent.prewarm.inventory import node_labels
+from agent.prewarm.labels import node_labels
 from agent.prewarm.manifest import parse_manifest
 from agent.prewarm.model import CacheItem, ItemState
 from agent.prewarm.service import PrewarmService

@@ -27,7 +27,8 @@ from agent.errors import PermissionDenied
 from agent.prewarm.fetch_http import HttpFetcher
 from agent.prewarm.image_warm import NydusWarmer
 from agent.prewarm.images import CriPuller
-from agent.prewarm.inventory import PrewarmCollector, label_patch, node_labels
+from agent.prewarm.inventory import PrewarmCollector
+from agent.prewarm.labels import label_patch, node_labels
 from agent.prewarm.model import ImageRequest, ImageWarmth, ItemState, Warmth
 from agent.prewarm.policy import UrlPolicy
 from agent.prewarm.registry import RegistryClient

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import Busy, Conflict, InvalidSpec
-from agent.prewarm.inventory import node_labels
+from agent.prewarm.labels import node_labels
 from agent.prewarm.model import FileRequest, ImageRequest, ItemState
 from agent.prewarm.naming import label_key
 from tests.integration.prewarm_fixtures import cli

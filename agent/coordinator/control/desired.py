@@ -55,8 +55,9 @@ from agent.errors import FieldViolation, InvalidSpec
 from agent.mig.spec import parse_spec
 from agent.power.spec import parse as parse_power
 from agent.prewarm import kinds
-from agent.prewarm.target import TargetSchema, message_values
+from agent.prewarm.target import TargetSchema
 from agent.safeyaml import brief, capped
+from agent.wire.prewarm import message_values
 
 __all__ = [
     "Desired",

@@ -6,11 +6,13 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from agent.prewarm import kinds
 from agent.prewarm.fetch_http import HttpFetcher
 from agent.prewarm.headers import HeaderDir
 from agent.prewarm.index import PrewarmIndex
 from agent.prewarm.policy import UrlPolicy, origin_of
-from agent.prewarm.service import FileFetcher, ImagePuller, ImageWarmer, PrewarmService
+from agent.prewarm.ports import FileFetcher, ImagePuller, ImageWarmer
+from agent.prewarm.service import PrewarmService
 from agent.prewarm.store import CacheStore
 
 # The test origins, registries and proxies listen on loopback, which the agent refuses unless
@@ -36,7 +38,7 @@ def make_service(
 ) -> PrewarmService:
     """``header_origins``: the origins header files under ``tmp`` may be sent to."""
     index = PrewarmIndex.open(tmp / "state" / "agent.db")
-    store = CacheStore(cache_dir or tmp / "cache", index, budget, share)
+    store = CacheStore(cache_dir or tmp / "cache", index, budget, share, layout_of=kinds.layout_of)
     policy = policy or UrlPolicy(allow_http=True, egress_allow=LOOPBACK)
     fetcher = fetcher or HttpFetcher(
         policy, proxy=proxy, backoff_s=0.01, timeout_s=10, retries=retries

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent._proto.gpuagent.v1 import cache_pb2
-from agent.prewarm.inventory import READY_VALUE, node_labels
+from agent.prewarm.labels import READY_VALUE, node_labels
 from agent.prewarm.naming import label_key
 from agent.wire.prewarm import cache_item_from
 from tests.integration.prewarm_fixtures.origin import Origin

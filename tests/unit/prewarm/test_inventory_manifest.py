@@ -9,7 +9,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from agent.errors import InvalidSpec
 from agent.prewarm.index import ImagePull
-from agent.prewarm.inventory import Inventory, PrewarmCollector, label_patch, node_labels
+from agent.prewarm.inventory import Inventory, PrewarmCollector
+from agent.prewarm.labels import label_patch, node_labels
 from agent.prewarm.manifest import parse_manifest
 from agent.prewarm.model import (
     CacheItem,

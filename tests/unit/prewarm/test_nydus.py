@@ -10,6 +10,7 @@ import pytest
 
 from agent.config import PrewarmSettings
 from agent.errors import NotFound
+from agent.prewarm import kinds
 from agent.prewarm.errors import DigestMismatch, FetchFailed
 from agent.prewarm.factory import blob_fetcher_from
 from agent.prewarm.model import CacheItem, ImageWarmth, ItemKind, ItemState, Warmth
@@ -114,11 +115,11 @@ def test_warmth_survives_the_options_round_trip_and_decides_the_label() -> None:
     def image(options: dict[str, str], state: ItemState = ItemState.READY) -> CacheItem:
         return CacheItem("i", ItemKind.IMAGE, "n", "r/x:1", state, options=options)
 
-    assert not image(w.to_options()).label_ready
+    assert not kinds.label_ready(image(w.to_options()))
     full = ImageWarmth(Warmth.FULL, True, 3, 3, 157, 157).to_options()
-    assert image(full).label_ready
-    assert not image(full, ItemState.FAILED).label_ready
-    assert not image({}).label_ready  # never warmed by this version: not known to be warm
+    assert kinds.label_ready(image(full))
+    assert not kinds.label_ready(image(full, ItemState.FAILED))
+    assert not kinds.label_ready(image({}))  # never warmed by this version: not known to be warm
     assert ImageWarmth(Warmth.UNKNOWN).ratio is None
 
 
