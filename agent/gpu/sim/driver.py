@@ -89,9 +89,26 @@ class _Library:
         return fn
 
 
+class _CallState(threading.local):
+    """What the library call in progress on this thread answers from.
+
+    A driver call sees one consistent state: it is read once as the call starts, and every
+    lookup of the call uses it. Per thread (the agent calls NVML from several threads) and per
+    call (a nested call saves and restores its caller's).
+    """
+
+    #: The call's state; None outside a call, without state, or once the call mutated the
+    #: node: lookups then read the store.
+    node: NodeState | None = None
+    #: The state the pynvml function in progress read for its fault check (``surface.py``):
+    #: its first library call starts from it instead of reading it again.
+    next_node: NodeState | None = None
+
+
 class SimDriver:
     def __init__(self, store: StateStore, *, latency: bool) -> None:
         self.store = store
+        self._call = _CallState()
         self.latency = latency
         self.lock = threading.Lock()
         self.refcount = 0
@@ -112,20 +129,40 @@ class SimDriver:
     def _bind(self, export: Export) -> Callable[..., Any]:
         delay = latency.seconds(export.name)
 
+        name = export.name
+        impl = export.impl
+        needs_module = name not in _WITHOUT_MODULE
+        needs_init = export.needs_init
+        returns_value = export.returns_value
+        local = self._call
+        read = self.store.read
+
         def call(*args: Any) -> Any:
+            node = local.next_node
+            local.next_node = None
             if self.latency and delay:
                 time.sleep(delay)
-            if export.name not in _WITHOUT_MODULE and self.module_unloaded():
+                node = None  # the call took its time: it answers from the state after
+            if node is None:
+                try:
+                    node = read()
+                except StateMissing:
+                    node = None  # the call itself answers DRIVER_NOT_LOADED
+            if needs_module and node is not None and node.driver_missing(time.time()):
                 return pynvml.NVML_ERROR_DRIVER_NOT_LOADED
-            if export.needs_init and self.refcount == 0:
+            if needs_init and self.refcount == 0:
                 return pynvml.NVML_ERROR_UNINITIALIZED
+            outer = local.node
+            local.node = node
             try:
-                result = export.impl(self, *args)
+                result = impl(self, *args)
             except NvmlReturn as ret:
                 return ret.code
             except StateMissing:
                 return pynvml.NVML_ERROR_DRIVER_NOT_LOADED
-            return result if export.returns_value else pynvml.NVML_SUCCESS
+            finally:
+                local.node = outer
+            return result if returns_value else pynvml.NVML_SUCCESS
 
         call.__name__ = export.name
         return call
@@ -138,11 +175,24 @@ class SimDriver:
         except StateMissing:
             return False  # the call itself answers DRIVER_NOT_LOADED
 
+    def start_next_call_from(self, node: NodeState | None) -> None:
+        """Let this thread's next library call start from ``node``, just read from the store
+        (None: read it again)."""
+        self._call.next_node = node
+
     def new_local_id(self) -> int:
         return next(self._local_ids)
 
     def node(self) -> NodeState:
-        return self.store.read()
+        """The state the current call answers from (``_CallState``)."""
+        node = self._call.node
+        return node if node is not None else self.store.read()
+
+    def reread(self) -> NodeState:
+        """The state as it is now, for a call that blocks (``nvmlEventSetWait``): from here on
+        it answers from that."""
+        node = self._call.node = self.store.read()
+        return node
 
     @staticmethod
     def now() -> float:
@@ -150,6 +200,9 @@ class SimDriver:
 
     @contextmanager
     def mutate(self) -> Iterator[NodeState]:
+        """A private copy of the state, loaded fresh under the store's lock and written back
+        if the block completes; the rest of the call reads the store again."""
+        self._call.node = None
         with self.store.transaction() as node:
             yield node
 

@@ -10,6 +10,7 @@ after a new instance takes the same id (nvml.h: "the GPU instance handle would b
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -44,17 +45,27 @@ def address_of(value: Any) -> int | None:
     if isinstance(value, int):
         return value
     if isinstance(value, ctypes._Pointer | ctypes.c_void_p):
-        return ctypes.cast(value, ctypes.c_void_p).value
+        # The pointer's own bytes, as ``ctypes.cast(value, c_void_p).value`` reads them.
+        address: int | None = ctypes.c_void_p.from_buffer_copy(value).value
+        return address
     return None
+
+
+_KINDS = {int(kind): kind for kind in Kind}
 
 
 def decode(value: Any) -> Handle | None:
     address = address_of(value)
     if not address or address >> 48 != _MAGIC:
         return None
-    try:
-        kind = Kind((address >> 40) & 0xFF)
-    except ValueError:
+    return _decode(address)
+
+
+@functools.lru_cache(maxsize=4096)
+def _decode(address: int) -> Handle | None:
+    """Handles are plain values: one address always decodes to the same (immutable) Handle."""
+    kind = _KINDS.get((address >> 40) & 0xFF)
+    if kind is None:
         return None
     return Handle(kind, (address >> 32) & 0xFF, address & 0xFFFFFFFF)
 

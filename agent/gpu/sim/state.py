@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import secrets
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from agent.errors import Conflict
@@ -178,7 +178,23 @@ def new_node(preset: Preset) -> NodeState:
 
 
 def dumps(node: NodeState) -> str:
-    return json.dumps({"format": FORMAT, **asdict(node)}, sort_keys=True)
+    # The JSON of ``{"format": FORMAT, **dataclasses.asdict(node)}``, without asdict's deep
+    # copy: the encoder asks ``_fields`` for each dataclass it meets and encodes the rest itself.
+    return json.dumps({"format": FORMAT, **_fields(node)}, sort_keys=True, default=_fields)
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    """A dataclass instance's fields by name, as ``asdict`` has them (one level deep)."""
+    cls = type(obj)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        if not is_dataclass(obj) or isinstance(obj, type):
+            raise TypeError(f"Object of type {cls.__name__} is not JSON serializable")
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(obj))
+    return {name: getattr(obj, name) for name in names}
 
 
 def loads(text: str) -> NodeState:

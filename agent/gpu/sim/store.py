@@ -33,6 +33,7 @@ class StateStore:
     def __init__(self, state_dir: Path) -> None:
         self.root = state_dir / "sim"
         self.path = self.root / "state.json"
+        self._path = os.fspath(self.path)  # stat()ed on every read: spare Path.__fspath__
         self._lock_path = self.root / "state.lock"
         self._cache: tuple[_FileKey, NodeState] | None = None
         self._cache_lock = threading.Lock()
@@ -43,7 +44,7 @@ class StateStore:
     def read(self) -> NodeState:
         """The current state. Shared with other readers: treat it as read-only."""
         try:
-            st = os.stat(self.path)
+            st = os.stat(self._path)
         except FileNotFoundError:
             raise StateMissing(str(self.path)) from None
         key = (st.st_ino, st.st_mtime_ns, st.st_size)

@@ -24,6 +24,7 @@ import pynvml
 from agent.gpu.sim import faults, handles, sym_device
 from agent.gpu.sim.driver import SimDriver
 from agent.gpu.sim.handles import Kind
+from agent.gpu.sim.state import NodeState
 from agent.gpu.sim.store import StateMissing, StateStore
 
 _DEVICE_KINDS = (Kind.DEVICE, Kind.MIG_DEVICE, Kind.GPU_INSTANCE, Kind.COMPUTE_INSTANCE)
@@ -75,7 +76,7 @@ def _bind_pynvml(ns: dict[str, Any], driver: SimDriver) -> None:
     ns["_LoadNvmlLibrary"] = load_library
     for name, value in list(ns.items()):
         if name.startswith("nvml") and _is_bound_here(value, ns):
-            ns[name] = _with_faults(name, value, driver.store)
+            ns[name] = _with_faults(name, value, driver)
 
 
 def _cache_error_texts() -> None:
@@ -132,19 +133,27 @@ def _rebind_cell(
     return types.CellType(_rebind(value, ns, memo)) if _is_pynvml_function(value) else cell
 
 
-def _with_faults(name: str, fn: types.FunctionType, store: StateStore) -> Callable[..., Any]:
+def _with_faults(name: str, fn: types.FunctionType, driver: SimDriver) -> Callable[..., Any]:
+    store = driver.store
+
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
-            armed = faults.armed_for(store.read(), name)
+            node: NodeState | None = store.read()
         except StateMissing:
-            armed = False  # the library call itself reports the missing driver
-        if armed:
-            with store.transaction() as node:
-                code = faults.take(node, name, _gpu_of(name, args))
+            node = None  # the library call itself reports the missing driver
+        if node is not None and faults.armed_for(node, name):
+            with store.transaction() as counted:
+                code = faults.take(counted, name, _gpu_of(name, args))
             if code is not None:
                 raise pynvml.NVMLError(code)
-        return fn(*args, **kwargs)
+            node = None  # the state changed since: the call reads it again
+        # The state just read is what the function's first library call finds: one read.
+        driver.start_next_call_from(node)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            driver.start_next_call_from(None)
 
     return call
 

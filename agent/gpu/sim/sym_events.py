@@ -93,8 +93,9 @@ def wait(drv: SimDriver, value: Any, data_ref: Any, timeout_ms: Any) -> None:
     es = _event_set(drv, value)
     data = target(data_ref)
     deadline = time.monotonic() + to_int(timeout_ms) / 1000
+    node = drv.node()
     while True:
-        for event in drv.node().events:
+        for event in node.events:
             mask, first = es.registered.get(event.gpu, (0, 0))
             if event.seq <= es.delivered or event.seq < first:
                 continue
@@ -112,3 +113,4 @@ def wait(drv: SimDriver, value: Any, data_ref: Any, timeout_ms: Any) -> None:
         if left <= 0:
             raise fail(pynvml.NVML_ERROR_TIMEOUT)
         time.sleep(min(_POLL_S, left))
+        node = drv.reread()  # a waiting call sees the events raised meanwhile

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -129,3 +130,33 @@ def test_a_sigkilled_writer_never_leaves_a_corrupt_state(tmp_path: Path) -> None
         assert len(node.gpus) == 8
     SimControl(tmp_path).clear_workload(0)  # the next writer sweeps a killed writer's temp file
     assert list((tmp_path / "sim").glob(".state.*.tmp")) == []
+
+
+def test_each_call_sees_the_state_as_it_starts_in_every_thread(tmp_path: Path) -> None:
+    """One state read per call, per thread: a call blocked in one thread does not pin the
+    state another thread's calls answer from, and every write is seen by the next call."""
+    nvml = open_simulator(tmp_path, "dgx-h100")
+    nvml.nvmlInit()
+    control = SimControl(tmp_path)
+    event_set = nvml.nvmlEventSetCreate()
+    nvml.nvmlDeviceRegisterEvents(
+        nvml.nvmlDeviceGetHandleByIndex(1), pynvml.nvmlEventTypeXidCriticalError, event_set
+    )
+    waited: list[int] = []
+    waiter = threading.Thread(
+        target=lambda: waited.append(nvml.nvmlEventSetWait(event_set, 5000).eventData)
+    )
+    waiter.start()  # blocks in the library, from the state as its call started
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    for mode in (1, 0, 1):
+        nvml.nvmlDeviceSetMigMode(handle, mode)
+        assert nvml.nvmlDeviceGetMigMode(handle) == [mode, mode]
+    lost = nvml.nvmlDeviceGetHandleByIndex(2)
+    control.mark_lost(2)  # another store's write: the next call sees it
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        nvml.nvmlDeviceGetUUID(lost)
+    assert waiter.is_alive()
+    control.raise_xid(1, 31)
+    waiter.join(5)
+    assert waited == [31]
+    nvml.nvmlShutdown()
