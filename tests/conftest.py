@@ -1,4 +1,5 @@
-"""Suite-wide fixtures: a fake Kubernetes API server shared by sharing and MIG tests.
+"""Suite-wide fixtures: a fake Kubernetes API server shared by sharing and MIG tests, and each
+test's logging as the suite began.
 
 Every agent the suite starts (in-process, embedded in a CLI command, or a ``serve`` process,
 which inherits the environment) runs the simulated driver at memory speed: the modelled NVML
@@ -6,8 +7,25 @@ latencies (a second per MIG mode change) are for benchmarks and ``serve`` on a n
 machine. A test about timing sets ``GPU_AGENT_SIMULATE_LATENCY=true`` itself.
 """
 
+import logging
 import os
+from collections.abc import Iterator
+
+import pytest
 
 os.environ.setdefault("GPU_AGENT_SIMULATE_LATENCY", "false")
 
 pytest_plugins = ["tests.kube.fixtures"]
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """Each test starts with the logging the suite began with: a CLI command run in-process
+    (`logs.configure`) or an embedded agent (which quiets "agent" while it runs) leaves the
+    root's handlers and the levels as it set them, and a later test's ``caplog`` would then miss
+    a warning it waits for, depending on which tests ran before it in the same worker."""
+    root, agent = logging.getLogger(), logging.getLogger("agent")
+    saved = (root.handlers[:], root.level, agent.level)
+    yield
+    root.handlers[:], root.level = saved[0], saved[1]
+    agent.setLevel(saved[2])

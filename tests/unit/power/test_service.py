@@ -3,6 +3,7 @@ baselines journaled for restore, lost caps set again, and a failed apply put bac
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -129,6 +130,8 @@ def test_a_gpu_without_power_management_refuses_the_apply(gpu: GpuDriver, tmp_pa
 def test_reconcile_logs_a_lasting_refusal_once_and_sets_the_others(
     gpu: GpuDriver, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # whatever an earlier test in this worker left the "agent" logger's level at
+    caplog.set_level(logging.WARNING, logger="agent.power.service")
     service = _service(gpu, tmp_path)
     service.apply(_SPEC)
     want = _limits(gpu)
