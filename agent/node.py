@@ -512,9 +512,7 @@ class Node:
         self._guard("driver", self._follow_driver(attached=missing is None))
         if isinstance(s.kube, InClusterKubeClient) and not self.embedded:
             # Watch the own Node instead of polling it (the API server's load is per agent).
-            self._node_watch = NodeWatch(
-                s.kube, cfg.node_name, lambda: loop.call_soon_threadsafe(changed.set)
-            )
+            self._node_watch = NodeWatch(s.kube, cfg.node_name, lambda: _soon(loop, changed.set))
             self._node_watch.informer.start()
             stack.callback(self._node_watch.informer.stop)
         if s.mig_labels is not None and not self.embedded:
@@ -571,7 +569,7 @@ class Node:
         changed = asyncio.Event()
         if watch is not None:
             loop = asyncio.get_running_loop()
-            watch.on_change = lambda: loop.call_soon_threadsafe(changed.set)
+            watch.on_change = lambda: _soon(loop, changed.set)
             watch.start()
             stack.callback(watch.stop)
             await asyncio.to_thread(watch.wait_synced, ALLOCATION_SYNC_S)

@@ -13,6 +13,7 @@ them as events.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -346,7 +347,8 @@ class NodeInventory:
             self._wake()
         poked, loop = self._poked, self._loop
         if poked is not None and loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(poked.set)
+            with contextlib.suppress(RuntimeError):  # the loop closed since: nobody waits
+                loop.call_soon_threadsafe(poked.set)
 
     async def run(self) -> None:
         """Refresh until cancelled; a failed read is reported in health, never fatal."""

@@ -1,0 +1,39 @@
+"""A watch thread's change wakes the agent's loop, and a change that arrives after the loop
+closed (during shutdown: `Informer.stop` does not wait for the watch in flight) is dropped,
+not an exception in the watch thread (pytest's PytestUnhandledThreadExceptionWarning in
+tests/integration/test_dra_allocation.py showed it)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from agent.node import _soon
+
+
+def test_a_change_from_another_thread_wakes_the_loop() -> None:
+    async def main() -> bool:
+        changed = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=_soon, args=(loop, changed.set)).start()
+        await asyncio.wait_for(changed.wait(), 5)
+        return changed.is_set()
+
+    assert asyncio.run(main())
+
+
+def test_a_change_after_the_loop_closed_is_dropped_without_an_error() -> None:
+    loop = asyncio.new_event_loop()
+    loop.close()
+    errors: list[BaseException] = []
+
+    def late() -> None:
+        try:
+            _soon(loop, lambda: None)
+        except BaseException as exc:  # what the watch thread would have died of
+            errors.append(exc)
+
+    thread = threading.Thread(target=late)
+    thread.start()
+    thread.join()
+    assert errors == []
