@@ -314,6 +314,9 @@ class Node:
         #: Attaching and detaching run on worker threads, one at a time (and never beside the
         #: shutdown's stop of the GPU parts).
         self._gpu_parts = threading.Lock()
+        #: Set by the shutdown's stop of the GPU parts: an attach whose thread starts after it
+        #: (its task was cancelled, the thread was already queued) starts nothing.
+        self._gpu_parts_stopped = False
         #: Set when the own Node changed, or the driver attached: the MIG label pass runs.
         self._mig_wake: asyncio.Event | None = None
         #: The cache labels last published, and when (`_sync_cache_labels`).
@@ -622,6 +625,8 @@ class Node:
         at start `_recover` does), start reading the GPUs, then let GPU features in."""
         s = self.services
         with self._gpu_parts:
+            if self._gpu_parts_stopped:
+                return  # the agent is stopping: the sampler must not outlive the driver
             if recover and s.state.read_only is None:  # read-only: see `_recover_later`
                 for outcome in s.mig.recover():
                     log.warning("MIG recovery after the driver attached: %s", outcome)
@@ -642,6 +647,7 @@ class Node:
 
     def _stop_gpu_parts(self) -> None:
         with self._gpu_parts:
+            self._gpu_parts_stopped = True
             self.services.telemetry.stop()
 
     def _reconcile_power(self) -> None:

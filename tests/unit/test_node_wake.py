@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 
 from agent.node import _soon
 
@@ -37,3 +38,27 @@ def test_a_change_after_the_loop_closed_is_dropped_without_an_error() -> None:
     thread.start()
     thread.join()
     assert errors == []
+
+
+def test_an_attach_that_runs_after_the_shutdown_stopped_the_gpu_parts_starts_nothing(
+    tmp_path: Path,
+) -> None:
+    """The driver-follow task is cancelled at shutdown, but its attach may already be queued on
+    a worker thread; run after `_stop_gpu_parts`, it must not start the sampler, which would
+    then read a closed driver ("collection failed this tick: ... Uninitialized")."""
+    from agent.config import load_config
+    from agent.node import Node, build_services
+
+    config = load_config(
+        None, env={}, flags={"simulate": "dgx-h100", "state_dir": tmp_path / "state"}
+    )
+    node = Node(build_services(config))
+    started: list[str] = []
+    node.services.telemetry.start = lambda: started.append("sampler")  # type: ignore[method-assign]
+    try:
+        node._stop_gpu_parts()
+        node._attach(False)
+        assert started == []
+    finally:
+        node.services.driver.close()
+        node.services.state.close()
