@@ -61,6 +61,7 @@ from agent.health.monitor import HealthMonitor
 from agent.health.publish import NodePublisher
 from agent.http import Handler, HttpServer, Request, Response
 from agent.kube import InClusterKubeClient, KubeClient, NodeWatch
+from agent.loops import call_soon_from_thread
 from agent.mig.labels import MigLabelController, MigStateCollector
 from agent.mig.lock import PartitionLock
 from agent.mig.reset import command_reset, simulated_reset
@@ -515,7 +516,9 @@ class Node:
         self._guard("driver", self._follow_driver(attached=missing is None))
         if isinstance(s.kube, InClusterKubeClient) and not self.embedded:
             # Watch the own Node instead of polling it (the API server's load is per agent).
-            self._node_watch = NodeWatch(s.kube, cfg.node_name, lambda: _soon(loop, changed.set))
+            self._node_watch = NodeWatch(
+                s.kube, cfg.node_name, lambda: call_soon_from_thread(loop, changed.set)
+            )
             self._node_watch.informer.start()
             stack.callback(self._node_watch.informer.stop)
         if s.mig_labels is not None and not self.embedded:
@@ -525,7 +528,7 @@ class Node:
             self._guard("cache-labels", _every(CACHE_LABELS_CHECK_S, self._sync_cache_labels))
         if s.health_publisher is not None and not self.embedded:
             published = asyncio.Event()
-            s.health_publisher.wake = lambda: _soon(loop, published.set)
+            s.health_publisher.wake = lambda: call_soon_from_thread(loop, published.set)
             self._guard("health", _every(HEALTH_PUBLISH_S, s.health_publisher.sync, published))
         if (
             isinstance(s.kube, InClusterKubeClient)
@@ -572,7 +575,7 @@ class Node:
         changed = asyncio.Event()
         if watch is not None:
             loop = asyncio.get_running_loop()
-            watch.on_change = lambda: _soon(loop, changed.set)
+            watch.on_change = lambda: call_soon_from_thread(loop, changed.set)
             watch.start()
             stack.callback(watch.stop)
             await asyncio.to_thread(watch.wait_synced, ALLOCATION_SYNC_S)
@@ -863,11 +866,6 @@ class _ExhaustionLog:
             self._count,
         )
         self._count = 0
-
-
-def _soon(loop: asyncio.AbstractEventLoop, call: Callable[[], object]) -> None:
-    with contextlib.suppress(RuntimeError):  # the loop closed under a late caller
-        loop.call_soon_threadsafe(call)
 
 
 def _split_listen(listen: str) -> tuple[str, int]:

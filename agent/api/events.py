@@ -21,6 +21,7 @@ import grpc
 
 from agent._proto.gpuagent.v1 import events_pb2, events_pb2_grpc
 from agent.errors import FieldViolation, InvalidSpec
+from agent.loops import call_soon_from_thread
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +96,7 @@ class EventBus:
         with self._lock:
             event = events_pb2.Event(sequence=next(self._sequence), **payload)
             event.time.FromNanoseconds(int(self._clock() * 1e9))
-            try:
-                loop.call_soon_threadsafe(self._deliver, event, _TYPES[field])
-            except RuntimeError:  # the loop closed under us during shutdown
-                return
+            call_soon_from_thread(loop, self._deliver, event, _TYPES[field])
 
     def _deliver(self, event: events_pb2.Event, kind: int) -> None:
         for sub in list(self._subscribers):

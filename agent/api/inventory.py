@@ -13,7 +13,6 @@ them as events.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -28,6 +27,7 @@ from agent.errors import AgentError
 from agent.gpu.types import GpuInfo, GpuLayout
 from agent.health.machine import Mark
 from agent.health.store import Target
+from agent.loops import call_soon_from_thread
 from agent.prewarm.inventory import Inventory as CacheInventory
 from agent.sharing import SharingView
 from agent.telemetry.snapshot import GpuStatus, Snapshot
@@ -346,9 +346,8 @@ class NodeInventory:
         if self._wake is not None:
             self._wake()
         poked, loop = self._poked, self._loop
-        if poked is not None and loop is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # the loop closed since: nobody waits
-                loop.call_soon_threadsafe(poked.set)
+        if poked is not None and loop is not None:
+            call_soon_from_thread(loop, poked.set)
 
     async def run(self) -> None:
         """Refresh until cancelled; a failed read is reported in health, never fatal."""

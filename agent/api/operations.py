@@ -30,6 +30,7 @@ from agent._proto.gpuagent.v1 import operations_pb2, operations_pb2_grpc
 from agent.api.auth import OPERATION_ROLES, Role, actor_of, allows, granted
 from agent.api.events import EventBus
 from agent.errors import AgentError, Busy, FieldViolation, InvalidSpec, NotFound, PermissionDenied
+from agent.loops import call_soon_from_thread
 from agent.owner import Actor, check_may_undo
 from agent.state import Operation, StateStore
 from agent.wire.errors import error_record
@@ -216,10 +217,8 @@ class OperationRunner:
     def _publish(self, op: Operation) -> None:
         self._bus.publish(operation=operation_pb(op))
         loop = self._loop
-        if loop is not None and not loop.is_closed():
-            # RuntimeError: the loop closed during shutdown; nobody waits any more.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._wake, op.id)
+        if loop is not None:
+            call_soon_from_thread(loop, self._wake, op.id)
 
     def _wake(self, op_id: str) -> None:
         event = self._changed.pop(op_id, None)

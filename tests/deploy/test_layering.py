@@ -27,6 +27,7 @@ BASE = {
     "logs",
     "http",
     "statedir",
+    "loops",
     "_proto",
 }
 INFRA = {"state", "kube", "owner", "ownership", "webconfig"}

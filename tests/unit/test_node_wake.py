@@ -9,14 +9,14 @@ import asyncio
 import threading
 from pathlib import Path
 
-from agent.node import _soon
+from agent.loops import call_soon_from_thread
 
 
 def test_a_change_from_another_thread_wakes_the_loop() -> None:
     async def main() -> bool:
         changed = asyncio.Event()
         loop = asyncio.get_running_loop()
-        threading.Thread(target=_soon, args=(loop, changed.set)).start()
+        threading.Thread(target=call_soon_from_thread, args=(loop, changed.set)).start()
         await asyncio.wait_for(changed.wait(), 5)
         return changed.is_set()
 
@@ -30,7 +30,7 @@ def test_a_change_after_the_loop_closed_is_dropped_without_an_error() -> None:
 
     def late() -> None:
         try:
-            _soon(loop, lambda: None)
+            call_soon_from_thread(loop, lambda: None)
         except BaseException as exc:  # what the watch thread would have died of
             errors.append(exc)
 
