@@ -488,7 +488,7 @@ class Node:
             # The first snapshot is taken before GetNode serves: it never answers empty.
             await asyncio.to_thread(self._attach, False)
         else:
-            s.inventory.driver_missing(missing.reason)
+            s.inventory.driver_missing(missing.cause, missing.reason)
         await asyncio.to_thread(s.inventory.refresh_all)
         if s.state.read_only is None:
             await asyncio.to_thread(s.prewarm.start)
@@ -646,7 +646,7 @@ class Node:
         with self._gpu_parts:
             s.telemetry.detach()
             s.driver.detached(gone)
-            s.inventory.driver_missing(gone.reason)
+            s.inventory.driver_missing(gone.cause, gone.reason)
 
     def _stop_gpu_parts(self) -> None:
         with self._gpu_parts:

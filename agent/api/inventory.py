@@ -32,6 +32,7 @@ from agent.prewarm.inventory import Inventory as CacheInventory
 from agent.sharing import SharingView
 from agent.telemetry.snapshot import GpuStatus, Snapshot
 from agent.wire.node import (
+    DRIVER_NOT_READY,
     allocation_pb,
     gpu_lost_event_pb,
     gpu_pb,
@@ -195,13 +196,15 @@ class NodeInventory:
             self._announce_xids()
             self._rebuild(snapshot)
 
-    def driver_missing(self, reason: str) -> None:
+    def driver_missing(self, cause: str, reason: str) -> None:
         """The driver is not attached (yet, or any more): no GPUs, and the gpu-driver
-        component says what is missing. The next snapshot after an attach replaces this."""
+        component says what is missing, with its cause (``library_not_found``, ...) first, so
+        every client refuses a GPU read by the same words (`NodeView.require_driver`).
+        The next snapshot after an attach replaces this."""
         with self._lock:
             self._gpus = _Gpus(
                 healthy=False,
-                detail=f"waiting for the NVIDIA driver: {reason}",
+                detail=f"{DRIVER_NOT_READY} ({cause}): {reason}",
                 read_at=self._clock(),
                 taken_mono=self._monotonic(),
             )

@@ -95,13 +95,16 @@ class CliContext:
     def _asked_for(self, client: AgentClient, ownership: NodeOwnership) -> bool:
         """Whether the agent on the socket is the node this command was asked about.
 
-        Checked when the user named the node (--state-dir, --simulate): the agent must hold
-        that state dir's lock, and run that simulated preset. False (the client closed) when
-        nobody owns the named state dir: the command then runs on its own embedded agent. An
-        agent of another node raises `Conflict` naming it: never an answer from another node.
+        Checked when the user named the node, whatever the spelling (the --state-dir and
+        --simulate flags, GPU_AGENT_STATE_DIR / GPU_AGENT_SIMULATE, the config file): the agent
+        must hold that state dir's lock, and run that simulated preset. False (the client
+        closed) when nobody owns the named state dir: the command then runs on its own embedded
+        agent. An agent of another node raises `Conflict` naming it: never an answer from
+        another node.
         """
         cfg = self.config
-        if self.flags.get("state_dir") is not None:
+        named = cfg.state_dir != _default_state_dir()  # by env or config file
+        if self.flags.get("state_dir") is not None or named:
             serves = _holds(client.peer_pid, ownership.path)
             if serves is False:
                 holder = ownership.holder()
@@ -112,20 +115,21 @@ class CliContext:
                 who = f"pid {client.peer_pid}" if client.peer_pid else "an agent"
                 raise Conflict(
                     f"the agent answering on {cfg.socket_path} ({who}) does not serve the state "
-                    f"dir {cfg.state_dir}"
+                    f"dir {cfg.state_dir} asked for (flag, GPU_AGENT_STATE_DIR or config)"
                     + (f", which {holder} owns" if holder else "")
                     + ": point socket_path (--config or GPU_AGENT_SOCKET_PATH) at that node's "
                     "agent, or leave out --state-dir to ask the agent on the socket"
                 )
-        wanted = self.flags.get("simulate")
+        wanted = cfg.simulate
         if wanted is not None:
             preset = client.node().simulated_preset
             if preset != wanted:
                 runs = f"simulated node {preset}" if preset else "the real NVML"
                 raise Conflict(
                     f"the agent answering on {cfg.socket_path} runs {runs}, not --simulate "
-                    f"{wanted}: point socket_path (--config or GPU_AGENT_SOCKET_PATH) at that "
-                    "node's agent, or leave out --simulate to ask the agent on the socket"
+                    f"{wanted} (flag, GPU_AGENT_SIMULATE or config): point socket_path "
+                    "(--config or GPU_AGENT_SOCKET_PATH) at that node's agent, or leave out "
+                    "--simulate to ask the agent on the socket"
                 )
         return True
 
@@ -153,6 +157,14 @@ class CliContext:
     def close(self) -> None:
         while self._closers:
             self._closers.pop()()
+
+
+def _default_state_dir() -> Path:
+    """The state dir when nobody names one: asking for it is asking for "the node's agent"."""
+    from agent.config import AgentConfig
+
+    default: Path = AgentConfig.__dataclass_fields__["state_dir"].default  # type: ignore[assignment]
+    return default
 
 
 def _holds(pid: int | None, lock: Path) -> bool | None:

@@ -67,3 +67,7 @@ def metrics(
             time.sleep(MIN_WINDOW_S)
             response = client.metrics(openmetrics=openmetrics)
     click.echo(response.body.decode(), nl=False)
+    if response.sample_time is None:
+        # The agent's own series are printed, but a GPU metrics read without a driver is not
+        # a success: exit 11 naming why (the same rule as every other GPU read).
+        client.node().require_driver("metrics")

@@ -25,6 +25,7 @@ from agent import logs
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, output_option, plain
+from agent.dra.gate import refuse_mig_change
 from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec
 from agent.mig.checkpoint import checkpoint_document, parse_checkpoint
 from agent.mig.generate import generate
@@ -58,17 +59,27 @@ log = logging.getLogger(__name__)
 PENDING_EXIT = 11
 
 
-def _layouts(obj: CliContext) -> tuple[GpuLayout, ...]:
-    """The node's GPUs as its agent read them: the one read path. A lost GPU is named on
+def _layouts(obj: CliContext, feature: str) -> tuple[GpuLayout, ...]:
+    """The node's GPUs as its agent read them: the one read path. No driver attached is
+    DriverNotReady (exit 11) naming its cause, never an empty node. A lost GPU is named on
     stderr and left out (it can be neither read nor partitioned)."""
+    node = obj.agent().node()
+    node.require_driver(feature)
     layouts = []
-    for gpu in obj.agent().node().gpus:
+    for gpu in node.gpus:
         if gpu.lost:
             why = gpu.detail or "it does not answer"
             click.echo(f"warning: GPU {gpu.layout.gpu.index} left out: lost ({why})", err=True)
             continue
         layouts.append(gpu.layout)
     return tuple(layouts)
+
+
+def _refuse_by_mode(obj: CliContext, what: str) -> None:
+    """The agent's mode gate (`agent.dra.gate.refuse_mig_change`), asked before the assert
+    that skips a phase already applied: on a node whose allocation mode forbids MIG changes, a
+    no-op apply or restore is refused as a real one is (exit 12), never "applied"."""
+    refuse_mig_change(obj.agent().node().allocation, what)
 
 
 def _config_options(fn: F) -> F:
@@ -129,7 +140,7 @@ def show_command(obj: CliContext, output: str) -> None:
     Example:
       gpu-agent --simulate dgx-a100 --state-dir /tmp/node mig show
     """
-    layouts = _layouts(obj)
+    layouts = _layouts(obj, "mig show")
     emit(show_data(layouts), output, lambda _: show_text(layouts))
 
 
@@ -150,7 +161,7 @@ def plan_command(
     Example:
       gpu-agent mig plan -f /etc/nvidia-mig-manager/config.yaml -c all-balanced
     """
-    plan = plan_layouts(_load(config_file), selected, _layouts(obj), force=force)
+    plan = plan_layouts(_load(config_file), selected, _layouts(obj, "mig plan"), force=force)
     data = {
         "config": plan.config,
         "gpus": [plan_data(p) for p in plan.gpus],
@@ -270,8 +281,11 @@ def apply_command(
         return _follow(client, op, obj.embedded)
 
     def applied_now(only_mode: bool) -> bool:
-        return check_layouts(spec, selected, _layouts(obj), mode_only=only_mode).applied
+        return check_layouts(
+            spec, selected, _layouts(obj, "mig apply"), mode_only=only_mode
+        ).applied
 
+    _refuse_by_mode(obj, "mig apply")
     if hooks is None:
         applied = [run(mode_only)]
     else:
@@ -404,7 +418,7 @@ def assert_command(
         spec.select(selected)
         click.echo("Selected MIG configuration is valid")
         return
-    result = check_layouts(spec, selected, _layouts(obj), mode_only=mode_only)
+    result = check_layouts(spec, selected, _layouts(obj, "mig assert"), mode_only=mode_only)
     if output != "table":
         emit(result, output)
     elif result.applied:
@@ -560,7 +574,7 @@ def export_command(obj: CliContext, output_format: str, config_label: str) -> No
     Example:
       gpu-agent mig export -l golden > golden.yaml
     """
-    document = plain(export_layouts(_layouts(obj), config_label))
+    document = plain(export_layouts(_layouts(obj, "mig export"), config_label))
     if output_format == "json":
         click.echo(json.dumps(document, indent=2))
     else:
@@ -596,7 +610,7 @@ def generate_config_command(obj: CliContext, output_file: str | None, output_for
     Example:
       gpu-agent mig generate-config -f /etc/nvidia-mig-manager/generated.yaml
     """
-    generated = generate(_layouts(obj))
+    generated = generate(_layouts(obj, "mig generate-config"))
     for index, why in generated.skipped:
         click.echo(f"warning: GPU {index} left out: {why}", err=True)
     document = generated.document
@@ -629,7 +643,7 @@ def checkpoint_command(obj: CliContext, checkpoint_file: str) -> None:
     Example:
       gpu-agent mig checkpoint -f /var/lib/mig-before-upgrade.json
     """
-    states = [fetch(layout) for layout in _layouts(obj) if layout.gpu.mig_capable]
+    states = [fetch(layout) for layout in _layouts(obj, "mig checkpoint") if layout.gpu.mig_capable]
     _write(Path(checkpoint_file), json.dumps(checkpoint_document(states)) + "\n")
     click.echo("MIG configuration checkpointed successfully")
 
@@ -686,12 +700,13 @@ def restore_command(
     states = parse_checkpoint(text, checkpoint_file)  # bad input refused before the agent
     hooks = load_hooks(hooks_file) if hooks_file else NO_HOOKS
     client = obj.agent()  # the node's agent restores it, as an operation (one path)
+    _refuse_by_mode(obj, "mig restore")
 
     def run(only_mode: bool) -> _Applied:
         return _follow(client, client.restore_mig(text, mode_only=only_mode), obj.embedded)
 
     def holds(only_mode: bool) -> bool:
-        return checkpoint_holds(states, _layouts(obj), mode_only=only_mode)
+        return checkpoint_holds(states, _layouts(obj, "mig restore"), mode_only=only_mode)
 
     env = {
         "MIG_PARTED_CHECKPOINT_FILE": checkpoint_file,

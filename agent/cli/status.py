@@ -19,7 +19,12 @@ if TYPE_CHECKING:
 def _table(data: dict[str, Any]) -> str:
     gpus = data["gpus"]
     lost = [g for g in gpus if g["health"] == "lost"]
-    head = f"Driver {data['driver_version']}, {len(gpus)} GPU(s)"
+    driver = data["driver"]
+    head = (
+        f"Driver {data['driver_version']}, {len(gpus)} GPU(s)"
+        if driver["ready"]
+        else "Driver not ready, 0 GPU(s): see degraded: gpu-driver below"
+    )
     allocation = data["allocation"]
     parts = [
         head + (f", {len(lost)} lost" if lost else ""),
@@ -189,6 +194,9 @@ def status_view(node: NodeView) -> dict[str, Any]:
     allocation = node.allocation
     return {
         "driver_version": node.driver_version,
+        # Whether GPUs are attached at all: without a driver the GPU list is empty because
+        # nothing can be read, not because the node has none.
+        "driver": {"ready": node.driver_not_ready is None, "detail": node.driver_not_ready},
         # Who hands the GPUs to pods, and what it was read from; it gates MIG (docs/dra.md).
         "allocation": {
             "mode": allocation.mode.value,
@@ -199,7 +207,8 @@ def status_view(node: NodeView) -> dict[str, Any]:
         "degraded": [
             {"component": c.name, "detail": c.detail}
             for c in node.components
-            if not c.healthy and c.name != "gpu-driver"  # GPUs: their own health column
+            # Attached, the GPUs' health has its own column; no driver is a degradation.
+            if not c.healthy and (c.name != "gpu-driver" or node.driver_not_ready is not None)
         ],
         # Withheld from this identity's roles: None per GPU, never an empty list ("none run").
         "processes_withheld": node.processes_hidden,

@@ -101,7 +101,8 @@ class DriverLink:
         state = self._state
         if not state.attached:
             raise DriverNotReady(
-                f"{feature} needs the NVIDIA driver, which is not ready: {state.reason}"
+                f"{feature} needs the NVIDIA driver, which is not ready ({state.cause}): "
+                f"{state.reason}"
             )
 
     # -- transitions (the node calls these, from worker threads) --------------------------------

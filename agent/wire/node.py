@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from agent._proto.gpuagent.v1 import agent_pb2, events_pb2, sharing_pb2
 from agent.dra.mode import Allocation, AllocationMode
+from agent.errors import DriverNotReady
 from agent.gpu.types import (
     ComputeInstance,
     GiProfile,
@@ -194,6 +195,12 @@ def gpu_pb(
 # -- a node, back into records -------------------------------------------------------------------
 
 
+#: How the gpu-driver component's detail starts while the driver is not attached; the cause
+#: (``library_not_found``, ``driver_not_loaded``, ``no_gpus``, ``nvml_error``, ``starting``)
+#: follows in parentheses, then the reason.
+DRIVER_NOT_READY = "waiting for the NVIDIA driver"
+
+
 @dataclass(frozen=True, slots=True)
 class Component:
     """One part of the agent and whether it works (``detail``: why not, or what it did)."""
@@ -248,6 +255,26 @@ class NodeView:
     sharing: NodeSharing | None
     #: the node's cache items (files and images), as far as readiness goes
     cache: tuple[ItemStatus, ...]
+
+    @property
+    def driver_not_ready(self) -> str | None:
+        """Why the agent has no GPUs attached (its gpu-driver component's detail, naming the
+        cause); None while the driver is attached."""
+        for c in self.components:
+            if c.name == "gpu-driver" and not c.healthy and c.detail.startswith(DRIVER_NOT_READY):
+                return c.detail
+        return None
+
+    def require_driver(self, feature: str) -> None:
+        """The one rule for every GPU read a client makes from this answer (mig show, plan,
+        assert, export, checkpoint, generate-config, metrics): an empty node because no driver
+        is attached is DriverNotReady (exit 11) naming the cause, never an empty success."""
+        why = self.driver_not_ready
+        if why is not None:
+            cause_and_reason = why.removeprefix(DRIVER_NOT_READY).lstrip()
+            raise DriverNotReady(
+                f"{feature} needs the NVIDIA driver, which is not ready {cause_and_reason}"
+            )
 
 
 _HEALTH_STATES_FROM = {pb: state for state, pb in _HEALTH_STATES.items()}

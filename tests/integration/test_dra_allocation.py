@@ -119,6 +119,13 @@ def killed_apply(state: Path) -> list[dict[str, Any]]:
     return held
 
 
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli.main", "--config", str(tmp_path / "config.yaml"), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
 def journal(state: Path) -> list[Any]:
     store = StateStore(state / "agent.db")
     try:
@@ -148,6 +155,20 @@ def test_dynamic_mig_refuses_every_mig_change_and_touches_no_gpu(
             with pytest.raises(ModeRefused, match="allocation mode is dra-dynamic-mig") as refused:
                 call()
             assert "nothing was changed" in str(refused.value)
+        # Issue 36: a restore of a checkpoint equal to the current layout (nothing to do) is
+        # refused as a real one and as an apply are, by the CLI too: never "restored".
+        checkpoint = tmp_path / "now.json"
+        saved = _cli(tmp_path, "mig", "checkpoint", "-f", str(checkpoint))
+        assert saved.returncode == 0, saved.stderr
+        (tmp_path / "mig.yaml").write_text(CONFIG)
+        for argv in (
+            ("mig", "restore", "-f", str(checkpoint)),
+            ("mig", "apply", "-f", str(tmp_path / "mig.yaml"), "-c", "gpu0-3g"),
+        ):
+            refused_by_cli = _cli(tmp_path, *argv)
+            assert refused_by_cli.returncode == ModeRefused.exit_code, refused_by_cli.stdout
+            assert "allocation mode is dra-dynamic-mig" in refused_by_cli.stderr, argv
+            assert "restored successfully" not in refused_by_cli.stdout
         metrics = client.metrics().body.decode()
         assert 'gpu_agent_allocation_mode{mode="dra-dynamic-mig"} 1.0' in metrics
         assert all(op.done for op in client.list_operations())  # none was left running

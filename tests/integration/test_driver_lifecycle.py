@@ -13,6 +13,7 @@ one place to change if loopback egress needs another setting.
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.error
 import urllib.request
@@ -148,6 +149,53 @@ def test_serve_without_a_driver_prewarms_then_attaches_and_detaches_without_rest
         assert "Traceback" not in agent.output()
 
 
+#: Every GPU read a readiness script may use (issue 36): with no driver, exit 11 naming the
+#: cause, never an empty success.
+_GPU_READS = [
+    ("mig", "show"),
+    ("mig", "plan", "-f", "{mig}", "-c", "all-disabled"),
+    ("mig", "assert", "-f", "{mig}", "-c", "all-disabled"),
+    ("mig", "export"),
+    ("mig", "checkpoint", "-f", "{ckpt}"),
+    ("mig", "generate-config"),
+    ("mig", "advise"),
+    ("power", "show"),
+    ("metrics",),
+]
+
+
+def test_no_driver_is_never_a_yes_and_status_says_why(tmp_path: Path) -> None:
+    """A readiness check built on `mig assert` (or any GPU read) fails on a node whose driver
+    is not loaded: exit 11 and one line naming the cause; `status` shows the driver line and
+    the gpu-driver degradation in the table and in JSON."""
+    agent_root = tmp_path / "agent"
+    agent_root.mkdir()
+    _driverless_node(agent_root)
+    mig_file = tmp_path / "mig.yaml"
+    mig_file.write_text(_MIG)
+    ckpt = tmp_path / "ckpt.json"
+    with AgentProcess(agent_root, agent_config(agent_root, driver=_DRIVER)) as agent:
+        config = cli_config(tmp_path, agent_root)
+        for args in _GPU_READS:
+            argv = [a.format(mig=mig_file, ckpt=ckpt) for a in args]
+            done = cli(agent.state_dir, config, *argv)
+            assert done.returncode == DriverNotReady.exit_code, (argv, done.stdout, done.stderr)
+            last = done.stderr.strip().splitlines()[-1]
+            assert "needs the NVIDIA driver, which is not ready (library_not_found)" in last, argv
+        assert not ckpt.exists()  # "checkpointed" nothing: no file claims an empty node
+
+        table = cli(agent.state_dir, config, "status")
+        assert table.returncode == 0, table.stderr
+        assert table.stdout.startswith("Driver not ready, 0 GPU(s)")
+        assert "degraded: gpu-driver: waiting for the NVIDIA driver (library_not_found)" in (
+            table.stdout
+        )
+        data = json.loads(cli(agent.state_dir, config, "status", "-o", "json").stdout)
+        assert data["driver"]["ready"] is False
+        assert "(library_not_found)" in data["driver"]["detail"]
+        assert [d["component"] for d in data["degraded"]] == ["gpu-driver"]
+
+
 def test_the_cli_prewarms_with_no_agent_and_no_driver(tmp_path: Path) -> None:
     """No agent runs and the driver is not loaded: the embedded agent starts driver-less,
     `prewarm file` warms from the origin and `cache list` shows it; `mig apply` says why not."""
@@ -169,6 +217,7 @@ def test_the_cli_prewarms_with_no_agent_and_no_driver(tmp_path: Path) -> None:
                   "all-disabled")  # fmt: skip
     assert refused.returncode == DriverNotReady.exit_code
     assert refused.stderr.strip().splitlines() == [
-        "error: mig apply needs the NVIDIA driver, which is not ready: cannot use NVML "
+        "error: mig apply needs the NVIDIA driver, which is not ready (library_not_found): "
+        "cannot use NVML "
         "(NVML Shared Library Not Found): the simulated driver is not loaded"
     ]

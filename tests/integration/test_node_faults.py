@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -142,8 +143,39 @@ def test_a_command_about_another_node_never_gets_this_agents_answer(tmp_path: Pa
         assert agent.proc is not None
         assert refused.stderr.startswith(
             f"error: the agent answering on {agent.socket} (pid {agent.proc.pid}) does not "
-            f"serve the state dir {other}, which gpu-agent mig apply (pid {os.getpid()}) owns"
+            f"serve the state dir {other} asked for (flag, GPU_AGENT_STATE_DIR or config), "
+            f"which gpu-agent mig apply (pid {os.getpid()}) owns"
         )
+
+
+def _cli_by_env(config: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI with the node named by environment only: no --state-dir, no --simulate."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPU_AGENT_")}
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli.main", "--config", str(config), *args],
+        capture_output=True, text=True, timeout=120, env={**clean, **env},
+    )  # fmt: skip
+
+
+def test_the_node_named_by_environment_is_the_node_asked(tmp_path: Path) -> None:
+    """Issue 36: GPU_AGENT_STATE_DIR and GPU_AGENT_SIMULATE select the node as --state-dir and
+    --simulate do. A preset the serving agent does not run is refused naming both; a state dir
+    it does not serve gets that node's own answer, never the serving agent's."""
+    agent, config = _agent(tmp_path)
+    with agent:
+        refused = _cli_by_env(config, {"GPU_AGENT_SIMULATE": "dgx-a100"}, "status")
+        assert refused.returncode == 4, refused.stderr
+        assert "runs simulated node dgx-h100, not --simulate dgx-a100" in refused.stderr
+
+        other = tmp_path / "other-node"
+        env = {"GPU_AGENT_STATE_DIR": str(other), "GPU_AGENT_SIMULATE": "dgx-a100"}
+        shown = _cli_by_env(config, env, "status", "-o", "json")
+        assert shown.returncode == 0, shown.stderr
+        assert (other / "agent.db").exists()  # answered from the node it was asked about
+        assert "A100" in json.loads(shown.stdout)["gpus"][0]["name"]
+
+        asked = _cli_by_env(config, {"GPU_AGENT_STATE_DIR": str(agent.state_dir)}, "status")
+        assert asked.returncode == 0 and "8 GPU(s)" in asked.stdout, asked.stderr
 
 
 def test_out_of_file_descriptors_sheds_connections_and_the_agent_goes_on(tmp_path: Path) -> None:

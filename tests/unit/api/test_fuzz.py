@@ -35,7 +35,8 @@ from tests.unit.test_safeyaml import billion_laughs
 
 TOTAL_EXAMPLES = 10_000
 RAW_EXAMPLES = 600
-CALL_TIMEOUT_S = 3.0
+#: Generous: on a loaded machine (issue 36: load 4 on 2 cores) a call may take seconds.
+CALL_TIMEOUT_S = 10.0
 STREAM_TIMEOUT_S = 0.05  # watches run until cancelled: cut them short
 
 SHARING_YAML = (
@@ -225,6 +226,9 @@ DELIBERATE = {
     grpc.StatusCode.CANCELLED,
 }
 
+#: Answers after which the request may have changed the node: accepted, or not known.
+_NOT_A_REFUSAL = {grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED}
+
 METHODS = api_methods()
 
 
@@ -277,7 +281,9 @@ def test_generated_requests_get_deliberate_answers_and_refusals_change_nothing(
         gpus, sharing = (gpu_state(agent), sharing_state(agent)) if mutating else (None, None)
         code = call(channel, method, request.SerializeToString())
         assert code in DELIBERATE, f"{path} answered {code} to {request}"
-        if mutating and code is not grpc.StatusCode.OK:
+        # A call cut off by its deadline is no refusal: the agent may have accepted it after
+        # the client stopped waiting (a slow machine), so only a real refusal must change nothing.
+        if mutating and code not in _NOT_A_REFUSAL:
             assert sharing_state(agent) == sharing, f"refused {path} changed sharing: {request}"
             if quiet and not mig_applying(agent):
                 assert gpu_state(agent) == gpus, f"refused {path} changed the GPUs: {request}"
