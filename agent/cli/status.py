@@ -16,18 +16,20 @@ if TYPE_CHECKING:
     from agent.wire.node import NodeGpu, NodeView
 
 
+def _head(data: dict[str, Any], lost: int) -> str:
+    """The driver line: its version and GPU count, or that no driver is attached."""
+    if not data["driver"]["ready"]:
+        return "Driver not ready, 0 GPU(s): see degraded: gpu-driver below"
+    head = f"Driver {data['driver_version']}, {len(data['gpus'])} GPU(s)"
+    return head + (f", {lost} lost" if lost else "")
+
+
 def _table(data: dict[str, Any]) -> str:
     gpus = data["gpus"]
     lost = [g for g in gpus if g["health"] == "lost"]
-    driver = data["driver"]
-    head = (
-        f"Driver {data['driver_version']}, {len(gpus)} GPU(s)"
-        if driver["ready"]
-        else "Driver not ready, 0 GPU(s): see degraded: gpu-driver below"
-    )
     allocation = data["allocation"]
     parts = [
-        head + (f", {len(lost)} lost" if lost else ""),
+        _head(data, len(lost)),
         f"Allocation: {allocation['mode']} ({allocation['evidence']})",
         "",
     ]
