@@ -818,6 +818,11 @@ class RoleSettings:
     )
 
 
+#: The state dir when nobody names one (a hostPath in the DaemonSet); naming another selects
+#: another node for the CLI (agent/cli/context.py).
+DEFAULT_STATE_DIR = Path("/var/lib/gpu-agent")
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     """Everything the agent reads at start; built by `load_config`."""
@@ -830,7 +835,7 @@ class AgentConfig:
         ),
     )
     state_dir: Path = field(
-        default=Path("/var/lib/gpu-agent"),
+        default=DEFAULT_STATE_DIR,
         metadata=_rules(
             doc="Directory of the agent's SQLite state (operations, MIG journal, prewarm jobs) "
             "and of the simulator's driver state; must outlive the pod (a hostPath).",

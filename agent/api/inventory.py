@@ -71,6 +71,8 @@ class _Gpus(_Part):
     layouts: tuple[GpuLayout, ...] = ()
     lost: dict[int, str] = field(default_factory=dict)  # GPU index -> the driver's error
     driver_version: str = ""
+    #: the driver link as GetNode's `Driver` reports it (unspecified before the first verdict)
+    driver: agent_pb2.Driver = field(default_factory=agent_pb2.Driver)
     #: monotonic time of what this came from (a snapshot's ``taken_mono``): orders refreshes
     taken_mono: float = 0.0
 
@@ -191,15 +193,16 @@ class NodeInventory:
                 layouts=tuple(layouts),
                 lost=lost,
                 driver_version=snapshot.driver_version,
+                driver=agent_pb2.Driver(state=agent_pb2.DRIVER_STATE_ATTACHED),
             )
             self._announce(before, self._gpus)
             self._announce_xids()
             self._rebuild(snapshot)
 
     def driver_missing(self, cause: str, reason: str) -> None:
-        """The driver is not attached (yet, or any more): no GPUs, and the gpu-driver
-        component says what is missing, with its cause (``library_not_found``, ...) first, so
-        every client refuses a GPU read by the same words (`NodeView.require_driver`).
+        """The driver is not attached (yet, or any more): no GPUs; GetNode's `Driver` says
+        so with its cause (``library_not_found``, ...), which every client's GPU read refuses
+        on (`NodeView.require_driver`), and the gpu-driver component says it in words.
         The next snapshot after an attach replaces this."""
         with self._lock:
             self._gpus = _Gpus(
@@ -207,6 +210,9 @@ class NodeInventory:
                 detail=f"{DRIVER_NOT_READY} ({cause}): {reason}",
                 read_at=self._clock(),
                 taken_mono=self._monotonic(),
+                driver=agent_pb2.Driver(
+                    state=agent_pb2.DRIVER_STATE_NOT_READY, cause=cause, reason=reason
+                ),
             )
             self._rebuild()
 
@@ -303,6 +309,7 @@ class NodeInventory:
             observe_time=timestamp(gpus.read_at),
             simulated_preset=self._preset,
             agent_version=__version__,
+            driver=gpus.driver,
         )
         self._conditions(node)
         if self._allocation_source is not None:

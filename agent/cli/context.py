@@ -102,8 +102,10 @@ class CliContext:
         agent. An agent of another node raises `Conflict` naming it: never an answer from
         another node.
         """
+        from agent.config import DEFAULT_STATE_DIR
+
         cfg = self.config
-        named = cfg.state_dir != _default_state_dir()  # by env or config file
+        named = cfg.state_dir != DEFAULT_STATE_DIR  # by env or config file
         if self.flags.get("state_dir") is not None or named:
             serves = _holds(client.peer_pid, ownership.path)
             if serves is False:
@@ -157,14 +159,6 @@ class CliContext:
     def close(self) -> None:
         while self._closers:
             self._closers.pop()()
-
-
-def _default_state_dir() -> Path:
-    """The state dir when nobody names one: asking for it is asking for "the node's agent"."""
-    from agent.config import AgentConfig
-
-    default: Path = AgentConfig.__dataclass_fields__["state_dir"].default  # type: ignore[assignment]
-    return default
 
 
 def _holds(pid: int | None, lock: Path) -> bool | None:

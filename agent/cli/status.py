@@ -13,12 +13,15 @@ from agent.cli.render import emit, format_table, human_bytes, output_option
 if TYPE_CHECKING:
     from agent.gpu.types import Placement
     from agent.health.machine import Mark
-    from agent.wire.node import NodeGpu, NodeView
+    from agent.wire.node import NodeDriver, NodeGpu, NodeView
 
 
 def _head(data: dict[str, Any], lost: int) -> str:
     """The driver line: its version and GPU count, or that no driver is attached."""
-    if not data["driver"]["ready"]:
+    driver = data["driver"]
+    if driver["cause"] == "starting":
+        return "Driver not read yet (the agent is starting), 0 GPU(s)"
+    if not driver["ready"]:
         return "Driver not ready, 0 GPU(s): see degraded: gpu-driver below"
     head = f"Driver {data['driver_version']}, {len(data['gpus'])} GPU(s)"
     return head + (f", {lost} lost" if lost else "")
@@ -191,6 +194,14 @@ def _gpu_view(g: NodeGpu, hidden: bool) -> dict[str, Any]:
     }
 
 
+def _driver_view(driver: NodeDriver) -> dict[str, Any]:
+    if driver.attached is True:
+        return {"ready": True, "cause": None, "detail": None}
+    if driver.attached is None:
+        return {"ready": False, "cause": "starting", "detail": "the agent has not read NVML yet"}
+    return {"ready": False, "cause": driver.cause or "unknown", "detail": driver.why_not}
+
+
 def status_view(node: NodeView) -> dict[str, Any]:
     """The node as ``gpu-agent status`` shows it (the shape `_table` renders)."""
     allocation = node.allocation
@@ -198,7 +209,8 @@ def status_view(node: NodeView) -> dict[str, Any]:
         "driver_version": node.driver_version,
         # Whether GPUs are attached at all: without a driver the GPU list is empty because
         # nothing can be read, not because the node has none.
-        "driver": {"ready": node.driver_not_ready is None, "detail": node.driver_not_ready},
+        # Ready only when verified: before the agent's first try it is not ready, cause "starting".
+        "driver": _driver_view(node.driver),
         # Who hands the GPUs to pods, and what it was read from; it gates MIG (docs/dra.md).
         "allocation": {
             "mode": allocation.mode.value,
@@ -210,7 +222,7 @@ def status_view(node: NodeView) -> dict[str, Any]:
             {"component": c.name, "detail": c.detail}
             for c in node.components
             # Attached, the GPUs' health has its own column; no driver is a degradation.
-            if not c.healthy and (c.name != "gpu-driver" or node.driver_not_ready is not None)
+            if not c.healthy and (c.name != "gpu-driver" or node.driver.attached is False)
         ],
         # Withheld from this identity's roles: None per GPU, never an empty list ("none run").
         "processes_withheld": node.processes_hidden,

@@ -195,10 +195,27 @@ def gpu_pb(
 # -- a node, back into records -------------------------------------------------------------------
 
 
-#: How the gpu-driver component's detail starts while the driver is not attached; the cause
-#: (``library_not_found``, ``driver_not_loaded``, ``no_gpus``, ``nvml_error``, ``starting``)
-#: follows in parentheses, then the reason.
+#: How a missing driver is put in words (the gpu-driver component's detail, the refusals).
 DRIVER_NOT_READY = "waiting for the NVIDIA driver"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDriver:
+    """GetNode's `Driver`: whether GPU reads can be answered at all."""
+
+    #: True: attached; False: not ready (``cause``, ``reason`` say why); None: not tried yet,
+    #: or an agent too old to say
+    attached: bool | None
+    #: one word: ``library_not_found``, ``driver_not_loaded``, ``no_gpus``, ``nvml_error``, ...
+    cause: str = ""
+    reason: str = ""
+
+    @property
+    def why_not(self) -> str | None:
+        """The refusal's words while not ready; None otherwise."""
+        if self.attached is not False:
+            return None
+        return f"{DRIVER_NOT_READY} ({self.cause or 'unknown'}): {self.reason}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,25 +272,17 @@ class NodeView:
     sharing: NodeSharing | None
     #: the node's cache items (files and images), as far as readiness goes
     cache: tuple[ItemStatus, ...]
-
-    @property
-    def driver_not_ready(self) -> str | None:
-        """Why the agent has no GPUs attached (its gpu-driver component's detail, naming the
-        cause); None while the driver is attached."""
-        for c in self.components:
-            if c.name == "gpu-driver" and not c.healthy and c.detail.startswith(DRIVER_NOT_READY):
-                return c.detail
-        return None
+    driver: NodeDriver = NodeDriver(None)
 
     def require_driver(self, feature: str) -> None:
         """The one rule for every GPU read a client makes from this answer (mig show, plan,
         assert, export, checkpoint, generate-config, metrics): an empty node because no driver
         is attached is DriverNotReady (exit 11) naming the cause, never an empty success."""
-        why = self.driver_not_ready
-        if why is not None:
-            cause_and_reason = why.removeprefix(DRIVER_NOT_READY).lstrip()
+        driver = self.driver
+        if driver.attached is False:
             raise DriverNotReady(
-                f"{feature} needs the NVIDIA driver, which is not ready {cause_and_reason}"
+                f"{feature} needs the NVIDIA driver, which is not ready "
+                f"({driver.cause or 'unknown'}): {driver.reason}"
             )
 
 
@@ -328,7 +337,18 @@ def node_from(node: agent_pb2.Node) -> NodeView:
         ),
         sharing=_sharing_from(node),
         cache=tuple(item_status_from(i) for i in node.cache.items),
+        driver=_driver_from(node.driver),
     )
+
+
+_DRIVER_ATTACHED = {
+    agent_pb2.DRIVER_STATE_ATTACHED: True,
+    agent_pb2.DRIVER_STATE_NOT_READY: False,
+}
+
+
+def _driver_from(pb: agent_pb2.Driver) -> NodeDriver:
+    return NodeDriver(_DRIVER_ATTACHED.get(pb.state), pb.cause, pb.reason)
 
 
 # -- the allocation mode ------------------------------------------------------------------------

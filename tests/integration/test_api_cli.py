@@ -33,7 +33,11 @@ def node_status(gpu: GpuDriver) -> dict[str, Any]:
     views += [_lost_view(g) for g in scan.lost]
     return {
         "driver_version": gpu.driver_version(),
-        "driver": {"ready": True, "detail": None},  # attached: the driver answered above
+        "driver": {
+            "ready": True,
+            "cause": None,
+            "detail": None,
+        },  # attached: the driver answered above
         # No Kubernetes API here: nothing hands out the GPUs (docs/dra.md).
         "allocation": {"mode": "none", "evidence": NO_API.evidence, "driver": None},
         "degraded": [],

@@ -27,6 +27,7 @@ from agent._proto.gpuagent.v1 import mig_pb2, mig_pb2_grpc
 from agent.client import AgentClient
 from agent.errors import DriverNotReady
 from agent.gpu.sim import SimControl, open_simulator
+from agent.wire.node import NodeDriver
 from tests.integration.prewarm_fixtures.origin import Origin
 from tests.integration.test_api_cli import agent_config_prewarm, cli, cli_config
 from tests.unit.api.support import AgentProcess, agent_config, wait_for
@@ -127,10 +128,13 @@ def test_serve_without_a_driver_prewarms_then_attaches_and_detaches_without_rest
             health = {c.name: c for c in node.components}
             assert not health["gpu-driver"].healthy
             assert "waiting for the NVIDIA driver" in health["gpu-driver"].detail
+            # GetNode says it in a typed field, so any client can refuse without parsing words.
+            assert (node.driver.attached, node.driver.cause) == (False, "library_not_found")
 
             # The driver loads: the same process attaches, GPUs and their series appear.
             control.driver_present()
             wait_for(lambda: len(client.node().gpus) == 8, "the agent to attach", 20)
+            assert client.node().driver == NodeDriver(True)
             # The GPU series and the ready gauge come from two parts (the sampler's first
             # snapshot, then the attach): a scrape between them may see one without the other.
             wait_for(lambda: _attached_series(port), "GPU series and the driver ready", 10)
@@ -191,7 +195,7 @@ def test_no_driver_is_never_a_yes_and_status_says_why(tmp_path: Path) -> None:
             table.stdout
         )
         data = json.loads(cli(agent.state_dir, config, "status", "-o", "json").stdout)
-        assert data["driver"]["ready"] is False
+        assert data["driver"]["ready"] is False and data["driver"]["cause"] == "library_not_found"
         assert "(library_not_found)" in data["driver"]["detail"]
         assert [d["component"] for d in data["degraded"]] == ["gpu-driver"]
 

@@ -12,6 +12,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class DriverState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DRIVER_STATE_UNSPECIFIED: _ClassVar[DriverState]
+    DRIVER_STATE_ATTACHED: _ClassVar[DriverState]
+    DRIVER_STATE_NOT_READY: _ClassVar[DriverState]
+
 class AllocationMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ALLOCATION_MODE_UNSPECIFIED: _ClassVar[AllocationMode]
@@ -32,6 +38,9 @@ class GpuHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GPU_HEALTH_UNSPECIFIED: _ClassVar[GpuHealth]
     GPU_HEALTH_OK: _ClassVar[GpuHealth]
     GPU_HEALTH_LOST: _ClassVar[GpuHealth]
+DRIVER_STATE_UNSPECIFIED: DriverState
+DRIVER_STATE_ATTACHED: DriverState
+DRIVER_STATE_NOT_READY: DriverState
 ALLOCATION_MODE_UNSPECIFIED: AllocationMode
 ALLOCATION_MODE_DEVICE_PLUGIN: AllocationMode
 ALLOCATION_MODE_DRA: AllocationMode
@@ -56,7 +65,7 @@ class GetNodeResponse(_message.Message):
     def __init__(self, node: _Optional[_Union[Node, _Mapping]] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("name", "driver_version", "gpus", "sharing", "cache", "health", "observe_time", "simulated_preset", "agent_version", "processes_hidden", "allocation")
+    __slots__ = ("name", "driver_version", "gpus", "sharing", "cache", "health", "observe_time", "simulated_preset", "agent_version", "processes_hidden", "allocation", "driver")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +77,7 @@ class Node(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_HIDDEN_FIELD_NUMBER: _ClassVar[int]
     ALLOCATION_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
     name: str
     driver_version: str
     gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
@@ -79,7 +89,18 @@ class Node(_message.Message):
     agent_version: str
     processes_hidden: bool
     allocation: Allocation
-    def __init__(self, name: _Optional[str] = ..., driver_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., sharing: _Optional[_Union[_sharing_pb2.SharingConfig, _Mapping]] = ..., cache: _Optional[_Union[_cache_pb2.CacheInventory, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, _Mapping]] = ..., observe_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., simulated_preset: _Optional[str] = ..., agent_version: _Optional[str] = ..., processes_hidden: _Optional[bool] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ...) -> None: ...
+    driver: Driver
+    def __init__(self, name: _Optional[str] = ..., driver_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., sharing: _Optional[_Union[_sharing_pb2.SharingConfig, _Mapping]] = ..., cache: _Optional[_Union[_cache_pb2.CacheInventory, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, _Mapping]] = ..., observe_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., simulated_preset: _Optional[str] = ..., agent_version: _Optional[str] = ..., processes_hidden: _Optional[bool] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., driver: _Optional[_Union[Driver, _Mapping]] = ...) -> None: ...
+
+class Driver(_message.Message):
+    __slots__ = ("state", "cause", "reason")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    state: DriverState
+    cause: str
+    reason: str
+    def __init__(self, state: _Optional[_Union[DriverState, str]] = ..., cause: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Allocation(_message.Message):
     __slots__ = ("mode", "evidence", "dra_driver")
