@@ -231,7 +231,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         allocation=allocation.current,
         republish=republish,
     )
-    inventory.watch_allocation(allocation.current)
+    inventory.watch_allocation(allocation.current, mig.mig_refusal)
     telemetry.exporter.add_collector(AllocationCollector(allocation.current))
     telemetry.exporter.add_collector(DriverCollector(driver))
     telemetry.exporter.add_collector(StateCollector(state.writable))

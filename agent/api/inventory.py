@@ -105,6 +105,7 @@ class NodeInventory:
         self._sharing_source: Callable[[], SharingView] | None = None
         self._allocation_source: Callable[[], Allocation] | None = None
         self._allocation: Allocation | None = None
+        self._mig_refusal: Callable[[], str | None] = lambda: None
         self._cache_source = cache
         self._xid_source = xids
         self._xids_seen: dict[XidKey, int] = {}
@@ -145,9 +146,13 @@ class NodeInventory:
         after this inventory is built)."""
         self._sharing_source = show
 
-    def watch_allocation(self, current: Callable[[], Allocation]) -> None:
-        """Show the node's allocation mode (agent.dra): read at every rebuild."""
+    def watch_allocation(
+        self, current: Callable[[], Allocation], mig_refusal: Callable[[], str | None]
+    ) -> None:
+        """Show the node's allocation mode (agent.dra) and whether it refuses MIG changes
+        (the MIG service's rule): read at every rebuild."""
         self._allocation_source = current
+        self._mig_refusal = mig_refusal
 
     def refresh_allocation(self) -> None:
         """Rebuild now if the allocation mode changed (any thread; no I/O)."""
@@ -315,6 +320,7 @@ class NodeInventory:
         if self._allocation_source is not None:
             self._allocation = self._allocation_source()
             node.allocation.CopyFrom(allocation_pb(self._allocation))
+            node.allocation.mig_refusal = self._mig_refusal() or ""
         if self._sharing_pb is not None:
             node.sharing.CopyFrom(self._sharing_pb)
         if self._cache_pb is not None:

@@ -25,7 +25,6 @@ from agent import logs
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, output_option, plain
-from agent.dra.gate import refuse_mig_change
 from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec
 from agent.mig.checkpoint import checkpoint_document, parse_checkpoint
 from agent.mig.generate import generate
@@ -76,10 +75,10 @@ def _layouts(obj: CliContext, feature: str) -> tuple[GpuLayout, ...]:
 
 
 def _refuse_by_mode(obj: CliContext, what: str) -> None:
-    """The agent's mode gate (`agent.dra.gate.refuse_mig_change`), asked before the assert
-    that skips a phase already applied: on a node whose allocation mode forbids MIG changes, a
-    no-op apply or restore is refused as a real one is (exit 12), never "applied"."""
-    refuse_mig_change(obj.agent().node().allocation, what)
+    """The agent's own refusal of MIG changes (GetNode's ``mig_refusal``), asked before the
+    assert that skips a phase already applied: a no-op apply or restore is refused as a real
+    one is (exit 12), never "applied"."""
+    obj.agent().node().refuse_mig_change(what)
 
 
 def _config_options(fn: F) -> F:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.dra.gate import refuse_mig_change
+from agent.dra.gate import mig_change_refusal
 from agent.dra.mode import Allocation, AllocationMode
 from agent.dra.republish import expected_uuids
 from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec, ModeRefused
@@ -150,14 +150,25 @@ class MigService:
     def refuse_by_mode(self, what: str) -> Allocation:
         """ModeRefused when this node's allocation mode forbids a MIG change; else the mode."""
         allocation = self._allocation()
-        refuse_mig_change(allocation, what)
-        if allocation.mode is AllocationMode.DRA and self._republish is None:
-            raise ModeRefused(
-                f"{what} refused: this node's allocation mode is {allocation.describe()}, and "
-                "without a Kubernetes API the agent cannot make the DRA driver republish a new "
-                "layout; nothing was changed"
-            )
+        why = self._refusal(allocation)
+        if why is not None:
+            raise ModeRefused(f"{what} refused: {why}")
         return allocation
+
+    def mig_refusal(self) -> str | None:
+        """Why any MIG change is refused here now (GetNode's ``Allocation.mig_refusal``, so a
+        client's no-op apply or restore is refused as the agent would refuse a real one)."""
+        return self._refusal(self._allocation())
+
+    def _refusal(self, allocation: Allocation) -> str | None:
+        why = mig_change_refusal(allocation)
+        if why is None and allocation.mode is AllocationMode.DRA and self._republish is None:
+            why = (
+                f"this node's allocation mode is {allocation.describe()}, and without a "
+                "Kubernetes API the agent cannot make the DRA driver republish a new layout; "
+                "nothing was changed"
+            )
+        return why
 
     # -- reads (never take the lock) -------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from agent._proto.gpuagent.v1 import agent_pb2, events_pb2, sharing_pb2
 from agent.dra.mode import Allocation, AllocationMode
-from agent.errors import DriverNotReady
+from agent.errors import DriverNotReady, ModeRefused
 from agent.gpu.types import (
     ComputeInstance,
     GiProfile,
@@ -273,6 +273,8 @@ class NodeView:
     #: the node's cache items (files and images), as far as readiness goes
     cache: tuple[ItemStatus, ...]
     driver: NodeDriver = NodeDriver(None)
+    #: why the agent refuses any MIG change here now (its allocation mode); "" when allowed
+    mig_refusal: str = ""
 
     def require_driver(self, feature: str) -> None:
         """The one rule for every GPU read a client makes from this answer (mig show, plan,
@@ -284,6 +286,13 @@ class NodeView:
                 f"{feature} needs the NVIDIA driver, which is not ready "
                 f"({driver.cause or 'unknown'}): {driver.reason}"
             )
+
+    def refuse_mig_change(self, what: str) -> None:
+        """The agent's refusal of a MIG change, for a client that skips a change already in
+        place (mig apply/restore with hooks assert first): a no-op is refused as a real change
+        would be by the agent (ModeRefused, exit 12), never "applied"."""
+        if self.mig_refusal:
+            raise ModeRefused(f"{what} refused: {self.mig_refusal}")
 
 
 _HEALTH_STATES_FROM = {pb: state for state, pb in _HEALTH_STATES.items()}
@@ -338,6 +347,7 @@ def node_from(node: agent_pb2.Node) -> NodeView:
         sharing=_sharing_from(node),
         cache=tuple(item_status_from(i) for i in node.cache.items),
         driver=_driver_from(node.driver),
+        mig_refusal=node.allocation.mig_refusal,
     )
 
 

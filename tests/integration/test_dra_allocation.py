@@ -299,3 +299,28 @@ def test_a_cancel_while_waiting_for_the_driver_rolls_the_apply_back(
             c.follow(op, lambda _: None)
     assert gpus(state) == held
     assert not journal(state)
+
+
+def test_a_dra_node_without_an_api_refuses_a_no_op_restore_as_the_agent_refuses_an_apply(
+    tmp_path: Path,
+) -> None:
+    """Issue 36: dra.mode set to dra and no Kubernetes API, so the DRA driver cannot be made to
+    republish: the agent refuses every MIG change, and the CLI's restore of the layout already
+    in place (which skips the agent's apply) is refused by the agent's words too (exit 12)."""
+    (tmp_path / "mig.yaml").write_text(CONFIG)
+    with start(tmp_path, mode="dra") as agent, closing(AgentClient(agent.socket)) as client:
+        node = client.node()
+        assert node.allocation.mode == AllocationMode.DRA
+        assert "cannot make the DRA driver republish" in node.mig_refusal
+        with pytest.raises(ModeRefused, match="cannot make the DRA driver republish"):
+            client.apply_mig(CONFIG, "gpu0-1g")
+        checkpoint = tmp_path / "now.json"
+        assert _cli(tmp_path, "mig", "checkpoint", "-f", str(checkpoint)).returncode == 0
+        for argv in (
+            ("mig", "restore", "-f", str(checkpoint)),
+            ("mig", "apply", "-f", str(tmp_path / "mig.yaml"), "-c", "gpu0-1g"),
+        ):
+            refused = _cli(tmp_path, *argv)
+            assert refused.returncode == ModeRefused.exit_code, (argv, refused.stdout)
+            assert "cannot make the DRA driver republish" in refused.stderr, argv
+            assert "successfully" not in refused.stdout

@@ -103,14 +103,16 @@ class Driver(_message.Message):
     def __init__(self, state: _Optional[_Union[DriverState, str]] = ..., cause: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("mode", "evidence", "dra_driver")
+    __slots__ = ("mode", "evidence", "dra_driver", "mig_refusal")
     MODE_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     DRA_DRIVER_FIELD_NUMBER: _ClassVar[int]
+    MIG_REFUSAL_FIELD_NUMBER: _ClassVar[int]
     mode: AllocationMode
     evidence: str
     dra_driver: str
-    def __init__(self, mode: _Optional[_Union[AllocationMode, str]] = ..., evidence: _Optional[str] = ..., dra_driver: _Optional[str] = ...) -> None: ...
+    mig_refusal: str
+    def __init__(self, mode: _Optional[_Union[AllocationMode, str]] = ..., evidence: _Optional[str] = ..., dra_driver: _Optional[str] = ..., mig_refusal: _Optional[str] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_total_bytes", "mig_capable", "mig_mode", "instances", "processes", "pci_device_id", "mig_profiles", "health", "idle_seconds", "health_detail", "pci_subsystem_id", "condition")
