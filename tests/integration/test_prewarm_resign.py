@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.prewarm.model import CacheItem, FileRequest, ItemState
+from agent.prewarm.model import CacheItem, FileRequest, GroupRequest, ItemState
 from agent.prewarm.service import PrewarmService
+from tests.integration.prewarm_fixtures import hub
 from tests.integration.prewarm_fixtures.agent import make_service
 from tests.integration.prewarm_fixtures.origin import Origin
 
@@ -170,6 +171,30 @@ def test_another_value_of_a_content_parameter_is_another_item(
     assert [r.headers.get("Range") for r in origin.requests[seen:]] == [None]
     assert svc.store.partial_size(first.id) == MIB  # the first item's partial is untouched
     assert sorted(i.id for i in svc.items()) == sorted([first.id, second.id])
+
+
+def test_a_model_file_changed_at_the_origin_restarts_alone_and_the_model_says_which(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """A model's file re-uploaded at the origin (same bytes, new ETag) while its partial waited:
+    that file is fetched again from 0, the others resume, and the model's options name it."""
+    files = {"config.json": b"{}", **{f"s{i}.safetensors": blob(512 * 1024, i) for i in (1, 2)}}
+    endpoint, commit = hub.publish(origin, "org/m", files)
+    shard = origin.root / "org/m/resolve" / commit / "s2.safetensors"
+    origin.faults.drop_after[f"/org/m/resolve/{commit}/s2.safetensors"] = 100 * 1024
+    svc = make_service(tmp_path, retries=0)
+    failed = svc.run(svc.submit(GroupRequest("org/m", endpoint=endpoint)).id)
+    assert failed.state is ItemState.FAILED, failed.error
+    shard.write_bytes(shard.read_bytes())  # a new upload of the same file: a new ETag
+    seen = len(origin.requests)
+
+    svc.index.update(failed.id, state=ItemState.QUEUED)  # what schedule_pending does when due
+    done = svc.run(failed.id)
+    assert done.state is ItemState.READY, done.error
+    asked = [(r.path.rsplit("/", 1)[-1], r.headers.get("Range")) for r in origin.requests[seen:]]
+    assert ("s2.safetensors", f"bytes={100 * 1024}-") in asked
+    why = done.options.get("restarted", "")
+    assert why.startswith("s2.safetensors: object changed at origin (ETag "), why
 
 
 def _etag_of(origin: Origin, name: str) -> str:
