@@ -30,7 +30,12 @@ from urllib.parse import urlsplit
 from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec
 from agent.prewarm.headers import parse_header_dir
-from agent.prewarm.naming import DEFAULT_IGNORED_QUERY_PARAMS
+from agent.prewarm.naming import (
+    DEFAULT_IGNORED_QUERY_PARAMS,
+    MAX_IGNORED_QUERY_PARAMS,
+    MAX_QUERY_PARAM_CHARS,
+    check_ignored_query_params,
+)
 from agent.prewarm.policy import is_host_pattern
 from agent.safeyaml import brief
 
@@ -465,10 +470,16 @@ class PrewarmSettings:
     ignored_query_params: tuple[str, ...] = field(
         default=DEFAULT_IGNORED_QUERY_PARAMS,
         metadata=_rules(
-            default_doc="the signature parameters of S3, GCS, OSS, OBS, COS and containerd's ns "
-            "(Dragonfly's default filtered query params)",
-            doc="Query parameters (names, or globs such as X-Amz-*) left out of a file's source "
-            "identity, so a re-signed URL is the same item and resumes its partial.",
+            check=check_ignored_query_params,
+            allowed=f"at most {MAX_IGNORED_QUERY_PARAMS} query keys or globs of one (X-Amz-*), "
+            f"each 1-{MAX_QUERY_PARAM_CHARS} characters without & = # % or spaces",
+            doc="Query parameters (names, or globs such as X-Amz-*, matched case-sensitively) "
+            "left out of a file's source identity: the parameters that sign a URL, so a "
+            "re-signed URL is the same item, a hit when ready, and resumes its partial from its "
+            "verified bytes when not. The default is Dragonfly's default filtered query params "
+            "(S3 v4, GCS, OSS, OBS, COS, containerd's ns) plus S3 v2's AWSAccessKeyId, the Azure "
+            "SAS parameters and OSS v4's x-oss-* signature parameters; an empty list makes the "
+            "whole URL the identity.",
         ),
     )
     header_dirs: tuple[str, ...] = field(

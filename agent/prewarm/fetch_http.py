@@ -24,6 +24,7 @@ from urllib.parse import quote, urljoin, urlsplit
 
 from agent.prewarm.errors import Cancelled, FetchFailed, transport_error
 from agent.prewarm.policy import Target, UrlPolicy, origin_of, redact_url
+from agent.prewarm.resume import object_change, resume_headers
 from agent.prewarm.sink import Sink
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,11 @@ class FetchInfo:
 
 class _Retry(Exception):
     """A failure a later attempt may get past (dropped connection, 5xx, short body)."""
+
+
+class _Restart(Exception):
+    """The object changed under the partial, whose bytes are dropped: ask again from byte 0.
+    Not a failure, so not an attempt; with nothing left to resume it cannot happen twice."""
 
 
 class _PinnedHTTPConnection(http.client.HTTPConnection):
@@ -150,6 +156,8 @@ class HttpFetcher:
         while True:
             try:
                 return self._attempt(spec, partial, progress, cancelled)
+            except _Restart:
+                continue
             except _Retry as exc:
                 attempt += 1
                 if attempt > self._retries:
@@ -279,12 +287,7 @@ class HttpFetcher:
         out = {"User-Agent": "gpu-agent-prewarm", "Accept-Encoding": "identity", **headers}
         default_port = 443 if target.scheme == "https" else 80
         out["Host"] = target.host if target.port == default_port else f"{target.host}:{target.port}"
-        validators = partial.validators
-        if partial.offset > 0 and validators.get("url") == first:
-            out["Range"] = f"bytes={partial.offset}-"
-            validator = validators.get("etag") or validators.get("last_modified")
-            if validator and not str(validator).startswith("W/"):
-                out["If-Range"] = str(validator)
+        out.update(resume_headers(partial.offset, partial.validators, first))
         if self._proxy is not None:
             out["X-Dragonfly-Use-P2P"] = "true"
             if "Range" in out:
@@ -301,17 +304,21 @@ class HttpFetcher:
                 partial.restart()
                 raise _Retry("origin answered a range other than the one asked")
             total = None if match[3] == "*" else int(match[3])
+            if self._restart_if_changed(spec, partial, resp, total):
+                raise _Restart  # these bytes continue another object: ask for all of it
         elif status == 200:
-            if partial.offset:
+            length = resp.getheader("Content-Length")
+            total = int(length) if length and length.isdigit() else None
+            if partial.offset and not self._restart_if_changed(spec, partial, resp, total):
                 log.info(
                     "origin ignored the range for %s; fetching from zero", redact_url(spec.url)
                 )
                 partial.restart()
-            length = resp.getheader("Content-Length")
-            total = int(length) if length and length.isdigit() else None
         elif status == 416:
             match = _UNSATISFIED_RANGE.fullmatch(resp.getheader("Content-Range", ""))
             if match is not None and int(match[1]) == partial.offset:
+                if self._restart_if_changed(spec, partial, resp, partial.offset):
+                    raise _Restart  # as long as the partial, by chance: still another object
                 resp.read()
                 return partial.offset
             partial.restart()
@@ -332,6 +339,21 @@ class HttpFetcher:
             }
         )
         return total
+
+    def _restart_if_changed(
+        self, spec: FetchSpec, partial: Sink, resp: http.client.HTTPResponse, total: int | None
+    ) -> bool:
+        """Drop the partial when the answer describes another object than the one its bytes
+        came from (`object_change`), saying why; False when nothing known changed."""
+        old = partial.validators
+        if not partial.offset or old.get("url") != (spec.resume_key or spec.url):
+            return False
+        why = object_change(old, resp.getheader("ETag"), resp.getheader("Last-Modified"), total)
+        if why is None:
+            return False
+        log.warning("%s: %s", redact_url(spec.url), why)
+        partial.restart(why)
+        return True
 
     def _dragonfly_error(self, resp: http.client.HTTPResponse) -> str:
         """dfdaemon's error type, when its proxy set one: a short token, never free text."""

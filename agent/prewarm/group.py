@@ -138,6 +138,7 @@ class MemorySink:
     def __init__(self, limit: int = MAX_LISTING_BYTES) -> None:
         self.offset = 0
         self.limit: int | None = limit
+        self.restarted: str | None = None
         self._max = limit
         self._data = bytearray()
 
@@ -152,7 +153,7 @@ class MemorySink:
         if total is not None and total > self._max:
             raise FetchFailed(f"listing of {total} bytes passes the {self._max}-byte limit")
 
-    def restart(self) -> None:
+    def restart(self, reason: str | None = None) -> None:
         self._data.clear()
         self.offset = 0
 

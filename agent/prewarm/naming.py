@@ -28,9 +28,9 @@ _LABEL_SHORT_MAX = _LABEL_NAME_MAX - len("cache.")
 _LABEL_HASH_CHARS = 12
 _HASH_CHARS = 8
 
-# Query parameters that sign a URL rather than name its content (Dragonfly's default
-# X-Dragonfly-Filtered-Query-Params, prewarm.md §1.4): S3, GCS, OSS, OBS, COS and containerd's ns.
-DEFAULT_IGNORED_QUERY_PARAMS: tuple[str, ...] = (
+# Query parameters that sign a URL rather than name its content. First Dragonfly's default
+# X-Dragonfly-Filtered-Query-Params (prewarm.md §1.4): S3 v4, GCS, OSS, OBS, COS, containerd's ns.
+DRAGONFLY_FILTERED_QUERY_PARAMS: tuple[str, ...] = (
     "X-Amz-Algorithm",
     "X-Amz-Credential",
     "X-Amz-Date",
@@ -62,6 +62,48 @@ DEFAULT_IGNORED_QUERY_PARAMS: tuple[str, ...] = (
     "x-cos-security-token",
     "ns",
 )
+# Then the signatures Dragonfly's list lacks: S3 v2's key id, an Azure SAS (service, account and
+# user delegation) and OSS v4. Named one by one, not as x-oss-*: x-oss-process changes the bytes.
+EXTRA_SIGNATURE_QUERY_PARAMS: tuple[str, ...] = (
+    "AWSAccessKeyId",
+    "sv",
+    "ss",
+    "srt",
+    "sp",
+    "se",
+    "st",
+    "spr",
+    "sig",
+    "sip",
+    "si",
+    "sr",
+    "skoid",
+    "sktid",
+    "skt",
+    "ske",
+    "sks",
+    "skv",
+    "x-oss-signature-version",
+    "x-oss-credential",
+    "x-oss-date",
+    "x-oss-expires",
+    "x-oss-signature",
+    "x-oss-additional-headers",
+    "x-oss-security-token",
+)
+DEFAULT_IGNORED_QUERY_PARAMS = DRAGONFLY_FILTERED_QUERY_PARAMS + EXTRA_SIGNATURE_QUERY_PARAMS
+#: Bounds of prewarm.ignored_query_params: each entry a query key or a glob of one.
+MAX_IGNORED_QUERY_PARAMS = 256
+MAX_QUERY_PARAM_CHARS = 128
+_QUERY_PARAM = re.compile(rf"[A-Za-z0-9!$'()*+:@._~?\[\]-]{{1,{MAX_QUERY_PARAM_CHARS}}}")
+
+
+def check_ignored_query_params(values: Sequence[str]) -> bool:
+    """At most 256 entries of 1-128 characters that can be a query key (or a glob of one):
+    no ``&``, ``=``, ``#``, ``%``, space or control character."""
+    return len(values) <= MAX_IGNORED_QUERY_PARAMS and all(
+        isinstance(v, str) and _QUERY_PARAM.fullmatch(v) for v in values
+    )
 
 
 def check_name(name: str, field: str = "name") -> str:

@@ -27,6 +27,8 @@ class Sink(Protocol):
 
     offset: int
     limit: int | None
+    #: why the bytes were last dropped by `restart` (an object changed at the origin), if said
+    restarted: str | None
 
     @property
     def validators(self) -> dict[str, Any]: ...
@@ -35,7 +37,7 @@ class Sink(Protocol):
 
     def admit(self, total: int | None) -> None: ...
 
-    def restart(self) -> None: ...
+    def restart(self, reason: str | None = None) -> None: ...
 
     def write(self, data: bytes | memoryview) -> None: ...
 
@@ -70,6 +72,7 @@ class DigestSink:
         self.size = size
         self.offset = 0
         self.limit: int | None = size
+        self.restarted: str | None = None
         self._validators: dict[str, Any] = {}
         self._hash = hashlib.sha256()
         self._pending: dict[int, bytes] = {}
@@ -90,7 +93,8 @@ class DigestSink:
             )
         self.limit = total if total is not None else self.size
 
-    def restart(self) -> None:
+    def restart(self, reason: str | None = None) -> None:
+        self.restarted = reason or self.restarted
         self.offset = 0
         self._hash = hashlib.sha256()
         self._pending.clear()

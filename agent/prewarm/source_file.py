@@ -20,6 +20,7 @@ from agent.prewarm.headers import (
     read_header_files,
 )
 from agent.prewarm.model import CacheItem, FileRequest, ItemKind, ItemState
+from agent.prewarm.sink import Sink
 from agent.prewarm.source import Source, SourceRequest, Target, Work, without_retry
 from agent.prewarm.target import FieldType, TargetSchema, headers
 
@@ -142,16 +143,17 @@ class FileSource(Source):
                 work.store.discard_partial(item.id)
             return work.index.get(item.id)
         except FetchFailed as exc:
-            return work.fail(item, partial, str(exc), transient=exc.transient)
+            return work.fail(noted(item, partial), partial, str(exc), transient=exc.transient)
         except StateUnavailable:
             partial.close()
             raise
         except AgentError as exc:
-            return work.fail(item, partial, str(exc))
+            return work.fail(noted(item, partial), partial, str(exc))
         except Exception as exc:
             log.exception("prewarm of %s failed unexpectedly", item.name)
-            return work.fail(item, partial, f"internal error: {type(exc).__name__}: {exc}")
-        options = without_retry(item.options)
+            error = f"internal error: {type(exc).__name__}: {exc}"
+            return work.fail(noted(item, partial), partial, error)
+        options = without_retry(noted(item, partial).options)
         if info.dragonfly_task_id:
             options["dragonfly_task_id"] = info.dragonfly_task_id
         options.pop("dragonfly_output", None)  # this run's, not one before a config change
@@ -161,6 +163,14 @@ class FileSource(Source):
         done = work.finish(item, sha256=digest, size=size, fetched_bytes=size, options=options)
         log.info("prewarmed %s (%d bytes, sha256 %s) via %s", item.name, size, digest, fetcher.mode)
         return done
+
+
+def noted(item: CacheItem, partial: Sink) -> CacheItem:
+    """``item`` with why this run dropped its partial's bytes (``restarted``: the object changed
+    at the origin) among its options, for `prewarm list` and the API to show."""
+    if partial.restarted is None:
+        return item
+    return replace(item, options={**item.options, "restarted": partial.restarted})
 
 
 SOURCE = FileSource()

@@ -122,6 +122,7 @@ class ModelSource(Source):
         opts = item.options
         # Files of this snapshot already committed by an earlier, failed run: url -> sha256.
         fetched: dict[str, str] = json.loads(opts.get("fetched", "{}"))
+        restarts: dict[str, str] = {}  # path -> why its partial was dropped (object changed)
         try:
             headers = read_header_files(
                 header_files_of(opts),
@@ -146,7 +147,14 @@ class ModelSource(Source):
             on_disk = sum(work.store.partial_size(_member_key(item.id, m.path)) for m in todo)
             work.store.admit(item.id, listing.total, on_disk=on_disk)
             _fetch_members(
-                work, item, todo, have, fetched, headers, listing.total, progress, cancelled
+                work,
+                item,
+                todo,
+                (have, fetched, restarts),
+                headers,
+                listing.total,
+                progress,
+                cancelled,
             )
             files = [(m.path, have[m.path], m.size) for m in listing.members]
             work.store.link_tree(item.name, item.id, [(p, sha) for p, sha, _ in files])
@@ -168,7 +176,7 @@ class ModelSource(Source):
             if not isinstance(exc, AgentError):
                 log.exception("prewarm of model %s failed unexpectedly", item.name)
             error = str(exc) if isinstance(exc, AgentError) else f"internal error: {exc!r}"
-            kept = {k: v for k, v in opts.items() if k != "fetched"}
+            kept = {k: v for k, v in opts.items() if k != "fetched"} | _noted(restarts)
             if transient:
                 kept["fetched"] = json.dumps(fetched)
             item = work.index.update(item.id, options=kept)
@@ -177,6 +185,7 @@ class ModelSource(Source):
             )
         options = {k: v for k, v in without_retry(opts).items() if k != "fetched"}
         options.update(commit=listing.commit, members=json.dumps(files), via=work.fetcher.mode)
+        options.update(_noted(restarts))
         done = work.finish(item, size=listing.total, fetched_bytes=listing.total, options=options)
         log.info("prewarmed model %s (%d files, %d bytes)", item.name, len(files), listing.total)
         return done
@@ -186,8 +195,7 @@ def _fetch_members(
     work: Work,
     item: CacheItem,
     todo: Sequence[Member],
-    have: dict[str, str],
-    fetched: dict[str, str],
+    found: tuple[dict[str, str], dict[str, str], dict[str, str]],
     headers: Mapping[str, str],
     total: int,
     progress: ProgressFn,
@@ -195,7 +203,10 @@ def _fetch_members(
 ) -> None:
     """Fetch and commit the files of a group, at most ``group_parallel`` at once (so at
     most that many partials are open); raise the first failure once all ended. Files that
-    made it are recorded in ``have`` and ``fetched``, so a retry does not fetch them again."""
+    made it are recorded in ``have`` (path -> sha256) and ``fetched`` (url -> sha256) of
+    ``found``, so a retry does not fetch them again; files whose partial was dropped because
+    the object changed at the origin, with why, in its third map (path -> why)."""
+    have, fetched, restarts = found
     lock = threading.Lock()
     offsets = {m.path: 0 for m in todo}
     done_before = total - sum(m.size for m in todo)
@@ -215,6 +226,9 @@ def _fetch_members(
             sha = work.store.commit_blob(part, m.sha256, f"{item.name}/{m.path}")
         finally:
             part.close()
+            if part.restarted is not None:
+                with lock:
+                    restarts[m.path] = part.restarted
         with lock:
             have[m.path] = sha
             fetched[m.url] = sha
@@ -233,6 +247,16 @@ def _fetch_members(
             )
         )
         raise failures[0]
+
+
+def _noted(restarts: Mapping[str, str], shown: int = 3) -> dict[str, str]:
+    """The ``restarted`` option of a model: which files restarted from 0 and why (a few)."""
+    if not restarts:
+        return {}
+    notes = [f"{path}: {why}" for path, why in sorted(restarts.items())[:shown]]
+    if len(restarts) > shown:
+        notes.append(f"and {len(restarts) - shown} more files")
+    return {"restarted": "; ".join(notes)}
 
 
 def _member_key(item_id: str, path: str) -> str:

@@ -148,6 +148,7 @@ class Partial:
         self._hash = _Hasher()
         self._sequential = True
         self.limit: int | None = None
+        self.restarted: str | None = None  # why `restart` dropped the bytes, if it was said
         self._file = os.fdopen(store.open_partial(self.path.name), "r+b", buffering=0)
         self.offset = self._rehash()
         self._flusher = _Flusher(self._file.fileno())
@@ -179,8 +180,10 @@ class Partial:
         """Reserve ``total`` bytes in the budget (evicting if needed) before any body byte."""
         self.limit = self._store.admit(self.item_id, total, on_disk=self.offset)
 
-    def restart(self) -> None:
-        """Drop the bytes so far: the origin cannot resume or its content changed."""
+    def restart(self, reason: str | None = None) -> None:
+        """Drop the bytes so far: the origin cannot resume or its content changed (``reason``,
+        kept in `restarted` for the item's record)."""
+        self.restarted = reason or self.restarted
         self._file.seek(0)
         self._file.truncate()
         self._hash.close()

@@ -254,6 +254,19 @@ BAD_FILE_VALUES = [
     ("prewarm:\n  egress_allow: ['http://a']\n", "prewarm.egress_allow", "host names or globs"),
     # A header directory names the origin its secrets may go to.
     ("prewarm:\n  header_dirs: [/etc/s]\n", "prewarm.header_dirs", "ORIGIN=DIRECTORY"),
+    # Signature keys: bounded in count and length, each one query key (or a glob of one).
+    ("prewarm:\n  ignored_query_params: ['sig=x']\n", "prewarm.ignored_query_params", "& = #"),
+    ("prewarm:\n  ignored_query_params: ['a b']\n", "prewarm.ignored_query_params", "spaces"),
+    (
+        f"prewarm:\n  ignored_query_params: ['{'k' * 129}']\n",
+        "prewarm.ignored_query_params",
+        "each 1-128 characters",
+    ),
+    (
+        f"prewarm:\n  ignored_query_params: [{', '.join(f'k{i}' for i in range(257))}]\n",
+        "prewarm.ignored_query_params",
+        "at most 256 query keys",
+    ),
     ("prewarm:\n  header_dirs: ['https://h/p=/s']\n", "prewarm.header_dirs", "scheme://host"),
     ("prewarm:\n  header_dirs: ['https://h=rel']\n", "prewarm.header_dirs", "ORIGIN=DIRECTORY"),
     ("prewarm:\n  header_dirs: ['https://h:x=/s']\n", "prewarm.header_dirs", "ORIGIN=DIRECTORY"),
@@ -272,6 +285,13 @@ BAD_FILE_VALUES = [
     ("grpc_insecure_listen: '[::]:9402'\n", "grpc_insecure_listen", "127.0.0.1:PORT, [::1]:PORT"),
     ("grpc_insecure_listen: node-1:9402\n", "grpc_insecure_listen", "localhost:PORT"),
 ]
+
+
+def test_signature_query_keys_take_globs_and_may_be_none(tmp_path: Path) -> None:
+    env = {"GPU_AGENT_PREWARM__IGNORED_QUERY_PARAMS": "X-Amz-*,sig"}
+    assert load_config(env=env).prewarm.ignored_query_params == ("X-Amz-*", "sig")
+    none = load_config(write(tmp_path, "prewarm:\n  ignored_query_params: []\n"), env={})
+    assert none.prewarm.ignored_query_params == ()
 
 
 @pytest.mark.parametrize(("text", "key", "allowed"), BAD_FILE_VALUES)

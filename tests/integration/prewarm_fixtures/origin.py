@@ -32,6 +32,8 @@ class Faults:
     rate_bps: dict[str, int] = field(default_factory=dict)
     chunked: set[str] = field(default_factory=set)
     redirects: dict[str, str] = field(default_factory=dict)
+    # Serve a Range whatever If-Range says, as S3 does: a changed object then answers 206
+    ignore_if_range: set[str] = field(default_factory=set)
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -102,7 +104,8 @@ class Origin:
         start, end, status = 0, size - 1, 200
         match = _RANGE.fullmatch(h.headers.get("Range", ""))
         if_range = h.headers.get("If-Range")
-        if match and (if_range is None or if_range == etag):
+        honour = path not in self.faults.ignore_if_range
+        if match and (if_range is None or if_range == etag or not honour):
             start = int(match[1])
             end = int(match[2]) if match[2] else size - 1
             if start >= size:
