@@ -43,7 +43,12 @@ from agent.errors import Conflict, FieldViolation, InvalidSpec
 from agent.safeyaml import brief
 from agent.sharing import dra_api
 from agent.sharing.advertise import GPU_RESOURCE
-from agent.sharing.schema import RESOURCE_PREFIX, PluginConfig, ReplicatedResources
+from agent.sharing.schema import (
+    RESOURCE_PREFIX,
+    PluginConfig,
+    ReplicatedResource,
+    ReplicatedResources,
+)
 from agent.sharing.validate import MAX_RESOURCE_NAME, MIN_REPLICAS, MPS_MAX_CLIENTS
 
 API_VERSION = "resource.k8s.io/v1"
@@ -166,8 +171,28 @@ def _section(
     strategy: Strategy, key: str, section: ReplicatedResources, allocation: Allocation
 ) -> tuple[list[SharedClass], list[FieldViolation], list[FieldViolation]]:
     path = f"sharing.{key}"
-    found: list[FieldViolation] = []
+    found = _section_problems(strategy, path, section, allocation)
     notes: list[FieldViolation] = []
+    classes: list[SharedClass] = []
+    seen: dict[str, int] = {}
+    for i, res in enumerate(section.resources):
+        at = f"{path}.resources[{i}]"
+        target = _device(res.name) if len(res.name) <= MAX_RESOURCE_NAME else None
+        found += _resource_problems(strategy, at, res, target, seen.get(res.name))
+        seen.setdefault(res.name, i)
+        if target is None or found:
+            continue
+        shared, note = _shared_class(strategy, at, res, target)
+        classes.append(shared)
+        notes.append(note)
+    return classes, found, notes
+
+
+def _section_problems(
+    strategy: Strategy, path: str, section: ReplicatedResources, allocation: Allocation
+) -> list[FieldViolation]:
+    """What a whole strategy section asks that DRA cannot do."""
+    found: list[FieldViolation] = []
     if section.rename_by_default:
         found.append(
             FieldViolation(
@@ -194,89 +219,96 @@ def _section(
         )
     if not section.resources:
         found.append(FieldViolation(f"{path}.resources", "at least one resource is required"))
-    classes: list[SharedClass] = []
-    seen: dict[str, int] = {}
-    for i, res in enumerate(section.resources):
-        at = f"{path}.resources[{i}]"
-        target = _device(res.name) if len(res.name) <= MAX_RESOURCE_NAME else None
-        if target is None:
-            found.append(
-                FieldViolation(
-                    f"{at}.name",
-                    f"{brief(res.name)} is no device of the DRA driver: use {GPU_RESOURCE} (full "
-                    f"GPUs) or {RESOURCE_PREFIX}mig-<profile> (MIG devices, e.g. "
-                    f"{RESOURCE_PREFIX}mig-1g.10gb), at most {MAX_RESOURCE_NAME} characters",
-                )
+    return found
+
+
+def _resource_problems(
+    strategy: Strategy,
+    at: str,
+    res: ReplicatedResource,
+    target: tuple[Literal["gpu", "mig"], str | None] | None,
+    first_seen: int | None,
+) -> list[FieldViolation]:
+    """What one shared resource asks that DRA cannot do (``first_seen``: an earlier index of
+    the same name)."""
+    found: list[FieldViolation] = []
+    if target is None:
+        found.append(
+            FieldViolation(
+                f"{at}.name",
+                f"{brief(res.name)} is no device of the DRA driver: use {GPU_RESOURCE} (full "
+                f"GPUs) or {RESOURCE_PREFIX}mig-<profile> (MIG devices, e.g. "
+                f"{RESOURCE_PREFIX}mig-1g.10gb), at most {MAX_RESOURCE_NAME} characters",
             )
-        elif res.name in seen:
-            found.append(
-                FieldViolation(
-                    f"{at}.name", f"{res.name} is listed twice (also resources[{seen[res.name]}])"
-                )
+        )
+    elif first_seen is not None:
+        found.append(
+            FieldViolation(
+                f"{at}.name", f"{res.name} is listed twice (also resources[{first_seen}])"
             )
-        seen.setdefault(res.name, i)
-        if res.replicas < MIN_REPLICAS:
-            found.append(
-                FieldViolation(
-                    f"{at}.replicas",
-                    f"must be >= {MIN_REPLICAS}, got {res.replicas}; use share clear to stop "
-                    "sharing",
-                )
+        )
+    if res.replicas < MIN_REPLICAS:
+        found.append(
+            FieldViolation(
+                f"{at}.replicas",
+                f"must be >= {MIN_REPLICAS}, got {res.replicas}; use share clear to stop sharing",
             )
-        elif strategy == "mps" and res.replicas > MPS_MAX_CLIENTS:
-            found.append(
-                FieldViolation(
-                    f"{at}.replicas",
-                    f"at most {MPS_MAX_CLIENTS} (one MPS server takes {MPS_MAX_CLIENTS} clients), "
-                    f"got {res.replicas}",
-                )
+        )
+    elif strategy == "mps" and res.replicas > MPS_MAX_CLIENTS:
+        found.append(
+            FieldViolation(
+                f"{at}.replicas",
+                f"at most {MPS_MAX_CLIENTS} (one MPS server takes {MPS_MAX_CLIENTS} clients), "
+                f"got {res.replicas}",
             )
-        if res.rename is not None:
-            found.append(
-                FieldViolation(f"{at}.rename", "no DRA equivalent: pods name the DeviceClass")
+        )
+    if res.rename is not None:
+        found.append(FieldViolation(f"{at}.rename", "no DRA equivalent: pods name the DeviceClass"))
+    if res.devices is not None and res.devices != "all":
+        found.append(
+            FieldViolation(
+                f"{at}.devices",
+                "no DRA equivalent: a claim gets the devices the scheduler allocates; "
+                "select GPUs in the claim instead",
             )
-        if res.devices is not None and res.devices != "all":
-            found.append(
-                FieldViolation(
-                    f"{at}.devices",
-                    "no DRA equivalent: a claim gets the devices the scheduler allocates; "
-                    "select GPUs in the claim instead",
-                )
-            )
-        if target is None or found:
-            continue
-        device_type, profile = target
-        kind = dra_api.GPU_CONFIG if device_type == "gpu" else dra_api.MIG_CONFIG
-        share: dict[str, Any] = {"strategy": _DRIVER_STRATEGY[strategy]}
-        if strategy == "mps":
-            pct = 100 // res.replicas
-            share["mpsConfig"] = {"defaultActiveThreadPercentage": pct}
-            notes.append(
-                FieldViolation(
-                    f"{at}.replicas",
-                    f"mapped to mpsConfig.defaultActiveThreadPercentage {pct} (100 / "
-                    f"{res.replicas}); the plugin's 1/{res.replicas} memory share is not set",
-                )
-            )
-        else:
-            if device_type == "gpu":
-                share["timeSlicingConfig"] = {"interval": "Default"}
-            notes.append(
-                FieldViolation(
-                    f"{at}.replicas",
-                    "not carried: under DRA a claim's device is time-sliced among the pods and "
-                    f"containers that share the claim, however many; the driver has no count "
-                    f"({res.replicas} is not enforced)"
-                    + (
-                        "; on MIG devices the driver sets no time-slice interval"
-                        if device_type == "mig"
-                        else ""
-                    ),
-                )
-            )
-        parameters = {"apiVersion": dra_api.API_VERSION, "kind": kind, "sharing": share}
-        classes.append(SharedClass(res.name, strategy, device_type, profile, parameters))
-    return classes, found, notes
+        )
+    return found
+
+
+def _shared_class(
+    strategy: Strategy,
+    at: str,
+    res: ReplicatedResource,
+    target: tuple[Literal["gpu", "mig"], str | None],
+) -> tuple[SharedClass, FieldViolation]:
+    """The DeviceClass of one valid resource, and the note of what its replicas became."""
+    device_type, profile = target
+    kind = dra_api.GPU_CONFIG if device_type == "gpu" else dra_api.MIG_CONFIG
+    share: dict[str, Any] = {"strategy": _DRIVER_STRATEGY[strategy]}
+    if strategy == "mps":
+        pct = 100 // res.replicas
+        share["mpsConfig"] = {"defaultActiveThreadPercentage": pct}
+        note = FieldViolation(
+            f"{at}.replicas",
+            f"mapped to mpsConfig.defaultActiveThreadPercentage {pct} (100 / "
+            f"{res.replicas}); the plugin's 1/{res.replicas} memory share is not set",
+        )
+    else:
+        if device_type == "gpu":
+            share["timeSlicingConfig"] = {"interval": "Default"}
+        note = FieldViolation(
+            f"{at}.replicas",
+            "not carried: under DRA a claim's device is time-sliced among the pods and "
+            f"containers that share the claim, however many; the driver has no count "
+            f"({res.replicas} is not enforced)"
+            + (
+                "; on MIG devices the driver sets no time-slice interval"
+                if device_type == "mig"
+                else ""
+            ),
+        )
+    parameters = {"apiVersion": dra_api.API_VERSION, "kind": kind, "sharing": share}
+    return SharedClass(res.name, strategy, device_type, profile, parameters), note
 
 
 def _device(resource: str) -> tuple[Literal["gpu", "mig"], str | None] | None:
