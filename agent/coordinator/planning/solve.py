@@ -133,78 +133,123 @@ def solve(problem: Problem, *, time_limit_s: float = 30.0) -> Solution:
     if easy is not None:
         return easy
     h = _highs()  # first: it says clearly when highspy is missing
-    import highspy
-    import numpy as np
-
-    inf = highspy.kHighsInf
-    x_cols: list[tuple[int, int]] = [
-        (c, o) for c, k in enumerate(problem.classes) for o in range(len(k.cost))
-    ]
-    z_cols = [(g, e) for g, es in enumerate(problem.groups) for e in es]
-    n_x, n_z, n_e = len(x_cols), len(z_cols), len(problem.demand)
-    n_col = n_x + n_z + n_e
-    n_cls, n_grp = len(problem.classes), len(problem.groups)
-    # Rows: one per class (= count), one per group (z - supply <= 0), one per entry (>= demand).
-    cols: list[list[tuple[int, float]]] = [[] for _ in range(n_col)]
-    for j, (c, o) in enumerate(x_cols):
-        cols[j].append((c, 1.0))
-        for g, k in problem.classes[c].supply[o]:
-            cols[j].append((n_cls + g, -float(k)))
-    for j, (g, e) in enumerate(z_cols):
-        cols[n_x + j] += [(n_cls + g, 1.0), (n_cls + n_grp + e, 1.0)]
-    for e in range(n_e):
-        cols[n_x + n_z + e].append((n_cls + n_grp + e, 1.0))
-    start, index, value = [0], [], []
-    for col in cols:
-        for r, v in sorted(col):
-            index.append(r)
-            value.append(v)
-        start.append(len(index))
-    lower = [0.0] * n_col
-    upper = (
-        [float(problem.classes[c].count) for c, _ in x_cols]
-        + [float(problem.demand[e]) for _, e in z_cols]
-        + [float(d) for d in problem.demand]
-    )
-    row_lower = (
-        [float(c.count) for c in problem.classes]
-        + [-inf] * n_grp
-        + [float(d) for d in problem.demand]
-    )
-    row_upper = [float(c.count) for c in problem.classes] + [0.0] * n_grp + [inf] * n_e
-
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = n_col, n_cls + n_grp + n_e
-    lp.col_cost_ = np.zeros(n_col)
-    lp.col_lower_, lp.col_upper_ = np.array(lower), np.array(upper)
-    lp.row_lower_, lp.row_upper_ = np.array(row_lower), np.array(row_upper)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = np.array(start, dtype=np.int32)
-    lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
-    lp.a_matrix_.value_ = np.array(value)
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * (n_x + n_z) + [
-        highspy.HighsVarType.kContinuous
-    ] * n_e
+    model = _Model(problem)
     h.silent()
-    h.passModel(lp)
+    h.passModel(model.lp())
     h.setOptionValue("mip_rel_gap", 0.0)
     # Every objective is an integer: a gap below 1 proves the optimum.
     h.setOptionValue("mip_abs_gap", 0.99)
     h.setOptionValue("threads", 1)
+    solution, optimal = _run_stages(h, model.stages(), model.n_col, time_limit_s)
+    choice = [[0] * len(k.cost) for k in problem.classes]
+    for j, (c, o) in enumerate(model.x_cols):
+        choice[c][o] = round(solution[j])
+    frozen = tuple(tuple(row) for row in choice)
+    n_x = len(model.x_cols)
+    given = {
+        model.z_cols[j]: n for j in range(len(model.z_cols)) if (n := round(solution[n_x + j]))
+    }
+    return Solution(frozen, given, optimal)
 
-    stages: list[list[float]] = []
-    levels = sorted({problem.priority[e] for e in range(n_e) if problem.demand[e]}, reverse=True)
-    for level in levels:
-        cost = [0.0] * n_col
-        for e in range(n_e):
-            if problem.priority[e] == level:
-                cost[n_x + n_z + e] = 1.0
-        stages.append(cost)
-    for part in range(3):
-        cost = [0.0] * n_col
-        for j, (c, o) in enumerate(x_cols):
-            cost[j] = float(problem.classes[c].cost[o][part])
-        stages.append(cost)
+
+class _Model:
+    """The MIP: columns x (a class's option count), z (supply given to a demand entry), e (an
+    entry's unmet demand); rows: one per class (= count), one per group (z - supply <= 0), one
+    per entry (>= demand)."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        self.x_cols: list[tuple[int, int]] = [
+            (c, o) for c, k in enumerate(problem.classes) for o in range(len(k.cost))
+        ]
+        self.z_cols = [(g, e) for g, es in enumerate(problem.groups) for e in es]
+        self.n_e = len(problem.demand)
+        self.n_col = len(self.x_cols) + len(self.z_cols) + self.n_e
+
+    def _columns(self) -> tuple[list[int], list[int], list[float]]:
+        """The constraint matrix, column-wise (start, index, value)."""
+        problem, n_x, n_z = self.problem, len(self.x_cols), len(self.z_cols)
+        n_cls, n_grp = len(problem.classes), len(problem.groups)
+        cols: list[list[tuple[int, float]]] = [[] for _ in range(self.n_col)]
+        for j, (c, o) in enumerate(self.x_cols):
+            cols[j].append((c, 1.0))
+            for g, k in problem.classes[c].supply[o]:
+                cols[j].append((n_cls + g, -float(k)))
+        for j, (g, e) in enumerate(self.z_cols):
+            cols[n_x + j] += [(n_cls + g, 1.0), (n_cls + n_grp + e, 1.0)]
+        for e in range(self.n_e):
+            cols[n_x + n_z + e].append((n_cls + n_grp + e, 1.0))
+        start, index, value = [0], [], []
+        for col in cols:
+            for r, v in sorted(col):
+                index.append(r)
+                value.append(v)
+            start.append(len(index))
+        return start, index, value
+
+    def lp(self) -> Any:
+        import highspy
+        import numpy as np
+
+        problem, inf = self.problem, highspy.kHighsInf
+        n_cls, n_grp, n_e = len(problem.classes), len(problem.groups), self.n_e
+        upper = (
+            [float(problem.classes[c].count) for c, _ in self.x_cols]
+            + [float(problem.demand[e]) for _, e in self.z_cols]
+            + [float(d) for d in problem.demand]
+        )
+        row_lower = (
+            [float(c.count) for c in problem.classes]
+            + [-inf] * n_grp
+            + [float(d) for d in problem.demand]
+        )
+        row_upper = [float(c.count) for c in problem.classes] + [0.0] * n_grp + [inf] * n_e
+        start, index, value = self._columns()
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = self.n_col, n_cls + n_grp + n_e
+        lp.col_cost_ = np.zeros(self.n_col)
+        lp.col_lower_, lp.col_upper_ = np.zeros(self.n_col), np.array(upper)
+        lp.row_lower_, lp.row_upper_ = np.array(row_lower), np.array(row_upper)
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.start_ = np.array(start, dtype=np.int32)
+        lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
+        lp.a_matrix_.value_ = np.array(value)
+        integer = len(self.x_cols) + len(self.z_cols)
+        lp.integrality_ = [highspy.HighsVarType.kInteger] * integer + [
+            highspy.HighsVarType.kContinuous
+        ] * n_e
+        return lp
+
+    def stages(self) -> list[list[float]]:
+        """The objectives in lexicographic order: unmet demand by priority, highest first,
+        then each part of the options' cost."""
+        problem, n_e = self.problem, self.n_e
+        unmet = len(self.x_cols) + len(self.z_cols)
+        stages: list[list[float]] = []
+        levels = sorted(
+            {problem.priority[e] for e in range(n_e) if problem.demand[e]}, reverse=True
+        )
+        for level in levels:
+            cost = [0.0] * self.n_col
+            for e in range(n_e):
+                if problem.priority[e] == level:
+                    cost[unmet + e] = 1.0
+            stages.append(cost)
+        for part in range(3):
+            cost = [0.0] * self.n_col
+            for j, (c, o) in enumerate(self.x_cols):
+                cost[j] = float(problem.classes[c].cost[o][part])
+            stages.append(cost)
+        return stages
+
+
+def _run_stages(
+    h: Any, stages: list[list[float]], n_col: int, time_limit_s: float
+) -> tuple[list[float], bool]:
+    """Optimise each stage in turn, pinning its optimum as a row for the next; (the last
+    stage's solution, whether every stage was proven optimal)."""
+    import highspy
+    import numpy as np
 
     optimal = True
     deadline = _clock() + time_limit_s
@@ -225,7 +270,7 @@ def solve(problem: Problem, *, time_limit_s: float = 30.0) -> Solution:
         nz = [j for j, c in enumerate(cost) if c]
         if nz:
             h.addRow(
-                -inf,
+                -highspy.kHighsInf,
                 float(best),
                 len(nz),
                 np.array(nz, dtype=np.int32),
@@ -233,12 +278,7 @@ def solve(problem: Problem, *, time_limit_s: float = 30.0) -> Solution:
             )
     if solution is None:  # pragma: no cover - staying everywhere is always feasible
         raise RuntimeError("the fleet plan found no feasible point")
-    choice = [[0] * len(k.cost) for k in problem.classes]
-    for j, (c, o) in enumerate(x_cols):
-        choice[c][o] = round(solution[j])
-    frozen = tuple(tuple(row) for row in choice)
-    given = {z_cols[j]: n for j in range(n_z) if (n := round(solution[n_x + j]))}
-    return Solution(frozen, given, optimal)
+    return solution, optimal
 
 
 def _clock() -> float:
