@@ -268,31 +268,37 @@ def plan(
     if output == "table":
         click.echo(_plan_table({"result": result, "out": out, "notes": notes}))
     else:
-        emit(
-            {
-                "changes": result.plan.changes,
-                "unmet": result.plan.unmet,
-                "totals": result.plan.totals,
-                "created": result.plan.created,
-                "destroyed": result.plan.destroyed,
-                "mutations": result.plan.mutations,
-                "optimal": result.plan.optimal,
-                "scratch_destroyed": result.scratch_destroyed,
-                "free_slices": result.plan.free_slices,
-                "free_capacity": dict(result.plan.free_capacity),
-                "unreachable": result.unreachable,
-                **_dra_plan_data(result),
-                "demand": {"source": source, "entries": demand.entries, "notes": notes},
-            },
-            output,
-        )
+        emit(_plan_data(result, demand, source, notes), output)
     if result.plan.unmet:
-        short = sum(u.missing for u in result.plan.unmet)
-        raise DemandUnmet(
-            f"{short} device(s) of {len(result.plan.unmet)} demand entr"
-            f"{'y' if len(result.plan.unmet) == 1 else 'ies'} left unmet: "
-            + ", ".join(f"{u.label} short {u.missing}" for u in result.plan.unmet)
-        )
+        raise _unmet(result.plan.unmet)
+
+
+def _plan_data(result: Any, demand: Any, source: str, notes: Sequence[str]) -> dict[str, Any]:
+    """The plan as `-o json` shows it."""
+    plan = result.plan
+    return {
+        "changes": plan.changes,
+        "unmet": plan.unmet,
+        "totals": plan.totals,
+        "created": plan.created,
+        "destroyed": plan.destroyed,
+        "mutations": plan.mutations,
+        "optimal": plan.optimal,
+        "scratch_destroyed": result.scratch_destroyed,
+        "free_slices": plan.free_slices,
+        "free_capacity": dict(plan.free_capacity),
+        "unreachable": result.unreachable,
+        **_dra_plan_data(result),
+        "demand": {"source": source, "entries": demand.entries, "notes": notes},
+    }
+
+
+def _unmet(unmet: Sequence[Any]) -> DemandUnmet:
+    short = sum(u.missing for u in unmet)
+    return DemandUnmet(
+        f"{short} device(s) of {len(unmet)} demand entr{'y' if len(unmet) == 1 else 'ies'} "
+        "left unmet: " + ", ".join(f"{u.label} short {u.missing}" for u in unmet)
+    )
 
 
 def _replay_table(steps: Sequence[Any]) -> str:

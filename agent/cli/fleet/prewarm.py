@@ -106,6 +106,20 @@ _SOURCE_OPTIONS = {
 }
 
 
+def _header_files(specs: tuple[str, ...]) -> dict[str, str]:
+    """``--header-file HEADER=PATH`` options as {header: path}; a malformed one is refused."""
+    headers = {}
+    for spec in specs:
+        key, sep, path = spec.partition("=")
+        if not sep or not key or not path:
+            raise InvalidSpec(
+                f"--header-file {spec!r}: expected HEADER=PATH",
+                [FieldViolation("header_files", "HEADER=PATH")],
+            )
+        headers[key] = path
+    return headers
+
+
 def _prewarm_spec(
     sources: dict[str, str | None],
     extras: dict[str, Any],
@@ -131,15 +145,7 @@ def _prewarm_spec(
             f"{option} is for --{_SOURCE_OPTIONS[stray[0]]}, not --{source}",
             [FieldViolation(stray[0], f"only with --{_SOURCE_OPTIONS[stray[0]]}")],
         )
-    headers = {}
-    for spec in header_files:
-        key, sep, path = spec.partition("=")
-        if not sep or not key or not path:
-            raise InvalidSpec(
-                f"--header-file {spec!r}: expected HEADER=PATH",
-                [FieldViolation("header_files", "HEADER=PATH")],
-            )
-        headers[key] = path
+    headers = _header_files(header_files)
     fields: dict[str, Any]
     if source == "image":
         if headers:
