@@ -93,6 +93,8 @@ class Response:
     body: bytes
     content_type: str = "text/plain; charset=utf-8"
     headers: Mapping[str, str] = field(default_factory=dict)
+    #: ``body`` gzipped ahead (the /metrics page is compressed once per change, not per scrape)
+    gzipped: bytes | None = None
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -258,7 +260,7 @@ def _encode(response: Response, *, head: bool, gzip_ok: bool, close: bool) -> by
     if len(body) >= _GZIP_MIN_BYTES:
         extra["Vary"] = "Accept-Encoding"
         if gzip_ok:
-            body = gzip.compress(body, compresslevel=6, mtime=0)
+            body = response.gzipped or gzip.compress(body, compresslevel=6, mtime=0)
             extra["Content-Encoding"] = "gzip"
     if close:
         extra["Connection"] = "close"

@@ -232,14 +232,16 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         republish=republish,
     )
     inventory.watch_allocation(allocation.current, mig.mig_refusal)
-    telemetry.exporter.add_collector(AllocationCollector(allocation.current))
-    telemetry.exporter.add_collector(DriverCollector(driver))
-    telemetry.exporter.add_collector(StateCollector(state.writable))
-    telemetry.exporter.add_collector(PrewarmCollector(prewarm.inventory))
-    telemetry.exporter.add_collector(HealthCollector(health.shown))
+    # Each owner's series, read on the publication tick (Node._start), never on a scrape.
+    publish = telemetry.exporter.publish_from
+    publish("allocation", AllocationCollector(allocation.current))
+    publish("driver", DriverCollector(driver))
+    publish("state", StateCollector(state.writable))
+    publish("prewarm", PrewarmCollector(prewarm.inventory))
+    publish("health", HealthCollector(health.shown))
     mig_labels = _mig_labels(config, kube, mig)
     if mig_labels is not None:
-        telemetry.exporter.add_collector(MigStateCollector(mig_labels))
+        publish("mig", MigStateCollector(mig_labels))
     return Services(
         config=config,
         gpu=gpu,
@@ -495,6 +497,9 @@ class Node:
         else:  # its reconcile, queue and retries write the index
             s.state.note("the prewarm cache is listed as last recorded; nothing is fetched")
         stack.push_async_callback(asyncio.to_thread, s.prewarm.stop)
+        # Owners' series are read here and on every tick after, off the loop: a scrape returns
+        # bytes encoded ahead (docs/metrics.md, "What a scrape costs").
+        await asyncio.to_thread(s.telemetry.exporter.refresh)
         if not self.embedded:
             host, port = _split_listen(cfg.metrics_listen)
             try:
@@ -550,6 +555,8 @@ class Node:
             "prune-operations",
             _every(cfg.operations.prune_interval_s, self._prune, wait_first=True),
         )
+        tick = cfg.telemetry.interval_s
+        self._guard("metrics", _every(tick, s.telemetry.exporter.refresh, wait_first=True))
         stack.push_async_callback(self._cancel_tasks)
         self._ready = True  # before the line that says so: a reader of the log may probe /readyz
         if self.embedded:

@@ -13,9 +13,12 @@ Native names are real counters.
 
 from __future__ import annotations
 
+import asyncio
+import gzip
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
@@ -25,6 +28,7 @@ from prometheus_client.samples import Sample
 from agent.http import Request, Response
 from agent.telemetry.encode import ClassicCounter, encode
 from agent.telemetry.naming import DcgmNaming, Labels, LabelValue, Naming, NativeNaming
+from agent.telemetry.published import Published
 from agent.telemetry.snapshot import EntitySample, Snapshot
 from agent.telemetry.stats import Histogram, TelemetryStats
 from agent.telemetry.xid import WINDOW_S as XID_WINDOW_S
@@ -45,7 +49,7 @@ from dcgm.fields import (
     XidWindow,
 )
 
-__all__ = ["MetricsExporter", "families"]
+__all__ = ["Body", "MetricsExporter", "families", "own_families"]
 
 _XID_FIELD = 230
 _Row = tuple[EntitySample, Labels]
@@ -92,12 +96,26 @@ def families(
     return [f for f in out if f.samples]
 
 
-class MetricsExporter:
-    """The /metrics handler: ``latest`` returns the newest snapshot (or None before the first).
+@dataclass(frozen=True, slots=True)
+class Body:
+    """One encoded /metrics page: the snapshot it shows, the published version it includes,
+    identity bytes and (when a client asked for gzip lately) the same gzipped."""
 
-    Bodies are cached per snapshot and format. :meth:`prerender`, called by the sampler thread
-    when it publishes, encodes the new snapshot in every format scraped lately, so a scrape is a
-    cache hit and costs no encoding on the event loop.
+    snapshot: Snapshot | None
+    version: int
+    plain: bytes
+    gzipped: bytes | None
+
+
+class MetricsExporter:
+    """The /metrics handler: ``latest`` returns the newest snapshot (or None before the first);
+    ``published`` holds every other owner's record.
+
+    The page is encoded once per change or tick, never per scrape: by the sampler thread when
+    it publishes a snapshot (:meth:`prerender`) and by the publication tick when a record
+    changed (:meth:`refresh`), in each format scraped lately, identity and gzip. A scrape
+    returns those bytes; one that finds them stale (a format's first scrape) waits for one
+    encode in a worker thread, shared by every scrape that arrives meanwhile.
     """
 
     def __init__(
@@ -108,6 +126,7 @@ class MetricsExporter:
         stats: TelemetryStats,
         clock: Callable[[], float] = time.perf_counter,
         devices: str = "f",
+        published: Published | None = None,
     ) -> None:
         self._counters = counters
         self._devices = devices
@@ -115,60 +134,140 @@ class MetricsExporter:
         self._latest = latest
         self._stats = stats
         self._clock = clock
+        self.published = published if published is not None else Published()
+        self.published.register("telemetry", own_families(counters, self._native))
         self._lock = threading.Lock()
-        #: openmetrics? -> (snapshot it encodes, body)
-        self._cache: dict[bool, tuple[Snapshot | None, bytes]] = {}
-        #: openmetrics? -> when it was last asked for
-        self._asked: dict[bool, float] = {}
-        #: Other services' collectors (prewarm inventory, MIG config state): small, rendered
-        #: fresh on every scrape from their own in-memory state.
-        self._extra: list[Collector] = []
+        #: held while encoding: concurrent builders wait, then find the body current
+        self._building = threading.Lock()
+        #: openmetrics? -> the latest page in that format
+        self._bodies: dict[bool, Body] = {}
+        #: openmetrics? -> (snapshot, its families encoded, without "# EOF")
+        self._parts: dict[bool, tuple[Snapshot | None, bytes]] = {}
+        #: (openmetrics?, gzip?) -> when it was last asked for
+        self._asked: dict[tuple[bool, bool], float] = {}
+        #: the snapshot being published (`prerender` runs just before `latest` returns it)
+        self._ahead: Snapshot | None = None
+        self._inflight: dict[tuple[bool, bool], asyncio.Future[Body]] = {}
 
-    def add_collector(self, collector: Collector) -> None:
-        self._extra.append(collector)
+    def publish_from(self, owner: str, collector: Collector) -> None:
+        """Serve ``collector``'s families, read on the publication tick (`refresh`), never on a
+        scrape. DuplicateFamily when one is served already."""
+        self.published.poll(owner, collector)
 
-    def render(self, accept: str) -> tuple[bytes, str]:
-        """(body, content type) for an Accept header."""
-        _, content_type = choose_encoder(accept)
-        openmetrics = content_type.startswith("application/openmetrics-text")
-        snapshot = self._latest()
-        with self._lock:
-            self._asked[openmetrics] = self._clock()
-            cached = self._cache.get(openmetrics)
-        if cached is not None and cached[0] is snapshot and snapshot is not None:
-            body = cached[1]
-        else:
-            body = self._encode(snapshot, openmetrics)
-        return self._with_extra(body, openmetrics), content_type
-
-    def _with_extra(self, body: bytes, openmetrics: bool) -> bytes:
-        if not self._extra:
-            return body
-        extra = [m for c in self._extra for m in c.collect() if m.samples]
-        if openmetrics:  # one "# EOF", at the very end
-            body = body.removesuffix(b"# EOF\n")
-        return body + encode(extra, openmetrics)
+    def render(self, accept: str, gzip_ok: bool = False) -> tuple[bytes, str]:
+        """(body, content type) for an Accept header; encodes now when the page is stale."""
+        openmetrics, content_type = _format(accept)
+        body = self._current(openmetrics, gzip_ok) or self._build(openmetrics, gzip_ok)
+        return body.plain, content_type
 
     def prerender(self, snapshot: Snapshot) -> None:
         """Encode ``snapshot`` in the formats scraped within the last ``_PRERENDER_FOR_S``."""
+        self._ahead = snapshot
+        self._build_asked(force=True)
+
+    def refresh(self) -> None:
+        """The publication tick (off the event loop): read the polled owners, and re-encode
+        the formats scraped lately when a record changed, or with no snapshot (the agent's
+        own series still move)."""
+        changed = self.published.refresh()
+        self._build_asked(force=changed or self._snapshot() is None)
+
+    def _build_asked(self, force: bool) -> None:
         now = self._clock()
         with self._lock:
-            formats = [f for f, at in self._asked.items() if now - at < _PRERENDER_FOR_S]
-        for openmetrics in formats:
-            self._encode(snapshot, openmetrics)
+            asked = [k for k, at in self._asked.items() if now - at < _PRERENDER_FOR_S]
+        for openmetrics in sorted({om for om, _ in asked}):
+            gzip_ok = (openmetrics, True) in asked
+            if force or self._current(openmetrics, gzip_ok) is None:
+                self._build(openmetrics, gzip_ok, force=True)
 
-    def _encode(self, snapshot: Snapshot | None, openmetrics: bool) -> bytes:
-        rendered = families(snapshot, self._counters, self._native, self._stats, self._devices)
-        body = encode(rendered, openmetrics)
-        with self._lock:
-            self._cache[openmetrics] = (snapshot, body)
-        return body
+    def _snapshot(self) -> Snapshot | None:
+        latest, ahead = self._latest(), self._ahead
+        if latest is None or ahead is None or ahead.taken_mono < latest.taken_mono:
+            return latest
+        return ahead
+
+    def _current(self, openmetrics: bool, gzip_ok: bool) -> Body | None:
+        body = self._bodies.get(openmetrics)
+        if body is None or body.snapshot is not self._snapshot():
+            return None
+        if body.version != self.published.version:
+            return None
+        return None if gzip_ok and body.gzipped is None else body
+
+    def _build(self, openmetrics: bool, gzip_ok: bool, *, force: bool = False) -> Body:
+        with self._building:
+            if not force:
+                current = self._current(openmetrics, gzip_ok)
+                if current is not None:
+                    return current
+            snapshot = self._snapshot()
+            version, records = self.published.latest()
+            with self._lock:
+                part = self._parts.get(openmetrics)
+            if part is None or part[0] is not snapshot or snapshot is None:
+                rendered = families(
+                    snapshot, self._counters, self._native, self._stats, self._devices
+                )
+                part = (snapshot, encode(rendered, openmetrics).removesuffix(b"# EOF\n"))
+            end = b"# EOF\n" if openmetrics else b""
+            plain = b"".join([part[1], *(r.body(openmetrics) for r in records), end])
+            gzipped = gzip.compress(plain, compresslevel=6, mtime=0) if gzip_ok else None
+            body = Body(snapshot, version, plain, gzipped)
+            with self._lock:
+                self._parts[openmetrics] = part
+                self._bodies[openmetrics] = body
+            self._stats.encoded()
+            return body
 
     async def handle(self, request: Request) -> Response:
         started = self._clock()
-        body, content_type = self.render(request.headers.get("accept", ""))
+        openmetrics, content_type = _format(request.headers.get("accept", ""))
+        gzip_ok = request.accepts_gzip
+        key = (openmetrics, gzip_ok)
+        with self._lock:
+            self._asked[key] = started
+        body = self._current(openmetrics, gzip_ok)
+        if body is None:
+            body = await self._shared_build(key)
         self._stats.observe_scrape(self._clock() - started)
-        return Response(200, body, content_type)
+        return Response(200, body.plain, content_type, gzipped=body.gzipped)
+
+    async def _shared_build(self, key: tuple[bool, bool]) -> Body:
+        """One encode in a worker thread for every scrape of ``key`` waiting meanwhile."""
+        future = self._inflight.get(key)
+        if future is None:
+            future = asyncio.ensure_future(asyncio.to_thread(self._build, *key))
+            self._inflight[key] = future
+            future.add_done_callback(lambda _: self._inflight.pop(key, None))
+        return await asyncio.shield(future)
+
+
+def _format(accept: str) -> tuple[bool, str]:
+    """(OpenMetrics?, content type) for an Accept header."""
+    _, content_type = choose_encoder(accept)
+    return content_type.startswith("application/openmetrics-text"), content_type
+
+
+def own_families(counters: CounterSet, native: bool) -> list[str]:
+    """Every family name the snapshot's rendering can emit, claimed in the registry."""
+    names = [
+        "gpu_agent_gpu",
+        "gpu_agent_gpu_up",
+        "gpu_agent_xid_errors",
+        "gpu_agent_idle_seconds",
+        "gpu_agent_pod_memory_used_bytes",
+        "gpu_agent_pod_sm_utilization_ratio",
+        "gpu_agent_field_supported",
+        "gpu_agent_snapshot_timestamp_seconds",
+        "gpu_agent_dcgm_field_unserved",
+        *STATS_FAMILIES,
+    ]
+    for counter in counters.values:
+        if native and isinstance(counter.field.source, XidEvents):
+            continue  # native XIDs are gpu_agent_xid_errors
+        names.append(counter.field.native if native else counter.name)
+    return list(dict.fromkeys(names))
 
 
 def _label_fields(snapshot: Snapshot, counters: CounterSet) -> list[tuple[str, LabelValue]]:
@@ -395,6 +494,30 @@ def _stats_families(stats: TelemetryStats) -> Iterator[Metric]:
         "Time rendering /metrics took (as of the previous render).",
         view.scrape,
     )
+    sources = Metric(
+        "gpu_agent_collection_source_duration_seconds",
+        "Time one read of a collection source took: devices (NVML, with GPM or DCGM), "
+        "attribution (pods, DRA claims), kubelet (PodResources).",
+        "histogram",
+    )
+    last = Metric(
+        "gpu_agent_collection_source_timestamp_seconds",
+        "Unix time a collection source was last read; time() minus it is its age.",
+        "gauge",
+    )
+    for source in view.sources:
+        _add_histogram(sources, source.duration, {"source": source.source})
+        last.samples.append(Sample(last.name, {"source": source.source}, source.last_at))
+    yield sources
+    yield last
+    encodes = Metric(
+        "gpu_agent_metrics_encodes",
+        "Times the /metrics page was encoded: once per change or tick in each format scraped "
+        "lately, shared by concurrent scrapes.",
+        "counter",
+    )
+    encodes.samples.append(Sample("gpu_agent_metrics_encodes_total", {}, float(view.encodes)))
+    yield encodes
     errors = Metric(
         "gpu_agent_telemetry_errors", "Telemetry failures since start, by kind.", "counter"
     )
@@ -405,9 +528,24 @@ def _stats_families(stats: TelemetryStats) -> Iterator[Metric]:
 
 def _histogram(name: str, help_text: str, histogram: Histogram) -> Metric:
     metric = Metric(name, help_text, "histogram")
+    _add_histogram(metric, histogram, {})
+    return metric
+
+
+def _add_histogram(metric: Metric, histogram: Histogram, labels: dict[str, str]) -> None:
+    name = metric.name
     for bound, count in histogram.buckets:
         le = "+Inf" if bound == float("inf") else repr(bound)
-        metric.samples.append(Sample(name + "_bucket", {"le": le}, float(count)))
-    metric.samples.append(Sample(name + "_count", {}, float(histogram.count)))
-    metric.samples.append(Sample(name + "_sum", {}, histogram.total))
-    return metric
+        metric.samples.append(Sample(name + "_bucket", {**labels, "le": le}, float(count)))
+    metric.samples.append(Sample(name + "_count", labels, float(histogram.count)))
+    metric.samples.append(Sample(name + "_sum", labels, histogram.total))
+
+
+STATS_FAMILIES = (
+    "gpu_agent_collection_duration_seconds",
+    "gpu_agent_scrape_duration_seconds",
+    "gpu_agent_collection_source_duration_seconds",
+    "gpu_agent_collection_source_timestamp_seconds",
+    "gpu_agent_metrics_encodes",
+    "gpu_agent_telemetry_errors",
+)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -256,8 +257,10 @@ class PodWatcher:
             self._current = ()
             return
         self._said_missing = False
+        started = time.monotonic()
         try:
             self._current = self._client.list(self._dra.lookup() if self._dra else None)
+            self._stats.observe_source("kubelet", time.monotonic() - started)
         except grpc.RpcError as exc:
             self._stats.error("kubelet")
             log.warning(

@@ -328,7 +328,10 @@ class Sampler:
             samples.extend(gpu_samples)
         self._gpm_gpu.retain(GpmKey(g, None, gpus[g].uuid) for g in layouts)
         self._gpm_gi.retain(self._instance_keys(gpus, layouts))
+        read = self._clock()
+        self._stats.observe_source("devices", read - started)
         samples, pods = self._attribute(gpus, layouts, samples)
+        self._stats.observe_source("attribution", self._clock() - read)
         self._idle.retain(s.entity for s in samples)
         self._idle_names = {s.entity: _idle_name(s.entity) for s in samples}
         self._save_idle(started)

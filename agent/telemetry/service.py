@@ -230,7 +230,7 @@ def build_telemetry(
             counters, settings.metric_names, latest, stats, devices=settings.devices
         )
         if dra is not None:
-            exporter.add_collector(DraSlicesCollector(dra))
+            exporter.publish_from("dra", DraSlicesCollector(dra))
         return exporter
 
     service = TelemetryService(exporter_of, stats, collect, dra)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -42,11 +43,24 @@ class _Distribution:
 
 
 @dataclass(frozen=True, slots=True)
+class SourceView:
+    """One collection source (devices, gpm, attribution, kubelet...): how long its reads take
+    and when it was last read (Unix time)."""
+
+    source: str
+    duration: Histogram
+    last_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class StatsView:
     collection: Histogram
     scrape: Histogram
     #: error kind -> occurrences since start
     errors: tuple[tuple[str, int], ...]
+    sources: tuple[SourceView, ...] = ()
+    #: times the /metrics body was encoded
+    encodes: int = 0
 
 
 class TelemetryStats:
@@ -57,6 +71,22 @@ class TelemetryStats:
         self._collection = _Distribution(COLLECTION_BUCKETS)
         self._scrape = _Distribution(SCRAPE_BUCKETS)
         self._errors: Counter[str] = Counter()
+        self._sources: dict[str, tuple[_Distribution, float]] = {}
+        self._encodes = 0
+
+    def observe_source(self, source: str, seconds: float, at: float | None = None) -> None:
+        """One read of ``source`` that took ``seconds``, finished at Unix time ``at`` (now)."""
+        at = time.time() if at is None else at
+        with self._lock:
+            entry = self._sources.get(source)
+            distribution = entry[0] if entry is not None else _Distribution(COLLECTION_BUCKETS)
+            distribution.observe(seconds)
+            self._sources[source] = (distribution, at)
+
+    def encoded(self) -> None:
+        """The /metrics body was encoded once more."""
+        with self._lock:
+            self._encodes += 1
 
     def observe_collection(self, seconds: float) -> None:
         with self._lock:
@@ -78,4 +108,9 @@ class TelemetryStats:
                 self._collection.histogram(),
                 self._scrape.histogram(),
                 tuple(sorted(self._errors.items())),
+                tuple(
+                    SourceView(name, d.histogram(), at)
+                    for name, (d, at) in sorted(self._sources.items())
+                ),
+                self._encodes,
             )
