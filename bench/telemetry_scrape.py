@@ -7,12 +7,16 @@ exporter runs in its own process against that node, one after the other so they 
 for CPU, both collecting every second. nvitop-exporter sees the simulator as ``pynvml``.
 
 Measured per exporter, with Prometheus' own Accept header:
-* scrape latency p50 / p99 (client side, full body);
+* scrape latency p50 / p99 (client side, full body), at a steady rate and in bursts of
+  ``--burst`` concurrent scrapes;
 * CPU per scrape: process CPU over back-to-back scrapes, less the collection CPU of that span;
 * collection CPU: process CPU per second without scrapes;
 * steady RSS after the run;
 * staleness: seconds from a change on the node (a process's GPU memory on one MIG instance), made
-  at a random phase, until a scrape shows it.
+  at a random phase, until a scrape shows it;
+* filesystem syscalls per scrape (gpu-agent, when ``strace`` is installed): ``strace -c -e
+  trace=%file,fstatfs`` attached to the thread that serves scrapes (the event loop, the main
+  thread) over 100 scrapes.
 
 Usage (from the repository root):  .venv/bin/python -m bench.telemetry_scrape [--scrapes N]
 """
@@ -23,11 +27,13 @@ import argparse
 import asyncio
 import itertools
 import random
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -185,6 +191,8 @@ class Result:
     rss_mb: float
     staleness_s: list[float]
     probes: int
+    burst_ms: list[float]
+    file_syscalls: int | None
     body_kb: float
     samples: int
 
@@ -258,6 +266,8 @@ def measure(
             scrape(port)
         span = time.monotonic() - started
         cpu_per_scrape = (cpu_seconds(process) - before - collection * span) / args.burst
+        bursts = concurrent_bursts(port, args.burst, args.bursts)
+        syscalls = file_syscalls(child.pid, port) if name == "gpu-agent" else None
         # Staleness: change a process's memory, poll until the exporter shows it.
         control = SimControl(state_dir)
         staleness = []
@@ -292,12 +302,49 @@ def measure(
             rss,
             staleness,
             args.changes,
+            bursts,
+            syscalls,
             len(body) / 1e3,
             samples,
         )
     finally:
         child.terminate()
         child.wait(timeout=30)
+
+
+def concurrent_bursts(port: int, size: int, bursts: int) -> list[float]:
+    """Latencies of ``bursts`` bursts of ``size`` scrapes sent at once, a second apart."""
+    latencies: list[float] = []
+    with futures.ThreadPoolExecutor(size) as pool:
+        for _ in range(bursts):
+            gate = threading.Barrier(size)
+
+            def one(gate: threading.Barrier = gate) -> float:
+                gate.wait()
+                return scrape(port)[0]
+
+            latencies += [f.result() for f in [pool.submit(one) for _ in range(size)]]
+            time.sleep(1.0)
+    return latencies
+
+
+def file_syscalls(pid: int, port: int, scrapes: int = 100) -> int | None:
+    """Filesystem syscalls the scrape-serving thread (``pid``'s main thread) makes over
+    ``scrapes`` scrapes; None without strace."""
+    if shutil.which("strace") is None:
+        return None
+    with tempfile.NamedTemporaryFile("r", suffix=".strace") as out:
+        tracer = subprocess.Popen(
+            ["strace", "-c", "-e", "trace=%file,fstatfs", "-p", str(pid), "-o", out.name],
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(1.0)  # attached
+        for _ in range(scrapes):
+            scrape(port)
+        tracer.send_signal(signal.SIGINT)
+        tracer.wait(timeout=30)
+        totals = [line.split() for line in out.read().splitlines() if line.endswith("total")]
+    return int(totals[0][2]) if totals and len(totals[0]) >= 4 else 0
 
 
 def table(results: list[Result]) -> str:
@@ -307,7 +354,9 @@ def table(results: list[Result]) -> str:
     rows = [
         ("scrape latency p50 (ms)", lambda r: f"{q(r.latencies_ms, 50):.2f}"),
         ("scrape latency p99 (ms)", lambda r: f"{q(r.latencies_ms, 99):.2f}"),
-        ("CPU per scrape (ms)", lambda r: f"{r.cpu_per_scrape_s * 1000:.1f}"),
+        ("burst latency p50 (ms)", lambda r: f"{q(r.burst_ms, 50):.2f}"),
+        ("burst latency p99 (ms)", lambda r: f"{q(r.burst_ms, 99):.2f}"),
+        ("CPU per scrape (ms)", lambda r: f"{r.cpu_per_scrape_s * 1000:.2f}"),
         ("collection CPU (s per s)", lambda r: f"{r.collection_cpu_per_s:.3f}"),
         ("steady RSS (MB)", lambda r: f"{r.rss_mb:.1f}"),
         (
@@ -320,6 +369,10 @@ def table(results: list[Result]) -> str:
                 )
                 + f"{len(r.staleness_s)}/{r.probes}"
             ),
+        ),
+        (
+            "filesystem syscalls per 100 scrapes (strace)",
+            lambda r: "n/a" if r.file_syscalls is None else str(r.file_syscalls),
         ),
         ("samples per scrape", lambda r: str(r.samples)),
         ("body (kB)", lambda r: f"{r.body_kb:.0f}"),
@@ -334,7 +387,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scrapes", type=int, default=120, help="scrapes per exporter")
     parser.add_argument("--rate", type=float, default=4.0, help="scrapes per second")
-    parser.add_argument("--burst", type=int, default=50, help="back-to-back scrapes for CPU")
+    parser.add_argument(
+        "--burst", type=int, default=50, help="back-to-back scrapes for CPU; concurrent in a burst"
+    )
+    parser.add_argument("--bursts", type=int, default=4, help="bursts of concurrent scrapes")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds before measuring")
     parser.add_argument("--changes", type=int, default=8, help="staleness probes")
     args = parser.parse_args()
@@ -371,7 +427,7 @@ def main() -> None:
     print(table([agent, nvitop]))
     command = (
         f"--scrapes {args.scrapes} --rate {args.rate:g} --burst {args.burst} "
-        f"--changes {args.changes}"
+        f"--bursts {args.bursts} --changes {args.changes}"
     )
     print(f"\nCommand: .venv/bin/python -m bench.telemetry_scrape {command}")
 
