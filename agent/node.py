@@ -235,10 +235,10 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
     # Each owner's series, read on the publication tick (Node._start), never on a scrape.
     publish = telemetry.exporter.publish_from
     publish("allocation", AllocationCollector(allocation.current))
-    publish("driver", DriverCollector(driver))
+    publish("driver", DriverCollector(driver), driver.subscribe)
     publish("state", StateCollector(state.writable))
     publish("prewarm", PrewarmCollector(prewarm.inventory))
-    publish("health", HealthCollector(health.shown))
+    publish("health", HealthCollector(health.shown), health.subscribe)
     mig_labels = _mig_labels(config, kube, mig)
     if mig_labels is not None:
         publish("mig", MigStateCollector(mig_labels))
@@ -556,7 +556,7 @@ class Node:
             _every(cfg.operations.prune_interval_s, self._prune, wait_first=True),
         )
         tick = cfg.telemetry.interval_s
-        self._guard("metrics", _every(tick, s.telemetry.exporter.refresh, wait_first=True))
+        self._guard("metrics", _every(tick, s.telemetry.exporter.tick, wait_first=True))
         stack.push_async_callback(self._cancel_tasks)
         self._ready = True  # before the line that says so: a reader of the log may probe /readyz
         if self.embedded:

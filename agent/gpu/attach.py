@@ -83,6 +83,15 @@ class DriverLink:
             False, STARTING, "the agent has not reached the driver yet", clock()
         )
         self._logged: tuple[str, str] | None = None
+        self._listeners: list[Callable[[], None]] = []
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after each attach and detach (on that thread; it must not block)."""
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
 
     @property
     def driver(self) -> GpuDriver:
@@ -140,6 +149,7 @@ class DriverLink:
         with self._lock:
             self._state = DriverState(True, "", "", self._clock(), gpus)
         self._logged = None
+        self._changed()
 
     def check(self) -> DriverState | None:
         """While attached: None while NVML answers; the not-ready state when the driver went
@@ -159,6 +169,7 @@ class DriverLink:
             self._state = state
         log.warning("GPU features detached: %s", state.reason)
         self._logged = (state.cause, state.reason)
+        self._changed()
         self._close_quietly()
 
     def close(self) -> None:

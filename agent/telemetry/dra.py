@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,6 +149,11 @@ class DraDevices:
         self._informer: Informer | None = None
         self._devices: dict[DeviceKey, SliceDevice] = {}
         self._listed = False
+        self._listeners: list[Callable[[], None]] = []
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after each change of the devices (on the watch's thread)."""
+        self._listeners.append(listener)
 
     def lookup(self) -> Mapping[DeviceKey, SliceDevice] | None:
         """The devices as of the last answer (kept while the API server does not answer); None
@@ -194,6 +199,8 @@ class DraDevices:
         if informer is self._informer:  # a stopped informer's last watch changes nothing
             self._devices = slice_devices(informer.objects())
             self._listed = True
+            for listener in self._listeners:
+                listener()
 
 
 class DraSlicesCollector(Collector):

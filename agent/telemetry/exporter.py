@@ -127,6 +127,7 @@ class MetricsExporter:
         clock: Callable[[], float] = time.perf_counter,
         devices: str = "f",
         published: Published | None = None,
+        tick_s: float = 1.0,
     ) -> None:
         self._counters = counters
         self._devices = devices
@@ -148,11 +149,21 @@ class MetricsExporter:
         #: the snapshot being published (`prerender` runs just before `latest` returns it)
         self._ahead: Snapshot | None = None
         self._inflight: dict[tuple[bool, bool], asyncio.Future[Body]] = {}
+        self._refreshed_at = float("-inf")
+        self._tick_s = tick_s
 
-    def publish_from(self, owner: str, collector: Collector) -> None:
-        """Serve ``collector``'s families, read on the publication tick (`refresh`), never on a
-        scrape. DuplicateFamily when one is served already."""
+    def publish_from(
+        self,
+        owner: str,
+        collector: Collector,
+        subscribe: Callable[[Callable[..., None]], object] | None = None,
+    ) -> None:
+        """Serve ``collector``'s families, read on every tick (`refresh`) and, when the owner
+        tells its changes (``subscribe``), at each change; never on a scrape. DuplicateFamily
+        when one is served already."""
         self.published.poll(owner, collector)
+        if subscribe is not None:
+            subscribe(lambda *_: self.published.changed(owner))
 
     def render(self, accept: str, gzip_ok: bool = False) -> tuple[bytes, str]:
         """(body, content type) for an Accept header; encodes now when the page is stale."""
@@ -163,6 +174,8 @@ class MetricsExporter:
     def prerender(self, snapshot: Snapshot) -> None:
         """Encode ``snapshot`` in the formats scraped within the last ``_PRERENDER_FOR_S``."""
         self._ahead = snapshot
+        self.published.refresh()
+        self._refreshed_at = self._clock()
         self._build_asked(force=True)
 
     def refresh(self) -> None:
@@ -170,7 +183,14 @@ class MetricsExporter:
         the formats scraped lately when a record changed, or with no snapshot (the agent's
         own series still move)."""
         changed = self.published.refresh()
+        self._refreshed_at = self._clock()
         self._build_asked(force=changed or self._snapshot() is None)
+
+    def tick(self) -> None:
+        """The agent's timer: `refresh`, unless the sampler's last snapshot did within the
+        tick (while attached, the sampler's tick is the publication tick)."""
+        if self._clock() - self._refreshed_at >= self._tick_s:
+            self.refresh()
 
     def _build_asked(self, force: bool) -> None:
         now = self._clock()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.metrics_core import Metric
@@ -59,7 +59,6 @@ class Published:
         #: owners read on the publication tick
         self._polled: list[tuple[str, Collector]] = []
         self._version = 0
-        self._listeners: list[Callable[[], None]] = []
 
     def register(self, owner: str, names: Iterable[str]) -> None:
         """Claim family ``names`` for ``owner``; DuplicateFamily (changing nothing) when any is
@@ -84,9 +83,12 @@ class Published:
             self._polled.append((owner, collector))
         self.publish(owner, families)
 
-    def on_change(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` (on the publishing thread; it must not block) after each change."""
-        self._listeners.append(listener)
+    def changed(self, owner: str) -> None:
+        """``owner`` changed: read it now (on the caller's thread) and publish."""
+        with self._lock:
+            collectors = [c for o, c in self._polled if o == owner]
+        for collector in collectors:
+            self.publish(owner, list(collector.collect()))
 
     def publish(self, owner: str, families: Sequence[Metric]) -> bool:
         """Replace ``owner``'s record; True when its bytes changed. Refuses (AgentError) a family
@@ -102,9 +104,6 @@ class Published:
                 return False
             self._records[owner] = record
             self._version += 1
-            listeners = list(self._listeners)
-        for listener in listeners:
-            listener()
         return True
 
     def refresh(self) -> bool:

@@ -227,10 +227,15 @@ def build_telemetry(
 
     def exporter_of(latest: Callable[[], Snapshot | None]) -> MetricsExporter:
         exporter = MetricsExporter(
-            counters, settings.metric_names, latest, stats, devices=settings.devices
+            counters,
+            settings.metric_names,
+            latest,
+            stats,
+            devices=settings.devices,
+            tick_s=settings.interval_s,
         )
         if dra is not None:
-            exporter.publish_from("dra", DraSlicesCollector(dra))
+            exporter.publish_from("dra", DraSlicesCollector(dra), dra.subscribe)
         return exporter
 
     service = TelemetryService(exporter_of, stats, collect, dra)
