@@ -28,13 +28,13 @@ from typing import Protocol
 from agent.errors import AgentError, DeviceLost, NotSupported
 from agent.gpu.readings import GpuIdentity, MigDevice, MigLayout, NodeReader, Reading
 from agent.gpu.types import GpuLayout
+from agent.telemetry.attribution import attribute_samples, describe, profile_of
 from agent.telemetry.gpm import GpmKey, GpmTracker
 from agent.telemetry.idle import IdleStore, IdleTracker
-from agent.telemetry.pods import Allocation, DeviceId, EntityKey, attribute, claims_of
+from agent.telemetry.pods import Allocation
 from agent.telemetry.procs import ContainerDirectory, read_container_id
 from agent.telemetry.snapshot import (
     ClockEventCount,
-    DraClaim,
     Entity,
     EntitySample,
     FieldSupport,
@@ -642,39 +642,27 @@ class Sampler:
         layouts: Mapping[int, MigLayout],
         samples: list[EntitySample],
     ) -> tuple[list[EntitySample], list[PodUsage]]:
+        """The attribution stage (agent/telemetry/attribution.py), then each held entity's
+        per-process usage rows."""
         if self._pods is None:
             return samples, []
         placed = [n for i in layouts if (n := self._gpus[i].node_layout) is not None]
-        resolve = _resolver(gpus, layouts, placed)
-        allocations = self._pods.current()
-        unresolved: dict[tuple[str, ...], Allocation] = {}
-        holders = attribute(allocations, resolve, lambda a: unresolved.setdefault(_dra_key(a), a))
-        claims = claims_of(allocations, resolve)
-        self._report_unresolved(unresolved)
-        out: list[EntitySample] = []
+        uids = self._containers.pod_uid if self._containers is not None else (lambda _: None)
+        result = attribute_samples(samples, gpus, layouts, placed, self._pods.current(), uids)
+        self._report_unresolved(result.unresolved)
         usage: list[PodUsage] = []
-        for sample in samples:
-            entity = sample.entity
-            key: EntityKey = (
-                entity.gpu.uuid,
-                entity.instance.gpu_instance_id if entity.instance else None,
-            )
-            allocated = holders.get(key, ())
-            pod = allocated[0] if len(allocated) == 1 else None
-            claim = claims.get((key, pod)) if pod is not None else None
-            uid = None
-            if pod is not None and claim is not None:
-                claim = _with_mig_uuid(claim, layouts[entity.gpu.index], key[1])
-                uid = self._containers.pod_uid(pod) if self._containers is not None else None
-            out.append(EntitySample(entity, sample.values, pod, sample.idle_seconds, claim, uid))
+        for sample in result.samples:
+            allocated = result.holders.get(sample.entity)
             if allocated:
-                rows = self._usage(entity, layouts[entity.gpu.index], allocated)
-                if claim is not None:
+                rows = self._usage(sample.entity, layouts[sample.entity.gpu.index], allocated)
+                if sample.claim is not None:
+                    claim, uid = sample.claim, sample.pod_uid
                     rows = [
-                        replace(r, claim=claim, pod_uid=uid) if r.pod == pod else r for r in rows
+                        replace(r, claim=claim, pod_uid=uid) if r.pod == sample.pod else r
+                        for r in rows
                     ]
                 usage.extend(rows)
-        return out, usage
+        return list(result.samples), usage
 
     def _report_unresolved(self, now: Mapping[tuple[str, ...], Allocation]) -> None:
         """Count and log each DRA claim's device that matches nothing here once, while it
@@ -688,7 +676,7 @@ class Sampler:
             why = (
                 "not a GPU or MIG device in this node's ResourceSlices"
                 if allocation.device is None
-                else f"no GPU or MIG instance of this node is {_describe(allocation.device)}"
+                else f"no GPU or MIG instance of this node is {describe(allocation.device)}"
             )
             log.warning(
                 "DRA claim %s/%s device %s/%s (pod %s/%s) is left unattributed: %s",
@@ -774,7 +762,7 @@ class Sampler:
             return ()
         out = []
         for (gpu, gi, code), count in sorted(xid.counts.items(), key=_xid_order):
-            profile = _profile_of(layouts.get(gpu), gi)
+            profile = profile_of(layouts.get(gpu), gi)
             instance = (
                 InstanceIdentity(gi, profile) if gi is not None and profile is not None else None
             )
@@ -840,92 +828,9 @@ def _identity(devices: Iterable[MigDevice]) -> str:
     return ",".join(sorted(d.uuid for d in devices))
 
 
-def _profile_of(layout: MigLayout | None, gi: int | None) -> str | None:
-    if layout is None or gi is None:
-        return None
-    return next((i.profile for i in layout.instances if i.id == gi), None)
-
-
 def _merge_xids(counts: list[XidCount]) -> list[XidCount]:
     """XIDs of instances since destroyed fold into their GPU's row."""
     merged: dict[tuple[Entity, int], int] = defaultdict(int)
     for c in counts:
         merged[(c.entity, c.xid)] += c.count
     return [XidCount(entity, code, count) for (entity, code), count in merged.items()]
-
-
-def _dra_key(allocation: Allocation) -> tuple[str, ...]:
-    claim = allocation.claim
-    assert claim is not None
-    return (claim.namespace, claim.name, claim.pool, claim.device)
-
-
-def _describe(device: DeviceId) -> str:
-    if device.profile_id is not None:
-        return (
-            f"GPU {device.gpu_uuid or ''} (minor {device.minor}) GI profile {device.profile_id} "
-            f"at placement {device.placement_start}"
-        )
-    return device.uuid or device.gpu_uuid or f"nvidia{device.minor}"
-
-
-def _with_mig_uuid(claim: DraClaim, layout: MigLayout, gi: int | None) -> DraClaim:
-    """A MIG claim without the slice's UUID (DynamicMIG) gets the one MIG device NVML reports
-    for the instance it resolved to; none where the instance has not exactly one."""
-    if claim.mig_profile is None or claim.mig_device_uuid is not None or gi is None:
-        return claim
-    devices = [d for i in layout.instances if i.id == gi for d in i.devices]
-    return replace(claim, mig_device_uuid=devices[0].uuid) if len(devices) == 1 else claim
-
-
-def _resolver(
-    gpus: tuple[GpuIdentity, ...],
-    layouts: Mapping[int, MigLayout],
-    placed: Iterable[GpuLayout] = (),
-) -> Callable[[DeviceId], EntityKey | None]:
-    by_uuid = {g.uuid: g for g in gpus}
-    by_minor = {g.minor: g for g in gpus}
-    mig: dict[str, EntityKey] = {}
-    for index, layout in layouts.items():
-        for instance in layout.instances:
-            for device in instance.devices:
-                mig[device.uuid] = (gpus[index].uuid, instance.id)
-    # (GPU UUID, GI profile id, placement start) -> GI ids: instances cannot overlap, so one
-    by_placement: defaultdict[tuple[str, int, int], list[int]] = defaultdict(list)
-    for node_layout in placed:
-        for gi in node_layout.instances:
-            place = (node_layout.gpu.uuid, gi.profile_id, gi.placement.start)
-            by_placement[place].append(gi.id)
-
-    def resolve(device: DeviceId) -> EntityKey | None:
-        if device.profile_id is not None and device.placement_start is not None:
-            return by_place(device, device.profile_id, device.placement_start)
-        if device.uuid is not None:
-            if device.uuid in by_uuid:
-                return (device.uuid, None)
-            return mig.get(device.uuid)
-        if device.gpu_uuid is not None:
-            parent = by_uuid.get(device.gpu_uuid)
-        else:
-            parent = by_minor.get(device.minor) if device.minor is not None else None
-        if parent is None:
-            return None
-        if device.gpu_instance_id is None:
-            return (parent.uuid, None)
-        known = _profile_of(layouts.get(parent.index), device.gpu_instance_id)
-        return (parent.uuid, device.gpu_instance_id) if known is not None else None
-
-    def by_place(device: DeviceId, profile_id: int, start: int) -> EntityKey | None:
-        """A DynamicMIG device: its parent (the slice's parentUUID and the name's minor must
-        agree) and the one instance of that profile at that placement start."""
-        parent = by_uuid.get(device.gpu_uuid) if device.gpu_uuid is not None else None
-        if parent is None and device.gpu_uuid is None and device.minor is not None:
-            parent = by_minor.get(device.minor)
-        if parent is None or (device.minor is not None and parent.minor != device.minor):
-            return None
-        found = by_placement.get((parent.uuid, profile_id, start), [])
-        if len(found) != 1 or _profile_of(layouts.get(parent.index), found[0]) is None:
-            return None
-        return (parent.uuid, found[0])
-
-    return resolve
