@@ -232,16 +232,14 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         republish=republish,
     )
     inventory.watch_allocation(allocation.current, mig.mig_refusal)
-    # Each owner's series, read on the publication tick (Node._start), never on a scrape.
-    publish = telemetry.exporter.publish_from
-    publish("allocation", AllocationCollector(allocation.current))
-    publish("driver", DriverCollector(driver), driver.subscribe)
-    publish("state", StateCollector(state.writable))
-    publish("prewarm", PrewarmCollector(prewarm.inventory))
-    publish("health", HealthCollector(health.shown), health.subscribe)
+    telemetry.exporter.publish_from("allocation", AllocationCollector(allocation.current))
+    telemetry.exporter.publish_from("driver", DriverCollector(driver), driver.subscribe)
+    telemetry.exporter.publish_from("state", StateCollector(state.writable))
+    telemetry.exporter.publish_from("prewarm", PrewarmCollector(prewarm.inventory))
+    telemetry.exporter.publish_from("health", HealthCollector(health.shown), health.subscribe)
     mig_labels = _mig_labels(config, kube, mig)
     if mig_labels is not None:
-        publish("mig", MigStateCollector(mig_labels))
+        telemetry.exporter.publish_from("mig", MigStateCollector(mig_labels))
     return Services(
         config=config,
         gpu=gpu,
@@ -497,9 +495,6 @@ class Node:
         else:  # its reconcile, queue and retries write the index
             s.state.note("the prewarm cache is listed as last recorded; nothing is fetched")
         stack.push_async_callback(asyncio.to_thread, s.prewarm.stop)
-        # Owners' series are read here and on every tick after, off the loop: a scrape returns
-        # bytes encoded ahead (docs/metrics.md, "What a scrape costs").
-        await asyncio.to_thread(s.telemetry.exporter.refresh)
         if not self.embedded:
             host, port = _split_listen(cfg.metrics_listen)
             try:
@@ -551,12 +546,10 @@ class Node:
             )
         self._guard("power", _every(cfg.driver.check_s, self._reconcile_power, wait_first=True))
         self._guard("prewarm-audit", _every(cfg.prewarm.audit_interval_s, self._audit_cache))
-        self._guard(
-            "prune-operations",
-            _every(cfg.operations.prune_interval_s, self._prune, wait_first=True),
-        )
-        tick = cfg.telemetry.interval_s
-        self._guard("metrics", _every(tick, s.telemetry.exporter.tick, wait_first=True))
+        prune = _every(cfg.operations.prune_interval_s, self._prune, wait_first=True)
+        self._guard("prune-operations", prune)
+        # Owners' series while no snapshot comes (docs/metrics.md, "What a scrape costs").
+        self._guard("metrics", _every(cfg.telemetry.interval_s, s.telemetry.exporter.tick))
         stack.push_async_callback(self._cancel_tasks)
         self._ready = True  # before the line that says so: a reader of the log may probe /readyz
         if self.embedded:

@@ -23,7 +23,7 @@ from agent.telemetry.sampler import ProfilingBackend, Sampler, SamplerOptions
 from agent.telemetry.snapshot import Snapshot
 from agent.telemetry.stats import TelemetryStats
 from agent.telemetry.xid import XidWatcher
-from dcgm.counters import load_counters
+from dcgm.counters import CounterSet, load_counters
 from dcgm.fields import Gpm
 
 log = logging.getLogger(__name__)
@@ -226,22 +226,32 @@ def build_telemetry(
         return Collection(sampler, xids, pods, profiling)
 
     def exporter_of(latest: Callable[[], Snapshot | None]) -> MetricsExporter:
-        exporter = MetricsExporter(
-            counters,
-            settings.metric_names,
-            latest,
-            stats,
-            devices=settings.devices,
-            tick_s=settings.interval_s,
-        )
-        if dra is not None:
-            exporter.publish_from("dra", DraSlicesCollector(dra), dra.subscribe)
-        return exporter
+        return _exporter(counters, settings, latest, stats, dra)
 
     service = TelemetryService(exporter_of, stats, collect, dra)
     if attach:
         service.attach()
     return service
+
+
+def _exporter(
+    counters: CounterSet,
+    settings: TelemetrySettings,
+    latest: Callable[[], Snapshot | None],
+    stats: TelemetryStats,
+    dra: DraDevices | None,
+) -> MetricsExporter:
+    exporter = MetricsExporter(
+        counters,
+        settings.metric_names,
+        latest,
+        stats,
+        devices=settings.devices,
+        tick_s=settings.interval_s,
+    )
+    if dra is not None:
+        exporter.publish_from("dra", DraSlicesCollector(dra), dra.subscribe)
+    return exporter
 
 
 def _has_gpm(reader: NodeReader, gpu: int) -> bool:

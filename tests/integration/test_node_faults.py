@@ -352,8 +352,15 @@ def test_a_read_only_state_dir_serves_reads_and_refuses_every_change_naming_it(
                 lambda: "takes writes again: restart the agent" in _state_detail(agent),
                 "status to ask for a restart",
             )
-            _, metrics = _get(agent.metrics_port, "/metrics")
-            assert 'gpu_agent_state_writable{reason="restart_needed"} 0.0' in metrics
+            # The state dir's probe is read on the publication tick, not on a scrape.
+            wait_for(
+                lambda: (
+                    'gpu_agent_state_writable{reason="restart_needed"} 0.0'
+                    in _get(agent.metrics_port, "/metrics")[1]
+                ),
+                "the metric to say so within a tick",
+                5,
+            )
         with agent:  # restarted on a writable dir: changes are taken again
             assert _state_detail(agent) == ""
             shared = cli(state, config, "share", "set", "--time-slicing", "nvidia.com/gpu=2")
