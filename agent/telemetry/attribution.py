@@ -19,7 +19,7 @@ from agent.gpu.types import GpuLayout
 from agent.telemetry.pods import Allocation, DeviceId, EntityKey, attribute, claims_of
 from agent.telemetry.snapshot import DraClaim, Entity, EntitySample, PodRef
 
-__all__ = ["Attribution", "attribute_samples", "describe", "profile_of", "resolver"]
+__all__ = ["Attribution", "attribute_samples", "profile_of", "resolver"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,16 +69,6 @@ def dra_key(allocation: Allocation) -> tuple[str, ...]:
     claim = allocation.claim
     assert claim is not None
     return (claim.namespace, claim.name, claim.pool, claim.device)
-
-
-def describe(device: DeviceId) -> str:
-    """A DRA device as a log line names it."""
-    if device.profile_id is not None:
-        return (
-            f"GPU {device.gpu_uuid or ''} (minor {device.minor}) GI profile {device.profile_id} "
-            f"at placement {device.placement_start}"
-        )
-    return device.uuid or device.gpu_uuid or f"nvidia{device.minor}"
 
 
 def profile_of(layout: MigLayout | None, gi: int | None) -> str | None:

@@ -12,11 +12,11 @@ counters of two instances. Buffers of entities that disappear, or fail, are free
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from agent.gpu.readings import GpmReadout, GpmSample
+from agent.gpu.readings import GpmReadout, GpmSample, GpuInstanceInfo, MigLayout
 
 #: NVML refreshes GPM counters every 100 ms; shorter windows are noise (DCGM #310).
 MIN_WINDOW_S = 0.1
@@ -44,6 +44,18 @@ class GpmKey:
     gpu_instance_id: int | None
     #: what makes this the same entity across ticks: GPU UUID, or the GI's MIG device UUIDs
     identity: str
+
+    @classmethod
+    def of(cls, gpu: int, instance: GpuInstanceInfo) -> GpmKey:
+        """The key of GPU instance ``instance`` on GPU ``gpu``."""
+        return cls(gpu, instance.id, ",".join(sorted(d.uuid for d in instance.devices)))
+
+
+def instance_keys(layouts: Mapping[int, MigLayout]) -> Iterable[GpmKey]:
+    """The keys of every GPU instance of ``layouts`` (GPU index -> MIG layout)."""
+    for index, layout in layouts.items():
+        for instance in layout.instances:
+            yield GpmKey.of(index, instance)
 
 
 class _Entity:

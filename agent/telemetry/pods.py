@@ -287,3 +287,46 @@ def _rpc_text(exc: grpc.RpcError) -> str:
     code = exc.code() if isinstance(exc, grpc.Call) else None
     details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
     return f"{code.name if code else 'error'}: {details}"
+
+
+class UnresolvedClaims:
+    """Counts (``dra_unresolved``) and logs each DRA claim's device that matches nothing on
+    this node once, while it stays unresolved: it is left unattributed, never guessed."""
+
+    def __init__(self, stats: TelemetryStats) -> None:
+        self._stats = stats
+        self._seen: set[tuple[str, ...]] = set()
+
+    def report(self, now: Mapping[tuple[str, ...], Allocation]) -> None:
+        for key, allocation in now.items():
+            if key in self._seen:
+                continue
+            self._stats.error("dra_unresolved")
+            claim = allocation.claim
+            assert claim is not None
+            why = (
+                "not a GPU or MIG device in this node's ResourceSlices"
+                if allocation.device is None
+                else f"no GPU or MIG instance of this node is {describe(allocation.device)}"
+            )
+            log.warning(
+                "DRA claim %s/%s device %s/%s (pod %s/%s) is left unattributed: %s",
+                claim.namespace,
+                claim.name,
+                claim.pool,
+                claim.device,
+                allocation.pod.namespace,
+                allocation.pod.name,
+                why,
+            )
+        self._seen = set(now)
+
+
+def describe(device: DeviceId) -> str:
+    """A DRA device as a log line names it."""
+    if device.profile_id is not None:
+        return (
+            f"GPU {device.gpu_uuid or ''} (minor {device.minor}) GI profile {device.profile_id} "
+            f"at placement {device.placement_start}"
+        )
+    return device.uuid or device.gpu_uuid or f"nvidia{device.minor}"

@@ -19,20 +19,21 @@ import logging
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
 
 from agent.errors import AgentError, DeviceLost, NotSupported
-from agent.gpu.readings import GpuIdentity, MigDevice, MigLayout, NodeReader, Reading
+from agent.gpu.readings import GpuIdentity, MigLayout, NodeReader, Reading
 from agent.gpu.types import GpuLayout
-from agent.telemetry.attribution import attribute_samples, describe, profile_of
-from agent.telemetry.gpm import GpmKey, GpmTracker
+from agent.telemetry.attribution import attribute_samples
+from agent.telemetry.gpm import GpmKey, GpmTracker, instance_keys
 from agent.telemetry.idle import IdleStore, IdleTracker
-from agent.telemetry.pods import Allocation
-from agent.telemetry.procs import ContainerDirectory, read_container_id
+from agent.telemetry.pods import Allocation, UnresolvedClaims
+from agent.telemetry.processes import ProcessReader
+from agent.telemetry.procs import ContainerDirectory
 from agent.telemetry.snapshot import (
     ClockEventCount,
     Entity,
@@ -42,14 +43,11 @@ from agent.telemetry.snapshot import (
     HealthReadings,
     InstanceIdentity,
     P2pLink,
-    PodRef,
     PodUsage,
     Snapshot,
-    XidCount,
 )
 from agent.telemetry.stats import TelemetryStats
-from agent.telemetry.usage import UNMAPPED, Unmapped, pod_usage
-from agent.telemetry.xid import XidState
+from agent.telemetry.xid import XidState, xid_counts, xid_recent
 from dcgm.counters import CounterSet
 from dcgm.fields import (
     CLOCK_EVENT_NAMES,
@@ -135,7 +133,6 @@ class _GpuState:
     field_unsupported: dict[int, str] = field(default_factory=dict)
     #: (reading) -> (monotonic time, cumulative value) for counter rates
     counters: dict[Reading, tuple[float, float]] = field(default_factory=dict)
-    util_since_us: int = 0
     #: (monotonic time, clock-event bitmask) of the ticks within the clock-event window
     clock_events: deque[tuple[float, int]] = field(
         default_factory=lambda: deque(maxlen=_CLOCK_EVENT_SAMPLES)
@@ -166,8 +163,7 @@ class Sampler:
         self._options = options
         self._pods = pods
         self._containers = containers
-        #: DRA claims' devices that resolved to nothing last tick (each logged once)
-        self._dra_unresolved: set[tuple[str, ...]] = set()
+        self._unresolved = UnresolvedClaims(stats)
         self._xids = xids
         self._profiling = profiling
         self._clock = clock
@@ -176,6 +172,9 @@ class Sampler:
         #: so a clock step while the agent runs neither adds nor removes idle seconds, in this
         #: run or in the file the next one reads
         self._wall0, self._mono0 = wall_clock(), clock()
+        self._processes = ProcessReader(
+            reader, stats, options.proc_root, containers, options.interval_s, wall_clock
+        )
         fields = [c.field for c in counters.values]
         self._nvml = [f for f in fields if isinstance(f.source, Nvml | NvmlRate)]
         self._prof = [f for f in fields if isinstance(f.source, Gpm)]
@@ -327,7 +326,7 @@ class Sampler:
             node_layouts.extend([state.node_layout] if state.node_layout else [])
             samples.extend(gpu_samples)
         self._gpm_gpu.retain(GpmKey(g, None, gpus[g].uuid) for g in layouts)
-        self._gpm_gi.retain(self._instance_keys(gpus, layouts))
+        self._gpm_gi.retain(instance_keys(layouts))
         read = self._clock()
         self._stats.observe_source("devices", read - started)
         samples, pods = self._attribute(gpus, layouts, samples)
@@ -344,8 +343,8 @@ class Sampler:
             gpus=tuple(statuses),
             entities=tuple(samples),
             pods=tuple(pods),
-            xids=self._xid_counts(gpus, layouts, xid),
-            xid_recent=self._xid_recent(gpus, xid),
+            xids=xid_counts(gpus, layouts, xid) if xid and self._xid_selected else (),
+            xid_recent=xid_recent(gpus, xid) if xid and self._xid_window else (),
             clock_events=self._clock_event_counts(gpus),
             p2p=self._p2p_links(gpus, statuses),
             support=self._support(gpus),
@@ -406,7 +405,7 @@ class Sampler:
         for instance in layout.instances:
             entity = Entity(gpu, InstanceIdentity(instance.id, instance.profile))
             values = self._instance_values(gpu, state, instance.devices[0].uuid)
-            key = GpmKey(gpu.index, instance.id, _identity(instance.devices))
+            key = GpmKey.of(gpu.index, instance)
             util = self._profile(gpu, state, key, values)
             out.append(
                 EntitySample(
@@ -649,136 +648,10 @@ class Sampler:
         placed = [n for i in layouts if (n := self._gpus[i].node_layout) is not None]
         uids = self._containers.pod_uid if self._containers is not None else (lambda _: None)
         result = attribute_samples(samples, gpus, layouts, placed, self._pods.current(), uids)
-        self._report_unresolved(result.unresolved)
-        usage: list[PodUsage] = []
-        for sample in result.samples:
-            allocated = result.holders.get(sample.entity)
-            if allocated:
-                rows = self._usage(sample.entity, layouts[sample.entity.gpu.index], allocated)
-                if sample.claim is not None:
-                    claim, uid = sample.claim, sample.pod_uid
-                    rows = [
-                        replace(r, claim=claim, pod_uid=uid) if r.pod == sample.pod else r
-                        for r in rows
-                    ]
-                usage.extend(rows)
-        return list(result.samples), usage
-
-    def _report_unresolved(self, now: Mapping[tuple[str, ...], Allocation]) -> None:
-        """Count and log each DRA claim's device that matches nothing here once, while it
-        stays unresolved (it is left unattributed, never guessed)."""
-        for key, allocation in now.items():
-            if key in self._dra_unresolved:
-                continue
-            self._stats.error("dra_unresolved")
-            claim = allocation.claim
-            assert claim is not None
-            why = (
-                "not a GPU or MIG device in this node's ResourceSlices"
-                if allocation.device is None
-                else f"no GPU or MIG instance of this node is {describe(allocation.device)}"
-            )
-            log.warning(
-                "DRA claim %s/%s device %s/%s (pod %s/%s) is left unattributed: %s",
-                claim.namespace,
-                claim.name,
-                claim.pool,
-                claim.device,
-                allocation.pod.namespace,
-                allocation.pod.name,
-                why,
-            )
-        self._dra_unresolved = set(now)
-
-    def _usage(
-        self, entity: Entity, layout: MigLayout, allocated: tuple[PodRef, ...]
-    ) -> list[PodUsage]:
-        gpu = entity.gpu.index
-        try:
-            if entity.instance is None:
-                processes = self._reader.processes(gpu) if not layout.enabled else ()
-                util = None if layout.enabled else self._process_util(gpu)
-            else:
-                instance = next(
-                    i for i in layout.instances if i.id == entity.instance.gpu_instance_id
-                )
-                processes = tuple(
-                    p for d in instance.devices for p in self._reader.processes(gpu, d.uuid)
-                )
-                util = None
-        except DeviceLost:
-            return []
-        except AgentError as exc:
-            self._stats.error("nvml")
-            log.debug("process list of %s failed: %s", entity, exc)
-            return []
-        rows, unmapped = pod_usage(entity, allocated, processes, self._pod_of_pid, util)
-        if unmapped:
-            # Unknown, not 0: the rows go without a memory figure (gpu_agent_pod_memory_used_bytes
-            # has none) and the failures are counted.
-            self._stats.error("pod_mapping", unmapped)
-            log.debug("%s: %d process(es) not mapped to a container", entity, unmapped)
-        return rows
-
-    def _process_util(self, gpu: int) -> dict[int, float] | None:
-        state = self._gpus[gpu]
-        if state.util_since_us < 0:
-            return None  # NVML said unsupported on this GPU
-        since = state.util_since_us or int((self._wall() - self._options.interval_s) * 1e6)
-        try:
-            util, newest = self._reader.process_utilization(gpu, since)
-        except NotSupported as exc:
-            state.util_since_us = -1
-            log.warning("per-process utilisation is not supported on GPU %d: %s", gpu, exc)
-            return None
-        state.util_since_us = newest
-        return util
-
-    def _pod_of_pid(self, pid: int) -> PodRef | Unmapped | None:
-        if self._containers is None:
-            return UNMAPPED
-        try:
-            cid = read_container_id(self._options.proc_root, pid)
-        except OSError:
-            return UNMAPPED  # no host /proc (hostPID off), or the process is not ours to read
-        if cid is None:
-            return None  # a host process
-        pod = self._containers.lookup(cid)
-        return UNMAPPED if pod is None else pod
+        self._unresolved.report(result.unresolved)
+        return list(result.samples), self._processes.rows(result, layouts)
 
     # -- results ----------------------------------------------------------------------------------
-
-    def _instance_keys(
-        self, gpus: tuple[GpuIdentity, ...], layouts: Mapping[int, MigLayout]
-    ) -> Iterable[GpmKey]:
-        for index, layout in layouts.items():
-            for instance in layout.instances:
-                yield GpmKey(index, instance.id, _identity(instance.devices))
-
-    def _xid_counts(
-        self, gpus: tuple[GpuIdentity, ...], layouts: Mapping[int, MigLayout], xid: XidState | None
-    ) -> tuple[XidCount, ...]:
-        if xid is None or not self._xid_selected:
-            return ()
-        out = []
-        for (gpu, gi, code), count in sorted(xid.counts.items(), key=_xid_order):
-            profile = profile_of(layouts.get(gpu), gi)
-            instance = (
-                InstanceIdentity(gi, profile) if gi is not None and profile is not None else None
-            )
-            out.append(XidCount(Entity(gpus[gpu], instance), code, count))
-        return tuple(_merge_xids(out))
-
-    def _xid_recent(
-        self, gpus: tuple[GpuIdentity, ...], xid: XidState | None
-    ) -> tuple[XidCount, ...]:
-        if xid is None or not self._xid_window:
-            return ()
-        return tuple(
-            XidCount(Entity(gpus[gpu]), code, count)
-            for (gpu, code), count in sorted(xid.recent.items())
-            if gpu < len(gpus)
-        )
 
     def _support(self, gpus: tuple[GpuIdentity, ...]) -> tuple[FieldSupport, ...]:
         out = []
@@ -815,22 +688,5 @@ def _rate(
     return (value - previous[1]) / (now - previous[0])
 
 
-def _xid_order(item: tuple[tuple[int, int | None, int], int]) -> tuple[int, int, int]:
-    (gpu, gi, code), _count = item
-    return gpu, -1 if gi is None else gi, code
-
-
 def _first(*values: float | None) -> float | None:
     return next((v for v in values if v is not None), None)
-
-
-def _identity(devices: Iterable[MigDevice]) -> str:
-    return ",".join(sorted(d.uuid for d in devices))
-
-
-def _merge_xids(counts: list[XidCount]) -> list[XidCount]:
-    """XIDs of instances since destroyed fold into their GPU's row."""
-    merged: dict[tuple[Entity, int], int] = defaultdict(int)
-    for c in counts:
-        merged[(c.entity, c.xid)] += c.count
-    return [XidCount(entity, code, count) for (entity, code), count in merged.items()]

@@ -12,18 +12,20 @@ import functools
 import logging
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Callable
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 
 from agent.errors import AgentError
-from agent.gpu.readings import NodeReader, XidEvent, XidEvents
+from agent.gpu.readings import GpuIdentity, MigLayout, NodeReader, XidEvent, XidEvents
+from agent.telemetry.attribution import profile_of
+from agent.telemetry.snapshot import Entity, InstanceIdentity, XidCount
 from agent.telemetry.stats import TelemetryStats
 
 log = logging.getLogger(__name__)
 
-__all__ = ["XidState", "XidWatcher", "xid_message"]
+__all__ = ["XidState", "XidWatcher", "xid_counts", "xid_message", "xid_recent"]
 
 _WAIT_MS = 250  # how long one NVML event wait blocks; bounds how long stopping takes
 #: dcgm-exporter's --xid-count-window-size default (300000 ms)
@@ -170,3 +172,30 @@ class XidWatcher:
         log.error("%s (%s); reopening in %.0f s", what, exc, _REOPEN_AFTER_S)
         self._ready.set()
         self._stop.wait(_REOPEN_AFTER_S)
+
+
+def xid_counts(
+    gpus: tuple[GpuIdentity, ...], layouts: Mapping[int, MigLayout], xid: XidState
+) -> tuple[XidCount, ...]:
+    """The snapshot's XID counters: per GPU or live GPU instance and XID; XIDs of instances
+    since destroyed fold into their GPU's row."""
+    merged: dict[tuple[Entity, int], int] = defaultdict(int)
+    for (gpu, gi, code), count in sorted(xid.counts.items(), key=_xid_order):
+        profile = profile_of(layouts.get(gpu), gi)
+        instance = InstanceIdentity(gi, profile) if gi is not None and profile is not None else None
+        merged[(Entity(gpus[gpu], instance), code)] += count
+    return tuple(XidCount(entity, code, count) for (entity, code), count in merged.items())
+
+
+def xid_recent(gpus: tuple[GpuIdentity, ...], xid: XidState) -> tuple[XidCount, ...]:
+    """XIDs per GPU within the window (dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT)."""
+    return tuple(
+        XidCount(Entity(gpus[gpu]), code, count)
+        for (gpu, code), count in sorted(xid.recent.items())
+        if gpu < len(gpus)
+    )
+
+
+def _xid_order(item: tuple[tuple[int, int | None, int], int]) -> tuple[int, int, int]:
+    (gpu, gi, code), _count = item
+    return gpu, -1 if gi is None else gi, code
