@@ -28,8 +28,10 @@ def doctor(
 ) -> subprocess.CompletedProcess[str]:
     node = ["--simulate", simulate] if simulate else []
     return subprocess.run(
-        [sys.executable, "-m", "agent.cli.main", *node, "--state-dir", str(state_dir)]
-        + ["--config", str(config), "doctor", *args],
+        [
+            *(sys.executable, "-m", "agent.cli.main", *node),
+            *("--state-dir", str(state_dir), "--config", str(config), "doctor", *args),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
