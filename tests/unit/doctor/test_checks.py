@@ -3,15 +3,21 @@ an operator needs, and a check that errs or hangs is failed, never a failed doct
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 from agent.doctor import api_checks, gpu_checks, node_checks
 from agent.doctor.runner import Probe, run_checks
 from agent.doctor.service import CHECKS, Doctor
-from agent.gpu.attach import LIBRARY_NOT_FOUND
+from agent.gpu.attach import LIBRARY_NOT_FOUND, DriverLink, DriverState
+from agent.gpu.readings import GpuIdentity
 from agent.statedir import Unwritable
+from agent.telemetry.snapshot import FieldSupport, Snapshot
 from agent.wire.doctor import Check, CheckState
 from tests.unit.doctor.support import detached, facts, volume
 
@@ -66,8 +72,6 @@ def test_a_state_dir_that_takes_no_writes_fails_with_the_fix(tmp_path: Path) -> 
 
 
 def test_a_wide_open_egress_allow_is_degraded(tmp_path: Path) -> None:
-    import dataclasses
-
     f = facts(tmp_path)
     prewarm = dataclasses.replace(f.config.prewarm, egress_allow=("10.0.0.0/8", "0.0.0.0/0"))
     wide = dataclasses.replace(f, config=dataclasses.replace(f.config, prewarm=prewarm))
@@ -119,3 +123,44 @@ def test_every_check_answers_without_a_driver_and_the_gauge_carries_each_state(
     assert samples[("telemetry", "nvml")] == 2
     assert samples[("kubernetes", "rbac")] == 0  # not in a cluster: nothing needs the API
     assert len(samples) == len(CHECKS)
+
+
+def _attached() -> DriverLink:
+    state = DriverState(True, "", "", time.time(), 1)
+    return cast(DriverLink, SimpleNamespace(state=state, is_attached=True, driver=None))
+
+
+def _host(root: Path, *, admin_only: str, cap_eff: str) -> Path:
+    proc = root / "proc"
+    (proc / "driver" / "nvidia").mkdir(parents=True)
+    (proc / "driver" / "nvidia" / "params").write_text(
+        f"ResmanDebugLevel: 4294967295\nRmProfilingAdminOnly: {admin_only}\n"
+    )
+    (proc / "self").mkdir()
+    (proc / "self" / "status").write_text(f"Name:\tgpu-agent\nCapEff:\t{cap_eff}\n")
+    return proc
+
+
+def _profiling_snapshot(supported: bool) -> Snapshot:
+    gpu = GpuIdentity(0, "GPU-0", "NVIDIA H100", "00000000:01:00.0", 0)
+    return Snapshot(
+        0.0, "n", "550.90.07", "12.550", (), (), support=(FieldSupport(1004, gpu, supported),)
+    )
+
+
+def test_profiling_restricted_to_admins_without_cap_sys_admin_fails_with_the_modprobe_fix(
+    tmp_path: Path,
+) -> None:
+    proc = _host(tmp_path, admin_only="1", cap_eff="00000000a80425fb")  # no bit 21
+    f = facts(tmp_path, driver=_attached(), proc=proc, snapshot=lambda: _profiling_snapshot(False))
+    check = gpu_checks.telemetry_profiling(f)
+    assert check.state is CheckState.FAILED
+    assert "profiling restricted to admins" in check.evidence
+    assert "NVreg_RestrictProfilingToAdminUsers=0" in check.fix
+    # With CAP_SYS_ADMIN (bit 21) the restriction does not bind the agent: unsupported fields
+    # are then the GPU's, degraded.
+    admin = _host(tmp_path / "admin", admin_only="1", cap_eff="000001ffffffffff")
+    held = gpu_checks.telemetry_profiling(dataclasses.replace(f, proc=admin))
+    assert held.state is CheckState.DEGRADED and "unsupported on GPU(s) 0" in held.evidence
+    fine = dataclasses.replace(f, proc=admin, snapshot=lambda: _profiling_snapshot(True))
+    assert gpu_checks.telemetry_profiling(fine).state is CheckState.OK
