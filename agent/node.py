@@ -44,7 +44,7 @@ from agent.api import (
 from agent.api.mig import interrupted_apply
 from agent.api.operations import MIG_APPLY
 from agent.config import AgentConfig
-from agent.doctor import Doctor, Facts
+from agent.doctor import Doctor, build_doctor
 from agent.doctor.service import REFRESH_S as DOCTOR_S
 from agent.dra.detect import NO_API, configured
 from agent.dra.metrics import AllocationCollector
@@ -235,26 +235,9 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         republish=republish,
     )
     inventory.watch_allocation(allocation.current)
-    telemetry.exporter.add_collector(AllocationCollector(allocation.current))
-    telemetry.exporter.add_collector(DriverCollector(driver))
-    telemetry.exporter.add_collector(StateCollector(state.writable))
-    telemetry.exporter.add_collector(PrewarmCollector(prewarm.inventory))
-    telemetry.exporter.add_collector(HealthCollector(health.shown))
     mig_labels = _mig_labels(config, kube, mig)
-    if mig_labels is not None:
-        telemetry.exporter.add_collector(MigStateCollector(mig_labels))
-    facts = Facts(
-        config=config,
-        driver=driver,
-        kube=kube if isinstance(kube, InClusterKubeClient) else None,
-        allocation=allocation.current,
-        snapshot=telemetry.latest,
-        xids=telemetry.xid_counts,
-        marks=health.shown,
-        state_read_only=lambda: state.read_only,
-        socket_path=config.socket_path,
-    )
-    telemetry.exporter.add_collector(doctor := Doctor(facts))
+    doctor = build_doctor(config, driver, kube, allocation.current, state, telemetry, health)
+    _self_metrics(telemetry, driver, state, prewarm, health, mig_labels, allocation, doctor)
     return Services(
         doctor=doctor,
         config=config,
@@ -269,12 +252,34 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         telemetry=telemetry,
         mig=mig,
         power=PowerService(gpu, state),
-        kube=kube if isinstance(kube, InClusterKubeClient) else None,
+        kube=kube,
         mig_labels=mig_labels,
         health=health,
         health_publisher=publisher,
         allocation=allocation,
     )
+
+
+def _self_metrics(
+    telemetry: TelemetryService,
+    driver: DriverLink,
+    state: StateStore,
+    prewarm: PrewarmService,
+    health: HealthMonitor,
+    mig_labels: MigLabelController | None,
+    allocation: AllocationSource,
+    doctor: Doctor,
+) -> None:
+    """The agent's own gauges beside the GPUs' on /metrics."""
+    exporter = telemetry.exporter
+    exporter.add_collector(AllocationCollector(allocation.current))
+    exporter.add_collector(DriverCollector(driver))
+    exporter.add_collector(StateCollector(state.writable))
+    exporter.add_collector(PrewarmCollector(prewarm.inventory))
+    exporter.add_collector(HealthCollector(health.shown))
+    if mig_labels is not None:
+        exporter.add_collector(MigStateCollector(mig_labels))
+    exporter.add_collector(doctor)
 
 
 def _allocation(
@@ -573,14 +578,19 @@ class Node:
         if self.embedded:
             log.debug("embedded agent serving on %s", self.ports.socket)
             return
+        self._say_serving(host, missing is None)
+
+    def _say_serving(self, host: str, attached: bool) -> None:
+        s, ports = self.services, self.ports
+        assert ports is not None
         log.info(
             "agent serving: metrics %s:%d, gRPC %s, socket %s (%s, %s)",
             host,
             self.metrics_port,
-            f"mTLS :{self.ports.tcp}" if self.ports.tcp else "TCP off",
-            self.ports.socket,
-            f"simulated node {cfg.simulate}" if cfg.simulate else "NVML",
-            f"{len(s.inventory.layouts())} GPUs" if missing is None else "waiting for the driver",
+            f"mTLS :{ports.tcp}" if ports.tcp else "TCP off",
+            ports.socket,
+            f"simulated node {s.config.simulate}" if s.config.simulate else "NVML",
+            f"{len(s.inventory.layouts())} GPUs" if attached else "waiting for the driver",
         )
 
     # -- the allocation mode (docs/dra.md) -------------------------------------------------------

@@ -5,6 +5,6 @@ A part above the API (it reads the agent's services and the API's socket rule) a
 composition roots, which build it (agent/node.py) and hand its run to the servicer."""
 
 from agent.doctor.facts import Facts
-from agent.doctor.service import CHECKS, Doctor
+from agent.doctor.service import CHECKS, Doctor, build_doctor
 
-__all__ = ["CHECKS", "Doctor", "Facts"]
+__all__ = ["CHECKS", "Doctor", "Facts", "build_doctor"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -18,9 +19,18 @@ from prometheus_client.registry import Collector
 from agent.doctor import api_checks, gpu_checks, kube_checks, node_checks
 from agent.doctor.facts import Facts
 from agent.doctor.runner import DEADLINE_S, Probe, run_checks
+from agent.kube import InClusterKubeClient, KubeClient
 from agent.wire.doctor import Check, CheckState, DoctorReport
 
-__all__ = ["CHECKS", "REFRESH_S", "Doctor", "check_line", "count_line"]
+if TYPE_CHECKING:
+    from agent.config import AgentConfig
+    from agent.dra.mode import Allocation
+    from agent.gpu.attach import DriverLink
+    from agent.health.monitor import HealthMonitor
+    from agent.state import StateStore
+    from agent.telemetry.service import TelemetryService
+
+__all__ = ["CHECKS", "REFRESH_S", "Doctor", "build_doctor", "check_line", "count_line"]
 
 log = logging.getLogger(__name__)
 
@@ -121,3 +131,27 @@ class Doctor(Collector):
 
 def _bind(check: Callable[[Facts], Check], facts: Facts) -> Callable[[], Check]:
     return lambda: check(facts)
+
+
+def build_doctor(
+    config: AgentConfig,
+    driver: DriverLink,
+    kube: KubeClient | None,
+    allocation: Callable[[], Allocation],
+    state: StateStore,
+    telemetry: TelemetryService,
+    health: HealthMonitor,
+) -> Doctor:
+    """The checks over the agent's own parts, as the composition root hands them in."""
+    facts = Facts(
+        config=config,
+        driver=driver,
+        kube=kube if isinstance(kube, InClusterKubeClient) else None,
+        allocation=allocation,
+        snapshot=telemetry.latest,
+        xids=telemetry.xid_counts,
+        marks=health.shown,
+        state_read_only=lambda: state.read_only,
+        socket_path=config.socket_path,
+    )
+    return Doctor(facts)
