@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
-import resource
 import signal
 import sqlite3
 import sys
@@ -46,6 +44,8 @@ from agent.api import (
 from agent.api.mig import interrupted_apply
 from agent.api.operations import MIG_APPLY
 from agent.config import AgentConfig
+from agent.doctor import Doctor, build_doctor
+from agent.doctor.service import REFRESH_S as DOCTOR_S
 from agent.dra.detect import NO_API, configured
 from agent.dra.metrics import AllocationCollector
 from agent.dra.mode import AllocationMode
@@ -61,7 +61,7 @@ from agent.health.monitor import HealthMonitor
 from agent.health.publish import NodePublisher
 from agent.http import Handler, HttpServer, Request, Response
 from agent.kube import InClusterKubeClient, KubeClient, NodeWatch
-from agent.loops import call_soon_from_thread
+from agent.loops import ExhaustionLog, call_soon_from_thread, exhaustion
 from agent.mig.labels import MigLabelController, MigStateCollector
 from agent.mig.lock import PartitionLock
 from agent.mig.reset import command_reset, simulated_reset
@@ -136,6 +136,8 @@ class Services:
     health: HealthMonitor
     #: The node's allocation mode (docs/dra.md): it gates every MIG change.
     allocation: AllocationSource
+    #: The read-only checks of every duty (agent/doctor): `gpu-agent doctor`, its gauge.
+    doctor: Doctor | None = None
     #: The health marks on the Node, in a pod.
     health_publisher: NodePublisher | None = None
 
@@ -151,6 +153,7 @@ class Services:
             power=self.power,
             gpu_guard=self.driver.require,
             metrics=lambda openmetrics: self.telemetry.exposition(openmetrics=openmetrics),
+            doctor=self.doctor.run if self.doctor is not None else None,
         )
 
 
@@ -232,15 +235,11 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         republish=republish,
     )
     inventory.watch_allocation(allocation.current, mig.mig_refusal)
-    telemetry.exporter.add_collector(AllocationCollector(allocation.current))
-    telemetry.exporter.add_collector(DriverCollector(driver))
-    telemetry.exporter.add_collector(StateCollector(state.writable))
-    telemetry.exporter.add_collector(PrewarmCollector(prewarm.inventory))
-    telemetry.exporter.add_collector(HealthCollector(health.shown))
     mig_labels = _mig_labels(config, kube, mig)
-    if mig_labels is not None:
-        telemetry.exporter.add_collector(MigStateCollector(mig_labels))
+    doctor = build_doctor(config, driver, kube, allocation.current, state, telemetry, health)
+    _self_metrics(telemetry, driver, state, prewarm, health, mig_labels, allocation, doctor)
     return Services(
+        doctor=doctor,
         config=config,
         gpu=gpu,
         driver=driver,
@@ -259,6 +258,28 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         health_publisher=publisher,
         allocation=allocation,
     )
+
+
+def _self_metrics(
+    telemetry: TelemetryService,
+    driver: DriverLink,
+    state: StateStore,
+    prewarm: PrewarmService,
+    health: HealthMonitor,
+    mig_labels: MigLabelController | None,
+    allocation: AllocationSource,
+    doctor: Doctor,
+) -> None:
+    """The agent's own gauges beside the GPUs' on /metrics."""
+    exporter = telemetry.exporter
+    exporter.add_collector(AllocationCollector(allocation.current))
+    exporter.add_collector(DriverCollector(driver))
+    exporter.add_collector(StateCollector(state.writable))
+    exporter.add_collector(PrewarmCollector(prewarm.inventory))
+    exporter.add_collector(HealthCollector(health.shown))
+    if mig_labels is not None:
+        exporter.add_collector(MigStateCollector(mig_labels))
+    exporter.add_collector(doctor)
 
 
 def _allocation(
@@ -440,7 +461,7 @@ class Node:
         """
         loop = asyncio.get_running_loop()
         if not self.embedded:  # the host program's loop handler is the host's
-            loop.set_exception_handler(_ExhaustionLog())
+            loop.set_exception_handler(ExhaustionLog())
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop)
@@ -550,19 +571,26 @@ class Node:
             "prune-operations",
             _every(cfg.operations.prune_interval_s, self._prune, wait_first=True),
         )
+        if s.doctor is not None and not self.embedded:  # the log starts with its summary
+            self._guard("doctor", _every(DOCTOR_S, s.doctor.refresh))
         stack.push_async_callback(self._cancel_tasks)
         self._ready = True  # before the line that says so: a reader of the log may probe /readyz
         if self.embedded:
             log.debug("embedded agent serving on %s", self.ports.socket)
             return
+        self._say_serving(host, missing is None)
+
+    def _say_serving(self, host: str, attached: bool) -> None:
+        s, ports = self.services, self.ports
+        assert ports is not None
         log.info(
             "agent serving: metrics %s:%d, gRPC %s, socket %s (%s, %s)",
             host,
             self.metrics_port,
-            f"mTLS :{self.ports.tcp}" if self.ports.tcp else "TCP off",
-            self.ports.socket,
-            f"simulated node {cfg.simulate}" if cfg.simulate else "NVML",
-            f"{len(s.inventory.layouts())} GPUs" if missing is None else "waiting for the driver",
+            f"mTLS :{ports.tcp}" if ports.tcp else "TCP off",
+            ports.socket,
+            f"simulated node {s.config.simulate}" if s.config.simulate else "NVML",
+            f"{len(s.inventory.layouts())} GPUs" if attached else "waiting for the driver",
         )
 
     # -- the allocation mode (docs/dra.md) -------------------------------------------------------
@@ -803,21 +831,7 @@ async def _every(
         wake.clear()
 
 
-_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _RESTART_MAX_S = 60.0
-_EXHAUSTION_LOG_S = 60.0
-
-
-def _exhaustion(exc: BaseException) -> str | None:
-    """What ran out, when ``exc`` is the process running out of descriptors or memory."""
-    if isinstance(exc, MemoryError):
-        return "out of memory"
-    if isinstance(exc, OSError) and exc.errno in _EXHAUSTED:
-        if exc.errno in (errno.EMFILE, errno.ENFILE):
-            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            return f"out of file descriptors ({exc.strerror}; the limit is {limit})"
-        return f"out of memory ({exc.strerror})"
-    return None
 
 
 async def _restarting(name: str, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -830,42 +844,12 @@ async def _restarting(name: str, start: Callable[[], Coroutine[Any, Any, None]])
             await start()
             return
         except (OSError, MemoryError) as exc:
-            what = _exhaustion(exc)
+            what = exhaustion(exc)
             if what is None:
                 raise
             log.warning("background task %s: %s; retrying in %.0fs", name, what, delay)
         await asyncio.sleep(delay)
         delay = min(delay * 2, _RESTART_MAX_S)
-
-
-class _ExhaustionLog:
-    """The loop's exception handler: a listener out of descriptors (asyncio pauses its accepts
-    and retries) is one line per minute saying what ran out and what to raise, instead of a
-    traceback per refused accept; everything else goes to asyncio's default handler."""
-
-    def __init__(self) -> None:
-        self._last = -_EXHAUSTION_LOG_S
-        self._count = 0
-
-    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        what = _exhaustion(context.get("exception") or Exception())
-        if what is None:
-            loop.default_exception_handler(context)
-            return
-        self._count += 1
-        now = time.monotonic()
-        if now - self._last < _EXHAUSTION_LOG_S:
-            return
-        self._last = now
-        log.error(
-            "%s: %s (%d time(s) since the last line); new connections wait until some close. "
-            "Raise the limit (ulimit -n, LimitNOFILE=, the container's nofile) or find who "
-            "holds the connections",
-            context.get("message", "the agent"),
-            what,
-            self._count,
-        )
-        self._count = 0
 
 
 def _split_listen(listen: str) -> tuple[str, int]:

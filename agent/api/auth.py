@@ -78,6 +78,8 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
     method: frozenset(roles)
     for method, roles in {
         f"{_P}NodeService/GetNode": {_R},
+        # Read-only checks: paths, versions, states; no credential nor process.
+        f"{_P}NodeService/Doctor": {_R},
         f"{_P}OperationsService/GetOperation": {_R},
         f"{_P}OperationsService/ListOperations": {_R},
         f"{_P}OperationsService/WaitOperation": {_R},

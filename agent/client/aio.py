@@ -29,6 +29,7 @@ from agent.client.base import ClientTls, Stubs, channel_options
 from agent.client.errors import Unreachable, domain_error
 from agent.power import Change, PowerView
 from agent.sharing import ApplyResult, SharingView
+from agent.wire.doctor import DoctorReport, report_from
 from agent.wire.mig import GpuReset, MigPlanView, plan_from, reset_from
 from agent.wire.node import NodeView, node_from
 from agent.wire.operations import OperationView, operation_from
@@ -82,6 +83,14 @@ class AsyncAgentClient(Stubs):
             self._node.GetNode, agent_pb2.GetNodeRequest()
         )
         return node_from(response.node)
+
+    async def doctor(self) -> DoctorReport:
+        """Every read-only check of the agent's duties; the agent bounds the run under 10 s,
+        so the call waits a little longer than other reads."""
+        response: agent_pb2.DoctorResponse = await self._call(
+            self._node.Doctor, agent_pb2.DoctorRequest(), timeout=max(self.timeout_s, 15.0)
+        )
+        return report_from(response)
 
     async def telemetry(self, field_ids: Sequence[int] = ()) -> TelemetryView:
         """The agent's latest telemetry snapshot (only ``field_ids``, when given)."""
