@@ -51,7 +51,7 @@ from agent.dra.metrics import AllocationCollector
 from agent.dra.mode import AllocationMode
 from agent.dra.republish import Republisher
 from agent.dra.watch import AllocationSource, AllocationWatch
-from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec
+from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.gpu import GpuDriver, load_driver
 from agent.gpu.attach import DriverCollector, DriverLink, DriverState
 from agent.health.device_taints import DeviceTaints
@@ -67,6 +67,7 @@ from agent.mig.lock import PartitionLock
 from agent.mig.reset import command_reset, simulated_reset
 from agent.mig.service import MigService
 from agent.power import PowerService
+from agent.preflight import listen_refusal, split_listen
 from agent.prewarm.factory import build_service as build_prewarm
 from agent.prewarm.inventory import PrewarmCollector
 from agent.prewarm.labels import label_patch, node_labels
@@ -517,15 +518,11 @@ class Node:
             s.state.note("the prewarm cache is listed as last recorded; nothing is fetched")
         stack.push_async_callback(asyncio.to_thread, s.prewarm.stop)
         if not self.embedded:
-            host, port = _split_listen(cfg.metrics_listen)
+            host, port = split_listen(cfg.metrics_listen)
             try:
                 self.metrics_port = await self.http.start(host, port)
-            except OSError as exc:
-                raise Conflict(
-                    f"metrics_listen {cfg.metrics_listen}: cannot listen ({exc.strerror}); "
-                    "another process (an agent, dcgm-exporter) may hold the port: stop it, or "
-                    "pick another address with --metrics-listen or GPU_AGENT_METRICS_LISTEN"
-                ) from exc
+            except OSError as exc:  # taken since serve's preflight
+                raise listen_refusal("metrics_listen", cfg.metrics_listen, exc) from exc
             stack.push_async_callback(self.http.stop)
         api = s.api()
         server, self.ports, health = create_server(api, cfg)
@@ -852,6 +849,3 @@ async def _restarting(name: str, start: Callable[[], Coroutine[Any, Any, None]])
         delay = min(delay * 2, _RESTART_MAX_S)
 
 
-def _split_listen(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    return (host.strip("[]") or "0.0.0.0"), int(port)
