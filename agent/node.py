@@ -847,5 +847,3 @@ async def _restarting(name: str, start: Callable[[], Coroutine[Any, Any, None]])
             log.warning("background task %s: %s; retrying in %.0fs", name, what, delay)
         await asyncio.sleep(delay)
         delay = min(delay * 2, _RESTART_MAX_S)
-
-

@@ -47,7 +47,8 @@ def payload(n: int) -> bytes:
 
 
 def submit(agent: AgentProcess, url: str, digest: str) -> None:
-    target = prewarm_pb2.PrewarmTarget(file=prewarm_pb2.FileTarget(url=url, name="w", sha256=digest))
+    file = prewarm_pb2.FileTarget(url=url, name="w", sha256=digest)
+    target = prewarm_pb2.PrewarmTarget(file=file)
     with unix_channel(agent.socket) as channel:
         prewarm_pb2_grpc.PrewarmServiceStub(channel).SubmitPrewarm(
             prewarm_pb2.SubmitPrewarmRequest(targets=[target]), timeout=10
@@ -95,7 +96,8 @@ def test_sigterm_mid_download_from_a_trickling_origin_exits_0_at_once_and_resume
         assert 0 < kept < SIZE
         origin.faults.rate_bps.clear()
         agent.start()
-        wait_for(lambda: item(agent).state == cache_pb2.CACHE_ITEM_STATE_READY, "the resumed download to finish", 60)
+        ready = cache_pb2.CACHE_ITEM_STATE_READY
+        wait_for(lambda: item(agent).state == ready, "the resumed download to finish", 60)
         assert item(agent).sha256 == digest
         first, resumed = origin.ranges("w.bin")
         assert first is None
