@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from agent._proto.gpuagent.v1 import cache_pb2, prewarm_pb2, prewarm_pb2_grpc
@@ -162,3 +163,57 @@ def test_an_unsafe_socket_dir_is_refused_before_a_pending_prewarm_or_any_listene
     assert all(line.startswith("  socket_path: ") for line in lines[1:]), lines
     assert len(origin.requests) == asked, "the pending prewarm reached the origin"
     assert not (run / "agent.sock").exists()
+
+
+@pytest.fixture
+def unanswered_port() -> Iterator[int]:
+    """A loopback port whose listen queue is full: a new connect's SYN is dropped, so the
+    connect hangs (for the fetch's 30 s connect timeout) instead of failing."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = int(server.getsockname()[1])
+    held = []
+    try:
+        while True:
+            sock = socket.socket()
+            sock.settimeout(0.5)
+            try:
+                sock.connect(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                break
+            held.append(sock)
+        yield port
+    finally:
+        for sock in held:
+            sock.close()
+        server.close()
+
+
+def connecting_to(pid: int, port: int) -> bool:
+    return any(
+        c.status == psutil.CONN_SYN_SENT and c.raddr and c.raddr[1] == port
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+    )
+
+
+def test_sigterm_while_a_connect_to_the_origin_hangs_exits_0_at_once(
+    tmp_path: Path, unanswered_port: int
+) -> None:
+    """The connect is not yet a connection the old stop could reach: it held the shutdown for
+    the connect timeout (30 s), past the 20 s budget (exit 1)."""
+    agent = AgentProcess(tmp_path, agent_config(tmp_path))
+    try:
+        agent.start()
+        submit(agent, f"http://127.0.0.1:{unanswered_port}/w", "0" * 64)
+        assert agent.proc is not None
+        pid = agent.proc.pid
+        wait_for(lambda: connecting_to(pid, unanswered_port), "the hanging connect", 30)
+        started = time.monotonic()
+        code = agent.terminate(timeout=40)
+        took = time.monotonic() - started
+        assert code == 0, agent.output()
+        assert took < BOUND_S, f"SIGTERM took {took:.1f}s:\n{agent.output()}"
+    finally:
+        agent.stop()
