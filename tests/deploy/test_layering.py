@@ -35,7 +35,7 @@ DOMAIN = {"mig", "sharing", "prewarm", "telemetry", "power", "dra", "health"}
 CONFIG = {"config"}
 #: the API on the wire: messages <-> records and the error mapping, under api/ and client/
 WIRE = {"wire"}
-ROOTS = {"node", "embedded", "reclaim"}  # composition: build and wire the services
+ROOTS = {"node", "embedded", "reclaim", "preflight"}  # composition: check, build, wire
 #: the read-only checks of every duty: above the API (its socket rule), built by the roots
 DOCTOR = {"doctor"}
 
