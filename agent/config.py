@@ -37,6 +37,7 @@ from agent.prewarm.naming import (
     check_ignored_query_params,
 )
 from agent.prewarm.policy import is_host_pattern
+from agent.prewarm.private_images import DEFAULT_KUBELET_CONFIG, MODES, ONLY_IF_KUBELET_VERIFIES
 from agent.safeyaml import brief
 
 __all__ = [
@@ -411,6 +412,37 @@ class PrewarmSettings:
         metadata=_rules(
             doc="A Docker config.json with registry credentials for image pulls; none means "
             "anonymous pulls.",
+        ),
+    )
+    private_images: str = field(
+        default=ONLY_IF_KUBELET_VERIFIES,
+        metadata=_rules(
+            choices=MODES,
+            doc="Images pulled with docker_config credentials (private images). The agent's "
+            "pull is, to the kubelet, a preloaded image, which its default "
+            "imagePullCredentialsVerificationPolicy (NeverVerifyPreloadedImages) lets every pod "
+            "on the node run without credentials. only-if-kubelet-verifies: pulled only when "
+            "kubelet_config says the kubelet re-verifies credentials for the image "
+            "(AlwaysVerify, or NeverVerifyAllowlistedImages with the image off the allowlist), "
+            "else refused with the reason; a config not read counts as not verifying. "
+            "usable-by-every-pod: pulled anyway, the operator accepting that every pod on the "
+            "node may run them.",
+        ),
+    )
+    kubelet_config: Path = field(
+        default=DEFAULT_KUBELET_CONFIG,
+        metadata=_rules(
+            doc="The kubelet's config file (KubeletConfiguration), read for its "
+            "imagePullCredentialsVerificationPolicy, preloadedImagesVerificationAllowlist and "
+            "KubeletEnsureSecretPulledImages gate when a private image is prewarmed; mount it "
+            "read-only into the agent's pod.",
+        ),
+    )
+    kubelet_config_dir: Path | None = field(
+        default=None,
+        metadata=_rules(
+            doc="The kubelet's --config-dir, when it has one: its *.conf drop-ins are merged "
+            "over kubelet_config in name order, as the kubelet does.",
         ),
     )
     insecure_registries: tuple[str, ...] = field(
