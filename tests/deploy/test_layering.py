@@ -32,7 +32,7 @@ BASE = {
 }
 INFRA = {"state", "kube", "owner", "ownership", "webconfig"}
 DOMAIN = {"mig", "sharing", "prewarm", "telemetry", "power", "dra", "health"}
-CONFIG = {"config"}
+CONFIG = {"config", "config_rules", "config_prewarm"}  # the schema, its rules, a section
 #: the API on the wire: messages <-> records and the error mapping, under api/ and client/
 WIRE = {"wire"}
 ROOTS = {"node", "embedded", "reclaim", "preflight"}  # composition: check, build, wire
@@ -50,7 +50,7 @@ ONLY: dict[str, set[str]] = {
 #: part -> the parts it must never import
 NEVER: dict[str, set[str]] = {
     **{d: CONFIG | WIRE | UPPER | ROOTS | DOCTOR for d in DOMAIN},
-    "config": WIRE | UPPER | ROOTS | DOCTOR,
+    **{c: WIRE | UPPER | ROOTS | DOCTOR for c in CONFIG},
     "wire": CONFIG | UPPER | ROOTS | DOCTOR,
     "api": {"cli", "coordinator", "client"} | ROOTS | DOCTOR,
     "client": {"api", "cli", "coordinator"} | ROOTS | DOCTOR,
