@@ -1,5 +1,6 @@
 """The checks of the node-side duties: sharing (the device plugin's config, its reload, or DRA),
-prewarm (the cache volume, containerd, Nydus, Dragonfly, egress) and the state dir. They read
+prewarm (the cache volume, containerd, Nydus, Dragonfly, egress, private images) and the state
+dir. They read
 the config, the filesystem and /proc; nothing is written (the state dir's write probe is the
 running store's last answer, not a new write)."""
 
@@ -12,6 +13,13 @@ from pathlib import Path
 
 from agent.doctor.facts import Facts, degraded, failed, ok
 from agent.dra.mode import AllocationMode
+from agent.prewarm.private_images import (
+    ALWAYS_VERIFY,
+    POLICY_FIELD,
+    SETTING,
+    USABLE_BY_EVERY_POD,
+    read_kubelet_policy,
+)
 from agent.statedir import FIX as STATE_FIX
 from agent.wire.doctor import Check
 
@@ -21,6 +29,7 @@ __all__ = [
     "prewarm_dragonfly",
     "prewarm_egress",
     "prewarm_nydus",
+    "prewarm_private_images",
     "sharing_plugin_config",
     "sharing_reload",
     "state_dir",
@@ -243,6 +252,32 @@ def prewarm_egress(facts: Facts) -> Check:
             "narrow prewarm.egress_allow to the registries' and origins' networks",
         )
     return ok(P, "egress", f"private addresses allowed only in {', '.join(allowed)}")
+
+
+def prewarm_private_images(facts: Facts) -> Check:
+    """Whether images pulled with the node's credentials may be prewarmed, and why (the rule
+    of agent/prewarm/private_images.py, docs/security.md "Private images")."""
+    settings = facts.config.prewarm
+    if settings.docker_config is None:
+        return ok(P, "private-images", "no registry credentials (prewarm.docker_config unset)")
+    if settings.private_images == USABLE_BY_EVERY_POD:
+        return ok(
+            P,
+            "private-images",
+            f"{SETTING}: {USABLE_BY_EVERY_POD}: a prewarmed private image is usable by every "
+            "pod on this node, by the operator's choice",
+        )
+    kubelet = read_kubelet_policy(settings.kubelet_config, settings.kubelet_config_dir)
+    if kubelet.policy == ALWAYS_VERIFY and not kubelet.gate_off:
+        return ok(P, "private-images", f"the kubelet verifies credentials: {kubelet.describe()}")
+    return degraded(
+        P,
+        "private-images",
+        f"private images are refused (they would be usable by every pod): kubelet "
+        f"{POLICY_FIELD} {kubelet.describe()}",
+        f"set {POLICY_FIELD}: {ALWAYS_VERIFY} in the kubelet config and mount it into the agent "
+        f"pod ({settings.kubelet_config}), or set {SETTING}: {USABLE_BY_EVERY_POD}",
+    )
 
 
 def _everything(entry: str) -> bool:

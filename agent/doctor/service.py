@@ -54,6 +54,7 @@ CHECKS: tuple[tuple[str, str, Callable[[Facts], Check]], ...] = (
     ("prewarm", "nydus", node_checks.prewarm_nydus),
     ("prewarm", "dragonfly", node_checks.prewarm_dragonfly),
     ("prewarm", "egress", node_checks.prewarm_egress),
+    ("prewarm", "private-images", node_checks.prewarm_private_images),
     ("power", "limits", gpu_checks.power_limits),
     ("health", "xid", gpu_checks.health_xid),
     ("api", "socket-dir", api_checks.api_socket_dir),

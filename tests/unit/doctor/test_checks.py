@@ -80,6 +80,37 @@ def test_a_wide_open_egress_allow_is_degraded(tmp_path: Path) -> None:
     assert node_checks.prewarm_egress(f).state is CheckState.OK
 
 
+def test_private_images_are_said_refused_until_the_kubelet_verifies_or_the_operator_opts_in(
+    tmp_path: Path,
+) -> None:
+    """The doctor shows the private-image rule (docs/security.md): no credentials, ok; with
+    credentials, degraded under the kubelet's default policy naming it and both ways out; ok
+    once the kubelet config says AlwaysVerify, or the operator opts in."""
+    f = facts(tmp_path)
+    assert node_checks.prewarm_private_images(f).state is CheckState.OK  # no credentials
+    kubelet = tmp_path / "kubelet.yaml"
+    kubelet.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n")
+
+    def with_prewarm(**changes: object) -> object:
+        prewarm = dataclasses.replace(
+            f.config.prewarm, docker_config=tmp_path / "config.json", kubelet_config=kubelet,
+            **changes,
+        )  # fmt: skip
+        return dataclasses.replace(f, config=dataclasses.replace(f.config, prewarm=prewarm))
+
+    refused = node_checks.prewarm_private_images(with_prewarm())
+    assert refused.state is CheckState.DEGRADED, refused
+    assert "NeverVerifyPreloadedImages (default)" in refused.evidence
+    assert "AlwaysVerify" in refused.fix and "usable-by-every-pod" in refused.fix
+    kubelet.write_text(
+        kubelet.read_text() + "imagePullCredentialsVerificationPolicy: AlwaysVerify\n"
+    )
+    assert node_checks.prewarm_private_images(with_prewarm()).state is CheckState.OK
+    kubelet.unlink()
+    opted = node_checks.prewarm_private_images(with_prewarm(private_images="usable-by-every-pod"))
+    assert opted.state is CheckState.OK and "operator's choice" in opted.evidence
+
+
 def test_a_check_that_raises_or_hangs_is_failed_and_the_run_still_answers() -> None:
     release = threading.Event()
 
