@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from agent.errors import Busy, FieldViolation, InvalidSpec
+from agent.errors import Busy, Claimed, FieldViolation, InvalidSpec
 
 __all__ = ["DEFAULT_TTL_S", "MAX_TTL_S", "Claim", "ClaimBook"]
 
@@ -89,11 +89,12 @@ class ClaimBook:
         with self._lock:
             claim = self._live(running)
             if claim is not None and claim.holder != holder:
-                raise Busy(f"the node is claimed by {claim.holder} (rollout {claim.rollout})")
+                raise Claimed(f"the node is claimed by {claim.holder} (rollout {claim.rollout})")
             if claim is not None and claim.operation:
                 return claim  # its change runs: the claim ends with it
             if running:
-                raise Busy(f"MIG apply {sorted(running)[0]} is running; the node is changing")
+                op = sorted(running)[0]
+                raise Busy(f"MIG apply {op} is running; the node is changing", [op])
             expires = self._clock() + (ttl_s or DEFAULT_TTL_S)
             self._claim = Claim(holder, rollout, max_unavailable, expires)
             return self._claim
@@ -112,9 +113,9 @@ class ClaimBook:
         with self._lock:
             claim = self._live(running)
         if claim is not None and claim.holder != holder:
-            raise Busy(f"the node is claimed by {claim.holder} (rollout {claim.rollout})")
+            raise Claimed(f"the node is claimed by {claim.holder} (rollout {claim.rollout})")
         if holder and claim is None:
-            raise Busy(f"no live claim by {holder}: claim the node again (ClaimMig) first")
+            raise Claimed(f"no live claim by {holder}: claim the node again (ClaimMig) first")
 
     def bind(self, holder: str, operation: str) -> None:
         """Tie ``holder``'s claim to the operation its apply started."""
