@@ -93,6 +93,9 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
         f"{_P}MigService/ExportMig": {_R},
         f"{_P}MigService/AdviseMig": {_R},
         f"{_P}MigService/ApplyMig": {_M},
+        f"{_P}MigService/ClaimMig": {_M},
+        f"{_P}MigService/ReleaseMigClaim": {_M},
+        f"{_P}MigService/GetMigClaim": {_R},
         f"{_P}MigService/RestoreMig": {_M},
         # A reset ends whatever runs on the GPU, as destroying its instances would.
         f"{_P}MigService/ResetGpu": {_M},

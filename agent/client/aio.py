@@ -110,13 +110,46 @@ class AsyncAgentClient(Stubs):
         return plan_from(response)
 
     async def apply_mig(
-        self, config_yaml: str, config_name: str = "", request_id: str = "", force: bool = False
+        self,
+        config_yaml: str,
+        config_name: str = "",
+        request_id: str = "",
+        force: bool = False,
+        claim_holder: str = "",
     ) -> OperationView:
         request = mig_pb2.ApplyMigRequest(
-            config_yaml=config_yaml, config_name=config_name, request_id=request_id, force=force
+            config_yaml=config_yaml,
+            config_name=config_name,
+            request_id=request_id,
+            force=force,
+            claim_holder=claim_holder,
         )
         response: mig_pb2.ApplyMigResponse = await self._call(self._mig.ApplyMig, request)
         return operation_from(response.operation)
+
+    async def claim_mig(
+        self, holder: str, rollout: str, max_unavailable: str, ttl_s: int = 0
+    ) -> mig_pb2.MigClaim:
+        """Claim the node for ``holder``'s next MIG change (Busy while another holds it)."""
+        request = mig_pb2.ClaimMigRequest(
+            holder=holder, rollout=rollout, max_unavailable=max_unavailable, ttl_seconds=ttl_s
+        )
+        response: mig_pb2.ClaimMigResponse = await self._call(self._mig.ClaimMig, request)
+        return response.claim
+
+    async def mig_claim(self) -> mig_pb2.MigClaim | None:
+        """The node's live claim (a running mig.apply counts as one), None when unclaimed."""
+        response: mig_pb2.GetMigClaimResponse = await self._call(
+            self._mig.GetMigClaim, mig_pb2.GetMigClaimRequest()
+        )
+        return response.claim if response.HasField("claim") else None
+
+    async def release_mig_claim(self, holder: str) -> bool:
+        request = mig_pb2.ReleaseMigClaimRequest(holder=holder)
+        response: mig_pb2.ReleaseMigClaimResponse = await self._call(
+            self._mig.ReleaseMigClaim, request
+        )
+        return response.released
 
     async def reset_gpu(
         self, gpu_index: int, *, validate_only: bool = False, request_id: str = ""
