@@ -36,6 +36,7 @@ def embedded_config(config: AgentConfig, socket_dir: Path) -> AgentConfig:
 class EmbeddedAgent:
     def __init__(self, config: AgentConfig) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="gpu-agent-"))  # 0700, this user's only
+        self._node_socket = config.socket_path  # where the node's own agent serves
         self.config = embedded_config(config, self._dir)
         self.socket_path = self.config.socket_path
         self._thread: threading.Thread | None = None
@@ -55,7 +56,10 @@ class EmbeddedAgent:
         self._log_level = logging.getLogger("agent").level  # given back when it stops
         logging.getLogger("agent").setLevel(quiet)
 
-        node = Node(build_services(self.config), embedded=True)
+        services = build_services(self.config)
+        if services.doctor is not None:  # it checks the node's socket, not this private one
+            services.doctor.facts.socket_path = self._node_socket
+        node = Node(services, embedded=True)
         self._node = node
 
         async def main() -> None:

@@ -59,6 +59,10 @@ class Busy(AgentError):
         self.blockers = tuple(blockers)
 
 
+class Claimed(Busy):
+    """Another coordinator's claim covers the node (agent.mig.claim): retry once it ends."""
+
+
 class NotSupported(AgentError):
     """This node or GPU lacks the feature (no MIG, no GPM, ...)."""
 

@@ -1,15 +1,22 @@
 """Waking an asyncio loop from another thread (a watch, a sampler, a worker), when the loop may
 have closed already: at shutdown a thread's last callback can come after the loop's end, and
-nobody waits for it any more."""
+nobody waits for it any more. And what a loop says when the process runs out of descriptors or
+memory (`exhaustion`, `ExhaustionLog`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import logging
+import resource
+import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["call_soon_from_thread"]
+__all__ = ["ExhaustionLog", "call_soon_from_thread", "exhaustion"]
+
+log = logging.getLogger("agent.node")  # the agent's lines, as before they moved here
 
 
 def call_soon_from_thread(
@@ -20,3 +27,49 @@ def call_soon_from_thread(
         return
     with contextlib.suppress(RuntimeError):  # it closed between the check and the call
         loop.call_soon_threadsafe(callback, *args)
+
+
+_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+_EXHAUSTION_LOG_S = 60.0
+
+
+def exhaustion(exc: BaseException) -> str | None:
+    """What ran out, when ``exc`` is the process running out of descriptors or memory."""
+    if isinstance(exc, MemoryError):
+        return "out of memory"
+    if isinstance(exc, OSError) and exc.errno in _EXHAUSTED:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            return f"out of file descriptors ({exc.strerror}; the limit is {limit})"
+        return f"out of memory ({exc.strerror})"
+    return None
+
+
+class ExhaustionLog:
+    """The loop's exception handler: a listener out of descriptors (asyncio pauses its accepts
+    and retries) is one line per minute saying what ran out and what to raise, instead of a
+    traceback per refused accept; everything else goes to asyncio's default handler."""
+
+    def __init__(self) -> None:
+        self._last = -_EXHAUSTION_LOG_S
+        self._count = 0
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        what = exhaustion(context.get("exception") or Exception())
+        if what is None:
+            loop.default_exception_handler(context)
+            return
+        self._count += 1
+        now = time.monotonic()
+        if now - self._last < _EXHAUSTION_LOG_S:
+            return
+        self._last = now
+        log.error(
+            "%s: %s (%d time(s) since the last line); new connections wait until some close. "
+            "Raise the limit (ulimit -n, LimitNOFILE=, the container's nofile) or find who "
+            "holds the connections",
+            context.get("message", "the agent"),
+            what,
+            self._count,
+        )
+        self._count = 0

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
-import resource
 import signal
 import sqlite3
 import sys
@@ -46,12 +44,14 @@ from agent.api import (
 from agent.api.mig import interrupted_apply
 from agent.api.operations import MIG_APPLY
 from agent.config import AgentConfig
+from agent.doctor import Doctor, build_doctor
+from agent.doctor.service import REFRESH_S as DOCTOR_S
 from agent.dra.detect import NO_API, configured
 from agent.dra.metrics import AllocationCollector
 from agent.dra.mode import AllocationMode
 from agent.dra.republish import Republisher
 from agent.dra.watch import AllocationSource, AllocationWatch
-from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec
+from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.gpu import GpuDriver, load_driver
 from agent.gpu.attach import DriverCollector, DriverLink, DriverState
 from agent.health.device_taints import DeviceTaints
@@ -61,12 +61,13 @@ from agent.health.monitor import HealthMonitor
 from agent.health.publish import NodePublisher
 from agent.http import Handler, HttpServer, Request, Response
 from agent.kube import InClusterKubeClient, KubeClient, NodeWatch
-from agent.loops import call_soon_from_thread
+from agent.loops import ExhaustionLog, call_soon_from_thread, exhaustion
 from agent.mig.labels import MigLabelController, MigStateCollector
 from agent.mig.lock import PartitionLock
 from agent.mig.reset import command_reset, simulated_reset
 from agent.mig.service import MigService
 from agent.power import PowerService
+from agent.preflight import listen_refusal, split_listen
 from agent.prewarm.factory import build_service as build_prewarm
 from agent.prewarm.inventory import PrewarmCollector
 from agent.prewarm.labels import label_patch, node_labels
@@ -136,6 +137,8 @@ class Services:
     health: HealthMonitor
     #: The node's allocation mode (docs/dra.md): it gates every MIG change.
     allocation: AllocationSource
+    #: The read-only checks of every duty (agent/doctor): `gpu-agent doctor`, its gauge.
+    doctor: Doctor | None = None
     #: The health marks on the Node, in a pod.
     health_publisher: NodePublisher | None = None
 
@@ -151,6 +154,7 @@ class Services:
             power=self.power,
             gpu_guard=self.driver.require,
             metrics=lambda openmetrics: self.telemetry.exposition(openmetrics=openmetrics),
+            doctor=self.doctor.run if self.doctor is not None else None,
         )
 
 
@@ -232,15 +236,11 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         republish=republish,
     )
     inventory.watch_allocation(allocation.current, mig.mig_refusal)
-    telemetry.exporter.publish_from("allocation", AllocationCollector(allocation.current))
-    telemetry.exporter.publish_from("driver", DriverCollector(driver), driver.subscribe)
-    telemetry.exporter.publish_from("state", StateCollector(state.writable))
-    telemetry.exporter.publish_from("prewarm", PrewarmCollector(prewarm.inventory))
-    telemetry.exporter.publish_from("health", HealthCollector(health.shown), health.subscribe)
     mig_labels = _mig_labels(config, kube, mig)
-    if mig_labels is not None:
-        telemetry.exporter.publish_from("mig", MigStateCollector(mig_labels))
+    doctor = build_doctor(config, driver, kube, allocation.current, state, telemetry, health)
+    _self_metrics(telemetry, driver, state, prewarm, health, mig_labels, allocation, doctor)
     return Services(
+        doctor=doctor,
         config=config,
         gpu=gpu,
         driver=driver,
@@ -259,6 +259,29 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         health_publisher=publisher,
         allocation=allocation,
     )
+
+
+def _self_metrics(
+    telemetry: TelemetryService,
+    driver: DriverLink,
+    state: StateStore,
+    prewarm: PrewarmService,
+    health: HealthMonitor,
+    mig_labels: MigLabelController | None,
+    allocation: AllocationSource,
+    doctor: Doctor,
+) -> None:
+    """The agent's own gauges beside the GPUs' on /metrics: each owner's record, read with each
+    snapshot and on the agent's tick, at once when the owner tells a change; never on a scrape."""
+    publish = telemetry.exporter.publish_from
+    publish("allocation", AllocationCollector(allocation.current))
+    publish("driver", DriverCollector(driver), driver.subscribe)
+    publish("state", StateCollector(state.writable))
+    publish("prewarm", PrewarmCollector(prewarm.inventory))
+    publish("health", HealthCollector(health.shown), health.subscribe)
+    if mig_labels is not None:
+        publish("mig", MigStateCollector(mig_labels))
+    publish("doctor", doctor)
 
 
 def _allocation(
@@ -440,7 +463,7 @@ class Node:
         """
         loop = asyncio.get_running_loop()
         if not self.embedded:  # the host program's loop handler is the host's
-            loop.set_exception_handler(_ExhaustionLog())
+            loop.set_exception_handler(ExhaustionLog())
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop)
@@ -496,15 +519,11 @@ class Node:
             s.state.note("the prewarm cache is listed as last recorded; nothing is fetched")
         stack.push_async_callback(asyncio.to_thread, s.prewarm.stop)
         if not self.embedded:
-            host, port = _split_listen(cfg.metrics_listen)
+            host, port = split_listen(cfg.metrics_listen)
             try:
                 self.metrics_port = await self.http.start(host, port)
-            except OSError as exc:
-                raise Conflict(
-                    f"metrics_listen {cfg.metrics_listen}: cannot listen ({exc.strerror}); "
-                    "another process (an agent, dcgm-exporter) may hold the port: stop it, or "
-                    "pick another address with --metrics-listen or GPU_AGENT_METRICS_LISTEN"
-                ) from exc
+            except OSError as exc:  # taken since serve's preflight
+                raise listen_refusal("metrics_listen", cfg.metrics_listen, exc) from exc
             stack.push_async_callback(self.http.stop)
         api = s.api()
         server, self.ports, health = create_server(api, cfg)
@@ -550,19 +569,26 @@ class Node:
         self._guard("prune-operations", prune)
         # Owners' series while no snapshot comes (docs/metrics.md, "What a scrape costs").
         self._guard("metrics", _every(cfg.telemetry.interval_s, s.telemetry.exporter.tick))
+        if s.doctor is not None and not self.embedded:  # the log starts with its summary
+            self._guard("doctor", _every(DOCTOR_S, s.doctor.refresh))
         stack.push_async_callback(self._cancel_tasks)
         self._ready = True  # before the line that says so: a reader of the log may probe /readyz
         if self.embedded:
             log.debug("embedded agent serving on %s", self.ports.socket)
             return
+        self._say_serving(host, missing is None)
+
+    def _say_serving(self, host: str, attached: bool) -> None:
+        s, ports = self.services, self.ports
+        assert ports is not None
         log.info(
             "agent serving: metrics %s:%d, gRPC %s, socket %s (%s, %s)",
             host,
             self.metrics_port,
-            f"mTLS :{self.ports.tcp}" if self.ports.tcp else "TCP off",
-            self.ports.socket,
-            f"simulated node {cfg.simulate}" if cfg.simulate else "NVML",
-            f"{len(s.inventory.layouts())} GPUs" if missing is None else "waiting for the driver",
+            f"mTLS :{ports.tcp}" if ports.tcp else "TCP off",
+            ports.socket,
+            f"simulated node {s.config.simulate}" if s.config.simulate else "NVML",
+            f"{len(s.inventory.layouts())} GPUs" if attached else "waiting for the driver",
         )
 
     # -- the allocation mode (docs/dra.md) -------------------------------------------------------
@@ -803,21 +829,7 @@ async def _every(
         wake.clear()
 
 
-_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _RESTART_MAX_S = 60.0
-_EXHAUSTION_LOG_S = 60.0
-
-
-def _exhaustion(exc: BaseException) -> str | None:
-    """What ran out, when ``exc`` is the process running out of descriptors or memory."""
-    if isinstance(exc, MemoryError):
-        return "out of memory"
-    if isinstance(exc, OSError) and exc.errno in _EXHAUSTED:
-        if exc.errno in (errno.EMFILE, errno.ENFILE):
-            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            return f"out of file descriptors ({exc.strerror}; the limit is {limit})"
-        return f"out of memory ({exc.strerror})"
-    return None
 
 
 async def _restarting(name: str, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -830,44 +842,9 @@ async def _restarting(name: str, start: Callable[[], Coroutine[Any, Any, None]])
             await start()
             return
         except (OSError, MemoryError) as exc:
-            what = _exhaustion(exc)
+            what = exhaustion(exc)
             if what is None:
                 raise
             log.warning("background task %s: %s; retrying in %.0fs", name, what, delay)
         await asyncio.sleep(delay)
         delay = min(delay * 2, _RESTART_MAX_S)
-
-
-class _ExhaustionLog:
-    """The loop's exception handler: a listener out of descriptors (asyncio pauses its accepts
-    and retries) is one line per minute saying what ran out and what to raise, instead of a
-    traceback per refused accept; everything else goes to asyncio's default handler."""
-
-    def __init__(self) -> None:
-        self._last = -_EXHAUSTION_LOG_S
-        self._count = 0
-
-    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        what = _exhaustion(context.get("exception") or Exception())
-        if what is None:
-            loop.default_exception_handler(context)
-            return
-        self._count += 1
-        now = time.monotonic()
-        if now - self._last < _EXHAUSTION_LOG_S:
-            return
-        self._last = now
-        log.error(
-            "%s: %s (%d time(s) since the last line); new connections wait until some close. "
-            "Raise the limit (ulimit -n, LimitNOFILE=, the container's nofile) or find who "
-            "holds the connections",
-            context.get("message", "the agent"),
-            what,
-            self._count,
-        )
-        self._count = 0
-
-
-def _split_listen(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    return (host.strip("[]") or "0.0.0.0"), int(port)

@@ -78,6 +78,8 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
     method: frozenset(roles)
     for method, roles in {
         f"{_P}NodeService/GetNode": {_R},
+        # Read-only checks: paths, versions, states; no credential nor process.
+        f"{_P}NodeService/Doctor": {_R},
         f"{_P}OperationsService/GetOperation": {_R},
         f"{_P}OperationsService/ListOperations": {_R},
         f"{_P}OperationsService/WaitOperation": {_R},
@@ -91,6 +93,9 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
         f"{_P}MigService/ExportMig": {_R},
         f"{_P}MigService/AdviseMig": {_R},
         f"{_P}MigService/ApplyMig": {_M},
+        f"{_P}MigService/ClaimMig": {_M},
+        f"{_P}MigService/ReleaseMigClaim": {_M},
+        f"{_P}MigService/GetMigClaim": {_R},
         f"{_P}MigService/RestoreMig": {_M},
         # A reset ends whatever runs on the GPU, as destroying its instances would.
         f"{_P}MigService/ResetGpu": {_M},

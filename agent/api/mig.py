@@ -26,6 +26,7 @@ from agent.gpu.types import GpuLayout
 from agent.mig.advice import advise_gpu
 from agent.mig.apply import ProgressEvent, Suspended
 from agent.mig.checkpoint import parse_checkpoint
+from agent.mig.claim import Claim, ClaimBook
 from agent.mig.service import ApplyResult, MigService, RecoveryOutcome, refuse_unless_feasible
 from agent.mig.spec import MigSpec, parse_spec
 from agent.owner import Actor
@@ -220,6 +221,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
         self._runner = runner
         self._changed = changed  # refreshes the inventory after a change
         self._settle = settle  # blocks until the inventory shows a finished change
+        self._claims = ClaimBook()  # fleet rollouts' claims on this node (agent.mig.claim)
 
     async def PlanMig(
         self, request: mig_pb2.PlanMigRequest, context: grpc.aio.ServicerContext
@@ -236,6 +238,8 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
         self._require_gpu("mig apply")
         self._service.refuse_by_mode("mig apply")  # before any operation exists (docs/dra.md)
         await self._refuse_while_running(request.request_id)
+        # A change another coordinator's live claim covers is refused (the node is the arbiter).
+        self._claims.admit(request.claim_holder, await self._running())
         # Plan first: an infeasible layout or busy GPUs are refused by the call, before any
         # operation exists (the apply checks again under the lock).
         plan = await asyncio.to_thread(
@@ -258,10 +262,46 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
             suspend=True,
             settle=self._settle,
         )
-        return mig_pb2.ApplyMigResponse(
-            operation=await self._start(
-                request.request_id, request, work, actor_of(context, Role.MIG)
-            )
+        op = await self._start(request.request_id, request, work, actor_of(context, Role.MIG))
+        self._claims.bind(request.claim_holder, op.name)
+        return mig_pb2.ApplyMigResponse(operation=op)
+
+    async def ClaimMig(
+        self, request: mig_pb2.ClaimMigRequest, context: grpc.aio.ServicerContext
+    ) -> mig_pb2.ClaimMigResponse:
+        claim = self._claims.take(
+            request.holder,
+            request.rollout,
+            request.max_unavailable,
+            request.ttl_seconds,
+            await self._running(),
+        )
+        return mig_pb2.ClaimMigResponse(claim=self._claim_pb(claim))
+
+    async def GetMigClaim(
+        self, request: mig_pb2.GetMigClaimRequest, context: grpc.aio.ServicerContext
+    ) -> mig_pb2.GetMigClaimResponse:
+        claim = self._claims.current(await self._running())
+        if claim is None:
+            return mig_pb2.GetMigClaimResponse()
+        return mig_pb2.GetMigClaimResponse(claim=self._claim_pb(claim))
+
+    async def ReleaseMigClaim(
+        self, request: mig_pb2.ReleaseMigClaimRequest, context: grpc.aio.ServicerContext
+    ) -> mig_pb2.ReleaseMigClaimResponse:
+        return mig_pb2.ReleaseMigClaimResponse(released=self._claims.release(request.holder))
+
+    async def _running(self) -> set[str]:
+        return {operation_name(op.id) for op in await self._runner.list(MIG_APPLY, False, 10)}
+
+    def _claim_pb(self, claim: Claim) -> mig_pb2.MigClaim:
+        left = 0.0 if claim.operation else max(0.0, claim.expires_at - self._claims.now())
+        return mig_pb2.MigClaim(
+            holder=claim.holder,
+            rollout=claim.rollout,
+            max_unavailable=claim.max_unavailable,
+            expires_in_seconds=left,
+            operation=claim.operation,
         )
 
     async def AssertMig(

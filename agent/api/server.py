@@ -66,6 +66,7 @@ from agent.mig.service import MigService
 from agent.power import PowerService
 from agent.prewarm.service import PrewarmService
 from agent.sharing import SharingService
+from agent.wire.doctor import DoctorReport
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,8 @@ class ApiServices:
     #: the driver is not attached.
     gpu_guard: Callable[[str], None]
     metrics: Exposition | None = None
+    #: The doctor's run (agent/doctor): every read-only check, blocking, bounded.
+    doctor: Callable[[], DoctorReport] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +221,7 @@ _Add = Callable[[Any, grpc.aio.Server], None]
 def _servicers(api: ApiServices) -> list[tuple[_Add, object]]:
     changed = api.inventory.poke
     servicers: list[tuple[_Add, object]] = [
-        (agent_pb2_grpc.add_NodeServiceServicer_to_server, NodeServicer(api.inventory)),
+        (agent_pb2_grpc.add_NodeServiceServicer_to_server, NodeServicer(api.inventory, api.doctor)),
         (
             operations_pb2_grpc.add_OperationsServiceServicer_to_server,
             OperationsServicer(api.runner),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from agent.errors import Conflict, FieldViolation, InvalidSpec
 
-__all__ = ["prepare_socket"]
+__all__ = ["directory_problem", "prepare_socket"]
 
 
 def prepare_socket(path: Path) -> None:
@@ -65,26 +65,31 @@ def _refuse(path: Path, problem: str, fix: str) -> InvalidSpec:
 
 
 def _check_directory(path: Path, directory: Path) -> None:
+    found = directory_problem(directory)
+    if found is not None:
+        raise _refuse(path, *found)
+
+
+def directory_problem(directory: Path) -> tuple[str, str] | None:
+    """Why serving a socket in ``directory`` (which exists) is not safe, and the fix; None
+    when it is. The one rule: the start refuses by it, and ``gpu-agent doctor`` reports it."""
     me = os.geteuid()
     trusted = {0, me}
     info = os.lstat(directory)
     if stat.S_ISLNK(info.st_mode):
-        raise _refuse(
-            path,
+        return (
             f"its directory {directory} is a symbolic link",
             f"point socket_path at the real directory ({os.path.realpath(directory)})",
         )
     if not stat.S_ISDIR(info.st_mode):
-        raise _refuse(path, f"{directory} is not a directory", f"remove {directory}")
+        return f"{directory} is not a directory", f"remove {directory}"
     if info.st_uid not in trusted:
-        raise _refuse(
-            path,
+        return (
             f"its directory {directory} is owned by uid {info.st_uid}",
             f"chown {me} {directory} && chmod 0700 {directory}",
         )
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise _refuse(
-            path,
+        return (
             f"its directory {directory} is mode {stat.S_IMODE(info.st_mode):04o} "
             "(group or others may write it)",
             f"chmod 0700 {directory}",
@@ -93,9 +98,9 @@ def _check_directory(path: Path, directory: Path) -> None:
         info = os.stat(ancestor)
         writable = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
         if info.st_uid not in trusted or (writable and not info.st_mode & stat.S_ISVTX):
-            raise _refuse(
-                path,
+            return (
                 f"its directory's ancestor {ancestor} (uid {info.st_uid}, mode "
                 f"{stat.S_IMODE(info.st_mode):04o}) lets another user rename {directory}",
                 f"chmod go-w {ancestor}, or chown it to root",
             )
+    return None

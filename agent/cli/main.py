@@ -27,6 +27,7 @@ _COMMANDS = {
     "metrics": ("agent.cli.metrics", "metrics"),
     "mig": ("agent.cli.mig", "mig"),
     "power": ("agent.cli.power", "power"),
+    "doctor": ("agent.cli.doctor", "doctor"),
     "fleet": ("agent.cli.fleet", "fleet"),
     "coordinator": ("agent.cli.coordinator", "coordinator"),
 }

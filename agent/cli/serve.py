@@ -48,6 +48,7 @@ def serve(
     from agent.errors import Conflict
     from agent.node import Node, build_services
     from agent.ownership import NodeOwnership
+    from agent.preflight import preflight
 
     obj.flags = {
         **obj.flags,
@@ -67,6 +68,8 @@ def serve(
                 f"an agent (pid {pid}) already serves the state dir {config.state_dir}: stop it "
                 f"first (kill -TERM {pid}), or give this one another --state-dir"
             )
+    # Every other precondition, before any service is built: a refusal is the last line.
+    preflight(config)
     ownership.acquire(
         SERVE_ROLE,
         lambda holder: logging.getLogger(__name__).warning("waiting for %s to finish", holder),

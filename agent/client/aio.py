@@ -29,6 +29,7 @@ from agent.client.base import ClientTls, Stubs, channel_options
 from agent.client.errors import Unreachable, domain_error
 from agent.power import Change, PowerView
 from agent.sharing import ApplyResult, SharingView
+from agent.wire.doctor import DoctorReport, report_from
 from agent.wire.mig import GpuReset, MigPlanView, plan_from, reset_from
 from agent.wire.node import NodeView, node_from
 from agent.wire.operations import OperationView, operation_from
@@ -83,6 +84,14 @@ class AsyncAgentClient(Stubs):
         )
         return node_from(response.node)
 
+    async def doctor(self) -> DoctorReport:
+        """Every read-only check of the agent's duties; the agent bounds the run under 10 s,
+        so the call waits a little longer than other reads."""
+        response: agent_pb2.DoctorResponse = await self._call(
+            self._node.Doctor, agent_pb2.DoctorRequest(), timeout=max(self.timeout_s, 15.0)
+        )
+        return report_from(response)
+
     async def telemetry(self, field_ids: Sequence[int] = ()) -> TelemetryView:
         """The agent's latest telemetry snapshot (only ``field_ids``, when given)."""
         request = telemetry_pb2.GetTelemetrySnapshotRequest(field_ids=list(field_ids))
@@ -101,13 +110,46 @@ class AsyncAgentClient(Stubs):
         return plan_from(response)
 
     async def apply_mig(
-        self, config_yaml: str, config_name: str = "", request_id: str = "", force: bool = False
+        self,
+        config_yaml: str,
+        config_name: str = "",
+        request_id: str = "",
+        force: bool = False,
+        claim_holder: str = "",
     ) -> OperationView:
         request = mig_pb2.ApplyMigRequest(
-            config_yaml=config_yaml, config_name=config_name, request_id=request_id, force=force
+            config_yaml=config_yaml,
+            config_name=config_name,
+            request_id=request_id,
+            force=force,
+            claim_holder=claim_holder,
         )
         response: mig_pb2.ApplyMigResponse = await self._call(self._mig.ApplyMig, request)
         return operation_from(response.operation)
+
+    async def claim_mig(
+        self, holder: str, rollout: str, max_unavailable: str, ttl_s: int = 0
+    ) -> mig_pb2.MigClaim:
+        """Claim the node for ``holder``'s next MIG change (Busy while another holds it)."""
+        request = mig_pb2.ClaimMigRequest(
+            holder=holder, rollout=rollout, max_unavailable=max_unavailable, ttl_seconds=ttl_s
+        )
+        response: mig_pb2.ClaimMigResponse = await self._call(self._mig.ClaimMig, request)
+        return response.claim
+
+    async def mig_claim(self) -> mig_pb2.MigClaim | None:
+        """The node's live claim (a running mig.apply counts as one), None when unclaimed."""
+        response: mig_pb2.GetMigClaimResponse = await self._call(
+            self._mig.GetMigClaim, mig_pb2.GetMigClaimRequest()
+        )
+        return response.claim if response.HasField("claim") else None
+
+    async def release_mig_claim(self, holder: str) -> bool:
+        request = mig_pb2.ReleaseMigClaimRequest(holder=holder)
+        response: mig_pb2.ReleaseMigClaimResponse = await self._call(
+            self._mig.ReleaseMigClaim, request
+        )
+        return response.released
 
     async def reset_gpu(
         self, gpu_index: int, *, validate_only: bool = False, request_id: str = ""

@@ -35,6 +35,7 @@ from agent.power import Change, PowerView
 from agent.prewarm.model import CacheItem
 from agent.prewarm.source import SourceRequest
 from agent.sharing import ApplyResult, PluginConfig, SharingView
+from agent.wire.doctor import DoctorReport, report_from
 from agent.wire.mig import AdvisedGpu, MigPlanView, advice_from, plan_from
 from agent.wire.node import NodeView, node_from
 from agent.wire.operations import OperationView, operation_from
@@ -176,6 +177,10 @@ class AgentClient(Stubs):
 
     def node(self) -> NodeView:
         return node_from(self._call(self._node.GetNode, agent_pb2.GetNodeRequest()).node)
+
+    def doctor(self) -> DoctorReport:
+        """Every read-only check of the agent's duties, run now (under 10 s)."""
+        return report_from(self._call(self._node.Doctor, agent_pb2.DoctorRequest()))
 
     def telemetry(self, field_ids: Sequence[int] = ()) -> TelemetryView:
         """The agent's latest telemetry snapshot (only ``field_ids``, when given)."""

@@ -259,6 +259,7 @@ async def rollout(
     dry_run: bool = False,
     report: Report = lambda node, state, detail: None,
     wrap: Callable[[NodeAction], NodeAction] | None = None,
+    holder: str = "",
 ) -> RolloutResult:
     """Run (or with ``dry_run`` only plan) ``record`` over the selected nodes it names.
 
@@ -267,7 +268,9 @@ async def rollout(
     whose agent reports a failed GPU are skipped too (not counted: they answer, and nothing
     of theirs is being changed); each node's change is gated on its health
     (`agent.coordinator.rollout.healthgate`, ``record.on_unhealthy``). ``wrap`` wraps each node's
-    action (a drain around a MIG change).
+    action (a drain around a MIG change). With ``holder`` (a coordinator's identity), each MIG
+    change first claims its node and checks the claims of every selected node against
+    max-unavailable (`agent.coordinator.rollout.claims`): safe beside other coordinators.
     """
     in_record = [v for v in selection.views if v.name in record.nodes]
     pending = {n for n in record.nodes if not record.state(n).finished}
@@ -321,7 +324,7 @@ async def rollout(
     busy_nodes = tuple(sorted(busy))
     if scheduler.pending and scheduler.capacity <= 0:  # wait: nothing may start
         return RolloutResult(record, (), skipped, busy_nodes, unhealthy, degraded, not_allowed)
-    action = action_for(fleet, targets, record)
+    action = action_for(fleet, targets, record, holder=holder, scope=selection.targets)
     gated = HealthGate(wrap(action) if wrap else action, fleet, targets, record.on_unhealthy)
     await run_rollout(record, scheduler, gated, report=report)
     return RolloutResult(record, (), skipped, busy_nodes, unhealthy, degraded, not_allowed)

@@ -14,6 +14,7 @@ from agent.prewarm.index import PrewarmIndex
 from agent.prewarm.inuse import ProcScanner
 from agent.prewarm.policy import UrlPolicy
 from agent.prewarm.ports import FileFetcher, ImagePuller, ImageWarmer
+from agent.prewarm.private_images import PrivateImageRule
 from agent.prewarm.service import PrewarmService
 from agent.prewarm.store import CacheStore
 from agent.state import StateStore
@@ -51,6 +52,12 @@ class PrewarmSettings(Protocol):
     def docker_config(self) -> Path | None: ...
     @property
     def insecure_registries(self) -> tuple[str, ...]: ...
+    @property
+    def private_images(self) -> str: ...
+    @property
+    def kubelet_config(self) -> Path: ...
+    @property
+    def kubelet_config_dir(self) -> Path | None: ...
     @property
     def nydus_system_socket(self) -> Path | None: ...
     @property
@@ -104,10 +111,21 @@ def fetcher_from(settings: PrewarmSettings, policy: UrlPolicy) -> FileFetcher:
     return HttpFetcher(policy)
 
 
+def private_image_rule(settings: PrewarmSettings) -> PrivateImageRule:
+    """When an image pulled with the node's credentials may go to the runtime."""
+    return PrivateImageRule(
+        settings.private_images, settings.kubelet_config, settings.kubelet_config_dir
+    )
+
+
 def puller_from(settings: PrewarmSettings) -> ImagePuller:
     from agent.prewarm.images import CriPuller
 
-    return CriPuller(settings.containerd_socket, settings.docker_config)
+    return CriPuller(
+        settings.containerd_socket,
+        settings.docker_config,
+        private_images=private_image_rule(settings),
+    )
 
 
 def blob_fetcher_from(settings: PrewarmSettings) -> Callable[[UrlPolicy], FileFetcher] | None:

@@ -172,6 +172,9 @@ class DragonflyFetcher:
             with self._live_lock:
                 self._live.add(stream)
             try:
+                if cancelled():  # stopped before interrupt() could see this stream
+                    stream.cancel()
+                    raise Cancelled("cancelled")
                 for response in stream:
                     answered = True
                     task_id = response.task_id or task_id

@@ -17,11 +17,11 @@ import re
 import socket
 import ssl
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote, urljoin, urlsplit
 
+from agent.prewarm.cancel import wait_cancelled
 from agent.prewarm.errors import Cancelled, FetchFailed, transport_error
 from agent.prewarm.policy import Target, UrlPolicy, origin_of, redact_url
 from agent.prewarm.resume import object_change, resume_headers
@@ -33,7 +33,6 @@ ProgressFn = Callable[[int, int | None], None]
 CancelledFn = Callable[[], bool]
 
 _BUF = 1024 * 1024
-_CANCEL_POLL_S = 0.05  # how soon a back-off notices a cancel or a stop
 _REDIRECTS = (301, 302, 303, 307, 308)
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _UNSATISFIED_RANGE = re.compile(r"bytes \*/(\d+)")
@@ -73,46 +72,89 @@ class _Restart(Exception):
     Not a failure, so not an attempt; with nothing left to resume it cannot happen twice."""
 
 
-class _PinnedHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, target: Target, timeout: float) -> None:
-        super().__init__(target.host, target.port, timeout=timeout)
-        self._target = target
+class _Connection(http.client.HTTPConnection):
+    """A connection whose socket `HttpFetcher.interrupt` reaches from before its connect until
+    it closes: shutting the socket down ends a blocked connect, TLS handshake or read at once.
+
+    ``addresses``: where to connect, the ones `UrlPolicy.check` returned (never a fresh DNS
+    answer), or None for dfdaemon's proxy, by its configured name. ``tls``: the context and the
+    name TLS verifies (through a proxy's CONNECT tunnel, the origin's), None for plain HTTP."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        timeout: float,
+        addresses: tuple[str, ...] | None,
+        cancelled: CancelledFn,
+        tls: tuple[ssl.SSLContext, str] | None = None,
+    ) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._addresses = addresses
+        self._cancelled = cancelled
+        self._tls = tls
 
     def connect(self) -> None:
-        self.sock = _connect(self._target, self.timeout)
+        self.sock = self._open_socket()
+        if self._tunnel_host:  # type: ignore[attr-defined]  # http.client internals
+            self._tunnel()  # type: ignore[attr-defined]
+        if self._tls is not None:
+            context, name = self._tls
+            raw = self.sock
+            wrapped = context.wrap_socket(raw, server_hostname=name, do_handshake_on_connect=False)
+            self.sock = wrapped  # before the handshake, so a stop can end it
+            self._check()
+            wrapped.do_handshake()
+
+    def _check(self) -> None:
+        if self._cancelled():  # stopped before interrupt() could see this socket
+            raise Cancelled("cancelled")
+
+    def _open_socket(self) -> socket.socket:
+        last: OSError | None = None
+        for family, address in self._where():
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            self.sock = sock  # reachable by interrupt() while it connects
+            try:
+                self._check()
+                sock.settimeout(self.timeout)
+                sock.connect(address)
+            except OSError as exc:
+                sock.close()
+                self.sock = None
+                last = exc
+                continue
+            except BaseException:
+                sock.close()
+                self.sock = None
+                raise
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+        raise ConnectionError(f"cannot connect to {self.host}:{self.port}: {last}")
+
+    def _where(self) -> list[tuple[socket.AddressFamily, tuple[str, int]]]:
+        if self._addresses is not None:
+            return [
+                (socket.AF_INET6 if ":" in a else socket.AF_INET, (a, self.port))
+                for a in self._addresses
+            ]
+        infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        return [(info[0], (str(info[4][0]), int(info[4][1]))) for info in infos]
 
 
-class _PinnedHTTPSConnection(http.client.HTTPSConnection):
-    def __init__(self, target: Target, timeout: float, context: ssl.SSLContext) -> None:
-        super().__init__(target.host, target.port, timeout=timeout, context=context)
-        self._target = target
-        self._ctx = context
-
-    def connect(self) -> None:
-        raw = _connect(self._target, self.timeout)
-        self.sock = self._ctx.wrap_socket(raw, server_hostname=self._target.host)
-
-
-def _connect(target: Target, timeout: float | None) -> socket.socket:
-    last: OSError | None = None
-    for address in target.addresses:
-        try:
-            sock = socket.create_connection((address, target.port), timeout=timeout)
-        except OSError as exc:
-            last = exc
-            continue
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
-    raise ConnectionError(f"cannot connect to {target.host}:{target.port}: {last}")
+def _never() -> bool:
+    return False
 
 
 def direct_connection(
-    target: Target, timeout: float, ssl_context: ssl.SSLContext
+    target: Target,
+    timeout: float,
+    ssl_context: ssl.SSLContext,
+    cancelled: CancelledFn = _never,
 ) -> http.client.HTTPConnection:
     """A connection to the addresses `UrlPolicy.check` returned, never a fresh DNS answer."""
-    if target.scheme == "https":
-        return _PinnedHTTPSConnection(target, timeout, ssl_context)
-    return _PinnedHTTPConnection(target, timeout)
+    tls = (ssl_context, target.host) if target.scheme == "https" else None
+    return _Connection(target.host, target.port, timeout, target.addresses, cancelled, tls)
 
 
 class HttpFetcher:
@@ -184,12 +226,13 @@ class HttpFetcher:
             sock = conn.sock
             if sock is not None:
                 with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+                    # The plain socket's shutdown, also under TLS: it ends a handshake too.
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
     def _attempt(
         self, spec: FetchSpec, partial: Sink, progress: ProgressFn, cancelled: CancelledFn
     ) -> FetchInfo:
-        conn, resp = self._open(spec, partial)
+        conn, resp = self._open(spec, partial, cancelled)
         try:
             total = self._start(spec, partial, resp)
             partial.admit(total)
@@ -212,18 +255,18 @@ class HttpFetcher:
             self._live.discard(conn)
 
     def _open(
-        self, spec: FetchSpec, partial: Sink
+        self, spec: FetchSpec, partial: Sink, cancelled: CancelledFn
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         url = spec.url
         headers = dict(spec.headers)
         origin = origin_of(url)
         for _ in range(self._max_redirects + 1):
             target = self._policy.check(url)
-            conn = self._connection(target)
+            conn = self._connection(target, cancelled)
             first = spec.resume_key or spec.url
             request_headers = self._headers(url, target, headers, partial, first)
-            self._connect(conn)
-            self._track(conn)
+            self._track(conn)  # before it connects: a stop's interrupt() ends the connect
+            self._connect(conn, cancelled)
             try:
                 conn.request("GET", self._request_target(url), headers=request_headers)
                 resp = conn.getresponse()
@@ -233,6 +276,8 @@ class HttpFetcher:
                 self._forget(conn)
                 conn.close()
                 if isinstance(exc, OSError | http.client.HTTPException):
+                    if cancelled():  # the stop's interrupt() ended the wait for an answer
+                        raise Cancelled("cancelled") from None
                     raise _Retry(transport_error(exc)) from None
                 raise
             if resp.status not in _REDIRECTS:
@@ -247,13 +292,18 @@ class HttpFetcher:
                 headers = {}  # tokens are for the origin the user named, not where it points
         raise FetchFailed(f"more than {self._max_redirects} redirects from {redact_url(spec.url)}")
 
-    def _connect(self, conn: http.client.HTTPConnection) -> None:
+    def _connect(self, conn: http.client.HTTPConnection, cancelled: CancelledFn) -> None:
         """Open the connection; a failure to reach dfdaemon's proxy names the proxy, not the
         origin, since the origin was never asked."""
         try:
             conn.connect()
-        except (OSError, http.client.HTTPException) as exc:
+        except BaseException as exc:
+            self._forget(conn)
             conn.close()
+            if not isinstance(exc, OSError | http.client.HTTPException):
+                raise
+            if cancelled():
+                raise Cancelled("cancelled") from None
             if self._proxy is None:
                 raise _Retry(transport_error(exc)) from None
             down = isinstance(exc, ConnectionError | TimeoutError | socket.gaierror)
@@ -262,18 +312,17 @@ class HttpFetcher:
                 f"{'unreachable' if down else 'failed'}: {transport_error(exc)}"
             ) from None
 
-    def _connection(self, target: Target) -> http.client.HTTPConnection:
+    def _connection(self, target: Target, cancelled: CancelledFn) -> http.client.HTTPConnection:
         if self._proxy is None:
-            return direct_connection(target, self._timeout, self._ssl)
+            return direct_connection(target, self._timeout, self._ssl, cancelled)
         proxy_host = self._proxy.hostname or "127.0.0.1"
         proxy_port = self._proxy.port or 80
         if target.scheme == "https":
-            conn = http.client.HTTPSConnection(
-                proxy_host, proxy_port, timeout=self._timeout, context=self._ssl
-            )
+            tls = (self._ssl, target.host)
+            conn = _Connection(proxy_host, proxy_port, self._timeout, None, cancelled, tls)
             conn.set_tunnel(target.host, target.port)
             return conn
-        return http.client.HTTPConnection(proxy_host, proxy_port, timeout=self._timeout)
+        return _Connection(proxy_host, proxy_port, self._timeout, None, cancelled)
 
     def _request_target(self, url: str) -> str:
         parts = urlsplit(url)
@@ -388,13 +437,8 @@ class HttpFetcher:
 def _back_off(delay: float, cancelled: CancelledFn) -> None:
     """Wait ``delay`` seconds between attempts, ending early with Cancelled when the item is
     cancelled or the agent stops: a retrying fetch must never hold up a shutdown."""
-    deadline = time.monotonic() + delay
-    while not cancelled():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return
-        time.sleep(min(left, _CANCEL_POLL_S))
-    raise Cancelled("cancelled during the retry back-off")
+    if wait_cancelled(cancelled, delay):
+        raise Cancelled("cancelled during the retry back-off")
 
 
 def request_target(text: str) -> str:

@@ -28,6 +28,7 @@ from agent.errors import AgentError, NotFound
 from agent.prewarm.docker_auth import credentials_for, registry_host
 from agent.prewarm.errors import Cancelled, FetchFailed
 from agent.prewarm.ports import PullResult
+from agent.prewarm.private_images import DEFAULT_RULE, PrivateImageRule
 
 RUNTIME_HANDLER_ANNOTATION = "io.containerd.cri.runtime-handler"
 PINNED_LABEL = "io.cri-containerd.pinned"
@@ -64,20 +65,30 @@ class CriPuller:
         docker_config: Path | None = None,
         timeout_s: float = 1800.0,
         clock: Callable[[], float] = time.monotonic,
+        private_images: PrivateImageRule = DEFAULT_RULE,
     ) -> None:
         self._target = f"unix://{socket}"
         self._socket = socket
         self._docker_config = docker_config
+        self._private_images = private_images
         self._timeout = timeout_s
         self._clock = clock
         self._live: set[grpc.Future] = set()
         self._live_lock = threading.Lock()
+
+    def check_private(self, ref: str) -> None:
+        """PermissionDenied when ``ref`` would be pulled with the node's credentials and then
+        be usable by every pod on the node (agent/prewarm/private_images.py)."""
+        private = credentials_for(ref, self._docker_config) is not None
+        self._private_images.check(ref, private)
 
     def pull(self, ref: str, runtime_handler: str | None) -> PullResult:
         spec = cri.ImageSpec(image=ref, runtime_handler=runtime_handler or "")
         request = cri.PullImageRequest(image=spec)
         auth = auth_for(ref, self._docker_config)
         if auth is not None:
+            # The last step before the runtime: refused here whatever path led to the pull.
+            self._private_images.check(ref, uses_credentials=True)
             request.auth.CopyFrom(auth)
         if runtime_handler:
             request.sandbox_config.annotations[RUNTIME_HANDLER_ANNOTATION] = runtime_handler

@@ -42,6 +42,10 @@ class ImagePuller(Protocol):
 
     def pull(self, ref: str, runtime_handler: str | None) -> PullResult: ...
 
+    def check_private(self, ref: str) -> None:
+        """PermissionDenied when pulling ``ref`` with the node's registry credentials would
+        make it usable by every pod on the node (agent/prewarm/private_images.py)."""
+
     def interrupt(self) -> None:
         """Cancel pulls in flight; each raises Cancelled."""
 

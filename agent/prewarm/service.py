@@ -24,6 +24,7 @@ from agent.clocks import deadline_from_wall, start_from_wall
 from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec, StateUnavailable
 from agent.owner import Actor, check_may_undo, claimed_by
 from agent.prewarm import kinds
+from agent.prewarm.cancel import CancelToken
 from agent.prewarm.fetch_http import CancelledFn, ProgressFn
 from agent.prewarm.headers import HeaderDir
 from agent.prewarm.index import ImagePull, PrewarmIndex
@@ -97,6 +98,8 @@ class PrewarmService:
         self._monotonic = monotonic
         self._workers = workers
         self._pool: ThreadPoolExecutor | None = None
+        #: Set by `stop`: a run that starts after it is cancelled at once.
+        self._stopping = False
         self._futures: dict[str, Future[CacheItem]] = {}
         self._cancel_events: dict[str, threading.Event] = {}
         self._subscribers: list[ProgressCallback] = []
@@ -377,6 +380,7 @@ class PrewarmService:
     def start(self) -> None:
         """Clean up after a crash, then run queued items and take over orphaned fetches."""
         self.store.reconcile()
+        self._stopping = False
         self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="prewarm")
         self.schedule_pending()
 
@@ -453,10 +457,13 @@ class PrewarmService:
     def stop(self) -> None:
         """Stop workers; running fetches are cancelled and keep their partials for resume."""
         with self._lock:
+            self._stopping = True  # a run registering its token from now on starts cancelled
             events = list(self._cancel_events.values())
         for event in events:
             event.set()
         self._fetcher.interrupt()
+        if self._lister is not self._fetcher:
+            self._lister.interrupt()
         if self._puller is not None:
             self._puller.interrupt()
         if self._pool is not None:
@@ -468,6 +475,8 @@ class PrewarmService:
         event = threading.Event()
         with self._lock:
             self._cancel_events[item_id] = event
+            if self._stopping:
+                event.set()
         try:
             item = self._claim(item_id)
             with self._lock:
@@ -521,7 +530,7 @@ class PrewarmService:
     def watchers(self, item: CacheItem, event: threading.Event) -> tuple[ProgressFn, CancelledFn]:
         """Progress (published, saved in the row) and cancellation checks for one item's fetch."""
         meter = ProgressMeter(item.id, self._monotonic)
-        last = {"publish": 0.0, "save": 0.0, "check": 0.0}
+        last = {"publish": 0.0, "save": 0.0}
 
         def progress(done: int, total: int | None) -> None:
             meter.update(done, total)
@@ -534,15 +543,10 @@ class PrewarmService:
                 with contextlib.suppress(StateUnavailable):  # a hint for resume: the
                     self.index.update(item.id, fetched_bytes=done)  # outcome write says
 
-        def cancelled() -> bool:
-            if event.is_set():
-                return True
-            now = self._monotonic()
-            if now - last["check"] < _PUBLISH_S:
-                return False
-            last["check"] = now
-            return self.index.get(item.id).state is not ItemState.FETCHING  # cancelled elsewhere
+        def elsewhere() -> bool:  # a user's cancel, perhaps from another process
+            return self.index.get(item.id).state is not ItemState.FETCHING
 
+        cancelled = CancelToken(event, elsewhere, _PUBLISH_S, self._monotonic)
         return progress, cancelled
 
     def fail(

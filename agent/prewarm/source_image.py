@@ -91,6 +91,8 @@ class ImageSource(Source):
                 [FieldViolation("image", "e.g. registry.example.com/repo:tag")],
             )
         work.policy.check_registry(registry_host(request.ref))
+        if work.puller is not None:
+            work.puller.check_private(request.ref)  # refused before anything is written
         if request.repull_hours is not None and not 0 < request.repull_hours <= _MAX_REPULL_H:
             raise InvalidSpec(
                 f"repull_hours must be > 0 and <= {_MAX_REPULL_H}",

@@ -32,6 +32,7 @@ from agent._proto.gpuagent.v1 import operations_pb2
 from agent.errors import (
     AgentError,
     Busy,
+    Claimed,
     Conflict,
     DeviceLost,
     DriverNotReady,
@@ -93,6 +94,7 @@ _RULES: tuple[_Rule, ...] = (
     _Rule(FetchFailed, grpc.StatusCode.UNAVAILABLE),
     _Rule(InvalidSpec, grpc.StatusCode.INVALID_ARGUMENT),
     _Rule(NotFound, grpc.StatusCode.NOT_FOUND),
+    _Rule(Claimed, grpc.StatusCode.ABORTED),
     _Rule(Busy, grpc.StatusCode.ABORTED, when=_names_operation),
     _Rule(Busy, grpc.StatusCode.FAILED_PRECONDITION),
     _Rule(Conflict, grpc.StatusCode.FAILED_PRECONDITION),

@@ -32,10 +32,12 @@ BASE = {
 }
 INFRA = {"state", "kube", "owner", "ownership", "webconfig"}
 DOMAIN = {"mig", "sharing", "prewarm", "telemetry", "power", "dra", "health"}
-CONFIG = {"config"}
+CONFIG = {"config", "config_rules", "config_prewarm"}  # the schema, its rules, a section
 #: the API on the wire: messages <-> records and the error mapping, under api/ and client/
 WIRE = {"wire"}
-ROOTS = {"node", "embedded", "reclaim"}  # composition: build and wire the services
+ROOTS = {"node", "embedded", "reclaim", "preflight"}  # composition: check, build, wire
+#: the read-only checks of every duty: above the API (its socket rule), built by the roots
+DOCTOR = {"doctor"}
 
 UPPER = {"api", "client", "coordinator", "cli"}
 
@@ -47,12 +49,13 @@ ONLY: dict[str, set[str]] = {
 }
 #: part -> the parts it must never import
 NEVER: dict[str, set[str]] = {
-    **{d: CONFIG | WIRE | UPPER | ROOTS for d in DOMAIN},
-    "config": WIRE | UPPER | ROOTS,
-    "wire": CONFIG | UPPER | ROOTS,
-    "api": {"cli", "coordinator", "client"} | ROOTS,
-    "client": {"api", "cli", "coordinator"} | ROOTS,
-    "coordinator": {"api", "cli"} | ROOTS,
+    **{d: CONFIG | WIRE | UPPER | ROOTS | DOCTOR for d in DOMAIN},
+    **{c: WIRE | UPPER | ROOTS | DOCTOR for c in CONFIG},
+    "wire": CONFIG | UPPER | ROOTS | DOCTOR,
+    "api": {"cli", "coordinator", "client"} | ROOTS | DOCTOR,
+    "client": {"api", "cli", "coordinator"} | ROOTS | DOCTOR,
+    "coordinator": {"api", "cli"} | ROOTS | DOCTOR,
+    "doctor": {"cli", "coordinator", "client"} | ROOTS,
     **{r: {"cli"} for r in ROOTS},
 }
 #: parts that talk to agents, never to a driver: GPU data types yes, NVML or the simulator no
@@ -166,7 +169,7 @@ def test_every_part_of_agent_has_a_layer() -> None:
         for p in AGENT.iterdir()
         if p.suffix == ".py" or (p / "__init__.py").exists()
     }
-    placed = BASE | INFRA | DOMAIN | CONFIG | WIRE | ROOTS | UPPER | {"gpu"}
+    placed = BASE | INFRA | DOMAIN | CONFIG | WIRE | DOCTOR | ROOTS | UPPER | {"gpu"}
     assert parts - placed == set(), "add it to a layer in tests/deploy/test_layering.py"
 
 

@@ -78,7 +78,7 @@ def test_device_check_runs_the_agent_under_load_and_its_doctor(tmp_path: Path) -
     }, agent["series"]
     assert len(agent["series"]) == 6 and agent["load"] == "simulated"
     assert agent["agent_exit"] == 0
-    assert "checks" in agent["doctor"] or "error" in agent["doctor"]
+    assert agent["doctor"]["checks"], agent["doctor"]  # doctor answered through that agent
     assert proc.returncode == (1 if report["failures"] else 0) and report["failures"] == []
     driver = open_driver(preset, tmp_path)
     try:

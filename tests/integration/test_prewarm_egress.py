@@ -93,6 +93,9 @@ class RecordingPuller:
         self.pulled.append(ref)
         return PullResult(ref, 1, True, 0.0)
 
+    def check_private(self, ref: str) -> None:
+        pass  # anonymous pulls only
+
     def interrupt(self) -> None:
         pass
 

@@ -1,10 +1,13 @@
 """Image prewarm from a registry that asks for credentials: real docker-registry with htpasswd
-basic auth, real containerd pulling through our CRI client with the auth from a docker config."""
+basic auth, real containerd pulling through our CRI client with the auth from a docker config.
+
+A private image is pulled only where the kubelet re-verifies credentials for it or the operator
+accepts that every pod may run it (agent/prewarm/private_images.py): these tests give the
+agent a kubelet config that says AlwaysVerify; test_prewarm_private_images.py tests the rule."""
 
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import os
 from collections.abc import Iterator
@@ -14,18 +17,21 @@ import pytest
 
 from agent.prewarm.images import CriPuller
 from agent.prewarm.model import ImageRequest, ItemState
+from agent.prewarm.private_images import PrivateImageRule
 from tests.integration.prewarm_fixtures import cri
 from tests.integration.prewarm_fixtures.agent import make_service
+from tests.integration.prewarm_fixtures.private_registry import (
+    HTPASSWD,
+    PASSWORD,
+    USER,
+    docker_config,
+)
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(bool(cri.missing_tools()), reason=f"needs Debian {cri.TOOLS}"),
     pytest.mark.skipif(os.geteuid() != 0, reason="containerd needs root"),
 ]
-
-USER, PASSWORD = "alice", "s3cret-registry-pw"
-# bcrypt of PASSWORD (the registry's htpasswd accepts bcrypt only)
-HTPASSWD = f"{USER}:$2b$12$VXcEQgB5m8IA8uWDJ1noy.bw.f7ga1Z5jS593ozeN0xrUNGL5CmZG\n"
 
 
 @pytest.fixture(scope="module")
@@ -45,18 +51,23 @@ def image(cluster: cri.Cluster, tmp_path_factory: pytest.TempPathFactory) -> str
     )
 
 
-def _docker_config(path: Path, registry: str, password: str) -> Path:
-    token = base64.b64encode(f"{USER}:{password}".encode()).decode()
-    path.write_text(json.dumps({"auths": {registry: {"auth": token}}}))
-    return path
+def verifying_kubelet(tmp_path: Path) -> PrivateImageRule:
+    """The rule with a kubelet config that re-verifies credentials for every image."""
+    path = tmp_path / "kubelet-config.yaml"
+    path.write_text(
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+        "imagePullCredentialsVerificationPolicy: AlwaysVerify\n"
+    )
+    return PrivateImageRule(kubelet_config=path)
 
 
 def test_pull_uses_the_docker_config_credentials(
     tmp_path: Path, cluster: cri.Cluster, image: str
 ) -> None:
     svc = make_service(tmp_path)
-    config = _docker_config(tmp_path / "config.json", cluster.registry, PASSWORD)
-    svc._puller = CriPuller(cluster.socket, docker_config=config)
+    config = docker_config(tmp_path / "config.json", cluster.registry, PASSWORD)
+    rule = verifying_kubelet(tmp_path)
+    svc._puller = CriPuller(cluster.socket, docker_config=config, private_images=rule)
     item = svc.run(svc.submit(ImageRequest(image, name="private-model")).id)
     assert item.state is ItemState.READY, item.error
     assert CriPuller(cluster.socket).status(image).id == item.options["image_ref"]
@@ -74,9 +85,10 @@ def test_missing_or_wrong_credentials_fail_without_showing_them(
     assert not CriPuller(cluster.socket).status(image).id, "the image must start absent"
     config = None
     if password is not None:
-        config = _docker_config(tmp_path / "config.json", cluster.registry, password)
+        config = docker_config(tmp_path / "config.json", cluster.registry, password)
     svc = make_service(tmp_path)
-    svc._puller = CriPuller(cluster.socket, docker_config=config)
+    rule = verifying_kubelet(tmp_path)
+    svc._puller = CriPuller(cluster.socket, docker_config=config, private_images=rule)
     with caplog.at_level(logging.DEBUG):
         item = svc.run(svc.submit(ImageRequest(image, name="private-model")).id)
     assert item.state is ItemState.FAILED

@@ -3,7 +3,7 @@
 Thin: parse, call `agent.coordinator.flows`, render. Every command talks to the agents through
 their gRPC API (mTLS), found by a static list, a DNS name or the Kubernetes API.
 
-One module per command (status, plan/replay/rightsize, apply, prewarm, resume, remediate),
+One module per command (status, doctor, plan/replay/rightsize, apply, prewarm, resume, remediate),
 their shared rollout options in ``rollout``; this module is only the group.
 """
 
@@ -29,13 +29,15 @@ def fleet() -> None:
 
 def _add_commands() -> None:
     from agent.cli.fleet.apply import apply
+    from agent.cli.fleet.doctor import doctor
     from agent.cli.fleet.plan import plan, replay_cmd, rightsize
     from agent.cli.fleet.prewarm import prewarm
     from agent.cli.fleet.remediate import remediate
     from agent.cli.fleet.resume import resume
     from agent.cli.fleet.status import status
 
-    for command in (status, plan, replay_cmd, rightsize, apply, prewarm, resume, remediate):
+    commands = (status, doctor, plan, replay_cmd, rightsize, apply, prewarm, resume, remediate)
+    for command in commands:
         fleet.add_command(command)
 
 

@@ -98,7 +98,11 @@ async def _main(settings: CoordinatorSettings, source: FleetSource, host: str, p
         elector = source.elector(settings.lease_name, identity=identity, timing=timing)
     cluster = None if kube is None else ClusterReport(kube, source.namespace, identity)
     if elector is None:
-        log.warning("no leader election (no Kubernetes API, or --no-leader-elect): run one replica")
+        log.warning(
+            "no leader election (no Kubernetes API, or --no-leader-elect): replicas keep "
+            "max-unavailable by claiming each node on its agent as %s",
+            identity,
+        )
     status = status_http.StatusEndpoint(fleet, max_age_s=settings.status_max_age_s)
     reconciler = Reconciler(
         fleet,
@@ -108,6 +112,7 @@ async def _main(settings: CoordinatorSettings, source: FleetSource, host: str, p
         elector=None if once else elector,
         cluster=cluster,
         on_sweep=status.observe,
+        identity=identity,
     )
     try:
         if once:

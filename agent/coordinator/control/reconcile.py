@@ -203,6 +203,7 @@ class Reconciler:
         elector: LeaderElector | None = None,
         cluster: ClusterReport | None = None,
         on_sweep: Callable[[Sequence[NodeView], float, float], None] | None = None,
+        identity: str = "",
     ) -> None:
         """``backoff``: how long failed nodes are held back (default: an interval, doubling
         to 30 intervals); ``draw`` gives the jitter's uniform draws (tests fix it);
@@ -210,7 +211,10 @@ class Reconciler:
         ``cluster``: post Node Events and the status ConfigMap (None: not in a cluster);
         ``on_sweep(views, idle_after_s, at)`` gets each pass's sweep (GET /fleet/status, ``at``
         on ``clock``); ``clock`` (monotonic) runs the timers, back-off and durations, ``wall``
-        only dates what /metrics shows, so a clock step moves neither liveness nor back-off."""
+        only dates what /metrics shows, so a clock step moves neither liveness nor back-off;
+        ``identity`` claims each node before a MIG change (agent.coordinator.rollout.claims),
+        so replicas that share no Lease still keep max-unavailable (empty: no claims)."""
+        self._identity = identity
         self._fleet = fleet
         self._path = desired_path
         self.interval_s = interval_s
@@ -442,7 +446,13 @@ class Reconciler:
         record = self._record(kind, rule, due, desired)
         if self._cluster is not None:
             self._tell(self._cluster.status, copy.deepcopy(record), "running")
-        result = await rollout(self._fleet, selection, record, report=self._report(kind, record))
+        result = await rollout(
+            self._fleet,
+            selection,
+            record,
+            report=self._report(kind, record),
+            holder=self._identity,
+        )
         if self._cluster is not None:
             end = "halted" if record.halted else "done"
             self._tell(self._cluster.status, copy.deepcopy(record), end)

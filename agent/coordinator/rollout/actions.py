@@ -18,6 +18,7 @@ from agent._proto.gpuagent.v1 import prewarm_pb2, sharing_pb2
 from agent.client import AsyncAgentClient as AgentClient
 from agent.coordinator.fleet.channels import Fleet
 from agent.coordinator.fleet.discovery import Target
+from agent.coordinator.rollout import claims
 from agent.coordinator.rollout.execute import NodeAction, NodeResult, Notes
 from agent.coordinator.rollout.record import RolloutRecord
 from agent.coordinator.rollout.schedule import NodeState
@@ -75,6 +76,10 @@ class _Base:
     fleet: Fleet
     targets: Mapping[str, Target]
     record: RolloutRecord
+    #: who claims each node before changing it ("" claims nothing; agent.coordinator.rollout.claims)
+    holder: str = ""
+    #: the nodes whose claims count against max-unavailable (default: the record's)
+    scope: Mapping[str, Target] | None = None
 
     def client(self, node: str) -> AgentClient:
         return self.fleet.client(self.targets[node])
@@ -82,6 +87,16 @@ class _Base:
 
 class MigApply(_Base):
     async def __call__(self, node: str, notes: Notes) -> NodeResult:
+        if not self.holder:
+            return await self._apply(node, notes)
+        scope = {**(self.scope or {}), node: self.targets[node]}
+        await claims.hold(self.fleet, scope, self.record, node, self.holder, notes)
+        try:  # planned once claimed: another's change may have made it unchanged meanwhile
+            return await self._apply(node, notes)
+        finally:  # an apply bound the claim to its operation: the agent ends it with that
+            await claims.release(self.fleet, self.targets[node], self.holder)
+
+    async def _apply(self, node: str, notes: Notes) -> NodeResult:
         client = self.client(node)
         text, name = mig_config(self.record, node)
         plan = await client.plan_mig(text, name)
@@ -96,7 +111,9 @@ class MigApply(_Base):
         ]
         if refused:
             return NodeResult(NodeState.FAILED, "not applied: " + "; ".join(refused))
-        op = await client.apply_mig(text, name, self.record.request_id(node))
+        op = await client.apply_mig(
+            text, name, self.record.request_id(node), claim_holder=self.holder
+        )
         final = await _follow(client, op, notes)
         if final.state != "succeeded":
             return NodeResult(NodeState.FAILED, final.failure)
@@ -147,7 +164,7 @@ def prewarm_result(items: Sequence[ItemStatus]) -> NodeResult:
     )
 
 
-_ACTIONS: Mapping[str, Callable[[Fleet, Mapping[str, Target], RolloutRecord], NodeAction]] = {
+_ACTIONS: Mapping[str, Callable[..., NodeAction]] = {
     "mig": MigApply,
     "power": PowerApply,
     "share": ShareApply,
@@ -155,8 +172,16 @@ _ACTIONS: Mapping[str, Callable[[Fleet, Mapping[str, Target], RolloutRecord], No
 }
 
 
-def action_for(fleet: Fleet, targets: Mapping[str, Target], record: RolloutRecord) -> NodeAction:
-    return _ACTIONS[record.kind](fleet, targets, record)
+def action_for(
+    fleet: Fleet,
+    targets: Mapping[str, Target],
+    record: RolloutRecord,
+    *,
+    holder: str = "",
+    scope: Mapping[str, Target] | None = None,
+) -> NodeAction:
+    """The kind's action; with ``holder``, a MIG change claims its node first (claims)."""
+    return _ACTIONS[record.kind](fleet, targets, record, holder, scope)
 
 
 # -- dry runs ------------------------------------------------------------------------------------

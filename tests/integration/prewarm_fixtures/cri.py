@@ -40,13 +40,11 @@ def start_registry(work: Path, htpasswd: Path | None = None) -> tuple[int, subpr
             "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: "
             f"{work / 'registry-data'}\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}"
         )
-        return [
-            subprocess.Popen(
-                ["docker-registry", "serve", str(conf)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        ]
+        # Its access log: a test can see which requests reached the registry.
+        with (work / "registry.log").open("ab") as log:
+            return [
+                subprocess.Popen(["docker-registry", "serve", str(conf)], stdout=log, stderr=log)
+            ]
 
     port, (proc,) = launch_listening(launch)
     return port, proc
@@ -56,6 +54,7 @@ def start_registry(work: Path, htpasswd: Path | None = None) -> tuple[int, subpr
 class Cluster:
     socket: Path
     registry: str
+    registry_log: Path | None = None  # the registry's access log
 
 
 @contextmanager
@@ -83,7 +82,7 @@ def registry_and_containerd(work: Path, htpasswd: Path | None = None) -> Iterato
     ctd = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=log)
     try:
         _wait(sock.exists, "containerd")
-        yield Cluster(sock, f"127.0.0.1:{port}")
+        yield Cluster(sock, f"127.0.0.1:{port}", work / "registry.log")
     finally:
         stop([ctd, reg])
         log.close()

@@ -42,11 +42,14 @@ def test_every_method_of_the_api_needs_a_role() -> None:
 
 def test_only_pure_reads_are_open_to_the_read_role() -> None:
     """Plans name processes and lead to an apply: they need mig, like the apply. The metrics
-    exposition carries pod labels and per-process figures, which the read role never sees."""
+    exposition carries pod labels and per-process figures, which the read role never sees.
+    Doctor runs read-only checks and names no GPU process (agent/doctor)."""
     with_processes = {"/gpuagent.v1.TelemetryService/GetMetrics"}
     for method, roles in METHOD_ROLES.items():
         verb = method.rsplit("/", 1)[1]
-        reads = verb.startswith(("Get", "List", "Wait", "Watch", "Assert", "Export", "Advise"))
+        reads = verb.startswith(
+            ("Get", "List", "Wait", "Watch", "Assert", "Export", "Advise", "Doctor")
+        )
         assert (Role.READ in roles) == (reads and method not in with_processes), method
     assert METHOD_ROLES["/gpuagent.v1.MigService/PlanMig"] == {Role.MIG}
     assert all(METHOD_ROLES[m] <= PROCESS_ROLES for m in with_processes)

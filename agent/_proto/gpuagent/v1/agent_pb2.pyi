@@ -38,6 +38,13 @@ class GpuHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GPU_HEALTH_UNSPECIFIED: _ClassVar[GpuHealth]
     GPU_HEALTH_OK: _ClassVar[GpuHealth]
     GPU_HEALTH_LOST: _ClassVar[GpuHealth]
+
+class DoctorState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DOCTOR_STATE_UNSPECIFIED: _ClassVar[DoctorState]
+    DOCTOR_STATE_OK: _ClassVar[DoctorState]
+    DOCTOR_STATE_DEGRADED: _ClassVar[DoctorState]
+    DOCTOR_STATE_FAILED: _ClassVar[DoctorState]
 DRIVER_STATE_UNSPECIFIED: DriverState
 DRIVER_STATE_ATTACHED: DriverState
 DRIVER_STATE_NOT_READY: DriverState
@@ -53,6 +60,10 @@ HEALTH_STATE_FAILED: HealthState
 GPU_HEALTH_UNSPECIFIED: GpuHealth
 GPU_HEALTH_OK: GpuHealth
 GPU_HEALTH_LOST: GpuHealth
+DOCTOR_STATE_UNSPECIFIED: DoctorState
+DOCTOR_STATE_OK: DoctorState
+DOCTOR_STATE_DEGRADED: DoctorState
+DOCTOR_STATE_FAILED: DoctorState
 
 class GetNodeRequest(_message.Message):
     __slots__ = ()
@@ -257,3 +268,29 @@ class ComponentHealth(_message.Message):
     healthy: bool
     detail: str
     def __init__(self, name: _Optional[str] = ..., healthy: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class DoctorRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DoctorResponse(_message.Message):
+    __slots__ = ("node", "checks")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    checks: _containers.RepeatedCompositeFieldContainer[DoctorCheck]
+    def __init__(self, node: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[DoctorCheck, _Mapping]]] = ...) -> None: ...
+
+class DoctorCheck(_message.Message):
+    __slots__ = ("duty", "name", "state", "evidence", "fix")
+    DUTY_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    FIX_FIELD_NUMBER: _ClassVar[int]
+    duty: str
+    name: str
+    state: DoctorState
+    evidence: str
+    fix: str
+    def __init__(self, duty: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[DoctorState, str]] = ..., evidence: _Optional[str] = ..., fix: _Optional[str] = ...) -> None: ...

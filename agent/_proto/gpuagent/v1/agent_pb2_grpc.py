@@ -41,6 +41,11 @@ class NodeServiceStub:
                 request_serializer=gpuagent_dot_v1_dot_agent__pb2.GetNodeRequest.SerializeToString,
                 response_deserializer=gpuagent_dot_v1_dot_agent__pb2.GetNodeResponse.FromString,
                 _registered_method=True)
+        self.Doctor = channel.unary_unary(
+                '/gpuagent.v1.NodeService/Doctor',
+                request_serializer=gpuagent_dot_v1_dot_agent__pb2.DoctorRequest.SerializeToString,
+                response_deserializer=gpuagent_dot_v1_dot_agent__pb2.DoctorResponse.FromString,
+                _registered_method=True)
 
 
 class NodeServiceServicer:
@@ -56,6 +61,15 @@ class NodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Doctor(self, request, context):
+        """Doctor runs the agent's read-only checks, one or more per duty (telemetry, MIG, sharing,
+        prewarm, power, health, the API, Kubernetes, the state dir), and says for each whether the
+        duty works, the evidence and the one fix. It changes nothing and answers in under 10 s.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -63,6 +77,11 @@ def add_NodeServiceServicer_to_server(servicer, server):
                     servicer.GetNode,
                     request_deserializer=gpuagent_dot_v1_dot_agent__pb2.GetNodeRequest.FromString,
                     response_serializer=gpuagent_dot_v1_dot_agent__pb2.GetNodeResponse.SerializeToString,
+            ),
+            'Doctor': grpc.unary_unary_rpc_method_handler(
+                    servicer.Doctor,
+                    request_deserializer=gpuagent_dot_v1_dot_agent__pb2.DoctorRequest.FromString,
+                    response_serializer=gpuagent_dot_v1_dot_agent__pb2.DoctorResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -94,6 +113,33 @@ class NodeService:
             '/gpuagent.v1.NodeService/GetNode',
             gpuagent_dot_v1_dot_agent__pb2.GetNodeRequest.SerializeToString,
             gpuagent_dot_v1_dot_agent__pb2.GetNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Doctor(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuagent.v1.NodeService/Doctor',
+            gpuagent_dot_v1_dot_agent__pb2.DoctorRequest.SerializeToString,
+            gpuagent_dot_v1_dot_agent__pb2.DoctorResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -21,6 +21,60 @@ MIG_PLAN_STATUS_CHANGE: MigPlanStatus
 MIG_PLAN_STATUS_BLOCKED: MigPlanStatus
 MIG_PLAN_STATUS_INFEASIBLE: MigPlanStatus
 
+class MigClaim(_message.Message):
+    __slots__ = ("holder", "rollout", "max_unavailable", "expires_in_seconds", "operation")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    MAX_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    rollout: str
+    max_unavailable: str
+    expires_in_seconds: float
+    operation: str
+    def __init__(self, holder: _Optional[str] = ..., rollout: _Optional[str] = ..., max_unavailable: _Optional[str] = ..., expires_in_seconds: _Optional[float] = ..., operation: _Optional[str] = ...) -> None: ...
+
+class ClaimMigRequest(_message.Message):
+    __slots__ = ("holder", "rollout", "max_unavailable", "ttl_seconds")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    MAX_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    rollout: str
+    max_unavailable: str
+    ttl_seconds: int
+    def __init__(self, holder: _Optional[str] = ..., rollout: _Optional[str] = ..., max_unavailable: _Optional[str] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
+
+class ClaimMigResponse(_message.Message):
+    __slots__ = ("claim",)
+    CLAIM_FIELD_NUMBER: _ClassVar[int]
+    claim: MigClaim
+    def __init__(self, claim: _Optional[_Union[MigClaim, _Mapping]] = ...) -> None: ...
+
+class GetMigClaimRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetMigClaimResponse(_message.Message):
+    __slots__ = ("claim",)
+    CLAIM_FIELD_NUMBER: _ClassVar[int]
+    claim: MigClaim
+    def __init__(self, claim: _Optional[_Union[MigClaim, _Mapping]] = ...) -> None: ...
+
+class ReleaseMigClaimRequest(_message.Message):
+    __slots__ = ("holder",)
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    def __init__(self, holder: _Optional[str] = ...) -> None: ...
+
+class ReleaseMigClaimResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
 class MigBlocker(_message.Message):
     __slots__ = ("pid", "instance", "change")
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -78,20 +132,22 @@ class PlanMigResponse(_message.Message):
     def __init__(self, config_name: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuMigPlan, _Mapping]]] = ..., unselected_gpus: _Optional[_Iterable[int]] = ..., skipped_gpus: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ApplyMigRequest(_message.Message):
-    __slots__ = ("config_yaml", "config_name", "force", "request_id", "mode_only", "skip_reset")
+    __slots__ = ("config_yaml", "config_name", "force", "request_id", "mode_only", "skip_reset", "claim_holder")
     CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]
     CONFIG_NAME_FIELD_NUMBER: _ClassVar[int]
     FORCE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODE_ONLY_FIELD_NUMBER: _ClassVar[int]
     SKIP_RESET_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_HOLDER_FIELD_NUMBER: _ClassVar[int]
     config_yaml: str
     config_name: str
     force: bool
     request_id: str
     mode_only: bool
     skip_reset: bool
-    def __init__(self, config_yaml: _Optional[str] = ..., config_name: _Optional[str] = ..., force: _Optional[bool] = ..., request_id: _Optional[str] = ..., mode_only: _Optional[bool] = ..., skip_reset: _Optional[bool] = ...) -> None: ...
+    claim_holder: str
+    def __init__(self, config_yaml: _Optional[str] = ..., config_name: _Optional[str] = ..., force: _Optional[bool] = ..., request_id: _Optional[str] = ..., mode_only: _Optional[bool] = ..., skip_reset: _Optional[bool] = ..., claim_holder: _Optional[str] = ...) -> None: ...
 
 class ApplyMigResponse(_message.Message):
     __slots__ = ("operation",)

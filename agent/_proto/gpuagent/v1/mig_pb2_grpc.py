@@ -71,6 +71,21 @@ class MigServiceStub:
                 request_serializer=gpuagent_dot_v1_dot_mig__pb2.AdviseMigRequest.SerializeToString,
                 response_deserializer=gpuagent_dot_v1_dot_mig__pb2.AdviseMigResponse.FromString,
                 _registered_method=True)
+        self.ClaimMig = channel.unary_unary(
+                '/gpuagent.v1.MigService/ClaimMig',
+                request_serializer=gpuagent_dot_v1_dot_mig__pb2.ClaimMigRequest.SerializeToString,
+                response_deserializer=gpuagent_dot_v1_dot_mig__pb2.ClaimMigResponse.FromString,
+                _registered_method=True)
+        self.GetMigClaim = channel.unary_unary(
+                '/gpuagent.v1.MigService/GetMigClaim',
+                request_serializer=gpuagent_dot_v1_dot_mig__pb2.GetMigClaimRequest.SerializeToString,
+                response_deserializer=gpuagent_dot_v1_dot_mig__pb2.GetMigClaimResponse.FromString,
+                _registered_method=True)
+        self.ReleaseMigClaim = channel.unary_unary(
+                '/gpuagent.v1.MigService/ReleaseMigClaim',
+                request_serializer=gpuagent_dot_v1_dot_mig__pb2.ReleaseMigClaimRequest.SerializeToString,
+                response_deserializer=gpuagent_dot_v1_dot_mig__pb2.ReleaseMigClaimResponse.FromString,
+                _registered_method=True)
 
 
 class MigServiceServicer:
@@ -138,6 +153,32 @@ class MigServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ClaimMig(self, request, context):
+        """ClaimMig reserves the node for one MIG change of a fleet rollout and changes nothing: the
+        claim lives ttl_seconds, or, once an ApplyMig names its holder, until that operation ends.
+        Refused with ABORTED, naming the holder, while another holder's claim lives or a mig.apply
+        runs. A coordinator claims, then reads every node's claim (GetMigClaim) and applies only
+        while the live claims fit its max-unavailable (docs/coordinator.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetMigClaim(self, request, context):
+        """GetMigClaim returns the node's live claim; a running mig.apply no claim names counts as one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseMigClaim(self, request, context):
+        """ReleaseMigClaim drops the holder's claim if no operation is bound to it (then it ends with
+        the operation); releasing a claim that is not held is not an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MigServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -175,6 +216,21 @@ def add_MigServiceServicer_to_server(servicer, server):
                     servicer.AdviseMig,
                     request_deserializer=gpuagent_dot_v1_dot_mig__pb2.AdviseMigRequest.FromString,
                     response_serializer=gpuagent_dot_v1_dot_mig__pb2.AdviseMigResponse.SerializeToString,
+            ),
+            'ClaimMig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClaimMig,
+                    request_deserializer=gpuagent_dot_v1_dot_mig__pb2.ClaimMigRequest.FromString,
+                    response_serializer=gpuagent_dot_v1_dot_mig__pb2.ClaimMigResponse.SerializeToString,
+            ),
+            'GetMigClaim': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMigClaim,
+                    request_deserializer=gpuagent_dot_v1_dot_mig__pb2.GetMigClaimRequest.FromString,
+                    response_serializer=gpuagent_dot_v1_dot_mig__pb2.GetMigClaimResponse.SerializeToString,
+            ),
+            'ReleaseMigClaim': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseMigClaim,
+                    request_deserializer=gpuagent_dot_v1_dot_mig__pb2.ReleaseMigClaimRequest.FromString,
+                    response_serializer=gpuagent_dot_v1_dot_mig__pb2.ReleaseMigClaimResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -368,6 +424,87 @@ class MigService:
             '/gpuagent.v1.MigService/AdviseMig',
             gpuagent_dot_v1_dot_mig__pb2.AdviseMigRequest.SerializeToString,
             gpuagent_dot_v1_dot_mig__pb2.AdviseMigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClaimMig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuagent.v1.MigService/ClaimMig',
+            gpuagent_dot_v1_dot_mig__pb2.ClaimMigRequest.SerializeToString,
+            gpuagent_dot_v1_dot_mig__pb2.ClaimMigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMigClaim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuagent.v1.MigService/GetMigClaim',
+            gpuagent_dot_v1_dot_mig__pb2.GetMigClaimRequest.SerializeToString,
+            gpuagent_dot_v1_dot_mig__pb2.GetMigClaimResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseMigClaim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuagent.v1.MigService/ReleaseMigClaim',
+            gpuagent_dot_v1_dot_mig__pb2.ReleaseMigClaimRequest.SerializeToString,
+            gpuagent_dot_v1_dot_mig__pb2.ReleaseMigClaimResponse.FromString,
             options,
             channel_credentials,
             insecure,

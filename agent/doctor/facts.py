@@ -1,0 +1,76 @@
+"""What the doctor's checks read: the agent's own parts, passed in, never opened anew.
+
+Each check is a pure reader of these facts (the config, the driver link, the Kubernetes client,
+the allocation mode, the latest telemetry snapshot, the health marks, the state store's
+read-only state) plus the host's files under ``proc`` and ``dev``; tests give crafted ones.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.config import AgentConfig
+from agent.dra.mode import Allocation
+from agent.gpu.attach import DriverLink
+from agent.kube import InClusterKubeClient
+from agent.statedir import Unwritable
+from agent.telemetry.snapshot import Snapshot
+from agent.wire.doctor import Check, CheckState
+
+__all__ = ["CAP_SYS_ADMIN", "Facts", "degraded", "failed", "ok"]
+
+#: capability(7) bit of CAP_SYS_ADMIN in /proc/self/status's CapEff mask
+CAP_SYS_ADMIN = 21
+
+
+@dataclass
+class Facts:
+    config: AgentConfig
+    driver: DriverLink
+    kube: InClusterKubeClient | None
+    allocation: Callable[[], Allocation]
+    snapshot: Callable[[], Snapshot | None]
+    #: (gpu index, instance, xid) -> count since the agent started
+    xids: Callable[[], Mapping[tuple[int, int | None, int], int]]
+    #: the health marks as shown: target -> (gpu index, mark, reason)
+    marks: Callable[[], Mapping[Any, tuple[int, Any, str]]]
+    state_read_only: Callable[[], Unwritable | None]
+    #: the socket the node's agent serves on (an embedded agent's private one is not it)
+    socket_path: Path
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    proc: Path = Path("/proc")
+    statvfs: Callable[[Path], os.statvfs_result] = os.statvfs
+
+    @property
+    def simulated(self) -> bool:
+        return bool(self.config.simulate)
+
+    def capabilities(self) -> int | None:
+        """This process's effective capability mask; None when /proc does not say."""
+        try:
+            for line in (self.proc / "self" / "status").read_text().splitlines():
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+        except (OSError, ValueError, IndexError):
+            return None
+        return None
+
+    def has_sys_admin(self) -> bool | None:
+        caps = self.capabilities()
+        return None if caps is None else bool(caps >> CAP_SYS_ADMIN & 1)
+
+
+def ok(duty: str, name: str, evidence: str) -> Check:
+    return Check(duty, name, CheckState.OK, evidence)
+
+
+def degraded(duty: str, name: str, evidence: str, fix: str) -> Check:
+    return Check(duty, name, CheckState.DEGRADED, evidence, fix)
+
+
+def failed(duty: str, name: str, evidence: str, fix: str) -> Check:
+    return Check(duty, name, CheckState.FAILED, evidence, fix)

@@ -1,0 +1,309 @@
+"""The checks of the GPU duties: telemetry (NVML, profiling, pod attribution), MIG, power and
+health. Each reads the agent's driver link and latest snapshot (agent/doctor/facts.py); the
+only NVML calls are the facade's read-only ones (power limits, MIG mode)."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+from agent.doctor.facts import Facts, degraded, failed, ok
+from agent.dra.mode import AllocationMode
+from agent.errors import AgentError
+from agent.gpu.attach import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NO_GPUS, STARTING
+from agent.gpu.types import GpuInfo
+from agent.wire.doctor import Check
+from dcgm.fields import BY_ID
+
+__all__ = [
+    "health_xid",
+    "mig_allocation_mode",
+    "mig_capability",
+    "mig_operand_labels",
+    "mig_pending",
+    "power_limits",
+    "telemetry_nvml",
+    "telemetry_pod_resources",
+    "telemetry_profiling",
+]
+
+T, M = "telemetry", "mig"
+NEEDS_NVML = "fix telemetry/nvml first: every GPU duty reads the GPUs through NVML"
+RUNTIME_FIX = (
+    "set runtimeClassName: nvidia on the agent's DaemonSet (deploy/kubernetes sets it), or "
+    "deploy overlays/nvidia-default-runtime where nvidia is containerd's default runtime"
+)
+
+
+def _nvml_fix(cause: str, in_pod: bool) -> str:
+    if cause == LIBRARY_NOT_FOUND:
+        if in_pod:
+            return RUNTIME_FIX
+        return (
+            "install the NVIDIA driver (libnvidia-ml.so.1 on the loader path), or run on a "
+            "simulated node: gpu-agent --simulate dgx-h100 ..."
+        )
+    if cause == DRIVER_NOT_LOADED:
+        return "load the kernel module (modprobe nvidia) or wait for the GPU Operator's driver pod"
+    if cause == NO_GPUS:
+        return "nvidia-smi -L should list the GPUs: check the PCI devices and the driver's dmesg"
+    return "look at the agent's log for the NVML error; nvidia-smi shows whether NVML answers"
+
+
+def _library(facts: Facts) -> str:
+    """Which libnvidia-ml the process loaded, from its memory map (no NVML call)."""
+    if facts.simulated:
+        return f"the simulated driver (preset {facts.config.simulate})"
+    try:
+        for line in (facts.proc / "self" / "maps").read_text().splitlines():
+            path = line.split()[-1] if line.split() else ""
+            if "libnvidia-ml" in path:
+                return path
+    except OSError:
+        pass
+    return "libnvidia-ml (path not readable from /proc/self/maps)"
+
+
+def telemetry_nvml(facts: Facts) -> Check:
+    state = facts.driver.state
+    if not state.attached:
+        evidence = f"NVML not ready ({state.cause}): {state.reason}"
+        if state.cause == STARTING:
+            return degraded(T, "nvml", evidence, "wait for the agent's start to finish")
+        in_pod = bool(facts.env.get("KUBERNETES_SERVICE_HOST"))
+        return failed(T, "nvml", evidence, _nvml_fix(state.cause, in_pod))
+    snap = facts.snapshot()
+    if snap is not None:
+        versions = f"NVML {snap.nvml_version}, driver {snap.driver_version}"
+        up = f"{snap.serving()} of {len(snap.gpus)} GPU(s) answering"
+    else:
+        versions = f"driver {facts.driver.driver.driver_version()}"
+        up = f"{state.gpus} GPU(s) at attach"
+    evidence = f"{versions}, {up}, library {_library(facts)}"
+    if snap is not None and snap.serving() < len(snap.gpus):
+        lost = ", ".join(f"GPU {g.gpu.index}: {g.detail}" for g in snap.gpus if not g.up)
+        return degraded(
+            T, "nvml", f"{evidence}; lost: {lost}", "see health/xid and gpu-agent status"
+        )
+    return ok(T, "nvml", evidence)
+
+
+def _profiling_param(facts: Facts) -> bool | None:
+    """The driver's RmProfilingAdminOnly (NVreg_RestrictProfilingToAdminUsers); None unknown."""
+    try:
+        text = (facts.proc / "driver" / "nvidia" / "params").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "RmProfilingAdminOnly":
+            return value.strip() == "1"
+    return None
+
+
+def telemetry_profiling(facts: Facts) -> Check:
+    if not facts.driver.is_attached:
+        return failed(T, "profiling", "no NVML: no profiling field can be read", NEEDS_NVML)
+    snap = facts.snapshot()
+    support = [s for s in (snap.support if snap else ()) if _is_profiling(s.field_id)]
+    if not support:
+        return ok(T, "profiling", "no profiling (DCGM_FI_PROF_*) field selected")
+    missing = sorted({s.gpu.index for s in support if not s.supported})
+    admin_only = None if facts.simulated else _profiling_param(facts)
+    restricted = admin_only is True and facts.has_sys_admin() is False
+    setting = {True: "1", False: "0", None: "not readable"}[admin_only]
+    setting = "n/a (simulated driver)" if facts.simulated else setting
+    evidence = f"{len(support)} profiling field reading(s); RmProfilingAdminOnly {setting}" + (
+        f"; unsupported on GPU(s) {', '.join(map(str, missing))}" if missing else ""
+    )
+    if restricted:
+        return failed(
+            T,
+            "profiling",
+            f"profiling restricted to admins and the agent lacks CAP_SYS_ADMIN; {evidence}",
+            "options nvidia NVreg_RestrictProfilingToAdminUsers=0 in /etc/modprobe.d/nvidia.conf "
+            "and reload the driver, or add capabilities: [SYS_ADMIN] to the agent's container",
+        )
+    if missing:
+        return degraded(
+            T,
+            "profiling",
+            evidence,
+            "profiling needs GPM (Hopper and later) or DCGM's profiling module "
+            "(libdcgm with nv-hostengine) on older GPUs; drop the fields from the counters CSV "
+            "otherwise",
+        )
+    return ok(T, "profiling", evidence)
+
+
+def _is_profiling(field_id: int) -> bool:
+    found = BY_ID.get(field_id)
+    return found is not None and found.profiling
+
+
+def telemetry_pod_resources(facts: Facts) -> Check:
+    socket = facts.config.telemetry.kubelet_socket
+    try:
+        is_socket = stat.S_ISSOCK(socket.stat().st_mode)
+    except OSError:
+        is_socket = False
+    if is_socket:
+        return ok(T, "pod-resources", f"kubelet pod-resources socket {socket}")
+    if facts.kube is None:
+        return ok(T, "pod-resources", f"not in a cluster: no pods to attribute ({socket} absent)")
+    return failed(
+        T,
+        "pod-resources",
+        f"no kubelet pod-resources socket at {socket}: GPUs are not attributed to pods",
+        f"mount the host's {socket.parent} into the agent pod (hostPath volume) or set "
+        "telemetry.kubelet_socket",
+    )
+
+
+def _gpus(facts: Facts) -> tuple[GpuInfo, ...]:
+    snap = facts.snapshot()
+    if snap is not None and snap.layouts:
+        return tuple(layout.gpu for layout in snap.layouts)
+    return facts.driver.driver.gpus()
+
+
+def mig_capability(facts: Facts) -> Check:
+    if not facts.driver.is_attached:
+        return failed(M, "capability", "no NVML: MIG cannot be read or changed", NEEDS_NVML)
+    capable = [g.index for g in _gpus(facts) if g.mig_capable]
+    if not capable:
+        return ok(M, "capability", "no MIG-capable GPU on this node")
+    gpus = f"MIG-capable GPU(s) {', '.join(map(str, capable))}"
+    if facts.simulated:
+        return ok(M, "capability", f"{gpus} (simulated driver: no capability device needed)")
+    config = facts.proc / "driver" / "nvidia" / "capabilities" / "mig" / "config"
+    if facts.has_sys_admin() is False:
+        return failed(
+            M,
+            "capability",
+            f"{gpus}; the agent lacks CAP_SYS_ADMIN, which MIG changes need",
+            "run the agent's container privileged: true (deploy/kubernetes does)",
+        )
+    if not config.exists():
+        return failed(
+            M,
+            "capability",
+            f"{gpus}; no MIG config capability at {config}",
+            "mount the host's /proc/driver/nvidia and /dev/nvidia-caps into the agent pod",
+        )
+    if not Path("/dev/nvidia-caps").is_dir():
+        return degraded(
+            M,
+            "capability",
+            f"{gpus}; {config} present but no /dev/nvidia-caps",
+            "nvidia-modprobe -f /proc/driver/nvidia/capabilities/mig/config, and mount "
+            "/dev/nvidia-caps",
+        )
+    return ok(M, "capability", f"{gpus}; CAP_SYS_ADMIN and {config} present")
+
+
+def mig_allocation_mode(facts: Facts) -> Check:
+    allocation = facts.allocation()
+    evidence = allocation.describe()
+    if allocation.mode is AllocationMode.UNKNOWN:
+        return failed(
+            M,
+            "allocation-mode",
+            f"{evidence}: every MIG change is refused until the mode is known",
+            "grant the agent list/watch on resourceslices.resource.k8s.io (deploy/kubernetes "
+            "agent-rbac.yaml), or set dra.mode (GPU_AGENT_DRA__MODE=device-plugin)",
+        )
+    if allocation.mode is AllocationMode.DRA_DYNAMIC_MIG:
+        return ok(M, "allocation-mode", f"{evidence}: the DRA driver makes MIG; the agent advises")
+    return ok(M, "allocation-mode", evidence)
+
+
+def mig_pending(facts: Facts) -> Check:
+    if not facts.driver.is_attached:
+        return failed(M, "pending", "no NVML: the MIG mode cannot be read", NEEDS_NVML)
+    pending = [g for g in _gpus(facts) if g.mig_mode is not None and g.mig_mode.is_pending]
+    if not pending:
+        return ok(M, "pending", "no MIG mode change waits for a GPU reset")
+    said = ", ".join(
+        f"GPU {g.index} {'on' if g.mig_mode and g.mig_mode.pending else 'off'}" for g in pending
+    )
+    return degraded(
+        M,
+        "pending",
+        f"MIG mode change pending until a GPU reset: {said}",
+        "stop what holds the GPU (nvidia-persistenced, DCGM, workloads) and reset it "
+        "(nvidia-smi -r -i INDEX), or reboot the node",
+    )
+
+
+def mig_operand_labels(facts: Facts) -> Check:
+    mig = facts.config.mig
+    if not mig.watch_node_label:
+        return ok(M, "operand-labels", "off (mig.watch_node_label false): no nvidia.com/mig.config")
+    if mig.config_file is None or not mig.config_file.is_file():
+        return failed(
+            M,
+            "operand-labels",
+            f"nvidia.com/mig.config is followed but mig.config_file {mig.config_file} is "
+            "not a file",
+            "mount the mig-parted config (the GPU Operator's default-mig-parted-config "
+            "ConfigMap) and set mig.config_file to it",
+        )
+    if facts.kube is None:
+        return failed(
+            M,
+            "operand-labels",
+            "nvidia.com/mig.config is followed but there is no Kubernetes API",
+            "run the agent in a pod with its service account, or set mig.watch_node_label false",
+        )
+    return ok(M, "operand-labels", f"following nvidia.com/mig.config with {mig.config_file}")
+
+
+def power_limits(facts: Facts) -> Check:
+    if not facts.driver.is_attached:
+        return failed("power", "limits", "no NVML: power limits cannot be read", NEEDS_NVML)
+    driver = facts.driver.driver
+    ranges: dict[str, list[int]] = {}  # one line per distinct range: 8 alike GPUs, one line
+    unread = []
+    for gpu in _gpus(facts):
+        try:
+            limits = driver.power_limits(gpu.uuid)
+        except AgentError as exc:
+            unread.append(f"GPU {gpu.index}: {exc}")
+            continue
+        text = (
+            f"{limits.min_mw // 1000}-{limits.max_mw // 1000} W (set {limits.current_mw // 1000} W)"
+        )
+        ranges.setdefault(text, []).append(gpu.index)
+    said = [f"GPU {', '.join(map(str, gpus))}: {text}" for text, gpus in ranges.items()]
+    evidence = "; ".join(said + unread) or "no GPU"
+    if unread:
+        return degraded(
+            "power",
+            "limits",
+            evidence,
+            "power caps need the limits readable: nvidia-smi -q -d POWER shows what NVML says",
+        )
+    return ok("power", "limits", evidence)
+
+
+def health_xid(facts: Facts) -> Check:
+    if not facts.driver.is_attached:
+        return failed("health", "xid", "no NVML: XID events are not watched", NEEDS_NVML)
+    counts: dict[int, int] = {}
+    for (gpu, _instance, _xid), n in facts.xids().items():
+        counts[gpu] = counts.get(gpu, 0) + n
+    seen = ", ".join(f"GPU {g}: {n}" for g, n in sorted(counts.items())) or "none"
+    marks = [(i, m, reason) for i, m, reason in facts.marks().values() if m.state.rank > 0]
+    evidence = f"XID events since start: {seen}"
+    if not marks:
+        return ok("health", "xid", f"{evidence}; every GPU healthy")
+    worst = max(marks, key=lambda x: x[1].state.rank)
+    said = "; ".join(f"GPU {i} {m.state.value}: {reason}" for i, m, reason in marks)
+    make = failed if worst[1].state.value == "failed" else degraded
+    return make(
+        "health",
+        "xid",
+        f"{evidence}; {said}",
+        f"the mark's action: {worst[1].action} (docs/health.md); gpu-agent status shows the marks",
+    )

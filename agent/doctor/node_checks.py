@@ -1,0 +1,302 @@
+"""The checks of the node-side duties: sharing (the device plugin's config, its reload, or DRA),
+prewarm (the cache volume, containerd, Nydus, Dragonfly, egress, private images) and the state
+dir. They read
+the config, the filesystem and /proc; nothing is written (the state dir's write probe is the
+running store's last answer, not a new write)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import stat
+from pathlib import Path
+
+from agent.doctor.facts import Facts, degraded, failed, ok
+from agent.dra.mode import AllocationMode
+from agent.prewarm.private_images import (
+    ALWAYS_VERIFY,
+    POLICY_FIELD,
+    SETTING,
+    USABLE_BY_EVERY_POD,
+    read_kubelet_policy,
+)
+from agent.statedir import FIX as STATE_FIX
+from agent.wire.doctor import Check
+
+__all__ = [
+    "prewarm_cache_volume",
+    "prewarm_containerd",
+    "prewarm_dragonfly",
+    "prewarm_egress",
+    "prewarm_nydus",
+    "prewarm_private_images",
+    "sharing_plugin_config",
+    "sharing_reload",
+    "state_dir",
+]
+
+S, P = "sharing", "prewarm"
+#: A cache volume this full is degraded, and this full failed (a fetch then fails for space).
+NEARLY_FULL = 0.90
+FULL = 0.98
+_GIB = 1024**3
+#: Filesystems that are not a local disk: the container's layer or memory.
+NOT_LOCAL = {"overlay", "tmpfs", "ramfs", "aufs"}
+
+
+def sharing_plugin_config(facts: Facts) -> Check:
+    mode = facts.allocation().mode
+    if mode.is_dra:
+        if facts.kube is None:
+            return failed(
+                S,
+                "plugin-config",
+                f"allocation mode {mode.value} but no Kubernetes API to write DeviceClasses",
+                "run the agent in a pod with its service account",
+            )
+        return ok(S, "plugin-config", f"{mode.value}: sharing renders to DeviceClass config")
+    path = facts.config.sharing.config_path
+    directory = path.parent
+    if not directory.is_dir():
+        # With no allocator found (mode none) nothing reads the config yet: degraded.
+        make = degraded if mode is AllocationMode.NONE else failed
+        return make(
+            S,
+            "plugin-config",
+            f"{mode.value}: the device plugin's config directory {directory} is not mounted",
+            f"mount the directory the device plugin reads its config from at {directory} "
+            "(hostPath), or set sharing.config_path",
+        )
+    if not os.access(directory, os.W_OK):
+        return failed(
+            S,
+            "plugin-config",
+            f"{directory} is not writable by the agent (uid {os.geteuid()})",
+            f"mount {directory} read-write into the agent pod",
+        )
+    there = "present" if path.exists() else "not written yet"
+    return ok(S, "plugin-config", f"{mode.value}: config path {path} ({there}), directory writable")
+
+
+def _plugin_pids(facts: Facts, name: str) -> list[int]:
+    found = []
+    try:
+        entries = list(facts.proc.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() == name[:15]:  # comm keeps 15 bytes
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def sharing_reload(facts: Facts) -> Check:
+    sharing = facts.config.sharing
+    mode = facts.allocation().mode
+    if mode in (AllocationMode.DRA, AllocationMode.DRA_DYNAMIC_MIG):
+        return ok(S, "reload", f"{mode.value}: the DRA driver reads DeviceClasses, no reload")
+    if sharing.reload == "none":
+        return ok(S, "reload", "reload none: something else reloads the device plugin")
+    if sharing.reload in ("label", "restart-pod"):
+        if facts.kube is None:
+            return failed(
+                S,
+                "reload",
+                f"reload {sharing.reload} needs the Kubernetes API, and there is none",
+                "run the agent in a pod with its service account, or set sharing.reload sighup",
+            )
+        return ok(S, "reload", f"reload {sharing.reload} through the Kubernetes API")
+    pids = _plugin_pids(facts, sharing.plugin_process_name)
+    if pids:
+        # No pid: the answer goes to the read role, which sees no process.
+        return ok(S, "reload", f"reload sighup: {sharing.plugin_process_name} runs")
+    return degraded(
+        S,
+        "reload",
+        f"reload sighup but no process named {sharing.plugin_process_name} is visible "
+        "(not running, or the agent does not share the host's PID namespace)",
+        "run the agent with hostPID: true, or set sharing.reload label (GPU Operator) or "
+        "restart-pod",
+    )
+
+
+def _filesystem(facts: Facts, path: Path) -> str:
+    """The filesystem type of the mount holding ``path`` (the longest mount point above it)."""
+    best, kind = "", "unknown"
+    try:
+        lines = (facts.proc / "self" / "mountinfo").read_text().splitlines()
+    except OSError:
+        return kind
+    target = str(path)
+    for line in lines:
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        point = fields[4]
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, line.split(" - ", 1)[1].split()[0]
+    return kind
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def prewarm_cache_volume(facts: Facts) -> Check:
+    cache = facts.config.prewarm.cache_dir
+    where = _existing(cache)
+    vfs = facts.statvfs(where)
+    total = vfs.f_blocks * vfs.f_frsize
+    free = vfs.f_bavail * vfs.f_frsize
+    used = 1 - free / total if total else 1.0
+    fs = _filesystem(facts, where)
+    evidence = (
+        f"{cache}{'' if where == cache else f' (not made yet; volume of {where})'}: {fs}, "
+        f"{used:.0%} used, {free / _GIB:.1f} GiB free of {total / _GIB:.1f} GiB"
+    )
+    if used >= FULL:
+        return failed(
+            P,
+            "cache-volume",
+            evidence,
+            f"free space on the volume of {cache} (gpu-agent cache evict ITEM), or lower "
+            "prewarm.budget_bytes",
+        )
+    if used >= NEARLY_FULL:
+        return degraded(
+            P,
+            "cache-volume",
+            f"nearly full: {evidence}",
+            f"free space on the volume of {cache}, or lower prewarm.max_volume_share",
+        )
+    if fs in NOT_LOCAL:
+        return degraded(
+            P,
+            "cache-volume",
+            f"{evidence}: not a local disk, lost with the container",
+            f"mount a hostPath on local NVMe at {cache} (deploy/kubernetes does)",
+        )
+    return ok(P, "cache-volume", evidence)
+
+
+def _socket(path: Path) -> bool:
+    try:
+        return stat.S_ISSOCK(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def prewarm_containerd(facts: Facts) -> Check:
+    socket = facts.config.prewarm.containerd_socket
+    if _socket(socket):
+        return ok(P, "containerd", f"CRI socket {socket}")
+    return degraded(
+        P,
+        "containerd",
+        f"no CRI socket at {socket}: image prewarm does not work (file prewarm does)",
+        f"mount the host's {socket} into the agent pod, or set prewarm.containerd_socket",
+    )
+
+
+def prewarm_nydus(facts: Facts) -> Check:
+    socket = facts.config.prewarm.nydus_system_socket
+    if socket is None:
+        return ok(P, "nydus", "off (prewarm.nydus_system_socket unset): no prefetch hints")
+    if _socket(socket):
+        return ok(P, "nydus", f"nydus-snapshotter system socket {socket}")
+    return degraded(
+        P,
+        "nydus",
+        f"no nydus-snapshotter socket at {socket}: Nydus prefetch hints are not sent",
+        f"mount {socket.parent} into the agent pod, or unset prewarm.nydus_system_socket",
+    )
+
+
+def prewarm_dragonfly(facts: Facts) -> Check:
+    socket = facts.config.prewarm.dragonfly_socket
+    if socket is None:
+        return ok(P, "dragonfly", "off (prewarm.dragonfly_socket unset): files come from origins")
+    if _socket(socket):
+        return ok(P, "dragonfly", f"dfdaemon socket {socket}")
+    return degraded(
+        P,
+        "dragonfly",
+        f"no dfdaemon socket at {socket}: files are fetched from origins directly",
+        f"mount {socket.parent} into the agent pod, or unset prewarm.dragonfly_socket",
+    )
+
+
+def prewarm_egress(facts: Facts) -> Check:
+    allowed = facts.config.prewarm.egress_allow
+    if not allowed:
+        return ok(
+            P,
+            "egress",
+            "loopback, link-local, private and metadata addresses refused (egress_allow empty)",
+        )
+    wide = [a for a in allowed if _everything(a)]
+    if wide:
+        return degraded(
+            P,
+            "egress",
+            f"prewarm.egress_allow {', '.join(wide)} lets a prewarm reach every address, the "
+            "cloud metadata service included",
+            "narrow prewarm.egress_allow to the registries' and origins' networks",
+        )
+    return ok(P, "egress", f"private addresses allowed only in {', '.join(allowed)}")
+
+
+def prewarm_private_images(facts: Facts) -> Check:
+    """Whether images pulled with the node's credentials may be prewarmed, and why (the rule
+    of agent/prewarm/private_images.py, docs/security.md "Private images")."""
+    settings = facts.config.prewarm
+    if settings.docker_config is None:
+        return ok(P, "private-images", "no registry credentials (prewarm.docker_config unset)")
+    if settings.private_images == USABLE_BY_EVERY_POD:
+        return ok(
+            P,
+            "private-images",
+            f"{SETTING}: {USABLE_BY_EVERY_POD}: a prewarmed private image is usable by every "
+            "pod on this node, by the operator's choice",
+        )
+    kubelet = read_kubelet_policy(settings.kubelet_config, settings.kubelet_config_dir)
+    if kubelet.policy == ALWAYS_VERIFY and not kubelet.gate_off:
+        return ok(P, "private-images", f"the kubelet verifies credentials: {kubelet.describe()}")
+    return degraded(
+        P,
+        "private-images",
+        f"private images are refused (they would be usable by every pod): kubelet "
+        f"{POLICY_FIELD} {kubelet.describe()}",
+        f"set {POLICY_FIELD}: {ALWAYS_VERIFY} in the kubelet config and mount it into the agent "
+        f"pod ({settings.kubelet_config}), or set {SETTING}: {USABLE_BY_EVERY_POD}",
+    )
+
+
+def _everything(entry: str) -> bool:
+    try:
+        return ipaddress.ip_network(entry, strict=False).prefixlen == 0
+    except ValueError:
+        return entry.strip() == "*"
+
+
+def state_dir(facts: Facts) -> Check:
+    directory = facts.config.state_dir
+    unwritable = facts.state_read_only()
+    if unwritable is not None:
+        return failed("state", "dir", str(unwritable), STATE_FIX)
+    vfs = facts.statvfs(directory)
+    free = vfs.f_bavail * vfs.f_frsize
+    evidence = f"{directory} writable, {free / _GIB:.1f} GiB free"
+    if free < 256 * 1024**2:
+        return degraded(
+            "state", "dir", f"{evidence}: under 256 MiB", f"free space on the volume of {directory}"
+        )
+    return ok("state", "dir", evidence)

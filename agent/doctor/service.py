@@ -1,0 +1,158 @@
+"""The doctor: every check in one run (agent/doctor/runner.py), its latest answer as the
+``gpu_agent_doctor_check_state`` gauge, and its summary in the log.
+
+The agent runs it at start-up (the log then begins with what does not work and the fix), every
+``REFRESH_S`` after, and for every ``Doctor`` call; the gauge shows the latest run's states.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from agent.doctor import api_checks, gpu_checks, kube_checks, node_checks
+from agent.doctor.facts import Facts
+from agent.doctor.runner import DEADLINE_S, Probe, run_checks
+from agent.kube import InClusterKubeClient, KubeClient
+from agent.wire.doctor import Check, CheckState, DoctorReport
+
+if TYPE_CHECKING:
+    from agent.config import AgentConfig
+    from agent.dra.mode import Allocation
+    from agent.gpu.attach import DriverLink
+    from agent.health.monitor import HealthMonitor
+    from agent.state import StateStore
+    from agent.telemetry.service import TelemetryService
+
+__all__ = ["CHECKS", "REFRESH_S", "Doctor", "build_doctor", "check_line", "count_line"]
+
+log = logging.getLogger(__name__)
+
+#: How often a running agent runs its checks again for the gauge (each run makes one
+#: SelfSubjectAccessReview per verb in a cluster: rare, so a fleet does not load the API).
+REFRESH_S = 3600.0
+
+#: (duty, name, check) in the order they are shown.
+CHECKS: tuple[tuple[str, str, Callable[[Facts], Check]], ...] = (
+    ("telemetry", "nvml", gpu_checks.telemetry_nvml),
+    ("telemetry", "profiling", gpu_checks.telemetry_profiling),
+    ("telemetry", "pod-resources", gpu_checks.telemetry_pod_resources),
+    ("mig", "capability", gpu_checks.mig_capability),
+    ("mig", "allocation-mode", gpu_checks.mig_allocation_mode),
+    ("mig", "pending", gpu_checks.mig_pending),
+    ("mig", "operand-labels", gpu_checks.mig_operand_labels),
+    ("sharing", "plugin-config", node_checks.sharing_plugin_config),
+    ("sharing", "reload", node_checks.sharing_reload),
+    ("prewarm", "cache-volume", node_checks.prewarm_cache_volume),
+    ("prewarm", "containerd", node_checks.prewarm_containerd),
+    ("prewarm", "nydus", node_checks.prewarm_nydus),
+    ("prewarm", "dragonfly", node_checks.prewarm_dragonfly),
+    ("prewarm", "egress", node_checks.prewarm_egress),
+    ("prewarm", "private-images", node_checks.prewarm_private_images),
+    ("power", "limits", gpu_checks.power_limits),
+    ("health", "xid", gpu_checks.health_xid),
+    ("api", "socket-dir", api_checks.api_socket_dir),
+    ("api", "tls", api_checks.api_tls),
+    ("api", "roles", api_checks.api_roles),
+    ("kubernetes", "reachable", kube_checks.kube_reachable),
+    ("kubernetes", "rbac", kube_checks.kube_rbac),
+    ("kubernetes", "api-versions", kube_checks.kube_api_versions),
+    ("state", "dir", node_checks.state_dir),
+)
+_GAUGE_VALUE = {CheckState.OK: 0, CheckState.DEGRADED: 1, CheckState.FAILED: 2}
+
+
+def check_line(check: Check) -> str:
+    return (
+        f"doctor: {check.duty}/{check.name} {check.state.value}: {check.evidence}; fix: {check.fix}"
+    )
+
+
+def count_line(report: DoctorReport) -> str:
+    counts = {s: sum(1 for c in report.checks if c.state is s) for s in CheckState}
+    return (
+        f"doctor: {len(report.checks)} checks: {counts[CheckState.OK]} ok, "
+        f"{counts[CheckState.DEGRADED]} degraded, {counts[CheckState.FAILED]} failed "
+        "(gpu-agent doctor for the table)"
+    )
+
+
+class Doctor(Collector):
+    """Runs the checks over ``facts``; thread-safe. Never raises from a run."""
+
+    def __init__(self, facts: Facts, deadline_s: float = DEADLINE_S) -> None:
+        self.facts = facts
+        self._deadline_s = deadline_s
+        self._lock = threading.Lock()
+        self._latest: DoctorReport | None = None
+        self._logged = False
+
+    @property
+    def latest(self) -> DoctorReport | None:
+        return self._latest
+
+    def run(self) -> DoctorReport:
+        """Every check now (blocking: up to the deadline)."""
+        facts = self.facts
+        probes = [Probe(duty, name, _bind(check, facts)) for duty, name, check in CHECKS]
+        report = DoctorReport(facts.config.node_name, run_checks(probes, self._deadline_s))
+        with self._lock:
+            self._latest = report
+        return report
+
+    def refresh(self) -> None:
+        """A run for the gauge; the first one logs the summary (the agent's start-up)."""
+        report = self.run()
+        if self._logged:
+            return
+        self._logged = True
+        for check in report.checks:
+            if check.state is not CheckState.OK:
+                level = logging.ERROR if check.state is CheckState.FAILED else logging.WARNING
+                log.log(level, "%s", check_line(check))
+        log.info("%s", count_line(report))
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            "gpu_agent_doctor_check_state",
+            "State of each gpu-agent doctor check at its latest run: 0 ok, 1 degraded, 2 failed.",
+            labels=["duty", "check"],
+        )
+        report = self._latest
+        for check in report.checks if report is not None else ():
+            gauge.add_metric([check.duty, check.name], _GAUGE_VALUE[check.state])
+        yield gauge
+
+
+def _bind(check: Callable[[Facts], Check], facts: Facts) -> Callable[[], Check]:
+    return lambda: check(facts)
+
+
+def build_doctor(
+    config: AgentConfig,
+    driver: DriverLink,
+    kube: KubeClient | None,
+    allocation: Callable[[], Allocation],
+    state: StateStore,
+    telemetry: TelemetryService,
+    health: HealthMonitor,
+) -> Doctor:
+    """The checks over the agent's own parts, as the composition root hands them in."""
+    facts = Facts(
+        config=config,
+        driver=driver,
+        kube=kube if isinstance(kube, InClusterKubeClient) else None,
+        allocation=allocation,
+        snapshot=telemetry.latest,
+        xids=telemetry.xid_counts,
+        marks=health.shown,
+        state_read_only=lambda: state.read_only,
+        socket_path=config.socket_path,
+    )
+    return Doctor(facts)

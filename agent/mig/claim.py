@@ -1,0 +1,125 @@
+"""The node's claim: which coordinator may start the next MIG change here (in memory).
+
+A claim changes nothing; it is how coordinators that share no Lease keep max-unavailable
+(docs/coordinator.md, "Two replicas without a Lease"). At most one claim exists per node. It
+lives ``ttl`` seconds by the agent's own clock, or, once an apply binds it, until that
+operation ends: the agent, not the coordinator, keeps it alive through the change, so a
+coordinator that dies mid-change still leaves the node counted. A restart forgets claims;
+an apply the restart finishes is running, and a running apply counts as a claim.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from agent.errors import Busy, Claimed, FieldViolation, InvalidSpec
+
+__all__ = ["DEFAULT_TTL_S", "MAX_TTL_S", "Claim", "ClaimBook"]
+
+DEFAULT_TTL_S = 30
+MAX_TTL_S = 300
+_MAX_TEXT = 253
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    holder: str
+    rollout: str
+    max_unavailable: str
+    #: when it ends (the agent's monotonic clock), unless ``operation`` is bound
+    expires_at: float
+    #: the mig.apply operation bound to it (it lives while that runs)
+    operation: str = ""
+
+
+def _text(value: str, field: str, *, required: bool = False) -> str:
+    if (required and not value) or len(value) > _MAX_TEXT or not value.isprintable():
+        need = "required, " if required else ""
+        raise InvalidSpec(
+            f"{field} is missing, too long or not printable",
+            [FieldViolation(field, f"{need}at most {_MAX_TEXT} printable characters")],
+        )
+    return value
+
+
+class ClaimBook:
+    """The one claim of this node. ``running()`` names the running mig.apply operations."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._claim: Claim | None = None
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        return self._clock()
+
+    def current(self, running: set[str]) -> Claim | None:
+        """The live claim: bound to a running operation, or unbound and not expired; else
+        a running operation no claim names stands as a holderless claim."""
+        with self._lock:
+            claim = self._live(running)
+        if claim is None and running:
+            return Claim("", "", "", 0.0, sorted(running)[0])
+        return claim
+
+    def _live(self, running: set[str]) -> Claim | None:
+        c = self._claim
+        if c is not None and (
+            c.operation in running if c.operation else self._clock() < c.expires_at
+        ):
+            return c
+        self._claim = None
+        return None
+
+    def take(
+        self, holder: str, rollout: str, max_unavailable: str, ttl_s: int, running: set[str]
+    ) -> Claim:
+        """Claim (or renew) for ``holder``; Busy naming who is in the way otherwise."""
+        _text(holder, "holder", required=True)
+        _text(rollout, "rollout")
+        _text(max_unavailable, "max_unavailable")
+        if ttl_s > MAX_TTL_S:
+            raise InvalidSpec(
+                f"ttl_seconds {ttl_s} is over {MAX_TTL_S}",
+                [FieldViolation("ttl_seconds", f"0 (for {DEFAULT_TTL_S}) to {MAX_TTL_S}")],
+            )
+        with self._lock:
+            claim = self._live(running)
+            if claim is not None and claim.holder != holder:
+                raise Claimed(f"the node is claimed by {claim.holder} (rollout {claim.rollout})")
+            if claim is not None and claim.operation:
+                return claim  # its change runs: the claim ends with it
+            if running:
+                op = sorted(running)[0]
+                raise Busy(f"MIG apply {op} is running; the node is changing", [op])
+            expires = self._clock() + (ttl_s or DEFAULT_TTL_S)
+            self._claim = Claim(holder, rollout, max_unavailable, expires)
+            return self._claim
+
+    def release(self, holder: str) -> bool:
+        """Drop ``holder``'s unbound claim; a bound one ends with its operation."""
+        with self._lock:
+            c = self._claim
+            if c is None or c.holder != holder or c.operation:
+                return False
+            self._claim = None
+            return True
+
+    def admit(self, holder: str, running: set[str]) -> None:
+        """May an apply by ``holder`` ("" for none) start now? Busy saying why not."""
+        with self._lock:
+            claim = self._live(running)
+        if claim is not None and claim.holder != holder:
+            raise Claimed(f"the node is claimed by {claim.holder} (rollout {claim.rollout})")
+        if holder and claim is None:
+            raise Claimed(f"no live claim by {holder}: claim the node again (ClaimMig) first")
+
+    def bind(self, holder: str, operation: str) -> None:
+        """Tie ``holder``'s claim to the operation its apply started."""
+        with self._lock:
+            c = self._claim
+            if holder and c is not None and c.holder == holder:
+                self._claim = replace(c, operation=operation)

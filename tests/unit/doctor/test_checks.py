@@ -1,0 +1,197 @@
+"""The doctor's checks on crafted conditions: each says the state, the evidence and the one fix
+an operator needs, and a check that errs or hangs is failed, never a failed doctor."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
+
+from agent.doctor import api_checks, gpu_checks, node_checks
+from agent.doctor.runner import Probe, run_checks
+from agent.doctor.service import CHECKS, Doctor
+from agent.gpu.attach import LIBRARY_NOT_FOUND, DriverLink, DriverState
+from agent.gpu.readings import GpuIdentity
+from agent.statedir import Unwritable
+from agent.telemetry.snapshot import FieldSupport, Snapshot
+from agent.wire.doctor import Check, CheckState
+from tests.unit.doctor.support import detached, facts, volume
+
+
+def test_a_socket_dir_others_may_write_fails_with_the_chmod_that_fixes_it(tmp_path: Path) -> None:
+    f = facts(tmp_path)
+    directory = f.socket_path.parent
+    directory.mkdir()
+    os.chmod(directory, 0o777)
+    check = api_checks.api_socket_dir(f)
+    assert check.state is CheckState.FAILED
+    assert "group or others may write it" in check.evidence and "0777" in check.evidence
+    assert check.fix == f"chmod 0700 {directory}"
+    os.chmod(directory, 0o700)
+    assert api_checks.api_socket_dir(f).state is CheckState.OK
+
+
+def test_a_nearly_full_cache_volume_is_degraded_and_a_full_one_failed(tmp_path: Path) -> None:
+    (tmp_path / "cache").mkdir()
+    nearly = node_checks.prewarm_cache_volume(facts(tmp_path, statvfs=volume(1000, 60)))
+    assert nearly.state is CheckState.DEGRADED
+    assert "nearly full" in nearly.evidence and "94% used" in nearly.evidence
+    assert "free space" in nearly.fix
+    full = node_checks.prewarm_cache_volume(facts(tmp_path, statvfs=volume(1000, 5)))
+    assert full.state is CheckState.FAILED and "gpu-agent cache evict" in full.fix
+    roomy = node_checks.prewarm_cache_volume(facts(tmp_path, statvfs=volume(1000, 600)))
+    assert roomy.state is not CheckState.FAILED and "40% used" in roomy.evidence
+
+
+def test_no_nvml_fails_telemetry_naming_library_not_found_and_each_gpu_duty_points_at_it(
+    tmp_path: Path,
+) -> None:
+    f = facts(tmp_path, driver=detached(LIBRARY_NOT_FOUND, "cannot use NVML (not found)"))
+    nvml = gpu_checks.telemetry_nvml(f)
+    assert nvml.state is CheckState.FAILED
+    assert "library_not_found" in nvml.evidence
+    assert "install the NVIDIA driver" in nvml.fix
+    in_pod = gpu_checks.telemetry_nvml(
+        facts(tmp_path, driver=f.driver, env={"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+    )
+    assert "runtimeClassName: nvidia" in in_pod.fix
+    for check in (gpu_checks.mig_capability, gpu_checks.power_limits, gpu_checks.health_xid):
+        found = check(f)
+        assert found.state is CheckState.FAILED and "telemetry/nvml" in found.fix
+
+
+def test_a_state_dir_that_takes_no_writes_fails_with_the_fix(tmp_path: Path) -> None:
+    gone = Unwritable(tmp_path / "state", 30, "Read-only file system")
+    check = node_checks.state_dir(facts(tmp_path, state_read_only=lambda: gone))
+    assert check.state is CheckState.FAILED
+    assert "Read-only file system" in check.evidence and "remount it read-write" in check.fix
+
+
+def test_a_wide_open_egress_allow_is_degraded(tmp_path: Path) -> None:
+    f = facts(tmp_path)
+    prewarm = dataclasses.replace(f.config.prewarm, egress_allow=("10.0.0.0/8", "0.0.0.0/0"))
+    wide = dataclasses.replace(f, config=dataclasses.replace(f.config, prewarm=prewarm))
+    check = node_checks.prewarm_egress(wide)
+    assert check.state is CheckState.DEGRADED and "0.0.0.0/0" in check.evidence
+    assert node_checks.prewarm_egress(f).state is CheckState.OK
+
+
+def test_private_images_are_said_refused_until_the_kubelet_verifies_or_the_operator_opts_in(
+    tmp_path: Path,
+) -> None:
+    """The doctor shows the private-image rule (docs/security.md): no credentials, ok; with
+    credentials, degraded under the kubelet's default policy naming it and both ways out; ok
+    once the kubelet config says AlwaysVerify, or the operator opts in."""
+    f = facts(tmp_path)
+    assert node_checks.prewarm_private_images(f).state is CheckState.OK  # no credentials
+    kubelet = tmp_path / "kubelet.yaml"
+    kubelet.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n")
+
+    def with_prewarm(**changes: object) -> object:
+        prewarm = dataclasses.replace(
+            f.config.prewarm, docker_config=tmp_path / "config.json", kubelet_config=kubelet,
+            **changes,
+        )  # fmt: skip
+        return dataclasses.replace(f, config=dataclasses.replace(f.config, prewarm=prewarm))
+
+    refused = node_checks.prewarm_private_images(with_prewarm())
+    assert refused.state is CheckState.DEGRADED, refused
+    assert "NeverVerifyPreloadedImages (default)" in refused.evidence
+    assert "AlwaysVerify" in refused.fix and "usable-by-every-pod" in refused.fix
+    kubelet.write_text(
+        kubelet.read_text() + "imagePullCredentialsVerificationPolicy: AlwaysVerify\n"
+    )
+    assert node_checks.prewarm_private_images(with_prewarm()).state is CheckState.OK
+    kubelet.unlink()
+    opted = node_checks.prewarm_private_images(with_prewarm(private_images="usable-by-every-pod"))
+    assert opted.state is CheckState.OK and "operator's choice" in opted.evidence
+
+
+def test_a_check_that_raises_or_hangs_is_failed_and_the_run_still_answers() -> None:
+    release = threading.Event()
+
+    def boom() -> Check:
+        raise RuntimeError("socket vanished")
+
+    def hang() -> Check:
+        release.wait(30)
+        return Check("d", "hang", CheckState.OK, "late")
+
+    try:
+        checks = run_checks(
+            [
+                Probe("d", "fine", lambda: Check("d", "fine", CheckState.OK, "fine")),
+                Probe("d", "boom", boom),
+                Probe("d", "hang", hang),
+            ],
+            deadline_s=0.5,
+        )
+    finally:
+        release.set()
+    assert [c.name for c in checks] == ["fine", "boom", "hang"]
+    assert checks[0].state is CheckState.OK
+    assert (
+        checks[1].state is CheckState.FAILED
+        and "RuntimeError: socket vanished" in checks[1].evidence
+    )
+    assert checks[2].state is CheckState.FAILED and "did not finish in 0 s" in checks[2].evidence
+
+
+def test_every_check_answers_without_a_driver_and_the_gauge_carries_each_state(
+    tmp_path: Path,
+) -> None:
+    doctor = Doctor(facts(tmp_path))
+    report = doctor.run()
+    assert [(c.duty, c.name) for c in report.checks] == [(d, n) for d, n, _ in CHECKS]
+    assert report.worst is CheckState.FAILED
+    samples = {
+        (s.labels["duty"], s.labels["check"]): s.value for m in doctor.collect() for s in m.samples
+    }
+    assert samples[("telemetry", "nvml")] == 2
+    assert samples[("kubernetes", "rbac")] == 0  # not in a cluster: nothing needs the API
+    assert len(samples) == len(CHECKS)
+
+
+def _attached() -> DriverLink:
+    state = DriverState(True, "", "", time.time(), 1)
+    return cast(DriverLink, SimpleNamespace(state=state, is_attached=True, driver=None))
+
+
+def _host(root: Path, *, admin_only: str, cap_eff: str) -> Path:
+    proc = root / "proc"
+    (proc / "driver" / "nvidia").mkdir(parents=True)
+    (proc / "driver" / "nvidia" / "params").write_text(
+        f"ResmanDebugLevel: 4294967295\nRmProfilingAdminOnly: {admin_only}\n"
+    )
+    (proc / "self").mkdir()
+    (proc / "self" / "status").write_text(f"Name:\tgpu-agent\nCapEff:\t{cap_eff}\n")
+    return proc
+
+
+def _profiling_snapshot(supported: bool) -> Snapshot:
+    gpu = GpuIdentity(0, "GPU-0", "NVIDIA H100", "00000000:01:00.0", 0)
+    return Snapshot(
+        0.0, "n", "550.90.07", "12.550", (), (), support=(FieldSupport(1004, gpu, supported),)
+    )
+
+
+def test_profiling_restricted_to_admins_without_cap_sys_admin_fails_with_the_modprobe_fix(
+    tmp_path: Path,
+) -> None:
+    proc = _host(tmp_path, admin_only="1", cap_eff="00000000a80425fb")  # no bit 21
+    f = facts(tmp_path, driver=_attached(), proc=proc, snapshot=lambda: _profiling_snapshot(False))
+    check = gpu_checks.telemetry_profiling(f)
+    assert check.state is CheckState.FAILED
+    assert "profiling restricted to admins" in check.evidence
+    assert "NVreg_RestrictProfilingToAdminUsers=0" in check.fix
+    # With CAP_SYS_ADMIN (bit 21) the restriction does not bind the agent: unsupported fields
+    # are then the GPU's, degraded.
+    admin = _host(tmp_path / "admin", admin_only="1", cap_eff="000001ffffffffff")
+    held = gpu_checks.telemetry_profiling(dataclasses.replace(f, proc=admin))
+    assert held.state is CheckState.DEGRADED and "unsupported on GPU(s) 0" in held.evidence
+    fine = dataclasses.replace(f, proc=admin, snapshot=lambda: _profiling_snapshot(True))
+    assert gpu_checks.telemetry_profiling(fine).state is CheckState.OK

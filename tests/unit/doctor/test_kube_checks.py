@@ -1,0 +1,127 @@
+"""The Kubernetes checks against a real HTTP API stand-in: one SelfSubjectAccessReview per
+verb the agent's ClusterRole grants, a denied verb named with the fix, discovery read."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.doctor import kube_checks
+from agent.kube import InClusterKubeClient
+from agent.wire.doctor import CheckState
+from tests.unit.doctor.support import facts
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+class Api:
+    """Answers /version, /apis and SelfSubjectAccessReviews; ``denied`` holds (verb, resource,
+    subresource, group) the service account may not do. Every review is recorded."""
+
+    def __init__(self) -> None:
+        self.denied: set[tuple[str, str, str, str]] = set()
+        self.reviews: list[dict] = []
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def _send(self, obj: object) -> None:
+                body = json.dumps(obj).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                if self.path == "/version":
+                    self._send({"gitVersion": "v1.34.1"})
+                else:
+                    versions = [{"groupVersion": "resource.k8s.io/v1", "version": "v1"}]
+                    self._send({"groups": [{"name": "resource.k8s.io", "versions": versions}]})
+
+            def do_POST(self) -> None:
+                review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                api.reviews.append(review)
+                a = review["spec"]["resourceAttributes"]
+                key = (a["verb"], a["resource"], a.get("subresource", ""), a["group"])
+                self._send({**review, "status": {"allowed": key not in api.denied}})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.client = InClusterKubeClient(
+            f"http://127.0.0.1:{self.server.server_address[1]}", None, token="t", timeout=5
+        )
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def api() -> Iterator[Api]:
+    server = Api()
+    yield server
+    server.close()
+
+
+def test_the_verbs_asked_are_the_ones_the_agents_cluster_role_grants() -> None:
+    docs = yaml.safe_load_all((REPO / "deploy/kubernetes/base/agent-rbac.yaml").read_text())
+    role = next(
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpu-agent"
+    )
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    asked = {(g, r, v) for g, r, verbs in kube_checks.AGENT_VERBS for v in verbs}
+    assert asked == granted
+
+
+def test_every_verb_allowed_is_ok(api: Api, tmp_path: Path) -> None:
+    f = facts(tmp_path, kube=api.client)
+    check = kube_checks.kube_rbac(f)
+    assert check.state is CheckState.OK
+    count = sum(len(v) for _, _, v in kube_checks.AGENT_VERBS)
+    assert f"all {count} verbs" in check.evidence and len(api.reviews) == count
+    assert kube_checks.kube_reachable(f).evidence.endswith("version v1.34.1")
+    assert "resource.k8s.io v1" in kube_checks.kube_api_versions(f).evidence
+
+
+def test_a_denied_verb_fails_naming_it_and_the_manifest_that_grants_it(
+    api: Api, tmp_path: Path
+) -> None:
+    api.denied = {
+        ("patch", "nodes", "status", ""),
+        ("watch", "resourceslices", "", "resource.k8s.io"),
+    }
+    check = kube_checks.kube_rbac(facts(tmp_path, kube=api.client))
+    assert check.state is CheckState.FAILED
+    assert "denied 2 of" in check.evidence
+    assert "patch nodes/status" in check.evidence
+    assert "watch resourceslices.resource.k8s.io" in check.evidence
+    assert "kubectl apply -k deploy/kubernetes" in check.fix
+
+
+def test_an_api_server_that_does_not_answer_fails_reachable(tmp_path: Path) -> None:
+    gone = InClusterKubeClient("http://127.0.0.1:9", None, token="t", timeout=2)
+    check = kube_checks.kube_reachable(facts(tmp_path, kube=gone))
+    assert check.state is CheckState.FAILED and "does not answer" in check.evidence
+
+
+def test_outside_a_cluster_the_kubernetes_checks_are_ok_saying_so(tmp_path: Path) -> None:
+    for check in (kube_checks.kube_reachable, kube_checks.kube_rbac, kube_checks.kube_api_versions):
+        found = check(facts(tmp_path))
+        assert found.state is CheckState.OK and found.evidence.startswith("not in a cluster")
