@@ -281,7 +281,7 @@ def _self_metrics(
     publish("health", HealthCollector(health.shown), health.subscribe)
     if mig_labels is not None:
         publish("mig", MigStateCollector(mig_labels))
-    publish("doctor", doctor)
+    publish("doctor", doctor, doctor.subscribe)
 
 
 def _allocation(

@@ -92,6 +92,11 @@ class Doctor(Collector):
         self._lock = threading.Lock()
         self._latest: DoctorReport | None = None
         self._logged = False
+        self._listeners: list[Callable[[], None]] = []
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after each run (on the running thread; /metrics republishes)."""
+        self._listeners.append(listener)
 
     @property
     def latest(self) -> DoctorReport | None:
@@ -104,6 +109,8 @@ class Doctor(Collector):
         report = DoctorReport(facts.config.node_name, run_checks(probes, self._deadline_s))
         with self._lock:
             self._latest = report
+        for listener in self._listeners:
+            listener()
         return report
 
     def refresh(self) -> None:
