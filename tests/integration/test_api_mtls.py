@@ -262,6 +262,23 @@ def every_rpc(channel: grpc.Channel, origin: Origin, tag: str) -> dict[str, grpc
         P + "TelemetryService/GetMetrics",
         lambda: telemetry.GetMetrics(telemetry_pb2.GetMetricsRequest(), timeout=t),
     )
+    record(P + "NodeService/Doctor", lambda: node.Doctor(agent_pb2.DoctorRequest(), timeout=t))
+    holder = f"coordinator-{tag}"
+    record(
+        P + "MigService/ClaimMig",
+        lambda: mig.ClaimMig(
+            mig_pb2.ClaimMigRequest(holder=holder, rollout=f"r-{tag}", ttl_seconds=30), timeout=t
+        ),
+    )
+    record(
+        P + "MigService/GetMigClaim",
+        lambda: mig.GetMigClaim(mig_pb2.GetMigClaimRequest(), timeout=t),
+    )
+    # Released before the unclaimed apply below, which another holder's claim would refuse.
+    record(
+        P + "MigService/ReleaseMigClaim",
+        lambda: mig.ReleaseMigClaim(mig_pb2.ReleaseMigClaimRequest(holder=holder), timeout=t),
+    )
 
     def one_reconfiguration_at_a_time() -> None:  # an earlier pass's apply may still run
         running = ops.ListOperations(
