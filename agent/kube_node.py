@@ -313,12 +313,12 @@ class NodeOwner:
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._clock()))
             writes = plan(node, parts, once, now)
             path = f"/api/v1/nodes/{urllib.parse.quote(self.node, safe='')}"
+            # The condition first: a reader that sees the labels or taint sees it too.
+            if writes.status is not None:
+                strategic = "application/strategic-merge-patch+json"
+                self._write(f"{path}/status", writes.status, strategic)
             if writes.node is not None:
                 self._write(path, writes.node, "application/merge-patch+json")
-            if writes.status is not None:
-                self._write(
-                    f"{path}/status", writes.status, "application/strategic-merge-patch+json"
-                )
             if writes.said:
                 log.info("Node %s: wrote %s", self.node, ", ".join(writes.said))
             return bool(writes.node or writes.status)

@@ -44,8 +44,9 @@ def tls_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture
 def kube_api(tmp_path: Path, tls_cert: tuple[Path, Path]) -> Iterator[tuple[FakeKubeApi, str]]:
-    """The fake API server with one node and its device-plugin pod, plus another node's pod."""
-    yield from _serve(FakeKubeApi(token_path=_token(tmp_path)), tls_cert)
+    """The fake API server with one node and its device-plugin pod, plus another node's pod
+    (with discovery, as every API server answers it: tests/kube/fake_edge.py)."""
+    yield from _serve(EdgeKubeApi(token_path=_token(tmp_path)), tls_cert)
 
 
 @pytest.fixture
