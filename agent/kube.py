@@ -58,6 +58,7 @@ _STATUS_ERRORS: dict[int, type[AgentError]] = {
     403: PermissionDenied,
     404: NotFound,
     409: Conflict,
+    410: Gone,
     # Too Many Requests: an eviction a PodDisruptionBudget refuses now, or API throttling.
     429: Busy,
 }

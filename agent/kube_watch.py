@@ -175,18 +175,22 @@ class Informer:
                 delay = self._backoff[0]
                 if time.monotonic() - began < 1.0:
                     self._stop.wait(1.0)  # a server ending watches at once is not spun on
-            except Gone:
-                self._gone()
-            except AgentError as exc:
-                self._bad(exc)
-                wait = _retry_after(exc) or delay * (0.5 + random.random())
-                log.warning("%s: %s; again in %.1f s", self.path, exc, wait)
-                self._stop.wait(wait)
-                delay = min(self._backoff[1], delay * 2)
-            except ValueError as exc:  # a body that is not JSON: a broken proxy
-                self._bad(exc)
-                self._stop.wait(delay)
-                delay = min(self._backoff[1], delay * 2)
+            except Gone as exc:
+                self.resource_version = ""  # compacted: list again at once
+                if self._gone_after != self.lists:
+                    self._gone_after = self.lists
+                    continue
+                delay = self._failed(exc, delay)  # 410 again with no list between: back off
+            except (AgentError, ValueError) as exc:  # ValueError: a body that is not JSON
+                delay = self._failed(exc, delay)
+
+    def _failed(self, exc: Exception, delay: float) -> float:
+        """Wait the server's Retry-After, else ``delay`` jittered by +-50 %; the next delay."""
+        self._bad(exc)
+        wait = _retry_after(exc) or delay * (0.5 + random.random())
+        log.warning("%s: %s; again in %.1f s", self.path, exc, wait)
+        self._stop.wait(wait)
+        return min(self._backoff[1], delay * 2)
 
     def start(self) -> Informer:
         """Start the list+watch thread once (a shared informer is started by each reader)."""
@@ -201,14 +205,6 @@ class Informer:
     def stop(self) -> None:
         """Stops after the watch in flight ends (the thread is a daemon: it never blocks exit)."""
         self._stop.set()
-
-    def _gone(self) -> None:
-        """410: list again at once; a second 410 straight after a list waits a back-off."""
-        fresh = self.lists
-        self.resource_version = ""
-        if self._gone_after == fresh:
-            self._stop.wait(self._backoff[0])
-        self._gone_after = fresh
 
     def _changed(self) -> None:
         with self._lock:

@@ -50,9 +50,11 @@ def kube_api(tmp_path: Path, tls_cert: tuple[Path, Path]) -> Iterator[tuple[Fake
 
 
 @pytest.fixture
-def edge_api(tmp_path: Path, tls_cert: tuple[Path, Path]) -> Iterator[tuple[EdgeKubeApi, str]]:
-    """`kube_api` with discovery, call counts, bookmarks and injected failures."""
-    yield from _serve(EdgeKubeApi(token_path=_token(tmp_path)), tls_cert)
+def edge_api(kube_api: tuple[FakeKubeApi, str]) -> tuple[EdgeKubeApi, str]:
+    """`kube_api` as what it is: with call counts, bookmarks and injected failures."""
+    api, url = kube_api
+    assert isinstance(api, EdgeKubeApi)
+    return api, url
 
 
 def _token(tmp_path: Path) -> Path:
