@@ -173,7 +173,8 @@ class MigSettings:
         metadata=_rules(
             doc="Seconds between reads of the node's labels when watch_node_label is on and the "
             "Node is not watched (no Kubernetes API client); in a pod the agent watches its Node "
-            "(a label change is seen at once) and re-reads the labels every 60 s.",
+            "(a label change is seen at once) and looks at the watched labels again every 60 s "
+            "(a read of its cache, no request).",
             ge=1.0,
         ),
     )

@@ -176,8 +176,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         proc_root = SimControl(config.state_dir).proc_root  # the simulator's /proc look-alike
     client = InClusterKubeClient.in_pod()
     edge = KubeEdge.build(client, config.node_name) if client is not None else None
-    # Features written against KubeClient read the Node's watch and write through its owner.
-    kube: KubeClient | None = edge.labels_client() if edge is not None else None
+    kube: KubeClient | None = edge.labels_client() if edge is not None else None  # via the edge
     telemetry = build_telemetry(
         gpu,
         config.telemetry,
@@ -196,20 +195,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
     telemetry.on_xid(health.record_xid)
     telemetry.subscribe(health.observe)  # before the inventory: GetNode shows this tick's marks
     health.subscribe(lambda change: bus.publish(health=health_event_pb(change)))
-    publisher = None
-    if edge is not None:
-        rules = DeviceTaints(
-            edge.client.request,
-            config.node_name,
-            health.shown,
-            health.device_uuids,
-            slices=edge.slices().objects,
-            rules=lambda: edge.apis.path("devicetaintrules"),
-        )
-        publisher = NodePublisher(
-            edge.client, edge.owner, health.shown, taint=h.taint, device_taints=rules.sync
-        )
-        health.subscribe(publisher.on_change)
+    publisher = _health_publisher(edge, config, health)
     inventory = NodeInventory(
         bus,
         node_name=config.node_name,
@@ -249,9 +235,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
     inventory.watch_allocation(allocation.current, mig.mig_refusal)
     mig_labels = _mig_labels(config, kube, mig)
     doctor = build_doctor(config, driver, client, allocation.current, state, telemetry, health)
-    _self_metrics(telemetry, driver, state, prewarm, health, mig_labels, allocation, doctor)
-    if edge is not None:
-        telemetry.exporter.add_collector(KubeEdgeCollector(edge))
+    _self_metrics(telemetry, driver, state, prewarm, health, mig_labels, allocation, doctor, edge)
     return Services(
         doctor=doctor,
         config=config,
@@ -284,6 +268,7 @@ def _self_metrics(
     mig_labels: MigLabelController | None,
     allocation: AllocationSource,
     doctor: Doctor,
+    edge: KubeEdge | None,
 ) -> None:
     """The agent's own gauges beside the GPUs' on /metrics."""
     exporter = telemetry.exporter
@@ -295,6 +280,29 @@ def _self_metrics(
     if mig_labels is not None:
         exporter.add_collector(MigStateCollector(mig_labels))
     exporter.add_collector(doctor)
+    if edge is not None:
+        exporter.add_collector(KubeEdgeCollector(edge))
+
+
+def _health_publisher(
+    edge: KubeEdge | None, config: AgentConfig, health: HealthMonitor
+) -> NodePublisher | None:
+    """In a pod, the health marks stated to the Node's owner, and the DRA device taints."""
+    if edge is None:
+        return None
+    rules = DeviceTaints(
+        edge.client.request,
+        config.node_name,
+        health.shown,
+        health.device_uuids,
+        slices=edge.slices().objects,
+        rules=lambda: edge.apis.path("devicetaintrules"),
+    )
+    publisher = NodePublisher(
+        edge.client, edge.owner, health.shown, taint=config.health.taint, device_taints=rules.sync
+    )
+    health.subscribe(publisher.on_change)
+    return publisher
 
 
 def _allocation(
@@ -518,6 +526,8 @@ class Node:
         # The driver is tried once before serving, so a node that has one serves with its GPUs
         # from the first call; one that has none yet serves everything else and attaches later.
         missing = await asyncio.to_thread(s.driver.probe)
+        if s.edge is not None:  # its informers may start before its owner (the allocation's)
+            stack.callback(s.edge.stop)
         await self._follow_allocation(stack)  # before recovery: the mode gates the MIG journal
         await self._recover(attached=missing is None)
         await asyncio.to_thread(self._prune)
@@ -557,7 +567,6 @@ class Node:
             # One watch of the own Node, read by every feature; its owner writes (kube_edge).
             edge.node_informer().add_handler(lambda: call_soon_from_thread(loop, changed.set))
             edge.start()
-            stack.callback(edge.stop)
         if s.mig_labels is not None and not self.embedded:
             period = cfg.mig.label_poll_s if edge is None else MIG_RESYNC_S
             self._guard("mig-labels", _every(period, self._reconcile_mig_labels, changed))

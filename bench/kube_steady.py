@@ -102,7 +102,7 @@ def run(tmp: Path, steady_s: float, items: int) -> None:
     api.nodes[NODE] = {"kubernetes.io/hostname": NODE, "feature.node.kubernetes.io/x": "true"}
     server, url = api.serve(cert, key)
     client = InClusterKubeClient(url, token, ca_path=cert, timeout=5.0)
-    InClusterKubeClient.in_pod = classmethod(lambda cls: client)  # type: ignore[method-assign]
+    InClusterKubeClient.in_pod = classmethod(lambda cls: client)  # type: ignore[method-assign,assignment]
     root = tmp / "agent"
     (tmp / "mig.yaml").write_text(MIG_CONFIG)
     (tmp / "origin").mkdir()

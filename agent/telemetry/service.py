@@ -170,10 +170,9 @@ def build_telemetry(
 
     ``proc_root`` overrides ``settings.proc_root`` (the simulator keeps its own /proc look-alike).
     ``state_dir``: where idle times survive restarts (the agent's; one-shot commands pass none).
-    ``kube``: the API server (in a pod), whose ResourceSlices name DRA claims' devices;
-    ``slices``: the agent's shared informer of them (agent/kube_edge.py).
-    ``attach``: build the collection now (the driver is open); the agent attaches later, when
-    the driver is ready (`TelemetryService.attach`).
+    ``kube``, ``slices``: the API server (in a pod) and the agent's shared informer of the
+    ResourceSlices that name DRA claims' devices. ``attach``: build the collection now (the
+    driver is open); the agent attaches later, when the driver is ready (`.attach`).
     """
     counters = load_counters(settings.collectors)
     for counter in counters.counters:
@@ -197,9 +196,7 @@ def build_telemetry(
             unserved.reason,
         )
     stats = TelemetryStats()
-    dra = (
-        DraDevices(kube, hostname, informer=slices) if kube is not None and attribute_pods else None
-    )
+    dra = DraDevices(kube, hostname, informer=slices) if kube and attribute_pods else None
 
     def collect() -> Collection:
         reader = NodeReader(driver)
@@ -208,8 +205,7 @@ def build_telemetry(
         profiling = load_dcgm_backend(prof_ids, settings.interval_s) if needs_dcgm else None
         pods = None
         if attribute_pods:
-            socket = settings.kubelet_socket
-            period = max(settings.interval_s, _MIN_POD_REFRESH_S)
+            socket, period = settings.kubelet_socket, max(settings.interval_s, _MIN_POD_REFRESH_S)
             pods = PodWatcher(PodResourcesClient(socket), socket, period, stats, dra)
         xids = XidWatcher.for_reader(reader, stats)
         sampler = Sampler(
