@@ -166,6 +166,11 @@ def _conditions(
     return out
 
 
+def _version(node: object) -> object:
+    meta = node.get("metadata") if isinstance(node, dict) else None
+    return meta.get("resourceVersion") if isinstance(meta, dict) else None
+
+
 class NodeApi(Protocol):
     def request(
         self,
@@ -316,14 +321,17 @@ class NodeOwner:
             # The condition first: a reader that sees the labels or taint sees it too.
             if writes.status is not None:
                 strategic = "application/strategic-merge-patch+json"
-                self._write(f"{path}/status", writes.status, strategic)
+                answer = self._write(f"{path}/status", writes.status, strategic)
+                if writes.node is not None and "resourceVersion" in writes.node["metadata"]:
+                    # The taints' precondition is the Node as the status write left it.
+                    writes.node["metadata"]["resourceVersion"] = _version(answer)
             if writes.node is not None:
                 self._write(path, writes.node, "application/merge-patch+json")
             if writes.said:
                 log.info("Node %s: wrote %s", self.node, ", ".join(writes.said))
             return bool(writes.node or writes.status)
 
-    def _write(self, path: str, body: dict[str, Any], content_type: str) -> None:
+    def _write(self, path: str, body: dict[str, Any], content_type: str) -> object:
         try:
             answer = self._kube.request("PATCH", path, body=body, content_type=content_type)
         except Conflict as exc:  # the taints changed meanwhile: planned again from the watch
@@ -331,6 +339,7 @@ class NodeOwner:
         self.writes += 1
         if isinstance(answer, dict):
             self.informer.assume(answer)
+        return answer
 
     def _run(self) -> None:
         delay = self._backoff[0]

@@ -91,8 +91,7 @@ _CANCEL_AGAIN_S = 0.1
 _FIRST_RETRY_S = 0.25
 RETRY_CHECK_S = 5.0
 """Longest wait between a prewarm retry falling due and it starting."""
-#: How often the cache's labels are computed (a local read): a change is published at once;
-#: the Node's owner writes only what differs (agent/kube_node.py), so nothing is re-written.
+#: How often the cache's labels are computed (local); the Node's owner writes only a change.
 CACHE_LABELS_CHECK_S = 0.5
 #: MIG labels are re-read from the watched Node without a change this often (a failed
 #: config's retry; a read of the cache, no request); a change of the Node wakes it at once.
@@ -526,7 +525,7 @@ class Node:
         # The driver is tried once before serving, so a node that has one serves with its GPUs
         # from the first call; one that has none yet serves everything else and attaches later.
         missing = await asyncio.to_thread(s.driver.probe)
-        if s.edge is not None:  # its informers may start before its owner (the allocation's)
+        if s.edge is not None:  # the allocation's informers start before the owner
             stack.callback(s.edge.stop)
         await self._follow_allocation(stack)  # before recovery: the mode gates the MIG journal
         await self._recover(attached=missing is None)
@@ -746,8 +745,8 @@ class Node:
             log.info("pruned %d done operation(s) and request-id record(s)", gone)
 
     def _sync_cache_labels(self) -> None:
-        """``gpu-agent.io/cache.<name>=ready`` on this Node, for cache-affinity scheduling:
-        stated to the Node's owner, which writes only a change (and retries a failed write)."""
+        """``gpu-agent.io/cache.<name>=ready`` on this Node (cache-affinity scheduling), stated
+        to the Node's owner: it writes only a change, and retries a failed write."""
         edge = self.services.edge
         if edge is not None:
             edge.owner.part(CACHE_LABELS).set(labels=node_labels(self.services.prewarm.items()))

@@ -4,6 +4,8 @@ else on the Node is kept, and an API server that is away gets it all when it ret
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from agent.errors import AgentError
@@ -30,9 +32,21 @@ def _marks(gpu0: Mark, gi: Mark | None = None) -> dict[Target, tuple[int, Mark, 
     return marks
 
 
+_STARTED: list[InformerFactory] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_informers() -> Iterator[None]:
+    yield
+    while _STARTED:
+        _STARTED.pop().stop()
+
+
 def _owner(kube: InClusterKubeClient, clock: float | None = None) -> NodeOwner:
     """The Node's owner over a listed watch of the Node; its writes are made by `sync`."""
-    informer = InformerFactory(kube).node(NODE).start()
+    informers = InformerFactory(kube)
+    _STARTED.append(informers)
+    informer = informers.node(NODE).start()
     assert informer.synced.wait(10)
     if clock is None:
         return NodeOwner(kube, NODE, informer)

@@ -83,6 +83,7 @@ def test_a_burst_of_changes_is_one_node_write_and_a_restatement_is_none(
         assert [c for c in api.since(settled) if not c.watch] == []
     finally:
         owner.stop()
+        owner.informer.stop()
 
 
 def test_keys_of_other_writers_are_never_touched_and_ours_are_put_back_once(
@@ -107,6 +108,7 @@ def test_keys_of_other_writers_are_never_touched_and_ours_are_put_back_once(
         assert _patched_labels(api) <= {"gpu-agent.io/cache.new", "gpu-agent.io/cache.old"}
     finally:
         owner.stop()
+        owner.informer.stop()
 
 
 def _informer(kube: InClusterKubeClient, **kw: Any) -> Informer:
