@@ -118,7 +118,7 @@ def run(tmp: Path, steady_s: float, items: int) -> None:
         with Origin(tmp / "origin") as origin, InProcessAgent(root, config) as agent:
             wait_for(lambda: api.nodes[NODE].get("gpu-agent.io/health") == "healthy", "marks")
             start = _settle(api)
-            rows.append(_row("start (to quiet)", api.since(0), start - api.calls[0].at, 0))
+            rows.append(_row("start (to quiet)", api.since(0), start - api.calls[0].at, 2))
             began = time.monotonic()
             time.sleep(steady_s)
             rows.append(_row("steady", api.since(began), steady_s, api.most_watches))
