@@ -95,7 +95,7 @@ class MigSettings:
         metadata=_rules(
             doc="Seconds between reads of the node's labels when watch_node_label is on and the "
             "Node is not watched (no Kubernetes API client); in a pod the agent watches its Node "
-            "(a label change is seen at once) and re-reads the labels every 60 s.",
+            "(a label change is seen at once) and re-reads its cache of them every 60 s.",
             ge=1.0,
         ),
     )

@@ -18,10 +18,9 @@ import logging
 import os
 import ssl
 import tempfile
-import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -59,6 +58,7 @@ _STATUS_ERRORS: dict[int, type[AgentError]] = {
     403: PermissionDenied,
     404: NotFound,
     409: Conflict,
+    410: Gone,
     # Too Many Requests: an eviction a PodDisruptionBudget refuses now, or API throttling.
     429: Busy,
 }
@@ -304,9 +304,12 @@ class InClusterKubeClient:
             data = response.read(MAX_RESPONSE_BYTES)
             conn.close()
             error = _STATUS_ERRORS.get(response.status, AgentError)
-            raise error(
-                f"Kubernetes API watch {path}: {response.status} {response.reason}: "
-                f"{_status_message(data)}"
+            raise _retry_after(
+                error(
+                    f"Kubernetes API watch {path}: {response.status} {response.reason}: "
+                    f"{_status_message(data)}"
+                ),
+                response,
             )
         return response
 
@@ -412,9 +415,12 @@ class InClusterKubeClient:
             conn.close()
         if response.status >= 400:
             error = _STATUS_ERRORS.get(response.status, AgentError)
-            raise error(
-                f"Kubernetes API {method} {path}: {response.status} {response.reason}: "
-                f"{_status_message(data)}"
+            raise _retry_after(
+                error(
+                    f"Kubernetes API {method} {path}: {response.status} {response.reason}: "
+                    f"{_status_message(data)}"
+                ),
+                response,
             )
         if len(data) > MAX_RESPONSE_BYTES:
             raise AgentError(f"Kubernetes API {method} {path}: over {MAX_RESPONSE_BYTES} bytes")
@@ -438,142 +444,6 @@ class InClusterKubeClient:
                 self._host, self._port, timeout=timeout, context=self._ssl
             )
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
-
-
-class Informer:
-    """One resource kept current by list+watch, as client-go's reflector does.
-
-    List (paged) once, then watch from the list's resourceVersion; every event updates the
-    cache and moves the version, so a dropped watch resumes where it was; 410 Gone (the
-    version was compacted away) lists again. Errors are retried with a back-off (1 s doubling
-    to 30 s); ``healthy`` is False from a failed call until the next good one, so a reader can
-    tell a stale cache from a current one. Blocking: ``start`` runs it on a daemon thread.
-    """
-
-    def __init__(
-        self,
-        client: InClusterKubeClient,
-        path: str,
-        query: Mapping[str, str] | None = None,
-        *,
-        page_size: int = PAGE_SIZE,
-        watch_timeout_s: float = 300.0,
-        on_change: Callable[[], object] = lambda: None,
-    ) -> None:
-        self._client = client
-        self.path = path
-        self._query = dict(query or {})
-        self._page_size = page_size
-        self._watch_timeout_s = watch_timeout_s
-        self._on_change = on_change
-        self._lock = threading.Lock()
-        self._objects: dict[str, Any] = {}
-        self.resource_version = ""
-        self.synced = threading.Event()
-        self.healthy = False
-        self.error = ""
-        #: calls made, for the counts a test or a metric wants
-        self.lists = 0
-        self.watches = 0
-        self._stop = threading.Event()
-
-    def objects(self) -> list[Any]:
-        with self._lock:
-            return list(self._objects.values())
-
-    def relist(self) -> None:
-        items, version = self._client.list_all(self.path, self._query, self._page_size)
-        self.lists += 1
-        with self._lock:
-            self._objects = {_key(o): o for o in items}
-            self.resource_version = version
-        self._good()
-        self._on_change()
-
-    def watch_once(self) -> None:
-        """One watch, from the current version until the server ends it."""
-        self.watches += 1
-        events = self._client.watch(
-            self.path, self._query, self.resource_version, self._watch_timeout_s
-        )
-        self._good()  # the API server took the watch: the cache is current again
-        for kind, obj in events:
-            version = str(_dig(obj, "metadata", "resourceVersion") or "")
-            with self._lock:
-                if kind in ("ADDED", "MODIFIED"):
-                    self._objects[_key(obj)] = obj
-                elif kind == "DELETED":
-                    self._objects.pop(_key(obj), None)
-                if version:
-                    self.resource_version = version
-            self._good()
-            if kind != "BOOKMARK":
-                self._on_change()
-
-    def run(self) -> None:
-        delay = 1.0
-        while not self._stop.is_set():
-            try:
-                if not self.resource_version:
-                    self.relist()
-                began = time.monotonic()
-                self.watch_once()
-                delay = 1.0
-                if time.monotonic() - began < 1.0:
-                    self._stop.wait(1.0)  # a server ending watches at once is not spun on
-            except Gone:
-                self.resource_version = ""  # compacted: list again at once
-            except (AgentError, ValueError) as exc:
-                self.healthy, self.error = False, str(exc)
-                log.warning("%s: %s; again in %.0f s", self.path, exc, delay)
-                self._stop.wait(delay)
-                delay = min(30.0, delay * 2)
-
-    def start(self) -> Informer:
-        threading.Thread(target=self.run, name=f"informer {self.path}", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        """Stops after the watch in flight ends (the thread is a daemon: it never blocks exit)."""
-        self._stop.set()
-
-    def _good(self) -> None:
-        self.healthy, self.error = True, ""
-        self.synced.set()
-
-
-class NodeWatch:
-    """This agent's own Node, kept by a list+watch with ``fieldSelector=metadata.name=NODE``
-    (as the GPU Operator's mig-manager watches its node) instead of a GET every few seconds.
-
-    ``changed`` is called from the watch thread on every change of the Node; ``labels`` is the
-    cached labels while the watch is current, None while it is not (then read with a GET).
-    """
-
-    def __init__(
-        self, client: InClusterKubeClient, node: str, on_change: Callable[[], object]
-    ) -> None:
-        self.node = node
-        self.informer = Informer(
-            client, "/api/v1/nodes", {"fieldSelector": f"metadata.name={node}"}, on_change=on_change
-        )
-
-    def labels(self) -> Mapping[str, str] | None:
-        found = self.metadata()
-        return None if found is None else found[0]
-
-    def metadata(self) -> tuple[Mapping[str, str], Mapping[str, str]] | None:
-        """(labels, annotations) from the watch; None while it is not current."""
-        if not (self.informer.synced.is_set() and self.informer.healthy):
-            return None
-        for obj in self.informer.objects():
-            meta = _dig(obj, "metadata")
-            return _strings(_dig(meta, "labels")), _strings(_dig(meta, "annotations"))
-        return None
-
-
-def _key(obj: object) -> str:
-    return f"{_dig(obj, 'metadata', 'namespace') or ''}/{_dig(obj, 'metadata', 'name') or ''}"
 
 
 def _strings(found: object) -> dict[str, str]:
@@ -643,6 +513,13 @@ def _dig(obj: object, *keys: str) -> object:
             return None
         obj = obj.get(key)
     return obj
+
+
+def _retry_after(exc: AgentError, response: http.client.HTTPResponse) -> AgentError:
+    """The answer's Retry-After (seconds; 429 and 503 carry it) as ``exc.retry_after_s``."""
+    said = (response.getheader("Retry-After") or "").strip()
+    exc.retry_after_s = float(said) if said.isdigit() else None  # type: ignore[attr-defined]
+    return exc
 
 
 def _status_message(data: bytes) -> str:

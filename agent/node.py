@@ -23,7 +23,6 @@ import signal
 import sqlite3
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -60,7 +59,8 @@ from agent.health.metrics import HealthCollector
 from agent.health.monitor import HealthMonitor
 from agent.health.publish import NodePublisher
 from agent.http import Handler, HttpServer, Request, Response
-from agent.kube import InClusterKubeClient, KubeClient, NodeWatch
+from agent.kube import InClusterKubeClient, KubeClient
+from agent.kube_edge import KubeEdge, KubeEdgeCollector
 from agent.loops import ExhaustionLog, call_soon_from_thread, exhaustion
 from agent.mig.labels import MigLabelController, MigStateCollector
 from agent.mig.lock import PartitionLock
@@ -70,7 +70,8 @@ from agent.power import PowerService
 from agent.preflight import listen_refusal, split_listen
 from agent.prewarm.factory import build_service as build_prewarm
 from agent.prewarm.inventory import PrewarmCollector
-from agent.prewarm.labels import label_patch, node_labels
+from agent.prewarm.labels import CLAIM as CACHE_LABELS
+from agent.prewarm.labels import node_labels
 from agent.prewarm.service import PrewarmService
 from agent.reclaim import reclaim_marker
 from agent.sharing import SharingService
@@ -91,17 +92,14 @@ _CANCEL_AGAIN_S = 0.1
 _FIRST_RETRY_S = 0.25
 RETRY_CHECK_S = 5.0
 """Longest wait between a prewarm retry falling due and it starting."""
-#: How often the cache inventory is published as node labels even without a change (labels
-#: someone else changed are put right; a failed publish is tried again).
-CACHE_LABELS_S = 10.0
-#: How often the cache's labels are computed (a local read): a change is published at once.
+#: How often the cache's labels are computed (local); the Node's owner writes only a change.
 CACHE_LABELS_CHECK_S = 0.5
-#: With the own Node watched, MIG labels are re-read without a change this often (a failed
-#: config's retry); a change of the Node wakes the controller at once.
+#: MIG labels are re-read from the watched Node without a change this often (a failed
+#: config's retry; a read of the cache, no request); a change of the Node wakes it at once.
 MIG_RESYNC_S = 60.0
 #: How often the reclaimable-GPU mark is recomputed (it moves in hours; the write is rare).
 RECLAIM_S = 60.0
-#: How often the health marks' publication on the Node is checked; a change wakes it at once.
+#: How often the health marks are stated to the Node's owner (local; a change wakes it).
 HEALTH_PUBLISH_S = 10.0
 #: How long the start waits for the allocation mode's first list (then it is unknown until the
 #: API server answers), and how often the mode is looked at without a change.
@@ -141,6 +139,8 @@ class Services:
     doctor: Doctor | None = None
     #: The health marks on the Node, in a pod.
     health_publisher: NodePublisher | None = None
+    #: The Kubernetes edge (shared informers, API versions, the Node's owner), in a pod.
+    edge: KubeEdge | None = None
 
     def api(self) -> ApiServices:
         return ApiServices(
@@ -174,15 +174,18 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         from agent.gpu.sim import SimControl
 
         proc_root = SimControl(config.state_dir).proc_root  # the simulator's /proc look-alike
-    kube: KubeClient | None = InClusterKubeClient.in_pod()
+    client = InClusterKubeClient.in_pod()
+    edge = KubeEdge.build(client, config.node_name) if client is not None else None
+    kube: KubeClient | None = edge.labels_client() if edge is not None else None  # via the edge
     telemetry = build_telemetry(
         gpu,
         config.telemetry,
         hostname=config.node_name,
         proc_root=proc_root,
         state_dir=config.state_dir,
-        kube=kube if isinstance(kube, InClusterKubeClient) else None,
+        kube=client,
         attach=False,  # once the driver is ready (Node._attach)
+        slices=edge.slices() if edge is not None else None,
     )
     h = config.health
     health = HealthMonitor(
@@ -192,13 +195,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
     telemetry.on_xid(health.record_xid)
     telemetry.subscribe(health.observe)  # before the inventory: GetNode shows this tick's marks
     health.subscribe(lambda change: bus.publish(health=health_event_pb(change)))
-    publisher = None
-    if isinstance(kube, InClusterKubeClient):
-        rules = DeviceTaints(kube.request, config.node_name, health.shown, health.device_uuids)
-        publisher = NodePublisher(
-            kube, config.node_name, health.shown, taint=h.taint, device_taints=rules.sync
-        )
-        health.subscribe(publisher.on_change)
+    publisher = _health_publisher(edge, config, health)
     inventory = NodeInventory(
         bus,
         node_name=config.node_name,
@@ -213,7 +210,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
     )
     telemetry.subscribe(inventory.refresh_gpus)  # GetNode follows every snapshot
     # Sharing reads the node's shape from the inventory: no NVML call per request.
-    allocation, republish = _allocation(config, kube)
+    allocation, republish = _allocation(config, kube, edge)
     sharing = SharingService(
         config.sharing,
         inventory.layouts,
@@ -237,8 +234,8 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
     )
     inventory.watch_allocation(allocation.current, mig.mig_refusal)
     mig_labels = _mig_labels(config, kube, mig)
-    doctor = build_doctor(config, driver, kube, allocation.current, state, telemetry, health)
-    _self_metrics(telemetry, driver, state, prewarm, health, mig_labels, allocation, doctor)
+    doctor = build_doctor(config, driver, client, allocation.current, state, telemetry, health)
+    _self_metrics(telemetry, driver, state, prewarm, health, mig_labels, allocation, doctor, edge)
     return Services(
         doctor=doctor,
         config=config,
@@ -258,6 +255,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         health=health,
         health_publisher=publisher,
         allocation=allocation,
+        edge=edge,
     )
 
 
@@ -270,6 +268,7 @@ def _self_metrics(
     mig_labels: MigLabelController | None,
     allocation: AllocationSource,
     doctor: Doctor,
+    edge: KubeEdge | None,
 ) -> None:
     """The agent's own gauges beside the GPUs' on /metrics: each owner's record, read with each
     snapshot and on the agent's tick, at once when the owner tells a change; never on a scrape."""
@@ -282,18 +281,47 @@ def _self_metrics(
     if mig_labels is not None:
         publish("mig", MigStateCollector(mig_labels))
     publish("doctor", doctor, doctor.subscribe)
+    if edge is not None:
+        publish("kube", KubeEdgeCollector(edge))
+
+
+def _health_publisher(
+    edge: KubeEdge | None, config: AgentConfig, health: HealthMonitor
+) -> NodePublisher | None:
+    """In a pod, the health marks stated to the Node's owner, and the DRA device taints."""
+    if edge is None:
+        return None
+    rules = DeviceTaints(
+        edge.client.request,
+        config.node_name,
+        health.shown,
+        health.device_uuids,
+        slices=edge.slices().objects,
+        rules=lambda: edge.apis.path("devicetaintrules"),
+    )
+    publisher = NodePublisher(
+        edge.client, edge.owner, health.shown, taint=config.health.taint, device_taints=rules.sync
+    )
+    health.subscribe(publisher.on_change)
+    return publisher
 
 
 def _allocation(
-    config: AgentConfig, kube: KubeClient | None
+    config: AgentConfig, kube: KubeClient | None, edge: KubeEdge | None
 ) -> tuple[AllocationSource, Republisher | None]:
     """The allocation mode's source (the config's mode, or detection over the API), and on a
     cluster the republisher a MIG apply on a ``dra`` node uses (agent.dra)."""
     dra = config.dra
     # A mode set in config needs no watch, except dra: its applies wait for the slices.
-    if not isinstance(kube, InClusterKubeClient) or dra.mode not in ("auto", "dra"):
+    if kube is None or edge is None or dra.mode not in ("auto", "dra"):
         return AllocationSource(configured(dra.mode, dra.driver), None), None
-    watch = AllocationWatch(kube, config.node_name, dra.driver)
+    watch = AllocationWatch(
+        edge.client,
+        config.node_name,
+        dra.driver,
+        slices=edge.slices(),
+        node_informer=edge.node_informer(),
+    )
     republish = Republisher(
         kube,
         watch,
@@ -333,7 +361,6 @@ class Node:
         self.embedded = embedded
         self._stop = asyncio.Event()
         self._ready = False
-        self._node_watch: NodeWatch | None = None
         self._tasks: list[asyncio.Task[None]] = []
         #: Attaching and detaching run on worker threads, one at a time (and never beside the
         #: shutdown's stop of the GPU parts).
@@ -343,10 +370,7 @@ class Node:
         self._gpu_parts_stopped = False
         #: Set when the own Node changed, or the driver attached: the MIG label pass runs.
         self._mig_wake: asyncio.Event | None = None
-        #: The cache labels last published, and when (`_sync_cache_labels`).
-        self._cache_labels_sent: dict[str, str] | None = None
         self._allocation_seen = NO_API
-        self._cache_labels_at = 0.0
         routes = {
             "/healthz": self._healthz,
             "/readyz": self._readyz,
@@ -503,6 +527,8 @@ class Node:
         # The driver is tried once before serving, so a node that has one serves with its GPUs
         # from the first call; one that has none yet serves everything else and attaches later.
         missing = await asyncio.to_thread(s.driver.probe)
+        if s.edge is not None:  # the allocation's informers start before the owner
+            stack.callback(s.edge.stop)
         await self._follow_allocation(stack)  # before recovery: the mode gates the MIG journal
         await self._recover(attached=missing is None)
         await asyncio.to_thread(self._prune)
@@ -533,28 +559,22 @@ class Node:
         self._guard("inventory", _restarting("inventory", s.inventory.run))
         self._mig_wake = changed = asyncio.Event()
         self._guard("driver", self._follow_driver(attached=missing is None))
-        if isinstance(s.kube, InClusterKubeClient) and not self.embedded:
-            # Watch the own Node instead of polling it (the API server's load is per agent).
-            self._node_watch = NodeWatch(
-                s.kube, cfg.node_name, lambda: call_soon_from_thread(loop, changed.set)
-            )
-            self._node_watch.informer.start()
-            stack.callback(self._node_watch.informer.stop)
+        edge = s.edge if not self.embedded else None
+        if edge is not None:
+            # One watch of the own Node, read by every feature; its owner writes (kube_edge).
+            edge.node_informer().add_handler(lambda: call_soon_from_thread(loop, changed.set))
+            edge.start()
         if s.mig_labels is not None and not self.embedded:
-            period = cfg.mig.label_poll_s if self._node_watch is None else MIG_RESYNC_S
+            period = cfg.mig.label_poll_s if edge is None else MIG_RESYNC_S
             self._guard("mig-labels", _every(period, self._reconcile_mig_labels, changed))
-        if s.kube is not None and not self.embedded:
+        if edge is not None:
             self._guard("cache-labels", _every(CACHE_LABELS_CHECK_S, self._sync_cache_labels))
         if s.health_publisher is not None and not self.embedded:
             published = asyncio.Event()
             s.health_publisher.wake = lambda: call_soon_from_thread(loop, published.set)
             self._guard("health", _every(HEALTH_PUBLISH_S, s.health_publisher.sync, published))
-        if (
-            isinstance(s.kube, InClusterKubeClient)
-            and not self.embedded
-            and cfg.telemetry.idle_reclaim_after_s > 0
-        ):
-            marker = reclaim_marker(s.kube, cfg, self._node_watch, s.inventory, s.telemetry)
+        if edge is not None and cfg.telemetry.idle_reclaim_after_s > 0:
+            marker = reclaim_marker(edge, cfg, s.inventory, s.telemetry)
             self._guard("reclaim", _every(RECLAIM_S, marker.mark))
         # Failed items come back when their retry is due; the agent owns the queue, so this
         # timer is all it takes (nothing else writes the queue).
@@ -704,8 +724,8 @@ class Node:
         s = self.services
         if s.state.read_only is None:  # an audit records what it finds
             s.prewarm.audit()
-        if s.kube is not None:
-            self._publish_cache_labels()
+        if s.edge is not None and not self.embedded:
+            self._sync_cache_labels()
 
     def _prune(self) -> None:
         """Bound the state database: done operations and request-id records by age and count."""
@@ -723,31 +743,11 @@ class Node:
             log.info("pruned %d done operation(s) and request-id record(s)", gone)
 
     def _sync_cache_labels(self) -> None:
-        """Publish the cache labels when the cache's ready set changed, and every
-        CACHE_LABELS_S anyway (labels someone else changed are put right). A failed publish
-        is tried again after CACHE_LABELS_S (or at the next change), not at every check."""
-        wanted = node_labels(self.services.prewarm.items())
-        now = time.monotonic()
-        if wanted == self._cache_labels_sent and now - self._cache_labels_at < CACHE_LABELS_S:
-            return
-        self._cache_labels_sent, self._cache_labels_at = wanted, now
-        try:
-            self._publish_cache_labels()
-        except AgentError as exc:  # the API server briefly away, or refusing
-            log.warning(
-                "publishing cache labels failed, retrying in %.0fs: %s", CACHE_LABELS_S, exc
-            )
-
-    def _publish_cache_labels(self) -> None:
-        """``gpu-agent.io/cache.<name>=ready`` on this Node, for cache-affinity scheduling."""
-        s = self.services
-        assert s.kube is not None
-        node = s.config.node_name
-        watched = self._node_watch.labels() if self._node_watch is not None else None
-        current = watched if watched is not None else s.kube.node_labels(node)
-        patch = label_patch(current, s.prewarm.items())
-        if patch:
-            s.kube.patch_node_labels(node, patch["metadata"]["labels"])
+        """``gpu-agent.io/cache.<name>=ready`` on this Node (cache-affinity scheduling), stated
+        to the Node's owner: it writes only a change, and retries a failed write."""
+        edge = self.services.edge
+        if edge is not None:
+            edge.owner.part(CACHE_LABELS).set(labels=node_labels(self.services.prewarm.items()))
 
     async def _cancel_tasks(self) -> None:
         pending = set(self._tasks)

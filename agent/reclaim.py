@@ -17,13 +17,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from agent.errors import FieldViolation, InvalidSpec
+from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.gpu.types import GpuLayout
+from agent.kube_node import Claim
 
 if TYPE_CHECKING:
     from agent.api.inventory import NodeInventory
     from agent.config import AgentConfig
-    from agent.kube import InClusterKubeClient, NodeWatch
+    from agent.kube_edge import KubeEdge
     from agent.telemetry.service import TelemetryService
 
 __all__ = ["ANNOTATION", "ExcludeSelector", "ReclaimMarker", "reclaim_marker", "reclaimable"]
@@ -139,20 +140,42 @@ class ReclaimMarker:
         return gpus
 
 
+#: The key of the Node the mark owns.
+CLAIM = Claim("reclaim", annotation_keys=frozenset({ANNOTATION}))
+
+
+class _OwnedMarks:
+    """The marker's writes through the Node's owner (the annotation) and the client (Events)."""
+
+    def __init__(self, edge: KubeEdge) -> None:
+        self._edge = edge
+        self._part = edge.owner.part(CLAIM)
+
+    def patch_node_annotations(self, node: str, annotations: Mapping[str, str | None]) -> None:
+        self._part.set(annotations={k: v for k, v in annotations.items() if v is not None})
+        self._edge.owner.sync()
+
+    def post_node_event(self, node: str, reason: str, message: str) -> None:
+        self._edge.client.post_node_event(node, reason, message)
+
+
 def reclaim_marker(
-    kube: InClusterKubeClient,
+    edge: KubeEdge,
     config: AgentConfig,
-    watch: NodeWatch | None,
     inventory: NodeInventory,
     telemetry: TelemetryService,
 ) -> ReclaimMarker:
-    """The marker the agent runs: metadata from its Node watch (a GET while that is not
-    current), layouts from the inventory, idle seconds from the latest telemetry snapshot."""
+    """The marker the agent runs: metadata from its Node's watch (no GET; a pass waits while
+    the Node was never listed), layouts from the inventory, idle seconds from the latest
+    telemetry snapshot; the annotation written by the Node's owner."""
     node = config.node_name
 
     def metadata() -> tuple[Mapping[str, str], Mapping[str, str]]:
-        found = watch.metadata() if watch is not None else None
-        return found if found is not None else kube.node_metadata(node)
+        obj = edge.owner.node_object()
+        if obj is None:
+            raise AgentError(f"the Node {node} is not listed yet: no reclaim mark this pass")
+        meta = obj.get("metadata") or {}
+        return dict(meta.get("labels") or {}), dict(meta.get("annotations") or {})
 
     def idle() -> Mapping[str, float] | None:
         snapshot = telemetry.latest()
@@ -160,7 +183,7 @@ def reclaim_marker(
 
     settings = config.telemetry
     return ReclaimMarker(
-        kube,
+        _OwnedMarks(edge),
         node,
         metadata,
         inventory.layouts,

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.kube import PAGE_SIZE, InClusterKubeClient, Informer
+from agent.kube import PAGE_SIZE, InClusterKubeClient
+from agent.kube_watch import Informer
 
 __all__ = ["AgentPod", "KubeLister", "agent_pod", "labels_by_node"]
 

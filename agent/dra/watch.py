@@ -1,6 +1,6 @@
 """The effectful half of the allocation mode: keep the facts agent.dra.detect reads current.
 
-Two list+watches (agent.kube.Informer): this node's ResourceSlices
+Two list+watches (agent.kube_watch.Informer, the agent's shared ones): this node's ResourceSlices
 (``fieldSelector=spec.nodeName=NODE``, every driver; the reader keeps the GPU driver's) and
 this Node (``fieldSelector=metadata.name=NODE``, for ``status.allocatable``). Until each has
 listed once the mode is ``unknown``; a watch that breaks later keeps the last facts (the mode
@@ -17,7 +17,8 @@ from collections.abc import Callable
 from agent.dra.detect import NO_API, NodeFacts, detect
 from agent.dra.mode import Allocation, AllocationMode
 from agent.dra.slices import DriverSlices, read_slices
-from agent.kube import InClusterKubeClient, Informer
+from agent.kube import InClusterKubeClient
+from agent.kube_watch import Informer, node_query
 
 __all__ = ["SLICES_PATH", "AllocationSource", "AllocationWatch"]
 
@@ -31,7 +32,12 @@ class AllocationWatch:
         node: str,
         driver: str,
         on_change: Callable[[], object] = lambda: None,
+        *,
+        slices: Informer | None = None,
+        node_informer: Informer | None = None,
     ) -> None:
+        """``slices`` and ``node_informer``: the agent's shared informers (agent/kube_edge.py);
+        without them this watch makes its own."""
         self.node = node
         self.driver = driver
         #: called from a watch thread after every change (the composition root sets it)
@@ -39,26 +45,23 @@ class AllocationWatch:
         self._changed = threading.Condition()
         #: changes seen of this node's slices (the republish check waits for one)
         self.slice_changes = 0
-        self._slices = Informer(
-            client,
-            SLICES_PATH,
-            {"fieldSelector": f"spec.nodeName={node}"},
-            on_change=self._slices_changed,
+        own = slices is None or node_informer is None
+        self._slices = slices or Informer(
+            client, SLICES_PATH, {"fieldSelector": f"spec.nodeName={node}"}
         )
-        self._node = Informer(
-            client,
-            "/api/v1/nodes",
-            {"fieldSelector": f"metadata.name={node}"},
-            on_change=self._notify,
-        )
+        self._node = node_informer or Informer(client, "/api/v1/nodes", node_query(node))
+        #: informers made here (stopped here); shared ones are the edge's to stop
+        self._own = (self._slices, self._node) if own else ()
+        self._slices.add_handler(self._slices_changed)
+        self._node.add_handler(self._notify)
 
     def start(self) -> None:
         self._slices.start()
         self._node.start()
 
     def stop(self) -> None:
-        self._slices.stop()
-        self._node.stop()
+        for informer in self._own:
+            informer.stop()
         self._notify()
 
     def wait_synced(self, timeout_s: float) -> bool:

@@ -1,17 +1,19 @@
 """The health marks on the Node: labels, the GPUHealthy condition, an opt-in taint, Events.
 
-The agent is the only writer of what it publishes here, so every pass puts all of it as the
-marks say (someone else's change is put right) and keeps everything else on the Node (other
-labels, other conditions, other taints). Planning is pure (`plan`, `taints_with`); the
-`NodePublisher` does the writes, and with the API server away keeps what it has to publish and
-its Events (bounded) until a pass gets through.
+The agent's Node owner (agent/kube_node.py) is the only writer of what it publishes here: the
+publisher states the marks, the owner writes what differs from the watched Node, once (someone
+else's change to these keys is put right when the watch shows it), and keeps everything else on
+the Node (other labels, other conditions, other taints). Planning is pure (`plan`,
+`taints_with`); with the API server away the owner retries and the publisher keeps its Events
+(bounded) until a pass gets through.
 
 - labels: ``gpu-agent.io/health`` = the node's worst state (an instance that is not healthy
   makes the node degraded at least), ``gpu-agent.io/health.{healthy,degraded,failed}-gpus`` =
   how many GPUs are in each state;
 - condition ``GPUHealthy`` in ``status.conditions``, by a strategic-merge PATCH of the Node's
   status subresource (conditions merge by ``type``, as the kubelet and node-problem-detector
-  write theirs): True while every GPU and instance is healthy;
+  write theirs): True while every GPU and instance is healthy; written when its status, reason
+  or message changes (its heartbeat time is that write's);
 - taint ``gpu-agent.io/health=failed:NoSchedule`` while a GPU is failed, only with
   ``health.taint``; a merge PATCH of ``spec.taints`` with the Node's resourceVersion as a
   precondition (a list is replaced whole: the others are sent back as they were);
@@ -22,20 +24,20 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from agent.errors import AgentError, Conflict
+from agent.errors import AgentError
 from agent.health.machine import Mark, State
 from agent.health.monitor import HealthChange
 from agent.health.store import Target
+from agent.kube_node import Claim, NodeOwner
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CONDITION", "LABEL", "NodePublisher", "Publication", "plan", "taints_with"]
+__all__ = ["CLAIM", "CONDITION", "LABEL", "NodePublisher", "Publication", "plan"]
 
 LABEL = "gpu-agent.io/health"
 COUNT_LABELS = {s: f"gpu-agent.io/health.{s.value}-gpus" for s in State}
@@ -90,18 +92,6 @@ def plan(marks: Marks) -> Publication:
     )
 
 
-def taints_with(current: Sequence[Mapping[str, Any]], tainted: bool) -> list[dict[str, Any]] | None:
-    """The Node's taints with the agent's taint put (or taken off); None when unchanged."""
-    others = [dict(t) for t in current if t.get("key") != TAINT_KEY]
-    ours = [t for t in current if t.get("key") == TAINT_KEY]
-    want = {"key": TAINT_KEY, "value": TAINT_VALUE, "effect": "NoSchedule"}
-    if tainted and (len(ours) != 1 or {k: ours[0].get(k) for k in want} != want):
-        return [*others, want]
-    if not tainted and ours:
-        return others
-    return None
-
-
 def event_message(change: HealthChange) -> str:
     where = _where(change.gpu_index, change.target)
     pods = ", ".join(change.mark.pods) or "none"
@@ -118,53 +108,47 @@ def _where(index: int, target: Target) -> str:
     return gpu if target.gpu_instance is None else f"{gpu} GPU instance {target.gpu_instance}"
 
 
-class NodeApi(Protocol):
-    """The calls the publisher makes (agent.kube.InClusterKubeClient)."""
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None = None,
-        body: object = None,
-        content_type: str = "application/json",
-    ) -> Any: ...
-
-    def patch_node_labels(self, node: str, labels: Mapping[str, str | None]) -> None: ...
+class EventApi(Protocol):
+    """The call the publisher makes itself (agent.kube.InClusterKubeClient); the Node's marks
+    are written by its owner (agent/kube_node.py)."""
 
     def post_node_event(
         self, node: str, reason: str, message: str, component: str = ..., type_: str = ...
     ) -> None: ...
 
 
+#: The keys of the Node the health marks own.
+CLAIM = Claim(
+    "health",
+    label_keys=frozenset({LABEL}),
+    label_prefixes=(f"{LABEL}.",),
+    condition=CONDITION,
+    taint=TAINT_KEY,
+)
+
+
 class NodePublisher:
-    """One `sync` pass publishes what changed (and everything every ``resync_s``)."""
+    """One `sync` pass states the marks to the Node's owner (which writes what differs, once)
+    and sends the Events; nothing is re-written while the marks stay as they are."""
 
     def __init__(
         self,
-        kube: NodeApi,
-        node: str,
+        kube: EventApi,
+        owner: NodeOwner,
         marks: Callable[[], Marks],
         *,
         taint: bool,
         device_taints: Callable[[], None] | None = None,
-        resync_s: float = 60.0,
-        clock: Callable[[], float] = time.time,
     ) -> None:
         self._kube = kube
-        self._node = node
+        self._node = owner.node
+        self._part = owner.part(CLAIM)
         self._marks = marks
         self._taint = taint
         self._device_taints = device_taints
-        self._resync_s = resync_s
-        self._clock = clock
         self._lock = threading.Lock()
         self._events: deque[HealthChange] = deque()
         self._sent: Publication | None = None
-        self._sent_at = 0.0
-        #: the condition's status as last written, and when it last changed (RFC 3339)
-        self._transition: tuple[str, str] | None = None
         self.wake: Callable[[], None] = lambda: None
 
     def on_change(self, change: HealthChange) -> None:
@@ -186,63 +170,17 @@ class NodePublisher:
 
     def _publish(self) -> None:
         want = plan(self._marks())
-        now = self._clock()
-        if want == self._sent and now - self._sent_at < self._resync_s:
-            return
-        self._kube.patch_node_labels(self._node, dict(want.labels))
-        self._condition(want, now)
-        if self._taint:
-            self._taints(want.tainted)
-        if self._device_taints is not None:
-            self._device_taints()
-        self._sent, self._sent_at = want, now
-
-    def _condition(self, want: Publication, now: float) -> None:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-        if self._transition is None:  # first pass: the Node says since when (an agent restart)
-            self._transition = self._written_transition()
-        if self._transition is None or self._transition[0] != want.status:
-            self._transition = (want.status, stamp)
-        since = self._transition[1]
-        condition = {
-            "type": CONDITION,
-            "status": want.status,
-            "reason": want.reason,
-            "message": want.message,
-            "lastHeartbeatTime": stamp,
-            "lastTransitionTime": since,
-        }
-        self._kube.request(
-            "PATCH",
-            f"/api/v1/nodes/{self._node}/status",
-            body={"status": {"conditions": [condition]}},
-            content_type="application/strategic-merge-patch+json",
+        condition = {"status": want.status, "reason": want.reason, "message": want.message}
+        taint = (
+            {"key": TAINT_KEY, "value": TAINT_VALUE, "effect": "NoSchedule"}
+            if self._taint and want.tainted
+            else None
         )
-
-    def _written_transition(self) -> tuple[str, str] | None:
-        node = self._kube.request("GET", f"/api/v1/nodes/{self._node}")
-        for condition in (node.get("status") or {}).get("conditions") or []:
-            if condition.get("type") == CONDITION and condition.get("lastTransitionTime"):
-                return str(condition.get("status")), str(condition["lastTransitionTime"])
-        return None
-
-    def _taints(self, tainted: bool) -> None:
-        node = self._kube.request("GET", f"/api/v1/nodes/{self._node}")
-        spec = node.get("spec") or {}
-        taints = taints_with(spec.get("taints") or [], tainted)
-        if taints is None:
-            return
-        version = (node.get("metadata") or {}).get("resourceVersion")
-        try:
-            self._kube.request(
-                "PATCH",
-                f"/api/v1/nodes/{self._node}",
-                body={"metadata": {"resourceVersion": version}, "spec": {"taints": taints}},
-                content_type="application/merge-patch+json",
-            )
-        except Conflict as exc:  # someone wrote the Node meanwhile: the next pass re-reads it
-            raise AgentError(f"the Node changed while its taints were written: {exc}") from exc
-        log.info("Node %s: taint %s %s", self._node, TAINT_KEY, "set" if tainted else "removed")
+        # The owner writes what differs from the Node (none of it when nothing changed).
+        self._part.set(labels=want.labels, condition=condition, taint=taint)
+        if self._device_taints is not None and want != self._sent:
+            self._device_taints()
+        self._sent = want
 
     def _send_events(self) -> None:
         while True:

@@ -10,11 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agent.kube_node import Claim
 from agent.prewarm import kinds
 from agent.prewarm.model import CacheItem
 from agent.prewarm.naming import LABEL_PREFIX, label_key
 
 READY_VALUE = "ready"
+#: The keys of the Node the cache labels own (agent/kube_node.py).
+CLAIM = Claim("cache", label_prefixes=(LABEL_PREFIX,))
 
 
 def node_labels(items: Sequence[CacheItem]) -> dict[str, str]:

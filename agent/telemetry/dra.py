@@ -9,12 +9,14 @@ device is an abstract placement, created when a claim is prepared; its name is t
 canonical ``gpu-<parent minor>-mig-<profile>-<GI profile id>-<placement start>`` (the driver's
 ``MigSpecTuple.ToCanonicalName``), which is what identifies the instance on the node.
 
-:class:`DraDevices` keeps the slices of this node (``fieldSelector=spec.nodeName,spec.driver``)
-by list+watch (`agent.kube.Informer`): a republished slice is seen as the watch delivers it, a
-410 lists again, an API server that stops answering leaves the last answer in place and
-:meth:`DraDevices.status` says it is stale. Only ``resource.k8s.io/v1`` (Kubernetes 1.34+) is
-read: on a cluster that serves only v1beta1/v1beta2 the list answers 404, which the status says,
-and DRA claims are not attributed (device-plugin pods still are).
+:class:`DraDevices` reads the slices of this node from the agent's shared informer of them
+(agent/kube_edge.py: one list+watch per agent, ``fieldSelector=spec.nodeName``; other drivers'
+slices are skipped here): a republished slice is seen as the watch delivers it, a 410 lists
+again, an API server that stops answering leaves the last answer in place and
+:meth:`DraDevices.status` says it is stale. The version read is ``resource.k8s.io/v1``
+(Kubernetes 1.34+) or, where only that is served, ``v1beta2`` (the same shape), as discovery
+finds (agent/kube_discovery.py); on a cluster that serves neither the list answers 404, which
+the status says, and DRA claims are not attributed (device-plugin pods still are).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agent.kube import InClusterKubeClient, Informer
+from agent.kube import InClusterKubeClient
+from agent.kube_watch import Informer
 
 log = logging.getLogger(__name__)
 
@@ -140,15 +143,24 @@ class DraDevices:
     """This node's DRA GPU devices, kept current by a watch on its ResourceSlices."""
 
     def __init__(
-        self, client: InClusterKubeClient, node: str, *, watch_timeout_s: float = 300.0
+        self,
+        client: InClusterKubeClient,
+        node: str,
+        *,
+        watch_timeout_s: float = 300.0,
+        informer: Informer | None = None,
     ) -> None:
+        """``informer``: the agent's shared informer of this node's ResourceSlices (every
+        driver: the others are skipped here); without it one is made per `start`."""
         self._client = client
         self._query = {"fieldSelector": f"spec.nodeName={node},spec.driver={DRIVER}"}
         self._watch_timeout_s = watch_timeout_s
         self._lock = threading.Lock()
+        self._shared = informer
         self._informer: Informer | None = None
         self._devices: dict[DeviceKey, SliceDevice] = {}
         self._listed = False
+        self._handled = False
         self._listeners: list[Callable[[], None]] = []
 
     def subscribe(self, listener: Callable[[], None]) -> None:
@@ -162,6 +174,9 @@ class DraDevices:
 
     def start(self) -> None:
         """Start watching (again after `stop`); returns at once."""
+        if self._shared is not None:
+            self._start_shared(self._shared)
+            return
         with self._lock:
             if self._informer is not None:
                 return
@@ -175,11 +190,23 @@ class DraDevices:
             self._informer = informer
         informer.start()
 
+    def _start_shared(self, shared: Informer) -> None:
+        with self._lock:
+            if self._informer is not None:
+                return
+            self._informer = shared
+            first, self._handled = not self._handled, True
+        if first:
+            shared.add_handler(lambda: self._rebuild(shared))  # at once when already listed
+        else:
+            self._rebuild(shared)
+        shared.start()
+
     def stop(self) -> None:
         with self._lock:
             informer, self._informer = self._informer, None
-        if informer is not None:
-            informer.stop()
+        if informer is not None and informer is not self._shared:
+            informer.stop()  # a shared informer is the edge's to stop
 
     def status(self) -> tuple[bool, str]:
         """(current, detail): False with why while the devices are the last answer kept."""

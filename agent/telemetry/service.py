@@ -14,6 +14,7 @@ from agent.errors import AgentError
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.readings import NodeReader, XidEvent
 from agent.kube import InClusterKubeClient
+from agent.kube_watch import Informer
 from agent.telemetry.dcgm_backend import load_dcgm_backend
 from agent.telemetry.dra import DraDevices, DraSlicesCollector
 from agent.telemetry.exporter import MetricsExporter
@@ -163,14 +164,15 @@ def build_telemetry(
     state_dir: Path | None = None,
     kube: InClusterKubeClient | None = None,
     attach: bool = True,
+    slices: Informer | None = None,
 ) -> TelemetryService:
     """Wire telemetry for one driver. Raises InvalidSpec for a bad counters CSV.
 
     ``proc_root`` overrides ``settings.proc_root`` (the simulator keeps its own /proc look-alike).
     ``state_dir``: where idle times survive restarts (the agent's; one-shot commands pass none).
-    ``kube``: the API server (in a pod), whose ResourceSlices name DRA claims' devices.
-    ``attach``: build the collection now (the driver is open); the agent attaches later, when
-    the driver is ready (`TelemetryService.attach`).
+    ``kube``, ``slices``: the API server (in a pod) and the agent's shared informer of the
+    ResourceSlices that name DRA claims' devices. ``attach``: build the collection now (the
+    driver is open); the agent attaches later, when the driver is ready (`.attach`).
     """
     counters = load_counters(settings.collectors)
     for counter in counters.counters:
@@ -194,7 +196,7 @@ def build_telemetry(
             unserved.reason,
         )
     stats = TelemetryStats()
-    dra = DraDevices(kube, hostname) if kube is not None and attribute_pods else None
+    dra = DraDevices(kube, hostname, informer=slices) if kube and attribute_pods else None
 
     def collect() -> Collection:
         reader = NodeReader(driver)
@@ -203,8 +205,7 @@ def build_telemetry(
         profiling = load_dcgm_backend(prof_ids, settings.interval_s) if needs_dcgm else None
         pods = None
         if attribute_pods:
-            socket = settings.kubelet_socket
-            period = max(settings.interval_s, _MIN_POD_REFRESH_S)
+            socket, period = settings.kubelet_socket, max(settings.interval_s, _MIN_POD_REFRESH_S)
             pods = PodWatcher(PodResourcesClient(socket), socket, period, stats, dra)
         xids = XidWatcher.for_reader(reader, stats)
         sampler = Sampler(

@@ -30,7 +30,17 @@ BASE = {
     "loops",
     "_proto",
 }
-INFRA = {"state", "kube", "owner", "ownership", "webconfig"}
+INFRA = {
+    "state",
+    "kube",
+    "kube_watch",
+    "kube_node",
+    "kube_discovery",
+    "kube_edge",
+    "owner",
+    "ownership",
+    "webconfig",
+}
 DOMAIN = {"mig", "sharing", "prewarm", "telemetry", "power", "dra", "health"}
 CONFIG = {"config", "config_rules", "config_prewarm"}  # the schema, its rules, a section
 #: the API on the wire: messages <-> records and the error mapping, under api/ and client/

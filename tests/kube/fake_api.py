@@ -41,9 +41,9 @@ What it does not model: authorization beyond one bearer token and the ``forbidde
 admission, defaulting and the full object schemas (objects are the fields the code reads);
 strategic-merge and JSON patches; ``resourceVersionMatch``; a ``continue`` token that
 expires (410); field selectors other than ``spec.nodeName`` on pods and ``metadata.name`` on
-node watches; label selectors other than ``k=v`` conjunctions; watch bookmarks; chunked
-transfer encoding (a watch is an HTTP/1.0 body ended by closing). Every request is recorded
-for assertions.
+node watches; label selectors other than ``k=v`` conjunctions; chunked transfer encoding (a
+watch is an HTTP/1.0 body ended by closing). Every request is recorded (tests/kube/fake_edge.py
+adds discovery, bookmarks, faults and counts of open watches).
 """
 
 from __future__ import annotations
@@ -252,17 +252,7 @@ class FakeKubeApi:
             def do_GET(self) -> None:
                 api._handle(self)
 
-            def do_PATCH(self) -> None:
-                api._handle(self)
-
-            def do_DELETE(self) -> None:
-                api._handle(self)
-
-            def do_POST(self) -> None:
-                api._handle(self)
-
-            def do_PUT(self) -> None:
-                api._handle(self)
+            do_PATCH = do_DELETE = do_POST = do_PUT = do_GET
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -413,7 +403,9 @@ class FakeKubeApi:
                     events = [
                         e
                         for e in self.history
-                        if e[0] > since and e[1] == resource and matches(e[3])
+                        if e[0] > since
+                        and e[1] == resource
+                        and (e[2] == "BOOKMARK" or matches(e[3]))
                     ]
                     if not events:
                         self.changed.wait(min(0.5, max(0.0, deadline - time.monotonic())))

@@ -6,13 +6,16 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from agent.kube import InClusterKubeClient
 from tests.kube.fake_api import FakeKubeApi, Pod
+from tests.kube.fake_edge import EdgeKubeApi
 
 NODE = "gpu-node-1"
+A = TypeVar("A", bound=FakeKubeApi)
 
 
 def make_tls_cert(directory: Path) -> tuple[Path, Path]:
@@ -41,10 +44,26 @@ def tls_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture
 def kube_api(tmp_path: Path, tls_cert: tuple[Path, Path]) -> Iterator[tuple[FakeKubeApi, str]]:
-    """The fake API server with one node and its device-plugin pod, plus another node's pod."""
+    """The fake API server with one node and its device-plugin pod, plus another node's pod
+    (with discovery, as every API server answers it: tests/kube/fake_edge.py)."""
+    yield from _serve(EdgeKubeApi(token_path=_token(tmp_path)), tls_cert)
+
+
+@pytest.fixture
+def edge_api(kube_api: tuple[FakeKubeApi, str]) -> tuple[EdgeKubeApi, str]:
+    """`kube_api` as what it is: with call counts, bookmarks and injected failures."""
+    api, url = kube_api
+    assert isinstance(api, EdgeKubeApi)
+    return api, url
+
+
+def _token(tmp_path: Path) -> Path:
     token = tmp_path / "token"
     token.write_text("token-1\n")
-    api = FakeKubeApi(token_path=token)
+    return token
+
+
+def _serve(api: A, tls_cert: tuple[Path, Path]) -> Iterator[tuple[A, str]]:
     api.nodes[NODE] = {"kubernetes.io/hostname": NODE}
     api.nodes["gpu-node-2"] = {}
     plugin = {"app": "nvidia-device-plugin-daemonset"}

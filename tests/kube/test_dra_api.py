@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from agent.errors import AgentError, NotFound
-from agent.kube import InClusterKubeClient, Informer
+from agent.kube import InClusterKubeClient
+from agent.kube_watch import Informer
 from tests.kube.fake_api import FakeKubeApi
 from tests.kube.fixtures import NODE
 

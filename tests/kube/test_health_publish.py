@@ -4,12 +4,19 @@ else on the Node is kept, and an API server that is away gets it all when it ret
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
+
+from agent.errors import AgentError
 from agent.health.device_taints import RULES, UNSERVED_RETRY_S, DeviceTaints
 from agent.health.machine import Mark, State
 from agent.health.monitor import HealthChange
 from agent.health.publish import NodePublisher, plan
 from agent.health.store import Target
 from agent.kube import InClusterKubeClient
+from agent.kube_node import NodeOwner
+from agent.kube_watch import InformerFactory
 from tests.kube.fake_api import FakeKubeApi
 from tests.kube.fixtures import NODE
 
@@ -25,6 +32,27 @@ def _marks(gpu0: Mark, gi: Mark | None = None) -> dict[Target, tuple[int, Mark, 
     return marks
 
 
+_STARTED: list[InformerFactory] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_informers() -> Iterator[None]:
+    yield
+    while _STARTED:
+        _STARTED.pop().stop()
+
+
+def _owner(kube: InClusterKubeClient, clock: float | None = None) -> NodeOwner:
+    """The Node's owner over a listed watch of the Node; its writes are made by `sync`."""
+    informers = InformerFactory(kube)
+    _STARTED.append(informers)
+    informer = informers.node(NODE).start()
+    assert informer.synced.wait(10)
+    if clock is None:
+        return NodeOwner(kube, NODE, informer)
+    return NodeOwner(kube, NODE, informer, clock=lambda: clock)
+
+
 def _condition(api: FakeKubeApi) -> dict[str, str]:
     found = [c for c in api.node_conditions.get(NODE, []) if c["type"] == "GPUHealthy"]
     assert len(found) == 1
@@ -38,8 +66,10 @@ def test_a_failed_gpu_is_labelled_conditioned_tainted_and_cleared_keeping_the_re
     api.node_taints[NODE] = [dict(OTHER_TAINT)]
     api.node_conditions[NODE] = [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
     marks = _marks(FAILED)
-    publisher = NodePublisher(kube, NODE, lambda: marks, taint=True)
+    owner = _owner(kube)
+    publisher = NodePublisher(kube, owner, lambda: marks, taint=True)
     publisher.sync()
+    owner.sync()
     labels = api.nodes[NODE]
     assert labels["gpu-agent.io/health"] == "failed"
     assert labels["gpu-agent.io/health.failed-gpus"] == "1"
@@ -59,6 +89,7 @@ def test_a_failed_gpu_is_labelled_conditioned_tainted_and_cleared_keeping_the_re
 
     marks.update(_marks(Mark(State.HEALTHY, "healthy: no new error for 600 s", 700.0)))
     publisher.sync()
+    owner.sync()
     assert labels["gpu-agent.io/health"] == "healthy"
     assert labels["gpu-agent.io/health.failed-gpus"] == "0"
     assert _condition(api)["status"] == "True"
@@ -70,7 +101,9 @@ def test_without_the_taint_setting_no_taint_is_written(
     kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
 ) -> None:
     api, _ = kube_api
-    NodePublisher(kube, NODE, lambda: _marks(FAILED), taint=False).sync()
+    owner = _owner(kube)
+    NodePublisher(kube, owner, lambda: _marks(FAILED), taint=False).sync()
+    owner.sync()
     assert api.nodes[NODE]["gpu-agent.io/health"] == "failed"
     assert NODE not in api.node_taints
     assert not [r for r in api.requests if r.method == "PATCH" and "taints" in str(r.body)]
@@ -90,12 +123,16 @@ def test_with_the_api_server_away_the_marks_and_events_wait_for_it(
 ) -> None:
     api, _ = kube_api
     api.unavailable = {f"/api/v1/nodes/{NODE}", "/api/v1/namespaces/default/events"}
-    publisher = NodePublisher(kube, NODE, lambda: _marks(FAILED), taint=False)
+    owner = _owner(kube)
+    publisher = NodePublisher(kube, owner, lambda: _marks(FAILED), taint=False)
     publisher.on_change(HealthChange(Target("GPU-0"), 0, State.HEALTHY, FAILED, FAILED.reason))
     publisher.sync()  # logged, not raised
+    with pytest.raises(AgentError, match="503"):  # the owner's worker retries it
+        owner.sync()
     assert "gpu-agent.io/health" not in api.nodes[NODE] and not api.events
     api.unavailable = set()
     publisher.sync()
+    assert owner.sync()
     assert api.nodes[NODE]["gpu-agent.io/health"] == "failed"
     (event,) = api.events
     assert event["reason"] == "GpuFailed" and event["type"] == "Warning"
@@ -104,6 +141,7 @@ def test_with_the_api_server_away_the_marks_and_events_wait_for_it(
         "reboot-node; action: reboot-node; pods: ml/train-0"
     )
     publisher.sync()
+    assert not owner.sync()  # nothing changed: nothing written
     assert len(api.events) == 1  # sent once
 
 
@@ -152,7 +190,7 @@ def test_failed_devices_get_dra_device_taint_rules_removed_when_they_clear(
     uuids = {Target("GPU-0"): ("GPU-0",), Target("GPU-1"): ("GPU-1",),
              Target("GPU-1", 2): ("MIG-1-2",)}  # fmt: skip
     rules = DeviceTaints(kube.request, NODE, lambda: marks, lambda: uuids)
-    NodePublisher(kube, NODE, lambda: marks, taint=False, device_taints=rules.sync).sync()
+    NodePublisher(kube, _owner(kube), lambda: marks, taint=False, device_taints=rules.sync).sync()
     made = {n: r for n, r in api.taint_rules.items() if n != "admin-rule"}
     assert sorted(made) == [
         f"gpu-agent.{NODE}.{NODE}.gpu-0",
@@ -198,10 +236,13 @@ def test_the_condition_keeps_its_transition_time_across_a_restart_and_moves_on_a
         {"type": "GPUHealthy", "status": "False", "lastTransitionTime": "2026-01-01T00:00:00Z"}
     ]
     marks = _marks(FAILED)
-    publisher = NodePublisher(kube, NODE, lambda: marks, taint=False, clock=lambda: 1.8e9)
+    owner = _owner(kube, clock=1.8e9)
+    publisher = NodePublisher(kube, owner, lambda: marks, taint=False)
     publisher.sync()  # a restarted agent: still failed, so still since then
+    owner.sync()
     assert _condition(api)["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert _condition(api)["lastHeartbeatTime"] == "2027-01-15T08:00:00Z"
     marks.update(_marks(Mark(State.HEALTHY, "healthy: no new error for 600 s", 700.0)))
     publisher.sync()
+    owner.sync()
     assert _condition(api)["lastTransitionTime"] == "2027-01-15T08:00:00Z"

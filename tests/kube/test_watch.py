@@ -12,7 +12,8 @@ import pytest
 
 from agent.coordinator.fleet.discovery import KubeDiscovery
 from agent.coordinator.kube import KubeLister
-from agent.kube import InClusterKubeClient, Informer, NodeWatch
+from agent.kube import InClusterKubeClient
+from agent.kube_watch import Informer, InformerFactory, NodeWatch
 from tests.kube.fake_api import FakeKubeApi, Pod
 from tests.kube.fixtures import NODE
 from tests.unit.api.support import wait_for
@@ -79,7 +80,8 @@ def test_the_agent_watches_its_own_node_by_field_selector(
     """Only this Node's changes reach the agent, each as it happens: no polling GETs."""
     api, _ = kube_api
     changes = []
-    watch = NodeWatch(kube, NODE, lambda: changes.append(1))
+    watch = NodeWatch(InformerFactory(kube).node(NODE), NODE)
+    watch.informer.add_handler(lambda: changes.append(1))
     watch.informer.start()
     try:
         wait_for(lambda: watch.labels() is not None, "the first list")

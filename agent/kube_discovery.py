@@ -1,0 +1,146 @@
+"""Which version of each API the agent uses, chosen from what the API server serves.
+
+Kubernetes moves APIs between versions (DRA: ``resource.k8s.io`` v1beta1 -> v1beta2 -> v1 in
+1.34; DeviceTaintRule: v1alpha3 in 1.33-1.35, v1beta2 from 1.36), and a server stops serving
+the old one a few releases later. A hard-coded version either 404s on a newer cluster or is
+missing on an older one; both look like "the feature does nothing". So each resource names the
+versions the agent can read and write, best first (`WANTED`), and `ApiVersions` asks discovery
+(``/apis/<group>``, then ``/apis/<group>/<version>`` for the resource list) once per group
+version, caching the answer for the life of the process: a version a server serves does not
+go away under a running agent (an upgrade restarts the agent's pod with the node's drain or
+not at all, and the doctor re-checks hourly). A resource served at no wanted version is
+reported once in the log and by `ApiVersions.unserved`, and never asked for again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from agent.errors import NotFound
+
+log = logging.getLogger(__name__)
+
+__all__ = ["WANTED", "ApiVersions", "Resource"]
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    group: str
+    #: plural, as in the URL
+    name: str
+    #: the versions the agent reads and writes this resource at, best first
+    versions: tuple[str, ...]
+    #: what the agent does with it (said when it is not served)
+    purpose: str
+
+
+#: The resources whose version the agent picks by discovery. ResourceSlices of v1beta1 have
+#: another shape (``devices[].basic``): not read. Core v1 (Nodes, Events, Pods) is always
+#: served; coordination.k8s.io/v1 Leases since 1.14.
+WANTED = {
+    "resourceslices": Resource(
+        "resource.k8s.io",
+        "resourceslices",
+        ("v1", "v1beta2"),
+        "the allocation mode and DRA claim attribution",
+    ),
+    "devicetaintrules": Resource(
+        "resource.k8s.io",
+        "devicetaintrules",
+        ("v1beta2", "v1alpha3"),
+        "DRA device taints of failed GPUs",
+    ),
+    "leases": Resource("coordination.k8s.io", "leases", ("v1",), "the coordinator's lease"),
+    "events": Resource("events.k8s.io", "events", ("v1",), "Events (core v1 Events otherwise)"),
+}
+
+
+class Getter(Protocol):
+    def get(self, path: str, query: Mapping[str, str] | None = None) -> object: ...
+
+
+class ApiVersions:
+    """``path(resource)``: the collection URL at the best served version, or None (reported
+    once). Thread-safe; at most one discovery request per group and per group version."""
+
+    def __init__(self, client: Getter, wanted: Mapping[str, Resource] = WANTED) -> None:
+        self._client = client
+        self._wanted = wanted
+        self._lock = threading.Lock()
+        self._groups: dict[str, tuple[str, ...]] = {}
+        self._resources: dict[str, frozenset[str]] = {}
+        self._chosen: dict[str, str | None] = {}
+        #: resource -> why it is not used (said once)
+        self.unserved: dict[str, str] = {}
+
+    def version(self, resource: str) -> str | None:
+        """The version the agent uses for ``resource``; None when the server serves none of
+        ``WANTED[resource].versions``. A failed discovery raises AgentError and is asked again
+        next time (the server was away: that is not "not served")."""
+        with self._lock:
+            if resource in self._chosen:
+                return self._chosen[resource]
+            want = self._wanted[resource]
+            served = self._served_versions(want.group)
+            chosen = None
+            for version in want.versions:
+                if version in served and want.name in self._resource_names(want.group, version):
+                    chosen = version
+                    break
+            self._chosen[resource] = chosen
+            if chosen is None:
+                why = (
+                    f"{want.group} serves {'/'.join(served) or 'no version'}, none of "
+                    f"{'/'.join(want.versions)} with {want.name}: no {want.purpose}"
+                )
+                self.unserved[resource] = why
+                log.warning("Kubernetes API: %s (not asked again)", why)
+            else:
+                log.info("Kubernetes API: %s at %s/%s", want.name, want.group, chosen)
+            return chosen
+
+    def path(self, resource: str) -> str | None:
+        """``/apis/<group>/<version>/<resource>`` at the chosen version, or None."""
+        version = self.version(resource)
+        if version is None:
+            return None
+        want = self._wanted[resource]
+        return f"/apis/{want.group}/{version}/{want.name}"
+
+    def api_version(self, resource: str) -> str | None:
+        """``<group>/<version>``, an object's ``apiVersion``, or None."""
+        version = self.version(resource)
+        return None if version is None else f"{self._wanted[resource].group}/{version}"
+
+    def _served_versions(self, group: str) -> tuple[str, ...]:
+        if group not in self._groups:
+            try:
+                found = self._client.get(f"/apis/{group}")
+            except NotFound:
+                found = {}
+            versions = found.get("versions") if isinstance(found, dict) else None
+            self._groups[group] = tuple(
+                str(v.get("version"))
+                for v in (versions if isinstance(versions, list) else [])
+                if isinstance(v, dict) and v.get("version")
+            )
+        return self._groups[group]
+
+    def _resource_names(self, group: str, version: str) -> frozenset[str]:
+        key = f"{group}/{version}"
+        if key not in self._resources:
+            try:
+                found = self._client.get(f"/apis/{key}")
+            except NotFound:
+                found = {}
+            items = found.get("resources") if isinstance(found, dict) else None
+            self._resources[key] = frozenset(
+                str(r.get("name"))
+                for r in (items if isinstance(items, list) else [])
+                if isinstance(r, dict) and "/" not in str(r.get("name"))
+            )
+        return self._resources[key]

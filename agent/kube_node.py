@@ -1,0 +1,360 @@
+"""The one writer of the agent's own Node: features state their keys, `NodeOwner` writes.
+
+Each feature that marks the Node (cache labels, health labels, condition and taint, the
+reclaimable annotation) gets a `NodePart` for the keys it `Claim`s: exact keys, or every key
+under a prefix. It states the whole of what it wants (``set``) as often as it likes; the owner
+compares what all parts want with the Node as its watch last delivered it (`plan`, pure) and
+writes only the difference, waiting ``coalesce_s`` after the first change so a burst (an
+item turned ready, a health mark, a MIG state) is one write. A restated unchanged state is
+no write; nothing is re-written on a timer: the watch shows the owner every change, so a
+label someone removed is put back once, when it happens. Keys nobody claimed (the kubelet's,
+NFD's, the GPU Operator's, a user's) are never in a patch. Features that must act on others'
+keys once (the MIG protocol pausing operands, the sharing reload switching the plugin's
+config label) use `NodeOwner.write_now`, diffed the same way and written at once.
+
+Why JSON merge patch of just the changed keys and not server-side apply: the difference has
+to be computed anyway to make no request at all when nothing changed (an apply of an
+unchanged intent is still a request, and on some versions a managedFields write), and a
+merge patch of a few keys is one small request every supported server takes. What apply adds
+is field ownership across managers; the agent keeps that itself by claims, and the taints
+list (replaced whole by a merge patch) is sent with the Node's resourceVersion as a
+precondition, so a concurrent writer's taint is never lost (409, then planned again from the
+watch). Conditions go to the status subresource (strategic merge by ``type``).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agent.errors import AgentError, Conflict
+from agent.kube_watch import BACKOFF_S, Informer
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Claim", "NodeOwner", "NodePart", "Writes", "plan"]
+
+#: How long after the first change the owner waits for more before it writes.
+COALESCE_S = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The keys of the Node one feature owns."""
+
+    name: str
+    label_keys: frozenset[str] = frozenset()
+    label_prefixes: tuple[str, ...] = ()
+    annotation_keys: frozenset[str] = frozenset()
+    #: a status condition type
+    condition: str | None = None
+    #: a taint key
+    taint: str | None = None
+
+    def owns_label(self, key: str) -> bool:
+        return key in self.label_keys or key.startswith(self.label_prefixes or ("\0",))
+
+
+@dataclass(slots=True)
+class Desired:
+    """What a part wants; None: not stated yet (the owner touches nothing of it)."""
+
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    #: a condition {type, status, reason, message}; absent key: not stated
+    condition: dict[str, str] | None = None
+    condition_stated: bool = False
+    taint: dict[str, str] | None = None
+    taint_stated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Writes:
+    """The writes a plan needs: a merge patch of the Node, a strategic-merge patch of its
+    status; None for none."""
+
+    node: dict[str, Any] | None = None
+    status: dict[str, Any] | None = None
+    said: tuple[str, ...] = field(default=())
+
+
+def plan(
+    node: Mapping[str, Any],
+    parts: Sequence[tuple[Claim, Desired]],
+    once: Mapping[str, str | None] | None = None,
+    now: str = "",
+) -> Writes:
+    """The difference between the Node and what the parts want (and the one-shot ``once``
+    labels), touching only claimed keys. ``now``: the RFC 3339 time a condition is stamped."""
+    meta = node.get("metadata") or {}
+    labels: dict[str, str | None] = {}
+    annotations: dict[str, str | None] = {}
+    for claim, want in parts:
+        if want.labels is not None:
+            labels |= _diff(meta.get("labels") or {}, want.labels, claim.owns_label)
+        if want.annotations is not None:
+            owned = claim.annotation_keys.__contains__
+            annotations |= _diff(meta.get("annotations") or {}, want.annotations, owned)
+    current = meta.get("labels") or {}
+    for key, value in (once or {}).items():
+        if current.get(key) != value and not (value is None and key not in current):
+            labels[key] = value
+    body: dict[str, Any] = {}
+    if labels or annotations:
+        body["metadata"] = {
+            k: v for k, v in (("labels", labels), ("annotations", annotations)) if v
+        }
+    taints = _taints(node, parts)
+    if taints is not None:
+        body.setdefault("metadata", {})["resourceVersion"] = meta.get("resourceVersion")
+        body["spec"] = {"taints": taints}
+    conditions = _conditions(node, parts, now)
+    said = tuple(sorted(labels) + sorted(annotations)) + (("taints",) if taints is not None else ())
+    return Writes(
+        node=body or None,
+        status={"status": {"conditions": conditions}} if conditions else None,
+        said=said + tuple(c["type"] for c in conditions),
+    )
+
+
+def _diff(
+    current: Mapping[str, str], want: Mapping[str, str], owns: Callable[[str], bool]
+) -> dict[str, str | None]:
+    changes: dict[str, str | None] = {k: v for k, v in want.items() if current.get(k) != v}
+    changes |= {k: None for k in current if owns(k) and k not in want}
+    return changes
+
+
+def _taints(node: Mapping[str, Any], parts: Sequence[tuple[Claim, Desired]]) -> list[Any] | None:
+    current = list((node.get("spec") or {}).get("taints") or [])
+    stated = [(c.taint, d.taint) for c, d in parts if c.taint and d.taint_stated]
+    if not stated:
+        return None
+    keys = {key for key, _ in stated}
+    wanted = [dict(t) for _, t in stated if t is not None]
+    ours = [t for t in current if t.get("key") in keys]
+    same = len(ours) == len(wanted) and all(
+        any({k: t.get(k) for k in w} == w for t in ours) for w in wanted
+    )
+    if same:
+        return None
+    return [t for t in current if t.get("key") not in keys] + wanted
+
+
+def _conditions(
+    node: Mapping[str, Any], parts: Sequence[tuple[Claim, Desired]], now: str
+) -> list[dict[str, str]]:
+    current = {c.get("type"): c for c in (node.get("status") or {}).get("conditions") or [] if c}
+    out = []
+    for claim, want in parts:
+        if not (claim.condition and want.condition_stated and want.condition is not None):
+            continue
+        cond = dict(want.condition, type=claim.condition)
+        have = current.get(claim.condition) or {}
+        if all(have.get(k) == cond.get(k) for k in ("status", "reason", "message")):
+            continue
+        same_status = have.get("status") == cond["status"] and have.get("lastTransitionTime")
+        cond["lastTransitionTime"] = str(have["lastTransitionTime"]) if same_status else now
+        cond["lastHeartbeatTime"] = now
+        out.append(cond)
+    return out
+
+
+def _version(node: object) -> object:
+    meta = node.get("metadata") if isinstance(node, dict) else None
+    return meta.get("resourceVersion") if isinstance(meta, dict) else None
+
+
+class NodeApi(Protocol):
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: object = None,
+        content_type: str = "application/json",
+    ) -> Any: ...
+
+
+class NodePart:
+    """One feature's keys on the Node; ``set`` states them whole (a key under a claimed
+    prefix that is not stated is removed)."""
+
+    def __init__(self, owner: NodeOwner, claim: Claim) -> None:
+        self.claim = claim
+        self._owner = owner
+        self.desired = Desired()
+
+    _UNSET: Any = object()
+
+    def set(
+        self,
+        *,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        condition: Mapping[str, str] | None = _UNSET,
+        taint: Mapping[str, str] | None = _UNSET,
+    ) -> None:
+        for key in labels or {}:
+            if not self.claim.owns_label(key):
+                raise ValueError(f"{self.claim.name} does not own the label {key}")
+        with self._owner.lock:
+            before = (
+                self.desired.labels,
+                self.desired.annotations,
+                self.desired.condition,
+                self.desired.condition_stated,
+                self.desired.taint,
+                self.desired.taint_stated,
+            )
+            if labels is not None:
+                self.desired.labels = dict(labels)
+            if annotations is not None:
+                self.desired.annotations = dict(annotations)
+            if condition is not self._UNSET:
+                self.desired.condition = dict(condition) if condition else None
+                self.desired.condition_stated = True
+            if taint is not self._UNSET:
+                self.desired.taint = dict(taint) if taint else None
+                self.desired.taint_stated = True
+            after = (
+                self.desired.labels,
+                self.desired.annotations,
+                self.desired.condition,
+                self.desired.condition_stated,
+                self.desired.taint,
+                self.desired.taint_stated,
+            )
+        if after != before:
+            self._owner.wake()
+
+
+class NodeOwner:
+    """Writes this agent's parts of its Node, from its shared Node informer's cache."""
+
+    def __init__(
+        self,
+        kube: NodeApi,
+        node: str,
+        informer: Informer,
+        *,
+        coalesce_s: float = COALESCE_S,
+        backoff: tuple[float, float] = BACKOFF_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._kube = kube
+        self.node = node
+        self.informer = informer
+        self._coalesce_s = coalesce_s
+        self._backoff = backoff
+        self._clock = clock
+        self.lock = threading.RLock()
+        self._parts: list[NodePart] = []
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: writes made (PATCHes of the Node and of its status), for tests and the benchmark
+        self.writes = 0
+        self.error = ""
+
+    def part(self, claim: Claim) -> NodePart:
+        with self.lock:
+            for found in self._parts:
+                if found.claim.name == claim.name:
+                    return found
+            part = NodePart(self, claim)
+            self._parts.append(part)
+            return part
+
+    def node_object(self) -> dict[str, Any] | None:
+        """The Node as last delivered by the watch (or returned by a write of ours)."""
+        if not self.informer.synced.is_set():
+            return None
+        return next((o for o in self.informer.objects() if isinstance(o, dict)), None)
+
+    def labels(self) -> dict[str, str]:
+        """The cached labels; AgentError while the Node was never listed."""
+        node = self.node_object()
+        if node is None:
+            raise AgentError(f"the Node {self.node} is not listed yet: {self.informer.error}")
+        found = (node.get("metadata") or {}).get("labels") or {}
+        return {str(k): str(v) for k, v in found.items()}
+
+    def start(self) -> None:
+        self.informer.add_handler(self.wake)
+        self.informer.start()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="node owner", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def sync(self) -> bool:
+        """Write what differs now; True when something was written. AgentError on failure."""
+        return self.write_now({})
+
+    def write_now(self, once: Mapping[str, str | None]) -> bool:
+        """Write the parts' difference and the one-shot ``once`` labels (None removes) at
+        once, in one PATCH; a label already as asked is not written."""
+        with self.lock:
+            node = self.node_object()
+            if node is None:
+                if once:
+                    raise AgentError(f"the Node {self.node} is not listed yet")
+                return False
+            parts = [(p.claim, p.desired) for p in self._parts]
+            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._clock()))
+            writes = plan(node, parts, once, now)
+            path = f"/api/v1/nodes/{urllib.parse.quote(self.node, safe='')}"
+            # The condition first: a reader that sees the labels or taint sees it too.
+            if writes.status is not None:
+                strategic = "application/strategic-merge-patch+json"
+                answer = self._write(f"{path}/status", writes.status, strategic)
+                if writes.node is not None and "resourceVersion" in writes.node["metadata"]:
+                    # The taints' precondition is the Node as the status write left it.
+                    writes.node["metadata"]["resourceVersion"] = _version(answer)
+            if writes.node is not None:
+                self._write(path, writes.node, "application/merge-patch+json")
+            if writes.said:
+                log.info("Node %s: wrote %s", self.node, ", ".join(writes.said))
+            return bool(writes.node or writes.status)
+
+    def _write(self, path: str, body: dict[str, Any], content_type: str) -> object:
+        try:
+            answer = self._kube.request("PATCH", path, body=body, content_type=content_type)
+        except Conflict as exc:  # the taints changed meanwhile: planned again from the watch
+            raise AgentError(f"the Node changed while it was written: {exc}") from exc
+        self.writes += 1
+        if isinstance(answer, dict):
+            self.informer.assume(answer)
+        return answer
+
+    def _run(self) -> None:
+        delay = self._backoff[0]
+        while not self._stop.is_set():
+            self._wake.wait()
+            if self._stop.wait(self._coalesce_s):  # a burst of changes is one write
+                return
+            self._wake.clear()
+            try:
+                self.sync()
+                delay, self.error = self._backoff[0], ""
+            except AgentError as exc:
+                self.error = str(exc)
+                wait = delay * (0.5 + random.random())
+                log.warning("writing Node %s failed (%s); again in %.1fs", self.node, exc, wait)
+                self._stop.wait(wait)
+                delay = min(self._backoff[1], delay * 2)
+                self._wake.set()

@@ -1,0 +1,332 @@
+"""List+watch caches of the Kubernetes API, shared: one per (resource, selector) per process.
+
+`Informer` keeps one resource current as client-go's reflector does: list (paged) once, then
+watch from the list's resourceVersion; every event moves the version, so a watch the server
+ends resumes where it was, and only 410 Gone (the version was compacted away) lists again.
+Many readers share one informer through `InformerFactory` (client-go's shared informer
+factory: many handlers on one list+watch), so an agent holds one watch of its Node and one of
+its ResourceSlices however many features read them; readers read the cache, never GET beside
+the watch.
+
+Never a tight loop: a watch the server ends within a second is resumed a second later; 429
+waits the server's Retry-After; every other failure (5xx, a refused connection, a restarting
+API server) waits a jittered back-off doubling from ``backoff[0]`` to ``backoff[1]``, so a
+fleet of agents does not come back in step. While a call fails the cache is kept and
+`Informer.status` says it is stale and why.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+from agent.errors import AgentError
+from agent.kube import PAGE_SIZE, Gone
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Informer", "InformerFactory", "Lister", "NodeWatch", "node_query"]
+
+#: A watch asks the server to end it after this many seconds, times 1 to 2 (client-go's
+#: reflector picks 5 to 10 minutes at random): the only request of a quiet cache.
+WATCH_TIMEOUT_S = 300.0
+#: First and longest wait after a failed call (doubling, jittered by +-50 %).
+BACKOFF_S = (1.0, 30.0)
+#: A Retry-After longer than this is not believed (a broken proxy): waited this long.
+MAX_RETRY_AFTER_S = 300.0
+
+
+class Lister(Protocol):
+    """The two calls an informer makes (agent.kube.InClusterKubeClient)."""
+
+    def list_all(
+        self, path: str, query: Mapping[str, str] | None = None, page_size: int = ...
+    ) -> tuple[list[Any], str]: ...
+
+    def watch(
+        self, path: str, query: Mapping[str, str], resource_version: str, timeout_s: float
+    ) -> Iterator[tuple[str, Any]]: ...
+
+
+def node_query(node: str) -> dict[str, str]:
+    """The selector of one Node (as the GPU Operator's mig-manager watches its node)."""
+    return {"fieldSelector": f"metadata.name={node}"}
+
+
+class Informer:
+    """One resource (``path`` with ``query``'s selectors) kept current by list+watch.
+
+    ``healthy`` is False from a failed call until the next good one, so a reader can tell a
+    stale cache from a current one; handlers (`add_handler`) are called from the watch thread
+    after every list and every change (not for bookmarks).
+    """
+
+    def __init__(
+        self,
+        client: Lister,
+        path: str,
+        query: Mapping[str, str] | None = None,
+        *,
+        page_size: int = PAGE_SIZE,
+        watch_timeout_s: float = WATCH_TIMEOUT_S,
+        on_change: Callable[[], object] | None = None,
+        backoff: tuple[float, float] = BACKOFF_S,
+    ) -> None:
+        self._client = client
+        self.path = path
+        self._query = dict(query or {})
+        self._page_size = page_size
+        self._watch_timeout_s = watch_timeout_s
+        self._backoff = backoff
+        self._handlers: list[Callable[[], object]] = [on_change] if on_change else []
+        self._lock = threading.Lock()
+        self._objects: dict[str, Any] = {}
+        self.resource_version = ""
+        self.synced = threading.Event()
+        self.healthy = False
+        self.error = ""
+        self.stale_since: float | None = None
+        #: calls made, for the counts a test or a metric wants
+        self.lists = 0
+        self.watches = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: the list count at the last 410 (two in a row without a list between are waited on)
+        self._gone_after = -1
+
+    @property
+    def query(self) -> dict[str, str]:
+        return dict(self._query)
+
+    def add_handler(self, handler: Callable[[], object]) -> None:
+        """Call ``handler`` after every change; at once when the cache is already listed."""
+        with self._lock:
+            self._handlers.append(handler)
+        if self.synced.is_set():
+            handler()
+
+    def objects(self) -> list[Any]:
+        with self._lock:
+            return list(self._objects.values())
+
+    def assume(self, obj: object) -> None:
+        """Put an object a write of ours returned into the cache before its watch event
+        arrives (client-go's mutation cache), so a reader does not act on the old one; an
+        older event for it is then ignored."""
+        with self._lock:
+            key = _key(obj)
+            if _newer(obj, self._objects.get(key)):
+                self._objects[key] = obj
+
+    def status(self) -> tuple[bool, str]:
+        """(current, detail): False with why while the cache is the last answer kept."""
+        what = f"{self.path} {','.join(self._query.values())}".strip()
+        if not self.synced.is_set():
+            return False, f"{what}: not listed yet{': ' + self.error if self.error else ''}"
+        if not self.healthy:
+            since = time.monotonic() - (self.stale_since or time.monotonic())
+            return False, f"{what}: stale for {since:.0f}s (kept as last listed): {self.error}"
+        return True, f"{what}: current ({len(self._objects)} object(s))"
+
+    def relist(self) -> None:
+        items, version = self._client.list_all(self.path, self._query, self._page_size)
+        self.lists += 1
+        with self._lock:
+            self._objects = {_key(o): o for o in items}
+            self.resource_version = version
+        self._good()
+        self._changed()
+
+    def watch_once(self) -> None:
+        """One watch, from the current version until the server ends it."""
+        self.watches += 1
+        timeout = self._watch_timeout_s * (1.0 + random.random())
+        events = self._client.watch(self.path, self._query, self.resource_version, timeout)
+        self._good()  # the API server took the watch: the cache is current again
+        for kind, obj in events:
+            version = str(_dig(obj, "metadata", "resourceVersion") or "")
+            changed = kind != "BOOKMARK"
+            with self._lock:
+                key = _key(obj)
+                if kind in ("ADDED", "MODIFIED"):
+                    changed = _newer(obj, self._objects.get(key))
+                    if changed:
+                        self._objects[key] = obj
+                elif kind == "DELETED":
+                    self._objects.pop(key, None)
+                if version:
+                    self.resource_version = version
+            self._good()
+            if changed:
+                self._changed()
+
+    def run(self) -> None:
+        delay = self._backoff[0]
+        while not self._stop.is_set():
+            try:
+                if not self.resource_version:
+                    self.relist()
+                began = time.monotonic()
+                self.watch_once()
+                delay = self._backoff[0]
+                if time.monotonic() - began < 1.0:
+                    self._stop.wait(1.0)  # a server ending watches at once is not spun on
+            except Gone as exc:
+                self.resource_version = ""  # compacted: list again at once
+                if self._gone_after != self.lists:
+                    self._gone_after = self.lists
+                    continue
+                delay = self._failed(exc, delay)  # 410 again with no list between: back off
+            except (AgentError, ValueError) as exc:  # ValueError: a body that is not JSON
+                delay = self._failed(exc, delay)
+
+    def _failed(self, exc: Exception, delay: float) -> float:
+        """Wait the server's Retry-After, else ``delay`` jittered by +-50 %; the next delay."""
+        self._bad(exc)
+        wait = _retry_after(exc) or delay * (0.5 + random.random())
+        log.warning("%s: %s; again in %.1f s", self.path, exc, wait)
+        self._stop.wait(wait)
+        return min(self._backoff[1], delay * 2)
+
+    def start(self) -> Informer:
+        """Start the list+watch thread once (a shared informer is started by each reader)."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self.run, name=f"informer {self.path}", daemon=True
+                )
+                self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stops after the watch in flight ends (the thread is a daemon: it never blocks exit)."""
+        self._stop.set()
+
+    def _changed(self) -> None:
+        with self._lock:
+            handlers = list(self._handlers)
+        for handler in handlers:
+            try:
+                handler()
+            except Exception:  # one reader's bug must not stop the others' cache
+                log.exception("handler of %s failed", self.path)
+
+    def _good(self) -> None:
+        self.healthy, self.error, self.stale_since = True, "", None
+        self.synced.set()
+
+    def _bad(self, exc: Exception) -> None:
+        if self.stale_since is None:
+            self.stale_since = time.monotonic()
+        self.healthy, self.error = False, str(exc)
+
+
+class InformerFactory:
+    """One shared `Informer` per (path, selectors): readers of the same resource share its
+    list+watch and add their handlers (client-go's ``SharedInformerFactory.ForResource``)."""
+
+    def __init__(
+        self,
+        client: Lister,
+        *,
+        watch_timeout_s: float = WATCH_TIMEOUT_S,
+        backoff: tuple[float, float] = BACKOFF_S,
+    ) -> None:
+        self.client = client
+        self._watch_timeout_s = watch_timeout_s
+        self._backoff = backoff
+        self._lock = threading.Lock()
+        self._informers: dict[tuple[str, tuple[tuple[str, str], ...]], Informer] = {}
+
+    def informer(self, path: str, query: Mapping[str, str] | None = None) -> Informer:
+        key = (path, tuple(sorted((query or {}).items())))
+        with self._lock:
+            found = self._informers.get(key)
+            if found is None:
+                found = self._informers[key] = Informer(
+                    self.client,
+                    path,
+                    query,
+                    watch_timeout_s=self._watch_timeout_s,
+                    backoff=self._backoff,
+                )
+            return found
+
+    def node(self, node: str) -> Informer:
+        """This agent's own Node."""
+        return self.informer("/api/v1/nodes", node_query(node))
+
+    def informers(self) -> list[Informer]:
+        with self._lock:
+            return list(self._informers.values())
+
+    def stop(self) -> None:
+        for informer in self.informers():
+            informer.stop()
+
+    def stale(self) -> list[str]:
+        """What each cache that is not current says (empty: every cache is current)."""
+        return [detail for current, detail in (i.status() for i in self.informers()) if not current]
+
+
+class NodeWatch:
+    """This agent's own Node from its shared informer: ``labels``/``metadata`` are the cached
+    ones while the watch is current, None while it is not."""
+
+    def __init__(self, informer: Informer, node: str) -> None:
+        self.node = node
+        self.informer = informer
+
+    def node_object(self) -> dict[str, Any] | None:
+        for obj in self.informer.objects():
+            if isinstance(obj, dict):
+                return obj
+        return None
+
+    def labels(self) -> Mapping[str, str] | None:
+        found = self.metadata()
+        return None if found is None else found[0]
+
+    def metadata(self) -> tuple[Mapping[str, str], Mapping[str, str]] | None:
+        """(labels, annotations) from the watch; None while it is not current."""
+        if not (self.informer.synced.is_set() and self.informer.healthy):
+            return None
+        obj = self.node_object()
+        if obj is None:
+            return None
+        meta = obj.get("metadata")
+        return _strings(_dig(meta, "labels")), _strings(_dig(meta, "annotations"))
+
+
+def _retry_after(exc: Exception) -> float | None:
+    found = getattr(exc, "retry_after_s", None)
+    return min(float(found), MAX_RETRY_AFTER_S) if isinstance(found, int | float) else None
+
+
+def _newer(obj: object, than: object) -> bool:
+    """Whether ``obj`` may replace ``than``: not when both carry integer resourceVersions and
+    ``obj``'s is older (an event from before a write of ours we already assumed)."""
+    new, old = _dig(obj, "metadata", "resourceVersion"), _dig(than, "metadata", "resourceVersion")
+    if isinstance(new, str) and isinstance(old, str) and new.isdigit() and old.isdigit():
+        return int(new) >= int(old)
+    return True
+
+
+def _key(obj: object) -> str:
+    return f"{_dig(obj, 'metadata', 'namespace') or ''}/{_dig(obj, 'metadata', 'name') or ''}"
+
+
+def _strings(found: object) -> dict[str, str]:
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+
+def _dig(obj: object, *keys: str) -> object:
+    for key in keys:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj

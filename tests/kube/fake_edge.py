@@ -1,0 +1,182 @@
+"""The API stand-in (tests/kube/fake_api.py) with what the agent's edge to Kubernetes is
+tested against: discovery, counts, bookmarks and the failures a real API server answers.
+
+- discovery: ``/apis``, ``/apis/<group>`` (APIGroup) and ``/apis/<group>/<version>``
+  (APIResourceList) from ``served``; DeviceTaintRules are answered at every version in
+  ``taint_versions`` (the stand-in's store is one) and 404 at any other, as a server that
+  serves only that version;
+- counts: every call with its time (``calls``), the watches open now and at most
+  (``open_watches``, ``most_watches``): what "silent in steady state" is asserted with;
+- ``bookmark(resource)``: a BOOKMARK event (only a resourceVersion) on every watch of it;
+- ``fail_next(method, path, code, count, retry_after)``: the next ``count`` matching calls (a
+  path prefix; a watch is a GET) answer ``code`` (429 with ``Retry-After``, a 5xx);
+- ``restart()``: every open watch is cut (the connection reset) and, until ``up()``, every
+  call answers 503, as an API server going away and coming back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from tests.kube import fake_dra
+from tests.kube.fake_api import FakeKubeApi, _reply, _status
+
+TAINTS = "devicetaintrules"
+
+
+@dataclass(frozen=True)
+class Call:
+    at: float
+    method: str
+    path: str
+    query: dict[str, str]
+
+    @property
+    def watch(self) -> bool:
+        return self.query.get("watch") in ("1", "true")
+
+    @property
+    def write(self) -> bool:
+        return self.method in ("PATCH", "POST", "PUT", "DELETE")
+
+
+def _served() -> dict[str, dict[str, list[str]]]:
+    return {
+        fake_dra.GROUP: {
+            fake_dra.VERSION: sorted(fake_dra.RESOURCES),
+            "v1alpha3": [TAINTS],
+        },
+        "coordination.k8s.io": {"v1": ["leases"]},
+        "events.k8s.io": {"v1": ["events"]},
+    }
+
+
+@dataclass
+class EdgeKubeApi(FakeKubeApi):
+    #: group -> version -> resources, as discovery answers
+    served: dict[str, dict[str, list[str]]] = field(default_factory=_served)
+    calls: list[Call] = field(default_factory=list)
+    open_watches: int = 0
+    most_watches: int = 0
+    #: (method, path prefix) -> [count, code, retry_after]
+    faults: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
+    down: bool = False
+    _watchers: set[BaseHTTPRequestHandler] = field(default_factory=set)
+    _count_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def taint_versions(self) -> list[str]:
+        versions = self.served.get(fake_dra.GROUP, {})
+        return [v for v, resources in versions.items() if TAINTS in resources]
+
+    def since(self, at: float) -> list[Call]:
+        with self._count_lock:
+            return [c for c in self.calls if c.at >= at]
+
+    def fail_next(
+        self, method: str, path: str, code: int, count: int = 1, retry_after: int | None = None
+    ) -> None:
+        with self._count_lock:
+            self.faults[(method, path)] = [count, code, retry_after]
+
+    def bookmark(self, resource: str) -> None:
+        with self.lock:
+            version = self.bump()
+            obj = {"kind": "Bookmark", "metadata": {"resourceVersion": version}}
+            self.history.append((int(version), resource, "BOOKMARK", obj))
+            self.changed.notify_all()
+
+    def restart(self) -> None:
+        """Cut every open watch and answer 503 until `up`."""
+        self.down = True
+        with self._count_lock:
+            cut = list(self._watchers)
+        for h in cut:
+            with contextlib.suppress(OSError):
+                h.connection.shutdown(socket.SHUT_RDWR)
+
+    def up(self) -> None:
+        self.down = False
+
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        url = urlsplit(h.path)
+        path, query = unquote(url.path), dict(parse_qsl(url.query))
+        with self._count_lock:
+            self.calls.append(Call(time.monotonic(), h.command, path, query))
+            fault = next(
+                (f for (m, p), f in self.faults.items() if m == h.command and path.startswith(p)),
+                None,
+            )
+            if fault is not None and fault[0] > 0:
+                fault[0] -= 1
+            else:
+                fault = None
+        if self.down:
+            return _reply(h, 503, _status(503, "the server is shutting down", "ServiceUnavailable"))
+        if fault is not None:
+            return _fault(h, fault[1], fault[2])
+        parts = path.strip("/").split("/")
+        if parts[0] == "apis" and len(parts) <= 3 and h.command == "GET":
+            return self._discovery(h, parts[1:])
+        if parts[:2] == ["apis", fake_dra.GROUP] and parts[3:4] == [TAINTS]:
+            if parts[2] not in self.taint_versions:
+                return _reply(h, 404, _status(404, "the server could not find the resource"))
+            h.path = h.path.replace(f"/{parts[2]}/{TAINTS}", f"/v1alpha3/{TAINTS}", 1)
+        return super()._handle(h)
+
+    def _discovery(self, h: BaseHTTPRequestHandler, parts: list[str]) -> None:
+        if not parts:
+            groups = [self._group(g) for g in sorted(self.served)]
+            return _reply(h, 200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+        versions = self.served.get(parts[0])
+        if not versions or (len(parts) == 2 and parts[1] not in versions):
+            return _reply(h, 404, _status(404, "the server could not find the requested resource"))
+        if len(parts) == 1:
+            return _reply(h, 200, {"kind": "APIGroup", "apiVersion": "v1"} | self._group(parts[0]))
+        resources = [
+            {"name": r, "namespaced": False, "kind": r.title(), "verbs": ["get", "list", "watch"]}
+            for r in versions[parts[1]]
+        ]
+        answer = {"kind": "APIResourceList", "groupVersion": "/".join(parts)}
+        return _reply(h, 200, answer | {"resources": resources})
+
+    def _group(self, group: str) -> dict[str, Any]:
+        versions = [{"groupVersion": f"{group}/{v}", "version": v} for v in self.served[group]]
+        return {"name": group, "versions": versions, "preferredVersion": versions[0]}
+
+    def _watch(
+        self, h: BaseHTTPRequestHandler, resource: str, query: dict[str, str], ns: str = ""
+    ) -> None:
+        with self._count_lock:
+            self.open_watches += 1
+            self.most_watches = max(self.most_watches, self.open_watches)
+            self._watchers.add(h)
+        try:
+            super()._watch(h, resource, query, ns)
+        except (OSError, ssl.SSLError):
+            pass  # cut by `restart`
+        finally:
+            with self._count_lock:
+                self.open_watches -= 1
+                self._watchers.discard(h)
+
+
+def _fault(h: BaseHTTPRequestHandler, code: int, retry_after: int | None) -> None:
+    body = _status(code, "injected by the test", "TooManyRequests" if code == 429 else "")
+    data = json.dumps(body).encode()
+    h.send_response(code)
+    h.send_header("Content-Type", "application/json")
+    h.send_header("Content-Length", str(len(data)))
+    if retry_after is not None:
+        h.send_header("Retry-After", str(retry_after))
+    h.end_headers()
+    h.wfile.write(data)

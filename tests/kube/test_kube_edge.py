@@ -1,0 +1,281 @@
+"""The agent's edge to Kubernetes against the API stand-in over HTTPS (tests/kube/fake_edge.py
+counts every call): the Node's one owner writes only a difference, once per burst, never
+others' keys; a watch survives 410, bookmarks, a restarting server, 429 and 5xx without a tight
+loop and says when its cache is stale; API versions come from discovery, an unserved one is
+said once and not asked again."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from agent.health.device_taints import DeviceTaints
+from agent.health.machine import Mark, State
+from agent.health.store import Target
+from agent.kube import InClusterKubeClient
+from agent.kube_discovery import ApiVersions
+from agent.kube_node import Claim, NodeOwner
+from agent.kube_watch import Informer, InformerFactory
+from tests.kube.fake_edge import Call, EdgeKubeApi
+from tests.kube.fixtures import NODE
+from tests.unit.api.support import wait_for
+
+NODE_PATH = f"/api/v1/nodes/{NODE}"
+CACHE = Claim("cache", label_prefixes=("gpu-agent.io/cache.",))
+HEALTH = Claim("health", label_keys=frozenset({"gpu-agent.io/health"}), condition="GPUHealthy")
+MIG_STATE = "nvidia.com/mig.config.state"
+THEIRS = {"feature.node.kubernetes.io/pci-10de.present": "true", "team": "vision"}
+
+
+def _owner(kube: InClusterKubeClient, coalesce_s: float = 0.3) -> NodeOwner:
+    owner = NodeOwner(kube, NODE, InformerFactory(kube).node(NODE), coalesce_s=coalesce_s)
+    owner.start()
+    assert owner.informer.synced.wait(10)
+    return owner
+
+
+def _writes(api: EdgeKubeApi, since: float) -> list[Call]:
+    return [c for c in api.since(since) if c.write]
+
+
+def _patched_labels(api: EdgeKubeApi) -> set[str]:
+    return {
+        key
+        for r in api.requests
+        if r.method == "PATCH" and isinstance(r.body, dict)
+        for key in ((r.body.get("metadata") or {}).get("labels") or {})
+    }
+
+
+def test_a_burst_of_changes_is_one_node_write_and_a_restatement_is_none(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = edge_api
+    owner = _owner(kube)
+    try:
+        began = time.monotonic()
+        # A cache item turned ready, a health mark, the MIG protocol's state: one burst.
+        owner.part(CACHE).set(labels={"gpu-agent.io/cache.llama": "ready"})
+        condition = {"status": "False", "reason": "GpusFailed", "message": "GPU 0 failed"}
+        owner.part(HEALTH).set(labels={"gpu-agent.io/health": "failed"}, condition=condition)
+        owner.write_now({MIG_STATE: "success"})  # the MIG protocol writes at once
+        wait_for(lambda: api.nodes[NODE].get("gpu-agent.io/health") == "failed", "the marks")
+        wait_for(lambda: owner.informer.objects()[0]["status"]["conditions"], "the condition")
+        writes = _writes(api, began)
+        assert [c.path for c in writes if c.path == NODE_PATH] == [NODE_PATH]  # one write
+        assert [c.path for c in writes if c.path != NODE_PATH] == [f"{NODE_PATH}/status"]
+        assert api.nodes[NODE]["gpu-agent.io/cache.llama"] == "ready"
+        assert api.nodes[NODE][MIG_STATE] == "success"
+
+        # The same state again (every pass of every feature restates it): no request at all.
+        settled = time.monotonic()
+        owner.part(CACHE).set(labels={"gpu-agent.io/cache.llama": "ready"})
+        owner.part(HEALTH).set(labels={"gpu-agent.io/health": "failed"}, condition=condition)
+        assert not owner.write_now({MIG_STATE: "success"})
+        owner.wake()
+        assert not owner.sync()
+        time.sleep(0.6)  # two coalescing windows of the owner's thread: it must stay quiet
+        assert [c for c in api.since(settled) if not c.watch] == []
+    finally:
+        owner.stop()
+        owner.informer.stop()
+
+
+def test_keys_of_other_writers_are_never_touched_and_ours_are_put_back_once(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = edge_api
+    api.set_labels(NODE, {**THEIRS, "gpu-agent.io/cache.old": "ready"})
+    owner = _owner(kube, coalesce_s=0.05)
+    try:
+        owner.part(CACHE).set(labels={"gpu-agent.io/cache.new": "ready"})
+        wait_for(lambda: "gpu-agent.io/cache.old" not in api.nodes[NODE], "the stale label gone")
+        api.set_labels(NODE, {"team": "speech", "user/extra": "1"})  # a user, meanwhile
+        # Someone removes our label: the watch shows it, the owner puts it back, once.
+        began = time.monotonic()
+        api.set_labels(NODE, {"gpu-agent.io/cache.new": None})
+        wait_for(lambda: api.nodes[NODE].get("gpu-agent.io/cache.new") == "ready", "put back")
+        time.sleep(0.3)  # several coalescing windows: no second write
+        assert len(_writes(api, began)) == 1
+        labels = api.nodes[NODE]
+        assert labels["team"] == "speech" and labels["user/extra"] == "1"
+        assert labels["feature.node.kubernetes.io/pci-10de.present"] == "true"
+        assert _patched_labels(api) <= {"gpu-agent.io/cache.new", "gpu-agent.io/cache.old"}
+    finally:
+        owner.stop()
+        owner.informer.stop()
+
+
+def _informer(kube: InClusterKubeClient, **kw: Any) -> Informer:
+    return Informer(kube, "/api/v1/nodes", {"fieldSelector": f"metadata.name={NODE}"}, **kw)
+
+
+def _lists(api: EdgeKubeApi) -> list[Call]:
+    return [c for c in api.since(0) if c.path == "/api/v1/nodes" and not c.watch]
+
+
+def test_410_gone_relists_once_and_a_server_that_keeps_answering_410_is_backed_off(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = edge_api
+    informer = _informer(kube, watch_timeout_s=1, backoff=(0.5, 2.0)).start()
+    try:
+        assert informer.synced.wait(10)
+        api.compact()  # the next watch resumes from a version the server forgot: 410, relist
+        wait_for(lambda: informer.lists == 2, "one relist after 410", timeout=10)
+        assert informer.lists == 2
+        api.fail_next("GET", "/api/v1/nodes", 410, count=1000)
+        api.compact()
+        began = time.monotonic()
+        wait_for(lambda: not informer.healthy, "the 410s noticed", timeout=10)
+        time.sleep(3)  # three seconds of a server answering only 410
+        calls = [c for c in api.since(began) if c.path == "/api/v1/nodes"]
+        assert len(calls) <= 7, [round(c.at - began, 2) for c in calls]  # not a tight loop
+        current, detail = informer.status()
+        assert not current and "stale" in detail and "410" in detail
+    finally:
+        informer.stop()
+
+
+def test_429_waits_the_servers_retry_after(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = edge_api
+    api.fail_next("GET", "/api/v1/nodes", 429, count=1, retry_after=2)
+    informer = _informer(kube, backoff=(0.05, 0.1)).start()
+    try:
+        assert informer.synced.wait(10)
+        first, second = _lists(api)[:2]
+        assert second.at - first.at >= 1.9  # Retry-After, not the 0.05 s back-off
+    finally:
+        informer.stop()
+
+
+def test_5xx_backs_off_doubling_with_jitter(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = edge_api
+    api.fail_next("GET", "/api/v1/nodes", 500, count=4)
+    informer = _informer(kube, backoff=(0.2, 10.0)).start()
+    try:
+        assert informer.synced.wait(15)
+        at = [c.at for c in _lists(api)]
+        gaps = [b - a for a, b in itertools.pairwise(at)][:4]
+        nominal = [0.2, 0.4, 0.8, 1.6]
+        for gap, want in zip(gaps, nominal, strict=True):
+            assert 0.5 * want <= gap <= 1.5 * want + 0.15, (gaps, nominal)
+        assert any(abs(g - w) > 0.01 for g, w in zip(gaps, nominal, strict=True))  # jittered
+    finally:
+        informer.stop()
+
+
+def test_bookmarks_move_the_version_without_a_change_or_a_relist(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = edge_api
+    changes = threading.Semaphore(0)
+    informer = _informer(kube, on_change=changes.release).start()
+    try:
+        assert informer.synced.wait(10) and changes.acquire(timeout=1)
+        api.bookmark("nodes")
+        wait_for(lambda: informer.resource_version == str(api.version), "the bookmark's version")
+        assert not changes.acquire(timeout=0.2) and informer.lists == 1
+    finally:
+        informer.stop()
+
+
+def test_a_restarting_api_server_leaves_a_stale_cache_said_then_resumes_without_relist(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = edge_api
+    informer = _informer(kube, backoff=(0.2, 1.0)).start()
+    try:
+        assert informer.synced.wait(10)
+        wait_for(lambda: api.open_watches == 1, "the watch open")
+        began = time.monotonic()
+        api.restart()
+        wait_for(lambda: not informer.healthy, "the restart noticed", timeout=10)
+        current, detail = informer.status()
+        assert not current and "/api/v1/nodes" in detail and "503" in detail
+        assert informer.objects()  # the last answer is kept
+        time.sleep(2)
+        assert len(api.since(began)) <= 6  # backed off: 0.2, 0.4, 0.8, 1.0 s ...
+        api.up()
+        api.set_labels(NODE, {"after": "restart"})
+        wait_for(lambda: informer.objects()[0]["metadata"]["labels"].get("after"), "resumed")
+        assert informer.healthy and informer.lists == 1  # resumed at its version
+    finally:
+        informer.stop()
+
+
+def _failed_marks() -> dict[Target, tuple[int, Mark, str]]:
+    return {Target("GPU-0"): (0, Mark(State.FAILED, "XID 79", 1.0), "XID 79")}
+
+
+def _slices() -> list[dict[str, Any]]:
+    device = {
+        "name": "gpu-0",
+        "attributes": {"type": {"string": "gpu"}, "uuid": {"string": "GPU-0"}},
+    }
+    spec = {"driver": "gpu.nvidia.com", "nodeName": NODE, "pool": {"name": NODE, "generation": 1}}
+    return [{"spec": spec | {"devices": [device]}}]
+
+
+def test_device_taint_rules_are_written_at_the_version_the_server_serves(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = edge_api
+    api.served["resource.k8s.io"] = {"v1": ["resourceslices"], "v1beta2": ["devicetaintrules"]}
+    apis = ApiVersions(kube)
+    rules = DeviceTaints(
+        kube.request,
+        NODE,
+        _failed_marks,
+        lambda: {Target("GPU-0"): ("GPU-0",)},
+        slices=_slices,
+        rules=lambda: apis.path("devicetaintrules"),
+    )
+    rules.sync()
+    posts = [r for r in api.requests if r.method == "POST"]
+    assert [r.path for r in posts] == ["/apis/resource.k8s.io/v1alpha3/devicetaintrules"]  # stored
+    (call,) = [c for c in api.calls if c.method == "POST"]
+    assert call.path == "/apis/resource.k8s.io/v1beta2/devicetaintrules"
+    assert posts[0].body["apiVersion"] == "resource.k8s.io/v1beta2"  # type: ignore[index]
+    assert not [c for c in api.calls if "v1alpha3" in c.path]
+    before = len(api.calls)
+    rules.sync()  # nothing changed: the rules it wrote are known, nothing is listed again
+    assert len(api.calls) == before
+
+
+def test_an_unserved_api_is_said_once_and_not_asked_again(
+    edge_api: tuple[EdgeKubeApi, str],
+    kube: InClusterKubeClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    api, _ = edge_api
+    api.served["resource.k8s.io"] = {"v1": ["resourceslices"]}
+    apis = ApiVersions(kube)
+    rules = DeviceTaints(
+        kube.request,
+        NODE,
+        _failed_marks,
+        lambda: {Target("GPU-0"): ("GPU-0",)},
+        slices=_slices,
+        rules=lambda: apis.path("devicetaintrules"),
+    )
+    with caplog.at_level(logging.WARNING, logger="agent.kube_discovery"):
+        rules.sync()
+        asked = len(api.calls)
+        for _ in range(3):
+            rules.sync()
+    assert len(api.calls) == asked <= 2  # /apis/resource.k8s.io and its v1 list, once
+    assert not [c for c in api.calls if "devicetaintrules" in c.path]
+    said = [r for r in caplog.records if "devicetaintrules" in r.getMessage()]
+    assert len(said) == 1 and "not asked again" in said[0].getMessage()
+    assert "devicetaintrules" in apis.unserved
+    assert apis.path("resourceslices") == "/apis/resource.k8s.io/v1/resourceslices"

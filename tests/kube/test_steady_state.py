@@ -1,0 +1,82 @@
+"""A whole agent against the API stand-in, nothing changing: silent (docs/architecture.md, "The
+Kubernetes edge"). With every timer that once re-wrote the Node sped up, the agent makes no
+write and no request beside its two watches (its Node, its ResourceSlices), and never holds
+more than those two; while the API server is away its metrics say which cache is stale."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import agent.node
+from agent.kube import InClusterKubeClient
+from tests.kube.fake_edge import EdgeKubeApi
+from tests.kube.fixtures import NODE
+from tests.unit.api.support import InProcessAgent, agent_config, wait_for
+
+WINDOW_S = 4.0
+
+
+def _quiet_for(api: EdgeKubeApi, seconds: float) -> bool:
+    calls = api.since(0)
+    return not calls or time.monotonic() - calls[-1].at >= seconds
+
+
+def _caches(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    found = re.findall(r'^gpu_agent_kube_cache_current\{resource="([^"]+)"\} (\S+)$', text, re.M)
+    return {name: float(value) for name, value in found}
+
+
+def test_an_agent_with_nothing_changing_makes_no_write_and_holds_two_watches(
+    tmp_path: Path,
+    edge_api: tuple[EdgeKubeApi, str],
+    kube: InClusterKubeClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api, _ = edge_api
+    api.set_labels(NODE, {"feature.node.kubernetes.io/x": "true", "team": "vision"})
+    monkeypatch.setattr(InClusterKubeClient, "in_pod", classmethod(lambda cls: kube))
+    # The periods of every pass that used to re-write the Node or poll beside a watch.
+    for name in ("HEALTH_PUBLISH_S", "RECLAIM_S", "MIG_RESYNC_S", "ALLOCATION_CHECK_S"):
+        monkeypatch.setattr(agent.node, name, 0.2)
+    root = tmp_path / "agent"
+    config = agent_config(
+        root,
+        node_name=NODE,
+        telemetry={
+            "kubelet_socket": str(root / "kubelet.sock"),
+            "interval_s": 0.2,
+            "idle_reclaim_after_s": 3600,
+        },
+        driver={"check_s": 0.2},
+    )
+    with InProcessAgent(root, config) as running:
+        wait_for(lambda: api.nodes[NODE].get("gpu-agent.io/health") == "healthy", "the marks")
+        wait_for(lambda: _quiet_for(api, 1.0), "the start's requests to end", timeout=20)
+        began = time.monotonic()
+        time.sleep(WINDOW_S)  # the window measured: nothing may happen in it
+        calls = api.since(began)
+        labels = dict(api.nodes[NODE])
+        most_watches = api.most_watches
+        port = running.node.metrics_port
+        assert _caches(port) == {"nodes": 1.0, "resourceslices": 1.0}
+        # The API server goes away: the agent says which cache is stale, and recovers.
+        api.restart()
+        wait_for(lambda: _caches(port) == {"nodes": 0.0, "resourceslices": 0.0}, "stale", 15)
+        api.up()
+        wait_for(lambda: _caches(port) == {"nodes": 1.0, "resourceslices": 1.0}, "current", 60)
+    assert [c for c in calls if c.write] == []
+    assert [(c.method, c.path) for c in calls if not c.watch] == []
+    assert most_watches <= 2
+    watched = {(c.path, c.query.get("fieldSelector")) for c in api.since(0) if c.watch}
+    assert watched == {
+        ("/api/v1/nodes", f"metadata.name={NODE}"),
+        ("/apis/resource.k8s.io/v1/resourceslices", f"spec.nodeName={NODE}"),
+    }
+    assert labels["feature.node.kubernetes.io/x"] == "true" and labels["team"] == "vision"
