@@ -29,6 +29,8 @@ from agent.errors import (
     AgentError,
     Busy,
     Conflict,
+    FieldViolation,
+    InvalidSpec,
     NotFound,
     NotSupported,
     PermissionDenied,
@@ -45,6 +47,8 @@ SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 PAGE_SIZE = 500
 #: Pages one list may take: 2,000 x 500 items is past any cluster this runs in.
 MAX_PAGES = 2000
+#: Seconds a kubeconfig's exec credential plugin may take (GPU_AGENT_KUBE_EXEC_TIMEOUT).
+EXEC_TIMEOUT_S = 10.0
 #: A watch event line longer than this is refused (one object, never this big).
 MAX_EVENT_BYTES = 4 << 20
 
@@ -154,14 +158,19 @@ class InClusterKubeClient:
 
     @classmethod
     def from_kubeconfig(
-        cls, path: Path, context: str | None = None, timeout: float = 10.0
+        cls,
+        path: Path,
+        context: str | None = None,
+        timeout: float = 10.0,
+        *,
+        exec_timeout_s: float = EXEC_TIMEOUT_S,
     ) -> InClusterKubeClient:
         """The client a kubeconfig's (current) context names: server, CA or
         insecure-skip-tls-verify, proxy-url, and a token, tokenFile, client certificate or exec
         plugin (agent/kubeconfig.py). Auth-provider plugins are refused (NotSupported)."""
         from agent import kubeconfig
 
-        found = kubeconfig.load(path, context, exec_timeout_s=timeout)
+        found = kubeconfig.load(path, context, exec_timeout_s=exec_timeout_s)
         return cls(
             found.server,
             found.token_path,
@@ -179,7 +188,8 @@ class InClusterKubeClient:
         cls, environ: Mapping[str, str] = os.environ, directory: Path = SERVICE_ACCOUNT_DIR
     ) -> InClusterKubeClient:
         """In a pod, its service account; elsewhere the kubeconfig (``KUBECONFIG``, first
-        file, else ``~/.kube/config``), as kubectl finds it. NotSupported when neither."""
+        file, else ``~/.kube/config``), as kubectl finds it. NotSupported when neither.
+        ``GPU_AGENT_KUBE_EXEC_TIMEOUT`` (seconds) bounds a kubeconfig's exec plugin."""
         if environ.get("KUBERNETES_SERVICE_HOST") and (directory / "token").is_file():
             return cls.from_service_account(environ, directory)
         listed = [p for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p]
@@ -189,7 +199,7 @@ class InClusterKubeClient:
                 "no Kubernetes API: not in a pod (KUBERNETES_SERVICE_HOST unset) and no "
                 f"kubeconfig at {path} (set KUBECONFIG)"
             )
-        return cls.from_kubeconfig(path)
+        return cls.from_kubeconfig(path, exec_timeout_s=_exec_timeout(environ))
 
     @classmethod
     def in_pod(cls) -> InClusterKubeClient | None:
@@ -589,6 +599,20 @@ def _strings(found: object) -> dict[str, str]:
 
 def _str(value: object) -> str:
     return value if isinstance(value, str) else ""
+
+
+def _exec_timeout(environ: Mapping[str, str]) -> float:
+    raw = environ.get("GPU_AGENT_KUBE_EXEC_TIMEOUT") or str(EXEC_TIMEOUT_S)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 600:
+        raise InvalidSpec(
+            f"GPU_AGENT_KUBE_EXEC_TIMEOUT={raw!r}: want seconds, over 0 and at most 600",
+            [FieldViolation("GPU_AGENT_KUBE_EXEC_TIMEOUT", "seconds in (0, 600]")],
+        )
+    return value
 
 
 def _load_client_cert(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
