@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.kube import InClusterKubeClient
+from tests.kube import schema
 from tests.kube.fake_api import FakeKubeApi, Pod
 
 NODE = "gpu-node-1"
@@ -54,12 +55,15 @@ def kube_api(tmp_path: Path, tls_cert: tuple[Path, Path]) -> Iterator[tuple[Fake
         Pod("gpu-operator", "gpu-feature-discovery-klmno", NODE, {"app": "gpu-feature-discovery"}),
     ]
     server, url = api.serve(*tls_cert)
+    schema.take()  # a failure of an earlier test's leftover thread is not this test's
     try:
         yield api, url
     finally:
         api.close()
         server.shutdown()
         server.server_close()
+    failures = schema.take()
+    assert not failures, "the Kubernetes schema refuses:\n" + "\n".join(failures)
 
 
 @pytest.fixture
