@@ -30,7 +30,7 @@ BASE = {
     "loops",
     "_proto",
 }
-INFRA = {"state", "kube", "owner", "ownership", "webconfig"}
+INFRA = {"state", "kube", "kubeconfig", "kube_exec", "owner", "ownership", "webconfig"}
 DOMAIN = {"mig", "sharing", "prewarm", "telemetry", "power", "dra", "health"}
 CONFIG = {"config"}
 #: the API on the wire: messages <-> records and the error mapping, under api/ and client/
