@@ -1,6 +1,7 @@
 """The API stand-in held to the real schema: every object it serves and every body the agent
 sends is validated against the Kubernetes OpenAPI schema (kubernetes-validate's, strict: an
-unknown field or a wrong type is an error) of the version the stand-in plays, ``VERSION``.
+unknown field or a wrong type is an error) of the versions the agent claims, ``VERSIONS``: the
+oldest it supports (resource.k8s.io/v1 is GA in 1.34) and the newest the package knows.
 
 What is checked: a POST or PUT body as the object it is; a merge or strategic-merge patch as
 the partial object it is (deletions, ``null``, left out) and the object served after it (the
@@ -19,8 +20,8 @@ from typing import Any
 
 from kubernetes_validate import utils as kubernetes_validate
 
-#: resource.k8s.io/v1 is GA and v1alpha3 DeviceTaintRules served: Kubernetes 1.34.
-VERSION = "1.34.0"
+#: resource.k8s.io/v1 is GA and v1alpha3 DeviceTaintRules served from Kubernetes 1.34.
+VERSIONS = ("1.34.0", kubernetes_validate.all_versions()[-1])
 #: one line per schema failure since the last ``take``
 FAILURES: list[str] = []
 _LOCK = threading.Lock()
@@ -57,20 +58,20 @@ def label_problem(key: str, value: str) -> str | None:
 
 
 @functools.cache
-def _validator(api_version: str, kind: str) -> Any:
+def _validator(api_version: str, kind: str, version: str) -> Any:
     """The strict schema's validator, or None where the package has no schema for it."""
     import jsonschema
     from referencing import Registry, Resource
 
     group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
-    folder = f"kubernetes-json-schema/v{VERSION.rsplit('.', 1)[0]}.0-local-strict"
+    folder = f"kubernetes-json-schema/v{version}-local-strict"
     try:
         schema = kubernetes_validate.schema_contents(
-            f"{folder}/{kind.lower()}-{group}.json", VERSION
+            f"{folder}/{kind.lower()}-{group}.json", version
         )
     except FileNotFoundError:
         return None
-    defs = kubernetes_validate.schema_contents(f"{folder}/_definitions.json", VERSION)
+    defs = kubernetes_validate.schema_contents(f"{folder}/_definitions.json", version)
     registry = Resource.from_contents(defs) @ (Resource.from_contents(schema) @ Registry())
     return jsonschema.validators.Draft202012Validator(schema, registry=registry)
 
@@ -84,13 +85,17 @@ def problems(obj: object) -> list[str]:
         return [f"{kind or '?'} with no apiVersion or kind"]
     if kind == "Status":
         return []  # the package has Status only as meta/v1; its shape is _status's
-    validator = _validator(str(api_version), str(kind))
-    if validator is None:
-        return [f"{api_version} {kind}: no such kind in Kubernetes {VERSION}"]
-    return [
-        f"{kind} {'/'.join(str(p) for p in e.absolute_path)}: {e.message[:300]}"
-        for e in validator.iter_errors(obj)
-    ]
+    found = []
+    for version in VERSIONS:
+        validator = _validator(str(api_version), str(kind), version)
+        if validator is None:
+            found.append(f"{api_version} {kind}: no such kind in Kubernetes {version}")
+            continue
+        found += [
+            f"{kind} {'/'.join(str(p) for p in e.absolute_path)} ({version}): {e.message[:300]}"
+            for e in validator.iter_errors(obj)
+        ]
+    return found
 
 
 def _record(where: str, found: list[str]) -> None:
