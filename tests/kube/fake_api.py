@@ -37,13 +37,13 @@ Like the real server:
   "too old resource version"; the watch ends after ``timeoutSeconds``. ``fieldSelector``
   ``metadata.name=`` (nodes) and ``labelSelector`` (pods) filter it.
 
-What it does not model: authorization beyond one bearer token and the ``forbidden`` set;
-admission, defaulting and the full object schemas (objects are the fields the code reads);
-strategic-merge and JSON patches; ``resourceVersionMatch``; a ``continue`` token that
-expires (410); field selectors other than ``spec.nodeName`` on pods and ``metadata.name`` on
-node watches; label selectors other than ``k=v`` conjunctions; watch bookmarks; chunked
-transfer encoding (a watch is an HTTP/1.0 body ended by closing). Every request is recorded
-for assertions.
+Every body and served object is checked against the real schema (tests/kube/schema.py).
+Authentication: the bearer token, or a client certificate ``client_ca`` signed. Not modelled:
+authorization beyond the ``forbidden`` set; admission and defaulting (objects are the fields
+the code reads); strategic-merge and JSON patches; ``resourceVersionMatch``; an expired
+``continue`` (410); field selectors but ``spec.nodeName`` on pods and ``metadata.name`` on
+node watches; label selectors but ``k=v`` conjunctions; watch bookmarks; chunked encoding (a
+watch is an HTTP/1.0 body ended by closing). Every request is recorded for assertions.
 """
 
 from __future__ import annotations
@@ -104,6 +104,8 @@ class Request:
 @dataclass
 class FakeKubeApi:
     token_path: Path
+    #: the API server's --client-ca-file
+    client_ca: Path | None = None
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
     pods: list[Pod] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
@@ -240,21 +242,14 @@ class FakeKubeApi:
             def do_GET(self) -> None:
                 api._handle(self)
 
-            def do_PATCH(self) -> None:
-                api._handle(self)
-
-            def do_DELETE(self) -> None:
-                api._handle(self)
-
-            def do_POST(self) -> None:
-                api._handle(self)
-
-            def do_PUT(self) -> None:
-                api._handle(self)
+            do_PATCH = do_DELETE = do_POST = do_PUT = do_GET
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
+        if self.client_ca is not None:
+            context.load_verify_locations(self.client_ca)
+            context.verify_mode = ssl.CERT_OPTIONAL
         server.socket = context.wrap_socket(server.socket, server_side=True)
         threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         return server, f"https://127.0.0.1:{server.server_address[1]}"
@@ -267,7 +262,9 @@ class FakeKubeApi:
         body = json.loads(raw) if raw else None
         path = urllib.parse.unquote(url.path)
         self.requests.append(Request(h.command, path, query, dict(h.headers.items()), body))
-        if h.headers.get("Authorization") != f"Bearer {self.token_path.read_text().strip()}":
+        token = f"Bearer {self.token_path.read_text().strip()}"
+        by_cert = self.client_ca is not None and h.connection.getpeercert()
+        if h.headers.get("Authorization") != token and not by_cert:
             return _reply(h, 401, _status(401, "Unauthorized"))
         if (h.command, path) in self.forbidden:
             return _reply(h, 403, _status(403, f"{h.command} {path} is forbidden: RBAC"))

@@ -134,8 +134,8 @@ def check_request(method: str, parts: list[str], content_type: str, body: object
     if method == "PATCH":
         if "json-patch" in content_type:
             return  # an RFC 6902 list of operations: nothing of the object's shape
-        body = _without_nulls(body)  # a merge patch's null deletes
-        body = {**body, "metadata": dict(body.get("metadata") or {}, name="patched")}
+        kept: dict[str, Any] = _without_nulls(body)  # a merge patch's null deletes
+        body = {**kept, "metadata": dict(kept.get("metadata") or {}, name="patched")}
     _record(where, problems({"apiVersion": api_version, "kind": kind, **body}))
     if body.get("apiVersion", api_version) != api_version or body.get("kind", kind) != kind:
         _record(where, [f"sent {body.get('apiVersion')} {body.get('kind')} to {kind}'s path"])

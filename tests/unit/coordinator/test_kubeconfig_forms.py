@@ -7,8 +7,10 @@ something else is one line naming it."""
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -277,3 +279,48 @@ def test_a_proxy_url_is_tunnelled_through(
     assert found_nodes(status(config, monkeypatch)) == {"gpu-a"}
     assert targets and set(targets) == {url.removeprefix("https://")}
     assert len(targets) == len(api.requests)
+
+
+def _client_cert(directory: Path) -> tuple[Path, Path, Path]:
+    """(CA, client certificate, client key), made with the openssl command."""
+    ca, ca_key = directory / "client-ca.crt", directory / "client-ca.key"
+    cert, key, csr = directory / "me.crt", directory / "me.key", directory / "me.csr"
+    subj = ["-subj", "/CN=laptop-user/O=gpu-admins"]
+    for args in (
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", str(ca_key),
+         "-out", str(ca), "-subj", "/CN=client-ca"],
+        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr), *subj],
+        ["x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+         "-CAcreateserial", "-days", "1", "-out", str(cert)],
+    ):  # fmt: skip
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+    return ca, cert, key
+
+
+def test_a_client_certificate_inline_authenticates(
+    tls_cert: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """client-certificate-data and client-key-data (base64, as kind and kubeadm write them),
+    certificate-authority-data: the stand-in authenticates the certificate, no token sent."""
+    ca, cert, key = _client_cert(tmp_path)
+    (tmp_path / "token").write_text("unused-token\n")
+    api = FakeKubeApi(token_path=tmp_path / "token", client_ca=ca)
+    api.nodes["gpu-a"] = {}
+    api.pods.append(Pod("gpu-agent", "gpu-agent-a", "gpu-a", dict(SELECTOR)))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    server, url = api.serve(*tls_cert)
+    try:
+        user = {
+            "client-certificate-data": base64.b64encode(cert.read_bytes()).decode(),
+            "client-key-data": base64.b64encode(key.read_bytes()).decode(),
+        }
+        cluster = {
+            "certificate-authority-data": base64.b64encode(tls_cert[0].read_bytes()).decode()
+        }
+        config = write_kubeconfig(tmp_path / "kc", url, user, cluster)
+        assert found_nodes(status(config, monkeypatch)) == {"gpu-a"}
+        assert bearer_tokens(api) == {""}
+    finally:
+        api.close()
+        server.shutdown()
+        server.server_close()
