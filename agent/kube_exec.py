@@ -148,7 +148,7 @@ class ExecPlugin:
                 env=env,
                 stdin=None if interactive else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stderr=None if interactive else subprocess.PIPE,  # its prompts reach the user
                 start_new_session=not interactive,  # its children go with it on a timeout
             )
         except OSError as exc:
@@ -158,7 +158,7 @@ class ExecPlugin:
         except subprocess.TimeoutExpired:
             _kill(proc)
             raise self._fail(f"no answer within {self.timeout_s:g} s; killed") from None
-        return out[:MAX_OUTPUT], err, proc.returncode
+        return out[:MAX_OUTPUT], err or b"", proc.returncode
 
     def _parse(self, out: bytes) -> tuple[str, float | None]:
         try:

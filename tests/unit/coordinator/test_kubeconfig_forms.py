@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -201,7 +202,7 @@ def test_a_broken_exec_plugin_is_one_line_naming_it(
     assert result.exit_code != 0
     (line,) = [x for x in result.output.splitlines() if x.startswith("error:")]
     assert "exec plugin" in line
-    assert pytest.importorskip("re").search(expected, line), line
+    assert re.search(expected, line), line
     assert JWT not in result.output
     assert api.requests == []
 
@@ -324,3 +325,33 @@ def test_a_client_certificate_inline_authenticates(
         api.close()
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("user", "cluster", "expected"),
+    [
+        ({"auth-provider": {"name": "oidc"}}, {}, r"auth-provider plugins .* not supported"),
+        ({"token": "t"}, {"proxy-url": "socks5://127.0.0.1:1080"}, r"proxy-url .* not an http://"),
+        ({"exec": {"command": "x", "apiVersion": "client.authentication.k8s.io/v1alpha1"}}, {},
+         r"exec apiVersion .*client.authentication.k8s.io/v1 or .*v1beta1"),
+        ({"exec": {"command": "x", "apiVersion": V1}}, {}, r"exec interactiveMode None"),
+        ({"token": "t"}, {"insecure-skip-tls-verify": "yes"}, r"malformed: Expected `bool`"),
+    ],
+    ids=["auth-provider", "socks-proxy", "v1alpha1", "v1-without-mode", "wrong-type"],
+)  # fmt: skip
+def test_a_kubeconfig_it_cannot_take_is_refused_naming_the_field(
+    api: FakeKubeApi,
+    kube_api: tuple[FakeKubeApi, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    user: dict[str, Any],
+    cluster: dict[str, Any],
+    expected: str,
+) -> None:
+    _, url = kube_api
+    result = status(write_kubeconfig(tmp_path / "kc", url, user, cluster), monkeypatch)
+    assert result.exit_code != 0
+    (line,) = [x for x in result.output.splitlines() if x.startswith("error:")]
+    assert re.search(expected, line), line
+    assert str(tmp_path / "kc") in line
+    assert api.requests == []
