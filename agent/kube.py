@@ -47,7 +47,8 @@ SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 PAGE_SIZE = 500
 #: Pages one list may take: 2,000 x 500 items is past any cluster this runs in.
 MAX_PAGES = 2000
-#: Seconds a kubeconfig's exec credential plugin may take (GPU_AGENT_KUBE_EXEC_TIMEOUT).
+#: Seconds a kubeconfig's exec credential plugin may take (KUBECONFIG_EXEC_TIMEOUT: not a
+#: GPU_AGENT_ name, which the agent's config would refuse as an unknown key).
 EXEC_TIMEOUT_S = 10.0
 #: A watch event line longer than this is refused (one object, never this big).
 MAX_EVENT_BYTES = 4 << 20
@@ -189,7 +190,7 @@ class InClusterKubeClient:
     ) -> InClusterKubeClient:
         """In a pod, its service account; elsewhere the kubeconfig (``KUBECONFIG``, first
         file, else ``~/.kube/config``), as kubectl finds it. NotSupported when neither.
-        ``GPU_AGENT_KUBE_EXEC_TIMEOUT`` (seconds) bounds a kubeconfig's exec plugin."""
+        ``KUBECONFIG_EXEC_TIMEOUT`` (seconds) bounds a kubeconfig's exec plugin."""
         if environ.get("KUBERNETES_SERVICE_HOST") and (directory / "token").is_file():
             return cls.from_service_account(environ, directory)
         listed = [p for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p]
@@ -602,15 +603,15 @@ def _str(value: object) -> str:
 
 
 def _exec_timeout(environ: Mapping[str, str]) -> float:
-    raw = environ.get("GPU_AGENT_KUBE_EXEC_TIMEOUT") or str(EXEC_TIMEOUT_S)
+    raw = environ.get("KUBECONFIG_EXEC_TIMEOUT") or str(EXEC_TIMEOUT_S)
     try:
         value = float(raw)
     except ValueError:
         value = 0.0
     if not 0 < value <= 600:
         raise InvalidSpec(
-            f"GPU_AGENT_KUBE_EXEC_TIMEOUT={raw!r}: want seconds, over 0 and at most 600",
-            [FieldViolation("GPU_AGENT_KUBE_EXEC_TIMEOUT", "seconds in (0, 600]")],
+            f"KUBECONFIG_EXEC_TIMEOUT={raw!r}: want seconds, over 0 and at most 600",
+            [FieldViolation("KUBECONFIG_EXEC_TIMEOUT", "seconds in (0, 600]")],
         )
     return value
 

@@ -197,7 +197,7 @@ def test_a_broken_exec_plugin_is_one_line_naming_it(
     exe = plugin(tmp_path, body, "kubelogin")
     user = {"exec": {"apiVersion": V1, "command": command or str(exe), "interactiveMode": "Never"}}
     config = write_kubeconfig(tmp_path / "kc", url, user, {"insecure-skip-tls-verify": True})
-    monkeypatch.setenv("GPU_AGENT_KUBE_EXEC_TIMEOUT", "1")
+    monkeypatch.setenv("KUBECONFIG_EXEC_TIMEOUT", "1")
     result = status(config, monkeypatch)
     assert result.exit_code != 0
     (line,) = [x for x in result.output.splitlines() if x.startswith("error:")]
