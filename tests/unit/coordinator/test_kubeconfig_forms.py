@@ -355,3 +355,20 @@ def test_a_kubeconfig_it_cannot_take_is_refused_naming_the_field(
     assert re.search(expected, line), line
     assert str(tmp_path / "kc") in line
     assert api.requests == []
+
+
+def test_a_plugin_that_must_prompt_without_a_terminal_is_refused_before_it_runs(
+    api: FakeKubeApi,
+    kube_api: tuple[FakeKubeApi, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """interactiveMode: Always (a device-code login) with no terminal on stdin, as in CI or a
+    coordinator: one line, and the plugin never runs (it would wait for input)."""
+    _, url = kube_api
+    exe = plugin(tmp_path, credential("token-1"), "kubelogin")
+    user = {"exec": {"apiVersion": V1, "command": str(exe), "interactiveMode": "Always"}}
+    result = status(write_kubeconfig(tmp_path / "kc", url, user), monkeypatch)
+    assert "'kubelogin'" in result.output and "needs a terminal" in result.output
+    assert not (tmp_path / "kubelogin.runs").exists()
+    assert api.requests == []
