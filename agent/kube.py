@@ -1,17 +1,17 @@
 """The few Kubernetes API calls the agent makes, behind a narrow Protocol.
 
 ``InClusterKubeClient`` speaks plain HTTPS to the API server with the pod's service-account
-token, or with what a kubeconfig names (``from_kubeconfig``: a laptop's ``KUBECONFIG``): no
-client library, since a handful of calls do not justify a dependency (lightkube and
-kubernetes_asyncio both pin versions of their own; this is ~300 lines we test against the API
-stand-in). Callers: sharing reload (node label, plugin pod restart), the MIG label protocol
-(read and patch the own Node's labels), the prewarm inventory labels, and the coordinator
-(lists, watches, its Lease). RBAC: nodes get/patch, pods list/delete in the plugin's namespace.
+token, or with what a kubeconfig names (``from_kubeconfig``: a laptop's ``KUBECONFIG``, read
+with lightkube's kubeconfig model in agent/kubeconfig.py; exec credential plugins run in
+agent/kube_exec.py). The transport stays the standard library's: docs/architecture.md ("The
+Kubernetes client") has the measured comparison. Callers: sharing reload (node label, plugin
+pod restart), the MIG label protocol (read and patch the own Node's labels), the prewarm
+inventory labels, and the coordinator (lists, watches, its Lease). RBAC: nodes get/patch,
+pods list/delete in the plugin's namespace.
 """
 
 from __future__ import annotations
 
-import base64
 import http.client
 import json
 import logging
@@ -22,9 +22,8 @@ import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from agent import safeyaml
 from agent.errors import (
     AgentError,
     Busy,
@@ -36,6 +35,9 @@ from agent.errors import (
     PermissionDenied,
 )
 
+if TYPE_CHECKING:
+    from agent.kube_exec import ExecPlugin
+
 log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -44,6 +46,9 @@ SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 PAGE_SIZE = 500
 #: Pages one list may take: 2,000 x 500 items is past any cluster this runs in.
 MAX_PAGES = 2000
+#: Seconds a kubeconfig's exec credential plugin may take (KUBECONFIG_EXEC_TIMEOUT: not a
+#: GPU_AGENT_ name, which the agent's config would refuse as an unknown key).
+EXEC_TIMEOUT_S = 10.0
 #: A watch event line longer than this is refused (one object, never this big).
 MAX_EVENT_BYTES = 4 << 20
 
@@ -98,10 +103,13 @@ class InClusterKubeClient:
         ca_data: bytes | None = None,
         client_cert: tuple[bytes, bytes] | None = None,
         insecure: bool = False,
+        exec_plugin: ExecPlugin | None = None,
+        proxy: str | None = None,
     ) -> None:
-        """``token_path`` (re-read per request) or ``token``; ``client_cert`` is (cert, key) PEM
-        from a kubeconfig; ``insecure`` skips the server check (kubeconfig's
-        insecure-skip-tls-verify)."""
+        """``token_path`` (re-read per request), ``token`` or ``exec_plugin`` (its token, run
+        again after a 401); ``client_cert`` is (cert, key) PEM from a kubeconfig; ``insecure``
+        skips the server check (kubeconfig's insecure-skip-tls-verify); ``proxy`` an
+        http://HOST:PORT proxy reached with CONNECT (kubeconfig's proxy-url)."""
         url = urllib.parse.urlsplit(server)
         if url.scheme not in ("https", "http") or not url.hostname:
             raise NotSupported(f"Kubernetes API server must be an http(s) URL, got {server!r}")
@@ -111,6 +119,8 @@ class InClusterKubeClient:
         self._port = url.port or (443 if self._https else 80)
         self._token_path = token_path
         self._token = token
+        self._exec = exec_plugin
+        self._proxy = urllib.parse.urlsplit(proxy) if proxy else None
         self._timeout = timeout
         try:
             self._ssl = ssl.create_default_context(
@@ -149,40 +159,29 @@ class InClusterKubeClient:
 
     @classmethod
     def from_kubeconfig(
-        cls, path: Path, context: str | None = None, timeout: float = 10.0
+        cls,
+        path: Path,
+        context: str | None = None,
+        timeout: float = 10.0,
+        *,
+        exec_timeout_s: float = EXEC_TIMEOUT_S,
     ) -> InClusterKubeClient:
-        """The client a kubeconfig's (current) context names: server, CA, token or client
-        certificate. Exec and auth-provider plugins are refused (NotSupported, naming them)."""
-        try:
-            doc = safeyaml.load(safeyaml.read_text(path, "kubeconfig"), "kubeconfig")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InvalidSpec(
-                f"cannot read the kubeconfig {path}: {exc}",
-                [FieldViolation("kubeconfig", f"{path}: a readable kubeconfig YAML file")],
-            ) from exc
-        base = path.parent
-        name = context or _str(_dig(doc, "current-context"))
-        ctx = _named(doc, "contexts", name, "context", path)
-        cluster = _named(doc, "clusters", _str(_dig(ctx, "cluster")), "cluster", path)
-        user = _named(doc, "users", _str(_dig(ctx, "user")), "user", path, required=False)
-        for plugin in ("exec", "auth-provider"):
-            if _dig(user, plugin):
-                raise NotSupported(
-                    f"kubeconfig {path}: user {plugin} plugins are not supported; "
-                    "use a token or a client certificate"
-                )
-        token = _str(_dig(user, "token")) or None
-        token_file = _str(_dig(user, "tokenFile"))
-        cert = _pem(user, "client-certificate", base)
-        key = _pem(user, "client-key", base)
+        """The client a kubeconfig's (current) context names: server, CA or
+        insecure-skip-tls-verify, proxy-url, and a token, tokenFile, client certificate or exec
+        plugin (agent/kubeconfig.py). Auth-provider plugins are refused (NotSupported)."""
+        from agent import kubeconfig
+
+        found = kubeconfig.load(path, context, exec_timeout_s=exec_timeout_s)
         return cls(
-            _str(_dig(cluster, "server")),
-            base / token_file if token_file else None,
+            found.server,
+            found.token_path,
             timeout=timeout,
-            token=token,
-            ca_data=_pem(cluster, "certificate-authority", base),
-            client_cert=(cert, key) if cert and key else None,
-            insecure=_dig(cluster, "insecure-skip-tls-verify") is True,
+            token=found.token,
+            ca_data=found.ca_data,
+            client_cert=found.client_cert,
+            insecure=found.insecure,
+            exec_plugin=found.exec_plugin,
+            proxy=found.proxy,
         )
 
     @classmethod
@@ -190,7 +189,8 @@ class InClusterKubeClient:
         cls, environ: Mapping[str, str] = os.environ, directory: Path = SERVICE_ACCOUNT_DIR
     ) -> InClusterKubeClient:
         """In a pod, its service account; elsewhere the kubeconfig (``KUBECONFIG``, first
-        file, else ``~/.kube/config``), as kubectl finds it. NotSupported when neither."""
+        file, else ``~/.kube/config``), as kubectl finds it. NotSupported when neither.
+        ``KUBECONFIG_EXEC_TIMEOUT`` (seconds) bounds a kubeconfig's exec plugin."""
         if environ.get("KUBERNETES_SERVICE_HOST") and (directory / "token").is_file():
             return cls.from_service_account(environ, directory)
         listed = [p for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p]
@@ -200,7 +200,7 @@ class InClusterKubeClient:
                 "no Kubernetes API: not in a pod (KUBERNETES_SERVICE_HOST unset) and no "
                 f"kubeconfig at {path} (set KUBECONFIG)"
             )
-        return cls.from_kubeconfig(path)
+        return cls.from_kubeconfig(path, exec_timeout_s=_exec_timeout(environ))
 
     @classmethod
     def in_pod(cls) -> InClusterKubeClient | None:
@@ -290,16 +290,20 @@ class InClusterKubeClient:
 
         The caller closes the response; ``timeout`` bounds each read, not the whole stream.
         """
-        conn = self._connection(timeout)
         target = path + "?" + urllib.parse.urlencode(query)
-        try:
-            conn.request("GET", target, headers=self._headers())
-            response = conn.getresponse()
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            raise AgentError(
-                f"Kubernetes API {self._server} unreachable (watch {path}): {exc}"
-            ) from exc
+        for refresh in (False, True):
+            conn = self._connection(timeout)
+            try:
+                conn.request("GET", target, headers=self._headers(refresh))
+                response = conn.getresponse()
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                raise AgentError(
+                    f"Kubernetes API {self._server} unreachable (watch {path}): {exc}"
+                ) from exc
+            if response.status != 401 or self._exec is None or refresh:
+                break
+            conn.close()  # the plugin's token was refused: run it again, once
         if response.status >= 400:
             data = response.read(MAX_RESPONSE_BYTES)
             conn.close()
@@ -397,22 +401,24 @@ class InClusterKubeClient:
         content_type: str = "application/json",
     ) -> object:
         target = path + ("?" + urllib.parse.urlencode(query) if query else "")
-        headers = self._headers()
-        payload = None
-        if body is not None:
-            payload = json.dumps(body).encode()
-            headers["Content-Type"] = content_type
-        conn = self._connection(self._timeout)
-        try:
-            conn.request(method, target, body=payload, headers=headers)
-            response = conn.getresponse()
-            data = response.read(MAX_RESPONSE_BYTES + 1)
-        except (OSError, http.client.HTTPException) as exc:
-            raise AgentError(
-                f"Kubernetes API {self._server} unreachable ({method} {path}): {exc}"
-            ) from exc
-        finally:
-            conn.close()
+        payload = None if body is None else json.dumps(body).encode()
+        for refresh in (False, True):
+            headers = self._headers(refresh)
+            if payload is not None:
+                headers["Content-Type"] = content_type
+            conn = self._connection(self._timeout)
+            try:
+                conn.request(method, target, body=payload, headers=headers)
+                response = conn.getresponse()
+                data = response.read(MAX_RESPONSE_BYTES + 1)
+            except (OSError, http.client.HTTPException) as exc:
+                raise AgentError(
+                    f"Kubernetes API {self._server} unreachable ({method} {path}): {exc}"
+                ) from exc
+            finally:
+                conn.close()
+            if response.status != 401 or self._exec is None or refresh:
+                break  # else the plugin's token was refused: run it again, once
         if response.status >= 400:
             error = _STATUS_ERRORS.get(response.status, AgentError)
             raise _retry_after(
@@ -426,10 +432,12 @@ class InClusterKubeClient:
             raise AgentError(f"Kubernetes API {method} {path}: over {MAX_RESPONSE_BYTES} bytes")
         return json.loads(data) if data else None
 
-    def _headers(self) -> dict[str, str]:
+    def _headers(self, refresh: bool = False) -> dict[str, str]:
         headers = {"Accept": "application/json"}
         token = self._token
-        if self._token_path is not None:
+        if self._exec is not None:
+            token = self._exec.token(refresh)
+        elif self._token_path is not None:
             try:
                 token = self._token_path.read_text().strip()
             except OSError as exc:
@@ -439,6 +447,16 @@ class InClusterKubeClient:
         return headers
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        proxy = self._proxy
+        if proxy is not None:  # a CONNECT tunnel, so TLS is still end to end with the server
+            host, port = proxy.hostname or "", proxy.port or 80
+            conn: http.client.HTTPConnection
+            if self._https:
+                conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=self._ssl)
+            else:
+                conn = http.client.HTTPConnection(host, port, timeout=timeout)
+            conn.set_tunnel(self._host, self._port)
+            return conn
         if self._https:
             return http.client.HTTPSConnection(
                 self._host, self._port, timeout=timeout, context=self._ssl
@@ -454,43 +472,18 @@ def _str(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _named(
-    doc: object, section: str, name: str, key: str, path: Path, *, required: bool = True
-) -> object:
-    """The ``key`` body of the entry called ``name`` in a kubeconfig list (contexts, ...)."""
-    entries = _dig(doc, section)
-    for entry in entries if isinstance(entries, list) else []:
-        if _dig(entry, "name") == name:
-            return _dig(entry, key) or {}
-    if not required:
-        return {}
-    raise InvalidSpec(
-        f"kubeconfig {path}: no {section[:-1]} named {name!r}",
-        [FieldViolation(section, f"an entry named {name!r} (current-context or --context)")],
-    )
-
-
-def _pem(section: object, field: str, base: Path) -> bytes | None:
-    """A kubeconfig PEM given inline (``FIELD-data``, base64) or as a file path."""
-    data = _str(_dig(section, f"{field}-data"))
-    if data:
-        try:
-            return base64.b64decode(data, validate=True)
-        except ValueError as exc:
-            raise InvalidSpec(
-                f"kubeconfig {field}-data is not base64",
-                [FieldViolation(f"{field}-data", "base64 PEM")],
-            ) from exc
-    name = _str(_dig(section, field))
-    if not name:
-        return None
+def _exec_timeout(environ: Mapping[str, str]) -> float:
+    raw = environ.get("KUBECONFIG_EXEC_TIMEOUT") or str(EXEC_TIMEOUT_S)
     try:
-        return (base / name).read_bytes()
-    except OSError as exc:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 600:
         raise InvalidSpec(
-            f"kubeconfig {field} {base / name}: {exc.strerror}",
-            [FieldViolation(field, f"{base / name}: a readable PEM file")],
-        ) from exc
+            f"KUBECONFIG_EXEC_TIMEOUT={raw!r}: want seconds, over 0 and at most 600",
+            [FieldViolation("KUBECONFIG_EXEC_TIMEOUT", "seconds in (0, 600]")],
+        )
+    return value
 
 
 def _load_client_cert(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:

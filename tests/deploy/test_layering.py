@@ -33,6 +33,8 @@ BASE = {
 INFRA = {
     "state",
     "kube",
+    "kubeconfig",
+    "kube_exec",
     "kube_watch",
     "kube_node",
     "kube_discovery",

@@ -37,20 +37,20 @@ Like the real server:
   "too old resource version"; the watch ends after ``timeoutSeconds``. ``fieldSelector``
   ``metadata.name=`` (nodes) and ``labelSelector`` (pods) filter it.
 
-What it does not model: authorization beyond one bearer token and the ``forbidden`` set;
-admission, defaulting and the full object schemas (objects are the fields the code reads);
-strategic-merge and JSON patches; ``resourceVersionMatch``; a ``continue`` token that
-expires (410); field selectors other than ``spec.nodeName`` on pods and ``metadata.name`` on
-node watches; label selectors other than ``k=v`` conjunctions; chunked transfer encoding (a
-watch is an HTTP/1.0 body ended by closing). Every request is recorded (tests/kube/fake_edge.py
-adds discovery, bookmarks, faults and counts of open watches).
+Every body and served object is checked against the real schema (tests/kube/schema.py).
+Authentication: the bearer token, or a client certificate ``client_ca`` signed. Not modelled:
+authorization beyond the ``forbidden`` set; admission and defaulting (objects are the fields
+the code reads); strategic-merge and JSON patches; ``resourceVersionMatch``; an expired
+``continue`` (410); field selectors but ``spec.nodeName`` on pods and ``metadata.name`` on
+node watches; label selectors but ``k=v`` conjunctions; chunked encoding (a watch is an
+HTTP/1.0 body ended by closing). Every request is recorded for assertions
+(tests/kube/fake_edge.py adds discovery, bookmarks, faults and counts of open watches).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import re
 import ssl
 import threading
 import time
@@ -60,22 +60,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.kube import fake_dra
-
-_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-_DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-def label_problem(key: str, value: str) -> str | None:
-    """Why the API server refuses this label (its validation rules), or None."""
-    prefix, _, name = key.rpartition("/")
-    if prefix and (len(prefix) > 253 or not _DNS.match(prefix)):
-        return f"{key}: prefix part must be a DNS-1123 subdomain"
-    if not name or len(name) > 63 or not _NAME.match(name):
-        return f"{key}: name part must be <= 63 characters of [A-Za-z0-9._-], alphanumeric ends"
-    if len(value) > 63 or not _NAME.match(value):
-        return f"{key}={value}: a label value must be <= 63 characters of [A-Za-z0-9._-]"
-    return None
+from tests.kube import fake_dra, schema
+from tests.kube.schema import DNS as _DNS
+from tests.kube.schema import label_problem
 
 
 @dataclass
@@ -98,6 +85,8 @@ class Pod:
         if self.ip:
             status["podIP"] = self.ip
         return {
+            "apiVersion": "v1",
+            "kind": "Pod",
             "metadata": {"name": self.name, "namespace": self.namespace, "labels": self.labels},
             "spec": {"nodeName": self.node, "containers": [{"name": "c", "ports": ports}]},
             "status": status,
@@ -116,6 +105,8 @@ class Request:
 @dataclass
 class FakeKubeApi:
     token_path: Path
+    #: the API server's --client-ca-file
+    client_ca: Path | None = None
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
     pods: list[Pod] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
@@ -257,6 +248,9 @@ class FakeKubeApi:
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
+        if self.client_ca is not None:
+            context.load_verify_locations(self.client_ca)
+            context.verify_mode = ssl.CERT_OPTIONAL
         server.socket = context.wrap_socket(server.socket, server_side=True)
         threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         return server, f"https://127.0.0.1:{server.server_address[1]}"
@@ -269,7 +263,9 @@ class FakeKubeApi:
         body = json.loads(raw) if raw else None
         path = urllib.parse.unquote(url.path)
         self.requests.append(Request(h.command, path, query, dict(h.headers.items()), body))
-        if h.headers.get("Authorization") != f"Bearer {self.token_path.read_text().strip()}":
+        token = f"Bearer {self.token_path.read_text().strip()}"
+        by_cert = self.client_ca is not None and h.connection.getpeercert()
+        if h.headers.get("Authorization") != token and not by_cert:
             return _reply(h, 401, _status(401, "Unauthorized"))
         if (h.command, path) in self.forbidden:
             return _reply(h, 403, _status(403, f"{h.command} {path} is forbidden: RBAC"))
@@ -282,6 +278,10 @@ class FakeKubeApi:
         if path in self.unavailable:
             return _reply(h, 503, _status(503, "the server is currently unable to handle it"))
         parts = path.strip("/").split("/")
+        asked = urllib.parse.unquote(urllib.parse.urlsplit(getattr(h, "asked_path", h.path)).path)
+        schema.check_request(
+            h.command, asked.strip("/").split("/"), h.headers.get("Content-Type") or "", body
+        )
         if query.get("watch") in ("1", "true") and h.command == "GET":
             if parts == ["api", "v1", "nodes"]:
                 return self._watch(h, "nodes", query)
@@ -338,6 +338,7 @@ class FakeKubeApi:
         if self.node_taints.get(name):
             spec["taints"] = copy.deepcopy(self.node_taints[name])
         return {
+            "apiVersion": "v1",
             "kind": "Node",
             "spec": spec,
             "status": copy.deepcopy(self.node_status.get(name, {}))
@@ -391,6 +392,7 @@ class FakeKubeApi:
         h.end_headers()
 
         def send(kind: str, obj: dict[str, Any]) -> None:
+            schema.check_reply(200 if kind != "ERROR" else 410, obj, f"watch {h.path}")
             h.wfile.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
             h.wfile.flush()
 
@@ -600,7 +602,8 @@ class FakeKubeApi:
                 for o in store.values()
                 if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())
             ]
-            return _reply(h, 200, self._page("DeviceTaintRuleList", items, query))
+            page = self._page("DeviceTaintRuleList", items, query)
+            return _reply(h, 200, page | {"apiVersion": f"{fake_dra.GROUP}/v1alpha3"})
         if name is None and h.command == "POST":
             assert isinstance(body, dict)
             meta, spec = body.get("metadata") or {}, body.get("spec") or {}
@@ -621,7 +624,7 @@ class FakeKubeApi:
             if ("", rule) in store:
                 message = f'devicetaintrules.resource.k8s.io "{rule}" already exists'
                 return _reply(h, 409, _status(409, message, "AlreadyExists"))
-            return _reply(h, 201, self._store(store, ("", rule), body))
+            return _reply(h, 201, self._store(store, ("", rule), body, "devicetaintrules"))
         if name is not None and ("", name) not in store:
             return _reply(h, 404, _status(404, f'devicetaintrules "{name}" not found'))
         if name is not None and h.command == "GET":
@@ -659,7 +662,7 @@ class FakeKubeApi:
                 return _reply(h, 409, _status(409, message, "AlreadyExists"))
             if meta.get("resourceVersion"):
                 return _reply(h, 400, _status(400, "resourceVersion should not be set on create"))
-            return _reply(h, 201, self._store(store, key, body))
+            return _reply(h, 201, self._store(store, key, body, resource))
         if name is None:
             return _reply(h, 405, _status(405, "method not allowed"))
         key = (ns, name)
@@ -672,7 +675,7 @@ class FakeKubeApi:
             want = (body.get("metadata") or {}).get("resourceVersion")
             if want and want != store[key]["metadata"]["resourceVersion"]:
                 return _reply(h, 409, _conflict(resource, name))
-            return _reply(h, 200, self._store(store, key, body))
+            return _reply(h, 200, self._store(store, key, body, resource))
         return _reply(h, 405, _status(405, "method not allowed"))
 
     def _store(
@@ -680,8 +683,12 @@ class FakeKubeApi:
         store: dict[tuple[str, str], dict[str, Any]],
         key: tuple[str, str],
         body: dict[str, Any],
+        resource: str = "",
     ) -> dict[str, Any]:
+        """Stored as the server keeps it: its apiVersion and kind, name, a new version."""
         obj = copy.deepcopy(body)
+        if resource:
+            obj["apiVersion"], obj["kind"] = schema.KINDS[resource]
         obj["metadata"] = dict(obj.get("metadata") or {})
         obj["metadata"].update(namespace=key[0], name=key[1], resourceVersion=self.bump())
         store[key] = obj
@@ -710,7 +717,7 @@ class FakeKubeApi:
                 if pod.namespace == ns and pod.name == name:
                     self.pods.remove(pod)
                     self.on_delete(ns, name)
-                    return _reply(h, 200, {"kind": "Pod", "metadata": {"name": name}})
+                    return _reply(h, 200, pod.obj())
             return _reply(h, 404, _status(404, f'pods "{name}" not found'))
         return _reply(h, 405, _status(405, "method not allowed"))
 
@@ -752,6 +759,7 @@ def _conflict(resource: str, name: str) -> dict[str, object]:
 
 
 def _reply(h: BaseHTTPRequestHandler, code: int, obj: object) -> None:
+    schema.check_reply(code, obj, f"{h.command} {h.path}")
     data = json.dumps(obj).encode()
     h.send_response(code)
     h.send_header("Content-Type", "application/json")

@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from tests.kube import fake_dra
+from tests.kube import fake_dra, schema
 from tests.kube.fake_api import FakeKubeApi, _reply, _status
 
 TAINTS = "devicetaintrules"
@@ -91,7 +91,13 @@ class EdgeKubeApi(FakeKubeApi):
     def bookmark(self, resource: str) -> None:
         with self.lock:
             version = self.bump()
-            obj = {"kind": "Bookmark", "metadata": {"resourceVersion": version}}
+            # As the real server: the watched kind with only a resourceVersion.
+            api_version, kind = schema.KINDS[resource]
+            obj = {
+                "apiVersion": api_version,
+                "kind": kind,
+                "metadata": {"resourceVersion": version},
+            }
             self.history.append((int(version), resource, "BOOKMARK", obj))
             self.changed.notify_all()
 
@@ -130,6 +136,7 @@ class EdgeKubeApi(FakeKubeApi):
         if parts[:2] == ["apis", fake_dra.GROUP] and parts[3:4] == [TAINTS]:
             if parts[2] not in self.taint_versions:
                 return _reply(h, 404, _status(404, "the server could not find the resource"))
+            h.asked_path = h.path  # type: ignore[attr-defined]  # checked at the version asked
             h.path = h.path.replace(f"/{parts[2]}/{TAINTS}", f"/v1alpha3/{TAINTS}", 1)
         return super()._handle(h)
 
@@ -143,10 +150,16 @@ class EdgeKubeApi(FakeKubeApi):
         if len(parts) == 1:
             return _reply(h, 200, {"kind": "APIGroup", "apiVersion": "v1"} | self._group(parts[0]))
         resources = [
-            {"name": r, "namespaced": False, "kind": r.title(), "verbs": ["get", "list", "watch"]}
+            {
+                "name": r,
+                "singularName": r[:-1],
+                "namespaced": False,
+                "kind": schema.KINDS[r][1] if r in schema.KINDS else r.title(),
+                "verbs": ["get", "list", "watch"],
+            }
             for r in versions[parts[1]]
         ]
-        answer = {"kind": "APIResourceList", "groupVersion": "/".join(parts)}
+        answer = {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "/".join(parts)}
         return _reply(h, 200, answer | {"resources": resources})
 
     def _group(self, group: str) -> dict[str, Any]:

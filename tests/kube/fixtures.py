@@ -11,6 +11,7 @@ from typing import TypeVar
 import pytest
 
 from agent.kube import InClusterKubeClient
+from tests.kube import schema
 from tests.kube.fake_api import FakeKubeApi, Pod
 from tests.kube.fake_edge import EdgeKubeApi
 
@@ -73,12 +74,15 @@ def _serve(api: A, tls_cert: tuple[Path, Path]) -> Iterator[tuple[A, str]]:
         Pod("gpu-operator", "gpu-feature-discovery-klmno", NODE, {"app": "gpu-feature-discovery"}),
     ]
     server, url = api.serve(*tls_cert)
+    schema.take()  # a failure of an earlier test's leftover thread is not this test's
     try:
         yield api, url
     finally:
         api.close()
         server.shutdown()
         server.server_close()
+    failures = schema.take()
+    assert not failures, "the Kubernetes schema refuses:\n" + "\n".join(failures)
 
 
 @pytest.fixture

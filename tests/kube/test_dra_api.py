@@ -69,8 +69,11 @@ def test_slices_list_by_node_and_refuse_what_the_server_refuses(
         kube.request("POST", SLICES, body=too_many)
 
 
+RESERVED = {"reservedFor": [{"resource": "pods", "name": "p", "uid": "u-1"}]}
+
+
 def test_claim_status_is_a_subresource_and_spec_is_immutable(kube: InClusterKubeClient) -> None:
-    made = kube.request("POST", CLAIMS, body=claim("train") | {"status": {"x": 1}})
+    made = kube.request("POST", CLAIMS, body=claim("train") | {"status": RESERVED})
     assert "status" not in made
     status = {
         "allocation": {

@@ -1,0 +1,226 @@
+"""Kubeconfig exec credential plugins (``users[].user.exec``): ``aws eks get-token``,
+``gke-gcloud-auth-plugin``, ``kubelogin`` and the like.
+
+The protocol is client-go's (client.authentication.k8s.io ``v1`` and ``v1beta1``): the plugin
+runs with the kubeconfig's ``args`` and ``env`` over ours, ``KUBERNETES_EXEC_INFO`` holding an
+ExecCredential whose ``spec`` says whether it may prompt (``interactive``) and, with
+``provideClusterInfo``, the cluster; it prints an ExecCredential whose ``status.token`` is sent
+as the bearer token until ``status.expirationTimestamp``, and again after a 401. No candidate
+library bounds the plugin's run (docs/architecture.md), so this does: a plugin that is missing,
+fails, hangs past ``timeout_s`` or prints something else is one line naming it, with its
+stderr shortened and never its stdout (where a token would be).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from agent.errors import FieldViolation, InvalidSpec, PermissionDenied
+
+__all__ = ["API_VERSIONS", "ExecPlugin", "ExecPluginError"]
+
+API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
+#: stderr kept in the error line
+STDERR_CHARS = 300
+#: stdout read from a plugin (an ExecCredential is a few KiB)
+MAX_OUTPUT = 1 << 20
+# What looks like a credential in a plugin's stderr: a JWT, a "Bearer x", a long opaque run.
+_SECRETS = re.compile(
+    r"eyJ[\w-]+\.[\w-]+\.[\w-]*|(?i:bearer)\s+\S+|k8s-aws-v1\.\S+|[A-Za-z0-9+/=_.-]{40,}"
+)
+
+
+class ExecPluginError(PermissionDenied):
+    """The exec plugin gave no credential; the message is one line naming it."""
+
+
+@dataclass
+class ExecPlugin:
+    command: str
+    api_version: str
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    interactive_mode: str = "IfAvailable"
+    install_hint: str = ""
+    cluster: dict[str, Any] | None = None
+    timeout_s: float = 10.0
+    #: which kubeconfig, for messages
+    source: str = ""
+    _token: str | None = None
+    _expires: float | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: Mapping[str, Any],
+        cluster: Mapping[str, Any],
+        base: Path,
+        timeout_s: float = 10.0,
+        source: str = "",
+    ) -> ExecPlugin:
+        """From a kubeconfig's ``exec`` mapping; InvalidSpec naming the field it gets wrong."""
+
+        def bad(name: str, want: str) -> InvalidSpec:
+            got = spec.get(name)
+            message = f"kubeconfig {source}: user exec {name} {got!r}: want {want}"
+            return InvalidSpec(message, [FieldViolation(f"exec.{name}", want)])
+
+        command, version = spec.get("command"), spec.get("apiVersion")
+        if not isinstance(command, str) or not command:
+            raise bad("command", "the plugin's program")
+        if version not in API_VERSIONS:
+            raise bad("apiVersion", " or ".join(API_VERSIONS))
+        mode = spec.get("interactiveMode") or ("" if version.endswith("/v1") else "IfAvailable")
+        if mode not in ("Never", "IfAvailable", "Always"):
+            raise bad("interactiveMode", "Never, IfAvailable or Always (required by v1)")
+        args, env = spec.get("args") or [], spec.get("env") or []
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise bad("args", "a list of strings")
+        pairs = [e for e in env if isinstance(e, dict)] if isinstance(env, list) else []
+        if len(pairs) != len(env) or not all(isinstance(e.get("name"), str) for e in pairs):
+            raise bad("env", "a list of {name, value}")
+        if "/" in command and not os.path.isabs(command):
+            command = str(base / command)  # as client-go: relative to the kubeconfig's folder
+        return cls(
+            command=command,
+            api_version=version,
+            args=tuple(args),
+            env={str(e["name"]): str(e.get("value", "")) for e in pairs},
+            interactive_mode=mode,
+            install_hint=str(spec.get("installHint") or ""),
+            cluster=_cluster_info(cluster) if spec.get("provideClusterInfo") else None,
+            timeout_s=timeout_s,
+            source=source,
+        )
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.command)
+
+    def token(self, refresh: bool = False) -> str:
+        """The cached token while it has not expired, else the plugin's new one; ``refresh``
+        (after a 401) runs the plugin whatever the cache says."""
+        with self._lock:
+            fresh = self._expires is None or time.time() < self._expires
+            if self._token is None or refresh or not fresh:
+                self._token, self._expires = self._run()
+            return self._token
+
+    def _fail(self, what: str) -> ExecPluginError:
+        hint = f" ({self.install_hint.splitlines()[0]})" if self.install_hint else ""
+        where = f" (kubeconfig {self.source})" if self.source else ""
+        return ExecPluginError(f"kubeconfig exec plugin {self.name!r}{where}: {what}{hint}")
+
+    def _run(self) -> tuple[str, float | None]:
+        tty = sys.stdin is not None and sys.stdin.isatty()
+        if self.interactive_mode == "Always" and not tty:
+            raise self._fail("needs a terminal (interactiveMode: Always) and stdin is not one")
+        interactive = tty and self.interactive_mode != "Never"
+        info: dict[str, Any] = {"interactive": interactive}
+        if self.cluster is not None:
+            info["cluster"] = self.cluster
+        exec_info = {"apiVersion": self.api_version, "kind": "ExecCredential", "spec": info}
+        env = {**os.environ, **self.env, "KUBERNETES_EXEC_INFO": json.dumps(exec_info)}
+        out, err, code = self._spawn(env, interactive)
+        if code != 0:
+            raise self._fail(f"exited {code}: {_short(err) or 'no stderr'}")
+        return self._parse(out)
+
+    def _spawn(self, env: dict[str, str], interactive: bool) -> tuple[bytes, bytes, int]:
+        try:
+            proc = subprocess.Popen(
+                [self.command, *self.args],
+                env=env,
+                stdin=None if interactive else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=None if interactive else subprocess.PIPE,  # its prompts reach the user
+                start_new_session=not interactive,  # its children go with it on a timeout
+            )
+        except OSError as exc:
+            raise self._fail(f"cannot run {self.command}: {exc.strerror}") from exc
+        try:
+            out, err = proc.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            raise self._fail(f"no answer within {self.timeout_s:g} s; killed") from None
+        return out[:MAX_OUTPUT], err or b"", proc.returncode
+
+    def _parse(self, out: bytes) -> tuple[str, float | None]:
+        try:
+            cred = json.loads(out)
+        except ValueError:
+            raise self._fail("printed no ExecCredential JSON on stdout") from None
+        status = cred.get("status") if isinstance(cred, dict) else None
+        if not isinstance(cred, dict) or cred.get("kind") != "ExecCredential":
+            raise self._fail("printed JSON that is not an ExecCredential (kind)")
+        if cred.get("apiVersion") != self.api_version:
+            raise self._fail(f"answered {cred.get('apiVersion')!r}, asked {self.api_version!r}")
+        token = status.get("token") if isinstance(status, dict) else None
+        if not isinstance(token, str) or not token:
+            # client certificates from a plugin (status.clientCertificateData) are not taken
+            raise self._fail("its ExecCredential has no status.token")
+        stamp = status.get("expirationTimestamp") if isinstance(status, dict) else None
+        if stamp is None:
+            return token, None
+        try:
+            return token, datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            raise self._fail(f"status.expirationTimestamp {stamp!r} is not RFC 3339") from None
+
+
+def _cluster_info(cluster: Mapping[str, Any]) -> dict[str, Any]:
+    """The ExecCredential ``spec.cluster`` for ``provideClusterInfo``."""
+    info: dict[str, Any] = {"server": cluster.get("server", "")}
+    ca = cluster.get("certificate-authority-data")
+    path = cluster.get("certificate-authority")
+    if not ca and isinstance(path, str) and path:
+        try:
+            ca = base64.b64encode(Path(path).read_bytes()).decode()
+        except OSError:
+            ca = None
+    if ca:
+        info["certificate-authority-data"] = ca
+    for key, name in (
+        ("insecure-skip-tls-verify", "insecure-skip-tls-verify"),
+        ("tls-server-name", "tls-server-name"),
+        ("proxy-url", "proxy-url"),
+    ):
+        if cluster.get(key):
+            info[name] = cluster[key]
+    extensions = cluster.get("extensions")
+    for ext in extensions if isinstance(extensions, list) else []:
+        if isinstance(ext, dict) and ext.get("name") == "client.authentication.k8s.io/exec":
+            info["config"] = ext.get("extension")
+    return info
+
+
+def _short(err: bytes) -> str:
+    """stderr as one short line, with anything that looks like a credential hidden."""
+    text = " ".join(err.decode(errors="replace").split())
+    text = _SECRETS.sub("<redacted>", text)
+    return text if len(text) <= STDERR_CHARS else text[: STDERR_CHARS - 1] + "…"
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    # a grandchild holding a pipe in a session of its own is not waited on
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.communicate(timeout=2)

@@ -1,0 +1,139 @@
+"""A kubeconfig read into the settings ``agent.kube.InClusterKubeClient`` takes.
+
+lightkube's kubeconfig model (docs/architecture.md, "The Kubernetes client": why lightkube)
+selects the context and types its cluster and user; what its model drops is read from the
+document itself: ``proxy-url`` and the exec plugin's ``interactiveMode`` and
+``provideClusterInfo``. Exec plugins run in ``agent.kube_exec``. The file is read with the
+project's bounded YAML loader, so a hostile kubeconfig is refused before lightkube sees it.
+"""
+
+from __future__ import annotations
+
+import base64
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent import safeyaml
+from agent.errors import FieldViolation, InvalidSpec, NotSupported
+from agent.kube_exec import ExecPlugin
+
+__all__ = ["KubeconfigSettings", "load"]
+
+
+@dataclass(frozen=True)
+class KubeconfigSettings:
+    server: str
+    token: str | None = None
+    token_path: Path | None = None
+    ca_data: bytes | None = None
+    client_cert: tuple[bytes, bytes] | None = None
+    insecure: bool = False
+    proxy: str | None = None
+    exec_plugin: ExecPlugin | None = None
+
+
+def _invalid(path: Path, message: str, field: str, want: str) -> InvalidSpec:
+    return InvalidSpec(f"kubeconfig {path}: {message}", [FieldViolation(field, want)])
+
+
+def load(
+    path: Path, context: str | None = None, exec_timeout_s: float = 10.0
+) -> KubeconfigSettings:
+    """The settings the (current, or ``context``) context of the kubeconfig at ``path`` names."""
+    import msgspec
+    from lightkube.config.kubeconfig import KubeConfig
+    from lightkube.core.exceptions import ConfigError
+
+    try:
+        doc = safeyaml.load(safeyaml.read_text(path, "kubeconfig"), "kubeconfig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _invalid(
+            path, f"cannot read it: {exc}", "kubeconfig", "a readable YAML file"
+        ) from exc
+    if not isinstance(doc, dict):
+        raise _invalid(path, "not a mapping", "kubeconfig", "a kubeconfig document")
+    try:
+        chosen = KubeConfig.from_dict(doc, fname=path.absolute()).get(context)
+    except ConfigError as exc:
+        raise _invalid(path, str(exc), "current-context", "a context the file names") from exc
+    except KeyError as exc:
+        raise _invalid(path, f"names no {exc}", str(exc), "present and named") from exc
+    except (TypeError, AttributeError, msgspec.ValidationError) as exc:
+        raise _invalid(path, f"malformed: {exc}", "kubeconfig", "kubeconfig's schema") from exc
+    assert chosen is not None  # get() without a default raises instead
+    cluster, user = chosen.cluster, chosen.user
+    raw_cluster = _entry(doc, "clusters", chosen.context.cluster, "cluster")
+    raw_user = _entry(doc, "users", chosen.context.user or "", "user")
+    if user is not None and user.auth_provider:
+        raise NotSupported(
+            f"kubeconfig {path}: user auth-provider plugins (removed in kubectl 1.26) are not "
+            "supported; use the provider's exec plugin (kubelogin, gke-gcloud-auth-plugin)"
+        )
+    base = path.absolute().parent
+    cert = key = None
+    if user is not None:
+        cert = _pem(path, user.client_cert_data, user.client_cert, base, "client-certificate")
+        key = _pem(path, user.client_key_data, user.client_key, base, "client-key")
+    ca = _pem(
+        path, cluster.certificate_auth_data, cluster.certificate_auth, base, "certificate-authority"
+    )
+    token_file = user.token_file if user is not None else None
+    return KubeconfigSettings(
+        server=cluster.server,
+        token=(user.token or None) if user is not None else None,
+        token_path=base / token_file if token_file else None,
+        ca_data=ca,
+        client_cert=(cert, key) if cert and key else None,
+        insecure=cluster.insecure,
+        proxy=_proxy(path, raw_cluster.get("proxy-url")),
+        exec_plugin=_exec(path, raw_user.get("exec"), raw_cluster, base, exec_timeout_s),
+    )
+
+
+def _entry(doc: dict[str, Any], section: str, name: str, key: str) -> dict[str, Any]:
+    for entry in doc.get(section) or []:
+        if isinstance(entry, dict) and entry.get("name") == name:
+            body = entry.get(key)
+            return body if isinstance(body, dict) else {}
+    return {}
+
+
+def _exec(
+    path: Path, spec: object, cluster: dict[str, Any], base: Path, timeout_s: float
+) -> ExecPlugin | None:
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise _invalid(path, "users[].user.exec is not a mapping", "exec", "a mapping")
+    return ExecPlugin.from_spec(spec, cluster, base, timeout_s, str(path))
+
+
+def _proxy(path: Path, url: object) -> str | None:
+    if url is None or url == "":
+        return None
+    parts = urllib.parse.urlsplit(str(url))
+    if parts.scheme != "http" or not parts.hostname:
+        # a CONNECT tunnel to a plain-HTTP proxy; https:// and socks5:// proxies are not taken
+        raise _invalid(
+            path, f"proxy-url {url!r} is not an http:// URL", "proxy-url", "http://HOST:PORT"
+        )
+    return str(url)
+
+
+def _pem(path: Path, data: str | None, name: str | None, base: Path, field: str) -> bytes | None:
+    """A PEM given inline (``FIELD-data``, base64) or as a file path (relative to the file)."""
+    if data:
+        try:
+            return base64.b64decode(data, validate=True)
+        except ValueError as exc:
+            raise _invalid(path, f"{field}-data is not base64", f"{field}-data", "base64") from exc
+    if not name:
+        return None
+    try:
+        return (base / name).read_bytes()
+    except OSError as exc:
+        raise _invalid(
+            path, f"{field} {base / name}: {exc.strerror}", field, "a readable PEM file"
+        ) from exc

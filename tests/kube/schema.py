@@ -1,0 +1,157 @@
+"""The API stand-in held to the real schema: every object it serves and every body the agent
+sends is validated against the Kubernetes OpenAPI schema (kubernetes-validate's, strict: an
+unknown field or a wrong type is an error) of the versions the agent claims, ``VERSIONS``: the
+oldest it supports (resource.k8s.io/v1 is GA in 1.34) and the newest the package knows.
+
+What is checked: a POST or PUT body as the object it is; a merge or strategic-merge patch as
+the partial object it is (deletions, ``null``, left out) and the object served after it (the
+merged result); every reply and watch event object that has a schema (``Status`` replies have
+none in the package, nor do objects the stand-in does not know). A failure is recorded in
+``FAILURES`` (never changes the answer: the real server drops unknown fields with a warning),
+and the ``kube_api`` fixture fails the test that caused it (tests/kube/fixtures.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from typing import Any
+
+from kubernetes_validate import utils as kubernetes_validate
+
+#: resource.k8s.io/v1 is GA and v1alpha3 DeviceTaintRules served from Kubernetes 1.34.
+VERSIONS = ("1.34.0", kubernetes_validate.all_versions()[-1])
+#: one line per schema failure since the last ``take``
+FAILURES: list[str] = []
+_LOCK = threading.Lock()
+
+_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+#: path prefix (after the version) -> (apiVersion, kind) of the object a POST/PUT/PATCH names
+KINDS = {
+    "nodes": ("v1", "Node"),
+    "pods": ("v1", "Pod"),
+    "events": ("v1", "Event"),
+    "configmaps": ("v1", "ConfigMap"),
+    "leases": ("coordination.k8s.io/v1", "Lease"),
+    "eviction": ("policy/v1", "Eviction"),
+    "resourceslices": ("resource.k8s.io/v1", "ResourceSlice"),
+    "resourceclaims": ("resource.k8s.io/v1", "ResourceClaim"),
+    "resourceclaimtemplates": ("resource.k8s.io/v1", "ResourceClaimTemplate"),
+    "deviceclasses": ("resource.k8s.io/v1", "DeviceClass"),
+    "devicetaintrules": ("resource.k8s.io/v1alpha3", "DeviceTaintRule"),
+}
+
+
+#: discovery documents (/apis, /apis/<group>, /apis/<group>/<version>)
+DISCOVERY = {"APIGroupList", "APIGroup", "APIResourceList", "APIVersions"}
+
+
+def label_problem(key: str, value: str) -> str | None:
+    """Why the API server refuses this label (its validation rules), or None."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not DNS.match(prefix)):
+        return f"{key}: prefix part must be a DNS-1123 subdomain"
+    if not name or len(name) > 63 or not _NAME.match(name):
+        return f"{key}: name part must be <= 63 characters of [A-Za-z0-9._-], alphanumeric ends"
+    if len(value) > 63 or not _NAME.match(value):
+        return f"{key}={value}: a label value must be <= 63 characters of [A-Za-z0-9._-]"
+    return None
+
+
+@functools.cache
+def _validator(api_version: str, kind: str, version: str) -> Any:
+    """The strict schema's validator, or None where the package has no schema for it."""
+    import jsonschema
+    from referencing import Registry, Resource
+
+    group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    if kind in DISCOVERY:
+        group = "meta-v1"  # discovery documents are meta/v1 types served as apiVersion v1
+    folder = f"kubernetes-json-schema/v{version}-local-strict"
+    try:
+        schema = kubernetes_validate.schema_contents(
+            f"{folder}/{kind.lower()}-{group}.json", version
+        )
+    except FileNotFoundError:
+        return None
+    defs = kubernetes_validate.schema_contents(f"{folder}/_definitions.json", version)
+    registry = Resource.from_contents(defs) @ (Resource.from_contents(schema) @ Registry())
+    return jsonschema.validators.Draft202012Validator(schema, registry=registry)
+
+
+def problems(obj: object) -> list[str]:
+    """Why the real schema refuses ``obj`` (a whole object with apiVersion and kind)."""
+    if not isinstance(obj, dict):
+        return [f"not an object: {type(obj).__name__}"]
+    api_version, kind = obj.get("apiVersion"), obj.get("kind")
+    if not api_version or not kind:
+        return [f"{kind or '?'} with no apiVersion or kind"]
+    if kind == "Status":
+        return []  # the package has Status only as meta/v1; its shape is _status's
+    validators = [(v, _validator(str(api_version), str(kind), v)) for v in VERSIONS]
+    if all(validator is None for _, validator in validators):
+        return [f"{api_version} {kind}: no such kind in Kubernetes {' or '.join(VERSIONS)}"]
+    found = []
+    for version, validator in validators:
+        if validator is None:
+            continue  # newer than this version (DeviceTaintRule v1beta2: served from 1.36)
+        found += [
+            f"{kind} {'/'.join(str(p) for p in e.absolute_path)} ({version}): {e.message[:300]}"
+            for e in validator.iter_errors(obj)
+        ]
+    return found
+
+
+def _record(where: str, found: list[str]) -> None:
+    if found:
+        with _LOCK:
+            FAILURES.extend(f"{where}: {p}" for p in found)
+
+
+def take() -> list[str]:
+    """The failures recorded so far, cleared."""
+    with _LOCK:
+        found = FAILURES[:]
+        FAILURES.clear()
+        return found
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def check_request(method: str, parts: list[str], content_type: str, body: object) -> None:
+    """A body the agent sent, against the schema of the object its path names."""
+    if method not in ("POST", "PUT", "PATCH") or body is None:
+        return
+    names = [p for p in parts if p in KINDS]
+    if not names:
+        return
+    api_version, kind = KINDS[names[-1]]
+    group = api_version.rpartition("/")[0]
+    if parts[:2] == ["apis", group] and len(parts) > 2:
+        api_version = f"{group}/{parts[2]}"  # the version the path names (DeviceTaintRules: two)
+    where = f"{method} /{'/'.join(parts)}"
+    if not isinstance(body, dict):
+        return _record(where, ["the body is not an object"])
+    if method == "PATCH":
+        if "json-patch" in content_type:
+            return  # an RFC 6902 list of operations: nothing of the object's shape
+        kept: dict[str, Any] = _without_nulls(body)  # a merge patch's null deletes
+        body = {**kept, "metadata": dict(kept.get("metadata") or {}, name="patched")}
+    _record(where, problems({"apiVersion": api_version, "kind": kind, **body}))
+    if body.get("apiVersion", api_version) != api_version or body.get("kind", kind) != kind:
+        _record(where, [f"sent {body.get('apiVersion')} {body.get('kind')} to {kind}'s path"])
+
+
+def check_reply(code: int, obj: object, where: str) -> None:
+    """An object the stand-in serves (a reply, a list, a watch event's object)."""
+    if code < 300 and isinstance(obj, dict):
+        _record(f"served by {where}", problems(obj))

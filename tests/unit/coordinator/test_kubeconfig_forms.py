@@ -1,0 +1,374 @@
+"""`gpu-agent fleet status --kubernetes` from a laptop takes the kubeconfig forms kubectl does:
+exec credential plugins (EKS, GKE, AKS: fake plugins here, small Python scripts printing an
+ExecCredential), tokens, token files, insecure-skip-tls-verify, the current context among
+several, and a proxy-url; against the Kubernetes API stand-in (tests/kube/fake_api.py), which
+answers 401 to any other bearer token. A plugin that is missing, fails, hangs or prints
+something else is one line naming it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.cli.fleet import fleet
+from tests.kube.fake_api import FakeKubeApi, Pod
+from tests.unit.coordinator.agents import Outcome, invoke
+
+SELECTOR = {"app.kubernetes.io/name": "gpu-agent", "app.kubernetes.io/component": "agent"}
+V1 = "client.authentication.k8s.io/v1"
+JWT = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJtZSJ9.c2lnbmF0dXJl"
+
+
+@pytest.fixture
+def api(kube_api: tuple[FakeKubeApi, str], monkeypatch: pytest.MonkeyPatch) -> FakeKubeApi:
+    """One node whose agent pod has no IP yet: status lists it, found through the API."""
+    fake, _ = kube_api
+    fake.nodes["gpu-a"] = {"pool": "train"}
+    fake.pods.append(Pod("gpu-agent", "gpu-agent-a", "gpu-a", dict(SELECTOR)))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    return fake
+
+
+def write_kubeconfig(
+    path: Path, url: str, user: dict[str, Any], cluster: dict[str, Any] | None = None
+) -> Path:
+    """A kubeconfig whose current context ``laptop`` names ``user`` on the stand-in; a second
+    context names a wrong token, so picking the current context matters."""
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "laptop",
+        "contexts": [
+            {"name": "other", "context": {"cluster": "c", "user": "wrong"}},
+            {"name": "laptop", "context": {"cluster": "c", "user": "me"}},
+        ],
+        "clusters": [{"name": "c", "cluster": {"server": url, **(cluster or {})}}],
+        "users": [{"name": "wrong", "user": {"token": "nope"}}, {"name": "me", "user": user}],
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def plugin(tmp_path: Path, body: str, name: str = "fake-eks-token") -> Path:
+    """An executable Python script: ``body`` runs with ``runs`` (a file counting its runs)
+    and ``info`` (KUBERNETES_EXEC_INFO, decoded) defined."""
+    script = tmp_path / name
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import json, os, sys, time\n"
+        f"runs = {str(tmp_path / (name + '.runs'))!r}\n"
+        "n = int(open(runs).read()) + 1 if os.path.exists(runs) else 1\n"
+        "open(runs, 'w').write(str(n))\n"
+        "info = json.loads(os.environ['KUBERNETES_EXEC_INFO'])\n"
+        f"open(runs + '.info', 'w').write(json.dumps(info))\n{body}\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+def credential(token: str, version: str = V1, expires: str | None = None) -> str:
+    status: dict[str, Any] = {"token": token}
+    if expires:
+        status["expirationTimestamp"] = expires
+    cred = {"apiVersion": version, "kind": "ExecCredential", "status": status}
+    return f"print({json.dumps(json.dumps(cred))})"
+
+
+def status(config: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> Outcome:
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    args = ["status", "--kubernetes", "--namespace", "gpu-agent", "--insecure", "-o", "json"]
+    return invoke(fleet, [*args, *extra])
+
+
+def found_nodes(result: Outcome) -> set[str]:
+    assert "error:" not in result.output, result.output
+    return {n["name"] for n in json.loads(result.output)["nodes"]}
+
+
+def bearer_tokens(api: FakeKubeApi) -> set[str]:
+    return {r.headers.get("Authorization", "") for r in api.requests}
+
+
+def test_an_exec_plugin_token_is_sent_and_cached(
+    api: FakeKubeApi,
+    kube_api: tuple[FakeKubeApi, str],
+    tls_cert: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As `aws eks get-token`: v1 with args, env and provideClusterInfo; the plugin gets its
+    KUBERNETES_EXEC_INFO, runs once for the pod and node lists (its token is cached: no
+    expirationTimestamp), and the API sees its token."""
+    _, url = kube_api
+    exe = plugin(
+        tmp_path,
+        "assert sys.argv[1:] == ['eks', 'get-token', '--cluster-name', 'gpu'], sys.argv\n"
+        "assert os.environ['AWS_PROFILE'] == 'ml'\n" + credential("token-1"),
+    )
+    user = {
+        "exec": {
+            "apiVersion": V1,
+            "command": str(exe),
+            "args": ["eks", "get-token", "--cluster-name", "gpu"],
+            "env": [{"name": "AWS_PROFILE", "value": "ml"}],
+            "interactiveMode": "Never",
+            "provideClusterInfo": True,
+        }
+    }
+    cluster = {"certificate-authority": str(tls_cert[0])}
+    config = write_kubeconfig(tmp_path / "kc", url, user, cluster)
+    assert found_nodes(status(config, monkeypatch)) == {"gpu-a"}
+    assert bearer_tokens(api) == {"Bearer token-1"}
+    assert (tmp_path / "fake-eks-token.runs").read_text() == "1"
+    info = json.loads((tmp_path / "fake-eks-token.runs.info").read_text())
+    assert info["apiVersion"] == V1 and info["kind"] == "ExecCredential"
+    assert info["spec"]["interactive"] is False
+    assert info["spec"]["cluster"]["server"] == url
+    assert info["spec"]["cluster"]["certificate-authority-data"]
+
+
+def test_a_refused_or_expired_plugin_token_runs_the_plugin_again(
+    api: FakeKubeApi,
+    kube_api: tuple[FakeKubeApi, str],
+    tls_cert: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As gke-gcloud-auth-plugin (v1beta1): the first token is refused (401), so the plugin
+    runs again at once; the second has expired by the next call (its expirationTimestamp), so
+    it runs a third time."""
+    _, url = kube_api
+    body = (
+        "token = 'revoked' if n == 1 else 'token-1'\n"
+        "stamp = '2000-01-01T00:00:00Z' if n == 2 else '2999-01-01T00:00:00Z'\n"
+        "print(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1beta1', "
+        "'kind': 'ExecCredential', 'status': {'token': token, 'expirationTimestamp': stamp}}))"
+    )
+    exe = plugin(tmp_path, body, "gke-gcloud-auth-plugin")
+    user = {"exec": {"apiVersion": V1.replace("v1", "v1beta1"), "command": str(exe)}}
+    config = write_kubeconfig(
+        tmp_path / "kc", url, user, {"certificate-authority": str(tls_cert[0])}
+    )
+    assert found_nodes(status(config, monkeypatch)) == {"gpu-a"}
+    assert (tmp_path / "gke-gcloud-auth-plugin.runs").read_text() == "3"
+    assert "Bearer revoked" in bearer_tokens(api)
+
+
+@pytest.mark.parametrize(
+    ("body", "command", "expected"),
+    [
+        ("", "no-such-kubelogin", r"'no-such-kubelogin'.*cannot run .*No such file"),
+        (
+            f"sys.stderr.write('AADSTS700082: refresh token expired for {JWT}\\n'); sys.exit(3)",
+            None,
+            r"'kubelogin'.*exited 3: AADSTS700082: refresh token expired for <redacted>$",
+        ),
+        ("time.sleep(60)", None, r"'kubelogin'.*no answer within 1 s; killed"),
+        ("print('Opening a browser to sign in...')", None, r"'kubelogin'.*no ExecCredential"),
+        (credential("t", "client.authentication.k8s.io/v1alpha1"), None, r"answered 'client"),
+        ("print(json.dumps({'kind': 'ExecCredential', 'apiVersion': "
+         f"{V1!r}, 'status': {{}}}}))", None, r"'kubelogin'.*no status.token"),
+    ],
+    ids=["missing", "fails", "hangs", "garbage", "wrong-version", "no-token"],
+)  # fmt: skip
+def test_a_broken_exec_plugin_is_one_line_naming_it(
+    api: FakeKubeApi,
+    kube_api: tuple[FakeKubeApi, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    body: str,
+    command: str | None,
+    expected: str,
+) -> None:
+    """No token leaves (the API sees no request), and the line names the plugin, with its
+    stderr shortened and any credential in it hidden; a hang ends at the exec timeout."""
+    _, url = kube_api
+    exe = plugin(tmp_path, body, "kubelogin")
+    user = {"exec": {"apiVersion": V1, "command": command or str(exe), "interactiveMode": "Never"}}
+    config = write_kubeconfig(tmp_path / "kc", url, user, {"insecure-skip-tls-verify": True})
+    monkeypatch.setenv("KUBECONFIG_EXEC_TIMEOUT", "1")
+    result = status(config, monkeypatch)
+    assert result.exit_code != 0
+    (line,) = [x for x in result.output.splitlines() if x.startswith("error:")]
+    assert "exec plugin" in line
+    assert re.search(expected, line), line
+    assert JWT not in result.output
+    assert api.requests == []
+
+
+def test_a_token_file_with_insecure_skip_tls_verify(
+    api: FakeKubeApi,
+    kube_api: tuple[FakeKubeApi, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """tokenFile (relative to the kubeconfig) and a cluster with no CA but
+    insecure-skip-tls-verify, as a kind or dev cluster's kubeconfig."""
+    _, url = kube_api
+    (tmp_path / "sa-token").write_text("token-1\n")
+    config = write_kubeconfig(
+        tmp_path / "kc", url, {"tokenFile": "sa-token"}, {"insecure-skip-tls-verify": True}
+    )
+    assert found_nodes(status(config, monkeypatch)) == {"gpu-a"}
+    assert bearer_tokens(api) == {"Bearer token-1"}
+
+
+@pytest.fixture
+def connect_proxy() -> Iterator[tuple[str, list[str]]]:
+    """A plain-HTTP CONNECT proxy on 127.0.0.1: (its URL, the targets it tunnelled to)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    targets: list[str] = []
+
+    def pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            b.close()
+
+    def serve() -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += client.recv(4096)
+            target = head.split()[1].decode()
+            targets.append(target)
+            host, port = target.rsplit(":", 1)
+            upstream = socket.create_connection((host, int(port)))
+            client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            threading.Thread(target=pipe, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}", targets
+    finally:
+        server.close()
+
+
+def test_a_proxy_url_is_tunnelled_through(
+    api: FakeKubeApi,
+    kube_api: tuple[FakeKubeApi, str],
+    tls_cert: tuple[Path, Path],
+    connect_proxy: tuple[str, list[str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cluster's proxy-url carries every API call (CONNECT), TLS still checked end to end
+    against the cluster CA."""
+    _, url = kube_api
+    proxy, targets = connect_proxy
+    cluster = {"certificate-authority": str(tls_cert[0]), "proxy-url": proxy}
+    config = write_kubeconfig(tmp_path / "kc", url, {"token": "token-1"}, cluster)
+    assert found_nodes(status(config, monkeypatch)) == {"gpu-a"}
+    assert targets and set(targets) == {url.removeprefix("https://")}
+    assert len(targets) == len(api.requests)
+
+
+def _client_cert(directory: Path) -> tuple[Path, Path, Path]:
+    """(CA, client certificate, client key), made with the openssl command."""
+    ca, ca_key = directory / "client-ca.crt", directory / "client-ca.key"
+    cert, key, csr = directory / "me.crt", directory / "me.key", directory / "me.csr"
+    subj = ["-subj", "/CN=laptop-user/O=gpu-admins"]
+    for args in (
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", str(ca_key),
+         "-out", str(ca), "-subj", "/CN=client-ca"],
+        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr), *subj],
+        ["x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+         "-CAcreateserial", "-days", "1", "-out", str(cert)],
+    ):  # fmt: skip
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+    return ca, cert, key
+
+
+def test_a_client_certificate_inline_authenticates(
+    tls_cert: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """client-certificate-data and client-key-data (base64, as kind and kubeadm write them),
+    certificate-authority-data: the stand-in authenticates the certificate, no token sent."""
+    ca, cert, key = _client_cert(tmp_path)
+    (tmp_path / "token").write_text("unused-token\n")
+    api = FakeKubeApi(token_path=tmp_path / "token", client_ca=ca)
+    api.nodes["gpu-a"] = {}
+    api.pods.append(Pod("gpu-agent", "gpu-agent-a", "gpu-a", dict(SELECTOR)))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    server, url = api.serve(*tls_cert)
+    try:
+        user = {
+            "client-certificate-data": base64.b64encode(cert.read_bytes()).decode(),
+            "client-key-data": base64.b64encode(key.read_bytes()).decode(),
+        }
+        cluster = {
+            "certificate-authority-data": base64.b64encode(tls_cert[0].read_bytes()).decode()
+        }
+        config = write_kubeconfig(tmp_path / "kc", url, user, cluster)
+        assert found_nodes(status(config, monkeypatch)) == {"gpu-a"}
+        assert bearer_tokens(api) == {""}
+    finally:
+        api.close()
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("user", "cluster", "expected"),
+    [
+        ({"auth-provider": {"name": "oidc"}}, {}, r"auth-provider plugins .* not supported"),
+        ({"token": "t"}, {"proxy-url": "socks5://127.0.0.1:1080"}, r"proxy-url .* not an http://"),
+        ({"exec": {"command": "x", "apiVersion": "client.authentication.k8s.io/v1alpha1"}}, {},
+         r"exec apiVersion .*client.authentication.k8s.io/v1 or .*v1beta1"),
+        ({"exec": {"command": "x", "apiVersion": V1}}, {}, r"exec interactiveMode None"),
+        ({"token": "t"}, {"insecure-skip-tls-verify": "yes"}, r"malformed: Expected `bool`"),
+    ],
+    ids=["auth-provider", "socks-proxy", "v1alpha1", "v1-without-mode", "wrong-type"],
+)  # fmt: skip
+def test_a_kubeconfig_it_cannot_take_is_refused_naming_the_field(
+    api: FakeKubeApi,
+    kube_api: tuple[FakeKubeApi, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    user: dict[str, Any],
+    cluster: dict[str, Any],
+    expected: str,
+) -> None:
+    _, url = kube_api
+    result = status(write_kubeconfig(tmp_path / "kc", url, user, cluster), monkeypatch)
+    assert result.exit_code != 0
+    (line,) = [x for x in result.output.splitlines() if x.startswith("error:")]
+    assert re.search(expected, line), line
+    assert str(tmp_path / "kc") in line
+    assert api.requests == []
+
+
+def test_a_plugin_that_must_prompt_without_a_terminal_is_refused_before_it_runs(
+    api: FakeKubeApi,
+    kube_api: tuple[FakeKubeApi, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """interactiveMode: Always (a device-code login) with no terminal on stdin, as in CI or a
+    coordinator: one line, and the plugin never runs (it would wait for input)."""
+    _, url = kube_api
+    exe = plugin(tmp_path, credential("token-1"), "kubelogin")
+    user = {"exec": {"apiVersion": V1, "command": str(exe), "interactiveMode": "Always"}}
+    result = status(write_kubeconfig(tmp_path / "kc", url, user), monkeypatch)
+    assert "'kubelogin'" in result.output and "needs a terminal" in result.output
+    assert not (tmp_path / "kubelogin.runs").exists()
+    assert api.requests == []
