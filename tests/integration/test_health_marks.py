@@ -216,7 +216,7 @@ def test_a_driver_reload_does_not_clear_a_failed_mark_before_its_hold_down(
 
 def test_a_restart_keeps_a_failed_mark_until_its_hold_down(tmp_path: Path) -> None:
     root = tmp_path / "agent"
-    hold_down = 3.0
+    hold_down = 6.0  # longer than a stop and a start on a loaded 2-core machine
     config = _config(root, hold_down_s=hold_down)
     with InProcessAgent(root, config) as agent:
         SimControl(root / "state").raise_xid(2, 95)
