@@ -4,8 +4,8 @@ A caller acts under one role: ``admin`` (the node's admin on the Unix socket, th
 or the role of the work's kind (``prewarm`` for cache items and prewarm operations, ``mig`` for
 MIG reconfigurations). Work done by an admin can be undone (unpinned, evicted, deleted,
 cancelled) only by an admin; work done under another role can be undone by that role or by an
-admin. The owner is recorded with the work (agent/state.py); a refusal names the owner's role,
-never its identity (a certificate's SAN says who runs where).
+admin. The owner is recorded with the work (agent/state/schema.py, migration 3); a refusal
+names the owner's role, never its identity (a certificate's SAN says who runs where).
 """
 
 from __future__ import annotations

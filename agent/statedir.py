@@ -3,9 +3,9 @@
 The agent keeps everything it must not forget under the state dir (the SQLite store, the owner
 and partition locks, the simulated node). A directory that is read-only (a mount, a policy),
 full, or not the agent's to write is found by `probe` before anything else opens it: the agent
-then starts read-only (agent/state.py) instead of exiting, serves every read, and refuses every
-change naming the directory and the fix. The same probe tells a running agent when the
-directory takes writes again.
+then starts read-only (agent/state/database.py) instead of exiting, serves every read, and
+refuses every change naming the directory and the fix. The same probe tells a running agent
+when the directory takes writes again.
 
 A probe makes a small file, reserves a block for it and removes it: ``posix_fallocate`` asks
 the filesystem for the space at once (ext4 and xfs otherwise allocate a plain write's blocks

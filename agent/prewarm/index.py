@@ -1,8 +1,9 @@
 """The cache inventory: one row per item, one per image pull, in the agent's one store.
 
-The tables are migration 2 of agent/state.py and follow its NORMAL durability rule (progress is
-saved every second during a download; see agent/state.py). Decisions that read then write
-(claiming an item, admitting bytes) happen inside one IMMEDIATE transaction.
+The tables are migration 2 of agent/state/schema.py and follow its NORMAL durability rule
+(progress is saved every second during a download; see agent/state/schema.py). Decisions
+that read then write (claiming an item, admitting bytes) happen inside one IMMEDIATE
+transaction.
 """
 
 from __future__ import annotations

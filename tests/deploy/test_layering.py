@@ -324,7 +324,7 @@ def test_generated_code_imports_only_itself() -> None:
         ("agent/cli/status.py", "agent._proto.gpuagent.v1.agent_pb2"),
         ("agent/cli/fleet/apply.py", "agent._proto"),
         ("agent/errors.py", "agent.gpu"),
-        ("agent/state.py", "agent.prewarm.model"),
+        ("agent/state/store.py", "agent.prewarm.model"),
         ("agent/node.py", "agent.cli.main"),
         ("agent/coordinator/fleet/channels.py", "agent.gpu.nvml"),
         ("agent/coordinator/fleet/inventory.py", "agent._proto.gpuagent.v1.agent_pb2"),

@@ -419,7 +419,8 @@ def test_a_process_killed_inside_a_transaction_leaves_only_whole_commits(db_path
 
 def test_each_table_commits_at_its_own_durability(tmp_path: Path) -> None:
     """One store, one connection: operations and the journal commit FULL (fsync: they survive a
-    power loss), the prewarm tables NORMAL (agent/state.py says why), each write at its rule."""
+    power loss), the prewarm tables NORMAL (agent/state/schema.py says why), each write at its
+    rule."""
     from agent.prewarm.index import PrewarmIndex
     from agent.prewarm.model import CacheItem, ItemKind, ItemState
 

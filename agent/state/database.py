@@ -1,4 +1,4 @@
-"""The agent's one SQLite store: operations, the MIG journal, the prewarm cache index.
+"""The state database's connection: opening it, its transactions, and what the disk allows.
 
 One WAL-mode database under the state dir, one connection, one transaction helper. Every write
 runs in a ``BEGIN IMMEDIATE`` transaction, so a killed process leaves only whole transactions
@@ -8,23 +8,16 @@ The database and its ``-wal`` and ``-shm`` files are mode 0600 and the state dir
 every open (files an older agent made are fixed): they hold signed URLs of prewarm requests and
 the node's MIG history, for root alone (docs/security.md, "State on disk").
 
-Durability is chosen per table (`TABLE_DURABILITY`) and set per transaction, since SQLite's
-``synchronous`` applies to a commit, not a table:
-
-- ``operations`` and ``journal``: FULL. A committed operation or MIG journal entry survives a
-  power loss, not only a killed process: recovery after a reboot reads them to roll a half-done
-  MIG change back or forward.
-- ``prewarm_items`` and ``prewarm_image_pulls``: NORMAL (no fsync at commit). A download saves
-  its progress every second while it dirties the same filesystem, and on ext4 each fsync would
-  also flush that file's data (1.1 s of a 2.9 s 1 GiB fetch). A power loss may lose the last
-  rows; the cache's reconcile() squares the index with what is on disk at the next start.
+A damaged database is kept aside and a new one started (`Database._quarantine`); a state dir
+that takes no write at start gives a read-only store (`Database._open_read_only`); a write the
+disk refuses later is a `StateUnavailable` that the node's health reports until the dir takes
+writes again. The tables themselves are agent/state/schema.py's; their rows are read and
+written by the table modules beside this one.
 """
 
 from __future__ import annotations
 
-import enum
 import glob
-import json
 import logging
 import os
 import shutil
@@ -32,42 +25,17 @@ import sqlite3
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar, Self
 from urllib.parse import quote
 
-from agent.errors import (
-    Busy,
-    Conflict,
-    FieldViolation,
-    InvalidSpec,
-    NotFound,
-    NotSupported,
-    StateUnavailable,
-)
+from agent.errors import Conflict, NotSupported, StateUnavailable
+from agent.state.schema import MIGRATIONS, Durability, statements
 from agent.statedir import Unwritable, probe
 
-__all__ = [
-    "DONE_STATES",
-    "INTERRUPTED",
-    "LOST_WITH_DATABASE",
-    "MIGRATIONS",
-    "OPERATION_STATES",
-    "TABLE_DURABILITY",
-    "AlreadyRunning",
-    "Durability",
-    "Operation",
-    "StateStore",
-]
-
-OPERATION_STATES = ("pending", "running", "succeeded", "failed", "cancelled")
-DONE_STATES = frozenset({"succeeded", "failed", "cancelled"})
-INTERRUPTED = "Interrupted"
-"""``error["type"]`` of operations the agent stopped in the middle of (see mark_interrupted)."""
+__all__ = ["LOST_WITH_DATABASE", "Database"]
 
 _BUSY_TIMEOUT_MS = 10_000
 #: How often health and the metric probe a state dir that took no write (agent/statedir.py).
@@ -80,7 +48,9 @@ LOST_WITH_DATABASE = (
 )
 """What a corrupt state database takes with it, as the log and the node's health say."""
 
-log = logging.getLogger(__name__)
+
+# The name the store logged under before it was a package: operators' filters and alerts keep it.
+log = logging.getLogger("agent.state")
 
 
 class _Corrupt(Exception):
@@ -93,191 +63,6 @@ def _code(exc: sqlite3.Error) -> int | None:
     """SQLite's primary result code of ``exc`` (extended codes carry it in the low byte)."""
     code = getattr(exc, "sqlite_errorcode", None)
     return None if code is None else code & 0xFF
-
-
-class Durability(enum.IntEnum):
-    """What a committed transaction survives; higher is stronger."""
-
-    NORMAL = 1  # a killed process (WAL: no fsync at commit)
-    FULL = 2  # a power loss (fsync at commit)
-
-
-TABLE_DURABILITY: dict[str, Durability] = {
-    "operations": Durability.FULL,
-    "journal": Durability.FULL,
-    "prewarm_items": Durability.NORMAL,
-    "prewarm_image_pulls": Durability.NORMAL,
-}
-"""The rule each table's writers follow (see the module docstring for why)."""
-
-MIGRATIONS: tuple[tuple[int, str], ...] = (
-    (
-        1,
-        """
-        CREATE TABLE operations (
-            id TEXT PRIMARY KEY,
-            kind TEXT NOT NULL,
-            state TEXT NOT NULL CHECK (
-                state IN ('pending', 'running', 'succeeded', 'failed', 'cancelled')
-            ),
-            request_id TEXT,
-            request TEXT NOT NULL,  -- canonical JSON: equal requests have equal text
-            metadata TEXT NOT NULL,
-            result TEXT,
-            error TEXT,
-            cancel_requested INTEGER NOT NULL DEFAULT 0,
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL
-        );
-        -- A retried create with the same request id finds the first operation.
-        CREATE UNIQUE INDEX operations_by_request_id ON operations (kind, request_id)
-            WHERE request_id IS NOT NULL;
-        CREATE INDEX operations_by_state ON operations (state);
-        CREATE TABLE journal (
-            seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused, so order survives clears
-            scope TEXT NOT NULL,
-            entry TEXT NOT NULL,
-            created_at REAL NOT NULL
-        );
-        CREATE INDEX journal_by_scope ON journal (scope, seq);
-        """,
-    ),
-    (
-        2,
-        # The prewarm cache index (agent/prewarm/index.py): one row per item, one per pull.
-        # IF NOT EXISTS: databases from before this migration may already hold the tables.
-        """
-        CREATE TABLE IF NOT EXISTS prewarm_items (
-            id TEXT PRIMARY KEY,
-            kind TEXT NOT NULL,
-            name TEXT NOT NULL UNIQUE,
-            source TEXT NOT NULL,
-            state TEXT NOT NULL,
-            pinned INTEGER NOT NULL DEFAULT 0,
-            size INTEGER,
-            sha256 TEXT,
-            expected_sha256 TEXT,
-            fetched_bytes INTEGER NOT NULL DEFAULT 0,
-            created_at REAL NOT NULL,
-            started_at REAL,
-            finished_at REAL,
-            last_used REAL,
-            hits INTEGER NOT NULL DEFAULT 0,
-            error TEXT,
-            warm_seconds REAL,
-            options TEXT NOT NULL DEFAULT '{}',
-            owner_pid INTEGER
-        );
-        CREATE INDEX IF NOT EXISTS prewarm_items_sha256 ON prewarm_items (sha256);
-        CREATE TABLE IF NOT EXISTS prewarm_image_pulls (
-            ref TEXT NOT NULL,
-            cold INTEGER NOT NULL,
-            seconds REAL NOT NULL,
-            at REAL NOT NULL
-        );
-        """,
-    ),
-    (
-        3,
-        # Who did the work (agent/owner.py): an admin's items and operations are undone only by
-        # an admin. NULL: work from before owners were recorded, anyone's of its role to undo.
-        """
-        ALTER TABLE prewarm_items ADD COLUMN owner TEXT;
-        ALTER TABLE prewarm_items ADD COLUMN owner_role TEXT;
-        ALTER TABLE operations ADD COLUMN owner TEXT;
-        ALTER TABLE operations ADD COLUMN owner_role TEXT;
-        """,
-    ),
-)
-"""Schema migrations: (version, SQL), applied in order; ``PRAGMA user_version`` records the last.
-
-Append only: a released migration never changes, since databases in the field already ran it.
-"""
-
-
-class AlreadyRunning(Busy):
-    """An operation of a kind that runs one at a time is in the way; ``running`` is it."""
-
-    def __init__(self, running: Operation) -> None:
-        super().__init__(f"{running.kind} operation {running.id} is running")
-        self.running = running
-
-
-@dataclass(frozen=True, slots=True)
-class Operation:
-    """A long-running piece of work (google.longrunning style) as stored.
-
-    ``error`` is ``{"type": ..., "message": ...}`` where type names an ``agent.errors`` class or
-    is `INTERRUPTED`. Times are epoch seconds.
-    """
-
-    id: str
-    kind: str
-    state: str
-    request_id: str | None
-    request: dict[str, Any]
-    metadata: dict[str, Any]
-    result: dict[str, Any] | None
-    error: dict[str, Any] | None
-    created_at: float
-    updated_at: float
-    cancel_requested: bool
-    owner: str | None = None  # the identity that started it (agent/owner.py)
-    owner_role: str | None = None  # the role it acted under
-
-    @property
-    def done(self) -> bool:
-        return self.state in DONE_STATES
-
-
-def _encode(value: dict[str, Any]) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def _decode(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def _operation(row: sqlite3.Row) -> Operation:
-    return Operation(
-        id=row["id"],
-        kind=row["kind"],
-        state=row["state"],
-        request_id=row["request_id"],
-        request=_decode(row["request"]),
-        metadata=_decode(row["metadata"]),
-        result=_decode(row["result"]),
-        error=_decode(row["error"]),
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        cancel_requested=bool(row["cancel_requested"]),
-        owner=row["owner"],
-        owner_role=row["owner_role"],
-    )
-
-
-def _retried(row: sqlite3.Row, kind: str, request_id: str, encoded: str) -> Operation:
-    """The operation of a known request id; `Conflict` when it came with another request."""
-    if row["request"] != encoded:
-        raise Conflict(
-            f"request id {request_id!r} was already used for another {kind} "
-            f"request (operation {row['id']}); use a new request id"
-        )
-    return _operation(row)
-
-
-def _statements(script: str) -> Iterator[str]:
-    """Split a script into statements; `sqlite3.complete_statement` keeps ';' in strings and
-    trigger bodies where they belong (``executescript`` would commit our transaction)."""
-    buffer = ""
-    for piece in script.split(";"):
-        buffer += piece + ";"
-        if sqlite3.complete_statement(buffer):
-            if buffer.strip(" \t\r\n;"):
-                yield buffer
-            buffer = ""
-    if buffer.strip(" \t\r\n;"):
-        yield buffer  # incomplete: SQLite reports the error instead of it being dropped
 
 
 _DB_SIDE_FILES = ("-wal", "-shm", "-journal")
@@ -305,8 +90,9 @@ def _chmod_file(path: Path, flags: int = 0) -> None:
         os.close(fd)
 
 
-class StateStore:
-    """The agent's SQLite database. Thread-safe: one connection behind a lock."""
+class Database:
+    """The agent's SQLite database and its one connection. Thread-safe: the connection is
+    behind a lock. The tables' methods are added by `agent.state.store.StateStore`."""
 
     MIGRATIONS: ClassVar[Sequence[tuple[int, str]]] = MIGRATIONS
 
@@ -604,7 +390,7 @@ class StateStore:
                     f"agent's {latest}; run the newer agent or move the database away"
                 )
             for version, script in self.MIGRATIONS[current:]:
-                for statement in _statements(script):
+                for statement in statements(script):
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {version}")
 
@@ -612,7 +398,7 @@ class StateStore:
         with self._lock:
             self._conn.close()
 
-    def __enter__(self) -> StateStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -679,248 +465,3 @@ class StateStore:
         """The connection for reads (WAL: they never wait for a writer in another process)."""
         with self._lock:
             yield self._conn
-
-    # --- operations ---------------------------------------------------------------------------
-
-    def create_operation(
-        self,
-        kind: str,
-        *,
-        request_id: str | None,
-        request: dict[str, Any],
-        metadata: dict[str, Any] | None = None,
-        exclusive: bool = False,
-        owner: str | None = None,
-        owner_role: str | None = None,
-    ) -> Operation:
-        """A new pending operation; a retry with a known ``request_id`` gets the first one back.
-        ``owner`` and ``owner_role``: who starts it (agent/owner.py).
-
-        Raises `Conflict` when the ``request_id`` was used for this kind with another request.
-        With ``exclusive``, raises `AlreadyRunning` when an operation of this kind is not done:
-        the check and the insert are one transaction, so of two callers at the same instant
-        (threads or processes) exactly one gets an operation and the other gets no row at all.
-        """
-        encoded = _encode(request)
-        with self.transaction() as conn:
-            if request_id is not None:
-                row = conn.execute(
-                    "SELECT * FROM operations WHERE kind = ? AND request_id = ?",
-                    (kind, request_id),
-                ).fetchone()
-                if row is not None:
-                    return _retried(row, kind, request_id, encoded)
-            if exclusive:
-                marks = ", ".join("?" * len(DONE_STATES))
-                running = conn.execute(
-                    f"SELECT * FROM operations WHERE kind = ? AND state NOT IN ({marks})"
-                    " ORDER BY created_at LIMIT 1",
-                    (kind, *sorted(DONE_STATES)),
-                ).fetchone()
-                if running is not None:
-                    raise AlreadyRunning(_operation(running))
-            now = self._clock()
-            op_id = uuid.uuid4().hex
-            conn.execute(
-                "INSERT INTO operations (id, kind, state, request_id, request, metadata,"
-                " created_at, updated_at, owner, owner_role)"
-                " VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    op_id,
-                    kind,
-                    request_id,
-                    encoded,
-                    _encode(metadata or {}),
-                    now,
-                    now,
-                    owner,
-                    owner_role,
-                ),
-            )
-            return self.get_operation(op_id)
-
-    def find_request(self, kind: str, request_id: str, request: dict[str, Any]) -> Operation | None:
-        """The operation a ``request_id`` already started, None when it is new; `Conflict` (as
-        `create_operation` raises it) when the id was used for another request."""
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT * FROM operations WHERE kind = ? AND request_id = ?", (kind, request_id)
-            ).fetchone()
-        return None if row is None else _retried(row, kind, request_id, _encode(request))
-
-    def get_operation(self, op_id: str) -> Operation:
-        with self._lock:
-            row = self._conn.execute("SELECT * FROM operations WHERE id = ?", (op_id,)).fetchone()
-        if row is None:
-            raise NotFound(f"operation {op_id!r} does not exist")
-        return _operation(row)
-
-    def list_operations(
-        self,
-        *,
-        kind: str | None = None,
-        done: bool | None = None,
-        limit: int = 100,
-        kinds: Sequence[str] | None = None,
-        after: tuple[float, str] | None = None,
-    ) -> list[Operation]:
-        """Operations, newest first (by creation, then id), optionally of one kind (or of
-        ``kinds``) and done or not; ``after`` (created_at, id) of the last one seen resumes."""
-        if limit < 1:
-            raise InvalidSpec(
-                f"limit must be >= 1, got {limit}", [FieldViolation("limit", "must be >= 1")]
-            )
-        where: list[str] = ["1"]
-        params: list[object] = []
-        if kind is not None:
-            where.append("kind = ?")
-            params.append(kind)
-        if kinds is not None:
-            where.append(f"kind IN ({', '.join('?' * len(kinds)) or 'NULL'})")
-            params.extend(kinds)
-        if done is not None:
-            marks = ", ".join("?" * len(DONE_STATES))
-            where.append(f"state {'IN' if done else 'NOT IN'} ({marks})")
-            params.extend(sorted(DONE_STATES))
-        if after is not None:
-            where.append("(created_at < ? OR (created_at = ? AND id < ?))")
-            params.extend((after[0], after[0], after[1]))
-        sql = (
-            f"SELECT * FROM operations WHERE {' AND '.join(where)}"
-            " ORDER BY created_at DESC, id DESC LIMIT ?"
-        )
-        with self._lock:
-            rows = self._conn.execute(sql, (*params, limit)).fetchall()
-        return [_operation(row) for row in rows]
-
-    def prune_operations(self, *, max_age_s: float, keep_per_kind: int) -> int:
-        """Delete done operations (idempotency records included) last changed more than
-        ``max_age_s`` ago, and all but the newest ``keep_per_kind`` done ones of each kind.
-        Operations not done are never deleted. Returns how many went."""
-        done = sorted(DONE_STATES)
-        marks = ", ".join("?" * len(done))
-        cutoff = self._clock() - max_age_s
-        with self.transaction() as conn:
-            gone = conn.execute(
-                f"DELETE FROM operations WHERE state IN ({marks}) AND updated_at < ?",
-                (*done, cutoff),
-            ).rowcount
-            kinds = [row[0] for row in conn.execute("SELECT DISTINCT kind FROM operations")]
-            for kind in kinds:
-                gone += conn.execute(
-                    "DELETE FROM operations WHERE id IN (SELECT id FROM operations"
-                    f" WHERE kind = ? AND state IN ({marks})"
-                    " ORDER BY updated_at DESC, id DESC LIMIT -1 OFFSET ?)",
-                    (kind, *done, keep_per_kind),
-                ).rowcount
-        return gone
-
-    def update_operation(
-        self,
-        op_id: str,
-        *,
-        state: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        result: dict[str, Any] | None = None,
-        error: dict[str, Any] | None = None,
-    ) -> Operation:
-        """Set the given fields (``metadata`` replaces the old one). A done operation is final:
-        updating it raises `Conflict`, so a late worker cannot overwrite a cancellation."""
-        if state is not None and state not in OPERATION_STATES:
-            allowed = ", ".join(OPERATION_STATES)
-            raise InvalidSpec(
-                f"operation state {state!r} is not one of: {allowed}",
-                [FieldViolation("state", f"must be one of: {allowed}")],
-            )
-        columns: dict[str, str] = {} if state is None else {"state": state}
-        for name, value in (("metadata", metadata), ("result", result), ("error", error)):
-            if value is not None:
-                columns[name] = _encode(value)
-        with self.transaction() as conn:
-            current = self.get_operation(op_id)
-            if current.done:
-                raise Conflict(f"operation {op_id} is already {current.state}")
-            assignments = "".join(f"{name} = ?, " for name in columns)
-            conn.execute(
-                f"UPDATE operations SET {assignments}updated_at = ? WHERE id = ?",
-                (*columns.values(), self._clock(), op_id),
-            )
-            return self.get_operation(op_id)
-
-    def request_cancel(self, op_id: str) -> Operation:
-        """Flag the operation for cancellation; its worker stops at its next checkpoint and
-        sets the state. A no-op on a done operation."""
-        with self.transaction() as conn:
-            current = self.get_operation(op_id)
-            if current.done or current.cancel_requested:
-                return current
-            conn.execute(
-                "UPDATE operations SET cancel_requested = 1, updated_at = ? WHERE id = ?",
-                (self._clock(), op_id),
-            )
-            return self.get_operation(op_id)
-
-    def mark_interrupted_operations(self, reason: str) -> list[Operation]:
-        """On agent start: fail every operation left pending or running by a previous process.
-
-        Services that can resume or roll back their own operations (MIG apply, from its journal)
-        do so before this is called; what is left is failed with ``error.type`` `INTERRUPTED`.
-        """
-        error = _encode({"type": INTERRUPTED, "message": reason})
-        with self.transaction() as conn:
-            ids = [
-                row["id"]
-                for row in conn.execute(
-                    "SELECT id FROM operations WHERE state IN ('pending', 'running')"
-                    " ORDER BY created_at, rowid"
-                )
-            ]
-            conn.execute(
-                "UPDATE operations SET state = 'failed', error = ?, updated_at = ?"
-                " WHERE state IN ('pending', 'running')",
-                (error, self._clock()),
-            )
-            return [self.get_operation(op_id) for op_id in ids]
-
-    # --- journal ------------------------------------------------------------------------------
-
-    def journal_append(self, scope: str, entry: dict[str, Any]) -> int:
-        """Durably record ``entry`` under ``scope`` (e.g. ``mig:<gpu uuid>``); returns its seq."""
-        with self.transaction() as conn:
-            cursor = conn.execute(
-                "INSERT INTO journal (scope, entry, created_at) VALUES (?, ?, ?)",
-                (scope, _encode(entry), self._clock()),
-            )
-            assert cursor.lastrowid is not None
-            return cursor.lastrowid
-
-    def journal_entries(self, scope: str) -> list[tuple[int, dict[str, Any]]]:
-        """The scope's entries as (seq, entry), oldest first."""
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT seq, entry FROM journal WHERE scope = ? ORDER BY seq", (scope,)
-            ).fetchall()
-        return [(row["seq"], _decode(row["entry"])) for row in rows]
-
-    def journal_replace(self, scope: str, entry: dict[str, Any]) -> int:
-        """Make ``entry`` the scope's only entry, in one transaction; returns its seq."""
-        with self.transaction() as conn:
-            conn.execute("DELETE FROM journal WHERE scope = ?", (scope,))
-            cursor = conn.execute(
-                "INSERT INTO journal (scope, entry, created_at) VALUES (?, ?, ?)",
-                (scope, _encode(entry), self._clock()),
-            )
-            assert cursor.lastrowid is not None
-            return cursor.lastrowid
-
-    def journal_clear(self, scope: str) -> None:
-        with self.transaction() as conn:
-            conn.execute("DELETE FROM journal WHERE scope = ?", (scope,))
-
-    def journal_scopes(self) -> list[str]:
-        """Scopes with entries left, oldest first: on start, a killed agent's unfinished work."""
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT scope FROM journal GROUP BY scope ORDER BY MIN(seq)"
-            ).fetchall()
-        return [row["scope"] for row in rows]
