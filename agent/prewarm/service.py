@@ -37,11 +37,12 @@ from agent.prewarm.naming import (
     qualified_name,
     source_identity,
 )
+from agent.prewarm.partial import Partial
 from agent.prewarm.policy import UrlPolicy, redact_url
 from agent.prewarm.ports import FileFetcher, ImagePuller, ImageWarmer
 from agent.prewarm.progress import ProgressMeter
 from agent.prewarm.source import Source, SourceRequest, Target, without_retry
-from agent.prewarm.store import CacheStore, Partial
+from agent.prewarm.store import CacheStore
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ MAX_PENDING_BYTES = 512 * 1024 * 1024
 
 
 class Sink(Protocol):
-    """What a fetcher needs from the thing it writes into (see `agent.prewarm.store.Partial`)."""
+    """What a fetcher needs from the thing it writes into (see `agent.prewarm.partial.Partial`)."""
 
     offset: int
     limit: int | None

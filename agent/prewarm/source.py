@@ -28,8 +28,9 @@ from agent.prewarm.policy import UrlPolicy, redact_url
 if TYPE_CHECKING:
     from agent.prewarm.fetch_http import CancelledFn, ProgressFn
     from agent.prewarm.index import PrewarmIndex
+    from agent.prewarm.partial import Partial
     from agent.prewarm.ports import FileFetcher, ImagePuller, ImageWarmer
-    from agent.prewarm.store import CacheStore, Partial
+    from agent.prewarm.store import CacheStore
     from agent.prewarm.target import TargetSchema
 
 

@@ -24,8 +24,8 @@ from agent.prewarm.headers import (
     read_header_files,
 )
 from agent.prewarm.model import CacheItem, GroupRequest, ItemKind, ItemState, Layout
+from agent.prewarm.partial import MemberPartial
 from agent.prewarm.source import Source, SourceRequest, Target, Work, without_retry
-from agent.prewarm.store import MemberPartial
 from agent.prewarm.target import FieldType, TargetSchema, headers
 
 log = logging.getLogger("agent.prewarm.service")

@@ -15,6 +15,7 @@ from typing import Any, cast
 from agent._proto.gpuagent.v1 import cache_pb2, prewarm_pb2
 from agent.errors import FieldViolation, InvalidSpec
 from agent.prewarm import kinds
+from agent.prewarm.budget import Usage
 from agent.prewarm.kinds import source_for
 from agent.prewarm.model import (
     CacheItem,
@@ -25,7 +26,6 @@ from agent.prewarm.model import (
     item_kind,
 )
 from agent.prewarm.source import SourceRequest
-from agent.prewarm.store import Usage
 from agent.prewarm.target import FieldType, TargetSchema
 from agent.redact import redact_text
 from agent.wire.timestamps import seconds, timestamp

@@ -18,9 +18,9 @@ from agent.prewarm import kinds
 from agent.prewarm.labels import node_labels
 from agent.prewarm.manifest import parse_manifest
 from agent.prewarm.model import CacheItem, ItemState
+from agent.prewarm.partial import Partial
 from agent.prewarm.service import PrewarmService
 from agent.prewarm.source import Source, SourceRequest, Target, Work
-from agent.prewarm.store import Partial
 from agent.prewarm.target import FieldType, TargetSchema
 from agent.wire.prewarm import cache_item_pb
 from tests.integration.prewarm_fixtures.agent import make_service

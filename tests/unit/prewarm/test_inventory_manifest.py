@@ -8,6 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from agent.errors import InvalidSpec
+from agent.prewarm.budget import Usage
 from agent.prewarm.index import ImagePull
 from agent.prewarm.inventory import Inventory, PrewarmCollector
 from agent.prewarm.labels import label_patch, node_labels
@@ -24,7 +25,6 @@ from agent.prewarm.model import (
     Warmth,
 )
 from agent.prewarm.progress import ProgressMeter
-from agent.prewarm.store import Usage
 
 
 def item(name: str, state: ItemState, **kw: object) -> CacheItem:

@@ -6,10 +6,10 @@ import pytest
 
 from agent._proto.gpuagent.v1 import cache_pb2
 from agent.prewarm import kinds
+from agent.prewarm.budget import Usage
 from agent.prewarm.inventory import Inventory, PrewarmCollector
 from agent.prewarm.labels import node_labels
 from agent.prewarm.model import CacheItem, ItemKind, ItemState
-from agent.prewarm.store import Usage
 from agent.wire.prewarm import (
     UNKNOWN_KIND,
     cache_contents_from,

@@ -1,0 +1,129 @@
+"""Eviction: what leaves the cache together, and removing it from the index and the disk.
+
+A unit (`Unit`) is what goes at once: the ready files sharing one blob, or one ready group. An
+item is marked evicted in the index inside the caller's transaction, then its links and the
+blobs no ready item still stands on are deleted outside it. A blob a process on the node holds
+open or mapped is never evicted on request (agent.prewarm.inuse).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from agent.errors import Busy
+from agent.prewarm.model import CacheItem, ItemState, Layout
+
+if TYPE_CHECKING:
+    from agent.prewarm.store import CacheStore
+
+__all__ = [
+    "Unit",
+    "discard_blob",
+    "discard_item",
+    "evict",
+    "evict_group",
+    "mark_evicted",
+    "remove",
+]
+
+# The cache's one logger name, as before its modules were split: operators' filters keep it.
+log = logging.getLogger("agent.prewarm.store")
+
+
+@dataclass(slots=True)
+class Unit:
+    """What eviction removes together: the ready files sharing one blob, or one ready group."""
+
+    items: list[CacheItem]
+    blobs: dict[str, int]
+
+
+def evict(store: CacheStore, sha256: str) -> list[str]:
+    """Evict a blob and every ready file naming it; returns the item names.
+
+    Refused (Busy, naming the pids) while a process holds the blob open or mapped; a group
+    standing on the same blob keeps it.
+    """
+    _refuse_held(store, [sha256])
+    with store.index.transaction():
+        unit = mark_evicted(store, store.on_blob(sha256))
+    remove(store, unit)
+    return [i.name for i in unit.items]
+
+
+def evict_group(store: CacheStore, item: CacheItem) -> None:
+    """Evict a ready group: its model directory, and the blobs nothing else stands on."""
+    _refuse_held(store, store.blobs(item))
+    with store.index.transaction():
+        unit = mark_evicted(store, [store.index.get(item.id)])
+    remove(store, unit)
+
+
+def discard_blob(store: CacheStore, sha256: str) -> list[str]:
+    """Drop a blob that is not what its name claims (wrong size or digest, or gone), with
+    every ready item standing on it; no in-use check, as its bytes are not the item's."""
+    with store.index.transaction():
+        unit = mark_evicted(store, _standing_on(store, sha256))
+    remove(store, unit, force={sha256})
+    return [i.name for i in unit.items]
+
+
+def discard_item(store: CacheStore, item: CacheItem) -> None:
+    """Drop a ready item found not to be what it claims (a blob gone or wrong): a file's
+    blob goes with every name on it; a group loses its directory and blobs no one else uses."""
+    if store.layout(item) is Layout.BLOB and item.sha256:
+        discard_blob(store, item.sha256)
+    elif store.layout(item) is Layout.TREE:
+        with store.index.transaction():
+            unit = mark_evicted(store, [store.index.get(item.id)])
+        remove(store, unit)
+
+
+def _refuse_held(store: CacheStore, sha256s: Iterable[str]) -> None:
+    held = store.holders(sha256s)
+    pids = sorted({p for ps in held.values() for p in ps})
+    if pids:
+        listed = ", ".join(str(p) for p in pids)
+        raise Busy(
+            f"blob(s) {', '.join(f'sha256:{s}' for s in sorted(held))} open or mapped by "
+            f"process(es) {listed}; not evicted",
+            [str(p) for p in pids],
+        )
+
+
+def _standing_on(store: CacheStore, sha256: str) -> list[CacheItem]:
+    return [i for i in store.index.items([ItemState.READY]) if sha256 in store.blobs(i)]
+
+
+def mark_evicted(store: CacheStore, items: Iterable[CacheItem]) -> Unit:
+    unit = Unit([], {})
+    for item in items:
+        if item.state is ItemState.READY:
+            store.index.update(item.id, state=ItemState.EVICTED)
+            unit.items.append(item)
+            unit.blobs.update(store.blobs(item))
+    return unit
+
+
+def remove(store: CacheStore, unit: Unit, force: Iterable[str] = ()) -> None:
+    """Delete the links and model directories of evicted items, and their blobs that no
+    ready item still stands on (``force``: delete those blobs whatever stands on them)."""
+    for item in unit.items:
+        store.remove_link(item.name)
+        if store.layout(item) is Layout.TREE:
+            shutil.rmtree(store.tree_path(item.id), ignore_errors=True)
+    still = {sha for i in store.index.items([ItemState.READY]) for sha in store.blobs(i)}
+    gone = [sha for sha in unit.blobs if sha not in still or sha in set(force)]
+    for sha in gone:
+        with contextlib.suppress(FileNotFoundError):
+            store.blob_path(sha).unlink()
+    log.info(
+        "evicted %s (blobs %s)",
+        ", ".join(i.name for i in unit.items) or "nothing",
+        ", ".join(f"sha256:{s[:12]}" for s in gone) or "kept",
+    )
