@@ -7,7 +7,7 @@
   ``handshake_timeout_s``.
 * The Unix socket ``socket_path`` (mode 0600, root only) for the local CLI: the local admin. Its
   directory is checked first (agent/api/socket_dir.py).
-* ``grpc_insecure_listen``, only when configured and only on loopback: read-only (config.py
+* ``grpc_insecure_listen``, only when configured and only on loopback: read-only (agent/config
   refuses any other address).
 
 Every caller has its share of calls and streams (agent/api/share.py), enforced by the

@@ -296,16 +296,9 @@ def apply_command(
             "MIG_PARTED_SKIP_RESET": _go_bool(skip_reset),
             "MIG_PARTED_MODE_CHANGE_ONLY": _go_bool(mode_only),
         }
+        applier = _Applier(run, applied_now)
         applied = apply_with_hooks(
-            hooks,
-            env,
-            output=ctx.meta.get(_DEBUG, False),
-            mode_only=mode_only,
-            mode_applied=lambda: applied_now(True),
-            apply_mode=lambda: run(True),
-            config_applied=lambda: applied_now(False),
-            apply_config=lambda: run(False),
-            stop_after_mode=lambda a: bool(a.pending),
+            hooks, env, applier, output=ctx.meta.get(_DEBUG, False), mode_only=mode_only
         )
     if not applied:  # every phase was already applied: nothing was asked of the GPUs
         emit({"config": spec.select(selected)[0], "gpus": []}, output, lambda _: _verdict([]))
@@ -324,6 +317,30 @@ class _Applied:
     data: Any
     table: str
     pending: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Applier:
+    """mig-parted's `MigConfigApplier` over the agent, for an apply or a restore: a phase is
+    one call with ``mode_only`` (``run``), asserted first against the node (``holds``)."""
+
+    run: Callable[[bool], _Applied]
+    holds: Callable[[bool], bool]
+
+    def mode_applied(self) -> bool:
+        return self.holds(True)
+
+    def apply_mode(self) -> _Applied:
+        return self.run(True)
+
+    def config_applied(self) -> bool:
+        return self.holds(False)
+
+    def apply_config(self) -> _Applied:
+        return self.run(False)
+
+    def stop_after_mode(self, result: _Applied) -> bool:
+        return bool(result.pending)
 
 
 def _go_bool(value: bool) -> str:
@@ -592,15 +609,7 @@ def restore_command(
         "MIG_PARTED_MODE_CHANGE_ONLY": _go_bool(mode_only),
     }
     results = apply_with_hooks(
-        hooks,
-        env,
-        output=ctx.meta.get(_DEBUG, False),
-        mode_only=mode_only,
-        mode_applied=lambda: holds(True),
-        apply_mode=lambda: run(True),
-        config_applied=lambda: holds(False),
-        apply_config=lambda: run(False),
-        stop_after_mode=lambda r: bool(r.pending),
+        hooks, env, _Applier(run, holds), output=ctx.meta.get(_DEBUG, False), mode_only=mode_only
     )
     last = results[-1] if results else None
     pending = last.pending if last is not None else []

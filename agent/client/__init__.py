@@ -1,10 +1,11 @@
 """The one client package of the agent's API, used by the CLI and the coordinator.
 
 `AgentClient` (sync, the CLI over the node's socket) and `AsyncAgentClient` (asyncio, the
-coordinator over mTLS) share their channel settings and stubs (base.py), method names and
-requests, and raise the agent's domain errors (agent/wire/errors.py). Both answer in records
-(converted by agent/wire), so neither the CLI nor the coordinator reads a message; the sync
-client takes domain values, the asyncio one a rollout record's stored requests as kept.
+coordinator over mTLS) share their channel settings and stubs (base.py) and every request,
+built once (requests.py): they only send, and raise the agent's domain errors
+(agent/wire/errors.py). Both answer in records (converted by agent/wire), so neither the CLI
+nor the coordinator reads a message; both take domain values, and the coordinator also a
+rollout record's stored requests as kept.
 """
 
 from agent.client.aio import AsyncAgentClient

@@ -1,10 +1,10 @@
 """What both clients share: the channel's settings and the service stubs.
 
 The sync client (`agent.client.sync.AgentClient`, the CLI) and the asyncio one
-(`agent.client.aio.AsyncAgentClient`, the coordinator) have the same method names and build
-the same requests; only the calling convention differs. gRPC stubs are the same classes over a
-sync or an asyncio channel, so they live here, made on first use: a stub builds a callable per
-method, and a status sweep of a thousand fresh clients needs only GetNode.
+(`agent.client.aio.AsyncAgentClient`, the coordinator) send the same requests, built once
+(agent/client/requests.py); only the calling convention differs. gRPC stubs are the same
+classes over a sync or an asyncio channel, so they live here, made on first use: a stub builds
+a callable per method, and a status sweep of a thousand fresh clients needs only GetNode.
 """
 
 from __future__ import annotations

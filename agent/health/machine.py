@@ -46,7 +46,7 @@ _ACTIONS = ("none", "restart-application", "reset-gpu", "reboot-node")
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """The ``health.*`` settings the machine follows (agent/config.py documents them)."""
+    """The ``health.*`` settings the machine follows (agent/config/sections.py documents them)."""
 
     degrade_events: int = 3
     degrade_window_s: float = 300.0

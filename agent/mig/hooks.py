@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import logging
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from agent import safeyaml
 from agent.errors import AgentError, FieldViolation, InvalidSpec
@@ -167,29 +167,44 @@ def _hook(item: Any, field: str, bad: list[FieldViolation]) -> Hook | None:
     return Hook(command, tuple(args), tuple(sorted(envs.items())), workdir)
 
 
+class MigConfigApplier(Protocol[R]):
+    """mig-parted's ``MigConfigApplier``: the two phases of an apply, each asserted before it
+    is applied, that `apply_with_hooks` runs its hooks between."""
+
+    def mode_applied(self) -> bool:
+        """Whether every GPU already has the MIG mode asked for."""
+        ...
+
+    def apply_mode(self) -> R:
+        """Apply the MIG mode only."""
+        ...
+
+    def config_applied(self) -> bool:
+        """Whether the whole config (mode and instances) is already there."""
+        ...
+
+    def apply_config(self) -> R:
+        """Apply the whole config."""
+        ...
+
+    def stop_after_mode(self, result: R) -> bool:
+        """Whether the mode phase's ``result`` ends the apply (a mode change left pending: no
+        instances can be made until the reset or reboot)."""
+        ...
+
+
 def apply_with_hooks(
     hooks: Hooks,
     env: Mapping[str, str],
+    applier: MigConfigApplier[R],
     *,
     output: bool,
     mode_only: bool,
-    mode_applied: Callable[[], bool],
-    apply_mode: Callable[[], R],
-    config_applied: Callable[[], bool],
-    apply_config: Callable[[], R],
-    stop_after_mode: Callable[[R], bool] = lambda _: False,
 ) -> list[R]:
-    """mig-parted's ``ApplyMigConfigWithHooks``: the phases that had to run, their results.
-
-    ``stop_after_mode`` ends the apply after the mode phase (a mode change left pending: no
-    instances can be made until the reset or reboot).
-    """
+    """mig-parted's ``ApplyMigConfigWithHooks``: the phases that had to run, their results."""
     hooks.run("apply-start", env, output=output)
     try:
-        results = _phases(
-            hooks, env, output, mode_only, mode_applied, apply_mode, config_applied, apply_config,
-            stop_after_mode,
-        )  # fmt: skip
+        results = _phases(hooks, env, applier, output=output, mode_only=mode_only)
     except BaseException:
         # apply-exit always runs; its own failure is the error only when nothing else failed.
         try:
@@ -204,23 +219,20 @@ def apply_with_hooks(
 def _phases(
     hooks: Hooks,
     env: Mapping[str, str],
+    applier: MigConfigApplier[R],
+    *,
     output: bool,
     mode_only: bool,
-    mode_applied: Callable[[], bool],
-    apply_mode: Callable[[], R],
-    config_applied: Callable[[], bool],
-    apply_config: Callable[[], R],
-    stop_after_mode: Callable[[R], bool],
 ) -> list[R]:
     results: list[R] = []
-    if not mode_applied():
+    if not applier.mode_applied():
         hooks.run("pre-apply-mode", env, output=output)
-        results.append(apply_mode())
-        if stop_after_mode(results[-1]):
+        results.append(applier.apply_mode())
+        if applier.stop_after_mode(results[-1]):
             return results
     if mode_only:
         return results
-    if not config_applied():
+    if not applier.config_applied():
         hooks.run("pre-apply-config", env, output=output)
-        results.append(apply_config())
+        results.append(applier.apply_config())
     return results

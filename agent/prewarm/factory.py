@@ -22,7 +22,7 @@ from agent.state import StateStore
 
 class PrewarmSettings(Protocol):
     """The ``prewarm`` part of the agent config that building the service reads
-    (agent/config.py provides a dataclass of it, documented and checked there)."""
+    (agent/config/prewarm.py provides a dataclass of it, documented and checked there)."""
 
     @property
     def cache_dir(self) -> Path: ...

@@ -42,7 +42,8 @@ from agent.sharing.validate import validate, violations
 
 
 class SharingSettings(Protocol):
-    """The ``sharing`` part of the agent config (agent/config.py provides a dataclass of it)."""
+    """The ``sharing`` part of the agent config (agent/config/sections.py provides a dataclass
+    of it)."""
 
     @property
     def config_path(self) -> Path: ...

@@ -16,7 +16,7 @@ SCRIPT = REPO / "scripts" / "gen-config-docs"
 
 
 def test_configuration_page_is_fresh() -> None:
-    """Fails when agent/config.py changed and the page was not regenerated."""
+    """Fails when agent/config/ changed and the page was not regenerated."""
     result = run([sys.executable, str(SCRIPT), "--check"])
     assert result.returncode == 0, result.stderr or result.stdout
 

@@ -44,7 +44,7 @@ INFRA = {
     "webconfig",
 }
 DOMAIN = {"mig", "sharing", "prewarm", "telemetry", "power", "dra", "health"}
-CONFIG = {"config", "config_rules", "config_prewarm"}  # the schema, its rules, a section
+CONFIG = {"config"}  # the schema, its sections and rules, and the loader
 #: the API on the wire: messages <-> records and the error mapping, under api/ and client/
 WIRE = {"wire"}
 ROOTS = {"node", "embedded", "reclaim", "preflight"}  # composition: check, build, wire

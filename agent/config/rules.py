@@ -1,5 +1,6 @@
 """How a config setting is documented and checked: its rules, kept as data in the dataclass
-field's metadata (agent/config.py walks them), and the checks settings of several sections use."""
+field's metadata (agent/config/loader.py walks them), and the checks settings of several
+sections use."""
 
 from __future__ import annotations
 

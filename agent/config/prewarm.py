@@ -1,4 +1,4 @@
-"""The prewarm section of the agent config (agent/config.py): the local cache of container
+"""The prewarm section of the agent config (agent/config/schema.py): the local cache of container
 images and model / dataset files, its egress policy and credentials."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.config_rules import are_egress_entries, are_header_dirs, is_http_url, rules
+from agent.config.rules import are_egress_entries, are_header_dirs, is_http_url, rules
 from agent.prewarm.naming import (
     DEFAULT_IGNORED_QUERY_PARAMS,
     MAX_IGNORED_QUERY_PARAMS,
