@@ -395,7 +395,7 @@ def rollout_done(api: EdgeKubeApi, names: list[str]) -> bool:
     return doc.get("state") == "done" and all(states.get(n) == "succeeded" for n in names)
 
 
-def run(args: argparse.Namespace) -> list[tuple[str, str]]:  # noqa: PLR0915
+def run(args: argparse.Namespace) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="coordinator-kube-") as name:
         tmp = Path(name)
