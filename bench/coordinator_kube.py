@@ -38,6 +38,7 @@ import json
 import multiprocessing
 import os
 import re
+import resource
 import shlex
 import signal
 import statistics
@@ -68,6 +69,7 @@ from agent._proto.gpuagent.v1 import (  # noqa: E402
 )
 from agent.api.auth import Policy, Role  # noqa: E402
 from agent.api.interceptor import ApiInterceptor  # noqa: E402
+from agent.coordinator.fleet.query import STATUS_PATH  # noqa: E402
 from agent.coordinator.rollout.schedule import parse_max_unavailable  # noqa: E402
 from bench.fleet_scale import canned_nodes  # noqa: E402
 from tests.kube.fake_api import Pod  # noqa: E402
@@ -367,8 +369,10 @@ def beside_lease(calls: list[Call]) -> list[Call]:
     return [c for c in calls if "/leases" not in c.path]
 
 
-def status_end_to_end(base: str, nodes: int, fresh: bool = False) -> tuple[float, float]:
-    """`gpu-agent fleet status --coordinator URL -o json` as a user runs it: (wall s, bytes)."""
+def status_end_to_end(base: str, nodes: int, fresh: bool = False) -> tuple[float, float, int]:
+    """`gpu-agent fleet status --coordinator URL -o json` as a user runs it: (wall s, CPU s of
+    the CLI process, bytes printed)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     out = subprocess.run(
         [sys.executable, "-c", "from agent.cli.main import main; main()", "fleet", "status",
@@ -376,10 +380,26 @@ def status_end_to_end(base: str, nodes: int, fresh: bool = False) -> tuple[float
         cwd=REPO, capture_output=True, check=True,
     )  # fmt: skip
     took = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     doc = json.loads(out.stdout)
     reachable = doc["totals"]["reachable"]
     assert reachable == nodes, f"fleet status saw {reachable} reachable of {nodes}"
-    return took, len(out.stdout)
+    return took, cpu, len(out.stdout)
+
+
+def http_status(base: str) -> tuple[float, int]:
+    """GET /fleet/status alone (no CLI): (wall s, bytes)."""
+    started = time.perf_counter()
+    with urllib.request.urlopen(base + STATUS_PATH, timeout=300) as response:
+        body = response.read()
+    return time.perf_counter() - started, len(body)
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 _LAST: list[object] = [None]
@@ -438,85 +458,19 @@ def run(args: argparse.Namespace) -> list[tuple[str, str]]:
             wait("the first pass", lambda: coordinator.passes() >= 1, 600, 1.0)
             first = time.monotonic() - began
             calls = api.since(0)
-            rows.append(("Start to the end of the first pass", f"{first:.1f} s"))
-            rows.append((
-                "Start: API requests (lists paged at 500, watches, Lease)",
-                f"{len(calls)}: {summary(calls)}",
-            ))  # fmt: skip
-
-            # -- steady ----------------------------------------------------------------------
-            at = time.monotonic()
-            before = coordinator.passes()
-            wait("steady passes", lambda: coordinator.passes() >= before + args.steady_passes,
-                 900, 1.0)  # fmt: skip
-            steady_s = time.monotonic() - at
-            calls = api.since(at)
-            passes = coordinator.passes() - before
-            m = coordinator.metrics()
-            others = beside_lease(calls)
-            rows.append((
-                f"Steady: {passes} passes in {steady_s:.0f} s, nothing changing: API requests "
-                "beside the Lease",
-                f"{len(others)} ({len(others) / max(passes, 1):.1f} per pass): {summary(others)}",
-            ))  # fmt: skip
-            lease = [c for c in calls if "/leases" in c.path]
-            rows.append((
-                "Steady: Lease requests (GET + PUT every --retry-period 2 s)",
-                f"{len(lease)} = {len(lease) / steady_s:.2f}/s, whatever the node count",
-            ))  # fmt: skip
-            rows.append(("Watches open (at most, whole run so far)",
-                         f"{api.open_watches} ({api.most_watches}): pods and nodes"))  # fmt: skip
-            rows.append((
-                "Steady pass duration (GetNode sweep of every agent + previews, the "
-                "coordinator's `last_pass_duration_seconds`)",
-                f"{m.get('gpu_agent_coordinator_last_pass_duration_seconds', 0):.1f} s",
-            ))  # fmt: skip
-
-            # -- fleet status end to end -----------------------------------------------------
-            runs = [status_end_to_end(coordinator.base, args.nodes) for _ in range(3)]
-            wall = statistics.median(t for t, _ in runs)
-            rows.append((
-                f"`gpu-agent fleet status --coordinator URL -o json` end to end, {args.nodes:,} "
-                "nodes (a new CLI process; the leader's latest sweep; median of 3)",
-                f"{wall:.2f} s (runs {', '.join(f'{t:.2f}' for t, _ in runs)} s; "
-                f"{runs[0][1] / 1e6:.1f} MB of JSON)",
-            ))  # fmt: skip
-
-            # -- one node's labels change ----------------------------------------------------
-            at = time.monotonic()
-            api.set_labels("gpu-00000", {PICK: "on"})
-            wait("the one-node rollout", lambda: rollout_done(api, ["gpu-00000"]), args.wait_s, 0.5)
-            took = time.monotonic() - at
-            before = coordinator.passes()
-            wait("the pass after", lambda: coordinator.passes() >= before + 2, 900, 1.0)
-            others = beside_lease(api.since(at))
-            rows.append((
-                f"One node's label changes (a MIG rule picks it): label to the node rolled out "
-                f"(apply {args.apply_s:g} s), then 2 more passes",
-                f"{took:.1f} s; {len(others)} API requests beside the Lease: {summary(others)}",
-            ))  # fmt: skip
-
-            # -- a rollout over many nodes ---------------------------------------------------
-            picked = [f"gpu-{i:05}" for i in range(1, args.rollout_nodes + 1)]
-            at = time.monotonic()
-            for node in picked:
-                api.set_labels(node, {PICK: "on"})
-            wait("the rollout", lambda: rollout_done(api, picked), args.wait_s, 0.5)
-            took = time.monotonic() - at
-            before = coordinator.passes()
-            wait("the pass after", lambda: coordinator.passes() >= before + 1, 900, 1.0)
-            others = beside_lease(api.since(at))
-            limit = parse_max_unavailable("10%", len(picked))
-            waves = -(-len(picked) // limit)
-            rows.append((
-                f"{len(picked)} nodes' labels change at once: label to every node rolled out, "
-                f"max-unavailable 10% = {limit} (apply {args.apply_s:g} s: {waves} waves = "
-                f"{waves * args.apply_s:g} s ideal)",
-                f"{took:.1f} s; {len(others)} API requests beside the Lease "
-                f"({len(others) / len(picked):.1f} per changed node): {summary(others)}",
-            ))  # fmt: skip
-            rows.append(("Watches open at the end (at most)",
-                         f"{api.open_watches} ({api.most_watches})"))  # fmt: skip
+            add(rows, "Start to the end of the first pass (cold: lists, watches, Lease, a TLS "
+                "dial and GetNode per agent)", f"{first:.1f} s")  # fmt: skip
+            add(rows, "Start: API requests (lists paged at 500 items, watches, Lease)",
+                f"{len(calls)}: {summary(calls)}")  # fmt: skip
+            steady(api, coordinator, args, rows)
+            status(coordinator, args, rows)
+            change(api, coordinator, args, rows, ["gpu-00000"], "One node's label changes")
+            if args.rollout_nodes:
+                picked = [f"gpu-{i:05}" for i in range(1, args.rollout_nodes + 1)]
+                change(api, coordinator, args, rows, picked,
+                       f"{len(picked)} nodes' labels change at once")  # fmt: skip
+            add(rows, "Watches open at the end (at most, whole run)",
+                f"{api.open_watches} ({api.most_watches}): agent pods and nodes")  # fmt: skip
         except BaseException:
             if coordinator is not None:
                 say("coordinator log (end):\n" + coordinator.log.read_text()[-4000:])
@@ -538,8 +492,84 @@ def run(args: argparse.Namespace) -> list[tuple[str, str]]:
             if server is not None:
                 server.shutdown()
                 server.server_close()
-        rows.append(("Most nodes mid-apply at once (the agents' records)", str(_most(intervals))))
+        add(rows, "Most nodes mid-apply at once (the agents' records)", str(_most(intervals)))
     return rows
+
+
+def add(rows: list[tuple[str, str]], measure: str, result: str) -> None:
+    rows.append((measure, result))
+    say(f"| {measure} | {result} |")
+
+
+def steady(api: EdgeKubeApi, coordinator: Coordinator, args: Any, rows: list[Any]) -> None:
+    """Passes with nothing changing: their API requests, the Lease's, the CPU they cost."""
+    at = time.monotonic()
+    before = coordinator.passes()
+    cpu = cpu_s(coordinator.proc.pid)
+    wait("steady passes", lambda: coordinator.passes() >= before + args.steady_passes, 900, 1.0)
+    seconds = time.monotonic() - at
+    cpu = cpu_s(coordinator.proc.pid) - cpu
+    calls = api.since(at)
+    passes = coordinator.passes() - before
+    m = coordinator.metrics()
+    others = beside_lease(calls)
+    add(rows, f"Steady: {passes} passes in {seconds:.0f} s, nothing changing: API requests "
+        "beside the Lease", f"{len(others)} ({len(others) / max(passes, 1):.1f} per pass): "
+        f"{summary(others)}")  # fmt: skip
+    lease = [c for c in calls if "/leases" in c.path]
+    add(rows, "Steady: Lease requests (a GET and a PUT every --retry-period, 2 s)",
+        f"{len(lease)} = {len(lease) / seconds:.2f}/s, whatever the node count")  # fmt: skip
+    add(rows, "Watches open (at most so far)",
+        f"{api.open_watches} ({api.most_watches}): agent pods and nodes")  # fmt: skip
+    pass_s = m.get("gpu_agent_coordinator_last_pass_duration_seconds", 0.0)
+    add(rows, "Steady pass: wall (`last_pass_duration_seconds`: a GetNode to every agent, the "
+        "rules matched) and coordinator CPU per pass (whole process, /proc)",
+        f"{pass_s:.1f} s wall; {cpu / max(passes, 1):.1f} s CPU")  # fmt: skip
+
+
+def status(coordinator: Coordinator, args: Any, rows: list[Any]) -> None:
+    """`fleet status` end to end from the leader's latest sweep, and its HTTP answer alone."""
+    runs = [status_end_to_end(coordinator.base, args.nodes) for _ in range(3)]
+    wall = statistics.median(t for t, _, _ in runs)
+    cpu = statistics.median(c for _, c, _ in runs)
+    add(rows, f"`gpu-agent fleet status --coordinator URL -o json` end to end, {args.nodes:,} "
+        "nodes (a new CLI process; the leader's latest sweep; median of 3)",
+        f"{wall:.2f} s wall (runs {', '.join(f'{t:.2f}' for t, _, _ in runs)} s), CLI process "
+        f"{cpu:.2f} s CPU; {runs[0][2] / 1e6:.1f} MB printed")  # fmt: skip
+    answers = [http_status(coordinator.base) for _ in range(3)]
+    add(rows, "GET /fleet/status alone (the coordinator's answer, no CLI; median of 3)",
+        f"{statistics.median(t for t, _ in answers):.2f} s, "
+        f"{answers[0][1] / 1e6:.1f} MB")  # fmt: skip
+
+
+def change(
+    api: EdgeKubeApi, coordinator: Coordinator, args: Any, rows: list[Any], picked: list[str],
+    what: str,
+) -> None:  # fmt: skip
+    """Label ``picked`` so the MIG rule picks them: until each is rolled out, then a pass."""
+    at = time.monotonic()
+    for node in picked:
+        api.set_labels(node, {PICK: "on"})
+    limit = parse_max_unavailable("10%", len(picked))
+    waves = -(-len(picked) // limit)
+    measure = (
+        f"{what} (the MIG rule picks them): from the label until every one is rolled out and "
+        f"one more pass ends; max-unavailable 10% = {limit}, apply {args.apply_s:g} s "
+        f"({waves} wave(s) = {waves * args.apply_s:g} s ideal)"
+    )
+    try:
+        wait(what, lambda: rollout_done(api, picked), args.wait_s, 0.5)
+    except TimeoutError:
+        others = beside_lease(api.since(at))
+        add(rows, measure, f"not done in {args.wait_s:.0f} s; {len(others)} API requests "
+            f"beside the Lease so far: {summary(others)}")  # fmt: skip
+        return
+    took = time.monotonic() - at
+    before = coordinator.passes()
+    wait("the pass after", lambda: coordinator.passes() >= before + 1, 900, 1.0)
+    others = beside_lease(api.since(at))
+    add(rows, measure, f"{took:.1f} s; {len(others)} API requests beside the Lease "
+        f"({len(others) / len(picked):.1f} per changed node): {summary(others)}")  # fmt: skip
 
 
 def _most(intervals: list[tuple[float, float]]) -> int:
@@ -557,11 +587,12 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=2, help="agent server processes")
     parser.add_argument("--interval", type=float, default=5.0, help="coordinator --interval")
     parser.add_argument("--steady-passes", type=int, default=3)
-    parser.add_argument("--rollout-nodes", type=int, default=50)
+    parser.add_argument("--rollout-nodes", type=int, default=10)
     parser.add_argument("--apply-s", type=float, default=2.0, help="seconds one MIG apply takes")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--wait-s", type=float, default=600.0, help="longest wait for a rollout")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the coordinator and agents
     started = time.monotonic()
     rows = run(args)
     print("| Measure | Result |")
