@@ -22,9 +22,15 @@ connection stands for a node. A MIG apply takes ``--apply-s`` seconds.
 Phases, every API call counted by the stand-in:
 - start: the first lists (paged) and watches, the Lease taken, the first pass;
 - steady: ``--steady-passes`` passes with nothing changing: requests per pass beside the Lease;
-- `fleet status` end to end (a new CLI process, the leader's latest sweep; median of 3);
+- `fleet status` end to end (a new CLI process, the leader's latest sweep; median of 3), and
+  GET /fleet/status alone; the coordinator's CPU per pass from /proc;
 - one node's label changes so a MIG rule picks it: that node rolled out, requests counted;
-- ``--rollout-nodes`` nodes' labels change at once: the rollout's scheduling and its requests.
+- ``--rollout-nodes`` nodes' labels change at once (0: skipped): the rollout's scheduling and
+  its requests. A rollout not done in ``--wait-s`` is recorded as such, with its requests.
+
+Each row is printed to stderr as it is measured; the table at the end. At 5,000 nodes on 2
+busy cores a run takes about 12 minutes (BENCHMARKS.md, "Coordinator against the Kubernetes
+API: 5,000 nodes").
 
 Goals (issue 35): `fleet status` from the leader's sweep <= 2 s end to end at 5,000 nodes;
 a pass's API requests O(changes), not O(nodes).
