@@ -37,7 +37,9 @@ Like the real server:
   "too old resource version"; the watch ends after ``timeoutSeconds``. ``fieldSelector``
   ``metadata.name=`` (nodes) and ``labelSelector`` (pods) filter it.
 
-Every body and served object is checked against the real schema (tests/kube/schema.py).
+Every body and served object is checked against the real schema (tests/kube/schema.py), unless
+``validate`` is False: a benchmark serving thousands of objects (bench/coordinator_kube.py) turns
+the check off, as it costs far more CPU than the answer (the tests keep it on).
 Authentication: the bearer token, or a client certificate ``client_ca`` signed. Not modelled:
 authorization beyond the ``forbidden`` set; admission and defaulting (objects are the fields
 the code reads); strategic-merge and JSON patches; ``resourceVersionMatch``; an expired
@@ -140,6 +142,8 @@ class FakeKubeApi:
     device_taint_rules: bool = True
     #: paths answered 503, as an API server that is down (e.g. during an upgrade)
     unavailable: set[str] = field(default_factory=set)
+    #: check every body and served object against the real schema (off only for benchmarks)
+    validate: bool = True
     version: int = 1
     lock: threading.RLock = field(default_factory=threading.RLock)
     #: (version, resource, type, object) of every change, for watches; ``compact`` trims it
@@ -279,9 +283,11 @@ class FakeKubeApi:
             return _reply(h, 503, _status(503, "the server is currently unable to handle it"))
         parts = path.strip("/").split("/")
         asked = urllib.parse.unquote(urllib.parse.urlsplit(getattr(h, "asked_path", h.path)).path)
-        schema.check_request(
-            h.command, asked.strip("/").split("/"), h.headers.get("Content-Type") or "", body
-        )
+        h.validate = self.validate  # type: ignore[attr-defined]  # read by _reply
+        if self.validate:
+            schema.check_request(
+                h.command, asked.strip("/").split("/"), h.headers.get("Content-Type") or "", body
+            )
         if query.get("watch") in ("1", "true") and h.command == "GET":
             if parts == ["api", "v1", "nodes"]:
                 return self._watch(h, "nodes", query)
@@ -392,7 +398,8 @@ class FakeKubeApi:
         h.end_headers()
 
         def send(kind: str, obj: dict[str, Any]) -> None:
-            schema.check_reply(200 if kind != "ERROR" else 410, obj, f"watch {h.path}")
+            if self.validate:
+                schema.check_reply(200 if kind != "ERROR" else 410, obj, f"watch {h.path}")
             h.wfile.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
             h.wfile.flush()
 
@@ -759,7 +766,8 @@ def _conflict(resource: str, name: str) -> dict[str, object]:
 
 
 def _reply(h: BaseHTTPRequestHandler, code: int, obj: object) -> None:
-    schema.check_reply(code, obj, f"{h.command} {h.path}")
+    if getattr(h, "validate", True):
+        schema.check_reply(code, obj, f"{h.command} {h.path}")
     data = json.dumps(obj).encode()
     h.send_response(code)
     h.send_header("Content-Type", "application/json")

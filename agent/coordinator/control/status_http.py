@@ -42,6 +42,8 @@ class _Sweep:
     observed_at: float
     #: rendered answers by selector text: the status records cost 0.5 s at 1,000 nodes
     rendered: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    #: the default answer being rendered off the loop (`StatusEndpoint.observe`)
+    rendering: asyncio.Future[bytes] | None = None
 
 
 class StatusEndpoint:
@@ -68,7 +70,17 @@ class StatusEndpoint:
         """A sweep made elsewhere (the reconcile pass, ``at`` on this endpoint's monotonic
         clock), for the next requests."""
         observed_at = self._wall() - (self._clock() - at)
-        self._last = _Sweep(tuple(views), idle_after_s, at, observed_at)
+        sweep = self._last = _Sweep(tuple(views), idle_after_s, at, observed_at)
+        # The default answer is rendered now, in a thread, so that a request finds it ready
+        # instead of building it on the loop: at 5,000 nodes that takes seconds of CPU, while
+        # the loop also carries the next pass's calls (BENCHMARKS.md).
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a caller outside serve): the first request renders it
+        sweep.rendering = asyncio.ensure_future(
+            asyncio.to_thread(self._render, sweep, Selector(), StatusQuery())
+        )
 
     async def __call__(self, request: Request) -> Response:
         query = StatusQuery.from_path(request.path)
@@ -83,6 +95,8 @@ class StatusEndpoint:
             sweep = await self._sweep(seconds)
         elif self._clock() - sweep.at > self._max_age_s / 2:
             self._refresh_later(seconds)
+        if sweep.rendering is not None and not sweep.rendering.done():
+            await asyncio.shield(sweep.rendering)  # the same bytes, rendered once
         return Response(200, self._render(sweep, selector, query), _JSON)
 
     def _reusable(self, idle_after_s: float, fresh: bool) -> _Sweep | None:

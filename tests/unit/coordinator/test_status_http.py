@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any, cast
 
 import pytest
@@ -110,3 +111,31 @@ def test_a_clock_step_neither_ages_a_sweep_nor_keeps_an_old_one(sweeps: list[flo
         assert doc["observed_at"] == 1000.0 and sweeps == []
     mono.now += 61
     assert [n["name"] for n in get(endpoint)["nodes"]] == ["n1", "n2"]
+
+
+def test_a_pass_sweep_is_rendered_off_the_loop_before_a_request_asks(
+    sweeps: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 5,000 nodes the answer takes seconds to build: observe() renders it in a thread, so a
+    request neither builds it on the loop (where the Lease is renewed) nor builds it again."""
+    import threading
+
+    built: list[str] = []
+    document = status_http.status_document
+
+    def counted(*args: Any) -> dict[str, Any]:
+        built.append(threading.current_thread().name)
+        return document(*args)
+
+    monkeypatch.setattr(status_http, "status_document", counted)
+    endpoint = status_http.StatusEndpoint(cast(Fleet, object()), max_age_s=60)
+    request = cast(Request, type("R", (), {"path": "/fleet/status"}))
+
+    async def pass_then_request() -> Any:
+        endpoint.observe((NodeView("n9", "10.0.0.9:9401"),), 3600.0, time.monotonic())
+        return await endpoint(request)  # asked while the render may still run: waits for it
+
+    response = asyncio.run(pass_then_request())
+    assert [n["name"] for n in json.loads(response.body)["nodes"]] == ["n9"]
+    assert len(built) == 1 and built[0] != threading.main_thread().name
+    assert sweeps == []
