@@ -34,6 +34,7 @@ from agent.health.machine import Mark, State
 from agent.health.monitor import HealthChange
 from agent.health.store import Target
 from agent.kube_node import Claim, NodeOwner
+from agent.tasks import Need, Task
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ __all__ = ["CLAIM", "CONDITION", "LABEL", "NodePublisher", "Publication", "plan"
 LABEL = "gpu-agent.io/health"
 COUNT_LABELS = {s: f"gpu-agent.io/health.{s.value}-gpus" for s in State}
 CONDITION = "GPUHealthy"
+#: How often the marks are stated to the Node's owner (local; a change wakes the pass).
+PUBLISH_S = 10.0
 TAINT_KEY = "gpu-agent.io/health"
 TAINT_VALUE = "failed"
 #: Events kept while the API server is away; older ones are dropped (and the drop is logged)
@@ -159,6 +162,12 @@ class NodePublisher:
                 log.warning("health Event dropped (API server away): %s", event_message(dropped))
             self._events.append(change)
         self.wake()
+
+    def tasks(self) -> list[Task]:
+        def woken_by(wake: Callable[[], None]) -> None:
+            self.wake = wake
+
+        return [Task("health", self.sync, PUBLISH_S, wakes=(woken_by,), needs=Need.LISTENER)]
 
     def sync(self) -> None:
         """Publish; a failure leaves what is left for the next pass (logged, not raised)."""

@@ -38,8 +38,12 @@ from agent.errors import AgentError, Busy, ModeRefused
 from agent.kube import KubeClient
 from agent.mig.service import MigService, refuse_unless_feasible
 from agent.mig.spec import load_spec
+from agent.tasks import Need, Subscribe, Task
 
 log = logging.getLogger(__name__)
+#: The labels are re-read from the watched Node this often without a change (a failed config's
+#: retry; a read of the cache, no request); a change of the Node wakes the pass at once.
+RESYNC_S = 60.0
 
 CONFIG_LABEL = "nvidia.com/mig.config"
 STATE_LABEL = "nvidia.com/mig.config.state"
@@ -139,6 +143,13 @@ class MigLabelController:
         self.last: Outcome | None = None
         self._patch_failures = 0
         self._patch_next_at = 0.0
+
+    def tasks(self, *wakes: Subscribe) -> list[Task]:
+        """The label pass, woken by ``wakes`` (the Node changed, the driver attached), and only
+        while the GPUs are attached: without them no state label is published (it would claim
+        what nobody verified)."""
+        needs = Need.LISTENER | Need.KUBE | Need.DRIVER
+        return [Task("mig-labels", self.reconcile, RESYNC_S, wakes=wakes, needs=needs)]
 
     def reconcile(self) -> Outcome | None:
         """One pass: read the labels, apply when due, put the labels right. Returns a new

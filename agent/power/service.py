@@ -26,6 +26,7 @@ from agent.errors import AgentError
 from agent.gpu.nvml import GpuDriver
 from agent.power.plan import GpuPower, plan, resolve
 from agent.power.spec import PowerSpec, parse
+from agent.tasks import Need, Task
 
 __all__ = ["BASELINE", "DESIRED", "Change", "PowerService", "PowerView"]
 
@@ -129,6 +130,10 @@ class PowerService:
             changes = self._set_all(wanted)
             self._journal.journal_clear(BASELINE)
         return changes
+
+    def tasks(self, check_s: float) -> list[Task]:
+        """Caps put back while attached (the start's attach already did)."""
+        return [Task("power", self.reconcile, check_s, needs=Need.DRIVER, wait_first=True)]
 
     def reconcile(self) -> list[Change]:
         """Set the desired limits again where a GPU lost them; a GPU that refuses is logged

@@ -15,6 +15,7 @@ from agent.gpu.nvml import GpuDriver
 from agent.gpu.readings import NodeReader, XidEvent
 from agent.kube import InClusterKubeClient
 from agent.kube_watch import Informer
+from agent.tasks import Task
 from agent.telemetry.dcgm_backend import load_dcgm_backend
 from agent.telemetry.dra import DraDevices, DraSlicesCollector
 from agent.telemetry.exporter import MetricsExporter
@@ -82,6 +83,10 @@ class TelemetryService:
         if collection is None:
             raise AgentError("telemetry is not attached to a driver")
         return collection
+
+    def tasks(self, interval_s: float) -> list[Task]:
+        """Owners' series while no snapshot comes (docs/metrics.md, "What a scrape costs")."""
+        return [Task("metrics", self.exporter.tick, interval_s)]
 
     def subscribe(self, callback: Callable[[Snapshot], None]) -> None:
         """Call ``callback`` with every snapshot, of this collection and the later ones."""

@@ -28,6 +28,7 @@ BASE = {
     "http",
     "statedir",
     "loops",
+    "tasks",
     "_proto",
 }
 INFRA = {
