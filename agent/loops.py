@@ -12,13 +12,24 @@ import contextlib
 import errno
 import logging
 import resource
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from agent.errors import AgentError
 
-__all__ = ["ExhaustionLog", "call_soon_from_thread", "every", "exhaustion", "restarting"]
+__all__ = [
+    "ExhaustionLog",
+    "call_soon_from_thread",
+    "close",
+    "every",
+    "exhaustion",
+    "log_stuck",
+    "restarting",
+]
 
 log = logging.getLogger("agent.node")  # the agent's lines, as before they moved here
 
@@ -125,3 +136,30 @@ async def restarting(name: str, start: Callable[[], Coroutine[Any, Any, None]]) 
             log.warning("background task %s: %s; retrying in %.0fs", name, what, delay)
         await asyncio.sleep(delay)
         delay = min(delay * 2, _RESTART_MAX_S)
+
+
+async def close(stack: contextlib.AsyncExitStack) -> None:
+    """The agent's shutdown: unwinds in reverse start order (a part that failed to start has
+    nothing to stop), then the threads that blocking calls ran on: inside the deadline, so one
+    stuck call is seen and named (`log_stuck`) rather than holding up the exit with no word."""
+    await stack.aclose()
+    await asyncio.get_running_loop().shutdown_default_executor()
+
+
+def log_stuck(current: asyncio.Task[Any] | None) -> None:
+    """Name what kept the shutdown from ending: asyncio tasks, then threads with their frame."""
+    tasks = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+    for task in tasks:
+        suspended = task.get_stack(limit=4)
+        where = " < ".join(
+            f"{f.f_code.co_name} ({f.f_code.co_filename}:{f.f_lineno})" for f in suspended
+        )
+        log.error("still running at shutdown: task %s in %s", task.get_name(), where or "?")
+    frames = sys._current_frames()
+    for thread in threading.enumerate():
+        if thread is threading.main_thread() or thread is threading.current_thread():
+            continue
+        frame = frames.get(thread.ident or -1)
+        stack = traceback.extract_stack(frame, limit=3) if frame else []
+        where = " < ".join(f"{f.name} ({f.filename}:{f.lineno})" for f in reversed(stack))
+        log.error("still running at shutdown: thread %s in %s", thread.name, where or "?")

@@ -156,6 +156,15 @@ class DriverLink:
                 await asyncio.to_thread(self.detach, gone)
                 attached = False
 
+    def passes(self, work: Callable[[], object]) -> Callable[[], None]:
+        """``work`` as a task's pass that runs only while the GPUs are attached."""
+
+        def run() -> None:
+            if self.is_attached:
+                work()
+
+        return run
+
     def while_attached(self, work: Callable[[], None]) -> None:
         """Run ``work`` now if the GPUs are attached, with no attach or detach beside it."""
         with self._parts:

@@ -30,9 +30,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agent.errors import AgentError
+from agent.health.device_taints import DeviceTaints
 from agent.health.machine import Mark, State
-from agent.health.monitor import HealthChange
+from agent.health.monitor import HealthChange, HealthMonitor
 from agent.health.store import Target
+from agent.kube_edge import KubeEdge
 from agent.kube_node import Claim, NodeOwner
 from agent.tasks import Need, Task
 
@@ -207,3 +209,24 @@ class NodePublisher:
             with self._lock:
                 if self._events and self._events[0] is change:
                     self._events.popleft()
+
+
+def build_publisher(
+    edge: KubeEdge | None, node: str, health: HealthMonitor, *, taint: bool
+) -> NodePublisher | None:
+    """In a pod, the health marks stated to the Node's owner, and the DRA device taints."""
+    if edge is None:
+        return None
+    rules = DeviceTaints(
+        edge.client.request,
+        node,
+        health.shown,
+        health.device_uuids,
+        slices=edge.slices().objects,
+        rules=lambda: edge.apis.path("devicetaintrules"),
+    )
+    publisher = NodePublisher(
+        edge.client, edge.owner, health.shown, taint=taint, device_taints=rules.sync
+    )
+    health.subscribe(publisher.on_change)
+    return publisher

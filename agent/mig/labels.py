@@ -34,7 +34,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from agent.errors import AgentError, Busy, ModeRefused
+from agent.errors import AgentError, Busy, FieldViolation, InvalidSpec, ModeRefused
 from agent.kube import KubeClient
 from agent.mig.service import MigService, refuse_unless_feasible
 from agent.mig.spec import load_spec
@@ -238,6 +238,25 @@ class MigLabelController:
         self, config: str, state: str, message: str, digest: str, *, retry: bool = True
     ) -> Outcome:
         return Outcome(config, state, message, self._clock(), retry, digest)
+
+
+def label_controller(
+    watch: bool, config_file: Path | None, kube: KubeClient | None, node: str, mig: MigService
+) -> MigLabelController | None:
+    """The controller when ``mig.watch_node_label`` is on; its settings checked first."""
+    if not watch:
+        return None
+    if config_file is None:
+        raise InvalidSpec(
+            "mig.watch_node_label needs mig.config_file (the mig-parted configs the label names)",
+            [FieldViolation("mig.config_file", "path of a mig-parted config file")],
+        )
+    if kube is None:
+        raise InvalidSpec(
+            "mig.watch_node_label needs the agent to run in a pod with a service account",
+            [FieldViolation("mig.watch_node_label", "false outside Kubernetes")],
+        )
+    return MigLabelController(kube, node, mig, config_file)
 
 
 class MigStateCollector(Collector):

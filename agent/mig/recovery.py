@@ -1,7 +1,7 @@
 """MIG recovery after the start: a killed apply's journal is finished when the driver attaches
 again, and when the allocation mode comes to allow MIG changes (e.g. unknown at the start,
 device-plugin once the API server answered). The start's own recovery, which also records how
-each interrupted apply ended, is the node's (agent/node.py, `Node._recover`)."""
+each interrupted apply ended, is `agent.api.restart.recover_at_start`."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from agent.tasks import Task
 
 log = logging.getLogger(__name__)
 
-__all__ = ["REFUSING", "ModeFollower", "recover_on_attach"]
+__all__ = ["REFUSING", "ModeFollower", "follow_driver"]
 
 #: Modes under which MIG is not touched (agent.dra.gate).
 REFUSING = (AllocationMode.UNKNOWN, AllocationMode.DRA_DYNAMIC_MIG)
@@ -25,16 +25,16 @@ REFUSING = (AllocationMode.UNKNOWN, AllocationMode.DRA_DYNAMIC_MIG)
 ALLOCATION_CHECK_S = 30.0
 
 
-def recover_on_attach(mig: MigService, *, writable: bool) -> Callable[[bool], None]:
-    """The driver link's attach hook: after a driver came back (``again``), finish what a killed
-    apply left. Read-only, nothing is recovered: the start said what is left."""
+def follow_driver(link: DriverLink, mig: MigService, *, writable: bool) -> None:
+    """After a driver came back (``again``), finish what a killed apply left, before anything
+    reads the GPUs. Read-only, nothing is recovered: the start said what is left."""
 
     def attach(again: bool) -> None:
         if again and writable:
             for outcome in mig.recover():
                 log.warning("MIG recovery after the driver attached: %s", outcome)
 
-    return attach
+    link.register(attach=attach)
 
 
 class ModeFollower:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from agent.config import TelemetrySettings
 from agent.errors import AgentError
+from agent.gpu.attach import DriverLink
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.readings import NodeReader, XidEvent
 from agent.kube import InClusterKubeClient
@@ -99,6 +100,15 @@ class TelemetryService:
         self._xid_listeners.append(listener)
         if self._collection is not None:
             self._collection.xids.listen(listener)
+
+    def follow(self, link: DriverLink) -> None:
+        """Sample while the driver is attached; never past the agent's stop."""
+
+        def attach(_: bool) -> None:
+            self.attach()
+            self.start()
+
+        link.register(attach=attach, detach=lambda _: self.detach(), stop=self.stop)
 
     def attach(self) -> None:
         """Build the collection over the (open) driver; nothing runs until `start`."""

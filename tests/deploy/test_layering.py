@@ -48,7 +48,7 @@ DOMAIN = {"mig", "sharing", "prewarm", "telemetry", "power", "dra", "health"}
 CONFIG = {"config", "config_rules", "config_prewarm"}  # the schema, its rules, a section
 #: the API on the wire: messages <-> records and the error mapping, under api/ and client/
 WIRE = {"wire"}
-ROOTS = {"node", "embedded", "reclaim", "preflight"}  # composition: check, build, wire
+ROOTS = {"node", "services", "embedded", "reclaim", "preflight"}  # composition: check, build, wire
 #: the read-only checks of every duty: above the API (its socket rule), built by the roots
 DOCTOR = {"doctor"}
 
