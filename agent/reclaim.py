@@ -12,6 +12,7 @@ telemetry yet, a GPU that stopped answering) is not idle: such a GPU is never ma
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.gpu.types import GpuLayout
 from agent.kube_node import Claim
+from agent.tasks import Need, Task
 
 if TYPE_CHECKING:
     from agent.api.inventory import NodeInventory
@@ -27,7 +29,17 @@ if TYPE_CHECKING:
     from agent.kube_edge import KubeEdge
     from agent.telemetry.service import TelemetryService
 
-__all__ = ["ANNOTATION", "ExcludeSelector", "ReclaimMarker", "reclaim_marker", "reclaimable"]
+__all__ = [
+    "ANNOTATION",
+    "ExcludeSelector",
+    "ReclaimMarker",
+    "reclaim_marker",
+    "reclaim_tasks",
+    "reclaimable",
+]
+
+#: How often the reclaimable-GPU mark is recomputed (it moves in hours; the write is rare).
+RECLAIM_S = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -191,3 +203,17 @@ def reclaim_marker(
         settings.idle_reclaim_after_s,
         ExcludeSelector.parse(settings.reclaim_exclude_selector or ""),
     )
+
+
+def reclaim_tasks(
+    edge: KubeEdge | None,
+    config: AgentConfig,
+    inventory: NodeInventory,
+    telemetry: TelemetryService,
+) -> list[Task]:
+    """The marking pass, when idle reclaim is on; its marker (and its claim on the Node) is made
+    at the first pass, once the runner started it."""
+    if edge is None or config.telemetry.idle_reclaim_after_s <= 0:
+        return []
+    marker = functools.cache(lambda: reclaim_marker(edge, config, inventory, telemetry))
+    return [Task("reclaim", lambda: marker().mark(), RECLAIM_S, needs=Need.KUBE)]

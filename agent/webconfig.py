@@ -44,11 +44,18 @@ import bcrypt
 
 from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec
-from agent.http import Request, Response
+from agent.http import Handler, HttpServer, Request, Response
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MetricsGuard", "ReloadingTls", "TlsServerConfig", "WebConfig", "load_web_config"]
+__all__ = [
+    "MetricsGuard",
+    "ReloadingTls",
+    "TlsServerConfig",
+    "WebConfig",
+    "load_web_config",
+    "metrics_server",
+]
 
 _MAX_FILE_BYTES = 64 * 1024
 _VERSIONS = {
@@ -365,3 +372,19 @@ class MetricsGuard:
             if len(self._good) > self._REMEMBER:
                 self._good.popitem(last=False)
         return ok
+
+
+def metrics_server(
+    routes: Mapping[str, Handler], web: WebConfig | None, handshake_timeout_s: float
+) -> HttpServer:
+    """/metrics behind the web config's TLS, client certificates and basic auth, when set."""
+    if web is None:
+        return HttpServer(routes)
+    tls = ReloadingTls(web.tls).context if web.tls is not None else None
+    return HttpServer(
+        routes,
+        tls=tls,
+        handshake_timeout_s=handshake_timeout_s,
+        guard=MetricsGuard(web),
+        protected={"/metrics"},
+    )

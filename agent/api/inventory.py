@@ -24,6 +24,7 @@ from agent._proto.gpuagent.v1 import agent_pb2, cache_pb2, sharing_pb2
 from agent.api.events import EventBus
 from agent.dra.mode import Allocation
 from agent.errors import AgentError
+from agent.gpu.attach import DriverLink
 from agent.gpu.types import GpuInfo, GpuLayout
 from agent.health.machine import Mark
 from agent.health.store import Target
@@ -203,6 +204,13 @@ class NodeInventory:
             self._announce(before, self._gpus)
             self._announce_xids()
             self._rebuild(snapshot)
+
+    def follow(self, link: DriverLink) -> None:
+        """GetNode lists the GPUs once the driver attached, and says why while it is away."""
+        link.register(
+            attach=lambda _: self.refresh_gpus(),
+            detach=lambda gone: self.driver_missing(gone.cause, gone.reason),
+        )
 
     def driver_missing(self, cause: str, reason: str) -> None:
         """The driver is not attached (yet, or any more): no GPUs; GetNode's `Driver` says

@@ -17,6 +17,7 @@ import base64
 import contextlib
 import json
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,6 +34,7 @@ from agent.errors import AgentError, Busy, FieldViolation, InvalidSpec, NotFound
 from agent.loops import call_soon_from_thread
 from agent.owner import Actor, check_may_undo
 from agent.state import Operation, StateStore
+from agent.tasks import Need, Task
 from agent.wire.errors import error_record
 from agent.wire.operations import message_dict, operation_id_from, operation_name, operation_pb
 
@@ -124,6 +126,26 @@ class OperationRunner:
         self._changed: dict[str, asyncio.Event] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.stopping = False
+
+    def prune(self, max_age_s: float, keep_per_kind: int) -> None:
+        """Bound the state database: done operations and request-id records by age and count."""
+        if self.store.read_only is not None:
+            return
+        try:
+            gone = self.store.prune_operations(max_age_s=max_age_s, keep_per_kind=keep_per_kind)
+        except sqlite3.Error as exc:  # e.g. the database busy past its timeout: next time
+            log.warning("pruning operations failed, retrying later: %s", exc)
+            return
+        if gone:
+            log.info("pruned %d done operation(s) and request-id record(s)", gone)
+
+    def tasks(self, interval_s: float, max_age_s: float, keep_per_kind: int) -> list[Task]:
+        """Pruning after the start's own pass."""
+
+        def prune() -> None:
+            self.prune(max_age_s, keep_per_kind)
+
+        return [Task("prune-operations", prune, interval_s, needs=Need.WRITABLE, wait_first=True)]
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop

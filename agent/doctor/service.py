@@ -20,6 +20,7 @@ from agent.doctor import api_checks, gpu_checks, kube_checks, node_checks
 from agent.doctor.facts import Facts
 from agent.doctor.runner import DEADLINE_S, Probe, run_checks
 from agent.kube import InClusterKubeClient, KubeClient
+from agent.tasks import Need, Task
 from agent.wire.doctor import Check, CheckState, DoctorReport
 
 if TYPE_CHECKING:
@@ -112,6 +113,10 @@ class Doctor(Collector):
         for listener in self._listeners:
             listener()
         return report
+
+    def tasks(self) -> list[Task]:
+        """In the agent itself: its log starts with the summary."""
+        return [Task("doctor", self.refresh, REFRESH_S, needs=Need.LISTENER)]
 
     def refresh(self) -> None:
         """A run for the gauge; the first one logs the summary (the agent's start-up)."""

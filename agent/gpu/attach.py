@@ -12,6 +12,9 @@ exit (ARCHITECTURE.md, "Driver lifecycle"). :class:`DriverLink` holds that state
 * :meth:`DriverLink.check`, while attached: NVML answering DRIVER_NOT_LOADED or
   LIBRARY_NOT_FOUND means the driver went away; the node stops what reads the GPUs and
   :meth:`DriverLink.detached` shuts NVML down, then probes again.
+* :meth:`DriverLink.attach` and :meth:`DriverLink.detach` run the parts that registered
+  (:meth:`DriverLink.register`: MIG recovery, power, telemetry, the inventory), one transition
+  at a time; :meth:`DriverLink.stop` at the agent's stop lets no later attach start a part.
 * :meth:`DriverLink.require` is the guard: a GPU feature asked for while detached raises
   :class:`~agent.errors.DriverNotReady` naming the cause (FAILED_PRECONDITION on the API).
 
@@ -20,6 +23,7 @@ exit (ARCHITECTURE.md, "Driver lifecycle"). :class:`DriverLink` holds that state
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -44,6 +48,9 @@ LIBRARY_NOT_FOUND = "library_not_found"
 DRIVER_NOT_LOADED = "driver_not_loaded"
 NO_GPUS = "no_gpus"
 NVML_ERROR = "nvml_error"
+
+#: First wait before the driver is probed again; it doubles up to the retry cap.
+FIRST_RETRY_S = 0.25
 
 _NVML_LIBRARY_NOT_FOUND = 12  # nvml.h; the rest of DriverUnavailable is DRIVER_NOT_LOADED
 
@@ -84,10 +91,97 @@ class DriverLink:
         )
         self._logged: tuple[str, str] | None = None
         self._listeners: list[Callable[[], None]] = []
+        self._attach_hooks: list[Callable[[bool], object]] = []
+        self._detach_hooks: list[Callable[[DriverState], object]] = []
+        self._stop_hooks: list[Callable[[], object]] = []
+        #: Attaching and detaching run on worker threads, one at a time (and never beside the
+        #: stop of the parts).
+        self._parts = threading.Lock()
+        #: Set by `stop`: an attach whose thread starts after it (its task was cancelled, the
+        #: thread already queued) starts nothing, so no sampler outlives the driver.
+        self._stopped = False
 
     def subscribe(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` after each attach and detach (on that thread; it must not block)."""
         self._listeners.append(listener)
+
+    def register(
+        self,
+        *,
+        attach: Callable[[bool], object] | None = None,
+        detach: Callable[[DriverState], object] | None = None,
+        stop: Callable[[], object] | None = None,
+    ) -> None:
+        """A GPU part's transitions, run in the order registered: ``attach(again)`` before GPU
+        features are let in (``again`` is False at the start's attach, whose MIG recovery the
+        start runs itself), ``detach(gone)`` once the driver went away (before NVML shuts
+        down), ``stop()`` at the agent's stop."""
+        if attach is not None:
+            self._attach_hooks.append(attach)
+        if detach is not None:
+            self._detach_hooks.append(detach)
+        if stop is not None:
+            self._stop_hooks.append(stop)
+
+    def attach(self, *, again: bool, count: Callable[[], int]) -> None:
+        """With NVML open (a probe found GPUs): run the parts' attach, then let GPU features in
+        with the ``count()`` of GPUs they found."""
+        with self._parts:
+            if self._stopped:
+                return  # the agent is stopping: the sampler must not outlive the driver
+            for hook in self._attach_hooks:
+                hook(again)
+            gpus = count()
+            self.attached(gpus)
+        log.info("NVIDIA driver attached: %d GPU(s); GPU features are available", gpus)
+
+    async def follow(
+        self, *, attached: bool, check_s: float, retry_max_s: float, count: Callable[[], int]
+    ) -> None:
+        """Probe a missing driver with a capped back-off and attach when it answers; while
+        attached, check every ``check_s`` that it stays, and detach when it went away."""
+        delay = FIRST_RETRY_S
+        while True:
+            if not attached:
+                await asyncio.sleep(min(delay, retry_max_s))
+                delay = min(delay * 2, retry_max_s)
+                if await asyncio.to_thread(self.probe) is not None:
+                    continue
+                await asyncio.to_thread(lambda: self.attach(again=True, count=count))
+                attached, delay = True, FIRST_RETRY_S
+                continue
+            await asyncio.sleep(check_s)
+            gone = await asyncio.to_thread(self.check)
+            if gone is not None:
+                await asyncio.to_thread(self.detach, gone)
+                attached = False
+
+    def passes(self, work: Callable[[], object]) -> Callable[[], None]:
+        """``work`` as a task's pass that runs only while the GPUs are attached."""
+
+        def run() -> None:
+            if self.is_attached:
+                work()
+
+        return run
+
+    def while_attached(self, work: Callable[[], None]) -> None:
+        """Run ``work`` now if the GPUs are attached, with no attach or detach beside it."""
+        with self._parts:
+            if self.is_attached:
+                work()
+
+    def detach(self, gone: DriverState) -> None:
+        with self._parts:
+            for hook in self._detach_hooks:
+                hook(gone)
+            self.detached(gone)
+
+    def stop(self) -> None:
+        with self._parts:
+            self._stopped = True
+            for hook in self._stop_hooks:
+                hook()
 
     def _changed(self) -> None:
         for listener in self._listeners:

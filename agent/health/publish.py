@@ -30,10 +30,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agent.errors import AgentError
+from agent.health.device_taints import DeviceTaints
 from agent.health.machine import Mark, State
-from agent.health.monitor import HealthChange
+from agent.health.monitor import HealthChange, HealthMonitor
 from agent.health.store import Target
+from agent.kube_edge import KubeEdge
 from agent.kube_node import Claim, NodeOwner
+from agent.tasks import Need, Task
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,8 @@ __all__ = ["CLAIM", "CONDITION", "LABEL", "NodePublisher", "Publication", "plan"
 LABEL = "gpu-agent.io/health"
 COUNT_LABELS = {s: f"gpu-agent.io/health.{s.value}-gpus" for s in State}
 CONDITION = "GPUHealthy"
+#: How often the marks are stated to the Node's owner (local; a change wakes the pass).
+PUBLISH_S = 10.0
 TAINT_KEY = "gpu-agent.io/health"
 TAINT_VALUE = "failed"
 #: Events kept while the API server is away; older ones are dropped (and the drop is logged)
@@ -160,6 +165,12 @@ class NodePublisher:
             self._events.append(change)
         self.wake()
 
+    def tasks(self) -> list[Task]:
+        def woken_by(wake: Callable[[], None]) -> None:
+            self.wake = wake
+
+        return [Task("health", self.sync, PUBLISH_S, wakes=(woken_by,), needs=Need.LISTENER)]
+
     def sync(self) -> None:
         """Publish; a failure leaves what is left for the next pass (logged, not raised)."""
         try:
@@ -198,3 +209,24 @@ class NodePublisher:
             with self._lock:
                 if self._events and self._events[0] is change:
                     self._events.popleft()
+
+
+def build_publisher(
+    edge: KubeEdge | None, node: str, health: HealthMonitor, *, taint: bool
+) -> NodePublisher | None:
+    """In a pod, the health marks stated to the Node's owner, and the DRA device taints."""
+    if edge is None:
+        return None
+    rules = DeviceTaints(
+        edge.client.request,
+        node,
+        health.shown,
+        health.device_uuids,
+        slices=edge.slices().objects,
+        rules=lambda: edge.apis.path("devicetaintrules"),
+    )
+    publisher = NodePublisher(
+        edge.client, edge.owner, health.shown, taint=taint, device_taints=rules.sync
+    )
+    health.subscribe(publisher.on_change)
+    return publisher

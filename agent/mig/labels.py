@@ -34,12 +34,16 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from agent.errors import AgentError, Busy, ModeRefused
+from agent.errors import AgentError, Busy, FieldViolation, InvalidSpec, ModeRefused
 from agent.kube import KubeClient
 from agent.mig.service import MigService, refuse_unless_feasible
 from agent.mig.spec import load_spec
+from agent.tasks import Need, Subscribe, Task
 
 log = logging.getLogger(__name__)
+#: The labels are re-read from the watched Node this often without a change (a failed config's
+#: retry; a read of the cache, no request); a change of the Node wakes the pass at once.
+RESYNC_S = 60.0
 
 CONFIG_LABEL = "nvidia.com/mig.config"
 STATE_LABEL = "nvidia.com/mig.config.state"
@@ -140,6 +144,13 @@ class MigLabelController:
         self._patch_failures = 0
         self._patch_next_at = 0.0
 
+    def tasks(self, *wakes: Subscribe) -> list[Task]:
+        """The label pass, woken by ``wakes`` (the Node changed, the driver attached), and only
+        while the GPUs are attached: without them no state label is published (it would claim
+        what nobody verified)."""
+        needs = Need.LISTENER | Need.KUBE | Need.DRIVER
+        return [Task("mig-labels", self.reconcile, RESYNC_S, wakes=wakes, needs=needs)]
+
     def reconcile(self) -> Outcome | None:
         """One pass: read the labels, apply when due, put the labels right. Returns a new
         outcome, or None when nothing was attempted."""
@@ -227,6 +238,25 @@ class MigLabelController:
         self, config: str, state: str, message: str, digest: str, *, retry: bool = True
     ) -> Outcome:
         return Outcome(config, state, message, self._clock(), retry, digest)
+
+
+def label_controller(
+    watch: bool, config_file: Path | None, kube: KubeClient | None, node: str, mig: MigService
+) -> MigLabelController | None:
+    """The controller when ``mig.watch_node_label`` is on; its settings checked first."""
+    if not watch:
+        return None
+    if config_file is None:
+        raise InvalidSpec(
+            "mig.watch_node_label needs mig.config_file (the mig-parted configs the label names)",
+            [FieldViolation("mig.config_file", "path of a mig-parted config file")],
+        )
+    if kube is None:
+        raise InvalidSpec(
+            "mig.watch_node_label needs the agent to run in a pod with a service account",
+            [FieldViolation("mig.watch_node_label", "false outside Kubernetes")],
+        )
+    return MigLabelController(kube, node, mig, config_file)
 
 
 class MigStateCollector(Collector):

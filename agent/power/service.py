@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.errors import AgentError
+from agent.gpu.attach import DriverLink
 from agent.gpu.nvml import GpuDriver
 from agent.power.plan import GpuPower, plan, resolve
 from agent.power.spec import PowerSpec, parse
+from agent.tasks import Need, Task
 
 __all__ = ["BASELINE", "DESIRED", "Change", "PowerService", "PowerView"]
 
@@ -129,6 +131,14 @@ class PowerService:
             changes = self._set_all(wanted)
             self._journal.journal_clear(BASELINE)
         return changes
+
+    def follow(self, link: DriverLink) -> None:
+        """A reloaded driver forgot the power caps (docs/power.md): put them back at attach."""
+        link.register(attach=lambda _: self.reconcile())
+
+    def tasks(self, check_s: float) -> list[Task]:
+        """Caps put back while attached (the start's attach already did)."""
+        return [Task("power", self.reconcile, check_s, needs=Need.DRIVER, wait_first=True)]
 
     def reconcile(self) -> list[Change]:
         """Set the desired limits again where a GPU lost them; a GPU that refuses is logged

@@ -43,8 +43,13 @@ from agent.prewarm.ports import FileFetcher, ImagePuller, ImageWarmer
 from agent.prewarm.progress import ProgressMeter
 from agent.prewarm.source import Source, SourceRequest, Target, without_retry
 from agent.prewarm.store import CacheStore
+from agent.tasks import Need, Task
 
 log = logging.getLogger(__name__)
+
+#: Longest wait between a retry falling due and it starting.
+RETRY_CHECK_S = 5.0
+WRITABLE = Need.WRITABLE
 
 _PUBLISH_S = 0.5
 _SAVE_S = 1.0
@@ -395,6 +400,13 @@ class PrewarmService:
                 or not _alive(self.index.owner(item.id))
             ):
                 self.enqueue(item.id)
+
+    def tasks(self, audit_interval_s: float) -> list[Task]:
+        """Failed items come back when their retry is due: the agent owns the queue, so a timer
+        is all it takes (nothing else writes it). An audit records what it finds."""
+        every = min(self._retry_initial, RETRY_CHECK_S)
+        retries = Task("prewarm-retries", self.retry_due, every, needs=WRITABLE, wait_first=True)
+        return [retries, Task("prewarm-audit", self.audit, audit_interval_s, needs=WRITABLE)]
 
     def retry_due(self) -> None:
         """Run the failed items whose retry is due, and those whose outcome the state store

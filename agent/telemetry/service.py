@@ -11,10 +11,12 @@ from pathlib import Path
 
 from agent.config import TelemetrySettings
 from agent.errors import AgentError
+from agent.gpu.attach import DriverLink
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.readings import NodeReader, XidEvent
 from agent.kube import InClusterKubeClient
 from agent.kube_watch import Informer
+from agent.tasks import Task
 from agent.telemetry.dcgm_backend import load_dcgm_backend
 from agent.telemetry.dra import DraDevices, DraSlicesCollector
 from agent.telemetry.exporter import MetricsExporter
@@ -83,6 +85,10 @@ class TelemetryService:
             raise AgentError("telemetry is not attached to a driver")
         return collection
 
+    def tasks(self, interval_s: float) -> list[Task]:
+        """Owners' series while no snapshot comes (docs/metrics.md, "What a scrape costs")."""
+        return [Task("metrics", self.exporter.tick, interval_s)]
+
     def subscribe(self, callback: Callable[[Snapshot], None]) -> None:
         """Call ``callback`` with every snapshot, of this collection and the later ones."""
         self._subscribers.append(callback)
@@ -94,6 +100,15 @@ class TelemetryService:
         self._xid_listeners.append(listener)
         if self._collection is not None:
             self._collection.xids.listen(listener)
+
+    def follow(self, link: DriverLink) -> None:
+        """Sample while the driver is attached; never past the agent's stop."""
+
+        def attach(_: bool) -> None:
+            self.attach()
+            self.start()
+
+        link.register(attach=attach, detach=lambda _: self.detach(), stop=self.stop)
 
     def attach(self) -> None:
         """Build the collection over the (open) driver; nothing runs until `start`."""

@@ -28,6 +28,7 @@ BASE = {
     "http",
     "statedir",
     "loops",
+    "tasks",
     "_proto",
 }
 INFRA = {
@@ -47,7 +48,7 @@ DOMAIN = {"mig", "sharing", "prewarm", "telemetry", "power", "dra", "health"}
 CONFIG = {"config"}  # the schema, its sections and rules, and the loader
 #: the API on the wire: messages <-> records and the error mapping, under api/ and client/
 WIRE = {"wire"}
-ROOTS = {"node", "embedded", "reclaim", "preflight"}  # composition: check, build, wire
+ROOTS = {"node", "services", "embedded", "reclaim", "preflight"}  # composition: check, build, wire
 #: the read-only checks of every duty: above the API (its socket rule), built by the roots
 DOCTOR = {"doctor"}
 

@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-import agent.node
+import agent.health.publish
+import agent.mig.labels
+import agent.mig.recovery
+import agent.reclaim
 from agent.kube import InClusterKubeClient
 from tests.kube.fake_edge import EdgeKubeApi
 from tests.kube.fixtures import NODE
@@ -43,8 +46,13 @@ def test_an_agent_with_nothing_changing_makes_no_write_and_holds_two_watches(
     api.set_labels(NODE, {"feature.node.kubernetes.io/x": "true", "team": "vision"})
     monkeypatch.setattr(InClusterKubeClient, "in_pod", classmethod(lambda cls: kube))
     # The periods of every pass that used to re-write the Node or poll beside a watch.
-    for name in ("HEALTH_PUBLISH_S", "RECLAIM_S", "MIG_RESYNC_S", "ALLOCATION_CHECK_S"):
-        monkeypatch.setattr(agent.node, name, 0.2)
+    for module, name in (
+        (agent.health.publish, "PUBLISH_S"),
+        (agent.reclaim, "RECLAIM_S"),
+        (agent.mig.labels, "RESYNC_S"),
+        (agent.mig.recovery, "ALLOCATION_CHECK_S"),
+    ):
+        monkeypatch.setattr(module, name, 0.2)
     root = tmp_path / "agent"
     config = agent_config(
         root,

@@ -44,8 +44,8 @@ def test_an_attach_that_runs_after_the_shutdown_stopped_the_gpu_parts_starts_not
     tmp_path: Path,
 ) -> None:
     """The driver-follow task is cancelled at shutdown, but its attach may already be queued on
-    a worker thread; run after `_stop_gpu_parts`, it must not start the sampler, which would
-    then read a closed driver ("collection failed this tick: ... Uninitialized")."""
+    a worker thread; run after the driver link's `stop`, it must not start the sampler, which
+    would then read a closed driver ("collection failed this tick: ... Uninitialized")."""
     from agent.config import load_config
     from agent.node import Node, build_services
 
@@ -56,8 +56,8 @@ def test_an_attach_that_runs_after_the_shutdown_stopped_the_gpu_parts_starts_not
     started: list[str] = []
     node.services.telemetry.start = lambda: started.append("sampler")  # type: ignore[method-assign]
     try:
-        node._stop_gpu_parts()
-        node._attach(False)
+        node.services.driver.stop()
+        node.services.driver.attach(again=False, count=node.services.gpus)
         assert started == []
     finally:
         node.services.driver.close()
