@@ -10,6 +10,7 @@ alone; the clients only send and map errors (`_send`), and stream (`_watch`).
 from __future__ import annotations
 
 import functools
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
@@ -69,18 +70,18 @@ class Call(Generic[R]):
         return default_s if self.timeout is None else self.timeout(default_s)
 
 
-class SyncSender(Stubs):
+class SyncSender(Stubs, ABC):
     """A client that sends a call and waits for its answer (`agent.client.sync`)."""
 
-    def _send(self, call: Call[R]) -> R:
-        raise NotImplementedError
+    @abstractmethod
+    def _send(self, call: Call[R]) -> R: ...
 
 
-class AsyncSender(Stubs):
+class AsyncSender(Stubs, ABC):
     """A client whose calls are awaited (`agent.client.aio`)."""
 
-    async def _send(self, call: Call[R]) -> R:
-        raise NotImplementedError
+    @abstractmethod
+    async def _send(self, call: Call[R]) -> R: ...
 
 
 class rpc(Generic[P, R]):  # a decorator, named as property is
