@@ -37,11 +37,18 @@ from agent.prewarm.naming import (
     qualified_name,
     source_identity,
 )
-from agent.prewarm.partial import Partial
 from agent.prewarm.policy import UrlPolicy, redact_url
 from agent.prewarm.ports import FileFetcher, ImagePuller, ImageWarmer
 from agent.prewarm.progress import ProgressMeter
-from agent.prewarm.source import Source, SourceRequest, Target, without_retry
+from agent.prewarm.source import (
+    Failed,
+    Outcome,
+    Source,
+    SourceRequest,
+    Stopped,
+    Target,
+    without_retry,
+)
 from agent.prewarm.store import CacheStore
 from agent.tasks import Need, Task
 
@@ -496,7 +503,7 @@ class PrewarmService:
                 self._unrecorded.pop(item_id, None)
             if item.state is not ItemState.FETCHING:
                 return item
-            return kinds.source_for(item.kind).run(item, event, self)
+            return self._record(item, kinds.source_for(item.kind).run(item, event, self))
         except StateUnavailable as exc:
             return self._not_recorded(item_id, exc)
         finally:
@@ -562,32 +569,51 @@ class PrewarmService:
         cancelled = CancelToken(event, elsewhere, _PUBLISH_S, self._monotonic)
         return progress, cancelled
 
-    def fail(
-        self,
-        item: CacheItem,
-        partials: Partial | Sequence[Partial],
-        error: str,
-        transient: bool = False,
-        kept: int | None = None,
-    ) -> CacheItem:
-        """Fail the item; a transient failure keeps its partial(s) and is retried by the agent
-        after a doubling delay, anything else loses them and waits for a new request."""
-        parts = [partials] if isinstance(partials, Partial) else list(partials)
-        for part in parts:
-            part.close()
-        if kept is None:
-            kept = sum(part.offset for part in parts)
+    def _record(self, item: CacheItem, outcome: Outcome) -> CacheItem:
+        """Write a run's outcome into the item's row, released by this process: the one
+        writer of a run's end, whatever the kind."""
         self.index.set_owner(item.id, None)
+        if isinstance(outcome, Stopped):
+            if self.index.get(item.id).state is not ItemState.FETCHING:
+                self.store.discard_partial(item.id)  # a user's cancel: already failed
+                return self.index.get(item.id)
+            # Stopped by shutdown, not by a user: queued to resume from what it kept.
+            resume: dict[str, object] = {"state": ItemState.QUEUED}
+            if outcome.fetched_bytes is not None:
+                resume["fetched_bytes"] = outcome.fetched_bytes
+            if outcome.options is not None:
+                resume["options"] = outcome.options
+            return self.index.update(item.id, **resume)
         now = self._clock()
-        options = without_retry(item.options)
-        if transient:
+        if isinstance(outcome, Failed):
+            return self._failed(item, outcome, now)
+        given = {"sha256": outcome.sha256, "fetched_bytes": outcome.fetched_bytes}
+        changes = {k: v for k, v in given.items() if v is not None}  # None: as it was
+        return self.index.update(
+            item.id,
+            state=ItemState.READY,
+            finished_at=now,
+            last_used=now,
+            error=None,
+            warm_seconds=self._warm_seconds(item.id),
+            size=outcome.size,
+            options=without_retry(outcome.options),
+            **changes,
+        )
+
+    def _failed(self, item: CacheItem, outcome: Failed, now: float) -> CacheItem:
+        """A transient failure keeps its partials and is retried by the agent after a doubling
+        delay; anything else loses them and waits for a new request."""
+        options = without_retry(item.options if outcome.options is None else outcome.options)
+        error = outcome.error
+        if outcome.transient:
             attempts = item.attempts + 1
             delay = self._retry_delay(attempts)
             retry_at = f"{now + delay:.3f}"
             options.update(retry_at=retry_at, attempts=str(attempts))
             with self._lock:
                 self._retry_due[item.id] = (float(retry_at), self._monotonic() + delay)
-            error = f"{error} (retrying in {delay:.0f}s, {kept} bytes kept)"
+            error = f"{error} (retrying in {delay:.0f}s, {outcome.kept} bytes kept)"
         else:
             self.store.discard_partial(item.id)
             with self._lock:
@@ -600,30 +626,8 @@ class PrewarmService:
             size=None,
             finished_at=now,
             options=options,
-            fetched_bytes=kept if transient else 0,
+            fetched_bytes=outcome.kept if outcome.transient else 0,
         )
-
-    def finish(self, item: CacheItem, **changes: object) -> CacheItem:
-        """Record a run's success: ready, released by this process, with its time-to-warm."""
-        now = self._clock()
-        self.index.set_owner(item.id, None)
-        return self.index.update(
-            item.id,
-            state=ItemState.READY,
-            finished_at=now,
-            last_used=now,
-            error=None,
-            warm_seconds=self._warm_seconds(item.id),
-            **changes,
-        )
-
-    def requeue_if_stopped(self, item: CacheItem) -> CacheItem:
-        """After a Cancelled image step: stopped by shutdown, so queue it for the next start
-        (still FETCHING); or cancelled by a user, already failed."""
-        if self.index.get(item.id).state is ItemState.FETCHING:
-            self.index.set_owner(item.id, None)
-            return self.index.update(item.id, state=ItemState.QUEUED)
-        return self.index.get(item.id)
 
     def _publish(self, progress: Progress) -> None:
         with self._lock:

@@ -2,13 +2,15 @@
 
 A kind (an HTTP file, a model repo snapshot, a container image, ...) is one `Source`: it
 validates its requests, says what item a request names (`target`: source, resume identity,
-options), does the item's work (`run`), checks a ready item is still there (`unready`,
-`recheck`), says when it is worth a node label (`ready`), how readers see its source
-(`describe`) and how it leaves the node (`discard`, `evict`, `pin`). `PrewarmService` holds
-everything that is the same for every kind (naming, the one transaction of a request, retries,
-claims, workers) and asks the kind's `Source` for the rest; `agent/prewarm/kinds.py` is the
-one registry keyed by kind. A new kind is one module, ``source_<kind>.py``, with its `Source`
-(named ``SOURCE``) and its `TargetSchema` (agent/prewarm/target.py); see docs/architecture.md.
+options), does the item's work and says how it went (`run` returns a `Ready`, `Failed` or
+`Stopped` outcome: the service alone writes the item's row), checks a ready item is still
+there (`unready`, `recheck`), says when it is worth a node label (`ready`), how readers see
+its source (`describe`) and how it leaves the node (`discard`, `evict`, `pin`).
+`PrewarmService` holds everything that is the same for every kind (naming, the one
+transaction of a request, retries, claims, workers) and asks the kind's `Source` for the
+rest; `agent/prewarm/kinds.py` is the one registry keyed by kind. A new kind is one module,
+``source_<kind>.py``, with its request dataclass and its `Source` (named ``SOURCE``); see
+docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from agent.prewarm.policy import UrlPolicy, redact_url
 if TYPE_CHECKING:
     from agent.prewarm.fetch_http import CancelledFn, ProgressFn
     from agent.prewarm.index import PrewarmIndex
-    from agent.prewarm.partial import Partial
     from agent.prewarm.ports import FileFetcher, ImagePuller, ImageWarmer
     from agent.prewarm.store import CacheStore
     from agent.prewarm.target import TargetSchema
@@ -98,24 +99,40 @@ class Work(Protocol):
         """Progress reporting and cancellation checks for one item's run."""
         ...
 
-    def fail(
-        self,
-        item: CacheItem,
-        partials: Partial | Sequence[Partial],
-        error: str,
-        transient: bool = False,
-        kept: int | None = None,
-    ) -> CacheItem:
-        """Fail a cache-backed item; a transient failure keeps its partials and is retried."""
-        ...
 
-    def finish(self, item: CacheItem, **changes: object) -> CacheItem:
-        """Record a run's success: the item ready, released, with its time-to-warm."""
-        ...
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """A run's success: the ready item's size and options (the whole set: the service
+    drops the retry schedule), its blob's digest and the bytes fetched when the kind has them."""
 
-    def requeue_if_stopped(self, item: CacheItem) -> CacheItem:
-        """After Cancelled: queued again when the agent is stopping, else as the user left it."""
-        ...
+    size: int | None
+    options: Mapping[str, str]
+    sha256: str | None = None
+    fetched_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """A run's failure. ``transient``: worth a retry, so its ``kept`` bytes stay for it;
+    anything else loses its partials. ``options`` replace the item's (None: kept as they are)."""
+
+    error: str
+    transient: bool = False
+    kept: int = 0
+    options: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """Cancelled mid-run. Stopped by a shutdown, the item is queued again from this resume
+    point (its bytes on disk, its options); cancelled by a user, its partials go."""
+
+    fetched_bytes: int | None = None
+    options: Mapping[str, str] | None = None
+
+
+#: what `Source.run` returns; the service alone writes it into the item's row
+Outcome = Ready | Failed | Stopped
 
 
 class Source(abc.ABC):
@@ -153,8 +170,9 @@ class Source(abc.ABC):
         return None  # a hook: nothing to do for most kinds
 
     @abc.abstractmethod
-    def run(self, item: CacheItem, event: threading.Event, work: Work) -> CacheItem:
-        """Do the item's work (it is FETCHING and claimed); returns its final row."""
+    def run(self, item: CacheItem, event: threading.Event, work: Work) -> Outcome:
+        """Do the item's work (it is FETCHING and claimed) and say how it went; the service
+        writes the row. Partials are closed before it returns."""
 
     def ready(self, item: CacheItem) -> bool:
         """Worth a ``cache.<name>=ready`` node label."""

@@ -21,7 +21,17 @@ from agent.prewarm.headers import (
 )
 from agent.prewarm.model import CacheItem, FileRequest, ItemKind, ItemState
 from agent.prewarm.sink import Sink
-from agent.prewarm.source import Source, SourceRequest, Target, Work, without_retry
+from agent.prewarm.source import (
+    Failed,
+    Outcome,
+    Ready,
+    Source,
+    SourceRequest,
+    Stopped,
+    Target,
+    Work,
+    without_retry,
+)
 from agent.prewarm.target import FieldType, TargetSchema, headers
 
 log = logging.getLogger("agent.prewarm.service")
@@ -117,7 +127,7 @@ class FileSource(Source):
         if item.sha256:
             work.store.link_name(item.name, item.sha256)
 
-    def run(self, item: CacheItem, event: threading.Event, work: Work) -> CacheItem:
+    def run(self, item: CacheItem, event: threading.Event, work: Work) -> Outcome:
         partial = work.store.partial(item.id)
         if partial.offset:
             log.info("resuming %s from %d bytes on disk", item.name, partial.offset)
@@ -135,24 +145,19 @@ class FileSource(Source):
             digest = work.store.commit(item, partial)
         except Cancelled:
             partial.close()
-            if work.index.get(item.id).state is ItemState.FETCHING:
-                # Stopped by shutdown, not by a user: keep the partial and resume later.
-                work.index.update(item.id, state=ItemState.QUEUED, fetched_bytes=partial.offset)
-                work.index.set_owner(item.id, None)
-            else:
-                work.store.discard_partial(item.id)
-            return work.index.get(item.id)
-        except FetchFailed as exc:
-            return work.fail(noted(item, partial), partial, str(exc), transient=exc.transient)
+            return Stopped(fetched_bytes=partial.offset)
         except StateUnavailable:
             partial.close()
             raise
-        except AgentError as exc:
-            return work.fail(noted(item, partial), partial, str(exc))
         except Exception as exc:
-            log.exception("prewarm of %s failed unexpectedly", item.name)
-            error = f"internal error: {type(exc).__name__}: {exc}"
-            return work.fail(noted(item, partial), partial, error)
+            partial.close()
+            options = noted(item, partial).options
+            if isinstance(exc, FetchFailed):
+                return Failed(str(exc), exc.transient, partial.offset, options)
+            if not isinstance(exc, AgentError):
+                log.exception("prewarm of %s failed unexpectedly", item.name)
+                return Failed(f"internal error: {type(exc).__name__}: {exc}", options=options)
+            return Failed(str(exc), options=options)
         options = without_retry(noted(item, partial).options)
         if info.dragonfly_task_id:
             options["dragonfly_task_id"] = info.dragonfly_task_id
@@ -160,9 +165,8 @@ class FileSource(Source):
         if info.dragonfly_output:
             options["dragonfly_output"] = info.dragonfly_output
         options["via"] = fetcher.mode
-        done = work.finish(item, sha256=digest, size=size, fetched_bytes=size, options=options)
         log.info("prewarmed %s (%d bytes, sha256 %s) via %s", item.name, size, digest, fetcher.mode)
-        return done
+        return Ready(size, options, sha256=digest, fetched_bytes=size)
 
 
 def noted(item: CacheItem, partial: Sink) -> CacheItem:

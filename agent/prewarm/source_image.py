@@ -25,7 +25,16 @@ from agent.prewarm.model import (
     PullPolicy,
     Warmth,
 )
-from agent.prewarm.source import Source, SourceRequest, Target, Work
+from agent.prewarm.source import (
+    Failed,
+    Outcome,
+    Ready,
+    Source,
+    SourceRequest,
+    Stopped,
+    Target,
+    Work,
+)
 from agent.prewarm.target import FieldType, TargetSchema
 
 log = logging.getLogger("agent.prewarm.service")
@@ -169,19 +178,19 @@ class ImageSource(Source):
         except AgentError as exc:
             log.warning("cannot pin image %s in the runtime: %s", item.name, exc)
 
-    def run(self, item: CacheItem, event: threading.Event, work: Work) -> CacheItem:
+    def run(self, item: CacheItem, event: threading.Event, work: Work) -> Outcome:
         puller = work.puller
         if puller is None:
-            return _fail(work, item, _NO_PULLER, {})
+            return Failed(_NO_PULLER)
         handler = item.options.get("runtime_handler")
         try:
             # Checked again as it goes to the CRI: the registry's DNS may have moved since.
             work.policy.check_registry(registry_host(item.source))
             result = puller.pull(item.source, handler)
         except Cancelled:
-            return work.requeue_if_stopped(item)
+            return Stopped()
         except AgentError as exc:
-            return _fail(work, item, str(exc), {})
+            return Failed(str(exc))
         work.index.record_pull(ImagePull(item.source, result.cold, result.seconds, work.now()))
         options = {k: v for k, v in item.options.items() if k in _REQUEST_OPTIONS}
         options["image_ref"] = result.image_ref
@@ -191,9 +200,9 @@ class ImageSource(Source):
             try:
                 warm = warmer.warm(item.source, handler, progress, cancelled)
             except Cancelled:
-                return work.requeue_if_stopped(item)  # dfdaemon keeps what it has
+                return Stopped()  # dfdaemon keeps what it has
             except ImageWarmFailed as exc:
-                return _fail(work, item, str(exc), {**options, **exc.warmth.to_options()})
+                return Failed(str(exc), options={**options, **exc.warmth.to_options()})
             except AgentError as exc:
                 # Pulled, but its layers could not be read: say so rather than guess.
                 log.warning("cannot tell how warm %s is: %s", item.name, exc)
@@ -208,21 +217,11 @@ class ImageSource(Source):
             except AgentError as exc:
                 log.warning("cannot pin image %s in the runtime: %s", item.name, exc)
                 options["pin_error"] = str(exc)
-        done = work.finish(item, size=result.size, options=options)
-        warmth = done.image_warmth
+        warmth = ImageWarmth.from_options(options)
         log.info(
             "prewarmed image %s (%s)", item.name, warmth.warmth if warmth else "warmth not known"
         )
-        return done
-
-
-def _fail(work: Work, item: CacheItem, error: str, options: Mapping[str, str]) -> CacheItem:
-    work.index.set_owner(item.id, None)
-    log.warning("prewarm of image %s failed: %s", item.name, error)
-    changes: dict[str, object] = {"options": options} if options else {}
-    return work.index.update(
-        item.id, state=ItemState.FAILED, error=error, finished_at=work.now(), **changes
-    )
+        return Ready(result.size, options)
 
 
 def _repull_due(options: Mapping[str, str], pulled_at: float | None, now: float) -> bool:

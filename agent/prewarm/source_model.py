@@ -23,9 +23,19 @@ from agent.prewarm.headers import (
     header_options,
     read_header_files,
 )
-from agent.prewarm.model import CacheItem, GroupRequest, ItemKind, ItemState, Layout
+from agent.prewarm.model import CacheItem, GroupRequest, ItemKind, Layout
 from agent.prewarm.partial import MemberPartial
-from agent.prewarm.source import Source, SourceRequest, Target, Work, without_retry
+from agent.prewarm.source import (
+    Failed,
+    Outcome,
+    Ready,
+    Source,
+    SourceRequest,
+    Stopped,
+    Target,
+    Work,
+    without_retry,
+)
 from agent.prewarm.target import FieldType, TargetSchema, headers
 
 log = logging.getLogger("agent.prewarm.service")
@@ -115,7 +125,7 @@ class ModelSource(Source):
         work.store.evict_group(item)
         return work.index.get(item.id)
 
-    def run(self, item: CacheItem, event: threading.Event, work: Work) -> CacheItem:
+    def run(self, item: CacheItem, event: threading.Event, work: Work) -> Outcome:
         """List the snapshot, admit its total size, fetch and commit the missing files in
         parallel (each resumable on its own), then lay out the model directory."""
         progress, cancelled = work.watchers(item, event)
@@ -159,16 +169,7 @@ class ModelSource(Source):
             files = [(m.path, have[m.path], m.size) for m in listing.members]
             work.store.link_tree(item.name, item.id, [(p, sha) for p, sha, _ in files])
         except Cancelled:
-            if work.index.get(item.id).state is ItemState.FETCHING:
-                work.index.update(
-                    item.id,
-                    state=ItemState.QUEUED,
-                    options={**opts, "fetched": json.dumps(fetched)},
-                )
-                work.index.set_owner(item.id, None)
-            else:
-                work.store.discard_partial(item.id)
-            return work.index.get(item.id)
+            return Stopped(options={**opts, "fetched": json.dumps(fetched)})
         except StateUnavailable:
             raise
         except Exception as exc:
@@ -179,16 +180,12 @@ class ModelSource(Source):
             kept = {k: v for k, v in opts.items() if k != "fetched"} | _noted(restarts)
             if transient:
                 kept["fetched"] = json.dumps(fetched)
-            item = work.index.update(item.id, options=kept)
-            return work.fail(
-                item, [], error, transient=transient, kept=work.store.partial_size(item.id)
-            )
+            return Failed(error, transient, work.store.partial_size(item.id), kept)
         options = {k: v for k, v in without_retry(opts).items() if k != "fetched"}
         options.update(commit=listing.commit, members=json.dumps(files), via=work.fetcher.mode)
         options.update(_noted(restarts))
-        done = work.finish(item, size=listing.total, fetched_bytes=listing.total, options=options)
         log.info("prewarmed model %s (%d files, %d bytes)", item.name, len(files), listing.total)
-        return done
+        return Ready(listing.total, options, fetched_bytes=listing.total)
 
 
 def _fetch_members(

@@ -20,7 +20,7 @@ from agent.prewarm.manifest import parse_manifest
 from agent.prewarm.model import CacheItem, ItemState
 from agent.prewarm.partial import Partial
 from agent.prewarm.service import PrewarmService
-from agent.prewarm.source import Source, SourceRequest, Target, Work
+from agent.prewarm.source import Failed, Outcome, Ready, Source, SourceRequest, Target, Work
 from agent.prewarm.target import FieldType, TargetSchema
 from agent.wire.prewarm import cache_item_pb
 from tests.integration.prewarm_fixtures.agent import make_service
@@ -72,7 +72,7 @@ class DirSource(Source):
     def identity(self, item: CacheItem, work: Work) -> str:
         return item.source.removeprefix("dir://")
 
-    def run(self, item: CacheItem, event: threading.Event, work: Work) -> CacheItem:
+    def run(self, item: CacheItem, event: threading.Event, work: Work) -> Outcome:
         self.runs += 1
         partial: Partial = work.store.partial(item.id)
         try:
@@ -81,8 +81,9 @@ class DirSource(Source):
             partial.write(data)
             digest = work.store.commit(item, partial)
         except OSError as exc:
-            return work.fail(item, partial, f"cannot read {item.source}: {exc.strerror}")
-        return work.finish(item, sha256=digest, size=len(data), fetched_bytes=len(data))
+            partial.close()
+            return Failed(f"cannot read {item.source}: {exc.strerror}")
+        return Ready(len(data), {}, sha256=digest, fetched_bytes=len(data))
 
 
 @pytest.fixture
