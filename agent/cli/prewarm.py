@@ -18,20 +18,16 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from agent.cli import kind_options
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.render import emit, format_table, human_bytes, output_option, plain
 from agent.client import AgentClient
+from agent.prewarm import kinds
 from agent.prewarm.manifest import load_manifest
-from agent.prewarm.model import (
-    CacheItem,
-    FileRequest,
-    GroupRequest,
-    ImageRequest,
-    ItemState,
-    PullPolicy,
-)
+from agent.prewarm.model import CacheItem, ItemState
 from agent.prewarm.source import SourceRequest
+from agent.prewarm.target import TargetSchema
 
 if TYPE_CHECKING:
     from agent.wire.operations import OperationView
@@ -164,153 +160,27 @@ def prewarm() -> None:
     """Warm model/dataset files and container images on this node before pods land."""
 
 
-@prewarm.command("file")
-@click.argument("url")
-@click.option("--sha256", metavar="HEX", help="Expected sha256; the item fails on a mismatch.")
-@click.option("--name", help="Item name (default: from the URL); the node label and by-name path.")
-@click.option("--pin", is_flag=True, help="Never evict this item.")
-@click.option(
-    "--header",
-    "headers",
-    multiple=True,
-    metavar="NAME=FILE",
-    help="Send header NAME with the value read from FILE (a mounted secret), which must lie in "
-    "a prewarm.header_dirs directory bound to the URL's origin. Repeatable.",
-)
-@_wait_option
-@output_option
-@click.pass_context
-def prewarm_file(
-    ctx: click.Context,
-    url: str,
-    sha256: str | None,
-    name: str | None,
-    pin: bool,
-    headers: tuple[str, ...],
-    wait: bool,
-    output: str,
-) -> None:
-    """Fetch URL into the content-addressed cache (https; http only when allowed).
+def _kind_command(schema: TargetSchema) -> click.Command:
+    """``prewarm <kind>``: the kind's source as the argument, its other fields as options."""
+    fields = [f for f in schema.by_name.values() if f.name != schema.source]
 
-    \b
-    Example:
-      gpu-agent prewarm file https://models.example.com/llama/model.safetensors \\
-        --name llama-8b --sha256 3f2a... --header Authorization=/secrets/hf/header
-    """
-    request = FileRequest(
-        url, name=name, sha256=sha256, pin=pin, header_files=_header_files(headers)
-    )
-    _warm(ctx, [request], wait, output)
+    def refuse(spec: str) -> Exception:
+        return click.BadParameter(f"{spec!r}: expected NAME=FILE", param_hint="--header")
+
+    @click.argument(schema.source)
+    @kind_options.options(fields, fleet=False)
+    @_wait_option
+    @output_option
+    @click.pass_context
+    def warm(ctx: click.Context, wait: bool, output: str, **given: Any) -> None:
+        request = schema.build(kind_options.values(schema, given, refuse))
+        _warm(ctx, [request], wait, output)
+
+    return click.command(schema.kind, help=schema.summary)(warm)
 
 
-def _header_files(headers: Sequence[str]) -> dict[str, Path]:
-    header_files = {}
-    for spec in headers:
-        key, sep, path = spec.partition("=")
-        if not sep or not key or not path:
-            raise click.BadParameter(f"{spec!r}: expected NAME=FILE", param_hint="--header")
-        header_files[key] = Path(path)
-    return header_files
-
-
-@prewarm.command("model")
-@click.argument("repo")
-@click.option("--revision", default="main", show_default=True, help="Branch, tag or commit.")
-@click.option(
-    "--endpoint",
-    default="https://huggingface.co",
-    show_default=True,
-    help="Hub serving the repo (/api/models/... and /<repo>/resolve/...).",
-)
-@click.option(
-    "--include",
-    multiple=True,
-    metavar="GLOB",
-    help="Only files matching GLOB (repeatable); all files without it.",
-)
-@click.option("--name", help="Item name (default: the repo's name); the label and by-name dir.")
-@click.option("--pin", is_flag=True, help="Never evict this model.")
-@click.option("--header", "headers", multiple=True, metavar="NAME=FILE", help="As for file.")
-@_wait_option
-@output_option
-@click.pass_context
-def prewarm_model(
-    ctx: click.Context,
-    repo: str,
-    revision: str,
-    endpoint: str,
-    include: tuple[str, ...],
-    name: str | None,
-    pin: bool,
-    headers: tuple[str, ...],
-    wait: bool,
-    output: str,
-) -> None:
-    """Warm a model repo snapshot as one item: by-name/NAME/ is the directory vLLM loads.
-
-    \b
-    Example:
-      gpu-agent prewarm model meta-llama/Llama-3.1-8B-Instruct \\
-        --include '*.json' --include '*.safetensors' --header Authorization=/secrets/hf/header
-    """
-    request = GroupRequest(
-        repo,
-        revision=revision,
-        endpoint=endpoint,
-        include=include,
-        name=name,
-        pin=pin,
-        header_files=_header_files(headers),
-    )
-    _warm(ctx, [request], wait, output)
-
-
-@prewarm.command("image")
-@click.argument("ref")
-@click.option("--runtime-handler", help="CRI runtime handler, e.g. nydus for a lazy snapshotter.")
-@click.option("--name", help="Item name (default: from the reference).")
-@click.option("--pin", is_flag=True, help="Never evict; pinned in containerd too.")
-@click.option(
-    "--pull-policy",
-    type=click.Choice([p.value for p in PullPolicy]),
-    default=PullPolicy.IF_NOT_PRESENT.value,
-    show_default=True,
-    help="Pull a ready image again only when absent, or on every request.",
-)
-@click.option(
-    "--repull-hours",
-    type=click.FloatRange(min=0, min_open=True),
-    help="Pull again (a moving tag) once the last pull is this many hours old.",
-)
-@_wait_option
-@output_option
-@click.pass_context
-def prewarm_image(
-    ctx: click.Context,
-    ref: str,
-    runtime_handler: str | None,
-    name: str | None,
-    pin: bool,
-    pull_policy: str,
-    repull_hours: float | None,
-    wait: bool,
-    output: str,
-) -> None:
-    """Pull image REF through the node's CRI (containerd, namespace k8s.io).
-
-    \b
-    Example:
-      gpu-agent prewarm image registry.example.com/llm/server:1.4 --runtime-handler nydus
-    """
-    request = ImageRequest(
-        ref,
-        name=name,
-        runtime_handler=runtime_handler,
-        pin=pin,
-        pull_policy=PullPolicy(pull_policy),
-        repull_hours=repull_hours,
-    )
-    _warm(ctx, [request], wait, output)
+for _schema in kinds.schemas():
+    prewarm.add_command(_kind_command(_schema))
 
 
 @prewarm.command("apply")

@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.prewarm.fields import arg
+
 
 class ItemState(enum.StrEnum):
     """Where an item is in its life; only READY items are on disk at their final path."""
@@ -56,6 +58,16 @@ class Layout(enum.Enum):
     RUNTIME = "runtime"
 
 
+#: The options every kind's fleet CLI shares, said once there.
+_FLEET_NAME = "Item name (the node label's name)."
+_FLEET_PIN = "Never evict it."
+_FLEET_HEADERS = "A header whose value each node reads from a file (a mounted secret)."
+_HEADERS = (
+    "Send header NAME with the value read from FILE (a mounted secret), which must lie in "
+    "a prewarm.header_dirs directory bound to the URL's origin. Repeatable."
+)
+
+
 @dataclass(frozen=True, slots=True)
 class FileRequest:
     """Warm one file from an HTTP(S) origin into the content-addressed cache.
@@ -64,11 +76,20 @@ class FileRequest:
     secret), so tokens never pass through flags, the database or logs.
     """
 
-    url: str
-    name: str | None = None
-    sha256: str | None = None
-    pin: bool = False
-    header_files: Mapping[str, Path] = field(default_factory=dict)
+    url: str = arg(fleet="File to fetch (https://, or http:// where allowed).", source=True)
+    sha256: str | None = arg(
+        "Expected sha256; the item fails on a mismatch.",
+        default=None,
+        fleet="Expected sha256 of the file.",
+        metavar="HEX",
+    )
+    name: str | None = arg(
+        "Item name (default: from the URL); the node label and by-name path.",
+        default=None,
+        fleet=_FLEET_NAME,
+    )
+    pin: bool = arg("Never evict this item.", default=False, fleet=_FLEET_PIN)
+    header_files: Mapping[str, Path] = arg(_HEADERS, default={}, fleet=_FLEET_HEADERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,25 +97,59 @@ class GroupRequest:
     """Warm a model repo snapshot (Hugging Face style) as one item: every file matching
     ``include`` (all when empty), laid out as the model directory under by-name/<name>/."""
 
-    repo: str
-    revision: str = "main"
-    endpoint: str = "https://huggingface.co"
-    include: Sequence[str] = ()
-    name: str | None = None
-    pin: bool = False
-    header_files: Mapping[str, Path] = field(default_factory=dict)
+    repo: str = arg(
+        fleet="Model repo snapshot to warm as one item.",
+        metavar="REPO",
+        source=True,
+        manifest="model",
+    )
+    revision: str = arg(
+        "Branch, tag or commit.",
+        default="main",
+        fleet="The model's branch, tag or commit (default main).",
+    )
+    endpoint: str = arg(
+        "Hub serving the repo (/api/models/... and /<repo>/resolve/...).",
+        default="https://huggingface.co",
+        fleet="Hub serving the model (/api/models/... and /<repo>/resolve/...); default "
+        "huggingface.co.",
+    )
+    include: Sequence[str] = arg(
+        "Only files matching GLOB (repeatable); all files without it.",
+        default=(),
+        fleet="Only the model's files matching GLOB (repeatable); all files without it.",
+        metavar="GLOB",
+    )
+    name: str | None = arg(
+        "Item name (default: the repo's name); the label and by-name dir.",
+        default=None,
+        fleet=_FLEET_NAME,
+    )
+    pin: bool = arg("Never evict this model.", default=False, fleet=_FLEET_PIN)
+    header_files: Mapping[str, Path] = arg("As for file.", default={}, fleet=_FLEET_HEADERS)
 
 
 @dataclass(frozen=True, slots=True)
 class ImageRequest:
     """Pull one image through the node's CRI so the kubelet finds it in place."""
 
-    ref: str
-    name: str | None = None
-    runtime_handler: str | None = None
-    pin: bool = False
-    pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
-    repull_hours: float | None = None
+    ref: str = arg(fleet="Container image to pull instead.", source=True, manifest="image")
+    runtime_handler: str | None = arg(
+        "CRI runtime handler, e.g. nydus for a lazy snapshotter.",
+        default=None,
+        fleet="CRI runtime handler, e.g. nydus.",
+    )
+    name: str | None = arg(
+        "Item name (default: from the reference).", default=None, fleet=_FLEET_NAME
+    )
+    pin: bool = arg("Never evict; pinned in containerd too.", default=False, fleet=_FLEET_PIN)
+    pull_policy: PullPolicy = arg(
+        "Pull a ready image again only when absent, or on every request.",
+        default=PullPolicy.IF_NOT_PRESENT,
+    )
+    repull_hours: float | None = arg(
+        "Pull again (a moving tag) once the last pull is this many hours old.", default=None
+    )
 
 
 class Warmth(enum.StrEnum):

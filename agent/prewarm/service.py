@@ -163,6 +163,7 @@ class PrewarmService:
         source = kinds.for_request(request)
         if request.name is not None:
             check_name(request.name)
+        source.check(request)
         source.validate(request, self)
 
     def identity(self, url: str) -> str:

@@ -148,8 +148,14 @@ class Source(abc.ABC):
     #: its target as manifests, the API and desired files write it (None: in-process only)
     schema: ClassVar[TargetSchema | None] = None
 
+    def check(self, request: SourceRequest) -> None:
+        """Refuse a bad request by its own rules (InvalidSpec naming the field), needing
+        nothing of the node: the coordinator runs it too, before any node is asked."""
+        return None  # a hook: nothing to do for most kinds
+
     def validate(self, request: SourceRequest, work: Work) -> None:
-        """Refuse a bad request (InvalidSpec naming the field) before anything is written."""
+        """Refuse a request by what needs the node (its URL policy, header files, the
+        runtime) before anything is written; `check` has passed."""
         return None  # a hook: nothing to do for most kinds
 
     @abc.abstractmethod

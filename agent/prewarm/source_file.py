@@ -6,9 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 from agent.errors import AgentError, FieldViolation, InvalidSpec, StateUnavailable
 from agent.prewarm.errors import Cancelled, FetchFailed
@@ -32,57 +30,30 @@ from agent.prewarm.source import (
     Work,
     without_retry,
 )
-from agent.prewarm.target import FieldType, TargetSchema, headers
+from agent.prewarm.target import TargetSchema
 
 log = logging.getLogger("agent.prewarm.service")
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def _build(v: Mapping[str, Any]) -> FileRequest:
-    return FileRequest(
-        url=v["url"] or "",
-        name=v["name"],
-        sha256=v["sha256"],
-        pin=v["pin"],
-        header_files=headers(v["header_files"]),
-    )
-
-
-def _values(r: FileRequest) -> dict[str, Any]:
-    return {
-        "url": r.url,
-        "name": r.name,
-        "sha256": r.sha256,
-        "pin": r.pin,
-        "header_files": {k: str(v) for k, v in r.header_files.items()},
-    }
-
-
-SCHEMA = TargetSchema(
-    kind="file",
-    plural="files",
-    source="url",
-    fields={
-        "url": FieldType.TEXT,
-        "name": FieldType.TEXT,
-        "sha256": FieldType.TEXT,
-        "pin": FieldType.FLAG,
-        "header_files": FieldType.HEADERS,
-    },
-    build=_build,
-    values=_values,
-)
-
-
 class FileSource(Source):
     kind = ItemKind.FILE
     request_type = FileRequest
-    schema = SCHEMA
+    schema = TargetSchema(
+        "file",
+        FileRequest,
+        """Fetch URL into the content-addressed cache (https; http only when allowed).
 
-    def validate(self, request: SourceRequest, work: Work) -> None:
+        \b
+        Example:
+          gpu-agent prewarm file https://models.example.com/llama/model.safetensors \\
+            --name llama-8b --sha256 3f2a... --header Authorization=/secrets/hf/header
+        """,
+    )
+
+    def check(self, request: SourceRequest) -> None:
         assert isinstance(request, FileRequest)
-        work.policy.check(request.url)
         if request.sha256 is not None and not _SHA256.fullmatch(request.sha256):
             raise InvalidSpec(
                 "sha256 must be 64 lowercase hex digits",
@@ -90,6 +61,10 @@ class FileSource(Source):
             )
         for header in request.header_files:
             check_header_name(header)
+
+    def validate(self, request: SourceRequest, work: Work) -> None:
+        assert isinstance(request, FileRequest)
+        work.policy.check(request.url)
         read_header_files(
             request.header_files, work.header_dirs, request.url
         )  # fail now, not minutes later

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from typing import Any
 
 from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec
 from agent.owner import Actor
@@ -35,7 +34,7 @@ from agent.prewarm.source import (
     Target,
     Work,
 )
-from agent.prewarm.target import FieldType, TargetSchema
+from agent.prewarm.target import TargetSchema
 
 log = logging.getLogger("agent.prewarm.service")
 
@@ -45,68 +44,39 @@ _REQUEST_OPTIONS = ("runtime_handler", "pull_policy", "repull_hours")
 _NO_PULLER = "no image puller (CRI) is configured"
 
 
-def _build(v: Mapping[str, Any]) -> ImageRequest:
-    hours = v["repull_hours"]
-    return ImageRequest(
-        ref=v["ref"] or "",
-        name=v["name"],
-        runtime_handler=v["runtime_handler"],
-        pin=v["pin"],
-        pull_policy=PullPolicy(v["pull_policy"] or PullPolicy.IF_NOT_PRESENT.value),
-        repull_hours=float(hours) if hours is not None else None,
-    )
-
-
-def _values(r: ImageRequest) -> dict[str, Any]:
-    return {
-        "ref": r.ref,
-        "name": r.name,
-        "runtime_handler": r.runtime_handler,
-        "pin": r.pin,
-        "pull_policy": r.pull_policy.value,
-        "repull_hours": r.repull_hours,
-    }
-
-
-SCHEMA = TargetSchema(
-    kind="image",
-    plural="images",
-    source="ref",
-    fields={
-        "ref": FieldType.TEXT,
-        "name": FieldType.TEXT,
-        "runtime_handler": FieldType.TEXT,
-        "pin": FieldType.FLAG,
-        "pull_policy": FieldType.PULL_POLICY,
-        "repull_hours": FieldType.HOURS,
-    },
-    build=_build,
-    values=_values,
-    manifest_names={"ref": "image"},
-)
-
-
 class ImageSource(Source):
     kind = ItemKind.IMAGE
     request_type = ImageRequest
     layout = Layout.RUNTIME
-    schema = SCHEMA
+    schema = TargetSchema(
+        "image",
+        ImageRequest,
+        """Pull image REF through the node's CRI (containerd, namespace k8s.io).
 
-    def validate(self, request: SourceRequest, work: Work) -> None:
+        \b
+        Example:
+          gpu-agent prewarm image registry.example.com/llm/server:1.4 --runtime-handler nydus
+        """,
+    )
+
+    def check(self, request: SourceRequest) -> None:
         assert isinstance(request, ImageRequest)
         if not request.ref or any(c.isspace() for c in request.ref):
             raise InvalidSpec(
                 "image reference is empty or has spaces",
                 [FieldViolation("image", "e.g. registry.example.com/repo:tag")],
             )
-        work.policy.check_registry(registry_host(request.ref))
-        if work.puller is not None:
-            work.puller.check_private(request.ref)  # refused before anything is written
         if request.repull_hours is not None and not 0 < request.repull_hours <= _MAX_REPULL_H:
             raise InvalidSpec(
                 f"repull_hours must be > 0 and <= {_MAX_REPULL_H}",
                 [FieldViolation("repull_hours", f"hours, 0 < h <= {_MAX_REPULL_H}")],
             )
+
+    def validate(self, request: SourceRequest, work: Work) -> None:
+        assert isinstance(request, ImageRequest)
+        work.policy.check_registry(registry_host(request.ref))
+        if work.puller is not None:
+            work.puller.check_private(request.ref)  # refused before anything is written
 
     def target(self, request: SourceRequest, work: Work) -> Target:
         assert isinstance(request, ImageRequest)

@@ -10,9 +10,8 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
-from agent.errors import AgentError, Conflict, StateUnavailable
+from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec, StateUnavailable
 from agent.owner import Actor
 from agent.prewarm.errors import Cancelled, FetchFailed
 from agent.prewarm.fetch_http import CancelledFn, FetchSpec, ProgressFn
@@ -36,69 +35,43 @@ from agent.prewarm.source import (
     Work,
     without_retry,
 )
-from agent.prewarm.target import FieldType, TargetSchema, headers
+from agent.prewarm.target import TargetSchema
 
 log = logging.getLogger("agent.prewarm.service")
-
-
-def _build(v: Mapping[str, Any]) -> GroupRequest:
-    return GroupRequest(
-        repo=v["repo"] or "",
-        revision=v["revision"] or "main",
-        endpoint=v["endpoint"] or DEFAULT_ENDPOINT,
-        include=tuple(v["include"]),
-        name=v["name"],
-        pin=v["pin"],
-        header_files=headers(v["header_files"]),
-    )
-
-
-def _values(r: GroupRequest) -> dict[str, Any]:
-    return {
-        "repo": r.repo,
-        "revision": r.revision,
-        "endpoint": r.endpoint,
-        "include": list(r.include),
-        "name": r.name,
-        "pin": r.pin,
-        "header_files": {k: str(v) for k, v in r.header_files.items()},
-    }
-
-
-DEFAULT_ENDPOINT = "https://huggingface.co"
-SCHEMA = TargetSchema(
-    kind="model",
-    plural="models",
-    source="repo",
-    fields={
-        "repo": FieldType.TEXT,
-        "revision": FieldType.TEXT,
-        "endpoint": FieldType.TEXT,
-        "include": FieldType.GLOBS,
-        "name": FieldType.TEXT,
-        "pin": FieldType.FLAG,
-        "header_files": FieldType.HEADERS,
-    },
-    build=_build,
-    values=_values,
-    manifest_names={"repo": "model"},
-)
 
 
 class ModelSource(Source):
     kind = ItemKind.GROUP
     request_type = GroupRequest
     layout = Layout.TREE
-    schema = SCHEMA
+    schema = TargetSchema(
+        "model",
+        GroupRequest,
+        """Warm a model repo snapshot as one item: by-name/NAME/ is the directory vLLM loads.
+
+        \b
+        Example:
+          gpu-agent prewarm model meta-llama/Llama-3.1-8B-Instruct \\
+            --include '*.json' --include '*.safetensors' --header Authorization=/secrets/hf/header
+        """,
+    )
+
+    def check(self, request: SourceRequest) -> None:
+        assert isinstance(request, GroupRequest)
+        check_repo(request.repo, request.revision)
+        check_include(request.include)
+        if not request.endpoint.startswith(("https://", "http://")):
+            raise InvalidSpec(
+                f"endpoint {request.endpoint!r} is not an HTTP(S) URL",
+                [FieldViolation("endpoint", "an https:// (or http://) base URL")],
+            )
+        for header in request.header_files:
+            check_header_name(header)
 
     def validate(self, request: SourceRequest, work: Work) -> None:
         assert isinstance(request, GroupRequest)
-        check_repo(request.repo, request.revision)
         listing = listing_url(request.endpoint, request.repo, request.revision)
         work.policy.check(listing)
-        check_include(request.include)
-        for header in request.header_files:
-            check_header_name(header)
         read_header_files(request.header_files, work.header_dirs, listing)
 
     def target(self, request: SourceRequest, work: Work) -> Target:

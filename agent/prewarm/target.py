@@ -1,28 +1,36 @@
 """The one schema of a prewarm target: what a manifest entry, an API target (and so a
-coordinator desired file's entry) says to warm, per kind.
+coordinator desired file's entry) or a CLI command says to warm, per kind, derived from the
+kind's request dataclass.
 
-Each kind's `Source` declares its `TargetSchema`: its fields by their API name (the field of
-its message in prewarm.proto), each with a type whose rule and refusal are written once
-here; the field that names what to warm (``source``) and how a manifest spells it; how
-checked values become the kind's request (``build``) and back (``values``). The manifest
-parser, the API's conversion (agent/wire/prewarm.py) and the desired file's prewarm part
-(agent/coordinator/control/desired.py) all go through the registered schemas, so a new kind is
-parsed everywhere by declaring its schema (and, for the API, its message in prewarm.proto).
-The schema knows no message: reading one into its values (`message_values`) and the pull
-policy's proto numbers are agent/wire/prewarm.py's.
+Each kind's `Source` declares ``schema = TargetSchema("<kind>", <its request dataclass>)``.
+The request's fields, declared with `arg` (agent/prewarm/fields.py), are the target's fields
+by their API name (the field of its message in prewarm.proto): each field's annotation gives
+its `FieldType`, whose rule and refusal are written once here, and its `Arg` the help, the
+manifest spelling and which field names what to warm. Checked values become the request
+(`build`) and back (`values`) generically. The manifest parser, the API's conversion
+(agent/wire/prewarm.py), the desired file (agent/coordinator/control/desired.py), the CLI's
+``prewarm <kind>`` commands and the fleet CLI's options all go through the registered schemas.
+The schema knows no message: that is agent/wire/prewarm.py's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import enum
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+import functools
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent.errors import FieldViolation
+from agent.prewarm.fields import Arg, arg, arg_of
 from agent.prewarm.model import PullPolicy
+
+__all__ = ["Arg", "Field", "FieldType", "TargetSchema", "arg", "field_type", "unknown_keys"]
 
 
 class FieldType(enum.Enum):
@@ -55,25 +63,122 @@ class FieldType(enum.Enum):
 _EMPTY: dict[FieldType, Any] = {FieldType.FLAG: False, FieldType.GLOBS: [], FieldType.HEADERS: {}}
 
 
+def field_type(annotation: Any) -> FieldType:
+    """A request field's `FieldType`, from its annotation (``str | None`` is TEXT...)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if isinstance(annotation, types.UnionType) and len(args) == 1:
+        annotation = args[0]
+    origin = typing.get_origin(annotation) or annotation
+    for python, kind in _TYPES:
+        if isinstance(origin, type) and issubclass(origin, python):
+            return kind
+    raise TypeError(f"a prewarm request field cannot be a {annotation!r}")
+
+
+#: Python type -> FieldType, the first that matches (bool before the numbers it is one of).
+_TYPES: tuple[tuple[type, FieldType], ...] = (
+    (bool, FieldType.FLAG),
+    (PullPolicy, FieldType.PULL_POLICY),
+    (str, FieldType.TEXT),
+    (float, FieldType.HOURS),
+    (Mapping, FieldType.HEADERS),
+    (Sequence, FieldType.GLOBS),
+)
+
+
 @dataclass(frozen=True, slots=True)
+class Field:
+    """One field of a target: its API name, type, `Arg` and the request's default (MISSING:
+    required, the source)."""
+
+    name: str
+    type: FieldType
+    arg: Arg
+    default: Any
+
+    def to_request(self, value: Any) -> Any:
+        """A checked value as the request holds it; absent or empty: the default."""
+        if self.type is FieldType.FLAG:
+            return bool(value)
+        if self.type is FieldType.HEADERS:
+            return {k: Path(v) for k, v in (value or {}).items()}
+        if self.type is FieldType.GLOBS:
+            return tuple(value or ())
+        if value is None or value == "":
+            return "" if self.default is dataclasses.MISSING else self.default
+        if self.type is FieldType.PULL_POLICY:
+            return PullPolicy(value)
+        return float(value) if self.type is FieldType.HOURS else value
+
+    def from_request(self, value: Any) -> Any:
+        """`to_request` inverted: what a manifest or an API message says."""
+        if self.type is FieldType.HEADERS:
+            return {k: str(v) for k, v in value.items()}
+        if self.type is FieldType.GLOBS:
+            return list(value)
+        return value.value if isinstance(value, PullPolicy) else value
+
+
+def _fields(request_type: type) -> tuple[Field, ...]:
+    hints = typing.get_type_hints(request_type)
+    out = []
+    for f in dataclasses.fields(request_type):
+        default = f.default
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        out.append(Field(f.name, field_type(hints[f.name]), arg_of(f), default))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class TargetSchema:
     """One kind's target. ``kind`` is the field of prewarm.proto's PrewarmTarget that holds
-    it (file, image, model), ``plural`` how lists of it are named (a desired file's ``files:``,
-    a manifest's wording); ``fields`` are in the order a refusal lists them."""
+    it (file, image, model) and the CLI's ``prewarm <kind>`` command; ``request_type`` the
+    kind's request dataclass, whose fields (in the order a refusal and the CLI list them) are
+    the target's; ``summary`` the command's help; ``plural`` how lists of it are named (a
+    desired file's ``files:``; default ``<kind>s``)."""
 
     kind: str
-    plural: str
-    source: str
-    fields: Mapping[str, FieldType]
-    build: Callable[[Mapping[str, Any]], Any]
-    values: Callable[[Any], dict[str, Any]]
-    #: how a manifest spells a field when not by its API name (the image's ``image``)
-    manifest_names: Mapping[str, str] = field(default_factory=dict)
+    request_type: type
+    summary: str = ""
+    plural: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.plural:
+            object.__setattr__(self, "plural", f"{self.kind}s")
+
+    @functools.cached_property
+    def by_name(self) -> dict[str, Field]:
+        """The target's fields by API name."""
+        return {f.name: f for f in _fields(self.request_type)}
+
+    @property
+    def fields(self) -> dict[str, FieldType]:
+        return {name: f.type for name, f in self.by_name.items()}
+
+    @property
+    def source(self) -> str:
+        """The field that names what to warm."""
+        return next(name for name, f in self.by_name.items() if f.arg.source)
+
+    @property
+    def manifest_names(self) -> dict[str, str]:
+        """How a manifest spells a field when not by its API name (the image's ``image``)."""
+        return {n: f.arg.manifest for n, f in self.by_name.items() if f.arg.manifest}
 
     @property
     def manifest_source(self) -> str:
-        """The manifest key that says an entry is of this kind."""
+        """The manifest key that says an entry is of this kind (the fleet CLI's option)."""
         return self.manifest_names.get(self.source, self.source)
+
+    def build(self, values: Mapping[str, Any]) -> Any:
+        """The request of checked ``values`` (by API name; absent ones take the default)."""
+        fields = self.by_name
+        return self.request_type(**{n: f.to_request(values.get(n)) for n, f in fields.items()})
+
+    def values(self, request: Any) -> dict[str, Any]:
+        """`build` inverted."""
+        return {n: f.from_request(getattr(request, n)) for n, f in self.by_name.items()}
 
     def parse(
         self,
@@ -104,11 +209,6 @@ class TargetSchema:
         if not found:
             return None
         return self.build(values)
-
-
-def headers(value: Mapping[str, Any]) -> dict[str, Path]:
-    """A HEADERS field's value as the request holds it."""
-    return {k: Path(v) for k, v in value.items()}
 
 
 def unknown_keys(

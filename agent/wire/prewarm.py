@@ -7,6 +7,7 @@ field) and answer with the ``*_pb`` functions; clients turn answers back into re
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,8 @@ __all__ = [
     "message_values",
     "prewarm_requests_from",
     "prewarm_targets_pb",
+    "target_pb",
+    "target_request",
 ]
 
 
@@ -147,15 +150,20 @@ def cache_inventory_pb(usage: Usage, items: Iterable[CacheItem]) -> cache_pb2.Ca
     )
 
 
+def at(where: str, name: str) -> str:
+    """A violation's field: ``name`` under ``where`` ("" for none)."""
+    return f"{where}.{name}" if where else name
+
+
 def message_values(
     schema: TargetSchema, msg: Any, where: str, bad: list[FieldViolation]
 ) -> dict[str, Any]:
     """A target message's fields (prewarm.proto's FileTarget, ImageTarget, ...) as its
-    schema's values (agent/prewarm/target.py), for the API and the coordinator's desired file
-    alike: proto3's empty values read as absent; the checks a message's types cannot
-    make (a source given, hours in range, header files as absolute paths) go to ``bad``."""
+    schema's values (agent/prewarm/target.py), for the API and the coordinator alike: proto3's
+    empty values read as absent; the checks a message's types cannot make (a source given,
+    hours in range, header files as absolute paths) go to ``bad``."""
     if not getattr(msg, schema.source):
-        bad.append(FieldViolation(f"{where}.{schema.source}", "required"))
+        bad.append(FieldViolation(at(where, schema.source), "required"))
     values: dict[str, Any] = {}
     for name, kind in schema.fields.items():
         value = getattr(msg, name)
@@ -164,9 +172,9 @@ def message_values(
         elif kind is FieldType.HOURS:
             values[name] = value if msg.HasField(name) else None
             if values[name] is not None and not 0 < value < 1e6:
-                bad.append(FieldViolation(f"{where}.{name}", "more than 0 hours"))
+                bad.append(FieldViolation(at(where, name), "more than 0 hours"))
         elif kind is FieldType.PULL_POLICY:
-            values[name] = pull_policy_of(value).value
+            values[name] = _member(msg.DESCRIPTOR.fields_by_name[name], value, PullPolicy)
         elif kind is FieldType.HEADERS:
             values[name] = _absolute_headers(value, where, bad)
         elif kind is FieldType.GLOBS:
@@ -176,16 +184,22 @@ def message_values(
     return values
 
 
-#: a PULL_POLICY field as prewarm.proto's ImagePullPolicy, and back (UNSPECIFIED: the default)
-PULL_POLICY_PB = {
-    PullPolicy.IF_NOT_PRESENT: prewarm_pb2.IMAGE_PULL_POLICY_IF_NOT_PRESENT,
-    PullPolicy.ALWAYS: prewarm_pb2.IMAGE_PULL_POLICY_ALWAYS,
-}
-_PULL_POLICIES: dict[int, PullPolicy] = {pb: policy for policy, pb in PULL_POLICY_PB.items()}
+def _member(field: Any, number: int, members: type[enum.Enum]) -> str | None:
+    """An enum field's number as the member of ``members`` its value is named after
+    (IMAGE_PULL_POLICY_ALWAYS: ALWAYS); None for UNSPECIFIED or an unknown number, which read
+    as the default."""
+    value = field.enum_type.values_by_number.get(number)  # a number this agent does not know
+    name = value.name if value is not None and number else ""
+    found = [m.value for m in members if name.endswith(f"_{m.name}")]
+    return found[0] if found else None
 
 
-def pull_policy_of(number: int) -> PullPolicy:
-    return _PULL_POLICIES.get(number, PullPolicy.IF_NOT_PRESENT)
+def _number(field: Any, value: str | None, members: type[enum.Enum]) -> int:
+    """`_member` inverted (None: UNSPECIFIED)."""
+    if value is None:
+        return 0
+    suffix = f"_{members(value).name}"
+    return next(v.number for v in field.enum_type.values if v.name.endswith(suffix))
 
 
 def _absolute_headers(
@@ -196,7 +210,7 @@ def _absolute_headers(
         if not path or not Path(path).is_absolute():
             bad.append(
                 FieldViolation(
-                    f"{where}.header_files[{name}]", "must be an absolute path on the node"
+                    at(where, f"header_files[{name}]"), "must be an absolute path on the node"
                 )
             )
         headers[name] = Path(path)
@@ -206,31 +220,53 @@ def _absolute_headers(
 _MAX_TARGETS = 1000
 
 
+def target_request(
+    target: prewarm_pb2.PrewarmTarget, where: str, bad: list[FieldViolation]
+) -> SourceRequest | None:
+    """One target as its kind's request, read by its target schema (agent/prewarm/target.py);
+    None with what is wrong added to ``bad``, each at ``<where>.<kind>.<field>``."""
+    which = target.WhichOneof("target")
+    schema = kinds.schema_for(which) if which else None
+    if schema is None:
+        names = [s.kind for s in kinds.schemas()]
+        bad.append(FieldViolation(where, f"set {', '.join(names[:-1])} or {names[-1]}"))
+        return None
+    assert which is not None
+    before = len(bad)
+    values = message_values(schema, getattr(target, which), f"{where}.{which}", bad)
+    return schema.build(values) if len(bad) == before else None
+
+
 def prewarm_requests_from(targets: Sequence[prewarm_pb2.PrewarmTarget]) -> list[SourceRequest]:
-    """The request's targets as prewarm requests, each read by its kind's target schema
-    (agent/prewarm/target.py); shape errors name ``targets[i].<kind>.<field>``."""
+    """The request's targets as prewarm requests (`target_request`); shape errors name
+    ``targets[i].<kind>.<field>``."""
     if not 1 <= len(targets) <= _MAX_TARGETS:
         raise InvalidSpec(
             f"a prewarm needs 1 to {_MAX_TARGETS} targets, got {len(targets)}",
             [FieldViolation("targets", f"give 1 to {_MAX_TARGETS} targets")],
         )
-    requests: list[SourceRequest] = []
     bad: list[FieldViolation] = []
-    for i, target in enumerate(targets):
-        which = target.WhichOneof("target")
-        schema = kinds.schema_for(which) if which else None
-        if schema is None:
-            names = [s.kind for s in kinds.schemas()]
-            bad.append(
-                FieldViolation(f"targets[{i}]", f"set {', '.join(names[:-1])} or {names[-1]}")
-            )
-            continue
-        assert which is not None
-        values = message_values(schema, getattr(target, which), f"targets[{i}].{which}", bad)
-        requests.append(schema.build(values))
+    requests = [target_request(t, f"targets[{i}]", bad) for i, t in enumerate(targets)]
     if bad:
         raise InvalidSpec("the prewarm request is malformed", bad)
-    return requests
+    return [r for r in requests if r is not None]
+
+
+def target_pb(schema: TargetSchema, values: Mapping[str, Any]) -> prewarm_pb2.PrewarmTarget:
+    """A target of ``schema``'s kind from ``values`` by API name (absent or None: unset), each
+    field converted by its type and the message's descriptor: `message_values` inverted."""
+    message = _TARGETS[schema.kind]
+    fields: dict[str, Any] = {}
+    for name, kind in schema.fields.items():
+        value = values.get(name)
+        if kind is FieldType.PULL_POLICY:
+            descriptor = message.DESCRIPTOR.fields_by_name[name]
+            fields[name] = _number(descriptor, value, PullPolicy)
+        elif kind is FieldType.TEXT:
+            fields[name] = value or ""
+        elif value is not None:
+            fields[name] = value
+    return prewarm_pb2.PrewarmTarget(**{schema.kind: message(**fields)})
 
 
 def prewarm_targets_pb(requests: Iterable[SourceRequest]) -> list[prewarm_pb2.PrewarmTarget]:
@@ -239,24 +275,14 @@ def prewarm_targets_pb(requests: Iterable[SourceRequest]) -> list[prewarm_pb2.Pr
     targets = []
     for r in requests:
         schema = kinds.for_request(r).schema
-        if schema is None:
+        if schema is None or schema.kind not in _TARGETS:
             raise InvalidSpec(f"a {kinds.for_request(r).kind} request has no API target")
-        fields: dict[str, Any] = {}
-        for name, value in schema.values(r).items():
-            kind = schema.fields[name]
-            if kind is FieldType.PULL_POLICY:
-                fields[name] = PULL_POLICY_PB[PullPolicy(value)]
-            elif kind is FieldType.TEXT:
-                fields[name] = value or ""
-            else:
-                fields[name] = value
-        message = _TARGET_MESSAGES[schema.kind]
-        targets.append(prewarm_pb2.PrewarmTarget(**{schema.kind: message(**fields)}))
+        targets.append(target_pb(schema, schema.values(r)))
     return targets
 
 
-#: PrewarmTarget's field -> its message class (FileTarget, ImageTarget, ModelTarget, ...)
-_TARGET_MESSAGES: dict[str, Any] = {
+#: PrewarmTarget's oneof field (file, image, model, ...) -> its kind's message class
+_TARGETS: dict[str, Any] = {
     f.name: getattr(prewarm_pb2, f.message_type.name)
     for f in prewarm_pb2.PrewarmTarget.DESCRIPTOR.oneofs_by_name["target"].fields
     if f.message_type is not None

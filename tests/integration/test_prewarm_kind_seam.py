@@ -21,7 +21,7 @@ from agent.prewarm.model import CacheItem, ItemState
 from agent.prewarm.partial import Partial
 from agent.prewarm.service import PrewarmService
 from agent.prewarm.source import Failed, Outcome, Ready, Source, SourceRequest, Target, Work
-from agent.prewarm.target import FieldType, TargetSchema
+from agent.prewarm.target import TargetSchema, arg
 from agent.wire.prewarm import cache_item_pb
 from tests.integration.prewarm_fixtures.agent import make_service
 
@@ -32,25 +32,15 @@ pytestmark = pytest.mark.integration
 class DirRequest:
     """Warm one file of a local directory the operator exported (the test's own kind)."""
 
-    path: str
-    name: str | None = None
-    pin: bool = False
-
-
-SCHEMA = TargetSchema(
-    kind="dir",
-    plural="dirs",
-    source="path",
-    fields={"path": FieldType.TEXT, "name": FieldType.TEXT, "pin": FieldType.FLAG},
-    build=lambda v: DirRequest(v["path"] or "", v["name"], v["pin"]),
-    values=lambda r: {"path": r.path, "name": r.name, "pin": r.pin},
-)
+    path: str = arg(source=True)
+    name: str | None = arg("Item name.", default=None)
+    pin: bool = arg("Never evict it.", default=False)
 
 
 class DirSource(Source):
     kind = "dir"
     request_type = DirRequest
-    schema = SCHEMA
+    schema = TargetSchema("dir", DirRequest, "Warm PATH of the exported directory.")
 
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()

@@ -50,14 +50,13 @@ from agent.coordinator.fleet.inventory import NodeView
 from agent.coordinator.fleet.selector import Selector, parse_selector
 from agent.coordinator.rollout.schedule import parse_max_unavailable
 from agent.coordinator.rollout.specs import STRATEGIES, sharing_spec
-from agent.coordinator.rollout.targets import model_violations
+from agent.coordinator.rollout.targets import target_violations
 from agent.errors import FieldViolation, InvalidSpec
 from agent.mig.spec import parse_spec
 from agent.power.spec import parse as parse_power
 from agent.prewarm import kinds
 from agent.prewarm.target import TargetSchema
 from agent.safeyaml import brief, capped
-from agent.wire.prewarm import message_values
 
 __all__ = [
     "Desired",
@@ -349,15 +348,8 @@ def _prewarm(raw: Any, i: int, bad: list[FieldViolation]) -> PrewarmRule | None:
             except (json_format.ParseError, TypeError, ValueError) as exc:
                 bad.append(FieldViolation(field_path, capped(str(exc))))
                 continue
-            # The checks the agent's conversion makes, once here instead of from every node;
-            # a model's deeper ones (repo, revision, globs, endpoint) as the agent makes them.
-            found = (
-                model_violations(parsed, field_path)
-                if isinstance(parsed, prewarm_pb2.ModelTarget)
-                else []
-            )
-            if not found:
-                message_values(schema, parsed, field_path, found)
+            # The checks the agent makes of a target, once here instead of from every node.
+            found = target_violations(schema, parsed, field_path)
             if found:
                 bad += found
                 continue

@@ -11,23 +11,19 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from agent._proto.gpuagent.v1 import prewarm_pb2, sharing_pb2
-from agent.coordinator.rollout.targets import model_violations
-from agent.errors import FieldViolation
+from agent._proto.gpuagent.v1 import sharing_pb2
+from agent.coordinator.rollout.targets import target_violations
+from agent.errors import InvalidSpec
+from agent.prewarm.target import TargetSchema
+from agent.wire.prewarm import target_pb
 from agent.wire.sharing import requested_config
 
-__all__ = ["STRATEGIES", "prewarm_spec", "sharing_spec", "target_violations"]
+__all__ = ["STRATEGIES", "prewarm_spec", "sharing_spec"]
 
 #: a sharing strategy's name, as the fleet CLI and the desired file take it -> its enum
 STRATEGIES: Mapping[str, sharing_pb2.SharingStrategy] = {
     "time-slicing": sharing_pb2.SHARING_STRATEGY_TIME_SLICING,
     "mps": sharing_pb2.SHARING_STRATEGY_MPS,
-}
-#: a target's kind -> its message (PrewarmTarget's oneof: file, image, model)
-_TARGETS: Mapping[str, Any] = {
-    "file": prewarm_pb2.FileTarget,
-    "image": prewarm_pb2.ImageTarget,
-    "model": prewarm_pb2.ModelTarget,
 }
 
 
@@ -56,16 +52,11 @@ def sharing_spec(
     return {"request": json_format.MessageToDict(request)}
 
 
-def target_violations(kind: str, fields: Mapping[str, Any]) -> list[FieldViolation]:
-    """What is wrong with a target of ``kind`` before any node is asked, each at its field
-    (``model.<field>`` for a model); [] when it can go."""
-    if kind != "model":
-        return []
-    return model_violations(prewarm_pb2.ModelTarget(**fields), "model")
-
-
-def prewarm_spec(kind: str, fields: Mapping[str, Any]) -> dict[str, Any]:
-    """One target of ``kind`` with ``fields`` named as its message's (check them first with
-    `target_violations`)."""
-    target = prewarm_pb2.PrewarmTarget(**{kind: _TARGETS[kind](**fields)})
+def prewarm_spec(schema: TargetSchema, values: Mapping[str, Any]) -> dict[str, Any]:
+    """One target of ``schema``'s kind from ``values`` by API name, as the record keeps it;
+    InvalidSpec naming each field (by API name) when every agent would refuse it."""
+    target = target_pb(schema, values)
+    bad = target_violations(schema, getattr(target, schema.kind), "")
+    if bad:
+        raise InvalidSpec(f"{bad[0].field}: {bad[0].description}", bad)
     return {"targets": [json_format.MessageToDict(target)]}
