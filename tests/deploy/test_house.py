@@ -30,10 +30,21 @@ def test_the_check_fails_on_a_wrong_recipe_and_on_growth(tmp_path: Path) -> None
         "Add a prewarm source kind": (2, ["agent/prewarm/source_<kind>.py", "docs/nowhere.md"]),
         "Add a metric": (3, ["dcgm/fields.py"]),
     }
-    problems = measure["recipe_problems"](listed)
+    # Files that name every kind by hand again, as the CLIs and the coordinator's specs did
+    # before issue 37: by request type, by option, by the API's target field.
+    by_hand = {
+        "cli.py": "from agent.prewarm.model import FileRequest, GroupRequest, ImageRequest\n",
+        "fleet.py": "SOURCES = ('url', 'image', 'model')\n",
+        "specs.py": "TARGETS = {'file': 1, 'image': 2, 'model': 3}\n",
+    }
+    for name, text in by_hand.items():
+        tmp_path.joinpath(name).write_text(text)
+    problems = measure["recipe_problems"](listed, sorted(tmp_path.iterdir()))
     assert any("docs/nowhere.md does not exist" in p for p in problems), problems
     assert any("says 3 files, lists 1" in p for p in problems), problems
-    assert any("agent/cli/prewarm.py names every kind by hand" in p for p in problems)
+    for name in by_hand:
+        assert any(f"{tmp_path / name} names every kind by hand" in p for p in problems)
+    assert measure["kind_naming_files"]() == [], "a product file names every kind by hand"
     grown = measure["limit_problems"]({"agent/mig/plan.py": 10_000, "agent/new.py": 701})
     assert any("grew past its known" in p for p in grown)
     assert any("agent/new.py: 701 lines, over the limit of 700" in p for p in grown)
