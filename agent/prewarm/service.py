@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
@@ -579,17 +579,12 @@ class PrewarmService:
                 self.store.discard_partial(item.id)  # a user's cancel: already failed
                 return self.index.get(item.id)
             # Stopped by shutdown, not by a user: queued to resume from what it kept.
-            resume: dict[str, object] = {"state": ItemState.QUEUED}
-            if outcome.fetched_bytes is not None:
-                resume["fetched_bytes"] = outcome.fetched_bytes
-            if outcome.options is not None:
-                resume["options"] = outcome.options
-            return self.index.update(item.id, **resume)
+            resume = {"fetched_bytes": outcome.fetched_bytes, "options": outcome.options}
+            return self.index.update(item.id, state=ItemState.QUEUED, **_given(resume))
         now = self._clock()
         if isinstance(outcome, Failed):
             return self._failed(item, outcome, now)
-        given = {"sha256": outcome.sha256, "fetched_bytes": outcome.fetched_bytes}
-        changes = {k: v for k, v in given.items() if v is not None}  # None: as it was
+        changes = _given({"sha256": outcome.sha256, "fetched_bytes": outcome.fetched_bytes})
         return self.index.update(
             item.id,
             state=ItemState.READY,
@@ -676,3 +671,8 @@ def _alive(pid: int | None) -> bool:
 
 def _new_id() -> str:
     return os.urandom(6).hex()
+
+
+def _given(changes: Mapping[str, object]) -> dict[str, object]:
+    """An outcome's changes to the row, less those it left unsaid (None: as it was)."""
+    return {k: v for k, v in changes.items() if v is not None}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import click
@@ -12,37 +13,34 @@ from agent.cli.fleet.rollout import rollout_args, rollout_options, start_rollout
 from agent.cli.render import output_option
 from agent.errors import FieldViolation, InvalidSpec
 from agent.prewarm import kinds
-from agent.prewarm.target import Field, TargetSchema
-
-
-def _source(schema: TargetSchema) -> Field:
-    """A kind's source, as the option named as a manifest names it (``--model`` a repo)."""
-    source = schema.by_name[schema.source]
-    return Field(schema.manifest_source, source.type, source.arg, source.default)
+from agent.prewarm.target import Field
 
 
 def _fields() -> list[Field]:
-    """Each kind's source and the fields it alone has, then the fields kinds share."""
+    """Each kind's source (named as a manifest names it: ``--model`` is a repo) and the fields
+    it alone has, then the fields kinds share."""
     schemas = kinds.schemas()
     seen = [f.name for s in schemas for f in s.by_name.values() if f.name != s.source]
     own: list[Field] = []
     shared: dict[str, Field] = {}
     for schema in schemas:
-        own.append(_source(schema))
+        own.append(dataclasses.replace(schema.by_name[schema.source], name=schema.manifest_source))
         for f in schema.by_name.values():
-            if f.name == schema.source:
-                continue
-            if seen.count(f.name) == 1:
+            if f.name != schema.source and seen.count(f.name) == 1:
                 own.append(f)
-            else:
+            elif f.name != schema.source:
                 shared.setdefault(f.name, f)
     return [*own, *shared.values()]
+
+
+_FIELDS = _fields()
+_BY_NAME = {f.name: f for f in _FIELDS}
 
 
 @click.command("prewarm")
 @fleet_options
 @rollout_options
-@kind_options.options(_fields(), fleet=True)
+@kind_options.options(_FIELDS, fleet=True)
 @output_option
 def prewarm(selector: str | None, output: str, **kwargs: Any) -> None:
     """Warm one file, image or model on many nodes, at most --max-unavailable nodes fetching
@@ -60,7 +58,7 @@ def prewarm(selector: str | None, output: str, **kwargs: Any) -> None:
         --include '*.json' --include '*.safetensors' --header-file Authorization=/secrets/hf \\
         --max-unavailable 10 --max-failures 0 --kubernetes
     """
-    given = {f.name: kwargs.pop(f.name) for f in _fields()}
+    given = {f.name: kwargs.pop(f.name) for f in _FIELDS}
     rollout = rollout_args(kwargs)
     spec = _prewarm_spec(given)
     start_rollout(options_from(kwargs), "prewarm", spec, selector, rollout, output)
@@ -92,7 +90,7 @@ def _prewarm_spec(given: dict[str, Any]) -> dict[str, Any]:
     for name, value in given.items():
         if value and name not in sources and name not in schema.fields:
             owners = [f"--{o}" for o, s in sources.items() if name in s.fields]
-            flag = kind_options.option_name(next(_named(name)), fleet=True)
+            flag = kind_options.option_name(_BY_NAME[name], fleet=True)
             raise InvalidSpec(
                 f"{flag} is for {' and '.join(owners)}, not --{option}",
                 [FieldViolation(name, f"only with {' or '.join(owners)}")],
@@ -107,7 +105,3 @@ def _prewarm_spec(given: dict[str, Any]) -> dict[str, Any]:
             for v in exc.violations
         ]
         raise InvalidSpec(f"--{option}: {bad[0].field}: {bad[0].description}", bad) from None
-
-
-def _named(name: str) -> Any:
-    return (f for f in _fields() if f.name == name)
