@@ -34,7 +34,9 @@ __all__ = ["Arg", "Field", "FieldType", "TargetSchema", "arg", "field_type", "un
 
 
 class FieldType(enum.Enum):
-    """A target field's type: its rule and what a refusal says the field takes."""
+    """A target field's type: its rule and what a refusal says the field takes. A request
+    field's annotation says which (`field_type`): a number (``float``) is a count of hours,
+    the only number a target takes today; a kind that needs another adds its type here."""
 
     TEXT = "a string"
     FLAG = "true or false"
@@ -57,10 +59,6 @@ class FieldType(enum.Enum):
                 isinstance(k, str) and isinstance(v, str | Path) for k, v in value.items()
             )
         return value == "" or value in {p.value for p in PullPolicy}  # "": the default
-
-
-#: What an absent (or null) field reads as, by type.
-_EMPTY: dict[FieldType, Any] = {FieldType.FLAG: False, FieldType.GLOBS: [], FieldType.HEADERS: {}}
 
 
 def field_type(annotation: Any) -> FieldType:
@@ -196,11 +194,10 @@ class TargetSchema:
         for key, name in keys.items():
             kind = self.fields[name]
             value = entry.get(key)
-            if kind in _EMPTY and kind is not FieldType.FLAG:
-                value = value or _EMPTY[kind]  # an empty list or mapping may be left out
-            elif value is None and (kind is not FieldType.FLAG or key not in entry):
-                values[name] = _EMPTY.get(kind)
-                continue
+            if kind in (FieldType.GLOBS, FieldType.HEADERS) and not value:
+                continue  # an empty list or mapping may be left out: the default
+            if value is None and (kind is not FieldType.FLAG or key not in entry):
+                continue  # absent: the default (a flag given as null is refused)
             if not kind.accepts(value):
                 errors.append(FieldViolation(f"{where}.{key}", kind.value))
                 found = False

@@ -32,6 +32,7 @@ from agent.redact import redact_text
 from agent.wire.timestamps import seconds, timestamp
 
 __all__ = [
+    "TARGET_MESSAGES",
     "UNKNOWN_KIND",
     "CacheContents",
     "ItemStatus",
@@ -176,7 +177,7 @@ def message_values(
         elif kind is FieldType.PULL_POLICY:
             values[name] = _member(msg.DESCRIPTOR.fields_by_name[name], value, PullPolicy)
         elif kind is FieldType.HEADERS:
-            values[name] = _absolute_headers(value, where, bad)
+            values[name] = _absolute_headers(value, at(where, name), bad)
         elif kind is FieldType.GLOBS:
             values[name] = list(value)
         else:
@@ -205,19 +206,16 @@ def _number(field: Any, value: str | None, members: type[enum.Enum]) -> int:
 def _absolute_headers(
     header_files: Mapping[str, str], where: str, bad: list[FieldViolation]
 ) -> dict[str, Path]:
+    """A header mapping field (at ``where``) whose paths must be absolute on the node."""
     headers = {}
     for name, path in header_files.items():
         if not path or not Path(path).is_absolute():
-            bad.append(
-                FieldViolation(
-                    at(where, f"header_files[{name}]"), "must be an absolute path on the node"
-                )
-            )
+            bad.append(FieldViolation(f"{where}[{name}]", "must be an absolute path on the node"))
         headers[name] = Path(path)
     return headers
 
 
-_MAX_TARGETS = 1000
+_MAXTARGET_MESSAGES = 1000
 
 
 def target_request(
@@ -240,10 +238,10 @@ def target_request(
 def prewarm_requests_from(targets: Sequence[prewarm_pb2.PrewarmTarget]) -> list[SourceRequest]:
     """The request's targets as prewarm requests (`target_request`); shape errors name
     ``targets[i].<kind>.<field>``."""
-    if not 1 <= len(targets) <= _MAX_TARGETS:
+    if not 1 <= len(targets) <= _MAXTARGET_MESSAGES:
         raise InvalidSpec(
-            f"a prewarm needs 1 to {_MAX_TARGETS} targets, got {len(targets)}",
-            [FieldViolation("targets", f"give 1 to {_MAX_TARGETS} targets")],
+            f"a prewarm needs 1 to {_MAXTARGET_MESSAGES} targets, got {len(targets)}",
+            [FieldViolation("targets", f"give 1 to {_MAXTARGET_MESSAGES} targets")],
         )
     bad: list[FieldViolation] = []
     requests = [target_request(t, f"targets[{i}]", bad) for i, t in enumerate(targets)]
@@ -255,7 +253,7 @@ def prewarm_requests_from(targets: Sequence[prewarm_pb2.PrewarmTarget]) -> list[
 def target_pb(schema: TargetSchema, values: Mapping[str, Any]) -> prewarm_pb2.PrewarmTarget:
     """A target of ``schema``'s kind from ``values`` by API name (absent or None: unset), each
     field converted by its type and the message's descriptor: `message_values` inverted."""
-    message = _TARGETS[schema.kind]
+    message = TARGET_MESSAGES[schema.kind]
     fields: dict[str, Any] = {}
     for name, kind in schema.fields.items():
         value = values.get(name)
@@ -275,14 +273,14 @@ def prewarm_targets_pb(requests: Iterable[SourceRequest]) -> list[prewarm_pb2.Pr
     targets = []
     for r in requests:
         schema = kinds.for_request(r).schema
-        if schema is None or schema.kind not in _TARGETS:
+        if schema is None or schema.kind not in TARGET_MESSAGES:
             raise InvalidSpec(f"a {kinds.for_request(r).kind} request has no API target")
         targets.append(target_pb(schema, schema.values(r)))
     return targets
 
 
 #: PrewarmTarget's oneof field (file, image, model, ...) -> its kind's message class
-_TARGETS: dict[str, Any] = {
+TARGET_MESSAGES: dict[str, Any] = {
     f.name: getattr(prewarm_pb2, f.message_type.name)
     for f in prewarm_pb2.PrewarmTarget.DESCRIPTOR.oneofs_by_name["target"].fields
     if f.message_type is not None

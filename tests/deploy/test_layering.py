@@ -95,7 +95,6 @@ KNOWN_EXCEPTIONS = {
     # (a sharing change's SetSharingRequest, a prewarm's PrewarmTargets): the record's format.
     # It reads no message an agent sends.
     ("agent/coordinator/rollout/specs.py", "agent._proto.gpuagent.v1"),  # builds them
-    ("agent/coordinator/control/desired.py", "agent._proto.gpuagent.v1"),  # from desired files
     ("agent/coordinator/rollout/targets.py", "agent._proto.gpuagent.v1"),  # names, checks them
     ("agent/coordinator/rollout/actions.py", "agent._proto.gpuagent.v1"),  # reads them back
 }

@@ -45,7 +45,6 @@ import yaml
 from google.protobuf import json_format
 
 from agent import safeyaml
-from agent._proto.gpuagent.v1 import prewarm_pb2
 from agent.coordinator.fleet.inventory import NodeView
 from agent.coordinator.fleet.selector import Selector, parse_selector
 from agent.coordinator.rollout.schedule import parse_max_unavailable
@@ -57,6 +56,7 @@ from agent.power.spec import parse as parse_power
 from agent.prewarm import kinds
 from agent.prewarm.target import TargetSchema
 from agent.safeyaml import brief, capped
+from agent.wire.prewarm import TARGET_MESSAGES
 
 __all__ = [
     "Desired",
@@ -293,13 +293,8 @@ def _sharing(raw: Any, i: int, bad: list[FieldViolation]) -> SharingRule | None:
 def _prewarm_kinds() -> list[tuple[str, str, Any, TargetSchema]]:
     """(list key, PrewarmTarget field, its message, its schema) of each registered kind with
     an API target (agent/prewarm/target.py): ``files``, ``images``, ``models``."""
-    fields = prewarm_pb2.PrewarmTarget.DESCRIPTOR.fields_by_name
-    known = []
-    for s in kinds.schemas():
-        message = fields[s.kind].message_type if s.kind in fields else None
-        if message is not None:
-            known.append((s.plural, s.kind, getattr(prewarm_pb2, message.name), s))
-    return known
+    messages = TARGET_MESSAGES
+    return [(s.plural, s.kind, messages[s.kind], s) for s in kinds.schemas() if s.kind in messages]
 
 
 def _listed(known: Sequence[tuple[str, str, Any, TargetSchema]], last: str) -> str:
