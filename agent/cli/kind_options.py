@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import click
@@ -17,9 +17,6 @@ from agent.prewarm.model import PullPolicy
 from agent.prewarm.target import Field, FieldType, TargetSchema
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-#: how each CLI shows a header option's value: the local one reads a file, nodes read paths
-_HEADER_METAVAR = {False: "NAME=FILE", True: "HEADER=PATH"}
 
 
 def option_name(field: Field, fleet: bool) -> str:
@@ -33,7 +30,7 @@ def option_name(field: Field, fleet: bool) -> str:
 def option(field: Field, fleet: bool) -> Callable[[F], F]:
     """The click option of one request field. Locally it shows the request's default; in the
     fleet every option defaults to unset, so the options given say which kind is asked for."""
-    attrs: dict[str, Any] = {"help": field.arg.fleet if fleet else field.arg.help}
+    attrs: dict[str, Any] = {"help": (fleet and field.arg.fleet) or field.arg.help}
     if field.arg.metavar:
         attrs["metavar"] = field.arg.metavar
     kind = field.type
@@ -42,7 +39,7 @@ def option(field: Field, fleet: bool) -> Callable[[F], F]:
     elif kind is FieldType.GLOBS:
         attrs["multiple"] = True
     elif kind is FieldType.HEADERS:
-        attrs.update(multiple=True, metavar=_HEADER_METAVAR[fleet])
+        attrs.update(multiple=True, metavar="HEADER=PATH" if fleet else "NAME=FILE")
     elif kind is FieldType.HOURS:
         attrs["type"] = click.FloatRange(min=0, min_open=True)
     elif kind is FieldType.PULL_POLICY:
@@ -67,27 +64,19 @@ def options(fields: Iterable[Field], fleet: bool) -> Callable[[F], F]:
     return add
 
 
-def header_files(specs: Sequence[str], refuse: Callable[[str], Exception]) -> dict[str, str]:
-    """``NAME=FILE`` options as {name: file}; ``refuse(spec)`` is raised for a malformed one."""
-    headers = {}
-    for spec in specs:
-        key, sep, path = spec.partition("=")
-        if not sep or not key or not path:
-            raise refuse(spec)
-        headers[key] = path
-    return headers
-
-
 def values(
     schema: TargetSchema, given: Mapping[str, Any], refuse: Callable[[str], Exception]
 ) -> dict[str, Any]:
-    """The options given for ``schema``'s fields as its values by API name (absent: unset)."""
-    out: dict[str, Any] = {}
-    for name, field in schema.by_name.items():
-        value = given.get(name)
-        if field.type is FieldType.HEADERS:
-            value = header_files(value or (), refuse)
-        elif field.type is FieldType.GLOBS:
-            value = list(value or ())
-        out[name] = value
+    """The options given for ``schema``'s fields as its values by API name (absent: unset);
+    ``refuse(spec)`` is raised for a header that is not ``NAME=FILE``."""
+    out = {name: given.get(name) for name in schema.fields}
+    for name, kind in schema.fields.items():
+        if kind is FieldType.HEADERS:
+            pairs = [spec.partition("=") for spec in out[name] or ()]
+            bad = [k + s + v for k, s, v in pairs if not (k and s and v)]
+            if bad:
+                raise refuse(bad[0])
+            out[name] = {k: v for k, _, v in pairs}
+        elif kind is FieldType.GLOBS:
+            out[name] = list(out[name] or ())
     return out

@@ -29,17 +29,10 @@ class Arg:
     manifest: str | None = None
 
 
-def arg(
-    help: str = "",
-    *,
-    default: Any = dataclasses.MISSING,
-    fleet: str = "",
-    metavar: str | None = None,
-    source: bool = False,
-    manifest: str | None = None,
-) -> Any:
-    """A request field with its `Arg`; a mutable default (a mapping) is copied per request."""
-    meta = {_KEY: Arg(help, fleet or help, metavar, source, manifest)}
+def arg(help: str = "", *, default: Any = dataclasses.MISSING, **described: Any) -> Any:
+    """A request field with its `Arg` (``help`` and the keywords ``fleet``, ``metavar``,
+    ``source``, ``manifest``); a mapping default is copied per request."""
+    meta = {_KEY: Arg(help, **described)}
     if isinstance(default, dict):
         return dataclasses.field(default_factory=dict, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -47,5 +40,4 @@ def arg(
 
 def arg_of(f: dataclasses.Field[Any]) -> Arg:
     """A field's `Arg` (an empty one for a field declared without `arg`)."""
-    found = f.metadata.get(_KEY)
-    return found if isinstance(found, Arg) else Arg()
+    return f.metadata.get(_KEY, Arg())

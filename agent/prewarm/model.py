@@ -62,10 +62,6 @@ class Layout(enum.Enum):
 _FLEET_NAME = "Item name (the node label's name)."
 _FLEET_PIN = "Never evict it."
 _FLEET_HEADERS = "A header whose value each node reads from a file (a mounted secret)."
-_HEADERS = (
-    "Send header NAME with the value read from FILE (a mounted secret), which must lie in "
-    "a prewarm.header_dirs directory bound to the URL's origin. Repeatable."
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +85,12 @@ class FileRequest:
         fleet=_FLEET_NAME,
     )
     pin: bool = arg("Never evict this item.", default=False, fleet=_FLEET_PIN)
-    header_files: Mapping[str, Path] = arg(_HEADERS, default={}, fleet=_FLEET_HEADERS)
+    header_files: Mapping[str, Path] = arg(
+        "Send header NAME with the value read from FILE (a mounted secret), which must lie in "
+        "a prewarm.header_dirs directory bound to the URL's origin. Repeatable.",
+        default={},
+        fleet=_FLEET_HEADERS,
+    )
 
 
 @dataclass(frozen=True, slots=True)

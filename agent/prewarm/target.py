@@ -63,9 +63,8 @@ class FieldType(enum.Enum):
 
 def field_type(annotation: Any) -> FieldType:
     """A request field's `FieldType`, from its annotation (``str | None`` is TEXT...)."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if isinstance(annotation, types.UnionType) and len(args) == 1:
-        annotation = args[0]
+    if isinstance(annotation, types.UnionType):  # X | None: an optional X
+        (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
     origin = typing.get_origin(annotation) or annotation
     for python, kind in _TYPES:
         if isinstance(origin, type) and issubclass(origin, python):
@@ -114,18 +113,19 @@ class Field:
             return {k: str(v) for k, v in value.items()}
         if self.type is FieldType.GLOBS:
             return list(value)
-        return value.value if isinstance(value, PullPolicy) else value
+        return value.value if isinstance(value, enum.Enum) else value
 
 
 def _fields(request_type: type) -> tuple[Field, ...]:
     hints = typing.get_type_hints(request_type)
-    out = []
-    for f in dataclasses.fields(request_type):
-        default = f.default
-        if f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        out.append(Field(f.name, field_type(hints[f.name]), arg_of(f), default))
-    return tuple(out)
+    return tuple(
+        Field(f.name, field_type(hints[f.name]), arg_of(f), _default(f))
+        for f in dataclasses.fields(request_type)
+    )
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    return f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
 
 
 @dataclass(frozen=True)
