@@ -3,11 +3,12 @@
 Each kind is one `Source` (agent/prewarm/source.py) in its own module,
 ``agent/prewarm/source_<kind>.py``, which names it ``SOURCE``: this registry finds those
 modules by name and registers each, so a new kind is its module alone. Registered, it is all
-the service, the store, the inventory, the manifest and the API's conversion need to handle
-its items. The records (agent/prewarm/model.py) know no kinds: what depends on an item's kind
-is asked here (`layout_of`, `label_ready`), and the store, below this registry (a kind's
-module imports it), is given `layout_of` when it is built. A test registers a kind of its own
-with `register` (or `registered`) and drops it with `unregister`.
+the service, the store, the inventory, the manifest, the API's conversion, the coordinator's
+checks and both CLIs' commands need to handle its items. The records (agent/prewarm/model.py)
+know no kinds: what depends on an item's kind is asked here (`layout_of`, `label_ready`), and
+the store, below this registry (a kind's module imports it), is given `layout_of` when it is
+built. A test registers a kind of its own with `register` (or `registered`) and drops it with
+`unregister`.
 """
 
 from __future__ import annotations
