@@ -408,6 +408,7 @@ def test_a_leader_whose_loop_is_blocked_past_the_renew_deadline_keeps_the_lease(
         monkeypatch.setattr(reconcile, "rollout", busy)
         stop = asyncio.Event()
         run = asyncio.create_task(reconciler.run(stop))
+
         async def first_pass() -> None:
             while reconciler.stats.passes["ok"] == 0:
                 await asyncio.sleep(0.05)
