@@ -1,6 +1,7 @@
-"""A reconcile pass asks only the rule's nodes: a MIG rule that picks one node of a 300-node
-fleet reads claims and running operations of that pool, not of every node, while a node of the
-pool that another holder is changing still counts against max-unavailable.
+"""What a reconcile pass asks of the agents and the API. Only the rule's nodes: a MIG rule
+that picks one node of a 300-node fleet reads claims and running operations of that pool, not
+of every node, while a node of the pool that another holder is changing still counts against
+max-unavailable. And a few writes of the status ConfigMap per rollout, not one per node.
 
 The agents are in-process stand-ins that count every call; the coordinator's own flows (the
 real `Reconciler`, `rollout`, claims, the health gate) run over them."""
@@ -8,6 +9,8 @@ real `Reconciler`, `rollout`, claims, the health gate) run over them."""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,10 +18,12 @@ from types import SimpleNamespace as NS
 from typing import Any
 
 from agent._proto.gpuagent.v1 import agent_pb2
+from agent.coordinator.control.cluster import STATUS_CONFIGMAP, ClusterReport
 from agent.coordinator.control.reconcile import Reconciler
 from agent.coordinator.fleet.channels import Fleet
 from agent.coordinator.fleet.discovery import Target
 from agent.coordinator.fleet.inventory import NodeView, node_view
+from agent.errors import NotFound
 from agent.wire.node import node_from
 from tests.unit.coordinator.fakeagents import node
 
@@ -55,6 +60,7 @@ class Agent:
         self.applied = False
         self.claim: NS | None = None
         self.running: tuple[NS, ...] = ()
+        self.apply_s = 0.0
 
     def _count(self, call: str) -> None:
         self.calls[call] += 1
@@ -103,6 +109,7 @@ class Agent:
 
     async def watch_operation(self, name: str) -> AsyncIterator[NS]:
         self._count("WatchOperation")
+        await asyncio.sleep(self.apply_s)
         done = NS(changed_gpu_uuids=("u",))
         yield NS(progress="", state="succeeded", failure="", mig_result=done)
 
@@ -189,3 +196,55 @@ def test_the_nodes_of_a_wave_share_their_claim_reads(tmp_path: Path) -> None:
     assert all(fleet.agents[n].applied for n in pool)
     assert fleet.calls["ClaimMig"] == 20
     assert fleet.calls["GetMigClaim"] <= 20 * 2 * 4  # two reads of the pool per wave of 5
+
+
+class ConfigMaps:
+    """The API's ConfigMaps in memory (the `Requester` a ClusterReport calls); Events are
+    dropped. ``writes`` counts the ConfigMap POSTs and PUTs."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, str] | None = None
+        self.writes = 0
+
+    def request(self, method: str, path: str, *, body: Any = None, **kw: Any) -> Any:
+        if "/events" in path:
+            return {}
+        if method == "GET":
+            if self.data is None:
+                raise NotFound("no ConfigMap")
+            return {"metadata": {"name": STATUS_CONFIGMAP}, "data": dict(self.data)}
+        self.writes += 1
+        self.data = dict(body["data"])
+        return body
+
+
+def test_a_20_node_rollout_writes_its_status_a_bounded_number_of_times(tmp_path: Path) -> None:
+    """20 nodes one at a time, 50 ms each, status at most every 0.25 s: the ConfigMap is
+    written at the start, a few times while nodes end, and at the end with every node."""
+    pool = {f"n{i:03d}" for i in range(20)}
+    fleet = CountingFleet(40, train=pool)
+    for n in pool:
+        fleet.agents[n].apply_s = 0.05
+    maps = ConfigMaps()
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(DESIRED.format(limit=1))
+    cluster = ClusterReport(maps, "gpu-agent", "coordinator-0")
+    reconciler = Reconciler(
+        fleet, desired, cluster=cluster, identity="coordinator-0", status_every_s=0.25
+    )
+
+    async def main() -> float:
+        began = time.monotonic()
+        await reconciler.pass_once()
+        took = time.monotonic() - began
+        await reconciler.flush_reports()
+        return took
+
+    took = asyncio.run(main())
+    assert took >= 1.0  # 20 x 50 ms
+    # The start, at most one per interval while nodes end, and the end: never one per node.
+    assert 3 <= maps.writes <= 2 + took / 0.25 + 1 < 20
+    assert maps.data is not None
+    status = json.loads(maps.data["mig"])
+    assert status["state"] == "done" and status["counts"] == {"succeeded": 20}
+    assert {n: r["state"] for n, r in status["nodes"].items()} == dict.fromkeys(pool, "succeeded")
