@@ -7,6 +7,11 @@ latest sweep when it is at most ``max_age_s`` old (each reconcile pass's sweep f
 request past half that age refreshes it in the background for the next one), a new sweep
 otherwise or with ``fresh=1``. The answer says when its sweep was (``observed_at``, ``age_s``).
 Concurrent requests share one sweep.
+
+The default answer is the summary (agent.coordinator.fleet.status: totals, profiles, the
+nodes that need attention); ``nodes=1`` adds every node's record. The summary of each pass's
+sweep is rendered in a thread as the sweep lands, and until it is ready a request gets the
+previous sweep's: at 5,000 nodes the render takes seconds of CPU, a request should not wait.
 """
 
 from __future__ import annotations
@@ -40,8 +45,9 @@ class _Sweep:
     #: monotonic, for its age; ``observed_at`` is the wall-clock time shown
     at: float
     observed_at: float
-    #: rendered answers by selector text: the status records cost 0.5 s at 1,000 nodes
-    rendered: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    #: rendered answers by (selector, idle threshold, every node): the status records cost
+    #: 0.5 s at 1,000 nodes
+    rendered: dict[tuple[str, str, bool], bytes] = field(default_factory=dict)
     #: the default answer being rendered off the loop (`StatusEndpoint.observe`)
     rendering: asyncio.Future[bytes] | None = None
 
@@ -62,6 +68,8 @@ class StatusEndpoint:
         self._clock = clock
         self._wall = wall
         self._last: _Sweep | None = None
+        #: the latest sweep whose default answer is rendered (answers while a newer renders)
+        self._ready: _Sweep | None = None
         #: the sweep in flight, and its idle threshold
         self._running: tuple[float, asyncio.Future[_Sweep]] | None = None
         self._refresh: asyncio.Task[None] | None = None
@@ -81,6 +89,12 @@ class StatusEndpoint:
         sweep.rendering = asyncio.ensure_future(
             asyncio.to_thread(self._render, sweep, Selector(), StatusQuery())
         )
+        sweep.rendering.add_done_callback(lambda _: self._rendered(sweep))
+
+    def _rendered(self, sweep: _Sweep) -> None:
+        ready = self._ready
+        if ready is None or ready.at <= sweep.at:
+            self._ready = sweep
 
     async def __call__(self, request: Request) -> Response:
         query = StatusQuery.from_path(request.path)
@@ -103,6 +117,10 @@ class StatusEndpoint:
         last = self._last
         if fresh or last is None or last.idle_after_s != idle_after_s:
             return None
+        rendering = last.rendering is not None and not last.rendering.done()
+        ready = self._ready
+        if rendering and ready is not None and ready.idle_after_s == idle_after_s:
+            last = ready  # the newest sweep is still being rendered: the one before answers
         return last if self._clock() - last.at <= self._max_age_s else None
 
     async def _sweep(self, idle_after_s: float) -> _Sweep:
@@ -126,11 +144,12 @@ class StatusEndpoint:
         await asyncio.to_thread(self._render, sweep, Selector(), StatusQuery())
 
     def _render(self, sweep: _Sweep, selector: Selector, query: StatusQuery) -> bytes:
-        key = (str(selector), query.idle_after)
+        key = (str(selector), query.idle_after, query.nodes)
         found = sweep.rendered.get(key)
         if found is None:
             views = [v for v in sweep.views if selector.matches(v)]
-            document = status_document(fleet_status(views), query.idle_after)
+            status = fleet_status(views)
+            document = status_document(status, query.idle_after, nodes=query.nodes)
             document["observed_at"] = sweep.observed_at
             found = json.dumps(document).encode()
             sweep.rendered[key] = found
