@@ -97,6 +97,10 @@ def canned_nodes(count: int, seed: int) -> list[bytes]:
             gpu.uuid = f"GPU-{i:04}-{layout.gpu.index}"
             node.gpus.append(gpu)
         node.health.healthy = True
+        # The device plugin hands the GPUs out: MIG changes are allowed (a node whose mode is
+        # unknown is left out of plans and rollouts).
+        node.allocation.mode = agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN
+        node.allocation.evidence = "nvidia.com/gpu in the Node's allocatable"
         out.append(agent_pb2.GetNodeResponse(node=node).SerializeToString())
     return out
 

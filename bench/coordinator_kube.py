@@ -109,8 +109,6 @@ def _serve(
         for raw in nodes:
             answer = agent_pb2.GetNodeResponse.FromString(raw)
             answer.node.name = ""  # named by the pod's node, as the coordinator knows it
-            answer.node.allocation.mode = agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN
-            answer.node.allocation.evidence = "nvidia.com/gpu in the Node's allocatable"
             answers.append(answer.SerializeToString())
         log: list[tuple[float, float]] = []
         agents = CannedAgents(answers, apply_s, log, by_peer=True)
