@@ -107,21 +107,25 @@ class StatusEndpoint:
         sweep = self._reusable(seconds, query.fresh)
         if sweep is None:
             sweep = await self._sweep(seconds)
-        elif self._clock() - sweep.at > self._max_age_s / 2:
-            self._refresh_later(seconds)
+        elif sweep is self._last and self._clock() - sweep.at > self._max_age_s / 2:
+            self._refresh_later(seconds)  # no newer sweep is on its way: start one
         if sweep.rendering is not None and not sweep.rendering.done():
             await asyncio.shield(sweep.rendering)  # the same bytes, rendered once
         return Response(200, self._render(sweep, selector, query), _JSON)
 
     def _reusable(self, idle_after_s: float, fresh: bool) -> _Sweep | None:
-        last = self._last
-        if fresh or last is None or last.idle_after_s != idle_after_s:
+        """The sweep to answer from: the newest whose answer is rendered, else the newest
+        (its render is then waited for), if young enough; None: sweep anew."""
+        if fresh:
             return None
-        rendering = last.rendering is not None and not last.rendering.done()
-        ready = self._ready
-        if rendering and ready is not None and ready.idle_after_s == idle_after_s:
-            last = ready  # the newest sweep is still being rendered: the one before answers
-        return last if self._clock() - last.at <= self._max_age_s else None
+        last, ready = self._last, self._ready
+        rendering = last is not None and last.rendering is not None and not last.rendering.done()
+        for sweep in (ready, last) if rendering else (last,):
+            if sweep is None or sweep.idle_after_s != idle_after_s:
+                continue
+            if self._clock() - sweep.at <= self._max_age_s:
+                return sweep
+        return None
 
     async def _sweep(self, idle_after_s: float) -> _Sweep:
         """A new sweep; a request arriving while one with its threshold runs takes that one."""

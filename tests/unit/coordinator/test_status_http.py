@@ -191,3 +191,36 @@ def test_while_a_new_sweep_renders_the_previous_one_answers(
         )
 
     assert asyncio.run(main()) == (["old"], ["new"])
+
+
+def test_a_too_old_previous_sweep_waits_for_the_new_render_rather_than_sweeping(
+    sweeps: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rendered sweep is past --status-max-age and the newest is still rendering: the
+    request waits for that render (seconds), not for a sweep of its own (one GetNode per
+    agent: at 5,000 nodes, 36 s)."""
+    import threading
+
+    release = threading.Event()
+    document = status_http.status_document
+
+    def slow(status: Any, *args: Any, **kw: Any) -> dict[str, Any]:
+        if status.nodes and status.nodes[0].name == "new":
+            assert release.wait(10)
+        return document(status, *args, **kw)
+
+    monkeypatch.setattr(status_http, "status_document", slow)
+    clock = Clock()
+    endpoint = status_http.StatusEndpoint(cast(Fleet, object()), max_age_s=60, clock=clock)
+    request = cast(Request, type("R", (), {"path": "/fleet/status?nodes=1"}))
+
+    async def main() -> list[str]:
+        endpoint.observe((NodeView("old", "10.0.0.1:9401"),), 3600.0, clock.now)
+        await endpoint(request)
+        clock.now += 70  # the old sweep is now too old to answer
+        endpoint.observe((NodeView("new", "10.0.0.2:9401"),), 3600.0, clock.now - 30)
+        asyncio.get_running_loop().call_later(0.2, release.set)
+        answer = await asyncio.wait_for(endpoint(request), 5)
+        return [n["name"] for n in json.loads(answer.body)["nodes"]]
+
+    assert asyncio.run(main()) == ["new"] and sweeps == []
