@@ -54,34 +54,29 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import grpc
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent._proto.gpuagent.v1 import (  # noqa: E402
-    agent_pb2,
-    agent_pb2_grpc,
-    mig_pb2,
-    mig_pb2_grpc,
-    operations_pb2,
-    operations_pb2_grpc,
-)
-from agent.api.auth import Policy, Role  # noqa: E402
-from agent.api.interceptor import ApiInterceptor  # noqa: E402
+from agent._proto.gpuagent.v1 import agent_pb2  # noqa: E402
 from agent.coordinator.fleet.query import STATUS_PATH  # noqa: E402
 from agent.coordinator.rollout.schedule import parse_max_unavailable  # noqa: E402
-from bench.fleet_scale import canned_nodes  # noqa: E402
+from bench.canned_agents import (  # noqa: E402
+    CannedAgents,
+    agent_server,
+    canned_nodes,
+    server_credentials,
+)
 from tests.kube.fake_api import Pod  # noqa: E402
 from tests.kube.fake_edge import Call, EdgeKubeApi  # noqa: E402
 from tests.kube.fixtures import make_tls_cert  # noqa: E402
-from tests.unit.api.support import COORDINATOR, Pki  # noqa: E402
+from tests.unit.api.support import Pki  # noqa: E402
 
 NAMESPACE = "gpu-agent"
 AGENT_LABELS = {"app.kubernetes.io/name": "gpu-agent", "app.kubernetes.io/component": "agent"}
@@ -106,138 +101,24 @@ mig:
 # -- cheap agents: one gRPC server per process, listening on many ports ------------------------
 
 
-class _Agents(
-    agent_pb2_grpc.NodeServiceServicer,
-    mig_pb2_grpc.MigServiceServicer,
-    operations_pb2_grpc.OperationsServiceServicer,
-):
-    """Every agent of a process: a canned inventory per connection, MIG state per connection
-    (the coordinator keeps one channel per agent), applies that take ``apply_s``."""
-
-    def __init__(self, nodes: list[bytes], apply_s: float) -> None:
-        self.nodes = [agent_pb2.GetNodeResponse.FromString(n) for n in nodes]
-        for answer in self.nodes:
-            answer.node.name = ""  # named by the pod's node, as the coordinator knows it
-            answer.node.allocation.mode = agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN
-            answer.node.allocation.evidence = "nvidia.com/gpu in the Node's allocatable"
-        self.apply_s = apply_s
-        self.peers: dict[str, int] = {}
-        self.applied: dict[str, str] = {}
-        self.claims: dict[str, mig_pb2.MigClaim] = {}
-        self.ops: dict[str, dict[str, operations_pb2.Operation]] = {}
-        self.by_request: dict[str, str] = {}
-        self.done: dict[str, asyncio.Event] = {}
-        self.log: list[tuple[float, float]] = []
-
-    def _node(self, context: Any) -> agent_pb2.GetNodeResponse:
-        peer = context.peer()
-        index = self.peers.setdefault(peer, len(self.peers))
-        return self.nodes[index % len(self.nodes)]
-
-    async def GetNode(self, request: object, context: Any) -> agent_pb2.GetNodeResponse:
-        return self._node(context)
-
-    async def PlanMig(self, request: mig_pb2.PlanMigRequest, context: Any) -> object:
-        done = self.applied.get(context.peer()) == request.config_name
-        status = mig_pb2.MIG_PLAN_STATUS_UNCHANGED if done else mig_pb2.MIG_PLAN_STATUS_CHANGE
-        gpus = self._node(context).node.gpus
-        return mig_pb2.PlanMigResponse(
-            config_name=request.config_name,
-            gpus=[mig_pb2.GpuMigPlan(gpu_index=g.index, gpu_uuid=g.uuid, status=status)
-                  for g in gpus],
-        )  # fmt: skip
-
-    async def ClaimMig(self, request: mig_pb2.ClaimMigRequest, context: Any) -> object:
-        claim = mig_pb2.MigClaim(
-            holder=request.holder,
-            rollout=request.rollout,
-            max_unavailable=request.max_unavailable,
-            expires_in_seconds=float(request.ttl_seconds or 30),
-        )
-        self.claims[context.peer()] = claim
-        return mig_pb2.ClaimMigResponse(claim=claim)
-
-    async def GetMigClaim(self, request: object, context: Any) -> object:
-        found = self.claims.get(context.peer())
-        return mig_pb2.GetMigClaimResponse(claim=found) if found else mig_pb2.GetMigClaimResponse()
-
-    async def ReleaseMigClaim(self, request: object, context: Any) -> object:
-        found = self.claims.pop(context.peer(), None)
-        return mig_pb2.ReleaseMigClaimResponse(released=found is not None)
-
-    async def ApplyMig(self, request: mig_pb2.ApplyMigRequest, context: Any) -> object:
-        peer = context.peer()
-        mine = self.ops.setdefault(peer, {})
-        name = self.by_request.get(request.request_id)
-        if name is None:
-            name = f"operations/{peer}/{len(mine) + 1}"
-            self.by_request[request.request_id] = name
-            op = operations_pb2.Operation(name=name, kind="mig.apply")
-            op.state = operations_pb2.OPERATION_STATE_RUNNING
-            op.create_time.GetCurrentTime()
-            mine[name] = op
-            self.done[name] = asyncio.Event()
-            asyncio.get_running_loop().create_task(self._finish(peer, name, request.config_name))
-        return mig_pb2.ApplyMigResponse(operation=mine[name])
-
-    async def _finish(self, peer: str, name: str, config: str) -> None:
-        started = time.time()
-        await asyncio.sleep(self.apply_s)
-        op = operations_pb2.Operation()
-        op.CopyFrom(self.ops[peer][name])
-        op.state, op.done = operations_pb2.OPERATION_STATE_SUCCEEDED, True
-        op.update_time.GetCurrentTime()
-        self.ops[peer][name] = op
-        self.applied[peer] = config
-        self.claims.pop(peer, None)  # the claim ends with the operation bound to it
-        self.log.append((started, time.time()))
-        self.done[name].set()
-
-    async def ListOperations(
-        self, request: operations_pb2.ListOperationsRequest, context: Any
-    ) -> operations_pb2.ListOperationsResponse:
-        ops = [
-            op
-            for op in reversed(self.ops.get(context.peer(), {}).values())
-            if (not request.kind or op.kind == request.kind)
-            and (not request.HasField("done") or op.done == request.done)
-        ]
-        return operations_pb2.ListOperationsResponse(operations=ops[: request.page_size or 100])
-
-    async def GetOperation(self, request: Any, context: Any) -> operations_pb2.Operation:
-        return self.ops[context.peer()][request.name]
-
-    async def WatchOperation(self, request: Any, context: Any) -> AsyncIterator[object]:
-        op = self.ops[context.peer()]
-        yield operations_pb2.WatchOperationResponse(operation=op[request.name])
-        if not op[request.name].done:
-            await self.done[request.name].wait()
-            yield operations_pb2.WatchOperationResponse(operation=op[request.name])
-
-
 def _serve(
     count: int, nodes: list[bytes], pki_root: str, apply_s: float, conn: Connection
 ) -> None:  # pragma: no cover - runs in a child process
     async def main() -> None:
-        root = Path(pki_root)
-        credentials = grpc.ssl_server_credentials(
-            [((root / "server.key").read_bytes(), (root / "server.pem").read_bytes())],
-            root_certificates=(root / "ca.pem").read_bytes(),
-            require_client_auth=True,
-        )
-        agents = _Agents(nodes, apply_s)
-        server = grpc.aio.server(
-            interceptors=[ApiInterceptor(Policy.of({Role.ADMIN: [COORDINATOR]}))],
-            options=[("grpc.so_reuseport", 0)],
-        )
-        agent_pb2_grpc.add_NodeServiceServicer_to_server(agents, server)
-        mig_pb2_grpc.add_MigServiceServicer_to_server(agents, server)
-        operations_pb2_grpc.add_OperationsServiceServicer_to_server(agents, server)
+        answers = []
+        for raw in nodes:
+            answer = agent_pb2.GetNodeResponse.FromString(raw)
+            answer.node.name = ""  # named by the pod's node, as the coordinator knows it
+            answers.append(answer.SerializeToString())
+        log: list[tuple[float, float]] = []
+        agents = CannedAgents(answers, apply_s, log, by_peer=True)
+        server = agent_server(agents, [("grpc.so_reuseport", 0)])
+        credentials = server_credentials(Path(pki_root))
         ports = [server.add_secure_port("127.0.0.1:0", credentials) for _ in range(count)]
         await server.start()
         conn.send(ports)
         await asyncio.get_running_loop().run_in_executor(None, conn.recv)  # until told to stop
-        conn.send(agents.log)
+        conn.send(log)
         await server.stop(None)
 
     asyncio.run(main())
@@ -394,10 +275,10 @@ def status_end_to_end(base: str, nodes: int, fresh: bool = False) -> tuple[float
     return took, cpu, len(out.stdout)
 
 
-def http_status(base: str) -> tuple[float, int]:
+def http_status(base: str, query: str = "") -> tuple[float, int]:
     """GET /fleet/status alone (no CLI): (wall s, bytes)."""
     started = time.perf_counter()
-    with urllib.request.urlopen(base + STATUS_PATH, timeout=300) as response:
+    with urllib.request.urlopen(base + STATUS_PATH + query, timeout=300) as response:
         body = response.read()
     return time.perf_counter() - started, len(body)
 
@@ -409,6 +290,15 @@ def cpu_s(pid: int) -> float:
 
 
 _LAST: list[object] = [None]
+
+
+def lease_losses(api: EdgeKubeApi, coordinator: Coordinator) -> str:
+    lease = api.leases.get((NAMESPACE, "gpu-agent-coordinator")) or {}
+    transitions = (lease.get("spec") or {}).get("leaseTransitions", 0)
+    log = coordinator.log.read_text()
+    lost = log.count("lost the lease")
+    stepped = log.count("not leading")
+    return f"{transitions} transitions; {lost} passes stopped; {stepped} 'not leading' lines"
 
 
 def rollout_done(api: EdgeKubeApi, names: list[str]) -> bool:
@@ -477,6 +367,8 @@ def run(args: argparse.Namespace) -> list[tuple[str, str]]:
                        f"{len(picked)} nodes' labels change at once")  # fmt: skip
             add(rows, "Watches open at the end (at most, whole run)",
                 f"{api.open_watches} ({api.most_watches}): agent pods and nodes")  # fmt: skip
+            add(rows, "Lease over the whole run: leader changes (leaseTransitions), passes "
+                "stopped for a lost lease (log)", lease_losses(api, coordinator))  # fmt: skip
         except BaseException:
             if coordinator is not None:
                 say("coordinator log (end):\n" + coordinator.log.read_text()[-4000:])
@@ -541,11 +433,14 @@ def status(coordinator: Coordinator, args: Any, rows: list[Any]) -> None:
     add(rows, f"`gpu-agent fleet status --coordinator URL -o json` end to end, {args.nodes:,} "
         "nodes (a new CLI process; the leader's latest sweep; median of 3)",
         f"{wall:.2f} s wall (runs {', '.join(f'{t:.2f}' for t, _, _ in runs)} s), CLI process "
-        f"{cpu:.2f} s CPU; {runs[0][2] / 1e6:.1f} MB printed")  # fmt: skip
+        f"{cpu:.2f} s CPU; {runs[0][2] / 1e3:.1f} KB printed")  # fmt: skip
     answers = [http_status(coordinator.base) for _ in range(3)]
     add(rows, "GET /fleet/status alone (the coordinator's answer, no CLI; median of 3)",
         f"{statistics.median(t for t, _ in answers):.2f} s, "
-        f"{answers[0][1] / 1e6:.1f} MB")  # fmt: skip
+        f"{answers[0][1] / 1e3:.1f} KB")  # fmt: skip
+    took, size = http_status(coordinator.base, "?nodes=1")
+    add(rows, "GET /fleet/status?nodes=1 (every node's record; once)",
+        f"{took:.2f} s, {size / 1e6:.1f} MB")  # fmt: skip
 
 
 def change(

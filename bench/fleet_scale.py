@@ -17,35 +17,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import multiprocessing
 import os
-import random
 import shlex
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from multiprocessing.connection import Connection
 from pathlib import Path
-
-import grpc
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent._proto.gpuagent.v1 import (  # noqa: E402
-    agent_pb2,
-    agent_pb2_grpc,
-    mig_pb2,
-    mig_pb2_grpc,
-    operations_pb2,
-    operations_pb2_grpc,
-)
-from agent.api.auth import Policy, Role  # noqa: E402
-from agent.api.interceptor import ApiInterceptor  # noqa: E402
 from agent.client import ClientTls  # noqa: E402
 from agent.coordinator.control import status_http  # noqa: E402
 from agent.coordinator.fleet.channels import Fleet  # noqa: E402
@@ -59,23 +44,15 @@ from agent.coordinator.planning.demand import Demand, DemandEntry  # noqa: E402
 from agent.coordinator.planning.planner import NodeLayouts, plan_fleet  # noqa: E402
 from agent.coordinator.rollout.record import RolloutRecord  # noqa: E402
 from agent.coordinator.rollout.schedule import parse_max_unavailable  # noqa: E402
-from agent.gpu import open_driver  # noqa: E402
-from agent.gpu.types import (  # noqa: E402
-    ComputeInstance,
-    GpuInstance,
-    GpuLayout,
-    MigMode,
-    Placement,
-    Process,
-)
 from agent.http import HttpServer  # noqa: E402
-from agent.mig.plan import Desired, plan_gpu  # noqa: E402
-from agent.wire.node import gpu_pb  # noqa: E402
-from tests.unit.api.support import COORDINATOR, Pki  # noqa: E402
+from bench.canned_agents import (  # noqa: E402
+    CannedAgents,
+    agent_server,
+    canned_nodes,
+    server_credentials,
+)
+from tests.unit.api.support import Pki  # noqa: E402
 
-PRESETS = ("dgx-h100", "dgx-a100-80", "hgx-h200", "dgx-a100")
-#: per GPU: MIG off, or instances by compute-slice count (resolved per model)
-TEMPLATES: tuple[dict[int, int] | None, ...] = (None, {1: 7}, {3: 2}, {1: 2, 2: 1, 3: 1}, {7: 1})
 MIG_CONFIG = """\
 version: v1
 mig-configs:
@@ -86,163 +63,18 @@ mig-configs:
 """
 
 
-# -- canned agents ----------------------------------------------------------------------------
-
-
-def _with_instances(
-    layout: GpuLayout, slices: dict[int, int] | None, rng: random.Random
-) -> GpuLayout:
-    if slices is None:
-        return layout
-    names = {
-        p.slice_count: p.name
-        for p in reversed(layout.profiles)
-        if "+me" not in p.name and (p.slice_count > 1 or p.memory_slices == 1)
-    }
-    desired = Desired(True, tuple((names[g], n) for g, n in slices.items()))
-    target = plan_gpu(layout, desired).target
-    assert target is not None
-    instances = tuple(
-        GpuInstance(
-            i + 1,
-            gi.profile_id,
-            gi.profile_name,
-            gi.placement,
-            tuple(ComputeInstance(0, ci.slices, Placement(0, ci.slices), None) for ci in gi.cis),
-        )
-        for i, gi in enumerate(target.instances)
-    )
-    busy = tuple(
-        Process(10_000 + gi.id, 1 << 30, gi.id, 0) for gi in instances if rng.random() < 0.4
-    )
-    gpu = dataclasses.replace(layout.gpu, mig_mode=MigMode(True, True))
-    return GpuLayout(gpu, layout.profiles, instances, busy)
-
-
-def canned_nodes(count: int, seed: int) -> list[bytes]:
-    """GetNodeResponse bytes per agent: the simulator's GPUs with canned MIG layouts."""
-    rng = random.Random(seed)
-    base: dict[str, tuple[GpuLayout, ...]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for preset in PRESETS:
-            driver = open_driver(preset, Path(tmp) / preset)
-            try:
-                base[preset] = tuple(driver.layout(g.uuid) for g in driver.gpus())
-            finally:
-                driver.close()
-    out = []
-    for i in range(count):
-        preset = PRESETS[i % len(PRESETS)]
-        node = agent_pb2.Node(name=f"node-{i:04}", simulated_preset=preset, agent_version="bench")
-        for layout in base[preset]:
-            chosen = _with_instances(layout, rng.choice(TEMPLATES), rng)
-            gpu = gpu_pb(chosen, idle_seconds=7200.0)
-            gpu.uuid = f"GPU-{i:04}-{layout.gpu.index}"
-            node.gpus.append(gpu)
-        node.health.healthy = True
-        out.append(agent_pb2.GetNodeResponse(node=node).SerializeToString())
-    return out
-
-
-class _Agent(
-    agent_pb2_grpc.NodeServiceServicer,
-    mig_pb2_grpc.MigServiceServicer,
-    operations_pb2_grpc.OperationsServiceServicer,
-):
-    """One canned agent: inventory, and a MIG apply that takes ``apply_s``."""
-
-    def __init__(self, node: bytes, apply_s: float, log: list[tuple[float, float]]) -> None:
-        self.node = agent_pb2.GetNodeResponse.FromString(node)
-        self.apply_s = apply_s
-        self.log = log
-        self.applied = ""
-        self.ops: dict[str, operations_pb2.Operation] = {}
-        self.by_request: dict[str, str] = {}
-        self.done: dict[str, asyncio.Event] = {}
-
-    async def GetNode(self, request: object, context: object) -> agent_pb2.GetNodeResponse:
-        return self.node
-
-    async def PlanMig(self, request: mig_pb2.PlanMigRequest, context: object) -> object:
-        status = (
-            mig_pb2.MIG_PLAN_STATUS_UNCHANGED
-            if self.applied == request.config_name
-            else mig_pb2.MIG_PLAN_STATUS_CHANGE
-        )
-        return mig_pb2.PlanMigResponse(
-            config_name=request.config_name,
-            gpus=[
-                mig_pb2.GpuMigPlan(gpu_index=g.index, gpu_uuid=g.uuid, status=status)
-                for g in self.node.node.gpus
-            ],
-        )
-
-    async def ApplyMig(self, request: mig_pb2.ApplyMigRequest, context: object) -> object:
-        name = self.by_request.get(request.request_id)
-        if name is None:
-            name = f"operations/{len(self.ops) + 1}"
-            self.by_request[request.request_id] = name
-            op = operations_pb2.Operation(name=name, kind="mig.apply")
-            op.state = operations_pb2.OPERATION_STATE_RUNNING
-            op.create_time.GetCurrentTime()
-            self.ops[name] = op
-            self.done[name] = asyncio.Event()
-            asyncio.get_running_loop().create_task(self._finish(name, request.config_name))
-        return mig_pb2.ApplyMigResponse(operation=self.ops[name])
-
-    async def _finish(self, name: str, config: str) -> None:
-        started = time.time()
-        await asyncio.sleep(self.apply_s)
-        op = operations_pb2.Operation()
-        op.CopyFrom(self.ops[name])
-        op.state, op.done = operations_pb2.OPERATION_STATE_SUCCEEDED, True
-        op.response.mig_apply.changed_gpu_uuids.extend(g.uuid for g in self.node.node.gpus)
-        op.update_time.GetCurrentTime()
-        self.ops[name] = op
-        self.applied = config
-        self.log.append((started, time.time()))
-        self.done[name].set()
-
-    async def ListOperations(
-        self, request: operations_pb2.ListOperationsRequest, context: object
-    ) -> operations_pb2.ListOperationsResponse:
-        # The rollout asks for operations still running (started by another coordinator).
-        ops = [
-            op
-            for op in reversed(self.ops.values())
-            if (not request.kind or op.kind == request.kind)
-            and (not request.HasField("done") or op.done == request.done)
-        ]
-        return operations_pb2.ListOperationsResponse(operations=ops[: request.page_size or 100])
-
-    async def WatchOperation(self, request: object, context: object) -> AsyncIterator[object]:
-        name = request.name  # type: ignore[attr-defined]
-        yield operations_pb2.WatchOperationResponse(operation=self.ops[name])
-        if not self.ops[name].done:
-            await self.done[name].wait()
-            yield operations_pb2.WatchOperationResponse(operation=self.ops[name])
+# -- canned agents (bench/canned_agents.py) ------------------------------------------------------
 
 
 def _serve(
     nodes: list[bytes], pki_root: str, apply_s: float, conn: Connection
 ) -> None:  # pragma: no cover - runs in a child process
     async def main() -> None:
-        root = Path(pki_root)
-        credentials = grpc.ssl_server_credentials(
-            [((root / "server.key").read_bytes(), (root / "server.pem").read_bytes())],
-            root_certificates=(root / "ca.pem").read_bytes(),
-            require_client_auth=True,
-        )
+        credentials = server_credentials(Path(pki_root))
         log: list[tuple[float, float]] = []
         servers, ports = [], []
         for node in nodes:
-            agent = _Agent(node, apply_s, log)
-            server = grpc.aio.server(
-                interceptors=[ApiInterceptor(Policy.of({Role.ADMIN: [COORDINATOR]}))]
-            )
-            agent_pb2_grpc.add_NodeServiceServicer_to_server(agent, server)
-            mig_pb2_grpc.add_MigServiceServicer_to_server(agent, server)
-            operations_pb2_grpc.add_OperationsServiceServicer_to_server(agent, server)
+            server = agent_server(CannedAgents([node], apply_s, log))
             ports.append(server.add_secure_port("127.0.0.1:0", credentials))
             await server.start()
             servers.append(server)

@@ -575,8 +575,8 @@ def test_fleet_status_through_the_read_only_door_shows_the_node_and_what_was_wit
     config = agent_config(tmp_path, grpc_insecure_listen="127.0.0.1:0")
     with AgentProcess(tmp_path, config) as process:
         address = f"127.0.0.1:{_insecure_port(process)}"
-        done = invoke(fleet, ["status", "-o", "json", "--agents", address, "--insecure"])
-        table = invoke(fleet, ["status", "--agents", address, "--insecure"])
+        done = invoke(fleet, ["status", "--nodes", "-o", "json", "--agents", address, "--insecure"])
+        table = invoke(fleet, ["status", "--nodes", "--agents", address, "--insecure"])
     assert done.exit_code == 0, done.output
     [row] = json.loads(done.output)["nodes"]
     assert row["health"] != "unreachable", row

@@ -71,7 +71,7 @@ def serve(name: str, agents: AgentFleet, path: Path) -> tuple[subprocess.Popen[b
 
 
 def layouts(agents: AgentFleet) -> dict[str, object]:
-    out = agents.fleet("status", "-o", "json")
+    out = agents.fleet("status", "--nodes", "-o", "json")
     return {n["name"]: n["gpus"][0]["devices"] for n in json.loads(out.output)["nodes"]}
 
 

@@ -106,7 +106,7 @@ class Replica:
 
 
 def layouts(agents: AgentFleet) -> dict[str, object]:
-    out = agents.fleet("status", "-o", "json")
+    out = agents.fleet("status", "--nodes", "-o", "json")
     return {n["name"]: n["gpus"][0]["devices"] for n in json.loads(out.output)["nodes"]}
 
 
@@ -228,10 +228,10 @@ def test_fleet_status_from_a_laptop_with_a_kubeconfig(
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     tls = agents.args()[2:]  # the client certificate flags, without --agents
     args = ["status", "--kubernetes", "--namespace", "gpu-agent", "--server-name", "localhost"]
-    result = invoke(fleet, [*args, *tls, "-o", "json"])
+    result = invoke(fleet, [*args, *tls, "--nodes", "-o", "json"])
     assert result.exit_code == 0, result.output
     assert {n["name"] for n in json.loads(result.output)["nodes"]} == set(NODES)
-    picked = invoke(fleet, [*args, *tls, "-l", "pool=train", "-o", "json"])
+    picked = invoke(fleet, [*args, *tls, "-l", "pool=train", "--nodes", "-o", "json"])
     assert [n["name"] for n in json.loads(picked.output)["nodes"]] == ["n2"]
 
 

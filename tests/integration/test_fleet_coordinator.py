@@ -56,7 +56,7 @@ def test_one_pass_brings_the_fleet_to_the_desired_state(agents: AgentFleet) -> N
     assert result.exit_code == 0, result.output
 
     def converged() -> bool:
-        out = agents.fleet("status", "-o", "json")
+        out = agents.fleet("status", "--nodes", "-o", "json")
         rows = {n["name"]: n for n in json.loads(out.output)["nodes"]}
         return (
             rows["h100"]["gpus"][0]["devices"] == {"3g.40gb": 2}
@@ -124,14 +124,14 @@ def _status_through_the_coordinator_is_the_direct_sweep(agents: AgentFleet, base
             for n in json.loads(out)["nodes"]
         }
 
-    direct = agents.fleet("status", "-o", "json")
-    served = agents.fleet("status", "--coordinator", base, "-o", "json")
+    direct = agents.fleet("status", "--nodes", "-o", "json")
+    served = agents.fleet("status", "--coordinator", base, "--nodes", "-o", "json")
     assert served.exit_code == 0, served.output
     assert rows(served.output) == rows(direct.output)
     assert set(rows(served.output)) == {"h100", "a30"}
-    only = agents.fleet("status", "--coordinator", base, "-l", "name=a30", "-o", "json")
+    only = agents.fleet("status", "--coordinator", base, "-l", "name=a30", "--nodes", "-o", "json")
     assert set(rows(only.output)) == {"a30"}
-    table = agents.fleet("status", "--coordinator", base)
+    table = agents.fleet("status", "--coordinator", base, "--nodes")
     assert "MIG SLICES" in table.output and "2 node(s), 2 answering" in table.output
     status, body = _get(base + "/fleet/status?selector=nonsense")
     assert status == 400 and "key=value" in json.loads(body)["error"]
@@ -172,7 +172,7 @@ def test_a_desired_model_is_warmed_on_every_node_and_then_left_alone(
         assert ops == dict.fromkeys(agents.agents, 1)
 
         def warm() -> bool:  # GetNode's cache is re-read every few seconds
-            rows = json.loads(agents.fleet("status", "-o", "json").output)["nodes"]
+            rows = json.loads(agents.fleet("status", "--nodes", "-o", "json").output)["nodes"]
             return {r["name"]: r["warm"] for r in rows} == dict.fromkeys(agents.agents, 1)
 
         wait_for(warm, "the model warm in every node's answer", timeout=30, every=1.0)

@@ -105,7 +105,7 @@ def test_a_drain_cordons_evicts_within_the_budget_applies_and_uncordons(
     assert "n1: succeeded" in result.output
 
     def applied() -> bool:
-        status = json.loads(agents.fleet("status", "-o", "json").output)
+        status = json.loads(agents.fleet("status", "--nodes", "-o", "json").output)
         return bool(status["nodes"][0]["gpus"][0]["devices"] == {"3g.40gb": 2})
 
     wait_for(applied, "the layout in the agent's inventory", timeout=30, every=0.5)

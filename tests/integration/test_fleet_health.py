@@ -69,7 +69,7 @@ def test_a_failed_gpu_is_shown_skipped_by_rollouts_and_reset_by_remediate(
     api, url = kube_api
     args = [*proxies.args(), "--namespace", "gpu-agent"]
 
-    status = json.loads(invoke(fleet, ["status", "-o", "json", *args]).output)
+    status = json.loads(invoke(fleet, ["status", "--nodes", "-o", "json", *args]).output)
     (n1,) = status["nodes"]
     assert n1["gpu_health"] == "failed"
     assert n1["gpus"][1]["health"]["state"] == "failed"

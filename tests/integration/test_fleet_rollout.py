@@ -133,7 +133,7 @@ def test_a_failing_node_halts_the_rollout_and_a_resume_finishes_it(
     last = [agents.operations(n, "mig.apply")[0] for n in "bcd"]  # newest first
     assert most_at_once(op_intervals(last)) == 2
     assert len(agents.operations("a", "mig.apply")) == applied_on_a  # a was not touched again
-    status = {n["name"]: n for n in run_json(agents, "status")["nodes"]}
+    status = {n["name"]: n for n in run_json(agents, "status", "--nodes")["nodes"]}
     for name in PRESETS:
         assert status[name]["gpus"][0]["devices"] == {"1g.10gb": 3, "3g.40gb": 1}
 
@@ -146,7 +146,7 @@ def test_sharing_rolls_out_and_a_second_run_changes_nothing(agents: AgentFleet) 
     assert node_states(second["record"]) == dict.fromkeys("abcd", "unchanged")
 
     def shared() -> bool:  # the agents re-read the plugin's config every few seconds
-        rows = run_json(agents, "status")["nodes"]
+        rows = run_json(agents, "status", "--nodes")["nodes"]
         return {r["sharing"] for r in rows} == {"time-slicing nvidia.com/gpu x4"}
 
     wait_for(shared, "every node to show time-slicing", timeout=30, every=1.0)
@@ -201,7 +201,7 @@ def test_prewarm_fans_out_with_a_concurrency_limit(agents: AgentFleet, tmp_path:
     assert len(ops) == 4 and most_at_once(op_intervals(ops)) == 2
 
     def warm() -> bool:  # the agents re-read their cache every few seconds
-        rows = run_json(agents, "status")["nodes"]
+        rows = run_json(agents, "status", "--nodes")["nodes"]
         return {r["name"]: r["warm"] for r in rows} == dict.fromkeys("abcd", 1)
 
     wait_for(warm, "the item warm on every node", timeout=30, every=1.0)
@@ -258,7 +258,7 @@ def test_a_fleet_plan_is_applied_with_fleet_apply_and_meets_the_demand(
     assert set(node_states(applied["record"]).values()) == {"succeeded"}
 
     def layouts() -> dict[str, dict] | None:
-        rows = {n["name"]: n for n in run_json(agents, "status")["nodes"]}
+        rows = {n["name"]: n for n in run_json(agents, "status", "--nodes")["nodes"]}
         totals = {p["profile"]: p["devices"] for p in run_json(agents, "status")["profiles"]}
         done = totals.get("3g.40gb") == 12 and totals.get("1g.10gb") == 24
         return rows if done else None

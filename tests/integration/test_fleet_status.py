@@ -25,7 +25,7 @@ def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentFleet]:
 
 
 def status(agents: AgentFleet, *extra: str) -> dict:
-    result = agents.fleet("status", "-o", "json", *extra)
+    result = agents.fleet("status", "--nodes", "-o", "json", *extra)
     assert result.exit_code == 0, result.output
     return json.loads(result.output)
 
@@ -44,8 +44,21 @@ def test_one_row_per_node_with_its_gpus_and_models(agents: AgentFleet) -> None:
     assert rows["nvl"]["models"] == "2x H100 NVL"
     assert all(r["health"] in ("ok", "unhealthy") for r in rows.values())
     assert {g["slices"] for g in rows["h100"]["gpus"]} == {"-"}  # MIG off on a fresh node
-    health = data["totals"].pop("gpu_health")
-    assert data["totals"] == {"nodes": 4, "reachable": 4, "gpus": 22, "idle_gpus": 0}
+    totals = data["totals"]
+    health = totals["gpu_health"]
+    assert (totals["nodes"], totals["reachable"], totals["gpus"], totals["idle_gpus"]) == (
+        4,
+        4,
+        22,
+        0,
+    )
+    assert totals["node_health"] == {"ok": 4, "unhealthy": 0, "unreachable": 0}
+    assert totals["models"] == {
+        "2x H100 NVL": 1,
+        "4x A30": 1,
+        "8x A100-SXM4-40GB": 1,
+        "8x H100 80GB HBM3": 1,
+    }
     # Every GPU counted once by its verdict (unknown where the agent gives none), none failed.
     assert sum(health.values()) == 22 and health["failed"] == 0
 
@@ -95,7 +108,7 @@ def test_mig_layouts_show_as_slice_maps_and_idle_devices(agents: AgentFleet) -> 
 
 
 def test_the_table_names_every_node_and_explains_the_slice_map(agents: AgentFleet) -> None:
-    result = agents.fleet("status")
+    result = agents.fleet("status", "--nodes")
     assert result.exit_code == 0, result.output
     for name in PRESETS:
         assert name in result.output
@@ -114,5 +127,14 @@ def test_a_node_that_stops_answering_is_shown_unreachable(agents: AgentFleet) ->
         selected = status(agents, "--selector", "model=*A30*")
         # A node that does not answer may be an A30: it stays in view rather than vanish.
         assert {n["name"] for n in selected["nodes"]} == {"a30", address}
+        # The default answer: counts, and only the node that needs attention.
+        summary = json.loads(agents.fleet("status", "-o", "json").output)
+        assert "nodes" not in summary
+        assert [n["address"] for n in summary["attention"]] == [address]
+        assert summary["totals"]["node_health"] == {"ok": 3, "unhealthy": 0, "unreachable": 1}
+        assert summary["totals"]["attention"] == 1
+        table = agents.fleet("status").output
+        assert "1 node(s) need attention" in table and address in table
+        assert "a30 " not in table and "Nodes: 3 ok, 1 unreachable." in table
     finally:
         nvl.start(timeout=120)

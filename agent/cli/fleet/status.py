@@ -1,4 +1,5 @@
-"""``gpu-agent fleet status``: every node's GPUs, MIG devices, sharing and health marks."""
+"""``gpu-agent fleet status``: the fleet in totals and MIG profiles, the nodes that need
+attention, and with ``--nodes`` every node's GPUs, MIG devices, sharing and health marks."""
 
 from __future__ import annotations
 
@@ -17,7 +18,13 @@ from agent.cli.render import emit, format_table, output_option
 # -- status ----------------------------------------------------------------------------------
 
 
+#: the keys of the JSON and YAML answer (docs/coordinator.md, "fleet status"); ``nodes`` only
+#: with --nodes
+_KEYS = ("totals", "profiles", "attention", "nodes")
+
+
 def _status_table(doc: dict[str, Any]) -> str:
+    listed = doc["nodes"] if "nodes" in doc else doc["attention"]
     nodes = format_table(
         [
             "NODE",
@@ -46,9 +53,11 @@ def _status_table(doc: dict[str, Any]) -> str:
                 n["warm"],
                 n["idle_gpus"],
             ]
-            for n in doc["nodes"]
+            for n in listed
         ],
     )
+    if "nodes" not in doc:
+        nodes = _attention_heading(doc) + (nodes if listed else "")
     profiles = format_table(
         ["PROFILE", "DEVICES", "IN USE", "IDLE", "CREATABLE"],
         [
@@ -75,7 +84,21 @@ def _status_table(doc: dict[str, Any]) -> str:
     if "gpu_health" in totals:
         counts = ", ".join(f"{n} {state}" for state, n in totals["gpu_health"].items() if n)
         summary += f" GPU health: {counts or 'no GPU'}."
+    states = ", ".join(f"{n} {state}" for state, n in totals["node_health"].items() if n)
+    summary += f" Nodes: {states or 'none'}."
     return f"{nodes}\n\n{marks}{profiles}\n\n{summary}"
+
+
+def _attention_heading(doc: dict[str, Any]) -> str:
+    """What the default table lists, and how to see the rest."""
+    count, shown = doc["totals"]["attention"], len(doc["attention"])
+    if not count:
+        return "No node needs attention (--nodes lists every node).\n"
+    more = f", the first {shown} listed" if shown < count else ""
+    return (
+        f"{count} node(s) need attention (unreachable, unhealthy, or a GPU failed or "
+        f"degraded){more}; --nodes lists every node.\n"
+    )
 
 
 def _gpu_health_table(doc: dict[str, Any]) -> str:
@@ -91,7 +114,7 @@ def _gpu_health_table(doc: dict[str, Any]) -> str:
             g["health"]["action"] or "-",
             ", ".join(g["health"]["pods"]) or "-",
         ]
-        for n in doc["nodes"]
+        for n in doc.get("nodes", doc["attention"])
         for g in n["gpus"]
         if "health" in g and g["health"]["state"] in ("failed", "degraded")
     ]
@@ -127,6 +150,13 @@ def counts_text(counts: dict[str, int]) -> str:
     "connection options are then not used.",
 )
 @click.option(
+    "--nodes",
+    "all_nodes",
+    is_flag=True,
+    help="Every node's row (JSON/YAML: the nodes list), not only the nodes that need "
+    "attention. At thousands of nodes that is megabytes.",
+)
+@click.option(
     "--fresh",
     is_flag=True,
     help="With --coordinator: a new sweep, not the coordinator's latest (up to its "
@@ -138,18 +168,23 @@ def status(
     idle_after: str,
     coordinator_url: str | None,
     fresh: bool,
+    all_nodes: bool,
     output: str,
     **kwargs: Any,
 ) -> None:
-    """One table of the fleet's nodes, and totals per MIG profile.
+    """The fleet in totals, per MIG profile, and the nodes that need attention.
 
-    Per node: GPUs and models, the MIG layout as a slice map, idle MIG devices, sharing, warm
-    cache items, health, and GPUs idle longer than --idle-after.
+    Totals count nodes per state (ok, unhealthy, unreachable), GPUs per health verdict, nodes
+    per allocation mode and model. A node needs attention when it does not answer, is
+    unhealthy, or has a failed or degraded GPU; those are listed (up to 100). --nodes lists
+    every node. Per node: GPUs and models, the MIG layout as a slice map, idle MIG devices,
+    sharing, warm cache items, health, and GPUs idle longer than --idle-after.
 
     \b
     Examples:
       gpu-agent fleet status --agents n1:9401,n2:9401 --tls-dir ./tls -o json
       gpu-agent fleet status --coordinator http://gpu-agent-coordinator.gpu-agent:9400
+      gpu-agent fleet status --kubernetes --nodes -l pool=train
     """
     from agent.coordinator.fleet.query import parse_duration
 
@@ -158,7 +193,8 @@ def status(
     if coordinator_url:  # the coordinator checks the selector: nothing heavy loads here
         from agent.coordinator.fleet.query import StatusQuery, fetch_status
 
-        doc = fetch_status(coordinator_url, StatusQuery(selector or "", idle_after, fresh))
+        query = StatusQuery(selector or "", idle_after, fresh, all_nodes)
+        doc = fetch_status(coordinator_url, query)
     else:
         from agent.coordinator.fleet.selector import parse_selector
         from agent.coordinator.fleet.status import fleet_status, status_document
@@ -166,10 +202,11 @@ def status(
 
         chosen = parse_selector(selector)
         selection = run_with_fleet(options, lambda f: select(f, chosen, idle_after_s=seconds))
-        doc = status_document(fleet_status(selection.views), idle_after)
+        doc = status_document(fleet_status(selection.views), idle_after, nodes=all_nodes)
+    shown = {k: doc[k] for k in _KEYS if k in doc}
     if output == "table":
         click.echo(_status_table(doc))
     elif output == "json":  # already JSON data: skip emit's record walk (0.27 s at 1,000 nodes)
-        click.echo(json.dumps({k: doc[k] for k in ("nodes", "profiles", "totals")}, indent=2))
+        click.echo(json.dumps(shown, indent=2))
     else:
-        emit({k: doc[k] for k in ("nodes", "profiles", "totals")}, output)
+        emit(shown, output)

@@ -8,26 +8,38 @@ each kind's rollout status in one ConfigMap that ``kubectl get`` shows.
   ``RolloutFailed`` (Warning) when it fails.
 - ConfigMap ``gpu-agent-rollout-status`` in the coordinator's namespace, one key per kind
   (``mig``, ``share``, ``prewarm``): JSON with the rollout's state, limits, halt reason, the
-  leader's identity and per node its state, attempt and detail. Written at the start, at every
-  node's end and at the end, with the resourceVersion just read (a 409 re-reads once).
+  leader's identity, the count of nodes per state, and per node its state, attempt and detail
+  (the failed and running nodes first, at most ``MAX_LISTED``: a ConfigMap holds 1 MiB).
+  Written at the start, then at most once per ``every_s`` with the latest state while nodes
+  end, and at the end (`CoalescedStatus`), with the resourceVersion just read (a 409 re-reads
+  once): a rollout of N nodes is a few writes, not N writes of every node (O(N²) bytes).
 
 Reporting never fails a rollout: an API error is logged and the rollout goes on.
 """
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import datetime as dt
 import json
 import logging
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from agent.coordinator.rollout.record import RolloutRecord
 from agent.errors import AgentError, Conflict, NotFound
 
-__all__ = ["STATUS_CONFIGMAP", "ClusterReport", "Requester", "status_document"]
+__all__ = [
+    "STATUS_CONFIGMAP",
+    "ClusterReport",
+    "CoalescedStatus",
+    "Requester",
+    "status_document",
+]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +48,10 @@ EVENT_NAMESPACE = "default"
 COMPONENT = "gpu-agent-coordinator"
 #: A node's detail in an Event or the ConfigMap is cut to this (a ConfigMap holds 1 MiB).
 MAX_DETAIL = 256
+#: Nodes listed one by one in the status ConfigMap (~0.4 MB at most with full details).
+MAX_LISTED = 1000
+#: The failed and running nodes are listed first: they are what a reader looks for.
+_LIST_FIRST = {"failed": 0, "running": 1}
 
 _SUCCESS_REASON = {
     "mig": "MigConfigChanged",
@@ -62,7 +78,9 @@ def _time(wall: float) -> str:
 
 
 def status_document(record: RolloutRecord, state: str, leader: str) -> dict[str, Any]:
-    """The ConfigMap value for one kind's rollout (pure)."""
+    """The ConfigMap value for one kind's rollout (pure), bounded in size."""
+    entries = record.nodes.items()
+    listed = sorted(entries, key=lambda e: (_LIST_FIRST.get(e[1].state, 2), e[0]))[:MAX_LISTED]
     return {
         "kind": record.kind,
         "state": state,
@@ -70,10 +88,12 @@ def status_document(record: RolloutRecord, state: str, leader: str) -> dict[str,
         "max_unavailable": record.max_unavailable,
         "max_failures": record.max_failures,
         "halted": record.halted,
+        "counts": dict(sorted(Counter(r.state for r in record.nodes.values()).items())),
         "nodes": {
             n: {"state": r.state, "attempt": r.attempt, "detail": r.detail[:MAX_DETAIL]}
-            for n, r in sorted(record.nodes.items())
+            for n, r in sorted(listed)
         },
+        "nodes_not_listed": len(record.nodes) - len(listed),
     }
 
 
@@ -164,3 +184,54 @@ class ClusterReport:
         data[key] = value
         obj = dict(current, data=data)
         self._kube.request("PUT", f"{base}/{STATUS_CONFIGMAP}", body=obj)
+
+
+class CoalescedStatus:
+    """Each kind's rollout status, written at most once per ``every_s`` with its latest state,
+    and at once when the rollout starts or ends. Runs on the event loop that changes the
+    records; ``send`` hands a write to the reports' worker thread."""
+
+    def __init__(
+        self,
+        report: ClusterReport,
+        send: Callable[..., None],
+        *,
+        every_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._report = report
+        self._send = send
+        self.every_s = every_s
+        self._clock = clock
+        #: kind -> the record as it changes (copied when written) and its state
+        self._latest: dict[str, tuple[RolloutRecord, str]] = {}
+        self._written_at: dict[str, float] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+
+    def update(self, record: RolloutRecord, state: str, *, now: bool = False) -> None:
+        """The kind's status changed; ``now`` writes it at once (a start or an end)."""
+        kind = record.kind
+        self._latest[kind] = (record, state)
+        if now:
+            self._flush(kind)
+            return
+        if kind in self._timers:
+            return  # a write is due already and will carry this state
+        wait = self._written_at.get(kind, -self.every_s) + self.every_s - self._clock()
+        if wait <= 0:
+            self._flush(kind)
+        else:
+            loop = asyncio.get_running_loop()
+            self._timers[kind] = loop.call_later(wait, self._flush, kind)
+
+    def _flush(self, kind: str) -> None:
+        timer = self._timers.pop(kind, None)
+        if timer is not None:
+            timer.cancel()
+        latest = self._latest.pop(kind, None)
+        if latest is None:
+            return
+        record, state = latest
+        self._written_at[kind] = self._clock()
+        # Copied here, at most once per interval, not at every node's end.
+        self._send(self._report.status, copy.deepcopy(record), state)

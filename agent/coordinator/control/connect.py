@@ -63,7 +63,9 @@ class FleetOptions:
         required: bool = False,
     ) -> LeaderElector | None:
         """The elector on the Lease ``lease`` in --namespace, when a Kubernetes API is
-        configured (in a pod, or KUBECONFIG); None without one unless ``required``."""
+        configured (in a pod, or KUBECONFIG); None without one unless ``required``. It gets a
+        client of its own (its renewals run on its own thread: agent.coordinator.control.lease),
+        sharing no credentials cache or connection with discovery and the reports."""
         from agent.coordinator.control.lease import LeaderElector
 
         kube = self.kube(required=required)

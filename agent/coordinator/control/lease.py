@@ -13,6 +13,8 @@ The rules (client-go ``tools/leaderelection``):
   ``renew_deadline_s`` (measured from before the last successful request was sent) it stops
   leading at once, even while a request hangs. ``renew_deadline_s < lease_duration_s``, so it
   has stopped acting before any other candidate can see the Lease expire;
+- the attempts run on a thread of their own (`LeaderElector.keep`), so a busy event loop
+  cannot starve them; the loop only learns the outcome, and stops its work at the deadline;
 - leaving on purpose releases the Lease (no holder, duration 1 s) so a standby takes over
   without waiting out the whole duration.
 """
@@ -27,12 +29,14 @@ import logging
 import os
 import random
 import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from agent.errors import Conflict, FieldViolation, InvalidSpec, NotFound
+from agent.loops import call_soon_from_thread
 
 __all__ = [
     "DEFAULT_LEASE",
@@ -248,16 +252,16 @@ class LeaderElector:
             "spec": dict(spec),
         }
 
-    # -- the loop --------------------------------------------------------------------------------
+    # -- the keeper thread -----------------------------------------------------------------------
 
-    async def attempt(self) -> bool:
-        """One attempt, in a thread; API errors count as a failed attempt (logged)."""
+    def _attempt(self) -> bool:
+        """One attempt; API errors count as a failed attempt (logged), never a crash."""
         before = self.leading
         try:
-            ok = await asyncio.to_thread(self.try_acquire_or_renew)
+            ok = self.try_acquire_or_renew()
         except Conflict:
             ok = False
-        except Exception as exc:  # an outage is a failed renewal, never a crash
+        except Exception as exc:  # an outage is a failed renewal
             log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
             ok = False
         if self.leading != before:
@@ -265,27 +269,64 @@ class LeaderElector:
             log.info("lease %s/%s: %s as %s", self.namespace, self.name, what, self.identity)
         return ok
 
+    async def attempt(self) -> bool:
+        """One attempt, in a thread."""
+        return await asyncio.to_thread(self._attempt)
+
     async def keep(self, stop: asyncio.Event, beat: Callable[[], None] = lambda: None) -> None:
         """Take and renew the Lease every retry period until ``stop``; release it then.
 
-        ``beat`` is called after every attempt (the loop is alive: liveness)."""
+        The attempts run on a thread of their own, never waiting for the event loop: a loop
+        busy for longer than the renew deadline (a sweep of thousands of agents, a big
+        render) must not depose the leader (BENCHMARKS.md, 7 losses in 11 min at 5,000
+        nodes). ``beat`` is called on the loop after every attempt (liveness: the loop runs)."""
+        loop = asyncio.get_running_loop()
+        halt = threading.Event()
+        ended = asyncio.Event()
+
+        def told() -> None:  # on the loop: lost() and won() look again
+            self.changed.set()
+            beat()
+
+        def tell() -> None:
+            call_soon_from_thread(loop, told)
+
+        def finish() -> None:
+            call_soon_from_thread(loop, ended.set)
+
+        thread = threading.Thread(
+            target=self._keep_on_thread,
+            args=(halt, tell, finish),
+            name=f"lease-{self.name}",
+            daemon=True,
+        )
+        thread.start()
         try:
-            while not stop.is_set():
-                await self.attempt()
-                self.changed.set()  # wakes lost() and won(): the deadline moved or leading changed
-                beat()
+            await stop.wait()
+        finally:
+            halt.set()
+            await ended.wait()  # released (or given up) by the thread
+            self.changed.set()
+
+    def _keep_on_thread(
+        self, halt: threading.Event, tell: Callable[[], None], finish: Callable[[], None]
+    ) -> None:
+        try:
+            while not halt.is_set():
+                self._attempt()
+                tell()
                 period = self.timing.retry_period_s
                 if not self.leading:
                     period *= 1.0 + 0.2 * random.random()  # candidates spread out (jitter)
-                await _sleep_or_stop(stop, self._until_next(period))
+                halt.wait(self._until_next(period))
         finally:
             if self.leading:
                 try:
-                    await asyncio.to_thread(self.release)
+                    self.release()
                 except Exception as exc:  # the Lease then expires on its own
                     log.warning("lease %s/%s: release failed: %s", self.namespace, self.name, exc)
             self._renewed_at = None
-            self.changed.set()
+            finish()
 
     def _until_next(self, period: float) -> float:
         """The retry period, but wake at the renew deadline to notice a lost lead at once."""

@@ -7,6 +7,11 @@ latest sweep when it is at most ``max_age_s`` old (each reconcile pass's sweep f
 request past half that age refreshes it in the background for the next one), a new sweep
 otherwise or with ``fresh=1``. The answer says when its sweep was (``observed_at``, ``age_s``).
 Concurrent requests share one sweep.
+
+The default answer is the summary (agent.coordinator.fleet.status: totals, profiles, the
+nodes that need attention); ``nodes=1`` adds every node's record. The summary of each pass's
+sweep is rendered in a thread as the sweep lands, and until it is ready a request gets the
+previous sweep's: at 5,000 nodes the render takes seconds of CPU, a request should not wait.
 """
 
 from __future__ import annotations
@@ -40,8 +45,9 @@ class _Sweep:
     #: monotonic, for its age; ``observed_at`` is the wall-clock time shown
     at: float
     observed_at: float
-    #: rendered answers by selector text: the status records cost 0.5 s at 1,000 nodes
-    rendered: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    #: rendered answers by (selector, idle threshold, every node): the status records cost
+    #: 0.5 s at 1,000 nodes
+    rendered: dict[tuple[str, str, bool], bytes] = field(default_factory=dict)
     #: the default answer being rendered off the loop (`StatusEndpoint.observe`)
     rendering: asyncio.Future[bytes] | None = None
 
@@ -62,6 +68,8 @@ class StatusEndpoint:
         self._clock = clock
         self._wall = wall
         self._last: _Sweep | None = None
+        #: the latest sweep whose default answer is rendered (answers while a newer renders)
+        self._ready: _Sweep | None = None
         #: the sweep in flight, and its idle threshold
         self._running: tuple[float, asyncio.Future[_Sweep]] | None = None
         self._refresh: asyncio.Task[None] | None = None
@@ -81,6 +89,12 @@ class StatusEndpoint:
         sweep.rendering = asyncio.ensure_future(
             asyncio.to_thread(self._render, sweep, Selector(), StatusQuery())
         )
+        sweep.rendering.add_done_callback(lambda _: self._rendered(sweep))
+
+    def _rendered(self, sweep: _Sweep) -> None:
+        ready = self._ready
+        if ready is None or ready.at <= sweep.at:
+            self._ready = sweep
 
     async def __call__(self, request: Request) -> Response:
         query = StatusQuery.from_path(request.path)
@@ -93,17 +107,25 @@ class StatusEndpoint:
         sweep = self._reusable(seconds, query.fresh)
         if sweep is None:
             sweep = await self._sweep(seconds)
-        elif self._clock() - sweep.at > self._max_age_s / 2:
-            self._refresh_later(seconds)
+        elif sweep is self._last and self._clock() - sweep.at > self._max_age_s / 2:
+            self._refresh_later(seconds)  # no newer sweep is on its way: start one
         if sweep.rendering is not None and not sweep.rendering.done():
             await asyncio.shield(sweep.rendering)  # the same bytes, rendered once
         return Response(200, self._render(sweep, selector, query), _JSON)
 
     def _reusable(self, idle_after_s: float, fresh: bool) -> _Sweep | None:
-        last = self._last
-        if fresh or last is None or last.idle_after_s != idle_after_s:
+        """The sweep to answer from: the newest whose answer is rendered, else the newest
+        (its render is then waited for), if young enough; None: sweep anew."""
+        if fresh:
             return None
-        return last if self._clock() - last.at <= self._max_age_s else None
+        last, ready = self._last, self._ready
+        rendering = last is not None and last.rendering is not None and not last.rendering.done()
+        for sweep in (ready, last) if rendering else (last,):
+            if sweep is None or sweep.idle_after_s != idle_after_s:
+                continue
+            if self._clock() - sweep.at <= self._max_age_s:
+                return sweep
+        return None
 
     async def _sweep(self, idle_after_s: float) -> _Sweep:
         """A new sweep; a request arriving while one with its threshold runs takes that one."""
@@ -126,11 +148,12 @@ class StatusEndpoint:
         await asyncio.to_thread(self._render, sweep, Selector(), StatusQuery())
 
     def _render(self, sweep: _Sweep, selector: Selector, query: StatusQuery) -> bytes:
-        key = (str(selector), query.idle_after)
+        key = (str(selector), query.idle_after, query.nodes)
         found = sweep.rendered.get(key)
         if found is None:
             views = [v for v in sweep.views if selector.matches(v)]
-            document = status_document(fleet_status(views), query.idle_after)
+            status = fleet_status(views)
+            document = status_document(status, query.idle_after, nodes=query.nodes)
             document["observed_at"] = sweep.observed_at
             found = json.dumps(document).encode()
             sweep.rendered[key] = found

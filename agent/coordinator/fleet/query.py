@@ -39,11 +39,15 @@ class StatusQuery:
     idle_after: str = "1h"
     #: a new sweep, not the coordinator's latest one
     fresh: bool = False
+    #: every node's record, not only the nodes that need attention
+    nodes: bool = False
 
     def path(self) -> str:
         fields = {"selector": self.selector, "idle_after": self.idle_after}
         if self.fresh:
             fields["fresh"] = "1"
+        if self.nodes:
+            fields["nodes"] = "1"
         return f"{STATUS_PATH}?{urlencode(fields)}"
 
     @classmethod
@@ -53,6 +57,7 @@ class StatusQuery:
             query.get("selector", [""])[-1],
             query.get("idle_after", ["1h"])[-1],
             query.get("fresh", ["0"])[-1] in ("1", "true"),
+            query.get("nodes", ["0"])[-1] in ("1", "true"),
         )
 
 

@@ -1,4 +1,10 @@
-"""`fleet status`: the nodes' views summarised per node and per MIG profile. Pure."""
+"""`fleet status`: the nodes' views summarised per node and per MIG profile. Pure.
+
+The answer is small by default (`status_document`): totals, counts per node state, GPU
+verdict, allocation mode and model, the MIG profiles, and the records of the nodes that need
+attention (unreachable, unhealthy, a failed or degraded GPU), at most ``MAX_ATTENTION``. Every
+node's record comes only when asked (``nodes``): at 5,000 nodes that is 13 MB of JSON, which
+no one reads whole (BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from agent.gpu.types import GpuLayout
 from agent.mig.plan import current_counts
 
 __all__ = [
+    "MAX_ATTENTION",
     "FleetStatus",
     "GpuStatus",
     "HealthStatus",
@@ -25,6 +32,12 @@ __all__ = [
     "fleet_status",
     "status_document",
 ]
+
+
+#: nodes needing attention listed one by one in the default answer; the rest are counted
+MAX_ATTENTION = 100
+#: a node with one of these GPU verdicts needs attention (unknown: no verdict, not a fault)
+_ATTENTION_GPU = ("failed", "degraded")
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,18 +322,44 @@ def _node_record(n: NodeStatus) -> dict[str, Any]:
     }
 
 
-def status_document(status: FleetStatus, idle_after: str) -> dict[str, Any]:
+def needs_attention(node: NodeStatus) -> bool:
+    """Unreachable, unhealthy, or a GPU failed or degraded."""
+    return node.health != "ok" or node.gpu_health in _ATTENTION_GPU
+
+
+def _counts(values: Sequence[str]) -> dict[str, int]:
+    return dict(sorted(Counter(values).items()))
+
+
+def status_document(status: FleetStatus, idle_after: str, *, nodes: bool = False) -> dict[str, Any]:
     """The JSON form of ``fleet status``: what ``-o json`` prints and ``coordinator serve``
-    answers on /fleet/status, and what the table is drawn from."""
-    return {
-        "nodes": [_node_record(n) for n in status.nodes],
-        "profiles": [dataclasses.asdict(p) for p in status.profiles],
+    answers on /fleet/status, and what the table is drawn from. ``nodes``: every node's
+    record too (``--nodes``), not only those that need attention."""
+    attention = [n for n in status.nodes if needs_attention(n)]
+    doc: dict[str, Any] = {
         "totals": {
             "nodes": len(status.nodes),
             "reachable": status.reachable,
             "gpus": status.gpus,
             "idle_gpus": status.idle_gpus,
             "gpu_health": status.gpu_health,
+            "node_health": {
+                state: sum(n.health == state for n in status.nodes)
+                for state in ("ok", "unhealthy", "unreachable")
+            },
+            "node_gpu_health": {
+                state: sum(n.gpu_health == state for n in status.nodes) for state in STATES
+            },
+            "allocation": _counts(
+                [n.allocation.mode.value for n in status.nodes if n.allocation is not None]
+            ),
+            "models": _counts([n.models for n in status.nodes if n.health != "unreachable"]),
+            "attention": len(attention),
         },
+        "profiles": [dataclasses.asdict(p) for p in status.profiles],
+        "attention": [_node_record(n) for n in attention[:MAX_ATTENTION]],
         "idle_after": idle_after,
     }
+    if nodes:
+        doc["nodes"] = [_node_record(n) for n in status.nodes]
+    return doc

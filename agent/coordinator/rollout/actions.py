@@ -86,11 +86,17 @@ class _Base:
 
 
 class MigApply(_Base):
+    _reads: claims.ClaimReads | None = None
+
     async def __call__(self, node: str, notes: Notes) -> NodeResult:
         if not self.holder:
             return await self._apply(node, notes)
-        scope = {**(self.scope or {}), node: self.targets[node]}
-        await claims.hold(self.fleet, scope, self.record, node, self.holder, notes)
+        scope = {**(self.scope or {}), **self.targets}
+        if self._reads is None:  # one per rollout: a wave's nodes share their claim reads
+            self._reads = claims.ClaimReads(self.fleet, scope)
+        await claims.hold(
+            self.fleet, scope, self.record, node, self.holder, notes, reads=self._reads
+        )
         try:  # planned once claimed: another's change may have made it unchanged meanwhile
             return await self._apply(node, notes)
         finally:  # an apply bound the claim to its operation: the agent ends it with that

@@ -8,6 +8,12 @@ max-unavailable does it go on; otherwise it releases the claim and tries again a
 growing pause. Of two coordinators claiming at once the later one's read sees the earlier's
 claim, and a claim lives on the agent until the change it admitted ends, so no moment has more
 changing nodes than the limit.
+
+The reads are shared: nodes of one wave claim at about the same time, and one read that began
+after a node's claim was placed verifies it as well as a read of its own would, so a wave of N
+nodes costs about two reads of the scope, not N (`ClaimReads`). The scope is what the caller
+says counts against the limit (a reconcile pass: the rule's nodes; a `fleet apply`: the nodes
+it selected), never the whole fleet.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from agent.coordinator.rollout.record import RolloutRecord
 from agent.coordinator.rollout.schedule import parse_max_unavailable
 from agent.errors import AgentError, Busy
 
-__all__ = ["claimed_nodes", "hold", "release"]
+__all__ = ["ClaimReads", "claimed_nodes", "hold", "release"]
 
 #: the first pause after a refused claim, and the longest
 FIRST_PAUSE_S = 0.2
@@ -48,6 +54,32 @@ async def claimed_nodes(fleet: Fleet, scope: Mapping[str, Target]) -> dict[str, 
     return {node: who for node, who in found if who is not None}
 
 
+class ClaimReads:
+    """Reads of ``scope``'s claims shared by the nodes claiming at once (one rollout)."""
+
+    def __init__(self, fleet: Fleet, scope: Mapping[str, Target]) -> None:
+        self._fleet = fleet
+        self._scope = dict(scope)
+        #: claims placed so far, numbered; and the read in flight with the number it covers
+        self._placed = 0
+        self._reading: asyncio.Future[dict[str, str]] | None = None
+        self._covers = 0
+
+    async def after_claim(self) -> dict[str, str]:
+        """The claims as read by a read that began after the caller's claim was placed."""
+        self._placed += 1
+        mine = self._placed
+        while True:
+            if self._reading is None or (self._reading.done() and self._covers < mine):
+                self._covers = self._placed  # every claim placed so far precedes this read
+                self._reading = asyncio.ensure_future(claimed_nodes(self._fleet, self._scope))
+            reading, covers = self._reading, self._covers
+            found = await asyncio.shield(reading)
+            if covers >= mine:
+                return dict(found)
+            # That read began before this claim was placed: read again once it is done.
+
+
 async def hold(
     fleet: Fleet,
     scope: Mapping[str, Target],
@@ -58,8 +90,11 @@ async def hold(
     *,
     draw: Callable[[], float] = random.random,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    reads: ClaimReads | None = None,
 ) -> None:
-    """Return once ``holder`` claims ``node`` and the claims in ``scope`` fit the limit."""
+    """Return once ``holder`` claims ``node`` and the claims in ``scope`` fit the limit;
+    ``reads`` shares the verifying reads with the rollout's other nodes."""
+    reads = reads or ClaimReads(fleet, scope)
     limit = parse_max_unavailable(record.max_unavailable, len(record.nodes))
     client = fleet.client(scope[node])
     pause = FIRST_PAUSE_S
@@ -69,7 +104,7 @@ async def hold(
         except Busy as exc:
             notes.progress(f"waiting: {exc}")
         else:
-            claimed = await claimed_nodes(fleet, scope)
+            claimed = await reads.after_claim()
             claimed[node] = holder
             if len(claimed) <= limit:
                 return

@@ -52,7 +52,7 @@ def _mixed(agents: FakeAgents) -> None:
 
 def test_fleet_status_shows_each_gpus_verdict_and_the_nodes_worst(agents: FakeAgents) -> None:
     _mixed(agents)
-    result = run(agents, "status", "-o", "json")
+    result = run(agents, "status", "--nodes", "-o", "json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     a, b = doc["nodes"]
@@ -69,7 +69,16 @@ def test_fleet_status_shows_each_gpus_verdict_and_the_nodes_worst(agents: FakeAg
     assert doc["totals"]["gpu_health"] == {"healthy": 1, "unknown": 2, "degraded": 1, "failed": 1}
     assert a["health"] == "unhealthy" and f"GPU 0 failed: {XID48}" in a["detail"]
 
-    table = run(agents, "status")
+    # By default only a, whose GPUs failed and degraded, is listed; b gave no verdict.
+    summary = json.loads(run(agents, "status", "-o", "json").output)
+    assert [n["name"] for n in summary["attention"]] == ["a"]
+    assert summary["totals"]["node_gpu_health"] == {
+        "healthy": 0,
+        "unknown": 1,
+        "degraded": 0,
+        "failed": 1,
+    }
+    table = run(agents, "status", "--nodes")
     assert table.exit_code == 0, table.output
     rows = table.output.splitlines()
     assert any(r.split()[:3] == ["a", "unhealthy:", "GPU"] and "failed" in r for r in rows)

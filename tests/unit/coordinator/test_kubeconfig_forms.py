@@ -87,7 +87,16 @@ def credential(token: str, version: str = V1, expires: str | None = None) -> str
 
 def status(config: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> Outcome:
     monkeypatch.setenv("KUBECONFIG", str(config))
-    args = ["status", "--kubernetes", "--namespace", "gpu-agent", "--insecure", "-o", "json"]
+    args = [
+        "status",
+        "--kubernetes",
+        "--namespace",
+        "gpu-agent",
+        "--insecure",
+        "--nodes",
+        "-o",
+        "json",
+    ]
     return invoke(fleet, [*args, *extra])
 
 

@@ -308,6 +308,8 @@ class MemoryLeases:
         self.obj: dict[str, Any] | None = None
         self.version = 0
         self.down = False
+        #: when each write landed (monotonic)
+        self.writes: list[float] = []
 
     def _check(self) -> None:
         if self.down:
@@ -332,6 +334,7 @@ class MemoryLeases:
 
     def _store(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         self.written_at = time.monotonic()
+        self.writes.append(self.written_at)
         self.version += 1
         self.obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(self.version)}}
         return self.obj
@@ -376,6 +379,53 @@ def test_a_leader_that_cannot_renew_stops_its_pass_by_the_renew_deadline(
     assert timing.renew_deadline_s - 0.3 <= ended[0] - leases.written_at < timing.lease_duration_s
     assert leases.obj is not None and leases.obj["spec"]["holderIdentity"] == "me"
     assert reconciler.stats.acting is False
+
+
+def test_a_leader_whose_loop_is_blocked_past_the_renew_deadline_keeps_the_lease(
+    fake: FakeFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass holds the event loop (a blocking step) for 2.5 renew deadlines: the Lease is
+    renewed meanwhile on the elector's own thread, so the leader never stops leading, the
+    pass runs to its end and nobody else could have taken the Lease."""
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(DESIRED.format(replicas=2))
+    leases = MemoryLeases()
+    timing = ElectionTiming(lease_duration_s=3.0, renew_deadline_s=1.0, retry_period_s=0.2)
+    elector = LeaderElector(leases, "ns", "coord", "me", timing)
+    reconciler = reconcile.Reconciler(
+        cast(Fleet, object()), desired, interval_s=60.0, elector=elector
+    )
+    blocked: list[float] = []
+
+    async def main() -> None:
+        async def busy(fleet: object, selection: Selection, record: Any, **kw: Any) -> Any:
+            blocked.append(time.monotonic())
+            time.sleep(2.5 * timing.renew_deadline_s)  # the loop runs nothing else meanwhile
+            blocked.append(time.monotonic())
+            await asyncio.sleep(0.3)  # back on the loop: a lost lead would cancel us here
+            return await fake.rollout(fleet, selection, record)
+
+        monkeypatch.setattr(reconcile, "rollout", busy)
+        stop = asyncio.Event()
+        run = asyncio.create_task(reconciler.run(stop))
+
+        async def first_pass() -> None:
+            while reconciler.stats.passes["ok"] == 0:
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(first_pass(), 20)
+        assert elector.leading
+        stop.set()
+        await run
+
+    asyncio.run(main())
+    assert fake.rolled == [["a", "b"]]  # the pass was not cancelled
+    start, end = blocked
+    during = [t for t in leases.writes if start < t < end]
+    assert len(during) >= 5  # renewed every retry period while the loop was blocked
+    gaps = [b - a for a, b in zip([start, *during], [*during, end], strict=False)]
+    assert max(gaps) < timing.renew_deadline_s
+    assert leases.obj is not None and leases.obj["spec"]["leaseTransitions"] == 0
 
 
 @pytest.mark.parametrize("step_s", [3600.0, -3600.0])

@@ -194,7 +194,9 @@ def test_each_node_row_carries_its_allocation_mode() -> None:
     node.allocation.dra_driver = "gpu.nvidia.com"
     gone = unreachable_view(Target("10.0.0.9:9401", "node-z"), "connection refused")
     doc = status_document(
-        fleet_status([node_view(Target("10.0.0.1:9401"), node_from(node)), gone]), "1h"
+        fleet_status([node_view(Target("10.0.0.1:9401"), node_from(node)), gone]),
+        "1h",
+        nodes=True,
     )
     a, z = doc["nodes"]
     assert a["allocation"] == {
@@ -206,3 +208,4 @@ def test_each_node_row_carries_its_allocation_mode() -> None:
     table = _status_table(doc).splitlines()
     assert "ALLOCATION" in table[0]
     assert "dra-dynamic-mig" in table[1] and " - " in table[2]
+    assert doc["totals"]["allocation"] == {"dra-dynamic-mig": 1}

@@ -1,0 +1,250 @@
+"""What a reconcile pass asks of the agents and the API. Only the rule's nodes: a MIG rule
+that picks one node of a 300-node fleet reads claims and running operations of that pool, not
+of every node, while a node of the pool that another holder is changing still counts against
+max-unavailable. And a few writes of the status ConfigMap per rollout, not one per node.
+
+The agents are in-process stand-ins that count every call; the coordinator's own flows (the
+real `Reconciler`, `rollout`, claims, the health gate) run over them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import SimpleNamespace as NS
+from typing import Any
+
+from agent._proto.gpuagent.v1 import agent_pb2
+from agent.coordinator.control.cluster import STATUS_CONFIGMAP, ClusterReport
+from agent.coordinator.control.reconcile import Reconciler
+from agent.coordinator.fleet.channels import Fleet
+from agent.coordinator.fleet.discovery import Target
+from agent.coordinator.fleet.inventory import NodeView, node_view
+from agent.errors import NotFound
+from agent.wire.node import node_from
+from tests.unit.coordinator.fakeagents import node
+
+DESIRED = """\
+version: v1
+rollout: {{max_unavailable: {limit}, max_failures: 1}}
+mig:
+  - selector: pool=train
+    config_name: half
+    config: |
+      version: v1
+      mig-configs:
+        half:
+          - devices: [0]
+            mig-enabled: true
+            mig-devices: {{"3g.40gb": 2}}
+"""
+
+
+def answer(name: str) -> Any:
+    """A node whose GPUs the device plugin hands out (so MIG changes are allowed)."""
+    found = node(name)
+    found.allocation.mode = agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN
+    return node_from(found)
+
+
+class Agent:
+    """One node's agent: its MIG claim book of one, a plan that changes GPU 0 until applied,
+    and the operations running on it; ``calls`` counts every call by name."""
+
+    def __init__(self, name: str, calls: Counter[str]) -> None:
+        self.name = name
+        self.calls = calls
+        self.applied = False
+        self.claim: NS | None = None
+        self.running: tuple[NS, ...] = ()
+        self.apply_s = 0.0
+
+    def _count(self, call: str) -> None:
+        self.calls[call] += 1
+
+    async def node(self) -> Any:
+        self._count("GetNode")
+        return answer(self.name)
+
+    async def plan_mig(self, text: str, name: str) -> NS:
+        self._count("PlanMig")
+        status = "unchanged" if self.applied else "change"
+        gpu = NS(
+            gpu_index=0,
+            status=status,
+            keep=(),
+            destroy=(),
+            create=(),
+            blockers=(),
+            infeasible_reason="",
+            deferred=False,
+        )
+        return NS(gpus=(gpu,))
+
+    async def claim_mig(self, holder: str, rollout: str, max_unavailable: str) -> NS:
+        self._count("ClaimMig")
+        self.claim = NS(holder=holder, operation="")
+        return self.claim
+
+    async def mig_claim(self) -> NS | None:
+        self._count("GetMigClaim")
+        return self.claim
+
+    async def release_mig_claim(self, holder: str) -> bool:
+        self._count("ReleaseMigClaim")
+        self.claim = None
+        return True
+
+    async def running_operations(self, kind: str) -> tuple[NS, ...]:
+        self._count("ListOperations")
+        return self.running
+
+    async def apply_mig(self, text: str, name: str, request_id: str, **kw: Any) -> NS:
+        self._count("ApplyMig")
+        self.applied = True
+        return NS(name=f"operations/{self.name}")
+
+    async def watch_operation(self, name: str) -> AsyncIterator[NS]:
+        self._count("WatchOperation")
+        await asyncio.sleep(self.apply_s)
+        done = NS(changed_gpu_uuids=("u",))
+        yield NS(progress="", state="succeeded", failure="", mig_result=done)
+
+
+class CountingFleet(Fleet):
+    """``size`` nodes n000...; those in ``train`` carry the label pool=train."""
+
+    def __init__(self, size: int, train: set[str]) -> None:
+        super().__init__(NS(), None)  # type: ignore[arg-type]  # targets() is overridden
+        self.calls: Counter[str] = Counter()
+        names = [f"n{i:03d}" for i in range(size)]
+        self.agents = {n: Agent(n, self.calls) for n in names}
+        self._targets = tuple(
+            Target(f"10.0.{i // 250}.{i % 250}:9401", n, {"pool": "train"} if n in train else {})
+            for i, n in enumerate(names)
+        )
+        self._by_address = {t.address: t.node for t in self._targets}
+
+    async def targets(self) -> tuple[Target, ...]:
+        return self._targets
+
+    def client(self, target: Target) -> Any:
+        return self.agents[str(self._by_address[target.address])]
+
+    async def views(
+        self, targets: Any = None, *, idle_after_s: float | None = None
+    ) -> tuple[NodeView, ...]:
+        self.calls["GetNode"] += len(self._targets)  # the sweep: one GetNode each
+        return tuple(node_view(t, answer(str(t.node))) for t in self._targets)
+
+
+def _pass(fleet: CountingFleet, tmp_path: Path, limit: int = 1) -> Reconciler:
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(DESIRED.format(limit=limit))
+    reconciler = Reconciler(fleet, desired, interval_s=60.0, identity="coordinator-0")
+    asyncio.run(reconciler.pass_once())
+    return reconciler
+
+
+def test_a_one_node_rollout_in_a_large_fleet_asks_only_that_node(tmp_path: Path) -> None:
+    fleet = CountingFleet(300, train={"n042"})
+    reconciler = _pass(fleet, tmp_path)
+    assert fleet.agents["n042"].applied
+    assert reconciler.stats.changes[("mig", "succeeded")] == 1
+    sweep = fleet.calls.pop("GetNode")
+    assert sweep >= 300  # the pass's sweep, plus the health gate's two reads of n042
+    # Beside the sweep: the rule's one node, a handful of calls, none to the other 299.
+    assert fleet.calls == {
+        "PlanMig": 2,  # the pass's preview and the apply's own plan
+        "ListOperations": 1,
+        "ClaimMig": 1,
+        "GetMigClaim": 1,
+        "ApplyMig": 1,
+        "WatchOperation": 1,
+        "ReleaseMigClaim": 1,
+    }
+
+
+def test_a_node_of_the_pool_changed_by_another_holder_still_counts(tmp_path: Path) -> None:
+    """n001 is in the rule's pool and in sync, but a hand-run apply is changing it: with
+    max-unavailable 1 nothing else of the pool may start. An apply on a node outside the
+    pool (n200) takes nothing from this pool's budget."""
+    fleet = CountingFleet(300, train={"n000", "n001"})
+    fleet.agents["n001"].applied = True
+    fleet.agents["n001"].running = (NS(name="operations/by-hand"),)
+    fleet.agents["n200"].running = (NS(name="operations/other-pool"),)
+    reconciler = _pass(fleet, tmp_path)
+    assert not fleet.agents["n000"].applied and fleet.calls["ApplyMig"] == 0
+    assert reconciler.stats.drift["mig"] == 1
+    assert fleet.calls["ListOperations"] == 2  # the pool's two nodes
+
+    fleet.agents["n001"].running = ()  # the hand-run apply ended
+    _pass(fleet, tmp_path)
+    assert fleet.agents["n000"].applied
+
+
+def test_the_nodes_of_a_wave_share_their_claim_reads(tmp_path: Path) -> None:
+    """20 nodes of the pool at max-unavailable 5: each claim is verified by a read of the
+    pool's claims that began after it, but a wave's nodes share those reads (a read per
+    node would be 20 x 20 GetMigClaim)."""
+    pool = {f"n{i:03d}" for i in range(20)}
+    fleet = CountingFleet(100, train=pool)
+    _pass(fleet, tmp_path, limit=5)
+    assert all(fleet.agents[n].applied for n in pool)
+    assert fleet.calls["ClaimMig"] == 20
+    assert fleet.calls["GetMigClaim"] <= 20 * 2 * 4  # two reads of the pool per wave of 5
+
+
+class ConfigMaps:
+    """The API's ConfigMaps in memory (the `Requester` a ClusterReport calls); Events are
+    dropped. ``writes`` counts the ConfigMap POSTs and PUTs."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, str] | None = None
+        self.writes = 0
+
+    def request(self, method: str, path: str, *, body: Any = None, **kw: Any) -> Any:
+        if "/events" in path:
+            return {}
+        if method == "GET":
+            if self.data is None:
+                raise NotFound("no ConfigMap")
+            return {"metadata": {"name": STATUS_CONFIGMAP}, "data": dict(self.data)}
+        self.writes += 1
+        self.data = dict(body["data"])
+        return body
+
+
+def test_a_20_node_rollout_writes_its_status_a_bounded_number_of_times(tmp_path: Path) -> None:
+    """20 nodes one at a time, 50 ms each, status at most every 0.25 s: the ConfigMap is
+    written at the start, a few times while nodes end, and at the end with every node."""
+    pool = {f"n{i:03d}" for i in range(20)}
+    fleet = CountingFleet(40, train=pool)
+    for n in pool:
+        fleet.agents[n].apply_s = 0.05
+    maps = ConfigMaps()
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(DESIRED.format(limit=1))
+    cluster = ClusterReport(maps, "gpu-agent", "coordinator-0")
+    reconciler = Reconciler(
+        fleet, desired, cluster=cluster, identity="coordinator-0", status_every_s=0.25
+    )
+
+    async def main() -> float:
+        began = time.monotonic()
+        await reconciler.pass_once()
+        took = time.monotonic() - began
+        await reconciler.flush_reports()
+        return took
+
+    took = asyncio.run(main())
+    assert took >= 1.0  # 20 x 50 ms
+    # The start, at most one per interval while nodes end, and the end: never one per node.
+    assert 3 <= maps.writes <= 2 + took / 0.25 + 1 < 20
+    assert maps.data is not None
+    status = json.loads(maps.data["mig"])
+    assert status["state"] == "done" and status["counts"] == {"succeeded": 20}
+    assert {n: r["state"] for n, r in status["nodes"].items()} == dict.fromkeys(pool, "succeeded")
