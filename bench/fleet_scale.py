@@ -69,7 +69,8 @@ from agent.gpu.types import (  # noqa: E402
     Process,
 )
 from agent.http import HttpServer  # noqa: E402
-from agent.mig.plan import Desired, plan_gpu  # noqa: E402
+from agent.mig.desired import Desired  # noqa: E402
+from agent.mig.plan import plan_gpu  # noqa: E402
 from agent.wire.node import gpu_pb  # noqa: E402
 from tests.unit.api.support import COORDINATOR, Pki  # noqa: E402
 

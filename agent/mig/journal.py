@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agent.mig.plan import Desired
+from agent.mig.desired import Desired
 from agent.mig.state import GpuMigState
 
 SCOPE = "mig:apply"

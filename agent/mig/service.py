@@ -22,16 +22,15 @@ from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.types import GpuInfo, GpuLayout
 from agent.mig.apply import Executor, Progress, ProgressEvent, Suspended, restore
+from agent.mig.desired import Desired, current_counts
 from agent.mig.journal import SCOPE, ApplyRecord, Journal, begin_entry, records
 from agent.mig.lock import PartitionLock
 from agent.mig.plan import (
     CreateGi,
-    Desired,
     DestroyGi,
     GpuPlan,
     ResetGpu,
     converge_steps,
-    current_counts,
     mismatches,
     plan_gpu,
 )

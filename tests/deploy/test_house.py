@@ -34,6 +34,6 @@ def test_the_check_fails_on_a_wrong_recipe_and_on_growth(tmp_path: Path) -> None
     assert any("docs/nowhere.md does not exist" in p for p in problems), problems
     assert any("says 3 files, lists 1" in p for p in problems), problems
     assert any("agent/cli/prewarm.py names every kind by hand" in p for p in problems)
-    grown = measure["limit_problems"]({"agent/mig/plan.py": 10_000, "agent/new.py": 701})
+    grown = measure["limit_problems"]({"agent/gpu/nvml.py": 10_000, "agent/new.py": 701})
     assert any("grew past its known" in p for p in grown)
     assert any("agent/new.py: 701 lines, over the limit of 700" in p for p in grown)
