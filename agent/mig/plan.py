@@ -149,6 +149,13 @@ class GpuPlan:
             return "blocked"
         return "change" if self.steps else "unchanged"
 
+    @property
+    def problem(self) -> str:
+        """Why it cannot be applied as it is: what does not fit, or what blocks it."""
+        if self.infeasible is not None:
+            return self.infeasible.reason
+        return "; ".join(str(b) for b in self.blockers) or self.status
+
 
 # -- planning --------------------------------------------------------------------------------------
 
