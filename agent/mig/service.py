@@ -22,7 +22,7 @@ from agent.errors import AgentError, Busy, Conflict, ModeRefused
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.types import GpuInfo, GpuLayout
 from agent.mig.apply import Executor, Progress, ProgressEvent, Suspended, restore
-from agent.mig.journal import SCOPE, ApplyRecord, Journal, begin_entry, records
+from agent.mig.journal import SCOPE, ApplyRecord, Journal, begin_entry, gpu_entry, records
 from agent.mig.lock import PartitionLock
 from agent.mig.node_plan import (
     AssertResult,
@@ -267,15 +267,7 @@ class MigService:
                     )
                     continue
                 before = fetch(self._driver.layout(gpu.uuid))
-                self._journal.journal_append(
-                    SCOPE,
-                    {
-                        "event": "gpu",
-                        "uuid": gpu.uuid,
-                        "index": gpu.index,
-                        "before": before.to_dict(),
-                    },
-                )
+                self._journal.journal_append(SCOPE, gpu_entry(gpu, before))
                 touched.append((gpu, before))
                 try:
                     outcomes.append(self._restore_gpu(executor, gpu, target))
@@ -356,15 +348,7 @@ class MigService:
             before = befores.get(gpu.uuid)
             if before is None:
                 before = fetch(gpu_plan.layout)
-                self._journal.journal_append(
-                    SCOPE,
-                    {
-                        "event": "gpu",
-                        "uuid": gpu.uuid,
-                        "index": gpu.index,
-                        "before": before.to_dict(),
-                    },
-                )
+                self._journal.journal_append(SCOPE, gpu_entry(gpu, before))
             touched.append((gpu, before))
             try:
                 outcomes[gpu.uuid] = self._apply_gpu(executor, gpu_plan, force, skip_reset)
