@@ -473,10 +473,6 @@ def _strings(found: object) -> dict[str, str]:
     return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
-def _str(value: object) -> str:
-    return value if isinstance(value, str) else ""
-
-
 def _exec_timeout(environ: Mapping[str, str]) -> float:
     raw = environ.get("KUBECONFIG_EXEC_TIMEOUT") or str(EXEC_TIMEOUT_S)
     try:

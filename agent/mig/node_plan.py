@@ -169,14 +169,14 @@ def _plan_node(
         layout = by_uuid[selection.gpu.uuid]
         desired = desired_of(selection.entry)
         if mode_only:
-            desired = mode_only_desired(layout, desired)
+            desired = _mode_only_desired(layout, desired)
         plans.append(plan_gpu(layout, desired, force=force))
     chosen = {s.gpu.uuid for s in selections}
     unselected = tuple(layout.gpu for layout in layouts if layout.gpu.uuid not in chosen)
     return NodePlan(name, tuple(plans), tuple(skipped), unselected)
 
 
-def mode_only_desired(layout: GpuLayout, desired: Desired) -> Desired:
+def _mode_only_desired(layout: GpuLayout, desired: Desired) -> Desired:
     """The mode of ``desired`` and nothing else: a GPU already in that mode keeps its instances
     (a pending change is only cancelled); one switched gets no instances."""
     mode = layout.gpu.mig_mode

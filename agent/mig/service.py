@@ -28,7 +28,6 @@ from agent.mig.node_plan import (
     AssertResult,
     NodePlan,
     check_layouts,
-    checkpoint_holds,
     checkpoint_targets,
     export_layouts,
     plan_layouts,
@@ -280,9 +279,6 @@ class MigService:
                 self._publish(allocation, executor, touched, False, progress)
                 self._journal.journal_clear(SCOPE)
             return ApplyResult("checkpoint", tuple(outcomes), executor.mutations)
-
-    def checkpoint_holds(self, states: Sequence[GpuMigState], *, mode_only: bool = False) -> bool:
-        return checkpoint_holds(states, self.layouts(), mode_only=mode_only)
 
     def _refuse_over_unrecovered(self, what: str) -> tuple[RecoveryOutcome, ...]:
         """Recover first; refuse to start over an apply that could not be undone: its
