@@ -47,10 +47,6 @@ class CacheStore(Cache):
     def evict_group(self, item: CacheItem) -> None:
         eviction.evict_group(self, item)
 
-    def discard_blob(self, sha256: str) -> list[str]:
-        """Drop a blob that is not what its name claims, with every ready item on it."""
-        return eviction.discard_blob(self, sha256)
-
     def discard_item(self, item: CacheItem) -> None:
         """Drop a ready item found not to be what it claims (a blob gone or wrong)."""
         eviction.discard_item(self, item)
