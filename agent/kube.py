@@ -86,6 +86,21 @@ class KubeClient(Protocol):
         ...
 
 
+class Requests(Protocol):
+    """The one call a part that writes makes (`InClusterKubeClient.request`), so a test can
+    stand in for the client."""
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: object = None,
+        content_type: str = ...,
+    ) -> Any: ...
+
+
 class InClusterKubeClient:
     """HTTPS to the API server, authenticated with a bearer token read from a file.
 
@@ -212,7 +227,7 @@ class InClusterKubeClient:
 
     def get(self, path: str, query: Mapping[str, str] | None = None) -> object:
         """A GET on the API server, decoded JSON (for readers beyond the Protocol's calls)."""
-        return self._request("GET", path, query=query)
+        return self.request("GET", path, query=query)
 
     def list_all(
         self, path: str, query: Mapping[str, str] | None = None, page_size: int = PAGE_SIZE
@@ -271,18 +286,6 @@ class InClusterKubeClient:
         finally:
             response.close()
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None = None,
-        body: object = None,
-        content_type: str = "application/json",
-    ) -> Any:
-        """Any call (create, update, patch, delete), decoded JSON; errors as ``_request``."""
-        return self._request(method, path, query=query, body=body, content_type=content_type)
-
     def stream(
         self, path: str, query: Mapping[str, str], timeout: float
     ) -> http.client.HTTPResponse:
@@ -318,12 +321,12 @@ class InClusterKubeClient:
         return response
 
     def node_labels(self, node: str) -> Mapping[str, str]:
-        obj = self._request("GET", f"/api/v1/nodes/{_segment(node)}")
+        obj = self.request("GET", f"/api/v1/nodes/{_segment(node)}")
         labels = _dig(obj, "metadata", "labels")
         return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
 
     def patch_node_labels(self, node: str, labels: Mapping[str, str | None]) -> None:
-        self._request(
+        self.request(
             "PATCH",
             f"/api/v1/nodes/{_segment(node)}",
             body={"metadata": {"labels": dict(labels)}},
@@ -332,13 +335,13 @@ class InClusterKubeClient:
 
     def node_metadata(self, node: str) -> tuple[Mapping[str, str], Mapping[str, str]]:
         """The Node's (labels, annotations)."""
-        obj = self._request("GET", f"/api/v1/nodes/{_segment(node)}")
+        obj = self.request("GET", f"/api/v1/nodes/{_segment(node)}")
         return _strings(_dig(obj, "metadata", "labels")), _strings(
             _dig(obj, "metadata", "annotations")
         )
 
     def patch_node_annotations(self, node: str, annotations: Mapping[str, str | None]) -> None:
-        self._request(
+        self.request(
             "PATCH",
             f"/api/v1/nodes/{_segment(node)}",
             body={"metadata": {"annotations": dict(annotations)}},
@@ -369,13 +372,13 @@ class InClusterKubeClient:
             "lastTimestamp": now,
             "count": 1,
         }
-        self._request("POST", "/api/v1/namespaces/default/events", body=body)
+        self.request("POST", "/api/v1/namespaces/default/events", body=body)
 
     def delete_pods(self, namespace: str, label_selector: str, node_name: str) -> tuple[str, ...]:
         base = f"/api/v1/namespaces/{_segment(namespace)}/pods"
         # The node field selector keeps this to the plugin pod of *this* node.
         query = {"labelSelector": label_selector, "fieldSelector": f"spec.nodeName={node_name}"}
-        listing = self._request("GET", base, query=query)
+        listing = self.request("GET", base, query=query)
         items = _dig(listing, "items")
         names = [
             str(name)
@@ -385,13 +388,13 @@ class InClusterKubeClient:
         deleted = []
         for name in names:
             try:
-                self._request("DELETE", f"{base}/{_segment(name)}")
+                self.request("DELETE", f"{base}/{_segment(name)}")
             except NotFound:
                 continue  # already gone: the DaemonSet is restarting it anyway
             deleted.append(name)
         return tuple(deleted)
 
-    def _request(
+    def request(
         self,
         method: str,
         path: str,
@@ -399,7 +402,9 @@ class InClusterKubeClient:
         query: Mapping[str, str] | None = None,
         body: object = None,
         content_type: str = "application/json",
-    ) -> object:
+    ) -> Any:
+        """Any call (create, update, patch, delete), its JSON decoded (None when empty). An error
+        status raises its domain error, with the answer's Retry-After as ``retry_after_s``."""
         target = path + ("?" + urllib.parse.urlencode(query) if query else "")
         payload = None if body is None else json.dumps(body).encode()
         for refresh in (False, True):
@@ -466,10 +471,6 @@ class InClusterKubeClient:
 
 def _strings(found: object) -> dict[str, str]:
     return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
-
-
-def _str(value: object) -> str:
-    return value if isinstance(value, str) else ""
 
 
 def _exec_timeout(environ: Mapping[str, str]) -> float:

@@ -31,9 +31,10 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from agent.errors import AgentError, Conflict
+from agent.kube import Requests
 from agent.kube_watch import BACKOFF_S, Informer
 
 log = logging.getLogger(__name__)
@@ -171,18 +172,6 @@ def _version(node: object) -> object:
     return meta.get("resourceVersion") if isinstance(meta, dict) else None
 
 
-class NodeApi(Protocol):
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None = None,
-        body: object = None,
-        content_type: str = "application/json",
-    ) -> Any: ...
-
-
 class NodePart:
     """One feature's keys on the Node; ``set`` states them whole (a key under a claimed
     prefix that is not stated is removed)."""
@@ -241,7 +230,7 @@ class NodeOwner:
 
     def __init__(
         self,
-        kube: NodeApi,
+        kube: Requests,
         node: str,
         informer: Informer,
         *,

@@ -35,7 +35,8 @@ from agent.api.auth import Policy, Role
 from agent.api.interceptor import ApiInterceptor
 from agent.gpu import open_driver
 from agent.gpu.types import ComputeInstance, GpuInstance, GpuLayout, MigMode, Placement, Process
-from agent.mig.plan import Desired, plan_gpu
+from agent.mig.desired import Desired
+from agent.mig.plan import plan_gpu
 from agent.wire.node import gpu_pb
 from tests.unit.api.support import COORDINATOR
 

@@ -46,7 +46,8 @@ from agent.gpu.types import (  # noqa: E402
     Placement,
     Process,
 )
-from agent.mig.plan import Desired, current_counts, plan_gpu  # noqa: E402
+from agent.mig.desired import Desired, current_counts  # noqa: E402
+from agent.mig.plan import plan_gpu  # noqa: E402
 
 PRESETS = ("dgx-h100", "dgx-a100-80", "hgx-h200", "dgx-a100")
 TEMPLATES: tuple[dict[int, int] | None, ...] = (None, {1: 7}, {3: 2}, {1: 2, 2: 1, 3: 1}, {7: 1})

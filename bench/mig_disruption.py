@@ -38,15 +38,9 @@ from agent.gpu import open_driver  # noqa: E402
 from agent.gpu.sim import SimControl  # noqa: E402
 from agent.gpu.sim.latency import seconds  # noqa: E402
 from agent.gpu.types import GpuLayout  # noqa: E402
+from agent.mig.desired import Desired, counts_of, current_counts, resolve  # noqa: E402
 from agent.mig.lock import PartitionLock  # noqa: E402
-from agent.mig.plan import (  # noqa: E402
-    Desired,
-    counts_of,
-    current_counts,
-    mig_parted_destroys,
-    plan_gpu,
-    resolve,
-)
+from agent.mig.plan import mig_parted_destroys, plan_gpu  # noqa: E402
 from agent.mig.reset import simulated_reset  # noqa: E402
 from agent.mig.service import MigService  # noqa: E402
 from agent.mig.spec import MigSpec, parse_spec  # noqa: E402

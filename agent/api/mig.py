@@ -27,7 +27,8 @@ from agent.mig.advice import advise_gpu
 from agent.mig.apply import ProgressEvent, Suspended
 from agent.mig.checkpoint import parse_checkpoint
 from agent.mig.claim import Claim, ClaimBook
-from agent.mig.service import ApplyResult, MigService, RecoveryOutcome, refuse_unless_feasible
+from agent.mig.node_plan import refuse_unless_feasible
+from agent.mig.service import ApplyResult, MigService, RecoveryOutcome
 from agent.mig.spec import MigSpec, parse_spec
 from agent.owner import Actor
 from agent.prewarm.errors import Cancelled

@@ -4,7 +4,7 @@ The flags, environment variables, messages and exit codes of ``nvidia-mig-parted
 (reference/mig.md §3.2), so scripts written for it keep working. Every command goes through the
 node's agent (the running one, or one embedded for the command): changes (apply, restore) are its
 operations, followed to the end; reads take the GPUs as the agent read them (GetNode) and run the
-same pure functions on them that the agent runs (agent.mig.service), so this module opens neither
+same pure functions on them that the agent runs (agent.mig.node_plan), so this module opens neither
 NVML nor the state database.
 """
 
@@ -30,14 +30,14 @@ from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec
 from agent.mig.checkpoint import checkpoint_document, parse_checkpoint
 from agent.mig.generate import generate
 from agent.mig.hooks import NO_HOOKS, apply_with_hooks, load_hooks
-from agent.mig.plan import mig_parted_destroys
-from agent.mig.service import (
+from agent.mig.node_plan import (
     NodePlan,
     check_layouts,
     checkpoint_holds,
     export_layouts,
     plan_layouts,
 )
+from agent.mig.plan import mig_parted_destroys
 from agent.mig.spec import MigSpec, load_spec
 from agent.mig.state import fetch
 from agent.mig.view import plan_data, plan_text, show_data, show_text

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import math
 import os
 import re
@@ -22,13 +23,15 @@ from typing import Any
 from agent import safeyaml
 from agent.config.rules import RULES_KEY as _RULES
 from agent.config.rules import Rules as _Rules
-from agent.config.schema import AgentConfig
+from agent.config.schema import RETIRED, AgentConfig
 from agent.errors import FieldViolation, InvalidSpec
 from agent.safeyaml import brief
 
 ENV_PREFIX = "GPU_AGENT_"
 CONFIG_ENV = "GPU_AGENT_CONFIG"
 _ENV_SEP = "__"
+
+log = logging.getLogger(__name__)
 
 # --- value kinds: how raw text or YAML values become typed values -------------------------------
 
@@ -261,6 +264,14 @@ def _unknown(prefix: Sequence[str], node: _Tree, key: str, *, env: bool) -> str:
     return f"unknown key{hint}; valid keys{where}: {', '.join(names)}"
 
 
+def _retired(key: str, label: str) -> bool:
+    """Whether ``key`` is retired, and then a warning names it where it was given (``label``)."""
+    why = RETIRED.get(key)
+    if why is not None:
+        log.warning("config %s is no longer read and is ignored (%s); remove it", label, why)
+    return why is not None
+
+
 def _lookup(parts: Sequence[str], *, env: bool) -> _Leaf | str:
     """The setting at ``parts``, or why there is none."""
     node = _tree()
@@ -329,6 +340,8 @@ def _apply_mapping(
     for key, raw in data.items():
         label = ".".join((*prefix, str(key)))
         child = node.get(key) if isinstance(key, str) else None
+        if child is None and _retired(label, label):
+            continue
         if child is None:
             out.reject(label, _unknown(prefix, node, str(key), env=False))
         elif isinstance(child, _Leaf):
@@ -352,7 +365,10 @@ def _apply_env(env: Mapping[str, str], out: _Collector) -> None:
         if known is not None:
             out.set(known, label, env[name])
             continue
-        found = _lookup(name.removeprefix(ENV_PREFIX).lower().split(_ENV_SEP), env=True)
+        parts = name.removeprefix(ENV_PREFIX).lower().split(_ENV_SEP)
+        if _retired(".".join(parts), label):
+            continue
+        found = _lookup(parts, env=True)
         out.reject(
             label, f"unknown key; did you mean {found.env}?" if isinstance(found, _Leaf) else found
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from agent.config.prewarm import PrewarmSettings
 from agent.config.rules import is_listen as _is_listen
@@ -28,6 +29,20 @@ from agent.config.sections import (
 #: The state dir when nobody names one (a hostPath in the DaemonSet); naming another selects
 #: another node for the CLI (agent/cli/context.py).
 DEFAULT_STATE_DIR = Path("/var/lib/gpu-agent")
+
+#: Keys the agent no longer reads, with why. A config file or env that still carries one (a
+#: DaemonSet's ConfigMap may outlive the version that read it) loads with a warning naming the
+#: key, instead of being refused as unknown.
+RETIRED = {
+    "mig.label_poll_s": "the agent watches its Node, so a MIG config label change is seen at once",
+}
+
+_S = TypeVar("_S")
+
+
+def _section(cls: type[_S], doc: str) -> _S:
+    """A nested section: its defaults, and the line the docs give it."""
+    return field(default_factory=cls, metadata=_rules(doc=doc))
 
 
 @dataclass(frozen=True)
@@ -125,45 +140,22 @@ class AgentConfig:
             "one cannot pile up.",
         ),
     )
-    mig: MigSettings = field(
-        default_factory=MigSettings, metadata=_rules(doc="MIG layout application.")
+    mig: MigSettings = _section(MigSettings, "MIG layout application.")
+    sharing: SharingSettings = _section(SharingSettings, "GPU sharing via the device plugin.")
+    telemetry: TelemetrySettings = _section(TelemetrySettings, "Sampler and exporter.")
+    prewarm: PrewarmSettings = _section(PrewarmSettings, "Image and file cache prewarming.")
+    tls: TlsSettings = _section(TlsSettings, "mTLS of the gRPC API.")
+    roles: RoleSettings = _section(RoleSettings, "Roles of mTLS client identities on the gRPC API.")
+    api: ApiSettings = _section(
+        ApiSettings, "Each caller's share of the gRPC API: calls, streams, lifetimes."
     )
-    sharing: SharingSettings = field(
-        default_factory=SharingSettings, metadata=_rules(doc="GPU sharing via the device plugin.")
+    driver: DriverSettings = _section(
+        DriverSettings, "Following the NVIDIA driver as it arrives and goes away."
     )
-    telemetry: TelemetrySettings = field(
-        default_factory=TelemetrySettings, metadata=_rules(doc="Sampler and exporter.")
+    operations: OperationsSettings = _section(
+        OperationsSettings, "Retention of operations and request-id records."
     )
-    prewarm: PrewarmSettings = field(
-        default_factory=PrewarmSettings, metadata=_rules(doc="Image and file cache prewarming.")
+    health: HealthSettings = _section(
+        HealthSettings, "Health marks per GPU and MIG instance, and where they are published."
     )
-    tls: TlsSettings = field(
-        default_factory=TlsSettings, metadata=_rules(doc="mTLS of the gRPC API.")
-    )
-    roles: RoleSettings = field(
-        default_factory=RoleSettings,
-        metadata=_rules(doc="Roles of mTLS client identities on the gRPC API."),
-    )
-    api: ApiSettings = field(
-        default_factory=ApiSettings,
-        metadata=_rules(doc="Each caller's share of the gRPC API: calls, streams, lifetimes."),
-    )
-    driver: DriverSettings = field(
-        default_factory=DriverSettings,
-        metadata=_rules(doc="Following the NVIDIA driver as it arrives and goes away."),
-    )
-    operations: OperationsSettings = field(
-        default_factory=OperationsSettings,
-        metadata=_rules(doc="Retention of operations and request-id records."),
-    )
-    health: HealthSettings = field(
-        default_factory=HealthSettings,
-        metadata=_rules(doc="Health marks per GPU and MIG instance, and where they are published."),
-    )
-    dra: DraSettings = field(
-        default_factory=DraSettings,
-        metadata=_rules(doc="GPU allocation mode and Dynamic Resource Allocation."),
-    )
-
-
-# --- value kinds: how raw text or YAML values become typed values -------------------------------
+    dra: DraSettings = _section(DraSettings, "GPU allocation mode and Dynamic Resource Allocation.")

@@ -41,15 +41,6 @@ class MigSettings:
             "unless the agent replaces mig-manager (two managers must not fight over one GPU).",
         ),
     )
-    label_poll_s: float = field(
-        default=5.0,
-        metadata=_rules(
-            doc="Seconds between reads of the node's labels when watch_node_label is on and the "
-            "Node is not watched (no Kubernetes API client); in a pod the agent watches its Node "
-            "(a label change is seen at once) and re-reads its cache of them every 60 s.",
-            ge=1.0,
-        ),
-    )
 
 
 @dataclass(frozen=True)

@@ -474,15 +474,7 @@ class GpuDriver:
         gi_profile = next(p for p in self.gi_profiles(uuid) if p.id == gi_info.profileId)
         total = int(self.call(n.nvmlDeviceGetMemoryInfo, h).total)
         out: list[CiProfile] = []
-        for constant in range(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-            try:
-                info = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                    gi, constant, n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
-                )
-            except n.NVMLError as exc:
-                if getattr(exc, "value", None) in (_ERR_NOT_SUPPORTED, _ERR_INVALID_ARGUMENT):
-                    continue
-                raise translate(exc, "nvmlGpuInstanceGetComputeInstanceProfileInfo") from exc
+        for constant, info in self._ci_profile_infos(gi):
             out.append(
                 CiProfile(
                     constant=constant,
@@ -529,12 +521,9 @@ class GpuDriver:
                 )
         return tuple(sorted(out, key=lambda gi: gi.placement))
 
-    def _compute_instances(
-        self, gi: Any, uuids: dict[tuple[int, int], str]
-    ) -> tuple[ComputeInstance, ...]:
+    def _ci_profile_infos(self, gi: Any) -> Iterator[tuple[int, Any]]:
+        """(constant, profile info) of each compute instance profile the GPU instance offers."""
         n = self._nvml
-        out: list[ComputeInstance] = []
-        gi_id = int(self.call(n.nvmlGpuInstanceGetInfo, gi).id)
         for constant in range(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
                 info = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
@@ -544,6 +533,15 @@ class GpuDriver:
                 if getattr(exc, "value", None) in (_ERR_NOT_SUPPORTED, _ERR_INVALID_ARGUMENT):
                     continue
                 raise translate(exc, "nvmlGpuInstanceGetComputeInstanceProfileInfo") from exc
+            yield constant, info
+
+    def _compute_instances(
+        self, gi: Any, uuids: dict[tuple[int, int], str]
+    ) -> tuple[ComputeInstance, ...]:
+        n = self._nvml
+        out: list[ComputeInstance] = []
+        gi_id = int(self.call(n.nvmlGpuInstanceGetInfo, gi).id)
+        for _, info in self._ci_profile_infos(gi):
             array = (n.c_nvmlComputeInstance_t * max(int(info.instanceCount), 1))()
             count = ctypes.c_uint(0)
             self.call(n.nvmlGpuInstanceGetComputeInstances, gi, info.id, array, ctypes.byref(count))

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agent.mig.plan import Desired
+from agent.gpu.types import GpuInfo
+from agent.mig.desired import Desired
 from agent.mig.state import GpuMigState
 
 SCOPE = "mig:apply"
@@ -61,6 +62,11 @@ def begin_entry(
         "force": force,
         "skip_reset": skip_reset,
     }
+
+
+def gpu_entry(gpu: GpuInfo, before: GpuMigState) -> dict[str, Any]:
+    """A GPU the apply starts on, with the snapshot a rollback returns it to."""
+    return {"event": "gpu", "uuid": gpu.uuid, "index": gpu.index, "before": before.to_dict()}
 
 
 @dataclass

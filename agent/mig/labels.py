@@ -36,7 +36,8 @@ from prometheus_client.registry import Collector
 
 from agent.errors import AgentError, Busy, FieldViolation, InvalidSpec, ModeRefused
 from agent.kube import KubeClient
-from agent.mig.service import MigService, refuse_unless_feasible
+from agent.mig.node_plan import refuse_unless_feasible
+from agent.mig.service import MigService
 from agent.mig.spec import load_spec
 from agent.tasks import Need, Subscribe, Task
 

@@ -18,34 +18,34 @@ from typing import Any, Protocol
 from agent.dra.gate import mig_change_refusal
 from agent.dra.mode import Allocation, AllocationMode
 from agent.dra.republish import expected_uuids
-from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec, ModeRefused
+from agent.errors import AgentError, Busy, Conflict, ModeRefused
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.types import GpuInfo, GpuLayout
 from agent.mig.apply import Executor, Progress, ProgressEvent, Suspended, restore
-from agent.mig.journal import SCOPE, ApplyRecord, Journal, begin_entry, records
+from agent.mig.journal import SCOPE, ApplyRecord, Journal, begin_entry, gpu_entry, records
 from agent.mig.lock import PartitionLock
+from agent.mig.node_plan import (
+    AssertResult,
+    NodePlan,
+    check_layouts,
+    checkpoint_targets,
+    export_layouts,
+    plan_layouts,
+    refuse_unless_feasible,
+)
 from agent.mig.plan import (
     CreateGi,
-    Desired,
     DestroyGi,
     GpuPlan,
     ResetGpu,
     converge_steps,
-    current_counts,
-    mismatches,
     plan_gpu,
 )
 from agent.mig.reset import ResetFn
 from agent.mig.spec import (
-    ALL,
-    DeviceFilter,
-    ExportedGpu,
-    MigConfigEntry,
     MigSpec,
-    export_document,
-    select_gpus,
 )
-from agent.mig.state import GiState, GpuMigState, fetch
+from agent.mig.state import GpuMigState, fetch
 
 log = logging.getLogger(__name__)
 
@@ -64,21 +64,6 @@ class Republish(Protocol):
 
 #: Without a Kubernetes API (a laptop, the simulated quick start): MIG works as it always did.
 _NO_MODE = Allocation(AllocationMode.NONE, "no allocation mode source")
-
-
-@dataclass(frozen=True, slots=True)
-class NodePlan:
-    """A dry run: one plan per selected GPU, and the GPUs left alone."""
-
-    config: str
-    gpus: tuple[GpuPlan, ...]
-    #: not MIG-capable and selected by ``devices: all``: skipped, as mig-parted does.
-    skipped: tuple[GpuInfo, ...] = ()
-    unselected: tuple[GpuInfo, ...] = ()
-
-    @property
-    def changes(self) -> tuple[GpuPlan, ...]:
-        return tuple(p for p in self.gpus if p.steps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,17 +99,6 @@ class ApplyResult:
     @property
     def pending(self) -> tuple[GpuOutcome, ...]:
         return tuple(g for g in self.gpus if g.status == "pending")
-
-
-@dataclass(frozen=True, slots=True)
-class AssertResult:
-    config: str
-    applied: bool
-    mismatches: tuple[str, ...]
-
-
-def desired_of(entry: MigConfigEntry) -> Desired:
-    return Desired(entry.mig_enabled, entry.mig_devices, entry.path)
 
 
 class MigService:
@@ -234,12 +208,12 @@ class MigService:
         whose mode differs, and creates no instances. Raises :class:`Suspended` (journal kept,
         no rollback) when ``progress`` raises it.
         """
-        name, entries = spec.select(config)
+        name, _ = spec.select(config)
         description = operation or f"mig apply {name}"
         allocation = self.refuse_by_mode("mig apply")
         with self._lock.hold(description):
             recovered = self._refuse_over_unrecovered(f"MIG config {name}")
-            plan = _plan_node(name, entries, self.layouts(), force, mode_only)
+            plan = plan_layouts(spec, config, self.layouts(), force=force, mode_only=mode_only)
             refuse_unless_feasible(plan)
             executor = Executor(self._driver, self._journal, self._reset, progress)
             outcomes = {p.layout.gpu.uuid: _unchanged(p) for p in plan.gpus}
@@ -292,15 +266,7 @@ class MigService:
                     )
                     continue
                 before = fetch(self._driver.layout(gpu.uuid))
-                self._journal.journal_append(
-                    SCOPE,
-                    {
-                        "event": "gpu",
-                        "uuid": gpu.uuid,
-                        "index": gpu.index,
-                        "before": before.to_dict(),
-                    },
-                )
+                self._journal.journal_append(SCOPE, gpu_entry(gpu, before))
                 touched.append((gpu, before))
                 try:
                     outcomes.append(self._restore_gpu(executor, gpu, target))
@@ -313,9 +279,6 @@ class MigService:
                 self._publish(allocation, executor, touched, False, progress)
                 self._journal.journal_clear(SCOPE)
             return ApplyResult("checkpoint", tuple(outcomes), executor.mutations)
-
-    def checkpoint_holds(self, states: Sequence[GpuMigState], *, mode_only: bool = False) -> bool:
-        return checkpoint_holds(states, self.layouts(), mode_only=mode_only)
 
     def _refuse_over_unrecovered(self, what: str) -> tuple[RecoveryOutcome, ...]:
         """Recover first; refuse to start over an apply that could not be undone: its
@@ -381,15 +344,7 @@ class MigService:
             before = befores.get(gpu.uuid)
             if before is None:
                 before = fetch(gpu_plan.layout)
-                self._journal.journal_append(
-                    SCOPE,
-                    {
-                        "event": "gpu",
-                        "uuid": gpu.uuid,
-                        "index": gpu.index,
-                        "before": before.to_dict(),
-                    },
-                )
+                self._journal.journal_append(SCOPE, gpu_entry(gpu, before))
             touched.append((gpu, before))
             try:
                 outcomes[gpu.uuid] = self._apply_gpu(executor, gpu_plan, force, skip_reset)
@@ -424,7 +379,7 @@ class MigService:
                 )
             again = plan_gpu(self._driver.layout(gpu.uuid), gpu_plan.desired, force=force)
             if again.target is None or again.status in ("infeasible", "blocked"):
-                raise Conflict(f"GPU {gpu.index}: after the MIG mode change: {_why(again)}")
+                raise Conflict(f"GPU {gpu.index}: after the MIG mode change: {again.problem}")
             steps, target = again.steps, again.target
         executor.run(gpu, steps, phase="apply", skip_reset=skip_reset)
         assert target is not None  # a plan with steps and no target is deferred or refused
@@ -604,7 +559,7 @@ class MigService:
             else:
                 bad = [p for p in plans if p.status in ("infeasible", "blocked")]
                 problem = (
-                    Conflict("; ".join(f"GPU {p.layout.gpu.index}: {_why(p)}" for p in bad))
+                    Conflict("; ".join(f"GPU {p.layout.gpu.index}: {p.problem}" for p in bad))
                     if bad
                     else None
                 )
@@ -664,171 +619,6 @@ class MigService:
             f"{operation} interrupted; restored the layout before it "
             f"({executor.mutations - count} changes)",
         )
-
-
-# -- reads: pure functions of the layouts (the agent's driver or its GetNode answer) ----------
-
-
-def plan_layouts(
-    spec: MigSpec,
-    config: str | None,
-    layouts: Sequence[GpuLayout],
-    *,
-    force: bool = False,
-    mode_only: bool = False,
-) -> NodePlan:
-    name, entries = spec.select(config)
-    return _plan_node(name, entries, tuple(layouts), force, mode_only)
-
-
-def check_layouts(
-    spec: MigSpec, config: str | None, layouts: Sequence[GpuLayout], *, mode_only: bool = False
-) -> AssertResult:
-    """mig-parted's ``assert``: every GPU selected and matching (counts; placement ignored)."""
-    name, entries = spec.select(config)
-    chosen = {s.gpu.uuid: s for s in select_gpus(entries, [lay.gpu for lay in layouts])}
-    problems: list[str] = []
-    for layout in layouts:
-        gpu = layout.gpu
-        selection = chosen.get(gpu.uuid)
-        if selection is None:
-            if gpu.mig_capable:
-                problems.append(f"GPU {gpu.index} is not selected by any entry of {name}")
-            continue
-        if not gpu.mig_capable and selection.entry.devices == ALL:
-            continue
-        problems += mismatches(layout, desired_of(selection.entry), mode_only=mode_only)
-    return AssertResult(name, not problems, tuple(problems))
-
-
-def export_layouts(layouts: Sequence[GpuLayout], label: str = "current") -> dict[str, Any]:
-    """The layouts as a mig-parted v1 config named ``label`` (mig-parted ``export``)."""
-    gpus = []
-    for layout in layouts:
-        mode = layout.gpu.mig_mode
-        enabled = bool(mode and mode.current)
-        counts = current_counts(layout) if enabled else {}
-        gpus.append(
-            ExportedGpu(layout.gpu.index, str(DeviceFilter.of(layout.gpu)), enabled, counts)
-        )
-    return export_document(gpus, label)
-
-
-def checkpoint_holds(
-    states: Sequence[GpuMigState], layouts: Sequence[GpuLayout], *, mode_only: bool = False
-) -> bool:
-    """Whether every listed GPU is in its checkpointed state (mode only: its mode)."""
-    return all(same for _, _, same in checkpoint_targets(states, layouts, mode_only))
-
-
-def checkpoint_targets(
-    states: Sequence[GpuMigState], layouts: Sequence[GpuLayout], mode_only: bool
-) -> list[tuple[GpuInfo, GpuMigState, bool]]:
-    """Each state with its GPU, profile names filled in; True where it already holds.
-    InvalidSpec when the checkpoint names a GPU or a profile this node lacks."""
-    by_uuid = {layout.gpu.uuid: layout for layout in layouts}
-    bad = [
-        FieldViolation(f"MigState.Devices[{i}].UUID", f"no GPU {s.uuid} on this node")
-        for i, s in enumerate(states)
-        if s.uuid not in by_uuid
-    ]
-    out = []
-    for i, s in enumerate(states):
-        layout = by_uuid.get(s.uuid)
-        if layout is None:
-            continue
-        names = {p.id: p.name for p in layout.profiles}
-        for gi in s.instances:
-            if gi.profile_id not in names:
-                bad.append(
-                    FieldViolation(
-                        f"MigState.Devices[{i}].GpuInstances",
-                        f"GPU {s.uuid} has no GPU instance profile id {gi.profile_id}",
-                    )
-                )
-        now = fetch(layout)
-        target = GpuMigState(
-            s.uuid,
-            s.mig_enabled,
-            tuple(
-                GiState(gi.profile_id, names.get(gi.profile_id, ""), gi.placement, gi.cis)
-                for gi in s.instances
-            ),
-        )
-        if mode_only:
-            same_mode = now.mig_enabled == s.mig_enabled
-            target = GpuMigState(s.uuid, s.mig_enabled, now.instances if same_mode else ())
-        mode = layout.gpu.mig_mode
-        settled = mode is None or mode.pending == mode.current
-        out.append((layout.gpu, target, settled and target.satisfied_by(now)))
-    if bad:
-        raise InvalidSpec(f"the checkpoint does not fit this node: {bad[0].description}", bad)
-    return out
-
-
-def _plan_node(
-    name: str,
-    entries: tuple[MigConfigEntry, ...],
-    layouts: tuple[GpuLayout, ...],
-    force: bool,
-    mode_only: bool = False,
-) -> NodePlan:
-    by_uuid = {layout.gpu.uuid: layout for layout in layouts}
-    selections = select_gpus(entries, [layout.gpu for layout in layouts])
-    plans: list[GpuPlan] = []
-    skipped: list[GpuInfo] = []
-    for selection in selections:
-        if not selection.gpu.mig_capable and selection.entry.devices == ALL:
-            skipped.append(selection.gpu)
-            continue
-        layout = by_uuid[selection.gpu.uuid]
-        desired = desired_of(selection.entry)
-        if mode_only:
-            desired = mode_only_desired(layout, desired)
-        plans.append(plan_gpu(layout, desired, force=force))
-    chosen = {s.gpu.uuid for s in selections}
-    unselected = tuple(layout.gpu for layout in layouts if layout.gpu.uuid not in chosen)
-    return NodePlan(name, tuple(plans), tuple(skipped), unselected)
-
-
-def mode_only_desired(layout: GpuLayout, desired: Desired) -> Desired:
-    """The mode of ``desired`` and nothing else: a GPU already in that mode keeps its instances
-    (a pending change is only cancelled); one switched gets no instances."""
-    mode = layout.gpu.mig_mode
-    keep = mode is not None and mode.current == desired.mig_enabled and desired.mig_enabled
-    counts = tuple(current_counts(layout).items()) if keep else ()
-    return Desired(desired.mig_enabled, counts, desired.source)
-
-
-def refuse_unless_feasible(plan: NodePlan) -> None:
-    """Raise before any change when some GPU cannot reach its layout."""
-    infeasible = [p for p in plan.gpus if p.status == "infeasible"]
-    if infeasible:
-        raise Conflict(
-            f"MIG config {plan.config} cannot be applied: "
-            + "; ".join(
-                f"GPU {p.layout.gpu.index} ({p.layout.gpu.name}): {_why(p)}" for p in infeasible
-            )
-        )
-    blockers = [
-        f"GPU {p.layout.gpu.index}: {b}"
-        for p in plan.gpus
-        if p.status == "blocked"
-        for b in p.blockers
-    ]
-    if blockers:
-        raise Busy(
-            f"MIG config {plan.config} needs changes that running processes block: "
-            + "; ".join(blockers)
-            + " (stop them, or pass --force to try anyway)",
-            blockers,
-        )
-
-
-def _why(plan: GpuPlan) -> str:
-    if plan.infeasible is not None:
-        return plan.infeasible.reason
-    return "; ".join(str(b) for b in plan.blockers) or plan.status
 
 
 def _unchanged(plan: GpuPlan) -> GpuOutcome:

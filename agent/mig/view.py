@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.gpu.types import GpuInfo, GpuLayout, Placement
-from agent.mig.plan import GpuPlan, current_counts
+from agent.mig.desired import current_counts
+from agent.mig.plan import GpuPlan
 from agent.mig.state import GpuMigState
 
 _CELL = 10  # characters per memory slice: fits "1g.18gb+me"

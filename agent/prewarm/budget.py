@@ -16,7 +16,7 @@ from agent.prewarm.eviction import Unit, mark_evicted, remove
 from agent.prewarm.model import ItemState, Layout
 
 if TYPE_CHECKING:
-    from agent.prewarm.store import CacheStore
+    from agent.prewarm.cache import Cache
 
 __all__ = ["Usage", "admit", "usage"]
 
@@ -33,7 +33,7 @@ class Usage:
     volume_bytes: int
 
 
-def usage(store: CacheStore, exclude: str | None = None) -> Usage:
+def usage(store: Cache, exclude: str | None = None) -> Usage:
     items = store.index.items()
     ready: dict[str, int] = {}
     pinned: dict[str, int] = {}
@@ -61,7 +61,7 @@ def usage(store: CacheStore, exclude: str | None = None) -> Usage:
     )
 
 
-def admit(store: CacheStore, item_id: str, total: int | None, on_disk: int = 0) -> int:
+def admit(store: Cache, item_id: str, total: int | None, on_disk: int = 0) -> int:
     """Make room for ``total`` bytes of ``item_id``; returns the byte limit of the fetch.
 
     Raises Conflict, naming the numbers, when the item cannot fit even after evicting every
@@ -69,7 +69,7 @@ def admit(store: CacheStore, item_id: str, total: int | None, on_disk: int = 0) 
     unknown (a chunked response) the limit is what fits now without evicting.
     """
     with store.index.transaction():
-        use = store.usage(exclude=item_id)
+        use = usage(store, exclude=item_id)
         taken = use.used_bytes + use.reserved_bytes
         if total is None:
             limit = max(use.capacity_bytes - taken, 0)
@@ -104,7 +104,7 @@ def admit(store: CacheStore, item_id: str, total: int | None, on_disk: int = 0) 
     return total
 
 
-def _units(store: CacheStore) -> list[Unit]:
+def _units(store: Cache) -> list[Unit]:
     by_sha: dict[str, Unit] = {}
     units: list[Unit] = []
     for item in store.index.items([ItemState.READY]):
@@ -118,7 +118,7 @@ def _units(store: CacheStore) -> list[Unit]:
     return units
 
 
-def _victims(store: CacheStore, need: int) -> list[Unit]:
+def _victims(store: Cache, need: int) -> list[Unit]:
     """Least recently used units, unpinned and held by no process, whose blobs (those no
     other unit stands on) add up to ``need`` (or all of them)."""
     units = _units(store)

@@ -18,7 +18,7 @@ Anything else found in their place is moved into quarantine/ (renamed, never fol
 deleted) and logged; the item is then fetched again. Cleanup deletes only inside these
 directories, opened the same way.
 
-This module knows files and names, not items: what an item stands on is agent/prewarm/store.py's.
+This module knows files and names, not items: what an item stands on is agent/prewarm/cache.py's.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from agent.prewarm.errors import FetchFailed
-from agent.prewarm.partial import CHUNK
 
-__all__ = ["CacheDir", "fsync_dir"]
+__all__ = ["CHUNK", "CacheDir", "fsync_dir"]
+
+CHUNK = 4 * 1024 * 1024  # a read of a partial or blob being hashed
 
 # The cache's one logger name, as before its modules were split: operators' filters keep it.
 log = logging.getLogger("agent.prewarm.store")

@@ -19,7 +19,7 @@ from agent.errors import Busy
 from agent.prewarm.model import CacheItem, ItemState, Layout
 
 if TYPE_CHECKING:
-    from agent.prewarm.store import CacheStore
+    from agent.prewarm.cache import Cache
 
 __all__ = [
     "Unit",
@@ -43,7 +43,7 @@ class Unit:
     blobs: dict[str, int]
 
 
-def evict(store: CacheStore, sha256: str) -> list[str]:
+def evict(store: Cache, sha256: str) -> list[str]:
     """Evict a blob and every ready file naming it; returns the item names.
 
     Refused (Busy, naming the pids) while a process holds the blob open or mapped; a group
@@ -56,7 +56,7 @@ def evict(store: CacheStore, sha256: str) -> list[str]:
     return [i.name for i in unit.items]
 
 
-def evict_group(store: CacheStore, item: CacheItem) -> None:
+def evict_group(store: Cache, item: CacheItem) -> None:
     """Evict a ready group: its model directory, and the blobs nothing else stands on."""
     _refuse_held(store, store.blobs(item))
     with store.index.transaction():
@@ -64,7 +64,7 @@ def evict_group(store: CacheStore, item: CacheItem) -> None:
     remove(store, unit)
 
 
-def discard_blob(store: CacheStore, sha256: str) -> list[str]:
+def discard_blob(store: Cache, sha256: str) -> list[str]:
     """Drop a blob that is not what its name claims (wrong size or digest, or gone), with
     every ready item standing on it; no in-use check, as its bytes are not the item's."""
     with store.index.transaction():
@@ -73,7 +73,7 @@ def discard_blob(store: CacheStore, sha256: str) -> list[str]:
     return [i.name for i in unit.items]
 
 
-def discard_item(store: CacheStore, item: CacheItem) -> None:
+def discard_item(store: Cache, item: CacheItem) -> None:
     """Drop a ready item found not to be what it claims (a blob gone or wrong): a file's
     blob goes with every name on it; a group loses its directory and blobs no one else uses."""
     if store.layout(item) is Layout.BLOB and item.sha256:
@@ -84,7 +84,7 @@ def discard_item(store: CacheStore, item: CacheItem) -> None:
         remove(store, unit)
 
 
-def _refuse_held(store: CacheStore, sha256s: Iterable[str]) -> None:
+def _refuse_held(store: Cache, sha256s: Iterable[str]) -> None:
     held = store.holders(sha256s)
     pids = sorted({p for ps in held.values() for p in ps})
     if pids:
@@ -96,11 +96,11 @@ def _refuse_held(store: CacheStore, sha256s: Iterable[str]) -> None:
         )
 
 
-def _standing_on(store: CacheStore, sha256: str) -> list[CacheItem]:
+def _standing_on(store: Cache, sha256: str) -> list[CacheItem]:
     return [i for i in store.index.items([ItemState.READY]) if sha256 in store.blobs(i)]
 
 
-def mark_evicted(store: CacheStore, items: Iterable[CacheItem]) -> Unit:
+def mark_evicted(store: Cache, items: Iterable[CacheItem]) -> Unit:
     unit = Unit([], {})
     for item in items:
         if item.state is ItemState.READY:
@@ -110,7 +110,7 @@ def mark_evicted(store: CacheStore, items: Iterable[CacheItem]) -> Unit:
     return unit
 
 
-def remove(store: CacheStore, unit: Unit, force: Iterable[str] = ()) -> None:
+def remove(store: Cache, unit: Unit, force: Iterable[str] = ()) -> None:
     """Delete the links and model directories of evicted items, and their blobs that no
     ready item still stands on (``force``: delete those blobs whatever stands on them)."""
     for item in unit.items:

@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import Conflict
+from agent.prewarm import budget
+from agent.prewarm.cachedir import CHUNK
 from agent.prewarm.errors import DigestMismatch, DiskFull
 
 if TYPE_CHECKING:
-    from agent.prewarm.store import CacheStore
+    from agent.prewarm.cache import Cache
 
-__all__ = ["CHUNK", "MemberPartial", "Partial"]
-
-CHUNK = 4 * 1024 * 1024  # a read of a partial or blob being hashed
+__all__ = ["MemberPartial", "Partial"]
 _HASH_BACKLOG = 32  # chunks queued for the hasher thread before the writer waits
 _FLUSH_BYTES = 64 * 1024 * 1024
 
@@ -102,7 +102,7 @@ class _Hasher:
 class Partial:
     """The temp file of one fetch; hashes as it appends and survives a restart for resume."""
 
-    def __init__(self, store: CacheStore, item_id: str) -> None:
+    def __init__(self, store: Cache, item_id: str) -> None:
         self._store = store
         self.item_id = item_id
         self.path = store.partial_dir / f"{item_id}.part"
@@ -140,7 +140,7 @@ class Partial:
 
     def admit(self, total: int | None) -> None:
         """Reserve ``total`` bytes in the budget (evicting if needed) before any body byte."""
-        self.limit = self._store.admit(self.item_id, total, on_disk=self.offset)
+        self.limit = budget.admit(self._store, self.item_id, total, on_disk=self.offset)
 
     def restart(self, reason: str | None = None) -> None:
         """Drop the bytes so far: the origin cannot resume or its content changed (``reason``,
@@ -234,7 +234,7 @@ class MemberPartial(Partial):
     """The partial of one file of a group: admitted with its group (which holds the budget),
     so here only bounded by the size the listing gave."""
 
-    def __init__(self, store: CacheStore, key: str, size: int) -> None:
+    def __init__(self, store: Cache, key: str, size: int) -> None:
         super().__init__(store, key)
         self.size = size
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from agent.prewarm.model import CacheItem, ItemKind, ItemState, Layout
 
 if TYPE_CHECKING:
-    from agent.prewarm.store import CacheStore
+    from agent.prewarm.cache import Cache
 
 __all__ = ["ADOPTED_SOURCE", "reconcile"]
 
@@ -28,7 +28,7 @@ ADOPTED_SOURCE = "adopted: found in the cache with no index row"
 """``source`` of a ready item rebuilt from a blob and its by-name link (`_adopt_orphans`)."""
 
 
-def reconcile(store: CacheStore) -> None:
+def reconcile(store: Cache) -> None:
     """Make disk and index agree after a crash: the index says what is ready.
 
     Blobs no ready item stands on, model directories of no ready group and partials of
@@ -57,7 +57,7 @@ def reconcile(store: CacheStore) -> None:
     store.sweep(store.name_dir, {i.name for i in ready}, stat.S_IFLNK)
 
 
-def _adopt_orphans(store: CacheStore, items: list[CacheItem]) -> None:
+def _adopt_orphans(store: Cache, items: list[CacheItem]) -> None:
     """Blobs no index row knows (the index was lost: a corrupt state database started anew)
     are never deleted unseen: one that verifies and that a by-name link points at becomes a
     ready file of that name again (its source and pin are not known); any other is moved to

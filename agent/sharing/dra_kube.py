@@ -12,28 +12,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from agent.errors import Conflict, NotFound
+from agent.kube import Requests
 from agent.sharing.dra import AGENT, MANAGED_BY, Change, SharedClass, owned, reconcile_one
 
 PATH = "/apis/resource.k8s.io/v1/deviceclasses"
 
 
 @runtime_checkable
-class DraKube(Protocol):
+class DraKube(Requests, Protocol):
     """The calls this module makes (agent.kube.InClusterKubeClient has them)."""
 
     def list_all(
         self, path: str, query: Mapping[str, str] | None = None, page_size: int = ...
     ) -> tuple[list[Any], str]: ...
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None = None,
-        body: object = None,
-        content_type: str = ...,
-    ) -> Any: ...
 
 
 class DeviceClasses:

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from agent._proto.gpuagent.v1 import mig_pb2, operations_pb2
 from agent.gpu.types import GpuLayout
 from agent.mig.advice import GpuAdvice, moves_to_fit
+from agent.mig.node_plan import NodePlan
 from agent.mig.plan import GpuPlan
-from agent.mig.service import ApplyResult, NodePlan, RecoveryOutcome
+from agent.mig.service import ApplyResult, RecoveryOutcome
 
 __all__ = [
     "AdvisedGpu",

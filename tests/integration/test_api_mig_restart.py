@@ -17,7 +17,8 @@ from agent._proto.gpuagent.v1 import (
     operations_pb2_grpc,
 )
 from agent.gpu import open_driver
-from agent.mig.plan import Desired, mismatches
+from agent.mig.desired import Desired
+from agent.mig.plan import mismatches
 from agent.mig.state import fetch
 from tests.unit.api.support import AgentProcess, agent_config, unix_channel, wait_for
 

@@ -28,8 +28,9 @@ from agent.kube import InClusterKubeClient
 from agent.mig.checkpoint import checkpoint_document
 from agent.mig.journal import SCOPE, begin_entry
 from agent.mig.lock import PartitionLock
+from agent.mig.node_plan import desired_of
 from agent.mig.reset import simulated_reset
-from agent.mig.service import MigService, desired_of
+from agent.mig.service import MigService
 from agent.mig.spec import parse_spec
 from agent.mig.state import fetch
 from agent.state import StateStore

@@ -307,7 +307,7 @@ def _fitting_combinations(layout: object) -> set[tuple[tuple[str, int], ...]]:
     """Brute force over every count of every profile, asked of the planner."""
     from itertools import product
 
-    from agent.mig.plan import Desired
+    from agent.mig.desired import Desired
 
     profiles = layout.profiles  # type: ignore[attr-defined]
     ranges = [range(p.instance_count + 1) for p in profiles]

@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 from agent.errors import AgentError
 from agent.mig.apply import SCOPE, ProgressEvent, Suspended
+from agent.mig.node_plan import desired_of
 from agent.mig.plan import mismatches
-from agent.mig.service import desired_of
 from agent.mig.spec import parse_spec, select_gpus
 from agent.mig.state import GpuMigState
 from tests.unit.mig.simnode import SimNode, sim_node

@@ -206,7 +206,8 @@ def test_what_mig_apply_reported_applied_stays_applied_after_a_kill_9(tmp_path: 
     keep the layout, and its recovery rolls nothing back."""
     from agent.client import AgentClient
     from agent.gpu import open_driver
-    from agent.mig.plan import Desired, mismatches
+    from agent.mig.desired import Desired
+    from agent.mig.plan import mismatches
     from tests.integration.test_api_cli import MIG_CONFIG
 
     agent, config = _agent(tmp_path)

@@ -155,6 +155,11 @@ class FakeKubeApi:
         self.changed = threading.Condition(self.lock)
 
     @property
+    def taint_versions(self) -> list[str]:
+        """The versions DeviceTaintRules are answered at: one store behind them all."""
+        return ["v1alpha3"]
+
+    @property
     def leases(self) -> dict[tuple[str, str], dict[str, Any]]:
         return self.stores.setdefault("leases", {})
 
@@ -282,12 +287,9 @@ class FakeKubeApi:
         if path in self.unavailable:
             return _reply(h, 503, _status(503, "the server is currently unable to handle it"))
         parts = path.strip("/").split("/")
-        asked = urllib.parse.unquote(urllib.parse.urlsplit(getattr(h, "asked_path", h.path)).path)
         h.validate = self.validate  # type: ignore[attr-defined]  # read by _reply
         if self.validate:
-            schema.check_request(
-                h.command, asked.strip("/").split("/"), h.headers.get("Content-Type") or "", body
-            )
+            schema.check_request(h.command, parts, h.headers.get("Content-Type") or "", body)
         if query.get("watch") in ("1", "true") and h.command == "GET":
             if parts == ["api", "v1", "nodes"]:
                 return self._watch(h, "nodes", query)
@@ -298,8 +300,9 @@ class FakeKubeApi:
                 return self._watch(h, dra[0], query, dra[1])
             return _reply(h, 405, _status(405, "watch is served on the node, pod and DRA lists"))
         with self.lock:
-            if parts[:4] == ["apis", fake_dra.GROUP, "v1alpha3", "devicetaintrules"]:
-                if self.device_taint_rules and len(parts) in (4, 5):
+            if parts[:2] == ["apis", fake_dra.GROUP] and parts[3:4] == ["devicetaintrules"]:
+                served = self.device_taint_rules and parts[2] in self.taint_versions
+                if served and len(parts) in (4, 5):
                     return self._taint_rules(h, parts[4] if len(parts) == 5 else None, query, body)
                 return _reply(h, 404, _status(404, "the server could not find the resource"))
             if parts[:2] == ["apis", fake_dra.GROUP]:

@@ -133,11 +133,6 @@ class EdgeKubeApi(FakeKubeApi):
         parts = path.strip("/").split("/")
         if parts[0] == "apis" and len(parts) <= 3 and h.command == "GET":
             return self._discovery(h, parts[1:])
-        if parts[:2] == ["apis", fake_dra.GROUP] and parts[3:4] == [TAINTS]:
-            if parts[2] not in self.taint_versions:
-                return _reply(h, 404, _status(404, "the server could not find the resource"))
-            h.asked_path = h.path  # type: ignore[attr-defined]  # checked at the version asked
-            h.path = h.path.replace(f"/{parts[2]}/{TAINTS}", f"/v1alpha3/{TAINTS}", 1)
         return super()._handle(h)
 
     def _discovery(self, h: BaseHTTPRequestHandler, parts: list[str]) -> None:

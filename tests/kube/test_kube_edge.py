@@ -242,9 +242,7 @@ def test_device_taint_rules_are_written_at_the_version_the_server_serves(
     )
     rules.sync()
     posts = [r for r in api.requests if r.method == "POST"]
-    assert [r.path for r in posts] == ["/apis/resource.k8s.io/v1alpha3/devicetaintrules"]  # stored
-    (call,) = [c for c in api.calls if c.method == "POST"]
-    assert call.path == "/apis/resource.k8s.io/v1beta2/devicetaintrules"
+    assert [r.path for r in posts] == ["/apis/resource.k8s.io/v1beta2/devicetaintrules"]
     assert posts[0].body["apiVersion"] == "resource.k8s.io/v1beta2"  # type: ignore[index]
     assert not [c for c in api.calls if "v1alpha3" in c.path]
     before = len(api.calls)

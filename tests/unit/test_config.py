@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import socket
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -516,3 +517,27 @@ def test_every_env_name_in_the_schema_sets_its_setting() -> None:
         loaded = load_config(env=env)
         path = tuple(str(row["key"]).split("."))
         assert value_at(loaded, path) == value_at(defaults, path), row["env"]
+
+
+# --- retired keys load with a warning ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "named"),
+    [
+        ("file", "config mig.label_poll_s is no longer read"),
+        ("env", "config env GPU_AGENT_MIG__LABEL_POLL_S is no longer read"),
+    ],
+)
+def test_a_retired_key_is_ignored_with_a_warning_naming_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, source: str, named: str
+) -> None:
+    """A DaemonSet's ConfigMap written for an older agent still loads (issue 37)."""
+    file = write(tmp_path, "mig:\n  label_poll_s: 5\n") if source == "file" else None
+    env = {"GPU_AGENT_MIG__LABEL_POLL_S": "5"} if source == "env" else {}
+    with caplog.at_level(logging.WARNING, logger="agent.config.loader"):
+        config = load_config(file, env)
+    assert config == AgentConfig()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert named in line
+    assert "remove it" in line

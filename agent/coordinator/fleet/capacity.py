@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 
 from agent.gpu.types import GiProfile, GpuLayout, Placement
-from agent.mig.plan import ci_name
+from agent.mig.desired import ci_name
 
 __all__ = [
     "busy_gi_ids",

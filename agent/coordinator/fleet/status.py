@@ -19,7 +19,7 @@ from agent.coordinator.fleet.health import STATES, UNKNOWN, GpuMark, InstanceMar
 from agent.coordinator.fleet.inventory import PROCESSES, NodeView
 from agent.dra.mode import Allocation
 from agent.gpu.types import GpuLayout
-from agent.mig.plan import current_counts
+from agent.mig.desired import current_counts
 
 __all__ = [
     "MAX_ATTENTION",

@@ -30,7 +30,7 @@ from functools import lru_cache
 
 from agent.coordinator.fleet.capacity import busy_gi_ids, mask
 from agent.gpu.types import GiProfile, GpuLayout
-from agent.mig.plan import ci_name, current_counts
+from agent.mig.desired import ci_name, current_counts
 
 __all__ = [
     "Counts",

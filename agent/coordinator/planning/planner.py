@@ -36,7 +36,8 @@ from agent.coordinator.planning.options import Counts, GpuOptions, Option, gpu_o
 from agent.coordinator.planning.solve import ClassSpec, Problem, Solution, solve
 from agent.gpu.models import model_key
 from agent.gpu.types import GiProfile, GpuLayout, MigMode, Placement
-from agent.mig.plan import Desired, GpuPlan, plan_gpu
+from agent.mig.desired import Desired
+from agent.mig.plan import GpuPlan, plan_gpu
 from agent.mig.state import GiState
 
 __all__ = [

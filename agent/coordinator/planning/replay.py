@@ -19,7 +19,7 @@ from agent.coordinator.planning.catalog import Catalog
 from agent.coordinator.planning.demand import Demand, TraceStep
 from agent.coordinator.planning.planner import GpuChange, NodeLayouts, plan_fleet
 from agent.gpu.types import ComputeInstance, GpuInstance, GpuLayout, MigMode, Placement, Process
-from agent.mig.plan import ci_name
+from agent.mig.desired import ci_name
 
 __all__ = ["PriorityResult", "StepResult", "replay"]
 

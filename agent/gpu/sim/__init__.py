@@ -9,9 +9,10 @@
   daemons, faults, XIDs, lost GPUs, resets and reboots.
 
 Layout: ``state``/``store`` (the node and its file), ``layout``/``lifecycle``/``activity`` (driver
-rules), ``abi``/``handles``/``driver`` and ``sym_*`` (the C library pynvml calls), ``generations``
-(which symbols a driver version exports), ``surface`` (the pynvml module), ``faults``,
-``latency``, ``control``. The GPU models themselves are product data in ``agent.gpu.models``.
+rules), ``abi``/``handles``/``driver``/``memory`` and ``sym_*`` (the C library pynvml calls),
+``generations`` (which symbols a driver version exports), ``surface`` (the pynvml module),
+``faults``, ``latency``, ``control``. The GPU models themselves are product data in
+``agent.gpu.models``.
 """
 
 from __future__ import annotations

@@ -178,3 +178,27 @@ def write_placements(found: list[tuple[int, int]], placements: Any, count_ref: A
         for i, (start, size) in enumerate(found):
             out[i].start, out[i].size = start, size
     count.value = len(found)
+
+
+def write_handles(found: list[Handle], ptr_type: Any, instances: Any, count_ref: Any) -> None:
+    """Fill a caller's array of instance handles (``ptr_type`` each) and the count."""
+    count = target(count_ref)
+    out = OutArray(instances)
+    out.require(len(found))
+    for i, handle in enumerate(found):
+        out[i] = handles.pointer(ptr_type, handle)
+    count.value = len(found)
+
+
+def start_for(wanted: tuple[int, int] | None, size: int, choose: Callable[[], int | None]) -> int:
+    """Where a new instance of ``size`` slices starts: the caller's placement (its size must be
+    the profile's), or the driver's own choice (INSUFFICIENT_RESOURCES when nothing fits)."""
+    if wanted is None:
+        start = choose()
+        if start is None:
+            raise fail(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        return start
+    start, given = wanted
+    if given != size:
+        raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    return start

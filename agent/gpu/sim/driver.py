@@ -20,38 +20,13 @@ from typing import Any
 import pynvml
 
 from agent.gpu.models import GpuModel
-from agent.gpu.sim import (
-    generations,
-    latency,
-    sym_compute,
-    sym_device,
-    sym_events,
-    sym_fields,
-    sym_gpm,
-    sym_mig,
-    sym_power,
-    sym_telemetry,
-    sym_topology,
-)
+from agent.gpu.sim import generations, latency
 from agent.gpu.sim.abi import REGISTRY, Export, NvmlReturn, decode, fail
 from agent.gpu.sim.handles import Kind
 from agent.gpu.sim.lifecycle import model_of
+from agent.gpu.sim.memory import EventSet, Sample
 from agent.gpu.sim.state import ComputeInstance, Gpu, GpuInstance, NodeState
 from agent.gpu.sim.store import StateMissing, StateStore
-
-# The symbol modules register themselves on import; naming them here keeps that import explicit.
-SYMBOL_MODULES = (
-    sym_compute,
-    sym_device,
-    sym_events,
-    sym_fields,
-    sym_gpm,
-    sym_mig,
-    sym_power,
-    sym_telemetry,
-    sym_topology,
-)
-
 
 #: Calls that never reach the kernel module: they answer with the driver unloaded too.
 _WITHOUT_MODULE = frozenset({"nvmlShutdown", "nvmlErrorString"})
@@ -113,8 +88,8 @@ class SimDriver:
         self.lock = threading.Lock()
         self.refcount = 0
         self._local_ids = itertools.count(1)
-        self.event_sets: dict[int, sym_events.EventSet] = {}
-        self.samples: dict[int, sym_gpm.Sample | None] = {}
+        self.event_sets: dict[int, EventSet] = {}
+        self.samples: dict[int, Sample | None] = {}
         self.library = _Library(
             {name: self._bind(e) for name, e in REGISTRY.items()}, self._driver_exports
         )

@@ -14,16 +14,17 @@ import pynvml
 from agent.gpu.models import CiProfileSpec, profile_name
 from agent.gpu.sim import activity, layout
 from agent.gpu.sim.abi import (
-    OutArray,
     fail,
     handle_slot,
     read_placement,
     set_handle,
     set_value,
+    start_for,
     store_handle,
     symbol,
     target,
     to_int,
+    write_handles,
     write_placements,
 )
 from agent.gpu.sim.handles import Handle, Kind, pointer
@@ -105,14 +106,7 @@ def _create_ci(drv: SimDriver, handle: Any, profile_id: Any, placement: Any, ref
     with drv.mutate() as node:
         t, gi = drv.gpu_instance(handle, node)
         spec = _ci_spec_by_id(t, gi, profile_id)
-        if wanted is None:
-            start = layout.choose_ci_start(gi, spec)
-            if start is None:
-                raise fail(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
-        else:
-            start, size = wanted
-            if size != spec.slice_count:
-                raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        start = start_for(wanted, spec.slice_count, lambda: layout.choose_ci_start(gi, spec))
         error = layout.ci_create_error(gi, spec, start)
         if error is not None:
             raise fail(error)
@@ -164,13 +158,9 @@ def compute_instances(
 ) -> None:
     t, gi = drv.gpu_instance(handle)
     spec = _ci_spec_by_id(t, gi, profile_id)
-    count = target(count_ref)
     found = sorted((c for c in gi.compute_instances if c.profile_id == spec.id), key=lambda c: c.id)
-    out = OutArray(instances)
-    out.require(len(found))
-    for i, ci in enumerate(found):
-        out[i] = pointer(pynvml.c_nvmlComputeInstance_t, _ci_handle(t, ci))
-    count.value = len(found)
+    handles = [_ci_handle(t, ci) for ci in found]
+    write_handles(handles, pynvml.c_nvmlComputeInstance_t, instances, count_ref)
 
 
 @symbol("nvmlGpuInstanceGetComputeInstanceById")

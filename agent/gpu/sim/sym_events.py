@@ -8,7 +8,6 @@ reaches the agent's waiting thread. A set sees only events raised after its regi
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pynvml
@@ -24,6 +23,7 @@ from agent.gpu.sim.abi import (
     to_int,
 )
 from agent.gpu.sim.handles import Handle, Kind, pointer
+from agent.gpu.sim.memory import EventSet
 
 if TYPE_CHECKING:
     from agent.gpu.sim.driver import SimDriver
@@ -37,13 +37,6 @@ SUPPORTED_TYPES = (
 )
 _NOT_ATTRIBUTABLE = 0xFFFFFFFF  # event GI/CI ids when the XID concerns the whole GPU
 _POLL_S = 0.005
-
-
-@dataclass
-class EventSet:
-    #: gpu index -> (registered event mask, first event sequence number the set may see)
-    registered: dict[int, tuple[int, int]] = field(default_factory=dict)
-    delivered: int = 0  # sequence number of the last event handed out
 
 
 def _event_set(drv: SimDriver, value: Any) -> EventSet:

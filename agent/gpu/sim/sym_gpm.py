@@ -14,15 +14,14 @@ NVLink are GPU-level only, so MIG samples report them NOT_SUPPORTED (as DCGM, te
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pynvml
 
-from agent.gpu.models import GiProfileSpec
 from agent.gpu.sim.abi import decode, fail, handle_slot, store_handle, symbol, target, to_int
 from agent.gpu.sim.handles import Handle, Kind
 from agent.gpu.sim.layout import gi_spec, whole_gpu_profile
+from agent.gpu.sim.memory import Sample
 from agent.gpu.sim.state import Activity
 
 if TYPE_CHECKING:
@@ -59,20 +58,6 @@ _NAMES = {
     for name, value in vars(pynvml).items()
     if name.startswith("NVML_GPM_METRIC_") and name != "NVML_GPM_METRIC_MAX"
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    entity: tuple[str, int, int]  # (kind, gpu, serial or boot id): samples compare only within one
-    per_instance: bool  # GI or MIG device sample: no GPU-level traffic
-    taken: float
-    counters: Activity  # copy of the entity's activity at ``taken``
-    engines: GiProfileSpec  # engine counts of the sampled entity
-    nvlink_links: int
-
-    def total(self, name: str) -> float:
-        c = self.counters
-        return c.totals.get(name, 0.0) + c.rates.get(name, 0.0) * (self.taken - c.since)
 
 
 def _sample_id(drv: SimDriver, value: Any) -> int:

@@ -16,16 +16,17 @@ import pynvml
 from agent.gpu.models import GiProfileSpec, profile_name
 from agent.gpu.sim import activity, layout, lifecycle
 from agent.gpu.sim.abi import (
-    OutArray,
     fail,
     handle_slot,
     read_placement,
     set_handle,
     set_value,
+    start_for,
     store_handle,
     symbol,
     target,
     to_int,
+    write_handles,
     write_placements,
 )
 from agent.gpu.sim.handles import Handle, Kind, pointer
@@ -164,14 +165,9 @@ def _create_gi(drv: SimDriver, handle: Any, profile_id: Any, placement: Any, ref
         t = drv.physical(handle, node)
         _mig_enabled(t)
         spec = _gi_spec_by_id(t, profile_id, pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        if wanted is None:
-            start = layout.choose_gi_start(t.gpu, t.model, spec)
-            if start is None:
-                raise fail(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
-        else:
-            start, size = wanted
-            if size != spec.memory_slices:
-                raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        start = start_for(
+            wanted, spec.memory_slices, lambda: layout.choose_gi_start(t.gpu, t.model, spec)
+        )
         error = layout.gi_create_error(t.gpu, t.model, spec, start)
         if error is not None:
             raise fail(error)
@@ -223,13 +219,9 @@ def gpu_instances(
     t = drv.physical(handle)
     _mig_enabled(t)
     spec = _gi_spec_by_id(t, profile_id, pynvml.NVML_ERROR_INVALID_ARGUMENT)
-    count = target(count_ref)
     found = sorted((g for g in t.gpu.gpu_instances if g.profile_id == spec.id), key=lambda g: g.id)
-    out = OutArray(instances)
-    out.require(len(found))
-    for i, gi in enumerate(found):
-        out[i] = pointer(pynvml.c_nvmlGpuInstance_t, gi_handle(t, gi))
-    count.value = len(found)
+    handles = [gi_handle(t, gi) for gi in found]
+    write_handles(handles, pynvml.c_nvmlGpuInstance_t, instances, count_ref)
 
 
 @symbol("nvmlDeviceGetGpuInstanceById")

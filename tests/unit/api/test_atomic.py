@@ -30,7 +30,8 @@ from agent.api.mig import MigServicer
 from agent.api.operations import MIG_APPLY, OperationRunner, OperationsServicer
 from agent.gpu import open_driver
 from agent.mig.lock import PartitionLock
-from agent.mig.service import MigService, NodePlan
+from agent.mig.node_plan import NodePlan
+from agent.mig.service import MigService
 from agent.state import AlreadyRunning, StateStore
 from tests.unit.api.support import InProcessAgent, agent_config
 

@@ -12,7 +12,8 @@ from agent.api.mig import _spec
 from agent.errors import InvalidSpec
 from agent.gpu import GpuDriver, open_driver
 from agent.gpu.sim import SimControl
-from agent.mig.plan import Desired, plan_gpu
+from agent.mig.desired import Desired
+from agent.mig.plan import plan_gpu
 from agent.wire.mig import gpu_plan_pb
 
 

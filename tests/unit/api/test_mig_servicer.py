@@ -9,195 +9,118 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from pathlib import Path
 
 import grpc
 from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
-from agent._proto.gpuagent.v1 import mig_pb2, mig_pb2_grpc, operations_pb2, operations_pb2_grpc
-from agent.api.auth import Policy
-from agent.api.events import EventBus
-from agent.api.interceptor import ApiInterceptor
-from agent.api.mig import MigServicer
-from agent.api.operations import OperationRunner, OperationsServicer
-from agent.gpu import open_driver
-from agent.gpu.sim import SimControl
-from agent.gpu.types import GpuInfo
+from agent._proto.gpuagent.v1 import mig_pb2, operations_pb2
 from agent.mig.checkpoint import checkpoint_document
-from agent.mig.lock import PartitionLock
-from agent.mig.service import MigService
 from agent.mig.state import fetch
-from agent.state import StateStore
-
-HOLDER = "nvidia-persistenced"
-
-
-def config(devices: str, mig_devices: str) -> str:
-    return (
-        "version: v1\nmig-configs:\n  it:\n"
-        f"    - devices: {devices}\n      mig-enabled: true\n      mig-devices: {mig_devices}\n"
-    )
-
-
-def details(exc: grpc.aio.AioRpcError, kind: type) -> list:  # type: ignore[type-arg]
-    status = rpc_status.from_call(exc)
-    assert status is not None
-    found = []
-    for detail in status.details:
-        message = kind()
-        if detail.Unpack(message):
-            found.append(message)
-    return found
+from tests.unit.api.mig_node import config, details, held_node
 
 
 async def scenario(tmp_path: Path) -> None:
-    state_dir = tmp_path / "node"
-    driver = open_driver("dgx-h100", state_dir)
-    control = SimControl(state_dir)
-    # A daemon holds GPU 0, so its MIG mode stays pending until our reset, which waits for the
-    # test: the apply is held in the middle, as a slow drain-and-reset would hold it.
-    control.add_holder(0, HOLDER)
-    entered, release = threading.Event(), threading.Event()
-
-    def reset(gpu: GpuInfo) -> None:
-        entered.set()
-        release.wait(30)
-        control.remove_holder(gpu.index, HOLDER)
-        control.reset_gpu(gpu.index)
-
-    store = StateStore(tmp_path / "agent.db")
-    service = MigService(driver, store, PartitionLock(state_dir), reset)
-    bus = EventBus()
-    runner = OperationRunner(store, bus)
-    loop = asyncio.get_running_loop()
-    bus.bind(loop)
-    runner.bind(loop)
-    server = grpc.aio.server(interceptors=[ApiInterceptor(Policy.of({}))])
-    mig_pb2_grpc.add_MigServiceServicer_to_server(
-        MigServicer(service, runner, lambda: None, lambda: None, lambda _feature: None), server
-    )
-    operations_pb2_grpc.add_OperationsServiceServicer_to_server(OperationsServicer(runner), server)
-    server.add_insecure_port(f"unix:{tmp_path / 's.sock'}")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"unix:{tmp_path / 's.sock'}") as channel:
-            mig = mig_pb2_grpc.MigServiceStub(channel)
-            ops = operations_pb2_grpc.OperationsServiceStub(channel)
-            held = config("[0]", "{3g.40gb: 2}")
-            before = json.dumps(
-                checkpoint_document([fetch(driver.layout(g.uuid)) for g in driver.gpus()])
-            ).encode()
-            for bad, field in ((b"", "checkpoint"), (b"{not json", "checkpoint")):
-                try:
-                    await mig.RestoreMig(mig_pb2.RestoreMigRequest(checkpoint=bad))
-                    raise AssertionError("a bad checkpoint must be refused by the call")
-                except grpc.aio.AioRpcError as exc:
-                    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
-                    (request_error,) = details(exc, error_details_pb2.BadRequest)
-                    assert [v.field for v in request_error.field_violations] == [field]
-            stranger = before.replace(driver.gpus()[0].uuid.encode(), b"GPU-elsewhere")
+    async with held_node(tmp_path) as node:
+        driver, mig, ops = node.driver, node.mig, node.ops
+        entered, release = node.entered, node.release
+        held = config("[0]", "{3g.40gb: 2}")
+        before = json.dumps(
+            checkpoint_document([fetch(driver.layout(g.uuid)) for g in driver.gpus()])
+        ).encode()
+        for bad, field in ((b"", "checkpoint"), (b"{not json", "checkpoint")):
             try:
-                await mig.RestoreMig(mig_pb2.RestoreMigRequest(checkpoint=stranger))
-                raise AssertionError("a checkpoint of another node's GPU must be refused")
+                await mig.RestoreMig(mig_pb2.RestoreMigRequest(checkpoint=bad))
+                raise AssertionError("a bad checkpoint must be refused by the call")
             except grpc.aio.AioRpcError as exc:
                 assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
-                assert "no GPU GPU-elsewhere on this node" in (exc.details() or "")
+                (request_error,) = details(exc, error_details_pb2.BadRequest)
+                assert [v.field for v in request_error.field_violations] == [field]
+        stranger = before.replace(driver.gpus()[0].uuid.encode(), b"GPU-elsewhere")
+        try:
+            await mig.RestoreMig(mig_pb2.RestoreMigRequest(checkpoint=stranger))
+            raise AssertionError("a checkpoint of another node's GPU must be refused")
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "no GPU GPU-elsewhere on this node" in (exc.details() or "")
 
-            plan = await mig.PlanMig(mig_pb2.PlanMigRequest(config_yaml=held))
-            assert plan.config_name == "it" and [g.gpu_index for g in plan.gpus] == [0]
-            assert plan.gpus[0].status == mig_pb2.MIG_PLAN_STATUS_CHANGE
-            assert list(plan.unselected_gpus) == [1, 2, 3, 4, 5, 6, 7]
+        plan = await mig.PlanMig(mig_pb2.PlanMigRequest(config_yaml=held))
+        assert plan.config_name == "it" and [g.gpu_index for g in plan.gpus] == [0]
+        assert plan.gpus[0].status == mig_pb2.MIG_PLAN_STATUS_CHANGE
+        assert list(plan.unselected_gpus) == [1, 2, 3, 4, 5, 6, 7]
 
-            infeasible = config("[1]", "{7g.80gb: 2}")
-            try:
-                await mig.ApplyMig(mig_pb2.ApplyMigRequest(config_yaml=infeasible))
-                raise AssertionError("an infeasible layout must be refused by the call")
-            except grpc.aio.AioRpcError as exc:
-                assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+        infeasible = config("[1]", "{7g.80gb: 2}")
+        try:
+            await mig.ApplyMig(mig_pb2.ApplyMigRequest(config_yaml=infeasible))
+            raise AssertionError("an infeasible layout must be refused by the call")
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION
 
-            request = mig_pb2.ApplyMigRequest(config_yaml=held, request_id="roll-1")
-            op = (await mig.ApplyMig(request)).operation
-            assert not op.done and op.kind == "mig.apply"
-            assert op.metadata.mig_apply.phase == "pending"
-            await asyncio.to_thread(entered.wait, 10)
-            assert (await mig.ApplyMig(request)).operation.name == op.name  # the retry
+        request = mig_pb2.ApplyMigRequest(config_yaml=held, request_id="roll-1")
+        op = (await mig.ApplyMig(request)).operation
+        assert not op.done and op.kind == "mig.apply"
+        assert op.metadata.mig_apply.phase == "pending"
+        await asyncio.to_thread(entered.wait, 10)
+        assert (await mig.ApplyMig(request)).operation.name == op.name  # the retry
 
-            try:
-                await mig.RestoreMig(mig_pb2.RestoreMigRequest(checkpoint=before))
-                raise AssertionError("a restore must be refused while an apply runs")
-            except grpc.aio.AioRpcError as exc:
-                assert exc.code() == grpc.StatusCode.ABORTED  # one reconfiguration at a time
-            other = mig_pb2.ApplyMigRequest(config_yaml=config("[1]", "{1g.10gb: 7}"))
-            try:
-                await mig.ApplyMig(other)
-                raise AssertionError("a second apply must be refused while one runs")
-            except grpc.aio.AioRpcError as exc:
-                assert exc.code() == grpc.StatusCode.ABORTED
-                (failure,) = details(exc, error_details_pb2.PreconditionFailure)
-                assert [v.subject for v in failure.violations] == [op.name]
+        try:
+            await mig.RestoreMig(mig_pb2.RestoreMigRequest(checkpoint=before))
+            raise AssertionError("a restore must be refused while an apply runs")
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.ABORTED  # one reconfiguration at a time
+        other = mig_pb2.ApplyMigRequest(config_yaml=config("[1]", "{1g.10gb: 7}"))
+        try:
+            await mig.ApplyMig(other)
+            raise AssertionError("a second apply must be refused while one runs")
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.ABORTED
+            (failure,) = details(exc, error_details_pb2.PreconditionFailure)
+            assert [v.subject for v in failure.violations] == [op.name]
 
-            now = (
-                await ops.GetOperation(operations_pb2.GetOperationRequest(name=op.name))
-            ).operation
-            assert now.state == operations_pb2.OPERATION_STATE_RUNNING
-            progress = now.metadata.mig_apply
-            assert progress.phase == "apply" and progress.steps_done >= 1
-            assert progress.gpus_total == 1 and "GPU 0" in progress.current_step
+        now = (await ops.GetOperation(operations_pb2.GetOperationRequest(name=op.name))).operation
+        assert now.state == operations_pb2.OPERATION_STATE_RUNNING
+        progress = now.metadata.mig_apply
+        assert progress.phase == "apply" and progress.steps_done >= 1
+        assert progress.gpus_total == 1 and "GPU 0" in progress.current_step
 
-            await ops.CancelOperation(operations_pb2.CancelOperationRequest(name=op.name))
-            release.set()
-            ended = (
-                await ops.WaitOperation(
-                    operations_pb2.WaitOperationRequest(name=op.name), timeout=20
-                )
-            ).operation
-            assert ended.state == operations_pb2.OPERATION_STATE_CANCELLED, ended
-            assert "rolled back GPU 0" in ended.error.message
-            gpu0 = driver.gpus()[0]
-            assert gpu0.mig_mode is not None and not gpu0.mig_mode.current  # as before
-
-            done = (
-                await mig.ApplyMig(
-                    mig_pb2.ApplyMigRequest(config_yaml=config("[1]", "{3g.40gb: 2}"))
-                )
-            ).operation
-            final = (
-                await ops.WaitOperation(
-                    operations_pb2.WaitOperationRequest(name=done.name), timeout=20
-                )
-            ).operation
-            assert final.state == operations_pb2.OPERATION_STATE_SUCCEEDED, final
-            result = final.response.mig_apply
-            assert result.changed and list(result.changed_gpu_uuids) == [driver.gpus()[1].uuid]
-            assert [(g.gpu_index, g.status, g.created) for g in result.gpus] == [(1, "applied", 2)]
-            check = await mig.AssertMig(
-                mig_pb2.AssertMigRequest(config_yaml=config("[1]", "{3g.40gb: 2}"))
-            )
-            assert not check.matches  # the other GPUs are not selected by this config
-            exported = await mig.ExportMig(mig_pb2.ExportMigRequest(config_name="now"))
-            assert "3g.40gb: 2" in exported.config_yaml
-
-            back = (await mig.RestoreMig(mig_pb2.RestoreMigRequest(checkpoint=before))).operation
-            assert back.kind == "mig.apply" and back.metadata.mig_apply.gpus_total == 1
-            restored = (
-                await ops.WaitOperation(
-                    operations_pb2.WaitOperationRequest(name=back.name), timeout=20
-                )
-            ).operation
-            assert restored.state == operations_pb2.OPERATION_STATE_SUCCEEDED, restored
-            assert restored.metadata.mig_apply.config_name == "checkpoint"
-            statuses = {g.gpu_index: g.status for g in restored.response.mig_apply.gpus}
-            assert statuses[1] == "applied" and set(statuses.values()) == {"applied", "unchanged"}
-            gpu1 = driver.gpus()[1]
-            assert gpu1.mig_mode is not None and not gpu1.mig_mode.current  # as checkpointed
-    finally:
+        await ops.CancelOperation(operations_pb2.CancelOperationRequest(name=op.name))
         release.set()
-        await server.stop(None)
-        await runner.shutdown(5)
-        store.close()
-        driver.close()
+        ended = (
+            await ops.WaitOperation(operations_pb2.WaitOperationRequest(name=op.name), timeout=20)
+        ).operation
+        assert ended.state == operations_pb2.OPERATION_STATE_CANCELLED, ended
+        assert "rolled back GPU 0" in ended.error.message
+        gpu0 = driver.gpus()[0]
+        assert gpu0.mig_mode is not None and not gpu0.mig_mode.current  # as before
+
+        done = (
+            await mig.ApplyMig(mig_pb2.ApplyMigRequest(config_yaml=config("[1]", "{3g.40gb: 2}")))
+        ).operation
+        final = (
+            await ops.WaitOperation(operations_pb2.WaitOperationRequest(name=done.name), timeout=20)
+        ).operation
+        assert final.state == operations_pb2.OPERATION_STATE_SUCCEEDED, final
+        result = final.response.mig_apply
+        assert result.changed and list(result.changed_gpu_uuids) == [driver.gpus()[1].uuid]
+        assert [(g.gpu_index, g.status, g.created) for g in result.gpus] == [(1, "applied", 2)]
+        check = await mig.AssertMig(
+            mig_pb2.AssertMigRequest(config_yaml=config("[1]", "{3g.40gb: 2}"))
+        )
+        assert not check.matches  # the other GPUs are not selected by this config
+        exported = await mig.ExportMig(mig_pb2.ExportMigRequest(config_name="now"))
+        assert "3g.40gb: 2" in exported.config_yaml
+
+        back = (await mig.RestoreMig(mig_pb2.RestoreMigRequest(checkpoint=before))).operation
+        assert back.kind == "mig.apply" and back.metadata.mig_apply.gpus_total == 1
+        restored = (
+            await ops.WaitOperation(operations_pb2.WaitOperationRequest(name=back.name), timeout=20)
+        ).operation
+        assert restored.state == operations_pb2.OPERATION_STATE_SUCCEEDED, restored
+        assert restored.metadata.mig_apply.config_name == "checkpoint"
+        statuses = {g.gpu_index: g.status for g in restored.response.mig_apply.gpus}
+        assert statuses[1] == "applied" and set(statuses.values()) == {"applied", "unchanged"}
+        gpu1 = driver.gpus()[1]
+        assert gpu1.mig_mode is not None and not gpu1.mig_mode.current  # as checkpointed
 
 
 def test_apply_is_an_operation_one_at_a_time_with_progress_and_rollback_on_cancel(

@@ -21,7 +21,8 @@ from agent.coordinator.planning.demand import Demand, DemandEntry, parse_trace
 from agent.coordinator.planning.planner import NodeLayouts, plan_fleet
 from agent.coordinator.planning.replay import replay
 from agent.gpu.types import GiProfile, GpuLayout
-from agent.mig.plan import Desired, plan_gpu
+from agent.mig.desired import Desired
+from agent.mig.plan import plan_gpu
 from tests.unit.coordinator.fleets import A30, A100_40, H100, empty_node, gpu, node
 from tests.unit.mig.layouts import make_layout
 

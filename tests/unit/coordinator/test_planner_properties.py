@@ -12,7 +12,8 @@ from agent.coordinator.planning.demand import Demand, DemandEntry
 from agent.coordinator.planning.planner import NodeLayouts, plan_fleet, scratch_disruption
 from agent.gpu.models import MODELS
 from agent.gpu.types import GpuLayout
-from agent.mig.plan import Desired, plan_gpu
+from agent.mig.desired import Desired
+from agent.mig.plan import plan_gpu
 from tests.unit.coordinator.fleets import A30, A100_40, A100_80, H100, H200, gpu
 from tests.unit.mig.layouts import make_layout
 

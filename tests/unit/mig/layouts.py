@@ -16,7 +16,7 @@ from agent.gpu.types import (
     Placement,
     Process,
 )
-from agent.mig.plan import _free_ci_start
+from agent.mig.desired import _free_ci_start
 
 #: (profile name, start, CI widths); widths default to one full-width CI.
 Instance = tuple[str, int] | tuple[str, int, tuple[int, ...]]

@@ -1,6 +1,7 @@
 """A deliberately naive reference for the planner: plain backtracking over placements.
 
-It shares no code with agent/mig/plan.py's search, so agreement between the two means something.
+It shares no code with agent/mig/placement.py's search, so agreement between the two means
+something.
 """
 
 from __future__ import annotations

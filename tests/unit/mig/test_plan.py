@@ -10,22 +10,18 @@ import pytest
 from agent.errors import InvalidSpec
 from agent.gpu.models import MODELS
 from agent.gpu.types import GpuLayout, Placement
+from agent.mig.desired import Desired, Shape, counts_of, current_counts, resolve
+from agent.mig.placement import Infeasibility
 from agent.mig.plan import (
     CreateCi,
     CreateGi,
-    Desired,
     DestroyCi,
     DestroyGi,
-    Infeasibility,
     ResetGpu,
     SetMigMode,
-    Shape,
     converge_steps,
-    counts_of,
-    current_counts,
     mismatches,
     plan_gpu,
-    resolve,
 )
 from agent.mig.state import fetch
 from tests.unit.mig import oracle

@@ -16,21 +16,16 @@ from hypothesis import strategies as st
 
 from agent.gpu.models import MODELS
 from agent.gpu.types import GiProfile, GpuLayout, Placement
+from agent.mig.desired import Desired, _free_ci_start, ci_name, ci_widths, counts_of, resolve
 from agent.mig.plan import (
     CreateCi,
     CreateGi,
-    Desired,
     DestroyCi,
     DestroyGi,
     ResetGpu,
     SetMigMode,
     Step,
-    _free_ci_start,
-    ci_name,
-    ci_widths,
-    counts_of,
     plan_gpu,
-    resolve,
 )
 from tests.unit.mig import oracle
 from tests.unit.mig.layouts import make_layout, profiles_of

@@ -8,9 +8,11 @@ from agent._proto.gpuagent.v1 import agent_pb2, mig_pb2
 from agent.errors import Busy
 from agent.gpu.types import PowerLimits
 from agent.health.machine import Mark, State
-from agent.mig.plan import Desired, plan_gpu
+from agent.mig.desired import Desired
+from agent.mig.node_plan import NodePlan
+from agent.mig.plan import plan_gpu
 from agent.mig.service import ApplyResult as MigApplyResult
-from agent.mig.service import GpuOutcome, NodePlan
+from agent.mig.service import GpuOutcome
 from agent.power import Change, GpuPower, PowerView
 from agent.sharing import Advertised, ApplyResult, ReloadReport, parse
 from agent.state import Operation

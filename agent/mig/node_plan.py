@@ -1,0 +1,210 @@
+"""A mig-parted config over a node's GPUs, pure: plan it, assert it, export, checkpoint targets.
+
+Functions of the node's layouts, whether the agent's driver read them (agent/mig/service.py)
+or the CLI took them from GetNode's answer (agent/cli/mig.py), so both run the same code. Each
+GPU's own plan is agent/mig/plan.py's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec
+from agent.gpu.types import GpuInfo, GpuLayout
+from agent.mig.desired import Desired, current_counts
+from agent.mig.plan import GpuPlan, mismatches, plan_gpu
+from agent.mig.spec import (
+    ALL,
+    DeviceFilter,
+    ExportedGpu,
+    MigConfigEntry,
+    MigSpec,
+    export_document,
+    select_gpus,
+)
+from agent.mig.state import GiState, GpuMigState, fetch
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlan:
+    """A dry run: one plan per selected GPU, and the GPUs left alone."""
+
+    config: str
+    gpus: tuple[GpuPlan, ...]
+    #: not MIG-capable and selected by ``devices: all``: skipped, as mig-parted does.
+    skipped: tuple[GpuInfo, ...] = ()
+    unselected: tuple[GpuInfo, ...] = ()
+
+    @property
+    def changes(self) -> tuple[GpuPlan, ...]:
+        return tuple(p for p in self.gpus if p.steps)
+
+
+@dataclass(frozen=True, slots=True)
+class AssertResult:
+    config: str
+    applied: bool
+    mismatches: tuple[str, ...]
+
+
+def desired_of(entry: MigConfigEntry) -> Desired:
+    """What a config entry asks of each GPU it selects."""
+    return Desired(entry.mig_enabled, entry.mig_devices, entry.path)
+
+
+def plan_layouts(
+    spec: MigSpec,
+    config: str | None,
+    layouts: Sequence[GpuLayout],
+    *,
+    force: bool = False,
+    mode_only: bool = False,
+) -> NodePlan:
+    name, entries = spec.select(config)
+    return _plan_node(name, entries, tuple(layouts), force, mode_only)
+
+
+def check_layouts(
+    spec: MigSpec, config: str | None, layouts: Sequence[GpuLayout], *, mode_only: bool = False
+) -> AssertResult:
+    """mig-parted's ``assert``: every GPU selected and matching (counts; placement ignored)."""
+    name, entries = spec.select(config)
+    chosen = {s.gpu.uuid: s for s in select_gpus(entries, [lay.gpu for lay in layouts])}
+    problems: list[str] = []
+    for layout in layouts:
+        gpu = layout.gpu
+        selection = chosen.get(gpu.uuid)
+        if selection is None:
+            if gpu.mig_capable:
+                problems.append(f"GPU {gpu.index} is not selected by any entry of {name}")
+            continue
+        if not gpu.mig_capable and selection.entry.devices == ALL:
+            continue
+        problems += mismatches(layout, desired_of(selection.entry), mode_only=mode_only)
+    return AssertResult(name, not problems, tuple(problems))
+
+
+def export_layouts(layouts: Sequence[GpuLayout], label: str = "current") -> dict[str, Any]:
+    """The layouts as a mig-parted v1 config named ``label`` (mig-parted ``export``)."""
+    gpus = []
+    for layout in layouts:
+        mode = layout.gpu.mig_mode
+        enabled = bool(mode and mode.current)
+        counts = current_counts(layout) if enabled else {}
+        gpus.append(
+            ExportedGpu(layout.gpu.index, str(DeviceFilter.of(layout.gpu)), enabled, counts)
+        )
+    return export_document(gpus, label)
+
+
+def checkpoint_holds(
+    states: Sequence[GpuMigState], layouts: Sequence[GpuLayout], *, mode_only: bool = False
+) -> bool:
+    """Whether every listed GPU is in its checkpointed state (mode only: its mode)."""
+    return all(same for _, _, same in checkpoint_targets(states, layouts, mode_only))
+
+
+def checkpoint_targets(
+    states: Sequence[GpuMigState], layouts: Sequence[GpuLayout], mode_only: bool
+) -> list[tuple[GpuInfo, GpuMigState, bool]]:
+    """Each state with its GPU, profile names filled in; True where it already holds.
+    InvalidSpec when the checkpoint names a GPU or a profile this node lacks."""
+    by_uuid = {layout.gpu.uuid: layout for layout in layouts}
+    bad = [
+        FieldViolation(f"MigState.Devices[{i}].UUID", f"no GPU {s.uuid} on this node")
+        for i, s in enumerate(states)
+        if s.uuid not in by_uuid
+    ]
+    out = []
+    for i, s in enumerate(states):
+        layout = by_uuid.get(s.uuid)
+        if layout is None:
+            continue
+        names = {p.id: p.name for p in layout.profiles}
+        for gi in s.instances:
+            if gi.profile_id not in names:
+                bad.append(
+                    FieldViolation(
+                        f"MigState.Devices[{i}].GpuInstances",
+                        f"GPU {s.uuid} has no GPU instance profile id {gi.profile_id}",
+                    )
+                )
+        now = fetch(layout)
+        target = GpuMigState(
+            s.uuid,
+            s.mig_enabled,
+            tuple(
+                GiState(gi.profile_id, names.get(gi.profile_id, ""), gi.placement, gi.cis)
+                for gi in s.instances
+            ),
+        )
+        if mode_only:
+            same_mode = now.mig_enabled == s.mig_enabled
+            target = GpuMigState(s.uuid, s.mig_enabled, now.instances if same_mode else ())
+        mode = layout.gpu.mig_mode
+        settled = mode is None or mode.pending == mode.current
+        out.append((layout.gpu, target, settled and target.satisfied_by(now)))
+    if bad:
+        raise InvalidSpec(f"the checkpoint does not fit this node: {bad[0].description}", bad)
+    return out
+
+
+def _plan_node(
+    name: str,
+    entries: tuple[MigConfigEntry, ...],
+    layouts: tuple[GpuLayout, ...],
+    force: bool,
+    mode_only: bool = False,
+) -> NodePlan:
+    by_uuid = {layout.gpu.uuid: layout for layout in layouts}
+    selections = select_gpus(entries, [layout.gpu for layout in layouts])
+    plans: list[GpuPlan] = []
+    skipped: list[GpuInfo] = []
+    for selection in selections:
+        if not selection.gpu.mig_capable and selection.entry.devices == ALL:
+            skipped.append(selection.gpu)
+            continue
+        layout = by_uuid[selection.gpu.uuid]
+        desired = desired_of(selection.entry)
+        if mode_only:
+            desired = _mode_only_desired(layout, desired)
+        plans.append(plan_gpu(layout, desired, force=force))
+    chosen = {s.gpu.uuid for s in selections}
+    unselected = tuple(layout.gpu for layout in layouts if layout.gpu.uuid not in chosen)
+    return NodePlan(name, tuple(plans), tuple(skipped), unselected)
+
+
+def _mode_only_desired(layout: GpuLayout, desired: Desired) -> Desired:
+    """The mode of ``desired`` and nothing else: a GPU already in that mode keeps its instances
+    (a pending change is only cancelled); one switched gets no instances."""
+    mode = layout.gpu.mig_mode
+    keep = mode is not None and mode.current == desired.mig_enabled and desired.mig_enabled
+    counts = tuple(current_counts(layout).items()) if keep else ()
+    return Desired(desired.mig_enabled, counts, desired.source)
+
+
+def refuse_unless_feasible(plan: NodePlan) -> None:
+    """Raise before any change when some GPU cannot reach its layout."""
+    infeasible = [p for p in plan.gpus if p.status == "infeasible"]
+    if infeasible:
+        raise Conflict(
+            f"MIG config {plan.config} cannot be applied: "
+            + "; ".join(
+                f"GPU {p.layout.gpu.index} ({p.layout.gpu.name}): {p.problem}" for p in infeasible
+            )
+        )
+    blockers = [
+        f"GPU {p.layout.gpu.index}: {b}"
+        for p in plan.gpus
+        if p.status == "blocked"
+        for b in p.blockers
+    ]
+    if blockers:
+        raise Busy(
+            f"MIG config {plan.config} needs changes that running processes block: "
+            + "; ".join(blockers)
+            + " (stop them, or pass --force to try anyway)",
+            blockers,
+        )
