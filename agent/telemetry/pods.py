@@ -29,6 +29,7 @@ import grpc
 from agent._proto.k8s.podresources.v1 import api_pb2, api_pb2_grpc
 from agent.telemetry.dra import DRIVER as DRA_DRIVER
 from agent.telemetry.dra import DeviceKey, DraDevices, SliceDevice
+from agent.telemetry.reader import Degraded, Frame, Part
 from agent.telemetry.snapshot import DraClaim, PodRef
 from agent.telemetry.stats import TelemetryStats
 
@@ -40,6 +41,7 @@ __all__ = [
     "EntityKey",
     "PodResourcesClient",
     "PodWatcher",
+    "PodsReader",
     "Resolver",
     "attribute",
     "claims_of",
@@ -248,6 +250,10 @@ class PodWatcher:
     def current(self) -> tuple[Allocation, ...]:
         return self._current
 
+    def absent(self) -> str | None:
+        """Why kubelet cannot be asked at all (no socket); None while it can."""
+        return f"no kubelet pod-resources socket at {self._socket}" if self._said_missing else None
+
     def refresh(self) -> None:
         """One List call; the thread calls this every period."""
         if not self._socket.exists():
@@ -281,6 +287,27 @@ class PodWatcher:
     def _run(self) -> None:
         while not self._stop.wait(self._period_s):
             self.refresh()
+
+
+class PodsReader:
+    """The kubelet pod-resources reader: the device plugin's allocations from the watcher's
+    latest List (the last good answer while kubelet fails). With no socket, nobody can tell
+    who holds what: the reader fails, saying so, and GPU series carry no pod."""
+
+    name = "pods"
+    after_attribution = False
+
+    def __init__(self, watcher: PodWatcher) -> None:
+        self._watcher = watcher
+
+    def close(self) -> None:
+        pass
+
+    def read(self, frame: Frame) -> Part:
+        absent = self._watcher.absent()
+        if absent is not None:
+            raise Degraded(absent)
+        return Part(allocations=tuple(a for a in self._watcher.current() if a.claim is None))
 
 
 def _rpc_text(exc: grpc.RpcError) -> str:
