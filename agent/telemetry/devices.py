@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from agent.errors import AgentError, DeviceLost, NotSupported
-from agent.gpu.readings import GpuIdentity, MigLayout, NodeReader, Reading
+from agent.gpu.reading_calls import Reading
+from agent.gpu.readings import GpuIdentity, MigLayout, NodeReader
 from agent.telemetry.reader import Frame, Part
 from agent.telemetry.snapshot import ClockEventCount, P2pLink
 from agent.telemetry.stats import TelemetryStats

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from agent.gpu.readings import GpuIdentity, MigLayout, Reading
+from agent.gpu.reading_calls import Reading
+from agent.gpu.readings import GpuIdentity, MigLayout
 from agent.gpu.types import GpuLayout
 from agent.telemetry.snapshot import ClockEventCount, P2pLink, PodUsage, XidCount
 

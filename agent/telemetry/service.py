@@ -13,7 +13,8 @@ from agent.config import TelemetrySettings
 from agent.errors import AgentError
 from agent.gpu.attach import DriverLink
 from agent.gpu.nvml import GpuDriver
-from agent.gpu.readings import NodeReader, XidEvent
+from agent.gpu.readings import NodeReader
+from agent.gpu.xid_events import XidEvent
 from agent.kube import InClusterKubeClient
 from agent.kube_watch import Informer
 from agent.tasks import Task

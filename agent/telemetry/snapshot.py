@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from agent.gpu.readings import GpuIdentity, Reading
+from agent.gpu.reading_calls import Reading
+from agent.gpu.readings import GpuIdentity
 from agent.gpu.types import GpuLayout
 
 __all__ = [

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from agent.errors import AgentError
-from agent.gpu.readings import GpuIdentity, MigLayout, NodeReader, XidEvent, XidEvents
+from agent.gpu.readings import GpuIdentity, MigLayout, NodeReader
+from agent.gpu.xid_events import XidEvent, XidEvents
 from agent.telemetry.attribution import profile_of
 from agent.telemetry.reader import Degraded, Frame, Part
 from agent.telemetry.snapshot import Entity, InstanceIdentity, XidCount

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.gpu.readings import NodeReader, XidEvents
+from agent.gpu.readings import NodeReader
+from agent.gpu.xid_events import XidEvents
 from agent.telemetry.exporter import MetricsExporter
 from agent.telemetry.pods import PodResourcesClient, PodWatcher
 from agent.telemetry.readers import choose
