@@ -27,6 +27,10 @@ __all__ = [
 class Reading(Enum):
     """One per-device NVML value, in NVML's own unit (the suffix names it)."""
 
+    # Members are singletons: identity hashing spares Enum's Python-level hash in every lookup
+    # of the per-tick read paths (thousands per tick on a MIG node).
+    __hash__ = object.__hash__
+
     SM_CLOCK_MHZ = "sm_clock_mhz"
     MEMORY_CLOCK_MHZ = "memory_clock_mhz"
     GPU_TEMPERATURE_C = "gpu_temperature_c"

@@ -190,6 +190,12 @@ class NodeReader:
         self._profile_names: dict[int, dict[int, str]] = {}
         #: gpu -> (what the full read saw, the layout, reads since the full one)
         self._layouts: dict[int, tuple[tuple[MigLayout, int], GpuLayout, int]] = {}
+        #: wanted readings -> (each getter with the readings it yields, the field-value ones)
+        self._plans: dict[
+            frozenset[Reading], tuple[list[tuple[Getter, list[Reading]]], list[Reading]]
+        ] = {}
+        #: metric ids -> the request struct GPM averages are read into (sampler thread only)
+        self._gpm_requests: dict[tuple[int, ...], Any] = {}
 
     @property
     def driver(self) -> GpuDriver:
@@ -274,21 +280,32 @@ class NodeReader:
 
     def read(self, gpu: int, wanted: Iterable[Reading]) -> DeviceReadings:
         """Read ``wanted`` on a physical GPU. Raises DeviceLost when the GPU is gone."""
-        return self._read(self._handle(gpu), gpu, set(wanted))
+        return self._read(self._handle(gpu), gpu, frozenset(wanted))
 
     def read_instance(self, mig_uuid: str, wanted: Iterable[Reading]) -> DeviceReadings:
         """Read per-instance readings (framebuffer) through a MIG device of the instance."""
         handle = self._mig_handles[mig_uuid]
-        return self._read(handle, None, set(wanted) & INSTANCE_READINGS)
+        return self._read(handle, None, frozenset(wanted) & INSTANCE_READINGS)
 
-    def _read(self, h: Any, gpu: int | None, wanted: set[Reading]) -> DeviceReadings:
+    def _plan(
+        self, wanted: frozenset[Reading]
+    ) -> tuple[list[tuple[Getter, list[Reading]]], list[Reading]]:
+        """The calls that read ``wanted``, worked out once per set (a few sets per node)."""
+        plan = self._plans.get(wanted)
+        if plan is None:
+            getters: dict[int, tuple[Getter, list[Reading]]] = {}
+            for reading in wanted:
+                getter = GETTERS.get(reading)
+                if getter is not None:
+                    getters.setdefault(id(getter), (getter, []))[1].append(reading)
+            fielded = [r for r in wanted if r in FIELD_VALUES or r in NVLINK_TRAFFIC_READINGS]
+            plan = self._plans[wanted] = (list(getters.values()), fielded)
+        return plan
+
+    def _read(self, h: Any, gpu: int | None, wanted: frozenset[Reading]) -> DeviceReadings:
         out = DeviceReadings()
-        getters: dict[int, tuple[Getter, list[Reading]]] = {}
-        for reading in wanted:
-            getter = GETTERS.get(reading)
-            if getter is not None:
-                getters.setdefault(id(getter), (getter, []))[1].append(reading)
-        for getter, readings in getters.values():
+        getters, fielded = self._plan(wanted)
+        for getter, readings in getters:
             try:
                 values = getter(self._n, h)
             except self._n.NVMLError as exc:
@@ -299,7 +316,6 @@ class NodeReader:
                     out.values[reading] = float(values[reading])
                 else:  # this driver's version of the call has no such figure (memory v1)
                     out.unsupported[reading] = "not in this driver's answer"
-        fielded = [r for r in wanted if r in FIELD_VALUES or r in NVLINK_TRAFFIC_READINGS]
         if fielded and gpu is not None:
             self._read_fields(h, gpu, fielded, out)
         return out
@@ -528,22 +544,24 @@ class NodeReader:
     ) -> GpmReadout:
         """Averages of ``metric_ids`` between two samples of the same entity."""
         n = self._n
-        ids = list(metric_ids)
-        request = n.c_nvmlGpmMetricsGet_t()
-        request.version = n.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(ids)
+        ids = tuple(metric_ids)
+        request = self._gpm_requests.get(ids)
+        if request is None:  # built once per metric set: ctypes fields are slow to set
+            request = self._gpm_requests[ids] = n.c_nvmlGpmMetricsGet_t()
+            request.version = n.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(ids)
+            for i, metric in enumerate(ids):
+                request.metrics[i].metricId = metric
         request.sample1 = first.native
         request.sample2 = second.native
-        for i, metric in enumerate(ids):
-            request.metrics[i].metricId = metric
         self._driver.call(n.nvmlGpmMetricsGet, request)
         values: dict[int, float] = {}
         unsupported: set[int] = set()
-        for i, metric in enumerate(ids):
-            result = request.metrics[i]
-            if int(result.nvmlReturn) == _SUCCESS:
-                values[metric] = float(result.value)
-            elif int(result.nvmlReturn) in _UNSUPPORTED:
+        for metric, result in zip(ids, request.metrics, strict=False):
+            code = result.nvmlReturn
+            if code == _SUCCESS:
+                values[metric] = result.value
+            elif code in _UNSUPPORTED:
                 unsupported.add(metric)
         return GpmReadout(values, frozenset(unsupported))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -80,6 +80,16 @@ class DeviceReader:
         self._p2p_fields = [f for f in fields if isinstance(f.source, P2pStatus)]
         self._wanted = {_reading(f) for f in self._nvml} | {Reading.GPU_UTIL_PERCENT}
         self._wanted |= HEALTH_READINGS
+        #: (field id, reading, unit conversion, a rate?) per selected NVML field, worked out once
+        self._plan = [
+            (f.id, _reading(f), _scale(f), isinstance(f.source, NvmlRate)) for f in self._nvml
+        ]
+        self._instance_plan = [(f.id, _reading(f), _scale(f)) for f in self._instance]
+        self._instance_wanted = frozenset(r for _, r, _ in self._instance_plan)
+        #: reading -> the selected fields it gives
+        self._fields_of: dict[Reading, list[int]] = {}
+        for f in self._nvml:
+            self._fields_of.setdefault(_reading(f), []).append(f.id)
         self._gpus: dict[int, _Gpu] = {}
         #: read once (topology); None until read, or when the driver cannot tell
         self._p2p: dict[tuple[int, int], int] | None = None
@@ -119,16 +129,17 @@ class DeviceReader:
         if self._clock_fields:
             self._clock_event_sample(index, state, values, readings.unsupported, now, part)
         key = (index, None)
-        for f in self._nvml:
-            raw = values.get(_reading(f))
+        out = part.values.setdefault(key, {})
+        for field_id, reading, scale, is_rate in self._plan:
+            raw = values.get(reading)
             if raw is None:
                 continue
-            if isinstance(f.source, NvmlRate):
-                rate = _rate(state.counters, f.source.reading, now, raw)
+            if is_rate:
+                rate = _rate(state.counters, reading, now, raw)
                 if rate is not None:
-                    part.value(key, f.id, f.source.scale(rate))
-            elif isinstance(f.source, Nvml):
-                part.value(key, f.id, f.source.scale(raw))
+                    out[field_id] = scale(rate)
+            else:
+                out[field_id] = scale(raw)
         util = values.get(Reading.GPU_UTIL_PERCENT)
         if util is not None:
             part.activity[key] = util
@@ -140,12 +151,12 @@ class DeviceReader:
                 self._read_instance(index, instance.id, instance.devices[0].uuid, state, part)
 
     def _read_instance(self, gpu: int, gi: int, mig_uuid: str, state: _Gpu, part: Part) -> None:
-        readings = self._reader.read_instance(mig_uuid, {_reading(f) for f in self._instance})
+        readings = self._reader.read_instance(mig_uuid, self._instance_wanted)
         self._note(gpu, state, {}, readings.failed, part)
-        for f in self._instance:
-            raw = readings.values.get(_reading(f))
-            if raw is not None and isinstance(f.source, Nvml):
-                part.value((gpu, gi), f.id, f.source.scale(raw))
+        for field_id, reading, scale in self._instance_plan:
+            raw = readings.values.get(reading)
+            if raw is not None:
+                part.value((gpu, gi), field_id, scale(raw))
 
     def _note(
         self,
@@ -157,9 +168,7 @@ class DeviceReader:
     ) -> None:
         for reading, reason in unsupported.items():
             state.unsupported.add(reading)
-            part.unsupported.extend(
-                (gpu, f.id, reason) for f in self._nvml if _reading(f) is reading
-            )
+            part.unsupported.extend((gpu, f, reason) for f in self._fields_of.get(reading, ()))
         if failed:
             self._stats.error("nvml", len(failed))
             log.debug("GPU %d: reads failed this tick: %s", gpu, failed)
@@ -222,6 +231,11 @@ class DeviceReader:
 def _reading(f: Field) -> Reading:
     assert isinstance(f.source, Nvml | NvmlRate)
     return f.source.reading
+
+
+def _scale(f: Field) -> Callable[[float], float]:
+    assert isinstance(f.source, Nvml | NvmlRate)
+    return f.source.scale
 
 
 def _rate(

@@ -160,12 +160,14 @@ class GpmReader:
         *,
         dcgm: bool = False,
     ) -> None:
-        self._fields = [f for f in fields if isinstance(f.source, Gpm)]
-        self._instance_fields = [f for f in self._fields if f.level is not Level.GPU]
+        self._fields = [_plan(f) for f in fields if isinstance(f.source, Gpm)]
+        self._instance_fields = [
+            _plan(f) for f in fields if isinstance(f.source, Gpm) and f.level is not Level.GPU
+        ]
         self._stats = stats
         self._dcgm = dcgm
-        gpu_metrics = {_metric(f) for f in self._fields}
-        gi_metrics = {_metric(f) for f in self._instance_fields}
+        gpu_metrics = {metric for _, metric, _ in self._fields}
+        gi_metrics = {metric for _, metric, _ in self._instance_fields}
         self._gpu = GpmTracker(source, gpu_metrics | {GR_ENGINE_METRIC}, clock)
         self._gi = GpmTracker(source, gi_metrics | {GR_ENGINE_METRIC}, clock)
 
@@ -180,7 +182,7 @@ class GpmReader:
             if index not in frame.gpm:
                 if not self._dcgm:
                     reason = NO_GPM + " and DCGM's Python bindings are absent"
-                    part.unsupported.extend((index, f.id, reason) for f in self._fields)
+                    part.unsupported.extend((index, f, reason) for f, _, _ in self._fields)
                 continue
             try:
                 self._entity(GpmKey(index, None, gpu.uuid), self._fields, part)
@@ -193,7 +195,7 @@ class GpmReader:
         self._gi.retain(instance_keys(kept))
         return part
 
-    def _entity(self, key: GpmKey, fields: list[Field], part: Part) -> None:
+    def _entity(self, key: GpmKey, fields: list[_FieldPlan], part: Part) -> None:
         tracker = self._gpu if key.gpu_instance_id is None else self._gi
         try:
             readout = tracker.collect(key)
@@ -206,18 +208,24 @@ class GpmReader:
         if readout is None:
             return  # first window of this entity: nothing to report yet
         entity = (key.gpu, key.gpu_instance_id)
-        for f in fields:
-            metric = _metric(f)
-            if metric in readout.values:
-                assert isinstance(f.source, Gpm)
-                part.value(entity, f.id, f.source.scale(readout.values[metric]))
+        out = part.values.setdefault(entity, {})
+        for field_id, metric, scale in fields:
+            value = readout.values.get(metric)
+            if value is not None:
+                out[field_id] = scale(value)
             elif metric in readout.unsupported and key.gpu_instance_id is None:
-                part.unsupported.append((key.gpu, f.id, f"GPM metric {metric} is not supported"))
+                part.unsupported.append(
+                    (key.gpu, field_id, f"GPM metric {metric} is not supported")
+                )
         activity = readout.values.get(GR_ENGINE_METRIC)
         if activity is not None:
             part.activity[entity] = activity
 
 
-def _metric(f: Field) -> int:
+#: (DCGM field id, GPM metric id, unit conversion) of a selected GPM field
+_FieldPlan = tuple[int, int, Callable[[float], float]]
+
+
+def _plan(f: Field) -> _FieldPlan:
     assert isinstance(f.source, Gpm)
-    return f.source.metric_id
+    return f.id, f.source.metric_id, f.source.scale

@@ -137,7 +137,7 @@ class IdleClock:
             self._tracker.restore({name: saved}, {key: name}, now, self._wall(now))
         return self._tracker.update(key, utilization, now)
 
-    def retain(self, names: Mapping[Hashable, str], now: float) -> None:
+    def retain(self, names: Mapping[Any, str], now: float) -> None:
         """Forget the entities not in ``names`` (this tick's), and save when due."""
         self._tracker.retain(names)
         self._names = dict(names)

@@ -103,11 +103,6 @@ class Sampler:
         self._started_seq = 0
         self._done_seq = 0
 
-    @property
-    def readers(self) -> tuple[str, ...]:
-        """The chosen readers' names, in the order they run."""
-        return tuple(r.name for r in self._readers)
-
     # -- lifecycle --------------------------------------------------------------------------------
 
     def latest(self) -> Snapshot | None:
@@ -264,21 +259,21 @@ class Sampler:
         """The answering GPUs' and instances' samples, with their idle seconds, through the
         attribution stage (pods, DRA claims, MIG UUIDs)."""
         began = self._clock()
-        samples = [
-            EntitySample(entity, MappingProxyType(part.values.get(key, {})), idle_seconds=idle)
-            for entity, key in _entities(frame.gpus, answered)
-            for idle in [self._idle_seconds(entity, part.activity.get(key), frame.now)]
-        ]
-        self._idle.retain({s.entity: _idle_name(s.entity) for s in samples}, frame.now)
+        samples: list[EntitySample] = []
+        names: dict[Entity, str] = {}
+        for entity, key in _entities(frame.gpus, answered):
+            names[entity] = name = _idle_name(entity)
+            idle = self._idle.seconds(entity, name, part.activity.get(key), frame.now)
+            values = MappingProxyType(part.values.get(key, {}))
+            samples.append(EntitySample(entity, values, idle_seconds=idle))
+        self._idle.retain(names, frame.now)
         uids = self._containers.pod_uid if self._containers is not None else (lambda _: None)
-        placed = [p for p in frame.placed if p.gpu.uuid in {frame.gpus[i].uuid for i in answered}]
+        up = {frame.gpus[i].uuid for i in answered}
+        placed = [p for p in frame.placed if p.gpu.uuid in up]
         result = attribute_samples(samples, frame.gpus, answered, placed, part.allocations, uids)
         self._unresolved.report(result.unresolved)
         self._stats.observe_source("attribution", self._clock() - began)
         return result
-
-    def _idle_seconds(self, entity: Entity, util: float | None, now: float) -> float | None:
-        return self._idle.seconds(entity, _idle_name(entity), util, now)
 
 
 def _entities(

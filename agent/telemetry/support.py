@@ -28,11 +28,15 @@ class SupportBook:
         self._new: defaultdict[tuple[str, str], list[int]] = defaultdict(list)
         #: (field, reason, GPU) already logged: a layout change re-probes, it does not re-log
         self._logged: set[tuple[str, str, int]] = set()
+        #: the last rows and the GPUs they were made for: rebuilt only after a change
+        self._rows: tuple[FieldSupport, ...] | None = None
+        self._rows_of: tuple[GpuIdentity, ...] = ()
 
     def reset(self, gpus: Iterable[int]) -> None:
         """These GPUs' layouts changed: what they refused may work now."""
         for gpu in gpus:
-            self._unsupported.pop(gpu, None)
+            if self._unsupported.pop(gpu, None) is not None:
+                self._rows = None
 
     def note(self, notes: Iterable[tuple[int, int, str]]) -> None:
         for gpu, field_id, reason in notes:
@@ -40,6 +44,7 @@ class SupportBook:
             if field_id in known:
                 continue
             known[field_id] = reason
+            self._rows = None
             name = BY_ID[field_id].name
             if (name, reason, gpu) not in self._logged:
                 self._logged.add((name, reason, gpu))
@@ -53,10 +58,13 @@ class SupportBook:
             log.warning("%s is not supported on GPU%s %s: %s", name, plural, which, reason)
         self._new.clear()
 
-    def rows(self, gpus: Iterable[GpuIdentity]) -> tuple[FieldSupport, ...]:
+    def rows(self, gpus: tuple[GpuIdentity, ...]) -> tuple[FieldSupport, ...]:
         """Per GPU and selected field: whether it can be read there."""
-        return tuple(
-            FieldSupport(f, gpu, f not in self._unsupported.get(gpu.index, {}))
-            for gpu in gpus
-            for f in self._selected
-        )
+        if self._rows is None or gpus != self._rows_of:
+            self._rows_of = gpus
+            self._rows = tuple(
+                FieldSupport(f, gpu, f not in self._unsupported.get(gpu.index, {}))
+                for gpu in gpus
+                for f in self._selected
+            )
+        return self._rows
