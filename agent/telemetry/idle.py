@@ -5,8 +5,9 @@ agent first sees the entity. The last-busy times are kept in the state dir
 (``telemetry-idle.json``, wall-clock seconds) and read back at start, so an agent restart (a
 DaemonSet upgrade) does not push a 24 h reclaim signal back by 24 h: the time the agent was down
 counts as idle, since nothing recorded a use in it. While the agent runs, idle seconds are
-monotonic, and the sampler converts them to wall-clock times against the wall clock it read at
-start, so a clock step (NTP, an admin) neither adds nor removes idle seconds nor reaches the file.
+monotonic, and :class:`IdleClock` converts them to wall-clock times against the wall clock read
+at start, so a clock step (NTP, an admin) neither adds nor removes idle seconds nor reaches the
+file.
 A saved time in the future (clock moved back while the agent was down) or an unreadable file
 counts from now.
 """

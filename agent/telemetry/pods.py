@@ -3,7 +3,7 @@
 kubelet reports, per container, the device ids the device plugin allocated (reference §5), and
 the DRA claims' devices by pool and device name, resolved through this node's ResourceSlices
 (``dra.py``) to a UUID or, for a DynamicMIG device, to its parent GPU, GI profile and placement,
-which the sampler matches against the MIG instances NVML reports. Every
+which the attribution stage matches against the MIG instances NVML reports. Every
 id form is understood: ``GPU-<uuid>``, ``MIG-<uuid>``, the legacy ``MIG-GPU-<uuid>/<gi>/<ci>``,
 GKE's ``nvidia<N>[/gi<G>][/vgpu<k>]``, each optionally with a time-slicing / MPS replica suffix
 ``::<n>``. A device held by several containers (replicas of a shared GPU) maps to all of them,
@@ -206,7 +206,7 @@ def _allocations(
 
 
 def _dra_device_id(device: SliceDevice) -> DeviceId | None:
-    """How the sampler finds a DRA device: by the slice's UUID, else (a DynamicMIG device, made
+    """How attribution finds a DRA device: by the slice's UUID, else (a DynamicMIG device, made
     when its claim was prepared) by parent, GI profile id and placement start."""
     if device.uuid is not None:
         parsed = parse_device_id(device.uuid)
