@@ -16,7 +16,8 @@ import difflib
 from dataclasses import dataclass
 from enum import Enum
 
-from agent.gpu.readings import GpuString, Reading
+from agent.gpu.reading_calls import Reading
+from agent.gpu.readings import GpuString
 from dcgm.catalog import catalogue
 
 __all__ = [

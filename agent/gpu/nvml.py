@@ -195,7 +195,6 @@ class Gateway:
         self.calls: Counter[str] = Counter()
         #: plain name -> index of the version that worked (absent: not called yet)
         self._chosen: dict[str, int] = {}
-        self._wrapped: dict[str, Callable[..., Any]] = {}
 
     @property
     def module(self) -> Any:
@@ -206,14 +205,12 @@ class Gateway:
         return dict(self._chosen)
 
     def __getattr__(self, name: str) -> Any:
+        # Once per name: the answer is kept as an attribute, which later lookups find directly.
         value = getattr(self._module, name)
-        if not (name.startswith("nvml") and callable(value)) or isinstance(value, type):
-            return value
-        wrapped = self._wrapped.get(name)
-        if wrapped is None:
-            wrapped = self._versioned(name) if name in _VERSIONS else self._counted(name, value)
-            self._wrapped[name] = wrapped
-        return wrapped
+        if name.startswith("nvml") and callable(value) and not isinstance(value, type):
+            value = self._versioned(name) if name in _VERSIONS else self._counted(name, value)
+        setattr(self, name, value)
+        return value
 
     def _count(self, name: str) -> None:
         with self._lock:

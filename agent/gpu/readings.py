@@ -4,7 +4,8 @@ The telemetry sampler lives in ``agent/telemetry`` but, like every other service
 only through ``agent/gpu``: this module is its read side. :class:`NodeReader` caches what does not
 change while the driver is loaded (handles, identities, NVLink link counts, MIG device ids and
 profile names) and reads the rest on request: grouped device readings (one NVML call per group,
-however many fields it feeds), MIG layouts, processes, GPM samples and XID events.
+however many fields it feeds: ``reading_calls.py`` says which call answers each reading), MIG
+layouts, processes and GPM samples. XID events have their own event set (``xid_events.py``).
 
 Every call goes through the driver's one NVML gateway (:attr:`GpuDriver.nvml`: counted, with
 version fallbacks), and errors are translated by :meth:`GpuDriver.call`.
@@ -18,14 +19,23 @@ agent started is still listed (by index, with an empty identity) and re-tried ev
 from __future__ import annotations
 
 import contextlib
-import ctypes
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from agent.errors import AgentError, DeviceLost, NotSupported
+from agent.errors import DeviceLost, NotSupported
 from agent.gpu.nvml import GpuDriver, translate
+from agent.gpu.reading_calls import (
+    FIELD_VALUES,
+    GETTERS,
+    INSTANCE_READINGS,
+    NVLINK_TRAFFIC,
+    NVLINK_TRAFFIC_READINGS,
+    Getter,
+    Reading,
+    field_value,
+)
 from agent.gpu.types import GpuLayout, Process
 
 __all__ = [
@@ -38,9 +48,7 @@ __all__ = [
     "MigDevice",
     "MigLayout",
     "NodeReader",
-    "Reading",
-    "XidEvent",
-    "XidEvents",
+    "nvml_code",
 ]
 
 # NVML return codes (nvml.h) the read paths tell apart.
@@ -48,81 +56,12 @@ _SUCCESS = 0
 _ERR_INVALID_ARGUMENT = 2
 _ERR_NOT_SUPPORTED = 3
 _ERR_NOT_FOUND = 6
-_ERR_TIMEOUT = 10
 _ERR_FUNCTION_NOT_FOUND = 13
 _ERR_GPU_IS_LOST = 15
 _UNSUPPORTED = (_ERR_NOT_SUPPORTED, _ERR_FUNCTION_NOT_FOUND)
-_NO_ID = 0xFFFFFFFF
 
 #: A full layout re-read at least this often (in reads, one per sampler tick).
 FULL_LAYOUT_EVERY = 30
-
-
-class Reading(Enum):
-    """One per-device NVML value, in NVML's own unit (the suffix names it)."""
-
-    SM_CLOCK_MHZ = "sm_clock_mhz"
-    MEMORY_CLOCK_MHZ = "memory_clock_mhz"
-    GPU_TEMPERATURE_C = "gpu_temperature_c"
-    MEMORY_TEMPERATURE_C = "memory_temperature_c"
-    POWER_MW = "power_mw"
-    #: the power management limit set (nvidia-smi -pl, the agent's power caps, or the default)
-    POWER_LIMIT_MW = "power_limit_mw"
-    #: the limit the board enforces
-    ENFORCED_POWER_LIMIT_MW = "enforced_power_limit_mw"
-    #: the limit after a reboot or driver reload
-    DEFAULT_POWER_LIMIT_MW = "default_power_limit_mw"
-    ENERGY_MJ = "energy_mj"
-    PCIE_TX_KB_S = "pcie_tx_kb_s"
-    PCIE_RX_KB_S = "pcie_rx_kb_s"
-    PCIE_REPLAYS = "pcie_replays"
-    GPU_UTIL_PERCENT = "gpu_util_percent"
-    MEMORY_UTIL_PERCENT = "memory_util_percent"
-    ENCODER_UTIL_PERCENT = "encoder_util_percent"
-    DECODER_UTIL_PERCENT = "decoder_util_percent"
-    FB_TOTAL_BYTES = "fb_total_bytes"
-    FB_FREE_BYTES = "fb_free_bytes"
-    FB_USED_BYTES = "fb_used_bytes"
-    FB_RESERVED_BYTES = "fb_reserved_bytes"
-    POWER_VIOLATION_NS = "power_violation_ns"
-    THERMAL_VIOLATION_NS = "thermal_violation_ns"
-    SYNC_BOOST_VIOLATION_NS = "sync_boost_violation_ns"
-    BOARD_LIMIT_VIOLATION_NS = "board_limit_violation_ns"
-    LOW_UTIL_VIOLATION_NS = "low_util_violation_ns"
-    RELIABILITY_VIOLATION_NS = "reliability_violation_ns"
-    ECC_SBE_VOLATILE = "ecc_sbe_volatile"
-    ECC_DBE_VOLATILE = "ecc_dbe_volatile"
-    ECC_SBE_AGGREGATE = "ecc_sbe_aggregate"
-    ECC_DBE_AGGREGATE = "ecc_dbe_aggregate"
-    RETIRED_PAGES_SBE = "retired_pages_sbe"
-    RETIRED_PAGES_DBE = "retired_pages_dbe"
-    RETIRED_PAGES_PENDING = "retired_pages_pending"
-    REMAPPED_ROWS_CORRECTABLE = "remapped_rows_correctable"
-    REMAPPED_ROWS_UNCORRECTABLE = "remapped_rows_uncorrectable"
-    ROW_REMAP_FAILURE = "row_remap_failure"
-    #: 1 while a row remap waits for the next GPU reset
-    ROW_REMAP_PENDING = "row_remap_pending"
-    NVLINK_CRC_FLIT_ERRORS = "nvlink_crc_flit_errors"
-    NVLINK_CRC_DATA_ERRORS = "nvlink_crc_data_errors"
-    NVLINK_REPLAY_ERRORS = "nvlink_replay_errors"
-    NVLINK_RECOVERY_ERRORS = "nvlink_recovery_errors"
-    #: cumulative NVLink data traffic, TX + RX over all links
-    NVLINK_TRAFFIC_KIB = "nvlink_traffic_kib"
-    #: the same on link 0 only
-    NVLINK_L0_TRAFFIC_KIB = "nvlink_l0_traffic_kib"
-    #: why clocks are held down now: a bitmask of nvmlClocksEventReason* (was ThrottleReasons)
-    CLOCK_EVENT_REASONS = "clock_event_reasons"
-
-
-#: Readings a MIG device handle answers (per GPU instance); all others are physical-GPU only.
-INSTANCE_READINGS = frozenset(
-    {
-        Reading.FB_TOTAL_BYTES,
-        Reading.FB_FREE_BYTES,
-        Reading.FB_USED_BYTES,
-        Reading.FB_RESERVED_BYTES,
-    }
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,15 +128,6 @@ class DeviceReadings:
     failed: dict[Reading, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class XidEvent:
-    gpu_index: int
-    xid: int
-    #: the GPU / compute instance the XID concerns, when NVML can attribute it
-    gpu_instance_id: int | None
-    compute_instance_id: int | None
-
-
 class GpmSample:
     """An NVML GPM sample buffer; not thread-safe, freed with :meth:`NodeReader.gpm_free`."""
 
@@ -215,157 +145,6 @@ class GpmReadout:
     unsupported: frozenset[int]
 
 
-Getter = Callable[[Any, Any], Mapping[Reading, float]]
-
-
-def _utilization(n: Any, h: Any) -> Mapping[Reading, float]:
-    u = n.nvmlDeviceGetUtilizationRates(h)
-    return {Reading.GPU_UTIL_PERCENT: u.gpu, Reading.MEMORY_UTIL_PERCENT: u.memory}
-
-
-def _memory(n: Any, h: Any) -> Mapping[Reading, float]:
-    m = n.nvmlDeviceGetMemoryInfo(h)  # the gateway picks v2 (reserved apart, R515+) or v1
-    out = {
-        Reading.FB_TOTAL_BYTES: m.total,
-        Reading.FB_FREE_BYTES: m.free,
-        Reading.FB_USED_BYTES: m.used,
-    }
-    reserved = getattr(m, "reserved", None)
-    if reserved is not None:
-        out[Reading.FB_RESERVED_BYTES] = reserved
-    return out
-
-
-def _remapped(n: Any, h: Any) -> Mapping[Reading, float]:
-    corr, unc, pending, failure = n.nvmlDeviceGetRemappedRows(h)
-    return {
-        Reading.REMAPPED_ROWS_CORRECTABLE: corr,
-        Reading.REMAPPED_ROWS_UNCORRECTABLE: unc,
-        Reading.ROW_REMAP_FAILURE: failure,
-        Reading.ROW_REMAP_PENDING: pending,
-    }
-
-
-def _one(reading: Reading, call: Callable[[Any, Any], float]) -> Getter:
-    return lambda n, h: {reading: call(n, h)}
-
-
-def _violation(reading: Reading, policy: str) -> Getter:
-    return _one(
-        reading, lambda n, h: n.nvmlDeviceGetViolationStatus(h, getattr(n, policy)).violationTime
-    )
-
-
-def _ecc(reading: Reading, error_type: str, counter: str) -> Getter:
-    return _one(
-        reading,
-        lambda n, h: n.nvmlDeviceGetTotalEccErrors(h, getattr(n, error_type), getattr(n, counter)),
-    )
-
-
-def _retired(reading: Reading, cause: str) -> Getter:
-    return _one(reading, lambda n, h: len(n.nvmlDeviceGetRetiredPages(h, getattr(n, cause))))
-
-
-_R = Reading
-_UTILIZATION: Getter = _utilization
-_MEMORY: Getter = _memory
-_REMAPPED: Getter = _remapped
-#: Reading -> the NVML call that yields it; readings sharing a getter share one call per tick.
-_GETTERS: dict[Reading, Getter] = {
-    _R.SM_CLOCK_MHZ: _one(
-        _R.SM_CLOCK_MHZ, lambda n, h: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)
-    ),
-    _R.MEMORY_CLOCK_MHZ: _one(
-        _R.MEMORY_CLOCK_MHZ, lambda n, h: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM)
-    ),
-    _R.GPU_TEMPERATURE_C: _one(
-        _R.GPU_TEMPERATURE_C, lambda n, h: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)
-    ),
-    _R.POWER_MW: _one(_R.POWER_MW, lambda n, h: n.nvmlDeviceGetPowerUsage(h)),
-    _R.POWER_LIMIT_MW: _one(_R.POWER_LIMIT_MW, lambda n, h: n.nvmlDeviceGetPowerManagementLimit(h)),
-    _R.ENFORCED_POWER_LIMIT_MW: _one(
-        _R.ENFORCED_POWER_LIMIT_MW, lambda n, h: n.nvmlDeviceGetEnforcedPowerLimit(h)
-    ),
-    _R.DEFAULT_POWER_LIMIT_MW: _one(
-        _R.DEFAULT_POWER_LIMIT_MW, lambda n, h: n.nvmlDeviceGetPowerManagementDefaultLimit(h)
-    ),
-    _R.ENERGY_MJ: _one(_R.ENERGY_MJ, lambda n, h: n.nvmlDeviceGetTotalEnergyConsumption(h)),
-    _R.PCIE_TX_KB_S: _one(
-        _R.PCIE_TX_KB_S, lambda n, h: n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_TX_BYTES)
-    ),
-    _R.PCIE_RX_KB_S: _one(
-        _R.PCIE_RX_KB_S, lambda n, h: n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_RX_BYTES)
-    ),
-    _R.PCIE_REPLAYS: _one(_R.PCIE_REPLAYS, lambda n, h: n.nvmlDeviceGetPcieReplayCounter(h)),
-    _R.GPU_UTIL_PERCENT: _UTILIZATION,
-    _R.MEMORY_UTIL_PERCENT: _UTILIZATION,
-    _R.ENCODER_UTIL_PERCENT: _one(
-        _R.ENCODER_UTIL_PERCENT, lambda n, h: n.nvmlDeviceGetEncoderUtilization(h)[0]
-    ),
-    _R.DECODER_UTIL_PERCENT: _one(
-        _R.DECODER_UTIL_PERCENT, lambda n, h: n.nvmlDeviceGetDecoderUtilization(h)[0]
-    ),
-    _R.FB_TOTAL_BYTES: _MEMORY,
-    _R.FB_FREE_BYTES: _MEMORY,
-    _R.FB_USED_BYTES: _MEMORY,
-    _R.FB_RESERVED_BYTES: _MEMORY,
-    _R.POWER_VIOLATION_NS: _violation(_R.POWER_VIOLATION_NS, "NVML_PERF_POLICY_POWER"),
-    _R.THERMAL_VIOLATION_NS: _violation(_R.THERMAL_VIOLATION_NS, "NVML_PERF_POLICY_THERMAL"),
-    _R.SYNC_BOOST_VIOLATION_NS: _violation(
-        _R.SYNC_BOOST_VIOLATION_NS, "NVML_PERF_POLICY_SYNC_BOOST"
-    ),
-    _R.BOARD_LIMIT_VIOLATION_NS: _violation(
-        _R.BOARD_LIMIT_VIOLATION_NS, "NVML_PERF_POLICY_BOARD_LIMIT"
-    ),
-    _R.LOW_UTIL_VIOLATION_NS: _violation(
-        _R.LOW_UTIL_VIOLATION_NS, "NVML_PERF_POLICY_LOW_UTILIZATION"
-    ),
-    _R.RELIABILITY_VIOLATION_NS: _violation(
-        _R.RELIABILITY_VIOLATION_NS, "NVML_PERF_POLICY_RELIABILITY"
-    ),
-    _R.ECC_SBE_VOLATILE: _ecc(
-        _R.ECC_SBE_VOLATILE, "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"
-    ),
-    _R.ECC_DBE_VOLATILE: _ecc(
-        _R.ECC_DBE_VOLATILE, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"
-    ),
-    _R.ECC_SBE_AGGREGATE: _ecc(
-        _R.ECC_SBE_AGGREGATE, "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_AGGREGATE_ECC"
-    ),
-    _R.ECC_DBE_AGGREGATE: _ecc(
-        _R.ECC_DBE_AGGREGATE, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_AGGREGATE_ECC"
-    ),
-    _R.RETIRED_PAGES_SBE: _retired(
-        _R.RETIRED_PAGES_SBE, "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS"
-    ),
-    _R.RETIRED_PAGES_DBE: _retired(
-        _R.RETIRED_PAGES_DBE, "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR"
-    ),
-    _R.RETIRED_PAGES_PENDING: _one(
-        _R.RETIRED_PAGES_PENDING, lambda n, h: n.nvmlDeviceGetRetiredPagesPendingStatus(h)
-    ),
-    _R.REMAPPED_ROWS_CORRECTABLE: _REMAPPED,
-    _R.REMAPPED_ROWS_UNCORRECTABLE: _REMAPPED,
-    _R.ROW_REMAP_FAILURE: _REMAPPED,
-    _R.ROW_REMAP_PENDING: _REMAPPED,
-    # The gateway falls back to the pre-R535 name (nvmlDeviceGetCurrentClocksThrottleReasons).
-    _R.CLOCK_EVENT_REASONS: _one(
-        _R.CLOCK_EVENT_REASONS, lambda n, h: n.nvmlDeviceGetCurrentClocksEventReasons(h)
-    ),
-}
-
-#: Readings served by nvmlDeviceGetFieldValues, batched into one call: Reading -> NVML_FI_* name.
-_FIELD_VALUES: dict[Reading, str] = {
-    _R.MEMORY_TEMPERATURE_C: "NVML_FI_DEV_MEMORY_TEMP",
-    _R.NVLINK_CRC_FLIT_ERRORS: "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-    _R.NVLINK_CRC_DATA_ERRORS: "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
-    _R.NVLINK_REPLAY_ERRORS: "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-    _R.NVLINK_RECOVERY_ERRORS: "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
-}
-# Per-link KiB counters summed into NVLINK_TRAFFIC_KIB (scope id = link number).
-_NVLINK_TRAFFIC = ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX")
-_NVLINK_TRAFFIC_READINGS = (Reading.NVLINK_TRAFFIC_KIB, Reading.NVLINK_L0_TRAFFIC_KIB)
 #: nvmlBrandType_t -> the name DCGM gives it (DCGM_FI_DEV_BRAND; nvidia-smi's wording)
 _BRANDS = {
     0: "Unknown",
@@ -386,10 +165,9 @@ _BRANDS = {
     15: "GeForce RTX",
     16: "Titan RTX",
 }
-_FIELD_VALUE_KINDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
 
-def _code(exc: BaseException) -> int | None:
+def nvml_code(exc: BaseException) -> int | None:
     value = getattr(exc, "value", None)
     return value if isinstance(value, int) else None
 
@@ -412,6 +190,12 @@ class NodeReader:
         self._profile_names: dict[int, dict[int, str]] = {}
         #: gpu -> (what the full read saw, the layout, reads since the full one)
         self._layouts: dict[int, tuple[tuple[MigLayout, int], GpuLayout, int]] = {}
+        #: wanted readings -> (each getter with the readings it yields, the field-value ones)
+        self._plans: dict[
+            frozenset[Reading], tuple[list[tuple[Getter, list[Reading]]], list[Reading]]
+        ] = {}
+        #: metric ids -> the request struct GPM averages are read into (sampler thread only)
+        self._gpm_requests: dict[tuple[int, ...], Any] = {}
 
     @property
     def driver(self) -> GpuDriver:
@@ -477,7 +261,7 @@ class NodeReader:
             try:
                 value = read()
             except n.NVMLError as exc:
-                if _code(exc) == _ERR_GPU_IS_LOST:
+                if nvml_code(exc) == _ERR_GPU_IS_LOST:
                     raise DeviceLost(str(exc)) from exc
                 continue
             text = value.decode() if isinstance(value, bytes) else str(value)
@@ -496,21 +280,32 @@ class NodeReader:
 
     def read(self, gpu: int, wanted: Iterable[Reading]) -> DeviceReadings:
         """Read ``wanted`` on a physical GPU. Raises DeviceLost when the GPU is gone."""
-        return self._read(self._handle(gpu), gpu, set(wanted))
+        return self._read(self._handle(gpu), gpu, frozenset(wanted))
 
     def read_instance(self, mig_uuid: str, wanted: Iterable[Reading]) -> DeviceReadings:
         """Read per-instance readings (framebuffer) through a MIG device of the instance."""
         handle = self._mig_handles[mig_uuid]
-        return self._read(handle, None, set(wanted) & INSTANCE_READINGS)
+        return self._read(handle, None, frozenset(wanted) & INSTANCE_READINGS)
 
-    def _read(self, h: Any, gpu: int | None, wanted: set[Reading]) -> DeviceReadings:
+    def _plan(
+        self, wanted: frozenset[Reading]
+    ) -> tuple[list[tuple[Getter, list[Reading]]], list[Reading]]:
+        """The calls that read ``wanted``, worked out once per set (a few sets per node)."""
+        plan = self._plans.get(wanted)
+        if plan is None:
+            getters: dict[int, tuple[Getter, list[Reading]]] = {}
+            for reading in wanted:
+                getter = GETTERS.get(reading)
+                if getter is not None:
+                    getters.setdefault(id(getter), (getter, []))[1].append(reading)
+            fielded = [r for r in wanted if r in FIELD_VALUES or r in NVLINK_TRAFFIC_READINGS]
+            plan = self._plans[wanted] = (list(getters.values()), fielded)
+        return plan
+
+    def _read(self, h: Any, gpu: int | None, wanted: frozenset[Reading]) -> DeviceReadings:
         out = DeviceReadings()
-        getters: dict[int, tuple[Getter, list[Reading]]] = {}
-        for reading in wanted:
-            getter = _GETTERS.get(reading)
-            if getter is not None:
-                getters.setdefault(id(getter), (getter, []))[1].append(reading)
-        for getter, readings in getters.values():
+        getters, fielded = self._plan(wanted)
+        for getter, readings in getters:
             try:
                 values = getter(self._n, h)
             except self._n.NVMLError as exc:
@@ -521,7 +316,6 @@ class NodeReader:
                     out.values[reading] = float(values[reading])
                 else:  # this driver's version of the call has no such figure (memory v1)
                     out.unsupported[reading] = "not in this driver's answer"
-        fielded = [r for r in wanted if r in _FIELD_VALUES or r in _NVLINK_TRAFFIC_READINGS]
         if fielded and gpu is not None:
             self._read_fields(h, gpu, fielded, out)
         return out
@@ -529,7 +323,7 @@ class NodeReader:
     def _classify(
         self, exc: BaseException, readings: Iterable[Reading], out: DeviceReadings
     ) -> None:
-        code = _code(exc)
+        code = nvml_code(exc)
         if code == _ERR_GPU_IS_LOST:
             raise DeviceLost(str(exc)) from exc
         target = out.unsupported if code in _UNSUPPORTED else out.failed
@@ -541,8 +335,8 @@ class NodeReader:
         ids: list[tuple[int, int]] = []
         owners: list[Reading] = []
         for reading in readings:
-            if reading not in _NVLINK_TRAFFIC_READINGS:
-                ids.append((getattr(n, _FIELD_VALUES[reading]), 0))
+            if reading not in NVLINK_TRAFFIC_READINGS:
+                ids.append((getattr(n, FIELD_VALUES[reading]), 0))
                 owners.append(reading)
                 continue
             links = self._nvlink_links(h, gpu)
@@ -550,7 +344,7 @@ class NodeReader:
                 out.unsupported[reading] = links
                 continue
             for link in range(links if reading is Reading.NVLINK_TRAFFIC_KIB else 1):
-                for name in _NVLINK_TRAFFIC:
+                for name in NVLINK_TRAFFIC:
                     ids.append((getattr(n, name), link))
                     owners.append(reading)
         if not ids:
@@ -567,7 +361,7 @@ class NodeReader:
                 bucket = out.unsupported if ret in _UNSUPPORTED else out.failed
                 bucket[owner] = f"NVML field {value.fieldId}: return code {ret}"
                 continue
-            sums[owner] = sums.get(owner, 0.0) + _field_value(value)
+            sums[owner] = sums.get(owner, 0.0) + field_value(value)
         for owner, total in sums.items():
             if owner not in out.unsupported and owner not in out.failed:
                 out.values[owner] = total
@@ -579,11 +373,11 @@ class NodeReader:
             try:
                 (value,) = n.nvmlDeviceGetFieldValues(h, [n.NVML_FI_DEV_NVLINK_LINK_COUNT])
             except n.NVMLError as exc:
-                if _code(exc) == _ERR_GPU_IS_LOST:
+                if nvml_code(exc) == _ERR_GPU_IS_LOST:
                     raise DeviceLost(str(exc)) from exc
                 return f"NVLink link count: {exc}"  # retried next tick unless unsupported
             ok = int(value.nvmlReturn) == _SUCCESS
-            self._link_counts[gpu] = int(_field_value(value)) if ok else 0
+            self._link_counts[gpu] = int(field_value(value)) if ok else 0
         count = self._link_counts[gpu]
         return count if count > 0 else "the GPU has no NVLink links"
 
@@ -596,7 +390,7 @@ class NodeReader:
         try:
             current, pending = n.nvmlDeviceGetMigMode(h)
         except n.NVMLError as exc:
-            code = _code(exc)
+            code = nvml_code(exc)
             if code == _ERR_GPU_IS_LOST:
                 raise DeviceLost(str(exc)) from exc
             if code in _UNSUPPORTED:
@@ -650,7 +444,7 @@ class NodeReader:
             try:
                 yield n.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
             except n.NVMLError as exc:
-                if _code(exc) in (_ERR_NOT_FOUND, _ERR_INVALID_ARGUMENT):
+                if nvml_code(exc) in (_ERR_NOT_FOUND, _ERR_INVALID_ARGUMENT):
                     continue  # empty slot: MIG device handles are sparse
                 raise translate(exc, "nvmlDeviceGetMigDeviceHandleByIndex") from exc
 
@@ -681,7 +475,7 @@ class NodeReader:
         try:
             samples = n.nvmlDeviceGetProcessUtilization(self._handle(gpu), since_us)
         except n.NVMLError as exc:
-            code = _code(exc)
+            code = nvml_code(exc)
             if code in (_SUCCESS, _ERR_NOT_FOUND):
                 return {}, since_us  # no sample since then (pynvml raises on an empty first call)
             raise translate(exc, "nvmlDeviceGetProcessUtilization") from exc
@@ -721,7 +515,7 @@ class NodeReader:
         try:
             return bool(n.nvmlGpmQueryDeviceSupport(self._handle(gpu)).isSupportedDevice)
         except n.NVMLError as exc:
-            if _code(exc) == _ERR_GPU_IS_LOST:
+            if nvml_code(exc) == _ERR_GPU_IS_LOST:
                 raise DeviceLost(str(exc)) from exc
             return False
 
@@ -750,22 +544,24 @@ class NodeReader:
     ) -> GpmReadout:
         """Averages of ``metric_ids`` between two samples of the same entity."""
         n = self._n
-        ids = list(metric_ids)
-        request = n.c_nvmlGpmMetricsGet_t()
-        request.version = n.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(ids)
+        ids = tuple(metric_ids)
+        request = self._gpm_requests.get(ids)
+        if request is None:  # built once per metric set: ctypes fields are slow to set
+            request = self._gpm_requests[ids] = n.c_nvmlGpmMetricsGet_t()
+            request.version = n.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(ids)
+            for i, metric in enumerate(ids):
+                request.metrics[i].metricId = metric
         request.sample1 = first.native
         request.sample2 = second.native
-        for i, metric in enumerate(ids):
-            request.metrics[i].metricId = metric
         self._driver.call(n.nvmlGpmMetricsGet, request)
         values: dict[int, float] = {}
         unsupported: set[int] = set()
-        for i, metric in enumerate(ids):
-            result = request.metrics[i]
-            if int(result.nvmlReturn) == _SUCCESS:
-                values[metric] = float(result.value)
-            elif int(result.nvmlReturn) in _UNSUPPORTED:
+        for metric, result in zip(ids, request.metrics, strict=False):
+            code = result.nvmlReturn
+            if code == _SUCCESS:
+                values[metric] = result.value
+            elif code in _UNSUPPORTED:
                 unsupported.add(metric)
         return GpmReadout(values, frozenset(unsupported))
 
@@ -773,68 +569,3 @@ class NodeReader:
         n = self._n
         with contextlib.suppress(n.NVMLError):  # a driver going away has nothing left to free
             n.nvmlGpmSampleFree(sample.native)
-
-
-def _address(handle: Any) -> int:
-    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
-
-
-def _field_value(value: Any) -> float:
-    kind = int(value.valueType)
-    name = _FIELD_VALUE_KINDS[kind] if 0 <= kind < len(_FIELD_VALUE_KINDS) else "ullVal"
-    return float(getattr(value.value, name))
-
-
-class XidEvents:
-    """XID events of every GPU through one NVML event set; used by one thread only.
-
-    Registers the XID critical-error event on each physical GPU (MIG devices cannot register;
-    the event carries the GI/CI ids). ``unsupported`` lists GPUs that cannot deliver XIDs.
-    """
-
-    def __init__(self, reader: NodeReader) -> None:
-        self._driver = reader.driver
-        n = self._n = reader.driver.nvml
-        self.unsupported: dict[int, str] = {}
-        self._index_of: dict[int, int] = {}
-        self._set = self._driver.call(n.nvmlEventSetCreate)
-        for gpu in reader.gpus():
-            try:
-                h = self._driver.call(n.nvmlDeviceGetHandleByIndex, gpu.index)
-            except AgentError as exc:  # lost at start: no events from it; the others still
-                self.unsupported[gpu.index] = str(exc)
-                continue
-            self._index_of[_address(h)] = gpu.index
-            try:
-                supported = n.nvmlDeviceGetSupportedEventTypes(h)
-                if not supported & n.nvmlEventTypeXidCriticalError:
-                    self.unsupported[gpu.index] = "the GPU does not report XID events"
-                    continue
-                n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, self._set)
-            except n.NVMLError as exc:
-                self.unsupported[gpu.index] = str(exc)
-
-    def wait(self, timeout_ms: int) -> XidEvent | None:
-        """The next XID, or None after ``timeout_ms`` without one. Raises DeviceLost and other
-        domain errors when the event set breaks."""
-        n = self._n
-        try:
-            data = n.nvmlEventSetWait(self._set, timeout_ms)
-        except n.NVMLError as exc:
-            if _code(exc) == _ERR_TIMEOUT:
-                return None
-            raise translate(exc, "nvmlEventSetWait") from exc
-        index = self._index_of.get(_address(data.device))
-        if index is None:
-            index = int(self._driver.call(n.nvmlDeviceGetIndex, data.device))
-        return XidEvent(
-            index,
-            int(data.eventData),
-            None if data.gpuInstanceId == _NO_ID else int(data.gpuInstanceId),
-            None if data.computeInstanceId == _NO_ID else int(data.computeInstanceId),
-        )
-
-    def close(self) -> None:
-        n = self._n
-        with contextlib.suppress(n.NVMLError):  # a driver going away has nothing left to free
-            n.nvmlEventSetFree(self._set)

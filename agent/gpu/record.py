@@ -19,7 +19,8 @@ from typing import Any
 
 from agent.errors import AgentError
 from agent.gpu.nvml import GpuDriver
-from agent.gpu.readings import NodeReader, Reading
+from agent.gpu.reading_calls import Reading
+from agent.gpu.readings import NodeReader
 from dcgm.fields import FIELDS, Gpm
 
 __all__ = ["differences", "record_gpu"]

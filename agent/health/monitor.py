@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.gpu.readings import XidEvent
+from agent.gpu.xid_events import XidEvent
 from agent.health.machine import Mark, Policy, Signal, State, observe, settle
 from agent.health.signals import lost_signal, reading_signals, xid_signal
 from agent.health.store import SAVE_EVERY_S, MarkStore, Target

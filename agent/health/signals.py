@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from agent.gpu.readings import Reading
+from agent.gpu.reading_calls import Reading
 from agent.health.machine import Signal, State
 from agent.health.xids import XidClass, classify
 from agent.telemetry.xid import xid_message

@@ -1,11 +1,12 @@
-"""DCP fields for GPUs without GPM (Ampere and older), from NVIDIA DCGM when it is installed.
+"""The DCGM reader: DCP fields for GPUs without GPM (Ampere and older), from NVIDIA DCGM when it
+is installed.
 
 Before Hopper the profiling counters are only reachable through DCGM's profiling module
 (reference §2). DCGM's Python bindings are not on PyPI; they ship with the DCGM package in
 ``/usr/share/datacenter-gpu-manager-4/bindings/python3``, which must be on ``PYTHONPATH``. When
 they are not importable, or nv-hostengine cannot be reached, the agent runs without this backend
 and reports those fields unsupported. DCGM watches the fields on its own cadence (the agent's
-interval); the sampler reads its latest values, keyed by GPU UUID and NVML GPU-instance id.
+interval); the reader takes its latest values, keyed by GPU UUID and NVML GPU-instance id.
 """
 
 from __future__ import annotations
@@ -14,13 +15,24 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from agent.telemetry.gpm import NO_GPM
+from agent.telemetry.reader import Frame, Part
+from dcgm.fields import Field, Gpm, Level
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DcgmProfiling", "entity_values", "load_dcgm_backend"]
+__all__ = [
+    "DcgmProfiling",
+    "DcgmReader",
+    "ProfilingBackend",
+    "entity_values",
+    "load_dcgm_backend",
+]
 
+_GR_ENGINE_FIELD = 1001  # DCGM_FI_PROF_GR_ENGINE_ACTIVE: idle tracking
 _FE_GPU = 1  # DCGM_FE_GPU
 _FE_GPU_I = 4  # DCGM_FE_GPU_I
 EntityKey = tuple[str, int | None]
@@ -49,7 +61,7 @@ def entity_values(
 
 
 class DcgmProfiling:
-    """The sampler's ProfilingBackend over DCGM's ``DcgmReader`` and agent API."""
+    """The reader's ProfilingBackend over DCGM's ``DcgmReader`` and agent API."""
 
     def __init__(
         self, modules: Mapping[str, Any], field_ids: Iterable[int], interval_s: float
@@ -143,3 +155,63 @@ def load_dcgm_backend(
     except Exception as exc:  # connection and init failures surface as DCGM's own error classes
         log.warning("DCGM is installed but unusable (%s): profiling fields unsupported", exc)
         return None
+
+
+class ProfilingBackend(Protocol):
+    """DCP values for GPUs without GPM (DCGM's profiling module on Ampere and older)."""
+
+    def supports(self, gpu_uuid: str) -> frozenset[int]:
+        """DCGM field ids this backend serves for the GPU (and its instances)."""
+        ...
+
+    def read(self, gpu_uuid: str, gpu_instance_id: int | None) -> Mapping[int, float]:
+        """Latest values (DCGM units) of one GPU or GPU instance."""
+        ...
+
+
+class DcgmReader:
+    """The DCGM reader: DCP fields, and GR-engine activity for idle tracking, of the GPUs and
+    GPU instances on GPUs without GPM. A failing hostengine fails the reader (its fields have
+    no value this tick), never the GPM or NVML readers."""
+
+    name = "dcgm"
+    after_attribution = False
+
+    def __init__(self, backend: ProfilingBackend, fields: Sequence[Field]) -> None:
+        self._backend = backend
+        self._fields = [f for f in fields if isinstance(f.source, Gpm)]
+        self._instance_fields = [f for f in self._fields if f.level is not Level.GPU]
+
+    def close(self) -> None:
+        pass
+
+    def read(self, frame: Frame) -> Part:
+        part = Part()
+        for index, layout in frame.layouts.items():
+            if index in frame.gpm:
+                continue
+            uuid = frame.gpus[index].uuid
+            served = self._backend.supports(uuid)
+            self._entity(uuid, (index, None), self._fields, served, part)
+            for instance in layout.instances:
+                self._entity(uuid, (index, instance.id), self._instance_fields, served, part)
+        return part
+
+    def _entity(
+        self,
+        uuid: str,
+        key: tuple[int, int | None],
+        fields: list[Field],
+        served: frozenset[int],
+        part: Part,
+    ) -> None:
+        values = self._backend.read(uuid, key[1])
+        for f in fields:
+            if f.id not in served:
+                reason = NO_GPM + " and DCGM does not profile it"
+                part.unsupported.append((key[0], f.id, reason))
+            elif f.id in values:
+                part.value(key, f.id, values[f.id])
+        gr_engine = values.get(_GR_ENGINE_FIELD)
+        if gr_engine is not None:
+            part.activity[key] = gr_engine * 100

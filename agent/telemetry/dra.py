@@ -1,4 +1,5 @@
-"""DRA attribution: which GPU or MIG instance a claim's device is, from this node's ResourceSlices.
+"""DRA attribution: which GPU or MIG instance a claim's device is, from this node's ResourceSlices;
+and the DRA claims reader.
 
 kubelet's PodResources reports the DRA claims of a container in ``dynamic_resources`` by driver,
 pool and device name, never by UUID. NVIDIA's DRA driver (``gpu.nvidia.com``) publishes each
@@ -26,13 +27,17 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from agent.kube import InClusterKubeClient
 from agent.kube_watch import Informer
+from agent.telemetry.reader import Degraded, Frame, Part
+
+if TYPE_CHECKING:  # pods.py parses kubelet's answer with this module's devices
+    from agent.telemetry.pods import Allocation
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +45,7 @@ __all__ = [
     "DRIVER",
     "PATH",
     "DraDevices",
+    "DraReader",
     "DraSlicesCollector",
     "SliceDevice",
     "slice_devices",
@@ -254,3 +260,26 @@ class DraSlicesCollector(Collector):
         if devices is not None:  # unknown until listed once, not 0
             count.add_metric([], float(len(devices)))
         yield count
+
+
+class DraReader:
+    """The DRA claims reader: the claims' devices among kubelet's allocations, told apart by
+    this node's ResourceSlices. Until the slices were listed once no claim's device can be
+    told: the reader fails with the watch's status, and no claim is guessed."""
+
+    name = "dra"
+    after_attribution = False
+
+    def __init__(
+        self, devices: DraDevices, allocations: Callable[[], Iterable[Allocation]]
+    ) -> None:
+        self._devices = devices
+        self._allocations = allocations
+
+    def close(self) -> None:
+        pass
+
+    def read(self, frame: Frame) -> Part:
+        if self._devices.lookup() is None:
+            raise Degraded(self._devices.status()[1])
+        return Part(allocations=tuple(a for a in self._allocations() if a.claim is not None))

@@ -279,6 +279,7 @@ def own_families(counters: CounterSet, native: bool) -> list[str]:
         "gpu_agent_pod_memory_used_bytes",
         "gpu_agent_pod_sm_utilization_ratio",
         "gpu_agent_field_supported",
+        "gpu_agent_collection_source_up",
         "gpu_agent_snapshot_timestamp_seconds",
         "gpu_agent_dcgm_field_unserved",
         *STATS_FAMILIES,
@@ -461,6 +462,18 @@ def _agent_families(snapshot: Snapshot, naming: Naming, rows: list[_Row]) -> Ite
         supported.samples.append(Sample(supported.name, labels, 1.0 if s.supported else 0.0))
     yield supported
 
+    sources = Metric(
+        "gpu_agent_collection_source_up",
+        "1 when a telemetry source was read this tick; 0 with the reason while it fails (its "
+        "series are absent, the other sources' are published).",
+        "gauge",
+    )
+    for source in snapshot.sources:
+        reason = {} if source.degraded is None else {"reason": source.degraded}
+        value = 1.0 if source.degraded is None else 0.0
+        sources.samples.append(Sample(sources.name, {"source": source.source, **reason}, value))
+    yield sources
+
     stamp = Metric(
         "gpu_agent_snapshot_timestamp_seconds",
         "Unix time the exported values were collected; time() minus it is their age.",
@@ -516,8 +529,8 @@ def _stats_families(stats: TelemetryStats) -> Iterator[Metric]:
     )
     sources = Metric(
         "gpu_agent_collection_source_duration_seconds",
-        "Time one read of a collection source took: devices (NVML, with GPM or DCGM), "
-        "attribution (pods, DRA claims), kubelet (PodResources).",
+        "Time one read of a collection source took: each reader (devices, gpm, dcgm, xid, pods, "
+        "dra, processes), layouts (MIG), attribution, kubelet (PodResources List).",
         "histogram",
     )
     last = Metric(

@@ -1,4 +1,5 @@
-"""Two-sample GPM rates per GPU and per GPU instance (reference/telemetry.md §3.4, fact 3).
+"""The GPM reader, and its two-sample rates per GPU and per GPU instance (reference/telemetry.md
+§3.4, fact 3).
 
 Each entity keeps two sample buffers: the baseline and a spare. A tick samples into the spare,
 asks NVML for the averages between baseline and spare, then swaps them, so steady state costs one
@@ -11,15 +12,25 @@ counters of two instances. Buffers of entities that disappear, or fail, are free
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from agent.errors import AgentError, DeviceLost
 from agent.gpu.readings import GpmReadout, GpmSample, GpuInstanceInfo, MigLayout
+from agent.telemetry.reader import Frame, Part
+from agent.telemetry.stats import TelemetryStats
+from dcgm.fields import Field, Gpm, Level
+
+log = logging.getLogger(__name__)
 
 #: NVML refreshes GPM counters every 100 ms; shorter windows are noise (DCGM #310).
 MIN_WINDOW_S = 0.1
+#: NVML_GPM_METRIC_GRAPHICS_UTIL: idle tracking where NVML has no utilisation (MIG)
+GR_ENGINE_METRIC = 1
+NO_GPM = "the GPU has no GPM (Hopper or newer has)"
 
 
 class GpmSource(Protocol):
@@ -130,3 +141,91 @@ class GpmTracker:
 
     def __len__(self) -> int:
         return len(self._entities)
+
+
+class GpmReader:
+    """The GPM reader: DCP fields per GPU and per GPU instance on GPUs with GPM, and their
+    GR-engine activity for idle tracking (read whatever the counters select). On a GPU without
+    GPM it reads nothing; with no DCGM reader to serve it, its DCP fields are unsupported."""
+
+    name = "gpm"
+    after_attribution = False
+
+    def __init__(
+        self,
+        source: GpmSource,
+        fields: Sequence[Field],
+        stats: TelemetryStats,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        dcgm: bool = False,
+    ) -> None:
+        self._fields = [_plan(f) for f in fields if isinstance(f.source, Gpm)]
+        self._instance_fields = [
+            _plan(f) for f in fields if isinstance(f.source, Gpm) and f.level is not Level.GPU
+        ]
+        self._stats = stats
+        self._dcgm = dcgm
+        gpu_metrics = {metric for _, metric, _ in self._fields}
+        gi_metrics = {metric for _, metric, _ in self._instance_fields}
+        self._gpu = GpmTracker(source, gpu_metrics | {GR_ENGINE_METRIC}, clock)
+        self._gi = GpmTracker(source, gi_metrics | {GR_ENGINE_METRIC}, clock)
+
+    def close(self) -> None:
+        self._gpu.close()
+        self._gi.close()
+
+    def read(self, frame: Frame) -> Part:
+        part = Part()
+        for index, layout in frame.layouts.items():
+            gpu = frame.gpus[index]
+            if index not in frame.gpm:
+                if not self._dcgm:
+                    reason = NO_GPM + " and DCGM's Python bindings are absent"
+                    part.unsupported.extend((index, f, reason) for f, _, _ in self._fields)
+                continue
+            try:
+                self._entity(GpmKey(index, None, gpu.uuid), self._fields, part)
+                for instance in layout.instances:
+                    self._entity(GpmKey.of(index, instance), self._instance_fields, part)
+            except DeviceLost as exc:
+                part.lost[index] = str(exc)
+        kept = {i: lay for i, lay in frame.layouts.items() if i not in part.lost}
+        self._gpu.retain(GpmKey(i, None, frame.gpus[i].uuid) for i in kept)
+        self._gi.retain(instance_keys(kept))
+        return part
+
+    def _entity(self, key: GpmKey, fields: list[_FieldPlan], part: Part) -> None:
+        tracker = self._gpu if key.gpu_instance_id is None else self._gi
+        try:
+            readout = tracker.collect(key)
+        except DeviceLost:
+            raise
+        except AgentError as exc:
+            self._stats.error("gpm")
+            log.debug("GPM sample of %s failed: %s", key, exc)
+            return
+        if readout is None:
+            return  # first window of this entity: nothing to report yet
+        entity = (key.gpu, key.gpu_instance_id)
+        out = part.values.setdefault(entity, {})
+        for field_id, metric, scale in fields:
+            value = readout.values.get(metric)
+            if value is not None:
+                out[field_id] = scale(value)
+            elif metric in readout.unsupported and key.gpu_instance_id is None:
+                part.unsupported.append(
+                    (key.gpu, field_id, f"GPM metric {metric} is not supported")
+                )
+        activity = readout.values.get(GR_ENGINE_METRIC)
+        if activity is not None:
+            part.activity[entity] = activity
+
+
+#: (DCGM field id, GPM metric id, unit conversion) of a selected GPM field
+_FieldPlan = tuple[int, int, Callable[[float], float]]
+
+
+def _plan(f: Field) -> _FieldPlan:
+    assert isinstance(f.source, Gpm)
+    return f.id, f.source.metric_id, f.source.scale

@@ -5,8 +5,9 @@ agent first sees the entity. The last-busy times are kept in the state dir
 (``telemetry-idle.json``, wall-clock seconds) and read back at start, so an agent restart (a
 DaemonSet upgrade) does not push a 24 h reclaim signal back by 24 h: the time the agent was down
 counts as idle, since nothing recorded a use in it. While the agent runs, idle seconds are
-monotonic, and the sampler converts them to wall-clock times against the wall clock it read at
-start, so a clock step (NTP, an admin) neither adds nor removes idle seconds nor reaches the file.
+monotonic, and :class:`IdleClock` converts them to wall-clock times against the wall clock read
+at start, so a clock step (NTP, an admin) neither adds nor removes idle seconds nor reaches the
+file.
 A saved time in the future (clock moved back while the agent was down) or an unreadable file
 counts from now.
 """
@@ -23,7 +24,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["IdleStore", "IdleTracker"]
+__all__ = ["IdleClock", "IdleStore", "IdleTracker"]
 
 #: bounds what a corrupt or hostile file can make the agent hold
 _MAX_ENTRIES = 4096
@@ -101,3 +102,56 @@ class IdleStore:
                 tmp.unlink()
         else:
             self._failed = None
+
+
+class IdleClock:
+    """Idle seconds of the entities seen, carried over restarts through an optional store.
+
+    Monotonic ``now`` is mapped to the wall clock as ``wall0 + (now - mono0)``, both read once
+    at start, so a clock step while the agent runs neither adds nor removes idle seconds, in
+    this run or in the file the next one reads.
+    """
+
+    def __init__(
+        self,
+        threshold_percent: float,
+        store: IdleStore | None,
+        save_every_s: float,
+        mono0: float,
+        wall0: float,
+    ) -> None:
+        self._tracker = IdleTracker(threshold_percent)
+        self._store = store
+        self._save_every_s = save_every_s
+        self._mono0, self._wall0 = mono0, wall0
+        #: saved last-busy times not yet matched to an entity seen this run
+        self._saved = store.load() if store is not None else {}
+        self._saved_at: float | None = None
+        self._names: dict[Hashable, str] = {}
+
+    def seconds(
+        self, key: Hashable, name: str, utilization: float | None, now: float
+    ) -> float | None:
+        """This tick's idle seconds of ``key`` (saved as ``name``); None while unknown."""
+        saved = self._saved.pop(name, None)
+        if saved is not None:  # first sight this run: carry on from the last run's figure
+            self._tracker.restore({name: saved}, {key: name}, now, self._wall(now))
+        return self._tracker.update(key, utilization, now)
+
+    def retain(self, names: Mapping[Any, str], now: float) -> None:
+        """Forget the entities not in ``names`` (this tick's), and save when due."""
+        self._tracker.retain(names)
+        self._names = dict(names)
+        self.save(now)
+
+    def save(self, now: float, *, force: bool = False) -> None:
+        if self._store is None:
+            return
+        due = self._saved_at is None or now - self._saved_at >= self._save_every_s
+        if force or due:
+            times = self._tracker.export(self._names, now, self._wall(now))
+            self._store.save({**self._saved, **times})  # keep GPUs not seen this run
+            self._saved_at = now
+
+    def _wall(self, now: float) -> float:
+        return self._wall0 + (now - self._mono0)

@@ -3,7 +3,7 @@
 kubelet reports, per container, the device ids the device plugin allocated (reference §5), and
 the DRA claims' devices by pool and device name, resolved through this node's ResourceSlices
 (``dra.py``) to a UUID or, for a DynamicMIG device, to its parent GPU, GI profile and placement,
-which the sampler matches against the MIG instances NVML reports. Every
+which the attribution stage matches against the MIG instances NVML reports. Every
 id form is understood: ``GPU-<uuid>``, ``MIG-<uuid>``, the legacy ``MIG-GPU-<uuid>/<gi>/<ci>``,
 GKE's ``nvidia<N>[/gi<G>][/vgpu<k>]``, each optionally with a time-slicing / MPS replica suffix
 ``::<n>``. A device held by several containers (replicas of a shared GPU) maps to all of them,
@@ -29,6 +29,7 @@ import grpc
 from agent._proto.k8s.podresources.v1 import api_pb2, api_pb2_grpc
 from agent.telemetry.dra import DRIVER as DRA_DRIVER
 from agent.telemetry.dra import DeviceKey, DraDevices, SliceDevice
+from agent.telemetry.reader import Degraded, Frame, Part
 from agent.telemetry.snapshot import DraClaim, PodRef
 from agent.telemetry.stats import TelemetryStats
 
@@ -40,6 +41,7 @@ __all__ = [
     "EntityKey",
     "PodResourcesClient",
     "PodWatcher",
+    "PodsReader",
     "Resolver",
     "attribute",
     "claims_of",
@@ -204,7 +206,7 @@ def _allocations(
 
 
 def _dra_device_id(device: SliceDevice) -> DeviceId | None:
-    """How the sampler finds a DRA device: by the slice's UUID, else (a DynamicMIG device, made
+    """How attribution finds a DRA device: by the slice's UUID, else (a DynamicMIG device, made
     when its claim was prepared) by parent, GI profile id and placement start."""
     if device.uuid is not None:
         parsed = parse_device_id(device.uuid)
@@ -248,6 +250,10 @@ class PodWatcher:
     def current(self) -> tuple[Allocation, ...]:
         return self._current
 
+    def absent(self) -> str | None:
+        """Why kubelet cannot be asked at all (no socket); None while it can."""
+        return f"no kubelet pod-resources socket at {self._socket}" if self._said_missing else None
+
     def refresh(self) -> None:
         """One List call; the thread calls this every period."""
         if not self._socket.exists():
@@ -281,6 +287,27 @@ class PodWatcher:
     def _run(self) -> None:
         while not self._stop.wait(self._period_s):
             self.refresh()
+
+
+class PodsReader:
+    """The kubelet pod-resources reader: the device plugin's allocations from the watcher's
+    latest List (the last good answer while kubelet fails). With no socket, nobody can tell
+    who holds what: the reader fails, saying so, and GPU series carry no pod."""
+
+    name = "pods"
+    after_attribution = False
+
+    def __init__(self, watcher: PodWatcher) -> None:
+        self._watcher = watcher
+
+    def close(self) -> None:
+        pass
+
+    def read(self, frame: Frame) -> Part:
+        absent = self._watcher.absent()
+        if absent is not None:
+            raise Degraded(absent)
+        return Part(allocations=tuple(a for a in self._watcher.current() if a.claim is None))
 
 
 def _rpc_text(exc: grpc.RpcError) -> str:

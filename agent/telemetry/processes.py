@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from agent.errors import AgentError, DeviceLost, NotSupported
 from agent.gpu.readings import MigLayout, NodeReader
-from agent.telemetry.attribution import Attribution
 from agent.telemetry.procs import ContainerDirectory, read_container_id
+from agent.telemetry.reader import Frame, Part
 from agent.telemetry.snapshot import Entity, PodRef, PodUsage
 from agent.telemetry.stats import TelemetryStats
 from agent.telemetry.usage import UNMAPPED, Unmapped, pod_usage
@@ -25,6 +25,9 @@ __all__ = ["ProcessReader"]
 
 
 class ProcessReader:
+    name = "processes"
+    after_attribution = True
+
     def __init__(
         self,
         reader: NodeReader,
@@ -43,21 +46,28 @@ class ProcessReader:
         #: GPU -> NVML timestamp (µs) of the newest utilisation sample; -1: unsupported there
         self._util_since_us: dict[int, int] = {}
 
-    def rows(self, result: Attribution, layouts: Mapping[int, MigLayout]) -> list[PodUsage]:
+    def close(self) -> None:
+        pass
+
+    def read(self, frame: Frame) -> Part:
         """The usage rows of every held entity; the one holder's rows carry its DRA claim."""
+        result = frame.attribution
+        if result is None:
+            return Part()
         out: list[PodUsage] = []
         for sample in result.samples:
             allocated = result.holders.get(sample.entity)
             if not allocated:
                 continue
-            rows = self.usage(sample.entity, layouts[sample.entity.gpu.index], allocated)
+            layout = frame.layouts[sample.entity.gpu.index]
+            rows = self.usage(sample.entity, layout, allocated)
             claim, uid = sample.claim, sample.pod_uid
             if claim is not None:
                 rows = [
                     replace(r, claim=claim, pod_uid=uid) if r.pod == sample.pod else r for r in rows
                 ]
             out.extend(rows)
-        return out
+        return Part(usage=tuple(out))
 
     def usage(
         self, entity: Entity, layout: MigLayout, allocated: tuple[PodRef, ...]

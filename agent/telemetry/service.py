@@ -13,16 +13,18 @@ from agent.config import TelemetrySettings
 from agent.errors import AgentError
 from agent.gpu.attach import DriverLink
 from agent.gpu.nvml import GpuDriver
-from agent.gpu.readings import NodeReader, XidEvent
+from agent.gpu.readings import NodeReader
+from agent.gpu.xid_events import XidEvent
 from agent.kube import InClusterKubeClient
 from agent.kube_watch import Informer
 from agent.tasks import Task
-from agent.telemetry.dcgm_backend import load_dcgm_backend
+from agent.telemetry.dcgm_backend import ProfilingBackend, load_dcgm_backend
 from agent.telemetry.dra import DraDevices, DraSlicesCollector
 from agent.telemetry.exporter import MetricsExporter
 from agent.telemetry.pods import PodResourcesClient, PodWatcher
 from agent.telemetry.procs import ContainerDirectory
-from agent.telemetry.sampler import ProfilingBackend, Sampler, SamplerOptions
+from agent.telemetry.readers import Sources, build_sampler
+from agent.telemetry.sampler import Sampler, SamplerOptions
 from agent.telemetry.snapshot import Snapshot
 from agent.telemetry.stats import TelemetryStats
 from agent.telemetry.xid import XidWatcher
@@ -223,22 +225,16 @@ def build_telemetry(
             socket, period = settings.kubelet_socket, max(settings.interval_s, _MIN_POD_REFRESH_S)
             pods = PodWatcher(PodResourcesClient(socket), socket, period, stats, dra)
         xids = XidWatcher.for_reader(reader, stats)
-        sampler = Sampler(
-            reader,
-            counters,
-            stats,
-            SamplerOptions(
-                interval_s=settings.interval_s,
-                idle_threshold_percent=settings.idle_threshold_percent,
-                hostname=hostname,
-                proc_root=proc_root or settings.proc_root,
-                idle_file=state_dir / "telemetry-idle.json" if state_dir is not None else None,
-            ),
-            pods=pods,
-            containers=ContainerDirectory(settings.container_log_dir),
-            xids=xids,
-            profiling=profiling,
+        options = SamplerOptions(
+            interval_s=settings.interval_s,
+            idle_threshold_percent=settings.idle_threshold_percent,
+            hostname=hostname,
+            proc_root=proc_root or settings.proc_root,
+            idle_file=state_dir / "telemetry-idle.json" if state_dir is not None else None,
         )
+        containers = ContainerDirectory(settings.container_log_dir)
+        sources = Sources(xids, pods, dra if pods is not None else None, profiling, containers)
+        sampler = build_sampler(reader, counters, stats, options, sources)
         return Collection(sampler, xids, pods, profiling)
 
     def exporter_of(latest: Callable[[], Snapshot | None]) -> MetricsExporter:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from agent.gpu.readings import GpuIdentity, Reading
+from agent.gpu.reading_calls import Reading
+from agent.gpu.readings import GpuIdentity
 from agent.gpu.types import GpuLayout
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "PodRef",
     "PodUsage",
     "Snapshot",
+    "SourceStatus",
     "XidCount",
 ]
 
@@ -137,7 +139,7 @@ class GpuStatus:
 
 @dataclass(frozen=True, slots=True)
 class HealthReadings:
-    """What the health marks judge a GPU by this tick (``HEALTH_READINGS`` in the sampler),
+    """What the health marks judge a GPU by this tick (``HEALTH_READINGS`` in devices.py),
     read whatever the counters select; a reading NVML does not answer is absent."""
 
     gpu: GpuIdentity
@@ -151,6 +153,16 @@ class FieldSupport:
     field_id: int
     gpu: GpuIdentity
     supported: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    """Whether a telemetry source (one reader) was read this tick; its series are absent, not
+    0, while it is degraded."""
+
+    source: str
+    #: why it failed this tick; None when it was read
+    degraded: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +190,8 @@ class Snapshot:
     taken_mono: float = 0.0
     #: per GPU that answered: ECC, row-remap and clock-event readings for the health marks
     health: tuple[HealthReadings, ...] = ()
+    #: each reader chosen for the counters, and why it failed this tick where it did
+    sources: tuple[SourceStatus, ...] = ()
 
     def serving(self) -> int:
         """How many GPUs answered this tick."""

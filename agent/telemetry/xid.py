@@ -1,4 +1,5 @@
-"""XID errors: a dedicated thread blocks on NVML's event set and counts every XID.
+"""XID errors: a dedicated thread blocks on NVML's event set and counts every XID; the XID
+reader puts the counts into each tick.
 
 NVML delivers XIDs as events (reference §4, fact 7): the thread waits on them so none is missed
 between collection ticks, counts occurrences per (GPU, GPU instance, XID) for
@@ -13,19 +14,23 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 
 from agent.errors import AgentError
-from agent.gpu.readings import GpuIdentity, MigLayout, NodeReader, XidEvent, XidEvents
+from agent.gpu.readings import GpuIdentity, MigLayout, NodeReader
+from agent.gpu.xid_events import XidEvent, XidEvents
 from agent.telemetry.attribution import profile_of
+from agent.telemetry.reader import Degraded, Frame, Part
 from agent.telemetry.snapshot import Entity, InstanceIdentity, XidCount
 from agent.telemetry.stats import TelemetryStats
+from dcgm.fields import Field, XidWindow
+from dcgm.fields import XidEvents as XidEventsField
 
 log = logging.getLogger(__name__)
 
-__all__ = ["XidState", "XidWatcher", "xid_counts", "xid_message", "xid_recent"]
+__all__ = ["XidReader", "XidState", "XidWatcher", "xid_counts", "xid_message", "xid_recent"]
 
 _WAIT_MS = 250  # how long one NVML event wait blocks; bounds how long stopping takes
 #: dcgm-exporter's --xid-count-window-size default (300000 ms)
@@ -67,6 +72,8 @@ class XidState:
     ready: bool
     #: (GPU index, XID) -> occurrences within the last ``WINDOW_S`` (DCGM_EXP_XID_ERRORS_COUNT)
     recent: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: why the event set is broken now (XIDs may be missed); None while it is open
+    broken: str | None = None
 
 
 class XidWatcher:
@@ -89,6 +96,8 @@ class XidWatcher:
         self._counts: Counter[tuple[int, int | None, int]] = Counter()
         self._last: dict[int, int] = {}
         self._unsupported: dict[int, str] = {}
+        #: why the event set is broken now (XIDs may be missed); None while it is open
+        self._broken: str | None = None
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -121,6 +130,7 @@ class XidWatcher:
                 dict(self._unsupported),
                 self._ready.is_set(),
                 dict(recent),
+                self._broken,
             )
 
     def listen(self, listener: Callable[[XidEvent], None]) -> None:
@@ -151,6 +161,7 @@ class XidWatcher:
                 continue
             with self._lock:
                 self._unsupported = dict(events.unsupported)
+                self._broken = None
             self._ready.set()
             try:
                 self._pump(events)
@@ -170,6 +181,8 @@ class XidWatcher:
         # and reopen the set, which re-registers every GPU still answering.
         self._stats.error("xid")
         log.error("%s (%s); reopening in %.0f s", what, exc, _REOPEN_AFTER_S)
+        with self._lock:
+            self._broken = f"{what}: {exc}"
         self._ready.set()
         self._stop.wait(_REOPEN_AFTER_S)
 
@@ -199,3 +212,47 @@ def xid_recent(gpus: tuple[GpuIdentity, ...], xid: XidState) -> tuple[XidCount, 
 def _xid_order(item: tuple[tuple[int, int | None, int], int]) -> tuple[int, int, int]:
     (gpu, gi, code), _count = item
     return gpu, -1 if gi is None else gi, code
+
+
+_XID_FIELD = 230  # DCGM_FI_DEV_XID_ERRORS: the last XID per GPU
+
+
+class XidReader:
+    """The XID reader: the last XID per GPU (``DCGM_FI_DEV_XID_ERRORS``), the counts since start
+    and within the window, as the counters select. While the event set is broken, XIDs may be
+    missed: the reader fails, so no count is published that could be short."""
+
+    name = "xid"
+    after_attribution = False
+
+    def __init__(self, watcher: XidWatcher | None, fields: Sequence[Field]) -> None:
+        self._watcher = watcher
+        self._last = next((f for f in fields if f.id == _XID_FIELD), None)
+        self._counts = any(isinstance(f.source, XidEventsField) for f in fields)
+        self._window = any(isinstance(f.source, XidWindow) for f in fields)
+
+    def close(self) -> None:
+        pass
+
+    def read(self, frame: Frame) -> Part:
+        part = Part()
+        if self._watcher is None:
+            if self._last is not None:
+                reason = "XID events are not watched"
+                part.unsupported.extend((i, self._last.id, reason) for i in frame.layouts)
+            return part
+        xid = self._watcher.state()
+        if xid.broken is not None:
+            raise Degraded(xid.broken)
+        for index in frame.layouts:
+            if self._last is None:
+                break
+            if index in xid.unsupported:
+                part.unsupported.append((index, self._last.id, xid.unsupported[index]))
+            else:
+                part.value((index, None), _XID_FIELD, float(xid.last.get(index, 0)))
+        if self._counts:
+            part.xids = xid_counts(frame.gpus, frame.layouts, xid)
+        if self._window:
+            part.xid_recent = xid_recent(frame.gpus, xid)
+        return part

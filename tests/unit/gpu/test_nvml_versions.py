@@ -84,7 +84,8 @@ def test_status_and_mig_show_work_without_v3(tmp_path: Path) -> None:
 def test_memory_info_falls_back_to_v1_without_a_reserved_figure(
     driver: GpuDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agent.gpu.readings import NodeReader, Reading
+    from agent.gpu.reading_calls import Reading
+    from agent.gpu.readings import NodeReader
 
     _drop(monkeypatch, driver, "nvmlDeviceGetMemoryInfo_v2")
     reader = NodeReader(driver)
@@ -132,7 +133,8 @@ def test_a_driver_with_only_the_v1_process_list_is_read_with_the_v1_struct(
 def test_clock_event_reasons_fall_back_to_the_pre_r535_name(
     driver: GpuDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agent.gpu.readings import NodeReader, Reading
+    from agent.gpu.reading_calls import Reading
+    from agent.gpu.readings import NodeReader
 
     exports = driver.nvml.module.nvmlLib._exports
     old_name = "nvmlDeviceGetCurrentClocksThrottleReasons"

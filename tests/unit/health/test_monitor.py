@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.gpu.readings import GpuIdentity, XidEvent
+from agent.gpu.readings import GpuIdentity
+from agent.gpu.xid_events import XidEvent
 from agent.health.machine import Policy, State
 from agent.health.monitor import HealthChange, HealthMonitor
 from agent.health.store import Target

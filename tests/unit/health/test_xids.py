@@ -7,7 +7,7 @@ from importlib import resources
 
 import pytest
 
-from agent.gpu.readings import Reading
+from agent.gpu.reading_calls import Reading
 from agent.health.machine import State
 from agent.health.signals import reading_signals, xid_signal
 from agent.health.xids import XidClass, classify, table

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from agent.gpu import GpuDriver, open_driver
 from agent.gpu.readings import NodeReader
 from agent.gpu.sim import SimControl
 from agent.gpu.types import GpuInstance
+from agent.telemetry.readers import Sources, build_sampler
 from agent.telemetry.sampler import Sampler, SamplerOptions
 from agent.telemetry.snapshot import EntitySample, Snapshot
 from agent.telemetry.stats import TelemetryStats
@@ -30,14 +32,25 @@ class SimNode:
     def uuids(self) -> list[str]:
         return [g.uuid for g in self.driver.gpus()]
 
-    def sampler(self, counters: CounterSet | None = None, **kwargs: object) -> Sampler:
-        options = SamplerOptions(hostname="node-1", proc_root=self.control.proc_root)
-        return Sampler(
+    def sampler(
+        self,
+        counters: CounterSet | None = None,
+        options: SamplerOptions | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        **sources: object,
+    ) -> Sampler:
+        """The sampler the agent builds, over the readers its counters and ``sources``
+        (``Sources``' fields: xids, pods, dra, profiling, containers) choose."""
+        options = options or SamplerOptions(hostname="node-1", proc_root=self.control.proc_root)
+        return build_sampler(
             NodeReader(self.driver),
             counters or load_counters(),
             self.stats,
             options,
-            **kwargs,  # type: ignore[arg-type]
+            Sources(**sources),  # type: ignore[arg-type]
+            clock=clock,
+            wall_clock=wall_clock,
         )
 
     def create_instance(self, gpu: int, profile: str, slot: int = 0) -> GpuInstance:

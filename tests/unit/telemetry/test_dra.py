@@ -240,7 +240,7 @@ def test_dynamic_mig_devices_resolve_to_their_instances_and_never_guess(
             watcher.stop()
     finally:
         dra.stop()
-    sampler = node.sampler(pods=watcher)
+    sampler = node.sampler(pods=watcher, dra=dra)
     with caplog.at_level(logging.WARNING, logger="agent.telemetry.sampler"):
         sampler.tick()
         snapshot = sampler.tick()

@@ -24,6 +24,7 @@ from agent.telemetry.snapshot import (
     PodRef,
     PodUsage,
     Snapshot,
+    SourceStatus,
     XidCount,
 )
 from agent.telemetry.stats import TelemetryStats
@@ -95,6 +96,7 @@ SNAPSHOT = Snapshot(
         FieldSupport(1004, GPU1, supported=True),
         FieldSupport(526, GPU1, supported=False),
     ),
+    sources=(SourceStatus("devices"), SourceStatus("dcgm", "hostengine gone")),
 )  # fmt: skip
 
 

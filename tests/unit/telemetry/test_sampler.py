@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.gpu.readings import NodeReader, XidEvents
+from agent.gpu.readings import NodeReader
+from agent.gpu.xid_events import XidEvents
 from agent.telemetry.exporter import MetricsExporter
 from agent.telemetry.xid import XidWatcher
 from dcgm.counters import load_counters, parse_counters
@@ -132,7 +133,7 @@ def test_utilization_unsupported_with_mig_is_reported_once(
 ) -> None:
     node, _big, _small = _mig_node(tmp_path)
     sampler = node.sampler()
-    with caplog.at_level(logging.WARNING, logger="agent.telemetry.sampler"):
+    with caplog.at_level(logging.WARNING, logger="agent.telemetry.support"):
         two_ticks(sampler)
         snapshot = sampler.tick()
     assert F["DEV_GPU_UTIL"] not in entity(snapshot, 1).values
@@ -149,7 +150,7 @@ def test_unsupported_warnings_are_not_logged_again_after_a_layout_change(
     """Issue 20: the same "not supported" lines came back after every MIG layout change."""
     node, _big, small = _mig_node(tmp_path)
     sampler = node.sampler()
-    with caplog.at_level(logging.WARNING, logger="agent.telemetry.sampler"):
+    with caplog.at_level(logging.WARNING, logger="agent.telemetry.support"):
         two_ticks(sampler)
         first = [r.getMessage() for r in caplog.records]
         caplog.clear()
@@ -286,19 +287,10 @@ def test_one_gpus_nvml_failure_does_not_silence_the_others(tmp_path: Path) -> No
 
 
 def _idle_sampler(node, idle_file: Path, mono: list[float], wall: list[float]):  # type: ignore[no-untyped-def]
-    from agent.gpu.readings import NodeReader
-    from agent.telemetry.sampler import Sampler, SamplerOptions
-    from dcgm.counters import load_counters
+    from agent.telemetry.sampler import SamplerOptions
 
     options = SamplerOptions(hostname="n", proc_root=node.control.proc_root, idle_file=idle_file)
-    return Sampler(
-        NodeReader(node.driver),
-        load_counters(),
-        node.stats,
-        options,
-        clock=lambda: mono[0],
-        wall_clock=lambda: wall[0],
-    )
+    return node.sampler(options=options, clock=lambda: mono[0], wall_clock=lambda: wall[0])
 
 
 def test_idle_seconds_survive_an_agent_restart(tmp_path: Path) -> None:
@@ -353,13 +345,11 @@ def test_a_corrupt_idle_file_counts_from_now(tmp_path: Path) -> None:
 def test_fresh_waits_for_a_snapshot_taken_after_the_call(tmp_path: Path) -> None:
     """After a change the agent made (a MIG apply), GetNode must not serve a snapshot taken while
     the change ran: fresh() wakes the sampler and returns once a later snapshot is out."""
-    from agent.gpu.readings import NodeReader
-    from agent.telemetry.sampler import Sampler, SamplerOptions
-    from dcgm.counters import load_counters
+    from agent.telemetry.sampler import SamplerOptions
 
     node = sim_node(tmp_path)
     options = SamplerOptions(interval_s=3600, hostname="n", proc_root=node.control.proc_root)
-    sampler = Sampler(NodeReader(node.driver), load_counters(), node.stats, options)
+    sampler = node.sampler(options=options)
     assert not sampler.fresh(timeout_s=0.1)  # no thread: nothing to wait for
     sampler.start()
     try:
@@ -379,14 +369,12 @@ def test_a_burst_of_wake_ups_does_not_postpone_the_next_interval(tmp_path: Path)
     """Twenty changes in a row wake the sampler twenty times; the periodic tick after them
     still comes one interval on (it came twenty intervals later: GetNode served a snapshot
     without a newly started process for 25 s)."""
-    from agent.gpu.readings import NodeReader
-    from agent.telemetry.sampler import Sampler, SamplerOptions
-    from dcgm.counters import load_counters
+    from agent.telemetry.sampler import SamplerOptions
 
     node = sim_node(tmp_path)
     interval = 1.0
     options = SamplerOptions(interval_s=interval, hostname="n", proc_root=node.control.proc_root)
-    sampler = Sampler(NodeReader(node.driver), load_counters(), node.stats, options)
+    sampler = node.sampler(options=options)
     sampler.start()
     try:
         for _ in range(20):

@@ -1,0 +1,126 @@
+"""Which GPUs answer this tick and how they are laid out: the frame every reader reads against.
+
+Per GPU and tick: its MIG layout (cheap: instance changes are noticed at once), the planner's
+layout with processes (``NodeReader.layout``: the API's inventory reads it from the snapshot
+instead of calling NVML again) and, once, whether it has GPM. A lost GPU is marked down and
+keeps its last planner's layout; the others go on. ``settle`` turns what the readers found
+(lost or failed GPUs) into the tick's statuses.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agent.errors import AgentError, DeviceLost
+from agent.gpu.readings import MigLayout, NodeReader
+from agent.gpu.types import GpuLayout
+from agent.telemetry.reader import Frame
+from agent.telemetry.snapshot import GpuStatus
+from agent.telemetry.stats import TelemetryStats
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Topology"]
+
+
+@dataclass
+class _Gpu:
+    layout: MigLayout | None = None
+    #: the planner's view, last read (kept while the GPU is down)
+    placed: GpuLayout | None = None
+    up: bool = True
+    gpm: bool | None = None
+
+
+class Topology:
+    """The sampler's view of the GPUs between ticks; call from the sampler thread only."""
+
+    def __init__(self, reader: NodeReader, stats: TelemetryStats) -> None:
+        self._reader = reader
+        self._stats = stats
+        self._gpus: dict[int, _Gpu] = {}
+        self._versions: tuple[str, str] | None = None
+        #: this tick's GPUs that did not answer: index -> why (lost), or None (failed)
+        self._missing: dict[int, str | None] = {}
+
+    def versions(self) -> tuple[str, str]:
+        """(driver version, NVML version), read once."""
+        if self._versions is None:
+            self._versions = self._reader.versions()
+        return self._versions
+
+    def frame(self, now: float) -> Frame:
+        """Read every GPU's layout; one that fails is left out of the frame."""
+        gpus = self._reader.gpus()
+        self._missing = {}
+        layouts: dict[int, MigLayout] = {}
+        changed: set[int] = set()
+        gpm: set[int] = set()
+        for gpu in gpus:
+            state = self._gpus.setdefault(gpu.index, _Gpu())
+            try:
+                layout = self._read(gpu.index, state)
+            except DeviceLost as exc:
+                self._missing[gpu.index] = str(exc)
+                continue
+            except AgentError as exc:
+                # One GPU's NVML failure must not silence the others; it has no series this tick.
+                self._stats.error("nvml")
+                log.warning("GPU %d: collection failed this tick: %s", gpu.index, exc)
+                self._missing[gpu.index] = None
+                continue
+            if layout != state.layout:
+                if state.layout is not None:
+                    log.info("GPU %d MIG layout changed: re-probing field support", gpu.index)
+                    changed.add(gpu.index)
+                state.layout = layout
+            layouts[gpu.index] = layout
+            if state.gpm:
+                gpm.add(gpu.index)
+        placed = tuple(p for i in layouts if (p := self._gpus[i].placed) is not None)
+        return Frame(now, gpus, layouts, frozenset(changed), frozenset(gpm), placed)
+
+    def _read(self, gpu: int, state: _Gpu) -> MigLayout:
+        layout = self._reader.mig_layout(gpu)
+        try:
+            state.placed = self._reader.layout(gpu, layout)
+        except DeviceLost:
+            raise
+        except AgentError as exc:  # the inventory keeps the last layout; telemetry goes on
+            self._stats.error("nvml")
+            log.warning("GPU %d: MIG layout read failed this tick: %s", gpu, exc)
+        if state.gpm is None:
+            state.gpm = self._reader.gpm_supported(gpu)
+        return layout
+
+    def settle(
+        self, frame: Frame, lost: Mapping[int, str], failed: set[int]
+    ) -> tuple[tuple[GpuStatus, ...], dict[int, MigLayout]]:
+        """The tick's statuses, and the layouts of the GPUs that answered every reader."""
+        missing = {**self._missing, **{i: None for i in failed}, **lost}
+        statuses: list[GpuStatus] = []
+        for gpu in frame.gpus:
+            state = self._gpus[gpu.index]
+            if gpu.index not in missing:
+                if not state.up:
+                    log.warning("GPU %d (%s) answers NVML again", gpu.index, gpu.uuid)
+                state.up = True
+                statuses.append(GpuStatus(gpu, up=True))
+                continue
+            why = missing[gpu.index]
+            if why is None:
+                statuses.append(GpuStatus(gpu, up=state.up))
+                continue
+            if state.up:
+                self._stats.error("gpu_lost")
+                log.error("GPU %d (%s) is lost, marking it down: %s", gpu.index, gpu.uuid, why)
+            state.up = False
+            statuses.append(GpuStatus(gpu, up=False, detail=why))
+        answered = {i: lay for i, lay in frame.layouts.items() if i not in missing}
+        return tuple(statuses), answered
+
+    def placed(self) -> tuple[GpuLayout, ...]:
+        """Every GPU's last planner's layout (one never seen up has none)."""
+        return tuple(p for _, s in sorted(self._gpus.items()) if (p := s.placed) is not None)

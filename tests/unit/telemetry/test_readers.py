@@ -1,0 +1,134 @@
+"""One reader per source, chosen from the counters; a source that fails degrades alone: its
+series are absent (never 0), the status names it with the reason, the others keep publishing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from agent.gpu.readings import NodeReader
+from agent.gpu.xid_events import XidEvents
+from agent.telemetry.exporter import MetricsExporter
+from agent.telemetry.pods import PodResourcesClient, PodWatcher
+from agent.telemetry.readers import choose
+from agent.telemetry.snapshot import Snapshot, SourceStatus
+from agent.telemetry.stats import TelemetryStats
+from agent.telemetry.xid import XidWatcher
+from dcgm.counters import load_counters, parse_counters
+from dcgm.fields import BY_NAME
+from tests.unit.telemetry.simnode import entity, sim_node, two_ticks
+
+F = {name.removeprefix("DCGM_FI_"): field.id for name, field in BY_NAME.items()}
+ALL = ("devices", "gpm", "dcgm", "xid", "pods", "dra", "processes")
+
+
+def _sources(snapshot: Snapshot) -> dict[str, str | None]:
+    return {s.source: s.degraded for s in snapshot.sources}
+
+
+def test_the_counter_set_chooses_the_readers() -> None:
+    """As dcgm-exporter picks collectors from its CSV: no XID field, no XID reader; no DCP
+    field, no DCGM reader even where DCGM is installed; pods, DRA and processes where pods are
+    attributed. NVML devices and GPM always run (health, layouts, idle)."""
+    default = load_counters()
+    assert choose(default, pods=True, dra=True, dcgm=True) == ALL
+    assert choose(default, pods=False, dra=True, dcgm=False) == ("devices", "gpm", "xid")
+    nvml_only = parse_counters("DCGM_FI_DEV_GPU_TEMP, gauge, t\n")
+    assert choose(nvml_only, pods=True, dra=False, dcgm=True) == (
+        "devices",
+        "gpm",
+        "pods",
+        "processes",
+    )
+
+
+def test_a_broken_xid_event_set_degrades_the_xid_reader_alone(tmp_path: Path) -> None:
+    node = sim_node(tmp_path)
+    node.control.set_workload(0, tensor_active=0.5)
+    reader = NodeReader(node.driver)
+    watcher = XidWatcher(lambda: XidEvents(reader), node.stats, wait_ms=20)
+    node.control.inject_fault("nvmlEventSetWait_v2", "Unknown")
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 5
+        while "xid" not in dict(node.stats.view().errors) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sampler = node.sampler(xids=watcher)
+        snapshot = two_ticks(sampler)
+    finally:
+        watcher.stop()
+    reason = _sources(snapshot)["xid"]
+    assert reason is not None and "waiting for NVML events failed" in reason
+    values = entity(snapshot, 0).values
+    assert F["DEV_XID_ERRORS"] not in values, "unknown while XIDs may be missed, not 0"
+    assert snapshot.xids == ()
+    assert values[F["PROF_PIPE_TENSOR_ACTIVE"]] == pytest.approx(0.5, rel=0.01)
+    assert F["DEV_GPU_TEMP"] in values
+    assert _sources(snapshot)["devices"] is None and _sources(snapshot)["gpm"] is None
+    text = _render(sampler.latest)
+    assert 'gpu_agent_collection_source_up{reason="' in text and 'source="xid"} 0.0' in text
+    assert 'gpu_agent_collection_source_up{source="gpm"} 1.0' in text
+    assert "\nDCGM_FI_DEV_XID_ERRORS{" not in text
+    assert "\nDCGM_FI_PROF_PIPE_TENSOR_ACTIVE{" in text
+
+
+class _Hostengine:
+    """DCGM's profiling backend (not part of the NVML simulator) with a connection to lose."""
+
+    def __init__(self) -> None:
+        self.gone = False
+
+    def supports(self, gpu_uuid: str) -> frozenset[int]:
+        return frozenset({F["PROF_PIPE_TENSOR_ACTIVE"], F["PROF_GR_ENGINE_ACTIVE"]})
+
+    def read(self, gpu_uuid: str, gpu_instance_id: int | None) -> Mapping[int, float]:
+        if self.gone:
+            raise ConnectionError("Host engine connection invalid/disconnected")
+        return {F["PROF_PIPE_TENSOR_ACTIVE"]: 0.25, F["PROF_GR_ENGINE_ACTIVE"]: 0.5}
+
+
+def test_a_lost_hostengine_degrades_the_dcgm_reader_alone_until_it_answers(
+    tmp_path: Path,
+) -> None:
+    node = sim_node(tmp_path, "dgx-a100")  # Ampere: no GPM, DCP fields come from DCGM
+    counters = parse_counters(
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, t\nDCGM_FI_DEV_GPU_TEMP, gauge, temp\n"
+    )
+    hostengine = _Hostengine()
+    sampler = node.sampler(counters, profiling=hostengine)
+    assert entity(sampler.tick(), 0).values[F["PROF_PIPE_TENSOR_ACTIVE"]] == 0.25
+    hostengine.gone = True
+    snapshot = sampler.tick()
+    assert _sources(snapshot)["dcgm"] == "Host engine connection invalid/disconnected"
+    values = entity(snapshot, 0).values
+    assert F["PROF_PIPE_TENSOR_ACTIVE"] not in values, "absent, never 0"
+    assert F["DEV_GPU_TEMP"] in values
+    assert dict(node.stats.view().errors)["dcgm"] == 1
+    hostengine.gone = False
+    snapshot = sampler.tick()
+    assert _sources(snapshot)["dcgm"] is None
+    assert entity(snapshot, 0).values[F["PROF_PIPE_TENSOR_ACTIVE"]] == 0.25
+
+
+def test_without_the_kubelet_socket_the_pods_reader_says_so_and_gpus_publish(
+    tmp_path: Path,
+) -> None:
+    node = sim_node(tmp_path / "state")
+    socket = tmp_path / "absent.sock"
+    watcher = PodWatcher(PodResourcesClient(socket), socket, 60, TelemetryStats())
+    watcher.refresh()
+    snapshot = node.sampler(pods=watcher).tick()
+    assert SourceStatus("pods", f"no kubelet pod-resources socket at {socket}") in snapshot.sources
+    assert SourceStatus("processes") in snapshot.sources
+    assert {s.entity.gpu.index for s in snapshot.entities} == set(range(8))
+    assert all(s.pod is None for s in snapshot.entities)
+    assert F["DEV_GPU_TEMP"] in entity(snapshot, 3).values
+
+
+def _render(latest: object) -> str:
+    exporter = MetricsExporter(load_counters(), "dcgm", latest, TelemetryStats())  # type: ignore[arg-type]
+    body, _ = exporter.render("text/plain")
+    return body.decode()
