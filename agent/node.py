@@ -19,7 +19,7 @@ import functools
 import logging
 import os
 import signal
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import grpc
@@ -29,10 +29,10 @@ from agent.api import Ports, create_server, set_serving
 from agent.api.restart import recover_at_start
 from agent.errors import AgentError
 from agent.http import Request, Response
-from agent.loops import ExhaustionLog, call_soon_from_thread, close, every, log_stuck, restarting
+from agent.loops import ExhaustionLog, call_soon_from_thread, close, every, log_stuck
 from agent.preflight import listen_refusal, split_listen
 from agent.services import Services, build_services
-from agent.tasks import Need, Task
+from agent.tasks import Daemon, Need, Task
 from agent.webconfig import load_web_config, metrics_server
 
 log = logging.getLogger(__name__)
@@ -120,15 +120,19 @@ class Node:
 
         self._tasks.append(asyncio.create_task(guarded(), name=name))
 
-    def _run(self, tasks: list[Task]) -> None:
-        """The one runner: each task whose needs are met, on `every`, under `_guard`; a task
-        that needs the driver skips its passes while the GPUs are detached."""
+    def _run(self, tasks: Sequence[Task | Daemon]) -> None:
+        """The one runner: each task whose needs are met, on `every` (a daemon on its own
+        schedule), under `_guard`; a task that needs the driver skips its passes while the GPUs
+        are detached."""
         s, loop = self.services, asyncio.get_running_loop()
         have = Need.DRIVER | (Need.WRITABLE if s.state.read_only is None else Need.NONE)
         if not self.embedded:
             have |= Need.LISTENER | (Need.KUBE if s.edge is not None else Need.NONE)
         for task in tasks:
             if task.needs & ~have:
+                continue
+            if isinstance(task, Daemon):
+                self._guard(task.name, task.run())
                 continue
             wake = None
             if task.wakes:
@@ -234,15 +238,7 @@ class Node:
         await server.start()
         stack.push_async_callback(self._stop_serving, server, health)
         await set_serving(health, True)
-        self._guard("inventory", restarting("inventory", s.inventory.run))
-        follow = s.driver.follow(
-            attached=attached,
-            check_s=cfg.driver.check_s,
-            retry_max_s=cfg.driver.retry_max_s,
-            count=s.gpus,
-        )
-        self._guard("driver", follow)
-        self._run(s.tasks())
+        self._run([*s.daemons(attached=attached), *s.tasks()])
         if s.edge is not None and not self.embedded:
             s.edge.start()  # one watch of the own Node, read by every feature; its owner writes
         stack.push_async_callback(self._cancel_tasks)

@@ -5,6 +5,7 @@ with the driver link what it does at attach and detach."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from agent.health.monitor import HealthMonitor
 from agent.health.publish import NodePublisher, build_publisher
 from agent.kube import InClusterKubeClient, KubeClient
 from agent.kube_edge import KubeEdge, KubeEdgeCollector
+from agent.loops import restarting
 from agent.mig.labels import MigLabelController, MigStateCollector, label_controller
 from agent.mig.lock import PartitionLock
 from agent.mig.recovery import ModeFollower, follow_driver
@@ -36,7 +38,7 @@ from agent.reclaim import reclaim_tasks
 from agent.sharing import SharingService
 from agent.state import StateStore
 from agent.statedir import StateCollector, probe
-from agent.tasks import Task
+from agent.tasks import Daemon, Task
 from agent.telemetry.service import TelemetryService, build_telemetry
 from agent.wire.node import health_event_pb
 
@@ -78,6 +80,21 @@ class Services:
 
     def gpus(self) -> int:
         return len(self.inventory.layouts())
+
+    def daemons(self, *, attached: bool) -> list[Daemon]:
+        """The loops that keep their own schedule: the inventory's refresher (restarted after
+        a descriptor or memory shortage) and the driver's follower (``attached``: as the start
+        found it)."""
+        driver = self.config.driver
+        follow = functools.partial(
+            self.driver.follow,
+            attached=attached,
+            check_s=driver.check_s,
+            retry_max_s=driver.retry_max_s,
+            count=self.gpus,
+        )
+        refresh = functools.partial(restarting, "inventory", self.inventory.run)
+        return [Daemon("inventory", refresh), Daemon("driver", follow)]
 
     def tasks(self) -> list[Task]:
         """Every service's background work; the node's runner starts what its needs allow."""

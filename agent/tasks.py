@@ -6,10 +6,11 @@ node's one runner (agent/node.py) starts those whose needs are met, each under o
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Need", "Subscribe", "Task"]
+__all__ = ["Daemon", "Need", "Subscribe", "Task"]
 
 #: Registers a callback the owner calls (on any thread) when the task's input changed.
 Subscribe = Callable[[Callable[[], None]], None]
@@ -41,3 +42,13 @@ class Task:
     needs: Need = Need.NONE
     #: The first pass comes a period after the start (the start already did the work once).
     wait_first: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Daemon:
+    """One background coroutine that keeps its own schedule (a probe with a back-off, a
+    refresher of several periods); the runner starts it under the same guard as a task."""
+
+    name: str
+    run: Callable[[], Coroutine[Any, Any, None]]
+    needs: Need = Need.NONE
