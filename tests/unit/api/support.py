@@ -199,6 +199,7 @@ class AgentProcess:
         self.tcp_port: int | None = None
         self.metrics_port: int | None = None
         self.nofile: int | None = None  # RLIMIT_NOFILE of the child, when set
+        self.env: dict[str, str] = {}  # added to the child's environment
 
     def start(self, timeout: float = 60.0) -> AgentProcess:
         offset = self.log.stat().st_size if self.log.exists() else 0
@@ -219,7 +220,7 @@ class AgentProcess:
                 cwd=REPO,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
                 preexec_fn=None if self.nofile is None else self._limit_files,
             )
 
@@ -252,6 +253,13 @@ class AgentProcess:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
+
+    def timed_terminate(self, timeout: float = 30.0) -> tuple[int, float]:
+        """SIGTERM; the exit code and the seconds from the signal to the process's exit, the
+        agent's own shutdown (its start-up and the test's set-up are outside it)."""
+        started = time.monotonic()
+        code = self.terminate(timeout)
+        return code, time.monotonic() - started
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
