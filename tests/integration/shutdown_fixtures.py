@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 from tests.unit.api.support import AgentProcess
 
-#: docs/prewarm.md and issue 36: SIGTERM mid-download exits 0 within 2 s. Measured from the
-#: signal to the process's exit (`AgentProcess.timed_terminate`): 0.3 s idle, up to 1.1 s beside
-#: two CPU hogs on two cores; a wait on a peer or a back-off would take 12 to 30 s.
+#: docs/operations.md and issue 36: SIGTERM mid-download exits 0 within 2 s. Measured from the
+#: signal to the process's exit (`AgentProcess.timed_terminate`): 0.6 to 0.9 s beside two CPU
+#: hogs on two cores (load 6 to 9); a wait on a peer or a back-off would take 12 to 30 s.
 SHUTDOWN_S = 2.0
 
 
