@@ -80,7 +80,7 @@ def test_a_second_serve_on_the_same_state_dir_exits_at_once_naming_the_first(
         second = AgentProcess(agent.root, agent.config)
         second.log = agent.root / "second.log"
         with pytest.raises(AssertionError, match="agent exited 4"):
-            second.start(timeout=60)
+            second.start()
         assert (
             f"error: an agent (pid {agent.proc.pid}) already serves the state dir "
             f"{agent.state_dir}: stop it first (kill -TERM {agent.proc.pid})"
@@ -97,7 +97,7 @@ def test_a_metrics_port_in_use_is_one_line_naming_the_setting(tmp_path: Path) ->
         root.mkdir()
         agent = AgentProcess(root, agent_config(root, metrics_listen=f"127.0.0.1:{port}"))
         with pytest.raises(AssertionError, match="agent exited 4"):
-            agent.start(timeout=60)
+            agent.start()
     assert f"error: metrics_listen 127.0.0.1:{port}: cannot listen" in agent.output()
     assert "--metrics-listen" in agent.output() and "Traceback" not in agent.output()
 
