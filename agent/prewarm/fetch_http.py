@@ -94,6 +94,10 @@ class _Connection(http.client.HTTPConnection):
         self._addresses = addresses
         self._cancelled = cancelled
         self._tls = tls
+        # The socket the stop shuts down: http.client drops ``sock`` when it hands it to a
+        # ``Connection: close`` answer, whose body is still read from it.
+        self._socket: socket.socket | None = None
+        self._answering = False
 
     def connect(self) -> None:
         hold(self._cancelled, self.interrupt)  # released by close(), which every caller calls
@@ -104,17 +108,26 @@ class _Connection(http.client.HTTPConnection):
             context, name = self._tls
             raw = self.sock
             wrapped = context.wrap_socket(raw, server_hostname=name, do_handshake_on_connect=False)
-            self.sock = wrapped  # before the handshake, so a stop can end it
+            self.sock = self._socket = wrapped  # before the handshake, so a stop can end it
             self._check()
             wrapped.do_handshake()
 
+    def getresponse(self) -> http.client.HTTPResponse:
+        self._answering = True
+        try:
+            return super().getresponse()
+        finally:
+            self._answering = False
+
     def close(self) -> None:
-        release(self._cancelled, self.interrupt)
+        if not self._answering:  # else the socket lives on in the answer: still held
+            release(self._cancelled, self.interrupt)
+            self._socket = None
         super().close()
 
     def interrupt(self) -> None:
         """End whatever this connection waits on; the waiting fetch sees it is cancelled."""
-        sock = self.sock
+        sock = self._socket
         if sock is not None:
             with contextlib.suppress(OSError):
                 # The plain socket's shutdown, also under TLS: it ends a handshake too.
@@ -128,19 +141,19 @@ class _Connection(http.client.HTTPConnection):
         last: OSError | None = None
         for family, address in self._where():
             sock = socket.socket(family, socket.SOCK_STREAM)
-            self.sock = sock  # reachable by interrupt() while it connects
+            self.sock = self._socket = sock  # reachable by interrupt() while it connects
             try:
                 self._check()
                 sock.settimeout(self.timeout)
                 sock.connect(address)
             except OSError as exc:
                 sock.close()
-                self.sock = None
+                self.sock = self._socket = None
                 last = exc
                 continue
             except BaseException:
                 sock.close()
-                self.sock = None
+                self.sock = self._socket = None
                 raise
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return sock

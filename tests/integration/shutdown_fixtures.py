@@ -28,7 +28,8 @@ def assert_quick_clean_exit(agent: AgentProcess) -> float:
 
 @dataclass
 class SilentPeer:
-    """A TCP server on loopback that accepts, reads what it is sent and never answers."""
+    """A TCP server on loopback that accepts, reads what it is sent and never answers (or
+    answers the start it was given, then nothing more)."""
 
     port: int
     asked: threading.Event = field(default_factory=threading.Event)
@@ -36,7 +37,7 @@ class SilentPeer:
 
 
 @contextmanager
-def silent_peer() -> Iterator[SilentPeer]:
+def silent_peer(start: bytes = b"") -> Iterator[SilentPeer]:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
@@ -49,6 +50,7 @@ def silent_peer() -> Iterator[SilentPeer]:
                 conn, _ = server.accept()
                 held.append(conn)
                 peer.requests.append(conn.recv(65536))
+                conn.sendall(start)
             except OSError:
                 return
             peer.asked.set()

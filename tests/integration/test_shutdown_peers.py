@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,11 +54,30 @@ def origin(tmp_path: Path) -> Iterator[Origin]:
         yield o
 
 
-def stop_once_asked(svc: PrewarmService, peer: SilentPeer, item_id: str) -> None:
-    """Wait until the peer holds the fetch's request, stop the service as the agent's shutdown
-    does, and check it took no longer than the promise and left the item to resume."""
+def reading() -> bool:
+    """A prewarm worker waits in a socket read: its innermost frame is socket.py's readinto."""
+    frames = sys._current_frames()
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident or -1)
+        if thread.name.startswith("prewarm") and frame is not None:
+            code = frame.f_code
+            if code.co_name == "readinto" and code.co_filename.endswith("socket.py"):
+                return True
+    return False
+
+
+def stop_once_asked(
+    svc: PrewarmService, peer: SilentPeer, item_id: str, *, body: bool = False
+) -> None:
+    """Wait until the peer holds the fetch's request (``body``: and the first bytes of its
+    answer are in the cache), stop the service as the agent's shutdown does, and check it took
+    no longer than the promise and left the item to resume."""
     svc.schedule_pending()
     assert peer.asked.wait(30), "the fetch never reached the peer"
+    if body:
+        partials = svc.store.partial_dir
+        wait_for(lambda: any(p.stat().st_size for p in partials.glob("*.part")), "the body", 30)
+    wait_for(reading, "a worker waiting on the peer", 30)
     started = time.monotonic()
     svc.stop()
     took = time.monotonic() - started
@@ -73,6 +94,19 @@ def test_stop_ends_a_manifest_read_from_a_registry_that_never_answers(
     item = svc.submit(ImageRequest(f"127.0.0.1:{peer.port}/team/app:1"))
     stop_once_asked(svc, peer, item.id)
     assert peer.requests[0].startswith(b"GET /v2/team/app/manifests/1 ")
+
+
+def test_stop_ends_a_body_that_stalls_after_headers_that_close_the_connection(
+    tmp_path: Path,
+) -> None:
+    """``Connection: close`` makes http.client hand the socket to the response and close the
+    connection it came from: the stop must still reach the body's read."""
+    headers = b"HTTP/1.1 200 OK\r\nContent-Length: 2097152\r\nConnection: close\r\n\r\n"
+    with silent_peer(headers + b"x" * (1 << 20)) as peer:  # a read's whole buffer, then nothing
+        svc = make_service(tmp_path)
+        svc.start()
+        item = svc.submit(FileRequest(f"http://127.0.0.1:{peer.port}/w.bin"))
+        stop_once_asked(svc, peer, item.id, body=True)
 
 
 def test_stop_ends_a_redirect_probe_to_an_origin_that_never_answers(
