@@ -5,22 +5,21 @@ Two things stop an item: the agent stopping (its `Stop`, set by `PrewarmService.
 once) and a user's cancel, which another process (the CLI's embedded agent) may have written to
 the index; the index is read at most every ``every_s``. Every wait of a fetch (a retry's
 back-off) waits on the token, so a stop never waits out a back-off. A call blocked on a peer
-(a connect, a TLS handshake, a read, a gRPC stream) is `held` by the token while it runs, so
+(a connect, a TLS handshake, a read, a gRPC stream) is held by the token (`hold`) while it runs, so
 setting the `Stop` interrupts it at once; a call nothing can interrupt (``getaddrinfo``) runs
 `abandonable`, on a thread the fetch stops waiting for.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar
 
 from agent.prewarm.errors import Cancelled
 
-__all__ = ["CancelToken", "Stop", "abandonable", "held", "never", "wait_cancelled"]
+__all__ = ["CancelToken", "Stop", "abandonable", "hold", "never", "release", "wait_cancelled"]
 
 _PLAIN_EVERY_S = 0.05  # how often a plain cancel function is asked during a wait
 _T = TypeVar("_T")
@@ -112,16 +111,6 @@ def release(cancelled: Callable[[], bool], interrupt: Interrupt) -> None:
     stop = cancelled.stop if isinstance(cancelled, CancelToken) else None
     if stop is not None:
         stop.release(interrupt)
-
-
-@contextlib.contextmanager
-def held(cancelled: Callable[[], bool], interrupt: Interrupt) -> Iterator[None]:
-    """`hold` for the block's length."""
-    hold(cancelled, interrupt)
-    try:
-        yield
-    finally:
-        release(cancelled, interrupt)
 
 
 def wait_cancelled(cancelled: Callable[[], bool], timeout: float) -> bool:
