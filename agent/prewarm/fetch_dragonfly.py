@@ -31,6 +31,7 @@ import grpc
 from dragonfly_api import common_pb2, dfdaemon_pb2, dfdaemon_pb2_grpc
 
 from agent.errors import PermissionDenied
+from agent.prewarm.cancel import hold, release
 from agent.prewarm.errors import Cancelled, FetchFailed
 from agent.prewarm.fetch_http import CancelledFn, FetchInfo, FetchSpec, ProgressFn
 from agent.prewarm.policy import UrlPolicy, redact_url
@@ -71,8 +72,7 @@ class DragonflyFetcher:
         self._timeout = timeout_s
         self._output = output
         self._link_refused: str | None = None  # why dfdaemon would not link: stream from then on
-        self._live: set[grpc.Future] = set()
-        self._live_lock = threading.Lock()
+        self._lock = threading.Lock()
 
     @property
     def mode(self) -> str:
@@ -81,7 +81,7 @@ class DragonflyFetcher:
     def fetch(
         self, spec: FetchSpec, partial: Sink, progress: ProgressFn, cancelled: CancelledFn
     ) -> FetchInfo:
-        self._policy.check(spec.url)  # dfdaemon fetches for us; the rules still apply
+        self._policy.check(spec.url, cancelled=cancelled)  # dfdaemon fetches; the rules hold
         # Only a Partial can take a link: a DigestSink keeps no bytes, so it is always streamed.
         if (
             self._output == HARD_LINK
@@ -169,10 +169,9 @@ class DragonflyFetcher:
             stub = dfdaemon_pb2_grpc.DfdaemonDownloadStub(channel)
             request = dfdaemon_pb2.DownloadTaskRequest(download=download)
             stream = stub.DownloadTask(request, timeout=self._timeout)
-            with self._live_lock:
-                self._live.add(stream)
+            hold(cancelled, stream.cancel)  # the item's stop cancels it; dfdaemon keeps its pieces
             try:
-                if cancelled():  # stopped before interrupt() could see this stream
+                if cancelled():  # stopped before the stream was held
                     stream.cancel()
                     raise Cancelled("cancelled")
                 for response in stream:
@@ -195,12 +194,11 @@ class DragonflyFetcher:
                     raise _LinkRefused(_describe(exc)) from None
                 raise _error(exc, spec.url, self._socket) from None
             finally:
-                with self._live_lock:
-                    self._live.discard(stream)
+                release(cancelled, stream.cancel)
         return task_id
 
     def _refused(self, why: str, partial_dir: Path) -> None:
-        with self._live_lock:
+        with self._lock:
             first = self._link_refused is None
             self._link_refused = why
         if first:
@@ -212,13 +210,6 @@ class DragonflyFetcher:
                 partial_dir,
                 why,
             )
-
-    def interrupt(self) -> None:
-        """Cancel every stream in flight (the agent is stopping); dfdaemon keeps its pieces."""
-        with self._live_lock:
-            live = list(self._live)
-        for stream in live:
-            stream.cancel()
 
 
 def _download(spec: FetchSpec) -> common_pb2.Download:

@@ -16,14 +16,14 @@ import logging
 import re
 import socket
 import ssl
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote, urljoin, urlsplit
 
-from agent.prewarm.cancel import wait_cancelled
+from agent.prewarm.cancel import abandonable, hold, never, release, wait_cancelled
 from agent.prewarm.errors import Cancelled, FetchFailed, transport_error
-from agent.prewarm.policy import Target, UrlPolicy, origin_of, redact_url
+from agent.prewarm.policy import RESOLVE_DEADLINE_S, Target, UrlPolicy, origin_of, redact_url
 from agent.prewarm.resume import object_change, resume_headers
 from agent.prewarm.sink import Sink
 
@@ -73,8 +73,9 @@ class _Restart(Exception):
 
 
 class _Connection(http.client.HTTPConnection):
-    """A connection whose socket `HttpFetcher.interrupt` reaches from before its connect until
-    it closes: shutting the socket down ends a blocked connect, TLS handshake or read at once.
+    """A connection its item's stop interrupts (`agent.prewarm.cancel.hold`) from before its
+    connect until it closes: shutting the socket down ends a blocked connect, TLS handshake or
+    read at once.
 
     ``addresses``: where to connect, the ones `UrlPolicy.check` returned (never a fresh DNS
     answer), or None for dfdaemon's proxy, by its configured name. ``tls``: the context and the
@@ -93,8 +94,13 @@ class _Connection(http.client.HTTPConnection):
         self._addresses = addresses
         self._cancelled = cancelled
         self._tls = tls
+        # The socket the stop shuts down: http.client drops ``sock`` when it hands it to a
+        # ``Connection: close`` answer, whose body is still read from it.
+        self._socket: socket.socket | None = None
+        self._answering = False
 
     def connect(self) -> None:
+        hold(self._cancelled, self.interrupt)  # released by close(), which every caller calls
         self.sock = self._open_socket()
         if self._tunnel_host:  # type: ignore[attr-defined]  # http.client internals
             self._tunnel()  # type: ignore[attr-defined]
@@ -102,31 +108,52 @@ class _Connection(http.client.HTTPConnection):
             context, name = self._tls
             raw = self.sock
             wrapped = context.wrap_socket(raw, server_hostname=name, do_handshake_on_connect=False)
-            self.sock = wrapped  # before the handshake, so a stop can end it
+            self.sock = self._socket = wrapped  # before the handshake, so a stop can end it
             self._check()
             wrapped.do_handshake()
 
+    def getresponse(self) -> http.client.HTTPResponse:
+        self._answering = True
+        try:
+            return super().getresponse()
+        finally:
+            self._answering = False
+
+    def close(self) -> None:
+        if not self._answering:  # else the socket lives on in the answer: still held
+            release(self._cancelled, self.interrupt)
+            self._socket = None
+        super().close()
+
+    def interrupt(self) -> None:
+        """End whatever this connection waits on; the waiting fetch sees it is cancelled."""
+        sock = self._socket
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                # The plain socket's shutdown, also under TLS: it ends a handshake too.
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
     def _check(self) -> None:
-        if self._cancelled():  # stopped before interrupt() could see this socket
+        if self._cancelled():  # stopped before the socket could be interrupted
             raise Cancelled("cancelled")
 
     def _open_socket(self) -> socket.socket:
         last: OSError | None = None
         for family, address in self._where():
             sock = socket.socket(family, socket.SOCK_STREAM)
-            self.sock = sock  # reachable by interrupt() while it connects
+            self.sock = self._socket = sock  # reachable by interrupt() while it connects
             try:
                 self._check()
                 sock.settimeout(self.timeout)
                 sock.connect(address)
             except OSError as exc:
                 sock.close()
-                self.sock = None
+                self.sock = self._socket = None
                 last = exc
                 continue
             except BaseException:
                 sock.close()
-                self.sock = None
+                self.sock = self._socket = None
                 raise
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return sock
@@ -138,19 +165,19 @@ class _Connection(http.client.HTTPConnection):
                 (socket.AF_INET6 if ":" in a else socket.AF_INET, (a, self.port))
                 for a in self._addresses
             ]
-        infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+
+        def lookup() -> list[Any]:
+            return socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+
+        infos = abandonable(lookup, self._cancelled, RESOLVE_DEADLINE_S)
         return [(info[0], (str(info[4][0]), int(info[4][1]))) for info in infos]
-
-
-def _never() -> bool:
-    return False
 
 
 def direct_connection(
     target: Target,
     timeout: float,
     ssl_context: ssl.SSLContext,
-    cancelled: CancelledFn = _never,
+    cancelled: CancelledFn = never,
 ) -> http.client.HTTPConnection:
     """A connection to the addresses `UrlPolicy.check` returned, never a fresh DNS answer."""
     tls = (ssl_context, target.host) if target.scheme == "https" else None
@@ -184,8 +211,6 @@ class HttpFetcher:
         self._backoff = backoff_s
         self._max_redirects = max_redirects
         self._ssl = ssl_context or ssl.create_default_context()
-        self._live: set[http.client.HTTPConnection] = set()
-        self._live_lock = threading.Lock()
 
     @property
     def mode(self) -> str:
@@ -217,18 +242,6 @@ class HttpFetcher:
                 )
                 _back_off(delay, cancelled)
 
-    def interrupt(self) -> None:
-        """Unblock every fetch waiting on the network (the agent is stopping): their sockets
-        are shut down, the read fails at once, and the fetch sees it is cancelled."""
-        with self._live_lock:
-            live = list(self._live)
-        for conn in live:
-            sock = conn.sock
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    # The plain socket's shutdown, also under TLS: it ends a handshake too.
-                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
-
     def _attempt(
         self, spec: FetchSpec, partial: Sink, progress: ProgressFn, cancelled: CancelledFn
     ) -> FetchInfo:
@@ -243,16 +256,7 @@ class HttpFetcher:
                 raise Cancelled("cancelled") from None
             raise _Retry(transport_error(exc)) from None
         finally:
-            self._forget(conn)
             conn.close()
-
-    def _track(self, conn: http.client.HTTPConnection) -> None:
-        with self._live_lock:
-            self._live.add(conn)
-
-    def _forget(self, conn: http.client.HTTPConnection) -> None:
-        with self._live_lock:
-            self._live.discard(conn)
 
     def _open(
         self, spec: FetchSpec, partial: Sink, cancelled: CancelledFn
@@ -261,11 +265,10 @@ class HttpFetcher:
         headers = dict(spec.headers)
         origin = origin_of(url)
         for _ in range(self._max_redirects + 1):
-            target = self._policy.check(url)
+            target = self._policy.check(url, cancelled=cancelled)
             conn = self._connection(target, cancelled)
             first = spec.resume_key or spec.url
             request_headers = self._headers(url, target, headers, partial, first)
-            self._track(conn)  # before it connects: a stop's interrupt() ends the connect
             self._connect(conn, cancelled)
             try:
                 conn.request("GET", self._request_target(url), headers=request_headers)
@@ -273,17 +276,15 @@ class HttpFetcher:
             except BaseException as exc:
                 # Whatever fails (a dropped connection, a header http.client cannot encode),
                 # the socket is closed here: nothing else holds it.
-                self._forget(conn)
                 conn.close()
                 if isinstance(exc, OSError | http.client.HTTPException):
-                    if cancelled():  # the stop's interrupt() ended the wait for an answer
+                    if cancelled():  # the stop interrupted the wait for an answer
                         raise Cancelled("cancelled") from None
                     raise _Retry(transport_error(exc)) from None
                 raise
             if resp.status not in _REDIRECTS:
                 return conn, resp
             location = resp.getheader("Location")
-            self._forget(conn)
             conn.close()
             if not location:
                 raise FetchFailed(f"redirect without Location from {redact_url(url)}")
@@ -298,7 +299,6 @@ class HttpFetcher:
         try:
             conn.connect()
         except BaseException as exc:
-            self._forget(conn)
             conn.close()
             if not isinstance(exc, OSError | http.client.HTTPException):
                 raise

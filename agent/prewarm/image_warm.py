@@ -63,7 +63,7 @@ class NydusWarmer:
         name = self._registry.name(ref)
         # With a runtime handler (a lazy snapshotter), prefer an index's Nydus entry.
         prefer = (NYDUS_FEATURE,) if runtime_handler else ()
-        manifest, _ = self._registry.manifest(name, prefer)
+        manifest, _ = self._registry.manifest(name, prefer, cancelled=cancelled)
         plan = classify(manifest)
         notes = {"manifest_digest": manifest.digest}
         if not plan.data_blobs:
@@ -100,7 +100,8 @@ class NydusWarmer:
         if algorithm != "sha256":
             raise FetchFailed(f"cannot verify a {algorithm} digest; Nydus blobs use sha256")
         sink = DigestSink(hexdigest, blob.size)
-        spec = FetchSpec(name.blob_url(blob.digest), self._registry.authorization(name), hexdigest)
+        auth = self._registry.authorization(name, cancelled=cancelled)
+        spec = FetchSpec(name.blob_url(blob.digest), auth, hexdigest)
         info = fetcher.fetch(spec, sink, progress, cancelled)
         size = sink.verify()
         log.info(

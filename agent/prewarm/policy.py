@@ -5,8 +5,11 @@ denied unless the operator's ``prewarm.egress_allow`` opens them.
 
 Pure apart from the injectable resolver. Fetchers call `UrlPolicy.check` for the first URL and
 for every redirect target, then connect to the addresses it returned, so a DNS answer that
-changes between check and connect cannot reach a denied address. Image references handed to
-the CRI go through `UrlPolicy.check_registry` (the agent never sees where containerd connects).
+changes between check and connect cannot reach a denied address. A resolver cannot be
+interrupted, so it runs `abandonable`: a fetch stops waiting for it when its item stops, and
+any caller after `RESOLVE_DEADLINE_S`, shorter than the agent's shutdown budget. Image
+references handed to the CRI go through `UrlPolicy.check_registry` (the agent never sees
+where containerd connects).
 """
 
 from __future__ import annotations
@@ -21,9 +24,14 @@ from urllib.parse import urlsplit
 
 from agent.errors import FieldViolation, InvalidSpec, PermissionDenied
 from agent.prewarm.addresses import IpAddress, IpNetwork, classify, parse_host
+from agent.prewarm.cancel import abandonable, never
 from agent.redact import redact_url as redact_url  # the one redaction; fetchers import it here
 
 Resolver = Callable[[str, int], Sequence[str]]
+
+#: How long a DNS answer is waited for: glibc's default (two tries of 5 s) plus a margin, and
+#: well inside the agent's 20 s shutdown budget.
+RESOLVE_DEADLINE_S = 12.0
 
 # Names of metadata services that resolve to them inside the cloud's own DNS.
 DEFAULT_DENIED_HOSTS = ("metadata.google.internal", "metadata", "instance-data")
@@ -141,12 +149,16 @@ class UrlPolicy:
             self._check_address(host, literal, restrict=True)
         return parts.scheme, host, port
 
-    def check(self, url: str, field: str = "url") -> Target:
+    def check(self, url: str, field: str = "url", cancelled: Callable[[], bool] = never) -> Target:
         """Check the URL and every address its host spells or resolves to; return where to
-        connect (those addresses, never a later DNS answer)."""
+        connect (those addresses, never a later DNS answer). ``cancelled``: the fetch's token,
+        which ends the wait for a resolver that does not answer."""
         scheme, host, port = self.check_static(url, field)
         literal = parse_host(host)
-        addresses = (str(literal),) if literal is not None else self._resolve(host, port, field)
+        if literal is not None:
+            addresses: tuple[str, ...] = (str(literal),)
+        else:
+            addresses = self._resolve(host, port, field, cancelled)
         for text in addresses:
             self._check_address(host, _address(text), restrict=True)
         return Target(url, scheme, host, port, addresses)
@@ -169,15 +181,22 @@ class UrlPolicy:
             self._check_address(host, literal, restrict=False)
             return
         try:
-            addresses = tuple(self.resolver(host, 443))
+            addresses = self.resolve(host, 443, never)
         except OSError:
             return
         for text in addresses:
             self._check_address(host, _address(text), restrict=False)
 
-    def _resolve(self, host: str, port: int, field: str) -> tuple[str, ...]:
+    def resolve(self, host: str, port: int, cancelled: Callable[[], bool]) -> tuple[str, ...]:
+        """The resolver's answer; Cancelled when the item stops first, TimeoutError past
+        RESOLVE_DEADLINE_S (the resolver's thread is left to end on its own)."""
+        return abandonable(lambda: tuple(self.resolver(host, port)), cancelled, RESOLVE_DEADLINE_S)
+
+    def _resolve(
+        self, host: str, port: int, field: str, cancelled: Callable[[], bool]
+    ) -> tuple[str, ...]:
         try:
-            addresses = tuple(self.resolver(host, port))
+            addresses = self.resolve(host, port, cancelled)
         except OSError as exc:
             raise InvalidSpec(
                 f"{field}: cannot resolve host {host}: {exc.strerror or exc}"

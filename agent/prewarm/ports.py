@@ -23,10 +23,10 @@ class FileFetcher(Protocol):
 
     def fetch(
         self, spec: FetchSpec, partial: Sink, progress: ProgressFn, cancelled: CancelledFn
-    ) -> FetchInfo: ...
-
-    def interrupt(self) -> None:
-        """Unblock fetches waiting on the network; each then sees that it is cancelled."""
+    ) -> FetchInfo:
+        """Holds each blocking call on ``cancelled`` (`agent.prewarm.cancel.hold`), so the
+        item's stop ends it at once."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

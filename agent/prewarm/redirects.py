@@ -17,7 +17,7 @@ import ssl
 from dataclasses import replace
 from urllib.parse import urljoin, urlsplit
 
-from agent.prewarm.errors import FetchFailed, transport_error
+from agent.prewarm.errors import Cancelled, FetchFailed, transport_error
 from agent.prewarm.fetch_http import (
     CancelledFn,
     FetchInfo,
@@ -37,16 +37,18 @@ def resolve(
     policy: UrlPolicy,
     spec: FetchSpec,
     ssl_context: ssl.SSLContext,
+    cancelled: CancelledFn,
     timeout_s: float = 30.0,
     max_redirects: int = 5,
 ) -> FetchSpec:
     """``spec`` pointed at where its URL's redirects end, each hop allowed by ``policy``;
-    request headers (tokens) are dropped once the chain leaves the first origin."""
+    request headers (tokens) are dropped once the chain leaves the first origin. The item's
+    stop (``cancelled``) ends a lookup or a probe that waits on its peer."""
     url, headers = spec.url, dict(spec.headers)
     first = origin_of(url)
     for _ in range(max_redirects + 1):
-        target = policy.check(url)
-        conn = direct_connection(target, timeout_s, ssl_context)
+        target = policy.check(url, cancelled=cancelled)
+        conn = direct_connection(target, timeout_s, ssl_context, cancelled)
         parts = urlsplit(url)
         path = request_target((parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
         default_port = 443 if target.scheme == "https" else 80
@@ -64,6 +66,8 @@ def resolve(
             location = resp.getheader("Location")
             status = resp.status
         except (OSError, http.client.HTTPException) as exc:
+            if cancelled():
+                raise Cancelled("cancelled") from None
             raise FetchFailed(
                 f"cannot reach {redact_url(url)} to resolve its redirects: {transport_error(exc)}",
                 transient=True,
@@ -97,10 +101,7 @@ class ResolvingFetcher:
     def fetch(
         self, spec: FetchSpec, partial: Sink, progress: ProgressFn, cancelled: CancelledFn
     ) -> FetchInfo:
-        resolved = resolve(self._policy, spec, self._ssl)
+        resolved = resolve(self._policy, spec, self._ssl, cancelled)
         # The partial's bytes still belong to the URL the user named.
         resolved = replace(resolved, resume_key=spec.resume_key or spec.url)
         return self._inner.fetch(resolved, partial, progress, cancelled)
-
-    def interrupt(self) -> None:
-        self._inner.interrupt()

@@ -8,7 +8,9 @@ from the Docker config.json CRI pulls use, and the ``Authorization`` header late
 
 Every URL (registry, token realm, redirects) passes `UrlPolicy`, so host allow/deny lists and the
 metadata-address guard apply; plain http only for a loopback registry or one the operator listed
-as insecure. No credential or token appears in an error or a log line.
+as insecure. No credential or token appears in an error or a log line. Each request's lookup and
+connection are held by the ``cancelled`` token of the item it serves, so the item's stop ends a
+registry or token service that does not answer.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit
 
 from agent.errors import FieldViolation, InvalidSpec, NotFound, PermissionDenied
+from agent.prewarm.cancel import never
 from agent.prewarm.docker_auth import DOCKER_HUB, Credentials, credentials_for, registry_host
-from agent.prewarm.errors import FetchFailed, transport_error
-from agent.prewarm.fetch_http import direct_connection, request_target
+from agent.prewarm.errors import Cancelled, FetchFailed, transport_error
+from agent.prewarm.fetch_http import CancelledFn, direct_connection, request_target
 from agent.prewarm.policy import UrlPolicy, redact_url
 
 log = logging.getLogger(__name__)
@@ -354,21 +357,28 @@ class RegistryClient:
     # -- manifests ----------------------------------------------------------------------------
 
     def manifest(
-        self, name: ImageName, prefer_features: Sequence[str] = ()
+        self,
+        name: ImageName,
+        prefer_features: Sequence[str] = (),
+        *,
+        cancelled: CancelledFn = never,
     ) -> tuple[Manifest, Index | None]:
         """The image manifest for this node's platform, and the index it was chosen from."""
-        first = self._get_manifest(name, name.reference)
+        first = self._get_manifest(name, name.reference, cancelled)
         if isinstance(first, Manifest):
             return first, None
         chosen = select_manifest(first, self.arch, prefer_features=prefer_features)
-        second = self._get_manifest(name, chosen.digest)
+        second = self._get_manifest(name, chosen.digest, cancelled)
         if not isinstance(second, Manifest):
             raise FetchFailed(f"index entry {chosen.digest} of {name.ref} is itself an index")
         return second, first
 
-    def _get_manifest(self, name: ImageName, reference: str) -> Manifest | Index:
+    def _get_manifest(
+        self, name: ImageName, reference: str, cancelled: CancelledFn
+    ) -> Manifest | Index:
         url = name.manifest_url(reference)
-        resp = self._get(name, url, {"Accept": ", ".join(MANIFEST_TYPES)}, MAX_MANIFEST_BYTES)
+        accept = {"Accept": ", ".join(MANIFEST_TYPES)}
+        resp = self._get(name, url, accept, MAX_MANIFEST_BYTES, cancelled)
         if resp.status == 404:
             raise NotFound(f"manifest {reference} of {name.repository} not found at {url}")
         if resp.status != 200:
@@ -382,7 +392,7 @@ class RegistryClient:
 
     # -- auth ---------------------------------------------------------------------------------
 
-    def authorization(self, name: ImageName) -> dict[str, str]:
+    def authorization(self, name: ImageName, *, cancelled: CancelledFn = never) -> dict[str, str]:
         """``Authorization`` for a request to this repository, from the last challenge seen
         there (a fresh token when the cached one is about to expire); {} when anonymous."""
         key = (name.api_host, name.repository)
@@ -392,13 +402,19 @@ class RegistryClient:
         challenge = self._challenges.get(name.api_host)
         if challenge is None:
             return {}
-        return {"Authorization": self._authorize(name, challenge).header}
+        return {"Authorization": self._authorize(name, challenge, cancelled).header}
 
     def _get(
-        self, name: ImageName, url: str, headers: Mapping[str, str], max_bytes: int
+        self,
+        name: ImageName,
+        url: str,
+        headers: Mapping[str, str],
+        max_bytes: int,
+        cancelled: CancelledFn,
     ) -> _Response:
         """GET with this repository's credentials; a 401 answers its challenge and retries once."""
-        resp = self._request("GET", url, {**headers, **self.authorization(name)}, None, max_bytes)
+        auth = self.authorization(name, cancelled=cancelled)
+        resp = self._request("GET", url, {**headers, **auth}, None, max_bytes, cancelled)
         if resp.status != 401:
             return resp
         challenges = parse_challenges(resp.headers.get("www-authenticate", ""))
@@ -410,8 +426,8 @@ class RegistryClient:
         challenge = sorted(usable, key=lambda c: c.scheme != "bearer")[0]
         self._challenges[name.api_host] = challenge
         self._tokens.pop((name.api_host, name.repository), None)
-        auth = {"Authorization": self._authorize(name, challenge).header}
-        resp = self._request("GET", url, {**headers, **auth}, None, max_bytes)
+        auth = {"Authorization": self._authorize(name, challenge, cancelled).header}
+        resp = self._request("GET", url, {**headers, **auth}, None, max_bytes, cancelled)
         if resp.status == 401:
             raise PermissionDenied(
                 f"registry {name.api_host} refused the credentials for {name.repository} "
@@ -422,7 +438,7 @@ class RegistryClient:
     def _credentials(self, name: ImageName) -> Credentials | None:
         return credentials_for(name.ref, self._docker_config)
 
-    def _authorize(self, name: ImageName, challenge: Challenge) -> _Token:
+    def _authorize(self, name: ImageName, challenge: Challenge, cancelled: CancelledFn) -> _Token:
         creds = self._credentials(name)
         key = (name.api_host, name.repository)
         if challenge.scheme == "basic":
@@ -436,12 +452,16 @@ class RegistryClient:
         elif creds is not None and creds.registry_token:
             token = _Token(f"Bearer {creds.registry_token}", float("inf"))
         else:
-            token = self._fetch_token(name, challenge, creds)
+            token = self._fetch_token(name, challenge, creds, cancelled)
         self._tokens[key] = token
         return token
 
     def _fetch_token(
-        self, name: ImageName, challenge: Challenge, creds: Credentials | None
+        self,
+        name: ImageName,
+        challenge: Challenge,
+        creds: Credentials | None,
+        cancelled: CancelledFn,
     ) -> _Token:
         realm = challenge.params.get("realm")
         if not realm:
@@ -461,14 +481,15 @@ class RegistryClient:
                 }
             ).encode()
             headers = {"Content-Type": "application/x-www-form-urlencoded"}
-            resp = self._request("POST", realm, headers, body, 1024 * 1024)
+            resp = self._request("POST", realm, headers, body, 1024 * 1024, cancelled)
         else:
             headers = {}
             if creds is not None and creds.username:
                 raw = f"{creds.username}:{creds.password}".encode()
                 headers["Authorization"] = f"Basic {base64.b64encode(raw).decode()}"
             sep = "&" if urlsplit(realm).query else "?"
-            resp = self._request("GET", f"{realm}{sep}{urlencode(query)}", headers, None, 1 << 20)
+            url = f"{realm}{sep}{urlencode(query)}"
+            resp = self._request("GET", url, headers, None, 1 << 20, cancelled)
         if resp.status in (401, 403):
             raise PermissionDenied(
                 f"token service {redact_url(realm)} refused pull access to {name.repository} "
@@ -495,14 +516,15 @@ class RegistryClient:
         headers: Mapping[str, str],
         body: bytes | None,
         max_bytes: int,
+        cancelled: CancelledFn,
     ) -> _Response:
         """One request, following redirects (checked by the policy; headers kept only on the
         origin named first), reading at most ``max_bytes`` of the body."""
         origin = _origin(url)
         current = dict(headers)
         for _ in range(_MAX_REDIRECTS + 1):
-            target = self.policy_for(url).check(url, field="image")
-            conn = direct_connection(target, self._timeout, self._ssl)
+            target = self.policy_for(url).check(url, field="image", cancelled=cancelled)
+            conn = direct_connection(target, self._timeout, self._ssl, cancelled)
             parts = urlsplit(url)
             path = request_target((parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
             try:
@@ -530,6 +552,8 @@ class RegistryClient:
                     url,
                 )
             except (OSError, http.client.HTTPException) as exc:
+                if cancelled():  # the item's stop interrupted the wait
+                    raise Cancelled("cancelled") from None
                 raise FetchFailed(
                     f"registry request to {redact_url(url)} failed: {transport_error(exc)}"
                 ) from None

@@ -24,7 +24,7 @@ from agent.clocks import deadline_from_wall, start_from_wall
 from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec, StateUnavailable
 from agent.owner import Actor, check_may_undo, claimed_by
 from agent.prewarm import kinds
-from agent.prewarm.cancel import CancelToken
+from agent.prewarm.cancel import CancelToken, Stop
 from agent.prewarm.fetch_http import CancelledFn, ProgressFn
 from agent.prewarm.headers import HeaderDir
 from agent.prewarm.index import ImagePull, PrewarmIndex
@@ -114,7 +114,7 @@ class PrewarmService:
         #: Set by `stop`: a run that starts after it is cancelled at once.
         self._stopping = False
         self._futures: dict[str, Future[CacheItem]] = {}
-        self._cancel_events: dict[str, threading.Event] = {}
+        self._cancel_events: dict[str, Stop] = {}
         self._subscribers: list[ProgressCallback] = []
         self._lock = threading.Lock()
         #: retries scheduled in this process: item id -> (the stored wall-clock retry_at, the
@@ -481,10 +481,7 @@ class PrewarmService:
             self._stopping = True  # a run registering its token from now on starts cancelled
             events = list(self._cancel_events.values())
         for event in events:
-            event.set()
-        self._fetcher.interrupt()
-        if self._lister is not self._fetcher:
-            self._lister.interrupt()
+            event.set()  # also interrupts the calls each item's fetch holds on it
         if self._puller is not None:
             self._puller.interrupt()
         if self._pool is not None:
@@ -493,7 +490,7 @@ class PrewarmService:
 
     def run(self, item_id: str) -> CacheItem:
         """Do one item's work now, in this thread; returns its final row (ready or failed)."""
-        event = threading.Event()
+        event = Stop()
         with self._lock:
             self._cancel_events[item_id] = event
             if self._stopping:

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,37 +18,21 @@ import pytest
 import yaml
 
 from agent.cli.fleet import fleet
+from tests.integration.coordinators import NODES, Replica, desired, h100_fleet, layouts
 from tests.kube.fake_api import FakeKubeApi, Pod
-from tests.unit.api.support import REPO, Pki, wait_for
+from tests.unit.api.support import wait_for
 from tests.unit.coordinator.agents import AgentFleet, invoke, most_at_once, op_intervals
 
 pytestmark = pytest.mark.integration
 
-NODES = ("n1", "n2", "n3")
 LEASE = ("gpu-agent", "gpu-agent-coordinator")
-
-
-def desired(layout: str, devices: str) -> str:
-    return f"""\
-version: v1
-rollout: {{max_unavailable: 1, max_failures: 3}}
-mig:
-  - selector: model=*H100*
-    config_name: {layout}
-    config: |
-      version: v1
-      mig-configs:
-        {layout}:
-          - devices: [0]
-            mig-enabled: true
-            mig-devices: {{{devices}}}
-"""
+#: Waits on a rollout's steps: generous, the replicas, agents and API stand-in share two cores.
+STEP_S = 120.0
 
 
 @pytest.fixture(scope="module")
 def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentFleet]:
-    root = tmp_path_factory.mktemp("replicas")
-    with AgentFleet(root, Pki(root / "pki"), dict.fromkeys(NODES, "dgx-h100")) as fleet:
+    with h100_fleet(tmp_path_factory.mktemp("replicas")) as fleet:
         yield fleet
 
 
@@ -76,38 +57,13 @@ def _get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-class Replica:
-    def __init__(self, name: str, agents: AgentFleet, desired: Path, config: Path) -> None:
-        self.name = name
-        self.log = agents.root / f"{name}.log"
-        env = {**os.environ, "KUBECONFIG": str(config), "POD_NAME": name}
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable, "-c",
-                    "from agent.cli.coordinator import coordinator; coordinator()",
-                    "serve", "--desired", str(desired), "--interval", "1",
-                    "--listen", "127.0.0.1:0", "--namespace", "gpu-agent",
-                    "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5",
-                    *agents.args(),
-                ],
-                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env,
-            )  # fmt: skip
-        match = wait_for(
-            lambda: re.search(r"/fleet/status on 127\.0\.0\.1:(\d+)", self.log.read_text()),
-            f"{name} to serve",
-        )
-        self.base = f"http://127.0.0.1:{match.group(1)}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-
-def layouts(agents: AgentFleet) -> dict[str, object]:
-    out = agents.fleet("status", "--nodes", "-o", "json")
-    return {n["name"]: n["gpus"][0]["devices"] for n in json.loads(out.output)["nodes"]}
+def replica(name: str, agents: AgentFleet, desired: Path, kubeconfig: Path) -> Replica:
+    """The leader keeps the Lease unless it dies: a renewal may wait seconds on a loaded
+    machine (a 2 s renew deadline once handed a live leader's rollout to the standby, which
+    started its nodes again), and a killed leader's Lease is free 15 s later."""
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    lease = ("--namespace", "gpu-agent", "--lease-duration", "15", "--renew-deadline", "10")
+    return Replica(name, agents, desired, env, *lease, "--retry-period", "1")
 
 
 def test_two_replicas_take_turns_and_never_exceed_max_unavailable(
@@ -120,20 +76,22 @@ def test_two_replicas_take_turns_and_never_exceed_max_unavailable(
     config = kubeconfig(agents.root / "kubeconfig", url, tls_cert[0], "token-1")
     path = agents.root / "desired.yaml"
     path.write_text(desired("halves", "3g.40gb: 2"))
-    replicas = [Replica(f"replica-{i}", agents, path, config) for i in range(2)]
+    replicas = [replica(f"replica-{i}", agents, path, config) for i in range(2)]
     try:
+        for r in replicas:
+            r.serving()
 
         def holder() -> str:
             lease = api.leases.get(LEASE)
             return str(lease["spec"]["holderIdentity"]) if lease else ""
 
-        first = wait_for(holder, "a replica to take the lease")
+        first = wait_for(holder, "a replica to take the lease", STEP_S)
         leader = next(r for r in replicas if first.startswith(r.name + "_"))
         standby = next(r for r in replicas if r is not leader)
         wait_for(
             lambda: layouts(agents) == {n: {"3g.40gb": 2} for n in NODES},
             "the leader to roll out the first layout",
-            timeout=120,
+            timeout=STEP_S,
             every=1.0,
         )
 
@@ -142,7 +100,8 @@ def test_two_replicas_take_turns_and_never_exceed_max_unavailable(
             return [e["reason"] for e in api.events if e["involvedObject"]["name"] == node]
 
         for node in NODES:
-            wait_for(lambda n=node: "MigConfigChanged" in reasons(n), f"{node}'s events")
+            # Posted once the leader saw the node's operation end, after the layout changed.
+            wait_for(lambda n=node: "MigConfigChanged" in reasons(n), f"{node}'s events", STEP_S)
             assert reasons(node)[:2] == ["RolloutStarted", "MigConfigChanged"]
         event = next(e for e in api.events if e["reason"] == "MigConfigChanged")
         assert event["involvedObject"] == {
@@ -155,7 +114,9 @@ def test_two_replicas_take_turns_and_never_exceed_max_unavailable(
             found = api.configmaps.get(("gpu-agent", "gpu-agent-rollout-status"))
             return json.loads(found["data"]["mig"]) if found else None
 
-        status = wait_for(lambda: (m := mig_status()) and m["state"] == "done" and m, "status")
+        status = wait_for(
+            lambda: (m := mig_status()) and m["state"] == "done" and m, "status", STEP_S
+        )
         assert status["leader"] == first and status["max_unavailable"] == "1"
         assert {n: r["state"] for n, r in status["nodes"].items()} == dict.fromkeys(
             NODES, "succeeded"
@@ -181,23 +142,25 @@ def test_two_replicas_take_turns_and_never_exceed_max_unavailable(
         wait_for(
             lambda: sum(len(agents.operations(n, "mig.apply")) for n in NODES) > before,
             "the second rollout to start",
-            timeout=60,
+            timeout=STEP_S,
         )
         leader.proc.send_signal(signal.SIGKILL)
         leader.proc.wait(10)
         second = wait_for(
             lambda: holder() if holder().startswith(standby.name) else None,
             "the standby to take the lease",
-            timeout=30,
+            timeout=60,
         )
         wait_for(
             lambda: layouts(agents) == {n: {"1g.10gb": 7} for n in NODES},
             "the new leader to finish the rollout",
-            timeout=180,
+            timeout=2 * STEP_S,
             every=1.0,
         )
         assert api.leases[LEASE]["spec"]["leaseTransitions"] >= 1
-        wait_for(lambda: (m := mig_status()) and m["leader"] == second, "the new leader's status")
+        wait_for(
+            lambda: (m := mig_status()) and m["leader"] == second, "the new leader's status", STEP_S
+        )
         assert _get(standby.base + "/readyz") == (200, f"leading as {second}\n")
         intervals = [i for n in NODES for i in op_intervals(agents.operations(n, "mig.apply"))]
         assert len(intervals) >= 2 * len(NODES)

@@ -21,13 +21,15 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.integration.prewarm_fixtures.origin import Origin
 from tests.integration.test_api_cli import cli, cli_config
-from tests.unit.api.support import AgentProcess, agent_config, wait_for
+from tests.unit.api.support import REPO, AgentProcess, agent_config, wait_for
 
 pytestmark = pytest.mark.integration
+_CLI = (sys.executable, "-m", "agent.cli.main", "--simulate", "dgx-h100")
 
 
 def _agent(tmp_path: Path) -> tuple[AgentProcess, Path]:
@@ -78,7 +80,7 @@ def test_a_second_serve_on_the_same_state_dir_exits_at_once_naming_the_first(
         second = AgentProcess(agent.root, agent.config)
         second.log = agent.root / "second.log"
         with pytest.raises(AssertionError, match="agent exited 4"):
-            second.start(timeout=60)
+            second.start()
         assert (
             f"error: an agent (pid {agent.proc.pid}) already serves the state dir "
             f"{agent.state_dir}: stop it first (kill -TERM {agent.proc.pid})"
@@ -95,24 +97,43 @@ def test_a_metrics_port_in_use_is_one_line_naming_the_setting(tmp_path: Path) ->
         root.mkdir()
         agent = AgentProcess(root, agent_config(root, metrics_listen=f"127.0.0.1:{port}"))
         with pytest.raises(AssertionError, match="agent exited 4"):
-            agent.start(timeout=60)
+            agent.start()
     assert f"error: metrics_listen 127.0.0.1:{port}: cannot listen" in agent.output()
     assert "--metrics-listen" in agent.output() and "Traceback" not in agent.output()
 
 
+def _first_call(proc: subprocess.Popen[str]) -> float:
+    """When the CLI first holds a Unix socket: its first call to the agent, its interpreter's
+    start-up and imports (seconds on a loaded machine, not the agent's doing) behind it."""
+    process = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if process.net_connections(kind="unix"):
+                return time.monotonic()
+        time.sleep(0.02)
+    raise AssertionError("the CLI ended before it called the agent")
+
+
 def test_a_stopped_agent_is_named_within_10_seconds(tmp_path: Path) -> None:
+    """Measured from the CLI's first call (docs/troubleshooting.md: a health check after 2 s
+    unanswered, given 3 s), not from the CLI's start: 5.3 s, of which 1.6 s before the call."""
     agent, config = _agent(tmp_path)
     with agent:
         assert agent.proc is not None
         os.kill(agent.proc.pid, signal.SIGSTOP)
         try:
-            began = time.monotonic()
-            done = cli(agent.state_dir, config, "status")
-            took = time.monotonic() - began
+            command = [*_CLI, "--state-dir", str(agent.state_dir), "--config", str(config)]
+            with subprocess.Popen(
+                [*command, "status"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True,
+            ) as status:  # fmt: skip
+                began = _first_call(status)
+                _, stderr = status.communicate(timeout=120)
+                took = time.monotonic() - began
         finally:
             os.kill(agent.proc.pid, signal.SIGCONT)
-        assert done.returncode == 9, done.stderr
-        assert done.stderr.strip() == (
+        assert status.returncode == 9, stderr
+        assert stderr.strip() == (
             f"error: the agent on {agent.socket} (pid {agent.proc.pid}) is stopped (SIGSTOP or "
             f"a debugger) and answers nothing: resume it with kill -CONT {agent.proc.pid}"
         )

@@ -18,9 +18,8 @@ from agent.prewarm.errors import FetchFailed
 from agent.prewarm.fetch_http import FetchSpec, HttpFetcher
 from agent.prewarm.model import FileRequest, GroupRequest, ImageRequest, ItemState
 from agent.prewarm.policy import UrlPolicy
-from agent.prewarm.ports import PullResult
 from agent.prewarm.sink import DigestSink
-from tests.integration.prewarm_fixtures.agent import LOOPBACK, make_service
+from tests.integration.prewarm_fixtures.agent import LOOPBACK, RecordingPuller, make_service
 from tests.integration.prewarm_fixtures.origin import Origin
 
 DATA = b"weights" * 1000
@@ -81,32 +80,6 @@ def test_a_name_that_rebinds_to_loopback_after_the_check_is_not_connected_to(
     assert done.state is ItemState.FAILED
     assert "loopback" in (done.error or "")
     assert origin.requests == []
-
-
-class RecordingPuller:
-    """A CRI that records what it was asked to pull."""
-
-    def __init__(self) -> None:
-        self.pulled: list[str] = []
-
-    def pull(self, ref: str, runtime_handler: str | None) -> PullResult:
-        self.pulled.append(ref)
-        return PullResult(ref, 1, True, 0.0)
-
-    def check_private(self, ref: str) -> None:
-        pass  # anonymous pulls only
-
-    def interrupt(self) -> None:
-        pass
-
-    def present(self, ref: str) -> bool:
-        return ref in self.pulled
-
-    def set_pinned(self, ref: str, pinned: bool) -> None:
-        pass
-
-    def remove(self, ref: str) -> None:
-        pass
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from agent._proto.gpuagent.v1 import (
     prewarm_pb2,
     prewarm_pb2_grpc,
 )
+from tests.integration.shutdown_fixtures import assert_quick_clean_exit
 from tests.unit.api.support import AgentProcess, agent_config, unix_channel, wait_for
 
 pytestmark = pytest.mark.integration
@@ -70,17 +70,6 @@ def submit(agent: AgentProcess, url: str) -> str:
             prewarm_pb2.SubmitPrewarmRequest(targets=[target]), timeout=10
         )
     return str(answer.operation.name)
-
-
-def assert_quick_clean_exit(agent: AgentProcess) -> None:
-    """Exit 0 within 2 s of SIGTERM on an idle machine; the bound is 4 s because the suite runs
-    several workers on two cores (a wait on the fetch's back-off or origin would take 16-30 s)."""
-    started = time.monotonic()
-    code = agent.terminate(timeout=30)
-    took = time.monotonic() - started
-    assert code == 0, agent.output()
-    assert took < 4.0, f"SIGTERM took {took:.1f}s:\n{agent.output()}"
-    assert "still running at shutdown" not in agent.output()
 
 
 def test_sigterm_during_the_longest_fetch_back_off_exits_0_within_2s(

@@ -11,7 +11,7 @@ from agent.prewarm.fetch_http import HttpFetcher
 from agent.prewarm.headers import HeaderDir
 from agent.prewarm.index import PrewarmIndex
 from agent.prewarm.policy import UrlPolicy, origin_of
-from agent.prewarm.ports import FileFetcher, ImagePuller, ImageWarmer
+from agent.prewarm.ports import FileFetcher, ImagePuller, ImageWarmer, PullResult
 from agent.prewarm.service import PrewarmService
 from agent.prewarm.store import CacheStore
 
@@ -54,3 +54,29 @@ def make_service(
         clock=clock,
         monotonic=monotonic,
     )
+
+
+class RecordingPuller:
+    """A CRI that records what it was asked to pull."""
+
+    def __init__(self) -> None:
+        self.pulled: list[str] = []
+
+    def pull(self, ref: str, runtime_handler: str | None) -> PullResult:
+        self.pulled.append(ref)
+        return PullResult(ref, 1, True, 0.0)
+
+    def check_private(self, ref: str) -> None:
+        pass  # anonymous pulls only
+
+    def interrupt(self) -> None:
+        pass
+
+    def present(self, ref: str) -> bool:
+        return ref in self.pulled
+
+    def set_pinned(self, ref: str, pinned: bool) -> None:
+        pass
+
+    def remove(self, ref: str) -> None:
+        pass

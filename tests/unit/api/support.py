@@ -182,6 +182,9 @@ def wait_for(check: Any, what: str, timeout: float = 30.0, every: float = 0.05) 
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+#: How long a ``serve`` may take to say it serves, counted from before its interpreter starts:
+#: 5 to 8 s beside two CPU hogs, several times that among other test runs (load 15 and more).
+START_S = 180.0
 _SERVING = re.compile(r"agent serving: metrics \S*:(\d+), gRPC (?:mTLS :(\d+)|TCP off)")
 
 
@@ -199,8 +202,9 @@ class AgentProcess:
         self.tcp_port: int | None = None
         self.metrics_port: int | None = None
         self.nofile: int | None = None  # RLIMIT_NOFILE of the child, when set
+        self.env: dict[str, str] = {}  # added to the child's environment
 
-    def start(self, timeout: float = 60.0) -> AgentProcess:
+    def start(self, timeout: float = START_S) -> AgentProcess:
         offset = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
@@ -219,7 +223,7 @@ class AgentProcess:
                 cwd=REPO,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
                 preexec_fn=None if self.nofile is None else self._limit_files,
             )
 
@@ -252,6 +256,13 @@ class AgentProcess:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
+
+    def timed_terminate(self, timeout: float = 30.0) -> tuple[int, float]:
+        """SIGTERM; the exit code and the seconds from the signal to the process's exit, the
+        agent's own shutdown (its start-up and the test's set-up are outside it)."""
+        started = time.monotonic()
+        code = self.terminate(timeout)
+        return code, time.monotonic() - started
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
