@@ -37,6 +37,7 @@ __all__ = [
     "PendingRequest",
     "claim_key",
     "demand_from_claims",
+    "list_capped",
     "list_claims",
     "list_templates",
     "request_profile",
@@ -90,21 +91,33 @@ def claim_key(claim: object) -> tuple[str, str]:
     return str(_get(claim, "metadata", "namespace") or ""), str(_get(claim, "metadata", "name"))
 
 
-def _list(client: InClusterKubeClient, resource: str) -> list[object]:
+def list_capped(
+    client: InClusterKubeClient,
+    path: str,
+    cap: int,
+    what: str,
+    query: Mapping[str, str] | None = None,
+) -> list[object]:
+    """Every item of a cluster-wide list, page by page; refused past ``cap`` (named ``what``),
+    so a planner never holds an unbounded cluster in memory."""
     items: list[object] = []
     token = ""
     while True:
-        query = {"limit": str(_PAGE)}
+        paged = dict(query or {}, limit=str(_PAGE))
         if token:
-            query["continue"] = token
-        page = client.get(f"{GROUP_PATH}/{resource}", query)
+            paged["continue"] = token
+        page = client.get(path, paged)
         got = _get(page, "items")
         items += got if isinstance(got, list) else []
-        if len(items) > MAX_CLAIMS:
-            raise InvalidSpec(f"more than {MAX_CLAIMS} {resource} in the cluster: not read")
+        if len(items) > cap:
+            raise InvalidSpec(f"more than {cap} {what} in the cluster: not read")
         token = str(_get(page, "metadata", "continue") or "")
         if not token:
             return items
+
+
+def _list(client: InClusterKubeClient, resource: str) -> list[object]:
+    return list_capped(client, f"{GROUP_PATH}/{resource}", MAX_CLAIMS, resource)
 
 
 def list_claims(client: InClusterKubeClient) -> list[object]:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from math import ceil
 
-from agent.coordinator.planning.claimdemand import ClaimDemand, PendingRequest
+from agent.coordinator.planning.claimdemand import ClaimDemand, PendingRequest, list_capped
 from agent.coordinator.planning.demand import Demand, DemandEntry
 from agent.errors import InvalidSpec
 from agent.gpu.profiles import parse_profile
@@ -39,7 +39,6 @@ __all__ = [
 MIG_PREFIX = "nvidia.com/mig-"
 #: Pods read at most: far above a cluster's GPU pods, a bound on what one answer may cost.
 MAX_PODS = 200_000
-_PAGE = 500
 _RESOURCE = re.compile(r"^(\d+g\.\d+gb)((?:\.me(?:\.all)?)|\.gfx)?(-me)?(\.shared)?$")
 
 
@@ -63,21 +62,8 @@ def cluster_client() -> InClusterKubeClient:
 
 def list_pods(client: InClusterKubeClient) -> list[object]:
     """Every pod not finished, page by page (RBAC: pods list, cluster-wide)."""
-    items: list[object] = []
-    token = ""
-    while True:
-        query = {"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"}
-        query["limit"] = str(_PAGE)
-        if token:
-            query["continue"] = token
-        page = client.get("/api/v1/pods", query)
-        got = _get(page, "items")
-        items += got if isinstance(got, list) else []
-        if len(items) > MAX_PODS:
-            raise InvalidSpec(f"more than {MAX_PODS} pods in the cluster: not read")
-        token = str(_get(page, "metadata", "continue") or "")
-        if not token:
-            return items
+    running = {"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"}
+    return list_capped(client, "/api/v1/pods", MAX_PODS, "pods", running)
 
 
 def mig_profile(resource: str) -> tuple[str, bool] | None:
