@@ -40,6 +40,7 @@ __all__ = [
     "list_capped",
     "list_claims",
     "list_templates",
+    "pool_of",
     "request_profile",
 ]
 
@@ -201,7 +202,7 @@ def demand_from_claims(
         name = str(dig(pod, "metadata", "name") or "")
         pending_pod = phase == "Pending"
         priority = _priority(pod)
-        pool = _pool(dig(pod, "spec", "nodeSelector"))
+        pool = pool_of(dig(pod, "spec", "nodeSelector"))
         generated = _generated(pod)
         refs = dig(pod, "spec", "resourceClaims")
         for ref in refs[:MAX_REQUESTS] if isinstance(refs, list) else []:
@@ -299,7 +300,8 @@ def _priority(pod: object) -> int:
     return priority if isinstance(priority, int) and not isinstance(priority, bool) else 0
 
 
-def _pool(selector: object) -> str | None:
+def pool_of(selector: object) -> str | None:
+    """A pod's node selector as the pool its demand is planned in (None: any node)."""
     if not isinstance(selector, dict) or not selector:
         return None
     return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))

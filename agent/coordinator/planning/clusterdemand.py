@@ -20,7 +20,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from math import ceil
 
-from agent.coordinator.planning.claimdemand import ClaimDemand, PendingRequest, list_capped
+from agent.coordinator.planning.claimdemand import (
+    ClaimDemand,
+    PendingRequest,
+    list_capped,
+    pool_of,
+)
 from agent.coordinator.planning.demand import Demand, DemandEntry
 from agent.errors import InvalidSpec
 from agent.gpu.profiles import parse_profile
@@ -127,7 +132,7 @@ def demand_from_pods(
             running += 1
         priority = dig(item, "spec", "priority")
         level = priority if isinstance(priority, int) and not isinstance(priority, bool) else 0
-        pool = _pool(dig(item, "spec", "nodeSelector"))
+        pool = pool_of(dig(item, "spec", "nodeSelector"))
         for resource, (profile, n) in mig.items():
             base = resource.removesuffix(".shared")
             wanted[(profile, level, pool, base)] += n
@@ -217,12 +222,6 @@ def _quantity(raw: object) -> int | None:
     if isinstance(raw, str) and raw.strip().isdigit() and len(raw.strip()) <= 5:
         return int(raw.strip())
     return None
-
-
-def _pool(selector: object) -> str | None:
-    if not isinstance(selector, dict) or not selector:
-        return None
-    return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
 
 
 def _list(obj: object) -> list[object]:
