@@ -241,11 +241,11 @@ class InClusterKubeClient:
             if token:
                 page["continue"] = token
             listing = self.get(path, page)
-            found = _dig(listing, "items")
+            found = dig(listing, "items")
             items += found if isinstance(found, list) else []
-            token = str(_dig(listing, "metadata", "continue") or "")
+            token = str(dig(listing, "metadata", "continue") or "")
             if not token:
-                return items, str(_dig(listing, "metadata", "resourceVersion") or "")
+                return items, str(dig(listing, "metadata", "resourceVersion") or "")
         raise AgentError(f"Kubernetes list {path} did not end after {MAX_PAGES} pages")
 
     def watch(
@@ -277,11 +277,11 @@ class InClusterKubeClient:
                 if not line.strip():
                     continue
                 event = json.loads(line)
-                kind, obj = str(_dig(event, "type") or ""), _dig(event, "object")
+                kind, obj = str(dig(event, "type") or ""), dig(event, "object")
                 if kind == "ERROR":
-                    if _dig(obj, "code") == 410:
-                        raise Gone(f"Kubernetes watch {path}: {_dig(obj, 'message')}")
-                    raise AgentError(f"Kubernetes watch {path}: {_dig(obj, 'message')}")
+                    if dig(obj, "code") == 410:
+                        raise Gone(f"Kubernetes watch {path}: {dig(obj, 'message')}")
+                    raise AgentError(f"Kubernetes watch {path}: {dig(obj, 'message')}")
                 yield kind, obj
         finally:
             response.close()
@@ -322,7 +322,7 @@ class InClusterKubeClient:
 
     def node_labels(self, node: str) -> Mapping[str, str]:
         obj = self.request("GET", f"/api/v1/nodes/{_segment(node)}")
-        labels = _dig(obj, "metadata", "labels")
+        labels = dig(obj, "metadata", "labels")
         return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
 
     def patch_node_labels(self, node: str, labels: Mapping[str, str | None]) -> None:
@@ -336,8 +336,8 @@ class InClusterKubeClient:
     def node_metadata(self, node: str) -> tuple[Mapping[str, str], Mapping[str, str]]:
         """The Node's (labels, annotations)."""
         obj = self.request("GET", f"/api/v1/nodes/{_segment(node)}")
-        return _strings(_dig(obj, "metadata", "labels")), _strings(
-            _dig(obj, "metadata", "annotations")
+        return _strings(dig(obj, "metadata", "labels")), _strings(
+            dig(obj, "metadata", "annotations")
         )
 
     def patch_node_annotations(self, node: str, annotations: Mapping[str, str | None]) -> None:
@@ -379,11 +379,11 @@ class InClusterKubeClient:
         # The node field selector keeps this to the plugin pod of *this* node.
         query = {"labelSelector": label_selector, "fieldSelector": f"spec.nodeName={node_name}"}
         listing = self.request("GET", base, query=query)
-        items = _dig(listing, "items")
+        items = dig(listing, "items")
         names = [
             str(name)
             for item in (items if isinstance(items, list) else [])
-            if (name := _dig(item, "metadata", "name"))
+            if (name := dig(item, "metadata", "name"))
         ]
         deleted = []
         for name in names:
@@ -501,7 +501,8 @@ def _segment(value: str) -> str:
     return urllib.parse.quote(value, safe="")
 
 
-def _dig(obj: object, *keys: str) -> object:
+def dig(obj: object, *keys: str) -> object:
+    """``obj[k1][k2]...`` through a decoded answer's dicts; None where a key or dict is missing."""
     for key in keys:
         if not isinstance(obj, dict):
             return None
@@ -519,7 +520,7 @@ def _retry_after(exc: AgentError, response: http.client.HTTPResponse) -> AgentEr
 def _status_message(data: bytes) -> str:
     """The ``message`` of a Kubernetes Status body, else the raw body (shortened)."""
     try:
-        message = _dig(json.loads(data), "message")
+        message = dig(json.loads(data), "message")
     except ValueError:
         message = None
     return str(message) if message else data.decode(errors="replace")[:200]

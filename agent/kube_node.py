@@ -30,7 +30,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.errors import AgentError, Conflict
@@ -195,14 +195,7 @@ class NodePart:
             if not self.claim.owns_label(key):
                 raise ValueError(f"{self.claim.name} does not own the label {key}")
         with self._owner.lock:
-            before = (
-                self.desired.labels,
-                self.desired.annotations,
-                self.desired.condition,
-                self.desired.condition_stated,
-                self.desired.taint,
-                self.desired.taint_stated,
-            )
+            before = replace(self.desired)  # a copy: the owner wakes only for a change
             if labels is not None:
                 self.desired.labels = dict(labels)
             if annotations is not None:
@@ -213,15 +206,8 @@ class NodePart:
             if taint is not self._UNSET:
                 self.desired.taint = dict(taint) if taint else None
                 self.desired.taint_stated = True
-            after = (
-                self.desired.labels,
-                self.desired.annotations,
-                self.desired.condition,
-                self.desired.condition_stated,
-                self.desired.taint,
-                self.desired.taint_stated,
-            )
-        if after != before:
+            changed = self.desired != before
+        if changed:
             self._owner.wake()
 
 

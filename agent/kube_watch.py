@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from agent.errors import AgentError
-from agent.kube import PAGE_SIZE, Gone
+from agent.kube import PAGE_SIZE, Gone, dig
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class Informer:
         events = self._client.watch(self.path, self._query, self.resource_version, timeout)
         self._good()  # the API server took the watch: the cache is current again
         for kind, obj in events:
-            version = str(_dig(obj, "metadata", "resourceVersion") or "")
+            version = str(dig(obj, "metadata", "resourceVersion") or "")
             changed = kind != "BOOKMARK"
             with self._lock:
                 key = _key(obj)
@@ -299,7 +299,7 @@ class NodeWatch:
         if obj is None:
             return None
         meta = obj.get("metadata")
-        return _strings(_dig(meta, "labels")), _strings(_dig(meta, "annotations"))
+        return _strings(dig(meta, "labels")), _strings(dig(meta, "annotations"))
 
 
 def _retry_after(exc: Exception) -> float | None:
@@ -310,23 +310,15 @@ def _retry_after(exc: Exception) -> float | None:
 def _newer(obj: object, than: object) -> bool:
     """Whether ``obj`` may replace ``than``: not when both carry integer resourceVersions and
     ``obj``'s is older (an event from before a write of ours we already assumed)."""
-    new, old = _dig(obj, "metadata", "resourceVersion"), _dig(than, "metadata", "resourceVersion")
+    new, old = dig(obj, "metadata", "resourceVersion"), dig(than, "metadata", "resourceVersion")
     if isinstance(new, str) and isinstance(old, str) and new.isdigit() and old.isdigit():
         return int(new) >= int(old)
     return True
 
 
 def _key(obj: object) -> str:
-    return f"{_dig(obj, 'metadata', 'namespace') or ''}/{_dig(obj, 'metadata', 'name') or ''}"
+    return f"{dig(obj, 'metadata', 'namespace') or ''}/{dig(obj, 'metadata', 'name') or ''}"
 
 
 def _strings(found: object) -> dict[str, str]:
     return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
-
-
-def _dig(obj: object, *keys: str) -> object:
-    for key in keys:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj

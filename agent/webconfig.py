@@ -36,7 +36,7 @@ import os
 import re
 import ssl
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -245,7 +245,17 @@ def load_web_config(path: Path) -> WebConfig:
     return WebConfig(tls, users)
 
 
-_Stamp = tuple[tuple[int, int, int], ...]
+Stamp = tuple[tuple[int, int, int], ...]
+
+
+def stamp_files(paths: Sequence[Path]) -> Stamp:
+    """What tells a TLS file set changed (both listeners reload on it); ``os.stat`` follows the
+    ..data symlinks of Kubernetes secret volumes."""
+    stamps = []
+    for path in paths:
+        st = os.stat(path)
+        stamps.append((st.st_ino, st.st_mtime_ns, st.st_size))
+    return tuple(stamps)
 
 
 class ReloadingTls:
@@ -260,17 +270,10 @@ class ReloadingTls:
         self._files = tuple(
             p for p in (config.cert_file, config.key_file, config.client_ca_file) if p is not None
         )
-        self._stamp = self._stamp_now()
+        self._stamp = stamp_files(self._files)
         self._current = self._build()
         self.context = self._build()  # the listener's; it hands each handshake _current
         self.context.sni_callback = self._pick
-
-    def _stamp_now(self) -> _Stamp:
-        stamps = []
-        for path in self._files:
-            st = os.stat(path)
-            stamps.append((st.st_ino, st.st_mtime_ns, st.st_size))
-        return tuple(stamps)
 
     def _build(self) -> ssl.SSLContext:
         c = self._config
@@ -295,7 +298,7 @@ class ReloadingTls:
 
     def _pick(self, sock: ssl.SSLObject, name: str | None, _: ssl.SSLContext) -> None:
         try:
-            stamp = self._stamp_now()
+            stamp = stamp_files(self._files)
             if stamp != self._stamp:
                 self._current = self._build()
                 self._stamp = stamp

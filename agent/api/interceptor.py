@@ -111,6 +111,19 @@ class _Call:
         log.error("bug in %s (incident %s)", self.method, incident, exc_info=exc)
         await _abort(context, internal_status(incident))
 
+    async def serve_unary(
+        self, slot: Slot, context: grpc.aio.ServicerContext, run: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        """Run a handler that answers once, its slot released when it has answered."""
+        try:
+            return await run()
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await self.fail(context, exc)
+        finally:
+            slot.release()
+
     async def serve_stream(
         self, slot: Slot, context: grpc.aio.ServicerContext, run: Callable[[], Awaitable[None]]
     ) -> None:
@@ -163,14 +176,7 @@ async def _write_all(
 def _unary_unary(call: _Call, inner: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
         slot = await call.admit(request, context)
-        try:
-            return await inner(request, context)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            await call.fail(context, exc)
-        finally:
-            slot.release()
+        return await call.serve_unary(slot, context, lambda: inner(request, context))
 
     return handler
 
@@ -186,14 +192,8 @@ def _unary_stream(call: _Call, inner: Callable[..., Any]) -> Callable[..., Any]:
 def _stream_unary(call: _Call, inner: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
     async def handler(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
         slot = await call.admit(None, context)
-        try:
-            return await inner(call.checked_requests(requests, context), context)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            await call.fail(context, exc)
-        finally:
-            slot.release()
+        checked = call.checked_requests(requests, context)
+        return await call.serve_unary(slot, context, lambda: inner(checked, context))
 
     return handler
 

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
 
 from agent._proto.gpuagent.v1 import power_pb2, power_pb2_grpc
 from agent.api.operations import OperationRunner
-from agent.power import PowerService
+from agent.power import Change, PowerService
 from agent.wire.power import power_changes_pb, power_view_pb
 
 __all__ = ["PowerServicer"]
 
 _SERVICE = "/gpuagent.v1.PowerService/"
 _FEATURE = "power caps"
+_R = TypeVar("_R", power_pb2.ApplyPowerResponse, power_pb2.RestorePowerResponse)
 
 
 class PowerServicer(power_pb2_grpc.PowerServiceServicer):
@@ -35,33 +38,30 @@ class PowerServicer(power_pb2_grpc.PowerServiceServicer):
     async def ApplyPower(
         self, request: power_pb2.ApplyPowerRequest, context: grpc.aio.ServicerContext
     ) -> power_pb2.ApplyPowerResponse:
-        self._guard(_FEATURE)
-
-        async def call() -> power_pb2.ApplyPowerResponse:
-            changes = await asyncio.to_thread(self._power.apply, request.spec_yaml)
-            return power_pb2.ApplyPowerResponse(changes=power_changes_pb(changes))
-
-        return await self._runner.once(
-            _SERVICE + "ApplyPower",
-            request,
-            request.request_id,
-            power_pb2.ApplyPowerResponse,
-            call,
-        )
+        apply = functools.partial(self._power.apply, request.spec_yaml)
+        return await self._change("ApplyPower", request, power_pb2.ApplyPowerResponse, apply)
 
     async def RestorePower(
         self, request: power_pb2.RestorePowerRequest, context: grpc.aio.ServicerContext
     ) -> power_pb2.RestorePowerResponse:
+        return await self._change(
+            "RestorePower", request, power_pb2.RestorePowerResponse, self._power.restore
+        )
+
+    async def _change(
+        self,
+        method: str,
+        request: power_pb2.ApplyPowerRequest | power_pb2.RestorePowerRequest,
+        response_type: type[_R],
+        change: Callable[[], list[Change]],
+    ) -> _R:
+        """Apply or restore the caps once per request id, while the driver is attached."""
         self._guard(_FEATURE)
 
-        async def call() -> power_pb2.RestorePowerResponse:
-            changes = await asyncio.to_thread(self._power.restore)
-            return power_pb2.RestorePowerResponse(changes=power_changes_pb(changes))
+        async def call() -> _R:
+            changes = await asyncio.to_thread(change)
+            return response_type(changes=power_changes_pb(changes))
 
         return await self._runner.once(
-            _SERVICE + "RestorePower",
-            request,
-            request.request_id,
-            power_pb2.RestorePowerResponse,
-            call,
+            _SERVICE + method, request, request.request_id, response_type, call
         )

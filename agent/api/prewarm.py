@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
+from typing import TypeVar
 
 import grpc
 
@@ -33,6 +34,20 @@ _SERVICE = "/gpuagent.v1.PrewarmService/"
 _DONE = (ItemState.READY, ItemState.FAILED, ItemState.EVICTED)
 _POLL_S = 0.5
 _MAX_ITEM = 256
+
+_ItemRequest = (
+    prewarm_pb2.CancelPrewarmItemRequest
+    | prewarm_pb2.EvictCacheItemRequest
+    | prewarm_pb2.DeletePrewarmItemRequest
+    | prewarm_pb2.PinCacheItemRequest
+)
+_R = TypeVar(
+    "_R",
+    prewarm_pb2.CancelPrewarmItemResponse,
+    prewarm_pb2.EvictCacheItemResponse,
+    prewarm_pb2.DeletePrewarmItemResponse,
+    prewarm_pb2.PinCacheItemResponse,
+)
 
 
 def _progress(
@@ -164,20 +179,12 @@ class PrewarmServicer(prewarm_pb2_grpc.PrewarmServiceServicer):
     async def CancelPrewarmItem(
         self, request: prewarm_pb2.CancelPrewarmItemRequest, context: grpc.aio.ServicerContext
     ) -> prewarm_pb2.CancelPrewarmItemResponse:
-        item = _item_name(request.item)
-        by = actor_of(context, Role.PREWARM)
-
-        async def call() -> prewarm_pb2.CancelPrewarmItemResponse:
-            cancelled = await asyncio.to_thread(self._service.cancel, item, by)
-            self._changed()
-            return prewarm_pb2.CancelPrewarmItemResponse(item=cache_item_pb(cancelled))
-
-        return await self._runner.once(
-            _SERVICE + "CancelPrewarmItem",
+        return await self._change_item(
+            "CancelPrewarmItem",
             request,
-            request.request_id,
+            context,
             prewarm_pb2.CancelPrewarmItemResponse,
-            call,
+            self._service.cancel,
         )
 
     async def ListCache(
@@ -190,56 +197,52 @@ class PrewarmServicer(prewarm_pb2_grpc.PrewarmServiceServicer):
     async def EvictCacheItem(
         self, request: prewarm_pb2.EvictCacheItemRequest, context: grpc.aio.ServicerContext
     ) -> prewarm_pb2.EvictCacheItemResponse:
-        item = _item_name(request.item)
-        by = actor_of(context, Role.PREWARM)
-
-        async def call() -> prewarm_pb2.EvictCacheItemResponse:
-            evicted = await asyncio.to_thread(self._service.evict, item, by)
-            self._changed()
-            return prewarm_pb2.EvictCacheItemResponse(item=cache_item_pb(evicted))
-
-        return await self._runner.once(
-            _SERVICE + "EvictCacheItem",
+        return await self._change_item(
+            "EvictCacheItem",
             request,
-            request.request_id,
+            context,
             prewarm_pb2.EvictCacheItemResponse,
-            call,
+            self._service.evict,
         )
 
     async def DeletePrewarmItem(
         self, request: prewarm_pb2.DeletePrewarmItemRequest, context: grpc.aio.ServicerContext
     ) -> prewarm_pb2.DeletePrewarmItemResponse:
-        item = _item_name(request.item)
-        by = actor_of(context, Role.PREWARM)
-
-        async def call() -> prewarm_pb2.DeletePrewarmItemResponse:
-            deleted = await asyncio.to_thread(self._service.delete, item, by)
-            self._changed()
-            return prewarm_pb2.DeletePrewarmItemResponse(item=cache_item_pb(deleted))
-
-        return await self._runner.once(
-            _SERVICE + "DeletePrewarmItem",
+        return await self._change_item(
+            "DeletePrewarmItem",
             request,
-            request.request_id,
+            context,
             prewarm_pb2.DeletePrewarmItemResponse,
-            call,
+            self._service.delete,
         )
 
     async def PinCacheItem(
         self, request: prewarm_pb2.PinCacheItemRequest, context: grpc.aio.ServicerContext
     ) -> prewarm_pb2.PinCacheItemResponse:
+        def pin(item: str, by: Actor) -> CacheItem:
+            return self._service.pin(item, request.pinned, by)
+
+        return await self._change_item(
+            "PinCacheItem", request, context, prewarm_pb2.PinCacheItemResponse, pin
+        )
+
+    async def _change_item(
+        self,
+        method: str,
+        request: _ItemRequest,
+        context: grpc.aio.ServicerContext,
+        response_type: type[_R],
+        change: Callable[[str, Actor], CacheItem],
+    ) -> _R:
+        """Cancel, evict, delete or pin one item, once per request id; the inventory follows."""
         item = _item_name(request.item)
         by = actor_of(context, Role.PREWARM)
 
-        async def call() -> prewarm_pb2.PinCacheItemResponse:
-            pinned = await asyncio.to_thread(self._service.pin, item, request.pinned, by)
+        async def call() -> _R:
+            changed = await asyncio.to_thread(change, item, by)
             self._changed()
-            return prewarm_pb2.PinCacheItemResponse(item=cache_item_pb(pinned))
+            return response_type(item=cache_item_pb(changed))
 
         return await self._runner.once(
-            _SERVICE + "PinCacheItem",
-            request,
-            request.request_id,
-            prewarm_pb2.PinCacheItemResponse,
-            call,
+            _SERVICE + method, request, request.request_id, response_type, call
         )

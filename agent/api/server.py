@@ -66,6 +66,7 @@ from agent.mig.service import MigService
 from agent.power import PowerService
 from agent.prewarm.service import PrewarmService
 from agent.sharing import SharingService
+from agent.webconfig import stamp_files
 from agent.wire.doctor import DoctorReport
 
 log = logging.getLogger(__name__)
@@ -145,9 +146,6 @@ class Ports:
     socket: Path
 
 
-_Stamp = tuple[tuple[int, int, int], ...]
-
-
 class ReloadingCertificates:
     """The server's certificate, key and client CA, re-read when the files change.
 
@@ -166,16 +164,9 @@ class ReloadingCertificates:
                 [FieldViolation("tls.ca_file", "a PEM CA bundle for client certificates")],
             )
         self._files = (tls.cert_file, tls.key_file, tls.ca_file)
-        stamp = self._stamp()
+        stamp = stamp_files(self._files)
         self.initial = self._load()
         self._current = stamp
-
-    def _stamp(self) -> _Stamp:
-        stamps = []
-        for path in self._files:
-            st = os.stat(path)  # follows the ..data symlinks of Kubernetes secret volumes
-            stamps.append((st.st_ino, st.st_mtime_ns, st.st_size))
-        return tuple(stamps)
 
     def _load(self) -> grpc.ServerCertificateConfiguration:
         cert, key, ca = (path.read_bytes() for path in self._files)
@@ -194,7 +185,7 @@ class ReloadingCertificates:
 
     def fetch(self) -> grpc.ServerCertificateConfiguration | None:
         try:
-            stamp = self._stamp()
+            stamp = stamp_files(self._files)
             if stamp == self._current:
                 return None
             config = self._load()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
 
@@ -15,6 +17,17 @@ from agent.wire.sharing import requested_config, sharing_change_pb, sharing_view
 __all__ = ["SharingServicer"]
 
 _SERVICE = "/gpuagent.v1.SharingService/"
+_ChangeRequest = (
+    sharing_pb2.SetSharingRequest
+    | sharing_pb2.ClearSharingRequest
+    | sharing_pb2.RollbackSharingRequest
+)
+_R = TypeVar(
+    "_R",
+    sharing_pb2.SetSharingResponse,
+    sharing_pb2.ClearSharingResponse,
+    sharing_pb2.RollbackSharingResponse,
+)
 
 
 class SharingServicer(sharing_pb2_grpc.SharingServiceServicer):
@@ -34,50 +47,39 @@ class SharingServicer(sharing_pb2_grpc.SharingServiceServicer):
         self, request: sharing_pb2.SetSharingRequest, context: grpc.aio.ServicerContext
     ) -> sharing_pb2.SetSharingResponse:
         requested = requested_config(request)
-
-        async def call() -> sharing_pb2.SetSharingResponse:
-            result = await self._apply(lambda: self._sharing.set(requested))
-            return sharing_pb2.SetSharingResponse(change=result)
-
-        return await self._runner.once(
-            _SERVICE + "SetSharing",
-            request,
-            request.request_id,
-            sharing_pb2.SetSharingResponse,
-            call,
-        )
+        set_it = functools.partial(self._sharing.set, requested)
+        return await self._change("SetSharing", request, sharing_pb2.SetSharingResponse, set_it)
 
     async def ClearSharing(
         self, request: sharing_pb2.ClearSharingRequest, context: grpc.aio.ServicerContext
     ) -> sharing_pb2.ClearSharingResponse:
-        async def call() -> sharing_pb2.ClearSharingResponse:
-            return sharing_pb2.ClearSharingResponse(change=await self._apply(self._sharing.clear))
-
-        return await self._runner.once(
-            _SERVICE + "ClearSharing",
-            request,
-            request.request_id,
-            sharing_pb2.ClearSharingResponse,
-            call,
+        return await self._change(
+            "ClearSharing", request, sharing_pb2.ClearSharingResponse, self._sharing.clear
         )
 
     async def RollbackSharing(
         self, request: sharing_pb2.RollbackSharingRequest, context: grpc.aio.ServicerContext
     ) -> sharing_pb2.RollbackSharingResponse:
-        async def call() -> sharing_pb2.RollbackSharingResponse:
-            change = await self._apply(self._sharing.rollback)
-            return sharing_pb2.RollbackSharingResponse(change=change)
-
-        return await self._runner.once(
-            _SERVICE + "RollbackSharing",
-            request,
-            request.request_id,
-            sharing_pb2.RollbackSharingResponse,
-            call,
+        return await self._change(
+            "RollbackSharing", request, sharing_pb2.RollbackSharingResponse, self._sharing.rollback
         )
 
-    async def _apply(self, change: Callable[[], ApplyResult]) -> sharing_pb2.SharingChange:
-        result = await asyncio.to_thread(change)
-        if result.changed:
-            self._changed()
-        return sharing_change_pb(result)
+    async def _change(
+        self,
+        method: str,
+        request: _ChangeRequest,
+        response_type: type[_R],
+        change: Callable[[], ApplyResult],
+    ) -> _R:
+        """Set, clear or roll back the sharing once per request id; the inventory follows a
+        change."""
+
+        async def call() -> _R:
+            result = await asyncio.to_thread(change)
+            if result.changed:
+                self._changed()
+            return response_type(change=sharing_change_pb(result))
+
+        return await self._runner.once(
+            _SERVICE + method, request, request.request_id, response_type, call
+        )

@@ -469,11 +469,7 @@ def export_command(obj: CliContext, output_format: str, config_label: str) -> No
     Example:
       gpu-agent mig export -l golden > golden.yaml
     """
-    document = plain(export_layouts(_layouts(obj, "mig export"), config_label))
-    if output_format == "json":
-        click.echo(json.dumps(document, indent=2))
-    else:
-        click.echo(yaml.safe_dump(document, sort_keys=False).rstrip())
+    emit(export_layouts(_layouts(obj, "mig export"), config_label), output_format)
 
 
 @mig.command(

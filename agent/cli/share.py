@@ -8,9 +8,12 @@ it, or writes the DeviceClasses. ``render --dra`` prints the DRA objects of a sp
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
@@ -53,11 +56,50 @@ class ShareContext(Protocol):
     def sharing_service(self) -> SharingCalls: ...
 
 
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    """The options that say what to share, as given; `requested` reads them into a config."""
+
+    time_slicing: Sequence[str]
+    mps: Sequence[str]
+    rename_by_default: bool
+    fail_requests: bool | None
+    mig_strategy: str | None
+    config_file: IO[str] | None
+
+    def requested(self) -> PluginConfig:
+        if self.config_file is not None:
+            flags = (self.time_slicing, self.mps, self.rename_by_default, self.mig_strategy)
+            if any(flags) or self.fail_requests is not None:
+                raise click.UsageError("-f FILE cannot be combined with the other set options")
+            return parse(self.config_file.read())
+        if self.time_slicing or self.mps:
+            return parse(
+                _document(
+                    self.time_slicing,
+                    self.mps,
+                    self.rename_by_default,
+                    self.fail_requests,
+                    self.mig_strategy,
+                )
+            )
+        raise click.UsageError(
+            "give --time-slicing, --mps or -f FILE (to stop sharing: gpu-agent share clear)"
+        )
+
+
 def _spec_options(fn: Callable[..., None]) -> Callable[..., None]:
-    """The options that say what to share (``set`` and ``render`` take the same spec)."""
+    """The options that say what to share (``set`` and ``render`` take the same spec), handed
+    to the command as one ``spec``."""
+
+    @functools.wraps(fn)
+    def command(*args: Any, **kwargs: Any) -> None:
+        spec = _Spec(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(_Spec)})
+        fn(*args, spec=spec, **kwargs)
+
     for option in reversed(_SPEC_OPTIONS):
-        fn = option(fn)
-    return fn
+        command = option(command)
+    return command
 
 
 _SPEC_OPTIONS = [
@@ -130,16 +172,7 @@ def show_command(obj: ShareContext, output: str) -> None:
 @_spec_options
 @output_option
 @click.pass_obj
-def set_command(
-    obj: ShareContext,
-    time_slicing: Sequence[str],
-    mps: Sequence[str],
-    rename_by_default: bool,
-    fail_requests: bool | None,
-    mig_strategy: str | None,
-    config_file: IO[str] | None,
-    output: str,
-) -> None:
+def set_command(obj: ShareContext, spec: _Spec, output: str) -> None:
     """Set the node's sharing, write it for the device plugin and reload the plugin.
 
     Refused, with the rule and the field, when the plugin would reject or ignore it. The
@@ -154,29 +187,7 @@ def set_command(
       gpu-agent share set --mig-strategy mixed --time-slicing nvidia.com/mig-1g.10gb=3
       gpu-agent share set -f time-slicing.yaml
     """
-    requested = _requested(
-        time_slicing, mps, rename_by_default, fail_requests, mig_strategy, config_file
-    )
-    _emit_result(obj.sharing_service().set(requested), output)
-
-
-def _requested(
-    time_slicing: Sequence[str],
-    mps: Sequence[str],
-    rename_by_default: bool,
-    fail_requests: bool | None,
-    mig_strategy: str | None,
-    config_file: IO[str] | None,
-) -> PluginConfig:
-    if config_file is not None:
-        if time_slicing or mps or rename_by_default or fail_requests is not None or mig_strategy:
-            raise click.UsageError("-f FILE cannot be combined with the other set options")
-        return parse(config_file.read())
-    if time_slicing or mps:
-        return parse(_document(time_slicing, mps, rename_by_default, fail_requests, mig_strategy))
-    raise click.UsageError(
-        "give --time-slicing, --mps or -f FILE (to stop sharing: gpu-agent share clear)"
-    )
+    _emit_result(obj.sharing_service().set(spec.requested()), output)
 
 
 @share.command("clear", short_help="Stop sharing and reload the plugin.")
@@ -237,12 +248,7 @@ def render_command(
     for_dra: bool,
     namespace: str | None,
     dynamic_mig: bool,
-    time_slicing: Sequence[str],
-    mps: Sequence[str],
-    rename_by_default: bool,
-    fail_requests: bool | None,
-    mig_strategy: str | None,
-    config_file: IO[str] | None,
+    spec: _Spec,
     output: str,
 ) -> None:
     """Print the objects a sharing spec renders for the DRA driver, for GitOps: nothing is
@@ -266,9 +272,7 @@ def render_command(
             "at most 63)",
             param_hint="--namespace",
         )
-    requested = _requested(
-        time_slicing, mps, rename_by_default, fail_requests, mig_strategy, config_file
-    )
+    requested = spec.requested()
     mode = AllocationMode.DRA_DYNAMIC_MIG if dynamic_mig else AllocationMode.DRA
     allocation = Allocation(mode, "share render", dra_api.DRIVER)
     objects = dra.render(requested, allocation, namespace)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.kube import PAGE_SIZE, InClusterKubeClient
+from agent.kube import PAGE_SIZE, InClusterKubeClient, dig
 from agent.kube_watch import Informer
 
 __all__ = ["AgentPod", "KubeLister", "agent_pod", "labels_by_node"]
@@ -28,14 +28,6 @@ class AgentPod:
     phase: str
     ready: bool
     grpc_port: int | None
-
-
-def _get(obj: object, *keys: str) -> object:
-    for key in keys:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj
 
 
 class KubeLister(InClusterKubeClient):
@@ -88,8 +80,8 @@ class KubeLister(InClusterKubeClient):
     def cordon(self, node: str) -> bool:
         """Mark the Node unschedulable; True when it already was (then leave it so after)."""
         path = f"/api/v1/nodes/{urllib.parse.quote(node, safe='')}"
-        spec = _get(self.get(path), "spec")
-        if _get(spec, "unschedulable") is True:
+        spec = dig(self.get(path), "spec")
+        if dig(spec, "unschedulable") is True:
             return True
         self._unschedulable(node, True)
         return False
@@ -127,8 +119,8 @@ def _pods_path(namespace: str) -> str:
 def labels_by_node(items: list[object]) -> Mapping[str, Mapping[str, str]]:
     out: dict[str, Mapping[str, str]] = {}
     for item in items:
-        name = _get(item, "metadata", "name")
-        labels = _get(item, "metadata", "labels")
+        name = dig(item, "metadata", "name")
+        labels = dig(item, "metadata", "labels")
         if isinstance(name, str):
             out[name] = (
                 {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
@@ -137,25 +129,25 @@ def labels_by_node(items: list[object]) -> Mapping[str, Mapping[str, str]]:
 
 
 def agent_pod(item: object) -> AgentPod:
-    conditions = _get(item, "status", "conditions")
+    conditions = dig(item, "status", "conditions")
     ready = any(
-        _get(c, "type") == "Ready" and _get(c, "status") == "True"
+        dig(c, "type") == "Ready" and dig(c, "status") == "True"
         for c in (conditions if isinstance(conditions, list) else [])
     )
     port = None
-    containers = _get(item, "spec", "containers")
+    containers = dig(item, "spec", "containers")
     for container in containers if isinstance(containers, list) else []:
-        ports = _get(container, "ports")
+        ports = dig(container, "ports")
         for p in ports if isinstance(ports, list) else []:
-            number = _get(p, "containerPort")
-            if _get(p, "name") == "grpc" and isinstance(number, int):
+            number = dig(p, "containerPort")
+            if dig(p, "name") == "grpc" and isinstance(number, int):
                 port = number
-    ip = _get(item, "status", "podIP")
+    ip = dig(item, "status", "podIP")
     return AgentPod(
-        name=str(_get(item, "metadata", "name") or ""),
-        node=str(_get(item, "spec", "nodeName") or ""),
+        name=str(dig(item, "metadata", "name") or ""),
+        node=str(dig(item, "spec", "nodeName") or ""),
         ip=ip if isinstance(ip, str) and ip else None,
-        phase=str(_get(item, "status", "phase") or "Unknown"),
+        phase=str(dig(item, "status", "phase") or "Unknown"),
         ready=ready,
         grpc_port=port,
     )

@@ -194,13 +194,19 @@ def _socket(path: Path) -> bool:
         return False
 
 
+def _socket_check(name: str, socket: Path, found: str, missing: str, fix: str) -> Check:
+    """A daemon prewarm talks to: ok when its socket is there, else degraded (prewarm goes on)."""
+    if _socket(socket):
+        return ok(P, name, found)
+    return degraded(P, name, missing, fix)
+
+
 def prewarm_containerd(facts: Facts) -> Check:
     socket = facts.config.prewarm.containerd_socket
-    if _socket(socket):
-        return ok(P, "containerd", f"CRI socket {socket}")
-    return degraded(
-        P,
+    return _socket_check(
         "containerd",
+        socket,
+        f"CRI socket {socket}",
         f"no CRI socket at {socket}: image prewarm does not work (file prewarm does)",
         f"mount the host's {socket} into the agent pod, or set prewarm.containerd_socket",
     )
@@ -210,11 +216,10 @@ def prewarm_nydus(facts: Facts) -> Check:
     socket = facts.config.prewarm.nydus_system_socket
     if socket is None:
         return ok(P, "nydus", "off (prewarm.nydus_system_socket unset): no prefetch hints")
-    if _socket(socket):
-        return ok(P, "nydus", f"nydus-snapshotter system socket {socket}")
-    return degraded(
-        P,
+    return _socket_check(
         "nydus",
+        socket,
+        f"nydus-snapshotter system socket {socket}",
         f"no nydus-snapshotter socket at {socket}: Nydus prefetch hints are not sent",
         f"mount {socket.parent} into the agent pod, or unset prewarm.nydus_system_socket",
     )
@@ -224,11 +229,10 @@ def prewarm_dragonfly(facts: Facts) -> Check:
     socket = facts.config.prewarm.dragonfly_socket
     if socket is None:
         return ok(P, "dragonfly", "off (prewarm.dragonfly_socket unset): files come from origins")
-    if _socket(socket):
-        return ok(P, "dragonfly", f"dfdaemon socket {socket}")
-    return degraded(
-        P,
+    return _socket_check(
         "dragonfly",
+        socket,
+        f"dfdaemon socket {socket}",
         f"no dfdaemon socket at {socket}: files are fetched from origins directly",
         f"mount {socket.parent} into the agent pod, or unset prewarm.dragonfly_socket",
     )

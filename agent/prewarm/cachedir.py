@@ -33,9 +33,10 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from agent.durable import fsync_dir
 from agent.prewarm.errors import FetchFailed
 
-__all__ = ["CHUNK", "CacheDir", "fsync_dir"]
+__all__ = ["CHUNK", "CacheDir"]
 
 CHUNK = 4 * 1024 * 1024  # a read of a partial or blob being hashed
 
@@ -288,11 +289,3 @@ def _real_dir(path: Path, quarantine: Path | None) -> None:
             moved,
         )
     path.mkdir(mode=0o755)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

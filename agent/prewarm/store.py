@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import os
 
+from agent.durable import fsync_dir
 from agent.prewarm import budget, eviction
 from agent.prewarm import reconcile as reconciling
 from agent.prewarm.budget import Usage
 from agent.prewarm.cache import Cache
-from agent.prewarm.cachedir import fsync_dir
 from agent.prewarm.errors import DigestMismatch
 from agent.prewarm.model import CacheItem
 from agent.prewarm.partial import Partial

@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+from agent.durable import fsync_dir
 from agent.errors import AgentError, NotFound, PermissionDenied
 
 CHUNK_SIZE = 1 << 20
@@ -57,15 +58,7 @@ def atomic_write(
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import ClassVar, Self
 from urllib.parse import quote
 
+from agent.durable import fsync_dir
 from agent.errors import Conflict, NotSupported, StateUnavailable
 from agent.state.schema import MIGRATIONS, Durability, statements
 from agent.statedir import Unwritable, probe
@@ -240,11 +241,7 @@ class Database:
             source = self.path.with_name(self.path.name + suffix)
             if source.exists():
                 source.rename(kept.with_name(kept.name + suffix))
-        fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(self.path.parent)
         log.error(
             "state database %s is corrupt (%s): kept as %s, starting a new one. Lost: %s",
             self.path,

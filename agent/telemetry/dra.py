@@ -27,12 +27,12 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agent.kube import InClusterKubeClient
+from agent.kube import InClusterKubeClient, dig
 from agent.kube_watch import Informer
 from agent.telemetry.reader import Degraded, Frame, Part
 
@@ -87,25 +87,25 @@ def slice_devices(slices: Iterable[object]) -> dict[DeviceKey, SliceDevice]:
     ours = [
         spec
         for item in slices
-        if isinstance(spec := _dig(item, "spec"), dict) and spec.get("driver") == DRIVER
+        if isinstance(spec := dig(item, "spec"), dict) and spec.get("driver") == DRIVER
     ]
     newest: dict[str, int] = {}
     for spec in ours:
-        pool, generation = _dig(spec, "pool", "name"), _dig(spec, "pool", "generation")
+        pool, generation = dig(spec, "pool", "name"), dig(spec, "pool", "generation")
         if isinstance(pool, str) and isinstance(generation, int):
             newest[pool] = max(generation, newest.get(pool, generation))
     for spec in ours:
-        pool = _dig(spec, "pool", "name")
+        pool = dig(spec, "pool", "name")
         devices = spec.get("devices")
         if not isinstance(pool, str) or not isinstance(devices, list):
             continue
-        if _dig(spec, "pool", "generation") != newest.get(pool):
+        if dig(spec, "pool", "generation") != newest.get(pool):
             continue  # an older generation of a pool being republished, or no generation
         for device in devices:
             if len(out) >= _MAX_DEVICES:
                 return out
-            name = _dig(device, "name")
-            parsed = _device(name, _dig(device, "attributes"))
+            name = dig(device, "name")
+            parsed = _device(name, dig(device, "attributes"))
             if isinstance(name, str) and parsed is not None:
                 out[(pool, name)] = parsed
     return out
@@ -133,16 +133,8 @@ def _device(name: object, attrs: object) -> SliceDevice | None:
 
 
 def _string(attrs: object, key: str) -> str | None:
-    value = _dig(attrs, key, "string")
+    value = dig(attrs, key, "string")
     return value if isinstance(value, str) and value else None
-
-
-def _dig(obj: Any, *keys: str) -> Any:
-    for key in keys:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj
 
 
 class DraDevices:

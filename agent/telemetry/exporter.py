@@ -17,7 +17,7 @@ import asyncio
 import gzip
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client.exposition import choose_encoder
@@ -29,7 +29,7 @@ from agent.http import Request, Response
 from agent.telemetry.encode import ClassicCounter, encode
 from agent.telemetry.naming import DcgmNaming, Labels, LabelValue, Naming, NativeNaming
 from agent.telemetry.published import Published
-from agent.telemetry.snapshot import EntitySample, Snapshot
+from agent.telemetry.snapshot import EntitySample, GpuIdentity, Snapshot
 from agent.telemetry.stats import Histogram, TelemetryStats
 from agent.telemetry.xid import WINDOW_S as XID_WINDOW_S
 from agent.telemetry.xid import xid_message
@@ -381,25 +381,32 @@ def _xid_window(
     counter: Counter, snapshot: Snapshot, naming: Naming, native: bool
 ) -> Iterator[Metric]:
     """dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT: XIDs per GPU within the window."""
-    name = counter.field.native if native else counter.name
-    metric = Metric(name, counter.help, "gauge")
-    window = {"window_size_in_ms": str(int(XID_WINDOW_S * 1000))}
-    for x in snapshot.xid_recent:
-        labels = {**naming.gpu(x.entity.gpu), "xid": str(x.xid), **window}
-        metric.samples.append(Sample(name, labels, float(x.count)))
-    yield metric
+    counts = ((x.entity.gpu, {"xid": str(x.xid)}, x.count) for x in snapshot.xid_recent)
+    return _window_counts(counter, naming, native, XID_WINDOW_S, counts)
 
 
 def _clock_events(
     counter: Counter, snapshot: Snapshot, naming: Naming, native: bool
 ) -> Iterator[Metric]:
     """dcgm-exporter's DCGM_EXP_CLOCK_EVENTS_COUNT: per GPU and reason, samples in the window."""
+    counts = ((c.gpu, {"clock_event": c.reason}, c.count) for c in snapshot.clock_events)
+    return _window_counts(counter, naming, native, CLOCK_EVENT_WINDOW_S, counts)
+
+
+def _window_counts(
+    counter: Counter,
+    naming: Naming,
+    native: bool,
+    window_s: float,
+    counts: Iterable[tuple[GpuIdentity, dict[str, str], int]],
+) -> Iterator[Metric]:
+    """A count per GPU (and what was counted) over the last ``window_s``, labelled with it."""
     name = counter.field.native if native else counter.name
     metric = Metric(name, counter.help, "gauge")
-    window = {"window_size_in_ms": str(int(CLOCK_EVENT_WINDOW_S * 1000))}
-    for c in snapshot.clock_events:
-        labels = {**naming.gpu(c.gpu), "clock_event": c.reason, **window}
-        metric.samples.append(Sample(name, labels, float(c.count)))
+    window = {"window_size_in_ms": str(int(window_s * 1000))}
+    for gpu, what, count in counts:
+        labels = {**naming.gpu(gpu), **what, **window}
+        metric.samples.append(Sample(name, labels, float(count)))
     yield metric
 
 

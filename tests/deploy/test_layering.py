@@ -24,6 +24,7 @@ BASE = {
     "clocks",
     "redact",
     "lockfile",
+    "durable",
     "logs",
     "http",
     "statedir",

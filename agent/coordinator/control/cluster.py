@@ -27,17 +27,17 @@ import logging
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from agent.coordinator.rollout.record import RolloutRecord
 from agent.errors import AgentError, Conflict, NotFound
+from agent.kube import Requests
 
 __all__ = [
     "STATUS_CONFIGMAP",
     "ClusterReport",
     "CoalescedStatus",
-    "Requester",
     "status_document",
 ]
 
@@ -59,18 +59,6 @@ _SUCCESS_REASON = {
     "share": "SharingChanged",
     "prewarm": "PrewarmDone",
 }
-
-
-class Requester(Protocol):
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None = None,
-        body: object = None,
-        content_type: str = "application/json",
-    ) -> Any: ...
 
 
 def _time(wall: float) -> str:
@@ -102,7 +90,7 @@ class ClusterReport:
 
     def __init__(
         self,
-        kube: Requester,
+        kube: Requests,
         namespace: str,
         identity: str,
         *,

@@ -30,15 +30,17 @@ from dataclasses import dataclass
 
 from agent.errors import InvalidSpec
 from agent.gpu.profiles import parse_profile
-from agent.kube import InClusterKubeClient
+from agent.kube import InClusterKubeClient, dig
 
 __all__ = [
     "ClaimDemand",
     "PendingRequest",
     "claim_key",
     "demand_from_claims",
+    "list_capped",
     "list_claims",
     "list_templates",
+    "pool_of",
     "request_profile",
 ]
 
@@ -87,24 +89,36 @@ class ClaimDemand:
 
 
 def claim_key(claim: object) -> tuple[str, str]:
-    return str(_get(claim, "metadata", "namespace") or ""), str(_get(claim, "metadata", "name"))
+    return str(dig(claim, "metadata", "namespace") or ""), str(dig(claim, "metadata", "name"))
 
 
-def _list(client: InClusterKubeClient, resource: str) -> list[object]:
+def list_capped(
+    client: InClusterKubeClient,
+    path: str,
+    cap: int,
+    what: str,
+    query: Mapping[str, str] | None = None,
+) -> list[object]:
+    """Every item of a cluster-wide list, page by page; refused past ``cap`` (named ``what``),
+    so a planner never holds an unbounded cluster in memory."""
     items: list[object] = []
     token = ""
     while True:
-        query = {"limit": str(_PAGE)}
+        paged = dict(query or {}, limit=str(_PAGE))
         if token:
-            query["continue"] = token
-        page = client.get(f"{GROUP_PATH}/{resource}", query)
-        got = _get(page, "items")
+            paged["continue"] = token
+        page = client.get(path, paged)
+        got = dig(page, "items")
         items += got if isinstance(got, list) else []
-        if len(items) > MAX_CLAIMS:
-            raise InvalidSpec(f"more than {MAX_CLAIMS} {resource} in the cluster: not read")
-        token = str(_get(page, "metadata", "continue") or "")
+        if len(items) > cap:
+            raise InvalidSpec(f"more than {cap} {what} in the cluster: not read")
+        token = str(dig(page, "metadata", "continue") or "")
         if not token:
             return items
+
+
+def _list(client: InClusterKubeClient, resource: str) -> list[object]:
+    return list_capped(client, f"{GROUP_PATH}/{resource}", MAX_CLAIMS, resource)
 
 
 def list_claims(client: InClusterKubeClient) -> list[object]:
@@ -141,7 +155,7 @@ def request_profile(request: object) -> tuple[str, int] | str:
         return f"{MIG_CLASS} without a profile selector asks for any MIG device, not one profile"
     if len(selectors) != 1:
         return "more than one selector: only one profile equality is read"
-    expression = _get(selectors[0], "cel", "expression")
+    expression = dig(selectors[0], "cel", "expression")
     if not isinstance(expression, str):
         return "a selector without a CEL expression"
     if len(expression) > MAX_SELECTOR:
@@ -181,20 +195,20 @@ def demand_from_claims(
     wanted: dict[str, _Wanted] = {}
     missing: Counter[str] = Counter()
     for pod in pods:
-        phase = _get(pod, "status", "phase")
+        phase = dig(pod, "status", "phase")
         if phase not in ("Pending", "Running"):
             continue
-        ns = str(_get(pod, "metadata", "namespace") or "")
-        name = str(_get(pod, "metadata", "name") or "")
+        ns = str(dig(pod, "metadata", "namespace") or "")
+        name = str(dig(pod, "metadata", "name") or "")
         pending_pod = phase == "Pending"
         priority = _priority(pod)
-        pool = _pool(_get(pod, "spec", "nodeSelector"))
+        pool = pool_of(dig(pod, "spec", "nodeSelector"))
         generated = _generated(pod)
-        refs = _get(pod, "spec", "resourceClaims")
+        refs = dig(pod, "spec", "resourceClaims")
         for ref in refs[:MAX_REQUESTS] if isinstance(refs, list) else []:
-            pod_claim = _get(ref, "name")
-            direct = _get(ref, "resourceClaimName")
-            template = _get(ref, "resourceClaimTemplateName")
+            pod_claim = dig(ref, "name")
+            direct = dig(ref, "resourceClaimName")
+            template = dig(ref, "resourceClaimTemplateName")
             if isinstance(direct, str) and direct:
                 claim_name = direct
             elif isinstance(template, str) and template:
@@ -203,7 +217,7 @@ def demand_from_claims(
                     if not claim_name:
                         continue  # the status says no claim was needed
                 else:
-                    spec = _get(template_of.get((ns, template)), "spec", "spec")
+                    spec = dig(template_of.get((ns, template)), "spec", "spec")
                     who = f"{ns}/{name}/{pod_claim} (template {template}, not generated yet)"
                     if spec is None:
                         missing[f"template {ns}/{template}"] += 1
@@ -219,7 +233,7 @@ def demand_from_claims(
             who = f"{ns}/{claim_name}"
             seen = wanted.get(who)
             if seen is None or (pending_pod and priority > seen.priority):
-                spec = _get(claim, "spec")
+                spec = dig(claim, "spec")
                 wanted[who] = _Wanted(claim, spec, who, priority, pool, pending_pod)
             elif pending_pod:
                 seen.pending_pod = True
@@ -233,10 +247,10 @@ def _count(items: Iterable[_Wanted], missing: Counter[str]) -> ClaimDemand:
     whole = 0
     n_pending = n_allocated = 0
     for w in sorted(items, key=lambda w: w.who):
-        allocated = w.claim is not None and _get(w.claim, "status", "allocation") is not None
+        allocated = w.claim is not None and dig(w.claim, "status", "allocation") is not None
         if not allocated and not w.pending_pod:
             continue  # unallocated but no pod waits on it: not demand now
-        requests = _get(w.spec, "devices", "requests")
+        requests = dig(w.spec, "devices", "requests")
         if not isinstance(requests, list) or len(requests) > MAX_REQUESTS:
             reasons[f"{w.who}: spec.devices.requests is not a list of at most {MAX_REQUESTS}"] += 1
             continue
@@ -248,7 +262,7 @@ def _count(items: Iterable[_Wanted], missing: Counter[str]) -> ClaimDemand:
             elif found == "whole GPU":
                 whole += 1
             elif found != "other class":
-                reasons[f"{w.who} request {_get(request, 'name')!s:.63}: {found}"] += 1
+                reasons[f"{w.who} request {dig(request, 'name')!s:.63}: {found}"] += 1
         if not mig:
             continue
         if allocated:
@@ -272,29 +286,22 @@ def _count(items: Iterable[_Wanted], missing: Counter[str]) -> ClaimDemand:
 def _generated(pod: object) -> dict[object, str]:
     """The pod's claim name -> its generated claim's name ("" when none was needed)."""
     out: dict[object, str] = {}
-    statuses = _get(pod, "status", "resourceClaimStatuses")
+    statuses = dig(pod, "status", "resourceClaimStatuses")
     for entry in statuses[:MAX_REQUESTS] if isinstance(statuses, list) else []:
-        name = _get(entry, "name")
-        claim = _get(entry, "resourceClaimName")
+        name = dig(entry, "name")
+        claim = dig(entry, "resourceClaimName")
         if isinstance(name, str):
             out[name] = claim if isinstance(claim, str) else ""
     return out
 
 
 def _priority(pod: object) -> int:
-    priority = _get(pod, "spec", "priority")
+    priority = dig(pod, "spec", "priority")
     return priority if isinstance(priority, int) and not isinstance(priority, bool) else 0
 
 
-def _pool(selector: object) -> str | None:
+def pool_of(selector: object) -> str | None:
+    """A pod's node selector as the pool its demand is planned in (None: any node)."""
     if not isinstance(selector, dict) or not selector:
         return None
     return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
-
-
-def _get(obj: object, *keys: str) -> object:
-    for key in keys:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj

@@ -20,11 +20,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from math import ceil
 
-from agent.coordinator.planning.claimdemand import ClaimDemand, PendingRequest
+from agent.coordinator.planning.claimdemand import (
+    ClaimDemand,
+    PendingRequest,
+    list_capped,
+    pool_of,
+)
 from agent.coordinator.planning.demand import Demand, DemandEntry
 from agent.errors import InvalidSpec
 from agent.gpu.profiles import parse_profile
-from agent.kube import InClusterKubeClient
+from agent.kube import InClusterKubeClient, dig
 
 __all__ = [
     "ClusterDemand",
@@ -39,7 +44,6 @@ __all__ = [
 MIG_PREFIX = "nvidia.com/mig-"
 #: Pods read at most: far above a cluster's GPU pods, a bound on what one answer may cost.
 MAX_PODS = 200_000
-_PAGE = 500
 _RESOURCE = re.compile(r"^(\d+g\.\d+gb)((?:\.me(?:\.all)?)|\.gfx)?(-me)?(\.shared)?$")
 
 
@@ -63,21 +67,8 @@ def cluster_client() -> InClusterKubeClient:
 
 def list_pods(client: InClusterKubeClient) -> list[object]:
     """Every pod not finished, page by page (RBAC: pods list, cluster-wide)."""
-    items: list[object] = []
-    token = ""
-    while True:
-        query = {"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"}
-        query["limit"] = str(_PAGE)
-        if token:
-            query["continue"] = token
-        page = client.get("/api/v1/pods", query)
-        got = _get(page, "items")
-        items += got if isinstance(got, list) else []
-        if len(items) > MAX_PODS:
-            raise InvalidSpec(f"more than {MAX_PODS} pods in the cluster: not read")
-        token = str(_get(page, "metadata", "continue") or "")
-        if not token:
-            return items
+    running = {"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"}
+    return list_capped(client, "/api/v1/pods", MAX_PODS, "pods", running)
 
 
 def mig_profile(resource: str) -> tuple[str, bool] | None:
@@ -120,7 +111,7 @@ def demand_from_pods(
     pending = running = whole = 0
     bad: Counter[str] = Counter()
     for item in items:
-        phase = _get(item, "status", "phase")
+        phase = dig(item, "status", "phase")
         if phase not in ("Pending", "Running"):
             continue
         asked = _requests(item)
@@ -135,18 +126,18 @@ def demand_from_pods(
                 whole += 1
         if not mig:
             continue
-        if phase == "Pending" and not _get(item, "spec", "nodeName"):
+        if phase == "Pending" and not dig(item, "spec", "nodeName"):
             pending += 1
         else:
             running += 1
-        priority = _get(item, "spec", "priority")
+        priority = dig(item, "spec", "priority")
         level = priority if isinstance(priority, int) and not isinstance(priority, bool) else 0
-        pool = _pool(_get(item, "spec", "nodeSelector"))
+        pool = pool_of(dig(item, "spec", "nodeSelector"))
         for resource, (profile, n) in mig.items():
             base = resource.removesuffix(".shared")
             wanted[(profile, level, pool, base)] += n
-            if phase == "Pending" and not _get(item, "spec", "nodeName"):
-                who = f"{_get(item, 'metadata', 'namespace')}/{_get(item, 'metadata', 'name')}"
+            if phase == "Pending" and not dig(item, "spec", "nodeName"):
+                who = f"{dig(item, 'metadata', 'namespace')}/{dig(item, 'metadata', 'name')}"
                 devices = ceil(n / per_replica.get(base, 1))
                 waiting.append(PendingRequest(who, profile, devices, level, pool))
     entries: Counter[tuple[str, int, str | None]] = Counter()
@@ -202,9 +193,9 @@ def with_claims(found: ClusterDemand, claims: ClaimDemand) -> ClusterDemand:
 def _requests(pod: object) -> Counter[str]:
     """Kubernetes' effective request per resource: containers summed, or the largest init's."""
     total: Counter[str] = Counter()
-    for c in _list(_get(pod, "spec", "containers")):
+    for c in _list(dig(pod, "spec", "containers")):
         total.update(_container(c))
-    for c in _list(_get(pod, "spec", "initContainers")):
+    for c in _list(dig(pod, "spec", "initContainers")):
         for name, n in _container(c).items():
             total[name] = max(total[name], n)
     return total
@@ -213,8 +204,8 @@ def _requests(pod: object) -> Counter[str]:
 def _container(container: object) -> Counter[str]:
     out: Counter[str] = Counter()
     # Extended resources: limits and requests must be equal; a limit alone sets the request.
-    limits = _get(container, "resources", "limits")
-    requests = _get(container, "resources", "requests")
+    limits = dig(container, "resources", "limits")
+    requests = dig(container, "resources", "requests")
     for source in (limits, requests):
         if not isinstance(source, dict):
             continue
@@ -233,19 +224,5 @@ def _quantity(raw: object) -> int | None:
     return None
 
 
-def _pool(selector: object) -> str | None:
-    if not isinstance(selector, dict) or not selector:
-        return None
-    return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
-
-
 def _list(obj: object) -> list[object]:
     return obj if isinstance(obj, list) else []
-
-
-def _get(obj: object, *keys: str) -> object:
-    for key in keys:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj

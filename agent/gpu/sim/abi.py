@@ -53,6 +53,22 @@ def symbol(
     return register
 
 
+def creators(plain: str, placed: str, create: Callable[[Any, Any, Any, Any, Any], None]) -> None:
+    """Register a create symbol and its ...WithPlacement twin, whose placement is required;
+    ``create(drv, handle, profile_id, placement or None, ref)`` does the work of both."""
+
+    def anywhere(drv: Any, handle: Any, profile_id: Any, ref: Any) -> None:
+        create(drv, handle, profile_id, None, ref)
+
+    def at(drv: Any, handle: Any, profile_id: Any, placement: Any, ref: Any) -> None:
+        if placement is None:
+            raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        create(drv, handle, profile_id, placement, ref)
+
+    symbol(plain)(anywhere)
+    symbol(placed)(at)
+
+
 def fail(code: int) -> NvmlReturn:
     return NvmlReturn(code)
 

@@ -14,6 +14,7 @@ import pynvml
 from agent.gpu.models import CiProfileSpec, profile_name
 from agent.gpu.sim import activity, layout
 from agent.gpu.sim.abi import (
+    creators,
     fail,
     handle_slot,
     read_placement,
@@ -122,18 +123,11 @@ def _create_ci(drv: SimDriver, handle: Any, profile_id: Any, placement: Any, ref
     store_handle(slot, _ci_handle(t, ci))
 
 
-@symbol("nvmlGpuInstanceCreateComputeInstance")
-def create_ci(drv: SimDriver, handle: Any, profile_id: Any, ref: Any) -> None:
-    _create_ci(drv, handle, profile_id, None, ref)
-
-
-@symbol("nvmlGpuInstanceCreateComputeInstanceWithPlacement")
-def create_ci_with_placement(
-    drv: SimDriver, handle: Any, profile_id: Any, placement: Any, ref: Any
-) -> None:
-    if placement is None:
-        raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-    _create_ci(drv, handle, profile_id, placement, ref)
+creators(
+    "nvmlGpuInstanceCreateComputeInstance",
+    "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
+    _create_ci,
+)
 
 
 @symbol("nvmlComputeInstanceDestroy")

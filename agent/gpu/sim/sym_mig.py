@@ -16,6 +16,7 @@ import pynvml
 from agent.gpu.models import GiProfileSpec, profile_name
 from agent.gpu.sim import activity, layout, lifecycle
 from agent.gpu.sim.abi import (
+    creators,
     fail,
     handle_slot,
     read_placement,
@@ -185,18 +186,7 @@ def _create_gi(drv: SimDriver, handle: Any, profile_id: Any, placement: Any, ref
     store_handle(slot, gi_handle(t, gi))
 
 
-@symbol("nvmlDeviceCreateGpuInstance")
-def create_gi(drv: SimDriver, handle: Any, profile_id: Any, ref: Any) -> None:
-    _create_gi(drv, handle, profile_id, None, ref)
-
-
-@symbol("nvmlDeviceCreateGpuInstanceWithPlacement")
-def create_gi_with_placement(
-    drv: SimDriver, handle: Any, profile_id: Any, placement: Any, ref: Any
-) -> None:
-    if placement is None:
-        raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-    _create_gi(drv, handle, profile_id, placement, ref)
+creators("nvmlDeviceCreateGpuInstance", "nvmlDeviceCreateGpuInstanceWithPlacement", _create_gi)
 
 
 @symbol("nvmlGpuInstanceDestroy")

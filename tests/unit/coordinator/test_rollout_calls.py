@@ -199,7 +199,7 @@ def test_the_nodes_of_a_wave_share_their_claim_reads(tmp_path: Path) -> None:
 
 
 class ConfigMaps:
-    """The API's ConfigMaps in memory (the `Requester` a ClusterReport calls); Events are
+    """The API's ConfigMaps in memory (the `Requests` a ClusterReport calls); Events are
     dropped. ``writes`` counts the ConfigMap POSTs and PUTs."""
 
     def __init__(self) -> None:
