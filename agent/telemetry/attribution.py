@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from agent.gpu.readings import GpuIdentity, MigLayout
 from agent.gpu.types import GpuLayout
-from agent.telemetry.pods import Allocation, DeviceId, EntityKey, attribute, claims_of
+from agent.telemetry.allocation import Allocation, DeviceId, EntityKey, attribute, claims_of
 from agent.telemetry.snapshot import DraClaim, Entity, EntitySample, PodRef
 
 __all__ = ["Attribution", "attribute_samples", "profile_of", "resolver"]

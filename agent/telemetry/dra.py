@@ -27,17 +27,14 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from agent.kube import InClusterKubeClient, dig
 from agent.kube_watch import Informer
+from agent.telemetry.allocation import Allocation
 from agent.telemetry.reader import Degraded, Frame, Part
-
-if TYPE_CHECKING:  # pods.py parses kubelet's answer with this module's devices
-    from agent.telemetry.pods import Allocation
 
 log = logging.getLogger(__name__)
 

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from agent.gpu.reading_calls import Reading
 from agent.gpu.readings import GpuIdentity, MigLayout
 from agent.gpu.types import GpuLayout
+from agent.telemetry.allocation import Allocation
+from agent.telemetry.attribution import Attribution
 from agent.telemetry.snapshot import ClockEventCount, P2pLink, PodUsage, XidCount
-
-if TYPE_CHECKING:  # only named here: the pods and DRA readers import this module
-    from agent.telemetry.attribution import Attribution
-    from agent.telemetry.pods import Allocation
 
 __all__ = ["Degraded", "EntityKey", "Frame", "Part", "Reader", "merge"]
 

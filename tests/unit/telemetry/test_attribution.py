@@ -7,8 +7,8 @@ from types import MappingProxyType
 
 from agent.gpu.readings import GpuIdentity, GpuInstanceInfo, MigDevice, MigLayout
 from agent.gpu.types import ComputeInstance, GpuInfo, GpuInstance, GpuLayout, MigMode, Placement
+from agent.telemetry.allocation import Allocation, DeviceId
 from agent.telemetry.attribution import attribute_samples
-from agent.telemetry.pods import Allocation, DeviceId
 from agent.telemetry.snapshot import DraClaim, Entity, EntitySample, InstanceIdentity, PodRef
 
 GPU0 = GpuIdentity(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", "00000000:18:00.0", 0)

@@ -9,15 +9,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.telemetry.pods import (
-    Allocation,
-    DeviceId,
-    EntityKey,
-    PodResourcesClient,
-    PodWatcher,
-    attribute,
-    parse_device_id,
-)
+from agent.telemetry.allocation import Allocation, DeviceId, EntityKey, attribute, parse_device_id
+from agent.telemetry.pods import PodResourcesClient, PodWatcher
 from agent.telemetry.snapshot import PodRef
 from agent.telemetry.stats import TelemetryStats
 from tests.unit.telemetry.kubelet import FakeKubelet, serve
