@@ -13,7 +13,6 @@ lives until the apply bound to it ends, as on an agent.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import random
 import tempfile
 import time
@@ -34,47 +33,14 @@ from agent._proto.gpuagent.v1 import (
 from agent.api.auth import Policy, Role
 from agent.api.interceptor import ApiInterceptor
 from agent.gpu import open_driver
-from agent.gpu.types import ComputeInstance, GpuInstance, GpuLayout, MigMode, Placement, Process
-from agent.mig.desired import Desired
-from agent.mig.plan import plan_gpu
+from agent.gpu.types import GpuLayout
 from agent.wire.node import gpu_pb
+from bench.fleet_planner import TEMPLATES, with_instances
 from tests.unit.api.support import COORDINATOR
 
 __all__ = ["PRESETS", "CannedAgents", "agent_server", "canned_nodes", "server_credentials"]
 
 PRESETS = ("dgx-h100", "dgx-a100-80", "hgx-h200", "dgx-a100")
-#: per GPU: MIG off, or instances by compute-slice count (resolved per model)
-TEMPLATES: tuple[dict[int, int] | None, ...] = (None, {1: 7}, {3: 2}, {1: 2, 2: 1, 3: 1}, {7: 1})
-
-
-def _with_instances(
-    layout: GpuLayout, slices: dict[int, int] | None, rng: random.Random
-) -> GpuLayout:
-    if slices is None:
-        return layout
-    names = {
-        p.slice_count: p.name
-        for p in reversed(layout.profiles)
-        if "+me" not in p.name and (p.slice_count > 1 or p.memory_slices == 1)
-    }
-    desired = Desired(True, tuple((names[g], n) for g, n in slices.items()))
-    target = plan_gpu(layout, desired).target
-    assert target is not None
-    instances = tuple(
-        GpuInstance(
-            i + 1,
-            gi.profile_id,
-            gi.profile_name,
-            gi.placement,
-            tuple(ComputeInstance(0, ci.slices, Placement(0, ci.slices), None) for ci in gi.cis),
-        )
-        for i, gi in enumerate(target.instances)
-    )
-    busy = tuple(
-        Process(10_000 + gi.id, 1 << 30, gi.id, 0) for gi in instances if rng.random() < 0.4
-    )
-    gpu = dataclasses.replace(layout.gpu, mig_mode=MigMode(True, True))
-    return GpuLayout(gpu, layout.profiles, instances, busy)
 
 
 def canned_nodes(count: int, seed: int) -> list[bytes]:
@@ -93,7 +59,7 @@ def canned_nodes(count: int, seed: int) -> list[bytes]:
         preset = PRESETS[i % len(PRESETS)]
         node = agent_pb2.Node(name=f"node-{i:04}", simulated_preset=preset, agent_version="bench")
         for layout in base[preset]:
-            chosen = _with_instances(layout, rng.choice(TEMPLATES), rng)
+            chosen = with_instances(layout, rng.choice(TEMPLATES), rng, 0.4)
             gpu = gpu_pb(chosen, idle_seconds=7200.0)
             gpu.uuid = f"GPU-{i:04}-{layout.gpu.index}"
             node.gpus.append(gpu)
