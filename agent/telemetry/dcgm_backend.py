@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from agent.telemetry.gpm import NO_GPM
-from agent.telemetry.reader import Frame, Part
+from agent.telemetry.reader import Frame, Part, Reader
 from dcgm.fields import Field, Gpm, Level
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ class ProfilingBackend(Protocol):
         ...
 
 
-class DcgmReader:
+class DcgmReader(Reader):
     """The DCGM reader: DCP fields, and GR-engine activity for idle tracking, of the GPUs and
     GPU instances on GPUs without GPM. A failing hostengine fails the reader (its fields have
     no value this tick), never the GPM or NVML readers."""
@@ -181,9 +181,6 @@ class DcgmReader:
         self._backend = backend
         self._fields = [f for f in fields if isinstance(f.source, Gpm)]
         self._instance_fields = [f for f in self._fields if f.level is not Level.GPU]
-
-    def close(self) -> None:
-        pass
 
     def read(self, frame: Frame) -> Part:
         part = Part()

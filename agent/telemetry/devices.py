@@ -18,7 +18,7 @@ from types import MappingProxyType
 from agent.errors import AgentError, DeviceLost, NotSupported
 from agent.gpu.reading_calls import Reading
 from agent.gpu.readings import GpuIdentity, MigLayout, NodeReader
-from agent.telemetry.reader import Frame, Part
+from agent.telemetry.reader import Frame, Part, Reader
 from agent.telemetry.snapshot import ClockEventCount, P2pLink
 from agent.telemetry.stats import TelemetryStats
 from dcgm.fields import (
@@ -64,7 +64,7 @@ class _Gpu:
     )
 
 
-class DeviceReader:
+class DeviceReader(Reader):
     name = "devices"
     after_attribution = False
 
@@ -93,9 +93,6 @@ class DeviceReader:
         self._gpus: dict[int, _Gpu] = {}
         #: read once (topology); None until read, or when the driver cannot tell
         self._p2p: dict[tuple[int, int], int] | None = None
-
-    def close(self) -> None:
-        pass
 
     def read(self, frame: Frame) -> Part:
         part = Part()

@@ -34,7 +34,7 @@ from prometheus_client.registry import Collector
 from agent.kube import InClusterKubeClient, dig
 from agent.kube_watch import Informer
 from agent.telemetry.allocation import Allocation
-from agent.telemetry.reader import Degraded, Frame, Part
+from agent.telemetry.reader import Degraded, Frame, Part, Reader
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +251,7 @@ class DraSlicesCollector(Collector):
         yield count
 
 
-class DraReader:
+class DraReader(Reader):
     """The DRA claims reader: the claims' devices among kubelet's allocations, told apart by
     this node's ResourceSlices. Until the slices were listed once no claim's device can be
     told: the reader fails with the watch's status, and no claim is guessed."""
@@ -264,9 +264,6 @@ class DraReader:
     ) -> None:
         self._devices = devices
         self._allocations = allocations
-
-    def close(self) -> None:
-        pass
 
     def read(self, frame: Frame) -> Part:
         if self._devices.lookup() is None:

@@ -27,7 +27,7 @@ from agent._proto.k8s.podresources.v1 import api_pb2, api_pb2_grpc
 from agent.telemetry.allocation import Allocation, DeviceId, parse_device_id
 from agent.telemetry.dra import DRIVER as DRA_DRIVER
 from agent.telemetry.dra import DeviceKey, DraDevices, SliceDevice
-from agent.telemetry.reader import Degraded, Frame, Part
+from agent.telemetry.reader import Degraded, Frame, Part, Reader
 from agent.telemetry.snapshot import DraClaim, PodRef
 from agent.telemetry.stats import TelemetryStats
 
@@ -182,7 +182,7 @@ class PodWatcher:
             self.refresh()
 
 
-class PodsReader:
+class PodsReader(Reader):
     """The kubelet pod-resources reader: the device plugin's allocations from the watcher's
     latest List (the last good answer while kubelet fails). With no socket, nobody can tell
     who holds what: the reader fails, saying so, and GPU series carry no pod."""
@@ -192,9 +192,6 @@ class PodsReader:
 
     def __init__(self, watcher: PodWatcher) -> None:
         self._watcher = watcher
-
-    def close(self) -> None:
-        pass
 
     def read(self, frame: Frame) -> Part:
         absent = self._watcher.absent()

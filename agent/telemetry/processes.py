@@ -14,7 +14,7 @@ from pathlib import Path
 from agent.errors import AgentError, DeviceLost, NotSupported
 from agent.gpu.readings import MigLayout, NodeReader
 from agent.telemetry.procs import ContainerDirectory, read_container_id
-from agent.telemetry.reader import Frame, Part
+from agent.telemetry.reader import Frame, Part, Reader
 from agent.telemetry.snapshot import Entity, PodRef, PodUsage
 from agent.telemetry.stats import TelemetryStats
 from agent.telemetry.usage import UNMAPPED, Unmapped, pod_usage
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 __all__ = ["ProcessReader"]
 
 
-class ProcessReader:
+class ProcessReader(Reader):
     name = "processes"
     after_attribution = True
 
@@ -45,9 +45,6 @@ class ProcessReader:
         self._wall = wall_clock
         #: GPU -> NVML timestamp (µs) of the newest utilisation sample; -1: unsupported there
         self._util_since_us: dict[int, int] = {}
-
-    def close(self) -> None:
-        pass
 
     def read(self, frame: Frame) -> Part:
         """The usage rows of every held entity; the one holder's rows carry its DRA claim."""

@@ -93,8 +93,9 @@ class Reader(Protocol):
         ...
 
     def close(self) -> None:
-        """Free what the reader holds (NVML buffers); the collection is stopping."""
-        ...
+        """Free what the reader holds (NVML buffers); the collection is stopping. Most readers
+        hold nothing: they subclass this protocol and keep this empty default."""
+        return None
 
 
 def merge(parts: Iterable[Part]) -> Part:

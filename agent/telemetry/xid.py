@@ -22,7 +22,7 @@ from agent.errors import AgentError
 from agent.gpu.readings import GpuIdentity, MigLayout, NodeReader
 from agent.gpu.xid_events import XidEvent, XidEvents
 from agent.telemetry.attribution import profile_of
-from agent.telemetry.reader import Degraded, Frame, Part
+from agent.telemetry.reader import Degraded, Frame, Part, Reader
 from agent.telemetry.snapshot import Entity, InstanceIdentity, XidCount
 from agent.telemetry.stats import TelemetryStats
 from dcgm.fields import Field, XidWindow
@@ -217,7 +217,7 @@ def _xid_order(item: tuple[tuple[int, int | None, int], int]) -> tuple[int, int,
 _XID_FIELD = 230  # DCGM_FI_DEV_XID_ERRORS: the last XID per GPU
 
 
-class XidReader:
+class XidReader(Reader):
     """The XID reader: the last XID per GPU (``DCGM_FI_DEV_XID_ERRORS``), the counts since start
     and within the window, as the counters select. While the event set is broken, XIDs may be
     missed: the reader fails, so no count is published that could be short."""
@@ -230,9 +230,6 @@ class XidReader:
         self._last = next((f for f in fields if f.id == _XID_FIELD), None)
         self._counts = any(isinstance(f.source, XidEventsField) for f in fields)
         self._window = any(isinstance(f.source, XidWindow) for f in fields)
-
-    def close(self) -> None:
-        pass
 
     def read(self, frame: Frame) -> Part:
         part = Part()

@@ -70,7 +70,7 @@ class RecordingPuller:
         pass  # anonymous pulls only
 
     def interrupt(self) -> None:
-        pass
+        pass  # a recorded pull returns at once: nothing waits
 
     def present(self, ref: str) -> bool:
         return ref in self.pulled
