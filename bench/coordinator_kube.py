@@ -311,6 +311,22 @@ def rollout_done(api: EdgeKubeApi, names: list[str]) -> bool:
     return doc.get("state") == "done" and all(states.get(n) == "succeeded" for n in names)
 
 
+def start_agents(args: argparse.Namespace, pki: Pki) -> tuple[list[Any], list[Any]]:
+    """The stand-in agents: ``args.procs`` processes sharing ``args.nodes`` mTLS ports; each
+    sends its ports down its pipe once it listens."""
+    ctx = multiprocessing.get_context("spawn")
+    canned = canned_nodes(16, args.seed)
+    pipes, procs = [], []
+    for k in range(args.procs):
+        mine, theirs = ctx.Pipe()
+        count = len(range(k, args.nodes, args.procs))
+        proc = ctx.Process(target=_serve, args=(count, canned, str(pki.root), args.apply_s, theirs))
+        proc.start()
+        pipes.append(mine)
+        procs.append(proc)
+    return pipes, procs
+
+
 def run(args: argparse.Namespace) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="coordinator-kube-") as name:
@@ -319,18 +335,7 @@ def run(args: argparse.Namespace) -> list[tuple[str, str]]:
         cert, key = make_tls_cert(tmp)
         token = tmp / "token"
         token.write_text("token-1\n")
-        ctx = multiprocessing.get_context("spawn")
-        canned = canned_nodes(16, args.seed)
-        pipes, procs = [], []
-        for k in range(args.procs):
-            mine, theirs = ctx.Pipe()
-            count = len(range(k, args.nodes, args.procs))
-            proc = ctx.Process(
-                target=_serve, args=(count, canned, str(pki.root), args.apply_s, theirs)
-            )
-            proc.start()
-            pipes.append(mine)
-            procs.append(proc)
+        pipes, procs = start_agents(args, pki)
         api = EdgeKubeApi(token_path=token, validate=False)
         server = None
         coordinator = None
