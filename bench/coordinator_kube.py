@@ -59,8 +59,6 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -75,7 +73,7 @@ from bench.canned_agents import (  # noqa: E402
 )
 from tests.kube.fake_api import Pod  # noqa: E402
 from tests.kube.fake_edge import Call, EdgeKubeApi  # noqa: E402
-from tests.kube.fixtures import make_tls_cert  # noqa: E402
+from tests.kube.fixtures import make_tls_cert, stand_in_kubeconfig  # noqa: E402
 from tests.unit.api.support import Pki  # noqa: E402
 
 NAMESPACE = "gpu-agent"
@@ -125,19 +123,6 @@ def _serve(
 
 
 # -- the run -------------------------------------------------------------------------------------
-
-
-def kubeconfig(path: Path, url: str, ca: Path, token: str) -> Path:
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "stand-in",
-        "contexts": [{"name": "stand-in", "context": {"cluster": "c", "user": "u"}}],
-        "clusters": [{"name": "c", "cluster": {"server": url, "certificate-authority": str(ca)}}],
-        "users": [{"name": "u", "user": {"token": token}}],
-    }
-    path.write_text(yaml.safe_dump(doc))
-    return path
 
 
 def node_labels(i: int) -> dict[str, str]:
@@ -350,7 +335,7 @@ def run(args: argparse.Namespace) -> list[tuple[str, str]]:
                     Pod(NAMESPACE, f"gpu-agent-{i:05}", node, dict(AGENT_LABELS), "127.0.0.1", port)
                 )
             server, url = api.serve(cert, key)
-            config = kubeconfig(tmp / "kubeconfig", url, cert, "token-1")
+            config = stand_in_kubeconfig(tmp / "kubeconfig", url, cert, "token-1")
             desired = tmp / "desired.yaml"
             desired.write_text(DESIRED)
             began = time.monotonic()

@@ -20,6 +20,7 @@ import yaml
 from agent.cli.fleet import fleet
 from tests.integration.coordinators import NODES, Replica, desired, h100_fleet, layouts
 from tests.kube.fake_api import FakeKubeApi, Pod
+from tests.kube.fixtures import stand_in_kubeconfig
 from tests.unit.api.support import wait_for
 from tests.unit.coordinator.agents import AgentFleet, invoke, most_at_once, op_intervals
 
@@ -34,19 +35,6 @@ STEP_S = 120.0
 def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentFleet]:
     with h100_fleet(tmp_path_factory.mktemp("replicas")) as fleet:
         yield fleet
-
-
-def kubeconfig(path: Path, url: str, ca: Path, token: str) -> Path:
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "stand-in",
-        "contexts": [{"name": "stand-in", "context": {"cluster": "c", "user": "u"}}],
-        "clusters": [{"name": "c", "cluster": {"server": url, "certificate-authority": str(ca)}}],
-        "users": [{"name": "u", "user": {"token": token}}],
-    }
-    path.write_text(yaml.safe_dump(doc))
-    return path
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -73,7 +61,7 @@ def test_two_replicas_take_turns_and_never_exceed_max_unavailable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     api, url = kube_api
-    config = kubeconfig(agents.root / "kubeconfig", url, tls_cert[0], "token-1")
+    config = stand_in_kubeconfig(agents.root / "kubeconfig", url, tls_cert[0], "token-1")
     path = agents.root / "desired.yaml"
     path.write_text(desired("halves", "3g.40gb: 2"))
     replicas = [replica(f"replica-{i}", agents, path, config) for i in range(2)]
@@ -186,7 +174,7 @@ def test_fleet_status_from_a_laptop_with_a_kubeconfig(
         api.pods.append(
             Pod("gpu-agent", f"gpu-agent-{name}", name, dict(selector), "127.0.0.1", port)
         )
-    config = kubeconfig(agents.root / "laptop-kubeconfig", url, tls_cert[0], "token-1")
+    config = stand_in_kubeconfig(agents.root / "laptop-kubeconfig", url, tls_cert[0], "token-1")
     monkeypatch.setenv("KUBECONFIG", str(config))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     tls = agents.args()[2:]  # the client certificate flags, without --agents
@@ -208,7 +196,7 @@ def test_a_change_by_hand_takes_the_free_lease_and_posts_node_events(
     and leaves an Event on each Node it changed."""
     api, url = kube_api
     monkeypatch.setenv(
-        "KUBECONFIG", str(kubeconfig(agents.root / "kc", url, tls_cert[0], "token-1"))
+        "KUBECONFIG", str(stand_in_kubeconfig(agents.root / "kc", url, tls_cert[0], "token-1"))
     )
     mig = agents.root / "hand.yaml"
     mig.write_text(yaml.safe_load(desired("quarters", "2g.20gb: 3"))["mig"][0]["config"])

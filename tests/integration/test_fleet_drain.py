@@ -13,12 +13,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-import yaml
 
 from agent._proto.gpuagent.v1 import agent_pb2, agent_pb2_grpc
 from agent.client import AsyncAgentClient as AgentClient
 from agent.client import ClientTls
 from tests.kube.fake_api import FakeKubeApi, Pod
+from tests.kube.fixtures import stand_in_kubeconfig
 from tests.unit.api.support import Pki, wait_for
 from tests.unit.coordinator.agents import AgentFleet
 from tests.unit.telemetry.kubelet import FakeKubelet, serve
@@ -42,17 +42,6 @@ def node(tmp_path: Path) -> Iterator[tuple[AgentFleet, FakeKubelet]]:
     kubelet = FakeKubelet()
     with serve(tmp_path / "n1" / "kubelet.sock", kubelet), fleet:
         yield fleet, kubelet
-
-
-def kubeconfig(path: Path, url: str, ca: Path) -> Path:
-    doc = {
-        "current-context": "c",
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "clusters": [{"name": "c", "cluster": {"server": url, "certificate-authority": str(ca)}}],
-        "users": [{"name": "u", "user": {"token": "token-1"}}],
-    }
-    path.write_text(yaml.safe_dump(doc))
-    return path
 
 
 def test_a_drain_cordons_evicts_within_the_budget_applies_and_uncordons(
@@ -83,7 +72,7 @@ def test_a_drain_cordons_evicts_within_the_budget_applies_and_uncordons(
     api.pdb_refusals[POD] = 2  # its PodDisruptionBudget refuses twice
     # The kubelet stops an evicted pod's containers: here, its process on the simulator.
     api.on_evict = lambda ns, name: agents.sim("n1", "process", "stop", "4242")
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(agents.root / "kc", url, tls_cert[0])))
+    monkeypatch.setenv("KUBECONFIG", str(stand_in_kubeconfig(agents.root / "kc", url, tls_cert[0])))
     mig = agents.root / "mig.yaml"
     mig.write_text(MIG)
 
@@ -121,7 +110,7 @@ def test_a_blocking_process_no_pod_owns_is_not_drained(
     api, url = kube_api
     api.nodes["n1"] = {}
     agents.sim("n1", "process", "start", "4343", "--gpu", "0")
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(agents.root / "kc", url, tls_cert[0])))
+    monkeypatch.setenv("KUBECONFIG", str(stand_in_kubeconfig(agents.root / "kc", url, tls_cert[0])))
     mig = agents.root / "mig.yaml"
     mig.write_text(MIG)
     result = agents.fleet("apply", "mig", "-f", str(mig), "--drain", "--namespace", "gpu-agent")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+import yaml
 
 from agent.kube import InClusterKubeClient
 from tests.kube import schema
@@ -17,6 +18,20 @@ from tests.kube.fake_edge import EdgeKubeApi
 
 NODE = "gpu-node-1"
 A = TypeVar("A", bound=FakeKubeApi)
+
+
+def stand_in_kubeconfig(path: Path, url: str, ca: Path, token: str = "token-1") -> Path:
+    """A kubeconfig for the API stand-in at ``url``: its CA and a bearer token."""
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "stand-in",
+        "contexts": [{"name": "stand-in", "context": {"cluster": "c", "user": "u"}}],
+        "clusters": [{"name": "c", "cluster": {"server": url, "certificate-authority": str(ca)}}],
+        "users": [{"name": "u", "user": {"token": token}}],
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
 
 
 def make_tls_cert(directory: Path) -> tuple[Path, Path]:

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agent.cli.fleet import fleet
 from tests.kube.fake_api import FakeKubeApi, Pod
+from tests.kube.fixtures import stand_in_kubeconfig
 from tests.unit.coordinator.agents import Outcome, invoke
 from tests.unit.coordinator.fakeagents import FakeAgent, FakeAgents, fake_agents, mark, node
 
@@ -20,18 +20,6 @@ XID48 = "XID 48 (double-bit ECC error): needs a GPU reset"
 XID79 = "XID 79 (GPU has fallen off the bus): needs a reboot"
 TRAIN = ("team", "train-0")
 SERVE = ("team", "serve-1")
-
-
-def kubeconfig(path: Path, url: str, ca: Path) -> Path:
-    """A kubeconfig for the API stand-in at ``url``."""
-    doc = {
-        "current-context": "c",
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "clusters": [{"name": "c", "cluster": {"server": url, "certificate-authority": str(ca)}}],
-        "users": [{"name": "u", "user": {"token": "token-1"}}],
-    }
-    path.write_text(yaml.safe_dump(doc))
-    return path
 
 
 @pytest.fixture
@@ -48,7 +36,7 @@ def api(
     monkeypatch: pytest.MonkeyPatch,
 ) -> FakeKubeApi:
     fake, url = kube_api
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kc", url, tls_cert[0])))
+    monkeypatch.setenv("KUBECONFIG", str(stand_in_kubeconfig(tmp_path / "kc", url, tls_cert[0])))
     fake.nodes["n1"] = {}
     fake.pods += [Pod(*TRAIN, "n1", {}), Pod(*SERVE, "n1", {})]
     return fake
