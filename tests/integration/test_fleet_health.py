@@ -26,10 +26,10 @@ import pytest
 from agent._proto.gpuagent.v1 import agent_pb2
 from agent.cli.fleet import fleet
 from tests.kube.fake_api import FakeKubeApi, Pod
+from tests.kube.fixtures import stand_in_kubeconfig
 from tests.unit.api.support import REPO, Pki
 from tests.unit.coordinator.agents import AgentFleet, invoke
 from tests.unit.coordinator.fakeagents import FakeAgent, FakeAgents, fake_agents, mark
-from tests.unit.coordinator.test_remediate import kubeconfig
 
 pytestmark = pytest.mark.integration
 
@@ -89,7 +89,7 @@ def test_a_failed_gpu_is_shown_skipped_by_rollouts_and_reset_by_remediate(
     api.nodes["n1"] = {}
     api.pods.append(Pod(*POD, "n1", {}))
     api.on_evict = lambda ns, name: real.sim("n1", "process", "stop", "4242")
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(real.root / "kc", url, tls_cert[0])))
+    monkeypatch.setenv("KUBECONFIG", str(stand_in_kubeconfig(real.root / "kc", url, tls_cert[0])))
     result = invoke(fleet, ["remediate", "n1", "--apply", "-o", "json", *args])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
