@@ -4,7 +4,7 @@
 READ-ONLY: no MIG mode, instance, power limit, clock or reset is changed. Three parts, about
 one to two minutes on one GPU (at most 8):
 
-1. **record**: every NVML answer the agent's read paths use (agent.gpu.record: identity,
+1. **record**: every NVML answer the agent's read paths use (agent.doctor.gpu_record: identity,
    memory, power range, which readings answer, MIG mode, GI profiles and placements, GPM
    metrics, event types), for the real GPU and for the simulator's model with the same PCI
    device id, diffed field by field.
@@ -42,9 +42,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from agent.doctor.gpu_record import differences, record_gpu  # noqa: E402
 from agent.errors import AgentError  # noqa: E402
 from agent.gpu.nvml import GpuDriver  # noqa: E402
-from agent.gpu.record import differences, record_gpu  # noqa: E402
 
 #: The series a load must move, under dcgm-exporter's names.
 MOVING_SERIES = (
