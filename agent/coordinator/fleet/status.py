@@ -12,7 +12,8 @@ import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from agent.coordinator.fleet.capacity import free_capacity, idle_devices, slice_map
 from agent.coordinator.fleet.health import STATES, UNKNOWN, GpuMark, InstanceMark
@@ -20,6 +21,9 @@ from agent.coordinator.fleet.inventory import PROCESSES, NodeView
 from agent.dra.mode import Allocation
 from agent.gpu.types import GpuLayout
 from agent.mig.desired import current_counts
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "MAX_ATTENTION",
@@ -262,43 +266,24 @@ def fleet_status(views: Sequence[NodeView]) -> FleetStatus:
     return FleetStatus(nodes, profiles)
 
 
+@cache
+def _fields(kind: type[DataclassInstance]) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(kind))
+
+
+def _record(obj: DataclassInstance, **computed: Any) -> dict[str, Any]:
+    """A record's fields in order, shallow (dataclasses.asdict deep-copies every field: 0.3 s
+    for 1,000 nodes), with ``computed`` in place of the fields it names."""
+    return {name: getattr(obj, name) for name in _fields(type(obj))} | computed
+
+
 def _gpu_record(g: GpuStatus) -> dict[str, Any]:
-    return {
-        "index": g.index,
-        "uuid": g.uuid,
-        "model": g.model,
-        "mig": g.mig,
-        "slices": g.slices,
-        "devices": g.devices,
-        "idle": g.idle,
-        "creatable": g.creatable,
-        "health": _health_record(g.health),
-    }
-
-
-def _health_record(h: HealthStatus) -> dict[str, Any]:
-    return {
-        "state": h.state,
-        "reason": h.reason,
-        "action": h.action,
-        "since": h.since,
-        "pods": h.pods,
-        "instances": tuple(
-            {
-                "gpu_instance_id": i.gpu_instance_id,
-                "profile": i.profile,
-                "state": i.state,
-                "reason": i.reason,
-                "action": i.action,
-                "pods": i.pods,
-            }
-            for i in h.instances
-        ),
-    }
+    health = g.health
+    return _record(g, health=_record(health, instances=tuple(_record(i) for i in health.instances)))
 
 
 def _node_record(n: NodeStatus) -> dict[str, Any]:
-    # Spelled out: dataclasses.asdict deep-copies every field (0.3 s for 1,000 nodes).
+    # Spelled out: ``idle``, a property, stands between the fields.
     return {
         "name": n.name,
         "address": n.address,
