@@ -233,22 +233,6 @@ def _fills(
     media: bool,
 ) -> tuple[tuple[Counts, int, int], ...]:
     """Every set of new instances in the free slices: (counts added, how many, slices after)."""
-    return _enumerate_fills(creatable, width, taken, room, media)
-
-
-def clear_cache() -> None:
-    """Forget every GPU state's options (benchmarks measure a cold planner)."""
-    _options_cached.cache_clear()
-    _fills.cache_clear()
-
-
-def _enumerate_fills(
-    creatable: tuple[GiProfile, ...],
-    width: int,
-    taken: int,
-    room: tuple[int, ...],
-    media: bool,
-) -> tuple[tuple[Counts, int, int], ...]:
     # Placements by start slot: a set of disjoint placements is enumerated once, by its starts.
     starts: dict[int, list[tuple[int, int]]] = {}
     for i, p in enumerate(creatable):
@@ -280,3 +264,9 @@ def _enumerate_fills(
 
     visit(0, taken, media)
     return tuple(out)
+
+
+def clear_cache() -> None:
+    """Forget every GPU state's options (benchmarks measure a cold planner)."""
+    _options_cached.cache_clear()
+    _fills.cache_clear()
