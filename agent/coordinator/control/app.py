@@ -2,7 +2,7 @@
 endpoints from its settings and runs them until SIGTERM (``coordinator serve``).
 
 The CLI command only parses flags into `CoordinatorSettings` and calls `run_coordinator`; how
-the agents are found and dialled, and the Lease, come from the fleet options (`FleetSource`,
+the agents are found and dialled, and the Lease, come from the fleet options (`FleetOptions`,
 agent.coordinator.control.connect: the one place those are built).
 """
 
@@ -13,44 +13,19 @@ import logging
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from agent.coordinator.control import status_http
 from agent.coordinator.control.backoff import BackoffPolicy
 from agent.coordinator.control.cluster import ClusterReport
+from agent.coordinator.control.connect import FleetOptions
 from agent.coordinator.control.desired import load_desired
-from agent.coordinator.control.lease import (
-    ElectionTiming,
-    LeaderElector,
-    default_identity,
-    while_leading,
-)
+from agent.coordinator.control.lease import ElectionTiming, default_identity, while_leading
 from agent.coordinator.control.reconcile import Reconciler
-from agent.coordinator.fleet.channels import Fleet
 from agent.coordinator.fleet.query import STATUS_PATH
-from agent.coordinator.kube import KubeLister
 from agent.errors import AgentError
 from agent.http import HttpServer
 
 log = logging.getLogger(__name__)
-
-
-class FleetSource(Protocol):
-    """Where the agents are and how to reach them (the fleet options of the CLI)."""
-
-    @property
-    def namespace(self) -> str: ...
-
-    def open(self, *, watch: bool = False) -> Fleet: ...
-    def kube(self, *, required: bool = False) -> KubeLister | None: ...
-    def elector(
-        self,
-        lease: str,
-        *,
-        identity: str | None = None,
-        timing: ElectionTiming | None = None,
-        required: bool = False,
-    ) -> LeaderElector | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +50,7 @@ class CoordinatorSettings:
         return BackoffPolicy(base_s=base, max_s=max(base, cap), jitter=self.retry_jitter)
 
 
-def run_coordinator(settings: CoordinatorSettings, source: FleetSource) -> int:
+def run_coordinator(settings: CoordinatorSettings, source: FleetOptions) -> int:
     """Run the coordinator; the exit code (non-zero when ``once`` and the pass failed)."""
     host, _, port = settings.listen.rpartition(":")
     if not port.isdigit():
@@ -85,7 +60,7 @@ def run_coordinator(settings: CoordinatorSettings, source: FleetSource) -> int:
     return asyncio.run(_main(settings, source, host.strip("[]") or "0.0.0.0", int(port)))
 
 
-async def _main(settings: CoordinatorSettings, source: FleetSource, host: str, port: int) -> int:
+async def _main(settings: CoordinatorSettings, source: FleetOptions, host: str, port: int) -> int:
     once = settings.once
     fleet = source.open(watch=not once)
     kube = source.kube(required=bool(settings.leader_elect))
