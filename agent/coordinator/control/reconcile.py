@@ -90,23 +90,18 @@ class Stats:
     acting: bool = False
 
 
+# eq=False: the registry keys its collectors by identity.
+@dataclass(frozen=True, slots=True, eq=False)
 class _Collector:
     """Fresh metric families from `Stats` at every scrape (nothing to go stale)."""
 
-    def __init__(
-        self,
-        stats: Stats,
-        backoff: Backoff,
-        clock: Callable[[], float],
-        leading: Callable[[], bool],
-    ) -> None:
-        self._leading = leading
-        self._stats = stats
-        self._backoff = backoff
-        self._clock = clock
+    stats: Stats
+    backoff: Backoff
+    clock: Callable[[], float]
+    leading: Callable[[], bool]
 
     def collect(self) -> Iterator[Metric]:
-        s = self._stats
+        s = self.stats
         p = "gpu_agent_coordinator_"
         passes = CounterMetricFamily(p + "reconcile_passes", "Reconcile passes.", labels=["result"])
         for result in ("ok", "error"):
@@ -157,7 +152,7 @@ class _Collector:
         yield GaugeMetricFamily(
             p + "leader",
             "1 while this replica holds the Lease (or runs alone).",
-            value=float(self._leading()),
+            value=float(self.leading()),
         )
         yield from self._backoff_metrics(p)
         yield GaugeMetricFamily(
@@ -167,9 +162,9 @@ class _Collector:
         )
 
     def _backoff_metrics(self, p: str) -> Iterator[Metric]:
-        now = self._clock()
+        now = self.clock()
         waits: dict[str, list[float]] = {kind: [] for kind in KINDS}
-        for (kind, _node), held in self._backoff.held().items():
+        for (kind, _node), held in self.backoff.held().items():
             if held.retry_at > now and kind in waits:
                 waits[kind].append(held.retry_at - now)
         nodes = GaugeMetricFamily(
