@@ -47,14 +47,11 @@ class NodeDoctor:
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One problem shared by nodes: the most common fix, one node's evidence as an example."""
+    """One problem shared by nodes: a check with the most common fix and one node's evidence
+    as an example, and the nodes that have it."""
 
-    duty: str
-    name: str
-    state: CheckState
+    check: Check
     nodes: tuple[str, ...]
-    evidence: str
-    fix: str
 
 
 async def sweep(fleet: Fleet, targets: Sequence[Target] | None = None) -> tuple[NodeDoctor, ...]:
@@ -81,9 +78,10 @@ def findings(nodes: Sequence[NodeDoctor]) -> list[Finding]:
     for (duty, name, state), found in grouped.items():
         fix = Counter(c.fix for _, c in found).most_common(1)[0][0]
         names = tuple(sorted(n for n, _ in found))
-        out.append(Finding(duty, name, state, names, found[0][1].evidence, fix))
-    severity = {CheckState.FAILED: 0, CheckState.DEGRADED: 1, CheckState.OK: 2}
-    return sorted(out, key=lambda f: (severity[f.state], -len(f.nodes), f.duty, f.name))
+        out.append(Finding(Check(duty, name, state, found[0][1].evidence, fix), names))
+    return sorted(
+        out, key=lambda f: (-f.check.state.rank, -len(f.nodes), f.check.duty, f.check.name)
+    )
 
 
 def doctor_document(nodes: Sequence[NodeDoctor]) -> dict[str, Any]:
@@ -103,13 +101,13 @@ def doctor_document(nodes: Sequence[NodeDoctor]) -> dict[str, Any]:
         ],
         "findings": [
             {
-                "duty": f.duty,
-                "name": f.name,
-                "state": f.state.value,
+                "duty": f.check.duty,
+                "name": f.check.name,
+                "state": f.check.state.value,
                 "count": len(f.nodes),
                 "nodes": list(f.nodes),
-                "evidence": f.evidence,
-                "fix": f.fix,
+                "evidence": f.check.evidence,
+                "fix": f.check.fix,
             }
             for f in findings(nodes)
         ],
