@@ -13,8 +13,7 @@ tests/unit/sim/test_models.py pin each table. Device-level numbers the sources d
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass, replace
 
 import pynvml
 
@@ -184,8 +183,11 @@ def _gi(
     )
 
 
-def _spec_fields(spec: GiProfileSpec) -> dict[str, Any]:
-    return {f.name: getattr(spec, f.name) for f in fields(spec)}
+def _with_memory(base: tuple[GiProfileSpec, ...], *mib: int) -> tuple[GiProfileSpec, ...]:
+    """``base``'s rows on a board of another memory size: the same profiles, SMs and engines, with
+    the MiB of a GI of 1, 2, 4 and 8 memory slices (a GI's memory follows its memory slices)."""
+    by_slices = dict(zip((1, 2, 4, 8), mib, strict=True))
+    return tuple(replace(p, memory_mb=by_slices[p.memory_slices]) for p in base)
 
 
 _P1 = pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE
@@ -232,16 +234,7 @@ _A100_40GB_PROFILES = (
 
 # mig.md §1.3 "A100-80GB": GiB x 1024; 7g 80384 MiB from the go-nvml mock. The table has no
 # DEC/JPG/OFA columns: the 40GB values are used (assumed per reference: "same grid").
-_A100_80GB_PROFILES = (
-    #   const   id  attrs  G  M  max  MiB    SM  CE DEC JPG OFA starts
-    _gi(_P1,    19, "",    1, 1, 7,   9728,  14, 1, 0,  0,  0,  _S_1G),
-    _gi(_P1_ME, 20, "+me", 1, 1, 1,   9728,  14, 1, 1,  1,  1,  _S_1G),
-    _gi(_P1_2M, 15, "",    1, 2, 4,   19968, 14, 1, 1,  0,  0,  _S_1G_2M),
-    _gi(_P2,    14, "",    2, 2, 3,   19968, 28, 2, 1,  0,  0,  _S_2G),
-    _gi(_P3,     9, "",    3, 4, 2,   40192, 42, 3, 2,  0,  0,  _S_3G),
-    _gi(_P4,     5, "",    4, 4, 1,   40192, 56, 4, 2,  0,  0,  _S_ZERO),
-    _gi(_P7,     0, "",    7, 8, 1,   80384, 98, 7, 5,  1,  1,  _S_ZERO),
-)
+_A100_80GB_PROFILES = _with_memory(_A100_40GB_PROFILES, 9728, 19968, 40192, 80384)
 
 # mig.md §1.3 "A30-24GB" (4 memory / 4 compute slices) and §1.4 A30 grid. 5.81 -> 5952,
 # 11.69 -> 11968, 4g "23.44-23.5" -> 24000 (23.4375 GiB). 2g+me starts assumed per reference.
@@ -268,52 +261,25 @@ _H100_80GB_PROFILES = (
 
 # mig.md §1.3 "H100 94GB" (NVL; starts measured with -lgipp): 10.75 -> 11008,
 # 21.62 -> 22144, 46.38 -> 47488, 93.12 -> 95360 MiB.
-_H100_NVL_PROFILES = (
-    #   const   id  attrs  G  M  max  MiB    SM   CE DEC JPG OFA starts
-    _gi(_P1,    19, "",    1, 1, 7,   11008, 16,  1, 1,  1,  0,  _S_1G),
-    _gi(_P1_ME, 20, "+me", 1, 1, 1,   11008, 16,  1, 1,  1,  1,  _S_1G),
-    _gi(_P1_2M, 15, "",    1, 2, 4,   22144, 26,  1, 1,  1,  0,  _S_1G_2M),
-    _gi(_P2,    14, "",    2, 2, 3,   22144, 32,  2, 2,  2,  0,  _S_2G),
-    _gi(_P3,     9, "",    3, 4, 2,   47488, 60,  3, 3,  3,  0,  _S_3G),
-    _gi(_P4,     5, "",    4, 4, 1,   47488, 64,  4, 4,  4,  0,  _S_ZERO),
-    _gi(_P7,     0, "",    7, 8, 1,   95360, 132, 8, 7,  7,  1,  _S_ZERO),
-)
+_H100_NVL_PROFILES = _with_memory(_H100_80GB_PROFILES, 11008, 22144, 47488, 95360)
 
 # mig.md §1.3 "H200 141GB": 16.0 -> 16384, 32.25 -> 33024, 69.5 -> 71168, "~140" -> 143360 MiB.
 # The table has no starts column: the 8-slice grid of §1.4 (which lists H200) is used.
-_H200_PROFILES = (
-    #   const   id  attrs  G  M  max  MiB     SM   CE DEC JPG OFA starts
-    _gi(_P1,    19, "",    1, 1, 7,   16384,  16,  1, 1,  1,  0,  _S_1G),
-    _gi(_P1_ME, 20, "+me", 1, 1, 1,   16384,  16,  1, 1,  1,  1,  _S_1G),
-    _gi(_P1_2M, 15, "",    1, 2, 4,   33024,  26,  1, 1,  1,  0,  _S_1G_2M),
-    _gi(_P2,    14, "",    2, 2, 3,   33024,  32,  2, 2,  2,  0,  _S_2G),
-    _gi(_P3,     9, "",    3, 4, 2,   71168,  60,  3, 3,  3,  0,  _S_3G),
-    _gi(_P4,     5, "",    4, 4, 1,   71168,  64,  4, 4,  4,  0,  _S_ZERO),
-    _gi(_P7,     0, "",    7, 8, 1,   143360, 132, 8, 7,  7,  1,  _S_ZERO),
-)
+_H200_PROFILES = _with_memory(_H100_80GB_PROFILES, 16384, 33024, 71168, 143360)
+
 # H100 96GB (H100 on GH200, and H20): the MIG user guide's "H100 96GB" table (names, memory
 # fractions, engines, counts: same rows as H100 80GB), supported-mig-profiles page
 # (docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.html); ids and starts of
 # the 8-slice grid (mig.md §1.2, §1.4). No -lgip listing was found: memory is the H100 NVL's
 # scaled by board size to the nearest 0.25 GiB (11.0, 22.0, 47.25, 95.0 GiB), SMs are the other
 # Hopper boards' (the 1g.24gb 26 is assumed, as mig.md says).
-_H100_96GB_PROFILES = (
-    #   const   id  attrs  G  M  max  MiB    SM   CE DEC JPG OFA starts
-    _gi(_P1,    19, "",    1, 1, 7,   11264, 16,  1, 1,  1,  0,  _S_1G),
-    _gi(_P1_ME, 20, "+me", 1, 1, 1,   11264, 16,  1, 1,  1,  1,  _S_1G),
-    _gi(_P1_2M, 15, "",    1, 2, 4,   22528, 26,  1, 1,  1,  0,  _S_1G_2M),
-    _gi(_P2,    14, "",    2, 2, 3,   22528, 32,  2, 2,  2,  0,  _S_2G),
-    _gi(_P3,     9, "",    3, 4, 2,   48384, 60,  3, 3,  3,  0,  _S_3G),
-    _gi(_P4,     5, "",    4, 4, 1,   48384, 64,  4, 4,  4,  0,  _S_ZERO),
-    _gi(_P7,     0, "",    7, 8, 1,   97280, 132, 8, 7,  7,  1,  _S_ZERO),
-)
+_H100_96GB_PROFILES = _with_memory(_H100_80GB_PROFILES, 11264, 22528, 48384, 97280)
 
 # H20 (96GB, 78 SMs): the guide lists it as a 7-instance 96GB Hopper part and the GPU Operator's
 # default config groups it with H100-96GB (device-filter 0x2329 in all-balanced), so the names,
 # memory and engines are H100 96GB's. SM counts are an assumption: H100's scaled by 78/132.
 _H20_PROFILES = tuple(
-    GiProfileSpec(**{**_spec_fields(p), "multiprocessor_count": p.multiprocessor_count * 78 // 132})
-    for p in _H100_96GB_PROFILES
+    replace(p, multiprocessor_count=p.multiprocessor_count * 78 // 132) for p in _H100_96GB_PROFILES
 )
 
 # GH200 144G HBM3e (0x2348): `nvidia-smi mig -lgip` in NVIDIA/mig-parted PR #139 for 1g.18gb
@@ -321,16 +287,7 @@ _H20_PROFILES = tuple(
 # 2 JPEG); the rest of that listing was not readable: 3g.72gb/4g.72gb at 71.5 GiB and 7g.144gb at
 # 142.75 GiB are assumed (the half and whole board less the overhead H200 shows), with H200's
 # SMs and engines. Names and counts as in the GPU Operator's default config.
-_GH200_144GB_PROFILES = (
-    #   const   id  attrs  G  M  max  MiB     SM   CE DEC JPG OFA starts
-    _gi(_P1,    19, "",    1, 1, 7,   17920,  16,  1, 1,  1,  0,  _S_1G),
-    _gi(_P1_ME, 20, "+me", 1, 1, 1,   17920,  16,  1, 1,  1,  1,  _S_1G),
-    _gi(_P1_2M, 15, "",    1, 2, 4,   36096,  26,  1, 1,  1,  0,  _S_1G_2M),
-    _gi(_P2,    14, "",    2, 2, 3,   36096,  32,  2, 2,  2,  0,  _S_2G),
-    _gi(_P3,     9, "",    3, 4, 2,   73216,  60,  3, 3,  3,  0,  _S_3G),
-    _gi(_P4,     5, "",    4, 4, 1,   73216,  64,  4, 4,  4,  0,  _S_ZERO),
-    _gi(_P7,     0, "",    7, 8, 1,   146176, 132, 8, 7,  7,  1,  _S_ZERO),
-)
+_GH200_144GB_PROFILES = _with_memory(_H100_80GB_PROFILES, 17920, 36096, 73216, 146176)
 
 # B200 180GB (0x2901): the guide's "B200 180 GB" table (counts, memory fractions, CE 2/2/2/3/6/8/16,
 # NVDEC/JPEG/OFA) and `nvidia-smi mig -lgip` in NVIDIA/mig-parted PR #166 (ids 19/20/15/14; 22.00
@@ -379,250 +336,46 @@ _RTX_PRO_6000_PROFILES = (
 # are what NVIDIA's datasheets and nvidia-smi -q report: A100 SXM4 400/100, A30 165/100, H100 SXM5
 # 700/200, H200 SXM 700/200. The other models' minimums (200 W; 150 W on the RTX PRO 6000) are
 # illustrative.
+# fmt: off
 _MODEL_LIST = (
-    GpuModel(
-        key="A100-SXM4-40GB",
-        name="NVIDIA A100-SXM4-40GB",
-        architecture="ampere",
-        cuda_capability=(8, 0),
-        pci_device_id=0x20B010DE,
-        pci_subsystem_id=0x134F10DE,
-        memory_total_bytes=40960 * MIB,
-        multiprocessor_count=108,
-        memory_slices=8,
-        compute_slices=7,
-        gi_profiles=_A100_40GB_PROFILES,
-        max_sm_clock_mhz=1410,
-        max_mem_clock_mhz=1215,
-        power_limit_w=400,
-        idle_power_w=55,
-        min_power_limit_w=100,
-        nvlink_links=12,
-        pcie_generation=4,
-        pcie_width=16,
-        min_driver_version="450.80.02",
-    ),
-    GpuModel(
-        key="A100-SXM4-80GB",
-        name="NVIDIA A100-SXM4-80GB",
-        architecture="ampere",
-        cuda_capability=(8, 0),
-        pci_device_id=0x20B210DE,
-        pci_subsystem_id=0x147F10DE,
-        memory_total_bytes=81920 * MIB,
-        multiprocessor_count=108,
-        memory_slices=8,
-        compute_slices=7,
-        gi_profiles=_A100_80GB_PROFILES,
-        max_sm_clock_mhz=1410,
-        max_mem_clock_mhz=1593,
-        power_limit_w=400,
-        idle_power_w=60,
-        min_power_limit_w=100,
-        nvlink_links=12,
-        pcie_generation=4,
-        pcie_width=16,
-        min_driver_version="450.80.02",
-    ),
-    GpuModel(
-        key="A30",
-        name="NVIDIA A30",
-        architecture="ampere",
-        cuda_capability=(8, 0),
-        pci_device_id=0x20B710DE,
-        pci_subsystem_id=0x153210DE,
-        memory_total_bytes=24576 * MIB,
-        multiprocessor_count=56,
-        memory_slices=4,
-        compute_slices=4,
-        gi_profiles=_A30_PROFILES,
-        max_sm_clock_mhz=1440,
-        max_mem_clock_mhz=1215,
-        power_limit_w=165,
-        idle_power_w=30,
-        min_power_limit_w=100,
-        nvlink_links=0,
-        pcie_generation=4,
-        pcie_width=16,
-        min_driver_version="460.73.01",
-    ),
-    GpuModel(
-        key="H100-SXM5-80GB",
-        name="NVIDIA H100 80GB HBM3",
-        architecture="hopper",
-        cuda_capability=(9, 0),
-        pci_device_id=0x233010DE,
-        pci_subsystem_id=0x16C110DE,
-        memory_total_bytes=81559 * MIB,
-        multiprocessor_count=132,
-        memory_slices=8,
-        compute_slices=7,
-        gi_profiles=_H100_80GB_PROFILES,
-        max_sm_clock_mhz=1980,
-        max_mem_clock_mhz=2619,
-        power_limit_w=700,
-        idle_power_w=70,
-        min_power_limit_w=200,
-        nvlink_links=18,
-        pcie_generation=5,
-        pcie_width=16,
-        min_driver_version="525.85.12",
-    ),
-    GpuModel(
-        key="H100-NVL-94GB",
-        name="NVIDIA H100 NVL",
-        architecture="hopper",
-        cuda_capability=(9, 0),
-        pci_device_id=0x232110DE,
-        pci_subsystem_id=0x183910DE,
-        memory_total_bytes=95830 * MIB,
-        multiprocessor_count=132,
-        memory_slices=8,
-        compute_slices=7,
-        gi_profiles=_H100_NVL_PROFILES,
-        max_sm_clock_mhz=1785,
-        max_mem_clock_mhz=2619,
-        power_limit_w=400,
-        idle_power_w=60,
-        min_power_limit_w=200,
-        nvlink_links=12,
-        pcie_generation=5,
-        pcie_width=16,
-        min_driver_version="525.85.12",
-    ),
-    GpuModel(
-        key="H200-SXM-141GB",
-        name="NVIDIA H200",
-        architecture="hopper",
-        cuda_capability=(9, 0),
-        pci_device_id=0x233510DE,
-        pci_subsystem_id=0x18BE10DE,
-        memory_total_bytes=143771 * MIB,
-        multiprocessor_count=132,
-        memory_slices=8,
-        compute_slices=7,
-        gi_profiles=_H200_PROFILES,
-        max_sm_clock_mhz=1980,
-        max_mem_clock_mhz=3201,
-        power_limit_w=700,
-        idle_power_w=75,
-        min_power_limit_w=200,
-        nvlink_links=18,
-        pcie_generation=5,
-        pcie_width=16,
-        min_driver_version="550.90.07",
-    ),
-    GpuModel(
-        key="GH200-96GB",
-        name="NVIDIA GH200 480GB",
-        architecture="hopper",
-        cuda_capability=(9, 0),
-        pci_device_id=0x234210DE,
-        pci_subsystem_id=0x16EB10DE,
-        memory_total_bytes=97871 * MIB,
-        multiprocessor_count=132,
-        memory_slices=8,
-        compute_slices=7,
-        gi_profiles=_H100_96GB_PROFILES,
-        max_sm_clock_mhz=1980,
-        max_mem_clock_mhz=2619,
-        power_limit_w=900,
-        idle_power_w=90,
-        min_power_limit_w=200,
-        nvlink_links=18,
-        pcie_generation=5,
-        pcie_width=16,
-        min_driver_version="525.85.12",
-    ),
-    GpuModel(
-        key="H20",
-        name="NVIDIA H20",
-        architecture="hopper",
-        cuda_capability=(9, 0),
-        pci_device_id=0x232910DE,
-        pci_subsystem_id=0x198B10DE,
-        memory_total_bytes=97871 * MIB,
-        multiprocessor_count=78,
-        memory_slices=8,
-        compute_slices=7,
-        gi_profiles=_H20_PROFILES,
-        max_sm_clock_mhz=1980,
-        max_mem_clock_mhz=2619,
-        power_limit_w=500,
-        idle_power_w=60,
-        min_power_limit_w=200,
-        nvlink_links=18,
-        pcie_generation=5,
-        pcie_width=16,
-        min_driver_version="535.161.07",
-    ),
-    GpuModel(
-        key="GH200-144GB",
-        name="NVIDIA GH200 144G HBM3e",
-        architecture="hopper",
-        cuda_capability=(9, 0),
-        pci_device_id=0x234810DE,
-        pci_subsystem_id=0x18B010DE,
-        memory_total_bytes=147008 * MIB,
-        multiprocessor_count=132,
-        memory_slices=8,
-        compute_slices=7,
-        gi_profiles=_GH200_144GB_PROFILES,
-        max_sm_clock_mhz=1980,
-        max_mem_clock_mhz=2619,
-        power_limit_w=900,
-        idle_power_w=90,
-        min_power_limit_w=200,
-        nvlink_links=18,
-        pcie_generation=5,
-        pcie_width=16,
-        min_driver_version="550.90.07",
-    ),
-    GpuModel(
-        key="B200",
-        name="NVIDIA B200",
-        architecture="blackwell",
-        cuda_capability=(10, 0),
-        pci_device_id=0x290110DE,
-        pci_subsystem_id=0x199910DE,
-        memory_total_bytes=183359 * MIB,
-        multiprocessor_count=148,
-        memory_slices=8,
-        compute_slices=7,
-        gi_profiles=_B200_PROFILES,
-        max_sm_clock_mhz=1965,
-        max_mem_clock_mhz=3996,
-        power_limit_w=1000,
-        idle_power_w=140,
-        min_power_limit_w=200,
-        nvlink_links=18,
-        pcie_generation=5,
-        pcie_width=16,
-        min_driver_version="570.133.20",
-    ),
-    GpuModel(
-        key="RTX-PRO-6000-96GB",
-        name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
-        architecture="blackwell",
-        cuda_capability=(12, 0),
-        pci_device_id=0x2BB510DE,
-        pci_subsystem_id=0x204E10DE,
-        memory_total_bytes=97887 * MIB,
-        multiprocessor_count=188,
-        memory_slices=4,
-        compute_slices=4,
-        gi_profiles=_RTX_PRO_6000_PROFILES,
-        hbm=False,  # 96 GB GDDR7
-        max_sm_clock_mhz=2430,
-        max_mem_clock_mhz=14001,
-        power_limit_w=600,
-        idle_power_w=35,
-        min_power_limit_w=150,
-        nvlink_links=0,
-        pcie_generation=5,
-        pcie_width=16,
-        min_driver_version="575.51.03",
-    ),
+    # GpuModel's fields in order: key, name, architecture; CUDA capability, PCI device id,
+    # subsystem id, total memory, SMs, memory slices, compute slices; GI profiles, max SM and
+    # memory clocks (MHz), power limit, idle power, min power limit (W), NVLinks, PCIe generation
+    # and width, min driver for MIG (and hbm, where False).
+    GpuModel("A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB", "ampere",
+             (8, 0), 0x20B010DE, 0x134F10DE, 40960 * MIB, 108, 8, 7,
+             _A100_40GB_PROFILES, 1410, 1215, 400, 55, 100, 12, 4, 16, "450.80.02"),
+    GpuModel("A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", "ampere",
+             (8, 0), 0x20B210DE, 0x147F10DE, 81920 * MIB, 108, 8, 7,
+             _A100_80GB_PROFILES, 1410, 1593, 400, 60, 100, 12, 4, 16, "450.80.02"),
+    GpuModel("A30", "NVIDIA A30", "ampere",
+             (8, 0), 0x20B710DE, 0x153210DE, 24576 * MIB, 56, 4, 4,
+             _A30_PROFILES, 1440, 1215, 165, 30, 100, 0, 4, 16, "460.73.01"),
+    GpuModel("H100-SXM5-80GB", "NVIDIA H100 80GB HBM3", "hopper",
+             (9, 0), 0x233010DE, 0x16C110DE, 81559 * MIB, 132, 8, 7,
+             _H100_80GB_PROFILES, 1980, 2619, 700, 70, 200, 18, 5, 16, "525.85.12"),
+    GpuModel("H100-NVL-94GB", "NVIDIA H100 NVL", "hopper",
+             (9, 0), 0x232110DE, 0x183910DE, 95830 * MIB, 132, 8, 7,
+             _H100_NVL_PROFILES, 1785, 2619, 400, 60, 200, 12, 5, 16, "525.85.12"),
+    GpuModel("H200-SXM-141GB", "NVIDIA H200", "hopper",
+             (9, 0), 0x233510DE, 0x18BE10DE, 143771 * MIB, 132, 8, 7,
+             _H200_PROFILES, 1980, 3201, 700, 75, 200, 18, 5, 16, "550.90.07"),
+    GpuModel("GH200-96GB", "NVIDIA GH200 480GB", "hopper",
+             (9, 0), 0x234210DE, 0x16EB10DE, 97871 * MIB, 132, 8, 7,
+             _H100_96GB_PROFILES, 1980, 2619, 900, 90, 200, 18, 5, 16, "525.85.12"),
+    GpuModel("H20", "NVIDIA H20", "hopper",
+             (9, 0), 0x232910DE, 0x198B10DE, 97871 * MIB, 78, 8, 7,
+             _H20_PROFILES, 1980, 2619, 500, 60, 200, 18, 5, 16, "535.161.07"),
+    GpuModel("GH200-144GB", "NVIDIA GH200 144G HBM3e", "hopper",
+             (9, 0), 0x234810DE, 0x18B010DE, 147008 * MIB, 132, 8, 7,
+             _GH200_144GB_PROFILES, 1980, 2619, 900, 90, 200, 18, 5, 16, "550.90.07"),
+    GpuModel("B200", "NVIDIA B200", "blackwell",
+             (10, 0), 0x290110DE, 0x199910DE, 183359 * MIB, 148, 8, 7,
+             _B200_PROFILES, 1965, 3996, 1000, 140, 200, 18, 5, 16, "570.133.20"),
+    GpuModel("RTX-PRO-6000-96GB", "NVIDIA RTX PRO 6000 Blackwell Server Edition", "blackwell",
+             (12, 0), 0x2BB510DE, 0x204E10DE, 97887 * MIB, 188, 4, 4,
+             _RTX_PRO_6000_PROFILES, 2430, 14001, 600, 35, 150, 0, 5, 16, "575.51.03", hbm=False),
 )
+# fmt: on
 
 MODELS: dict[str, GpuModel] = {m.key: m for m in _MODEL_LIST}

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import logging
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -202,9 +203,27 @@ def apply_with_hooks(
     mode_only: bool,
 ) -> list[R]:
     """mig-parted's ``ApplyMigConfigWithHooks``: the phases that had to run, their results."""
+    results: list[R] = []
+    with _bracketed(hooks, env, output=output):
+        if not applier.mode_applied():
+            hooks.run("pre-apply-mode", env, output=output)
+            results.append(applier.apply_mode())
+            if applier.stop_after_mode(results[-1]):
+                return results
+        if mode_only:
+            return results
+        if not applier.config_applied():
+            hooks.run("pre-apply-config", env, output=output)
+            results.append(applier.apply_config())
+    return results
+
+
+@contextmanager
+def _bracketed(hooks: Hooks, env: Mapping[str, str], *, output: bool) -> Iterator[None]:
+    """apply-start before the phases, apply-exit after them, whether they fail or not."""
     hooks.run("apply-start", env, output=output)
     try:
-        results = _phases(hooks, env, applier, output=output, mode_only=mode_only)
+        yield
     except BaseException:
         # apply-exit always runs; its own failure is the error only when nothing else failed.
         try:
@@ -213,26 +232,3 @@ def apply_with_hooks(
             log.error("%s", exc)
         raise
     hooks.run("apply-exit", env, output=output)
-    return results
-
-
-def _phases(
-    hooks: Hooks,
-    env: Mapping[str, str],
-    applier: MigConfigApplier[R],
-    *,
-    output: bool,
-    mode_only: bool,
-) -> list[R]:
-    results: list[R] = []
-    if not applier.mode_applied():
-        hooks.run("pre-apply-mode", env, output=output)
-        results.append(applier.apply_mode())
-        if applier.stop_after_mode(results[-1]):
-            return results
-    if mode_only:
-        return results
-    if not applier.config_applied():
-        hooks.run("pre-apply-config", env, output=output)
-        results.append(applier.apply_config())
-    return results

@@ -82,77 +82,23 @@ _DGX_A100_HOST = Host(numa_per_socket=4, cores_per_numa=16, gpu_numa=(3, 3, 1, 1
 #: one 72-core Grace CPU (one thread per core) per superchip, its GPU on its NUMA node
 _GH200_HOST = Host(sockets=4, cores_per_numa=72, threads_per_core=1)
 
+# Each driver is at least its models' minimum for MIG (reference/mig.md §1.8): H20 needs R535
+# (>= 535.161.07), H200 R550 (>= 550.90.07), B200 R570 (>= 570.133.20), and the RTX PRO 6000
+# Blackwell R575 (>= 575.51.03, the MIG user guide).
 _PRESET_LIST = (
-    Preset(
-        SHAPES["dgx-a100"],
-        driver_version="535.183.01",
-        cuda_driver_version=12020,
-        host=_DGX_A100_HOST,
-    ),
-    Preset(
-        SHAPES["dgx-a100-80"],
-        driver_version="535.183.01",
-        cuda_driver_version=12020,
-        host=_DGX_A100_HOST,
-    ),
-    Preset(
-        SHAPES["a30-node"],
-        driver_version="535.183.01",
-        cuda_driver_version=12020,
-        nvlink="none",  # no NVLink bridges fitted
-    ),
-    Preset(
-        SHAPES["dgx-h100"],
-        driver_version="550.90.07",
-        cuda_driver_version=12040,
-    ),
-    Preset(
-        SHAPES["h100-nvl"],
-        driver_version="550.90.07",
-        cuda_driver_version=12040,
-        nvlink="pairs",
-    ),
-    Preset(
-        SHAPES["hgx-h200"],
-        # H200 needs R550 (>= 550.90.07) for MIG (reference/mig.md §1.8).
-        driver_version="550.90.07",
-        cuda_driver_version=12040,
-    ),
-    Preset(
-        SHAPES["gh200"],
-        driver_version="550.90.07",
-        cuda_driver_version=12040,
-        host=_GH200_HOST,
-    ),
-    Preset(
-        SHAPES["gh200-144"],
-        driver_version="550.90.07",
-        cuda_driver_version=12040,
-        host=_GH200_HOST,
-    ),
-    Preset(
-        SHAPES["hgx-h20"],
-        # H20 needs R535 (>= 535.161.07) for MIG (reference/mig.md §1.8).
-        driver_version="535.161.07",
-        cuda_driver_version=12020,
-    ),
-    Preset(
-        SHAPES["dgx-b200"],
-        # B200 needs R570 (>= 570.133.20) for MIG (reference/mig.md §1.8).
-        driver_version="570.133.20",
-        cuda_driver_version=12080,
-    ),
-    Preset(
-        SHAPES["rtx-pro-6000"],
-        # RTX PRO 6000 Blackwell needs R575 (>= 575.51.03) for MIG (the MIG user guide).
-        driver_version="575.51.03",
-        cuda_driver_version=12090,
-    ),
-    Preset(
-        SHAPES["mixed"],
-        driver_version="550.90.07",
-        cuda_driver_version=12040,
-    ),
+    # shape, driver, CUDA driver version; NVLink and host where not the default
+    Preset(SHAPES["dgx-a100"], "535.183.01", 12020, host=_DGX_A100_HOST),
+    Preset(SHAPES["dgx-a100-80"], "535.183.01", 12020, host=_DGX_A100_HOST),
+    Preset(SHAPES["a30-node"], "535.183.01", 12020, nvlink="none"),  # no NVLink bridges fitted
+    Preset(SHAPES["dgx-h100"], "550.90.07", 12040),
+    Preset(SHAPES["h100-nvl"], "550.90.07", 12040, nvlink="pairs"),
+    Preset(SHAPES["hgx-h200"], "550.90.07", 12040),
+    Preset(SHAPES["gh200"], "550.90.07", 12040, host=_GH200_HOST),
+    Preset(SHAPES["gh200-144"], "550.90.07", 12040, host=_GH200_HOST),
+    Preset(SHAPES["hgx-h20"], "535.161.07", 12020),
+    Preset(SHAPES["dgx-b200"], "570.133.20", 12080),
+    Preset(SHAPES["rtx-pro-6000"], "575.51.03", 12090),
+    Preset(SHAPES["mixed"], "550.90.07", 12040),
 )
 
 PRESETS: dict[str, Preset] = {p.name: p for p in _PRESET_LIST}

@@ -21,7 +21,9 @@ from typing import Any, TypeGuard
 
 import pynvml
 
-from agent.gpu.sim import (
+# The sym_* modules register themselves on import (abi.REGISTRY), before a driver binds them;
+# importing them here keeps that import explicit, and the driver free of them.
+from agent.gpu.sim import (  # noqa: F401
     faults,
     handles,
     sym_compute,
@@ -38,20 +40,6 @@ from agent.gpu.sim.driver import SimDriver
 from agent.gpu.sim.handles import Kind
 from agent.gpu.sim.state import NodeState
 from agent.gpu.sim.store import StateMissing, StateStore
-
-# The symbol modules register themselves on import (abi.REGISTRY), before a driver binds them;
-# naming them here keeps that import explicit, and the driver free of them.
-SYMBOL_MODULES = (
-    sym_compute,
-    sym_device,
-    sym_events,
-    sym_fields,
-    sym_gpm,
-    sym_mig,
-    sym_power,
-    sym_telemetry,
-    sym_topology,
-)
 
 _DEVICE_KINDS = (Kind.DEVICE, Kind.MIG_DEVICE, Kind.GPU_INSTANCE, Kind.COMPUTE_INSTANCE)
 # Helpers that never reach the library stay pynvml's own objects.
