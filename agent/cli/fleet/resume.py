@@ -14,6 +14,7 @@ from agent.cli.coordinator import (
     run_with_fleet,
 )
 from agent.cli.fleet.rollout import finish_rollout, progress_report
+from agent.cli.options import float_option
 from agent.cli.render import output_option
 
 if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
@@ -35,9 +36,9 @@ if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --
     default=None,
     help="Change the record's limit: halt after this many failed nodes (0: never).",
 )
-@click.option(
+@float_option(
     "--node-timeout",
-    type=click.FloatRange(min=1.0),
+    low=1.0,
     default=None,
     help="Change the record's limit: seconds one node may take.",
 )

@@ -5,7 +5,6 @@ its progress report and its outcome.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -15,6 +14,7 @@ from agent.cli.coordinator import (
     lease_option,
     run_with_fleet,
 )
+from agent.cli.options import file_option
 from agent.cli.render import emit, format_table
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 
@@ -69,11 +69,9 @@ def rollout_options(fn: F) -> F:
         ),
         on_unhealthy_option,
         click.option("--dry-run", is_flag=True, help="Show every node's plan; change nothing."),
-        click.option(
+        file_option(
             "--record",
             "record_file",
-            type=click.Path(path_type=Path, dir_okay=False),
-            default=None,
             help="Keep the rollout's progress in this JSON file, for `fleet resume`.",
         ),
     ]
