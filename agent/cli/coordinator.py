@@ -12,7 +12,7 @@ import click
 
 from agent import logs
 from agent.cli.errors import AgentGroup
-from agent.cli.options import file_option, float_option
+from agent.cli.options import choice_option, file_option, float_option
 from agent.coordinator.control.connect import FleetOptions
 
 if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
@@ -232,11 +232,10 @@ def coordinator() -> None:
     default=2.0,
     help="Seconds between attempts to take or renew the Lease.",
 )
-@click.option(
+@choice_option(
     "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
+    choices=["debug", "info", "warning", "error"],
     default="info",
-    show_default=True,
 )
 def serve(
     desired_path: Path,

@@ -25,6 +25,7 @@ from agent import logs
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.mig_advise import advise_command
+from agent.cli.options import choice_option
 from agent.cli.render import emit, format_table, output_option, plain
 from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec
 from agent.mig.checkpoint import checkpoint_document, parse_checkpoint
@@ -449,13 +450,8 @@ def assert_command(
 
 
 @mig.command("export", short_help="Print the current layout as a mig-parted config.")
-@click.option(
-    "--output-format",
-    "-o",
-    type=click.Choice(["yaml", "json"]),
-    default="yaml",
-    show_default=True,
-    help="Format of the config.",
+@choice_option(
+    "--output-format", "-o", choices=["yaml", "json"], default="yaml", help="Format of the config."
 )
 @click.option(
     "--config-label", "-l", default="current", show_default=True, help="Name of the config written."
@@ -482,12 +478,11 @@ def export_command(obj: CliContext, output_format: str, config_label: str) -> No
     metavar="FILE",
     help="Write here instead of stdout (env MIG_PARTED_OUTPUT_FILE).",
 )
-@click.option(
+@choice_option(
     "--output-format",
     "-o",
-    type=click.Choice(["yaml", "json"]),
+    choices=["yaml", "json"],
     default="yaml",
-    show_default=True,
     envvar="MIG_PARTED_OUTPUT_FORMAT",
     help="Format of the config (env MIG_PARTED_OUTPUT_FORMAT).",
 )

@@ -1,9 +1,9 @@
-"""Option factories for the shapes the CLI's commands take again and again: a file to read or
-write, a number within a range. Each command still writes its own flag and help."""
+"""Option factories for the shapes the CLI's commands take again and again: a file, a number
+within a range, one of a few words. Each command still writes its own flag and help."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,9 +27,17 @@ def float_option(
 ) -> Callable[[F], F]:
     """A number in [low, high]; --help shows the default where there is one."""
     return click.option(
-        *decls,
-        type=click.FloatRange(min=low, max=high),
-        default=default,
-        show_default=default is not None,
-        help=help,
+        *decls, type=click.FloatRange(min=low, max=high), help=help, **_default(default)
     )
+
+
+def choice_option(
+    *decls: str, choices: Sequence[str], default: str | None = None, **attrs: Any
+) -> Callable[[F], F]:
+    """One of ``choices``; --help shows the default where there is one."""
+    return click.option(*decls, type=click.Choice(choices), **_default(default), **attrs)
+
+
+def _default(default: object) -> dict[str, Any]:
+    # An unset default is left to click, which then shows none.
+    return {"default": None} if default is None else {"default": default, "show_default": True}
