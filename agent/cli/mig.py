@@ -511,15 +511,20 @@ def generate_config_command(obj: CliContext, output_file: str | None, output_for
         click.echo(text, nl=False)
 
 
+def _checkpoint_file(verb: str) -> Callable[[F], F]:
+    """-f: mig-parted's checkpoint file, which ``checkpoint`` writes and ``restore`` reads."""
+    return click.option(
+        "--checkpoint-file",
+        "-f",
+        envvar="MIG_PARTED_CHECKPOINT_FILE",
+        required=True,
+        metavar="FILE",
+        help=f"Checkpoint file to {verb} (env MIG_PARTED_CHECKPOINT_FILE).",
+    )
+
+
 @mig.command("checkpoint", short_help="Save every GPU's exact MIG state to a file (mig-parted).")
-@click.option(
-    "--checkpoint-file",
-    "-f",
-    envvar="MIG_PARTED_CHECKPOINT_FILE",
-    required=True,
-    metavar="FILE",
-    help="Checkpoint file to write (env MIG_PARTED_CHECKPOINT_FILE).",
-)
+@_checkpoint_file("write")
 @click.pass_obj
 def checkpoint_command(obj: CliContext, checkpoint_file: str) -> None:
     """Save each GPU's MIG mode and its instances with their profiles and placements, keyed by
@@ -535,14 +540,7 @@ def checkpoint_command(obj: CliContext, checkpoint_file: str) -> None:
 
 
 @mig.command("restore", short_help="Bring the GPUs back to a checkpoint exactly (mig-parted).")
-@click.option(
-    "--checkpoint-file",
-    "-f",
-    envvar="MIG_PARTED_CHECKPOINT_FILE",
-    required=True,
-    metavar="FILE",
-    help="Checkpoint file to read (env MIG_PARTED_CHECKPOINT_FILE).",
-)
+@_checkpoint_file("read")
 @click.option(
     "--hooks-file",
     "-k",
