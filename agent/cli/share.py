@@ -513,10 +513,8 @@ def _view_table(view: SharingView) -> str:
 
 
 def _dra_view_table(view: SharingView, dra_view: DraView) -> str:
-    lines = _head_lines(view, "Spec:      ", "nothing set on this node")
-    lines += _dra_lines(dra_view)
-    lines += _problem_lines(view, "Problems:")
-    return "\n".join(lines)
+    lines = _head_lines(view, "Spec:      ", "nothing set on this node") + _dra_lines(dra_view)
+    return "\n".join(lines + _problem_lines(view, "Problems:"))
 
 
 def _head_lines(view: SharingView, label: str, absent: str) -> list[str]:
