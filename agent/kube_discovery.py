@@ -18,7 +18,7 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from agent.errors import NotFound
 
@@ -118,29 +118,28 @@ class ApiVersions:
 
     def _served_versions(self, group: str) -> tuple[str, ...]:
         if group not in self._groups:
-            try:
-                found = self._client.get(f"/apis/{group}")
-            except NotFound:
-                found = {}
-            versions = found.get("versions") if isinstance(found, dict) else None
             self._groups[group] = tuple(
                 str(v.get("version"))
-                for v in (versions if isinstance(versions, list) else [])
-                if isinstance(v, dict) and v.get("version")
+                for v in self._listed(f"/apis/{group}", "versions")
+                if v.get("version")
             )
         return self._groups[group]
 
     def _resource_names(self, group: str, version: str) -> frozenset[str]:
         key = f"{group}/{version}"
         if key not in self._resources:
-            try:
-                found = self._client.get(f"/apis/{key}")
-            except NotFound:
-                found = {}
-            items = found.get("resources") if isinstance(found, dict) else None
             self._resources[key] = frozenset(
                 str(r.get("name"))
-                for r in (items if isinstance(items, list) else [])
-                if isinstance(r, dict) and "/" not in str(r.get("name"))
+                for r in self._listed(f"/apis/{key}", "resources")
+                if "/" not in str(r.get("name"))
             )
         return self._resources[key]
+
+    def _listed(self, path: str, key: str) -> list[dict[str, Any]]:
+        """The objects a discovery document lists under ``key``; none where it is not served."""
+        try:
+            found = self._client.get(path)
+        except NotFound:
+            return []
+        listed = found.get(key) if isinstance(found, dict) else None
+        return [e for e in listed if isinstance(e, dict)] if isinstance(listed, list) else []

@@ -12,6 +12,7 @@ import click
 
 from agent import logs
 from agent.cli.errors import AgentGroup
+from agent.cli.options import choice_option, file_option, float_option
 from agent.coordinator.control.connect import FleetOptions
 
 if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
@@ -163,53 +164,45 @@ def coordinator() -> None:
 
 @coordinator.command("serve")
 @fleet_options
-@click.option(
+@file_option(
     "--desired",
     "desired_path",
-    type=click.Path(path_type=Path, dir_okay=False),
     default=DEFAULT_DESIRED,
     show_default=True,
     help="Desired state YAML (a mounted ConfigMap); re-read every pass. Missing: watch only.",
 )
-@click.option(
-    "--interval",
-    type=click.FloatRange(min=1.0),
-    default=60.0,
-    show_default=True,
-    help="Seconds between reconcile passes.",
-)
+@float_option("--interval", low=1.0, default=60.0, help="Seconds between reconcile passes.")
 @click.option(
     "--listen",
     default="0.0.0.0:9400",
     show_default=True,
     help="HOST:PORT for /metrics, /healthz and /fleet/status.",
 )
-@click.option(
+@float_option(
     "--retry-backoff",
-    type=click.FloatRange(min=0.0),
+    low=0.0,
     default=None,
     help="Seconds a node whose change failed is held back before its retry; doubles with "
     "every failure in a row.  [default: --interval]",
 )
-@click.option(
+@float_option(
     "--retry-backoff-max",
-    type=click.FloatRange(min=0.0),
+    low=0.0,
     default=None,
     help="The longest hold.  [default: 30 x --interval]",
 )
-@click.option(
+@float_option(
     "--retry-jitter",
-    type=click.FloatRange(min=0.0, max=1.0),
+    low=0.0,
+    high=1.0,
     default=0.2,
-    show_default=True,
     help="Each hold is shortened by up to this fraction at random, spreading the retries of "
     "nodes that failed together; 0 for none.",
 )
-@click.option(
+@float_option(
     "--status-max-age",
-    type=click.FloatRange(min=0.0),
+    low=0.0,
     default=60.0,
-    show_default=True,
     help="GET /fleet/status answers from the latest sweep (a pass's, or a request's) up to "
     "this many seconds old, else sweeps; 0: always sweep. `fleet status --fresh` asks anew.",
 )
@@ -221,32 +214,28 @@ def coordinator() -> None:
     help="Act only while holding --lease, so replicas take turns.  "
     "[default: on when a Kubernetes API is configured]",
 )
-@click.option(
+@float_option(
     "--lease-duration",
-    type=click.FloatRange(min=1.0),
+    low=1.0,
     default=15.0,
-    show_default=True,
     help="Seconds a Lease not renewed stays its holder's (client-go LeaseDuration).",
 )
-@click.option(
+@float_option(
     "--renew-deadline",
-    type=click.FloatRange(min=0.1),
+    low=0.1,
     default=10.0,
-    show_default=True,
     help="Seconds the leader acts without a successful renewal; < --lease-duration.",
 )
-@click.option(
+@float_option(
     "--retry-period",
-    type=click.FloatRange(min=0.1),
+    low=0.1,
     default=2.0,
-    show_default=True,
     help="Seconds between attempts to take or renew the Lease.",
 )
-@click.option(
+@choice_option(
     "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
+    choices=["debug", "info", "warning", "error"],
     default="info",
-    show_default=True,
 )
 def serve(
     desired_path: Path,

@@ -8,22 +8,20 @@ from pathlib import Path
 import click
 
 from agent.cli.context import CliContext
+from agent.cli.options import choice_option, file_option
 from agent.errors import FieldViolation, InvalidSpec
 
 _SECOND_SAMPLE_S = 30.0  # at most this long for the embedded agent's second sample
 
 
 @click.command()
-@click.option(
+@file_option(
     "--collectors",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
     help="dcgm-exporter counters CSV choosing the fields (default: the shipped default set).",
 )
-@click.option(
+@choice_option(
     "--metric-names",
-    type=click.Choice(["dcgm", "native"]),
-    default=None,
+    choices=["dcgm", "native"],
     help="DCGM_FI_* names and labels (dcgm-exporter drop-in) or gpu_agent_* base-unit names.",
 )
 @click.option("--openmetrics", is_flag=True, help="OpenMetrics instead of the classic text format.")

@@ -25,6 +25,7 @@ from agent import logs
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.mig_advise import advise_command
+from agent.cli.options import choice_option
 from agent.cli.render import emit, format_table, output_option, plain
 from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec
 from agent.mig.checkpoint import checkpoint_document, parse_checkpoint
@@ -449,13 +450,8 @@ def assert_command(
 
 
 @mig.command("export", short_help="Print the current layout as a mig-parted config.")
-@click.option(
-    "--output-format",
-    "-o",
-    type=click.Choice(["yaml", "json"]),
-    default="yaml",
-    show_default=True,
-    help="Format of the config.",
+@choice_option(
+    "--output-format", "-o", choices=["yaml", "json"], default="yaml", help="Format of the config."
 )
 @click.option(
     "--config-label", "-l", default="current", show_default=True, help="Name of the config written."
@@ -482,12 +478,11 @@ def export_command(obj: CliContext, output_format: str, config_label: str) -> No
     metavar="FILE",
     help="Write here instead of stdout (env MIG_PARTED_OUTPUT_FILE).",
 )
-@click.option(
+@choice_option(
     "--output-format",
     "-o",
-    type=click.Choice(["yaml", "json"]),
+    choices=["yaml", "json"],
     default="yaml",
-    show_default=True,
     envvar="MIG_PARTED_OUTPUT_FORMAT",
     help="Format of the config (env MIG_PARTED_OUTPUT_FORMAT).",
 )
@@ -516,15 +511,20 @@ def generate_config_command(obj: CliContext, output_file: str | None, output_for
         click.echo(text, nl=False)
 
 
+def _checkpoint_file(verb: str) -> Callable[[F], F]:
+    """-f: mig-parted's checkpoint file, which ``checkpoint`` writes and ``restore`` reads."""
+    return click.option(
+        "--checkpoint-file",
+        "-f",
+        envvar="MIG_PARTED_CHECKPOINT_FILE",
+        required=True,
+        metavar="FILE",
+        help=f"Checkpoint file to {verb} (env MIG_PARTED_CHECKPOINT_FILE).",
+    )
+
+
 @mig.command("checkpoint", short_help="Save every GPU's exact MIG state to a file (mig-parted).")
-@click.option(
-    "--checkpoint-file",
-    "-f",
-    envvar="MIG_PARTED_CHECKPOINT_FILE",
-    required=True,
-    metavar="FILE",
-    help="Checkpoint file to write (env MIG_PARTED_CHECKPOINT_FILE).",
-)
+@_checkpoint_file("write")
 @click.pass_obj
 def checkpoint_command(obj: CliContext, checkpoint_file: str) -> None:
     """Save each GPU's MIG mode and its instances with their profiles and placements, keyed by
@@ -540,14 +540,7 @@ def checkpoint_command(obj: CliContext, checkpoint_file: str) -> None:
 
 
 @mig.command("restore", short_help="Bring the GPUs back to a checkpoint exactly (mig-parted).")
-@click.option(
-    "--checkpoint-file",
-    "-f",
-    envvar="MIG_PARTED_CHECKPOINT_FILE",
-    required=True,
-    metavar="FILE",
-    help="Checkpoint file to read (env MIG_PARTED_CHECKPOINT_FILE).",
-)
+@_checkpoint_file("read")
 @click.option(
     "--hooks-file",
     "-k",

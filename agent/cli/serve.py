@@ -12,6 +12,7 @@ import click
 
 from agent import logs
 from agent.cli.context import CliContext
+from agent.cli.options import choice_option, file_option
 
 SERVE_ROLE = "gpu-agent serve"
 """The role ``serve`` holds the node's ownership as (agent/ownership.py)."""
@@ -23,16 +24,13 @@ SERVE_ROLE = "gpu-agent serve"
     default=None,
     help="HTTP listen address for /metrics and /healthz (default 0.0.0.0:9400).",
 )
-@click.option(
+@file_option(
     "--collectors",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
     help="dcgm-exporter counters CSV choosing the exported fields (default: dcgm's defaults).",
 )
-@click.option(
+@choice_option(
     "--metric-names",
-    type=click.Choice(["dcgm", "native"]),
-    default=None,
+    choices=["dcgm", "native"],
     help="DCGM_FI_* names (dcgm-exporter drop-in, default) or Prometheus-native names.",
 )
 @click.pass_obj

@@ -21,6 +21,7 @@ import click
 import yaml
 
 from agent.cli.errors import AgentGroup
+from agent.cli.options import choice_option
 from agent.cli.render import emit, output_option
 from agent.dra.mode import Allocation, AllocationMode
 from agent.sharing import (
@@ -128,10 +129,9 @@ _SPEC_OPTIONS = [
         help="Refuse pods asking for more than one replica (plugin default: off for "
         "time-slicing, on for MPS).",
     ),
-    click.option(
+    choice_option(
         "--mig-strategy",
-        type=click.Choice(["none", "single", "mixed"]),
-        default=None,
+        choices=["none", "single", "mixed"],
         help="Also set flags.migStrategy (default: keep the file's).",
     ),
     click.option(
@@ -236,12 +236,11 @@ def rollback_command(obj: ShareContext, output: str) -> None:
     help="For nodes whose driver makes MIG devices per claim (allocation mode dra-dynamic-mig).",
 )
 @_spec_options
-@click.option(
+@choice_option(
     "--output",
     "-o",
-    type=click.Choice(["yaml", "json"]),
+    choices=["yaml", "json"],
     default="yaml",
-    show_default=True,
     help="yaml: one document per object; json: a v1 List.",
 )
 def render_command(
@@ -506,34 +505,34 @@ def _advertised_table(advertised: Sequence[Advertised]) -> str:
 def _view_table(view: SharingView) -> str:
     if view.dra is not None:
         return _dra_view_table(view, view.dra)
-    state = "" if view.exists else " (absent: the plugin runs with its defaults)"
-    lines = [f"Config:    {view.config_path}{state}", *_sharing_lines(view.config)]
-    if view.last_write is not None:
-        lines.append(
-            f"Written:   {_time(view.last_write.written_at)} by gpu-agent "
-            f"(share {view.last_write.action})"
-        )
+    lines = _head_lines(view, "Config:    ", "the plugin runs with its defaults")
     lines += [f"Plugin:    {view.pickup.state}: {view.pickup.detail}", ""]
     lines.append(_advertised_table(view.advertised))
-    if view.problems:
-        lines += ["", "Problems (the plugin refuses or ignores these):"]
-        lines += [f"  {p.field}: {p.description}" for p in view.problems]
+    lines += _problem_lines(view, "Problems (the plugin refuses or ignores these):")
     return "\n".join(lines)
 
 
 def _dra_view_table(view: SharingView, dra_view: DraView) -> str:
-    state = "" if view.exists else " (absent: nothing set on this node)"
-    lines = [f"Spec:      {view.config_path}{state}", *_sharing_lines(view.config)]
+    lines = _head_lines(view, "Spec:      ", "nothing set on this node") + _dra_lines(dra_view)
+    return "\n".join(lines + _problem_lines(view, "Problems:"))
+
+
+def _head_lines(view: SharingView, label: str, absent: str) -> list[str]:
+    """Where the config is, what it says and which share command wrote it last."""
+    state = "" if view.exists else f" (absent: {absent})"
+    lines = [f"{label}{view.config_path}{state}", *_sharing_lines(view.config)]
     if view.last_write is not None:
         lines.append(
             f"Written:   {_time(view.last_write.written_at)} by gpu-agent "
             f"(share {view.last_write.action})"
         )
-    lines += _dra_lines(dra_view)
-    if view.problems:
-        lines += ["", "Problems:"]
-        lines += [f"  {p.field}: {p.description}" for p in view.problems]
-    return "\n".join(lines)
+    return lines
+
+
+def _problem_lines(view: SharingView, title: str) -> list[str]:
+    if not view.problems:
+        return []
+    return ["", title, *(f"  {p.field}: {p.description}" for p in view.problems)]
 
 
 def _result_table(result: ApplyResult) -> str:

@@ -9,6 +9,7 @@ a callable per method, and a status sweep of a thousand fresh clients needs only
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -109,35 +110,31 @@ def channel_options(server_name: str | None = None) -> list[tuple[str, Any]]:
     return options
 
 
+#: Each service's stub class, by the name a `Call` gives it (agent/client/requests.py).
+STUB_TYPES: Mapping[str, Callable[[Any], Any]] = {
+    "_node": agent_pb2_grpc.NodeServiceStub,
+    "_telemetry": telemetry_pb2_grpc.TelemetryServiceStub,
+    "_ops": operations_pb2_grpc.OperationsServiceStub,
+    "_mig": mig_pb2_grpc.MigServiceStub,
+    "_sharing": sharing_pb2_grpc.SharingServiceStub,
+    "_power": power_pb2_grpc.PowerServiceStub,
+    "_prewarm": prewarm_pb2_grpc.PrewarmServiceStub,
+}
+
+
 class Stubs:
-    """The service stubs over ``self._channel`` (sync or asyncio: the same stub classes)."""
+    """The service stubs over ``self._channel`` (sync or asyncio: the same stub classes), each
+    made on first use."""
 
     _channel: Any
 
     @cached_property
-    def _node(self) -> agent_pb2_grpc.NodeServiceStub:
-        return agent_pb2_grpc.NodeServiceStub(self._channel)
+    def _stubs(self) -> dict[str, Any]:
+        return {}
 
-    @cached_property
-    def _telemetry(self) -> telemetry_pb2_grpc.TelemetryServiceStub:
-        return telemetry_pb2_grpc.TelemetryServiceStub(self._channel)
-
-    @cached_property
-    def _ops(self) -> operations_pb2_grpc.OperationsServiceStub:
-        return operations_pb2_grpc.OperationsServiceStub(self._channel)
-
-    @cached_property
-    def _mig(self) -> mig_pb2_grpc.MigServiceStub:
-        return mig_pb2_grpc.MigServiceStub(self._channel)
-
-    @cached_property
-    def _sharing(self) -> sharing_pb2_grpc.SharingServiceStub:
-        return sharing_pb2_grpc.SharingServiceStub(self._channel)
-
-    @cached_property
-    def _power(self) -> power_pb2_grpc.PowerServiceStub:
-        return power_pb2_grpc.PowerServiceStub(self._channel)
-
-    @cached_property
-    def _prewarm(self) -> prewarm_pb2_grpc.PrewarmServiceStub:
-        return prewarm_pb2_grpc.PrewarmServiceStub(self._channel)
+    def stub(self, name: str) -> Any:
+        """The stub `STUB_TYPES` names ``name``."""
+        made = self._stubs.get(name)
+        if made is None:
+            made = self._stubs[name] = STUB_TYPES[name](self._channel)
+        return made

@@ -53,7 +53,7 @@ P = ParamSpec("P")
 
 @dataclass(frozen=True, slots=True)
 class Call(Generic[R]):
-    """One call, built: ``stub`` names a `Stubs` property, ``method`` its method."""
+    """One call, built: ``stub`` names a service (`STUB_TYPES`), ``method`` its method."""
 
     stub: str
     method: str
@@ -64,7 +64,7 @@ class Call(Generic[R]):
 
     def target(self, stubs: Stubs) -> Any:
         """The stub's method this call goes to, over ``stubs``' channel."""
-        return getattr(getattr(stubs, self.stub), self.method)
+        return getattr(stubs.stub(self.stub), self.method)
 
     def timeout_s(self, default_s: float) -> float:
         return default_s if self.timeout is None else self.timeout(default_s)

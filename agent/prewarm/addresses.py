@@ -31,35 +31,34 @@ METADATA: frozenset[IpAddress] = frozenset(
     )
 )
 
-_V4: tuple[tuple[IpNetwork, str], ...] = tuple(
-    (ipaddress.ip_network(net), kind)
-    for net, kind in (
-        ("0.0.0.0/8", "this-host"),
-        ("10.0.0.0/8", "private"),
-        ("100.64.0.0/10", "shared (CGNAT)"),
-        ("127.0.0.0/8", "loopback"),
-        ("169.254.0.0/16", "link-local"),
-        ("172.16.0.0/12", "private"),
-        ("192.0.0.0/24", "special-purpose"),
-        ("192.168.0.0/16", "private"),
-        ("224.0.0.0/4", "multicast"),
-        ("240.0.0.0/4", "reserved"),
-    )
+
+def _kinds(*rows: tuple[str, str]) -> tuple[tuple[IpNetwork, str], ...]:
+    return tuple((ipaddress.ip_network(net), kind) for net, kind in rows)
+
+
+_V4 = _kinds(
+    ("0.0.0.0/8", "this-host"),
+    ("10.0.0.0/8", "private"),
+    ("100.64.0.0/10", "shared (CGNAT)"),
+    ("127.0.0.0/8", "loopback"),
+    ("169.254.0.0/16", "link-local"),
+    ("172.16.0.0/12", "private"),
+    ("192.0.0.0/24", "special-purpose"),
+    ("192.168.0.0/16", "private"),
+    ("224.0.0.0/4", "multicast"),
+    ("240.0.0.0/4", "reserved"),
 )
-_V6: tuple[tuple[IpNetwork, str], ...] = tuple(
-    (ipaddress.ip_network(net), kind)
-    for net, kind in (
-        ("::/128", "this-host"),
-        ("::1/128", "loopback"),
-        ("::/96", "IPv4-compatible (deprecated)"),
-        ("64:ff9b:1::/48", "local-use NAT64"),
-        ("100::/64", "discard-only"),
-        ("2001::/32", "Teredo tunnel"),
-        ("fc00::/7", "unique-local (ULA)"),
-        ("fe80::/10", "link-local"),
-        ("fec0::/10", "site-local (deprecated)"),
-        ("ff00::/8", "multicast"),
-    )
+_V6 = _kinds(
+    ("::/128", "this-host"),
+    ("::1/128", "loopback"),
+    ("::/96", "IPv4-compatible (deprecated)"),
+    ("64:ff9b:1::/48", "local-use NAT64"),
+    ("100::/64", "discard-only"),
+    ("2001::/32", "Teredo tunnel"),
+    ("fc00::/7", "unique-local (ULA)"),
+    ("fe80::/10", "link-local"),
+    ("fec0::/10", "site-local (deprecated)"),
+    ("ff00::/8", "multicast"),
 )
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 

@@ -14,6 +14,7 @@ from agent.cli.coordinator import (
 )
 from agent.cli.errors import AgentGroup
 from agent.cli.fleet.rollout import rollout_args, rollout_options, start_rollout
+from agent.cli.options import file_option
 from agent.cli.render import output_option
 from agent.errors import FieldViolation, InvalidSpec
 
@@ -26,21 +27,10 @@ def apply() -> None:
 @apply.command("mig")
 @fleet_options
 @rollout_options
-@click.option(
-    "--file",
-    "-f",
-    "config_file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="mig-parted v1 config file.",
-)
+@file_option("--file", "-f", "config_file", help="mig-parted v1 config file.")
 @click.option("--config", "-c", "config_name", default="", help="Config name in the file.")
-@click.option(
-    "--plan",
-    "plan_file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="A plan from `fleet plan --out`: each node gets its own config.",
+@file_option(
+    "--plan", "plan_file", help="A plan from `fleet plan --out`: each node gets its own config."
 )
 @click.option(
     "--drain",
@@ -109,14 +99,7 @@ def apply_mig(
     help="Resources to share (repeat for several).",
 )
 @click.option("--rename", is_flag=True, help="Advertise shared resources as <name>.shared.")
-@click.option(
-    "--file",
-    "-f",
-    "config_file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="A whole device-plugin config file instead.",
-)
+@file_option("--file", "-f", "config_file", help="A whole device-plugin config file instead.")
 @output_option
 def apply_share(
     strategy: str | None,

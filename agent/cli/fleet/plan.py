@@ -18,6 +18,7 @@ from agent.cli.coordinator import (
     run_with_fleet,
 )
 from agent.cli.fleet.status import counts_text
+from agent.cli.options import file_option, float_option
 from agent.cli.render import emit, format_table, output_option
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 
@@ -164,11 +165,9 @@ def _dra_plan_data(result: Any) -> dict[str, Any]:
 
 @click.command("plan")
 @fleet_options
-@click.option(
+@file_option(
     "--demand",
     "demand_file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
     help="Demand file: devices wanted per MIG profile (and per GPU model, priority, pool).",
 )
 @click.option(
@@ -179,19 +178,14 @@ def _dra_plan_data(result: Any) -> dict[str, Any]:
     "server in KUBERNETES_SERVICE_HOST).",
 )
 @click.option("--selector", "-l", default=None, help="Plan over the matching nodes only.")
-@click.option(
+@float_option(
     "--time-limit",
-    type=click.FloatRange(min=1, max=600),
+    low=1,
+    high=600,
     default=30.0,
-    show_default=True,
     help="Seconds the solver may search; past it the best plan found is used (not proven).",
 )
-@click.option(
-    "--out",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="Write the plan here, for `gpu-agent fleet apply mig --plan`.",
-)
+@file_option("--out", help="Write the plan here, for `gpu-agent fleet apply mig --plan`.")
 @output_option
 def plan(
     demand_file: Path | None,
@@ -343,10 +337,9 @@ def _replay_table(steps: Sequence[Any]) -> str:
 
 @click.command("replay")
 @fleet_options
-@click.option(
+@file_option(
     "--trace",
     "trace_file",
-    type=click.Path(path_type=Path, dir_okay=False),
     required=True,
     help="CSV with time,profile,count[,model][,priority][,pool]: each row sets that entry's "
     "demand from then on.",
@@ -360,25 +353,17 @@ def _replay_table(steps: Sequence[Any]) -> str:
     help="Also N idle simulated nodes of a preset (e.g. hgx-h200=10): GPUs you might buy.",
 )
 @click.option("--offline", is_flag=True, help="Ask no agents: replay on the --add nodes alone.")
-@click.option(
+@float_option(
     "--end",
-    type=click.FloatRange(min=0),
+    low=0,
     default=None,
     help="Seconds after the trace's start when the last step ends (for its GPU-hours idle).",
 )
-@click.option(
-    "--report",
-    "report_file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="Write one row per step and priority here: .csv or .json.",
+@file_option(
+    "--report", "report_file", help="Write one row per step and priority here: .csv or .json."
 )
-@click.option(
-    "--svg",
-    "svg_file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="Draw demand, capacity and met devices over time into this SVG file.",
+@file_option(
+    "--svg", "svg_file", help="Draw demand, capacity and met devices over time into this SVG file."
 )
 @output_option
 def replay_cmd(
@@ -530,17 +515,15 @@ def _rightsize_table(data: dict[str, Any]) -> str:
 @click.option(
     "--every", default="30s", show_default=True, help="Telemetry sweep interval (s, m, h)."
 )
-@click.option(
+@float_option(
     "--headroom",
-    type=click.FloatRange(min=0, max=4),
+    low=0,
+    high=4,
     default=0.2,
-    show_default=True,
     help="Margin over the peaks a smaller profile must still hold (0.2 = 20%).",
 )
-@click.option(
+@file_option(
     "--demand-out",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
     help="Write the pods' devices as a demand file (the smaller profile where one fits).",
 )
 @output_option

@@ -14,6 +14,7 @@ from agent.cli.coordinator import (
     run_with_fleet,
 )
 from agent.cli.fleet.rollout import finish_rollout, progress_report
+from agent.cli.options import choice_option, float_option
 from agent.cli.render import output_option
 
 if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
@@ -35,16 +36,15 @@ if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --
     default=None,
     help="Change the record's limit: halt after this many failed nodes (0: never).",
 )
-@click.option(
+@float_option(
     "--node-timeout",
-    type=click.FloatRange(min=1.0),
+    low=1.0,
     default=None,
     help="Change the record's limit: seconds one node may take.",
 )
-@click.option(
+@choice_option(
     "--on-unhealthy",
-    type=click.Choice(["stop", "skip"]),
-    default=None,
+    choices=["stop", "skip"],
     help="Change the record's policy for a node whose GPU fails during the rollout.",
 )
 @lease_option

@@ -5,7 +5,6 @@ its progress report and its outcome.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -15,6 +14,7 @@ from agent.cli.coordinator import (
     lease_option,
     run_with_fleet,
 )
+from agent.cli.options import choice_option, file_option
 from agent.cli.render import emit, format_table
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 
@@ -33,11 +33,10 @@ class RolloutIncomplete(AgentError):
 # -- rollouts --------------------------------------------------------------------------------
 
 
-on_unhealthy_option = click.option(
+on_unhealthy_option = choice_option(
     "--on-unhealthy",
-    type=click.Choice(["stop", "skip"]),
+    choices=["stop", "skip"],
     default="stop",
-    show_default=True,
     help="A node whose GPU fails during the rollout (found just before or after its change): "
     "stop halts the rollout (running nodes finish), skip fails that node alone. Nodes with a "
     "failed GPU at the start are always skipped.",
@@ -69,11 +68,9 @@ def rollout_options(fn: F) -> F:
         ),
         on_unhealthy_option,
         click.option("--dry-run", is_flag=True, help="Show every node's plan; change nothing."),
-        click.option(
+        file_option(
             "--record",
             "record_file",
-            type=click.Path(path_type=Path, dir_okay=False),
-            default=None,
             help="Keep the rollout's progress in this JSON file, for `fleet resume`.",
         ),
     ]

@@ -1,0 +1,43 @@
+"""Option factories for the shapes the CLI's commands take again and again: a file, a number
+within a range, one of a few words. Each command still writes its own flag and help."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+FILE = click.Path(path_type=Path, dir_okay=False)
+"""A file's path (never a directory), given to the command as a ``Path``."""
+
+
+def file_option(*decls: str, help: str, **attrs: Any) -> Callable[[F], F]:
+    """A file option, unset (None) unless given or ``attrs`` say otherwise."""
+    if not attrs.get("required"):
+        attrs.setdefault("default", None)
+    return click.option(*decls, type=FILE, help=help, **attrs)
+
+
+def float_option(
+    *decls: str, low: float, high: float | None = None, default: float | None, help: str
+) -> Callable[[F], F]:
+    """A number in [low, high]; --help shows the default where there is one."""
+    return click.option(
+        *decls, type=click.FloatRange(min=low, max=high), help=help, **_default(default)
+    )
+
+
+def choice_option(
+    *decls: str, choices: Sequence[str], default: str | None = None, **attrs: Any
+) -> Callable[[F], F]:
+    """One of ``choices``; --help shows the default where there is one."""
+    return click.option(*decls, type=click.Choice(choices), **_default(default), **attrs)
+
+
+def _default(default: object) -> dict[str, Any]:
+    # An unset default is left to click, which then shows none.
+    return {"default": None} if default is None else {"default": default, "show_default": True}
