@@ -40,8 +40,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import bcrypt
-
 from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec
 from agent.http import Handler, HttpServer, Request, Response
@@ -328,11 +326,12 @@ class MetricsGuard:
         self._users = dict(config.users)
         # An unknown user is checked against this, at the configured cost, so the answer takes
         # as long as a wrong password's and its speed does not tell which user names exist.
-        self._stand_in = (
-            bcrypt.hashpw(b"", bcrypt.gensalt(max(_cost(h) for h in self._users.values())))
-            if self._users
-            else b""
-        )
+        self._stand_in = b""
+        if self._users:  # bcrypt is loaded only where basic auth is configured
+            import bcrypt
+
+            cost = max(_cost(h) for h in self._users.values())
+            self._stand_in = bcrypt.hashpw(b"", bcrypt.gensalt(cost))
         self._needs_cert = config.tls is not None and config.tls.requires_client_cert
         self._checks = asyncio.Semaphore(2)
         self._good: OrderedDict[bytes, None] = OrderedDict()
@@ -366,6 +365,8 @@ class MetricsGuard:
         if key in self._good:
             self._good.move_to_end(key)
             return True
+        import bcrypt  # loaded by __init__ already: there are users
+
         async with self._checks:
             ok = await asyncio.to_thread(bcrypt.checkpw, password.encode(), hashed)
         if known is None:

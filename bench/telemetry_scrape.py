@@ -6,10 +6,12 @@ modelled NVML latencies are on (0.09 ms per call, 20 ms per PCIe-throughput read
 exporter runs in its own process against that node, one after the other so they do not compete
 for CPU, both collecting every second. nvitop-exporter sees the simulator as ``pynvml``.
 
-Measured per exporter, with Prometheus' own Accept header:
+Measured per exporter, with Prometheus' own Accept header and, as Prometheus sends unless a
+scrape config turns compression off, ``Accept-Encoding: gzip`` (``--identity``: without it):
 * scrape latency p50 / p99 (client side, full body), at a steady rate and in bursts of
   ``--burst`` concurrent scrapes;
-* CPU per scrape: process CPU over back-to-back scrapes, less the collection CPU of that span;
+* CPU per scrape: process CPU over ``--cpu-seconds`` of back-to-back scrapes, less the
+  collection CPU of that span;
 * collection CPU: process CPU per second without scrapes;
 * steady RSS after the run;
 * staleness: seconds from a change on the node (a process's GPU memory on one MIG instance), made
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import itertools
 import random
 import shutil
@@ -197,14 +200,24 @@ class Result:
     samples: int
 
 
+#: ask for gzip, as Prometheus does unless a scrape config sets enable_compression: false
+#: (``--identity`` turns it off)
+ACCEPT_GZIP = [True]
+
+
 def scrape(port: int, timeout_s: float = 30) -> tuple[float, str]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/metrics", headers={"Accept": PROMETHEUS_ACCEPT}
-    )
+    """(milliseconds until the whole body is in, the body): the time ends when the last byte
+    arrives; a gzipped body is inflated after it, as it is not the exporter's work."""
+    headers = {"Accept": PROMETHEUS_ACCEPT}
+    if ACCEPT_GZIP[0]:
+        headers["Accept-Encoding"] = "gzip"
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)
     started = time.perf_counter()
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        body = response.read().decode()
-    return (time.perf_counter() - started) * 1000, body
+        raw = response.read()
+        gzipped = response.headers.get("Content-Encoding") == "gzip"
+    elapsed = (time.perf_counter() - started) * 1000
+    return elapsed, (gzip.decompress(raw) if gzipped else raw).decode()
 
 
 def cpu_seconds(process: psutil.Process) -> float:
@@ -260,12 +273,15 @@ def measure(
             time.sleep(max(0.0, started + i / args.rate - time.monotonic()))
             ms, body = scrape(port)
             latencies.append(ms)
-        # CPU: back-to-back scrapes, less what collection costs over the same span.
-        before, started = cpu_seconds(process), time.monotonic()
-        for _ in range(args.burst):
+        # CPU: back-to-back scrapes for whole seconds, less what collection costs over the same
+        # span. A span of many ticks: one tick's CPU landing in a short span would be counted
+        # as the scrapes' (and the process CPU clock ticks at 10 ms).
+        before, started, count = cpu_seconds(process), time.monotonic(), 0
+        while count < 1 or time.monotonic() - started < args.cpu_seconds:
             scrape(port)
+            count += 1
         span = time.monotonic() - started
-        cpu_per_scrape = (cpu_seconds(process) - before - collection * span) / args.burst
+        cpu_per_scrape = (cpu_seconds(process) - before - collection * span) / count
         bursts = concurrent_bursts(port, args.burst, args.bursts)
         syscalls = file_syscalls(child.pid, port) if name == "gpu-agent" else None
         # Staleness: change a process's memory, poll until the exporter shows it.
@@ -391,13 +407,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scrapes", type=int, default=120, help="scrapes per exporter")
     parser.add_argument("--rate", type=float, default=4.0, help="scrapes per second")
-    parser.add_argument(
-        "--burst", type=int, default=50, help="back-to-back scrapes for CPU; concurrent in a burst"
-    )
+    parser.add_argument("--burst", type=int, default=50, help="concurrent scrapes in a burst")
     parser.add_argument("--bursts", type=int, default=4, help="bursts of concurrent scrapes")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds before measuring")
     parser.add_argument("--changes", type=int, default=8, help="staleness probes")
+    parser.add_argument(
+        "--cpu-seconds", type=float, default=10.0, help="back-to-back scrapes for CPU, seconds"
+    )
+    parser.add_argument(
+        "--identity", action="store_true", help="scrape without Accept-Encoding: gzip"
+    )
     args = parser.parse_args()
+    ACCEPT_GZIP[0] = not args.identity
     with tempfile.TemporaryDirectory(prefix="gpu-agent-bench-") as tmp:
         root = Path(tmp)
         state, logs, socket = root / "state", root / "containers", root / "kubelet.sock"
@@ -427,12 +448,14 @@ def main() -> None:
             )
     n = len(devices)
     print(f"Simulated {PRESET}: 8 GPUs, {n} MIG instances ({PROFILE}), {n} pods;")
-    print(f"modelled NVML latencies on; {args.scrapes} scrapes at {args.rate:g}/s; interval 1 s.\n")
+    print(f"modelled NVML latencies on; {args.scrapes} scrapes at {args.rate:g}/s; interval 1 s;")
+    encoding = "identity" if args.identity else "gzip, as Prometheus sends"
+    print(f"Accept-Encoding: {encoding}\n")
     print(table([agent, nvitop]))
     command = (
         f"--scrapes {args.scrapes} --rate {args.rate:g} --burst {args.burst} "
-        f"--bursts {args.bursts} --changes {args.changes}"
-    )
+        f"--bursts {args.bursts} --changes {args.changes} --cpu-seconds {args.cpu_seconds:g}"
+    ) + (" --identity" if args.identity else "")
     print(f"\nCommand: .venv/bin/python -m bench.telemetry_scrape {command}")
 
 

@@ -35,7 +35,6 @@ from importlib import resources
 from pathlib import Path
 
 from agent.errors import FieldViolation, InvalidSpec
-from agent.safeyaml import capped, read_text
 from dcgm.catalog import DcgmField, catalogue, unserved_reason
 from dcgm.fields import Field, Kind, close_matches, lookup
 
@@ -122,11 +121,21 @@ class CounterSet:
         return tuple(c for c in self.counters if c.field.kind is Kind.LABEL)
 
 
+def _capped(text: str, limit: int | None = None) -> str:
+    """agent.safeyaml's ``capped``, imported on a problem only: reading counters needs no YAML."""
+    from agent.safeyaml import MAX_MESSAGE
+    from agent.safeyaml import capped as cut
+
+    return cut(text, MAX_MESSAGE if limit is None else limit)
+
+
 def load_counters(path: Path | None = None) -> CounterSet:
     """Read a counters CSV; ``None`` means the shipped default."""
     if path is None:
         text = resources.files("dcgm").joinpath(DEFAULT_COUNTERS).read_text(encoding="utf-8")
         return parse_counters(text, source=f"dcgm/{DEFAULT_COUNTERS}")
+    from agent.safeyaml import read_text  # YAML's stack only for a counters file
+
     try:
         text = read_text(path, "telemetry.collectors", MAX_BYTES)
     except (OSError, UnicodeDecodeError) as exc:
@@ -156,7 +165,7 @@ def parse_counters(text: str, source: str = "<counters>") -> CounterSet:
                 FieldViolation(
                     where,
                     f"expected 3 comma-separated columns (DCGM field, type, help), "
-                    f"got {len(columns)}: {capped(','.join(columns), 80)!r}",
+                    f"got {len(columns)}: {_capped(','.join(columns), 80)!r}",
                 )
             )
             continue
@@ -217,8 +226,8 @@ def _rows(text: str, source: str) -> Iterator[tuple[int, list[str]]]:
             columns = next(csv.reader(io.StringIO(stripped), skipinitialspace=True))
         except csv.Error as exc:  # e.g. a NUL byte
             raise InvalidSpec(
-                f"invalid counters CSV {where}: {capped(str(exc))}",
-                [FieldViolation(where, capped(str(exc)))],
+                f"invalid counters CSV {where}: {_capped(str(exc))}",
+                [FieldViolation(where, _capped(str(exc)))],
             ) from None
         yield number, [c.strip() for c in columns]
 

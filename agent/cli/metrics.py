@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from agent.cli.context import CliContext
 from agent.cli.options import choice_option, file_option
+from agent.cli.render import OUTPUT_FORMATS, emit, format_table
 from agent.errors import FieldViolation, InvalidSpec
+
+if TYPE_CHECKING:
+    from agent.telemetry.snapshot import SourceStatus
 
 _SECOND_SAMPLE_S = 30.0  # at most this long for the embedded agent's second sample
 
@@ -25,9 +30,26 @@ _SECOND_SAMPLE_S = 30.0  # at most this long for the embedded agent's second sam
     help="DCGM_FI_* names and labels (dcgm-exporter drop-in) or gpu_agent_* base-unit names.",
 )
 @click.option("--openmetrics", is_flag=True, help="OpenMetrics instead of the classic text format.")
+@click.option(
+    "--sources",
+    is_flag=True,
+    help="Print each collection source of the latest sample (up, or degraded and why) instead.",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Choice(OUTPUT_FORMATS),
+    default=None,
+    help="With --sources: table for people (the default); json or yaml for scripts.",
+)
 @click.pass_obj
 def metrics(
-    obj: CliContext, collectors: Path | None, metric_names: str | None, openmetrics: bool
+    obj: CliContext,
+    collectors: Path | None,
+    metric_names: str | None,
+    openmetrics: bool,
+    sources: bool,
+    output: str | None,
 ) -> None:
     """Print what a scrape of the node agent's /metrics returns, in Prometheus exposition
     format.
@@ -42,9 +64,12 @@ def metrics(
     Examples:
       gpu-agent --simulate dgx-h100 --state-dir /tmp/node metrics
       gpu-agent metrics --metric-names native --collectors my-counters.csv
+      gpu-agent metrics --sources -o json
     """
     from agent.telemetry.gpm import MIN_WINDOW_S
 
+    if output is not None and not sources:
+        raise InvalidSpec("--output: only with --sources", [FieldViolation("output", "--sources")])
     chosen = {"telemetry.collectors": collectors, "telemetry.metric_names": metric_names}
     obj.flags = {**obj.flags, **chosen}
     client = obj.agent()
@@ -55,6 +80,9 @@ def metrics(
                 f"{', '.join(given)}: the running agent exports with its own configured fields",
                 [FieldViolation(g.lstrip("-"), "only without a running agent") for g in given],
             )
+    if sources:
+        _print_sources(client.telemetry().sources, output or "table")
+        return
     response = client.metrics(openmetrics=openmetrics)
     first = response.sample_time
     if obj.embedded and first is not None:
@@ -69,3 +97,15 @@ def metrics(
         # The agent's own series are printed, but a GPU metrics read without a driver is not
         # a success: exit 11 naming why (the same rule as every other GPU read).
         client.node().require_driver("metrics")
+
+
+def _print_sources(states: tuple[SourceStatus, ...], output: str) -> None:
+    """The gpu_agent_collection_source_up series, from the snapshot: a degraded source's
+    fields are absent from the scrape, and this says why."""
+    data = [{"source": s.source, "up": s.degraded is None, "reason": s.degraded} for s in states]
+
+    def table(rows: list[dict[str, object]]) -> str:
+        cells = [[r["source"], "up" if r["up"] else "degraded", r["reason"]] for r in rows]
+        return format_table(["SOURCE", "STATE", "REASON"], cells)
+
+    emit(data, output, table)

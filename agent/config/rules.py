@@ -11,9 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from agent.prewarm.headers import parse_header_dir
-from agent.prewarm.policy import is_host_pattern
-
 #: The metadata key a field's `Rules` live under.
 RULES_KEY = "gpu_agent.rules"
 
@@ -79,10 +76,14 @@ def is_http_url(value: str) -> bool:
 
 
 def are_egress_entries(values: tuple[str, ...]) -> bool:
+    from agent.prewarm.policy import is_host_pattern  # prewarm's stack, only when checked
+
     return all(is_host_pattern(value) for value in values)
 
 
 def are_header_dirs(values: tuple[str, ...]) -> bool:
+    from agent.prewarm.headers import parse_header_dir  # prewarm's stack, only when checked
+
     try:
         for value in values:
             parse_header_dir(value)

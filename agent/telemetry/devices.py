@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -82,10 +82,10 @@ class DeviceReader(Reader):
         self._wanted |= HEALTH_READINGS
         #: (field id, reading, unit conversion, a rate?) per selected NVML field, worked out once
         self._plan = [
-            (f.id, _reading(f), _scale(f), isinstance(f.source, NvmlRate)) for f in self._nvml
+            (f.id, _reading(f), *_scale(f), isinstance(f.source, NvmlRate)) for f in self._nvml
         ]
-        self._instance_plan = [(f.id, _reading(f), _scale(f)) for f in self._instance]
-        self._instance_wanted = frozenset(r for _, r, _ in self._instance_plan)
+        self._instance_plan = [(f.id, _reading(f), *_scale(f)) for f in self._instance]
+        self._instance_wanted = frozenset(r for _, r, _, _ in self._instance_plan)
         #: reading -> the selected fields it gives
         self._fields_of: dict[Reading, list[int]] = {}
         for f in self._nvml:
@@ -127,16 +127,16 @@ class DeviceReader(Reader):
             self._clock_event_sample(index, state, values, readings.unsupported, now, part)
         key = (index, None)
         out = part.values.setdefault(key, {})
-        for field_id, reading, scale, is_rate in self._plan:
+        for field_id, reading, mul, div, is_rate in self._plan:
             raw = values.get(reading)
             if raw is None:
                 continue
             if is_rate:
                 rate = _rate(state.counters, reading, now, raw)
                 if rate is not None:
-                    out[field_id] = scale(rate)
+                    out[field_id] = rate * mul / div
             else:
-                out[field_id] = scale(raw)
+                out[field_id] = raw * mul / div
         util = values.get(Reading.GPU_UTIL_PERCENT)
         if util is not None:
             part.activity[key] = util
@@ -150,10 +150,10 @@ class DeviceReader(Reader):
     def _read_instance(self, gpu: int, gi: int, mig_uuid: str, state: _Gpu, part: Part) -> None:
         readings = self._reader.read_instance(mig_uuid, self._instance_wanted)
         self._note(gpu, state, {}, readings.failed, part)
-        for field_id, reading, scale in self._instance_plan:
+        for field_id, reading, mul, div in self._instance_plan:
             raw = readings.values.get(reading)
             if raw is not None:
-                part.value((gpu, gi), field_id, scale(raw))
+                part.value((gpu, gi), field_id, raw * mul / div)
 
     def _note(
         self,
@@ -230,9 +230,10 @@ def _reading(f: Field) -> Reading:
     return f.source.reading
 
 
-def _scale(f: Field) -> Callable[[float], float]:
+def _scale(f: Field) -> tuple[float, float]:
+    """The field's Scale as (mul, div): applied inline, ``value * mul / div``, as Scale does."""
     assert isinstance(f.source, Nvml | NvmlRate)
-    return f.source.scale
+    return f.source.scale.mul, f.source.scale.div
 
 
 def _rate(

@@ -27,14 +27,17 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agent.kube import InClusterKubeClient, dig
-from agent.kube_watch import Informer
 from agent.telemetry.allocation import Allocation
 from agent.telemetry.reader import Degraded, Frame, Part, Reader
+
+if TYPE_CHECKING:  # the API server's client is loaded only on a node that reads DRA claims
+    from agent.kube import InClusterKubeClient
+    from agent.kube_watch import Informer
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,8 @@ def slice_devices(slices: Iterable[object]) -> dict[DeviceKey, SliceDevice]:
     drivers, other device types (vfio) and malformed entries are skipped. A MIG device counts
     only with its ``parentUUID``, as dcgm-exporter reads it. Of a pool being republished, only
     the slices of its newest ``pool.generation`` count, as the scheduler reads them."""
+    from agent.kube import dig
+
     out: dict[DeviceKey, SliceDevice] = {}
     ours = [
         spec
@@ -130,6 +135,8 @@ def _device(name: object, attrs: object) -> SliceDevice | None:
 
 
 def _string(attrs: object, key: str) -> str | None:
+    from agent.kube import dig
+
     value = dig(attrs, key, "string")
     return value if isinstance(value, str) and value else None
 
@@ -175,6 +182,8 @@ class DraDevices:
         with self._lock:
             if self._informer is not None:
                 return
+            from agent.kube_watch import Informer
+
             informer = Informer(
                 self._client,
                 PATH,

@@ -143,7 +143,7 @@ class MetricsExporter:
         #: openmetrics? -> the latest page in that format
         self._bodies: dict[bool, Body] = {}
         #: openmetrics? -> (snapshot, its families encoded, without "# EOF")
-        self._parts: dict[bool, tuple[Snapshot | None, bytes]] = {}
+        self._parts: dict[bool, tuple[Snapshot | None, bytes | memoryview]] = {}
         #: (openmetrics?, gzip?) -> when it was last asked for
         self._asked: dict[tuple[bool, bool], float] = {}
         #: the snapshot being published (`prerender` runs just before `latest` returns it)
@@ -234,6 +234,8 @@ class MetricsExporter:
             plain = b"".join([part[1], *(r.body(openmetrics) for r in records), end])
             gzipped = gzip.compress(plain, compresslevel=6, mtime=0) if gzip_ok else None
             body = Body(snapshot, version, plain, gzipped)
+            # The snapshot's part is kept as a view of the body it starts: one copy in memory.
+            part = (snapshot, memoryview(plain)[: len(part[1])])
             with self._lock:
                 self._parts[openmetrics] = part
                 self._bodies[openmetrics] = body

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from agent.errors import AgentError, DeviceLost
-from agent.gpu.readings import GpmReadout, GpmSample, GpuInstanceInfo, MigLayout
+from agent.gpu.readings import GpmReadout, GpmSample, GpuInstanceInfo
 from agent.telemetry.reader import Frame, Part
 from agent.telemetry.stats import TelemetryStats
 from dcgm.fields import Field, Gpm, Level
@@ -60,13 +60,6 @@ class GpmKey:
     def of(cls, gpu: int, instance: GpuInstanceInfo) -> GpmKey:
         """The key of GPU instance ``instance`` on GPU ``gpu``."""
         return cls(gpu, instance.id, ",".join(sorted(d.uuid for d in instance.devices)))
-
-
-def instance_keys(layouts: Mapping[int, MigLayout]) -> Iterable[GpmKey]:
-    """The keys of every GPU instance of ``layouts`` (GPU index -> MIG layout)."""
-    for index, layout in layouts.items():
-        for instance in layout.instances:
-            yield GpmKey.of(index, instance)
 
 
 class _Entity:
@@ -166,8 +159,8 @@ class GpmReader:
         ]
         self._stats = stats
         self._dcgm = dcgm
-        gpu_metrics = {metric for _, metric, _ in self._fields}
-        gi_metrics = {metric for _, metric, _ in self._instance_fields}
+        gpu_metrics = {metric for _, metric, _, _ in self._fields}
+        gi_metrics = {metric for _, metric, _, _ in self._instance_fields}
         self._gpu = GpmTracker(source, gpu_metrics | {GR_ENGINE_METRIC}, clock)
         self._gi = GpmTracker(source, gi_metrics | {GR_ENGINE_METRIC}, clock)
 
@@ -177,22 +170,24 @@ class GpmReader:
 
     def read(self, frame: Frame) -> Part:
         part = Part()
+        instances: dict[int, list[GpmKey]] = {}
         for index, layout in frame.layouts.items():
             gpu = frame.gpus[index]
+            instances[index] = keys = [GpmKey.of(index, i) for i in layout.instances]
             if index not in frame.gpm:
                 if not self._dcgm:
                     reason = NO_GPM + " and DCGM's Python bindings are absent"
-                    part.unsupported.extend((index, f, reason) for f, _, _ in self._fields)
+                    part.unsupported.extend((index, f, reason) for f, _, _, _ in self._fields)
                 continue
             try:
                 self._entity(GpmKey(index, None, gpu.uuid), self._fields, part)
-                for instance in layout.instances:
-                    self._entity(GpmKey.of(index, instance), self._instance_fields, part)
+                for key in keys:
+                    self._entity(key, self._instance_fields, part)
             except DeviceLost as exc:
                 part.lost[index] = str(exc)
-        kept = {i: lay for i, lay in frame.layouts.items() if i not in part.lost}
+        kept = [i for i in frame.layouts if i not in part.lost]
         self._gpu.retain(GpmKey(i, None, frame.gpus[i].uuid) for i in kept)
-        self._gi.retain(instance_keys(kept))
+        self._gi.retain(key for i in kept for key in instances[i])
         return part
 
     def _entity(self, key: GpmKey, fields: list[_FieldPlan], part: Part) -> None:
@@ -209,10 +204,10 @@ class GpmReader:
             return  # first window of this entity: nothing to report yet
         entity = (key.gpu, key.gpu_instance_id)
         out = part.values.setdefault(entity, {})
-        for field_id, metric, scale in fields:
+        for field_id, metric, mul, div in fields:
             value = readout.values.get(metric)
             if value is not None:
-                out[field_id] = scale(value)
+                out[field_id] = value * mul / div  # the field's Scale, without a call per value
             elif metric in readout.unsupported and key.gpu_instance_id is None:
                 part.unsupported.append(
                     (key.gpu, field_id, f"GPM metric {metric} is not supported")
@@ -222,10 +217,10 @@ class GpmReader:
             part.activity[entity] = activity
 
 
-#: (DCGM field id, GPM metric id, unit conversion) of a selected GPM field
-_FieldPlan = tuple[int, int, Callable[[float], float]]
+#: (DCGM field id, GPM metric id, its Scale's mul and div) of a selected GPM field
+_FieldPlan = tuple[int, int, float, float]
 
 
 def _plan(f: Field) -> _FieldPlan:
     assert isinstance(f.source, Gpm)
-    return f.id, f.source.metric_id, f.source.scale
+    return f.id, f.source.metric_id, f.source.scale.mul, f.source.scale.div

@@ -13,7 +13,6 @@ the cache volume) happens there, and a record's version moves only when its byte
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,12 @@ from agent.telemetry.encode import encode
 log = logging.getLogger(__name__)
 
 __all__ = ["DuplicateFamily", "Published", "Record"]
+
+
+def _is_database_error(exc: Exception) -> bool:
+    """A state store error (sqlite3.Error), told by its module: the telemetry service alone
+    never opens a database, so it does not import sqlite3 for this check."""
+    return type(exc).__module__ == "sqlite3"
 
 
 class DuplicateFamily(Conflict):
@@ -120,7 +125,7 @@ class Published:
                     "metrics of %s not refreshed, serving the last ones: %s",
                     owner,
                     exc,
-                    exc_info=not isinstance(exc, AgentError | OSError | sqlite3.Error),
+                    exc_info=not (isinstance(exc, AgentError | OSError) or _is_database_error(exc)),
                 )
         return changed
 

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from agent.gpu.reading_calls import Reading
 from agent.gpu.readings import GpuIdentity, MigLayout
-from agent.gpu.types import GpuLayout
+from agent.gpu.types import GpuLayout, Process
 from agent.telemetry.allocation import Allocation
 from agent.telemetry.attribution import Attribution
 from agent.telemetry.snapshot import ClockEventCount, P2pLink, PodUsage, XidCount
@@ -49,6 +49,9 @@ class Frame:
     placed: tuple[GpuLayout, ...] = ()
     #: who holds which GPU or instance; set for the readers that run after attribution
     attribution: Attribution | None = None
+    #: GPU index -> its compute processes (with their GPU instance), as the planner's layout
+    #: read them this tick; a GPU whose read failed is absent
+    processes: Mapping[int, tuple[Process, ...]] = field(default_factory=dict)
 
 
 @dataclass

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.config import TelemetrySettings
 from agent.errors import AgentError
@@ -15,8 +16,6 @@ from agent.gpu.attach import DriverLink
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.readings import NodeReader
 from agent.gpu.xid_events import XidEvent
-from agent.kube import InClusterKubeClient
-from agent.kube_watch import Informer
 from agent.tasks import Task
 from agent.telemetry.dcgm_backend import ProfilingBackend, load_dcgm_backend
 from agent.telemetry.dra import DraDevices, DraSlicesCollector
@@ -30,6 +29,10 @@ from agent.telemetry.stats import TelemetryStats
 from agent.telemetry.xid import XidWatcher
 from dcgm.counters import CounterSet, load_counters
 from dcgm.fields import Gpm
+
+if TYPE_CHECKING:  # given only on a node in a cluster
+    from agent.kube import InClusterKubeClient
+    from agent.kube_watch import Informer
 
 log = logging.getLogger(__name__)
 

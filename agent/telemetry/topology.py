@@ -32,6 +32,8 @@ class _Gpu:
     placed: GpuLayout | None = None
     up: bool = True
     gpm: bool | None = None
+    #: whether ``placed`` (and its processes) was read this tick
+    fresh: bool = False
 
 
 class Topology:
@@ -80,12 +82,20 @@ class Topology:
             if state.gpm:
                 gpm.add(gpu.index)
         placed = tuple(p for i in layouts if (p := self._gpus[i].placed) is not None)
-        return Frame(now, gpus, layouts, frozenset(changed), frozenset(gpm), placed)
+        # The processes reader's lists: the ones read for the planner's layout this tick.
+        processes = {
+            i: p.processes for i in layouts if (s := self._gpus[i]).fresh and (p := s.placed)
+        }
+        return Frame(
+            now, gpus, layouts, frozenset(changed), frozenset(gpm), placed, processes=processes
+        )
 
     def _read(self, gpu: int, state: _Gpu) -> MigLayout:
         layout = self._reader.mig_layout(gpu)
+        state.fresh = False
         try:
             state.placed = self._reader.layout(gpu, layout)
+            state.fresh = True
         except DeviceLost:
             raise
         except AgentError as exc:  # the inventory keeps the last layout; telemetry goes on

@@ -6,7 +6,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from agent._proto.gpuagent.v1 import telemetry_pb2
-from agent.telemetry.snapshot import Entity, PodRef, Snapshot
+from agent.telemetry.snapshot import Entity, PodRef, Snapshot, SourceStatus
 from agent.wire.timestamps import seconds, timestamp
 from dcgm.fields import BY_ID
 
@@ -49,6 +49,12 @@ def snapshot_pb(
             for x in snapshot.xids
         ],
         pods_hidden=not pods,
+        sources=[
+            telemetry_pb2.SourceState(
+                source=src.source, up=src.degraded is None, reason=src.degraded or ""
+            )
+            for src in snapshot.sources
+        ],
     )
     for sample in snapshot.entities:
         entry = msg.entities.add(entity=_entity_pb(sample.entity), idle_seconds=sample.idle_seconds)
@@ -134,6 +140,8 @@ class TelemetryView:
     pods: tuple[PodUse, ...]
     #: the caller's roles do not show pods: every sample's pod and the usage were withheld
     pods_hidden: bool
+    #: each collection source chosen for the counters; ``degraded`` says why one was not read
+    sources: tuple[SourceStatus, ...] = ()
 
 
 def _entity_from(e: telemetry_pb2.TelemetryEntity) -> SampledEntity:
@@ -170,4 +178,5 @@ def telemetry_from(snapshot: telemetry_pb2.TelemetrySnapshot) -> TelemetryView:
             for u in snapshot.pods
         ),
         pods_hidden=snapshot.pods_hidden,
+        sources=tuple(SourceStatus(s.source, None if s.up else s.reason) for s in snapshot.sources),
     )

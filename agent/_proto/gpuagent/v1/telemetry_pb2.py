@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgpuagent/v1/telemetry.proto\x12\x0bgpuagent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"(\n\x11GetMetricsRequest\x12\x13\n\x0bopenmetrics\x18\x01 \x01(\x08\"i\n\x12GetMetricsResponse\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\x12/\n\x0bsample_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"0\n\x1bGetTelemetrySnapshotRequest\x12\x11\n\tfield_ids\x18\x01 \x03(\r\"P\n\x1cGetTelemetrySnapshotResponse\x12\x30\n\x08snapshot\x18\x01 \x01(\x0b\x32\x1e.gpuagent.v1.TelemetrySnapshot\"\x95\x02\n\x11TelemetrySnapshot\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x16\n\x0e\x64river_version\x18\x03 \x01(\t\x12 \n\x04gpus\x18\x04 \x03(\x0b\x32\x12.gpuagent.v1.GpuUp\x12+\n\x08\x65ntities\x18\x05 \x03(\x0b\x32\x19.gpuagent.v1.EntitySample\x12#\n\x04xids\x18\x06 \x03(\x0b\x32\x15.gpuagent.v1.XidCount\x12\x13\n\x0bpods_hidden\x18\x07 \x01(\x08\x12#\n\x04pods\x18\x08 \x03(\x0b\x32\x15.gpuagent.v1.PodUsage\"8\n\x05GpuUp\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\n\n\x02up\x18\x03 \x01(\x08\"y\n\x0fTelemetryEntity\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\x1c\n\x0fgpu_instance_id\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x0f\n\x07profile\x18\x04 \x01(\tB\x12\n\x10_gpu_instance_id\"<\n\x06PodRef\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\tcontainer\x18\x03 \x01(\t\";\n\nFieldValue\x12\x10\n\x08\x66ield_id\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\x01\"\xb3\x01\n\x0c\x45ntitySample\x12,\n\x06\x65ntity\x18\x01 \x01(\x0b\x32\x1c.gpuagent.v1.TelemetryEntity\x12\'\n\x06values\x18\x02 \x03(\x0b\x32\x17.gpuagent.v1.FieldValue\x12 \n\x03pod\x18\x03 \x01(\x0b\x32\x13.gpuagent.v1.PodRef\x12\x19\n\x0cidle_seconds\x18\x04 \x01(\x01H\x00\x88\x01\x01\x42\x0f\n\r_idle_seconds\"\xc0\x01\n\x08PodUsage\x12,\n\x06\x65ntity\x18\x01 \x01(\x0b\x32\x1c.gpuagent.v1.TelemetryEntity\x12 \n\x03pod\x18\x02 \x01(\x0b\x32\x13.gpuagent.v1.PodRef\x12\x1e\n\x11memory_used_bytes\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x1b\n\x0esm_utilization\x18\x04 \x01(\x01H\x01\x88\x01\x01\x42\x14\n\x12_memory_used_bytesB\x11\n\x0f_sm_utilization\"T\n\x08XidCount\x12,\n\x06\x65ntity\x18\x01 \x01(\x0b\x32\x1c.gpuagent.v1.TelemetryEntity\x12\x0b\n\x03xid\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\x32\xce\x01\n\x10TelemetryService\x12k\n\x14GetTelemetrySnapshot\x12(.gpuagent.v1.GetTelemetrySnapshotRequest\x1a).gpuagent.v1.GetTelemetrySnapshotResponse\x12M\n\nGetMetrics\x12\x1e.gpuagent.v1.GetMetricsRequest\x1a\x1f.gpuagent.v1.GetMetricsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgpuagent/v1/telemetry.proto\x12\x0bgpuagent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"(\n\x11GetMetricsRequest\x12\x13\n\x0bopenmetrics\x18\x01 \x01(\x08\"i\n\x12GetMetricsResponse\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\x12/\n\x0bsample_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"0\n\x1bGetTelemetrySnapshotRequest\x12\x11\n\tfield_ids\x18\x01 \x03(\r\"P\n\x1cGetTelemetrySnapshotResponse\x12\x30\n\x08snapshot\x18\x01 \x01(\x0b\x32\x1e.gpuagent.v1.TelemetrySnapshot\"\xc0\x02\n\x11TelemetrySnapshot\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x16\n\x0e\x64river_version\x18\x03 \x01(\t\x12 \n\x04gpus\x18\x04 \x03(\x0b\x32\x12.gpuagent.v1.GpuUp\x12+\n\x08\x65ntities\x18\x05 \x03(\x0b\x32\x19.gpuagent.v1.EntitySample\x12#\n\x04xids\x18\x06 \x03(\x0b\x32\x15.gpuagent.v1.XidCount\x12\x13\n\x0bpods_hidden\x18\x07 \x01(\x08\x12#\n\x04pods\x18\x08 \x03(\x0b\x32\x15.gpuagent.v1.PodUsage\x12)\n\x07sources\x18\t \x03(\x0b\x32\x18.gpuagent.v1.SourceState\"9\n\x0bSourceState\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\n\n\x02up\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"8\n\x05GpuUp\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\n\n\x02up\x18\x03 \x01(\x08\"y\n\x0fTelemetryEntity\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\x1c\n\x0fgpu_instance_id\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x0f\n\x07profile\x18\x04 \x01(\tB\x12\n\x10_gpu_instance_id\"<\n\x06PodRef\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\tcontainer\x18\x03 \x01(\t\";\n\nFieldValue\x12\x10\n\x08\x66ield_id\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\x01\"\xb3\x01\n\x0c\x45ntitySample\x12,\n\x06\x65ntity\x18\x01 \x01(\x0b\x32\x1c.gpuagent.v1.TelemetryEntity\x12\'\n\x06values\x18\x02 \x03(\x0b\x32\x17.gpuagent.v1.FieldValue\x12 \n\x03pod\x18\x03 \x01(\x0b\x32\x13.gpuagent.v1.PodRef\x12\x19\n\x0cidle_seconds\x18\x04 \x01(\x01H\x00\x88\x01\x01\x42\x0f\n\r_idle_seconds\"\xc0\x01\n\x08PodUsage\x12,\n\x06\x65ntity\x18\x01 \x01(\x0b\x32\x1c.gpuagent.v1.TelemetryEntity\x12 \n\x03pod\x18\x02 \x01(\x0b\x32\x13.gpuagent.v1.PodRef\x12\x1e\n\x11memory_used_bytes\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x1b\n\x0esm_utilization\x18\x04 \x01(\x01H\x01\x88\x01\x01\x42\x14\n\x12_memory_used_bytesB\x11\n\x0f_sm_utilization\"T\n\x08XidCount\x12,\n\x06\x65ntity\x18\x01 \x01(\x0b\x32\x1c.gpuagent.v1.TelemetryEntity\x12\x0b\n\x03xid\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\x32\xce\x01\n\x10TelemetryService\x12k\n\x14GetTelemetrySnapshot\x12(.gpuagent.v1.GetTelemetrySnapshotRequest\x1a).gpuagent.v1.GetTelemetrySnapshotResponse\x12M\n\nGetMetrics\x12\x1e.gpuagent.v1.GetMetricsRequest\x1a\x1f.gpuagent.v1.GetMetricsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,21 +41,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETTELEMETRYSNAPSHOTRESPONSE']._serialized_start=276
   _globals['_GETTELEMETRYSNAPSHOTRESPONSE']._serialized_end=356
   _globals['_TELEMETRYSNAPSHOT']._serialized_start=359
-  _globals['_TELEMETRYSNAPSHOT']._serialized_end=636
-  _globals['_GPUUP']._serialized_start=638
-  _globals['_GPUUP']._serialized_end=694
-  _globals['_TELEMETRYENTITY']._serialized_start=696
-  _globals['_TELEMETRYENTITY']._serialized_end=817
-  _globals['_PODREF']._serialized_start=819
-  _globals['_PODREF']._serialized_end=879
-  _globals['_FIELDVALUE']._serialized_start=881
-  _globals['_FIELDVALUE']._serialized_end=940
-  _globals['_ENTITYSAMPLE']._serialized_start=943
-  _globals['_ENTITYSAMPLE']._serialized_end=1122
-  _globals['_PODUSAGE']._serialized_start=1125
-  _globals['_PODUSAGE']._serialized_end=1317
-  _globals['_XIDCOUNT']._serialized_start=1319
-  _globals['_XIDCOUNT']._serialized_end=1403
-  _globals['_TELEMETRYSERVICE']._serialized_start=1406
-  _globals['_TELEMETRYSERVICE']._serialized_end=1612
+  _globals['_TELEMETRYSNAPSHOT']._serialized_end=679
+  _globals['_SOURCESTATE']._serialized_start=681
+  _globals['_SOURCESTATE']._serialized_end=738
+  _globals['_GPUUP']._serialized_start=740
+  _globals['_GPUUP']._serialized_end=796
+  _globals['_TELEMETRYENTITY']._serialized_start=798
+  _globals['_TELEMETRYENTITY']._serialized_end=919
+  _globals['_PODREF']._serialized_start=921
+  _globals['_PODREF']._serialized_end=981
+  _globals['_FIELDVALUE']._serialized_start=983
+  _globals['_FIELDVALUE']._serialized_end=1042
+  _globals['_ENTITYSAMPLE']._serialized_start=1045
+  _globals['_ENTITYSAMPLE']._serialized_end=1224
+  _globals['_PODUSAGE']._serialized_start=1227
+  _globals['_PODUSAGE']._serialized_end=1419
+  _globals['_XIDCOUNT']._serialized_start=1421
+  _globals['_XIDCOUNT']._serialized_end=1505
+  _globals['_TELEMETRYSERVICE']._serialized_start=1508
+  _globals['_TELEMETRYSERVICE']._serialized_end=1714
 # @@protoc_insertion_point(module_scope)

@@ -38,7 +38,7 @@ class GetTelemetrySnapshotResponse(_message.Message):
     def __init__(self, snapshot: _Optional[_Union[TelemetrySnapshot, _Mapping]] = ...) -> None: ...
 
 class TelemetrySnapshot(_message.Message):
-    __slots__ = ("time", "hostname", "driver_version", "gpus", "entities", "xids", "pods_hidden", "pods")
+    __slots__ = ("time", "hostname", "driver_version", "gpus", "entities", "xids", "pods_hidden", "pods", "sources")
     TIME_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class TelemetrySnapshot(_message.Message):
     XIDS_FIELD_NUMBER: _ClassVar[int]
     PODS_HIDDEN_FIELD_NUMBER: _ClassVar[int]
     PODS_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
     time: _timestamp_pb2.Timestamp
     hostname: str
     driver_version: str
@@ -55,7 +56,18 @@ class TelemetrySnapshot(_message.Message):
     xids: _containers.RepeatedCompositeFieldContainer[XidCount]
     pods_hidden: bool
     pods: _containers.RepeatedCompositeFieldContainer[PodUsage]
-    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., hostname: _Optional[str] = ..., driver_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuUp, _Mapping]]] = ..., entities: _Optional[_Iterable[_Union[EntitySample, _Mapping]]] = ..., xids: _Optional[_Iterable[_Union[XidCount, _Mapping]]] = ..., pods_hidden: _Optional[bool] = ..., pods: _Optional[_Iterable[_Union[PodUsage, _Mapping]]] = ...) -> None: ...
+    sources: _containers.RepeatedCompositeFieldContainer[SourceState]
+    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., hostname: _Optional[str] = ..., driver_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuUp, _Mapping]]] = ..., entities: _Optional[_Iterable[_Union[EntitySample, _Mapping]]] = ..., xids: _Optional[_Iterable[_Union[XidCount, _Mapping]]] = ..., pods_hidden: _Optional[bool] = ..., pods: _Optional[_Iterable[_Union[PodUsage, _Mapping]]] = ..., sources: _Optional[_Iterable[_Union[SourceState, _Mapping]]] = ...) -> None: ...
+
+class SourceState(_message.Message):
+    __slots__ = ("source", "up", "reason")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    UP_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    up: bool
+    reason: str
+    def __init__(self, source: _Optional[str] = ..., up: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class GpuUp(_message.Message):
     __slots__ = ("gpu_index", "gpu_uuid", "up")
