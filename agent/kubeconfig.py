@@ -46,12 +46,7 @@ def load(
     from lightkube.config.kubeconfig import KubeConfig
     from lightkube.core.exceptions import ConfigError
 
-    try:
-        doc = safeyaml.load(safeyaml.read_text(path, "kubeconfig"), "kubeconfig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _invalid(
-            path, f"cannot read it: {exc}", "kubeconfig", "a readable YAML file"
-        ) from exc
+    doc = safeyaml.load(safeyaml.read_text(path, "kubeconfig"), "kubeconfig")
     if not isinstance(doc, dict):
         raise _invalid(path, "not a mapping", "kubeconfig", "a kubeconfig document")
     try:

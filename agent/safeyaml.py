@@ -188,17 +188,37 @@ class _Loader(Reader, Scanner, Parser, _BoundedComposer, _Constructor, Resolver)
         self._bounded_init(limits)
 
 
-def read_text(path: Path, field: str, max_bytes: int = DEFAULT.max_bytes) -> str:
+def read_text(
+    path: Path, field: str, max_bytes: int = DEFAULT.max_bytes, what: str | None = None
+) -> str:
     """A file's UTF-8 text, reading no more than ``max_bytes`` + 1 of it: a file too big is
-    refused before it is in memory. OSError and UnicodeDecodeError are the caller's to name."""
-    with path.open("rb") as f:
-        data = f.read(max_bytes + 1)
+    refused before it is in memory. Every refusal (missing, unreadable, too big, not UTF-8) is
+    an InvalidSpec naming ``field``, and ``what`` the file is in its message (the field when
+    not given)."""
+    what = what or field
+    try:
+        with path.open("rb") as f:
+            data = f.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise InvalidSpec(
+            f"{what} {path} does not exist", [FieldViolation(field, f"{path} does not exist")]
+        ) from None
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise InvalidSpec(
+            f"cannot read {what} {path}: {why}", [FieldViolation(field, why)]
+        ) from None
     if len(data) > max_bytes:
         raise InvalidSpec(
             f"{field}: {path} is larger than {max_bytes} bytes",
             [FieldViolation(field, f"at most {max_bytes} bytes")],
         )
-    return data.decode("utf-8")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidSpec(
+            f"{what} {path} is not UTF-8 text", [FieldViolation(field, f"not UTF-8 ({exc.reason})")]
+        ) from None
 
 
 def load(text: str | bytes, field: str, limits: Limits = DEFAULT) -> Any:

@@ -309,17 +309,7 @@ class _Collector:
 
 
 def _read_yaml(file: Path) -> Mapping[object, object]:
-    try:
-        text = safeyaml.read_text(file, "config")
-    except FileNotFoundError as exc:
-        raise InvalidSpec(
-            f"config file {file} does not exist",
-            [FieldViolation("config", f"{file} does not exist")],
-        ) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidSpec(
-            f"cannot read config file {file}: {exc}", [FieldViolation("config", str(exc))]
-        ) from exc
+    text = safeyaml.read_text(file, "config", what="config file")
     try:
         data = safeyaml.load(text, "config")  # errors then name the line and column
     except InvalidSpec as exc:

@@ -86,18 +86,7 @@ NO_HOOKS = Hooks({})
 def load_hooks(path: str | Path) -> Hooks:
     """Parse a hooks file; InvalidSpec naming every bad field."""
     where = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise InvalidSpec(
-            f"cannot read hooks file {where}: {exc.strerror or exc}",
-            [FieldViolation("hooks-file", "a readable mig-parted hooks file")],
-        ) from exc
-    if len(raw) > _MAX_BYTES:
-        raise InvalidSpec(
-            f"hooks file {where} is larger than {_MAX_BYTES} bytes",
-            [FieldViolation("hooks-file", f"at most {_MAX_BYTES} bytes")],
-        )
+    raw = safeyaml.read_text(Path(path), "hooks-file", _MAX_BYTES, what="hooks file")
     data = safeyaml.load(raw, "hooks-file")  # bounded; refusals name the field
     bad: list[FieldViolation] = []
     hooks = _parse(data, bad)

@@ -129,13 +129,7 @@ def select_gpus(
 def load_spec(source: str | Path, text: str | None = None) -> MigSpec:
     """Read and parse a config file; ``text`` overrides reading (``-`` = stdin is the CLI's job)."""
     if text is None:
-        try:
-            text = safeyaml.read_text(Path(source), "config-file")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InvalidSpec(
-                f"cannot read MIG config {source}: {getattr(exc, 'strerror', None) or exc}",
-                [FieldViolation("config-file", str(exc))],
-            ) from exc
+        text = safeyaml.read_text(Path(source), "config-file", what="MIG config")
     return parse_spec(text, str(source))
 
 

@@ -187,7 +187,7 @@ def read_kubelet_policy(config: Path, drop_in_dir: Path | None = None) -> Kubele
             for path in files:
                 merged = _merge(merged, _document(path))
             where += f" + {len(files)} drop-in(s) in {drop_in_dir}"
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:  # the drop-in directory; a file's read error is an InvalidSpec
         return KubeletPolicy(None, f"cannot read the kubelet config: {exc}")
     except InvalidSpec as exc:
         return KubeletPolicy(None, f"kubelet config refused: {exc}")
@@ -217,7 +217,7 @@ def policy_from(doc: Mapping[str, Any], where: str) -> KubeletPolicy:
 
 
 def _document(path: Path) -> dict[str, Any]:
-    text = safeyaml.read_text(path, str(path), _LIMITS.max_bytes)
+    text = safeyaml.read_text(path, str(path), _LIMITS.max_bytes, what="the kubelet config")
     doc = safeyaml.load(text, str(path), _LIMITS)
     if (
         not isinstance(doc, dict)

@@ -1,7 +1,8 @@
 """Every file the agent or the coordinator reads refuses the attacker's input with InvalidSpec,
 never another exception, and never by reading or expanding it whole (issue 16): the agent config,
-MIG configs, prewarm manifests, the device plugin's config, the coordinator's desired state,
-demand, trace and plan files, and counters CSVs."""
+MIG configs and hooks, prewarm manifests, the device plugin's config, the coordinator's desired
+state, demand, trace and plan files, kubeconfigs, and counters CSVs. A file that is missing,
+unreadable or not UTF-8 is refused the same way, naming the file (one rule: ``safeyaml.read_text``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from agent.coordinator.control.desired import load_desired
 from agent.coordinator.planning.demand import MAX_ROWS, load_demand, load_trace
 from agent.coordinator.planning.planfile import load_plan
 from agent.errors import InvalidSpec
+from agent.kubeconfig import load as load_kubeconfig
+from agent.mig.hooks import load_hooks
 from agent.mig.spec import load_spec
 from agent.prewarm.manifest import load_manifest
 from agent.sharing.schema import parse
@@ -31,6 +34,8 @@ LOADERS: dict[str, Callable[[Path], object]] = {
     "demand": load_demand,
     "trace": load_trace,
     "plan": load_plan,
+    "mig hooks": load_hooks,
+    "kubeconfig": load_kubeconfig,
 }
 ATTACKS = {
     "billion-laughs": billion_laughs() + "version: *i\n",
@@ -55,7 +60,8 @@ def test_every_yaml_file_refuses_the_attackers_input(
 
 
 @pytest.mark.parametrize(
-    "loader", ["agent config", "mig config", "prewarm manifest", "desired state", "plan"]
+    "loader",
+    ["agent config", "mig config", "mig hooks", "prewarm manifest", "desired state", "plan"],
 )
 def test_a_file_past_its_size_bound_is_refused_unread(tmp_path: Path, loader: str) -> None:
     path = tmp_path / "big.yaml"
@@ -63,6 +69,27 @@ def test_a_file_past_its_size_bound_is_refused_unread(tmp_path: Path, loader: st
         f.truncate(2 * 1024**3)  # sparse: reading it whole would take 2 GiB
     with pytest.raises(InvalidSpec, match="larger than"):
         LOADERS[loader](path)
+
+
+READ_FROM_DISK = [name for name in LOADERS if name != "plugin config"]  # it is handed bytes
+
+
+@pytest.mark.parametrize("loader", READ_FROM_DISK)
+def test_a_missing_unreadable_or_binary_file_is_refused_naming_it(
+    tmp_path: Path, loader: str
+) -> None:
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(InvalidSpec, match="does not exist") as caught:
+        LOADERS[loader](missing)
+    assert str(missing) in str(caught.value)
+    directory = tmp_path / "a-directory.yaml"  # unreadable as a file, for root too
+    directory.mkdir()
+    with pytest.raises(InvalidSpec, match="cannot read .*a-directory.yaml: Is a directory"):
+        LOADERS[loader](directory)
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"version: v1\n\xff\xfe\n")
+    with pytest.raises(InvalidSpec, match="binary.yaml is not UTF-8 text"):
+        LOADERS[loader](binary)
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -130,13 +130,7 @@ _TOP = ("version", "rollout", "mig", "sharing", "prewarm", "power")
 
 
 def load_desired(path: Path) -> Desired:
-    try:
-        text = safeyaml.read_text(path, "desired", LIMITS.max_bytes)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidSpec(
-            f"cannot read the desired state {path}: {getattr(exc, 'strerror', None) or exc}",
-            [FieldViolation("desired", str(exc))],
-        ) from exc
+    text = safeyaml.read_text(path, "desired", LIMITS.max_bytes, what="the desired state")
     return parse_desired(text, str(path))
 
 

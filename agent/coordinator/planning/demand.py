@@ -149,13 +149,7 @@ MAX_COUNT = 1_000_000
 
 
 def _load(path: Path) -> str:
-    try:
-        return safeyaml.read_text(path, "file", LIMITS.max_bytes)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidSpec(
-            f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}",
-            [FieldViolation("file", str(exc))],
-        ) from exc
+    return safeyaml.read_text(path, "file", LIMITS.max_bytes, what="demand file")
 
 
 def _yaml(text: str, source: str) -> Any:

@@ -84,12 +84,7 @@ LIMITS = safeyaml.Limits(max_bytes=64 * 1024 * 1024, max_nodes=2_000_000, max_sc
 
 def load_plan(path: Path) -> Mapping[str, str]:
     """Node name -> its mig-parted config, from a plan file; every config is checked."""
-    try:
-        raw = safeyaml.read_text(path, "plan", LIMITS.max_bytes)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidSpec(
-            f"cannot read plan {path}: {exc}", [FieldViolation("plan", str(exc))]
-        ) from exc
+    raw = safeyaml.read_text(path, "plan", LIMITS.max_bytes)
     doc = safeyaml.load(raw, "plan", LIMITS)
     if (
         not isinstance(doc, dict)

@@ -118,7 +118,7 @@ def test_repository_writes_out_docker_defaults() -> None:
 @pytest.mark.parametrize(
     ("write", "said"),
     [
-        (None, "No such file"),
+        (None, "does not exist"),
         ("kind: Pod\n", "is not a KubeletConfiguration"),
         ("[not, a, mapping]\n", "is not a KubeletConfiguration"),
         ("a: [b\n", "refused"),
