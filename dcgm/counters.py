@@ -136,13 +136,7 @@ def load_counters(path: Path | None = None) -> CounterSet:
         return parse_counters(text, source=f"dcgm/{DEFAULT_COUNTERS}")
     from agent.safeyaml import read_text  # YAML's stack only for a counters file
 
-    try:
-        text = read_text(path, "telemetry.collectors", MAX_BYTES)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidSpec(
-            f"cannot read counters CSV {path}: {getattr(exc, 'strerror', None) or exc}",
-            [FieldViolation("telemetry.collectors", f"cannot read {path}")],
-        ) from exc
+    text = read_text(path, "telemetry.collectors", MAX_BYTES, what="counters CSV")
     return parse_counters(text, source=str(path))
 
 

@@ -2,7 +2,8 @@
 never another exception, and never by reading or expanding it whole (issue 16): the agent config,
 MIG configs and hooks, prewarm manifests, the device plugin's config, the coordinator's desired
 state, demand, trace and plan files, kubeconfigs, and counters CSVs. A file that is missing,
-unreadable or not UTF-8 is refused the same way, naming the file (one rule: ``safeyaml.read_text``)."""
+unreadable or not UTF-8 is refused the same way, naming the file (one rule:
+``safeyaml.read_text``)."""
 
 from __future__ import annotations
 
@@ -71,7 +72,11 @@ def test_a_file_past_its_size_bound_is_refused_unread(tmp_path: Path, loader: st
         LOADERS[loader](path)
 
 
-READ_FROM_DISK = [name for name in LOADERS if name != "plugin config"]  # it is handed bytes
+#: every loader given a path (the plugin's config is handed bytes)
+READ_FROM_DISK = {
+    **{name: load for name, load in LOADERS.items() if name != "plugin config"},
+    "counters CSV": load_counters,
+}
 
 
 @pytest.mark.parametrize("loader", READ_FROM_DISK)
@@ -80,16 +85,16 @@ def test_a_missing_unreadable_or_binary_file_is_refused_naming_it(
 ) -> None:
     missing = tmp_path / "missing.yaml"
     with pytest.raises(InvalidSpec, match="does not exist") as caught:
-        LOADERS[loader](missing)
+        READ_FROM_DISK[loader](missing)
     assert str(missing) in str(caught.value)
     directory = tmp_path / "a-directory.yaml"  # unreadable as a file, for root too
     directory.mkdir()
-    with pytest.raises(InvalidSpec, match="cannot read .*a-directory.yaml: Is a directory"):
-        LOADERS[loader](directory)
+    with pytest.raises(InvalidSpec, match=r"cannot read .*a-directory\.yaml: Is a directory"):
+        READ_FROM_DISK[loader](directory)
     binary = tmp_path / "binary.yaml"
     binary.write_bytes(b"version: v1\n\xff\xfe\n")
-    with pytest.raises(InvalidSpec, match="binary.yaml is not UTF-8 text"):
-        LOADERS[loader](binary)
+    with pytest.raises(InvalidSpec, match=r"binary\.yaml is not UTF-8 text"):
+        READ_FROM_DISK[loader](binary)
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -92,7 +92,7 @@ def test_file_is_read_from_disk(tmp_path: Path) -> None:
 
 
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(InvalidSpec, match=r"cannot read counters CSV .*nope\.csv"):
+    with pytest.raises(InvalidSpec, match=r"counters CSV .*nope\.csv does not exist"):
         load_counters(tmp_path / "nope.csv")
 
 
