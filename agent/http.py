@@ -161,9 +161,8 @@ class HttpServer:
         try:
             while True:
                 try:
-                    request = await asyncio.wait_for(
-                        _read_request(reader, peer_cert), _READ_TIMEOUT_S
-                    )
+                    async with asyncio.timeout(_READ_TIMEOUT_S):  # unlike wait_for, no task
+                        request = await _read_request(reader, peer_cert)
                 except _BadRequest as bad:
                     refusal = Response(bad.status, f"{bad.text}\n".encode())
                     writer.write(_encode(refusal, head=False, gzip_ok=False, close=True))

@@ -14,6 +14,7 @@ Native names are real counters.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gzip
 import threading
 import time
@@ -265,6 +266,7 @@ class MetricsExporter:
         return await asyncio.shield(future)
 
 
+@functools.lru_cache(maxsize=16)  # a scraper sends the same header every time
 def _format(accept: str) -> tuple[bool, str]:
     """(OpenMetrics?, content type) for an Accept header."""
     _, content_type = choose_encoder(accept)
