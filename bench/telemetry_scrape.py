@@ -16,6 +16,8 @@ scrape config turns compression off, ``Accept-Encoding: gzip`` (``--identity``: 
 * steady RSS after the run;
 * staleness: seconds from a change on the node (a process's GPU memory on one MIG instance), made
   at a random phase, until a scrape shows it;
+* the floor: the same client at the same rate against a server that does nothing
+  (``scrape_targets.run_floor``), the latency no exporter can go under on this machine;
 * filesystem syscalls per scrape (gpu-agent, when ``strace`` is installed): ``strace -c -e
   trace=%file,fstatfs`` attached to the thread that serves scrapes (the event loop, the main
   thread) over 100 scrapes.
@@ -26,7 +28,6 @@ Usage (from the repository root):  .venv/bin/python -m bench.telemetry_scrape [-
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gzip
 import itertools
 import random
@@ -49,11 +50,12 @@ import grpc
 import psutil
 
 from agent._proto.k8s.podresources.v1 import api_pb2, api_pb2_grpc
+from bench.scrape_targets import INTERVAL_S, PRESET
 
-PRESET = "dgx-h100"
-INTERVAL_S = 1.0  # both exporters' collection interval
 _FRESH_MIB = itertools.count(2000)
 PROFILE = "1g.10gb"
+#: the floor server's body: about gpu-agent's gzipped /metrics on this node (10.7 kB)
+FLOOR_BODY_BYTES = 11_000
 INSTANCES_PER_GPU = 7
 MIB = 1024 * 1024
 #: what Prometheus 2.x sends: OpenMetrics preferred, classic text accepted
@@ -135,51 +137,6 @@ def kubelet(socket: Path, devices: list[Device]) -> Iterator[None]:
         yield
     finally:
         server.stop(grace=None).wait()
-
-
-# -- the exporters, each in its own process ------------------------------------------------------
-
-
-def run_agent(state_dir: Path, port: int, socket: Path, log_dir: Path) -> None:
-    from agent.config import TelemetrySettings
-    from agent.gpu import open_driver
-    from agent.gpu.sim import SimControl
-    from agent.http import HttpServer
-    from agent.telemetry.service import build_telemetry
-
-    driver = open_driver(PRESET, state_dir, latency=True)
-    service = build_telemetry(
-        driver,
-        TelemetrySettings(interval_s=INTERVAL_S, kubelet_socket=socket, container_log_dir=log_dir),
-        hostname="bench",
-        proc_root=SimControl(state_dir).proc_root,
-    )
-    service.start()
-
-    async def serve() -> None:
-        server = HttpServer({"/metrics": service.exporter.handle})
-        await server.start("127.0.0.1", port)
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        await stop.wait()
-        await server.stop()
-
-    asyncio.run(serve())
-    service.stop()
-    driver.close()
-
-
-def run_nvitop(state_dir: Path, port: int) -> None:
-    from agent.gpu.sim import install_as_pynvml
-
-    install_as_pynvml(state_dir, latency=True)  # before nvitop imports pynvml
-    from nvitop_exporter.cli import main
-
-    sys.argv = [
-        "nvitop-exporter",
-        *("--bind-address", "127.0.0.1", "--port", str(port), "--interval", str(INTERVAL_S)),
-    ]
-    sys.exit(main())
 
 
 # -- measuring -----------------------------------------------------------------------------------
@@ -266,13 +223,7 @@ def measure(
         quiet = args.scrapes / args.rate
         time.sleep(quiet)
         collection = (cpu_seconds(process) - before) / quiet
-        # Latency: scrapes at a steady rate, as a scraper would.
-        latencies, body = [], ""
-        started = time.monotonic()
-        for i in range(args.scrapes):
-            time.sleep(max(0.0, started + i / args.rate - time.monotonic()))
-            ms, body = scrape(port)
-            latencies.append(ms)
+        latencies, body = steady_latencies(port, args.scrapes, args.rate)
         # CPU: back-to-back scrapes for whole seconds, less what collection costs over the same
         # span. A span of many ticks: one tick's CPU landing in a short span would be counted
         # as the scrapes' (and the process CPU clock ticks at 10 ms).
@@ -323,6 +274,31 @@ def measure(
             len(body) / 1e3,
             samples,
         )
+    finally:
+        child.terminate()
+        child.wait(timeout=30)
+
+
+def steady_latencies(port: int, scrapes: int, rate: float) -> tuple[list[float], str]:
+    """Latencies of ``scrapes`` scrapes at a steady ``rate`` per second, as a scraper sends
+    them, and the last body."""
+    latencies, body = [], ""
+    started = time.monotonic()
+    for i in range(scrapes):
+        time.sleep(max(0.0, started + i / rate - time.monotonic()))
+        ms, body = scrape(port)
+        latencies.append(ms)
+    return latencies, body
+
+
+def floor_latencies(target: list[str], port: int, args: argparse.Namespace) -> list[float]:
+    """Steady-rate latencies of a server that does nothing (``scrape_targets.run_floor``) with a
+    body the size of gpu-agent's gzipped one: the part of any exporter's latency that is this
+    machine's and this client's."""
+    child = subprocess.Popen([*target, "floor", str(FLOOR_BODY_BYTES), str(port)])
+    try:
+        wait_ready(port, lambda body: True)
+        return steady_latencies(port, args.scrapes, args.rate)[0]
     finally:
         child.terminate()
         child.wait(timeout=30)
@@ -424,11 +400,11 @@ def main() -> None:
         state, logs, socket = root / "state", root / "containers", root / "kubelet.sock"
         logs.mkdir()
         devices = build_node(state, logs)
-        me = [sys.executable, "-m", "bench.telemetry_scrape"]
+        target = [sys.executable, "-m", "bench.scrape_targets"]
         with kubelet(socket, devices):
             agent = measure(
                 "gpu-agent",
-                [*me, "_agent", str(state), "19400", str(socket), str(logs)],
+                [*target, "gpu-agent", str(state), "19400", str(socket), str(logs)],
                 19400,
                 lambda body: "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{" in body,
                 _our_memory,
@@ -438,7 +414,7 @@ def main() -> None:
             )
             nvitop = measure(
                 "nvitop-exporter",
-                [*me, "_nvitop", str(state), "19500"],
+                [*target, "nvitop-exporter", str(state), "19500"],
                 19500,
                 lambda body: "gpu_memory_used_MiB{" in body,
                 lambda body, d: memory_value(body, "gpu_memory_used_MiB", f'uuid="{d.mig_uuid}"'),
@@ -446,12 +422,18 @@ def main() -> None:
                 state,
                 args,
             )
+        floor = floor_latencies(target, 19600, args)
     n = len(devices)
     print(f"Simulated {PRESET}: 8 GPUs, {n} MIG instances ({PROFILE}), {n} pods;")
     print(f"modelled NVML latencies on; {args.scrapes} scrapes at {args.rate:g}/s; interval 1 s;")
     encoding = "identity" if args.identity else "gzip, as Prometheus sends"
     print(f"Accept-Encoding: {encoding}\n")
     print(table([agent, nvitop]))
+    p50, p99 = (statistics.quantiles(floor, n=100, method="inclusive")[p - 1] for p in (50, 99))
+    print(
+        f"\nFloor (a server that does nothing, {FLOOR_BODY_BYTES} bytes, same client and rate):"
+        f" p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+    )
     command = (
         f"--scrapes {args.scrapes} --rate {args.rate:g} --burst {args.burst} "
         f"--bursts {args.bursts} --changes {args.changes} --cpu-seconds {args.cpu_seconds:g}"
@@ -471,9 +453,4 @@ def _our_memory(body: str, device: Device) -> float | None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "_agent":
-        run_agent(Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5]))
-    elif len(sys.argv) > 1 and sys.argv[1] == "_nvitop":
-        run_nvitop(Path(sys.argv[2]), int(sys.argv[3]))
-    else:
-        main()
+    main()
