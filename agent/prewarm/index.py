@@ -12,27 +12,17 @@ import json
 import sqlite3
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from agent.errors import Conflict, NotFound
-from agent.prewarm.model import CacheItem, ItemState, item_kind
+from agent.prewarm.model import CacheItem, ImagePull, ItemState, item_kind
 from agent.state import TABLE_DURABILITY, StateStore
 
 _DURABILITY = TABLE_DURABILITY["prewarm_items"]
 
 _COLUMNS = tuple(f.name for f in fields(CacheItem))
-
-
-@dataclass(frozen=True, slots=True)
-class ImagePull:
-    """One CRI pull: ``cold`` when the image was absent before it."""
-
-    ref: str
-    cold: bool
-    seconds: float
-    at: float
 
 
 def _to_row(item: CacheItem) -> dict[str, Any]:

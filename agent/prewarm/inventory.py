@@ -14,8 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from agent.prewarm.budget import Usage
-from agent.prewarm.index import ImagePull
-from agent.prewarm.model import CacheItem, ItemState, Warmth
+from agent.prewarm.model import CacheItem, ImagePull, ItemState, Warmth
 
 #: the states of gpu_agent_prewarm_item_state (an agent's items are never UNKNOWN)
 _COUNTED_STATES = tuple(s for s in ItemState if s is not ItemState.UNKNOWN)

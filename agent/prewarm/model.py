@@ -275,3 +275,13 @@ class Progress:
     total_bytes: int | None
     rate_bps: float
     eta_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePull:
+    """One CRI pull: ``cold`` when the image was absent before it."""
+
+    ref: str
+    cold: bool
+    seconds: float
+    at: float

@@ -27,9 +27,9 @@ from agent.prewarm import kinds
 from agent.prewarm.cancel import CancelToken, Stop
 from agent.prewarm.fetch_http import CancelledFn, ProgressFn
 from agent.prewarm.headers import HeaderDir
-from agent.prewarm.index import ImagePull, PrewarmIndex
+from agent.prewarm.index import PrewarmIndex
 from agent.prewarm.inventory import Inventory
-from agent.prewarm.model import CacheItem, ItemState, Progress
+from agent.prewarm.model import CacheItem, ImagePull, ItemState, Progress
 from agent.prewarm.naming import (
     DEFAULT_IGNORED_QUERY_PARAMS,
     check_name,

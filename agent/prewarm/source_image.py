@@ -13,9 +13,9 @@ from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec
 from agent.owner import Actor
 from agent.prewarm.docker_auth import registry_host
 from agent.prewarm.errors import Cancelled, ImageWarmFailed
-from agent.prewarm.index import ImagePull
 from agent.prewarm.model import (
     CacheItem,
+    ImagePull,
     ImageRequest,
     ImageWarmth,
     ItemKind,

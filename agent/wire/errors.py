@@ -45,9 +45,9 @@ from agent.errors import (
     PermissionDenied,
     StateUnavailable,
 )
+from agent.operation import INTERRUPTED
 from agent.prewarm.errors import Cancelled, DigestMismatch, DiskFull, FetchFailed
 from agent.safeyaml import capped
-from agent.state import INTERRUPTED
 
 __all__ = [
     "BY_CODE",

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from agent._proto.gpuagent.v1 import mig_pb2, operations_pb2
 from agent.gpu.types import GpuLayout
 from agent.mig.advice import GpuAdvice, moves_to_fit
 from agent.mig.node_plan import NodePlan
 from agent.mig.plan import GpuPlan
-from agent.mig.service import ApplyResult, RecoveryOutcome
+
+if TYPE_CHECKING:  # the server's side only: clients load no MIG service
+    from agent.mig.service import ApplyResult, RecoveryOutcome
 
 __all__ = [
     "AdvisedGpu",

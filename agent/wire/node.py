@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from agent._proto.gpuagent.v1 import agent_pb2, events_pb2, sharing_pb2
 from agent.dra.mode import Allocation, AllocationMode
@@ -25,10 +26,12 @@ from agent.gpu.types import (
     Process,
 )
 from agent.health.machine import Mark, State
-from agent.health.monitor import HealthChange
 from agent.telemetry.xid import xid_message
 from agent.wire.prewarm import ItemStatus, item_status_from
 from agent.wire.timestamps import seconds, timestamp
+
+if TYPE_CHECKING:  # the server's side only: clients load no health monitor
+    from agent.health.monitor import HealthChange
 
 __all__ = [
     "Component",

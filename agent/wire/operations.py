@@ -13,8 +13,8 @@ from google.protobuf import json_format
 
 from agent._proto.gpuagent.v1 import operations_pb2, types_pb2
 from agent.errors import AgentError, FieldViolation, InvalidSpec
+from agent.operation import Operation
 from agent.redact import redact_text
-from agent.state import Operation
 from agent.wire.errors import operation_failure, recorded_code
 from agent.wire.prewarm import ItemStatus, item_status_from
 from agent.wire.timestamps import timestamp

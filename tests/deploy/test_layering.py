@@ -20,6 +20,7 @@ AGENT = REPO / "agent"
 BASE = {
     "__init__",
     "errors",
+    "operation",
     "safeyaml",
     "clocks",
     "redact",

@@ -9,7 +9,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from agent.errors import InvalidSpec
 from agent.prewarm.budget import Usage
-from agent.prewarm.index import ImagePull
 from agent.prewarm.inventory import Inventory, PrewarmCollector
 from agent.prewarm.labels import label_patch, node_labels
 from agent.prewarm.manifest import parse_manifest
@@ -17,6 +16,7 @@ from agent.prewarm.model import (
     CacheItem,
     FileRequest,
     GroupRequest,
+    ImagePull,
     ImageRequest,
     ImageWarmth,
     ItemKind,
