@@ -29,13 +29,13 @@ from agent.mig.lock import PartitionLock
 from agent.mig.recovery import ModeFollower, follow_driver
 from agent.mig.reset import command_reset, simulated_reset
 from agent.mig.service import MigService
-from agent.power import PowerService
+from agent.power.service import PowerService
 from agent.prewarm.factory import build_service as build_prewarm
 from agent.prewarm.inventory import PrewarmCollector
 from agent.prewarm.labels import CacheLabels
 from agent.prewarm.service import PrewarmService
 from agent.reclaim import reclaim_tasks
-from agent.sharing import SharingService
+from agent.sharing.service import SharingService
 from agent.state import StateStore
 from agent.statedir import StateCollector, probe
 from agent.tasks import Daemon, Task

@@ -11,7 +11,8 @@ import grpc
 
 from agent._proto.gpuagent.v1 import power_pb2, power_pb2_grpc
 from agent.api.operations import OperationRunner
-from agent.power import Change, PowerService
+from agent.power import Change
+from agent.power.service import PowerService
 from agent.wire.power import power_changes_pb, power_view_pb
 
 __all__ = ["PowerServicer"]

@@ -63,9 +63,9 @@ from agent.api.telemetry import Exposition, SnapshotSource, TelemetryServicer
 from agent.config import AgentConfig, RoleSettings, TlsSettings
 from agent.errors import Conflict, FieldViolation, InvalidSpec
 from agent.mig.service import MigService
-from agent.power import PowerService
+from agent.power.service import PowerService
 from agent.prewarm.service import PrewarmService
-from agent.sharing import SharingService
+from agent.sharing.service import SharingService
 from agent.webconfig import stamp_files
 from agent.wire.doctor import DoctorReport
 

@@ -11,7 +11,8 @@ import grpc
 
 from agent._proto.gpuagent.v1 import sharing_pb2, sharing_pb2_grpc
 from agent.api.operations import OperationRunner
-from agent.sharing import ApplyResult, SharingService
+from agent.sharing import ApplyResult
+from agent.sharing.service import SharingService
 from agent.wire.sharing import requested_config, sharing_change_pb, sharing_view_pb
 
 __all__ = ["SharingServicer"]

@@ -35,7 +35,7 @@ from agent.sharing import (
     parse,
     to_document,
 )
-from agent.sharing.service import DraView
+from agent.sharing.view import DraView
 
 if TYPE_CHECKING:
     from agent.client import AgentClient

@@ -1,7 +1,9 @@
-"""Declarative power caps: a spec of limits per GPU, applied, journaled and kept (docs/power.md)."""
+"""Declarative power caps: a spec of limits per GPU, applied, journaled and kept (docs/power.md).
 
-from agent.power.plan import GpuPower
-from agent.power.service import Change, PowerService, PowerView
+The package's face is its records and pure parts, all a client needs; the service, which
+needs the driver, is imported from ``agent.power.service``."""
+
+from agent.power.plan import Change, GpuPower, PowerView
 from agent.power.spec import PowerSpec, parse
 
-__all__ = ["Change", "GpuPower", "PowerService", "PowerSpec", "PowerView", "parse"]
+__all__ = ["Change", "GpuPower", "PowerSpec", "PowerView", "parse"]

@@ -1,4 +1,5 @@
-"""From a power spec and the node's GPUs to one wanted limit per GPU. Pure: no NVML, no journal.
+"""From a power spec and the node's GPUs to one wanted limit per GPU, and the records of what was
+set (`Change`) and what is in force (`PowerView`). Pure: no NVML, no journal.
 
 The whole spec is checked against every GPU before anything is set: a limit outside a GPU's range,
 an index or UUID the node lacks, a model no GPU is, all come back together in one refusal naming
@@ -13,7 +14,7 @@ from agent.errors import FieldViolation, InvalidSpec
 from agent.gpu.types import PowerLimits
 from agent.power.spec import Entry, PowerSpec
 
-__all__ = ["GpuPower", "Target", "model_key", "plan", "resolve"]
+__all__ = ["Change", "GpuPower", "PowerView", "Target", "model_key", "plan", "resolve"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +25,29 @@ class GpuPower:
     uuid: str
     name: str
     limits: PowerLimits
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One GPU's limit set: from ``before_mw`` to ``after_mw``."""
+
+    index: int
+    uuid: str
+    before_mw: int
+    after_mw: int
+
+
+@dataclass(frozen=True, slots=True)
+class PowerView:
+    """The node's power caps as ``gpu-agent power show`` tells them."""
+
+    gpus: tuple[GpuPower, ...]
+    #: uuid -> the limit the spec wants
+    desired_mw: dict[str, int]
+    #: uuid -> the limit from before the agent's first change
+    baseline_mw: dict[str, int]
+    #: the spec in force, as applied ("" when none)
+    spec_text: str
 
 
 @dataclass(frozen=True, slots=True)

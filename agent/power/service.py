@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.errors import AgentError
 from agent.gpu.attach import DriverLink
 from agent.gpu.nvml import GpuDriver
-from agent.power.plan import GpuPower, plan, resolve
+from agent.power.plan import Change, GpuPower, PowerView, plan, resolve
 from agent.power.spec import PowerSpec, parse
 from agent.tasks import Need, Task
 
-__all__ = ["BASELINE", "DESIRED", "Change", "PowerService", "PowerView"]
+__all__ = ["BASELINE", "DESIRED", "PowerService"]
 
 log = logging.getLogger(__name__)
 
@@ -44,25 +43,6 @@ class Journal(Protocol):
     def journal_replace(self, scope: str, entry: dict[str, Any]) -> int: ...
     def journal_entries(self, scope: str) -> list[tuple[int, dict[str, Any]]]: ...
     def journal_clear(self, scope: str) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    index: int
-    uuid: str
-    before_mw: int
-    after_mw: int
-
-
-@dataclass(frozen=True, slots=True)
-class PowerView:
-    gpus: tuple[GpuPower, ...]
-    #: uuid -> the limit the spec wants
-    desired_mw: dict[str, int]
-    #: uuid -> the limit from before the agent's first change
-    baseline_mw: dict[str, int]
-    #: the spec in force, as applied ("" when none)
-    spec_text: str
 
 
 class PowerService:

@@ -2,15 +2,16 @@
 write, reload.
 
 Modules: ``schema`` (the plugin's config file), ``validate`` and ``advertise`` (pure rules and
-capacity), ``store`` (atomic file with previous version), ``reload`` (how the plugin learns of
-it), ``service`` (the flow). Kubernetes calls go through :mod:`agent.kube`.
+capacity), ``view`` (the records sharing reports), ``store`` (atomic file with previous version),
+``reload`` (how the plugin learns of it), ``service`` (the flow). Kubernetes calls go through
+:mod:`agent.kube`. This face is the records and pure parts, all a client needs; the service, which
+needs the Kubernetes client, is imported from ``agent.sharing.service``.
 """
 
 from agent.sharing.advertise import Advertised, advertise
-from agent.sharing.reload import Pickup, ReloadReport
 from agent.sharing.schema import PluginConfig, parse, render, to_document
-from agent.sharing.service import ApplyResult, SharingService, SharingSettings, SharingView
 from agent.sharing.validate import validate, violations
+from agent.sharing.view import ApplyResult, Pickup, ReloadReport, SharingView
 
 __all__ = [
     "Advertised",
@@ -18,8 +19,6 @@ __all__ = [
     "Pickup",
     "PluginConfig",
     "ReloadReport",
-    "SharingService",
-    "SharingSettings",
     "SharingView",
     "advertise",
     "parse",

@@ -12,14 +12,15 @@ from __future__ import annotations
 import re
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Protocol
 
 import psutil
 
 from agent.errors import FieldViolation, InvalidSpec, PermissionDenied
 from agent.kube import KubeClient
+from agent.sharing.view import Pickup, ReloadReport, StatusRecord
 
 RELOAD_METHODS = ("sighup", "label", "restart-pod", "none")
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
@@ -30,18 +31,6 @@ _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 START_TIME_RESOLUTION = 1.0
 
 Clock = Callable[[], float]
-PickupState = Literal["loaded", "signalled", "not-loaded", "unknown"]
-
-
-@dataclass(frozen=True, slots=True)
-class ReloadReport:
-    """What one reload attempt did. ``done`` is False when nothing reached the plugin."""
-
-    method: str
-    done: bool
-    detail: str
-    at: float
-    pids: tuple[int, ...] = ()
 
 
 class Reloader(Protocol):
@@ -223,66 +212,6 @@ def make_reloader(
     if method == "label":
         return LabelReloader(kube, node_name, label_config_name, clock)
     return RestartPodReloader(kube, node_name, namespace, label_selector, clock)
-
-
-@dataclass(frozen=True, slots=True)
-class StatusRecord:
-    """What the agent last wrote and how it reloaded the plugin (``<path>.status.json``)."""
-
-    action: str
-    sha256: str
-    written_at: float
-    reload: ReloadReport | None
-
-    def to_json(self) -> dict[str, object]:
-        reload = None
-        if self.reload is not None:
-            r = self.reload
-            reload = {
-                "method": r.method,
-                "done": r.done,
-                "detail": r.detail,
-                "at": r.at,
-                "pids": list(r.pids),
-            }
-        return {
-            "action": self.action,
-            "sha256": self.sha256,
-            "written_at": self.written_at,
-            "reload": reload,
-        }
-
-    @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> StatusRecord | None:
-        """None when the record does not have the expected shape (see ConfigStore.read_status)."""
-        try:
-            reload_raw = raw["reload"]
-            reload = None
-            if isinstance(reload_raw, Mapping):
-                reload = ReloadReport(
-                    str(reload_raw["method"]),
-                    bool(reload_raw["done"]),
-                    str(reload_raw["detail"]),
-                    float(reload_raw["at"]),
-                    tuple(int(p) for p in reload_raw["pids"]),
-                )
-            return cls(str(raw["action"]), str(raw["sha256"]), float(raw["written_at"]), reload)
-        except (KeyError, TypeError, ValueError):
-            return None
-
-
-@dataclass(frozen=True, slots=True)
-class Pickup:
-    """Whether the plugin runs the config now in the file, and the evidence for it.
-
-    ``loaded``: a plugin process started after the file was written (it reads it at start-up).
-    ``signalled``: the running plugin was sent SIGHUP after the write (it reloads on SIGHUP; the
-    reload itself is not observable). ``not-loaded``: the running plugin predates the file and
-    was not signalled, or no plugin runs. ``unknown``: no evidence either way.
-    """
-
-    state: PickupState
-    detail: str
 
 
 def pickup(

@@ -15,30 +15,29 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from agent.dra.mode import Allocation, AllocationMode
 from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec, NotFound, NotSupported
 from agent.gpu.types import GpuLayout
 from agent.kube import KubeClient
 from agent.sharing import dra, dra_api
-from agent.sharing.advertise import Advertised, advertise
+from agent.sharing.advertise import advertise
 from agent.sharing.dra_kube import DeviceClasses, DraKube
-from agent.sharing.reload import (
-    Pickup,
-    Reloader,
-    ReloadReport,
-    StatusRecord,
-    find_plugin_processes,
-    make_reloader,
-    pickup,
-)
+from agent.sharing.reload import Reloader, find_plugin_processes, make_reloader, pickup
 from agent.sharing.schema import PluginConfig, Sharing, merge, parse, render
 from agent.sharing.store import ConfigStore
 from agent.sharing.validate import validate, violations
+from agent.sharing.view import (
+    ApplyResult,
+    DraObject,
+    DraView,
+    Pickup,
+    SharingView,
+    StatusRecord,
+)
 
 
 class SharingSettings(Protocol):
@@ -57,61 +56,6 @@ class SharingSettings(Protocol):
     def plugin_namespace(self) -> str: ...
     @property
     def plugin_label_selector(self) -> str: ...
-
-
-@dataclass(frozen=True, slots=True)
-class DraObject:
-    """One object of the node's DRA sharing, and what became of it (or what state it is in)."""
-
-    kind: str
-    name: str
-    #: created, updated, deleted, unchanged (a change); present, missing, differs (show)
-    state: str
-    body: Mapping[str, Any]
-    namespace: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class DraView:
-    """Sharing through the DRA driver: the allocation mode, the agent's DeviceClasses for this
-    node, and what of the spec the driver does not carry."""
-
-    allocation: Allocation
-    objects: tuple[DraObject, ...] = ()
-    #: fields of the spec mapped or not carried, and why (`agent.sharing.dra.plan`)
-    notes: tuple[FieldViolation, ...] = ()
-    #: why the objects could not be read (the API server down); "" when they were
-    error: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class SharingView:
-    """The node's sharing as ``share show`` reports it."""
-
-    config_path: Path
-    exists: bool
-    config: PluginConfig
-    advertised: tuple[Advertised, ...]
-    #: Rules the file on disk breaks on this node now (e.g. after a MIG change).
-    problems: tuple[FieldViolation, ...]
-    pickup: Pickup
-    #: The agent's record of the file on disk; None when the agent did not write it.
-    last_write: StatusRecord | None
-    #: On a DRA node: the driver's objects (config_path is then the agent's record of the spec).
-    dra: DraView | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ApplyResult:
-    action: str
-    #: False when the file already said this: nothing was written, the plugin not reloaded.
-    changed: bool
-    config_path: Path
-    config: PluginConfig
-    advertised: tuple[Advertised, ...]
-    reload: ReloadReport | None
-    #: On a DRA node: the objects written (config_path is the agent's record of the spec).
-    dra: DraView | None = None
 
 
 def no_detection() -> Allocation:

@@ -17,9 +17,8 @@ from agent._proto.gpuagent.v1 import sharing_pb2, types_pb2
 from agent.dra.mode import Allocation, AllocationMode
 from agent.errors import FieldViolation, InvalidSpec
 from agent.sharing import Advertised, ApplyResult, PluginConfig, ReloadReport, SharingView, parse
-from agent.sharing.reload import Pickup, StatusRecord
 from agent.sharing.schema import render
-from agent.sharing.service import DraObject, DraView
+from agent.sharing.view import DraObject, DraView, Pickup, StatusRecord
 from agent.wire.timestamps import seconds, timestamp
 
 __all__ = [

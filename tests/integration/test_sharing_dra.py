@@ -28,7 +28,7 @@ from agent.client.sync import AgentClient
 from agent.config import SharingSettings
 from agent.dra.mode import Allocation, AllocationMode
 from agent.kube import InClusterKubeClient
-from agent.sharing import SharingService
+from agent.sharing.service import SharingService
 from agent.state import StateStore
 from tests.kube.fake_api import FakeKubeApi
 from tests.kube.fixtures import NODE

@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 
 from agent.config import SharingSettings
-from agent.sharing import SharingService, parse
+from agent.sharing import parse
 from agent.sharing.reload import find_plugin_processes
 from agent.sharing.schema import render
+from agent.sharing.service import SharingService
 from tests.unit.sharing.layouts import node
 
 pytestmark = pytest.mark.integration

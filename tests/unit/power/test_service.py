@@ -12,7 +12,7 @@ import pytest
 from agent.errors import InvalidSpec, NotSupported, PermissionDenied
 from agent.gpu import GpuDriver, load_driver
 from agent.gpu.sim import SimControl
-from agent.power import PowerService
+from agent.power.service import PowerService
 from agent.state import StateStore
 
 _SPEC = "version: v1\npower:\n  - {gpus: all, limit: 0.8}\n  - {gpus: [0], limit: 300W}\n"

@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 
 from agent.cli.share import share
 from agent.config import SharingSettings
-from agent.sharing import SharingService
+from agent.sharing.service import SharingService
 from tests.unit.sharing.layouts import full_gpu, mig_gpu, node
 
 

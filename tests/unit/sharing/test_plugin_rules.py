@@ -12,7 +12,8 @@ from agent._proto.gpuagent.v1 import sharing_pb2
 from agent.config import SharingSettings
 from agent.errors import InvalidSpec
 from agent.gpu.types import GpuLayout
-from agent.sharing import SharingService, parse
+from agent.sharing import parse
+from agent.sharing.service import SharingService
 from agent.sharing.validate import violations
 from agent.wire.sharing import sharing_view_pb
 from tests.unit.sharing.layouts import full_gpu, node

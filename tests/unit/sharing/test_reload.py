@@ -11,13 +11,12 @@ from agent.sharing.reload import (
     LabelReloader,
     NoReload,
     PluginProcess,
-    ReloadReport,
     RestartPodReloader,
     SighupReloader,
-    StatusRecord,
     make_reloader,
     pickup,
 )
+from agent.sharing.view import ReloadReport, StatusRecord
 from tests.kube.fake_api import FakeKubeApi
 from tests.kube.fixtures import NODE
 

@@ -11,8 +11,9 @@ from agent.config import SharingSettings
 from agent.errors import Conflict, InvalidSpec, NotFound, PermissionDenied
 from agent.gpu.types import GpuLayout
 from agent.kube import InClusterKubeClient
-from agent.sharing import SharingService, parse
+from agent.sharing import parse
 from agent.sharing.reload import CONFIG_LABEL
+from agent.sharing.service import SharingService
 from tests.kube.fake_api import FakeKubeApi
 from tests.kube.fixtures import NODE
 from tests.unit.sharing.layouts import full_gpu, mig_gpu, node

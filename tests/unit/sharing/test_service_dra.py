@@ -14,7 +14,8 @@ from agent.config import SharingSettings
 from agent.dra.mode import Allocation, AllocationMode
 from agent.errors import AgentError, Conflict, InvalidSpec, NotSupported
 from agent.kube import InClusterKubeClient
-from agent.sharing import SharingService, dra, parse
+from agent.sharing import dra, parse
+from agent.sharing.service import SharingService
 from tests.kube.fake_api import FakeKubeApi
 from tests.kube.fixtures import NODE
 from tests.unit.sharing.layouts import node
