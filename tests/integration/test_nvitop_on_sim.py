@@ -43,6 +43,12 @@ def nvitop(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return sim_exec(state_dir, "nvitop", *args)
 
 
+#: GPU 0's process: a pid past the kernel's pid_max, which no host process can have, so gpustat
+#: (which shows only processes psutil finds) must leave it out. A fixed small pid (4242) was once
+#: a live pytest worker of the same run, and gpustat listed it.
+SIMULATED_ONLY_PID = int(Path("/proc/sys/kernel/pid_max").read_text()) + 4242
+
+
 @pytest.fixture
 def busy_node(tmp_path: Path) -> Path:
     """A DGX H100: GPU 0 busy with one process, GPU 1 in MIG mode with a process on a 3g."""
@@ -50,7 +56,7 @@ def busy_node(tmp_path: Path) -> Path:
     nvml.nvmlInit()
     control = SimControl(tmp_path)
     control.set_workload(0, sm_active=0.75, dram_active=0.4)
-    control.start_process(4242, 0, used_memory_mib=12345)
+    control.start_process(SIMULATED_ONLY_PID, 0, used_memory_mib=12345)
     handle = nvml.nvmlDeviceGetHandleByIndex(1)
     nvml.nvmlDeviceSetMigMode(handle, nvml.NVML_DEVICE_MIG_ENABLE)
     gi = nvml.nvmlDeviceCreateGpuInstance(handle, 9)
@@ -77,7 +83,7 @@ def test_nvitop_lists_gpus_memory_utilisation_and_processes(busy_node: Path) -> 
     assert "75%" in gpu0  # utilisation of the injected workload
     assert "3g.40gb @ GI/CI: 2/0" in out  # the MIG device
     assert "2000MiB / 39.50GiB" in out  # its memory
-    assert "4242" in out and "4343" in out  # both processes
+    assert str(SIMULATED_ONLY_PID) in out and "4343" in out  # both processes
     assert "FunctionNotFound" not in result.stderr
 
 
@@ -128,7 +134,7 @@ def test_gpustat_lists_the_simulated_gpus_and_processes(busy_node: Path) -> None
     gpus = report["gpus"]
     assert [g["name"] for g in gpus] == ["NVIDIA H100 80GB HBM3"] * 8
     assert gpus[0]["memory.used"] == 12345 and gpus[0]["utilization.gpu"] == 75
-    assert gpus[0]["processes"] == []  # pid 4242 is simulated only: gpustat leaves it out
+    assert gpus[0]["processes"] == []  # simulated only: gpustat leaves it out
     (mine,) = gpus[2]["processes"]
     assert mine["pid"] == os.getpid() and mine["gpu_memory_usage"] == 512
 
