@@ -18,7 +18,7 @@ from agent.coordinator.control.lease import (
     while_leading,
 )
 from agent.coordinator.kube import KubeLister
-from agent.errors import Conflict, InvalidSpec
+from agent.errors import Conflict, InvalidSpec, NotFound
 from tests.kube.fake_api import FakeKubeApi
 
 NS = "gpu-agent"
@@ -63,6 +63,42 @@ def test_the_first_candidate_creates_the_lease_and_a_second_waits_out_its_durati
     assert b.try_acquire_or_renew() and b.leading
     spec = api.leases[(NS, "coord")]["spec"]
     assert spec["holderIdentity"] == "b" and spec["leaseTransitions"] == 1
+
+
+class ReadBeforeCreation:
+    """A candidate's view of the API whose first read came before another candidate created the
+    Lease."""
+
+    def __init__(self, api: KubeLister) -> None:
+        self._api, self._stale = api, True
+
+    def get_lease(self, namespace: str, name: str) -> Mapping[str, Any]:
+        if self._stale:
+            self._stale = False
+            raise NotFound(f'leases "{name}" not found')
+        return self._api.get_lease(namespace, name)
+
+    def create_lease(self, namespace: str, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        return self._api.create_lease(namespace, obj)
+
+    def update_lease(self, namespace: str, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        return self._api.update_lease(namespace, obj)
+
+
+def test_a_candidate_that_loses_the_creation_race_names_the_holder_at_once(
+    lister: KubeLister,
+) -> None:
+    """B read no Lease, A created it, and B's create met 409: B reads it again in the same
+    attempt, so a standby's readiness names the holder from its first attempt. (It said "the
+    lease is held by nobody" for a retry period: test_coordinator_replicas failed on it once.)"""
+    clock = Clock()
+    a = elector(lister, "a", clock)
+    b = LeaderElector(
+        ReadBeforeCreation(lister), NS, "coord", "b", TIMING, clock=clock, wall=lambda: 1.7e9
+    )
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()
+    assert b.holder == "a" and b.answered_recently() and not b.leading
 
 
 def test_a_renewal_keeps_the_acquire_time_and_moves_the_deadline(lister: KubeLister) -> None:

@@ -173,20 +173,20 @@ class LeaderElector:
         sent = self._clock()
         wall = _now_rfc3339(self._wall())
         try:
-            current = self._api.get_lease(self.namespace, self.name)
-            self._answered_at = self._clock()
+            current = self._read()
         except NotFound:
             self._answered_at = self._clock()
             spec = self._spec(wall, wall, 0)
             try:
                 created = self._api.create_lease(self.namespace, self._object(spec, None))
             except Conflict:
-                return False  # another candidate created it first
+                # Another candidate created it first: read it now, so that the holder is
+                # known from this attempt on (a standby's readiness names it).
+                with contextlib.suppress(NotFound):
+                    self._read()
+                return False
             return self._won(created, sent)
         spec = current.get("spec") or {}
-        if spec != self._observed_spec:
-            self._observed_spec, self._observed_at = spec, self._clock()
-        self._observed = current
         holder = str(spec.get("holderIdentity") or "")
         if holder and holder != self.identity:
             duration = float(spec.get("leaseDurationSeconds") or self.timing.lease_duration_s)
@@ -205,6 +205,17 @@ class LeaderElector:
         except Conflict:
             return False  # it changed since our read: read again next time
         return self._won(updated, sent)
+
+    def _read(self) -> Mapping[str, Any]:
+        """The Lease as the API server has it, remembered as observed; NotFound when none.
+        Expiry counts from when its spec last changed, by this process' clock."""
+        current = self._api.get_lease(self.namespace, self.name)
+        self._answered_at = self._clock()
+        spec = current.get("spec") or {}
+        if spec != self._observed_spec:
+            self._observed_spec, self._observed_at = spec, self._clock()
+        self._observed = current
+        return current
 
     def release(self) -> bool:
         """Give the Lease up (no holder, 1 s) if this identity holds it; True if released."""
