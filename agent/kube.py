@@ -235,17 +235,27 @@ class InClusterKubeClient:
         """Every item of a list, a page at a time (``limit``/``continue``), and the list's
         resourceVersion (where a watch starts)."""
         items: list[Any] = []
+        version = ""
+        for listing in self.pages(path, query, page_size):
+            items += page_items(listing)
+            version = str(dig(listing, "metadata", "resourceVersion") or "")
+        return items, version
+
+    def pages(
+        self, path: str, query: Mapping[str, str] | None = None, page_size: int = PAGE_SIZE
+    ) -> Iterator[Any]:
+        """Each page of a list in turn (``limit``/``continue``); AgentError past MAX_PAGES, a
+        server that never ends its list."""
         token = ""
         for _ in range(MAX_PAGES):
             page = dict(query or {}, limit=str(page_size))
             if token:
                 page["continue"] = token
             listing = self.get(path, page)
-            found = dig(listing, "items")
-            items += found if isinstance(found, list) else []
+            yield listing
             token = str(dig(listing, "metadata", "continue") or "")
             if not token:
-                return items, str(dig(listing, "metadata", "resourceVersion") or "")
+                return
         raise AgentError(f"Kubernetes list {path} did not end after {MAX_PAGES} pages")
 
     def watch(
@@ -378,13 +388,8 @@ class InClusterKubeClient:
         base = f"/api/v1/namespaces/{_segment(namespace)}/pods"
         # The node field selector keeps this to the plugin pod of *this* node.
         query = {"labelSelector": label_selector, "fieldSelector": f"spec.nodeName={node_name}"}
-        listing = self.request("GET", base, query=query)
-        items = dig(listing, "items")
-        names = [
-            str(name)
-            for item in (items if isinstance(items, list) else [])
-            if (name := dig(item, "metadata", "name"))
-        ]
+        pods = page_items(self.request("GET", base, query=query))
+        names = [str(name) for pod in pods if (name := dig(pod, "metadata", "name"))]
         deleted = []
         for name in names:
             try:
@@ -508,6 +513,12 @@ def dig(obj: object, *keys: str) -> object:
             return None
         obj = obj.get(key)
     return obj
+
+
+def page_items(listing: Any) -> list[Any]:
+    """A list page's ``items`` ([] when it has none)."""
+    found = dig(listing, "items")
+    return found if isinstance(found, list) else []
 
 
 def _retry_after(exc: AgentError, response: http.client.HTTPResponse) -> AgentError:

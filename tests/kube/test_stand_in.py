@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from agent import kube as kube_module
 from agent.coordinator.kube import KubeLister
-from agent.errors import AgentError, Conflict
+from agent.coordinator.planning import claimdemand
+from agent.errors import AgentError, Conflict, InvalidSpec
 from agent.kube import InClusterKubeClient
 from tests.kube.fake_api import FakeKubeApi, label_problem
 from tests.kube.fixtures import NODE
@@ -93,6 +95,23 @@ def test_a_paged_list_returns_every_item_once(
     assert sorted(names) == sorted(api.nodes) and len(names) == len(set(names)) == 9
     assert version == str(api.version)
     assert len([r for r in api.requests if r.path == "/api/v1/nodes"]) == 3
+
+
+def test_one_pager_serves_every_list_its_cap_and_its_page_bound(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``InClusterKubeClient.pages`` is the one pager: the planner's capped lists read page by
+    page and stop at their cap; a server whose list never ends is refused after MAX_PAGES."""
+    api, _ = kube_api
+    for i in range(7):
+        api.nodes[f"extra-{i}"] = {}
+    monkeypatch.setattr(claimdemand, "_PAGE", 3)
+    assert len(claimdemand.list_capped(kube, "/api/v1/nodes", 9, "nodes")) == 9
+    with pytest.raises(InvalidSpec, match="more than 5 nodes in the cluster: not read"):
+        claimdemand.list_capped(kube, "/api/v1/nodes", 5, "nodes")
+    monkeypatch.setattr(kube_module, "MAX_PAGES", 2)
+    with pytest.raises(AgentError, match="did not end after 2 pages"):
+        kube.list_all("/api/v1/nodes", page_size=3)
 
 
 def test_node_status_conditions_merge_by_type_as_a_strategic_merge_patch(

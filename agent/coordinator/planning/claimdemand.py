@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from agent.errors import InvalidSpec
 from agent.gpu.profiles import parse_profile
-from agent.kube import InClusterKubeClient, dig
+from agent.kube import InClusterKubeClient, dig, page_items
 
 __all__ = [
     "ClaimDemand",
@@ -102,19 +102,11 @@ def list_capped(
     """Every item of a cluster-wide list, page by page; refused past ``cap`` (named ``what``),
     so a planner never holds an unbounded cluster in memory."""
     items: list[object] = []
-    token = ""
-    while True:
-        paged = dict(query or {}, limit=str(_PAGE))
-        if token:
-            paged["continue"] = token
-        page = client.get(path, paged)
-        got = dig(page, "items")
-        items += got if isinstance(got, list) else []
+    for page in client.pages(path, query, _PAGE):
+        items += page_items(page)
         if len(items) > cap:
             raise InvalidSpec(f"more than {cap} {what} in the cluster: not read")
-        token = str(dig(page, "metadata", "continue") or "")
-        if not token:
-            return items
+    return items
 
 
 def _list(client: InClusterKubeClient, resource: str) -> list[object]:
