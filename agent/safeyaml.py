@@ -210,7 +210,7 @@ def read_text(
         ) from None
     if len(data) > max_bytes:
         raise InvalidSpec(
-            f"{field}: {path} is larger than {max_bytes} bytes",
+            f"{what} {path} is larger than {max_bytes} bytes",
             [FieldViolation(field, f"at most {max_bytes} bytes")],
         )
     try:

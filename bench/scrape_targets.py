@@ -18,10 +18,19 @@ PRESET = "dgx-h100"
 INTERVAL_S = 1.0  # both exporters' collection interval
 
 
+async def _sigterm() -> None:
+    """Returns when this process is sent SIGTERM (how the bench stops a target)."""
+    import asyncio
+    import signal
+
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+
+
 def run_agent(state_dir: Path, port: int, socket: Path, log_dir: Path) -> None:
     """gpu-agent's telemetry service and /metrics server, as ``gpu-agent serve`` builds them."""
     import asyncio
-    import signal
 
     from agent.config import TelemetrySettings
     from agent.gpu import open_driver
@@ -41,9 +50,7 @@ def run_agent(state_dir: Path, port: int, socket: Path, log_dir: Path) -> None:
     async def serve() -> None:
         server = HttpServer({"/metrics": service.exporter.handle})
         await server.start("127.0.0.1", port)
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        await stop.wait()
+        await _sigterm()
         await server.stop()
 
     asyncio.run(serve())
@@ -70,7 +77,6 @@ def run_floor(body_bytes: int, port: int) -> None:
     asyncio as gpu-agent's: what the machine (wake-ups from idle) and the bench's client add to
     any scrape, whatever the exporter does."""
     import asyncio
-    import signal
 
     head = f"HTTP/1.1 200 OK\r\nContent-Length: {body_bytes}\r\nConnection: close\r\n\r\n"
     response = head.encode() + b"#" * body_bytes
@@ -83,9 +89,7 @@ def run_floor(body_bytes: int, port: int) -> None:
 
     async def serve() -> None:
         server = await asyncio.start_server(answer, "127.0.0.1", port)
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        await stop.wait()
+        await _sigterm()
         server.close()
 
     asyncio.run(serve())

@@ -30,9 +30,9 @@ from agent.mig.claim import Claim, ClaimBook
 from agent.mig.node_plan import refuse_unless_feasible
 from agent.mig.service import ApplyResult, MigService, RecoveryOutcome
 from agent.mig.spec import MigSpec, parse_spec
+from agent.operation import INTERRUPTED, AlreadyRunning
 from agent.owner import Actor
 from agent.prewarm.errors import Cancelled
-from agent.state import INTERRUPTED, AlreadyRunning
 from agent.wire.mig import apply_result_pb, gpu_advice_pb, node_plan_pb, recovered_apply_pb
 from agent.wire.operations import message_dict, operation_name, operation_pb
 

@@ -32,8 +32,9 @@ from agent.api.auth import OPERATION_ROLES, Role, actor_of, allows, granted
 from agent.api.events import EventBus
 from agent.errors import AgentError, Busy, FieldViolation, InvalidSpec, NotFound, PermissionDenied
 from agent.loops import call_soon_from_thread
+from agent.operation import Operation
 from agent.owner import Actor, check_may_undo
-from agent.state import Operation, StateStore
+from agent.state import StateStore
 from agent.tasks import Need, Task
 from agent.wire.errors import error_record
 from agent.wire.operations import message_dict, operation_id_from, operation_name, operation_pb

@@ -187,10 +187,10 @@ def read_kubelet_policy(config: Path, drop_in_dir: Path | None = None) -> Kubele
             for path in files:
                 merged = _merge(merged, _document(path))
             where += f" + {len(files)} drop-in(s) in {drop_in_dir}"
-    except OSError as exc:  # the drop-in directory; a file's read error is an InvalidSpec
+    except OSError as exc:  # listing the drop-in directory (a file's read error is below)
         return KubeletPolicy(None, f"cannot read the kubelet config: {exc}")
-    except InvalidSpec as exc:
-        return KubeletPolicy(None, f"kubelet config refused: {exc}")
+    except InvalidSpec as exc:  # it names the file: unreadable, too big, not YAML, not the kind
+        return KubeletPolicy(None, str(exc))
     return policy_from(merged, where)
 
 
@@ -217,7 +217,7 @@ def policy_from(doc: Mapping[str, Any], where: str) -> KubeletPolicy:
 
 
 def _document(path: Path) -> dict[str, Any]:
-    text = safeyaml.read_text(path, str(path), _LIMITS.max_bytes, what="the kubelet config")
+    text = safeyaml.read_text(path, str(path), _LIMITS.max_bytes, what="kubelet config")
     doc = safeyaml.load(text, str(path), _LIMITS)
     if (
         not isinstance(doc, dict)

@@ -23,14 +23,7 @@ from agent.operation import (
 from agent.state.database import Database
 from agent.state.schema import decode, encode
 
-__all__ = [
-    "DONE_STATES",
-    "INTERRUPTED",
-    "OPERATION_STATES",
-    "AlreadyRunning",
-    "Operation",
-    "Operations",
-]
+__all__ = ["Operations"]
 
 
 def _operation(row: sqlite3.Row) -> Operation:

@@ -15,7 +15,8 @@ import pytest
 
 import agent
 from agent.errors import Conflict, InvalidSpec, NotFound
-from agent.state import INTERRUPTED, MIGRATIONS, TABLE_DURABILITY, Durability, StateStore
+from agent.operation import INTERRUPTED
+from agent.state import MIGRATIONS, TABLE_DURABILITY, Durability, StateStore
 
 REPO_ROOT = Path(agent.__file__).resolve().parents[1]
 

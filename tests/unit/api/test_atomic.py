@@ -32,7 +32,8 @@ from agent.gpu import open_driver
 from agent.mig.lock import PartitionLock
 from agent.mig.node_plan import NodePlan
 from agent.mig.service import MigService
-from agent.state import AlreadyRunning, StateStore
+from agent.operation import AlreadyRunning
+from agent.state import StateStore
 from tests.unit.api.support import InProcessAgent, agent_config
 
 

@@ -19,8 +19,8 @@ from agent.errors import (
     NotSupported,
     PermissionDenied,
 )
+from agent.operation import INTERRUPTED
 from agent.prewarm.errors import Cancelled, DigestMismatch, DiskFull, FetchFailed
-from agent.state import INTERRUPTED
 from agent.wire.errors import code_of, error_record, internal_status, recorded_code, status_of
 
 S = grpc.StatusCode

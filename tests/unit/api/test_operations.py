@@ -19,7 +19,8 @@ from agent.api.operations import (
     OperationsServicer,
 )
 from agent.errors import Busy, Conflict, InvalidSpec
-from agent.state import INTERRUPTED, StateStore
+from agent.operation import INTERRUPTED
+from agent.state import StateStore
 from agent.wire.operations import operation_pb
 
 REQUEST = prewarm_pb2.SubmitPrewarmRequest(

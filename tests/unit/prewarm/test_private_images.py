@@ -121,7 +121,7 @@ def test_repository_writes_out_docker_defaults() -> None:
         (None, "does not exist"),
         ("kind: Pod\n", "is not a KubeletConfiguration"),
         ("[not, a, mapping]\n", "is not a KubeletConfiguration"),
-        ("a: [b\n", "refused"),
+        ("a: [b\n", "not valid YAML"),
         (HEAD + "imagePullCredentialsVerificationPolicy: Sometimes\n", "is not one of"),
         (HEAD + "preloadedImagesVerificationAllowlist: x\n", "not a list"),
         (HEAD + "featureGates: {KubeletEnsureSecretPulledImages: maybe}\n", "not true or false"),
@@ -147,7 +147,7 @@ def test_an_unreadable_kubelet_config_is_unknown(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.mkdir()  # read as root too: a directory where the file should be
     kubelet = read_kubelet_policy(path)
-    assert kubelet.policy is None and "cannot read the kubelet config" in kubelet.where
+    assert kubelet.policy is None and "cannot read kubelet config" in kubelet.where
 
 
 def test_drop_ins_override_the_config_in_name_order(tmp_path: Path) -> None:

@@ -13,9 +13,9 @@ from agent.mig.node_plan import NodePlan
 from agent.mig.plan import plan_gpu
 from agent.mig.service import ApplyResult as MigApplyResult
 from agent.mig.service import GpuOutcome
+from agent.operation import Operation
 from agent.power import Change, GpuPower, PowerView
 from agent.sharing import Advertised, ApplyResult, ReloadReport, parse
-from agent.state import Operation
 from agent.telemetry.snapshot import (
     Entity,
     EntitySample,
