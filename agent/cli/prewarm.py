@@ -10,9 +10,10 @@ their partial files.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,11 +29,31 @@ from agent.prewarm.manifest import load_manifest
 from agent.prewarm.model import CacheItem, ItemState
 from agent.prewarm.source import SourceRequest
 from agent.prewarm.target import TargetSchema
+from agent.wire.prewarm import NOT_CARRIED
 
 if TYPE_CHECKING:
-    from agent.wire.operations import OperationView
+    from agent.wire.operations import ItemProgress, OperationView
 
 Request = SourceRequest  # a request of any registered kind
+
+
+def progress_line(items: Sequence[ItemProgress], took_s: float | None) -> str:
+    """``12.0 MiB / 28.6 MiB  42.0% 96.0 MiB/s ETA 1s`` while warming; ``... done in 0.4s``
+    once the operation ended (``took_s``)."""
+    done = sum(i.done_bytes for i in items)
+    sizes = [i.total_bytes for i in items]
+    total = None if None in sizes else sum(s for s in sizes if s is not None)
+    shown = human_bytes(total) if total is not None else "?"
+    line = f"{human_bytes(done)} / {shown}" + (f" {100 * done / total:5.1f}%" if total else "")
+    if took_s is not None:
+        return f"{line} done in {took_s:.1f}s"
+    rate = sum(i.rate_bytes_per_second for i in items)
+    etas = [i.eta_seconds for i in items if i.eta_seconds is not None]
+    return (
+        line
+        + (f" {human_bytes(int(rate))}/s" if rate > 0 else "")
+        + (f" ETA {max(etas):.0f}s" if etas else "")
+    )
 
 
 def _client(ctx: click.Context) -> AgentClient:
@@ -41,27 +62,24 @@ def _client(ctx: click.Context) -> AgentClient:
 
 
 class _Terminal:
-    """Progress on stderr: one rewritten line on a terminal, a line every 5 s in a log."""
+    """Progress on stderr: one rewritten line on a terminal, a line every 5 s in a log.
 
-    def __init__(self) -> None:
+    A rate is shown only while an item is fetching (0 means "no fetch in flight", not a measured
+    stall); the last line says how long the warm took as this command saw it.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._tty = sys.stderr.isatty()
-        self._last = 0.0
+        self._clock = clock
+        self._start = clock()
+        self._last = -math.inf
 
     def __call__(self, op: OperationView) -> None:
-        items = op.prewarm
-        now = time.monotonic()
-        done = sum(i.done_bytes for i in items)
-        sizes = [i.total_bytes for i in items]
-        total = sum(s for s in sizes if s is not None) if None not in sizes else None
-        if not self._tty and now - self._last < 5 and done != total:
+        now = self._clock()
+        if not self._tty and now - self._last < 5 and not op.done:
             return
         self._last = now
-        rate = sum(i.rate_bytes_per_second for i in items)
-        shown = human_bytes(total) if total is not None else "?"
-        pct = f" {100 * done / total:5.1f}%" if total else ""
-        etas = [i.eta_seconds for i in items if i.eta_seconds is not None]
-        eta = f" ETA {max(etas):.0f}s" if etas else ""
-        line = f"{human_bytes(done)} / {shown}{pct} {human_bytes(int(rate))}/s{eta}"
+        line = progress_line(op.prewarm, None if not op.done else now - self._start)
         click.echo(("\r" + line.ljust(60)) if self._tty else line, err=True, nl=not self._tty)
 
     def close(self) -> None:
@@ -91,9 +109,9 @@ def _warm(ctx: click.Context, requests: Sequence[Request], wait: bool, output: s
         raise op.error
 
 
-def _record(item: CacheItem) -> dict[str, Any]:
-    """An item for -o json/yaml: its fields, and for images how warm they are."""
-    record: dict[str, Any] = plain(item)
+def item_record(item: CacheItem) -> dict[str, Any]:
+    """An item for -o json/yaml: the fields the API carries, and for images how warm they are."""
+    record: dict[str, Any] = {k: v for k, v in plain(item).items() if k not in NOT_CARRIED}
     warmth = item.image_warmth
     if warmth is not None:
         record["warmth"] = {**plain(warmth), "ratio": warmth.ratio}
@@ -101,7 +119,7 @@ def _record(item: CacheItem) -> dict[str, Any]:
 
 
 def _emit_items(items: Sequence[CacheItem], output: str) -> None:
-    emit([_record(i) for i in items], output, lambda _: _items_table(items))
+    emit([item_record(i) for i in items], output, lambda _: _items_table(items))
 
 
 def _items_table(items: Sequence[CacheItem]) -> str:
@@ -257,7 +275,7 @@ def cache_list(ctx: click.Context, output: str) -> None:
     contents = _client(ctx).list_cache()
     usage = plain(contents.usage)
     ready = contents.items
-    data = {"usage": usage, "items": [_record(i) for i in ready]}
+    data = {"usage": usage, "items": [item_record(i) for i in ready]}
 
     def table(d: dict[str, object]) -> str:
         head = (

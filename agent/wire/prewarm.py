@@ -32,6 +32,7 @@ from agent.redact import redact_text
 from agent.wire.timestamps import seconds, timestamp
 
 __all__ = [
+    "NOT_CARRIED",
     "TARGET_MESSAGES",
     "UNKNOWN_KIND",
     "CacheContents",
@@ -49,6 +50,10 @@ __all__ = [
     "target_request",
 ]
 
+
+#: `CacheItem` fields the API does not carry (when a fetch started, who asked for it): a client's
+#: copy has them None, which would read as "unknown" or "nobody" where the agent knows.
+NOT_CARRIED = frozenset({"started_at", "owner", "owner_role"})
 
 #: kind -> the API's CACHE_ITEM_KIND_<KIND>; a kind the API does not name yet shows as
 #: UNSPECIFIED (a new kind adds its value to cache.proto to be named)

@@ -67,3 +67,28 @@ def test_a_cache_item_survives_the_round_trip_a_client_makes() -> None:
     back = cache_item_from(cache_item_pb(item))
     assert back.options == {"via": "cri", "image_format": "oci"}
     assert back == dataclasses.replace(item, options={"via": "cri", "image_format": "oci"})
+
+
+def test_what_the_api_leaves_out_is_left_out_of_the_cli_s_json_not_shown_as_null() -> None:
+    """`prewarm list -o json` once printed ``"started_at": null`` for an item the agent had
+    fetched, and ``"owner": null`` for one somebody asked for: a client's copy lacks what the
+    API does not carry, and null there would say "unknown" or "nobody"."""
+    from agent.cli.prewarm import item_record
+    from agent.wire.prewarm import NOT_CARRIED, cache_item_from, cache_item_pb
+
+    item = CacheItem(
+        "f1",
+        ItemKind.FILE,
+        "w",
+        "https://o/w",
+        ItemState.READY,
+        started_at=1_700_000_000.0,
+        owner="cn=ci",
+        owner_role="prewarm",
+    )
+    back = cache_item_from(cache_item_pb(item))
+    assert {f: getattr(back, f) for f in NOT_CARRIED} == dict.fromkeys(NOT_CARRIED)
+    carried = {f.name for f in dataclasses.fields(CacheItem)} - NOT_CARRIED
+    assert {f: getattr(back, f) for f in carried} == {f: getattr(item, f) for f in carried}
+    record = item_record(back)
+    assert NOT_CARRIED.isdisjoint(record) and carried <= set(record)

@@ -1,0 +1,31 @@
+"""The progress line `gpu-agent prewarm file|model|image|apply` prints on stderr while it waits."""
+
+from __future__ import annotations
+
+from agent.cli.prewarm import progress_line
+from agent.wire.operations import ItemProgress
+
+MIB = 1 << 20
+
+
+def test_a_fetch_in_flight_shows_its_rate_and_eta() -> None:
+    items = [ItemProgress("a", 12 * MIB, 24 * MIB, 6.0 * MIB, 2.0)]
+    assert progress_line(items, None) == "12.0 MiB / 24.0 MiB  50.0% 6.0 MiB/s ETA 2s"
+
+
+def test_no_fetch_in_flight_shows_no_rate_rather_than_zero() -> None:
+    """The agent sends rate 0 for an item with no live fetch (queued, or its size not yet
+    known): "0 B/s" would be a measurement nobody made."""
+    assert progress_line([ItemProgress("a", 0, None, 0.0, None)], None) == "0 B / ?"
+
+
+def test_the_last_line_says_how_long_the_warm_took_not_a_rate_of_zero() -> None:
+    """Once the operation ended nothing is fetching, so its rate is 0; the line says it is done
+    and how long this command waited instead."""
+    items = [ItemProgress("a", 24 * MIB, 24 * MIB, 0.0, None)]
+    assert progress_line(items, 0.42) == "24.0 MiB / 24.0 MiB 100.0% done in 0.4s"
+
+
+def test_the_total_is_unknown_while_any_item_s_size_is() -> None:
+    items = [ItemProgress("a", MIB, 2 * MIB, MIB, 1.0), ItemProgress("b", 0, None, 0.0, None)]
+    assert progress_line(items, None).startswith("1.0 MiB / ? 1.0 MiB/s")
