@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol, cast
 
 import click
 import yaml
@@ -86,6 +86,17 @@ class _Spec:
             )
         raise click.UsageError(
             "give --time-slicing, --mps or -f FILE (to stop sharing: gpu-agent share clear)"
+        )
+
+    @property
+    def strategy_only(self) -> bool:
+        """``--mig-strategy`` alone: change that flag and keep the node's sharing."""
+        return self.mig_strategy is not None and not (
+            self.time_slicing
+            or self.mps
+            or self.config_file
+            or self.rename_by_default
+            or self.fail_requests is not None
         )
 
 
@@ -185,9 +196,23 @@ def set_command(obj: ShareContext, spec: _Spec, output: str) -> None:
           --fail-requests-greater-than-one
       gpu-agent share set --mps nvidia.com/gpu=2
       gpu-agent share set --mig-strategy mixed --time-slicing nvidia.com/mig-1g.10gb=3
+      gpu-agent share set --mig-strategy mixed
       gpu-agent share set -f time-slicing.yaml
+
+    `--mig-strategy` alone keeps the node's sharing as the agent shows it and changes only
+    flags.migStrategy.
     """
-    _emit_result(obj.sharing_service().set(spec.requested()), output)
+    service = obj.sharing_service()
+    if spec.strategy_only:
+        doc = to_document(service.show().config)
+        doc["flags"] = {
+            **cast(dict[str, object], doc.get("flags", {})),
+            "migStrategy": spec.mig_strategy,
+        }
+        requested = parse(doc)
+    else:
+        requested = spec.requested()
+    _emit_result(service.set(requested), output)
 
 
 @share.command("clear", short_help="Stop sharing and reload the plugin.")

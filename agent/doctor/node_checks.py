@@ -1,8 +1,7 @@
-"""The checks of the node-side duties: sharing (the device plugin's config, its reload, or DRA),
-prewarm (the cache volume, containerd, Nydus, Dragonfly, egress, private images) and the state
-dir. They read
-the config, the filesystem and /proc; nothing is written (the state dir's write probe is the
-running store's last answer, not a new write)."""
+"""The checks of the node-side duties: sharing (the device plugin's config, its reload and MIG
+strategy, or DRA), prewarm (the cache volume, containerd, Nydus, Dragonfly, egress, private
+images) and the state dir. They read the config, the filesystem and /proc; nothing is written
+(the state dir's write probe is the running store's last answer, not a new write)."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from agent.doctor.facts import Facts, degraded, failed, ok
 from agent.dra.mode import AllocationMode
+from agent.errors import InvalidSpec
 from agent.prewarm.private_images import (
     ALWAYS_VERIFY,
     POLICY_FIELD,
@@ -20,6 +20,9 @@ from agent.prewarm.private_images import (
     USABLE_BY_EVERY_POD,
     read_kubelet_policy,
 )
+from agent.safeyaml import read_text
+from agent.sharing import strategy
+from agent.sharing.schema import parse
 from agent.statedir import FIX as STATE_FIX
 from agent.wire.doctor import Check
 
@@ -30,6 +33,7 @@ __all__ = [
     "prewarm_egress",
     "prewarm_nydus",
     "prewarm_private_images",
+    "sharing_mig_strategy",
     "sharing_plugin_config",
     "sharing_reload",
     "state_dir",
@@ -42,6 +46,8 @@ FULL = 0.98
 _GIB = 1024**3
 #: Filesystems that are not a local disk: the container's layer or memory.
 NOT_LOCAL = {"overlay", "tmpfs", "ramfs", "aufs"}
+#: Most bytes read of a process's command line or environment (the kernel allows 2 MiB).
+PROC_BYTES = 256 * 1024
 
 
 def sharing_plugin_config(facts: Facts) -> Check:
@@ -123,6 +129,77 @@ def sharing_reload(facts: Facts) -> Check:
         "run the agent with hostPID: true, or set sharing.reload label (GPU Operator) or "
         "restart-pod",
     )
+
+
+def sharing_mig_strategy(facts: Facts) -> Check:
+    """Does the device plugin expose the MIG devices this node has? It runs with the strategy of
+    its own flag or environment when set, else its config file's, else none (agent/sharing/
+    strategy.py); under none a MIG-enabled GPU is advertised whole and its MIG devices not."""
+    mode = facts.allocation().mode
+    if mode.is_dra:
+        return ok(S, "mig-strategy", f"{mode.value}: no device plugin; the DRA driver exposes MIG")
+    if not facts.driver.is_attached:
+        return ok(S, "mig-strategy", "not checked: no NVML, so no MIG layout to compare")
+    snap = facts.snapshot()
+    layouts = snap.layouts if snap is not None and snap.layouts else None
+    if layouts is None:
+        driver = facts.driver.driver
+        layouts = tuple(driver.layout(g.uuid) for g in driver.gpus())
+    started, unseen = _plugin_strategy(facts)
+    used = strategy.effective(_file_strategy(facts), started)
+    source = used.source + unseen
+    why = strategy.problem(used.value, layouts)
+    if why is None:
+        return ok(S, "mig-strategy", f"migStrategy {used.value} exposes the MIG layout ({source})")
+    if used.overrides_file:
+        fix = (
+            "change the plugin's --mig-strategy or MIG_STRATEGY (GPU Operator: the ClusterPolicy's "
+            "mig.strategy); the config file's flags.migStrategy does not override it"
+        )
+    else:
+        fix = (
+            "gpu-agent share set --mig-strategy mixed (or single, when every GPU has MIG "
+            "devices of one profile)"
+        )
+    return degraded(S, "mig-strategy", f"{why} ({source})", fix)
+
+
+def _file_strategy(facts: Facts) -> str | None:
+    """The config file's flags.migStrategy; None when it sets none, is absent or unreadable
+    (sharing/plugin-config says why)."""
+    path = facts.config.sharing.config_path
+    try:
+        text = read_text(path, "sharing.config_path", what="the device plugin's config")
+        return parse(text).flags.mig_strategy if text.strip() else None
+    except InvalidSpec:
+        return None
+
+
+def _plugin_strategy(facts: Facts) -> tuple[strategy.Strategy | None, str]:
+    """The strategy the running plugin was started with, and a caveat when it cannot be seen."""
+    pids = _plugin_pids(facts, facts.config.sharing.plugin_process_name)
+    if not pids:
+        return None, (
+            "; the plugin's process is not visible, and a --mig-strategy or MIG_STRATEGY it "
+            "runs with would override this"
+        )
+    argv = _proc_strings(facts.proc / str(pids[0]) / "cmdline")
+    environ = _proc_strings(facts.proc / str(pids[0]) / "environ")
+    env = dict(e.partition("=")[::2] for e in environ or ())
+    started = strategy.started_with(argv or [], env)
+    if started is None and environ is None:
+        return None, f"; the environment of pid {pids[0]} is not readable: MIG_STRATEGY unknown"
+    return started, ""
+
+
+def _proc_strings(path: Path) -> list[str] | None:
+    """A NUL-separated /proc file (cmdline, environ), bounded; None when it cannot be read."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(PROC_BYTES)
+    except OSError:
+        return None
+    return [part.decode("utf-8", "replace") for part in data.split(b"\0") if part]
 
 
 def _filesystem(facts: Facts, path: Path) -> str:

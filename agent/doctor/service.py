@@ -50,6 +50,7 @@ CHECKS: tuple[tuple[str, str, Callable[[Facts], Check]], ...] = (
     ("mig", "operand-labels", gpu_checks.mig_operand_labels),
     ("sharing", "plugin-config", node_checks.sharing_plugin_config),
     ("sharing", "reload", node_checks.sharing_reload),
+    ("sharing", "mig-strategy", node_checks.sharing_mig_strategy),
     ("prewarm", "cache-volume", node_checks.prewarm_cache_volume),
     ("prewarm", "containerd", node_checks.prewarm_containerd),
     ("prewarm", "nydus", node_checks.prewarm_nydus),

@@ -201,3 +201,30 @@ def test_show_of_a_hand_written_file_names_the_flag_that_stops_the_plugin(
     assert result.exit_code == 2
     assert "flags.gfd.sleepInterval" in result.stderr
     assert "sleepInterval: true" in config_path.read_text()
+
+
+def test_mig_strategy_alone_changes_that_flag_and_keeps_the_node_s_sharing(
+    config_path: Path,
+) -> None:
+    """What `gpu-agent doctor` (sharing/mig-strategy) tells a user to run on a MIG node whose
+    plugin runs with none; before, `share set` refused it without --time-slicing or --mps."""
+    layouts = [mig_gpu(i, "1g.10gb", "1g.10gb", "3g.40gb") for i in range(2)]
+    first = run(
+        config_path,
+        "set",
+        "--mig-strategy",
+        "mixed",
+        "--time-slicing",
+        "mig-1g.10gb=3",
+        layouts=layouts,
+    )
+    assert first.exit_code == 0, first.output
+    single = run(config_path, "set", "--mig-strategy", "single", layouts=layouts)
+    assert single.exit_code != 0  # single has no mig-1g.10gb to share: refused, nothing written
+    assert "exist only under flags.migStrategy: mixed (this config: single)" in single.output
+    assert yaml.safe_load(config_path.read_text())["flags"] == {"migStrategy": "mixed"}
+    run(config_path, "clear", layouts=layouts)
+    again = run(config_path, "set", "--mig-strategy", "single", layouts=layouts)
+    assert again.exit_code == 0, again.output
+    written = yaml.safe_load(config_path.read_text())
+    assert written["flags"] == {"migStrategy": "single"} and "sharing" not in written
