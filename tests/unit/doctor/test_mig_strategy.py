@@ -170,3 +170,20 @@ def test_the_plugin_s_own_setting_is_read_as_go_s_flag_parsing_reads_it(
 def test_a_strategy_the_plugin_does_not_know_is_said_to_stop_it() -> None:
     why = strategy.problem("", MIXED_NODE)
     assert why is not None and "the plugin refuses to start" in why
+
+
+def test_only_the_strategy_is_taken_from_the_plugin_s_environment(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/security.md: the plugin's environment may hold a token; no check shows it."""
+    secret = "s3cr3t-token-value"
+    node = _node(
+        tmp_path,
+        MIXED_NODE,
+        argv=["nvidia-device-plugin", f"--registry-token={secret}"],
+        environ={"NGC_API_KEY": secret, "MIG_STRATEGY": "none"},
+    )
+    with caplog.at_level("DEBUG"):
+        check = node_checks.sharing_mig_strategy(node)
+    assert check.state is CheckState.DEGRADED
+    assert secret not in check.evidence + check.fix + caplog.text
