@@ -46,8 +46,6 @@ FULL = 0.98
 _GIB = 1024**3
 #: Filesystems that are not a local disk: the container's layer or memory.
 NOT_LOCAL = {"overlay", "tmpfs", "ramfs", "aufs"}
-#: Most bytes read of a process's command line or environment (the kernel allows 2 MiB).
-PROC_BYTES = 256 * 1024
 
 
 def sharing_plugin_config(facts: Facts) -> Check:
@@ -183,23 +181,8 @@ def _plugin_strategy(facts: Facts) -> tuple[strategy.Strategy | None, str]:
             "; the plugin's process is not visible, and a --mig-strategy or MIG_STRATEGY it "
             "runs with would override this"
         )
-    argv = _proc_strings(facts.proc / str(pids[0]) / "cmdline")
-    environ = _proc_strings(facts.proc / str(pids[0]) / "environ")
-    env = dict(e.partition("=")[::2] for e in environ or ())
-    started = strategy.started_with(argv or [], env)
-    if started is None and environ is None:
-        return None, f"; the environment of pid {pids[0]} is not readable: MIG_STRATEGY unknown"
-    return started, ""
-
-
-def _proc_strings(path: Path) -> list[str] | None:
-    """A NUL-separated /proc file (cmdline, environ), bounded; None when it cannot be read."""
-    try:
-        with path.open("rb") as f:
-            data = f.read(PROC_BYTES)
-    except OSError:
-        return None
-    return [part.decode("utf-8", "replace") for part in data.split(b"\0") if part]
+    started, caveat = strategy.read_started_with(facts.proc, pids[0])
+    return started, f"; {caveat}" if caveat else ""
 
 
 def _filesystem(facts: Facts, path: Path) -> str:

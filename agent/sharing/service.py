@@ -23,10 +23,16 @@ from agent.dra.mode import Allocation, AllocationMode
 from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec, NotFound, NotSupported
 from agent.gpu.types import GpuLayout
 from agent.kube import KubeClient
-from agent.sharing import dra, dra_api
-from agent.sharing.advertise import advertise
+from agent.sharing import dra, dra_api, strategy
+from agent.sharing.advertise import Advertised, advertise
 from agent.sharing.dra_kube import DeviceClasses, DraKube
-from agent.sharing.reload import Reloader, find_plugin_processes, make_reloader, pickup
+from agent.sharing.reload import (
+    PluginProcess,
+    Reloader,
+    find_plugin_processes,
+    make_reloader,
+    pickup,
+)
 from agent.sharing.schema import PluginConfig, Sharing, merge, parse, render
 from agent.sharing.store import ConfigStore
 from agent.sharing.validate import validate, violations
@@ -76,8 +82,10 @@ class SharingService:
         node_name: str | None = None,
         clock: Callable[[], float] = time.time,
         allocation: Callable[[], Allocation] = no_detection,
+        proc: Path = Path("/proc"),
     ) -> None:
         self._settings = settings
+        self._proc = proc
         self._allocation = allocation
         self._layouts = layouts_provider
         self._kube = kube
@@ -100,17 +108,23 @@ class SharingService:
         status = StatusRecord.from_json(status_raw) if status_raw is not None else None
         sha = _sha256(raw) if raw is not None else None
         last_write = status if status is not None and status.sha256 == sha else None
+        processes = find_plugin_processes(self._settings.plugin_process_name)
+        started, seen = self._started(processes)
+        runs = strategy.run_with(config, started)
         return SharingView(
             config_path=self._store.path,
             exists=raw is not None,
             config=config,
-            advertised=advertise(config, layouts),
-            problems=tuple(violations(config, layouts)),
+            advertised=advertise(runs, layouts) if runs is not None else (),
+            problems=(
+                *_strategy_problems(config, started, seen, layouts),
+                *violations(runs or config, layouts),
+            ),
             pickup=pickup(
                 file_sha256=sha,
                 file_mtime=self._store.mtime(),
                 status=status,
-                processes=find_plugin_processes(self._settings.plugin_process_name),
+                processes=processes,
                 process_name=self._settings.plugin_process_name,
             ),
             last_write=last_write,
@@ -132,7 +146,9 @@ class SharingService:
             current = self._parse_current(raw)
             desired = merge(current, requested)
             layouts = self._layouts()
-            validate(desired, layouts)
+            started, _ = self._started(find_plugin_processes(self._settings.plugin_process_name))
+            _refuse_overridden(requested, started)
+            validate(strategy.run_with(desired, started) or desired, layouts)
             return self._apply("set", current, desired, layouts, reloader)
 
     def clear(self) -> ApplyResult:
@@ -173,7 +189,7 @@ class SharingService:
                     False,
                     self._store.path,
                     previous,
-                    advertise(previous, layouts),
+                    self._advertised(previous, layouts),
                     None,
                 )
             self._store.swap_with_previous(previous_raw)
@@ -189,7 +205,7 @@ class SharingService:
     ) -> ApplyResult:
         if desired == current:
             return ApplyResult(
-                action, False, self._store.path, desired, advertise(desired, layouts), None
+                action, False, self._store.path, desired, self._advertised(desired, layouts), None
             )
         data = render(desired).encode()
         self._store.write(data)
@@ -217,8 +233,24 @@ class SharingService:
             ) from exc
         self._store.write_status(StatusRecord(action, _sha256(data), written_at, report).to_json())
         return ApplyResult(
-            action, True, self._store.path, config, advertise(config, layouts), report
+            action, True, self._store.path, config, self._advertised(config, layouts), report
         )
+
+    def _started(self, processes: Sequence[PluginProcess]) -> tuple[strategy.Strategy | None, bool]:
+        """The MIG strategy the running plugin's own flag or environment sets (None: the file
+        decides), and whether the plugin was seen well enough to say so."""
+        if not processes:
+            return None, False
+        started, caveat = strategy.read_started_with(self._proc, processes[0].pid)
+        return started, not caveat
+
+    def _advertised(
+        self, config: PluginConfig, layouts: Sequence[GpuLayout]
+    ) -> tuple[Advertised, ...]:
+        """What the plugin advertises with ``config``, run with its own MIG strategy."""
+        started, _ = self._started(find_plugin_processes(self._settings.plugin_process_name))
+        runs = strategy.run_with(config, started)
+        return advertise(runs, layouts) if runs is not None else ()
 
     def _reloader(self) -> Reloader:
         # Built before any write, so settings that cannot work refuse the change up front.
@@ -398,6 +430,36 @@ class SharingService:
             raise Conflict(
                 f"{path} is not a valid device-plugin config ({problems}); fix or remove it"
             ) from exc
+
+
+def _strategy_problems(
+    config: PluginConfig,
+    started: strategy.Strategy | None,
+    seen: bool,
+    layouts: Sequence[GpuLayout],
+) -> list[FieldViolation]:
+    """The file's migStrategy overridden by the plugin's own, and MIG devices the strategy the
+    plugin runs with does not expose (agent/sharing/strategy.py). With no strategy in the file
+    and the plugin not seen, which one it runs with is unknown: nothing is said of it here
+    (`gpu-agent doctor` says so)."""
+    found = [strategy.override_problem(config, started)]
+    if started is not None:
+        found.append(strategy.problem(started.value, layouts))
+    elif seen or config.flags.mig_strategy is not None:
+        found.append(strategy.problem(config.mig_strategy, layouts))
+    return [FieldViolation("flags.migStrategy", why) for why in found if why is not None]
+
+
+def _refuse_overridden(requested: PluginConfig, started: strategy.Strategy | None) -> None:
+    """A migStrategy the plugin's own flag or environment overrides would be written for
+    nothing: refused, naming where to change it."""
+    wanted = requested.flags.mig_strategy
+    if wanted is None or started is None or started.value == wanted:
+        return
+    raise InvalidSpec(
+        f"flags.migStrategy {wanted} would be ignored",
+        [FieldViolation("flags.migStrategy", strategy.override_problem(requested, started) or "")],
+    )
 
 
 def _sha256(data: bytes) -> str:

@@ -6,13 +6,18 @@ them it is ``none`` (k8s-device-plugin ``api/config/v1/flags.go``, ``UpdateFromC
 reference/mig.md §5.1). The GPU Operator sets ``MIG_STRATEGY`` on the plugin's container, so there
 the file's ``flags.migStrategy`` is ignored.
 
-Pure: the doctor reads the plugin's ``/proc/PID/{cmdline,environ}`` and hands them in.
+Pure but for `read_started_with`, the one reader of the running plugin's ``/proc/PID/cmdline``
+and ``environ`` (the doctor's check and the sharing service both use it). It keeps the strategy
+and nothing else of them: the environment may hold secrets (docs/security.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
 
 from agent.gpu.types import GpuLayout
 from agent.sharing.advertise import (
@@ -21,13 +26,25 @@ from agent.sharing.advertise import (
     mig_enabled,
     single_strategy_problem,
 )
-from agent.sharing.schema import MIG_STRATEGIES
+from agent.sharing.schema import MIG_STRATEGIES, MigStrategy, PluginConfig
 
-__all__ = ["ENV", "FLAG", "Strategy", "effective", "problem", "started_with"]
+__all__ = [
+    "ENV",
+    "FLAG",
+    "Strategy",
+    "effective",
+    "override_problem",
+    "problem",
+    "read_started_with",
+    "run_with",
+    "started_with",
+]
 
 ENV = "MIG_STRATEGY"
 FLAG = "mig-strategy"
 DEFAULT = "none"
+#: Most bytes read of a process's command line or environment (the kernel allows 2 MiB).
+PROC_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,3 +110,48 @@ def problem(strategy: str, layouts: Sequence[GpuLayout]) -> str | None:
         if why is not None:
             return f"migStrategy single, but {why}: the plugin advertises {GPU_RESOURCE} 0 here"
     return None
+
+
+def run_with(config: PluginConfig, started: Strategy | None) -> PluginConfig | None:
+    """``config`` as the plugin runs it: with the strategy its own flag or environment sets laid
+    over the file's; None when that strategy is one the plugin refuses (it does not start)."""
+    if started is None or started.value == config.flags.mig_strategy:
+        return config
+    if started.value not in MIG_STRATEGIES:
+        return None
+    flags = dataclasses.replace(config.flags, mig_strategy=cast(MigStrategy, started.value))
+    return dataclasses.replace(config, flags=flags)
+
+
+def override_problem(config: PluginConfig, started: Strategy | None) -> str | None:
+    """What the plugin's own setting does to the file's ``flags.migStrategy``, when it differs."""
+    if started is None or started.value == config.mig_strategy:
+        return None
+    written = config.flags.mig_strategy
+    said = f"the file's {written}" if written is not None else "the file, which sets none"
+    return (
+        f"the plugin runs with migStrategy {started.value!r} from {started.source}, which "
+        f"overrides {said}: change it there (GPU Operator: the ClusterPolicy's mig.strategy)"
+    )
+
+
+def read_started_with(proc: Path, pid: int) -> tuple[Strategy | None, str]:
+    """The strategy process ``pid`` was started with, read from ``proc``/PID, and a caveat when
+    its environment cannot be read (then MIG_STRATEGY is unknown, not absent)."""
+    argv = _proc_strings(proc / str(pid) / "cmdline")
+    environ = _proc_strings(proc / str(pid) / "environ")
+    env = {k: v for k, _, v in (e.partition("=") for e in environ or ()) if k == ENV}
+    started = started_with(argv or [], env)
+    if started is None and environ is None:
+        return None, f"the environment of pid {pid} is not readable: {ENV} unknown"
+    return started, ""
+
+
+def _proc_strings(path: Path) -> list[str] | None:
+    """A NUL-separated /proc file (cmdline, environ), bounded; None when it cannot be read."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(PROC_BYTES)
+    except OSError:
+        return None
+    return [part.decode("utf-8", "replace") for part in data.split(b"\0") if part]

@@ -22,11 +22,12 @@ from pathlib import Path
 import pytest
 
 from agent.config import SharingSettings
+from agent.errors import InvalidSpec
 from agent.sharing import parse
 from agent.sharing.reload import find_plugin_processes
 from agent.sharing.schema import render
 from agent.sharing.service import SharingService
-from tests.unit.sharing.layouts import node
+from tests.unit.sharing.layouts import mig_gpu, node
 
 pytestmark = pytest.mark.integration
 
@@ -44,17 +45,24 @@ def ts(replicas: int, **section: object) -> dict[str, object]:
 class PluginProcess:
     """The fake plugin, with its JSON lines read on a thread so tests can wait with a timeout."""
 
-    def __init__(self, bin_dir: Path, config: Path) -> None:
+    def __init__(
+        self,
+        bin_dir: Path,
+        config: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+    ) -> None:
         exe = bin_dir / PLUGIN_NAME
         if not exe.exists():
             exe.symlink_to(sys.executable)
         # The link is not inside the venv, so give the interpreter the venv's packages (PyYAML).
-        env = {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+        environ = {k: v for k, v in os.environ.items() if k != "MIG_STRATEGY"}
+        environ.update(env or {}, PYTHONPATH=sysconfig.get_paths()["purelib"])
         self.proc = subprocess.Popen(
-            [str(exe), str(FAKE_PLUGIN), "--config-file", str(config), "--gpus", str(GPUS)],
+            [str(exe), str(FAKE_PLUGIN), "--config-file", str(config), "--gpus", str(GPUS), *args],
             stdout=subprocess.PIPE,
             text=True,
-            env=env,
+            env=environ,
         )
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -111,7 +119,12 @@ def test_sighup_makes_the_running_plugin_load_the_new_config(
     assert result.reload is not None and result.reload.done
     assert plugin.proc.pid in result.reload.pids
     event = plugin.next_event()
-    assert event == {"event": "loaded", "pid": plugin.proc.pid, "advertise": {"nvidia.com/gpu": 32}}
+    assert event == {
+        "event": "loaded",
+        "pid": plugin.proc.pid,
+        "advertise": {"nvidia.com/gpu": 32},
+        "mig_strategy": "none",
+    }
     # What the agent says the plugin advertises is what the plugin says.
     assert {a.resource: a.count for a in result.advertised} == event["advertise"]
     view = svc.show()
@@ -241,3 +254,44 @@ def test_sigkill_at_arbitrary_moments_leaves_one_whole_version(
         writer.send_signal(signal.SIGKILL)
         writer.wait(timeout=10)
         assert config_path.read_bytes() in versions
+
+
+def test_the_plugin_s_own_mig_strategy_is_the_one_shown_and_a_write_it_would_ignore_is_refused(
+    tmp_path: Path, config_path: Path
+) -> None:
+    """The GPU Operator starts the plugin with MIG_STRATEGY; the plugin then ignores the file's
+    flags.migStrategy (api/config/v1 flags.go). The agent reads the running plugin's own setting
+    from /proc, says the file's is overridden, and refuses to write one it would ignore."""
+    layouts = [mig_gpu(i, "1g.10gb", "1g.10gb", "3g.40gb") for i in range(2)]
+    settings = SharingSettings(config_path=config_path, reload="sighup")
+    svc = SharingService(settings, lambda: layouts)
+    config_path.write_text("version: v1\nflags:\n  migStrategy: mixed\n")
+    p = PluginProcess(tmp_path, config_path, env={"MIG_STRATEGY": "none", "NGC_API_KEY": "s3cr3t"})
+    try:
+        assert p.next_event()["mig_strategy"] == "none"  # what the plugin itself runs with
+        view = svc.show()
+        assert {v.field for v in view.problems} == {"flags.migStrategy"}
+        problems = " ".join(v.description for v in view.problems)
+        assert "MIG_STRATEGY environment variable, which overrides the file's mixed" in problems
+        assert "MIG is enabled on GPU(s) 0, 1 but migStrategy is none" in problems
+        assert "s3cr3t" not in problems
+        # Advertised as the plugin runs, under none: two whole GPUs, no MIG resource.
+        assert {a.resource: a.count for a in view.advertised} == {"nvidia.com/gpu": 2}
+        with pytest.raises(InvalidSpec, match="would be ignored"):
+            svc.set(parse({"flags": {"migStrategy": "single"}}))
+        assert config_path.read_text() == "version: v1\nflags:\n  migStrategy: mixed\n"
+    finally:
+        p.stop()
+    q = PluginProcess(
+        tmp_path, config_path, "--mig-strategy", "mixed", env={"MIG_STRATEGY": "none"}
+    )
+    try:
+        assert q.next_event()["mig_strategy"] == "mixed"  # the flag wins over the environment
+        view = svc.show()
+        assert not view.problems
+        assert {a.resource for a in view.advertised} == {
+            "nvidia.com/mig-1g.10gb",
+            "nvidia.com/mig-3g.40gb",
+        }
+    finally:
+        q.stop()
