@@ -130,8 +130,8 @@ def override_problem(config: PluginConfig, started: Strategy | None) -> str | No
     written = config.flags.mig_strategy
     said = f"the file's {written}" if written is not None else "the file, which sets none"
     return (
-        f"the plugin runs with migStrategy {started.value!r} from {started.source}, which "
-        f"overrides {said}: change it there (GPU Operator: the ClusterPolicy's mig.strategy)"
+        f"migStrategy {started.value!r} from {started.source} overrides {said}: change it "
+        "there (GPU Operator: the ClusterPolicy's mig.strategy)"
     )
 
 

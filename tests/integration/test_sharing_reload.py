@@ -272,7 +272,7 @@ def test_the_plugin_s_own_mig_strategy_is_the_one_shown_and_a_write_it_would_ign
         view = svc.show()
         assert {v.field for v in view.problems} == {"flags.migStrategy"}
         problems = " ".join(v.description for v in view.problems)
-        assert "MIG_STRATEGY environment variable, which overrides the file's mixed" in problems
+        assert "MIG_STRATEGY environment variable overrides the file's mixed" in problems
         assert "MIG is enabled on GPU(s) 0, 1 but migStrategy is none" in problems
         assert "s3cr3t" not in problems
         # Advertised as the plugin runs, under none: two whole GPUs, no MIG resource.
