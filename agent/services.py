@@ -200,7 +200,15 @@ def _build_rest(
         else command_reset(config.mig.reset_command)
     )
     lock = PartitionLock(config.state_dir)
-    mig = MigService(gpu, state, lock, reset, allocation=allocation.current, republish=republish)
+    mig = MigService(
+        gpu,
+        state,
+        lock,
+        reset,
+        allocation=allocation.current,
+        republish=republish,
+        tell_plugin=sharing.reload_for_mig_change,
+    )
     inventory.watch_allocation(allocation.current, mig.mig_refusal)
     power = PowerService(gpu, state)
     # What attaches and detaches with the driver, in this order: MIG finishes a killed apply

@@ -389,7 +389,9 @@ def _follow(client: AgentClient, op: OperationView, embedded: bool) -> _Applied:
 def _apply_table(result: MigApplied) -> str:
     rows = [[g.gpu_index, g.status, g.kept, g.destroyed, g.created] for g in result.gpus]
     pending = [g.message for g in result.gpus if g.status == "pending"]
-    return "\n".join([*result.recovered, format_table(_APPLY_HEADERS, rows), _verdict(pending)])
+    plugin = [f"Device plugin: {result.device_plugin}"] if result.device_plugin else []
+    table = format_table(_APPLY_HEADERS, rows)
+    return "\n".join([*result.recovered, table, *plugin, _verdict(pending)])
 
 
 _APPLY_HEADERS = ["GPU", "STATUS", "KEPT", "DESTROYED", "CREATED"]

@@ -95,6 +95,9 @@ class ApplyResult:
     gpus: tuple[GpuOutcome, ...]
     mutations: int
     recovered: tuple[RecoveryOutcome, ...] = ()
+    #: what was done so the device plugin advertises the new layout, or why not ("": no GPU
+    #: changed, or no device plugin serves the node)
+    device_plugin: str = ""
 
     @property
     def pending(self) -> tuple[GpuOutcome, ...]:
@@ -111,15 +114,19 @@ class MigService:
         *,
         allocation: Callable[[], Allocation] = lambda: _NO_MODE,
         republish: Republish | None = None,
+        tell_plugin: Callable[[], str] | None = None,
     ) -> None:
         """``allocation``: the node's allocation mode, asked before every change (docs/dra.md);
-        ``republish``: on a ``dra`` node, makes the DRA driver publish a new layout."""
+        ``republish``: on a ``dra`` node, makes the DRA driver publish a new layout;
+        ``tell_plugin``: on a ``device-plugin`` node, makes the device plugin enumerate its
+        devices again (agent.sharing: SIGHUP or a pod restart), saying what it did."""
         self._driver = driver
         self._journal = journal
         self._lock = lock
         self._reset = reset
         self._allocation = allocation
         self._republish = republish
+        self._tell_plugin = tell_plugin
 
     def refuse_by_mode(self, what: str) -> Allocation:
         """ModeRefused when this node's allocation mode forbids a MIG change; else the mode."""
@@ -230,7 +237,8 @@ class MigService:
                 )
                 self._publish(allocation, executor, touched, skip_reset, progress)
                 self._journal.journal_clear(SCOPE)
-            return ApplyResult(name, tuple(outcomes.values()), executor.mutations, recovered)
+        said = self._plugin_told(allocation) if plan.changes else ""
+        return ApplyResult(name, tuple(outcomes.values()), executor.mutations, recovered, said)
 
     def restore_checkpoint(
         self,
@@ -278,7 +286,8 @@ class MigService:
             if changing:
                 self._publish(allocation, executor, touched, False, progress)
                 self._journal.journal_clear(SCOPE)
-            return ApplyResult("checkpoint", tuple(outcomes), executor.mutations)
+        said = self._plugin_told(allocation) if changing else ""
+        return ApplyResult("checkpoint", tuple(outcomes), executor.mutations, (), said)
 
     def _refuse_over_unrecovered(self, what: str) -> tuple[RecoveryOutcome, ...]:
         """Recover first; refuse to start over an apply that could not be undone: its
@@ -429,6 +438,21 @@ class MigService:
             else:
                 exc.args = (f"{exc}; the DRA kubelet plugin was restarted to publish it",)
             raise
+
+    def _plugin_told(self, allocation: Allocation) -> str:
+        """On a ``device-plugin`` node, after the lock is released: the plugin enumerates MIG
+        devices only when its plugins (re)start (k8s-device-plugin #992), and would go on
+        advertising the destroyed ones; a SIGHUP restarts them (cmd/nvidia-device-plugin
+        main.go). The layout stays applied whatever the plugin does: a failure is said, not
+        raised."""
+        if allocation.mode is not AllocationMode.DEVICE_PLUGIN or self._tell_plugin is None:
+            return ""
+        try:
+            said = self._tell_plugin()
+        except AgentError as exc:
+            said = f"not reloaded: {exc}"
+        log.info("device plugin after the MIG change: %s", said)
+        return said
 
     def _roll_back(
         self,

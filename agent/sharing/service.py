@@ -236,6 +236,20 @@ class SharingService:
             action, True, self._store.path, config, self._advertised(config, layouts), report
         )
 
+    def reload_for_mig_change(self) -> str:
+        """After a MIG layout change, make the device plugin enumerate its devices again with
+        the configured reload, and say what happened. ``label`` cannot: config-manager acts
+        only on a change of its label, and the GPU Operator restarts the plugin itself around a
+        change made through ``nvidia.com/mig.config``."""
+        if self._settings.reload == "label":
+            return (
+                "not reloaded: reload label switches configs and cannot restart the plugin for "
+                "a MIG change; with the GPU Operator, change MIG through nvidia.com/mig.config "
+                "(mig.watch_node_label), which restarts it"
+            )
+        report = self._reloader().reload()
+        return report.detail if report.done else f"not reloaded: {report.detail}"
+
     def _started(self, processes: Sequence[PluginProcess]) -> tuple[strategy.Strategy | None, bool]:
         """The MIG strategy the running plugin's own flag or environment sets (None: the file
         decides), and whether the plugin was seen well enough to say so."""

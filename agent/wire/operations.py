@@ -169,6 +169,9 @@ class MigApplied:
     mutations: int
     #: what finishing an earlier, interrupted apply did first, in words
     recovered: tuple[str, ...]
+    #: what the agent did so the device plugin advertises the new layout, or why not ("": no
+    #: GPU changed, or no device plugin serves the node)
+    device_plugin: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,4 +283,5 @@ def _mig_applied(result: operations_pb2.MigApplyResult) -> MigApplied:
         ),
         mutations=result.mutations,
         recovered=tuple(result.recovered),
+        device_plugin=result.device_plugin,
     )

@@ -22,11 +22,17 @@ from pathlib import Path
 import pytest
 
 from agent.config import SharingSettings
+from agent.dra.mode import Allocation, AllocationMode
 from agent.errors import InvalidSpec
+from agent.mig.lock import PartitionLock
+from agent.mig.reset import simulated_reset
+from agent.mig.service import MigService
+from agent.mig.spec import parse_spec
 from agent.sharing import parse
 from agent.sharing.reload import find_plugin_processes
 from agent.sharing.schema import render
 from agent.sharing.service import SharingService
+from tests.unit.mig.simnode import SimNode, sim_node
 from tests.unit.sharing.layouts import mig_gpu, node
 
 pytestmark = pytest.mark.integration
@@ -295,3 +301,67 @@ def test_the_plugin_s_own_mig_strategy_is_the_one_shown_and_a_write_it_would_ign
         }
     finally:
         q.stop()
+
+
+MIG_HALVES = """\
+version: v1
+mig-configs:
+  halves:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {3g.40gb: 2}
+"""
+
+
+def _mig_node(tmp_path: Path, mode: AllocationMode, tell: Callable[[], str]) -> SimNode:
+    node = sim_node(tmp_path / "node", "dgx-h100")
+    node.service = MigService(
+        node.driver,
+        node.store,
+        PartitionLock(node.state_dir),
+        simulated_reset(node.state_dir),
+        allocation=lambda: Allocation(mode, "test"),
+        tell_plugin=tell,
+    )
+    return node
+
+
+def test_a_mig_change_restarts_the_running_plugin_so_it_advertises_the_new_devices(
+    plugin: PluginProcess, config_path: Path, tmp_path: Path
+) -> None:
+    """The device plugin enumerates MIG devices only when its plugins start (k8s-device-plugin
+    #992); after an apply that changed a GPU the agent sends it SIGHUP, which restarts them,
+    and says so in the apply's result. An apply that changes nothing sends nothing."""
+    plugin.next_event()
+    svc = service(config_path)
+    node = _mig_node(tmp_path, AllocationMode.DEVICE_PLUGIN, svc.reload_for_mig_change)
+    try:
+        spec = parse_spec(MIG_HALVES)
+        result = node.service.apply(spec, "halves")
+        assert result.device_plugin == f"sent SIGHUP to {PLUGIN_NAME} pid {plugin.proc.pid}"
+        assert plugin.next_event()["event"] == "loaded"  # the plugin started over
+        again = node.service.apply(spec, "halves")
+        assert again.mutations == 0 and again.device_plugin == ""
+        assert plugin.lines.empty()
+    finally:
+        node.close()
+
+
+def test_no_plugin_to_tell_is_said_and_the_layout_stays_applied(
+    config_path: Path, tmp_path: Path
+) -> None:
+    svc = service(config_path)
+    node = _mig_node(tmp_path, AllocationMode.DEVICE_PLUGIN, svc.reload_for_mig_change)
+    try:
+        result = node.service.apply(parse_spec(MIG_HALVES), "halves")
+        assert result.device_plugin.startswith(f"not reloaded: no process named {PLUGIN_NAME}")
+        assert [g.status for g in result.gpus] == ["applied"]
+    finally:
+        node.close()
+    # Where no device plugin serves the node (mode none: a laptop, the simulator), nothing is
+    # told and nothing said.
+    quiet = _mig_node(tmp_path / "quiet", AllocationMode.NONE, svc.reload_for_mig_change)
+    try:
+        assert quiet.service.apply(parse_spec(MIG_HALVES), "halves").device_plugin == ""
+    finally:
+        quiet.close()
