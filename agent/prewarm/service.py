@@ -363,10 +363,8 @@ class PrewarmService:
             raise Conflict(
                 f"{item.name} is {item.state.value}; only queued or fetching items cancel"
             )
-        with self._lock:
-            event = self._cancel_events.get(item.id)
-        if event is not None:
-            event.set()
+        # The row first: a fetch told to stop reads it to tell a user's cancel (delete the
+        # partial) from a shutdown (keep it to resume).
         updated = self.index.update(
             item.id,
             state=ItemState.FAILED,
@@ -374,6 +372,10 @@ class PrewarmService:
             finished_at=self._clock(),
             options=without_retry(item.options),
         )
+        with self._lock:
+            event = self._cancel_events.get(item.id)
+        if event is not None:
+            event.set()
         if item.state is ItemState.QUEUED:
             self.store.discard_partial(item.id)
         return updated
