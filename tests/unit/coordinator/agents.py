@@ -95,6 +95,19 @@ class AgentFleet:
         """Run `gpu-agent fleet ARGS` in-process; the subcommand's own args come first."""
         return invoke(fleet, [*args, *self.args(names)])
 
+    def fleet_process(self, *args: str, timeout: float = 240) -> Outcome:
+        """`gpu-agent fleet ARGS` in a process of its own, as an operator runs it: nothing of
+        this test process (its gRPC AsyncIO poller, other tests' threads) is shared with it."""
+        done = subprocess.run(
+            [sys.executable, "-m", "agent.cli.main", "fleet", *args, *self.args()],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        return Outcome(done.returncode, done.stdout + done.stderr)
+
     def coordinator(self, *args: str) -> Outcome:
         return invoke(coordinator, [*args, *self.args()])
 
