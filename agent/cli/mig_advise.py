@@ -76,7 +76,10 @@ def _advice_table(data: list[dict[str, Any]]) -> str:
         if g["note"]:
             blocks.append(f"{head}: {g['note']}: no placement advice")
             continue
-        free = ",".join(map(str, g["free_slices"])) or "none"
+        slices = g["free_slices"]
+        # The count first: "free memory slices 7 of 8" read as seven free when slice 7 was.
+        which = ",".join(map(str, slices)) or "none"
+        free = f"{len(slices)} of {g['memory_slices']} free ({which})"
         rows, notes = [], []
         for p in g["profiles"]:
             best = next((o for o in p["placements"] if o["recommended"]), None)
@@ -105,9 +108,7 @@ def _advice_table(data: list[dict[str, Any]]) -> str:
             rows,
         )
         body = "\n".join("  " + line for line in table.splitlines())
-        blocks.append(
-            "\n".join([f"{head}: free memory slices {free} of {g['memory_slices']}", body, *notes])
-        )
+        blocks.append("\n".join([f"{head}: memory slices {free}", body, *notes]))
     blocks.append(
         "* advised: keeps the largest profiles placeable (ties: lowest start). Nothing changed."
     )

@@ -221,7 +221,7 @@ def test_advise_names_the_placement_to_use_and_the_moves_that_fit_a_fragmented_p
     before = _states(tmp_path)
     table = a100("advise", "--gpu", "0")
     assert table.exit_code == 0, table.output
-    assert "GPU 0 (NVIDIA A100-SXM4-40GB): free memory slices 0,1,3,4,6,7 of 8" in table.output
+    assert "GPU 0 (NVIDIA A100-SXM4-40GB): memory slices 6 of 8 free (0,1,3,4,6,7)" in table.output
     assert (
         "3g.20gb: fragmented: 6 free memory slice(s) and 5 free compute slice(s) are enough, "
         "but no placement is free" in table.output
