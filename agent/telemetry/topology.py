@@ -115,7 +115,9 @@ class Topology:
             state = self._gpus[gpu.index]
             if gpu.index not in missing:
                 if not state.up:
-                    log.warning("GPU %d (%s) answers NVML again", gpu.index, gpu.uuid)
+                    log.warning(
+                        "GPU %d (%s) answers NVML again", gpu.index, gpu.uuid or "uuid unknown"
+                    )
                 state.up = True
                 statuses.append(GpuStatus(gpu, up=True))
                 continue
@@ -125,7 +127,8 @@ class Topology:
                 continue
             if state.up:
                 self._stats.error("gpu_lost")
-                log.error("GPU %d (%s) is lost, marking it down: %s", gpu.index, gpu.uuid, why)
+                uuid = gpu.uuid or "uuid unknown"  # lost before it ever answered
+                log.error("GPU %d (%s) is lost, marking it down: %s", gpu.index, uuid, why)
             state.up = False
             statuses.append(GpuStatus(gpu, up=False, detail=why))
         answered = {i: lay for i, lay in frame.layouts.items() if i not in missing}
