@@ -212,6 +212,8 @@ class Source(abc.ABC):
         sharing = work.store.on_blob(item.sha256)
         for other in sharing:  # evicting the blob evicts every name on it
             check_may_undo(by, other.owner_role, other.name, "evict")
+        if item.pinned:
+            raise Conflict(f"{item.name} is pinned; unpin first")
         pinned = [i.name for i in sharing if i.pinned]
         if pinned:
             raise Conflict(

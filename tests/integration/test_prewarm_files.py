@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import InvalidSpec, PermissionDenied
+from agent.errors import Conflict, InvalidSpec, PermissionDenied
 from agent.prewarm.model import FileRequest, ItemState
 from agent.prewarm.policy import UrlPolicy
 from tests.integration.prewarm_fixtures.agent import make_service
@@ -130,6 +130,21 @@ def test_pinned_items_are_never_evicted_so_a_new_item_is_refused(
     assert b.state is ItemState.FAILED
     assert "2097152 pinned" in (b.error or "")
     assert svc.get("a").state is ItemState.READY
+
+
+def test_evicting_a_pinned_file_names_the_pin_and_one_sharing_its_blob_names_that(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """`cache evict` of a pinned item once said "m1 shares its blob with pinned m1"."""
+    digest = origin.add("w.bin", blob(MIB))
+    svc = make_service(tmp_path)
+    svc.run(svc.submit(FileRequest(origin.url("w.bin"), name="m1", sha256=digest, pin=True)).id)
+    svc.submit(FileRequest(origin.url("w.bin?v=2"), name="twin", sha256=digest))
+    with pytest.raises(Conflict, match=r"^m1 is pinned; unpin first$"):
+        svc.evict("m1")
+    with pytest.raises(Conflict, match=r"^twin shares its blob with pinned m1; unpin first$"):
+        svc.evict("twin")
+    assert svc.get("m1").state is ItemState.READY and svc.get("twin").state is ItemState.READY
 
 
 def test_same_digest_under_a_new_name_links_without_fetching(
