@@ -16,15 +16,41 @@ if TYPE_CHECKING:
     from agent.wire.node import NodeDriver, NodeGpu, NodeView
 
 
+def _read(data: dict[str, Any]) -> bool:
+    """Whether the GPUs were read: a ready driver, or GPUs listed (an agent from before the
+    driver state reports none). Otherwise "0 GPU(s)" or "none" would claim what was not read."""
+    driver = data["driver"]
+    return bool(driver["ready"] or (driver["cause"] == "starting" and data["gpus"]))
+
+
 def _head(data: dict[str, Any], lost: int) -> str:
     """The driver line: its version and GPU count, or that no driver is attached."""
     driver = data["driver"]
+    if _read(data):
+        head = f"Driver {data['driver_version']}, {len(data['gpus'])} GPU(s)"
+        return head + (f", {lost} lost" if lost else "")
     if driver["cause"] == "starting":
-        return "Driver not read yet (the agent is starting), 0 GPU(s)"
-    if not driver["ready"]:
-        return "Driver not ready, 0 GPU(s): see degraded: gpu-driver below"
-    head = f"Driver {data['driver_version']}, {len(data['gpus'])} GPU(s)"
-    return head + (f", {lost} lost" if lost else "")
+        return "Driver not read yet (the agent is starting): GPUs not read yet"
+    return "Driver not ready: GPUs not read (see degraded: gpu-driver below)"
+
+
+def _gpu_table(gpus: list[dict[str, Any]]) -> str:
+    return format_table(
+        ["GPU", "HEALTH", "MARK", "UUID", "MODEL", "BUS ID", "MEMORY", "MIG (current/pending)"],
+        [
+            [
+                g["index"],
+                g["health"],
+                _mark(g["condition"]),
+                g["uuid"] or "?",
+                g["name"] or "?",
+                g["pci_bus_id"] or "?",
+                "?" if g["memory_total_bytes"] is None else human_bytes(g["memory_total_bytes"]),
+                "n/a" if g["mig"] is None else f"{g['mig']['current']}/{g['mig']['pending']}",
+            ]
+            for g in gpus
+        ],
+    )
 
 
 def _table(data: dict[str, Any]) -> str:
@@ -36,26 +62,9 @@ def _table(data: dict[str, Any]) -> str:
         f"Allocation: {allocation['mode']} ({allocation['evidence']})",
         "",
     ]
-    parts.append(
-        format_table(
-            ["GPU", "HEALTH", "MARK", "UUID", "MODEL", "BUS ID", "MEMORY", "MIG (current/pending)"],
-            [
-                [
-                    g["index"],
-                    g["health"],
-                    _mark(g["condition"]),
-                    g["uuid"] or "?",
-                    g["name"] or "?",
-                    g["pci_bus_id"] or "?",
-                    "?"
-                    if g["memory_total_bytes"] is None
-                    else human_bytes(g["memory_total_bytes"]),
-                    "n/a" if g["mig"] is None else f"{g['mig']['current']}/{g['mig']['pending']}",
-                ]
-                for g in gpus
-            ],
-        )
-    )
+    read = _read(data)
+    if read:
+        parts.append(_gpu_table(gpus))
     for g in lost:
         parts.append(f"GPU {g['index']} is lost: {g['detail']}")
     for where, mark in _marked(gpus):
@@ -98,6 +107,8 @@ def _table(data: dict[str, Any]) -> str:
     ]
     if data["processes_withheld"]:
         shown = "  withheld (read role): this identity may not see what runs on the GPUs"
+    elif not read:
+        shown = "  not read: the driver is not ready"
     else:
         shown = format_table(["GPU", "PID", "MEMORY", "GI/CI"], procs) if procs else "  none"
     parts += ["", "Processes", shown]

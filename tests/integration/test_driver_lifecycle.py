@@ -190,7 +190,8 @@ def test_no_driver_is_never_a_yes_and_status_says_why(tmp_path: Path) -> None:
 
         table = cli(agent.state_dir, config, "status")
         assert table.returncode == 0, table.stderr
-        assert table.stdout.startswith("Driver not ready, 0 GPU(s)")
+        assert table.stdout.startswith("Driver not ready: GPUs not read")
+        assert table.stdout.endswith("Processes\n  not read: the driver is not ready\n")
         assert "degraded: gpu-driver: waiting for the NVIDIA driver (library_not_found)" in (
             table.stdout
         )

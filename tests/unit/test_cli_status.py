@@ -80,3 +80,15 @@ def test_status_shows_the_allocation_mode_with_its_evidence() -> None:
     # An agent from before the field: unknown, and said why (never shown as none).
     old = status_view(node_from(_node(hidden=False)))["allocation"]
     assert old["mode"] == "unknown" and "older version" in old["evidence"]
+
+
+def test_without_a_driver_no_gpu_count_and_no_process_list_is_claimed() -> None:
+    """`status` once said "Driver not ready, 0 GPU(s)" and "Processes none" when nothing had
+    been read: a node without GPUs or processes, as far as a reader could tell."""
+    node = agent_pb2.Node(name="n")
+    node.driver.state = agent_pb2.DRIVER_STATE_NOT_READY
+    node.driver.cause = "library_not_found"
+    text = _table(status_view(node_from(node)))
+    assert text.startswith("Driver not ready: GPUs not read")
+    assert "0 GPU(s)" not in text and "  none" not in text and "GPU  HEALTH" not in text
+    assert text.endswith("Processes\n  not read: the driver is not ready")
