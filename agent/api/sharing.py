@@ -13,7 +13,12 @@ from agent._proto.gpuagent.v1 import sharing_pb2, sharing_pb2_grpc
 from agent.api.operations import OperationRunner
 from agent.sharing import ApplyResult
 from agent.sharing.service import SharingService
-from agent.wire.sharing import requested_config, sharing_change_pb, sharing_view_pb
+from agent.wire.sharing import (
+    keeps_sharing,
+    requested_config,
+    sharing_change_pb,
+    sharing_view_pb,
+)
 
 __all__ = ["SharingServicer"]
 
@@ -48,7 +53,8 @@ class SharingServicer(sharing_pb2_grpc.SharingServiceServicer):
         self, request: sharing_pb2.SetSharingRequest, context: grpc.aio.ServicerContext
     ) -> sharing_pb2.SetSharingResponse:
         requested = requested_config(request)
-        set_it = functools.partial(self._sharing.set, requested)
+        keep = keeps_sharing(request)
+        set_it = functools.partial(self._sharing.set, requested, keep_sharing=keep)
         return await self._change("SetSharing", request, sharing_pb2.SetSharingResponse, set_it)
 
     async def ClearSharing(

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import IO, TYPE_CHECKING, Any, Protocol, cast
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import click
 import yaml
@@ -36,6 +36,7 @@ from agent.sharing import (
     to_document,
 )
 from agent.sharing.view import DraView
+from agent.wire.sharing import strategy_request
 
 if TYPE_CHECKING:
     from agent.client import AgentClient
@@ -48,7 +49,7 @@ class SharingCalls(Protocol):
     """What the commands call: the agent's sharing API (`RemoteSharing`)."""
 
     def show(self) -> SharingView: ...
-    def set(self, requested: PluginConfig) -> ApplyResult: ...
+    def set(self, requested: PluginConfig, *, keep_sharing: bool = False) -> ApplyResult: ...
     def clear(self) -> ApplyResult: ...
     def rollback(self) -> ApplyResult: ...
 
@@ -87,6 +88,10 @@ class _Spec:
         raise click.UsageError(
             "give --time-slicing, --mps or -f FILE (to stop sharing: gpu-agent share clear)"
         )
+
+    def strategy_config(self) -> PluginConfig:
+        """``--mig-strategy`` as a config of that flag alone, through the one parser."""
+        return parse({"version": "v1", "flags": {"migStrategy": self.mig_strategy}})
 
     @property
     def strategy_only(self) -> bool:
@@ -204,15 +209,9 @@ def set_command(obj: ShareContext, spec: _Spec, output: str) -> None:
     """
     service = obj.sharing_service()
     if spec.strategy_only:
-        doc = to_document(service.show().config)
-        doc["flags"] = {
-            **cast(dict[str, object], doc.get("flags", {})),
-            "migStrategy": spec.mig_strategy,
-        }
-        requested = parse(doc)
+        _emit_result(service.set(spec.strategy_config(), keep_sharing=True), output)
     else:
-        requested = spec.requested()
-    _emit_result(service.set(requested), output)
+        _emit_result(service.set(spec.requested()), output)
 
 
 @share.command("clear", short_help="Stop sharing and reload the plugin.")
@@ -318,7 +317,10 @@ class RemoteSharing:
     def show(self) -> SharingView:
         return self._client.get_sharing()
 
-    def set(self, requested: PluginConfig) -> ApplyResult:
+    def set(self, requested: PluginConfig, *, keep_sharing: bool = False) -> ApplyResult:
+        if keep_sharing:  # only the strategy: the agent keeps the sharing under its lock
+            assert requested.flags.mig_strategy is not None
+            return self._client.set_sharing(strategy_request(requested.flags.mig_strategy))
         return self._client.set_sharing(requested)
 
     def clear(self) -> ApplyResult:

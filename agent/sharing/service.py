@@ -13,6 +13,7 @@ plugin's file as before. Without a callable the mode is ``none``: the plugin's f
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Callable, Sequence
@@ -130,21 +131,30 @@ class SharingService:
             last_write=last_write,
         )
 
-    def set(self, requested: PluginConfig) -> ApplyResult:
+    def set(self, requested: PluginConfig, *, keep_sharing: bool = False) -> ApplyResult:
         """Make ``requested.sharing`` the node's sharing.
 
         Its ``flags`` and other sections are laid over the current file's (which the plugin
-        shares), so a request without them keeps e.g. ``failOnInitError`` as it was. On a DRA
-        node: the DeviceClasses ``requested`` renders, nothing merged.
+        shares), so a request without them keeps e.g. ``failOnInitError`` as it was; with
+        ``keep_sharing`` only they change, and the file's sharing stays (`share set
+        --mig-strategy` alone: read and written under one lock). On a DRA node: the
+        DeviceClasses ``requested`` renders, nothing merged.
         """
         allocation = self._mode_for_change()
         if allocation.mode.is_dra:
+            if keep_sharing:
+                raise NotSupported(
+                    f"allocation mode {allocation.mode.value}: no device plugin, so no MIG "
+                    "strategy of its own to set; set the sharing spec (docs/dra.md)"
+                )
             return self._dra_set(allocation, requested)
         reloader = self._reloader()
         with self._store.lock():
             raw = self._store.read()
             current = self._parse_current(raw)
             desired = merge(current, requested)
+            if keep_sharing:
+                desired = dataclasses.replace(desired, sharing=current.sharing)
             layouts = self._layouts()
             started, _ = self._started(find_plugin_processes(self._settings.plugin_process_name))
             _refuse_overridden(requested, started)

@@ -23,6 +23,7 @@ from agent.wire.timestamps import seconds, timestamp
 
 __all__ = [
     "dra_pb",
+    "keeps_sharing",
     "requested_config",
     "set_sharing_request",
     "sharing_change_from",
@@ -30,6 +31,7 @@ __all__ = [
     "sharing_config_pb",
     "sharing_view_from",
     "sharing_view_pb",
+    "strategy_request",
     "violations_pb",
 ]
 
@@ -155,9 +157,28 @@ _SPEC_SECTIONS = {
 }
 
 
+def keeps_sharing(request: sharing_pb2.SetSharingRequest) -> bool:
+    """Whether ``request`` changes only the MIG strategy: a spec with no strategy and no
+    resources, only ``mig_strategy`` (`gpu-agent share set --mig-strategy` alone); the node's
+    sharing stays as its file has it."""
+    return request.WhichOneof("config") == "spec" and _strategy_only(request.spec)
+
+
+def _strategy_only(spec: sharing_pb2.SharingSpec) -> bool:
+    unset = spec.strategy == sharing_pb2.SHARING_STRATEGY_UNSPECIFIED
+    return unset and not spec.resources and bool(spec.mig_strategy)
+
+
+def strategy_request(mig_strategy: str) -> sharing_pb2.SetSharingRequest:
+    """The request `keeps_sharing` recognises: set ``flags.migStrategy``, keep the sharing."""
+    return sharing_pb2.SetSharingRequest(spec=sharing_pb2.SharingSpec(mig_strategy=mig_strategy))
+
+
 def _document_from(spec: sharing_pb2.SharingSpec) -> dict[str, object]:
     """A SharingSpec as a document in the plugin's schema, so it goes through the one parser
     and the one validator, as the CLI's flags do."""
+    if _strategy_only(spec):  # the flag alone; the service keeps the sharing (`keeps_sharing`)
+        return {"version": "v1", "flags": {"migStrategy": spec.mig_strategy}}
     section_key = _SPEC_SECTIONS.get(spec.strategy)
     bad = []
     if section_key is None:

@@ -200,6 +200,16 @@ def test_share_goes_through_the_running_agent(tmp_path: Path) -> None:
         assert refused.returncode == 2  # InvalidSpec
         assert "replicas" in refused.stderr
 
+        # --mig-strategy alone: one request, read and written under the agent's lock; the
+        # time-slicing stays.
+        alone = cli(agent.state_dir, config, "share", "set", "--mig-strategy", "mixed")
+        assert alone.returncode == 0, alone.stderr
+        written = yaml.safe_load((agent_root / "plugin" / "config.yaml").read_text())
+        assert written["flags"] == {"migStrategy": "mixed"}
+        assert written["sharing"]["timeSlicing"]["resources"] == [
+            {"name": "nvidia.com/gpu", "replicas": 4}
+        ]
+
         client = AgentClient.connect(agent.socket)
         assert client is not None
         client.close()
