@@ -12,7 +12,7 @@ from pathlib import Path
 
 from agent.doctor.facts import Facts, degraded, failed, ok
 from agent.dra.mode import AllocationMode
-from agent.errors import InvalidSpec
+from agent.errors import AgentError
 from agent.prewarm.private_images import (
     ALWAYS_VERIFY,
     POLICY_FIELD,
@@ -20,9 +20,9 @@ from agent.prewarm.private_images import (
     USABLE_BY_EVERY_POD,
     read_kubelet_policy,
 )
-from agent.safeyaml import read_text
 from agent.sharing import strategy
 from agent.sharing.schema import parse
+from agent.sharing.store import ConfigStore
 from agent.statedir import FIX as STATE_FIX
 from agent.wire.doctor import Check
 
@@ -165,11 +165,10 @@ def sharing_mig_strategy(facts: Facts) -> Check:
 def _file_strategy(facts: Facts) -> str | None:
     """The config file's flags.migStrategy; None when it sets none, is absent or unreadable
     (sharing/plugin-config says why)."""
-    path = facts.config.sharing.config_path
     try:
-        text = read_text(path, "sharing.config_path", what="the device plugin's config")
-        return parse(text).flags.mig_strategy if text.strip() else None
-    except InvalidSpec:
+        raw = ConfigStore(facts.config.sharing.config_path).read()  # the service's reader
+        return parse(raw).flags.mig_strategy if raw and raw.strip() else None
+    except AgentError:
         return None
 
 

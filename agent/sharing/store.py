@@ -16,8 +16,9 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+from agent import safeyaml
 from agent.durable import fsync_dir
-from agent.errors import AgentError, NotFound, PermissionDenied
+from agent.errors import AgentError, FieldViolation, InvalidSpec, NotFound, PermissionDenied
 
 CHUNK_SIZE = 1 << 20
 _DEFAULT_MODE = 0o644  # the plugin may run as another user; the config is not a secret
@@ -160,9 +161,19 @@ class ConfigStore:
 
 
 def _read(path: Path) -> bytes | None:
+    """A file's bytes, None when there is none; one larger than YAML is parsed within
+    (`safeyaml.DEFAULT`) is refused before it is in memory."""
+    limit = safeyaml.DEFAULT.max_bytes
     try:
-        return path.read_bytes()
+        with path.open("rb") as f:
+            data = f.read(limit + 1)
     except FileNotFoundError:
         return None
     except PermissionError as exc:
         raise PermissionDenied(f"cannot read {path}: {exc.strerror}") from exc
+    if len(data) > limit:
+        raise InvalidSpec(
+            f"{path} is larger than {limit} bytes: not a device-plugin config; fix or remove it",
+            [FieldViolation("sharing.config_path", f"at most {limit} bytes")],
+        )
+    return data

@@ -22,6 +22,7 @@ from agent.mig.hooks import load_hooks
 from agent.mig.spec import load_spec
 from agent.prewarm.manifest import load_manifest
 from agent.sharing.schema import parse
+from agent.sharing.store import ConfigStore
 from dcgm.counters import MAX_LINE, load_counters
 from dcgm.counters import MAX_ROWS as MAX_COUNTER_ROWS
 from tests.unit.test_safeyaml import billion_laughs
@@ -30,7 +31,7 @@ LOADERS: dict[str, Callable[[Path], object]] = {
     "agent config": lambda p: load_config(p, env={}),
     "mig config": load_spec,
     "prewarm manifest": load_manifest,
-    "plugin config": lambda p: parse(p.read_bytes()),
+    "plugin config": lambda p: parse(ConfigStore(p).read() or b""),
     "desired state": load_desired,
     "demand": load_demand,
     "trace": load_trace,
@@ -62,7 +63,15 @@ def test_every_yaml_file_refuses_the_attackers_input(
 
 @pytest.mark.parametrize(
     "loader",
-    ["agent config", "mig config", "mig hooks", "prewarm manifest", "desired state", "plan"],
+    [
+        "agent config",
+        "mig config",
+        "mig hooks",
+        "prewarm manifest",
+        "plugin config",
+        "desired state",
+        "plan",
+    ],
 )
 def test_a_file_past_its_size_bound_is_refused_unread(tmp_path: Path, loader: str) -> None:
     path = tmp_path / "big.yaml"
@@ -72,7 +81,7 @@ def test_a_file_past_its_size_bound_is_refused_unread(tmp_path: Path, loader: st
         LOADERS[loader](path)
 
 
-#: every loader given a path (the plugin's config is handed bytes)
+#: every loader given a path (a missing plugin config is the plugin's defaults, not a refusal)
 READ_FROM_DISK = {
     **{name: load for name, load in LOADERS.items() if name != "plugin config"},
     "counters CSV": load_counters,
