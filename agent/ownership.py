@@ -8,6 +8,7 @@ embedded agent does the command's work. A process that must wait can say for who
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,14 +49,17 @@ class NodeOwnership:
         pid = record.get("pid")
         return pid if isinstance(pid, int) else None
 
-    def acquire(self, role: str, waiting: Callable[[str], None]) -> None:
-        """Take ownership, waiting for the holder; ``waiting(holder)`` is called once if so."""
+    def acquire(self, role: str, waiting: Callable[[str], None], stop: threading.Event) -> bool:
+        """Take ownership, waiting for the holder (``waiting(holder)`` is called once if so)
+        until ``stop`` is set; True once held, False when stopped first."""
         told = False
         while not self.try_acquire(role):
             if not told:
                 waiting(self.holder() or "another gpu-agent process (starting)")
                 told = True
-            time.sleep(_POLL_S)
+            if stop.wait(_POLL_S):
+                return False
+        return True
 
     def release(self) -> None:
         self._lock.release()

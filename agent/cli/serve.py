@@ -5,14 +5,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from agent import logs
 from agent.cli.context import CliContext
 from agent.cli.options import choice_option, file_option
+
+if TYPE_CHECKING:
+    from agent.ownership import NodeOwnership
 
 SERVE_ROLE = "gpu-agent serve"
 """The role ``serve`` holds the node's ownership as (agent/ownership.py)."""
@@ -70,10 +76,8 @@ def serve(
             )
     # Every other precondition, before any service is built: a refusal is the last line.
     preflight(config)
-    ownership.acquire(
-        SERVE_ROLE,
-        lambda holder: logging.getLogger(__name__).warning("waiting for %s to finish", holder),
-    )
+    if not _acquire(ownership):
+        return  # stopped (SIGTERM/SIGINT) while waiting: nothing was started
     node = Node(build_services(config))
     asyncio.run(node.run(exit_if_stuck=True))
     # The agent closed all it opened; what is left is the interpreter's teardown (finalizing
@@ -83,3 +87,20 @@ def serve(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _acquire(ownership: NodeOwnership) -> bool:
+    """Wait for the node's owner (a command's embedded agent) to finish; SIGTERM or SIGINT
+    meanwhile ends the wait, and ``serve``, at once."""
+    stop = threading.Event()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in signals}
+    try:
+        return ownership.acquire(
+            SERVE_ROLE,
+            lambda holder: logging.getLogger(__name__).warning("waiting for %s to finish", holder),
+            stop,
+        )
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,29 @@ def test_serve_waits_for_a_commands_embedded_agent_to_finish(tmp_path: Path) -> 
         owner.release()
         wait_for(lambda: "agent serving:" in agent.output(), "the agent to serve once free", 60)
     finally:
+        agent.stop()
+
+
+def test_sigterm_ends_a_serve_that_waits_for_the_owner_at_once(tmp_path: Path) -> None:
+    """A stop interrupts every wait: `serve` waiting for a command's embedded agent exits 0 on
+    SIGTERM (as the kubelet sends it) within a second, having started nothing."""
+    state = tmp_path / "state"
+    owner = NodeOwnership(state)
+    assert owner.try_acquire("gpu-agent mig apply")
+    agent = AgentProcess(tmp_path, agent_config(tmp_path))
+    try:
+        with pytest.raises(AssertionError, match="timed out"):
+            agent.start(timeout=3)
+        wait_for(lambda: "waiting for gpu-agent mig apply" in agent.output(), "the wait", 60)
+        assert agent.proc is not None
+        agent.proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert agent.proc.wait(timeout=10) == 0, agent.output()
+        assert time.monotonic() - started < 1.0
+        assert "agent serving:" not in agent.output()
+        assert owner.holder() == f"gpu-agent mig apply (pid {os.getpid()})"  # not taken
+    finally:
+        owner.release()
         agent.stop()
 
 
