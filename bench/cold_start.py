@@ -359,22 +359,7 @@ def main() -> None:
                 endpoint = f"http://127.0.0.1:{origin_port}"
                 del files
                 root = work / "agent"
-                config = agent_config(root, node_name=NODE)
-                settings = yaml.safe_load(config.read_text())
-                settings["prewarm"]["containerd_socket"] = str(cluster.socket)
-                config.write_text(yaml.safe_dump(settings))
-                manifest = work / "prewarm.yaml"
-                manifest.write_text(
-                    yaml.safe_dump(
-                        {
-                            "version": 1,
-                            "items": [
-                                {"image": refs["warm"], "name": IMAGE},
-                                {"model": "bench/llm", "endpoint": endpoint, "name": MODEL},
-                            ],
-                        }
-                    )
-                )
+                config, manifest = _agent_inputs(work, cluster.socket, refs["warm"], endpoint)
                 t = timeline(
                     root,
                     config,
@@ -400,6 +385,24 @@ def main() -> None:
             api_server.shutdown()
             api_server.server_close()
     report(args, t, warm, cold)
+
+
+def _agent_inputs(
+    work: Path, containerd_socket: Path, image: str, endpoint: str
+) -> tuple[Path, Path]:
+    """The agent's config (on the cluster's containerd) and the prewarm manifest: the warm
+    image and the model."""
+    config = agent_config(work / "agent", node_name=NODE)
+    settings = yaml.safe_load(config.read_text())
+    settings["prewarm"]["containerd_socket"] = str(containerd_socket)
+    config.write_text(yaml.safe_dump(settings))
+    manifest = work / "prewarm.yaml"
+    items = [
+        {"image": image, "name": IMAGE},
+        {"model": "bench/llm", "endpoint": endpoint, "name": MODEL},
+    ]
+    manifest.write_text(yaml.safe_dump({"version": 1, "items": items}))
+    return config, manifest
 
 
 def report(
