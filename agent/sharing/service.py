@@ -467,10 +467,9 @@ def _strategy_problems(
     and the plugin not seen, which one it runs with is unknown: nothing is said of it here
     (`gpu-agent doctor` says so)."""
     found = [strategy.override_problem(config, started)]
-    if started is not None:
-        found.append(strategy.problem(started.value, layouts))
-    elif seen or config.flags.mig_strategy is not None:
-        found.append(strategy.problem(config.mig_strategy, layouts))
+    if started is not None or seen or config.flags.mig_strategy is not None:
+        runs = strategy.effective(config.flags.mig_strategy, started)
+        found.append(strategy.problem(runs.value, layouts))
     return [FieldViolation("flags.migStrategy", why) for why in found if why is not None]
 
 
