@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -90,9 +91,11 @@ def test_a_command_waits_for_the_nodes_owner_naming_it(tmp_path: Path) -> None:
             proc.kill()
 
 
-def test_serve_waits_for_a_commands_embedded_agent_to_finish(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    owner = NodeOwnership(state)
+@pytest.fixture
+def waiting_serve(tmp_path: Path) -> Iterator[tuple[NodeOwnership, AgentProcess]]:
+    """A command's embedded agent owns the node, and `serve` started beside it waits, saying
+    for whom."""
+    owner = NodeOwnership(tmp_path / "state")
     assert owner.try_acquire("gpu-agent mig apply")
     agent = AgentProcess(tmp_path, agent_config(tmp_path))
     try:
@@ -101,33 +104,33 @@ def test_serve_waits_for_a_commands_embedded_agent_to_finish(tmp_path: Path) -> 
         waiting = f"waiting for gpu-agent mig apply (pid {os.getpid()}) to finish"
         wait_for(lambda: waiting in agent.output(), "the agent to say whom it waits for", 60)
         assert "agent serving:" not in agent.output()
-        owner.release()
-        wait_for(lambda: "agent serving:" in agent.output(), "the agent to serve once free", 60)
+        yield owner, agent
     finally:
+        owner.release()
         agent.stop()
 
 
-def test_sigterm_ends_a_serve_that_waits_for_the_owner_at_once(tmp_path: Path) -> None:
+def test_serve_waits_for_a_commands_embedded_agent_to_finish(
+    waiting_serve: tuple[NodeOwnership, AgentProcess],
+) -> None:
+    owner, agent = waiting_serve
+    owner.release()
+    wait_for(lambda: "agent serving:" in agent.output(), "the agent to serve once free", 60)
+
+
+def test_sigterm_ends_a_serve_that_waits_for_the_owner_at_once(
+    waiting_serve: tuple[NodeOwnership, AgentProcess],
+) -> None:
     """A stop interrupts every wait: `serve` waiting for a command's embedded agent exits 0 on
     SIGTERM (as the kubelet sends it) within a second, having started nothing."""
-    state = tmp_path / "state"
-    owner = NodeOwnership(state)
-    assert owner.try_acquire("gpu-agent mig apply")
-    agent = AgentProcess(tmp_path, agent_config(tmp_path))
-    try:
-        with pytest.raises(AssertionError, match="timed out"):
-            agent.start(timeout=3)
-        wait_for(lambda: "waiting for gpu-agent mig apply" in agent.output(), "the wait", 60)
-        assert agent.proc is not None
-        agent.proc.send_signal(signal.SIGTERM)
-        started = time.monotonic()
-        assert agent.proc.wait(timeout=10) == 0, agent.output()
-        assert time.monotonic() - started < 1.0
-        assert "agent serving:" not in agent.output()
-        assert owner.holder() == f"gpu-agent mig apply (pid {os.getpid()})"  # not taken
-    finally:
-        owner.release()
-        agent.stop()
+    owner, agent = waiting_serve
+    assert agent.proc is not None
+    agent.proc.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    assert agent.proc.wait(timeout=10) == 0, agent.output()
+    assert time.monotonic() - started < 1.0
+    assert "agent serving:" not in agent.output()
+    assert owner.holder() == f"gpu-agent mig apply (pid {os.getpid()})"  # not taken
 
 
 def _agent_with_origin(tmp_path: Path) -> tuple[AgentProcess, Path]:
