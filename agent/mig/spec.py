@@ -8,6 +8,7 @@ error) and we also accept GPU UUIDs in ``devices``.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,9 @@ MAX_COUNT = 7
 #: NVML numbers GPUs 0..N-1; no node has more than this many.
 MAX_GPU_INDEX = 255
 _MAX_UUID = 96
+#: How many config names an error lists, and how much of an unknown name it repeats.
+MAX_NAMES_LISTED = 8
+MAX_NAME_SHOWN = 100
 _ENTRY_KEYS = ("device-filter", "devices", "mig-enabled", "mig-devices")
 
 
@@ -86,17 +90,27 @@ class MigSpec:
             if len(self.configs) != 1:
                 raise InvalidSpec(
                     "missing required flag 'selected-config' when more than one config available "
-                    f"(configs: {', '.join(self.names)})",
-                    [FieldViolation("selected-config", f"one of: {', '.join(self.names)}")],
+                    f"(configs: {self._listed()})",
+                    [FieldViolation("selected-config", f"one of: {self._listed()}")],
                 )
             return self.configs[0]
         for config_name, entries in self.configs:
             if config_name == name:
                 return config_name, entries
+        near = difflib.get_close_matches(name[:MAX_NAME_SHOWN], self.names, n=3)
+        hint = f"; did you mean {' or '.join(near)}?" if near else ""
         raise InvalidSpec(
-            f"selected mig-config not present: {name} (configs: {', '.join(self.names)})",
-            [FieldViolation("selected-config", f"one of: {', '.join(self.names)}")],
+            f"selected mig-config not present: {capped(name, MAX_NAME_SHOWN)} "
+            f"(configs: {self._listed()}){hint}",
+            [FieldViolation("selected-config", f"one of: {self._listed()}")],
         )
+
+    def _listed(self) -> str:
+        """The config names for a message: the first few and how many more (a generated file
+        holds over a hundred, which buried the error)."""
+        shown = ", ".join(self.names[:MAX_NAMES_LISTED])
+        more = len(self.names) - MAX_NAMES_LISTED
+        return shown + (f" and {more} more" if more > 0 else "")
 
 
 @dataclass(frozen=True, slots=True)

@@ -167,6 +167,23 @@ def test_select_needs_a_name_only_with_several_configs() -> None:
     assert info.value.violations[0].field == "selected-config"
 
 
+def test_an_unknown_config_is_named_with_a_few_names_and_the_near_ones_not_the_whole_file() -> None:
+    """`mig generate-config` writes about 140 configs: the error listed every one twice (10 KB)."""
+    many = parse_spec(
+        "version: v1\nmig-configs:\n"
+        + "".join(f"  layout-{i}: [{{devices: all, mig-enabled: false}}]\n" for i in range(140))
+    )
+    with pytest.raises(InvalidSpec) as info:
+        many.select("layout-13x")
+    message = str(info.value)
+    assert "layout-0, layout-1, " in message and "and 132 more" in message
+    assert "did you mean layout-13 " in message
+    assert len(message) < 400 and len(info.value.violations[0].description) < 300
+    with pytest.raises(InvalidSpec) as huge:
+        many.select("x" * 100_000)
+    assert len(str(huge.value)) < 500
+
+
 def test_entries_apply_in_order_and_the_last_match_wins() -> None:
     spec = parse_spec(
         "version: v1\nmig-configs:\n  a:\n"
