@@ -217,6 +217,8 @@ def _expected(leaf: _Leaf) -> str:
     bounds = [f"{op} {limit:g}" for op, limit in limits if limit is not None]
     if bounds:
         text += ", " + " and ".join(bounds)
+    if leaf.kind is _KINDS[tuple] and "comma-separated" not in text:
+        text += " (comma-separated in env and flags)"
     if leaf.optional:
         text += "; or empty (null in YAML) for none"
     return text

@@ -136,8 +136,7 @@ class PrewarmService:
         """Validate and plan every request, then record them all in one transaction: a bad
         manifest, or one item of it that conflicts, changes nothing. ``by`` (None: the agent
         itself) becomes the owner of new items, and of old ones it outranks (agent/owner.py)."""
-        for request in requests:
-            self._validate(request)
+        self._validate_all(requests)
         plans = [self._plan(r) for r in requests]
         seen: dict[str, int] = {}
         for i, plan in enumerate(plans):
@@ -158,6 +157,29 @@ class PrewarmService:
         if (owner, role) == (item.owner, item.owner_role):
             return item
         return self.index.update(item.id, owner=owner, owner_role=role)
+
+    def _validate_all(self, requests: Sequence[Request]) -> None:
+        """Every refused item of several, each field named under its ``items[i]``, so a manifest's
+        author learns which item and every one at once; a single request's refusal as it is."""
+        if len(requests) == 1:
+            self._validate(requests[0])
+            return
+        refused: list[tuple[int, InvalidSpec]] = []
+        for i, request in enumerate(requests):
+            try:
+                self._validate(request)
+            except InvalidSpec as exc:
+                refused.append((i, exc))
+        if refused:
+            first, exc = refused[0]
+            raise InvalidSpec(
+                f"{len(refused)} of {len(requests)} items refused; items[{first}]: {exc}",
+                [
+                    FieldViolation(f"items[{i}].{v.field}".rstrip("."), v.description)
+                    for i, e in refused
+                    for v in e.violations or (FieldViolation("", str(e)),)
+                ],
+            )
 
     def _validate(self, request: Request) -> None:
         source = kinds.for_request(request)

@@ -422,6 +422,28 @@ def test_a_refused_manifest_queues_nothing(tmp_path: Path, origin: Origin) -> No
     assert svc.items() == before
 
 
+def test_every_refused_item_of_a_manifest_is_named_under_its_index(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """A manifest's refused URLs said only ``url: scheme ... is not allowed``: not which item,
+    and only the first of several."""
+    svc = make_service(tmp_path)
+    with pytest.raises(InvalidSpec) as refused:
+        svc.submit_all(
+            [
+                FileRequest("ftp://origin.example/a.bin"),
+                FileRequest(origin.url("fine.bin")),
+                FileRequest("file:///etc/shadow"),
+            ]
+        )
+    assert [v.field for v in refused.value.violations] == ["items[0].url", "items[2].url"]
+    assert str(refused.value).startswith("2 of 3 items refused; items[0]: url: scheme 'ftp'")
+    assert svc.items() == []
+    with pytest.raises(InvalidSpec) as alone:
+        svc.submit(FileRequest("ftp://origin.example/a.bin"))
+    assert [v.field for v in alone.value.violations] == ["url"]
+
+
 def test_default_names_of_two_sources_do_not_collide(tmp_path: Path, origin: Origin) -> None:
     svc = make_service(tmp_path)
     a = svc.submit(FileRequest(origin.url("org-a/llama/model.safetensors")))

@@ -317,6 +317,8 @@ def test_bad_file_values_name_the_key_and_the_allowed_values(
         ("GPU_AGENT_SHARING__RELOAD", "", "one of: sighup, label, restart-pod, none"),
         ("GPU_AGENT_STATE_DIR", "", "a path"),
         ("GPU_AGENT_GRPC_INSECURE_LISTEN", "0.0.0.0:9402", "a loopback HOST:PORT"),
+        # a list written as YAML is told the env's form, whatever the setting's own words say
+        ("GPU_AGENT_PREWARM__EGRESS_ALLOW", '["127.0.0.1/32"]', "comma-separated in env"),
     ],
 )
 def test_bad_env_values_name_the_variable(name: str, text: str, allowed: str) -> None:
