@@ -137,7 +137,7 @@ class PrewarmService:
         manifest, or one item of it that conflicts, changes nothing. ``by`` (None: the agent
         itself) becomes the owner of new items, and of old ones it outranks (agent/owner.py)."""
         self._validate_all(requests)
-        plans = [self._plan(r) for r in requests]
+        plans = [self._plan_item(i, r, len(requests)) for i, r in enumerate(requests)]
         seen: dict[str, int] = {}
         for i, plan in enumerate(plans):
             if plan.name in seen:
@@ -192,6 +192,14 @@ class PrewarmService:
         """What makes two file URLs the same item: the URL without its signature parameters."""
         return source_identity(url, self._ignored_params)
 
+    def _plan_item(self, i: int, request: Request, of: int) -> _Plan:
+        try:
+            return self._plan(request)
+        except Conflict as exc:
+            if of == 1:
+                raise
+            raise Conflict(f"items[{i}]: {exc}") from exc
+
     def _plan(self, request: Request) -> _Plan:
         source = kinds.for_request(request)
         target = source.target(request, self)
@@ -235,12 +243,12 @@ class PrewarmService:
         if item.kind != source.kind or self._identity_of(item) != target.identity:
             raise Conflict(
                 f"a cache item named {item.name!r} already exists for another source; "
-                "choose another --name"
+                "choose another name"
             )
         if sha256 and item.expected_sha256 not in (None, sha256):
             raise Conflict(
                 f"{item.name} was requested with sha256 {item.expected_sha256}, now with "
-                f"{sha256} (field sha256); choose another --name or prewarm delete it first"
+                f"{sha256} (field sha256); choose another name or prewarm delete it first"
             )
         pinned = item.pinned or pin
         if item.state is ItemState.READY:

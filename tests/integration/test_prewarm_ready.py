@@ -407,7 +407,7 @@ def test_a_refused_manifest_queues_nothing(tmp_path: Path, origin: Origin) -> No
     svc = make_service(tmp_path)
     svc.submit(FileRequest(origin.url("taken.bin"), name="taken"))
     before = svc.items()
-    with pytest.raises(Conflict):
+    with pytest.raises(Conflict, match=r"^items\[1\]: a cache item named 'taken' already"):
         svc.submit_all(
             [
                 FileRequest(origin.url("one.bin"), name="one"),
