@@ -295,10 +295,11 @@ def health_xid(facts: Facts) -> Check:
         counts[gpu] = counts.get(gpu, 0) + n
     seen = ", ".join(f"GPU {g}: {n}" for g, n in sorted(counts.items())) or "none"
     marks = [(i, m, reason) for i, m, reason in facts.marks().values() if m.state.rank > 0]
-    evidence = f"XID events since start: {seen}"
+    evidence = f"XID events since the agent started: {seen}"
     if not marks:
         return ok("health", "xid", f"{evidence}; every GPU healthy")
     worst = max(marks, key=lambda x: x[1].state.rank)
+    # A mark outlives a restart (health-marks.json): it may come from an XID before this start.
     said = "; ".join(f"GPU {i} {m.state.value}: {reason}" for i, m, reason in marks)
     make = failed if worst[1].state.value == "failed" else degraded
     return make(

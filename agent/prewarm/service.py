@@ -243,7 +243,7 @@ class PrewarmService:
         if item.kind != source.kind or self._identity_of(item) != target.identity:
             raise Conflict(
                 f"a cache item named {item.name!r} already exists for another source; "
-                "choose another name"
+                "choose another name or prewarm delete it first"
             )
         if sha256 and item.expected_sha256 not in (None, sha256):
             raise Conflict(
