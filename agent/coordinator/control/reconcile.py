@@ -227,6 +227,8 @@ class Reconciler:
             else CoalescedStatus(cluster, self._tell, every_s=status_every_s, clock=clock)
         )
         self._desired: Desired | None = None
+        #: the last problem with the desired file that was logged, so a pass repeats nothing
+        self._said: str | None = None
         self._progress_at = clock()
         #: node -> when it may have been silent too long (its start + node timeout + grace)
         self._running: dict[tuple[str, str], float] = {}
@@ -362,19 +364,36 @@ class Reconciler:
             self.beat()
 
     def _load(self) -> Desired | None:
-        """The desired state; a bad file keeps the last good one (and says so in metrics)."""
+        """The desired state; a bad file keeps the last good one (and says so in metrics). A
+        problem is logged when it first appears or changes, not every pass."""
         if not self._path.exists():
-            if self._desired is None:
-                log.warning("no desired state at %s: watching the fleet only", self._path)
+            kept = "watching the fleet only" if self._desired is None else "keeping the last one"
+            self._say(logging.WARNING, f"no desired state at {self._path}: {kept}")
             self.stats.desired_valid = False
             return self._desired
         try:
             self._desired = load_desired(self._path)
-            self.stats.desired_valid = True
         except AgentError as exc:
-            log.error("desired state %s is invalid, keeping the last good one: %s", self._path, exc)
+            kept = (
+                "nothing is converged until it is fixed"
+                if self._desired is None
+                else "keeping the last good one"
+            )
+            self._say(
+                logging.ERROR, f"desired state {self._path} is invalid, {kept}: {_problems(exc)}"
+            )
             self.stats.desired_valid = False
+            return self._desired
+        if not self.stats.desired_valid and self._said is not None:
+            self._say(logging.INFO, f"desired state {self._path} is valid again")
+        self._said = None
+        self.stats.desired_valid = True
         return self._desired
+
+    def _say(self, level: int, text: str) -> None:
+        if text != self._said:
+            log.log(level, "%s", text)
+        self._said = text
 
     async def _converge(self, desired: Desired, selection: Selection) -> None:
         rules: Sequence[tuple[str, Sequence[_Rule]]] = (
@@ -581,3 +600,12 @@ def _log_report(kind: str) -> Callable[[str, Any, str], None]:
             log.info("%s %s: %s %s", kind, node, state.value, detail)
 
     return report
+
+
+def _problems(exc: AgentError) -> str:
+    """Every refused field of the desired file (up to ten), not just the first."""
+    violations = getattr(exc, "violations", ())
+    if not violations:
+        return str(exc)
+    said = "; ".join(f"{v.field}: {v.description}" for v in violations[:10])
+    return said + (f" (and {len(violations) - 10} more)" if len(violations) > 10 else "")

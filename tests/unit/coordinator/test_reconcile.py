@@ -458,3 +458,33 @@ def _metric_plain(reconciler: reconcile.Reconciler, name: str) -> float:
     text = generate_latest(reconciler.registry).decode()
     prefix = f"gpu_agent_coordinator_{name} "
     return float(next(x for x in text.splitlines() if x.startswith(prefix)).removeprefix(prefix))
+
+
+def test_a_bad_desired_file_is_said_once_with_every_field_and_its_fix_is_said_too(
+    fake: FakeFleet, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The coordinator logged the same error every pass (every 2 s with --interval 2), said it
+    kept "the last good one" when it had none, and named one field of several."""
+    desired = tmp_path / "desired.yaml"
+    desired.write_text("version: v1\nprewarm:\n  - {url: x, name: y}\n")
+    clock = Clock(1000.0)
+    reconciler = reconcile.Reconciler(
+        cast(Fleet, object()), desired, interval_s=60.0, clock=clock, draw=lambda: 0.0
+    )
+    caplog.set_level(logging.INFO, logger="agent.coordinator.control.reconcile")
+    _passes(reconciler, clock, [1000.0, 1060.0, 1120.0])
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1
+    assert "is invalid, nothing is converged until it is fixed: " in errors[0]
+    assert "prewarm[0].url" in errors[0] and "prewarm[0].name" in errors[0]
+    assert reconciler.stats.desired_valid is False and fake.rolled == []
+
+    desired.write_text(DESIRED.format(replicas=2))
+    _passes(reconciler, clock, [1180.0])
+    assert "is valid again" in caplog.text and reconciler.stats.desired_valid is True
+    desired.write_text("version: v1\nbogus: 1\n")
+    _passes(reconciler, clock, [1240.0, 1300.0])
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 2 and "keeping the last good one: " in errors[1]
+    # the last good file still converges: b, which failed, is tried again
+    assert fake.rolled[-1] == ["b"] and reconciler.stats.desired_valid is False
