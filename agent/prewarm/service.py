@@ -171,9 +171,9 @@ class PrewarmService:
             except InvalidSpec as exc:
                 refused.append((i, exc))
         if refused:
-            first, exc = refused[0]
+            first, why = refused[0]
             raise InvalidSpec(
-                f"{len(refused)} of {len(requests)} items refused; items[{first}]: {exc}",
+                f"{len(refused)} of {len(requests)} items refused; items[{first}]: {why}",
                 [
                     FieldViolation(f"items[{i}].{v.field}".rstrip("."), v.description)
                     for i, e in refused
