@@ -6,8 +6,11 @@ them to exit codes. They carry data, never transport types.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class AgentError(Exception):
@@ -32,6 +35,31 @@ class InvalidSpec(AgentError):
     def __init__(self, message: str, violations: Sequence[FieldViolation] = ()) -> None:
         super().__init__(message)
         self.violations = tuple(violations)
+
+
+def check_each(items: Sequence[T], check: Callable[[T], None], what: str = "items") -> None:
+    """Run ``check`` on every item; refuse with every refused item's fields under
+    ``what[i].``, so the author of a list learns which items and all of them at once. A
+    single item's refusal is raised as it is."""
+    if len(items) == 1:
+        check(items[0])
+        return
+    refused: list[tuple[int, InvalidSpec]] = []
+    for i, item in enumerate(items):
+        try:
+            check(item)
+        except InvalidSpec as exc:
+            refused.append((i, exc))
+    if refused:
+        first, why = refused[0]
+        raise InvalidSpec(
+            f"{len(refused)} of {len(items)} {what} refused; {what}[{first}]: {why}",
+            [
+                FieldViolation(f"{what}[{i}].{v.field}".rstrip("."), v.description)
+                for i, exc in refused
+                for v in exc.violations or (FieldViolation("", str(exc)),)
+            ],
+        )
 
 
 class NotFound(AgentError):

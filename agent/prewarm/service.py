@@ -21,7 +21,15 @@ from functools import partial
 import psutil
 
 from agent.clocks import deadline_from_wall, start_from_wall
-from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec, StateUnavailable
+from agent.errors import (
+    AgentError,
+    Busy,
+    Conflict,
+    FieldViolation,
+    InvalidSpec,
+    StateUnavailable,
+    check_each,
+)
 from agent.owner import Actor, check_may_undo, claimed_by
 from agent.prewarm import kinds
 from agent.prewarm.cancel import CancelToken, Stop
@@ -136,7 +144,7 @@ class PrewarmService:
         """Validate and plan every request, then record them all in one transaction: a bad
         manifest, or one item of it that conflicts, changes nothing. ``by`` (None: the agent
         itself) becomes the owner of new items, and of old ones it outranks (agent/owner.py)."""
-        self._validate_all(requests)
+        check_each(requests, self._validate)
         plans = [self._plan_item(i, r, len(requests)) for i, r in enumerate(requests)]
         seen: dict[str, int] = {}
         for i, plan in enumerate(plans):
@@ -157,29 +165,6 @@ class PrewarmService:
         if (owner, role) == (item.owner, item.owner_role):
             return item
         return self.index.update(item.id, owner=owner, owner_role=role)
-
-    def _validate_all(self, requests: Sequence[Request]) -> None:
-        """Every refused item of several, each field named under its ``items[i]``, so a manifest's
-        author learns which item and every one at once; a single request's refusal as it is."""
-        if len(requests) == 1:
-            self._validate(requests[0])
-            return
-        refused: list[tuple[int, InvalidSpec]] = []
-        for i, request in enumerate(requests):
-            try:
-                self._validate(request)
-            except InvalidSpec as exc:
-                refused.append((i, exc))
-        if refused:
-            first, why = refused[0]
-            raise InvalidSpec(
-                f"{len(refused)} of {len(requests)} items refused; items[{first}]: {why}",
-                [
-                    FieldViolation(f"items[{i}].{v.field}".rstrip("."), v.description)
-                    for i, e in refused
-                    for v in e.violations or (FieldViolation("", str(e)),)
-                ],
-            )
 
     def _validate(self, request: Request) -> None:
         source = kinds.for_request(request)

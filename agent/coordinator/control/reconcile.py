@@ -52,7 +52,7 @@ from agent.coordinator.fleet.channels import Fleet
 from agent.coordinator.fleet.health import STATES
 from agent.coordinator.fleet.inventory import NodeView
 from agent.coordinator.fleet.selector import Selector
-from agent.coordinator.flows import Selection, rollout, select
+from agent.coordinator.flows import RolloutResult, Selection, rollout, select
 from agent.coordinator.rollout.actions import preview
 from agent.coordinator.rollout.record import RolloutRecord
 from agent.coordinator.rollout.schedule import NodeState
@@ -64,6 +64,8 @@ log = logging.getLogger(__name__)
 __all__ = ["Reconciler", "Stats"]
 
 KINDS = ("mig", "power", "share", "prewarm")
+#: why a node that differs is left unchanged (`RolloutResult`'s unhealthy, not_allowed, skipped)
+LEFT_OUT = ("unhealthy", "not-allowed", "unreachable")
 #: the pass sweeps as `fleet status` does by default, so its sweep can answer GET /fleet/status
 SWEEP_IDLE_AFTER_S = 3600.0
 _Rule = MigRule | PowerRule | SharingRule | PrewarmRule
@@ -85,6 +87,8 @@ class Stats:
     halted: Counter[str] = field(default_factory=Counter)
     #: nodes held (no change) because the labels their rule depends on could not be read
     labels_unknown: Counter[str] = field(default_factory=Counter)
+    #: (kind, why) -> nodes that differ but the last pass's rollout left unchanged
+    left_out: Counter[tuple[str, str]] = field(default_factory=Counter)
     desired_valid: bool = False
     #: the loop runs passes (without an elector: always while it runs)
     acting: bool = False
@@ -146,9 +150,17 @@ class _Collector:
             "Nodes held (no change) in the last pass: their labels could not be read.",
             labels=["kind"],
         )
+        left_out = GaugeMetricFamily(
+            p + "left_out_nodes",
+            "Nodes that differ but the last pass left unchanged: a failed GPU (unhealthy), an "
+            "allocation mode that allows no such change (not-allowed), no answer (unreachable).",
+            labels=["kind", "why"],
+        )
         for kind in KINDS:
             unknown.add_metric([kind], s.labels_unknown[kind])
-        yield from (drift, changes, halted, unknown)
+            for why in LEFT_OUT:
+                left_out.add_metric([kind, why], s.left_out[(kind, why)])
+        yield from (drift, changes, halted, unknown, left_out)
         yield GaugeMetricFamily(
             p + "leader",
             "1 while this replica holds the Lease (or runs alone).",
@@ -227,8 +239,8 @@ class Reconciler:
             else CoalescedStatus(cluster, self._tell, every_s=status_every_s, clock=clock)
         )
         self._desired: Desired | None = None
-        #: the last problem with the desired file that was logged, so a pass repeats nothing
-        self._said: str | None = None
+        #: what was last logged per matter (`_log_once`), so a pass repeats nothing
+        self._said: dict[str, str] = {}
         self._progress_at = clock()
         #: node -> when it may have been silent too long (its start + node timeout + grace)
         self._running: dict[tuple[str, str], float] = {}
@@ -368,7 +380,7 @@ class Reconciler:
         problem is logged when it first appears or changes, not every pass."""
         if not self._path.exists():
             kept = "watching the fleet only" if self._desired is None else "keeping the last one"
-            self._say(logging.WARNING, f"no desired state at {self._path}: {kept}")
+            self._log_once("desired", logging.WARNING, f"no desired state at {self._path}: {kept}")
             self.stats.desired_valid = False
             return self._desired
         try:
@@ -379,21 +391,26 @@ class Reconciler:
                 if self._desired is None
                 else "keeping the last good one"
             )
-            self._say(
-                logging.ERROR, f"desired state {self._path} is invalid, {kept}: {_problems(exc)}"
+            self._log_once(
+                "desired",
+                logging.ERROR,
+                f"desired state {self._path} is invalid, {kept}: {_problems(exc)}",
             )
             self.stats.desired_valid = False
             return self._desired
-        if not self.stats.desired_valid and self._said is not None:
-            self._say(logging.INFO, f"desired state {self._path} is valid again")
-        self._said = None
+        if not self.stats.desired_valid and self._said.get("desired"):
+            self._log_once("desired", logging.INFO, f"desired state {self._path} is valid again")
+        self._said["desired"] = ""
         self.stats.desired_valid = True
         return self._desired
 
-    def _say(self, level: int, text: str) -> None:
-        if text != self._said:
+    def _log_once(self, key: str, level: int, text: str) -> None:
+        """Log ``text`` when it differs from what was last said under ``key``: a bad desired
+        file, or a node that stays drifted or skipped (a failed GPU), is said once, not every
+        pass; "" says the matter is over."""
+        if text and self._said.get(key) != text:
             log.log(level, "%s", text)
-        self._said = text
+        self._said[key] = text
 
     async def _converge(self, desired: Desired, selection: Selection) -> None:
         rules: Sequence[tuple[str, Sequence[_Rule]]] = (
@@ -409,6 +426,8 @@ class Reconciler:
         for kind, kind_rules in rules:
             self.stats.drift[kind] = 0
             self.stats.halted[kind] = 0
+            for why in LEFT_OUT:
+                self.stats.left_out[(kind, why)] = 0
             chosen: dict[str, _Rule | None] = {}
             unknown = []
             for v in selection.reachable:
@@ -446,6 +465,8 @@ class Reconciler:
         drifted = [p.node for p in previews if p.would != "unchanged"]
         self.stats.drift[kind] += len(drifted)
         if not drifted:
+            self._log_once(kind, logging.INFO, "")
+            self._log_once(f"{kind}/drift", logging.INFO, "")
             return
         now = self._clock()
         held = {n: h for n in drifted if (h := self.backoff.waiting((kind, n), now, change))}
@@ -462,7 +483,11 @@ class Reconciler:
         due = [n for n in drifted if n not in held]
         if not due:
             return
-        log.info("%s: %d node(s) differ from the desired state: %s", kind, len(due), due)
+        self._log_once(
+            f"{kind}/drift",
+            logging.INFO,
+            f"{kind}: {len(due)} node(s) differ from the desired state: {due}",
+        )
         record = self._record(kind, rule, due, desired)
         if self._status is not None:
             self._status.update(record, "running", now=True)
@@ -484,9 +509,27 @@ class Reconciler:
                 ", ".join(result.busy),
             )
         self._note_outcomes(kind, record, change)
+        self._note_left_out(kind, result)
         if record.halted:
             self.stats.halted[kind] = 1
             log.error("%s rollout %s", kind, record.halted)
+
+    def _note_left_out(self, kind: str, result: RolloutResult) -> None:
+        left = {
+            "unhealthy": result.unhealthy,
+            "not-allowed": result.not_allowed,
+            "unreachable": dict.fromkeys(result.skipped, "did not answer"),
+        }
+        for why, nodes in left.items():
+            self.stats.left_out[(kind, why)] += len(nodes)
+        said = "; ".join(
+            f"{node} ({why}: {detail})"
+            for why, nodes in left.items()
+            for node, detail in sorted(nodes.items())
+        )
+        if said:
+            said = f"{kind}: left unchanged until a later pass finds them able: {said}"
+        self._log_once(kind, logging.WARNING, said)
 
     def _note_outcomes(self, kind: str, record: RolloutRecord, change: str) -> None:
         now = self._clock()

@@ -74,6 +74,8 @@ class FakeFleet:
         self.broken = broken
         self.in_sync: set[str] = set()
         self.rolled: list[list[str]] = []
+        #: every node's agent reports this failed GPU: rollouts skip them all
+        self.failed_gpu = ""
         self.views = tuple(NodeView(n, f"10.0.0.{i}:9401") for i, n in enumerate(("a", "b")))
 
     async def select(self, fleet: object, selector: object, **kw: object) -> Selection:
@@ -90,6 +92,11 @@ class FakeFleet:
         self, fleet: object, selection: Selection, record: RolloutRecord, **kw: Any
     ) -> RolloutResult:
         self.rolled.append(sorted(record.nodes))
+        if self.failed_gpu:  # as `flows.rollout` does: left pending, named with the verdict
+            left = {n: self.failed_gpu for n in record.nodes}
+            for entry in record.nodes.values():
+                entry.detail = f"skipped: {self.failed_gpu}"
+            return RolloutResult(record, unhealthy=left)
         for node, entry in record.nodes.items():
             if node in self.broken:
                 entry.state, entry.detail = NodeState.FAILED.value, "plugin did not reload"
@@ -488,3 +495,36 @@ def test_a_bad_desired_file_is_said_once_with_every_field_and_its_fix_is_said_to
     assert len(errors) == 2 and "keeping the last good one: " in errors[1]
     # the last good file still converges: b, which failed, is tried again
     assert fake.rolled[-1] == ["b"] and reconciler.stats.desired_valid is False
+
+
+def test_nodes_left_out_for_a_failed_gpu_are_counted_and_said_once_not_every_pass(
+    fake: FakeFleet, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node with a failed GPU was skipped silently: the log said "1 node(s) differ" every pass
+    and no series said why nothing happened."""
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(DESIRED.format(replicas=2))
+    fake.failed_gpu = "GPU 2 failed: XID 79 (GPU has fallen off the bus)"
+    clock = Clock(1000.0)
+    reconciler = reconcile.Reconciler(
+        cast(Fleet, object()), desired, interval_s=60.0, clock=clock, draw=lambda: 0.0
+    )
+    caplog.set_level(logging.INFO, logger="agent.coordinator.control.reconcile")
+    _passes(reconciler, clock, [1000.0, 1060.0, 1120.0])
+    assert len(fake.rolled) == 3  # every pass tries again: a healed node is picked up
+    said = [r.getMessage() for r in caplog.records]
+    left = [m for m in said if "left unchanged" in m]
+    assert left == [
+        "share: left unchanged until a later pass finds them able: "
+        "a (unhealthy: GPU 2 failed: XID 79 (GPU has fallen off the bus)); "
+        "b (unhealthy: GPU 2 failed: XID 79 (GPU has fallen off the bus))"
+    ]
+    assert len([m for m in said if "differ from the desired state" in m]) == 1
+    text = generate_latest(reconciler.registry).decode()
+    assert 'gpu_agent_coordinator_left_out_nodes{kind="share",why="unhealthy"} 2.0' in text
+    assert 'gpu_agent_coordinator_left_out_nodes{kind="share",why="unreachable"} 0.0' in text
+
+    fake.failed_gpu = ""  # healed: changed, and the series falls back to 0
+    _passes(reconciler, clock, [1180.0])
+    text = generate_latest(reconciler.registry).decode()
+    assert 'gpu_agent_coordinator_left_out_nodes{kind="share",why="unhealthy"} 0.0' in text
