@@ -10,21 +10,26 @@ in both schemes (docs/dra.md, "Telemetry on DRA nodes").
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Protocol
 
 from agent.gpu.readings import GpuString
-from agent.telemetry.snapshot import DraClaim, Entity, GpuIdentity, PodRef
+from agent.telemetry.snapshot import DraClaim, Entity, GpuIdentity, InstanceIdentity, PodRef
 
 Labels = dict[str, str]
 #: a label-type field's value: node-wide text, or the GPU's own string of that key
 LabelValue = str | GpuString
 
 
-class Naming(Protocol):
-    """How one scheme labels things."""
+class Naming(ABC):
+    """How one scheme labels things: a GPU, and what an instance of it adds; a series of an
+    entity also names the pod (and DRA claim) it is allocated to, the same in both schemes."""
 
+    @abstractmethod
     def gpu(self, gpu: GpuIdentity) -> Labels: ...
+
+    @abstractmethod
+    def instance(self, instance: InstanceIdentity) -> Labels: ...
 
     def entity(
         self,
@@ -32,7 +37,11 @@ class Naming(Protocol):
         pod: PodRef | None,
         claim: DraClaim | None = None,
         pod_uid: str | None = None,
-    ) -> Labels: ...
+    ) -> Labels:
+        labels = self.gpu(entity.gpu)
+        if entity.instance is not None:
+            labels.update(self.instance(entity.instance))
+        return _pod(labels, pod, claim, pod_uid)
 
 
 def _pod(labels: Labels, pod: PodRef | None, claim: DraClaim | None, pod_uid: str | None) -> Labels:
@@ -56,7 +65,7 @@ def _pod(labels: Labels, pod: PodRef | None, claim: DraClaim | None, pod_uid: st
     return labels
 
 
-class DcgmNaming:
+class DcgmNaming(Naming):
     """dcgm-exporter's labels; ``extra`` holds the CSV's label-type fields in CSV order (name,
     node-wide value or per-GPU string key). A GPU string NVML did not answer is left out."""
 
@@ -79,38 +88,18 @@ class DcgmNaming:
                 labels[name] = text
         return labels
 
-    def entity(
-        self,
-        entity: Entity,
-        pod: PodRef | None,
-        claim: DraClaim | None = None,
-        pod_uid: str | None = None,
-    ) -> Labels:
-        labels = self.gpu(entity.gpu)
-        if entity.instance is not None:
-            labels["GPU_I_PROFILE"] = entity.instance.profile
-            labels["GPU_I_ID"] = str(entity.instance.gpu_instance_id)
-        return _pod(labels, pod, claim, pod_uid)
+    def instance(self, instance: InstanceIdentity) -> Labels:
+        return {"GPU_I_PROFILE": instance.profile, "GPU_I_ID": str(instance.gpu_instance_id)}
 
 
-class NativeNaming:
+class NativeNaming(Naming):
     """Identity labels only; model, bus id, node and versions live on ``gpu_agent_gpu_info``."""
 
     def gpu(self, gpu: GpuIdentity) -> Labels:
         return {"gpu": str(gpu.index), "uuid": gpu.uuid}
 
-    def entity(
-        self,
-        entity: Entity,
-        pod: PodRef | None,
-        claim: DraClaim | None = None,
-        pod_uid: str | None = None,
-    ) -> Labels:
-        labels = self.gpu(entity.gpu)
-        if entity.instance is not None:
-            labels["gpu_instance_id"] = str(entity.instance.gpu_instance_id)
-            labels["gpu_profile"] = entity.instance.profile
-        return _pod(labels, pod, claim, pod_uid)
+    def instance(self, instance: InstanceIdentity) -> Labels:
+        return {"gpu_instance_id": str(instance.gpu_instance_id), "gpu_profile": instance.profile}
 
     @staticmethod
     def info(gpu: GpuIdentity, node: str, versions: Mapping[str, str]) -> Labels:
