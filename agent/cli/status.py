@@ -36,7 +36,8 @@ def _head(data: dict[str, Any], lost: int) -> str:
 
 def _gpu_table(gpus: list[dict[str, Any]]) -> str:
     return format_table(
-        ["GPU", "HEALTH", "MARK", "UUID", "MODEL", "BUS ID", "MEMORY", "MIG (current/pending)"],
+        # NVML: does the driver answer for the GPU (ok, lost); HEALTH: its mark (docs/health.md)
+        ["GPU", "NVML", "HEALTH", "UUID", "MODEL", "BUS ID", "MEMORY", "MIG (current/pending)"],
         [
             [
                 g["index"],
@@ -90,7 +91,7 @@ def _table(data: dict[str, Any]) -> str:
             "",
             "MIG instances",
             format_table(
-                ["GPU", "GI", "MARK", "PROFILE", "PLACEMENT", "CIs", "MIG UUID"], instances
+                ["GPU", "GI", "HEALTH", "PROFILE", "PLACEMENT", "CIs", "MIG UUID"], instances
             ),
         ]
     procs = [
