@@ -28,7 +28,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,10 +107,13 @@ class _Collector:
     def collect(self) -> Iterator[Metric]:
         s = self.stats
         p = "gpu_agent_coordinator_"
-        passes = CounterMetricFamily(p + "reconcile_passes", "Reconcile passes.", labels=["result"])
-        for result in ("ok", "error"):
-            passes.add_metric([result], s.passes[result])
-        yield passes
+        yield _family(
+            CounterMetricFamily,
+            p + "reconcile_passes",
+            "Reconcile passes.",
+            ["result"],
+            {(r,): s.passes[r] for r in ("ok", "error")},
+        )
         if s.last_pass is not None:
             yield GaugeMetricFamily(
                 p + "last_pass_timestamp_seconds", "When the last pass ended.", value=s.last_pass
@@ -118,49 +121,48 @@ class _Collector:
         yield GaugeMetricFamily(
             p + "last_pass_duration_seconds", "How long it took.", value=s.last_duration_s
         )
-        nodes = GaugeMetricFamily(p + "nodes", "Agents found, by answer.", labels=["state"])
-        for state in ("answering", "unreachable"):
-            nodes.add_metric([state], s.nodes[state])
-        yield nodes
-        gpus = GaugeMetricFamily(
+        by_state = {(st,): s.nodes[st] for st in ("answering", "unreachable")}
+        yield _family(
+            GaugeMetricFamily, p + "nodes", "Agents found, by answer.", ["state"], by_state
+        )
+        yield _family(
+            GaugeMetricFamily,
             p + "gpus",
             "GPUs of the answering agents in the last sweep, by the agent's health verdict "
             "(unknown: no verdict).",
-            labels=["health"],
+            ["health"],
+            {(st,): s.gpu_health[st] for st in STATES},
         )
-        for state in STATES:
-            gpus.add_metric([state], s.gpu_health[state])
-        yield gpus
-        drift = GaugeMetricFamily(
-            p + "drift_nodes", "Nodes that differed from the desired state.", labels=["kind"]
+        for name, text, counts in (
+            ("drift_nodes", "Nodes that differed from the desired state.", s.drift),
+            ("rollout_halted", "1 when the last pass's rollout halted.", s.halted),
+            (
+                "labels_unknown_nodes",
+                "Nodes held (no change) in the last pass: their labels could not be read.",
+                s.labels_unknown,
+            ),
+        ):
+            per_kind = {(k,): counts[k] for k in KINDS}
+            yield _family(GaugeMetricFamily, p + name, text, ["kind"], per_kind)
+        yield _family(
+            CounterMetricFamily,
+            p + "node_changes",
+            "Node changes rolled out, by end.",
+            ["kind", "result"],
+            {
+                (k, r): s.changes[(k, r)]
+                for k in KINDS
+                for r in ("succeeded", "unchanged", "failed")
+            },
         )
-        changes = CounterMetricFamily(
-            p + "node_changes", "Node changes rolled out, by end.", labels=["kind", "result"]
-        )
-        halted = GaugeMetricFamily(
-            p + "rollout_halted", "1 when the last pass's rollout halted.", labels=["kind"]
-        )
-        for kind in KINDS:
-            drift.add_metric([kind], s.drift[kind])
-            halted.add_metric([kind], s.halted[kind])
-            for result in ("succeeded", "unchanged", "failed"):
-                changes.add_metric([kind, result], s.changes[(kind, result)])
-        unknown = GaugeMetricFamily(
-            p + "labels_unknown_nodes",
-            "Nodes held (no change) in the last pass: their labels could not be read.",
-            labels=["kind"],
-        )
-        left_out = GaugeMetricFamily(
+        yield _family(
+            GaugeMetricFamily,
             p + "left_out_nodes",
             "Nodes that differ but the last pass left unchanged: a failed GPU (unhealthy), an "
             "allocation mode that allows no such change (not-allowed), no answer (unreachable).",
-            labels=["kind", "why"],
+            ["kind", "why"],
+            {(k, w): s.left_out[(k, w)] for k in KINDS for w in LEFT_OUT},
         )
-        for kind in KINDS:
-            unknown.add_metric([kind], s.labels_unknown[kind])
-            for why in LEFT_OUT:
-                left_out.add_metric([kind, why], s.left_out[(kind, why)])
-        yield from (drift, changes, halted, unknown, left_out)
         yield GaugeMetricFamily(
             p + "leader",
             "1 while this replica holds the Lease (or runs alone).",
@@ -179,20 +181,34 @@ class _Collector:
         for (kind, _node), held in self.backoff.held().items():
             if held.retry_at > now and kind in waits:
                 waits[kind].append(held.retry_at - now)
-        nodes = GaugeMetricFamily(
+        yield _family(
+            GaugeMetricFamily,
             p + "backoff_nodes",
             "Nodes held back from reconciling after failed changes, waiting for their retry.",
-            labels=["kind"],
+            ["kind"],
+            {(kind,): len(left) for kind, left in waits.items()},
         )
-        soonest = GaugeMetricFamily(
+        yield _family(
+            GaugeMetricFamily,
             p + "backoff_next_retry_seconds",
             "Seconds until the first held-back node is retried; 0 when none is held back.",
-            labels=["kind"],
+            ["kind"],
+            {(kind,): min(left, default=0.0) for kind, left in waits.items()},
         )
-        for kind, left in waits.items():
-            nodes.add_metric([kind], len(left))
-            soonest.add_metric([kind], min(left, default=0.0))
-        yield from (nodes, soonest)
+
+
+def _family(
+    make: type[GaugeMetricFamily] | type[CounterMetricFamily],
+    name: str,
+    text: str,
+    labels: list[str],
+    values: Mapping[Any, float],  # label values (a tuple) -> the sample
+) -> Metric:
+    """A family with one sample per label values; every combination is exported, 0 included."""
+    family = make(name, text, labels=labels)
+    for label_values, value in values.items():
+        family.add_metric(list(label_values), value)
+    return family
 
 
 class Reconciler:
