@@ -37,16 +37,20 @@ if TYPE_CHECKING:
 Request = SourceRequest  # a request of any registered kind
 
 
-def progress_line(items: Sequence[ItemProgress], took_s: float | None) -> str:
-    """``12.0 MiB / 28.6 MiB  42.0% 96.0 MiB/s ETA 1s`` while warming; ``... done in 0.4s``
-    once the operation ended (``took_s``)."""
+def progress_line(
+    items: Sequence[ItemProgress], took_s: float | None, state: str = "succeeded"
+) -> str:
+    """``12.0 MiB / 28.6 MiB  42.0% 96.0 MiB/s ETA 1s`` while warming; once the operation
+    ended (``took_s``) how: ``... done in 0.4s``, ``... failed after 0.4s`` or ``... cancelled
+    after 0.4s`` (its ``state``)."""
     done = sum(i.done_bytes for i in items)
     sizes = [i.total_bytes for i in items]
     total = None if None in sizes else sum(s for s in sizes if s is not None)
     shown = human_bytes(total) if total is not None else "?"
     line = f"{human_bytes(done)} / {shown}" + (f" {100 * done / total:5.1f}%" if total else "")
     if took_s is not None:
-        return f"{line} done in {took_s:.1f}s"
+        ended = "done in" if state == "succeeded" else f"{state} after"
+        return f"{line} {ended} {took_s:.1f}s"
     rate = sum(i.rate_bytes_per_second for i in items)
     etas = [i.eta_seconds for i in items if i.eta_seconds is not None]
     return (
@@ -79,7 +83,7 @@ class _Terminal:
         if not self._tty and now - self._last < 5 and not op.done:
             return
         self._last = now
-        line = progress_line(op.prewarm, None if not op.done else now - self._start)
+        line = progress_line(op.prewarm, None if not op.done else now - self._start, op.state)
         click.echo(("\r" + line.ljust(60)) if self._tty else line, err=True, nl=not self._tty)
 
     def close(self) -> None:

@@ -29,3 +29,10 @@ def test_the_last_line_says_how_long_the_warm_took_not_a_rate_of_zero() -> None:
 def test_the_total_is_unknown_while_any_item_s_size_is() -> None:
     items = [ItemProgress("a", MIB, 2 * MIB, MIB, 1.0), ItemProgress("b", 0, None, 0.0, None)]
     assert progress_line(items, None).startswith("1.0 MiB / ? 1.0 MiB/s")
+
+
+def test_a_warm_that_failed_or_was_cancelled_is_not_said_to_be_done() -> None:
+    """A sha256 mismatch ended with ``0 B / ? done in 0.0s`` above its error."""
+    items = [ItemProgress("a", 0, None, 0.0, None)]
+    assert progress_line(items, 0.04, "failed") == "0 B / ? failed after 0.0s"
+    assert progress_line(items, 1.5, "cancelled") == "0 B / ? cancelled after 1.5s"
