@@ -192,6 +192,7 @@ def _build_rest(
         kube,
         node_name=config.node_name,
         allocation=allocation.current,
+        gpus_unread=inventory.gpus_unread,
     )
     inventory.watch_sharing(sharing.show)
     reset = (

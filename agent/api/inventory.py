@@ -137,6 +137,12 @@ class NodeInventory:
         gpus = self._gpus
         return tuple(layout for layout in gpus.layouts if layout.gpu.index not in gpus.lost)
 
+    def gpus_unread(self) -> str:
+        """Why the GPUs were not read (the driver not attached yet, or gone); "" once a
+        snapshot of an attached driver listed them. An empty `layouts` means no GPU only then."""
+        gpus = self._gpus
+        return "" if gpus.driver.state == agent_pb2.DRIVER_STATE_ATTACHED else gpus.detail
+
     def every_gpu_lost(self) -> bool:
         """The node has GPUs and none of them answers (a node with no GPU is not this)."""
         gpus = self._gpus

@@ -478,6 +478,7 @@ def _view_data(view: SharingView) -> dict[str, object]:
         "exists": view.exists,
         **_sharing_data(view.config),
         "advertised": _advertised_data(view.advertised),
+        "advertised_unknown": view.advertised_unknown or None,
         "plugin": {"state": view.pickup.state, "detail": view.pickup.detail},
         "last_write": None
         if last is None
@@ -499,6 +500,7 @@ def _result_data(result: ApplyResult) -> dict[str, object]:
         "config_path": str(result.config_path),
         **_sharing_data(result.config),
         "advertised": _advertised_data(result.advertised),
+        "advertised_unknown": result.advertised_unknown or None,
         "reload": _reload_data(result.reload),
         "config": to_document(result.config),
         "dra": _dra_data(result.dra),
@@ -518,7 +520,9 @@ def _sharing_lines(config: PluginConfig) -> list[str]:
     return lines
 
 
-def _advertised_table(advertised: Sequence[Advertised]) -> str:
+def _advertised_table(advertised: Sequence[Advertised], unknown: str) -> str:
+    if unknown:
+        return f"Advertised: not known: the GPUs were not read ({unknown})"
     if not advertised:
         return "The plugin advertises no GPU resources on this node."
     rows = [["RESOURCE", "DEVICES", "REPLICAS", "ADVERTISED"]] + [
@@ -534,7 +538,7 @@ def _view_table(view: SharingView) -> str:
         return _dra_view_table(view, view.dra)
     lines = _head_lines(view, "Config:    ", "the plugin runs with its defaults")
     lines += [f"Plugin:    {view.pickup.state}: {view.pickup.detail}", ""]
-    lines.append(_advertised_table(view.advertised))
+    lines.append(_advertised_table(view.advertised, view.advertised_unknown))
     lines += _problem_lines(view, "Problems (the plugin refuses or ignores these):")
     return "\n".join(lines)
 
@@ -577,5 +581,5 @@ def _result_table(result: ApplyResult) -> str:
     lines = [head, *_sharing_lines(result.config)]
     if result.reload is not None:
         lines.append(f"Reload:    {result.reload.method}: {result.reload.detail}")
-    lines += ["", _advertised_table(result.advertised)]
+    lines += ["", _advertised_table(result.advertised, result.advertised_unknown)]
     return "\n".join(lines)

@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Protocol
 
 from agent.dra.mode import Allocation, AllocationMode
-from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec, NotFound, NotSupported
+from agent.errors import (
+    AgentError,
+    Conflict,
+    DriverNotReady,
+    FieldViolation,
+    InvalidSpec,
+    NotFound,
+    NotSupported,
+)
 from agent.gpu.types import GpuLayout
 from agent.kube import KubeClient
 from agent.sharing import dra, dra_api, strategy
@@ -84,7 +92,12 @@ class SharingService:
         clock: Callable[[], float] = time.time,
         allocation: Callable[[], Allocation] = no_detection,
         proc: Path = Path("/proc"),
+        gpus_unread: Callable[[], str] = lambda: "",
     ) -> None:
+        """``gpus_unread``: why the node's GPUs were not read ("" once they were): what the
+        plugin advertises is then unknown, and a config that must be checked against them is
+        refused."""
+        self._gpus_unread = gpus_unread
         self._settings = settings
         self._proc = proc
         self._allocation = allocation
@@ -112,12 +125,15 @@ class SharingService:
         processes = find_plugin_processes(self._settings.plugin_process_name)
         started, seen = self._started(processes)
         runs = strategy.run_with(config, started)
+        unread = self._gpus_unread()
         return SharingView(
             config_path=self._store.path,
             exists=raw is not None,
             config=config,
-            advertised=advertise(runs, layouts) if runs is not None else (),
-            problems=(
+            advertised=advertise(runs, layouts) if runs is not None and not unread else (),
+            problems=()
+            if unread
+            else (
                 *_strategy_problems(config, started, seen, layouts),
                 *violations(runs or config, layouts),
             ),
@@ -129,7 +145,17 @@ class SharingService:
                 process_name=self._settings.plugin_process_name,
             ),
             last_write=last_write,
+            advertised_unknown=unread,
         )
+
+    def _require_gpus(self, action: str) -> None:
+        """A config checked against the GPUs needs them read: no driver is never "valid"."""
+        unread = self._gpus_unread()
+        if unread:
+            raise DriverNotReady(
+                f"share {action} needs the NVIDIA driver (the config is checked against the "
+                f"node's GPUs, which were not read): {unread}"
+            )
 
     def set(self, requested: PluginConfig, *, keep_sharing: bool = False) -> ApplyResult:
         """Make ``requested.sharing`` the node's sharing.
@@ -148,6 +174,7 @@ class SharingService:
                     "strategy of its own to set; set the sharing spec (docs/dra.md)"
                 )
             return self._dra_set(allocation, requested)
+        self._require_gpus("set")
         reloader = self._reloader()
         with self._store.lock():
             raw = self._store.read()
@@ -171,13 +198,20 @@ class SharingService:
         with self._store.lock():
             current = self._parse_current(self._store.read())
             desired = PluginConfig(flags=current.flags, sharing=Sharing(), other=current.other)
-            return self._apply("clear", current, desired, self._layouts(), reloader)
+            result = self._apply("clear", current, desired, self._layouts(), reloader)
+        unread = self._gpus_unread()  # clearing needs no check, but its capacity is unknown
+        return (
+            dataclasses.replace(result, advertised=(), advertised_unknown=unread)
+            if unread
+            else result
+        )
 
     def rollback(self) -> ApplyResult:
         """Restore the previous config; the current one becomes the previous (undo by repeating)."""
         allocation = self._mode_for_change()
         if allocation.mode.is_dra:
             return self._dra_rollback(allocation)
+        self._require_gpus("rollback")
         reloader = self._reloader()
         with self._store.lock():
             previous_raw = self._store.read_previous()

@@ -98,6 +98,7 @@ def sharing_view_pb(view: SharingView) -> sharing_pb2.GetSharingResponse:
         plugin_state=view.pickup.state,
         plugin_detail=view.pickup.detail,
         problems=violations_pb(view.problems),
+        advertised_unknown=view.advertised_unknown,
     )
     last = view.last_write
     if last is not None:
@@ -118,6 +119,7 @@ def sharing_change_pb(result: ApplyResult) -> sharing_pb2.SharingChange:
         config=sharing_config_pb(result.config),
         config_path=str(result.config_path),
         advertised=advertised_pb(result.advertised),
+        advertised_unknown=result.advertised_unknown,
     )
     if result.reload is not None:
         change.reload.CopyFrom(reload_pb(result.reload))
@@ -245,6 +247,7 @@ def sharing_view_from(view: sharing_pb2.GetSharingResponse) -> SharingView:
         pickup=Pickup(view.plugin_state, view.plugin_detail),  # type: ignore[arg-type]
         last_write=last,
         dra=_dra_from(view.dra) if view.HasField("dra") else None,
+        advertised_unknown=view.advertised_unknown,
     )
 
 
@@ -258,6 +261,7 @@ def sharing_change_from(change: sharing_pb2.SharingChange) -> ApplyResult:
         advertised=_advertised_from(change.advertised),
         reload=_reload_from(change.reload) if change.HasField("reload") else None,
         dra=_dra_from(change.dra) if change.HasField("dra") else None,
+        advertised_unknown=change.advertised_unknown,
     )
 
 

@@ -200,6 +200,24 @@ def test_no_driver_is_never_a_yes_and_status_says_why(tmp_path: Path) -> None:
         assert "(library_not_found)" in data["driver"]["detail"]
         assert [d["component"] for d in data["degraded"]] == ["gpu-driver"]
 
+        # Sharing is checked against the GPUs: unread GPUs are neither "no resources" nor a
+        # reason a config is "invalid here"; a set is refused for the driver, a clear is not.
+        shown = cli(agent.state_dir, config, "share", "show")
+        assert shown.returncode == 0, shown.stderr
+        assert "Advertised: not known: the GPUs were not read (waiting for the NVIDIA driver" in (
+            shown.stdout
+        )
+        assert "advertises no GPU resources" not in shown.stdout
+        as_json = json.loads(cli(agent.state_dir, config, "share", "show", "-o", "json").stdout)
+        assert as_json["advertised"] == [] and "library_not_found" in as_json["advertised_unknown"]
+        refused = cli(agent.state_dir, config, "share", "set", "--time-slicing", "nvidia.com/gpu=4")
+        assert refused.returncode == DriverNotReady.exit_code, refused.stderr
+        assert "share set needs the NVIDIA driver (the config is checked against" in refused.stderr
+        assert not (agent_root / "plugin" / "config.yaml").exists()
+        cleared = cli(agent.state_dir, config, "share", "clear")
+        assert cleared.returncode == 0, cleared.stderr
+        assert "Advertised: not known" in cleared.stdout
+
 
 def test_the_cli_prewarms_with_no_agent_and_no_driver(tmp_path: Path) -> None:
     """No agent runs and the driver is not loaded: the embedded agent starts driver-less,

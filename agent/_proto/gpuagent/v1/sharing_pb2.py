@@ -26,15 +26,15 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from agent._proto.gpuagent.v1 import types_pb2 as gpuagent_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19gpuagent/v1/sharing.proto\x12\x0bgpuagent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17gpuagent/v1/types.proto\"0\n\x0eSharedResource\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08replicas\x18\x02 \x01(\r\"\xdd\x01\n\rSharingConfig\x12.\n\x08strategy\x18\x01 \x01(\x0e\x32\x1c.gpuagent.v1.SharingStrategy\x12\x14\n\x0cmig_strategy\x18\x02 \x01(\t\x12\x19\n\x11rename_by_default\x18\x03 \x01(\x08\x12&\n\x1e\x66\x61il_requests_greater_than_one\x18\x04 \x01(\x08\x12.\n\tresources\x18\x05 \x03(\x0b\x32\x1b.gpuagent.v1.SharedResource\x12\x13\n\x0b\x63onfig_yaml\x18\x06 \x01(\t\"\xee\x01\n\x0bSharingSpec\x12.\n\x08strategy\x18\x01 \x01(\x0e\x32\x1c.gpuagent.v1.SharingStrategy\x12.\n\tresources\x18\x02 \x03(\x0b\x32\x1b.gpuagent.v1.SharedResource\x12\x19\n\x11rename_by_default\x18\x03 \x01(\x08\x12+\n\x1e\x66\x61il_requests_greater_than_one\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x14\n\x0cmig_strategy\x18\x05 \x01(\tB!\n\x1f_fail_requests_greater_than_one\"X\n\x12\x41\x64vertisedResource\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x02 \x01(\r\x12\x10\n\x08replicas\x18\x03 \x01(\r\x12\r\n\x05\x63ount\x18\x04 \x01(\r\"t\n\x0cPluginReload\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04pids\x18\x05 \x03(\r\"\x13\n\x11GetSharingRequest\"\xcb\x02\n\x12GetSharingResponse\x12*\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1a.gpuagent.v1.SharingConfig\x12\x13\n\x0b\x63onfig_path\x18\x02 \x01(\t\x12\x0e\n\x06\x65xists\x18\x03 \x01(\x08\x12\x33\n\nadvertised\x18\x04 \x03(\x0b\x32\x1f.gpuagent.v1.AdvertisedResource\x12\x14\n\x0cplugin_state\x18\x05 \x01(\t\x12\x15\n\rplugin_detail\x18\x06 \x01(\t\x12-\n\x08problems\x18\x07 \x03(\x0b\x32\x1b.gpuagent.v1.FieldViolation\x12-\n\nlast_write\x18\x08 \x01(\x0b\x32\x19.gpuagent.v1.SharingWrite\x12$\n\x03\x64ra\x18\t \x01(\x0b\x32\x17.gpuagent.v1.DraSharing\"\xa0\x01\n\nDraSharing\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x10\n\x08\x65vidence\x18\x02 \x01(\t\x12\x0e\n\x06\x64river\x18\x03 \x01(\t\x12\'\n\x07objects\x18\x04 \x03(\x0b\x32\x16.gpuagent.v1.DraObject\x12*\n\x05notes\x18\x05 \x03(\x0b\x32\x1b.gpuagent.v1.FieldViolation\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"W\n\tDraObject\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\x0c\n\x04json\x18\x05 \x01(\t\"y\n\x0cSharingWrite\x12\x0e\n\x06\x61\x63tion\x18\x01 \x01(\t\x12.\n\nwrite_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x06reload\x18\x03 \x01(\x0b\x32\x19.gpuagent.v1.PluginReload\"\xf7\x01\n\rSharingChange\x12\x0e\n\x06\x61\x63tion\x18\x01 \x01(\t\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\x12*\n\x06\x63onfig\x18\x03 \x01(\x0b\x32\x1a.gpuagent.v1.SharingConfig\x12\x13\n\x0b\x63onfig_path\x18\x04 \x01(\t\x12\x33\n\nadvertised\x18\x05 \x03(\x0b\x32\x1f.gpuagent.v1.AdvertisedResource\x12)\n\x06reload\x18\x06 \x01(\x0b\x32\x19.gpuagent.v1.PluginReload\x12$\n\x03\x64ra\x18\x07 \x01(\x0b\x32\x17.gpuagent.v1.DraSharing\"r\n\x11SetSharingRequest\x12(\n\x04spec\x18\x01 \x01(\x0b\x32\x18.gpuagent.v1.SharingSpecH\x00\x12\x15\n\x0b\x63onfig_yaml\x18\x02 \x01(\tH\x00\x12\x12\n\nrequest_id\x18\x03 \x01(\tB\x08\n\x06\x63onfig\"@\n\x12SetSharingResponse\x12*\n\x06\x63hange\x18\x01 \x01(\x0b\x32\x1a.gpuagent.v1.SharingChange\")\n\x13\x43learSharingRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"B\n\x14\x43learSharingResponse\x12*\n\x06\x63hange\x18\x01 \x01(\x0b\x32\x1a.gpuagent.v1.SharingChange\",\n\x16RollbackSharingRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"E\n\x17RollbackSharingResponse\x12*\n\x06\x63hange\x18\x01 \x01(\x0b\x32\x1a.gpuagent.v1.SharingChange*\x8b\x01\n\x0fSharingStrategy\x12 \n\x1cSHARING_STRATEGY_UNSPECIFIED\x10\x00\x12\x19\n\x15SHARING_STRATEGY_NONE\x10\x01\x12!\n\x1dSHARING_STRATEGY_TIME_SLICING\x10\x02\x12\x18\n\x14SHARING_STRATEGY_MPS\x10\x03\x32\xe1\x02\n\x0eSharingService\x12M\n\nGetSharing\x12\x1e.gpuagent.v1.GetSharingRequest\x1a\x1f.gpuagent.v1.GetSharingResponse\x12M\n\nSetSharing\x12\x1e.gpuagent.v1.SetSharingRequest\x1a\x1f.gpuagent.v1.SetSharingResponse\x12S\n\x0c\x43learSharing\x12 .gpuagent.v1.ClearSharingRequest\x1a!.gpuagent.v1.ClearSharingResponse\x12\\\n\x0fRollbackSharing\x12#.gpuagent.v1.RollbackSharingRequest\x1a$.gpuagent.v1.RollbackSharingResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19gpuagent/v1/sharing.proto\x12\x0bgpuagent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17gpuagent/v1/types.proto\"0\n\x0eSharedResource\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08replicas\x18\x02 \x01(\r\"\xdd\x01\n\rSharingConfig\x12.\n\x08strategy\x18\x01 \x01(\x0e\x32\x1c.gpuagent.v1.SharingStrategy\x12\x14\n\x0cmig_strategy\x18\x02 \x01(\t\x12\x19\n\x11rename_by_default\x18\x03 \x01(\x08\x12&\n\x1e\x66\x61il_requests_greater_than_one\x18\x04 \x01(\x08\x12.\n\tresources\x18\x05 \x03(\x0b\x32\x1b.gpuagent.v1.SharedResource\x12\x13\n\x0b\x63onfig_yaml\x18\x06 \x01(\t\"\xee\x01\n\x0bSharingSpec\x12.\n\x08strategy\x18\x01 \x01(\x0e\x32\x1c.gpuagent.v1.SharingStrategy\x12.\n\tresources\x18\x02 \x03(\x0b\x32\x1b.gpuagent.v1.SharedResource\x12\x19\n\x11rename_by_default\x18\x03 \x01(\x08\x12+\n\x1e\x66\x61il_requests_greater_than_one\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x14\n\x0cmig_strategy\x18\x05 \x01(\tB!\n\x1f_fail_requests_greater_than_one\"X\n\x12\x41\x64vertisedResource\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x02 \x01(\r\x12\x10\n\x08replicas\x18\x03 \x01(\r\x12\r\n\x05\x63ount\x18\x04 \x01(\r\"t\n\x0cPluginReload\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04pids\x18\x05 \x03(\r\"\x13\n\x11GetSharingRequest\"\xe7\x02\n\x12GetSharingResponse\x12*\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1a.gpuagent.v1.SharingConfig\x12\x13\n\x0b\x63onfig_path\x18\x02 \x01(\t\x12\x0e\n\x06\x65xists\x18\x03 \x01(\x08\x12\x33\n\nadvertised\x18\x04 \x03(\x0b\x32\x1f.gpuagent.v1.AdvertisedResource\x12\x14\n\x0cplugin_state\x18\x05 \x01(\t\x12\x15\n\rplugin_detail\x18\x06 \x01(\t\x12-\n\x08problems\x18\x07 \x03(\x0b\x32\x1b.gpuagent.v1.FieldViolation\x12-\n\nlast_write\x18\x08 \x01(\x0b\x32\x19.gpuagent.v1.SharingWrite\x12$\n\x03\x64ra\x18\t \x01(\x0b\x32\x17.gpuagent.v1.DraSharing\x12\x1a\n\x12\x61\x64vertised_unknown\x18\n \x01(\t\"\xa0\x01\n\nDraSharing\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x10\n\x08\x65vidence\x18\x02 \x01(\t\x12\x0e\n\x06\x64river\x18\x03 \x01(\t\x12\'\n\x07objects\x18\x04 \x03(\x0b\x32\x16.gpuagent.v1.DraObject\x12*\n\x05notes\x18\x05 \x03(\x0b\x32\x1b.gpuagent.v1.FieldViolation\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"W\n\tDraObject\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\x0c\n\x04json\x18\x05 \x01(\t\"y\n\x0cSharingWrite\x12\x0e\n\x06\x61\x63tion\x18\x01 \x01(\t\x12.\n\nwrite_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x06reload\x18\x03 \x01(\x0b\x32\x19.gpuagent.v1.PluginReload\"\x93\x02\n\rSharingChange\x12\x0e\n\x06\x61\x63tion\x18\x01 \x01(\t\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\x12*\n\x06\x63onfig\x18\x03 \x01(\x0b\x32\x1a.gpuagent.v1.SharingConfig\x12\x13\n\x0b\x63onfig_path\x18\x04 \x01(\t\x12\x33\n\nadvertised\x18\x05 \x03(\x0b\x32\x1f.gpuagent.v1.AdvertisedResource\x12)\n\x06reload\x18\x06 \x01(\x0b\x32\x19.gpuagent.v1.PluginReload\x12$\n\x03\x64ra\x18\x07 \x01(\x0b\x32\x17.gpuagent.v1.DraSharing\x12\x1a\n\x12\x61\x64vertised_unknown\x18\x08 \x01(\t\"r\n\x11SetSharingRequest\x12(\n\x04spec\x18\x01 \x01(\x0b\x32\x18.gpuagent.v1.SharingSpecH\x00\x12\x15\n\x0b\x63onfig_yaml\x18\x02 \x01(\tH\x00\x12\x12\n\nrequest_id\x18\x03 \x01(\tB\x08\n\x06\x63onfig\"@\n\x12SetSharingResponse\x12*\n\x06\x63hange\x18\x01 \x01(\x0b\x32\x1a.gpuagent.v1.SharingChange\")\n\x13\x43learSharingRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"B\n\x14\x43learSharingResponse\x12*\n\x06\x63hange\x18\x01 \x01(\x0b\x32\x1a.gpuagent.v1.SharingChange\",\n\x16RollbackSharingRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"E\n\x17RollbackSharingResponse\x12*\n\x06\x63hange\x18\x01 \x01(\x0b\x32\x1a.gpuagent.v1.SharingChange*\x8b\x01\n\x0fSharingStrategy\x12 \n\x1cSHARING_STRATEGY_UNSPECIFIED\x10\x00\x12\x19\n\x15SHARING_STRATEGY_NONE\x10\x01\x12!\n\x1dSHARING_STRATEGY_TIME_SLICING\x10\x02\x12\x18\n\x14SHARING_STRATEGY_MPS\x10\x03\x32\xe1\x02\n\x0eSharingService\x12M\n\nGetSharing\x12\x1e.gpuagent.v1.GetSharingRequest\x1a\x1f.gpuagent.v1.GetSharingResponse\x12M\n\nSetSharing\x12\x1e.gpuagent.v1.SetSharingRequest\x1a\x1f.gpuagent.v1.SetSharingResponse\x12S\n\x0c\x43learSharing\x12 .gpuagent.v1.ClearSharingRequest\x1a!.gpuagent.v1.ClearSharingResponse\x12\\\n\x0fRollbackSharing\x12#.gpuagent.v1.RollbackSharingRequest\x1a$.gpuagent.v1.RollbackSharingResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agent._proto.gpuagent.v1.sharing_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SHARINGSTRATEGY']._serialized_start=2214
-  _globals['_SHARINGSTRATEGY']._serialized_end=2353
+  _globals['_SHARINGSTRATEGY']._serialized_start=2270
+  _globals['_SHARINGSTRATEGY']._serialized_end=2409
   _globals['_SHAREDRESOURCE']._serialized_start=100
   _globals['_SHAREDRESOURCE']._serialized_end=148
   _globals['_SHARINGCONFIG']._serialized_start=151
@@ -48,27 +48,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSHARINGREQUEST']._serialized_start=823
   _globals['_GETSHARINGREQUEST']._serialized_end=842
   _globals['_GETSHARINGRESPONSE']._serialized_start=845
-  _globals['_GETSHARINGRESPONSE']._serialized_end=1176
-  _globals['_DRASHARING']._serialized_start=1179
-  _globals['_DRASHARING']._serialized_end=1339
-  _globals['_DRAOBJECT']._serialized_start=1341
-  _globals['_DRAOBJECT']._serialized_end=1428
-  _globals['_SHARINGWRITE']._serialized_start=1430
-  _globals['_SHARINGWRITE']._serialized_end=1551
-  _globals['_SHARINGCHANGE']._serialized_start=1554
-  _globals['_SHARINGCHANGE']._serialized_end=1801
-  _globals['_SETSHARINGREQUEST']._serialized_start=1803
-  _globals['_SETSHARINGREQUEST']._serialized_end=1917
-  _globals['_SETSHARINGRESPONSE']._serialized_start=1919
-  _globals['_SETSHARINGRESPONSE']._serialized_end=1983
-  _globals['_CLEARSHARINGREQUEST']._serialized_start=1985
-  _globals['_CLEARSHARINGREQUEST']._serialized_end=2026
-  _globals['_CLEARSHARINGRESPONSE']._serialized_start=2028
-  _globals['_CLEARSHARINGRESPONSE']._serialized_end=2094
-  _globals['_ROLLBACKSHARINGREQUEST']._serialized_start=2096
-  _globals['_ROLLBACKSHARINGREQUEST']._serialized_end=2140
-  _globals['_ROLLBACKSHARINGRESPONSE']._serialized_start=2142
-  _globals['_ROLLBACKSHARINGRESPONSE']._serialized_end=2211
-  _globals['_SHARINGSERVICE']._serialized_start=2356
-  _globals['_SHARINGSERVICE']._serialized_end=2709
+  _globals['_GETSHARINGRESPONSE']._serialized_end=1204
+  _globals['_DRASHARING']._serialized_start=1207
+  _globals['_DRASHARING']._serialized_end=1367
+  _globals['_DRAOBJECT']._serialized_start=1369
+  _globals['_DRAOBJECT']._serialized_end=1456
+  _globals['_SHARINGWRITE']._serialized_start=1458
+  _globals['_SHARINGWRITE']._serialized_end=1579
+  _globals['_SHARINGCHANGE']._serialized_start=1582
+  _globals['_SHARINGCHANGE']._serialized_end=1857
+  _globals['_SETSHARINGREQUEST']._serialized_start=1859
+  _globals['_SETSHARINGREQUEST']._serialized_end=1973
+  _globals['_SETSHARINGRESPONSE']._serialized_start=1975
+  _globals['_SETSHARINGRESPONSE']._serialized_end=2039
+  _globals['_CLEARSHARINGREQUEST']._serialized_start=2041
+  _globals['_CLEARSHARINGREQUEST']._serialized_end=2082
+  _globals['_CLEARSHARINGRESPONSE']._serialized_start=2084
+  _globals['_CLEARSHARINGRESPONSE']._serialized_end=2150
+  _globals['_ROLLBACKSHARINGREQUEST']._serialized_start=2152
+  _globals['_ROLLBACKSHARINGREQUEST']._serialized_end=2196
+  _globals['_ROLLBACKSHARINGRESPONSE']._serialized_start=2198
+  _globals['_ROLLBACKSHARINGRESPONSE']._serialized_end=2267
+  _globals['_SHARINGSERVICE']._serialized_start=2412
+  _globals['_SHARINGSERVICE']._serialized_end=2765
 # @@protoc_insertion_point(module_scope)

@@ -91,7 +91,7 @@ class GetSharingRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetSharingResponse(_message.Message):
-    __slots__ = ("config", "config_path", "exists", "advertised", "plugin_state", "plugin_detail", "problems", "last_write", "dra")
+    __slots__ = ("config", "config_path", "exists", "advertised", "plugin_state", "plugin_detail", "problems", "last_write", "dra", "advertised_unknown")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     CONFIG_PATH_FIELD_NUMBER: _ClassVar[int]
     EXISTS_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class GetSharingResponse(_message.Message):
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     LAST_WRITE_FIELD_NUMBER: _ClassVar[int]
     DRA_FIELD_NUMBER: _ClassVar[int]
+    ADVERTISED_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
     config: SharingConfig
     config_path: str
     exists: bool
@@ -110,7 +111,8 @@ class GetSharingResponse(_message.Message):
     problems: _containers.RepeatedCompositeFieldContainer[_types_pb2.FieldViolation]
     last_write: SharingWrite
     dra: DraSharing
-    def __init__(self, config: _Optional[_Union[SharingConfig, _Mapping]] = ..., config_path: _Optional[str] = ..., exists: _Optional[bool] = ..., advertised: _Optional[_Iterable[_Union[AdvertisedResource, _Mapping]]] = ..., plugin_state: _Optional[str] = ..., plugin_detail: _Optional[str] = ..., problems: _Optional[_Iterable[_Union[_types_pb2.FieldViolation, _Mapping]]] = ..., last_write: _Optional[_Union[SharingWrite, _Mapping]] = ..., dra: _Optional[_Union[DraSharing, _Mapping]] = ...) -> None: ...
+    advertised_unknown: str
+    def __init__(self, config: _Optional[_Union[SharingConfig, _Mapping]] = ..., config_path: _Optional[str] = ..., exists: _Optional[bool] = ..., advertised: _Optional[_Iterable[_Union[AdvertisedResource, _Mapping]]] = ..., plugin_state: _Optional[str] = ..., plugin_detail: _Optional[str] = ..., problems: _Optional[_Iterable[_Union[_types_pb2.FieldViolation, _Mapping]]] = ..., last_write: _Optional[_Union[SharingWrite, _Mapping]] = ..., dra: _Optional[_Union[DraSharing, _Mapping]] = ..., advertised_unknown: _Optional[str] = ...) -> None: ...
 
 class DraSharing(_message.Message):
     __slots__ = ("mode", "evidence", "driver", "objects", "notes", "error")
@@ -153,7 +155,7 @@ class SharingWrite(_message.Message):
     def __init__(self, action: _Optional[str] = ..., write_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reload: _Optional[_Union[PluginReload, _Mapping]] = ...) -> None: ...
 
 class SharingChange(_message.Message):
-    __slots__ = ("action", "changed", "config", "config_path", "advertised", "reload", "dra")
+    __slots__ = ("action", "changed", "config", "config_path", "advertised", "reload", "dra", "advertised_unknown")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     CHANGED_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +163,7 @@ class SharingChange(_message.Message):
     ADVERTISED_FIELD_NUMBER: _ClassVar[int]
     RELOAD_FIELD_NUMBER: _ClassVar[int]
     DRA_FIELD_NUMBER: _ClassVar[int]
+    ADVERTISED_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
     action: str
     changed: bool
     config: SharingConfig
@@ -168,7 +171,8 @@ class SharingChange(_message.Message):
     advertised: _containers.RepeatedCompositeFieldContainer[AdvertisedResource]
     reload: PluginReload
     dra: DraSharing
-    def __init__(self, action: _Optional[str] = ..., changed: _Optional[bool] = ..., config: _Optional[_Union[SharingConfig, _Mapping]] = ..., config_path: _Optional[str] = ..., advertised: _Optional[_Iterable[_Union[AdvertisedResource, _Mapping]]] = ..., reload: _Optional[_Union[PluginReload, _Mapping]] = ..., dra: _Optional[_Union[DraSharing, _Mapping]] = ...) -> None: ...
+    advertised_unknown: str
+    def __init__(self, action: _Optional[str] = ..., changed: _Optional[bool] = ..., config: _Optional[_Union[SharingConfig, _Mapping]] = ..., config_path: _Optional[str] = ..., advertised: _Optional[_Iterable[_Union[AdvertisedResource, _Mapping]]] = ..., reload: _Optional[_Union[PluginReload, _Mapping]] = ..., dra: _Optional[_Union[DraSharing, _Mapping]] = ..., advertised_unknown: _Optional[str] = ...) -> None: ...
 
 class SetSharingRequest(_message.Message):
     __slots__ = ("spec", "config_yaml", "request_id")
