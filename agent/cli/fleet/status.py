@@ -45,7 +45,7 @@ def _status_table(doc: dict[str, Any]) -> str:
                 n["health"] if not n["detail"] else f"{n['health']}: {n['detail']}",
                 n.get("gpu_health", "unknown"),
                 (n.get("allocation") or {}).get("mode") or "-",
-                len(n["gpus"]),
+                len(n["gpus"]) if n.get("gpus_read", True) else "? (not read)",
                 n["models"],
                 " ".join(g["slices"] for g in n["gpus"]) or "-",
                 "withheld" if n["idle"] is None else counts_text(n["idle"]),
@@ -68,8 +68,8 @@ def _status_table(doc: dict[str, Any]) -> str:
     marks = _gpu_health_table(doc)
     totals = doc["totals"]
     summary = (
-        f"{totals['nodes']} node(s), {totals['reachable']} answering; {totals['gpus']} GPU(s), "
-        f"{totals['idle_gpus']} idle for {doc['idle_after']} or more. "
+        f"{totals['nodes']} node(s), {totals['reachable']} answering; {totals['gpus']} GPU(s)"
+        f"{_unread(totals)}, {totals['idle_gpus']} idle for {doc['idle_after']} or more. "
         "MIG SLICES: one character per memory slice: the instance's size in compute slices, "
         "* in use, . free; - whole GPU (MIG off)."
     )
@@ -87,6 +87,12 @@ def _status_table(doc: dict[str, Any]) -> str:
     states = ", ".join(f"{n} {state}" for state, n in totals["node_health"].items() if n)
     summary += f" Nodes: {states or 'none'}."
     return f"{nodes}\n\n{marks}{profiles}\n\n{summary}"
+
+
+def _unread(totals: dict[str, Any]) -> str:
+    """How many answering nodes' GPUs are not in the count: their driver is not ready."""
+    unread = totals.get("gpus_unread_nodes", 0)
+    return f" (and the GPUs of {unread} node(s) not read: driver not ready)" if unread else ""
 
 
 def _attention_heading(doc: dict[str, Any]) -> str:

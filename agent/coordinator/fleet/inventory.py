@@ -5,7 +5,7 @@ Nothing here is kept between sweeps: the agents hold the truth and are asked aga
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from agent.coordinator.fleet.discovery import Target
@@ -50,6 +50,9 @@ class NodeView:
     marks: tuple[GpuMark, ...] = ()
     #: How the node's GPUs reach pods (docs/dra.md); None when the agent did not answer.
     allocation: Allocation | None = None
+    #: why the agent has not read its GPUs (its driver is not ready); "" when it has: an empty
+    #: ``layouts`` is then a node without GPUs, not one whose GPUs are unknown
+    gpus_unread: str = ""
 
     @property
     def gpu_health(self) -> str:
@@ -102,8 +105,9 @@ def _sharing(sharing: wire.NodeSharing | None) -> str:
     return f"{sharing.strategy} {resources}"
 
 
-def _idle_gpus(gpus: Sequence[wire.NodeGpu], idle_after_s: float | None) -> int | None:
-    if idle_after_s is None:
+def _idle_gpus(node: wire.NodeView, idle_after_s: float | None) -> int | None:
+    gpus = node.gpus
+    if idle_after_s is None or node.driver.why_not is not None:
         return None
     known = [g.idle_seconds for g in gpus if g.idle_seconds is not None]
     if gpus and not known:
@@ -125,12 +129,13 @@ def node_view(target: Target, node: wire.NodeView, idle_after_s: float | None = 
         sharing=_sharing(node.sharing),
         warm=tuple(sorted(i.name for i in node.cache if i.warm)),
         unhealthy=tuple(f"{c.name}: {c.detail}" for c in node.components if not c.healthy),
-        idle_gpus=_idle_gpus(gpus, idle_after_s),
+        idle_gpus=_idle_gpus(node, idle_after_s),
         preset=node.simulated_preset,
         agent_version=node.agent_version,
         withheld=(PROCESSES,) if node.processes_hidden else (),
         marks=gpu_marks(gpus),
         allocation=node.allocation,
+        gpus_unread=node.driver.why_not or "",
     )
 
 

@@ -124,6 +124,9 @@ class NodeStatus:
     #: the node's allocation mode (device-plugin, dra, dra-dynamic-mig, none, unknown) with its
     #: evidence; None for an agent that did not answer
     allocation: Allocation | None = None
+    #: False while the agent has not read its GPUs (driver not ready): ``gpus`` is then empty
+    #: because they are unknown, not absent
+    gpus_read: bool = True
 
     @property
     def idle(self) -> dict[str, int] | None:
@@ -161,6 +164,12 @@ class FleetStatus:
     @property
     def reachable(self) -> int:
         return sum(n.health != "unreachable" for n in self.nodes)
+
+    @property
+    def gpus_unread(self) -> int:
+        """Answering nodes whose GPUs were not read (their driver is not ready): not in
+        ``gpus``, which would otherwise count them as nodes without GPUs."""
+        return sum(not n.gpus_read for n in self.nodes)
 
     @property
     def idle_gpus(self) -> int:
@@ -233,6 +242,7 @@ def _node(view: NodeView) -> NodeStatus:
         withheld=view.withheld,
         gpu_health=view.gpu_health,
         allocation=view.allocation,
+        gpus_read=not view.gpus_unread,
     )
 
 
@@ -293,6 +303,7 @@ def _node_record(n: NodeStatus) -> dict[str, Any]:
         "sharing": n.sharing,
         "warm": n.warm,
         "idle_gpus": n.idle_gpus,
+        "gpus_read": n.gpus_read,
         "gpus": [_gpu_record(g) for g in n.gpus],
         "idle": n.idle,
         "withheld": list(n.withheld),
@@ -326,6 +337,7 @@ def status_document(status: FleetStatus, idle_after: str, *, nodes: bool = False
             "nodes": len(status.nodes),
             "reachable": status.reachable,
             "gpus": status.gpus,
+            "gpus_unread_nodes": status.gpus_unread,
             "idle_gpus": status.idle_gpus,
             "gpu_health": status.gpu_health,
             "node_health": {

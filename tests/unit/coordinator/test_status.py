@@ -209,3 +209,31 @@ def test_each_node_row_carries_its_allocation_mode() -> None:
     assert "ALLOCATION" in table[0]
     assert "dra-dynamic-mig" in table[1] and " - " in table[2]
     assert doc["totals"]["allocation"] == {"dra-dynamic-mig": 1}
+
+
+def test_a_node_whose_driver_is_not_ready_is_not_counted_as_a_node_without_gpus() -> None:
+    """A driverless agent lists no GPU: fleet status said "GPUS 0", "0 GPU(s)" and "0 idle"
+    for GPUs it never read."""
+    from agent.cli.fleet.status import _status_table
+    from agent.coordinator.fleet.status import status_document
+
+    driverless = agent_pb2.Node(name="node-b")
+    driverless.driver.CopyFrom(
+        agent_pb2.Driver(
+            state=agent_pb2.DRIVER_STATE_NOT_READY, cause="driver_not_loaded", reason="no module"
+        )
+    )
+    views = [
+        node_view(Target("10.0.0.1:9401"), node_from(_node()), 3600.0),
+        node_view(Target("10.0.0.2:9401"), node_from(driverless), 3600.0),
+    ]
+    status = fleet_status(views)
+    a, b = status.nodes
+    assert (a.gpus_read, b.gpus_read) == (True, False)
+    assert b.idle_gpus is None  # unknown, not 0
+    assert (status.gpus, status.gpus_unread) == (3, 1)
+    doc = status_document(status, "1h", nodes=True)
+    assert doc["totals"]["gpus_unread_nodes"] == 1
+    table = _status_table(doc)
+    assert "? (not read)" in table
+    assert "3 GPU(s) (and the GPUs of 1 node(s) not read: driver not ready)" in table
