@@ -34,6 +34,22 @@ class Outcome:
     output: str
 
 
+def invoke_process(args: Sequence[str], timeout: float = 240) -> Outcome:
+    """`gpu-agent ARGS` in a process of its own, as an operator runs it: nothing of this test
+    process (its gRPC AsyncIO poller, other tests' threads and loops) is shared with it. In
+    process, a fleet command's call now and then never completed (its deadline included) after
+    other tests had run: seen in test_remediate in 2 of 8 runs beside the fleet tests."""
+    done = subprocess.run(
+        [sys.executable, "-m", "agent.cli.main", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    return Outcome(done.returncode, done.stdout + done.stderr)
+
+
 def invoke(group: click.Group, args: Sequence[str]) -> Outcome:
     """Run a command group as `gpu-agent` does: a domain error is one line and its exit code."""
     result = CliRunner().invoke(group, list(args))
@@ -96,17 +112,8 @@ class AgentFleet:
         return invoke(fleet, [*args, *self.args(names)])
 
     def fleet_process(self, *args: str, timeout: float = 240) -> Outcome:
-        """`gpu-agent fleet ARGS` in a process of its own, as an operator runs it: nothing of
-        this test process (its gRPC AsyncIO poller, other tests' threads) is shared with it."""
-        done = subprocess.run(
-            [sys.executable, "-m", "agent.cli.main", "fleet", *args, *self.args()],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-        return Outcome(done.returncode, done.stdout + done.stderr)
+        """`gpu-agent fleet ARGS` in a process of its own (`invoke_process`)."""
+        return invoke_process(["fleet", *args, *self.args()], timeout)
 
     def coordinator(self, *args: str) -> Outcome:
         return invoke(coordinator, [*args, *self.args()])

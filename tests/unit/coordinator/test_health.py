@@ -14,14 +14,13 @@ from typing import Any, cast
 import pytest
 from prometheus_client import generate_latest
 
-from agent.cli.fleet import fleet
 from agent.coordinator.control import reconcile
 from agent.coordinator.fleet.channels import Fleet
 from agent.coordinator.fleet.discovery import Target
 from agent.coordinator.fleet.inventory import node_view
 from agent.coordinator.flows import Selection
 from agent.wire.node import node_from
-from tests.unit.coordinator.agents import Outcome, invoke
+from tests.unit.coordinator.agents import Outcome, invoke_process
 from tests.unit.coordinator.fakeagents import FakeAgent, FakeAgents, fake_agents, mark, node
 
 XID48 = "XID 48 (double-bit ECC error): needs a GPU reset"
@@ -34,7 +33,7 @@ def agents() -> Iterator[FakeAgents]:
 
 
 def run(agents: FakeAgents, *args: str) -> Outcome:
-    return invoke(fleet, [*args, *agents.args()])
+    return invoke_process(["fleet", *args, *agents.args()], timeout=60)
 
 
 def _mixed(agents: FakeAgents) -> None:

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli.fleet import fleet
 from tests.kube.fake_api import FakeKubeApi, Pod
 from tests.kube.fixtures import stand_in_kubeconfig
-from tests.unit.coordinator.agents import Outcome, invoke
+from tests.unit.coordinator.agents import Outcome, invoke_process
 from tests.unit.coordinator.fakeagents import FakeAgent, FakeAgents, fake_agents, mark, node
 
 XID48 = "XID 48 (double-bit ECC error): needs a GPU reset"
@@ -43,7 +42,9 @@ def api(
 
 
 def remediate(agents: FakeAgents, *args: str) -> Outcome:
-    return invoke(fleet, ["remediate", *args, *agents.args(), "--namespace", "gpu-agent"])
+    return invoke_process(
+        ["fleet", "remediate", *args, *agents.args(), "--namespace", "gpu-agent"], timeout=60
+    )
 
 
 def _failed_gpu1(agents: FakeAgents, action: str = "reset-gpu", reason: str = XID48) -> FakeAgent:
