@@ -180,10 +180,12 @@ async def observe(
     samples: int,
     every_s: float,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    swept: Callable[[int, Window], None] = lambda done, window: None,
 ) -> Window:
     """``samples`` telemetry sweeps of the selected agents, ``every_s`` apart, folded into peaks.
 
-    An agent that does not answer a sweep is noted in the window and asked again next time."""
+    An agent that does not answer a sweep is noted in the window and asked again next time.
+    ``swept`` hears of each sweep as it ends (how many so far, the window), for progress."""
     window = Window()
     chosen = {v.name: selection.targets[v.name] for v in selection.reachable}
     targets = list(chosen.values())
@@ -201,6 +203,7 @@ async def observe(
                 window.add(node, o.value)
             else:
                 window.failed[node] = str(o.error)
+        swept(i + 1, window)
     return window
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -459,6 +460,19 @@ def _refuse_overwriting(trace_file: Path, outputs: dict[str, Path | None]) -> No
                 )
 
 
+def _swept(done: int, window: Any, *, samples: int, every_s: float) -> None:
+    """A line on stderr after each sweep of a long watch: the table comes only at its end."""
+    if samples == 1:
+        return
+    left = (samples - done) * every_s
+    failing = f", {len(window.failed)} node(s) not answering" if window.failed else ""
+    click.echo(
+        f"sweep {done}/{samples}: {len(window.observations)} pod device(s) seen{failing}"
+        + (f"; {left:.0f}s left" if left else ""),
+        err=True,
+    )
+
+
 def _rightsize_table(data: dict[str, Any]) -> str:
     rows = [
         [
@@ -571,7 +585,16 @@ def rightsize(
         selection = await select(f, chosen)
         if not selection.views:
             raise _no_node(chosen)
-        return selection, await observe(f, selection, samples=samples, every_s=every_s)
+        if samples > 1:
+            click.echo(
+                f"Watching {len(selection.reachable)} node(s) for {window}: {samples} sweeps, "
+                f"one every {every}.",
+                err=True,
+            )
+        progress = partial(_swept, samples=samples, every_s=every_s)
+        return selection, await observe(
+            f, selection, samples=samples, every_s=every_s, swept=progress
+        )
 
     selection, observed = run_with_fleet(options_from(kwargs), work)
     seen = [g for v in selection.reachable for g in v.layouts]

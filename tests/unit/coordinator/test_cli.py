@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -205,11 +205,20 @@ def test_rightsize_lists_the_pods_that_fit_smaller_and_writes_their_demand(
     _answering(monkeypatch, [_view("a", layout)])
     sweeps: list[int] = []
 
-    async def observe(f: object, selection: Selection, *, samples: int, every_s: float) -> Window:
+    async def observe(
+        f: object,
+        selection: Selection,
+        *,
+        samples: int,
+        every_s: float,
+        swept: Callable[[int, Window], None],
+    ) -> Window:
         sweeps.append(samples)
         window = Window()
         sample = ("GPU-a-0", 1, "3g.40gb", "small", {252: 3000, 1001: 0.1})
-        window.add("a", telemetry_from(snapshot(sample)))
+        for done in range(1, samples + 1):
+            window.add("a", telemetry_from(snapshot(sample)))
+            swept(done, window)
         return window
 
     monkeypatch.setattr(flows, "observe", observe)
@@ -218,6 +227,9 @@ def test_rightsize_lists_the_pods_that_fit_smaller_and_writes_their_demand(
     result = invoke(fleet, [*args, "--demand-out", str(out)])
     assert result.exit_code == 0, result.output
     assert sweeps == [5]
+    # A 2-minute watch says what it does and where it is (stderr), not silence till the end.
+    assert "Watching 1 node(s) for 2m: 5 sweeps, one every 30s." in result.output
+    assert "sweep 2/5: 1 pod device(s) seen; 90s left" in result.output
     assert "1 of 1 pod(s) fit a smaller profile (headroom 20%), freeing 3 memory slice(s)" in (
         result.output
     )
