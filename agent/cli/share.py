@@ -536,7 +536,7 @@ def _advertised_table(advertised: Sequence[Advertised], unknown: str) -> str:
 def _view_table(view: SharingView) -> str:
     if view.dra is not None:
         return _dra_view_table(view, view.dra)
-    lines = _head_lines(view, "Config:    ", "the plugin runs with its defaults")
+    lines = _head_lines(view, "Config:    ", "")  # the Plugin line says what that means
     lines += [f"Plugin:    {view.pickup.state}: {view.pickup.detail}", ""]
     lines.append(_advertised_table(view.advertised, view.advertised_unknown))
     lines += _problem_lines(view, "Problems (the plugin refuses or ignores these):")
@@ -550,7 +550,7 @@ def _dra_view_table(view: SharingView, dra_view: DraView) -> str:
 
 def _head_lines(view: SharingView, label: str, absent: str) -> list[str]:
     """Where the config is, what it says and which share command wrote it last."""
-    state = "" if view.exists else f" (absent: {absent})"
+    state = "" if view.exists else f" (absent: {absent})" if absent else " (absent)"
     lines = [f"{label}{view.config_path}{state}", *_sharing_lines(view.config)]
     if view.last_write is not None:
         lines.append(

@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import psutil
@@ -221,8 +222,16 @@ def pickup(
     status: StatusRecord | None,
     processes: Sequence[PluginProcess],
     process_name: str,
+    unseen_dir: Path | None = None,
 ) -> Pickup:
-    """Judge from the status record and the plugin processes now running. Pure."""
+    """Judge from the status record and the plugin processes now running. Pure.
+    ``unseen_dir``: the config's directory, when it is not there to read (not mounted)."""
+    if unseen_dir is not None:
+        return Pickup(
+            "unknown",
+            f"{unseen_dir} is not mounted into the agent: which config the plugin runs with is "
+            "not known",
+        )
     if file_sha256 is None or file_mtime is None:
         return Pickup("unknown", "no config file: the plugin runs with its defaults")
     ours = status is not None and status.sha256 == file_sha256

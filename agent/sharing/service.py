@@ -143,6 +143,7 @@ class SharingService:
                 status=status,
                 processes=processes,
                 process_name=self._settings.plugin_process_name,
+                unseen_dir=None if self._store.path.parent.is_dir() else self._store.path.parent,
             ),
             last_write=last_write,
             advertised_unknown=unread,

@@ -204,6 +204,19 @@ def test_show_without_a_file(config_path: Path) -> None:
     assert view.pickup.state == "unknown"
 
 
+def test_show_without_the_config_directory_does_not_claim_the_plugin_s_defaults(
+    tmp_path: Path,
+) -> None:
+    """The directory is not mounted into the agent: the plugin may well run with a file the
+    agent cannot see. `share show` said "absent: the plugin runs with its defaults"."""
+    unmounted = tmp_path / "nvidia-device-plugin"
+    view = service(unmounted / "config.yaml").show()
+    assert not view.exists and view.pickup.state == "unknown"
+    assert view.pickup.detail == (
+        f"{unmounted} is not mounted into the agent: which config the plugin runs with is not known"
+    )
+
+
 def test_show_does_not_claim_a_file_written_by_someone_else(config_path: Path) -> None:
     svc = service(config_path)
     svc.set(parse(ts()))
