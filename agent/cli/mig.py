@@ -46,7 +46,7 @@ from agent.wire.operations import MigApplied
 
 if TYPE_CHECKING:
     from agent.client import AgentClient
-    from agent.gpu.types import GpuLayout
+    from agent.gpu.types import GpuInfo, GpuLayout
     from agent.wire.operations import OperationView
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -60,19 +60,24 @@ PENDING_EXIT = 11
 
 
 def _layouts(obj: CliContext, feature: str) -> tuple[GpuLayout, ...]:
-    """The node's GPUs as its agent read them: the one read path. No driver attached is
-    DriverNotReady (exit 11) naming its cause, never an empty node. A lost GPU is named on
-    stderr and left out (it can be neither read nor partitioned)."""
+    return _read(obj, feature)[0]
+
+
+def _read(obj: CliContext, feature: str) -> tuple[tuple[GpuLayout, ...], tuple[GpuInfo, ...]]:
+    """The node's GPUs as its agent read them, and the lost ones: the one read path. No driver
+    attached is DriverNotReady (exit 11) naming its cause, never an empty node. A lost GPU is
+    named on stderr and left out of the layouts (it can be neither read nor partitioned)."""
     node = obj.agent().node()
     node.require_driver(feature)
-    layouts = []
+    layouts, lost = [], []
     for gpu in node.gpus:
         if gpu.lost:
             why = gpu.detail or "it does not answer"
             click.echo(f"warning: GPU {gpu.layout.gpu.index} left out: lost ({why})", err=True)
+            lost.append(gpu.layout.gpu)
             continue
         layouts.append(gpu.layout)
-    return tuple(layouts)
+    return tuple(layouts), tuple(lost)
 
 
 def _refuse_by_mode(obj: CliContext, what: str) -> None:
@@ -281,9 +286,8 @@ def apply_command(
         return _follow(client, op, obj.embedded)
 
     def applied_now(only_mode: bool) -> bool:
-        return check_layouts(
-            spec, selected, _layouts(obj, "mig apply"), mode_only=only_mode
-        ).applied
+        layouts, lost = _read(obj, "mig apply")
+        return check_layouts(spec, selected, layouts, mode_only=only_mode, lost=lost).applied
 
     _refuse_by_mode(obj, "mig apply")
     if hooks is None:
@@ -437,7 +441,8 @@ def assert_command(
         spec.select(selected)
         click.echo("Selected MIG configuration is valid")
         return
-    result = check_layouts(spec, selected, _layouts(obj, "mig assert"), mode_only=mode_only)
+    layouts, lost = _read(obj, "mig assert")
+    result = check_layouts(spec, selected, layouts, mode_only=mode_only, lost=lost)
     if output != "table":
         emit(result, output)
     elif result.applied:

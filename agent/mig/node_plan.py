@@ -67,12 +67,23 @@ def plan_layouts(
 
 
 def check_layouts(
-    spec: MigSpec, config: str | None, layouts: Sequence[GpuLayout], *, mode_only: bool = False
+    spec: MigSpec,
+    config: str | None,
+    layouts: Sequence[GpuLayout],
+    *,
+    mode_only: bool = False,
+    lost: Sequence[GpuInfo] = (),
 ) -> AssertResult:
-    """mig-parted's ``assert``: every GPU selected and matching (counts; placement ignored)."""
+    """mig-parted's ``assert``: every GPU selected and matching (counts; placement ignored).
+    A ``lost`` GPU the config selects (or one too unknown to tell) cannot be read, so the
+    config is not known to be applied: never "applied" for what was not checked."""
     name, entries = spec.select(config)
+    problems = [
+        f"GPU {gpu.index} is lost: whether it holds {name} cannot be read"
+        for gpu in lost
+        if any(_may_select(entry, gpu) for entry in entries)
+    ]
     chosen = {s.gpu.uuid: s for s in select_gpus(entries, [lay.gpu for lay in layouts])}
-    problems: list[str] = []
     for layout in layouts:
         gpu = layout.gpu
         selection = chosen.get(gpu.uuid)
@@ -84,6 +95,18 @@ def check_layouts(
             continue
         problems += mismatches(layout, desired_of(selection.entry), mode_only=mode_only)
     return AssertResult(name, not problems, tuple(problems))
+
+
+def _may_select(entry: MigConfigEntry, gpu: GpuInfo) -> bool:
+    """Whether ``entry`` selects a lost GPU, or might: one lost before the agent started is
+    only an index, so a UUID or a device filter cannot be matched against it."""
+    if gpu.uuid:
+        return entry.selects(gpu)
+    if entry.devices == ALL:
+        return True
+    return bool(entry.device_filter) or any(
+        isinstance(d, str) or d == gpu.index for d in entry.devices
+    )
 
 
 def export_layouts(layouts: Sequence[GpuLayout], label: str = "current") -> dict[str, Any]:

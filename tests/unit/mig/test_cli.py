@@ -13,6 +13,7 @@ from click.testing import CliRunner, Result
 from agent.cli.context import CliContext
 from agent.cli.mig import mig
 from agent.gpu import open_driver
+from agent.gpu.sim import SimControl
 from agent.gpu.types import Placement
 from agent.mig.lock import PartitionLock
 from agent.mig.state import fetch
@@ -76,6 +77,24 @@ def test_apply_then_assert_speak_mig_parted(a100: Invoke) -> None:
     assert bad.exit_code == 1
     assert "Assertion failure: selected configuration not currently applied" in bad.output
     assert "want 1g.5gb: 4, 3g.20gb: 1" in bad.output
+
+
+def test_a_lost_gpu_the_config_selects_is_never_asserted_applied(
+    a100: Invoke, tmp_path: Path
+) -> None:
+    """The lost GPU was left out of the check and the rest matched: "currently applied",
+    exit 0, for a GPU nobody could read. A config that leaves it out still asserts."""
+    assert a100("apply", "-f", "FILE", "-c", "balanced").exit_code == 0
+    SimControl(tmp_path).mark_lost(3)
+    lost = a100("assert", "-f", "FILE", "-c", "balanced")
+    assert lost.exit_code == 1, lost.output
+    assert "GPU 3 is lost: whether it holds balanced cannot be read" in lost.output
+    others = tmp_path / "others.yaml"
+    others.write_text(
+        "version: v1\nmig-configs:\n  rest:\n    - devices: [0, 1, 2, 4, 5, 6, 7]\n"
+        "      mig-enabled: true\n      mig-devices: {1g.5gb: 2, 2g.10gb: 1, 3g.20gb: 1}\n"
+    )
+    assert a100("assert", "-f", str(others), "-c", "rest").exit_code == 0
 
 
 def test_plan_shows_kept_destroyed_created_and_the_comparison(a100: Invoke) -> None:
