@@ -460,6 +460,22 @@ def _refuse_overwriting(trace_file: Path, outputs: dict[str, Path | None]) -> No
                 )
 
 
+def _sweeps(window: str, every: str) -> tuple[float, int]:
+    """--every in seconds and how many sweeps --window takes (one for a window of 0)."""
+    from agent.coordinator.fleet.query import parse_duration
+
+    window_s, every_s = parse_duration(window), parse_duration(every)
+    if not 0 <= window_s <= 7 * 86400:
+        raise InvalidSpec(
+            f"--window {window} is not 0..7d", [FieldViolation("window", "0 to 7d, e.g. 1h")]
+        )
+    if window_s > 0 and not 1 <= every_s <= window_s:
+        raise InvalidSpec(
+            f"--every {every} is not 1s..--window", [FieldViolation("every", "1s up to --window")]
+        )
+    return every_s, 1 if window_s == 0 else int(window_s // every_s) + 1
+
+
 def _swept(done: int, window: Any, *, samples: int, every_s: float) -> None:
     """A line on stderr after each sweep of a long watch: the table comes only at its end."""
     if samples == 1:
@@ -562,23 +578,13 @@ def rightsize(
       gpu-agent fleet rightsize --window 1h --every 1m --demand-out smaller.yaml --kubernetes
       gpu-agent fleet plan --demand smaller.yaml --kubernetes
     """
-    from agent.coordinator.fleet.query import parse_duration
     from agent.coordinator.fleet.selector import parse_selector
     from agent.coordinator.flows import observe, select
     from agent.coordinator.planning.catalog import Catalog
     from agent.coordinator.planning.demand import demand_yaml
     from agent.coordinator.planning.rightsize import rightsized_demand, suggest
 
-    window_s, every_s = parse_duration(window), parse_duration(every)
-    if not 0 <= window_s <= 7 * 86400:
-        raise InvalidSpec(
-            f"--window {window} is not 0..7d", [FieldViolation("window", "0 to 7d, e.g. 1h")]
-        )
-    if window_s > 0 and not 1 <= every_s <= window_s:
-        raise InvalidSpec(
-            f"--every {every} is not 1s..--window", [FieldViolation("every", "1s up to --window")]
-        )
-    samples = 1 if window_s == 0 else int(window_s // every_s) + 1
+    every_s, samples = _sweeps(window, every)
     chosen = parse_selector(selector)
 
     async def work(f: Fleet) -> Any:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ from agent._proto.gpuagent.v1 import (
 from agent.cli.coordinator import coordinator
 from agent.cli.fleet import fleet
 from agent.errors import AgentError
+from tests.integration.prewarm_fixtures.cli import run as run_cli
 from tests.unit.api.support import REPO, AgentProcess, Pki, agent_config
 
 
@@ -39,14 +41,7 @@ def invoke_process(args: Sequence[str], timeout: float = 240) -> Outcome:
     process (its gRPC AsyncIO poller, other tests' threads and loops) is shared with it. In
     process, a fleet command's call now and then never completed (its deadline included) after
     other tests had run: seen in test_remediate in 2 of 8 runs beside the fleet tests."""
-    done = subprocess.run(
-        [sys.executable, "-m", "agent.cli.main", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    done = run_cli(list(args), dict(os.environ), timeout)
     return Outcome(done.returncode, done.stdout + done.stderr)
 
 
