@@ -122,8 +122,13 @@ def _with_claims(found: Any, pods: list[object], claims: Any) -> Any:
 
 
 def _dra_plan_lines(result: Any) -> list[str]:
-    """Nodes the MIG planner left out for their allocation mode, and fragmentation advice."""
-    lines = [f"Not planned: {n.node}: {n.reason}" for n in result.not_planned]
+    """Nodes (and lost GPUs) the MIG planner left out, planned nodes a rollout would skip
+    (a failed GPU), and fragmentation advice."""
+    lines = [f"Not planned: {n.node}: {n.reason}" for n in (*result.not_planned, *result.lost_gpus)]
+    lines += [
+        f"Planned, but a rollout skips {node} until it is healthy: {why}"
+        for node, why in sorted(result.unhealthy.items())
+    ]
     for f in result.fragmented:
         lines.append(f"FRAGMENTED {f.text} (advice: nothing is changed on dynamic MIG nodes)")
     return lines
@@ -131,7 +136,10 @@ def _dra_plan_lines(result: Any) -> list[str]:
 
 def _dra_plan_data(result: Any) -> dict[str, Any]:
     return {
-        "not_planned": [{"node": n.node, "reason": n.reason} for n in result.not_planned],
+        "not_planned": [
+            {"node": n.node, "reason": n.reason} for n in (*result.not_planned, *result.lost_gpus)
+        ],
+        "unhealthy": dict(result.unhealthy),
         "fragmented": [
             {
                 "who": f.who,

@@ -14,6 +14,7 @@ from typing import Any, cast
 import pytest
 from prometheus_client import generate_latest
 
+from agent._proto.gpuagent.v1 import agent_pb2
 from agent.coordinator.control import reconcile
 from agent.coordinator.fleet.channels import Fleet
 from agent.coordinator.fleet.discovery import Target
@@ -232,3 +233,28 @@ def test_a_node_that_fails_before_its_turn_is_not_changed(agents: FakeAgents) ->
     }
     assert _set_sharing(c) == 0
     assert record["halted"].startswith("halted: c turned unhealthy during the rollout")
+
+
+def test_a_plan_names_the_lost_gpus_it_leaves_out_and_the_nodes_a_rollout_would_skip() -> None:
+    """`fleet plan` counted a node with a failed GPU as if its changes would apply (a rollout
+    skips it) and left a lost GPU out without a word."""
+    from agent.cli.fleet.plan import _dra_plan_data, _dra_plan_lines
+    from agent.coordinator.flows import plan
+    from agent.coordinator.planning.demand import Demand, DemandEntry
+
+    answer = node("n", mark("healthy"), mark("failed", XID48, "reset-gpu"), mark("healthy"))
+    answer.gpus[2].health = agent_pb2.GPU_HEALTH_LOST
+    answer.allocation.mode = agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN  # a mode MIG may change
+    views = (node_view(Target("unix:/n", "n"), node_from(answer)),)
+    result = plan(Selection(views, {}), Demand((DemandEntry("1g.10gb", 1),)), time_limit_s=5)
+    lines = _dra_plan_lines(result)
+    assert "Not planned: n GPU 2: lost: the driver does not answer for it" in lines
+    assert (
+        f"Planned, but a rollout skips n until it is healthy: GPU 1 failed: {XID48} "
+        "(action reset-gpu)" in lines
+    )
+    data = _dra_plan_data(result)
+    assert data["unhealthy"] == {"n": f"GPU 1 failed: {XID48} (action reset-gpu)"}
+    assert {"node": "n GPU 2", "reason": "lost: the driver does not answer for it"} in (
+        data["not_planned"]
+    )
