@@ -21,7 +21,10 @@ from agent.statedir import Unwritable
 from agent.telemetry.snapshot import Snapshot
 from agent.wire.doctor import Check, CheckState
 
-__all__ = ["CAP_SYS_ADMIN", "Facts", "degraded", "failed", "ok"]
+__all__ = ["CAP_SYS_ADMIN", "NEEDS_NVML", "Facts", "degraded", "failed", "ok"]
+
+#: The fix of every check of what only NVML can read, while NVML is not there.
+NEEDS_NVML = "fix telemetry/nvml first: every GPU duty reads the GPUs through NVML"
 
 #: capability(7) bit of CAP_SYS_ADMIN in /proc/self/status's CapEff mask
 CAP_SYS_ADMIN = 21

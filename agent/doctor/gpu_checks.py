@@ -7,7 +7,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from agent.doctor.facts import Facts, degraded, failed, ok
+from agent.doctor.facts import NEEDS_NVML, Facts, degraded, failed, ok
 from agent.dra.mode import AllocationMode
 from agent.errors import AgentError
 from agent.gpu.attach import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NO_GPUS, STARTING
@@ -28,7 +28,6 @@ __all__ = [
 ]
 
 T, M = "telemetry", "mig"
-NEEDS_NVML = "fix telemetry/nvml first: every GPU duty reads the GPUs through NVML"
 RUNTIME_FIX = (
     "set runtimeClassName: nvidia on the agent's DaemonSet (deploy/kubernetes sets it), or "
     "deploy overlays/nvidia-default-runtime where nvidia is containerd's default runtime"

@@ -10,7 +10,7 @@ import os
 import stat
 from pathlib import Path
 
-from agent.doctor.facts import Facts, degraded, failed, ok
+from agent.doctor.facts import NEEDS_NVML, Facts, degraded, failed, ok
 from agent.dra.mode import AllocationMode
 from agent.errors import AgentError
 from agent.prewarm.private_images import (
@@ -137,7 +137,10 @@ def sharing_mig_strategy(facts: Facts) -> Check:
     if mode.is_dra:
         return ok(S, "mig-strategy", f"{mode.value}: no device plugin; the DRA driver exposes MIG")
     if not facts.driver.is_attached:
-        return ok(S, "mig-strategy", "not checked: no NVML, so no MIG layout to compare")
+        # Not checked is not "ok": as every check of what NVML alone can read.
+        return failed(
+            S, "mig-strategy", "no NVML: no MIG layout to hold the strategy against", NEEDS_NVML
+        )
     snap = facts.snapshot()
     layouts = snap.layouts if snap is not None and snap.layouts else None
     if layouts is None:

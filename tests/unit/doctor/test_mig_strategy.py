@@ -148,6 +148,14 @@ def test_under_dra_there_is_no_plugin_to_check(tmp_path: Path) -> None:
     assert check.state is CheckState.OK and "no device plugin" in check.evidence
 
 
+def test_without_nvml_the_strategy_is_not_checked_and_not_said_to_be_ok(tmp_path: Path) -> None:
+    """It said ok, "not checked: no NVML": a check that was not made is not a pass."""
+    check = node_checks.sharing_mig_strategy(facts(tmp_path))  # the driver is not attached
+    assert check.state is CheckState.FAILED
+    assert check.evidence == "no NVML: no MIG layout to hold the strategy against"
+    assert check.fix.startswith("fix telemetry/nvml first")
+
+
 @pytest.mark.parametrize(
     ("argv", "environ", "expected"),
     [
