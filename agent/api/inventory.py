@@ -141,7 +141,11 @@ class NodeInventory:
         """Why the GPUs were not read (the driver not attached yet, or gone); "" once a
         snapshot of an attached driver listed them. An empty `layouts` means no GPU only then."""
         gpus = self._gpus
-        return "" if gpus.driver.state == agent_pb2.DRIVER_STATE_ATTACHED else gpus.detail
+        if gpus.driver.state == agent_pb2.DRIVER_STATE_ATTACHED:
+            return ""
+        if gpus.driver.state == agent_pb2.DRIVER_STATE_UNSPECIFIED:
+            return "the agent is starting: its first read of the GPUs has not come yet"
+        return gpus.detail
 
     def every_gpu_lost(self) -> bool:
         """The node has GPUs and none of them answers (a node with no GPU is not this)."""

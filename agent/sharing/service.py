@@ -154,8 +154,8 @@ class SharingService:
         unread = self._gpus_unread()
         if unread:
             raise DriverNotReady(
-                f"share {action} needs the NVIDIA driver (the config is checked against the "
-                f"node's GPUs, which were not read): {unread}"
+                f"share {action} needs the node's GPUs read (the config is checked against "
+                f"them): {unread}"
             )
 
     def set(self, requested: PluginConfig, *, keep_sharing: bool = False) -> ApplyResult:

@@ -212,7 +212,10 @@ def test_no_driver_is_never_a_yes_and_status_says_why(tmp_path: Path) -> None:
         assert as_json["advertised"] == [] and "library_not_found" in as_json["advertised_unknown"]
         refused = cli(agent.state_dir, config, "share", "set", "--time-slicing", "nvidia.com/gpu=4")
         assert refused.returncode == DriverNotReady.exit_code, refused.stderr
-        assert "share set needs the NVIDIA driver (the config is checked against" in refused.stderr
+        assert "share set needs the node's GPUs read (the config is checked against them): " in (
+            refused.stderr
+        )
+        assert "waiting for the NVIDIA driver (library_not_found)" in refused.stderr
         assert not (agent_root / "plugin" / "config.yaml").exists()
         cleared = cli(agent.state_dir, config, "share", "clear")
         assert cleared.returncode == 0, cleared.stderr
