@@ -111,7 +111,9 @@ def _table(data: dict[str, Any]) -> str:
     elif not read:
         shown = "  not read: the driver is not ready"
     else:
-        shown = format_table(["GPU", "PID", "MEMORY", "GI/CI"], procs) if procs else "  none"
+        none = "  none on the GPUs read" if lost else "  none"
+        shown = format_table(["GPU", "PID", "MEMORY", "GI/CI"], procs) if procs else none
+        shown += "".join(f"\n  GPU {g['index']}: not read (lost)" for g in lost)
     parts += ["", "Processes", shown]
     return "\n".join(parts)
 
@@ -192,8 +194,9 @@ def _gpu_view(g: NodeGpu, hidden: bool) -> dict[str, Any]:
             }
             for gi in g.layout.instances
         ],
+        # None: not read, withheld from this identity or the GPU lost ("none" would be a claim)
         "processes": None
-        if hidden
+        if hidden or g.lost
         else [
             {
                 "pid": p.pid,

@@ -31,6 +31,15 @@ def test_a_node_without_processes_still_says_none() -> None:
     assert _table(data).endswith("Processes\n  none")
 
 
+def test_a_lost_gpu_s_processes_are_not_read_not_none() -> None:
+    """A lost GPU's processes were "[]" in JSON and "none" in the table: nobody read them."""
+    node = _node(hidden=False)
+    node.gpus[0].health = agent_pb2.GPU_HEALTH_LOST
+    data = status_view(node_from(node))
+    assert [g["processes"] for g in data["gpus"]] == [None, []]
+    assert _table(data).endswith("Processes\n  none on the GPUs read\n  GPU 0: not read (lost)")
+
+
 def test_health_marks_show_per_gpu_and_instance_with_reason_and_pods() -> None:
     node = _node(hidden=False)
     node.gpus[0].condition.CopyFrom(
