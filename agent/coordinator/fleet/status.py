@@ -194,8 +194,12 @@ def _mig(layout: GpuLayout, lost: bool) -> str:
 
 
 def _gpu(layout: GpuLayout, lost: bool, processes_known: bool, mark: GpuMark | None) -> GpuStatus:
-    on = bool(layout.gpu.mig_mode and layout.gpu.mig_mode.current)
+    # A lost GPU's instances are the last ones seen: no pod can use them, none is idle.
+    on = bool(layout.gpu.mig_mode and layout.gpu.mig_mode.current) and not lost
     placed = [(gi.profile_id, gi.placement) for gi in layout.instances]
+    idle = None  # unknown while the process lists are withheld
+    if processes_known:
+        idle = {} if lost else dict(sorted(idle_devices(layout).items()))
     return GpuStatus(
         index=layout.gpu.index,
         uuid=layout.gpu.uuid,
@@ -203,8 +207,8 @@ def _gpu(layout: GpuLayout, lost: bool, processes_known: bool, mark: GpuMark | N
         mig=_mig(layout, lost),
         slices=slice_map(layout),
         devices=current_counts(layout) if on else {},
-        idle=dict(sorted(idle_devices(layout).items())) if processes_known else None,
-        creatable=free_capacity(layout.profiles, placed) if on and not lost else {},
+        idle=idle,
+        creatable=free_capacity(layout.profiles, placed) if on else {},
         health=_health(mark),
     )
 

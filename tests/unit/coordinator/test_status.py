@@ -160,6 +160,17 @@ def test_a_lost_gpu_shows_lost_in_fleet_status_even_without_a_uuid() -> None:
     assert "GPU 1 lost" in row.detail and "GPU 3 lost" in row.detail
 
 
+def test_a_gpu_lost_mid_run_offers_none_of_its_last_seen_devices() -> None:
+    """Its last-seen instances were counted as devices and as idle ones: no pod can use them."""
+    node = _node()
+    node.gpus[0].health = agent_pb2.GPU_HEALTH_LOST  # the H100 with 1g, 1g, 2g and 3g
+    status = fleet_status([node_view(Target("10.0.0.1:9401"), node_from(node))])
+    lost = status.nodes[0].gpus[0]
+    assert (lost.mig, lost.devices, lost.idle, lost.creatable) == ("lost", {}, {}, {})
+    devices = {p.profile: p.devices for p in status.profiles if p.devices}
+    assert devices == {"2g.12gb": 1}  # the A30's only
+
+
 def test_a_node_that_withholds_processes_is_shown_with_its_gpus_and_says_so() -> None:
     """A read identity (e.g. `fleet status --insecure` on the read-only loopback door) sees the
     node answering with its GPUs and layouts; only which devices are idle is unknown, and it is
