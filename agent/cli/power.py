@@ -42,6 +42,7 @@ def show_command(obj: PowerContext, output: str) -> None:
       gpu-agent power show -o json
     """
     view = obj.agent().get_power()
+    _say_lost(obj, "its limits cannot be read")
     data = {
         "spec": view.spec_text or None,
         "gpus": [_gpu(g, view) for g in view.gpus],
@@ -78,6 +79,7 @@ def apply_command(obj: PowerContext, spec_file: IO[str], output: str) -> None:
       gpu-agent power apply -f power.yaml
     """
     changes = obj.agent().apply_power(spec_file.read())
+    _say_lost(obj, "not capped now; the agent sets the spec's cap when it answers again")
     emit({"changes": _changes(changes)}, output, _changes_table)
 
 
@@ -94,6 +96,14 @@ def restore_command(obj: PowerContext, output: str) -> None:
     """
     changes = obj.agent().restore_power()
     emit({"changes": _changes(changes)}, output, _changes_table)
+
+
+def _say_lost(obj: PowerContext, what: str) -> None:
+    """A lost GPU is in no table of the agent's answer: say so, rather than let the rows
+    read as every GPU of the node."""
+    for gpu in obj.agent().node().gpus:
+        if gpu.lost:
+            click.echo(f"warning: GPU {gpu.layout.gpu.index} is lost: {what}", err=True)
 
 
 def _watts(milliwatts: int) -> float:

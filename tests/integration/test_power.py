@@ -102,3 +102,28 @@ def test_caps_are_applied_shown_kept_across_reboot_reload_restart_and_restored(
             view = client.get_power()
         assert view.spec_text == ""
         assert [g.limits.current_mw / 1000 for g in view.gpus] == _DEFAULT  # nothing re-caps now
+
+
+def test_a_gpu_lost_at_apply_is_said_and_capped_once_it_answers_again(tmp_path: Path) -> None:
+    """`power apply` listed the 7 answering GPUs and exit 0: nothing said GPU 3 was not capped.
+    It warns now, and the agent caps GPU 3 when it comes back (a reboot here)."""
+    root = tmp_path / "agent"
+    root.mkdir()
+    spec = tmp_path / "power.yaml"
+    spec.write_text(_SPEC)
+    config = cli_config(tmp_path, root)
+    agent = AgentProcess(root, agent_config(root, **_FAST))
+    with agent:
+        control = SimControl(agent.state_dir)
+        control.mark_lost(3)
+        wait_for(lambda: len(_limits(agent, config)) == 7, "GPU 3 lost to the agent")
+        applied = cli(agent.state_dir, config, "power", "apply", "-f", str(spec))
+        assert applied.returncode == 0, applied.stderr
+        assert (
+            "warning: GPU 3 is lost: not capped now; the agent sets the spec's cap when it "
+            "answers again" in applied.stderr
+        )
+        shown = cli(agent.state_dir, config, "power", "show")
+        assert "warning: GPU 3 is lost: its limits cannot be read" in shown.stderr
+        control.reboot()  # the GPU answers again
+        wait_for(lambda: _limits(agent, config) == _WANT, "GPU 3 capped once it answers")
