@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -312,6 +312,8 @@ def apply_command(
     emit(last.data, output, lambda _: last.table)
     if last.pending:
         raise click.exceptions.Exit(PENDING_EXIT)
+    if last.lost:
+        raise click.exceptions.Exit(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +324,8 @@ class _Applied:
     data: Any
     table: str
     pending: list[str]
+    #: messages of the GPUs the config selects that are lost: not applied
+    lost: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,27 +391,35 @@ def _follow(client: AgentClient, op: OperationView, embedded: bool) -> _Applied:
         result = MigApplied("", (), False, (), 0, ())
     data = plain(result)
     pending = [g.message for g in result.gpus if g.status == "pending"]
-    return _Applied(data, _apply_table(result), pending)
+    lost = [g.message for g in result.gpus if g.status == "lost"]
+    return _Applied(data, _apply_table(result), pending, lost)
 
 
 def _apply_table(result: MigApplied) -> str:
     rows = [[g.gpu_index, g.status, g.kept, g.destroyed, g.created] for g in result.gpus]
     pending = [g.message for g in result.gpus if g.status == "pending"]
+    lost = [g.message for g in result.gpus if g.status == "lost"]
     plugin = [f"Device plugin: {result.device_plugin}"] if result.device_plugin else []
     table = format_table(_APPLY_HEADERS, rows)
-    return "\n".join([*result.recovered, table, *plugin, _verdict(pending)])
+    return "\n".join([*result.recovered, table, *plugin, _verdict(pending, lost)])
 
 
 _APPLY_HEADERS = ["GPU", "STATUS", "KEPT", "DESTROYED", "CREATED"]
 
 
-def _verdict(pending: list[str]) -> str:
-    """mig-parted's success line, or why the config is not applied yet (exit PENDING_EXIT)."""
-    if not pending:
-        return "MIG configuration applied successfully"
-    return "\n".join(
-        [*pending, "MIG configuration NOT applied yet: a MIG mode change is pending (see above)"]
-    )
+def _verdict(pending: list[str], lost: Sequence[str] = ()) -> str:
+    """mig-parted's success line, or why the config is not applied yet (exit PENDING_EXIT), or
+    not on every GPU it selects: some are lost (exit 1, as mig-parted's NVML error)."""
+    if pending:
+        return "\n".join(
+            [
+                *pending,
+                "MIG configuration NOT applied yet: a MIG mode change is pending (see above)",
+            ]
+        )
+    if lost:
+        return "\n".join([*lost, "MIG configuration NOT applied to every GPU: some are lost"])
+    return "MIG configuration applied successfully"
 
 
 @mig.command("assert", short_help="Exit 0 if the config is applied, 1 if not (mig-parted).")

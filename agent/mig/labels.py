@@ -233,6 +233,9 @@ class MigLabelController:
         if pending:
             why = "; ".join(g.message for g in pending)
             return self._outcome(wanted, "failed", f"MIG mode change still pending: {why}", digest)
+        if result.lost:  # never "success" for a GPU nobody could change
+            why = "; ".join(g.message for g in result.lost)
+            return self._outcome(wanted, "failed", why, digest)
         return self._outcome(wanted, "success", "applied", digest)
 
     def _outcome(

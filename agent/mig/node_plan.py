@@ -81,7 +81,7 @@ def check_layouts(
     problems = [
         f"GPU {gpu.index} is lost: whether it holds {name} cannot be read"
         for gpu in lost
-        if any(_may_select(entry, gpu) for entry in entries)
+        if any(entry.may_select(gpu) for entry in entries)
     ]
     chosen = {s.gpu.uuid: s for s in select_gpus(entries, [lay.gpu for lay in layouts])}
     for layout in layouts:
@@ -95,18 +95,6 @@ def check_layouts(
             continue
         problems += mismatches(layout, desired_of(selection.entry), mode_only=mode_only)
     return AssertResult(name, not problems, tuple(problems))
-
-
-def _may_select(entry: MigConfigEntry, gpu: GpuInfo) -> bool:
-    """Whether ``entry`` selects a lost GPU, or might: one lost before the agent started is
-    only an index, so a UUID or a device filter cannot be matched against it."""
-    if gpu.uuid:
-        return entry.selects(gpu)
-    if entry.devices == ALL:
-        return True
-    return bool(entry.device_filter) or any(
-        isinstance(d, str) or d == gpu.index for d in entry.devices
-    )
 
 
 def export_layouts(layouts: Sequence[GpuLayout], label: str = "current") -> dict[str, Any]:

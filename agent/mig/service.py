@@ -70,7 +70,7 @@ _NO_MODE = Allocation(AllocationMode.NONE, "no allocation mode source")
 class GpuOutcome:
     gpu: int
     uuid: str
-    status: str  # "unchanged" | "applied" | "pending"
+    status: str  # "unchanged" | "applied" | "pending" | "lost" (selected, not answering)
     kept: int = 0
     destroyed: int = 0
     created: int = 0
@@ -102,6 +102,11 @@ class ApplyResult:
     @property
     def pending(self) -> tuple[GpuOutcome, ...]:
         return tuple(g for g in self.gpus if g.status == "pending")
+
+    @property
+    def lost(self) -> tuple[GpuOutcome, ...]:
+        """GPUs the config selects (or may) that do not answer: not applied."""
+        return tuple(g for g in self.gpus if g.status == "lost")
 
 
 class MigService:
@@ -238,7 +243,20 @@ class MigService:
                 self._publish(allocation, executor, touched, skip_reset, progress)
                 self._journal.journal_clear(SCOPE)
         said = self._plugin_told(allocation) if plan.changes else ""
-        return ApplyResult(name, tuple(outcomes.values()), executor.mutations, recovered, said)
+        gpus = (*outcomes.values(), *self._lost_selected(spec, config))
+        return ApplyResult(name, gpus, executor.mutations, recovered, said)
+
+    def _lost_selected(self, spec: MigSpec, config: str | None) -> tuple[GpuOutcome, ...]:
+        """The lost GPUs the config selects, or may (only an index known): not applied, and
+        said so; the others are applied all the same."""
+        _, entries = spec.select(config)
+        out = []
+        for gone in self._driver.scan().lost:
+            gpu = gone.last_known or GpuInfo(gone.index, "", "", "", 0, 0, 0, None)
+            if any(entry.may_select(gpu) for entry in entries):
+                why = f"GPU {gone.index} is lost ({gone.detail}): not applied"
+                out.append(GpuOutcome(gone.index, gpu.uuid, "lost", message=why))
+        return tuple(out)
 
     def restore_checkpoint(
         self,

@@ -73,6 +73,17 @@ class MigConfigEntry:
             return False
         return self.devices == ALL or gpu.index in self.devices or gpu.uuid in self.devices
 
+    def may_select(self, gpu: GpuInfo) -> bool:
+        """Whether this entry selects a lost GPU, or might: one lost before the agent started
+        is only an index, so a UUID or a device filter cannot be matched against it."""
+        if gpu.uuid:
+            return self.selects(gpu)
+        if self.devices == ALL:
+            return True
+        return bool(self.device_filter) or any(
+            isinstance(d, str) or d == gpu.index for d in self.devices
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class MigSpec:

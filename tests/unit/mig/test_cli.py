@@ -96,6 +96,18 @@ def test_a_lost_gpu_the_config_selects_is_never_asserted_applied(
     )
     assert a100("assert", "-f", str(others), "-c", "rest").exit_code == 0
 
+    # An apply reaches the GPUs that answer and says the lost one was not applied (exit 1,
+    # as mig-parted's NVML error): it said "applied successfully" without it.
+    applied = a100("apply", "-f", "FILE", "-c", "three-plus-four")
+    assert applied.exit_code == 1, applied.output
+    assert "GPU 3 is lost (" in applied.output and "): not applied" in applied.output
+    assert "MIG configuration NOT applied to every GPU: some are lost" in applied.output
+    assert "applied successfully" not in applied.output
+    rows = {line.split()[0]: line.split()[1] for line in applied.output.splitlines()
+            if line[:1].isdigit() and len(line.split()) == 5}  # fmt: skip
+    assert rows["3"] == "lost" and rows["0"] == "applied"
+    assert a100("apply", "-f", str(others), "-c", "rest").exit_code == 0  # GPU 3 not asked for
+
 
 def test_plan_shows_kept_destroyed_created_and_the_comparison(a100: Invoke) -> None:
     a100("apply", "-f", "FILE", "-c", "balanced")

@@ -117,6 +117,26 @@ def test_a_label_change_applies_the_config_pauses_operands_and_restores_them(
     assert ctl.reconcile() is None, "an unchanged label must not reapply"
 
 
+def test_a_lost_gpu_the_config_selects_is_failed_not_success(
+    controller: tuple[MigLabelController, Clock],
+    kube_api: tuple[FakeKubeApi, str],
+    node: SimNode,
+) -> None:
+    """The other GPUs are applied; the state says failed, naming the lost GPU (mig-manager's
+    apply fails on its NVML error), and the operands are put back."""
+    ctl, _ = controller
+    api, _ = kube_api
+    node.control.mark_lost(3)
+    api.nodes[NODE].update({CONFIG_LABEL: "all-balanced", DEVICE_PLUGIN: "true"})
+    outcome = ctl.reconcile()
+    assert outcome is not None and outcome.state == "failed", outcome
+    assert "GPU 3 is lost (" in outcome.message and "not applied" in outcome.message
+    assert api.nodes[NODE][STATE_LABEL] == "failed"
+    assert api.nodes[NODE][DEVICE_PLUGIN] == "true"
+    layout = node.driver.layout(node.driver.gpus()[0].uuid)
+    assert len(layout.instances) == 4  # the GPUs that answer were applied
+
+
 def test_a_config_that_cannot_fit_fails_without_pausing_and_waits_for_a_label_change(
     controller: tuple[MigLabelController, Clock], kube_api: tuple[FakeKubeApi, str]
 ) -> None:
