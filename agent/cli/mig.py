@@ -609,7 +609,8 @@ def restore_command(
         return _follow(client, client.restore_mig(text, mode_only=only_mode), obj.embedded)
 
     def holds(only_mode: bool) -> bool:
-        return checkpoint_holds(states, _layouts(obj, "mig restore"), mode_only=only_mode)
+        layouts, lost = _read(obj, "mig restore")
+        return checkpoint_holds(states, layouts, mode_only=only_mode, lost=lost)
 
     env = {
         "MIG_PARTED_CHECKPOINT_FILE": checkpoint_file,

@@ -164,6 +164,13 @@ class LostGpu:
     def uuid(self) -> str:
         return self.last_known.uuid if self.last_known is not None else ""
 
+    @property
+    def info(self) -> GpuInfo:
+        """What is known of it: its last identity, or only its index (no UUID, no model)."""
+        if self.last_known is not None:
+            return self.last_known
+        return GpuInfo(self.index, "", "", "", 0, 0, 0, None)
+
 
 @dataclass(frozen=True, slots=True)
 class PowerLimits:

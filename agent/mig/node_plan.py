@@ -111,20 +111,28 @@ def export_layouts(layouts: Sequence[GpuLayout], label: str = "current") -> dict
 
 
 def checkpoint_holds(
-    states: Sequence[GpuMigState], layouts: Sequence[GpuLayout], *, mode_only: bool = False
+    states: Sequence[GpuMigState],
+    layouts: Sequence[GpuLayout],
+    *,
+    mode_only: bool = False,
+    lost: Sequence[GpuInfo] = (),
 ) -> bool:
     """Whether every listed GPU is in its checkpointed state (mode only: its mode)."""
-    return all(same for _, _, same in checkpoint_targets(states, layouts, mode_only))
+    return all(same for _, _, same in checkpoint_targets(states, layouts, mode_only, lost))
 
 
 def checkpoint_targets(
-    states: Sequence[GpuMigState], layouts: Sequence[GpuLayout], mode_only: bool
+    states: Sequence[GpuMigState],
+    layouts: Sequence[GpuLayout],
+    mode_only: bool,
+    lost: Sequence[GpuInfo] = (),
 ) -> list[tuple[GpuInfo, GpuMigState, bool]]:
     """Each state with its GPU, profile names filled in; True where it already holds.
-    InvalidSpec when the checkpoint names a GPU or a profile this node lacks."""
+    InvalidSpec when the checkpoint names a GPU or a profile this node lacks, or a ``lost``
+    one (said so: not "not on this node")."""
     by_uuid = {layout.gpu.uuid: layout for layout in layouts}
     bad = [
-        FieldViolation(f"MigState.Devices[{i}].UUID", f"no GPU {s.uuid} on this node")
+        FieldViolation(f"MigState.Devices[{i}].UUID", _missing(s.uuid, lost))
         for i, s in enumerate(states)
         if s.uuid not in by_uuid
     ]
@@ -160,6 +168,20 @@ def checkpoint_targets(
     if bad:
         raise InvalidSpec(f"the checkpoint does not fit this node: {bad[0].description}", bad)
     return out
+
+
+def _missing(uuid: str, lost: Sequence[GpuInfo]) -> str:
+    """Why a checkpointed GPU is not among those that answer: lost, maybe lost, or absent."""
+    known = next((g for g in lost if g.uuid == uuid), None)
+    if known is not None:
+        return f"GPU {known.index} ({uuid}) is lost: it cannot be restored"
+    unknown = [str(g.index) for g in lost if not g.uuid]
+    if unknown:
+        return (
+            f"no GPU {uuid} among those that answer; GPU {', '.join(unknown)} is lost and its "
+            "UUID cannot be read: it may be this one"
+        )
+    return f"no GPU {uuid} on this node"
 
 
 def _plan_node(

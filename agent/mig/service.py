@@ -252,7 +252,7 @@ class MigService:
         _, entries = spec.select(config)
         out = []
         for gone in self._driver.scan().lost:
-            gpu = gone.last_known or GpuInfo(gone.index, "", "", "", 0, 0, 0, None)
+            gpu = gone.info
             if any(entry.may_select(gpu) for entry in entries):
                 why = f"GPU {gone.index} is lost ({gone.detail}): not applied"
                 out.append(GpuOutcome(gone.index, gpu.uuid, "lost", message=why))
@@ -324,7 +324,8 @@ class MigService:
     def checkpoint_targets(
         self, states: Sequence[GpuMigState], mode_only: bool
     ) -> list[tuple[GpuInfo, GpuMigState, bool]]:
-        return checkpoint_targets(states, self.layouts(), mode_only)
+        lost = [g.info for g in self._driver.scan().lost]
+        return checkpoint_targets(states, self.layouts(), mode_only, lost)
 
     def _restore_gpu(self, executor: Executor, gpu: GpuInfo, target: GpuMigState) -> GpuOutcome:
         steps = converge_steps(self._driver.layout(gpu.uuid), target)

@@ -85,7 +85,13 @@ def test_a_lost_gpu_the_config_selects_is_never_asserted_applied(
     """The lost GPU was left out of the check and the rest matched: "currently applied",
     exit 0, for a GPU nobody could read. A config that leaves it out still asserts."""
     assert a100("apply", "-f", "FILE", "-c", "balanced").exit_code == 0
+    checkpoint = tmp_path / "checkpoint.json"
+    assert a100("checkpoint", "-f", str(checkpoint)).exit_code == 0
     SimControl(tmp_path).mark_lost(3)
+    # A restore names the lost GPU, not "no GPU … on this node" as if it were another node's.
+    restore = a100("restore", "-f", str(checkpoint))
+    assert restore.exit_code == 2, restore.output
+    assert "GPU 3 is lost and its UUID cannot be read: it may be this one" in restore.output
     lost = a100("assert", "-f", "FILE", "-c", "balanced")
     assert lost.exit_code == 1, lost.output
     assert "GPU 3 is lost: whether it holds balanced cannot be read" in lost.output
