@@ -44,15 +44,19 @@ def _limits(agent: AgentProcess, _config: Path) -> list[float]:
         return [g.limits.current_mw / 1000 for g in client.get_power().gpus]
 
 
-def test_caps_are_applied_shown_kept_across_reboot_reload_restart_and_restored(
-    tmp_path: Path,
-) -> None:
+def _node(tmp_path: Path) -> tuple[AgentProcess, Path, Path]:
+    """An agent (not started) on a simulated dgx-h100, the spec file and the CLI's config."""
     root = tmp_path / "agent"
     root.mkdir()
     spec = tmp_path / "power.yaml"
     spec.write_text(_SPEC)
-    config = cli_config(tmp_path, root)
-    agent = AgentProcess(root, agent_config(root, **_FAST))
+    return AgentProcess(root, agent_config(root, **_FAST)), spec, cli_config(tmp_path, root)
+
+
+def test_caps_are_applied_shown_kept_across_reboot_reload_restart_and_restored(
+    tmp_path: Path,
+) -> None:
+    agent, spec, config = _node(tmp_path)
     with agent:
         port = agent.metrics_port
         assert port is not None
@@ -107,12 +111,7 @@ def test_caps_are_applied_shown_kept_across_reboot_reload_restart_and_restored(
 def test_a_gpu_lost_at_apply_is_said_and_capped_once_it_answers_again(tmp_path: Path) -> None:
     """`power apply` listed the 7 answering GPUs and exit 0: nothing said GPU 3 was not capped.
     It warns now, and the agent caps GPU 3 when it comes back (a reboot here)."""
-    root = tmp_path / "agent"
-    root.mkdir()
-    spec = tmp_path / "power.yaml"
-    spec.write_text(_SPEC)
-    config = cli_config(tmp_path, root)
-    agent = AgentProcess(root, agent_config(root, **_FAST))
+    agent, spec, config = _node(tmp_path)
     with agent:
         control = SimControl(agent.state_dir)
         control.mark_lost(3)
