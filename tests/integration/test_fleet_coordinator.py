@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,22 +21,18 @@ from tests.integration.prewarm_fixtures import hub
 from tests.integration.prewarm_fixtures.origin import Origin
 from tests.unit.api.support import REPO, Pki, wait_for
 from tests.unit.coordinator.agents import AgentFleet
+from tests.unit.mig.layouts import MIG_HALVES
 
 pytestmark = pytest.mark.integration
 
-DESIRED = """\
+DESIRED = f"""\
 version: v1
-rollout: {max_unavailable: 1, max_failures: 1}
+rollout: {{max_unavailable: 1, max_failures: 1}}
 mig:
   - selector: model=*H100*
     config_name: halves
     config: |
-      version: v1
-      mig-configs:
-        halves:
-          - devices: [0]
-            mig-enabled: true
-            mig-devices: {3g.40gb: 2}
+{textwrap.indent(MIG_HALVES, " " * 6)}\
 sharing:
   - strategy: time-slicing
     replicas: 2

@@ -21,17 +21,9 @@ from agent.cli.fleet import fleet
 from tests.unit.api.support import Pki
 from tests.unit.coordinator.agents import AgentFleet, invoke
 from tests.unit.coordinator.fakeagents import FakeAgent, FakeAgents, fake_agents
+from tests.unit.mig.layouts import MIG_HALVES
 
 pytestmark = pytest.mark.integration
-
-MIG = """\
-version: v1
-mig-configs:
-  halves:
-    - devices: [0]
-      mig-enabled: true
-      mig-devices: {3g.40gb: 2}
-"""
 
 
 def _dynamic(answer: Any) -> None:
@@ -64,7 +56,7 @@ def test_a_mig_rollout_leaves_a_dynamic_mig_node_out_and_changes_the_other(
 ) -> None:
     real, proxies, found = proxied
     mig = real.root / "mig.yaml"
-    mig.write_text(MIG)
+    mig.write_text(MIG_HALVES)
     apply = ["apply", "mig", "-f", str(mig), "-c", "halves", "-o", "json", *proxies.args()]
 
     dry = invoke(fleet, [*apply, "--dry-run"])

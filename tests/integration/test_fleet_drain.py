@@ -21,18 +21,11 @@ from tests.kube.fake_api import FakeKubeApi, Pod
 from tests.kube.fixtures import stand_in_kubeconfig
 from tests.unit.api.support import Pki, wait_for
 from tests.unit.coordinator.agents import AgentFleet
+from tests.unit.mig.layouts import MIG_HALVES
 from tests.unit.telemetry.kubelet import FakeKubelet, serve
 
 pytestmark = pytest.mark.integration
 
-MIG = """\
-version: v1
-mig-configs:
-  halves:
-    - devices: [0]
-      mig-enabled: true
-      mig-devices: {3g.40gb: 2}
-"""
 POD = ("team", "train-0")
 
 
@@ -74,7 +67,7 @@ def test_a_drain_cordons_evicts_within_the_budget_applies_and_uncordons(
     api.on_evict = lambda ns, name: agents.sim("n1", "process", "stop", "4242")
     monkeypatch.setenv("KUBECONFIG", str(stand_in_kubeconfig(agents.root / "kc", url, tls_cert[0])))
     mig = agents.root / "mig.yaml"
-    mig.write_text(MIG)
+    mig.write_text(MIG_HALVES)
 
     # The rollouts run as `gpu-agent fleet` processes, as operators run them. In this test's
     # process the first one hung in two of five full runs (never alone): its event loop sat
@@ -119,7 +112,7 @@ def test_a_blocking_process_no_pod_owns_is_not_drained(
     agents.sim("n1", "process", "start", "4343", "--gpu", "0")
     monkeypatch.setenv("KUBECONFIG", str(stand_in_kubeconfig(agents.root / "kc", url, tls_cert[0])))
     mig = agents.root / "mig.yaml"
-    mig.write_text(MIG)
+    mig.write_text(MIG_HALVES)
     result = agents.fleet("apply", "mig", "-f", str(mig), "--drain", "--namespace", "gpu-agent")
     assert result.exit_code == 10
     assert "busy with processes no pod owns; not drained" in result.output

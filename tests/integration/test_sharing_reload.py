@@ -32,6 +32,7 @@ from agent.sharing import parse
 from agent.sharing.reload import find_plugin_processes
 from agent.sharing.schema import render
 from agent.sharing.service import SharingService
+from tests.unit.mig.layouts import MIG_HALVES
 from tests.unit.mig.simnode import SimNode, sim_node
 from tests.unit.sharing.layouts import mig_gpu, node
 
@@ -301,16 +302,6 @@ def test_the_plugin_s_own_mig_strategy_is_the_one_shown_and_a_write_it_would_ign
         }
     finally:
         q.stop()
-
-
-MIG_HALVES = """\
-version: v1
-mig-configs:
-  halves:
-    - devices: [0]
-      mig-enabled: true
-      mig-devices: {3g.40gb: 2}
-"""
 
 
 def _mig_node(tmp_path: Path, mode: AllocationMode, tell: Callable[[], str]) -> SimNode:

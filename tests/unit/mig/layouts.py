@@ -18,6 +18,16 @@ from agent.gpu.types import (
 )
 from agent.mig.desired import _free_ci_start
 
+#: A mig-parted config: GPU 0 in two 3g.40gb halves (an H100 or H200), the others untouched.
+MIG_HALVES = """\
+version: v1
+mig-configs:
+  halves:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {3g.40gb: 2}
+"""
+
 #: (profile name, start, CI widths); widths default to one full-width CI.
 Instance = tuple[str, int] | tuple[str, int, tuple[int, ...]]
 
