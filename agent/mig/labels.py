@@ -195,8 +195,11 @@ class MigLabelController:
     def _attempt(self, wanted: str, labels: Mapping[str, str], digest: str) -> Outcome:
         try:
             spec = load_spec(self._config_file)
-            if self._service.check(spec, wanted).applied:
+            check = self._service.check(spec, wanted)
+            if check.applied:
                 return self._outcome(wanted, "success", "already applied", digest)
+            if check.only_lost:  # nothing to change where a change could land: no pause
+                return self._outcome(wanted, "failed", "; ".join(check.mismatches), digest)
             # The dry run first: never pause the operands for a config that cannot apply now,
             # nor on a node whose allocation mode forbids MIG changes (docs/dra.md).
             self._service.refuse_by_mode("the MIG config label")

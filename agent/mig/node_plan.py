@@ -47,6 +47,13 @@ class AssertResult:
     config: str
     applied: bool
     mismatches: tuple[str, ...]
+    #: the lost GPUs the config selects (or may): their lines are among ``mismatches``
+    lost: tuple[int, ...] = ()
+
+    @property
+    def only_lost(self) -> bool:
+        """Every GPU that answers holds the config; only lost ones keep it from being applied."""
+        return bool(self.lost) and len(self.mismatches) == len(self.lost)
 
 
 def desired_of(entry: MigConfigEntry) -> Desired:
@@ -78,11 +85,8 @@ def check_layouts(
     A ``lost`` GPU the config selects (or one too unknown to tell) cannot be read, so the
     config is not known to be applied: never "applied" for what was not checked."""
     name, entries = spec.select(config)
-    problems = [
-        f"GPU {gpu.index} is lost: whether it holds {name} cannot be read"
-        for gpu in lost
-        if any(entry.may_select(gpu) for entry in entries)
-    ]
+    unread = tuple(g.index for g in lost if any(entry.may_select(g) for entry in entries))
+    problems = [f"GPU {i} is lost: whether it holds {name} cannot be read" for i in unread]
     chosen = {s.gpu.uuid: s for s in select_gpus(entries, [lay.gpu for lay in layouts])}
     for layout in layouts:
         gpu = layout.gpu
@@ -94,7 +98,7 @@ def check_layouts(
         if not gpu.mig_capable and selection.entry.devices == ALL:
             continue
         problems += mismatches(layout, desired_of(selection.entry), mode_only=mode_only)
-    return AssertResult(name, not problems, tuple(problems))
+    return AssertResult(name, not problems, tuple(problems), unread)
 
 
 def export_layouts(layouts: Sequence[GpuLayout], label: str = "current") -> dict[str, Any]:

@@ -174,8 +174,9 @@ class MigService:
     def check(
         self, spec: MigSpec, config: str | None = None, *, mode_only: bool = False
     ) -> AssertResult:
-        """mig-parted's ``assert``: every GPU selected and matching (counts; placement ignored)."""
-        return check_layouts(spec, config, self.layouts(), mode_only=mode_only)
+        """mig-parted's ``assert``: every GPU selected and matching (counts; placement ignored);
+        a lost GPU the config selects is never "applied"."""
+        return check_layouts(spec, config, self.layouts(), mode_only=mode_only, lost=self._lost())
 
     def export(self, label: str = "current") -> dict[str, Any]:
         """The current state as a mig-parted v1 config named ``label`` (mig-parted ``export``)."""
@@ -252,10 +253,9 @@ class MigService:
         _, entries = spec.select(config)
         out = []
         for gone in self._driver.scan().lost:
-            gpu = gone.info
-            if any(entry.may_select(gpu) for entry in entries):
+            if any(entry.may_select(gone.info) for entry in entries):
                 why = f"GPU {gone.index} is lost ({gone.detail}): not applied"
-                out.append(GpuOutcome(gone.index, gpu.uuid, "lost", message=why))
+                out.append(GpuOutcome(gone.index, gone.uuid, "lost", message=why))
         return tuple(out)
 
     def restore_checkpoint(
@@ -324,8 +324,11 @@ class MigService:
     def checkpoint_targets(
         self, states: Sequence[GpuMigState], mode_only: bool
     ) -> list[tuple[GpuInfo, GpuMigState, bool]]:
-        lost = [g.info for g in self._driver.scan().lost]
-        return checkpoint_targets(states, self.layouts(), mode_only, lost)
+        return checkpoint_targets(states, self.layouts(), mode_only, self._lost())
+
+    def _lost(self) -> list[GpuInfo]:
+        """What is known of each lost GPU (only its index when it was lost before we started)."""
+        return [g.info for g in self._driver.scan().lost]
 
     def _restore_gpu(self, executor: Executor, gpu: GpuInfo, target: GpuMigState) -> GpuOutcome:
         steps = converge_steps(self._driver.layout(gpu.uuid), target)

@@ -136,6 +136,19 @@ def test_a_lost_gpu_the_config_selects_is_failed_not_success(
     layout = node.driver.layout(node.driver.gpus()[0].uuid)
     assert len(layout.instances) == 4  # the GPUs that answer were applied
 
+    # Retried after its back-off: every GPU that answers holds it, so nothing is paused for
+    # an apply that could change nothing; still failed, never "already applied".
+    ctl, clock = controller
+    patches = sum(r.method == "PATCH" for r in api.requests)
+    clock.now += 301
+    again = ctl.reconcile()
+    assert again is not None and again.state == "failed", again
+    assert "GPU 3 is lost: whether it holds all-balanced cannot be read" in again.message
+    paused = [
+        r.body for r in api.requests[patches:] if r.method == "PATCH" and "pending" in str(r.body)
+    ]
+    assert paused == []
+
 
 def test_a_config_that_cannot_fit_fails_without_pausing_and_waits_for_a_label_change(
     controller: tuple[MigLabelController, Clock], kube_api: tuple[FakeKubeApi, str]
