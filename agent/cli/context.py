@@ -6,12 +6,12 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.cli.waits import stopped_by
 from agent.errors import Conflict
 
 if TYPE_CHECKING:
@@ -79,18 +79,22 @@ class CliContext:
         cfg = self.config
         ownership = NodeOwnership(cfg.state_dir)
         told = False
-        while True:
-            client = AgentClient.connect(cfg.socket_path)
-            if client is not None and self._asked_for(client, ownership):
-                return client
-            if ownership.try_acquire(f"gpu-agent {' '.join(sys.argv[1:3])}".strip()):
-                self._closers.append(ownership.release)
-                return self._embed(cfg)
-            if not told:
-                holder = ownership.holder() or "another gpu-agent process (starting)"
-                print(f"waiting for {holder}, which owns this node's state", file=sys.stderr)
-                told = True
-            time.sleep(_WAIT_S)
+        with stopped_by(signal.SIGTERM) as stop:
+            while True:
+                client = AgentClient.connect(cfg.socket_path)
+                if client is not None and self._asked_for(client, ownership):
+                    return client
+                if ownership.try_acquire(f"gpu-agent {' '.join(sys.argv[1:3])}".strip()):
+                    self._closers.append(ownership.release)
+                    break
+                if not told:
+                    holder = ownership.holder() or "another gpu-agent process (starting)"
+                    print(f"waiting for {holder}, which owns this node's state", file=sys.stderr)
+                    told = True
+                if stop.wait(_WAIT_S):
+                    raise SystemExit(SIGTERM_EXIT)
+        # Out of the wait's handler first: the embedded agent sets its own (a graceful stop).
+        return self._embed(cfg)
 
     def _asked_for(self, client: AgentClient, ownership: NodeOwnership) -> bool:
         """Whether the agent on the socket is the node this command was asked about.

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from agent.cli.context import CliContext
+from agent.cli.context import SIGTERM_EXIT, CliContext
 from agent.cli.options import choice_option, file_option
 from agent.cli.render import OUTPUT_FORMATS, emit, format_table
+from agent.cli.waits import stopped_by
 from agent.errors import FieldViolation, InvalidSpec
 
 if TYPE_CHECKING:
@@ -89,9 +91,11 @@ def metrics(
         # The agent's first sample has no rates (GPM needs two, a window apart): the next one.
         # (None without a driver: the agent's own series are all there is.)
         deadline = time.monotonic() + _SECOND_SAMPLE_S
-        while response.sample_time == first and time.monotonic() < deadline:
-            time.sleep(MIN_WINDOW_S)
-            response = client.metrics(openmetrics=openmetrics)
+        with stopped_by(signal.SIGTERM) as stop:
+            while response.sample_time == first and time.monotonic() < deadline:
+                if stop.wait(MIN_WINDOW_S):
+                    raise SystemExit(SIGTERM_EXIT)  # the closers stop the embedded agent
+                response = client.metrics(openmetrics=openmetrics)
     click.echo(response.body.decode(), nl=False)
     if response.sample_time is None:
         # The agent's own series are printed, but a GPU metrics read without a driver is not

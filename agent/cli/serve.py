@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +15,7 @@ import click
 from agent import logs
 from agent.cli.context import CliContext
 from agent.cli.options import choice_option, file_option
+from agent.cli.waits import stopped_by
 
 if TYPE_CHECKING:
     from agent.ownership import NodeOwnership
@@ -92,15 +92,9 @@ def serve(
 def _acquire(ownership: NodeOwnership) -> bool:
     """Wait for the node's owner (a command's embedded agent) to finish; SIGTERM or SIGINT
     meanwhile ends the wait, and ``serve``, at once."""
-    stop = threading.Event()
-    signals = (signal.SIGTERM, signal.SIGINT)
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in signals}
-    try:
+    with stopped_by(signal.SIGTERM, signal.SIGINT) as stop:
         return ownership.acquire(
             SERVE_ROLE,
             lambda holder: logging.getLogger(__name__).warning("waiting for %s to finish", holder),
             stop,
         )
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

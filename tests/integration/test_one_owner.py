@@ -91,6 +91,28 @@ def test_a_command_waits_for_the_nodes_owner_naming_it(tmp_path: Path) -> None:
             proc.kill()
 
 
+def test_sigterm_ends_a_command_that_waits_for_the_nodes_owner_at_once(tmp_path: Path) -> None:
+    """A stop interrupts every wait: a command waiting for the node's owner exits 143 on
+    SIGTERM within a second, having taken nothing."""
+    config = cli_config(tmp_path, tmp_path / "no-agent")
+    state = tmp_path / "state"
+    owner = NodeOwnership(state)
+    assert owner.try_acquire("gpu-agent prewarm file")
+    proc = _start_cli(state, config, "share", "show")
+    try:
+        assert proc.stderr is not None
+        assert proc.stderr.readline().startswith("waiting for gpu-agent prewarm file")
+        proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert proc.wait(timeout=10) == 143
+        assert time.monotonic() - started < 1.0
+        assert owner.holder() == f"gpu-agent prewarm file (pid {os.getpid()})"
+    finally:
+        owner.release()
+        if proc.poll() is None:
+            proc.kill()
+
+
 @pytest.fixture
 def waiting_serve(tmp_path: Path) -> Iterator[tuple[NodeOwnership, AgentProcess]]:
     """A command's embedded agent owns the node, and `serve` started beside it waits, saying
