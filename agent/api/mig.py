@@ -33,7 +33,13 @@ from agent.mig.spec import MigSpec, parse_spec
 from agent.operation import INTERRUPTED, AlreadyRunning
 from agent.owner import Actor
 from agent.prewarm.errors import Cancelled
-from agent.wire.mig import apply_result_pb, gpu_advice_pb, node_plan_pb, recovered_apply_pb
+from agent.wire.mig import (
+    apply_result_pb,
+    assert_pb,
+    gpu_advice_pb,
+    node_plan_pb,
+    recovered_apply_pb,
+)
 from agent.wire.operations import message_dict, operation_name, operation_pb
 
 __all__ = ["MigServicer", "advise_layouts", "interrupted_apply"]
@@ -310,10 +316,10 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
     ) -> mig_pb2.AssertMigResponse:
         spec, name = _spec(request.config_yaml, request.config_name)
         self._require_gpu("mig assert")
-        result = await asyncio.to_thread(self._service.check, spec, name)
-        return mig_pb2.AssertMigResponse(
-            matches=result.applied, mismatches=result.mismatches, config_name=result.config
+        result = await asyncio.to_thread(
+            self._service.check, spec, name, mode_only=request.mode_only
         )
+        return assert_pb(result)
 
     async def ExportMig(
         self, request: mig_pb2.ExportMigRequest, context: grpc.aio.ServicerContext

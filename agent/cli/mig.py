@@ -33,7 +33,6 @@ from agent.mig.generate import generate
 from agent.mig.hooks import NO_HOOKS, apply_with_hooks, load_hooks
 from agent.mig.node_plan import (
     NodePlan,
-    check_layouts,
     checkpoint_holds,
     export_layouts,
     plan_layouts,
@@ -286,8 +285,7 @@ def apply_command(
         return _follow(client, op, obj.embedded)
 
     def applied_now(only_mode: bool) -> bool:
-        layouts, lost = _read(obj, "mig apply")
-        return check_layouts(spec, selected, layouts, mode_only=only_mode, lost=lost).applied
+        return client.assert_mig(text, selected or "", mode_only=only_mode).applied
 
     _refuse_by_mode(obj, "mig apply")
     if hooks is None:
@@ -448,13 +446,12 @@ def assert_command(
     Example:
       gpu-agent mig assert -f config.yaml -c all-balanced && echo ready
     """
-    spec = _load(config_file)
+    spec, text = _load_with_text(config_file)
+    spec.select(selected)  # an unknown config is refused here, before the agent is asked
     if valid_config:
-        spec.select(selected)
         click.echo("Selected MIG configuration is valid")
         return
-    layouts, lost = _read(obj, "mig assert")
-    result = check_layouts(spec, selected, layouts, mode_only=mode_only, lost=lost)
+    result = obj.agent().assert_mig(text, selected or "", mode_only=mode_only)
     if output != "table":
         emit(result, output)
     elif result.applied:

@@ -27,12 +27,21 @@ from agent._proto.gpuagent.v1 import (
     telemetry_pb2,
 )
 from agent.client.base import Stubs
+from agent.mig.node_plan import AssertResult
 from agent.power import Change, PowerView
 from agent.prewarm.model import CacheItem
 from agent.prewarm.source import SourceRequest
 from agent.sharing import ApplyResult, PluginConfig, SharingView
 from agent.wire.doctor import DoctorReport, report_from
-from agent.wire.mig import AdvisedGpu, GpuReset, MigPlanView, advice_from, plan_from, reset_from
+from agent.wire.mig import (
+    AdvisedGpu,
+    GpuReset,
+    MigPlanView,
+    advice_from,
+    assert_from,
+    plan_from,
+    reset_from,
+)
 from agent.wire.node import NodeView, node_from
 from agent.wire.operations import OperationView, operation_from
 from agent.wire.power import power_changes_from, power_view_from
@@ -224,6 +233,17 @@ class Requests(Stubs):
             claim_holder=claim_holder,
         )
         return Call("_mig", "ApplyMig", request, _operation)
+
+    @rpc
+    def assert_mig(
+        self, config_yaml: str, config_name: str = "", mode_only: bool = False
+    ) -> Call[AssertResult]:
+        """Whether the node holds the config now, as the agent reads it (mig-parted ``assert``);
+        a lost GPU the config selects is never applied."""
+        request = mig_pb2.AssertMigRequest(
+            config_yaml=config_yaml, config_name=config_name, mode_only=mode_only
+        )
+        return Call("_mig", "AssertMig", request, assert_from)
 
     @rpc
     def export_mig(self, config_name: str = "current") -> Call[str]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from agent._proto.gpuagent.v1 import mig_pb2, operations_pb2
 from agent.gpu.types import GpuLayout
 from agent.mig.advice import GpuAdvice, moves_to_fit
-from agent.mig.node_plan import NodePlan
+from agent.mig.node_plan import AssertResult, NodePlan
 from agent.mig.plan import GpuPlan
 
 if TYPE_CHECKING:  # the server's side only: clients load no MIG service
@@ -30,6 +30,8 @@ __all__ = [
     "PlannedGpu",
     "advice_from",
     "apply_result_pb",
+    "assert_from",
+    "assert_pb",
     "gpu_advice_pb",
     "gpu_plan_pb",
     "node_plan_pb",
@@ -243,6 +245,24 @@ class GpuReset:
 
 def reset_from(response: mig_pb2.ResetGpuResponse) -> GpuReset:
     return GpuReset(response.gpu_uuid, response.reset)
+
+
+def assert_pb(result: AssertResult) -> mig_pb2.AssertMigResponse:
+    return mig_pb2.AssertMigResponse(
+        matches=result.applied,
+        mismatches=result.mismatches,
+        config_name=result.config,
+        lost_gpus=result.lost,
+    )
+
+
+def assert_from(response: mig_pb2.AssertMigResponse) -> AssertResult:
+    return AssertResult(
+        response.config_name,
+        response.matches,
+        tuple(response.mismatches),
+        tuple(response.lost_gpus),
+    )
 
 
 # -- advice, back into records, for clients -------------------------------------------------------

@@ -115,6 +115,23 @@ def test_a_lost_gpu_the_config_selects_is_never_asserted_applied(
     assert a100("apply", "-f", str(others), "-c", "rest").exit_code == 0  # GPU 3 not asked for
 
 
+def test_assert_is_the_agents_answer_with_mode_only_and_the_lost_gpus(
+    a100: Invoke, tmp_path: Path
+) -> None:
+    """`mig assert` asks the node's agent (AssertMig), as the label protocol and the fleet do,
+    rather than computing its own verdict: --mode-only and the lost GPUs travel both ways."""
+    assert a100("apply", "-f", "FILE", "-c", "balanced").exit_code == 0
+    # Every GPU has MIG on, with other instances than three-plus-four asks for.
+    assert a100("assert", "-m", "-f", "FILE", "-c", "three-plus-four").exit_code == 0
+    assert a100("assert", "-f", "FILE", "-c", "three-plus-four").exit_code == 1
+    SimControl(tmp_path).mark_lost(3)
+    answer = a100("assert", "-o", "json", "-f", "FILE", "-c", "balanced")
+    assert answer.exit_code == 1, answer.output
+    data = json.loads(answer.stdout)
+    assert data["applied"] is False and data["lost"] == [3], data
+    assert data["mismatches"] == ["GPU 3 is lost: whether it holds balanced cannot be read"]
+
+
 def test_plan_shows_kept_destroyed_created_and_the_comparison(a100: Invoke) -> None:
     a100("apply", "-f", "FILE", "-c", "balanced")
     planned = a100("plan", "-f", "FILE", "-c", "three-plus-four")

@@ -156,22 +156,26 @@ class ApplyMigResponse(_message.Message):
     def __init__(self, operation: _Optional[_Union[_operations_pb2.Operation, _Mapping]] = ...) -> None: ...
 
 class AssertMigRequest(_message.Message):
-    __slots__ = ("config_yaml", "config_name")
+    __slots__ = ("config_yaml", "config_name", "mode_only")
     CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]
     CONFIG_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODE_ONLY_FIELD_NUMBER: _ClassVar[int]
     config_yaml: str
     config_name: str
-    def __init__(self, config_yaml: _Optional[str] = ..., config_name: _Optional[str] = ...) -> None: ...
+    mode_only: bool
+    def __init__(self, config_yaml: _Optional[str] = ..., config_name: _Optional[str] = ..., mode_only: _Optional[bool] = ...) -> None: ...
 
 class AssertMigResponse(_message.Message):
-    __slots__ = ("matches", "mismatches", "config_name")
+    __slots__ = ("matches", "mismatches", "config_name", "lost_gpus")
     MATCHES_FIELD_NUMBER: _ClassVar[int]
     MISMATCHES_FIELD_NUMBER: _ClassVar[int]
     CONFIG_NAME_FIELD_NUMBER: _ClassVar[int]
+    LOST_GPUS_FIELD_NUMBER: _ClassVar[int]
     matches: bool
     mismatches: _containers.RepeatedScalarFieldContainer[str]
     config_name: str
-    def __init__(self, matches: _Optional[bool] = ..., mismatches: _Optional[_Iterable[str]] = ..., config_name: _Optional[str] = ...) -> None: ...
+    lost_gpus: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, matches: _Optional[bool] = ..., mismatches: _Optional[_Iterable[str]] = ..., config_name: _Optional[str] = ..., lost_gpus: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ExportMigRequest(_message.Message):
     __slots__ = ("config_name",)
