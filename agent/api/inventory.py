@@ -279,6 +279,8 @@ class NodeInventory:
                     )
                     self._bus.publish(gpu_lost=gpu_lost_event_pb(layout, after.lost[index]))
                 continue
+            if index in before.lost:
+                log.warning("GPU %d (%s) answers NVML again", index, uuid or "uuid unknown")
             prior = old.get(uuid)
             if prior is not None and _mig_shape(prior) != _mig_shape(layout):
                 self._bus.publish(mig_layout=mig_layout_event_pb(layout))

@@ -34,8 +34,8 @@ from agent.mig.hooks import NO_HOOKS, apply_with_hooks, load_hooks
 from agent.mig.node_plan import (
     NodePlan,
     checkpoint_holds,
-    export_layouts,
     plan_layouts,
+    refuse_lost,
 )
 from agent.mig.plan import mig_parted_destroys
 from agent.mig.spec import MigSpec, load_spec
@@ -481,7 +481,8 @@ def export_command(obj: CliContext, output_format: str, config_label: str) -> No
     Example:
       gpu-agent mig export -l golden > golden.yaml
     """
-    emit(export_layouts(_layouts(obj, "mig export"), config_label), output_format)
+    document = yaml.safe_load(obj.agent().export_mig(config_label))  # the agent's own answer
+    emit(document, output_format)
 
 
 @mig.command(
@@ -550,7 +551,9 @@ def checkpoint_command(obj: CliContext, checkpoint_file: str) -> None:
     Example:
       gpu-agent mig checkpoint -f /var/lib/mig-before-upgrade.json
     """
-    states = [fetch(layout) for layout in _layouts(obj, "mig checkpoint") if layout.gpu.mig_capable]
+    layouts, lost = _read(obj, "mig checkpoint")
+    refuse_lost(lost, f"a checkpoint would not bring it back; nothing written to {checkpoint_file}")
+    states = [fetch(layout) for layout in layouts if layout.gpu.mig_capable]
     _write(Path(checkpoint_file), json.dumps(checkpoint_document(states)) + "\n")
     click.echo("MIG configuration checkpointed successfully")
 

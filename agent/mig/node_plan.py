@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec
+from agent.errors import Busy, Conflict, DeviceLost, FieldViolation, InvalidSpec
 from agent.gpu.types import GpuInfo, GpuLayout
 from agent.mig.desired import Desired, current_counts
 from agent.mig.plan import GpuPlan, mismatches, plan_gpu
@@ -101,8 +101,23 @@ def check_layouts(
     return AssertResult(name, not problems, tuple(problems), unread)
 
 
-def export_layouts(layouts: Sequence[GpuLayout], label: str = "current") -> dict[str, Any]:
-    """The layouts as a mig-parted v1 config named ``label`` (mig-parted ``export``)."""
+def refuse_lost(lost: Sequence[GpuInfo], consequence: str) -> None:
+    """A snapshot of the node (an export, a checkpoint) without its lost GPUs would describe
+    another node (``devices: all`` would claim them): refused, as mig-parted's NVML error is."""
+    if lost:
+        gpus = ", ".join(str(gpu.index) for gpu in lost)
+        raise DeviceLost(
+            f"GPU {gpus} lost: its MIG state cannot be read, so {consequence} "
+            "(try again once it answers)"
+        )
+
+
+def export_layouts(
+    layouts: Sequence[GpuLayout], label: str = "current", lost: Sequence[GpuInfo] = ()
+) -> dict[str, Any]:
+    """The layouts as a mig-parted v1 config named ``label`` (mig-parted ``export``); refused
+    while a GPU is lost."""
+    refuse_lost(lost, "an export would not describe it")
     gpus = []
     for layout in layouts:
         mode = layout.gpu.mig_mode

@@ -179,8 +179,9 @@ class MigService:
         return check_layouts(spec, config, self.layouts(), mode_only=mode_only, lost=self._lost())
 
     def export(self, label: str = "current") -> dict[str, Any]:
-        """The current state as a mig-parted v1 config named ``label`` (mig-parted ``export``)."""
-        return export_layouts(self.layouts(), label)
+        """The current state as a mig-parted v1 config named ``label`` (mig-parted ``export``);
+        DeviceLost while a GPU is lost."""
+        return export_layouts(self.layouts(), label, self._lost())
 
     # -- changes (under the partition lock) ------------------------------------------------------
 

@@ -114,8 +114,8 @@ class Topology:
         for gpu in frame.gpus:
             state = self._gpus[gpu.index]
             if gpu.index not in missing:
-                if not state.up:
-                    log.warning(
+                if not state.up:  # the inventory says it at WARNING (one voice per event)
+                    log.debug(
                         "GPU %d (%s) answers NVML again", gpu.index, gpu.uuid or "uuid unknown"
                     )
                 state.up = True
@@ -128,7 +128,7 @@ class Topology:
             if state.up:
                 self._stats.error("gpu_lost")
                 uuid = gpu.uuid or "uuid unknown"  # lost before it ever answered
-                log.error("GPU %d (%s) is lost, marking it down: %s", gpu.index, uuid, why)
+                log.debug("GPU %d (%s) is lost, marking it down: %s", gpu.index, uuid, why)
             state.up = False
             statuses.append(GpuStatus(gpu, up=False, detail=why))
         answered = {i: lay for i, lay in frame.layouts.items() if i not in missing}

@@ -3,6 +3,8 @@ latest snapshot, so a fleet sweep needs one call per node."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,6 +118,32 @@ def test_a_lost_gpu_is_reported_lost_and_the_others_serve(driver: GpuDriver) -> 
     assert not component.healthy
     assert "GPU 3 lost" in component.detail and "GPU 5 lost" in component.detail
     assert not inventory.every_gpu_lost()
+
+
+def test_a_gpu_lost_and_back_is_logged_once_each_way(
+    driver: GpuDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The inventory alone says it at the operator's level (the sampler said the same loss too,
+    so an agent's log and a CLI's stderr carried each event twice; it now says it at DEBUG):
+    one line when lost, one when it answers again."""
+    healthy = _snapshot(driver)
+    statuses = list(healthy.gpus)
+    statuses[3] = GpuStatus(statuses[3].gpu, up=False, detail="GPU is lost")
+    down = dataclasses.replace(healthy, gpus=tuple(statuses), taken_mono=2.0)
+    up = dataclasses.replace(healthy, taken_mono=3.0)
+    sequence = iter([healthy, down, down, up, up])
+    inventory = NodeInventory(
+        EventBus(), node_name="node-1", simulated_preset=None, telemetry=lambda: next(sequence)
+    )
+    with caplog.at_level(logging.DEBUG):
+        for _ in range(5):
+            inventory.refresh_gpus()
+    said = [(r.levelname, r.message) for r in caplog.records if r.name == "agent.api.inventory"]
+    uuid = healthy.layouts[3].gpu.uuid
+    assert said == [
+        ("ERROR", f"GPU 3 ({uuid}) lost: GPU is lost"),
+        ("WARNING", f"GPU 3 ({uuid}) answers NVML again"),
+    ]
 
 
 def test_an_older_snapshot_never_replaces_a_newer_one(driver: GpuDriver) -> None:

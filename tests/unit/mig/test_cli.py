@@ -88,6 +88,15 @@ def test_a_lost_gpu_the_config_selects_is_never_asserted_applied(
     checkpoint = tmp_path / "checkpoint.json"
     assert a100("checkpoint", "-f", str(checkpoint)).exit_code == 0
     SimControl(tmp_path).mark_lost(3)
+    # A checkpoint without GPU 3 would restore the rest and call it exact: nothing is written.
+    after = tmp_path / "after.json"
+    refused = a100("checkpoint", "-f", str(after))
+    assert refused.exit_code == 7 and not after.exists(), refused.output
+    assert "GPU 3 lost: its MIG state cannot be read" in refused.output
+    # An export said `devices: all` for the seven GPUs read, GPU 3 among "all".
+    exported = a100("export")
+    assert exported.exit_code == 7 and "devices" not in exported.output, exported.output
+    assert "so an export would not describe it" in exported.output
     # A restore names the lost GPU, not "no GPU … on this node" as if it were another node's.
     restore = a100("restore", "-f", str(checkpoint))
     assert restore.exit_code == 2, restore.output
