@@ -336,6 +336,7 @@ def test_no_cli_module_opens_the_database_or_nvml() -> None:
     forbidden = {
         "agent.state",
         "agent.gpu.nvml",
+        "agent.gpu.nvml_gateway",
         "agent.prewarm.index",
         "agent.mig.lock",
         "agent.mig.reset",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pynvml
@@ -55,6 +56,17 @@ ERROR_TEXT = {
 
 def device_handle(gpu: Gpu) -> Handle:
     return Handle(Kind.DEVICE, gpu.index, 0)
+
+
+def device_handle_where(drv: SimDriver, matches: Callable[[Gpu], bool]) -> Handle:
+    """The handle of the GPU a lookup by identity (UUID, PCI bus id, serial) names: NOT_FOUND
+    when no GPU has it, GPU_IS_LOST when that GPU is lost."""
+    gpu = next((g for g in drv.node().gpus if matches(g)), None)
+    if gpu is None:
+        raise fail(pynvml.NVML_ERROR_NOT_FOUND)
+    if gpu.lost:
+        raise fail(pynvml.NVML_ERROR_GPU_IS_LOST)
+    return device_handle(gpu)
 
 
 def device_name(t: Target) -> str:
@@ -133,31 +145,21 @@ def handle_by_index(drv: SimDriver, index: Any, ref: Any) -> None:
 @symbol("nvmlDeviceGetHandleByUUID")
 def handle_by_uuid(drv: SimDriver, uuid: Any, ref: Any) -> None:
     wanted = to_bytes(uuid).decode()
+    # A MIG device's UUID, else a GPU's (the two never share one).
     for gpu in drv.node().gpus:
-        if gpu.uuid == wanted:
-            if gpu.lost:
-                raise fail(pynvml.NVML_ERROR_GPU_IS_LOST)
-            set_handle(ref, device_handle(gpu))
-            return
         for _gi, ci in layout.mig_devices(gpu):
             if ci.uuid == wanted:
                 if gpu.lost:
                     raise fail(pynvml.NVML_ERROR_GPU_IS_LOST)
                 set_handle(ref, Handle(Kind.MIG_DEVICE, gpu.index, ci.serial))
                 return
-    raise fail(pynvml.NVML_ERROR_NOT_FOUND)
+    set_handle(ref, device_handle_where(drv, lambda gpu: gpu.uuid == wanted))
 
 
 @symbol("nvmlDeviceGetHandleByPciBusId_v2")
 def handle_by_pci_bus_id(drv: SimDriver, bus_id: Any, ref: Any) -> None:
     wanted = _normalise_bus_id(to_bytes(bus_id).decode())
-    for gpu in drv.node().gpus:
-        if gpu.pci_bus_id == wanted:
-            if gpu.lost:
-                raise fail(pynvml.NVML_ERROR_GPU_IS_LOST)
-            set_handle(ref, device_handle(gpu))
-            return
-    raise fail(pynvml.NVML_ERROR_NOT_FOUND)
+    set_handle(ref, device_handle_where(drv, lambda gpu: gpu.pci_bus_id == wanted))
 
 
 def _normalise_bus_id(text: str) -> str:

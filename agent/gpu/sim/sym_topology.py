@@ -25,7 +25,7 @@ from agent.gpu.sim.abi import (
     write_string,
 )
 from agent.gpu.sim.presets import Preset, get_preset
-from agent.gpu.sim.sym_device import device_handle
+from agent.gpu.sim.sym_device import device_handle_where
 
 if TYPE_CHECKING:
     from agent.gpu.sim.driver import SimDriver, Target
@@ -135,13 +135,7 @@ def memory_affinity(drv: SimDriver, handle: Any, size: Any, ref: Any, scope: Any
 @symbol("nvmlDeviceGetHandleBySerial")
 def handle_by_serial(drv: SimDriver, serial: Any, ref: Any) -> None:
     wanted = to_bytes(serial).decode()
-    for gpu in drv.node().gpus:
-        if gpu.serial == wanted:
-            if gpu.lost:
-                raise fail(pynvml.NVML_ERROR_GPU_IS_LOST)
-            set_handle(ref, device_handle(gpu))
-            return
-    raise fail(pynvml.NVML_ERROR_NOT_FOUND)
+    set_handle(ref, device_handle_where(drv, lambda gpu: gpu.serial == wanted))
 
 
 @symbol("nvmlSystemGetProcessName")
