@@ -159,27 +159,35 @@ def plan_command(
     """Show, per GPU, the instances that stay, are destroyed and are created (with placements),
     whether the MIG mode changes (and a GPU reset is needed), which running processes block it,
     or why the layout cannot fit and what would fit instead. Changes nothing. Exits 4 if a layout
-    cannot fit and 5 if running processes block it, as the apply would.
+    cannot fit, 5 if running processes block it and 1 if a GPU it selects is lost, as the apply
+    would.
 
     \b
     Example:
       gpu-agent mig plan -f /etc/nvidia-mig-manager/config.yaml -c all-balanced
     """
-    plan = plan_layouts(_load(config_file), selected, _layouts(obj, "mig plan"), force=force)
+    spec = _load(config_file)
+    spec.select(selected)  # an unknown config is refused here, before the agent is asked
+    layouts, lost = _read(obj, "mig plan")
+    plan = plan_layouts(spec, selected, layouts, force=force, lost=lost)
     data = {
         "config": plan.config,
         "gpus": [plan_data(p) for p in plan.gpus],
         "skipped_gpus": [g.index for g in plan.skipped],
         "unselected_gpus": [g.index for g in plan.unselected],
+        "lost_gpus": list(plan.lost),
         "summary": _summary(plan),
     }
     emit(data, output, lambda _: _plan_table(plan))
-    # Like an apply would: 4 when a layout cannot fit, 5 when processes are in the way.
+    # Like an apply would: 4 when a layout cannot fit, 5 when processes are in the way, 1 when
+    # a GPU it selects is lost.
     statuses = {p.status for p in plan.gpus}
     if "infeasible" in statuses:
         raise click.exceptions.Exit(Conflict.exit_code)
     if "blocked" in statuses:
         raise click.exceptions.Exit(Busy.exit_code)
+    if plan.lost:
+        raise click.exceptions.Exit(1)
 
 
 def _summary(plan: NodePlan) -> dict[str, int]:
@@ -202,6 +210,10 @@ def _plan_table(plan: NodePlan) -> str:
     if plan.unselected:
         parts.append(
             "not selected by any entry: GPU " + ", ".join(str(g.index) for g in plan.unselected)
+        )
+    if plan.lost:
+        parts.append(
+            "not planned (lost: an apply fails on it): GPU " + ", ".join(map(str, plan.lost))
         )
     s = _summary(plan)
     parts += [

@@ -8,7 +8,7 @@ GPU's own plan is agent/mig/plan.py's.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.errors import Busy, Conflict, DeviceLost, FieldViolation, InvalidSpec
@@ -36,6 +36,8 @@ class NodePlan:
     #: not MIG-capable and selected by ``devices: all``: skipped, as mig-parted does.
     skipped: tuple[GpuInfo, ...] = ()
     unselected: tuple[GpuInfo, ...] = ()
+    #: the lost GPUs the config selects (or may): not planned, and an apply fails on them
+    lost: tuple[int, ...] = ()
 
     @property
     def changes(self) -> tuple[GpuPlan, ...]:
@@ -68,9 +70,17 @@ def plan_layouts(
     *,
     force: bool = False,
     mode_only: bool = False,
+    lost: Sequence[GpuInfo] = (),
 ) -> NodePlan:
     name, entries = spec.select(config)
-    return _plan_node(name, entries, tuple(layouts), force, mode_only)
+    plan = _plan_node(name, entries, tuple(layouts), force, mode_only)
+    return replace(plan, lost=lost_selected(entries, lost))
+
+
+def lost_selected(entries: Sequence[MigConfigEntry], lost: Sequence[GpuInfo]) -> tuple[int, ...]:
+    """The lost GPUs the entries select, or may (one lost before the agent started is only an
+    index, so a UUID or a device filter cannot be matched against it)."""
+    return tuple(g.index for g in lost if any(entry.may_select(g) for entry in entries))
 
 
 def check_layouts(
@@ -85,7 +95,7 @@ def check_layouts(
     A ``lost`` GPU the config selects (or one too unknown to tell) cannot be read, so the
     config is not known to be applied: never "applied" for what was not checked."""
     name, entries = spec.select(config)
-    unread = tuple(g.index for g in lost if any(entry.may_select(g) for entry in entries))
+    unread = lost_selected(entries, lost)
     problems = [f"GPU {i} is lost: whether it holds {name} cannot be read" for i in unread]
     chosen = {s.gpu.uuid: s for s in select_gpus(entries, [lay.gpu for lay in layouts])}
     for layout in layouts:

@@ -169,7 +169,9 @@ class MigService:
         force: bool = False,
         mode_only: bool = False,
     ) -> NodePlan:
-        return plan_layouts(spec, config, self.layouts(), force=force, mode_only=mode_only)
+        return plan_layouts(
+            spec, config, self.layouts(), force=force, mode_only=mode_only, lost=self._lost()
+        )
 
     def check(
         self, spec: MigSpec, config: str | None = None, *, mode_only: bool = False

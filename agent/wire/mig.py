@@ -133,6 +133,7 @@ def node_plan_pb(plan: NodePlan) -> mig_pb2.PlanMigResponse:
         gpus=[gpu_plan_pb(p) for p in plan.gpus],
         unselected_gpus=[g.index for g in plan.unselected],
         skipped_gpus=[g.index for g in plan.skipped],
+        lost_gpus=plan.lost,
     )
 
 
@@ -210,6 +211,8 @@ class MigPlanView:
     gpus: tuple[PlannedGpu, ...]
     unselected_gpus: tuple[int, ...]
     skipped_gpus: tuple[int, ...]
+    #: the lost GPUs the config selects, or may: not planned; an apply fails on them
+    lost_gpus: tuple[int, ...] = ()
 
 
 def plan_from(response: mig_pb2.PlanMigResponse) -> MigPlanView:
@@ -232,6 +235,7 @@ def plan_from(response: mig_pb2.PlanMigResponse) -> MigPlanView:
         ),
         unselected_gpus=tuple(response.unselected_gpus),
         skipped_gpus=tuple(response.skipped_gpus),
+        lost_gpus=tuple(response.lost_gpus),
     )
 
 

@@ -111,6 +111,13 @@ def test_a_lost_gpu_the_config_selects_is_never_asserted_applied(
     )
     assert a100("assert", "-f", str(others), "-c", "rest").exit_code == 0
 
+    # The dry run says so first, and exits as the apply will.
+    planned = a100("plan", "-f", "FILE", "-c", "three-plus-four")
+    assert planned.exit_code == 1, planned.output
+    assert "not planned (lost: an apply fails on it): GPU 3" in planned.output
+    assert "7 GPU(s) change" in planned.output
+    assert a100("plan", "-f", str(others), "-c", "rest").exit_code == 0
+
     # An apply reaches the GPUs that answer and says the lost one was not applied (exit 1,
     # as mig-parted's NVML error): it said "applied successfully" without it.
     applied = a100("apply", "-f", "FILE", "-c", "three-plus-four")

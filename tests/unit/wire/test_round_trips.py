@@ -9,7 +9,7 @@ from agent.errors import Busy
 from agent.gpu.types import PowerLimits
 from agent.health.machine import Mark, State
 from agent.mig.desired import Desired
-from agent.mig.node_plan import NodePlan
+from agent.mig.node_plan import AssertResult, NodePlan
 from agent.mig.plan import plan_gpu
 from agent.mig.service import ApplyResult as MigApplyResult
 from agent.mig.service import GpuOutcome
@@ -27,7 +27,15 @@ from agent.telemetry.snapshot import (
     Snapshot,
 )
 from agent.wire.errors import error_record
-from agent.wire.mig import GpuReset, apply_result_pb, node_plan_pb, plan_from, reset_from
+from agent.wire.mig import (
+    GpuReset,
+    apply_result_pb,
+    assert_from,
+    assert_pb,
+    node_plan_pb,
+    plan_from,
+    reset_from,
+)
 from agent.wire.node import gpu_pb, health_mark_pb, node_from
 from agent.wire.operations import message_dict, operation_from, operation_pb
 from agent.wire.power import power_changes_from, power_changes_pb, power_view_from, power_view_pb
@@ -114,6 +122,12 @@ def test_an_operation_reads_back_with_its_result_or_its_error() -> None:
     )
 
 
+def test_an_assert_reads_back_with_its_lost_gpus() -> None:
+    """AssertMig as `mig assert` prints it: the verdict, every mismatch, the lost GPUs."""
+    result = AssertResult("all-1g", False, ("GPU 3 is lost: whether it holds all-1g …",), (3,))
+    assert assert_from(assert_pb(result)) == result
+
+
 def test_a_mig_plan_reads_back_gpu_by_gpu_with_its_steps_and_instances() -> None:
     """PlanMig as both clients read it (`plan_from`): each GPU's status, steps, the instances
     kept, destroyed and created, and the GPUs left out; a status from a newer agent is
@@ -124,8 +138,9 @@ def test_a_mig_plan_reads_back_gpu_by_gpu_with_its_steps_and_instances() -> None
         plan_gpu(whole, Desired(True, (("7g.80gb", 1),))),
         plan_gpu(whole, Desired(True, (("7g.80gb", 2),))),
     )
-    view = plan_from(node_plan_pb(NodePlan("mixed", plans, unselected=(other.gpu,))))
+    view = plan_from(node_plan_pb(NodePlan("mixed", plans, unselected=(other.gpu,), lost=(3,))))
     assert (view.config_name, view.unselected_gpus, view.skipped_gpus) == ("mixed", (2,), ())
+    assert view.lost_gpus == (3,)
     for domain, read in zip(plans, view.gpus, strict=True):
         assert (read.gpu_index, read.gpu_uuid) == (domain.layout.gpu.index, domain.layout.gpu.uuid)
         assert read.status == domain.status
