@@ -15,7 +15,7 @@ class FetchFailed(AgentError):
     keeps the partial and retries the item later. An answer such as 404 is not transient.
     """
 
-    exit_code = 10
+    exit_code = 13  # its own: a script tells a download that failed from a full state dir
 
     def __init__(self, message: str, transient: bool = False) -> None:
         super().__init__(message)

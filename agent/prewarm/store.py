@@ -65,17 +65,19 @@ class CacheStore(Cache):
 
         On a digest mismatch the partial is deleted and nothing appears at a final path.
         """
-        digest = self.commit_blob(partial, item.expected_sha256, item.name)
+        digest = self.commit_blob(partial, item.expected_sha256)
         self.link_name(item.name, digest)
         return digest
 
-    def commit_blob(self, partial: Partial, expected: str | None, what: str) -> str:
-        """Verify the partial against ``expected`` and move it to its blob path (no name)."""
+    def commit_blob(self, partial: Partial, expected: str | None, member: str = "") -> str:
+        """Verify the partial against ``expected`` and move it to its blob path (no name).
+        A mismatch names the ``member`` of a group; an item's own name is its row's already."""
         digest = partial.sha256()
         if expected and digest != expected:
             partial.close()
             self.discard_partial(partial.item_id)
-            raise DigestMismatch(f"sha256 mismatch for {what}: expected {expected}, got {digest}")
+            of = f" for {member}" if member else ""
+            raise DigestMismatch(f"sha256 mismatch{of}: expected {expected}, got {digest}")
         partial.sync()
         if self.blob_size(digest) is None:  # absent, or a planted link now in quarantine
             partial.seal()

@@ -108,7 +108,8 @@ def test_a_shard_that_does_not_match_its_lfs_sha256_fails_the_model(
     shard.write_bytes(b"x" * shard.stat().st_size)  # same size, other bytes
     svc = make_service(tmp_path)
     item = svc.run(svc.submit(GroupRequest(REPO, endpoint=endpoint)).id)
-    assert item.state is ItemState.FAILED and "sha256 mismatch" in (item.error or "")
+    assert item.state is ItemState.FAILED, item.error
+    assert "sha256 mismatch for model-00002-of-00002.safetensors:" in (item.error or "")
     assert not svc.store.name_path(item.name).exists()
     assert list(svc.store.partial_dir.iterdir()) == []
 

@@ -455,9 +455,11 @@ def test_default_names_of_two_sources_do_not_collide(tmp_path: Path, origin: Ori
 
 
 def test_cli_prewarm_delete_removes_a_failed_item(tmp_path: Path, origin: Origin) -> None:
+    """A download that failed exits 13 (`FetchFailed`, docs/api.md), its own code: it was 10,
+    the code of a state dir that takes no writes."""
     env = cli.agent_env(tmp_path)
     failed = cli.run(["prewarm", "file", origin.url("nothing.bin"), "--name", "nothing"], env)
-    assert failed.returncode != 0 and "404" in failed.stderr
+    assert failed.returncode == 13 and "404" in failed.stderr
     deleted = cli.run(["prewarm", "delete", "nothing", "-o", "json"], env)
     assert deleted.returncode == 0, deleted.stderr
     assert json.loads(deleted.stdout)[0]["name"] == "nothing"
