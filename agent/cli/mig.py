@@ -53,9 +53,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 _DEBUG = "gpu-agent.mig.debug"
 log = logging.getLogger(__name__)
 
-#: ``mig apply`` exit status when the layout is not reached because a MIG mode change waits for
-#: a GPU reset or a VM reboot: not success (0), not an error (1..10). docs/mig.md "Exit codes".
-PENDING_EXIT = 11
+#: ``mig apply``/``restore`` exit status when the layout is not reached because a MIG mode change
+#: waits for a GPU reset or a VM reboot: not success (0), and not any error's code. It was 11,
+#: which is also DriverNotReady's: a script resetting GPUs on 11 did so on a node with no driver.
+#: docs/mig.md "Exit codes", docs/api.md.
+PENDING_EXIT = 14
 
 
 def _layouts(obj: CliContext, feature: str) -> tuple[GpuLayout, ...]:

@@ -83,7 +83,7 @@ def test_a_pending_mode_change_is_not_success_directly(tmp_path: Path) -> None:
     done = gpu_agent(
         "dgx-a100", state, "mig", "apply", "-f", str(tmp_path / "mig.yaml"), "-c", "all-1g"
     )
-    assert done.returncode == PENDING_EXIT == 11, done.stdout + done.stderr
+    assert done.returncode == PENDING_EXIT == 14, done.stdout + done.stderr
     assert "MIG configuration applied successfully" not in done.stdout
     assert "NOT applied yet: a MIG mode change is pending" in done.stdout
     assert "reboot of this (passthrough) VM" in done.stdout
