@@ -204,7 +204,8 @@ class Sampler:
             xid_recent=early.xid_recent,
             clock_events=early.clock_events,
             p2p=early.p2p,
-            support=self._support.rows(frame.gpus),
+            # Only where it was asked: a GPU down (never read) supports nothing we know of.
+            support=self._support.rows(tuple(s.gpu for s in gpus if s.up)),
             layouts=self._topology.placed(),
             health=tuple(
                 HealthReadings(frame.gpus[i], early.health[i])

@@ -197,6 +197,8 @@ def test_lost_gpu_is_marked_down_and_the_others_keep_reporting(tmp_path: Path) -
     up = {s.gpu.index: s.up for s in snapshot.gpus}
     assert up == {i: i != 2 for i in range(8)}
     assert {s.entity.gpu.index for s in snapshot.entities} == set(range(8)) - {2}
+    # Whether a field can be read on a GPU nobody can read is not known: no series says 1.
+    assert {row.gpu.index for row in snapshot.support} == set(range(8)) - {2}
     assert dict(node.stats.view().errors) == {"gpu_lost": 1}
     sampler.tick()
     assert dict(node.stats.view().errors) == {"gpu_lost": 1}, "counted once per loss"
