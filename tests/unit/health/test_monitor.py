@@ -40,3 +40,13 @@ def test_a_replaced_gpu_takes_its_mark_with_it_and_the_new_one_starts_healthy(
     again.observe(_snapshot("GPU-a", "GPU-c"))
     assert set(again.marks()) == {Target("GPU-a"), Target("GPU-c")}
     assert again.marks()[Target("GPU-c")].state is State.HEALTHY
+
+
+def test_a_gpu_lost_before_it_was_ever_read_is_shown_under_its_index(tmp_path: Path) -> None:
+    """Its mark is keyed by its index alone; `doctor` said "GPU -1 failed" for it."""
+    monitor = HealthMonitor(Policy(hold_down_s=600), tmp_path, clock=lambda: 1000.0)
+    up = GpuStatus(GpuIdentity(0, "GPU-a", "H100", "0000:00:00.0", 0), up=True)
+    lost = GpuStatus(GpuIdentity(5, "", "", "", 5), up=False, detail="GPU is lost")
+    monitor.observe(Snapshot(0.0, "node", "550.90.07", "12.550", (up, lost), ()))
+    shown = {index: mark.state for index, mark, _ in monitor.shown().values()}
+    assert shown == {0: State.HEALTHY, 5: State.FAILED}
