@@ -358,7 +358,7 @@ class NodeInventory:
             return
         marks = self._health()
         for gpu in node.gpus:
-            uuid = gpu.uuid or f"index-{gpu.index}"
+            uuid = Target.gpu(gpu.uuid, gpu.index).gpu_uuid
             found = marks.get(Target(uuid))
             if found is not None:
                 gpu.condition.CopyFrom(health_mark_pb(found[1], found[2]))

@@ -34,5 +34,5 @@ class HealthCollector(Collector):
             gpu = str(index) if index >= 0 else ""
             for state in State:
                 value = 1.0 if mark.state is state else 0.0
-                family.add_metric([gpu, target.gpu_uuid, gi, state.value], value)
+                family.add_metric([gpu, target.known_uuid, gi, state.value], value)
         yield family

@@ -111,7 +111,9 @@ class HealthMonitor:
         changes: list[HealthChange] = []
         with self._lock:
             xids, self._xids = self._xids, []
-            uuids = {s.gpu.index: s.gpu.uuid or f"index-{s.gpu.index}" for s in snapshot.gpus}
+            uuids = {
+                s.gpu.index: Target.gpu(s.gpu.uuid, s.gpu.index).gpu_uuid for s in snapshot.gpus
+            }
             # Keyed as the marks are: a GPU lost before it was ever read by its index alone.
             self._index.update({uuid: index for index, uuid in uuids.items()})
             instances = _instances(snapshot)

@@ -103,13 +103,13 @@ def event_message(change: HealthChange) -> str:
     if change.held:
         return f"{where} stays {change.mark.state.value}: {change.reason}; pods: {pods}"
     return (
-        f"{where} ({change.target.gpu_uuid}) {change.before.value} -> "
+        f"{where} ({change.target.known_uuid or 'UUID unknown'}) {change.before.value} -> "
         f"{change.mark.state.value}: {change.reason}; action: {change.mark.action}; pods: {pods}"
     )
 
 
 def _where(index: int, target: Target) -> str:
-    gpu = f"GPU {index}" if index >= 0 else f"GPU {target.gpu_uuid}"
+    gpu = f"GPU {index}" if index >= 0 else f"GPU {target.known_uuid or '(index unknown)'}"
     return gpu if target.gpu_instance is None else f"{gpu} GPU instance {target.gpu_instance}"
 
 

@@ -28,12 +28,26 @@ FORMAT = 1
 SAVE_EVERY_S = 5.0
 
 
+#: the key of a GPU lost before it was ever read (its UUID is not known): by its index alone
+_BY_INDEX = "index-"
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     """A GPU (by UUID: indexes change across reboots) or one of its MIG GPU instances."""
 
     gpu_uuid: str
     gpu_instance: int | None = None
+
+    @classmethod
+    def gpu(cls, uuid: str, index: int) -> Target:
+        """A GPU's mark: by UUID, or by index for one lost before it was ever read."""
+        return cls(uuid or f"{_BY_INDEX}{index}")
+
+    @property
+    def known_uuid(self) -> str:
+        """The GPU's UUID, or "" where only its index is known (never a made-up UUID)."""
+        return "" if self.gpu_uuid.startswith(_BY_INDEX) else self.gpu_uuid
 
     def order(self) -> tuple[str, int]:
         """Sorts a GPU before its instances, instances by id."""

@@ -73,7 +73,7 @@ def health_mark_pb(mark: Mark, reason: str) -> agent_pb2.HealthMark:
 def health_event_pb(change: HealthChange) -> events_pb2.HealthEvent:
     return events_pb2.HealthEvent(
         gpu_index=max(change.gpu_index, 0),
-        gpu_uuid=change.target.gpu_uuid,
+        gpu_uuid=change.target.known_uuid,
         gpu_instance_id=change.target.gpu_instance,
         previous=_HEALTH_STATES[change.before],
         mark=health_mark_pb(change.mark, change.reason),

@@ -8,6 +8,7 @@ from pathlib import Path
 from agent.gpu.readings import GpuIdentity
 from agent.gpu.xid_events import XidEvent
 from agent.health.machine import Policy, State
+from agent.health.metrics import HealthCollector
 from agent.health.monitor import HealthChange, HealthMonitor
 from agent.health.store import Target
 from agent.telemetry.snapshot import GpuStatus, Snapshot
@@ -50,3 +51,10 @@ def test_a_gpu_lost_before_it_was_ever_read_is_shown_under_its_index(tmp_path: P
     monitor.observe(Snapshot(0.0, "node", "550.90.07", "12.550", (up, lost), ()))
     shown = {index: mark.state for index, mark, _ in monitor.shown().values()}
     assert shown == {0: State.HEALTHY, 5: State.FAILED}
+    # Its series says which GPU, and no made-up UUID.
+    rows = {
+        (s.labels["gpu"], s.labels["UUID"])
+        for family in HealthCollector(monitor.shown).collect()
+        for s in family.samples
+    }
+    assert rows == {("0", "GPU-a"), ("5", "")}
