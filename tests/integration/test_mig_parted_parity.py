@@ -93,7 +93,7 @@ nvidia-mig-parted assert -f $F -c $C; echo "assert-end=$?"
         "valid": "0",
         "assert": "1",
         "mode": "1",
-        "apply-mode": "11",  # pending: not success (mig-parted would say 0 here)
+        "apply-mode": "14",  # pending: not success (mig-parted would say 0 here)
         "mode-after": "1",
         "mode-rebooted": "0",
         "apply": "0",
