@@ -13,6 +13,7 @@ it. The ``io.cri-containerd.pinned=pinned`` label is set on every containerd nam
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +37,16 @@ _PINNED_VALUE = "pinned"
 _NAMESPACE = (("containerd-namespace", "k8s.io"),)
 
 __all__ = ["PINNED_LABEL", "RUNTIME_HANDLER_ANNOTATION", "CriPuller", "auth_for", "registry_host"]
+
+#: the runtime itself down or restarting (containerd is restarted on node upgrades)
+_RUNTIME_DOWN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+#: a pull that may pass, as a file's fetch is retried: the registry unreachable (containerd
+#: words Go's net errors) or answering 429 / 5xx
+_PASSING = re.compile(
+    r"connection refused|connection reset|i/o timeout|TLS handshake timeout|no such host"
+    r"|unexpected EOF|toomanyrequests|unexpected status.{0,300}?: (?:429|5\d\d)\b",
+    re.IGNORECASE,
+)
 
 
 def auth_for(ref: str, docker_config: Path | None) -> cri.AuthConfig | None:
@@ -186,10 +197,12 @@ class CriPuller:
             raise self._error(exc, spec.image) from None
 
     def _error(self, exc: grpc.RpcError, ref: str) -> AgentError:
+        """The CRI's answer as the item's failure: transient (retried by the agent with
+        back-off) when the runtime or the registry may come back, final otherwise."""
         code = exc.code() if isinstance(exc, grpc.Call) else None
-        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-        if code is grpc.StatusCode.UNAVAILABLE:
-            return AgentError(f"CRI runtime not reachable at {self._socket}: {details}")
-        if code is grpc.StatusCode.NOT_FOUND or "not found" in (details or ""):
+        details = (exc.details() if isinstance(exc, grpc.Call) else str(exc)) or ""
+        if code in _RUNTIME_DOWN:
+            return FetchFailed(f"CRI runtime not reachable at {self._socket}: {details}", True)
+        if code is grpc.StatusCode.NOT_FOUND or "not found" in details:
             return NotFound(f"image {ref}: {details}")
-        return FetchFailed(f"pull of {ref} failed: {details}")
+        return FetchFailed(f"pull of {ref} failed: {details}", bool(_PASSING.search(details)))

@@ -249,7 +249,7 @@ class CacheItem:
 
     @property
     def retry_at(self) -> float | None:
-        """When the agent retries a file that failed for a transient reason (None: no retry)."""
+        """When the agent retries an item that failed for a transient reason (None: no retry)."""
         value = self.options.get("retry_at")
         return float(value) if value else None
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec
 from agent.owner import Actor
 from agent.prewarm.docker_auth import registry_host
-from agent.prewarm.errors import Cancelled, ImageWarmFailed
+from agent.prewarm.errors import Cancelled, FetchFailed, ImageWarmFailed
 from agent.prewarm.model import (
     CacheItem,
     ImagePull,
@@ -159,6 +159,8 @@ class ImageSource(Source):
             result = puller.pull(item.source, handler)
         except Cancelled:
             return Stopped()
+        except FetchFailed as exc:  # the runtime or the registry may come back: retried
+            return Failed(str(exc), exc.transient)
         except AgentError as exc:
             return Failed(str(exc))
         work.index.record_pull(ImagePull(item.source, result.cold, result.seconds, work.now()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,7 +49,30 @@ def test_pull_of_a_missing_image_fails_the_item(tmp_path: Path, cluster: cri.Clu
     svc._puller = CriPuller(cluster.socket)
     item = svc.run(svc.submit(ImageRequest(f"{cluster.registry}/nope/none:1", name="none")).id)
     assert item.state is ItemState.FAILED
-    assert item.error
+    assert item.error and "retrying" not in item.error
+    assert item.retry_at is None  # not there: a retry would find it missing again
+
+
+def test_an_unreachable_registry_or_runtime_is_retried_as_a_file_is(
+    tmp_path: Path, cluster: cri.Cluster
+) -> None:
+    """A registry that refuses connections, or containerd not answering (it restarts on node
+    upgrades), may come back: the item keeps a retry time, as a file whose origin is down
+    does. Every image failure was final; such items stayed failed until submitted again."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # held, never listening: connections are refused
+    port = closed.getsockname()[1]
+    svc = make_service(tmp_path)
+    svc._puller = CriPuller(cluster.socket)
+    down = svc.run(svc.submit(ImageRequest(f"127.0.0.1:{port}/serving/model:1", name="r")).id)
+    closed.close()
+    assert down.state is ItemState.FAILED and "connection refused" in (down.error or "")
+    assert down.retry_at is not None and "retrying in" in (down.error or ""), down.error
+    svc._puller = CriPuller(tmp_path / "containerd-restarting.sock")
+    ref = f"{cluster.registry}/serving/other:1"
+    gone = svc.run(svc.submit(ImageRequest(ref, name="c")).id)
+    assert gone.state is ItemState.FAILED and "CRI runtime not reachable" in (gone.error or "")
+    assert gone.retry_at is not None, gone.error
 
 
 def test_docker_config_auth_is_found_for_the_registry(tmp_path: Path) -> None:
