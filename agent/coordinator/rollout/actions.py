@@ -107,7 +107,10 @@ class MigApply(_Base):
         text, name = mig_config(self.record, node)
         plan = await client.plan_mig(text, name)
         statuses = {g.status for g in plan.gpus}
+        lost = _lost(plan.lost_gpus)
         if statuses <= {"unchanged"}:
+            if lost:  # the GPUs read hold it; the lost ones cannot be asked
+                return NodeResult(NodeState.FAILED, f"not applied: {lost}")
             return NodeResult(NodeState.UNCHANGED, "already as asked")
         refused = [
             f"GPU {g.gpu_index}: {g.status} "
@@ -125,7 +128,15 @@ class MigApply(_Base):
             return NodeResult(NodeState.FAILED, final.failure)
         applied = final.mig_result
         changed = len(applied.changed_gpu_uuids) if applied is not None else 0
+        gone = [g.gpu_index for g in applied.gpus if g.status == "lost"] if applied else []
+        if gone:  # the others were applied; the node does not hold the config
+            return NodeResult(NodeState.FAILED, f"{changed} GPU(s) changed; {_lost(gone)}")
         return NodeResult(NodeState.SUCCEEDED, f"{changed} GPU(s) changed")
+
+
+def _lost(indices: Sequence[int]) -> str:
+    """The lost GPUs a config selects, in words ("" for none)."""
+    return "; ".join(f"GPU {i} is lost: not applied" for i in indices)
 
 
 class ShareApply(_Base):
@@ -223,12 +234,13 @@ async def _preview_mig(client: AgentClient, record: RolloutRecord, node: str) ->
         for g in plan.gpus
     )
     statuses = {g["status"] for g in gpus}
-    if statuses & {"blocked", "infeasible"}:
+    if statuses & {"blocked", "infeasible"} or plan.lost_gpus:
         would = "refused"
     else:
         would = "unchanged" if statuses <= {"unchanged"} else "change"
     changing = sum(g["status"] != "unchanged" for g in gpus)
-    return NodePreview(node, would, f"{changing}/{len(gpus)} GPU(s) change", gpus)
+    lost = f"; {_lost(plan.lost_gpus)}" if plan.lost_gpus else ""
+    return NodePreview(node, would, f"{changing}/{len(gpus)} GPU(s) change{lost}", gpus)
 
 
 async def _preview_share(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:

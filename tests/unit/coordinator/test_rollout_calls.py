@@ -61,6 +61,8 @@ class Agent:
         self.claim: NS | None = None
         self.running: tuple[NS, ...] = ()
         self.apply_s = 0.0
+        #: GPUs the config selects that are lost: planned and applied without them
+        self.lost: tuple[int, ...] = ()
 
     def _count(self, call: str) -> None:
         self.calls[call] += 1
@@ -82,7 +84,7 @@ class Agent:
             infeasible_reason="",
             deferred=False,
         )
-        return NS(gpus=(gpu,))
+        return NS(gpus=(gpu,), lost_gpus=self.lost)
 
     async def claim_mig(self, holder: str, rollout: str, max_unavailable: str) -> NS:
         self._count("ClaimMig")
@@ -110,7 +112,8 @@ class Agent:
     async def watch_operation(self, name: str) -> AsyncIterator[NS]:
         self._count("WatchOperation")
         await asyncio.sleep(self.apply_s)
-        done = NS(changed_gpu_uuids=("u",))
+        lost = tuple(NS(gpu_index=i, status="lost") for i in self.lost)
+        done = NS(changed_gpu_uuids=("u",), gpus=(NS(gpu_index=0, status="applied"), *lost))
         yield NS(progress="", state="succeeded", failure="", mig_result=done)
 
 
@@ -248,3 +251,18 @@ def test_a_20_node_rollout_writes_its_status_a_bounded_number_of_times(tmp_path:
     status = json.loads(maps.data["mig"])
     assert status["state"] == "done" and status["counts"] == {"succeeded": 20}
     assert {n: r["state"] for n, r in status["nodes"].items()} == dict.fromkeys(pool, "succeeded")
+
+
+def test_a_node_whose_selected_gpu_is_lost_is_never_in_sync(tmp_path: Path) -> None:
+    """GPU 3 is lost: the apply reached the GPUs that answer, and the node was counted
+    succeeded, then "already as asked" on every pass, though GPU 3 holds nothing it was asked.
+    It is failed, and held back, until the GPU answers (its health mark may lag the loss)."""
+    fleet = CountingFleet(3, train={"n001"})
+    fleet.agents["n001"].lost = (3,)
+    reconciler = _pass(fleet, tmp_path)
+    assert fleet.agents["n001"].applied
+    assert reconciler.stats.changes[("mig", "failed")] == 1
+    assert reconciler.stats.changes[("mig", "succeeded")] == 0
+    asyncio.run(reconciler.pass_once())  # the GPUs read hold it now; GPU 3 still does not
+    assert reconciler.stats.drift["mig"] == 1  # this pass's count: still not in sync
+    assert reconciler.stats.changes[("mig", "succeeded")] == 0
