@@ -5,6 +5,7 @@ only NVML calls are the facade's read-only ones (power limits, MIG mode)."""
 from __future__ import annotations
 
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from agent.doctor.facts import NEEDS_NVML, Facts, degraded, failed, ok
@@ -166,6 +167,15 @@ def _gpus(facts: Facts) -> tuple[GpuInfo, ...]:
     return facts.driver.driver.gpus()
 
 
+def _never_read(facts: Facts, read: Sequence[GpuInfo]) -> list[int]:
+    """The GPUs the snapshot lists down that no layout was ever read of (lost before the
+    agent started): a check over the GPUs read would pass them over in silence."""
+    snap = facts.snapshot()
+    known = {gpu.index for gpu in read}
+    downs = () if snap is None else snap.gpus
+    return [s.gpu.index for s in downs if not s.up and s.gpu.index not in known]
+
+
 def mig_capability(facts: Facts) -> Check:
     if not facts.driver.is_attached:
         return failed(M, "capability", "no NVML: MIG cannot be read or changed", NEEDS_NVML)
@@ -263,8 +273,9 @@ def power_limits(facts: Facts) -> Check:
         return failed("power", "limits", "no NVML: power limits cannot be read", NEEDS_NVML)
     driver = facts.driver.driver
     ranges: dict[str, list[int]] = {}  # one line per distinct range: 8 alike GPUs, one line
-    unread = []
-    for gpu in _gpus(facts):
+    gpus = _gpus(facts)
+    unread = [f"GPU {i}: lost before it was ever read" for i in _never_read(facts, gpus)]
+    for gpu in gpus:
         try:
             limits = driver.power_limits(gpu.uuid)
         except AgentError as exc:

@@ -18,6 +18,8 @@ import yaml
 
 from agent.cli.doctor import DEGRADED_EXIT, FAILED_EXIT
 from agent.doctor.service import CHECKS
+from agent.gpu import open_driver
+from agent.gpu.sim import SimControl
 from tests.unit.api.support import REPO, AgentProcess, agent_config, wait_for
 
 pytestmark = pytest.mark.integration
@@ -114,3 +116,20 @@ def test_a_socket_directory_others_may_write_fails_with_the_chmod(tmp_path: Path
     check = next(c for c in json.loads(done.stdout)["checks"] if c["name"] == "socket-dir")
     assert check["state"] == "failed" and "mode 0777" in check["evidence"]
     assert check["fix"] == f"chmod 0700 {run}"
+
+
+def test_a_gpu_lost_before_the_agent_started_is_named_where_its_gpu_checks_pass_it_over(
+    tmp_path: Path,
+) -> None:
+    """GPU 5 fell off the bus before the agent ever read it. `power/limits` said ok for the seven
+    GPUs it read, and `health/xid` named the mark "GPU -1"."""
+    state = tmp_path / "state"
+    open_driver("dgx-h100", state).close()
+    SimControl(state).mark_lost(5)
+    done = doctor(state, agent_config(tmp_path), "-o", "json")
+    checks = {f"{c['duty']}/{c['name']}": c for c in json.loads(done.stdout)["checks"]}
+    power = checks["power/limits"]
+    assert power["state"] == "degraded", power
+    assert "GPU 5: lost before it was ever read" in power["evidence"]
+    assert "GPU 5 failed: GPU lost" in checks["health/xid"]["evidence"]
+    assert "GPU -1" not in done.stdout
