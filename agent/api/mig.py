@@ -29,7 +29,7 @@ from agent.mig.checkpoint import parse_checkpoint
 from agent.mig.claim import Claim, ClaimBook
 from agent.mig.node_plan import refuse_unless_feasible
 from agent.mig.service import ApplyResult, MigService, RecoveryOutcome
-from agent.mig.spec import MigSpec, parse_spec
+from agent.mig.spec import MigSpec, name_problem, parse_spec
 from agent.operation import INTERRUPTED, AlreadyRunning
 from agent.owner import Actor
 from agent.prewarm.errors import Cancelled
@@ -45,7 +45,6 @@ from agent.wire.operations import message_dict, operation_name, operation_pb
 __all__ = ["MigServicer", "advise_layouts", "interrupted_apply"]
 
 _MAX_CONFIG = 1024 * 1024
-_MAX_NAME = 253
 _CHECKPOINT = "checkpoint"  # the config name a restore reports
 
 
@@ -54,11 +53,8 @@ def advise_layouts(
 ) -> mig_pb2.AdviseMigResponse:
     """Advice for the GPUs (or the one ``gpu_index`` names), for every profile or ``profile``;
     InvalidSpec names the field when the index or the profile names nothing here."""
-    if len(profile) > _MAX_NAME or not profile.isprintable():
-        raise InvalidSpec(
-            "profile is too long or not printable",
-            [FieldViolation("profile", f"at most {_MAX_NAME} printable characters")],
-        )
+    if bad := name_problem(profile, "profile"):
+        raise InvalidSpec("profile is too long or not printable", [bad])
     chosen = [g for g in layouts if gpu_index is None or g.gpu.index == gpu_index]
     if not chosen:
         have = ", ".join(str(g.gpu.index) for g in layouts) or "none"
@@ -116,8 +112,8 @@ def _spec(text: str, name: str, field: str = "config_yaml") -> tuple[MigSpec, st
         bad.append(FieldViolation(field, "required: a mig-parted v1 config file"))
     elif len(text) > _MAX_CONFIG:
         bad.append(FieldViolation(field, f"at most {_MAX_CONFIG} bytes"))
-    if len(name) > _MAX_NAME or not name.isprintable():
-        bad.append(FieldViolation("config_name", f"at most {_MAX_NAME} printable characters"))
+    if named := name_problem(name, "config_name"):
+        bad.append(named)
     if bad:
         raise InvalidSpec("the MIG config is missing or malformed", bad)
     return parse_spec(text, field), name or None
@@ -325,11 +321,8 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
         self, request: mig_pb2.ExportMigRequest, context: grpc.aio.ServicerContext
     ) -> mig_pb2.ExportMigResponse:
         label = request.config_name or "current"
-        if len(label) > _MAX_NAME or not label.isprintable():
-            raise InvalidSpec(
-                "config_name is too long or not printable",
-                [FieldViolation("config_name", f"at most {_MAX_NAME} printable characters")],
-            )
+        if bad := name_problem(label, "config_name"):
+            raise InvalidSpec("config_name is too long or not printable", [bad])
         self._require_gpu("mig export")
         document = await asyncio.to_thread(self._service.export, label)
         return mig_pb2.ExportMigResponse(config_yaml=yaml.safe_dump(document, sort_keys=False))

@@ -38,7 +38,7 @@ from agent.mig.node_plan import (
     refuse_lost,
 )
 from agent.mig.plan import mig_parted_destroys
-from agent.mig.spec import MigSpec, load_spec
+from agent.mig.spec import MigSpec, load_spec, name_problem
 from agent.mig.state import fetch
 from agent.mig.view import plan_data, plan_text, show_data, show_text
 from agent.wire.operations import MigApplied
@@ -495,6 +495,8 @@ def export_command(obj: CliContext, output_format: str, config_label: str) -> No
     Example:
       gpu-agent mig export -l golden > golden.yaml
     """
+    if bad := name_problem(config_label, "config-label"):  # named as the user gave it
+        raise InvalidSpec("--config-label is too long or not printable", [bad])
     document = yaml.safe_load(obj.agent().export_mig(config_label))  # the agent's own answer
     emit(document, output_format)
 

@@ -28,6 +28,17 @@ MAX_COUNT = 7
 #: NVML numbers GPUs 0..N-1; no node has more than this many.
 MAX_GPU_INDEX = 255
 _MAX_UUID = 96
+#: A config, label or profile name a caller gives (echoed in answers and logs): a DNS name's bound
+MAX_NAME = 253
+
+
+def name_problem(value: str, field: str) -> FieldViolation | None:
+    """Why ``value`` cannot name a config, a label or a profile (None when it can)."""
+    if len(value) > MAX_NAME or not value.isprintable():
+        return FieldViolation(field, f"at most {MAX_NAME} printable characters")
+    return None
+
+
 #: How many config names an error lists, and how much of an unknown name it repeats.
 MAX_NAMES_LISTED = 8
 MAX_NAME_SHOWN = 100

@@ -194,6 +194,10 @@ def test_export_round_trips_through_apply(a100: Invoke, tmp_path: Path) -> None:
     }
     (tmp_path / "mig.yaml").write_text(exported.output)
     assert a100("assert", "-f", "FILE").exit_code == 0  # a single config needs no -c
+    # A label the config cannot carry is refused under the flag's name, not the API's field.
+    refused = a100("export", "-l", "gol\tden")
+    assert refused.exit_code == 2 and "config-label: at most 253 printable" in refused.output
+    assert "config_name" not in refused.output
 
 
 def test_a_second_apply_is_refused_with_exit_5(a100: Invoke, tmp_path: Path) -> None:
