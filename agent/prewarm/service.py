@@ -37,7 +37,7 @@ from agent.prewarm.fetch_http import CancelledFn, ProgressFn
 from agent.prewarm.headers import HeaderDir
 from agent.prewarm.index import PrewarmIndex
 from agent.prewarm.inventory import Inventory
-from agent.prewarm.model import CacheItem, ImagePull, ItemState, Progress
+from agent.prewarm.model import CacheItem, ImagePull, ItemState, Layout, Progress
 from agent.prewarm.naming import (
     DEFAULT_IGNORED_QUERY_PARAMS,
     check_name,
@@ -623,7 +623,10 @@ class PrewarmService:
             options.update(retry_at=retry_at, attempts=str(attempts))
             with self._lock:
                 self._retry_due[item.id] = (float(retry_at), self._monotonic() + delay)
-            error = f"{error} (retrying in {delay:.0f}s, {outcome.kept} bytes kept)"
+            # An image's bytes are the runtime's to keep; a file's partial is ours to count.
+            runtime = kinds.source_for(item.kind).layout is Layout.RUNTIME
+            kept = "" if runtime else f", {outcome.kept} bytes kept"
+            error = f"{error} (retrying in {delay:.0f}s{kept})"
         else:
             self.store.discard_partial(item.id)
             with self._lock:

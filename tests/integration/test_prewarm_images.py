@@ -73,6 +73,7 @@ def test_an_unreachable_registry_or_runtime_is_retried_as_a_file_is(
     gone = svc.run(svc.submit(ImageRequest(ref, name="c")).id)
     assert gone.state is ItemState.FAILED and "CRI runtime not reachable" in (gone.error or "")
     assert gone.retry_at is not None, gone.error
+    assert "bytes kept" not in (gone.error or "")  # the runtime keeps an image's, not the cache
 
 
 def test_docker_config_auth_is_found_for_the_registry(tmp_path: Path) -> None:
