@@ -20,7 +20,7 @@ from functools import partial
 
 import psutil
 
-from agent.clocks import deadline_from_wall, start_from_wall
+from agent.clocks import start_from_wall
 from agent.errors import (
     AgentError,
     Busy,
@@ -48,6 +48,7 @@ from agent.prewarm.naming import (
 from agent.prewarm.policy import UrlPolicy, redact_url
 from agent.prewarm.ports import FileFetcher, ImagePuller, ImageWarmer
 from agent.prewarm.progress import ProgressMeter
+from agent.prewarm.retries import RetryClock
 from agent.prewarm.source import (
     Failed,
     Outcome,
@@ -107,8 +108,7 @@ class PrewarmService:
         self._lister = lister or fetcher
         self._group_parallel = group_parallel
         self._ignored_params = tuple(ignored_query_params)
-        self._retry_initial = retry_initial_s
-        self._retry_max = retry_max_s
+        self.retries = RetryClock(retry_initial_s, retry_max_s, clock, monotonic)
         self._header_dirs = tuple(header_dirs)
         self.store = store
         self.policy = policy
@@ -125,9 +125,6 @@ class PrewarmService:
         self._cancel_events: dict[str, Stop] = {}
         self._subscribers: list[ProgressCallback] = []
         self._lock = threading.Lock()
-        #: retries scheduled in this process: item id -> (the stored wall-clock retry_at, the
-        #: monotonic deadline it stands for); the wall clock only says when across a restart
-        self._retry_due: dict[str, tuple[float, float]] = {}
         #: monotonic start of items being warmed, for their time-to-warm
         self._started: dict[str, float] = {}
         #: items whose outcome the state store refused to record (its disk full or read-only):
@@ -429,7 +426,7 @@ class PrewarmService:
     def tasks(self, audit_interval_s: float) -> list[Task]:
         """Failed items come back when their retry is due: the agent owns the queue, so a timer
         is all it takes (nothing else writes it). An audit records what it finds."""
-        every = min(self._retry_initial, RETRY_CHECK_S)
+        every = min(self.retries.initial_s, RETRY_CHECK_S)
         retries = Task("prewarm-retries", self.retry_due, every, needs=WRITABLE, wait_first=True)
         return [retries, Task("prewarm-audit", self.audit, audit_interval_s, needs=WRITABLE)]
 
@@ -440,25 +437,8 @@ class PrewarmService:
             self.enqueue(item_id)
 
     def _queue_due_retries(self) -> list[str]:
-        wall, mono = self._clock(), self._monotonic()
-        due = []
-        failed = [i for i in self.index.items([ItemState.FAILED]) if i.retry_at is not None]
+        due = self.retries.due(self.index.items([ItemState.FAILED]))
         with self._lock:
-            for item in failed:
-                assert item.retry_at is not None
-                known = self._retry_due.get(item.id)
-                if known is None or known[0] != item.retry_at:  # set before this process, or by
-                    deadline = deadline_from_wall(  # another one (the CLI's embedded agent)
-                        item.retry_at,
-                        wall_now=wall,
-                        mono_now=mono,
-                        bound_s=self._retry_delay(item.attempts),
-                    )
-                    known = self._retry_due[item.id] = (item.retry_at, deadline)
-                if known[1] <= mono:
-                    due.append(item)
-            waiting = {i.id for i in failed} - {i.id for i in due}
-            self._retry_due = {k: v for k, v in self._retry_due.items() if k in waiting}
             unrecorded = list(self._unrecorded)
         if unrecorded:  # those deleted meanwhile are gone
             live = {i.id for i in self.index.items([ItemState.QUEUED, ItemState.FETCHING])}
@@ -470,10 +450,6 @@ class PrewarmService:
             log.info("retrying %s (attempt %d): %s", item.name, item.attempts + 1, item.error)
             self.index.update(item.id, state=ItemState.QUEUED)
         return [item.id for item in due] + unrecorded
-
-    def _retry_delay(self, attempts: int) -> float:
-        """The wait before retry number ``attempts``: doubling from the first, up to the cap."""
-        return min(self._retry_initial * 2 ** (max(attempts, 1) - 1), self._retry_max)
 
     def enqueue(self, item_id: str) -> Future[CacheItem]:
         if self._pool is None:
@@ -618,11 +594,8 @@ class PrewarmService:
         error = outcome.error
         if outcome.transient:
             attempts = item.attempts + 1
-            delay = self._retry_delay(attempts)
-            retry_at = f"{now + delay:.3f}"
+            retry_at, delay = self.retries.schedule(item.id, attempts, now)
             options.update(retry_at=retry_at, attempts=str(attempts))
-            with self._lock:
-                self._retry_due[item.id] = (float(retry_at), self._monotonic() + delay)
             # An image's bytes are the runtime's to keep; a file's partial is ours to count.
             runtime = kinds.source_for(item.kind).layout is Layout.RUNTIME
             kept = "" if runtime else f", {outcome.kept} bytes kept"

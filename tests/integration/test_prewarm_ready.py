@@ -324,7 +324,7 @@ def test_retry_delay_doubles_up_to_the_cap(tmp_path: Path, origin: Origin) -> No
     origin.add("flaky.bin", blob(MIB, 10))
     clock = Clock()
     svc = make_service(tmp_path, retries=0, clock=clock)
-    svc._retry_max = 100.0
+    svc.retries.max_s = 100.0
     item = svc.submit(FileRequest(origin.url("flaky.bin"), name="flaky"))
     delays = []
     for _ in range(4):
