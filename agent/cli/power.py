@@ -42,10 +42,11 @@ def show_command(obj: PowerContext, output: str) -> None:
       gpu-agent power show -o json
     """
     view = obj.agent().get_power()
-    _say_lost(obj, "its limits cannot be read")
+    lost = _say_lost(obj, "its limits cannot be read")
     data = {
         "spec": view.spec_text or None,
         "gpus": [_gpu(g, view) for g in view.gpus],
+        "lost_gpus": lost,
     }
     emit(data, output, _show_table)
 
@@ -79,8 +80,8 @@ def apply_command(obj: PowerContext, spec_file: IO[str], output: str) -> None:
       gpu-agent power apply -f power.yaml
     """
     changes = obj.agent().apply_power(spec_file.read())
-    _say_lost(obj, "not capped now; the agent sets the spec's cap when it answers again")
-    emit({"changes": _changes(changes)}, output, _changes_table)
+    lost = _say_lost(obj, "not capped now; the agent sets the spec's cap when it answers again")
+    emit({"changes": _changes(changes), "lost_gpus": lost}, output, _changes_table)
 
 
 @power.command("restore", short_help="Forget the spec; put back the limits from before it.")
@@ -95,15 +96,17 @@ def restore_command(obj: PowerContext, output: str) -> None:
       gpu-agent power restore
     """
     changes = obj.agent().restore_power()
-    emit({"changes": _changes(changes)}, output, _changes_table)
+    lost = _say_lost(obj, "not restored now; the agent puts its limit back when it answers again")
+    emit({"changes": _changes(changes), "lost_gpus": lost}, output, _changes_table)
 
 
-def _say_lost(obj: PowerContext, what: str) -> None:
-    """A lost GPU is in no table of the agent's answer: say so, rather than let the rows
-    read as every GPU of the node."""
-    for gpu in obj.agent().node().gpus:
-        if gpu.lost:
-            click.echo(f"warning: GPU {gpu.layout.gpu.index} is lost: {what}", err=True)
+def _say_lost(obj: PowerContext, what: str) -> list[int]:
+    """A lost GPU is in no table of the agent's answer: say so, rather than let the rows read
+    as every GPU of the node; its index goes in ``lost_gpus`` for scripts."""
+    lost = [gpu.layout.gpu.index for gpu in obj.agent().node().gpus if gpu.lost]
+    for index in lost:
+        click.echo(f"warning: GPU {index} is lost: {what}", err=True)
+    return lost
 
 
 def _watts(milliwatts: int) -> float:

@@ -12,7 +12,8 @@ the node needs across restarts:
 GPU is touched), records the baselines, sets the limits, and on an NVML failure puts the GPUs it
 changed back. ``reconcile`` sets the desired limits again where a GPU lost them (a reboot, a
 driver reload, someone's ``nvidia-smi -pl``): the node runs it when the driver attaches and then
-on every driver check. ``restore`` forgets the spec and puts the baselines back.
+on every driver check. ``restore`` forgets the spec and puts the baselines back; a GPU lost
+then keeps its baseline, which ``reconcile`` puts back once the GPU answers.
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ class PowerService:
         return changes
 
     def restore(self) -> list[Change]:
-        """Forget the spec and put each GPU's limit from before the agent's first change back."""
+        """Forget the spec and put each GPU's limit from before the agent's first change back.
+        A GPU that does not answer keeps its baseline, put back by `reconcile` once it does."""
         with self._lock:
             self._journal.journal_clear(DESIRED)  # reconcile no longer re-caps
             baseline = self._baseline()
@@ -109,7 +111,7 @@ class PowerService:
                 (g, baseline[g.uuid]) for g in gpus if g.limits.current_mw != baseline[g.uuid]
             ]
             changes = self._set_all(wanted)
-            self._journal.journal_clear(BASELINE)
+            self._keep_baselines(baseline, done={g.uuid for g in gpus})
         return changes
 
     def follow(self, link: DriverLink) -> None:
@@ -127,7 +129,7 @@ class PowerService:
             try:
                 spec = self._desired()
                 if spec is None:
-                    return []
+                    return self._restore_pending()
                 targets, problems = resolve(spec, self._read(strict=False))
             except AgentError as exc:
                 self._log_once("", f"the stored power spec cannot be re-applied: {exc}")
@@ -186,6 +188,37 @@ class PowerService:
                     log.error("could not put GPU %d's power limit back: %s", c.index, exc)
             raise
         return done
+
+    def _restore_pending(self) -> list[Change]:
+        """Without a spec, a baseline left is a restore not done yet (its GPU did not answer,
+        or an apply stopped midway): put it back where the GPU answers now."""
+        baseline = self._baseline()
+        if not baseline:
+            return []
+        changes, done = [], set()
+        for g in self._read(strict=False):
+            want = baseline.get(g.uuid)
+            if want is None:
+                continue
+            try:
+                if g.limits.current_mw != want:
+                    changes.append(self._set(g, want))
+                done.add(g.uuid)
+            except AgentError as exc:
+                self._log_once(g.uuid, f"power limit of GPU {g.index} not restored: {exc}")
+        self._keep_baselines(baseline, done)
+        for c in changes:
+            log.info("power limit of GPU %d restored: %g W", c.index, c.after_mw / 1000)
+        return changes
+
+    def _keep_baselines(self, baseline: dict[str, int], done: set[str]) -> None:
+        """Keep the baselines of the GPUs not restored yet; forget the others'."""
+        if not done:
+            return
+        self._journal.journal_clear(BASELINE)
+        for uuid, limit_mw in baseline.items():
+            if uuid not in done:
+                self._journal.journal_append(BASELINE, {"uuid": uuid, "limit_mw": limit_mw})
 
     def _desired(self) -> PowerSpec | None:
         entries = self._journal.journal_entries(DESIRED)

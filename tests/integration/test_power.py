@@ -124,5 +124,7 @@ def test_a_gpu_lost_at_apply_is_said_and_capped_once_it_answers_again(tmp_path: 
         )
         shown = cli(agent.state_dir, config, "power", "show")
         assert "warning: GPU 3 is lost: its limits cannot be read" in shown.stderr
+        as_json = cli(agent.state_dir, config, "power", "show", "-o", "json")
+        assert json.loads(as_json.stdout)["lost_gpus"] == [3]  # scripts see it too
         control.reboot()  # the GPU answers again
         wait_for(lambda: _limits(agent, config) == _WANT, "GPU 3 capped once it answers")

@@ -96,6 +96,27 @@ def test_restore_returns_the_limits_from_before_the_first_apply(
     assert service.reconcile() == []  # nothing re-caps after a restore
 
 
+def test_a_gpu_lost_at_restore_keeps_its_baseline_until_it_answers(
+    gpu: GpuDriver, tmp_path: Path
+) -> None:
+    """A restore forgot every baseline, a lost GPU's too: it never got its limit back. Its
+    baseline stays, and the check that re-caps puts it back once the GPU answers."""
+    service = _service(gpu, tmp_path)
+    first = gpu.gpus()[0]
+    gpu.set_power_limit(first.uuid, 350_000)  # an operator's nvidia-smi -pl before the agent
+    service.apply(_SPEC)
+    SimControl(tmp_path).mark_lost(first.index)
+    changes = service.restore()
+    assert first.uuid not in {c.uuid for c in changes} and changes  # the others are back
+    assert service.show().baseline_mw == {first.uuid: 350_000}
+    assert service.reconcile() == []  # still lost: nothing to do, nothing forgotten
+    SimControl(tmp_path).reboot()  # it answers again (at its default limit)
+    (back,) = service.reconcile()
+    assert (back.uuid, back.after_mw) == (first.uuid, 350_000)
+    assert gpu.power_limits(first.uuid).current_mw == 350_000
+    assert service.show().baseline_mw == {} and service.reconcile() == []
+
+
 def test_a_new_service_reapplies_after_a_reboot(gpu: GpuDriver, tmp_path: Path) -> None:
     _service(gpu, tmp_path).apply(_SPEC)
     want = _limits(gpu)
