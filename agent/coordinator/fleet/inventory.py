@@ -89,7 +89,8 @@ class NodeView:
 
     @property
     def models(self) -> tuple[str, ...]:
-        return tuple(sorted({g.gpu.name for g in self.layouts}))
+        """The models of the GPUs read (a GPU lost before it was read has none known)."""
+        return tuple(sorted({g.gpu.name for g in self.layouts if g.gpu.name}))
 
     @property
     def usable_layouts(self) -> tuple[GpuLayout, ...]:

@@ -214,8 +214,12 @@ def _gpu(layout: GpuLayout, lost: bool, processes_known: bool, mark: GpuMark | N
 
 
 def _models(view: NodeView) -> str:
+    """``2x H100 80GB HBM3``; a GPU lost before it was read is of a model nobody knows."""
     counts = Counter(g.gpu.name.removeprefix("NVIDIA ") for g in view.layouts)
-    return ", ".join(f"{n}x {name}" for name, n in sorted(counts.items())) or "-"
+    unknown = counts.pop("", 0)
+    said = [f"{n}x {name}" for name, n in sorted(counts.items())]
+    said += [f"{unknown}x unknown (lost before it was read)"] if unknown else []
+    return ", ".join(said) or "-"
 
 
 def _node(view: NodeView) -> NodeStatus:

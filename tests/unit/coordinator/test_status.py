@@ -171,6 +171,19 @@ def test_a_gpu_lost_mid_run_offers_none_of_its_last_seen_devices() -> None:
     assert devices == {"2g.12gb": 1}  # the A30's only
 
 
+def test_a_gpu_lost_before_it_was_read_is_of_no_model_a_selector_matches() -> None:
+    """Its name is not known: the models column said "1x , 2x H100 ..." and a selector saw an
+    empty model among the node's."""
+    node = _node()
+    lost = node.gpus.add(index=3)
+    lost.health, lost.health_detail = agent_pb2.GPU_HEALTH_LOST, "GPU is lost"
+    view = node_view(Target("10.0.0.1:9401"), node_from(node), 3600)
+    assert view.models == ("NVIDIA A30", "NVIDIA H100 80GB HBM3")
+    [row] = fleet_status([view]).nodes
+    assert row.models == "1x A30, 2x H100 80GB HBM3, 1x unknown (lost before it was read)"
+    assert "GPU 3 lost" in row.detail
+
+
 def test_a_node_that_withholds_processes_is_shown_with_its_gpus_and_says_so() -> None:
     """A read identity (e.g. `fleet status --insecure` on the read-only loopback door) sees the
     node answering with its GPUs and layouts; only which devices are idle is unknown, and it is
