@@ -193,6 +193,7 @@ def _build_rest(
         node_name=config.node_name,
         allocation=allocation.current,
         gpus_unread=inventory.gpus_unread,
+        gpus_lost=inventory.lost_gpus,
     )
     inventory.watch_sharing(sharing.show)
     reset = (

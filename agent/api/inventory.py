@@ -147,6 +147,10 @@ class NodeInventory:
             return "the agent is starting: its first read of the GPUs has not come yet"
         return gpus.detail
 
+    def lost_gpus(self) -> tuple[int, ...]:
+        """The indices of the GPUs that do not answer now."""
+        return tuple(sorted(self._gpus.lost))
+
     def every_gpu_lost(self) -> bool:
         """The node has GPUs and none of them answers (a node with no GPU is not this)."""
         gpus = self._gpus

@@ -522,7 +522,7 @@ def _sharing_lines(config: PluginConfig) -> list[str]:
 
 def _advertised_table(advertised: Sequence[Advertised], unknown: str) -> str:
     if unknown:
-        return f"Advertised: not known: the GPUs were not read ({unknown})"
+        return f"Advertised: not known: {unknown}"
     if not advertised:
         return "The plugin advertises no GPU resources on this node."
     rows = [["RESOURCE", "DEVICES", "REPLICAS", "ADVERTISED"]] + [

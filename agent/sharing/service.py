@@ -50,6 +50,7 @@ from agent.sharing.view import (
     DraObject,
     DraView,
     Pickup,
+    ReloadReport,
     SharingView,
     StatusRecord,
 )
@@ -93,11 +94,15 @@ class SharingService:
         allocation: Callable[[], Allocation] = no_detection,
         proc: Path = Path("/proc"),
         gpus_unread: Callable[[], str] = lambda: "",
+        gpus_lost: Callable[[], Sequence[int]] = tuple,
     ) -> None:
         """``gpus_unread``: why the node's GPUs were not read ("" once they were): what the
         plugin advertises is then unknown, and a config that must be checked against them is
-        refused."""
+        refused. ``gpus_lost``: the GPUs that do not answer; the plugin's own read of them fails
+        too, so what it advertises is not known either (a config is still checked against the
+        GPUs that answer)."""
         self._gpus_unread = gpus_unread
+        self._gpus_lost = gpus_lost
         self._settings = settings
         self._proc = proc
         self._allocation = allocation
@@ -126,11 +131,12 @@ class SharingService:
         started, seen = self._started(processes)
         runs = strategy.run_with(config, started)
         unread = self._gpus_unread()
+        unknown = self._capacity_unknown()
         return SharingView(
             config_path=self._store.path,
             exists=raw is not None,
             config=config,
-            advertised=advertise(runs, layouts) if runs is not None and not unread else (),
+            advertised=advertise(runs, layouts) if runs is not None and not unknown else (),
             problems=()
             if unread
             else (
@@ -146,7 +152,41 @@ class SharingService:
                 unseen_dir=None if self._store.path.parent.is_dir() else self._store.path.parent,
             ),
             last_write=last_write,
-            advertised_unknown=unread,
+            advertised_unknown=unknown,
+        )
+
+    def _capacity_unknown(self) -> str:
+        """Why what the plugin advertises is not known ("" when it is)."""
+        unread = self._gpus_unread()
+        if unread:
+            return f"the GPUs were not read ({unread})"
+        lost = self._gpus_lost()
+        if lost:
+            return (
+                f"GPU {', '.join(map(str, lost))} lost: the plugin's own read of it fails (it may "
+                "not start, or may leave it out)"
+            )
+        return ""
+
+    def _result(
+        self,
+        action: str,
+        changed: bool,
+        config: PluginConfig,
+        layouts: Sequence[GpuLayout],
+        report: ReloadReport | None,
+    ) -> ApplyResult:
+        """A change's answer, with what the plugin advertises now, or why that is not known."""
+        unknown = self._capacity_unknown()
+        advertised = () if unknown else self._advertised(config, layouts)
+        return ApplyResult(
+            action,
+            changed,
+            self._store.path,
+            config,
+            advertised,
+            report,
+            advertised_unknown=unknown,
         )
 
     def _require_gpus(self, action: str) -> None:
@@ -199,13 +239,7 @@ class SharingService:
         with self._store.lock():
             current = self._parse_current(self._store.read())
             desired = PluginConfig(flags=current.flags, sharing=Sharing(), other=current.other)
-            result = self._apply("clear", current, desired, self._layouts(), reloader)
-        unread = self._gpus_unread()  # clearing needs no check, but its capacity is unknown
-        return (
-            dataclasses.replace(result, advertised=(), advertised_unknown=unread)
-            if unread
-            else result
-        )
+            return self._apply("clear", current, desired, self._layouts(), reloader)
 
     def rollback(self) -> ApplyResult:
         """Restore the previous config; the current one becomes the previous (undo by repeating)."""
@@ -229,14 +263,7 @@ class SharingService:
                     "cannot roll back: the previous config is refused on this node now", found
                 )
             if previous_raw == current_raw:
-                return ApplyResult(
-                    "rollback",
-                    False,
-                    self._store.path,
-                    previous,
-                    self._advertised(previous, layouts),
-                    None,
-                )
+                return self._result("rollback", False, previous, layouts, None)
             self._store.swap_with_previous(previous_raw)
             return self._reload_and_record("rollback", previous_raw, previous, layouts, reloader)
 
@@ -249,9 +276,7 @@ class SharingService:
         reloader: Reloader,
     ) -> ApplyResult:
         if desired == current:
-            return ApplyResult(
-                action, False, self._store.path, desired, self._advertised(desired, layouts), None
-            )
+            return self._result(action, False, desired, layouts, None)
         data = render(desired).encode()
         self._store.write(data)
         return self._reload_and_record(action, data, desired, layouts, reloader)
@@ -277,9 +302,7 @@ class SharingService:
                 f"({self._settings.reload}) failed: {exc}"
             ) from exc
         self._store.write_status(StatusRecord(action, _sha256(data), written_at, report).to_json())
-        return ApplyResult(
-            action, True, self._store.path, config, self._advertised(config, layouts), report
-        )
+        return self._result(action, True, config, layouts, report)
 
     def reload_for_mig_change(self) -> str:
         """After a MIG layout change, make the device plugin enumerate its devices again with

@@ -140,8 +140,8 @@ class SharingView:
     last_write: StatusRecord | None
     #: On a DRA node: the driver's objects (config_path is then the agent's record of the spec).
     dra: DraView | None = None
-    #: why ``advertised`` (and the problems against the GPUs) are not known: the node's GPUs
-    #: were not read (the driver is not ready); "" when they are
+    #: why ``advertised`` is not known: the node's GPUs were not read (the driver is not ready;
+    #: the problems against the GPUs are not known either) or one is lost; "" when it is
     advertised_unknown: str = ""
 
 
@@ -156,5 +156,5 @@ class ApplyResult:
     reload: ReloadReport | None
     #: On a DRA node: the objects written (config_path is the agent's record of the spec).
     dra: DraView | None = None
-    #: why ``advertised`` is not known (the node's GPUs were not read); "" when it is
+    #: why ``advertised`` is not known (the GPUs not read, or one lost); "" when it is
     advertised_unknown: str = ""

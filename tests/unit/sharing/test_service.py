@@ -217,6 +217,22 @@ def test_show_without_the_config_directory_does_not_claim_the_plugin_s_defaults(
     )
 
 
+def test_with_a_gpu_lost_what_the_plugin_advertises_is_not_known(config_path: Path) -> None:
+    """GPU 3 does not answer: `share show` and `share set` counted the seven that do (28 of
+    nvidia.com/gpu), but the plugin's own read of GPU 3 fails too, so it may not start, or may
+    leave it out. The config is still checked against, and written for, the GPUs that answer."""
+    settings = SharingSettings(config_path=config_path, reload="none")
+    svc = SharingService(settings, Node(node(7)), gpus_lost=lambda: (3,))
+    result = svc.set(parse(ts()))
+    assert result.changed and result.advertised == ()
+    assert result.advertised_unknown.startswith("GPU 3 lost: the plugin's own read of it fails")
+    view = svc.show()
+    assert view.advertised == () and view.advertised_unknown == result.advertised_unknown
+    assert view.problems == ()  # the config fits the GPUs that answer
+    with pytest.raises(InvalidSpec):  # and is still checked against them
+        svc.set(parse(ts("nvidia.com/mig-1g.10gb")))
+
+
 def test_show_does_not_claim_a_file_written_by_someone_else(config_path: Path) -> None:
     svc = service(config_path)
     svc.set(parse(ts()))
