@@ -202,6 +202,8 @@ class CriPuller:
         code = exc.code() if isinstance(exc, grpc.Call) else None
         details = (exc.details() if isinstance(exc, grpc.Call) else str(exc)) or ""
         if code in _RUNTIME_DOWN:
+            if not self._socket.exists():  # gRPC's words for it are three lines of addresses
+                details = "no socket there (containerd not running, or not mounted into the agent)"
             return FetchFailed(f"CRI runtime not reachable at {self._socket}: {details}", True)
         if code is grpc.StatusCode.NOT_FOUND or "not found" in details:
             return NotFound(f"image {ref}: {details}")

@@ -72,6 +72,7 @@ def test_an_unreachable_registry_or_runtime_is_retried_as_a_file_is(
     ref = f"{cluster.registry}/serving/other:1"
     gone = svc.run(svc.submit(ImageRequest(ref, name="c")).id)
     assert gone.state is ItemState.FAILED and "CRI runtime not reachable" in (gone.error or "")
+    assert "no socket there (containerd not running" in (gone.error or "")
     assert gone.retry_at is not None, gone.error
     assert "bytes kept" not in (gone.error or "")  # the runtime keeps an image's, not the cache
 

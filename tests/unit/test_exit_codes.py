@@ -20,8 +20,9 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 
 
 def _domain_errors() -> dict[type[AgentError], int]:
-    """Every error class a node command can end with, by its own code (subclasses that keep
-    their base's code are the same outcome, told apart by the message)."""
+    """The domain errors (agent/errors.py and prewarm's, which every node command and the API
+    share), by their codes; subclasses that keep their base's code are its outcome, told apart
+    by the message. A command's own codes (fleet's 10 and 11, mig's PENDING_EXIT) are not."""
     assert prewarm_errors.FetchFailed  # imported so that its classes are subclasses
     seen: dict[type[AgentError], int] = {}
     todo = [AgentError]
