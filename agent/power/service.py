@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from agent.errors import AgentError
@@ -43,6 +44,7 @@ class Journal(Protocol):
     def journal_append(self, scope: str, entry: dict[str, Any]) -> int: ...
     def journal_replace(self, scope: str, entry: dict[str, Any]) -> int: ...
     def journal_entries(self, scope: str) -> list[tuple[int, dict[str, Any]]]: ...
+    def journal_keep(self, scope: str, entries: Sequence[dict[str, Any]]) -> None: ...
     def journal_clear(self, scope: str) -> None: ...
 
 
@@ -212,13 +214,10 @@ class PowerService:
         return changes
 
     def _keep_baselines(self, baseline: dict[str, int], done: set[str]) -> None:
-        """Keep the baselines of the GPUs not restored yet; forget the others'."""
-        if not done:
-            return
-        self._journal.journal_clear(BASELINE)
-        for uuid, limit_mw in baseline.items():
-            if uuid not in done:
-                self._journal.journal_append(BASELINE, {"uuid": uuid, "limit_mw": limit_mw})
+        """Keep the baselines of the GPUs not restored yet, in one write; forget the others'."""
+        if done:
+            left = [{"uuid": u, "limit_mw": mw} for u, mw in baseline.items() if u not in done]
+            self._journal.journal_keep(BASELINE, left)
 
     def _desired(self) -> PowerSpec | None:
         entries = self._journal.journal_entries(DESIRED)

@@ -7,6 +7,7 @@ durability (agent/state/schema.py); ``seq`` is never reused, so order survives c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from agent.state.database import Database
@@ -46,6 +47,16 @@ class Journal(Database):
             )
             assert cursor.lastrowid is not None
             return cursor.lastrowid
+
+    def journal_keep(self, scope: str, entries: Sequence[dict[str, Any]]) -> None:
+        """Make ``entries`` the scope's entries, in one transaction (none: the scope is empty):
+        what is left of a scope's work after part of it is done."""
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM journal WHERE scope = ?", (scope,))
+            conn.executemany(
+                "INSERT INTO journal (scope, entry, created_at) VALUES (?, ?, ?)",
+                [(scope, encode(entry), self._clock()) for entry in entries],
+            )
 
     def journal_clear(self, scope: str) -> None:
         with self.transaction() as conn:

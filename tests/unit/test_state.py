@@ -335,6 +335,21 @@ def test_journal_round_trip(store: StateStore) -> None:
     assert store.journal_scopes() == ["mig:GPU-b"]
 
 
+def test_journal_keep_leaves_what_is_left_in_one_write(store: StateStore) -> None:
+    """What is left of a scope's work (a power restore's GPUs that did not answer) replaces the
+    scope in one transaction; keeping none empties it; other scopes are untouched."""
+    for uuid in ("GPU-a", "GPU-b", "GPU-c"):
+        store.journal_append("power:baseline", {"uuid": uuid})
+    store.journal_append("power:desired", {"spec": "s"})
+    store.journal_keep("power:baseline", [{"uuid": "GPU-b"}, {"uuid": "GPU-c"}])
+    assert [e for _, e in store.journal_entries("power:baseline")] == [
+        {"uuid": "GPU-b"},
+        {"uuid": "GPU-c"},
+    ]
+    store.journal_keep("power:baseline", [])
+    assert store.journal_scopes() == ["power:desired"]
+
+
 def test_journal_sequence_numbers_are_never_reused(store: StateStore) -> None:
     """Entries written after a clear still sort after every earlier entry."""
     old = store.journal_append("mig:GPU-a", {"n": 1})
