@@ -42,7 +42,7 @@ __all__ = ["AUTO", "NO_API", "NodeFacts", "configured", "detect", "device_plugin
 AUTO = "auto"
 NO_API = Allocation(
     AllocationMode.NONE,
-    "no Kubernetes API configured (not in a pod with a service account): nothing is detected",
+    "no Kubernetes API configured, as outside a pod with a service account: nothing to detect",
 )
 #: Extended resources of the Node looked at; a Node has a handful.
 MAX_RESOURCES = 256
