@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from agent.clocks import deadline_from_wall
 from agent.prewarm.model import CacheItem
@@ -17,21 +18,15 @@ from agent.prewarm.model import CacheItem
 __all__ = ["RetryClock"]
 
 
+@dataclass(eq=False)
 class RetryClock:
-    def __init__(
-        self,
-        initial_s: float,
-        max_s: float,
-        clock: Callable[[], float],
-        monotonic: Callable[[], float],
-    ) -> None:
-        self.initial_s = initial_s
-        self.max_s = max_s
-        self._clock = clock
-        self._monotonic = monotonic
-        self._lock = threading.Lock()
-        #: item id -> (the stored wall-clock retry_at, the monotonic deadline it stands for)
-        self._due: dict[str, tuple[float, float]] = {}
+    initial_s: float
+    max_s: float
+    clock: Callable[[], float]
+    monotonic: Callable[[], float]
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    #: item id -> (the stored wall-clock retry_at, the monotonic deadline it stands for)
+    _due: dict[str, tuple[float, float]] = field(default_factory=dict, init=False, repr=False)
 
     def delay(self, attempts: int) -> float:
         """The wait before retry number ``attempts``: doubling from the first, up to the cap."""
@@ -43,13 +38,13 @@ class RetryClock:
         delay = self.delay(attempts)
         retry_at = f"{now + delay:.3f}"
         with self._lock:
-            self._due[item_id] = (float(retry_at), self._monotonic() + delay)
+            self._due[item_id] = (float(retry_at), self.monotonic() + delay)
         return retry_at, delay
 
     def due(self, failed: Sequence[CacheItem]) -> list[CacheItem]:
         """The failed items whose retry is due now; the others are remembered, the rest
         (retried, deleted, asked again) forgotten."""
-        wall, mono = self._clock(), self._monotonic()
+        wall, mono = self.clock(), self.monotonic()
         due = []
         with self._lock:
             for item in failed:
