@@ -247,7 +247,9 @@ async def _preview_share(client: AgentClient, record: RolloutRecord, node: str) 
     requested = requested_config(sharing_request(record, node))
     now, inventory = await asyncio.gather(client.get_sharing(), client.node())
     current = now.config if now.exists else None
-    return sharing_preview(node, requested, current, [g.layout for g in inventory.gpus])
+    # Checked against the GPUs that answer, as the agent's SetSharing checks it.
+    layouts = [g.layout for g in inventory.gpus if not g.lost]
+    return sharing_preview(node, requested, current, layouts)
 
 
 def sharing_preview(

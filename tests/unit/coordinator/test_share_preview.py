@@ -3,11 +3,15 @@ for a spec and for a whole config file (-f) alike, as the agent's SetSharing wou
 
 from __future__ import annotations
 
-from agent._proto.gpuagent.v1 import sharing_pb2
-from agent.coordinator.rollout.actions import sharing_preview
+import asyncio
+from types import SimpleNamespace
+
+from agent._proto.gpuagent.v1 import agent_pb2, sharing_pb2
+from agent.coordinator.rollout.actions import _preview_share, sharing_preview
 from agent.sharing.schema import PluginConfig, parse, render
+from agent.wire.node import NodeView, gpu_pb, node_from
 from agent.wire.sharing import requested_config
-from tests.unit.coordinator.fleets import gpu
+from tests.unit.coordinator.fleets import H100, gpu
 
 TS2 = """\
 version: v1
@@ -81,3 +85,28 @@ def test_a_config_the_agent_would_refuse_is_shown_refused() -> None:
     p = sharing_preview("a", wanted, _on_node(TS2), LAYOUTS)
     assert p.would == "refused"
     assert "sharing.timeSlicing.resources[0].replicas" in p.detail
+
+
+def test_a_lost_gpu_is_not_among_the_gpus_the_config_is_checked_against() -> None:
+    """GPUs 0 and 1 have MIG on; GPU 2 is lost. The agent's SetSharing checks the config against
+    the GPUs that answer, so it refuses nvidia.com/gpu under the mixed strategy; the dry run
+    counted GPU 2's blank layout as a whole GPU and said "change"."""
+    node = agent_pb2.Node(name="a")
+    for index in (0, 1):
+        node.gpus.append(gpu_pb(gpu("a", index, H100, [("3g.40gb", 0), ("3g.40gb", 4)])))
+    node.gpus.add(index=2, health=agent_pb2.GPU_HEALTH_LOST)
+    mixed = TS2.replace("migStrategy: none", "migStrategy: mixed")
+    record = SimpleNamespace(
+        spec={"request": {"configYaml": mixed}}, request_id=lambda node: f"r-{node}"
+    )
+
+    class Agent:
+        async def get_sharing(self) -> SimpleNamespace:
+            return SimpleNamespace(exists=False, config=None)
+
+        async def node(self) -> NodeView:
+            return node_from(node)
+
+    preview = asyncio.run(_preview_share(Agent(), record, "a"))  # type: ignore[arg-type]
+    assert preview.would == "refused", preview.detail
+    assert "under the mixed strategy the plugin advertises no nvidia.com/gpu" in preview.detail
