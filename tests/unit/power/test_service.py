@@ -12,7 +12,7 @@ import pytest
 from agent.errors import InvalidSpec, NotSupported, PermissionDenied
 from agent.gpu import GpuDriver, load_driver
 from agent.gpu.sim import SimControl
-from agent.power.service import PowerService
+from agent.power.service import BASELINE, PowerService
 from agent.state import StateStore
 
 _SPEC = "version: v1\npower:\n  - {gpus: all, limit: 0.8}\n  - {gpus: [0], limit: 300W}\n"
@@ -115,6 +115,22 @@ def test_a_gpu_lost_at_restore_keeps_its_baseline_until_it_answers(
     assert (back.uuid, back.after_mw) == (first.uuid, 350_000)
     assert gpu.power_limits(first.uuid).current_mw == 350_000
     assert service.show().baseline_mw == {} and service.reconcile() == []
+
+
+def test_an_apply_killed_before_its_spec_was_recorded_is_undone_at_the_next_check(
+    gpu: GpuDriver, tmp_path: Path
+) -> None:
+    """The agent died after journalling a baseline and capping a GPU, before the spec was
+    written: no spec is in force, so the GPU goes back to its baseline, not capped for good."""
+    store = StateStore(tmp_path / "agent.db")
+    first = gpu.gpus()[0]
+    before = gpu.power_limits(first.uuid).current_mw
+    store.journal_append(BASELINE, {"uuid": first.uuid, "limit_mw": before})
+    gpu.set_power_limit(first.uuid, before - 50_000)  # the cap the killed apply had set
+    restarted = PowerService(gpu, store)
+    (undone,) = restarted.reconcile()
+    assert (undone.uuid, undone.after_mw) == (first.uuid, before)
+    assert restarted.show().baseline_mw == {} and restarted.reconcile() == []
 
 
 def test_a_new_service_reapplies_after_a_reboot(gpu: GpuDriver, tmp_path: Path) -> None:
