@@ -21,7 +21,7 @@ from google.protobuf.message import Message
 from agent._proto.gpuagent.v1 import mig_pb2, mig_pb2_grpc, operations_pb2
 from agent.api.auth import Role, actor_of, granted, sees_processes
 from agent.api.operations import MIG_APPLY, Checkpointed, OperationContext, OperationRunner
-from agent.errors import Busy, FieldViolation, InvalidSpec
+from agent.errors import Busy, DeviceLost, FieldViolation, InvalidSpec
 from agent.gpu.types import GpuLayout
 from agent.mig.advice import advise_gpu
 from agent.mig.apply import ProgressEvent, Suspended
@@ -332,6 +332,8 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
     ) -> mig_pb2.AdviseMigResponse:
         index = request.gpu_index if request.HasField("gpu_index") else None
         self._require_gpu("mig advise")
+        if index is not None and index in {g.index for g in self._service.lost()}:
+            raise DeviceLost(f"GPU {index} is lost: what fits on it cannot be read")
         layouts = await asyncio.to_thread(self._service.layouts)
         hidden = not sees_processes(granted())
         if hidden:  # whether an instance is in use is process information too

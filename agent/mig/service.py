@@ -170,7 +170,7 @@ class MigService:
         mode_only: bool = False,
     ) -> NodePlan:
         return plan_layouts(
-            spec, config, self.layouts(), force=force, mode_only=mode_only, lost=self._lost()
+            spec, config, self.layouts(), force=force, mode_only=mode_only, lost=self.lost()
         )
 
     def check(
@@ -178,12 +178,12 @@ class MigService:
     ) -> AssertResult:
         """mig-parted's ``assert``: every GPU selected and matching (counts; placement ignored);
         a lost GPU the config selects is never "applied"."""
-        return check_layouts(spec, config, self.layouts(), mode_only=mode_only, lost=self._lost())
+        return check_layouts(spec, config, self.layouts(), mode_only=mode_only, lost=self.lost())
 
     def export(self, label: str = "current") -> dict[str, Any]:
         """The current state as a mig-parted v1 config named ``label`` (mig-parted ``export``);
         DeviceLost while a GPU is lost."""
-        return export_layouts(self.layouts(), label, self._lost())
+        return export_layouts(self.layouts(), label, self.lost())
 
     # -- changes (under the partition lock) ------------------------------------------------------
 
@@ -327,9 +327,9 @@ class MigService:
     def checkpoint_targets(
         self, states: Sequence[GpuMigState], mode_only: bool
     ) -> list[tuple[GpuInfo, GpuMigState, bool]]:
-        return checkpoint_targets(states, self.layouts(), mode_only, self._lost())
+        return checkpoint_targets(states, self.layouts(), mode_only, self.lost())
 
-    def _lost(self) -> list[GpuInfo]:
+    def lost(self) -> list[GpuInfo]:
         """What is known of each lost GPU (only its index when it was lost before we started)."""
         return [g.info for g in self._driver.scan().lost]
 

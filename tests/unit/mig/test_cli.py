@@ -311,8 +311,14 @@ def test_advise_names_the_placement_to_use_and_the_moves_that_fit_a_fragmented_p
     assert _states(tmp_path) == before
 
 
-def test_advise_refuses_a_gpu_or_profile_the_node_lacks(a100: Invoke) -> None:
+def test_advise_refuses_a_gpu_or_profile_the_node_lacks(a100: Invoke, tmp_path: Path) -> None:
     assert a100("advise", "--gpu", "9").exit_code == 2
     bad = a100("advise", "--profile", "9g.1gb")
     assert bad.exit_code == 2
     assert "they offer:" in str(bad.exception) + bad.output
+    # A lost GPU is on the node: it said "no GPU with index 3 on this node".
+    SimControl(tmp_path).mark_lost(3)
+    lost = a100("advise", "--gpu", "3")
+    assert lost.exit_code == 7, lost.output
+    assert "GPU 3 is lost: what fits on it cannot be read" in lost.output
+    assert "no GPU with index 3" not in lost.output
