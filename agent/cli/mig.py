@@ -273,7 +273,7 @@ def apply_command(
 ) -> None:
     """Bring every selected GPU to its layout, destroying only the instances that must go and
     creating the others at planned placements. Refused before any change if a layout cannot fit
-    or running processes are in the way; on a failure midway every GPU is rolled back. Exits 11
+    or running processes are in the way; on a failure midway every GPU is rolled back. Exits 14
     when a MIG mode change is left pending (docs/mig.md, "Exit codes").
 
     \b
@@ -601,7 +601,7 @@ def restore_command(
 ) -> None:
     """Restore each GPU the checkpoint lists (by UUID) to its exact state: mode, instances,
     placements. The node's agent does it as an operation, journalled and rolled back on failure
-    like an apply (an agent stopping midway rolls it back). Exits 11 when a mode change is left
+    like an apply (an agent stopping midway rolls it back). Exits 14 when a mode change is left
     pending.
 
     \b

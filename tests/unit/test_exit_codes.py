@@ -12,7 +12,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from agent.cli.mig import PENDING_EXIT
+from click.testing import CliRunner
+
+from agent.cli.mig import PENDING_EXIT, mig
 from agent.errors import AgentError
 from agent.prewarm import errors as prewarm_errors
 
@@ -55,3 +57,11 @@ def test_the_documented_table_names_each_error_at_its_code() -> None:
             continue  # 1, "any other", or its base's outcome, documented there
         assert f"`{cls.__name__}`" in rows.get(str(code), ""), (cls.__name__, code)
     assert "pending" in rows[str(PENDING_EXIT)]
+
+
+def test_the_commands_that_can_leave_a_mode_pending_say_its_code_in_their_help() -> None:
+    """Their --help said 11 after the code moved to 14."""
+    for command in ("apply", "restore"):
+        shown = CliRunner().invoke(mig, [command, "--help"])
+        assert shown.exit_code == 0, shown.output
+        assert f"Exits {PENDING_EXIT}" in " ".join(shown.output.split()), command
