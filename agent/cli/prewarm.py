@@ -238,7 +238,8 @@ def prewarm_list(ctx: click.Context, output: str) -> None:
 @output_option
 @click.pass_context
 def prewarm_cancel(ctx: click.Context, item: str, output: str) -> None:
-    """Cancel a queued or running item (by id or name); its partial file is deleted.
+    """Cancel a queued or running item, or a failed one waiting for its retry (by id or name);
+    its partial file is deleted and no retry follows.
 
     \b
     Example:

@@ -368,12 +368,15 @@ class PrewarmService:
         return item
 
     def cancel(self, id_or_name: str, by: Actor | None = None) -> CacheItem:
-        """Stop a queued or running item; the worker (maybe another process) sees it and stops."""
+        """Stop a queued or running item, or one waiting for its retry; the worker (maybe
+        another process) sees it and stops."""
         item = self.index.find(id_or_name)
         check_may_undo(by, item.owner_role, item.name, "cancel")
-        if item.state not in (ItemState.QUEUED, ItemState.FETCHING):
+        retrying = item.state is ItemState.FAILED and item.retry_at is not None
+        if item.state not in (ItemState.QUEUED, ItemState.FETCHING) and not retrying:
             raise Conflict(
-                f"{item.name} is {item.state.value}; only queued or fetching items cancel"
+                f"{item.name} is {item.state.value}; only queued or fetching items, or failed "
+                "ones waiting for a retry, cancel"
             )
         # The row first: a fetch told to stop reads it to tell a user's cancel (delete the
         # partial) from a shutdown (keep it to resume).
@@ -388,7 +391,7 @@ class PrewarmService:
             event = self._cancel_events.get(item.id)
         if event is not None:
             event.set()
-        if item.state is ItemState.QUEUED:
+        if item.state is ItemState.QUEUED or retrying:  # no worker holds its partial
             self.store.discard_partial(item.id)
         return updated
 

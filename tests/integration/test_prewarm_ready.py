@@ -224,6 +224,32 @@ def test_retries_exhausted_keep_the_partial_and_the_agent_retries(
     assert done.retry_at is None and done.attempts == 0
 
 
+def test_a_failed_item_waiting_for_its_retry_can_be_cancelled(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """Cancel said "big is failed; only queued or fetching items cancel" while the agent went on
+    retrying it: the only way to stop the retries was to delete the item."""
+    origin.add("big.bin", blob(4 * MIB, 9))
+    origin.faults.drop_after["/big.bin"] = MIB
+    clock, mono = Clock(), Clock()
+    svc = make_service(tmp_path, retries=0, clock=clock, monotonic=mono)
+    item = svc.run(svc.submit(FileRequest(origin.url("big.bin"), name="big")).id)
+    assert item.state is ItemState.FAILED and item.retry_at is not None
+    cancelled = svc.cancel("big")
+    assert (cancelled.state, cancelled.error, cancelled.retry_at) == (
+        ItemState.FAILED,
+        "cancelled",
+        None,
+    )
+    assert list(svc.store.partial_dir.iterdir()) == []
+    clock.now += 3600
+    mono.now += 3600
+    svc.retry_due()
+    assert svc.get("big").state is ItemState.FAILED  # not retried
+    with pytest.raises(Conflict):  # a failure with no retry has nothing to cancel
+        svc.cancel("big")
+
+
 @pytest.mark.parametrize("step_s", [3600.0, -3600.0])
 def test_a_clock_step_neither_hastens_nor_delays_a_retry_or_skews_time_to_warm(
     tmp_path: Path, origin: Origin, step_s: float
