@@ -92,7 +92,8 @@ class PrewarmServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CancelPrewarmItem(self, request, context):
-        """CancelPrewarmItem stops a queued or fetching item; its partial file is deleted.
+        """CancelPrewarmItem stops a queued or fetching item, or a failed one waiting for its retry;
+        its partial file is deleted.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
