@@ -6,7 +6,7 @@ them to exit codes. They carry data, never transport types.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -35,6 +35,13 @@ class InvalidSpec(AgentError):
     def __init__(self, message: str, violations: Sequence[FieldViolation] = ()) -> None:
         super().__init__(message)
         self.violations = tuple(violations)
+
+    def renamed(self, fields: Mapping[str, str]) -> InvalidSpec:
+        """The same refusal naming the caller's own fields (a CLI flag for an API field)."""
+        return InvalidSpec(
+            str(self),
+            [FieldViolation(fields.get(v.field, v.field), v.description) for v in self.violations],
+        )
 
 
 def check_each(items: Sequence[T], check: Callable[[T], None], what: str = "items") -> None:

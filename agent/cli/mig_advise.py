@@ -9,6 +9,7 @@ import click
 
 from agent.cli.context import CliContext
 from agent.cli.render import emit, format_table, output_option
+from agent.errors import InvalidSpec
 
 if TYPE_CHECKING:
     from agent.wire.mig import AdvisedGpu
@@ -134,5 +135,9 @@ def advise_command(obj: CliContext, gpu_index: int | None, profile: str, output:
     Example:
       gpu-agent mig advise --gpu 0 --profile 3g.40gb
     """
-    data = _advice_data(obj.agent().advise_mig(gpu_index, profile))
+    try:
+        advice = obj.agent().advise_mig(gpu_index, profile)
+    except InvalidSpec as exc:
+        raise exc.renamed({"gpu_index": "gpu"}) from None
+    data = _advice_data(advice)
     emit(data, output, _advice_table)
