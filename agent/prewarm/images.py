@@ -105,7 +105,7 @@ class CriPuller:
             request.sandbox_config.annotations[RUNTIME_HANDLER_ANNOTATION] = runtime_handler
         with grpc.insecure_channel(self._target) as channel:
             stub = cri_grpc.ImageServiceStub(channel)
-            cold = not self._status(stub, spec).id
+            cold = not self._status(stub, spec, pulling=True).id
             start = self._clock()
             call = stub.PullImage.future(request, timeout=self._timeout)
             with self._live_lock:
@@ -115,12 +115,12 @@ class CriPuller:
             except grpc.FutureCancelledError:
                 raise Cancelled(f"pull of {ref} interrupted") from None
             except grpc.RpcError as exc:
-                raise self._error(exc, ref) from None
+                raise self._error(exc, ref, pulling=True) from None
             finally:
                 with self._live_lock:
                     self._live.discard(call)
             seconds = self._clock() - start
-            image = self._status(stub, cri.ImageSpec(image=image_ref or ref))
+            image = self._status(stub, cri.ImageSpec(image=image_ref or ref), pulling=True)
         return PullResult(image_ref or image.id, image.size or None, cold, seconds)
 
     def interrupt(self) -> None:
@@ -190,21 +190,25 @@ class CriPuller:
             except grpc.RpcError as exc:
                 raise self._error(exc, ref) from None
 
-    def _status(self, stub: cri_grpc.ImageServiceStub, spec: cri.ImageSpec) -> cri.Image:
+    def _status(
+        self, stub: cri_grpc.ImageServiceStub, spec: cri.ImageSpec, *, pulling: bool = False
+    ) -> cri.Image:
         try:
             return stub.ImageStatus(cri.ImageStatusRequest(image=spec), timeout=30).image
         except grpc.RpcError as exc:
-            raise self._error(exc, spec.image) from None
+            raise self._error(exc, spec.image, pulling=pulling) from None
 
-    def _error(self, exc: grpc.RpcError, ref: str) -> AgentError:
-        """The CRI's answer as the item's failure: transient (retried by the agent with
-        back-off) when the runtime or the registry may come back, final otherwise."""
+    def _error(self, exc: grpc.RpcError, ref: str, *, pulling: bool = False) -> AgentError:
+        """The CRI's answer as an error. A pull's (``pulling``) is the item's failure: transient
+        (retried by the agent with back-off) when the runtime or the registry may come back,
+        final otherwise; a pin's or an eviction's is the caller's to see, not a fetch's."""
         code = exc.code() if isinstance(exc, grpc.Call) else None
         details = (exc.details() if isinstance(exc, grpc.Call) else str(exc)) or ""
         if code in _RUNTIME_DOWN:
             if not self._socket.exists():  # gRPC's words for it are three lines of addresses
                 details = "no socket there (containerd not running, or not mounted into the agent)"
-            return FetchFailed(f"CRI runtime not reachable at {self._socket}: {details}", True)
+            down = f"CRI runtime not reachable at {self._socket}: {details}"
+            return FetchFailed(down, transient=True) if pulling else AgentError(down)
         if code is grpc.StatusCode.NOT_FOUND or "not found" in details:
             return NotFound(f"image {ref}: {details}")
         return FetchFailed(f"pull of {ref} failed: {details}", bool(_PASSING.search(details)))

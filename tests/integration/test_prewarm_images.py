@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.errors import AgentError
+from agent.prewarm.errors import FetchFailed
 from agent.prewarm.images import CriPuller, auth_for, registry_host
 from agent.prewarm.model import ImageRequest, ItemState
 from tests.integration.prewarm_fixtures import cri
@@ -73,6 +75,10 @@ def test_an_unreachable_registry_or_runtime_is_retried_as_a_file_is(
     gone = svc.run(svc.submit(ImageRequest(ref, name="c")).id)
     assert gone.state is ItemState.FAILED and "CRI runtime not reachable" in (gone.error or "")
     assert "no socket there (containerd not running" in (gone.error or "")
+    # Asked outside a pull (a pin, an eviction), the same answer is no download's failure.
+    with pytest.raises(AgentError) as asked:
+        CriPuller(tmp_path / "containerd-restarting.sock").present(ref)
+    assert not isinstance(asked.value, FetchFailed) and "not reachable" in str(asked.value)
     assert gone.retry_at is not None, gone.error
     assert "bytes kept" not in (gone.error or "")  # the runtime keeps an image's, not the cache
 
