@@ -30,6 +30,7 @@ from agent.mig.node_plan import (
     check_layouts,
     checkpoint_targets,
     export_layouts,
+    lost_selected,
     plan_layouts,
     refuse_unless_feasible,
 )
@@ -254,12 +255,14 @@ class MigService:
         """The lost GPUs the config selects, or may (only an index known): not applied, and
         said so; the others are applied all the same."""
         _, entries = spec.select(config)
-        out = []
-        for gone in self._driver.scan().lost:
-            if any(entry.may_select(gone.info) for entry in entries):
-                why = f"GPU {gone.index} is lost ({gone.detail}): not applied"
-                out.append(GpuOutcome(gone.index, gone.uuid, "lost", message=why))
-        return tuple(out)
+        gone = self._driver.scan().lost
+        chosen = set(lost_selected(entries, [g.info for g in gone]))  # the rule assert uses
+        why = "GPU {} is lost ({}): not applied"
+        return tuple(
+            GpuOutcome(g.index, g.uuid, "lost", message=why.format(g.index, g.detail))
+            for g in gone
+            if g.index in chosen
+        )
 
     def restore_checkpoint(
         self,
