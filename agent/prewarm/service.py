@@ -393,6 +393,9 @@ class PrewarmService:
             event.set()
         if item.state is ItemState.QUEUED or retrying:  # no worker holds its partial
             self.store.discard_partial(item.id)
+        if retrying:  # as a final failure: a new request starts the time-to-warm clock again
+            with self._lock:
+                self._started.pop(item.id, None)
         return updated
 
     def subscribe(self, callback: ProgressCallback) -> Callable[[], None]:
