@@ -117,9 +117,10 @@ def _dra_device_id(device: SliceDevice) -> DeviceId | None:
 class PodWatcher:
     """Refreshes allocations every ``period_s`` on a daemon thread; :meth:`current` is lock-free.
 
-    A missing socket (not on Kubernetes, or the directory not mounted) turns attribution off with
-    one log line and no errors; a failing kubelet keeps the last good answer and counts
-    ``kubelet`` errors.
+    A missing socket turns attribution off with one log line and no errors. In a cluster
+    (``in_cluster``) the directory is not mounted, and :meth:`absent` says so; outside one no
+    kubelet runs and no pod holds a GPU, so nothing is missing (doctor's pod-resources rule).
+    A failing kubelet keeps the last good answer and counts ``kubelet`` errors.
     """
 
     def __init__(
@@ -129,8 +130,11 @@ class PodWatcher:
         period_s: float,
         stats: TelemetryStats,
         dra: DraDevices | None = None,
+        *,
+        in_cluster: bool = True,
     ) -> None:
         self._client = client
+        self._in_cluster = in_cluster
         self._dra = dra
         self._socket = socket
         self._period_s = period_s
@@ -144,14 +148,18 @@ class PodWatcher:
         return self._current
 
     def absent(self) -> str | None:
-        """Why kubelet cannot be asked at all (no socket); None while it can."""
-        return f"no kubelet pod-resources socket at {self._socket}" if self._said_missing else None
+        """Why kubelet cannot be asked at all (no socket in a cluster); None while it can, or
+        outside a cluster, where there are no pods to ask about."""
+        if not (self._said_missing and self._in_cluster):
+            return None
+        return f"no kubelet pod-resources socket at {self._socket}"
 
     def refresh(self) -> None:
         """One List call; the thread calls this every period."""
         if not self._socket.exists():
             if not self._said_missing:
-                log.info("no kubelet pod-resources socket at %s: pods not attributed", self._socket)
+                why = "pods not attributed" if self._in_cluster else "not in a cluster: no pods"
+                log.info("no kubelet pod-resources socket at %s: %s", self._socket, why)
                 self._said_missing = True
             self._current = ()
             return
@@ -184,8 +192,9 @@ class PodWatcher:
 
 class PodsReader(Reader):
     """The kubelet pod-resources reader: the device plugin's allocations from the watcher's
-    latest List (the last good answer while kubelet fails). With no socket, nobody can tell
-    who holds what: the reader fails, saying so, and GPU series carry no pod."""
+    latest List (the last good answer while kubelet fails). With no socket in a cluster, nobody
+    can tell who holds what: the reader fails, saying so, and GPU series carry no pod. Outside a
+    cluster no pod holds a GPU, and the reader says just that."""
 
     name = "pods"
     after_attribution = False

@@ -226,7 +226,8 @@ def build_telemetry(
         pods = None
         if attribute_pods:
             socket, period = settings.kubelet_socket, max(settings.interval_s, _MIN_POD_REFRESH_S)
-            pods = PodWatcher(PodResourcesClient(socket), socket, period, stats, dra)
+            client = PodResourcesClient(socket)
+            pods = PodWatcher(client, socket, period, stats, dra, in_cluster=kube is not None)
         xids = XidWatcher.for_reader(reader, stats)
         options = SamplerOptions(
             interval_s=settings.interval_s,

@@ -128,6 +128,21 @@ def test_without_the_kubelet_socket_the_pods_reader_says_so_and_gpus_publish(
     assert F["DEV_GPU_TEMP"] in entity(snapshot, 3).values
 
 
+def test_outside_a_cluster_no_kubelet_socket_is_nothing_missing(tmp_path: Path) -> None:
+    """Off Kubernetes no kubelet runs and no pod holds a GPU: the pods source is up with no
+    allocations, as doctor's pod-resources check says ok, not a source down for good (an
+    alert on ``gpu_agent_collection_source_up`` would fire forever on a standalone node)."""
+    node = sim_node(tmp_path / "state")
+    socket = tmp_path / "absent.sock"
+    stats = TelemetryStats()
+    watcher = PodWatcher(PodResourcesClient(socket), socket, 60, stats, in_cluster=False)
+    watcher.refresh()
+    snapshot = node.sampler(pods=watcher).tick()
+    assert SourceStatus("pods") in snapshot.sources
+    assert all(s.pod is None for s in snapshot.entities)
+    assert dict(stats.view().errors).get("kubelet", 0) == 0
+
+
 def _render(latest: object) -> str:
     exporter = MetricsExporter(load_counters(), "dcgm", latest, TelemetryStats())  # type: ignore[arg-type]
     body, _ = exporter.render("text/plain")

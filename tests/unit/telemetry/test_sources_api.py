@@ -19,6 +19,7 @@ from agent.cli.context import CliContext
 from agent.cli.metrics import metrics
 from agent.client import AgentClient
 from agent.gpu import open_driver
+from agent.gpu.sim import SimControl
 from agent.telemetry.pods import PodResourcesClient, PodWatcher
 from agent.telemetry.snapshot import Snapshot, SourceStatus
 from agent.telemetry.stats import TelemetryStats
@@ -69,10 +70,11 @@ def _context(state_dir: Path) -> CliContext:
 
 
 def test_metrics_sources_shows_the_degraded_source_as_a_table_and_json(tmp_path: Path) -> None:
-    """The embedded agent has no kubelet socket: `metrics --sources` names the pods source
-    degraded, and why, in both forms; `-o` alone is refused (the scrape body has one form)."""
+    """The embedded agent's NVML event set cannot be opened: `metrics --sources` names the xid
+    source degraded, and why, in both forms; `-o` alone is refused (the scrape body has one
+    form). Off Kubernetes, with no kubelet socket, the pods source is up: no pod holds a GPU."""
     open_driver("dgx-h100", tmp_path).close()
-    reason = f"no kubelet pod-resources socket at {tmp_path / 'absent.sock'}"
+    SimControl(tmp_path).inject_fault("nvmlEventSetCreate", "Unknown", count=1000)
     ctx = _context(tmp_path)
     try:
         as_json = CliRunner().invoke(metrics, ["--sources", "-o", "json"], obj=ctx)
@@ -81,13 +83,16 @@ def test_metrics_sources_shows_the_degraded_source_as_a_table_and_json(tmp_path:
         ctx.close()
     assert as_json.exit_code == 0, as_json.output
     rows = {r["source"]: r for r in json.loads(as_json.output)}
-    assert rows["pods"] == {"source": "pods", "up": False, "reason": reason}
+    reason = rows["xid"]["reason"]
+    assert rows["xid"]["up"] is False
+    assert reason.startswith("cannot open the NVML event set:"), reason
     assert rows["devices"] == {"source": "devices", "up": True, "reason": None}
+    assert rows["pods"] == {"source": "pods", "up": True, "reason": None}
     assert as_table.exit_code == 0, as_table.output
     lines = as_table.output.splitlines()
     assert lines[0].split() == ["SOURCE", "STATE", "REASON"]
-    (pods,) = [line for line in lines if line.startswith("pods ")]
-    assert pods.split(None, 2) == ["pods", "degraded", reason]
+    (xid,) = [line for line in lines if line.startswith("xid ")]
+    assert xid.split(None, 2) == ["xid", "degraded", reason]
     assert any(line.split() == ["devices", "up", "-"] for line in lines)
     ctx = _context(tmp_path)
     try:
