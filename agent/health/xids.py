@@ -6,7 +6,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from enum import Enum
-from importlib import resources
+
+from agent.tables import packaged_rows
 
 __all__ = ["XidClass", "XidRule", "classify", "table"]
 
@@ -50,13 +51,8 @@ class XidRule:
 
 @functools.cache
 def table() -> dict[int, XidRule]:
-    text = resources.files("agent.health").joinpath("xids.tsv").read_text(encoding="utf-8")
-    rules = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            number, cls, bucket = line.split("\t")
-            rules[int(number)] = XidRule(int(number), XidClass(cls), bucket)
-    return rules
+    rows = packaged_rows("agent.health", "xids.tsv", cells=3)
+    return {int(n): XidRule(int(n), XidClass(cls), bucket) for n, cls, bucket in rows}
 
 
 def classify(xid: int) -> XidRule:

@@ -16,11 +16,11 @@ import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 
 from agent.errors import AgentError
 from agent.gpu.readings import GpuIdentity, MigLayout, NodeReader
 from agent.gpu.xid_events import XidEvent, XidEvents
+from agent.tables import packaged_rows
 from agent.telemetry.attribution import profile_of
 from agent.telemetry.reader import Degraded, Frame, Part, Reader
 from agent.telemetry.snapshot import Entity, InstanceIdentity, XidCount
@@ -46,13 +46,7 @@ UNKNOWN_XID = "Unknown Error"
 @functools.cache
 def _messages() -> dict[int, str]:
     """XID -> its NVIDIA XID catalog name (``dcgm/xid-messages.tsv``, dcgm-exporter's table)."""
-    text = resources.files("dcgm").joinpath("xid-messages.tsv").read_text(encoding="utf-8")
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            number, message = line.split("\t", 1)
-            out[int(number)] = message
-    return out
+    return {int(n): message for n, message in packaged_rows("dcgm", "xid-messages.tsv", cells=2)}
 
 
 def xid_message(xid: int) -> str:

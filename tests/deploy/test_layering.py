@@ -31,6 +31,7 @@ BASE = {
     "statedir",
     "loops",
     "tasks",
+    "tables",
     "_proto",
 }
 INFRA = {
