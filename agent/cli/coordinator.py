@@ -33,7 +33,8 @@ def fleet_options(fn: F) -> F:
         click.option(
             "--agents",
             default="",
-            help="Agents to use, comma-separated HOST:PORT (or unix:PATH for a local agent).",
+            help="Agents to use, comma-separated HOST:PORT (or unix:PATH for a local agent: its "
+            "socket serves without TLS, so no client files are needed).",
         ),
         click.option(
             "--dns", default=None, help="A name whose every address is an agent: NAME[:PORT]."

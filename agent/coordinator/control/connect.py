@@ -51,8 +51,16 @@ class FleetOptions:
                 self.tls_ca or self.tls_dir / "ca.crt",
                 self.server_name or self.default_server_name(),
             )
-            tls.credentials()  # a missing file is a configuration error here, not N unreachable
+            if not self._local_only():
+                # A missing file is a configuration error here, not N unreachable agents.
+                tls.credentials()
         return Fleet(discovery, tls, timeout_s=self.timeout)
+
+    def _local_only(self) -> bool:
+        """Every agent is named by its Unix socket (``unix:PATH``), which serves without TLS:
+        the client files are not needed and may be absent."""
+        listed = self.agents and not self.dns and not self.kubernetes
+        return bool(listed) and all(a.startswith("unix:") for a in self.agents)
 
     def elector(
         self,

@@ -60,7 +60,8 @@ class Fleet:
         key = (target.address, server_name)
         found = self._clients.get(key)
         if found is None:
-            if self._tls is not None and self._credentials is None:
+            tcp = not target.address.startswith("unix:")  # a Unix socket serves without TLS
+            if tcp and self._tls is not None and self._credentials is None:
                 self._credentials = self._tls.credentials()
             found = AgentClient(
                 target.address,

@@ -89,6 +89,24 @@ def test_fleet_status_shows_each_gpus_verdict_and_the_nodes_worst(agents: FakeAg
     assert "GPU health: 1 healthy, 2 unknown, 1 degraded, 1 failed." in table.output
 
 
+def test_local_agents_by_their_sockets_need_no_client_certificate(
+    agents: FakeAgents, tmp_path: Path
+) -> None:
+    """`--agents unix:PATH` reaches a local agent, which serves its socket without TLS: with no
+    client files (and no --insecure) the fleet answers; a TCP agent beside it still needs them,
+    and the refusal names the option before any agent is called."""
+    agents.add(node("a", mark("healthy")))
+    (local,) = [a.address for a in agents.agents.values()]
+    no_tls = ["--tls-dir", str(tmp_path)]
+    result = invoke_process(["fleet", "status", "--agents", local, *no_tls, "-o", "json"], 60)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["totals"]["reachable"] == 1
+    both = f"{local},127.0.0.1:1"
+    refused = invoke_process(["fleet", "status", "--agents", both, *no_tls], 60)
+    assert refused.exit_code != 0
+    assert f"cannot read the client TLS file {tmp_path / 'ca.crt'} (--tls-ca" in refused.output
+
+
 def test_an_unspecified_state_and_instance_marks_count_as_the_agent_said() -> None:
     """A mark set with state UNSPECIFIED is no verdict (unknown); a failed MIG instance makes
     its GPU, and so its node, failed; an instance without a verdict of its own is its GPU's."""
