@@ -83,6 +83,15 @@ def to_int(value: Any) -> int:
     raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
 
+def index_arg(value: Any, count: int) -> int:
+    """An enumeration or index argument: INVALID_ARGUMENT outside ``0 .. count - 1`` (a
+    constant past the enumeration's end; what the board lacks is the caller's NOT_SUPPORTED)."""
+    n = to_int(value)
+    if not 0 <= n < count:
+        raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    return n
+
+
 def to_bytes(value: Any) -> bytes:
     if isinstance(value, bytes):
         return value

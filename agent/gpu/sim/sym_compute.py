@@ -17,6 +17,7 @@ from agent.gpu.sim.abi import (
     creators,
     fail,
     handle_slot,
+    index_arg,
     read_placement,
     set_handle,
     set_value,
@@ -30,7 +31,7 @@ from agent.gpu.sim.abi import (
 )
 from agent.gpu.sim.handles import Handle, Kind, pointer
 from agent.gpu.sim.state import ComputeInstance, GpuInstance
-from agent.gpu.sim.sym_mig import gi_handle
+from agent.gpu.sim.sym_mig import fill_instance_info, gi_handle
 
 if TYPE_CHECKING:
     from agent.gpu.sim.driver import SimDriver, Target
@@ -51,11 +52,8 @@ def _ci_profile_info(
     drv: SimDriver, handle: Any, constant: Any, eng: Any, ref: Any, *, versioned: bool
 ) -> None:
     t, gi = drv.gpu_instance(handle)
-    c, e = to_int(constant), to_int(eng)
-    if not 0 <= c < pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
-        raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-    if not 0 <= e < pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT:
-        raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    c = index_arg(constant, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)
+    index_arg(eng, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT)
     gi_spec = layout.gi_spec(t.model, gi)
     spec = next((s for s in t.model.ci_profiles(gi_spec) if s.constant == c), None)
     if spec is None:
@@ -152,8 +150,7 @@ def compute_instances(
 ) -> None:
     t, gi = drv.gpu_instance(handle)
     spec = _ci_spec_by_id(t, gi, profile_id)
-    found = sorted((c for c in gi.compute_instances if c.profile_id == spec.id), key=lambda c: c.id)
-    handles = [_ci_handle(t, ci) for ci in found]
+    handles = [_ci_handle(t, ci) for ci in layout.of_profile(gi.compute_instances, spec.id)]
     write_handles(handles, pynvml.c_nvmlComputeInstance_t, instances, count_ref)
 
 
@@ -170,8 +167,5 @@ def compute_instance_by_id(drv: SimDriver, handle: Any, ci_id: Any, ref: Any) ->
 def compute_instance_info(drv: SimDriver, handle: Any, ref: Any) -> None:
     t, gi, ci = drv.compute_instance(handle)
     info = target(ref)
-    info.device = pointer(pynvml.c_nvmlDevice_t, Handle(Kind.DEVICE, t.gpu.index, 0))
+    fill_instance_info(info, t, ci)
     info.gpuInstance = pointer(pynvml.c_nvmlGpuInstance_t, gi_handle(t, gi))
-    info.id = ci.id
-    info.profileId = ci.profile_id
-    info.placement.start, info.placement.size = ci.start, ci.size

@@ -19,6 +19,7 @@ from agent.gpu.sim.abi import (
     creators,
     fail,
     handle_slot,
+    index_arg,
     read_placement,
     set_handle,
     set_value,
@@ -31,7 +32,7 @@ from agent.gpu.sim.abi import (
     write_placements,
 )
 from agent.gpu.sim.handles import Handle, Kind, pointer
-from agent.gpu.sim.state import Activity, GpuInstance
+from agent.gpu.sim.state import Activity, ComputeInstance, GpuInstance
 
 if TYPE_CHECKING:
     from agent.gpu.sim.driver import SimDriver, Target
@@ -80,9 +81,7 @@ def set_mig_mode(drv: SimDriver, handle: Any, mode: Any, status_ref: Any) -> Non
 
 
 def _gi_spec_by_constant(t: Target, constant: Any) -> GiProfileSpec:
-    c = to_int(constant)
-    if not 0 <= c < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
-        raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    c = index_arg(constant, pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT)
     spec = t.model.gi_profile_by_constant(c)
     if spec is None:
         raise fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -209,8 +208,7 @@ def gpu_instances(
     t = drv.physical(handle)
     _mig_enabled(t)
     spec = _gi_spec_by_id(t, profile_id, pynvml.NVML_ERROR_INVALID_ARGUMENT)
-    found = sorted((g for g in t.gpu.gpu_instances if g.profile_id == spec.id), key=lambda g: g.id)
-    handles = [gi_handle(t, gi) for gi in found]
+    handles = [gi_handle(t, gi) for gi in layout.of_profile(t.gpu.gpu_instances, spec.id)]
     write_handles(handles, pynvml.c_nvmlGpuInstance_t, instances, count_ref)
 
 
@@ -227,8 +225,12 @@ def gpu_instance_by_id(drv: SimDriver, handle: Any, gi_id: Any, ref: Any) -> Non
 @symbol("nvmlGpuInstanceGetInfo")
 def gpu_instance_info(drv: SimDriver, handle: Any, ref: Any) -> None:
     t, gi = drv.gpu_instance(handle)
-    info = target(ref)
+    fill_instance_info(target(ref), t, gi)
+
+
+def fill_instance_info(info: Any, t: Target, instance: GpuInstance | ComputeInstance) -> None:
+    """What a GI's and a CI's info structs share: their GPU, id, profile and placement."""
     info.device = pointer(pynvml.c_nvmlDevice_t, Handle(Kind.DEVICE, t.gpu.index, 0))
-    info.id = gi.id
-    info.profileId = gi.profile_id
-    info.placement.start, info.placement.size = gi.start, gi.size
+    info.id = instance.id
+    info.profileId = instance.profile_id
+    info.placement.start, info.placement.size = instance.start, instance.size
