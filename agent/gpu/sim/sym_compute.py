@@ -16,13 +16,10 @@ from agent.gpu.sim import activity, layout
 from agent.gpu.sim.abi import (
     creators,
     fail,
-    handle_slot,
     index_arg,
-    read_placement,
     set_handle,
     set_value,
     start_for,
-    store_handle,
     symbol,
     target,
     to_int,
@@ -99,9 +96,9 @@ def ci_remaining_capacity(drv: SimDriver, handle: Any, profile_id: Any, ref: Any
     set_value(ref, layout.ci_remaining_capacity(gi, _ci_spec_by_id(t, gi, profile_id)))
 
 
-def _create_ci(drv: SimDriver, handle: Any, profile_id: Any, placement: Any, ref: Any) -> None:
-    slot = handle_slot(ref)
-    wanted = read_placement(placement) if placement is not None else None
+def _create_ci(
+    drv: SimDriver, handle: Any, profile_id: Any, wanted: tuple[int, int] | None
+) -> Handle:
     with drv.mutate() as node:
         t, gi = drv.gpu_instance(handle, node)
         spec = _ci_spec_by_id(t, gi, profile_id)
@@ -118,7 +115,7 @@ def _create_ci(drv: SimDriver, handle: Any, profile_id: Any, placement: Any, ref
             uuid=f"MIG-{uuid.uuid4()}",
         )
         gi.compute_instances.append(ci)
-    store_handle(slot, _ci_handle(t, ci))
+    return _ci_handle(t, ci)
 
 
 creators(

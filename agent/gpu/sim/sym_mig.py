@@ -18,13 +18,10 @@ from agent.gpu.sim import activity, layout, lifecycle
 from agent.gpu.sim.abi import (
     creators,
     fail,
-    handle_slot,
     index_arg,
-    read_placement,
     set_handle,
     set_value,
     start_for,
-    store_handle,
     symbol,
     target,
     to_int,
@@ -158,9 +155,9 @@ def gi_remaining_capacity(drv: SimDriver, handle: Any, profile_id: Any, ref: Any
 # --- GPU instances ----------------------------------------------------------------------------
 
 
-def _create_gi(drv: SimDriver, handle: Any, profile_id: Any, placement: Any, ref: Any) -> None:
-    slot = handle_slot(ref)
-    wanted = read_placement(placement) if placement is not None else None
+def _create_gi(
+    drv: SimDriver, handle: Any, profile_id: Any, wanted: tuple[int, int] | None
+) -> Handle:
     with drv.mutate() as node:
         t = drv.physical(handle, node)
         _mig_enabled(t)
@@ -182,7 +179,7 @@ def _create_gi(drv: SimDriver, handle: Any, profile_id: Any, placement: Any, ref
         )
         t.gpu.gpu_instances.append(gi)
         activity.refresh(t.gpu, t.model, now)
-    store_handle(slot, gi_handle(t, gi))
+    return gi_handle(t, gi)
 
 
 creators("nvmlDeviceCreateGpuInstance", "nvmlDeviceCreateGpuInstanceWithPlacement", _create_gi)
