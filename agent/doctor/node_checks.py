@@ -274,29 +274,38 @@ def prewarm_containerd(facts: Facts) -> Check:
     )
 
 
+def _optional_socket_check(
+    name: str, setting: str, socket: Path | None, off: str, found: str, missing: str
+) -> Check:
+    """A daemon prewarm uses only when ``prewarm.<setting>`` names its socket: off when unset,
+    else `_socket_check`, whose fix mounts the socket's folder or unsets the setting."""
+    if socket is None:
+        return ok(P, name, f"off (prewarm.{setting} unset): {off}")
+    fix = f"mount {socket.parent} into the agent pod, or unset prewarm.{setting}"
+    return _socket_check(name, socket, found, missing, fix)
+
+
 def prewarm_nydus(facts: Facts) -> Check:
     socket = facts.config.prewarm.nydus_system_socket
-    if socket is None:
-        return ok(P, "nydus", "off (prewarm.nydus_system_socket unset): no prefetch hints")
-    return _socket_check(
+    return _optional_socket_check(
         "nydus",
+        "nydus_system_socket",
         socket,
+        "no prefetch hints",
         f"nydus-snapshotter system socket {socket}",
         f"no nydus-snapshotter socket at {socket}: Nydus prefetch hints are not sent",
-        f"mount {socket.parent} into the agent pod, or unset prewarm.nydus_system_socket",
     )
 
 
 def prewarm_dragonfly(facts: Facts) -> Check:
     socket = facts.config.prewarm.dragonfly_socket
-    if socket is None:
-        return ok(P, "dragonfly", "off (prewarm.dragonfly_socket unset): files come from origins")
-    return _socket_check(
+    return _optional_socket_check(
         "dragonfly",
+        "dragonfly_socket",
         socket,
+        "files come from origins",
         f"dfdaemon socket {socket}",
         f"no dfdaemon socket at {socket}: files are fetched from origins directly",
-        f"mount {socket.parent} into the agent pod, or unset prewarm.dragonfly_socket",
     )
 
 

@@ -358,21 +358,35 @@ class GpuDriver:
         uuids = self._mig_uuids(h)  # once per GPU: listing MIG devices per GI is quadratic
         out: list[GpuInstance] = []
         for profile in profiles:
-            array = (n.c_nvmlGpuInstance_t * max(profile.instance_count, 1))()
-            count = ctypes.c_uint(0)
-            self.call(n.nvmlDeviceGetGpuInstances, h, profile.id, array, ctypes.byref(count))
-            for i in range(count.value):
-                info = self.call(n.nvmlGpuInstanceGetInfo, array[i])
+            listed = self._instances(
+                n.nvmlDeviceGetGpuInstances,
+                n.c_nvmlGpuInstance_t,
+                h,
+                profile.id,
+                profile.instance_count,
+            )
+            for gi in listed:
+                info = self.call(n.nvmlGpuInstanceGetInfo, gi)
                 out.append(
                     GpuInstance(
                         id=int(info.id),
                         profile_id=profile.id,
                         profile_name=profile.name,
                         placement=Placement(int(info.placement.start), int(info.placement.size)),
-                        compute_instances=self._compute_instances(array[i], uuids),
+                        compute_instances=self._compute_instances(gi, uuids),
                     )
                 )
         return tuple(sorted(out, key=lambda gi: gi.placement))
+
+    def _instances(
+        self, fn: Callable[..., Any], handle_type: Any, parent: Any, profile_id: int, most: int
+    ) -> list[Any]:
+        """The handles of one profile's instances that a listing call (``fn``) writes into an
+        array of ``handle_type`` the caller allocates for the profile's ``most`` instances."""
+        array = (handle_type * max(most, 1))()
+        count = ctypes.c_uint(0)
+        self.call(fn, parent, profile_id, array, ctypes.byref(count))
+        return [array[i] for i in range(count.value)]
 
     def _ci_profile_infos(self, gi: Any) -> Iterator[tuple[int, Any]]:
         """(constant, profile info) of each compute instance profile the GPU instance offers."""
@@ -395,11 +409,15 @@ class GpuDriver:
         out: list[ComputeInstance] = []
         gi_id = int(self.call(n.nvmlGpuInstanceGetInfo, gi).id)
         for _, info in self._ci_profile_infos(gi):
-            array = (n.c_nvmlComputeInstance_t * max(int(info.instanceCount), 1))()
-            count = ctypes.c_uint(0)
-            self.call(n.nvmlGpuInstanceGetComputeInstances, gi, info.id, array, ctypes.byref(count))
-            for i in range(count.value):
-                ci = self.call(n.nvmlComputeInstanceGetInfo, array[i])
+            listed = self._instances(
+                n.nvmlGpuInstanceGetComputeInstances,
+                n.c_nvmlComputeInstance_t,
+                gi,
+                info.id,
+                int(info.instanceCount),
+            )
+            for handle in listed:
+                ci = self.call(n.nvmlComputeInstanceGetInfo, handle)
                 out.append(
                     ComputeInstance(
                         id=int(ci.id),

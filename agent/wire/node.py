@@ -8,9 +8,9 @@ a layout is read once, by the agent, and converted here once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from agent._proto.gpuagent.v1 import agent_pb2, events_pb2, sharing_pb2
 from agent.dra.mode import Allocation, AllocationMode
@@ -394,22 +394,33 @@ def allocation_of(node: agent_pb2.Node) -> Allocation:
 
 # -- layouts, back into records -------------------------------------------------------------------
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _interned(cache: dict[_K, _V], key: _K, make: Callable[[], _V], bound: int) -> _V:
+    """The one value kept for ``key``, made on first sight. A plain dict rather than lru_cache:
+    it runs for every instance of every GPU of a sweep; past ``bound`` entries (agents sending
+    odd values) it starts afresh."""
+    found = cache.get(key)
+    if found is None:
+        if len(cache) >= bound:
+            cache.clear()
+        found = cache[key] = make()
+    return found
+
+
+_MAX_PLACEMENTS = 1024
 _placements: dict[tuple[int, int], Placement] = {}
 
 
 def _placement(p: agent_pb2.Placement) -> Placement:
-    # Frozen and few: one object per distinct placement. A plain dict rather than lru_cache:
-    # this runs for every instance of every GPU of a sweep.
+    # Frozen and few: one object per distinct placement.
     key = (p.start, p.size)
-    found = _placements.get(key)
-    if found is None:
-        if len(_placements) >= 1024:  # a bound, against agents sending odd placements
-            _placements.clear()
-        found = _placements[key] = Placement(*key)
-    return found
+    return _interned(_placements, key, lambda: Placement(*key), _MAX_PLACEMENTS)
 
 
-_MAX_MODELS = 256
+_MAX_MODELS = 256  # a bound, should drivers ever vary per GPU
 _ProfilesKey = tuple[bytes, ...]
 _profiles_seen: dict[_ProfilesKey, tuple[GiProfile, ...]] = {}
 
@@ -422,12 +433,9 @@ def _profiles(gpu: agent_pb2.Gpu) -> tuple[GiProfile, ...]:
     # at sameness (model, memory, count) served one GPU's profiles for another's. MigProfile has
     # no map fields, so plain serialising is already byte-stable (and a third faster).
     key = tuple(p.SerializeToString() for p in gpu.mig_profiles)
-    found = _profiles_seen.get(key)
-    if found is None:
-        if len(_profiles_seen) >= _MAX_MODELS:  # a bound, should drivers ever vary per GPU
-            _profiles_seen.clear()
-        found = _profiles_seen[key] = tuple(_profile(p) for p in gpu.mig_profiles)
-    return found
+    return _interned(
+        _profiles_seen, key, lambda: tuple(_profile(p) for p in gpu.mig_profiles), _MAX_MODELS
+    )
 
 
 def _profile(p: agent_pb2.MigProfile) -> GiProfile:

@@ -53,17 +53,24 @@ def symbol(
     return register
 
 
-def creators(plain: str, placed: str, create: Callable[[Any, Any, Any, Any, Any], None]) -> None:
+Creator = Callable[[Any, Any, Any, tuple[int, int] | None], Handle]
+
+
+def creators(plain: str, placed: str, create: Creator) -> None:
     """Register a create symbol and its ...WithPlacement twin, whose placement is required;
-    ``create(drv, handle, profile_id, placement or None, ref)`` does the work of both."""
+    ``create(drv, handle, profile_id, (start, size) or None)`` does the work of both and returns
+    the new instance's handle. The output and the placement are read before it runs."""
 
     def anywhere(drv: Any, handle: Any, profile_id: Any, ref: Any) -> None:
-        create(drv, handle, profile_id, None, ref)
+        slot = handle_slot(ref)
+        store_handle(slot, create(drv, handle, profile_id, None))
 
     def at(drv: Any, handle: Any, profile_id: Any, placement: Any, ref: Any) -> None:
         if placement is None:
             raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        create(drv, handle, profile_id, placement, ref)
+        slot = handle_slot(ref)
+        wanted = read_placement(placement)
+        store_handle(slot, create(drv, handle, profile_id, wanted))
 
     symbol(plain)(anywhere)
     symbol(placed)(at)
@@ -81,6 +88,15 @@ def to_int(value: Any) -> int:
     if isinstance(value, ctypes._SimpleCData) and isinstance(value.value, int):
         return int(value.value)
     raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+
+def index_arg(value: Any, count: int) -> int:
+    """An enumeration or index argument: INVALID_ARGUMENT outside ``0 .. count - 1`` (a
+    constant past the enumeration's end; what the board lacks is the caller's NOT_SUPPORTED)."""
+    n = to_int(value)
+    if not 0 <= n < count:
+        raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    return n
 
 
 def to_bytes(value: Any) -> bytes:

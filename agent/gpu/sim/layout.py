@@ -23,6 +23,7 @@ Two driver behaviours the reference leaves open are modelled on the MIG user gui
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 import pynvml
 
@@ -30,6 +31,9 @@ from agent.gpu.models import CiProfileSpec, GiProfileSpec, GpuModel
 from agent.gpu.sim.state import ComputeInstance, Gpu, GpuInstance
 
 _Placement = tuple[int, int]  # (start, size)
+_Instance = GpuInstance | ComputeInstance
+_I = TypeVar("_I", bound=_Instance)
+_Profile = GiProfileSpec | CiProfileSpec
 
 
 def gi_spec(model: GpuModel, gi: GpuInstance) -> GiProfileSpec:
@@ -56,31 +60,23 @@ def gi_id(model: GpuModel, start: int, size: int) -> int:
 
 def gi_create_error(gpu: Gpu, model: GpuModel, spec: GiProfileSpec, start: int) -> int | None:
     """Why a GI of ``spec`` at ``start`` cannot be created now, as an NVML code, or None."""
-    if start not in spec.starts:
-        return pynvml.NVML_ERROR_INVALID_ARGUMENT
-    same = sum(1 for gi in gpu.gpu_instances if gi.profile_id == spec.id)
-    if same >= spec.instance_count:
+    error = _placement_error(gpu.gpu_instances, spec, (start, spec.memory_slices))
+    if error is None and _media_conflict(gpu, model, spec):
         return pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
-    if _media_conflict(gpu, model, spec):
-        return pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
-    if _overlaps((start, spec.memory_slices), _gi_ranges(gpu)):
-        return pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
-    return None
+    return error
 
 
 def choose_gi_start(gpu: Gpu, model: GpuModel, spec: GiProfileSpec) -> int | None:
     """Where the driver puts a GI created without a placement; None if nowhere."""
     free = [s for s in spec.starts if gi_create_error(gpu, model, spec, s) is None]
     everything = [p for other in model.gi_profiles for p in gi_placements(other)]
-    return _least_damage(free, spec.memory_slices, everything, _gi_ranges(gpu))
+    return _least_damage(free, spec.memory_slices, everything, _ranges(gpu.gpu_instances))
 
 
 def gi_remaining_capacity(gpu: Gpu, model: GpuModel, spec: GiProfileSpec) -> int:
-    same = sum(1 for gi in gpu.gpu_instances if gi.profile_id == spec.id)
     if _media_conflict(gpu, model, spec):
         return 0
-    fits = _disjoint_free(gi_placements(spec), _gi_ranges(gpu))
-    return max(0, min(spec.instance_count - same, fits))
+    return _remaining(gpu.gpu_instances, spec, gi_placements(spec))
 
 
 _MEDIA = ("+me", "+me.all")
@@ -106,14 +102,7 @@ def ci_placements(spec: CiProfileSpec) -> list[_Placement]:
 
 
 def ci_create_error(gi: GpuInstance, spec: CiProfileSpec, start: int) -> int | None:
-    if start not in spec.starts:
-        return pynvml.NVML_ERROR_INVALID_ARGUMENT
-    same = sum(1 for ci in gi.compute_instances if ci.profile_id == spec.id)
-    if same >= spec.instance_count:
-        return pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
-    if _overlaps((start, spec.slice_count), _ci_ranges(gi)):
-        return pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
-    return None
+    return _placement_error(gi.compute_instances, spec, (start, spec.slice_count))
 
 
 def choose_ci_start(gi: GpuInstance, spec: CiProfileSpec) -> int | None:
@@ -122,9 +111,7 @@ def choose_ci_start(gi: GpuInstance, spec: CiProfileSpec) -> int | None:
 
 
 def ci_remaining_capacity(gi: GpuInstance, spec: CiProfileSpec) -> int:
-    same = sum(1 for ci in gi.compute_instances if ci.profile_id == spec.id)
-    fits = _disjoint_free(ci_placements(spec), _ci_ranges(gi))
-    return max(0, min(spec.instance_count - same, fits))
+    return _remaining(gi.compute_instances, spec, ci_placements(spec))
 
 
 def next_ci_id(gi: GpuInstance) -> int:
@@ -141,12 +128,37 @@ def mig_devices(gpu: Gpu) -> list[tuple[GpuInstance, ComputeInstance]]:
     ]
 
 
-def _gi_ranges(gpu: Gpu) -> list[_Placement]:
-    return [(gi.start, gi.size) for gi in gpu.gpu_instances]
+def of_profile(instances: Iterable[_I], profile_id: int) -> list[_I]:
+    """The instances of one profile, by id: the order NVML lists them in."""
+    return sorted((i for i in instances if i.profile_id == profile_id), key=lambda i: i.id)
 
 
-def _ci_ranges(gi: GpuInstance) -> list[_Placement]:
-    return [(ci.start, ci.size) for ci in gi.compute_instances]
+# GPU instances on a GPU and compute instances inside a GI follow the same rules, each in its
+# own unit (memory slices, compute slices): a profile's placements, its instance count, no overlap.
+
+
+def _placement_error(
+    existing: Sequence[_Instance], spec: _Profile, placement: _Placement
+) -> int | None:
+    if placement[0] not in spec.starts:
+        return pynvml.NVML_ERROR_INVALID_ARGUMENT
+    if len(of_profile(existing, spec.id)) >= spec.instance_count:
+        return pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    if _overlaps(placement, _ranges(existing)):
+        return pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    return None
+
+
+def _remaining(
+    existing: Sequence[_Instance], spec: _Profile, placements: Sequence[_Placement]
+) -> int:
+    same = len(of_profile(existing, spec.id))
+    fits = _disjoint_free(placements, _ranges(existing))
+    return max(0, min(spec.instance_count - same, fits))
+
+
+def _ranges(instances: Iterable[_Instance]) -> list[_Placement]:
+    return [(i.start, i.size) for i in instances]
 
 
 def _overlap(a: _Placement, b: _Placement) -> bool:

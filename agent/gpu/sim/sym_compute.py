@@ -16,12 +16,10 @@ from agent.gpu.sim import activity, layout
 from agent.gpu.sim.abi import (
     creators,
     fail,
-    handle_slot,
-    read_placement,
+    index_arg,
     set_handle,
     set_value,
     start_for,
-    store_handle,
     symbol,
     target,
     to_int,
@@ -30,7 +28,7 @@ from agent.gpu.sim.abi import (
 )
 from agent.gpu.sim.handles import Handle, Kind, pointer
 from agent.gpu.sim.state import ComputeInstance, GpuInstance
-from agent.gpu.sim.sym_mig import gi_handle
+from agent.gpu.sim.sym_mig import fill_instance_info, gi_handle
 
 if TYPE_CHECKING:
     from agent.gpu.sim.driver import SimDriver, Target
@@ -51,11 +49,8 @@ def _ci_profile_info(
     drv: SimDriver, handle: Any, constant: Any, eng: Any, ref: Any, *, versioned: bool
 ) -> None:
     t, gi = drv.gpu_instance(handle)
-    c, e = to_int(constant), to_int(eng)
-    if not 0 <= c < pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
-        raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-    if not 0 <= e < pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT:
-        raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    c = index_arg(constant, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)
+    index_arg(eng, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT)
     gi_spec = layout.gi_spec(t.model, gi)
     spec = next((s for s in t.model.ci_profiles(gi_spec) if s.constant == c), None)
     if spec is None:
@@ -101,9 +96,9 @@ def ci_remaining_capacity(drv: SimDriver, handle: Any, profile_id: Any, ref: Any
     set_value(ref, layout.ci_remaining_capacity(gi, _ci_spec_by_id(t, gi, profile_id)))
 
 
-def _create_ci(drv: SimDriver, handle: Any, profile_id: Any, placement: Any, ref: Any) -> None:
-    slot = handle_slot(ref)
-    wanted = read_placement(placement) if placement is not None else None
+def _create_ci(
+    drv: SimDriver, handle: Any, profile_id: Any, wanted: tuple[int, int] | None
+) -> Handle:
     with drv.mutate() as node:
         t, gi = drv.gpu_instance(handle, node)
         spec = _ci_spec_by_id(t, gi, profile_id)
@@ -120,7 +115,7 @@ def _create_ci(drv: SimDriver, handle: Any, profile_id: Any, placement: Any, ref
             uuid=f"MIG-{uuid.uuid4()}",
         )
         gi.compute_instances.append(ci)
-    store_handle(slot, _ci_handle(t, ci))
+    return _ci_handle(t, ci)
 
 
 creators(
@@ -152,8 +147,7 @@ def compute_instances(
 ) -> None:
     t, gi = drv.gpu_instance(handle)
     spec = _ci_spec_by_id(t, gi, profile_id)
-    found = sorted((c for c in gi.compute_instances if c.profile_id == spec.id), key=lambda c: c.id)
-    handles = [_ci_handle(t, ci) for ci in found]
+    handles = [_ci_handle(t, ci) for ci in layout.of_profile(gi.compute_instances, spec.id)]
     write_handles(handles, pynvml.c_nvmlComputeInstance_t, instances, count_ref)
 
 
@@ -170,8 +164,5 @@ def compute_instance_by_id(drv: SimDriver, handle: Any, ci_id: Any, ref: Any) ->
 def compute_instance_info(drv: SimDriver, handle: Any, ref: Any) -> None:
     t, gi, ci = drv.compute_instance(handle)
     info = target(ref)
-    info.device = pointer(pynvml.c_nvmlDevice_t, Handle(Kind.DEVICE, t.gpu.index, 0))
+    fill_instance_info(info, t, ci)
     info.gpuInstance = pointer(pynvml.c_nvmlGpuInstance_t, gi_handle(t, gi))
-    info.id = ci.id
-    info.profileId = ci.profile_id
-    info.placement.start, info.placement.size = ci.start, ci.size

@@ -18,12 +18,10 @@ from agent.gpu.sim import activity, layout, lifecycle
 from agent.gpu.sim.abi import (
     creators,
     fail,
-    handle_slot,
-    read_placement,
+    index_arg,
     set_handle,
     set_value,
     start_for,
-    store_handle,
     symbol,
     target,
     to_int,
@@ -31,7 +29,7 @@ from agent.gpu.sim.abi import (
     write_placements,
 )
 from agent.gpu.sim.handles import Handle, Kind, pointer
-from agent.gpu.sim.state import Activity, GpuInstance
+from agent.gpu.sim.state import Activity, ComputeInstance, GpuInstance
 
 if TYPE_CHECKING:
     from agent.gpu.sim.driver import SimDriver, Target
@@ -80,9 +78,7 @@ def set_mig_mode(drv: SimDriver, handle: Any, mode: Any, status_ref: Any) -> Non
 
 
 def _gi_spec_by_constant(t: Target, constant: Any) -> GiProfileSpec:
-    c = to_int(constant)
-    if not 0 <= c < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
-        raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    c = index_arg(constant, pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT)
     spec = t.model.gi_profile_by_constant(c)
     if spec is None:
         raise fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -159,9 +155,9 @@ def gi_remaining_capacity(drv: SimDriver, handle: Any, profile_id: Any, ref: Any
 # --- GPU instances ----------------------------------------------------------------------------
 
 
-def _create_gi(drv: SimDriver, handle: Any, profile_id: Any, placement: Any, ref: Any) -> None:
-    slot = handle_slot(ref)
-    wanted = read_placement(placement) if placement is not None else None
+def _create_gi(
+    drv: SimDriver, handle: Any, profile_id: Any, wanted: tuple[int, int] | None
+) -> Handle:
     with drv.mutate() as node:
         t = drv.physical(handle, node)
         _mig_enabled(t)
@@ -183,7 +179,7 @@ def _create_gi(drv: SimDriver, handle: Any, profile_id: Any, placement: Any, ref
         )
         t.gpu.gpu_instances.append(gi)
         activity.refresh(t.gpu, t.model, now)
-    store_handle(slot, gi_handle(t, gi))
+    return gi_handle(t, gi)
 
 
 creators("nvmlDeviceCreateGpuInstance", "nvmlDeviceCreateGpuInstanceWithPlacement", _create_gi)
@@ -209,8 +205,7 @@ def gpu_instances(
     t = drv.physical(handle)
     _mig_enabled(t)
     spec = _gi_spec_by_id(t, profile_id, pynvml.NVML_ERROR_INVALID_ARGUMENT)
-    found = sorted((g for g in t.gpu.gpu_instances if g.profile_id == spec.id), key=lambda g: g.id)
-    handles = [gi_handle(t, gi) for gi in found]
+    handles = [gi_handle(t, gi) for gi in layout.of_profile(t.gpu.gpu_instances, spec.id)]
     write_handles(handles, pynvml.c_nvmlGpuInstance_t, instances, count_ref)
 
 
@@ -227,8 +222,12 @@ def gpu_instance_by_id(drv: SimDriver, handle: Any, gi_id: Any, ref: Any) -> Non
 @symbol("nvmlGpuInstanceGetInfo")
 def gpu_instance_info(drv: SimDriver, handle: Any, ref: Any) -> None:
     t, gi = drv.gpu_instance(handle)
-    info = target(ref)
+    fill_instance_info(target(ref), t, gi)
+
+
+def fill_instance_info(info: Any, t: Target, instance: GpuInstance | ComputeInstance) -> None:
+    """What a GI's and a CI's info structs share: their GPU, id, profile and placement."""
     info.device = pointer(pynvml.c_nvmlDevice_t, Handle(Kind.DEVICE, t.gpu.index, 0))
-    info.id = gi.id
-    info.profileId = gi.profile_id
-    info.placement.start, info.placement.size = gi.start, gi.size
+    info.id = instance.id
+    info.profileId = instance.profile_id
+    info.placement.start, info.placement.size = instance.start, instance.size

@@ -14,7 +14,7 @@ import pynvml
 
 from agent.gpu.models import GpuModel
 from agent.gpu.sim import activity, lifecycle
-from agent.gpu.sim.abi import OutArray, fail, set_value, symbol, target, to_int
+from agent.gpu.sim.abi import OutArray, fail, index_arg, set_value, symbol, target, to_int
 from agent.gpu.sim.state import Process
 
 if TYPE_CHECKING:
@@ -274,9 +274,7 @@ def bar1_memory_info(drv: SimDriver, handle: Any, ref: Any) -> None:
 @symbol("nvmlDeviceGetNvLinkState")
 def nvlink_state(drv: SimDriver, handle: Any, link: Any, ref: Any) -> None:
     t = drv.physical(handle)
-    n = to_int(link)
-    if not 0 <= n < pynvml.NVML_NVLINK_MAX_LINKS:
-        raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    n = index_arg(link, pynvml.NVML_NVLINK_MAX_LINKS)
     if n >= t.model.nvlink_links:
         raise fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
     set_value(ref, pynvml.NVML_FEATURE_ENABLED)

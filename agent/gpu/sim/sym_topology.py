@@ -16,6 +16,7 @@ import pynvml
 
 from agent.gpu.sim.abi import (
     fail,
+    index_arg,
     set_handle,
     set_value,
     symbol,
@@ -66,9 +67,7 @@ def p2p_status(drv: SimDriver, device1: Any, device2: Any, index: Any, ref: Any)
 @symbol("nvmlDeviceGetNvLinkCapability")
 def nvlink_capability(drv: SimDriver, handle: Any, link: Any, capability: Any, ref: Any) -> None:
     t = drv.physical(handle)
-    n, cap = to_int(link), to_int(capability)
-    if not 0 <= n < pynvml.NVML_NVLINK_MAX_LINKS:
-        raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    n, cap = index_arg(link, pynvml.NVML_NVLINK_MAX_LINKS), to_int(capability)
     if n >= t.model.nvlink_links:
         raise fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
     preset = _preset(t)
