@@ -195,3 +195,31 @@ def test_profiling_restricted_to_admins_without_cap_sys_admin_fails_with_the_mod
     assert held.state is CheckState.DEGRADED and "unsupported on GPU(s) 0" in held.evidence
     fine = dataclasses.replace(f, proc=admin, snapshot=lambda: _profiling_snapshot(True))
     assert gpu_checks.telemetry_profiling(fine).state is CheckState.OK
+
+
+def test_the_optional_prewarm_daemons_are_off_unset_ok_when_listening_and_degraded_when_not(
+    tmp_path: Path,
+) -> None:
+    """Nydus and Dragonfly are used only when their socket is configured: unset is ok ("off"),
+    a listening socket is ok, a configured socket that is absent is degraded with the fix that
+    mounts its folder or unsets the setting (docs/troubleshooting.md, "prewarm/nydus")."""
+    import socket
+
+    checks = {"nydus_system_socket": node_checks.prewarm_nydus}
+    checks["dragonfly_socket"] = node_checks.prewarm_dragonfly
+    for setting, check in checks.items():
+        unset = check(facts(tmp_path))
+        assert unset.state is CheckState.OK
+        assert unset.evidence.startswith(f"off (prewarm.{setting} unset)")
+        path = tmp_path / f"{setting}.sock"
+        base = facts(tmp_path)
+        configured = dataclasses.replace(
+            base.config, prewarm=dataclasses.replace(base.config.prewarm, **{setting: path})
+        )
+        absent = check(dataclasses.replace(base, config=configured))
+        assert absent.state is CheckState.DEGRADED and str(path) in absent.evidence
+        assert absent.fix == f"mount {tmp_path} into the agent pod, or unset prewarm.{setting}"
+        with socket.socket(socket.AF_UNIX) as listener:
+            listener.bind(str(path))
+            listening = check(dataclasses.replace(base, config=configured))
+        assert listening.state is CheckState.OK and str(path) in listening.evidence
