@@ -33,7 +33,7 @@ from agent.errors import (
 from agent.gpu.types import GpuLayout
 from agent.kube import KubeClient
 from agent.sharing import dra, dra_api, strategy
-from agent.sharing.advertise import Advertised, advertise
+from agent.sharing.advertise import advertise
 from agent.sharing.dra_kube import DeviceClasses, DraKube
 from agent.sharing.reload import (
     PluginProcess,
@@ -131,7 +131,11 @@ class SharingService:
         started, seen = self._started(processes)
         runs = strategy.run_with(config, started)
         unread = self._gpus_unread()
-        unknown = self._capacity_unknown()
+        unknown = (
+            self._capacity_unknown()
+            or strategy.unknown_and_matters(config, started, seen, layouts)
+            or ""
+        )
         return SharingView(
             config_path=self._store.path,
             exists=raw is not None,
@@ -177,8 +181,14 @@ class SharingService:
         report: ReloadReport | None,
     ) -> ApplyResult:
         """A change's answer, with what the plugin advertises now, or why that is not known."""
-        unknown = self._capacity_unknown()
-        advertised = () if unknown else self._advertised(config, layouts)
+        started, seen = self._started(find_plugin_processes(self._settings.plugin_process_name))
+        unknown = (
+            self._capacity_unknown()
+            or strategy.unknown_and_matters(config, started, seen, layouts)
+            or ""
+        )
+        runs = strategy.run_with(config, started)
+        advertised = advertise(runs, layouts) if runs is not None and not unknown else ()
         return ApplyResult(
             action,
             changed,
@@ -325,14 +335,6 @@ class SharingService:
             return None, False
         started, caveat = strategy.read_started_with(self._proc, processes[0].pid)
         return started, not caveat
-
-    def _advertised(
-        self, config: PluginConfig, layouts: Sequence[GpuLayout]
-    ) -> tuple[Advertised, ...]:
-        """What the plugin advertises with ``config``, run with its own MIG strategy."""
-        started, _ = self._started(find_plugin_processes(self._settings.plugin_process_name))
-        runs = strategy.run_with(config, started)
-        return advertise(runs, layouts) if runs is not None else ()
 
     def _reloader(self) -> Reloader:
         # Built before any write, so settings that cannot work refuse the change up front.

@@ -38,6 +38,7 @@ __all__ = [
     "read_started_with",
     "run_with",
     "started_with",
+    "unknown_and_matters",
 ]
 
 ENV = "MIG_STRATEGY"
@@ -110,6 +111,28 @@ def problem(strategy: str, layouts: Sequence[GpuLayout]) -> str | None:
         if why is not None:
             return f"migStrategy single, but {why}: the plugin advertises {GPU_RESOURCE} 0 here"
     return None
+
+
+def unknown_and_matters(
+    config: PluginConfig, started: Strategy | None, seen: bool, layouts: Sequence[GpuLayout]
+) -> str | None:
+    """Why what the plugin advertises is not known for want of its strategy, or None.
+
+    It is unknown when the file sets none and the plugin's own flag and environment were not
+    read (its process not visible: the agent needs hostPID), for the GPU Operator sets
+    MIG_STRATEGY there. It matters only with MIG enabled: every strategy advertises MIG-disabled
+    GPUs alike, as nvidia.com/gpu."""
+    if config.flags.mig_strategy is not None or started is not None or seen:
+        return None
+    enabled = [layout.gpu.index for layout in layouts if mig_enabled(layout)]
+    if not enabled:
+        return None
+    return (
+        f"the plugin's migStrategy is not known and MIG is enabled on GPU(s) "
+        f"{', '.join(map(str, enabled))}, which each strategy advertises differently: the file "
+        f"sets none and the plugin's process is not visible (its --{FLAG} or {ENV} decides; "
+        "run the agent with hostPID: true, or set flags.migStrategy)"
+    )
 
 
 def run_with(config: PluginConfig, started: Strategy | None) -> PluginConfig | None:

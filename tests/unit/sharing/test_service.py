@@ -121,6 +121,35 @@ def test_mig_resources_under_mixed_with_the_strategy_set_in_the_same_request(
     }
 
 
+def test_with_mig_enabled_and_the_plugin_s_strategy_unread_the_count_is_not_known(
+    config_path: Path,
+) -> None:
+    """No plugin process is visible (no hostPID, as on a GPU Operator node, whose plugin takes
+    MIG_STRATEGY from its environment) and the file sets no migStrategy: `share set` and `share
+    show` counted GPU 0 whole under "none" (4 x nvidia.com/gpu) and hid the strategy problem as
+    unknown. The count is now not known, saying why; a strategy in the file makes it known, and
+    a node without MIG enabled is advertised alike under every strategy."""
+    layouts = [mig_gpu(0, *["1g.10gb"] * 7), full_gpu(1)]
+    svc = service(config_path, layouts)
+    result = svc.set(parse(ts(replicas=2)))
+    assert result.changed and result.advertised == ()
+    assert result.advertised_unknown.startswith(
+        "the plugin's migStrategy is not known and MIG is enabled on GPU(s) 0,"
+    )
+    assert "run the agent with hostPID: true, or set flags.migStrategy" in result.advertised_unknown
+    view = svc.show()
+    assert view.advertised == () and view.advertised_unknown == result.advertised_unknown
+    known = svc.set(parse(ts(replicas=2, migStrategy="mixed"))).advertised
+    assert {a.resource: a.count for a in known} == {
+        "nvidia.com/gpu": 2,
+        "nvidia.com/mig-1g.10gb": 7,
+    }
+    elsewhere = config_path.with_name("no-mig.yaml")  # a file that sets no migStrategy
+    whole = service(elsewhere, [full_gpu(0), full_gpu(1)]).set(parse(ts(replicas=2)))
+    assert whole.advertised_unknown == ""
+    assert [(a.resource, a.count) for a in whole.advertised] == [("nvidia.com/gpu", 4)]
+
+
 def test_clear_drops_sharing_and_keeps_flags(config_path: Path) -> None:
     config_path.write_text(README_FLAGS)
     svc = service(config_path)
