@@ -65,7 +65,9 @@ def show_command(obj: PowerContext, output: str) -> None:
 def apply_command(obj: PowerContext, spec_file: IO[str], output: str) -> None:
     """Make a spec the node's power caps. The whole spec is checked against every GPU first; a
     limit outside a GPU's range is refused, naming the GPU and its range, and nothing changes.
-    The limits from before the first change are kept for `power restore`.
+    The limits from before the first change are kept for `power restore`. A GPU the spec
+    names by index or UUID that is lost refuses it (exit 7); `gpus: all` and a model cap the
+    GPUs that answer, and a lost one once it answers again.
 
     \b
     Spec:

@@ -8,10 +8,11 @@ the entry, the GPU and its range.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.errors import FieldViolation, InvalidSpec
-from agent.gpu.types import PowerLimits
+from agent.errors import DeviceLost, FieldViolation, InvalidSpec
+from agent.gpu.types import LostGpu, PowerLimits
 from agent.power.spec import Entry, PowerSpec
 
 __all__ = ["Change", "GpuPower", "PowerView", "Target", "model_key", "plan", "resolve"]
@@ -68,27 +69,36 @@ def model_key(name: str) -> str:
     return " ".join(words[1:] if words[:1] == ["nvidia"] else words)
 
 
-def plan(spec: PowerSpec, gpus: list[GpuPower]) -> list[Target]:
+#: What a refusal says of a GPU the spec names that does not answer.
+_LOST = "is lost (it does not answer): its range cannot be checked; apply again once it answers"
+
+
+def plan(spec: PowerSpec, gpus: list[GpuPower], lost: Sequence[LostGpu] = ()) -> list[Target]:
     """The wanted limit of every GPU the spec selects (later entries win), by GPU index; one
-    refusal listing every problem when there is any."""
-    targets, problems = resolve(spec, gpus)
+    refusal listing every problem when there is any: DeviceLost when each is a lost GPU the
+    spec names (by index or UUID), else InvalidSpec."""
+    targets, problems = resolve(spec, gpus, lost)
     if problems:
-        raise InvalidSpec(
-            "power spec refused, no GPU changed: "
-            + "; ".join(f"{p.field}: {p.description}" for p in problems),
-            problems,
+        text = "power spec refused, no GPU changed: " + "; ".join(
+            f"{p.field}: {p.description}" for p in problems
         )
+        if all(_LOST in p.description for p in problems):
+            raise DeviceLost(text)
+        raise InvalidSpec(text, problems)
     return targets
 
 
-def resolve(spec: PowerSpec, gpus: list[GpuPower]) -> tuple[list[Target], list[FieldViolation]]:
-    """The targets that fit, and what does not (a GPU gone or out of range): re-applying a
-    stored spec sets what still fits instead of giving up on every GPU."""
+def resolve(
+    spec: PowerSpec, gpus: list[GpuPower], lost: Sequence[LostGpu] = ()
+) -> tuple[list[Target], list[FieldViolation]]:
+    """The targets that fit, and what does not (a GPU gone, lost or out of range): re-applying
+    a stored spec sets what still fits instead of giving up on every GPU. ``gpus: all`` and a
+    model select the GPUs that answer; a lost one is capped when it answers again."""
     problems: list[FieldViolation] = []
     chosen: dict[int, tuple[str, Entry]] = {}
     for i, entry in enumerate(spec.entries):
         where = f"power[{i}]"
-        for gpu in _selected(where, entry, gpus, problems):
+        for gpu in _selected(where, entry, gpus, lost, problems):
             chosen[gpu.index] = (where, entry)
     by_index = {g.index: g for g in gpus}
     targets = []
@@ -112,7 +122,11 @@ def resolve(spec: PowerSpec, gpus: list[GpuPower]) -> tuple[list[Target], list[F
 
 
 def _selected(
-    where: str, entry: Entry, gpus: list[GpuPower], problems: list[FieldViolation]
+    where: str,
+    entry: Entry,
+    gpus: list[GpuPower],
+    lost: Sequence[LostGpu],
+    problems: list[FieldViolation],
 ) -> list[GpuPower]:
     if entry.all_gpus:
         return list(gpus)
@@ -131,9 +145,13 @@ def _selected(
     found = []
     indices = {g.index: g for g in gpus}
     uuids = {g.uuid: g for g in gpus}
+    lost_indices = {g.index for g in lost}
+    lost_uuids = {g.uuid for g in lost if g.uuid}
     for index in entry.indices:
         if index in indices:
             found.append(indices[index])
+        elif index in lost_indices:
+            problems.append(FieldViolation(f"{where}.gpus", f"GPU {index} {_LOST}"))
         else:
             problems.append(
                 FieldViolation(
@@ -145,6 +163,8 @@ def _selected(
     for uuid in entry.uuids:
         if uuid in uuids:
             found.append(uuids[uuid])
+        elif uuid in lost_uuids:
+            problems.append(FieldViolation(f"{where}.gpus", f"{uuid} {_LOST}"))
         else:
             problems.append(FieldViolation(f"{where}.gpus", f"no GPU of this node is {uuid}"))
     return found

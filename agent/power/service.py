@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from agent.errors import AgentError
 from agent.gpu.attach import DriverLink
 from agent.gpu.nvml import GpuDriver
+from agent.gpu.types import LostGpu
 from agent.power.plan import Change, GpuPower, PowerView, plan, resolve
 from agent.power.spec import PowerSpec, parse
 from agent.tasks import Need, Task
@@ -59,14 +60,15 @@ class PowerService:
     # -- reads -----------------------------------------------------------------------------------
 
     def show(self) -> PowerView:
-        gpus = self._read()
+        gpus, lost = self._read()
         spec = self._desired()
         desired: dict[str, int] = {}
         if spec is not None:
-            try:
-                desired = {t.gpu.uuid: t.want_mw for t in plan(spec, gpus)}
-            except AgentError as exc:  # the node changed under the spec: shown, not fatal
-                log.warning("the stored power spec no longer fits this node: %s", exc)
+            # What still fits is shown: a GPU the spec names that is lost or gone hides no other.
+            targets, problems = resolve(spec, gpus, lost)
+            desired = {t.gpu.uuid: t.want_mw for t in targets}
+            for p in problems:  # the node changed under the spec: shown, not fatal
+                log.warning("the stored power spec does not fit: %s: %s", p.field, p.description)
         return PowerView(tuple(gpus), desired, self._baseline(), spec.text if spec else "")
 
     # -- changes ---------------------------------------------------------------------------------
@@ -75,14 +77,10 @@ class PowerService:
         """Make ``text`` the power spec; refused with nothing changed when it does not fit."""
         spec = parse(text)
         with self._lock:
-            gpus = self._read()
-            targets = plan(spec, gpus)
+            gpus, lost = self._read()
+            targets = plan(spec, gpus, lost)
             known = self._baseline()
-            for t in targets:
-                if t.gpu.uuid not in known:
-                    self._journal.journal_append(
-                        BASELINE, {"uuid": t.gpu.uuid, "limit_mw": t.gpu.limits.current_mw}
-                    )
+            self._record_baselines([t.gpu for t in targets], known)
             wanted = [(t.gpu, t.want_mw) for t in targets if t.changes]
             # A GPU an earlier spec capped and this one leaves out goes back to its baseline.
             selected = {t.gpu.uuid for t in targets}
@@ -108,7 +106,7 @@ class PowerService:
         with self._lock:
             self._journal.journal_clear(DESIRED)  # reconcile no longer re-caps
             baseline = self._baseline()
-            gpus = [g for g in self._read() if g.uuid in baseline]
+            gpus = [g for g in self._read()[0] if g.uuid in baseline]
             wanted = [
                 (g, baseline[g.uuid]) for g in gpus if g.limits.current_mw != baseline[g.uuid]
             ]
@@ -132,13 +130,15 @@ class PowerService:
                 spec = self._desired()
                 if spec is None:
                     return self._restore_pending()
-                targets, problems = resolve(spec, self._read(strict=False))
+                targets, problems = resolve(spec, *self._read(strict=False))
             except AgentError as exc:
                 self._log_once("", f"the stored power spec cannot be re-applied: {exc}")
                 return []
             for p in problems:
                 self._log_once("", f"power spec not re-applied there: {p.field}: {p.description}")
             targets = [t for t in targets if t.changes]
+            # A GPU lost at the apply is capped first here: its limit now is its baseline.
+            self._record_baselines([t.gpu for t in targets], self._baseline())
             changes = []
             for t in targets:
                 try:
@@ -159,18 +159,29 @@ class PowerService:
 
     # -- helpers ---------------------------------------------------------------------------------
 
-    def _read(self, *, strict: bool = True) -> list[GpuPower]:
-        """Every GPU that answers with its limits. ``strict``: a GPU whose limits cannot be
-        read fails the read (an apply refuses); otherwise it is left out and logged once."""
+    def _read(self, *, strict: bool = True) -> tuple[list[GpuPower], tuple[LostGpu, ...]]:
+        """Every GPU that answers with its limits, and the lost ones. ``strict``: a GPU whose
+        limits cannot be read fails the read (an apply refuses); otherwise it is left out and
+        logged once."""
+        scan = self._gpu.scan()
         found = []
-        for g in self._gpu.gpus():
+        for g in scan.gpus:
             try:
                 found.append(GpuPower(g.index, g.uuid, g.name, self._gpu.power_limits(g.uuid)))
             except AgentError as exc:
                 if strict:
                     raise
                 self._log_once(g.uuid, f"power limits of GPU {g.index} cannot be read: {exc}")
-        return found
+        return found, scan.lost
+
+    def _record_baselines(self, gpus: Sequence[GpuPower], known: dict[str, int]) -> None:
+        """Journal the limit of each GPU about to be capped for the first time, before it is:
+        what ``restore`` puts back (the first one recorded wins)."""
+        for g in gpus:
+            if g.uuid not in known:
+                self._journal.journal_append(
+                    BASELINE, {"uuid": g.uuid, "limit_mw": g.limits.current_mw}
+                )
 
     def _set(self, gpu: GpuPower, milliwatts: int) -> Change:
         self._gpu.set_power_limit(gpu.uuid, milliwatts)
@@ -198,7 +209,7 @@ class PowerService:
         if not baseline:
             return []
         changes, done = [], set()
-        for g in self._read(strict=False):
+        for g in self._read(strict=False)[0]:
             want = baseline.get(g.uuid)
             if want is None:
                 continue

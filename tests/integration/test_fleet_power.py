@@ -62,3 +62,20 @@ def test_a_bad_power_rule_is_refused_naming_its_field(agents: AgentFleet) -> Non
     )
     outcome = agents.coordinator("serve", "--once", "--desired", str(desired))
     assert "power[0].limits[0].limit" in outcome.output, outcome.output
+
+
+def test_a_rule_naming_a_lost_gpu_is_refused_as_lost_and_the_node_left_alone(
+    agents: AgentFleet,
+) -> None:
+    """GPU 0 of the H100 node fell off the bus: the rule `gpus: [0]` said "GPU 0 does not
+    exist" when the coordinator rolled it out. It says the GPU is lost, and no GPU is changed."""
+    desired = agents.root / "lost.yaml"
+    desired.write_text(DESIRED.replace("limit: 0.8", "limit: 0.7"))
+    before = _watts(agents, "h100")
+    agents.sim("h100", "lost", "0")
+    try:
+        outcome = agents.coordinator("serve", "--once", "--desired", str(desired))
+        assert "power[1].gpus: GPU 0 is lost (it does not answer)" in outcome.output, outcome.output
+        assert _watts(agents, "h100") == before[1:]  # the GPUs that answer, unchanged
+    finally:
+        agents.sim("h100", "reboot")

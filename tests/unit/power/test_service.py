@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import InvalidSpec, NotSupported, PermissionDenied
+from agent.errors import DeviceLost, InvalidSpec, NotSupported, PermissionDenied
 from agent.gpu import GpuDriver, load_driver
 from agent.gpu.sim import SimControl
 from agent.power.service import BASELINE, PowerService
@@ -208,3 +208,48 @@ def test_a_gpu_the_new_spec_leaves_out_goes_back_to_its_baseline(
     changes = service.apply("version: v1\npower: [{gpus: [0], limit: 300W}]\n")
     assert _limits(gpu) == [300_000, *defaults[1:]]
     assert [c.index for c in changes] == list(range(1, len(defaults)))
+
+
+def test_a_gpu_lost_at_the_apply_is_capped_when_it_answers_and_restored_with_the_others(
+    gpu: GpuDriver, tmp_path: Path
+) -> None:
+    """GPU 0 was lost when `gpus: all` was applied; the check capped it once it answered, with
+    no baseline journaled, so `power restore` left it capped for good and `power show` had
+    nothing to restore it to. Its limit when it is first capped is now its baseline."""
+    service = _service(gpu, tmp_path)
+    first = gpu.gpus()[0]
+    SimControl(tmp_path).mark_lost(first.index)
+    service.apply("version: v1\npower:\n  - {gpus: all, limit: 0.8}\n")
+    assert first.uuid not in service.show().baseline_mw
+    SimControl(tmp_path).reboot()  # it answers again, at its default limit
+    default = gpu.power_limits(first.uuid).current_mw
+    capped = {c.uuid: c.after_mw for c in service.reconcile()}  # the reboot reset them all
+    assert capped[first.uuid] == int(default * 0.8)
+    assert service.show().baseline_mw[first.uuid] == default
+    restored = {c.uuid: c.after_mw for c in service.restore()}
+    assert restored[first.uuid] == default == gpu.power_limits(first.uuid).current_mw
+    assert service.show().baseline_mw == {}
+
+
+def test_a_spec_naming_a_lost_gpu_is_refused_as_lost_and_a_stored_one_shows_the_rest(
+    gpu: GpuDriver, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`gpus: [0]` with GPU 0 lost said "GPU 0 does not exist; the node has GPUs 1, ..." (exit
+    2, a spec error). It is DeviceLost now (exit 7), naming it lost, and nothing is changed. A
+    stored spec that names it hid the whole spec from `power show`; the rest is shown."""
+    service = _service(gpu, tmp_path)
+    service.apply(_SPEC)
+    want = _limits(gpu)
+    first = gpu.gpus()[0]
+    SimControl(tmp_path).mark_lost(first.index)
+    with pytest.raises(DeviceLost) as refused:
+        service.apply("version: v1\npower:\n  - {gpus: [0], limit: 400W}\n")
+    assert "power[0].gpus: GPU 0 is lost (it does not answer)" in str(refused.value)
+    assert _limits(gpu) == want[1:]  # the GPUs that answer, unchanged
+    with caplog.at_level(logging.WARNING, logger="agent.power.service"):
+        view = service.show()
+    assert {g.index for g in view.gpus} == set(range(1, len(want)))
+    assert [view.desired_mw[g.uuid] for g in view.gpus] == want[1:]
+    assert "power[1].gpus: GPU 0 is lost" in caplog.text
+    with pytest.raises(InvalidSpec):  # with another problem beside it: a spec error
+        service.apply("version: v1\npower:\n  - {gpus: [0, 99], limit: 400W}\n")
