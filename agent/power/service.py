@@ -137,8 +137,8 @@ class PowerService:
             for p in problems:
                 self._log_once("", f"power spec not re-applied there: {p.field}: {p.description}")
             targets = [t for t in targets if t.changes]
-            # A GPU lost at the apply is capped first here: its limit now is its baseline.
-            self._record_baselines([t.gpu for t in targets], self._baseline())
+            if targets:  # a GPU lost at the apply is capped first here: its limit is its baseline
+                self._record_baselines([t.gpu for t in targets], self._baseline())
             changes = []
             for t in targets:
                 try:

@@ -131,11 +131,7 @@ class SharingService:
         started, seen = self._started(processes)
         runs = strategy.run_with(config, started)
         unread = self._gpus_unread()
-        unknown = (
-            self._capacity_unknown()
-            or strategy.unknown_and_matters(config, started, seen, layouts)
-            or ""
-        )
+        unknown = self._advertised_unknown(config, started, seen, layouts)
         return SharingView(
             config_path=self._store.path,
             exists=raw is not None,
@@ -159,8 +155,15 @@ class SharingService:
             advertised_unknown=unknown,
         )
 
-    def _capacity_unknown(self) -> str:
-        """Why what the plugin advertises is not known ("" when it is)."""
+    def _advertised_unknown(
+        self,
+        config: PluginConfig,
+        started: strategy.Strategy | None,
+        seen: bool,
+        layouts: Sequence[GpuLayout],
+    ) -> str:
+        """Why what the plugin advertises with ``config`` is not known ("" when it is): the
+        GPUs not read or lost, or the strategy it runs with where that matters."""
         unread = self._gpus_unread()
         if unread:
             return f"the GPUs were not read ({unread})"
@@ -170,7 +173,7 @@ class SharingService:
                 f"GPU {', '.join(map(str, lost))} lost: the plugin's own read of it fails (it may "
                 "not start, or may leave it out)"
             )
-        return ""
+        return strategy.unknown_and_matters(config, started, seen, layouts) or ""
 
     def _result(
         self,
@@ -182,11 +185,7 @@ class SharingService:
     ) -> ApplyResult:
         """A change's answer, with what the plugin advertises now, or why that is not known."""
         started, seen = self._started(find_plugin_processes(self._settings.plugin_process_name))
-        unknown = (
-            self._capacity_unknown()
-            or strategy.unknown_and_matters(config, started, seen, layouts)
-            or ""
-        )
+        unknown = self._advertised_unknown(config, started, seen, layouts)
         runs = strategy.run_with(config, started)
         advertised = advertise(runs, layouts) if runs is not None and not unknown else ()
         return ApplyResult(
