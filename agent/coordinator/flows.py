@@ -128,8 +128,8 @@ class PlanResult:
     not_planned: tuple[NotPlanned, ...] = ()
     #: waiting demand only fragmentation keeps from fitting on dra-dynamic-mig nodes: advice.
     fragmented: tuple[Fragmented, ...] = ()
-    #: lost GPUs of planned nodes ("node GPU i"): their driver does not answer, so no layout.
-    lost_gpus: tuple[NotPlanned, ...] = ()
+    #: GPUs of planned nodes left out ("node GPU i"): lost (no layout) or failed themselves.
+    left_out_gpus: tuple[NotPlanned, ...] = ()
     #: planned nodes with a failed GPU -> what failed: a rollout skips them until healthy.
     unhealthy: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -174,15 +174,15 @@ def plan(
         selection.reachable, waiting, pool_nodes(selection.views, wait_pools)
     )
     unreachable = tuple(v.name for v in selection.unreachable)
-    lost = tuple(
-        NotPlanned(f"{v.name} GPU {g.gpu.index}", "lost: the driver does not answer for it")
+    gpus_left_out = tuple(
+        NotPlanned(f"{v.name} GPU {g.gpu.index}", why)
         for v in views
         if v.plannable
         for g in v.layouts
-        if g.gpu.uuid in v.lost
+        if (why := v.left_out(g))
     )
     unhealthy = unhealthy_nodes([v for v in views if v.plannable])
-    return PlanResult(result, scratch, unreachable, skipped, fragmented, lost, unhealthy)
+    return PlanResult(result, scratch, unreachable, skipped, fragmented, gpus_left_out, unhealthy)
 
 
 async def observe(

@@ -122,9 +122,11 @@ def _with_claims(found: Any, pods: list[object], claims: Any) -> Any:
 
 
 def _dra_plan_lines(result: Any) -> list[str]:
-    """Nodes (and lost GPUs) the MIG planner left out, planned nodes a rollout would skip
+    """Nodes (and lost or failed GPUs) the MIG planner left out, planned nodes a rollout would skip
     (a failed GPU), and fragmentation advice."""
-    lines = [f"Not planned: {n.node}: {n.reason}" for n in (*result.not_planned, *result.lost_gpus)]
+    lines = [
+        f"Not planned: {n.node}: {n.reason}" for n in (*result.not_planned, *result.left_out_gpus)
+    ]
     lines += [
         f"Planned, but a rollout skips {node} until it is healthy: {why}"
         for node, why in sorted(result.unhealthy.items())
@@ -137,7 +139,8 @@ def _dra_plan_lines(result: Any) -> list[str]:
 def _dra_plan_data(result: Any) -> dict[str, Any]:
     return {
         "not_planned": [
-            {"node": n.node, "reason": n.reason} for n in (*result.not_planned, *result.lost_gpus)
+            {"node": n.node, "reason": n.reason}
+            for n in (*result.not_planned, *result.left_out_gpus)
         ],
         "unhealthy": dict(result.unhealthy),
         "fragmented": [

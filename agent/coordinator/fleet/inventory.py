@@ -92,9 +92,20 @@ class NodeView:
         """The models of the GPUs read (a GPU lost before it was read has none known)."""
         return tuple(sorted({g.gpu.name for g in self.layouts if g.gpu.name}))
 
+    def left_out(self, layout: GpuLayout) -> str:
+        """Why planning leaves this GPU out, "" when it may use it: lost (no layout to read),
+        or failed itself (its devices serve no pod until its action is taken)."""
+        if layout.gpu.uuid in self.lost:
+            return "lost: the driver does not answer for it"
+        for m in self.marks:
+            if m.uuid == layout.gpu.uuid and m.mark.state == FAILED:
+                return f"failed: {m.mark.reason} (action {m.mark.action}): it serves no pod"
+        return ""
+
     @property
     def usable_layouts(self) -> tuple[GpuLayout, ...]:
-        return tuple(g for g in self.layouts if g.gpu.uuid not in self.lost)
+        """The GPUs planning may use (`left_out`)."""
+        return tuple(g for g in self.layouts if not self.left_out(g))
 
 
 def _sharing(sharing: wire.NodeSharing | None) -> str:

@@ -276,3 +276,34 @@ def test_a_plan_names_the_lost_gpus_it_leaves_out_and_the_nodes_a_rollout_would_
     assert {"node": "n GPU 2", "reason": "lost: the driver does not answer for it"} in (
         data["not_planned"]
     )
+
+
+def test_a_failed_gpu_is_left_out_of_the_plan_and_its_instances_are_not_counted() -> None:
+    """GPU 1 failed (XID 48, reset-gpu): its devices serve no pod. `fleet plan` counted its
+    7g.80gb as met demand and would plan new instances on it. It is left out, saying why:
+    the demand goes to the healthy GPU, and what the failed one holds is not counted as met."""
+    from agent.cli.fleet.plan import _dra_plan_lines
+    from agent.coordinator.fleet.health import FAILED, HEALTHY, GpuMark, Mark
+    from agent.coordinator.fleet.inventory import NodeView
+    from agent.coordinator.flows import plan
+    from agent.coordinator.planning.demand import Demand, DemandEntry
+    from agent.dra.mode import Allocation, AllocationMode
+    from tests.unit.coordinator.fleets import gpu
+
+    held = gpu("n", 1, instances=[("7g.80gb", 0)])
+    view = NodeView(
+        "n",
+        "unix:/n",
+        layouts=(gpu("n", 0), held),
+        marks=(
+            GpuMark(0, "GPU-n-0", Mark(HEALTHY)),
+            GpuMark(1, "GPU-n-1", Mark(FAILED, XID48, "reset-gpu")),
+        ),
+        allocation=Allocation(AllocationMode.DEVICE_PLUGIN, "test"),
+    )
+    result = plan(Selection((view,), {}), Demand((DemandEntry("7g.80gb", 2),)), time_limit_s=5)
+    assert [c.index for c in result.plan.changes] == [0]  # never GPU 1
+    (unmet,) = result.plan.unmet
+    assert (unmet.profile, unmet.missing) == ("7g.80gb", 1)  # GPU 1's instance serves no pod
+    lines = _dra_plan_lines(result)
+    assert f"Not planned: n GPU 1: failed: {XID48} (action reset-gpu): it serves no pod" in lines
