@@ -193,13 +193,16 @@ def _mig(layout: GpuLayout, lost: bool) -> str:
     return "on" if mode.current else "off"
 
 
-def _gpu(layout: GpuLayout, lost: bool, processes_known: bool, mark: GpuMark | None) -> GpuStatus:
-    # A lost GPU's instances are the last ones seen: no pod can use them, none is idle.
-    on = bool(layout.gpu.mig_mode and layout.gpu.mig_mode.current) and not lost
+def _gpu(view: NodeView, layout: GpuLayout, mark: GpuMark | None) -> GpuStatus:
+    # A lost GPU's instances are the last ones seen, a failed GPU's serve no pod until its
+    # action is taken (`NodeView.left_out`): not counted, none idle, nothing creatable.
+    lost = layout.gpu.uuid in view.lost
+    serves = not view.left_out(layout)
+    on = bool(layout.gpu.mig_mode and layout.gpu.mig_mode.current) and serves
     placed = [(gi.profile_id, gi.placement) for gi in layout.instances]
     idle = None  # unknown while the process lists are withheld
-    if processes_known:
-        idle = {} if lost else dict(sorted(idle_devices(layout).items()))
+    if PROCESSES not in view.withheld:
+        idle = dict(sorted(idle_devices(layout).items())) if serves else {}
     return GpuStatus(
         index=layout.gpu.index,
         uuid=layout.gpu.uuid,
@@ -233,7 +236,6 @@ def _node(view: NodeView) -> NodeStatus:
     problems += [m.describe() for m in view.failed_gpus]
     # Not a problem of the node: what this identity may not see, said so next to the health.
     withheld = [f"{what} withheld (read role)" for what in view.withheld]
-    known = PROCESSES not in view.withheld
     return NodeStatus(
         name=view.name,
         address=view.address,
@@ -243,10 +245,7 @@ def _node(view: NodeView) -> NodeStatus:
         sharing=view.sharing,
         warm=len(view.warm),
         idle_gpus=view.idle_gpus,
-        gpus=tuple(
-            _gpu(g, g.gpu.uuid in view.lost, known, m)
-            for g, m in zip(view.layouts, _marks(view), strict=True)
-        ),
+        gpus=tuple(_gpu(view, g, m) for g, m in zip(view.layouts, _marks(view), strict=True)),
         withheld=view.withheld,
         gpu_health=view.gpu_health,
         allocation=view.allocation,

@@ -171,6 +171,26 @@ def test_a_gpu_lost_mid_run_offers_none_of_its_last_seen_devices() -> None:
     assert devices == {"2g.12gb": 1}  # the A30's only
 
 
+def test_a_failed_gpu_offers_none_of_its_devices_and_keeps_its_mig_mode() -> None:
+    """The H100 failed (XID 48, reset-gpu): its idle 1g.10gb and 2g.20gb were counted as idle
+    devices, its free slices as creatable ones, though its devices serve no pod until it is
+    reset. It offers none, as a lost one; its row still says MIG on and the mark."""
+    node = _node()
+    node.gpus[0].condition.CopyFrom(
+        agent_pb2.HealthMark(
+            state=agent_pb2.HEALTH_STATE_FAILED, reason="XID 48", action="reset-gpu"
+        )
+    )
+    status = fleet_status([node_view(Target("10.0.0.1:9401"), node_from(node))])
+    failed = status.nodes[0].gpus[0]
+    assert (failed.mig, failed.devices, failed.idle, failed.creatable) == ("on", {}, {}, {})
+    assert failed.health.state == "failed"
+    devices = {p.profile: p.devices for p in status.profiles if p.devices}
+    assert devices == {"2g.12gb": 1}  # the A30's only
+    offered = {p.profile for p in status.profiles}  # GPU 1 has MIG off: the A30's alone
+    assert not offered & {"1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"}, offered
+
+
 def test_a_gpu_lost_before_it_was_read_is_of_no_model_a_selector_matches() -> None:
     """Its name is not known: the models column said "1x , 2x H100 ..." and a selector saw an
     empty model among the node's."""
