@@ -142,29 +142,24 @@ def _selected(
                 )
             )
         return found
+    # By index or UUID alike: one that answers is selected, a lost one is said lost.
+    have: dict[int | str, GpuPower] = {g.index: g for g in gpus} | {g.uuid: g for g in gpus}
+    gone: set[int | str] = {g.index for g in lost} | {g.uuid for g in lost if g.uuid}
     found = []
-    indices = {g.index: g for g in gpus}
-    uuids = {g.uuid: g for g in gpus}
-    lost_indices = {g.index for g in lost}
-    lost_uuids = {g.uuid for g in lost if g.uuid}
-    for index in entry.indices:
-        if index in indices:
-            found.append(indices[index])
-        elif index in lost_indices:
-            problems.append(FieldViolation(f"{where}.gpus", f"GPU {index} {_LOST}"))
-        else:
+    for asked in (*entry.indices, *entry.uuids):
+        if asked in have:
+            found.append(have[asked])
+        elif asked in gone:
+            named = f"GPU {asked}" if isinstance(asked, int) else asked
+            problems.append(FieldViolation(f"{where}.gpus", f"{named} {_LOST}"))
+        elif isinstance(asked, int):
+            answering = ", ".join(str(i) for i in sorted(g.index for g in gpus))
             problems.append(
                 FieldViolation(
                     f"{where}.gpus",
-                    f"GPU {index} does not exist; the node has GPUs "
-                    f"{', '.join(str(i) for i in sorted(indices)) or 'none'}",
+                    f"GPU {asked} does not exist; the node has GPUs {answering or 'none'}",
                 )
             )
-    for uuid in entry.uuids:
-        if uuid in uuids:
-            found.append(uuids[uuid])
-        elif uuid in lost_uuids:
-            problems.append(FieldViolation(f"{where}.gpus", f"{uuid} {_LOST}"))
         else:
-            problems.append(FieldViolation(f"{where}.gpus", f"no GPU of this node is {uuid}"))
+            problems.append(FieldViolation(f"{where}.gpus", f"no GPU of this node is {asked}"))
     return found
