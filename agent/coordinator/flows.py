@@ -279,34 +279,24 @@ async def rollout(
     """Run (or with ``dry_run`` only plan) ``record`` over the selected nodes it names.
 
     ``order`` is the node order (a resume puts nodes left mid-operation first). Nodes that do
-    not answer are skipped and count against max-unavailable, as nodes already down. Nodes
-    whose agent reports a failed GPU are skipped too (not counted: they answer, and nothing
-    of theirs is being changed); each node's change is gated on its health
-    (`agent.coordinator.rollout.healthgate`, ``record.on_unhealthy``). ``wrap`` wraps each node's
+    not answer are skipped and count against max-unavailable, as nodes already down. In a
+    rollout that changes GPUs (`HEALTH_GATED`), nodes whose agent reports a failed GPU are
+    skipped too (not counted: they answer, and nothing of theirs is being changed), and each
+    node's change is gated on its health (`agent.coordinator.rollout.healthgate`,
+    ``record.on_unhealthy``). ``wrap`` wraps each node's
     action (a drain around a MIG change). With ``holder`` (a coordinator's identity), each MIG
     change first claims its node and checks the claims of every selected node against
     max-unavailable (`agent.coordinator.rollout.claims`): safe beside other coordinators.
     """
-    in_record = [v for v in selection.views if v.name in record.nodes]
-    pending = {n for n in record.nodes if not record.state(n).finished}
-    unhealthy = {n: d for n, d in unhealthy_nodes(in_record).items() if n in pending}
-    degraded = {v.name: degraded_detail(v) for v in in_record if v.degraded_gpus}
-    degraded = {n: d for n, d in degraded.items() if n in pending and n not in unhealthy}
-    # The agent refuses a MIG change its allocation mode forbids: the coordinator leaves such
-    # nodes out as the planner does, instead of failing them one by one.
-    not_allowed = (
-        {
-            v.name: why
-            for v in in_record
-            if v.name in pending and v.name not in unhealthy and (why := not_mig_plannable(v))
-        }
-        if record.kind == "mig"
-        else {}
-    )
+    unhealthy, degraded, not_allowed = _held_back(selection, record)
     left_out = set(unhealthy) | set(not_allowed)
     reachable = {v.name for v in selection.reachable} - left_out
     names = list(order or record.nodes)
-    skipped = tuple(n for n in names if n not in reachable and n not in left_out and n in pending)
+    skipped = tuple(
+        n
+        for n in names
+        if n not in reachable and n not in left_out and not record.state(n).finished
+    )
     for node in skipped:
         record.nodes[node].detail = "skipped: the agent did not answer"
     for node, why in (unhealthy | not_allowed).items():
@@ -340,10 +330,40 @@ async def rollout(
     if scheduler.pending and scheduler.capacity <= 0:  # wait: nothing may start
         return RolloutResult(record, (), skipped, busy_nodes, unhealthy, degraded, not_allowed)
     action = action_for(fleet, targets, record, holder=holder, scope=selection.targets)
-    gated = HealthGate(wrap(action) if wrap else action, fleet, targets, record.on_unhealthy)
-    await run_rollout(record, scheduler, gated, report=report)
+    step = wrap(action) if wrap else action
+    if record.kind in HEALTH_GATED:
+        step = HealthGate(step, fleet, targets, record.on_unhealthy)
+    await run_rollout(record, scheduler, step, report=report)
     return RolloutResult(record, (), skipped, busy_nodes, unhealthy, degraded, not_allowed)
 
+
+def _held_back(
+    selection: Selection, record: RolloutRecord
+) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """The pending nodes a rollout leaves out, or names, and why: unhealthy (a failed GPU, in a
+    kind that changes GPUs), degraded (changed all the same), not allowed (a MIG change the
+    node's allocation mode forbids: left out as the planner does, not failed one by one)."""
+    in_record = [v for v in selection.views if v.name in record.nodes]
+    pending = {n for n in record.nodes if not record.state(n).finished}
+    gated = record.kind in HEALTH_GATED
+    unhealthy = {n: d for n, d in unhealthy_nodes(in_record).items() if n in pending and gated}
+    degraded = {v.name: degraded_detail(v) for v in in_record if v.degraded_gpus}
+    degraded = {n: d for n, d in degraded.items() if n in pending and n not in unhealthy}
+    not_allowed = {
+        v.name: why
+        for v in in_record
+        if record.kind == "mig"
+        and v.name in pending
+        and v.name not in unhealthy
+        and (why := not_mig_plannable(v))
+    }
+    return unhealthy, degraded, not_allowed
+
+
+#: Rollout kinds that change GPUs, so wait for them to be healthy (a node with a failed GPU is
+#: skipped, one that turns unhealthy fails). A prewarm touches no GPU: the node's other GPUs
+#: still serve pods that want a warm cache, and the cache outlives the reboot a GPU may need.
+HEALTH_GATED = frozenset({"mig", "share", "power"})
 
 #: The agent operation kind whose nodes are unavailable while it runs, by rollout kind.
 _CHANGING = {"mig": "mig.apply"}

@@ -154,3 +154,26 @@ def test_the_agents_reset_is_refused_while_a_process_runs_and_for_a_gpu_it_lacks
             mig.ResetGpu(mig_pb2.ResetGpuRequest(gpu_index=42), timeout=30)
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND
     assert _sim_state(real)["gpus"][3]["workload"] == {"sm_active": 0.5}  # not reset
+
+
+def test_a_prewarm_rollout_warms_a_node_with_a_failed_gpu(
+    proxied: tuple[AgentFleet, FakeAgents, FakeAgent], tmp_path: Path
+) -> None:
+    """A sharing rollout skips the node whose GPU 1 failed; `fleet prewarm` skipped it too and
+    exited 10, though a prewarm touches no GPU: the other seven still serve pods that want the
+    file, and the cache outlives the reboot or reset the GPU needs. It is warmed."""
+    import os
+
+    from tests.integration.prewarm_fixtures.origin import Origin
+
+    _, proxies, proxy = proxied
+    (tmp_path / "origin").mkdir()
+    with Origin(tmp_path / "origin") as origin:
+        sha = origin.add("weights.bin", os.urandom(64 * 1024))
+        args = ["prewarm", "--url", origin.url("weights.bin"), "--sha256", sha]
+        result = invoke(fleet, [*args, "--name", "weights", "-o", "json", *proxies.args()])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output[result.output.index("{") :])
+    assert doc["record"]["nodes"]["n1"]["state"] == "succeeded", doc
+    assert doc["unhealthy"] == {}
+    assert "PrewarmService/SubmitPrewarm" in proxy.calls
