@@ -283,10 +283,10 @@ async def rollout(
     rollout that changes GPUs (`HEALTH_GATED`), nodes whose agent reports a failed GPU are
     skipped too (not counted: they answer, and nothing of theirs is being changed), and each
     node's change is gated on its health (`agent.coordinator.rollout.healthgate`,
-    ``record.on_unhealthy``). ``wrap`` wraps each node's
-    action (a drain around a MIG change). With ``holder`` (a coordinator's identity), each MIG
-    change first claims its node and checks the claims of every selected node against
-    max-unavailable (`agent.coordinator.rollout.claims`): safe beside other coordinators.
+    ``record.on_unhealthy``). ``wrap`` wraps each node's action (a drain around a MIG change).
+    With ``holder`` (a coordinator's identity), each MIG change first claims its node and
+    checks the claims of every selected node against max-unavailable
+    (`agent.coordinator.rollout.claims`): safe beside other coordinators.
     """
     unhealthy, degraded, not_allowed = _held_back(selection, record)
     left_out = set(unhealthy) | set(not_allowed)

@@ -122,8 +122,8 @@ def _with_claims(found: Any, pods: list[object], claims: Any) -> Any:
 
 
 def _dra_plan_lines(result: Any) -> list[str]:
-    """Nodes (and lost or failed GPUs) the MIG planner left out, planned nodes a rollout would skip
-    (a failed GPU), and fragmentation advice."""
+    """Nodes (and lost or failed GPUs) the MIG planner left out, planned nodes a rollout would
+    skip (a failed GPU), and fragmentation advice."""
     lines = [
         f"Not planned: {n.node}: {n.reason}" for n in (*result.not_planned, *result.left_out_gpus)
     ]
