@@ -275,7 +275,7 @@ def prewarm_containerd(facts: Facts) -> Check:
 
 
 def _optional_socket_check(
-    name: str, setting: str, socket: Path | None, off: str, found: str, missing: str
+    name: str, setting: str, socket: Path | None, *, off: str, found: str, missing: str
 ) -> Check:
     """A daemon prewarm uses only when ``prewarm.<setting>`` names its socket: off when unset,
     else `_socket_check`, whose fix mounts the socket's folder or unsets the setting."""
@@ -291,9 +291,9 @@ def prewarm_nydus(facts: Facts) -> Check:
         "nydus",
         "nydus_system_socket",
         socket,
-        "no prefetch hints",
-        f"nydus-snapshotter system socket {socket}",
-        f"no nydus-snapshotter socket at {socket}: Nydus prefetch hints are not sent",
+        off="no prefetch hints",
+        found=f"nydus-snapshotter system socket {socket}",
+        missing=f"no nydus-snapshotter socket at {socket}: Nydus prefetch hints are not sent",
     )
 
 
@@ -303,9 +303,9 @@ def prewarm_dragonfly(facts: Facts) -> Check:
         "dragonfly",
         "dragonfly_socket",
         socket,
-        "files come from origins",
-        f"dfdaemon socket {socket}",
-        f"no dfdaemon socket at {socket}: files are fetched from origins directly",
+        off="files come from origins",
+        found=f"dfdaemon socket {socket}",
+        missing=f"no dfdaemon socket at {socket}: files are fetched from origins directly",
     )
 
 
