@@ -17,6 +17,7 @@ from agent.dra.source import allocation_source
 from agent.dra.watch import AllocationSource
 from agent.gpu import GpuDriver, load_driver
 from agent.gpu.attach import DriverCollector, DriverLink
+from agent.gpu.types import GpuInfo
 from agent.health.machine import Policy
 from agent.health.metrics import HealthCollector
 from agent.health.monitor import HealthMonitor
@@ -27,7 +28,7 @@ from agent.loops import restarting
 from agent.mig.labels import MigLabelController, MigStateCollector, label_controller
 from agent.mig.lock import PartitionLock
 from agent.mig.recovery import ModeFollower, follow_driver
-from agent.mig.reset import command_reset, simulated_reset
+from agent.mig.reset import ResetFn, command_reset, simulated_reset
 from agent.mig.service import MigService
 from agent.power.service import PowerService
 from agent.prewarm.factory import build_service as build_prewarm
@@ -196,11 +197,7 @@ def _build_rest(
         gpus_lost=inventory.lost_gpus,
     )
     inventory.watch_sharing(sharing.show)
-    reset = (
-        simulated_reset(config.state_dir)
-        if config.simulate
-        else command_reset(config.mig.reset_command)
-    )
+    reset = _reset(config, health)
     lock = PartitionLock(config.state_dir)
     mig = MigService(
         gpu,
@@ -246,6 +243,22 @@ def _build_rest(
         edge=edge,
         cache_labels=CacheLabels(edge.owner, prewarm.items) if edge is not None else None,
     )
+
+
+def _reset(config: AgentConfig, health: HealthMonitor) -> ResetFn:
+    """The configured GPU reset (the simulator's in simulated mode), telling the health marks
+    when one is done: a mark whose action was a reset is then done with it."""
+    chosen = (
+        simulated_reset(config.state_dir)
+        if config.simulate
+        else command_reset(config.mig.reset_command)
+    )
+
+    def reset(gpu: GpuInfo) -> None:
+        chosen(gpu)
+        health.gpu_reset(gpu.uuid)
+
+    return reset
 
 
 def _sim_proc_root(config: AgentConfig) -> Path | None:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-__all__ = ["Change", "Mark", "Policy", "Signal", "State", "observe", "settle"]
+__all__ = ["Change", "Mark", "Policy", "Signal", "State", "observe", "reset_done", "settle"]
 
 HOUR_S = 3600.0
 
@@ -42,6 +42,7 @@ class State(Enum):
 _RANK = {State.HEALTHY: 0, State.DEGRADED: 1, State.FAILED: 2}
 #: actions from weakest to strongest: a failed mark keeps the strongest one it was given
 _ACTIONS = ("none", "restart-application", "reset-gpu", "reboot-node")
+RESET_GPU = "reset-gpu"
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,16 +138,37 @@ def settle(
     mark = _pruned(mark, now, policy)
     if mark.state is State.HEALTHY or now - mark.bad_at < policy.hold_down_s:
         return mark, None
+    quiet = f"no new error for {now - mark.bad_at:.0f} s since {mark.reason}"
+    return _improve(mark, now, policy, pods, quiet)
+
+
+def reset_done(
+    mark: Mark, now: float, policy: Policy, pods: Sequence[str] = ()
+) -> tuple[Mark, Change | None]:
+    """The mark after a GPU reset the agent made: one whose action was that reset is done with
+    its hold-down (the cap on changes still holds it); a fault that outlasts the reset fails it
+    again with its next signal. Any other mark is left to its hold-down: a reboot-node one
+    needs a reboot, and a reset is no evidence of one."""
+    mark = _pruned(mark, now, policy)
+    if mark.state is State.HEALTHY or mark.action != RESET_GPU:
+        return mark, None
+    return _improve(mark, now, policy, pods, f"the GPU was reset since {mark.reason}")
+
+
+def _improve(
+    mark: Mark, now: float, policy: Policy, pods: Sequence[str], why: str
+) -> tuple[Mark, Change | None]:
+    """One step better (failed to degraded while the window still holds enough degrading
+    signals, else to healthy), unless the cap on changes holds it (then it says so, once)."""
     if len(mark.changes) >= policy.max_changes_per_hour:
         if mark.held:
             return mark, None
         held = replace(mark, held=True)
         return held, Change(mark.state, held, held=True)
-    quiet = f"no new error for {now - mark.bad_at:.0f} s since {mark.reason}"
     if mark.state is State.FAILED and len(mark.recent) >= policy.degrade_events:
-        reason = f"{_window_reason(mark.recent_reason, len(mark.recent), policy)}; {quiet}"
+        reason = f"{_window_reason(mark.recent_reason, len(mark.recent), policy)}; {why}"
         return _enter(policy, mark, State.DEGRADED, reason, "none", now, mark.recent[-1], pods)
-    return _enter(policy, mark, State.HEALTHY, f"healthy: {quiet}", "none", now, 0.0, pods)
+    return _enter(policy, mark, State.HEALTHY, f"healthy: {why}", "none", now, 0.0, pods)
 
 
 def _enter(

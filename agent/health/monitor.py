@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.gpu.xid_events import XidEvent
-from agent.health.machine import Mark, Policy, Signal, State, observe, settle
+from agent.health.machine import Mark, Policy, Signal, State, observe, reset_done, settle
 from agent.health.signals import lost_signal, reading_signals, xid_signal
 from agent.health.store import SAVE_EVERY_S, MarkStore, Target
 from agent.telemetry.snapshot import Snapshot
@@ -63,6 +63,8 @@ class HealthMonitor:
         #: MIG device UUIDs of each GPU instance (its compute instances), as last read
         self._mig_uuids: dict[Target, tuple[str, ...]] = {}
         self._xids: list[tuple[float, XidEvent]] = []
+        #: GPU UUID -> when the agent reset it, until the next snapshot judges it
+        self._resets: dict[str, float] = {}
         self._listeners: list[Callable[[HealthChange], None]] = []
         self._saved_at = 0.0
         self._dirty = False
@@ -106,6 +108,14 @@ class HealthMonitor:
             if len(self._xids) < _MAX_QUEUED_XIDS:
                 self._xids.append((self._clock(), event))
 
+    def gpu_reset(self, uuid: str) -> None:
+        """The agent reset this GPU (ResetGpu, a MIG mode change's reset): the marks whose
+        action that was are done with it at the next snapshot (`machine.reset_done`). That
+        snapshot's readings of the GPU, and its XIDs from before the reset, may predate it:
+        they are not counted against it (a lasting fault signals again a tick later)."""
+        with self._lock:
+            self._resets[uuid] = self._clock()
+
     def observe(self, snapshot: Snapshot) -> None:
         now = self._clock()
         changes: list[HealthChange] = []
@@ -126,9 +136,17 @@ class HealthMonitor:
             }
             pods = _pods(snapshot)
             self._track(uuids, instances, now)
+            resets, self._resets = self._resets, {}
+            self._after_resets(resets, now, pods, uuids, changes)
 
             def apply(target: Target, signal: Signal) -> None:
+                if target.gpu_uuid in resets and signal.at <= resets[target.gpu_uuid]:
+                    return  # an XID from before the reset: the fault the reset remedied
                 self._apply(target, signal, pods, uuids, changes)
+
+            def apply_read(target: Target, signal: Signal) -> None:
+                if target.gpu_uuid not in resets:  # this tick's reads may predate the reset
+                    self._apply(target, signal, pods, uuids, changes)
 
             for at, event in xids:
                 uuid = uuids.get(event.gpu_index)
@@ -142,11 +160,11 @@ class HealthMonitor:
             for status in snapshot.gpus:
                 if not status.up:
                     uuid = uuids[status.gpu.index]
-                    self._gpu_wide(uuid, lost_signal(status.detail, now), instances, apply)
+                    self._gpu_wide(uuid, lost_signal(status.detail, now), instances, apply_read)
             for readings in snapshot.health:
                 uuid = uuids.get(readings.gpu.index, readings.gpu.uuid)
                 for signal in reading_signals(readings.values, now):
-                    self._gpu_wide(uuid, signal, instances, apply)
+                    self._gpu_wide(uuid, signal, instances, apply_read)
             up = {uuids[s.gpu.index] for s in snapshot.gpus if s.up}
             for target, mark in list(self._marks.items()):
                 if target.gpu_uuid not in up:
@@ -184,6 +202,22 @@ class HealthMonitor:
                 if target.gpu_instance is not None and target.gpu_instance not in ids:
                     del self._marks[target]
                     self._dirty = True
+
+    def _after_resets(
+        self,
+        resets: Mapping[str, float],
+        now: float,
+        pods: Mapping[Target, tuple[str, ...]],
+        uuids: Mapping[int, str],
+        changes: list[HealthChange],
+    ) -> None:
+        for target, mark in list(self._marks.items()):
+            if target.gpu_uuid in resets:
+                after, done = reset_done(mark, now, self.policy, pods.get(target, ()))
+                self._marks[target] = after
+                if done is not None:
+                    self._dirty = True
+                    changes.append(self._change(target, done.before, after, done.held, uuids))
 
     def _gpu_wide(
         self,

@@ -5,11 +5,11 @@ evicts the pod the mark names (its process then ends on the simulator), has the 
 GPU 1 through its ResetGpu (the simulator's reset; refused while the process ran), and
 uncordons once GPU 1 reports healthy.
 
-The real agent's own mark would hold for its 600 s hold-down after the reset, so its GetNode
-answers pass through a proxy on a Unix socket (tests/unit/coordinator/fakeagents.py, upstream
-mode) that sets GPU 1's mark: failed until the agent has reset it, healthy after. Every
-other call, ResetGpu included, goes to the real agent over real gRPC (its admin socket)
-unchanged.
+The real agent's own mark names no pod (no kubelet runs here), so its GetNode answers pass
+through a proxy on a Unix socket (tests/unit/coordinator/fakeagents.py, upstream mode) that sets
+GPU 1's mark with the pod: failed until the agent has reset it, healthy after (as the agent's
+own mark now clears at its reset: tests/integration/test_health_marks.py). Every other call,
+ResetGpu included, goes to the real agent over real gRPC (its admin socket) unchanged.
 """
 
 from __future__ import annotations

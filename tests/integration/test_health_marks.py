@@ -258,3 +258,33 @@ def test_an_xid_in_a_mig_instance_marks_it_and_a_gpu_wide_one_every_instance(
         control.raise_xid(1, 95)
         wait_for(lambda: _state(agent.socket, 1) == FAILED, "GPU 1 failed", 5)
         assert instances(agent.socket) == {first: FAILED, second: FAILED}
+
+
+def test_a_reset_the_agent_makes_clears_a_reset_gpu_mark_and_no_other(tmp_path: Path) -> None:
+    """GPU 1 failed for XID 48 (action reset-gpu), GPU 2 for XID 79 (reboot-node). With a
+    10-minute hold-down, the agent's own reset of GPU 1 (ResetGpu: `fleet remediate`'s) left
+    it failed for those 10 minutes after the action was done, so remediate always timed out and
+    left the node cordoned. The reset is the action: GPU 1 clears at the next snapshot, saying
+    so; GPU 2's reboot-node mark is no business of a reset and stays."""
+    from agent.client import AgentClient
+
+    root = tmp_path / "agent"
+    with InProcessAgent(root, _config(root, hold_down_s=600)) as agent:
+        control = SimControl(root / "state")
+        control.raise_xid(1, 48)
+        control.raise_xid(2, 79)
+        wait_for(lambda: _state(agent.socket, 1) == FAILED, "GPU 1 failed", 5)
+        wait_for(lambda: _state(agent.socket, 2) == FAILED, "GPU 2 failed", 5)
+        client = AgentClient.connect(agent.socket)
+        assert client is not None
+        try:
+            client.reset_gpu(1)
+            client.reset_gpu(2)
+        finally:
+            client.close()
+        wait_for(lambda: _state(agent.socket, 1) == HEALTHY, "GPU 1 healthy after its reset", 5)
+        reason = _gpu(agent.socket, 1).condition.reason
+        assert reason.startswith("healthy: the GPU was reset since XID 48"), reason
+        time.sleep(1.0)  # several snapshots: the reboot-node mark stays
+        gpu = _gpu(agent.socket, 2)
+        assert gpu.condition.state == FAILED and gpu.condition.action == "reboot-node"

@@ -58,3 +58,40 @@ def test_a_gpu_lost_before_it_was_ever_read_is_shown_under_its_index(tmp_path: P
         for s in family.samples
     }
     assert rows == {("0", "GPU-a"), ("5", "")}
+
+
+def test_a_reset_by_the_agent_ends_a_reset_gpu_mark_and_a_lasting_fault_fails_it_again(
+    tmp_path: Path,
+) -> None:
+    """The agent's reset is the mark's action: the next snapshot clears the mark (its reads may
+    predate the reset and are not held against it); a double-bit ECC count the reset did not
+    clear fails the GPU again a tick later. A reboot-node mark is left to its hold-down."""
+    from dataclasses import replace
+
+    from agent.gpu.reading_calls import Reading
+    from agent.telemetry.snapshot import HealthReadings
+
+    now = [1000.0]
+    monitor = HealthMonitor(Policy(hold_down_s=600), tmp_path, clock=lambda: now[0])
+    base = _snapshot("GPU-a", "GPU-b")
+    monitor.observe(base)
+    monitor.record_xid(XidEvent(0, 48, None, None))  # reset-gpu
+    monitor.record_xid(XidEvent(1, 79, None, None))  # reboot-node
+    monitor.observe(base)
+    assert {t.gpu_uuid: m.state for t, m in monitor.marks().items()} == {
+        "GPU-a": State.FAILED,
+        "GPU-b": State.FAILED,
+    }
+    dbe = (HealthReadings(base.gpus[0].gpu, {Reading.ECC_DBE_VOLATILE: 2.0}),)
+    now[0] += 5
+    monitor.gpu_reset("GPU-a")
+    monitor.gpu_reset("GPU-b")
+    now[0] += 1
+    monitor.observe(replace(base, health=dbe))  # read before the reset: not held against it
+    marks = monitor.marks()
+    assert marks[Target("GPU-a")].state is State.HEALTHY
+    assert marks[Target("GPU-a")].reason.startswith("healthy: the GPU was reset since XID 48")
+    assert marks[Target("GPU-b")].state is State.FAILED  # a reset is no reboot
+    now[0] += 1
+    monitor.observe(replace(base, health=dbe))  # the count outlived the reset
+    assert monitor.marks()[Target("GPU-a")].state is State.FAILED
