@@ -332,8 +332,10 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
     ) -> mig_pb2.AdviseMigResponse:
         index = request.gpu_index if request.HasField("gpu_index") else None
         self._require_gpu("mig advise")
-        if index is not None and index in {g.index for g in self._service.lost()}:
-            raise DeviceLost(f"GPU {index} is lost: what fits on it cannot be read")
+        if index is not None:  # NVML reads, off the event loop as every other read here
+            lost = await asyncio.to_thread(self._service.lost)
+            if index in {g.index for g in lost}:
+                raise DeviceLost(f"GPU {index} is lost: what fits on it cannot be read")
         layouts = await asyncio.to_thread(self._service.layouts)
         hidden = not sees_processes(granted())
         if hidden:  # whether an instance is in use is process information too
