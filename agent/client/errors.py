@@ -7,6 +7,7 @@ handshake failed, deadline): `Unreachable`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import cast
 
@@ -33,6 +34,26 @@ _BY_CODE: Mapping[grpc.StatusCode, type[AgentError]] = {
 }
 
 
+# gRPC core's connect failure: "failed to connect to all addresses; last error: CODE: ADDRESS:
+# REASON", where a Unix socket's REASON is again "connect failed: addr: ADDRESS error: WHY".
+_CONNECT = re.compile(r"failed to connect to all addresses; last error: [A-Z_]+: \S+: (?P<why>.+)")
+_SOCKET = re.compile(r"connect failed: addr: \S+ error: (?P<why>.+)")
+# and a name that does not resolve: "errors resolving HOST:PORT: [field:...: WHY]"
+_RESOLVE = re.compile(r"errors resolving \S+: \[.*: (?P<why>[^:\]]+)\]")
+
+
+def _why_not_connected(details: str) -> str:
+    """gRPC's connect text cut to the reason, the address named once by the caller; any other
+    text as it came."""
+    if match := _CONNECT.fullmatch(details):
+        details = match["why"]
+        if match := _SOCKET.fullmatch(details):
+            details = f"connect failed: {match['why']}"
+    elif match := _RESOLVE.fullmatch(details):
+        details = f"name lookup failed: {match['why']}"
+    return details
+
+
 def domain_error(exc: grpc.RpcError, address: str | None = None) -> AgentError:
     """The domain error behind a failed call; ``address`` prefixes the message (the fleet's
     clients name the agent it came from; the local CLI has one agent and names none)."""
@@ -48,5 +69,5 @@ def domain_error(exc: grpc.RpcError, address: str | None = None) -> AgentError:
             status = status_pb2.Status.FromString(value)
     details = exc.details() or code.name
     if status is None and code is grpc.StatusCode.UNAVAILABLE:
-        details = f"the agent did not answer: {details}"
+        details = f"the agent did not answer: {_why_not_connected(details)}"
     return rebuild(code, f"{address}: {details}" if address else details, status, _BY_CODE)

@@ -48,7 +48,7 @@ def _status_table(doc: dict[str, Any]) -> str:
                 len(n["gpus"]) if n.get("gpus_read", True) else "? (not read)",
                 n["models"],
                 " ".join(g["slices"] for g in n["gpus"]) or "-",
-                "withheld" if n["idle"] is None else counts_text(n["idle"]),
+                _idle_cell(n),
                 n["sharing"],
                 n["warm"],
                 n["idle_gpus"],
@@ -87,6 +87,12 @@ def _status_table(doc: dict[str, Any]) -> str:
     states = ", ".join(f"{n} {state}" for state, n in totals["node_health"].items() if n)
     summary += f" Nodes: {states or 'none'}."
     return f"{nodes}\n\n{marks}{profiles}\n\n{summary}"
+
+
+def _idle_cell(node: dict[str, Any]) -> str:
+    if node["health"] == "unreachable":
+        return "-"
+    return "withheld" if node["idle"] is None else counts_text(node["idle"])
 
 
 def _unread(totals: dict[str, Any]) -> str:

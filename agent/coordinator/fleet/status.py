@@ -114,7 +114,8 @@ class NodeStatus:
     detail: str
     models: str
     sharing: str
-    warm: int
+    #: cache items warm; None when the agent did not answer (unknown, not 0)
+    warm: int | None
     idle_gpus: int | None
     gpus: tuple[GpuStatus, ...]
     #: What the agent withheld from this identity (``processes``): idle devices are then unknown.
@@ -124,14 +125,15 @@ class NodeStatus:
     #: the node's allocation mode (device-plugin, dra, dra-dynamic-mig, none, unknown) with its
     #: evidence; None for an agent that did not answer
     allocation: Allocation | None = None
-    #: False while the agent has not read its GPUs (driver not ready): ``gpus`` is then empty
-    #: because they are unknown, not absent
+    #: False while the agent has not read its GPUs (driver not ready) or did not answer:
+    #: ``gpus`` is then empty because they are unknown, not absent
     gpus_read: bool = True
 
     @property
     def idle(self) -> dict[str, int] | None:
-        """Idle MIG devices by profile; None when the process lists were withheld (unknown)."""
-        if PROCESSES in self.withheld:
+        """Idle MIG devices by profile; None when unknown: the process lists were withheld, or
+        the agent did not answer."""
+        if PROCESSES in self.withheld or self.health == "unreachable":
             return None
         total: Counter[str] = Counter()
         for g in self.gpus:
@@ -169,7 +171,7 @@ class FleetStatus:
     def gpus_unread(self) -> int:
         """Answering nodes whose GPUs were not read (their driver is not ready): not in
         ``gpus``, which would otherwise count them as nodes without GPUs."""
-        return sum(not n.gpus_read for n in self.nodes)
+        return sum(not n.gpus_read and n.health != "unreachable" for n in self.nodes)
 
     @property
     def idle_gpus(self) -> int:
@@ -228,7 +230,16 @@ def _models(view: NodeView) -> str:
 def _node(view: NodeView) -> NodeStatus:
     if not view.reachable:
         return NodeStatus(
-            view.name, view.address, "unreachable", view.error or "", "-", "-", 0, None, ()
+            view.name,
+            view.address,
+            "unreachable",
+            view.error or "",
+            "-",
+            "-",
+            None,
+            None,
+            (),
+            gpus_read=False,
         )
     # By index: a GPU lost before its agent started has no UUID to name it by.
     lost = [g.gpu.index for g in view.layouts if g.gpu.uuid in view.lost]

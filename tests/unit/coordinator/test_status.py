@@ -281,3 +281,23 @@ def test_a_node_whose_driver_is_not_ready_is_not_counted_as_a_node_without_gpus(
     table = _status_table(doc)
     assert "? (not read)" in table
     assert "3 GPU(s) (and the GPUs of 1 node(s) not read: driver not ready)" in table
+
+
+def test_an_unreachable_node_shows_its_gpus_and_warm_items_as_unknown_not_0() -> None:
+    """A node that did not answer showed "GPUS 0" and "WARM 0", and JSON ``"gpus_read": true``
+    and ``"warm": 0``: counts nobody read. Now they are unknown (``?``, ``null``), and the
+    totals' unread count still names only answering nodes."""
+    from agent.cli.fleet.status import _status_table
+    from agent.coordinator.fleet.status import status_document
+
+    gone = unreachable_view(Target("10.0.0.9:9401", "node-z"), "connection refused")
+    status = fleet_status([gone])
+    (z,) = status.nodes
+    assert (z.gpus_read, z.warm, z.idle) == (False, None, None)
+    doc = status_document(status, "1h", nodes=True)
+    record = doc["nodes"][0]
+    assert (record["gpus_read"], record["warm"], record["idle"]) == (False, None, None)
+    assert doc["totals"]["gpus_unread_nodes"] == 0  # unread for being unreachable, said there
+    row = next(line for line in _status_table(doc).splitlines() if line.startswith("node-z"))
+    cells = row.split()
+    assert "0" not in cells, row  # neither GPUS nor WARM claims a count
