@@ -43,9 +43,12 @@ SERVE_ROLE = "gpu-agent serve"
 def serve(
     obj: CliContext, metrics_listen: str | None, collectors: Path | None, metric_names: str | None
 ) -> None:
-    """Run the agent: health and metrics HTTP on :9400 (and the control API as it lands).
+    """Run the agent: the control API (gRPC on the admin Unix socket, and on TCP with mTLS
+    when its certificates are set) and /metrics, /healthz HTTP on :9400.
 
-    Without --simulate it uses the real NVML and exits with a clear message when there is none.
+    Without --simulate it uses the real NVML. With no driver yet it still runs, says
+    "waiting for the NVIDIA driver" in `status` and `doctor`, and attaches when the driver
+    appears (docs/operations.md).
 
     \b
     Example:
