@@ -142,6 +142,8 @@ class _Reconfigure:
         self._suspend = suspend
         self._settle = settle
         self._gpus_done = 0
+        # A GPU's "done" event carries no mutation number: the count stays at the last step.
+        self._steps_done = 0
         self._lock = threading.Lock()
 
     def pending(self) -> operations_pb2.MigApplyProgress:
@@ -158,13 +160,14 @@ class _Reconfigure:
             with self._lock:
                 if event.phase == "done":
                     self._gpus_done += 1
+                self._steps_done = event.mutation or self._steps_done
                 meta = operations_pb2.MigApplyProgress(
                     config_name=self._config,
                     phase=event.phase,
                     gpus_total=self._gpus_total,
                     gpus_done=self._gpus_done,
-                    steps_total=max(self._steps_total, event.mutation),
-                    steps_done=event.mutation,
+                    steps_total=max(self._steps_total, self._steps_done),
+                    steps_done=self._steps_done,
                     current_step=event.message,
                     current_gpu_index=event.gpu,
                 )
