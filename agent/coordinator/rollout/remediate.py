@@ -118,6 +118,21 @@ async def remedy_for(client: AgentClient, node: str, gpu: int | None) -> tuple[R
     return plan_remedy(node, answer, gpu, attributed), answer.processes_hidden
 
 
+def failures(mark: GpuMark) -> tuple[str, ...]:
+    """Each failed verdict's reason once, with what carries it. A GPU-wide fault marks the GPU
+    and every instance on it alike: ``GPU 2 and 5 MIG instance(s) on it: XID 79 (...)``."""
+    by_reason: dict[str, list[str]] = {}
+    for what, mk in mark.failed_marks:
+        by_reason.setdefault(mk.reason, []).append(what)
+    said = []
+    for reason, whats in by_reason.items():
+        who = ", ".join(whats)
+        if whats[0] == f"GPU {mark.index}" and len(whats) > 1:
+            who = f"{whats[0]} and {len(whats) - 1} MIG instance(s) on it"
+        said.append(f"{who}: {reason}" if reason else who)
+    return tuple(said)
+
+
 def plan_remedy(
     node: str,
     answer: NodeView,
@@ -157,10 +172,7 @@ def plan_remedy(
             else:
                 pods[parsed] = None
         pods.update(dict.fromkeys(sorted(attributed.get(m.index, ()))))
-        failures = tuple(
-            f"{what}: {mk.reason}" if mk.reason else what for what, mk in m.failed_marks
-        )
-        gpus.append(GpuRemedy(m.index, m.uuid, failures, _action(m), tuple(pods)))
+        gpus.append(GpuRemedy(m.index, m.uuid, failures(m), _action(m), tuple(pods)))
     cordon = any(g.action in _CORDONED for g in gpus)
     return Remedy(node, tuple(gpus), cordon, tuple(unparsed))
 

@@ -220,3 +220,22 @@ def test_an_agent_that_cannot_reset_is_refused_before_the_node_is_cordoned(
     result = remediate(agents, "n1", "--apply")
     assert result.exit_code == 6, result.output
     assert _steps(api) == [] and api.unschedulable == set()
+
+
+def test_a_gpu_wide_fault_is_said_once_not_once_per_mig_instance() -> None:
+    """An XID 79 on a GPU with 5 MIG instances marks all six alike; the dry run printed the
+    same reason six times on one line. It is said once, with how many instances carry it;
+    an instance failed for a reason of its own is still named with it."""
+    from agent.coordinator.fleet.health import GpuMark, InstanceMark, Mark
+    from agent.coordinator.rollout.remediate import failures
+
+    fault = Mark("failed", XID79, "reboot-node")
+    own = Mark("failed", "XID 94 (Contained ECC error): needs an application restart", "")
+    instances = tuple(InstanceMark(gi, "1g.10gb", fault) for gi in (7, 8, 9, 10))
+    gpu = GpuMark(2, "GPU-2", fault, (*instances, InstanceMark(2, "3g.40gb", own)))
+    assert failures(gpu) == (
+        f"GPU 2 and 4 MIG instance(s) on it: {XID79}",
+        f"GPU 2 GI 2 (3g.40gb): {own.reason}",
+    )
+    alone = GpuMark(1, "GPU-1", Mark("failed", XID48, "reset-gpu"))
+    assert failures(alone) == (f"GPU 1: {XID48}",)
