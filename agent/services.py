@@ -18,6 +18,7 @@ from agent.dra.watch import AllocationSource
 from agent.gpu import GpuDriver, load_driver
 from agent.gpu.attach import DriverCollector, DriverLink
 from agent.gpu.types import GpuInfo
+from agent.health.boot import boot_id_reader
 from agent.health.machine import Policy
 from agent.health.metrics import HealthCollector
 from agent.health.monitor import HealthMonitor
@@ -271,9 +272,11 @@ def _sim_proc_root(config: AgentConfig) -> Path | None:
 
 def _health(config: AgentConfig, telemetry: TelemetryService, bus: EventBus) -> HealthMonitor:
     h = config.health
+    proc_root = _sim_proc_root(config) or config.telemetry.proc_root
     health = HealthMonitor(
         Policy(h.degrade_events, h.degrade_window_s, h.hold_down_s, h.max_changes_per_hour),
         config.state_dir,
+        boot_id=boot_id_reader(proc_root),
     )
     telemetry.on_xid(health.record_xid)
     telemetry.subscribe(health.observe)  # before the inventory: GetNode shows this tick's marks

@@ -438,6 +438,10 @@ def _seconds(text: str) -> float:
 def reboot(obj: CliContext) -> None:
     """Reboot the simulated node: MIG instances and processes vanish, MIG mode persists.
 
+    The node gets a new boot id. A running `serve` goes on as if it outlived the reboot;
+    restart it, as a real reboot would, to see what an agent starting after a reboot does
+    (e.g. a reboot-node health mark ends: docs/health.md).
+
     \b
     Example:
       gpu-agent sim reboot

@@ -10,7 +10,7 @@ transitions"):
   enter degraded from healthy (hysteresis: one application XID does nothing);
 - a mark clears only after ``hold_down_s`` with no signal of its severity: failed goes to
   degraded when the window still holds enough degrading signals, else to healthy; degraded goes
-  to healthy;
+  to healthy; or sooner once its action is taken (a reset the agent made, a reboot);
 - every change is counted: with ``max_changes_per_hour`` changes in the last hour, a mark does
   not improve (it stays at the worse state and says so) until the hour has room again. Getting
   worse is never held back.
@@ -24,7 +24,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-__all__ = ["Change", "Mark", "Policy", "Signal", "State", "observe", "reset_done", "settle"]
+__all__ = [
+    "REBOOTED",
+    "RESET",
+    "Change",
+    "Mark",
+    "Policy",
+    "Signal",
+    "State",
+    "action_done",
+    "observe",
+    "settle",
+]
 
 HOUR_S = 3600.0
 
@@ -43,6 +54,14 @@ _RANK = {State.HEALTHY: 0, State.DEGRADED: 1, State.FAILED: 2}
 #: actions from weakest to strongest: a failed mark keeps the strongest one it was given
 _ACTIONS = ("none", "restart-application", "reset-gpu", "reboot-node")
 RESET_GPU = "reset-gpu"
+REBOOT_NODE = "reboot-node"
+#: evidence that an action was taken: the agent reset the GPU, or the node rebooted
+RESET, REBOOTED = "reset", "rebooted"
+#: the actions each evidence completes (a reboot resets every GPU too), and how it is said
+_DONE = {
+    RESET: ((RESET_GPU,), "the GPU was reset"),
+    REBOOTED: ((RESET_GPU, REBOOT_NODE), "the node was rebooted"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,17 +161,18 @@ def settle(
     return _improve(mark, now, policy, pods, quiet)
 
 
-def reset_done(
-    mark: Mark, now: float, policy: Policy, pods: Sequence[str] = ()
+def action_done(
+    mark: Mark, now: float, policy: Policy, pods: Sequence[str] = (), *, evidence: str
 ) -> tuple[Mark, Change | None]:
-    """The mark after a GPU reset the agent made: one whose action was that reset is done with
-    its hold-down (the cap on changes still holds it); a fault that outlasts the reset fails it
-    again with its next signal. Any other mark is left to its hold-down: a reboot-node one
-    needs a reboot, and a reset is no evidence of one."""
+    """The mark once its action was taken (``evidence``: a reset the agent made, or a reboot
+    since the mark): done with its hold-down (the cap on changes still holds it); a fault that
+    outlasts it fails it again with its next signal. Any other mark is left to its hold-down:
+    a reset is no reboot, and a mark with no action (clocks held down) has nothing done."""
     mark = _pruned(mark, now, policy)
-    if mark.state is State.HEALTHY or mark.action != RESET_GPU:
+    actions, said = _DONE[evidence]
+    if mark.state is State.HEALTHY or mark.action not in actions:
         return mark, None
-    return _improve(mark, now, policy, pods, f"the GPU was reset since {mark.reason}")
+    return _improve(mark, now, policy, pods, f"{said} since {mark.reason}")
 
 
 def _improve(

@@ -21,7 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.gpu.xid_events import XidEvent
-from agent.health.machine import Mark, Policy, Signal, State, observe, reset_done, settle
+from agent.health.machine import (
+    REBOOTED,
+    RESET,
+    Mark,
+    Policy,
+    Signal,
+    State,
+    action_done,
+    observe,
+    settle,
+)
 from agent.health.signals import lost_signal, reading_signals, xid_signal
 from agent.health.store import SAVE_EVERY_S, MarkStore, Target
 from agent.telemetry.snapshot import Snapshot
@@ -53,6 +63,7 @@ class HealthMonitor:
         state_dir: Path | None,
         *,
         clock: Callable[[], float] = time.time,
+        boot_id: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.policy = policy
         self._clock = clock
@@ -68,9 +79,21 @@ class HealthMonitor:
         self._listeners: list[Callable[[HealthChange], None]] = []
         self._saved_at = 0.0
         self._dirty = False
+        self._boot_id = boot_id()
+        #: GPUs whose marks were saved before a reboot (another boot id), each judged by the
+        #: first snapshot that lists it: a reboot is their action, unless they still fail
+        self._before_boot = self._rebooted_gpus()
         if self._marks:
             bad = sum(1 for m in self._marks.values() if m.state is not State.HEALTHY)
             log.info("health marks restored: %d, %d not healthy", len(self._marks), bad)
+
+    def _rebooted_gpus(self) -> set[str]:
+        saved = self._store.saved_boot_id if self._store else None
+        if saved is None or self._boot_id is None or saved == self._boot_id:
+            return set()  # the same boot, or one of them unknown: no evidence of a reboot
+        log.info("the node rebooted since the health marks were saved (boot id %s)", saved)
+        self._dirty = True  # the new boot id is saved
+        return {t.gpu_uuid for t in self._marks}
 
     def subscribe(self, listener: Callable[[HealthChange], None]) -> None:
         """Call ``listener`` with every change (on the sampler thread; it must not block)."""
@@ -110,7 +133,7 @@ class HealthMonitor:
 
     def gpu_reset(self, uuid: str) -> None:
         """The agent reset this GPU (ResetGpu, a MIG mode change's reset): the marks whose
-        action that was are done with it at the next snapshot (`machine.reset_done`). That
+        action that was are done with it at the next snapshot (`machine.action_done`). That
         snapshot's readings of the GPU, and its XIDs from before the reset, may predate it:
         they are not counted against it (a lasting fault signals again a tick later)."""
         with self._lock:
@@ -137,7 +160,7 @@ class HealthMonitor:
             pods = _pods(snapshot)
             self._track(uuids, instances, now)
             resets, self._resets = self._resets, {}
-            self._after_resets(resets, now, pods, uuids, changes)
+            self._after_actions(self._taken(snapshot, uuids, resets), now, pods, uuids, changes)
 
             def apply(target: Target, signal: Signal) -> None:
                 if target.gpu_uuid in resets and signal.at <= resets[target.gpu_uuid]:
@@ -203,17 +226,31 @@ class HealthMonitor:
                     del self._marks[target]
                     self._dirty = True
 
-    def _after_resets(
+    def _taken(
+        self, snapshot: Snapshot, uuids: Mapping[int, str], resets: Mapping[str, float]
+    ) -> dict[str, str]:
+        """GPU UUID -> the evidence this snapshot brings that a mark's action was taken: the
+        agent reset it, or it answers for the first time since a reboot."""
+        taken = dict.fromkeys(resets, RESET)
+        listed = {uuids[s.gpu.index]: s.up for s in snapshot.gpus}
+        judged = self._before_boot & listed.keys()
+        self._before_boot -= judged
+        taken.update({uuid: REBOOTED for uuid in judged if listed[uuid]})
+        return taken
+
+    def _after_actions(
         self,
-        resets: Mapping[str, float],
+        taken: Mapping[str, str],
         now: float,
         pods: Mapping[Target, tuple[str, ...]],
         uuids: Mapping[int, str],
         changes: list[HealthChange],
     ) -> None:
         for target, mark in list(self._marks.items()):
-            if target.gpu_uuid in resets:
-                after, done = reset_done(mark, now, self.policy, pods.get(target, ()))
+            evidence = taken.get(target.gpu_uuid)
+            if evidence is not None:
+                got = pods.get(target, ())
+                after, done = action_done(mark, now, self.policy, got, evidence=evidence)
                 self._marks[target] = after
                 if done is not None:
                     self._dirty = True
@@ -259,7 +296,7 @@ class HealthMonitor:
         if not force and now - self._saved_at < SAVE_EVERY_S:
             return
         try:
-            self._store.save(self._marks, now)
+            self._store.save(self._marks, now, self._boot_id)
         except OSError as exc:
             log.error("saving health marks to %s failed: %s", self._store.path, exc)
             return

@@ -4,7 +4,8 @@ A restart must not clear a failed mark before its hold-down, so the marks (state
 since, action, pods, the last bad signal, the window and the changes of the last hour) are
 written when they change, and at most every ``SAVE_EVERY_S`` while an ongoing condition (a lost
 GPU, a pending remap) keeps refreshing them. On load, a mark that was still being refreshed
-when it was saved counts its hold-down from the save, never earlier.
+when it was saved counts its hold-down from the save, never earlier. The node's boot id is
+saved beside them: an agent that finds another one was started after a reboot.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class Target:
 class MarkStore:
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / FILE
+        #: the boot id the loaded marks were saved under (None: not known, or nothing loaded)
+        self.saved_boot_id: str | None = None
 
     def load(self) -> dict[Target, Mark]:
         try:
@@ -79,6 +82,8 @@ class MarkStore:
             log.error("health marks in %s have an unknown format; starting from none", self.path)
             return {}
         saved_at = float(raw.get("saved_at", 0.0))
+        boot_id = raw.get("boot_id")
+        self.saved_boot_id = boot_id if isinstance(boot_id, str) and boot_id else None
         out = {}
         for key, item in (raw.get("marks") or {}).items():
             try:
@@ -91,10 +96,11 @@ class MarkStore:
             out[Target.parse(key)] = mark
         return out
 
-    def save(self, marks: Mapping[Target, Mark], now: float) -> None:
+    def save(self, marks: Mapping[Target, Mark], now: float, boot_id: str | None = None) -> None:
         body = {
             "format": FORMAT,
             "saved_at": now,
+            "boot_id": boot_id,
             "marks": {
                 t.key(): _raw(m) for t, m in sorted(marks.items(), key=lambda kv: kv[0].order())
             },

@@ -5,7 +5,8 @@ stand-in for the Node, a fake kubelet PodResources server for the pods.
 A fatal XID fails its GPU everywhere (GetNode, metric, labels, condition, taint, DRA device
 taint, Event naming the pod) and clears after the configured hold-down; a lost GPU stays failed
 while it is lost; a driver reload and an agent restart do not clear a failed mark before its
-hold-down; an XID inside a MIG instance marks that instance, a GPU-wide one every instance.
+hold-down, an agent started after a reboot clears those a reboot remedies; an XID inside a
+MIG instance marks that instance, a GPU-wide one every instance.
 """
 
 from __future__ import annotations
@@ -230,6 +231,33 @@ def test_a_restart_keeps_a_failed_mark_until_its_hold_down(tmp_path: Path) -> No
         assert gpu.condition.reason == "XID 95 (Uncontained ECC error): needs reset-gpu"
         wait_for(lambda: _state(agent.socket, 2) == HEALTHY, "the mark cleared", 10)
         assert time.time() - raised >= hold_down
+
+
+def test_an_agent_started_after_a_reboot_ends_the_marks_a_reboot_remedies(tmp_path: Path) -> None:
+    """GPU 1 failed for XID 79 (reboot-node), GPU 2 for XID 48 (reset-gpu), GPU 3 for XID 79.
+    The node reboots while its agent is down (a new boot id); GPU 3 falls off the bus again.
+    The agent that starts clears GPU 1's and GPU 2's marks at once, saying why (the hold-down
+    is 10 minutes), and keeps GPU 3's: it is lost."""
+    root = tmp_path / "agent"
+    config = _config(root, hold_down_s=600.0)
+    with InProcessAgent(root, config) as agent:
+        control = SimControl(root / "state")
+        for gpu, xid in ((1, 79), (2, 48), (3, 79)):
+            control.raise_xid(gpu, xid)
+        for gpu in (1, 2, 3):
+            wait_for(lambda gpu=gpu: _state(agent.socket, gpu) == FAILED, f"GPU {gpu} failed", 5)
+    control.reboot()
+    control.mark_lost(3)
+    with InProcessAgent(root, config) as agent:
+        for gpu in (1, 2):
+            wait_for(lambda gpu=gpu: _state(agent.socket, gpu) == HEALTHY, f"GPU {gpu} ok", 10)
+        reason = _gpu(agent.socket, 1).condition.reason
+        assert reason == (
+            "healthy: the node was rebooted since XID 79 (GPU has fallen off the bus): "
+            "needs reboot-node"
+        )
+        gpu3 = _gpu(agent.socket, 3).condition
+        assert gpu3.state == FAILED and gpu3.action == "reboot-node"
 
 
 def test_an_xid_in_a_mig_instance_marks_it_and_a_gpu_wide_one_every_instance(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -46,12 +47,18 @@ def missing_node(state_dir: Path) -> InvalidSpec:
     )
 
 
+#: the kernel's boot id, below the /proc look-alike (agent/health/boot.py reads it there)
+_BOOT_ID = Path("sys/kernel/random/boot_id")
+
+
 class SimControl:
     def __init__(self, state_dir: Path) -> None:
         self._store = StateStore(state_dir)
         if not self._store.exists():
             raise missing_node(state_dir)
         self._proc_root = self._store.root / "proc"
+        if not (self._proc_root / _BOOT_ID).exists():
+            self._new_boot_id()
 
     @property
     def proc_root(self) -> Path:
@@ -301,7 +308,15 @@ class SimControl:
     def reboot(self) -> None:
         with self._store.transaction() as node:
             lifecycle.reboot(node, time.monotonic())
+        self._new_boot_id()
+
+    def _new_boot_id(self) -> None:
+        """A new boot: the /proc look-alike starts empty (no process survives) but for the
+        kernel's random boot id, as the host's reads (a driver reload keeps it)."""
         shutil.rmtree(self._proc_root, ignore_errors=True)
+        path = self._proc_root / _BOOT_ID
+        path.parent.mkdir(parents=True)
+        path.write_text(f"{uuid.uuid4()}\n", encoding="ascii")
 
     def driver_absent(self, for_s: float | None = None) -> None:
         """Unload the driver: for ``for_s`` seconds, or until :meth:`driver_present`.
@@ -321,7 +336,9 @@ class SimControl:
             node.driver_absent = True
             node.driver_absent_until = None if for_s is None else time.time() + for_s
             lifecycle.reboot(node, time.monotonic())
-        shutil.rmtree(self._proc_root, ignore_errors=True)
+        for entry in self._proc_root.iterdir():  # the processes end; the boot id stays
+            if entry.name.isdigit():
+                shutil.rmtree(entry, ignore_errors=True)
 
     def driver_present(self) -> None:
         """Load the driver again (ends :meth:`driver_absent` before its time)."""
@@ -342,7 +359,7 @@ class SimControl:
             node.driver_version = version
             node.cuda_driver_version = generations.cuda_driver_version(version)
             lifecycle.reboot(node, time.monotonic())
-        shutil.rmtree(self._proc_root, ignore_errors=True)
+        self._new_boot_id()
 
 
 def _gpu(node: NodeState, index: int) -> Gpu:

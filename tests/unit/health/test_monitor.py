@@ -95,3 +95,72 @@ def test_a_reset_by_the_agent_ends_a_reset_gpu_mark_and_a_lasting_fault_fails_it
     now[0] += 1
     monitor.observe(replace(base, health=dbe))  # the count outlived the reset
     assert monitor.marks()[Target("GPU-a")].state is State.FAILED
+
+
+def test_a_start_after_a_reboot_ends_reboot_and_reset_marks_of_the_gpus_that_answer(
+    tmp_path: Path,
+) -> None:
+    """A reboot is a reboot-node mark's action, and resets every GPU: an agent started under a
+    new boot id (the node rebooted since the marks were saved) clears those marks at its first
+    snapshot, `healthy: the node was rebooted since <reason>`. A GPU still lost after the
+    reboot keeps its mark; a degraded mark (clocks held down: no action) keeps its hold-down; a
+    restart under the same boot id, or one where the boot id cannot be read, clears nothing."""
+    from dataclasses import replace
+
+    from agent.gpu.reading_calls import Reading
+    from agent.telemetry.snapshot import HealthReadings
+
+    now = [1000.0]
+    before = HealthMonitor(
+        Policy(hold_down_s=600, degrade_events=1),
+        tmp_path,
+        clock=lambda: now[0],
+        boot_id=lambda: "boot-1",
+    )
+    base = _snapshot("GPU-a", "GPU-b", "GPU-c", "GPU-d")
+    before.observe(base)
+    before.record_xid(XidEvent(0, 48, None, None))  # reset-gpu
+    before.record_xid(XidEvent(1, 79, None, None))  # reboot-node
+    before.record_xid(XidEvent(2, 79, None, None))  # reboot-node, and still lost after
+    held = (HealthReadings(base.gpus[3].gpu, {Reading.CLOCK_EVENT_REASONS: 64.0}),)  # hw_thermal
+    before.observe(replace(base, health=held))
+    assert [m.state for m in before.marks().values()] == [
+        State.FAILED,
+        State.FAILED,
+        State.FAILED,
+        State.DEGRADED,
+    ]
+    now[0] += 60
+    same = HealthMonitor(
+        Policy(hold_down_s=600), tmp_path, clock=lambda: now[0], boot_id=lambda: "boot-1"
+    )
+    same.observe(base)
+    assert all(m.state is not State.HEALTHY for m in same.marks().values())
+    unknown = HealthMonitor(
+        Policy(hold_down_s=600), tmp_path, clock=lambda: now[0], boot_id=lambda: None
+    )
+    unknown.observe(base)
+    assert all(m.state is not State.HEALTHY for m in unknown.marks().values())
+
+    after = HealthMonitor(
+        Policy(hold_down_s=600), tmp_path, clock=lambda: now[0], boot_id=lambda: "boot-2"
+    )
+    lost = replace(base.gpus[2], up=False, detail="GPU is lost")
+    after.observe(replace(base, gpus=(base.gpus[0], base.gpus[1], lost, base.gpus[3])))
+    marks = after.marks()
+    a, b, c, d = (marks[Target(u)] for u in ("GPU-a", "GPU-b", "GPU-c", "GPU-d"))
+    assert (a.state, b.state, c.state, d.state) == (
+        State.HEALTHY,
+        State.HEALTHY,
+        State.FAILED,
+        State.DEGRADED,
+    )
+    assert b.reason.startswith("healthy: the node was rebooted since XID 79"), b.reason
+    assert a.reason.startswith("healthy: the node was rebooted since XID 48"), a.reason
+    now[0] += 5
+    again = HealthMonitor(
+        Policy(hold_down_s=600), tmp_path, clock=lambda: now[0], boot_id=lambda: "boot-2"
+    )  # the new boot was saved: once only
+    again.record_xid(XidEvent(1, 79, None, None))
+    again.observe(base)
+    assert again.marks()[Target("GPU-b")].state is State.FAILED

@@ -27,3 +27,15 @@ def test_marks_survive_a_restart_and_an_ongoing_one_counts_from_the_save(tmp_pat
 def test_an_unreadable_file_starts_from_no_marks(tmp_path: Path) -> None:
     (tmp_path / "health-marks.json").write_text("{not json")
     assert MarkStore(tmp_path).load() == {}
+
+
+def test_the_boot_id_is_saved_beside_the_marks(tmp_path: Path) -> None:
+    """So that an agent started after a reboot knows it (a file from before the field, or a
+    node whose boot id could not be read, says none: no reboot is assumed)."""
+    store = MarkStore(tmp_path)
+    store.save({Target("GPU-a"): Mark(since=1.0)}, now=2.0, boot_id="0f3c-boot")
+    loaded = MarkStore(tmp_path)
+    assert loaded.load() and loaded.saved_boot_id == "0f3c-boot"
+    store.save({Target("GPU-a"): Mark(since=1.0)}, now=3.0)
+    unknown = MarkStore(tmp_path)
+    assert unknown.load() and unknown.saved_boot_id is None
