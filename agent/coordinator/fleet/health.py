@@ -114,7 +114,7 @@ class GpuMark:
         text = f"{what} {mark.state}"
         if mark.reason:
             text += f": {mark.reason}"
-        if mark.action and mark.action != "none":
+        if mark.action not in ("", "none") and not mark.reason.endswith(f"needs {mark.action}"):
             text += f" (action {mark.action})"
         return text
 

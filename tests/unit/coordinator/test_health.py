@@ -123,6 +123,17 @@ def test_an_unspecified_state_and_instance_marks_count_as_the_agent_said() -> No
     )
 
 
+def test_a_reason_that_names_its_action_is_not_followed_by_it_again() -> None:
+    """The agent's XID reasons end `needs reboot-node`: fleet status printed `...: needs
+    reboot-node (action reboot-node)` in every attention row."""
+    from agent.coordinator.fleet.health import GpuMark, Mark
+
+    said = "XID 79 (GPU has fallen off the bus): needs reboot-node"
+    assert GpuMark(2, "GPU-2", Mark("failed", said, "reboot-node")).describe() == (
+        f"GPU 2 failed: {said}"
+    )
+
+
 def _share(agents: FakeAgents, *extra: str) -> Outcome:
     return run(
         agents,
