@@ -89,10 +89,11 @@ class HealthMonitor:
 
     def _rebooted_gpus(self) -> set[str]:
         saved = self._store.saved_boot_id if self._store else None
+        if self._boot_id is not None and saved != self._boot_id:
+            self._dirty = True  # saved at the first snapshot, for the next start to compare
         if saved is None or self._boot_id is None or saved == self._boot_id:
             return set()  # the same boot, or one of them unknown: no evidence of a reboot
         log.info("the node rebooted since the health marks were saved (boot id %s)", saved)
-        self._dirty = True  # the new boot id is saved
         return {t.gpu_uuid for t in self._marks}
 
     def subscribe(self, listener: Callable[[HealthChange], None]) -> None:

@@ -164,3 +164,27 @@ def test_a_start_after_a_reboot_ends_reboot_and_reset_marks_of_the_gpus_that_ans
     again.record_xid(XidEvent(1, 79, None, None))
     again.observe(base)
     assert again.marks()[Target("GPU-b")].state is State.FAILED
+
+
+def test_marks_saved_without_a_boot_id_get_one_at_the_first_snapshot(tmp_path: Path) -> None:
+    """Marks from an agent before boot ids were kept, with nothing changing since: the first
+    snapshot saves the boot id, so a reboot after it is seen at the next start."""
+    import json
+
+    from agent.health.machine import Mark
+    from agent.health.store import MarkStore
+
+    failed = Mark(State.FAILED, "XID 79 (GPU has fallen off the bus): needs reboot-node",
+                  900.0, "reboot-node", bad_at=900.0)  # fmt: skip
+    MarkStore(tmp_path).save({Target("GPU-a"): failed}, now=900.0)  # no boot id
+    now = [1000.0]
+    first = HealthMonitor(Policy(hold_down_s=600), tmp_path, clock=lambda: now[0],
+                          boot_id=lambda: "boot-1")  # fmt: skip
+    first.observe(_snapshot("GPU-a"))
+    assert first.marks()[Target("GPU-a")].state is State.FAILED  # no evidence yet
+    saved = json.loads((tmp_path / "health-marks.json").read_text())
+    assert saved["boot_id"] == "boot-1"
+    rebooted = HealthMonitor(Policy(hold_down_s=600), tmp_path, clock=lambda: now[0],
+                             boot_id=lambda: "boot-2")  # fmt: skip
+    rebooted.observe(_snapshot("GPU-a"))
+    assert rebooted.marks()[Target("GPU-a")].state is State.HEALTHY
