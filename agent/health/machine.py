@@ -24,7 +24,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-__all__ = ["Change", "Mark", "Policy", "Signal", "State", "observe", "reset_done", "settle"]
+__all__ = [
+    "Change",
+    "Mark",
+    "Policy",
+    "Signal",
+    "State",
+    "action_rank",
+    "observe",
+    "reset_done",
+    "settle",
+]
 
 HOUR_S = 3600.0
 
@@ -209,5 +219,9 @@ def _window_reason(reason: str, count: int, policy: Policy) -> str:
 
 
 def _stronger(action: str, than: str) -> bool:
-    rank = {a: i for i, a in enumerate(_ACTIONS)}
-    return rank.get(action, 0) > rank.get(than, 0)
+    return action_rank(action) > action_rank(than)
+
+
+def action_rank(action: str) -> int:
+    """How strong an action is: a stronger one (reboot-node) also does a weaker (reset-gpu)."""
+    return _ACTIONS.index(action) if action in _ACTIONS else 0

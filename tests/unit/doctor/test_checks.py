@@ -223,3 +223,41 @@ def test_the_optional_prewarm_daemons_are_off_unset_ok_when_listening_and_degrad
             listener.bind(str(path))
             listening = check(dataclasses.replace(base, config=configured))
         assert listening.state is CheckState.OK and str(path) in listening.evidence
+
+
+def test_an_instance_mark_is_named_as_the_instance_not_the_whole_gpu(tmp_path: Path) -> None:
+    """An XID the driver pins on a MIG instance fails that instance only (docs/health.md);
+    doctor must say so as `gpu-agent status` does, not call the whole GPU failed."""
+    from agent.health.machine import Mark, State
+    from agent.health.store import Target
+
+    failed = Mark(
+        State.FAILED, "XID 48 (Double Bit ECC Error): needs reset-gpu", action="reset-gpu"
+    )
+    marks = {
+        Target("GPU-1", 1): (1, failed, failed.reason),
+        Target("GPU-1"): (1, Mark(), ""),
+        Target("GPU-3"): (3, dataclasses.replace(failed, action="reboot-node"), "XID 79"),
+    }
+    f = facts(tmp_path, driver=_attached(), marks=lambda: marks)
+    check = gpu_checks.health_xid(f)
+    assert check.state is CheckState.FAILED
+    assert "GPU 1 GPU instance 1 failed: XID 48" in check.evidence
+    assert "GPU 1 failed" not in check.evidence
+    assert check.evidence.index("GPU 1 GPU instance 1") < check.evidence.index("GPU 3 failed")
+    assert "reboot-node" in check.fix  # the strongest action of the marks, in any order
+
+
+def test_profiling_evidence_counts_the_readable_fields_not_the_selected_ones(
+    tmp_path: Path,
+) -> None:
+    """A GPU without GPM reads no profiling field: the evidence must not claim readings."""
+    proc = _host(tmp_path, admin_only="0", cap_eff="000001ffffffffff")
+    f = facts(tmp_path, driver=_attached(), proc=proc, snapshot=lambda: _profiling_snapshot(False))
+    check = gpu_checks.telemetry_profiling(f)
+    assert check.state is CheckState.DEGRADED
+    assert check.evidence.startswith("0 of 1 profiling field reading(s) supported")
+    fine = dataclasses.replace(f, snapshot=lambda: _profiling_snapshot(True))
+    assert gpu_checks.telemetry_profiling(fine).evidence.startswith(
+        "1 of 1 profiling field reading(s) supported"
+    )
