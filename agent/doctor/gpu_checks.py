@@ -314,7 +314,13 @@ def health_xid(facts: Facts) -> Check:
         if m.state.rank > 0
     )
     evidence = f"XID events since the agent started: {seen}"
+    unwatched = _xid_watch_down(facts)
+    if unwatched is not None:
+        # No XID reaches the marks meanwhile: "healthy" would claim what nobody watched.
+        evidence += f"; XID events are not watched: {unwatched}"
     if not marks:
+        if unwatched is not None:
+            return degraded("health", "xid", evidence, XID_WATCH_FIX)
         return ok("health", "xid", f"{evidence}; every GPU healthy")
     worst = max(m.state.rank for _i, _gi, m, _r in marks)
     # A mark outlives a restart (health-marks.json): it may come from an XID before this start.
@@ -330,3 +336,18 @@ def health_xid(facts: Facts) -> Check:
         f"{evidence}; {said}",
         f"the mark's action: {action} (docs/health.md); gpu-agent status shows the marks",
     )
+
+
+XID_WATCH_FIX = (
+    "gpu-agent metrics --sources and the agent's log say why NVML's event set fails; the agent "
+    "reopens it on its own (docs/metrics.md, gpu_agent_collection_source_up)"
+)
+
+
+def _xid_watch_down(facts: Facts) -> str | None:
+    """Why the XID reader failed at the latest collection; None while it reads (or unknown)."""
+    snap = facts.snapshot()
+    for source in snap.sources if snap is not None else ():
+        if source.source == "xid" and source.degraded is not None:
+            return source.degraded
+    return None

@@ -261,3 +261,21 @@ def test_profiling_evidence_counts_the_readable_fields_not_the_selected_ones(
     assert gpu_checks.telemetry_profiling(fine).evidence.startswith(
         "1 of 1 profiling field reading(s) supported"
     )
+
+
+def test_health_xid_is_degraded_while_xid_events_are_not_watched(tmp_path: Path) -> None:
+    """With the NVML event set broken no XID reaches the marks: "every GPU healthy" would say
+    yes where the truth is unknown. The check says the watch is down, with its reason."""
+    from agent.telemetry.snapshot import SourceStatus
+
+    broken = SourceStatus("xid", "cannot open the NVML event set: nvmlEventSetCreate: Unknown")
+    snap = Snapshot(0.0, "n", "550.90.07", "12.550", (), (), sources=(broken,))
+    f = facts(tmp_path, driver=_attached(), snapshot=lambda: snap)
+    check = gpu_checks.health_xid(f)
+    assert check.state is CheckState.DEGRADED
+    assert "XID events are not watched: cannot open the NVML event set" in check.evidence
+    assert "every GPU healthy" not in check.evidence
+    assert "gpu-agent metrics --sources" in check.fix
+    watched = Snapshot(0.0, "n", "550.90.07", "12.550", (), (), sources=(SourceStatus("xid"),))
+    fine = gpu_checks.health_xid(dataclasses.replace(f, snapshot=lambda: watched))
+    assert fine.state is CheckState.OK and "every GPU healthy" in fine.evidence
