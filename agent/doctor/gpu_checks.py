@@ -309,9 +309,12 @@ def health_xid(facts: Facts) -> Check:
     seen = ", ".join(f"GPU {g}: {n}" for g, n in sorted(counts.items())) or "none"
     # An instance's mark is the instance's only: named as `gpu-agent status` names it.
     marks = sorted(
-        (i, -1 if t.gpu_instance is None else t.gpu_instance, m, reason)
-        for t, (i, m, reason) in facts.marks().items()
-        if m.state.rank > 0
+        (
+            (i, -1 if t.gpu_instance is None else t.gpu_instance, m, reason)
+            for t, (i, m, reason) in facts.marks().items()
+            if m.state.rank > 0
+        ),
+        key=lambda x: (x[0], x[1]),  # marks do not order: two may share a GPU index
     )
     evidence = f"XID events since the agent started: {seen}"
     unwatched = _xid_watch_down(facts)

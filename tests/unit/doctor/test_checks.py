@@ -238,6 +238,8 @@ def test_an_instance_mark_is_named_as_the_instance_not_the_whole_gpu(tmp_path: P
         Target("GPU-1", 1): (1, failed, failed.reason),
         Target("GPU-1"): (1, Mark(), ""),
         Target("GPU-3"): (3, dataclasses.replace(failed, action="reboot-node"), "XID 79"),
+        # lost before it was read, then read: two marks of one index (ordered without a Mark)
+        Target.gpu("", 3): (3, dataclasses.replace(failed, action="reboot-node"), "GPU lost"),
     }
     f = facts(tmp_path, driver=_attached(), marks=lambda: marks)
     check = gpu_checks.health_xid(f)
