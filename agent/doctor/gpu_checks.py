@@ -317,7 +317,7 @@ def health_xid(facts: Facts) -> Check:
         key=lambda x: (x[0], x[1]),  # marks do not order: two may share a GPU index
     )
     evidence = f"XID events since the agent started: {seen}"
-    unwatched = _xid_watch_down(facts)
+    unwatched = facts.xid_broken()
     if unwatched is not None:
         # No XID reaches the marks meanwhile: "healthy" would claim what nobody watched.
         evidence += f"; XID events are not watched: {unwatched}"
@@ -342,15 +342,6 @@ def health_xid(facts: Facts) -> Check:
 
 
 XID_WATCH_FIX = (
-    "gpu-agent metrics --sources and the agent's log say why NVML's event set fails; the agent "
-    "reopens it on its own (docs/metrics.md, gpu_agent_collection_source_up)"
+    "the agent's log says why NVML's event set fails; the agent reopens it on its own: a "
+    "failure that lasts points at the driver (dmesg, nvidia-smi)"
 )
-
-
-def _xid_watch_down(facts: Facts) -> str | None:
-    """Why the XID reader failed at the latest collection; None while it reads (or unknown)."""
-    snap = facts.snapshot()
-    for source in snap.sources if snap is not None else ():
-        if source.source == "xid" and source.degraded is not None:
-            return source.degraded
-    return None

@@ -169,6 +169,12 @@ class TelemetryService:
         collection = self._collection
         return collection.xids.state().counts if collection is not None else {}
 
+    def xid_broken(self) -> str | None:
+        """Why XID events are not watched now, whatever the counters select; None while they
+        are (or no driver: nothing to watch)."""
+        collection = self._collection
+        return collection.xids.state().broken if collection is not None else None
+
     def exposition(self, *, openmetrics: bool) -> tuple[bytes, str]:
         """What a /metrics scrape returns now: (body, content type)."""
         return self.exporter.render(OPENMETRICS if openmetrics else "text/plain")

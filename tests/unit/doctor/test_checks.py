@@ -268,16 +268,12 @@ def test_profiling_evidence_counts_the_readable_fields_not_the_selected_ones(
 def test_health_xid_is_degraded_while_xid_events_are_not_watched(tmp_path: Path) -> None:
     """With the NVML event set broken no XID reaches the marks: "every GPU healthy" would say
     yes where the truth is unknown. The check says the watch is down, with its reason."""
-    from agent.telemetry.snapshot import SourceStatus
-
-    broken = SourceStatus("xid", "cannot open the NVML event set: nvmlEventSetCreate: Unknown")
-    snap = Snapshot(0.0, "n", "550.90.07", "12.550", (), (), sources=(broken,))
-    f = facts(tmp_path, driver=_attached(), snapshot=lambda: snap)
+    broken = "cannot open the NVML event set: nvmlEventSetCreate: Unknown Error"
+    f = facts(tmp_path, driver=_attached(), xid_broken=lambda: broken)
     check = gpu_checks.health_xid(f)
     assert check.state is CheckState.DEGRADED
-    assert "XID events are not watched: cannot open the NVML event set" in check.evidence
+    assert f"XID events are not watched: {broken}" in check.evidence
     assert "every GPU healthy" not in check.evidence
-    assert "gpu-agent metrics --sources" in check.fix
-    watched = Snapshot(0.0, "n", "550.90.07", "12.550", (), (), sources=(SourceStatus("xid"),))
-    fine = gpu_checks.health_xid(dataclasses.replace(f, snapshot=lambda: watched))
+    assert "NVML's event set fails" in check.fix
+    fine = gpu_checks.health_xid(dataclasses.replace(f, xid_broken=lambda: None))
     assert fine.state is CheckState.OK and "every GPU healthy" in fine.evidence
