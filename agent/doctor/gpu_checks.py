@@ -317,7 +317,7 @@ def health_xid(facts: Facts) -> Check:
         key=lambda x: (x[0], x[1]),  # marks do not order: two may share a GPU index
     )
     evidence = f"XID events since the agent started: {seen}"
-    unwatched = facts.xid_broken()
+    unwatched = facts.xid_unwatched()
     if unwatched is not None:
         # No XID reaches the marks meanwhile: "healthy" would claim what nobody watched.
         evidence += f"; XID events are not watched: {unwatched}"

@@ -169,11 +169,17 @@ class TelemetryService:
         collection = self._collection
         return collection.xids.state().counts if collection is not None else {}
 
-    def xid_broken(self) -> str | None:
-        """Why XID events are not watched now, whatever the counters select; None while they
-        are (or no driver: nothing to watch)."""
+    def xid_unwatched(self) -> str | None:
+        """Why XID events are not watched now, whatever the counters select: the event set
+        broken, or the GPUs that deliver none; None while every GPU's are (or no driver)."""
         collection = self._collection
-        return collection.xids.state().broken if collection is not None else None
+        if collection is None:
+            return None
+        state = collection.xids.state()
+        if state.broken is not None:
+            return state.broken
+        gpus = "; ".join(f"GPU {i}: {why}" for i, why in sorted(state.unsupported.items()))
+        return gpus or None
 
     def exposition(self, *, openmetrics: bool) -> tuple[bytes, str]:
         """What a /metrics scrape returns now: (body, content type)."""

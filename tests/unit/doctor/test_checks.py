@@ -269,11 +269,35 @@ def test_health_xid_is_degraded_while_xid_events_are_not_watched(tmp_path: Path)
     """With the NVML event set broken no XID reaches the marks: "every GPU healthy" would say
     yes where the truth is unknown. The check says the watch is down, with its reason."""
     broken = "cannot open the NVML event set: nvmlEventSetCreate: Unknown Error"
-    f = facts(tmp_path, driver=_attached(), xid_broken=lambda: broken)
+    f = facts(tmp_path, driver=_attached(), xid_unwatched=lambda: broken)
     check = gpu_checks.health_xid(f)
     assert check.state is CheckState.DEGRADED
     assert f"XID events are not watched: {broken}" in check.evidence
     assert "every GPU healthy" not in check.evidence
     assert "NVML's event set fails" in check.fix
-    fine = gpu_checks.health_xid(dataclasses.replace(f, xid_broken=lambda: None))
+    fine = gpu_checks.health_xid(dataclasses.replace(f, xid_unwatched=lambda: None))
     assert fine.state is CheckState.OK and "every GPU healthy" in fine.evidence
+
+
+def test_a_gpu_whose_xids_are_not_delivered_is_named_not_called_healthy(tmp_path: Path) -> None:
+    """GPU 2 was lost when the XID events were registered: none of its XIDs arrive, even once
+    it answers, so the agent's XID watcher names it and the check does not call it healthy."""
+    from agent.config import TelemetrySettings
+    from agent.gpu import open_driver
+    from agent.gpu.sim import SimControl
+    from agent.telemetry.service import build_telemetry
+
+    state = tmp_path / "state"
+    driver = open_driver("dgx-h100", state)
+    SimControl(state).mark_lost(2)
+    settings = TelemetrySettings(kubelet_socket=tmp_path / "absent.sock")
+    service = build_telemetry(driver, settings, hostname="n", attribute_pods=False)
+    service.xids.start()
+    try:
+        f = facts(tmp_path, driver=_attached(), xid_unwatched=service.xid_unwatched)
+        check = gpu_checks.health_xid(f)
+    finally:
+        service.xids.stop()
+        driver.close()
+    assert check.state is CheckState.DEGRADED
+    assert "XID events are not watched: GPU 2: " in check.evidence
