@@ -342,6 +342,7 @@ def health_xid(facts: Facts) -> Check:
 
 
 XID_WATCH_FIX = (
-    "the agent's log says why NVML's event set fails; the agent reopens it on its own: a "
-    "failure that lasts points at the driver (dmesg, nvidia-smi)"
+    "the agent's log says why: a failing NVML event set is reopened on its own, a GPU lost "
+    "when the agent started is watched once the agent restarts; a failure that lasts points "
+    "at the driver (dmesg, nvidia-smi)"
 )

@@ -274,7 +274,7 @@ def test_health_xid_is_degraded_while_xid_events_are_not_watched(tmp_path: Path)
     assert check.state is CheckState.DEGRADED
     assert f"XID events are not watched: {broken}" in check.evidence
     assert "every GPU healthy" not in check.evidence
-    assert "NVML's event set fails" in check.fix
+    assert "a failing NVML event set is reopened on its own" in check.fix
     fine = gpu_checks.health_xid(dataclasses.replace(f, xid_unwatched=lambda: None))
     assert fine.state is CheckState.OK and "every GPU healthy" in fine.evidence
 
