@@ -44,6 +44,8 @@ class Facts:
     state_read_only: Callable[[], Unwritable | None]
     #: the socket the node's agent serves on (an embedded agent's private one is not it)
     socket_path: Path
+    #: why XID events are not watched now (the event set broken, GPUs that deliver none)
+    xid_unwatched: Callable[[], str | None] = lambda: None
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     proc: Path = Path("/proc")
     statvfs: Callable[[Path], os.statvfs_result] = os.statvfs

@@ -13,6 +13,7 @@ from agent.dra.mode import AllocationMode
 from agent.errors import AgentError
 from agent.gpu.attach import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NO_GPUS, STARTING
 from agent.gpu.types import GpuInfo
+from agent.health.machine import State, action_rank
 from agent.wire.doctor import Check
 from dcgm.fields import BY_ID
 
@@ -113,9 +114,11 @@ def telemetry_profiling(facts: Facts) -> Check:
     restricted = admin_only is True and facts.has_sys_admin() is False
     setting = {True: "1", False: "0", None: "not readable"}[admin_only]
     setting = "n/a (simulated driver)" if facts.simulated else setting
-    evidence = f"{len(support)} profiling field reading(s); RmProfilingAdminOnly {setting}" + (
-        f"; unsupported on GPU(s) {', '.join(map(str, missing))}" if missing else ""
-    )
+    readable = sum(1 for s in support if s.supported)
+    evidence = (
+        f"{readable} of {len(support)} profiling field reading(s) supported; "
+        f"RmProfilingAdminOnly {setting}"
+    ) + (f"; unsupported on GPU(s) {', '.join(map(str, missing))}" if missing else "")
     if restricted:
         return failed(
             T,
@@ -304,17 +307,42 @@ def health_xid(facts: Facts) -> Check:
     for (gpu, _instance, _xid), n in facts.xids().items():
         counts[gpu] = counts.get(gpu, 0) + n
     seen = ", ".join(f"GPU {g}: {n}" for g, n in sorted(counts.items())) or "none"
-    marks = [(i, m, reason) for i, m, reason in facts.marks().values() if m.state.rank > 0]
+    # An instance's mark is the instance's only: named as `gpu-agent status` names it.
+    marks = sorted(
+        (
+            (i, -1 if t.gpu_instance is None else t.gpu_instance, m, reason)
+            for t, (i, m, reason) in facts.marks().items()
+            if m.state.rank > 0
+        ),
+        key=lambda x: (x[0], x[1]),  # marks do not order: two may share a GPU index
+    )
     evidence = f"XID events since the agent started: {seen}"
+    unwatched = facts.xid_unwatched()
+    if unwatched is not None:
+        # No XID reaches the marks meanwhile: "healthy" would claim what nobody watched.
+        evidence += f"; XID events are not watched: {unwatched}"
     if not marks:
+        if unwatched is not None:
+            return degraded("health", "xid", evidence, XID_WATCH_FIX)
         return ok("health", "xid", f"{evidence}; every GPU healthy")
-    worst = max(marks, key=lambda x: x[1].state.rank)
+    worst = max(m.state.rank for _i, _gi, m, _r in marks)
     # A mark outlives a restart (health-marks.json): it may come from an XID before this start.
-    said = "; ".join(f"GPU {i} {m.state.value}: {reason}" for i, m, reason in marks)
-    make = failed if worst[1].state.value == "failed" else degraded
+    said = "; ".join(
+        f"GPU {i}{'' if gi < 0 else f' GPU instance {gi}'} {m.state.value}: {reason}"
+        for i, gi, m, reason in marks
+    )
+    action = max((m.action for *_, m, _r in marks), key=action_rank)  # the strongest covers all
+    make = failed if worst == State.FAILED.rank else degraded
     return make(
         "health",
         "xid",
         f"{evidence}; {said}",
-        f"the mark's action: {worst[1].action} (docs/health.md); gpu-agent status shows the marks",
+        f"the mark's action: {action} (docs/health.md); gpu-agent status shows the marks",
     )
+
+
+XID_WATCH_FIX = (
+    "the agent's log says why: a failing NVML event set is reopened on its own, a GPU lost "
+    "when the agent started is watched once the agent restarts; a failure that lasts points "
+    "at the driver (dmesg, nvidia-smi)"
+)

@@ -164,6 +164,7 @@ def build_doctor(
         allocation=allocation,
         snapshot=telemetry.latest,
         xids=telemetry.xid_counts,
+        xid_unwatched=telemetry.xid_unwatched,
         marks=health.shown,
         state_read_only=lambda: state.read_only,
         socket_path=config.socket_path,

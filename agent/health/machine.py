@@ -33,6 +33,7 @@ __all__ = [
     "Signal",
     "State",
     "action_done",
+    "action_rank",
     "observe",
     "settle",
 ]
@@ -229,5 +230,9 @@ def _window_reason(reason: str, count: int, policy: Policy) -> str:
 
 
 def _stronger(action: str, than: str) -> bool:
-    rank = {a: i for i, a in enumerate(_ACTIONS)}
-    return rank.get(action, 0) > rank.get(than, 0)
+    return action_rank(action) > action_rank(than)
+
+
+def action_rank(action: str) -> int:
+    """How strong an action is: a stronger one (reboot-node) also does a weaker (reset-gpu)."""
+    return _ACTIONS.index(action) if action in _ACTIONS else 0

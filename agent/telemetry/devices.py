@@ -218,10 +218,11 @@ class DeviceReader(Reader):
                 log.debug("P2P status: %s", exc)
                 return ()
         answered = set(up)
+        # Both ends answer: the status read at start says nothing of a link to a lost peer.
         return tuple(
             P2pLink(gpus[a], b, status)
             for (a, b), status in sorted(self._p2p.items())
-            if a in answered and a < len(gpus)
+            if a in answered and b in answered and a < len(gpus)
         )
 
 

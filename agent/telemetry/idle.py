@@ -37,10 +37,12 @@ class IdleTracker:
         self._last_busy: dict[Hashable, float] = {}
 
     def update(self, key: Hashable, utilization_percent: float | None, now: float) -> float | None:
-        """Record this tick's utilisation; returns the idle seconds, or None while unknown."""
+        """Record this tick's utilisation; returns the idle seconds, or None while unknown.
+
+        Unknown (an Ampere GPU in MIG mode without DCGM, a failed read) is not idle: counting
+        on from the last reading would report a busy GPU idle. The last-busy time is kept."""
         if utilization_percent is None:
-            last = self._last_busy.get(key)
-            return None if last is None else now - last
+            return None
         if utilization_percent > self._threshold or key not in self._last_busy:
             self._last_busy[key] = now
         return now - self._last_busy[key]

@@ -169,6 +169,18 @@ class TelemetryService:
         collection = self._collection
         return collection.xids.state().counts if collection is not None else {}
 
+    def xid_unwatched(self) -> str | None:
+        """Why XID events are not watched now, whatever the counters select: the event set
+        broken, or the GPUs that deliver none; None while every GPU's are (or no driver)."""
+        collection = self._collection
+        if collection is None:
+            return None
+        state = collection.xids.state()
+        if state.broken is not None:
+            return state.broken
+        gpus = "; ".join(f"GPU {i}: {why}" for i, why in sorted(state.unsupported.items()))
+        return gpus or None
+
     def exposition(self, *, openmetrics: bool) -> tuple[bytes, str]:
         """What a /metrics scrape returns now: (body, content type)."""
         return self.exporter.render(OPENMETRICS if openmetrics else "text/plain")

@@ -223,3 +223,81 @@ def test_the_optional_prewarm_daemons_are_off_unset_ok_when_listening_and_degrad
             listener.bind(str(path))
             listening = check(dataclasses.replace(base, config=configured))
         assert listening.state is CheckState.OK and str(path) in listening.evidence
+
+
+def test_an_instance_mark_is_named_as_the_instance_not_the_whole_gpu(tmp_path: Path) -> None:
+    """An XID the driver pins on a MIG instance fails that instance only (docs/health.md);
+    doctor must say so as `gpu-agent status` does, not call the whole GPU failed."""
+    from agent.health.machine import Mark, State
+    from agent.health.store import Target
+
+    failed = Mark(
+        State.FAILED, "XID 48 (Double Bit ECC Error): needs reset-gpu", action="reset-gpu"
+    )
+    marks = {
+        Target("GPU-1", 1): (1, failed, failed.reason),
+        Target("GPU-1"): (1, Mark(), ""),
+        Target("GPU-3"): (3, dataclasses.replace(failed, action="reboot-node"), "XID 79"),
+        # lost before it was read, then read: two marks of one index (ordered without a Mark)
+        Target.gpu("", 3): (3, dataclasses.replace(failed, action="reboot-node"), "GPU lost"),
+    }
+    f = facts(tmp_path, driver=_attached(), marks=lambda: marks)
+    check = gpu_checks.health_xid(f)
+    assert check.state is CheckState.FAILED
+    assert "GPU 1 GPU instance 1 failed: XID 48" in check.evidence
+    assert "GPU 1 failed" not in check.evidence
+    assert check.evidence.index("GPU 1 GPU instance 1") < check.evidence.index("GPU 3 failed")
+    assert "reboot-node" in check.fix  # the strongest action of the marks, in any order
+
+
+def test_profiling_evidence_counts_the_readable_fields_not_the_selected_ones(
+    tmp_path: Path,
+) -> None:
+    """A GPU without GPM reads no profiling field: the evidence must not claim readings."""
+    proc = _host(tmp_path, admin_only="0", cap_eff="000001ffffffffff")
+    f = facts(tmp_path, driver=_attached(), proc=proc, snapshot=lambda: _profiling_snapshot(False))
+    check = gpu_checks.telemetry_profiling(f)
+    assert check.state is CheckState.DEGRADED
+    assert check.evidence.startswith("0 of 1 profiling field reading(s) supported")
+    fine = dataclasses.replace(f, snapshot=lambda: _profiling_snapshot(True))
+    assert gpu_checks.telemetry_profiling(fine).evidence.startswith(
+        "1 of 1 profiling field reading(s) supported"
+    )
+
+
+def test_health_xid_is_degraded_while_xid_events_are_not_watched(tmp_path: Path) -> None:
+    """With the NVML event set broken no XID reaches the marks: "every GPU healthy" would say
+    yes where the truth is unknown. The check says the watch is down, with its reason."""
+    broken = "cannot open the NVML event set: nvmlEventSetCreate: Unknown Error"
+    f = facts(tmp_path, driver=_attached(), xid_unwatched=lambda: broken)
+    check = gpu_checks.health_xid(f)
+    assert check.state is CheckState.DEGRADED
+    assert f"XID events are not watched: {broken}" in check.evidence
+    assert "every GPU healthy" not in check.evidence
+    assert "a failing NVML event set is reopened on its own" in check.fix
+    fine = gpu_checks.health_xid(dataclasses.replace(f, xid_unwatched=lambda: None))
+    assert fine.state is CheckState.OK and "every GPU healthy" in fine.evidence
+
+
+def test_a_gpu_whose_xids_are_not_delivered_is_named_not_called_healthy(tmp_path: Path) -> None:
+    """GPU 2 was lost when the XID events were registered: none of its XIDs arrive, even once
+    it answers, so the agent's XID watcher names it and the check does not call it healthy."""
+    from agent.config import TelemetrySettings
+    from agent.gpu import open_driver
+    from agent.gpu.sim import SimControl
+    from agent.telemetry.service import build_telemetry
+
+    state = tmp_path / "state"
+    driver = open_driver("dgx-h100", state)
+    SimControl(state).mark_lost(2)
+    settings = TelemetrySettings(kubelet_socket=tmp_path / "absent.sock")
+    service = build_telemetry(driver, settings, hostname="n", attribute_pods=False)
+    service.xids.start()
+    try:
+        f = facts(tmp_path, driver=_attached(), xid_unwatched=service.xid_unwatched)
+        check = gpu_checks.health_xid(f)
+    finally:
+        service.xids.stop()
+        driver.close()
+    assert check.state is CheckState.DEGRADED
+    assert "XID events are not watched: GPU 2: " in check.evidence

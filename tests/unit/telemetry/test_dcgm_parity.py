@@ -104,6 +104,25 @@ def test_p2p_status_per_gpu_and_peer(tmp_path: Path) -> None:
     assert p2p_calls == 2 and before > 0  # read once: topology does not change
 
 
+def test_p2p_status_to_a_lost_peer_is_absent_not_the_ok_read_at_start(tmp_path: Path) -> None:
+    """Read once, the status says OK; once the peer falls off the bus the link is not OK any
+    more, and what it is cannot be read: GPU 0's row for peer 1 goes, as GPU 1's own rows do."""
+    state = tmp_path / "state"
+    driver = open_driver("h100-nvl", state)
+    csv = tmp_path / "c.csv"
+    csv.write_text("DCGM_EXP_P2P_STATUS, counter, P2P NvLink status\n")
+    settings = TelemetrySettings(kubelet_socket=tmp_path / "absent.sock", collectors=csv)
+    service = build_telemetry(driver, settings, hostname="n", attribute_pods=False)
+    service.sampler.tick()
+    SimControl(state).mark_lost(1)
+    service.sampler.tick()
+    text = service.exporter.render("text/plain")[0].decode()
+    driver.close()
+    assert "gpu_agent_gpu_up{" in text and not [
+        line for line in text.splitlines() if line.startswith("DCGM_EXP_P2P_STATUS{")
+    ]
+
+
 def test_p2p_status_without_the_call_is_unsupported_not_ok(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

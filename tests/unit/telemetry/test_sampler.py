@@ -264,6 +264,24 @@ def test_idle_seconds_grow_while_idle_and_reset_when_busy(tmp_path: Path) -> Non
     assert entity(sampler.tick(), 0).idle_seconds == 5
 
 
+def test_idle_seconds_are_unknown_not_counted_on_while_no_utilisation_can_be_read(
+    tmp_path: Path,
+) -> None:
+    """An Ampere GPU put in MIG mode has no NVML utilisation and no GPM: nothing says whether it
+    is busy, so `gpu_agent_idle_seconds` must go absent, not keep growing from the last reading
+    into a 24 h reclaim alert on a GPU whose instances run flat out."""
+    node = sim_node(tmp_path, "dgx-a100")
+    clock = [100.0]
+    sampler = node.sampler(clock=lambda: clock[0])
+    assert entity(sampler.tick(), 0).idle_seconds == 0
+    big = node.create_instance(0, "3g.20gb")
+    node.control.set_workload(0, gpu_instance=big.id, sm_active=0.9)
+    clock[0] += 3600
+    snapshot = sampler.tick()
+    assert entity(snapshot, 0).idle_seconds is None
+    assert entity(snapshot, 0, big.id).idle_seconds is None
+
+
 def test_a_scrape_never_calls_nvml(tmp_path: Path) -> None:
     """Rendering works with NVML shut down: it only reads the published snapshot."""
     node = sim_node(tmp_path)
