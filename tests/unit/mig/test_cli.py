@@ -322,3 +322,18 @@ def test_advise_refuses_a_gpu_or_profile_the_node_lacks(a100: Invoke, tmp_path: 
     assert lost.exit_code == 7, lost.output
     assert "GPU 3 is lost: what fits on it cannot be read" in lost.output
     assert "no GPU with index 3" not in lost.output
+
+
+def test_advise_for_every_gpu_names_a_lost_one_rather_than_leave_it_out(
+    a100: Invoke, tmp_path: Path
+) -> None:
+    # It printed seven GPUs and exited 0, as if the node had seven: nothing said GPU 3 was lost.
+    assert a100("advise").exit_code == 0  # makes the simulated node
+    SimControl(tmp_path).mark_lost(3)
+    table = a100("advise")
+    assert table.exit_code == 0, table.output
+    assert "GPU 3" in table.stdout and "lost" in table.stdout, table.stdout
+    data = json.loads(a100("advise", "-o", "json").stdout)
+    assert [g["gpu"] for g in data] == list(range(8))
+    (lost,) = [g for g in data if g["gpu"] == 3]
+    assert "lost" in lost["note"] and lost["profiles"] == [] and lost["fits_now"] == {}
