@@ -47,6 +47,7 @@ def show_command(obj: PowerContext, output: str) -> None:
         "spec": view.spec_text or None,
         "gpus": [_gpu(g, view) for g in view.gpus],
         "lost_gpus": lost,
+        "unread_gpus": _say_unread(obj, view, lost),
     }
     emit(data, output, _show_table)
 
@@ -109,6 +110,21 @@ def _say_lost(obj: PowerContext, what: str) -> list[int]:
     for index in lost:
         click.echo(f"warning: GPU {index} is lost: {what}", err=True)
     return lost
+
+
+def _say_unread(obj: PowerContext, view: PowerView, lost: list[int]) -> list[int]:
+    """A GPU that answers but whose limits cannot be read (no power management) is in no row
+    either: say so, rather than let the rows read as every GPU of the node."""
+    shown = {g.index for g in view.gpus} | set(lost)
+    unread = [g.layout.gpu.index for g in obj.agent().node().gpus]
+    unread = [i for i in unread if i not in shown]
+    for index in unread:
+        click.echo(
+            f"warning: GPU {index}: its power limits cannot be read (no power management, or "
+            "NVML refused the read; the agent's log says which)",
+            err=True,
+        )
+    return unread
 
 
 def _watts(milliwatts: int) -> float:
