@@ -337,3 +337,42 @@ def test_advise_for_every_gpu_names_a_lost_one_rather_than_leave_it_out(
     assert [g["gpu"] for g in data] == list(range(8))
     (lost,) = [g for g in data if g["gpu"] == 3]
     assert "lost" in lost["note"] and lost["profiles"] == [] and lost["fits_now"] == {}
+
+
+def test_a_checkpoint_no_driver_could_hold_is_refused_before_any_change(
+    a100: Invoke, tmp_path: Path
+) -> None:
+    """MigMode 0 with GPU instances destroyed GPU 0's instances, turned MIG off and then failed
+    (exit 6); a placement the profile has not, or past 2**32, was tried on the driver; deep
+    nesting was a RecursionError traceback. Each is refused now naming the field, nothing
+    changed."""
+    assert a100("apply", "-f", "FILE", "-c", "balanced").exit_code == 0
+    saved = tmp_path / "cp.json"
+    assert a100("checkpoint", "-f", str(saved)).exit_code == 0
+    before = _states(tmp_path)
+    good = json.loads(saved.read_text())
+
+    def variant(change: Callable[[dict[str, object]], None]) -> str:
+        doc = json.loads(json.dumps(good))
+        change(doc["MigState"]["Devices"][0])
+        return json.dumps(doc)
+
+    def gi0(d: dict[str, object]) -> dict[str, object]:
+        return d["GpuInstances"][0]  # type: ignore[index,no-any-return]
+
+    cases = {
+        "GpuInstances": variant(lambda d: d.update(MigMode=0)),
+        "has no placement 1:2": variant(lambda d: gi0(d).update(Placement={"Start": 1, "Size": 2})),
+        "Placement.Start": variant(lambda d: gi0(d).update(Placement={"Start": 2**70, "Size": 2})),
+        "ProfileID": variant(lambda d: gi0(d).update(ProfileID=True)),
+        "MigMode": variant(lambda d: d.update(MigMode="1")),
+        "nested too deeply": "[" * 100_000 + "]" * 100_000,
+    }
+    for field, text in cases.items():
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        refused = a100("restore", "-f", str(bad))
+        assert refused.exit_code == 2, (field, refused.output)
+        assert field in refused.output, (field, refused.output)
+        assert refused.exception is None or isinstance(refused.exception, SystemExit), field
+        assert _states(tmp_path) == before, field
