@@ -45,7 +45,7 @@ def _invoker(tmp_path: Path, preset: str) -> Invoke:
     if not config.exists():
         config.write_text(CONFIG)
 
-    def invoke(*args: str, stdin: str | None = None) -> Result:
+    def invoke(*args: str, stdin: str | bytes | None = None) -> Result:
         env = {"GPU_AGENT_SIMULATE_LATENCY": "false"}
         obj = CliContext(None, {"simulate": preset, "state_dir": tmp_path}, env=env)
         try:
@@ -376,3 +376,11 @@ def test_a_checkpoint_no_driver_could_hold_is_refused_before_any_change(
         assert field in refused.output, (field, refused.output)
         assert refused.exception is None or isinstance(refused.exception, SystemExit), field
         assert _states(tmp_path) == before, field
+
+
+def test_a_config_on_stdin_that_is_not_utf8_is_refused_naming_the_option(a100: Invoke) -> None:
+    """`mig plan -f -` of bytes that are not UTF-8 was a UnicodeEncodeError traceback."""
+    for command in ("plan", "apply", "assert"):
+        refused = a100(command, "-f", "-", "-c", "a", stdin=b"\x8a\x00\xff")
+        assert refused.exit_code == 2, (command, refused.output)
+        assert "not UTF-8" in refused.output and "config-file" in refused.output, refused.output

@@ -12,10 +12,10 @@ from agent.cli.power import power
 from agent.gpu.sim import SimControl
 
 
-def _power(tmp_path: Path, *args: str) -> Result:
+def _power(tmp_path: Path, *args: str, stdin: bytes | None = None) -> Result:
     obj = CliContext(None, {"simulate": "dgx-h100", "state_dir": tmp_path}, env={})
     try:
-        return CliRunner().invoke(power, list(args), obj=obj)
+        return CliRunner().invoke(power, list(args), obj=obj, input=stdin)
     finally:
         obj.close()
 
@@ -36,3 +36,15 @@ def test_show_names_a_gpu_whose_limits_cannot_be_read_and_shows_the_others(
     data = json.loads(_power(tmp_path, "show", "-o", "json").stdout)
     assert [g["index"] for g in data["gpus"]] == [0, 2, 3, 4, 5, 6, 7]
     assert data["unread_gpus"] == [1] and data["lost_gpus"] == []
+
+
+def test_a_spec_that_is_not_utf8_is_refused_naming_the_option(tmp_path: Path) -> None:
+    """Bytes that are not UTF-8, in a file or on stdin, were a UnicodeDecodeError traceback."""
+    bad = tmp_path / "power.yaml"
+    bad.write_bytes(b"\xff\xfeversion: v1\n")
+    for args, stdin in [(("-f", str(bad)), None), (("-f", "-"), b"\x8a\x00\xff")]:
+        refused = _power(tmp_path, "apply", *args, stdin=stdin)
+        assert refused.exit_code == 2, refused.output
+        assert "not UTF-8" in refused.output and "file" in refused.output, refused.output
+    missing = _power(tmp_path, "apply", "-f", str(tmp_path / "absent.yaml"))
+    assert missing.exit_code == 2 and "does not exist" in missing.output, missing.output
