@@ -421,10 +421,11 @@ _APPLY_HEADERS = ["GPU", "STATUS", "KEPT", "DESTROYED", "CREATED"]
 def _verdict(pending: list[str], lost: Sequence[str] = ()) -> str:
     """mig-parted's success line, or why the config is not applied yet (exit PENDING_EXIT), or
     not on every GPU it selects: some are lost (exit 1, as mig-parted's NVML error)."""
-    if pending:
+    if pending:  # the lost are named too: a reset alone would not apply the config
         return "\n".join(
             [
                 *pending,
+                *lost,
                 "MIG configuration NOT applied yet: a MIG mode change is pending (see above)",
             ]
         )

@@ -384,3 +384,20 @@ def test_a_config_on_stdin_that_is_not_utf8_is_refused_naming_the_option(a100: I
         refused = a100(command, "-f", "-", "-c", "a", stdin=b"\x8a\x00\xff")
         assert refused.exit_code == 2, (command, refused.output)
         assert "not UTF-8" in refused.output and "config-file" in refused.output, refused.output
+
+
+def test_a_lost_gpu_is_named_beside_a_pending_mode_change(a100: Invoke, tmp_path: Path) -> None:
+    """With one GPU's mode change pending and another GPU lost, the verdict named only the
+    pending one: a reset looked like all it took. Both are said; pending's exit 14 stays."""
+    assert a100("apply", "-f", "FILE", "-c", "balanced").exit_code == 0
+    disabled = tmp_path / "off.yaml"
+    disabled.write_text(
+        "version: v1\nmig-configs:\n  disabled:\n    - {devices: all, mig-enabled: false}\n"
+    )
+    control = SimControl(tmp_path)
+    control.add_holder(1, "dcgm")
+    control.mark_lost(2)
+    result = a100("apply", "-f", str(disabled), "-c", "disabled", "--skip-reset")
+    assert result.exit_code == 14, result.output
+    assert "GPU 1: MIG mode change pending" in result.stdout, result.stdout
+    assert "GPU 2 is lost" in result.stdout and "not applied" in result.stdout, result.stdout
