@@ -208,16 +208,22 @@ def read_text(
         raise InvalidSpec(
             f"cannot read {what} {path}: {why}", [FieldViolation(field, why)]
         ) from None
+    return decoded(data, field, max_bytes, f"{what} {path}")
+
+
+def decoded(data: bytes, field: str, max_bytes: int, what: str) -> str:
+    """``data`` (read up to ``max_bytes`` + 1) as UTF-8 text; InvalidSpec naming ``field`` when
+    it is longer or not UTF-8, with ``what`` it is (a file, stdin) in the message."""
     if len(data) > max_bytes:
         raise InvalidSpec(
-            f"{what} {path} is larger than {max_bytes} bytes",
+            f"{what} is larger than {max_bytes} bytes",
             [FieldViolation(field, f"at most {max_bytes} bytes")],
         )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidSpec(
-            f"{what} {path} is not UTF-8 text", [FieldViolation(field, f"not UTF-8 ({exc.reason})")]
+            f"{what} is not UTF-8 text", [FieldViolation(field, f"not UTF-8 ({exc.reason})")]
         ) from None
 
 

@@ -22,7 +22,7 @@ from agent._proto.gpuagent.v1 import mig_pb2, mig_pb2_grpc, operations_pb2
 from agent.api.auth import Role, actor_of, granted, sees_processes
 from agent.api.operations import MIG_APPLY, Checkpointed, OperationContext, OperationRunner
 from agent.errors import Busy, DeviceLost, FieldViolation, InvalidSpec
-from agent.gpu.types import GpuLayout
+from agent.gpu.types import GpuInfo, GpuLayout
 from agent.mig.advice import advise_gpu
 from agent.mig.apply import ProgressEvent, Suspended
 from agent.mig.checkpoint import parse_checkpoint
@@ -49,10 +49,14 @@ _CHECKPOINT = "checkpoint"  # the config name a restore reports
 
 
 def advise_layouts(
-    layouts: Sequence[GpuLayout], gpu_index: int | None, profile: str
+    layouts: Sequence[GpuLayout],
+    gpu_index: int | None,
+    profile: str,
+    lost: Sequence[GpuInfo] = (),
 ) -> mig_pb2.AdviseMigResponse:
     """Advice for the GPUs (or the one ``gpu_index`` names), for every profile or ``profile``;
-    InvalidSpec names the field when the index or the profile names nothing here."""
+    InvalidSpec names the field when the index or the profile names nothing here. Each ``lost``
+    GPU is an entry whose note says so, never left out as if the node had one GPU fewer."""
     if bad := name_problem(profile, "profile"):
         raise InvalidSpec("profile is too long or not printable", [bad])
     chosen = [g for g in layouts if gpu_index is None or g.gpu.index == gpu_index]
@@ -70,12 +74,21 @@ def advise_layouts(
             f"they offer: {have}",
             [FieldViolation("profile", f"one of: {have}")],
         )
-    return mig_pb2.AdviseMigResponse(
-        gpus=[
-            gpu_advice_pb(advise_gpu(g, profile or None), g)
-            for g in sorted(chosen, key=lambda g: g.gpu.index)
+    advised: list[mig_pb2.GpuMigAdvice] = [
+        gpu_advice_pb(advise_gpu(g, profile or None), g) for g in chosen
+    ]
+    if gpu_index is None:
+        advised += [
+            mig_pb2.GpuMigAdvice(
+                gpu_index=g.index,
+                gpu_uuid=g.uuid,
+                model=g.name,
+                note="lost: what fits on it cannot be read",
+            )
+            for g in lost
         ]
-    )
+    advised.sort(key=lambda g: g.gpu_index)
+    return mig_pb2.AdviseMigResponse(gpus=advised)
 
 
 def interrupted_apply(outcomes: Sequence[RecoveryOutcome]) -> dict[str, Any]:
@@ -335,15 +348,14 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
     ) -> mig_pb2.AdviseMigResponse:
         index = request.gpu_index if request.HasField("gpu_index") else None
         self._require_gpu("mig advise")
-        if index is not None:  # NVML reads, off the event loop as every other read here
-            lost = await asyncio.to_thread(self._service.lost)
-            if index in {g.index for g in lost}:
-                raise DeviceLost(f"GPU {index} is lost: what fits on it cannot be read")
+        lost = await asyncio.to_thread(self._service.lost)  # NVML reads, off the event loop
+        if index is not None and index in {g.index for g in lost}:
+            raise DeviceLost(f"GPU {index} is lost: what fits on it cannot be read")
         layouts = await asyncio.to_thread(self._service.layouts)
         hidden = not sees_processes(granted())
         if hidden:  # whether an instance is in use is process information too
             layouts = tuple(GpuLayout(g.gpu, g.profiles, g.instances, ()) for g in layouts)
-        response = await asyncio.to_thread(advise_layouts, layouts, index, request.profile)
+        response = await asyncio.to_thread(advise_layouts, layouts, index, request.profile, lost)
         response.processes_hidden = hidden
         return response
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from agent import logs
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.mig_advise import advise_command
-from agent.cli.options import choice_option
+from agent.cli.options import choice_option, read_input
 from agent.cli.render import emit, format_table, output_option, plain
 from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec
 from agent.mig.checkpoint import checkpoint_document, parse_checkpoint
@@ -117,7 +116,7 @@ def _load(config_file: str) -> MigSpec:
 def _load_with_text(config_file: str) -> tuple[MigSpec, str]:
     """The parsed config and its text (to hand to a running agent); stdin is read once."""
     if config_file == "-":
-        text = sys.stdin.read()
+        text = read_input("-", "config-file")
         return load_spec("<stdin>", text), text
     spec = load_spec(config_file)  # unreadable files get load_spec's clear error
     return spec, Path(config_file).read_text()
@@ -422,10 +421,11 @@ _APPLY_HEADERS = ["GPU", "STATUS", "KEPT", "DESTROYED", "CREATED"]
 def _verdict(pending: list[str], lost: Sequence[str] = ()) -> str:
     """mig-parted's success line, or why the config is not applied yet (exit PENDING_EXIT), or
     not on every GPU it selects: some are lost (exit 1, as mig-parted's NVML error)."""
-    if pending:
+    if pending:  # the lost are named too: a reset alone would not apply the config
         return "\n".join(
             [
                 *pending,
+                *lost,
                 "MIG configuration NOT applied yet: a MIG mode change is pending (see above)",
             ]
         )

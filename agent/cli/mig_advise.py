@@ -73,7 +73,8 @@ def _move_text(m: dict[str, Any]) -> str:
 def _advice_table(data: list[dict[str, Any]]) -> str:
     blocks = []
     for g in data:
-        head = f"GPU {g['gpu']} ({g['model']})"
+        # A GPU lost before the agent started has no model to name.
+        head = f"GPU {g['gpu']}" + (f" ({g['model']})" if g["model"] else "")
         if g["note"]:
             blocks.append(f"{head}: {g['note']}: no placement advice")
             continue

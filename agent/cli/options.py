@@ -3,16 +3,28 @@ within a range, one of a few words. Each command still writes its own flag and h
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from agent import safeyaml
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 FILE = click.Path(path_type=Path, dir_okay=False)
 """A file's path (never a directory), given to the command as a ``Path``."""
+
+
+def read_input(value: str, field: str) -> str:
+    """The UTF-8 text of the file ``value`` names, or of stdin for '-'. Missing, unreadable, too
+    big or not UTF-8: an InvalidSpec naming ``field`` (exit 2), never a traceback."""
+    if value != "-":
+        return safeyaml.read_text(Path(value), field)
+    data = sys.stdin.buffer.read(safeyaml.DEFAULT.max_bytes + 1)  # bytes: decoded strictly
+    return safeyaml.decoded(data, field, safeyaml.DEFAULT.max_bytes, "stdin")
 
 
 def file_option(*decls: str, help: str, **attrs: Any) -> Callable[[F], F]:

@@ -7,11 +7,12 @@ command: `CliContext.agent`), which checks the spec against every GPU, journals 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import click
 
 from agent.cli.errors import AgentGroup
+from agent.cli.options import read_input
 from agent.cli.render import emit, format_table, output_option
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ def show_command(obj: PowerContext, output: str) -> None:
         "spec": view.spec_text or None,
         "gpus": [_gpu(g, view) for g in view.gpus],
         "lost_gpus": lost,
+        "unread_gpus": _say_unread(obj, view, lost),
     }
     emit(data, output, _show_table)
 
@@ -56,13 +58,13 @@ def show_command(obj: PowerContext, output: str) -> None:
     "-f",
     "--file",
     "spec_file",
-    type=click.File("r"),
+    metavar="FILE",
     required=True,
     help="The power spec (YAML, version v1; '-' for stdin).",
 )
 @output_option
 @click.pass_obj
-def apply_command(obj: PowerContext, spec_file: IO[str], output: str) -> None:
+def apply_command(obj: PowerContext, spec_file: str, output: str) -> None:
     """Make a spec the node's power caps. The whole spec is checked against every GPU first; a
     limit outside a GPU's range is refused, naming the GPU and its range, and nothing changes.
     The limits from before the first change are kept for `power restore`. A GPU the spec
@@ -81,7 +83,8 @@ def apply_command(obj: PowerContext, spec_file: IO[str], output: str) -> None:
     Example:
       gpu-agent power apply -f power.yaml
     """
-    changes = obj.agent().apply_power(spec_file.read())
+    text = read_input(spec_file, "file")  # refused before the agent is asked
+    changes = obj.agent().apply_power(text)
     lost = _say_lost(obj, "not capped now; the agent sets the spec's cap when it answers again")
     emit({"changes": _changes(changes), "lost_gpus": lost}, output, _changes_table)
 
@@ -109,6 +112,21 @@ def _say_lost(obj: PowerContext, what: str) -> list[int]:
     for index in lost:
         click.echo(f"warning: GPU {index} is lost: {what}", err=True)
     return lost
+
+
+def _say_unread(obj: PowerContext, view: PowerView, lost: list[int]) -> list[int]:
+    """A GPU that answers but whose limits cannot be read (no power management) is in no row
+    either: say so, rather than let the rows read as every GPU of the node."""
+    shown = {g.index for g in view.gpus} | set(lost)
+    unread = [g.layout.gpu.index for g in obj.agent().node().gpus]
+    unread = [i for i in unread if i not in shown]
+    for index in unread:
+        click.echo(
+            f"warning: GPU {index}: its power limits cannot be read (no power management, or "
+            "NVML refused the read; the agent's log says which)",
+            err=True,
+        )
+    return unread
 
 
 def _watts(milliwatts: int) -> float:

@@ -15,13 +15,13 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import click
 import yaml
 
 from agent.cli.errors import AgentGroup
-from agent.cli.options import choice_option
+from agent.cli.options import choice_option, read_input
 from agent.cli.render import emit, output_option
 from agent.dra.mode import Allocation, AllocationMode
 from agent.sharing import (
@@ -67,14 +67,14 @@ class _Spec:
     rename_by_default: bool
     fail_requests: bool | None
     mig_strategy: str | None
-    config_file: IO[str] | None
+    config_file: str | None
 
     def requested(self) -> PluginConfig:
         if self.config_file is not None:
             flags = (self.time_slicing, self.mps, self.rename_by_default, self.mig_strategy)
             if any(flags) or self.fail_requests is not None:
                 raise click.UsageError("-f FILE cannot be combined with the other set options")
-            return parse(self.config_file.read())
+            return parse(read_input(self.config_file, "file"))
         if self.time_slicing or self.mps:
             return parse(
                 _document(
@@ -154,7 +154,7 @@ _SPEC_OPTIONS = [
         "-f",
         "--file",
         "config_file",
-        type=click.File("r"),
+        metavar="FILE",
         default=None,
         help="A config in the device plugin's own schema ('-' for stdin).",
     ),

@@ -66,6 +66,14 @@ def _ci_order(ci: CiState) -> tuple[int, int, int]:
     return (ci.slices, -1 if ci.start is None else ci.start, ci.profile_id or 0)
 
 
+class _Bad(ValueError):
+    """One problem of a checkpoint, at its field path (``MigState.Devices[0].MigMode``)."""
+
+    def __init__(self, path: str, what: str) -> None:
+        super().__init__(f"{path}: {what}")
+        self.path, self.what = path, what
+
+
 def parse_checkpoint(
     text: str | bytes, source: str = "<checkpoint>", field: str = "checkpoint-file"
 ) -> list[GpuMigState]:
@@ -80,17 +88,30 @@ def parse_checkpoint(
         )
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # deep nesting is a RecursionError
+        reason = exc if isinstance(exc, ValueError) else "nested too deeply"
         raise InvalidSpec(
-            f"{source}: not a JSON checkpoint: {exc}", [FieldViolation(field, "JSON")]
+            f"{source}: not a JSON checkpoint: {reason}", [FieldViolation(field, "JSON")]
         ) from exc
     try:
         return _states(data)
+    except _Bad as exc:
+        raise InvalidSpec(f"{source}: {exc}", [FieldViolation(exc.path, exc.what)]) from exc
     except (KeyError, TypeError, ValueError) as exc:
         raise InvalidSpec(
             f"{source}: not a mig-parted v1 checkpoint ({exc!r})",
             [FieldViolation(field, "mig-parted checkpoint v1")],
         ) from exc
+
+
+def _uint(value: Any, path: str) -> int:
+    """An integer as Go's encoding/json reads one into mig-parted's fields (no string, bool or
+    fraction), and one NVML's 32-bit unsigned ids and placements can carry."""
+    if type(value) is float and value.is_integer():
+        value = int(value)  # JSON has one number type: 2.0 is 2, as Go reads it
+    if type(value) is not int or not 0 <= value < 2**32:
+        raise _Bad(path, f"an integer 0 to 2**32-1, not {value!r}")
+    return value
 
 
 def _states(data: Any) -> list[GpuMigState]:
@@ -99,40 +120,55 @@ def _states(data: Any) -> list[GpuMigState]:
     devices = data["MigState"]["Devices"] or []
     if not isinstance(devices, list) or len(devices) > _MAX_GPUS:
         raise ValueError(f"MigState.Devices: a list of at most {_MAX_GPUS}")
-    out = []
-    for d in devices:
-        mode = int(d["MigMode"])
-        if mode not in (0, 1):
-            raise ValueError("MigMode must be 0 or 1")
-        gis = d.get("GpuInstances") or []
-        if len(gis) > _MAX_INSTANCES:
-            raise ValueError(f"GpuInstances: at most {_MAX_INSTANCES}")
-        instances = []
-        for gi in gis:
-            cis = []
-            for ci in gi.get("ComputeInstances") or []:
-                profile = int(ci["ProfileID"])
-                at = ci.get("Placement")
-                if at is not None:
-                    cis.append(CiState(int(at["Size"]), int(at["Start"]), profile))
-                elif profile in CI_SLICES:
-                    cis.append(CiState(CI_SLICES[profile], None, profile))
-                else:
-                    raise ValueError(f"unknown compute instance profile id {profile}")
-            if len(cis) > _MAX_INSTANCES:
-                raise ValueError(f"ComputeInstances: at most {_MAX_INSTANCES}")
-            place = gi["Placement"]
-            instances.append(
-                GiState(
-                    int(gi["ProfileID"]),
-                    "",
-                    Placement(int(place["Start"]), int(place["Size"])),
-                    tuple(sorted(cis, key=_ci_order)),
-                )
-            )
-        out.append(
-            GpuMigState(
-                str(d["UUID"]), mode == 1, tuple(sorted(instances, key=lambda g: g.placement))
+    return [_device(d, f"MigState.Devices[{i}]") for i, d in enumerate(devices)]
+
+
+def _device(d: Any, path: str) -> GpuMigState:
+    mode = _uint(d["MigMode"], f"{path}.MigMode")
+    if mode not in (0, 1):
+        raise _Bad(f"{path}.MigMode", "0 (disabled) or 1 (enabled)")
+    gis = d.get("GpuInstances") or []
+    if not isinstance(gis, list) or len(gis) > _MAX_INSTANCES:
+        raise _Bad(f"{path}.GpuInstances", f"a list of at most {_MAX_INSTANCES}")
+    if gis and mode == 0:  # the driver makes none with MIG off: refused before any change
+        raise _Bad(f"{path}.GpuInstances", "must be empty with MigMode 0 (MIG disabled)")
+    instances = []
+    for j, gi in enumerate(gis):
+        at = f"{path}.GpuInstances[{j}]"
+        cis = [_ci_state(ci, f"{at}.ComputeInstances[{k}]") for k, ci in enumerate(_cis(gi, at))]
+        place = gi["Placement"]
+        instances.append(
+            GiState(
+                _uint(gi["ProfileID"], f"{at}.ProfileID"),
+                "",
+                Placement(
+                    _uint(place["Start"], f"{at}.Placement.Start"),
+                    _uint(place["Size"], f"{at}.Placement.Size"),
+                ),
+                tuple(sorted(cis, key=_ci_order)),
             )
         )
-    return out
+    return GpuMigState(
+        str(d["UUID"]), mode == 1, tuple(sorted(instances, key=lambda g: g.placement))
+    )
+
+
+def _cis(gi: Any, path: str) -> list[Any]:
+    cis = gi.get("ComputeInstances") or []
+    if not isinstance(cis, list) or len(cis) > _MAX_INSTANCES:
+        raise _Bad(f"{path}.ComputeInstances", f"a list of at most {_MAX_INSTANCES}")
+    return cis
+
+
+def _ci_state(ci: Any, path: str) -> CiState:
+    profile = _uint(ci["ProfileID"], f"{path}.ProfileID")
+    at = ci.get("Placement")
+    if at is not None:
+        return CiState(
+            _uint(at["Size"], f"{path}.Placement.Size"),
+            _uint(at["Start"], f"{path}.Placement.Start"),
+            profile,
+        )
+    if profile not in CI_SLICES:
+        raise _Bad(f"{path}.ProfileID", f"unknown compute instance profile id {profile}")
+    return CiState(CI_SLICES[profile], None, profile)

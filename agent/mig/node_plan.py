@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.errors import Busy, Conflict, DeviceLost, FieldViolation, InvalidSpec
-from agent.gpu.types import GpuInfo, GpuLayout
+from agent.gpu.types import GpuInfo, GpuLayout, Placement
 from agent.mig.desired import Desired, current_counts
 from agent.mig.plan import GpuPlan, mismatches, plan_gpu
 from agent.mig.spec import (
@@ -171,14 +171,7 @@ def checkpoint_targets(
         if layout is None:
             continue
         names = {p.id: p.name for p in layout.profiles}
-        for gi in s.instances:
-            if gi.profile_id not in names:
-                bad.append(
-                    FieldViolation(
-                        f"MigState.Devices[{i}].GpuInstances",
-                        f"GPU {s.uuid} has no GPU instance profile id {gi.profile_id}",
-                    )
-                )
+        bad += _gi_problems(f"MigState.Devices[{i}].GpuInstances", s, layout)
         now = fetch(layout)
         target = GpuMigState(
             s.uuid,
@@ -197,6 +190,29 @@ def checkpoint_targets(
     if bad:
         raise InvalidSpec(f"the checkpoint does not fit this node: {bad[0].description}", bad)
     return out
+
+
+def _gi_problems(field: str, state: GpuMigState, layout: GpuLayout) -> list[FieldViolation]:
+    """What of a checkpointed GPU's instances its driver would refuse midway (an unknown
+    profile, a placement the profile has not, two that overlap): refused before any change."""
+    profiles = {p.id: p for p in layout.profiles}
+    bad: list[str] = []
+    placed: list[Placement] = []
+    for gi in state.instances:
+        profile = profiles.get(gi.profile_id)
+        if profile is None:
+            bad.append(f"GPU {state.uuid} has no GPU instance profile id {gi.profile_id}")
+        elif gi.placement not in profile.placements:
+            offered = ", ".join(str(p) for p in profile.placements)
+            bad.append(
+                f"GPU {state.uuid}: {profile.name} has no placement {gi.placement} "
+                f"(its placements: {offered})"
+            )
+        elif any(gi.placement.overlaps(other) for other in placed):
+            bad.append(f"GPU {state.uuid}: two GPU instances overlap at {gi.placement}")
+        else:
+            placed.append(gi.placement)
+    return [FieldViolation(field, what) for what in bad]
 
 
 def _missing(uuid: str, lost: Sequence[GpuInfo]) -> str:

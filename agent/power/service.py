@@ -60,7 +60,8 @@ class PowerService:
     # -- reads -----------------------------------------------------------------------------------
 
     def show(self) -> PowerView:
-        gpus, lost = self._read()
+        # A read: a GPU whose limits cannot be read (no power management) hides no other.
+        gpus, lost = self._read(strict=False)
         spec = self._desired()
         desired: dict[str, int] = {}
         if spec is not None:
@@ -104,9 +105,10 @@ class PowerService:
         """Forget the spec and put each GPU's limit from before the agent's first change back.
         A GPU that does not answer keeps its baseline, put back by `reconcile` once it does."""
         with self._lock:
-            self._journal.journal_clear(DESIRED)  # reconcile no longer re-caps
             baseline = self._baseline()
+            # Read first: a GPU whose limits cannot be read refuses it with nothing changed.
             gpus = [g for g in self._read()[0] if g.uuid in baseline]
+            self._journal.journal_clear(DESIRED)  # reconcile no longer re-caps
             wanted = [
                 (g, baseline[g.uuid]) for g in gpus if g.limits.current_mw != baseline[g.uuid]
             ]

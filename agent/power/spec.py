@@ -166,11 +166,14 @@ def _limit(where: str, value: object, problems: list[FieldViolation]) -> Limit |
         return None
     if isinstance(value, int | float):
         if not math.isfinite(value) or not 0 < value <= 1:
+            # Watts are hinted only where those watts would be taken ('infW', '0W' are not).
+            as_watts = math.isfinite(value) and 0 < value <= _MAX_WATTS
+            suggest = f" (write '{value}W' for watts)" if as_watts else ""
             problems.append(
                 FieldViolation(
                     where,
                     f"a bare number is a fraction of the default limit, 0 < f <= 1; got "
-                    f"{safeyaml.brief(value)} (write '{value}W' for watts)",
+                    f"{safeyaml.brief(value)}{suggest}",
                 )
             )
             return None

@@ -45,7 +45,7 @@ def _invoker(tmp_path: Path, preset: str) -> Invoke:
     if not config.exists():
         config.write_text(CONFIG)
 
-    def invoke(*args: str, stdin: str | None = None) -> Result:
+    def invoke(*args: str, stdin: str | bytes | None = None) -> Result:
         env = {"GPU_AGENT_SIMULATE_LATENCY": "false"}
         obj = CliContext(None, {"simulate": preset, "state_dir": tmp_path}, env=env)
         try:
@@ -322,3 +322,82 @@ def test_advise_refuses_a_gpu_or_profile_the_node_lacks(a100: Invoke, tmp_path: 
     assert lost.exit_code == 7, lost.output
     assert "GPU 3 is lost: what fits on it cannot be read" in lost.output
     assert "no GPU with index 3" not in lost.output
+
+
+def test_advise_for_every_gpu_names_a_lost_one_rather_than_leave_it_out(
+    a100: Invoke, tmp_path: Path
+) -> None:
+    # It printed seven GPUs and exited 0, as if the node had seven: nothing said GPU 3 was lost.
+    assert a100("advise").exit_code == 0  # makes the simulated node
+    SimControl(tmp_path).mark_lost(3)
+    table = a100("advise")
+    assert table.exit_code == 0, table.output
+    assert "GPU 3" in table.stdout and "lost" in table.stdout, table.stdout
+    data = json.loads(a100("advise", "-o", "json").stdout)
+    assert [g["gpu"] for g in data] == list(range(8))
+    (lost,) = [g for g in data if g["gpu"] == 3]
+    assert "lost" in lost["note"] and lost["profiles"] == [] and lost["fits_now"] == {}
+
+
+def test_a_checkpoint_no_driver_could_hold_is_refused_before_any_change(
+    a100: Invoke, tmp_path: Path
+) -> None:
+    """MigMode 0 with GPU instances destroyed GPU 0's instances, turned MIG off and then failed
+    (exit 6); a placement the profile has not, or past 2**32, was tried on the driver; deep
+    nesting was a RecursionError traceback. Each is refused now naming the field, nothing
+    changed."""
+    assert a100("apply", "-f", "FILE", "-c", "balanced").exit_code == 0
+    saved = tmp_path / "cp.json"
+    assert a100("checkpoint", "-f", str(saved)).exit_code == 0
+    before = _states(tmp_path)
+    good = json.loads(saved.read_text())
+
+    def variant(change: Callable[[dict[str, object]], None]) -> str:
+        doc = json.loads(json.dumps(good))
+        change(doc["MigState"]["Devices"][0])
+        return json.dumps(doc)
+
+    def gi0(d: dict[str, object]) -> dict[str, object]:
+        return d["GpuInstances"][0]  # type: ignore[index,no-any-return]
+
+    cases = {
+        "GpuInstances": variant(lambda d: d.update(MigMode=0)),
+        "has no placement 1:2": variant(lambda d: gi0(d).update(Placement={"Start": 1, "Size": 2})),
+        "Placement.Start": variant(lambda d: gi0(d).update(Placement={"Start": 2**70, "Size": 2})),
+        "ProfileID": variant(lambda d: gi0(d).update(ProfileID=True)),
+        "MigMode": variant(lambda d: d.update(MigMode="1")),
+        "nested too deeply": "[" * 100_000 + "]" * 100_000,
+    }
+    for field, text in cases.items():
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        refused = a100("restore", "-f", str(bad))
+        assert refused.exit_code == 2, (field, refused.output)
+        assert field in refused.output, (field, refused.output)
+        assert refused.exception is None or isinstance(refused.exception, SystemExit), field
+        assert _states(tmp_path) == before, field
+
+
+def test_a_config_on_stdin_that_is_not_utf8_is_refused_naming_the_option(a100: Invoke) -> None:
+    """`mig plan -f -` of bytes that are not UTF-8 was a UnicodeEncodeError traceback."""
+    for command in ("plan", "apply", "assert"):
+        refused = a100(command, "-f", "-", "-c", "a", stdin=b"\x8a\x00\xff")
+        assert refused.exit_code == 2, (command, refused.output)
+        assert "not UTF-8" in refused.output and "config-file" in refused.output, refused.output
+
+
+def test_a_lost_gpu_is_named_beside_a_pending_mode_change(a100: Invoke, tmp_path: Path) -> None:
+    """With one GPU's mode change pending and another GPU lost, the verdict named only the
+    pending one: a reset looked like all it took. Both are said; pending's exit 14 stays."""
+    assert a100("apply", "-f", "FILE", "-c", "balanced").exit_code == 0
+    disabled = tmp_path / "off.yaml"
+    disabled.write_text(
+        "version: v1\nmig-configs:\n  disabled:\n    - {devices: all, mig-enabled: false}\n"
+    )
+    control = SimControl(tmp_path)
+    control.add_holder(1, "dcgm")
+    control.mark_lost(2)
+    result = a100("apply", "-f", str(disabled), "-c", "disabled", "--skip-reset")
+    assert result.exit_code == 14, result.output
+    assert "GPU 1: MIG mode change pending" in result.stdout, result.stdout
+    assert "GPU 2 is lost" in result.stdout and "not applied" in result.stdout, result.stdout

@@ -253,3 +253,34 @@ def test_a_spec_naming_a_lost_gpu_is_refused_as_lost_and_a_stored_one_shows_the_
     assert "power[1].gpus: GPU 0 is lost" in caplog.text
     with pytest.raises(InvalidSpec):  # with another problem beside it: a spec error
         service.apply("version: v1\npower:\n  - {gpus: [0, 99], limit: 400W}\n")
+
+
+def test_show_leaves_out_only_a_gpu_whose_limits_cannot_be_read(
+    gpu: GpuDriver, tmp_path: Path
+) -> None:
+    """One GPU without power management made `power show` fail (exit 6) and show no GPU."""
+    service = _service(gpu, tmp_path)
+    service.apply(_SPEC)
+    SimControl(tmp_path).inject_fault(
+        "nvmlDeviceGetPowerManagementLimitConstraints", "NotSupported", gpu=1, count=1000
+    )
+    view = service.show()
+    assert [g.index for g in view.gpus] == [0, *range(2, len(gpu.gpus()))]
+    assert view.spec_text and len(view.desired_mw) == len(gpu.gpus()) - 1
+
+
+def test_a_restore_refused_by_an_unreadable_gpu_keeps_the_spec_in_force(
+    gpu: GpuDriver, tmp_path: Path
+) -> None:
+    """The restore failed (exit 6) after it had forgotten the spec, so the next check put the
+    limits back anyway: an error that changed everything. Now it changes nothing."""
+    service = _service(gpu, tmp_path)
+    service.apply(_SPEC)
+    capped = _limits(gpu)
+    SimControl(tmp_path).inject_fault(
+        "nvmlDeviceGetPowerManagementLimitConstraints", "NotSupported", gpu=1
+    )
+    with pytest.raises(NotSupported):
+        service.restore()
+    assert service.show().spec_text  # still in force
+    assert service.reconcile() == [] and _limits(gpu) == capped

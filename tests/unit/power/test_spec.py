@@ -81,3 +81,14 @@ def test_hostile_documents_are_refused_before_they_are_built() -> None:
     for text in (bomb, huge, many, "{" * 100, "version: v1\npower: !!python/object:os.system x\n"):
         with pytest.raises(InvalidSpec):
             parse(text)
+
+
+def test_the_watts_hint_is_given_only_where_those_watts_would_be_taken() -> None:
+    """`limit: .inf` said "write 'infW' for watts", and 0 "write '0W'": both refused in turn."""
+    for value, hint in [("500", "write '500W'"), (".inf", ""), ("0", ""), ("-5", ""), (".nan", "")]:
+        with pytest.raises(InvalidSpec) as refused:
+            parse(f"version: v1\npower:\n  - {{gpus: all, limit: {value}}}\n")
+        (said,) = [v.description for v in refused.value.violations]
+        assert ("write '" in said) == bool(hint) and hint in said, said
+        if hint:
+            parse(f"version: v1\npower:\n  - {{gpus: all, limit: {value}W}}\n")

@@ -228,3 +228,18 @@ def test_mig_strategy_alone_changes_that_flag_and_keeps_the_node_s_sharing(
     assert again.exit_code == 0, again.output
     written = yaml.safe_load(config_path.read_text())
     assert written["flags"] == {"migStrategy": "single"} and "sharing" not in written
+
+
+def test_a_file_that_is_not_utf8_is_refused_naming_the_option(
+    config_path: Path, tmp_path: Path
+) -> None:
+    """`share set -f` of bytes that are not UTF-8 was a UnicodeDecodeError traceback."""
+    bad = tmp_path / "sharing.yaml"
+    bad.write_bytes(b"\xff\xfeversion: v1\n")
+    for args in (["-f", str(bad)], ["-f", "-"]):
+        settings = SharingSettings(config_path=config_path, reload="none")
+        svc = SharingService(settings, lambda: node(8))
+        refused = CliRunner().invoke(share, ["set", *args], obj=Obj(svc), input=b"\x8a\x00\xff")
+        assert refused.exit_code == 2, refused.output
+        assert "not UTF-8" in refused.output and "file" in refused.output, refused.output
+    assert not config_path.exists()

@@ -1,0 +1,50 @@
+"""``gpu-agent power`` on a simulated node (an embedded agent): what the tables and JSON say."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner, Result
+
+from agent.cli.context import CliContext
+from agent.cli.power import power
+from agent.gpu.sim import SimControl
+
+
+def _power(tmp_path: Path, *args: str, stdin: bytes | None = None) -> Result:
+    obj = CliContext(None, {"simulate": "dgx-h100", "state_dir": tmp_path}, env={})
+    try:
+        return CliRunner().invoke(power, list(args), obj=obj, input=stdin)
+    finally:
+        obj.close()
+
+
+def test_show_names_a_gpu_whose_limits_cannot_be_read_and_shows_the_others(
+    tmp_path: Path,
+) -> None:
+    """`power show` failed with exit 6 and no table when one GPU had no power management."""
+    assert _power(tmp_path, "show").exit_code == 0  # makes the simulated node
+    SimControl(tmp_path).inject_fault(
+        "nvmlDeviceGetPowerManagementLimitConstraints", "NotSupported", gpu=1, count=1000
+    )
+    table = _power(tmp_path, "show")
+    assert table.exit_code == 0, table.output
+    rows = [line.split()[0] for line in table.stdout.splitlines()[1:] if line[:1].isdigit()]
+    assert rows == ["0", "2", "3", "4", "5", "6", "7"]
+    assert "warning: GPU 1: its power limits cannot be read" in table.stderr
+    data = json.loads(_power(tmp_path, "show", "-o", "json").stdout)
+    assert [g["index"] for g in data["gpus"]] == [0, 2, 3, 4, 5, 6, 7]
+    assert data["unread_gpus"] == [1] and data["lost_gpus"] == []
+
+
+def test_a_spec_that_is_not_utf8_is_refused_naming_the_option(tmp_path: Path) -> None:
+    """Bytes that are not UTF-8, in a file or on stdin, were a UnicodeDecodeError traceback."""
+    bad = tmp_path / "power.yaml"
+    bad.write_bytes(b"\xff\xfeversion: v1\n")
+    for args, stdin in [(("-f", str(bad)), None), (("-f", "-"), b"\x8a\x00\xff")]:
+        refused = _power(tmp_path, "apply", *args, stdin=stdin)
+        assert refused.exit_code == 2, refused.output
+        assert "not UTF-8" in refused.output and "file" in refused.output, refused.output
+    missing = _power(tmp_path, "apply", "-f", str(tmp_path / "absent.yaml"))
+    assert missing.exit_code == 2 and "does not exist" in missing.output, missing.output
