@@ -24,6 +24,7 @@ from agent.prewarm.model import (
     PullPolicy,
     Warmth,
 )
+from agent.prewarm.registry import parse_reference
 from agent.prewarm.source import (
     Failed,
     Outcome,
@@ -66,6 +67,7 @@ class ImageSource(Source):
                 "image reference is empty or has spaces",
                 [FieldViolation("image", "e.g. registry.example.com/repo:tag")],
             )
+        parse_reference(request.ref)  # refused here, naming `image`, not failed at pull time
         if request.repull_hours is not None and not 0 < request.repull_hours <= _MAX_REPULL_H:
             raise InvalidSpec(
                 f"repull_hours must be > 0 and <= {_MAX_REPULL_H}",

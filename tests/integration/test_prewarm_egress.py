@@ -99,6 +99,27 @@ def test_an_image_on_a_denied_registry_is_refused_before_the_cri(tmp_path: Path,
     assert svc.items() == [] and puller.pulled == []
 
 
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "busybox@sha256:zz",  # not a digest
+        "registry.example.com/UPPER/app:1",  # repositories are lower case
+        "registry.example.com/team/app:-bad",  # a tag starts with a word character
+        "registry.example.com/",
+    ],
+)
+def test_a_malformed_image_reference_is_refused_at_submit_naming_the_image(
+    tmp_path: Path, ref: str
+) -> None:
+    """Such a reference used to be queued and left to fail at pull time, as a failed item."""
+    puller = RecordingPuller()
+    svc = make_service(tmp_path, puller=puller)
+    with pytest.raises(InvalidSpec) as bad:
+        svc.submit(ImageRequest(ref))
+    assert [v.field for v in bad.value.violations] == ["image"]
+    assert svc.items() == [] and puller.pulled == []
+
+
 def test_a_registry_that_moved_to_a_denied_address_is_refused_at_pull_time(
     tmp_path: Path,
 ) -> None:
