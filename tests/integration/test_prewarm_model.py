@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import Busy, Conflict
+from agent.errors import Busy, Conflict, InvalidSpec
 from agent.prewarm.labels import node_labels
 from agent.prewarm.model import GroupRequest, ItemKind, ItemState
 from agent.prewarm.naming import label_key
@@ -237,3 +237,17 @@ def test_other_include_globs_are_another_source(tmp_path: Path, origin: Origin) 
     with pytest.raises(Conflict, match="another source"):
         svc.submit(GroupRequest(REPO, endpoint=endpoint, include=("*",), name="m"))
     assert len(svc.items()) == 1
+
+
+@pytest.mark.parametrize("tail", ["?mirror=1", "#main", "?"])
+def test_an_endpoint_with_a_query_or_fragment_is_refused_naming_it(
+    tmp_path: Path, origin: Origin, tail: str
+) -> None:
+    """The listing and file paths are appended to the endpoint: after a query or fragment they
+    would land in it, and the listing was asked of another URL than the one named."""
+    endpoint, _ = hub.publish(origin, REPO, snapshot(shards=1))
+    svc = make_service(tmp_path)
+    with pytest.raises(InvalidSpec) as bad:
+        svc.submit(GroupRequest(REPO, endpoint=endpoint + tail))
+    assert [v.field for v in bad.value.violations] == ["endpoint"]
+    assert svc.items() == [] and origin.requests == []
