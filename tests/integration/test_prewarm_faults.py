@@ -147,6 +147,20 @@ def test_cli_refuses_metadata_urls_and_escaping_names_with_one_line(tmp_path: Pa
     assert scheme.returncode == 2 and "scheme 'file'" in scheme.stderr
 
 
+def test_a_cache_dir_that_cannot_be_made_is_one_line_naming_the_setting(tmp_path: Path) -> None:
+    """A file where the cache directory should be used to crash every command, `status` and
+    `doctor` included, with a traceback."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_bytes(b"x")
+    env = cli.agent_env(tmp_path, cache_dir=str(blocker))
+    for args in (["cache", "list"], ["prewarm", "list", "-o", "json"]):
+        done = cli.run(args, env)
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr
+        assert f"prewarm.cache_dir {blocker}" in done.stderr and done.stdout == ""
+    assert blocker.read_bytes() == b"x"
+
+
 def test_manifest_applies_every_item(tmp_path: Path, origin: Origin) -> None:
     da = origin.add("a.bin", data(MIB))
     manifest = tmp_path / "m.yaml"
