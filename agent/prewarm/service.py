@@ -386,6 +386,7 @@ class PrewarmService:
             error="cancelled",
             finished_at=self._clock(),
             options=without_retry(item.options),
+            fetched_bytes=0,  # its partial is dropped: nothing is kept to resume from
         )
         with self._lock:
             event = self._cancel_events.get(item.id)
@@ -573,7 +574,7 @@ class PrewarmService:
         if isinstance(outcome, Stopped):
             if self.index.get(item.id).state is not ItemState.FETCHING:
                 self.store.discard_partial(item.id)  # a user's cancel: already failed
-                return self.index.get(item.id)
+                return self.index.update(item.id, fetched_bytes=0)  # progress may have saved
             # Stopped by shutdown, not by a user: queued to resume from what it kept.
             resume = {"fetched_bytes": outcome.fetched_bytes, "options": outcome.options}
             return self.index.update(item.id, state=ItemState.QUEUED, **_given(resume))

@@ -250,6 +250,21 @@ def test_a_failed_item_waiting_for_its_retry_can_be_cancelled(
         svc.cancel("big")
 
 
+def test_a_cancelled_item_shows_no_fetched_bytes_once_its_partial_is_dropped(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """A cancel drops the partial, but the row (prewarm list -o json, the API) went on saying
+    the bytes fetched before it, as if they were kept for a resume."""
+    origin.add("big.bin", blob(4 * MIB, 9))
+    origin.faults.drop_after["/big.bin"] = MIB
+    svc = make_service(tmp_path, retries=0)
+    waiting = svc.run(svc.submit(FileRequest(origin.url("big.bin"), name="big")).id)
+    assert waiting.retry_at is not None and waiting.fetched_bytes == MIB
+    assert svc.cancel("big").fetched_bytes == 0
+    assert svc.get("big").fetched_bytes == 0
+    assert list(svc.store.partial_dir.iterdir()) == []
+
+
 @pytest.mark.parametrize("step_s", [3600.0, -3600.0])
 def test_a_clock_step_neither_hastens_nor_delays_a_retry_or_skews_time_to_warm(
     tmp_path: Path, origin: Origin, step_s: float
