@@ -430,6 +430,8 @@ class HttpFetcher:
             progress(partial.offset, total)
             if cancelled():
                 raise Cancelled("cancelled")
+        if cancelled():  # the stop shut the socket: the end it made is not the origin's
+            raise Cancelled("cancelled")
         if total is not None and partial.offset < total:
             raise _Retry(f"connection closed at {partial.offset} of {total} bytes")
 

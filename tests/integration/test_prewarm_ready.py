@@ -7,6 +7,8 @@ import hashlib
 import json
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -262,6 +264,29 @@ def test_a_cancelled_item_shows_no_fetched_bytes_once_its_partial_is_dropped(
     assert waiting.retry_at is not None and waiting.fetched_bytes == MIB
     assert svc.cancel("big").fetched_bytes == 0
     assert svc.get("big").fetched_bytes == 0
+    assert list(svc.store.partial_dir.iterdir()) == []
+
+
+def test_a_running_fetch_cancelled_on_its_last_attempt_stays_cancelled(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """The cancel shuts the socket; on the fetch's last attempt that end was taken for the
+    origin's: the item became "failed … (retrying in 30s, N bytes kept)" and was retried."""
+    origin.add("slow.bin", blob(4 * MIB, 10))
+    origin.faults.rate_bps["/slow.bin"] = 512 * 1024
+    svc = make_service(tmp_path, retries=0)
+    slow = svc.submit(FileRequest(origin.url("slow.bin"), name="slow"))
+    worker = threading.Thread(target=svc.run, args=(slow.id,))
+    worker.start()
+    deadline = time.monotonic() + 30
+    while svc.get("slow").fetched_bytes == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert svc.get("slow").fetched_bytes > 0
+    svc.cancel("slow")
+    worker.join(30)
+    done = svc.get("slow")
+    assert (done.state, done.error, done.retry_at) == (ItemState.FAILED, "cancelled", None)
+    assert done.fetched_bytes == 0
     assert list(svc.store.partial_dir.iterdir()) == []
 
 
