@@ -36,6 +36,7 @@ _BUF = 1024 * 1024
 _REDIRECTS = (301, 302, 303, 307, 308)
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _UNSATISFIED_RANGE = re.compile(r"bytes \*/(\d+)")
+_LENGTH = re.compile(r"[0-9]+")  # one Content-Length value: digits, nothing else
 _DRAGONFLY_ERROR_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 # What a request line keeps as it is: RFC 3986's reserved and unreserved characters and "%";
 # anything else (non-ASCII, spaces, controls) is percent-encoded as UTF-8.
@@ -347,6 +348,12 @@ class HttpFetcher:
     def _start(self, spec: FetchSpec, partial: Sink, resp: http.client.HTTPResponse) -> int | None:
         """Check the status, line the partial up with the body; return the file's total size."""
         status = resp.status
+        length = resp.getheader("Content-Length")
+        if status in (200, 206) and length is not None and not _LENGTH.fullmatch(length):
+            # http.client frames the body by the first value, or up to the close: never guess.
+            raise FetchFailed(
+                f"origin answered a malformed Content-Length for {redact_url(spec.url)}"
+            )
         if status == 206:
             match = _CONTENT_RANGE.fullmatch(resp.getheader("Content-Range", ""))
             if match is None or int(match[1]) != partial.offset:
@@ -356,8 +363,7 @@ class HttpFetcher:
             if self._restart_if_changed(spec, partial, resp, total):
                 raise _Restart  # these bytes continue another object: ask for all of it
         elif status == 200:
-            length = resp.getheader("Content-Length")
-            total = int(length) if length and length.isdigit() else None
+            total = int(length) if length is not None else None
             if partial.offset and not self._restart_if_changed(spec, partial, resp, total):
                 log.info(
                     "origin ignored the range for %s; fetching from zero", redact_url(spec.url)

@@ -184,6 +184,26 @@ def test_an_origins_bytes_never_reach_the_caller(
         assert "internal-secret" not in text and "hunter2" not in text
 
 
+@pytest.mark.parametrize(
+    "length",
+    [b"Content-Length: 3\r\nContent-Length: 5", b"Content-Length: -5", b"Content-Length: 3, 5"],
+)
+def test_a_malformed_content_length_fails_the_item_not_taken_as_unknown(
+    tmp_path: Path, length: bytes
+) -> None:
+    """Two lengths, or one that is not a number, used to make a ready item of whatever
+    http.client framed by (the first value, or up to the close), admitted as of unknown size."""
+    raw = RawOrigin(b"HTTP/1.1 200 OK\r\n" + length + b"\r\n\r\nabcde")
+    try:
+        svc = make_service(tmp_path, retries=1)
+        item = svc.run(svc.submit(FileRequest(f"http://127.0.0.1:{raw.port}/m", name="m")).id)
+    finally:
+        raw.close()
+    assert item.state is ItemState.FAILED and item.retry_at is None
+    assert "malformed Content-Length" in (item.error or "")
+    assert list(svc.store.blob_dir.iterdir()) == []
+
+
 def test_header_secrets_go_only_to_the_origin_their_directory_is_bound_to(
     tmp_path: Path, origin: Origin
 ) -> None:
