@@ -133,6 +133,20 @@ def test_a_registry_that_moved_to_a_denied_address_is_refused_at_pull_time(
     assert puller.pulled == []
 
 
+@pytest.mark.parametrize("handler", ["bad handler!", "Nydus", "a" * 64, "-nydus"])
+def test_a_runtime_handler_that_is_no_runtimeclass_handler_is_refused_at_submit(
+    tmp_path: Path, handler: str
+) -> None:
+    """It goes to the CRI as is, and the kubelet only ever asks for a RuntimeClass handler (a
+    DNS label): anything else was queued and left to fail at pull, or pulled for no pod."""
+    puller = RecordingPuller()
+    svc = make_service(tmp_path, puller=puller)
+    with pytest.raises(InvalidSpec) as bad:
+        svc.submit(ImageRequest("registry.example.com/team/app:1", runtime_handler=handler))
+    assert [v.field for v in bad.value.violations] == ["runtime_handler"]
+    assert svc.items() == [] and puller.pulled == []
+
+
 class RawOrigin:
     """A TCP server that answers every connection with the same bytes, then closes it."""
 
