@@ -501,12 +501,23 @@ class PrewarmService:
                 self._unrecorded.pop(item_id, None)
             if item.state is not ItemState.FETCHING:
                 return item
-            return self._record(item, kinds.source_for(item.kind).run(item, event, self))
+            return self._record(item, self._outcome(item, event))
         except StateUnavailable as exc:
             return self._not_recorded(item_id, exc)
         finally:
             with self._lock:
                 self._cancel_events.pop(item_id, None)
+
+    def _outcome(self, item: CacheItem, event: Stop) -> Outcome:
+        """The kind's run. One that raised (the cache dir wiped under it, a bug) fails the item,
+        logged, worth a retry: never an item left fetching with its caller waiting forever."""
+        try:
+            return kinds.source_for(item.kind).run(item, event, self)
+        except StateUnavailable:
+            raise
+        except Exception as exc:
+            log.exception("prewarm of %s failed unexpectedly", item.name)
+            return Failed(f"internal error: {type(exc).__name__}: {exc}", transient=True)
 
     def _not_recorded(self, item_id: str, exc: StateUnavailable) -> CacheItem:
         """The state store refused to record how the item's run went: nothing is lost that a

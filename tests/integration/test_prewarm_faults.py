@@ -161,6 +161,27 @@ def test_a_cache_dir_that_cannot_be_made_is_one_line_naming_the_setting(tmp_path
     assert blocker.read_bytes() == b"x"
 
 
+def test_a_run_that_raises_fails_the_item_instead_of_leaving_it_fetching(
+    tmp_path: Path, origin: Origin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error outside the fetch's own handling (here the partial dir wiped under the agent)
+    escaped the worker: the item stayed `fetching`, owned by the live agent, and the CLI that
+    asked for it waited forever."""
+    origin.add("a.bin", data(MIB))
+    svc = make_service(tmp_path)
+    item = svc.submit(FileRequest(origin.url("a.bin"), name="a"))
+    gone = FileNotFoundError(2, "No such file or directory", str(svc.store.partial_dir))
+
+    def wiped(item_id: str) -> None:
+        raise gone
+
+    monkeypatch.setattr(svc.store, "partial", wiped)
+    done = svc.run(item.id)
+    assert done.state is ItemState.FAILED, done
+    assert "No such file or directory" in (done.error or "")
+    assert done.retry_at is not None  # the agent tries it again, as after an outage
+
+
 def test_manifest_applies_every_item(tmp_path: Path, origin: Origin) -> None:
     da = origin.add("a.bin", data(MIB))
     manifest = tmp_path / "m.yaml"
