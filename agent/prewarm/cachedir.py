@@ -57,6 +57,12 @@ class CacheDir:
         self.name_dir = root / "by-name"
         self.tree_dir = root / "trees"
         self.quarantine_dir = root / "quarantine"
+        self.make_layout()
+
+    def make_layout(self) -> None:
+        """Make the cache's directories: at start, and again when a wiped host path took them
+        (cheap when all are there); a link or file in a subdirectory's place is quarantined."""
+        root = self.root
         try:
             root.mkdir(parents=True, exist_ok=True)  # may be a link: the operator's choice
             _real_dir(self.quarantine_dir, None)
@@ -68,7 +74,7 @@ class CacheDir:
                 self.tree_dir,
             ):
                 _real_dir(d, self.quarantine_dir)
-        except OSError as exc:  # a setting to fix, said in one line: not a traceback
+        except OSError as exc:  # one line naming the setting, not a traceback
             why = "not a directory" if isinstance(exc, FileExistsError) else exc.strerror
             where = "" if exc.filename in (None, str(root)) else f" ({exc.filename})"
             raise InvalidSpec(

@@ -288,6 +288,7 @@ class PrewarmService:
         runtime no longer has (kubelet image GC), becomes evicted, so its label drops at the
         next publish; an image past its re-pull interval is queued. A runtime that cannot answer
         leaves its images as they are (unknown is not absent). Returns the items changed."""
+        self.store.make_layout()  # a wiped cache dir: its items are then found gone, not fatal
         changed = []
         now = self._clock()
         for item in self.index.items([ItemState.READY]):

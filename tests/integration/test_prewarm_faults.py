@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import signal
 import subprocess
 import time
@@ -180,6 +181,25 @@ def test_a_run_that_raises_fails_the_item_instead_of_leaving_it_fetching(
     assert done.state is ItemState.FAILED, done
     assert "No such file or directory" in (done.error or "")
     assert done.retry_at is not None  # the agent tries it again, as after an outage
+
+
+def test_a_wiped_cache_dir_is_made_again_and_its_items_fetched_again(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """`rm -rf` of the cache's host path under a serving agent: every audit, listing and fetch
+    failed on the missing directories until the agent was restarted."""
+    blob = data(MIB)
+    origin.add("a.bin", blob)
+    svc = make_service(tmp_path)
+    assert svc.run(svc.submit(FileRequest(origin.url("a.bin"), name="a")).id).state is (
+        ItemState.READY
+    )
+    shutil.rmtree(svc.store.root)
+    assert [(i.name, i.state) for i in svc.audit()] == [("a", ItemState.EVICTED)]
+    assert svc.store.usage().used_bytes == 0
+    again = svc.run(svc.submit(FileRequest(origin.url("a.bin"), name="a")).id)
+    assert again.state is ItemState.READY, again.error
+    assert (svc.store.name_dir / "a").read_bytes() == blob
 
 
 def test_manifest_applies_every_item(tmp_path: Path, origin: Origin) -> None:
