@@ -38,6 +38,7 @@ _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _UNSATISFIED_RANGE = re.compile(r"bytes \*/(\d+)")
 _LENGTH = re.compile(r"[0-9]+")  # one Content-Length value: digits, nothing else
 _DRAGONFLY_ERROR_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+_DRAGONFLY_TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")  # a sha256 hex in practice
 # What a request line keeps as it is: RFC 3986's reserved and unreserved characters and "%";
 # anything else (non-ASCII, spaces, controls) is percent-encoded as UTF-8.
 _URI_SAFE = "!#$%&'()*+,/:;=?@[]~-._"
@@ -251,7 +252,7 @@ class HttpFetcher:
             total = self._start(spec, partial, resp)
             partial.admit(total)
             self._stream(resp, partial, total, progress, cancelled)
-            return FetchInfo(dragonfly_task_id=resp.getheader("X-Dragonfly-Task-ID"))
+            return FetchInfo(dragonfly_task_id=self._task_id(resp))
         except (OSError, http.client.HTTPException) as exc:
             if cancelled():
                 raise Cancelled("cancelled") from None
@@ -409,6 +410,12 @@ class HttpFetcher:
         log.warning("%s: %s", redact_url(spec.url), why)
         partial.restart(why)
         return True
+
+    def _task_id(self, resp: http.client.HTTPResponse) -> str | None:
+        """dfdaemon's task id, when its proxy answered: a short token. Fetched directly, the
+        header is the origin's, whose bytes never reach a caller."""
+        task = resp.getheader("X-Dragonfly-Task-ID") if self._proxy is not None else None
+        return task if task and _DRAGONFLY_TASK_ID.fullmatch(task) else None
 
     def _dragonfly_error(self, resp: http.client.HTTPResponse) -> str:
         """dfdaemon's error type, when its proxy set one: a short token, never free text."""

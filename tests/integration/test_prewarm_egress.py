@@ -218,6 +218,21 @@ def test_a_malformed_content_length_fails_the_item_not_taken_as_unknown(
     assert list(svc.store.blob_dir.iterdir()) == []
 
 
+def test_an_origins_dragonfly_task_id_header_is_not_shown_as_the_items(tmp_path: Path) -> None:
+    """Fetched directly, with no Dragonfly on the path, the origin's own `X-Dragonfly-Task-ID`
+    header went into the item's options, shown by `prewarm list -o json` and the API."""
+    header = b"X-Dragonfly-Task-ID: " + SECRET + b" " + b"A" * 300
+    raw = RawOrigin(b"HTTP/1.1 200 OK\r\n" + header + b"\r\nContent-Length: 3\r\n\r\nabc")
+    try:
+        svc = make_service(tmp_path)
+        item = svc.run(svc.submit(FileRequest(f"http://127.0.0.1:{raw.port}/m", name="m")).id)
+    finally:
+        raw.close()
+    assert item.state is ItemState.READY, item.error
+    assert "dragonfly_task_id" not in item.options
+    assert all("hunter2" not in v for v in item.options.values())
+
+
 def test_header_secrets_go_only_to_the_origin_their_directory_is_bound_to(
     tmp_path: Path, origin: Origin
 ) -> None:
