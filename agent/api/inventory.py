@@ -265,7 +265,7 @@ class NodeInventory:
         with self._lock:
             try:
                 inv = self._cache_source()
-            except AgentError as exc:
+            except (AgentError, OSError) as exc:  # the cache dir gone or unreadable: not fatal
                 self._cache = _Part(False, str(exc), self._clock())
             else:
                 self._cache_pb = cache_inventory_pb(inv.usage, inv.items)

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from agent.durable import fsync_dir
+from agent.errors import FieldViolation, InvalidSpec
 from agent.prewarm.errors import FetchFailed
 
 __all__ = ["CHUNK", "CacheDir"]
@@ -56,10 +57,30 @@ class CacheDir:
         self.name_dir = root / "by-name"
         self.tree_dir = root / "trees"
         self.quarantine_dir = root / "quarantine"
-        root.mkdir(parents=True, exist_ok=True)  # the root may be a link: the operator's choice
-        _real_dir(self.quarantine_dir, None)
-        for d in (root / "blobs", self.blob_dir, self.partial_dir, self.name_dir, self.tree_dir):
-            _real_dir(d, self.quarantine_dir)
+        self.make_layout()
+
+    def make_layout(self) -> None:
+        """Make the cache's directories: at start, and again when a wiped host path took them
+        (cheap when all are there); a link or file in a subdirectory's place is quarantined."""
+        root = self.root
+        try:
+            root.mkdir(parents=True, exist_ok=True)  # may be a link: the operator's choice
+            _real_dir(self.quarantine_dir, None)
+            for d in (
+                root / "blobs",
+                self.blob_dir,
+                self.partial_dir,
+                self.name_dir,
+                self.tree_dir,
+            ):
+                _real_dir(d, self.quarantine_dir)
+        except OSError as exc:  # one line naming the setting, not a traceback
+            why = "not a directory" if isinstance(exc, FileExistsError) else exc.strerror
+            where = "" if exc.filename in (None, str(root)) else f" ({exc.filename})"
+            raise InvalidSpec(
+                f"prewarm.cache_dir {root} cannot be used as the cache: {why}{where}",
+                [FieldViolation("prewarm.cache_dir", "a directory the agent can make")],
+            ) from None
 
     @contextlib.contextmanager
     def open_dir(self, path: Path) -> Iterator[int]:

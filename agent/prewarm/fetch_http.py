@@ -36,7 +36,9 @@ _BUF = 1024 * 1024
 _REDIRECTS = (301, 302, 303, 307, 308)
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _UNSATISFIED_RANGE = re.compile(r"bytes \*/(\d+)")
+_LENGTH = re.compile(r"[0-9]+")  # one Content-Length value: digits, nothing else
 _DRAGONFLY_ERROR_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+_DRAGONFLY_TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")  # a sha256 hex in practice
 # What a request line keeps as it is: RFC 3986's reserved and unreserved characters and "%";
 # anything else (non-ASCII, spaces, controls) is percent-encoded as UTF-8.
 _URI_SAFE = "!#$%&'()*+,/:;=?@[]~-._"
@@ -250,7 +252,7 @@ class HttpFetcher:
             total = self._start(spec, partial, resp)
             partial.admit(total)
             self._stream(resp, partial, total, progress, cancelled)
-            return FetchInfo(dragonfly_task_id=resp.getheader("X-Dragonfly-Task-ID"))
+            return FetchInfo(dragonfly_task_id=self._task_id(resp))
         except (OSError, http.client.HTTPException) as exc:
             if cancelled():
                 raise Cancelled("cancelled") from None
@@ -347,6 +349,12 @@ class HttpFetcher:
     def _start(self, spec: FetchSpec, partial: Sink, resp: http.client.HTTPResponse) -> int | None:
         """Check the status, line the partial up with the body; return the file's total size."""
         status = resp.status
+        length = resp.getheader("Content-Length")
+        if status in (200, 206) and length is not None and not _LENGTH.fullmatch(length):
+            # http.client frames the body by the first value, or up to the close: never guess.
+            raise FetchFailed(
+                f"origin answered a malformed Content-Length for {redact_url(spec.url)}"
+            )
         if status == 206:
             match = _CONTENT_RANGE.fullmatch(resp.getheader("Content-Range", ""))
             if match is None or int(match[1]) != partial.offset:
@@ -356,8 +364,7 @@ class HttpFetcher:
             if self._restart_if_changed(spec, partial, resp, total):
                 raise _Restart  # these bytes continue another object: ask for all of it
         elif status == 200:
-            length = resp.getheader("Content-Length")
-            total = int(length) if length and length.isdigit() else None
+            total = int(length) if length is not None else None
             if partial.offset and not self._restart_if_changed(spec, partial, resp, total):
                 log.info(
                     "origin ignored the range for %s; fetching from zero", redact_url(spec.url)
@@ -404,6 +411,12 @@ class HttpFetcher:
         partial.restart(why)
         return True
 
+    def _task_id(self, resp: http.client.HTTPResponse) -> str | None:
+        """dfdaemon's task id, when its proxy answered: a short token. Fetched directly, the
+        header is the origin's, whose bytes never reach a caller."""
+        task = resp.getheader("X-Dragonfly-Task-ID") if self._proxy is not None else None
+        return task if task and _DRAGONFLY_TASK_ID.fullmatch(task) else None
+
     def _dragonfly_error(self, resp: http.client.HTTPResponse) -> str:
         """dfdaemon's error type, when its proxy set one: a short token, never free text."""
         kind = resp.getheader("X-Dragonfly-Error-Type") if self._proxy is not None else None
@@ -430,6 +443,8 @@ class HttpFetcher:
             progress(partial.offset, total)
             if cancelled():
                 raise Cancelled("cancelled")
+        if cancelled():  # the stop shut the socket: the end it made is not the origin's
+            raise Cancelled("cancelled")
         if total is not None and partial.offset < total:
             raise _Retry(f"connection closed at {partial.offset} of {total} bytes")
 

@@ -99,6 +99,12 @@ def _safe_path(path: Any) -> str | None:
     return path
 
 
+def _parents(path: str) -> list[str]:
+    """``a/b/c`` -> ``a``, ``a/b``."""
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
 def parse_listing(data: Any, endpoint: str, repo: str, include: Sequence[str] = ()) -> Listing:
     """The snapshot's files (those matching ``include`` globs, all when empty), in path order."""
     if not isinstance(data, dict) or not isinstance(data.get("siblings"), list):
@@ -127,6 +133,12 @@ def parse_listing(data: Any, endpoint: str, repo: str, include: Sequence[str] = 
         members[path] = Member(path, url, size, sha)
     if not members:
         raise FetchFailed(f"no file of {repo} matches {', '.join(include) or 'the listing'}")
+    # The model directory cannot hold a path as a file and as a directory: refused unfetched.
+    clash = next((d for p in members for d in _parents(p) if d in members), None)
+    if clash is not None:
+        raise FetchFailed(
+            f"the listing of {repo} is unsafe: {clash} is both a file and a directory"
+        )
     if len(members) > MAX_FILES:
         raise FetchFailed(f"{repo} lists {len(members)} files; at most {MAX_FILES} are warmed")
     return Listing(commit, tuple(members[p] for p in sorted(members)))

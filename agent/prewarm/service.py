@@ -288,6 +288,7 @@ class PrewarmService:
         runtime no longer has (kubelet image GC), becomes evicted, so its label drops at the
         next publish; an image past its re-pull interval is queued. A runtime that cannot answer
         leaves its images as they are (unknown is not absent). Returns the items changed."""
+        self.store.make_layout()  # a wiped cache dir: its items are then found gone, not fatal
         changed = []
         now = self._clock()
         for item in self.index.items([ItemState.READY]):
@@ -386,6 +387,7 @@ class PrewarmService:
             error="cancelled",
             finished_at=self._clock(),
             options=without_retry(item.options),
+            fetched_bytes=0,  # its partial is dropped: nothing is kept to resume from
         )
         with self._lock:
             event = self._cancel_events.get(item.id)
@@ -500,12 +502,23 @@ class PrewarmService:
                 self._unrecorded.pop(item_id, None)
             if item.state is not ItemState.FETCHING:
                 return item
-            return self._record(item, kinds.source_for(item.kind).run(item, event, self))
+            return self._record(item, self._outcome(item, event))
         except StateUnavailable as exc:
             return self._not_recorded(item_id, exc)
         finally:
             with self._lock:
                 self._cancel_events.pop(item_id, None)
+
+    def _outcome(self, item: CacheItem, event: Stop) -> Outcome:
+        """The kind's run. One that raised (the cache dir wiped under it, a bug) fails the item,
+        logged, worth a retry: never an item left fetching with its caller waiting forever."""
+        try:
+            return kinds.source_for(item.kind).run(item, event, self)
+        except StateUnavailable:
+            raise
+        except Exception as exc:
+            log.exception("prewarm of %s failed unexpectedly", item.name)
+            return Failed(f"internal error: {type(exc).__name__}: {exc}", transient=True)
 
     def _not_recorded(self, item_id: str, exc: StateUnavailable) -> CacheItem:
         """The state store refused to record how the item's run went: nothing is lost that a
@@ -573,7 +586,7 @@ class PrewarmService:
         if isinstance(outcome, Stopped):
             if self.index.get(item.id).state is not ItemState.FETCHING:
                 self.store.discard_partial(item.id)  # a user's cancel: already failed
-                return self.index.get(item.id)
+                return self.index.update(item.id, fetched_bytes=0)  # progress may have saved
             # Stopped by shutdown, not by a user: queued to resume from what it kept.
             resume = {"fetched_bytes": outcome.fetched_bytes, "options": outcome.options}
             return self.index.update(item.id, state=ItemState.QUEUED, **_given(resume))

@@ -6,6 +6,7 @@ runtime, not the cache: presence, pins and removal go to the runtime."""
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Mapping
 
@@ -24,6 +25,7 @@ from agent.prewarm.model import (
     PullPolicy,
     Warmth,
 )
+from agent.prewarm.registry import parse_reference
 from agent.prewarm.source import (
     Failed,
     Outcome,
@@ -39,6 +41,8 @@ from agent.prewarm.target import TargetSchema
 log = logging.getLogger("agent.prewarm.service")
 
 _MAX_REPULL_H = 24 * 365
+# What the kubelet can ask the CRI for: a RuntimeClass handler, a DNS label (RFC 1123).
+_RUNTIME_HANDLER = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 # Options an image request sets; the rest are results of the last run and are replaced.
 _REQUEST_OPTIONS = ("runtime_handler", "pull_policy", "repull_hours")
 _NO_PULLER = "no image puller (CRI) is configured"
@@ -65,6 +69,13 @@ class ImageSource(Source):
             raise InvalidSpec(
                 "image reference is empty or has spaces",
                 [FieldViolation("image", "e.g. registry.example.com/repo:tag")],
+            )
+        parse_reference(request.ref)  # refused here, naming `image`, not failed at pull time
+        handler = request.runtime_handler
+        if handler and not _RUNTIME_HANDLER.fullmatch(handler):
+            raise InvalidSpec(
+                f"runtime handler {handler!r} is not a RuntimeClass handler",
+                [FieldViolation("runtime_handler", "a DNS label, e.g. nydus or runc")],
             )
         if request.repull_hours is not None and not 0 < request.repull_hours <= _MAX_REPULL_H:
             raise InvalidSpec(

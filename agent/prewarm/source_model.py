@@ -60,10 +60,13 @@ class ModelSource(Source):
         assert isinstance(request, GroupRequest)
         check_repo(request.repo, request.revision)
         check_include(request.include)
-        if not request.endpoint.startswith(("https://", "http://")):
+        # Paths are appended to it: after a query or fragment they would land there instead.
+        if not request.endpoint.startswith(("https://", "http://")) or any(
+            c in request.endpoint for c in "?#"
+        ):
             raise InvalidSpec(
-                f"endpoint {request.endpoint!r} is not an HTTP(S) URL",
-                [FieldViolation("endpoint", "an https:// (or http://) base URL")],
+                f"endpoint {request.endpoint!r} is not an HTTP(S) base URL",
+                [FieldViolation("endpoint", "an https:// (or http://) base URL, without ? or #")],
             )
         for header in request.header_files:
             check_header_name(header)

@@ -33,11 +33,13 @@ class CacheStore(Cache):
     # -- budget and eviction (agent/prewarm/budget.py, agent/prewarm/eviction.py) -------------
 
     def usage(self, exclude: str | None = None) -> Usage:
+        self.make_layout()  # the volume's size is read from the root: it must be there
         return budget.usage(self, exclude)
 
     def admit(self, item_id: str, total: int | None, on_disk: int = 0) -> int:
         """Make room for ``total`` bytes of ``item_id``; returns the byte limit of the fetch
         (`budget.admit` says when it is refused)."""
+        self.make_layout()
         return budget.admit(self, item_id, total, on_disk)
 
     def evict(self, sha256: str) -> list[str]:
@@ -58,6 +60,7 @@ class CacheStore(Cache):
     # -- commit -------------------------------------------------------------------------------
 
     def partial(self, item_id: str) -> Partial:
+        self.make_layout()  # a fetch starts in partial/, made again if a wipe took it
         return Partial(self, item_id)
 
     def commit(self, item: CacheItem, partial: Partial) -> str:

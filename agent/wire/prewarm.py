@@ -8,6 +8,7 @@ field) and answer with the ``*_pb`` functions; clients turn answers back into re
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,8 +178,9 @@ def message_values(
             values[name] = value or None
         elif kind is FieldType.HOURS:
             values[name] = value if msg.HasField(name) else None
-            if values[name] is not None and not 0 < value < 1e6:
-                bad.append(FieldViolation(at(where, name), "more than 0 hours"))
+            # The upper bound is the kind's own (its check names it), not a second one here.
+            if values[name] is not None and not (math.isfinite(value) and value > 0):
+                bad.append(FieldViolation(at(where, name), "a finite number of hours, more than 0"))
         elif kind is FieldType.PULL_POLICY:
             values[name] = _member(msg.DESCRIPTOR.fields_by_name[name], value, PullPolicy)
         elif kind is FieldType.HEADERS:

@@ -99,6 +99,27 @@ def test_an_image_on_a_denied_registry_is_refused_before_the_cri(tmp_path: Path,
     assert svc.items() == [] and puller.pulled == []
 
 
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "busybox@sha256:zz",  # not a digest
+        "registry.example.com/UPPER/app:1",  # repositories are lower case
+        "registry.example.com/team/app:-bad",  # a tag starts with a word character
+        "registry.example.com/",
+    ],
+)
+def test_a_malformed_image_reference_is_refused_at_submit_naming_the_image(
+    tmp_path: Path, ref: str
+) -> None:
+    """Such a reference used to be queued and left to fail at pull time, as a failed item."""
+    puller = RecordingPuller()
+    svc = make_service(tmp_path, puller=puller)
+    with pytest.raises(InvalidSpec) as bad:
+        svc.submit(ImageRequest(ref))
+    assert [v.field for v in bad.value.violations] == ["image"]
+    assert svc.items() == [] and puller.pulled == []
+
+
 def test_a_registry_that_moved_to_a_denied_address_is_refused_at_pull_time(
     tmp_path: Path,
 ) -> None:
@@ -110,6 +131,20 @@ def test_a_registry_that_moved_to_a_denied_address_is_refused_at_pull_time(
     assert item.state is ItemState.FAILED
     assert "metadata" in (item.error or "")
     assert puller.pulled == []
+
+
+@pytest.mark.parametrize("handler", ["bad handler!", "Nydus", "a" * 64, "-nydus"])
+def test_a_runtime_handler_that_is_no_runtimeclass_handler_is_refused_at_submit(
+    tmp_path: Path, handler: str
+) -> None:
+    """It goes to the CRI as is, and the kubelet only ever asks for a RuntimeClass handler (a
+    DNS label): anything else was queued and left to fail at pull, or pulled for no pod."""
+    puller = RecordingPuller()
+    svc = make_service(tmp_path, puller=puller)
+    with pytest.raises(InvalidSpec) as bad:
+        svc.submit(ImageRequest("registry.example.com/team/app:1", runtime_handler=handler))
+    assert [v.field for v in bad.value.violations] == ["runtime_handler"]
+    assert svc.items() == [] and puller.pulled == []
 
 
 class RawOrigin:
@@ -161,6 +196,41 @@ def test_an_origins_bytes_never_reach_the_caller(
     assert said in (item.error or "")
     for text in (item.error or "", caplog.text):
         assert "internal-secret" not in text and "hunter2" not in text
+
+
+@pytest.mark.parametrize(
+    "length",
+    [b"Content-Length: 3\r\nContent-Length: 5", b"Content-Length: -5", b"Content-Length: 3, 5"],
+)
+def test_a_malformed_content_length_fails_the_item_not_taken_as_unknown(
+    tmp_path: Path, length: bytes
+) -> None:
+    """Two lengths, or one that is not a number, used to make a ready item of whatever
+    http.client framed by (the first value, or up to the close), admitted as of unknown size."""
+    raw = RawOrigin(b"HTTP/1.1 200 OK\r\n" + length + b"\r\n\r\nabcde")
+    try:
+        svc = make_service(tmp_path, retries=1)
+        item = svc.run(svc.submit(FileRequest(f"http://127.0.0.1:{raw.port}/m", name="m")).id)
+    finally:
+        raw.close()
+    assert item.state is ItemState.FAILED and item.retry_at is None
+    assert "malformed Content-Length" in (item.error or "")
+    assert list(svc.store.blob_dir.iterdir()) == []
+
+
+def test_an_origins_dragonfly_task_id_header_is_not_shown_as_the_items(tmp_path: Path) -> None:
+    """Fetched directly, with no Dragonfly on the path, the origin's own `X-Dragonfly-Task-ID`
+    header went into the item's options, shown by `prewarm list -o json` and the API."""
+    header = b"X-Dragonfly-Task-ID: " + SECRET + b" " + b"A" * 300
+    raw = RawOrigin(b"HTTP/1.1 200 OK\r\n" + header + b"\r\nContent-Length: 3\r\n\r\nabc")
+    try:
+        svc = make_service(tmp_path)
+        item = svc.run(svc.submit(FileRequest(f"http://127.0.0.1:{raw.port}/m", name="m")).id)
+    finally:
+        raw.close()
+    assert item.state is ItemState.READY, item.error
+    assert "dragonfly_task_id" not in item.options
+    assert all("hunter2" not in v for v in item.options.values())
 
 
 def test_header_secrets_go_only_to_the_origin_their_directory_is_bound_to(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import signal
 import subprocess
 import time
@@ -145,6 +146,60 @@ def test_cli_refuses_metadata_urls_and_escaping_names_with_one_line(tmp_path: Pa
     assert name.returncode == 2 and "not a valid item name" in name.stderr
     scheme = cli.run(["prewarm", "file", "file:///etc/passwd"], env)
     assert scheme.returncode == 2 and "scheme 'file'" in scheme.stderr
+
+
+def test_a_cache_dir_that_cannot_be_made_is_one_line_naming_the_setting(tmp_path: Path) -> None:
+    """A file where the cache directory should be used to crash every command, `status` and
+    `doctor` included, with a traceback."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_bytes(b"x")
+    env = cli.agent_env(tmp_path, cache_dir=str(blocker))
+    for args in (["cache", "list"], ["prewarm", "list", "-o", "json"]):
+        done = cli.run(args, env)
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr
+        assert f"prewarm.cache_dir {blocker}" in done.stderr and done.stdout == ""
+    assert blocker.read_bytes() == b"x"
+
+
+def test_a_run_that_raises_fails_the_item_instead_of_leaving_it_fetching(
+    tmp_path: Path, origin: Origin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error outside the fetch's own handling (here the partial dir wiped under the agent)
+    escaped the worker: the item stayed `fetching`, owned by the live agent, and the CLI that
+    asked for it waited forever."""
+    origin.add("a.bin", data(MIB))
+    svc = make_service(tmp_path)
+    item = svc.submit(FileRequest(origin.url("a.bin"), name="a"))
+    gone = FileNotFoundError(2, "No such file or directory", str(svc.store.partial_dir))
+
+    def wiped(item_id: str) -> None:
+        raise gone
+
+    monkeypatch.setattr(svc.store, "partial", wiped)
+    done = svc.run(item.id)
+    assert done.state is ItemState.FAILED, done
+    assert "No such file or directory" in (done.error or "")
+    assert done.retry_at is not None  # the agent tries it again, as after an outage
+
+
+def test_a_wiped_cache_dir_is_made_again_and_its_items_fetched_again(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """`rm -rf` of the cache's host path under a serving agent: every audit, listing and fetch
+    failed on the missing directories until the agent was restarted."""
+    blob = data(MIB)
+    origin.add("a.bin", blob)
+    svc = make_service(tmp_path)
+    assert svc.run(svc.submit(FileRequest(origin.url("a.bin"), name="a")).id).state is (
+        ItemState.READY
+    )
+    shutil.rmtree(svc.store.root)
+    assert [(i.name, i.state) for i in svc.audit()] == [("a", ItemState.EVICTED)]
+    assert svc.store.usage().used_bytes == 0
+    again = svc.run(svc.submit(FileRequest(origin.url("a.bin"), name="a")).id)
+    assert again.state is ItemState.READY, again.error
+    assert (svc.store.name_dir / "a").read_bytes() == blob
 
 
 def test_manifest_applies_every_item(tmp_path: Path, origin: Origin) -> None:

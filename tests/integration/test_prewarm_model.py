@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import Busy, Conflict
+from agent.errors import Busy, Conflict, InvalidSpec
 from agent.prewarm.labels import node_labels
 from agent.prewarm.model import GroupRequest, ItemKind, ItemState
 from agent.prewarm.naming import label_key
@@ -219,6 +219,23 @@ def test_unsafe_paths_in_a_listing_fail_the_model(tmp_path: Path, origin: Origin
     assert not (tmp_path / "etc").exists()
 
 
+def test_a_listing_with_a_file_that_is_also_a_directory_fails_before_any_fetch(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """`config.json` and `config.json/x` cannot both be laid out: every file was fetched, then
+    the model failed as "internal error: FileExistsError(17, 'File exists')"."""
+    endpoint, _ = hub.publish(origin, REPO, snapshot(shards=1))
+    listing = hub.listing_path(origin, REPO)
+    data = json.loads(listing.read_text())
+    data["siblings"].append({"rfilename": "config.json/x", "size": 1})
+    listing.write_text(json.dumps(data))
+    svc = make_service(tmp_path)
+    item = svc.run(svc.submit(GroupRequest(REPO, endpoint=endpoint)).id)
+    assert item.state is ItemState.FAILED and item.retry_at is None
+    assert "config.json is both a file and a directory" in (item.error or ""), item.error
+    assert [r.path for r in origin.requests if "/resolve/" in r.path] == []
+
+
 def test_cli_prewarm_model(tmp_path: Path, origin: Origin) -> None:
     endpoint, _ = hub.publish(origin, REPO, snapshot(shards=2))
     env = cli.agent_env(tmp_path)
@@ -237,3 +254,17 @@ def test_other_include_globs_are_another_source(tmp_path: Path, origin: Origin) 
     with pytest.raises(Conflict, match="another source"):
         svc.submit(GroupRequest(REPO, endpoint=endpoint, include=("*",), name="m"))
     assert len(svc.items()) == 1
+
+
+@pytest.mark.parametrize("tail", ["?mirror=1", "#main", "?"])
+def test_an_endpoint_with_a_query_or_fragment_is_refused_naming_it(
+    tmp_path: Path, origin: Origin, tail: str
+) -> None:
+    """The listing and file paths are appended to the endpoint: after a query or fragment they
+    would land in it, and the listing was asked of another URL than the one named."""
+    endpoint, _ = hub.publish(origin, REPO, snapshot(shards=1))
+    svc = make_service(tmp_path)
+    with pytest.raises(InvalidSpec) as bad:
+        svc.submit(GroupRequest(REPO, endpoint=endpoint + tail))
+    assert [v.field for v in bad.value.violations] == ["endpoint"]
+    assert svc.items() == [] and origin.requests == []

@@ -7,6 +7,8 @@ import hashlib
 import json
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -248,6 +250,44 @@ def test_a_failed_item_waiting_for_its_retry_can_be_cancelled(
     assert svc.get("big").state is ItemState.FAILED  # not retried
     with pytest.raises(Conflict):  # a failure with no retry has nothing to cancel
         svc.cancel("big")
+
+
+def test_a_cancelled_item_shows_no_fetched_bytes_once_its_partial_is_dropped(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """A cancel drops the partial, but the row (prewarm list -o json, the API) went on saying
+    the bytes fetched before it, as if they were kept for a resume."""
+    origin.add("big.bin", blob(4 * MIB, 9))
+    origin.faults.drop_after["/big.bin"] = MIB
+    svc = make_service(tmp_path, retries=0)
+    waiting = svc.run(svc.submit(FileRequest(origin.url("big.bin"), name="big")).id)
+    assert waiting.retry_at is not None and waiting.fetched_bytes == MIB
+    assert svc.cancel("big").fetched_bytes == 0
+    assert svc.get("big").fetched_bytes == 0
+    assert list(svc.store.partial_dir.iterdir()) == []
+
+
+def test_a_running_fetch_cancelled_on_its_last_attempt_stays_cancelled(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """The cancel shuts the socket; on the fetch's last attempt that end was taken for the
+    origin's: the item became "failed … (retrying in 30s, N bytes kept)" and was retried."""
+    origin.add("slow.bin", blob(4 * MIB, 10))
+    origin.faults.rate_bps["/slow.bin"] = 512 * 1024
+    svc = make_service(tmp_path, retries=0)
+    slow = svc.submit(FileRequest(origin.url("slow.bin"), name="slow"))
+    worker = threading.Thread(target=svc.run, args=(slow.id,))
+    worker.start()
+    deadline = time.monotonic() + 30
+    while svc.get("slow").fetched_bytes == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert svc.get("slow").fetched_bytes > 0
+    svc.cancel("slow")
+    worker.join(30)
+    done = svc.get("slow")
+    assert (done.state, done.error, done.retry_at) == (ItemState.FAILED, "cancelled", None)
+    assert done.fetched_bytes == 0
+    assert list(svc.store.partial_dir.iterdir()) == []
 
 
 @pytest.mark.parametrize("step_s", [3600.0, -3600.0])

@@ -14,6 +14,7 @@ from agent._proto.gpuagent.v1 import agent_pb2
 from agent.api.events import EventBus
 from agent.api.inventory import NodeInventory
 from agent.gpu import GpuDriver, open_driver
+from agent.prewarm.inventory import Inventory as CacheInventory
 from agent.telemetry.snapshot import (
     Entity,
     EntitySample,
@@ -190,3 +191,18 @@ def test_a_snapshot_taken_after_the_clock_stepped_back_still_replaces_the_last(
         g.index for g in inventory.response().node.gpus if g.health == agent_pb2.GPU_HEALTH_LOST
     ]
     assert lost == [2]
+
+
+def test_a_cache_dir_that_vanished_is_an_unhealthy_component_not_a_stopped_agent() -> None:
+    """`rm -rf` of the cache's host path (whoever can write it is not trusted) made the cache
+    refresh raise FileNotFoundError; the inventory task crashed and stopped the whole agent."""
+
+    def gone() -> CacheInventory:
+        raise FileNotFoundError(2, "No such file or directory", "/var/cache/gpu-agent")
+
+    inventory = NodeInventory(EventBus(), node_name="n", simulated_preset=None, cache=gone)
+    inventory.refresh_cache()
+    health = {c.name: c for c in inventory.response().node.health.components}
+    assert not health["cache"].healthy
+    assert "No such file or directory" in health["cache"].detail
+    assert "/var/cache/gpu-agent" in health["cache"].detail

@@ -72,3 +72,21 @@ def test_an_agent_never_labels_nor_counts_an_unknown_state() -> None:
         "failed",
         "evicted",
     }
+
+
+@pytest.mark.parametrize(
+    ("hours", "said"),
+    [(1e9, "<= 8760"), (10_000.0, "<= 8760"), (float("inf"), "finite"), (-1.0, "more than 0")],
+)
+def test_repull_hours_out_of_range_are_refused_saying_the_range(hours: float, said: str) -> None:
+    """`--repull-hours 1e9` was refused as "more than 0 hours", which it is; the API's check
+    (up to 1e6) and the image kind's (up to a year) named two different limits."""
+    from agent._proto.gpuagent.v1 import prewarm_pb2
+    from agent.coordinator.rollout.targets import target_violations
+
+    schema = kinds.schema_for("image")
+    assert schema is not None
+    msg = prewarm_pb2.ImageTarget(ref="r.example/a:1", repull_hours=hours)
+    bad = target_violations(schema, msg, "image")
+    assert [v.field for v in bad] == ["image.repull_hours"]
+    assert said in bad[0].description, bad
