@@ -166,8 +166,10 @@ class TelemetryService:
         return collection.sampler.fresh() if collection is not None else False
 
     def xid_counts(self) -> Mapping[tuple[int, int | None, int], int]:
+        """Every XID since the agent started, per (GPU, live GPU instance or None, XID); a
+        destroyed instance's count under its GPU."""
         collection = self._collection
-        return collection.xids.state().counts if collection is not None else {}
+        return collection.xids.state().totals() if collection is not None else {}
 
     def xid_unwatched(self) -> str | None:
         """Why XID events are not watched now, whatever the counters select: the event set

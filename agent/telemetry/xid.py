@@ -13,7 +13,7 @@ import functools
 import logging
 import threading
 import time
-from collections import Counter, defaultdict, deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -68,6 +68,17 @@ class XidState:
     recent: dict[tuple[int, int], int] = field(default_factory=dict)
     #: why the event set is broken now (XIDs may be missed); None while it is open
     broken: str | None = None
+    #: (GPU index, XID) -> occurrences on GPU instances since destroyed: part of the GPU's
+    #: total, in no published series (see :meth:`XidWatcher.retire_gone`)
+    retired: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def totals(self) -> dict[tuple[int, int | None, int], int]:
+        """:attr:`counts` with the retired ones under their GPU (None): every XID since the
+        agent started, once."""
+        merged = dict(self.counts)
+        for (gpu, code), n in self.retired.items():
+            merged[(gpu, None, code)] = merged.get((gpu, None, code), 0) + n
+        return merged
 
 
 class XidWatcher:
@@ -88,6 +99,9 @@ class XidWatcher:
         self._wait_ms = wait_ms
         self._lock = threading.Lock()
         self._counts: Counter[tuple[int, int | None, int]] = Counter()
+        #: when each count last grew (this watcher's clock)
+        self._counted_at: dict[tuple[int, int | None, int], float] = {}
+        self._retired: Counter[tuple[int, int]] = Counter()
         self._last: dict[int, int] = {}
         self._unsupported: dict[int, str] = {}
         #: why the event set is broken now (XIDs may be missed); None while it is open
@@ -125,7 +139,24 @@ class XidWatcher:
                 self._ready.is_set(),
                 dict(recent),
                 self._broken,
+                dict(self._retired),
             )
+
+    def retire_gone(self, layouts: Mapping[int, MigLayout], read_after: float) -> None:
+        """Retire the counts of GPU instances missing from ``layouts`` (read after
+        ``read_after``, this watcher's clock) whose last XID came before that read: the instance
+        was destroyed, its series goes. Folded into the GPU's series they would show there as
+        new XIDs; kept, a later instance with the same id would inherit them."""
+        with self._lock:
+            for key in [k for k in self._counts if k[1] is not None]:
+                gpu, gi, code = key
+                layout = layouts.get(gpu)
+                if layout is None or any(i.id == gi for i in layout.instances):
+                    continue  # not read this tick, or alive
+                if self._counted_at.get(key, 0.0) >= read_after:
+                    continue  # may be an instance made after the layout was read
+                self._retired[(gpu, code)] += self._counts.pop(key)
+                self._counted_at.pop(key, None)
 
     def listen(self, listener: Callable[[XidEvent], None]) -> None:
         """Also hand every XID to ``listener`` (on this thread; it must not block)."""
@@ -133,9 +164,12 @@ class XidWatcher:
 
     def record(self, event: XidEvent) -> None:
         with self._lock:
-            self._counts[(event.gpu_index, event.gpu_instance_id, event.xid)] += 1
+            key = (event.gpu_index, event.gpu_instance_id, event.xid)
+            now = self._clock()
+            self._counts[key] += 1
+            self._counted_at[key] = now
             self._last[event.gpu_index] = event.xid
-            self._recent.append((self._clock(), event.gpu_index, event.xid))
+            self._recent.append((now, event.gpu_index, event.xid))
         for listener in self._listeners:
             listener(event)
         log.warning(
@@ -184,14 +218,17 @@ class XidWatcher:
 def xid_counts(
     gpus: tuple[GpuIdentity, ...], layouts: Mapping[int, MigLayout], xid: XidState
 ) -> tuple[XidCount, ...]:
-    """The snapshot's XID counters: per GPU or live GPU instance and XID; XIDs of instances
-    since destroyed fold into their GPU's row."""
-    merged: dict[tuple[Entity, int], int] = defaultdict(int)
+    """The snapshot's XID counters: per GPU or live GPU instance and XID. An instance missing
+    from the layout has no row: its XIDs happened there, not on the GPU as a whole."""
+    rows: list[XidCount] = []
     for (gpu, gi, code), count in sorted(xid.counts.items(), key=_xid_order):
+        if gi is None:
+            rows.append(XidCount(Entity(gpus[gpu]), code, count))
+            continue
         profile = profile_of(layouts.get(gpu), gi)
-        instance = InstanceIdentity(gi, profile) if gi is not None and profile is not None else None
-        merged[(Entity(gpus[gpu], instance), code)] += count
-    return tuple(XidCount(entity, code, count) for (entity, code), count in merged.items())
+        if profile is not None:
+            rows.append(XidCount(Entity(gpus[gpu], InstanceIdentity(gi, profile)), code, count))
+    return tuple(rows)
 
 
 def xid_recent(gpus: tuple[GpuIdentity, ...], xid: XidState) -> tuple[XidCount, ...]:
@@ -232,6 +269,7 @@ class XidReader(Reader):
                 reason = "XID events are not watched"
                 part.unsupported.extend((i, self._last.id, reason) for i in frame.layouts)
             return part
+        self._watcher.retire_gone(frame.layouts, frame.now)
         xid = self._watcher.state()
         if xid.broken is not None:
             raise Degraded(xid.broken)

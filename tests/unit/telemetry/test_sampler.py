@@ -249,6 +249,47 @@ def test_xids_are_counted_per_code_and_the_last_one_is_kept(tmp_path: Path) -> N
     assert entity(snapshot, 0).values[F["DEV_XID_ERRORS"]] == 0
 
 
+def test_a_destroyed_instances_xids_end_with_it_and_never_reach_the_gpus_row(
+    tmp_path: Path,
+) -> None:
+    """Two XIDs on a MIG instance, then the instance is destroyed (a re-layout): its series
+    ends. Folded into the GPU's series they would show as two new XIDs on the GPU, and
+    `increase(gpu_agent_xid_errors_total[5m])` alerts would fire for nothing new; an instance
+    made later with the same id starts from 0. `doctor` still counts them for the GPU."""
+    node = sim_node(tmp_path)
+    gi = node.create_instance(0, "1g.10gb")
+    watcher = XidWatcher(lambda: XidEvents(NodeReader(node.driver)), node.stats, wait_ms=20)
+    watcher.start()
+    try:
+        sampler = node.sampler(xids=watcher)
+        node.control.raise_xid(0, 13)
+        node.control.raise_xid(0, 13, gpu_instance=gi.id)
+        node.control.raise_xid(0, 13, gpu_instance=gi.id)
+        deadline = time.monotonic() + 5
+        while sum(watcher.state().counts.values()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+        def rows() -> dict[tuple[int | None, int], int]:
+            snapshot = sampler.tick()
+            return {
+                (x.entity.instance.gpu_instance_id if x.entity.instance else None, x.xid): x.count
+                for x in snapshot.xids
+            }
+
+        assert rows() == {(None, 13): 1, (gi.id, 13): 2}
+        uuid = node.uuids[0]
+        for ci in node.driver.layout(uuid).instances[0].compute_instances:
+            node.driver.destroy_compute_instance(uuid, gi.id, ci.id)
+        node.driver.destroy_gpu_instance(uuid, gi.id)
+        assert rows() == {(None, 13): 1}
+        assert watcher.state().totals() == {(0, None, 13): 3}
+        again = node.create_instance(0, "1g.10gb")
+        assert again.id == gi.id
+        assert rows() == {(None, 13): 1}
+    finally:
+        watcher.stop()
+
+
 def test_idle_seconds_grow_while_idle_and_reset_when_busy(tmp_path: Path) -> None:
     node = sim_node(tmp_path)
     clock = [100.0]
