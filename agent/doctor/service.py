@@ -163,7 +163,7 @@ def build_doctor(
         kube=kube if isinstance(kube, InClusterKubeClient) else None,
         allocation=allocation,
         snapshot=telemetry.latest,
-        xids=telemetry.xid_counts,
+        xids=telemetry.xid_totals,
         xid_unwatched=telemetry.xid_unwatched,
         marks=health.shown,
         state_read_only=lambda: state.read_only,

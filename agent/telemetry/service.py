@@ -166,8 +166,14 @@ class TelemetryService:
         return collection.sampler.fresh() if collection is not None else False
 
     def xid_counts(self) -> Mapping[tuple[int, int | None, int], int]:
-        """Every XID since the agent started, per (GPU, live GPU instance or None, XID); a
-        destroyed instance's count under its GPU."""
+        """XIDs since the agent started per (GPU, GPU instance or None, XID); a destroyed
+        instance's key goes (its XIDs are not new ones on the GPU)."""
+        collection = self._collection
+        return collection.xids.state().counts if collection is not None else {}
+
+    def xid_totals(self) -> Mapping[tuple[int, int | None, int], int]:
+        """Every XID since the agent started, once: :meth:`xid_counts` with a destroyed
+        instance's under its GPU (None)."""
         collection = self._collection
         return collection.xids.state().totals() if collection is not None else {}
 

@@ -206,3 +206,34 @@ def test_a_cache_dir_that_vanished_is_an_unhealthy_component_not_a_stopped_agent
     assert not health["cache"].healthy
     assert "No such file or directory" in health["cache"].detail
     assert "/var/cache/gpu-agent" in health["cache"].detail
+
+
+class _Recorder(EventBus):
+    def __init__(self) -> None:
+        super().__init__()
+        self.published: list[dict[str, object]] = []
+
+    def publish(self, **payload: object) -> None:
+        self.published.append(payload)
+
+
+def test_a_destroyed_instances_xids_are_not_announced_again_for_its_gpu(driver: GpuDriver) -> None:
+    """The watcher drops a destroyed instance's key (its count retires): WatchEvents must not
+    say its XIDs happened again, on the GPU or anywhere; a new XID is still announced once."""
+    counts: list[dict[tuple[int, int | None, int], int]] = [{(0, None, 13): 1, (0, 1, 13): 2}]
+    snapshot = _snapshot(driver)
+    bus = _Recorder()
+    inventory = NodeInventory(
+        bus, node_name="node-1", simulated_preset=None, xids=lambda: counts[0]
+    )
+    inventory.refresh_gpus(snapshot)
+
+    def xids_announced(after: dict[tuple[int, int | None, int], int]) -> list[str]:
+        bus.published.clear()
+        counts[0] = after
+        inventory.refresh_gpus(dataclasses.replace(snapshot, taken_mono=snapshot.taken_mono + 1))
+        return [str(p["xid"]).replace("\n", " ") for p in bus.published if "xid" in p]
+
+    assert xids_announced({(0, None, 13): 1}) == []
+    (announced,) = xids_announced({(0, None, 13): 2})
+    assert "gpu_instance_id" not in announced and "count: 1" in announced

@@ -282,6 +282,8 @@ def test_a_destroyed_instances_xids_end_with_it_and_never_reach_the_gpus_row(
             node.driver.destroy_compute_instance(uuid, gi.id, ci.id)
         node.driver.destroy_gpu_instance(uuid, gi.id)
         assert rows() == {(None, 13): 1}
+        # What WatchEvents diffs (the instance's key goes) and what doctor sums per GPU
+        assert watcher.state().counts == {(0, None, 13): 1}
         assert watcher.state().totals() == {(0, None, 13): 3}
         again = node.create_instance(0, "1g.10gb")
         assert again.id == gi.id
