@@ -163,6 +163,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         simulated_preset=config.simulate,
         cache=prewarm.inventory,
         xids=telemetry.xid_counts,
+        xid_unwatched=telemetry.xid_unwatched,
         telemetry=telemetry.latest,
         wake=telemetry.wake,
         fresh=telemetry.fresh,

@@ -87,6 +87,7 @@ class NodeInventory:
         simulated_preset: str | None,
         cache: Callable[[], CacheInventory] | None = None,
         xids: Callable[[], Mapping[XidKey, int]] | None = None,
+        xid_unwatched: Callable[[], str | None] | None = None,
         telemetry: Callable[[], Snapshot | None] | None = None,
         wake: Callable[[], None] | None = None,
         fresh: Callable[[], bool] | None = None,
@@ -96,7 +97,10 @@ class NodeInventory:
         health: HealthMarks | None = None,
     ) -> None:
         """``state``: the state store's (healthy, detail), shown as the "state" component.
-        ``health``: the health marks filled in each GPU's and instance's ``condition``."""
+        ``health``: the health marks filled in each GPU's and instance's ``condition``.
+        ``xid_unwatched``: why XID events are not watched (None: they are), shown as the
+        "xid-events" component while the driver is attached: a mark nobody feeds is no
+        verdict."""
         self._bus = bus
         self._health = health
         self._state_health = state
@@ -109,6 +113,7 @@ class NodeInventory:
         self._mig_refusal: Callable[[], str | None] = lambda: None
         self._cache_source = cache
         self._xid_source = xids
+        self._xid_unwatched = xid_unwatched
         self._xids_seen: dict[XidKey, int] = {}
         self._telemetry = telemetry
         self._wake = wake
@@ -315,6 +320,13 @@ class NodeInventory:
             agent_pb2.ComponentHealth(name=name, healthy=part.healthy, detail=part.detail)
             for name, part in parts
         ]
+        if self._xid_unwatched is not None and gpus.driver.state == agent_pb2.DRIVER_STATE_ATTACHED:
+            why = self._xid_unwatched()
+            components.append(
+                agent_pb2.ComponentHealth(
+                    name="xid-events", healthy=why is None, detail=why or "watched on every GPU"
+                )
+            )
         if self._state_health is not None:
             healthy, detail = self._state_health()
             components.append(

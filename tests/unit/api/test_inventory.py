@@ -237,3 +237,23 @@ def test_a_destroyed_instances_xids_are_not_announced_again_for_its_gpu(driver: 
     assert xids_announced({(0, None, 13): 1}) == []
     (announced,) = xids_announced({(0, None, 13): 2})
     assert "gpu_instance_id" not in announced and "count: 1" in announced
+
+
+def test_gpus_whose_xids_are_not_watched_are_a_degraded_component(driver: GpuDriver) -> None:
+    """`status` lists it under "degraded": a HEALTH column of "healthy" is no verdict where no
+    XID reaches the marks (doctor's health/xid check says the same)."""
+    why: list[str | None] = ["GPU 3: NVML delivers no XID events for it"]
+    inventory = NodeInventory(
+        EventBus(),
+        node_name="node-1",
+        simulated_preset=None,
+        xid_unwatched=lambda: why[0],
+    )
+    snapshot = _snapshot(driver)
+    inventory.refresh_gpus(snapshot)
+    (xids,) = [c for c in inventory.response().node.health.components if c.name == "xid-events"]
+    assert (xids.healthy, xids.detail) == (False, why[0])
+    why[0] = None
+    inventory.refresh_gpus(dataclasses.replace(snapshot, taken_mono=snapshot.taken_mono + 1))
+    (xids,) = [c for c in inventory.response().node.health.components if c.name == "xid-events"]
+    assert (xids.healthy, xids.detail) == (True, "watched on every GPU")
