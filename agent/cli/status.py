@@ -94,6 +94,11 @@ def _table(data: dict[str, Any]) -> str:
                 ["GPU", "GI", "HEALTH", "PROFILE", "PLACEMENT", "CIs", "MIG UUID"], instances
             ),
         ]
+        parts += [
+            f"GPU {g['index']} is lost: its instances are as last read, before it stopped answering"
+            for g in lost
+            if g["instances"]
+        ]
     procs = [
         [
             g["index"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from agent._proto.gpuagent.v1 import agent_pb2
 from agent.cli.status import _table, status_view
 from agent.wire.node import gpu_pb, node_from
-from tests.unit.sharing.layouts import full_gpu
+from tests.unit.sharing.layouts import full_gpu, mig_gpu
 
 
 def _node(hidden: bool) -> agent_pb2.Node:
@@ -101,3 +101,13 @@ def test_without_a_driver_no_gpu_count_and_no_process_list_is_claimed() -> None:
     assert text.startswith("Driver not ready: GPUs not read")
     assert "0 GPU(s)" not in text and "  none" not in text and "GPU  HEALTH" not in text
     assert text.endswith("Processes\n  not read: the driver is not ready")
+
+
+def test_a_lost_gpus_instances_are_said_to_be_as_last_read() -> None:
+    """A lost GPU answers nothing: its MIG instances are the last layout read, not a live one."""
+    node = agent_pb2.Node(name="n", driver_version="550.90.07")
+    node.gpus.extend([gpu_pb(mig_gpu(0, "1g.10gb")), gpu_pb(mig_gpu(1, "1g.10gb"))])
+    node.gpus[0].health = agent_pb2.GPU_HEALTH_LOST
+    text = _table(status_view(node_from(node)))
+    said = [line for line in text.splitlines() if "as last read" in line]
+    assert said == ["GPU 0 is lost: its instances are as last read, before it stopped answering"]
