@@ -7,25 +7,29 @@ and posts an Event ``GpusReclaimable``; when the set changes the annotation foll
 no GPU is reclaimable any more (one is used again) the annotation is removed with an Event
 ``GpusInUse``. A node whose labels match ``telemetry.reclaim_exclude_selector`` (say
 ``pool=inference``: a serving pool idles by design) is never marked. Unknown idle time (no
-telemetry yet, a GPU that stopped answering) is not idle: such a GPU is never marked.
+telemetry yet, a GPU that stopped answering) is not idle: such a GPU is never marked. Nor is a
+GPU with a failed health mark (on it or one of its instances): it idles because it is broken,
+and it is not capacity to hand back but a repair (docs/health.md).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.gpu.types import GpuLayout
+from agent.health.machine import State
 from agent.kube_node import Claim
 from agent.tasks import Need, Task
 
 if TYPE_CHECKING:
     from agent.api.inventory import NodeInventory
     from agent.config import AgentConfig
+    from agent.health.monitor import HealthMonitor
     from agent.kube_edge import KubeEdge
     from agent.telemetry.service import TelemetryService
 
@@ -47,14 +51,19 @@ ANNOTATION = "gpu-agent.io/reclaimable"
 
 
 def reclaimable(
-    layouts: Sequence[GpuLayout], idle_by_uuid: Mapping[str, float], after_s: float
+    layouts: Sequence[GpuLayout],
+    idle_by_uuid: Mapping[str, float],
+    after_s: float,
+    failed: Collection[str] = (),
 ) -> tuple[int, ...]:
-    """Indices of GPUs idle at least ``after_s`` with no process (pure)."""
+    """Indices of GPUs idle at least ``after_s`` with no process, none of them in ``failed``
+    (UUIDs of the GPUs a failed health mark is on) (pure)."""
     return tuple(
         sorted(
             layout.gpu.index
             for layout in layouts
             if not layout.processes
+            and layout.gpu.uuid not in failed
             and (idle := idle_by_uuid.get(layout.gpu.uuid)) is not None
             and idle >= after_s
         )
@@ -115,8 +124,11 @@ class ReclaimMarker:
         idle: Callable[[], Mapping[str, float] | None],
         after_s: float,
         exclude: ExcludeSelector,
+        failed: Callable[[], Collection[str]] = frozenset,
     ) -> None:
+        """``failed``: UUIDs of the GPUs a failed health mark is on now."""
         self._kube = kube
+        self._failed = failed
         self._node = node
         self._metadata = metadata
         self._layouts = layouts
@@ -133,7 +145,7 @@ class ReclaimMarker:
         gpus = (
             ()
             if self._exclude.matches(labels)
-            else reclaimable(self._layouts(), idle, self._after_s)
+            else reclaimable(self._layouts(), idle, self._after_s, self._failed())
         )
         value = ",".join(str(i) for i in gpus)
         current = annotations.get(ANNOTATION)
@@ -176,10 +188,12 @@ def reclaim_marker(
     config: AgentConfig,
     inventory: NodeInventory,
     telemetry: TelemetryService,
+    health: HealthMonitor,
 ) -> ReclaimMarker:
     """The marker the agent runs: metadata from its Node's watch (no GET; a pass waits while
     the Node was never listed), layouts from the inventory, idle seconds from the latest
-    telemetry snapshot; the annotation written by the Node's owner."""
+    telemetry snapshot, failed GPUs from the health marks; the annotation written by the Node's
+    owner."""
     node = config.node_name
 
     def metadata() -> tuple[Mapping[str, str], Mapping[str, str]]:
@@ -202,6 +216,7 @@ def reclaim_marker(
         idle,
         settings.idle_reclaim_after_s,
         ExcludeSelector.parse(settings.reclaim_exclude_selector or ""),
+        lambda: {t.gpu_uuid for t, m in health.marks().items() if m.state is State.FAILED},
     )
 
 
@@ -210,10 +225,11 @@ def reclaim_tasks(
     config: AgentConfig,
     inventory: NodeInventory,
     telemetry: TelemetryService,
+    health: HealthMonitor,
 ) -> list[Task]:
     """The marking pass, when idle reclaim is on; its marker (and its claim on the Node) is made
     at the first pass, once the runner started it."""
     if edge is None or config.telemetry.idle_reclaim_after_s <= 0:
         return []
-    marker = functools.cache(lambda: reclaim_marker(edge, config, inventory, telemetry))
+    marker = functools.cache(lambda: reclaim_marker(edge, config, inventory, telemetry, health))
     return [Task("reclaim", lambda: marker().mark(), RECLAIM_S, needs=Need.KUBE)]

@@ -109,7 +109,7 @@ class Services:
             *self.prewarm.tasks(c.prewarm.audit_interval_s),
             *self.power.tasks(c.driver.check_s),
             *self.telemetry.tasks(c.telemetry.interval_s),
-            *reclaim_tasks(self.edge, c, self.inventory, self.telemetry),
+            *reclaim_tasks(self.edge, c, self.inventory, self.telemetry, self.health),
         ]
         if self.mig_labels is not None and self.edge is not None:
             wakes = (self.edge.node_informer().add_handler, self.driver.subscribe)

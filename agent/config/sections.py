@@ -134,7 +134,8 @@ class TelemetrySettings:
             ge=0,
             doc="Seconds a GPU must stay idle with no process before the agent marks it "
             "reclaimable on its Node (annotation gpu-agent.io/reclaimable=<GPU indices>, and an "
-            "Event); 0 turns the mark off. Needs the Kubernetes API (in a pod).",
+            "Event); a GPU with a failed health mark is never marked. 0 turns the mark off. "
+            "Needs the Kubernetes API (in a pod).",
         ),
     )
     reclaim_exclude_selector: str | None = field(

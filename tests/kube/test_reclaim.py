@@ -32,6 +32,15 @@ def test_only_gpus_idle_long_enough_with_no_process_are_reclaimable() -> None:
     assert reclaimable(layouts, idle(DAY, 2 * DAY, DAY - 1, None), DAY) == (0,)
 
 
+def test_a_gpu_with_a_failed_health_mark_is_not_reclaimable_however_long_it_idles() -> None:
+    """It idles because it is broken (say XID 79): an autoscaler handing it back as spare
+    capacity would hide a repair; once the mark clears it is counted again."""
+    layouts = LAYOUTS[:2]
+    broken = {LAYOUTS[1].gpu.uuid}
+    assert reclaimable(layouts, idle(2 * DAY, 2 * DAY), DAY, broken) == (0,)
+    assert reclaimable(layouts, idle(2 * DAY, 2 * DAY), DAY) == (0, 1)
+
+
 class Marker:
     def __init__(self, kube: InClusterKubeClient, exclude: str = "") -> None:
         self.idle: Mapping[str, float] | None = None
