@@ -189,7 +189,7 @@ def _improve(
     if mark.state is State.FAILED and len(mark.recent) >= policy.degrade_events:
         reason = f"{_window_reason(mark.recent_reason, len(mark.recent), policy)}; {why}"
         return _enter(policy, mark, State.DEGRADED, reason, "none", now, mark.recent[-1], pods)
-    return _enter(policy, mark, State.HEALTHY, f"healthy: {why}", "none", now, 0.0, pods)
+    return _enter(policy, mark, State.HEALTHY, why, "none", now, 0.0, pods)
 
 
 def _enter(

@@ -87,7 +87,7 @@ def test_a_failed_gpu_is_labelled_conditioned_tainted_and_cleared_keeping_the_re
     status_patch = [r for r in api.requests if r.path == f"/api/v1/nodes/{NODE}/status"][-1]
     assert status_patch.headers["Content-Type"] == "application/strategic-merge-patch+json"
 
-    marks.update(_marks(Mark(State.HEALTHY, "healthy: no new error for 600 s", 700.0)))
+    marks.update(_marks(Mark(State.HEALTHY, "no new error for 600 s", 700.0)))
     publisher.sync()
     owner.sync()
     assert labels["gpu-agent.io/health"] == "healthy"
@@ -203,7 +203,7 @@ def test_failed_devices_get_dra_device_taint_rules_removed_when_they_clear(
     }
     assert rule["metadata"]["labels"] == {"gpu-agent.io/node": NODE}
     marks.clear()
-    marks.update(_marks(Mark(State.HEALTHY, "healthy: no new error for 600 s", 700.0), Mark()))
+    marks.update(_marks(Mark(State.HEALTHY, "no new error for 600 s", 700.0), Mark()))
     rules.sync()
     assert sorted(api.taint_rules) == ["admin-rule"]  # the admin's rule is not the agent's
 
@@ -242,7 +242,7 @@ def test_the_condition_keeps_its_transition_time_across_a_restart_and_moves_on_a
     owner.sync()
     assert _condition(api)["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert _condition(api)["lastHeartbeatTime"] == "2027-01-15T08:00:00Z"
-    marks.update(_marks(Mark(State.HEALTHY, "healthy: no new error for 600 s", 700.0)))
+    marks.update(_marks(Mark(State.HEALTHY, "no new error for 600 s", 700.0)))
     publisher.sync()
     owner.sync()
     assert _condition(api)["lastTransitionTime"] == "2027-01-15T08:00:00Z"

@@ -66,7 +66,7 @@ def test_degraded_clears_only_after_the_hold_down_since_the_last_signal() -> Non
     healthy, change = settle(mark, 50 + 100, POLICY)
     assert healthy.state is State.HEALTHY and change is not None
     assert change.before is State.DEGRADED and healthy.action == "none"
-    assert healthy.reason.startswith("healthy: no new error for 100 s since XID 13")
+    assert healthy.reason.startswith("no new error for 100 s since XID 13")
 
 
 def test_failed_clears_only_after_the_hold_down_and_a_new_signal_restarts_it() -> None:

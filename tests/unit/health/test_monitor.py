@@ -90,7 +90,7 @@ def test_a_reset_by_the_agent_ends_a_reset_gpu_mark_and_a_lasting_fault_fails_it
     monitor.observe(replace(base, health=dbe))  # read before the reset: not held against it
     marks = monitor.marks()
     assert marks[Target("GPU-a")].state is State.HEALTHY
-    assert marks[Target("GPU-a")].reason.startswith("healthy: the GPU was reset since XID 48")
+    assert marks[Target("GPU-a")].reason.startswith("the GPU was reset since XID 48")
     assert marks[Target("GPU-b")].state is State.FAILED  # a reset is no reboot
     now[0] += 1
     monitor.observe(replace(base, health=dbe))  # the count outlived the reset
@@ -102,7 +102,7 @@ def test_a_start_after_a_reboot_ends_reboot_and_reset_marks_of_the_gpus_that_ans
 ) -> None:
     """A reboot is a reboot-node mark's action, and resets every GPU: an agent started under a
     new boot id (the node rebooted since the marks were saved) clears those marks at its first
-    snapshot, `healthy: the node was rebooted since <reason>`. A GPU still lost after the
+    snapshot, `the node was rebooted since <reason>`. A GPU still lost after the
     reboot keeps its mark; a degraded mark (clocks held down: no action) keeps its hold-down; a
     restart under the same boot id, or one where the boot id cannot be read, clears nothing."""
     from dataclasses import replace
@@ -155,8 +155,8 @@ def test_a_start_after_a_reboot_ends_reboot_and_reset_marks_of_the_gpus_that_ans
         State.FAILED,
         State.DEGRADED,
     )
-    assert b.reason.startswith("healthy: the node was rebooted since XID 79"), b.reason
-    assert a.reason.startswith("healthy: the node was rebooted since XID 48"), a.reason
+    assert b.reason.startswith("the node was rebooted since XID 79"), b.reason
+    assert a.reason.startswith("the node was rebooted since XID 48"), a.reason
     now[0] += 5
     again = HealthMonitor(
         Policy(hold_down_s=600), tmp_path, clock=lambda: now[0], boot_id=lambda: "boot-2"
