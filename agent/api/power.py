@@ -18,7 +18,8 @@ from agent.wire.power import power_changes_pb, power_view_pb
 __all__ = ["PowerServicer"]
 
 _SERVICE = "/gpuagent.v1.PowerService/"
-_FEATURE = "power caps"
+#: the feature the driver guard names per RPC (``<feature> needs the NVIDIA driver``)
+_FEATURES = {"GetPower": "power show", "ApplyPower": "power apply", "RestorePower": "power restore"}
 _R = TypeVar("_R", power_pb2.ApplyPowerResponse, power_pb2.RestorePowerResponse)
 
 
@@ -33,7 +34,7 @@ class PowerServicer(power_pb2_grpc.PowerServiceServicer):
     async def GetPower(
         self, request: power_pb2.GetPowerRequest, context: grpc.aio.ServicerContext
     ) -> power_pb2.GetPowerResponse:
-        self._guard(_FEATURE)
+        self._guard(_FEATURES["GetPower"])
         return power_view_pb(await asyncio.to_thread(self._power.show))
 
     async def ApplyPower(
@@ -57,7 +58,7 @@ class PowerServicer(power_pb2_grpc.PowerServiceServicer):
         change: Callable[[], list[Change]],
     ) -> _R:
         """Apply or restore the caps once per request id, while the driver is attached."""
-        self._guard(_FEATURE)
+        self._guard(_FEATURES[method])
 
         async def call() -> _R:
             changes = await asyncio.to_thread(change)

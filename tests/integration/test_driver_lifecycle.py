@@ -185,7 +185,9 @@ def test_no_driver_is_never_a_yes_and_status_says_why(tmp_path: Path) -> None:
             done = cli(agent.state_dir, config, *argv)
             assert done.returncode == DriverNotReady.exit_code, (argv, done.stdout, done.stderr)
             last = done.stderr.strip().splitlines()[-1]
-            assert "needs the NVIDIA driver, which is not ready (library_not_found)" in last, argv
+            # named as the command the user typed ("power caps needs" read as no command)
+            said = f"error: {' '.join(args[:2])} needs the NVIDIA driver, which is not ready"
+            assert last.startswith(f"{said} (library_not_found)"), (argv, last)
         assert not ckpt.exists()  # "checkpointed" nothing: no file claims an empty node
 
         table = cli(agent.state_dir, config, "status")

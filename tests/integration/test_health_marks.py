@@ -253,8 +253,7 @@ def test_an_agent_started_after_a_reboot_ends_the_marks_a_reboot_remedies(tmp_pa
             wait_for(lambda gpu=gpu: _state(agent.socket, gpu) == HEALTHY, f"GPU {gpu} ok", 10)
         reason = _gpu(agent.socket, 1).condition.reason
         assert reason == (
-            "the node was rebooted since XID 79 (GPU has fallen off the bus): "
-            "needs reboot-node"
+            "the node was rebooted since XID 79 (GPU has fallen off the bus): needs reboot-node"
         )
         gpu3 = _gpu(agent.socket, 3).condition
         assert gpu3.state == FAILED and gpu3.action == "reboot-node"
