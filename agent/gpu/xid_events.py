@@ -34,13 +34,16 @@ class XidEvents:
     """XID events of every GPU through one NVML event set; used by one thread only.
 
     Registers the XID critical-error event on each physical GPU (MIG devices cannot register;
-    the event carries the GI/CI ids). ``unsupported`` lists GPUs that cannot deliver XIDs.
+    the event carries the GI/CI ids). ``unsupported`` lists GPUs that cannot deliver XIDs;
+    ``unreachable`` those of them that did not answer (a set opened after they answer again
+    registers them).
     """
 
     def __init__(self, reader: NodeReader) -> None:
         self._driver = reader.driver
         n = self._n = reader.driver.nvml
         self.unsupported: dict[int, str] = {}
+        self.unreachable: frozenset[int] = frozenset()
         self._index_of: dict[int, int] = {}
         self._set = self._driver.call(n.nvmlEventSetCreate)
         for gpu in reader.gpus():
@@ -48,6 +51,7 @@ class XidEvents:
                 h = self._driver.call(n.nvmlDeviceGetHandleByIndex, gpu.index)
             except AgentError as exc:  # lost at start: no events from it; the others still
                 self.unsupported[gpu.index] = str(exc)
+                self.unreachable |= {gpu.index}
                 continue
             self._index_of[_address(h)] = gpu.index
             try:

@@ -99,7 +99,7 @@ def build_sampler(
         makers["pods"] = lambda: PodsReader(watcher)
         if dra is not None:
             makers["dra"] = lambda: DraReader(dra, watcher.current)
-    return Sampler(
+    sampler = Sampler(
         Topology(reader, stats),
         [makers[name]() for name in names],
         fields,
@@ -109,3 +109,8 @@ def build_sampler(
         clock=clock,
         wall_clock=wall_clock,
     )
+    if sources.xids is not None:
+        # Whatever the counters select: a GPU lost when the event set opened is registered
+        # once a tick finds it answering (the health marks need its XIDs too).
+        sampler.subscribe(sources.xids.on_snapshot)
+    return sampler

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.errors import AgentError
@@ -23,7 +23,7 @@ from agent.gpu.xid_events import XidEvent, XidEvents
 from agent.tables import packaged_rows
 from agent.telemetry.attribution import profile_of
 from agent.telemetry.reader import Degraded, Frame, Part, Reader
-from agent.telemetry.snapshot import Entity, InstanceIdentity, XidCount
+from agent.telemetry.snapshot import Entity, InstanceIdentity, Snapshot, XidCount
 from agent.telemetry.stats import TelemetryStats
 from dcgm.fields import Field, XidWindow
 from dcgm.fields import XidEvents as XidEventsField
@@ -71,6 +71,9 @@ class XidState:
     #: (GPU index, XID) -> occurrences on GPU instances since destroyed: part of the GPU's
     #: total, in no published series (see :meth:`XidWatcher.retire_gone`)
     retired: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: of ``unsupported``, the GPUs that did not answer when the event set opened: registered
+    #: at its next opening once they answer (:meth:`XidWatcher.on_snapshot`)
+    unreachable: frozenset[int] = frozenset()
 
     def totals(self) -> dict[tuple[int, int | None, int], int]:
         """:attr:`counts` with the retired ones under their GPU (None): every XID since the
@@ -106,8 +109,12 @@ class XidWatcher:
         self._unsupported: dict[int, str] = {}
         #: why the event set is broken now (XIDs may be missed); None while it is open
         self._broken: str | None = None
+        #: GPUs that did not answer when the event set was opened (none of their XIDs come)
+        self._unreachable: frozenset[int] = frozenset()
         self._ready = threading.Event()
         self._stop = threading.Event()
+        #: set when an unreachable GPU answers: the thread opens the set again to register it
+        self._reopen = threading.Event()
         self._thread: threading.Thread | None = None
         self._listeners: list[Callable[[XidEvent], None]] = []
 
@@ -140,6 +147,7 @@ class XidWatcher:
                 dict(recent),
                 self._broken,
                 dict(self._retired),
+                self._unreachable,
             )
 
     def retire_gone(self, layouts: Mapping[int, MigLayout], read_after: float) -> None:
@@ -157,6 +165,15 @@ class XidWatcher:
                     continue  # may be an instance made after the layout was read
                 self._retired[(gpu, code)] += self._counts.pop(key)
                 self._counted_at.pop(key, None)
+
+    def on_snapshot(self, snapshot: Snapshot) -> None:
+        """A GPU that answers this tick but did not when the event set was opened (lost at
+        start, or held in a reset) is registered now, by opening the set again; until then its
+        XIDs reach neither the counters nor the health marks."""
+        back = self._unreachable.intersection(g.gpu.index for g in snapshot.gpus if g.up)
+        if back and not self._reopen.is_set():
+            log.info("GPU %s answers again: registering its XID events", _indices(back))
+            self._reopen.set()
 
     def listen(self, listener: Callable[[XidEvent], None]) -> None:
         """Also hand every XID to ``listener`` (on this thread; it must not block)."""
@@ -189,7 +206,9 @@ class XidWatcher:
                 continue
             with self._lock:
                 self._unsupported = dict(events.unsupported)
+                self._unreachable = events.unreachable
                 self._broken = None
+            self._reopen.clear()
             self._ready.set()
             try:
                 self._pump(events)
@@ -199,7 +218,7 @@ class XidWatcher:
                 events.close()
 
     def _pump(self, events: XidEvents) -> None:
-        while not self._stop.is_set():
+        while not (self._stop.is_set() or self._reopen.is_set()):
             event = events.wait(self._wait_ms)
             if event is not None:
                 self.record(event)
@@ -213,6 +232,10 @@ class XidWatcher:
             self._broken = f"{what}: {exc}"
         self._ready.set()
         self._stop.wait(_REOPEN_AFTER_S)
+
+
+def _indices(gpus: Collection[int]) -> str:
+    return ", ".join(str(i) for i in sorted(gpus))
 
 
 def xid_counts(
@@ -276,6 +299,8 @@ class XidReader(Reader):
         for index in frame.layouts:
             if self._last is None:
                 break
+            if index in xid.unreachable:
+                continue  # answers now, registered at the set's next opening: neither 0 nor "no"
             if index in xid.unsupported:
                 part.unsupported.append((index, self._last.id, xid.unsupported[index]))
             else:

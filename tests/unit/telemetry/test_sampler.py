@@ -249,6 +249,37 @@ def test_xids_are_counted_per_code_and_the_last_one_is_kept(tmp_path: Path) -> N
     assert entity(snapshot, 0).values[F["DEV_XID_ERRORS"]] == 0
 
 
+def test_a_gpu_lost_when_xid_events_were_registered_is_watched_once_it_answers(
+    tmp_path: Path,
+) -> None:
+    """GPU 3 did not answer when the event set opened (lost, or held in a reset): it could not
+    be registered. Once a tick finds it answering, the watcher opens the set again, so its
+    XIDs reach the counters and the health marks; until then it is named unwatched (doctor,
+    status' xid-events) rather than silently missing from both."""
+    node = sim_node(tmp_path)
+    node.control.mark_lost(3)
+    watcher = XidWatcher(lambda: XidEvents(NodeReader(node.driver)), node.stats, wait_ms=20)
+    watcher.start()
+    try:
+        sampler = node.sampler(xids=watcher)
+        assert 3 in watcher.state().unsupported
+        node.control.reboot()  # the only way back from "lost" the simulator has
+        first = sampler.tick()  # answers, not registered yet: no value, and not "unsupported"
+        assert F["DEV_XID_ERRORS"] not in entity(first, 3).values
+        deadline = time.monotonic() + 5
+        while 3 in watcher.state().unsupported and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert watcher.state().unsupported == {}
+        support = {(s.field_id, s.gpu.index): s.supported for s in sampler.tick().support}
+        assert support[(F["DEV_XID_ERRORS"], 3)] is True
+        node.control.raise_xid(3, 31)
+        while not watcher.state().counts and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert watcher.state().counts == {(3, None, 31): 1}
+    finally:
+        watcher.stop()
+
+
 def test_a_destroyed_instances_xids_end_with_it_and_never_reach_the_gpus_row(
     tmp_path: Path,
 ) -> None:
