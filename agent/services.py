@@ -163,7 +163,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         simulated_preset=config.simulate,
         cache=prewarm.inventory,
         xids=telemetry.xid_counts,
-        xid_unwatched=telemetry.xid_unwatched,
+        xid_unwatched=lambda: telemetry.xid_unwatched(answering=True),  # a lost GPU is said
         telemetry=telemetry.latest,
         wake=telemetry.wake,
         fresh=telemetry.fresh,

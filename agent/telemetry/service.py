@@ -177,16 +177,22 @@ class TelemetryService:
         collection = self._collection
         return collection.xids.state().totals() if collection is not None else {}
 
-    def xid_unwatched(self) -> str | None:
+    def xid_unwatched(self, *, answering: bool = False) -> str | None:
         """Why XID events are not watched now, whatever the counters select: the event set
-        broken, or the GPUs that deliver none; None while every GPU's are (or no driver)."""
+        broken, or the GPUs that deliver none; None while every GPU's are (or no driver).
+        ``answering``: leave out the GPUs that did not answer when the set opened (lost, said
+        as such elsewhere; or registered at the next tick)."""
         collection = self._collection
         if collection is None:
             return None
         state = collection.xids.state()
         if state.broken is not None:
             return state.broken
-        gpus = "; ".join(f"GPU {i}: {why}" for i, why in sorted(state.unsupported.items()))
+        gpus = "; ".join(
+            f"GPU {i}: {why}"
+            for i, why in sorted(state.unsupported.items())
+            if not (answering and i in state.unreachable)
+        )
         return gpus or None
 
     def exposition(self, *, openmetrics: bool) -> tuple[bytes, str]:
