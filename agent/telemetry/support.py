@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from agent.gpu.readings import GpuIdentity
 from agent.telemetry.snapshot import FieldSupport
-from dcgm.fields import BY_ID, Field
+from dcgm.fields import BY_ID, BY_NAME, Field, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +51,16 @@ class SupportBook:
                 self._new[(name, reason)].append(gpu)
 
     def report(self) -> None:
-        """One log line per field and reason, naming every GPU it was found on this tick."""
+        """One log line per field and reason, naming every GPU it was found on this tick: a
+        warning, but for a field the agent has no source for by design (dcgm-exporter's default
+        counters select the vGPU license state, which no GPU of a host has), said at info level
+        so that a warning at start means something to look at."""
         for (name, reason), gpus in sorted(self._new.items()):
             plural = "s" if len(gpus) > 1 else ""
             which = ", ".join(map(str, gpus))
-            log.warning("%s is not supported on GPU%s %s: %s", name, plural, which, reason)
+            by_design = isinstance(BY_NAME[name].source, Unavailable)
+            level = logging.INFO if by_design else logging.WARNING
+            log.log(level, "%s is not supported on GPU%s %s: %s", name, plural, which, reason)
         self._new.clear()
 
     def rows(self, gpus: tuple[GpuIdentity, ...]) -> tuple[FieldSupport, ...]:
