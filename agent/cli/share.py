@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_REPLICAS = re.compile(r"\s*[-+]?[0-9]+\s*", re.ASCII)
+_INT64_MAX = 2**63 - 1
 
 
 class SharingCalls(Protocol):
@@ -364,12 +366,18 @@ def _resource(spec: str, option: str) -> dict[str, object]:
         raise click.BadParameter(
             f"{spec!r}: expected RESOURCE=REPLICAS, e.g. nvidia.com/gpu=4", param_hint=option
         )
-    try:
-        return {"name": name.strip(), "replicas": int(replicas)}
-    except ValueError:
+    # Not int() alone: it takes '1_0' as 10 and any Unicode digit ('\u0664' as 4).
+    if not _REPLICAS.fullmatch(replicas):
         raise click.BadParameter(
-            f"{spec!r}: REPLICAS must be an integer, e.g. nvidia.com/gpu=4", param_hint=option
-        ) from None
+            f"{spec!r}: REPLICAS must be an integer (digits 0-9), e.g. nvidia.com/gpu=4",
+            param_hint=option,
+        )
+    value = int(replicas)
+    if abs(value) > _INT64_MAX:  # the plugin's Go int; past it the agent's parser refuses it
+        raise click.BadParameter(
+            f"{spec!r}: REPLICAS must be an integer of at most {_INT64_MAX}", param_hint=option
+        )
+    return {"name": name.strip(), "replicas": value}
 
 
 def _emit(data: object, output: str, table: Callable[[], str]) -> None:

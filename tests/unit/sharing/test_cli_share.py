@@ -243,3 +243,21 @@ def test_a_file_that_is_not_utf8_is_refused_naming_the_option(
         assert refused.exit_code == 2, refused.output
         assert "not UTF-8" in refused.output and "file" in refused.output, refused.output
     assert not config_path.exists()
+
+
+@pytest.mark.parametrize("replicas", ["1_0", "\u0664", "99999999999999999999"])
+@pytest.mark.parametrize("option", ["--time-slicing", "--mps"])
+def test_replicas_are_plain_ascii_digits_or_refused_naming_the_option(
+    config_path: Path, option: str, replicas: str
+) -> None:
+    """REPLICAS went through Python's int(): ``gpu=1_0`` set 10 replicas, an Arabic-Indic
+    ``gpu=٤`` set 4, and a number past 64 bits reached the agent and came back as a refusal of
+    ``config_yaml``, a field the user never gave. Each is now refused as a usage error naming
+    the option, and nothing is written (docs/sharing.md, "Commands")."""
+    result = run(config_path, "set", option, f"nvidia.com/gpu={replicas}")
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for {option}" in result.stderr, result.stderr
+    assert "REPLICAS must be" in result.stderr, result.stderr
+    assert not config_path.exists()
+    rendered = CliRunner().invoke(share, ["render", "--dra", option, f"gpu={replicas}"])
+    assert rendered.exit_code == 2 and f"Invalid value for {option}" in rendered.stderr
