@@ -87,9 +87,24 @@ class _Spec:
                     self.mig_strategy,
                 )
             )
+        options = self._sharing_options()
+        if options:
+            verb = "applies" if len(options) == 1 else "apply"
+            raise click.UsageError(
+                f"{' and '.join(options)} {verb} to the resources of --time-slicing or --mps: "
+                "give one of those too (or write the setting in -f FILE)"
+            )
         raise click.UsageError(
             "give --time-slicing, --mps or -f FILE (to stop sharing: gpu-agent share clear)"
         )
+
+    def _sharing_options(self) -> list[str]:
+        """The options given that set a sharing section's fields, which need its resources."""
+        options = ["--rename-by-default"] if self.rename_by_default else []
+        if self.fail_requests is not None:
+            no = "" if self.fail_requests else "no-"
+            options.append(f"--{no}fail-requests-greater-than-one")
+        return options
 
     def strategy_config(self) -> PluginConfig:
         """``--mig-strategy`` as a config of that flag alone, through the one parser."""

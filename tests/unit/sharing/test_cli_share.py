@@ -261,3 +261,26 @@ def test_replicas_are_plain_ascii_digits_or_refused_naming_the_option(
     assert not config_path.exists()
     rendered = CliRunner().invoke(share, ["render", "--dra", option, f"gpu={replicas}"])
     assert rendered.exit_code == 2 and f"Invalid value for {option}" in rendered.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--rename-by-default"], "--rename-by-default"),
+        (["--mig-strategy", "mixed", "--rename-by-default"], "--rename-by-default"),
+        (["--fail-requests-greater-than-one"], "--fail-requests-greater-than-one"),
+        (["--no-fail-requests-greater-than-one"], "--no-fail-requests-greater-than-one"),
+    ],
+)
+def test_a_sharing_option_without_resources_is_refused_naming_it(
+    config_path: Path, args: list[str], named: str
+) -> None:
+    """``--rename-by-default`` (or ``--fail-requests-greater-than-one``) without
+    ``--time-slicing``/``--mps`` was refused with "give --time-slicing, --mps or -f FILE",
+    which named neither the option given nor why; beside ``--mig-strategy``, which is allowed
+    alone, that read as if ``--mig-strategy`` were the mistake. The refusal now names the
+    option and what it needs, and nothing is written (docs/sharing.md, "Commands")."""
+    result = run(config_path, "set", *args)
+    assert result.exit_code == 2, result.output
+    assert f"{named} applies to the resources of --time-slicing or --mps" in result.stderr
+    assert not config_path.exists()
