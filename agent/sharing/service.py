@@ -79,6 +79,12 @@ def no_detection() -> Allocation:
     return Allocation(AllocationMode.NONE, "no allocation-mode detection wired")
 
 
+#: A class listing this node that the node's spec does not name: a change cut off part-way.
+_UNNAMED = (
+    "DeviceClass lists this node, but the spec set on this node does not name it (left by a "
+    "change that failed part-way?): run that share command again, or share clear"
+)
+
 _STATE = {"create": "created", "update": "updated", "delete": "deleted", "unchanged": "unchanged"}
 
 
@@ -471,7 +477,10 @@ class SharingService:
                     )
                     continue
                 state = "present"
-                if want is None or not dra.same_spec(obj, dra.class_spec(want)):
+                if want is None:
+                    state = "differs"
+                    problems.append(FieldViolation(name, _UNNAMED))
+                elif not dra.same_spec(obj, dra.class_spec(want)):
                     state = "differs"
                     problems.append(
                         FieldViolation(name, "DeviceClass differs from the spec set on this node")
