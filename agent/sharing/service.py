@@ -272,7 +272,8 @@ class SharingService:
                 )
             previous = self._parse(previous_raw, self._store.previous_path)
             layouts = self._layouts()
-            found = violations(previous, layouts)
+            started, _ = self._started(find_plugin_processes(self._settings.plugin_process_name))
+            found = _as_set_would_check(previous, started, layouts)
             if found:
                 raise InvalidSpec(
                     "cannot roll back: the previous config is refused on this node now", found
@@ -539,6 +540,19 @@ def _strategy_problems(
         runs = strategy.effective(config.flags.mig_strategy, started)
         found.append(strategy.problem(runs.value, layouts))
     return [FieldViolation("flags.migStrategy", why) for why in found if why is not None]
+
+
+def _as_set_would_check(
+    config: PluginConfig, started: strategy.Strategy | None, layouts: Sequence[GpuLayout]
+) -> list[FieldViolation]:
+    """What ``set`` would refuse in ``config`` (a rollback's target): its migStrategy if the
+    plugin's own overrides it, and the rules as the plugin runs it."""
+    overridden: list[FieldViolation] = []
+    try:
+        _refuse_overridden(config, started)
+    except InvalidSpec as exc:
+        overridden += exc.violations
+    return overridden + violations(strategy.run_with(config, started) or config, layouts)
 
 
 def _refuse_overridden(requested: PluginConfig, started: strategy.Strategy | None) -> None:
