@@ -153,3 +153,24 @@ def test_a_config_yaml_with_flags_the_plugin_cannot_parse_is_refused_over_the_ap
         "flags.gfd.sleepInterval",
     ]
     assert not agent.config.sharing.config_path.exists()
+
+
+def test_an_agent_whose_plugin_config_path_is_a_directory_starts_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """A directory at sharing.config_path (a hostPath mounted where the file should be) stopped
+    the agent from starting: its inventory's first read of the sharing view raised
+    IsADirectoryError. The agent now starts, and GetSharing is FAILED_PRECONDITION naming the
+    path (docs/sharing.md, "Files")."""
+    config = agent_config(tmp_path)
+    (tmp_path / "plugin" / "config.yaml").mkdir()
+    with (
+        InProcessAgent(tmp_path, config) as running,
+        grpc.insecure_channel(f"unix:{running.socket}") as channel,
+    ):
+        with pytest.raises(grpc.RpcError) as caught:
+            sharing_pb2_grpc.SharingServiceStub(channel).GetSharing(
+                sharing_pb2.GetSharingRequest(), timeout=10
+            )
+        assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "config.yaml is a directory" in (caught.value.details() or "")

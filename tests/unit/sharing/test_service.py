@@ -210,6 +210,23 @@ def test_an_unparseable_current_file_is_a_conflict(config_path: Path) -> None:
         service(config_path).show()
 
 
+def test_a_directory_where_the_config_should_be_is_a_conflict_naming_it(
+    config_path: Path,
+) -> None:
+    """A hostPath mounted at ``config.yaml`` that does not exist on the host is made a
+    directory by the kubelet. Reading it was an IsADirectoryError traceback, out of ``share``
+    and out of the agent's start (its inventory reads the sharing view). Every command now
+    refuses it as a Conflict naming the path and what to fix, and nothing is written
+    (docs/sharing.md, "Files")."""
+    config_path.mkdir()
+    svc = service(config_path)
+    for call in (svc.show, lambda: svc.set(parse(ts())), svc.clear, svc.rollback):
+        with pytest.raises(Conflict, match=f"{config_path} is a directory"):
+            call()
+    assert [p.name for p in config_path.parent.iterdir()] == ["config.yaml"]
+    assert list(config_path.iterdir()) == []
+
+
 def test_show_reports_strategy_capacity_problems_and_pickup(config_path: Path) -> None:
     gpus = Node(node(8))
     svc = service(config_path, gpus)
