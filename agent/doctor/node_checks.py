@@ -12,7 +12,7 @@ from pathlib import Path
 
 from agent.doctor.facts import NEEDS_NVML, Facts, degraded, failed, ok
 from agent.dra.mode import AllocationMode
-from agent.errors import AgentError
+from agent.errors import AgentError, InvalidSpec
 from agent.prewarm.private_images import (
     ALWAYS_VERIFY,
     POLICY_FIELD,
@@ -78,8 +78,31 @@ def sharing_plugin_config(facts: Facts) -> Check:
             f"{directory} is not writable by the agent (uid {os.geteuid()})",
             f"mount {directory} read-write into the agent pod",
         )
+    unreadable = _config_problem(path)
+    if unreadable:
+        return failed(
+            S,
+            "plugin-config",
+            f"{mode.value}: {unreadable}",
+            f"fix or remove {path} (gpu-agent share show says the same)",
+        )
     there = "present" if path.exists() else "not written yet"
     return ok(S, "plugin-config", f"{mode.value}: config path {path} ({there}), directory writable")
+
+
+def _config_problem(path: Path) -> str:
+    """Why the file at ``path`` is no config the plugin can read, read and parsed as `share`
+    reads it ("" when it is one, or absent: the plugin then runs with its defaults)."""
+    try:
+        raw = ConfigStore(path).read()
+        if raw and raw.strip():
+            parse(raw)
+    except InvalidSpec as exc:
+        found = "; ".join(f"{v.field}: {v.description}" for v in exc.violations)
+        return f"{path} is not a valid device-plugin config ({found or exc})"
+    except AgentError as exc:
+        return str(exc)
+    return ""
 
 
 def _plugin_pids(facts: Facts, name: str) -> list[int]:
