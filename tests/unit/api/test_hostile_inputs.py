@@ -174,3 +174,27 @@ def test_an_agent_whose_plugin_config_path_is_a_directory_starts_and_says_so(
             )
         assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
         assert "config.yaml is a directory" in (caught.value.details() or "")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"rename_by_default": True}, {"fail_requests_greater_than_one": False}],
+    ids=["rename_by_default", "fail_requests_greater_than_one"],
+)
+def test_a_spec_with_a_mig_strategy_and_section_options_but_no_resources_is_refused(
+    agent: InProcessAgent, channel: grpc.Channel, extra: dict[str, bool]
+) -> None:
+    """A SharingSpec with ``mig_strategy`` and ``rename_by_default`` (or
+    ``fail_requests_greater_than_one``) but no strategy or resources was taken as "the MIG
+    strategy alone": the strategy was written and the other field dropped without a word. It
+    is now refused naming the fields it lacks, and nothing is written (docs/sharing.md,
+    "What `set` changes")."""
+    stub = sharing_pb2_grpc.SharingServiceStub(channel)
+    request = sharing_pb2.SetSharingRequest(
+        spec=sharing_pb2.SharingSpec(mig_strategy="mixed", **extra)
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.SetSharing(request, timeout=10)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert {v.field for v in field_violations(caught.value)} == {"spec.strategy", "spec.resources"}
+    assert not agent.config.sharing.config_path.exists()
