@@ -312,6 +312,12 @@ def render_command(
             "at most 63)",
             param_hint="--namespace",
         )
+    if spec.strategy_only:
+        raise click.UsageError(
+            "--mig-strategy alone renders no object: the DRA driver has no MIG strategy (full "
+            "GPUs and MIG devices are devices of their own); give --time-slicing, --mps or "
+            "-f FILE"
+        )
     requested = spec.requested()
     mode = AllocationMode.DRA_DYNAMIC_MIG if dynamic_mig else AllocationMode.DRA
     allocation = Allocation(mode, "share render", dra_api.DRIVER)
