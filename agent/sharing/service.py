@@ -138,6 +138,11 @@ class SharingService:
         runs = strategy.run_with(config, started)
         unread = self._gpus_unread()
         unknown = self._advertised_unknown(config, started, seen, layouts)
+        if allocation.mode is AllocationMode.UNKNOWN:  # a device plugin may not be what runs
+            unknown = (
+                f"allocation mode {allocation.describe()}: whether a device plugin or a DRA "
+                "driver hands out these GPUs is not known yet"
+            )
         return SharingView(
             config_path=self._store.path,
             exists=raw is not None,

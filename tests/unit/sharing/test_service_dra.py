@@ -314,3 +314,19 @@ def test_a_change_that_fails_part_way_says_what_it_made_and_show_names_the_lefto
         "gpu-agent-time-slicing-mig-1g.10gb",
     ]
     assert finished.changed and not service(config_path, kube).show().problems
+
+
+def test_with_the_mode_unknown_show_does_not_count_what_a_plugin_advertises(
+    config_path: Path, kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """With the allocation mode unknown (the API server not answering yet), ``share show``
+    counted ADVERTISED from the plugin's file as if a device plugin surely handed the GPUs out,
+    while every change was refused because that is not known. It now says the count is not
+    known and why, and still shows the file (docs/dra.md, "Sharing under DRA")."""
+    plugin = Allocation(AllocationMode.DEVICE_PLUGIN, "nvidia.com/gpu in node capacity")
+    service(config_path, kube, plugin).set(ts())
+    unknown = Allocation(AllocationMode.UNKNOWN, "the API server has not answered")
+    view = service(config_path, kube, unknown).show()
+    assert view.advertised == ()
+    assert view.advertised_unknown.startswith("allocation mode unknown (the API server has not")
+    assert view.config.sharing == ts().sharing and view.dra is None
