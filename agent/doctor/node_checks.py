@@ -10,6 +10,7 @@ import os
 import stat
 from pathlib import Path
 
+from agent.doctor import kube_checks
 from agent.doctor.facts import NEEDS_NVML, Facts, degraded, failed, ok
 from agent.dra.mode import AllocationMode
 from agent.errors import AgentError, InvalidSpec
@@ -137,6 +138,8 @@ def sharing_reload(facts: Facts) -> Check:
                 f"reload {sharing.reload} needs the Kubernetes API, and there is none",
                 "run the agent in a pod with its service account, or set sharing.reload sighup",
             )
+        if sharing.reload == "restart-pod":
+            return _restart_pod_allowed(facts, sharing.plugin_namespace)
         return ok(S, "reload", f"reload {sharing.reload} through the Kubernetes API")
     pids = _plugin_pids(facts, sharing.plugin_process_name)
     if pids:
@@ -150,6 +153,29 @@ def sharing_reload(facts: Facts) -> Check:
         "run the agent with hostPID: true, or set sharing.reload label (GPU Operator) or "
         "restart-pod",
     )
+
+
+def _restart_pod_allowed(facts: Facts, namespace: str) -> Check:
+    """reload restart-pod lists and deletes the plugin's pods in ``namespace``: verbs the base
+    role does not grant (overlays/sharing-restart-pod does), asked of the API server."""
+    try:
+        denied = [
+            verb
+            for verb in ("list", "delete")
+            if not kube_checks.allowed(facts, "", "pods", verb, namespace)
+        ]
+    except AgentError as exc:
+        return failed(S, "reload", f"SelfSubjectAccessReview refused: {exc}", kube_checks.RBAC_FIX)
+    if denied:
+        return failed(
+            S,
+            "reload",
+            f"reload restart-pod, but the agent may not {' or '.join(denied)} pods in namespace "
+            f"{namespace}: the first share change would write the file and fail its reload",
+            "kubectl apply -k deploy/kubernetes/overlays/sharing-restart-pod (a Role for list "
+            "and delete on pods in the plugin's namespace), or set sharing.reload sighup",
+        )
+    return ok(S, "reload", f"reload restart-pod: may list and delete pods in {namespace}")
 
 
 def sharing_mig_strategy(facts: Facts) -> Check:
