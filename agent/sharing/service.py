@@ -285,6 +285,7 @@ class SharingService:
                 )
             if previous_raw == current_raw:
                 return self._result("rollback", False, previous, layouts, None)
+            reloader.check()
             self._store.swap_with_previous(previous_raw)
             return self._reload_and_record("rollback", previous_raw, previous, layouts, reloader)
 
@@ -299,6 +300,7 @@ class SharingService:
         if desired == current:
             return self._result(action, False, desired, layouts, None)
         data = render(desired).encode()
+        reloader.check()
         self._store.write(data)
         return self._reload_and_record(action, data, desired, layouts, reloader)
 

@@ -306,6 +306,26 @@ def test_restart_pod_reload_through_the_api(
     assert "nvidia-device-plugin-daemonset-abcde" not in [p.name for p in api.pods]
 
 
+def test_a_restart_pod_reload_the_agent_may_not_make_is_refused_before_writing(
+    config_path: Path, kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    """With reload restart-pod and the plugin pod's delete forbidden (the overlay's Role
+    missing), set wrote the file and then failed its reload with a 403: the node held a config
+    its plugin had not loaded. The delete is now tried first as a dry run, which the API server
+    authorizes as a real one, and a refusal writes nothing (docs/sharing.md, "Reloading the
+    plugin")."""
+    api, _ = kube_api
+    pod = "/api/v1/namespaces/gpu-operator/pods/nvidia-device-plugin-daemonset-abcde"
+    api.forbidden.add(("DELETE", pod))
+    svc = service(config_path, reload="restart-pod", kube=kube)
+    with pytest.raises(PermissionDenied, match="nothing was written"):
+        svc.set(parse(ts()))
+    assert not config_path.exists()
+    assert "nvidia-device-plugin-daemonset-abcde" in [p.name for p in api.pods]
+    api.forbidden.clear()
+    assert svc.set(parse(ts())).reload.done  # type: ignore[union-attr]
+
+
 def test_a_failed_reload_says_the_config_was_written(
     config_path: Path, kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str]
 ) -> None:
