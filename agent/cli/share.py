@@ -181,7 +181,8 @@ _SPEC_OPTIONS = [
 @click.group("share", cls=AgentGroup)
 def share() -> None:
     """GPU sharing on this node: time-slicing or MPS replicas, advertised by NVIDIA's device
-    plugin (one setting for every GPU of the node)."""
+    plugin (one setting for every GPU of the node); on a DRA node, the DRA driver's sharing
+    config in DeviceClasses that claims name."""
 
 
 @share.command(
@@ -191,6 +192,8 @@ def share() -> None:
 @click.pass_obj
 def show_command(obj: ShareContext, output: str) -> None:
     """Show the node's sharing, what the device plugin advertises, and whether it loaded it.
+
+    On a DRA node: the spec set here and its DeviceClasses (present, missing or differs).
 
     \b
     Example:
@@ -209,7 +212,8 @@ def set_command(obj: ShareContext, spec: _Spec, output: str) -> None:
     """Set the node's sharing, write it for the device plugin and reload the plugin.
 
     Refused, with the rule and the field, when the plugin would reject or ignore it. The
-    previous config is kept for `share rollback`.
+    previous config is kept for `share rollback`. On a DRA node it writes one DeviceClass per
+    shared resource instead, refused where the DRA driver cannot take the spec.
 
     \b
     Examples:
@@ -237,6 +241,8 @@ def set_command(obj: ShareContext, spec: _Spec, output: str) -> None:
 def clear_command(obj: ShareContext, output: str) -> None:
     """Stop sharing: remove the sharing section (other plugin settings stay) and reload.
 
+    On a DRA node: this node leaves its DeviceClasses; the last node out deletes them.
+
     \b
     Example:
       gpu-agent share clear
@@ -250,7 +256,8 @@ def clear_command(obj: ShareContext, output: str) -> None:
 def rollback_command(obj: ShareContext, output: str) -> None:
     """Restore the config that was there before the last change, and reload the plugin.
 
-    The replaced config becomes the previous one, so a second rollback undoes the first.
+    The replaced config becomes the previous one, so a second rollback undoes the first. On a
+    DRA node: the spec from before the last change, and its DeviceClasses.
 
     \b
     Example:

@@ -284,3 +284,16 @@ def test_a_sharing_option_without_resources_is_refused_naming_it(
     assert result.exit_code == 2, result.output
     assert f"{named} applies to the resources of --time-slicing or --mps" in result.stderr
     assert not config_path.exists()
+
+
+def test_the_help_of_each_command_says_what_it_does_on_a_dra_node() -> None:
+    """Every `share` command's help spoke of the device plugin only (write its file, reload
+    it), while on a node whose allocation mode is dra or dra-dynamic-mig the same commands
+    write DeviceClasses and reload nothing. Each help now says so (docs/dra.md, "Sharing under
+    DRA")."""
+    for name in ("show", "set", "clear", "rollback"):
+        result = CliRunner().invoke(share, [name, "--help"])
+        assert result.exit_code == 0
+        assert "DeviceClass" in " ".join(result.output.split()), (name, result.output)
+    group = CliRunner().invoke(share, ["--help"])
+    assert "DeviceClass" in " ".join(group.output.split())
