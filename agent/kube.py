@@ -81,8 +81,12 @@ class KubeClient(Protocol):
         """Merge-patch labels onto the node; None removes a label."""
         ...
 
-    def delete_pods(self, namespace: str, label_selector: str, node_name: str) -> tuple[str, ...]:
-        """Delete the pods matching ``label_selector`` on ``node_name``; return their names."""
+    def delete_pods(
+        self, namespace: str, label_selector: str, node_name: str, *, dry_run: bool = False
+    ) -> tuple[str, ...]:
+        """Delete the pods matching ``label_selector`` on ``node_name``; return their names.
+        ``dry_run``: the API server checks each delete (authorization included) and keeps the
+        pods."""
         ...
 
 
@@ -384,16 +388,19 @@ class InClusterKubeClient:
         }
         self.request("POST", "/api/v1/namespaces/default/events", body=body)
 
-    def delete_pods(self, namespace: str, label_selector: str, node_name: str) -> tuple[str, ...]:
+    def delete_pods(
+        self, namespace: str, label_selector: str, node_name: str, *, dry_run: bool = False
+    ) -> tuple[str, ...]:
         base = f"/api/v1/namespaces/{_segment(namespace)}/pods"
         # The node field selector keeps this to the plugin pod of *this* node.
         query = {"labelSelector": label_selector, "fieldSelector": f"spec.nodeName={node_name}"}
         pods = page_items(self.request("GET", base, query=query))
         names = [str(name) for pod in pods if (name := dig(pod, "metadata", "name"))]
         deleted = []
+        dry = {"dryRun": "All"} if dry_run else None
         for name in names:
             try:
-                self.request("DELETE", f"{base}/{_segment(name)}")
+                self.request("DELETE", f"{base}/{_segment(name)}", query=dry)
             except NotFound:
                 continue  # already gone: the DaemonSet is restarting it anyway
             deleted.append(name)

@@ -87,8 +87,10 @@ class OwnedNodeLabels:
         self._own(node)
         self._owner.write_now(labels)
 
-    def delete_pods(self, namespace: str, label_selector: str, node_name: str) -> tuple[str, ...]:
-        return self._client.delete_pods(namespace, label_selector, node_name)
+    def delete_pods(
+        self, namespace: str, label_selector: str, node_name: str, *, dry_run: bool = False
+    ) -> tuple[str, ...]:
+        return self._client.delete_pods(namespace, label_selector, node_name, dry_run=dry_run)
 
     # Other objects than the Node (DeviceClasses a sharing change writes) pass straight on.
     def list_all(

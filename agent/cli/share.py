@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_REPLICAS = re.compile(r"\s*[-+]?[0-9]+\s*", re.ASCII)
+_INT64_MAX = 2**63 - 1
 
 
 class SharingCalls(Protocol):
@@ -85,9 +87,24 @@ class _Spec:
                     self.mig_strategy,
                 )
             )
+        options = self._sharing_options()
+        if options:
+            verb = "applies" if len(options) == 1 else "apply"
+            raise click.UsageError(
+                f"{' and '.join(options)} {verb} to the resources of --time-slicing or --mps: "
+                "give one of those too (or write the setting in -f FILE)"
+            )
         raise click.UsageError(
             "give --time-slicing, --mps or -f FILE (to stop sharing: gpu-agent share clear)"
         )
+
+    def _sharing_options(self) -> list[str]:
+        """The options given that set a sharing section's fields, which need its resources."""
+        options = ["--rename-by-default"] if self.rename_by_default else []
+        if self.fail_requests is not None:
+            no = "" if self.fail_requests else "no-"
+            options.append(f"--{no}fail-requests-greater-than-one")
+        return options
 
     def strategy_config(self) -> PluginConfig:
         """``--mig-strategy`` as a config of that flag alone, through the one parser."""
@@ -164,7 +181,8 @@ _SPEC_OPTIONS = [
 @click.group("share", cls=AgentGroup)
 def share() -> None:
     """GPU sharing on this node: time-slicing or MPS replicas, advertised by NVIDIA's device
-    plugin (one setting for every GPU of the node)."""
+    plugin (one setting for every GPU of the node); on a DRA node, the DRA driver's sharing
+    config in DeviceClasses that claims name."""
 
 
 @share.command(
@@ -174,6 +192,8 @@ def share() -> None:
 @click.pass_obj
 def show_command(obj: ShareContext, output: str) -> None:
     """Show the node's sharing, what the device plugin advertises, and whether it loaded it.
+
+    On a DRA node: the spec set here and its DeviceClasses (present, missing or differs).
 
     \b
     Example:
@@ -192,7 +212,8 @@ def set_command(obj: ShareContext, spec: _Spec, output: str) -> None:
     """Set the node's sharing, write it for the device plugin and reload the plugin.
 
     Refused, with the rule and the field, when the plugin would reject or ignore it. The
-    previous config is kept for `share rollback`.
+    previous config is kept for `share rollback`. On a DRA node it writes one DeviceClass per
+    shared resource instead, refused where the DRA driver cannot take the spec.
 
     \b
     Examples:
@@ -220,6 +241,8 @@ def set_command(obj: ShareContext, spec: _Spec, output: str) -> None:
 def clear_command(obj: ShareContext, output: str) -> None:
     """Stop sharing: remove the sharing section (other plugin settings stay) and reload.
 
+    On a DRA node: this node leaves its DeviceClasses; the last node out deletes them.
+
     \b
     Example:
       gpu-agent share clear
@@ -233,7 +256,8 @@ def clear_command(obj: ShareContext, output: str) -> None:
 def rollback_command(obj: ShareContext, output: str) -> None:
     """Restore the config that was there before the last change, and reload the plugin.
 
-    The replaced config becomes the previous one, so a second rollback undoes the first.
+    The replaced config becomes the previous one, so a second rollback undoes the first. On a
+    DRA node: the spec from before the last change, and its DeviceClasses.
 
     \b
     Example:
@@ -294,6 +318,12 @@ def render_command(
             f"{namespace!r}: a namespace is a DNS label (lowercase letters, digits and '-', "
             "at most 63)",
             param_hint="--namespace",
+        )
+    if spec.strategy_only:
+        raise click.UsageError(
+            "--mig-strategy alone renders no object: the DRA driver has no MIG strategy (full "
+            "GPUs and MIG devices are devices of their own); give --time-slicing, --mps or "
+            "-f FILE"
         )
     requested = spec.requested()
     mode = AllocationMode.DRA_DYNAMIC_MIG if dynamic_mig else AllocationMode.DRA
@@ -364,12 +394,18 @@ def _resource(spec: str, option: str) -> dict[str, object]:
         raise click.BadParameter(
             f"{spec!r}: expected RESOURCE=REPLICAS, e.g. nvidia.com/gpu=4", param_hint=option
         )
-    try:
-        return {"name": name.strip(), "replicas": int(replicas)}
-    except ValueError:
+    # Not int() alone: it takes '1_0' as 10 and any Unicode digit ('\u0664' as 4).
+    if not _REPLICAS.fullmatch(replicas):
         raise click.BadParameter(
-            f"{spec!r}: REPLICAS must be an integer, e.g. nvidia.com/gpu=4", param_hint=option
-        ) from None
+            f"{spec!r}: REPLICAS must be an integer (digits 0-9), e.g. nvidia.com/gpu=4",
+            param_hint=option,
+        )
+    value = int(replicas)
+    if abs(value) > _INT64_MAX:  # the plugin's Go int; past it the agent's parser refuses it
+        raise click.BadParameter(
+            f"{spec!r}: REPLICAS must be an integer of at most {_INT64_MAX}", param_hint=option
+        )
+    return {"name": name.strip(), "replicas": value}
 
 
 def _emit(data: object, output: str, table: Callable[[], str]) -> None:

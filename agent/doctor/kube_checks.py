@@ -12,7 +12,7 @@ from agent.doctor.facts import Facts, failed, ok
 from agent.errors import AgentError
 from agent.wire.doctor import Check
 
-__all__ = ["AGENT_VERBS", "kube_api_versions", "kube_rbac", "kube_reachable"]
+__all__ = ["AGENT_VERBS", "allowed", "kube_api_versions", "kube_rbac", "kube_reachable"]
 
 K = "kubernetes"
 NOT_IN_CLUSTER = "not in a cluster (no service account, no KUBECONFIG): nothing needs the API"
@@ -52,12 +52,16 @@ def kube_reachable(facts: Facts) -> Check:
     return ok(K, "reachable", f"{kube.server} answers, version {said}")
 
 
-def _allowed(facts: Facts, group: str, resource: str, verb: str) -> bool:
+def allowed(facts: Facts, group: str, resource: str, verb: str, namespace: str = "") -> bool:
+    """Whether the agent's service account may ``verb`` ``resource`` (in ``namespace``, or
+    cluster-wide): one SelfSubjectAccessReview; AgentError when the API refuses to answer."""
     assert facts.kube is not None
     name, _, sub = resource.partition("/")
     attributes: dict[str, Any] = {"group": group, "resource": name, "verb": verb}
     if sub:
         attributes["subresource"] = sub
+    if namespace:
+        attributes["namespace"] = namespace
     review = {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SelfSubjectAccessReview",
@@ -77,7 +81,7 @@ def kube_rbac(facts: Facts) -> Check:
         for group, resource, verbs in AGENT_VERBS:
             for verb in verbs:
                 asked += 1
-                if not _allowed(facts, group, resource, verb):
+                if not allowed(facts, group, resource, verb):
                     denied.append(f"{verb} {resource}{'.' + group if group else ''}")
     except AgentError as exc:
         return failed(K, "rbac", f"SelfSubjectAccessReview refused: {exc}", RBAC_FIX)

@@ -10,9 +10,10 @@ import os
 import stat
 from pathlib import Path
 
+from agent.doctor import kube_checks
 from agent.doctor.facts import NEEDS_NVML, Facts, degraded, failed, ok
 from agent.dra.mode import AllocationMode
-from agent.errors import AgentError
+from agent.errors import AgentError, InvalidSpec
 from agent.prewarm.private_images import (
     ALWAYS_VERIFY,
     POLICY_FIELD,
@@ -78,8 +79,31 @@ def sharing_plugin_config(facts: Facts) -> Check:
             f"{directory} is not writable by the agent (uid {os.geteuid()})",
             f"mount {directory} read-write into the agent pod",
         )
+    unreadable = _config_problem(path)
+    if unreadable:
+        return failed(
+            S,
+            "plugin-config",
+            f"{mode.value}: {unreadable}",
+            f"fix or remove {path} (gpu-agent share show says the same)",
+        )
     there = "present" if path.exists() else "not written yet"
     return ok(S, "plugin-config", f"{mode.value}: config path {path} ({there}), directory writable")
+
+
+def _config_problem(path: Path) -> str:
+    """Why the file at ``path`` is no config the plugin can read, read and parsed as `share`
+    reads it ("" when it is one, or absent: the plugin then runs with its defaults)."""
+    try:
+        raw = ConfigStore(path).read()
+        if raw and raw.strip():
+            parse(raw)
+    except InvalidSpec as exc:
+        found = "; ".join(f"{v.field}: {v.description}" for v in exc.violations)
+        return f"{path} is not a valid device-plugin config ({found or exc})"
+    except AgentError as exc:
+        return str(exc)
+    return ""
 
 
 def _plugin_pids(facts: Facts, name: str) -> list[int]:
@@ -114,6 +138,8 @@ def sharing_reload(facts: Facts) -> Check:
                 f"reload {sharing.reload} needs the Kubernetes API, and there is none",
                 "run the agent in a pod with its service account, or set sharing.reload sighup",
             )
+        if sharing.reload == "restart-pod":
+            return _restart_pod_allowed(facts, sharing.plugin_namespace)
         return ok(S, "reload", f"reload {sharing.reload} through the Kubernetes API")
     pids = _plugin_pids(facts, sharing.plugin_process_name)
     if pids:
@@ -127,6 +153,29 @@ def sharing_reload(facts: Facts) -> Check:
         "run the agent with hostPID: true, or set sharing.reload label (GPU Operator) or "
         "restart-pod",
     )
+
+
+def _restart_pod_allowed(facts: Facts, namespace: str) -> Check:
+    """reload restart-pod lists and deletes the plugin's pods in ``namespace``: verbs the base
+    role does not grant (overlays/sharing-restart-pod does), asked of the API server."""
+    try:
+        denied = [
+            verb
+            for verb in ("list", "delete")
+            if not kube_checks.allowed(facts, "", "pods", verb, namespace)
+        ]
+    except AgentError as exc:
+        return failed(S, "reload", f"SelfSubjectAccessReview refused: {exc}", kube_checks.RBAC_FIX)
+    if denied:
+        return failed(
+            S,
+            "reload",
+            f"reload restart-pod, but the agent may not {' or '.join(denied)} pods in namespace "
+            f"{namespace}: the first share change would write the file and fail its reload",
+            "kubectl apply -k deploy/kubernetes/overlays/sharing-restart-pod (a Role for list "
+            "and delete on pods in the plugin's namespace), or set sharing.reload sighup",
+        )
+    return ok(S, "reload", f"reload restart-pod: may list and delete pods in {namespace}")
 
 
 def sharing_mig_strategy(facts: Facts) -> Check:

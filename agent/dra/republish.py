@@ -64,6 +64,27 @@ class Republisher:
         self._selector = label_selector
         self.timeout_s = timeout_s
 
+    def check(self) -> None:
+        """Before a change: this node's kubelet plugin pod is there and may be deleted (a
+        dry-run delete, which the API server authorizes as a real one). Conflict saying why
+        not: the change would be applied, then rolled back when the restart fails."""
+        try:
+            pods = self._kube.delete_pods(
+                self._namespace, self._selector, self._watch.node, dry_run=True
+            )
+        except AgentError as exc:
+            raise Conflict(
+                f"the DRA driver's kubelet plugin could not be restarted after the change "
+                f"({self._where()}; check dra.plugin_namespace and dra.plugin_label_selector, "
+                f"and the agent's Role there): {exc}; nothing was changed"
+            ) from exc
+        if not pods:
+            raise Conflict(
+                f"no DRA kubelet plugin pod on this node matched {self._where()}: nothing would "
+                f"make {self._watch.driver} republish its ResourceSlices (check "
+                "dra.plugin_namespace and dra.plugin_label_selector); nothing was changed"
+            )
+
     def restart(self) -> tuple[str, ...]:
         """Delete this node's kubelet plugin pod(s); Conflict when none matched."""
         try:

@@ -62,6 +62,8 @@ class Republish(Protocol):
 
     def restart(self) -> tuple[str, ...]: ...
 
+    def check(self) -> None: ...
+
 
 #: Without a Kubernetes API (a laptop, the simulated quick start): MIG works as it always did.
 _NO_MODE = Allocation(AllocationMode.NONE, "no allocation mode source")
@@ -235,6 +237,7 @@ class MigService:
             executor = Executor(self._driver, self._journal, self._reset, progress)
             outcomes = {p.layout.gpu.uuid: _unchanged(p) for p in plan.gpus}
             if plan.changes:
+                self._can_republish(allocation)
                 desired = {p.layout.gpu.uuid: p.desired for p in plan.changes}
                 self._journal.journal_append(
                     SCOPE, begin_entry(description, desired, force=force, skip_reset=skip_reset)
@@ -282,6 +285,7 @@ class MigService:
             outcomes = []
             changing = [(gpu, t) for gpu, t, same in targets if not same]
             if changing:
+                self._can_republish(allocation)
                 self._journal.journal_append(
                     SCOPE,
                     {
@@ -466,6 +470,12 @@ class MigService:
             else:
                 exc.args = (f"{exc}; the DRA kubelet plugin was restarted to publish it",)
             raise
+
+    def _can_republish(self, allocation: Allocation) -> None:
+        """On a ``dra`` node, before any change: the driver can be made to republish (or the
+        change would be applied and rolled back); Conflict, nothing changed, when not."""
+        if allocation.mode is AllocationMode.DRA and self._republish is not None:
+            self._republish.check()
 
     def _plugin_told(self, allocation: Allocation) -> str:
         """On a ``device-plugin`` node, after the lock is released: the plugin enumerates MIG

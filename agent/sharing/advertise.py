@@ -22,6 +22,10 @@ SHARED_SUFFIX = ".shared"
 _SUB_GI = re.compile(r"\d+c\.")
 
 
+#: The most a count can say: the API's counts are uint32 (agent/wire/sharing.py).
+MAX_COUNT = 2**32 - 1
+
+
 @dataclass(frozen=True, slots=True)
 class Advertised:
     """One resource of the node capacity: ``devices`` GPUs or MIG devices, times replicas."""
@@ -32,7 +36,10 @@ class Advertised:
 
     @property
     def count(self) -> int:
-        return self.devices * self.replicas
+        """devices x replicas, saturated at 2**32-1 as the API sends it (a node's capacity and
+        the API's counts are uint32; a hand-written file past that shows with its problem), so a
+        client that reads the API shows the number the agent does."""
+        return min(self.devices * self.replicas, MAX_COUNT)
 
 
 def mig_enabled(layout: GpuLayout) -> bool:

@@ -8,10 +8,11 @@ retrying once; a second 409 is the caller's Conflict.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from agent.errors import Conflict, NotFound
+from agent.errors import AgentError, Conflict, NotFound
 from agent.kube import Requests
 from agent.sharing.dra import AGENT, MANAGED_BY, Change, SharedClass, owned, reconcile_one
 
@@ -50,15 +51,21 @@ class DeviceClasses:
         """Make each change; on a 409, read that class again, decide again, retry once.
         Returns the changes as made."""
         wanted = {s.name: s for s in desired}
-        done = []
+        done: list[Change] = []
         for change in changes:
             try:
-                done.append(self._write(change))
-            except Conflict:
-                fresh = reconcile_one(
-                    change.name, wanted.get(change.name), self.get(change.name), node
-                )
-                done.append(self._write(fresh))
+                try:
+                    done.append(self._write(change))
+                except Conflict:
+                    fresh = reconcile_one(
+                        change.name, wanted.get(change.name), self.get(change.name), node
+                    )
+                    done.append(self._write(fresh))
+            except AgentError as exc:
+                made = [c for c in done if c.action != "unchanged"]
+                if not made:
+                    raise
+                raise _part_way(exc, made) from exc
         return done
 
     def _write(self, change: Change) -> Change:
@@ -83,3 +90,19 @@ class DeviceClasses:
         else:
             return change
         return Change(change.action, change.name, body if isinstance(body, dict) else change.body)
+
+
+_DONE = {"create": "created", "update": "updated", "delete": "deleted"}
+
+
+def _part_way(exc: AgentError, made: Sequence[Change]) -> AgentError:
+    """``exc`` (same class and details, so the exit code still says why) saying which classes
+    this change had already written: the cluster holds part of it, and the spec is not
+    recorded until a run of the command gets through."""
+    what = ", ".join(f"{_DONE[c.action]} DeviceClass {c.name}" for c in made)
+    said = copy.copy(exc)
+    said.args = (
+        f"{exc}; this change had already {what}: the spec was not recorded; run the same "
+        "share command again to finish it, or share clear",
+    )
+    return said

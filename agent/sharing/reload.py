@@ -37,6 +37,11 @@ Clock = Callable[[], float]
 class Reloader(Protocol):
     def reload(self) -> ReloadReport: ...
 
+    def check(self) -> None:
+        """Before a write: refuse what the reload could be told now it will not be allowed to
+        do (nothing written yet); a reloader with nothing to ask returns."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class PluginProcess:
@@ -65,6 +70,9 @@ class SighupReloader:
     def __init__(self, process_name: str, clock: Clock = time.time) -> None:
         self._name = process_name
         self._clock = clock
+
+    def check(self) -> None:
+        return None  # signalling is tried only with a plugin to signal
 
     def reload(self) -> ReloadReport:
         signalled = []
@@ -104,6 +112,9 @@ class LabelReloader:
         self._config_name = config_name
         self._clock = clock
 
+    def check(self) -> None:
+        return None  # the node's labels: granted by the agent's own role
+
     def reload(self) -> ReloadReport:
         before = self._kube.node_labels(self._node).get(CONFIG_LABEL)
         if before == self._config_name:
@@ -137,6 +148,17 @@ class RestartPodReloader:
         self._selector = selector
         self._clock = clock
 
+    def check(self) -> None:
+        """A dry-run delete of this node's plugin pods: the API server authorizes it as a real
+        one, so a Role that is missing refuses the change before the file is written."""
+        try:
+            self._kube.delete_pods(self._namespace, self._selector, self._node, dry_run=True)
+        except PermissionDenied as exc:
+            raise PermissionDenied(
+                f"reload restart-pod would fail (namespace {self._namespace}): {exc}; nothing "
+                "was written"
+            ) from exc
+
     def reload(self) -> ReloadReport:
         deleted = self._kube.delete_pods(self._namespace, self._selector, self._node)
         at = self._clock()
@@ -155,6 +177,9 @@ class RestartPodReloader:
 class NoReload:
     def __init__(self, clock: Clock = time.time) -> None:
         self._clock = clock
+
+    def check(self) -> None:
+        return None
 
     def reload(self) -> ReloadReport:
         return ReloadReport(

@@ -79,6 +79,12 @@ def no_detection() -> Allocation:
     return Allocation(AllocationMode.NONE, "no allocation-mode detection wired")
 
 
+#: A class listing this node that the node's spec does not name: a change cut off part-way.
+_UNNAMED = (
+    "DeviceClass lists this node, but the spec set on this node does not name it (left by a "
+    "change that failed part-way?): run that share command again, or share clear"
+)
+
 _STATE = {"create": "created", "update": "updated", "delete": "deleted", "unchanged": "unchanged"}
 
 
@@ -132,6 +138,11 @@ class SharingService:
         runs = strategy.run_with(config, started)
         unread = self._gpus_unread()
         unknown = self._advertised_unknown(config, started, seen, layouts)
+        if allocation.mode is AllocationMode.UNKNOWN:  # a device plugin may not be what runs
+            unknown = (
+                f"allocation mode {allocation.describe()}: whether a device plugin or a DRA "
+                "driver hands out these GPUs is not known yet"
+            )
         return SharingView(
             config_path=self._store.path,
             exists=raw is not None,
@@ -266,13 +277,15 @@ class SharingService:
                 )
             previous = self._parse(previous_raw, self._store.previous_path)
             layouts = self._layouts()
-            found = violations(previous, layouts)
+            started, _ = self._started(find_plugin_processes(self._settings.plugin_process_name))
+            found = _as_set_would_check(previous, started, layouts)
             if found:
                 raise InvalidSpec(
                     "cannot roll back: the previous config is refused on this node now", found
                 )
             if previous_raw == current_raw:
                 return self._result("rollback", False, previous, layouts, None)
+            reloader.check()
             self._store.swap_with_previous(previous_raw)
             return self._reload_and_record("rollback", previous_raw, previous, layouts, reloader)
 
@@ -287,6 +300,7 @@ class SharingService:
         if desired == current:
             return self._result(action, False, desired, layouts, None)
         data = render(desired).encode()
+        reloader.check()
         self._store.write(data)
         return self._reload_and_record(action, data, desired, layouts, reloader)
 
@@ -471,7 +485,10 @@ class SharingService:
                     )
                     continue
                 state = "present"
-                if want is None or not dra.same_spec(obj, dra.class_spec(want)):
+                if want is None:
+                    state = "differs"
+                    problems.append(FieldViolation(name, _UNNAMED))
+                elif not dra.same_spec(obj, dra.class_spec(want)):
                     state = "differs"
                     problems.append(
                         FieldViolation(name, "DeviceClass differs from the spec set on this node")
@@ -530,6 +547,19 @@ def _strategy_problems(
         runs = strategy.effective(config.flags.mig_strategy, started)
         found.append(strategy.problem(runs.value, layouts))
     return [FieldViolation("flags.migStrategy", why) for why in found if why is not None]
+
+
+def _as_set_would_check(
+    config: PluginConfig, started: strategy.Strategy | None, layouts: Sequence[GpuLayout]
+) -> list[FieldViolation]:
+    """What ``set`` would refuse in ``config`` (a rollback's target): its migStrategy if the
+    plugin's own overrides it, and the rules as the plugin runs it."""
+    overridden: list[FieldViolation] = []
+    try:
+        _refuse_overridden(config, started)
+    except InvalidSpec as exc:
+        overridden += exc.violations
+    return overridden + violations(strategy.run_with(config, started) or config, layouts)
 
 
 def _refuse_overridden(requested: PluginConfig, started: strategy.Strategy | None) -> None:

@@ -18,7 +18,14 @@ from pathlib import Path
 
 from agent import safeyaml
 from agent.durable import fsync_dir
-from agent.errors import AgentError, FieldViolation, InvalidSpec, NotFound, PermissionDenied
+from agent.errors import (
+    AgentError,
+    Conflict,
+    FieldViolation,
+    InvalidSpec,
+    NotFound,
+    PermissionDenied,
+)
 
 CHUNK_SIZE = 1 << 20
 _DEFAULT_MODE = 0o644  # the plugin may run as another user; the config is not a secret
@@ -171,6 +178,14 @@ def _read(path: Path) -> bytes | None:
         return None
     except PermissionError as exc:
         raise PermissionDenied(f"cannot read {path}: {exc.strerror}") from exc
+    except IsADirectoryError as exc:  # a hostPath mounted where the file should be
+        raise Conflict(
+            f"{path} is a directory, not a device-plugin config file (a hostPath mounted at "
+            "the file's path makes one when the host has no such file); remove it or fix the "
+            "mount, or set sharing.config_path"
+        ) from exc
+    except OSError as exc:
+        raise AgentError(f"cannot read {path}: {exc.strerror or exc}") from exc
     if len(data) > limit:
         raise InvalidSpec(
             f"{path} is larger than {limit} bytes: not a device-plugin config; fix or remove it",

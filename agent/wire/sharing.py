@@ -167,8 +167,12 @@ def keeps_sharing(request: sharing_pb2.SetSharingRequest) -> bool:
 
 
 def _strategy_only(spec: sharing_pb2.SharingSpec) -> bool:
+    """Only ``mig_strategy``: a section's option beside it (``rename_by_default``,
+    ``fail_requests_greater_than_one``) makes it a spec that lacks its strategy and resources,
+    refused as such, not one whose option is dropped."""
     unset = spec.strategy == sharing_pb2.SHARING_STRATEGY_UNSPECIFIED
-    return unset and not spec.resources and bool(spec.mig_strategy)
+    options = spec.rename_by_default or spec.HasField("fail_requests_greater_than_one")
+    return unset and not spec.resources and not options and bool(spec.mig_strategy)
 
 
 def strategy_request(mig_strategy: str) -> sharing_pb2.SetSharingRequest:

@@ -332,3 +332,33 @@ def test_a_dra_node_without_an_api_refuses_a_no_op_restore_as_the_agent_refuses_
             assert refused.returncode == ModeRefused.exit_code, (argv, refused.stdout)
             assert "cannot make the DRA driver republish" in refused.stderr, argv
             assert "successfully" not in refused.stdout
+
+
+@pytest.mark.parametrize("case", ["no plugin pod", "delete forbidden"])
+def test_an_apply_the_driver_could_not_be_made_to_republish_is_refused_before_any_change(
+    tmp_path: Path, node_api: FakeKubeApi, case: str
+) -> None:
+    """With no kubelet plugin pod matching dra.plugin_namespace/plugin_label_selector on the
+    node, or its delete forbidden, an apply on a dra node changed the GPUs, then failed to
+    restart the plugin and rolled them back. The agent now asks first (a list, and a dry-run
+    delete the API server authorizes as a real one) and refuses before any change, naming
+    the settings (docs/dra.md, "Static MIG under DRA")."""
+    state = tmp_path / "state"
+    plugin = FakeDraPlugin(node_api, NODE, state).start()
+    held = gpus(state)
+    dra: dict[str, Any] = {"republish_timeout_s": 5}
+    if case == "no plugin pod":
+        dra["plugin_namespace"] = "elsewhere"
+    else:
+        pod = f"/api/v1/namespaces/gpu-operator/pods/{plugin._pod}"
+        node_api.forbidden.add(("DELETE", pod))
+    with start(tmp_path, **dra) as agent, closing(AgentClient(agent.socket)) as client:
+        settled(client, AllocationMode.DRA)
+        with pytest.raises(Conflict) as refused:
+            client.follow(client.apply_mig(CONFIG, "gpu0-1g"), lambda _: None)
+        message = str(refused.value)
+        assert "nothing was changed" in message and "rolled back" not in message, message
+        assert "dra.plugin_namespace" in message
+        assert plugin.restarts == 0
+    assert gpus(state) == held
+    assert not journal(state)

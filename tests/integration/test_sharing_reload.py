@@ -356,3 +356,32 @@ def test_no_plugin_to_tell_is_said_and_the_layout_stays_applied(
         assert quiet.service.apply(parse_spec(MIG_HALVES), "halves").device_plugin == ""
     finally:
         quiet.close()
+
+
+def test_a_rollback_is_checked_against_the_strategy_the_plugin_runs_with(
+    tmp_path: Path, config_path: Path
+) -> None:
+    """``share set`` checked a config as the plugin runs it (its own MIG_STRATEGY laid over
+    the file's), ``share rollback`` only against the file: with the plugin started with
+    MIG_STRATEGY=mixed, rolling back to MPS (which that plugin refuses to start with) was
+    written and signalled. Rollback now refuses what set refuses, and writes nothing
+    (docs/sharing.md, top: the plugin's own migStrategy)."""
+    settings = SharingSettings(config_path=config_path, reload="none")
+    svc = SharingService(settings, lambda: node(GPUS))
+    mps = parse({"sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}})
+    svc.set(mps)
+    svc.set(parse(ts(4)))  # the MPS config is now the previous one
+    files = {f.name: f.read_bytes() for f in config_path.parent.iterdir()}
+    p = PluginProcess(tmp_path, config_path, env={"MIG_STRATEGY": "mixed"})
+    try:
+        assert p.next_event()["mig_strategy"] == "mixed"
+        with pytest.raises(InvalidSpec) as refused_set:
+            svc.set(mps)
+        with pytest.raises(InvalidSpec, match="cannot roll back") as refused:
+            svc.rollback()
+        assert {v.field for v in refused.value.violations} == {
+            v.field for v in refused_set.value.violations
+        }
+        assert {f.name: f.read_bytes() for f in config_path.parent.iterdir()} == files
+    finally:
+        p.stop()

@@ -725,6 +725,8 @@ class FakeKubeApi:
         if name is not None and h.command == "DELETE":
             for pod in self.pods:
                 if pod.namespace == ns and pod.name == name:
+                    if query.get("dryRun") == "All":  # authorized and admitted, kept
+                        return _reply(h, 200, pod.obj())
                     self.pods.remove(pod)
                     self.on_delete(ns, name)
                     return _reply(h, 200, pod.obj())

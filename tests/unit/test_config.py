@@ -543,3 +543,25 @@ def test_a_retired_key_is_ignored_with_a_warning_naming_it(
     (line,) = [r.getMessage() for r in caplog.records]
     assert named in line
     assert "remove it" in line
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "allowed"),
+    [
+        ("GPU_AGENT_SHARING__PLUGIN_NAMESPACE", "GPU Operator", "a namespace: a DNS label"),
+        ("GPU_AGENT_DRA__PLUGIN_NAMESPACE", "gpu_operator", "a namespace: a DNS label"),
+        ("GPU_AGENT_SHARING__LABEL_CONFIG_NAME", "my config!", "a label value"),
+        ("GPU_AGENT_SHARING__LABEL_CONFIG_NAME", "a" * 64, "a label value"),
+    ],
+)
+def test_the_kubernetes_names_of_the_plugin_settings_are_checked_at_load(
+    name: str, text: str, allowed: str
+) -> None:
+    """sharing.plugin_namespace and dra.plugin_namespace took any text, refused by the API
+    server only when a reload or a republish deleted pods there (for sharing, after the plugin's
+    file was written), and sharing.label_config_name only when a share change ran. Each is now
+    refused at load, naming the setting and what it must be (docs/sharing.md, "Reloading the
+    plugin")."""
+    error = invalid(env={name: text})
+    assert [v.field for v in error.violations] == [f"env {name}"]
+    assert allowed in error.violations[0].description

@@ -89,7 +89,12 @@ def apply_mig(
 @click.option(
     "--strategy", type=click.Choice(["time-slicing", "mps"]), default=None, help="How to share."
 )
-@click.option("--replicas", type=click.IntRange(min=2), default=None, help="Replicas per device.")
+@click.option(
+    "--replicas",
+    type=click.IntRange(min=2, max=0xFFFFFFFF),  # the API's uint32; the agents check the rest
+    default=None,
+    help="Replicas per device.",
+)
 @click.option(
     "--resource",
     "resources",
@@ -121,6 +126,21 @@ def apply_share(
     from agent.coordinator.rollout.specs import sharing_spec
 
     rollout = rollout_args(kwargs)
+    given = [
+        option
+        for option, value in (
+            ("--strategy", strategy),
+            ("--replicas", replicas),
+            ("--rename", rename),
+            ("--resource", resources != ("nvidia.com/gpu",)),
+        )
+        if value
+    ]
+    if config_file is not None and given:
+        raise InvalidSpec(
+            f"-f FILE is a whole device-plugin config: {', '.join(given)} cannot come with it",
+            [FieldViolation("file", f"give -f alone, or {', '.join(given)} without it")],
+        )
     if config_file is not None:
         spec = sharing_spec(config_file.read_text())
     elif strategy is not None and replicas is not None:

@@ -23,12 +23,14 @@ from agent.coordinator.rollout.execute import NodeAction, NodeResult, Notes
 from agent.coordinator.rollout.record import RolloutRecord
 from agent.coordinator.rollout.schedule import NodeState
 from agent.coordinator.rollout.targets import target_name
-from agent.errors import AgentError
+from agent.errors import AgentError, InvalidSpec
 from agent.gpu.types import GpuLayout
 from agent.power.plan import resolve
 from agent.power.spec import parse as parse_power
+from agent.sharing import dra
 from agent.sharing.schema import PluginConfig, merge, to_document
 from agent.sharing.validate import violations
+from agent.sharing.view import DraView
 from agent.wire.operations import OperationView
 from agent.wire.prewarm import ItemStatus
 from agent.wire.sharing import requested_config
@@ -247,6 +249,8 @@ async def _preview_share(client: AgentClient, record: RolloutRecord, node: str) 
     requested = requested_config(sharing_request(record, node))
     now, inventory = await asyncio.gather(client.get_sharing(), client.node())
     current = now.config if now.exists else None
+    if now.dra is not None:  # the agent renders DeviceClasses there, by the driver's rules
+        return dra_sharing_preview(node, requested, current, now.dra)
     # Checked against the GPUs that answer, as the agent's SetSharing checks it.
     layouts = [g.layout for g in inventory.gpus if not g.lost]
     return sharing_preview(node, requested, current, layouts)
@@ -277,6 +281,27 @@ def sharing_preview(
     if changed:
         detail += f" (changes {', '.join(changed)})"
     return NodePreview(node, "change", detail, (), was, will)
+
+
+def dra_sharing_preview(
+    node: str, requested: PluginConfig, current: PluginConfig | None, now: DraView
+) -> NodePreview:
+    """What SetSharing of ``requested`` would do on a DRA node whose agent holds the spec
+    ``current`` (None: none set) and reports its DeviceClasses as ``now``: the spec replaces
+    the node's (nothing merged), refused where the driver cannot take it (`dra.plan`), and a
+    change when the spec differs or one of its classes is not as set."""
+    base = current if current is not None else PluginConfig()
+    was = describe_sharing(base) + ("" if current is not None else " (nothing set)")
+    planned = PluginConfig(sharing=requested.sharing, flags=requested.flags)
+    will = describe_sharing(planned)
+    try:
+        dra.plan(requested, now.allocation)
+    except InvalidSpec as exc:
+        why = "; ".join(f"{v.field}: {v.description}" for v in exc.violations) or str(exc)
+        return NodePreview(node, "refused", f"now: {was}; refused: {why}", (), was, will)
+    if planned == base and all(o.state == "present" for o in now.objects):
+        return NodePreview(node, "unchanged", f"now: {was}", (), was, will)
+    return NodePreview(node, "change", f"now: {was}; planned: {will}", (), was, will)
 
 
 def describe_sharing(config: PluginConfig) -> str:

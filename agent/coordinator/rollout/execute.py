@@ -133,4 +133,6 @@ def _result(task: asyncio.Task[NodeResult]) -> NodeResult:
     try:
         return task.result()
     except AgentError as exc:
-        return NodeResult(NodeState.FAILED, str(exc))
+        # A refusal's message counts its problems; each is in its violations, said here.
+        found = "; ".join(f"{v.field}: {v.description}" for v in getattr(exc, "violations", ()))
+        return NodeResult(NodeState.FAILED, f"{exc}: {found}" if found else str(exc))

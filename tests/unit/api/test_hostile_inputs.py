@@ -153,3 +153,48 @@ def test_a_config_yaml_with_flags_the_plugin_cannot_parse_is_refused_over_the_ap
         "flags.gfd.sleepInterval",
     ]
     assert not agent.config.sharing.config_path.exists()
+
+
+def test_an_agent_whose_plugin_config_path_is_a_directory_starts_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """A directory at sharing.config_path (a hostPath mounted where the file should be) stopped
+    the agent from starting: its inventory's first read of the sharing view raised
+    IsADirectoryError. The agent now starts, and GetSharing is FAILED_PRECONDITION naming the
+    path (docs/sharing.md, "Files")."""
+    config = agent_config(tmp_path)
+    (tmp_path / "plugin" / "config.yaml").mkdir()
+    with (
+        InProcessAgent(tmp_path, config) as running,
+        grpc.insecure_channel(f"unix:{running.socket}") as channel,
+    ):
+        with pytest.raises(grpc.RpcError) as caught:
+            sharing_pb2_grpc.SharingServiceStub(channel).GetSharing(
+                sharing_pb2.GetSharingRequest(), timeout=10
+            )
+        assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "config.yaml is a directory" in (caught.value.details() or "")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"rename_by_default": True}, {"fail_requests_greater_than_one": False}],
+    ids=["rename_by_default", "fail_requests_greater_than_one"],
+)
+def test_a_spec_with_a_mig_strategy_and_section_options_but_no_resources_is_refused(
+    agent: InProcessAgent, channel: grpc.Channel, extra: dict[str, bool]
+) -> None:
+    """A SharingSpec with ``mig_strategy`` and ``rename_by_default`` (or
+    ``fail_requests_greater_than_one``) but no strategy or resources was taken as "the MIG
+    strategy alone": the strategy was written and the other field dropped without a word. It
+    is now refused naming the fields it lacks, and nothing is written (docs/sharing.md,
+    "What `set` changes")."""
+    stub = sharing_pb2_grpc.SharingServiceStub(channel)
+    request = sharing_pb2.SetSharingRequest(
+        spec=sharing_pb2.SharingSpec(mig_strategy="mixed", **extra)
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.SetSharing(request, timeout=10)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert {v.field for v in field_violations(caught.value)} == {"spec.strategy", "spec.resources"}
+    assert not agent.config.sharing.config_path.exists()

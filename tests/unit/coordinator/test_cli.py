@@ -27,7 +27,7 @@ from agent.coordinator.planning.rightsize import Window
 from agent.errors import InvalidSpec
 from agent.gpu.types import GpuLayout
 from agent.wire.telemetry import telemetry_from
-from tests.unit.coordinator.agents import invoke
+from tests.unit.coordinator.agents import invoke, invoke_process
 from tests.unit.coordinator.fleets import gpu, node
 from tests.unit.coordinator.test_rightsize import snapshot
 
@@ -302,3 +302,44 @@ def test_fleet_prewarm_refuses_a_bad_combination_before_contacting_a_node(
     assert result.output.startswith("error: ")
     assert field in [line.split(": ")[0] for line in lines], result.output
     assert not _connected(listener)
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["-f", "FILE", "--strategy", "mps", "--replicas", "2"], "file"),
+        (["-f", "FILE", "--rename"], "file"),
+        (["-f", "FILE", "--resource", "nvidia.com/mig-1g.10gb"], "file"),
+        (["--strategy", "time-slicing", "--replicas", "99999999999"], "--replicas"),
+    ],
+)
+def test_fleet_share_refuses_a_bad_combination_before_contacting_a_node(
+    args: list[str], named: str, listener: socket.socket, tmp_path: Path
+) -> None:
+    """`fleet apply share -f FILE --strategy mps --replicas 2` rolled the file out and dropped
+    the options without a word, and `--replicas 99999999999` was a ValueError traceback. Both
+    are now refused naming the option, before any node is contacted (docs/coordinator.md,
+    "Rollouts")."""
+    spec = tmp_path / "ts.yaml"
+    spec.write_text("sharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 4}]\n")
+    args = [str(spec) if a == "FILE" else a for a in args]
+    address = f"unix:{listener.getsockname()}"
+    result = invoke(fleet, ["apply", "share", *args, "--agents", address, "--insecure"])
+    assert result.exit_code == InvalidSpec.exit_code, result.output
+    assert named in result.output and "Traceback" not in result.output
+    assert not _connected(listener)
+
+
+def test_a_node_s_refusal_of_a_share_rollout_names_the_field(tmp_path: Path) -> None:
+    """A node that refused the sharing config was reported as "the sharing config is refused
+    (1 problem)", the problem itself left out. The node's line now carries each field and why
+    (docs/coordinator.md, "Rollouts")."""
+    from tests.unit.api.support import InProcessAgent, agent_config
+
+    with InProcessAgent(tmp_path, agent_config(tmp_path)) as agent:
+        share = ["fleet", "apply", "share", "--strategy", "mps", "--replicas", "49"]
+        result = invoke_process(
+            [*share, "--agents", f"unix:{agent.socket}", "--insecure"], timeout=120
+        )
+    assert result.exit_code != 0, result.output
+    assert "sharing.mps.resources[0].replicas: at most 48" in result.output, result.output

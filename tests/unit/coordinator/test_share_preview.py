@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+from google.protobuf import json_format
+
 from agent._proto.gpuagent.v1 import agent_pb2, sharing_pb2
 from agent.coordinator.rollout.actions import _preview_share, sharing_preview
 from agent.sharing.schema import PluginConfig, parse, render
@@ -102,7 +104,7 @@ def test_a_lost_gpu_is_not_among_the_gpus_the_config_is_checked_against() -> Non
 
     class Agent:
         async def get_sharing(self) -> SimpleNamespace:
-            return SimpleNamespace(exists=False, config=None)
+            return SimpleNamespace(exists=False, config=None, dra=None)
 
         async def node(self) -> NodeView:
             return node_from(node)
@@ -110,3 +112,61 @@ def test_a_lost_gpu_is_not_among_the_gpus_the_config_is_checked_against() -> Non
     preview = asyncio.run(_preview_share(Agent(), record, "a"))  # type: ignore[arg-type]
     assert preview.would == "refused", preview.detail
     assert "under the mixed strategy the plugin advertises no nvidia.com/gpu" in preview.detail
+
+
+def test_a_dra_node_is_previewed_as_its_agent_decides_there() -> None:
+    """On a DRA node the agent's SetSharing renders the spec as DeviceClasses (`dra.plan`), not
+    the plugin's file: --rename is refused there and the plugin's rules do not apply. The dry
+    run checked every node as a device-plugin node, so it said "change" for a spec the DRA
+    node refuses. It now decides as that node's agent does (docs/coordinator.md, "Rollouts")."""
+    from pathlib import Path
+
+    from agent.dra.mode import Allocation, AllocationMode
+    from agent.sharing.view import DraObject, DraView, Pickup, SharingView
+
+    dra = Allocation(AllocationMode.DRA, "ResourceSlices of gpu.nvidia.com", "gpu.nvidia.com")
+    set_here = parse(TS2.replace("flags: {migStrategy: none, failOnInitError: true}\n", ""))
+
+    def view(config: PluginConfig, state: str) -> SharingView:
+        objects = (DraObject("DeviceClass", "gpu-agent-time-slicing-gpu", state, {}),)
+        return SharingView(
+            Path("/etc/nvidia-device-plugin/config.yaml.dra"),
+            True,
+            config,
+            (),
+            (),
+            Pickup("unknown", ""),
+            None,
+            DraView(dra, objects),
+        )
+
+    def preview(wanted: sharing_pb2.SharingSpec, now: SharingView) -> object:
+        record = SimpleNamespace(
+            spec={"request": {"spec": json_format.MessageToDict(wanted)}},
+            request_id=lambda node: f"r-{node}",
+        )
+
+        class Agent:
+            async def get_sharing(self) -> SharingView:
+                return now
+
+            async def node(self) -> NodeView:
+                return node_from(agent_pb2.Node(name="a", gpus=[gpu_pb(g) for g in LAYOUTS]))
+
+        return asyncio.run(_preview_share(Agent(), record, "a"))  # type: ignore[arg-type]
+
+    ts = sharing_pb2.SHARING_STRATEGY_TIME_SLICING
+    gpu2 = [sharing_pb2.SharedResource(name="nvidia.com/gpu", replicas=2)]
+    renamed = sharing_pb2.SharingSpec(strategy=ts, resources=gpu2, rename_by_default=True)
+    refused = preview(renamed, view(set_here, "present"))
+    assert refused.would == "refused", refused.detail
+    assert "sharing.timeSlicing.renameByDefault: no DRA equivalent" in refused.detail
+    same = sharing_pb2.SharingSpec(strategy=ts, resources=gpu2)
+    assert preview(same, view(set_here, "present")).would == "unchanged"
+    assert preview(same, view(set_here, "missing")).would == "change"  # set makes it again
+    more = sharing_pb2.SharingSpec(
+        strategy=sharing_pb2.SHARING_STRATEGY_MPS,
+        resources=[sharing_pb2.SharedResource(name="nvidia.com/gpu", replicas=4)],
+    )
+    changed = preview(more, view(set_here, "present"))
+    assert (changed.would, changed.planned) == ("change", "mps nvidia.com/gpu x4")

@@ -303,3 +303,29 @@ def test_a_gpu_whose_xids_are_not_delivered_is_named_not_called_healthy(tmp_path
         driver.close()
     assert check.state is CheckState.DEGRADED
     assert "XID events are not watched: GPU 2: " in check.evidence
+
+
+def test_a_plugin_config_the_plugin_cannot_read_fails_plugin_config_naming_why(
+    tmp_path: Path,
+) -> None:
+    """sharing/plugin-config said "config path ... (present), directory writable" (ok) of a
+    directory at the config's path, and of a file the plugin refuses to parse, while every
+    `share` command refused them: the check now reads the file as `share` does and fails,
+    naming what is wrong (docs/troubleshooting.md, sharing/plugin-config)."""
+    made = facts(tmp_path)
+    path = tmp_path / "plugin" / "config.yaml"
+    path.parent.mkdir()
+    sharing = dataclasses.replace(made.config.sharing, config_path=path)
+    f = dataclasses.replace(made, config=dataclasses.replace(made.config, sharing=sharing))
+    assert node_checks.sharing_plugin_config(f).state is CheckState.OK  # not written yet
+    path.mkdir()
+    check = node_checks.sharing_plugin_config(f)
+    assert check.state is CheckState.FAILED, check
+    assert f"{path} is a directory" in check.evidence and check.fix
+    path.rmdir()
+    path.write_text("version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n")
+    check = node_checks.sharing_plugin_config(f)
+    assert check.state is CheckState.FAILED, check
+    assert "sharing.timeSlicing.resources[0].replicas: required" in check.evidence
+    path.write_text("version: v1\nflags:\n  migStrategy: mixed\n")
+    assert node_checks.sharing_plugin_config(f).state is CheckState.OK

@@ -125,3 +125,31 @@ def test_outside_a_cluster_the_kubernetes_checks_are_ok_saying_so(tmp_path: Path
     for check in (kube_checks.kube_reachable, kube_checks.kube_rbac, kube_checks.kube_api_versions):
         found = check(facts(tmp_path))
         assert found.state is CheckState.OK and found.evidence.startswith("not in a cluster")
+
+
+def test_reload_restart_pod_is_ok_only_when_the_agent_may_delete_the_plugin_pods(
+    api: Api, tmp_path: Path
+) -> None:
+    """sharing/reload said "ok: reload restart-pod through the Kubernetes API" as soon as there
+    was an API client, while the base role does not grant deleting pods: the first `share set`
+    then wrote the file and failed its reload with a 403. The check now asks, in the plugin's
+    namespace, for the two verbs the reload uses, and fails naming the one denied and the
+    overlay that grants it (docs/troubleshooting.md, sharing/reload)."""
+    import dataclasses
+
+    from agent.doctor import node_checks
+
+    made = facts(tmp_path, kube=api.client)
+    sharing = dataclasses.replace(made.config.sharing, reload="restart-pod")
+    f = dataclasses.replace(made, config=dataclasses.replace(made.config, sharing=sharing))
+    assert node_checks.sharing_reload(f).state is CheckState.OK
+    asked = [r["spec"]["resourceAttributes"] for r in api.reviews]
+    assert {(a["verb"], a["resource"], a.get("namespace")) for a in asked} == {
+        ("list", "pods", "gpu-operator"),
+        ("delete", "pods", "gpu-operator"),
+    }
+    api.denied = {("delete", "pods", "", "")}
+    check = node_checks.sharing_reload(f)
+    assert check.state is CheckState.FAILED, check
+    assert "delete pods in namespace gpu-operator" in check.evidence
+    assert "overlays/sharing-restart-pod" in check.fix

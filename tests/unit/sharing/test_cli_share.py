@@ -243,3 +243,57 @@ def test_a_file_that_is_not_utf8_is_refused_naming_the_option(
         assert refused.exit_code == 2, refused.output
         assert "not UTF-8" in refused.output and "file" in refused.output, refused.output
     assert not config_path.exists()
+
+
+@pytest.mark.parametrize("replicas", ["1_0", "\u0664", "99999999999999999999"])
+@pytest.mark.parametrize("option", ["--time-slicing", "--mps"])
+def test_replicas_are_plain_ascii_digits_or_refused_naming_the_option(
+    config_path: Path, option: str, replicas: str
+) -> None:
+    """REPLICAS went through Python's int(): ``gpu=1_0`` set 10 replicas, an Arabic-Indic
+    ``gpu=٤`` set 4, and a number past 64 bits reached the agent and came back as a refusal of
+    ``config_yaml``, a field the user never gave. Each is now refused as a usage error naming
+    the option, and nothing is written (docs/sharing.md, "Commands")."""
+    result = run(config_path, "set", option, f"nvidia.com/gpu={replicas}")
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for {option}" in result.stderr, result.stderr
+    assert "REPLICAS must be" in result.stderr, result.stderr
+    assert not config_path.exists()
+    rendered = CliRunner().invoke(share, ["render", "--dra", option, f"gpu={replicas}"])
+    assert rendered.exit_code == 2 and f"Invalid value for {option}" in rendered.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--rename-by-default"], "--rename-by-default"),
+        (["--mig-strategy", "mixed", "--rename-by-default"], "--rename-by-default"),
+        (["--fail-requests-greater-than-one"], "--fail-requests-greater-than-one"),
+        (["--no-fail-requests-greater-than-one"], "--no-fail-requests-greater-than-one"),
+    ],
+)
+def test_a_sharing_option_without_resources_is_refused_naming_it(
+    config_path: Path, args: list[str], named: str
+) -> None:
+    """``--rename-by-default`` (or ``--fail-requests-greater-than-one``) without
+    ``--time-slicing``/``--mps`` was refused with "give --time-slicing, --mps or -f FILE",
+    which named neither the option given nor why; beside ``--mig-strategy``, which is allowed
+    alone, that read as if ``--mig-strategy`` were the mistake. The refusal now names the
+    option and what it needs, and nothing is written (docs/sharing.md, "Commands")."""
+    result = run(config_path, "set", *args)
+    assert result.exit_code == 2, result.output
+    assert f"{named} applies to the resources of --time-slicing or --mps" in result.stderr
+    assert not config_path.exists()
+
+
+def test_the_help_of_each_command_says_what_it_does_on_a_dra_node() -> None:
+    """Every `share` command's help spoke of the device plugin only (write its file, reload
+    it), while on a node whose allocation mode is dra or dra-dynamic-mig the same commands
+    write DeviceClasses and reload nothing. Each help now says so (docs/dra.md, "Sharing under
+    DRA")."""
+    for name in ("show", "set", "clear", "rollback"):
+        result = CliRunner().invoke(share, [name, "--help"])
+        assert result.exit_code == 0
+        assert "DeviceClass" in " ".join(result.output.split()), (name, result.output)
+    group = CliRunner().invoke(share, ["--help"])
+    assert "DeviceClass" in " ".join(group.output.split())

@@ -56,3 +56,14 @@ def test_render_needs_dra_and_a_namespace_that_is_a_dns_label() -> None:
     assert render("--time-slicing", "gpu=4").exit_code == 2
     bad = render("--dra", "--time-slicing", "gpu=4", "--namespace", "Team_A")
     assert bad.exit_code == 2 and "--namespace" in bad.output
+
+
+def test_render_of_a_mig_strategy_alone_says_it_renders_nothing() -> None:
+    """``share render --dra --mig-strategy mixed`` answered "give --time-slicing, --mps or -f
+    FILE (to stop sharing: gpu-agent share clear)": a hint for ``set``, and no word on why the
+    strategy alone, which ``set`` takes, renders nothing. It now says so (docs/dra.md,
+    "Sharing under DRA")."""
+    result = render("--dra", "--mig-strategy", "mixed")
+    assert result.exit_code == 2
+    assert "--mig-strategy alone renders no object" in result.stderr
+    assert "share clear" not in result.stderr

@@ -146,3 +146,40 @@ def test_a_hand_written_file_past_the_rules_still_shows_with_its_problems(
     view = sharing_view_pb(service(config_path).show())
     assert view.advertised[0].count == 2**32 - 1
     assert any("uint32" in p.description for p in view.problems)
+
+
+@pytest.mark.parametrize("replicas", [2**31, 2**40])
+def test_a_count_past_uint32_reads_saturated_through_the_api_and_the_cli(
+    config_path: Path, replicas: int
+) -> None:
+    """The API saturates a count past 2**32-1, but the client recomputed it from devices and
+    replicas, so `share show` (which reads the agent's API) printed 17179869184 for a
+    hand-written 2**31 replicas on 8 GPUs, in the table and in -o json, against the doc's
+    promise. The count now reads saturated on both sides (docs/sharing.md, "The rules, and
+    why")."""
+    import json
+
+    from click.testing import CliRunner
+
+    from agent.cli.share import share
+    from agent.wire.sharing import sharing_view_from
+
+    config_path.write_text(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        f"    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
+    )
+    through_api = sharing_view_from(sharing_view_pb(service(config_path).show()))
+    assert [a.count for a in through_api.advertised] == [2**32 - 1]
+
+    class Remote:
+        def sharing_service(self) -> Remote:
+            return self
+
+        def show(self) -> object:
+            return through_api
+
+    table = CliRunner().invoke(share, ["show"], obj=Remote())
+    row = next(line for line in table.stdout.splitlines() if line.startswith("nvidia.com/gpu"))
+    assert row.split()[-1] == str(2**32 - 1), table.stdout
+    data = json.loads(CliRunner().invoke(share, ["show", "-o", "json"], obj=Remote()).stdout)
+    assert data["advertised"][0]["count"] == 2**32 - 1

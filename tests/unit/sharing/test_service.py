@@ -210,6 +210,23 @@ def test_an_unparseable_current_file_is_a_conflict(config_path: Path) -> None:
         service(config_path).show()
 
 
+def test_a_directory_where_the_config_should_be_is_a_conflict_naming_it(
+    config_path: Path,
+) -> None:
+    """A hostPath mounted at ``config.yaml`` that does not exist on the host is made a
+    directory by the kubelet. Reading it was an IsADirectoryError traceback, out of ``share``
+    and out of the agent's start (its inventory reads the sharing view). Every command now
+    refuses it as a Conflict naming the path and what to fix, and nothing is written
+    (docs/sharing.md, "Files")."""
+    config_path.mkdir()
+    svc = service(config_path)
+    for call in (svc.show, lambda: svc.set(parse(ts())), svc.clear, svc.rollback):
+        with pytest.raises(Conflict, match=f"{config_path} is a directory"):
+            call()
+    assert [p.name for p in config_path.parent.iterdir()] == ["config.yaml"]
+    assert list(config_path.iterdir()) == []
+
+
 def test_show_reports_strategy_capacity_problems_and_pickup(config_path: Path) -> None:
     gpus = Node(node(8))
     svc = service(config_path, gpus)
@@ -287,6 +304,26 @@ def test_restart_pod_reload_through_the_api(
     result = service(config_path, reload="restart-pod", kube=kube).set(parse(ts()))
     assert result.reload is not None and result.reload.done
     assert "nvidia-device-plugin-daemonset-abcde" not in [p.name for p in api.pods]
+
+
+def test_a_restart_pod_reload_the_agent_may_not_make_is_refused_before_writing(
+    config_path: Path, kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    """With reload restart-pod and the plugin pod's delete forbidden (the overlay's Role
+    missing), set wrote the file and then failed its reload with a 403: the node held a config
+    its plugin had not loaded. The delete is now tried first as a dry run, which the API server
+    authorizes as a real one, and a refusal writes nothing (docs/sharing.md, "Reloading the
+    plugin")."""
+    api, _ = kube_api
+    pod = "/api/v1/namespaces/gpu-operator/pods/nvidia-device-plugin-daemonset-abcde"
+    api.forbidden.add(("DELETE", pod))
+    svc = service(config_path, reload="restart-pod", kube=kube)
+    with pytest.raises(PermissionDenied, match="nothing was written"):
+        svc.set(parse(ts()))
+    assert not config_path.exists()
+    assert "nvidia-device-plugin-daemonset-abcde" in [p.name for p in api.pods]
+    api.forbidden.clear()
+    assert svc.set(parse(ts())).reload.done  # type: ignore[union-attr]
 
 
 def test_a_failed_reload_says_the_config_was_written(

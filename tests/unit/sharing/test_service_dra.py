@@ -271,3 +271,62 @@ def test_show_degrades_when_the_api_server_is_down(
     assert view.config.sharing == ts().sharing  # the spec is still shown
     with pytest.raises(AgentError, match="unreachable"):
         service(config_path, down).set(mps(2))
+
+
+def test_a_change_that_fails_part_way_says_what_it_made_and_show_names_the_leftover(
+    config_path: Path, kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """An API server blip on the second of two DeviceClasses left the first created while the
+    error said only "500 Internal Server Error", and ``share show`` then called the leftover
+    "DeviceClass differs from the spec set on this node". The error now says what was made and
+    that the spec was not recorded, show says the spec does not name the class, and the same
+    set run again finishes the change (docs/dra.md, "Several nodes, one class")."""
+    api, _ = kube_api
+    two = parse(
+        {
+            "sharing": {
+                "timeSlicing": {
+                    "resources": [
+                        {"name": "nvidia.com/gpu", "replicas": 4},
+                        {"name": "nvidia.com/mig-1g.10gb", "replicas": 4},
+                    ]
+                }
+            }
+        }
+    )
+    api.failing[("POST", "/apis/resource.k8s.io/v1/deviceclasses")] = (1, 1)
+    with pytest.raises(AgentError) as raised:
+        service(config_path, kube).set(two)
+    said = str(raised.value)
+    assert "500" in said and "created DeviceClass gpu-agent-time-slicing-gpu" in said, said
+    assert "the spec was not recorded" in said, said
+    view = service(config_path, kube).show()
+    assert [(o.name, o.state) for o in view.dra.objects] == [
+        ("gpu-agent-time-slicing-gpu", "differs")
+    ]
+    assert [p.description for p in view.problems] == [
+        "DeviceClass lists this node, but the spec set on this node does not name it (left by "
+        "a change that failed part-way?): run that share command again, or share clear"
+    ]
+    finished = service(config_path, kube).set(two)
+    assert sorted(classes(api)) == [
+        "gpu-agent-time-slicing-gpu",
+        "gpu-agent-time-slicing-mig-1g.10gb",
+    ]
+    assert finished.changed and not service(config_path, kube).show().problems
+
+
+def test_with_the_mode_unknown_show_does_not_count_what_a_plugin_advertises(
+    config_path: Path, kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """With the allocation mode unknown (the API server not answering yet), ``share show``
+    counted ADVERTISED from the plugin's file as if a device plugin surely handed the GPUs out,
+    while every change was refused because that is not known. It now says the count is not
+    known and why, and still shows the file (docs/dra.md, "Sharing under DRA")."""
+    plugin = Allocation(AllocationMode.DEVICE_PLUGIN, "nvidia.com/gpu in node capacity")
+    service(config_path, kube, plugin).set(ts())
+    unknown = Allocation(AllocationMode.UNKNOWN, "the API server has not answered")
+    view = service(config_path, kube, unknown).show()
+    assert view.advertised == ()
+    assert view.advertised_unknown.startswith("allocation mode unknown (the API server has not")
+    assert view.config.sharing == ts().sharing and view.dra is None
