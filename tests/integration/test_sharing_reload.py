@@ -40,7 +40,10 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_PLUGIN = Path(__file__).with_name("fake_device_plugin.py")
-PLUGIN_NAME = "nvidia-device-plugin"
+# The real name with this worker's pid: longer than the kernel's 15-character comm, as the real
+# one is, and never another worker's fake plugin (SIGHUP and `share show` find processes by name
+# across the machine, so tests in parallel workers would signal and read each other's).
+PLUGIN_NAME = f"nvidia-device-plugin-{os.getpid()}"
 GPUS = 8
 
 
@@ -106,11 +109,16 @@ def plugin(tmp_path: Path, config_path: Path) -> Iterator[PluginProcess]:
 
 
 def service(config_path: Path, clock: Callable[[], float] = time.time) -> SharingService:
-    settings = SharingSettings(config_path=config_path, reload="sighup")
+    settings = SharingSettings(
+        config_path=config_path, reload="sighup", plugin_process_name=PLUGIN_NAME
+    )
     return SharingService(settings, lambda: node(GPUS), clock=clock)
 
 
-def test_the_fake_plugin_is_found_by_the_real_plugins_name(plugin: PluginProcess) -> None:
+def test_the_fake_plugin_is_found_by_a_name_longer_than_the_kernels_comm(
+    plugin: PluginProcess,
+) -> None:
+    """As the real "nvidia-device-plugin" (20 characters) is: the kernel keeps 15."""
     plugin.next_event()
     assert plugin.proc.pid in [p.pid for p in find_plugin_processes(PLUGIN_NAME)]
 
@@ -270,7 +278,9 @@ def test_the_plugin_s_own_mig_strategy_is_the_one_shown_and_a_write_it_would_ign
     flags.migStrategy (api/config/v1 flags.go). The agent reads the running plugin's own setting
     from /proc, says the file's is overridden, and refuses to write one it would ignore."""
     layouts = [mig_gpu(i, "1g.10gb", "1g.10gb", "3g.40gb") for i in range(2)]
-    settings = SharingSettings(config_path=config_path, reload="sighup")
+    settings = SharingSettings(
+        config_path=config_path, reload="sighup", plugin_process_name=PLUGIN_NAME
+    )
     svc = SharingService(settings, lambda: layouts)
     config_path.write_text("version: v1\nflags:\n  migStrategy: mixed\n")
     p = PluginProcess(tmp_path, config_path, env={"MIG_STRATEGY": "none", "NGC_API_KEY": "s3cr3t"})
@@ -366,7 +376,9 @@ def test_a_rollback_is_checked_against_the_strategy_the_plugin_runs_with(
     MIG_STRATEGY=mixed, rolling back to MPS (which that plugin refuses to start with) was
     written and signalled. Rollback now refuses what set refuses, and writes nothing
     (docs/sharing.md, top: the plugin's own migStrategy)."""
-    settings = SharingSettings(config_path=config_path, reload="none")
+    settings = SharingSettings(
+        config_path=config_path, reload="none", plugin_process_name=PLUGIN_NAME
+    )
     svc = SharingService(settings, lambda: node(GPUS))
     mps = parse({"sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}})
     svc.set(mps)
