@@ -91,7 +91,7 @@ def _table(data: dict[str, Any]) -> str:
             "",
             "MIG instances",
             format_table(
-                ["GPU", "GI", "HEALTH", "PROFILE", "PLACEMENT", "CIs", "MIG UUID"], instances
+                ["GPU", "GI", "HEALTH", "PROFILE", "PLACEMENT", "CI ID", "MIG UUID"], instances
             ),
         ]
         parts += [

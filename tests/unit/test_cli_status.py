@@ -111,3 +111,12 @@ def test_a_lost_gpus_instances_are_said_to_be_as_last_read() -> None:
     text = _table(status_view(node_from(node)))
     said = [line for line in text.splitlines() if "as last read" in line]
     assert said == ["GPU 0 is lost: its instances are as last read, before it stopped answering"]
+
+
+def test_an_instances_compute_instance_ids_are_not_headed_as_a_count() -> None:
+    """One CI with id 0 read `CIs 0`, as if the instance had none: the column names ids, as
+    nvidia-smi's `CI ID` does."""
+    node = agent_pb2.Node(name="n", driver_version="550.90.07")
+    node.gpus.extend([gpu_pb(mig_gpu(0, "1g.10gb"))])
+    header = next(ln for ln in _table(status_view(node_from(node))).splitlines() if "PROFILE" in ln)
+    assert "  CI ID  " in header and "CIs" not in header
