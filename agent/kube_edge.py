@@ -1,6 +1,7 @@
 """The agent's edge to Kubernetes, built once: shared informers, API versions, the Node's owner.
 
-In steady state an agent holds two watches (its Node, its ResourceSlices) and makes no other
+In steady state an agent holds two watches (its Node, its ResourceSlices; on a DRA node whose
+sharing is read, the agents' DeviceClasses too) and makes no other
 request: every feature reads those caches (`KubeEdge.node_informer`, `KubeEdge.slices`),
 writes its Node through the one `NodeOwner`, and learns the API versions once from discovery
 (agent/kube_discovery.py). `OwnedNodeLabels` gives the features written against the narrow
@@ -118,7 +119,8 @@ class OwnedNodeLabels:
 
 class KubeEdgeCollector(Collector):
     """``gpu_agent_kube_cache_current{resource}``: 1 while a watched cache is current, 0 while
-    it is the last answer kept (the API server away or refusing)."""
+    it is the last answer kept (the API server away or refusing); none for a cache never
+    started (`InformerFactory.informers`)."""
 
     def __init__(self, edge: KubeEdge) -> None:
         self._edge = edge

@@ -85,6 +85,8 @@ class Informer:
         self._handlers: list[Callable[[], object]] = [on_change] if on_change else []
         self._lock = threading.Lock()
         self._objects: dict[str, Any] = {}
+        #: key -> an object a delete of ours removed: no event as old as it brings it back
+        self._deleted: dict[str, Any] = {}
         self.resource_version = ""
         self.synced = threading.Event()
         self.healthy = False
@@ -122,6 +124,14 @@ class Informer:
             if _newer(obj, self._objects.get(key)):
                 self._objects[key] = obj
 
+    def assume_deleted(self, obj: object) -> None:
+        """Drop an object a delete of ours removed before its watch event arrives; an event
+        carrying it at that version or older (sent before the delete) is then ignored."""
+        with self._lock:
+            key = _key(obj)
+            self._objects.pop(key, None)
+            self._deleted[key] = obj
+
     def status(self) -> tuple[bool, str]:
         """(current, detail): False with why while the cache is the last answer kept."""
         what = f"{self.path} {','.join(self._query.values())}".strip()
@@ -137,6 +147,7 @@ class Informer:
         self.lists += 1
         with self._lock:
             self._objects = {_key(o): o for o in items}
+            self._deleted.clear()
             self.resource_version = version
         self._good()
         self._changed()
@@ -153,11 +164,16 @@ class Informer:
             with self._lock:
                 key = _key(obj)
                 if kind in ("ADDED", "MODIFIED"):
-                    changed = _newer(obj, self._objects.get(key))
+                    gone = self._deleted.get(key)
+                    changed = _newer(obj, self._objects.get(key)) and (
+                        gone is None or _newer(obj, gone, strictly=True)
+                    )
                     if changed:
                         self._objects[key] = obj
+                        self._deleted.pop(key, None)
                 elif kind == "DELETED":
                     self._objects.pop(key, None)
+                    self._deleted.pop(key, None)
                 if version:
                     self.resource_version = version
             self._good()
@@ -191,6 +207,11 @@ class Informer:
         log.warning("%s: %s; again in %.1f s", self.path, exc, wait)
         self._stop.wait(wait)
         return min(self._backoff[1], delay * 2)
+
+    @property
+    def started(self) -> bool:
+        """Whether a reader started the list+watch (a shared informer may be made and not)."""
+        return self._thread is not None
 
     def start(self) -> Informer:
         """Start the list+watch thread once (a shared informer is started by each reader)."""
@@ -261,11 +282,14 @@ class InformerFactory:
         return self.informer("/api/v1/nodes", node_query(node))
 
     def informers(self) -> list[Informer]:
+        """Those started: one made and never read holds no watch."""
         with self._lock:
-            return list(self._informers.values())
+            return [i for i in self._informers.values() if i.started]
 
     def stop(self) -> None:
-        for informer in self.informers():
+        with self._lock:
+            made = list(self._informers.values())
+        for informer in made:
             informer.stop()
 
     def stale(self) -> list[str]:
@@ -307,12 +331,13 @@ def _retry_after(exc: Exception) -> float | None:
     return min(float(found), MAX_RETRY_AFTER_S) if isinstance(found, int | float) else None
 
 
-def _newer(obj: object, than: object) -> bool:
+def _newer(obj: object, than: object, *, strictly: bool = False) -> bool:
     """Whether ``obj`` may replace ``than``: not when both carry integer resourceVersions and
-    ``obj``'s is older (an event from before a write of ours we already assumed)."""
+    ``obj``'s is older (an event from before a write of ours we already assumed), nor, with
+    ``strictly``, the same."""
     new, old = dig(obj, "metadata", "resourceVersion"), dig(than, "metadata", "resourceVersion")
     if isinstance(new, str) and isinstance(old, str) and new.isdigit() and old.isdigit():
-        return int(new) >= int(old)
+        return int(new) > int(old) if strictly else int(new) >= int(old)
     return True
 
 

@@ -37,6 +37,7 @@ from agent.prewarm.inventory import PrewarmCollector
 from agent.prewarm.labels import CacheLabels
 from agent.prewarm.service import PrewarmService
 from agent.reclaim import reclaim_tasks
+from agent.sharing import dra_kube
 from agent.sharing.service import SharingService
 from agent.state import StateStore
 from agent.statedir import StateCollector, probe
@@ -197,6 +198,8 @@ def _build_rest(
         allocation=allocation.current,
         gpus_unread=inventory.gpus_unread,
         gpus_lost=inventory.lost_gpus,
+        # Cluster-wide, watched from the first read: a node that never reads them holds none.
+        device_classes=edge.informers.informer(dra_kube.PATH, dra_kube.QUERY) if edge else None,
     )
     inventory.watch_sharing(sharing.show)
     reset = _reset(config, health)

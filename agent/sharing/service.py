@@ -32,6 +32,7 @@ from agent.errors import (
 )
 from agent.gpu.types import GpuLayout
 from agent.kube import KubeClient
+from agent.kube_watch import Informer
 from agent.sharing import dra, dra_api, strategy
 from agent.sharing.advertise import advertise
 from agent.sharing.dra_kube import DeviceClasses, DraKube
@@ -101,12 +102,15 @@ class SharingService:
         proc: Path = Path("/proc"),
         gpus_unread: Callable[[], str] = lambda: "",
         gpus_lost: Callable[[], Sequence[int]] = tuple,
+        device_classes: Informer | None = None,
     ) -> None:
         """``gpus_unread``: why the node's GPUs were not read ("" once they were): what the
         plugin advertises is then unknown, and a config that must be checked against them is
         refused. ``gpus_lost``: the GPUs that do not answer; the plugin's own read of them fails
         too, so what it advertises is not known either (a config is still checked against the
-        GPUs that answer)."""
+        GPUs that answer). ``device_classes``: the watch of the agents' DeviceClasses that a
+        DRA node's show reads (`agent.sharing.dra_kube`); without one each show lists them."""
+        self._device_classes = device_classes
         self._gpus_unread = gpus_unread
         self._gpus_lost = gpus_lost
         self._settings = settings
@@ -382,7 +386,7 @@ class SharingService:
             )
         if not self._node_name:
             raise NotSupported("sharing on a DRA node needs the agent's node name (node_name)")
-        return DeviceClasses(self._kube), self._node_name
+        return DeviceClasses(self._kube, self._device_classes), self._node_name
 
     def _dra_set(self, allocation: Allocation, requested: PluginConfig) -> ApplyResult:
         planned = dra.plan(requested, allocation)  # InvalidSpec before anything is touched
@@ -415,7 +419,7 @@ class SharingService:
     ) -> ApplyResult:
         classes, node = self._dra_classes()
         with self._dra_store.lock():
-            changes = dra.reconcile(planned.classes, classes.owned(), node)  # Conflict: no write
+            changes = dra.reconcile(planned.classes, classes.listed(), node)  # Conflict: no write
             done = classes.apply(changes, planned.classes, node)
             data = render(spec).encode()
             current = self._dra_store.read()

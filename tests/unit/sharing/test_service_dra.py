@@ -5,6 +5,7 @@ accepted every write."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ from agent.config import SharingSettings
 from agent.dra.mode import Allocation, AllocationMode
 from agent.errors import AgentError, Conflict, InvalidSpec, NotSupported
 from agent.kube import InClusterKubeClient
-from agent.sharing import dra, parse
+from agent.kube_watch import Informer
+from agent.sharing import dra, dra_kube, parse
 from agent.sharing.service import SharingService
 from tests.kube.fake_api import FakeKubeApi
 from tests.kube.fixtures import NODE
@@ -260,7 +262,10 @@ def test_without_a_kubernetes_client_a_dra_change_is_refused(config_path: Path) 
 
 
 def test_show_degrades_when_the_api_server_is_down(
-    config_path: Path, kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+    config_path: Path,
+    kube_api: tuple[FakeKubeApi, str],
+    kube: InClusterKubeClient,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     api, _ = kube_api
     svc = service(config_path, kube)
@@ -271,6 +276,23 @@ def test_show_degrades_when_the_api_server_is_down(
     assert view.config.sharing == ts().sharing  # the spec is still shown
     with pytest.raises(AgentError, match="unreachable"):
         service(config_path, down).set(mps(2))
+    # Read from the watch, the same: not "no class", but why none could be read.
+    monkeypatch.setattr(dra_kube, "SYNC_WAIT_S", 0.5)
+    watched = Informer(down, dra_kube.PATH, dra_kube.QUERY, backoff=(5.0, 5.0))
+    try:
+        svc = SharingService(
+            SharingSettings(config_path=config_path, reload="none"),
+            lambda: node(8),
+            down,
+            node_name=NODE,
+            allocation=Mode(DRA),
+            device_classes=watched,
+        )
+        view = svc.show()
+        assert view.dra is not None and view.dra.objects == ()
+        assert "DeviceClasses not read" in view.dra.error and "unreachable" in view.dra.error
+    finally:
+        watched.stop()
 
 
 def test_a_change_that_fails_part_way_says_what_it_made_and_show_names_the_leftover(
@@ -330,3 +352,54 @@ def test_with_the_mode_unknown_show_does_not_count_what_a_plugin_advertises(
     assert view.advertised == ()
     assert view.advertised_unknown.startswith("allocation mode unknown (the API server has not")
     assert view.config.sharing == ts().sharing and view.dra is None
+
+
+def _class_lists(api: FakeKubeApi) -> int:
+    return len(
+        [
+            r
+            for r in api.requests
+            if r.method == "GET" and r.path == dra_kube.PATH and r.query.get("watch") is None
+        ]
+    )
+
+
+def test_show_reads_the_watched_classes_and_sends_nothing_while_nothing_changes(
+    config_path: Path, kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """The node's inventory refreshes sharing every 5 s: a list of the DeviceClasses in each
+    show made every DRA node of a fleet list them every 5 s (1,000 lists a second at 5,000
+    nodes). Show reads one watch of them; a change lists them afresh (it writes against the
+    versions it read) and puts what it wrote into the watch's cache, so a show right after it
+    sees it; a hand edit arrives by the watch."""
+    api, _ = kube_api
+    watched = Informer(kube, dra_kube.PATH, dra_kube.QUERY, watch_timeout_s=5.0)
+    svc = SharingService(
+        SharingSettings(config_path=config_path, reload="none"),
+        lambda: node(8),
+        kube,
+        node_name=NODE,
+        allocation=Mode(DRA),
+        device_classes=watched,
+    )
+    try:
+        svc.set(ts())
+        assert [(o.name, o.state) for o in svc.show().dra.objects] == [
+            ("gpu-agent-time-slicing-gpu", "present")
+        ]
+        lists = _class_lists(api)
+        for _ in range(10):
+            assert not svc.show().problems
+        assert _class_lists(api) == lists  # the shows sent nothing
+        edited = classes(api)["gpu-agent-time-slicing-gpu"]
+        params(edited)["sharing"]["timeSlicingConfig"]["interval"] = "Forever"  # by hand
+        api.put_dra("deviceclasses", edited)
+        deadline = time.monotonic() + 10
+        while svc.show().dra.objects[0].state != "differs" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert svc.show().dra.objects[0].state == "differs"
+        svc.clear()
+        assert svc.show().dra.objects == ()  # at once, not when the watch says so
+        assert _class_lists(api) == lists + 1  # clear's own list, nothing else
+    finally:
+        watched.stop()
