@@ -121,3 +121,38 @@ def test_serve_discovery_keeps_pods_and_labels_by_watch(
         assert len([r for r in api.requests if r.query.get("watch") is None]) == listed
     finally:
         discovery.close()
+
+
+class _Scripted:
+    """A Lister whose list and each watch answer what the test scripted."""
+
+    def __init__(self, items: list[dict[str, object]]) -> None:
+        self.items = items
+        self.events: list[tuple[str, object]] = []
+
+    def list_all(self, path: str, query: object = None, page_size: int = 0) -> tuple[list, str]:
+        return list(self.items), "5"
+
+    def watch(self, path: str, query: object, resource_version: str, timeout_s: float) -> object:
+        return iter(self.events)
+
+
+def _obj(name: str, version: str) -> dict[str, object]:
+    return {"metadata": {"name": name, "resourceVersion": version}}
+
+
+def test_a_delete_of_ours_is_not_undone_by_an_event_from_before_it() -> None:
+    """A sharing change deletes a DeviceClass and drops it from the watch's cache at once; the
+    watch may still deliver the class as it was before the delete (an event in flight): that
+    must not bring it back, while the class made again later (a newer version) comes in."""
+    lister = _Scripted([_obj("gpu-agent-mps-gpu", "5")])
+    informer = Informer(lister, "/apis/resource.k8s.io/v1/deviceclasses")
+    informer.relist()
+    informer.assume_deleted(_obj("gpu-agent-mps-gpu", "5"))
+    assert informer.objects() == []
+    lister.events = [("MODIFIED", _obj("gpu-agent-mps-gpu", "5"))]
+    informer.watch_once()
+    assert informer.objects() == []
+    lister.events = [("ADDED", _obj("gpu-agent-mps-gpu", "9"))]
+    informer.watch_once()
+    assert informer.objects() == [_obj("gpu-agent-mps-gpu", "9")]
