@@ -1,7 +1,8 @@
 """A whole agent against the API stand-in, nothing changing: silent (docs/architecture.md, "The
 Kubernetes edge"). With every timer that once re-wrote the Node sped up, the agent makes no
-write and no request beside its two watches (its Node, its ResourceSlices), and never holds
-more than those two; while the API server is away its metrics say which cache is stale."""
+write and no request beside its two watches (its Node, its ResourceSlices; on a DRA node a third,
+the agents' DeviceClasses), and never holds more than those; while the API server is away its
+metrics say which cache is stale."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import agent.api.inventory
 import agent.health.publish
 import agent.mig.labels
 import agent.mig.recovery
@@ -19,6 +21,7 @@ import agent.reclaim
 from agent.kube import InClusterKubeClient
 from tests.kube.fake_edge import EdgeKubeApi
 from tests.kube.fixtures import NODE
+from tests.kube.test_dra_api import gpu_slice
 from tests.unit.api.support import InProcessAgent, agent_config, wait_for
 
 WINDOW_S = 4.0
@@ -36,14 +39,21 @@ def _caches(port: int) -> dict[str, float]:
     return {name: float(value) for name, value in found}
 
 
+@pytest.mark.parametrize("dra", [False, True], ids=["device-plugin", "dra"])
 def test_an_agent_with_nothing_changing_makes_no_write_and_holds_two_watches(
     tmp_path: Path,
     edge_api: tuple[EdgeKubeApi, str],
     kube: InClusterKubeClient,
     monkeypatch: pytest.MonkeyPatch,
+    dra: bool,
 ) -> None:
+    """On a DRA node (its GPUs in a gpu.nvidia.com ResourceSlice) the sharing refresh reads the
+    agents' DeviceClasses: by a third watch, never a list every 5 s."""
     api, _ = edge_api
     api.set_labels(NODE, {"feature.node.kubernetes.io/x": "true", "team": "vision"})
+    if dra:
+        api.put_dra("resourceslices", gpu_slice("node-gpus", NODE, ["gpu-0"]))
+    caches = {"nodes", "resourceslices"} | ({"deviceclasses"} if dra else set())
     monkeypatch.setattr(InClusterKubeClient, "in_pod", classmethod(lambda cls: kube))
     # The periods of every pass that used to re-write the Node or poll beside a watch.
     for module, name in (
@@ -51,6 +61,7 @@ def test_an_agent_with_nothing_changing_makes_no_write_and_holds_two_watches(
         (agent.reclaim, "RECLAIM_S"),
         (agent.mig.labels, "RESYNC_S"),
         (agent.mig.recovery, "ALLOCATION_CHECK_S"),
+        (agent.api.inventory, "SHARING_EVERY_S"),
     ):
         monkeypatch.setattr(module, name, 0.2)
     root = tmp_path / "agent"
@@ -73,18 +84,18 @@ def test_an_agent_with_nothing_changing_makes_no_write_and_holds_two_watches(
         labels = dict(api.nodes[NODE])
         most_watches = api.most_watches
         port = running.node.metrics_port
-        assert _caches(port) == {"nodes": 1.0, "resourceslices": 1.0}
+        assert _caches(port) == dict.fromkeys(caches, 1.0)
         # The API server goes away: the agent says which cache is stale, and recovers.
         api.restart()
-        wait_for(lambda: _caches(port) == {"nodes": 0.0, "resourceslices": 0.0}, "stale", 15)
+        wait_for(lambda: _caches(port) == dict.fromkeys(caches, 0.0), "stale", 15)
         api.up()
-        wait_for(lambda: _caches(port) == {"nodes": 1.0, "resourceslices": 1.0}, "current", 60)
+        wait_for(lambda: _caches(port) == dict.fromkeys(caches, 1.0), "current", 60)
     assert [c for c in calls if c.write] == []
     assert [(c.method, c.path) for c in calls if not c.watch] == []
-    assert most_watches <= 2
+    assert most_watches <= len(caches)
     watched = {(c.path, c.query.get("fieldSelector")) for c in api.since(0) if c.watch}
     assert watched == {
         ("/api/v1/nodes", f"metadata.name={NODE}"),
         ("/apis/resource.k8s.io/v1/resourceslices", f"spec.nodeName={NODE}"),
-    }
+    } | ({("/apis/resource.k8s.io/v1/deviceclasses", None)} if dra else set())
     assert labels["feature.node.kubernetes.io/x"] == "true" and labels["team"] == "vision"
