@@ -537,6 +537,7 @@ def _result_data(result: ApplyResult) -> dict[str, object]:
         **_sharing_data(result.config),
         "advertised": _advertised_data(result.advertised),
         "advertised_unknown": result.advertised_unknown or None,
+        "problems": [{"field": p.field, "description": p.description} for p in result.problems],
         "reload": _reload_data(result.reload),
         "config": to_document(result.config),
         "dra": _dra_data(result.dra),
@@ -596,7 +597,7 @@ def _head_lines(view: SharingView, label: str, absent: str) -> list[str]:
     return lines
 
 
-def _problem_lines(view: SharingView, title: str) -> list[str]:
+def _problem_lines(view: SharingView | ApplyResult, title: str) -> list[str]:
     if not view.problems:
         return []
     return ["", title, *(f"  {p.field}: {p.description}" for p in view.problems)]
@@ -618,4 +619,5 @@ def _result_table(result: ApplyResult) -> str:
     if result.reload is not None:
         lines.append(f"Reload:    {result.reload.method}: {result.reload.detail}")
     lines += ["", _advertised_table(result.advertised, result.advertised_unknown)]
+    lines += _problem_lines(result, "Problems (written all the same; share show lists them too):")
     return "\n".join(lines)

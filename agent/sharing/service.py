@@ -152,12 +152,7 @@ class SharingService:
             exists=raw is not None,
             config=config,
             advertised=advertise(runs, layouts) if runs is not None and not unknown else (),
-            problems=()
-            if unread
-            else (
-                *_strategy_problems(config, started, seen, layouts),
-                *violations(runs or config, layouts),
-            ),
+            problems=() if unread else _problems(config, started, seen, layouts),
             pickup=pickup(
                 file_sha256=sha,
                 file_mtime=self._store.mtime(),
@@ -211,6 +206,7 @@ class SharingService:
             advertised,
             report,
             advertised_unknown=unknown,
+            problems=() if self._gpus_unread() else _problems(config, started, seen, layouts),
         )
 
     def _require_gpus(self, action: str) -> None:
@@ -534,6 +530,21 @@ class SharingService:
             raise Conflict(
                 f"{path} is not a valid device-plugin config ({problems}); fix or remove it"
             ) from exc
+
+
+def _problems(
+    config: PluginConfig,
+    started: strategy.Strategy | None,
+    seen: bool,
+    layouts: Sequence[GpuLayout],
+) -> tuple[FieldViolation, ...]:
+    """What ``config`` breaks on this node as the plugin runs it (show's problems; a change
+    answers with them too, since it does not refuse all of them)."""
+    runs = strategy.run_with(config, started)
+    return (
+        *_strategy_problems(config, started, seen, layouts),
+        *violations(runs or config, layouts),
+    )
 
 
 def _strategy_problems(

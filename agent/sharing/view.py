@@ -158,3 +158,6 @@ class ApplyResult:
     dra: DraView | None = None
     #: why ``advertised`` is not known (the GPUs not read, or one lost); "" when it is
     advertised_unknown: str = ""
+    #: rules the config in effect breaks on this node, which a change does not refuse (the
+    #: migStrategy the plugin runs with leaves GPUs out): `share show` lists the same
+    problems: tuple[FieldViolation, ...] = ()

@@ -120,6 +120,7 @@ def sharing_change_pb(result: ApplyResult) -> sharing_pb2.SharingChange:
         config_path=str(result.config_path),
         advertised=advertised_pb(result.advertised),
         advertised_unknown=result.advertised_unknown,
+        problems=violations_pb(result.problems),
     )
     if result.reload is not None:
         change.reload.CopyFrom(reload_pb(result.reload))
@@ -266,6 +267,7 @@ def sharing_change_from(change: sharing_pb2.SharingChange) -> ApplyResult:
         reload=_reload_from(change.reload) if change.HasField("reload") else None,
         dra=_dra_from(change.dra) if change.HasField("dra") else None,
         advertised_unknown=change.advertised_unknown,
+        problems=tuple(FieldViolation(p.field, p.description) for p in change.problems),
     )
 
 

@@ -14,6 +14,7 @@ from agent.kube import InClusterKubeClient
 from agent.sharing import parse
 from agent.sharing.reload import CONFIG_LABEL
 from agent.sharing.service import SharingService
+from agent.wire.sharing import sharing_change_from, sharing_change_pb
 from tests.kube.fake_api import FakeKubeApi
 from tests.kube.fixtures import NODE
 from tests.unit.sharing.layouts import full_gpu, mig_gpu, node
@@ -119,6 +120,25 @@ def test_mig_resources_under_mixed_with_the_strategy_set_in_the_same_request(
         "nvidia.com/gpu": 1,
         "nvidia.com/mig-1g.10gb": 21,
     }
+
+
+def test_a_change_that_leaves_gpus_out_says_so_in_its_answer_not_only_in_show(
+    config_path: Path,
+) -> None:
+    """migStrategy single on a node with MIG on one GPU of two is written (the layout may be
+    made uniform next), and the plugin then advertises nvidia.com/gpu 0. The answer said
+    only that count; the why was in `share show` alone. The change now says it too."""
+    layouts = [mig_gpu(0, *["1g.10gb"] * 7), full_gpu(1)]
+    svc = service(config_path, layouts)
+    result = svc.set(
+        parse({"version": "v1", "flags": {"migStrategy": "single"}}), keep_sharing=True
+    )
+    assert result.changed
+    assert [p.field for p in result.problems] == ["flags.migStrategy"]
+    assert "migStrategy single, but" in result.problems[0].description
+    assert result.problems == svc.show().problems
+    # Through the API and back, as the CLI reads it.
+    assert sharing_change_from(sharing_change_pb(result)).problems == result.problems
 
 
 def test_with_mig_enabled_and_the_plugin_s_strategy_unread_the_count_is_not_known(

@@ -155,7 +155,7 @@ class SharingWrite(_message.Message):
     def __init__(self, action: _Optional[str] = ..., write_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reload: _Optional[_Union[PluginReload, _Mapping]] = ...) -> None: ...
 
 class SharingChange(_message.Message):
-    __slots__ = ("action", "changed", "config", "config_path", "advertised", "reload", "dra", "advertised_unknown")
+    __slots__ = ("action", "changed", "config", "config_path", "advertised", "reload", "dra", "advertised_unknown", "problems")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     CHANGED_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +164,7 @@ class SharingChange(_message.Message):
     RELOAD_FIELD_NUMBER: _ClassVar[int]
     DRA_FIELD_NUMBER: _ClassVar[int]
     ADVERTISED_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     action: str
     changed: bool
     config: SharingConfig
@@ -172,7 +173,8 @@ class SharingChange(_message.Message):
     reload: PluginReload
     dra: DraSharing
     advertised_unknown: str
-    def __init__(self, action: _Optional[str] = ..., changed: _Optional[bool] = ..., config: _Optional[_Union[SharingConfig, _Mapping]] = ..., config_path: _Optional[str] = ..., advertised: _Optional[_Iterable[_Union[AdvertisedResource, _Mapping]]] = ..., reload: _Optional[_Union[PluginReload, _Mapping]] = ..., dra: _Optional[_Union[DraSharing, _Mapping]] = ..., advertised_unknown: _Optional[str] = ...) -> None: ...
+    problems: _containers.RepeatedCompositeFieldContainer[_types_pb2.FieldViolation]
+    def __init__(self, action: _Optional[str] = ..., changed: _Optional[bool] = ..., config: _Optional[_Union[SharingConfig, _Mapping]] = ..., config_path: _Optional[str] = ..., advertised: _Optional[_Iterable[_Union[AdvertisedResource, _Mapping]]] = ..., reload: _Optional[_Union[PluginReload, _Mapping]] = ..., dra: _Optional[_Union[DraSharing, _Mapping]] = ..., advertised_unknown: _Optional[str] = ..., problems: _Optional[_Iterable[_Union[_types_pb2.FieldViolation, _Mapping]]] = ...) -> None: ...
 
 class SetSharingRequest(_message.Message):
     __slots__ = ("spec", "config_yaml", "request_id")
