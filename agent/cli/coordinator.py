@@ -77,8 +77,8 @@ def fleet_options(fn: F) -> F:
         click.option(
             "--insecure", is_flag=True, help="Plaintext: Unix sockets or loopback test agents."
         ),
-        click.option(
-            "--timeout", type=float, default=10.0, show_default=True, help="Seconds per call."
+        float_option(
+            "--timeout", low=0.0, low_open=True, high=3600.0, default=10.0, help="Seconds per call."
         ),
     ]
     for option in reversed(options):

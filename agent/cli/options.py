@@ -3,6 +3,7 @@ within a range, one of a few words. Each command still writes its own flag and h
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,13 +35,28 @@ def file_option(*decls: str, help: str, **attrs: Any) -> Callable[[F], F]:
     return click.option(*decls, type=FILE, help=help, **attrs)
 
 
+class _Number(click.FloatRange):
+    """click's FloatRange, which lets ``nan`` through (no comparison with it is true)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{value!r} is not a number: {self._describe_range()}", param, ctx)
+        return number
+
+
 def float_option(
-    *decls: str, low: float, high: float | None = None, default: float | None, help: str
+    *decls: str,
+    low: float,
+    high: float | None = None,
+    low_open: bool = False,
+    default: float | None,
+    help: str,
 ) -> Callable[[F], F]:
-    """A number in [low, high]; --help shows the default where there is one."""
-    return click.option(
-        *decls, type=click.FloatRange(min=low, max=high), help=help, **_default(default)
-    )
+    """A number in [low, high] (``low_open``: above low); never nan; --help shows the default
+    where there is one."""
+    kind = _Number(min=low, max=high, min_open=low_open)
+    return click.option(*decls, type=kind, help=help, **_default(default))
 
 
 def choice_option(

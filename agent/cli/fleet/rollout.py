@@ -14,8 +14,9 @@ from agent.cli.coordinator import (
     lease_option,
     run_with_fleet,
 )
-from agent.cli.options import choice_option, file_option
+from agent.cli.options import choice_option, file_option, float_option
 from agent.cli.render import emit, format_table
+from agent.coordinator.rollout.schedule import NODE_TIMEOUT_MAX_S, parse_max_unavailable
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -59,11 +60,11 @@ def rollout_options(fn: F) -> F:
             show_default=True,
             help="Halt after this many nodes fail (0: never halt).",
         ),
-        click.option(
+        float_option(
             "--node-timeout",
-            type=float,
+            low=1.0,
+            high=NODE_TIMEOUT_MAX_S,
             default=900.0,
-            show_default=True,
             help="Seconds one node may take before its operation is cancelled and it fails.",
         ),
         on_unhealthy_option,
@@ -228,6 +229,8 @@ def start_rollout(
     from agent.coordinator.rollout.record import RolloutRecord
 
     chosen = parse_selector(selector)
+    # Refused before any node is contacted, a dry run's too: the real rollout would refuse it.
+    parse_max_unavailable(rollout["max_unavailable"], 1)
     dry_run = rollout.pop("dry_run")
     path = rollout.pop("record_file")
     lease = rollout.pop("lease_name")

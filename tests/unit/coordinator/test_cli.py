@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,6 +29,7 @@ from agent.gpu.types import GpuLayout
 from agent.wire.telemetry import telemetry_from
 from tests.unit.coordinator.agents import invoke
 from tests.unit.coordinator.fleets import gpu, node
+from tests.unit.coordinator.listener import connected
 from tests.unit.coordinator.test_rightsize import snapshot
 
 
@@ -242,25 +243,6 @@ def test_rightsize_lists_the_pods_that_fit_smaller_and_writes_their_demand(
     assert bad.exit_code == 2 and "--every" in bad.output
 
 
-@pytest.fixture
-def listener(tmp_path: Path) -> Iterator[socket.socket]:
-    """A Unix socket that is listening but never answers: an agent address that records
-    whether anything connected."""
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.bind(str(tmp_path / "agent.sock"))
-        sock.listen(8)
-        sock.setblocking(False)
-        yield sock
-
-
-def _connected(sock: socket.socket) -> bool:
-    try:
-        sock.accept()[0].close()
-    except BlockingIOError:
-        return False
-    return True
-
-
 @pytest.mark.parametrize(
     ("args", "field"),
     [
@@ -301,4 +283,4 @@ def test_fleet_prewarm_refuses_a_bad_combination_before_contacting_a_node(
     ]
     assert result.output.startswith("error: ")
     assert field in [line.split(": ")[0] for line in lines], result.output
-    assert not _connected(listener)
+    assert not connected(listener)

@@ -1,0 +1,77 @@
+"""The numbers a fleet command takes are checked before any node is contacted: a rollout's
+--node-timeout and --max-unavailable (its dry run too), and every command's --timeout. Out of
+range, the command exits 2 naming the option, and no agent is dialled (a --node-timeout of -1
+started each node's apply and cancelled it at once, failing the node 'timed out after -1 s')."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agent.cli.fleet import fleet
+from tests.unit.coordinator.listener import connected
+from tests.unit.mig.layouts import MIG_HALVES
+
+COMMANDS = {
+    "mig": ["apply", "mig", "-f", "{mig}", "-c", "halves"],
+    "share": ["apply", "share", "--strategy", "time-slicing", "--replicas", "2"],
+}
+
+
+def _run(tmp_path: Path, listener: socket.socket, args: list[str]) -> str:
+    mig = tmp_path / "mig.yaml"
+    mig.write_text(MIG_HALVES)
+    args = [a.format(mig=mig) for a in args]
+    address = f"unix:{listener.getsockname()}"
+    result = CliRunner().invoke(fleet, [*args, "--agents", address, "--insecure"])
+    assert result.exit_code == 2, result.output
+    assert not connected(listener)
+    return result.output
+
+
+@pytest.mark.parametrize("kind", sorted(COMMANDS))
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--node-timeout", "-1"),
+        ("--node-timeout", "0"),
+        ("--node-timeout", "nan"),
+        ("--node-timeout", "inf"),
+        ("--timeout", "-1"),
+        ("--timeout", "0"),
+        ("--timeout", "nan"),
+    ],
+)
+def test_a_rollout_refuses_a_time_out_of_range_before_contacting_a_node(
+    kind: str, option: str, value: str, tmp_path: Path, listener: socket.socket
+) -> None:
+    output = _run(tmp_path, listener, [*COMMANDS[kind], option, value])
+    assert option in output
+
+
+@pytest.mark.parametrize("kind", sorted(COMMANDS))
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "150%", "1.5"])
+def test_a_dry_run_refuses_a_bad_max_unavailable_as_the_rollout_does(
+    kind: str, value: str, tmp_path: Path, listener: socket.socket
+) -> None:
+    """A dry run is how a change is checked before it is made: it takes no limit the real
+    rollout would refuse."""
+    output = _run(tmp_path, listener, [*COMMANDS[kind], "--dry-run", "--max-unavailable", value])
+    assert "max-unavailable" in output
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "nan"])
+def test_fleet_status_refuses_a_call_timeout_out_of_range(
+    value: str, listener: socket.socket
+) -> None:
+    """A --timeout of -1 showed every node `unreachable: Deadline Exceeded`: a bad flag read
+    as a fleet that is down."""
+    address = f"unix:{listener.getsockname()}"
+    result = CliRunner().invoke(
+        fleet, ["status", "--agents", address, "--insecure", "--timeout", value]
+    )
+    assert result.exit_code == 2 and "--timeout" in result.output, result.output
+    assert not connected(listener)
