@@ -305,11 +305,13 @@ async def rollout(
     if dry_run:
         live = {n: targets[n] for n in names if n in reachable}
         shown = dataclasses.replace(record, nodes={n: record.nodes[n] for n in live}, path=None)
-        previews = await preview(fleet, live, shown)
-        previews += [
-            NodePreview(n, "skipped", (unhealthy | not_allowed)[n]) for n in names if n in left_out
-        ]
-        return RolloutResult(record, tuple(previews), skipped, (), unhealthy, degraded, not_allowed)
+        said = {p.node: p for p in await preview(fleet, live, shown)}
+        said |= {n: NodePreview(n, "skipped", (unhealthy | not_allowed)[n]) for n in left_out}
+        # A node that does not answer is shown, not left out: unknown, with why.
+        errors = {v.name: v.error or "the agent did not answer" for v in selection.unreachable}
+        said |= {n: NodePreview(n, "unknown", errors.get(n, "")) for n in skipped}
+        previews = tuple(said[n] for n in names if n in said)
+        return RolloutResult(record, previews, skipped, (), unhealthy, degraded, not_allowed)
     limits = Limits(
         parse_max_unavailable(record.max_unavailable, len(record.nodes)),
         record.max_failures,
