@@ -475,7 +475,7 @@ def _sweeps(window: str, every: str) -> tuple[float, int]:
     """--every in seconds and how many sweeps --window takes (one for a window of 0)."""
     from agent.coordinator.fleet.query import parse_duration
 
-    window_s, every_s = parse_duration(window), parse_duration(every)
+    window_s, every_s = parse_duration(window, "window"), parse_duration(every, "every")
     if not 0 <= window_s <= 7 * 86400:
         raise InvalidSpec(
             f"--window {window} is not 0..7d", [FieldViolation("window", "0 to 7d, e.g. 1h")]

@@ -5,6 +5,7 @@ the planner or gRPC."""
 from __future__ import annotations
 
 import json
+import math
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -19,18 +20,20 @@ STATUS_PATH = "/fleet/status"
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def parse_duration(text: str) -> float:
-    """Seconds from ``90``, ``30m``, ``1h``, ``2d``."""
+def parse_duration(text: str, field: str = "idle-after") -> float:
+    """Seconds from ``90``, ``30m``, ``1h``, ``2d``: finite, 0 or more; InvalidSpec naming
+    ``field`` (the option) otherwise."""
     raw = text.strip()
     try:
-        if raw and raw[-1] in _UNITS:
-            return float(raw[:-1]) * _UNITS[raw[-1]]
-        return float(raw)
+        seconds = float(raw[:-1]) * _UNITS[raw[-1]] if raw and raw[-1] in _UNITS else float(raw)
     except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds < math.inf:
         raise InvalidSpec(
             f"{text!r} is not a duration",
-            [FieldViolation("idle-after", "seconds, or a number with s, m, h or d: 30m")],
-        ) from None
+            [FieldViolation(field, "seconds, or a number with s, m, h or d, 0 or more: 30m")],
+        )
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)

@@ -284,3 +284,27 @@ def test_fleet_prewarm_refuses_a_bad_combination_before_contacting_a_node(
     assert result.output.startswith("error: ")
     assert field in [line.split(": ")[0] for line in lines], result.output
     assert not connected(listener)
+
+
+@pytest.mark.parametrize("value", ["-5", "-1h", "nan", "inf", "soon"])
+def test_fleet_status_refuses_an_idle_threshold_that_is_no_duration(
+    value: str, listener: socket.socket
+) -> None:
+    """`--idle-after -5` counted every GPU idle ('16 idle for -5 or more'), `nan` none: a
+    duration is a finite number of seconds, 0 or more, refused naming the option before any
+    agent is dialled."""
+    address = f"unix:{listener.getsockname()}"
+    result = invoke(fleet, ["status", "--agents", address, "--insecure", "--idle-after", value])
+    assert result.exit_code == 2, result.output
+    assert "idle-after: " in result.output
+    assert not connected(listener)
+
+
+@pytest.mark.parametrize(("option", "other"), [("--window", "--every"), ("--every", "--window")])
+def test_rightsize_names_the_option_whose_duration_is_bad(option: str, other: str) -> None:
+    """The refusal named `idle-after`, an option rightsize does not have."""
+    args = ["rightsize", "--agents", "a:1", "--insecure", option, "1x", other, "1m"]
+    result = invoke(fleet, args)
+    assert result.exit_code == 2, result.output
+    assert f"{option.removeprefix('--')}: " in result.output
+    assert "idle-after" not in result.output
