@@ -71,7 +71,7 @@ def _status_table(doc: dict[str, Any]) -> str:
         f"{totals['nodes']} node(s), {totals['reachable']} answering; {totals['gpus']} GPU(s)"
         f"{_unread(totals)}, {totals['idle_gpus']} idle for {doc['idle_after']} or more. "
         "MIG SLICES: one character per memory slice: the instance's size in compute slices, "
-        "* in use, . free; - whole GPU (MIG off)."
+        "* in use, . free; - whole GPU (MIG off); lost: fell off the bus, layout unknown."
     )
     unknown = sum(p.get("unknown", 0) for p in doc["profiles"])
     if unknown:

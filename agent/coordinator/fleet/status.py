@@ -210,7 +210,7 @@ def _gpu(view: NodeView, layout: GpuLayout, mark: GpuMark | None) -> GpuStatus:
         uuid=layout.gpu.uuid,
         model=layout.gpu.name,
         mig=_mig(layout, lost),
-        slices=slice_map(layout),
+        slices="lost" if lost else slice_map(layout),  # the last-seen layout is not live
         devices=current_counts(layout) if on else {},
         idle=idle,
         creatable=free_capacity(layout.profiles, placed) if on else {},
@@ -243,7 +243,9 @@ def _node(view: NodeView) -> NodeStatus:
         )
     # By index: a GPU lost before its agent started has no UUID to name it by.
     lost = [g.gpu.index for g in view.layouts if g.gpu.uuid in view.lost]
-    problems = list(view.unhealthy) + [f"GPU {i} lost" for i in lost]
+    problems = list(view.unhealthy)
+    # The agent's gpu-driver component may have said the loss already: said once.
+    problems += [f"GPU {i} lost" for i in lost if not any(f"GPU {i} lost" in p for p in problems)]
     problems += [m.describe() for m in view.failed_gpus]
     # Not a problem of the node: what this identity may not see, said so next to the health.
     withheld = [f"{what} withheld (read role)" for what in view.withheld]
