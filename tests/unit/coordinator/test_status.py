@@ -147,6 +147,34 @@ def test_a_bad_selector_term_says_what_is_allowed() -> None:
         parse_selector("model")
 
 
+@pytest.mark.parametrize(
+    ("text", "field", "said"),
+    [
+        ("allocation=bogus", "selector.allocation", "device-plugin, dra, dra-dynamic-mig"),
+        ("allocation!=dra-dynamic", "selector.allocation", "device-plugin, dra, dra-dynamic-mig"),
+        ("a b=c", "selector", "'a b' is not a node label key"),
+        ("pool/=x", "selector", "'pool/' is not a node label key"),
+        ("-pool=x", "selector", "'-pool' is not a node label key"),
+    ],
+)
+def test_a_selector_value_or_key_that_can_match_nothing_is_refused(
+    text: str, field: str, said: str
+) -> None:
+    """`allocation=bogus` or a label key Kubernetes cannot hold selected no node (or, with !=,
+    every node) without a word: a typo in a rollout's selector read as an empty fleet."""
+    with pytest.raises(InvalidSpec) as refused:
+        parse_selector(text)
+    violations = {v.field: v.description for v in refused.value.violations}
+    assert said in f"{refused.value} {violations.get(field)}", (refused.value, violations)
+
+
+@pytest.mark.parametrize(
+    "text", ["allocation=dra*", "allocation!=none", "nvidia.com/mig.config=all-1g.10gb", "a_b=1"]
+)
+def test_selector_globs_over_allocation_modes_and_prefixed_label_keys_are_taken(text: str) -> None:
+    assert parse_selector(text).terms
+
+
 def test_a_lost_gpu_shows_lost_in_fleet_status_even_without_a_uuid() -> None:
     """A GPU lost mid-run keeps its identity; one lost before the agent started is only an
     index (GetNode gives it no UUID): both rows say lost, the node's detail names both."""
