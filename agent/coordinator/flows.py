@@ -70,6 +70,7 @@ async def select(
 ) -> Selection:
     """The nodes ``selector`` picks; ``idle_after_s`` also counts idle GPUs (`Fleet.views`)."""
     targets = await fleet.targets()
+    _check_label_source(targets, selector)
     unknown = sorted(t.node or t.address for t in targets if not t.labels_known)
     if unknown and selector.needs_labels:
         raise AgentError(
@@ -85,6 +86,18 @@ async def select(
         if selector.matches(v) or (not v.reachable and selector.needs_inventory)
     )
     return Selection(chosen, {v.name: by_address[v.address] for v in chosen})
+
+
+def _check_label_source(targets: Sequence[Target], selector: Selector) -> None:
+    """Agents named by --agents or --dns (no pod, no node) come with no labels: a selector on
+    labels would pick on labels nobody read (`pool!=training`: every node)."""
+    if selector.needs_labels and any(t.pod is None and t.node is None for t in targets):
+        raise InvalidSpec(
+            f"selector {selector} names a node label, and agents given by --agents or --dns "
+            "come with none: select by name, address, model, preset or allocation, or find "
+            "the agents with --kubernetes",
+            [FieldViolation("selector", "name, address, model, preset or allocation keys")],
+        )
 
 
 def layouts_of(views: Sequence[NodeView]) -> list[NodeLayouts]:

@@ -308,3 +308,21 @@ def test_rightsize_names_the_option_whose_duration_is_bad(option: str, other: st
     assert result.exit_code == 2, result.output
     assert f"{option.removeprefix('--')}: " in result.output
     assert "idle-after" not in result.output
+
+
+@pytest.mark.parametrize("selector", ["pool=inference", "pool!=training"])
+def test_a_label_selector_without_a_label_source_is_refused(
+    selector: str, listener: socket.socket
+) -> None:
+    """--agents (and --dns) read no node labels: `pool=inference` selected no node and
+    `pool!=training` every node, training ones included, for labels nobody read. Refused
+    naming the selector and --kubernetes, before any agent is dialled."""
+    address = f"unix:{listener.getsockname()}"
+    for args in (
+        ["status", "-l", selector],
+        ["apply", "share", "--strategy", "time-slicing", "--replicas", "2", "-l", selector],
+    ):
+        result = invoke(fleet, [*args, "--agents", address, "--insecure"])
+        assert result.exit_code == 2, result.output
+        assert selector in result.output and "--kubernetes" in result.output, result.output
+    assert not connected(listener)
