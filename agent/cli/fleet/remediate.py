@@ -105,8 +105,9 @@ def remediate(
     the steps. --apply does them: cordon (for reset-gpu and reboot-node), evictions through
     the Eviction API (PodDisruptionBudgets respected), then a GPU reset through the agent
     (reset-gpu), or says a reboot is needed and never reboots (reboot-node); the node is
-    uncordoned once the GPU reports healthy. A GPU that is not failed, or an action the
-    agent cannot take, is refused and nothing changes.
+    uncordoned once the GPU reports healthy. A GPU that is not failed, an action the agent
+    cannot take, or a node whose driver is not ready (its GPUs unread) is refused and nothing
+    changes.
 
     \b
     Examples:
