@@ -125,6 +125,12 @@ def not_mig_plannable(view: NodeView) -> str | None:
     return None
 
 
+def _not_plannable(view: NodeView) -> str | None:
+    """`not_mig_plannable`, and a node whose GPUs were not read (its driver not ready): GPUs
+    nobody knows, not none."""
+    return f"GPUs not read: {view.gpus_unread}" if view.gpus_unread else not_mig_plannable(view)
+
+
 @dataclass(frozen=True, slots=True)
 class NotPlanned:
     node: str
@@ -137,7 +143,7 @@ class PlanResult:
     #: instances a plan made from scratch (ignoring the current layouts) would destroy.
     scratch_destroyed: int
     unreachable: tuple[str, ...]
-    #: answering nodes the MIG planner leaves out because of their allocation mode.
+    #: answering nodes the MIG planner leaves out: their allocation mode, or GPUs not read.
     not_planned: tuple[NotPlanned, ...] = ()
     #: waiting demand only fragmentation keeps from fitting on dra-dynamic-mig nodes: advice.
     fragmented: tuple[Fragmented, ...] = ()
@@ -173,7 +179,7 @@ def plan(
     skipped = tuple(
         NotPlanned(v.name, why)
         for v in selection.reachable
-        if (why := not_mig_plannable(v)) is not None
+        if (why := _not_plannable(v)) is not None
     )
     left_out = {s.node for s in skipped}
     views = [v for v in selection.views if v.name not in left_out]
