@@ -219,7 +219,10 @@ def _gpu(view: NodeView, layout: GpuLayout, mark: GpuMark | None) -> GpuStatus:
 
 
 def _models(view: NodeView) -> str:
-    """``2x H100 80GB HBM3``; a GPU lost before it was read is of a model nobody knows."""
+    """``2x H100 80GB HBM3``; a GPU lost before it was read is of a model nobody knows, and
+    so are the GPUs of a node whose driver is not ready."""
+    if view.gpus_unread:
+        return "? (not read)"
     counts = Counter(g.gpu.name.removeprefix("NVIDIA ") for g in view.layouts)
     unknown = counts.pop("", 0)
     said = [f"{n}x {name}" for name, n in sorted(counts.items())]

@@ -331,6 +331,22 @@ def test_a_node_whose_driver_is_not_ready_is_not_counted_as_a_node_without_gpus(
     assert "3 GPU(s) (and the GPUs of 1 node(s) not read: driver not ready)" in table
 
 
+def test_a_node_whose_gpus_were_not_read_counts_under_no_model_line() -> None:
+    """Its MODELS read `-` and the totals counted it under a model line `-` beside
+    `3x ...`, as if a node of no GPUs; its models are unknown, said so."""
+    from agent.coordinator.fleet.status import status_document
+
+    driverless = agent_pb2.Node(name="node-b")
+    driverless.driver.CopyFrom(
+        agent_pb2.Driver(
+            state=agent_pb2.DRIVER_STATE_NOT_READY, cause="driver_not_loaded", reason="no module"
+        )
+    )
+    status = fleet_status([node_view(Target("10.0.0.2:9401"), node_from(driverless), 3600.0)])
+    assert status.nodes[0].models == "? (not read)"
+    assert status_document(status, "1h")["totals"]["models"] == {"? (not read)": 1}
+
+
 def test_an_unreachable_node_shows_its_gpus_and_warm_items_as_unknown_not_0() -> None:
     """A node that did not answer showed "GPUS 0" and "WARM 0", and JSON ``"gpus_read": true``
     and ``"warm": 0``: counts nobody read. Now they are unknown (``?``, ``null``), and the
