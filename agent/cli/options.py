@@ -36,12 +36,13 @@ def file_option(*decls: str, help: str, **attrs: Any) -> Callable[[F], F]:
 
 
 class _Number(click.FloatRange):
-    """click's FloatRange, which lets ``nan`` through (no comparison with it is true)."""
+    """click's FloatRange, finite: it lets ``nan`` through (no comparison with it is true), and
+    ``inf`` through a range bounded on one side."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         number = super().convert(value, param, ctx)
-        if math.isnan(number):
-            self.fail(f"{value!r} is not a number: {self._describe_range()}", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number: {self._describe_range()}", param, ctx)
         return number
 
 
@@ -53,8 +54,8 @@ def float_option(
     default: float | None,
     help: str,
 ) -> Callable[[F], F]:
-    """A number in [low, high] (``low_open``: above low); never nan; --help shows the default
-    where there is one."""
+    """A finite number in [low, high] (``low_open``: above low); --help shows the default where
+    there is one."""
     kind = _Number(min=low, max=high, min_open=low_open)
     return click.option(*decls, type=kind, help=help, **_default(default))
 

@@ -1,7 +1,8 @@
-"""The numbers a fleet command takes are checked before any node is contacted: a rollout's
---node-timeout and --max-unavailable (its dry run too), and every command's --timeout. Out of
-range, the command exits 2 naming the option, and no agent is dialled (a --node-timeout of -1
-started each node's apply and cancelled it at once, failing the node 'timed out after -1 s')."""
+"""The numbers a fleet command (and `coordinator serve`) takes are checked before any node is
+contacted: a rollout's --node-timeout and --max-unavailable (its dry run too), every command's
+--timeout, serve's intervals. Out of range or not finite, the command exits 2 naming the
+option, and no agent is dialled (a --node-timeout of -1 started each node's apply and
+cancelled it at once, failing the node 'timed out after -1 s')."""
 
 from __future__ import annotations
 
@@ -74,4 +75,24 @@ def test_fleet_status_refuses_a_call_timeout_out_of_range(
         fleet, ["status", "--agents", address, "--insecure", "--timeout", value]
     )
     assert result.exit_code == 2 and "--timeout" in result.output, result.output
+    assert not connected(listener)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--interval", "inf"), ("--interval", "nan"), ("--status-max-age", "inf")],
+)
+def test_coordinator_serve_refuses_a_number_that_is_not_finite(
+    option: str, value: str, tmp_path: Path, listener: socket.socket
+) -> None:
+    """`--interval inf` ran a pass and then would sleep for ever (its liveness window,
+    3 x --interval, never closing); click's FloatRange lets inf through a bound on one side
+    and nan through any."""
+    from agent.cli.coordinator import coordinator
+
+    address = f"unix:{listener.getsockname()}"
+    args = ["serve", "--agents", address, "--insecure", "--timeout", "1", "--once"]
+    args += ["--desired", str(tmp_path / "none.yaml"), "--listen", "127.0.0.1:0", option, value]
+    result = CliRunner().invoke(coordinator, args)
+    assert result.exit_code == 2 and option in result.output, result.output
     assert not connected(listener)
