@@ -207,7 +207,12 @@ def coordinator() -> None:
     help="GET /fleet/status answers from the latest sweep (a pass's, or a request's) up to "
     "this many seconds old, else sweeps; 0: always sweep. `fleet status --fresh` asks anew.",
 )
-@click.option("--once", is_flag=True, help="Run one pass and exit (non-zero if it failed).")
+@click.option(
+    "--once",
+    is_flag=True,
+    help="Run one pass and exit: 1 if it failed, 10 if it left nodes failed or left out, or a "
+    "rollout halted.",
+)
 @lease_option
 @click.option(
     "--leader-elect/--no-leader-elect",

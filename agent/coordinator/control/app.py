@@ -20,7 +20,7 @@ from agent.coordinator.control.cluster import ClusterReport
 from agent.coordinator.control.connect import FleetOptions
 from agent.coordinator.control.desired import load_desired
 from agent.coordinator.control.lease import ElectionTiming, default_identity, while_leading
-from agent.coordinator.control.reconcile import Reconciler
+from agent.coordinator.control.reconcile import Reconciler, Stats
 from agent.coordinator.fleet.query import STATUS_PATH
 from agent.errors import AgentError
 from agent.http import HttpServer
@@ -96,7 +96,7 @@ async def _main(settings: CoordinatorSettings, source: FleetOptions, host: str, 
             else:
                 await while_leading(elector, reconciler.pass_once())
             await reconciler.flush_reports()
-            return 0 if reconciler.stats.passes["error"] == 0 else 1
+            return _once_exit_code(reconciler.stats)
         http = HttpServer(
             {
                 "/metrics": reconciler.metrics,
@@ -124,3 +124,23 @@ async def _main(settings: CoordinatorSettings, source: FleetOptions, host: str, 
         return 0
     finally:
         await fleet.close()
+
+
+def _once_exit_code(stats: Stats) -> int:
+    """--once: 1 when the pass failed; 10 when it ran but left the fleet short of the desired
+    state (a rollout halted, a node failed, or nodes that differ left out), as `fleet apply`."""
+    if stats.passes["error"]:
+        return 1
+    failed = sum(n for (_, result), n in stats.changes.items() if result == "failed")
+    halted = sorted(kind for kind, on in stats.halted.items() if on)
+    left_out = sum(stats.left_out.values())
+    if not (failed or halted or left_out):
+        return 0
+    log.error(
+        "the pass left the fleet short of the desired state: %d node(s) failed, %d left out "
+        "(unhealthy, not allowed or unreachable)%s",
+        failed,
+        left_out,
+        f"; rollouts halted: {', '.join(halted)}" if halted else "",
+    )
+    return 10

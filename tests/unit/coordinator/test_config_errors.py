@@ -43,3 +43,34 @@ def test_unsafe_election_timings_are_refused(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.exit_code == 2
     assert "the lease duration must be longer than the renew deadline" in result.output
+
+
+def test_serve_once_exits_10_when_its_rollout_left_a_node_failed(tmp_path: Path) -> None:
+    """A CI job running `coordinator serve --once` got 0 after a pass whose rollout failed a
+    node and halted (`share rollout halted after 1 failed node(s)`): the pass ran, but the
+    fleet was not brought to the desired state. It exits 10, as `fleet apply` does; 0 once
+    the nodes are in sync."""
+    from tests.unit.coordinator.agents import invoke_process
+    from tests.unit.coordinator.fakeagents import FakeAgent, fake_agents, mark, node
+
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(
+        "version: v1\nsharing:\n  - selector: name=a\n    strategy: time-slicing\n"
+        "    replicas: 4\n    resources: [nvidia.com/gpu]\n"
+    )
+    broken = {"on": True}
+
+    def refuse(agent: FakeAgent, method: str) -> None:
+        if method == "SharingService/SetSharing" and broken["on"]:
+            raise RuntimeError("the device plugin's config cannot be written")
+
+    with fake_agents() as agents:
+        agents.add(node("a", mark("healthy")), on_call=refuse)
+        serve = ["coordinator", "serve", "--once", "--desired", str(desired)]
+        serve += [*agents.args(), "--listen", "127.0.0.1:0"]
+        failed = invoke_process(serve, 60)
+        broken["on"] = False
+        fixed = invoke_process(serve, 60)
+    assert failed.exit_code == 10, failed.output
+    assert "halted" in failed.output
+    assert fixed.exit_code == 0, fixed.output
