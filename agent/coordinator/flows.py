@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.coordinator.fleet.channels import Fleet
@@ -70,13 +70,7 @@ async def select(
 ) -> Selection:
     """The nodes ``selector`` picks; ``idle_after_s`` also counts idle GPUs (`Fleet.views`)."""
     targets = await fleet.targets()
-    _check_label_source(targets, selector)
-    unknown = sorted(t.node or t.address for t in targets if not t.labels_known)
-    if unknown and selector.needs_labels:
-        raise AgentError(
-            f"selector {selector} needs node labels, which could not be read for "
-            f"{len(unknown)} node(s) ({', '.join(unknown[:5])}): nothing selected on a guess"
-        )
+    check_labels(targets, selector)
     views = await fleet.views(targets, idle_after_s=idle_after_s)
     by_address = {t.address: t for t in targets}
     chosen = tuple(
@@ -88,15 +82,25 @@ async def select(
     return Selection(chosen, {v.name: by_address[v.address] for v in chosen})
 
 
-def _check_label_source(targets: Sequence[Target], selector: Selector) -> None:
-    """Agents named by --agents or --dns (no pod, no node) come with no labels: a selector on
-    labels would pick on labels nobody read (`pool!=training`: every node)."""
-    if selector.needs_labels and any(t.pod is None and t.node is None for t in targets):
+def check_labels(targets: Iterable[Target], selector: Selector) -> None:
+    """A selector on labels picks nothing on labels nobody read (`pool!=training` would pick
+    every node): agents named by --agents or --dns (no pod, no node) come with none
+    (InvalidSpec), and while the API fails they are unknown (AgentError)."""
+    if not selector.needs_labels:
+        return
+    targets = tuple(targets)
+    if any(t.pod is None and t.node is None for t in targets):
         raise InvalidSpec(
             f"selector {selector} names a node label, and agents given by --agents or --dns "
             "come with none: select by name, address, model, preset or allocation, or find "
             "the agents with --kubernetes",
             [FieldViolation("selector", "name, address, model, preset or allocation keys")],
+        )
+    unknown = sorted(t.node or t.address for t in targets if not t.labels_known)
+    if unknown:
+        raise AgentError(
+            f"selector {selector} needs node labels, which could not be read for "
+            f"{len(unknown)} node(s) ({', '.join(unknown[:5])}): nothing selected on a guess"
         )
 
 

@@ -67,7 +67,8 @@ class StatusQuery:
 def fetch_status(url: str, query: StatusQuery, timeout_s: float = 120.0) -> dict[str, Any]:
     """GET /fleet/status from a running `coordinator serve` at ``url`` (http://HOST:PORT).
 
-    A 400 (bad selector or duration) is InvalidSpec with the coordinator's reason."""
+    A 400 (bad selector or duration) is InvalidSpec with the coordinator's reason; another
+    error status says the reason the coordinator gave too (a 503: labels it cannot read)."""
     address = url.rstrip("/") + query.path()
     try:
         with urllib.request.urlopen(address, timeout=timeout_s) as response:
@@ -80,7 +81,8 @@ def fetch_status(url: str, query: StatusQuery, timeout_s: float = 120.0) -> dict
             body = {}
         if exc.code == 400:
             raise InvalidSpec(body.get("error", "bad request")) from None
-        raise AgentError(f"coordinator at {url} answered {exc.code} {exc.reason}") from None
+        why = f": {body['error']}" if isinstance(body, dict) and body.get("error") else ""
+        raise AgentError(f"coordinator at {url} answered {exc.code} {exc.reason}{why}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise AgentError(f"cannot reach the coordinator at {url}: {reason}") from None
