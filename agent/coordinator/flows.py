@@ -280,6 +280,8 @@ class RolloutResult:
     #: nodes whose allocation mode lets no change of this kind happen (a MIG rollout on a
     #: dra-dynamic-mig node, or one whose mode is unknown) -> why; still pending in the record.
     not_allowed: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: why no node could start (max-unavailable taken by nodes already unavailable); "" else
+    waiting: str = ""
 
     @property
     def complete(self) -> bool:
@@ -352,8 +354,13 @@ async def rollout(
     )
     record.save()
     busy_nodes = tuple(sorted(busy))
-    if scheduler.pending and scheduler.capacity <= 0:  # wait: nothing may start
-        return RolloutResult(record, (), skipped, busy_nodes, unhealthy, degraded, not_allowed)
+    stuck = scheduler.stuck_reason()
+    if stuck is not None:  # wait: nothing may start, and each waiting node says why
+        for node in scheduler.pending:
+            record.nodes[node].detail = f"waiting: {stuck}"
+        return RolloutResult(
+            record, (), skipped, busy_nodes, unhealthy, degraded, not_allowed, stuck
+        )
     action = action_for(fleet, targets, record, holder=holder, scope=selection.targets)
     step = wrap(action) if wrap else action
     if record.kind in HEALTH_GATED:

@@ -193,6 +193,8 @@ def finish_rollout(result: Any, output: str) -> None:
             f"{len(result.not_allowed)} node(s) skipped: their allocation mode allows no MIG "
             f"change ({', '.join(result.not_allowed)})"
         )
+    if result.waiting:
+        reason = result.waiting
     if result.busy:
         reason = (
             f"{len(result.busy)} node(s) mid-change by an operation this rollout did not start "
