@@ -89,6 +89,7 @@ def resume(
         record.node_timeout_s = node_timeout
     if on_unhealthy is not None:
         record.on_unhealthy = on_unhealthy
+    record.check_limits()  # the file's own limits too, before any node is contacted
 
     async def work(fleet: Fleet) -> Any:
         selection = await select(fleet, Selector())

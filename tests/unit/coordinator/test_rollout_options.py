@@ -96,3 +96,58 @@ def test_coordinator_serve_refuses_a_number_that_is_not_finite(
     result = CliRunner().invoke(coordinator, args)
     assert result.exit_code == 2 and option in result.output, result.output
     assert not connected(listener)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("node_timeout_s", -1),
+        ("node_timeout_s", "soon"),
+        ("max_failures", -2),
+        ("max_failures", True),
+        ("max_unavailable", "0"),
+    ],
+)
+def test_a_resumed_record_with_a_limit_out_of_range_is_refused_before_any_node(
+    field: str, value: object, tmp_path: Path, listener: socket.socket
+) -> None:
+    """The record is the user's file (kept with the change ticket, edited by hand): a
+    node_timeout_s of -1 in it started the failed node's apply again and cancelled it at once.
+    Its limits are checked as the flags are, naming the record's field; a flag that replaces
+    the bad value is taken."""
+    import json
+
+    from agent.coordinator.rollout.record import RolloutRecord
+
+    record = RolloutRecord.start(
+        "share", {}, ["a"], selector="", max_unavailable="1", max_failures=1, node_timeout_s=60
+    )
+    record.nodes["a"].state = "failed"
+    data = record.to_dict() | {field: value}
+    path = tmp_path / "rollout.json"
+    path.write_text(json.dumps(data))
+    address = f"unix:{listener.getsockname()}"
+    result = CliRunner().invoke(fleet, ["resume", str(path), "--agents", address, "--insecure"])
+    assert result.exit_code == 2, result.output
+    assert f"record.{field}" in result.output, result.output
+    assert not connected(listener)
+    flag = {
+        "node_timeout_s": ["--node-timeout", "60"],
+        "max_failures": ["--max-failures", "1"],
+        "max_unavailable": ["--max-unavailable", "1"],
+    }[field]
+    fixed = CliRunner().invoke(
+        fleet,
+        [
+            "resume",
+            str(path),
+            *flag,
+            "--dry-run",
+            "--agents",
+            address,
+            "--insecure",
+            "--timeout",
+            "1",
+        ],
+    )
+    assert f"record.{field}" not in fixed.output, fixed.output
