@@ -242,6 +242,8 @@ def plan(
             "give --demand FILE or --from-cluster (one of them)",
             [FieldViolation("demand", "--demand FILE or --from-cluster")],
         )
+    if demand_file is not None:  # before anything is read: the plan must not replace it
+        _refuse_overwriting(demand_file, {"out": out}, "demand")
     notes: tuple[str, ...] = ()
     pods: list[object] = []
     claims: tuple[list[object], list[object], str | None] = ([], [], None)
@@ -453,15 +455,18 @@ def _same_file(a: Path, b: Path) -> bool:
         return False  # one of them does not exist yet
 
 
-def _refuse_overwriting(trace_file: Path, outputs: dict[str, Path | None]) -> None:
-    """Refuse before reading anything when an output would overwrite the trace or another output."""
+def _refuse_overwriting(
+    trace_file: Path, outputs: dict[str, Path | None], given: str = "trace"
+) -> None:
+    """Refuse before reading anything when an output would overwrite the input (--``given``)
+    or another output."""
     named = [(flag, path) for flag, path in outputs.items() if path is not None]
     for i, (flag, path) in enumerate(named):
         if _same_file(path, trace_file):
             raise InvalidSpec(
-                f"--{flag} {path} is the input trace {trace_file}: writing it would destroy the "
-                "trace; name another file",
-                [FieldViolation(flag, f"a file other than --trace {trace_file}")],
+                f"--{flag} {path} is the input {given} {trace_file}: writing it would destroy "
+                f"the {given}; name another file",
+                [FieldViolation(flag, f"a file other than --{given} {trace_file}")],
             )
         for other_flag, other in named[i + 1 :]:
             if _same_file(path, other):

@@ -199,6 +199,26 @@ def test_replay_refuses_to_write_over_its_own_trace_naming_it(tmp_path: Path) ->
     assert trace.read_text() == text and not (tmp_path / "out.csv").exists()
 
 
+def test_plan_refuses_to_write_its_plan_over_its_demand_file(
+    tmp_path: Path, listener: socket.socket
+) -> None:
+    """`fleet plan --demand demand.yaml --out demand.yaml` replaced the demand with the plan
+    (a FleetMigPlan), so the next `fleet plan` read no demand. Refused naming --out, before
+    any agent is dialled, and the demand file is left as it was."""
+    demand = tmp_path / "demand.yaml"
+    text = "version: v1\ndemand: {1g.10gb: 1}\n"
+    demand.write_text(text)
+    (tmp_path / "link.yaml").symlink_to(demand)
+    address = f"unix:{listener.getsockname()}"
+    for out in (demand, tmp_path / "link.yaml", tmp_path / "." / "demand.yaml"):
+        args = ["plan", "--demand", str(demand), "--out", str(out)]
+        result = invoke(fleet, [*args, "--agents", address, "--insecure"])
+        assert result.exit_code == 2, result.output
+        assert f"is the input demand {demand}" in result.output and "out: " in result.output
+    assert demand.read_text() == text
+    assert not connected(listener)
+
+
 def test_rightsize_lists_the_pods_that_fit_smaller_and_writes_their_demand(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
