@@ -4,6 +4,7 @@ within a range, one of a few words. Each command still writes its own flag and h
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -70,3 +71,13 @@ def choice_option(
 def _default(default: object) -> dict[str, Any]:
     # An unset default is left to click, which then shows none.
     return {"default": None} if default is None else {"default": default, "show_default": True}
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: spelt alike, a link, a hard link or a bind mount."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False  # one of them does not exist yet

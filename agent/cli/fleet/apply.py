@@ -64,7 +64,7 @@ def apply_mig(
     from agent.coordinator.planning.planfile import PLAN_CONFIG, load_plan
     from agent.mig.spec import load_spec
 
-    rollout = rollout_args(kwargs)
+    rollout = rollout_args(kwargs, {"file": config_file, "plan": plan_file})
     if (config_file is None) == (plan_file is None):
         raise InvalidSpec(
             "give a config (-f FILE [-c NAME]) or a plan (--plan FILE), not both",
@@ -120,7 +120,7 @@ def apply_share(
     """
     from agent.coordinator.rollout.specs import sharing_spec
 
-    rollout = rollout_args(kwargs)
+    rollout = rollout_args(kwargs, {"file": config_file})
     if config_file is not None:
         spec = sharing_spec(config_file.read_text())
     elif strategy is not None and replicas is not None:

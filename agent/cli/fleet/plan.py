@@ -4,7 +4,6 @@ replayed over the fleet, and the devices the pods use.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -19,7 +18,7 @@ from agent.cli.coordinator import (
     run_with_fleet,
 )
 from agent.cli.fleet.status import counts_text
-from agent.cli.options import file_option, float_option
+from agent.cli.options import file_option, float_option, same_file
 from agent.cli.render import emit, format_table, output_option
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 
@@ -446,15 +445,6 @@ def replay_cmd(
     emit(list(results), output, _replay_table)
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    if a.resolve() == b.resolve():
-        return True
-    try:
-        return os.path.samefile(a, b)  # hard links and bind mounts too
-    except OSError:
-        return False  # one of them does not exist yet
-
-
 def _refuse_overwriting(
     trace_file: Path, outputs: dict[str, Path | None], given: str = "trace"
 ) -> None:
@@ -462,14 +452,14 @@ def _refuse_overwriting(
     or another output."""
     named = [(flag, path) for flag, path in outputs.items() if path is not None]
     for i, (flag, path) in enumerate(named):
-        if _same_file(path, trace_file):
+        if same_file(path, trace_file):
             raise InvalidSpec(
                 f"--{flag} {path} is the input {given} {trace_file}: writing it would destroy "
                 f"the {given}; name another file",
                 [FieldViolation(flag, f"a file other than --{given} {trace_file}")],
             )
         for other_flag, other in named[i + 1 :]:
-            if _same_file(path, other):
+            if same_file(path, other):
                 raise InvalidSpec(
                     f"--{flag} and --{other_flag} are both {path}: name two files",
                     [FieldViolation(other_flag, f"a file other than --{flag} {path}")],

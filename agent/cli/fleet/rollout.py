@@ -4,7 +4,8 @@ its progress report and its outcome.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -14,7 +15,7 @@ from agent.cli.coordinator import (
     lease_option,
     run_with_fleet,
 )
-from agent.cli.options import choice_option, file_option, float_option
+from agent.cli.options import choice_option, file_option, float_option, same_file
 from agent.cli.render import emit, format_table
 from agent.coordinator.rollout.schedule import NODE_TIMEOUT_MAX_S, parse_max_unavailable
 from agent.errors import AgentError, FieldViolation, InvalidSpec
@@ -267,7 +268,19 @@ def start_rollout(
     finish_rollout(run_with_fleet(options, work, lease=None if dry_run else lease), output)
 
 
-def rollout_args(kwargs: dict[str, Any]) -> dict[str, Any]:
+def rollout_args(
+    kwargs: dict[str, Any], inputs: Mapping[str, Path | None] | None = None
+) -> dict[str, Any]:
+    """The rollout's options out of ``kwargs``; a --record naming one of the ``inputs`` (flag ->
+    file) is refused before anything is read: the record would be written over it."""
+    record = kwargs["record_file"]
+    for flag, given in (inputs or {}).items():
+        if record is not None and given is not None and same_file(record, given):
+            raise InvalidSpec(
+                f"--record {record} is the input --{flag} file: the record would be written "
+                "over it; name another file",
+                [FieldViolation("record", f"a file other than --{flag} {given}")],
+            )
     return {
         "max_unavailable": kwargs.pop("max_unavailable"),
         "max_failures": kwargs.pop("max_failures"),

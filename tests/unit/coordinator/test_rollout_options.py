@@ -151,3 +151,30 @@ def test_a_resumed_record_with_a_limit_out_of_range_is_refused_before_any_node(
         ],
     )
     assert f"record.{field}" not in fixed.output, fixed.output
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["apply", "mig", "-c", "halves", "-f"], "file"),
+        (["apply", "mig", "--plan"], "plan"),
+        (["apply", "share", "-f"], "file"),
+    ],
+)
+def test_a_record_naming_the_rollouts_input_file_is_refused(
+    args: list[str], flag: str, tmp_path: Path, listener: socket.socket
+) -> None:
+    """`fleet apply mig -f mig.yaml --record mig.yaml` wrote the rollout record over the MIG
+    config it applied. Refused naming --record, before the file is read or an agent dialled;
+    the file is left as it was."""
+    given = tmp_path / "input.yaml"
+    given.write_text(MIG_HALVES)
+    address = f"unix:{listener.getsockname()}"
+    for record in (given, tmp_path / "." / "input.yaml"):
+        result = CliRunner().invoke(
+            fleet, [*args, str(given), "--record", str(record), "--agents", address, "--insecure"]
+        )
+        assert result.exit_code == 2, result.output
+        assert f"--record {record} is the input --{flag} file" in result.output, result.output
+    assert given.read_text() == MIG_HALVES
+    assert not connected(listener)
