@@ -334,7 +334,8 @@ async def rollout(
         said |= {n: NodePreview(n, "skipped", (unhealthy | not_allowed)[n]) for n in left_out}
         # A node that does not answer is shown, not left out: unknown, with why.
         errors = {v.name: v.error or "the agent did not answer" for v in selection.unreachable}
-        said |= {n: NodePreview(n, "unknown", errors.get(n, "")) for n in skipped}
+        nobody = "no agent answers as this node"
+        said |= {n: NodePreview(n, "unknown", errors.get(n, f"{n}: {nobody}")) for n in skipped}
         previews = tuple(said[n] for n in names if n in said)
         return RolloutResult(record, previews, skipped, (), unhealthy, degraded, not_allowed)
     limits = Limits(

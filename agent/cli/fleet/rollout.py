@@ -241,10 +241,12 @@ def start_rollout(
     async def work(fleet: Fleet) -> Any:
         selection = await select(fleet, chosen)
         names = [v.name for v in selection.views if nodes is None or v.name in nodes]
+        # A node the plan names that no agent answers as stays in the rollout, not reached.
+        found = {v.name for v in selection.views}
+        missing = sorted(set(nodes or ()) - found)
         if not names:
-            raise InvalidSpec(
-                f"no node matches the selector {chosen}", [FieldViolation("selector", str(chosen))]
-            )
+            raise _none_found(chosen, missing, found)
+        names += missing
         record = RolloutRecord.start(kind, spec, sorted(names), selector=str(chosen), **rollout)
         record.path = None if dry_run else path
         report = progress_report(output, None if dry_run else options, kind)
@@ -266,6 +268,20 @@ def start_rollout(
 
     # A dry run changes nothing: it needs no Lease.
     finish_rollout(run_with_fleet(options, work, lease=None if dry_run else lease), output)
+
+
+def _none_found(chosen: Any, missing: Sequence[str], found: set[str]) -> InvalidSpec:
+    if not missing:
+        return InvalidSpec(
+            f"no node matches the selector {chosen}", [FieldViolation("selector", str(chosen))]
+        )
+    seen = ", ".join(sorted(found)[:10]) or "none"
+    where = f" with selector {chosen}" if chosen.terms else ""
+    return InvalidSpec(
+        f"no agent answers as a node of the plan ({', '.join(missing[:10])}); "
+        f"nodes found{where}: {seen}",
+        [FieldViolation("plan", "a plan of this fleet's nodes (`fleet plan --out`)")],
+    )
 
 
 def rollout_args(

@@ -5,6 +5,9 @@ cannot start because such nodes took max-unavailable says so."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import yaml
 
 from tests.unit.coordinator.agents import invoke_process
 from tests.unit.coordinator.fakeagents import fake_agents, mark, node
@@ -46,3 +49,33 @@ def test_a_rollout_whose_budget_is_taken_by_nodes_that_do_not_answer_says_so() -
     assert "max-unavailable is 1" in a["detail"], a
     error = as_json.output.split("\nerror:")[1]
     assert "max-unavailable is 1" in error and "failed" not in error, error
+
+
+def _plan(path: Path, *nodes: str) -> Path:
+    config = "version: v1\nmig-configs:\n  fleet-plan:\n  - {devices: all, mig-enabled: false}\n"
+    entries = {n: {"config": config, "gpus": []} for n in nodes}
+    path.write_text(yaml.safe_dump({"kind": "FleetMigPlan", "version": "v1", "nodes": entries}))
+    return path
+
+
+def test_a_plan_node_no_agent_answers_as_is_not_dropped() -> None:
+    """A plan names nodes; one no agent answers as (gone, renamed, another cluster's plan) was
+    dropped without a word and the rollout succeeded; with none found the command said 'no
+    node matches the selector (every node)'. The missing node is kept in the rollout, not
+    reached (exit 10), and a plan none of whose nodes is found is refused naming them."""
+    with fake_agents() as agents:
+        agents.add(node("a", mark("healthy")))
+        args = [*agents.args(), "-o", "json"]
+        both = _plan(agents.root / "both.yaml", "a", "z")
+        dry = invoke_process(["fleet", "apply", "mig", "--plan", str(both), "--dry-run", *args])
+        run = invoke_process(["fleet", "apply", "mig", "--plan", str(both), *args])
+        alone = _plan(agents.root / "z.yaml", "z")
+        none = invoke_process(["fleet", "apply", "mig", "--plan", str(alone), *args], 60)
+    assert dry.exit_code == 0, dry.output
+    previews = {p["node"]: p for p in json.loads(dry.output)["previews"]}
+    assert previews["z"]["would"] == "unknown" and "z" in previews["z"]["detail"], previews
+    assert run.exit_code == 10, run.output
+    z = json.loads(run.output.split("\nerror:")[0])["record"]["nodes"]["z"]
+    assert (z["state"], z["detail"]) == ("pending", "skipped: the agent did not answer"), z
+    assert none.exit_code == 2, none.output
+    assert "z" in none.output and "every node" not in none.output, none.output
