@@ -22,7 +22,7 @@ from agent.coordinator.control.desired import load_desired
 from agent.coordinator.control.lease import ElectionTiming, default_identity, while_leading
 from agent.coordinator.control.reconcile import Reconciler, Stats
 from agent.coordinator.fleet.query import STATUS_PATH
-from agent.errors import AgentError
+from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.http import HttpServer
 
 log = logging.getLogger(__name__)
@@ -52,9 +52,12 @@ class CoordinatorSettings:
 
 def run_coordinator(settings: CoordinatorSettings, source: FleetOptions) -> int:
     """Run the coordinator; the exit code (non-zero when ``once`` and the pass failed)."""
-    host, _, port = settings.listen.rpartition(":")
-    if not port.isdigit():
-        raise AgentError(f"--listen {settings.listen!r} is not HOST:PORT")
+    host, sep, port = settings.listen.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise InvalidSpec(
+            f"--listen {settings.listen!r} is not HOST:PORT with a port 0-65535",
+            [FieldViolation("listen", "HOST:PORT, e.g. 0.0.0.0:9400")],
+        )
     if settings.once and settings.desired_path.exists():
         load_desired(settings.desired_path)  # one run: a file that does not parse is the answer
     return asyncio.run(_main(settings, source, host.strip("[]") or "0.0.0.0", int(port)))
@@ -105,7 +108,10 @@ async def _main(settings: CoordinatorSettings, source: FleetOptions, host: str, 
                 STATUS_PATH: status,
             }
         )
-        bound = await http.start(host, port)
+        try:
+            bound = await http.start(host, port)
+        except OSError as exc:  # taken, or an address this host does not have
+            raise AgentError(f"cannot serve on --listen {settings.listen}: {exc}") from None
         log.info(
             "coordinator serving /metrics, /healthz and %s on %s:%d; desired state %s",
             STATUS_PATH,

@@ -74,3 +74,26 @@ def test_serve_once_exits_10_when_its_rollout_left_a_node_failed(tmp_path: Path)
     assert failed.exit_code == 10, failed.output
     assert "halted" in failed.output
     assert fixed.exit_code == 0, fixed.output
+
+
+def test_serve_refuses_a_listen_address_it_cannot_use_in_one_line(tmp_path: Path) -> None:
+    """`--listen 127.0.0.1:99999` ended in a traceback (OverflowError from bind), `--listen
+    nope` exited 1 as a runtime failure, and a port already taken was a traceback too: each
+    is now one line naming --listen, a bad address with exit 2."""
+    import socket
+
+    from tests.unit.coordinator.agents import invoke_process
+
+    base = ["coordinator", "serve", "--agents", "127.0.0.1:1", "--insecure"]
+    base += ["--desired", str(tmp_path / "none.yaml"), "--interval", "5"]
+    for bad in ("127.0.0.1:99999", "nope", "127.0.0.1:", ":80x"):
+        result = invoke_process([*base, "--listen", bad], 60)
+        assert result.exit_code == 2, (bad, result.output)
+        assert "--listen" in result.output and "Traceback" not in result.output, result.output
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = invoke_process([*base, "--listen", f"127.0.0.1:{port}"], 60)
+    assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+    assert f"--listen 127.0.0.1:{port}" in result.output, result.output
