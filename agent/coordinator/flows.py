@@ -222,6 +222,8 @@ async def observe(
     An agent that does not answer a sweep is noted in the window and asked again next time.
     ``swept`` hears of each sweep as it ends (how many so far, the window), for progress."""
     window = Window()
+    # A node that did not answer the selection is never asked: said, not left out.
+    window.failed.update({v.name: v.why_not_plannable for v in selection.unreachable})
     chosen = {v.name: selection.targets[v.name] for v in selection.reachable}
     targets = list(chosen.values())
     by_address = {t.address: name for name, t in chosen.items()}

@@ -1,6 +1,7 @@
-"""A rollout accounts for every selected node (docs/coordinator.md, Rollouts): its dry run
+"""Fleet commands account for every selected node (docs/coordinator.md): a rollout's dry run
 lists one that does not answer as `unknown` with its error, never leaves it out; a node that
-cannot start because such nodes took max-unavailable says so."""
+cannot start because such nodes took max-unavailable says so; a plan's node no agent answers
+as stays in the rollout; rightsize names the nodes it could not observe."""
 
 from __future__ import annotations
 
@@ -79,3 +80,20 @@ def test_a_plan_node_no_agent_answers_as_is_not_dropped() -> None:
     assert (z["state"], z["detail"]) == ("pending", "skipped: the agent did not answer"), z
     assert none.exit_code == 2, none.output
     assert "z" in none.output and "every node" not in none.output, none.output
+
+
+def test_rightsize_names_a_node_that_does_not_answer_as_not_observed() -> None:
+    """A node whose agent did not answer was never asked for telemetry and not said: `0 of 0
+    pod(s) fit` read as a fleet with nothing to size. It is listed under no telemetry, with
+    its error, in the table and in `-o json` (`failed`)."""
+    with fake_agents() as agents:
+        agents.add(node("a", mark("healthy")))
+        gone = f"unix:{agents.root / 'gone.sock'}"
+        args = ["--agents", f"{agents.agents['a'].address},{gone}", "--insecure"]
+        rightsize = ["fleet", "rightsize", "--window", "0", *args]
+        as_json = invoke_process([*rightsize, "-o", "json"], 60)
+        table = invoke_process(rightsize, 60)
+    assert as_json.exit_code == 0, as_json.output
+    failed = json.loads(as_json.output)["failed"]
+    assert list(failed) == [gone] and "did not answer" in failed[gone], failed
+    assert f"No telemetry from {gone}: " in table.output, table.output
