@@ -97,3 +97,26 @@ def test_rightsize_names_a_node_that_does_not_answer_as_not_observed() -> None:
     failed = json.loads(as_json.output)["failed"]
     assert list(failed) == [gone] and "did not answer" in failed[gone], failed
     assert f"No telemetry from {gone}: " in table.output, table.output
+
+
+def test_a_sharing_dry_run_on_a_node_whose_gpus_were_not_read_is_unknown_not_refused() -> None:
+    """Its driver is not loaded, so its agent lists no GPU: the preview checked the config
+    against no GPU and said `refused: … the plugin does not advertise nvidia.com/gpu on this
+    node …; valid here: none`, a verdict on GPUs nobody read (the agent's SetSharing refuses
+    with DriverNotReady). It is `unknown`, with the driver's reason, as the MIG preview is."""
+    from agent._proto.gpuagent.v1 import agent_pb2
+
+    driverless = node("a")
+    driverless.driver.CopyFrom(
+        agent_pb2.Driver(
+            state=agent_pb2.DRIVER_STATE_NOT_READY, cause="driver_not_loaded", reason="no module"
+        )
+    )
+    with fake_agents() as agents:
+        agents.add(driverless)
+        share = ["fleet", "apply", "share", "--strategy", "time-slicing", "--replicas", "2"]
+        dry = invoke_process([*share, "--dry-run", *agents.args(), "-o", "json"], 60)
+    assert dry.exit_code == 0, dry.output
+    (preview,) = json.loads(dry.output)["previews"]
+    assert preview["would"] == "unknown", preview
+    assert "no module" in preview["detail"] and "valid here" not in preview["detail"], preview
