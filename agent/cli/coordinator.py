@@ -138,16 +138,27 @@ def run_with_fleet(
     return asyncio.run(main())
 
 
-def lease_option(fn: F) -> F:
+_LEASE_HELP = (
+    "coordination.k8s.io Lease (in --namespace) held while changing nodes, shared with "
+    "`coordinator serve`; taken when a Kubernetes API is configured (pod or KUBECONFIG)."
+)
+
+
+def lease_option(fn: F, help: str = _LEASE_HELP) -> F:
     """--lease: the Lease a change takes (the coordinator's, so they never act at once)."""
     return click.option(
-        "--lease",
-        "lease_name",
-        default="gpu-agent-coordinator",
-        show_default=True,
-        help="coordination.k8s.io Lease (in --namespace) held while changing nodes, shared with "
-        "`coordinator serve`; taken when a Kubernetes API is configured (pod or KUBECONFIG).",
+        "--lease", "lease_name", default="gpu-agent-coordinator", show_default=True, help=help
     )(fn)
+
+
+def _serve_lease_option(fn: F) -> F:
+    """--lease as `coordinator serve` holds it: the one its replicas take turns on."""
+    return lease_option(
+        fn,
+        help="coordination.k8s.io Lease (in --namespace) the replicas take turns on (see "
+        "--leader-elect); changes by hand (`fleet apply`, `fleet resume`) are refused while "
+        "it is held.",
+    )
 
 
 # -- coordinator serve ---------------------------------------------------------------------------
@@ -213,7 +224,7 @@ def coordinator() -> None:
     help="Run one pass and exit: 1 if it failed, 10 if it left nodes failed or left out, or a "
     "rollout halted.",
 )
-@lease_option
+@_serve_lease_option
 @click.option(
     "--leader-elect/--no-leader-elect",
     default=None,

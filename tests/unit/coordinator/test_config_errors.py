@@ -97,3 +97,14 @@ def test_serve_refuses_a_listen_address_it_cannot_use_in_one_line(tmp_path: Path
         result = invoke_process([*base, "--listen", f"127.0.0.1:{port}"], 60)
     assert result.exit_code != 0 and "Traceback" not in result.output, result.output
     assert f"--listen 127.0.0.1:{port}" in result.output, result.output
+
+
+def test_serve_help_says_what_its_lease_is_for_it() -> None:
+    """`coordinator serve --help` described --lease as the Lease 'held while changing nodes,
+    shared with `coordinator serve`' (the text of the changes by hand): serve's own Lease is
+    the one its replicas take turns on."""
+    result = invoke(coordinator, ["serve", "--help"])
+    text = " ".join(result.output.split())
+    assert "shared with `coordinator serve`" not in text, text
+    lease = text.split("--lease TEXT")[1].split("--leader-elect /")[0]
+    assert "replicas take turns" in lease, lease
