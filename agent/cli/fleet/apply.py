@@ -77,7 +77,7 @@ def apply_mig(
     else:
         assert config_file is not None
         text = config_file.read_text()
-        name, _ = load_spec(config_file, text).select(config_name or None)
+        name, _ = load_spec(config_file, text).select(config_name or None, flag="config")
         spec = {"config_yaml": text, "config_name": name}
         nodes = None
     start_rollout(options_from(kwargs), "mig", spec, selector, rollout, output, nodes, drain=drain)

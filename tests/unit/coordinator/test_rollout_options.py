@@ -178,3 +178,21 @@ def test_a_record_naming_the_rollouts_input_file_is_refused(
         assert f"--record {record} is the input --{flag} file" in result.output, result.output
     assert given.read_text() == MIG_HALVES
     assert not connected(listener)
+
+
+@pytest.mark.parametrize(("given", "said"), [([], "missing"), (["-c", "halfs"], "not present")])
+def test_a_config_name_fleet_apply_cannot_use_is_refused_naming_its_own_flag(
+    given: list[str], said: str, tmp_path: Path, listener: socket.socket
+) -> None:
+    """`fleet apply mig -f two-configs.yaml` without -c said `missing required flag
+    'selected-config'`, a flag of `gpu-agent mig apply` that fleet apply does not take (its
+    flag is -c/--config)."""
+    two = tmp_path / "two.yaml"
+    two.write_text(MIG_HALVES + "  whole:\n    - {devices: all, mig-enabled: false}\n")
+    address = f"unix:{listener.getsockname()}"
+    args = ["apply", "mig", "-f", str(two), *given, "--agents", address, "--insecure"]
+    result = CliRunner().invoke(fleet, args)
+    assert result.exit_code == 2, result.output
+    assert said in result.output and "selected-config" not in result.output, result.output
+    assert "config: one of: halves, whole" in result.output, result.output
+    assert not connected(listener)
