@@ -83,7 +83,8 @@ def _status_table(doc: dict[str, Any]) -> str:
         summary += f" Swept by the coordinator {doc['age_s']:.0f} s ago (--fresh for a new one)."
     if "gpu_health" in totals:
         counts = ", ".join(f"{n} {state}" for state, n in totals["gpu_health"].items() if n)
-        summary += f" GPU health: {counts or 'no GPU'}."
+        none = "none read" if _unread(totals) else "no GPU"
+        summary += f" GPU health: {counts or none}."
     states = ", ".join(f"{n} {state}" for state, n in totals["node_health"].items() if n)
     summary += f" Nodes: {states or 'none'}."
     return f"{nodes}\n\n{marks}{profiles}\n\n{summary}"
@@ -96,9 +97,15 @@ def _idle_cell(node: dict[str, Any]) -> str:
 
 
 def _unread(totals: dict[str, Any]) -> str:
-    """How many answering nodes' GPUs are not in the count: their driver is not ready."""
-    unread = totals.get("gpus_unread_nodes", 0)
-    return f" (and the GPUs of {unread} node(s) not read: driver not ready)" if unread else ""
+    """How many nodes' GPUs are not in the count: their driver is not ready, or they did not
+    answer."""
+    driverless = totals.get("gpus_unread_nodes", 0)
+    silent = totals["nodes"] - totals["reachable"]
+    why = {"driver not ready": driverless, "not answering": silent}
+    said = [f"{n} {what}" if driverless and silent else what for what, n in why.items() if n]
+    if not said:
+        return ""
+    return f" (and the GPUs of {driverless + silent} node(s) not read: {', '.join(said)})"
 
 
 def _attention_heading(doc: dict[str, Any]) -> str:

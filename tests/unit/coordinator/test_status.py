@@ -365,3 +365,19 @@ def test_an_unreachable_node_shows_its_gpus_and_warm_items_as_unknown_not_0() ->
     row = next(line for line in _status_table(doc).splitlines() if line.startswith("node-z"))
     cells = row.split()
     assert "0" not in cells, row  # neither GPUS nor WARM claims a count
+
+
+def test_the_summary_counts_the_gpus_of_nodes_that_did_not_answer_as_unread() -> None:
+    """With no agent answering the summary read `0 GPU(s) ... GPU health: no GPU.`: a fleet of
+    no GPUs, for GPUs nobody read. The nodes that did not answer are said beside the count,
+    as those whose driver is not ready are."""
+    from agent.cli.fleet.status import _status_table
+    from agent.coordinator.fleet.status import status_document
+
+    gone = unreachable_view(Target("10.0.0.9:9401", "node-z"), "connection refused")
+    alone = _status_table(status_document(fleet_status([gone]), "1h"))
+    assert "0 GPU(s) (and the GPUs of 1 node(s) not read: not answering)" in alone, alone
+    assert "GPU health: none read." in alone and "no GPU" not in alone, alone
+    beside = fleet_status([node_view(Target("10.0.0.1:9401"), node_from(_node()), 3600), gone])
+    text = _status_table(status_document(beside, "1h"))
+    assert "3 GPU(s) (and the GPUs of 1 node(s) not read: not answering)" in text, text
