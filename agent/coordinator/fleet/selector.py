@@ -71,6 +71,11 @@ class Selector:
         return any(t.key in ("model", "preset", "allocation") for t in self.terms)
 
     @property
+    def needs_models(self) -> bool:
+        """Whether a GPU model decides: unknown for a node whose GPUs were not read."""
+        return any(t.key == "model" for t in self.terms)
+
+    @property
     def needs_labels(self) -> bool:
         """Whether a Kubernetes node label decides (unknown while the API is down)."""
         return any(t.key not in _FACTS for t in self.terms)

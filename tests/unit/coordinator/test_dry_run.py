@@ -120,3 +120,28 @@ def test_a_sharing_dry_run_on_a_node_whose_gpus_were_not_read_is_unknown_not_ref
     (preview,) = json.loads(dry.output)["previews"]
     assert preview["would"] == "unknown", preview
     assert "no module" in preview["detail"] and "valid here" not in preview["detail"], preview
+
+
+def test_a_model_selector_keeps_a_node_whose_gpus_were_not_read() -> None:
+    """`-l model=*H100*` dropped a node whose driver is not ready (its agent lists no GPU, so
+    no model matched), while an unreachable node, which cannot say its model either, stays:
+    `fleet status` did not list it and a rollout's dry run left it out. It stays, unknown."""
+    from agent._proto.gpuagent.v1 import agent_pb2
+
+    driverless = node("d")
+    driverless.driver.CopyFrom(
+        agent_pb2.Driver(
+            state=agent_pb2.DRIVER_STATE_NOT_READY, cause="driver_not_loaded", reason="no module"
+        )
+    )
+    with fake_agents() as agents:
+        agents.add(node("a", mark("healthy")))
+        agents.add(driverless)
+        chosen = ["-l", "model=*H100*", *agents.args(), "-o", "json"]
+        status = invoke_process(["fleet", "status", "--nodes", *chosen], 60)
+        share = ["fleet", "apply", "share", "--strategy", "time-slicing", "--replicas", "2"]
+        dry = invoke_process([*share, "--dry-run", *chosen], 60)
+    assert status.exit_code == 0, status.output
+    assert [n["name"] for n in json.loads(status.output)["nodes"]] == ["a", "d"]
+    previews = {p["node"]: p["would"] for p in json.loads(dry.output)["previews"]}
+    assert previews == {"a": "change", "d": "unknown"}, previews
