@@ -618,11 +618,13 @@ _UNKNOWN: Any = object()
 
 def _rule_for(rules: Sequence[_Rule], view: Any, labels_known: bool) -> Any:
     """The first rule picking ``view``; `_UNKNOWN` when an earlier-or-matching rule's
-    selector needs labels that could not be read (a guess could re-bind the node)."""
+    selector needs labels that could not be read (a guess could re-bind the node). A node
+    whose GPUs were not read (driver not ready) may be of a rule's model: picked, so the pass
+    says why it cannot be changed instead of forgetting it."""
     for rule in rules:
         if not labels_known and rule.selector.needs_labels:
             return _UNKNOWN
-        if rule.selector.matches(view):
+        if rule.selector.matches(view) or (view.gpus_unread and rule.selector.needs_models):
             return rule
     return None
 

@@ -108,3 +108,37 @@ def test_serve_help_says_what_its_lease_is_for_it() -> None:
     assert "shared with `coordinator serve`" not in text, text
     lease = text.split("--lease TEXT")[1].split("--leader-elect /")[0]
     assert "replicas take turns" in lease, lease
+
+
+def test_serve_does_not_forget_a_node_of_a_model_rule_whose_driver_is_not_ready(
+    tmp_path: Path,
+) -> None:
+    """A rule `selector: model=*H100*` never picked a node whose driver is not ready (no GPU
+    read, so no model matched): the pass said nothing of it and `--once` exited 0, as if the
+    pool were in sync. The node is picked, its agent's refusal said, and the pass exits 10."""
+    import grpc
+
+    from agent._proto.gpuagent.v1 import agent_pb2
+    from tests.unit.coordinator.agents import invoke_process
+    from tests.unit.coordinator.fakeagents import fake_agents, mark, node
+
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(
+        "version: v1\nsharing:\n  - selector: model=*H100*\n    strategy: time-slicing\n"
+        "    replicas: 4\n    resources: [nvidia.com/gpu]\n"
+    )
+    driverless = node("d")
+    driverless.driver.CopyFrom(
+        agent_pb2.Driver(
+            state=agent_pb2.DRIVER_STATE_NOT_READY, cause="driver_not_loaded", reason="no module"
+        )
+    )
+    with fake_agents() as agents:
+        agents.add(node("a", mark("healthy")))
+        # As the real agent's SetSharing refuses it (DriverNotReady -> FAILED_PRECONDITION).
+        refused = (grpc.StatusCode.FAILED_PRECONDITION, "share set needs the GPUs: no module")
+        agents.add(driverless, errors={"SharingService/SetSharing": refused})
+        serve = ["coordinator", "serve", "--once", "--desired", str(desired)]
+        result = invoke_process([*serve, *agents.args(), "--listen", "127.0.0.1:0"], 60)
+    assert result.exit_code == 10, result.output
+    assert "no module" in result.output, result.output
