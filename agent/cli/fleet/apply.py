@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from agent import safeyaml
 from agent.cli.coordinator import (
     fleet_options,
     options_from,
@@ -76,7 +77,7 @@ def apply_mig(
         nodes: Sequence[str] | None = list(configs)
     else:
         assert config_file is not None
-        text = config_file.read_text()
+        text = safeyaml.read_text(config_file, "file", what="-f")
         name, _ = load_spec(config_file, text).select(config_name or None, flag="config")
         spec = {"config_yaml": text, "config_name": name}
         nodes = None
@@ -89,7 +90,12 @@ def apply_mig(
 @click.option(
     "--strategy", type=click.Choice(["time-slicing", "mps"]), default=None, help="How to share."
 )
-@click.option("--replicas", type=click.IntRange(min=2), default=None, help="Replicas per device.")
+@click.option(
+    "--replicas",
+    type=click.IntRange(min=2, max=2**32 - 1),
+    default=None,
+    help="Replicas per device.",
+)
 @click.option(
     "--resource",
     "resources",
@@ -122,7 +128,7 @@ def apply_share(
 
     rollout = rollout_args(kwargs, {"file": config_file})
     if config_file is not None:
-        spec = sharing_spec(config_file.read_text())
+        spec = sharing_spec(safeyaml.read_text(config_file, "file", what="-f"))
     elif strategy is not None and replicas is not None:
         spec = sharing_spec(None, strategy, resources, replicas, rename)
     else:

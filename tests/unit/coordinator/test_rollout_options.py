@@ -196,3 +196,25 @@ def test_a_config_name_fleet_apply_cannot_use_is_refused_naming_its_own_flag(
     assert said in result.output and "selected-config" not in result.output, result.output
     assert "config: one of: halves, whole" in result.output, result.output
     assert not connected(listener)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["apply", "mig", "-c", "halves", "-f", "{missing}"], "file"),
+        (["apply", "share", "-f", "{missing}"], "file"),
+        (["apply", "share", "--strategy", "mps", "--replicas", "4294967296"], "--replicas"),
+    ],
+)
+def test_a_missing_file_or_an_oversized_count_is_one_line_naming_it(
+    args: list[str], said: str, tmp_path: Path, listener: socket.socket
+) -> None:
+    """A -f file that does not exist (FileNotFoundError) and a --replicas past what the API
+    holds (protobuf's 'Value out of range') ended in tracebacks."""
+    missing = tmp_path / "nope.yaml"
+    address = f"unix:{listener.getsockname()}"
+    args = [a.format(missing=missing) for a in args]
+    result = CliRunner().invoke(fleet, [*args, "--agents", address, "--insecure"])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert said in result.output, result.output
+    assert not connected(listener)
