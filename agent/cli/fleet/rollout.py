@@ -182,36 +182,37 @@ def finish_rollout(result: Any, output: str) -> None:
         if result.record.path
         else "pass --record FILE to be able to resume"
     )
-    reason = result.record.halted or "some nodes failed or did not answer"
-    if result.unhealthy and not result.record.halted:
-        reason = (
+    reason = "; ".join(_incomplete(result))
+    raise RolloutIncomplete(f"the rollout is incomplete ({reason}); {hint}")
+
+
+def _incomplete(result: Any) -> list[str]:
+    """Every reason the rollout did not finish, each with its nodes (one replaced another)."""
+    record = result.record
+    said = [record.halted] if record.halted else []
+    failed = [n for n, r in record.nodes.items() if r.state == "failed"]
+    if failed and not record.halted:  # a halt names its failed nodes
+        said.append(f"{len(failed)} node(s) failed ({', '.join(failed)})")
+    if result.skipped:
+        said.append(f"{len(result.skipped)} node(s) did not answer ({', '.join(result.skipped)})")
+    if result.unhealthy:
+        said.append(
             f"{len(result.unhealthy)} node(s) skipped for a failed GPU "
             f"({', '.join(result.unhealthy)})"
-            + ("; others failed or did not answer" if _others_left(result) else "")
         )
-    if result.not_allowed and not result.record.halted:
-        reason = (
+    if result.not_allowed:
+        said.append(
             f"{len(result.not_allowed)} node(s) skipped: their allocation mode allows no MIG "
             f"change ({', '.join(result.not_allowed)})"
         )
     if result.waiting:
-        reason = result.waiting
+        said.append(result.waiting)
     if result.busy:
-        reason = (
+        said.append(
             f"{len(result.busy)} node(s) mid-change by an operation this rollout did not start "
             f"({', '.join(result.busy)}), counted against max-unavailable"
         )
-    raise RolloutIncomplete(f"the rollout is incomplete ({reason}); {hint}")
-
-
-def _others_left(result: Any) -> bool:
-    """Nodes other than the unhealthy ones that did not end succeeded or unchanged."""
-    done = ("succeeded", "unchanged")
-    return any(
-        r.state not in done
-        for n, r in result.record.nodes.items()
-        if n not in result.unhealthy and n not in result.not_allowed
-    )
+    return said or ["some nodes did not finish"]
 
 
 def start_rollout(

@@ -145,3 +145,31 @@ def test_a_model_selector_keeps_a_node_whose_gpus_were_not_read() -> None:
     assert [n["name"] for n in json.loads(status.output)["nodes"]] == ["a", "d"]
     previews = {p["node"]: p["would"] for p in json.loads(dry.output)["previews"]}
     assert previews == {"a": "change", "d": "unknown"}, previews
+
+
+def test_an_incomplete_rollout_names_every_reason_not_only_the_last() -> None:
+    """One node skipped for a failed GPU, one whose allocation mode allows no MIG change, one
+    that does not answer: the error said only the allocation mode (each reason replaced the
+    one before). It names each, with its nodes."""
+    from agent._proto.gpuagent.v1 import agent_pb2
+
+    failed = node("a", mark("failed", "XID 48 (double-bit ECC error)", "reset-gpu"))
+    dynamic = node("b", mark("healthy"))
+    failed.allocation.mode = agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN
+    dynamic.allocation.mode = agent_pb2.ALLOCATION_MODE_DRA_DYNAMIC_MIG
+    with fake_agents() as agents:
+        agents.add(failed)
+        agents.add(dynamic)
+        gone = f"unix:{agents.root / 'gone.sock'}"
+        address = ",".join([*(a.address for a in agents.agents.values()), gone])
+        mig = agents.root / "mig.yaml"
+        mig.write_text(
+            "version: v1\nmig-configs:\n  whole:\n  - {devices: all, mig-enabled: false}\n"
+        )
+        args = ["--agents", address, "--insecure", "--max-unavailable", "3"]
+        result = invoke_process(["fleet", "apply", "mig", "-f", str(mig), *args], 60)
+    assert result.exit_code == 10, result.output
+    error = result.output.split("error: ")[-1]
+    assert "skipped for a failed GPU (a)" in error, error
+    assert "allocation mode allows no MIG change (b)" in error, error
+    assert f"did not answer ({gone})" in error, error
