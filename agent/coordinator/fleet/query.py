@@ -68,7 +68,14 @@ def fetch_status(url: str, query: StatusQuery, timeout_s: float = 120.0) -> dict
     """GET /fleet/status from a running `coordinator serve` at ``url`` (http://HOST:PORT).
 
     A 400 (bad selector or duration) is InvalidSpec with the coordinator's reason; another
-    error status says the reason the coordinator gave too (a 503: labels it cannot read)."""
+    error status says the reason the coordinator gave too (a 503: labels it cannot read). A
+    URL that is not http(s)://HOST[:PORT] is InvalidSpec, before anything is sent."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InvalidSpec(
+            f"--coordinator {url!r} is not a URL of a coordinator",
+            [FieldViolation("coordinator", "http://HOST:PORT (or https://)")],
+        )
     address = url.rstrip("/") + query.path()
     try:
         with urllib.request.urlopen(address, timeout=timeout_s) as response:

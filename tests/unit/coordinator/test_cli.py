@@ -346,3 +346,12 @@ def test_a_label_selector_without_a_label_source_is_refused(
         assert result.exit_code == 2, result.output
         assert selector in result.output and "--kubernetes" in result.output, result.output
     assert not connected(listener)
+
+
+@pytest.mark.parametrize("url", ["foo", "ftp://x", "http://", "127.0.0.1:9400"])
+def test_fleet_status_refuses_a_coordinator_url_that_is_not_http(url: str) -> None:
+    """`--coordinator foo` ended in a traceback (urllib's 'unknown url type'), and
+    `--coordinator ftp://x` was fetched over FTP and said 'cannot reach the coordinator'."""
+    result = CliRunner().invoke(fleet, ["status", "--coordinator", url])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "coordinator: " in result.output and "http://HOST:PORT" in result.output, result.output
