@@ -72,6 +72,7 @@ async def select(
     targets = await fleet.targets()
     check_labels(targets, selector)
     views = await fleet.views(targets, idle_after_s=idle_after_s)
+    _check_one_agent_per_node(views)
     by_address = {t.address: t for t in targets}
     chosen = tuple(
         v
@@ -83,6 +84,20 @@ async def select(
         or (bool(v.gpus_unread) and selector.needs_models)
     )
     return Selection(chosen, {v.name: by_address[v.address] for v in chosen})
+
+
+def _check_one_agent_per_node(views: Sequence[NodeView]) -> None:
+    """Two agents answering as one node (one agent by two addresses, or two agents given one
+    node name) would count its GPUs twice and change it twice: refused, naming both."""
+    seen: dict[str, str] = {}
+    for v in views:
+        if v.reachable and v.name in seen:
+            raise InvalidSpec(
+                f"agents {seen[v.name]} and {v.address} both answer as node {v.name}: give each "
+                "agent once (one address each), and each agent its own node name",
+                [FieldViolation("agents", "one address per agent, one agent per node")],
+            )
+        seen.setdefault(v.name, v.address)
 
 
 def check_labels(targets: Iterable[Target], selector: Selector) -> None:

@@ -173,3 +173,18 @@ def test_an_incomplete_rollout_names_every_reason_not_only_the_last() -> None:
     assert "skipped for a failed GPU (a)" in error, error
     assert "allocation mode allows no MIG change (b)" in error, error
     assert f"did not answer ({gone})" in error, error
+
+
+def test_an_agent_given_twice_is_one_node_and_two_agents_as_one_node_are_refused() -> None:
+    """`--agents A,A` (or one socket by two paths) counted the node twice: '2 node(s), 16
+    GPU(s)' for one node of 8, and a rollout would have dialled it as two. The same address is
+    one agent; two addresses answering as one node are refused naming both."""
+    with fake_agents() as agents:
+        a = agents.add(node("a", mark("healthy"))).address
+        twice = invoke_process(["fleet", "status", "--agents", f"{a},{a}", "--insecure"], 60)
+        other = f"unix:{agents.root}/../{agents.root.name}/a.sock"
+        aliased = invoke_process(["fleet", "status", "--agents", f"{a},{other}", "--insecure"], 60)
+    assert twice.exit_code == 0, twice.output
+    assert "1 node(s), 1 answering; 1 GPU(s)" in twice.output, twice.output
+    assert aliased.exit_code == 2, aliased.output
+    assert a in aliased.output and other in aliased.output and "node a" in aliased.output
