@@ -142,3 +142,12 @@ def test_serve_does_not_forget_a_node_of_a_model_rule_whose_driver_is_not_ready(
         result = invoke_process([*serve, *agents.args(), "--listen", "127.0.0.1:0"], 60)
     assert result.exit_code == 10, result.output
     assert "no module" in result.output, result.output
+
+
+def test_a_dns_name_that_is_not_name_and_port_is_refused_naming_dns() -> None:
+    """`--dns svc:abc` ended in a traceback (int('abc')), `--dns svc:99999` dialled no agent
+    and `--dns :9401` tried to resolve an empty name: each is refused naming --dns."""
+    for bad in ("gpu-agent-grpc:abc", "gpu-agent-grpc:99999", ":9401", "gpu-agent-grpc:"):
+        result = invoke(fleet, ["status", "--dns", bad, "--insecure", "--timeout", "1"])
+        assert result.exit_code == 2, (bad, result.output)
+        assert "dns: " in result.output, result.output
