@@ -99,11 +99,11 @@ def test_rightsize_names_a_node_that_does_not_answer_as_not_observed() -> None:
     assert f"No telemetry from {gone}: " in table.output, table.output
 
 
-def test_a_sharing_dry_run_on_a_node_whose_gpus_were_not_read_is_unknown_not_refused() -> None:
+def test_a_sharing_dry_run_on_a_node_whose_gpus_were_not_read_is_skipped_not_refused() -> None:
     """Its driver is not loaded, so its agent lists no GPU: the preview checked the config
     against no GPU and said `refused: … the plugin does not advertise nvidia.com/gpu on this
     node …; valid here: none`, a verdict on GPUs nobody read (the agent's SetSharing refuses
-    with DriverNotReady). It is `unknown`, with the driver's reason, as the MIG preview is."""
+    with DriverNotReady). It is skipped, with the driver's reason, as the rollout skips it."""
     from agent._proto.gpuagent.v1 import agent_pb2
 
     driverless = node("a")
@@ -118,14 +118,15 @@ def test_a_sharing_dry_run_on_a_node_whose_gpus_were_not_read_is_unknown_not_ref
         dry = invoke_process([*share, "--dry-run", *agents.args(), "-o", "json"], 60)
     assert dry.exit_code == 0, dry.output
     (preview,) = json.loads(dry.output)["previews"]
-    assert preview["would"] == "unknown", preview
+    assert preview["would"] == "skipped", preview
     assert "no module" in preview["detail"] and "valid here" not in preview["detail"], preview
 
 
 def test_a_model_selector_keeps_a_node_whose_gpus_were_not_read() -> None:
     """`-l model=*H100*` dropped a node whose driver is not ready (its agent lists no GPU, so
     no model matched), while an unreachable node, which cannot say its model either, stays:
-    `fleet status` did not list it and a rollout's dry run left it out. It stays, unknown."""
+    `fleet status` did not list it and a rollout's dry run left it out. It stays (the dry
+    run says it is skipped until its driver is ready)."""
     from agent._proto.gpuagent.v1 import agent_pb2
 
     driverless = node("d")
@@ -144,7 +145,7 @@ def test_a_model_selector_keeps_a_node_whose_gpus_were_not_read() -> None:
     assert status.exit_code == 0, status.output
     assert [n["name"] for n in json.loads(status.output)["nodes"]] == ["a", "d"]
     previews = {p["node"]: p["would"] for p in json.loads(dry.output)["previews"]}
-    assert previews == {"a": "change", "d": "unknown"}, previews
+    assert previews == {"a": "change", "d": "skipped"}, previews
 
 
 def test_an_incomplete_rollout_names_every_reason_not_only_the_last() -> None:
@@ -188,3 +189,34 @@ def test_an_agent_given_twice_is_one_node_and_two_agents_as_one_node_are_refused
     assert "1 node(s), 1 answering; 1 GPU(s)" in twice.output, twice.output
     assert aliased.exit_code == 2, aliased.output
     assert a in aliased.output and other in aliased.output and "node a" in aliased.output
+
+
+def test_a_rollout_skips_a_node_whose_driver_is_not_ready_as_it_skips_a_failed_gpu() -> None:
+    """A node whose driver is away (a GPU Operator driver upgrade) was changed like any other:
+    its agent refused (DriverNotReady), the node failed, and at max-failures 1 the rollout
+    halted before the healthy nodes. It is skipped and left pending with the driver's reason,
+    for a resume once the driver is back; the others are changed."""
+    import grpc
+
+    from agent._proto.gpuagent.v1 import agent_pb2
+
+    driverless = node("a")
+    driverless.driver.CopyFrom(
+        agent_pb2.Driver(
+            state=agent_pb2.DRIVER_STATE_NOT_READY, cause="driver_not_loaded", reason="no module"
+        )
+    )
+    refused = (grpc.StatusCode.FAILED_PRECONDITION, "share set needs the GPUs: no module")
+    with fake_agents() as agents:
+        agents.add(driverless, errors={"SharingService/SetSharing": refused})
+        b = agents.add(node("b", mark("healthy")))
+        share = ["fleet", "apply", "share", "--strategy", "time-slicing", "--replicas", "2"]
+        result = invoke_process([*share, *agents.args(), "-o", "json"], 60)
+        table = invoke_process([*share, *agents.args()], 60)
+        changed = b.calls.count("SharingService/SetSharing")
+    assert result.exit_code == 10, result.output
+    nodes = json.loads(result.output.split("\nerror:")[0])["record"]["nodes"]
+    assert nodes["a"]["state"] == "pending" and "no module" in nodes["a"]["detail"], nodes
+    assert nodes["b"]["state"] == "succeeded" and changed == 2, nodes
+    assert "Skipped (driver not ready): a: " in table.output, table.output
+    assert "skipped until their driver is ready (a)" in table.output, table.output
