@@ -69,7 +69,8 @@ def _status_table(doc: dict[str, Any]) -> str:
     totals = doc["totals"]
     summary = (
         f"{totals['nodes']} node(s), {totals['reachable']} answering; {totals['gpus']} GPU(s)"
-        f"{_unread(totals)}, {totals['idle_gpus']} idle for {doc['idle_after']} or more. "
+        f"{_unread(totals)}, {totals['idle_gpus']} idle for {doc['idle_after']} or more"
+        f"{_idle_unknown(totals)}. "
         "MIG SLICES: one character per memory slice: the instance's size in compute slices, "
         "* in use, . free; - whole GPU (MIG off); lost: fell off the bus, layout unknown."
     )
@@ -94,6 +95,11 @@ def _idle_cell(node: dict[str, Any]) -> str:
     if node["health"] == "unreachable":
         return "-"
     return "withheld" if node["idle"] is None else counts_text(node["idle"])
+
+
+def _idle_unknown(totals: dict[str, Any]) -> str:
+    unknown = totals.get("idle_unknown_nodes", 0)  # a coordinator from before the key: none
+    return f" (idle time unknown on {unknown} node(s))" if unknown else ""
 
 
 def _unread(totals: dict[str, Any]) -> str:

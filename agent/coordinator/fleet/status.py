@@ -175,7 +175,17 @@ class FleetStatus:
 
     @property
     def idle_gpus(self) -> int:
+        """GPUs idle on the nodes whose idle time is known (see ``idle_unknown``)."""
         return sum(n.idle_gpus or 0 for n in self.nodes)
+
+    @property
+    def idle_unknown(self) -> int:
+        """Answering nodes, GPUs read, whose agent knows no GPU's idle time: not in
+        ``idle_gpus``, which would otherwise count them as nodes with none idle."""
+        return sum(
+            n.idle_gpus is None and n.gpus_read and n.health != "unreachable" and bool(n.gpus)
+            for n in self.nodes
+        )
 
     @property
     def gpu_health(self) -> dict[str, int]:
@@ -362,6 +372,7 @@ def status_document(status: FleetStatus, idle_after: str, *, nodes: bool = False
             "gpus": status.gpus,
             "gpus_unread_nodes": status.gpus_unread,
             "idle_gpus": status.idle_gpus,
+            "idle_unknown_nodes": status.idle_unknown,
             "gpu_health": status.gpu_health,
             "node_health": {
                 state: sum(n.health == state for n in status.nodes)

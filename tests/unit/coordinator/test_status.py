@@ -381,3 +381,22 @@ def test_the_summary_counts_the_gpus_of_nodes_that_did_not_answer_as_unread() ->
     beside = fleet_status([node_view(Target("10.0.0.1:9401"), node_from(_node()), 3600), gone])
     text = _status_table(status_document(beside, "1h"))
     assert "3 GPU(s) (and the GPUs of 1 node(s) not read: not answering)" in text, text
+
+
+def test_the_idle_total_says_on_how_many_answering_nodes_idle_time_is_unknown() -> None:
+    """A node whose agent knows no GPU's idle time shows its idle count unknown, but the
+    totals summed it as 0: `0 idle for 1h or more` for a fleet none of whose idle time was
+    known. The totals say on how many answering nodes (GPUs read) it is unknown
+    (`idle_unknown_nodes`), and so does the summary."""
+    from agent.cli.fleet.status import _status_table
+    from agent.coordinator.fleet.status import status_document
+
+    unknown = node_view(Target("10.0.0.1:9401"), node_from(_node((None, None, None))), 3600)
+    assert unknown.idle_gpus is None
+    doc = status_document(fleet_status([unknown]), "1h")
+    assert (doc["totals"]["idle_gpus"], doc["totals"]["idle_unknown_nodes"]) == (0, 1)
+    assert "0 idle for 1h or more (idle time unknown on 1 node(s))" in _status_table(doc)
+    known = node_view(Target("10.0.0.2:9401"), node_from(_node()), 3600)
+    doc = status_document(fleet_status([known]), "1h")
+    assert doc["totals"]["idle_unknown_nodes"] == 0
+    assert "idle time unknown" not in _status_table(doc)
