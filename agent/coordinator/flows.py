@@ -54,6 +54,8 @@ class Selection:
 
     views: tuple[NodeView, ...]
     targets: dict[str, Target]
+    #: every node the sweep found, picked or not
+    seen: frozenset[str] = frozenset()
 
     @property
     def reachable(self) -> tuple[NodeView, ...]:
@@ -83,7 +85,15 @@ async def select(
         or (not v.reachable and selector.needs_inventory)
         or (bool(v.gpus_unread) and selector.needs_models)
     )
-    return Selection(chosen, {v.name: by_address[v.address] for v in chosen})
+    found = frozenset(v.name for v in views)
+    return Selection(chosen, {v.name: by_address[v.address] for v in chosen}, found)
+
+
+def may_pick(selector: Selector, name: str) -> bool:
+    """Whether ``selector`` could pick a node named ``name`` that no agent answers as: by its
+    name, or on facts nobody can read for it (its model, preset, labels)."""
+    absent = NodeView(name, "", error="no agent answers as this node")
+    return selector.matches(absent) or selector.needs_inventory or selector.needs_labels
 
 
 def _check_one_agent_per_node(views: Sequence[NodeView]) -> None:

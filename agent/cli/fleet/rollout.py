@@ -241,8 +241,8 @@ def start_rollout(
 ) -> None:
     """Select nodes, write a new record, run (or dry-run) the rollout, render it."""
     from agent.coordinator.fleet.selector import parse_selector
+    from agent.coordinator.flows import may_pick, select
     from agent.coordinator.flows import rollout as rollout_flow
-    from agent.coordinator.flows import select
     from agent.coordinator.rollout.record import RolloutRecord
 
     chosen = parse_selector(selector)
@@ -255,9 +255,11 @@ def start_rollout(
     async def work(fleet: Fleet) -> Any:
         selection = await select(fleet, chosen)
         names = [v.name for v in selection.views if nodes is None or v.name in nodes]
-        # A node the plan names that no agent answers as stays in the rollout, not reached.
+        # A node the plan names that no agent answers as stays in the rollout, not reached,
+        # where the selector could pick it; one the selector leaves out is left out.
         found = {v.name for v in selection.views}
-        missing = sorted(set(nodes or ()) - found)
+        absent = set(nodes or ()) - selection.seen
+        missing = sorted(n for n in absent if may_pick(chosen, n))
         if not names:
             raise _none_found(chosen, missing, found)
         names += missing

@@ -220,3 +220,19 @@ def test_a_rollout_skips_a_node_whose_driver_is_not_ready_as_it_skips_a_failed_g
     assert nodes["b"]["state"] == "succeeded" and changed == 2, nodes
     assert "Skipped (driver not ready): a: " in table.output, table.output
     assert "skipped until their driver is ready (a)" in table.output, table.output
+
+
+def test_a_plan_node_outside_the_selector_is_left_out_not_called_unanswering() -> None:
+    """`fleet apply mig --plan plan.yaml -l name=a` on a plan of a and b: b, which the
+    selector leaves out on purpose, was kept as a node no agent answers as (`unknown`, and
+    `skipped: the agent did not answer` in a rollout). Only a plan node the fleet lacks is."""
+    with fake_agents() as agents:
+        agents.add(node("a", mark("healthy")))
+        agents.add(node("b", mark("healthy")))
+        plan = _plan(agents.root / "ab.yaml", "a", "b", "z")
+        args = ["--plan", str(plan), "--dry-run", *agents.args(), "-o", "json"]
+        only_a = invoke_process(["fleet", "apply", "mig", *args, "-l", "name=a"], 60)
+        not_b = invoke_process(["fleet", "apply", "mig", *args, "-l", "name!=b"], 60)
+    for dry, shown in ((only_a, ["a"]), (not_b, ["a", "z"])):
+        assert dry.exit_code == 0, dry.output
+        assert sorted(p["node"] for p in json.loads(dry.output)["previews"]) == shown
