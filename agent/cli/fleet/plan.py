@@ -185,8 +185,8 @@ def _dra_plan_data(result: Any) -> dict[str, Any]:
     "--from-cluster",
     is_flag=True,
     help="Take the demand from the cluster: Pending pods' MIG requests and pending ResourceClaims, "
-    "plus what running pods and allocated claims hold (the pod's service account, or the API "
-    "server in KUBERNETES_SERVICE_HOST).",
+    "plus what running pods and allocated claims hold (in a pod its service account, elsewhere "
+    "the kubeconfig, as kubectl finds it).",
 )
 @click.option("--selector", "-l", default=None, help="Plan over the matching nodes only.")
 @float_option(
