@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from agent.cli.coordinator import fleet_options, lease_option, options_from, run_with_fleet
+from agent.cli.options import float_option
 from agent.cli.render import emit, output_option
 from agent.errors import AgentError, NotFound
 
@@ -79,12 +80,12 @@ def _text(doc: dict[str, Any]) -> str:
     help="The failed GPU's index; default: every failed GPU of the node.",
 )
 @click.option("--apply", "apply_", is_flag=True, help="Do it (default: a dry run).")
-@click.option(
+@float_option(
     "--wait",
     "wait_s",
-    type=click.FloatRange(min=1, max=86400),
+    low=1,
+    high=86400,
     default=600.0,
-    show_default=True,
     help="Seconds to wait for the processes to end and for the GPU to report healthy.",
 )
 @lease_option

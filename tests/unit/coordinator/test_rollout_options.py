@@ -218,3 +218,15 @@ def test_a_missing_file_or_an_oversized_count_is_one_line_naming_it(
     assert result.exit_code == 2, (result.output, result.exception)
     assert said in result.output, result.output
     assert not connected(listener)
+
+
+def test_remediate_refuses_a_wait_that_is_not_a_number(listener: socket.socket) -> None:
+    """`fleet remediate NODE --apply --wait nan` was taken: its deadline (now + nan) compares
+    with nothing, so the waits for processes to end and for the GPU to turn healthy never
+    ended. Refused naming --wait, before any agent is dialled."""
+    address = f"unix:{listener.getsockname()}"
+    result = CliRunner().invoke(
+        fleet, ["remediate", "n1", "--wait", "nan", "--agents", address, "--insecure"]
+    )
+    assert result.exit_code == 2 and "--wait" in result.output, result.output
+    assert not connected(listener)
