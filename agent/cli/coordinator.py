@@ -77,8 +77,8 @@ def fleet_options(fn: F) -> F:
         click.option(
             "--insecure", is_flag=True, help="Plaintext: Unix sockets or loopback test agents."
         ),
-        click.option(
-            "--timeout", type=float, default=10.0, show_default=True, help="Seconds per call."
+        float_option(
+            "--timeout", low=0.0, low_open=True, high=3600.0, default=10.0, help="Seconds per call."
         ),
     ]
     for option in reversed(options):
@@ -138,16 +138,27 @@ def run_with_fleet(
     return asyncio.run(main())
 
 
-def lease_option(fn: F) -> F:
+_LEASE_HELP = (
+    "coordination.k8s.io Lease (in --namespace) held while changing nodes, shared with "
+    "`coordinator serve`; taken when a Kubernetes API is configured (pod or KUBECONFIG)."
+)
+
+
+def lease_option(fn: F, help: str = _LEASE_HELP) -> F:
     """--lease: the Lease a change takes (the coordinator's, so they never act at once)."""
     return click.option(
-        "--lease",
-        "lease_name",
-        default="gpu-agent-coordinator",
-        show_default=True,
-        help="coordination.k8s.io Lease (in --namespace) held while changing nodes, shared with "
-        "`coordinator serve`; taken when a Kubernetes API is configured (pod or KUBECONFIG).",
+        "--lease", "lease_name", default="gpu-agent-coordinator", show_default=True, help=help
     )(fn)
+
+
+def _serve_lease_option(fn: F) -> F:
+    """--lease as `coordinator serve` holds it: the one its replicas take turns on."""
+    return lease_option(
+        fn,
+        help="coordination.k8s.io Lease (in --namespace) the replicas take turns on (see "
+        "--leader-elect); changes by hand (`fleet apply`, `fleet resume`) are refused while "
+        "it is held.",
+    )
 
 
 # -- coordinator serve ---------------------------------------------------------------------------
@@ -207,8 +218,13 @@ def coordinator() -> None:
     help="GET /fleet/status answers from the latest sweep (a pass's, or a request's) up to "
     "this many seconds old, else sweeps; 0: always sweep. `fleet status --fresh` asks anew.",
 )
-@click.option("--once", is_flag=True, help="Run one pass and exit (non-zero if it failed).")
-@lease_option
+@click.option(
+    "--once",
+    is_flag=True,
+    help="Run one pass and exit: 1 if it failed, 10 if it left nodes failed or left out, or a "
+    "rollout halted.",
+)
+@_serve_lease_option
 @click.option(
     "--leader-elect/--no-leader-elect",
     default=None,

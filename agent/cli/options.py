@@ -3,6 +3,8 @@ within a range, one of a few words. Each command still writes its own flag and h
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,13 +36,29 @@ def file_option(*decls: str, help: str, **attrs: Any) -> Callable[[F], F]:
     return click.option(*decls, type=FILE, help=help, **attrs)
 
 
+class _Number(click.FloatRange):
+    """click's FloatRange, finite: it lets ``nan`` through (no comparison with it is true), and
+    ``inf`` through a range bounded on one side."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number: {self._describe_range()}", param, ctx)
+        return number
+
+
 def float_option(
-    *decls: str, low: float, high: float | None = None, default: float | None, help: str
+    *decls: str,
+    low: float,
+    high: float | None = None,
+    low_open: bool = False,
+    default: float | None,
+    help: str,
 ) -> Callable[[F], F]:
-    """A number in [low, high]; --help shows the default where there is one."""
-    return click.option(
-        *decls, type=click.FloatRange(min=low, max=high), help=help, **_default(default)
-    )
+    """A finite number in [low, high] (``low_open``: above low); --help shows the default where
+    there is one."""
+    kind = _Number(min=low, max=high, min_open=low_open)
+    return click.option(*decls, type=kind, help=help, **_default(default))
 
 
 def choice_option(
@@ -53,3 +71,13 @@ def choice_option(
 def _default(default: object) -> dict[str, Any]:
     # An unset default is left to click, which then shows none.
     return {"default": None} if default is None else {"default": default, "show_default": True}
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: spelt alike, a link, a hard link or a bind mount."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False  # one of them does not exist yet

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.coordinator.fleet.channels import Fleet
@@ -54,6 +54,8 @@ class Selection:
 
     views: tuple[NodeView, ...]
     targets: dict[str, Target]
+    #: every node the sweep found, picked or not
+    seen: frozenset[str] = frozenset()
 
     @property
     def reachable(self) -> tuple[NodeView, ...]:
@@ -70,21 +72,64 @@ async def select(
 ) -> Selection:
     """The nodes ``selector`` picks; ``idle_after_s`` also counts idle GPUs (`Fleet.views`)."""
     targets = await fleet.targets()
-    unknown = sorted(t.node or t.address for t in targets if not t.labels_known)
-    if unknown and selector.needs_labels:
-        raise AgentError(
-            f"selector {selector} needs node labels, which could not be read for "
-            f"{len(unknown)} node(s) ({', '.join(unknown[:5])}): nothing selected on a guess"
-        )
+    check_labels(targets, selector)
     views = await fleet.views(targets, idle_after_s=idle_after_s)
+    _check_one_agent_per_node(views)
     by_address = {t.address: t for t in targets}
     chosen = tuple(
         v
         for v in views
-        # An unreachable node cannot say its model: it stays in view, so it is not forgotten.
-        if selector.matches(v) or (not v.reachable and selector.needs_inventory)
+        # An unreachable node cannot say its model, nor one whose GPUs were not read (driver
+        # not ready): it stays in view, so it is not forgotten.
+        if selector.matches(v)
+        or (not v.reachable and selector.needs_inventory)
+        or (bool(v.gpus_unread) and selector.needs_models)
     )
-    return Selection(chosen, {v.name: by_address[v.address] for v in chosen})
+    found = frozenset(v.name for v in views)
+    return Selection(chosen, {v.name: by_address[v.address] for v in chosen}, found)
+
+
+def may_pick(selector: Selector, name: str) -> bool:
+    """Whether ``selector`` could pick a node named ``name`` that no agent answers as: by its
+    name, or on facts nobody can read for it (its model, preset, labels)."""
+    absent = NodeView(name, "", error="no agent answers as this node")
+    return selector.matches(absent) or selector.needs_inventory or selector.needs_labels
+
+
+def _check_one_agent_per_node(views: Sequence[NodeView]) -> None:
+    """Two agents answering as one node (one agent by two addresses, or two agents given one
+    node name) would count its GPUs twice and change it twice: refused, naming both."""
+    seen: dict[str, str] = {}
+    for v in views:
+        if v.reachable and v.name in seen:
+            raise InvalidSpec(
+                f"agents {seen[v.name]} and {v.address} both answer as node {v.name}: give each "
+                "agent once (one address each), and each agent its own node name",
+                [FieldViolation("agents", "one address per agent, one agent per node")],
+            )
+        seen.setdefault(v.name, v.address)
+
+
+def check_labels(targets: Iterable[Target], selector: Selector) -> None:
+    """A selector on labels picks nothing on labels nobody read (`pool!=training` would pick
+    every node): agents named by --agents or --dns (no pod, no node) come with none
+    (InvalidSpec), and while the API fails they are unknown (AgentError)."""
+    if not selector.needs_labels:
+        return
+    targets = tuple(targets)
+    if any(t.pod is None and t.node is None for t in targets):
+        raise InvalidSpec(
+            f"selector {selector} names a node label, and agents given by --agents or --dns "
+            "come with none: select by name, address, model, preset or allocation, or find "
+            "the agents with --kubernetes",
+            [FieldViolation("selector", "name, address, model, preset or allocation keys")],
+        )
+    unknown = sorted(t.node or t.address for t in targets if not t.labels_known)
+    if unknown:
+        raise AgentError(
+            f"selector {selector} needs node labels, which could not be read for "
+            f"{len(unknown)} node(s) ({', '.join(unknown[:5])}): nothing selected on a guess"
+        )
 
 
 def layouts_of(views: Sequence[NodeView]) -> list[NodeLayouts]:
@@ -112,6 +157,12 @@ def not_mig_plannable(view: NodeView) -> str | None:
     return None
 
 
+def _not_plannable(view: NodeView) -> str | None:
+    """`not_mig_plannable`, and a node whose GPUs were not read (its driver not ready): GPUs
+    nobody knows, not none."""
+    return f"GPUs not read: {view.gpus_unread}" if view.gpus_unread else not_mig_plannable(view)
+
+
 @dataclass(frozen=True, slots=True)
 class NotPlanned:
     node: str
@@ -124,7 +175,7 @@ class PlanResult:
     #: instances a plan made from scratch (ignoring the current layouts) would destroy.
     scratch_destroyed: int
     unreachable: tuple[str, ...]
-    #: answering nodes the MIG planner leaves out because of their allocation mode.
+    #: answering nodes the MIG planner leaves out: their allocation mode, or GPUs not read.
     not_planned: tuple[NotPlanned, ...] = ()
     #: waiting demand only fragmentation keeps from fitting on dra-dynamic-mig nodes: advice.
     fragmented: tuple[Fragmented, ...] = ()
@@ -160,7 +211,7 @@ def plan(
     skipped = tuple(
         NotPlanned(v.name, why)
         for v in selection.reachable
-        if (why := not_mig_plannable(v)) is not None
+        if (why := _not_plannable(v)) is not None
     )
     left_out = {s.node for s in skipped}
     views = [v for v in selection.views if v.name not in left_out]
@@ -199,6 +250,8 @@ async def observe(
     An agent that does not answer a sweep is noted in the window and asked again next time.
     ``swept`` hears of each sweep as it ends (how many so far, the window), for progress."""
     window = Window()
+    # A node that did not answer the selection is never asked: said, not left out.
+    window.failed.update({v.name: v.why_not_plannable for v in selection.unreachable})
     chosen = {v.name: selection.targets[v.name] for v in selection.reachable}
     targets = list(chosen.values())
     by_address = {t.address: name for name, t in chosen.items()}
@@ -257,6 +310,8 @@ class RolloutResult:
     #: nodes whose allocation mode lets no change of this kind happen (a MIG rollout on a
     #: dra-dynamic-mig node, or one whose mode is unknown) -> why; still pending in the record.
     not_allowed: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: why no node could start (max-unavailable taken by nodes already unavailable); "" else
+    waiting: str = ""
 
     @property
     def complete(self) -> bool:
@@ -305,11 +360,14 @@ async def rollout(
     if dry_run:
         live = {n: targets[n] for n in names if n in reachable}
         shown = dataclasses.replace(record, nodes={n: record.nodes[n] for n in live}, path=None)
-        previews = await preview(fleet, live, shown)
-        previews += [
-            NodePreview(n, "skipped", (unhealthy | not_allowed)[n]) for n in names if n in left_out
-        ]
-        return RolloutResult(record, tuple(previews), skipped, (), unhealthy, degraded, not_allowed)
+        said = {p.node: p for p in await preview(fleet, live, shown)}
+        said |= {n: NodePreview(n, "skipped", (unhealthy | not_allowed)[n]) for n in left_out}
+        # A node that does not answer is shown, not left out: unknown, with why.
+        errors = {v.name: v.error or "the agent did not answer" for v in selection.unreachable}
+        nobody = "no agent answers as this node"
+        said |= {n: NodePreview(n, "unknown", errors.get(n, f"{n}: {nobody}")) for n in skipped}
+        previews = tuple(said[n] for n in names if n in said)
+        return RolloutResult(record, previews, skipped, (), unhealthy, degraded, not_allowed)
     limits = Limits(
         parse_max_unavailable(record.max_unavailable, len(record.nodes)),
         record.max_failures,
@@ -327,8 +385,13 @@ async def rollout(
     )
     record.save()
     busy_nodes = tuple(sorted(busy))
-    if scheduler.pending and scheduler.capacity <= 0:  # wait: nothing may start
-        return RolloutResult(record, (), skipped, busy_nodes, unhealthy, degraded, not_allowed)
+    stuck = scheduler.stuck_reason()
+    if stuck is not None:  # wait: nothing may start, and each waiting node says why
+        for node in scheduler.pending:
+            record.nodes[node].detail = f"waiting: {stuck}"
+        return RolloutResult(
+            record, (), skipped, busy_nodes, unhealthy, degraded, not_allowed, stuck
+        )
     action = action_for(fleet, targets, record, holder=holder, scope=selection.targets)
     step = wrap(action) if wrap else action
     if record.kind in HEALTH_GATED:

@@ -106,14 +106,17 @@ class MigSpec:
     def names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.configs)
 
-    def select(self, name: str | None) -> tuple[str, tuple[MigConfigEntry, ...]]:
-        """The named config; with one config in the file the name may be omitted (mig-parted)."""
+    def select(
+        self, name: str | None, flag: str = "selected-config"
+    ) -> tuple[str, tuple[MigConfigEntry, ...]]:
+        """The named config; with one config in the file the name may be omitted (mig-parted).
+        ``flag``: the caller's option for the name, which a refusal names."""
         if name is None or name == "":
             if len(self.configs) != 1:
                 raise InvalidSpec(
-                    "missing required flag 'selected-config' when more than one config available "
+                    f"missing required flag '{flag}' when more than one config available "
                     f"(configs: {self._listed()})",
-                    [FieldViolation("selected-config", f"one of: {self._listed()}")],
+                    [FieldViolation(flag, f"one of: {self._listed()}")],
                 )
             return self.configs[0]
         for config_name, entries in self.configs:
@@ -124,7 +127,7 @@ class MigSpec:
         raise InvalidSpec(
             f"selected mig-config not present: {capped(name, MAX_NAME_SHOWN)} "
             f"(configs: {self._listed()}){hint}",
-            [FieldViolation("selected-config", f"one of: {self._listed()}")],
+            [FieldViolation(flag, f"one of: {self._listed()}")],
         )
 
     def _listed(self) -> str:

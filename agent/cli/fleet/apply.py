@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from agent import safeyaml
 from agent.cli.coordinator import (
     fleet_options,
     options_from,
@@ -64,7 +65,7 @@ def apply_mig(
     from agent.coordinator.planning.planfile import PLAN_CONFIG, load_plan
     from agent.mig.spec import load_spec
 
-    rollout = rollout_args(kwargs)
+    rollout = rollout_args(kwargs, {"file": config_file, "plan": plan_file})
     if (config_file is None) == (plan_file is None):
         raise InvalidSpec(
             "give a config (-f FILE [-c NAME]) or a plan (--plan FILE), not both",
@@ -76,8 +77,8 @@ def apply_mig(
         nodes: Sequence[str] | None = list(configs)
     else:
         assert config_file is not None
-        text = config_file.read_text()
-        name, _ = load_spec(config_file, text).select(config_name or None)
+        text = safeyaml.read_text(config_file, "file", what="-f")
+        name, _ = load_spec(config_file, text).select(config_name or None, flag="config")
         spec = {"config_yaml": text, "config_name": name}
         nodes = None
     start_rollout(options_from(kwargs), "mig", spec, selector, rollout, output, nodes, drain=drain)
@@ -125,7 +126,7 @@ def apply_share(
     """
     from agent.coordinator.rollout.specs import sharing_spec
 
-    rollout = rollout_args(kwargs)
+    rollout = rollout_args(kwargs, {"file": config_file})
     given = [
         option
         for option, value in (
@@ -142,7 +143,7 @@ def apply_share(
             [FieldViolation("file", f"give -f alone, or {', '.join(given)} without it")],
         )
     if config_file is not None:
-        spec = sharing_spec(config_file.read_text())
+        spec = sharing_spec(safeyaml.read_text(config_file, "file", what="-f"))
     elif strategy is not None and replicas is not None:
         spec = sharing_spec(None, strategy, resources, replicas, rename)
     else:

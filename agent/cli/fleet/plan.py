@@ -4,7 +4,6 @@ replayed over the fleet, and the devices the pods use.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -19,7 +18,7 @@ from agent.cli.coordinator import (
     run_with_fleet,
 )
 from agent.cli.fleet.status import counts_text
-from agent.cli.options import file_option, float_option
+from agent.cli.options import file_option, float_option, same_file
 from agent.cli.render import emit, format_table, output_option
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 
@@ -186,8 +185,8 @@ def _dra_plan_data(result: Any) -> dict[str, Any]:
     "--from-cluster",
     is_flag=True,
     help="Take the demand from the cluster: Pending pods' MIG requests and pending ResourceClaims, "
-    "plus what running pods and allocated claims hold (the pod's service account, or the API "
-    "server in KUBERNETES_SERVICE_HOST).",
+    "plus what running pods and allocated claims hold (in a pod its service account, elsewhere "
+    "the kubeconfig, as kubectl finds it).",
 )
 @click.option("--selector", "-l", default=None, help="Plan over the matching nodes only.")
 @float_option(
@@ -242,6 +241,8 @@ def plan(
             "give --demand FILE or --from-cluster (one of them)",
             [FieldViolation("demand", "--demand FILE or --from-cluster")],
         )
+    if demand_file is not None:  # before anything is read: the plan must not replace it
+        _refuse_overwriting(demand_file, {"out": out}, "demand")
     notes: tuple[str, ...] = ()
     pods: list[object] = []
     claims: tuple[list[object], list[object], str | None] = ([], [], None)
@@ -444,27 +445,21 @@ def replay_cmd(
     emit(list(results), output, _replay_table)
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    if a.resolve() == b.resolve():
-        return True
-    try:
-        return os.path.samefile(a, b)  # hard links and bind mounts too
-    except OSError:
-        return False  # one of them does not exist yet
-
-
-def _refuse_overwriting(trace_file: Path, outputs: dict[str, Path | None]) -> None:
-    """Refuse before reading anything when an output would overwrite the trace or another output."""
+def _refuse_overwriting(
+    trace_file: Path, outputs: dict[str, Path | None], given: str = "trace"
+) -> None:
+    """Refuse before reading anything when an output would overwrite the input (--``given``)
+    or another output."""
     named = [(flag, path) for flag, path in outputs.items() if path is not None]
     for i, (flag, path) in enumerate(named):
-        if _same_file(path, trace_file):
+        if same_file(path, trace_file):
             raise InvalidSpec(
-                f"--{flag} {path} is the input trace {trace_file}: writing it would destroy the "
-                "trace; name another file",
-                [FieldViolation(flag, f"a file other than --trace {trace_file}")],
+                f"--{flag} {path} is the input {given} {trace_file}: writing it would destroy "
+                f"the {given}; name another file",
+                [FieldViolation(flag, f"a file other than --{given} {trace_file}")],
             )
         for other_flag, other in named[i + 1 :]:
-            if _same_file(path, other):
+            if same_file(path, other):
                 raise InvalidSpec(
                     f"--{flag} and --{other_flag} are both {path}: name two files",
                     [FieldViolation(other_flag, f"a file other than --{flag} {path}")],
@@ -475,7 +470,7 @@ def _sweeps(window: str, every: str) -> tuple[float, int]:
     """--every in seconds and how many sweeps --window takes (one for a window of 0)."""
     from agent.coordinator.fleet.query import parse_duration
 
-    window_s, every_s = parse_duration(window), parse_duration(every)
+    window_s, every_s = parse_duration(window, "window"), parse_duration(every, "every")
     if not 0 <= window_s <= 7 * 86400:
         raise InvalidSpec(
             f"--window {window} is not 0..7d", [FieldViolation("window", "0 to 7d, e.g. 1h")]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from agent.cli.coordinator import fleet_options, lease_option, options_from, run_with_fleet
+from agent.cli.options import float_option
 from agent.cli.render import emit, output_option
 from agent.errors import AgentError, NotFound
 
@@ -79,12 +80,12 @@ def _text(doc: dict[str, Any]) -> str:
     help="The failed GPU's index; default: every failed GPU of the node.",
 )
 @click.option("--apply", "apply_", is_flag=True, help="Do it (default: a dry run).")
-@click.option(
+@float_option(
     "--wait",
     "wait_s",
-    type=click.FloatRange(min=1, max=86400),
+    low=1,
+    high=86400,
     default=600.0,
-    show_default=True,
     help="Seconds to wait for the processes to end and for the GPU to report healthy.",
 )
 @lease_option
@@ -105,8 +106,9 @@ def remediate(
     the steps. --apply does them: cordon (for reset-gpu and reboot-node), evictions through
     the Eviction API (PodDisruptionBudgets respected), then a GPU reset through the agent
     (reset-gpu), or says a reboot is needed and never reboots (reboot-node); the node is
-    uncordoned once the GPU reports healthy. A GPU that is not failed, or an action the
-    agent cannot take, is refused and nothing changes.
+    uncordoned once the GPU reports healthy. A GPU that is not failed, an action the agent
+    cannot take, or a node whose driver is not ready (its GPUs unread) is refused and nothing
+    changes.
 
     \b
     Examples:

@@ -16,6 +16,7 @@ from agent.cli.coordinator import (
 from agent.cli.fleet.rollout import finish_rollout, progress_report
 from agent.cli.options import choice_option, float_option
 from agent.cli.render import output_option
+from agent.coordinator.rollout.schedule import NODE_TIMEOUT_MAX_S
 
 if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
     from agent.coordinator.fleet.channels import Fleet
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --
 @float_option(
     "--node-timeout",
     low=1.0,
+    high=NODE_TIMEOUT_MAX_S,
     default=None,
     help="Change the record's limit: seconds one node may take.",
 )
@@ -87,6 +89,7 @@ def resume(
         record.node_timeout_s = node_timeout
     if on_unhealthy is not None:
         record.on_unhealthy = on_unhealthy
+    record.check_limits()  # the file's own limits too, before any node is contacted
 
     async def work(fleet: Fleet) -> Any:
         selection = await select(fleet, Selector())

@@ -4,7 +4,8 @@ its progress report and its outcome.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -14,8 +15,9 @@ from agent.cli.coordinator import (
     lease_option,
     run_with_fleet,
 )
-from agent.cli.options import choice_option, file_option
+from agent.cli.options import choice_option, file_option, float_option, same_file
 from agent.cli.render import emit, format_table
+from agent.coordinator.rollout.schedule import NODE_TIMEOUT_MAX_S, parse_max_unavailable
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -59,11 +61,11 @@ def rollout_options(fn: F) -> F:
             show_default=True,
             help="Halt after this many nodes fail (0: never halt).",
         ),
-        click.option(
+        float_option(
             "--node-timeout",
-            type=float,
+            low=1.0,
+            high=NODE_TIMEOUT_MAX_S,
             default=900.0,
-            show_default=True,
             help="Seconds one node may take before its operation is cancelled and it fails.",
         ),
         on_unhealthy_option,
@@ -142,7 +144,10 @@ def _rollout_table(result: Any) -> str:
 
 def _health_lines(result: Any) -> list[str]:
     """The nodes a rollout left out for a failed GPU, and the degraded ones it went ahead on."""
-    lines = [f"Skipped (GPU failed): {n}: {why}." for n, why in result.unhealthy.items()]
+    lines = [
+        f"Skipped ({'driver not ready' if _unread(why) else 'GPU failed'}): {n}: {why}."
+        for n, why in result.unhealthy.items()
+    ]
     lines += [f"Degraded (changed all the same): {n}: {why}." for n, why in result.degraded.items()]
     lines += [f"Skipped (allocation mode): {n}: {why}." for n, why in result.not_allowed.items()]
     return lines
@@ -180,34 +185,47 @@ def finish_rollout(result: Any, output: str) -> None:
         if result.record.path
         else "pass --record FILE to be able to resume"
     )
-    reason = result.record.halted or "some nodes failed or did not answer"
-    if result.unhealthy and not result.record.halted:
-        reason = (
-            f"{len(result.unhealthy)} node(s) skipped for a failed GPU "
-            f"({', '.join(result.unhealthy)})"
-            + ("; others failed or did not answer" if _others_left(result) else "")
-        )
-    if result.not_allowed and not result.record.halted:
-        reason = (
-            f"{len(result.not_allowed)} node(s) skipped: their allocation mode allows no MIG "
-            f"change ({', '.join(result.not_allowed)})"
-        )
-    if result.busy:
-        reason = (
-            f"{len(result.busy)} node(s) mid-change by an operation this rollout did not start "
-            f"({', '.join(result.busy)}), counted against max-unavailable"
-        )
+    reason = "; ".join(_incomplete(result))
     raise RolloutIncomplete(f"the rollout is incomplete ({reason}); {hint}")
 
 
-def _others_left(result: Any) -> bool:
-    """Nodes other than the unhealthy ones that did not end succeeded or unchanged."""
-    done = ("succeeded", "unchanged")
-    return any(
-        r.state not in done
-        for n, r in result.record.nodes.items()
-        if n not in result.unhealthy and n not in result.not_allowed
-    )
+def _unread(why: str) -> bool:
+    """Whether a node was held back because its GPUs were not read (driver not ready)."""
+    from agent.coordinator.rollout.healthgate import UNREAD
+
+    return why.startswith(UNREAD)
+
+
+def _incomplete(result: Any) -> list[str]:
+    """Every reason the rollout did not finish, each with its nodes (one replaced another)."""
+    record = result.record
+    said = [record.halted] if record.halted else []
+    failed = [n for n, r in record.nodes.items() if r.state == "failed"]
+    if failed and not record.halted:  # a halt names its failed nodes
+        said.append(f"{len(failed)} node(s) failed ({', '.join(failed)})")
+    if result.skipped:
+        said.append(f"{len(result.skipped)} node(s) did not answer ({', '.join(result.skipped)})")
+    unread = [n for n, why in result.unhealthy.items() if _unread(why)]
+    failed_gpu = [n for n in result.unhealthy if n not in unread]
+    if failed_gpu:
+        said.append(f"{len(failed_gpu)} node(s) skipped for a failed GPU ({', '.join(failed_gpu)})")
+    if unread:
+        said.append(
+            f"{len(unread)} node(s) skipped until their driver is ready ({', '.join(unread)})"
+        )
+    if result.not_allowed:
+        said.append(
+            f"{len(result.not_allowed)} node(s) skipped: their allocation mode allows no MIG "
+            f"change ({', '.join(result.not_allowed)})"
+        )
+    if result.waiting:
+        said.append(result.waiting)
+    if result.busy:
+        said.append(
+            f"{len(result.busy)} node(s) mid-change by an operation this rollout did not start "
+            f"({', '.join(result.busy)}), counted against max-unavailable"
+        )
+    return said or ["some nodes did not finish"]
 
 
 def start_rollout(
@@ -223,11 +241,13 @@ def start_rollout(
 ) -> None:
     """Select nodes, write a new record, run (or dry-run) the rollout, render it."""
     from agent.coordinator.fleet.selector import parse_selector
+    from agent.coordinator.flows import may_pick, select
     from agent.coordinator.flows import rollout as rollout_flow
-    from agent.coordinator.flows import select
     from agent.coordinator.rollout.record import RolloutRecord
 
     chosen = parse_selector(selector)
+    # Refused before any node is contacted, a dry run's too: the real rollout would refuse it.
+    parse_max_unavailable(rollout["max_unavailable"], 1)
     dry_run = rollout.pop("dry_run")
     path = rollout.pop("record_file")
     lease = rollout.pop("lease_name")
@@ -235,10 +255,14 @@ def start_rollout(
     async def work(fleet: Fleet) -> Any:
         selection = await select(fleet, chosen)
         names = [v.name for v in selection.views if nodes is None or v.name in nodes]
+        # A node the plan names that no agent answers as stays in the rollout, not reached,
+        # where the selector could pick it; one the selector leaves out is left out.
+        found = {v.name for v in selection.views}
+        absent = set(nodes or ()) - selection.seen
+        missing = sorted(n for n in absent if may_pick(chosen, n))
         if not names:
-            raise InvalidSpec(
-                f"no node matches the selector {chosen}", [FieldViolation("selector", str(chosen))]
-            )
+            raise _none_found(chosen, missing, found)
+        names += missing
         record = RolloutRecord.start(kind, spec, sorted(names), selector=str(chosen), **rollout)
         record.path = None if dry_run else path
         report = progress_report(output, None if dry_run else options, kind)
@@ -262,7 +286,33 @@ def start_rollout(
     finish_rollout(run_with_fleet(options, work, lease=None if dry_run else lease), output)
 
 
-def rollout_args(kwargs: dict[str, Any]) -> dict[str, Any]:
+def _none_found(chosen: Any, missing: Sequence[str], found: set[str]) -> InvalidSpec:
+    if not missing:
+        return InvalidSpec(
+            f"no node matches the selector {chosen}", [FieldViolation("selector", str(chosen))]
+        )
+    seen = ", ".join(sorted(found)[:10]) or "none"
+    where = f" with selector {chosen}" if chosen.terms else ""
+    return InvalidSpec(
+        f"no agent answers as a node of the plan ({', '.join(missing[:10])}); "
+        f"nodes found{where}: {seen}",
+        [FieldViolation("plan", "a plan of this fleet's nodes (`fleet plan --out`)")],
+    )
+
+
+def rollout_args(
+    kwargs: dict[str, Any], inputs: Mapping[str, Path | None] | None = None
+) -> dict[str, Any]:
+    """The rollout's options out of ``kwargs``; a --record naming one of the ``inputs`` (flag ->
+    file) is refused before anything is read: the record would be written over it."""
+    record = kwargs["record_file"]
+    for flag, given in (inputs or {}).items():
+        if record is not None and given is not None and same_file(record, given):
+            raise InvalidSpec(
+                f"--record {record} is the input --{flag} file: the record would be written "
+                "over it; name another file",
+                [FieldViolation("record", f"a file other than --{flag} {given}")],
+            )
     return {
         "max_unavailable": kwargs.pop("max_unavailable"),
         "max_failures": kwargs.pop("max_failures"),

@@ -69,9 +69,10 @@ def _status_table(doc: dict[str, Any]) -> str:
     totals = doc["totals"]
     summary = (
         f"{totals['nodes']} node(s), {totals['reachable']} answering; {totals['gpus']} GPU(s)"
-        f"{_unread(totals)}, {totals['idle_gpus']} idle for {doc['idle_after']} or more. "
+        f"{_unread(totals)}, {totals['idle_gpus']} idle for {doc['idle_after']} or more"
+        f"{_idle_unknown(totals)}. "
         "MIG SLICES: one character per memory slice: the instance's size in compute slices, "
-        "* in use, . free; - whole GPU (MIG off)."
+        "* in use, . free; - whole GPU (MIG off); lost: fell off the bus, layout unknown."
     )
     unknown = sum(p.get("unknown", 0) for p in doc["profiles"])
     if unknown:
@@ -83,7 +84,8 @@ def _status_table(doc: dict[str, Any]) -> str:
         summary += f" Swept by the coordinator {doc['age_s']:.0f} s ago (--fresh for a new one)."
     if "gpu_health" in totals:
         counts = ", ".join(f"{n} {state}" for state, n in totals["gpu_health"].items() if n)
-        summary += f" GPU health: {counts or 'no GPU'}."
+        none = "none read" if _unread(totals) else "no GPU"
+        summary += f" GPU health: {counts or none}."
     states = ", ".join(f"{n} {state}" for state, n in totals["node_health"].items() if n)
     summary += f" Nodes: {states or 'none'}."
     return f"{nodes}\n\n{marks}{profiles}\n\n{summary}"
@@ -95,10 +97,21 @@ def _idle_cell(node: dict[str, Any]) -> str:
     return "withheld" if node["idle"] is None else counts_text(node["idle"])
 
 
+def _idle_unknown(totals: dict[str, Any]) -> str:
+    unknown = totals.get("idle_unknown_nodes", 0)  # a coordinator from before the key: none
+    return f" (idle time unknown on {unknown} node(s))" if unknown else ""
+
+
 def _unread(totals: dict[str, Any]) -> str:
-    """How many answering nodes' GPUs are not in the count: their driver is not ready."""
-    unread = totals.get("gpus_unread_nodes", 0)
-    return f" (and the GPUs of {unread} node(s) not read: driver not ready)" if unread else ""
+    """How many nodes' GPUs are not in the count: their driver is not ready, or they did not
+    answer."""
+    driverless = totals.get("gpus_unread_nodes", 0)
+    silent = totals["nodes"] - totals["reachable"]
+    why = {"driver not ready": driverless, "not answering": silent}
+    said = [f"{n} {what}" if driverless and silent else what for what, n in why.items() if n]
+    if not said:
+        return ""
+    return f" (and the GPUs of {driverless + silent} node(s) not read: {', '.join(said)})"
 
 
 def _attention_heading(doc: dict[str, Any]) -> str:

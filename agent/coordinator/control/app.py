@@ -20,9 +20,9 @@ from agent.coordinator.control.cluster import ClusterReport
 from agent.coordinator.control.connect import FleetOptions
 from agent.coordinator.control.desired import load_desired
 from agent.coordinator.control.lease import ElectionTiming, default_identity, while_leading
-from agent.coordinator.control.reconcile import Reconciler
+from agent.coordinator.control.reconcile import Reconciler, Stats
 from agent.coordinator.fleet.query import STATUS_PATH
-from agent.errors import AgentError
+from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.http import HttpServer
 
 log = logging.getLogger(__name__)
@@ -52,9 +52,12 @@ class CoordinatorSettings:
 
 def run_coordinator(settings: CoordinatorSettings, source: FleetOptions) -> int:
     """Run the coordinator; the exit code (non-zero when ``once`` and the pass failed)."""
-    host, _, port = settings.listen.rpartition(":")
-    if not port.isdigit():
-        raise AgentError(f"--listen {settings.listen!r} is not HOST:PORT")
+    host, sep, port = settings.listen.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise InvalidSpec(
+            f"--listen {settings.listen!r} is not HOST:PORT with a port 0-65535",
+            [FieldViolation("listen", "HOST:PORT, e.g. 0.0.0.0:9400")],
+        )
     if settings.once and settings.desired_path.exists():
         load_desired(settings.desired_path)  # one run: a file that does not parse is the answer
     return asyncio.run(_main(settings, source, host.strip("[]") or "0.0.0.0", int(port)))
@@ -96,7 +99,7 @@ async def _main(settings: CoordinatorSettings, source: FleetOptions, host: str, 
             else:
                 await while_leading(elector, reconciler.pass_once())
             await reconciler.flush_reports()
-            return 0 if reconciler.stats.passes["error"] == 0 else 1
+            return _once_exit_code(reconciler.stats)
         http = HttpServer(
             {
                 "/metrics": reconciler.metrics,
@@ -105,7 +108,10 @@ async def _main(settings: CoordinatorSettings, source: FleetOptions, host: str, 
                 STATUS_PATH: status,
             }
         )
-        bound = await http.start(host, port)
+        try:
+            bound = await http.start(host, port)
+        except OSError as exc:  # taken, or an address this host does not have
+            raise AgentError(f"cannot serve on --listen {settings.listen}: {exc}") from None
         log.info(
             "coordinator serving /metrics, /healthz and %s on %s:%d; desired state %s",
             STATUS_PATH,
@@ -124,3 +130,23 @@ async def _main(settings: CoordinatorSettings, source: FleetOptions, host: str, 
         return 0
     finally:
         await fleet.close()
+
+
+def _once_exit_code(stats: Stats) -> int:
+    """--once: 1 when the pass failed; 10 when it ran but left the fleet short of the desired
+    state (a rollout halted, a node failed, or nodes that differ left out), as `fleet apply`."""
+    if stats.passes["error"]:
+        return 1
+    failed = sum(n for (_, result), n in stats.changes.items() if result == "failed")
+    halted = sorted(kind for kind, on in stats.halted.items() if on)
+    left_out = sum(stats.left_out.values())
+    if not (failed or halted or left_out):
+        return 0
+    log.error(
+        "the pass left the fleet short of the desired state: %d node(s) failed, %d left out "
+        "(unhealthy, not allowed or unreachable)%s",
+        failed,
+        left_out,
+        f"; rollouts halted: {', '.join(halted)}" if halted else "",
+    )
+    return 10

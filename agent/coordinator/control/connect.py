@@ -122,7 +122,12 @@ class FleetOptions:
         if self.agents:
             return discovery.StaticDiscovery(self.agents)
         if self.dns:
-            name, _, port = self.dns.partition(":")
+            name, sep, port = self.dns.partition(":")
+            if not name or (sep and not (port.isdigit() and 0 < int(port) < 65536)):
+                raise InvalidSpec(
+                    f"--dns {self.dns!r} is not NAME[:PORT]",
+                    [FieldViolation("dns", "NAME[:PORT], e.g. gpu-agent-grpc.gpu-agent.svc:9401")],
+                )
             return discovery.DnsDiscovery(name, int(port) if port else discovery.AGENT_PORT)
         if self._kubernetes():
             from agent.coordinator.kube import KubeLister

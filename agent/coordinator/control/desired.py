@@ -47,7 +47,7 @@ from google.protobuf import json_format
 from agent import safeyaml
 from agent.coordinator.fleet.inventory import NodeView
 from agent.coordinator.fleet.selector import Selector, parse_selector
-from agent.coordinator.rollout.schedule import parse_max_unavailable
+from agent.coordinator.rollout.schedule import NODE_TIMEOUT_MAX_S, parse_max_unavailable
 from agent.coordinator.rollout.specs import STRATEGIES, sharing_spec
 from agent.coordinator.rollout.targets import target_violations
 from agent.errors import FieldViolation, InvalidSpec
@@ -72,7 +72,7 @@ __all__ = [
 LIMITS = safeyaml.Limits(max_bytes=8 * 1024 * 1024, max_nodes=200_000, max_scalar=1024 * 1024)
 _UINT32 = 2**32 - 1
 _MAX_N = 1_000_000
-_MAX_TIMEOUT_S = 7 * 24 * 3600
+_MAX_TIMEOUT_S = NODE_TIMEOUT_MAX_S
 _MAX_CONCURRENCY = 1000
 
 

@@ -49,6 +49,7 @@ from agent.coordinator.control.desired import (
 )
 from agent.coordinator.control.lease import LeaderElector
 from agent.coordinator.fleet.channels import Fleet
+from agent.coordinator.fleet.discovery import Target
 from agent.coordinator.fleet.health import STATES
 from agent.coordinator.fleet.inventory import NodeView
 from agent.coordinator.fleet.selector import Selector
@@ -224,7 +225,8 @@ class Reconciler:
         wall: Callable[[], float] = time.time,
         elector: LeaderElector | None = None,
         cluster: ClusterReport | None = None,
-        on_sweep: Callable[[Sequence[NodeView], float, float], None] | None = None,
+        on_sweep: Callable[[Sequence[NodeView], float, float, Mapping[str, Target]], None]
+        | None = None,
         identity: str = "",
         status_every_s: float = 5.0,
     ) -> None:
@@ -232,9 +234,10 @@ class Reconciler:
         to 30 intervals); ``draw`` gives the jitter's uniform draws (tests fix it);
         ``elector``: act only while holding its Lease (None: this process acts alone);
         ``cluster``: post Node Events and the status ConfigMap (None: not in a cluster);
-        ``on_sweep(views, idle_after_s, at)`` gets each pass's sweep (GET /fleet/status, ``at``
-        on ``clock``); ``clock`` (monotonic) runs the timers, back-off and durations, ``wall``
-        only dates what /metrics shows, so a clock step moves neither liveness nor back-off;
+        ``on_sweep(views, idle_after_s, at, targets)`` gets each pass's sweep (GET
+        /fleet/status, ``at`` on ``clock``); ``clock`` (monotonic) runs the timers, back-off
+        and durations, ``wall`` only dates what /metrics shows, so a clock step moves neither
+        liveness nor back-off;
         ``identity`` claims each node before a MIG change (agent.coordinator.rollout.claims),
         so replicas that share no Lease still keep max-unavailable (empty: no claims);
         ``status_every_s``: the status ConfigMap is written at most this often mid-rollout."""
@@ -373,7 +376,7 @@ class Reconciler:
             desired = self._load()
             selection = await select(self._fleet, Selector(), idle_after_s=SWEEP_IDLE_AFTER_S)
             if self._on_sweep is not None:
-                self._on_sweep(selection.views, SWEEP_IDLE_AFTER_S, began)
+                self._on_sweep(selection.views, SWEEP_IDLE_AFTER_S, began, selection.targets)
             self.stats.nodes = Counter(
                 "answering" if v.reachable else "unreachable" for v in selection.views
             )
@@ -615,11 +618,13 @@ _UNKNOWN: Any = object()
 
 def _rule_for(rules: Sequence[_Rule], view: Any, labels_known: bool) -> Any:
     """The first rule picking ``view``; `_UNKNOWN` when an earlier-or-matching rule's
-    selector needs labels that could not be read (a guess could re-bind the node)."""
+    selector needs labels that could not be read (a guess could re-bind the node). A node
+    whose GPUs were not read (driver not ready) may be of a rule's model: picked, so the pass
+    says why it cannot be changed instead of forgetting it."""
     for rule in rules:
         if not labels_known and rule.selector.needs_labels:
             return _UNKNOWN
-        if rule.selector.matches(view):
+        if rule.selector.matches(view) or (view.gpus_unread and rule.selector.needs_models):
             return rule
     return None
 

@@ -19,16 +19,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.coordinator.fleet.channels import Fleet
+from agent.coordinator.fleet.discovery import Target
 from agent.coordinator.fleet.inventory import NodeView
 from agent.coordinator.fleet.query import StatusQuery, parse_duration
 from agent.coordinator.fleet.selector import Selector, parse_selector
 from agent.coordinator.fleet.status import fleet_status, status_document
-from agent.coordinator.flows import select
-from agent.errors import InvalidSpec
+from agent.coordinator.flows import check_labels, select
+from agent.errors import AgentError, InvalidSpec
 from agent.http import Request, Response
 
 __all__ = ["DEFAULT_IDLE_AFTER_S", "StatusEndpoint"]
@@ -50,6 +51,8 @@ class _Sweep:
     rendered: dict[tuple[str, str, bool], bytes] = field(default_factory=dict)
     #: the default answer being rendered off the loop (`StatusEndpoint.observe`)
     rendering: asyncio.Future[bytes] | None = None
+    #: the agents swept, by node name: a selector on labels is checked against them
+    targets: Mapping[str, Target] = field(default_factory=dict)
 
 
 class StatusEndpoint:
@@ -74,11 +77,18 @@ class StatusEndpoint:
         self._running: tuple[float, asyncio.Future[_Sweep]] | None = None
         self._refresh: asyncio.Task[None] | None = None
 
-    def observe(self, views: Sequence[NodeView], idle_after_s: float, at: float) -> None:
+    def observe(
+        self,
+        views: Sequence[NodeView],
+        idle_after_s: float,
+        at: float,
+        targets: Mapping[str, Target] | None = None,
+    ) -> None:
         """A sweep made elsewhere (the reconcile pass, ``at`` on this endpoint's monotonic
-        clock), for the next requests."""
+        clock; ``targets``: its agents by node name), for the next requests."""
         observed_at = self._wall() - (self._clock() - at)
-        sweep = self._last = _Sweep(tuple(views), idle_after_s, at, observed_at)
+        sweep = _Sweep(tuple(views), idle_after_s, at, observed_at, targets=dict(targets or {}))
+        self._last = sweep
         # The default answer is rendered now, in a thread, so that a request finds it ready
         # instead of building it on the loop: at 5,000 nodes that takes seconds of CPU, while
         # the loop also carries the next pass's calls (BENCHMARKS.md).
@@ -109,6 +119,11 @@ class StatusEndpoint:
             sweep = await self._sweep(seconds)
         elif sweep is self._last and self._clock() - sweep.at > self._max_age_s / 2:
             self._refresh_later(seconds)  # no newer sweep is on its way: start one
+        try:  # as `fleet status` checks a selector on labels against the agents it found
+            check_labels(sweep.targets.values(), selector)
+        except AgentError as exc:
+            code = 400 if isinstance(exc, InvalidSpec) else 503
+            return Response(code, json.dumps({"error": str(exc)}).encode(), _JSON)
         if sweep.rendering is not None and not sweep.rendering.done():
             await asyncio.shield(sweep.rendering)  # the same bytes, rendered once
         return Response(200, self._render(sweep, selector, query), _JSON)
@@ -136,7 +151,9 @@ class StatusEndpoint:
     async def _new_sweep(self, idle_after_s: float) -> _Sweep:
         at, observed_at = self._clock(), self._wall()
         selection = await select(self._fleet, Selector(), idle_after_s=idle_after_s)
-        self._last = _Sweep(selection.views, idle_after_s, at, observed_at)
+        self._last = _Sweep(
+            selection.views, idle_after_s, at, observed_at, targets=selection.targets
+        )
         return self._last
 
     def _refresh_later(self, idle_after_s: float) -> None:

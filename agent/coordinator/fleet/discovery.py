@@ -66,7 +66,7 @@ def join_host_port(host: str, port: int) -> str:
 
 
 def _check_address(address: str) -> str:
-    if address.startswith("unix:"):
+    if address.startswith("unix:") and address.removeprefix("unix:"):
         return address
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -79,7 +79,9 @@ def _check_address(address: str) -> str:
 
 class StaticDiscovery:
     def __init__(self, addresses: Sequence[str]) -> None:
-        self._targets = tuple(Target(_check_address(a.strip())) for a in addresses if a.strip())
+        # One address given twice is one agent, dialled once.
+        given = dict.fromkeys(_check_address(a.strip()) for a in addresses if a.strip())
+        self._targets = tuple(Target(a) for a in given)
         if not self._targets:
             raise InvalidSpec(
                 "no agent addresses given", [FieldViolation("agents", "at least one HOST:PORT")]

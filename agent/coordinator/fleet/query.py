@@ -5,6 +5,7 @@ the planner or gRPC."""
 from __future__ import annotations
 
 import json
+import math
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -19,18 +20,20 @@ STATUS_PATH = "/fleet/status"
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def parse_duration(text: str) -> float:
-    """Seconds from ``90``, ``30m``, ``1h``, ``2d``."""
+def parse_duration(text: str, field: str = "idle-after") -> float:
+    """Seconds from ``90``, ``30m``, ``1h``, ``2d``: finite, 0 or more; InvalidSpec naming
+    ``field`` (the option) otherwise."""
     raw = text.strip()
     try:
-        if raw and raw[-1] in _UNITS:
-            return float(raw[:-1]) * _UNITS[raw[-1]]
-        return float(raw)
+        seconds = float(raw[:-1]) * _UNITS[raw[-1]] if raw and raw[-1] in _UNITS else float(raw)
     except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds < math.inf:
         raise InvalidSpec(
             f"{text!r} is not a duration",
-            [FieldViolation("idle-after", "seconds, or a number with s, m, h or d: 30m")],
-        ) from None
+            [FieldViolation(field, "seconds, or a number with s, m, h or d, 0 or more: 30m")],
+        )
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +67,15 @@ class StatusQuery:
 def fetch_status(url: str, query: StatusQuery, timeout_s: float = 120.0) -> dict[str, Any]:
     """GET /fleet/status from a running `coordinator serve` at ``url`` (http://HOST:PORT).
 
-    A 400 (bad selector or duration) is InvalidSpec with the coordinator's reason."""
+    A 400 (bad selector or duration) is InvalidSpec with the coordinator's reason; another
+    error status says the reason the coordinator gave too (a 503: labels it cannot read). A
+    URL that is not http(s)://HOST[:PORT] is InvalidSpec, before anything is sent."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InvalidSpec(
+            f"--coordinator {url!r} is not a URL of a coordinator",
+            [FieldViolation("coordinator", "http://HOST:PORT (or https://)")],
+        )
     address = url.rstrip("/") + query.path()
     try:
         with urllib.request.urlopen(address, timeout=timeout_s) as response:
@@ -77,7 +88,8 @@ def fetch_status(url: str, query: StatusQuery, timeout_s: float = 120.0) -> dict
             body = {}
         if exc.code == 400:
             raise InvalidSpec(body.get("error", "bad request")) from None
-        raise AgentError(f"coordinator at {url} answered {exc.code} {exc.reason}") from None
+        why = f": {body['error']}" if isinstance(body, dict) and body.get("error") else ""
+        raise AgentError(f"coordinator at {url} answered {exc.code} {exc.reason}{why}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise AgentError(f"cannot reach the coordinator at {url}: {reason}") from None

@@ -10,16 +10,24 @@ only). Values may use shell globs (``name=gpu-a-*``); model matches ignore case.
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.coordinator.fleet.inventory import NodeView
+from agent.dra.mode import AllocationMode
 from agent.errors import FieldViolation, InvalidSpec
 from agent.gpu.models import model_key
 
 __all__ = ["Selector", "parse_selector"]
 
 _FACTS = ("name", "address", "model", "preset", "allocation")
+
+#: a Kubernetes label key: an optional DNS-subdomain prefix and "/", then a name of at most 63
+#: characters, alphanumeric at both ends, "-", "_" and "." inside
+_NAME = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = re.compile(rf"(?:[a-z0-9](?:[-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME}")
+_MODES = tuple(m.value for m in AllocationMode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +71,11 @@ class Selector:
         return any(t.key in ("model", "preset", "allocation") for t in self.terms)
 
     @property
+    def needs_models(self) -> bool:
+        """Whether a GPU model decides: unknown for a node whose GPUs were not read."""
+        return any(t.key == "model" for t in self.terms)
+
+    @property
     def needs_labels(self) -> bool:
         """Whether a Kubernetes node label decides (unknown while the API is down)."""
         return any(t.key not in _FACTS for t in self.terms)
@@ -91,5 +104,27 @@ def parse_selector(text: str | None) -> Selector:
                     )
                 ],
             )
+        _check_term(key, value)
         terms.append(_Term(key, value, negate))
     return Selector(tuple(terms), text.strip())
+
+
+def _check_term(key: str, value: str) -> None:
+    """A term that can match no node is a typo: refused, not an empty (or, with !=, whole)
+    selection."""
+    if key == "allocation" and not any(fnmatch.fnmatchcase(m, value) for m in _MODES):
+        raise InvalidSpec(
+            f"selector allocation={value!r} matches no allocation mode",
+            [FieldViolation("selector.allocation", ", ".join(_MODES) + " (globs allowed)")],
+        )
+    if key not in _FACTS and not _LABEL_KEY.fullmatch(key):
+        raise InvalidSpec(
+            f"selector key {key!r} is not a node label key",
+            [
+                FieldViolation(
+                    "selector",
+                    f"{', '.join(_FACTS)}, or a label key: [prefix/]name, the name up to 63 "
+                    "letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+                )
+            ],
+        )

@@ -175,7 +175,17 @@ class FleetStatus:
 
     @property
     def idle_gpus(self) -> int:
+        """GPUs idle on the nodes whose idle time is known (see ``idle_unknown``)."""
         return sum(n.idle_gpus or 0 for n in self.nodes)
+
+    @property
+    def idle_unknown(self) -> int:
+        """Answering nodes, GPUs read, whose agent knows no GPU's idle time: not in
+        ``idle_gpus``, which would otherwise count them as nodes with none idle."""
+        return sum(
+            n.idle_gpus is None and n.gpus_read and n.health != "unreachable" and bool(n.gpus)
+            for n in self.nodes
+        )
 
     @property
     def gpu_health(self) -> dict[str, int]:
@@ -210,7 +220,7 @@ def _gpu(view: NodeView, layout: GpuLayout, mark: GpuMark | None) -> GpuStatus:
         uuid=layout.gpu.uuid,
         model=layout.gpu.name,
         mig=_mig(layout, lost),
-        slices=slice_map(layout),
+        slices="lost" if lost else slice_map(layout),  # the last-seen layout is not live
         devices=current_counts(layout) if on else {},
         idle=idle,
         creatable=free_capacity(layout.profiles, placed) if on else {},
@@ -219,7 +229,10 @@ def _gpu(view: NodeView, layout: GpuLayout, mark: GpuMark | None) -> GpuStatus:
 
 
 def _models(view: NodeView) -> str:
-    """``2x H100 80GB HBM3``; a GPU lost before it was read is of a model nobody knows."""
+    """``2x H100 80GB HBM3``; a GPU lost before it was read is of a model nobody knows, and
+    so are the GPUs of a node whose driver is not ready."""
+    if view.gpus_unread:
+        return "? (not read)"
     counts = Counter(g.gpu.name.removeprefix("NVIDIA ") for g in view.layouts)
     unknown = counts.pop("", 0)
     said = [f"{n}x {name}" for name, n in sorted(counts.items())]
@@ -243,7 +256,9 @@ def _node(view: NodeView) -> NodeStatus:
         )
     # By index: a GPU lost before its agent started has no UUID to name it by.
     lost = [g.gpu.index for g in view.layouts if g.gpu.uuid in view.lost]
-    problems = list(view.unhealthy) + [f"GPU {i} lost" for i in lost]
+    problems = list(view.unhealthy)
+    # The agent's gpu-driver component may have said the loss already: said once.
+    problems += [f"GPU {i} lost" for i in lost if not any(f"GPU {i} lost" in p for p in problems)]
     problems += [m.describe() for m in view.failed_gpus]
     # Not a problem of the node: what this identity may not see, said so next to the health.
     withheld = [f"{what} withheld (read role)" for what in view.withheld]
@@ -357,6 +372,7 @@ def status_document(status: FleetStatus, idle_after: str, *, nodes: bool = False
             "gpus": status.gpus,
             "gpus_unread_nodes": status.gpus_unread,
             "idle_gpus": status.idle_gpus,
+            "idle_unknown_nodes": status.idle_unknown,
             "gpu_health": status.gpu_health,
             "node_health": {
                 state: sum(n.health == state for n in status.nodes)

@@ -61,8 +61,9 @@ class ClusterDemand:
 
 
 def cluster_client() -> InClusterKubeClient:
-    """The pod's service account (in a pod, or with KUBERNETES_SERVICE_HOST and a token)."""
-    return InClusterKubeClient.from_service_account()
+    """In a pod its service account, elsewhere the kubeconfig, as kubectl finds it (as every
+    fleet command that talks to the API)."""
+    return InClusterKubeClient.from_environment()
 
 
 def list_pods(client: InClusterKubeClient) -> list[object]:

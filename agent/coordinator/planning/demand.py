@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -418,14 +419,16 @@ def _opt_str(raw: object) -> str | None:
 
 
 def _time(raw: object, field: str, bad: list[FieldViolation]) -> tuple[float, str] | None:
-    if isinstance(raw, int | float) and not isinstance(raw, bool):
+    """Seconds (finite: nan and inf order no step) or an ISO-8601 time."""
+    if isinstance(raw, int | float) and not isinstance(raw, bool) and math.isfinite(raw):
         return float(raw), str(raw)
     if isinstance(raw, datetime):
         return raw.timestamp(), raw.isoformat()
     if isinstance(raw, str) and raw.strip():
         text = raw.strip()
         try:
-            return float(text), text
+            if math.isfinite(seconds := float(text)):
+                return seconds, text
         except ValueError:
             pass
         try:

@@ -23,7 +23,7 @@ from agent.coordinator.rollout.execute import NodeAction, NodeResult, Notes
 from agent.coordinator.rollout.record import RolloutRecord
 from agent.coordinator.rollout.schedule import NodeState
 from agent.coordinator.rollout.targets import target_name
-from agent.errors import AgentError, InvalidSpec
+from agent.errors import AgentError, DriverNotReady, InvalidSpec
 from agent.gpu.types import GpuLayout
 from agent.power.plan import resolve
 from agent.power.spec import parse as parse_power
@@ -248,6 +248,9 @@ async def _preview_mig(client: AgentClient, record: RolloutRecord, node: str) ->
 async def _preview_share(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:
     requested = requested_config(sharing_request(record, node))
     now, inventory = await asyncio.gather(client.get_sharing(), client.node())
+    unread = inventory.driver.why_not
+    if unread is not None:  # no GPU read is not "no GPU": the agent's SetSharing refuses it
+        raise DriverNotReady(f"{node}: a sharing check needs the node's GPUs read: {unread}")
     current = now.config if now.exists else None
     if now.dra is not None:  # the agent renders DeviceClasses there, by the driver's rules
         return dra_sharing_preview(node, requested, current, now.dra)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.coordinator.rollout.schedule import NodeState
+from agent.coordinator.rollout.schedule import NODE_TIMEOUT_MAX_S, NodeState, parse_max_unavailable
 from agent.errors import FieldViolation, InvalidSpec
 
 __all__ = ["KINDS", "ON_UNHEALTHY", "NodeRecord", "RolloutRecord"]
@@ -92,6 +92,33 @@ class RolloutRecord:
                 rec.state = NodeState.PENDING.value
                 rec.finished = None
         return running + [n for n in self.nodes if n not in running]
+
+    def check_limits(self) -> None:
+        """The limits as the flags take them; InvalidSpec naming the record's fields (the file
+        is the user's, and may be edited by hand)."""
+        bad = []
+        try:
+            parse_max_unavailable(str(self.max_unavailable), max(1, len(self.nodes)))
+        except InvalidSpec as exc:
+            bad.append(FieldViolation("record.max_unavailable", str(exc)))
+        failures = self.max_failures
+        if isinstance(failures, bool) or not isinstance(failures, int) or failures < 0:
+            bad.append(FieldViolation("record.max_failures", "an integer, 0 or more (0: never)"))
+        timeout = self.node_timeout_s
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 1 <= timeout <= NODE_TIMEOUT_MAX_S
+        ):
+            bad.append(
+                FieldViolation("record.node_timeout_s", f"seconds, 1 to {NODE_TIMEOUT_MAX_S}")
+            )
+        if bad:
+            raise InvalidSpec(
+                f"rollout record {self.path}: {bad[0].field}: {bad[0].description} "
+                "(a flag of `fleet resume` replaces it)",
+                bad,
+            )
 
     # -- the file ----------------------------------------------------------------------------------
 

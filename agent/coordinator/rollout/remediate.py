@@ -25,7 +25,14 @@ from dataclasses import dataclass
 from agent.client import AsyncAgentClient as AgentClient
 from agent.coordinator.fleet.health import ACTIONS, FAILED, HEALTHY, GpuMark, gpu_marks
 from agent.coordinator.rollout.drain import DrainApi, evict
-from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec, NotSupported
+from agent.errors import (
+    AgentError,
+    Conflict,
+    DriverNotReady,
+    FieldViolation,
+    InvalidSpec,
+    NotSupported,
+)
 from agent.wire.node import NodeView
 
 __all__ = ["GpuRemedy", "Outcome", "Remedy", "plan_remedy", "remedy_for", "run_remedy"]
@@ -141,7 +148,14 @@ def plan_remedy(
 ) -> Remedy:
     """The remedy for ``gpu`` (None: every failed GPU) of ``node`` from its agent's answer;
     ``attributed``: the pods the agent attributes to each GPU now. Refuses (changing nothing)
-    a GPU the node lacks or that is not failed, and an action it cannot take."""
+    a GPU the node lacks or that is not failed, and an action it cannot take, and GPUs its
+    agent has not read (driver not ready): unknown, not absent."""
+    unread = answer.driver.why_not
+    if unread is not None:
+        raise DriverNotReady(
+            f"the GPUs of {node} were not read: {unread}: nothing to remediate until its "
+            "driver is ready"
+        )
     marks = gpu_marks(answer.gpus)
     if gpu is not None:
         found = [m for m in marks if m.index == gpu]

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 
 from agent.errors import FieldViolation, InvalidSpec
 
-__all__ = ["Limits", "NodeState", "Scheduler", "parse_max_unavailable"]
+__all__ = ["NODE_TIMEOUT_MAX_S", "Limits", "NodeState", "Scheduler", "parse_max_unavailable"]
+
+#: the longest a node may take (--node-timeout, the desired file's rollout.node_timeout_s)
+NODE_TIMEOUT_MAX_S = 7 * 24 * 3600
 
 
 class NodeState(enum.Enum):

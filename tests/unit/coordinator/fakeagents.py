@@ -69,6 +69,8 @@ class FakeAgent:
     rewrite: Callable[[Any], None] = lambda answer: None
     #: ResetGpu refused with this status and message
     reset_error: tuple[grpc.StatusCode, str] | None = None
+    #: other methods refused with a status and message, as the real agent refuses them
+    errors: dict[str, tuple[grpc.StatusCode, str]] = field(default_factory=dict)
 
     @property
     def address(self) -> str:
@@ -130,6 +132,8 @@ class _Handler(grpc.GenericRpcHandler):
             agent.on_call(agent, method)
             if method == "MigService/ResetGpu" and agent.reset_error is not None:
                 return _fail(context, *agent.reset_error)
+            if method in agent.errors:
+                return _fail(context, *agent.errors[method])
             if self._upstream is not None:
                 call = self._upstream.unary_unary(_P + method)
                 try:

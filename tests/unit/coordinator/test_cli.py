@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,6 +29,7 @@ from agent.gpu.types import GpuLayout
 from agent.wire.telemetry import telemetry_from
 from tests.unit.coordinator.agents import invoke, invoke_process
 from tests.unit.coordinator.fleets import gpu, node
+from tests.unit.coordinator.listener import connected
 from tests.unit.coordinator.test_rightsize import snapshot
 
 
@@ -198,6 +199,26 @@ def test_replay_refuses_to_write_over_its_own_trace_naming_it(tmp_path: Path) ->
     assert trace.read_text() == text and not (tmp_path / "out.csv").exists()
 
 
+def test_plan_refuses_to_write_its_plan_over_its_demand_file(
+    tmp_path: Path, listener: socket.socket
+) -> None:
+    """`fleet plan --demand demand.yaml --out demand.yaml` replaced the demand with the plan
+    (a FleetMigPlan), so the next `fleet plan` read no demand. Refused naming --out, before
+    any agent is dialled, and the demand file is left as it was."""
+    demand = tmp_path / "demand.yaml"
+    text = "version: v1\ndemand: {1g.10gb: 1}\n"
+    demand.write_text(text)
+    (tmp_path / "link.yaml").symlink_to(demand)
+    address = f"unix:{listener.getsockname()}"
+    for out in (demand, tmp_path / "link.yaml", tmp_path / "." / "demand.yaml"):
+        args = ["plan", "--demand", str(demand), "--out", str(out)]
+        result = invoke(fleet, [*args, "--agents", address, "--insecure"])
+        assert result.exit_code == 2, result.output
+        assert f"is the input demand {demand}" in result.output and "out: " in result.output
+    assert demand.read_text() == text
+    assert not connected(listener)
+
+
 def test_rightsize_lists_the_pods_that_fit_smaller_and_writes_their_demand(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -242,25 +263,6 @@ def test_rightsize_lists_the_pods_that_fit_smaller_and_writes_their_demand(
     assert bad.exit_code == 2 and "--every" in bad.output
 
 
-@pytest.fixture
-def listener(tmp_path: Path) -> Iterator[socket.socket]:
-    """A Unix socket that is listening but never answers: an agent address that records
-    whether anything connected."""
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.bind(str(tmp_path / "agent.sock"))
-        sock.listen(8)
-        sock.setblocking(False)
-        yield sock
-
-
-def _connected(sock: socket.socket) -> bool:
-    try:
-        sock.accept()[0].close()
-    except BlockingIOError:
-        return False
-    return True
-
-
 @pytest.mark.parametrize(
     ("args", "field"),
     [
@@ -301,7 +303,7 @@ def test_fleet_prewarm_refuses_a_bad_combination_before_contacting_a_node(
     ]
     assert result.output.startswith("error: ")
     assert field in [line.split(": ")[0] for line in lines], result.output
-    assert not _connected(listener)
+    assert not connected(listener)
 
 
 @pytest.mark.parametrize(
@@ -327,7 +329,7 @@ def test_fleet_share_refuses_a_bad_combination_before_contacting_a_node(
     result = invoke(fleet, ["apply", "share", *args, "--agents", address, "--insecure"])
     assert result.exit_code == InvalidSpec.exit_code, result.output
     assert named in result.output and "Traceback" not in result.output
-    assert not _connected(listener)
+    assert not connected(listener)
 
 
 def test_a_node_s_refusal_of_a_share_rollout_names_the_field(tmp_path: Path) -> None:
@@ -343,3 +345,54 @@ def test_a_node_s_refusal_of_a_share_rollout_names_the_field(tmp_path: Path) -> 
         )
     assert result.exit_code != 0, result.output
     assert "sharing.mps.resources[0].replicas: at most 48" in result.output, result.output
+
+
+@pytest.mark.parametrize("value", ["-5", "-1h", "nan", "inf", "soon"])
+def test_fleet_status_refuses_an_idle_threshold_that_is_no_duration(
+    value: str, listener: socket.socket
+) -> None:
+    """`--idle-after -5` counted every GPU idle ('16 idle for -5 or more'), `nan` none: a
+    duration is a finite number of seconds, 0 or more, refused naming the option before any
+    agent is dialled."""
+    address = f"unix:{listener.getsockname()}"
+    result = invoke(fleet, ["status", "--agents", address, "--insecure", "--idle-after", value])
+    assert result.exit_code == 2, result.output
+    assert "idle-after: " in result.output
+    assert not connected(listener)
+
+
+@pytest.mark.parametrize(("option", "other"), [("--window", "--every"), ("--every", "--window")])
+def test_rightsize_names_the_option_whose_duration_is_bad(option: str, other: str) -> None:
+    """The refusal named `idle-after`, an option rightsize does not have."""
+    args = ["rightsize", "--agents", "a:1", "--insecure", option, "1x", other, "1m"]
+    result = invoke(fleet, args)
+    assert result.exit_code == 2, result.output
+    assert f"{option.removeprefix('--')}: " in result.output
+    assert "idle-after" not in result.output
+
+
+@pytest.mark.parametrize("selector", ["pool=inference", "pool!=training"])
+def test_a_label_selector_without_a_label_source_is_refused(
+    selector: str, listener: socket.socket
+) -> None:
+    """--agents (and --dns) read no node labels: `pool=inference` selected no node and
+    `pool!=training` every node, training ones included, for labels nobody read. Refused
+    naming the selector and --kubernetes, before any agent is dialled."""
+    address = f"unix:{listener.getsockname()}"
+    for args in (
+        ["status", "-l", selector],
+        ["apply", "share", "--strategy", "time-slicing", "--replicas", "2", "-l", selector],
+    ):
+        result = invoke(fleet, [*args, "--agents", address, "--insecure"])
+        assert result.exit_code == 2, result.output
+        assert selector in result.output and "--kubernetes" in result.output, result.output
+    assert not connected(listener)
+
+
+@pytest.mark.parametrize("url", ["foo", "ftp://x", "http://", "127.0.0.1:9400"])
+def test_fleet_status_refuses_a_coordinator_url_that_is_not_http(url: str) -> None:
+    """`--coordinator foo` ended in a traceback (urllib's 'unknown url type'), and
+    `--coordinator ftp://x` was fetched over FTP and said 'cannot reach the coordinator'."""
+    result = CliRunner().invoke(fleet, ["status", "--coordinator", url])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "coordinator: " in result.output and "http://HOST:PORT" in result.output, result.output

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.coordinator.planning import clusterdemand
 from agent.coordinator.planning.clusterdemand import (
     demand_from_pods,
     list_pods,
@@ -133,3 +134,25 @@ def test_pods_are_listed_through_the_kubernetes_api_page_by_page(
     items = list_pods(client)
     assert len(items) == 1201
     assert demand_from_pods(items).demand.entries == (DemandEntry("1g.10gb", 1201),)
+
+
+def test_the_cluster_demand_is_read_with_the_kubeconfig_outside_a_pod(
+    kube_api: tuple[FakeKubeApi, str],
+    tls_cert: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`fleet plan --from-cluster` from a laptop said 'not running in a Kubernetes pod:
+    KUBERNETES_SERVICE_HOST is unset', though every other fleet command that talks to the API
+    reads the kubeconfig as kubectl does (docs/coordinator.md, Kubeconfigs)."""
+    from tests.kube.fake_api import Pod
+    from tests.kube.fixtures import stand_in_kubeconfig
+
+    fake, url = kube_api
+    fake.pods.append(Pod("ml", "job", "n1", {}))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(stand_in_kubeconfig(tmp_path / "kc", url, tls_cert[0])))
+    client = clusterdemand.cluster_client()
+    assert client.server == url
+    listed = client.get("/api/v1/namespaces/ml/pods")  # the fake serves namespaced lists
+    assert [p["metadata"]["name"] for p in listed["items"]] == ["job"]  # type: ignore[index]

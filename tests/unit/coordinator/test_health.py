@@ -318,3 +318,29 @@ def test_a_failed_gpu_is_left_out_of_the_plan_and_its_instances_are_not_counted(
     assert (unmet.profile, unmet.missing) == ("7g.80gb", 1)  # GPU 1's instance serves no pod
     lines = _dra_plan_lines(result)
     assert f"Not planned: n GPU 1: failed: {XID48} (action reset-gpu): it serves no pod" in lines
+
+
+def test_a_node_whose_gpus_were_not_read_is_named_as_not_planned() -> None:
+    """Its driver is not ready, so its agent lists no GPU: `fleet plan` planned it as a node
+    without GPUs and said nothing of it, neither planned nor "Not planned"."""
+    from agent.cli.fleet.plan import _dra_plan_data, _dra_plan_lines
+    from agent.coordinator.flows import plan
+    from agent.coordinator.planning.demand import Demand, DemandEntry
+
+    answer = node("n", mark("healthy"))
+    answer.allocation.mode = agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN
+    driverless = agent_pb2.Node(name="m")
+    driverless.allocation.mode = agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN
+    driverless.driver.CopyFrom(
+        agent_pb2.Driver(
+            state=agent_pb2.DRIVER_STATE_NOT_READY, cause="driver_not_loaded", reason="no module"
+        )
+    )
+    views = tuple(
+        node_view(Target(f"unix:/{a.name}", a.name), node_from(a)) for a in (answer, driverless)
+    )
+    result = plan(Selection(views, {}), Demand((DemandEntry("1g.10gb", 1),)), time_limit_s=5)
+    said = [line for line in _dra_plan_lines(result) if line.startswith("Not planned: m: ")]
+    assert said and "GPUs not read" in said[0] and "no module" in said[0], said
+    reasons = {n["node"]: n["reason"] for n in _dra_plan_data(result)["not_planned"]}
+    assert "no module" in reasons.get("m", ""), reasons

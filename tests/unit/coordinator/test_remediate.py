@@ -198,6 +198,30 @@ def test_a_node_without_a_failed_gpu_is_refused(agents: FakeAgents, api: FakeKub
     )
 
 
+@pytest.mark.parametrize("args", [[], ["--gpu", "3"]])
+def test_a_node_whose_gpus_were_not_read_is_not_said_to_have_none(
+    agents: FakeAgents, api: FakeKubeApi, args: list[str]
+) -> None:
+    """Its driver is not loaded: the refusal said `no GPU of n1 is failed (no GPU)`, or `n1 has
+    no GPU 3 (GPUs: none)` (exit 2, a bad --gpu), for GPUs nobody read. It says they were not
+    read and why, with DriverNotReady's exit code, and changes nothing."""
+    from agent._proto.gpuagent.v1 import agent_pb2
+    from agent.errors import DriverNotReady
+
+    driverless = node("n1")
+    driverless.driver.CopyFrom(
+        agent_pb2.Driver(
+            state=agent_pb2.DRIVER_STATE_NOT_READY, cause="driver_not_loaded", reason="no module"
+        )
+    )
+    agents.add(driverless)
+    result = remediate(agents, "n1", *args, "--apply")
+    assert result.exit_code == DriverNotReady.exit_code, result.output
+    assert "GPUs of n1 were not read" in result.output and "no module" in result.output
+    assert "no GPU" not in result.output
+    assert _steps(api) == []
+
+
 def test_an_action_it_cannot_take_is_refused_before_any_change(
     agents: FakeAgents, api: FakeKubeApi
 ) -> None:

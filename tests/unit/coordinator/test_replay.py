@@ -91,3 +91,14 @@ def test_the_report_has_a_row_per_step_and_priority_and_the_picture_its_lines() 
     assert len(lines["demand"]) == 6 and demand_y[0] > demand_y[1] < demand_y[2]
     met_y = [y for _, y in lines["met"][::2]]
     assert met_y[1] > demand_y[1]  # met below demand while the 1g are short
+
+
+@pytest.mark.parametrize("when", ["nan", "inf", "-inf", ".nan"])
+def test_a_trace_time_that_is_not_a_finite_number_is_refused_naming_its_line(when: str) -> None:
+    """A row at time `nan` or `inf` was replayed ('0.0 GPU-hour(s) idle', steps ordered by a
+    time that compares with nothing): refused as `x` is, naming the line's time."""
+    from agent.errors import InvalidSpec
+
+    with pytest.raises(InvalidSpec) as refused:
+        parse_trace(f"time,profile,count\n0,1g.10gb,1\n{when},1g.10gb,2\n", "t.csv")
+    assert "line 3.time" in str(refused.value), refused.value

@@ -147,6 +147,34 @@ def test_a_bad_selector_term_says_what_is_allowed() -> None:
         parse_selector("model")
 
 
+@pytest.mark.parametrize(
+    ("text", "field", "said"),
+    [
+        ("allocation=bogus", "selector.allocation", "device-plugin, dra, dra-dynamic-mig"),
+        ("allocation!=dra-dynamic", "selector.allocation", "device-plugin, dra, dra-dynamic-mig"),
+        ("a b=c", "selector", "'a b' is not a node label key"),
+        ("pool/=x", "selector", "'pool/' is not a node label key"),
+        ("-pool=x", "selector", "'-pool' is not a node label key"),
+    ],
+)
+def test_a_selector_value_or_key_that_can_match_nothing_is_refused(
+    text: str, field: str, said: str
+) -> None:
+    """`allocation=bogus` or a label key Kubernetes cannot hold selected no node (or, with !=,
+    every node) without a word: a typo in a rollout's selector read as an empty fleet."""
+    with pytest.raises(InvalidSpec) as refused:
+        parse_selector(text)
+    violations = {v.field: v.description for v in refused.value.violations}
+    assert said in f"{refused.value} {violations.get(field)}", (refused.value, violations)
+
+
+@pytest.mark.parametrize(
+    "text", ["allocation=dra*", "allocation!=none", "nvidia.com/mig.config=all-1g.10gb", "a_b=1"]
+)
+def test_selector_globs_over_allocation_modes_and_prefixed_label_keys_are_taken(text: str) -> None:
+    assert parse_selector(text).terms
+
+
 def test_a_lost_gpu_shows_lost_in_fleet_status_even_without_a_uuid() -> None:
     """A GPU lost mid-run keeps its identity; one lost before the agent started is only an
     index (GetNode gives it no UUID): both rows say lost, the node's detail names both."""
@@ -169,6 +197,26 @@ def test_a_gpu_lost_mid_run_offers_none_of_its_last_seen_devices() -> None:
     assert (lost.mig, lost.devices, lost.idle, lost.creatable) == ("lost", {}, {}, {})
     devices = {p.profile: p.devices for p in status.profiles if p.devices}
     assert devices == {"2g.12gb": 1}  # the A30's only
+
+
+def test_a_lost_gpus_slice_map_is_not_shown_as_a_live_layout() -> None:
+    """Its slice map was the last-seen one: `1122333.` for a GPU nobody can read, or `-`
+    (a whole GPU, MIG off) for one that fell off the bus with MIG off. It reads `lost`, and
+    the node's detail says the loss once (the agent's gpu-driver component said it already)."""
+    from agent.cli.fleet.status import _status_table
+    from agent.coordinator.fleet.status import status_document
+
+    node = _node()
+    node.gpus[0].health = agent_pb2.GPU_HEALTH_LOST  # MIG on, 1g 1g 2g 3g
+    node.gpus[1].health = agent_pb2.GPU_HEALTH_LOST  # MIG off
+    node.health.components.add(name="gpu-driver", healthy=False, detail="GPU 0 lost: GPU is lost")
+    status = fleet_status([node_view(Target("10.0.0.1:9401"), node_from(node))])
+    (a,) = status.nodes
+    assert [g.slices for g in a.gpus] == ["lost", "lost", "22.."]
+    assert a.detail.count("GPU 0 lost") == 1, a.detail
+    assert a.detail.count("GPU 1 lost") == 1, a.detail
+    table = _status_table(status_document(status, "1h", nodes=True))
+    assert "lost lost 22.." in table, table
 
 
 def test_a_failed_gpu_offers_none_of_its_devices_and_keeps_its_mig_mode() -> None:
@@ -283,6 +331,22 @@ def test_a_node_whose_driver_is_not_ready_is_not_counted_as_a_node_without_gpus(
     assert "3 GPU(s) (and the GPUs of 1 node(s) not read: driver not ready)" in table
 
 
+def test_a_node_whose_gpus_were_not_read_counts_under_no_model_line() -> None:
+    """Its MODELS read `-` and the totals counted it under a model line `-` beside
+    `3x ...`, as if a node of no GPUs; its models are unknown, said so."""
+    from agent.coordinator.fleet.status import status_document
+
+    driverless = agent_pb2.Node(name="node-b")
+    driverless.driver.CopyFrom(
+        agent_pb2.Driver(
+            state=agent_pb2.DRIVER_STATE_NOT_READY, cause="driver_not_loaded", reason="no module"
+        )
+    )
+    status = fleet_status([node_view(Target("10.0.0.2:9401"), node_from(driverless), 3600.0)])
+    assert status.nodes[0].models == "? (not read)"
+    assert status_document(status, "1h")["totals"]["models"] == {"? (not read)": 1}
+
+
 def test_an_unreachable_node_shows_its_gpus_and_warm_items_as_unknown_not_0() -> None:
     """A node that did not answer showed "GPUS 0" and "WARM 0", and JSON ``"gpus_read": true``
     and ``"warm": 0``: counts nobody read. Now they are unknown (``?``, ``null``), and the
@@ -301,3 +365,38 @@ def test_an_unreachable_node_shows_its_gpus_and_warm_items_as_unknown_not_0() ->
     row = next(line for line in _status_table(doc).splitlines() if line.startswith("node-z"))
     cells = row.split()
     assert "0" not in cells, row  # neither GPUS nor WARM claims a count
+
+
+def test_the_summary_counts_the_gpus_of_nodes_that_did_not_answer_as_unread() -> None:
+    """With no agent answering the summary read `0 GPU(s) ... GPU health: no GPU.`: a fleet of
+    no GPUs, for GPUs nobody read. The nodes that did not answer are said beside the count,
+    as those whose driver is not ready are."""
+    from agent.cli.fleet.status import _status_table
+    from agent.coordinator.fleet.status import status_document
+
+    gone = unreachable_view(Target("10.0.0.9:9401", "node-z"), "connection refused")
+    alone = _status_table(status_document(fleet_status([gone]), "1h"))
+    assert "0 GPU(s) (and the GPUs of 1 node(s) not read: not answering)" in alone, alone
+    assert "GPU health: none read." in alone and "no GPU" not in alone, alone
+    beside = fleet_status([node_view(Target("10.0.0.1:9401"), node_from(_node()), 3600), gone])
+    text = _status_table(status_document(beside, "1h"))
+    assert "3 GPU(s) (and the GPUs of 1 node(s) not read: not answering)" in text, text
+
+
+def test_the_idle_total_says_on_how_many_answering_nodes_idle_time_is_unknown() -> None:
+    """A node whose agent knows no GPU's idle time shows its idle count unknown, but the
+    totals summed it as 0: `0 idle for 1h or more` for a fleet none of whose idle time was
+    known. The totals say on how many answering nodes (GPUs read) it is unknown
+    (`idle_unknown_nodes`), and so does the summary."""
+    from agent.cli.fleet.status import _status_table
+    from agent.coordinator.fleet.status import status_document
+
+    unknown = node_view(Target("10.0.0.1:9401"), node_from(_node((None, None, None))), 3600)
+    assert unknown.idle_gpus is None
+    doc = status_document(fleet_status([unknown]), "1h")
+    assert (doc["totals"]["idle_gpus"], doc["totals"]["idle_unknown_nodes"]) == (0, 1)
+    assert "0 idle for 1h or more (idle time unknown on 1 node(s))" in _status_table(doc)
+    known = node_view(Target("10.0.0.2:9401"), node_from(_node()), 3600)
+    doc = status_document(fleet_status([known]), "1h")
+    assert doc["totals"]["idle_unknown_nodes"] == 0
+    assert "idle time unknown" not in _status_table(doc)

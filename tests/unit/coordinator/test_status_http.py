@@ -224,3 +224,36 @@ def test_a_too_old_previous_sweep_waits_for_the_new_render_rather_than_sweeping(
         return [n["name"] for n in json.loads(answer.body)["nodes"]]
 
     assert asyncio.run(main()) == ["new"] and sweeps == []
+
+
+def _answer(endpoint: status_http.StatusEndpoint, query: str) -> tuple[int, dict[str, Any]]:
+    request = cast(Request, type("R", (), {"path": f"/fleet/status{query}&nodes=1"}))
+    response = asyncio.run(endpoint(request))
+    return response.status, cast(dict[str, Any], json.loads(response.body))
+
+
+def test_a_label_selector_is_refused_as_fleet_status_refuses_it_when_labels_are_unread() -> None:
+    """`fleet status --coordinator URL -l pool=x` answered 0 nodes when the coordinator found
+    its agents by --agents (no labels) and during a Kubernetes API outage (labels unknown),
+    where `fleet status -l pool=x` against the agents refuses: the same refusals, 400 and 503
+    with the reason; a label it read still selects."""
+    clock = Clock()
+    endpoint = status_http.StatusEndpoint(
+        cast(Fleet, object()), max_age_s=60, clock=clock, wall=clock
+    )
+    views = (NodeView("n1", "10.0.0.1:9401", labels={"pool": "x"}),)
+    static = {"n1": Target("10.0.0.1:9401")}
+    endpoint.observe(views, 3600.0, clock.now, static)
+    status, body = _answer(endpoint, "?selector=pool%3Dx")
+    assert status == 400 and "--kubernetes" in body["error"], body
+    assert _answer(endpoint, "?selector=name%3Dn1")[0] == 200  # no label: answered
+
+    unread = {"n1": Target("10.0.0.1:9401", "n1", pod="agent-1", labels_known=False)}
+    endpoint.observe(views, 3600.0, clock.now, unread)
+    status, body = _answer(endpoint, "?selector=pool%3Dx")
+    assert status == 503 and "could not be read" in body["error"], body
+
+    read = {"n1": Target("10.0.0.1:9401", "n1", {"pool": "x"}, pod="agent-1")}
+    endpoint.observe(views, 3600.0, clock.now, read)
+    status, body = _answer(endpoint, "?selector=pool%3Dx")
+    assert status == 200 and [n["name"] for n in body["nodes"]] == ["n1"], body
