@@ -38,6 +38,17 @@ def mark(state: str, reason: str = "", action: str = "", pods: tuple[str, ...] =
     return agent_pb2.HealthMark(state=value, reason=reason, action=action, pods=list(pods))
 
 
+def driverless_node(name: str) -> Any:
+    """A Node whose agent waits for the NVIDIA driver: no GPU read, none to say."""
+    answer = agent_pb2.Node(name=name)
+    answer.driver.CopyFrom(
+        agent_pb2.Driver(
+            state=agent_pb2.DRIVER_STATE_NOT_READY, cause="driver_not_loaded", reason="no module"
+        )
+    )
+    return answer
+
+
 def node(name: str, *marks: Any, processes: dict[int, list[int]] | None = None) -> Any:
     """A Node of ``len(marks)`` GPUs, GPU i marked ``marks[i]`` (None: no verdict)."""
     answer = agent_pb2.Node(name=name)

@@ -118,21 +118,15 @@ def test_serve_does_not_forget_a_node_of_a_model_rule_whose_driver_is_not_ready(
     pool were in sync. The node is picked, its agent's refusal said, and the pass exits 10."""
     import grpc
 
-    from agent._proto.gpuagent.v1 import agent_pb2
     from tests.unit.coordinator.agents import invoke_process
-    from tests.unit.coordinator.fakeagents import fake_agents, mark, node
+    from tests.unit.coordinator.fakeagents import driverless_node, fake_agents, mark, node
 
     desired = tmp_path / "desired.yaml"
     desired.write_text(
         "version: v1\nsharing:\n  - selector: model=*H100*\n    strategy: time-slicing\n"
         "    replicas: 4\n    resources: [nvidia.com/gpu]\n"
     )
-    driverless = node("d")
-    driverless.driver.CopyFrom(
-        agent_pb2.Driver(
-            state=agent_pb2.DRIVER_STATE_NOT_READY, cause="driver_not_loaded", reason="no module"
-        )
-    )
+    driverless = driverless_node("d")
     with fake_agents() as agents:
         agents.add(node("a", mark("healthy")))
         # As the real agent's SetSharing refuses it (DriverNotReady -> FAILED_PRECONDITION).

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from tests.unit.coordinator.agents import invoke_process
-from tests.unit.coordinator.fakeagents import fake_agents, mark, node
+from tests.unit.coordinator.fakeagents import driverless_node, fake_agents, mark, node
 
 
 def test_a_dry_run_shows_a_node_that_does_not_answer_as_unknown() -> None:
@@ -104,14 +104,8 @@ def test_a_sharing_dry_run_on_a_node_whose_gpus_were_not_read_is_skipped_not_ref
     against no GPU and said `refused: … the plugin does not advertise nvidia.com/gpu on this
     node …; valid here: none`, a verdict on GPUs nobody read (the agent's SetSharing refuses
     with DriverNotReady). It is skipped, with the driver's reason, as the rollout skips it."""
-    from agent._proto.gpuagent.v1 import agent_pb2
 
-    driverless = node("a")
-    driverless.driver.CopyFrom(
-        agent_pb2.Driver(
-            state=agent_pb2.DRIVER_STATE_NOT_READY, cause="driver_not_loaded", reason="no module"
-        )
-    )
+    driverless = driverless_node("a")
     with fake_agents() as agents:
         agents.add(driverless)
         share = ["fleet", "apply", "share", "--strategy", "time-slicing", "--replicas", "2"]
@@ -127,14 +121,8 @@ def test_a_model_selector_keeps_a_node_whose_gpus_were_not_read() -> None:
     no model matched), while an unreachable node, which cannot say its model either, stays:
     `fleet status` did not list it and a rollout's dry run left it out. It stays (the dry
     run says it is skipped until its driver is ready)."""
-    from agent._proto.gpuagent.v1 import agent_pb2
 
-    driverless = node("d")
-    driverless.driver.CopyFrom(
-        agent_pb2.Driver(
-            state=agent_pb2.DRIVER_STATE_NOT_READY, cause="driver_not_loaded", reason="no module"
-        )
-    )
+    driverless = driverless_node("d")
     with fake_agents() as agents:
         agents.add(node("a", mark("healthy")))
         agents.add(driverless)
@@ -198,14 +186,7 @@ def test_a_rollout_skips_a_node_whose_driver_is_not_ready_as_it_skips_a_failed_g
     for a resume once the driver is back; the others are changed."""
     import grpc
 
-    from agent._proto.gpuagent.v1 import agent_pb2
-
-    driverless = node("a")
-    driverless.driver.CopyFrom(
-        agent_pb2.Driver(
-            state=agent_pb2.DRIVER_STATE_NOT_READY, cause="driver_not_loaded", reason="no module"
-        )
-    )
+    driverless = driverless_node("a")
     refused = (grpc.StatusCode.FAILED_PRECONDITION, "share set needs the GPUs: no module")
     with fake_agents() as agents:
         agents.add(driverless, errors={"SharingService/SetSharing": refused})

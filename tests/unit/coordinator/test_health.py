@@ -22,7 +22,14 @@ from agent.coordinator.fleet.inventory import node_view
 from agent.coordinator.flows import Selection
 from agent.wire.node import node_from
 from tests.unit.coordinator.agents import Outcome, invoke_process
-from tests.unit.coordinator.fakeagents import FakeAgent, FakeAgents, fake_agents, mark, node
+from tests.unit.coordinator.fakeagents import (
+    FakeAgent,
+    FakeAgents,
+    driverless_node,
+    fake_agents,
+    mark,
+    node,
+)
 
 XID48 = "XID 48 (double-bit ECC error): needs a GPU reset"
 
@@ -329,13 +336,8 @@ def test_a_node_whose_gpus_were_not_read_is_named_as_not_planned() -> None:
 
     answer = node("n", mark("healthy"))
     answer.allocation.mode = agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN
-    driverless = agent_pb2.Node(name="m")
+    driverless = driverless_node("m")
     driverless.allocation.mode = agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN
-    driverless.driver.CopyFrom(
-        agent_pb2.Driver(
-            state=agent_pb2.DRIVER_STATE_NOT_READY, cause="driver_not_loaded", reason="no module"
-        )
-    )
     views = tuple(
         node_view(Target(f"unix:/{a.name}", a.name), node_from(a)) for a in (answer, driverless)
     )

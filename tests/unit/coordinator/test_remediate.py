@@ -13,7 +13,14 @@ import pytest
 from tests.kube.fake_api import FakeKubeApi, Pod
 from tests.kube.fixtures import stand_in_kubeconfig
 from tests.unit.coordinator.agents import Outcome, invoke_process
-from tests.unit.coordinator.fakeagents import FakeAgent, FakeAgents, fake_agents, mark, node
+from tests.unit.coordinator.fakeagents import (
+    FakeAgent,
+    FakeAgents,
+    driverless_node,
+    fake_agents,
+    mark,
+    node,
+)
 
 XID48 = "XID 48 (double-bit ECC error): needs a GPU reset"
 XID79 = "XID 79 (GPU has fallen off the bus): needs a reboot"
@@ -205,15 +212,9 @@ def test_a_node_whose_gpus_were_not_read_is_not_said_to_have_none(
     """Its driver is not loaded: the refusal said `no GPU of n1 is failed (no GPU)`, or `n1 has
     no GPU 3 (GPUs: none)` (exit 2, a bad --gpu), for GPUs nobody read. It says they were not
     read and why, with DriverNotReady's exit code, and changes nothing."""
-    from agent._proto.gpuagent.v1 import agent_pb2
     from agent.errors import DriverNotReady
 
-    driverless = node("n1")
-    driverless.driver.CopyFrom(
-        agent_pb2.Driver(
-            state=agent_pb2.DRIVER_STATE_NOT_READY, cause="driver_not_loaded", reason="no module"
-        )
-    )
+    driverless = driverless_node("n1")
     agents.add(driverless)
     result = remediate(agents, "n1", *args, "--apply")
     assert result.exit_code == DriverNotReady.exit_code, result.output

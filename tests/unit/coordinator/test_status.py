@@ -12,6 +12,7 @@ from agent.coordinator.fleet.status import fleet_status
 from agent.errors import InvalidSpec
 from agent.gpu.types import GiProfile
 from agent.wire.node import gpu_pb, layout_from, node_from
+from tests.unit.coordinator.fakeagents import driverless_node
 from tests.unit.coordinator.fleets import A30, H100, gpu
 
 
@@ -309,12 +310,7 @@ def test_a_node_whose_driver_is_not_ready_is_not_counted_as_a_node_without_gpus(
     from agent.cli.fleet.status import _status_table
     from agent.coordinator.fleet.status import status_document
 
-    driverless = agent_pb2.Node(name="node-b")
-    driverless.driver.CopyFrom(
-        agent_pb2.Driver(
-            state=agent_pb2.DRIVER_STATE_NOT_READY, cause="driver_not_loaded", reason="no module"
-        )
-    )
+    driverless = driverless_node("node-b")
     views = [
         node_view(Target("10.0.0.1:9401"), node_from(_node()), 3600.0),
         node_view(Target("10.0.0.2:9401"), node_from(driverless), 3600.0),
@@ -336,12 +332,7 @@ def test_a_node_whose_gpus_were_not_read_counts_under_no_model_line() -> None:
     `3x ...`, as if a node of no GPUs; its models are unknown, said so."""
     from agent.coordinator.fleet.status import status_document
 
-    driverless = agent_pb2.Node(name="node-b")
-    driverless.driver.CopyFrom(
-        agent_pb2.Driver(
-            state=agent_pb2.DRIVER_STATE_NOT_READY, cause="driver_not_loaded", reason="no module"
-        )
-    )
+    driverless = driverless_node("node-b")
     status = fleet_status([node_view(Target("10.0.0.2:9401"), node_from(driverless), 3600.0)])
     assert status.nodes[0].models == "? (not read)"
     assert status_document(status, "1h")["totals"]["models"] == {"? (not read)": 1}

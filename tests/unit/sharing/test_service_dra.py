@@ -51,7 +51,11 @@ def config_path(tmp_path: Path) -> Path:
 
 
 def service(
-    path: Path, kube: Any, mode: Allocation | Mode = DRA, node_name: str = NODE
+    path: Path,
+    kube: Any,
+    mode: Allocation | Mode = DRA,
+    node_name: str = NODE,
+    device_classes: Informer | None = None,
 ) -> SharingService:
     settings = SharingSettings(config_path=path, reload="none")
     provider = mode if isinstance(mode, Mode) else Mode(mode)
@@ -62,6 +66,7 @@ def service(
         node_name=node_name,
         clock=lambda: 1000.0,
         allocation=provider,
+        device_classes=device_classes,
     )
 
 
@@ -280,14 +285,7 @@ def test_show_degrades_when_the_api_server_is_down(
     monkeypatch.setattr(dra_kube, "SYNC_WAIT_S", 0.5)
     watched = Informer(down, dra_kube.PATH, dra_kube.QUERY, backoff=(5.0, 5.0))
     try:
-        svc = SharingService(
-            SharingSettings(config_path=config_path, reload="none"),
-            lambda: node(8),
-            down,
-            node_name=NODE,
-            allocation=Mode(DRA),
-            device_classes=watched,
-        )
+        svc = service(config_path, down, device_classes=watched)
         view = svc.show()
         assert view.dra is not None and view.dra.objects == ()
         assert "DeviceClasses not read" in view.dra.error and "unreachable" in view.dra.error
@@ -374,14 +372,7 @@ def test_show_reads_the_watched_classes_and_sends_nothing_while_nothing_changes(
     sees it; a hand edit arrives by the watch."""
     api, _ = kube_api
     watched = Informer(kube, dra_kube.PATH, dra_kube.QUERY, watch_timeout_s=5.0)
-    svc = SharingService(
-        SharingSettings(config_path=config_path, reload="none"),
-        lambda: node(8),
-        kube,
-        node_name=NODE,
-        allocation=Mode(DRA),
-        device_classes=watched,
-    )
+    svc = service(config_path, kube, device_classes=watched)
     try:
         svc.set(ts())
         assert [(o.name, o.state) for o in svc.show().dra.objects] == [
