@@ -281,8 +281,8 @@ def power_limits(facts: Facts) -> Check:
     for gpu in gpus:
         try:
             limits = driver.power_limits(gpu.uuid)
-        except AgentError as exc:
-            unread.append(f"GPU {gpu.index}: {exc}")
+        except AgentError as exc:  # said by index, as the rest: "GPU 3: GPU is lost"
+            unread.append(f"GPU {gpu.index}: {str(exc).removeprefix(f'GPU {gpu.uuid}: ')}")
             continue
         text = (
             f"{limits.min_mw // 1000}-{limits.max_mw // 1000} W (set {limits.current_mw // 1000} W)"

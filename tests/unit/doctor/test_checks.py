@@ -329,3 +329,25 @@ def test_a_plugin_config_the_plugin_cannot_read_fails_plugin_config_naming_why(
     assert "sharing.timeSlicing.resources[0].replicas: required" in check.evidence
     path.write_text("version: v1\nflags:\n  migStrategy: mixed\n")
     assert node_checks.sharing_plugin_config(f).state is CheckState.OK
+
+
+def test_a_gpu_lost_since_it_was_read_is_named_once_by_its_index_in_power_limits(
+    tmp_path: Path,
+) -> None:
+    """It read 'GPU 3: GPU GPU-7365e450-…: GPU is lost': the index, then the driver's own
+    naming of the same GPU by UUID. Now as telemetry/nvml says it: 'GPU 3: GPU is lost'."""
+    from agent.gpu import open_driver
+    from agent.gpu.sim import SimControl
+
+    state = tmp_path / "state"
+    driver = open_driver("dgx-h100", state)
+    try:
+        layouts = tuple(driver.layout(g.uuid) for g in driver.gpus())  # read, then lost
+        SimControl(state).mark_lost(3)
+        link = cast(DriverLink, SimpleNamespace(state=None, is_attached=True, driver=driver))
+        snap = cast(Snapshot, SimpleNamespace(layouts=layouts, gpus=()))
+        check = gpu_checks.power_limits(facts(tmp_path, driver=link, snapshot=lambda: snap))
+    finally:
+        driver.close()
+    assert check.state is CheckState.DEGRADED
+    assert check.evidence.endswith("; GPU 3: GPU is lost"), check.evidence
