@@ -174,12 +174,17 @@ class _Reconfigure:
                 if event.phase == "done":
                     self._gpus_done += 1
                 self._steps_done = event.mutation or self._steps_done
+                if event.phase == "done" and self._gpus_done >= self._gpus_total:
+                    # Every GPU done: the steps taken are all there were (the plan's estimate
+                    # counts a reset the driver may not need), not "20/24" at the end.
+                    self._steps_total = self._steps_done
+                total = max(self._steps_total, self._steps_done)
                 meta = operations_pb2.MigApplyProgress(
                     config_name=self._config,
                     phase=event.phase,
                     gpus_total=self._gpus_total,
                     gpus_done=self._gpus_done,
-                    steps_total=max(self._steps_total, self._steps_done),
+                    steps_total=total,
                     steps_done=self._steps_done,
                     current_step=event.message,
                     current_gpu_index=event.gpu,
