@@ -50,6 +50,12 @@ def _table(doc: dict[str, Any]) -> str:
         ]
         parts += [
             f"{f['duty']}/{f['name']} ({f['state']}): {_names(f['nodes'], SHOWN_NODES)}"
+            + (
+                f"; another fix on {_names(f['other_fix_nodes'], SHOWN_NODES)} "
+                "(gpu-agent doctor there)"
+                if f["other_fix_nodes"]
+                else ""
+            )
             for f in doc["findings"]
         ]
     parts += [

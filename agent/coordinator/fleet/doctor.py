@@ -47,11 +47,14 @@ class NodeDoctor:
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One problem shared by nodes: a check with the most common fix and one node's evidence
-    as an example, and the nodes that have it."""
+    """One problem shared by nodes: a check with the most common fix and, as an example, the
+    evidence of a node that fix is for, and the nodes that have it. ``other_fix``: the nodes
+    whose own doctor gives another fix (another cause of the same check, e.g. health/xid
+    without NVML beside XID 79): the fix shown is not theirs."""
 
     check: Check
     nodes: tuple[str, ...]
+    other_fix: tuple[str, ...] = ()
 
 
 async def sweep(fleet: Fleet, targets: Sequence[Target] | None = None) -> tuple[NodeDoctor, ...]:
@@ -77,8 +80,10 @@ def findings(nodes: Sequence[NodeDoctor]) -> list[Finding]:
     out = []
     for (duty, name, state), found in grouped.items():
         fix = Counter(c.fix for _, c in found).most_common(1)[0][0]
+        example = next(c for _, c in found if c.fix == fix)  # the evidence that fix answers
         names = tuple(sorted(n for n, _ in found))
-        out.append(Finding(Check(duty, name, state, found[0][1].evidence, fix), names))
+        other = tuple(sorted(n for n, c in found if c.fix != fix))
+        out.append(Finding(Check(duty, name, state, example.evidence, fix), names, other))
     return sorted(
         out, key=lambda f: (-f.check.state.rank, -len(f.nodes), f.check.duty, f.check.name)
     )
@@ -108,6 +113,7 @@ def doctor_document(nodes: Sequence[NodeDoctor]) -> dict[str, Any]:
                 "nodes": list(f.nodes),
                 "evidence": f.check.evidence,
                 "fix": f.check.fix,
+                "other_fix_nodes": list(f.other_fix),
             }
             for f in findings(nodes)
         ],
