@@ -4,6 +4,7 @@ its progress report and its outcome.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -84,10 +85,13 @@ def rollout_options(fn: F) -> F:
 def progress_report(
     output: str, options: FleetOptions | None = None, kind: str = ""
 ) -> Callable[[str, Any, str], None]:
-    """Node steps on stderr (table output), and as Events on the Node when a Kubernetes API is
-    configured (``options``), as `coordinator serve` posts them."""
+    """Node steps on stderr (table output, or any output while stderr is a terminal: a person
+    running ``-o json`` still sees a long rollout move, a script reading stdout gets the
+    document alone), and as Events on the Node when a Kubernetes API is configured
+    (``options``), as `coordinator serve` posts them."""
     import asyncio
 
+    said = output == "table" or sys.stderr.isatty()
     last: dict[str, str] = {}
     cluster = None
     kube = options.kube() if options is not None else None
@@ -104,7 +108,7 @@ def progress_report(
             loop = asyncio.get_running_loop()
             loop.run_in_executor(None, cluster.node_step, kind, node, state.value, detail)
         line = f"{state.value}: {detail}" if detail else state.value
-        if output == "table" and last.get(node) != line:
+        if said and last.get(node) != line:
             last[node] = line
             click.echo(f"{node}: {line}", err=True)
 

@@ -230,3 +230,42 @@ def test_remediate_refuses_a_wait_that_is_not_a_number(listener: socket.socket) 
     )
     assert result.exit_code == 2 and "--wait" in result.output, result.output
     assert not connected(listener)
+
+
+class _Stderr:
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+        self.lines: list[str] = []
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, text: str) -> int:
+        self.lines.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("output", "tty", "said"),
+    [
+        ("table", False, True),
+        ("json", True, True),  # a person at a terminal with -o json: the rollout is seen to move
+        ("json", False, False),  # a script reading stdout: the document alone, no chatter
+    ],
+)
+def test_rollout_progress_goes_to_a_terminal_whatever_the_output(
+    output: str, tty: bool, said: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`-o json` was silent for a whole rollout, even at a terminal: progress went to stderr
+    with table output only (docs/coordinator.md, "Rollouts")."""
+    from agent.cli.fleet import rollout
+    from agent.coordinator.rollout.schedule import NodeState
+
+    stderr = _Stderr(tty)
+    monkeypatch.setattr(rollout.sys, "stderr", stderr)
+    monkeypatch.setattr(rollout.click, "echo", lambda text, err=False: stderr.write(text))
+    rollout.progress_report(output)("node-a", NodeState.RUNNING, "started")
+    assert stderr.lines == (["node-a: running: started"] if said else [])
