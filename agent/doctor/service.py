@@ -68,6 +68,10 @@ CHECKS: tuple[tuple[str, str, Callable[[Facts], Check]], ...] = (
     ("state", "dir", node_checks.state_dir),
 )
 _GAUGE_VALUE = {CheckState.OK: 0, CheckState.DEGRADED: 1, CheckState.FAILED: 2}
+#: The duty whose checks ask the API server (about 26 SelfSubjectAccessReviews and two GETs),
+#: and sharing/reload with restart-pod (two reviews): the hourly run keeps their last answer,
+#: so a steady node sends nothing; the first run and every `Doctor` call ask again.
+ASKS_API = "kubernetes"
 
 
 def check_line(check: Check) -> str:
@@ -104,10 +108,17 @@ class Doctor(Collector):
     def latest(self) -> DoctorReport | None:
         return self._latest
 
-    def run(self) -> DoctorReport:
-        """Every check now (blocking: up to the deadline)."""
+    def run(self, *, ask_api: bool = True) -> DoctorReport:
+        """Every check now (blocking: up to the deadline); without ``ask_api``, the checks that
+        ask the API server keep their last answer (when there is one)."""
         facts = self.facts
-        probes = [Probe(duty, name, _bind(check, facts)) for duty, name, check in CHECKS]
+        kept = {} if ask_api or self._latest is None else _asked_api(self._latest, facts)
+        probes = [
+            Probe(
+                duty, name, _kept(kept[(duty, name)]) if (duty, name) in kept else _bind(c, facts)
+            )
+            for duty, name, c in CHECKS
+        ]
         report = DoctorReport(facts.config.node_name, run_checks(probes, self._deadline_s))
         with self._lock:
             self._latest = report
@@ -120,8 +131,9 @@ class Doctor(Collector):
         return [Task("doctor", self.refresh, REFRESH_S, needs=Need.LISTENER)]
 
     def refresh(self) -> None:
-        """A run for the gauge; the first one logs the summary (the agent's start-up)."""
-        report = self.run()
+        """A run for the gauge; the first one logs the summary (the agent's start-up), and the
+        later ones keep the answers of the checks that ask the API server (`ASKS_API`)."""
+        report = self.run(ask_api=not self._logged)
         if self._logged:
             return
         self._logged = True
@@ -145,6 +157,20 @@ class Doctor(Collector):
 
 def _bind(check: Callable[[Facts], Check], facts: Facts) -> Callable[[], Check]:
     return lambda: check(facts)
+
+
+def _kept(check: Check) -> Callable[[], Check]:
+    return lambda: check
+
+
+def _asked_api(report: DoctorReport, facts: Facts) -> dict[tuple[str, str], Check]:
+    """The checks of ``report`` that asked the API server, by (duty, name)."""
+    restart_pod = facts.config.sharing.reload == "restart-pod"
+
+    def asked(c: Check) -> bool:
+        return c.duty == ASKS_API or (restart_pod and (c.duty, c.name) == ("sharing", "reload"))
+
+    return {(c.duty, c.name): c for c in report.checks if asked(c)}
 
 
 def build_doctor(
