@@ -68,10 +68,10 @@ CHECKS: tuple[tuple[str, str, Callable[[Facts], Check]], ...] = (
     ("state", "dir", node_checks.state_dir),
 )
 _GAUGE_VALUE = {CheckState.OK: 0, CheckState.DEGRADED: 1, CheckState.FAILED: 2}
-#: The duty whose checks ask the API server (about 26 SelfSubjectAccessReviews and two GETs),
+#: The duty whose checks all ask the API server (about 26 SelfSubjectAccessReviews and two GETs),
 #: and sharing/reload with restart-pod (two reviews): the hourly run keeps their last answer,
 #: so a steady node sends nothing; the first run and every `Doctor` call ask again.
-ASKS_API = "kubernetes"
+API_DUTY = "kubernetes"
 
 
 def check_line(check: Check) -> str:
@@ -132,7 +132,7 @@ class Doctor(Collector):
 
     def refresh(self) -> None:
         """A run for the gauge; the first one logs the summary (the agent's start-up), and the
-        later ones keep the answers of the checks that ask the API server (`ASKS_API`)."""
+        later ones keep the answers of the checks that ask the API server (`API_DUTY`)."""
         report = self.run(ask_api=not self._logged)
         if self._logged:
             return
@@ -168,7 +168,7 @@ def _asked_api(report: DoctorReport, facts: Facts) -> dict[tuple[str, str], Chec
     restart_pod = facts.config.sharing.reload == "restart-pod"
 
     def asked(c: Check) -> bool:
-        return c.duty == ASKS_API or (restart_pod and (c.duty, c.name) == ("sharing", "reload"))
+        return c.duty == API_DUTY or (restart_pod and (c.duty, c.name) == ("sharing", "reload"))
 
     return {(c.duty, c.name): c for c in report.checks if asked(c)}
 
