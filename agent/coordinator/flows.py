@@ -81,9 +81,7 @@ async def select(
         for v in views
         # An unreachable node cannot say its model, nor one whose GPUs were not read (driver
         # not ready): it stays in view, so it is not forgotten.
-        if selector.matches(v)
-        or (not v.reachable and selector.needs_inventory)
-        or (bool(v.gpus_unread) and selector.needs_models)
+        if selector.may_match(v)
     )
     found = frozenset(v.name for v in views)
     return Selection(chosen, {v.name: by_address[v.address] for v in chosen}, found)

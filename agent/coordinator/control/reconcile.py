@@ -624,7 +624,7 @@ def _rule_for(rules: Sequence[_Rule], view: Any, labels_known: bool) -> Any:
     for rule in rules:
         if not labels_known and rule.selector.needs_labels:
             return _UNKNOWN
-        if rule.selector.matches(view) or (view.gpus_unread and rule.selector.needs_models):
+        if rule.selector.matches(view) or (view.gpus_unread and rule.selector.may_match(view)):
             return rule
     return None
 

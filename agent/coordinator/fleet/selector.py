@@ -28,6 +28,9 @@ _FACTS = ("name", "address", "model", "preset", "allocation")
 _NAME = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_KEY = re.compile(rf"(?:[a-z0-9](?:[-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME}")
 _MODES = tuple(m.value for m in AllocationMode)
+#: the facts only a node's own agent tells, and of them the one its GPUs tell
+_INVENTORY = ("model", "preset", "allocation")
+_MODEL = ("model",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,15 +68,18 @@ class Selector:
         """Every term holds; the empty selector selects every node."""
         return all(t.matches(view) for t in self.terms)
 
+    def may_match(self, view: NodeView) -> bool:
+        """Every term holds, or cannot be told for this node: its model, preset and allocation
+        while it does not answer, its model while its GPUs were not read (driver not ready).
+        Such a node stays in view, so it is not forgotten; a term that can be told still
+        decides (``name=a,model=H100`` never picks node b)."""
+        unknown = _INVENTORY if not view.reachable else _MODEL if view.gpus_unread else ()
+        return all(t.key in unknown or t.matches(view) for t in self.terms)
+
     @property
     def needs_inventory(self) -> bool:
         """Whether only a reachable node's answer can tell (model, preset)."""
-        return any(t.key in ("model", "preset", "allocation") for t in self.terms)
-
-    @property
-    def needs_models(self) -> bool:
-        """Whether a GPU model decides: unknown for a node whose GPUs were not read."""
-        return any(t.key == "model" for t in self.terms)
+        return any(t.key in _INVENTORY for t in self.terms)
 
     @property
     def needs_labels(self) -> bool:

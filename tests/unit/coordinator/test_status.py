@@ -143,6 +143,31 @@ def test_selectors_match_node_facts_and_labels(text: str, selected: bool) -> Non
     assert parse_selector(text).matches(view) is selected
 
 
+@pytest.mark.parametrize(
+    ("text", "driverless", "unreachable"),
+    [
+        ("model=*H100*", True, True),  # its model cannot be told: kept in view
+        ("model=*H100*,pool=x", True, True),
+        ("model=*H100*,pool=y", False, False),  # the label can be told, and says no
+        ("name=node-b,model=*H100*", False, False),
+        ("preset=mixed", False, True),  # a driverless agent still says its preset
+    ],
+)
+def test_a_node_whose_model_cannot_be_told_is_kept_only_where_its_other_facts_agree(
+    text: str, driverless: bool, unreachable: bool
+) -> None:
+    """A driverless or silent node stayed in every selection with a model term, whatever its
+    name or labels said: `model=*H100*,pool=y` picked a pool-x node whose driver was loading,
+    and the desired state bound it to pool y's rule. Only what cannot be told is let pass."""
+    target = Target("10.0.0.1:9401", node="node-a", labels={"pool": "x"})
+    unread = driverless_node("node-a")
+    unread.simulated_preset = "dgx-h100"
+    silent = unreachable_view(target, "unreachable")
+    selector = parse_selector(text)
+    assert selector.may_match(node_view(target, node_from(unread))) is driverless
+    assert selector.may_match(silent) is unreachable
+
+
 def test_a_bad_selector_term_says_what_is_allowed() -> None:
     with pytest.raises(InvalidSpec, match="not key=value"):
         parse_selector("model")
