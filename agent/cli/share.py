@@ -24,6 +24,7 @@ from agent.cli.errors import AgentGroup
 from agent.cli.options import choice_option, read_input
 from agent.cli.render import emit, output_option
 from agent.dra.mode import Allocation, AllocationMode
+from agent.kube_names import is_dns_label
 from agent.sharing import (
     Advertised,
     ApplyResult,
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     from agent.client import AgentClient
 
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _REPLICAS = re.compile(r"\s*[-+]?[0-9]+\s*", re.ASCII)
 _INT64_MAX = 2**63 - 1
 
@@ -313,7 +313,7 @@ def render_command(
             "render prints the DRA driver's objects: give --dra (on device-plugin nodes "
             "share set writes the plugin's file)"
         )
-    if namespace is not None and not _DNS_LABEL.fullmatch(namespace):
+    if namespace is not None and not is_dns_label(namespace):
         raise click.BadParameter(
             f"{namespace!r}: a namespace is a DNS label (lowercase letters, digits and '-', "
             "at most 63)",

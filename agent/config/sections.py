@@ -9,21 +9,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.config.rules import rules as _rules
+from agent.kube_names import is_dns_label, is_label_name
 
 #: What a listen address may be, in the error that refuses one.
 LISTEN_TEXT = "HOST:PORT or [IPv6]:PORT with PORT 0-65535, e.g. 0.0.0.0:9400"
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 #: What a namespace may be (the API server refuses others), in the error that refuses one.
 NAMESPACE_TEXT = (
     "a namespace: a DNS label (lowercase letters, digits and '-', at most 63, starting and "
     "ending with a letter or digit)"
 )
-
-
-def _is_namespace(value: str) -> bool:
-    return _DNS_LABEL.fullmatch(value) is not None
 
 
 @dataclass(frozen=True)
@@ -81,7 +76,7 @@ class SharingSettings:
     label_config_name: str = field(
         default="gpu-agent",
         metadata=_rules(
-            check=lambda v: _LABEL_VALUE.fullmatch(v) is not None,
+            check=is_label_name,
             allowed="a label value: at most 63 letters, digits, '-', '_' or '.', starting and "
             "ending with a letter or digit",
             doc="Config name put in the node's nvidia.com/device-plugin.config label when reload "
@@ -91,7 +86,7 @@ class SharingSettings:
     plugin_namespace: str = field(
         default="gpu-operator",
         metadata=_rules(
-            check=_is_namespace,
+            check=is_dns_label,
             allowed=NAMESPACE_TEXT,
             doc="Namespace of the device-plugin pods, for reload restart-pod.",
         ),
@@ -382,7 +377,7 @@ class DraSettings:
     plugin_namespace: str = field(
         default="gpu-operator",
         metadata=_rules(
-            check=_is_namespace,
+            check=is_dns_label,
             allowed=NAMESPACE_TEXT,
             doc="Namespace of the DRA driver's kubelet plugin pods (the GPU Operator's "
             "namespace; a standalone Helm install uses its release namespace, e.g. "

@@ -19,9 +19,9 @@ from fnmatch import fnmatchcase
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from agent.errors import FieldViolation, InvalidSpec
+from agent.kube_names import is_label_name
 
 LABEL_PREFIX = "gpu-agent.io/cache."
-_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 # Kubernetes: the name part of a label key (after "gpu-agent.io/") is at most 63 characters.
 _LABEL_NAME_MAX = 63
 _LABEL_SHORT_MAX = _LABEL_NAME_MAX - len("cache.")
@@ -108,7 +108,7 @@ def check_ignored_query_params(values: Sequence[str]) -> bool:
 
 def check_name(name: str, field: str = "name") -> str:
     """Return ``name`` if it is a safe item name, else raise InvalidSpec naming the rule."""
-    if ".." in name or "/" in name or "\\" in name or not _NAME.fullmatch(name):
+    if ".." in name or "/" in name or "\\" in name or not is_label_name(name):
         raise InvalidSpec(
             f"{field} {name!r} is not a valid item name",
             [

@@ -6,11 +6,11 @@ runtime, not the cache: presence, pins and removal go to the runtime."""
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import Mapping
 
 from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec
+from agent.kube_names import is_dns_label
 from agent.owner import Actor
 from agent.prewarm.docker_auth import registry_host
 from agent.prewarm.errors import Cancelled, FetchFailed, ImageWarmFailed
@@ -41,8 +41,6 @@ from agent.prewarm.target import TargetSchema
 log = logging.getLogger("agent.prewarm.service")
 
 _MAX_REPULL_H = 24 * 365
-# What the kubelet can ask the CRI for: a RuntimeClass handler, a DNS label (RFC 1123).
-_RUNTIME_HANDLER = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 # Options an image request sets; the rest are results of the last run and are replaced.
 _REQUEST_OPTIONS = ("runtime_handler", "pull_policy", "repull_hours")
 _NO_PULLER = "no image puller (CRI) is configured"
@@ -72,7 +70,8 @@ class ImageSource(Source):
             )
         parse_reference(request.ref)  # refused here, naming `image`, not failed at pull time
         handler = request.runtime_handler
-        if handler and not _RUNTIME_HANDLER.fullmatch(handler):
+        # What the kubelet can ask the CRI for: a RuntimeClass handler, a DNS label.
+        if handler and not is_dns_label(handler):
             raise InvalidSpec(
                 f"runtime handler {handler!r} is not a RuntimeClass handler",
                 [FieldViolation("runtime_handler", "a DNS label, e.g. nydus or runc")],

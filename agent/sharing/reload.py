@@ -9,7 +9,6 @@ and signals it; ``restart-pod`` deletes this node's plugin pod so its DaemonSet 
 
 from __future__ import annotations
 
-import re
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -21,11 +20,11 @@ import psutil
 
 from agent.errors import FieldViolation, InvalidSpec, PermissionDenied
 from agent.kube import KubeClient
+from agent.kube_names import is_label_name
 from agent.sharing.view import Pickup, ReloadReport, StatusRecord
 
 RELOAD_METHODS = ("sighup", "label", "restart-pod", "none")
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
-_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 #: Seconds of doubt in a process start time: psutil adds the kernel's boot time, which /proc/stat
 #: gives in whole seconds.
@@ -223,9 +222,7 @@ def make_reloader(
         problems.append(
             FieldViolation("node_name", f"reload {method} needs the node name (NODE_NAME)")
         )
-    if method == "label" and (
-        len(label_config_name) > 63 or not _LABEL_VALUE.fullmatch(label_config_name)
-    ):
+    if method == "label" and (not is_label_name(label_config_name)):
         problems.append(
             FieldViolation(
                 "sharing.label_config_name",

@@ -32,6 +32,7 @@ BASE = {
     "loops",
     "tasks",
     "tables",
+    "kube_names",
     "_proto",
 }
 INFRA = {

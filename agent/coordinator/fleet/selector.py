@@ -18,15 +18,14 @@ from agent.coordinator.fleet.inventory import NodeView
 from agent.dra.mode import AllocationMode
 from agent.errors import FieldViolation, InvalidSpec
 from agent.gpu.models import model_key
+from agent.kube_names import LABEL_NAME_PATTERN
 
 __all__ = ["Selector", "parse_selector"]
 
 _FACTS = ("name", "address", "model", "preset", "allocation")
 
-#: a Kubernetes label key: an optional DNS-subdomain prefix and "/", then a name of at most 63
-#: characters, alphanumeric at both ends, "-", "_" and "." inside
-_NAME = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-_LABEL_KEY = re.compile(rf"(?:[a-z0-9](?:[-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME}")
+#: a Kubernetes label key: an optional DNS-subdomain prefix and "/", then a label name
+_LABEL_KEY = re.compile(rf"(?:[a-z0-9](?:[-a-z0-9.]{{0,251}}[a-z0-9])?/)?{LABEL_NAME_PATTERN}")
 _MODES = tuple(m.value for m in AllocationMode)
 #: the facts only a node's own agent tells, and of them the one its GPUs tell
 _INVENTORY = ("model", "preset", "allocation")
