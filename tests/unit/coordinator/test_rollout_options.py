@@ -6,6 +6,7 @@ cancelled it at once, failing the node 'timed out after -1 s')."""
 
 from __future__ import annotations
 
+import io
 import socket
 from pathlib import Path
 
@@ -232,20 +233,15 @@ def test_remediate_refuses_a_wait_that_is_not_a_number(listener: socket.socket) 
     assert not connected(listener)
 
 
-class _Stderr:
+class _Stderr(io.StringIO):
+    """stderr as a terminal or as a pipe."""
+
     def __init__(self, tty: bool) -> None:
+        super().__init__()
         self.tty = tty
-        self.lines: list[str] = []
 
     def isatty(self) -> bool:
         return self.tty
-
-    def write(self, text: str) -> int:
-        self.lines.append(text)
-        return len(text)
-
-    def flush(self) -> None:
-        pass
 
 
 @pytest.mark.parametrize(
@@ -265,7 +261,6 @@ def test_rollout_progress_goes_to_a_terminal_whatever_the_output(
     from agent.coordinator.rollout.schedule import NodeState
 
     stderr = _Stderr(tty)
-    monkeypatch.setattr(rollout.sys, "stderr", stderr)
-    monkeypatch.setattr(rollout.click, "echo", lambda text, err=False: stderr.write(text))
+    monkeypatch.setattr(rollout.sys, "stderr", stderr)  # click.echo(err=True) writes there too
     rollout.progress_report(output)("node-a", NodeState.RUNNING, "started")
-    assert stderr.lines == (["node-a: running: started"] if said else [])
+    assert stderr.getvalue() == ("node-a: running: started\n" if said else "")
