@@ -148,8 +148,10 @@ def _rollout_table(result: Any) -> str:
 
 def _health_lines(result: Any) -> list[str]:
     """The nodes a rollout left out for a failed GPU, and the degraded ones it went ahead on."""
+    from agent.coordinator.rollout.healthgate import is_unread
+
     lines = [
-        f"Skipped ({'driver not ready' if _unread(why) else 'GPU failed'}): {n}: {why}."
+        f"Skipped ({'driver not ready' if is_unread(why) else 'GPU failed'}): {n}: {why}."
         for n, why in result.unhealthy.items()
     ]
     lines += [f"Degraded (changed all the same): {n}: {why}." for n, why in result.degraded.items()]
@@ -193,15 +195,10 @@ def finish_rollout(result: Any, output: str) -> None:
     raise RolloutIncomplete(f"the rollout is incomplete ({reason}); {hint}")
 
 
-def _unread(why: str) -> bool:
-    """Whether a node was held back because its GPUs were not read (driver not ready)."""
-    from agent.coordinator.rollout.healthgate import UNREAD
-
-    return why.startswith(UNREAD)
-
-
 def _incomplete(result: Any) -> list[str]:
     """Every reason the rollout did not finish, each with its nodes (one replaced another)."""
+    from agent.coordinator.rollout.healthgate import is_unread
+
     record = result.record
     said = [record.halted] if record.halted else []
     failed = [n for n, r in record.nodes.items() if r.state == "failed"]
@@ -209,7 +206,7 @@ def _incomplete(result: Any) -> list[str]:
         said.append(f"{len(failed)} node(s) failed ({', '.join(failed)})")
     if result.skipped:
         said.append(f"{len(result.skipped)} node(s) did not answer ({', '.join(result.skipped)})")
-    unread = [n for n, why in result.unhealthy.items() if _unread(why)]
+    unread = [n for n, why in result.unhealthy.items() if is_unread(why)]
     failed_gpu = [n for n in result.unhealthy if n not in unread]
     if failed_gpu:
         said.append(f"{len(failed_gpu)} node(s) skipped for a failed GPU ({', '.join(failed_gpu)})")
