@@ -222,7 +222,7 @@ def make_reloader(
         problems.append(
             FieldViolation("node_name", f"reload {method} needs the node name (NODE_NAME)")
         )
-    if method == "label" and (not is_label_name(label_config_name)):
+    if method == "label" and not is_label_name(label_config_name):
         problems.append(
             FieldViolation(
                 "sharing.label_config_name",
