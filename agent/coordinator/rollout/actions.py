@@ -23,7 +23,8 @@ from agent.coordinator.rollout.execute import NodeAction, NodeResult, Notes
 from agent.coordinator.rollout.record import RolloutRecord
 from agent.coordinator.rollout.schedule import NodeState
 from agent.coordinator.rollout.targets import target_name
-from agent.errors import AgentError, DriverNotReady, InvalidSpec
+from agent.dra.mode import AllocationMode
+from agent.errors import AgentError, Conflict, DriverNotReady, InvalidSpec
 from agent.gpu.types import GpuLayout
 from agent.power.plan import resolve
 from agent.power.spec import parse as parse_power
@@ -254,6 +255,11 @@ async def _preview_share(client: AgentClient, record: RolloutRecord, node: str) 
     current = now.config if now.exists else None
     if now.dra is not None:  # the agent renders DeviceClasses there, by the driver's rules
         return dra_sharing_preview(node, requested, current, now.dra)
+    if inventory.allocation.mode is AllocationMode.UNKNOWN:  # the agent's SetSharing refuses
+        raise Conflict(
+            f"{node}: allocation mode {inventory.allocation.describe()}: the agent changes no "
+            "sharing until it knows whether a device plugin or a DRA driver hands out its GPUs"
+        )
     # Checked against the GPUs that answer, as the agent's SetSharing checks it.
     layouts = [g.layout for g in inventory.gpus if not g.lost]
     return sharing_preview(node, requested, current, layouts)

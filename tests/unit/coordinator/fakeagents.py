@@ -50,8 +50,12 @@ def driverless_node(name: str) -> Any:
 
 
 def node(name: str, *marks: Any, processes: dict[int, list[int]] | None = None) -> Any:
-    """A Node of ``len(marks)`` GPUs, GPU i marked ``marks[i]`` (None: no verdict)."""
+    """A Node of ``len(marks)`` GPUs, GPU i marked ``marks[i]`` (None: no verdict), handed out
+    by a device plugin (a test that wants another mode sets ``allocation``)."""
     answer = agent_pb2.Node(name=name)
+    answer.allocation.CopyFrom(
+        agent_pb2.Allocation(mode=agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN, evidence="test")
+    )
     for i, m in enumerate(marks):
         gpu = answer.gpus.add(index=i, uuid=f"GPU-{name}-{i}", name="NVIDIA H100 80GB HBM3")
         gpu.health = agent_pb2.GPU_HEALTH_OK

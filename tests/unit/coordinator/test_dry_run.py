@@ -217,3 +217,27 @@ def test_a_plan_node_outside_the_selector_is_left_out_not_called_unanswering() -
     for dry, shown in ((only_a, ["a"]), (not_b, ["a", "z"])):
         assert dry.exit_code == 0, dry.output
         assert sorted(p["node"] for p in json.loads(dry.output)["previews"]) == shown
+
+
+def test_a_sharing_dry_run_on_a_node_whose_allocation_mode_is_unknown_is_unknown() -> None:
+    """The agent refuses every sharing change (Conflict) until it knows whether a device plugin
+    or a DRA driver hands out its GPUs; the preview said `change` there, a yes the apply then
+    turned into a failure. It is `unknown`, naming the mode and its evidence."""
+    from agent._proto.gpuagent.v1 import agent_pb2
+
+    undecided = node("a", mark("healthy"))
+    undecided.allocation.CopyFrom(
+        agent_pb2.Allocation(
+            mode=agent_pb2.ALLOCATION_MODE_UNSPECIFIED, evidence="API server not answering"
+        )
+    )
+    with fake_agents() as agents:
+        agents.add(undecided)
+        agents.add(node("b", mark("healthy")))
+        share = ["fleet", "apply", "share", "--strategy", "time-slicing", "--replicas", "2"]
+        dry = invoke_process([*share, "--dry-run", *agents.args(), "-o", "json"], 60)
+    assert dry.exit_code == 0, dry.output
+    previews = {p["node"]: p for p in json.loads(dry.output)["previews"]}
+    assert previews["a"]["would"] == "unknown", previews
+    assert "API server not answering" in previews["a"]["detail"], previews["a"]
+    assert previews["b"]["would"] == "change", previews

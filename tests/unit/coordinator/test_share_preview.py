@@ -94,6 +94,7 @@ def test_a_lost_gpu_is_not_among_the_gpus_the_config_is_checked_against() -> Non
     the GPUs that answer, so it refuses nvidia.com/gpu under the mixed strategy; the dry run
     counted GPU 2's blank layout as a whole GPU and said "change"."""
     node = agent_pb2.Node(name="a")
+    node.allocation.mode = agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN
     for index in (0, 1):
         node.gpus.append(gpu_pb(gpu("a", index, H100, [("3g.40gb", 0), ("3g.40gb", 4)])))
     node.gpus.add(index=2, health=agent_pb2.GPU_HEALTH_LOST)
