@@ -252,6 +252,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
     ) -> mig_pb2.PlanMigResponse:
         spec, name = _spec(request.config_yaml, request.config_name)
         self._require_gpu("mig plan")
+        self._service.refuse_by_mode("mig apply")  # the apply it forecasts is refused
         plan = await asyncio.to_thread(self._service.plan, spec, name, force=request.force)
         return node_plan_pb(plan)
 

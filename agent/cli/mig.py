@@ -63,11 +63,16 @@ def _layouts(obj: CliContext, feature: str) -> tuple[GpuLayout, ...]:
     return _read(obj, feature)[0]
 
 
-def _read(obj: CliContext, feature: str) -> tuple[tuple[GpuLayout, ...], tuple[GpuInfo, ...]]:
+def _read(
+    obj: CliContext, feature: str, *, as_change: str = ""
+) -> tuple[tuple[GpuLayout, ...], tuple[GpuInfo, ...]]:
     """The node's GPUs as its agent read them, and the lost ones: the one read path. No driver
     attached is DriverNotReady (exit 11) naming its cause, never an empty node. A lost GPU is
-    named on stderr and left out of the layouts (it can be neither read nor partitioned)."""
+    named on stderr and left out of the layouts (it can be neither read nor partitioned).
+    ``as_change``: a dry run of that change, refused where the agent refuses it (exit 12)."""
     node = obj.agent().node()
+    if as_change:
+        node.refuse_mig_change(as_change)
     node.require_driver(feature)
     layouts, lost = [], []
     for gpu in node.gpus:
@@ -160,8 +165,8 @@ def plan_command(
     """Show, per GPU, the instances that stay, are destroyed and are created (with placements),
     whether the MIG mode changes (and a GPU reset is needed), which running processes block it,
     or why the layout cannot fit and what would fit instead. Changes nothing. Exits 4 if a layout
-    cannot fit, 5 if running processes block it and 1 if a GPU it selects is lost, as the apply
-    would.
+    cannot fit, 5 if running processes block it, 1 if a GPU it selects is lost and 12 if the
+    node's allocation mode forbids MIG changes, as the apply would.
 
     \b
     Example:
@@ -169,7 +174,7 @@ def plan_command(
     """
     spec = _load(config_file)
     spec.select(selected)  # an unknown config is refused here, before the agent is asked
-    layouts, lost = _read(obj, "mig plan")
+    layouts, lost = _read(obj, "mig plan", as_change="mig apply")
     plan = plan_layouts(spec, selected, layouts, force=force, lost=lost)
     data = {
         "config": plan.config,

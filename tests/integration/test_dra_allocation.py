@@ -314,19 +314,25 @@ def test_a_dra_node_without_an_api_refuses_a_no_op_restore_as_the_agent_refuses_
 ) -> None:
     """Issue 36: dra.mode set to dra and no Kubernetes API, so the DRA driver cannot be made to
     republish: the agent refuses every MIG change, and the CLI's restore of the layout already
-    in place (which skips the agent's apply) is refused by the agent's words too (exit 12)."""
+    in place (which skips the agent's apply) is refused by the agent's words too (exit 12).
+    `mig plan`, the apply's dry run, says the same: it showed a plan and exited 0."""
     (tmp_path / "mig.yaml").write_text(CONFIG)
     with start(tmp_path, mode="dra") as agent, closing(AgentClient(agent.socket)) as client:
         node = client.node()
         assert node.allocation.mode == AllocationMode.DRA
         assert "cannot make the DRA driver republish" in node.mig_refusal
-        with pytest.raises(ModeRefused, match="cannot make the DRA driver republish"):
-            client.apply_mig(CONFIG, "gpu0-1g")
+        for call in (
+            lambda: client.apply_mig(CONFIG, "gpu0-1g"),
+            lambda: client.plan_mig(CONFIG, "gpu0-1g"),  # the apply's forecast says so too
+        ):
+            with pytest.raises(ModeRefused, match="cannot make the DRA driver republish"):
+                call()
         checkpoint = tmp_path / "now.json"
         assert _cli(tmp_path, "mig", "checkpoint", "-f", str(checkpoint)).returncode == 0
         for argv in (
             ("mig", "restore", "-f", str(checkpoint)),
             ("mig", "apply", "-f", str(tmp_path / "mig.yaml"), "-c", "gpu0-1g"),
+            ("mig", "plan", "-f", str(tmp_path / "mig.yaml"), "-c", "gpu0-1g"),
         ):
             refused = _cli(tmp_path, *argv)
             assert refused.returncode == ModeRefused.exit_code, (argv, refused.stdout)

@@ -94,7 +94,8 @@ class MigServiceServicer:
     """
 
     def PlanMig(self, request, context):
-        """PlanMig says what ApplyMig would do to each GPU, changing nothing.
+        """PlanMig says what ApplyMig would do to each GPU, changing nothing; refused with
+        FAILED_PRECONDITION, as ApplyMig is, where the node's allocation mode forbids MIG changes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
