@@ -238,12 +238,7 @@ def status_view(node: NodeView) -> dict[str, Any]:
             "driver": allocation.driver or None,
         },
         # The agent's parts that do not work as they should, with why (e.g. the state store).
-        "degraded": [
-            {"component": c.name, "detail": c.detail}
-            for c in node.components
-            # Attached, the GPUs' health has its own column; no driver is a degradation.
-            if not c.healthy and (c.name != "gpu-driver" or node.driver.attached is False)
-        ],
+        "degraded": [{"component": c.name, "detail": c.detail} for c in node.degraded],
         # Withheld from this identity's roles: None per GPU, never an empty list ("none run").
         "processes_withheld": node.processes_hidden,
         "gpus": [_gpu_view(g, node.processes_hidden) for g in node.gpus],

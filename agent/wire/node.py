@@ -279,6 +279,17 @@ class NodeView:
     #: why the agent refuses any MIG change here now (its allocation mode); "" when allowed
     mig_refusal: str = ""
 
+    @property
+    def degraded(self) -> tuple[Component, ...]:
+        """The agent's parts that do not work as they should, with why. The gpu-driver
+        component counts only while no driver is attached: attached, its one complaint is a
+        lost GPU, which that GPU says itself (``NodeGpu.lost``, ``detail``)."""
+        return tuple(
+            c
+            for c in self.components
+            if not c.healthy and (c.name != "gpu-driver" or self.driver.attached is False)
+        )
+
     def require_driver(self, feature: str) -> None:
         """The one rule for every GPU read a client makes from this answer (mig show, plan,
         assert, export, checkpoint, generate-config, metrics): an empty node because no driver

@@ -36,6 +36,7 @@ class NodeView:
     #: e.g. ``time-slicing nvidia.com/gpu x4``, ``none``, or ``unknown`` when unread.
     sharing: str = "unknown"
     warm: tuple[str, ...] = ()
+    #: what is wrong with the node, with why: its agent's degraded parts, then its lost GPUs
     unhealthy: tuple[str, ...] = ()
     #: GPUs idle at least the idle threshold; None when not asked for, or when the agent
     #: knows no GPU's idle time (no telemetry sample yet, or an agent from before the field).
@@ -140,7 +141,12 @@ def node_view(target: Target, node: wire.NodeView, idle_after_s: float | None = 
         lost=frozenset(g.layout.gpu.uuid for g in gpus if g.lost),
         sharing=_sharing(node.sharing),
         warm=tuple(sorted(i.name for i in node.cache if i.warm)),
-        unhealthy=tuple(f"{c.name}: {c.detail}" for c in node.components if not c.healthy),
+        unhealthy=tuple(f"{c.name}: {c.detail}" for c in node.degraded)
+        + tuple(
+            f"GPU {g.layout.gpu.index} lost: {g.detail or 'it does not answer'}"
+            for g in gpus
+            if g.lost
+        ),
         idle_gpus=_idle_gpus(node, idle_after_s),
         preset=node.simulated_preset,
         agent_version=node.agent_version,

@@ -254,12 +254,7 @@ def _node(view: NodeView) -> NodeStatus:
             (),
             gpus_read=False,
         )
-    # By index: a GPU lost before its agent started has no UUID to name it by.
-    lost = [g.gpu.index for g in view.layouts if g.gpu.uuid in view.lost]
-    problems = list(view.unhealthy)
-    # The agent's gpu-driver component may have said the loss already: said once.
-    problems += [f"GPU {i} lost" for i in lost if not any(f"GPU {i} lost" in p for p in problems)]
-    problems += [m.describe() for m in view.failed_gpus]
+    problems = list(view.unhealthy) + [m.describe() for m in view.failed_gpus]
     # Not a problem of the node: what this identity may not see, said so next to the health.
     withheld = [f"{what} withheld (read role)" for what in view.withheld]
     return NodeStatus(

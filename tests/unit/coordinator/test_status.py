@@ -228,19 +228,23 @@ def test_a_gpu_lost_mid_run_offers_none_of_its_last_seen_devices() -> None:
 def test_a_lost_gpus_slice_map_is_not_shown_as_a_live_layout() -> None:
     """Its slice map was the last-seen one: `1122333.` for a GPU nobody can read, or `-`
     (a whole GPU, MIG off) for one that fell off the bus with MIG off. It reads `lost`, and
-    the node's detail says the loss once (the agent's gpu-driver component said it already)."""
+    the node's detail says each loss once, with the driver's error: the agent's gpu-driver
+    component says it too while the driver is attached, and was matched by its text."""
     from agent.cli.fleet.status import _status_table
     from agent.coordinator.fleet.status import status_document
 
     node = _node()
     node.gpus[0].health = agent_pb2.GPU_HEALTH_LOST  # MIG on, 1g 1g 2g 3g
     node.gpus[1].health = agent_pb2.GPU_HEALTH_LOST  # MIG off
+    node.gpus[1].health_detail = "fell off the bus"
+    node.driver.state = agent_pb2.DRIVER_STATE_ATTACHED
     node.health.components.add(name="gpu-driver", healthy=False, detail="GPU 0 lost: GPU is lost")
     status = fleet_status([node_view(Target("10.0.0.1:9401"), node_from(node))])
     (a,) = status.nodes
     assert [g.slices for g in a.gpus] == ["lost", "lost", "22.."]
     assert a.detail.count("GPU 0 lost") == 1, a.detail
     assert a.detail.count("GPU 1 lost") == 1, a.detail
+    assert "GPU 1 lost: fell off the bus" in a.detail, a.detail  # with the driver's error
     table = _status_table(status_document(status, "1h", nodes=True))
     assert "lost lost 22.." in table, table
 
