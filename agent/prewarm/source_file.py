@@ -18,8 +18,10 @@ from agent.prewarm.headers import (
     read_header_files,
 )
 from agent.prewarm.model import CacheItem, FileRequest, ItemKind, ItemState
+from agent.prewarm.policy import redact_url
 from agent.prewarm.sink import Sink
 from agent.prewarm.source import (
+    Claim,
     Failed,
     Outcome,
     Ready,
@@ -81,6 +83,10 @@ class FileSource(Source):
 
     def identity(self, item: CacheItem, work: Work) -> str:
         return work.identity(item.source)
+
+    def claim(self, request: SourceRequest) -> Claim:
+        assert isinstance(request, FileRequest)
+        return Claim(redact_url(request.url), request.sha256)
 
     def shortcut(self, item: CacheItem, work: Work) -> CacheItem | None:
         size = work.store.blob_size(item.expected_sha256) if item.expected_sha256 else None

@@ -24,7 +24,9 @@ from agent.prewarm.headers import (
 )
 from agent.prewarm.model import CacheItem, GroupRequest, ItemKind, Layout
 from agent.prewarm.partial import MemberPartial
+from agent.prewarm.policy import redact_url
 from agent.prewarm.source import (
+    Claim,
     Failed,
     Outcome,
     Ready,
@@ -94,6 +96,10 @@ class ModelSource(Source):
             include=json.dumps(list(request.include)),
         )
         return Target(source=source, identity=source, pretty=pretty, options=options)
+
+    def claim(self, request: SourceRequest) -> Claim:
+        assert isinstance(request, GroupRequest)
+        return Claim(redact_url(listing_url(request.endpoint, request.repo, request.revision)))
 
     def evict(self, item: CacheItem, by: Actor | None, work: Work) -> CacheItem:
         if item.pinned:
