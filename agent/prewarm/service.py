@@ -354,13 +354,19 @@ class PrewarmService:
         return kinds.source_for(item.kind).evict(item, by, self)
 
     def delete(self, id_or_name: str, by: Actor | None = None) -> CacheItem:
-        """Remove an item from the inventory: a ready one is evicted first (same refusals), a
-        queued one loses its partial; a fetching one must be cancelled first."""
+        """Remove an item from the inventory: a ready one is evicted first (same refusals)
+        unless other ready items stand on its blob (they keep it), a queued one loses its
+        partial; a fetching one must be cancelled first."""
         item = self.index.find(id_or_name)
         check_may_undo(by, item.owner_role, item.name, "delete")
         if item.state is ItemState.FETCHING:
             raise Conflict(f"{item.name} is fetching; cancel it first")
-        if item.state is ItemState.READY:
+        ready = item.state is ItemState.READY
+        if ready and item.pinned:
+            raise Conflict(f"{item.name} is pinned; unpin first")
+        # Evicting a blob evicts every name on it: other items on it keep it.
+        kept = item.sha256 is not None and len(self.store.on_blob(item.sha256)) > 1
+        if ready and not (kept and self.store.layout(item) is Layout.BLOB):
             self.evict(item.id, by)
         self.index.delete(item.id)
         self.store.discard_partial(item.id)

@@ -421,6 +421,30 @@ def test_prewarm_delete_removes_an_item(tmp_path: Path, origin: Origin) -> None:
     assert not svc.store.name_path("r").exists()
 
 
+def test_prewarm_delete_of_one_name_keeps_another_item_on_the_same_blob(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """Two items, two URLs, the same bytes: one blob. `prewarm delete a` evicted the blob and
+    with it `b`, another item nobody asked to remove (its label and by-name link gone, a
+    pod's affinity broken), while its reply showed only `a`. Deleting `a` now removes `a`
+    alone; `b` stays ready on the blob, and deleting `b` then frees it."""
+    data = blob(MIB, 14)
+    origin.add("a.bin", data)
+    origin.add("b.bin", data)
+    svc = make_service(tmp_path)
+    a = svc.run(svc.submit(FileRequest(origin.url("a.bin"), name="a")).id)
+    b = svc.run(svc.submit(FileRequest(origin.url("b.bin"), name="b")).id)
+    assert a.sha256 == b.sha256 is not None
+    svc.delete("a")
+    assert [(i.name, i.state) for i in svc.items()] == [("b", ItemState.READY)]
+    assert svc.store.blob_path(b.sha256).exists() and svc.store.name_path("b").exists()
+    assert not svc.store.name_path("a").exists()
+    assert label_key("b") in node_labels(svc.items())
+    assert svc.submit(FileRequest(origin.url("b.bin"), name="b")).hits == 1  # still a hit
+    svc.delete("b")
+    assert svc.items() == [] and not svc.store.blob_path(b.sha256).exists()
+
+
 def test_prewarm_delete_refuses_a_pinned_item(tmp_path: Path, origin: Origin) -> None:
     origin.add("p.bin", blob(MIB, 12))
     svc = make_service(tmp_path)
