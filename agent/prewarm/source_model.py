@@ -76,7 +76,7 @@ class ModelSource(Source):
     def validate(self, request: SourceRequest, work: Work) -> None:
         assert isinstance(request, GroupRequest)
         listing = listing_url(request.endpoint, request.repo, request.revision)
-        work.policy.check(listing)
+        work.policy.check(listing, "endpoint")  # refusals name the field the user gave
         read_header_files(request.header_files, work.header_dirs, listing)
 
     def target(self, request: SourceRequest, work: Work) -> Target:

@@ -275,6 +275,26 @@ def test_a_header_value_http_cannot_carry_is_refused_at_submit(
     assert svc.items() == [] and origin.requests == []
 
 
+@pytest.mark.parametrize("endpoint", ["user", "creds", "http"])
+def test_a_model_endpoint_the_policy_refuses_is_named_endpoint(
+    tmp_path: Path, origin: Origin, endpoint: str
+) -> None:
+    """`prewarm model --endpoint http://...` on a node without allow_http was refused as
+    'url: scheme ... is not allowed', naming a field the model has not: the policy checked
+    the listing URL made from the endpoint under the file's field name."""
+    url = {
+        "user": "https://user@hub.example",
+        "creds": "https://user:pw@hub.example",
+        "http": origin.url(""),
+    }[endpoint]
+    svc = make_service(tmp_path, policy=UrlPolicy(allow_http=False, egress_allow=LOOPBACK))
+    with pytest.raises(InvalidSpec) as bad:
+        svc.submit(GroupRequest("org/m", endpoint=url))
+    assert [v.field for v in bad.value.violations] == ["endpoint"], bad.value
+    assert str(bad.value).startswith("endpoint:"), bad.value
+    assert svc.items() == [] and origin.requests == []
+
+
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
