@@ -18,7 +18,7 @@ from agent.prewarm.headers import (
     read_header_files,
 )
 from agent.prewarm.model import CacheItem, FileRequest, ItemKind, ItemState
-from agent.prewarm.policy import redact_url
+from agent.prewarm.policy import check_length, redact_url
 from agent.prewarm.sink import Sink
 from agent.prewarm.source import (
     Claim,
@@ -56,6 +56,7 @@ class FileSource(Source):
 
     def check(self, request: SourceRequest) -> None:
         assert isinstance(request, FileRequest)
+        check_length(request.url)
         if request.sha256 is not None and not _SHA256.fullmatch(request.sha256):
             raise InvalidSpec(
                 "sha256 must be 64 lowercase hex digits",

@@ -24,7 +24,7 @@ from agent.prewarm.headers import (
 )
 from agent.prewarm.model import CacheItem, GroupRequest, ItemKind, Layout
 from agent.prewarm.partial import MemberPartial
-from agent.prewarm.policy import redact_url
+from agent.prewarm.policy import check_length, redact_url
 from agent.prewarm.source import (
     Claim,
     Failed,
@@ -62,6 +62,7 @@ class ModelSource(Source):
         assert isinstance(request, GroupRequest)
         check_repo(request.repo, request.revision)
         check_include(request.include)
+        check_length(request.endpoint, "endpoint")
         # Paths are appended to it: after a query or fragment they would land there instead.
         if not request.endpoint.startswith(("https://", "http://")) or any(
             c in request.endpoint for c in "?#"

@@ -17,7 +17,7 @@ from agent.errors import InvalidSpec, PermissionDenied
 from agent.prewarm.errors import FetchFailed
 from agent.prewarm.fetch_http import FetchSpec, HttpFetcher
 from agent.prewarm.model import FileRequest, GroupRequest, ImageRequest, ItemState
-from agent.prewarm.policy import UrlPolicy
+from agent.prewarm.policy import MAX_URL_CHARS, UrlPolicy
 from agent.prewarm.sink import DigestSink
 from tests.integration.prewarm_fixtures.agent import LOOPBACK, RecordingPuller, make_service
 from tests.integration.prewarm_fixtures.origin import Origin
@@ -326,3 +326,25 @@ def _ignore(done: int, total: int | None) -> None:
 
 def _never() -> bool:
     return False
+
+
+@pytest.mark.parametrize("where", ["path", "query"])
+def test_a_url_longer_than_the_limit_is_refused_at_submit_naming_it(
+    tmp_path: Path, origin: Origin, where: str
+) -> None:
+    """A 100 KB URL was queued, stored and echoed whole in every listing, error, event and log
+    line of its item (the origin then answered 414). URLs are now bounded at submit, the file's
+    `url` as a model's `endpoint`, with a refusal that names the field and not the URL."""
+    long = "a" * (MAX_URL_CHARS + 1)
+    url = origin.url(long) if where == "path" else origin.url("m.bin") + "?v=" + long
+    svc = make_service(tmp_path)
+    with pytest.raises(InvalidSpec) as bad:
+        svc.submit(FileRequest(url, name="long"))
+    assert [v.field for v in bad.value.violations] == ["url"]
+    assert long not in str(bad.value) and str(MAX_URL_CHARS) in str(bad.value)
+    with pytest.raises(InvalidSpec) as bad:
+        svc.submit(GroupRequest("org/m", endpoint=origin.url(long)))
+    assert [v.field for v in bad.value.violations] == ["endpoint"]
+    assert svc.items() == [] and origin.requests == []
+    at_limit = origin.url("m.bin") + "?v=" + "a" * (MAX_URL_CHARS - len(origin.url("m.bin?v=")))
+    assert svc.run(svc.submit(FileRequest(at_limit, name="fits")).id).state is ItemState.READY
