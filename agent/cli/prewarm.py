@@ -28,7 +28,7 @@ from agent.prewarm import kinds
 from agent.prewarm.manifest import load_manifest
 from agent.prewarm.model import CacheItem, ItemState
 from agent.prewarm.source import SourceRequest
-from agent.prewarm.target import TargetSchema
+from agent.prewarm.target import FieldType, TargetSchema
 from agent.wire.prewarm import NOT_CARRIED
 
 if TYPE_CHECKING:
@@ -187,7 +187,9 @@ def _kind_command(schema: TargetSchema) -> click.Command:
     fields = [f for f in schema.by_name.values() if f.name != schema.source]
 
     def refuse(spec: str) -> Exception:
-        return click.BadParameter(f"{spec!r}: expected NAME=FILE", param_hint="--header")
+        return click.BadParameter(
+            f"{spec!r}: expected NAME=FILE, FILE an absolute path", param_hint="--header"
+        )
 
     @click.argument(schema.source)
     @kind_options.options(fields, fleet=False)
@@ -195,8 +197,15 @@ def _kind_command(schema: TargetSchema) -> click.Command:
     @output_option
     @click.pass_context
     def warm(ctx: click.Context, wait: bool, output: str, **given: Any) -> None:
-        request = schema.build(kind_options.values(schema, given, refuse))
-        _warm(ctx, [request], wait, output)
+        values = kind_options.values(schema, given, refuse)
+        for name, kind in schema.fields.items():  # the agent reads them on the node
+            if kind is FieldType.HEADERS:
+                relative = [
+                    f"{k}={v}" for k, v in values[name].items() if not Path(v).is_absolute()
+                ]
+                if relative:
+                    raise refuse(relative[0])
+        _warm(ctx, [schema.build(values)], wait, output)
 
     return click.command(schema.kind, help=schema.summary)(warm)
 
