@@ -91,9 +91,18 @@ class _Terminal:
             click.echo("", err=True)
 
 
+#: What becomes of items a command leaves unfinished when no agent serves the node: its own
+#: embedded agent stops with it, and the next agent to start takes them up.
+_UNSERVED = (
+    "no agent runs on this node: the items stay queued until one starts (gpu-agent serve, or "
+    "any gpu-agent command while it runs) and resume from their partial files"
+)
+
+
 def _warm(ctx: click.Context, requests: Sequence[Request], wait: bool, output: str) -> None:
     """Submit the requests as one operation, follow it, render its items; fail as it failed."""
-    client = _client(ctx)
+    obj: CliContext = ctx.obj
+    client = obj.agent()
     op = client.submit_prewarm(requests)
     ids = [i.item_id for i in op.prewarm]
     if wait and not op.done:
@@ -104,9 +113,14 @@ def _warm(ctx: click.Context, requests: Sequence[Request], wait: bool, output: s
                 op = update
         except KeyboardInterrupt:
             terminal.close()
-            click.echo(f"detached from {op.name}; the items stay with the agent", err=True)
+            if obj.embedded:
+                click.echo(f"interrupted: {op.name} stops with this command; {_UNSERVED}", err=True)
+            else:
+                click.echo(f"detached from {op.name}; the items stay with the agent", err=True)
             raise SystemExit(130) from None
         terminal.close()
+    elif not op.done and obj.embedded:
+        click.echo(_UNSERVED, err=True)
     by_id = {i.id: i for i in client.list_prewarm_items()}
     _emit_items([by_id[i] for i in ids if i in by_id], output)
     if op.done and op.error is not None:
