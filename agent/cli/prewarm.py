@@ -26,7 +26,7 @@ from agent.cli.render import emit, format_table, human_bytes, output_option, pla
 from agent.client import AgentClient
 from agent.prewarm import kinds
 from agent.prewarm.manifest import load_manifest
-from agent.prewarm.model import CacheItem, ItemState
+from agent.prewarm.model import CacheItem, ItemState, Warmth
 from agent.prewarm.source import SourceRequest
 from agent.prewarm.target import FieldType, TargetSchema
 from agent.wire.prewarm import NOT_CARRIED
@@ -128,11 +128,15 @@ def _warm(ctx: click.Context, requests: Sequence[Request], wait: bool, output: s
 
 
 def item_record(item: CacheItem) -> dict[str, Any]:
-    """An item for -o json/yaml: the fields the API carries, and for images how warm they are."""
+    """An item for -o json/yaml: the fields the API carries, and for images how warm they are
+    (an `unknown` image's layers were not counted: its counts are null, not 0)."""
     record: dict[str, Any] = {k: v for k, v in plain(item).items() if k not in NOT_CARRIED}
     warmth = item.image_warmth
     if warmth is not None:
-        record["warmth"] = {**plain(warmth), "ratio": warmth.ratio}
+        shown = plain(warmth)
+        if warmth.warmth is Warmth.UNKNOWN:
+            shown = {k: (v if k == "warmth" else None) for k, v in shown.items()}
+        record["warmth"] = {**shown, "ratio": warmth.ratio}
     return record
 
 
