@@ -61,6 +61,10 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128}")
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REPOSITORY = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
 _TAG = re.compile(r"\w[\w.-]{0,127}")
+# What of a registry's words an error may name: a short, well-formed media type (RFC 6838) or
+# platform word; anything else is the registry's bytes, not echoed.
+_MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,63}/[a-z0-9][a-z0-9!#$&^_.+-]{0,126}")
+_PLATFORM_WORD = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
 _MACHINE_ARCH = {
     "x86_64": "amd64",
     "amd64": "amd64",
@@ -260,9 +264,9 @@ def parse_manifest(body: bytes, content_type: str, digest: str) -> Manifest | In
             raise FetchFailed(f"{where}: an index without a manifests list")
         return Index(media_type, digest, tuple(_descriptor(m, where) for m in entries))
     if media_type not in (OCI_MANIFEST, DOCKER_MANIFEST) and "layers" not in data:
+        shown = repr(media_type) if _MEDIA_TYPE.fullmatch(media_type) else "(not shown)"
         raise FetchFailed(
-            f"{where}: unsupported media type {media_type!r} "
-            f"(want one of {', '.join(MANIFEST_TYPES)})"
+            f"{where}: unsupported media type {shown} (want one of {', '.join(MANIFEST_TYPES)})"
         )
     layers = data.get("layers")
     if not isinstance(layers, list):
@@ -278,6 +282,11 @@ def parse_manifest(body: bytes, content_type: str, digest: str) -> Manifest | In
     )
 
 
+def _word(value: Any) -> str:
+    """A platform word of a registry's index as an error may name it ("?" when malformed)."""
+    return value if isinstance(value, str) and _PLATFORM_WORD.fullmatch(value) else "?"
+
+
 def select_manifest(
     index: Index, arch: str, os_name: str = "linux", prefer_features: Sequence[str] = ()
 ) -> Descriptor:
@@ -290,7 +299,10 @@ def select_manifest(
     ]
     if not matching:
         have = sorted(
-            {f"{m.platform.get('os')}/{m.platform.get('architecture')}" for m in index.manifests}
+            {
+                f"{_word(m.platform.get('os'))}/{_word(m.platform.get('architecture'))}"
+                for m in index.manifests
+            }
         )
         raise NotFound(
             f"index {index.digest} has no {os_name}/{arch} manifest (it has: {', '.join(have)})"
