@@ -624,7 +624,9 @@ class PrewarmService:
             # An image's bytes are the runtime's to keep; a file's partial is ours to count.
             runtime = kinds.source_for(item.kind).layout is Layout.RUNTIME
             kept = "" if runtime else f", {outcome.kept} bytes kept"
-            error = f"{error} (retrying in {delay:.0f}s{kept})"
+            # When, not "in 30s": the row is read long after it was written.
+            due = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + delay))
+            error = f"{error} (retry due at {due}{kept})"
         else:
             self.store.discard_partial(item.id)
             with self._lock:

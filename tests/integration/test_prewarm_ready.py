@@ -226,6 +226,24 @@ def test_retries_exhausted_keep_the_partial_and_the_agent_retries(
     assert done.retry_at is None and done.attempts == 0
 
 
+def test_a_failed_items_error_names_when_its_retry_is_due_not_a_delay_that_goes_stale(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """A failed item's error said "(retrying in 30s, N bytes kept)", written once: `prewarm
+    list` ten minutes later still said "in 30s" (an hour's back-off "in 3600s" for the whole
+    hour), and with no agent running, long after the retry was due. It names the UTC time the
+    retry is due, as `retry_at` holds it."""
+    origin.add("big.bin", blob(2 * MIB, 15))
+    origin.faults.drop_after["/big.bin"] = MIB
+    clock = Clock()
+    svc = make_service(tmp_path, retries=0, clock=clock)
+    item = svc.run(svc.submit(FileRequest(origin.url("big.bin"), name="big")).id)
+    assert item.state is ItemState.FAILED and item.retry_at == clock.now + 30
+    due = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(clock.now + 30))
+    assert (item.error or "").endswith(f"(retry due at {due}, {MIB} bytes kept)"), item.error
+    assert "retrying in" not in (item.error or "")
+
+
 def test_a_failed_item_waiting_for_its_retry_can_be_cancelled(
     tmp_path: Path, origin: Origin
 ) -> None:
