@@ -348,3 +348,21 @@ def test_a_url_longer_than_the_limit_is_refused_at_submit_naming_it(
     assert svc.items() == [] and origin.requests == []
     at_limit = origin.url("m.bin") + "?v=" + "a" * (MAX_URL_CHARS - len(origin.url("m.bin?v=")))
     assert svc.run(svc.submit(FileRequest(at_limit, name="fits")).id).state is ItemState.READY
+
+
+@pytest.mark.parametrize("length", [256, 100_000])
+def test_an_image_name_longer_than_a_registry_takes_is_refused_without_echoing_it(
+    tmp_path: Path, length: int
+) -> None:
+    """An image name has at most 255 characters (the distribution reference grammar's
+    NameTotalLengthMax, which containerd applies). A longer one was queued and failed at pull
+    time, its reference stored and echoed in every listing and error; it is refused at submit
+    naming `image`, and the refusal does not repeat it."""
+    name = "registry.example.com/" + "a" * (length - len("registry.example.com/"))
+    puller = RecordingPuller()
+    svc = make_service(tmp_path, puller=puller)
+    with pytest.raises(InvalidSpec) as bad:
+        svc.submit(ImageRequest(name + ":1"))
+    assert [v.field for v in bad.value.violations] == ["image"]
+    assert "a" * 100 not in str(bad.value) and "255" in str(bad.value), bad.value
+    assert svc.items() == [] and puller.pulled == []
