@@ -59,6 +59,7 @@ from agent.prewarm.source import (
     without_retry,
 )
 from agent.prewarm.store import CacheStore
+from agent.redact import redact_text
 from agent.tasks import Need, Task
 
 log = logging.getLogger(__name__)
@@ -631,7 +632,9 @@ class PrewarmService:
             self.store.discard_partial(item.id)
             with self._lock:
                 self._started.pop(item.id, None)  # a new request starts the clock again
-        log.warning("prewarm of %s (%s) failed: %s", item.name, redact_url(item.source), error)
+        log.warning(
+            "prewarm of %s (%s) failed: %s", item.name, redact_url(item.source), redact_text(error)
+        )
         return self.index.update(
             item.id,
             state=ItemState.FAILED,
