@@ -26,9 +26,9 @@ from agent.cli.render import emit, format_table, human_bytes, output_option, pla
 from agent.client import AgentClient
 from agent.prewarm import kinds
 from agent.prewarm.manifest import load_manifest
-from agent.prewarm.model import CacheItem, ItemState
+from agent.prewarm.model import CacheItem, ItemState, Warmth
 from agent.prewarm.source import SourceRequest
-from agent.prewarm.target import TargetSchema
+from agent.prewarm.target import FieldType, TargetSchema
 from agent.wire.prewarm import NOT_CARRIED
 
 if TYPE_CHECKING:
@@ -91,9 +91,18 @@ class _Terminal:
             click.echo("", err=True)
 
 
+#: What becomes of items a command leaves unfinished when no agent serves the node: its own
+#: embedded agent stops with it, and the next agent to start takes them up.
+_UNSERVED = (
+    "no agent runs on this node: the items stay queued until one starts (gpu-agent serve, or "
+    "any gpu-agent command while it runs) and resume from their partial files"
+)
+
+
 def _warm(ctx: click.Context, requests: Sequence[Request], wait: bool, output: str) -> None:
     """Submit the requests as one operation, follow it, render its items; fail as it failed."""
-    client = _client(ctx)
+    obj: CliContext = ctx.obj
+    client = obj.agent()
     op = client.submit_prewarm(requests)
     ids = [i.item_id for i in op.prewarm]
     if wait and not op.done:
@@ -104,9 +113,14 @@ def _warm(ctx: click.Context, requests: Sequence[Request], wait: bool, output: s
                 op = update
         except KeyboardInterrupt:
             terminal.close()
-            click.echo(f"detached from {op.name}; the items stay with the agent", err=True)
+            if obj.embedded:
+                click.echo(f"interrupted: {op.name} stops with this command; {_UNSERVED}", err=True)
+            else:
+                click.echo(f"detached from {op.name}; the items stay with the agent", err=True)
             raise SystemExit(130) from None
         terminal.close()
+    elif not op.done and obj.embedded:
+        click.echo(_UNSERVED, err=True)
     by_id = {i.id: i for i in client.list_prewarm_items()}
     _emit_items([by_id[i] for i in ids if i in by_id], output)
     if op.done and op.error is not None:
@@ -114,11 +128,15 @@ def _warm(ctx: click.Context, requests: Sequence[Request], wait: bool, output: s
 
 
 def item_record(item: CacheItem) -> dict[str, Any]:
-    """An item for -o json/yaml: the fields the API carries, and for images how warm they are."""
+    """An item for -o json/yaml: the fields the API carries, and for images how warm they are
+    (an `unknown` image's layers were not counted: its counts are null, not 0)."""
     record: dict[str, Any] = {k: v for k, v in plain(item).items() if k not in NOT_CARRIED}
     warmth = item.image_warmth
     if warmth is not None:
-        record["warmth"] = {**plain(warmth), "ratio": warmth.ratio}
+        shown = plain(warmth)
+        if warmth.warmth is Warmth.UNKNOWN:
+            shown = {k: (v if k == "warmth" else None) for k, v in shown.items()}
+        record["warmth"] = {**shown, "ratio": warmth.ratio}
     return record
 
 
@@ -187,7 +205,9 @@ def _kind_command(schema: TargetSchema) -> click.Command:
     fields = [f for f in schema.by_name.values() if f.name != schema.source]
 
     def refuse(spec: str) -> Exception:
-        return click.BadParameter(f"{spec!r}: expected NAME=FILE", param_hint="--header")
+        return click.BadParameter(
+            f"{spec!r}: expected NAME=FILE, FILE an absolute path", param_hint="--header"
+        )
 
     @click.argument(schema.source)
     @kind_options.options(fields, fleet=False)
@@ -195,8 +215,15 @@ def _kind_command(schema: TargetSchema) -> click.Command:
     @output_option
     @click.pass_context
     def warm(ctx: click.Context, wait: bool, output: str, **given: Any) -> None:
-        request = schema.build(kind_options.values(schema, given, refuse))
-        _warm(ctx, [request], wait, output)
+        values = kind_options.values(schema, given, refuse)
+        for name, kind in schema.fields.items():  # the agent reads them on the node
+            if kind is FieldType.HEADERS:
+                relative = [
+                    f"{k}={v}" for k, v in values[name].items() if not Path(v).is_absolute()
+                ]
+                if relative:
+                    raise refuse(relative[0])
+        _warm(ctx, [schema.build(values)], wait, output)
 
     return click.command(schema.kind, help=schema.summary)(warm)
 

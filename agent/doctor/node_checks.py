@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 import stat
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from agent.doctor import kube_checks
 from agent.doctor.facts import NEEDS_NVML, Facts, degraded, failed, ok
 from agent.dra.mode import AllocationMode
 from agent.errors import AgentError, InvalidSpec
+from agent.prewarm.policy import redact_url
 from agent.prewarm.private_images import (
     ALWAYS_VERIFY,
     POLICY_FIELD,
@@ -347,15 +350,47 @@ def prewarm_nydus(facts: Facts) -> Check:
 
 
 def prewarm_dragonfly(facts: Facts) -> Check:
-    socket = facts.config.prewarm.dragonfly_socket
-    return _optional_socket_check(
+    """Where file bytes come from: dfdaemon's socket, else its proxy, else the origins. A
+    configured dfdaemon that does not answer fails every file fetch (there is no fallback to
+    the origins), so it is degraded saying so."""
+    settings = facts.config.prewarm
+    fail = "file fetches fail until it answers (they go to dfdaemon, not to the origins)"
+    if settings.dragonfly_socket is None and settings.dragonfly_proxy is None:
+        off = "off (prewarm.dragonfly_socket and prewarm.dragonfly_proxy unset)"
+        return ok(P, "dragonfly", f"{off}: files come from origins")
+    if settings.dragonfly_socket is not None:  # used even when a proxy is set too
+        return _optional_socket_check(
+            "dragonfly",
+            "dragonfly_socket",
+            settings.dragonfly_socket,
+            off="",
+            found=f"dfdaemon socket {settings.dragonfly_socket}",
+            missing=f"no dfdaemon socket at {settings.dragonfly_socket}: {fail}",
+        )
+    assert settings.dragonfly_proxy is not None
+    proxy = redact_url(settings.dragonfly_proxy)
+    why = _unreachable(settings.dragonfly_proxy)
+    if why is None:
+        return ok(P, "dragonfly", f"dfdaemon proxy {proxy} accepts connections")
+    return degraded(
+        P,
         "dragonfly",
-        "dragonfly_socket",
-        socket,
-        off="files come from origins",
-        found=f"dfdaemon socket {socket}",
-        missing=f"no dfdaemon socket at {socket}: files are fetched from origins directly",
+        f"dfdaemon proxy {proxy} unreachable ({why}): {fail}",
+        "start dfdaemon's proxy there, or unset prewarm.dragonfly_proxy",
     )
+
+
+def _unreachable(url: str) -> str | None:
+    """Why a TCP connection to ``url``'s host and port fails within a second (None: it opens)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        with socket.create_connection((parts.hostname or "", port), timeout=1.0):
+            return None
+    except ValueError as exc:  # a port out of range
+        return str(exc)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
 
 
 def prewarm_egress(facts: Facts) -> Check:

@@ -30,6 +30,7 @@ from agent.prewarm.docker_auth import credentials_for, registry_host
 from agent.prewarm.errors import Cancelled, FetchFailed
 from agent.prewarm.ports import PullResult
 from agent.prewarm.private_images import DEFAULT_RULE, PrivateImageRule
+from agent.redact import redact_text
 
 RUNTIME_HANDLER_ANNOTATION = "io.containerd.cri.runtime-handler"
 PINNED_LABEL = "io.cri-containerd.pinned"
@@ -203,7 +204,9 @@ class CriPuller:
         (retried by the agent with back-off) when the runtime or the registry may come back,
         final otherwise; a pin's or an eviction's is the caller's to see, not a fetch's."""
         code = exc.code() if isinstance(exc, grpc.Call) else None
-        details = (exc.details() if isinstance(exc, grpc.Call) else str(exc)) or ""
+        # containerd names the URLs it requested: a registry's redirect to a presigned object
+        # store URL carries its signature in the query, which no row, reply or log keeps.
+        details = redact_text((exc.details() if isinstance(exc, grpc.Call) else str(exc)) or "")
         if code in _RUNTIME_DOWN:
             if not self._socket.exists():  # gRPC's words for it are three lines of addresses
                 details = "no socket there (containerd not running, or not mounted into the agent)"

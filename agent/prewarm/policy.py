@@ -41,6 +41,21 @@ _OPEN_SETTING = "prewarm.egress_allow"
 _HOST_PATTERN = re.compile(r"[a-z0-9*?_-][a-z0-9*?._-]*")
 
 
+#: The longest URL taken, a request's or a redirect's: an HTTP server's request-line limit
+#: (nginx's and Apache's 8 KiB); a signed object-store URL is a few KiB. A longer one would be
+#: stored, and echoed in every listing, error, event and log line of its item, to fail anyway.
+MAX_URL_CHARS = 8192
+
+
+def check_length(url: str, field: str = "url") -> None:
+    """Refuse a URL longer than `MAX_URL_CHARS`, naming ``field`` and not echoing the URL."""
+    if len(url) > MAX_URL_CHARS:
+        raise InvalidSpec(
+            f"{field}: a URL of {len(url)} characters; at most {MAX_URL_CHARS} are taken",
+            [FieldViolation(field, f"a URL of at most {MAX_URL_CHARS} characters")],
+        )
+
+
 def is_host_pattern(text: str) -> bool:
     """A host list entry: a CIDR or address, or a host name or glob."""
     return _as_network(text) is not None or bool(_HOST_PATTERN.fullmatch(text.lower()))
@@ -119,6 +134,7 @@ class UrlPolicy:
 
     def check_static(self, url: str, field: str = "url") -> tuple[str, str, int]:
         """Scheme, host and port of ``url`` if its form and host pass; no DNS lookup."""
+        check_length(url, field)
         parts = urlsplit(url)
         http_host = (parts.hostname or "").lower().rstrip(".")
         if parts.scheme not in self.schemes and not (

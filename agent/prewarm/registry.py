@@ -61,6 +61,14 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128}")
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REPOSITORY = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
 _TAG = re.compile(r"\w[\w.-]{0,127}")
+#: distribution/reference's NameTotalLengthMax, which containerd applies: the name as written,
+#: registry included; a whole reference adds at most a tag of 128 and a sha512 digest.
+_NAME_MAX = 255
+_MAX_REFERENCE = _NAME_MAX + 1 + 128 + 1 + len("sha512:") + 128
+# What of a registry's words an error may name: a short, well-formed media type (RFC 6838) or
+# platform word; anything else is the registry's bytes, not echoed.
+_MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,63}/[a-z0-9][a-z0-9!#$&^_.+-]{0,126}")
+_PLATFORM_WORD = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
 _MACHINE_ARCH = {
     "x86_64": "amd64",
     "amd64": "amd64",
@@ -121,6 +129,8 @@ class ImageName:
 def parse_reference(ref: str, insecure: Sequence[str] = ()) -> ImageName:
     """Split an image reference; ``insecure`` are registries (host or host:port globs) on http."""
     bad = [FieldViolation("image", "e.g. registry.example.com/team/server:1.4 or …@sha256:<hex>")]
+    if len(ref) > _MAX_REFERENCE:  # before any refusal repeats it
+        raise InvalidSpec(_too_long(len(ref)), bad)
     rest, at, digest = ref.partition("@")
     if at and not _DIGEST.fullmatch(digest):
         raise InvalidSpec(f"image reference {ref!r} has a malformed digest", bad)
@@ -131,6 +141,9 @@ def parse_reference(ref: str, insecure: Sequence[str] = ()) -> ImageName:
         name, tag = path, ""
     if colon and tag and not _TAG.fullmatch(tag):
         raise InvalidSpec(f"image reference {ref!r} has a malformed tag", bad)
+    written = len(rest) - (len(tag) + 1 if tag else 0)  # the name as given, registry included
+    if written > _NAME_MAX:
+        raise InvalidSpec(_too_long(written), bad)
     if registry == DOCKER_HUB and "/" not in name:
         name = f"library/{name}"
     if not _REPOSITORY.fullmatch(name):
@@ -138,6 +151,13 @@ def parse_reference(ref: str, insecure: Sequence[str] = ()) -> ImageName:
     api_host = DOCKER_HUB_API if registry == DOCKER_HUB else registry
     scheme = "http" if is_insecure(api_host, insecure) else "https"
     return ImageName(ref, registry, api_host, name, tag or None, digest or None, scheme)
+
+
+def _too_long(chars: int) -> str:
+    return (
+        f"image reference of {chars} characters: a name (registry and repository) takes at most "
+        f"{_NAME_MAX}, a tag 128"
+    )
 
 
 def is_insecure(host_port: str, insecure: Sequence[str]) -> bool:
@@ -260,9 +280,9 @@ def parse_manifest(body: bytes, content_type: str, digest: str) -> Manifest | In
             raise FetchFailed(f"{where}: an index without a manifests list")
         return Index(media_type, digest, tuple(_descriptor(m, where) for m in entries))
     if media_type not in (OCI_MANIFEST, DOCKER_MANIFEST) and "layers" not in data:
+        shown = repr(media_type) if _MEDIA_TYPE.fullmatch(media_type) else "(not shown)"
         raise FetchFailed(
-            f"{where}: unsupported media type {media_type!r} "
-            f"(want one of {', '.join(MANIFEST_TYPES)})"
+            f"{where}: unsupported media type {shown} (want one of {', '.join(MANIFEST_TYPES)})"
         )
     layers = data.get("layers")
     if not isinstance(layers, list):
@@ -278,6 +298,11 @@ def parse_manifest(body: bytes, content_type: str, digest: str) -> Manifest | In
     )
 
 
+def _word(value: Any) -> str:
+    """A platform word of a registry's index as an error may name it ("?" when malformed)."""
+    return value if isinstance(value, str) and _PLATFORM_WORD.fullmatch(value) else "?"
+
+
 def select_manifest(
     index: Index, arch: str, os_name: str = "linux", prefer_features: Sequence[str] = ()
 ) -> Descriptor:
@@ -290,7 +315,10 @@ def select_manifest(
     ]
     if not matching:
         have = sorted(
-            {f"{m.platform.get('os')}/{m.platform.get('architecture')}" for m in index.manifests}
+            {
+                f"{_word(m.platform.get('os'))}/{_word(m.platform.get('architecture'))}"
+                for m in index.manifests
+            }
         )
         raise NotFound(
             f"index {index.digest} has no {os_name}/{arch} manifest (it has: {', '.join(have)})"

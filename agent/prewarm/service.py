@@ -59,6 +59,7 @@ from agent.prewarm.source import (
     without_retry,
 )
 from agent.prewarm.store import CacheStore
+from agent.redact import redact_text
 from agent.tasks import Need, Task
 
 log = logging.getLogger(__name__)
@@ -354,13 +355,19 @@ class PrewarmService:
         return kinds.source_for(item.kind).evict(item, by, self)
 
     def delete(self, id_or_name: str, by: Actor | None = None) -> CacheItem:
-        """Remove an item from the inventory: a ready one is evicted first (same refusals), a
-        queued one loses its partial; a fetching one must be cancelled first."""
+        """Remove an item from the inventory: a ready one is evicted first (same refusals)
+        unless other ready items stand on its blob (they keep it), a queued one loses its
+        partial; a fetching one must be cancelled first."""
         item = self.index.find(id_or_name)
         check_may_undo(by, item.owner_role, item.name, "delete")
         if item.state is ItemState.FETCHING:
             raise Conflict(f"{item.name} is fetching; cancel it first")
-        if item.state is ItemState.READY:
+        ready = item.state is ItemState.READY
+        if ready and item.pinned:
+            raise Conflict(f"{item.name} is pinned; unpin first")
+        # Evicting a blob evicts every name on it: other items on it keep it.
+        kept = item.sha256 is not None and len(self.store.on_blob(item.sha256)) > 1
+        if ready and not (kept and self.store.layout(item) is Layout.BLOB):
             self.evict(item.id, by)
         self.index.delete(item.id)
         self.store.discard_partial(item.id)
@@ -618,12 +625,16 @@ class PrewarmService:
             # An image's bytes are the runtime's to keep; a file's partial is ours to count.
             runtime = kinds.source_for(item.kind).layout is Layout.RUNTIME
             kept = "" if runtime else f", {outcome.kept} bytes kept"
-            error = f"{error} (retrying in {delay:.0f}s{kept})"
+            # When, not "in 30s": the row is read long after it was written.
+            due = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + delay))
+            error = f"{error} (retry due at {due}{kept})"
         else:
             self.store.discard_partial(item.id)
             with self._lock:
                 self._started.pop(item.id, None)  # a new request starts the clock again
-        log.warning("prewarm of %s (%s) failed: %s", item.name, redact_url(item.source), error)
+        log.warning(
+            "prewarm of %s (%s) failed: %s", item.name, redact_url(item.source), redact_text(error)
+        )
         return self.index.update(
             item.id,
             state=ItemState.FAILED,

@@ -62,6 +62,16 @@ class Target:
     sha256: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What the item a request names shows every reader, told without the node: its source
+    as `Source.describe` shows it and the sha256 the request pins (None: any). A coordinator
+    compares it with a node's item of the same name (agent/coordinator/rollout/targets.py)."""
+
+    shown: str
+    sha256: str | None = None
+
+
 class Work(Protocol):
     """What a `Source` may use of the service that runs it (the service itself)."""
 
@@ -233,6 +243,12 @@ class Source(abc.ABC):
     def describe(self, item: CacheItem) -> str:
         """The item's source as readers see it: no signature or user info."""
         return redact_url(item.source)
+
+    def claim(self, request: SourceRequest) -> Claim | None:
+        """The `Claim` of ``request``'s item: its source as `describe` will show it (the
+        `Target.source` of `target`, which may need the node). None when the kind cannot tell
+        it without the node: then only the item name is compared."""
+        return None
 
 
 _RETRY_OPTIONS = ("retry_at", "attempts")

@@ -18,8 +18,10 @@ from agent.prewarm.headers import (
     read_header_files,
 )
 from agent.prewarm.model import CacheItem, FileRequest, ItemKind, ItemState
+from agent.prewarm.policy import check_length, redact_url
 from agent.prewarm.sink import Sink
 from agent.prewarm.source import (
+    Claim,
     Failed,
     Outcome,
     Ready,
@@ -54,6 +56,7 @@ class FileSource(Source):
 
     def check(self, request: SourceRequest) -> None:
         assert isinstance(request, FileRequest)
+        check_length(request.url)
         if request.sha256 is not None and not _SHA256.fullmatch(request.sha256):
             raise InvalidSpec(
                 "sha256 must be 64 lowercase hex digits",
@@ -81,6 +84,10 @@ class FileSource(Source):
 
     def identity(self, item: CacheItem, work: Work) -> str:
         return work.identity(item.source)
+
+    def claim(self, request: SourceRequest) -> Claim:
+        assert isinstance(request, FileRequest)
+        return Claim(redact_url(request.url), request.sha256)
 
     def shortcut(self, item: CacheItem, work: Work) -> CacheItem | None:
         size = work.store.blob_size(item.expected_sha256) if item.expected_sha256 else None

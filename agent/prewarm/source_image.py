@@ -27,6 +27,7 @@ from agent.prewarm.model import (
 )
 from agent.prewarm.registry import parse_reference
 from agent.prewarm.source import (
+    Claim,
     Failed,
     Outcome,
     Ready,
@@ -106,6 +107,10 @@ class ImageSource(Source):
 
     def describe(self, item: CacheItem) -> str:
         return item.source  # a reference has no query or user info: shown whole
+
+    def claim(self, request: SourceRequest) -> Claim:
+        assert isinstance(request, ImageRequest)
+        return Claim(request.ref)
 
     def unready(self, item: CacheItem, work: Work, verify_digest: bool = False) -> str | None:
         puller = work.puller

@@ -24,7 +24,9 @@ from agent.prewarm.headers import (
 )
 from agent.prewarm.model import CacheItem, GroupRequest, ItemKind, Layout
 from agent.prewarm.partial import MemberPartial
+from agent.prewarm.policy import check_length, redact_url
 from agent.prewarm.source import (
+    Claim,
     Failed,
     Outcome,
     Ready,
@@ -60,6 +62,7 @@ class ModelSource(Source):
         assert isinstance(request, GroupRequest)
         check_repo(request.repo, request.revision)
         check_include(request.include)
+        check_length(request.endpoint, "endpoint")
         # Paths are appended to it: after a query or fragment they would land there instead.
         if not request.endpoint.startswith(("https://", "http://")) or any(
             c in request.endpoint for c in "?#"
@@ -74,7 +77,7 @@ class ModelSource(Source):
     def validate(self, request: SourceRequest, work: Work) -> None:
         assert isinstance(request, GroupRequest)
         listing = listing_url(request.endpoint, request.repo, request.revision)
-        work.policy.check(listing)
+        work.policy.check(listing, "endpoint")  # refusals name the field the user gave
         read_header_files(request.header_files, work.header_dirs, listing)
 
     def target(self, request: SourceRequest, work: Work) -> Target:
@@ -94,6 +97,10 @@ class ModelSource(Source):
             include=json.dumps(list(request.include)),
         )
         return Target(source=source, identity=source, pretty=pretty, options=options)
+
+    def claim(self, request: SourceRequest) -> Claim:
+        assert isinstance(request, GroupRequest)
+        return Claim(redact_url(listing_url(request.endpoint, request.repo, request.revision)))
 
     def evict(self, item: CacheItem, by: Actor | None, work: Work) -> CacheItem:
         if item.pinned:

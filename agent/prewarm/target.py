@@ -42,7 +42,7 @@ class FieldType(enum.Enum):
     FLAG = "true or false"
     HOURS = "a number of hours > 0"
     GLOBS = "a list of globs"
-    HEADERS = "a mapping header name -> file path"
+    HEADERS = "a mapping header name -> absolute file path on the node"
     PULL_POLICY = "one of " + ", ".join(p.value for p in PullPolicy)
 
     def accepts(self, value: Any) -> bool:
@@ -56,7 +56,8 @@ class FieldType(enum.Enum):
             return isinstance(value, list | tuple) and all(isinstance(g, str) for g in value)
         if self is FieldType.HEADERS:
             return isinstance(value, Mapping) and all(
-                isinstance(k, str) and isinstance(v, str | Path) for k, v in value.items()
+                isinstance(k, str) and isinstance(v, str | Path) and Path(v).is_absolute()
+                for k, v in value.items()
             )
         return value == "" or value in {p.value for p in PullPolicy}  # "": the default
 

@@ -331,6 +331,13 @@ class ItemStatus:
     #: an image's warmth (full, partial, bootstrap-only, unknown, unspecified); None when the
     #: agent reports none (a file, or an agent from before image warmth)
     warmth: str | None
+    #: its kind (file, image, group; `UNKNOWN_KIND` for one this client does not know)
+    kind: str = UNKNOWN_KIND
+    #: its source as readers see it (a URL without query or user info, an image reference)
+    source: str = ""
+    #: the digest of its content, and the one its request pinned ("" when none)
+    sha256: str = ""
+    expected_sha256: str = ""
 
     @property
     def warm(self) -> bool:
@@ -351,7 +358,16 @@ def _warmth_word(level: int) -> str:
 
 def item_status_from(pb: cache_pb2.CacheItem) -> ItemStatus:
     warmth = _warmth_word(pb.image_warmth.level) if pb.HasField("image_warmth") else None
-    return ItemStatus(pb.name, pb.state == cache_pb2.CACHE_ITEM_STATE_READY, pb.error, warmth)
+    return ItemStatus(
+        pb.name,
+        pb.state == cache_pb2.CACHE_ITEM_STATE_READY,
+        pb.error,
+        warmth,
+        kind=_KINDS_FROM.get(pb.kind, UNKNOWN_KIND),
+        source=pb.source,
+        sha256=pb.sha256,
+        expected_sha256=pb.expected_sha256,
+    )
 
 
 @dataclass(frozen=True, slots=True)

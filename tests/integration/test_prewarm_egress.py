@@ -17,7 +17,7 @@ from agent.errors import InvalidSpec, PermissionDenied
 from agent.prewarm.errors import FetchFailed
 from agent.prewarm.fetch_http import FetchSpec, HttpFetcher
 from agent.prewarm.model import FileRequest, GroupRequest, ImageRequest, ItemState
-from agent.prewarm.policy import UrlPolicy
+from agent.prewarm.policy import MAX_URL_CHARS, UrlPolicy
 from agent.prewarm.sink import DigestSink
 from tests.integration.prewarm_fixtures.agent import LOOPBACK, RecordingPuller, make_service
 from tests.integration.prewarm_fixtures.origin import Origin
@@ -275,6 +275,26 @@ def test_a_header_value_http_cannot_carry_is_refused_at_submit(
     assert svc.items() == [] and origin.requests == []
 
 
+@pytest.mark.parametrize("endpoint", ["user", "creds", "http"])
+def test_a_model_endpoint_the_policy_refuses_is_named_endpoint(
+    tmp_path: Path, origin: Origin, endpoint: str
+) -> None:
+    """`prewarm model --endpoint http://...` on a node without allow_http was refused as
+    'url: scheme ... is not allowed', naming a field the model has not: the policy checked
+    the listing URL made from the endpoint under the file's field name."""
+    url = {
+        "user": "https://user@hub.example",
+        "creds": "https://user:pw@hub.example",
+        "http": origin.url(""),
+    }[endpoint]
+    svc = make_service(tmp_path, policy=UrlPolicy(allow_http=False, egress_allow=LOOPBACK))
+    with pytest.raises(InvalidSpec) as bad:
+        svc.submit(GroupRequest("org/m", endpoint=url))
+    assert [v.field for v in bad.value.violations] == ["endpoint"], bad.value
+    assert str(bad.value).startswith("endpoint:"), bad.value
+    assert svc.items() == [] and origin.requests == []
+
+
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -306,3 +326,43 @@ def _ignore(done: int, total: int | None) -> None:
 
 def _never() -> bool:
     return False
+
+
+@pytest.mark.parametrize("where", ["path", "query"])
+def test_a_url_longer_than_the_limit_is_refused_at_submit_naming_it(
+    tmp_path: Path, origin: Origin, where: str
+) -> None:
+    """A 100 KB URL was queued, stored and echoed whole in every listing, error, event and log
+    line of its item (the origin then answered 414). URLs are now bounded at submit, the file's
+    `url` as a model's `endpoint`, with a refusal that names the field and not the URL."""
+    long = "a" * (MAX_URL_CHARS + 1)
+    url = origin.url(long) if where == "path" else origin.url("m.bin") + "?v=" + long
+    svc = make_service(tmp_path)
+    with pytest.raises(InvalidSpec) as bad:
+        svc.submit(FileRequest(url, name="long"))
+    assert [v.field for v in bad.value.violations] == ["url"]
+    assert long not in str(bad.value) and str(MAX_URL_CHARS) in str(bad.value)
+    with pytest.raises(InvalidSpec) as bad:
+        svc.submit(GroupRequest("org/m", endpoint=origin.url(long)))
+    assert [v.field for v in bad.value.violations] == ["endpoint"]
+    assert svc.items() == [] and origin.requests == []
+    at_limit = origin.url("m.bin") + "?v=" + "a" * (MAX_URL_CHARS - len(origin.url("m.bin?v=")))
+    assert svc.run(svc.submit(FileRequest(at_limit, name="fits")).id).state is ItemState.READY
+
+
+@pytest.mark.parametrize("length", [256, 100_000])
+def test_an_image_name_longer_than_a_registry_takes_is_refused_without_echoing_it(
+    tmp_path: Path, length: int
+) -> None:
+    """An image name has at most 255 characters (the distribution reference grammar's
+    NameTotalLengthMax, which containerd applies). A longer one was queued and failed at pull
+    time, its reference stored and echoed in every listing and error; it is refused at submit
+    naming `image`, and the refusal does not repeat it."""
+    name = "registry.example.com/" + "a" * (length - len("registry.example.com/"))
+    puller = RecordingPuller()
+    svc = make_service(tmp_path, puller=puller)
+    with pytest.raises(InvalidSpec) as bad:
+        svc.submit(ImageRequest(name + ":1"))
+    assert [v.field for v in bad.value.violations] == ["image"]
+    assert "a" * 100 not in str(bad.value) and "255" in str(bad.value), bad.value
+    assert svc.items() == [] and puller.pulled == []

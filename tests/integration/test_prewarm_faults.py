@@ -216,3 +216,27 @@ def test_manifest_applies_every_item(tmp_path: Path, origin: Origin) -> None:
         ("a", "ready"),
         ("a-copy", "ready"),
     ]
+
+
+def test_a_warm_left_unfinished_with_no_agent_running_says_who_takes_it_up(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """With no agent serving the node, the command's own embedded agent stops with it. Ctrl-C
+    still said 'detached from ...; the items stay with the agent', as if a fetch went on, and
+    `--no-wait` said nothing while its item waited for an agent nobody ran. Both now say that
+    no agent runs and that the items wait queued for the next one."""
+    origin.add("slow.bin", data(8 * MIB))
+    origin.faults.rate_bps["/slow.bin"] = 256 * 1024
+    env = cli.agent_env(tmp_path)
+    proc = cli.spawn(["prewarm", "file", origin.url("slow.bin"), "--name", "slow"], env)
+    partial_dir = tmp_path / "cache" / "partial"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not list(partial_dir.glob("*.part")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "no agent runs on this node" in err and "stay with the agent" not in err, err
+    queued = cli.run(["prewarm", "file", origin.url("m.bin"), "--name", "m", "--no-wait"], env)
+    assert queued.returncode == 0, queued.stderr
+    assert "no agent runs on this node: the items stay queued" in queued.stderr, queued.stderr

@@ -4,19 +4,22 @@ real local docker-registry; the image is built with umoci and pushed with skopeo
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from agent.errors import AgentError
 from agent.prewarm.errors import FetchFailed
 from agent.prewarm.images import CriPuller, auth_for, registry_host
 from agent.prewarm.model import ImageRequest, ItemState
+from agent.prewarm.ports import PullResult
 from tests.integration.prewarm_fixtures import cri
-from tests.integration.prewarm_fixtures.agent import make_service
+from tests.integration.prewarm_fixtures.agent import RecordingPuller, make_service
 
 pytestmark = [
     pytest.mark.integration,
@@ -69,7 +72,7 @@ def test_an_unreachable_registry_or_runtime_is_retried_as_a_file_is(
     down = svc.run(svc.submit(ImageRequest(f"127.0.0.1:{port}/serving/model:1", name="r")).id)
     closed.close()
     assert down.state is ItemState.FAILED and "connection refused" in (down.error or "")
-    assert down.retry_at is not None and "retrying in" in (down.error or ""), down.error
+    assert down.retry_at is not None and "retry due at" in (down.error or ""), down.error
     svc._puller = CriPuller(tmp_path / "containerd-restarting.sock")
     ref = f"{cluster.registry}/serving/other:1"
     gone = svc.run(svc.submit(ImageRequest(ref, name="c")).id)
@@ -96,3 +99,59 @@ def test_docker_config_auth_is_found_for_the_registry(tmp_path: Path) -> None:
     assert other is not None and other.username == "a"
     assert auth_for("elsewhere.io/x:1", cfg) is None
     assert registry_host("localhost:5000/x") == "localhost:5000"
+
+
+class _CriError(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+    """What containerd answers a failed PullImage with: a code and its error text."""
+
+    def __init__(self, details: str) -> None:
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNKNOWN
+
+    def details(self) -> str:
+        return self._details
+
+    def initial_metadata(self) -> None: ...
+    def trailing_metadata(self) -> None: ...
+    def is_active(self) -> bool:
+        return False
+
+    def time_remaining(self) -> None: ...
+    def cancel(self) -> bool:
+        return False
+
+    def add_callback(self, callback: object) -> bool:
+        return False
+
+
+def test_a_signed_blob_url_in_containerds_pull_error_is_redacted_in_the_item_and_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A registry such as ECR answers a blob GET with a redirect to a presigned object-store
+    URL; when that answers 403 (expired), containerd's error names the URL it requested last,
+    signature and session token included. The agent put containerd's text as it was into the
+    item's error row and its log line ("prewarm of x failed: ..."); the API reply alone was
+    redacted. The URL's query is now dropped where the error is made."""
+    signed = (
+        "https://bucket.s3.amazonaws.com/blobs/sha256/ab?X-Amz-Security-Token=SESSIONTOKEN"
+        "&X-Amz-Signature=SIGNATURE"
+    )
+    details = (
+        'failed to pull and unpack image "r.example/app:1": failed to copy: httpReadSeeker: '
+        f"failed open: unexpected status code {signed}: 403 Forbidden"
+    )
+
+    class FailingPuller(RecordingPuller):
+        def pull(self, ref: str, runtime_handler: str | None) -> PullResult:
+            raise CriPuller(tmp_path / "cri.sock")._error(_CriError(details), ref, pulling=True)
+
+    svc = make_service(tmp_path, puller=FailingPuller())
+    with caplog.at_level(logging.WARNING, logger="agent"):
+        item = svc.run(svc.submit(ImageRequest("r.example/app:1", name="app")).id)
+    assert item.state is ItemState.FAILED and "403 Forbidden" in (item.error or "")
+    assert "https://bucket.s3.amazonaws.com/blobs/sha256/ab?…" in (item.error or "")
+    for text in (item.error or "", caplog.text):
+        assert "SESSIONTOKEN" not in text and "SIGNATURE" not in text, text
+    assert "prewarm of app" in caplog.text

@@ -226,6 +226,24 @@ def test_retries_exhausted_keep_the_partial_and_the_agent_retries(
     assert done.retry_at is None and done.attempts == 0
 
 
+def test_a_failed_items_error_names_when_its_retry_is_due_not_a_delay_that_goes_stale(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """A failed item's error said "(retrying in 30s, N bytes kept)", written once: `prewarm
+    list` ten minutes later still said "in 30s" (an hour's back-off "in 3600s" for the whole
+    hour), and with no agent running, long after the retry was due. It names the UTC time the
+    retry is due, as `retry_at` holds it."""
+    origin.add("big.bin", blob(2 * MIB, 15))
+    origin.faults.drop_after["/big.bin"] = MIB
+    clock = Clock()
+    svc = make_service(tmp_path, retries=0, clock=clock)
+    item = svc.run(svc.submit(FileRequest(origin.url("big.bin"), name="big")).id)
+    assert item.state is ItemState.FAILED and item.retry_at == clock.now + 30
+    due = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(clock.now + 30))
+    assert (item.error or "").endswith(f"(retry due at {due}, {MIB} bytes kept)"), item.error
+    assert "retrying in" not in (item.error or "")
+
+
 def test_a_failed_item_waiting_for_its_retry_can_be_cancelled(
     tmp_path: Path, origin: Origin
 ) -> None:
@@ -419,6 +437,30 @@ def test_prewarm_delete_removes_an_item(tmp_path: Path, origin: Origin) -> None:
     assert svc.items() == []
     assert ready.sha256 is not None and not svc.store.blob_path(ready.sha256).exists()
     assert not svc.store.name_path("r").exists()
+
+
+def test_prewarm_delete_of_one_name_keeps_another_item_on_the_same_blob(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """Two items, two URLs, the same bytes: one blob. `prewarm delete a` evicted the blob and
+    with it `b`, another item nobody asked to remove (its label and by-name link gone, a
+    pod's affinity broken), while its reply showed only `a`. Deleting `a` now removes `a`
+    alone; `b` stays ready on the blob, and deleting `b` then frees it."""
+    data = blob(MIB, 14)
+    origin.add("a.bin", data)
+    origin.add("b.bin", data)
+    svc = make_service(tmp_path)
+    a = svc.run(svc.submit(FileRequest(origin.url("a.bin"), name="a")).id)
+    b = svc.run(svc.submit(FileRequest(origin.url("b.bin"), name="b")).id)
+    assert a.sha256 == b.sha256 is not None
+    svc.delete("a")
+    assert [(i.name, i.state) for i in svc.items()] == [("b", ItemState.READY)]
+    assert svc.store.blob_path(b.sha256).exists() and svc.store.name_path("b").exists()
+    assert not svc.store.name_path("a").exists()
+    assert label_key("b") in node_labels(svc.items())
+    assert svc.submit(FileRequest(origin.url("b.bin"), name="b")).hits == 1  # still a hit
+    svc.delete("b")
+    assert svc.items() == [] and not svc.store.blob_path(b.sha256).exists()
 
 
 def test_prewarm_delete_refuses_a_pinned_item(tmp_path: Path, origin: Origin) -> None:

@@ -22,7 +22,7 @@ from agent.coordinator.rollout import claims
 from agent.coordinator.rollout.execute import NodeAction, NodeResult, Notes
 from agent.coordinator.rollout.record import RolloutRecord
 from agent.coordinator.rollout.schedule import NodeState
-from agent.coordinator.rollout.targets import target_name
+from agent.coordinator.rollout.targets import held_elsewhere, target_name
 from agent.dra.mode import AllocationMode
 from agent.errors import AgentError, Conflict, DriverNotReady, InvalidSpec
 from agent.gpu.types import GpuLayout
@@ -355,10 +355,19 @@ async def _preview_power(client: AgentClient, record: RolloutRecord, node: str) 
 
 
 async def _preview_prewarm(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:
-    items = (await client.node()).cache
-    ready = {i.name for i in items if i.warm}
-    names = [target_name(t) for t in prewarm_targets(record)]
-    missing = [n for n in names if not n or n not in ready]
+    """Unchanged when every target's item is warm and is that target's; refused, as the
+    node's agent would refuse it, where its name holds another source's item."""
+    held = {i.name: i for i in (await client.node()).cache}
+    targets = prewarm_targets(record)
+    names = [target_name(t) for t in targets]
+    refused = [
+        why
+        for t, n in zip(targets, names, strict=True)
+        if n in held and (why := held_elsewhere(t, held[n])) is not None
+    ]
+    if refused:
+        return NodePreview(node, "refused", "; ".join(refused))
+    missing = [n for n in names if not n or n not in held or not held[n].warm]
     if not missing:
         return NodePreview(node, "unchanged", "every item is warm")
     return NodePreview(node, "change", f"{len(missing)}/{len(names)} item(s) to fetch")

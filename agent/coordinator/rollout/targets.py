@@ -11,9 +11,9 @@ from agent.errors import FieldViolation, InvalidSpec
 from agent.prewarm import kinds
 from agent.prewarm.naming import check_name
 from agent.prewarm.target import TargetSchema
-from agent.wire.prewarm import at, message_values
+from agent.wire.prewarm import UNKNOWN_KIND, ItemStatus, at, message_values, target_request
 
-__all__ = ["target_name", "target_violations"]
+__all__ = ["held_elsewhere", "target_name", "target_violations"]
 
 
 def target_name(target: prewarm_pb2.PrewarmTarget) -> str:
@@ -42,3 +42,33 @@ def target_violations(schema: TargetSchema, message: object, where: str) -> list
             for v in exc.violations
         ] or [FieldViolation(where or schema.source, str(exc))]
     return []
+
+
+def held_elsewhere(target: prewarm_pb2.PrewarmTarget, held: ItemStatus) -> str | None:
+    """Why the node's agent refuses ``target`` because of ``held``, the item it keeps under the
+    target's name (PrewarmService._plan_again): another kind, another source, another sha256.
+    None when they may be one item. A node shows a URL without its query, so two URLs that
+    differ only there (a re-signed one) are taken as one, as the agent takes a signature."""
+    request = target_request(target, "", [])
+    if request is None or held.kind == UNKNOWN_KIND:
+        return None
+    source = kinds.for_request(request)
+    if held.kind != source.kind:
+        return f"{held.name} is a {held.kind} item on the node, not a {source.kind}"
+    claim = source.claim(request)
+    if claim is None:
+        return None
+    if _unqueried(claim.shown) != _unqueried(held.source):
+        return f"{held.name} holds another source on the node ({held.source})"
+    wanted = claim.sha256
+    if wanted and (
+        held.expected_sha256 not in ("", wanted) or (held.ready and held.sha256 not in ("", wanted))
+    ):
+        found = held.sha256 or held.expected_sha256
+        return f"{held.name} is sha256 {found} on the node, not the requested {wanted}"
+    return None
+
+
+def _unqueried(shown: str) -> str:
+    """A shown source less the marks of a query and fragment it had (agent/redact.py)."""
+    return shown.removesuffix("#…").removesuffix("?…")

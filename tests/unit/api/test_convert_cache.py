@@ -92,3 +92,29 @@ def test_what_the_api_leaves_out_is_left_out_of_the_cli_s_json_not_shown_as_null
     assert {f: getattr(back, f) for f in carried} == {f: getattr(item, f) for f in carried}
     record = item_record(back)
     assert NOT_CARRIED.isdisjoint(record) and carried <= set(record)
+
+
+def test_an_image_of_unknown_warmth_shows_no_counts_in_the_cli_s_json() -> None:
+    """An image whose manifest could not be read is `unknown`: nobody counted its layers. `prewarm
+    list -o json` still printed ``"blobs_total": 0, "bytes_total": 0, "lazy": false``, as if
+    the image had no layers and were not a Nydus image; they are null now, as the ratio is
+    (the metrics leave them out)."""
+    from agent.cli.prewarm import item_record
+    from agent.wire.prewarm import cache_item_from
+
+    options = {**ImageWarmth(Warmth.UNKNOWN).to_options(), "warmth_error": "registry denied"}
+    item = CacheItem("i1", ItemKind.IMAGE, "app", "r/app:1", ItemState.READY, options=options)
+    record = item_record(cache_item_from(cache_item_pb(item)))
+    assert record["warmth"] == {
+        "warmth": "unknown",
+        "lazy": None,
+        "blobs_total": None,
+        "blobs_warm": None,
+        "bytes_total": None,
+        "bytes_warm": None,
+        "ratio": None,
+    }
+    known = dataclasses.replace(
+        item, options=ImageWarmth(Warmth.FULL, False, 2, 2, 9, 9).to_options()
+    )
+    assert item_record(known)["warmth"]["blobs_total"] == 2

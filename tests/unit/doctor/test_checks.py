@@ -210,7 +210,7 @@ def test_the_optional_prewarm_daemons_are_off_unset_ok_when_listening_and_degrad
     for setting, check in checks.items():
         unset = check(facts(tmp_path))
         assert unset.state is CheckState.OK
-        assert unset.evidence.startswith(f"off (prewarm.{setting} unset)")
+        assert unset.evidence.startswith(f"off (prewarm.{setting}")
         path = tmp_path / f"{setting}.sock"
         base = facts(tmp_path)
         configured = dataclasses.replace(
@@ -223,6 +223,41 @@ def test_the_optional_prewarm_daemons_are_off_unset_ok_when_listening_and_degrad
             listener.bind(str(path))
             listening = check(dataclasses.replace(base, config=configured))
         assert listening.state is CheckState.OK and str(path) in listening.evidence
+
+
+def test_dragonfly_says_where_file_bytes_come_from_and_that_a_silent_dfdaemon_fails_them(
+    tmp_path: Path,
+) -> None:
+    """prewarm/dragonfly looked at `dragonfly_socket` alone. With `dragonfly_proxy` set it said
+    "ok: off ... files come from origins" while every file went through the proxy, and a
+    proxy that was down was not reported; with a socket configured but absent it said "files
+    are fetched from origins directly" while every fetch failed "dfdaemon unreachable" (there
+    is no fallback). A proxy that accepts connections is ok; one that does not, and an absent
+    socket, are degraded saying file fetches fail."""
+    import socket
+
+    base = facts(tmp_path)
+
+    def with_settings(**settings: object) -> Check:
+        prewarm = dataclasses.replace(base.config.prewarm, **settings)
+        config = dataclasses.replace(base.config, prewarm=prewarm)
+        return node_checks.prewarm_dragonfly(dataclasses.replace(base, config=config))
+
+    absent = with_settings(dragonfly_socket=tmp_path / "df.sock")
+    assert absent.state is CheckState.DEGRADED and "origins directly" not in absent.evidence
+    assert "file fetches fail" in absent.evidence, absent.evidence
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        proxy = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        up = with_settings(dragonfly_proxy=proxy)
+    assert up.state is CheckState.OK and proxy in up.evidence, up.evidence
+    down = with_settings(dragonfly_proxy=proxy)  # closed now
+    assert down.state is CheckState.DEGRADED, down.evidence
+    assert proxy in down.evidence and "file fetches fail" in down.evidence, down.evidence
+    assert down.fix == "start dfdaemon's proxy there, or unset prewarm.dragonfly_proxy"
+    unset = node_checks.prewarm_dragonfly(base)
+    assert unset.state is CheckState.OK and unset.evidence.endswith("files come from origins")
 
 
 def test_an_instance_mark_is_named_as_the_instance_not_the_whole_gpu(tmp_path: Path) -> None:

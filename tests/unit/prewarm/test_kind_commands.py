@@ -12,7 +12,9 @@ from click.testing import CliRunner
 
 from agent.cli import prewarm as prewarm_cli
 from agent.cli.fleet import prewarm as fleet_prewarm
+from agent.errors import InvalidSpec
 from agent.prewarm import kinds
+from agent.prewarm.manifest import load_manifest
 from agent.prewarm.model import GroupRequest, ImageRequest, PullPolicy
 
 
@@ -71,3 +73,29 @@ def test_the_fleet_sends_a_kinds_own_options_in_its_target() -> None:
             }
         ]
     }
+
+
+def test_a_relative_header_file_is_refused_naming_what_the_user_wrote(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A header file is read by the agent, on the node, from an absolute path. A relative one
+    was sent on and refused by the API as 'targets[0].file.header_files[Authorization]: must be
+    an absolute path on the node', naming neither `--header` nor the manifest's
+    `items[0].header_files`. Each is now refused where the user wrote it, nothing sent."""
+    sent: list[Any] = []
+    monkeypatch.setattr(
+        prewarm_cli, "_warm", lambda ctx, requests, wait, output: sent.extend(requests)
+    )
+    args = ["file", "https://h.example/m.bin", "--header", "Authorization=secrets/h"]
+    result = CliRunner().invoke(prewarm_cli.prewarm, args)
+    assert result.exit_code == 2 and sent == [], result.output
+    assert "--header" in result.output and "absolute" in result.output, result.output
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(
+        "version: 1\nitems:\n  - url: https://h.example/m.bin\n"
+        "    header_files: {Authorization: secrets/h}\n"
+    )
+    with pytest.raises(InvalidSpec) as bad:
+        load_manifest(manifest)
+    assert [v.field for v in bad.value.violations] == ["items[0].header_files"]
+    assert "absolute" in bad.value.violations[0].description

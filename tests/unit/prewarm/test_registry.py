@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,16 +16,21 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from agent.errors import InvalidSpec, PermissionDenied
+from agent.errors import InvalidSpec, NotFound, PermissionDenied
 from agent.prewarm.errors import FetchFailed
 from agent.prewarm.policy import UrlPolicy
 from agent.prewarm.registry import (
+    OCI_INDEX,
     OCI_MANIFEST,
     Challenge,
+    Descriptor,
+    Index,
     Manifest,
     RegistryClient,
     parse_challenges,
+    parse_manifest,
     parse_reference,
+    select_manifest,
 )
 from tests.integration.prewarm_fixtures.agent import LOOPBACK
 
@@ -255,3 +261,30 @@ def test_the_url_policy_still_applies_to_registries(registry: FakeRegistry) -> N
     # Not loopback and not listed as insecure: https only, even with allow_http off or on.
     client = RegistryClient(UrlPolicy(egress_allow=LOOPBACK))
     assert client.name("registry.example.com/x:1").scheme == "https"
+
+
+def test_a_registry_s_media_type_or_platform_words_are_echoed_only_when_well_formed() -> None:
+    """A manifest of an unsupported media type failed as "unsupported media type '<the
+    registry's mediaType string>'", and an index without the node's platform listed every
+    entry's os/architecture as the registry wrote them: the registry's bytes, unbounded, went
+    into the item's `warmth_error` (shown by `prewarm list -o json`) and the log. Only a short,
+    well-formed media type or platform word is named now."""
+    digest = "sha256:" + "0" * 64
+    hostile = "application/x-" + "s3cr3t" * 2000 + "\x1b[31m"
+    for media_type in (hostile, "text/plain\r\nX-Injected: 1"):
+        body = json.dumps({"mediaType": media_type}).encode()
+        with pytest.raises(FetchFailed) as err:
+            parse_manifest(body, "", digest)
+        assert "s3cr3t" not in str(err.value) and "Injected" not in str(err.value), err.value
+        assert len(str(err.value)) < 400 and "unsupported media type" in str(err.value)
+    old = "application/vnd.docker.distribution.manifest.v1+prettyjws"
+    with pytest.raises(FetchFailed, match=re.escape(repr(old))):
+        parse_manifest(json.dumps({"mediaType": old}).encode(), "", digest)
+    entries = tuple(
+        Descriptor(OCI_MANIFEST, digest, 1, {}, {"os": "linux", "architecture": arch})
+        for arch in ("arm64", "s3cr3t" * 100, "x\x1b[2J")
+    )
+    with pytest.raises(NotFound) as err:
+        select_manifest(Index(OCI_INDEX, digest, entries), "amd64")
+    assert "linux/arm64" in str(err.value) and "s3cr3t" not in str(err.value), err.value
+    assert "\x1b" not in str(err.value)
