@@ -455,7 +455,8 @@ def _agent_families(snapshot: Snapshot, naming: Naming, rows: list[_Row]) -> Ite
 
     idle = Metric(
         "gpu_agent_idle_seconds",
-        "Seconds since utilisation was last above the idle threshold (counted from agent start).",
+        "Seconds since utilisation was last above the idle threshold (kept across agent "
+        "restarts; counted from when the agent first saw the GPU or instance).",
         "gauge",
     )
     for sample, labels in rows:

@@ -403,6 +403,11 @@ def test_idle_seconds_survive_an_agent_restart(tmp_path: Path) -> None:
     mono[0], wall[0] = 5.0, wall[0] + 120
     second = _idle_sampler(node, idle_file, mono, wall)
     assert entity(second.tick(), 0).idle_seconds == 3720
+    # ... and the series' HELP, what Grafana shows of it, says so (it said "counted from agent
+    # start", which would make a restart look like it reset every reclaim signal).
+    body, _ = MetricsExporter(load_counters(), "dcgm", second.latest, node.stats).render("")
+    (help_line,) = [h for h in body.decode().splitlines() if h.startswith("# HELP gpu_agent_idle")]
+    assert "agent start" not in help_line and "kept across agent restarts" in help_line
     node.control.set_workload(0, sm_active=0.5)
     mono[0] += 1
     wall[0] += 1
