@@ -237,10 +237,10 @@ class Sampler:
             except Exception as exc:  # any source's failure is that source's alone
                 statuses.append(SourceStatus(reader.name, self._degrade(reader.name, exc)))
                 continue
-            self._stats.observe_source(reader.name, self._clock() - began)
-            if part.degraded is not None:  # served from its last good answer
+            if part.degraded is not None:  # served from its last good answer: not read
                 statuses.append(SourceStatus(reader.name, self._degrade(reader.name, part)))
             else:
+                self._stats.observe_source(reader.name, self._clock() - began)
                 if self._degraded.pop(reader.name, None) is not None:
                     log.warning("telemetry source %s is read again", reader.name)
                 statuses.append(SourceStatus(reader.name))

@@ -161,9 +161,11 @@ def test_a_failing_kubelet_degrades_the_pods_source_and_keeps_its_last_answer(
         watcher.refresh()
         sampler = node.sampler(pods=watcher)
         assert _sources(sampler.tick())["pods"] is None
+        read_at = _last_read(node.stats, "pods")
         kubelet.fail_with = grpc.StatusCode.UNAVAILABLE
         watcher.refresh()
         snapshot = sampler.tick()
+        assert _last_read(node.stats, "pods") == read_at, "its age grows while it fails"
         reason = _sources(snapshot)["pods"]
         assert reason == (
             "kubelet pod-resources List failed (UNAVAILABLE): pods as of its last answer"
@@ -190,6 +192,12 @@ def test_a_kubelet_that_never_answered_attributes_nothing_and_says_so(tmp_path: 
         "kubelet pod-resources List failed (DEADLINE_EXCEEDED): pods not attributed yet"
     )
     assert all(s.pod is None for s in snapshot.entities)
+
+
+def _last_read(stats: TelemetryStats, source: str) -> float:
+    """gpu_agent_collection_source_timestamp_seconds{source}."""
+    (at,) = [s.last_at for s in stats.view().sources if s.source == source]
+    return at
 
 
 def _render(latest: object) -> str:
