@@ -91,6 +91,12 @@ class _Hostengine:
             raise ConnectionError("Host engine connection invalid/disconnected")
         return {F["PROF_PIPE_TENSOR_ACTIVE"]: 0.25, F["PROF_GR_ENGINE_ACTIVE"]: 0.5}
 
+    def instances(self) -> frozenset[tuple[str, int]]:
+        return frozenset()  # no MIG instance on this node
+
+    def rewatch(self) -> None:
+        raise AssertionError("nothing to watch anew")
+
 
 def test_a_lost_hostengine_degrades_the_dcgm_reader_alone_until_it_answers(
     tmp_path: Path,
