@@ -219,17 +219,17 @@ class DcgmReader(Reader):
         return part
 
     def _follow_layouts(self, frame: Frame) -> None:
-        """DCGM watches the GPU instances it listed when the agent connected: one made since
-        (a MIG apply) is watched once DCGM lists it, asked again at once after a layout change
-        and every ``_REWATCH_S`` while one is still missing."""
+        """DCGM watches the GPU instances it listed when the agent connected. After a layout
+        change of a GPU it profiles (an instance made, or made again under the same GI id as
+        another DCGM entity) it is asked again at once, then every ``_REWATCH_S`` while an
+        instance is still missing from its list."""
         profiled = [i for i in frame.layouts if i not in frame.gpm]
         wanted = {
             (frame.gpus[i].uuid, gi.id) for i in profiled for gi in frame.layouts[i].instances
         }
-        if wanted <= self._backend.instances():
-            return
         changed = any(i in frame.changed for i in profiled)
-        if changed or frame.now - self._rewatched_at >= _REWATCH_S:
+        missing = not wanted <= self._backend.instances()
+        if changed or (missing and frame.now - self._rewatched_at >= _REWATCH_S):
             self._rewatched_at = frame.now
             self._backend.rewatch()
 

@@ -160,3 +160,25 @@ def test_an_instance_dcgm_does_not_list_is_asked_for_again_only_now_and_then(
     snapshot = sampler.tick()
     assert dcgm.watches == 2
     assert 1004 not in entity(snapshot, 0, late.id).values
+
+
+def test_an_instance_re_made_under_the_same_id_is_watched_as_the_new_dcgm_entity(
+    tmp_path: Path,
+) -> None:
+    """A GI destroyed and made again gets the same NVML GI id but is another DCGM entity: the
+    old entity's mapping must not stand for it."""
+    node = sim_node(tmp_path, "dgx-a100")
+    gi = node.create_instance(0, "3g.20gb")
+    dcgm = _FakeDcgm(node.uuids)
+    dcgm.hierarchy = {100: (node.uuids[0], gi.id)}
+    backend = DcgmProfiling(dcgm.modules, [1001, 1004], 0.001)  # read each tick
+    counters = parse_counters("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, t\n")
+    sampler = node.sampler(counters, profiling=backend)
+    assert entity(sampler.tick(), 0, gi.id).values[1004] == 0.5
+    uuid = node.uuids[0]
+    node.driver.destroy_compute_instance(uuid, gi.id, 0)
+    node.driver.destroy_gpu_instance(uuid, gi.id)
+    again = node.create_instance(0, "3g.20gb")
+    assert again.id == gi.id
+    dcgm.hierarchy = {101: (uuid, again.id)}
+    assert entity(sampler.tick(), 0, again.id).values[1004] == 0.5
