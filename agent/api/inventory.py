@@ -327,6 +327,8 @@ class NodeInventory:
                     name="xid-events", healthy=why is None, detail=why or "watched on every GPU"
                 )
             )
+        if snapshot is not None and snapshot.sources:
+            components.append(_telemetry_health(snapshot))
         if self._state_health is not None:
             healthy, detail = self._state_health()
             components.append(
@@ -425,6 +427,16 @@ class NodeInventory:
                 continue
             self._poked.clear()
             due = dict.fromkeys(due, 0.0)
+
+
+def _telemetry_health(snapshot: Snapshot) -> agent_pb2.ComponentHealth:
+    """The "telemetry" component: its sources (readers) of the latest tick, and why each that
+    was not read (kubelet failing, DCGM's hostengine gone, ...) is degraded."""
+    down = [f"{s.source}: {s.degraded}" for s in snapshot.sources if s.degraded is not None]
+    read = ", ".join(s.source for s in snapshot.sources)
+    return agent_pb2.ComponentHealth(
+        name="telemetry", healthy=not down, detail="; ".join(down) or f"every source read: {read}"
+    )
 
 
 def _placeholder(status: GpuStatus) -> GpuLayout:

@@ -35,6 +35,8 @@ __all__ = [
 _GR_ENGINE_FIELD = 1001  # DCGM_FI_PROF_GR_ENGINE_ACTIVE: idle tracking
 _FE_GPU = 1  # DCGM_FE_GPU
 _FE_GPU_I = 4  # DCGM_FE_GPU_I
+#: how often DCGM is asked again for a GPU instance it does not list yet
+_REWATCH_S = 30.0
 EntityKey = tuple[str, int | None]
 
 
@@ -79,13 +81,15 @@ class DcgmProfiling:
         self._connect()
 
     def _connect(self) -> None:
+        """Read DCGM's GPUs and MIG hierarchy and watch them all; on failure (DCGM's error
+        classes) what was watched before stays as it was."""
         reader_cls = self._m["DcgmReader"].DcgmReader
         structs, fields = self._m["dcgm_structs"], self._m["dcgm_fields"]
         probe = reader_cls(fieldIds=self._field_ids, updateFrequency=int(self._interval_s * 1e6))
         probe.Init()
         handle = probe.m_dcgmHandle.handle
         hierarchy = self._m["dcgm_agent"].dcgmGetGpuInstanceHierarchy(handle)
-        self._instances = {}
+        instances: dict[int, EntityKey] = {}
         entities = []
         for gpu_id in probe.m_dcgmGroup.GetGpuIds():
             entities.append(structs.c_dcgmGroupEntityPair_t(fields.DCGM_FE_GPU, gpu_id))
@@ -97,17 +101,27 @@ class DcgmProfiling:
                     if isinstance(item.info.gpuUuid, bytes)
                     else str(item.info.gpuUuid)
                 )
-                self._instances[item.entity.entityId] = (uuid, int(item.info.nvmlInstanceId))
+                instances[item.entity.entityId] = (uuid, int(item.info.nvmlInstanceId))
                 entities.append(item.entity)
-        self._gpu_uuids = {gpu_id: str(uuid) for gpu_id, uuid in probe.m_gpuIdToUUId.items()}
-        self._supported = {
-            uuid: self._groups(handle, gpu_id) for gpu_id, uuid in self._gpu_uuids.items()
-        }
+        gpu_uuids = {gpu_id: str(uuid) for gpu_id, uuid in probe.m_gpuIdToUUId.items()}
+        supported = {uuid: self._groups(handle, gpu_id) for gpu_id, uuid in gpu_uuids.items()}
         probe.Shutdown()
-        self._reader = reader_cls(
+        reader = reader_cls(
             fieldIds=self._field_ids, updateFrequency=int(self._interval_s * 1e6), entities=entities
         )
-        self._reader.Init()
+        reader.Init()
+        old, self._reader = self._reader, reader
+        self._instances, self._gpu_uuids, self._supported = instances, gpu_uuids, supported
+        self._read_at = 0.0  # the next read asks the new reader
+        if old is not None:
+            old.Shutdown()
+
+    def instances(self) -> frozenset[EntityKey]:
+        return frozenset(self._instances.values())
+
+    def rewatch(self) -> None:
+        with self._lock:
+            self._connect()
 
     def _groups(self, handle: Any, gpu_id: int) -> frozenset[int]:
         """Field ids DCGM can profile on this GPU (its metric groups)."""
@@ -168,6 +182,14 @@ class ProfilingBackend(Protocol):
         """Latest values (DCGM units) of one GPU or GPU instance."""
         ...
 
+    def instances(self) -> frozenset[EntityKey]:
+        """The GPU instances it watches: (parent GPU UUID, NVML GI id)."""
+        ...
+
+    def rewatch(self) -> None:
+        """Read DCGM's MIG hierarchy again and watch the GPU instances it lists now."""
+        ...
+
 
 class DcgmReader(Reader):
     """The DCGM reader: DCP fields, and GR-engine activity for idle tracking, of the GPUs and
@@ -181,8 +203,10 @@ class DcgmReader(Reader):
         self._backend = backend
         self._fields = [f for f in fields if isinstance(f.source, Gpm)]
         self._instance_fields = [f for f in self._fields if f.level is not Level.GPU]
+        self._rewatched_at = float("-inf")
 
     def read(self, frame: Frame) -> Part:
+        self._follow_layouts(frame)
         part = Part()
         for index, layout in frame.layouts.items():
             if index in frame.gpm:
@@ -193,6 +217,21 @@ class DcgmReader(Reader):
             for instance in layout.instances:
                 self._entity(uuid, (index, instance.id), self._instance_fields, served, part)
         return part
+
+    def _follow_layouts(self, frame: Frame) -> None:
+        """DCGM watches the GPU instances it listed when the agent connected. After a layout
+        change of a GPU it profiles (an instance made, or made again under the same GI id as
+        another DCGM entity) it is asked again at once, then every ``_REWATCH_S`` while an
+        instance is still missing from its list."""
+        profiled = [i for i in frame.layouts if i not in frame.gpm]
+        wanted = {
+            (frame.gpus[i].uuid, gi.id) for i in profiled for gi in frame.layouts[i].instances
+        }
+        changed = any(i in frame.changed for i in profiled)
+        missing = not wanted <= self._backend.instances()
+        if changed or (missing and frame.now - self._rewatched_at >= _REWATCH_S):
+            self._rewatched_at = frame.now
+            self._backend.rewatch()
 
     def _entity(
         self,

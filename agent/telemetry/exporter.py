@@ -455,7 +455,8 @@ def _agent_families(snapshot: Snapshot, naming: Naming, rows: list[_Row]) -> Ite
 
     idle = Metric(
         "gpu_agent_idle_seconds",
-        "Seconds since utilisation was last above the idle threshold (counted from agent start).",
+        "Seconds since utilisation was last above the idle threshold (kept across agent "
+        "restarts; counted from when the agent first saw the GPU or instance).",
         "gauge",
     )
     for sample, labels in rows:
@@ -475,8 +476,9 @@ def _agent_families(snapshot: Snapshot, naming: Naming, rows: list[_Row]) -> Ite
 
     sources = Metric(
         "gpu_agent_collection_source_up",
-        "1 when a telemetry source was read this tick; 0 with the reason while it fails (its "
-        "series are absent, the other sources' are published).",
+        "1 when a telemetry source was read this tick; 0 with the reason while it fails: its "
+        "series are absent (pods: kubelet's last answer is kept), the other sources' are "
+        "published.",
         "gauge",
     )
     for source in snapshot.sources:

@@ -120,7 +120,8 @@ class PodWatcher:
     A missing socket turns attribution off with one log line and no errors. In a cluster
     (``in_cluster``) the directory is not mounted, and :meth:`absent` says so; outside one no
     kubelet runs and no pod holds a GPU, so nothing is missing (doctor's pod-resources rule).
-    A failing kubelet keeps the last good answer and counts ``kubelet`` errors.
+    A failing kubelet keeps the last good answer, counts ``kubelet`` errors and says so
+    (:meth:`failing`), so the pods source reports itself degraded.
     """
 
     def __init__(
@@ -143,6 +144,9 @@ class PodWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._said_missing = False
+        #: why the latest List failed (None once one succeeds); whether one ever succeeded
+        self._failing: str | None = None
+        self._answered = False
 
     def current(self) -> tuple[Allocation, ...]:
         return self._current
@@ -153,6 +157,11 @@ class PodWatcher:
         if not (self._said_missing and self._in_cluster):
             return None
         return f"no kubelet pod-resources socket at {self._socket}"
+
+    def failing(self) -> str | None:
+        """Why kubelet's latest List failed, and what is served meanwhile; None while it
+        answers. Kept stable (the gRPC code, not kubelet's text): it is a label value."""
+        return self._failing
 
     def refresh(self) -> None:
         """One List call; the thread calls this every period."""
@@ -168,8 +177,14 @@ class PodWatcher:
         try:
             self._current = self._client.list(self._dra.lookup() if self._dra else None)
             self._stats.observe_source("kubelet", time.monotonic() - started)
+            self._failing, self._answered = None, True
         except grpc.RpcError as exc:
             self._stats.error("kubelet")
+            code = exc.code() if isinstance(exc, grpc.Call) else None
+            kept = "pods as of its last answer" if self._answered else "pods not attributed yet"
+            self._failing = (
+                f"kubelet pod-resources List failed ({code.name if code else 'error'}): {kept}"
+            )
             log.warning(
                 "kubelet pod-resources List failed (keeping last answer): %s", _rpc_text(exc)
             )
@@ -194,7 +209,8 @@ class PodsReader(Reader):
     """The kubelet pod-resources reader: the device plugin's allocations from the watcher's
     latest List (the last good answer while kubelet fails). With no socket in a cluster, nobody
     can tell who holds what: the reader fails, saying so, and GPU series carry no pod. Outside a
-    cluster no pod holds a GPU, and the reader says just that."""
+    cluster no pod holds a GPU, and the reader says just that. While kubelet's List fails,
+    the reader serves its last answer (labels do not flap) and is reported degraded."""
 
     name = "pods"
     after_attribution = False
@@ -206,7 +222,8 @@ class PodsReader(Reader):
         absent = self._watcher.absent()
         if absent is not None:
             raise Degraded(absent)
-        return Part(allocations=tuple(a for a in self._watcher.current() if a.claim is None))
+        allocations = tuple(a for a in self._watcher.current() if a.claim is None)
+        return Part(allocations=allocations, degraded=self._watcher.failing())
 
 
 def _rpc_text(exc: grpc.RpcError) -> str:

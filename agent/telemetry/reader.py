@@ -78,6 +78,9 @@ class Part:
     allocations: tuple[Allocation, ...] = ()
     #: per-container usage of held entities
     usage: tuple[PodUsage, ...] = ()
+    #: set by a reader whose source failed but which serves its last good answer (kubelet's
+    #: pod allocations): the part is published and the source is reported degraded, so why
+    degraded: str | None = None
 
     def value(self, key: EntityKey, field_id: int, value: float) -> None:
         self.values.setdefault(key, {})[field_id] = value

@@ -237,20 +237,30 @@ class Sampler:
             except Exception as exc:  # any source's failure is that source's alone
                 statuses.append(SourceStatus(reader.name, self._degrade(reader.name, exc)))
                 continue
-            self._stats.observe_source(reader.name, self._clock() - began)
-            if self._degraded.pop(reader.name, None) is not None:
-                log.warning("telemetry source %s is read again", reader.name)
-            statuses.append(SourceStatus(reader.name))
+            if part.degraded is not None:  # served from its last good answer: not read
+                statuses.append(SourceStatus(reader.name, self._degrade(reader.name, part)))
+            else:
+                self._stats.observe_source(reader.name, self._clock() - began)
+                if self._degraded.pop(reader.name, None) is not None:
+                    log.warning("telemetry source %s is read again", reader.name)
+                statuses.append(SourceStatus(reader.name))
             self._support.note(part.unsupported)
             parts.append(part)
         return parts
 
-    def _degrade(self, name: str, exc: Exception) -> str:
-        reason = (str(exc) or type(exc).__name__)[:_REASON_MAX]
+    def _degrade(self, name: str, failure: Exception | Part) -> str:
+        """The reason a reader failed (raised, its series absent) or serves a kept answer (a
+        part with ``degraded``); counted each tick, logged when it changes."""
+        if isinstance(failure, Part):
+            reason, effect = failure.degraded or "", "serving its last answer"
+        else:
+            reason, effect = str(failure) or type(failure).__name__, "its series are absent"
+        reason = reason[:_REASON_MAX]
         self._stats.error(name)
         if self._degraded.get(name) != reason:
-            log.warning("telemetry source %s failed, its series are absent: %s", name, reason)
-            log.debug("telemetry source %s failure", name, exc_info=exc)
+            log.warning("telemetry source %s failed, %s: %s", name, effect, reason)
+            if isinstance(failure, Exception):
+                log.debug("telemetry source %s failure", name, exc_info=failure)
         self._degraded[name] = reason
         return reason
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from dcgm.fields import BY_NAME
 from tests.deploy.conftest import DEPLOY, run, tool
 from tests.deploy.series import PENDING, unknown_series, used_series
 
@@ -175,5 +176,44 @@ def test_the_xid_stat_counts_a_storm_of_new_xids(tmp_path: Path) -> None:
     }
     path = tmp_path / "xid-stat.test.yaml"
     path.write_text(yaml.safe_dump(tests))
+    result = run([tool("promtool"), "test", "rules", str(path)], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+#: Panels that show a DCGM field in a base unit: title -> (the field, Grafana's unit for it).
+_CONVERTED = {
+    "Framebuffer used (bytes)": ("DCGM_FI_DEV_FB_USED", "bytes"),
+    "NVLink throughput": ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "Bps"),
+}
+
+
+def test_panels_in_base_units_convert_as_the_field_catalogue_does(tmp_path: Path) -> None:
+    """A panel showing a DCGM field in bytes or bytes/s multiplies by the factor the agent's
+    native name uses (dcgm/fields.py). The NVLink panel multiplied field 449 by 1024, taking it
+    for KiB/s, while its unit is DCGM's MB/s of 1000 KiB: it drew NVLink traffic 1000 times
+    too low."""
+    variables = {v["name"] for v in _dashboard()["templating"]["list"]}
+    raw = 1234.0  # a reading in the field's DCGM unit
+    tests = []
+    for title, (field, unit) in _CONVERTED.items():
+        (panel,) = [p for p in _panels() if p["title"] == title]
+        assert panel["fieldConfig"]["defaults"]["unit"] == unit, title
+        (target,) = panel["targets"]
+        labels = '{pool="p",node="n",gpu="0"}'
+        tests.append(
+            {
+                "interval": "1m",
+                "input_series": [{"series": field + labels, "values": f"{raw}x5"}],
+                "promql_expr_test": [
+                    {
+                        "expr": _substitute(target["expr"], variables),
+                        "eval_time": "2m",
+                        "exp_samples": [{"labels": labels, "value": BY_NAME[field].to_base(raw)}],
+                    }
+                ],
+            }
+        )
+    path = tmp_path / "conversions.test.yaml"
+    path.write_text(yaml.safe_dump({"rule_files": [], "tests": tests}))
     result = run([tool("promtool"), "test", "rules", str(path)], cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr

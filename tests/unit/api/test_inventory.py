@@ -22,6 +22,7 @@ from agent.telemetry.snapshot import (
     GpuStatus,
     InstanceIdentity,
     Snapshot,
+    SourceStatus,
 )
 
 
@@ -257,3 +258,26 @@ def test_gpus_whose_xids_are_not_watched_are_a_degraded_component(driver: GpuDri
     inventory.refresh_gpus(dataclasses.replace(snapshot, taken_mono=snapshot.taken_mono + 1))
     (xids,) = [c for c in inventory.response().node.health.components if c.name == "xid-events"]
     assert (xids.healthy, xids.detail) == (True, "watched on every GPU")
+
+
+def test_a_degraded_telemetry_source_is_a_degraded_component(driver: GpuDriver) -> None:
+    """`status` lists it under "degraded" (and `fleet status` among the node's problems): with
+    kubelet's List failing, pod labels are its last answer and nothing but the metrics said
+    so; `gpu-agent status` read as if every source were read."""
+    inventory = NodeInventory(EventBus(), node_name="node-1", simulated_preset=None)
+    reason = "kubelet pod-resources List failed (UNAVAILABLE): pods as of its last answer"
+    snapshot = dataclasses.replace(
+        _snapshot(driver), sources=(SourceStatus("devices"), SourceStatus("pods", reason))
+    )
+    inventory.refresh_gpus(snapshot)
+    (part,) = [c for c in inventory.response().node.health.components if c.name == "telemetry"]
+    assert (part.healthy, part.detail) == (False, f"pods: {reason}")
+    inventory.refresh_gpus(
+        dataclasses.replace(
+            snapshot,
+            taken_mono=snapshot.taken_mono + 1,
+            sources=(SourceStatus("devices"), SourceStatus("pods")),
+        )
+    )
+    (part,) = [c for c in inventory.response().node.health.components if c.name == "telemetry"]
+    assert (part.healthy, part.detail) == (True, "every source read: devices, pods")

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from agent.telemetry.dcgm_backend import entity_values, load_dcgm_backend
+from agent.telemetry.dcgm_backend import DcgmProfiling, entity_values, load_dcgm_backend
+from dcgm.counters import parse_counters
+from tests.unit.telemetry.simnode import entity, sim_node
 
 
 def test_without_the_bindings_there_is_no_backend_and_one_line_says_how_to_add_it(
@@ -54,3 +59,126 @@ def test_values_are_keyed_by_gpu_uuid_and_nvml_instance_id() -> None:
         ("GPU-b", None): {1004: 0.0},
         ("GPU-b", 2): {1004: 0.75},
     }
+
+
+class _FakeDcgm:
+    """DCGM's Python bindings as far as DcgmProfiling uses them: the GPUs by DCGM id, the MIG
+    hierarchy (GPU-instance entity id -> parent UUID, NVML GI id) and the values of the
+    entities a reader watches (0.5 for every field of a watched, living instance)."""
+
+    def __init__(self, uuids: list[str]) -> None:
+        self.hierarchy: dict[int, tuple[str, int]] = {}
+        self.watches = 0  # readers made to watch entities (one per connect)
+        fake = self
+
+        class Reader:
+            def __init__(
+                self, fieldIds: list[int], updateFrequency: int, entities: Any = None
+            ) -> None:
+                self.fields, self.entities = fieldIds, entities or []
+                fake.watches += entities is not None
+                self.m_dcgmHandle = SimpleNamespace(handle=object())
+                self.m_dcgmGroup = SimpleNamespace(GetGpuIds=lambda: list(range(len(uuids))))
+                self.m_gpuIdToUUId = dict(enumerate(uuids))
+
+            def Init(self) -> None:
+                pass
+
+            def Shutdown(self) -> None:
+                pass
+
+            def GetLatestEntityValuesAsFieldIdDict(self) -> dict[int, dict[int, Any]]:
+                watched = {e.entityId for e in self.entities if e.entityGroupId == 4}
+                alive = watched & set(fake.hierarchy)
+                return {4: {e: {f: 0.5 for f in self.fields} for e in alive}}
+
+        def hierarchy(handle: object) -> SimpleNamespace:
+            items = [
+                SimpleNamespace(
+                    entity=SimpleNamespace(entityGroupId=4, entityId=entity),
+                    info=SimpleNamespace(gpuUuid=uuid, nvmlInstanceId=gi),
+                )
+                for entity, (uuid, gi) in fake.hierarchy.items()
+            ]
+            return SimpleNamespace(count=len(items), entityList=items)
+
+        def groups(handle: object, gpu: int) -> SimpleNamespace:
+            group = SimpleNamespace(fieldIds=[1001, 1004], numFieldIds=2)
+            return SimpleNamespace(numMetricGroups=1, metricGroups=[group])
+
+        self.modules = {
+            "DcgmReader": SimpleNamespace(DcgmReader=Reader),
+            "dcgm_agent": SimpleNamespace(
+                dcgmGetGpuInstanceHierarchy=hierarchy, dcgmProfGetSupportedMetricGroups=groups
+            ),
+            "dcgm_structs": SimpleNamespace(
+                c_dcgmGroupEntityPair_t=lambda g, e: SimpleNamespace(entityGroupId=g, entityId=e)
+            ),
+            "dcgm_fields": SimpleNamespace(DCGM_FE_GPU=1),
+        }
+
+
+def test_an_instance_made_after_dcgm_was_connected_gets_its_profiling_values(
+    tmp_path: Path,
+) -> None:
+    """On Ampere a MIG instance's DCP fields, and the GR-engine activity its idle time is
+    counted from, come from DCGM. The agent read DCGM's MIG hierarchy once, when it connected:
+    an instance made later (by the agent's own MIG apply) was neither watched nor mapped, so
+    its tensor activity and idle seconds stayed absent until the agent restarted."""
+    node = sim_node(tmp_path, "dgx-a100")
+    first = node.create_instance(0, "3g.20gb", slot=0)
+    dcgm = _FakeDcgm(node.uuids)
+    dcgm.hierarchy = {100: (node.uuids[0], first.id)}
+    backend = DcgmProfiling(dcgm.modules, [1001, 1004], 1.0)
+    counters = parse_counters("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, t\n")
+    sampler = node.sampler(counters, profiling=backend)
+    assert entity(sampler.tick(), 0, first.id).values[1004] == 0.5
+    second = node.create_instance(0, "3g.20gb", slot=1)
+    dcgm.hierarchy[101] = (node.uuids[0], second.id)
+    snapshot = sampler.tick()
+    assert entity(snapshot, 0, second.id).values[1004] == 0.5
+    assert entity(snapshot, 0, second.id).idle_seconds is not None
+    assert entity(snapshot, 0, first.id).values[1004] == 0.5
+
+
+def test_an_instance_dcgm_does_not_list_is_asked_for_again_only_now_and_then(
+    tmp_path: Path,
+) -> None:
+    """DCGM may list a new instance late: asked again at the layout change, then not on
+    every tick (a reconnect each second would load the hostengine); meanwhile the instance's
+    DCP fields are absent, never 0."""
+    node = sim_node(tmp_path, "dgx-a100")
+    dcgm = _FakeDcgm(node.uuids)
+    backend = DcgmProfiling(dcgm.modules, [1001, 1004], 1.0)
+    sampler = node.sampler(
+        parse_counters("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, t\n"), profiling=backend
+    )
+    sampler.tick()
+    assert dcgm.watches == 1
+    late = node.create_instance(0, "3g.20gb")
+    sampler.tick()
+    snapshot = sampler.tick()
+    assert dcgm.watches == 2
+    assert 1004 not in entity(snapshot, 0, late.id).values
+
+
+def test_an_instance_re_made_under_the_same_id_is_watched_as_the_new_dcgm_entity(
+    tmp_path: Path,
+) -> None:
+    """A GI destroyed and made again gets the same NVML GI id but is another DCGM entity: the
+    old entity's mapping must not stand for it."""
+    node = sim_node(tmp_path, "dgx-a100")
+    gi = node.create_instance(0, "3g.20gb")
+    dcgm = _FakeDcgm(node.uuids)
+    dcgm.hierarchy = {100: (node.uuids[0], gi.id)}
+    backend = DcgmProfiling(dcgm.modules, [1001, 1004], 0.001)  # read each tick
+    counters = parse_counters("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, t\n")
+    sampler = node.sampler(counters, profiling=backend)
+    assert entity(sampler.tick(), 0, gi.id).values[1004] == 0.5
+    uuid = node.uuids[0]
+    node.driver.destroy_compute_instance(uuid, gi.id, 0)
+    node.driver.destroy_gpu_instance(uuid, gi.id)
+    again = node.create_instance(0, "3g.20gb")
+    assert again.id == gi.id
+    dcgm.hierarchy = {101: (uuid, again.id)}
+    assert entity(sampler.tick(), 0, again.id).values[1004] == 0.5

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
+from importlib import resources
 from pathlib import Path
 
 import pytest
 
 from agent.errors import InvalidSpec
-from dcgm.counters import load_counters, parse_counters
-from dcgm.fields import Kind
+from dcgm.counters import DEFAULT_COUNTERS, load_counters, parse_counters
+from dcgm.fields import BY_NAME, Kind
 
 # Shaped like dcgm-exporter's own CSVs: "# Format,," comments, padding, a space before a comma,
 # rate fields declared as counters.
@@ -364,3 +366,19 @@ def test_a_file_of_comments_selects_nothing_and_is_rejected() -> None:
 def test_empty_help_falls_back_to_the_catalog() -> None:
     (counter,) = parse_counters('DCGM_FI_DEV_GPU_TEMP, gauge, ""\n').counters
     assert counter.help == "GPU temperature."
+
+
+def test_the_default_files_help_names_each_fields_own_unit() -> None:
+    """The help text of the shipped counters CSV is the series' HELP (what Prometheus and
+    Grafana show): a unit it names is the unit the value is in, on its enabled rows and on the
+    commented ones a user enables. DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL said "(in KiB/s)" while
+    its value is DCGM's MB/s of 1000 KiB, so a reader scaled it 1000 times too low."""
+    text = resources.files("dcgm").joinpath(DEFAULT_COUNTERS).read_text(encoding="utf-8")
+    named = 0
+    for line in text.splitlines():
+        row = re.fullmatch(r"#?\s*(DCGM_\w+)\s*,\s*\w+\s*,\s*(.*)", line.strip())
+        unit = re.search(r"\(in (\S+?)[\s)]", row.group(2)) if row else None
+        if row and unit and row.group(1) in BY_NAME:
+            named += 1
+            assert unit.group(1) == BY_NAME[row.group(1)].unit, line
+    assert named > 20

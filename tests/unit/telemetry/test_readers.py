@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import grpc
 import pytest
 
 from agent.gpu.readings import NodeReader
@@ -14,11 +15,12 @@ from agent.gpu.xid_events import XidEvents
 from agent.telemetry.exporter import MetricsExporter
 from agent.telemetry.pods import PodResourcesClient, PodWatcher
 from agent.telemetry.readers import choose
-from agent.telemetry.snapshot import Snapshot, SourceStatus
+from agent.telemetry.snapshot import PodRef, Snapshot, SourceStatus
 from agent.telemetry.stats import TelemetryStats
 from agent.telemetry.xid import XidWatcher
 from dcgm.counters import load_counters, parse_counters
 from dcgm.fields import BY_NAME
+from tests.unit.telemetry.kubelet import FakeKubelet, serve
 from tests.unit.telemetry.simnode import entity, sim_node, two_ticks
 
 F = {name.removeprefix("DCGM_FI_"): field.id for name, field in BY_NAME.items()}
@@ -89,6 +91,12 @@ class _Hostengine:
             raise ConnectionError("Host engine connection invalid/disconnected")
         return {F["PROF_PIPE_TENSOR_ACTIVE"]: 0.25, F["PROF_GR_ENGINE_ACTIVE"]: 0.5}
 
+    def instances(self) -> frozenset[tuple[str, int]]:
+        return frozenset()  # no MIG instance on this node
+
+    def rewatch(self) -> None:
+        raise AssertionError("nothing to watch anew")
+
 
 def test_a_lost_hostengine_degrades_the_dcgm_reader_alone_until_it_answers(
     tmp_path: Path,
@@ -141,6 +149,61 @@ def test_outside_a_cluster_no_kubelet_socket_is_nothing_missing(tmp_path: Path) 
     assert SourceStatus("pods") in snapshot.sources
     assert all(s.pod is None for s in snapshot.entities)
     assert dict(stats.view().errors).get("kubelet", 0) == 0
+
+
+def test_a_failing_kubelet_degrades_the_pods_source_and_keeps_its_last_answer(
+    tmp_path: Path,
+) -> None:
+    """kubelet's socket is there but List fails (kubelet down or restarting): the pod labels
+    stay kubelet's last answer, so they do not flap, and the pods source says it is degraded
+    and why. It read "up" while kubelet failed, so nothing told that the labels were frozen
+    (a pod deleted meanwhile kept its labels on the GPU)."""
+    node = sim_node(tmp_path / "state")
+    socket = tmp_path / "kubelet.sock"
+    kubelet = FakeKubelet([("ml", "trainer", "main", "nvidia.com/gpu", [node.uuids[0]])])
+    stats = TelemetryStats()
+    with serve(socket, kubelet):
+        watcher = PodWatcher(PodResourcesClient(socket, timeout_s=5), socket, 60, stats)
+        watcher.refresh()
+        sampler = node.sampler(pods=watcher)
+        assert _sources(sampler.tick())["pods"] is None
+        read_at = _last_read(node.stats, "pods")
+        kubelet.fail_with = grpc.StatusCode.UNAVAILABLE
+        watcher.refresh()
+        snapshot = sampler.tick()
+        assert _last_read(node.stats, "pods") == read_at, "its age grows while it fails"
+        reason = _sources(snapshot)["pods"]
+        assert reason == (
+            "kubelet pod-resources List failed (UNAVAILABLE): pods as of its last answer"
+        )
+        assert entity(snapshot, 0).pod == PodRef("ml", "trainer", "main")
+        text = _render(sampler.latest)
+        assert f'gpu_agent_collection_source_up{{reason="{reason}",source="pods"}} 0.0' in text
+        assert 'pod="trainer"' in text
+        kubelet.fail_with = None
+        watcher.refresh()
+        assert _sources(sampler.tick())["pods"] is None
+
+
+def test_a_kubelet_that_never_answered_attributes_nothing_and_says_so(tmp_path: Path) -> None:
+    node = sim_node(tmp_path / "state")
+    socket = tmp_path / "kubelet.sock"
+    kubelet = FakeKubelet([("ml", "trainer", "main", "nvidia.com/gpu", [node.uuids[0]])])
+    kubelet.fail_with = grpc.StatusCode.DEADLINE_EXCEEDED
+    with serve(socket, kubelet):
+        watcher = PodWatcher(PodResourcesClient(socket, timeout_s=5), socket, 60, TelemetryStats())
+        watcher.refresh()
+        snapshot = node.sampler(pods=watcher).tick()
+    assert _sources(snapshot)["pods"] == (
+        "kubelet pod-resources List failed (DEADLINE_EXCEEDED): pods not attributed yet"
+    )
+    assert all(s.pod is None for s in snapshot.entities)
+
+
+def _last_read(stats: TelemetryStats, source: str) -> float:
+    """gpu_agent_collection_source_timestamp_seconds{source}."""
+    (at,) = [s.last_at for s in stats.view().sources if s.source == source]
+    return at
 
 
 def _render(latest: object) -> str:

@@ -167,6 +167,25 @@ def test_unsupported_warnings_are_not_logged_again_after_a_layout_change(
     assert support[(F["DEV_GPU_UTIL"], 1)] is False  # still known unsupported, just not re-logged
 
 
+def test_a_field_refused_under_mig_is_read_again_once_mig_is_off(tmp_path: Path) -> None:
+    """Support is probed again when a GPU's MIG layout changes (docs/metrics.md): GPU_UTIL,
+    which NVML refuses on a MIG-enabled GPU, has a value and reads supported once MIG is
+    turned off, with no agent restart."""
+    node, big, small = _mig_node(tmp_path)
+    sampler = node.sampler()
+    two_ticks(sampler)
+    uuid = node.uuids[1]
+    node.control.stop_process(200)
+    for gi in (big, small):
+        node.driver.destroy_compute_instance(uuid, gi.id, 0)
+        node.driver.destroy_gpu_instance(uuid, gi.id)
+    node.driver.set_mig_mode(uuid, False)
+    snapshot = two_ticks(sampler)
+    assert F["DEV_GPU_UTIL"] in entity(snapshot, 1).values
+    support = {(s.field_id, s.gpu.index): s.supported for s in snapshot.support}
+    assert support[(F["DEV_GPU_UTIL"], 1)] is True
+
+
 def test_recreated_instance_starts_a_new_gpm_window(tmp_path: Path) -> None:
     """A GI destroyed and re-created with the same id must not mix the two instances' counters."""
     node, _big, small = _mig_node(tmp_path)
@@ -403,6 +422,11 @@ def test_idle_seconds_survive_an_agent_restart(tmp_path: Path) -> None:
     mono[0], wall[0] = 5.0, wall[0] + 120
     second = _idle_sampler(node, idle_file, mono, wall)
     assert entity(second.tick(), 0).idle_seconds == 3720
+    # ... and the series' HELP, what Grafana shows of it, says so (it said "counted from agent
+    # start", which would make a restart look like it reset every reclaim signal).
+    body, _ = MetricsExporter(load_counters(), "dcgm", second.latest, node.stats).render("")
+    (help_line,) = [h for h in body.decode().splitlines() if h.startswith("# HELP gpu_agent_idle")]
+    assert "agent start" not in help_line and "kept across agent restarts" in help_line
     node.control.set_workload(0, sm_active=0.5)
     mono[0] += 1
     wall[0] += 1
