@@ -28,6 +28,10 @@ from agent.gpu.sim.store import StateStore
 MIB = 1 << 20
 XID_GPU_FALLEN_OFF_BUS = 79  # what the driver reports when a GPU drops off the bus
 _MAX_QUEUED_EVENTS = 1024
+#: Linux's PID_MAX_LIMIT (64-bit): no process has a larger pid (NVML's pid field is 32-bit)
+MAX_PID = 1 << 22
+#: the kernel driver's XID is 32-bit (NvU32): no event carries a larger one
+MAX_XID = (1 << 32) - 1
 #: the nvmlClocksEventReason* bits a test or `gpu-agent sim clocks` may hold (GPU idle is the
 #: simulator's own), by the names dcgm-exporter's clock_event label uses
 CLOCK_REASONS = {
@@ -157,8 +161,11 @@ class SimControl:
         cgroup: str | None = None,
         name: str = "python",
     ) -> None:
-        if pid <= 0:
-            raise InvalidSpec(f"pid must be > 0, got {pid}", [FieldViolation("pid", "must be > 0")])
+        if not 0 < pid <= MAX_PID:
+            raise InvalidSpec(
+                f"pid must be 1..{MAX_PID} (Linux's largest pid), got {pid}",
+                [FieldViolation("pid", f"1..{MAX_PID}")],
+            )
         if used_memory_mib < 0:
             raise InvalidSpec(
                 f"used_memory_mib must be >= 0, got {used_memory_mib}",
@@ -248,8 +255,11 @@ class SimControl:
     def raise_xid(self, gpu: int, xid: int, *, gpu_instance: int | None = None) -> None:
         """Queue XID ``xid`` on ``gpu``; with ``gpu_instance``, attributed to that MIG GPU
         instance as the driver does for faults inside one (the event's gpuInstanceId)."""
-        if xid <= 0:
-            raise InvalidSpec(f"xid must be > 0, got {xid}", [FieldViolation("xid", "must be > 0")])
+        if not 0 < xid <= MAX_XID:
+            raise InvalidSpec(
+                f"xid must be 1..{MAX_XID} (the driver's XID is 32-bit), got {xid}",
+                [FieldViolation("xid", f"1..{MAX_XID}")],
+            )
         with self._store.transaction() as node:
             g = _gpu(node, gpu)
             if gpu_instance is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -81,4 +82,28 @@ def test_rejected_input_changes_nothing(node: Opener) -> None:
         control.inject_fault("nvmlDeviceGetCount", "InUse", nth=0)
     with pytest.raises(InvalidSpec):
         control.raise_xid(0, 0)
+    assert control.describe() == before
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda c: c.raise_xid(0, 99_999_999_999), "xid"),
+        (lambda c: c.start_process(99_999_999_999, 0, used_memory_mib=1), "pid"),
+    ],
+    ids=["xid", "pid"],
+)
+def test_a_number_no_driver_reports_is_refused_naming_it(
+    node: Opener, change: Callable[[SimControl], None], field: str
+) -> None:
+    """`sim xid 0 99999999999` was queued, and the running agent's inventory then failed to
+    put it in the API's 32-bit XidEvent and stopped the whole agent; `sim process start
+    99999999999` ran a process that `status` showed as pid 1215752191 (NVML's pid is 32-bit).
+    Neither number exists on a real node (the XID is 32-bit, Linux pids stop at 2^22): both
+    are refused naming the field, and nothing changes."""
+    _, control = node("dgx-h100")
+    before = control.describe()
+    with pytest.raises(InvalidSpec) as raised:
+        change(control)
+    assert [v.field for v in raised.value.violations] == [field]
     assert control.describe() == before
