@@ -27,6 +27,7 @@ from agent.cli.mig_advise import advise_command
 from agent.cli.options import choice_option, read_input
 from agent.cli.render import emit, format_table, output_option, plain
 from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec
+from agent.mig.checkpoint import MAX_BYTES as CHECKPOINT_MAX_BYTES
 from agent.mig.checkpoint import checkpoint_document, parse_checkpoint
 from agent.mig.generate import generate
 from agent.mig.hooks import NO_HOOKS, apply_with_hooks, load_hooks
@@ -615,7 +616,8 @@ def restore_command(
     """
     obj: CliContext = ctx.obj
     try:
-        text = Path(checkpoint_file).read_bytes()
+        with Path(checkpoint_file).open("rb") as f:  # one byte past the limit: refused unread
+            text = f.read(CHECKPOINT_MAX_BYTES + 1)
     except OSError as exc:
         raise InvalidSpec(
             f"cannot read checkpoint file {checkpoint_file}: {exc.strerror or exc}",

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -376,6 +380,28 @@ def test_a_checkpoint_no_driver_could_hold_is_refused_before_any_change(
         assert field in refused.output, (field, refused.output)
         assert refused.exception is None or isinstance(refused.exception, SystemExit), field
         assert _states(tmp_path) == before, field
+
+
+def test_restore_of_an_endless_file_is_refused_without_reading_it_all(tmp_path: Path) -> None:
+    """`mig restore -f /dev/zero` (or any file far past the checkpoint limit) read the whole
+    file before the size check: a MemoryError traceback, exit 1, after filling the memory. The
+    file is now read one byte past the limit and refused naming the option (exit 2)."""
+
+    def one_gib_of_address_space() -> None:  # the old read fails within it, fast
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    argv = ["--simulate", "dgx-a100", "--state-dir", str(tmp_path), "mig", "restore"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_AGENT_", "MIG_PARTED"))}
+    refused = subprocess.run(
+        [sys.executable, "-m", "agent.cli.main", *argv, "-f", "/dev/zero"],
+        capture_output=True,
+        text=True,
+        env=env,
+        preexec_fn=one_gib_of_address_space,
+        timeout=60,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "checkpoint-file: at most" in refused.stderr and "Traceback" not in refused.stderr
 
 
 def test_a_config_on_stdin_that_is_not_utf8_is_refused_naming_the_option(a100: Invoke) -> None:
