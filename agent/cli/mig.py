@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 import yaml
 
-from agent import logs
+from agent import logs, safeyaml
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.mig_advise import advise_command
@@ -120,12 +120,14 @@ def _load(config_file: str) -> MigSpec:
 
 
 def _load_with_text(config_file: str) -> tuple[MigSpec, str]:
-    """The parsed config and its text (to hand to a running agent); stdin is read once."""
+    """The parsed config and the very text parsed (to hand to the agent): the file is read
+    once, so a pipe (``-f <(...)``, stdin) or a file changed meanwhile sends what was checked."""
     if config_file == "-":
         text = read_input("-", "config-file")
         return load_spec("<stdin>", text), text
-    spec = load_spec(config_file)  # unreadable files get load_spec's clear error
-    return spec, Path(config_file).read_text()
+    # unreadable, too big or not UTF-8: a clear error naming config-file
+    text = safeyaml.read_text(Path(config_file), "config-file", what="MIG config")
+    return load_spec(config_file, text), text
 
 
 @click.group("mig", cls=AgentGroup)

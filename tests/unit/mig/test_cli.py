@@ -83,6 +83,32 @@ def test_apply_then_assert_speak_mig_parted(a100: Invoke) -> None:
     assert "want 1g.5gb: 4, 3g.20gb: 1" in bad.output
 
 
+def test_apply_and_assert_read_a_config_from_a_pipe(a100: Invoke) -> None:
+    """`mig apply -f <(kubectl get cm ...)` and `mig assert` on such a pipe parsed the config,
+    then read the file a second time for the agent: a pipe's second read is empty, so they
+    failed with "the MIG config is missing or malformed" (exit 2) for a good config, while
+    `mig plan` worked. The text checked is now the text sent."""
+
+    opened: list[int] = []
+
+    def pipe() -> str:
+        read, write = os.pipe()
+        os.write(write, CONFIG.encode())
+        os.close(write)
+        opened.append(read)
+        return f"/dev/fd/{read}"
+
+    try:
+        applied = a100("apply", "-f", pipe(), "-c", "balanced")
+        assert applied.exit_code == 0, applied.output
+        assert "MIG configuration applied successfully" in applied.output
+        held = a100("assert", "-f", pipe(), "-c", "balanced")
+        assert held.exit_code == 0 and "currently applied" in held.output, held.output
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
 def test_a_lost_gpu_the_config_selects_is_never_asserted_applied(
     a100: Invoke, tmp_path: Path
 ) -> None:
