@@ -547,7 +547,7 @@ def generate_config_command(obj: CliContext, output_file: str | None, output_for
         else yaml.safe_dump(document, sort_keys=False)
     )
     if output_file:
-        _write(Path(output_file), text)
+        _write(Path(output_file), text, "output-file")
     else:
         click.echo(text, nl=False)
 
@@ -578,7 +578,7 @@ def checkpoint_command(obj: CliContext, checkpoint_file: str) -> None:
     layouts, lost = _read(obj, "mig checkpoint")
     refuse_lost(lost, f"a checkpoint would not bring it back; nothing written to {checkpoint_file}")
     states = [fetch(layout) for layout in layouts if layout.gpu.mig_capable]
-    _write(Path(checkpoint_file), json.dumps(checkpoint_document(states)) + "\n")
+    _write(Path(checkpoint_file), json.dumps(checkpoint_document(states)) + "\n", "checkpoint-file")
     click.echo("MIG configuration checkpointed successfully")
 
 
@@ -660,13 +660,14 @@ def restore_command(
         raise click.exceptions.Exit(PENDING_EXIT)
 
 
-def _write(path: Path, text: str) -> None:
+def _write(path: Path, text: str, field: str) -> None:
+    """``field``: the option that named ``path``, as the user wrote it."""
     try:
         path.write_text(text)
     except OSError as exc:
         raise InvalidSpec(
             f"cannot write {path}: {exc.strerror or exc}",
-            [FieldViolation("output-file", "a writable path")],
+            [FieldViolation(field, "a writable path")],
         ) from exc
 
 

@@ -109,6 +109,15 @@ def test_apply_and_assert_read_a_config_from_a_pipe(a100: Invoke) -> None:
             os.close(fd)
 
 
+def test_a_checkpoint_that_cannot_be_written_names_its_option(a100: Invoke, tmp_path: Path) -> None:
+    """`mig checkpoint -f DIR` was refused naming `output-file`, an option checkpoint does not
+    have (it is generate-config's); the user's option is -f/--checkpoint-file."""
+    refused = a100("checkpoint", "-f", str(tmp_path))
+    assert refused.exit_code == 2, refused.output
+    assert "checkpoint-file: a writable path" in refused.output
+    assert "output-file" not in refused.output
+
+
 def test_a_lost_gpu_the_config_selects_is_never_asserted_applied(
     a100: Invoke, tmp_path: Path
 ) -> None:
