@@ -224,7 +224,7 @@ def _busy(running: str, blockers: Sequence[str]) -> Busy:
     """ABORTED, naming the operation in the way (agent.wire.errors: a Busy naming operations/)."""
     return Busy(
         f"MIG apply {operation_name(running)} is running; one reconfiguration at a time: wait "
-        "for it (WaitOperation) and retry",
+        f"for it (WaitOperation; gpu-agent operations wait {operation_name(running)}) and retry",
         [operation_name(op_id) for op_id in blockers],
     )
 

@@ -403,7 +403,11 @@ def _follow(client: AgentClient, op: OperationView, embedded: bool) -> _Applied:
         if embedded:
             click.echo(f"interrupted: {op.name} stops with this command's agent", err=True)
         else:
-            click.echo(f"detached from {op.name}; the node's agent carries on with it", err=True)
+            click.echo(
+                f"detached from {op.name}; the node's agent carries on with it "
+                f"(gpu-agent operations wait {op.name} follows it)",
+                err=True,
+            )
         raise SystemExit(130) from None
     result = done.mig_result
     if result is None:  # an agent that answered without the result: nothing was done
