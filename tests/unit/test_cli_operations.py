@@ -80,3 +80,17 @@ def test_an_operation_the_agent_never_had_is_not_found(run: Invoke) -> None:
     assert "does not exist" in unknown.output
     malformed = run(operations, "show", "../etc")
     assert malformed.exit_code == 2, malformed.output
+
+
+def test_an_apply_with_nothing_to_change_reads_done_not_pending(
+    run: Invoke, tmp_path: Path
+) -> None:
+    """An apply that found every GPU as asked succeeded with its progress left at "pending:
+    0/0 GPUs": `operations list` showed it succeeded and pending at once."""
+    config = str(tmp_path / "mig.yaml")
+    assert run(mig, "apply", "-f", config, "-c", "balanced").exit_code == 0
+    again = run(mig, "apply", "-f", config, "-c", "balanced")
+    assert again.exit_code == 0, again.output
+    listed = json.loads(run(operations, "list", "--all", "-o", "json").output)
+    assert [op["state"] for op in listed] == ["succeeded", "succeeded"]
+    assert [op["progress"].split(":")[0] for op in listed] == ["done", "done"], listed
