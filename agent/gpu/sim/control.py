@@ -32,6 +32,9 @@ _MAX_QUEUED_EVENTS = 1024
 MAX_PID = 1 << 22
 #: the kernel driver's XID is 32-bit (NvU32): no event carries a larger one
 MAX_XID = (1 << 32) - 1
+#: NVML's ECC error counters are 64-bit, its remapped-row counts 32-bit: past these they wrap
+MAX_ECC_COUNT = (1 << 64) - 1
+MAX_REMAPPED_ROWS = (1 << 32) - 1
 #: the nvmlClocksEventReason* bits a test or `gpu-agent sim clocks` may hold (GPU idle is the
 #: simulator's own), by the names dcgm-exporter's clock_event label uses
 CLOCK_REASONS = {
@@ -279,6 +282,7 @@ class SimControl:
             )
         with self._store.transaction() as node:
             g = _gpu(node, gpu)
+            _refuse_wrapping_counts(g, sbe, dbe)
             for kind, count in (("sbe", sbe), ("dbe", dbe)):
                 for span in ("volatile", "aggregate"):
                     key = f"{kind}_{span}"
@@ -370,6 +374,27 @@ class SimControl:
             node.cuda_driver_version = generations.cuda_driver_version(version)
             lifecycle.reboot(node, time.monotonic())
         self._new_boot_id()
+
+
+def _refuse_wrapping_counts(g: Gpu, sbe: int, dbe: int) -> None:
+    """ECC errors that would pass NVML's counters (the driver's counts would wrap, and the agent
+    read 0) are refused, naming the field; the aggregate count is never below the volatile."""
+    bad = [
+        FieldViolation(kind, f"at most {room} more: NVML's ECC error counters are 64-bit")
+        for kind, count in (("sbe", sbe), ("dbe", dbe))
+        if count > (room := max(0, MAX_ECC_COUNT - g.ecc.get(f"{kind}_aggregate", 0)))
+    ]
+    room = max(0, MAX_REMAPPED_ROWS - g.remap.get("pending", 0))
+    if not bad and dbe > room:
+        bad.append(
+            FieldViolation("dbe", f"at most {room} more: NVML counts remapped rows in 32 bits")
+        )
+    if bad:
+        raise InvalidSpec(
+            "ECC errors past NVML's counters: "
+            + "; ".join(f"{v.field}: {v.description}" for v in bad),
+            bad,
+        )
 
 
 def _gpu(node: NodeState, index: int) -> Gpu:

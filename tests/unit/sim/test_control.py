@@ -90,17 +90,22 @@ def test_rejected_input_changes_nothing(node: Opener) -> None:
     [
         (lambda c: c.raise_xid(0, 99_999_999_999), "xid"),
         (lambda c: c.start_process(99_999_999_999, 0, used_memory_mib=1), "pid"),
+        (lambda c: c.memory_errors(0, dbe=2**64), "dbe"),
+        (lambda c: c.memory_errors(0, sbe=2**64), "sbe"),
+        (lambda c: c.memory_errors(0, dbe=2**32), "dbe"),
     ],
-    ids=["xid", "pid"],
+    ids=["xid", "pid", "dbe-ecc", "sbe-ecc", "dbe-remap"],
 )
 def test_a_number_no_driver_reports_is_refused_naming_it(
     node: Opener, change: Callable[[SimControl], None], field: str
 ) -> None:
     """`sim xid 0 99999999999` was queued, and the running agent's inventory then failed to
     put it in the API's 32-bit XidEvent and stopped the whole agent; `sim process start
-    99999999999` ran a process that `status` showed as pid 1215752191 (NVML's pid is 32-bit).
-    Neither number exists on a real node (the XID is 32-bit, Linux pids stop at 2^22): both
-    are refused naming the field, and nothing changes."""
+    99999999999` ran a process that `status` showed as pid 1215752191 (NVML's pid is 32-bit);
+    `sim ecc 0 --dbe 18446744073709551616` wrapped NVML's 64-bit ECC counter (and the 32-bit
+    remapped-row count) to 0, so the GPU stayed healthy with no word said. No such number
+    exists on a real node (the XID is 32-bit, Linux pids stop at 2^22, the counters wrap):
+    each is refused naming the field, and nothing changes."""
     _, control = node("dgx-h100")
     before = control.describe()
     with pytest.raises(InvalidSpec) as raised:
