@@ -28,8 +28,9 @@ from agent.gpu.sim.store import StateStore
 MIB = 1 << 20
 XID_GPU_FALLEN_OFF_BUS = 79  # what the driver reports when a GPU drops off the bus
 _MAX_QUEUED_EVENTS = 1024
-#: Linux's PID_MAX_LIMIT (64-bit): no process has a larger pid (NVML's pid field is 32-bit)
-MAX_PID = 1 << 22
+#: NVML's pid field is 32-bit: a larger pid comes back cut. Above the kernel's pid_max is
+#: allowed: a simulated-only process no host tool finds (tests/integration/test_nvitop_on_sim.py).
+MAX_PID = (1 << 32) - 1
 #: the kernel driver's XID is 32-bit (NvU32): no event carries a larger one
 MAX_XID = (1 << 32) - 1
 #: NVML's ECC error counters are 64-bit, its remapped-row counts 32-bit: past these they wrap
@@ -166,7 +167,7 @@ class SimControl:
     ) -> None:
         if not 0 < pid <= MAX_PID:
             raise InvalidSpec(
-                f"pid must be 1..{MAX_PID} (Linux's largest pid), got {pid}",
+                f"pid must be 1..{MAX_PID} (NVML's pid field is 32-bit), got {pid}",
                 [FieldViolation("pid", f"1..{MAX_PID}")],
             )
         if used_memory_mib < 0:
