@@ -212,6 +212,9 @@ class _Reconfigure:
         try:
             # The lock's holder text: a refused caller is told which operation is in the way.
             result = self._work(progress, operation_name(ctx.id))
+            if self._gpus_total == 0:  # no GPU to change, so no GPU's "done" ends "pending"
+                done = operations_pb2.MigApplyProgress(config_name=self._config, phase="done")
+                ctx.progress(operations_pb2.OperationMetadata(mig_apply=done), force=True)
         except Suspended as exc:
             raise Checkpointed(str(exc)) from exc  # stays running; the next start ends it
         finally:
@@ -224,7 +227,7 @@ def _busy(running: str, blockers: Sequence[str]) -> Busy:
     """ABORTED, naming the operation in the way (agent.wire.errors: a Busy naming operations/)."""
     return Busy(
         f"MIG apply {operation_name(running)} is running; one reconfiguration at a time: wait "
-        "for it (WaitOperation) and retry",
+        f"for it (WaitOperation; gpu-agent operations wait {operation_name(running)}) and retry",
         [operation_name(op_id) for op_id in blockers],
     )
 

@@ -28,6 +28,7 @@ _COMMANDS = {
     "mig": ("agent.cli.mig", "mig"),
     "power": ("agent.cli.power", "power"),
     "doctor": ("agent.cli.doctor", "doctor"),
+    "operations": ("agent.cli.operations", "operations"),
     "fleet": ("agent.cli.fleet", "fleet"),
     "coordinator": ("agent.cli.coordinator", "coordinator"),
 }

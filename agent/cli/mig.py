@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 import yaml
 
-from agent import logs
+from agent import logs, safeyaml
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.mig_advise import advise_command
 from agent.cli.options import choice_option, read_input
 from agent.cli.render import emit, format_table, output_option, plain
 from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec
+from agent.mig.checkpoint import MAX_BYTES as CHECKPOINT_MAX_BYTES
 from agent.mig.checkpoint import checkpoint_document, parse_checkpoint
 from agent.mig.generate import generate
 from agent.mig.hooks import NO_HOOKS, apply_with_hooks, load_hooks
@@ -119,12 +120,14 @@ def _load(config_file: str) -> MigSpec:
 
 
 def _load_with_text(config_file: str) -> tuple[MigSpec, str]:
-    """The parsed config and its text (to hand to a running agent); stdin is read once."""
+    """The parsed config and the very text parsed (to hand to the agent): the file is read
+    once, so a pipe (``-f <(...)``, stdin) or a file changed meanwhile sends what was checked."""
     if config_file == "-":
         text = read_input("-", "config-file")
         return load_spec("<stdin>", text), text
-    spec = load_spec(config_file)  # unreadable files get load_spec's clear error
-    return spec, Path(config_file).read_text()
+    # unreadable, too big or not UTF-8: a clear error naming config-file
+    text = safeyaml.read_text(Path(config_file), "config-file", what="MIG config")
+    return load_spec(config_file, text), text
 
 
 @click.group("mig", cls=AgentGroup)
@@ -400,7 +403,11 @@ def _follow(client: AgentClient, op: OperationView, embedded: bool) -> _Applied:
         if embedded:
             click.echo(f"interrupted: {op.name} stops with this command's agent", err=True)
         else:
-            click.echo(f"detached from {op.name}; the node's agent carries on with it", err=True)
+            click.echo(
+                f"detached from {op.name}; the node's agent carries on with it "
+                f"(gpu-agent operations wait {op.name} follows it)",
+                err=True,
+            )
         raise SystemExit(130) from None
     result = done.mig_result
     if result is None:  # an agent that answered without the result: nothing was done
@@ -544,7 +551,7 @@ def generate_config_command(obj: CliContext, output_file: str | None, output_for
         else yaml.safe_dump(document, sort_keys=False)
     )
     if output_file:
-        _write(Path(output_file), text)
+        _write(Path(output_file), text, "output-file")
     else:
         click.echo(text, nl=False)
 
@@ -575,7 +582,7 @@ def checkpoint_command(obj: CliContext, checkpoint_file: str) -> None:
     layouts, lost = _read(obj, "mig checkpoint")
     refuse_lost(lost, f"a checkpoint would not bring it back; nothing written to {checkpoint_file}")
     states = [fetch(layout) for layout in layouts if layout.gpu.mig_capable]
-    _write(Path(checkpoint_file), json.dumps(checkpoint_document(states)) + "\n")
+    _write(Path(checkpoint_file), json.dumps(checkpoint_document(states)) + "\n", "checkpoint-file")
     click.echo("MIG configuration checkpointed successfully")
 
 
@@ -615,7 +622,8 @@ def restore_command(
     """
     obj: CliContext = ctx.obj
     try:
-        text = Path(checkpoint_file).read_bytes()
+        with Path(checkpoint_file).open("rb") as f:  # one byte past the limit: refused unread
+            text = f.read(CHECKPOINT_MAX_BYTES + 1)
     except OSError as exc:
         raise InvalidSpec(
             f"cannot read checkpoint file {checkpoint_file}: {exc.strerror or exc}",
@@ -656,13 +664,14 @@ def restore_command(
         raise click.exceptions.Exit(PENDING_EXIT)
 
 
-def _write(path: Path, text: str) -> None:
+def _write(path: Path, text: str, field: str) -> None:
+    """``field``: the option that named ``path``, as the user wrote it."""
     try:
         path.write_text(text)
     except OSError as exc:
         raise InvalidSpec(
             f"cannot write {path}: {exc.strerror or exc}",
-            [FieldViolation("output-file", "a writable path")],
+            [FieldViolation(field, "a writable path")],
         ) from exc
 
 

@@ -48,9 +48,10 @@ def exec_(obj: CliContext, program: str, args: tuple[str, ...]) -> None:
     """Run PROGRAM unmodified on the simulated node: its Python processes import the simulator
     as pynvml (nvitop, gpustat, nvidia-ml-py's examples, your own code).
 
-    PROGRAM replaces this process. Python programs must run on the interpreter gpu-node-agent is
-    installed in (the simulator is loaded through a sitecustomize on PYTHONPATH); other programs
-    see GPU_AGENT_SIMULATE and GPU_AGENT_STATE_DIR.
+    PROGRAM replaces this process, so the exit code is PROGRAM's; 127 when it is not found and
+    126 when it cannot run, as with env(1). Python programs must run on the interpreter
+    gpu-node-agent is installed in (the simulator is loaded through a sitecustomize on
+    PYTHONPATH); other programs see GPU_AGENT_SIMULATE and GPU_AGENT_STATE_DIR.
 
     \b
     Example:
@@ -67,7 +68,10 @@ def exec_(obj: CliContext, program: str, args: tuple[str, ...]) -> None:
     try:
         os.execvpe(program, [program, *args], env)
     except OSError as exc:
-        raise click.ClickException(f"cannot run {program!r}: {exc.strerror or exc}") from exc
+        # As env(1) and shells: 127 not found, 126 found but not runnable; never 1, which
+        # PROGRAM itself may exit with.
+        click.echo(f"error: cannot run {program!r}: {exc.strerror or exc}", err=True)
+        raise SystemExit(127 if isinstance(exc, FileNotFoundError) else 126) from exc
 
 
 @sim.command("presets")

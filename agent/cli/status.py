@@ -68,6 +68,8 @@ def _table(data: dict[str, Any]) -> str:
         parts.append(_gpu_table(gpus))
     for g in lost:
         parts.append(f"GPU {g['index']} is lost: {g['detail']}")
+        if g["instances"] is None:
+            parts.append(f"GPU {g['index']} was never read: its MIG mode and instances are unknown")
     for where, mark in _marked(gpus):
         pods = f" (pods: {', '.join(mark['pods'])})" if mark["pods"] else ""
         parts.append(f"{where} {mark['state']} since {mark['since']}: {mark['reason']}{pods}")
@@ -84,7 +86,7 @@ def _table(data: dict[str, Any]) -> str:
             " ".join(c["uuid"] or "-" for c in i["compute_instances"]) or "-",
         ]
         for g in gpus
-        for i in g["instances"]
+        for i in g["instances"] or ()
     ]
     if instances:
         parts += [
@@ -136,7 +138,7 @@ def _marked(gpus: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     for g in gpus:
         for where, mark in [(f"GPU {g['index']}", g["condition"])] + [
             (f"GPU {g['index']} GPU instance {i['gpu_instance_id']}", i["condition"])
-            for i in g["instances"]
+            for i in g["instances"] or ()
         ]:
             if mark is not None and mark["state"] != "healthy":
                 out.append((where, mark))
@@ -180,7 +182,10 @@ def _gpu_view(g: NodeGpu, hidden: bool) -> dict[str, Any]:
             "current": "enabled" if mode.current else "disabled",
             "pending": "enabled" if mode.pending else "disabled",
         },
-        "instances": [
+        # None: a GPU lost before it was ever read ("[]" would say it has no instance)
+        "instances": None
+        if g.lost and not info.uuid
+        else [
             {
                 "gpu_instance_id": gi.id,
                 "condition": health_mark_view(g.instance_conditions.get(gi.id)),

@@ -230,19 +230,38 @@ def mig_allocation_mode(facts: Facts) -> Check:
     return ok(M, "allocation-mode", evidence)
 
 
+def _unanswering(facts: Facts) -> dict[int, str]:
+    """The GPUs the snapshot lists down (lost), with the driver's error: whatever was read of
+    them before is no reading of now."""
+    snap = facts.snapshot()
+    return {} if snap is None else {g.gpu.index: g.detail for g in snap.gpus if not g.up}
+
+
 def mig_pending(facts: Facts) -> Check:
     if not facts.driver.is_attached:
         return failed(M, "pending", "no NVML: the MIG mode cannot be read", NEEDS_NVML)
-    pending = [g for g in _gpus(facts) if g.mig_mode is not None and g.mig_mode.is_pending]
+    down = _unanswering(facts)
+    gpus = [g for g in _gpus(facts) if g.index not in down]
+    pending = [g for g in gpus if g.mig_mode is not None and g.mig_mode.is_pending]
+    unread = [f"GPU {i}: {why}" for i, why in sorted(down.items())]
     if not pending:
-        return ok(M, "pending", "no MIG mode change waits for a GPU reset")
+        if not unread:
+            return ok(M, "pending", "no MIG mode change waits for a GPU reset")
+        return degraded(
+            M,
+            "pending",
+            "no MIG mode change waits for a GPU reset on the GPUs that answer; the MIG mode "
+            f"of these cannot be read: {'; '.join(unread)}",
+            "see telemetry/nvml and gpu-agent status",
+        )
     said = ", ".join(
         f"GPU {g.index} {'on' if g.mig_mode and g.mig_mode.pending else 'off'}" for g in pending
     )
+    not_read = f"; the MIG mode of these cannot be read: {'; '.join(unread)}" if unread else ""
     return degraded(
         M,
         "pending",
-        f"MIG mode change pending until a GPU reset: {said}",
+        f"MIG mode change pending until a GPU reset: {said}{not_read}",
         "stop what holds the GPU (nvidia-persistenced, DCGM, workloads) and reset it "
         "(nvidia-smi -r -i INDEX), or reboot the node",
     )

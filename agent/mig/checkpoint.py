@@ -24,7 +24,7 @@ from agent.gpu.types import Placement
 from agent.mig.state import CiState, GiState, GpuMigState
 
 VERSION = "v1"
-_MAX_BYTES = 4 * 1024 * 1024
+MAX_BYTES = 4 * 1024 * 1024
 _MAX_GPUS = 64
 _MAX_INSTANCES = 16
 #: NVML_COMPUTE_INSTANCE_PROFILE_* constant (= profile id on hardware) -> compute slices.
@@ -81,10 +81,10 @@ def parse_checkpoint(
 
     GI profile names are filled in later from the GPU (the file has ids only): "" here.
     """
-    if len(text) > _MAX_BYTES:
+    if len(text) > MAX_BYTES:
         raise InvalidSpec(
-            f"{source}: larger than {_MAX_BYTES} bytes",
-            [FieldViolation(field, f"at most {_MAX_BYTES} bytes")],
+            f"{source}: larger than {MAX_BYTES} bytes",
+            [FieldViolation(field, f"at most {MAX_BYTES} bytes")],
         )
     try:
         data = json.loads(text)

@@ -92,7 +92,11 @@ class PowerService:
                 and g.uuid not in selected
                 and g.limits.current_mw != known[g.uuid]
             ]
-            changes = sorted(self._set_all(wanted), key=lambda c: c.index)
+            try:
+                changes = sorted(self._set_all(wanted), key=lambda c: c.index)
+            except AgentError:
+                self._forget_undone_baselines(known)
+                raise
             self._journal.journal_replace(DESIRED, {"spec": spec.text})
             self._logged.clear()
         for c in changes:
@@ -225,6 +229,17 @@ class PowerService:
         for c in changes:
             log.info("power limit of GPU %d restored: %g W", c.index, c.after_mw / 1000)
         return changes
+
+    def _forget_undone_baselines(self, known: dict[str, int]) -> None:
+        """After a refused apply put its GPUs back: the baselines it recorded go, so no check
+        takes them for a restore to finish (and undoes a limit set by hand meanwhile); one of
+        a GPU not back at it (its put-back failed) stays, for `restore`."""
+        baseline = self._baseline()
+        now = {g.uuid: g.limits.current_mw for g in self._read(strict=False)[0]}
+        keep = {u: mw for u, mw in baseline.items() if u in known or now.get(u, mw) != mw}
+        self._journal.journal_keep(
+            BASELINE, [{"uuid": u, "limit_mw": mw} for u, mw in keep.items()]
+        )
 
     def _keep_baselines(self, baseline: dict[str, int], done: set[str]) -> None:
         """Keep the baselines of the GPUs not restored yet, in one write; forget the others'."""

@@ -51,7 +51,7 @@ def _marks_apart(view: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     view = copy.deepcopy(view)
     states = []
     for gpu in view["gpus"]:
-        for part in [gpu, *gpu["instances"]]:
+        for part in [gpu, *(gpu["instances"] or ())]:
             mark = part.pop("condition")
             states.append(mark["state"] if mark else "none")
     return view, states
@@ -75,8 +75,8 @@ def _unknown_view(index: int) -> dict[str, Any]:
         "pci_device_id": None,
         "memory_total_bytes": None,
         "mig": None,
-        "instances": [],
-        "processes": [],
+        "instances": None,  # never read: unknown, not none
+        "processes": None,
     }
 
 

@@ -366,9 +366,9 @@ def test_no_cli_module_opens_the_database_or_nvml() -> None:
 
 def test_ctrl_c_detaches_from_the_running_agents_apply_which_goes_on(tmp_path: Path) -> None:
     """Ctrl-C while `mig apply` follows the running agent's operation leaves it to the agent
-    (exit 130, naming the operation); the agent finishes the apply."""
-    from agent.client import AgentClient
-
+    (exit 130, naming the operation); the agent finishes the apply. The user follows it again
+    with `gpu-agent operations wait NAME`, which the detach line names: there was no command
+    for it, only the WaitOperation RPC."""
     mig_file = tmp_path / "mig.yaml"
     mig_file.write_text(
         "version: v1\nmig-configs:\n  all-1g:\n    - devices: all\n      mig-enabled: true\n"
@@ -390,13 +390,13 @@ def test_ctrl_c_detaches_from_the_running_agents_apply_which_goes_on(tmp_path: P
                 proc.kill()
         assert proc.returncode == 130, err
         assert "detached from operations/" in err and "the node's agent carries on" in err
-        client = AgentClient(agent.socket)
-        try:
-            (op,) = client.list_operations("mig.apply")
-            done = client.follow(op, lambda _: None)
-            assert done.state == "succeeded"
-        finally:
-            client.close()
+        name = err.split("detached from ", 1)[1].split(";", 1)[0]
+        assert f"gpu-agent operations wait {name}" in err
+        listed = cli(agent.state_dir, config, "operations", "list", "--all", "-o", "json")
+        assert name in [op["name"] for op in json.loads(listed.stdout)], listed.stdout
+        waited = cli(agent.state_dir, config, "operations", "wait", name, "-o", "json")
+        assert waited.returncode == 0, waited.stderr
+        assert json.loads(waited.stdout)["state"] == "succeeded"
         check = cli(agent.state_dir, config, "mig", "assert", "-f", str(mig_file), "-c", "all-1g")
         assert check.returncode == 0, check.stdout + check.stderr
     finally:

@@ -120,3 +120,16 @@ def test_an_instances_compute_instance_ids_are_not_headed_as_a_count() -> None:
     node.gpus.extend([gpu_pb(mig_gpu(0, "1g.10gb"))])
     header = next(ln for ln in _table(status_view(node_from(node))).splitlines() if "PROFILE" in ln)
     assert "  CI ID  " in header and "CIs" not in header
+
+
+def test_a_gpu_lost_before_it_was_read_has_unknown_instances_not_none() -> None:
+    """A GPU lost before the agent ever read it (only its index known) had `"instances": []`
+    in `status -o json`, as a GPU with no MIG instance; its MIG mode was already null. Both
+    are unknown now, and the table says so."""
+    node = agent_pb2.Node(name="n", driver_version="550.90.07")
+    node.gpus.extend([gpu_pb(mig_gpu(0, "1g.10gb"))])
+    node.gpus.add(index=1, health=agent_pb2.GPU_HEALTH_LOST, health_detail="GPU is lost")
+    data = status_view(node_from(node))
+    assert [g["instances"] is None for g in data["gpus"]] == [False, True]
+    assert data["gpus"][1]["mig"] is None
+    assert "GPU 1 was never read: its MIG mode and instances are unknown" in _table(data)

@@ -28,6 +28,14 @@ from agent.gpu.sim.store import StateStore
 MIB = 1 << 20
 XID_GPU_FALLEN_OFF_BUS = 79  # what the driver reports when a GPU drops off the bus
 _MAX_QUEUED_EVENTS = 1024
+#: NVML's pid field is 32-bit: a larger pid comes back cut. Above the kernel's pid_max is
+#: allowed: a simulated-only process no host tool finds (tests/integration/test_nvitop_on_sim.py).
+MAX_PID = (1 << 32) - 1
+#: the kernel driver's XID is 32-bit (NvU32): no event carries a larger one
+MAX_XID = (1 << 32) - 1
+#: NVML's ECC error counters are 64-bit, its remapped-row counts 32-bit: past these they wrap
+MAX_ECC_COUNT = (1 << 64) - 1
+MAX_REMAPPED_ROWS = (1 << 32) - 1
 #: the nvmlClocksEventReason* bits a test or `gpu-agent sim clocks` may hold (GPU idle is the
 #: simulator's own), by the names dcgm-exporter's clock_event label uses
 CLOCK_REASONS = {
@@ -157,8 +165,11 @@ class SimControl:
         cgroup: str | None = None,
         name: str = "python",
     ) -> None:
-        if pid <= 0:
-            raise InvalidSpec(f"pid must be > 0, got {pid}", [FieldViolation("pid", "must be > 0")])
+        if not 0 < pid <= MAX_PID:
+            raise InvalidSpec(
+                f"pid must be 1..{MAX_PID} (NVML's pid field is 32-bit), got {pid}",
+                [FieldViolation("pid", f"1..{MAX_PID}")],
+            )
         if used_memory_mib < 0:
             raise InvalidSpec(
                 f"used_memory_mib must be >= 0, got {used_memory_mib}",
@@ -248,8 +259,11 @@ class SimControl:
     def raise_xid(self, gpu: int, xid: int, *, gpu_instance: int | None = None) -> None:
         """Queue XID ``xid`` on ``gpu``; with ``gpu_instance``, attributed to that MIG GPU
         instance as the driver does for faults inside one (the event's gpuInstanceId)."""
-        if xid <= 0:
-            raise InvalidSpec(f"xid must be > 0, got {xid}", [FieldViolation("xid", "must be > 0")])
+        if not 0 < xid <= MAX_XID:
+            raise InvalidSpec(
+                f"xid must be 1..{MAX_XID} (the driver's XID is 32-bit), got {xid}",
+                [FieldViolation("xid", f"1..{MAX_XID}")],
+            )
         with self._store.transaction() as node:
             g = _gpu(node, gpu)
             if gpu_instance is not None:
@@ -269,6 +283,7 @@ class SimControl:
             )
         with self._store.transaction() as node:
             g = _gpu(node, gpu)
+            _refuse_wrapping_counts(g, sbe, dbe)
             for kind, count in (("sbe", sbe), ("dbe", dbe)):
                 for span in ("volatile", "aggregate"):
                     key = f"{kind}_{span}"
@@ -360,6 +375,27 @@ class SimControl:
             node.cuda_driver_version = generations.cuda_driver_version(version)
             lifecycle.reboot(node, time.monotonic())
         self._new_boot_id()
+
+
+def _refuse_wrapping_counts(g: Gpu, sbe: int, dbe: int) -> None:
+    """ECC errors that would pass NVML's counters (the driver's counts would wrap, and the agent
+    read 0) are refused, naming the field; the aggregate count is never below the volatile."""
+    bad = [
+        FieldViolation(kind, f"at most {room} more: NVML's ECC error counters are 64-bit")
+        for kind, count in (("sbe", sbe), ("dbe", dbe))
+        if count > (room := max(0, MAX_ECC_COUNT - g.ecc.get(f"{kind}_aggregate", 0)))
+    ]
+    room = max(0, MAX_REMAPPED_ROWS - g.remap.get("pending", 0))
+    if not bad and dbe > room:
+        bad.append(
+            FieldViolation("dbe", f"at most {room} more: NVML counts remapped rows in 32 bits")
+        )
+    if bad:
+        raise InvalidSpec(
+            "ECC errors past NVML's counters: "
+            + "; ".join(f"{v.field}: {v.description}" for v in bad),
+            bad,
+        )
 
 
 def _gpu(node: NodeState, index: int) -> Gpu:

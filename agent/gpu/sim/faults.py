@@ -8,6 +8,8 @@ named function is one count.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import types
 
 import pynvml
@@ -16,16 +18,38 @@ from agent.errors import FieldViolation, InvalidSpec
 from agent.gpu.sim.state import Fault, NodeState
 
 
+@functools.cache
+def _functions() -> tuple[str, ...]:
+    """Every NVML function pynvml has (its name is the driver's C symbol, nvmlDevice...)."""
+    return tuple(
+        name
+        for name, value in vars(pynvml).items()
+        if name.startswith("nvml") and isinstance(value, types.FunctionType)
+    )
+
+
+def _close_to(name: str, names: tuple[str, ...]) -> list[str]:
+    """Up to five of ``names`` spelt like ``name``, case aside (a typo, a missing prefix)."""
+    by_folded = {n.lower(): n for n in names}
+    folded = name.lower()
+    found = difflib.get_close_matches(folded, by_folded, n=5, cutoff=0.6)
+    found += [k for k in by_folded if folded and folded in k and k not in found]
+    return [by_folded[k] for k in found[:5]]
+
+
 def check_function(name: str) -> str:
-    if not (
-        name.startswith("nvml") and isinstance(getattr(pynvml, name, None), types.FunctionType)
-    ):
-        raise InvalidSpec(
-            f"function {name!r} is not an NVML function of pynvml "
-            "(expected e.g. 'nvmlGpuInstanceDestroy')",
-            [FieldViolation("function", "must name a pynvml nvml* function")],
-        )
-    return name
+    if name in _functions():
+        return name
+    close = _close_to(name, _functions())
+    hint = (
+        f"did you mean {', '.join(close)}?"
+        if close
+        else "expected NVML's C name, e.g. 'nvmlDeviceCreateGpuInstanceWithPlacement'"
+    )
+    raise InvalidSpec(
+        f"function {name!r} is not an NVML function of pynvml: {hint}",
+        [FieldViolation("function", "must name a pynvml nvml* function")],
+    )
 
 
 def error_code(error: str | int) -> int:
@@ -46,11 +70,28 @@ def error_code(error: str | int) -> int:
             )
             code = next((c for c, k in mapping.items() if k is cls), None)
     if code is None or code not in mapping:
+        close = _close_to(str(error).removeprefix("NVML_ERROR_"), _errors())
+        hint = (
+            f": did you mean {', '.join(close)}?"
+            if close
+            else " (e.g. 'InUse', 'NVML_ERROR_IN_USE' or 19)"
+        )
         raise InvalidSpec(
-            f"error {error!r} is not an NVML error (e.g. 'InUse', 'NVML_ERROR_IN_USE' or 19)",
+            f"error {error!r} is not an NVML error{hint}",
             [FieldViolation("error", "must name an NVML_ERROR_* code")],
         )
     return code
+
+
+@functools.cache
+def _errors() -> tuple[str, ...]:
+    """The NVML error names without their prefix (IN_USE), as ``error_code`` takes them."""
+    mapping = pynvml.NVMLError._valClassMapping
+    return tuple(
+        name.removeprefix("NVML_ERROR_")
+        for name, value in vars(pynvml).items()
+        if name.startswith("NVML_ERROR_") and value in mapping
+    )
 
 
 def arm(

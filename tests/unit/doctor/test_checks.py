@@ -386,3 +386,28 @@ def test_a_gpu_lost_since_it_was_read_is_named_once_by_its_index_in_power_limits
         driver.close()
     assert check.state is CheckState.DEGRADED
     assert check.evidence.endswith("; GPU 3: GPU is lost"), check.evidence
+
+
+def test_mig_pending_does_not_vouch_for_a_gpu_that_does_not_answer(tmp_path: Path) -> None:
+    """With GPU 3 lost, mig/pending said "no MIG mode change waits for a GPU reset" (ok) from
+    the mode read before it stopped answering: a verdict on a GPU nobody can read. It is
+    degraded now, naming the GPU and the driver's error."""
+    from agent.gpu import open_driver
+    from agent.gpu.sim import SimControl
+
+    state = tmp_path / "state"
+    driver = open_driver("dgx-h100", state)
+    try:
+        layouts = tuple(driver.layout(g.uuid) for g in driver.gpus())  # read, then lost
+        SimControl(state).mark_lost(3)
+        link = cast(DriverLink, SimpleNamespace(state=None, is_attached=True, driver=driver))
+        down = SimpleNamespace(gpu=SimpleNamespace(index=3), up=False, detail="GPU is lost")
+        snap = cast(Snapshot, SimpleNamespace(layouts=layouts, gpus=(down,)))
+        check = gpu_checks.mig_pending(facts(tmp_path, driver=link, snapshot=lambda: snap))
+        answering = cast(Snapshot, SimpleNamespace(layouts=layouts, gpus=()))
+        fine = gpu_checks.mig_pending(facts(tmp_path, driver=link, snapshot=lambda: answering))
+    finally:
+        driver.close()
+    assert check.state is CheckState.DEGRADED, check
+    assert check.evidence.endswith("cannot be read: GPU 3: GPU is lost"), check.evidence
+    assert fine.state is CheckState.OK, fine

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -77,6 +81,41 @@ def test_apply_then_assert_speak_mig_parted(a100: Invoke) -> None:
     assert bad.exit_code == 1
     assert "Assertion failure: selected configuration not currently applied" in bad.output
     assert "want 1g.5gb: 4, 3g.20gb: 1" in bad.output
+
+
+def test_apply_and_assert_read_a_config_from_a_pipe(a100: Invoke) -> None:
+    """`mig apply -f <(kubectl get cm ...)` and `mig assert` on such a pipe parsed the config,
+    then read the file a second time for the agent: a pipe's second read is empty, so they
+    failed with "the MIG config is missing or malformed" (exit 2) for a good config, while
+    `mig plan` worked. The text checked is now the text sent."""
+
+    opened: list[int] = []
+
+    def pipe() -> str:
+        read, write = os.pipe()
+        os.write(write, CONFIG.encode())
+        os.close(write)
+        opened.append(read)
+        return f"/dev/fd/{read}"
+
+    try:
+        applied = a100("apply", "-f", pipe(), "-c", "balanced")
+        assert applied.exit_code == 0, applied.output
+        assert "MIG configuration applied successfully" in applied.output
+        held = a100("assert", "-f", pipe(), "-c", "balanced")
+        assert held.exit_code == 0 and "currently applied" in held.output, held.output
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+def test_a_checkpoint_that_cannot_be_written_names_its_option(a100: Invoke, tmp_path: Path) -> None:
+    """`mig checkpoint -f DIR` was refused naming `output-file`, an option checkpoint does not
+    have (it is generate-config's); the user's option is -f/--checkpoint-file."""
+    refused = a100("checkpoint", "-f", str(tmp_path))
+    assert refused.exit_code == 2, refused.output
+    assert "checkpoint-file: a writable path" in refused.output
+    assert "output-file" not in refused.output
 
 
 def test_a_lost_gpu_the_config_selects_is_never_asserted_applied(
@@ -376,6 +415,28 @@ def test_a_checkpoint_no_driver_could_hold_is_refused_before_any_change(
         assert field in refused.output, (field, refused.output)
         assert refused.exception is None or isinstance(refused.exception, SystemExit), field
         assert _states(tmp_path) == before, field
+
+
+def test_restore_of_an_endless_file_is_refused_without_reading_it_all(tmp_path: Path) -> None:
+    """`mig restore -f /dev/zero` (or any file far past the checkpoint limit) read the whole
+    file before the size check: a MemoryError traceback, exit 1, after filling the memory. The
+    file is now read one byte past the limit and refused naming the option (exit 2)."""
+
+    def one_gib_of_address_space() -> None:  # the old read fails within it, fast
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    argv = ["--simulate", "dgx-a100", "--state-dir", str(tmp_path), "mig", "restore"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_AGENT_", "MIG_PARTED"))}
+    refused = subprocess.run(
+        [sys.executable, "-m", "agent.cli.main", *argv, "-f", "/dev/zero"],
+        capture_output=True,
+        text=True,
+        env=env,
+        preexec_fn=one_gib_of_address_space,
+        timeout=60,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "checkpoint-file: at most" in refused.stderr and "Traceback" not in refused.stderr
 
 
 def test_a_config_on_stdin_that_is_not_utf8_is_refused_naming_the_option(a100: Invoke) -> None:

@@ -154,6 +154,25 @@ def test_a_refused_set_puts_back_the_gpus_already_changed(gpu: GpuDriver, tmp_pa
     assert service.show().spec_text == ""  # not the desired state: nothing to re-apply
 
 
+def test_a_refused_apply_leaves_no_baseline_to_undo_a_limit_set_by_hand_later(
+    gpu: GpuDriver, tmp_path: Path
+) -> None:
+    """A set NVML refused put the GPUs back and recorded no spec, but kept the baselines it had
+    journalled: `power show` said "RESTORES TO 400 W" with no spec applied, and the next check
+    (the running agent's, or the attach of the next command's agent) took them for an
+    unfinished restore and put them back, undoing a limit the admin then set by hand."""
+    service = _service(gpu, tmp_path)
+    SimControl(tmp_path).inject_fault("nvmlDeviceSetPowerManagementLimit", "NoPermission", nth=3)
+    with pytest.raises(PermissionDenied):
+        service.apply(_SPEC)
+    assert service.show().baseline_mw == {}
+    by_hand = gpu.gpus()[0]
+    limits = gpu.power_limits(by_hand.uuid)
+    gpu.set_power_limit(by_hand.uuid, limits.current_mw - 50_000)  # nvidia-smi -pl
+    assert service.reconcile() == []
+    assert gpu.power_limits(by_hand.uuid).current_mw == limits.current_mw - 50_000
+
+
 def test_a_gpu_without_power_management_refuses_the_apply(gpu: GpuDriver, tmp_path: Path) -> None:
     before = _limits(gpu)
     SimControl(tmp_path).inject_fault(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,41 @@ def test_rejected_input_changes_nothing(node: Opener) -> None:
     with pytest.raises(InvalidSpec):
         control.raise_xid(0, 0)
     assert control.describe() == before
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda c: c.raise_xid(0, 99_999_999_999), "xid"),
+        (lambda c: c.start_process(2**32, 0, used_memory_mib=1), "pid"),
+        (lambda c: c.memory_errors(0, dbe=2**64), "dbe"),
+        (lambda c: c.memory_errors(0, sbe=2**64), "sbe"),
+        (lambda c: c.memory_errors(0, dbe=2**32), "dbe"),
+    ],
+    ids=["xid", "pid", "dbe-ecc", "sbe-ecc", "dbe-remap"],
+)
+def test_a_number_no_driver_reports_is_refused_naming_it(
+    node: Opener, change: Callable[[SimControl], None], field: str
+) -> None:
+    """`sim xid 0 99999999999` was queued, and the running agent's inventory then failed to
+    put it in the API's 32-bit XidEvent and stopped the whole agent; `sim process start
+    99999999999` ran a process that `status` showed as pid 1215752191 (NVML's pid is 32-bit);
+    `sim ecc 0 --dbe 18446744073709551616` wrapped NVML's 64-bit ECC counter (and the 32-bit
+    remapped-row count) to 0, so the GPU stayed healthy with no word said. No such number
+    exists on a real node (the XID and NVML's pid are 32-bit, the counters wrap): each is
+    refused naming the field, and nothing changes. A pid above the kernel's pid_max stays
+    allowed: a simulated-only process no host tool finds."""
+    _, control = node("dgx-h100")
+    before = control.describe()
+    with pytest.raises(InvalidSpec) as raised:
+        change(control)
+    assert [v.field for v in raised.value.violations] == [field]
+    assert control.describe() == before
+
+
+def test_a_pid_above_any_kernels_pid_max_runs_as_a_simulated_only_process(node: Opener) -> None:
+    """A pid past Linux's largest pid_max (2^22) is what tests use for a process no host tool
+    finds; NVML carries it (32-bit), so the simulator takes it."""
+    _, control = node("dgx-h100")
+    control.start_process((1 << 22) + 4242, 0, used_memory_mib=1)
+    assert [p["pid"] for p in control.describe()["processes"]] == [(1 << 22) + 4242]

@@ -87,6 +87,34 @@ def test_fault_names_are_validated(
     assert [v.field for v in raised.value.violations] == [field]
 
 
+@pytest.mark.parametrize(
+    ("function", "error", "meant"),
+    [
+        (
+            "nvmlDeviceCreateGpuInstanceWithPlacment",
+            "InUse",
+            "nvmlDeviceCreateGpuInstanceWithPlacement",
+        ),
+        ("nvmldevicegetcount", "InUse", "nvmlDeviceGetCount"),
+        ("CreateGpuInstanceWithPlacement", "InUse", "nvmlDeviceCreateGpuInstanceWithPlacement"),
+        ("nvmlDeviceGetCount", "InsufficentResources", "INSUFFICIENT_RESOURCES"),
+        ("nvmlDeviceGetCount", "NVML_ERROR_IN_USED", "IN_USE"),
+    ],
+)
+def test_a_misspelt_name_is_refused_with_the_names_it_is_close_to(
+    node: Opener, function: str, error: str, meant: str
+) -> None:
+    """`sim fault` with a typo in NVML's C name (or the error's) said only "expected e.g.
+    'nvmlGpuInstanceDestroy'", a fixed example, so the user had to search pynvml for the
+    spelling; the refusal now lists the close matches, and arms nothing."""
+    _, control = node("dgx-h100")
+    with pytest.raises(InvalidSpec) as raised:
+        control.inject_fault(function, error)
+    assert "did you mean" in str(raised.value)
+    assert meant in str(raised.value).split("did you mean", 1)[1]
+    assert control.describe()["faults"] == []
+
+
 def test_a_lost_gpu_fails_every_call_on_it_and_its_mig_devices(node: Opener) -> None:
     nvml, control = node("dgx-h100")
     handle = enable_mig(nvml, 1)
