@@ -72,6 +72,11 @@ def metrics(
 
     if output is not None and not sources:
         raise InvalidSpec("--output: only with --sources", [FieldViolation("output", "--sources")])
+    if openmetrics and sources:
+        raise InvalidSpec(
+            "--openmetrics: not with --sources (a table, or -o json/yaml)",
+            [FieldViolation("openmetrics", "without --sources")],
+        )
     chosen = {"telemetry.collectors": collectors, "telemetry.metric_names": metric_names}
     obj.flags = {**obj.flags, **chosen}
     client = obj.agent()

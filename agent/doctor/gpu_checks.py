@@ -151,6 +151,16 @@ def telemetry_pod_resources(facts: Facts) -> Check:
     except OSError:
         is_socket = False
     if is_socket:
+        snap = facts.snapshot()
+        pods = next((s for s in snap.sources if s.source == "pods"), None) if snap else None
+        if pods is not None and pods.degraded is not None:
+            return degraded(
+                T,
+                "pod-resources",
+                f"{pods.degraded} (socket {socket})",
+                "check kubelet on the node (systemctl status kubelet; its log); the pod labels "
+                "follow again at its next answer",
+            )
         return ok(T, "pod-resources", f"kubelet pod-resources socket {socket}")
     if facts.kube is None:
         return ok(T, "pod-resources", f"not in a cluster: no pods to attribute ({socket} absent)")

@@ -263,7 +263,8 @@ class DraSlicesCollector(Collector):
 class DraReader(Reader):
     """The DRA claims reader: the claims' devices among kubelet's allocations, told apart by
     this node's ResourceSlices. Until the slices were listed once no claim's device can be
-    told: the reader fails with the watch's status, and no claim is guessed."""
+    told: the reader fails with the watch's status, and no claim is guessed. While the watch
+    is stale the last slices are kept, and the reader says so (degraded, with the status)."""
 
     name = "dra"
     after_attribution = False
@@ -277,4 +278,6 @@ class DraReader(Reader):
     def read(self, frame: Frame) -> Part:
         if self._devices.lookup() is None:
             raise Degraded(self._devices.status()[1])
-        return Part(allocations=tuple(a for a in self._allocations() if a.claim is not None))
+        current, detail = self._devices.status()
+        claimed = tuple(a for a in self._allocations() if a.claim is not None)
+        return Part(allocations=claimed, degraded=None if current else detail)

@@ -477,7 +477,7 @@ def _agent_families(snapshot: Snapshot, naming: Naming, rows: list[_Row]) -> Ite
     sources = Metric(
         "gpu_agent_collection_source_up",
         "1 when a telemetry source was read this tick; 0 with the reason while it fails: its "
-        "series are absent (pods: kubelet's last answer is kept), the other sources' are "
+        "series are absent (pods and dra keep their last answer), the other sources' are "
         "published.",
         "gauge",
     )

@@ -53,14 +53,16 @@ def read_container_id(proc_root: Path, pid: int) -> str | None:
 class ContainerDirectory:
     """Container id -> PodRef from the names in kubelet's container log directory.
 
-    The listing is cached and re-read only when asked for an id it does not know, at most once per
-    :meth:`begin` (once per collection tick).
+    The listing is cached and re-read only when asked for an id it does not know, or for the UID
+    of a pod whose log links are gone, at most once per :meth:`begin` (once per collection tick).
     """
 
     def __init__(self, log_dir: Path) -> None:
         self._log_dir = log_dir
         self._known: dict[str, PodRef] = {}
         self._uids: dict[tuple[str, str], str] = {}
+        #: (namespace, pod) -> the log links its UID was read from
+        self._uid_links: dict[tuple[str, str], tuple[Path, ...]] = {}
         self._fresh = False
 
     def begin(self) -> None:
@@ -74,21 +76,27 @@ class ContainerDirectory:
 
     def pod_uid(self, pod: PodRef) -> str | None:
         """The pod's UID from its containers' log links; None when no link names it or links
-        name two UIDs (a pod recreated under the same name while the old one's logs remain)."""
+        name two UIDs (a pod recreated under the same name while the old one's logs remain).
+        Read again once the links it came from are gone (the pod was deleted; one made again
+        under its name has another UID)."""
         key = (pod.namespace, pod.name)
-        if key not in self._uids and not self._fresh:
+        if not self._fresh and (key not in self._uids or not self._still_linked(key)):
             self._scan()
         return self._uids.get(key)
+
+    def _still_linked(self, key: tuple[str, str]) -> bool:
+        return any(os.path.lexists(link) for link in self._uid_links.get(key, ()))
 
     def _scan(self) -> None:
         self._fresh = True
         try:
             entries = list(self._log_dir.iterdir())
         except OSError:
-            self._known, self._uids = {}, {}
+            self._known, self._uids, self._uid_links = {}, {}, {}
             return
         known: dict[str, PodRef] = {}
         uids: defaultdict[tuple[str, str], set[str]] = defaultdict(set)
+        links: defaultdict[tuple[str, str], list[Path]] = defaultdict(list)
         for entry in entries:
             m = _LOG_LINK.fullmatch(entry.name)
             if not m:
@@ -102,5 +110,7 @@ class ContainerDirectory:
             d = _POD_DIR.fullmatch(parts[-3]) if len(parts) >= 3 else None
             if d and (d["ns"], d["pod"]) == (m["ns"], m["pod"]):
                 uids[(m["ns"], m["pod"])].add(d["uid"])
+                links[(m["ns"], m["pod"])].append(entry)
         self._known = known
         self._uids = {k: next(iter(v)) for k, v in uids.items() if len(v) == 1}
+        self._uid_links = {k: tuple(links[k]) for k in self._uids}

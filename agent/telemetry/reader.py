@@ -79,7 +79,8 @@ class Part:
     #: per-container usage of held entities
     usage: tuple[PodUsage, ...] = ()
     #: set by a reader whose source failed but which serves its last good answer (kubelet's
-    #: pod allocations): the part is published and the source is reported degraded, so why
+    #: pod allocations, DRA's slices): the part is published and the source is reported
+    #: degraded, saying why
     degraded: str | None = None
 
     def value(self, key: EntityKey, field_id: int, value: float) -> None:

@@ -226,7 +226,8 @@ class Sampler:
     def _read(
         self, frame: Frame, statuses: list[SourceStatus], *, after_attribution: bool
     ) -> Iterable[Part]:
-        """Each reader of this stage's part; one that raises is reported and left out."""
+        """Each reader of this stage's part; one that raises is reported and left out, one
+        that serves its last answer (``Part.degraded``) is reported and kept."""
         parts = []
         for reader in self._readers:
             if reader.after_attribution is not after_attribution:

@@ -17,7 +17,7 @@ from agent.doctor.service import CHECKS, Doctor
 from agent.gpu.attach import LIBRARY_NOT_FOUND, DriverLink, DriverState
 from agent.gpu.readings import GpuIdentity
 from agent.statedir import Unwritable
-from agent.telemetry.snapshot import FieldSupport, Snapshot
+from agent.telemetry.snapshot import FieldSupport, Snapshot, SourceStatus
 from agent.wire.doctor import Check, CheckState
 from tests.unit.doctor.support import detached, facts, volume
 
@@ -411,3 +411,35 @@ def test_mig_pending_does_not_vouch_for_a_gpu_that_does_not_answer(tmp_path: Pat
     assert check.state is CheckState.DEGRADED, check
     assert check.evidence.endswith("cannot be read: GPU 3: GPU is lost"), check.evidence
     assert fine.state is CheckState.OK, fine
+
+
+def test_pod_resources_is_degraded_while_kubelet_refuses_the_list(tmp_path: Path) -> None:
+    """The socket is there but kubelet's List fails (kubelet down or restarting): GPU series
+    carry kubelet's last answer. The check said ok, "kubelet pod-resources socket ...", since
+    it only looked for the socket; it now says what the pods source says."""
+    import socket as sockets
+
+    path = tmp_path / "kubelet.sock"
+    listener = sockets.socket(sockets.AF_UNIX)
+    listener.bind(str(path))
+    reason = "kubelet pod-resources List failed (UNAVAILABLE): pods as of its last answer"
+    snap = Snapshot(
+        0.0, "n", "550.90.07", "12.550", (), (), sources=(SourceStatus("pods", reason),)
+    )
+    try:
+        f = facts(tmp_path, driver=_attached(), snapshot=lambda: snap)
+        f = dataclasses.replace(
+            f,
+            config=dataclasses.replace(
+                f.config,
+                telemetry=dataclasses.replace(f.config.telemetry, kubelet_socket=path),
+            ),
+        )
+        check = gpu_checks.telemetry_pod_resources(f)
+        assert check.state is CheckState.DEGRADED
+        assert reason in check.evidence and "kubelet" in (check.fix or "")
+        up = Snapshot(0.0, "n", "550.90.07", "12.550", (), (), sources=(SourceStatus("pods"),))
+        fine = gpu_checks.telemetry_pod_resources(dataclasses.replace(f, snapshot=lambda: up))
+        assert fine.state is CheckState.OK
+    finally:
+        listener.close()

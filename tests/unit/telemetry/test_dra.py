@@ -12,8 +12,16 @@ from typing import Any
 import pytest
 
 from agent.kube import InClusterKubeClient
-from agent.telemetry.dra import PATH, DraDevices, DraSlicesCollector, SliceDevice, slice_devices
+from agent.telemetry.dra import (
+    PATH,
+    DraDevices,
+    DraReader,
+    DraSlicesCollector,
+    SliceDevice,
+    slice_devices,
+)
 from agent.telemetry.pods import PodResourcesClient, PodWatcher
+from agent.telemetry.reader import Frame
 from agent.telemetry.stats import TelemetryStats
 from tests.kube.fake_api import FakeKubeApi
 from tests.kube.fixtures import NODE
@@ -177,12 +185,17 @@ def test_an_api_server_down_keeps_the_last_answer_and_says_it_is_stale(
     try:
         wait_for(lambda: dra.status()[0], "the first list", timeout=10)
         assert gauges() == {"gpu_agent_dra_slices_current": 1.0, "gpu_agent_dra_slice_devices": 1.0}
+        reader = DraReader(dra, lambda: ())
+        assert reader.read(Frame(0.0, (), {})).degraded is None
         api.unavailable.add(PATH)
         wait_for(lambda: not dra.status()[0], "the outage to be noticed", timeout=10)
         _, detail = dra.status()
         assert "stale" in detail and "503" in detail
         assert dict(dra.lookup()) == {(NODE, "gpu-0"): SliceDevice("gpu", uuid=GPU_A)}
         assert gauges() == {"gpu_agent_dra_slices_current": 0.0, "gpu_agent_dra_slice_devices": 1.0}
+        # The dra source serves the last answer and says so (gpu_agent_collection_source_up,
+        # `metrics --sources`, `status`): it read "up" while its slices were stale.
+        assert reader.read(Frame(0.0, (), {})).degraded == detail
         api.unavailable.clear()
         wait_for(lambda: dra.status()[0], "the watch to come back", timeout=15)
     finally:

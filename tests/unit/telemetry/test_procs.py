@@ -90,3 +90,21 @@ def test_pod_uids_come_from_where_the_log_links_point_and_two_are_none(tmp_path:
     assert directory.pod_uid(PodRef("ml", "web", "srv")) is None
     assert directory.pod_uid(PodRef("ml", "odd", "c")) is None  # points at another pod's logs
     assert directory.lookup(CID) == PodRef("ml", "train-0", "main")
+
+
+def test_a_pod_recreated_under_its_name_gets_its_new_uid(tmp_path: Path) -> None:
+    """A StatefulSet pod deleted and made again keeps its name, not its UID. The UID read for
+    the old pod was kept as long as no unknown container id forced a re-listing: a new pod
+    that held its GPU without running on it carried the deleted pod's pod_uid indefinitely."""
+    old, new = (f"{n * 8}-1234-4abc-8def-0123456789ab" for n in "ab")
+    link = tmp_path / f"train-0_ml_main-{CID}.log"
+    link.symlink_to(f"/var/log/pods/ml_train-0_{old}/main/0.log")
+    directory = ContainerDirectory(tmp_path)
+    directory.begin()
+    assert directory.pod_uid(PodRef("ml", "train-0", "main")) == old
+    link.unlink()  # kubelet removed the deleted pod's container and its log link
+    (tmp_path / f"train-0_ml_main-{'ab' * 32}.log").symlink_to(
+        f"/var/log/pods/ml_train-0_{new}/main/0.log"
+    )
+    directory.begin()
+    assert directory.pod_uid(PodRef("ml", "train-0", "main")) == new

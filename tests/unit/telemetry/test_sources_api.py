@@ -103,3 +103,16 @@ def test_metrics_sources_shows_the_degraded_source_as_a_table_and_json(tmp_path:
         alone.exit_code != 0
         and "--output: only with --sources" in str(alone.exception or "") + alone.output
     )
+
+
+def test_metrics_sources_refuses_openmetrics_rather_than_ignoring_it(tmp_path: Path) -> None:
+    """`--sources` prints a table (or -o json/yaml), never the exposition: `--openmetrics` with
+    it was silently ignored, so a script asking for both got a table and exit 0. Refused like
+    `-o` without `--sources` (exit 2 from `gpu-agent`), before any agent is started."""
+    ctx = _context(tmp_path)
+    try:
+        both = CliRunner().invoke(metrics, ["--sources", "--openmetrics"], obj=ctx)
+    finally:
+        ctx.close()
+    assert both.exit_code != 0, both.output
+    assert "--openmetrics: not with --sources" in str(both.exception or "") + both.output
