@@ -105,8 +105,11 @@ class TelemetrySettings:
         default=1.0,
         metadata=_rules(
             ge=0.1,
+            le=30,
             doc="Seconds between samples. Scrapes render the latest sample, so this bounds how "
-            "fresh metrics are; under 0.1 s NVML and GPM reads cost more than they tell.",
+            "fresh metrics are; under 0.1 s NVML and GPM reads cost more than they tell. At "
+            "most 30 s (dcgm-exporter's default): the GpuAgentTelemetryStale alert calls a "
+            "sample older than 60 s a stuck sampler.",
         ),
     )
     collectors: Path | None = field(

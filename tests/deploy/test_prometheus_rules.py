@@ -119,3 +119,24 @@ def test_rules_use_only_series_the_agent_exports() -> None:
 @pytest.mark.parametrize("alert", sorted({a["alert"] for a in _alerts()}))
 def test_alert_names_follow_the_convention(alert: str) -> None:
     assert re.fullmatch(r"GpuAgent[A-Z][A-Za-z]+", alert)
+
+
+def test_the_stale_alert_leaves_room_for_the_slowest_sample_interval_the_agent_takes() -> None:
+    """GpuAgentTelemetryStale calls a sample older than its threshold a stuck sampler;
+    telemetry.interval_s had no upper bound, so a node sampling less often than that kept the
+    alert pending, and one past about 6 minutes paged for a sampler that was not stuck. The
+    config's bound keeps two samples inside the threshold, and a larger value is refused
+    naming the setting."""
+    import dataclasses
+
+    from agent.config import TelemetrySettings, load_config
+    from agent.config.rules import RULES_KEY
+    from agent.errors import AgentError
+
+    (stale,) = [a for a in _alerts() if a["alert"] == "GpuAgentTelemetryStale"]
+    threshold = float(re.findall(r">\s*([0-9.]+)", stale["expr"])[0])
+    (interval,) = [f for f in dataclasses.fields(TelemetrySettings) if f.name == "interval_s"]
+    most = interval.metadata[RULES_KEY].le
+    assert 2 * most <= threshold, (most, threshold)
+    with pytest.raises(AgentError, match=r"INTERVAL_S: .*<= 30"):
+        load_config(None, {"GPU_AGENT_TELEMETRY__INTERVAL_S": str(most + 1)})
