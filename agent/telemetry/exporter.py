@@ -448,10 +448,20 @@ def _agent_families(snapshot: Snapshot, naming: Naming, rows: list[_Row]) -> Ite
     yield up
 
     xids = Metric("gpu_agent_xid_errors", "XID errors seen since the agent started.", "counter")
+    first = Metric(
+        "gpu_agent_xid_errors_first_seen_timestamp_seconds",
+        "When (Unix time) the first XID of its gpu_agent_xid_errors_total series came: the "
+        "series counts from then. Rules count a series whole only when this is within their "
+        "window, so a Prometheus that missed it for a while does not count old XIDs as new.",
+        "gauge",
+    )
     for x in snapshot.xids:
         labels = {**naming.entity(x.entity, None), "xid": str(x.xid)}
         xids.samples.append(Sample("gpu_agent_xid_errors_total", labels, float(x.count)))
+        if x.first_seen is not None:
+            first.samples.append(Sample(first.name, labels, x.first_seen))
     yield xids
+    yield first
 
     idle = Metric(
         "gpu_agent_idle_seconds",

@@ -110,6 +110,8 @@ class XidCount:
     entity: Entity
     xid: int
     count: int
+    #: when (Unix time) the first of ``count`` came; None where not kept (the window's counts)
+    first_seen: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

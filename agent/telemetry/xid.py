@@ -74,6 +74,9 @@ class XidState:
     #: of ``unsupported``, the GPUs that did not answer when the event set opened: registered
     #: at its next opening once they answer (:meth:`XidWatcher.on_snapshot`)
     unreachable: frozenset[int] = frozenset()
+    #: ``counts``' keys -> when (Unix time) the first of them came: a rule tells a series new
+    #: since then from one it missed for a while (a Prometheus restart, a new replica)
+    first_seen: dict[tuple[int, int | None, int], float] = field(default_factory=dict)
 
     def totals(self) -> dict[tuple[int, int | None, int], int]:
         """:attr:`counts` with the retired ones under their GPU (None): every XID since the
@@ -93,9 +96,11 @@ class XidWatcher:
         stats: TelemetryStats,
         wait_ms: int = _WAIT_MS,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._open = open_events
         self._clock = clock
+        self._wall = wall
         #: (when, GPU index, XID) of recent occurrences, oldest first
         self._recent: deque[tuple[float, int, int]] = deque(maxlen=_RECENT_MAX)
         self._stats = stats
@@ -104,6 +109,8 @@ class XidWatcher:
         self._counts: Counter[tuple[int, int | None, int]] = Counter()
         #: when each count last grew (this watcher's clock)
         self._counted_at: dict[tuple[int, int | None, int], float] = {}
+        #: when each count began (Unix time)
+        self._first_at: dict[tuple[int, int | None, int], float] = {}
         self._retired: Counter[tuple[int, int]] = Counter()
         self._last: dict[int, int] = {}
         self._unsupported: dict[int, str] = {}
@@ -148,6 +155,7 @@ class XidWatcher:
                 self._broken,
                 dict(self._retired),
                 self._unreachable,
+                dict(self._first_at),
             )
 
     def retire_gone(self, layouts: Mapping[int, MigLayout], read_after: float) -> None:
@@ -165,6 +173,7 @@ class XidWatcher:
                     continue  # may be an instance made after the layout was read
                 self._retired[(gpu, code)] += self._counts.pop(key)
                 self._counted_at.pop(key, None)
+                self._first_at.pop(key, None)
 
     def on_snapshot(self, snapshot: Snapshot) -> None:
         """A GPU that answers this tick but did not when the event set was opened (lost at
@@ -185,6 +194,7 @@ class XidWatcher:
             now = self._clock()
             self._counts[key] += 1
             self._counted_at[key] = now
+            self._first_at.setdefault(key, self._wall())
             self._last[event.gpu_index] = event.xid
             self._recent.append((now, event.gpu_index, event.xid))
         for listener in self._listeners:
@@ -244,13 +254,16 @@ def xid_counts(
     """The snapshot's XID counters: per GPU or live GPU instance and XID. An instance missing
     from the layout has no row: its XIDs happened there, not on the GPU as a whole."""
     rows: list[XidCount] = []
-    for (gpu, gi, code), count in sorted(xid.counts.items(), key=_xid_order):
+    for key, count in sorted(xid.counts.items(), key=_xid_order):
+        gpu, gi, code = key
+        first = xid.first_seen.get(key)
         if gi is None:
-            rows.append(XidCount(Entity(gpus[gpu]), code, count))
+            rows.append(XidCount(Entity(gpus[gpu]), code, count, first))
             continue
         profile = profile_of(layouts.get(gpu), gi)
         if profile is not None:
-            rows.append(XidCount(Entity(gpus[gpu], InstanceIdentity(gi, profile)), code, count))
+            instance = Entity(gpus[gpu], InstanceIdentity(gi, profile))
+            rows.append(XidCount(instance, code, count, first))
     return tuple(rows)
 
 

@@ -151,11 +151,15 @@ def test_dashboard_shows_what_operators_asked_for() -> None:
 def test_the_xid_stat_counts_a_storm_of_new_xids(tmp_path: Path) -> None:
     """ "XID errors (1 h)" during a storm: XIDs seen for the first time this hour count too
     (increase() alone reads 0 for a series that starts with its first occurrence), as the
-    gpu_agent:xid_errors:increase10m recording rule does."""
+    gpu_agent:xid_errors:increase10m recording rule does. A series whose first XID came
+    before the hour does not count whole when Prometheus missed it for a while (a restart)."""
     (panel,) = [p for p in _panels() if p["title"] == "XID errors (1 h)"]
     variables = {v["name"] for v in _dashboard()["templating"]["list"]}
     expr = _substitute(panel["targets"][0]["expr"], variables)
     series = 'gpu_agent_xid_errors_total{{pool="p",node="n",gpu="0",xid="{}"}}'
+    first = (
+        'gpu_agent_xid_errors_first_seen_timestamp_seconds{{pool="p",node="n",gpu="0",xid="{}"}}'
+    )
     tests = {
         "rule_files": [],
         "evaluation_interval": "1m",
@@ -163,10 +167,17 @@ def test_the_xid_stat_counts_a_storm_of_new_xids(tmp_path: Path) -> None:
             {
                 "interval": "1m",
                 "input_series": [
-                    # Two XIDs new 20 minutes ago (3 and 1 occurrences), one older that rose by 2.
+                    # One XID new 20 minutes ago (3 occurrences), one older that rose by 2.
                     {"series": series.format(79), "values": "_x40 3x30"},
-                    {"series": series.format(48), "values": "_x40 1x30"},
+                    {"series": first.format(79), "values": "_x40 2400x30"},
                     {"series": series.format(13), "values": "5x40 7x30"},
+                    {"series": first.format(13), "values": "0x70"},
+                    # From an agent too old to say when: new to Prometheus, so counted whole.
+                    {"series": series.format(48), "values": "_x40 1x30"},
+                    # Seen first 10 minutes before the test's start; this Prometheus has it
+                    # only from 40m: not new this hour.
+                    {"series": series.format(74), "values": "_x40 4x30"},
+                    {"series": first.format(74), "values": "_x40 -600x30"},
                 ],
                 "promql_expr_test": [
                     {"expr": expr, "eval_time": "60m", "exp_samples": [{"value": 6}]}

@@ -90,7 +90,7 @@ SNAPSHOT = Snapshot(
         PodUsage(GI3, NOTEBOOK, memory_used_bytes=256 * 1024**2, sm_utilization=None),
         PodUsage(GI3, NB9, memory_used_bytes=128 * 1024**2, sm_utilization=None),
     ),
-    xids=(XidCount(Entity(GPU0), 79, 2), XidCount(GI3, 31, 1)),
+    xids=(XidCount(Entity(GPU0), 79, 2, 1_700_000_000.0), XidCount(GI3, 31, 1, 1_700_000_060.0)),
     support=(
         FieldSupport(1004, GPU0, supported=True),
         FieldSupport(1004, GPU1, supported=True),
@@ -159,6 +159,21 @@ def test_dcgm_text_keeps_exporter_names_labels_and_counter_type() -> None:
     assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n" in text
     assert "\nDCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{" in text
     assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total" not in text
+
+
+def test_each_xid_series_says_when_its_first_xid_came_under_the_same_labels() -> None:
+    """The rules count an XID series whole while its first XID is within their window. They
+    told that by whether Prometheus had the series 10 minutes ago, so after a Prometheus
+    restart (or on a new replica) every XID since the agent started paged again. The agent now
+    says when each series began, under the counter's own labels (the rules match on them)."""
+    for metric_names in ("dcgm", "native"):
+        found = {f.name: f for f in parse_text(_render(metric_names, "text/plain"))}
+        counts = found["gpu_agent_xid_errors"].samples
+        first = found["gpu_agent_xid_errors_first_seen_timestamp_seconds"]
+        assert first.type == "gauge"
+        began = {tuple(sorted(s.labels.items())): s.value for s in first.samples}
+        assert sorted(began.values()) == [1_700_000_000.0, 1_700_000_060.0]
+        assert {tuple(sorted(s.labels.items())) for s in counts} == set(began), metric_names
 
 
 def test_physical_fields_never_appear_on_instance_series() -> None:

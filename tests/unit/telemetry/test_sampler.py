@@ -268,6 +268,23 @@ def test_xids_are_counted_per_code_and_the_last_one_is_kept(tmp_path: Path) -> N
     assert entity(snapshot, 0).values[F["DEV_XID_ERRORS"]] == 0
 
 
+def test_an_xid_series_keeps_the_time_of_its_first_xid(tmp_path: Path) -> None:
+    """`gpu_agent_xid_errors_first_seen_timestamp_seconds` is when the series' first XID came
+    (Unix time), not its latest: the rules count the series whole only inside their window."""
+    from agent.gpu.xid_events import XidEvent
+    from agent.telemetry.stats import TelemetryStats
+
+    now = [1_700_000_000.0]
+    watcher = XidWatcher(lambda: XidEvents(None), TelemetryStats(), wall=lambda: now[0])
+    watcher.record(XidEvent(3, 31, None, None))
+    now[0] += 600
+    watcher.record(XidEvent(3, 31, None, None))
+    watcher.record(XidEvent(3, 13, None, None))
+    state = watcher.state()
+    assert state.counts == {(3, None, 31): 2, (3, None, 13): 1}
+    assert state.first_seen == {(3, None, 31): 1_700_000_000.0, (3, None, 13): 1_700_000_600.0}
+
+
 def test_a_gpu_lost_when_xid_events_were_registered_is_watched_once_it_answers(
     tmp_path: Path,
 ) -> None:
