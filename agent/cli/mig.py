@@ -24,7 +24,7 @@ from agent import logs, safeyaml
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.mig_advise import advise_command
-from agent.cli.options import choice_option, read_input
+from agent.cli.options import choice_option, read_input, write_output
 from agent.cli.render import emit, format_table, output_option, plain
 from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec
 from agent.mig.checkpoint import MAX_BYTES as CHECKPOINT_MAX_BYTES
@@ -551,7 +551,7 @@ def generate_config_command(obj: CliContext, output_file: str | None, output_for
         else yaml.safe_dump(document, sort_keys=False)
     )
     if output_file:
-        _write(Path(output_file), text, "output-file")
+        write_output(Path(output_file), text, "output-file")
     else:
         click.echo(text, nl=False)
 
@@ -582,7 +582,9 @@ def checkpoint_command(obj: CliContext, checkpoint_file: str) -> None:
     layouts, lost = _read(obj, "mig checkpoint")
     refuse_lost(lost, f"a checkpoint would not bring it back; nothing written to {checkpoint_file}")
     states = [fetch(layout) for layout in layouts if layout.gpu.mig_capable]
-    _write(Path(checkpoint_file), json.dumps(checkpoint_document(states)) + "\n", "checkpoint-file")
+    write_output(
+        Path(checkpoint_file), json.dumps(checkpoint_document(states)) + "\n", "checkpoint-file"
+    )
     click.echo("MIG configuration checkpointed successfully")
 
 
@@ -662,17 +664,6 @@ def restore_command(
     )
     if pending:
         raise click.exceptions.Exit(PENDING_EXIT)
-
-
-def _write(path: Path, text: str, field: str) -> None:
-    """``field``: the option that named ``path``, as the user wrote it."""
-    try:
-        path.write_text(text)
-    except OSError as exc:
-        raise InvalidSpec(
-            f"cannot write {path}: {exc.strerror or exc}",
-            [FieldViolation(field, "a writable path")],
-        ) from exc
 
 
 mig.add_command(advise_command)
