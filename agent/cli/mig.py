@@ -328,11 +328,23 @@ def apply_command(
         emit({"config": spec.select(selected)[0], "gpus": []}, output, lambda _: _verdict([]))
         return
     last = applied[-1]
+    if not last.data["gpus"]:  # no GPU planned: selected by no entry, or not MIG-capable
+        _say_unheld(client.assert_mig(text, selected or "", mode_only=mode_only).mismatches)
     emit(last.data, output, lambda _: last.table)
     if last.pending:
         raise click.exceptions.Exit(PENDING_EXIT)
     if last.lost:
         raise click.exceptions.Exit(1)
+
+
+def _say_unheld(mismatches: Sequence[str]) -> None:
+    """An apply that planned no GPU succeeds, as mig-parted's does, but where the agent's assert
+    of the config still fails (its entries select none of these GPUs: another model's device
+    filter, indices the node lacks) that is said, not left to the next `mig assert`."""
+    for line in mismatches:
+        click.echo(f"warning: {line}", err=True)
+    if mismatches:
+        click.echo("warning: no GPU changed, and `mig assert` of this config fails", err=True)
 
 
 @dataclass(frozen=True, slots=True)
