@@ -24,7 +24,7 @@ from agent import logs, safeyaml
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.mig_advise import advise_command
-from agent.cli.options import choice_option, read_input
+from agent.cli.options import choice_option, read_input, write_output
 from agent.cli.render import emit, format_table, output_option, plain
 from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec
 from agent.mig.checkpoint import MAX_BYTES as CHECKPOINT_MAX_BYTES
@@ -328,11 +328,23 @@ def apply_command(
         emit({"config": spec.select(selected)[0], "gpus": []}, output, lambda _: _verdict([]))
         return
     last = applied[-1]
+    if not last.data["gpus"]:  # no GPU planned: selected by no entry, or not MIG-capable
+        _say_unheld(client.assert_mig(text, selected or "", mode_only=mode_only).mismatches)
     emit(last.data, output, lambda _: last.table)
     if last.pending:
         raise click.exceptions.Exit(PENDING_EXIT)
     if last.lost:
         raise click.exceptions.Exit(1)
+
+
+def _say_unheld(mismatches: Sequence[str]) -> None:
+    """An apply that planned no GPU succeeds, as mig-parted's does, but where the agent's assert
+    of the config still fails (its entries select none of these GPUs: another model's device
+    filter, indices the node lacks) that is said, not left to the next `mig assert`."""
+    for line in mismatches:
+        click.echo(f"warning: {line}", err=True)
+    if mismatches:
+        click.echo("warning: no GPU changed, and `mig assert` of this config fails", err=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -551,7 +563,7 @@ def generate_config_command(obj: CliContext, output_file: str | None, output_for
         else yaml.safe_dump(document, sort_keys=False)
     )
     if output_file:
-        _write(Path(output_file), text, "output-file")
+        write_output(Path(output_file), text, "output-file")
     else:
         click.echo(text, nl=False)
 
@@ -582,7 +594,9 @@ def checkpoint_command(obj: CliContext, checkpoint_file: str) -> None:
     layouts, lost = _read(obj, "mig checkpoint")
     refuse_lost(lost, f"a checkpoint would not bring it back; nothing written to {checkpoint_file}")
     states = [fetch(layout) for layout in layouts if layout.gpu.mig_capable]
-    _write(Path(checkpoint_file), json.dumps(checkpoint_document(states)) + "\n", "checkpoint-file")
+    write_output(
+        Path(checkpoint_file), json.dumps(checkpoint_document(states)) + "\n", "checkpoint-file"
+    )
     click.echo("MIG configuration checkpointed successfully")
 
 
@@ -662,17 +676,6 @@ def restore_command(
     )
     if pending:
         raise click.exceptions.Exit(PENDING_EXIT)
-
-
-def _write(path: Path, text: str, field: str) -> None:
-    """``field``: the option that named ``path``, as the user wrote it."""
-    try:
-        path.write_text(text)
-    except OSError as exc:
-        raise InvalidSpec(
-            f"cannot write {path}: {exc.strerror or exc}",
-            [FieldViolation(field, "a writable path")],
-        ) from exc
 
 
 mig.add_command(advise_command)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -13,6 +14,7 @@ from typing import Any, TypeVar
 import click
 
 from agent import safeyaml
+from agent.errors import FieldViolation, InvalidSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -27,6 +29,42 @@ def read_input(value: str, field: str) -> str:
         return safeyaml.read_text(Path(value), field)
     data = sys.stdin.buffer.read(safeyaml.DEFAULT.max_bytes + 1)  # bytes: decoded strictly
     return safeyaml.decoded(data, field, safeyaml.DEFAULT.max_bytes, "stdin")
+
+
+def write_output(path: Path, text: str, field: str) -> None:
+    """Write ``text`` to ``path`` (``field``: the option that named it, as the user wrote it).
+    A regular file, or a new one, is replaced whole: a temp file beside it, renamed over it, so
+    a write that fails (a full disk) leaves the file it replaces as it was, never cut short.
+    Anything else (/dev/stdout, /proc/self/fd/N, a pipe) is written to as it is. Any failure:
+    an InvalidSpec naming ``field`` (exit 2)."""
+    try:
+        if path.parts[1:2] in (("dev",), ("proc",)) or (path.exists() and not path.is_file()):
+            path.write_text(text)  # /dev/stdout (whatever it is), a pipe: written as it is
+        else:  # a link to a file stays a link: its target is replaced
+            _replace(Path(os.path.realpath(path)), text.encode())
+    except OSError as exc:
+        raise InvalidSpec(
+            f"cannot write {path}: {exc.strerror or exc}",
+            [FieldViolation(field, "a writable path")],
+        ) from exc
+
+
+def _replace(path: Path, data: bytes) -> None:
+    try:
+        mode = path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        mode = 0o644
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def file_option(*decls: str, help: str, **attrs: Any) -> Callable[[F], F]:

@@ -513,7 +513,8 @@ def _view_data(view: SharingView) -> dict[str, object]:
         "config_path": str(view.config_path),
         "exists": view.exists,
         **_sharing_data(view.config),
-        "advertised": _advertised_data(view.advertised),
+        # null, not []: no resource is advertised is a claim nobody could make (why: below)
+        "advertised": None if view.advertised_unknown else _advertised_data(view.advertised),
         "advertised_unknown": view.advertised_unknown or None,
         "plugin": {"state": view.pickup.state, "detail": view.pickup.detail},
         "last_write": None
@@ -535,7 +536,7 @@ def _result_data(result: ApplyResult) -> dict[str, object]:
         "changed": result.changed,
         "config_path": str(result.config_path),
         **_sharing_data(result.config),
-        "advertised": _advertised_data(result.advertised),
+        "advertised": None if result.advertised_unknown else _advertised_data(result.advertised),
         "advertised_unknown": result.advertised_unknown or None,
         "problems": [{"field": p.field, "description": p.description} for p in result.problems],
         "reload": _reload_data(result.reload),

@@ -211,7 +211,8 @@ def test_no_driver_is_never_a_yes_and_status_says_why(tmp_path: Path) -> None:
         )
         assert "advertises no GPU resources" not in shown.stdout
         as_json = json.loads(cli(agent.state_dir, config, "share", "show", "-o", "json").stdout)
-        assert as_json["advertised"] == [] and "library_not_found" in as_json["advertised_unknown"]
+        assert as_json["advertised"] is None  # not known: null, never "none advertised"
+        assert "library_not_found" in as_json["advertised_unknown"]
         refused = cli(agent.state_dir, config, "share", "set", "--time-slicing", "nvidia.com/gpu=4")
         assert refused.returncode == DriverNotReady.exit_code, refused.stderr
         assert "share set needs the node's GPUs read (the config is checked against them): " in (

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import json
+import resource
 import subprocess
 import sys
 from collections.abc import Callable
@@ -134,6 +136,48 @@ def test_a_pending_mode_change_is_not_success_through_the_agent(tmp_path: Path) 
     assert done.returncode == PENDING_EXIT, done.stdout + done.stderr
     assert "MIG configuration applied successfully" not in done.stdout
     assert "NOT applied yet: a MIG mode change is pending" in done.stdout
+
+
+def test_a_checkpoint_that_cannot_be_written_whole_leaves_the_previous_one(
+    tmp_path: Path,
+) -> None:
+    """`mig checkpoint -f FILE` truncated FILE, then wrote: a write cut short (a full disk, here
+    a file size limit) left half a checkpoint where the previous, good one was, and exited 2.
+    The new checkpoint goes to a temp file renamed over FILE, so FILE is the previous
+    checkpoint until the new one is whole."""
+    root = tmp_path / "agent"
+    root.mkdir()
+    agent = AgentProcess(root, agent_config(root), preset="dgx-a100")
+    cli_config = tmp_path / "cli.yaml"
+    cli_config.write_text(yaml.safe_dump({"socket_path": str(agent.socket)}))
+    saved = tmp_path / "saved" / "checkpoint.json"
+    saved.parent.mkdir()
+    previous = '{"Version": "v1", "MigState": {"Devices": []}}\n'
+    saved.write_text(previous)
+
+    def small_files_only() -> None:  # the disk fills after 256 bytes (Python ignores SIGXFSZ)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256, 256))
+
+    node = ["--simulate", "dgx-a100", "--state-dir", str(agent.state_dir)]
+    command = ["--config", str(cli_config), "mig", "checkpoint", "-f", str(saved)]
+    with agent:
+        cut = subprocess.run(
+            [sys.executable, "-m", "agent.cli.main", *node, *command],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=small_files_only,
+        )
+        assert cut.returncode == 2, cut.stdout + cut.stderr
+        assert "checkpoint-file: a writable path" in cut.stderr
+        assert saved.read_text() == previous
+        assert sorted(p.name for p in saved.parent.iterdir()) == ["checkpoint.json"]
+        whole = gpu_agent(
+            "dgx-a100", agent.state_dir, "mig", "checkpoint", "-f", str(saved), config=cli_config
+        )
+        assert whole.returncode == 0, whole.stderr
+    assert len(json.loads(saved.read_text())["MigState"]["Devices"]) == 8
 
 
 SIGTERMED = """

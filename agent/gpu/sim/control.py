@@ -241,6 +241,8 @@ class SimControl:
         name = faults.check_function(function)
         code = faults.error_code(error)
         with self._store.transaction() as node:
+            if gpu is not None:
+                _gpu(node, gpu)  # a GPU the node lacks: NotFound (exit 3), as every sim command
             faults.arm(node, name, code, nth=nth, count=count, gpu=gpu)
 
     def clear_faults(self) -> None:

@@ -297,3 +297,23 @@ def test_the_help_of_each_command_says_what_it_does_on_a_dra_node() -> None:
         assert "DeviceClass" in " ".join(result.output.split()), (name, result.output)
     group = CliRunner().invoke(share, ["--help"])
     assert "DeviceClass" in " ".join(group.output.split())
+
+
+def test_json_says_null_not_an_empty_list_when_what_is_advertised_is_not_known(
+    config_path: Path,
+) -> None:
+    """With GPU 3 lost, `share show -o json` and `share set -o json` gave `"advertised": []`,
+    which a script reads as "the plugin advertises nothing"; `advertised_unknown` said why, but
+    only a script that knew to look saw it. Unknown is null, as `status` gives a lost GPU's
+    processes."""
+    settings = SharingSettings(config_path=config_path, reload="none")
+    svc = SharingService(settings, lambda: node(7), gpus_lost=lambda: (3,))
+
+    def json_of(*args: str) -> dict[str, object]:
+        result = CliRunner().invoke(share, [*args, "-o", "json"], obj=Obj(svc))
+        assert result.exit_code == 0, result.output
+        return dict(json.loads(result.stdout))
+
+    for data in (json_of("set", "--time-slicing", "nvidia.com/gpu=4"), json_of("show")):
+        assert data["advertised"] is None
+        assert str(data["advertised_unknown"]).startswith("GPU 3 lost")

@@ -9,7 +9,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from agent.errors import InvalidSpec
+from agent.errors import InvalidSpec, NotFound
 from agent.gpu.sim import SimNvml
 
 from .conftest import Opener, create_at, enable_mig
@@ -175,3 +175,17 @@ def test_losing_a_gpu_raises_xid_79(node: Opener) -> None:
     event_set = _xid_set(nvml, 4)
     control.mark_lost(4)
     assert nvml.nvmlEventSetWait(event_set, 1000).eventData == 79
+
+
+def test_a_fault_on_a_gpu_the_node_lacks_is_not_found_as_in_every_sim_command(
+    node: Opener,
+) -> None:
+    """`sim fault F E --gpu 9` on an 8-GPU node exited 2 (a bad field) where `sim lost 9`,
+    `sim xid 9 79`, `sim reset 9` and the rest exit 3 (NotFound) with "GPU 9 does not
+    exist": one GPU the node lacks, one exit code. Nothing is armed."""
+    _, control = node("dgx-h100")
+    with pytest.raises(NotFound, match=r"GPU 9 does not exist; the node has GPUs 0\.\.7"):
+        control.inject_fault("nvmlDeviceGetCount", "InUse", gpu=9)
+    with pytest.raises(NotFound):
+        control.mark_lost(9)
+    assert control.describe()["faults"] == []
