@@ -155,6 +155,7 @@ class _Reconfigure:
         self._suspend = suspend
         self._settle = settle
         self._gpus_done = 0
+        self._done_indices: list[int] = []
         # A GPU's "done" event carries no mutation number: the count stays at the last step.
         self._steps_done = 0
         self._lock = threading.Lock()
@@ -173,6 +174,7 @@ class _Reconfigure:
             with self._lock:
                 if event.phase == "done":
                     self._gpus_done += 1
+                    self._done_indices.append(event.gpu)
                 self._steps_done = event.mutation or self._steps_done
                 if event.phase == "done" and self._gpus_done >= self._gpus_total:
                     # Every GPU done: the steps taken are all there were (the plan's estimate
@@ -188,6 +190,7 @@ class _Reconfigure:
                     steps_done=self._steps_done,
                     current_step=event.message,
                     current_gpu_index=event.gpu,
+                    gpus_done_indices=self._done_indices,
                 )
             ctx.progress(
                 operations_pb2.OperationMetadata(mig_apply=meta), force=event.phase == "done"

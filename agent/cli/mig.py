@@ -398,14 +398,20 @@ def _follow(client: AgentClient, op: OperationView, embedded: bool) -> _Applied:
     with the command, as ``serve`` stops (an apply is suspended, a restore rolled back)."""
     click.echo(f"reconfiguring through the node's agent: {op.name}", err=True)
     printed: set[tuple[str, int, str]] = set()
+    finished: list[int] = []
 
     def progress(update: OperationView) -> None:
         # Updates repeat (a forced one per GPU, then the operation's end): one line per step.
+        # A watcher may miss one, so the GPUs done come from the list each update carries.
         meta = update.mig_progress
         if meta is None:
             return
+        for index in meta.done_gpus[len(finished) :]:
+            finished.append(index)
+            click.echo(f"GPU {index} done", err=True)
         key = (meta.phase, meta.steps_done, meta.current_step)
-        if meta.current_step and key not in printed:
+        said = meta.phase == "done" and bool(meta.done_gpus)  # the list said it
+        if meta.current_step and key not in printed and not said:
             printed.add(key)
             click.echo(_step_line(meta.phase, meta.steps_done, meta.current_step), err=True)
 

@@ -134,6 +134,8 @@ class MigProgress:
     gpus_done: int
     #: mutations the plan expects
     steps_total: int
+    #: the GPUs finished, in the order they finished (empty from an agent before the field)
+    done_gpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +261,7 @@ def operation_from(op: operations_pb2.Operation) -> OperationView:
             mig.gpus_total,
             mig.gpus_done,
             mig.steps_total,
+            tuple(mig.gpus_done_indices),
         ),
         mig_result=None if result is None else _mig_applied(result),
         prewarm_progress=None

@@ -320,6 +320,39 @@ def test_progress_is_one_line_per_step(a100: Invoke) -> None:
     assert [line for line in lines if line.endswith(" done")] == [f"GPU {i} done" for i in range(8)]
 
 
+def test_a_gpu_done_is_said_even_when_the_watch_missed_its_update(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Progress is a state, read when the watcher wakes: under load GPU 1's forced "done"
+    update was overwritten by GPU 2's before it was read, and its line never came (the flake
+    of test_progress_is_one_line_per_step). Each update lists the GPUs done so far."""
+    from agent.cli.mig import _follow
+    from agent.wire.operations import MigProgress, OperationView
+
+    def view(meta: MigProgress, done: bool = False) -> OperationView:
+        return OperationView(
+            "operations/x", "mig.apply", "running", done, None, (), meta, None, None, (), "", ""
+        )
+
+    seen = [
+        view(MigProgress("c", "apply", 1, "GPU 0: create 1g", 3, 0, 6, ())),
+        view(MigProgress("c", "done", 2, "GPU 0 done", 3, 1, 6, (0,))),
+        # GPU 1's "done" and GPU 2's steps were not read
+        view(MigProgress("c", "done", 6, "GPU 2 done", 3, 3, 6, (0, 1, 2)), done=True),
+    ]
+
+    class Client:
+        def follow(self, op: object, progress: Callable[[OperationView], None]) -> OperationView:
+            for update in seen:
+                progress(update)
+                progress(update)  # updates repeat
+            return seen[-1]
+
+    _follow(Client(), seen[0], embedded=False)  # type: ignore[arg-type]
+    lines = capsys.readouterr().err.splitlines()[1:]
+    assert lines == ["[1] apply: GPU 0: create 1g", "GPU 0 done", "GPU 1 done", "GPU 2 done"]
+
+
 def _place(state_dir: Path, preset: str, gpu: int, instances: list[tuple[str, int]]) -> None:
     """Make instances at exact placements on the simulated driver, as a DRA driver would."""
     driver = open_driver(preset, state_dir)

@@ -85,7 +85,7 @@ class OperationResponse(_message.Message):
     def __init__(self, mig_apply: _Optional[_Union[MigApplyResult, _Mapping]] = ..., prewarm: _Optional[_Union[PrewarmResult, _Mapping]] = ...) -> None: ...
 
 class MigApplyProgress(_message.Message):
-    __slots__ = ("config_name", "phase", "gpus_total", "gpus_done", "steps_total", "steps_done", "current_step", "current_gpu_index")
+    __slots__ = ("config_name", "phase", "gpus_total", "gpus_done", "steps_total", "steps_done", "current_step", "current_gpu_index", "gpus_done_indices")
     CONFIG_NAME_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     GPUS_TOTAL_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,7 @@ class MigApplyProgress(_message.Message):
     STEPS_DONE_FIELD_NUMBER: _ClassVar[int]
     CURRENT_STEP_FIELD_NUMBER: _ClassVar[int]
     CURRENT_GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GPUS_DONE_INDICES_FIELD_NUMBER: _ClassVar[int]
     config_name: str
     phase: str
     gpus_total: int
@@ -102,7 +103,8 @@ class MigApplyProgress(_message.Message):
     steps_done: int
     current_step: str
     current_gpu_index: int
-    def __init__(self, config_name: _Optional[str] = ..., phase: _Optional[str] = ..., gpus_total: _Optional[int] = ..., gpus_done: _Optional[int] = ..., steps_total: _Optional[int] = ..., steps_done: _Optional[int] = ..., current_step: _Optional[str] = ..., current_gpu_index: _Optional[int] = ...) -> None: ...
+    gpus_done_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, config_name: _Optional[str] = ..., phase: _Optional[str] = ..., gpus_total: _Optional[int] = ..., gpus_done: _Optional[int] = ..., steps_total: _Optional[int] = ..., steps_done: _Optional[int] = ..., current_step: _Optional[str] = ..., current_gpu_index: _Optional[int] = ..., gpus_done_indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class MigApplyResult(_message.Message):
     __slots__ = ("config_name", "changed_gpu_uuids", "changed", "gpus", "mutations", "recovered", "device_plugin")
