@@ -203,6 +203,7 @@ def _fetch_members(
 
             spec = FetchSpec(m.url, headers, m.sha256, resume_key=work.identity(m.url))
             fetcher.fetch(spec, part, report, cancelled)
+            part.check_complete(m.path)
             sha = work.store.commit_blob(part, m.sha256, m.path)
         finally:
             part.close()
