@@ -171,6 +171,9 @@ class ImageSource(Source):
         return work.index.update(item.id, state=ItemState.EVICTED)
 
     def pin(self, item: CacheItem, pinned: bool, work: Work) -> None:
+        # The runtime's pin is the image's: it stays while another name of it is pinned.
+        if not pinned and any(i.pinned for i in self.sharing(item, work)):
+            return
         if item.state is ItemState.READY and work.puller:
             work.puller.set_pinned(item.source, pinned)
 

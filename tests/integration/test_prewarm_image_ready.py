@@ -126,6 +126,22 @@ def test_two_names_of_one_image_share_it_as_two_names_of_one_blob_do(
     assert not puller.present(image) and svc.get("b").state is ItemState.EVICTED
 
 
+def test_unpinning_one_name_of_an_image_keeps_it_pinned_for_another(
+    tmp_path: Path, cluster: cri.Cluster, image: str
+) -> None:
+    """`cache pin a --unpin` took containerd's pinned label off the image while `b`, another
+    name of it, was still pinned: the kubelet's image GC could then remove b's image. The
+    label stays while any name of the image is pinned."""
+    puller = CriPuller(cluster.socket)
+    svc = make_service(tmp_path, puller=puller)
+    svc.run(svc.submit(ImageRequest(image, name="a", pin=True)).id)
+    svc.run(svc.submit(ImageRequest(image, name="b", pin=True)).id)
+    svc.pin("a", False)
+    assert puller.pinned_names(image) != [] and svc.get("a").pinned is False
+    svc.pin("b", False)
+    assert puller.pinned_names(image) == []
+
+
 def test_a_pinned_image_is_pinned_in_containerd_and_not_evicted(
     tmp_path: Path, cluster: cri.Cluster, image: str
 ) -> None:
