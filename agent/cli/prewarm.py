@@ -153,7 +153,7 @@ def _items_table(items: Sequence[CacheItem]) -> str:
             i.state.value,
             human_bytes(i.size),
             human_bytes(i.fetched_bytes) if i.state is ItemState.FETCHING else "-",
-            "yes" if i.pinned else "",
+            _pinned_cell(i),
             i.hits,
             f"{i.warm_seconds:.1f}s" if i.warm_seconds is not None else "-",
             _warmth_cell(i),
@@ -175,6 +175,13 @@ def _items_table(items: Sequence[CacheItem]) -> str:
         "ERROR",
     )
     return format_table(headers, rows)
+
+
+def _pinned_cell(item: CacheItem) -> str:
+    """``yes``; for an image the runtime would not pin (``pin_error``), that it is not."""
+    if not item.pinned:
+        return ""
+    return "yes (not in runtime)" if "pin_error" in item.options else "yes"
 
 
 def _warmth_cell(item: CacheItem) -> str:

@@ -253,11 +253,8 @@ class PrewarmService:
                     "source": target.source,  # the latest signature, for the next fetch
                     "expected_sha256": sha256 or item.expected_sha256,
                 }
-                after = (
-                    partial(source.pin_after_hit, work=self)
-                    if pinned and not item.pinned
-                    else _nothing
-                )
+                # Pinned again on each pinned hit: a runtime that refused once may take it now.
+                after = partial(source.pin_after_hit, work=self) if pinned else _nothing
                 return _Plan(item.name, partial(self.index.update, item.id, **changes), after)
             if reason is not None:
                 log.warning(

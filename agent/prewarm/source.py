@@ -244,7 +244,8 @@ class Source(abc.ABC):
         return None  # a hook: nothing to do for most kinds
 
     def pin_after_hit(self, item: CacheItem, work: Work) -> None:
-        """A hit pinned an item that was not: pin it where it lives, logging what fails."""
+        """A hit of a pinned item: pin it where it lives (again: an earlier pin may have
+        failed), keeping what fails where readers see it."""
         return None  # a hook: nothing to do for most kinds
 
     def describe(self, item: CacheItem) -> str:

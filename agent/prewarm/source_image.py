@@ -178,12 +178,18 @@ class ImageSource(Source):
             work.puller.set_pinned(item.source, pinned)
 
     def pin_after_hit(self, item: CacheItem, work: Work) -> None:
+        """Pin the image in the runtime; a refusal is kept as ``pin_error``, as after a pull,
+        so the item does not read as pinned where the kubelet's image GC looks."""
         if work.puller is None:
             return
+        options = {k: v for k, v in item.options.items() if k != "pin_error"}
         try:
             work.puller.set_pinned(item.source, True)
         except AgentError as exc:
             log.warning("cannot pin image %s in the runtime: %s", item.name, exc)
+            options["pin_error"] = str(exc)
+        if options != item.options:
+            work.index.update(item.id, options=options)
 
     def run(self, item: CacheItem, event: threading.Event, work: Work) -> Outcome:
         puller = work.puller
