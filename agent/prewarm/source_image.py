@@ -172,10 +172,12 @@ class ImageSource(Source):
 
     def pin(self, item: CacheItem, pinned: bool, work: Work) -> None:
         # The runtime's pin is the image's: it stays while another name of it is pinned.
-        if not pinned and any(i.pinned for i in self.sharing(item, work)):
-            return
-        if item.state is ItemState.READY and work.puller:
+        shared = not pinned and any(i.pinned for i in self.sharing(item, work))
+        if not shared and item.state is ItemState.READY and work.puller:
             work.puller.set_pinned(item.source, pinned)
+        if "pin_error" in item.options:  # taken now, or no longer asked for
+            options = {k: v for k, v in item.options.items() if k != "pin_error"}
+            work.index.update(item.id, options=options)
 
     def pin_after_hit(self, item: CacheItem, work: Work) -> None:
         """Pin the image in the runtime; a refusal is kept as ``pin_error``, as after a pull,

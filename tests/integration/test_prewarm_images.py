@@ -189,3 +189,9 @@ def test_a_pin_on_a_hit_that_the_runtime_refuses_is_recorded_not_shown_as_done(
     puller.refuse = False
     svc.submit(ImageRequest("r.example/app:1", name="app", pin=True))
     assert "pin_error" not in svc.get("app").options
+    # `cache pin` that containerd takes clears an earlier refusal too.
+    puller.refuse = True
+    svc.submit(ImageRequest("r.example/app:1", name="app", pin=True))
+    assert "pin_error" in svc.get("app").options
+    puller.refuse = False
+    assert "pin_error" not in svc.pin("app", True).options
