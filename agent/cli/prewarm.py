@@ -57,7 +57,18 @@ def progress_line(
         line
         + (f" {human_bytes(int(rate))}/s" if rate > 0 else "")
         + (f" ETA {max(etas):.0f}s" if etas else "")
+        + _unmeasured(items)
     )
+
+
+def _unmeasured(items: Sequence[ItemProgress]) -> str:
+    """What the bytes do not show: items fetching with no size yet (an image pull, a file
+    before its headers), named (three at most), and items waiting for a worker, counted."""
+    blind = [i.name for i in items if i.state == "fetching" and i.total_bytes is None and i.name]
+    queued = sum(1 for i in items if i.state == "queued")
+    words = [f"fetching {', '.join(blind[:3])}" + (" …" if len(blind) > 3 else "")] if blind else []
+    words += [f"{queued} queued"] if queued else []
+    return (" " + ", ".join(words)) if words else ""
 
 
 def _client(ctx: click.Context) -> AgentClient:
