@@ -57,7 +57,18 @@ def progress_line(
         line
         + (f" {human_bytes(int(rate))}/s" if rate > 0 else "")
         + (f" ETA {max(etas):.0f}s" if etas else "")
+        + _unmeasured(items)
     )
+
+
+def _unmeasured(items: Sequence[ItemProgress]) -> str:
+    """What the bytes do not show: items fetching with no size yet (an image pull, a file
+    before its headers), named (three at most), and items waiting for a worker, counted."""
+    blind = [i.name for i in items if i.state == "fetching" and i.total_bytes is None and i.name]
+    queued = sum(1 for i in items if i.state == "queued")
+    words = [f"fetching {', '.join(blind[:3])}" + (" …" if len(blind) > 3 else "")] if blind else []
+    words += [f"{queued} queued"] if queued else []
+    return (" " + ", ".join(words)) if words else ""
 
 
 def _client(ctx: click.Context) -> AgentClient:
@@ -153,7 +164,7 @@ def _items_table(items: Sequence[CacheItem]) -> str:
             i.state.value,
             human_bytes(i.size),
             human_bytes(i.fetched_bytes) if i.state is ItemState.FETCHING else "-",
-            "yes" if i.pinned else "",
+            _pinned_cell(i),
             i.hits,
             f"{i.warm_seconds:.1f}s" if i.warm_seconds is not None else "-",
             _warmth_cell(i),
@@ -175,6 +186,13 @@ def _items_table(items: Sequence[CacheItem]) -> str:
         "ERROR",
     )
     return format_table(headers, rows)
+
+
+def _pinned_cell(item: CacheItem) -> str:
+    """``yes``; for an image the runtime would not pin (``pin_error``), that it is not."""
+    if not item.pinned:
+        return ""
+    return "yes (not in runtime)" if "pin_error" in item.options else "yes"
 
 
 def _warmth_cell(item: CacheItem) -> str:

@@ -50,7 +50,29 @@ def parse_header_dir(text: str) -> HeaderDir:
     return HeaderDir(origin_of(origin), Path(directory))
 
 
+#: Header files a request may name, and the length of their names: a few tokens are sent, and
+#: an origin refuses a header line past a few KiB anyway.
+MAX_HEADER_FILES = 16
+MAX_HEADER_NAME = 128
+
+
+def check_header_files(files: Mapping[str, object]) -> None:
+    """At most `MAX_HEADER_FILES`, each named by a short HTTP token (`check_header_name`)."""
+    if len(files) > MAX_HEADER_FILES:
+        raise InvalidSpec(
+            f"{len(files)} header files; at most {MAX_HEADER_FILES} are taken",
+            [FieldViolation("header_files", f"at most {MAX_HEADER_FILES} header files")],
+        )
+    for name in files:
+        check_header_name(name)
+
+
 def check_header_name(name: str) -> str:
+    if len(name) > MAX_HEADER_NAME:
+        raise InvalidSpec(
+            f"a header name of {len(name)} characters; at most {MAX_HEADER_NAME} are taken",
+            [FieldViolation("header_files", f"names of at most {MAX_HEADER_NAME} characters")],
+        )
     if not _TOKEN.fullmatch(name):
         raise InvalidSpec(
             f"header name {name!r} is not an HTTP token",

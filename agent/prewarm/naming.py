@@ -157,10 +157,11 @@ def label_key(name: str) -> str:
 
 def source_identity(url: str, ignored: Sequence[str] = DEFAULT_IGNORED_QUERY_PARAMS) -> str:
     """The URL without the query parameters that only sign it (names or ``*`` globs, matched
-    case-sensitively as Dragonfly does), so a re-signed URL is the same item."""
+    case-sensitively as Dragonfly does), so a re-signed URL is the same item, and without its
+    fragment, which never reaches the origin."""
     parts = urlsplit(url)
     if not parts.query:
-        return url
+        return urlunsplit(parts._replace(fragment="")) if parts.fragment else url
     kept = [
         (k, v)
         for k, v in parse_qsl(parts.query, keep_blank_values=True)

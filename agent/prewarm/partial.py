@@ -244,3 +244,11 @@ class MemberPartial(Partial):
                 f"the origin announced {total} bytes for a file listed with {self.size}"
             )
         self.limit = self.size
+
+    def check_complete(self, path: str) -> None:
+        """The fetch ended at the listed size: a body that ended short (a chunked answer has
+        no length to check at its start) is not the file the listing named."""
+        if self.offset != self.size:
+            raise DigestMismatch(
+                f"{path}: the origin sent {self.offset} bytes for a file listed with {self.size}"
+            )

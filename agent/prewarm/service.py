@@ -253,11 +253,8 @@ class PrewarmService:
                     "source": target.source,  # the latest signature, for the next fetch
                     "expected_sha256": sha256 or item.expected_sha256,
                 }
-                after = (
-                    partial(source.pin_after_hit, work=self)
-                    if pinned and not item.pinned
-                    else _nothing
-                )
+                # Pinned again on each pinned hit: a runtime that refused once may take it now.
+                after = partial(source.pin_after_hit, work=self) if pinned else _nothing
                 return _Plan(item.name, partial(self.index.update, item.id, **changes), after)
             if reason is not None:
                 log.warning(
@@ -365,9 +362,8 @@ class PrewarmService:
         ready = item.state is ItemState.READY
         if ready and item.pinned:
             raise Conflict(f"{item.name} is pinned; unpin first")
-        # Evicting a blob evicts every name on it: other items on it keep it.
-        kept = item.sha256 is not None and len(self.store.on_blob(item.sha256)) > 1
-        if ready and not (kept and self.store.layout(item) is Layout.BLOB):
+        # Evicting a blob or an image evicts every name of it: other items on it keep it.
+        if ready and not kinds.source_for(item.kind).sharing(item, self):
             self.evict(item.id, by)
         self.index.delete(item.id)
         self.store.discard_partial(item.id)

@@ -214,6 +214,13 @@ class Source(abc.ABC):
         """Drop what a ready item found not to be what it claims left in the cache."""
         work.store.discard_item(item)
 
+    def sharing(self, item: CacheItem, work: Work) -> list[CacheItem]:
+        """The other ready items standing on what ``item`` is on the node (the default: the
+        other names of its blob): evicting it evicts them, deleting it leaves it to them."""
+        if item.sha256 is None or work.store.layout(item) is not Layout.BLOB:
+            return []
+        return [i for i in work.store.on_blob(item.sha256) if i.id != item.id]
+
     def evict(self, item: CacheItem, by: Actor | None, work: Work) -> CacheItem:
         """Remove a ready item from the node; returns its row. The default, for one blob:
         evicting the blob evicts every name on it, so each must be the caller's to evict and
@@ -237,7 +244,8 @@ class Source(abc.ABC):
         return None  # a hook: nothing to do for most kinds
 
     def pin_after_hit(self, item: CacheItem, work: Work) -> None:
-        """A hit pinned an item that was not: pin it where it lives, logging what fails."""
+        """A hit of a pinned item: pin it where it lives (again: an earlier pin may have
+        failed), keeping what fails where readers see it."""
         return None  # a hook: nothing to do for most kinds
 
     def describe(self, item: CacheItem) -> str:

@@ -12,7 +12,7 @@ from agent.errors import AgentError, FieldViolation, InvalidSpec, StateUnavailab
 from agent.prewarm.errors import Cancelled, FetchFailed
 from agent.prewarm.fetch_http import FetchSpec
 from agent.prewarm.headers import (
-    check_header_name,
+    check_header_files,
     header_files_of,
     header_options,
     read_header_files,
@@ -62,8 +62,7 @@ class FileSource(Source):
                 "sha256 must be 64 lowercase hex digits",
                 [FieldViolation("sha256", "64 characters 0-9 a-f")],
             )
-        for header in request.header_files:
-            check_header_name(header)
+        check_header_files(request.header_files)
 
     def validate(self, request: SourceRequest, work: Work) -> None:
         assert isinstance(request, FileRequest)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec
 from agent.kube_names import is_dns_label
-from agent.owner import Actor
+from agent.owner import Actor, check_may_undo
 from agent.prewarm.docker_auth import registry_host
 from agent.prewarm.errors import Cancelled, FetchFailed, ImageWarmFailed
 from agent.prewarm.model import (
@@ -144,24 +144,54 @@ class ImageSource(Source):
     def discard(self, item: CacheItem, work: Work) -> None:
         return None  # nothing of it in the cache
 
+    def sharing(self, item: CacheItem, work: Work) -> list[CacheItem]:
+        """The other ready items naming the same image (its other names)."""
+        ready = work.index.items([ItemState.READY])
+        return [
+            i for i in ready if i.kind == item.kind and i.source == item.source and i.id != item.id
+        ]
+
     def evict(self, item: CacheItem, by: Actor | None, work: Work) -> CacheItem:
+        """Remove the image from the runtime, and so every name of it: refused while one is
+        pinned, as a blob's names are."""
+        others = self.sharing(item, work)
+        for other in others:
+            check_may_undo(by, other.owner_role, other.name, "evict")
         if item.pinned:
             raise Conflict(f"{item.name} is pinned; unpin first")
+        pinned = [i.name for i in others if i.pinned]
+        if pinned:
+            raise Conflict(
+                f"{item.name} shares its image with pinned {', '.join(pinned)}; unpin first"
+            )
         if work.puller is not None:
             work.puller.remove(item.source)
+        for other in others:
+            work.index.update(other.id, state=ItemState.EVICTED)
         return work.index.update(item.id, state=ItemState.EVICTED)
 
     def pin(self, item: CacheItem, pinned: bool, work: Work) -> None:
-        if item.state is ItemState.READY and work.puller:
+        # The runtime's pin is the image's: it stays while another name of it is pinned.
+        shared = not pinned and any(i.pinned for i in self.sharing(item, work))
+        if not shared and item.state is ItemState.READY and work.puller:
             work.puller.set_pinned(item.source, pinned)
+        if "pin_error" in item.options:  # taken now, or no longer asked for
+            options = {k: v for k, v in item.options.items() if k != "pin_error"}
+            work.index.update(item.id, options=options)
 
     def pin_after_hit(self, item: CacheItem, work: Work) -> None:
+        """Pin the image in the runtime; a refusal is kept as ``pin_error``, as after a pull,
+        so the item does not read as pinned where the kubelet's image GC looks."""
         if work.puller is None:
             return
+        options = {k: v for k, v in item.options.items() if k != "pin_error"}
         try:
             work.puller.set_pinned(item.source, True)
         except AgentError as exc:
             log.warning("cannot pin image %s in the runtime: %s", item.name, exc)
+            options["pin_error"] = str(exc)
+        if options != item.options:
+            work.index.update(item.id, options=options)
 
     def run(self, item: CacheItem, event: threading.Event, work: Work) -> Outcome:
         puller = work.puller

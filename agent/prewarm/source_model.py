@@ -17,7 +17,7 @@ from agent.prewarm.errors import Cancelled, FetchFailed
 from agent.prewarm.fetch_http import CancelledFn, FetchSpec, ProgressFn
 from agent.prewarm.group import Member, check_include, check_repo, list_group, listing_url
 from agent.prewarm.headers import (
-    check_header_name,
+    check_header_files,
     header_files_of,
     header_options,
     read_header_files,
@@ -71,8 +71,7 @@ class ModelSource(Source):
                 f"endpoint {request.endpoint!r} is not an HTTP(S) base URL",
                 [FieldViolation("endpoint", "an https:// (or http://) base URL, without ? or #")],
             )
-        for header in request.header_files:
-            check_header_name(header)
+        check_header_files(request.header_files)
 
     def validate(self, request: SourceRequest, work: Work) -> None:
         assert isinstance(request, GroupRequest)
@@ -203,6 +202,7 @@ def _fetch_members(
 
             spec = FetchSpec(m.url, headers, m.sha256, resume_key=work.identity(m.url))
             fetcher.fetch(spec, part, report, cancelled)
+            part.check_complete(m.path)
             sha = work.store.commit_blob(part, m.sha256, m.path)
         finally:
             part.close()

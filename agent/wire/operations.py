@@ -7,11 +7,11 @@ so a stored operation reads back as the message it was.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf import json_format
 
-from agent._proto.gpuagent.v1 import operations_pb2, types_pb2
+from agent._proto.gpuagent.v1 import cache_pb2, operations_pb2, types_pb2
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.operation import Operation
 from agent.redact import redact_text
@@ -119,6 +119,9 @@ class ItemProgress:
     rate_bytes_per_second: float
     #: None while the rate gives no estimate
     eta_seconds: float | None
+    name: str = ""
+    #: queued, fetching, ready, failed, evicted ("" when not told)
+    state: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +231,15 @@ class OperationView:
         return f"ended {self.state_name}"
 
 
+def _item_state_word(state: int) -> str:
+    """``fetching`` for CACHE_ITEM_STATE_FETCHING; "" for one this client does not know."""
+    try:
+        name = cache_pb2.CacheItemState.Name(cast(cache_pb2.CacheItemState, state))
+    except ValueError:
+        return ""
+    return "" if name.endswith("UNSPECIFIED") else name.removeprefix("CACHE_ITEM_STATE_").lower()
+
+
 def operation_from(op: operations_pb2.Operation) -> OperationView:
     """`operation_pb` read back, for clients; an unknown state reads as "pending"."""
     meta = op.metadata
@@ -248,6 +260,8 @@ def operation_from(op: operations_pb2.Operation) -> OperationView:
                 i.total_bytes if i.HasField("total_bytes") else None,
                 i.rate_bytes_per_second,
                 i.eta_seconds if i.HasField("eta_seconds") else None,
+                i.name,
+                _item_state_word(i.state),
             )
             for i in meta.prewarm.items
         ),

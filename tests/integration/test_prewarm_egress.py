@@ -16,6 +16,7 @@ import pytest
 from agent.errors import InvalidSpec, PermissionDenied
 from agent.prewarm.errors import FetchFailed
 from agent.prewarm.fetch_http import FetchSpec, HttpFetcher
+from agent.prewarm.headers import MAX_HEADER_FILES
 from agent.prewarm.model import FileRequest, GroupRequest, ImageRequest, ItemState
 from agent.prewarm.policy import MAX_URL_CHARS, UrlPolicy
 from agent.prewarm.sink import DigestSink
@@ -366,3 +367,23 @@ def test_an_image_name_longer_than_a_registry_takes_is_refused_without_echoing_i
     assert [v.field for v in bad.value.violations] == ["image"]
     assert "a" * 100 not in str(bad.value) and "255" in str(bad.value), bad.value
     assert svc.items() == [] and puller.pulled == []
+
+
+def test_header_files_are_bounded_in_number_and_name_length(tmp_path: Path) -> None:
+    """A request could name any number of header files, under names of any length (a valid
+    HTTP token of 100,000 characters was queued, kept in the item's row and sent, for the
+    origin to refuse a header line that long), and a refused name was repeated whole. At most
+    16 header files with names of at most 128 characters; the refusal names `header_files`."""
+    svc = make_service(tmp_path)
+    url = "https://models.example.com/m.bin"
+    many = {f"X-H{i}": tmp_path / "h" for i in range(MAX_HEADER_FILES + 1)}
+    for headers in ({"X-" + "a" * 100_000: tmp_path / "h"}, many):
+        for request in (
+            FileRequest(url, header_files=headers),
+            GroupRequest("org/m", endpoint="https://hub.example", header_files=headers),
+        ):
+            with pytest.raises(InvalidSpec) as bad:
+                svc.submit(request)
+            assert [v.field for v in bad.value.violations] == ["header_files"], bad.value
+            assert "a" * 200 not in str(bad.value)
+    assert svc.items() == []

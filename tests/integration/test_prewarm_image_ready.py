@@ -102,6 +102,46 @@ def test_cache_evict_removes_a_ready_image_from_containerd(
     assert svc.run(svc.submit(ImageRequest(image, name="ev")).id).state is ItemState.READY
 
 
+def test_two_names_of_one_image_share_it_as_two_names_of_one_blob_do(
+    tmp_path: Path, cluster: cri.Cluster, image: str
+) -> None:
+    """Two items may name one image (`--name a`, `--name b`). `cache evict a` removed it from
+    containerd while `b`, pinned, stayed ready and labelled on an image that was gone: a pin
+    did not keep it. As for a blob's names, evicting one name of an image is refused while
+    another is pinned, and takes every name once none is; `prewarm delete a` leaves the image
+    to `b`."""
+    puller = CriPuller(cluster.socket)
+    svc = make_service(tmp_path, puller=puller)
+    svc.run(svc.submit(ImageRequest(image, name="a")).id)
+    svc.run(svc.submit(ImageRequest(image, name="b", pin=True)).id)
+    with pytest.raises(Conflict, match="shares its image with pinned b"):
+        svc.evict("a")
+    assert puller.present(image) and svc.get("a").state is ItemState.READY
+    svc.delete("a")
+    assert puller.present(image) and [i.name for i in svc.items()] == ["b"]
+    assert svc.get("b").state is ItemState.READY
+    svc.run(svc.submit(ImageRequest(image, name="c")).id)
+    svc.pin("b", False)
+    assert svc.evict("c").state is ItemState.EVICTED
+    assert not puller.present(image) and svc.get("b").state is ItemState.EVICTED
+
+
+def test_unpinning_one_name_of_an_image_keeps_it_pinned_for_another(
+    tmp_path: Path, cluster: cri.Cluster, image: str
+) -> None:
+    """`cache pin a --unpin` took containerd's pinned label off the image while `b`, another
+    name of it, was still pinned: the kubelet's image GC could then remove b's image. The
+    label stays while any name of the image is pinned."""
+    puller = CriPuller(cluster.socket)
+    svc = make_service(tmp_path, puller=puller)
+    svc.run(svc.submit(ImageRequest(image, name="a", pin=True)).id)
+    svc.run(svc.submit(ImageRequest(image, name="b", pin=True)).id)
+    svc.pin("a", False)
+    assert puller.pinned_names(image) != [] and svc.get("a").pinned is False
+    svc.pin("b", False)
+    assert puller.pinned_names(image) == []
+
+
 def test_a_pinned_image_is_pinned_in_containerd_and_not_evicted(
     tmp_path: Path, cluster: cri.Cluster, image: str
 ) -> None:

@@ -9,15 +9,17 @@ import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
+from agent.cli.prewarm import _items_table
 from agent.errors import AgentError
 from agent.prewarm.errors import FetchFailed
 from agent.prewarm.images import CriPuller, auth_for, registry_host
-from agent.prewarm.model import ImageRequest, ItemState
-from agent.prewarm.ports import PullResult
+from agent.prewarm.model import ImageRequest, ImageWarmth, ItemState, Warmth
+from agent.prewarm.ports import PullResult, WarmResult
 from tests.integration.prewarm_fixtures import cri
 from tests.integration.prewarm_fixtures.agent import RecordingPuller, make_service
 
@@ -155,3 +157,41 @@ def test_a_signed_blob_url_in_containerds_pull_error_is_redacted_in_the_item_and
     for text in (item.error or "", caplog.text):
         assert "SESSIONTOKEN" not in text and "SIGNATURE" not in text, text
     assert "prewarm of app" in caplog.text
+
+
+def test_a_pin_on_a_hit_that_the_runtime_refuses_is_recorded_not_shown_as_done(
+    tmp_path: Path,
+) -> None:
+    """`prewarm image REF --pin` for a ready image pins it in containerd after the hit. When
+    containerd refused, the refusal was only logged: the item read `pinned: yes` with nothing
+    saying the runtime's pin (the one the kubelet's image GC honours) was not set. It is now
+    recorded as `pin_error`, as after a pull, shown in the PINNED column, and cleared once a
+    later pin succeeds."""
+
+    class RefusingPins(RecordingPuller):
+        refuse = True
+
+        def set_pinned(self, ref: str, pinned: bool) -> None:
+            if self.refuse:
+                raise AgentError("containerd images service unavailable")
+
+    class PlainImages:
+        def warm(self, ref: str, handler: str | None, progress: object, cancelled: object) -> Any:
+            return WarmResult(ImageWarmth(Warmth.FULL))
+
+    puller = RefusingPins()
+    svc = make_service(tmp_path, puller=puller, warmer=PlainImages())
+    svc.run(svc.submit(ImageRequest("r.example/app:1", name="app")).id)
+    svc.submit(ImageRequest("r.example/app:1", name="app", pin=True))
+    item = svc.get("app")
+    assert item.pinned and "unavailable" in item.options.get("pin_error", ""), item.options
+    assert "yes (not in runtime)" in _items_table([item])
+    puller.refuse = False
+    svc.submit(ImageRequest("r.example/app:1", name="app", pin=True))
+    assert "pin_error" not in svc.get("app").options
+    # `cache pin` that containerd takes clears an earlier refusal too.
+    puller.refuse = True
+    svc.submit(ImageRequest("r.example/app:1", name="app", pin=True))
+    assert "pin_error" in svc.get("app").options
+    puller.refuse = False
+    assert "pin_error" not in svc.pin("app", True).options

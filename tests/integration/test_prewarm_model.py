@@ -114,6 +114,33 @@ def test_a_shard_that_does_not_match_its_lfs_sha256_fails_the_model(
     assert list(svc.store.partial_dir.iterdir()) == []
 
 
+def test_a_file_shorter_than_its_listed_size_fails_the_model_not_ready(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """A file without an LFS sha256 (config.json) is checked by its listed size alone. Sent
+    chunked (no Content-Length to compare at the start), a body shorter than the listing
+    said was committed and the model turned ready, labelled, with the listing's total as its
+    size; the very next request found it "not what its row claims" and fetched it again. The
+    file must end at its listed size, else the model fails naming the file."""
+    files = snapshot(shards=1)
+    endpoint, commit = hub.publish(origin, REPO, files)
+    listing = hub.listing_path(origin, REPO)
+    data = json.loads(listing.read_text())
+    for sibling in data["siblings"]:
+        if sibling["rfilename"] == "config.json":
+            sibling["size"] += 10
+    listing.write_text(json.dumps(data))
+    origin.faults.chunked.add(f"/{REPO}/resolve/{commit}/config.json")
+    svc = make_service(tmp_path)
+    item = svc.run(svc.submit(GroupRequest(REPO, endpoint=endpoint, name="m")).id)
+    assert item.state is ItemState.FAILED, (item.state, item.size)
+    short = len(files["config.json"])
+    assert f"config.json: the origin sent {short} bytes" in (item.error or ""), item.error
+    assert label_key("m") not in node_labels(svc.items())
+    assert not svc.store.name_path("m").exists()
+    assert list(svc.store.partial_dir.iterdir()) == []
+
+
 def test_a_model_larger_than_the_budget_is_refused_before_any_file(
     tmp_path: Path, origin: Origin
 ) -> None:

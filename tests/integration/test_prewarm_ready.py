@@ -508,6 +508,20 @@ def test_other_query_parameters_still_make_another_source(tmp_path: Path, origin
         svc.submit(FileRequest(origin.url("v.bin") + "?version=2", name="v"))
 
 
+def test_a_fragment_is_not_part_of_a_sources_identity(tmp_path: Path, origin: Origin) -> None:
+    """A URL's fragment (`#...`) never reaches the origin: `w.bin#part1` fetches the bytes
+    `w.bin` does. Without a query the fragment was kept in the identity, so asking for
+    `w.bin#x` under the ready item's name was refused as "another source" (and `fleet prewarm
+    --dry-run`, which compares URLs without their fragment, said `unchanged`); with a query
+    it was dropped. It is dropped always: the same item, a hit."""
+    origin.add("w.bin", blob(MIB, 16))
+    svc = make_service(tmp_path)
+    svc.run(svc.submit(FileRequest(origin.url("w.bin"), name="w")).id)
+    again = svc.submit(FileRequest(origin.url("w.bin") + "#part1", name="w"))
+    assert (again.state, again.hits) == (ItemState.READY, 1)
+    assert len(origin.requests) == 1
+
+
 # -- atomic manifests and names ------------------------------------------------------------------
 
 

@@ -54,7 +54,7 @@ def held_elsewhere(target: prewarm_pb2.PrewarmTarget, held: ItemStatus) -> str |
         return None
     source = kinds.for_request(request)
     if held.kind != source.kind:
-        return f"{held.name} is a {held.kind} item on the node, not a {source.kind}"
+        return f"{held.name} is an item of kind {held.kind} on the node, not {source.kind}"
     claim = source.claim(request)
     if claim is None:
         return None

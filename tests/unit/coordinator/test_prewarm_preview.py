@@ -100,3 +100,4 @@ def test_a_file_target_on_a_name_an_image_holds_is_refused() -> None:
     )
     p = _preview("file", {"url": URL, "name": "llama-8b"}, image)
     assert p.would == "refused", p
+    assert p.detail == "llama-8b is an item of kind image on the node, not file", p.detail

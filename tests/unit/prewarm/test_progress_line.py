@@ -36,3 +36,18 @@ def test_a_warm_that_failed_or_was_cancelled_is_not_said_to_be_done() -> None:
     items = [ItemProgress("a", 0, None, 0.0, None)]
     assert progress_line(items, 0.04, "failed") == "0 B / ? failed after 0.0s"
     assert progress_line(items, 1.5, "cancelled") == "0 B / ? cancelled after 1.5s"
+
+
+def test_what_has_no_byte_count_yet_is_named_instead_of_a_bare_question_mark() -> None:
+    """An image pull reports no bytes (containerd does not), nor does a file before its
+    answer's headers or while a dropped connection is retried: the line stayed "0 B / ?" for
+    the whole pull, minutes long, saying nothing of what ran. It names what is fetching with
+    no size yet, and counts the items still queued for a worker."""
+    pulling = ItemProgress("a", 0, None, 0.0, None, name="vllm", state="fetching")
+    assert progress_line([pulling], None) == "0 B / ? fetching vllm"
+    queued = ItemProgress("b", 0, 4 * MIB, 0.0, None, name="w", state="queued")
+    line = progress_line([pulling, queued], None)
+    assert line == "0 B / ? fetching vllm, 1 queued", line
+    sized = ItemProgress("c", MIB, 2 * MIB, MIB, 1.0, name="x", state="fetching")
+    assert progress_line([sized], None) == "1.0 MiB / 2.0 MiB  50.0% 1.0 MiB/s ETA 1s"
+    assert progress_line([pulling], 3.0) == "0 B / ? done in 3.0s"
