@@ -298,13 +298,16 @@ def prewarm_cancel(ctx: click.Context, item: str, output: str) -> None:
 @output_option
 @click.pass_context
 def prewarm_delete(ctx: click.Context, item: str, output: str) -> None:
-    """Remove an item (by id or name) from the inventory; a ready one is evicted first.
+    """Remove an item (by id or name) from the inventory; a ready one is evicted first. Says
+    what was deleted; -o json gives the item as it was, with "deleted": true.
 
     \b
     Example:
       gpu-agent prewarm delete llama-70b-shard-3
     """
-    _emit_items([_client(ctx).delete_prewarm_item(item)], output)
+    gone = _client(ctx).delete_prewarm_item(item)
+    said = f"deleted {gone.name} ({gone.kind} {gone.id}; it was {gone.state.value})"
+    emit([{**item_record(gone), "deleted": True}], output, lambda _: said)
 
 
 @click.group(cls=AgentGroup)

@@ -584,11 +584,27 @@ def test_cli_prewarm_delete_removes_a_failed_item(tmp_path: Path, origin: Origin
     assert failed.returncode == 13 and "404" in failed.stderr
     deleted = cli.run(["prewarm", "delete", "nothing", "-o", "json"], env)
     assert deleted.returncode == 0, deleted.stderr
-    assert json.loads(deleted.stdout)[0]["name"] == "nothing"
+    (record,) = json.loads(deleted.stdout)
+    assert (record["name"], record["state"], record["deleted"]) == ("nothing", "failed", True)
     listed = cli.run(["prewarm", "list", "-o", "json"], env)
     assert json.loads(listed.stdout) == []
     again = cli.run(["prewarm", "delete", "nothing"], env)
     assert again.returncode != 0 and "nothing" in again.stderr
+
+
+def test_cli_prewarm_delete_says_the_item_was_deleted_not_ready(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """The reply is the item as it was removed: the table showed a deleted item as a `ready`
+    row, the same row `prewarm list` shows for one that is there. It says what was deleted."""
+    env = cli.agent_env(tmp_path)
+    origin.add("kept.bin", blob(MIB, 21))
+    warmed = cli.run(["prewarm", "file", origin.url("kept.bin"), "--name", "kept"], env)
+    assert warmed.returncode == 0, warmed.stderr
+    deleted = cli.run(["prewarm", "delete", "kept"], env)
+    assert deleted.returncode == 0, deleted.stderr
+    assert deleted.stdout.startswith("deleted kept (file "), deleted.stdout
+    assert "it was ready" in deleted.stdout, deleted.stdout
 
 
 def test_the_running_agent_audits_and_retries_on_its_own(tmp_path: Path, origin: Origin) -> None:
