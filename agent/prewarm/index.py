@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import Conflict, NotFound
-from agent.prewarm.model import CacheItem, ImagePull, ItemState, item_kind
+from agent.prewarm.model import CacheItem, ImagePull, ItemKind, ItemState, item_kind
 from agent.state import TABLE_DURABILITY, StateStore
 
 _DURABILITY = TABLE_DURABILITY["prewarm_items"]
+#: pulls of one image kept, cold and warm each (the metric shows the latest of each)
+PULLS_KEPT = 8
 
 _COLUMNS = tuple(f.name for f in fields(CacheItem))
 
@@ -138,10 +140,25 @@ class PrewarmIndex:
         return [_from_row(r) for r in rows]
 
     def record_pull(self, pull: ImagePull) -> None:
+        """Keep ``pull``, the last `PULLS_KEPT` cold and warm pulls of its image, and none of
+        an image no item names any more: the history stays bounded however long the agent
+        runs, and the metric keeps an image's latest cold pull among many warm ones."""
         with self.transaction() as conn:
             conn.execute(
                 "INSERT INTO prewarm_image_pulls (ref, cold, seconds, at) VALUES (?, ?, ?, ?)",
                 (pull.ref, int(pull.cold), pull.seconds, pull.at),
+            )
+            same = (pull.ref, int(pull.cold))
+            conn.execute(
+                "DELETE FROM prewarm_image_pulls WHERE ref = ? AND cold = ? AND rowid NOT IN "
+                "(SELECT rowid FROM prewarm_image_pulls WHERE ref = ? AND cold = ? "
+                "ORDER BY at DESC, rowid DESC LIMIT ?)",
+                (*same, *same, PULLS_KEPT),
+            )
+            conn.execute(
+                "DELETE FROM prewarm_image_pulls WHERE ref != ? AND ref NOT IN "
+                "(SELECT source FROM prewarm_items WHERE kind = ?)",
+                (pull.ref, ItemKind.IMAGE.value),
             )
 
     def pulls(self, ref: str | None = None) -> list[ImagePull]:
