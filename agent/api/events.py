@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 
 from agent._proto.gpuagent.v1 import events_pb2, events_pb2_grpc
+from agent.api.auth import granted, sees_processes
 from agent.errors import FieldViolation, InvalidSpec
 from agent.loops import call_soon_from_thread
 
@@ -132,6 +133,8 @@ class EventsServicer(events_pb2_grpc.EventsServiceServicer):
                 f"unknown event types {unknown}",
                 [FieldViolation("types", f"allowed: {allowed}")],
             )
+        # A health mark names the pods on its GPU: a process list, for mig and admin only.
+        pods = sees_processes(granted())
         sub = self._bus.subscribe(request.types)
         try:
             while True:
@@ -143,6 +146,17 @@ class EventsServicer(events_pb2_grpc.EventsServiceServicer):
                         f"this watcher fell over {_QUEUE_LIMIT} events behind and was dropped; "
                         "re-read the state and watch again",
                     )
-                yield events_pb2.WatchEventsResponse(event=event)
+                yield events_pb2.WatchEventsResponse(event=event if pods else _without_pods(event))
         finally:
             self._bus.unsubscribe(sub)
+
+
+def _without_pods(event: events_pb2.Event) -> events_pb2.Event:
+    """The event a caller that sees no processes gets: a health mark without its pods (the
+    bus's event is shared by every watcher, so it is copied, never changed)."""
+    if event.WhichOneof("payload") != "health" or not event.health.mark.pods:
+        return event
+    copy = events_pb2.Event()
+    copy.CopyFrom(event)
+    del copy.health.mark.pods[:]
+    return copy

@@ -368,6 +368,10 @@ class NodeInventory:
         redacted.CopyFrom(self._response)
         for gpu in redacted.node.gpus:
             del gpu.processes[:]
+            # A health mark names the pods on its GPU or instance when it was entered.
+            del gpu.condition.pods[:]
+            for gi in gpu.instances:
+                del gi.condition.pods[:]
         redacted.node.processes_hidden = True
         self._redacted = redacted
 

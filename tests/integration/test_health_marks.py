@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from agent._proto.gpuagent.v1 import agent_pb2, agent_pb2_grpc, events_pb2
@@ -177,6 +178,46 @@ def test_a_fatal_xid_fails_the_gpu_everywhere_naming_the_pod_then_clears_after_t
         (cleared,) = wait_for(lambda: _events(api, "GpuHealthy"), "the clearing Event", 5)
         assert "failed -> healthy: no new error" in cleared["message"]
         watcher.close()
+
+
+def test_a_reader_sees_the_failed_gpu_but_not_the_pods_on_it(
+    tmp_path: Path, pod_on_gpu0: str
+) -> None:
+    """docs/security.md: a read identity is never shown who runs where. A failed GPU's mark
+    names the pods on it; GetNode and WatchEvents give a reader the mark without them, and the
+    node's admin (the Unix socket) the whole mark."""
+    root = tmp_path / "agent"
+    config = agent_config(
+        root,
+        node_name=NODE,
+        telemetry={"kubelet_socket": str(root / "kubelet.sock"), "interval_s": 0.2},
+        health={"hold_down_s": 60.0},
+        grpc_insecure_listen="127.0.0.1:0",  # the loopback door: the read role
+    )
+    with (
+        InProcessAgent(root, config) as agent,
+        unix_channel(agent.socket) as admin,
+        grpc.insecure_channel(f"127.0.0.1:{agent.node.ports.insecure}") as reader,
+    ):
+        theirs = Watcher(reader, [events_pb2.EVENT_TYPE_HEALTH])
+        ours = Watcher(admin, [events_pb2.EVENT_TYPE_HEALTH])
+        telemetry = agent.node.services.telemetry
+        wait_for(lambda: any(e.pod for e in telemetry.latest().entities), "the pod on GPU 0", 10)
+        SimControl(root / "state").raise_xid(0, 79)
+        gpu = wait_for(lambda: _state(agent.socket, 0) == FAILED and _gpu(agent.socket, 0), "", 5)
+        assert list(gpu.condition.pods) == ["ml/train-0"]
+
+        node = agent_pb2_grpc.NodeServiceStub(reader).GetNode(agent_pb2.GetNodeRequest()).node
+        seen = next(g for g in node.gpus if g.index == 0)
+        assert seen.condition.state == FAILED and seen.condition.action == "reboot-node"
+        assert list(seen.condition.pods) == [] and node.processes_hidden
+        (mine,) = wait_for(lambda: ours.of("health"), "the admin's health event", 5)
+        assert list(mine.health.mark.pods) == ["ml/train-0"]
+        (event,) = wait_for(lambda: theirs.of("health"), "the reader's health event", 5)
+        assert event.health.mark.state == FAILED and event.health.gpu_uuid == pod_on_gpu0
+        assert list(event.health.mark.pods) == []
+        theirs.close()
+        ours.close()
 
 
 def test_a_lost_gpu_stays_failed_while_it_is_lost(tmp_path: Path) -> None:
