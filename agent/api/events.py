@@ -23,6 +23,7 @@ from agent._proto.gpuagent.v1 import events_pb2, events_pb2_grpc
 from agent.api.auth import granted, sees_processes
 from agent.errors import FieldViolation, InvalidSpec
 from agent.loops import call_soon_from_thread
+from agent.wire.operations import without_processes
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +134,9 @@ class EventsServicer(events_pb2_grpc.EventsServiceServicer):
                 f"unknown event types {unknown}",
                 [FieldViolation("types", f"allowed: {allowed}")],
             )
-        # A health mark names the pods on its GPU: a process list, for mig and admin only.
-        pods = sees_processes(granted())
+        # Health marks name pods, a MIG apply's error the processes in its way: for mig and
+        # admin only.
+        processes = sees_processes(granted())
         sub = self._bus.subscribe(request.types)
         try:
             while True:
@@ -146,15 +148,26 @@ class EventsServicer(events_pb2_grpc.EventsServiceServicer):
                         f"this watcher fell over {_QUEUE_LIMIT} events behind and was dropped; "
                         "re-read the state and watch again",
                     )
-                yield events_pb2.WatchEventsResponse(event=event if pods else _without_pods(event))
+                yield events_pb2.WatchEventsResponse(
+                    event=event if processes else _without_processes(event)
+                )
         finally:
             self._bus.unsubscribe(sub)
 
 
-def _without_pods(event: events_pb2.Event) -> events_pb2.Event:
-    """The event a caller that sees no processes gets: a health mark without its pods (the
-    bus's event is shared by every watcher, so it is copied, never changed)."""
-    if event.WhichOneof("payload") != "health" or not event.health.mark.pods:
+def _without_processes(event: events_pb2.Event) -> events_pb2.Event:
+    """The event a caller that sees no processes gets: a health mark without its pods, an
+    operation without the processes its error names (the bus's event is shared by every
+    watcher, so it is copied, never changed)."""
+    payload = event.WhichOneof("payload")
+    if payload == "operation":
+        shown = without_processes(event.operation)
+        if shown is event.operation:
+            return event
+        copy = events_pb2.Event(sequence=event.sequence, operation=shown)
+        copy.time.CopyFrom(event.time)
+        return copy
+    if payload != "health" or not event.health.mark.pods:
         return event
     copy = events_pb2.Event()
     copy.CopyFrom(event)

@@ -28,7 +28,7 @@ import grpc
 from google.protobuf.message import Message
 
 from agent._proto.gpuagent.v1 import operations_pb2, operations_pb2_grpc
-from agent.api.auth import OPERATION_ROLES, Role, actor_of, allows, granted
+from agent.api.auth import OPERATION_ROLES, Role, actor_of, allows, granted, sees_processes
 from agent.api.events import EventBus
 from agent.errors import AgentError, Busy, FieldViolation, InvalidSpec, NotFound, PermissionDenied
 from agent.loops import call_soon_from_thread
@@ -37,7 +37,13 @@ from agent.owner import Actor, check_may_undo
 from agent.state import StateStore
 from agent.tasks import Need, Task
 from agent.wire.errors import error_record
-from agent.wire.operations import message_dict, operation_id_from, operation_name, operation_pb
+from agent.wire.operations import (
+    message_dict,
+    operation_id_from,
+    operation_name,
+    operation_pb,
+    without_processes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -458,6 +464,13 @@ def _timeout_s(
     return limit
 
 
+def _shown(op: Operation) -> operations_pb2.Operation:
+    """An operation as the caller of this call may see it: no process list unless its role
+    sees processes."""
+    message = operation_pb(op)
+    return message if sees_processes(granted()) else without_processes(message)
+
+
 class OperationsServicer(operations_pb2_grpc.OperationsServiceServicer):
     def __init__(self, runner: OperationRunner) -> None:
         self._runner = runner
@@ -466,7 +479,7 @@ class OperationsServicer(operations_pb2_grpc.OperationsServiceServicer):
         self, request: operations_pb2.GetOperationRequest, context: grpc.aio.ServicerContext
     ) -> operations_pb2.GetOperationResponse:
         op = await self._runner.get(operation_id_from(request.name))
-        return operations_pb2.GetOperationResponse(operation=operation_pb(op))
+        return operations_pb2.GetOperationResponse(operation=_shown(op))
 
     async def ListOperations(
         self, request: operations_pb2.ListOperationsRequest, context: grpc.aio.ServicerContext
@@ -484,7 +497,7 @@ class OperationsServicer(operations_pb2_grpc.OperationsServiceServicer):
         page, more = ops[:size], len(ops) > size
         token = page_token(page[-1], request.kind, done) if more else ""
         return operations_pb2.ListOperationsResponse(
-            operations=[operation_pb(op) for op in page], next_page_token=token
+            operations=[_shown(op) for op in page], next_page_token=token
         )
 
     async def WaitOperation(
@@ -492,7 +505,7 @@ class OperationsServicer(operations_pb2_grpc.OperationsServiceServicer):
     ) -> operations_pb2.WaitOperationResponse:
         op_id = operation_id_from(request.name)
         op = await self._runner.wait(op_id, _timeout_s(request, context))
-        return operations_pb2.WaitOperationResponse(operation=operation_pb(op))
+        return operations_pb2.WaitOperationResponse(operation=_shown(op))
 
     async def CancelOperation(
         self, request: operations_pb2.CancelOperationRequest, context: grpc.aio.ServicerContext
@@ -508,10 +521,10 @@ class OperationsServicer(operations_pb2_grpc.OperationsServiceServicer):
             actor_of(context, needed), current.owner_role, f"operation {request.name}", "cancel"
         )
         op = await self._runner.cancel(op_id)
-        return operations_pb2.CancelOperationResponse(operation=operation_pb(op))
+        return operations_pb2.CancelOperationResponse(operation=_shown(op))
 
     async def WatchOperation(
         self, request: operations_pb2.WatchOperationRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[operations_pb2.WatchOperationResponse]:
         async for op in self._runner.watch(operation_id_from(request.name)):
-            yield operations_pb2.WatchOperationResponse(operation=operation_pb(op))
+            yield operations_pb2.WatchOperationResponse(operation=_shown(op))

@@ -15,7 +15,7 @@ from agent._proto.gpuagent.v1 import cache_pb2, operations_pb2, types_pb2
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.operation import Operation
 from agent.redact import redact_text
-from agent.wire.errors import operation_failure, recorded_code
+from agent.wire.errors import OPERATION_BLOCKER_PREFIX, operation_failure, recorded_code
 from agent.wire.prewarm import ItemStatus, item_status_from
 from agent.wire.timestamps import timestamp
 
@@ -32,6 +32,7 @@ __all__ = [
     "operation_id_from",
     "operation_name",
     "operation_pb",
+    "without_processes",
 ]
 
 OPERATION_PREFIX = "operations/"
@@ -98,6 +99,26 @@ def operation_pb(op: Operation) -> operations_pb2.Operation:
     elif op.state == "succeeded":
         json_format.ParseDict(op.result or {}, msg.response, ignore_unknown_fields=True)
     return msg
+
+
+PROCESSES_WITHHELD = (
+    "running processes are in the way; which ones is shown to the mig and admin roles"
+)
+
+
+def without_processes(op: operations_pb2.Operation) -> operations_pb2.Operation:
+    """``op`` as a caller that sees no processes gets it (agent/api/auth.py, PROCESS_ROLES): an
+    error whose blockers name processes (a MIG apply that processes on the GPU blocked) keeps
+    its code, reason and the operations in its way, and says no pid. ``op`` is not changed."""
+    if all(b.startswith(OPERATION_BLOCKER_PREFIX) for b in op.error.blockers):
+        return op
+    shown = operations_pb2.Operation()
+    shown.CopyFrom(op)
+    kept = [b for b in op.error.blockers if b.startswith(OPERATION_BLOCKER_PREFIX)]
+    del shown.error.blockers[:]
+    shown.error.blockers.extend(kept)
+    shown.error.message = PROCESSES_WITHHELD
+    return shown
 
 
 def message_dict(message: Any) -> dict[str, Any]:
