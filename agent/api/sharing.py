@@ -10,6 +10,7 @@ from typing import TypeVar
 import grpc
 
 from agent._proto.gpuagent.v1 import sharing_pb2, sharing_pb2_grpc
+from agent.api.auth import granted, sees_processes
 from agent.api.operations import OperationRunner
 from agent.sharing import ApplyResult
 from agent.sharing.service import SharingService
@@ -18,6 +19,7 @@ from agent.wire.sharing import (
     requested_config,
     sharing_change_pb,
     sharing_view_pb,
+    without_pids,
 )
 
 __all__ = ["SharingServicer"]
@@ -47,7 +49,8 @@ class SharingServicer(sharing_pb2_grpc.SharingServiceServicer):
     async def GetSharing(
         self, request: sharing_pb2.GetSharingRequest, context: grpc.aio.ServicerContext
     ) -> sharing_pb2.GetSharingResponse:
-        return sharing_view_pb(await asyncio.to_thread(self._sharing.show))
+        view = sharing_view_pb(await asyncio.to_thread(self._sharing.show))
+        return view if sees_processes(granted()) else without_pids(view)
 
     async def SetSharing(
         self, request: sharing_pb2.SetSharingRequest, context: grpc.aio.ServicerContext

@@ -10,6 +10,7 @@ clients read the answers back into the same records (`sharing_view_from`,
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -33,6 +34,7 @@ __all__ = [
     "sharing_view_pb",
     "strategy_request",
     "violations_pb",
+    "without_pids",
 ]
 
 
@@ -291,3 +293,20 @@ def _dra_from(msg: sharing_pb2.DraSharing) -> DraView:
         notes=tuple(FieldViolation(n.field, n.description) for n in msg.notes),
         error=msg.error,
     )
+
+
+# How reload reports and pickup details name the plugin's processes (agent/sharing/reload.py).
+_PIDS = re.compile(r"\bpids? \d+(?:, \d+)*")
+
+
+def without_pids(view: sharing_pb2.GetSharingResponse) -> sharing_pb2.GetSharingResponse:
+    """``view`` as a caller that sees no processes gets it (agent/api/auth.py, PROCESS_ROLES):
+    the plugin's state and reload as they were, without its pids. ``view`` is not changed."""
+    shown = sharing_pb2.GetSharingResponse()
+    shown.CopyFrom(view)
+    shown.plugin_detail = _PIDS.sub("pid (withheld)", view.plugin_detail)
+    if shown.HasField("last_write"):
+        reload = shown.last_write.reload
+        del reload.pids[:]
+        reload.detail = _PIDS.sub("pid (withheld)", reload.detail)
+    return shown

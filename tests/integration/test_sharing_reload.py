@@ -19,8 +19,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
+from agent._proto.gpuagent.v1 import sharing_pb2, sharing_pb2_grpc
 from agent.config import SharingSettings
 from agent.dra.mode import Allocation, AllocationMode
 from agent.errors import InvalidSpec
@@ -32,6 +34,7 @@ from agent.sharing import parse
 from agent.sharing.reload import find_plugin_processes
 from agent.sharing.schema import render
 from agent.sharing.service import SharingService
+from tests.unit.api.support import InProcessAgent, agent_config, unix_channel
 from tests.unit.mig.layouts import MIG_HALVES
 from tests.unit.mig.simnode import SimNode, sim_node
 from tests.unit.sharing.layouts import mig_gpu, node
@@ -395,5 +398,42 @@ def test_a_rollback_is_checked_against_the_strategy_the_plugin_runs_with(
             v.field for v in refused_set.value.violations
         }
         assert {f.name: f.read_bytes() for f in config_path.parent.iterdir()} == files
+    finally:
+        p.stop()
+
+
+def test_a_reader_is_not_shown_the_plugin_s_pids(tmp_path: Path, config_path: Path) -> None:
+    """docs/security.md: a read identity sees no process. GetSharing tells a reader that the
+    plugin was signalled and loaded the file, not its pids; the node's admin (the Unix socket)
+    reads them."""
+    root = tmp_path / "agent"
+    sharing = {"config_path": str(config_path), "reload": "sighup"}
+    config = agent_config(
+        root,
+        sharing={**sharing, "plugin_process_name": PLUGIN_NAME},
+        grpc_insecure_listen="127.0.0.1:0",  # the loopback door: the read role
+    )
+    p = PluginProcess(tmp_path, config_path)
+    try:
+        p.next_event()
+        with (
+            InProcessAgent(root, config) as agent,
+            unix_channel(agent.socket) as admin,
+            grpc.insecure_channel(f"127.0.0.1:{agent.node.ports.insecure}") as reader,
+        ):
+            request = sharing_pb2.SetSharingRequest(config_yaml=render(parse(ts(4))))
+            sharing_pb2_grpc.SharingServiceStub(admin).SetSharing(request, timeout=20)
+            p.next_event()
+            pid = str(p.proc.pid)
+            get = sharing_pb2.GetSharingRequest()
+            mine = sharing_pb2_grpc.SharingServiceStub(admin).GetSharing(get, timeout=10)
+            assert mine.plugin_state == "signalled" and pid in mine.plugin_detail
+            assert list(mine.last_write.reload.pids) == [p.proc.pid]
+
+            theirs = sharing_pb2_grpc.SharingServiceStub(reader).GetSharing(get, timeout=10)
+            assert theirs.plugin_state == "signalled" and theirs.last_write.reload.done
+            assert not theirs.last_write.reload.pids
+            assert pid not in theirs.plugin_detail + theirs.last_write.reload.detail
+            assert "pid (withheld) was sent SIGHUP" in theirs.plugin_detail
     finally:
         p.stop()
