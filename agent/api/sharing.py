@@ -10,7 +10,7 @@ from typing import TypeVar
 import grpc
 
 from agent._proto.gpuagent.v1 import sharing_pb2, sharing_pb2_grpc
-from agent.api.auth import granted, sees_processes
+from agent.api.auth import Role, granted, sees_processes
 from agent.api.operations import OperationRunner
 from agent.sharing import ApplyResult
 from agent.sharing.service import SharingService
@@ -57,7 +57,11 @@ class SharingServicer(sharing_pb2_grpc.SharingServiceServicer):
     ) -> sharing_pb2.SetSharingResponse:
         requested = requested_config(request)
         keep = keeps_sharing(request)
-        set_it = functools.partial(self._sharing.set, requested, keep_sharing=keep)
+        # Sharing is the sharing role's; the plugin's other settings are an admin's.
+        admin = Role.ADMIN in granted()
+        set_it = functools.partial(
+            self._sharing.set, requested, keep_sharing=keep, plugin_settings=admin
+        )
         return await self._change("SetSharing", request, sharing_pb2.SetSharingResponse, set_it)
 
     async def ClearSharing(

@@ -308,6 +308,23 @@ def merge(current: PluginConfig, requested: PluginConfig) -> PluginConfig:
     return PluginConfig(flags=flags, sharing=requested.sharing, other=other)
 
 
+def unmanaged_changes(current: PluginConfig, requested: PluginConfig) -> list[str]:
+    """The keys a set of ``requested`` would change beyond sharing and ``flags.migStrategy``:
+    ``flags.<key>`` and the other sections (``resources``, ``imex``) whose value differs from
+    the current file's, e.g. ``flags.plugin`` for a new ``deviceListStrategy``."""
+    changed = [
+        f"flags.{key}"
+        for key, value in requested.flags.other.items()
+        if key not in current.flags.other or current.flags.other[key] != value
+    ]
+    changed += [
+        key
+        for key, value in requested.other.items()
+        if key not in current.other or current.other[key] != value
+    ]
+    return changed
+
+
 def render(config: PluginConfig) -> str:
     """YAML for the plugin: deterministic (same config, same bytes), with a one-line header."""
     body = yaml.safe_dump(

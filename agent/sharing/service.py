@@ -29,6 +29,7 @@ from agent.errors import (
     InvalidSpec,
     NotFound,
     NotSupported,
+    PermissionDenied,
 )
 from agent.gpu.types import GpuLayout
 from agent.kube import KubeClient
@@ -43,7 +44,14 @@ from agent.sharing.reload import (
     make_reloader,
     pickup,
 )
-from agent.sharing.schema import PluginConfig, Sharing, merge, parse, render
+from agent.sharing.schema import (
+    PluginConfig,
+    Sharing,
+    merge,
+    parse,
+    render,
+    unmanaged_changes,
+)
 from agent.sharing.store import ConfigStore
 from agent.sharing.validate import validate, violations
 from agent.sharing.view import (
@@ -218,14 +226,22 @@ class SharingService:
                 f"them): {unread}"
             )
 
-    def set(self, requested: PluginConfig, *, keep_sharing: bool = False) -> ApplyResult:
+    def set(
+        self,
+        requested: PluginConfig,
+        *,
+        keep_sharing: bool = False,
+        plugin_settings: bool = True,
+    ) -> ApplyResult:
         """Make ``requested.sharing`` the node's sharing.
 
         Its ``flags`` and other sections are laid over the current file's (which the plugin
         shares), so a request without them keeps e.g. ``failOnInitError`` as it was; with
         ``keep_sharing`` only they change, and the file's sharing stays (`share set
         --mig-strategy` alone: read and written under one lock). On a DRA node: the
-        DeviceClasses ``requested`` renders, nothing merged.
+        DeviceClasses ``requested`` renders, nothing merged. Without ``plugin_settings`` (a
+        caller that is not an admin) a request that would change a flag other than
+        ``migStrategy`` or another section is refused with PermissionDenied.
         """
         allocation = self._mode_for_change()
         if allocation.mode.is_dra:
@@ -240,6 +256,8 @@ class SharingService:
         with self._store.lock():
             raw = self._store.read()
             current = self._parse_current(raw)
+            if not plugin_settings:
+                _refuse_unmanaged(current, requested)
             desired = merge(current, requested)
             if keep_sharing:
                 desired = dataclasses.replace(desired, sharing=current.sharing)
@@ -575,6 +593,18 @@ def _as_set_would_check(
     except InvalidSpec as exc:
         overridden += exc.violations
     return overridden + violations(strategy.run_with(config, started) or config, layouts)
+
+
+def _refuse_unmanaged(current: PluginConfig, requested: PluginConfig) -> None:
+    """The plugin's other settings (e.g. ``flags.plugin.deviceListStrategy``, which decides
+    whether a pod may ask for GPUs through its environment) are not sharing: an admin's."""
+    changed = unmanaged_changes(current, requested)
+    if changed:
+        raise PermissionDenied(
+            f"{', '.join(changed)} would change: the device plugin's settings other than "
+            "sharing and flags.migStrategy need the admin role; leave them out of the "
+            "request, or as the file has them"
+        )
 
 
 def _refuse_overridden(requested: PluginConfig, started: strategy.Strategy | None) -> None:

@@ -1,0 +1,71 @@
+"""The sharing role changes sharing, not the rest of the device plugin's settings
+(docs/security.md). A whole agent on a simulated node, the sharing role over mTLS, the node's
+admin on its Unix socket."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from agent._proto.gpuagent.v1 import sharing_pb2, sharing_pb2_grpc
+from tests.unit.api.support import (
+    COORDINATOR,
+    InProcessAgent,
+    Pki,
+    agent_config,
+    unix_channel,
+)
+
+pytestmark = pytest.mark.integration
+
+SHARER = "spiffe://cluster/ns/gpu-system/sa/sharing"
+# Hardened as NVIDIA advises: a pod cannot ask for GPUs through NVIDIA_VISIBLE_DEVICES.
+HARDENED = "version: v1\nflags:\n  plugin:\n    deviceListStrategy: volume-mounts\n"
+TIME_SLICED = """\
+version: v1
+sharing:
+  timeSlicing:
+    resources:
+      - name: nvidia.com/gpu
+        replicas: 4
+"""
+
+
+def test_the_sharing_role_may_not_change_the_plugin_s_other_settings(tmp_path: Path) -> None:
+    pki = Pki(tmp_path / "pki")
+    sharer = pki.issue("sharer", f"URI:{SHARER}")
+    root = tmp_path / "agent"
+    config = agent_config(root, pki, roles={"admin": [COORDINATOR], "sharing": [SHARER]})
+    plugin_file = root / "plugin" / "config.yaml"
+    plugin_file.write_text(HARDENED)
+    with (
+        InProcessAgent(root, config) as agent,
+        grpc.secure_channel(
+            f"localhost:{agent.node.ports.tcp}", sharer.credentials(pki.ca)
+        ) as channel,
+        unix_channel(agent.socket) as admin,
+    ):
+        theirs = sharing_pb2_grpc.SharingServiceStub(channel)
+        weakened = TIME_SLICED + "flags:\n  plugin:\n    deviceListStrategy: envvar\n"
+        for text in (weakened, TIME_SLICED + "resources:\n  gpus:\n    - pattern: '*'\n"):
+            with pytest.raises(grpc.RpcError) as refused:
+                theirs.SetSharing(sharing_pb2.SetSharingRequest(config_yaml=text), timeout=20)
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "admin" in (refused.value.details() or "")
+        assert plugin_file.read_text() == HARDENED
+
+        # Sharing itself, and the plugin's settings as they are, are the sharing role's.
+        same = TIME_SLICED + "flags:\n  plugin:\n    deviceListStrategy: volume-mounts\n"
+        theirs.SetSharing(sharing_pb2.SetSharingRequest(config_yaml=same), timeout=20)
+        written = yaml.safe_load(plugin_file.read_text())
+        assert written["flags"]["plugin"] == {"deviceListStrategy": "volume-mounts"}
+        assert written["sharing"]["timeSlicing"]["resources"][0]["replicas"] == 4
+
+        # The node's admin may change them.
+        mine = sharing_pb2_grpc.SharingServiceStub(admin)
+        mine.SetSharing(sharing_pb2.SetSharingRequest(config_yaml=weakened), timeout=20)
+        written = yaml.safe_load(plugin_file.read_text())
+        assert written["flags"]["plugin"] == {"deviceListStrategy": "envvar"}
