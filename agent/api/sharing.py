@@ -74,8 +74,10 @@ class SharingServicer(sharing_pb2_grpc.SharingServiceServicer):
     async def RollbackSharing(
         self, request: sharing_pb2.RollbackSharingRequest, context: grpc.aio.ServicerContext
     ) -> sharing_pb2.RollbackSharingResponse:
+        admin = Role.ADMIN in granted()  # a rollback restores the plugin's settings too
+        rollback = functools.partial(self._sharing.rollback, plugin_settings=admin)
         return await self._change(
-            "RollbackSharing", request, sharing_pb2.RollbackSharingResponse, self._sharing.rollback
+            "RollbackSharing", request, sharing_pb2.RollbackSharingResponse, rollback
         )
 
     async def _change(

@@ -308,21 +308,19 @@ def merge(current: PluginConfig, requested: PluginConfig) -> PluginConfig:
     return PluginConfig(flags=flags, sharing=requested.sharing, other=other)
 
 
-def unmanaged_changes(current: PluginConfig, requested: PluginConfig) -> list[str]:
-    """The keys a set of ``requested`` would change beyond sharing and ``flags.migStrategy``:
-    ``flags.<key>`` and the other sections (``resources``, ``imex``) whose value differs from
-    the current file's, e.g. ``flags.plugin`` for a new ``deviceListStrategy``."""
+def unmanaged_changes(current: PluginConfig, desired: PluginConfig) -> list[str]:
+    """The keys that differ between ``current`` and ``desired`` beyond sharing and
+    ``flags.migStrategy``: ``flags.<key>`` and the other sections (``resources``, ``imex``),
+    added, changed or removed, e.g. ``flags.plugin`` for a new ``deviceListStrategy``."""
+    flags, other = current.flags.other, desired.flags.other
     changed = [
-        f"flags.{key}"
-        for key, value in requested.flags.other.items()
-        if key not in current.flags.other or current.flags.other[key] != value
+        f"flags.{key}" for key in sorted({*flags, *other}) if flags.get(key) != other.get(key)
     ]
-    changed += [
+    return changed + [
         key
-        for key, value in requested.other.items()
-        if key not in current.other or current.other[key] != value
+        for key in sorted({*current.other, *desired.other})
+        if current.other.get(key) != desired.other.get(key)
     ]
-    return changed
 
 
 def render(config: PluginConfig) -> str:

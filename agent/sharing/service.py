@@ -256,11 +256,11 @@ class SharingService:
         with self._store.lock():
             raw = self._store.read()
             current = self._parse_current(raw)
-            if not plugin_settings:
-                _refuse_unmanaged(current, requested)
             desired = merge(current, requested)
             if keep_sharing:
                 desired = dataclasses.replace(desired, sharing=current.sharing)
+            if not plugin_settings:
+                _refuse_unmanaged(current, desired)
             layouts = self._layouts()
             started, _ = self._started(find_plugin_processes(self._settings.plugin_process_name))
             _refuse_overridden(requested, started)
@@ -279,8 +279,10 @@ class SharingService:
             desired = PluginConfig(flags=current.flags, sharing=Sharing(), other=current.other)
             return self._apply("clear", current, desired, self._layouts(), reloader)
 
-    def rollback(self) -> ApplyResult:
-        """Restore the previous config; the current one becomes the previous (undo by repeating)."""
+    def rollback(self, *, plugin_settings: bool = True) -> ApplyResult:
+        """Restore the previous config; the current one becomes the previous (undo by repeating).
+        Without ``plugin_settings`` (not an admin), PermissionDenied when that would change a
+        flag other than ``migStrategy`` or another section."""
         allocation = self._mode_for_change()
         if allocation.mode.is_dra:
             return self._dra_rollback(allocation)
@@ -294,6 +296,8 @@ class SharingService:
                     f"no previous config at {self._store.previous_path}: nothing to roll back to"
                 )
             previous = self._parse(previous_raw, self._store.previous_path)
+            if not plugin_settings:
+                _refuse_unmanaged(self._parse_current(current_raw), previous)
             layouts = self._layouts()
             started, _ = self._started(find_plugin_processes(self._settings.plugin_process_name))
             found = _as_set_would_check(previous, started, layouts)
@@ -595,15 +599,15 @@ def _as_set_would_check(
     return overridden + violations(strategy.run_with(config, started) or config, layouts)
 
 
-def _refuse_unmanaged(current: PluginConfig, requested: PluginConfig) -> None:
+def _refuse_unmanaged(current: PluginConfig, desired: PluginConfig) -> None:
     """The plugin's other settings (e.g. ``flags.plugin.deviceListStrategy``, which decides
     whether a pod may ask for GPUs through its environment) are not sharing: an admin's."""
-    changed = unmanaged_changes(current, requested)
+    changed = unmanaged_changes(current, desired)
     if changed:
         raise PermissionDenied(
             f"{', '.join(changed)} would change: the device plugin's settings other than "
-            "sharing and flags.migStrategy need the admin role; leave them out of the "
-            "request, or as the file has them"
+            "sharing and flags.migStrategy need the admin role; leave them as the file has "
+            "them"
         )
 
 

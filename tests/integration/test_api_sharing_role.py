@@ -69,3 +69,36 @@ def test_the_sharing_role_may_not_change_the_plugin_s_other_settings(tmp_path: P
         mine.SetSharing(sharing_pb2.SetSharingRequest(config_yaml=weakened), timeout=20)
         written = yaml.safe_load(plugin_file.read_text())
         assert written["flags"]["plugin"] == {"deviceListStrategy": "envvar"}
+
+
+def test_the_sharing_role_may_not_roll_back_an_admins_plugin_settings(tmp_path: Path) -> None:
+    """A rollback restores the previous file whole: when that would also undo an admin's change
+    of the plugin's other settings (the hardening here), the sharing role is refused."""
+    pki = Pki(tmp_path / "pki")
+    sharer = pki.issue("sharer", f"URI:{SHARER}")
+    root = tmp_path / "agent"
+    config = agent_config(root, pki, roles={"admin": [COORDINATOR], "sharing": [SHARER]})
+    plugin_file = root / "plugin" / "config.yaml"
+    plugin_file.write_text("version: v1\nflags:\n  plugin:\n    deviceListStrategy: envvar\n")
+    with (
+        InProcessAgent(root, config) as agent,
+        grpc.secure_channel(
+            f"localhost:{agent.node.ports.tcp}", sharer.credentials(pki.ca)
+        ) as channel,
+        unix_channel(agent.socket) as admin,
+    ):
+        mine = sharing_pb2_grpc.SharingServiceStub(admin)
+        mine.SetSharing(sharing_pb2.SetSharingRequest(config_yaml=HARDENED), timeout=20)
+        hardened = plugin_file.read_text()
+        theirs = sharing_pb2_grpc.SharingServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            theirs.RollbackSharing(sharing_pb2.RollbackSharingRequest(), timeout=20)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "flags.plugin" in (refused.value.details() or "")
+        assert plugin_file.read_text() == hardened
+
+        # A rollback of sharing alone is the sharing role's.
+        theirs.SetSharing(sharing_pb2.SetSharingRequest(config_yaml=TIME_SLICED), timeout=20)
+        theirs.RollbackSharing(sharing_pb2.RollbackSharingRequest(), timeout=20)
+        assert plugin_file.read_text() == hardened
+        mine.RollbackSharing(sharing_pb2.RollbackSharingRequest(), timeout=20)
