@@ -24,6 +24,7 @@ This module knows files and names, not items: what an item stands on is agent/pr
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -33,7 +34,6 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from agent.durable import fsync_dir
 from agent.errors import FieldViolation, InvalidSpec
 from agent.prewarm.errors import FetchFailed
 
@@ -212,8 +212,41 @@ class CacheDir:
         return self.tree_dir / item_id
 
     def remove_link(self, name: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.name_path(name).unlink()
+        with self._subdir(self.name_dir) as dfd, contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dfd)
+
+    def remove_tree(self, item_id: str) -> None:
+        """Delete a group's model directory trees/<id>, through the directory's fd."""
+        with self._subdir(self.tree_dir) as dfd:
+            self._remove_entry(dfd, item_id)
+
+    @contextlib.contextmanager
+    def _subdir(self, path: Path) -> Iterator[int]:
+        """The fd of a cache subdirectory the agent names files in; a link or file put in its
+        place since the start is quarantined and the directory made again, never followed."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+                raise
+            self.make_layout()
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _remove_entry(self, dir_fd: int, name: str) -> None:
+        """Delete a directory the agent made in ``dir_fd`` (following no link inside); anything
+        else in its place goes to quarantine."""
+        try:
+            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(info.st_mode):
+            shutil.rmtree(name, dir_fd=dir_fd)
+        else:
+            self.quarantine(dir_fd, name, self.tree_dir, _kind_name(info.st_mode))
 
     def partial_size(self, item_id: str) -> int:
         """Bytes on disk in an item's partial(s) (a group's: all its files')."""
@@ -246,27 +279,49 @@ class CacheDir:
 
     def link_tree(self, name: str, item_id: str, files: Iterable[tuple[str, str]]) -> None:
         """Lay a group out as a model directory, trees/<id>/<path> -> its blob (relative links,
-        so the cache can be mounted anywhere), then point by-name/<name> at it atomically."""
-        tree = self.tree_path(item_id)
-        tmp = self.tree_dir / f".{item_id}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        for path, sha in files:
-            link = tmp / path
-            link.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(os.path.relpath(self.blob_path(sha), link.parent), link)
-        shutil.rmtree(tree, ignore_errors=True)
-        os.replace(tmp, tree)
-        fsync_dir(self.tree_dir)
+        so the cache can be mounted anywhere), then point by-name/<name> at it atomically. All
+        of it through directory fds opened without following links."""
+        tmp = f".{item_id}.tmp"
+        with self._subdir(self.tree_dir) as tfd:
+            self._remove_entry(tfd, tmp)
+            os.mkdir(tmp, 0o755, dir_fd=tfd)
+            for path, sha in files:
+                *dirs, leaf = path.split("/")
+                parent = self.tree_dir.joinpath(tmp, *dirs)
+                target = os.path.relpath(self.blob_path(sha), parent)
+                fd = _make_dirs(tfd, [tmp, *dirs])
+                try:
+                    os.symlink(target, leaf, dir_fd=fd)
+                finally:
+                    os.close(fd)
+            self._remove_entry(tfd, item_id)
+            os.replace(tmp, item_id, src_dir_fd=tfd, dst_dir_fd=tfd)
+            os.fsync(tfd)
         self._relink(name, Path("..", "trees", item_id))
 
     def _relink(self, name: str, target: Path) -> None:
-        tmp = self.name_dir / f".{name}.tmp"
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        os.symlink(target, tmp)
-        os.replace(tmp, self.name_path(name))
-        fsync_dir(self.name_dir)
+        tmp = f".{name}.tmp"
+        with self._subdir(self.name_dir) as dfd:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dfd)
+            os.symlink(target, tmp, dir_fd=dfd)
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            os.fsync(dfd)
+
+
+def _make_dirs(dir_fd: int, parts: list[str]) -> int:
+    """The fd of ``dir_fd``/``parts...``, each made when missing and opened without following a
+    link (ELOOP, ENOTDIR otherwise). The caller closes it."""
+    fd = os.dup(dir_fd)
+    for part in parts:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(part, 0o755, dir_fd=fd)
+        try:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = inner
+    return fd
 
 
 def _not_ours(info: os.stat_result, single: bool) -> str | None:

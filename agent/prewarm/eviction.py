@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -116,7 +115,7 @@ def remove(store: Cache, unit: Unit, force: Iterable[str] = ()) -> None:
     for item in unit.items:
         store.remove_link(item.name)
         if store.layout(item) is Layout.TREE:
-            shutil.rmtree(store.tree_path(item.id), ignore_errors=True)
+            store.remove_tree(item.id)
     still = {sha for i in store.index.items([ItemState.READY]) for sha in store.blobs(i)}
     gone = [sha for sha in unit.blobs if sha not in still or sha in set(force)]
     for sha in gone:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.prewarm.model import FileRequest, ItemState
+from agent.prewarm.model import FileRequest, GroupRequest, ItemState
+from tests.integration.prewarm_fixtures import hub
 from tests.integration.prewarm_fixtures.agent import make_service
 from tests.integration.prewarm_fixtures.origin import Origin
 
@@ -164,3 +165,53 @@ def test_a_validators_temp_file_linked_outside_is_not_overwritten(
     assert outside.read_bytes() == SECRET
     (moved,) = quarantined(svc.store.root)
     assert os.readlink(moved) == str(outside)
+
+
+def test_a_by_name_dir_swapped_for_a_link_is_neither_deleted_nor_written_through(
+    tmp_path: Path, origin: Origin, outside: Path
+) -> None:
+    """by-name/ replaced, while the agent runs, by a link to another directory that holds a
+    file of an item's name: deleting or evicting the item does not delete that file, and a
+    fetch does not put its link in that directory."""
+    digest = origin.add("shadow", os.urandom(MIB))
+    svc = make_service(tmp_path)
+    request = FileRequest(origin.url("shadow"), sha256=digest, name="shadow")
+    item = svc.run(svc.submit(request).id)
+    assert item.state is ItemState.READY, item.error
+    names = svc.store.name_dir
+    names.rename(tmp_path / "by-name-was")
+    names.symlink_to(outside.parent)
+
+    svc.delete(item.id)
+    assert outside.read_bytes() == SECRET and not outside.is_symlink()
+    again = svc.run(svc.submit(request).id)
+    assert outside.read_bytes() == SECRET and not outside.is_symlink()
+    assert sorted(p.name for p in outside.parent.iterdir()) == ["shadow"]
+    svc.evict(again.id)
+    assert outside.read_bytes() == SECRET and not outside.is_symlink()
+
+
+def test_a_trees_dir_swapped_for_a_link_is_neither_emptied_nor_written_through(
+    tmp_path: Path, origin: Origin, outside: Path
+) -> None:
+    """trees/ replaced by a link to a directory holding one named like a model's item: evicting
+    the model does not empty it, and laying the model out again does not write there."""
+    files = {"config.json": b"{}", "weights.bin": os.urandom(64 * 1024)}
+    endpoint, _ = hub.publish(origin, "org/tiny", files)
+    svc = make_service(tmp_path)
+    model = svc.run(svc.submit(GroupRequest("org/tiny", endpoint=endpoint)).id)
+    assert model.state is ItemState.READY, model.error
+    trees = svc.store.tree_dir
+    trees.rename(tmp_path / "trees-was")
+    trees.symlink_to(outside.parent)
+    victim = outside.parent / model.id
+    victim.mkdir()
+    (victim / "keep").write_bytes(SECRET)
+
+    svc.evict(model.id)
+    again = svc.run(svc.submit(GroupRequest("org/tiny", endpoint=endpoint)).id)
+    assert again.state is ItemState.READY, again.error
+    assert (victim / "keep").read_bytes() == SECRET
+    assert sorted(p.name for p in outside.parent.iterdir()) == sorted([model.id, "shadow"])
+    model_dir = svc.store.name_path(again.name)
+    assert (model_dir / "weights.bin").read_bytes() == files["weights.bin"]
