@@ -215,6 +215,11 @@ class CacheDir:
         with self._subdir(self.name_dir) as dfd, contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=dfd)
 
+    def remove_blob(self, sha256: str) -> None:
+        """Delete a blob, through the blob directory's fd."""
+        with self._subdir(self.blob_dir) as dfd, contextlib.suppress(FileNotFoundError):
+            os.unlink(sha256, dir_fd=dfd)
+
     def remove_tree(self, item_id: str) -> None:
         """Delete a group's model directory trees/<id>, through the directory's fd."""
         with self._subdir(self.tree_dir) as dfd:

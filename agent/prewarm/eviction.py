@@ -8,7 +8,6 @@ open or mapped is never evicted on request (agent.prewarm.inuse).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -119,8 +118,7 @@ def remove(store: Cache, unit: Unit, force: Iterable[str] = ()) -> None:
     still = {sha for i in store.index.items([ItemState.READY]) for sha in store.blobs(i)}
     gone = [sha for sha in unit.blobs if sha not in still or sha in set(force)]
     for sha in gone:
-        with contextlib.suppress(FileNotFoundError):
-            store.blob_path(sha).unlink()
+        store.remove_blob(sha)
     log.info(
         "evicted %s (blobs %s)",
         ", ".join(i.name for i in unit.items) or "nothing",

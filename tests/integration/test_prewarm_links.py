@@ -215,3 +215,23 @@ def test_a_trees_dir_swapped_for_a_link_is_neither_emptied_nor_written_through(
     assert sorted(p.name for p in outside.parent.iterdir()) == sorted([model.id, "shadow"])
     model_dir = svc.store.name_path(again.name)
     assert (model_dir / "weights.bin").read_bytes() == files["weights.bin"]
+
+
+def test_a_blob_dir_swapped_for_a_link_is_not_deleted_through(
+    tmp_path: Path, origin: Origin, outside: Path
+) -> None:
+    """blobs/sha256/ replaced by a link to a directory holding a file named like an item's
+    blob (another content store, say): evicting the item does not delete that file."""
+    data = os.urandom(MIB)
+    digest = origin.add("e.bin", data)
+    svc = make_service(tmp_path)
+    item = svc.run(svc.submit(FileRequest(origin.url("e.bin"), sha256=digest)).id)
+    assert item.state is ItemState.READY, item.error
+    blobs = svc.store.blob_dir
+    blobs.rename(tmp_path / "blobs-was")
+    blobs.symlink_to(outside.parent)
+    theirs = outside.parent / digest
+    theirs.write_bytes(data)
+
+    svc.evict(item.id)
+    assert theirs.read_bytes() == data
