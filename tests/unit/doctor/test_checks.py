@@ -3,13 +3,15 @@ an operator needs, and a check that errs or hangs is failed, never a failed doct
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import cast
+from typing import Any, cast
 
 from agent.doctor import api_checks, gpu_checks, node_checks
 from agent.doctor.runner import Probe, run_checks
@@ -366,24 +368,33 @@ def test_a_plugin_config_the_plugin_cannot_read_fails_plugin_config_naming_why(
     assert node_checks.sharing_plugin_config(f).state is CheckState.OK
 
 
-def test_a_gpu_lost_since_it_was_read_is_named_once_by_its_index_in_power_limits(
-    tmp_path: Path,
-) -> None:
-    """It read 'GPU 3: GPU GPU-7365e450-…: GPU is lost': the index, then the driver's own
-    naming of the same GPU by UUID. Now as telemetry/nvml says it: 'GPU 3: GPU is lost'."""
+@contextlib.contextmanager
+def _gpu3_lost_after_the_read(tmp_path: Path) -> Iterator[tuple[DriverLink, tuple[Any, ...]]]:
+    """An attached H100 node whose layouts were read, then GPU 3 stopped answering."""
     from agent.gpu import open_driver
     from agent.gpu.sim import SimControl
 
     state = tmp_path / "state"
     driver = open_driver("dgx-h100", state)
     try:
-        layouts = tuple(driver.layout(g.uuid) for g in driver.gpus())  # read, then lost
+        layouts = tuple(driver.layout(g.uuid) for g in driver.gpus())
         SimControl(state).mark_lost(3)
-        link = cast(DriverLink, SimpleNamespace(state=None, is_attached=True, driver=driver))
-        snap = cast(Snapshot, SimpleNamespace(layouts=layouts, gpus=()))
-        check = gpu_checks.power_limits(facts(tmp_path, driver=link, snapshot=lambda: snap))
+        yield (
+            cast(DriverLink, SimpleNamespace(state=None, is_attached=True, driver=driver)),
+            layouts,
+        )
     finally:
         driver.close()
+
+
+def test_a_gpu_lost_since_it_was_read_is_named_once_by_its_index_in_power_limits(
+    tmp_path: Path,
+) -> None:
+    """It read 'GPU 3: GPU GPU-7365e450-…: GPU is lost': the index, then the driver's own
+    naming of the same GPU by UUID. Now as telemetry/nvml says it: 'GPU 3: GPU is lost'."""
+    with _gpu3_lost_after_the_read(tmp_path) as (link, layouts):
+        snap = cast(Snapshot, SimpleNamespace(layouts=layouts, gpus=()))
+        check = gpu_checks.power_limits(facts(tmp_path, driver=link, snapshot=lambda: snap))
     assert check.state is CheckState.DEGRADED
     assert check.evidence.endswith("; GPU 3: GPU is lost"), check.evidence
 
@@ -392,22 +403,12 @@ def test_mig_pending_does_not_vouch_for_a_gpu_that_does_not_answer(tmp_path: Pat
     """With GPU 3 lost, mig/pending said "no MIG mode change waits for a GPU reset" (ok) from
     the mode read before it stopped answering: a verdict on a GPU nobody can read. It is
     degraded now, naming the GPU and the driver's error."""
-    from agent.gpu import open_driver
-    from agent.gpu.sim import SimControl
-
-    state = tmp_path / "state"
-    driver = open_driver("dgx-h100", state)
-    try:
-        layouts = tuple(driver.layout(g.uuid) for g in driver.gpus())  # read, then lost
-        SimControl(state).mark_lost(3)
-        link = cast(DriverLink, SimpleNamespace(state=None, is_attached=True, driver=driver))
+    with _gpu3_lost_after_the_read(tmp_path) as (link, layouts):
         down = SimpleNamespace(gpu=SimpleNamespace(index=3), up=False, detail="GPU is lost")
         snap = cast(Snapshot, SimpleNamespace(layouts=layouts, gpus=(down,)))
         check = gpu_checks.mig_pending(facts(tmp_path, driver=link, snapshot=lambda: snap))
         answering = cast(Snapshot, SimpleNamespace(layouts=layouts, gpus=()))
         fine = gpu_checks.mig_pending(facts(tmp_path, driver=link, snapshot=lambda: answering))
-    finally:
-        driver.close()
     assert check.state is CheckState.DEGRADED, check
     assert check.evidence.endswith("cannot be read: GPU 3: GPU is lost"), check.evidence
     assert fine.state is CheckState.OK, fine
