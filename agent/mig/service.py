@@ -501,8 +501,9 @@ class MigService:
     ) -> None:
         """Restore every touched GPU, newest first; amend ``error`` or raise why we could not."""
         # Marked first: a crash during the rollback must go on rolling back, never count the
-        # GPUs already done as finished.
-        self._journal.journal_append(SCOPE, {"event": "rollback", "reason": str(error)})
+        # GPUs already done as finished. A full state dir does not stop it (Executor.note).
+        executor.unjournalled_ok = True
+        executor.note({"event": "rollback", "reason": str(error)})
         failures = []
         for gpu, before in reversed(touched):
             try:
@@ -515,7 +516,7 @@ class MigService:
                 f"{error}; rolling back also failed ({'; '.join(failures)}). The journal is kept: "
                 "the next apply or agent start retries the rollback"
             ) from error
-        self._journal.journal_clear(SCOPE)
+        executor.forget()
         gpus = ", ".join(str(gpu.index) for gpu, _ in touched)
         # Logged before the error is amended, so the line does not say "rolled back" twice.
         log.warning("MIG apply failed (%s); rolled back GPU %s", str(error), gpus)
