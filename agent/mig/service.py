@@ -501,8 +501,10 @@ class MigService:
     ) -> None:
         """Restore every touched GPU, newest first; amend ``error`` or raise why we could not."""
         # Marked first: a crash during the rollback must go on rolling back, never count the
-        # GPUs already done as finished. A full state dir does not stop it (Executor.note).
-        executor.unjournalled_ok = True
+        # GPUs already done as finished. A full state dir does not stop it (Executor.note)
+        # unless every GPU is journalled done: a crash midway would then be called complete.
+        history = records(e for _, e in self._journal.journal_entries(SCOPE))
+        executor.unjournalled_ok = not (history and history[-1].finished)
         executor.note({"event": "rollback", "reason": str(error)})
         failures = []
         for gpu, before in reversed(touched):

@@ -8,13 +8,15 @@ snapshot it returns to was journalled before the first change.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.errors import StateUnavailable
-from agent.mig.apply import SCOPE
+from agent.dra.mode import Allocation, AllocationMode
+from agent.errors import Conflict, StateUnavailable
+from agent.mig.apply import SCOPE, ProgressEvent
 from agent.mig.lock import PartitionLock
 from agent.mig.reset import simulated_reset
 from agent.mig.service import MigService
@@ -47,6 +49,9 @@ class FillsUp:
             raise StateUnavailable("the state dir /var/lib/gpu-agent is full")
         return self._store.journal_append(scope, entry)
 
+    def fill(self) -> None:
+        self._left = -1
+
     def journal_clear(self, scope: str) -> None:
         if self._left < 0:
             raise StateUnavailable("the state dir /var/lib/gpu-agent is full")
@@ -76,4 +81,58 @@ def test_a_state_dir_full_midway_rolls_the_gpu_back_instead_of_leaving_it_half_d
     assert {o.action for o in outcomes} == {"untouched"}
     assert node.states() == before
     assert node.store.journal_entries(SCOPE) == []
+    node.close()
+
+
+class Killed(BaseException):
+    """Stands for a SIGKILL: no ``except Exception`` of the apply sees it."""
+
+
+class FailsToRepublish:
+    """A DRA driver that does not republish; the state dir fills up as it is asked."""
+
+    def __init__(self, full: FillsUp) -> None:
+        self._full = full
+
+    def check(self) -> None:
+        pass
+
+    def republish(self, expected: Sequence[str], progress: Callable[[str], None]) -> None:
+        self._full.fill()
+        raise Conflict("the DRA driver did not republish the new layout")
+
+    def restart(self) -> tuple[str, ...]:
+        return ()
+
+
+def test_a_finished_apply_is_not_rolled_back_unjournalled_where_the_journal_says_done(
+    tmp_path: Path,
+) -> None:
+    """Every GPU of the apply journalled done, then the DRA republish fails and the state dir
+    is full: a rollback whose marker cannot be written would leave a journal that says the
+    apply completed while a crash midway left GPUs half-undone. So it is not started: the
+    GPUs keep the applied layout the journal describes, and the restart reports it completed."""
+    node = sim_node(tmp_path, "h100-nvl")
+    node.service.apply(CONFIGS, "before")
+    full = FillsUp(node.store, writes=1000)
+    service = MigService(
+        node.driver,
+        full,
+        PartitionLock(tmp_path),
+        simulated_reset(tmp_path),
+        allocation=lambda: Allocation(AllocationMode.DRA, "test", "gpu.nvidia.com"),
+        republish=FailsToRepublish(full),
+    )
+
+    def progress(event: ProgressEvent) -> None:
+        if event.phase == "rollback":
+            raise Killed  # a crash in the rollback, were one started
+
+    with pytest.raises(StateUnavailable):
+        service.apply(CONFIGS, "after", progress=progress)
+    after = node.states()
+    assert all(len(s.instances) == 7 for s in after.values())  # the applied layout, whole
+    outcomes = node.service.recover()  # the restart, with space again
+    assert {o.action for o in outcomes} == {"completed"}
+    assert node.states() == after
     node.close()
