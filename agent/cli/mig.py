@@ -39,7 +39,6 @@ from agent.mig.node_plan import (
 )
 from agent.mig.plan import mig_parted_destroys
 from agent.mig.spec import MigSpec, load_spec, name_problem
-from agent.mig.state import fetch
 from agent.mig.view import plan_data, plan_text, show_data, show_text
 from agent.wire.operations import MigApplied
 
@@ -599,9 +598,9 @@ def checkpoint_command(obj: CliContext, checkpoint_file: str) -> None:
     """
     layouts, lost = _read(obj, "mig checkpoint")
     refuse_lost(lost, f"a checkpoint would not bring it back; nothing written to {checkpoint_file}")
-    states = [fetch(layout) for layout in layouts if layout.gpu.mig_capable]
+    capable = [layout for layout in layouts if layout.gpu.mig_capable]
     write_output(
-        Path(checkpoint_file), json.dumps(checkpoint_document(states)) + "\n", "checkpoint-file"
+        Path(checkpoint_file), json.dumps(checkpoint_document(capable)) + "\n", "checkpoint-file"
     )
     click.echo("MIG configuration checkpointed successfully")
 

@@ -9,10 +9,11 @@ the Node (other labels, other conditions, other taints). Planning is pure (`plan
 
 - labels: ``gpu-agent.io/health`` = the node's worst state (an instance that is not healthy
   makes the node degraded at least), ``gpu-agent.io/health.{healthy,degraded,failed}-gpus`` =
-  how many GPUs are in each state;
+  how many GPUs are in each state; none of them before any GPU is read (unknown);
 - condition ``GPUHealthy`` in ``status.conditions``, by a strategic-merge PATCH of the Node's
   status subresource (conditions merge by ``type``, as the kubelet and node-problem-detector
-  write theirs): True while every GPU and instance is healthy; written when its status, reason
+  write theirs): True while every GPU and instance is healthy, Unknown before any GPU is
+  read; written when its status, reason
   or message changes (its heartbeat time is that write's);
 - taint ``gpu-agent.io/health=failed:NoSchedule`` while a GPU is failed, only with
   ``health.taint``; a merge PATCH of ``spec.taints`` with the Node's resourceVersion as a
@@ -54,6 +55,7 @@ MAX_PENDING_EVENTS = 256
 #: the condition's reason, and the Event's, per (worst) state
 _REASONS = {s: f"Gpus{s.value.capitalize()}" for s in State}
 _EVENT_REASONS = {s: f"Gpu{s.value.capitalize()}" for s in State}
+_NOT_READ = "no GPU has been read yet (no driver loaded, or no GPU answered): health unknown"
 
 Marks = Mapping[Target, tuple[int, Mark, str]]
 
@@ -61,7 +63,8 @@ Marks = Mapping[Target, tuple[int, Mark, str]]
 @dataclass(frozen=True, slots=True)
 class Publication:
     labels: Mapping[str, str]
-    #: the condition's status ("True"/"False"), reason and message
+    #: the condition's status ("True"/"False"; "Unknown" before any GPU is read), reason
+    #: and message
     status: str
     reason: str
     message: str
@@ -73,6 +76,8 @@ def plan(marks: Marks) -> Publication:
     """What the Node should carry for ``marks`` (GPU targets count; instances make the node
     degraded at least)."""
     gpus = {t: v for t, v in marks.items() if t.gpu_instance is None}
+    if not gpus:  # no GPU judged yet (no driver yet, none answered): unknown is not healthy
+        return Publication({}, "Unknown", "GpusNotRead", _NOT_READ, tainted=False)
     counts = dict.fromkeys(State, 0)
     for _, mark, _ in gpus.values():
         counts[mark.state] += 1

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agent.errors import AgentError, Conflict, NotSupported
+from agent.errors import AgentError, Conflict, NotSupported, StateUnavailable
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.types import ActivationStatus, GpuInfo, Placement
 from agent.mig.journal import SCOPE, Journal
@@ -77,6 +77,9 @@ class Executor:
         self.mutations = 0
         #: GPUs whose pending mode waits for a reboot of this (passthrough) VM, by UUID.
         self.reboot_required: set[str] = set()
+        #: A rollback goes on when the state dir cannot take its records (`note`).
+        self.unjournalled_ok = False
+        self._unjournalled = False
 
     def run(
         self, gpu: GpuInfo, steps: Sequence[Step], *, phase: str, skip_reset: bool
@@ -135,21 +138,36 @@ class Executor:
         # Journal first: a process killed during the NVML call leaves the entry behind.
         self.mutations += 1
         text = str(step)
-        self._journal.journal_append(
-            SCOPE,
-            {
-                "event": "step",
-                "uuid": gpu.uuid,
-                "phase": phase,
-                "n": self.mutations,
-                "action": step.action,
-                "step": text,
-            },
-        )
+        entry = {"uuid": gpu.uuid, "phase": phase, "n": self.mutations, "action": step.action}
+        self.note({"event": "step", **entry, "step": text})
         log.debug("MIG %s step %d: GPU %d: %s", phase, self.mutations, gpu.index, text)
         self._progress(
             ProgressEvent(phase, gpu.index, self.mutations, step.action, f"GPU {gpu.index}: {text}")
         )
+
+    def note(self, entry: dict[str, object]) -> None:
+        """Journal ``entry``. While ``unjournalled_ok`` (a rollback), a state dir that cannot
+        take it (full, read-only) is logged, not raised: the snapshots the rollback returns
+        to are journalled already, so a crash midway is still recovered from them, whereas
+        stopping would leave a GPU half-done."""
+        try:
+            self._journal.journal_append(SCOPE, entry)
+        except StateUnavailable as exc:
+            if not self.unjournalled_ok:
+                raise
+            if not self._unjournalled:  # one line, not one per step
+                log.error("MIG rollback goes on without journal records: %s", exc)
+            self._unjournalled = True
+
+    def forget(self) -> None:
+        """Clear the journal once every GPU is back; one the state dir keeps (full) reads as
+        GPUs already at their snapshots, which the next recovery finds untouched."""
+        try:
+            self._journal.journal_clear(SCOPE)
+        except StateUnavailable as exc:
+            if not self.unjournalled_ok:
+                raise
+            log.error("the MIG journal of a rolled-back apply stays until the next start: %s", exc)
 
     def _mode_pending(self, uuid: str) -> bool:
         mode = self._driver.gpu(uuid).mig_mode

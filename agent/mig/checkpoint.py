@@ -2,12 +2,16 @@
 
 ```json
 {"Version": "v1", "MigState": {"Devices": [{"UUID": "GPU-...", "MigMode": 1,
-  "GpuInstances": [{"ProfileID": 9, "Placement": {"Start": 4, "Size": 4},
+  "GpuInstances": [{"ProfileID": 2, "Placement": {"Start": 4, "Size": 4},
     "ComputeInstances": [{"ProfileID": 2, "EngProfileID": 0,
                           "Placement": {"Start": 0, "Size": 3}}]}]}]}}
 ```
 
 Written in mig-parted's JSON (Go's field names), so either tool restores the other's file. A
+GPU instance's ``ProfileID`` is, as mig-parted writes and reads it, the NVML profile
+**constant** (go-nvlib walks ``NVML_GPU_INSTANCE_PROFILE_*`` and passes the loop index on;
+restore hands it to ``GetGpuInstanceProfileInfo``), not the id create takes: 3g is 2, not 9
+(reference/mig.md §1.2). ``agent.mig.node_plan`` maps it to the GPU's id when restoring. A
 compute instance's ``Placement`` is ours (mig-parted keeps none and ignores unknown fields);
 read without it, a compute instance is created where the driver puts it, its width taken from its
 profile id (CI profile ids are NVML's CI profile constants, reference/mig.md §1.2).
@@ -20,8 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent.errors import FieldViolation, InvalidSpec
-from agent.gpu.types import Placement
-from agent.mig.state import CiState, GiState, GpuMigState
+from agent.gpu.types import GpuLayout, Placement
+from agent.mig.state import CiState, GiState, GpuMigState, fetch
 
 VERSION = "v1"
 MAX_BYTES = 4 * 1024 * 1024
@@ -31,7 +35,10 @@ _MAX_INSTANCES = 16
 CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6, 7: 1, 8: 7}
 
 
-def checkpoint_document(states: Sequence[GpuMigState]) -> dict[str, Any]:
+def checkpoint_document(layouts: Sequence[GpuLayout]) -> dict[str, Any]:
+    """The checkpoint of ``layouts``: each GPU instance's profile by its NVML constant."""
+    constants = {layout.gpu.uuid: {p.id: p.constant for p in layout.profiles} for layout in layouts}
+    states = [fetch(layout) for layout in layouts]
     return {
         "Version": VERSION,
         "MigState": {
@@ -41,7 +48,7 @@ def checkpoint_document(states: Sequence[GpuMigState]) -> dict[str, Any]:
                     "MigMode": 1 if s.mig_enabled else 0,
                     "GpuInstances": [
                         {
-                            "ProfileID": gi.profile_id,
+                            "ProfileID": constants[s.uuid][gi.profile_id],
                             "Placement": {"Start": gi.placement.start, "Size": gi.placement.size},
                             "ComputeInstances": [_ci(ci) for ci in gi.cis],
                         }

@@ -81,6 +81,8 @@ class ApplyRecord:
     skip_reset: bool = False
     #: snapshot of each GPU the apply started on, in the order it started them.
     befores: dict[str, GpuMigState] = field(default_factory=dict)
+    #: each begun GPU's index then: what names one that is lost now (its UUID is not known)
+    indices: dict[str, int] = field(default_factory=dict)
     done: set[str] = field(default_factory=set)
     rolling_back: bool = False
     suspended: bool = False
@@ -120,6 +122,7 @@ def records(entries: Iterable[Mapping[str, Any]]) -> list[ApplyRecord]:
         elif event == "gpu":
             # The first snapshot of a GPU within its apply is the one to return to.
             record.befores.setdefault(str(entry["uuid"]), GpuMigState.from_dict(entry["before"]))
+            record.indices.setdefault(str(entry["uuid"]), int(entry.get("index", -1)))
         elif event == "done":
             record.done.add(str(entry["uuid"]))
         elif event == "rollback":

@@ -170,6 +170,7 @@ def checkpoint_targets(
         layout = by_uuid.get(s.uuid)
         if layout is None:
             continue
+        s = _profile_ids(s, layout)
         names = {p.id: p.name for p in layout.profiles}
         bad += _gi_problems(f"MigState.Devices[{i}].GpuInstances", s, layout)
         now = fetch(layout)
@@ -190,6 +191,22 @@ def checkpoint_targets(
     if bad:
         raise InvalidSpec(f"the checkpoint does not fit this node: {bad[0].description}", bad)
     return out
+
+
+def _profile_ids(state: GpuMigState, layout: GpuLayout) -> GpuMigState:
+    """The checkpoint's GPU instance profiles as this GPU's profile ids. mig-parted's
+    ``ProfileID`` is the NVML profile constant (agent/mig/checkpoint.py); one no profile of
+    this GPU has with the placement's size is taken as an id, as agents before this one wrote
+    it (no constant and id of one board name profiles of the same size: reference/mig.md §1.2)."""
+    by_constant = {p.constant: p for p in layout.profiles}
+
+    def resolved(gi: GiState) -> GiState:
+        p = by_constant.get(gi.profile_id)
+        if p is None or p.memory_slices != gi.placement.size:
+            return gi
+        return GiState(p.id, gi.profile_name, gi.placement, gi.cis)
+
+    return GpuMigState(state.uuid, state.mig_enabled, tuple(map(resolved, state.instances)))
 
 
 def _gi_problems(field: str, state: GpuMigState, layout: GpuLayout) -> list[FieldViolation]:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from agent.dra.gate import mig_change_refusal
 from agent.dra.mode import Allocation, AllocationMode
 from agent.dra.republish import expected_uuids
-from agent.errors import AgentError, Busy, Conflict, ModeRefused
+from agent.errors import AgentError, Busy, Conflict, DeviceLost, ModeRefused, NotFound
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.types import GpuInfo, GpuLayout
 from agent.mig.apply import Executor, Progress, ProgressEvent, Suspended, restore
@@ -501,8 +501,11 @@ class MigService:
     ) -> None:
         """Restore every touched GPU, newest first; amend ``error`` or raise why we could not."""
         # Marked first: a crash during the rollback must go on rolling back, never count the
-        # GPUs already done as finished.
-        self._journal.journal_append(SCOPE, {"event": "rollback", "reason": str(error)})
+        # GPUs already done as finished. A full state dir does not stop it (Executor.note)
+        # unless every GPU is journalled done: a crash midway would then be called complete.
+        history = records(e for _, e in self._journal.journal_entries(SCOPE))
+        executor.unjournalled_ok = not (history and history[-1].finished)
+        executor.note({"event": "rollback", "reason": str(error)})
         failures = []
         for gpu, before in reversed(touched):
             try:
@@ -515,7 +518,7 @@ class MigService:
                 f"{error}; rolling back also failed ({'; '.join(failures)}). The journal is kept: "
                 "the next apply or agent start retries the rollback"
             ) from error
-        self._journal.journal_clear(SCOPE)
+        executor.forget()
         gpus = ", ".join(str(gpu.index) for gpu, _ in touched)
         # Logged before the error is amended, so the line does not say "rolled back" twice.
         log.warning("MIG apply failed (%s); rolled back GPU %s", str(error), gpus)
@@ -551,11 +554,11 @@ class MigService:
     def _left_alone(self, why: str) -> tuple[RecoveryOutcome, ...]:
         """A journal this node's mode forbids acting on: kept, every GPU in it untouched."""
         history = records(entry for _, entry in self._journal.journal_entries(SCOPE))
-        uuids = list(dict.fromkeys(u for record in history for u in record.befores))
-        log.warning("MIG journal left as it is (%d GPU(s)): %s", len(uuids), why)
+        indices = {u: i for record in history for u, i in record.indices.items()}
+        log.warning("MIG journal left as it is (%d GPU(s)): %s", len(indices), why)
         return tuple(
-            RecoveryOutcome(self._driver.gpu(u).index, u, "untouched", f"not recovered: {why}")
-            for u in uuids
+            RecoveryOutcome(self._index(u, indices), u, "untouched", f"not recovered: {why}")
+            for u in indices
         )
 
     def _recover_locked(self) -> tuple[RecoveryOutcome, ...]:
@@ -565,7 +568,10 @@ class MigService:
         outcomes: list[RecoveryOutcome] = []
         settled: set[str] = set()  # GPUs a newer apply left at its target
         for age, record in enumerate(reversed(history)):
-            if age == 0 and record.resumable:
+            lost = [u for u in record.planned if self._index(u, {}) < 0]
+            if age == 0 and record.resumable and lost:  # it cannot be finished: undone instead
+                self._journal.journal_append(SCOPE, {"event": "rollback", "reason": "GPU lost"})
+            elif age == 0 and record.resumable:
                 # Stopped by SIGTERM on purpose: finish it (docs/mig.md explains the choice).
                 done = self._resume(record)
                 outcomes += done
@@ -577,7 +583,7 @@ class MigService:
                 # Killed after its last change, before clearing the journal: it completed.
                 for uuid in record.befores:
                     if uuid not in settled:
-                        outcomes.append(self._outcome(uuid, "completed", record.operation))
+                        outcomes.append(self._outcome(uuid, record))
                 settled |= set(record.befores)
                 continue
             # Undo newest first; an older apply then undoes its own changes to the same GPU
@@ -585,16 +591,11 @@ class MigService:
             executor = Executor(self._driver, self._journal, self._reset)
             for uuid, before in reversed(record.befores.items()):
                 if uuid not in settled:
-                    outcomes.append(self._restore_one(executor, uuid, before, record.operation))
+                    outcomes.append(self._restore_one(executor, uuid, before, record))
         for outcome in outcomes:
             level = logging.ERROR if outcome.action == "failed" else logging.WARNING
-            log.log(
-                level,
-                "MIG recovery of GPU %s: %s (%s)",
-                outcome.gpu,
-                outcome.action,
-                outcome.detail,
-            )
+            o = outcome
+            log.log(level, "MIG recovery of GPU %s: %s (%s)", o.gpu, o.action, o.detail)
         if all(o.action != "failed" for o in outcomes):
             self._journal.journal_clear(SCOPE)
         return tuple(outcomes)
@@ -658,16 +659,27 @@ class MigService:
             outcomes.append(RecoveryOutcome(self._driver.gpu(u).index, u, "completed", detail))
         return outcomes
 
-    def _outcome(self, uuid: str, action: str, operation: str) -> RecoveryOutcome:
-        return RecoveryOutcome(
-            self._driver.gpu(uuid).index, uuid, action, f"{operation} had finished"
-        )
+    def _outcome(self, uuid: str, record: ApplyRecord) -> RecoveryOutcome:
+        done = f"{record.operation} had finished"
+        return RecoveryOutcome(self._index(uuid, record.indices), uuid, "completed", done)
+
+    def _index(self, uuid: str, journalled: Mapping[str, int]) -> int:
+        """The GPU's index now; for one that does not answer (lost: NVML gives no UUID for a
+        GPU lost before this process started) the journal's, or -1."""
+        try:
+            return self._driver.gpu(uuid).index
+        except (NotFound, DeviceLost):
+            return journalled.get(uuid, -1)
 
     def _restore_one(
-        self, executor: Executor, uuid: str, before: GpuMigState, operation: str
+        self, executor: Executor, uuid: str, before: GpuMigState, record: ApplyRecord
     ) -> RecoveryOutcome:
-        gpu = self._driver.gpu(uuid)
-        count = executor.mutations
+        operation, count = record.operation, executor.mutations
+        try:
+            gpu = self._driver.gpu(uuid)
+        except (NotFound, DeviceLost):  # lost: the journal stays, for when it answers again
+            why = "the GPU does not answer; its layout is restored once it does"
+            return RecoveryOutcome(record.indices.get(uuid, -1), uuid, "failed", why)
         try:
             restore(executor, self._driver, gpu, before, skip_reset=False)
         except Exception as exc:  # reported, and the journal stays for the next start

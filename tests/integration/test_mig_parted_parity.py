@@ -349,6 +349,18 @@ nvidia-mig-parted restore; echo "again=$?"
     assert saved["Version"] == "v1" and len(saved["MigState"]["Devices"]) == 8
     node = sim_node(tmp_path / "s", "dgx-a100")
     try:
+        # ProfileID is the NVML constant, which mig-parted's restore hands to
+        # GetGpuInstanceProfileInfo: it names the profile each instance had.
+        for device in saved["MigState"]["Devices"]:
+            layout = node.driver.layout(device["UUID"])
+            by_constant = {p.constant: p.id for p in layout.profiles}
+            written = sorted(
+                (by_constant[gi["ProfileID"]], gi["Placement"]["Start"])
+                for gi in device["GpuInstances"] or []
+            )
+            assert written == sorted(
+                (gi.profile_id, gi.placement.start) for gi in before[device["UUID"]].instances
+            )
         after = node.states()
         # Same placements and CIs; GI ids are the driver's to pick (§3.2).
         assert after == before
@@ -357,8 +369,17 @@ nvidia-mig-parted restore; echo "again=$?"
         node.close()
 
 
-def test_a_checkpoint_written_by_mig_parted_restores(tmp_path: Path) -> None:
-    """mig-parted's own format (no compute-instance placement): widths from the CI profile id."""
+@pytest.mark.parametrize(
+    ("three_g", "two_g"), [(2, 1), (9, 14)], ids=["mig-parted-constants", "older-agent-ids"]
+)
+def test_a_checkpoint_written_by_mig_parted_restores(
+    tmp_path: Path, three_g: int, two_g: int
+) -> None:
+    """mig-parted's own format (no compute-instance placement): widths from the CI profile id.
+    Its GPU instance ``ProfileID`` is the NVML profile constant, as go-nvlib's
+    WalkGpuInstances passes it on (3g: 2, 2g: 1; reference/mig.md §1.2), not the id: this
+    test held ids (9, 14) before, which mig-parted never writes; a file an agent before the
+    fix wrote holds those ids and restores too (no 1g.10gb, constant 9, is 4 slices wide)."""
     node = sim_node(tmp_path / "s", "dgx-a100")
     uuids = [g.uuid for g in node.driver.gpus()]
     node.close()
@@ -371,12 +392,12 @@ def test_a_checkpoint_written_by_mig_parted_restores(tmp_path: Path) -> None:
                     "MigMode": 1,
                     "GpuInstances": [
                         {
-                            "ProfileID": 9,
+                            "ProfileID": three_g,
                             "Placement": {"Start": 4, "Size": 4},
                             "ComputeInstances": [{"ProfileID": 2, "EngProfileID": 0}],
                         },
                         {
-                            "ProfileID": 14,
+                            "ProfileID": two_g,
                             "Placement": {"Start": 0, "Size": 2},
                             "ComputeInstances": [
                                 {"ProfileID": 0, "EngProfileID": 0},

@@ -246,3 +246,28 @@ def test_the_condition_keeps_its_transition_time_across_a_restart_and_moves_on_a
     publisher.sync()
     owner.sync()
     assert _condition(api)["lastTransitionTime"] == "2027-01-15T08:00:00Z"
+
+
+def test_a_node_whose_gpus_were_never_read_is_not_published_healthy(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """No mark at all (the driver is not loaded yet, or no GPU answered since the start):
+    before the fix the Node got gpu-agent.io/health=healthy and GPUHealthy=True ("0 GPU(s)
+    healthy") for GPUs nobody had read. Unknown is not healthy (as for the metric): the
+    condition is Unknown and no health label is set, until the first GPU is judged."""
+    api, _ = kube_api
+    marks: dict[Target, tuple[int, Mark, str]] = {}
+    owner = _owner(kube)
+    publisher = NodePublisher(kube, owner, lambda: marks, taint=True)
+    publisher.sync()
+    owner.sync()
+    assert not [k for k in api.nodes[NODE] if k.startswith("gpu-agent.io/health")]
+    condition = _condition(api)
+    assert condition["status"] == "Unknown" and condition["reason"] == "GpusNotRead"
+    assert NODE not in api.node_taints
+
+    marks.update(_marks(Mark()))  # the driver answered: both GPUs judged healthy
+    publisher.sync()
+    owner.sync()
+    assert api.nodes[NODE]["gpu-agent.io/health"] == "healthy"
+    assert _condition(api)["status"] == "True"

@@ -16,7 +16,6 @@ from google.rpc import error_details_pb2
 
 from agent._proto.gpuagent.v1 import mig_pb2, operations_pb2
 from agent.mig.checkpoint import checkpoint_document
-from agent.mig.state import fetch
 from tests.unit.api.mig_node import config, details, held_node
 
 
@@ -26,7 +25,7 @@ async def scenario(tmp_path: Path) -> None:
         entered, release = node.entered, node.release
         held = config("[0]", "{3g.40gb: 2}")
         before = json.dumps(
-            checkpoint_document([fetch(driver.layout(g.uuid)) for g in driver.gpus()])
+            checkpoint_document([driver.layout(g.uuid) for g in driver.gpus()])
         ).encode()
         for bad, field in ((b"", "checkpoint"), (b"{not json", "checkpoint")):
             try:
