@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -14,6 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from agent import safeyaml
+from agent.durable import replace_file
 from agent.errors import FieldViolation, InvalidSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -41,30 +41,12 @@ def write_output(path: Path, text: str, field: str) -> None:
         if path.parts[1:2] in (("dev",), ("proc",)) or (path.exists() and not path.is_file()):
             path.write_text(text)  # /dev/stdout (whatever it is), a pipe: written as it is
         else:  # a link to a file stays a link: its target is replaced
-            _replace(Path(os.path.realpath(path)), text.encode())
+            replace_file(Path(os.path.realpath(path)), text.encode(), new_mode=0o644)
     except OSError as exc:
         raise InvalidSpec(
             f"cannot write {path}: {exc.strerror or exc}",
             [FieldViolation(field, "a writable path")],
         ) from exc
-
-
-def _replace(path: Path, data: bytes) -> None:
-    try:
-        mode = path.stat().st_mode & 0o777
-    except FileNotFoundError:
-        mode = 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def file_option(*decls: str, help: str, **attrs: Any) -> Callable[[F], F]:

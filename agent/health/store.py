@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from agent.durable import replace_file
 from agent.health.machine import Mark, State
 
 log = logging.getLogger(__name__)
@@ -105,9 +105,8 @@ class MarkStore:
                 t.key(): _raw(m) for t, m in sorted(marks.items(), key=lambda kv: kv[0].order())
             },
         }
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(body, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, self.path)
+        # fsync'd: a power cut must not leave an empty file that forgets a failed GPU
+        replace_file(self.path, json.dumps(body, sort_keys=True).encode())
 
 
 def _raw(mark: Mark) -> dict[str, Any]:

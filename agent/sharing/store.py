@@ -12,12 +12,11 @@ import errno
 import fcntl
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from agent import safeyaml
-from agent.durable import fsync_dir
+from agent.durable import CHUNK_SIZE, replace_file
 from agent.errors import (
     AgentError,
     Conflict,
@@ -27,7 +26,6 @@ from agent.errors import (
     PermissionDenied,
 )
 
-CHUNK_SIZE = 1 << 20
 _DEFAULT_MODE = 0o644  # the plugin may run as another user; the config is not a secret
 
 
@@ -38,35 +36,10 @@ def atomic_write(
     chunk_size: int = CHUNK_SIZE,
     on_chunk: Callable[[int], None] | None = None,
 ) -> None:
-    """Replace ``path`` with ``data`` so that no reader or crash ever sees a partial file.
-
-    Writes a temp file in the same directory (same filesystem, so the rename is atomic), fsyncs it,
-    renames it over ``path`` and fsyncs the directory so the rename survives a power loss.
-    ``on_chunk(bytes_written)`` runs after each chunk; tests use it to stop a write halfway.
-    """
-    try:
-        mode = path.stat().st_mode & 0o777
-    except FileNotFoundError:
-        mode = _DEFAULT_MODE
+    """`agent.durable.replace_file`, a new file readable by the plugin (which may run as
+    another user), with OS errors as domain errors naming ``path``."""
     with _os_errors(path):
-        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(tmp_name)
-    try:
-        with _os_errors(path), os.fdopen(fd, "wb") as f:
-            for start in range(0, len(data), chunk_size):
-                f.write(data[start : start + chunk_size])
-                if on_chunk is not None:
-                    f.flush()
-                    on_chunk(min(start + chunk_size, len(data)))
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        with _os_errors(path):
-            os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+        replace_file(path, data, new_mode=_DEFAULT_MODE, chunk_size=chunk_size, on_chunk=on_chunk)
 
 
 @contextlib.contextmanager

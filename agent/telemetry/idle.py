@@ -14,13 +14,13 @@ counts from now.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 from collections.abc import Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from agent.durable import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -92,16 +92,13 @@ class IdleStore:
         return out
 
     def save(self, times: Mapping[str, float]) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
         try:
-            tmp.write_text(json.dumps(dict(times), sort_keys=True), encoding="utf-8")
-            os.replace(tmp, self.path)
+            replace_file(self.path, json.dumps(dict(times), sort_keys=True).encode())
         except OSError as exc:
-            if str(exc) != self._failed:  # a read-only state dir: once, not every 30 s
-                log.warning("cannot save idle times to %s: %s", self.path, exc)
-            self._failed = str(exc)
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+            why = exc.strerror or str(exc)  # not the temp file's name, new at each try
+            if why != self._failed:  # a read-only state dir: once, not every 30 s
+                log.warning("cannot save idle times to %s: %s", self.path, why)
+            self._failed = why
         else:
             self._failed = None
 

@@ -10,8 +10,6 @@ left mid-operation are re-attached (the same request id returns the agent's same
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -20,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.coordinator.rollout.schedule import NODE_TIMEOUT_MAX_S, NodeState, parse_max_unavailable
+from agent.durable import replace_file
 from agent.errors import FieldViolation, InvalidSpec
 
 __all__ = ["KINDS", "ON_UNHEALTHY", "NodeRecord", "RolloutRecord"]
@@ -132,17 +131,7 @@ class RolloutRecord:
         if self.path is None:
             return
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
-        directory = self.path.parent
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=directory)
-        try:
-            with os.fdopen(fd, "w") as stream:
-                stream.write(text + "\n")
-                stream.flush()
-                os.fsync(stream.fileno())
-            os.replace(tmp, self.path)  # a crash leaves the old record or the new one, whole
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        replace_file(self.path, (text + "\n").encode())  # a crash leaves one record, whole
 
     @classmethod
     def load(cls, path: Path) -> RolloutRecord:

@@ -3,7 +3,10 @@ still being refreshed when saved counts its hold-down from the save, never earli
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from agent.health.machine import Mark, State
 from agent.health.store import MarkStore, Target
@@ -39,3 +42,23 @@ def test_the_boot_id_is_saved_beside_the_marks(tmp_path: Path) -> None:
     store.save({Target("GPU-a"): Mark(since=1.0)}, now=3.0)
     unknown = MarkStore(tmp_path)
     assert unknown.load() and unknown.saved_boot_id is None
+
+
+def test_marks_reach_the_disk_before_they_count_as_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file was written and renamed with no fsync: a power cut after the save could leave
+    an empty marks file, and the next boot forgot a failed GPU. The file and its directory
+    are fsync'd (agent.durable.replace_file), and no temp file is left beside the marks."""
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    MarkStore(tmp_path).save({Target("GPU-a"): Mark(since=1.0)}, now=2.0)
+    assert str(tmp_path) in synced, synced  # the rename, in the directory
+    assert any(".health-marks.json." in s for s in synced), synced  # the bytes, before it
+    assert [p.name for p in tmp_path.iterdir()] == ["health-marks.json"]
