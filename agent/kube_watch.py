@@ -8,7 +8,9 @@ factory: many handlers on one list+watch), so an agent holds one watch of its No
 its ResourceSlices however many features read them; readers read the cache, never GET beside
 the watch.
 
-Never a tight loop: a watch the server ends within a second is resumed a second later; 429
+Never a tight loop: a watch the server ends within a second is resumed a second later; a 410
+lists again at once only when the watch moved since the last such list (a server whose every
+watch answers 410 while its lists succeed is backed off like a failure); 429
 waits the server's Retry-After; every other failure (5xx, a refused connection, a restarting
 API server) waits a jittered back-off doubling from ``backoff[0]`` to ``backoff[1]``, so a
 fleet of agents does not come back in step. While a call fails the cache is kept and
@@ -97,8 +99,9 @@ class Informer:
         self.watches = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        #: the list count at the last 410 (two in a row without a list between are waited on)
-        self._gone_after = -1
+        #: whether a 410 may list again at once: not when the watch has not moved since the
+        #: list the last 410 made (a server whose every watch answers 410 is backed off)
+        self._relist_at_once = True
 
     @property
     def query(self) -> dict[str, str]:
@@ -159,6 +162,7 @@ class Informer:
         events = self._client.watch(self.path, self._query, self.resource_version, timeout)
         self._good()  # the API server took the watch: the cache is current again
         for kind, obj in events:
+            self._relist_at_once = True  # the watch moved: a later 410 lists again at once
             version = str(dig(obj, "metadata", "resourceVersion") or "")
             changed = kind != "BOOKMARK"
             with self._lock:
@@ -192,11 +196,11 @@ class Informer:
                 if time.monotonic() - began < 1.0:
                     self._stop.wait(1.0)  # a server ending watches at once is not spun on
             except Gone as exc:
-                self.resource_version = ""  # compacted: list again at once
-                if self._gone_after != self.lists:
-                    self._gone_after = self.lists
+                self.resource_version = ""  # compacted: list again, at once the first time
+                if self._relist_at_once:
+                    self._relist_at_once = False
                     continue
-                delay = self._failed(exc, delay)  # 410 again with no list between: back off
+                delay = self._failed(exc, delay)  # 410 again before the watch moved: back off
             except (AgentError, ValueError) as exc:  # ValueError: a body that is not JSON
                 delay = self._failed(exc, delay)
 

@@ -10,6 +10,8 @@ tested against: discovery, counts, bookmarks and the failures a real API server 
 - ``bookmark(resource)``: a BOOKMARK event (only a resourceVersion) on every watch of it;
 - ``fail_next(method, path, code, count, retry_after)``: the next ``count`` matching calls (a
   path prefix; a watch is a GET) answer ``code`` (429 with ``Retry-After``, a 5xx);
+- ``expire_watches``: while True, every watch from a version answers 410 Gone (an ERROR event)
+  while lists still answer, as a server whose watch cache cannot serve the version it listed;
 - ``restart()``: every open watch is cut (the connection reset) and, until ``up()``, every
   call answers 503, as an API server going away and coming back.
 """
@@ -70,6 +72,7 @@ class EdgeKubeApi(FakeKubeApi):
     #: (method, path prefix) -> [count, code, retry_after]
     faults: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
     down: bool = False
+    expire_watches: bool = False
     _watchers: set[BaseHTTPRequestHandler] = field(default_factory=set)
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -168,6 +171,9 @@ class EdgeKubeApi(FakeKubeApi):
             self.open_watches += 1
             self.most_watches = max(self.most_watches, self.open_watches)
             self._watchers.add(h)
+        if self.expire_watches:
+            with self.lock:
+                self.compacted = self.version  # the version just listed is already too old
         try:
             super()._watch(h, resource, query, ns)
         except (OSError, ssl.SSLError):

@@ -142,6 +142,28 @@ def test_410_gone_relists_once_and_a_server_that_keeps_answering_410_is_backed_o
         informer.stop()
 
 
+def test_a_server_whose_watches_all_answer_410_while_lists_succeed_is_backed_off(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """Each 410 used to list again at once whenever a list came between: a server whose lists
+    answered but whose every watch said 410 got a list and a watch per few milliseconds from
+    every agent (hundreds a second each), a fleet-wide storm."""
+    api, _ = edge_api
+    api.expire_watches = True
+    began = time.monotonic()
+    informer = _informer(kube, backoff=(0.5, 2.0)).start()
+    try:
+        time.sleep(3)
+        lists = [round(c.at - began, 2) for c in _lists(api)]
+        assert 2 <= len(lists) <= 6, lists  # 0, at once, then backed off 0.5, 1, 2 s (+-50 %)
+        api.expire_watches = False  # the server's watches work again: the cache is current
+        api.set_labels(NODE, {"after": "410s"})
+        wait_for(lambda: informer.objects()[0]["metadata"]["labels"].get("after"), "resumed")
+        assert informer.healthy
+    finally:
+        informer.stop()
+
+
 def test_429_waits_the_servers_retry_after(
     edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
 ) -> None:
