@@ -31,7 +31,7 @@ from agent.kube import PAGE_SIZE, Gone, dig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Informer", "InformerFactory", "Lister", "NodeWatch", "node_query"]
+__all__ = ["Informer", "InformerFactory", "Lister", "NodeWatch", "node_query", "retry_wait"]
 
 #: A watch asks the server to end it after this many seconds, times 1 to 2 (client-go's
 #: reflector picks 5 to 10 minutes at random): the only request of a quiet cache.
@@ -207,7 +207,7 @@ class Informer:
     def _failed(self, exc: Exception, delay: float) -> float:
         """Wait the server's Retry-After, else ``delay`` jittered by +-50 %; the next delay."""
         self._bad(exc)
-        wait = _retry_after(exc) or delay * (0.5 + random.random())
+        wait = retry_wait(exc, delay)
         log.warning("%s: %s; again in %.1f s", self.path, exc, wait)
         self._stop.wait(wait)
         return min(self._backoff[1], delay * 2)
@@ -330,9 +330,13 @@ class NodeWatch:
         return _strings(dig(meta, "labels")), _strings(dig(meta, "annotations"))
 
 
-def _retry_after(exc: Exception) -> float | None:
+def retry_wait(exc: Exception, delay: float) -> float:
+    """How long to wait after ``exc``: the server's Retry-After (429, 503) when it gave one,
+    else ``delay`` jittered by +-50 % so a fleet does not come back in step."""
     found = getattr(exc, "retry_after_s", None)
-    return min(float(found), MAX_RETRY_AFTER_S) if isinstance(found, int | float) else None
+    if isinstance(found, int | float) and found > 0:
+        return min(float(found), MAX_RETRY_AFTER_S)
+    return delay * (0.5 + random.random())
 
 
 def _newer(obj: object, than: object, *, strictly: bool = False) -> bool:

@@ -111,6 +111,29 @@ def test_keys_of_other_writers_are_never_touched_and_ours_are_put_back_once(
         owner.informer.stop()
 
 
+def test_a_throttled_node_write_waits_the_servers_retry_after(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """The owner retried a refused write after its own back-off (1 s, jittered), ignoring the
+    Retry-After of a 429: an API server shedding load had every node's write back before
+    the time it asked for."""
+    api, _ = edge_api
+    owner = NodeOwner(
+        kube, NODE, InformerFactory(kube).node(NODE), coalesce_s=0.01, backoff=(0.05, 0.1)
+    )
+    owner.start()
+    try:
+        assert owner.informer.synced.wait(10)
+        api.fail_next("PATCH", NODE_PATH, 429, count=1, retry_after=2)
+        owner.part(CACHE).set(labels={"gpu-agent.io/cache.llama": "ready"})
+        wait_for(lambda: api.nodes[NODE].get("gpu-agent.io/cache.llama") == "ready", "written")
+        first, second = [c.at for c in api.since(0) if c.write][:2]
+        assert second - first >= 1.9  # the server's Retry-After, not the 0.05 s back-off
+    finally:
+        owner.stop()
+        owner.informer.stop()
+
+
 def _informer(kube: InClusterKubeClient, **kw: Any) -> Informer:
     return Informer(kube, "/api/v1/nodes", {"fieldSelector": f"metadata.name={NODE}"}, **kw)
 
