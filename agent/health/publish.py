@@ -9,7 +9,8 @@ the Node (other labels, other conditions, other taints). Planning is pure (`plan
 
 - labels: ``gpu-agent.io/health`` = the node's worst state (an instance that is not healthy
   makes the node degraded at least), ``gpu-agent.io/health.{healthy,degraded,failed}-gpus`` =
-  how many GPUs are in each state;
+  how many GPUs are in each state; ``unknown`` and no counts (condition ``Unknown``) while no
+  GPU has been read yet;
 - condition ``GPUHealthy`` in ``status.conditions``, by a strategic-merge PATCH of the Node's
   status subresource (conditions merge by ``type``, as the kubelet and node-problem-detector
   write theirs): True while every GPU and instance is healthy; written when its status, reason
@@ -69,10 +70,22 @@ class Publication:
     tainted: bool
 
 
+#: Before any GPU was read: the label says unknown, the condition Unknown, no count, no taint.
+UNCHECKED = Publication(
+    labels={LABEL: "unknown"},
+    status="Unknown",
+    reason="GpusNotChecked",
+    message="no GPU read yet (the NVIDIA driver not ready since the agent started)",
+    tainted=False,
+)
+
+
 def plan(marks: Marks) -> Publication:
     """What the Node should carry for ``marks`` (GPU targets count; instances make the node
     degraded at least)."""
     gpus = {t: v for t, v in marks.items() if t.gpu_instance is None}
+    if not gpus:  # no GPU read yet (the driver away since the start): unknown is not healthy
+        return UNCHECKED
     counts = dict.fromkeys(State, 0)
     for _, mark, _ in gpus.values():
         counts[mark.state] += 1

@@ -109,6 +109,28 @@ def test_without_the_taint_setting_no_taint_is_written(
     assert not [r for r in api.requests if r.method == "PATCH" and "taints" in str(r.body)]
 
 
+def test_before_any_gpu_was_checked_the_node_says_unknown_never_healthy(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """With no mark yet (the driver not loaded at the agent's start, nothing read) the Node
+    was labelled healthy with GPUHealthy=True "0 GPU(s) healthy": a scheduler or a
+    remediation job trusted GPUs nobody had checked."""
+    api, _ = kube_api
+    api.set_labels(NODE, {"gpu-agent.io/health.healthy-gpus": "8"})  # an earlier agent's count
+    owner = _owner(kube)
+    NodePublisher(kube, owner, dict, taint=True).sync()
+    owner.sync()
+    labels = api.nodes[NODE]
+    assert labels["gpu-agent.io/health"] == "unknown"
+    assert not [k for k in labels if k.startswith("gpu-agent.io/health.")]  # no count claimed
+    condition = _condition(api)
+    assert condition["status"] == "Unknown" and condition["reason"] == "GpusNotChecked"
+    assert NODE not in api.node_taints
+
+    published = plan(_marks(Mark()))  # once a snapshot read them: healthy
+    assert published.labels["gpu-agent.io/health"] == "healthy" and published.status == "True"
+
+
 def test_an_instance_that_is_not_healthy_makes_the_node_degraded() -> None:
     degraded = Mark(State.DEGRADED, "XID 13 (Graphics Engine Exception) (3 ...)", 5.0)
     published = plan(_marks(Mark(), degraded))
