@@ -61,6 +61,17 @@ class KubeEdge:
             path = f"/apis/{want.group}/{want.versions[0]}/{want.name}"
         return self.informers.informer(path, {"fieldSelector": f"spec.nodeName={self.node}"})
 
+    def health(self) -> tuple[bool, str]:
+        """(healthy, detail): GetNode's "kubernetes" component. Unhealthy while a watched
+        cache is stale (the API server away, refusing, throttling) or the Node's last write
+        failed, naming each with why; GPU work goes on either way."""
+        problems = self.informers.stale()
+        if self.owner.error:
+            problems.append(f"Node {self.node} not written yet: {self.owner.error}")
+        if problems:
+            return False, "; ".join(problems)
+        return True, f"{len(self.informers.informers())} watch(es) current, the Node written"
+
     def labels_client(self) -> OwnedNodeLabels:
         return OwnedNodeLabels(self.client, self.owner)
 
