@@ -8,7 +8,8 @@ factory: many handlers on one list+watch), so an agent holds one watch of its No
 its ResourceSlices however many features read them; readers read the cache, never GET beside
 the watch.
 
-Never a tight loop: a watch the server ends within a second is resumed a second later; a 410
+Never a tight loop: a watch the server ends within a second with no event in it waits the
+back-off below, as a failure does, without calling the cache stale; a 410
 lists again at once only when the watch moved since the last such list (a server whose every
 watch answers 410 while its lists succeed is backed off like a failure); 429
 waits the server's Retry-After; every other failure (5xx, a refused connection, a restarting
@@ -155,14 +156,16 @@ class Informer:
         self._good()
         self._changed()
 
-    def watch_once(self) -> None:
-        """One watch, from the current version until the server ends it."""
+    def watch_once(self) -> bool:
+        """One watch, from the current version until the server ends it; whether any event
+        (a bookmark too) came in it."""
         self.watches += 1
         timeout = self._watch_timeout_s * (1.0 + random.random())
         events = self._client.watch(self.path, self._query, self.resource_version, timeout)
         self._good()  # the API server took the watch: the cache is current again
+        moved = False
         for kind, obj in events:
-            self._relist_at_once = True  # the watch moved: a later 410 lists again at once
+            moved = self._relist_at_once = True  # a later 410 lists again at once
             version = str(dig(obj, "metadata", "resourceVersion") or "")
             changed = kind != "BOOKMARK"
             with self._lock:
@@ -183,6 +186,7 @@ class Informer:
             self._good()
             if changed:
                 self._changed()
+        return moved
 
     def run(self) -> None:
         delay = self._backoff[0]
@@ -191,10 +195,13 @@ class Informer:
                 if not self.resource_version:
                     self.relist()
                 began = time.monotonic()
-                self.watch_once()
-                delay = self._backoff[0]
-                if time.monotonic() - began < 1.0:
-                    self._stop.wait(1.0)  # a server ending watches at once is not spun on
+                if self.watch_once() or time.monotonic() - began >= 1.0:
+                    delay = self._backoff[0]
+                    continue
+                # Taken and ended at once, empty (a proxy dropping watches): not spun on, and
+                # not every second in step with the fleet: the jittered, doubling back-off.
+                self._stop.wait(delay * (0.5 + random.random()))
+                delay = min(self._backoff[1], delay * 2)
             except Gone as exc:
                 self.resource_version = ""  # compacted: list again, at once the first time
                 if self._relist_at_once:

@@ -12,6 +12,8 @@ tested against: discovery, counts, bookmarks and the failures a real API server 
   path prefix; a watch is a GET) answer ``code`` (429 with ``Retry-After``, a 5xx);
 - ``expire_watches``: while True, every watch from a version answers 410 Gone (an ERROR event)
   while lists still answer, as a server whose watch cache cannot serve the version it listed;
+- ``short_watches``: while True, every watch is taken (200) and ended at once with no event, as
+  a proxy or an overloaded server that drops them;
 - ``restart()``: every open watch is cut (the connection reset) and, until ``up()``, every
   call answers 503, as an API server going away and coming back.
 """
@@ -73,6 +75,7 @@ class EdgeKubeApi(FakeKubeApi):
     faults: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
     down: bool = False
     expire_watches: bool = False
+    short_watches: bool = False
     _watchers: set[BaseHTTPRequestHandler] = field(default_factory=set)
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -167,6 +170,12 @@ class EdgeKubeApi(FakeKubeApi):
     def _watch(
         self, h: BaseHTTPRequestHandler, resource: str, query: dict[str, str], ns: str = ""
     ) -> None:
+        if self.short_watches:
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
         with self._count_lock:
             self.open_watches += 1
             self.most_watches = max(self.most_watches, self.open_watches)

@@ -187,6 +187,33 @@ def test_a_server_whose_watches_all_answer_410_while_lists_succeed_is_backed_off
         informer.stop()
 
 
+def _watches(api: EdgeKubeApi, since: float) -> list[float]:
+    return [c.at - since for c in api.since(since) if c.path == "/api/v1/nodes" and c.watch]
+
+
+def test_watches_the_server_ends_at_once_are_backed_off_with_jitter_not_every_second(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """A watch the server took and ended at once with nothing in it was opened again exactly
+    one second later, forever: behind a proxy that drops watches every agent of a fleet sent
+    one a second, all in step. Such a watch now waits the doubling, jittered back-off."""
+    api, _ = edge_api
+    api.short_watches = True
+    began = time.monotonic()
+    informer = _informer(kube, backoff=(0.3, 2.4)).start()
+    try:
+        assert informer.synced.wait(10)
+        time.sleep(6)
+        gaps = [b - a for a, b in itertools.pairwise(_watches(api, began))]
+        assert 2 <= len(gaps) <= 6, gaps  # 0.3, 0.6, 1.2, 2.4, 2.4 s (+-50 %), not 6 at 1 s
+        assert max(gaps) >= 1.5 * min(gaps), gaps  # doubling
+        api.short_watches = False
+        api.set_labels(NODE, {"after": "short"})
+        wait_for(lambda: informer.objects()[0]["metadata"]["labels"].get("after"), "resumed", 10)
+    finally:
+        informer.stop()
+
+
 def test_429_waits_the_servers_retry_after(
     edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
 ) -> None:
