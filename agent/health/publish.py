@@ -166,7 +166,6 @@ class NodePublisher:
         self._device_taints = device_taints
         self._lock = threading.Lock()
         self._events: deque[HealthChange] = deque()
-        self._sent: Publication | None = None
         self.wake: Callable[[], None] = lambda: None
 
     def on_change(self, change: HealthChange) -> None:
@@ -202,9 +201,10 @@ class NodePublisher:
         )
         # The owner writes what differs from the Node (none of it when nothing changed).
         self._part.set(labels=want.labels, condition=condition, taint=taint)
-        if self._device_taints is not None and want != self._sent:
+        if self._device_taints is not None:
+            # Every pass, not only when the marks change: the devices come from the slices,
+            # which may appear later; the pass sends nothing when the rules are as wanted.
             self._device_taints()
-        self._sent = want
 
     def _send_events(self) -> None:
         while True:

@@ -230,6 +230,37 @@ def test_failed_devices_get_dra_device_taint_rules_removed_when_they_clear(
     assert sorted(api.taint_rules) == ["admin-rule"]  # the admin's rule is not the agent's
 
 
+def test_a_failed_gpus_device_taint_follows_slices_that_appear_after_the_mark(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """The device taints were synced only when the Node's marks changed: a failed mark
+    restored at start, before the ResourceSlices were listed (or before the DRA driver
+    published them again), never got its DeviceTaintRule, and the scheduler kept
+    allocating the broken GPU."""
+    api, _ = kube_api
+    marks = _marks(FAILED)
+    slices: list[object] = []  # the slice informer's cache, not listed yet
+    rules = DeviceTaints(
+        kube.request,
+        NODE,
+        lambda: marks,
+        lambda: {Target("GPU-0"): ("GPU-0",), Target("GPU-1"): ("GPU-1",)},
+        slices=lambda: list(slices),
+    )
+    publisher = NodePublisher(
+        kube, _owner(kube), lambda: marks, taint=False, device_taints=rules.sync
+    )
+    publisher.sync()
+    assert not api.taint_rules  # no device known yet
+    _dra_node(api)
+    slices.extend(kube.request("GET", "/apis/resource.k8s.io/v1/resourceslices")["items"])
+    publisher.sync()  # the marks are as they were; the devices are new
+    assert sorted(api.taint_rules) == [f"gpu-agent.{NODE}.{NODE}.gpu-0"]
+    calls = len(api.requests)
+    publisher.sync()  # nothing changed: no request
+    assert len(api.requests) == calls
+
+
 def test_a_cluster_without_device_taints_is_asked_again_later(
     kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
 ) -> None:
