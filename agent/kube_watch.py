@@ -103,6 +103,7 @@ class Informer:
         #: whether a 410 may list again at once: not when the watch has not moved since the
         #: list the last 410 made (a server whose every watch answers 410 is backed off)
         self._relist_at_once = True
+        self._resolve: Callable[[], str] | None = None
 
     @property
     def query(self) -> dict[str, str]:
@@ -146,7 +147,14 @@ class Informer:
             return False, f"{what}: stale for {since:.0f}s (kept as last listed): {self.error}"
         return True, f"{what}: current ({len(self._objects)} object(s))"
 
+    def resolve_path(self, resolve: Callable[[], str]) -> None:
+        """Ask ``resolve`` for the path before the next list, until it answers (discovery
+        that failed at the start: its AgentError is waited on as any failed call)."""
+        self._resolve = resolve
+
     def relist(self) -> None:
+        if self._resolve is not None:
+            self.path, self._resolve = self._resolve(), None
         items, version = self._client.list_all(self.path, self._query, self._page_size)
         self.lists += 1
         with self._lock:

@@ -5,6 +5,8 @@ tested against: discovery, counts, bookmarks and the failures a real API server 
   (APIResourceList) from ``served``; DeviceTaintRules are answered at every version in
   ``taint_versions`` (the stand-in's store is one) and 404 at any other, as a server that
   serves only that version;
+- DRA resources (its store is one, at v1) are answered at every version ``served`` lists them
+  under and 404 at any other, as a server that serves only those versions (1.33: v1beta2);
 - counts: every call with its time (``calls``), the watches open now and at most
   (``open_watches``, ``most_watches``): what "silent in steady state" is asserted with;
 - ``bookmark(resource)``: a BOOKMARK event (only a resourceVersion) on every watch of it;
@@ -139,6 +141,10 @@ class EdgeKubeApi(FakeKubeApi):
         parts = path.strip("/").split("/")
         if parts[0] == "apis" and len(parts) <= 3 and h.command == "GET":
             return self._discovery(h, parts[1:])
+        if parts[:2] == ["apis", fake_dra.GROUP] and _dra_resource(parts) in fake_dra.RESOURCES:
+            if _dra_resource(parts) not in self.served.get(fake_dra.GROUP, {}).get(parts[2], ()):
+                return _reply(h, 404, _status(404, "the server could not find the resource"))
+            h.path = h.path.replace(f"/{parts[2]}/", f"/{fake_dra.VERSION}/", 1)
         return super()._handle(h)
 
     def _discovery(self, h: BaseHTTPRequestHandler, parts: list[str]) -> None:
@@ -191,6 +197,12 @@ class EdgeKubeApi(FakeKubeApi):
             with self._count_lock:
                 self.open_watches -= 1
                 self._watchers.discard(h)
+
+
+def _dra_resource(parts: list[str]) -> str:
+    """The resource of a resource.k8s.io path (``apis/<group>/<version>[/namespaces/<ns>]/<r>``)."""
+    rest = parts[3:]
+    return rest[2] if rest[:1] == ["namespaces"] and len(rest) >= 3 else (rest[:1] or [""])[0]
 
 
 def _fault(h: BaseHTTPRequestHandler, code: int, retry_after: int | None) -> None:

@@ -19,10 +19,12 @@ from agent.health.machine import Mark, State
 from agent.health.store import Target
 from agent.kube import InClusterKubeClient
 from agent.kube_discovery import ApiVersions
+from agent.kube_edge import KubeEdge
 from agent.kube_node import Claim, NodeOwner
 from agent.kube_watch import Informer, InformerFactory
 from tests.kube.fake_edge import Call, EdgeKubeApi
 from tests.kube.fixtures import NODE
+from tests.kube.test_dra_api import gpu_slice
 from tests.unit.api.support import wait_for
 
 NODE_PATH = f"/api/v1/nodes/{NODE}"
@@ -349,3 +351,26 @@ def test_an_unserved_api_is_said_once_and_not_asked_again(
     assert len(said) == 1 and "not asked again" in said[0].getMessage()
     assert "devicetaintrules" in apis.unserved
     assert apis.path("resourceslices") == "/apis/resource.k8s.io/v1/resourceslices"
+
+
+def test_slices_watched_after_discovery_failed_at_start_use_the_version_the_server_serves(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """An agent that started while discovery failed (the API server away) watched its
+    ResourceSlices at v1 for good: on a server serving them only at v1beta2 (Kubernetes
+    1.33) that watch answered 404 until the agent was restarted, so the allocation mode,
+    claim attribution and device taints never saw the node's DRA devices."""
+    api, _ = edge_api
+    api.served["resource.k8s.io"] = {"v1beta2": ["resourceslices", "deviceclasses"]}
+    api.put_dra("resourceslices", gpu_slice("node-gpus", NODE, ["gpu-0"]))
+    api.fail_next("GET", "/apis/resource.k8s.io", 503, count=1)  # discovery, at the start
+    edge = KubeEdge.build(kube, NODE)
+    slices = edge.slices()
+    assert edge.slices() is slices  # one informer, one watch, for every reader
+    slices.start()
+    try:
+        wait_for(lambda: len(slices.objects()) == 1, "the slices listed", timeout=15)
+        assert slices.path == "/apis/resource.k8s.io/v1beta2/resourceslices"
+        assert slices.status()[0]
+    finally:
+        edge.stop()
