@@ -16,6 +16,8 @@ tested against: discovery, counts, bookmarks and the failures a real API server 
   while lists still answer, as a server whose watch cache cannot serve the version it listed;
 - ``short_watches``: while True, every watch is taken (200) and ended at once with no event, as
   a proxy or an overloaded server that drops them;
+- ``garble_next(method, path)``: the next matching call answers 200 with a body that is not
+  JSON (a proxy's HTML page);
 - ``restart()``: every open watch is cut (the connection reset) and, until ``up()``, every
   call answers 503, as an API server going away and coming back.
 """
@@ -95,6 +97,10 @@ class EdgeKubeApi(FakeKubeApi):
     ) -> None:
         with self._count_lock:
             self.faults[(method, path)] = [count, code, retry_after]
+
+    def garble_next(self, method: str, path: str) -> None:
+        with self._count_lock:
+            self.faults[(method, path)] = [1, 200, None]
 
     def bookmark(self, resource: str) -> None:
         with self.lock:
@@ -207,7 +213,7 @@ def _dra_resource(parts: list[str]) -> str:
 
 def _fault(h: BaseHTTPRequestHandler, code: int, retry_after: int | None) -> None:
     body = _status(code, "injected by the test", "TooManyRequests" if code == 429 else "")
-    data = json.dumps(body).encode()
+    data = b"<html>a proxy's page</html>" if code == 200 else json.dumps(body).encode()
     h.send_response(code)
     h.send_header("Content-Type", "application/json")
     h.send_header("Content-Length", str(len(data)))

@@ -136,6 +136,29 @@ def test_a_throttled_node_write_waits_the_servers_retry_after(
         owner.informer.stop()
 
 
+def test_a_write_answered_with_a_body_that_is_not_json_is_retried_not_fatal(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """A Node write answered 200 with a proxy's HTML page raised a bare ValueError that ended
+    the owner's thread: the agent never wrote its Node again until restarted, and nothing
+    said so. The answer is now a failed call: said, and retried with the back-off."""
+    api, _ = edge_api
+    owner = NodeOwner(
+        kube, NODE, InformerFactory(kube).node(NODE), coalesce_s=0.01, backoff=(0.05, 0.1)
+    )
+    owner.start()
+    try:
+        assert owner.informer.synced.wait(10)
+        api.garble_next("PATCH", NODE_PATH)
+        owner.part(CACHE).set(labels={"gpu-agent.io/cache.llama": "ready"})
+        wait_for(lambda: api.nodes[NODE].get("gpu-agent.io/cache.llama") == "ready", "written")
+        owner.part(CACHE).set(labels={"gpu-agent.io/cache.qwen": "ready"})
+        wait_for(lambda: api.nodes[NODE].get("gpu-agent.io/cache.qwen") == "ready", "and later")
+    finally:
+        owner.stop()
+        owner.informer.stop()
+
+
 def _informer(kube: InClusterKubeClient, **kw: Any) -> Informer:
     return Informer(kube, "/api/v1/nodes", {"fieldSelector": f"metadata.name={NODE}"}, **kw)
 
