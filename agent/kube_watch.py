@@ -10,8 +10,8 @@ the watch.
 
 Never a tight loop: a watch the server ends within a second with no event in it waits the
 back-off below, as a failure does, without calling the cache stale; a 410
-lists again at once only when the watch moved since the last such list (a server whose every
-watch answers 410 while its lists succeed is backed off like a failure); 429
+lists again at once only when the watch moved or lasted since the last such list (a server
+whose every watch answers 410 while its lists succeed is backed off like a failure); 429
 waits the server's Retry-After; every other failure (5xx, a refused connection, a restarting
 API server) waits a jittered back-off doubling from ``backoff[0]`` to ``backoff[1]``, so a
 fleet of agents does not come back in step. While a call fails the cache is kept and
@@ -100,7 +100,7 @@ class Informer:
         self.watches = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        #: whether a 410 may list again at once: not when the watch has not moved since the
+        #: whether a 410 may list again at once: not when no watch moved or lasted since the
         #: list the last 410 made (a server whose every watch answers 410 is backed off)
         self._relist_at_once = True
         self._resolve: Callable[[], str] | None = None
@@ -204,7 +204,9 @@ class Informer:
                     self.relist()
                 began = time.monotonic()
                 if self.watch_once() or time.monotonic() - began >= 1.0:
-                    delay = self._backoff[0]
+                    # A watch that lasted worked: a 410 after it (a quiet resource's version
+                    # compacted away) lists again at once.
+                    delay, self._relist_at_once = self._backoff[0], True
                     continue
                 # Taken and ended at once, empty (a proxy dropping watches): not spun on, and
                 # not every second in step with the fleet: the jittered, doubling back-off.

@@ -190,6 +190,29 @@ def test_410_gone_relists_once_and_a_server_that_keeps_answering_410_is_backed_o
         informer.stop()
 
 
+def test_a_quiet_watch_whose_version_is_compacted_each_time_relists_at_once_and_stays_current(
+    edge_api: tuple[EdgeKubeApi, str],
+    kube: InClusterKubeClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A quiet Node on a server that sends no bookmarks sees its version compacted away
+    during every watch: each 410 after a watch that lasted is the normal case, listed again
+    at once, never waited on as a failure (a stale cache and a warning every few minutes)."""
+    api, _ = edge_api
+    informer = _informer(kube, watch_timeout_s=2.0, backoff=(2.0, 4.0)).start()
+    try:
+        assert informer.synced.wait(10)
+        with caplog.at_level(logging.WARNING, logger="agent.kube_watch"):
+            for lists in (2, 3):
+                wait_for(lambda: api.open_watches == 1, "a quiet watch open")
+                api.compact()  # the version it watches from is gone when it ends
+                wait_for(lambda n=lists: informer.lists == n, "relisted", timeout=8)
+        assert not caplog.records, [r.getMessage() for r in caplog.records]
+        assert informer.healthy
+    finally:
+        informer.stop()
+
+
 def test_a_server_whose_watches_all_answer_410_while_lists_succeed_is_backed_off(
     edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
 ) -> None:
