@@ -10,7 +10,7 @@ the Node (other labels, other conditions, other taints). Planning is pure (`plan
 - labels: ``gpu-agent.io/health`` = the node's worst state (an instance that is not healthy
   makes the node degraded at least), ``gpu-agent.io/health.{healthy,degraded,failed}-gpus`` =
   how many GPUs are in each state; ``unknown`` and no counts (condition ``Unknown``) while no
-  GPU has been read yet;
+  GPU has been read yet, the taints below then left as they are;
 - condition ``GPUHealthy`` in ``status.conditions``, by a strategic-merge PATCH of the Node's
   status subresource (conditions merge by ``type``, as the kubelet and node-problem-detector
   write theirs): True while every GPU and instance is healthy; written when its status, reason
@@ -70,7 +70,8 @@ class Publication:
     tainted: bool
 
 
-#: Before any GPU was read: the label says unknown, the condition Unknown, no count, no taint.
+#: Before any GPU was read: the label says unknown, the condition Unknown, no count; the
+#: taints are left as they are (`NodePublisher._publish`).
 UNCHECKED = Publication(
     labels={LABEL: "unknown"},
     status="Unknown",
@@ -199,6 +200,11 @@ class NodePublisher:
             if self._taint and want.tainted
             else None
         )
+        if want is UNCHECKED:
+            # No GPU read: the taints (the Node's, the devices') stay as they are, since
+            # lifting an earlier agent's on no evidence gives a broken GPU pods again.
+            self._part.set(labels=want.labels, condition=condition)
+            return
         # The owner writes what differs from the Node (none of it when nothing changed).
         self._part.set(labels=want.labels, condition=condition, taint=taint)
         if self._device_taints is not None:

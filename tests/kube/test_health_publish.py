@@ -131,6 +131,26 @@ def test_before_any_gpu_was_checked_the_node_says_unknown_never_healthy(
     assert published.labels["gpu-agent.io/health"] == "healthy" and published.status == "True"
 
 
+def test_before_any_gpu_was_checked_an_earlier_failed_taint_is_not_lifted(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """With no mark yet (the state dir new, the driver not ready) the publisher stated "no
+    taint" and the owner lifted the failed taint an earlier agent had put on the Node, and
+    the device taint pass deleted that agent's DeviceTaintRules: the broken GPU took pods
+    again before anything had been read. Unknown keeps them until a GPU is read."""
+    api, _ = kube_api
+    ours = {"key": "gpu-agent.io/health", "value": "failed", "effect": "NoSchedule"}
+    api.node_taints[NODE] = [dict(OTHER_TAINT), dict(ours)]
+    passes: list[int] = []
+    owner = _owner(kube)
+    publisher = NodePublisher(kube, owner, dict, taint=True, device_taints=lambda: passes.append(1))
+    publisher.sync()
+    owner.sync()
+    assert api.nodes[NODE]["gpu-agent.io/health"] == "unknown"
+    assert api.node_taints[NODE] == [OTHER_TAINT, ours]
+    assert passes == []  # no rule is deleted (nor made) on no evidence
+
+
 def test_an_instance_that_is_not_healthy_makes_the_node_degraded() -> None:
     degraded = Mark(State.DEGRADED, "XID 13 (Graphics Engine Exception) (3 ...)", 5.0)
     published = plan(_marks(Mark(), degraded))
