@@ -226,7 +226,7 @@ def test_a_server_whose_watches_all_answer_410_while_lists_succeed_is_backed_off
     try:
         time.sleep(3)
         lists = [round(c.at - began, 2) for c in _lists(api)]
-        assert 2 <= len(lists) <= 6, lists  # 0, at once, then backed off 0.5, 1, 2 s (+-50 %)
+        assert 2 <= len(lists) <= 8, lists  # 0, at once, then 0.5, 1, 2 s (+-50 %): not hundreds
         api.expire_watches = False  # the server's watches work again: the cache is current
         api.set_labels(NODE, {"after": "410s"})
         wait_for(lambda: informer.objects()[0]["metadata"]["labels"].get("after"), "resumed")
@@ -253,7 +253,7 @@ def test_watches_the_server_ends_at_once_are_backed_off_with_jitter_not_every_se
         assert informer.synced.wait(10)
         time.sleep(6)
         gaps = [b - a for a, b in itertools.pairwise(_watches(api, began))]
-        assert 2 <= len(gaps) <= 6, gaps  # 0.3, 0.6, 1.2, 2.4, 2.4 s (+-50 %), not 6 at 1 s
+        assert 2 <= len(gaps) <= 8, gaps  # 0.3, 0.6, 1.2, 2.4, 2.4 s (+-50 %)
         assert max(gaps) >= 1.5 * min(gaps), gaps  # doubling
         api.short_watches = False
         api.set_labels(NODE, {"after": "short"})
