@@ -447,7 +447,13 @@ class InClusterKubeClient:
             )
         if len(data) > MAX_RESPONSE_BYTES:
             raise AgentError(f"Kubernetes API {method} {path}: over {MAX_RESPONSE_BYTES} bytes")
-        return json.loads(data) if data else None
+        try:
+            return json.loads(data) if data else None
+        except ValueError as exc:  # a proxy's page, a cut body: a failed call, not a crash
+            raise AgentError(
+                f"Kubernetes API {method} {path}: the answer is not JSON ({exc}): "
+                f"{data[:80].decode(errors='replace')!r}"
+            ) from exc
 
     def _headers(self, refresh: bool = False) -> dict[str, str]:
         headers = {"Accept": "application/json"}

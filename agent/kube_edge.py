@@ -13,8 +13,9 @@ same: labels from the watch, label writes through the owner, pod deletes passed 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -38,6 +39,8 @@ class KubeEdge:
     informers: InformerFactory
     apis: ApiVersions
     owner: NodeOwner
+    _slices: Informer | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @classmethod
     def build(cls, client: InClusterKubeClient, node: str) -> KubeEdge:
@@ -49,17 +52,38 @@ class KubeEdge:
         return self.informers.node(self.node)
 
     def slices(self) -> Informer:
-        """This node's ResourceSlices (every driver), at the version discovery chose; v1
-        while discovery cannot be asked (the API server away at the start)."""
+        """This node's ResourceSlices (every driver), one informer for every reader, at the
+        version discovery chose (v1 where it serves none the agent reads). While discovery
+        cannot be asked (the API server away at the start) the informer asks it again before
+        it lists, so it converges on the served version without a restart."""
+        with self._lock:
+            if self._slices is None:
+                self._slices = self._slices_informer()
+            return self._slices
+
+    def _slices_informer(self) -> Informer:
+        want = WANTED["resourceslices"]
+        fallback = f"/apis/{want.group}/{want.versions[0]}/{want.name}"
+        query = {"fieldSelector": f"spec.nodeName={self.node}"}
         try:
             path = self.apis.path("resourceslices")
         except AgentError as exc:
-            log.warning("discovery of resource.k8s.io failed (%s): ResourceSlices read at v1", exc)
-            path = None
-        if path is None:
-            want = WANTED["resourceslices"]
-            path = f"/apis/{want.group}/{want.versions[0]}/{want.name}"
-        return self.informers.informer(path, {"fieldSelector": f"spec.nodeName={self.node}"})
+            log.warning("discovery of resource.k8s.io failed (%s): asked again before listing", exc)
+            informer = self.informers.informer(fallback, query)
+            informer.resolve_path(lambda: self.apis.path("resourceslices") or fallback)
+            return informer
+        return self.informers.informer(path or fallback, query)
+
+    def health(self) -> tuple[bool, str]:
+        """(healthy, detail): GetNode's "kubernetes" component. Unhealthy while a watched
+        cache is stale (the API server away, refusing, throttling) or the Node's last write
+        failed, naming each with why; GPU work goes on either way."""
+        problems = self.informers.stale()
+        if self.owner.error:
+            problems.append(f"Node {self.node} not written yet: {self.owner.error}")
+        if problems:
+            return False, "; ".join(problems)
+        return True, f"{len(self.informers.informers())} watch(es) current, the Node written"
 
     def labels_client(self) -> OwnedNodeLabels:
         return OwnedNodeLabels(self.client, self.owner)

@@ -25,7 +25,6 @@ watch). Conditions go to the status subresource (strategic merge by ``type``).
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 import urllib.parse
@@ -35,7 +34,7 @@ from typing import Any
 
 from agent.errors import AgentError, Conflict
 from agent.kube import Requests
-from agent.kube_watch import BACKOFF_S, Informer
+from agent.kube_watch import BACKOFF_S, Informer, retry_wait
 
 log = logging.getLogger(__name__)
 
@@ -328,7 +327,7 @@ class NodeOwner:
                 delay, self.error = self._backoff[0], ""
             except AgentError as exc:
                 self.error = str(exc)
-                wait = delay * (0.5 + random.random())
+                wait = retry_wait(exc, delay)  # a 429's Retry-After, else jittered back-off
                 log.warning("writing Node %s failed (%s); again in %.1fs", self.node, exc, wait)
                 self._stop.wait(wait)
                 delay = min(self._backoff[1], delay * 2)

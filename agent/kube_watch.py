@@ -8,7 +8,10 @@ factory: many handlers on one list+watch), so an agent holds one watch of its No
 its ResourceSlices however many features read them; readers read the cache, never GET beside
 the watch.
 
-Never a tight loop: a watch the server ends within a second is resumed a second later; 429
+Never a tight loop: a watch the server ends within a second with no event in it waits the
+back-off below, as a failure does, without calling the cache stale; a 410
+lists again at once only when the watch moved or lasted since the last such list (a server
+whose every watch answers 410 while its lists succeed is backed off like a failure); 429
 waits the server's Retry-After; every other failure (5xx, a refused connection, a restarting
 API server) waits a jittered back-off doubling from ``backoff[0]`` to ``backoff[1]``, so a
 fleet of agents does not come back in step. While a call fails the cache is kept and
@@ -29,7 +32,7 @@ from agent.kube import PAGE_SIZE, Gone, dig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Informer", "InformerFactory", "Lister", "NodeWatch", "node_query"]
+__all__ = ["Informer", "InformerFactory", "Lister", "NodeWatch", "node_query", "retry_wait"]
 
 #: A watch asks the server to end it after this many seconds, times 1 to 2 (client-go's
 #: reflector picks 5 to 10 minutes at random): the only request of a quiet cache.
@@ -97,8 +100,10 @@ class Informer:
         self.watches = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        #: the list count at the last 410 (two in a row without a list between are waited on)
-        self._gone_after = -1
+        #: whether a 410 may list again at once: not when no watch moved or lasted since the
+        #: list the last 410 made (a server whose every watch answers 410 is backed off)
+        self._relist_at_once = True
+        self._resolve: Callable[[], str] | None = None
 
     @property
     def query(self) -> dict[str, str]:
@@ -142,7 +147,14 @@ class Informer:
             return False, f"{what}: stale for {since:.0f}s (kept as last listed): {self.error}"
         return True, f"{what}: current ({len(self._objects)} object(s))"
 
+    def resolve_path(self, resolve: Callable[[], str]) -> None:
+        """Ask ``resolve`` for the path before the next list, until it answers (discovery
+        that failed at the start: its AgentError is waited on as any failed call)."""
+        self._resolve = resolve
+
     def relist(self) -> None:
+        if self._resolve is not None:
+            self.path, self._resolve = self._resolve(), None
         items, version = self._client.list_all(self.path, self._query, self._page_size)
         self.lists += 1
         with self._lock:
@@ -152,13 +164,16 @@ class Informer:
         self._good()
         self._changed()
 
-    def watch_once(self) -> None:
-        """One watch, from the current version until the server ends it."""
+    def watch_once(self) -> bool:
+        """One watch, from the current version until the server ends it; whether any event
+        (a bookmark too) came in it."""
         self.watches += 1
         timeout = self._watch_timeout_s * (1.0 + random.random())
         events = self._client.watch(self.path, self._query, self.resource_version, timeout)
         self._good()  # the API server took the watch: the cache is current again
+        moved = False
         for kind, obj in events:
+            moved = self._relist_at_once = True  # a later 410 lists again at once
             version = str(dig(obj, "metadata", "resourceVersion") or "")
             changed = kind != "BOOKMARK"
             with self._lock:
@@ -179,6 +194,7 @@ class Informer:
             self._good()
             if changed:
                 self._changed()
+        return moved
 
     def run(self) -> None:
         delay = self._backoff[0]
@@ -187,23 +203,28 @@ class Informer:
                 if not self.resource_version:
                     self.relist()
                 began = time.monotonic()
-                self.watch_once()
-                delay = self._backoff[0]
-                if time.monotonic() - began < 1.0:
-                    self._stop.wait(1.0)  # a server ending watches at once is not spun on
-            except Gone as exc:
-                self.resource_version = ""  # compacted: list again at once
-                if self._gone_after != self.lists:
-                    self._gone_after = self.lists
+                if self.watch_once() or time.monotonic() - began >= 1.0:
+                    # A watch that lasted worked: a 410 after it (a quiet resource's version
+                    # compacted away) lists again at once.
+                    delay, self._relist_at_once = self._backoff[0], True
                     continue
-                delay = self._failed(exc, delay)  # 410 again with no list between: back off
+                # Taken and ended at once, empty (a proxy dropping watches): not spun on, and
+                # not every second in step with the fleet: the jittered, doubling back-off.
+                self._stop.wait(delay * (0.5 + random.random()))
+                delay = min(self._backoff[1], delay * 2)
+            except Gone as exc:
+                self.resource_version = ""  # compacted: list again, at once the first time
+                if self._relist_at_once:
+                    self._relist_at_once = False
+                    continue
+                delay = self._failed(exc, delay)  # 410 again before the watch moved: back off
             except (AgentError, ValueError) as exc:  # ValueError: a body that is not JSON
                 delay = self._failed(exc, delay)
 
     def _failed(self, exc: Exception, delay: float) -> float:
         """Wait the server's Retry-After, else ``delay`` jittered by +-50 %; the next delay."""
         self._bad(exc)
-        wait = _retry_after(exc) or delay * (0.5 + random.random())
+        wait = retry_wait(exc, delay)
         log.warning("%s: %s; again in %.1f s", self.path, exc, wait)
         self._stop.wait(wait)
         return min(self._backoff[1], delay * 2)
@@ -326,9 +347,13 @@ class NodeWatch:
         return _strings(dig(meta, "labels")), _strings(dig(meta, "annotations"))
 
 
-def _retry_after(exc: Exception) -> float | None:
+def retry_wait(exc: Exception, delay: float) -> float:
+    """How long to wait after ``exc``: the server's Retry-After (429, 503) when it gave one,
+    else ``delay`` jittered by +-50 % so a fleet does not come back in step."""
     found = getattr(exc, "retry_after_s", None)
-    return min(float(found), MAX_RETRY_AFTER_S) if isinstance(found, int | float) else None
+    if isinstance(found, int | float) and found > 0:
+        return min(float(found), MAX_RETRY_AFTER_S)
+    return delay * (0.5 + random.random())
 
 
 def _newer(obj: object, than: object, *, strictly: bool = False) -> bool:

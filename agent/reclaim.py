@@ -135,6 +135,8 @@ class ReclaimMarker:
         self._idle = idle
         self._after_s = after_s
         self._exclude = exclude
+        #: the mark the last Event said (None: not known yet; the Node's at the first pass)
+        self._said: str | None = None
 
     def mark(self) -> tuple[int, ...] | None:
         """The GPUs marked now; None when idle time is not known yet (nothing changed)."""
@@ -148,18 +150,23 @@ class ReclaimMarker:
             else reclaimable(self._layouts(), idle, self._after_s, self._failed())
         )
         value = ",".join(str(i) for i in gpus)
-        current = annotations.get(ANNOTATION)
-        if (current or "") == value:
+        current = annotations.get(ANNOTATION) or ""
+        if self._said is None:
+            self._said = current  # an earlier agent's mark was said by it
+        if current != value:
+            self._kube.patch_node_annotations(self._node, {ANNOTATION: value or None})
+        if self._said == value:
             return gpus
-        self._kube.patch_node_annotations(self._node, {ANNOTATION: value or None})
+        # Said apart from the write: one retried by the Node's owner still gets its Event.
         hours = self._after_s / 3600
         if gpus:
             message = f"GPU(s) {value} idle for {hours:g} h or more with no process: reclaimable"
             self._kube.post_node_event(self._node, "GpusReclaimable", message)
         else:
             self._kube.post_node_event(
-                self._node, "GpusInUse", f"GPU(s) {current} are in use again (or excluded)"
+                self._node, "GpusInUse", f"GPU(s) {self._said} are in use again (or excluded)"
             )
+        self._said = value
         log.info("node %s: %s=%s", self._node, ANNOTATION, value or "(removed)")
         return gpus
 

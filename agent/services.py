@@ -170,6 +170,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         fresh=telemetry.fresh,
         state=state.health,
         health=health.shown,
+        kube=edge.health if edge is not None else None,
     )
     telemetry.subscribe(inventory.refresh_gpus)  # GetNode follows every snapshot
     return _build_rest(config, gpu, state, bus, prewarm, client, edge, telemetry, health, inventory)

@@ -95,8 +95,10 @@ class NodeInventory:
         monotonic: Callable[[], float] = time.monotonic,
         state: Callable[[], tuple[bool, str]] | None = None,
         health: HealthMarks | None = None,
+        kube: Callable[[], tuple[bool, str]] | None = None,
     ) -> None:
-        """``state``: the state store's (healthy, detail), shown as the "state" component.
+        """``state``: the state store's (healthy, detail), shown as the "state" component;
+        ``kube``: the Kubernetes edge's, as the "kubernetes" component (agent/kube_edge.py).
         ``health``: the health marks filled in each GPU's and instance's ``condition``.
         ``xid_unwatched``: why XID events are not watched (None: they are), shown as the
         "xid-events" component while the driver is attached: a mark nobody feeds is no
@@ -104,6 +106,7 @@ class NodeInventory:
         self._bus = bus
         self._health = health
         self._state_health = state
+        self._kube_health = kube
         self._fresh = fresh
         self._node_name = node_name
         self._preset = simulated_preset or ""
@@ -329,11 +332,12 @@ class NodeInventory:
             )
         if snapshot is not None and snapshot.sources:
             components.append(_telemetry_health(snapshot))
-        if self._state_health is not None:
-            healthy, detail = self._state_health()
-            components.append(
-                agent_pb2.ComponentHealth(name="state", healthy=healthy, detail=detail)
-            )
+        for name, said in (("state", self._state_health), ("kubernetes", self._kube_health)):
+            if said is not None:
+                healthy, detail = said()
+                components.append(
+                    agent_pb2.ComponentHealth(name=name, healthy=healthy, detail=detail)
+                )
         node = agent_pb2.Node(
             name=self._node_name,
             driver_version=gpus.driver_version,

@@ -9,11 +9,11 @@ the Node (other labels, other conditions, other taints). Planning is pure (`plan
 
 - labels: ``gpu-agent.io/health`` = the node's worst state (an instance that is not healthy
   makes the node degraded at least), ``gpu-agent.io/health.{healthy,degraded,failed}-gpus`` =
-  how many GPUs are in each state; none of them before any GPU is read (unknown);
+  how many GPUs are in each state; ``unknown`` and no counts (condition ``Unknown``) while no
+  GPU has been read yet, the taints below then left as they are;
 - condition ``GPUHealthy`` in ``status.conditions``, by a strategic-merge PATCH of the Node's
   status subresource (conditions merge by ``type``, as the kubelet and node-problem-detector
-  write theirs): True while every GPU and instance is healthy, Unknown before any GPU is
-  read; written when its status, reason
+  write theirs): True while every GPU and instance is healthy; written when its status, reason
   or message changes (its heartbeat time is that write's);
 - taint ``gpu-agent.io/health=failed:NoSchedule`` while a GPU is failed, only with
   ``health.taint``; a merge PATCH of ``spec.taints`` with the Node's resourceVersion as a
@@ -55,7 +55,6 @@ MAX_PENDING_EVENTS = 256
 #: the condition's reason, and the Event's, per (worst) state
 _REASONS = {s: f"Gpus{s.value.capitalize()}" for s in State}
 _EVENT_REASONS = {s: f"Gpu{s.value.capitalize()}" for s in State}
-_NOT_READ = "no GPU has been read yet (no driver loaded, or no GPU answered): health unknown"
 
 Marks = Mapping[Target, tuple[int, Mark, str]]
 
@@ -63,8 +62,7 @@ Marks = Mapping[Target, tuple[int, Mark, str]]
 @dataclass(frozen=True, slots=True)
 class Publication:
     labels: Mapping[str, str]
-    #: the condition's status ("True"/"False"; "Unknown" before any GPU is read), reason
-    #: and message
+    #: the condition's status ("True"/"False"), reason and message
     status: str
     reason: str
     message: str
@@ -72,12 +70,23 @@ class Publication:
     tainted: bool
 
 
+#: Before any GPU was read: the label says unknown, the condition Unknown, no count; the
+#: taints are left as they are (`NodePublisher._publish`).
+UNCHECKED = Publication(
+    labels={LABEL: "unknown"},
+    status="Unknown",
+    reason="GpusNotChecked",
+    message="no GPU read yet (the NVIDIA driver not ready since the agent started)",
+    tainted=False,
+)
+
+
 def plan(marks: Marks) -> Publication:
     """What the Node should carry for ``marks`` (GPU targets count; instances make the node
     degraded at least)."""
     gpus = {t: v for t, v in marks.items() if t.gpu_instance is None}
-    if not gpus:  # no GPU judged yet (no driver yet, none answered): unknown is not healthy
-        return Publication({}, "Unknown", "GpusNotRead", _NOT_READ, tainted=False)
+    if not gpus:  # no GPU read yet (the driver away since the start): unknown is not healthy
+        return UNCHECKED
     counts = dict.fromkeys(State, 0)
     for _, mark, _ in gpus.values():
         counts[mark.state] += 1
@@ -158,7 +167,6 @@ class NodePublisher:
         self._device_taints = device_taints
         self._lock = threading.Lock()
         self._events: deque[HealthChange] = deque()
-        self._sent: Publication | None = None
         self.wake: Callable[[], None] = lambda: None
 
     def on_change(self, change: HealthChange) -> None:
@@ -192,11 +200,17 @@ class NodePublisher:
             if self._taint and want.tainted
             else None
         )
+        if want is UNCHECKED:
+            # No GPU read: the taints (the Node's, the devices') stay as they are, since
+            # lifting an earlier agent's on no evidence gives a broken GPU pods again.
+            self._part.set(labels=want.labels, condition=condition)
+            return
         # The owner writes what differs from the Node (none of it when nothing changed).
         self._part.set(labels=want.labels, condition=condition, taint=taint)
-        if self._device_taints is not None and want != self._sent:
+        if self._device_taints is not None:
+            # Every pass, not only when the marks change: the devices come from the slices,
+            # which may appear later; the pass sends nothing when the rules are as wanted.
             self._device_taints()
-        self._sent = want
 
     def _send_events(self) -> None:
         while True:

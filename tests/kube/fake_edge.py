@@ -5,11 +5,19 @@ tested against: discovery, counts, bookmarks and the failures a real API server 
   (APIResourceList) from ``served``; DeviceTaintRules are answered at every version in
   ``taint_versions`` (the stand-in's store is one) and 404 at any other, as a server that
   serves only that version;
+- DRA resources (its store is one, at v1) are answered at every version ``served`` lists them
+  under and 404 at any other, as a server that serves only those versions (1.33: v1beta2);
 - counts: every call with its time (``calls``), the watches open now and at most
   (``open_watches``, ``most_watches``): what "silent in steady state" is asserted with;
 - ``bookmark(resource)``: a BOOKMARK event (only a resourceVersion) on every watch of it;
 - ``fail_next(method, path, code, count, retry_after)``: the next ``count`` matching calls (a
   path prefix; a watch is a GET) answer ``code`` (429 with ``Retry-After``, a 5xx);
+- ``expire_watches``: while True, every watch from a version answers 410 Gone (an ERROR event)
+  while lists still answer, as a server whose watch cache cannot serve the version it listed;
+- ``short_watches``: while True, every watch is taken (200) and ended at once with no event, as
+  a proxy or an overloaded server that drops them;
+- ``garble_next(method, path)``: the next matching call answers 200 with a body that is not
+  JSON (a proxy's HTML page);
 - ``restart()``: every open watch is cut (the connection reset) and, until ``up()``, every
   call answers 503, as an API server going away and coming back.
 """
@@ -70,6 +78,8 @@ class EdgeKubeApi(FakeKubeApi):
     #: (method, path prefix) -> [count, code, retry_after]
     faults: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
     down: bool = False
+    expire_watches: bool = False
+    short_watches: bool = False
     _watchers: set[BaseHTTPRequestHandler] = field(default_factory=set)
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -87,6 +97,10 @@ class EdgeKubeApi(FakeKubeApi):
     ) -> None:
         with self._count_lock:
             self.faults[(method, path)] = [count, code, retry_after]
+
+    def garble_next(self, method: str, path: str) -> None:
+        with self._count_lock:
+            self.faults[(method, path)] = [1, 200, None]
 
     def bookmark(self, resource: str) -> None:
         with self.lock:
@@ -133,6 +147,10 @@ class EdgeKubeApi(FakeKubeApi):
         parts = path.strip("/").split("/")
         if parts[0] == "apis" and len(parts) <= 3 and h.command == "GET":
             return self._discovery(h, parts[1:])
+        if parts[:2] == ["apis", fake_dra.GROUP] and _dra_resource(parts) in fake_dra.RESOURCES:
+            if _dra_resource(parts) not in self.served.get(fake_dra.GROUP, {}).get(parts[2], ()):
+                return _reply(h, 404, _status(404, "the server could not find the resource"))
+            h.path = h.path.replace(f"/{parts[2]}/", f"/{fake_dra.VERSION}/", 1)
         return super()._handle(h)
 
     def _discovery(self, h: BaseHTTPRequestHandler, parts: list[str]) -> None:
@@ -164,10 +182,19 @@ class EdgeKubeApi(FakeKubeApi):
     def _watch(
         self, h: BaseHTTPRequestHandler, resource: str, query: dict[str, str], ns: str = ""
     ) -> None:
+        if self.short_watches:
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
         with self._count_lock:
             self.open_watches += 1
             self.most_watches = max(self.most_watches, self.open_watches)
             self._watchers.add(h)
+        if self.expire_watches:
+            with self.lock:
+                self.compacted = self.version  # the version just listed is already too old
         try:
             super()._watch(h, resource, query, ns)
         except (OSError, ssl.SSLError):
@@ -178,9 +205,15 @@ class EdgeKubeApi(FakeKubeApi):
                 self._watchers.discard(h)
 
 
+def _dra_resource(parts: list[str]) -> str:
+    """The resource of a resource.k8s.io path (``apis/<group>/<version>[/namespaces/<ns>]/<r>``)."""
+    rest = parts[3:]
+    return rest[2] if rest[:1] == ["namespaces"] and len(rest) >= 3 else (rest[:1] or [""])[0]
+
+
 def _fault(h: BaseHTTPRequestHandler, code: int, retry_after: int | None) -> None:
     body = _status(code, "injected by the test", "TooManyRequests" if code == 429 else "")
-    data = json.dumps(body).encode()
+    data = b"<html>a proxy's page</html>" if code == 200 else json.dumps(body).encode()
     h.send_response(code)
     h.send_header("Content-Type", "application/json")
     h.send_header("Content-Length", str(len(data)))

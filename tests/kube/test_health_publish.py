@@ -109,6 +109,48 @@ def test_without_the_taint_setting_no_taint_is_written(
     assert not [r for r in api.requests if r.method == "PATCH" and "taints" in str(r.body)]
 
 
+def test_before_any_gpu_was_checked_the_node_says_unknown_never_healthy(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """With no mark yet (the driver not loaded at the agent's start, nothing read) the Node
+    was labelled healthy with GPUHealthy=True "0 GPU(s) healthy": a scheduler or a
+    remediation job trusted GPUs nobody had checked."""
+    api, _ = kube_api
+    api.set_labels(NODE, {"gpu-agent.io/health.healthy-gpus": "8"})  # an earlier agent's count
+    owner = _owner(kube)
+    NodePublisher(kube, owner, dict, taint=True).sync()
+    owner.sync()
+    labels = api.nodes[NODE]
+    assert labels["gpu-agent.io/health"] == "unknown"
+    assert not [k for k in labels if k.startswith("gpu-agent.io/health.")]  # no count claimed
+    condition = _condition(api)
+    assert condition["status"] == "Unknown" and condition["reason"] == "GpusNotChecked"
+    assert NODE not in api.node_taints
+
+    published = plan(_marks(Mark()))  # once a snapshot read them: healthy
+    assert published.labels["gpu-agent.io/health"] == "healthy" and published.status == "True"
+
+
+def test_before_any_gpu_was_checked_an_earlier_failed_taint_is_not_lifted(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """With no mark yet (the state dir new, the driver not ready) the publisher stated "no
+    taint" and the owner lifted the failed taint an earlier agent had put on the Node, and
+    the device taint pass deleted that agent's DeviceTaintRules: the broken GPU took pods
+    again before anything had been read. Unknown keeps them until a GPU is read."""
+    api, _ = kube_api
+    ours = {"key": "gpu-agent.io/health", "value": "failed", "effect": "NoSchedule"}
+    api.node_taints[NODE] = [dict(OTHER_TAINT), dict(ours)]
+    passes: list[int] = []
+    owner = _owner(kube)
+    publisher = NodePublisher(kube, owner, dict, taint=True, device_taints=lambda: passes.append(1))
+    publisher.sync()
+    owner.sync()
+    assert api.nodes[NODE]["gpu-agent.io/health"] == "unknown"
+    assert api.node_taints[NODE] == [OTHER_TAINT, ours]
+    assert passes == []  # no rule is deleted (nor made) on no evidence
+
+
 def test_an_instance_that_is_not_healthy_makes_the_node_degraded() -> None:
     degraded = Mark(State.DEGRADED, "XID 13 (Graphics Engine Exception) (3 ...)", 5.0)
     published = plan(_marks(Mark(), degraded))
@@ -208,6 +250,37 @@ def test_failed_devices_get_dra_device_taint_rules_removed_when_they_clear(
     assert sorted(api.taint_rules) == ["admin-rule"]  # the admin's rule is not the agent's
 
 
+def test_a_failed_gpus_device_taint_follows_slices_that_appear_after_the_mark(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """The device taints were synced only when the Node's marks changed: a failed mark
+    restored at start, before the ResourceSlices were listed (or before the DRA driver
+    published them again), never got its DeviceTaintRule, and the scheduler kept
+    allocating the broken GPU."""
+    api, _ = kube_api
+    marks = _marks(FAILED)
+    slices: list[object] = []  # the slice informer's cache, not listed yet
+    rules = DeviceTaints(
+        kube.request,
+        NODE,
+        lambda: marks,
+        lambda: {Target("GPU-0"): ("GPU-0",), Target("GPU-1"): ("GPU-1",)},
+        slices=lambda: list(slices),
+    )
+    publisher = NodePublisher(
+        kube, _owner(kube), lambda: marks, taint=False, device_taints=rules.sync
+    )
+    publisher.sync()
+    assert not api.taint_rules  # no device known yet
+    _dra_node(api)
+    slices.extend(kube.request("GET", "/apis/resource.k8s.io/v1/resourceslices")["items"])
+    publisher.sync()  # the marks are as they were; the devices are new
+    assert sorted(api.taint_rules) == [f"gpu-agent.{NODE}.{NODE}.gpu-0"]
+    calls = len(api.requests)
+    publisher.sync()  # nothing changed: no request
+    assert len(api.requests) == calls
+
+
 def test_a_cluster_without_device_taints_is_asked_again_later(
     kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
 ) -> None:
@@ -246,28 +319,3 @@ def test_the_condition_keeps_its_transition_time_across_a_restart_and_moves_on_a
     publisher.sync()
     owner.sync()
     assert _condition(api)["lastTransitionTime"] == "2027-01-15T08:00:00Z"
-
-
-def test_a_node_whose_gpus_were_never_read_is_not_published_healthy(
-    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
-) -> None:
-    """No mark at all (the driver is not loaded yet, or no GPU answered since the start):
-    before the fix the Node got gpu-agent.io/health=healthy and GPUHealthy=True ("0 GPU(s)
-    healthy") for GPUs nobody had read. Unknown is not healthy (as for the metric): the
-    condition is Unknown and no health label is set, until the first GPU is judged."""
-    api, _ = kube_api
-    marks: dict[Target, tuple[int, Mark, str]] = {}
-    owner = _owner(kube)
-    publisher = NodePublisher(kube, owner, lambda: marks, taint=True)
-    publisher.sync()
-    owner.sync()
-    assert not [k for k in api.nodes[NODE] if k.startswith("gpu-agent.io/health")]
-    condition = _condition(api)
-    assert condition["status"] == "Unknown" and condition["reason"] == "GpusNotRead"
-    assert NODE not in api.node_taints
-
-    marks.update(_marks(Mark()))  # the driver answered: both GPUs judged healthy
-    publisher.sync()
-    owner.sync()
-    assert api.nodes[NODE]["gpu-agent.io/health"] == "healthy"
-    assert _condition(api)["status"] == "True"

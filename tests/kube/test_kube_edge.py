@@ -19,10 +19,12 @@ from agent.health.machine import Mark, State
 from agent.health.store import Target
 from agent.kube import InClusterKubeClient
 from agent.kube_discovery import ApiVersions
+from agent.kube_edge import KubeEdge
 from agent.kube_node import Claim, NodeOwner
 from agent.kube_watch import Informer, InformerFactory
 from tests.kube.fake_edge import Call, EdgeKubeApi
 from tests.kube.fixtures import NODE
+from tests.kube.test_dra_api import gpu_slice
 from tests.unit.api.support import wait_for
 
 NODE_PATH = f"/api/v1/nodes/{NODE}"
@@ -111,6 +113,52 @@ def test_keys_of_other_writers_are_never_touched_and_ours_are_put_back_once(
         owner.informer.stop()
 
 
+def test_a_throttled_node_write_waits_the_servers_retry_after(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """The owner retried a refused write after its own back-off (1 s, jittered), ignoring the
+    Retry-After of a 429: an API server shedding load had every node's write back before
+    the time it asked for."""
+    api, _ = edge_api
+    owner = NodeOwner(
+        kube, NODE, InformerFactory(kube).node(NODE), coalesce_s=0.01, backoff=(0.05, 0.1)
+    )
+    owner.start()
+    try:
+        assert owner.informer.synced.wait(10)
+        api.fail_next("PATCH", NODE_PATH, 429, count=1, retry_after=2)
+        owner.part(CACHE).set(labels={"gpu-agent.io/cache.llama": "ready"})
+        wait_for(lambda: api.nodes[NODE].get("gpu-agent.io/cache.llama") == "ready", "written")
+        first, second = [c.at for c in api.since(0) if c.write][:2]
+        assert second - first >= 1.9  # the server's Retry-After, not the 0.05 s back-off
+    finally:
+        owner.stop()
+        owner.informer.stop()
+
+
+def test_a_write_answered_with_a_body_that_is_not_json_is_retried_not_fatal(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """A Node write answered 200 with a proxy's HTML page raised a bare ValueError that ended
+    the owner's thread: the agent never wrote its Node again until restarted, and nothing
+    said so. The answer is now a failed call: said, and retried with the back-off."""
+    api, _ = edge_api
+    owner = NodeOwner(
+        kube, NODE, InformerFactory(kube).node(NODE), coalesce_s=0.01, backoff=(0.05, 0.1)
+    )
+    owner.start()
+    try:
+        assert owner.informer.synced.wait(10)
+        api.garble_next("PATCH", NODE_PATH)
+        owner.part(CACHE).set(labels={"gpu-agent.io/cache.llama": "ready"})
+        wait_for(lambda: api.nodes[NODE].get("gpu-agent.io/cache.llama") == "ready", "written")
+        owner.part(CACHE).set(labels={"gpu-agent.io/cache.qwen": "ready"})
+        wait_for(lambda: api.nodes[NODE].get("gpu-agent.io/cache.qwen") == "ready", "and later")
+    finally:
+        owner.stop()
+        owner.informer.stop()
+
+
 def _informer(kube: InClusterKubeClient, **kw: Any) -> Informer:
     return Informer(kube, "/api/v1/nodes", {"fieldSelector": f"metadata.name={NODE}"}, **kw)
 
@@ -138,6 +186,78 @@ def test_410_gone_relists_once_and_a_server_that_keeps_answering_410_is_backed_o
         assert len(calls) <= 7, [round(c.at - began, 2) for c in calls]  # not a tight loop
         current, detail = informer.status()
         assert not current and "stale" in detail and "410" in detail
+    finally:
+        informer.stop()
+
+
+def test_a_quiet_watch_whose_version_is_compacted_each_time_relists_at_once_and_stays_current(
+    edge_api: tuple[EdgeKubeApi, str],
+    kube: InClusterKubeClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A quiet Node on a server that sends no bookmarks sees its version compacted away
+    during every watch: each 410 after a watch that lasted is the normal case, listed again
+    at once, never waited on as a failure (a stale cache and a warning every few minutes)."""
+    api, _ = edge_api
+    informer = _informer(kube, watch_timeout_s=2.0, backoff=(2.0, 4.0)).start()
+    try:
+        assert informer.synced.wait(10)
+        with caplog.at_level(logging.WARNING, logger="agent.kube_watch"):
+            for lists in (2, 3):
+                wait_for(lambda: api.open_watches == 1, "a quiet watch open")
+                api.compact()  # the version it watches from is gone when it ends
+                wait_for(lambda n=lists: informer.lists == n, "relisted", timeout=8)
+        assert not caplog.records, [r.getMessage() for r in caplog.records]
+        assert informer.healthy
+    finally:
+        informer.stop()
+
+
+def test_a_server_whose_watches_all_answer_410_while_lists_succeed_is_backed_off(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """Each 410 used to list again at once whenever a list came between: a server whose lists
+    answered but whose every watch said 410 got a list and a watch per few milliseconds from
+    every agent (hundreds a second each), a fleet-wide storm."""
+    api, _ = edge_api
+    api.expire_watches = True
+    began = time.monotonic()
+    informer = _informer(kube, backoff=(0.5, 2.0)).start()
+    try:
+        time.sleep(3)
+        lists = [round(c.at - began, 2) for c in _lists(api)]
+        assert 2 <= len(lists) <= 8, lists  # 0, at once, then 0.5, 1, 2 s (+-50 %): not hundreds
+        api.expire_watches = False  # the server's watches work again: the cache is current
+        api.set_labels(NODE, {"after": "410s"})
+        wait_for(lambda: informer.objects()[0]["metadata"]["labels"].get("after"), "resumed")
+        assert informer.healthy
+    finally:
+        informer.stop()
+
+
+def _watches(api: EdgeKubeApi, since: float) -> list[float]:
+    return [c.at - since for c in api.since(since) if c.path == "/api/v1/nodes" and c.watch]
+
+
+def test_watches_the_server_ends_at_once_are_backed_off_with_jitter_not_every_second(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """A watch the server took and ended at once with nothing in it was opened again exactly
+    one second later, forever: behind a proxy that drops watches every agent of a fleet sent
+    one a second, all in step. Such a watch now waits the doubling, jittered back-off."""
+    api, _ = edge_api
+    api.short_watches = True
+    began = time.monotonic()
+    informer = _informer(kube, backoff=(0.3, 2.4)).start()
+    try:
+        assert informer.synced.wait(10)
+        time.sleep(6)
+        gaps = [b - a for a, b in itertools.pairwise(_watches(api, began))]
+        assert 2 <= len(gaps) <= 8, gaps  # 0.3, 0.6, 1.2, 2.4, 2.4 s (+-50 %)
+        assert max(gaps) >= 1.5 * min(gaps), gaps  # doubling
+        api.short_watches = False
+        api.set_labels(NODE, {"after": "short"})
+        wait_for(lambda: informer.objects()[0]["metadata"]["labels"].get("after"), "resumed", 10)
     finally:
         informer.stop()
 
@@ -277,3 +397,26 @@ def test_an_unserved_api_is_said_once_and_not_asked_again(
     assert len(said) == 1 and "not asked again" in said[0].getMessage()
     assert "devicetaintrules" in apis.unserved
     assert apis.path("resourceslices") == "/apis/resource.k8s.io/v1/resourceslices"
+
+
+def test_slices_watched_after_discovery_failed_at_start_use_the_version_the_server_serves(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """An agent that started while discovery failed (the API server away) watched its
+    ResourceSlices at v1 for good: on a server serving them only at v1beta2 (Kubernetes
+    1.33) that watch answered 404 until the agent was restarted, so the allocation mode,
+    claim attribution and device taints never saw the node's DRA devices."""
+    api, _ = edge_api
+    api.served["resource.k8s.io"] = {"v1beta2": ["resourceslices", "deviceclasses"]}
+    api.put_dra("resourceslices", gpu_slice("node-gpus", NODE, ["gpu-0"]))
+    api.fail_next("GET", "/apis/resource.k8s.io", 503, count=1)  # discovery, at the start
+    edge = KubeEdge.build(kube, NODE)
+    slices = edge.slices()
+    assert edge.slices() is slices  # one informer, one watch, for every reader
+    slices.start()
+    try:
+        wait_for(lambda: len(slices.objects()) == 1, "the slices listed", timeout=15)
+        assert slices.path == "/apis/resource.k8s.io/v1beta2/resourceslices"
+        assert slices.status()[0]
+    finally:
+        edge.stop()

@@ -11,12 +11,15 @@ from collections.abc import Mapping
 import pytest
 
 from agent.coordinator.planning.catalog import preset_layouts
-from agent.errors import InvalidSpec
+from agent.errors import AgentError, InvalidSpec
 from agent.gpu.types import Process
 from agent.kube import InClusterKubeClient
-from agent.reclaim import ANNOTATION, ExcludeSelector, ReclaimMarker, reclaimable
+from agent.kube_edge import KubeEdge
+from agent.reclaim import ANNOTATION, ExcludeSelector, ReclaimMarker, _OwnedMarks, reclaimable
 from tests.kube.fake_api import FakeKubeApi
+from tests.kube.fake_edge import EdgeKubeApi
 from tests.kube.fixtures import NODE
+from tests.unit.api.support import wait_for
 
 DAY = 86400.0
 LAYOUTS = preset_layouts("dgx-h100", NODE)
@@ -101,3 +104,40 @@ def test_a_bad_exclude_selector_names_the_setting() -> None:
         ExcludeSelector.parse("pool")
     assert ExcludeSelector.parse("pool!=train").matches({"pool": "inference"})
     assert not ExcludeSelector.parse("").matches({"pool": "inference"})
+
+
+def test_a_mark_whose_first_write_failed_still_gets_its_event(
+    kube: InClusterKubeClient, edge_api: tuple[EdgeKubeApi, str]
+) -> None:
+    """The marker posted the Event only in the pass whose write went through: when the
+    Node's owner wrote the annotation on its own retry after a failed write, the next pass
+    found the annotation as wanted and the GpusReclaimable Event never came."""
+    api, _ = edge_api
+    edge = KubeEdge.build(kube, NODE)
+    edge.start()
+    try:
+        assert edge.owner.informer.synced.wait(10)
+        metadata = edge.owner.node_object
+        m = ReclaimMarker(
+            _OwnedMarks(edge),
+            NODE,
+            lambda: _metadata(metadata()),
+            lambda: (LAYOUTS[0], BUSY, *LAYOUTS[2:]),
+            lambda: idle(DAY + 5, 0, 0, 0, 0, 0, 0, 0),
+            DAY,
+            ExcludeSelector.parse(""),
+        )
+        api.fail_next("PATCH", f"/api/v1/nodes/{NODE}", 503)
+        with pytest.raises(AgentError):
+            m.mark()
+        wait_for(lambda: api.node_annotations.get(NODE, {}).get(ANNOTATION) == "0", "retried")
+        assert m.mark() == (0,)
+        assert [reason for reason, _ in events(api)] == ["GpusReclaimable"]
+        assert m.mark() == (0,) and len(api.events) == 1  # said once
+    finally:
+        edge.stop()
+
+
+def _metadata(node: object) -> tuple[Mapping[str, str], Mapping[str, str]]:
+    meta = node["metadata"] if isinstance(node, dict) else {}
+    return dict(meta.get("labels") or {}), dict(meta.get("annotations") or {})

@@ -99,3 +99,38 @@ def test_an_agent_with_nothing_changing_makes_no_write_and_holds_two_watches(
         ("/apis/resource.k8s.io/v1/resourceslices", f"spec.nodeName={NODE}"),
     } | ({("/apis/resource.k8s.io/v1/deviceclasses", None)} if dra else set())
     assert labels["feature.node.kubernetes.io/x"] == "true" and labels["team"] == "vision"
+
+
+def _component(running: InProcessAgent, name: str) -> tuple[bool, str]:
+    node = running.node.services.inventory.response().node
+    (found,) = [c for c in node.health.components if c.name == name]
+    return found.healthy, found.detail
+
+
+def test_with_the_api_server_away_get_node_says_kubernetes_is_degraded_and_gpus_still_serve(
+    tmp_path: Path,
+    edge_api: tuple[EdgeKubeApi, str],
+    kube: InClusterKubeClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GetNode (`gpu-agent status`) had no word of Kubernetes: with the API server away its
+    node said healthy while every watch was stale and no Node write went through; only a
+    metric told. It now names each stale cache with why, and says healthy once it is back."""
+    api, _ = edge_api
+    monkeypatch.setattr(InClusterKubeClient, "in_pod", classmethod(lambda cls: kube))
+    root = tmp_path / "agent"
+    config = agent_config(
+        root,
+        node_name=NODE,
+        telemetry={"kubelet_socket": str(root / "kubelet.sock"), "interval_s": 0.2},
+        driver={"check_s": 0.2},
+    )
+    with InProcessAgent(root, config) as running:
+        wait_for(lambda: _component(running, "kubernetes")[0], "the watches current", 20)
+        api.restart()
+        wait_for(lambda: "stale" in _component(running, "kubernetes")[1], "said stale", 15)
+        healthy, detail = _component(running, "kubernetes")
+        assert not healthy and "/api/v1/nodes" in detail and "503" in detail
+        assert _component(running, "gpu-driver")[0]  # GPU work goes on
+        api.up()
+        wait_for(lambda: _component(running, "kubernetes")[0], "healthy again", 60)
