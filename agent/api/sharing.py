@@ -15,6 +15,7 @@ from agent.api.operations import OperationRunner
 from agent.sharing import ApplyResult
 from agent.sharing.service import SharingService
 from agent.wire.sharing import (
+    change_without_pids,
     keeps_sharing,
     requested_config,
     sharing_change_pb,
@@ -96,6 +97,10 @@ class SharingServicer(sharing_pb2_grpc.SharingServiceServicer):
                 self._changed()
             return response_type(change=sharing_change_pb(result))
 
-        return await self._runner.once(
+        answer = await self._runner.once(
             _SERVICE + method, request, request.request_id, response_type, call
         )
+        if sees_processes(granted()):
+            return answer
+        # The sharing role acts on the plugin without seeing processes: not its pids either.
+        return response_type(change=change_without_pids(answer.change))

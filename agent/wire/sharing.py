@@ -23,6 +23,7 @@ from agent.sharing.view import DraObject, DraView, Pickup, StatusRecord
 from agent.wire.timestamps import seconds, timestamp
 
 __all__ = [
+    "change_without_pids",
     "dra_pb",
     "keeps_sharing",
     "requested_config",
@@ -306,7 +307,20 @@ def without_pids(view: sharing_pb2.GetSharingResponse) -> sharing_pb2.GetSharing
     shown.CopyFrom(view)
     shown.plugin_detail = _PIDS.sub("pid (withheld)", view.plugin_detail)
     if shown.HasField("last_write"):
-        reload = shown.last_write.reload
-        del reload.pids[:]
-        reload.detail = _PIDS.sub("pid (withheld)", reload.detail)
+        _withhold(shown.last_write.reload)
     return shown
+
+
+def change_without_pids(change: sharing_pb2.SharingChange) -> sharing_pb2.SharingChange:
+    """A set, clear or rollback's answer as a caller that sees no processes gets it: the
+    reload as it went, without the plugin's pids. ``change`` is not changed."""
+    shown = sharing_pb2.SharingChange()
+    shown.CopyFrom(change)
+    if shown.HasField("reload"):
+        _withhold(shown.reload)
+    return shown
+
+
+def _withhold(reload: sharing_pb2.PluginReload) -> None:
+    del reload.pids[:]
+    reload.detail = _PIDS.sub("pid (withheld)", reload.detail)

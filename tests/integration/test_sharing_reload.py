@@ -437,3 +437,41 @@ def test_a_reader_is_not_shown_the_plugin_s_pids(tmp_path: Path, config_path: Pa
             assert "pid (withheld) was sent SIGHUP" in theirs.plugin_detail
     finally:
         p.stop()
+
+
+def test_the_sharing_role_is_not_told_the_pids_it_signalled(
+    tmp_path: Path, config_path: Path
+) -> None:
+    """docs/security.md: pids are for the mig and admin roles. SetSharing's answer to the
+    sharing role named the device plugin's host pids in its reload (`pids`, and the detail
+    "sent SIGHUP to ... pid N"), while GetSharing withholds them from that role."""
+    from tests.unit.api.support import COORDINATOR, Pki
+
+    sharer_uri = "spiffe://cluster/ns/gpu-system/sa/sharing"
+    pki = Pki(tmp_path / "pki")
+    sharer = pki.issue("sharer", f"URI:{sharer_uri}")
+    root = tmp_path / "agent"
+    sharing = {"config_path": str(config_path), "reload": "sighup"}
+    config = agent_config(
+        root,
+        pki,
+        roles={"admin": [COORDINATOR], "sharing": [sharer_uri]},
+        sharing={**sharing, "plugin_process_name": PLUGIN_NAME},
+    )
+    p = PluginProcess(tmp_path, config_path)
+    try:
+        p.next_event()
+        with (
+            InProcessAgent(root, config) as agent,
+            grpc.secure_channel(
+                f"localhost:{agent.node.ports.tcp}", sharer.credentials(pki.ca)
+            ) as channel,
+        ):
+            request = sharing_pb2.SetSharingRequest(config_yaml=render(parse(ts(4))))
+            answer = sharing_pb2_grpc.SharingServiceStub(channel).SetSharing(request, timeout=20)
+            p.next_event()
+        reload = answer.change.reload
+        assert reload.done and reload.method == "sighup", reload
+        assert not reload.pids and str(p.proc.pid) not in reload.detail, reload
+    finally:
+        p.stop()
