@@ -4,6 +4,8 @@ admin on its Unix socket."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -34,13 +36,17 @@ sharing:
 """
 
 
-def test_the_sharing_role_may_not_change_the_plugin_s_other_settings(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _sharer_and_admin(
+    tmp_path: Path, plugin_file: str
+) -> Iterator[tuple[grpc.Channel, grpc.Channel]]:
+    """An agent whose plugin file starts as ``plugin_file``: a channel of the sharing role
+    (mTLS) and one of the node's admin (the Unix socket)."""
     pki = Pki(tmp_path / "pki")
     sharer = pki.issue("sharer", f"URI:{SHARER}")
     root = tmp_path / "agent"
     config = agent_config(root, pki, roles={"admin": [COORDINATOR], "sharing": [SHARER]})
-    plugin_file = root / "plugin" / "config.yaml"
-    plugin_file.write_text(HARDENED)
+    (root / "plugin" / "config.yaml").write_text(plugin_file)
     with (
         InProcessAgent(root, config) as agent,
         grpc.secure_channel(
@@ -48,6 +54,12 @@ def test_the_sharing_role_may_not_change_the_plugin_s_other_settings(tmp_path: P
         ) as channel,
         unix_channel(agent.socket) as admin,
     ):
+        yield channel, admin
+
+
+def test_the_sharing_role_may_not_change_the_plugin_s_other_settings(tmp_path: Path) -> None:
+    plugin_file = tmp_path / "agent" / "plugin" / "config.yaml"
+    with _sharer_and_admin(tmp_path, HARDENED) as (channel, admin):
         theirs = sharing_pb2_grpc.SharingServiceStub(channel)
         weakened = TIME_SLICED + "flags:\n  plugin:\n    deviceListStrategy: envvar\n"
         for text in (weakened, TIME_SLICED + "resources:\n  gpus:\n    - pattern: '*'\n"):
@@ -74,19 +86,10 @@ def test_the_sharing_role_may_not_change_the_plugin_s_other_settings(tmp_path: P
 def test_the_sharing_role_may_not_roll_back_an_admins_plugin_settings(tmp_path: Path) -> None:
     """A rollback restores the previous file whole: when that would also undo an admin's change
     of the plugin's other settings (the hardening here), the sharing role is refused."""
-    pki = Pki(tmp_path / "pki")
-    sharer = pki.issue("sharer", f"URI:{SHARER}")
-    root = tmp_path / "agent"
-    config = agent_config(root, pki, roles={"admin": [COORDINATOR], "sharing": [SHARER]})
-    plugin_file = root / "plugin" / "config.yaml"
-    plugin_file.write_text("version: v1\nflags:\n  plugin:\n    deviceListStrategy: envvar\n")
-    with (
-        InProcessAgent(root, config) as agent,
-        grpc.secure_channel(
-            f"localhost:{agent.node.ports.tcp}", sharer.credentials(pki.ca)
-        ) as channel,
-        unix_channel(agent.socket) as admin,
-    ):
+    plugin_file = tmp_path / "agent" / "plugin" / "config.yaml"
+    with _sharer_and_admin(
+        tmp_path, "version: v1\nflags:\n  plugin:\n    deviceListStrategy: envvar\n"
+    ) as (channel, admin):
         mine = sharing_pb2_grpc.SharingServiceStub(admin)
         mine.SetSharing(sharing_pb2.SetSharingRequest(config_yaml=HARDENED), timeout=20)
         hardened = plugin_file.read_text()

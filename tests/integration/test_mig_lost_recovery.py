@@ -14,31 +14,17 @@ import pytest
 
 from agent.api.restart import recover_at_start
 from agent.mig.apply import SCOPE, ProgressEvent, Suspended
-from agent.mig.spec import parse_spec
 from agent.mig.state import fetch
-from tests.unit.mig.simnode import SimNode, sim_node
+from tests.unit.mig.simnode import WHOLE_THEN_SEVENTHS, Killed, SimNode, sim_node
 
 pytestmark = pytest.mark.integration
-
-CONFIGS = parse_spec("""
-version: v1
-mig-configs:
-  before:
-    - {devices: all, mig-enabled: true, mig-devices: {7g.94gb: 1}}
-  after:
-    - {devices: all, mig-enabled: true, mig-devices: {1g.12gb: 7}}
-""")
-
-
-class Killed(BaseException):
-    """Stands for a SIGKILL: no ``except Exception`` of the apply sees it, nothing rolls back."""
 
 
 def _cut_short_on_gpu_1(tmp_path: Path, stop: BaseException) -> dict[str, object]:
     """Apply "before", then "after" stopped at GPU 1's first create (GPU 0 is done by then);
     returns every GPU's state under "before"."""
     node = sim_node(tmp_path, "h100-nvl")
-    node.service.apply(CONFIGS, "before")
+    node.service.apply(WHOLE_THEN_SEVENTHS, "before")
     before = {u: s for u, s in node.states().items()}
 
     def progress(event: ProgressEvent) -> None:
@@ -46,7 +32,7 @@ def _cut_short_on_gpu_1(tmp_path: Path, stop: BaseException) -> dict[str, object
             raise stop
 
     with pytest.raises(type(stop)):
-        node.service.apply(CONFIGS, "after", progress=progress)
+        node.service.apply(WHOLE_THEN_SEVENTHS, "after", progress=progress)
     node.close()
     return dict(before)
 

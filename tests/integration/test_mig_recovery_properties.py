@@ -30,7 +30,7 @@ from agent.mig.node_plan import desired_of
 from agent.mig.plan import mismatches
 from agent.mig.spec import parse_spec, select_gpus
 from agent.mig.state import GpuMigState
-from tests.unit.mig.simnode import SimNode, sim_node
+from tests.unit.mig.simnode import Killed, SimNode, sim_node
 
 pytestmark = pytest.mark.integration
 
@@ -67,10 +67,6 @@ ERRORS = {
     "nvmlGpuInstanceCreateComputeInstance": "InsufficientResources",
     "nvmlGpuInstanceCreateComputeInstanceWithPlacement": "InsufficientResources",
 }
-
-
-class Killed(BaseException):
-    """Stands in for SIGKILL: no handler runs, nothing is rolled back, the journal stays."""
 
 
 faults = st.one_of(

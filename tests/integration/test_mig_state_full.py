@@ -20,20 +20,10 @@ from agent.mig.apply import SCOPE, ProgressEvent
 from agent.mig.lock import PartitionLock
 from agent.mig.reset import simulated_reset
 from agent.mig.service import MigService
-from agent.mig.spec import parse_spec
 from agent.state import StateStore
-from tests.unit.mig.simnode import sim_node
+from tests.unit.mig.simnode import WHOLE_THEN_SEVENTHS, Killed, sim_node
 
 pytestmark = pytest.mark.integration
-
-CONFIGS = parse_spec("""
-version: v1
-mig-configs:
-  before:
-    - {devices: all, mig-enabled: true, mig-devices: {7g.94gb: 1}}
-  after:
-    - {devices: all, mig-enabled: true, mig-devices: {1g.12gb: 7}}
-""")
 
 
 class FillsUp:
@@ -69,12 +59,12 @@ def test_a_state_dir_full_midway_rolls_the_gpu_back_instead_of_leaving_it_half_d
     seven created). Now the GPU is back at its old layout, the error says so, and the journal
     left (its clear was refused too) is found at the GPUs' snapshots by the next recovery."""
     node = sim_node(tmp_path, "h100-nvl")
-    node.service.apply(CONFIGS, "before")
+    node.service.apply(WHOLE_THEN_SEVENTHS, "before")
     before = node.states()
     full = FillsUp(node.store, writes=5)  # begin, GPU 0's snapshot, three of its steps
     service = MigService(node.driver, full, PartitionLock(tmp_path), simulated_reset(tmp_path))
     with pytest.raises(StateUnavailable, match="is full; rolled back GPU 0"):
-        service.apply(CONFIGS, "after")
+        service.apply(WHOLE_THEN_SEVENTHS, "after")
     assert node.states() == before
     assert node.store.journal_entries(SCOPE)  # the clear was refused: the journal stays
     outcomes = node.service.recover()  # space again, e.g. at the next start
@@ -84,10 +74,6 @@ def test_a_state_dir_full_midway_rolls_the_gpu_back_instead_of_leaving_it_half_d
     node.close()
 
 
-class Killed(BaseException):
-    """Stands for a SIGKILL: no ``except Exception`` of the apply sees it."""
-
-
 class FailsToRepublish:
     """A DRA driver that does not republish; the state dir fills up as it is asked."""
 
@@ -95,7 +81,7 @@ class FailsToRepublish:
         self._full = full
 
     def check(self) -> None:
-        pass
+        """Its plugin pod is found and may be restarted: the apply goes ahead."""
 
     def republish(self, expected: Sequence[str], progress: Callable[[str], None]) -> None:
         self._full.fill()
@@ -113,7 +99,7 @@ def test_a_finished_apply_is_not_rolled_back_unjournalled_where_the_journal_says
     apply completed while a crash midway left GPUs half-undone. So it is not started: the
     GPUs keep the applied layout the journal describes, and the restart reports it completed."""
     node = sim_node(tmp_path, "h100-nvl")
-    node.service.apply(CONFIGS, "before")
+    node.service.apply(WHOLE_THEN_SEVENTHS, "before")
     full = FillsUp(node.store, writes=1000)
     service = MigService(
         node.driver,
@@ -129,7 +115,7 @@ def test_a_finished_apply_is_not_rolled_back_unjournalled_where_the_journal_says
             raise Killed  # a crash in the rollback, were one started
 
     with pytest.raises(StateUnavailable):
-        service.apply(CONFIGS, "after", progress=progress)
+        service.apply(WHOLE_THEN_SEVENTHS, "after", progress=progress)
     after = node.states()
     assert all(len(s.instances) == 7 for s in after.values())  # the applied layout, whole
     outcomes = node.service.recover()  # the restart, with space again

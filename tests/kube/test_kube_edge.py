@@ -6,10 +6,12 @@ said once and not asked again."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,11 +36,17 @@ MIG_STATE = "nvidia.com/mig.config.state"
 THEIRS = {"feature.node.kubernetes.io/pci-10de.present": "true", "team": "vision"}
 
 
-def _owner(kube: InClusterKubeClient, coalesce_s: float = 0.3) -> NodeOwner:
-    owner = NodeOwner(kube, NODE, InformerFactory(kube).node(NODE), coalesce_s=coalesce_s)
+@contextlib.contextmanager
+def _owner(kube: InClusterKubeClient, coalesce_s: float = 0.3, **kw: Any) -> Iterator[NodeOwner]:
+    """The Node's owner, started and synced; stopped with its informer on the way out."""
+    owner = NodeOwner(kube, NODE, InformerFactory(kube).node(NODE), coalesce_s=coalesce_s, **kw)
     owner.start()
-    assert owner.informer.synced.wait(10)
-    return owner
+    try:
+        assert owner.informer.synced.wait(10)
+        yield owner
+    finally:
+        owner.stop()
+        owner.informer.stop()
 
 
 def _writes(api: EdgeKubeApi, since: float) -> list[Call]:
@@ -58,8 +66,7 @@ def test_a_burst_of_changes_is_one_node_write_and_a_restatement_is_none(
     edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
 ) -> None:
     api, _ = edge_api
-    owner = _owner(kube)
-    try:
+    with _owner(kube) as owner:
         began = time.monotonic()
         # A cache item turned ready, a health mark, the MIG protocol's state: one burst.
         owner.part(CACHE).set(labels={"gpu-agent.io/cache.llama": "ready"})
@@ -83,9 +90,6 @@ def test_a_burst_of_changes_is_one_node_write_and_a_restatement_is_none(
         assert not owner.sync()
         time.sleep(0.6)  # two coalescing windows of the owner's thread: it must stay quiet
         assert [c for c in api.since(settled) if not c.watch] == []
-    finally:
-        owner.stop()
-        owner.informer.stop()
 
 
 def test_keys_of_other_writers_are_never_touched_and_ours_are_put_back_once(
@@ -93,8 +97,7 @@ def test_keys_of_other_writers_are_never_touched_and_ours_are_put_back_once(
 ) -> None:
     api, _ = edge_api
     api.set_labels(NODE, {**THEIRS, "gpu-agent.io/cache.old": "ready"})
-    owner = _owner(kube, coalesce_s=0.05)
-    try:
+    with _owner(kube, coalesce_s=0.05) as owner:
         owner.part(CACHE).set(labels={"gpu-agent.io/cache.new": "ready"})
         wait_for(lambda: "gpu-agent.io/cache.old" not in api.nodes[NODE], "the stale label gone")
         api.set_labels(NODE, {"team": "speech", "user/extra": "1"})  # a user, meanwhile
@@ -108,9 +111,6 @@ def test_keys_of_other_writers_are_never_touched_and_ours_are_put_back_once(
         assert labels["team"] == "speech" and labels["user/extra"] == "1"
         assert labels["feature.node.kubernetes.io/pci-10de.present"] == "true"
         assert _patched_labels(api) <= {"gpu-agent.io/cache.new", "gpu-agent.io/cache.old"}
-    finally:
-        owner.stop()
-        owner.informer.stop()
 
 
 def test_a_throttled_node_write_waits_the_servers_retry_after(
@@ -120,20 +120,12 @@ def test_a_throttled_node_write_waits_the_servers_retry_after(
     Retry-After of a 429: an API server shedding load had every node's write back before
     the time it asked for."""
     api, _ = edge_api
-    owner = NodeOwner(
-        kube, NODE, InformerFactory(kube).node(NODE), coalesce_s=0.01, backoff=(0.05, 0.1)
-    )
-    owner.start()
-    try:
-        assert owner.informer.synced.wait(10)
+    with _owner(kube, coalesce_s=0.01, backoff=(0.05, 0.1)) as owner:
         api.fail_next("PATCH", NODE_PATH, 429, count=1, retry_after=2)
         owner.part(CACHE).set(labels={"gpu-agent.io/cache.llama": "ready"})
         wait_for(lambda: api.nodes[NODE].get("gpu-agent.io/cache.llama") == "ready", "written")
         first, second = [c.at for c in api.since(0) if c.write][:2]
         assert second - first >= 1.9  # the server's Retry-After, not the 0.05 s back-off
-    finally:
-        owner.stop()
-        owner.informer.stop()
 
 
 def test_a_write_answered_with_a_body_that_is_not_json_is_retried_not_fatal(
@@ -143,20 +135,12 @@ def test_a_write_answered_with_a_body_that_is_not_json_is_retried_not_fatal(
     the owner's thread: the agent never wrote its Node again until restarted, and nothing
     said so. The answer is now a failed call: said, and retried with the back-off."""
     api, _ = edge_api
-    owner = NodeOwner(
-        kube, NODE, InformerFactory(kube).node(NODE), coalesce_s=0.01, backoff=(0.05, 0.1)
-    )
-    owner.start()
-    try:
-        assert owner.informer.synced.wait(10)
+    with _owner(kube, coalesce_s=0.01, backoff=(0.05, 0.1)) as owner:
         api.garble_next("PATCH", NODE_PATH)
         owner.part(CACHE).set(labels={"gpu-agent.io/cache.llama": "ready"})
         wait_for(lambda: api.nodes[NODE].get("gpu-agent.io/cache.llama") == "ready", "written")
         owner.part(CACHE).set(labels={"gpu-agent.io/cache.qwen": "ready"})
         wait_for(lambda: api.nodes[NODE].get("gpu-agent.io/cache.qwen") == "ready", "and later")
-    finally:
-        owner.stop()
-        owner.informer.stop()
 
 
 def _informer(kube: InClusterKubeClient, **kw: Any) -> Informer:

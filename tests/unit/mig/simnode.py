@@ -10,8 +10,26 @@ from agent.gpu.sim import SimControl
 from agent.mig.lock import PartitionLock
 from agent.mig.reset import ResetFn, simulated_reset
 from agent.mig.service import MigService
+from agent.mig.spec import MigSpec, parse_spec
 from agent.mig.state import GpuMigState, fetch
 from agent.state import StateStore
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL inside an apply: no ``except Exception`` sees it, nothing is
+    rolled back, the journal stays for the next start."""
+
+
+#: "before", one whole 7g.94gb per GPU, and "after", seven 1g.12gb (an H100 NVL node): a
+#: change that destroys and creates on every GPU.
+WHOLE_THEN_SEVENTHS: MigSpec = parse_spec("""
+version: v1
+mig-configs:
+  before:
+    - {devices: all, mig-enabled: true, mig-devices: {7g.94gb: 1}}
+  after:
+    - {devices: all, mig-enabled: true, mig-devices: {1g.12gb: 7}}
+""")
 
 
 @dataclass

@@ -82,10 +82,10 @@ class _FakeDcgm:
                 self.m_gpuIdToUUId = dict(enumerate(uuids))
 
             def Init(self) -> None:
-                pass
+                """Connected: the fake has no hostengine to reach."""
 
             def Shutdown(self) -> None:
-                pass
+                """Disconnected: nothing to release."""
 
             def GetLatestEntityValuesAsFieldIdDict(self) -> dict[int, dict[int, Any]]:
                 watched = {e.entityId for e in self.entities if e.entityGroupId == 4}
