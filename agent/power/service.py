@@ -236,7 +236,8 @@ class PowerService:
         a GPU not back at it (its put-back failed) stays, for `restore`."""
         baseline = self._baseline()
         now = {g.uuid: g.limits.current_mw for g in self._read(strict=False)[0]}
-        keep = {u: mw for u, mw in baseline.items() if u in known or now.get(u, mw) != mw}
+        # Not read now (lost: often why the apply failed) is not "back at it": kept.
+        keep = {u: mw for u, mw in baseline.items() if u in known or now.get(u) != mw}
         self._journal.journal_keep(
             BASELINE, [{"uuid": u, "limit_mw": mw} for u, mw in keep.items()]
         )

@@ -303,3 +303,28 @@ def test_a_restore_refused_by_an_unreadable_gpu_keeps_the_spec_in_force(
         service.restore()
     assert service.show().spec_text  # still in force
     assert service.reconcile() == [] and _limits(gpu) == capped
+
+
+def test_a_refused_apply_keeps_the_baseline_of_a_gpu_lost_before_it_was_put_back(
+    gpu: GpuDriver, tmp_path: Path
+) -> None:
+    """GPU 0's limit was set, GPU 2's set was refused, and GPU 0 fell off the bus before it was
+    put back. Its baseline was dropped with the others' (a GPU not read counted as back at
+    it), so `restore` could never put its limit back once it answers again."""
+    service = _service(gpu, tmp_path)
+    first = gpu.gpus()[0].uuid
+    real = gpu.set_power_limit
+    calls: list[str] = []
+
+    def set_limit(uuid: str, milliwatts: int) -> None:
+        calls.append(uuid)
+        if len(calls) == 3:
+            raise PermissionDenied("refused")
+        if len(calls) > 3 and uuid == first:
+            SimControl(tmp_path).mark_lost(0)  # gone before its put-back
+        real(uuid, milliwatts)
+
+    gpu.set_power_limit = set_limit  # type: ignore[method-assign]
+    with pytest.raises(PermissionDenied):
+        service.apply(_SPEC)
+    assert first in service.show().baseline_mw
