@@ -387,6 +387,7 @@ async def rollout(
     if stuck is not None:  # wait: nothing may start, and each waiting node says why
         for node in scheduler.pending:
             record.nodes[node].detail = f"waiting: {stuck}"
+        record.save()  # the record says why they wait, as the CLI does
         return RolloutResult(
             record, (), skipped, busy_nodes, unhealthy, degraded, not_allowed, stuck
         )

@@ -35,19 +35,23 @@ def test_a_dry_run_shows_a_node_that_does_not_answer_as_unknown() -> None:
 def test_a_rollout_whose_budget_is_taken_by_nodes_that_do_not_answer_says_so() -> None:
     """One node does not answer and max-unavailable is 1: it takes the budget, so nothing may
     start. The healthy node stayed `pending` with no detail, and the command said 'others
-    failed or did not answer'. Its row and the error now say why it waits."""
+    failed or did not answer'. Its row and the error now say why it waits, and so does the
+    --record file `fleet resume` reads (it was saved before the reason was set)."""
     with fake_agents() as agents:
         agents.add(node("a", mark("healthy")))
         gone = f"unix:{agents.root / 'gone.sock'}"
         args = ["--agents", f"{agents.agents['a'].address},{gone}", "--insecure"]
         share = ["fleet", "apply", "share", "--strategy", "time-slicing", "--replicas", "2"]
-        as_json = invoke_process([*share, *args, "-o", "json"], 60)
+        record = agents.root / "rollout.json"
+        as_json = invoke_process([*share, *args, "-o", "json", "--record", str(record)], 60)
+        saved = json.loads(record.read_text())["nodes"]["a"]
         set_sharing = agents.agents["a"].calls.count("SharingService/SetSharing")
     assert as_json.exit_code == 10, as_json.output
     doc = json.loads(as_json.output.split("\nerror:")[0])
     a = doc["record"]["nodes"]["a"]
     assert a["state"] == "pending" and set_sharing == 0
     assert "max-unavailable is 1" in a["detail"], a
+    assert saved["detail"] == a["detail"], saved
     error = as_json.output.split("\nerror:")[1]
     assert "max-unavailable is 1" in error and "failed" not in error, error
 
