@@ -28,6 +28,8 @@ class AgentPod:
     phase: str
     ready: bool
     grpc_port: int | None
+    #: deleted, stopping (metadata.deletionTimestamp): its agent is on its way out
+    terminating: bool = False
 
 
 class KubeLister(InClusterKubeClient):
@@ -150,4 +152,5 @@ def agent_pod(item: object) -> AgentPod:
         phase=str(dig(item, "status", "phase") or "Unknown"),
         ready=ready,
         grpc_port=port,
+        terminating=dig(item, "metadata", "deletionTimestamp") is not None,
     )

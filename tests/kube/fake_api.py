@@ -77,6 +77,8 @@ class Pod:
     ip: str | None = None
     grpc_port: int | None = None
     ready: bool = True
+    #: deleted and stopping: metadata.deletionTimestamp is set
+    terminating: bool = False
 
     def obj(self) -> dict[str, Any]:
         ports = [{"name": "grpc", "containerPort": self.grpc_port}] if self.grpc_port else []
@@ -86,10 +88,17 @@ class Pod:
         }
         if self.ip:
             status["podIP"] = self.ip
+        metadata: dict[str, Any] = {
+            "name": self.name,
+            "namespace": self.namespace,
+            "labels": self.labels,
+        }
+        if self.terminating:
+            metadata["deletionTimestamp"] = "2026-12-07T16:00:00Z"
         return {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": self.name, "namespace": self.namespace, "labels": self.labels},
+            "metadata": metadata,
             "spec": {"nodeName": self.node, "containers": [{"name": "c", "ports": ports}]},
             "status": status,
         }

@@ -185,6 +185,8 @@ class KubeDiscovery:
             problem = None
             if pod.ip is None:
                 problem = f"agent pod {pod.name} is {pod.phase} with no IP"
+            elif pod.terminating:  # stopping: no change through it, nor a second node entry
+                problem = f"agent pod {pod.name} is terminating"
             elif not pod.ready:
                 problem = f"agent pod {pod.name} is not ready ({pod.phase})"
             address = join_host_port(pod.ip, pod.grpc_port or self._port) if pod.ip else ""

@@ -73,6 +73,20 @@ def test_kubernetes_discovery_lists_agent_pods_with_their_nodes_labels(
     assert all(r.query["limit"] == "2" for r in api.requests)
 
 
+def test_a_terminating_agent_pod_is_no_target_to_change_through(
+    agents_api: tuple[FakeKubeApi, KubeLister],
+) -> None:
+    """A deleted pod still Ready while it stops was a target like its successor: changes went
+    to an agent on its way out, and two ready pods on one node (a surge) refused the whole
+    fleet's selection as "two agents answer as one node". It is listed with why it is not used."""
+    api, lister = agents_api
+    (stopping,) = [p for p in api.pods if p.name == "gpu-agent-a"]
+    stopping.terminating = True
+    found = asyncio.run(KubeDiscovery(lister, "gpu-agent").targets())
+    (a,) = [t for t in found if t.node == "node-a"]
+    assert a.problem == "agent pod gpu-agent-a is terminating", a
+
+
 def test_node_labels_that_cannot_be_read_are_unknown_not_empty(
     agents_api: tuple[FakeKubeApi, KubeLister],
 ) -> None:
