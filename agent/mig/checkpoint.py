@@ -23,7 +23,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from agent.errors import FieldViolation, InvalidSpec
+from agent.errors import FieldViolation, InvalidSpec, NotSupported
 from agent.gpu.types import GpuLayout, Placement
 from agent.mig.state import CiState, GiState, GpuMigState, fetch
 
@@ -48,7 +48,7 @@ def checkpoint_document(layouts: Sequence[GpuLayout]) -> dict[str, Any]:
                     "MigMode": 1 if s.mig_enabled else 0,
                     "GpuInstances": [
                         {
-                            "ProfileID": constants[s.uuid][gi.profile_id],
+                            "ProfileID": _constant(constants[s.uuid], s.uuid, gi.profile_id),
                             "Placement": {"Start": gi.placement.start, "Size": gi.placement.size},
                             "ComputeInstances": [_ci(ci) for ci in gi.cis],
                         }
@@ -60,6 +60,16 @@ def checkpoint_document(layouts: Sequence[GpuLayout]) -> dict[str, Any]:
             ]
         },
     }
+
+
+def _constant(constants: dict[int, int], uuid: str, profile_id: int) -> int:
+    """The NVML constant of ``profile_id`` on this GPU, as mig-parted writes ``ProfileID``."""
+    if profile_id not in constants:  # an instance of a profile the driver did not list
+        raise NotSupported(
+            f"GPU {uuid}: GPU instance profile id {profile_id} is under no profile constant "
+            "the driver lists, so mig-parted could not restore it: no checkpoint written"
+        )
+    return constants[profile_id]
 
 
 def _ci(ci: CiState) -> dict[str, Any]:

@@ -81,3 +81,18 @@ def test_a_subsystem_filter_selects_the_same_gpus_through_the_api() -> None:
     on_driver = [s.gpu.index for s in select_gpus(entries, [g.gpu for g in driver])]
     on_api = [s.gpu.index for s in select_gpus(entries, [g.gpu for g in through_api])]
     assert on_api == on_driver == [0, 1]
+
+
+def test_a_checkpoint_of_an_instance_under_no_listed_constant_is_refused_not_a_crash() -> None:
+    """`ProfileID` is the profile's NVML constant, found among the profiles the driver lists;
+    an instance whose profile the list lacks (the driver answered NOT_SUPPORTED for its
+    constant) raised a bare KeyError out of `mig checkpoint`. It is a refusal naming it."""
+    from agent.errors import NotSupported
+    from agent.mig.checkpoint import checkpoint_document
+    from tests.unit.mig.layouts import make_layout
+
+    layout = make_layout("A30", [("2g.12gb", 0)])
+    listed = tuple(p for p in layout.profiles if p.name != "2g.12gb")
+    with pytest.raises(NotSupported, match="under no profile constant"):
+        checkpoint_document([dataclasses.replace(layout, profiles=listed)])
+    assert checkpoint_document([layout])["MigState"]["Devices"][0]["GpuInstances"]
