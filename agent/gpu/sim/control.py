@@ -387,7 +387,9 @@ def _refuse_wrapping_counts(g: Gpu, sbe: int, dbe: int) -> None:
         for kind, count in (("sbe", sbe), ("dbe", dbe))
         if count > (room := max(0, MAX_ECC_COUNT - g.ecc.get(f"{kind}_aggregate", 0)))
     ]
-    room = max(0, MAX_REMAPPED_ROWS - g.remap.get("pending", 0))
+    # Pending rows join the uncorrectable count NVML reports at the next reset.
+    rows = g.remap.get("uncorrectable", 0) + g.remap.get("pending", 0)
+    room = max(0, MAX_REMAPPED_ROWS - rows)
     if not bad and dbe > room:
         bad.append(
             FieldViolation("dbe", f"at most {room} more: NVML counts remapped rows in 32 bits")

@@ -115,6 +115,18 @@ def test_a_number_no_driver_reports_is_refused_naming_it(
     assert control.describe() == before
 
 
+def test_remapped_rows_applied_by_resets_count_toward_the_32_bit_limit(node: Opener) -> None:
+    """A reset turns pending rows into the uncorrectable count NVML reports; the room was
+    counted from the pending ones alone, so errors then a reset, then errors again, passed
+    the 32-bit count."""
+    _, control = node("dgx-h100")
+    control.memory_errors(0, dbe=2**32 - 2)
+    control.reset_gpu(0)
+    with pytest.raises(InvalidSpec, match="at most 1 more"):
+        control.memory_errors(0, dbe=2)
+    control.memory_errors(0, dbe=1)
+
+
 def test_a_pid_above_any_kernels_pid_max_runs_as_a_simulated_only_process(node: Opener) -> None:
     """A pid past Linux's largest pid_max (2^22) is what tests use for a process no host tool
     finds; NVML carries it (32-bit), so the simulator takes it."""
