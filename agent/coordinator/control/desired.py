@@ -230,7 +230,8 @@ def _mig(raw: Any, i: int, bad: list[FieldViolation]) -> MigRule | None:
         bad.append(FieldViolation(f"{where}.config", "a mig-parted v1 config file, as text"))
         return None
     try:
-        name, _ = parse_spec(text, f"{where}.config").select(raw.get("config_name") or None)
+        spec = parse_spec(text, f"{where}.config")
+        name, _ = spec.select(raw.get("config_name") or None, flag=f"{where}.config_name")
     except InvalidSpec as exc:
         bad.append(FieldViolation(f"{where}.config", str(exc)))
         return None

@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+import yaml
 from google.protobuf import json_format
 
 from agent._proto.gpuagent.v1 import prewarm_pb2
@@ -71,6 +72,18 @@ def test_a_bad_desired_state_names_the_field(text: str, field: str) -> None:
     with pytest.raises(InvalidSpec) as caught:
         parse_desired(text)
     assert field in [v.field for v in caught.value.violations], caught.value.violations
+
+
+def test_a_mig_rule_whose_file_holds_two_configs_names_its_config_name() -> None:
+    """The refusal named mig-parted's `selected-config` flag, which the desired file does not
+    have; the field to set is the rule's own config_name."""
+    off = "[{devices: all, mig-enabled: false}]"
+    two = f"version: v1\nmig-configs:\n  a: {off}\n  b: {off}\n"
+    text = yaml.safe_dump({"version": "v1", "mig": [{"selector": "pool=x", "config": two}]})
+    with pytest.raises(InvalidSpec) as caught:
+        parse_desired(text)
+    said = " ".join(v.description for v in caught.value.violations)
+    assert "mig[0].config_name" in said and "selected-config" not in said, said
 
 
 MODELS = """\
