@@ -38,7 +38,8 @@ def write_output(path: Path, text: str, field: str) -> None:
     Anything else (/dev/stdout, /proc/self/fd/N, a pipe) is written to as it is. Any failure:
     an InvalidSpec naming ``field`` (exit 2)."""
     try:
-        if path.parts[1:2] in (("dev",), ("proc",)) or (path.exists() and not path.is_file()):
+        special = path.is_absolute() and path.parts[1:2] in (("dev",), ("proc",))
+        if special or (path.exists() and not path.is_file()):
             path.write_text(text)  # /dev/stdout (whatever it is), a pipe: written as it is
         else:  # a link to a file stays a link: its target is replaced
             replace_file(Path(os.path.realpath(path)), text.encode(), new_mode=0o644)

@@ -514,3 +514,21 @@ def test_a_lost_gpu_is_named_beside_a_pending_mode_change(a100: Invoke, tmp_path
     assert result.exit_code == 14, result.output
     assert "GPU 1: MIG mode change pending" in result.stdout, result.stdout
     assert "GPU 2 is lost" in result.stdout and "not applied" in result.stdout, result.stdout
+
+
+def test_an_output_file_under_a_relative_dev_folder_is_replaced_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/dev and /proc files are written as they are (/dev/stdout, a pipe); the test took any
+    path whose second part is `dev`, so `out/dev/checkpoint.json` was truncated and written in
+    place, the cut-short write the temp file and rename exist to prevent."""
+    from agent.cli.options import write_output
+
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "out" / "dev" / "checkpoint.json"
+    target.parent.mkdir(parents=True)
+    target.write_text("previous")
+    before = target.stat().st_ino
+    write_output(Path("out/dev/checkpoint.json"), "new", "checkpoint-file")
+    assert target.read_text() == "new"
+    assert target.stat().st_ino != before  # a new file renamed over it, not the old one cut
