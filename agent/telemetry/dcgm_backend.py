@@ -87,25 +87,27 @@ class DcgmProfiling:
         structs, fields = self._m["dcgm_structs"], self._m["dcgm_fields"]
         probe = reader_cls(fieldIds=self._field_ids, updateFrequency=int(self._interval_s * 1e6))
         probe.Init()
-        handle = probe.m_dcgmHandle.handle
-        hierarchy = self._m["dcgm_agent"].dcgmGetGpuInstanceHierarchy(handle)
-        instances: dict[int, EntityKey] = {}
-        entities = []
-        for gpu_id in probe.m_dcgmGroup.GetGpuIds():
-            entities.append(structs.c_dcgmGroupEntityPair_t(fields.DCGM_FE_GPU, gpu_id))
-        for i in range(hierarchy.count):
-            item = hierarchy.entityList[i]
-            if item.entity.entityGroupId == _FE_GPU_I:
-                uuid = (
-                    item.info.gpuUuid.decode()
-                    if isinstance(item.info.gpuUuid, bytes)
-                    else str(item.info.gpuUuid)
-                )
-                instances[item.entity.entityId] = (uuid, int(item.info.nvmlInstanceId))
-                entities.append(item.entity)
-        gpu_uuids = {gpu_id: str(uuid) for gpu_id, uuid in probe.m_gpuIdToUUId.items()}
-        supported = {uuid: self._groups(handle, gpu_id) for gpu_id, uuid in gpu_uuids.items()}
-        probe.Shutdown()
+        try:  # the probe is let go however the reads end
+            handle = probe.m_dcgmHandle.handle
+            hierarchy = self._m["dcgm_agent"].dcgmGetGpuInstanceHierarchy(handle)
+            instances: dict[int, EntityKey] = {}
+            entities = []
+            for gpu_id in probe.m_dcgmGroup.GetGpuIds():
+                entities.append(structs.c_dcgmGroupEntityPair_t(fields.DCGM_FE_GPU, gpu_id))
+            for i in range(hierarchy.count):
+                item = hierarchy.entityList[i]
+                if item.entity.entityGroupId == _FE_GPU_I:
+                    uuid = (
+                        item.info.gpuUuid.decode()
+                        if isinstance(item.info.gpuUuid, bytes)
+                        else str(item.info.gpuUuid)
+                    )
+                    instances[item.entity.entityId] = (uuid, int(item.info.nvmlInstanceId))
+                    entities.append(item.entity)
+            gpu_uuids = {gpu_id: str(uuid) for gpu_id, uuid in probe.m_gpuIdToUUId.items()}
+            supported = {uuid: self._groups(handle, gpu_id) for gpu_id, uuid in gpu_uuids.items()}
+        finally:
+            probe.Shutdown()
         reader = reader_cls(
             fieldIds=self._field_ids, updateFrequency=int(self._interval_s * 1e6), entities=entities
         )
@@ -223,7 +225,12 @@ class DcgmReader(Reader):
         change of a GPU it profiles (an instance made, or made again under the same GI id as
         another DCGM entity) it is asked again at once, then every ``_REWATCH_S`` while an
         instance is still missing from its list."""
-        profiled = [i for i in frame.layouts if i not in frame.gpm]
+        # Only GPUs DCGM profiles: another's instances never appear in its list.
+        profiled = [
+            i
+            for i in frame.layouts
+            if i not in frame.gpm and self._backend.supports(frame.gpus[i].uuid)
+        ]
         wanted = {
             (frame.gpus[i].uuid, gi.id) for i in profiled for gi in frame.layouts[i].instances
         }
@@ -231,7 +238,10 @@ class DcgmReader(Reader):
         missing = not wanted <= self._backend.instances()
         if changed or (missing and frame.now - self._rewatched_at >= _REWATCH_S):
             self._rewatched_at = frame.now
-            self._backend.rewatch()
+            try:
+                self._backend.rewatch()
+            except Exception as exc:  # DCGM's own error classes: the old watch stays
+                log.warning("DCGM could not watch the new MIG layout (kept the old one): %s", exc)
 
     def _entity(
         self,

@@ -69,6 +69,9 @@ class _FakeDcgm:
     def __init__(self, uuids: list[str]) -> None:
         self.hierarchy: dict[int, tuple[str, int]] = {}
         self.watches = 0  # readers made to watch entities (one per connect)
+        self.unprofiled: set[int] = set()  # DCGM GPU ids it cannot profile
+        self.broken = False  # the hierarchy query fails (the hostengine went away)
+        self.open = 0  # readers Init()ed and not Shutdown()
         fake = self
 
         class Reader:
@@ -82,10 +85,10 @@ class _FakeDcgm:
                 self.m_gpuIdToUUId = dict(enumerate(uuids))
 
             def Init(self) -> None:
-                """Connected: the fake has no hostengine to reach."""
+                fake.open += 1
 
             def Shutdown(self) -> None:
-                """Disconnected: nothing to release."""
+                fake.open -= 1
 
             def GetLatestEntityValuesAsFieldIdDict(self) -> dict[int, dict[int, Any]]:
                 watched = {e.entityId for e in self.entities if e.entityGroupId == 4}
@@ -93,6 +96,8 @@ class _FakeDcgm:
                 return {4: {e: {f: 0.5 for f in self.fields} for e in alive}}
 
         def hierarchy(handle: object) -> SimpleNamespace:
+            if fake.broken:
+                raise RuntimeError("DCGM_ST_CONNECTION_NOT_VALID")
             items = [
                 SimpleNamespace(
                     entity=SimpleNamespace(entityGroupId=4, entityId=entity),
@@ -103,6 +108,8 @@ class _FakeDcgm:
             return SimpleNamespace(count=len(items), entityList=items)
 
         def groups(handle: object, gpu: int) -> SimpleNamespace:
+            if gpu in fake.unprofiled:
+                raise RuntimeError("DCGM_ST_PROFILING_NOT_SUPPORTED")
             group = SimpleNamespace(fieldIds=[1001, 1004], numFieldIds=2)
             return SimpleNamespace(numMetricGroups=1, metricGroups=[group])
 
@@ -182,3 +189,39 @@ def test_an_instance_re_made_under_the_same_id_is_watched_as_the_new_dcgm_entity
     assert again.id == gi.id
     dcgm.hierarchy = {101: (uuid, again.id)}
     assert entity(sampler.tick(), 0, again.id).values[1004] == 0.5
+
+
+def test_a_gpu_dcgm_does_not_profile_is_not_a_reason_to_reconnect(tmp_path: Path) -> None:
+    """DCGM lists no instance of a GPU it cannot profile, so that GPU's instances were "missing"
+    for good: the whole connection was rebuilt every 30 s for as long as the agent ran."""
+    node = sim_node(tmp_path, "dgx-a100")
+    node.create_instance(0, "3g.20gb")
+    dcgm = _FakeDcgm(node.uuids)
+    dcgm.unprofiled = {0}
+    backend = DcgmProfiling(dcgm.modules, [1001, 1004], 1.0)
+    now = [0.0]
+    counters = parse_counters("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, t\n")
+    sampler = node.sampler(counters, clock=lambda: now[0], profiling=backend)
+    for _ in range(4):
+        sampler.tick()
+        now[0] += 31.0
+    assert dcgm.watches == 1, dcgm.watches
+    assert dcgm.open == 1  # the probe was let go, the one reader stays
+
+
+def test_a_reconnect_that_fails_keeps_the_old_watch_and_the_tick(tmp_path: Path) -> None:
+    """A layout change asks DCGM again; when that fails (the hostengine restarting) the error
+    left the tick with no DCGM values at all, and the probe connection open. The old watch
+    stays, its values are read, and no connection is left behind."""
+    node = sim_node(tmp_path, "dgx-a100")
+    first = node.create_instance(0, "3g.20gb", slot=0)
+    dcgm = _FakeDcgm(node.uuids)
+    dcgm.hierarchy = {100: (node.uuids[0], first.id)}
+    backend = DcgmProfiling(dcgm.modules, [1001, 1004], 0.001)
+    counters = parse_counters("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, t\n")
+    sampler = node.sampler(counters, profiling=backend)
+    sampler.tick()
+    dcgm.broken = True
+    node.create_instance(0, "3g.20gb", slot=1)  # a layout change: DCGM is asked again
+    assert entity(sampler.tick(), 0, first.id).values[1004] == 0.5
+    assert dcgm.open == 1
