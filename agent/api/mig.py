@@ -28,7 +28,8 @@ from agent.mig.apply import ProgressEvent, Suspended
 from agent.mig.checkpoint import parse_checkpoint
 from agent.mig.claim import Claim, ClaimBook
 from agent.mig.node_plan import refuse_unless_feasible
-from agent.mig.service import ApplyResult, MigService, RecoveryOutcome
+from agent.mig.outcomes import ApplyResult, RecoveryOutcome
+from agent.mig.service import MigService
 from agent.mig.spec import MigSpec, name_problem, parse_spec
 from agent.operation import INTERRUPTED, AlreadyRunning
 from agent.owner import Actor

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.dra.gate import mig_change_refusal
@@ -34,6 +33,7 @@ from agent.mig.node_plan import (
     plan_layouts,
     refuse_unless_feasible,
 )
+from agent.mig.outcomes import ApplyResult, GpuOutcome, RecoveryOutcome
 from agent.mig.plan import (
     CreateGi,
     DestroyGi,
@@ -43,9 +43,7 @@ from agent.mig.plan import (
     plan_gpu,
 )
 from agent.mig.reset import ResetFn
-from agent.mig.spec import (
-    MigSpec,
-)
+from agent.mig.spec import MigSpec
 from agent.mig.state import GpuMigState, fetch
 
 log = logging.getLogger(__name__)
@@ -67,49 +65,6 @@ class Republish(Protocol):
 
 #: Without a Kubernetes API (a laptop, the simulated quick start): MIG works as it always did.
 _NO_MODE = Allocation(AllocationMode.NONE, "no allocation mode source")
-
-
-@dataclass(frozen=True, slots=True)
-class GpuOutcome:
-    gpu: int
-    uuid: str
-    status: str  # "unchanged" | "applied" | "pending" | "lost" (selected, not answering)
-    kept: int = 0
-    destroyed: int = 0
-    created: int = 0
-    message: str = ""
-    #: pending until this (passthrough) VM reboots, not until a GPU reset
-    reboot: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryOutcome:
-    """What ``recover`` did to one GPU an interrupted apply had started to change."""
-
-    gpu: int
-    uuid: str
-    action: str  # "rolled-back" | "untouched" | "completed" | "failed"
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class ApplyResult:
-    config: str
-    gpus: tuple[GpuOutcome, ...]
-    mutations: int
-    recovered: tuple[RecoveryOutcome, ...] = ()
-    #: what was done so the device plugin advertises the new layout, or why not ("": no GPU
-    #: changed, or no device plugin serves the node)
-    device_plugin: str = ""
-
-    @property
-    def pending(self) -> tuple[GpuOutcome, ...]:
-        return tuple(g for g in self.gpus if g.status == "pending")
-
-    @property
-    def lost(self) -> tuple[GpuOutcome, ...]:
-        """GPUs the config selects (or may) that do not answer: not applied."""
-        return tuple(g for g in self.gpus if g.status == "lost")
 
 
 class MigService:
@@ -567,10 +522,14 @@ class MigService:
             return ()
         outcomes: list[RecoveryOutcome] = []
         settled: set[str] = set()  # GPUs a newer apply left at its target
+        # The undo goes on when a full state dir refuses its records: the snapshots it returns
+        # to are journalled already (Executor.note), as an apply's own rollback does.
+        undo = Executor(self._driver, self._journal, self._reset)
+        undo.unjournalled_ok = True
         for age, record in enumerate(reversed(history)):
-            lost = [u for u in record.planned if self._index(u, {}) < 0]
-            if age == 0 and record.resumable and lost:  # it cannot be finished: undone instead
-                self._journal.journal_append(SCOPE, {"event": "rollback", "reason": "GPU lost"})
+            planned = record.planned if age == 0 and record.resumable else ()
+            if any(self._answering(u) is None for u in planned):
+                undo.note({"event": "rollback", "reason": "GPU lost"})  # undone, not finished
             elif age == 0 and record.resumable:
                 # Stopped by SIGTERM on purpose: finish it (docs/mig.md explains the choice).
                 done = self._resume(record)
@@ -588,16 +547,15 @@ class MigService:
                 continue
             # Undo newest first; an older apply then undoes its own changes to the same GPU
             # (its snapshot is older), so each GPU ends at the layout before the first of them.
-            executor = Executor(self._driver, self._journal, self._reset)
             for uuid, before in reversed(record.befores.items()):
                 if uuid not in settled:
-                    outcomes.append(self._restore_one(executor, uuid, before, record))
+                    outcomes.append(self._restore_one(undo, uuid, before, record))
         for outcome in outcomes:
             level = logging.ERROR if outcome.action == "failed" else logging.WARNING
             o = outcome
             log.log(level, "MIG recovery of GPU %s: %s (%s)", o.gpu, o.action, o.detail)
         if all(o.action != "failed" for o in outcomes):
-            self._journal.journal_clear(SCOPE)
+            undo.forget()  # a clear the full dir refuses: the next start finds them untouched
         return tuple(outcomes)
 
     def _resume(self, record: ApplyRecord) -> list[RecoveryOutcome]:
@@ -663,21 +621,25 @@ class MigService:
         done = f"{record.operation} had finished"
         return RecoveryOutcome(self._index(uuid, record.indices), uuid, "completed", done)
 
-    def _index(self, uuid: str, journalled: Mapping[str, int]) -> int:
-        """The GPU's index now; for one that does not answer (lost: NVML gives no UUID for a
-        GPU lost before this process started) the journal's, or -1."""
+    def _answering(self, uuid: str) -> GpuInfo | None:
+        """The GPU now; None when it does not answer (lost: NVML gives no UUID for a GPU lost
+        before this process started)."""
         try:
-            return self._driver.gpu(uuid).index
+            return self._driver.gpu(uuid)
         except (NotFound, DeviceLost):
-            return journalled.get(uuid, -1)
+            return None
+
+    def _index(self, uuid: str, journalled: Mapping[str, int]) -> int:
+        """The GPU's index now; for one that does not answer the journal's, or -1."""
+        gpu = self._answering(uuid)
+        return gpu.index if gpu is not None else journalled.get(uuid, -1)
 
     def _restore_one(
         self, executor: Executor, uuid: str, before: GpuMigState, record: ApplyRecord
     ) -> RecoveryOutcome:
         operation, count = record.operation, executor.mutations
-        try:
-            gpu = self._driver.gpu(uuid)
-        except (NotFound, DeviceLost):  # lost: the journal stays, for when it answers again
+        gpu = self._answering(uuid)
+        if gpu is None:  # lost: the journal stays, for when it answers again
             why = "the GPU does not answer; its layout is restored once it does"
             return RecoveryOutcome(record.indices.get(uuid, -1), uuid, "failed", why)
         try:

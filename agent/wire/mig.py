@@ -17,7 +17,7 @@ from agent.mig.node_plan import AssertResult, NodePlan
 from agent.mig.plan import GpuPlan
 
 if TYPE_CHECKING:  # the server's side only: clients load no MIG service
-    from agent.mig.service import ApplyResult, RecoveryOutcome
+    from agent.mig.outcomes import ApplyResult, RecoveryOutcome
 
 __all__ = [
     "AdvisedGpu",

@@ -85,3 +85,25 @@ def test_a_sigtermed_apply_with_a_gpu_lost_is_rolled_back_not_resumed(tmp_path: 
     assert outcomes == {1: "rolled-back", 0: "failed"}
     node.close()
     _after_reboot_all_back(tmp_path, before)
+
+
+def test_a_full_state_dir_does_not_stop_the_undo_of_a_suspended_apply_with_a_gpu_lost(
+    tmp_path: Path,
+) -> None:
+    """Recovery decides to undo a suspended apply one of whose GPUs is lost, and journals that
+    decision first; with the state dir full the append raised, and the start failed with GPU
+    1 left half-done. The undo goes on unjournalled (the snapshots it returns to are kept)."""
+    from agent.mig.lock import PartitionLock
+    from agent.mig.reset import simulated_reset
+    from agent.mig.service import MigService
+    from tests.integration.test_mig_state_full import FillsUp
+
+    before = _cut_short_on_gpu_1(tmp_path, Suspended("SIGTERM"))
+    node = _restarted_with_gpu_0_lost(tmp_path)
+    full = FillsUp(node.store, writes=0)
+    lock, reset = PartitionLock(tmp_path), simulated_reset(tmp_path)
+    outcomes = {o.gpu: o.action for o in MigService(node.driver, full, lock, reset).recover()}
+    assert outcomes == {1: "rolled-back", 0: "failed"}
+    gpu_1 = next(g.uuid for g in node.driver.gpus() if g.index == 1)
+    assert fetch(node.driver.layout(gpu_1)) == before[gpu_1]
+    node.close()

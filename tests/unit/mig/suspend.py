@@ -10,7 +10,8 @@ import threading
 from collections.abc import Callable, Iterator
 
 from agent.mig.apply import ProgressEvent, Suspended
-from agent.mig.service import ApplyResult, MigService
+from agent.mig.outcomes import ApplyResult
+from agent.mig.service import MigService
 from agent.mig.spec import MigSpec
 
 

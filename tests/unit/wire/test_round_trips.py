@@ -10,9 +10,9 @@ from agent.gpu.types import PowerLimits
 from agent.health.machine import Mark, State
 from agent.mig.desired import Desired
 from agent.mig.node_plan import AssertResult, NodePlan
+from agent.mig.outcomes import ApplyResult as MigApplyResult
+from agent.mig.outcomes import GpuOutcome
 from agent.mig.plan import plan_gpu
-from agent.mig.service import ApplyResult as MigApplyResult
-from agent.mig.service import GpuOutcome
 from agent.operation import Operation
 from agent.power import Change, GpuPower, PowerView
 from agent.sharing import Advertised, ApplyResult, ReloadReport, parse
