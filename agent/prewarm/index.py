@@ -84,8 +84,14 @@ class PrewarmIndex:
         return self.get(item_id)
 
     def delete(self, item_id: str) -> None:
+        """Delete the item, and the pull history of an image no item names any more."""
         with self.transaction() as conn:
             conn.execute("DELETE FROM prewarm_items WHERE id = ?", (item_id,))
+            conn.execute(
+                "DELETE FROM prewarm_image_pulls WHERE ref NOT IN "
+                "(SELECT source FROM prewarm_items WHERE kind = ?)",
+                (ItemKind.IMAGE.value,),
+            )
 
     def set_owner(self, item_id: str, pid: int | None) -> None:
         with self.transaction() as conn:
@@ -140,9 +146,9 @@ class PrewarmIndex:
         return [_from_row(r) for r in rows]
 
     def record_pull(self, pull: ImagePull) -> None:
-        """Keep ``pull``, the last `PULLS_KEPT` cold and warm pulls of its image, and none of
-        an image no item names any more: the history stays bounded however long the agent
-        runs, and the metric keeps an image's latest cold pull among many warm ones."""
+        """Keep ``pull`` and the last `PULLS_KEPT` cold and warm pulls of its image (`delete`
+        drops an image's with its last item): the history stays bounded however long the
+        agent runs, and the metric keeps an image's latest cold pull among many warm ones."""
         with self.transaction() as conn:
             conn.execute(
                 "INSERT INTO prewarm_image_pulls (ref, cold, seconds, at) VALUES (?, ?, ?, ?)",
@@ -154,11 +160,6 @@ class PrewarmIndex:
                 "(SELECT rowid FROM prewarm_image_pulls WHERE ref = ? AND cold = ? "
                 "ORDER BY at DESC, rowid DESC LIMIT ?)",
                 (*same, *same, PULLS_KEPT),
-            )
-            conn.execute(
-                "DELETE FROM prewarm_image_pulls WHERE ref != ? AND ref NOT IN "
-                "(SELECT source FROM prewarm_items WHERE kind = ?)",
-                (pull.ref, ItemKind.IMAGE.value),
             )
 
     def pulls(self, ref: str | None = None) -> list[ImagePull]:

@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from agent.prewarm.budget import Usage
-from agent.prewarm.model import CacheItem, ImagePull, ItemKind, ItemState, Warmth
+from agent.prewarm.model import CacheItem, ImagePull, ItemState, Warmth
 
 #: the states of gpu_agent_prewarm_item_state (an agent's items are never UNKNOWN)
 _COUNTED_STATES = tuple(s for s in ItemState if s is not ItemState.UNKNOWN)
@@ -95,10 +95,8 @@ class PrewarmCollector(Collector):
             labels=["image", "cold"],
         )
         latest: dict[tuple[str, str], float] = {}
-        named = {i.source for i in inv.items if i.kind == ItemKind.IMAGE}
-        for p in inv.pulls:
-            if p.ref in named:  # an image no item names any more has no series
-                latest[(p.ref, "true" if p.cold else "false")] = p.seconds
+        for p in inv.pulls:  # the index keeps none of an image no item names
+            latest[(p.ref, "true" if p.cold else "false")] = p.seconds
         for (ref, cold), seconds in sorted(latest.items()):
             pull.add_metric([ref, cold], seconds)
         yield pull
