@@ -23,11 +23,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from agent.errors import FieldViolation, InvalidSpec, PermissionDenied
 
@@ -36,8 +36,10 @@ __all__ = ["API_VERSIONS", "ExecPlugin", "ExecPluginError"]
 API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
 #: stderr kept in the error line
 STDERR_CHARS = 300
-#: stdout read from a plugin (an ExecCredential is a few KiB)
+#: stdout read from a plugin (an ExecCredential is a few KiB); more is refused, unread
 MAX_OUTPUT = 1 << 20
+#: stderr kept from a plugin (the rest is drained, so a chatty one does not block on its pipe)
+MAX_STDERR = 64 << 10
 # What looks like a credential in a plugin's stderr: a JWT, a "Bearer x", a long opaque run.
 _SECRETS = re.compile(
     r"eyJ[\w-]+\.[\w-]+\.[\w-]*|(?i:bearer)\s+\S+|k8s-aws-v1\.\S+|[A-Za-z0-9+/=_.-]{40,}"
@@ -153,12 +155,21 @@ class ExecPlugin:
             )
         except OSError as exc:
             raise self._fail(f"cannot run {self.command}: {exc.strerror}") from exc
+        # Read as it comes, never more than the caps hold: a plugin that prints without end
+        # costs the agent MAX_OUTPUT, not its memory.
+        out = _Capped(proc.stdout, MAX_OUTPUT, on_over=lambda: _kill(proc))
+        err = _Capped(proc.stderr, MAX_STDERR)
         try:
-            out, err = proc.communicate(timeout=self.timeout_s)
+            proc.wait(timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
             _kill(proc)
             raise self._fail(f"no answer within {self.timeout_s:g} s; killed") from None
-        return out[:MAX_OUTPUT], err or b"", proc.returncode
+        finally:
+            out.join()
+            err.join()
+        if out.over:
+            raise self._fail(f"printed more than {MAX_OUTPUT} bytes on stdout; killed")
+        return out.data, err.data, proc.returncode
 
     def _parse(self, out: bytes) -> tuple[str, float | None]:
         try:
@@ -216,11 +227,49 @@ def _short(err: bytes) -> str:
     return text if len(text) <= STDERR_CHARS else text[: STDERR_CHARS - 1] + "…"
 
 
+class _Capped:
+    """Reads a pipe to its end on a thread of its own, keeping its first ``cap`` bytes. Past
+    them ``on_over`` runs and reading stops; without one the rest is read and dropped (so a
+    chatty plugin does not block on a full pipe)."""
+
+    def __init__(
+        self, pipe: IO[bytes] | None, cap: int, on_over: Callable[[], None] | None = None
+    ) -> None:
+        self.data = b""
+        self.over = False
+        self._thread: threading.Thread | None = None
+        if pipe is not None:
+            self._thread = threading.Thread(
+                target=self._read, args=(pipe, cap, on_over), daemon=True, name="exec-plugin"
+            )
+            self._thread.start()
+
+    def _read(self, pipe: IO[bytes], cap: int, on_over: Callable[[], None] | None) -> None:
+        kept = bytearray()
+        with pipe:
+            while chunk := os.read(pipe.fileno(), _CHUNK):
+                room = cap - len(kept)
+                kept += chunk[:room]
+                if len(chunk) > room:
+                    self.over = True
+                    if on_over is not None:
+                        on_over()
+                        break
+        self.data = bytes(kept)
+
+    def join(self) -> None:
+        if self._thread is not None:
+            # a grandchild that keeps the pipe open (a session of its own) is not waited on
+            self._thread.join(timeout=2)
+
+
+_CHUNK = 64 << 10
+
+
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         proc.kill()
-    # a grandchild holding a pipe in a session of its own is not waited on
     with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.communicate(timeout=2)
+        proc.wait(timeout=2)

@@ -118,12 +118,14 @@ def test_an_exec_plugin_token_is_sent_and_cached(
 ) -> None:
     """As `aws eks get-token`: v1 with args, env and provideClusterInfo; the plugin gets its
     KUBERNETES_EXEC_INFO, runs once for the pod and node lists (its token is cached: no
-    expirationTimestamp), and the API sees its token."""
+    expirationTimestamp), and the API sees its token. 288 KiB of warnings on its stderr, more
+    than a pipe holds, do not stall it."""
     _, url = kube_api
     exe = plugin(
         tmp_path,
         "assert sys.argv[1:] == ['eks', 'get-token', '--cluster-name', 'gpu'], sys.argv\n"
-        "assert os.environ['AWS_PROFILE'] == 'ml'\n" + credential("token-1"),
+        "assert os.environ['AWS_PROFILE'] == 'ml'\n"
+        "sys.stderr.write('warning: ' * 32768)\n" + credential("token-1"),
     )
     user = {
         "exec": {
@@ -185,11 +187,13 @@ def test_a_refused_or_expired_plugin_token_runs_the_plugin_again(
         ),
         ("time.sleep(60)", None, r"'kubelogin'.*no answer within 1 s; killed"),
         ("print('Opening a browser to sign in...')", None, r"'kubelogin'.*no ExecCredential"),
+        ("while True: sys.stdout.write('x' * 65536)", None,
+         r"'kubelogin'.*printed more than 1048576 bytes on stdout; killed"),
         (credential("t", "client.authentication.k8s.io/v1alpha1"), None, r"answered 'client"),
         ("print(json.dumps({'kind': 'ExecCredential', 'apiVersion': "
          f"{V1!r}, 'status': {{}}}}))", None, r"'kubelogin'.*no status.token"),
     ],
-    ids=["missing", "fails", "hangs", "garbage", "wrong-version", "no-token"],
+    ids=["missing", "fails", "hangs", "garbage", "floods", "wrong-version", "no-token"],
 )  # fmt: skip
 def test_a_broken_exec_plugin_is_one_line_naming_it(
     api: FakeKubeApi,
