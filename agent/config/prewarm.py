@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.config.rules import are_egress_entries, are_header_dirs, is_http_url, rules
+from agent.prewarm.labels import DEFAULT_MAX
 from agent.prewarm.naming import (
     DEFAULT_IGNORED_QUERY_PARAMS,
     MAX_IGNORED_QUERY_PARAMS,
@@ -193,6 +194,17 @@ class PrewarmSettings:
             ge=1.0,
             doc="Seconds between audits that re-check every ready item (blob on disk with its "
             "size, image present in the CRI) and republish the node labels.",
+        ),
+    )
+    max_node_labels: int = field(
+        default=DEFAULT_MAX,
+        metadata=rules(
+            ge=0,
+            le=1000,
+            doc="Most ready items published as gpu-agent.io/cache.<name> node labels (pinned "
+            "first, then by name); the rest are counted in gpu_agent_prewarm_node_labels"
+            '{state="withheld"}. Every watcher of Nodes receives each label with every change '
+            "of the Node; 0 publishes none.",
         ),
     )
     retry_initial_s: float = field(

@@ -28,7 +28,7 @@ from agent.prewarm.fetch_http import HttpFetcher
 from agent.prewarm.image_warm import NydusWarmer
 from agent.prewarm.images import CriPuller
 from agent.prewarm.inventory import PrewarmCollector
-from agent.prewarm.labels import label_patch, node_labels
+from agent.prewarm.labels import node_labels
 from agent.prewarm.model import ImageRequest, ImageWarmth, ItemState, Warmth
 from agent.prewarm.policy import UrlPolicy
 from agent.prewarm.registry import RegistryClient
@@ -184,10 +184,6 @@ def test_without_dragonfly_a_nydus_image_is_bootstrap_only_and_not_labelled(
     assert item.options["prefetch_hint"] == "sent"
 
     assert node_labels(svc.items()) == {}
-    stale = {"gpu-agent.io/cache.lazy": "ready"}
-    assert label_patch(stale, svc.items()) == {
-        "metadata": {"labels": {"gpu-agent.io/cache.lazy": None}}
-    }
     metrics = _metrics(svc)
     assert metrics[_series("gpu_agent_prewarm_image_warmth", name="lazy", warmth="bootstrap-only")]
     assert metrics[_series("gpu_agent_prewarm_image_warmth", name="lazy", warmth="full")] == 0

@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 
 from agent.kube import InClusterKubeClient
-from agent.prewarm.model import FileRequest, ItemState
+from agent.kube_node import NodeOwner
+from agent.kube_watch import InformerFactory
+from agent.prewarm.labels import CacheLabels
+from agent.prewarm.model import CacheItem, FileRequest, ItemKind, ItemState
+from agent.prewarm.naming import LABEL_PREFIX
 from tests.integration.prewarm_fixtures.origin import Origin
 from tests.kube.fake_api import FakeKubeApi
 from tests.kube.fixtures import NODE
@@ -43,3 +47,47 @@ def test_an_item_that_turns_ready_is_on_the_node_within_a_second(
 
         prewarm.delete("model")
         wait_for(lambda: LABEL not in api.nodes[NODE], "the label gone from the Node", 1.5)
+
+
+def test_a_large_cache_labels_the_node_up_to_its_cap_pinned_first(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """A cache of 200 ready files puts `prewarm.max_node_labels` (here 5) labels on the Node,
+    pinned items first and then by name, and says how many it withheld; the Node's other labels
+    stay, and a cache under the cap labels every ready item."""
+    api, _ = kube_api
+    api.nodes[NODE]["team"] = "vision"
+    items = [_ready(f"m{n:03}") for n in range(200)] + [_ready("z-pinned", pinned=True)]
+    items.append(CacheItem("f-x", ItemKind.FILE.value, "a-fetching", "u", ItemState.FETCHING))
+    owner = NodeOwner(kube, NODE, InformerFactory(kube).node(NODE), coalesce_s=0.05)
+    labels = CacheLabels(owner, lambda: items, limit=5)
+    owner.start()
+    try:
+        labels.sync()
+        wanted = {f"{LABEL_PREFIX}{n}" for n in ("z-pinned", "m000", "m001", "m002", "m003")}
+        wait_for(lambda: set(_cache_labels(api)) == wanted, "five cache labels", 5)
+        assert api.nodes[NODE]["team"] == "vision"
+        assert _gauge(labels) == {"published": 5, "withheld": 196}
+
+        del items[4:200]  # m004 .. m199 evicted: four ready files and the pinned one
+        labels.sync()
+        wait_for(lambda: len(_cache_labels(api)) == 5, "the same five", 5)
+        assert _gauge(labels) == {"published": 5, "withheld": 0}
+    finally:
+        owner.stop()
+        owner.informer.stop()
+
+
+def _ready(name: str, pinned: bool = False) -> CacheItem:
+    return CacheItem(
+        f"f-{name}", ItemKind.FILE.value, name, "u", ItemState.READY, pinned=pinned, size=1
+    )
+
+
+def _cache_labels(api: FakeKubeApi) -> dict[str, str]:
+    return {k: v for k, v in api.nodes[NODE].items() if k.startswith(LABEL_PREFIX)}
+
+
+def _gauge(labels: CacheLabels) -> dict[str, float]:
+    [family] = labels.collect()
+    return {s.labels["state"]: s.value for s in family.samples}
