@@ -83,9 +83,17 @@ class CacheDir:
             ) from None
 
     @contextlib.contextmanager
-    def open_dir(self, path: Path) -> Iterator[int]:
-        """A cache subdirectory's fd; opening fails (ELOOP, ENOTDIR) if it is not a directory."""
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
+    def open_dir(self, path: Path, *, remake: bool = False) -> Iterator[int]:
+        """A cache subdirectory's fd, never followed: opening fails (ELOOP, ENOTDIR, ENOENT)
+        if it is not a directory, unless ``remake``, for a directory the agent names files
+        in: then what was put in its place is quarantined and the directory made again."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
+        except OSError as exc:
+            if not remake or exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+                raise
+            self.make_layout()
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
         try:
             yield fd
         finally:
@@ -212,34 +220,24 @@ class CacheDir:
         return self.tree_dir / item_id
 
     def remove_link(self, name: str) -> None:
-        with self._subdir(self.name_dir) as dfd, contextlib.suppress(FileNotFoundError):
+        with (
+            self.open_dir(self.name_dir, remake=True) as dfd,
+            contextlib.suppress(FileNotFoundError),
+        ):
             os.unlink(name, dir_fd=dfd)
 
     def remove_blob(self, sha256: str) -> None:
         """Delete a blob, through the blob directory's fd."""
-        with self._subdir(self.blob_dir) as dfd, contextlib.suppress(FileNotFoundError):
+        with (
+            self.open_dir(self.blob_dir, remake=True) as dfd,
+            contextlib.suppress(FileNotFoundError),
+        ):
             os.unlink(sha256, dir_fd=dfd)
 
     def remove_tree(self, item_id: str) -> None:
         """Delete a group's model directory trees/<id>, through the directory's fd."""
-        with self._subdir(self.tree_dir) as dfd:
+        with self.open_dir(self.tree_dir, remake=True) as dfd:
             self._remove_entry(dfd, item_id)
-
-    @contextlib.contextmanager
-    def _subdir(self, path: Path) -> Iterator[int]:
-        """The fd of a cache subdirectory the agent names files in; a link or file put in its
-        place since the start is quarantined and the directory made again, never followed."""
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
-        except OSError as exc:
-            if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
-                raise
-            self.make_layout()
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
-        try:
-            yield fd
-        finally:
-            os.close(fd)
 
     def _remove_entry(self, dir_fd: int, name: str) -> None:
         """Delete a directory the agent made in ``dir_fd`` (following no link inside); anything
@@ -287,7 +285,7 @@ class CacheDir:
         so the cache can be mounted anywhere), then point by-name/<name> at it atomically. All
         of it through directory fds opened without following links."""
         tmp = f".{item_id}.tmp"
-        with self._subdir(self.tree_dir) as tfd:
+        with self.open_dir(self.tree_dir, remake=True) as tfd:
             self._remove_entry(tfd, tmp)
             os.mkdir(tmp, 0o755, dir_fd=tfd)
             for path, sha in files:
@@ -306,7 +304,7 @@ class CacheDir:
 
     def _relink(self, name: str, target: Path) -> None:
         tmp = f".{name}.tmp"
-        with self._subdir(self.name_dir) as dfd:
+        with self.open_dir(self.name_dir, remake=True) as dfd:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp, dir_fd=dfd)
             os.symlink(target, tmp, dir_fd=dfd)

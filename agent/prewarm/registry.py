@@ -547,8 +547,9 @@ class RegistryClient:
         cancelled: CancelledFn,
     ) -> _Response:
         """One request, following redirects (checked by the policy; headers kept only on the
-        origin named first), reading at most ``max_bytes`` of the body."""
-        origin = _origin(url)
+        origin named first, and a body, the token POST's credentials, never sent elsewhere),
+        reading at most ``max_bytes`` of the body."""
+        origin, first = _origin(url), url
         current = dict(headers)
         for _ in range(_MAX_REDIRECTS + 1):
             target = self.policy_for(url).check(url, field="image", cancelled=cancelled)
@@ -564,10 +565,15 @@ class RegistryClient:
                 if resp.status in (301, 302, 303, 307, 308) and location:
                     resp.read(64 * 1024)
                     url = urljoin(url, location)
-                    if _origin(url) != origin:
-                        current = {k: v for k, v in current.items() if k.lower() != "authorization"}
                     if resp.status == 303:
                         method, body = "GET", None
+                    if _origin(url) != origin:
+                        if body is not None:  # 301, 302, 307, 308 resend it: a refresh token
+                            raise FetchFailed(
+                                f"{redact_url(first)} redirected a request with credentials to "
+                                f"another origin ({redact_url(url)}); not followed"
+                            )
+                        current = {k: v for k, v in current.items() if k.lower() != "authorization"}
                     continue
                 data = resp.read(max_bytes + 1)
                 if len(data) > max_bytes:

@@ -157,6 +157,8 @@ class Source(abc.ABC):
     layout: ClassVar[Layout] = Layout.BLOB
     #: its target as manifests, the API and desired files write it (None: in-process only)
     schema: ClassVar[TargetSchema | None] = None
+    #: what a ready item's names share on the node, as `evict`'s refusal names it
+    shared_as: ClassVar[str] = "blob"
 
     def check(self, request: SourceRequest) -> None:
         """Refuse a bad request by its own rules (InvalidSpec naming the field), needing
@@ -222,20 +224,27 @@ class Source(abc.ABC):
         return [i for i in work.store.on_blob(item.sha256) if i.id != item.id]
 
     def evict(self, item: CacheItem, by: Actor | None, work: Work) -> CacheItem:
-        """Remove a ready item from the node; returns its row. The default, for one blob:
-        evicting the blob evicts every name on it, so each must be the caller's to evict and
-        none pinned; a blob a process holds is refused by the store."""
-        assert item.sha256 is not None
-        sharing = work.store.on_blob(item.sha256)
-        for other in sharing:  # evicting the blob evicts every name on it
+        """Remove a ready item from the node; returns its row. Removing what it stands on
+        removes every name `sharing` it, so each must be the caller's to evict and none
+        pinned; then `remove` does the kind's part."""
+        others = self.sharing(item, work)
+        for other in others:  # evicting the blob or image evicts every name on it
             check_may_undo(by, other.owner_role, other.name, "evict")
         if item.pinned:
             raise Conflict(f"{item.name} is pinned; unpin first")
-        pinned = [i.name for i in sharing if i.pinned]
+        pinned = [i.name for i in others if i.pinned]
         if pinned:
             raise Conflict(
-                f"{item.name} shares its blob with pinned {', '.join(pinned)}; unpin first"
+                f"{item.name} shares its {self.shared_as} with pinned {', '.join(pinned)}; "
+                "unpin first"
             )
+        return self.remove(item, others, work)
+
+    def remove(self, item: CacheItem, others: list[CacheItem], work: Work) -> CacheItem:
+        """`evict`'s own part, its checks passed: take ``item`` and the ``others`` on it off
+        the node; returns its row. The default deletes the blob, and the store marks every
+        name on it evicted; a blob a process holds is refused by the store."""
+        assert item.sha256 is not None
         work.store.evict(item.sha256)
         return work.index.get(item.id)
 

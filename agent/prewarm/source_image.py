@@ -9,9 +9,8 @@ import logging
 import threading
 from collections.abc import Mapping
 
-from agent.errors import AgentError, Conflict, FieldViolation, InvalidSpec
+from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.kube_names import is_dns_label
-from agent.owner import Actor, check_may_undo
 from agent.prewarm.docker_auth import registry_host
 from agent.prewarm.errors import Cancelled, FetchFailed, ImageWarmFailed
 from agent.prewarm.model import (
@@ -51,6 +50,7 @@ class ImageSource(Source):
     kind = ItemKind.IMAGE
     request_type = ImageRequest
     layout = Layout.RUNTIME
+    shared_as = "image"
     schema = TargetSchema(
         "image",
         ImageRequest,
@@ -151,19 +151,8 @@ class ImageSource(Source):
             i for i in ready if i.kind == item.kind and i.source == item.source and i.id != item.id
         ]
 
-    def evict(self, item: CacheItem, by: Actor | None, work: Work) -> CacheItem:
-        """Remove the image from the runtime, and so every name of it: refused while one is
-        pinned, as a blob's names are."""
-        others = self.sharing(item, work)
-        for other in others:
-            check_may_undo(by, other.owner_role, other.name, "evict")
-        if item.pinned:
-            raise Conflict(f"{item.name} is pinned; unpin first")
-        pinned = [i.name for i in others if i.pinned]
-        if pinned:
-            raise Conflict(
-                f"{item.name} shares its image with pinned {', '.join(pinned)}; unpin first"
-            )
+    def remove(self, item: CacheItem, others: list[CacheItem], work: Work) -> CacheItem:
+        """Remove the image from the runtime, and so every name of it."""
         if work.puller is not None:
             work.puller.remove(item.source)
         for other in others:

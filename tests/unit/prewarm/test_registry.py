@@ -8,7 +8,7 @@ import hashlib
 import json
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -106,6 +106,10 @@ class FakeRegistry:
     scheme: str = "bearer"
     users: dict[str, str] = field(default_factory=lambda: {"puller": "s3cret"})
     expires_in: int = 300
+    #: where its challenge sends clients for a token ("": its own /token)
+    realm: str = ""
+    #: a token a token service at ``realm`` issues, accepted besides its own
+    outside_token: str = ""
     seen: list[Seen] = field(default_factory=list)
     tokens_issued: int = 0
 
@@ -156,8 +160,9 @@ class FakeRegistry:
             return
         if self.scheme == "bearer":
             ok = auth == f"Bearer tok-{self.tokens_issued}" and self.tokens_issued > 0
+            ok = ok or (bool(self.outside_token) and auth == f"Bearer {self.outside_token}")
             challenge = (
-                f'Bearer realm="http://{self.host}/token",service="fake",'
+                f'Bearer realm="{self.realm or f"http://{self.host}/token"}",service="fake",'
                 'scope="repository:team/app:pull"'
             )
         else:
@@ -288,3 +293,122 @@ def test_a_registry_s_media_type_or_platform_words_are_echoed_only_when_well_for
         select_manifest(Index(OCI_INDEX, digest, entries), "amd64")
     assert "linux/arm64" in str(err.value) and "s3cr3t" not in str(err.value), err.value
     assert "\x1b" not in str(err.value)
+
+
+REFRESH = "refresh-s3cret-of-the-node"
+
+
+@dataclass
+class Heard:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class Origin:
+    """A local HTTP origin that keeps every request it hears and answers it with ``answer``."""
+
+    def __init__(self, answer: Callable[[Heard], tuple[int, dict[str, str], bytes]]) -> None:
+        self.heard: list[Heard] = []
+        origin = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                heard = Heard(self.command, self.path, dict(self.headers), self.rfile.read(length))
+                origin.heard.append(heard)
+                status, headers, body = answer(heard)
+                self.send_response(status)
+                for key, value in {**headers, "Content-Length": str(len(body))}.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _issue(heard: Heard) -> tuple[int, dict[str, str], bytes]:
+    body = json.dumps({"access_token": "outside-tok", "expires_in": 300}).encode()
+    return 200, {"Content-Type": "application/json"}, body
+
+
+def identity_config(tmp_path: Path, host: str) -> Path:
+    """A docker config whose entry for ``host`` is an OAuth2 refresh token (docker login to a
+    registry with an identity provider), which the token flow POSTs in the form body."""
+    path = tmp_path / "config.json"
+    path.write_text(
+        json.dumps({"auths": {host: {"username": "<token>", "identitytoken": REFRESH}}})
+    )
+    return path
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_a_token_service_redirecting_the_refresh_token_post_elsewhere_never_hands_it_over(
+    tmp_path: Path, status: int
+) -> None:
+    """The refresh-token POST followed a redirect with its body, so a token service (or
+    whoever answers for its realm) could send the node's refresh token to any origin it
+    named. A redirect that would carry the credential to another origin is refused now."""
+    thief = Origin(_issue)
+    realm = Origin(lambda heard: (status, {"Location": f"{thief.url}/token"}, b""))
+    registry = FakeRegistry(realm=f"{realm.url}/token", outside_token="outside-tok")
+    try:
+        client = RegistryClient(
+            UrlPolicy(egress_allow=LOOPBACK), identity_config(tmp_path, registry.host)
+        )
+        with pytest.raises(FetchFailed) as err:
+            client.manifest(client.name(f"{registry.host}/team/app:v1"))
+        assert thief.heard == []
+        assert [h.method for h in realm.heard] == ["POST"]
+        assert REFRESH.encode() in realm.heard[0].body  # what the realm was trusted with
+        assert REFRESH not in str(err.value)
+        assert "another origin" in str(err.value), err.value
+    finally:
+        for server in (thief, realm, registry):
+            server.close()
+
+
+def test_a_token_service_moving_its_endpoint_within_its_origin_still_issues_the_token(
+    tmp_path: Path,
+) -> None:
+    """A token service may redirect to another path of its own origin: the POST is sent there
+    with its body, and the pull goes on with the token it issues."""
+
+    def answer(heard: Heard) -> tuple[int, dict[str, str], bytes]:
+        if heard.path == "/token":
+            return 307, {"Location": "/v2/token"}, b""
+        return _issue(heard)
+
+    realm = Origin(answer)
+    registry = FakeRegistry(realm=f"{realm.url}/token", outside_token="outside-tok")
+    try:
+        client = RegistryClient(
+            UrlPolicy(egress_allow=LOOPBACK), identity_config(tmp_path, registry.host)
+        )
+        manifest, _ = client.manifest(client.name(f"{registry.host}/team/app:v1"))
+        assert manifest.digest == MANIFEST_DIGEST
+        assert [(h.method, h.path) for h in realm.heard] == [
+            ("POST", "/token"),
+            ("POST", "/v2/token"),
+        ]
+        form = parse_qs(realm.heard[1].body.decode())
+        assert form["refresh_token"] == [REFRESH] and form["grant_type"] == ["refresh_token"]
+        assert registry.seen[-1].authorization == "Bearer outside-tok"
+    finally:
+        realm.close()
+        registry.close()
