@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from agent.errors import InvalidSpec
 from agent.prewarm.budget import Usage
 from agent.prewarm.inventory import Inventory, PrewarmCollector
-from agent.prewarm.labels import label_patch, node_labels
+from agent.prewarm.labels import node_labels
 from agent.prewarm.manifest import parse_manifest
 from agent.prewarm.model import (
     CacheItem,
@@ -36,21 +36,6 @@ def item(name: str, state: ItemState, **kw: object) -> CacheItem:
 def test_only_ready_items_get_a_label() -> None:
     items = [item("llama", ItemState.READY), item("mistral", ItemState.FETCHING)]
     assert node_labels(items) == {"gpu-agent.io/cache.llama": "ready"}
-
-
-def test_label_patch_adds_ready_and_removes_only_our_stale_labels() -> None:
-    current = {
-        "gpu-agent.io/cache.old": "ready",
-        "gpu-agent.io/cache.llama": "ready",
-        "kubernetes.io/hostname": "n1",
-    }
-    patch = label_patch(current, [item("llama", ItemState.READY), item("new", ItemState.READY)])
-    assert patch == {
-        "metadata": {"labels": {"gpu-agent.io/cache.new": "ready", "gpu-agent.io/cache.old": None}}
-    }
-    assert (
-        label_patch({"gpu-agent.io/cache.llama": "ready"}, [item("llama", ItemState.READY)]) == {}
-    )
 
 
 def test_metrics_render_state_size_hits_and_pull_times() -> None:
