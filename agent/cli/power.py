@@ -85,6 +85,7 @@ def apply_command(obj: PowerContext, spec_file: str, output: str) -> None:
     """
     text = read_input(spec_file, "file")  # refused before the agent is asked
     changes = obj.agent().apply_power(text)
+    _say_not_held(changes)
     lost = _say_lost(obj, "not capped now; the agent sets the spec's cap when it answers again")
     emit({"changes": _changes(changes), "lost_gpus": lost}, output, _changes_table)
 
@@ -101,8 +102,21 @@ def restore_command(obj: PowerContext, output: str) -> None:
       gpu-agent power restore
     """
     changes = obj.agent().restore_power()
+    _say_not_held(changes)
     lost = _say_lost(obj, "not restored now; the agent puts its limit back when it answers again")
     emit({"changes": _changes(changes), "lost_gpus": lost}, output, _changes_table)
+
+
+def _say_not_held(changes: Sequence[Change]) -> None:
+    """A limit NVML took but the driver does not hold (read back): AFTER is what it holds, so
+    the row alone would read as a spec not followed; say what was set beside it."""
+    for c in changes:
+        if not c.held:
+            click.echo(
+                f"warning: GPU {c.index} ({c.uuid}): set to {_watts(c.requested_mw):g} W, but the "
+                f"driver holds {_watts(c.after_mw):g} W (another writer of the limit on the host?)",
+                err=True,
+            )
 
 
 def _say_lost(obj: PowerContext, what: str) -> list[int]:
@@ -157,6 +171,7 @@ def _changes(changes: Sequence[Change]) -> list[dict[str, Any]]:
             "uuid": c.uuid,
             "before_w": _watts(c.before_mw),
             "after_w": _watts(c.after_mw),
+            "requested_w": _watts(c.requested_mw),
         }
         for c in changes
     ]

@@ -326,6 +326,22 @@ def clocks(obj: CliContext, gpu: int, reasons: tuple[str, ...]) -> None:
     _control(obj).hold_clocks(gpu, reasons)
 
 
+@sim.command("power-writer")
+@click.argument("gpu", type=int)
+@click.argument("watts", type=float, required=False)
+@click.pass_obj
+def power_writer(obj: CliContext, gpu: int, watts: float | None) -> None:
+    """Have another writer of a GPU's power limit (a site power manager, a loop of
+    `nvidia-smi -pl`) set WATTS now and right after every set; no WATTS: it stops.
+
+    \b
+    Example:
+      gpu-agent sim power-writer 0 400
+      gpu-agent sim power-writer 0
+    """
+    _control(obj).write_power_limit(gpu, watts)
+
+
 @sim.command("holder")
 @click.argument("gpu", type=int)
 @click.argument("name")

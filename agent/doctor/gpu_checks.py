@@ -372,6 +372,6 @@ def health_xid(facts: Facts) -> Check:
 
 XID_WATCH_FIX = (
     "the agent's log says why: a failing NVML event set is reopened on its own, a GPU lost "
-    "when the agent started is watched once the agent restarts; a failure that lasts points "
-    "at the driver (dmesg, nvidia-smi)"
+    "when the agent started (or when it was registered) is registered once it answers; a "
+    "failure that lasts points at the driver (dmesg, nvidia-smi)"
 )

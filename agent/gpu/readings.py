@@ -13,7 +13,8 @@ version fallbacks), and errors are translated by :meth:`GpuDriver.call`.
 Failures keep their meaning: a reading NVML does not support is reported as unsupported (the
 caller stops asking), a lost GPU raises :class:`~agent.errors.DeviceLost` for that GPU only,
 anything else is a failed reading for this tick. Nothing is turned into 0. A GPU lost before the
-agent started is still listed (by index, with an empty identity) and re-tried every tick.
+agent started is still listed, by its index and what of its identity NVML answered (a handle, then
+its PCI bus id and UUID), the rest unknown, never guessed; it is re-tried every tick.
 """
 
 from __future__ import annotations
@@ -69,11 +70,12 @@ class GpuIdentity:
     """What labels a physical GPU; immutable while the driver is loaded."""
 
     index: int
+    #: "" while unknown (a GPU lost before NVML answered), as ``name`` and ``pci_bus_id``
     uuid: str
     name: str
     pci_bus_id: str
-    #: /dev/nvidia<minor>
-    minor: int
+    #: /dev/nvidia<minor>; None while unknown (never assumed to be the index)
+    minor: int | None
     #: static strings of the board (``GpuString`` value -> text), those NVML answered
     strings: tuple[tuple[str, str], ...] = ()
 
@@ -167,6 +169,10 @@ _BRANDS = {
 }
 
 
+def _bus_id(pci: Any) -> str:
+    return pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
+
+
 def nvml_code(exc: BaseException) -> int | None:
     value = getattr(exc, "value", None)
     return value if isinstance(value, int) else None
@@ -204,12 +210,12 @@ class NodeReader:
     # -- identity ---------------------------------------------------------------------------------
 
     def gpus(self) -> tuple[GpuIdentity, ...]:
-        """Every GPU's identity by index, read once; a GPU that does not answer has an empty
-        identity (``uuid == ""``) until it does (see :meth:`_handle`)."""
+        """Every GPU's identity by index, read once; a GPU that does not answer has only what
+        NVML answered of it (often only its index) until it does (see :meth:`_handle`)."""
         if not self._handles:
             count = int(self._driver.call(self._n.nvmlDeviceGetCount))
             self._handles = [None] * count
-            self._identities = tuple(GpuIdentity(i, "", "", "", i) for i in range(count))
+            self._identities = tuple(GpuIdentity(i, "", "", "", None) for i in range(count))
             for i in range(count):
                 with contextlib.suppress(DeviceLost):
                     self._handle(i)
@@ -220,29 +226,50 @@ class NodeReader:
         h = self._handles[gpu]
         if h is None:
             h = self._driver.call(self._n.nvmlDeviceGetHandleByIndex, gpu)
-            identity = self._identity(gpu, h)
-            ids = list(self._identities)
-            ids[gpu] = identity
-            self._identities = tuple(ids)
+            self._set_identity(self._identity(gpu, h))
             self._handles[gpu] = h
         return h
 
+    def _set_identity(self, identity: GpuIdentity) -> None:
+        ids = list(self._identities)
+        ids[identity.index] = identity
+        self._identities = tuple(ids)
+
     def _identity(self, index: int, h: Any) -> GpuIdentity:
         n, call = self._n, self._driver.call
-        pci = call(n.nvmlDeviceGetPciInfo, h)
-        bus_id = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
+        bus_id, uuid = self._known_parts(index, h)
         try:
-            minor = int(call(n.nvmlDeviceGetMinorNumber, h))
+            minor: int | None = int(call(n.nvmlDeviceGetMinorNumber, h))
         except NotSupported:
-            minor = index  # Windows / WSL have no /dev/nvidia<N>
+            minor = index  # Windows / WSL have no /dev/nvidia<N>: NVML's index names the GPU
         return GpuIdentity(
-            index,
-            str(call(n.nvmlDeviceGetUUID, h)),
-            str(call(n.nvmlDeviceGetName, h)),
-            bus_id,
-            minor,
-            self._strings(h),
+            index, uuid, str(call(n.nvmlDeviceGetName, h)), bus_id, minor, self._strings(h)
         )
+
+    def _known_parts(self, index: int, h: Any) -> tuple[str, str]:
+        """(PCI bus id, UUID), kept in the GPU's identity as soon as read: a GPU lost before
+        the rest of its identity is read is labelled by whichever of the two NVML still
+        answered, not by nothing (reference/telemetry.md, fact 10)."""
+        n, call = self._n, self._driver.call
+        parts: list[str] = []
+        lost: DeviceLost | None = None
+        for read in (
+            lambda: _bus_id(call(n.nvmlDeviceGetPciInfo, h)),
+            lambda: str(call(n.nvmlDeviceGetUUID, h)),
+        ):
+            try:
+                parts.append(read())
+            except DeviceLost as exc:
+                parts.append("")
+                lost = exc
+        bus_id, uuid = parts
+        known = self._identities[index]
+        self._set_identity(
+            replace(known, pci_bus_id=bus_id or known.pci_bus_id, uuid=uuid or known.uuid)
+        )
+        if lost is not None:
+            raise lost
+        return bus_id, uuid
 
     def _strings(self, h: Any) -> tuple[tuple[str, str], ...]:
         """The board strings NVML answers; one it does not is left out (unknown, not "")."""

@@ -7,7 +7,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from agent.errors import AgentError
+from agent.errors import AgentError, DeviceLost
 from agent.gpu.nvml import translate
 from agent.gpu.readings import NodeReader, nvml_code
 
@@ -35,33 +35,48 @@ class XidEvents:
 
     Registers the XID critical-error event on each physical GPU (MIG devices cannot register;
     the event carries the GI/CI ids). ``unsupported`` lists GPUs that cannot deliver XIDs;
-    ``unreachable`` those of them that did not answer (a set opened after they answer again
-    registers them).
+    ``unreachable`` those of them that did not answer (lost, at start or between their handle
+    and their registration): :meth:`register` adds one to the open set once it answers.
     """
 
     def __init__(self, reader: NodeReader) -> None:
         self._driver = reader.driver
-        n = self._n = reader.driver.nvml
+        self._n = reader.driver.nvml
         self.unsupported: dict[int, str] = {}
         self.unreachable: frozenset[int] = frozenset()
         self._index_of: dict[int, int] = {}
-        self._set = self._driver.call(n.nvmlEventSetCreate)
+        self._set = self._driver.call(self._n.nvmlEventSetCreate)
         for gpu in reader.gpus():
-            try:
-                h = self._driver.call(n.nvmlDeviceGetHandleByIndex, gpu.index)
-            except AgentError as exc:  # lost at start: no events from it; the others still
-                self.unsupported[gpu.index] = str(exc)
-                self.unreachable |= {gpu.index}
-                continue
-            self._index_of[_address(h)] = gpu.index
-            try:
-                supported = n.nvmlDeviceGetSupportedEventTypes(h)
-                if not supported & n.nvmlEventTypeXidCriticalError:
-                    self.unsupported[gpu.index] = "the GPU does not report XID events"
-                    continue
-                n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, self._set)
-            except n.NVMLError as exc:
-                self.unsupported[gpu.index] = str(exc)
+            self.register(gpu.index)
+
+    def register(self, index: int) -> bool:
+        """Register GPU ``index``'s XIDs into this set; whether it is registered now. Adding
+        one GPU leaves the set, and the other GPUs' registrations, as they are: reopening the
+        set would miss every GPU's XIDs until it is registered again."""
+        n, call = self._n, self._driver.call
+        self.unsupported.pop(index, None)
+        self.unreachable -= {index}
+        try:
+            h = call(n.nvmlDeviceGetHandleByIndex, index)
+        except AgentError as exc:  # not answering: no events from it; the others still
+            return self._unreachable(index, exc)
+        self._index_of[_address(h)] = index
+        try:
+            if not call(n.nvmlDeviceGetSupportedEventTypes, h) & n.nvmlEventTypeXidCriticalError:
+                self.unsupported[index] = "the GPU does not report XID events"
+                return False
+            call(n.nvmlDeviceRegisterEvents, h, n.nvmlEventTypeXidCriticalError, self._set)
+        except DeviceLost as exc:  # lost since its handle opened: tried again once it answers
+            return self._unreachable(index, exc)
+        except AgentError as exc:  # NOT_SUPPORTED and the like: lasting
+            self.unsupported[index] = str(exc)
+            return False
+        return True
+
+    def _unreachable(self, index: int, exc: AgentError) -> bool:
+        self.unsupported[index] = str(exc)
+        self.unreachable |= {index}
+        return False
 
     def wait(self, timeout_ms: int) -> XidEvent | None:
         """The next XID, or None after ``timeout_ms`` without one. Raises DeviceLost and other

@@ -30,12 +30,20 @@ class GpuPower:
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """One GPU's limit set: from ``before_mw`` to ``after_mw``."""
+    """One GPU's limit set: from ``before_mw`` to ``after_mw``, the limit the driver holds
+    after the set (read back), which is ``requested_mw`` unless something else set another
+    (a host power manager, another tool) or the driver did not keep it."""
 
     index: int
     uuid: str
     before_mw: int
     after_mw: int
+    requested_mw: int
+
+    @property
+    def held(self) -> bool:
+        """The driver holds the limit asked for."""
+        return self.after_mw == self.requested_mw
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from agent.errors import AgentError
@@ -191,14 +192,30 @@ class PowerService:
 
     def _set(self, gpu: GpuPower, milliwatts: int) -> Change:
         self._gpu.set_power_limit(gpu.uuid, milliwatts)
-        return Change(gpu.index, gpu.uuid, gpu.limits.current_mw, milliwatts)
+        return self._read_back(_asked(gpu, milliwatts))
+
+    def _read_back(self, change: Change) -> Change:
+        """The change as the driver holds it: a set NVML took may still leave another limit
+        (another writer on the host sets its own), and what is reported is what is in force."""
+        held = self._gpu.power_limits(change.uuid).current_mw
+        if held != change.requested_mw:  # once per value: reconcile meets a lasting writer
+            self._log_once(
+                change.uuid,
+                f"power limit of GPU {change.index} ({change.uuid}): set to "
+                f"{change.requested_mw / 1000:g} W, but the driver holds {held / 1000:g} W "
+                "(another writer of the limit on the host, or the driver did not keep it)",
+            )
+        return replace(change, after_mw=held)
 
     def _set_all(self, wanted: list[tuple[GpuPower, int]]) -> list[Change]:
-        """Set each limit; on a failure put the ones already set back and raise it."""
+        """Set each limit; on a failure put the ones already set back and raise it (one whose
+        read-back failed was set: it is put back too)."""
         done: list[Change] = []
         try:
             for gpu, milliwatts in wanted:
-                done.append(self._set(gpu, milliwatts))
+                self._gpu.set_power_limit(gpu.uuid, milliwatts)
+                done.append(_asked(gpu, milliwatts))  # set: put back on a failure from here
+                done[-1] = self._read_back(done[-1])
         except AgentError:
             for c in reversed(done):
                 try:
@@ -262,3 +279,8 @@ class PowerService:
         if (uuid, message) not in self._logged:
             self._logged.add((uuid, message))
             log.warning("%s", message)
+
+
+def _asked(gpu: GpuPower, milliwatts: int) -> Change:
+    """The change asked for, before it is read back."""
+    return Change(gpu.index, gpu.uuid, gpu.limits.current_mw, milliwatts, milliwatts)

@@ -95,7 +95,7 @@ def resolver(
     """Device -> the GPU or instance it is here: by GPU or MIG UUID, by minor and GI id, or for
     a DynamicMIG device by parent, GI profile and placement start."""
     by_uuid = {g.uuid: g for g in gpus}
-    by_minor = {g.minor: g for g in gpus}
+    by_minor = {g.minor: g for g in gpus if g.minor is not None}
     mig: dict[str, EntityKey] = {}
     for index, layout in layouts.items():
         for instance in layout.instances:

@@ -76,10 +76,12 @@ class DcgmNaming(Naming):
     def gpu(self, gpu: GpuIdentity) -> Labels:
         labels = {
             "gpu": str(gpu.index),
-            "UUID": gpu.uuid,
-            "pci_bus_id": gpu.pci_bus_id,
-            "device": f"nvidia{gpu.minor}",
-            "modelName": gpu.name,
+            **_known(
+                UUID=gpu.uuid,
+                pci_bus_id=gpu.pci_bus_id,
+                device=_device(gpu),
+                modelName=gpu.name,
+            ),
             "Hostname": self._hostname,
         }
         for name, value in self._extra:
@@ -96,7 +98,7 @@ class NativeNaming(Naming):
     """Identity labels only; model, bus id, node and versions live on ``gpu_agent_gpu_info``."""
 
     def gpu(self, gpu: GpuIdentity) -> Labels:
-        return {"gpu": str(gpu.index), "uuid": gpu.uuid}
+        return {"gpu": str(gpu.index), **_known(uuid=gpu.uuid)}
 
     def instance(self, instance: InstanceIdentity) -> Labels:
         return {"gpu_instance_id": str(instance.gpu_instance_id), "gpu_profile": instance.profile}
@@ -105,10 +107,22 @@ class NativeNaming(Naming):
     def info(gpu: GpuIdentity, node: str, versions: Mapping[str, str]) -> Labels:
         return {
             "gpu": str(gpu.index),
-            "uuid": gpu.uuid,
-            "pci_bus_id": gpu.pci_bus_id,
-            "device": f"nvidia{gpu.minor}",
-            "model_name": gpu.name,
+            **_known(
+                uuid=gpu.uuid,
+                pci_bus_id=gpu.pci_bus_id,
+                device=_device(gpu),
+                model_name=gpu.name,
+            ),
             "node": node,
             **versions,
         }
+
+
+def _device(gpu: GpuIdentity) -> str:
+    return "" if gpu.minor is None else f"nvidia{gpu.minor}"
+
+
+def _known(**labels: str) -> Labels:
+    """The identity labels NVML answered: one a GPU lost before it answered lacks is left
+    out, not published as "" or a guess (its series' labels stay those it has while lost)."""
+    return {name: value for name, value in labels.items() if value}

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agent.errors import AgentError, DeviceLost
-from agent.gpu.readings import MigLayout, NodeReader
+from agent.gpu.readings import GpuIdentity, MigLayout, NodeReader
 from agent.gpu.types import GpuLayout
 from agent.telemetry.reader import Frame
 from agent.telemetry.snapshot import GpuStatus
@@ -34,6 +34,9 @@ class _Gpu:
     gpm: bool | None = None
     #: whether ``placed`` (and its processes) was read this tick
     fresh: bool = False
+    #: the identity its statuses carry while it is down: the one it went down with, kept
+    #: until it answers again, so its series keeps its labels (see ``settle``)
+    down_as: GpuIdentity | None = None
 
 
 class Topology:
@@ -118,13 +121,19 @@ class Topology:
                     log.debug(
                         "GPU %d (%s) answers NVML again", gpu.index, gpu.uuid or "uuid unknown"
                     )
-                state.up = True
+                state.up, state.down_as = True, None
                 statuses.append(GpuStatus(gpu, up=True))
                 continue
+            # A GPU lost before it ever answered may have more of its identity read while it
+            # stays lost (a handle that opens, a UUID that answers): its gpu_up 0 series must
+            # keep the labels it went down with, or GpuAgentGpuLost resolves and fires anew.
+            if not state.up and state.down_as is not None:
+                gpu = state.down_as
             why = missing[gpu.index]
             if why is None:
                 statuses.append(GpuStatus(gpu, up=state.up))
                 continue
+            state.down_as = gpu
             if state.up:
                 self._stats.error("gpu_lost")
                 uuid = gpu.uuid or "uuid unknown"  # lost before it ever answered

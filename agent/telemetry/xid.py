@@ -71,8 +71,8 @@ class XidState:
     #: (GPU index, XID) -> occurrences on GPU instances since destroyed: part of the GPU's
     #: total, in no published series (see :meth:`XidWatcher.retire_gone`)
     retired: dict[tuple[int, int], int] = field(default_factory=dict)
-    #: of ``unsupported``, the GPUs that did not answer when the event set opened: registered
-    #: at its next opening once they answer (:meth:`XidWatcher.on_snapshot`)
+    #: of ``unsupported``, the GPUs that did not answer when they were registered: registered
+    #: into the open set once they answer (:meth:`XidWatcher.on_snapshot`)
     unreachable: frozenset[int] = frozenset()
     #: ``counts``' keys -> when (Unix time) the first of them came: a rule tells a series new
     #: since then from one it missed for a while (a Prometheus restart, a new replica)
@@ -120,8 +120,9 @@ class XidWatcher:
         self._unreachable: frozenset[int] = frozenset()
         self._ready = threading.Event()
         self._stop = threading.Event()
-        #: set when an unreachable GPU answers: the thread opens the set again to register it
-        self._reopen = threading.Event()
+        #: set when an unreachable GPU answers: the thread registers ``_back`` into its set
+        self._register = threading.Event()
+        self._back: frozenset[int] = frozenset()
         self._thread: threading.Thread | None = None
         self._listeners: list[Callable[[XidEvent], None]] = []
 
@@ -176,13 +177,13 @@ class XidWatcher:
                 self._first_at.pop(key, None)
 
     def on_snapshot(self, snapshot: Snapshot) -> None:
-        """A GPU that answers this tick but did not when the event set was opened (lost at
-        start, or held in a reset) is registered now, by opening the set again; until then its
-        XIDs reach neither the counters nor the health marks."""
+        """A GPU that answers this tick but could not be registered (lost at start or at its
+        registration, or held in a reset) is registered now, into the open set; until then its
+        XIDs reach neither the counters nor the health marks. Tried again each tick it answers."""
         back = self._unreachable.intersection(g.gpu.index for g in snapshot.gpus if g.up)
-        if back and not self._reopen.is_set():
-            log.info("GPU %s answers again: registering its XID events", _indices(back))
-            self._reopen.set()
+        if back and not self._register.is_set():
+            self._back = back
+            self._register.set()
 
     def listen(self, listener: Callable[[XidEvent], None]) -> None:
         """Also hand every XID to ``listener`` (on this thread; it must not block)."""
@@ -218,7 +219,6 @@ class XidWatcher:
                 self._unsupported = dict(events.unsupported)
                 self._unreachable = events.unreachable
                 self._broken = None
-            self._reopen.clear()
             self._ready.set()
             try:
                 self._pump(events)
@@ -228,10 +228,23 @@ class XidWatcher:
                 events.close()
 
     def _pump(self, events: XidEvents) -> None:
-        while not (self._stop.is_set() or self._reopen.is_set()):
+        while not self._stop.is_set():
+            if self._register.is_set():
+                self._register_back(events)
             event = events.wait(self._wait_ms)
             if event is not None:
                 self.record(event)
+
+    def _register_back(self, events: XidEvents) -> None:
+        """Register the GPUs that answer again into the open set (this thread owns it)."""
+        done = [i for i in sorted(self._back) if events.register(i)]
+        with self._lock:
+            self._unsupported = dict(events.unsupported)
+            self._unreachable = events.unreachable
+        # Cleared once the state says who is left, so no tick asks again for a GPU just done.
+        self._register.clear()
+        if done:
+            log.info("GPU %s answers again: its XID events are registered", _indices(done))
 
     def _failed(self, what: str, exc: Exception) -> None:
         # The device plugin treats a broken event wait as fatal; we keep counting what we can

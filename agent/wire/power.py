@@ -35,7 +35,11 @@ def power_view_pb(view: PowerView) -> power_pb2.GetPowerResponse:
 def power_changes_pb(changes: Iterable[Change]) -> list[power_pb2.PowerChange]:
     return [
         power_pb2.PowerChange(
-            index=c.index, uuid=c.uuid, before_mw=c.before_mw, after_mw=c.after_mw
+            index=c.index,
+            uuid=c.uuid,
+            before_mw=c.before_mw,
+            after_mw=c.after_mw,
+            requested_mw=c.requested_mw,
         )
         for c in changes
     ]
@@ -61,4 +65,14 @@ def power_view_from(pb: power_pb2.GetPowerResponse) -> PowerView:
 
 
 def power_changes_from(changes: Iterable[power_pb2.PowerChange]) -> list[Change]:
-    return [Change(c.index, c.uuid, c.before_mw, c.after_mw) for c in changes]
+    """An agent that did not say what it asked for is taken to hold what it asked for."""
+    return [
+        Change(
+            c.index,
+            c.uuid,
+            c.before_mw,
+            c.after_mw,
+            c.requested_mw if c.HasField("requested_mw") else c.after_mw,
+        )
+        for c in changes
+    ]

@@ -120,6 +120,11 @@ def refresh(gpu: Gpu, model: GpuModel, now: float) -> None:
     gpu.activity.rates = rates
 
 
+def set_power_limit(gpu: Gpu, model: GpuModel, milliwatts: int) -> None:
+    """Hold ``milliwatts`` as the GPU's power management limit (the default is kept as None)."""
+    gpu.power_limit_mw = None if milliwatts == model.power_limit_w * 1000 else milliwatts
+
+
 def power_limit_mw(gpu: Gpu, model: GpuModel) -> int:
     """The limit in force: the one set, else the model's default."""
     return model.power_limit_w * 1000 if gpu.power_limit_mw is None else gpu.power_limit_mw

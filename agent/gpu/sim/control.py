@@ -295,6 +295,29 @@ class SimControl:
             if remap_failure:
                 g.remap["failure"] = 1
 
+    def write_power_limit(self, gpu: int, watts: float | None) -> None:
+        """Another writer of ``gpu``'s power limit on the host (a site power manager, a loop
+        of `nvidia-smi -pl`): it sets ``watts`` now and again right after every set, so a set
+        succeeds and the driver then holds ``watts``. None: the writer stops (the limit
+        stays). Like any writer it can only set a limit inside the GPU's range."""
+        with self._store.transaction() as node:
+            g = _gpu(node, gpu)
+            if watts is None:
+                g.power_limit_writer_mw = None
+                return
+            model = model_of(g)
+            milliwatts = round(watts * 1000)
+            if not model.min_power_limit_w * 1000 <= milliwatts <= model.power_limit_w * 1000:
+                raise InvalidSpec(
+                    f"watts must be {model.min_power_limit_w}..{model.power_limit_w} "
+                    f"(GPU {gpu}'s range), got {watts:g}",
+                    [FieldViolation("watts", f"{model.min_power_limit_w}..{model.power_limit_w}")],
+                )
+            activity.refresh(g, model, time.monotonic())  # energy so far at the old limit
+            g.power_limit_writer_mw = milliwatts
+            activity.set_power_limit(g, model, milliwatts)
+            activity.refresh(g, model, time.monotonic())
+
     def hold_clocks(self, gpu: int, reasons: Sequence[str]) -> None:
         """Hold ``gpu``'s clocks down for ``reasons`` (`CLOCK_REASONS` names; none clears
         them), as nvmlDeviceGetCurrentClocksEventReasons then reports; GPU idle is the

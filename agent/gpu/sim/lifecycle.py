@@ -82,6 +82,7 @@ def reboot(node: NodeState, now: float) -> None:
         gpu.lost = False
         gpu.holders.clear()
         gpu.power_limit_mw = None  # power limits do not survive the driver
+        gpu.power_limit_writer_mw = None  # nor does a process that wrote them
         _reset(gpu, now)
     boot(node, now)
 

@@ -77,6 +77,10 @@ class Gpu:
     #: Power management limit set through nvmlDeviceSetPowerManagementLimit (mW); None: the
     #: model's default. The driver forgets it on reboot and driver reload.
     power_limit_mw: int | None = None
+    #: Another writer of the limit on the host (a site power manager, a loop of `nvidia-smi
+    #: -pl`) that sets this value (mW) again right after every set: the set succeeds and the
+    #: driver then holds this. None: no such writer. Ends with the boot, as a process does.
+    power_limit_writer_mw: int | None = None
     #: ECC error counts (nvmlDeviceGetTotalEccErrors): "sbe_volatile", "dbe_volatile",
     #: "sbe_aggregate", "dbe_aggregate"; volatile ones restart at zero on a reset or reboot
     ecc: dict[str, int] = field(default_factory=dict)

@@ -5,7 +5,10 @@ The range and the default come from the model (``models.py``); a limit set lives
 state (``Gpu.power_limit_mw``) until a reboot or a driver reload puts the default back
 (``lifecycle.reboot``). The power draw is held at the enforced limit (``activity.refresh``).
 A limit outside the range is INVALID_ARGUMENT, as on the real driver; NO_PERMISSION (not root)
-and NOT_SUPPORTED (a board without power management) are injected as faults like any other.
+and NOT_SUPPORTED (a board without power management) are injected as faults like any other. A
+limit inside it holds exactly; another writer of the limit on the host
+(``SimControl.write_power_limit``) sets its own value right after each set, which the getters
+then report, as they would on a real node.
 """
 
 from __future__ import annotations
@@ -53,5 +56,7 @@ def set_management_limit(drv: SimDriver, handle: Any, limit: Any) -> None:
         if not t.model.min_power_limit_w * 1000 <= milliwatts <= t.model.power_limit_w * 1000:
             raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         activity.refresh(t.gpu, t.model, drv.now())  # energy so far at the old limit
-        t.gpu.power_limit_mw = None if milliwatts == t.model.power_limit_w * 1000 else milliwatts
+        # A limit inside the range holds exactly, unless another writer sets its own after it.
+        held = milliwatts if t.gpu.power_limit_writer_mw is None else t.gpu.power_limit_writer_mw
+        activity.set_power_limit(t.gpu, t.model, held)
         activity.refresh(t.gpu, t.model, drv.now())

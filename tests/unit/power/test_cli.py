@@ -48,3 +48,22 @@ def test_a_spec_that_is_not_utf8_is_refused_naming_the_option(tmp_path: Path) ->
         assert "not UTF-8" in refused.output and "file" in refused.output, refused.output
     missing = _power(tmp_path, "apply", "-f", str(tmp_path / "absent.yaml"))
     assert missing.exit_code == 2 and "does not exist" in missing.output, missing.output
+
+
+def test_apply_says_where_the_driver_holds_another_limit_than_the_one_set(
+    tmp_path: Path,
+) -> None:
+    """Another writer on the host holds GPU 2 at 400 W: the row's AFTER is the 400 W the
+    driver holds (read back), JSON keeps the 500 W asked beside it, and a warning names both."""
+    assert _power(tmp_path, "show").exit_code == 0  # makes the simulated node
+    SimControl(tmp_path).write_power_limit(2, 400)
+    spec = tmp_path / "power.yaml"
+    spec.write_text("version: v1\npower: [{gpus: [1, 2], limit: 500W}]\n")
+    applied = _power(tmp_path, "apply", "-f", str(spec), "-o", "json")
+    assert applied.exit_code == 0, applied.output
+    changes = {c["index"]: c for c in json.loads(applied.stdout)["changes"]}
+    assert (changes[2]["after_w"], changes[2]["requested_w"]) == (400, 500)
+    assert (changes[1]["after_w"], changes[1]["requested_w"]) == (500, 500)
+    assert "warning: GPU 2 (GPU-" in applied.stderr
+    assert "set to 500 W, but the driver holds 400 W" in applied.stderr
+    assert "GPU 1 " not in applied.stderr

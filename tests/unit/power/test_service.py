@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import DeviceLost, InvalidSpec, NotSupported, PermissionDenied
+from agent.errors import AgentError, DeviceLost, InvalidSpec, NotSupported, PermissionDenied
 from agent.gpu import GpuDriver, load_driver
 from agent.gpu.sim import SimControl
 from agent.power.service import BASELINE, PowerService
@@ -328,3 +328,36 @@ def test_a_refused_apply_keeps_the_baseline_of_a_gpu_lost_before_it_was_put_back
     with pytest.raises(PermissionDenied):
         service.apply(_SPEC)
     assert first in service.show().baseline_mw
+
+
+def test_a_limit_another_writer_replaces_is_reported_as_the_driver_holds_it(
+    gpu: GpuDriver, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NVML takes GPU 1's set, then another writer on the host (a site power manager) sets
+    250 W: the change says 250 W is held and 320 W was asked, and the log names the GPU and
+    both; the GPUs nobody else writes hold exactly what was set."""
+    caplog.set_level(logging.WARNING, logger="agent.power.service")
+    SimControl(tmp_path).write_power_limit(1, 250)
+    changes = {c.index: c for c in _service(gpu, tmp_path).apply(_SPEC)}
+    assert (changes[1].requested_mw, changes[1].after_mw, changes[1].held) == (
+        320_000,
+        250_000,
+        False,
+    )
+    assert _limits(gpu)[1] == 250_000
+    assert all(c.held and c.after_mw == _limits(gpu)[i] for i, c in changes.items() if i != 1)
+    (said,) = [r.getMessage() for r in caplog.records if "driver holds" in r.getMessage()]
+    assert "GPU 1" in said and "320 W" in said and "250 W" in said
+
+
+def test_a_set_whose_read_back_fails_is_put_back_with_the_others(
+    gpu: GpuDriver, tmp_path: Path
+) -> None:
+    """GPU 1's set went through but its limit cannot be read back: the apply fails, and GPU 1
+    is put back as well as GPU 0, not left capped with no spec and no record."""
+    before = _limits(gpu)
+    # the apply's first read of GPU 1 passes; the read-back after its set fails
+    SimControl(tmp_path).inject_fault("nvmlDeviceGetPowerManagementLimit", "Unknown", nth=2, gpu=1)
+    with pytest.raises(AgentError):
+        _service(gpu, tmp_path).apply(_SPEC)
+    assert _limits(gpu) == before

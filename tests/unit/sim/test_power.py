@@ -8,6 +8,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from agent.errors import InvalidSpec
 from agent.gpu.sim import open_simulator
 from tests.unit.sim.conftest import Opener
 
@@ -86,3 +87,23 @@ def test_no_permission_and_not_supported_are_injectable(node: Opener) -> None:
     with pytest.raises(pynvml.NVMLError_NotSupported):
         nvml.nvmlDeviceGetPowerManagementLimitConstraints(h)
     assert nvml.nvmlDeviceGetPowerManagementLimit(h) == 700_000
+
+
+def test_another_writer_of_the_limit_holds_its_own_value_after_each_set(node: Opener) -> None:
+    """The set succeeds, as NVML's does, and the getters then say what the other writer set;
+    it can only set a limit inside the range, and ends with the boot."""
+    nvml, control = node("dgx-h100")
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(InvalidSpec):
+        control.write_power_limit(0, 150)
+    control.write_power_limit(0, 400)
+    assert nvml.nvmlDeviceGetPowerManagementLimit(h) == 400_000
+    nvml.nvmlDeviceSetPowerManagementLimit(h, 500_000)
+    assert nvml.nvmlDeviceGetPowerManagementLimit(h) == 400_000
+    assert nvml.nvmlDeviceGetEnforcedPowerLimit(h) == 400_000
+    other = nvml.nvmlDeviceGetHandleByIndex(1)
+    nvml.nvmlDeviceSetPowerManagementLimit(other, 500_000)
+    assert nvml.nvmlDeviceGetPowerManagementLimit(other) == 500_000  # no writer: held exactly
+    control.reboot()
+    nvml.nvmlDeviceSetPowerManagementLimit(nvml.nvmlDeviceGetHandleByIndex(0), 500_000)
+    assert nvml.nvmlDeviceGetPowerManagementLimit(nvml.nvmlDeviceGetHandleByIndex(0)) == 500_000

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -289,7 +290,7 @@ def test_a_gpu_lost_when_xid_events_were_registered_is_watched_once_it_answers(
     tmp_path: Path,
 ) -> None:
     """GPU 3 did not answer when the event set opened (lost, or held in a reset): it could not
-    be registered. Once a tick finds it answering, the watcher opens the set again, so its
+    be registered. Once a tick finds it answering, the watcher registers it into the set, so its
     XIDs reach the counters and the health marks; until then it is named unwatched (doctor,
     status' xid-events) rather than silently missing from both."""
     node = sim_node(tmp_path)
@@ -312,6 +313,68 @@ def test_a_gpu_lost_when_xid_events_were_registered_is_watched_once_it_answers(
         while not watcher.state().counts and time.monotonic() < deadline:
             time.sleep(0.01)
         assert watcher.state().counts == {(3, None, 31): 1}
+    finally:
+        watcher.stop()
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 5
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_a_returning_gpu_joins_the_open_event_set_and_the_others_keep_theirs(
+    tmp_path: Path,
+) -> None:
+    """GPU 3, lost at start, answers again: it is registered into the set the others' XIDs
+    come through. Reopening the whole set instead dropped every GPU's registration for the
+    time it took, so an XID of any GPU raised meanwhile was never counted."""
+    node = sim_node(tmp_path)
+    node.control.mark_lost(3)
+    watcher = XidWatcher(lambda: XidEvents(NodeReader(node.driver)), node.stats, wait_ms=20)
+    watcher.start()
+    try:
+        sampler = node.sampler(xids=watcher)
+        node.control.raise_xid(0, 13)
+        _until(lambda: watcher.state().counts == {(0, None, 13): 1}, "GPU 0's XID")
+        node.control.reboot()  # the only way back from "lost" the simulator has
+        sampler.tick()
+        _until(lambda: watcher.state().unsupported == {}, "GPU 3 registered")
+        assert (node.driver.calls["nvmlEventSetCreate"], node.driver.calls["nvmlEventSetFree"]) == (
+            1,
+            0,
+        ), "the event set was reopened"
+        node.control.raise_xid(0, 31)
+        node.control.raise_xid(3, 31)
+        want = {(0, None, 13): 1, (0, None, 31): 1, (3, None, 31): 1}
+        _until(lambda: watcher.state().counts == want, "both GPUs' XIDs")
+    finally:
+        watcher.stop()
+
+
+def test_a_registration_refused_as_gpu_lost_is_tried_again_once_the_gpu_answers(
+    tmp_path: Path,
+) -> None:
+    """GPU 3's handle opened but nvmlDeviceRegisterEvents said GPU_IS_LOST (it fell off the bus
+    in between, or was held in a reset): it was taken for a GPU without XIDs and never tried
+    again. A tick that finds it answering registers it; NOT_SUPPORTED on GPU 5 lasts."""
+    node = sim_node(tmp_path)
+    node.control.inject_fault("nvmlDeviceRegisterEvents", "GpuIsLost", gpu=3)
+    node.control.inject_fault("nvmlDeviceRegisterEvents", "NotSupported", gpu=5, count=1000)
+    watcher = XidWatcher(lambda: XidEvents(NodeReader(node.driver)), node.stats, wait_ms=20)
+    watcher.start()
+    try:
+        first = watcher.state()
+        assert set(first.unsupported) == {3, 5} and first.unreachable == {3}
+        sampler = node.sampler(xids=watcher)
+        sampler.tick()
+        _until(lambda: 3 not in watcher.state().unsupported, "GPU 3 registered")
+        sampler.tick()
+        assert set(watcher.state().unsupported) == {5} and watcher.state().unreachable == set()
+        node.control.raise_xid(3, 79)
+        _until(lambda: watcher.state().counts == {(3, None, 79): 1}, "GPU 3's XID")
+        assert node.driver.calls["nvmlDeviceRegisterEvents"] == 9  # 8 GPUs, and GPU 3 again
     finally:
         watcher.stop()
 

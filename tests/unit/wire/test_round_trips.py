@@ -56,8 +56,16 @@ def test_power_reads_back_as_its_view_and_changes() -> None:
     gpu = GpuPower(0, "GPU-0", "H100", PowerLimits(200_000, 700_000, 700_000, 500_000, 500_000))
     view = PowerView((gpu,), {"GPU-0": 500_000}, {}, "version: v1\n")
     assert power_view_from(power_view_pb(view)) == view
-    changes = [Change(0, "GPU-0", 700_000, 500_000)]
+    # GPU 1: another writer on the host holds 450 W where 500 W was set
+    changes = [
+        Change(0, "GPU-0", 700_000, 500_000, 500_000),
+        Change(1, "GPU-1", 700_000, 450_000, 500_000),
+    ]
     assert power_changes_from(power_changes_pb(changes)) == changes
+    # An agent that did not say what it set is taken to hold it.
+    (old,) = power_changes_pb(changes[:1])
+    old.ClearField("requested_mw")
+    assert power_changes_from([old])[0].held
 
 
 def test_a_sharing_change_reads_back_as_its_result() -> None:

@@ -51,16 +51,18 @@ class ApplyPowerRequest(_message.Message):
     def __init__(self, spec_yaml: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class PowerChange(_message.Message):
-    __slots__ = ("index", "uuid", "before_mw", "after_mw")
+    __slots__ = ("index", "uuid", "before_mw", "after_mw", "requested_mw")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     BEFORE_MW_FIELD_NUMBER: _ClassVar[int]
     AFTER_MW_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_MW_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     before_mw: int
     after_mw: int
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., before_mw: _Optional[int] = ..., after_mw: _Optional[int] = ...) -> None: ...
+    requested_mw: int
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., before_mw: _Optional[int] = ..., after_mw: _Optional[int] = ..., requested_mw: _Optional[int] = ...) -> None: ...
 
 class ApplyPowerResponse(_message.Message):
     __slots__ = ("changes",)
