@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from agent.doctor import kube_checks
 from agent.doctor.facts import NEEDS_NVML, Facts, degraded, failed, ok
 from agent.dra.mode import AllocationMode
-from agent.errors import AgentError, InvalidSpec
+from agent.errors import AgentError
 from agent.prewarm.policy import redact_url
 from agent.prewarm.private_images import (
     ALWAYS_VERIFY,
@@ -25,7 +25,6 @@ from agent.prewarm.private_images import (
     read_kubelet_policy,
 )
 from agent.sharing import strategy
-from agent.sharing.schema import parse
 from agent.sharing.store import ConfigStore
 from agent.statedir import FIX as STATE_FIX
 from agent.wire.doctor import Check
@@ -95,15 +94,10 @@ def sharing_plugin_config(facts: Facts) -> Check:
 
 
 def _config_problem(path: Path) -> str:
-    """Why the file at ``path`` is no config the plugin can read, read and parsed as `share`
-    reads it ("" when it is one, or absent: the plugin then runs with its defaults)."""
+    """Why the file at ``path`` is no config the plugin can read, read and parsed by `share`'s
+    own reader ("" when it is one, or absent: the plugin then runs with its defaults)."""
     try:
-        raw = ConfigStore(path).read()
-        if raw and raw.strip():
-            parse(raw)
-    except InvalidSpec as exc:
-        found = "; ".join(f"{v.field}: {v.description}" for v in exc.violations)
-        return f"{path} is not a valid device-plugin config ({found or exc})"
+        ConfigStore(path).read_config()
     except AgentError as exc:
         return str(exc)
     return ""
@@ -221,8 +215,7 @@ def _file_strategy(facts: Facts) -> str | None:
     """The config file's flags.migStrategy; None when it sets none, is absent or unreadable
     (sharing/plugin-config says why)."""
     try:
-        raw = ConfigStore(facts.config.sharing.config_path).read()  # the service's reader
-        return parse(raw).flags.mig_strategy if raw and raw.strip() else None
+        return ConfigStore(facts.config.sharing.config_path).read_config().flags.mig_strategy
     except AgentError:
         return None
 

@@ -48,11 +48,10 @@ from agent.sharing.schema import (
     PluginConfig,
     Sharing,
     merge,
-    parse,
     render,
     unmanaged_changes,
 )
-from agent.sharing.store import ConfigStore
+from agent.sharing.store import ConfigStore, parse_file
 from agent.sharing.validate import validate, violations
 from agent.sharing.view import (
     ApplyResult,
@@ -295,7 +294,7 @@ class SharingService:
                 raise NotFound(
                     f"no previous config at {self._store.previous_path}: nothing to roll back to"
                 )
-            previous = self._parse(previous_raw, self._store.previous_path)
+            previous = parse_file(previous_raw, self._store.previous_path)
             if not plugin_settings:
                 _refuse_unmanaged(self._parse_current(current_raw), previous)
             layouts = self._layouts()
@@ -421,7 +420,7 @@ class SharingService:
             raise NotFound(
                 f"no previous spec at {self._dra_store.previous_path}: nothing to roll back to"
             )
-        previous = self._parse(previous_raw, self._dra_store.previous_path)
+        previous = parse_file(previous_raw, self._dra_store.previous_path)
         if previous.sharing == Sharing():
             return self._dra_apply("rollback", allocation, dra.DraPlan((), ()), previous)
         try:
@@ -468,7 +467,7 @@ class SharingService:
 
     def _dra_show(self, allocation: Allocation) -> SharingView:
         raw = self._dra_store.read()
-        config = self._parse_current_at(raw, self._dra_store.path)
+        config = parse_file(raw, self._dra_store.path)
         status_raw = self._dra_store.read_status()
         status = StatusRecord.from_json(status_raw) if status_raw is not None else None
         last_write = (
@@ -537,21 +536,8 @@ class SharingService:
             dra=DraView(allocation, tuple(objects), notes, error),
         )
 
-    def _parse_current_at(self, raw: bytes | None, path: Path) -> PluginConfig:
-        return PluginConfig() if raw is None else self._parse(raw, path)
-
     def _parse_current(self, raw: bytes | None) -> PluginConfig:
-        return PluginConfig() if raw is None else self._parse(raw, self._store.path)
-
-    @staticmethod
-    def _parse(raw: bytes, path: Path) -> PluginConfig:
-        try:
-            return parse(raw)
-        except InvalidSpec as exc:
-            problems = "; ".join(f"{v.field}: {v.description}" for v in exc.violations)
-            raise Conflict(
-                f"{path} is not a valid device-plugin config ({problems}); fix or remove it"
-            ) from exc
+        return parse_file(raw, self._store.path)
 
 
 def _problems(
