@@ -262,8 +262,7 @@ class SharingService:
                 _refuse_unmanaged(current, desired)
             layouts = self._layouts()
             started, _ = self._started(find_plugin_processes(self._settings.plugin_process_name))
-            _refuse_overridden(requested, started)
-            validate(strategy.run_with(desired, started) or desired, layouts)
+            _refuse_as_set(requested, desired, started, layouts)
             return self._apply("set", current, desired, layouts, reloader)
 
     def clear(self) -> ApplyResult:
@@ -299,11 +298,13 @@ class SharingService:
                 _refuse_unmanaged(self._parse_current(current_raw), previous)
             layouts = self._layouts()
             started, _ = self._started(find_plugin_processes(self._settings.plugin_process_name))
-            found = _as_set_would_check(previous, started, layouts)
-            if found:
+            try:
+                _refuse_as_set(previous, previous, started, layouts)
+            except InvalidSpec as exc:
                 raise InvalidSpec(
-                    "cannot roll back: the previous config is refused on this node now", found
-                )
+                    "cannot roll back: the previous config is refused on this node now",
+                    exc.violations,
+                ) from exc
             if previous_raw == current_raw:
                 return self._result("rollback", False, previous, layouts, None)
             reloader.check()
@@ -572,17 +573,17 @@ def _strategy_problems(
     return [FieldViolation("flags.migStrategy", why) for why in found if why is not None]
 
 
-def _as_set_would_check(
-    config: PluginConfig, started: strategy.Strategy | None, layouts: Sequence[GpuLayout]
-) -> list[FieldViolation]:
-    """What ``set`` would refuse in ``config`` (a rollback's target): its migStrategy if the
-    plugin's own overrides it, and the rules as the plugin runs it."""
-    overridden: list[FieldViolation] = []
-    try:
-        _refuse_overridden(config, started)
-    except InvalidSpec as exc:
-        overridden += exc.violations
-    return overridden + violations(strategy.run_with(config, started) or config, layouts)
+def _refuse_as_set(
+    requested: PluginConfig,
+    desired: PluginConfig,
+    started: strategy.Strategy | None,
+    layouts: Sequence[GpuLayout],
+) -> None:
+    """What ``set`` refuses, and a rollback to ``desired`` too: a migStrategy ``requested``
+    sets that the plugin's own flag or environment overrides, then ``desired`` (the file to
+    write) against the rules as the plugin runs it. InvalidSpec naming every violation."""
+    _refuse_overridden(requested, started)
+    validate(strategy.run_with(desired, started) or desired, layouts)
 
 
 def _refuse_unmanaged(current: PluginConfig, desired: PluginConfig) -> None:
