@@ -326,8 +326,11 @@ def _optional_socket_check(
     else `_socket_check`, whose fix mounts the socket's folder or unsets the setting."""
     if socket is None:
         return ok(P, name, f"off (prewarm.{setting} unset): {off}")
-    fix = f"mount {socket.parent} into the agent pod, or unset prewarm.{setting}"
-    return _socket_check(name, socket, found, missing, fix)
+    return _socket_check(name, socket, found, missing, _mount_fix(socket, setting))
+
+
+def _mount_fix(socket: Path, setting: str) -> str:
+    return f"mount {socket.parent} into the agent pod, or unset prewarm.{setting}"
 
 
 def prewarm_nydus(facts: Facts) -> Check:
@@ -351,14 +354,14 @@ def prewarm_dragonfly(facts: Facts) -> Check:
     if settings.dragonfly_socket is None and settings.dragonfly_proxy is None:
         off = "off (prewarm.dragonfly_socket and prewarm.dragonfly_proxy unset)"
         return ok(P, "dragonfly", f"{off}: files come from origins")
-    if settings.dragonfly_socket is not None:  # used even when a proxy is set too
-        return _optional_socket_check(
+    socket = settings.dragonfly_socket
+    if socket is not None:  # used even when a proxy is set too
+        return _socket_check(
             "dragonfly",
-            "dragonfly_socket",
-            settings.dragonfly_socket,
-            off="",
-            found=f"dfdaemon socket {settings.dragonfly_socket}",
-            missing=f"no dfdaemon socket at {settings.dragonfly_socket}: {fail}",
+            socket,
+            f"dfdaemon socket {socket}",
+            f"no dfdaemon socket at {socket}: {fail}",
+            _mount_fix(socket, "dragonfly_socket"),
         )
     assert settings.dragonfly_proxy is not None
     proxy = redact_url(settings.dragonfly_proxy)
