@@ -207,7 +207,9 @@ class MigService:
                 self._journal.journal_clear(SCOPE)
         said = self._plugin_told(allocation) if plan.changes else ""
         gpus = (*outcomes.values(), *self._lost_selected(spec, config))
-        return ApplyResult(name, gpus, executor.mutations, recovered, said)
+        # Selected no GPU: done, as mig-parted's; its assert fails all the same, and says why.
+        unheld = () if gpus else self.check(spec, config, mode_only=mode_only).mismatches
+        return ApplyResult(name, gpus, executor.mutations, recovered, said, unheld)
 
     def _lost_selected(self, spec: MigSpec, config: str | None) -> tuple[GpuOutcome, ...]:
         """The lost GPUs the config selects, or may (only an index known): not applied, and
