@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.api import ApiServices, EventBus, NodeInventory, OperationRunner
+from agent.api.mig import recovered_rollbacks
 from agent.config import AgentConfig
 from agent.doctor import Doctor, build_doctor
 from agent.dra.metrics import AllocationCollector
@@ -213,6 +214,7 @@ def _build_rest(
         allocation=allocation.current,
         republish=republish,
         tell_plugin=sharing.reload_for_mig_change,
+        recovered=lambda outcomes: recovered_rollbacks(state, outcomes),
     )
     inventory.watch_allocation(allocation.current, mig.mig_refusal)
     power = PowerService(gpu, state)

@@ -10,6 +10,7 @@ stopping by suspending the apply, to be finished by the next start.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,7 +22,7 @@ from google.protobuf.message import Message
 from agent._proto.gpuagent.v1 import mig_pb2, mig_pb2_grpc, operations_pb2
 from agent.api.auth import Role, actor_of, granted, sees_processes
 from agent.api.operations import MIG_APPLY, Checkpointed, OperationContext, OperationRunner
-from agent.errors import Busy, DeviceLost, FieldViolation, InvalidSpec
+from agent.errors import Busy, Conflict, DeviceLost, FieldViolation, InvalidSpec
 from agent.gpu.types import GpuInfo, GpuLayout
 from agent.mig.advice import advise_gpu
 from agent.mig.apply import ProgressEvent, Suspended
@@ -29,11 +30,12 @@ from agent.mig.checkpoint import parse_checkpoint
 from agent.mig.claim import Claim, ClaimBook
 from agent.mig.node_plan import refuse_unless_feasible
 from agent.mig.outcomes import ApplyResult, RecoveryOutcome
-from agent.mig.service import MigService
+from agent.mig.service import ROLLBACK_FAILED, MigService, RollbackFailed
 from agent.mig.spec import MigSpec, name_problem, parse_spec
 from agent.operation import INTERRUPTED, AlreadyRunning
 from agent.owner import Actor
 from agent.prewarm.errors import Cancelled
+from agent.state import StateStore
 from agent.wire.mig import (
     apply_result_pb,
     assert_pb,
@@ -43,7 +45,9 @@ from agent.wire.mig import (
 )
 from agent.wire.operations import message_dict, operation_name, operation_pb
 
-__all__ = ["MigServicer", "advise_layouts", "interrupted_apply"]
+log = logging.getLogger(__name__)
+
+__all__ = ["MigServicer", "advise_layouts", "interrupted_apply", "recovered_rollbacks"]
 
 _MAX_CONFIG = 1024 * 1024
 _CHECKPOINT = "checkpoint"  # the config name a restore reports
@@ -110,14 +114,44 @@ def interrupted_apply(outcomes: Sequence[RecoveryOutcome]) -> dict[str, Any]:
         )
     else:
         message = f"the agent stopped during this apply; on restart: {said}"
-    return {
-        "state": "failed",
-        "error": {
-            "type": INTERRUPTED,
-            "code": grpc.StatusCode.ABORTED.value[0],
-            "message": message,
-        },
-    }
+    error = {"type": INTERRUPTED, "code": grpc.StatusCode.ABORTED.value[0], "message": message}
+    if any(o.action == "failed" for o in outcomes):
+        error[_ROLLBACK] = "failed"  # until a recovery finishes it: `recovered_rollbacks`
+    return {"state": "failed", "error": error}
+
+
+#: The key of a ``mig.apply`` error saying how its rollback stands ("failed", "recovered").
+_ROLLBACK = "rollback"
+
+
+def recovered_rollbacks(state: StateStore, outcomes: Sequence[RecoveryOutcome]) -> list[str]:
+    """After a MIG recovery that left no GPU failed: each ended ``mig.apply`` operation whose
+    error says its rollback failed (the apply's own rollback, or the one at a restart) is
+    restated, saying the recovery finished it; `StateStore.restate_error` keeps what it said
+    before in the error's history. Returns their ids."""
+    said = "; ".join(f"GPU {o.gpu} {o.action}: {o.detail}" for o in outcomes) or "nothing left"
+    restated = []
+    after: tuple[float, str] | None = None
+    while page := state.list_operations(kind=MIG_APPLY, done=True, after=after):
+        after = (page[-1].created_at, page[-1].id)
+        for op in page:
+            error = op.error or {}
+            if error.get("type") == RollbackFailed.__name__:
+                cause = str(error.get("message", "")).partition(ROLLBACK_FAILED)[0]
+                kind = Conflict.__name__  # what RollbackFailed is, less the claim
+            elif error.get(_ROLLBACK) == "failed":  # `interrupted_apply`
+                cause, kind = "the agent stopped during this apply", str(error["type"])
+            else:
+                continue
+            message = (
+                f"{cause}; rolling back failed at first, and the agent's MIG recovery has since "
+                f"finished it: {said}"
+            )
+            now = {**error, "type": kind, "message": message, _ROLLBACK: "recovered"}
+            state.restate_error(op.id, {k: v for k, v in now.items() if k != "history"})
+            log.warning("operation %s (mig.apply): %s", op.id, message)
+            restated.append(op.id)
+    return restated
 
 
 def _spec(text: str, name: str, field: str = "config_yaml") -> tuple[MigSpec, str | None]:

@@ -327,8 +327,7 @@ def apply_command(
         emit({"config": spec.select(selected)[0], "gpus": []}, output, lambda _: _verdict([]))
         return
     last = applied[-1]
-    if not last.data["gpus"]:  # no GPU planned: selected by no entry, or not MIG-capable
-        _say_unheld(client.assert_mig(text, selected or "", mode_only=mode_only).mismatches)
+    _say_unheld(last.unheld)  # no GPU planned: selected by no entry, or not MIG-capable
     emit(last.data, output, lambda _: last.table)
     if last.pending:
         raise click.exceptions.Exit(PENDING_EXIT)
@@ -339,7 +338,8 @@ def apply_command(
 def _say_unheld(mismatches: Sequence[str]) -> None:
     """An apply that planned no GPU succeeds, as mig-parted's does, but where the agent's assert
     of the config still fails (its entries select none of these GPUs: another model's device
-    filter, indices the node lacks) that is said, not left to the next `mig assert`."""
+    filter, indices the node lacks) that is said, not left to the next `mig assert`: the
+    apply's result carries the assert's lines (``assert_mismatches``)."""
     for line in mismatches:
         click.echo(f"warning: {line}", err=True)
     if mismatches:
@@ -356,6 +356,8 @@ class _Applied:
     pending: list[str]
     #: messages of the GPUs the config selects that are lost: not applied
     lost: list[str] = field(default_factory=list)
+    #: when the config selected no GPU: why its assert fails (the agent's lines)
+    unheld: Sequence[str] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,7 +434,7 @@ def _follow(client: AgentClient, op: OperationView, embedded: bool) -> _Applied:
     data = plain(result)
     pending = [g.message for g in result.gpus if g.status == "pending"]
     lost = [g.message for g in result.gpus if g.status == "lost"]
-    return _Applied(data, _apply_table(result), pending, lost)
+    return _Applied(data, _apply_table(result), pending, lost, result.assert_mismatches)
 
 
 def _apply_table(result: MigApplied) -> str:

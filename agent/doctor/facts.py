@@ -11,17 +11,16 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agent.config import AgentConfig
 from agent.dra.mode import Allocation
 from agent.gpu.attach import DriverLink
-from agent.kube import InClusterKubeClient
 from agent.statedir import Unwritable
 from agent.telemetry.snapshot import Snapshot
 from agent.wire.doctor import Check, CheckState
 
-__all__ = ["CAP_SYS_ADMIN", "NEEDS_NVML", "Facts", "degraded", "failed", "ok"]
+__all__ = ["CAP_SYS_ADMIN", "NEEDS_NVML", "ApiServer", "Facts", "degraded", "failed", "ok"]
 
 #: The fix of every check of what only NVML can read, while NVML is not there.
 NEEDS_NVML = "fix telemetry/nvml first: every GPU duty reads the GPUs through NVML"
@@ -30,11 +29,30 @@ NEEDS_NVML = "fix telemetry/nvml first: every GPU duty reads the GPUs through NV
 CAP_SYS_ADMIN = 21
 
 
+class ApiServer(Protocol):
+    """What the checks ask of the Kubernetes API server (`agent.kube.InClusterKubeClient`)."""
+
+    @property
+    def server(self) -> str: ...
+
+    def get(self, path: str, query: Mapping[str, str] | None = None) -> object: ...
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: object = None,
+        content_type: str = "application/json",
+    ) -> Any: ...
+
+
 @dataclass
 class Facts:
     config: AgentConfig
     driver: DriverLink
-    kube: InClusterKubeClient | None
+    kube: ApiServer | None
     allocation: Callable[[], Allocation]
     snapshot: Callable[[], Snapshot | None]
     #: (gpu index, instance, xid) -> count since the agent started

@@ -14,6 +14,7 @@ from agent.errors import AgentError
 from agent.gpu.attach import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NO_GPUS, STARTING
 from agent.gpu.types import GpuInfo
 from agent.health.machine import State, action_rank
+from agent.telemetry.snapshot import Snapshot
 from agent.wire.doctor import Check
 from dcgm.fields import BY_ID
 
@@ -81,8 +82,8 @@ def telemetry_nvml(facts: Facts) -> Check:
         versions = f"driver {facts.driver.driver.driver_version()}"
         up = f"{state.gpus} GPU(s) at attach"
     evidence = f"{versions}, {up}, library {_library(facts)}"
-    if snap is not None and snap.serving() < len(snap.gpus):
-        lost = ", ".join(f"GPU {g.gpu.index}: {g.detail}" for g in snap.gpus if not g.up)
+    lost = ", ".join(f"GPU {i}: {why}" for i, why in _unanswering(snap).items())
+    if lost:
         return degraded(
             T, "nvml", f"{evidence}; lost: {lost}", "see health/xid and gpu-agent status"
         )
@@ -173,6 +174,12 @@ def telemetry_pod_resources(facts: Facts) -> Check:
     )
 
 
+def _unanswering(snap: Snapshot | None) -> dict[int, str]:
+    """The GPUs the snapshot lists down (lost), by index, with the driver's error: whatever
+    was read of them before is no reading of now. The one list of the lost every check reads."""
+    return {} if snap is None else {g.gpu.index: g.detail for g in snap.gpus if not g.up}
+
+
 def _gpus(facts: Facts) -> tuple[GpuInfo, ...]:
     snap = facts.snapshot()
     if snap is not None and snap.layouts:
@@ -183,10 +190,8 @@ def _gpus(facts: Facts) -> tuple[GpuInfo, ...]:
 def _never_read(facts: Facts, read: Sequence[GpuInfo]) -> list[int]:
     """The GPUs the snapshot lists down that no layout was ever read of (lost before the
     agent started): a check over the GPUs read would pass them over in silence."""
-    snap = facts.snapshot()
     known = {gpu.index for gpu in read}
-    downs = () if snap is None else snap.gpus
-    return [s.gpu.index for s in downs if not s.up and s.gpu.index not in known]
+    return [i for i in _unanswering(facts.snapshot()) if i not in known]
 
 
 def mig_capability(facts: Facts) -> Check:
@@ -240,17 +245,10 @@ def mig_allocation_mode(facts: Facts) -> Check:
     return ok(M, "allocation-mode", evidence)
 
 
-def _unanswering(facts: Facts) -> dict[int, str]:
-    """The GPUs the snapshot lists down (lost), with the driver's error: whatever was read of
-    them before is no reading of now."""
-    snap = facts.snapshot()
-    return {} if snap is None else {g.gpu.index: g.detail for g in snap.gpus if not g.up}
-
-
 def mig_pending(facts: Facts) -> Check:
     if not facts.driver.is_attached:
         return failed(M, "pending", "no NVML: the MIG mode cannot be read", NEEDS_NVML)
-    down = _unanswering(facts)
+    down = _unanswering(facts.snapshot())
     gpus = [g for g in _gpus(facts) if g.index not in down]
     pending = [g for g in gpus if g.mig_mode is not None and g.mig_mode.is_pending]
     unread = [f"GPU {i}: {why}" for i, why in sorted(down.items())]

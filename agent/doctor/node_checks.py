@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from agent.doctor import kube_checks
 from agent.doctor.facts import NEEDS_NVML, Facts, degraded, failed, ok
 from agent.dra.mode import AllocationMode
-from agent.errors import AgentError, InvalidSpec
+from agent.errors import AgentError
 from agent.prewarm.policy import redact_url
 from agent.prewarm.private_images import (
     ALWAYS_VERIFY,
@@ -25,7 +25,6 @@ from agent.prewarm.private_images import (
     read_kubelet_policy,
 )
 from agent.sharing import strategy
-from agent.sharing.schema import parse
 from agent.sharing.store import ConfigStore
 from agent.statedir import FIX as STATE_FIX
 from agent.wire.doctor import Check
@@ -95,15 +94,10 @@ def sharing_plugin_config(facts: Facts) -> Check:
 
 
 def _config_problem(path: Path) -> str:
-    """Why the file at ``path`` is no config the plugin can read, read and parsed as `share`
-    reads it ("" when it is one, or absent: the plugin then runs with its defaults)."""
+    """Why the file at ``path`` is no config the plugin can read, read and parsed by `share`'s
+    own reader ("" when it is one, or absent: the plugin then runs with its defaults)."""
     try:
-        raw = ConfigStore(path).read()
-        if raw and raw.strip():
-            parse(raw)
-    except InvalidSpec as exc:
-        found = "; ".join(f"{v.field}: {v.description}" for v in exc.violations)
-        return f"{path} is not a valid device-plugin config ({found or exc})"
+        ConfigStore(path).read_config()
     except AgentError as exc:
         return str(exc)
     return ""
@@ -221,8 +215,7 @@ def _file_strategy(facts: Facts) -> str | None:
     """The config file's flags.migStrategy; None when it sets none, is absent or unreadable
     (sharing/plugin-config says why)."""
     try:
-        raw = ConfigStore(facts.config.sharing.config_path).read()  # the service's reader
-        return parse(raw).flags.mig_strategy if raw and raw.strip() else None
+        return ConfigStore(facts.config.sharing.config_path).read_config().flags.mig_strategy
     except AgentError:
         return None
 
@@ -333,8 +326,11 @@ def _optional_socket_check(
     else `_socket_check`, whose fix mounts the socket's folder or unsets the setting."""
     if socket is None:
         return ok(P, name, f"off (prewarm.{setting} unset): {off}")
-    fix = f"mount {socket.parent} into the agent pod, or unset prewarm.{setting}"
-    return _socket_check(name, socket, found, missing, fix)
+    return _socket_check(name, socket, found, missing, _mount_fix(socket, setting))
+
+
+def _mount_fix(socket: Path, setting: str) -> str:
+    return f"mount {socket.parent} into the agent pod, or unset prewarm.{setting}"
 
 
 def prewarm_nydus(facts: Facts) -> Check:
@@ -358,14 +354,14 @@ def prewarm_dragonfly(facts: Facts) -> Check:
     if settings.dragonfly_socket is None and settings.dragonfly_proxy is None:
         off = "off (prewarm.dragonfly_socket and prewarm.dragonfly_proxy unset)"
         return ok(P, "dragonfly", f"{off}: files come from origins")
-    if settings.dragonfly_socket is not None:  # used even when a proxy is set too
-        return _optional_socket_check(
+    socket = settings.dragonfly_socket
+    if socket is not None:  # used even when a proxy is set too
+        return _socket_check(
             "dragonfly",
-            "dragonfly_socket",
-            settings.dragonfly_socket,
-            off="",
-            found=f"dfdaemon socket {settings.dragonfly_socket}",
-            missing=f"no dfdaemon socket at {settings.dragonfly_socket}: {fail}",
+            socket,
+            f"dfdaemon socket {socket}",
+            f"no dfdaemon socket at {socket}: {fail}",
+            _mount_fix(socket, "dragonfly_socket"),
         )
     assert settings.dragonfly_proxy is not None
     proxy = redact_url(settings.dragonfly_proxy)

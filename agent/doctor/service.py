@@ -7,17 +7,18 @@ The agent runs it at start-up (the log then begins with what does not work and t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from agent.doctor import api_checks, gpu_checks, kube_checks, node_checks
-from agent.doctor.facts import Facts
+from agent.doctor.facts import ApiServer, Facts
 from agent.doctor.runner import DEADLINE_S, Probe, run_checks
 from agent.kube import InClusterKubeClient, KubeClient
 from agent.tasks import Need, Task
@@ -68,10 +69,6 @@ CHECKS: tuple[tuple[str, str, Callable[[Facts], Check]], ...] = (
     ("state", "dir", node_checks.state_dir),
 )
 _GAUGE_VALUE = {CheckState.OK: 0, CheckState.DEGRADED: 1, CheckState.FAILED: 2}
-#: The duty whose checks all ask the API server (about 26 SelfSubjectAccessReviews and two GETs),
-#: and sharing/reload with restart-pod (two reviews): the hourly run keeps their last answer,
-#: so a steady node sends nothing; the first run and every `Doctor` call ask again.
-API_DUTY = "kubernetes"
 
 
 def check_line(check: Check) -> str:
@@ -97,6 +94,8 @@ class Doctor(Collector):
         self._deadline_s = deadline_s
         self._lock = threading.Lock()
         self._latest: DoctorReport | None = None
+        #: the latest answers of the checks that asked the API server, by (duty, name)
+        self._asked: Mapping[tuple[str, str], Check] = {}
         self._logged = False
         self._listeners: list[Callable[[], None]] = []
 
@@ -110,18 +109,25 @@ class Doctor(Collector):
 
     def run(self, *, ask_api: bool = True) -> DoctorReport:
         """Every check now (blocking: up to the deadline); without ``ask_api``, the checks that
-        ask the API server keep their last answer (when there is one)."""
+        asked the API server at their last run keep that answer (when there is one)."""
         facts = self.facts
-        kept = {} if ask_api or self._latest is None else _asked_api(self._latest, facts)
-        probes = [
-            Probe(
-                duty, name, _kept(kept[(duty, name)]) if (duty, name) in kept else _bind(c, facts)
-            )
-            for duty, name, c in CHECKS
-        ]
+        kept = {} if ask_api else self._asked
+        asking: dict[tuple[str, str], _Asking] = {}
+        probes = []
+        for duty, name, check in CHECKS:
+            if (duty, name) in kept:
+                probes.append(Probe(duty, name, _kept(kept[(duty, name)])))
+                continue
+            own = facts
+            if facts.kube is not None:  # each its own, so that what asked is known
+                asking[(duty, name)] = _Asking(facts.kube)
+                own = dataclasses.replace(facts, kube=asking[(duty, name)])
+            probes.append(Probe(duty, name, _bind(check, own)))
         report = DoctorReport(facts.config.node_name, run_checks(probes, self._deadline_s))
+        keys = [((c.duty, c.name), c) for c in report.checks]
+        asked = {k: c for k, c in keys if k in kept or (k in asking and asking[k].asked)}
         with self._lock:
-            self._latest = report
+            self._latest, self._asked = report, asked
         for listener in self._listeners:
             listener()
         return report
@@ -132,7 +138,10 @@ class Doctor(Collector):
 
     def refresh(self) -> None:
         """A run for the gauge; the first one logs the summary (the agent's start-up), and the
-        later ones keep the answers of the checks that ask the API server (`API_DUTY`)."""
+        later ones keep the answers of the checks that asked the API server (about 26
+        SelfSubjectAccessReviews and two GETs a run: kubernetes/*, sharing/reload with
+        restart-pod), so a steady node sends nothing; the first run and every `Doctor` call
+        ask again."""
         report = self.run(ask_api=not self._logged)
         if self._logged:
             return
@@ -163,14 +172,32 @@ def _kept(check: Check) -> Callable[[], Check]:
     return lambda: check
 
 
-def _asked_api(report: DoctorReport, facts: Facts) -> dict[tuple[str, str], Check]:
-    """The checks of ``report`` that asked the API server, by (duty, name)."""
-    restart_pod = facts.config.sharing.reload == "restart-pod"
+class _Asking:
+    """The API server as one check's run sees it: whether the check asked it is noted."""
 
-    def asked(c: Check) -> bool:
-        return c.duty == API_DUTY or (restart_pod and (c.duty, c.name) == ("sharing", "reload"))
+    def __init__(self, kube: ApiServer) -> None:
+        self._kube = kube
+        self.asked = False
 
-    return {(c.duty, c.name): c for c in report.checks if asked(c)}
+    @property
+    def server(self) -> str:
+        return self._kube.server
+
+    def get(self, path: str, query: Mapping[str, str] | None = None) -> object:
+        self.asked = True
+        return self._kube.get(path, query)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: object = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        self.asked = True
+        return self._kube.request(method, path, query=query, body=body, content_type=content_type)
 
 
 def build_doctor(

@@ -40,6 +40,8 @@ class ApplyResult:
     #: what was done so the device plugin advertises the new layout, or why not ("": no GPU
     #: changed, or no device plugin serves the node)
     device_plugin: str = ""
+    #: when the config selected no GPU (nothing applied): why its assert fails, one line each
+    assert_mismatches: tuple[str, ...] = ()
 
     @property
     def pending(self) -> tuple[GpuOutcome, ...]:

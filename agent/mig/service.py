@@ -50,7 +50,11 @@ log = logging.getLogger(__name__)
 
 
 class RollbackFailed(Conflict):
-    """An apply failed and restoring its snapshots failed too; the journal is kept."""
+    """An apply failed and restoring its snapshots failed too; the journal is kept. Its message
+    is the apply's error, then `ROLLBACK_FAILED` and what failed."""
+
+
+ROLLBACK_FAILED = "; rolling back also failed"
 
 
 class Republish(Protocol):
@@ -78,11 +82,14 @@ class MigService:
         allocation: Callable[[], Allocation] = lambda: _NO_MODE,
         republish: Republish | None = None,
         tell_plugin: Callable[[], str] | None = None,
+        recovered: Callable[[tuple[RecoveryOutcome, ...]], object] = lambda _outcomes: None,
     ) -> None:
         """``allocation``: the node's allocation mode, asked before every change (docs/dra.md);
         ``republish``: on a ``dra`` node, makes the DRA driver publish a new layout;
         ``tell_plugin``: on a ``device-plugin`` node, makes the device plugin enumerate its
-        devices again (agent.sharing: SIGHUP or a pod restart), saying what it did."""
+        devices again (agent.sharing: SIGHUP or a pod restart), saying what it did;
+        ``recovered``: told what a recovery did once it left no GPU failed (the journal done
+        with), so that what said the rollback failed can say it was finished."""
         self._driver = driver
         self._journal = journal
         self._lock = lock
@@ -90,6 +97,7 @@ class MigService:
         self._allocation = allocation
         self._republish = republish
         self._tell_plugin = tell_plugin
+        self._recovered = recovered
 
     def refuse_by_mode(self, what: str) -> Allocation:
         """ModeRefused when this node's allocation mode forbids a MIG change; else the mode."""
@@ -207,7 +215,9 @@ class MigService:
                 self._journal.journal_clear(SCOPE)
         said = self._plugin_told(allocation) if plan.changes else ""
         gpus = (*outcomes.values(), *self._lost_selected(spec, config))
-        return ApplyResult(name, gpus, executor.mutations, recovered, said)
+        # Selected no GPU: done, as mig-parted's; its assert fails all the same, and says why.
+        unheld = () if gpus else self.check(spec, config, mode_only=mode_only).mismatches
+        return ApplyResult(name, gpus, executor.mutations, recovered, said, unheld)
 
     def _lost_selected(self, spec: MigSpec, config: str | None) -> tuple[GpuOutcome, ...]:
         """The lost GPUs the config selects, or may (only an index known): not applied, and
@@ -470,7 +480,7 @@ class MigService:
         if failures:
             log.error("MIG rollback failed: %s", "; ".join(failures))
             raise RollbackFailed(
-                f"{error}; rolling back also failed ({'; '.join(failures)}). The journal is kept: "
+                f"{error}{ROLLBACK_FAILED} ({'; '.join(failures)}). The journal is kept: "
                 "the next apply or agent start retries the rollback"
             ) from error
         executor.forget()
@@ -556,6 +566,10 @@ class MigService:
             log.log(level, "MIG recovery of GPU %s: %s (%s)", o.gpu, o.action, o.detail)
         if all(o.action != "failed" for o in outcomes):
             undo.forget()  # a clear the full dir refuses: the next start finds them untouched
+            try:
+                self._recovered(tuple(outcomes))
+            except Exception:  # told after the fact: never a failed recovery, nor apply
+                log.exception("MIG recovered, but saying so on its operations failed")
         return tuple(outcomes)
 
     def _resume(self, record: ApplyRecord) -> list[RecoveryOutcome]:

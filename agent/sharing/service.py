@@ -48,11 +48,10 @@ from agent.sharing.schema import (
     PluginConfig,
     Sharing,
     merge,
-    parse,
     render,
     unmanaged_changes,
 )
-from agent.sharing.store import ConfigStore
+from agent.sharing.store import ConfigStore, parse_file
 from agent.sharing.validate import validate, violations
 from agent.sharing.view import (
     ApplyResult,
@@ -263,8 +262,7 @@ class SharingService:
                 _refuse_unmanaged(current, desired)
             layouts = self._layouts()
             started, _ = self._started(find_plugin_processes(self._settings.plugin_process_name))
-            _refuse_overridden(requested, started)
-            validate(strategy.run_with(desired, started) or desired, layouts)
+            _refuse_as_set(requested, desired, started, layouts)
             return self._apply("set", current, desired, layouts, reloader)
 
     def clear(self) -> ApplyResult:
@@ -295,16 +293,18 @@ class SharingService:
                 raise NotFound(
                     f"no previous config at {self._store.previous_path}: nothing to roll back to"
                 )
-            previous = self._parse(previous_raw, self._store.previous_path)
+            previous = parse_file(previous_raw, self._store.previous_path)
             if not plugin_settings:
                 _refuse_unmanaged(self._parse_current(current_raw), previous)
             layouts = self._layouts()
             started, _ = self._started(find_plugin_processes(self._settings.plugin_process_name))
-            found = _as_set_would_check(previous, started, layouts)
-            if found:
+            try:
+                _refuse_as_set(previous, previous, started, layouts)
+            except InvalidSpec as exc:
                 raise InvalidSpec(
-                    "cannot roll back: the previous config is refused on this node now", found
-                )
+                    "cannot roll back: the previous config is refused on this node now",
+                    exc.violations,
+                ) from exc
             if previous_raw == current_raw:
                 return self._result("rollback", False, previous, layouts, None)
             reloader.check()
@@ -421,7 +421,7 @@ class SharingService:
             raise NotFound(
                 f"no previous spec at {self._dra_store.previous_path}: nothing to roll back to"
             )
-        previous = self._parse(previous_raw, self._dra_store.previous_path)
+        previous = parse_file(previous_raw, self._dra_store.previous_path)
         if previous.sharing == Sharing():
             return self._dra_apply("rollback", allocation, dra.DraPlan((), ()), previous)
         try:
@@ -468,7 +468,7 @@ class SharingService:
 
     def _dra_show(self, allocation: Allocation) -> SharingView:
         raw = self._dra_store.read()
-        config = self._parse_current_at(raw, self._dra_store.path)
+        config = parse_file(raw, self._dra_store.path)
         status_raw = self._dra_store.read_status()
         status = StatusRecord.from_json(status_raw) if status_raw is not None else None
         last_write = (
@@ -537,21 +537,8 @@ class SharingService:
             dra=DraView(allocation, tuple(objects), notes, error),
         )
 
-    def _parse_current_at(self, raw: bytes | None, path: Path) -> PluginConfig:
-        return PluginConfig() if raw is None else self._parse(raw, path)
-
     def _parse_current(self, raw: bytes | None) -> PluginConfig:
-        return PluginConfig() if raw is None else self._parse(raw, self._store.path)
-
-    @staticmethod
-    def _parse(raw: bytes, path: Path) -> PluginConfig:
-        try:
-            return parse(raw)
-        except InvalidSpec as exc:
-            problems = "; ".join(f"{v.field}: {v.description}" for v in exc.violations)
-            raise Conflict(
-                f"{path} is not a valid device-plugin config ({problems}); fix or remove it"
-            ) from exc
+        return parse_file(raw, self._store.path)
 
 
 def _problems(
@@ -586,17 +573,17 @@ def _strategy_problems(
     return [FieldViolation("flags.migStrategy", why) for why in found if why is not None]
 
 
-def _as_set_would_check(
-    config: PluginConfig, started: strategy.Strategy | None, layouts: Sequence[GpuLayout]
-) -> list[FieldViolation]:
-    """What ``set`` would refuse in ``config`` (a rollback's target): its migStrategy if the
-    plugin's own overrides it, and the rules as the plugin runs it."""
-    overridden: list[FieldViolation] = []
-    try:
-        _refuse_overridden(config, started)
-    except InvalidSpec as exc:
-        overridden += exc.violations
-    return overridden + violations(strategy.run_with(config, started) or config, layouts)
+def _refuse_as_set(
+    requested: PluginConfig,
+    desired: PluginConfig,
+    started: strategy.Strategy | None,
+    layouts: Sequence[GpuLayout],
+) -> None:
+    """What ``set`` refuses, and a rollback to ``desired`` too: a migStrategy ``requested``
+    sets that the plugin's own flag or environment overrides, then ``desired`` (the file to
+    write) against the rules as the plugin runs it. InvalidSpec naming every violation."""
+    _refuse_overridden(requested, started)
+    validate(strategy.run_with(desired, started) or desired, layouts)
 
 
 def _refuse_unmanaged(current: PluginConfig, desired: PluginConfig) -> None:

@@ -25,6 +25,7 @@ from agent.errors import (
     NotFound,
     PermissionDenied,
 )
+from agent.sharing.schema import PluginConfig, parse
 
 _DEFAULT_MODE = 0o644  # the plugin may run as another user; the config is not a secret
 
@@ -96,6 +97,11 @@ class ConfigStore:
     def read_previous(self) -> bytes | None:
         return _read(self.previous_path)
 
+    def read_config(self) -> PluginConfig:
+        """The config the plugin reads (its defaults when there is no file); Conflict when the
+        file is not one, naming why, as every `share` command and `gpu-agent doctor` say it."""
+        return parse_file(self.read(), self.path)
+
     def write(self, data: bytes) -> None:
         """Make ``data`` the config, keeping what was there as the previous version.
 
@@ -138,6 +144,20 @@ class ConfigStore:
         except ValueError:
             return None
         return record if isinstance(record, dict) else None
+
+
+def parse_file(raw: bytes | None, path: Path) -> PluginConfig:
+    """The config in ``raw``, the bytes of the file at ``path`` (None: no file, so the plugin's
+    defaults); Conflict, naming the file and every problem, when the plugin cannot read it."""
+    if raw is None:
+        return PluginConfig()
+    try:
+        return parse(raw)
+    except InvalidSpec as exc:
+        problems = "; ".join(f"{v.field}: {v.description}" for v in exc.violations)
+        raise Conflict(
+            f"{path} is not a valid device-plugin config ({problems}); fix or remove it"
+        ) from exc
 
 
 def _read(path: Path) -> bytes | None:

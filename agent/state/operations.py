@@ -222,6 +222,24 @@ class Operations(Database):
             )
             return self.get_operation(op_id)
 
+    def restate_error(self, op_id: str, error: dict[str, Any]) -> Operation:
+        """What an ended operation's error says, made what is true of it now (a rollback that
+        failed, finished since by recovery): ``error`` replaces it, and the error it replaces
+        is kept, with when it stopped being true, at the end of the new one's ``history``. The
+        one change an ended operation takes; its state stays. `Conflict` when it has no error."""
+        with self.transaction() as conn:
+            current = self.get_operation(op_id)
+            if not current.done or current.error is None:
+                raise Conflict(f"operation {op_id} has not ended with an error to restate")
+            now = self._clock()
+            earlier = dict(current.error)
+            history = [*earlier.pop("history", ()), {**earlier, "until": now}]
+            conn.execute(
+                "UPDATE operations SET error = ?, updated_at = ? WHERE id = ?",
+                (encode({**error, "history": history}), now, op_id),
+            )
+            return self.get_operation(op_id)
+
     def request_cancel(self, op_id: str) -> Operation:
         """Flag the operation for cancellation; its worker stops at its next checkpoint and
         sets the state. A no-op on a done operation."""

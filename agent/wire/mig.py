@@ -158,6 +158,7 @@ def apply_result_pb(result: ApplyResult) -> operations_pb2.OperationResponse:
             mutations=result.mutations,
             recovered=[f"GPU {r.gpu}: {r.action} ({r.detail})" for r in result.recovered],
             device_plugin=result.device_plugin,
+            assert_mismatches=result.assert_mismatches,
         )
     )
 

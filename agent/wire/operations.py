@@ -198,6 +198,8 @@ class MigApplied:
     #: what the agent did so the device plugin advertises the new layout, or why not ("": no
     #: GPU changed, or no device plugin serves the node)
     device_plugin: str = ""
+    #: when the config selected no GPU (nothing applied): why its assert fails, one line each
+    assert_mismatches: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,4 +324,5 @@ def _mig_applied(result: operations_pb2.MigApplyResult) -> MigApplied:
         mutations=result.mutations,
         recovered=tuple(result.recovered),
         device_plugin=result.device_plugin,
+        assert_mismatches=tuple(result.assert_mismatches),
     )

@@ -229,6 +229,24 @@ def test_a_done_operation_is_final(store: StateStore) -> None:
     assert store.get_operation(op.id).state == "cancelled"
 
 
+def test_restating_an_ended_error_keeps_its_state_and_every_earlier_error(
+    store: StateStore,
+) -> None:
+    """What an ended operation's error says may become untrue (a rollback that failed, finished
+    since by recovery): restated, the state stays and each earlier error is kept, in order. An
+    operation still running, or one that ended without an error, has none to restate."""
+    op = store.create_operation("mig.apply", request_id=None, request={})
+    with pytest.raises(Conflict, match="not ended with an error"):
+        store.restate_error(op.id, {"type": "Conflict", "message": "now"})
+    store.update_operation(op.id, state="failed", error={"type": "A", "message": "first"})
+    store.restate_error(op.id, {"type": "B", "message": "second"})
+    third = store.restate_error(op.id, {"type": "C", "message": "third"})
+    assert third.state == "failed" and third.error is not None
+    assert third.error["message"] == "third"
+    assert [e["message"] for e in third.error["history"]] == ["first", "second"]
+    assert all("until" in e and "history" not in e for e in third.error["history"])
+
+
 def test_an_unknown_state_is_rejected(store: StateStore) -> None:
     op = store.create_operation("prewarm", request_id=None, request={})
     with pytest.raises(InvalidSpec, match="pending, running, succeeded, failed, cancelled"):

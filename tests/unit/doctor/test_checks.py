@@ -13,6 +13,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
 from agent.doctor import api_checks, gpu_checks, node_checks
 from agent.doctor.runner import Probe, run_checks
 from agent.doctor.service import CHECKS, Doctor
@@ -364,6 +366,14 @@ def test_a_plugin_config_the_plugin_cannot_read_fails_plugin_config_naming_why(
     check = node_checks.sharing_plugin_config(f)
     assert check.state is CheckState.FAILED, check
     assert "sharing.timeSlicing.resources[0].replicas: required" in check.evidence
+    # Its fix says `share show` says the same: it does, word for word (one reader of the file).
+    from agent.config.sections import SharingSettings
+    from agent.errors import Conflict
+    from agent.sharing.service import SharingService
+
+    with pytest.raises(Conflict) as refused:
+        SharingService(SharingSettings(config_path=path, reload="none"), tuple).show()
+    assert check.evidence.endswith(str(refused.value)), (check.evidence, refused.value)
     path.write_text("version: v1\nflags:\n  migStrategy: mixed\n")
     assert node_checks.sharing_plugin_config(f).state is CheckState.OK
 

@@ -175,3 +175,36 @@ def test_the_hourly_run_keeps_the_api_checks_answers_and_a_doctor_call_asks_agai
     assert rbac.state is CheckState.OK
     doctor.run()  # `gpu-agent doctor`: asks again
     assert len(api.reviews) == 2 * asked
+
+
+def test_the_hourly_run_keeps_every_answer_that_asked_the_api_and_reruns_the_others(
+    api: Api, tmp_path: Path
+) -> None:
+    """What the hourly run keeps is what asked the API server at the last run, whatever its
+    duty: sharing/reload with restart-pod asks for two verbs in the plugin's namespace, and is
+    kept with the kubernetes checks; a check that asked nothing is read again."""
+    import dataclasses
+
+    from agent.doctor.service import Doctor
+
+    made = facts(tmp_path, kube=api.client)
+    sharing = dataclasses.replace(made.config.sharing, reload="restart-pod")
+    config = dataclasses.replace(made.config, sharing=sharing)
+    doctor = Doctor(dataclasses.replace(made, config=config))
+    doctor.refresh()  # the start: asks
+    asked = len(api.reviews)
+    assert asked == sum(len(v) for _, _, v in kube_checks.AGENT_VERBS) + 2
+    api.denied = {("delete", "pods", "", "")}  # would fail sharing/reload if it were asked again
+    (tmp_path / "cache").mkdir()  # prewarm/cache-volume asks no API: read again, it changes
+    first = doctor.latest
+    doctor.refresh()
+    assert len(api.reviews) == asked
+    report = doctor.latest
+    assert first is not None and report is not None
+    by_name = {(c.duty, c.name): c for c in report.checks}
+    assert by_name[("sharing", "reload")].state is CheckState.OK
+    cache = ("prewarm", "cache-volume")
+    assert by_name[cache] != {(c.duty, c.name): c for c in first.checks}[cache]
+    again = doctor.run()  # `gpu-agent doctor`: asks again, and sees the denial
+    reload = next(c for c in again.checks if (c.duty, c.name) == ("sharing", "reload"))
+    assert reload.state is CheckState.FAILED and len(api.reviews) == 2 * asked

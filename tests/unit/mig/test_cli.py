@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -118,11 +119,24 @@ def test_a_checkpoint_that_cannot_be_written_names_its_option(a100: Invoke, tmp_
     assert "output-file" not in refused.output
 
 
-def test_an_apply_that_selects_no_gpu_of_the_node_says_so(a100: Invoke, tmp_path: Path) -> None:
+def test_an_apply_that_selects_no_gpu_of_the_node_says_so(
+    a100: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A config whose device filter is another model's (an H100 config on this A100 node) said
     only "MIG configuration applied successfully" over an empty table, and `mig assert` of it
     then failed: the apply now warns, with the assert's own lines, that it changed no GPU and
-    that assert fails (exit 0 still, as mig-parted's)."""
+    that assert fails (exit 0 still, as mig-parted's). The apply's result carries those lines:
+    the command makes no AssertMig call of its own for them."""
+    from agent.client import AgentClient
+
+    asserted: list[object] = []
+    original = AgentClient.assert_mig
+
+    def counted(self: AgentClient, *args: Any, **kwargs: Any) -> Any:
+        asserted.append(args)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(AgentClient, "assert_mig", counted)
     other = tmp_path / "h100.yaml"
     other.write_text(
         "version: v1\nmig-configs:\n  h100:\n    - device-filter: ['0x233010DE']\n"
@@ -132,6 +146,10 @@ def test_an_apply_that_selects_no_gpu_of_the_node_says_so(a100: Invoke, tmp_path
     assert applied.exit_code == 0, applied.output
     assert "warning: GPU 0 is not selected by any entry of h100" in applied.output
     assert "warning: no GPU changed, and `mig assert` of this config fails" in applied.output
+    assert asserted == []
+    as_json = a100("apply", "-f", str(other), "-c", "h100", "-o", "json")
+    unheld = json.loads(as_json.stdout)["assert_mismatches"]
+    assert unheld == [f"GPU {i} is not selected by any entry of h100" for i in range(8)]
     assert a100("assert", "-f", str(other), "-c", "h100").exit_code == 1
     quiet = a100("apply", "-f", "FILE", "-c", "balanced")  # a config that holds says nothing
     assert quiet.exit_code == 0 and "warning" not in quiet.output, quiet.output

@@ -130,6 +130,16 @@ def test_an_operation_reads_back_with_its_result_or_its_error() -> None:
     )
 
 
+def test_an_apply_that_selected_no_gpu_reads_back_with_why_its_assert_fails() -> None:
+    """`mig apply` warns with these lines from the apply's own result (no second call)."""
+    applied = MigApplyResult("h100", (), 0, assert_mismatches=("GPU 0 is not selected",))
+    result = message_dict(apply_result_pb(applied))
+    done = Operation("ab12", "mig.apply", "succeeded", None, {}, {}, result, None, 1.0, 2.0, False)
+    view = operation_from(operation_pb(done))
+    assert view.mig_result is not None
+    assert view.mig_result.assert_mismatches == ("GPU 0 is not selected",)
+
+
 def test_an_assert_reads_back_with_its_lost_gpus() -> None:
     """AssertMig as `mig assert` prints it: the verdict, every mismatch, the lost GPUs."""
     result = AssertResult("all-1g", False, ("GPU 3 is lost: whether it holds all-1g …",), (3,))

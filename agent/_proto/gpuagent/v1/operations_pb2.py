@@ -28,15 +28,15 @@ from agent._proto.gpuagent.v1 import cache_pb2 as gpuagent_dot_v1_dot_cache__pb2
 from agent._proto.gpuagent.v1 import types_pb2 as gpuagent_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgpuagent/v1/operations.proto\x12\x0bgpuagent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17gpuagent/v1/cache.proto\x1a\x17gpuagent/v1/types.proto\"\x8f\x03\n\tOperation\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.gpuagent.v1.OperationState\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12\x30\n\x08metadata\x18\x05 \x01(\x0b\x32\x1e.gpuagent.v1.OperationMetadata\x12,\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x1b.gpuagent.v1.OperationErrorH\x00\x12\x32\n\x08response\x18\x07 \x01(\x0b\x32\x1e.gpuagent.v1.OperationResponseH\x00\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10\x63\x61ncel_requested\x18\x0b \x01(\x08\x42\x08\n\x06result\"\x82\x01\n\x0eOperationError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x10\n\x08\x62lockers\x18\x04 \x03(\t\x12/\n\nviolations\x18\x05 \x03(\x0b\x32\x1b.gpuagent.v1.FieldViolation\"\x84\x01\n\x11OperationMetadata\x12\x32\n\tmig_apply\x18\x01 \x01(\x0b\x32\x1d.gpuagent.v1.MigApplyProgressH\x00\x12/\n\x07prewarm\x18\x02 \x01(\x0b\x32\x1c.gpuagent.v1.PrewarmProgressH\x00\x42\n\n\x08progress\"~\n\x11OperationResponse\x12\x30\n\tmig_apply\x18\x01 \x01(\x0b\x32\x1b.gpuagent.v1.MigApplyResultH\x00\x12-\n\x07prewarm\x18\x02 \x01(\x0b\x32\x1a.gpuagent.v1.PrewarmResultH\x00\x42\x08\n\x06result\"\xd2\x01\n\x10MigApplyProgress\x12\x13\n\x0b\x63onfig_name\x18\x01 \x01(\t\x12\r\n\x05phase\x18\x02 \x01(\t\x12\x12\n\ngpus_total\x18\x03 \x01(\r\x12\x11\n\tgpus_done\x18\x04 \x01(\r\x12\x13\n\x0bsteps_total\x18\x05 \x01(\r\x12\x12\n\nsteps_done\x18\x06 \x01(\r\x12\x14\n\x0c\x63urrent_step\x18\x07 \x01(\t\x12\x19\n\x11\x63urrent_gpu_index\x18\x08 \x01(\r\x12\x19\n\x11gpus_done_indices\x18\t \x03(\r\"\xb8\x01\n\x0eMigApplyResult\x12\x13\n\x0b\x63onfig_name\x18\x01 \x01(\t\x12\x19\n\x11\x63hanged_gpu_uuids\x18\x02 \x03(\t\x12\x0f\n\x07\x63hanged\x18\x03 \x01(\x08\x12(\n\x04gpus\x18\x04 \x03(\x0b\x32\x1a.gpuagent.v1.MigGpuOutcome\x12\x11\n\tmutations\x18\x05 \x01(\r\x12\x11\n\trecovered\x18\x06 \x03(\t\x12\x15\n\rdevice_plugin\x18\x07 \x01(\t\"\x87\x01\n\rMigGpuOutcome\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x0c\n\x04kept\x18\x04 \x01(\r\x12\x11\n\tdestroyed\x18\x05 \x01(\r\x12\x0f\n\x07\x63reated\x18\x06 \x01(\r\x12\x0f\n\x07message\x18\x07 \x01(\t\"k\n\x0fPrewarmProgress\x12/\n\x05items\x18\x01 \x03(\x0b\x32 .gpuagent.v1.PrewarmItemProgress\x12\x13\n\x0bitems_total\x18\x02 \x01(\r\x12\x12\n\nitems_done\x18\x03 \x01(\r\"\xe7\x01\n\x13PrewarmItemProgress\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.gpuagent.v1.CacheItemState\x12\x12\n\ndone_bytes\x18\x04 \x01(\x04\x12\x18\n\x0btotal_bytes\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x1d\n\x15rate_bytes_per_second\x18\x06 \x01(\x01\x12\x18\n\x0b\x65ta_seconds\x18\x07 \x01(\x01H\x01\x88\x01\x01\x42\x0e\n\x0c_total_bytesB\x0e\n\x0c_eta_seconds\"6\n\rPrewarmResult\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.gpuagent.v1.CacheItem\"#\n\x13GetOperationRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"A\n\x14GetOperationResponse\x12)\n\toperation\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.Operation\"h\n\x15ListOperationsRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x11\n\x04\x64one\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\tB\x07\n\x05_done\"]\n\x16ListOperationsResponse\x12*\n\noperations\x18\x01 \x03(\x0b\x32\x16.gpuagent.v1.Operation\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"P\n\x14WaitOperationRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"B\n\x15WaitOperationResponse\x12)\n\toperation\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.Operation\"&\n\x16\x43\x61ncelOperationRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"D\n\x17\x43\x61ncelOperationResponse\x12)\n\toperation\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.Operation\"%\n\x15WatchOperationRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"C\n\x16WatchOperationResponse\x12)\n\toperation\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.Operation*\xc5\x01\n\x0eOperationState\x12\x1f\n\x1bOPERATION_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17OPERATION_STATE_PENDING\x10\x01\x12\x1b\n\x17OPERATION_STATE_RUNNING\x10\x02\x12\x1d\n\x19OPERATION_STATE_SUCCEEDED\x10\x03\x12\x1a\n\x16OPERATION_STATE_FAILED\x10\x04\x12\x1d\n\x19OPERATION_STATE_CANCELLED\x10\x05\x32\xd6\x03\n\x11OperationsService\x12S\n\x0cGetOperation\x12 .gpuagent.v1.GetOperationRequest\x1a!.gpuagent.v1.GetOperationResponse\x12Y\n\x0eListOperations\x12\".gpuagent.v1.ListOperationsRequest\x1a#.gpuagent.v1.ListOperationsResponse\x12V\n\rWaitOperation\x12!.gpuagent.v1.WaitOperationRequest\x1a\".gpuagent.v1.WaitOperationResponse\x12\\\n\x0f\x43\x61ncelOperation\x12#.gpuagent.v1.CancelOperationRequest\x1a$.gpuagent.v1.CancelOperationResponse\x12[\n\x0eWatchOperation\x12\".gpuagent.v1.WatchOperationRequest\x1a#.gpuagent.v1.WatchOperationResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgpuagent/v1/operations.proto\x12\x0bgpuagent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17gpuagent/v1/cache.proto\x1a\x17gpuagent/v1/types.proto\"\x8f\x03\n\tOperation\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.gpuagent.v1.OperationState\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12\x30\n\x08metadata\x18\x05 \x01(\x0b\x32\x1e.gpuagent.v1.OperationMetadata\x12,\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x1b.gpuagent.v1.OperationErrorH\x00\x12\x32\n\x08response\x18\x07 \x01(\x0b\x32\x1e.gpuagent.v1.OperationResponseH\x00\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10\x63\x61ncel_requested\x18\x0b \x01(\x08\x42\x08\n\x06result\"\x82\x01\n\x0eOperationError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x10\n\x08\x62lockers\x18\x04 \x03(\t\x12/\n\nviolations\x18\x05 \x03(\x0b\x32\x1b.gpuagent.v1.FieldViolation\"\x84\x01\n\x11OperationMetadata\x12\x32\n\tmig_apply\x18\x01 \x01(\x0b\x32\x1d.gpuagent.v1.MigApplyProgressH\x00\x12/\n\x07prewarm\x18\x02 \x01(\x0b\x32\x1c.gpuagent.v1.PrewarmProgressH\x00\x42\n\n\x08progress\"~\n\x11OperationResponse\x12\x30\n\tmig_apply\x18\x01 \x01(\x0b\x32\x1b.gpuagent.v1.MigApplyResultH\x00\x12-\n\x07prewarm\x18\x02 \x01(\x0b\x32\x1a.gpuagent.v1.PrewarmResultH\x00\x42\x08\n\x06result\"\xd2\x01\n\x10MigApplyProgress\x12\x13\n\x0b\x63onfig_name\x18\x01 \x01(\t\x12\r\n\x05phase\x18\x02 \x01(\t\x12\x12\n\ngpus_total\x18\x03 \x01(\r\x12\x11\n\tgpus_done\x18\x04 \x01(\r\x12\x13\n\x0bsteps_total\x18\x05 \x01(\r\x12\x12\n\nsteps_done\x18\x06 \x01(\r\x12\x14\n\x0c\x63urrent_step\x18\x07 \x01(\t\x12\x19\n\x11\x63urrent_gpu_index\x18\x08 \x01(\r\x12\x19\n\x11gpus_done_indices\x18\t \x03(\r\"\xd3\x01\n\x0eMigApplyResult\x12\x13\n\x0b\x63onfig_name\x18\x01 \x01(\t\x12\x19\n\x11\x63hanged_gpu_uuids\x18\x02 \x03(\t\x12\x0f\n\x07\x63hanged\x18\x03 \x01(\x08\x12(\n\x04gpus\x18\x04 \x03(\x0b\x32\x1a.gpuagent.v1.MigGpuOutcome\x12\x11\n\tmutations\x18\x05 \x01(\r\x12\x11\n\trecovered\x18\x06 \x03(\t\x12\x15\n\rdevice_plugin\x18\x07 \x01(\t\x12\x19\n\x11\x61ssert_mismatches\x18\x08 \x03(\t\"\x87\x01\n\rMigGpuOutcome\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x0c\n\x04kept\x18\x04 \x01(\r\x12\x11\n\tdestroyed\x18\x05 \x01(\r\x12\x0f\n\x07\x63reated\x18\x06 \x01(\r\x12\x0f\n\x07message\x18\x07 \x01(\t\"k\n\x0fPrewarmProgress\x12/\n\x05items\x18\x01 \x03(\x0b\x32 .gpuagent.v1.PrewarmItemProgress\x12\x13\n\x0bitems_total\x18\x02 \x01(\r\x12\x12\n\nitems_done\x18\x03 \x01(\r\"\xe7\x01\n\x13PrewarmItemProgress\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.gpuagent.v1.CacheItemState\x12\x12\n\ndone_bytes\x18\x04 \x01(\x04\x12\x18\n\x0btotal_bytes\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x1d\n\x15rate_bytes_per_second\x18\x06 \x01(\x01\x12\x18\n\x0b\x65ta_seconds\x18\x07 \x01(\x01H\x01\x88\x01\x01\x42\x0e\n\x0c_total_bytesB\x0e\n\x0c_eta_seconds\"6\n\rPrewarmResult\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.gpuagent.v1.CacheItem\"#\n\x13GetOperationRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"A\n\x14GetOperationResponse\x12)\n\toperation\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.Operation\"h\n\x15ListOperationsRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x11\n\x04\x64one\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\tB\x07\n\x05_done\"]\n\x16ListOperationsResponse\x12*\n\noperations\x18\x01 \x03(\x0b\x32\x16.gpuagent.v1.Operation\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"P\n\x14WaitOperationRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"B\n\x15WaitOperationResponse\x12)\n\toperation\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.Operation\"&\n\x16\x43\x61ncelOperationRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"D\n\x17\x43\x61ncelOperationResponse\x12)\n\toperation\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.Operation\"%\n\x15WatchOperationRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"C\n\x16WatchOperationResponse\x12)\n\toperation\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.Operation*\xc5\x01\n\x0eOperationState\x12\x1f\n\x1bOPERATION_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17OPERATION_STATE_PENDING\x10\x01\x12\x1b\n\x17OPERATION_STATE_RUNNING\x10\x02\x12\x1d\n\x19OPERATION_STATE_SUCCEEDED\x10\x03\x12\x1a\n\x16OPERATION_STATE_FAILED\x10\x04\x12\x1d\n\x19OPERATION_STATE_CANCELLED\x10\x05\x32\xd6\x03\n\x11OperationsService\x12S\n\x0cGetOperation\x12 .gpuagent.v1.GetOperationRequest\x1a!.gpuagent.v1.GetOperationResponse\x12Y\n\x0eListOperations\x12\".gpuagent.v1.ListOperationsRequest\x1a#.gpuagent.v1.ListOperationsResponse\x12V\n\rWaitOperation\x12!.gpuagent.v1.WaitOperationRequest\x1a\".gpuagent.v1.WaitOperationResponse\x12\\\n\x0f\x43\x61ncelOperation\x12#.gpuagent.v1.CancelOperationRequest\x1a$.gpuagent.v1.CancelOperationResponse\x12[\n\x0eWatchOperation\x12\".gpuagent.v1.WatchOperationRequest\x1a#.gpuagent.v1.WatchOperationResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agent._proto.gpuagent.v1.operations_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OPERATIONSTATE']._serialized_start=2569
-  _globals['_OPERATIONSTATE']._serialized_end=2766
+  _globals['_OPERATIONSTATE']._serialized_start=2596
+  _globals['_OPERATIONSTATE']._serialized_end=2793
   _globals['_OPERATION']._serialized_start=161
   _globals['_OPERATION']._serialized_end=560
   _globals['_OPERATIONERROR']._serialized_start=563
@@ -48,35 +48,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MIGAPPLYPROGRESS']._serialized_start=959
   _globals['_MIGAPPLYPROGRESS']._serialized_end=1169
   _globals['_MIGAPPLYRESULT']._serialized_start=1172
-  _globals['_MIGAPPLYRESULT']._serialized_end=1356
-  _globals['_MIGGPUOUTCOME']._serialized_start=1359
-  _globals['_MIGGPUOUTCOME']._serialized_end=1494
-  _globals['_PREWARMPROGRESS']._serialized_start=1496
-  _globals['_PREWARMPROGRESS']._serialized_end=1603
-  _globals['_PREWARMITEMPROGRESS']._serialized_start=1606
-  _globals['_PREWARMITEMPROGRESS']._serialized_end=1837
-  _globals['_PREWARMRESULT']._serialized_start=1839
-  _globals['_PREWARMRESULT']._serialized_end=1893
-  _globals['_GETOPERATIONREQUEST']._serialized_start=1895
-  _globals['_GETOPERATIONREQUEST']._serialized_end=1930
-  _globals['_GETOPERATIONRESPONSE']._serialized_start=1932
-  _globals['_GETOPERATIONRESPONSE']._serialized_end=1997
-  _globals['_LISTOPERATIONSREQUEST']._serialized_start=1999
-  _globals['_LISTOPERATIONSREQUEST']._serialized_end=2103
-  _globals['_LISTOPERATIONSRESPONSE']._serialized_start=2105
-  _globals['_LISTOPERATIONSRESPONSE']._serialized_end=2198
-  _globals['_WAITOPERATIONREQUEST']._serialized_start=2200
-  _globals['_WAITOPERATIONREQUEST']._serialized_end=2280
-  _globals['_WAITOPERATIONRESPONSE']._serialized_start=2282
-  _globals['_WAITOPERATIONRESPONSE']._serialized_end=2348
-  _globals['_CANCELOPERATIONREQUEST']._serialized_start=2350
-  _globals['_CANCELOPERATIONREQUEST']._serialized_end=2388
-  _globals['_CANCELOPERATIONRESPONSE']._serialized_start=2390
-  _globals['_CANCELOPERATIONRESPONSE']._serialized_end=2458
-  _globals['_WATCHOPERATIONREQUEST']._serialized_start=2460
-  _globals['_WATCHOPERATIONREQUEST']._serialized_end=2497
-  _globals['_WATCHOPERATIONRESPONSE']._serialized_start=2499
-  _globals['_WATCHOPERATIONRESPONSE']._serialized_end=2566
-  _globals['_OPERATIONSSERVICE']._serialized_start=2769
-  _globals['_OPERATIONSSERVICE']._serialized_end=3239
+  _globals['_MIGAPPLYRESULT']._serialized_end=1383
+  _globals['_MIGGPUOUTCOME']._serialized_start=1386
+  _globals['_MIGGPUOUTCOME']._serialized_end=1521
+  _globals['_PREWARMPROGRESS']._serialized_start=1523
+  _globals['_PREWARMPROGRESS']._serialized_end=1630
+  _globals['_PREWARMITEMPROGRESS']._serialized_start=1633
+  _globals['_PREWARMITEMPROGRESS']._serialized_end=1864
+  _globals['_PREWARMRESULT']._serialized_start=1866
+  _globals['_PREWARMRESULT']._serialized_end=1920
+  _globals['_GETOPERATIONREQUEST']._serialized_start=1922
+  _globals['_GETOPERATIONREQUEST']._serialized_end=1957
+  _globals['_GETOPERATIONRESPONSE']._serialized_start=1959
+  _globals['_GETOPERATIONRESPONSE']._serialized_end=2024
+  _globals['_LISTOPERATIONSREQUEST']._serialized_start=2026
+  _globals['_LISTOPERATIONSREQUEST']._serialized_end=2130
+  _globals['_LISTOPERATIONSRESPONSE']._serialized_start=2132
+  _globals['_LISTOPERATIONSRESPONSE']._serialized_end=2225
+  _globals['_WAITOPERATIONREQUEST']._serialized_start=2227
+  _globals['_WAITOPERATIONREQUEST']._serialized_end=2307
+  _globals['_WAITOPERATIONRESPONSE']._serialized_start=2309
+  _globals['_WAITOPERATIONRESPONSE']._serialized_end=2375
+  _globals['_CANCELOPERATIONREQUEST']._serialized_start=2377
+  _globals['_CANCELOPERATIONREQUEST']._serialized_end=2415
+  _globals['_CANCELOPERATIONRESPONSE']._serialized_start=2417
+  _globals['_CANCELOPERATIONRESPONSE']._serialized_end=2485
+  _globals['_WATCHOPERATIONREQUEST']._serialized_start=2487
+  _globals['_WATCHOPERATIONREQUEST']._serialized_end=2524
+  _globals['_WATCHOPERATIONRESPONSE']._serialized_start=2526
+  _globals['_WATCHOPERATIONRESPONSE']._serialized_end=2593
+  _globals['_OPERATIONSSERVICE']._serialized_start=2796
+  _globals['_OPERATIONSSERVICE']._serialized_end=3266
 # @@protoc_insertion_point(module_scope)

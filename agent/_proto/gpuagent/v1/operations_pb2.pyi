@@ -107,7 +107,7 @@ class MigApplyProgress(_message.Message):
     def __init__(self, config_name: _Optional[str] = ..., phase: _Optional[str] = ..., gpus_total: _Optional[int] = ..., gpus_done: _Optional[int] = ..., steps_total: _Optional[int] = ..., steps_done: _Optional[int] = ..., current_step: _Optional[str] = ..., current_gpu_index: _Optional[int] = ..., gpus_done_indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class MigApplyResult(_message.Message):
-    __slots__ = ("config_name", "changed_gpu_uuids", "changed", "gpus", "mutations", "recovered", "device_plugin")
+    __slots__ = ("config_name", "changed_gpu_uuids", "changed", "gpus", "mutations", "recovered", "device_plugin", "assert_mismatches")
     CONFIG_NAME_FIELD_NUMBER: _ClassVar[int]
     CHANGED_GPU_UUIDS_FIELD_NUMBER: _ClassVar[int]
     CHANGED_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +115,7 @@ class MigApplyResult(_message.Message):
     MUTATIONS_FIELD_NUMBER: _ClassVar[int]
     RECOVERED_FIELD_NUMBER: _ClassVar[int]
     DEVICE_PLUGIN_FIELD_NUMBER: _ClassVar[int]
+    ASSERT_MISMATCHES_FIELD_NUMBER: _ClassVar[int]
     config_name: str
     changed_gpu_uuids: _containers.RepeatedScalarFieldContainer[str]
     changed: bool
@@ -122,7 +123,8 @@ class MigApplyResult(_message.Message):
     mutations: int
     recovered: _containers.RepeatedScalarFieldContainer[str]
     device_plugin: str
-    def __init__(self, config_name: _Optional[str] = ..., changed_gpu_uuids: _Optional[_Iterable[str]] = ..., changed: _Optional[bool] = ..., gpus: _Optional[_Iterable[_Union[MigGpuOutcome, _Mapping]]] = ..., mutations: _Optional[int] = ..., recovered: _Optional[_Iterable[str]] = ..., device_plugin: _Optional[str] = ...) -> None: ...
+    assert_mismatches: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, config_name: _Optional[str] = ..., changed_gpu_uuids: _Optional[_Iterable[str]] = ..., changed: _Optional[bool] = ..., gpus: _Optional[_Iterable[_Union[MigGpuOutcome, _Mapping]]] = ..., mutations: _Optional[int] = ..., recovered: _Optional[_Iterable[str]] = ..., device_plugin: _Optional[str] = ..., assert_mismatches: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class MigGpuOutcome(_message.Message):
     __slots__ = ("gpu_index", "gpu_uuid", "status", "kept", "destroyed", "created", "message")
