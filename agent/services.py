@@ -227,14 +227,7 @@ def _build_rest(
     m = config.mig
     mig_labels = label_controller(m.watch_node_label, m.config_file, kube, config.node_name, mig)
     doctor = build_doctor(config, driver, client, allocation.current, state, telemetry, health)
-    labels = (
-        None
-        if edge is None
-        else CacheLabels(edge.owner, prewarm.items, config.prewarm.max_node_labels)
-    )
     _self_metrics(telemetry, driver, state, prewarm, health, mig_labels, allocation, doctor, edge)
-    if labels is not None:
-        telemetry.exporter.publish_from("cache-labels", labels)
     return Services(
         config,
         gpu,
@@ -256,8 +249,19 @@ def _build_rest(
         doctor=doctor,
         health_publisher=build_publisher(edge, config.node_name, health, taint=config.health.taint),
         edge=edge,
-        cache_labels=labels,
+        cache_labels=_cache_labels(config, edge, prewarm, telemetry),
     )
+
+
+def _cache_labels(
+    config: AgentConfig, edge: KubeEdge | None, prewarm: PrewarmService, telemetry: TelemetryService
+) -> CacheLabels | None:
+    """The cache's labels on the Node, in a pod; their published/withheld counts on /metrics."""
+    if edge is None:
+        return None
+    labels = CacheLabels(edge.owner, prewarm.items, config.prewarm.max_node_labels)
+    telemetry.exporter.publish_from("cache-labels", labels)
+    return labels
 
 
 def _reset(config: AgentConfig, health: HealthMonitor) -> ResetFn:
