@@ -16,10 +16,10 @@ from agent.cli.coordinator import (
     lease_option,
     run_with_fleet,
 )
-from agent.cli.options import choice_option, file_option, float_option, same_file
+from agent.cli.options import choice_option, file_option, float_option, refuse_overwriting
 from agent.cli.render import emit, format_table
 from agent.coordinator.rollout.schedule import NODE_TIMEOUT_MAX_S, parse_max_unavailable
-from agent.errors import AgentError, FieldViolation, InvalidSpec
+from agent.errors import AgentError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -249,14 +249,7 @@ def rollout_args(
 ) -> dict[str, Any]:
     """The rollout's options out of ``kwargs``; a --record naming one of the ``inputs`` (flag ->
     file) is refused before anything is read: the record would be written over it."""
-    record = kwargs["record_file"]
-    for flag, given in (inputs or {}).items():
-        if record is not None and given is not None and same_file(record, given):
-            raise InvalidSpec(
-                f"--record {record} is the input --{flag} file: the record would be written "
-                "over it; name another file",
-                [FieldViolation("record", f"a file other than --{flag} {given}")],
-            )
+    refuse_overwriting(inputs or {}, {"record": kwargs["record_file"]})
     return {
         "max_unavailable": kwargs.pop("max_unavailable"),
         "max_failures": kwargs.pop("max_failures"),
