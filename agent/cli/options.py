@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -102,3 +102,28 @@ def same_file(a: Path, b: Path) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return False  # one of them does not exist yet
+
+
+def refuse_overwriting(
+    inputs: Mapping[str, Path | None], outputs: Mapping[str, Path | None]
+) -> None:
+    """Refuse, before anything is read or written, an output file (flag -> path) that is one of
+    the command's input files (flag -> path) or another output: writing it would destroy the
+    input, or one output the other. None: the flag was not given. InvalidSpec naming the
+    output's flag."""
+    given = {flag: path for flag, path in inputs.items() if path is not None}
+    named = [(flag, path) for flag, path in outputs.items() if path is not None]
+    for i, (flag, path) in enumerate(named):
+        for in_flag, in_path in given.items():
+            if same_file(path, in_path):
+                raise InvalidSpec(
+                    f"--{flag} {path} is the input --{in_flag} file {in_path}: writing it would "
+                    "destroy it; name another file",
+                    [FieldViolation(flag, f"a file other than --{in_flag} {in_path}")],
+                )
+        for other_flag, other in named[i + 1 :]:
+            if same_file(path, other):
+                raise InvalidSpec(
+                    f"--{flag} and --{other_flag} are both {path}: name two files",
+                    [FieldViolation(other_flag, f"a file other than --{flag} {path}")],
+                )

@@ -28,13 +28,20 @@ from agent.coordinator.planning.replay import StepResult, replay
 from agent.coordinator.planning.rightsize import ACTIVITY, FB_TOTAL, FB_USED, Window
 from agent.coordinator.rollout.actions import NodePreview, action_for, preview
 from agent.coordinator.rollout.execute import NodeAction, Report, run_rollout
-from agent.coordinator.rollout.healthgate import HealthGate, degraded_detail, unhealthy_nodes
+from agent.coordinator.rollout.healthgate import (
+    HealthGate,
+    degraded_detail,
+    unhealthy_nodes,
+    unread_detail,
+    unread_nodes,
+)
 from agent.coordinator.rollout.record import RolloutRecord
 from agent.coordinator.rollout.schedule import Limits, NodeState, Scheduler, parse_max_unavailable
 from agent.dra.mode import AllocationMode
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 
 __all__ = [
+    "LEFT_OUT",
     "PlanResult",
     "RolloutResult",
     "Selection",
@@ -43,6 +50,7 @@ __all__ = [
     "pool_nodes",
     "replay_trace",
     "rollout",
+    "rollout_nodes",
     "select",
 ]
 
@@ -158,7 +166,7 @@ def not_mig_plannable(view: NodeView) -> str | None:
 def _not_plannable(view: NodeView) -> str | None:
     """`not_mig_plannable`, and a node whose GPUs were not read (its driver not ready): GPUs
     nobody knows, not none."""
-    return f"GPUs not read: {view.gpus_unread}" if view.gpus_unread else not_mig_plannable(view)
+    return unread_detail(view) or not_mig_plannable(view)
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,17 +299,26 @@ def replay_trace(
     return replay(nodes, steps, pools=pools, end=end)
 
 
+#: why a pending node a rollout left unchanged was left out (`RolloutResult.left_out`)
+LEFT_OUT = ("unhealthy", "not-allowed", "unreachable")
+
+
 @dataclass(frozen=True, slots=True)
 class RolloutResult:
+    """What a rollout (or its dry run) did, and every node it left out and why: `fleet apply`
+    and `fleet resume` render it, `coordinator serve` logs and counts it."""
+
     record: RolloutRecord
     previews: tuple[NodePreview, ...] = ()
-    #: nodes left out because they did not answer; still pending in the record.
+    #: nodes left out because they did not answer (or no agent answers as them); still
+    #: pending in the record.
     skipped: tuple[str, ...] = ()
     #: nodes mid-change by an operation this rollout did not start (another coordinator's,
     #: or a hand-run one's): they count against max-unavailable and are left pending.
     busy: tuple[str, ...] = ()
-    #: nodes left out because a GPU (or MIG instance) of theirs failed -> what failed; still
-    #: pending in the record, for a resume once they are healthy.
+    #: nodes left out because a GPU (or MIG instance) of theirs failed, or their GPUs were not
+    #: read (``unread``) -> what failed, or why; still pending in the record, for a resume
+    #: once they are healthy.
     unhealthy: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: nodes with a degraded GPU, changed all the same -> what is degraded.
     degraded: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -310,12 +327,85 @@ class RolloutResult:
     not_allowed: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: why no node could start (max-unavailable taken by nodes already unavailable); "" else
     waiting: str = ""
+    #: of ``unhealthy``, the nodes whose GPUs were not read (their driver not ready) rather
+    #: than failed: a wait, not a fault.
+    unread: frozenset[str] = frozenset()
 
     @property
     def complete(self) -> bool:
         return all(
             s in (NodeState.SUCCEEDED, NodeState.UNCHANGED) for s in self.record.states().values()
         )
+
+    def left_out(self) -> dict[str, dict[str, str]]:
+        """The pending nodes left unchanged, by why (`LEFT_OUT`): node -> detail."""
+        unreachable = dict.fromkeys(self.skipped, "did not answer")
+        why = (dict(self.unhealthy), dict(self.not_allowed), unreachable)
+        return dict(zip(LEFT_OUT, why, strict=True))
+
+    def incomplete(self) -> list[str]:
+        """Every reason the rollout did not finish, each with its nodes (one never replaces
+        another); [] when it finished."""
+        if self.complete:
+            return []
+        record = self.record
+        said = [record.halted] if record.halted else []
+        failed = [n for n, r in record.nodes.items() if r.state == NodeState.FAILED.value]
+        if failed and not record.halted:  # a halt names its failed nodes
+            said.append(f"{len(failed)} node(s) failed ({', '.join(failed)})")
+        if self.skipped:
+            said.append(f"{len(self.skipped)} node(s) did not answer ({', '.join(self.skipped)})")
+        unread = [n for n in self.unhealthy if n in self.unread]
+        failed_gpu = [n for n in self.unhealthy if n not in self.unread]
+        if failed_gpu:
+            said.append(
+                f"{len(failed_gpu)} node(s) skipped for a failed GPU ({', '.join(failed_gpu)})"
+            )
+        if unread:
+            said.append(
+                f"{len(unread)} node(s) skipped until their driver is ready ({', '.join(unread)})"
+            )
+        if self.not_allowed:
+            said.append(
+                f"{len(self.not_allowed)} node(s) skipped: their allocation mode allows no MIG "
+                f"change ({', '.join(self.not_allowed)})"
+            )
+        if self.waiting:
+            said.append(self.waiting)
+        if self.busy:
+            said.append(
+                f"{len(self.busy)} node(s) mid-change by an operation this rollout did not "
+                f"start ({', '.join(self.busy)}), counted against max-unavailable"
+            )
+        return said or ["some nodes did not finish"]
+
+
+def rollout_nodes(
+    selection: Selection, selector: Selector, plan_nodes: Sequence[str] | None = None
+) -> list[str]:
+    """The nodes a new rollout names: the selected ones (of ``plan_nodes``, when a plan names
+    them), and a plan's node no agent answers as where the selector could pick it: kept, not
+    reached, never dropped without a word. InvalidSpec when none is found."""
+    names = [v.name for v in selection.views if plan_nodes is None or v.name in plan_nodes]
+    absent = set(plan_nodes or ()) - selection.seen
+    missing = sorted(n for n in absent if may_pick(selector, n))
+    if not names:
+        raise _none_found(selector, missing, {v.name for v in selection.views})
+    return sorted(names + missing)
+
+
+def _none_found(chosen: Selector, missing: Sequence[str], found: set[str]) -> InvalidSpec:
+    if not missing:
+        return InvalidSpec(
+            f"no node matches the selector {chosen}", [FieldViolation("selector", str(chosen))]
+        )
+    seen = ", ".join(sorted(found)[:10]) or "none"
+    where = f" with selector {chosen}" if chosen.terms else ""
+    return InvalidSpec(
+        f"no agent answers as a node of the plan ({', '.join(missing[:10])}); "
+        f"nodes found{where}: {seen}",
+        [FieldViolation("plan", "a plan of this fleet's nodes (`fleet plan --out`)")],
+    )
 
 
 async def rollout(
@@ -341,8 +431,9 @@ async def rollout(
     checks the claims of every selected node against max-unavailable
     (`agent.coordinator.rollout.claims`): safe beside other coordinators.
     """
-    unhealthy, degraded, not_allowed = _held_back(selection, record)
-    left_out = set(unhealthy) | set(not_allowed)
+    held = _held_back(selection, record)
+    why_out = {**held.unhealthy, **held.not_allowed}
+    left_out = set(why_out)
     reachable = {v.name for v in selection.reachable} - left_out
     names = list(order or record.nodes)
     skipped = tuple(
@@ -352,20 +443,20 @@ async def rollout(
     )
     for node in skipped:
         record.nodes[node].detail = "skipped: the agent did not answer"
-    for node, why in (unhealthy | not_allowed).items():
+    for node, why in why_out.items():
         record.nodes[node].detail = f"skipped: {why}"
     targets = {n: t for n, t in selection.targets.items() if n in record.nodes}
     if dry_run:
         live = {n: targets[n] for n in names if n in reachable}
         shown = dataclasses.replace(record, nodes={n: record.nodes[n] for n in live}, path=None)
         said = {p.node: p for p in await preview(fleet, live, shown)}
-        said |= {n: NodePreview(n, "skipped", (unhealthy | not_allowed)[n]) for n in left_out}
+        said |= {n: NodePreview(n, "skipped", why) for n, why in why_out.items()}
         # A node that does not answer is shown, not left out: unknown, with why.
         errors = {v.name: v.error or "the agent did not answer" for v in selection.unreachable}
         nobody = "no agent answers as this node"
         said |= {n: NodePreview(n, "unknown", errors.get(n, f"{n}: {nobody}")) for n in skipped}
         previews = tuple(said[n] for n in names if n in said)
-        return RolloutResult(record, previews, skipped, (), unhealthy, degraded, not_allowed)
+        return dataclasses.replace(held, previews=previews, skipped=skipped)
     limits = Limits(
         parse_max_unavailable(record.max_unavailable, len(record.nodes)),
         record.max_failures,
@@ -382,29 +473,26 @@ async def rollout(
         already_unavailable=len(skipped) + len(busy),
     )
     record.save()
-    busy_nodes = tuple(sorted(busy))
+    held = dataclasses.replace(held, skipped=skipped, busy=tuple(sorted(busy)))
     stuck = scheduler.stuck_reason()
     if stuck is not None:  # wait: nothing may start, and each waiting node says why
         for node in scheduler.pending:
             record.nodes[node].detail = f"waiting: {stuck}"
         record.save()  # the record says why they wait, as the CLI does
-        return RolloutResult(
-            record, (), skipped, busy_nodes, unhealthy, degraded, not_allowed, stuck
-        )
+        return dataclasses.replace(held, waiting=stuck)
     action = action_for(fleet, targets, record, holder=holder, scope=selection.targets)
     step = wrap(action) if wrap else action
     if record.kind in HEALTH_GATED:
         step = HealthGate(step, fleet, targets, record.on_unhealthy)
     await run_rollout(record, scheduler, step, report=report)
-    return RolloutResult(record, (), skipped, busy_nodes, unhealthy, degraded, not_allowed)
+    return held
 
 
-def _held_back(
-    selection: Selection, record: RolloutRecord
-) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
-    """The pending nodes a rollout leaves out, or names, and why: unhealthy (a failed GPU, in a
-    kind that changes GPUs), degraded (changed all the same), not allowed (a MIG change the
-    node's allocation mode forbids: left out as the planner does, not failed one by one)."""
+def _held_back(selection: Selection, record: RolloutRecord) -> RolloutResult:
+    """The pending nodes a rollout leaves out, or names, and why: unhealthy (a failed GPU, or
+    GPUs not read, in a kind that changes GPUs), degraded (changed all the same), not allowed
+    (a MIG change the node's allocation mode forbids: left out as the planner does, not failed
+    one by one)."""
     in_record = [v for v in selection.views if v.name in record.nodes]
     pending = {n for n in record.nodes if not record.state(n).finished}
     gated = record.kind in HEALTH_GATED
@@ -419,7 +507,8 @@ def _held_back(
         and v.name not in unhealthy
         and (why := not_mig_plannable(v))
     }
-    return unhealthy, degraded, not_allowed
+    unread = unread_nodes([v for v in in_record if v.name in unhealthy])
+    return RolloutResult(record, (), (), (), unhealthy, degraded, not_allowed, unread=unread)
 
 
 #: Rollout kinds that change GPUs, so wait for them to be healthy (a node with a failed GPU is

@@ -7,6 +7,7 @@ field) and answer with the ``*_pb`` functions; clients turn answers back into re
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -338,6 +339,9 @@ class ItemStatus:
     #: the digest of its content, and the one its request pinned ("" when none)
     sha256: str = ""
     expected_sha256: str = ""
+    #: what its last run recorded, as the node shows it (a model's repo, revision, include);
+    #: empty from an agent that sends none
+    options: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def warm(self) -> bool:
@@ -367,6 +371,7 @@ def item_status_from(pb: cache_pb2.CacheItem) -> ItemStatus:
         source=pb.source,
         sha256=pb.sha256,
         expected_sha256=pb.expected_sha256,
+        options=dict(pb.options),
     )
 
 

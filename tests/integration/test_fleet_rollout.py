@@ -156,7 +156,8 @@ def test_a_dry_run_of_a_sharing_file_shows_each_nodes_sharing_and_the_change(
     agents: AgentFleet, tmp_path: Path
 ) -> None:
     """-f FILE used to preview as "unknown": the dry run now reads each node's config and
-    shows what the file would make of it, as the agent would decide."""
+    shows what the file would make of it, as the agent would decide; a file every node would
+    refuse is refused before any node is asked."""
     text = "version: v1\nsharing:\n  timeSlicing:\n    resources: [{{name: gpu, replicas: {}}}]\n"
     four, eight, one = (tmp_path / f"ts{n}.yaml" for n in (4, 8, 1))
     for path, n in ((four, 4), (eight, 8), (one, 1)):
@@ -179,7 +180,14 @@ def test_a_dry_run_of_a_sharing_file_shows_each_nodes_sharing_and_the_change(
         "nvidia.com/gpu x8 (changes sharing.timeSlicing.resources)"
         for p in more
     ), more
-    refused = run_json(agents, "apply", "share", "-f", str(one), "--dry-run")["previews"]
+    # A config every node refuses (replicas 1) is refused once, up front; one these nodes
+    # refuse by their GPUs (a MIG resource, no MIG here) is each node's `refused`.
+    everywhere = agents.fleet("apply", "share", "-f", str(one), "--dry-run")
+    assert everywhere.exit_code == 2, everywhere.output
+    assert "every node would refuse" in everywhere.output, everywhere.output
+    mig = tmp_path / "mig.yaml"
+    mig.write_text(text.replace("gpu,", "mig-1g.10gb,").format(2))
+    refused = run_json(agents, "apply", "share", "-f", str(mig), "--dry-run")["previews"]
     assert {p["would"] for p in refused} == {"refused"}
     table = agents.fleet("apply", "share", "-f", str(eight), "--dry-run")
     assert "planned: time-slicing nvidia.com/gpu x8" in table.output

@@ -18,7 +18,7 @@ from agent.cli.coordinator import (
     run_with_fleet,
 )
 from agent.cli.fleet.status import counts_text
-from agent.cli.options import file_option, float_option, same_file
+from agent.cli.options import file_option, float_option, refuse_overwriting
 from agent.cli.render import emit, format_table, output_option
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 
@@ -242,7 +242,7 @@ def plan(
             [FieldViolation("demand", "--demand FILE or --from-cluster")],
         )
     if demand_file is not None:  # before anything is read: the plan must not replace it
-        _refuse_overwriting(demand_file, {"out": out}, "demand")
+        refuse_overwriting({"demand": demand_file}, {"out": out})
     notes: tuple[str, ...] = ()
     pods: list[object] = []
     claims: tuple[list[object], list[object], str | None] = ([], [], None)
@@ -413,7 +413,7 @@ def replay_cmd(
             f"--report {report_file}: the name must end in .csv or .json",
             [FieldViolation("report", ".csv or .json")],
         )
-    _refuse_overwriting(trace_file, {"report": report_file, "svg": svg_file})
+    refuse_overwriting({"trace": trace_file}, {"report": report_file, "svg": svg_file})
     steps = load_trace(trace_file)
     extra: list[tuple[str, NodeLayouts]] = []
     for spec in added:
@@ -443,27 +443,6 @@ def replay_cmd(
     if svg_file is not None:
         svg_file.write_text(report_svg(results, f"Demand vs capacity: {trace_file.name}"))
     emit(list(results), output, _replay_table)
-
-
-def _refuse_overwriting(
-    trace_file: Path, outputs: dict[str, Path | None], given: str = "trace"
-) -> None:
-    """Refuse before reading anything when an output would overwrite the input (--``given``)
-    or another output."""
-    named = [(flag, path) for flag, path in outputs.items() if path is not None]
-    for i, (flag, path) in enumerate(named):
-        if same_file(path, trace_file):
-            raise InvalidSpec(
-                f"--{flag} {path} is the input {given} {trace_file}: writing it would destroy "
-                f"the {given}; name another file",
-                [FieldViolation(flag, f"a file other than --{given} {trace_file}")],
-            )
-        for other_flag, other in named[i + 1 :]:
-            if same_file(path, other):
-                raise InvalidSpec(
-                    f"--{flag} and --{other_flag} are both {path}: name two files",
-                    [FieldViolation(other_flag, f"a file other than --{flag} {path}")],
-                )
 
 
 def _sweeps(window: str, every: str) -> tuple[float, int]:

@@ -16,15 +16,16 @@ from agent.cli.coordinator import (
     lease_option,
     run_with_fleet,
 )
-from agent.cli.options import choice_option, file_option, float_option, same_file
+from agent.cli.options import choice_option, file_option, float_option, refuse_overwriting
 from agent.cli.render import emit, format_table
 from agent.coordinator.rollout.schedule import NODE_TIMEOUT_MAX_S, parse_max_unavailable
-from agent.errors import AgentError, FieldViolation, InvalidSpec
+from agent.errors import AgentError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
     from agent.coordinator.fleet.channels import Fleet
+    from agent.coordinator.flows import RolloutResult
 
 
 class RolloutIncomplete(AgentError):
@@ -115,7 +116,7 @@ def progress_report(
     return report
 
 
-def _rollout_table(result: Any) -> str:
+def _rollout_table(result: RolloutResult) -> str:
     record = result.record
     if result.previews:
         rows = []
@@ -146,12 +147,10 @@ def _rollout_table(result: Any) -> str:
     return "\n".join(lines)
 
 
-def _health_lines(result: Any) -> list[str]:
+def _health_lines(result: RolloutResult) -> list[str]:
     """The nodes a rollout left out for a failed GPU, and the degraded ones it went ahead on."""
-    from agent.coordinator.rollout.healthgate import is_unread
-
     lines = [
-        f"Skipped ({'driver not ready' if is_unread(why) else 'GPU failed'}): {n}: {why}."
+        f"Skipped ({'driver not ready' if n in result.unread else 'GPU failed'}): {n}: {why}."
         for n, why in result.unhealthy.items()
     ]
     lines += [f"Degraded (changed all the same): {n}: {why}." for n, why in result.degraded.items()]
@@ -159,7 +158,7 @@ def _health_lines(result: Any) -> list[str]:
     return lines
 
 
-def finish_rollout(result: Any, output: str) -> None:
+def finish_rollout(result: RolloutResult, output: str) -> None:
     if output == "table":
         click.echo(_rollout_table(result))
     elif result.previews:
@@ -191,42 +190,8 @@ def finish_rollout(result: Any, output: str) -> None:
         if result.record.path
         else "pass --record FILE to be able to resume"
     )
-    reason = "; ".join(_incomplete(result))
+    reason = "; ".join(result.incomplete())
     raise RolloutIncomplete(f"the rollout is incomplete ({reason}); {hint}")
-
-
-def _incomplete(result: Any) -> list[str]:
-    """Every reason the rollout did not finish, each with its nodes (one replaced another)."""
-    from agent.coordinator.rollout.healthgate import is_unread
-
-    record = result.record
-    said = [record.halted] if record.halted else []
-    failed = [n for n, r in record.nodes.items() if r.state == "failed"]
-    if failed and not record.halted:  # a halt names its failed nodes
-        said.append(f"{len(failed)} node(s) failed ({', '.join(failed)})")
-    if result.skipped:
-        said.append(f"{len(result.skipped)} node(s) did not answer ({', '.join(result.skipped)})")
-    unread = [n for n, why in result.unhealthy.items() if is_unread(why)]
-    failed_gpu = [n for n in result.unhealthy if n not in unread]
-    if failed_gpu:
-        said.append(f"{len(failed_gpu)} node(s) skipped for a failed GPU ({', '.join(failed_gpu)})")
-    if unread:
-        said.append(
-            f"{len(unread)} node(s) skipped until their driver is ready ({', '.join(unread)})"
-        )
-    if result.not_allowed:
-        said.append(
-            f"{len(result.not_allowed)} node(s) skipped: their allocation mode allows no MIG "
-            f"change ({', '.join(result.not_allowed)})"
-        )
-    if result.waiting:
-        said.append(result.waiting)
-    if result.busy:
-        said.append(
-            f"{len(result.busy)} node(s) mid-change by an operation this rollout did not start "
-            f"({', '.join(result.busy)}), counted against max-unavailable"
-        )
-    return said or ["some nodes did not finish"]
 
 
 def start_rollout(
@@ -242,8 +207,8 @@ def start_rollout(
 ) -> None:
     """Select nodes, write a new record, run (or dry-run) the rollout, render it."""
     from agent.coordinator.fleet.selector import parse_selector
-    from agent.coordinator.flows import may_pick, select
     from agent.coordinator.flows import rollout as rollout_flow
+    from agent.coordinator.flows import rollout_nodes, select
     from agent.coordinator.rollout.record import RolloutRecord
 
     chosen = parse_selector(selector)
@@ -253,18 +218,10 @@ def start_rollout(
     path = rollout.pop("record_file")
     lease = rollout.pop("lease_name")
 
-    async def work(fleet: Fleet) -> Any:
+    async def work(fleet: Fleet) -> RolloutResult:
         selection = await select(fleet, chosen)
-        names = [v.name for v in selection.views if nodes is None or v.name in nodes]
-        # A node the plan names that no agent answers as stays in the rollout, not reached,
-        # where the selector could pick it; one the selector leaves out is left out.
-        found = {v.name for v in selection.views}
-        absent = set(nodes or ()) - selection.seen
-        missing = sorted(n for n in absent if may_pick(chosen, n))
-        if not names:
-            raise _none_found(chosen, missing, found)
-        names += missing
-        record = RolloutRecord.start(kind, spec, sorted(names), selector=str(chosen), **rollout)
+        names = rollout_nodes(selection, chosen, nodes)
+        record = RolloutRecord.start(kind, spec, names, selector=str(chosen), **rollout)
         record.path = None if dry_run else path
         report = progress_report(output, None if dry_run else options, kind)
         wrap = None
@@ -287,33 +244,12 @@ def start_rollout(
     finish_rollout(run_with_fleet(options, work, lease=None if dry_run else lease), output)
 
 
-def _none_found(chosen: Any, missing: Sequence[str], found: set[str]) -> InvalidSpec:
-    if not missing:
-        return InvalidSpec(
-            f"no node matches the selector {chosen}", [FieldViolation("selector", str(chosen))]
-        )
-    seen = ", ".join(sorted(found)[:10]) or "none"
-    where = f" with selector {chosen}" if chosen.terms else ""
-    return InvalidSpec(
-        f"no agent answers as a node of the plan ({', '.join(missing[:10])}); "
-        f"nodes found{where}: {seen}",
-        [FieldViolation("plan", "a plan of this fleet's nodes (`fleet plan --out`)")],
-    )
-
-
 def rollout_args(
     kwargs: dict[str, Any], inputs: Mapping[str, Path | None] | None = None
 ) -> dict[str, Any]:
     """The rollout's options out of ``kwargs``; a --record naming one of the ``inputs`` (flag ->
     file) is refused before anything is read: the record would be written over it."""
-    record = kwargs["record_file"]
-    for flag, given in (inputs or {}).items():
-        if record is not None and given is not None and same_file(record, given):
-            raise InvalidSpec(
-                f"--record {record} is the input --{flag} file: the record would be written "
-                "over it; name another file",
-                [FieldViolation("record", f"a file other than --{flag} {given}")],
-            )
+    refuse_overwriting(inputs or {}, {"record": kwargs["record_file"]})
     return {
         "max_unavailable": kwargs.pop("max_unavailable"),
         "max_failures": kwargs.pop("max_failures"),

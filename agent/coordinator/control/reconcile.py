@@ -53,7 +53,7 @@ from agent.coordinator.fleet.discovery import Target
 from agent.coordinator.fleet.health import STATES
 from agent.coordinator.fleet.inventory import NodeView
 from agent.coordinator.fleet.selector import Selector
-from agent.coordinator.flows import RolloutResult, Selection, rollout, select
+from agent.coordinator.flows import LEFT_OUT, RolloutResult, Selection, rollout, select
 from agent.coordinator.rollout.actions import preview
 from agent.coordinator.rollout.record import RolloutRecord
 from agent.coordinator.rollout.schedule import NodeState
@@ -65,8 +65,6 @@ log = logging.getLogger(__name__)
 __all__ = ["Reconciler", "Stats"]
 
 KINDS = ("mig", "power", "share", "prewarm")
-#: why a node that differs is left unchanged (`RolloutResult`'s unhealthy, not_allowed, skipped)
-LEFT_OUT = ("unhealthy", "not-allowed", "unreachable")
 #: the pass sweeps as `fleet status` does by default, so its sweep can answer GET /fleet/status
 SWEEP_IDLE_AFTER_S = 3600.0
 _Rule = MigRule | PowerRule | SharingRule | PrewarmRule
@@ -534,11 +532,7 @@ class Reconciler:
             log.error("%s rollout %s", kind, record.halted)
 
     def _note_left_out(self, kind: str, result: RolloutResult) -> None:
-        left = {
-            "unhealthy": result.unhealthy,
-            "not-allowed": result.not_allowed,
-            "unreachable": dict.fromkeys(result.skipped, "did not answer"),
-        }
+        left = result.left_out()
         for why, nodes in left.items():
             self.stats.left_out[(kind, why)] += len(nodes)
         said = "; ".join(

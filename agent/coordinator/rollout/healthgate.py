@@ -19,7 +19,14 @@ from agent.coordinator.fleet.inventory import NodeView, node_view
 from agent.coordinator.rollout.execute import NodeAction, NodeResult, Notes
 from agent.coordinator.rollout.schedule import NodeState
 
-__all__ = ["HealthGate", "degraded_detail", "failed_detail", "is_unread", "unhealthy_nodes"]
+__all__ = [
+    "HealthGate",
+    "degraded_detail",
+    "failed_detail",
+    "unhealthy_nodes",
+    "unread_detail",
+    "unread_nodes",
+]
 
 
 def failed_detail(marks: Sequence[GpuMark]) -> str:
@@ -31,22 +38,26 @@ def degraded_detail(view: NodeView) -> str:
     return "; ".join(m.describe() for m in view.degraded_gpus)
 
 
-#: how `unhealthy_nodes` says a node's GPUs were not read: its driver is not ready
-_UNREAD = "GPUs not read: "
-
-
-def is_unread(why: str) -> bool:
-    """Whether `unhealthy_nodes` held a node back because its GPUs were not read (the driver
-    not ready), not for a failed GPU: said apart, as a wait rather than a fault."""
-    return why.startswith(_UNREAD)
+def unread_detail(view: NodeView) -> str:
+    """Why a node's GPUs were not read (its driver not ready), in words; '' when they were."""
+    return f"GPUs not read: {view.gpus_unread}" if view.gpus_unread else ""
 
 
 def unhealthy_nodes(views: Sequence[NodeView]) -> dict[str, str]:
     """Answering nodes with a failed GPU or instance -> what failed, in words; and those whose
     GPUs were not read (driver not ready, e.g. mid-upgrade) -> why: no GPU change can be made
-    there until the driver is back, as on a failed GPU."""
-    found = {v.name: f"{_UNREAD}{v.gpus_unread}" for v in views if v.gpus_unread}
-    return found | {v.name: failed_detail(v.failed_gpus) for v in views if v.failed_gpus}
+    there until the driver is back, as on a failed GPU. Which is which: `unread_nodes`."""
+    return {
+        v.name: failed_detail(v.failed_gpus) if v.failed_gpus else unread_detail(v)
+        for v in views
+        if v.failed_gpus or v.gpus_unread
+    }
+
+
+def unread_nodes(views: Sequence[NodeView]) -> frozenset[str]:
+    """Of `unhealthy_nodes`, those held back only because their GPUs were not read (the driver
+    not ready), not for a failed GPU: said apart, as a wait rather than a fault."""
+    return frozenset(v.name for v in views if v.gpus_unread and not v.failed_gpus)
 
 
 class HealthGate:

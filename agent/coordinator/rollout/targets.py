@@ -6,10 +6,14 @@ with what needs the node (its URL policy, header files, the runtime)."""
 
 from __future__ import annotations
 
+import json
+
 from agent._proto.gpuagent.v1 import prewarm_pb2
 from agent.errors import FieldViolation, InvalidSpec
 from agent.prewarm import kinds
+from agent.prewarm.model import GroupRequest
 from agent.prewarm.naming import check_name
+from agent.prewarm.source import SourceRequest
 from agent.prewarm.target import TargetSchema
 from agent.wire.prewarm import UNKNOWN_KIND, ItemStatus, at, message_values, target_request
 
@@ -46,9 +50,10 @@ def target_violations(schema: TargetSchema, message: object, where: str) -> list
 
 def held_elsewhere(target: prewarm_pb2.PrewarmTarget, held: ItemStatus) -> str | None:
     """Why the node's agent refuses ``target`` because of ``held``, the item it keeps under the
-    target's name (PrewarmService._plan_again): another kind, another source, another sha256.
-    None when they may be one item. A node shows a URL without its query, so two URLs that
-    differ only there (a re-signed one) are taken as one, as the agent takes a signature."""
+    target's name (PrewarmService._plan_again): another kind, another source (a model's other
+    file selection included), another sha256. None when they may be one item. A node shows a
+    URL without its query, so two URLs that differ only there (a re-signed one) are taken as
+    one, as the agent takes a signature."""
     request = target_request(target, "", [])
     if request is None or held.kind == UNKNOWN_KIND:
         return None
@@ -60,6 +65,9 @@ def held_elsewhere(target: prewarm_pb2.PrewarmTarget, held: ItemStatus) -> str |
         return None
     if _unqueried(claim.shown) != _unqueried(held.source):
         return f"{held.name} holds another source on the node ({held.source})"
+    other = _other_selection(request, held)
+    if other is not None:
+        return other
     wanted = claim.sha256
     if wanted and (
         held.expected_sha256 not in ("", wanted) or (held.ready and held.sha256 not in ("", wanted))
@@ -72,3 +80,30 @@ def held_elsewhere(target: prewarm_pb2.PrewarmTarget, held: ItemStatus) -> str |
 def _unqueried(shown: str) -> str:
     """A shown source less the marks of a query and fragment it had (agent/redact.py)."""
     return shown.removesuffix("#…").removesuffix("?…")
+
+
+def _other_selection(request: SourceRequest, held: ItemStatus) -> str | None:
+    """Why ``held`` is another item than the model ``request`` asks for although their repo,
+    revision and endpoint agree: its file selection. The agent makes the include part of the
+    item's identity (`ModelSource.target`: other globs, or none, are another source, in
+    order), which its source shows only as ``#…``; the node shows the include in the item's
+    options. None when they agree, or an agent that shows no options leaves it unknown."""
+    if not isinstance(request, GroupRequest):
+        return None
+    wanted = list(request.include)
+    try:
+        have = json.loads(held.options["include"])
+    except (KeyError, ValueError):
+        have = None
+    if not isinstance(have, list):
+        # No include shown: the source's fragment alone says whether the item has one.
+        if bool(wanted) == held.source.endswith("#…"):
+            return None
+        return f"{held.name} holds another file selection on the node, not {_files(wanted)}"
+    if have == wanted:
+        return None
+    return f"{held.name} holds {_files(have)} on the node, not {_files(wanted)}"
+
+
+def _files(include: list[str]) -> str:
+    return f"include {', '.join(include)}" if include else "every file (no include)"

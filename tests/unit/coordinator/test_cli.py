@@ -191,7 +191,7 @@ def test_replay_refuses_to_write_over_its_own_trace_naming_it(tmp_path: Path) ->
     for report in (str(trace), str(tmp_path / "link.csv"), str(tmp_path / "." / "week.csv")):
         result = invoke(fleet, [*args, "--report", report])
         assert result.exit_code == 2, result.output
-        assert f"is the input trace {trace}" in result.output
+        assert f"is the input --trace file {trace}" in result.output
     assert invoke(fleet, [*args, "--svg", str(trace)]).exit_code == 2
     same = str(tmp_path / "out.csv")
     both = invoke(fleet, [*args, "--report", same, "--svg", same])
@@ -214,7 +214,7 @@ def test_plan_refuses_to_write_its_plan_over_its_demand_file(
         args = ["plan", "--demand", str(demand), "--out", str(out)]
         result = invoke(fleet, [*args, "--agents", address, "--insecure"])
         assert result.exit_code == 2, result.output
-        assert f"is the input demand {demand}" in result.output and "out: " in result.output
+        assert f"is the input --demand file {demand}" in result.output and "out: " in result.output
     assert demand.read_text() == text
     assert not connected(listener)
 

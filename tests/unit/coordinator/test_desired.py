@@ -58,6 +58,8 @@ def test_a_full_desired_state_parses() -> None:
         ("version: v1\nrollout: {max_unavailable: 0}", "rollout.max_unavailable"),
         ("version: v1\nsharing: [{strategy: magic, replicas: 2}]", "sharing[0].strategy"),
         ("version: v1\nsharing: [{strategy: mps, replicas: 1}]", "sharing[0].replicas"),
+        # every agent refuses more than 48 MPS clients: refused once, at load
+        ("version: v1\nsharing: [{strategy: mps, replicas: 100}]", "sharing[0]"),
         (
             "version: v1\nsharing: [{strategy: mps, replicas: 2, resources: nvidia.com/gpu}]",
             "sharing[0].resources",

@@ -346,3 +346,38 @@ def test_a_node_whose_gpus_were_not_read_is_named_as_not_planned() -> None:
     assert said and "GPUs not read" in said[0] and "no module" in said[0], said
     reasons = {n["node"]: n["reason"] for n in _dra_plan_data(result)["not_planned"]}
     assert "no module" in reasons.get("m", ""), reasons
+
+
+def test_a_rollout_says_a_driver_not_ready_apart_from_a_failed_gpu() -> None:
+    """a's driver is not ready, b has a failed GPU, c both (its failed GPU is the verdict):
+    all three are left out, pending; the reasons `fleet apply` gives and the left-out nodes
+    `coordinator serve` counts come from one result, with a waiting for its driver and b and
+    c skipped for a failed GPU."""
+    from agent.coordinator.flows import rollout
+    from agent.coordinator.rollout.record import RolloutRecord
+
+    c = node("c", mark("failed", XID48, "reset-gpu"))
+    c.driver.CopyFrom(driverless_node("c").driver)
+    answers = (driverless_node("a"), node("b", mark("failed", XID48, "reset-gpu")), c)
+    views = tuple(node_view(Target(f"unix:/{n.name}", n.name), node_from(n)) for n in answers)
+    selection = Selection(views, {v.name: Target(v.address, v.name) for v in views})
+    record = RolloutRecord.start(
+        "share",
+        {},
+        ["a", "b", "c"],
+        selector="",
+        max_unavailable="3",
+        max_failures=1,
+        node_timeout_s=60.0,
+    )
+    result = asyncio.run(rollout(cast(Fleet, object()), selection, record))
+    assert {n: r.state for n, r in record.nodes.items()} == dict.fromkeys("abc", "pending")
+    assert result.unread == {"a"}
+    assert result.incomplete() == [
+        "2 node(s) skipped for a failed GPU (b, c)",
+        "1 node(s) skipped until their driver is ready (a)",
+    ]
+    left = result.left_out()
+    assert sorted(left["unhealthy"]) == ["a", "b", "c"]
+    assert left["unhealthy"]["a"].startswith("GPUs not read: waiting for the NVIDIA driver"), left
+    assert left["unhealthy"]["c"] == f"GPU 0 failed: {XID48} (action reset-gpu)", left

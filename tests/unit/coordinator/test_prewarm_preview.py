@@ -6,6 +6,7 @@ model revision, another sha256) is `refused`, as that node's agent refuses the s
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -101,3 +102,41 @@ def test_a_file_target_on_a_name_an_image_holds_is_refused() -> None:
     p = _preview("file", {"url": URL, "name": "llama-8b"}, image)
     assert p.would == "refused", p
     assert p.detail == "llama-8b is an item of kind image on the node, not file", p.detail
+
+
+def _model(include: list[str] | None) -> cache_pb2.CacheItem:
+    """A ready model item as its node shows it: the listing URL redacted (its include, a
+    fragment, shown as `#…`), the include in its options."""
+    source = "https://hub.example/api/models/org/m/revision/main?…" + ("#…" if include else "")
+    options = {"repo": "org/m", "revision": "main", "endpoint": "https://hub.example"}
+    item = cache_pb2.CacheItem(
+        name="m", kind=cache_pb2.CACHE_ITEM_KIND_GROUP, source=source, state=READY
+    )
+    item.options.update(options | {"include": json.dumps(include or [])})
+    return item
+
+
+def test_a_model_name_held_with_another_include_is_refused_as_the_agent_refuses_it() -> None:
+    """A model's include is part of what its item is: the agent refuses the same repo with
+    other globs under that name ('already exists for another source'). The dry run compared
+    the repo alone and said 'unchanged: every item is warm', so the desired-state loop never
+    saw the drift."""
+    asked = {"repo": "org/m", "endpoint": "https://hub.example", "name": "m"}
+    json_only = {**asked, "include": ["*.json"]}
+    cases = [
+        (asked, _model(["*.json"]), "refused"),
+        (json_only, _model(None), "refused"),
+        (json_only, _model(["*.json", "*.safetensors"]), "refused"),
+        (json_only, _model(["*.json"]), "unchanged"),
+        (asked, _model(None), "unchanged"),
+    ]
+    for values, held, would in cases:
+        p = _preview("model", values, held)
+        assert p.would == would, (values, held.options["include"], p)
+        if would == "refused":
+            assert "include" in p.detail, p.detail
+    # An agent that shows no options: whether the item has an include is in its source alone.
+    bare = _model(["*.json"])
+    bare.ClearField("options")
+    assert _preview("model", asked, bare).would == "refused"
+    assert _preview("model", json_only, bare).would == "unchanged"  # its globs are unknown

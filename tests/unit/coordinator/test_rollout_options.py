@@ -264,3 +264,40 @@ def test_rollout_progress_goes_to_a_terminal_whatever_the_output(
     monkeypatch.setattr(rollout.sys, "stderr", stderr)  # click.echo(err=True) writes there too
     rollout.progress_report(output)("node-a", NodeState.RUNNING, "started")
     assert stderr.getvalue() == ("node-a: running: started\n" if said else "")
+
+
+@pytest.mark.parametrize(
+    ("given", "field"),
+    [
+        (["--strategy", "mps", "--replicas", "100"], "sharing.mps.resources[0].replicas"),
+        (
+            ["--strategy", "time-slicing", "--replicas", "2", "--resource", "nvidia.com/Bad_Name"],
+            "sharing.timeSlicing.resources[0].name",
+        ),
+        (["-f", "{file}"], "sharing.timeSlicing.resources[0].replicas"),
+    ],
+)
+def test_a_sharing_config_every_node_would_refuse_is_refused_before_contacting_a_node(
+    given: list[str], field: str, tmp_path: Path, listener: socket.socket
+) -> None:
+    """`fleet apply share --strategy mps --replicas 100` went to every node, and each agent
+    refused it the same way (an MPS server takes 48 clients at most), failing the rollout node
+    by node. The agents' own checks refuse it once, here, naming the field, with exit 2."""
+    file = tmp_path / "plugin.yaml"
+    file.write_text(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - {name: nvidia.com/gpu, replicas: 1}\n"
+    )
+    args = ["apply", "share", *(a.format(file=file) for a in given)]
+    output = _run(tmp_path, listener, args)
+    assert f"every node would refuse this sharing config: {field}: " in output, output
+
+
+def test_a_sharing_config_some_nodes_take_is_left_to_the_nodes() -> None:
+    """MPS on a MIG device: the device plugin refuses it, a DRA driver takes it. Not refused
+    up front: each node says for itself (the dry run shows which)."""
+    from agent.coordinator.rollout.specs import sharing_spec
+
+    spec = sharing_spec(None, "mps", ["nvidia.com/mig-1g.10gb"], 4)
+    (resource,) = spec["request"]["spec"]["resources"]
+    assert resource == {"name": "nvidia.com/mig-1g.10gb", "replicas": 4}
