@@ -77,6 +77,8 @@ _TLS_UNSUPPORTED = (
     "client_allowed_sans",
 )
 _TOP_UNSUPPORTED = ("http_server_config", "rate_limit")
+#: the bytes of a password bcrypt reads; a longer one is refused (bcrypt 5 raises on it)
+_BCRYPT_MAX = 72
 _BCRYPT = re.compile(rb"\$2[aby]?\$\d{2}\$[./A-Za-z0-9]{53}")
 _USER = re.compile(r"[^:\x00-\x1f\x7f]{1,256}")
 
@@ -357,7 +359,7 @@ class MetricsGuard:
             user, colon, password = base64.b64decode(encoded, validate=True).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
             return False
-        if not colon:
+        if not colon or len(password.encode()) > _BCRYPT_MAX:
             return False
         known = self._users.get(user)
         hashed = self._stand_in if known is None else known

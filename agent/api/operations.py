@@ -17,6 +17,7 @@ import base64
 import contextlib
 import json
 import logging
+import math
 import sqlite3
 import threading
 import time
@@ -418,7 +419,10 @@ def read_page_token(token: str, kind: str, done: bool | None) -> tuple[float, st
         created, op_id, where = data["t"], data["id"], data["f"]
         if not isinstance(created, float | int) or not isinstance(op_id, str) or len(op_id) > 64:
             raise ValueError("bad cursor")
-    except (ValueError, TypeError, KeyError, UnicodeError) as exc:
+        created = float(created)  # an integer of 330 digits overflows here, inside the try
+        if not math.isfinite(created):
+            raise ValueError("bad cursor")
+    except (ValueError, TypeError, KeyError, UnicodeError, OverflowError) as exc:
         raise InvalidSpec(
             "page_token is not a token ListOperations returned",
             [FieldViolation("page_token", "a next_page_token from ListOperations, or empty")],
@@ -432,7 +436,7 @@ def read_page_token(token: str, kind: str, done: bool | None) -> tuple[float, st
                 )
             ],
         )
-    return float(created), op_id
+    return created, op_id
 
 
 def check_request_id(request_id: str) -> None:

@@ -140,6 +140,9 @@ def test_tls_client_certificates_and_basic_auth_guard_metrics_not_health(tmp_pat
         status, headers = _get(f"{base}/metrics", with_cert, bad)
         assert status == 401 and headers["WWW-Authenticate"].startswith("Basic")
         assert _get(f"{base}/metrics", with_cert)[0] == 401
+        # Past bcrypt's 72 bytes: refused as any wrong password, not a 500 and a traceback.
+        long = "Basic " + base64.b64encode(b"prometheus:s3cret" + b"x" * 80).decode()
+        assert _get(f"{base}/metrics", with_cert, long)[0] == 401
         assert _get(f"{base}/metrics", with_cert, good)[0] == 200
         assert _get(f"{base}/metrics", with_cert, good)[0] == 200  # remembered, same answer
         # The handshake refuses a foreign CA (under TLS 1.3 the client sees the server hang up).

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -283,8 +285,16 @@ async def test_list_operations_pages_through_everything_once(runner: OperationRu
         operations_pb2.ListOperationsRequest(page_token="not-a-token"),
         operations_pb2.ListOperationsRequest(page_token="x" * 10_000),
         operations_pb2.ListOperationsRequest(page_size=1001),
+        # well-formed, with a time that is no float: 330 digits, or NaN
+        *(operations_pb2.ListOperationsRequest(page_token=_token(t)) for t in ("9" * 330, "NaN")),
     ):
         with pytest.raises(InvalidSpec) as caught:
             await servicer.ListOperations(bad, context)
         assert {v.field for v in caught.value.violations} <= {"page_token", "page_size"}
         assert caught.value.violations
+
+
+def _token(created: str) -> str:
+    """A page token as ListOperations makes one (all filters unset), its time ``created``."""
+    data = json.dumps({"t": 0, "id": "op", "f": "|"}).replace("0", created, 1)
+    return base64.urlsafe_b64encode(data.encode()).decode()
