@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ from agent.http import Request, Response
 __all__ = ["DEFAULT_IDLE_AFTER_S", "StatusEndpoint"]
 
 _JSON = "application/json"
+#: rendered answers one sweep keeps
+_RENDERED_MAX = 16
 #: the sweep the reconcile loop makes counts GPUs idle this long (`fleet status`'s default)
 DEFAULT_IDLE_AFTER_S = 3600.0
 
@@ -46,13 +49,25 @@ class _Sweep:
     #: monotonic, for its age; ``observed_at`` is the wall-clock time shown
     at: float
     observed_at: float
-    #: rendered answers by (selector, idle threshold, every node): the status records cost
-    #: 0.5 s at 1,000 nodes
+    #: rendered answers by (selector, idle threshold, every node), the latest `_RENDERED_MAX`:
+    #: the status records cost 0.5 s at 1,000 nodes, and a caller varying its query must not
+    #: grow the cache without end
     rendered: dict[tuple[str, str, bool], bytes] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
     #: the default answer being rendered off the loop (`StatusEndpoint.observe`)
     rendering: asyncio.Future[bytes] | None = None
     #: the agents swept, by node name: a selector on labels is checked against them
     targets: Mapping[str, Target] = field(default_factory=dict)
+
+    def answer(self, key: tuple[str, str, bool]) -> bytes | None:
+        with self._lock:
+            return self.rendered.get(key)
+
+    def keep(self, key: tuple[str, str, bool], body: bytes) -> None:
+        with self._lock:  # kept from render threads and the loop alike
+            self.rendered[key] = body
+            while len(self.rendered) > _RENDERED_MAX:
+                del self.rendered[next(iter(self.rendered))]
 
 
 class StatusEndpoint:
@@ -126,7 +141,10 @@ class StatusEndpoint:
             return Response(code, json.dumps({"error": str(exc)}).encode(), _JSON)
         if sweep.rendering is not None and not sweep.rendering.done():
             await asyncio.shield(sweep.rendering)  # the same bytes, rendered once
-        return Response(200, self._render(sweep, selector, query), _JSON)
+        found = sweep.answer(_key(selector, query))
+        if found is None:  # another query: rendered off the loop, which carries the passes
+            found = await asyncio.to_thread(self._render, sweep, selector, query)
+        return Response(200, self._aged(sweep, found), _JSON)
 
     def _reusable(self, idle_after_s: float, fresh: bool) -> _Sweep | None:
         """The sweep to answer from: the newest whose answer is rendered, else the newest
@@ -165,15 +183,22 @@ class StatusEndpoint:
         await asyncio.to_thread(self._render, sweep, Selector(), StatusQuery())
 
     def _render(self, sweep: _Sweep, selector: Selector, query: StatusQuery) -> bytes:
-        key = (str(selector), query.idle_after, query.nodes)
-        found = sweep.rendered.get(key)
+        key = _key(selector, query)
+        found = sweep.answer(key)
         if found is None:
             views = [v for v in sweep.views if selector.matches(v)]
             status = fleet_status(views)
             document = status_document(status, query.idle_after, nodes=query.nodes)
             document["observed_at"] = sweep.observed_at
             found = json.dumps(document).encode()
-            sweep.rendered[key] = found
+            sweep.keep(key, found)
+        return found
+
+    def _aged(self, sweep: _Sweep, body: bytes) -> bytes:
         # The age is the only part that changes between requests: patched into the bytes.
         age = f'{{"age_s": {max(0.0, self._clock() - sweep.at):.1f}, '.encode()
-        return age + found[1:]
+        return age + body[1:]
+
+
+def _key(selector: Selector, query: StatusQuery) -> tuple[str, str, bool]:
+    return (str(selector), query.idle_after, query.nodes)

@@ -58,6 +58,11 @@ class _Term:
         return found != self.negate
 
 
+#: a selector's size: each glob is compiled, and `GET /fleet/status` takes one from anyone
+MAX_CHARS = 1024
+MAX_TERMS = 32
+
+
 @dataclass(frozen=True, slots=True)
 class Selector:
     terms: tuple[_Term, ...] = ()
@@ -92,6 +97,11 @@ class Selector:
 def parse_selector(text: str | None) -> Selector:
     if not text or not text.strip():
         return Selector()
+    if len(text) > MAX_CHARS or text.count(",") >= MAX_TERMS:
+        raise InvalidSpec(
+            f"selector is {len(text)} characters with {text.count(',') + 1} terms",
+            [FieldViolation("selector", f"at most {MAX_TERMS} terms in {MAX_CHARS} characters")],
+        )
     terms = []
     for raw in text.split(","):
         part = raw.strip()

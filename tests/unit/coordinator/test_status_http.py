@@ -257,3 +257,38 @@ def test_a_label_selector_is_refused_as_fleet_status_refuses_it_when_labels_are_
     endpoint.observe(views, 3600.0, clock.now, read)
     status, body = _answer(endpoint, "?selector=pool%3Dx")
     assert status == 200 and [n["name"] for n in body["nodes"]] == ["n1"], body
+
+
+def test_queries_an_anonymous_caller_varies_cost_the_loop_and_memory_little(
+    sweeps: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`GET /fleet/status` needs no credential: a caller spelling its query a hundred ways
+    leaves one sweep's latest 16 answers in memory, each rendered off the loop (which carries
+    the reconcile passes and the Lease), and a selector past 1,024 characters or 32 terms is a
+    400 naming the field before any glob is compiled."""
+    import threading
+
+    threads: list[str] = []
+    document = status_http.status_document
+
+    def counted(*args: Any, **kw: Any) -> dict[str, Any]:
+        threads.append(threading.current_thread().name)
+        return document(*args, **kw)
+
+    monkeypatch.setattr(status_http, "status_document", counted)
+    clock = Clock()
+    endpoint = status_http.StatusEndpoint(
+        cast(Fleet, object()), max_age_s=60, clock=clock, wall=clock
+    )
+    endpoint.observe((NodeView("n1", "10.0.0.1:9401"),), 3600.0, clock.now)
+    for n in range(100):
+        status, body = _answer(endpoint, f"?selector=name%3Dn{n}*")
+        assert status == 200, body
+    assert threading.main_thread().name not in threads and len(threads) == 100
+    sweep = endpoint._last  # what the sweep holds is the point
+    assert sweep is not None and len(sweep.rendered) == 16
+
+    for selector in ("name%3D" + "a" * 1100, "%2C".join(["name%3Dn*"] * 40)):
+        status, body = _answer(endpoint, f"?selector={selector}")
+        assert status == 400 and "at most 32 terms in 1024 characters" in body["violations"]
+    assert len(threads) == 100 and sweeps == []
