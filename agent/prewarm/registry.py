@@ -56,6 +56,7 @@ MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 _MAX_REDIRECTS = 5
 _TOKEN_LEEWAY_S = 30.0
 _DEFAULT_TOKEN_TTL_S = 60.0  # the distribution token spec's default expires_in
+_MAX_TOKEN_TTL_S = 24 * 3600.0  # a token is asked again at least daily, whatever it says
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128}")
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -528,12 +529,11 @@ class RegistryClient:
         try:
             data = json.loads(resp.body)
             value = data.get("token") or data.get("access_token")
-            ttl = float(data.get("expires_in") or _DEFAULT_TOKEN_TTL_S)
         except (ValueError, AttributeError, TypeError):
-            value, ttl = None, 0.0
+            value, data = None, {}
         if not isinstance(value, str) or not value:
             raise FetchFailed(f"token service {redact_url(realm)} answered without a token")
-        return _Token(f"Bearer {value}", started + ttl)
+        return _Token(f"Bearer {value}", started + _lifetime(data.get("expires_in")))
 
     # -- transport ----------------------------------------------------------------------------
 
@@ -599,3 +599,13 @@ class RegistryClient:
 def _origin(url: str) -> tuple[str, str, int | None]:
     parts = urlsplit(url)
     return parts.scheme, (parts.hostname or "").lower(), parts.port
+
+
+def _lifetime(expires_in: object) -> float:
+    """A token's seconds: the spec's default where the answer has none or a nonsense one
+    (negative, NaN), at most a day where it says more (an endless token is asked again)."""
+    try:
+        ttl = float(expires_in or _DEFAULT_TOKEN_TTL_S)  # type: ignore[arg-type]
+    except (ValueError, TypeError, OverflowError):
+        return _DEFAULT_TOKEN_TTL_S
+    return min(ttl, _MAX_TOKEN_TTL_S) if ttl > 0 else _DEFAULT_TOKEN_TTL_S

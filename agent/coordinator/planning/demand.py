@@ -244,7 +244,7 @@ def _list_entries(raw: list[object], bad: list[FieldViolation]) -> tuple[DemandE
         pool = _text(item.get("pool"), f"{field}.pool", bad)
         priority = item.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 10**6:
-            bad.append(FieldViolation(f"{field}.priority", f"an integer, not {priority!r}"))
+            bad.append(FieldViolation(f"{field}.priority", f"an integer, not {brief(priority)}"))
             continue
         if profile is not None and count is not None:
             out.append(DemandEntry(profile, count, model, priority, pool))
@@ -377,7 +377,7 @@ def parse_trace(text: str, source: str = "<trace>") -> tuple[TraceStep, ...]:
         pool = _opt_str(row.get("pool") or None)
         priority = _int(row.get("priority") or 0)
         if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 10**6:
-            bad.append(FieldViolation(f"{where}.priority", f"an integer, not {priority!r}"))
+            bad.append(FieldViolation(f"{where}.priority", f"an integer, not {brief(priority)}"))
             continue
         if time is not None and profile is not None and count is not None:
             parsed.append((time[0], time[1], DemandEntry(profile, count, model, priority, pool)))

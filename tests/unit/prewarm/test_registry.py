@@ -217,6 +217,26 @@ def test_bearer_flow_gets_a_token_with_docker_config_credentials_and_reuses_it(
     assert client.authorization(name) == {"Authorization": "Bearer tok-2"}
 
 
+@pytest.mark.parametrize("expires_in", [float("inf"), float("nan"), 10**400, -5])
+def test_a_token_lifetime_past_reason_is_held_within_a_day(
+    tmp_path: Path, registry: FakeRegistry, expires_in: float
+) -> None:
+    """An endless, NaN, overflowing or negative ``expires_in`` neither keeps a token for ever
+    nor fails the pull: the token is asked again within a day at the latest."""
+    registry.expires_in = expires_in  # type: ignore[assignment]
+    now = [1000.0]
+    client = RegistryClient(
+        UrlPolicy(egress_allow=LOOPBACK),
+        docker_config(tmp_path, registry.host, "puller", "s3cret"),
+        clock=lambda: now[0],
+    )
+    name = client.name(f"{registry.host}/team/app:v1")
+    client.manifest(name)  # the challenge, then the token
+    assert client.authorization(name) == {"Authorization": "Bearer tok-1"}
+    now[0] += 24 * 3600
+    assert client.authorization(name) == {"Authorization": "Bearer tok-2"}
+
+
 def test_refused_credentials_are_a_permission_error_without_the_secret(
     tmp_path: Path, registry: FakeRegistry
 ) -> None:
