@@ -36,6 +36,8 @@ from agent.prewarm.errors import Cancelled, FetchFailed
 from agent.prewarm.fetch_http import CancelledFn, FetchInfo, FetchSpec, ProgressFn
 from agent.prewarm.policy import UrlPolicy, redact_url
 from agent.prewarm.sink import LinkSink, Sink
+from agent.redact import redact_text
+from agent.safeyaml import capped
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,8 @@ _REFUSALS = (
     grpc.StatusCode.UNIMPLEMENTED,
 )
 _DETAILS_KEY = "grpc-status-details-bin"
+#: characters of dfdaemon's error message kept in ours
+_DETAILS_CHARS = 300
 
 
 class _LinkRefused(Exception):
@@ -246,12 +250,12 @@ def _is_refusal(exc: grpc.RpcError) -> bool:
 def _describe(exc: grpc.RpcError) -> str:
     if not isinstance(exc, grpc.Call):
         return str(exc)
-    return f"{exc.code().name}: {exc.details()}"
+    return f"{exc.code().name}: {_said(exc.details())}"
 
 
 def _error(exc: grpc.RpcError, url: str, socket: Path) -> Exception:
     code = exc.code() if isinstance(exc, grpc.Call) else None
-    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+    details = _said(exc.details() if isinstance(exc, grpc.Call) else str(exc))
     if code is grpc.StatusCode.UNAVAILABLE:
         return FetchFailed(f"dfdaemon unreachable at {socket}: {details}", transient=True)
     if code is grpc.StatusCode.PERMISSION_DENIED:
@@ -271,3 +275,9 @@ def _error(exc: grpc.RpcError, url: str, socket: Path) -> Exception:
         f"dfdaemon could not fetch {redact_url(url)}: {code} {details}",
         transient=code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.DEADLINE_EXCEEDED),
     )
+
+
+def _said(details: str | None) -> str:
+    """dfdaemon's own words, short, with any URL in them redacted: it names the task's URL,
+    whose query may be a signature."""
+    return capped(redact_text(details or ""), _DETAILS_CHARS)

@@ -67,6 +67,7 @@ class FakeDfdaemon(dfdaemon_pb2_grpc.DfdaemonDownloadServicer):
         self.corrupt_after_check = False
         self.ignore_output_path = False
         self.backend_failure: dict[str, object] | None = None
+        self.fails_with: str | None = None
 
     def DownloadTask(self, request, context):  # type: ignore[no-untyped-def]
         self.requests.append(request)
@@ -74,6 +75,8 @@ class FakeDfdaemon(dfdaemon_pb2_grpc.DfdaemonDownloadServicer):
             details = json.dumps(self.backend_failure).encode()
             context.set_trailing_metadata([("grpc-status-details-bin", details)])
             context.abort(grpc.StatusCode.INTERNAL, "backend error")
+        if self.fails_with is not None:
+            context.abort(grpc.StatusCode.INTERNAL, self.fails_with)
         download = request.download
         self.storage.mkdir(exist_ok=True)
         self.task_file.unlink(missing_ok=True)
@@ -199,6 +202,23 @@ def test_an_origin_failure_dfdaemon_reports_reaches_the_caller_as_its_status_onl
     assert item.state is ItemState.FAILED
     assert "origin answered HTTP 503" in (item.error or "")
     assert "hunter2" not in (item.error or "") and "internal-secret" not in (item.error or "")
+
+
+def test_dfdaemons_own_error_is_said_short_and_without_the_urls_signature(
+    tmp_path: Path, dfdaemon: tuple[Path, FakeDfdaemon]
+) -> None:
+    """dfdaemon's message names the task's URL, query and all: the caller reads it with the
+    URL redacted and cut to 300 characters (gRPC lets its trailers carry 16 KiB)."""
+    sock, servicer = dfdaemon
+    signed = "https://models.example.com/m.bin?X-Amz-Signature=hunter2"
+    servicer.fails_with = f"download {signed} failed: " + "piece 7 timed out; " * 400
+    policy = UrlPolicy(resolver=lambda h, p: ["203.0.113.5"])
+    svc = make_service(tmp_path, fetcher=DragonflyFetcher(policy, sock), policy=policy)
+    item = svc.run(svc.submit(FileRequest(signed)).id)
+    assert item.state is ItemState.FAILED
+    error = item.error or ""
+    assert "download https://models.example.com/m.bin" in error and "hunter2" not in error
+    assert "piece 7 timed out" in error and len(error) < 600
 
 
 def _link_service(tmp_path: Path, sock: Path) -> PrewarmService:
