@@ -26,6 +26,10 @@ class FieldViolation:
     field: str
     description: str
 
+    def __str__(self) -> str:
+        """``field: description``, how every refusal reads it in one line."""
+        return f"{self.field}: {self.description}"
+
 
 class InvalidSpec(AgentError):
     """The input is wrong; fix it and retry. Nothing was changed."""

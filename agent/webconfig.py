@@ -238,7 +238,7 @@ def load_web_config(path: Path) -> WebConfig:
         else:
             violations.append(FieldViolation(_field(str(key)), "unknown key"))
     if violations:
-        lines = "".join(f"\n  {v.field}: {v.description}" for v in violations)
+        lines = "".join(f"\n  {v}" for v in violations)
         raise InvalidSpec(f"invalid metrics web config {path}:{lines}", violations)
     if tls is not None:
         ReloadingTls(tls)  # the files must load now: a start with a broken certificate fails

@@ -261,7 +261,7 @@ class NodeInventory:
                 self._sharing = _Part(False, str(exc), self._clock())
             else:
                 self._sharing_pb = sharing_config_pb(view.config)
-                problems = "; ".join(f"{p.field}: {p.description}" for p in view.problems)
+                problems = "; ".join(map(str, view.problems))
                 self._sharing = _Part(
                     not problems, problems or f"plugin {view.pickup.state}", self._clock()
                 )

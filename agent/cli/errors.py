@@ -14,7 +14,7 @@ def report(exc: AgentError) -> None:
     message = str(exc)
     click.echo(f"error: {message}", err=True)
     for violation in getattr(exc, "violations", ()):
-        line = f"{violation.field}: {violation.description}"
+        line = str(violation)
         if line not in message:
             click.echo(f"  {line}", err=True)
 

@@ -335,7 +335,7 @@ def render_command(
     else:
         click.echo(yaml.safe_dump_all(objects, sort_keys=False).rstrip())
     for note in dra.plan(requested, allocation).notes:  # stderr: the objects stay pipeable
-        click.echo(f"note: {note.field}: {note.description}", err=True)
+        click.echo(f"note: {note}", err=True)
 
 
 class RemoteSharing:
@@ -497,7 +497,7 @@ def _dra_lines(view: DraView | None) -> list[str]:
         ]
     if view.notes:
         lines += ["", "Not carried by the driver, or mapped:"]
-        lines += [f"  {n.field}: {n.description}" for n in view.notes]
+        lines += [f"  {n}" for n in view.notes]
     return lines
 
 
@@ -601,7 +601,7 @@ def _head_lines(view: SharingView, label: str, absent: str) -> list[str]:
 def _problem_lines(view: SharingView | ApplyResult, title: str) -> list[str]:
     if not view.problems:
         return []
-    return ["", title, *(f"  {p.field}: {p.description}" for p in view.problems)]
+    return ["", title, *(f"  {p}" for p in view.problems)]
 
 
 def _result_table(result: ApplyResult) -> str:

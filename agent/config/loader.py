@@ -408,7 +408,7 @@ def _missing_requirements(config: AgentConfig) -> Iterator[FieldViolation]:
 
 def _raise(violations: Sequence[FieldViolation], file: Path | None) -> typing.NoReturn:
     source = f" (config file {file})" if file is not None else ""
-    lines = "".join(f"\n  {v.field}: {v.description}" for v in violations)
+    lines = "".join(f"\n  {v}" for v in violations)
     raise InvalidSpec(f"invalid agent configuration{source}:{lines}", violations)
 
 

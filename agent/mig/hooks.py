@@ -92,7 +92,7 @@ def load_hooks(path: str | Path) -> Hooks:
     hooks = _parse(data, bad)
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise InvalidSpec(f"{where}: {bad[0].field}: {bad[0].description}{more}", bad)
+        raise InvalidSpec(f"{where}: {bad[0]}{more}", bad)
     return hooks
 
 

@@ -87,9 +87,7 @@ def plan(spec: PowerSpec, gpus: list[GpuPower], lost: Sequence[LostGpu] = ()) ->
     spec names (by index or UUID), else InvalidSpec."""
     targets, problems = resolve(spec, gpus, lost)
     if problems:
-        text = "power spec refused, no GPU changed: " + "; ".join(
-            f"{p.field}: {p.description}" for p in problems
-        )
+        text = "power spec refused, no GPU changed: " + "; ".join(map(str, problems))
         if all(_LOST in p.description for p in problems):
             raise DeviceLost(text)
         raise InvalidSpec(text, problems)

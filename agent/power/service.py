@@ -142,7 +142,7 @@ class PowerService:
                 self._log_once("", f"the stored power spec cannot be re-applied: {exc}")
                 return []
             for p in problems:
-                self._log_once("", f"power spec not re-applied there: {p.field}: {p.description}")
+                self._log_once("", f"power spec not re-applied there: {p}")
             targets = [t for t in targets if t.changes]
             if targets:  # a GPU lost at the apply is capped first here: its limit is its baseline
                 self._record_baselines([t.gpu for t in targets], self._baseline())

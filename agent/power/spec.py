@@ -104,7 +104,7 @@ def parse(text: str) -> PowerSpec:
 
 def _refused(problems: list[FieldViolation]) -> InvalidSpec:
     return InvalidSpec(
-        "invalid power spec: " + "; ".join(f"{p.field}: {p.description}" for p in problems),
+        "invalid power spec: " + "; ".join(map(str, problems)),
         problems,
     )
 

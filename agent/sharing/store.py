@@ -154,7 +154,7 @@ def parse_file(raw: bytes | None, path: Path) -> PluginConfig:
     try:
         return parse(raw)
     except InvalidSpec as exc:
-        problems = "; ".join(f"{v.field}: {v.description}" for v in exc.violations)
+        problems = "; ".join(map(str, exc.violations))
         raise Conflict(
             f"{path} is not a valid device-plugin config ({problems}); fix or remove it"
         ) from exc

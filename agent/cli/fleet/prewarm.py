@@ -104,4 +104,4 @@ def _prewarm_spec(given: dict[str, Any]) -> dict[str, Any]:
             FieldViolation(option if v.field == schema.source else v.field, v.description)
             for v in exc.violations
         ]
-        raise InvalidSpec(f"--{option}: {bad[0].field}: {bad[0].description}", bad) from None
+        raise InvalidSpec(f"--{option}: {bad[0]}", bad) from None

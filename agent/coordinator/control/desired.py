@@ -153,7 +153,7 @@ def parse_desired(text: str, source: str = "<desired>") -> Desired:
     power = tuple(_power(raw, i, bad) for i, raw in enumerate(_list(doc, "power", bad)))
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise InvalidSpec(f"{source}: {bad[0].field}: {bad[0].description}{more}", bad)
+        raise InvalidSpec(f"{source}: {bad[0]}{more}", bad)
     # With no violations every rule parsed: none of them is None.
     return Desired(
         rollout,
@@ -280,7 +280,7 @@ def _sharing(raw: Any, i: int, bad: list[FieldViolation]) -> SharingRule | None:
         # The request a rollout record keeps, built and checked as `fleet apply --sharing` does.
         spec = sharing_spec(None, strategy, resources, replicas, bool(raw.get("rename", False)))
     except InvalidSpec as exc:
-        bad += [FieldViolation(where, f"{v.field}: {v.description}") for v in exc.violations]
+        bad += [FieldViolation(where, str(v)) for v in exc.violations]
         return None
     return SharingRule(selector, spec["request"])
 

@@ -665,5 +665,5 @@ def _problems(exc: AgentError) -> str:
     violations = getattr(exc, "violations", ())
     if not violations:
         return str(exc)
-    said = "; ".join(f"{v.field}: {v.description}" for v in violations[:10])
+    said = "; ".join(map(str, violations[:10]))
     return said + (f" (and {len(violations) - 10} more)" if len(violations) > 10 else "")

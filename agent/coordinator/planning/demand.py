@@ -139,7 +139,7 @@ def _count(raw: object, field: str, bad: list[FieldViolation]) -> int | None:
 def _raise(source: str, bad: Sequence[FieldViolation]) -> None:
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise InvalidSpec(f"{source}: {bad[0].field}: {bad[0].description}{more}", bad)
+        raise InvalidSpec(f"{source}: {bad[0]}{more}", bad)
 
 
 #: A fleet's demand or a week's trace: far more than one node's files, still bounded.

@@ -281,7 +281,7 @@ def sharing_preview(
     will = describe_sharing(planned)
     found = violations(planned, layouts)
     if found:
-        why = "; ".join(f"{v.field}: {v.description}" for v in found)
+        why = "; ".join(map(str, found))
         return NodePreview(node, "refused", f"now: {was}; refused: {why}", (), was, will)
     if planned == base:
         return NodePreview(node, "unchanged", f"now: {was}", (), was, will)
@@ -306,7 +306,7 @@ def dra_sharing_preview(
     try:
         dra.plan(requested, now.allocation)
     except InvalidSpec as exc:
-        why = "; ".join(f"{v.field}: {v.description}" for v in exc.violations) or str(exc)
+        why = "; ".join(map(str, exc.violations)) or str(exc)
         return NodePreview(node, "refused", f"now: {was}; refused: {why}", (), was, will)
     if planned == base and all(o.state == "present" for o in now.objects):
         return NodePreview(node, "unchanged", f"now: {was}", (), was, will)
@@ -346,7 +346,7 @@ async def _preview_power(client: AgentClient, record: RolloutRecord, node: str) 
     spec_yaml = record.spec["spec_yaml"]
     targets, problems = resolve(parse_power(spec_yaml), gpus)
     if problems:
-        why = "; ".join(f"{p.field}: {p.description}" for p in problems)
+        why = "; ".join(map(str, problems))
         return NodePreview(node, "refused", why)
     changing = [t for t in targets if t.changes]
     if not changing and view.spec_text == spec_yaml:

@@ -134,5 +134,5 @@ def _result(task: asyncio.Task[NodeResult]) -> NodeResult:
         return task.result()
     except AgentError as exc:
         # A refusal's message counts its problems; each is in its violations, said here.
-        found = "; ".join(f"{v.field}: {v.description}" for v in getattr(exc, "violations", ()))
+        found = "; ".join(map(str, getattr(exc, "violations", ())))
         return NodeResult(NodeState.FAILED, f"{exc}: {found}" if found else str(exc))

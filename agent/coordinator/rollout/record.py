@@ -114,8 +114,7 @@ class RolloutRecord:
             )
         if bad:
             raise InvalidSpec(
-                f"rollout record {self.path}: {bad[0].field}: {bad[0].description} "
-                "(a flag of `fleet resume` replaces it)",
+                f"rollout record {self.path}: {bad[0]} (a flag of `fleet resume` replaces it)",
                 bad,
             )
 

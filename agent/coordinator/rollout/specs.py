@@ -56,7 +56,7 @@ def sharing_spec(
     bad = refused_everywhere(requested_config(request))
     if bad:
         raise InvalidSpec(
-            f"every node would refuse this sharing config: {bad[0].field}: {bad[0].description}",
+            f"every node would refuse this sharing config: {bad[0]}",
             bad,
         )
     return {"request": json_format.MessageToDict(request)}
@@ -96,5 +96,5 @@ def prewarm_spec(schema: TargetSchema, values: Mapping[str, Any]) -> dict[str, A
     target = target_pb(schema, values)
     bad = target_violations(schema, getattr(target, schema.kind), "")
     if bad:
-        raise InvalidSpec(f"{bad[0].field}: {bad[0].description}", bad)
+        raise InvalidSpec(str(bad[0]), bad)
     return {"targets": [json_format.MessageToDict(target)]}

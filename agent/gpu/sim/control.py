@@ -419,8 +419,7 @@ def _refuse_wrapping_counts(g: Gpu, sbe: int, dbe: int) -> None:
         )
     if bad:
         raise InvalidSpec(
-            "ECC errors past NVML's counters: "
-            + "; ".join(f"{v.field}: {v.description}" for v in bad),
+            "ECC errors past NVML's counters: " + "; ".join(map(str, bad)),
             bad,
         )
 
