@@ -226,7 +226,9 @@ def _build_rest(
         part.follow(driver)
     m = config.mig
     mig_labels = label_controller(m.watch_node_label, m.config_file, kube, config.node_name, mig)
-    doctor = build_doctor(config, driver, client, allocation.current, state, telemetry, health)
+    doctor = build_doctor(
+        config, driver, client, allocation.current, state, telemetry, health, power
+    )
     _self_metrics(telemetry, driver, state, prewarm, health, mig_labels, allocation, doctor, edge)
     return Services(
         config,

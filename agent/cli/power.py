@@ -202,6 +202,9 @@ def _show_table(data: dict[str, Any]) -> str:
 
 
 def _changes_table(data: dict[str, Any]) -> str:
+    if not data["changes"] and data["lost_gpus"]:
+        lost = ", ".join(map(str, data["lost_gpus"]))
+        return f"no GPU that answers changed; GPU {lost} lost: not done there (see the warning)"
     if not data["changes"]:
         return "no GPU changed: every limit was already as asked"
     rows = [(c["index"], c["uuid"], _w(c["before_w"]), _w(c["after_w"])) for c in data["changes"]]

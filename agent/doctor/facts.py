@@ -8,7 +8,7 @@ read-only state) plus the host's files under ``proc`` and ``dev``; tests give cr
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -64,6 +64,8 @@ class Facts:
     socket_path: Path
     #: why XID events are not watched now (the event set broken, GPUs that deliver none)
     xid_unwatched: Callable[[], str | None] = lambda: None
+    #: the GPUs whose power limit is not the stored spec's, each said (`PowerService`)
+    power_out_of_force: Callable[[], Sequence[str]] = lambda: ()
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     proc: Path = Path("/proc")
     statvfs: Callable[[Path], os.statvfs_result] = os.statvfs

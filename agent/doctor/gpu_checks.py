@@ -324,6 +324,19 @@ def power_limits(facts: Facts) -> Check:
             evidence,
             "power caps need the limits readable: nvidia-smi -q -d POWER shows what NVML says",
         )
+    try:
+        apart = facts.power_out_of_force()
+    except AgentError as exc:
+        apart = [f"the power spec's caps cannot be compared: {exc}"]
+    if apart:
+        return degraded(
+            "power",
+            "limits",
+            "power spec not in force: " + "; ".join(apart),
+            "the agent sets the spec's caps again at every driver check: where NVML refuses "
+            "(the reason in brackets) grant it what it names; else another tool sets the limit "
+            "(nvidia-smi -pl, a BMC): stop it, or make the spec agree",
+        )
     return ok("power", "limits", evidence)
 
 

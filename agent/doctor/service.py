@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from agent.dra.mode import Allocation
     from agent.gpu.attach import DriverLink
     from agent.health.monitor import HealthMonitor
+    from agent.power.service import PowerService
     from agent.state import StateStore
     from agent.telemetry.service import TelemetryService
 
@@ -208,6 +209,7 @@ def build_doctor(
     state: StateStore,
     telemetry: TelemetryService,
     health: HealthMonitor,
+    power: PowerService,
 ) -> Doctor:
     """The checks over the agent's own parts, as the composition root hands them in."""
     facts = Facts(
@@ -218,6 +220,7 @@ def build_doctor(
         snapshot=telemetry.latest,
         xids=telemetry.xid_totals,
         xid_unwatched=telemetry.xid_unwatched,
+        power_out_of_force=power.out_of_force,
         marks=health.shown,
         state_read_only=lambda: state.read_only,
         socket_path=config.socket_path,

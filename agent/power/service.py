@@ -57,6 +57,8 @@ class PowerService:
         self._lock = threading.Lock()
         #: (uuid, error) already logged by reconcile, so a lasting refusal is one line
         self._logged: set[tuple[str, str]] = set()
+        #: uuid -> why the spec's cap was refused there at the last try (gone once it holds)
+        self._refused: dict[str, str] = {}
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -72,6 +74,24 @@ class PowerService:
             for p in problems:  # the node changed under the spec: shown, not fatal
                 log.warning("the stored power spec does not fit: %s: %s", p.field, p.description)
         return PowerView(tuple(gpus), desired, self._baseline(), spec.text if spec else "")
+
+    def out_of_force(self) -> list[str]:
+        """Each GPU whose limit is not the stored spec's: what it asks, what the GPU holds and,
+        where the agent's last try was refused, why. Empty when the spec holds or there is
+        none (`doctor` says it: the refusal is otherwise one log line)."""
+        with self._lock:
+            spec = self._desired()
+            if spec is None:
+                return []
+            targets, _ = resolve(spec, *self._read(strict=False))
+            refused = dict(self._refused)
+        return [
+            f"GPU {t.gpu.index}: {t.want_mw / 1000:g} W asked, "
+            f"{t.gpu.limits.current_mw / 1000:g} W held"
+            + (f" ({refused[t.gpu.uuid]})" if t.gpu.uuid in refused else "")
+            for t in targets
+            if t.changes
+        ]
 
     # -- changes ---------------------------------------------------------------------------------
 
@@ -100,6 +120,7 @@ class PowerService:
                 raise
             self._journal.journal_replace(DESIRED, {"spec": spec.text})
             self._logged.clear()
+            self._refused.clear()
         for c in changes:
             log.info(
                 "power cap on GPU %d: %g W -> %g W", c.index, c.before_mw / 1000, c.after_mw / 1000
@@ -150,7 +171,9 @@ class PowerService:
             for t in targets:
                 try:
                     changes.append(self._set(t.gpu, t.want_mw))
+                    self._refused.pop(t.gpu.uuid, None)
                 except AgentError as exc:
+                    self._refused[t.gpu.uuid] = str(exc)
                     self._log_once(
                         t.gpu.uuid, f"power cap on GPU {t.gpu.index} not re-applied: {exc}"
                     )

@@ -122,6 +122,9 @@ def test_a_gpu_lost_at_apply_is_said_and_capped_once_it_answers_again(tmp_path: 
             "warning: GPU 3 is lost: not capped now; the agent sets the spec's cap when it "
             "answers again" in applied.stderr
         )
+        again = cli(agent.state_dir, config, "power", "apply", "-f", str(spec))
+        # not "every limit was already as asked": GPU 3's is not
+        assert "no GPU that answers changed; GPU 3 lost: not done there" in again.stdout
         shown = cli(agent.state_dir, config, "power", "show")
         assert "warning: GPU 3 is lost: its limits cannot be read" in shown.stderr
         as_json = cli(agent.state_dir, config, "power", "show", "-o", "json")

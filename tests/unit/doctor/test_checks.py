@@ -409,6 +409,29 @@ def test_a_gpu_lost_since_it_was_read_is_named_once_by_its_index_in_power_limits
     assert check.evidence.endswith("; GPU 3: GPU is lost"), check.evidence
 
 
+def test_power_limits_are_degraded_while_the_stored_spec_is_not_in_force(tmp_path: Path) -> None:
+    """Every limit readable, but the spec's 300 W refused on GPU 0 at each re-apply (after a
+    reboot): it said ok ("set 400 W") and the refusal was one log line. Now it names it."""
+    from agent.gpu import open_driver
+
+    driver = open_driver("dgx-h100", tmp_path / "state")
+    try:
+        link = cast(DriverLink, SimpleNamespace(state=None, is_attached=True, driver=driver))
+        layouts = tuple(driver.layout(g.uuid) for g in driver.gpus())
+        snap = cast(Snapshot, SimpleNamespace(layouts=layouts, gpus=()))
+        apart = ["GPU 0: 300 W asked, 700 W held (Insufficient Permissions)"]
+        check = gpu_checks.power_limits(
+            facts(tmp_path, driver=link, snapshot=lambda: snap, power_out_of_force=lambda: apart)
+        )
+        held = gpu_checks.power_limits(facts(tmp_path, driver=link, snapshot=lambda: snap))
+    finally:
+        driver.close()
+    assert check.state is CheckState.DEGRADED
+    assert check.evidence == "power spec not in force: " + apart[0]
+    assert "nvidia-smi -pl" in check.fix
+    assert held.state is CheckState.OK
+
+
 def test_mig_pending_does_not_vouch_for_a_gpu_that_does_not_answer(tmp_path: Path) -> None:
     """With GPU 3 lost, mig/pending said "no MIG mode change waits for a GPU reset" (ok) from
     the mode read before it stopped answering: a verdict on a GPU nobody can read. It is

@@ -199,8 +199,12 @@ def test_reconcile_logs_a_lasting_refusal_once_and_sets_the_others(
     service.reconcile()
     refusals = [r for r in caplog.records if "not re-applied" in r.getMessage()]
     assert len(refusals) == 1 and "GPU 0" in refusals[0].getMessage()
+    # beyond the one log line, what doctor says while it lasts: the GPU, both limits, why
+    [apart] = service.out_of_force()
+    assert apart.startswith("GPU 0: 300 W asked, 400 W held (") and "ermission" in apart
     assert [c.index for c in service.reconcile()] == [0]  # the fault is spent
     assert _limits(gpu) == want
+    assert service.out_of_force() == []
 
 
 def test_one_unreadable_gpu_does_not_keep_the_others_uncapped(
