@@ -74,6 +74,11 @@ MAX_RESPONSE_BYTES = 64 << 20
 #: Characters of an error Status's message kept in an AgentError (logged at every retry, held
 #: in a cache's status): an API server's own are one line.
 MAX_STATUS_MESSAGE = 300
+#: A bearer token file larger than this is refused unread (a projected token is ~1 KiB).
+MAX_TOKEN_BYTES = 64 << 10
+#: A certificate, key or CA file a kubeconfig names, larger than this, is refused unread: a
+#: system CA bundle is ~220 KiB.
+MAX_PEM_BYTES = 1 << 20
 #: A Retry-After longer than this many digits is past any wait (the watch caps it anyway).
 _MAX_RETRY_AFTER_DIGITS = 9
 
@@ -463,11 +468,13 @@ class InClusterKubeClient:
         if self._exec is not None:
             token = self._exec.token(refresh)
         elif self._token_path is not None:
-            try:
-                token = self._token_path.read_text().strip()
-            except OSError as exc:
-                raise PermissionDenied(f"cannot read the service-account token: {exc}") from exc
+            token = _read_token(self._token_path)
         if token:
+            if not _header_safe(token):  # http.client would raise UnicodeEncodeError, ValueError
+                where = self._token_path if self._exec is None else self._exec.command
+                raise PermissionDenied(
+                    f"the bearer token ({where or 'the kubeconfig'}) is not printable ASCII"
+                )
             headers["Authorization"] = f"Bearer {token}"
         return headers
 
@@ -550,6 +557,20 @@ def decode_json(data: bytes, what: str) -> Any:
         ) from None
     except ValueError:  # UnicodeDecodeError: not UTF-8 (nor -16, -32)
         raise AgentError(f"{what} is not JSON: not UTF-8 text") from None
+
+
+def _read_token(path: Path) -> str:
+    """The bearer token in ``path`` (re-read per request: projected tokens rotate), read no
+    further than MAX_TOKEN_BYTES; PermissionDenied naming the file otherwise."""
+    try:
+        raw = safeyaml.read_bytes(path, "tokenFile", MAX_TOKEN_BYTES, "the bearer token file")
+    except InvalidSpec as exc:
+        raise PermissionDenied(str(exc)) from None
+    return raw.decode("ascii", errors="replace").strip()
+
+
+def _header_safe(value: str) -> bool:
+    return value.isascii() and value.isprintable()
 
 
 def _retry_after(exc: AgentError, response: http.client.HTTPResponse) -> AgentError:

@@ -17,6 +17,7 @@ from typing import Any
 
 from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec, NotSupported
+from agent.kube import MAX_PEM_BYTES
 from agent.kube_exec import ExecPlugin
 
 __all__ = ["KubeconfigSettings", "load"]
@@ -126,9 +127,5 @@ def _pem(path: Path, data: str | None, name: str | None, base: Path, field: str)
             raise _invalid(path, f"{field}-data is not base64", f"{field}-data", "base64") from exc
     if not name:
         return None
-    try:
-        return (base / name).read_bytes()
-    except OSError as exc:
-        raise _invalid(
-            path, f"{field} {base / name}: {exc.strerror}", field, "a readable PEM file"
-        ) from exc
+    # read no further than a PEM can be: refused naming the field and the file otherwise
+    return safeyaml.read_bytes(base / name, field, MAX_PEM_BYTES, f"kubeconfig {path}: {field}")
