@@ -19,6 +19,7 @@ from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec, NotSupported
 from agent.kube import MAX_PEM_BYTES
 from agent.kube_exec import ExecPlugin
+from agent.redact import redact_url
 
 __all__ = ["KubeconfigSettings", "load"]
 
@@ -109,11 +110,21 @@ def _exec(
 def _proxy(path: Path, url: object) -> str | None:
     if url is None or url == "":
         return None
-    parts = urllib.parse.urlsplit(str(url))
-    if parts.scheme != "http" or not parts.hostname:
-        # a CONNECT tunnel to a plain-HTTP proxy; https:// and socks5:// proxies are not taken
+    try:
+        parts = urllib.parse.urlsplit(str(url))
+        taken = parts.scheme == "http" and bool(parts.hostname)
+        _ = parts.port  # ValueError when out of range or not a number
+    except ValueError:  # unparsable, or a port that is none: refused here, not at every call
+        taken = False
+    if not taken:
+        # a CONNECT tunnel to a plain-HTTP proxy; https:// and socks5:// proxies are not taken.
+        # Shown without its user info: socks5://user:password@host is how a proxy is given one.
+        shown = safeyaml.capped(redact_url(str(url)), 200)
         raise _invalid(
-            path, f"proxy-url {url!r} is not an http:// URL", "proxy-url", "http://HOST:PORT"
+            path,
+            f"proxy-url {shown!r} is not an http://HOST:PORT URL",
+            "proxy-url",
+            "http://HOST:PORT",
         )
     return str(url)
 

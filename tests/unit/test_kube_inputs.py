@@ -19,6 +19,7 @@ from agent.kube import InClusterKubeClient
 from agent.kube_exec import _cluster_info
 
 SERVER = "https://127.0.0.1:1"
+SECRET = "s3cret-pass"
 #: A file far past any PEM or token, made sparse (no disk, no time).
 HUGE = 64 << 20
 
@@ -41,6 +42,25 @@ def _sparse(path: Path, size: int = HUGE) -> Path:
     with path.open("wb") as f:
         os.truncate(f.fileno(), size)
     return path
+
+
+@pytest.mark.parametrize(
+    "proxy",
+    [
+        f"socks5://alice:{SECRET}@proxy.example:1080",
+        f"https://alice:{SECRET}@proxy.example:3128",
+        f"http://alice:{SECRET}@proxy.example:99999",  # no port: ValueError at the first call
+        f"http://alice:{SECRET}@[proxy.example",  # not a URL: ValueError out of urlsplit
+    ],
+)
+def test_a_proxy_url_refused_never_shows_its_password(tmp_path: Path, proxy: str) -> None:
+    path = _config(tmp_path, {"token": "t"}, {"proxy-url": proxy})
+    with pytest.raises(InvalidSpec) as caught:
+        kubeconfig.load(path)
+    said = str(caught.value) + repr(caught.value.violations)
+    assert SECRET not in said and "alice" not in said, said
+    assert [v.field for v in caught.value.violations] == ["proxy-url"]
+    assert "proxy.example" in said or "<unparsable URL>" in said, said
 
 
 @pytest.mark.parametrize(
