@@ -71,6 +71,8 @@ _STATUS_ERRORS: dict[int, type[AgentError]] = {
 
 #: A response body larger than this is refused: a list is paged, never this big.
 MAX_RESPONSE_BYTES = 64 << 20
+#: Bytes of a refused watch's answer read (a Status; the rest is not read).
+MAX_ERROR_BYTES = 64 << 10
 #: Characters of an error Status's message kept in an AgentError (logged at every retry, held
 #: in a cache's status): an API server's own are one line.
 MAX_STATUS_MESSAGE = 300
@@ -334,7 +336,7 @@ class InClusterKubeClient:
                 break
             conn.close()  # the plugin's token was refused: run it again, once
         if response.status >= 400:
-            data = response.read(MAX_RESPONSE_BYTES)
+            data = response.read(MAX_ERROR_BYTES)  # a Status: its message is cut to 300 anyway
             conn.close()
             error = _STATUS_ERRORS.get(response.status, AgentError)
             raise _retry_after(

@@ -12,7 +12,8 @@ tested against: discovery, counts, bookmarks and the failures a real API server 
 - ``bookmark(resource)``: a BOOKMARK event (only a resourceVersion) on every watch of it;
 - ``fail_next(method, path, code, count, retry_after)``: the next ``count`` matching calls (a
   path prefix; a watch is a GET) answer ``code`` (429 with ``Retry-After``, sent as given: a
-  number, or what a broken proxy sends; a 5xx), their Status saying ``message``;
+  number, or what a broken proxy sends; a 5xx), their Status saying ``message`` (or, as bytes,
+  the body itself);
 - ``expire_watches``: while True, every watch from a version answers 410 Gone (an ERROR event)
   while lists still answer, as a server whose watch cache cannot serve the version it listed;
 - ``short_watches``: while True, every watch is taken (200) and ended at once with no event, as
@@ -101,7 +102,7 @@ class EdgeKubeApi(FakeKubeApi):
         code: int,
         count: int = 1,
         retry_after: int | str | None = None,
-        message: str = "injected by the test",
+        message: str | bytes = "injected by the test",
     ) -> None:
         with self._count_lock:
             self.faults[(method, path)] = [count, code, retry_after, message, None]
@@ -229,9 +230,12 @@ def _dra_resource(parts: list[str]) -> str:
 def _fault(
     h: BaseHTTPRequestHandler, code: int, retry_after: int | str | None, said: str | bytes | None
 ) -> None:
-    """``said``: the Status message of an error, the body of a 200 (None: a proxy's page)."""
-    if code == 200:
-        data = said if isinstance(said, bytes) else b"<html>a proxy's page</html>"
+    """``said``: the Status message of an error, or the body as bytes (None for a 200: a
+    proxy's page)."""
+    if isinstance(said, bytes):
+        data = said
+    elif code == 200:
+        data = b"<html>a proxy's page</html>"
     else:
         message = said if isinstance(said, str) else "injected by the test"
         body = _status(code, message, "TooManyRequests" if code == 429 else "")

@@ -8,7 +8,9 @@ and nothing of the answer is echoed."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import tracemalloc
 from collections.abc import Iterator
 from typing import Any
 
@@ -207,3 +209,21 @@ def test_resource_versions_that_are_not_ascii_integers_do_not_break_the_cache() 
     assert informer.objects() == [_versioned("1" * 5000)]
     informer.assume(_versioned("0" * 10 + "2" + "0" * 4999))  # leading zeros are not size
     assert informer.objects() == [_versioned("0" * 10 + "2" + "0" * 4999)]
+
+
+def test_a_refused_watch_reads_no_more_of_its_error_than_a_status_needs(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """The error body of a refused watch was read up to 64 MiB, for a message cut to 300."""
+    api, _ = edge_api
+    status = {"kind": "Status", "apiVersion": "v1", "code": 500, "message": "x" * (16 << 20)}
+    api.fail_next("GET", NODES, 500, message=json.dumps(status).encode())
+    tracemalloc.start()
+    try:
+        with pytest.raises(AgentError) as caught:
+            kube.watch(NODES, {}, "1", 5)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "500" in str(caught.value) and len(str(caught.value)) < 500
+    assert peak < 4 << 20, peak
