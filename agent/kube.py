@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agent import safeyaml
 from agent.errors import (
     AgentError,
     Busy,
@@ -70,6 +71,18 @@ _STATUS_ERRORS: dict[int, type[AgentError]] = {
 
 #: A response body larger than this is refused: a list is paged, never this big.
 MAX_RESPONSE_BYTES = 64 << 20
+#: Bytes of a refused watch's answer read (a Status; the rest is not read).
+MAX_ERROR_BYTES = 64 << 10
+#: Characters of an error Status's message kept in an AgentError (logged at every retry, held
+#: in a cache's status): an API server's own are one line.
+MAX_STATUS_MESSAGE = 300
+#: A bearer token file larger than this is refused unread (a projected token is ~1 KiB).
+MAX_TOKEN_BYTES = 64 << 10
+#: A certificate, key or CA file a kubeconfig names, larger than this, is refused unread: a
+#: system CA bundle is ~220 KiB.
+MAX_PEM_BYTES = 1 << 20
+#: A Retry-After longer than this many digits is past any wait (the watch caps it anyway).
+_MAX_RETRY_AFTER_DIGITS = 9
 
 
 class KubeClient(Protocol):
@@ -290,12 +303,13 @@ class InClusterKubeClient:
                     raise AgentError(f"Kubernetes watch {path}: an event over {MAX_EVENT_BYTES} B")
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                event = decode_json(line, f"Kubernetes watch {path}: an event")
                 kind, obj = str(dig(event, "type") or ""), dig(event, "object")
                 if kind == "ERROR":
+                    said = _brief(dig(obj, "message"))
                     if dig(obj, "code") == 410:
-                        raise Gone(f"Kubernetes watch {path}: {dig(obj, 'message')}")
-                    raise AgentError(f"Kubernetes watch {path}: {dig(obj, 'message')}")
+                        raise Gone(f"Kubernetes watch {path}: {said}")
+                    raise AgentError(f"Kubernetes watch {path}: {said}")
                 yield kind, obj
         finally:
             response.close()
@@ -322,7 +336,7 @@ class InClusterKubeClient:
                 break
             conn.close()  # the plugin's token was refused: run it again, once
         if response.status >= 400:
-            data = response.read(MAX_RESPONSE_BYTES)
+            data = response.read(MAX_ERROR_BYTES)  # a Status: its message is cut to 300 anyway
             conn.close()
             error = _STATUS_ERRORS.get(response.status, AgentError)
             raise _retry_after(
@@ -447,13 +461,8 @@ class InClusterKubeClient:
             )
         if len(data) > MAX_RESPONSE_BYTES:
             raise AgentError(f"Kubernetes API {method} {path}: over {MAX_RESPONSE_BYTES} bytes")
-        try:
-            return json.loads(data) if data else None
-        except ValueError as exc:  # a proxy's page, a cut body: a failed call, not a crash
-            raise AgentError(
-                f"Kubernetes API {method} {path}: the answer is not JSON ({exc}): "
-                f"{data[:80].decode(errors='replace')!r}"
-            ) from exc
+        # a proxy's page, a cut body, a hostile nesting: a failed call, not a crash
+        return decode_json(data, f"Kubernetes API {method} {path}: the answer") if data else None
 
     def _headers(self, refresh: bool = False) -> dict[str, str]:
         headers = {"Accept": "application/json"}
@@ -461,11 +470,13 @@ class InClusterKubeClient:
         if self._exec is not None:
             token = self._exec.token(refresh)
         elif self._token_path is not None:
-            try:
-                token = self._token_path.read_text().strip()
-            except OSError as exc:
-                raise PermissionDenied(f"cannot read the service-account token: {exc}") from exc
+            token = _read_token(self._token_path)
         if token:
+            if not _header_safe(token):  # http.client would raise UnicodeEncodeError, ValueError
+                where = self._token_path if self._exec is None else self._exec.command
+                raise PermissionDenied(
+                    f"the bearer token ({where or 'the kubeconfig'}) is not printable ASCII"
+                )
             headers["Authorization"] = f"Bearer {token}"
         return headers
 
@@ -534,17 +545,63 @@ def page_items(listing: Any) -> list[Any]:
     return found if isinstance(found, list) else []
 
 
+def decode_json(data: bytes, what: str) -> Any:
+    """``data`` decoded as JSON; AgentError saying ``what`` (e.g. "Kubernetes API GET PATH:
+    the answer") is not JSON and why, never the data itself: not JSON, not UTF-8, nested
+    deeper than the parser takes (RecursionError)."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise AgentError(f"{what} is not JSON this client takes: nested too deep") from None
+    except json.JSONDecodeError as exc:
+        raise AgentError(
+            f"{what} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+    except ValueError:  # UnicodeDecodeError: not UTF-8 (nor -16, -32)
+        raise AgentError(f"{what} is not JSON: not UTF-8 text") from None
+
+
+def _read_token(path: Path) -> str:
+    """The bearer token in ``path`` (re-read per request: projected tokens rotate), read no
+    further than MAX_TOKEN_BYTES; PermissionDenied naming the file otherwise."""
+    try:
+        raw = safeyaml.read_bytes(path, "tokenFile", MAX_TOKEN_BYTES, "the bearer token file")
+    except InvalidSpec as exc:
+        raise PermissionDenied(str(exc)) from None
+    return raw.decode("ascii", errors="replace").strip()
+
+
+def _header_safe(value: str) -> bool:
+    return value.isascii() and value.isprintable()
+
+
 def _retry_after(exc: AgentError, response: http.client.HTTPResponse) -> AgentError:
-    """The answer's Retry-After (seconds; 429 and 503 carry it) as ``exc.retry_after_s``."""
+    """The answer's Retry-After (seconds; 429 and 503 carry it) as ``exc.retry_after_s``:
+    ASCII digits only (``"²".isdigit()`` is True), None for anything else (an HTTP date, junk),
+    and past any wait for more than nine digits (the caller caps what it believes)."""
     said = (response.getheader("Retry-After") or "").strip()
-    exc.retry_after_s = float(said) if said.isdigit() else None  # type: ignore[attr-defined]
+    seconds = None
+    if said.isascii() and said.isdigit():
+        seconds = float(int(said)) if len(said) <= _MAX_RETRY_AFTER_DIGITS else 1e9
+    exc.retry_after_s = seconds  # type: ignore[attr-defined]
     return exc
 
 
 def _status_message(data: bytes) -> str:
-    """The ``message`` of a Kubernetes Status body, else the raw body (shortened)."""
+    """The ``message`` of a Kubernetes Status body, else the raw body, cut to
+    MAX_STATUS_MESSAGE characters either way."""
     try:
-        message = dig(json.loads(data), "message")
-    except ValueError:
+        message = dig(decode_json(data, "a Status"), "message")
+    except AgentError:
         message = None
-    return str(message) if message else data.decode(errors="replace")[:200]
+    return _brief(message or data[:MAX_STATUS_MESSAGE].decode(errors="replace"))
+
+
+def _brief(said: object) -> str:
+    """A Status's ``message`` on one line (control characters as spaces), cut to
+    MAX_STATUS_MESSAGE; one that is not a string is not shown."""
+    if not isinstance(said, str):
+        return f"(a Status whose message is {type(said).__name__}, not a string)"
+    text = said[: MAX_STATUS_MESSAGE + 1]
+    one_line = "".join(c if c.isprintable() else " " for c in text)
+    return safeyaml.capped(one_line, MAX_STATUS_MESSAGE)

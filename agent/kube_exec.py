@@ -29,7 +29,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
+from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec, PermissionDenied
+from agent.kube import MAX_PEM_BYTES
 
 __all__ = ["API_VERSIONS", "ExecPlugin", "ExecPluginError"]
 
@@ -200,9 +202,9 @@ def _cluster_info(cluster: Mapping[str, Any]) -> dict[str, Any]:
     ca = cluster.get("certificate-authority-data")
     path = cluster.get("certificate-authority")
     if not ca and isinstance(path, str) and path:
-        try:
-            ca = base64.b64encode(Path(path).read_bytes()).decode()
-        except OSError:
+        try:  # no further than a PEM can be; unread, as unreadable, otherwise
+            ca = base64.b64encode(safeyaml.read_bytes(Path(path), "ca", MAX_PEM_BYTES)).decode()
+        except InvalidSpec:
             ca = None
     if ca:
         info["certificate-authority-data"] = ca

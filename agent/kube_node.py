@@ -34,7 +34,7 @@ from typing import Any
 
 from agent.errors import AgentError, Conflict
 from agent.kube import Requests
-from agent.kube_watch import BACKOFF_S, Informer, retry_wait
+from agent.kube_watch import BACKOFF_S, Informer, retry_wait, unexpected_error
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +316,8 @@ class NodeOwner:
         return answer
 
     def _run(self) -> None:
-        delay = self._backoff[0]
+        delay, traced = self._backoff[0], False
+        failed: Exception
         while not self._stop.is_set():
             self._wake.wait()
             if self._stop.wait(self._coalesce_s):  # a burst of changes is one write
@@ -324,11 +325,22 @@ class NodeOwner:
             self._wake.clear()
             try:
                 self.sync()
-                delay, self.error = self._backoff[0], ""
+                delay, self.error, traced = self._backoff[0], "", False
+                continue
             except AgentError as exc:
-                self.error = str(exc)
-                wait = retry_wait(exc, delay)  # a 429's Retry-After, else jittered back-off
-                log.warning("writing Node %s failed (%s); again in %.1fs", self.node, exc, wait)
-                self._stop.wait(wait)
-                delay = min(self._backoff[1], delay * 2)
-                self._wake.set()
+                failed, self.error, trace = exc, str(exc), False
+            except Exception as exc:  # a bug of ours, an answer no check foresaw: a failed
+                # write, said and retried; the thread must not end (the Node never written again)
+                failed, self.error, trace = exc, unexpected_error(exc), not traced
+                traced = True
+            wait = retry_wait(failed, delay)  # a 429's Retry-After, else jittered back-off
+            log.warning(
+                "writing Node %s failed (%s); again in %.1fs",
+                self.node,
+                self.error,
+                wait,
+                exc_info=failed if trace else None,
+            )
+            self._stop.wait(wait)
+            delay = min(self._backoff[1], delay * 2)
+            self._wake.set()

@@ -15,7 +15,9 @@ whose every watch answers 410 while its lists succeed is backed off like a failu
 waits the server's Retry-After; every other failure (5xx, a refused connection, a restarting
 API server) waits a jittered back-off doubling from ``backoff[0]`` to ``backoff[1]``, so a
 fleet of agents does not come back in step. While a call fails the cache is kept and
-`Informer.status` says it is stale and why.
+`Informer.status` says it is stale and why. An exception that is not an AgentError (a bug, an
+answer no check foresaw) is a failed call too, its traceback logged once until a good call:
+the thread never ends while the status says current.
 """
 
 from __future__ import annotations
@@ -27,12 +29,21 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
+from agent import safeyaml
 from agent.errors import AgentError
 from agent.kube import PAGE_SIZE, Gone, dig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Informer", "InformerFactory", "Lister", "NodeWatch", "node_query", "retry_wait"]
+__all__ = [
+    "Informer",
+    "InformerFactory",
+    "Lister",
+    "NodeWatch",
+    "node_query",
+    "retry_wait",
+    "unexpected_error",
+]
 
 #: A watch asks the server to end it after this many seconds, times 1 to 2 (client-go's
 #: reflector picks 5 to 10 minutes at random): the only request of a quiet cache.
@@ -104,6 +115,8 @@ class Informer:
         #: list the last 410 made (a server whose every watch answers 410 is backed off)
         self._relist_at_once = True
         self._resolve: Callable[[], str] | None = None
+        #: an unexpected error's traceback was logged since the last good call
+        self._traced = False
 
     @property
     def query(self) -> dict[str, str]:
@@ -218,14 +231,22 @@ class Informer:
                     self._relist_at_once = False
                     continue
                 delay = self._failed(exc, delay)  # 410 again before the watch moved: back off
-            except (AgentError, ValueError) as exc:  # ValueError: a body that is not JSON
+            except AgentError as exc:
                 delay = self._failed(exc, delay)
+            except Exception as exc:  # a bug of ours, or an answer no check foresaw: the
+                # thread must not end (the cache would say current, never change again)
+                delay = self._failed(exc, delay, unexpected=True)
 
-    def _failed(self, exc: Exception, delay: float) -> float:
-        """Wait the server's Retry-After, else ``delay`` jittered by +-50 %; the next delay."""
-        self._bad(exc)
+    def _failed(self, exc: Exception, delay: float, *, unexpected: bool = False) -> float:
+        """Wait the server's Retry-After, else ``delay`` jittered by +-50 %; the next delay.
+        ``unexpected`` (not an AgentError): logged with its traceback, once until a good call."""
+        self._bad(unexpected_error(exc) if unexpected else str(exc))
         wait = retry_wait(exc, delay)
-        log.warning("%s: %s; again in %.1f s", self.path, exc, wait)
+        trace = unexpected and not self._traced
+        self._traced = self._traced or trace
+        log.warning(
+            "%s: %s; again in %.1f s", self.path, self.error, wait, exc_info=exc if trace else None
+        )
         self._stop.wait(wait)
         return min(self._backoff[1], delay * 2)
 
@@ -258,13 +279,13 @@ class Informer:
                 log.exception("handler of %s failed", self.path)
 
     def _good(self) -> None:
-        self.healthy, self.error, self.stale_since = True, "", None
+        self.healthy, self.error, self.stale_since, self._traced = True, "", None, False
         self.synced.set()
 
-    def _bad(self, exc: Exception) -> None:
+    def _bad(self, error: str) -> None:
         if self.stale_since is None:
             self.stale_since = time.monotonic()
-        self.healthy, self.error = False, str(exc)
+        self.healthy, self.error = False, error
 
 
 class InformerFactory:
@@ -356,14 +377,32 @@ def retry_wait(exc: Exception, delay: float) -> float:
     return delay * (0.5 + random.random())
 
 
+def unexpected_error(exc: BaseException) -> str:
+    """What a loop says of an exception it did not expect (a bug): its type, and its text cut
+    short (it may carry anything: it was never meant to be shown)."""
+    return f"unexpected {type(exc).__name__}: {safeyaml.capped(str(exc)[:400], 200)}"
+
+
 def _newer(obj: object, than: object, *, strictly: bool = False) -> bool:
     """Whether ``obj`` may replace ``than``: not when both carry integer resourceVersions and
     ``obj``'s is older (an event from before a write of ours we already assumed), nor, with
-    ``strictly``, the same."""
-    new, old = dig(obj, "metadata", "resourceVersion"), dig(than, "metadata", "resourceVersion")
-    if isinstance(new, str) and isinstance(old, str) and new.isdigit() and old.isdigit():
-        return int(new) > int(old) if strictly else int(new) >= int(old)
-    return True
+    ``strictly``, the same. Versions are compared as ASCII digit strings, never with ``int()``
+    (``"²".isdigit()`` is True; 5,000 digits are a ValueError); any other is opaque: newer."""
+    new, old = (
+        _integer(dig(obj, "metadata", "resourceVersion")),
+        _integer(dig(than, "metadata", "resourceVersion")),
+    )
+    if new is None or old is None:
+        return True
+    return new > old if strictly else new >= old
+
+
+def _integer(version: object) -> tuple[int, str] | None:
+    """A resourceVersion of ASCII digits as a sortable (length, digits), leading zeros off."""
+    if not (isinstance(version, str) and version.isascii() and version.isdigit()):
+        return None
+    digits = version.lstrip("0") or "0"
+    return len(digits), digits
 
 
 def _key(obj: object) -> str:

@@ -17,7 +17,9 @@ from typing import Any
 
 from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec, NotSupported
+from agent.kube import MAX_PEM_BYTES
 from agent.kube_exec import ExecPlugin
+from agent.redact import redact_url
 
 __all__ = ["KubeconfigSettings", "load"]
 
@@ -108,11 +110,21 @@ def _exec(
 def _proxy(path: Path, url: object) -> str | None:
     if url is None or url == "":
         return None
-    parts = urllib.parse.urlsplit(str(url))
-    if parts.scheme != "http" or not parts.hostname:
-        # a CONNECT tunnel to a plain-HTTP proxy; https:// and socks5:// proxies are not taken
+    try:
+        parts = urllib.parse.urlsplit(str(url))
+        taken = parts.scheme == "http" and bool(parts.hostname)
+        _ = parts.port  # ValueError when out of range or not a number
+    except ValueError:  # unparsable, or a port that is none: refused here, not at every call
+        taken = False
+    if not taken:
+        # a CONNECT tunnel to a plain-HTTP proxy; https:// and socks5:// proxies are not taken.
+        # Shown without its user info: socks5://user:password@host is how a proxy is given one.
+        shown = safeyaml.capped(redact_url(str(url)), 200)
         raise _invalid(
-            path, f"proxy-url {url!r} is not an http:// URL", "proxy-url", "http://HOST:PORT"
+            path,
+            f"proxy-url {shown!r} is not an http://HOST:PORT URL",
+            "proxy-url",
+            "http://HOST:PORT",
         )
     return str(url)
 
@@ -126,9 +138,5 @@ def _pem(path: Path, data: str | None, name: str | None, base: Path, field: str)
             raise _invalid(path, f"{field}-data is not base64", f"{field}-data", "base64") from exc
     if not name:
         return None
-    try:
-        return (base / name).read_bytes()
-    except OSError as exc:
-        raise _invalid(
-            path, f"{field} {base / name}: {exc.strerror}", field, "a readable PEM file"
-        ) from exc
+    # read no further than a PEM can be: refused naming the field and the file otherwise
+    return safeyaml.read_bytes(base / name, field, MAX_PEM_BYTES, f"kubeconfig {path}: {field}")

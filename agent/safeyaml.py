@@ -31,7 +31,7 @@ from yaml.scanner import Scanner
 
 from agent.errors import FieldViolation, InvalidSpec
 
-__all__ = ["DEFAULT", "MAX_MESSAGE", "Limits", "brief", "capped", "load", "read_text"]
+__all__ = ["DEFAULT", "MAX_MESSAGE", "Limits", "brief", "capped", "load", "read_bytes", "read_text"]
 
 _INT_TAG = "tag:yaml.org,2002:int"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -196,9 +196,29 @@ def read_text(
     an InvalidSpec naming ``field``, and ``what`` the file is in its message (the field when
     not given)."""
     what = what or field
+    data = _read(path, field, max_bytes, what)
+    return decoded(data, field, max_bytes, f"{what} {path}")
+
+
+def read_bytes(
+    path: Path, field: str, max_bytes: int = DEFAULT.max_bytes, what: str | None = None
+) -> bytes:
+    """A file's bytes, as `read_text` reads them (no more than ``max_bytes`` + 1, a refusal
+    an InvalidSpec naming ``field``), not decoded: a PEM, a token."""
+    what = what or field
+    data = _read(path, field, max_bytes, what)
+    if len(data) > max_bytes:
+        raise InvalidSpec(
+            f"{what} {path} is larger than {max_bytes} bytes",
+            [FieldViolation(field, f"at most {max_bytes} bytes")],
+        )
+    return data
+
+
+def _read(path: Path, field: str, max_bytes: int, what: str) -> bytes:
     try:
         with path.open("rb") as f:
-            data = f.read(max_bytes + 1)
+            return f.read(max_bytes + 1)
     except FileNotFoundError:
         raise InvalidSpec(
             f"{what} {path} does not exist", [FieldViolation(field, f"{path} does not exist")]
@@ -208,7 +228,6 @@ def read_text(
         raise InvalidSpec(
             f"cannot read {what} {path}: {why}", [FieldViolation(field, why)]
         ) from None
-    return decoded(data, field, max_bytes, f"{what} {path}")
 
 
 def decoded(data: bytes, field: str, max_bytes: int, what: str) -> str:

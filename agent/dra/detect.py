@@ -158,7 +158,7 @@ def _said(resources: tuple[tuple[str, int], ...]) -> str:
 
 def _count(value: object) -> int:
     text = str(value) if isinstance(value, str | int) and not isinstance(value, bool) else ""
-    return int(text) if text.isdigit() and len(text) <= 6 else 0
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 6 else 0
 
 
 def _devices(slices: DriverSlices) -> str:

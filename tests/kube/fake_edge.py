@@ -11,13 +11,16 @@ tested against: discovery, counts, bookmarks and the failures a real API server 
   (``open_watches``, ``most_watches``): what "silent in steady state" is asserted with;
 - ``bookmark(resource)``: a BOOKMARK event (only a resourceVersion) on every watch of it;
 - ``fail_next(method, path, code, count, retry_after)``: the next ``count`` matching calls (a
-  path prefix; a watch is a GET) answer ``code`` (429 with ``Retry-After``, a 5xx);
+  path prefix; a watch is a GET) answer ``code`` (429 with ``Retry-After``, sent as given: a
+  number, or what a broken proxy sends; a 5xx), their Status saying ``message`` (or, as bytes,
+  the body itself);
 - ``expire_watches``: while True, every watch from a version answers 410 Gone (an ERROR event)
   while lists still answer, as a server whose watch cache cannot serve the version it listed;
 - ``short_watches``: while True, every watch is taken (200) and ended at once with no event, as
   a proxy or an overloaded server that drops them;
-- ``garble_next(method, path)``: the next matching call answers 200 with a body that is not
-  JSON (a proxy's HTML page);
+- ``garble_next(method, path, body, watch)``: the next matching call (only a watch, or only
+  not one, when ``watch`` says) answers 200 with ``body``: by default not JSON (a proxy's HTML
+  page), or what a test makes (JSON nested deeper than a parser takes);
 - ``restart()``: every open watch is cut (the connection reset) and, until ``up()``, every
   call answers 503, as an API server going away and coming back.
 """
@@ -75,7 +78,7 @@ class EdgeKubeApi(FakeKubeApi):
     calls: list[Call] = field(default_factory=list)
     open_watches: int = 0
     most_watches: int = 0
-    #: (method, path prefix) -> [count, code, retry_after]
+    #: (method, path prefix) -> [count, code, retry_after, body, watch]
     faults: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
     down: bool = False
     expire_watches: bool = False
@@ -93,14 +96,22 @@ class EdgeKubeApi(FakeKubeApi):
             return [c for c in self.calls if c.at >= at]
 
     def fail_next(
-        self, method: str, path: str, code: int, count: int = 1, retry_after: int | None = None
+        self,
+        method: str,
+        path: str,
+        code: int,
+        count: int = 1,
+        retry_after: int | str | None = None,
+        message: str | bytes = "injected by the test",
     ) -> None:
         with self._count_lock:
-            self.faults[(method, path)] = [count, code, retry_after]
+            self.faults[(method, path)] = [count, code, retry_after, message, None]
 
-    def garble_next(self, method: str, path: str) -> None:
+    def garble_next(
+        self, method: str, path: str, body: bytes | None = None, watch: bool | None = None
+    ) -> None:
         with self._count_lock:
-            self.faults[(method, path)] = [1, 200, None]
+            self.faults[(method, path)] = [1, 200, None, body, watch]
 
     def bookmark(self, resource: str) -> None:
         with self.lock:
@@ -132,8 +143,13 @@ class EdgeKubeApi(FakeKubeApi):
         path, query = unquote(url.path), dict(parse_qsl(url.query))
         with self._count_lock:
             self.calls.append(Call(time.monotonic(), h.command, path, query))
+            watch = query.get("watch") in ("1", "true")
             fault = next(
-                (f for (m, p), f in self.faults.items() if m == h.command and path.startswith(p)),
+                (
+                    f
+                    for (m, p), f in self.faults.items()
+                    if m == h.command and path.startswith(p) and f[0] > 0 and f[4] in (None, watch)
+                ),
                 None,
             )
             if fault is not None and fault[0] > 0:
@@ -143,7 +159,7 @@ class EdgeKubeApi(FakeKubeApi):
         if self.down:
             return _reply(h, 503, _status(503, "the server is shutting down", "ServiceUnavailable"))
         if fault is not None:
-            return _fault(h, fault[1], fault[2])
+            return _fault(h, *fault[1:4])
         parts = path.strip("/").split("/")
         if parts[0] == "apis" and len(parts) <= 3 and h.command == "GET":
             return self._discovery(h, parts[1:])
@@ -211,9 +227,19 @@ def _dra_resource(parts: list[str]) -> str:
     return rest[2] if rest[:1] == ["namespaces"] and len(rest) >= 3 else (rest[:1] or [""])[0]
 
 
-def _fault(h: BaseHTTPRequestHandler, code: int, retry_after: int | None) -> None:
-    body = _status(code, "injected by the test", "TooManyRequests" if code == 429 else "")
-    data = b"<html>a proxy's page</html>" if code == 200 else json.dumps(body).encode()
+def _fault(
+    h: BaseHTTPRequestHandler, code: int, retry_after: int | str | None, said: str | bytes | None
+) -> None:
+    """``said``: the Status message of an error, or the body as bytes (None for a 200: a
+    proxy's page)."""
+    if isinstance(said, bytes):
+        data = said
+    elif code == 200:
+        data = b"<html>a proxy's page</html>"
+    else:
+        message = said if isinstance(said, str) else "injected by the test"
+        body = _status(code, message, "TooManyRequests" if code == 429 else "")
+        data = json.dumps(body).encode()
     h.send_response(code)
     h.send_header("Content-Type", "application/json")
     h.send_header("Content-Length", str(len(data)))

@@ -4,7 +4,7 @@ the planner or gRPC."""
 
 from __future__ import annotations
 
-import json
+import http.client
 import math
 import urllib.error
 import urllib.request
@@ -12,11 +12,19 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+from agent import safeyaml
 from agent.errors import AgentError, FieldViolation, InvalidSpec
+from agent.kube import decode_json
+from agent.redact import redact_url
 
 __all__ = ["STATUS_PATH", "StatusQuery", "fetch_status", "parse_duration"]
 
 STATUS_PATH = "/fleet/status"
+#: A /fleet/status answer larger than this is refused: every node's record of a fleet of
+#: thousands is a few MiB.
+MAX_STATUS_BYTES = 64 << 20
+#: An error answer is read no further than this: its reason is one line.
+MAX_ERROR_BYTES = 64 << 10
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -69,27 +77,52 @@ def fetch_status(url: str, query: StatusQuery, timeout_s: float = 120.0) -> dict
 
     A 400 (bad selector or duration) is InvalidSpec with the coordinator's reason; another
     error status says the reason the coordinator gave too (a 503: labels it cannot read). A
-    URL that is not http(s)://HOST[:PORT] is InvalidSpec, before anything is sent."""
+    URL that is not http(s)://HOST[:PORT] is InvalidSpec, before anything is sent. The answer
+    is read no further than MAX_STATUS_BYTES (an error's, MAX_ERROR_BYTES) and must be a JSON
+    object; every refusal names the URL, without any user info in it."""
+    shown = _shown(url)
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise InvalidSpec(
-            f"--coordinator {url!r} is not a URL of a coordinator",
+            f"--coordinator {shown!r} is not a URL of a coordinator",
             [FieldViolation("coordinator", "http://HOST:PORT (or https://)")],
         )
     address = url.rstrip("/") + query.path()
     try:
         with urllib.request.urlopen(address, timeout=timeout_s) as response:
-            doc: dict[str, Any] = json.load(response)
-            return doc
+            data = response.read(MAX_STATUS_BYTES + 1)
     except urllib.error.HTTPError as exc:
-        try:
-            body = json.loads(exc.read())
-        except ValueError:
-            body = {}
-        if exc.code == 400:
-            raise InvalidSpec(body.get("error", "bad request")) from None
-        why = f": {body['error']}" if isinstance(body, dict) and body.get("error") else ""
-        raise AgentError(f"coordinator at {url} answered {exc.code} {exc.reason}{why}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise AgentError(f"cannot reach the coordinator at {url}: {reason}") from None
+        raise _error_answer(exc, shown) from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        reason = getattr(exc, "reason", None) or type(exc).__name__
+        raise AgentError(f"cannot reach the coordinator at {shown}: {reason}") from None
+    if len(data) > MAX_STATUS_BYTES:
+        raise AgentError(
+            f"coordinator at {shown}: the answer is larger than {MAX_STATUS_BYTES} bytes"
+        )
+    doc = decode_json(data, f"coordinator at {shown}: the answer")
+    if not isinstance(doc, dict):
+        raise AgentError(f"coordinator at {shown}: the answer is not a JSON object")
+    return doc
+
+
+def _error_answer(exc: urllib.error.HTTPError, shown: str) -> AgentError:
+    """The refusal an error status makes, with the coordinator's ``error`` (read bounded, cut
+    short) when its body is a JSON object that has one."""
+    try:
+        body = decode_json(exc.read(MAX_ERROR_BYTES), "the error answer")
+    except (AgentError, OSError, http.client.HTTPException):
+        body = None
+    said = body.get("error") if isinstance(body, dict) else None
+    reason = safeyaml.capped(said, 300) if isinstance(said, str) and said else ""
+    if exc.code == 400:
+        return InvalidSpec(reason or f"coordinator at {shown} answered 400 {exc.reason}")
+    why = f": {reason}" if reason else ""
+    return AgentError(f"coordinator at {shown} answered {exc.code} {exc.reason}{why}")
+
+
+def _shown(url: str) -> str:
+    """``url`` as a message may show it: without user info (a password), cut short."""
+    if "@" in url:  # user info: only what redact_url keeps, when it is a URL at all
+        return redact_url(url) if urlsplit(url).netloc else "<a URL with user info>"
+    return safeyaml.capped(url, 200)

@@ -134,6 +134,8 @@ def test_reading_is_bounded() -> None:
     assert many_resources.mode is AllocationMode.DEVICE_PLUGIN
     assert many_resources.evidence.endswith("and 252 more") and len(many_resources.evidence) < 200
     assert detect(facts([], {"nvidia.com/gpu": "1k"})).mode is AllocationMode.NONE
+    # "²".isdigit() is True and int("²") a ValueError: not a count, not a crash
+    assert detect(facts([], {"nvidia.com/gpu": "²"})).mode is AllocationMode.NONE
 
 
 def test_a_configured_mode_says_so_and_auto_detects() -> None:

@@ -1,0 +1,134 @@
+"""What a kubeconfig, and the files it or the pod names, may hold that the agent must refuse:
+a proxy-url with a password (refused without showing it), a certificate, key or token file of
+megabytes (refused unread, naming the file), a token no HTTP header can carry. Nothing here
+reaches a server: each is refused before a request."""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent import kubeconfig
+from agent.errors import InvalidSpec, PermissionDenied
+from agent.kube import InClusterKubeClient
+from agent.kube_exec import _cluster_info
+
+SERVER = "https://127.0.0.1:1"
+SECRET = "s3cret-pass"
+#: A file far past any PEM or token, made sparse (no disk, no time).
+HUGE = 64 << 20
+
+
+def _config(tmp_path: Path, user: dict[str, Any], cluster: dict[str, Any]) -> Path:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "c",
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "clusters": [{"name": "c", "cluster": {"server": SERVER, **cluster}}],
+        "users": [{"name": "u", "user": user}],
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _sparse(path: Path, size: int = HUGE) -> Path:
+    with path.open("wb") as f:
+        os.truncate(f.fileno(), size)
+    return path
+
+
+@pytest.mark.parametrize(
+    "proxy",
+    [
+        f"socks5://alice:{SECRET}@proxy.example:1080",
+        f"https://alice:{SECRET}@proxy.example:3128",
+        f"http://alice:{SECRET}@proxy.example:99999",  # no port: ValueError at the first call
+        f"http://alice:{SECRET}@[proxy.example",  # not a URL: ValueError out of urlsplit
+    ],
+)
+def test_a_proxy_url_refused_never_shows_its_password(tmp_path: Path, proxy: str) -> None:
+    path = _config(tmp_path, {"token": "t"}, {"proxy-url": proxy})
+    with pytest.raises(InvalidSpec) as caught:
+        kubeconfig.load(path)
+    said = str(caught.value) + repr(caught.value.violations)
+    assert SECRET not in said and "alice" not in said, said
+    assert [v.field for v in caught.value.violations] == ["proxy-url"]
+    assert "proxy.example" in said or "<unparsable URL>" in said, said
+
+
+@pytest.mark.parametrize(
+    ("where", "field"),
+    [
+        ("cluster", "certificate-authority"),
+        ("user", "client-certificate"),
+        ("user", "client-key"),
+    ],
+)
+def test_a_certificate_or_key_file_of_megabytes_is_refused_unread(
+    tmp_path: Path, where: str, field: str
+) -> None:
+    import lightkube.config.kubeconfig  # noqa: F401  # imported before memory is counted
+
+    big = _sparse(tmp_path / "big.pem")
+    entry = {field: str(big)}
+    user, cluster = (entry, {}) if where == "user" else ({"token": "t"}, entry)
+    path = _config(tmp_path, user, cluster)
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidSpec) as caught:
+            kubeconfig.load(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(big) in str(caught.value) and "larger than" in str(caught.value)
+    assert [v.field for v in caught.value.violations] == [field]
+    assert peak < 8 << 20, peak  # read no further than the bound, not 64 MiB
+
+
+def test_a_token_file_of_megabytes_is_refused_unread_naming_it(tmp_path: Path) -> None:
+    big = _sparse(tmp_path / "token")
+    client = InClusterKubeClient(SERVER, big)
+    tracemalloc.start()
+    try:
+        with pytest.raises(PermissionDenied) as caught:
+            client.request("GET", "/api/v1/nodes/n")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(big) in str(caught.value) and "larger than" in str(caught.value)
+    assert peak < 8 << 20, peak
+
+
+@pytest.mark.parametrize("token", ["tōken", "abc\r\nX-Injected: 1", "abc\x00def"])
+def test_a_token_no_header_can_carry_is_refused_naming_its_file_not_its_text(
+    tmp_path: Path, token: str
+) -> None:
+    """http.client raised UnicodeEncodeError or ValueError past every handler of AgentError."""
+    path = tmp_path / "token"
+    path.write_text(token + "\n")
+    with pytest.raises(PermissionDenied) as caught:
+        InClusterKubeClient(SERVER, path).request("GET", "/api/v1/nodes/n")
+    assert str(path) in str(caught.value) and token.strip() not in str(caught.value)
+
+
+def test_a_kubeconfig_token_file_of_megabytes_is_refused_too(tmp_path: Path) -> None:
+    _sparse(tmp_path / "sa-token")
+    path = _config(tmp_path, {"tokenFile": "sa-token"}, {"insecure-skip-tls-verify": True})
+    client = InClusterKubeClient.from_kubeconfig(path)
+    with pytest.raises(PermissionDenied, match=r"sa-token.*larger than"):
+        client.request("GET", "/api/v1/nodes/n")
+
+
+def test_an_exec_plugins_cluster_ca_of_megabytes_is_not_read_into_its_environment(
+    tmp_path: Path,
+) -> None:
+    big = _sparse(tmp_path / "ca.pem", 8 << 20)
+    info = _cluster_info({"server": SERVER, "certificate-authority": str(big)})
+    assert info == {"server": SERVER}
