@@ -122,7 +122,7 @@ def _victims(store: Cache, need: int) -> list[Unit]:
     """Least recently used units, unpinned and held by no process, whose blobs (those no
     other unit stands on) add up to ``need`` (or all of them)."""
     units = _units(store)
-    held = store.holders(sha for u in units for sha in u.blobs)
+    held = store.holders(sha for u in units for sha in u.blobs).held
 
     def last_use(unit: Unit) -> float:
         return max((i.last_used or i.finished_at or 0.0) for i in unit.items)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.prewarm.cachedir import CacheDir
@@ -17,6 +18,15 @@ from agent.prewarm.inuse import ProcScanner, file_id
 from agent.prewarm.model import CacheItem, Layout
 
 __all__ = ["Cache"]
+
+
+@dataclass(frozen=True, slots=True)
+class BlobHolders:
+    """``held``: blob sha256 -> the pids holding it open or mapped. ``unsure``: the pids whose
+    maps were too long to read whole, in ``held`` for every blob not ruled out."""
+
+    held: dict[str, set[int]] = field(default_factory=dict)
+    unsure: frozenset[int] = frozenset()
 
 
 class Cache(CacheDir):
@@ -92,11 +102,13 @@ class Cache(CacheDir):
             for path, sha, _ in item.members
         )
 
-    def holders(self, sha256s: Iterable[str]) -> dict[str, set[int]]:
-        """The pids on the node holding each blob open or mapped; blobs nobody holds are absent."""
+    def holders(self, sha256s: Iterable[str]) -> BlobHolders:
+        """The pids on the node holding each blob open or mapped (blobs nobody holds are
+        absent), and those not ruled out (`Holders.unsure`), counted as holding."""
         ids = {}
         for sha in set(sha256s):
             fid = file_id(self.blob_path(sha))
             if fid is not None:
                 ids[fid] = sha
-        return {ids[fid]: pids for fid, pids in self._scanner.holders(ids).items()}
+        found = self._scanner.holders(ids)
+        return BlobHolders({ids[fid]: pids for fid, pids in found.held.items()}, found.unsure)

@@ -83,15 +83,27 @@ def discard_item(store: Cache, item: CacheItem) -> None:
 
 
 def _refuse_held(store: Cache, sha256s: Iterable[str]) -> None:
-    held = store.holders(sha256s)
+    found = store.holders(sha256s)
+    held = found.held
     pids = sorted({p for ps in held.values() for p in ps})
     if pids:
-        listed = ", ".join(str(p) for p in pids)
+        seen = [p for p in pids if p not in found.unsure]
+        unsure = [p for p in pids if p in found.unsure]
+        why = [f"open or mapped by process(es) {_listed(seen)}"] if seen else []
+        if unsure:
+            why.append(
+                f"not ruled out for process(es) {_listed(unsure)}, whose memory maps are "
+                "longer than the agent reads"
+            )
         raise Busy(
-            f"blob(s) {', '.join(f'sha256:{s}' for s in sorted(held))} open or mapped by "
-            f"process(es) {listed}; not evicted",
+            f"blob(s) {', '.join(f'sha256:{s}' for s in sorted(held))} {'; '.join(why)}; "
+            "not evicted",
             [str(p) for p in pids],
         )
+
+
+def _listed(pids: Iterable[int]) -> str:
+    return ", ".join(str(p) for p in pids)
 
 
 def _standing_on(store: Cache, sha256: str) -> list[CacheItem]:

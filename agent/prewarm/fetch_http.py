@@ -258,6 +258,7 @@ class HttpFetcher:
                 raise Cancelled("cancelled") from None
             raise _Retry(transport_error(exc)) from None
         finally:
+            resp.close()  # a ``Connection: close`` answer holds the socket, not ``conn``
             conn.close()
 
     def _open(
@@ -375,7 +376,9 @@ class HttpFetcher:
             if match is not None and int(match[1]) == partial.offset:
                 if self._restart_if_changed(spec, partial, resp, partial.offset):
                     raise _Restart  # as long as the partial, by chance: still another object
-                resp.read()
+                # The partial is whole. The body is not read: it is the origin's, of any size
+                # (unframed, to the close); the connection is closed with it.
+                resp.close()
                 return partial.offset
             partial.restart()
             raise _Retry("origin refused the resume range")

@@ -8,16 +8,19 @@ from one snapshot even while ``main`` moves, and an LFS file is verified against
 
 Pure apart from `list_group`, which reads the listing through a fetcher into memory. The listing
 comes from the network and is hostile: paths are checked (relative, no ``..``, no empty or
-hidden-dir tricks), sizes bounded, and the number of files capped.
+hidden-dir tricks, at most `MAX_PATH_PARTS` components), sizes bounded, the number of siblings
+and of files capped, each refused as soon as it is seen, and a refusal names the sibling.
+Nothing costs more than a pass over the listing and a sort of its files.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
+from fnmatch import translate
+from itertools import pairwise
 from typing import Any
 from urllib.parse import quote
 
@@ -27,6 +30,10 @@ from agent.prewarm.fetch_http import CancelledFn, FetchSpec
 from agent.prewarm.policy import redact_url
 
 MAX_FILES = 10_000
+#: Siblings of a listing, matched or not (each costs a path check and the include globs)
+MAX_SIBLINGS = 100_000
+#: Components of one file's path: real repos nest a few levels
+MAX_PATH_PARTS = 64
 MAX_INCLUDE = 64
 MAX_GLOB = 256
 MAX_LISTING_BYTES = 16 * 1024 * 1024
@@ -90,19 +97,37 @@ def listing_url(endpoint: str, repo: str, revision: str) -> str:
     )
 
 
-def _safe_path(path: Any) -> str | None:
+def _safe_path(path: Any, where: str, repo: str) -> str:
+    """``path`` when it is safe to lay out; FetchFailed naming ``where`` (the sibling) if not."""
     if not isinstance(path, str) or not path or len(path) > 1024 or "\\" in path or "\0" in path:
-        return None
-    parts = path.split("/")
-    if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        return None
+        raise FetchFailed(f"the listing of {repo} has an unsafe file path at {where}")
+    if path.count("/") >= MAX_PATH_PARTS:
+        raise FetchFailed(
+            f"the listing of {repo} is refused: {where} has more than {MAX_PATH_PARTS} path "
+            "components"
+        )
+    if path.startswith("/") or any(p in ("", ".", "..") for p in path.split("/")):
+        raise FetchFailed(f"the listing of {repo} has an unsafe file path at {where}")
     return path
 
 
-def _parents(path: str) -> list[str]:
-    """``a/b/c`` -> ``a``, ``a/b``."""
-    parts = path.split("/")
-    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+def _globs(include: Sequence[str]) -> re.Pattern[str] | None:
+    """The ``include`` globs as one pattern (fnmatch's, case-sensitive): a path is matched once,
+    not once per glob; None when every file is wanted."""
+    if not include:
+        return None
+    return re.compile("|".join(f"(?:{translate(g)})" for g in include))
+
+
+def _file_and_directory(paths: Iterable[str]) -> str | None:
+    """A path that is a file and, by another path under it, a directory; None when none is.
+    Sorted by components (``/`` as the lowest character), a path's first follower is under it
+    when any is: one sort and one pass, never every parent of every path."""
+    ordered = sorted(p.replace("/", "\0") for p in paths)
+    for path, after in pairwise(ordered):
+        if after.startswith(path + "\0"):
+            return path.replace("\0", "/")
+    return None
 
 
 def parse_listing(data: Any, endpoint: str, repo: str, include: Sequence[str] = ()) -> Listing:
@@ -112,15 +137,26 @@ def parse_listing(data: Any, endpoint: str, repo: str, include: Sequence[str] = 
     commit = data.get("sha")
     if not isinstance(commit, str) or not _COMMIT.fullmatch(commit):
         raise FetchFailed(f"the listing of {repo} names no 40-hex commit sha")
+    siblings = data["siblings"]
+    if len(siblings) > MAX_SIBLINGS:
+        raise FetchFailed(
+            f"the listing of {repo} is refused: siblings lists {len(siblings)} entries; "
+            f"at most {MAX_SIBLINGS} are read"
+        )
+    wanted = _globs(include)
     members: dict[str, Member] = {}
-    for sibling in data["siblings"]:
+    for index, sibling in enumerate(siblings):
+        where = f"siblings[{index}]"
         if not isinstance(sibling, dict):
             raise FetchFailed(f"the listing of {repo} has a sibling that is not an object")
-        path = _safe_path(sibling.get("rfilename"))
-        if path is None:
-            raise FetchFailed(f"the listing of {repo} has an unsafe file path")
-        if include and not any(fnmatchcase(path, g) for g in include):
+        path = _safe_path(sibling.get("rfilename"), f"{where}.rfilename", repo)
+        if wanted is not None and not wanted.match(path):
             continue
+        if len(members) >= MAX_FILES and path not in members:
+            raise FetchFailed(
+                f"{repo} lists more than {MAX_FILES} files (at {where}); at most {MAX_FILES} "
+                "are warmed"
+            )
         raw_lfs = sibling.get("lfs")
         lfs: dict[str, Any] = raw_lfs if isinstance(raw_lfs, dict) else {}
         size = lfs.get("size", sibling.get("size"))
@@ -134,13 +170,11 @@ def parse_listing(data: Any, endpoint: str, repo: str, include: Sequence[str] = 
     if not members:
         raise FetchFailed(f"no file of {repo} matches {', '.join(include) or 'the listing'}")
     # The model directory cannot hold a path as a file and as a directory: refused unfetched.
-    clash = next((d for p in members for d in _parents(p) if d in members), None)
+    clash = _file_and_directory(members)
     if clash is not None:
         raise FetchFailed(
             f"the listing of {repo} is unsafe: {clash} is both a file and a directory"
         )
-    if len(members) > MAX_FILES:
-        raise FetchFailed(f"{repo} lists {len(members)} files; at most {MAX_FILES} are warmed")
     return Listing(commit, tuple(members[p] for p in sorted(members)))
 
 

@@ -7,15 +7,35 @@ inode), not by path: a path in /proc is the one the reading process's mount name
 inside a pod is rarely the cache path. The agent needs the host's PID namespace (hostPID) to see
 the node's processes; a process it cannot read (gone, or not permitted) is skipped, so the scan
 reports what it could see.
+
+A process's files are the tenant's to shape: a maps file can be made hundreds of megabytes. It
+is read a line at a time (a line's first `MAX_LINE_BYTES`, which hold the device and inode),
+stopping once every wanted file is found, and for at most `MAX_MAPS_LINES` lines and
+`MAX_MAPS_BYTES` bytes. A process whose map is longer is not known not to hold a file: it is
+counted as holding every wanted file it was not seen holding, and named in `Holders.unsure`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
+
+log = logging.getLogger(__name__)
 
 FileId = tuple[int, int]  # (st_dev, st_ino)
+
+#: Lines of one process's maps read at most: a line per mapping, and the kernel's default
+#: vm.max_map_count is 65530 mappings
+MAX_MAPS_LINES = 131_072
+#: Bytes of one process's maps read at most (its lines are about 100 bytes; a path, longer)
+MAX_MAPS_BYTES = 32 * 1024 * 1024
+#: Bytes of a maps line read: the address, perms, offset, device and inode come first; a
+#: longer line's rest (a path, which can pass PATH_MAX) is skipped
+MAX_LINE_BYTES = 4096
 
 
 def file_id(path: Path) -> FileId | None:
@@ -26,22 +46,45 @@ def file_id(path: Path) -> FileId | None:
     return st.st_dev, st.st_ino
 
 
+@dataclass(frozen=True, slots=True)
+class Holders:
+    """The pids holding each wanted file (files nobody holds are absent). A pid in ``unsure``
+    has a memory map longer than `MAX_MAPS_LINES` or `MAX_MAPS_BYTES`: not read to its end, it
+    is in ``held`` for every wanted file it was not seen holding (unknown is not "not in
+    use")."""
+
+    held: dict[FileId, set[int]] = field(default_factory=dict)
+    unsure: frozenset[int] = frozenset()
+
+
 class ProcScanner:
     """``holders(files)``: the pids holding each of ``files`` open or mapped."""
 
     def __init__(self, proc: Path = Path("/proc")) -> None:
         self._proc = proc
 
-    def holders(self, files: Iterable[FileId]) -> dict[FileId, set[int]]:
+    def holders(self, files: Iterable[FileId]) -> Holders:
         wanted = set(files)
         found: dict[FileId, set[int]] = {}
+        unsure: set[int] = set()
         if not wanted:
-            return found
+            return Holders()
         for entry in self._pids():
             pid = int(entry.name)
-            for fid in self._held(entry, wanted):
+            held, whole = self._held(entry, wanted)
+            for fid in held:
                 found.setdefault(fid, set()).add(pid)
-        return found
+            if not whole:
+                unsure.add(pid)
+        if unsure:
+            log.warning(
+                "the memory maps of process(es) %s are longer than is read (%d lines, %d "
+                "bytes): counted as holding every cache file not found in what was read",
+                ", ".join(str(p) for p in sorted(unsure)),
+                MAX_MAPS_LINES,
+                MAX_MAPS_BYTES,
+            )
+        return Holders(found, frozenset(unsure))
 
     def _pids(self) -> list[Path]:
         try:
@@ -49,33 +92,71 @@ class ProcScanner:
         except OSError:
             return []
 
-    def _held(self, proc: Path, wanted: set[FileId]) -> set[FileId]:
-        held: set[FileId] = set()
+    def _held(self, proc: Path, wanted: set[FileId]) -> tuple[set[FileId], bool]:
+        """The wanted files ``proc`` holds, and whether that is known: False when its maps
+        were cut, and then every wanted file it was not seen holding is in the set."""
+        held = _open(proc / "fd", wanted)
+        if held == wanted:
+            return held, True
         try:
-            fds = list((proc / "fd").iterdir())
+            with (proc / "maps").open("rb") as maps:
+                whole = _mapped(maps, wanted, held)
         except OSError:
-            fds = []
+            return held, True  # gone, or not permitted: what could be seen
+        return (held, True) if whole else (set(wanted), False)
+
+
+def _open(fd_dir: Path, wanted: set[FileId]) -> set[FileId]:
+    """The wanted files among a process's open descriptors, listed one at a time."""
+    held: set[FileId] = set()
+    try:
+        fds = os.scandir(fd_dir)
+    except OSError:
+        return held
+    with fds:
         for fd in fds:
             try:
-                st = os.stat(fd)  # follows the magic link to the open file, any namespace
+                st = os.stat(fd.path)  # follows the magic link to the open file, any namespace
             except OSError:
                 continue
             if (st.st_dev, st.st_ino) in wanted:
                 held.add((st.st_dev, st.st_ino))
-        try:
-            maps = (proc / "maps").read_text()
-        except OSError:
-            return held
-        for line in maps.splitlines():
-            # address perms offset dev(major:minor, hex) inode path
-            fields = line.split(None, 5)
-            if len(fields) < 5 or fields[4] == "0":
-                continue
-            major, _, minor = fields[3].partition(":")
-            try:
-                fid = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
-            except ValueError:
-                continue
-            if fid in wanted:
-                held.add(fid)
-        return held
+                if held == wanted:
+                    break
+    return held
+
+
+def _mapped(maps: BinaryIO, wanted: set[FileId], held: set[FileId]) -> bool:
+    """Add the wanted files the map names to ``held``, a line at a time; False when the map
+    is longer than `MAX_MAPS_LINES` or `MAX_MAPS_BYTES` and not every wanted file was found
+    in what was read."""
+    lines = read = 0
+    rest = False  # the next read continues a line longer than MAX_LINE_BYTES
+    while True:
+        chunk = maps.readline(MAX_LINE_BYTES)
+        if not chunk:
+            return True
+        read += len(chunk)
+        first, rest = not rest, not chunk.endswith(b"\n")
+        lines += first
+        if lines > MAX_MAPS_LINES or read > MAX_MAPS_BYTES:
+            return False
+        if not first:
+            continue
+        fid = _map_id(chunk)
+        if fid in wanted:
+            held.add(fid)
+            if held == wanted:
+                return True
+
+
+def _map_id(line: bytes) -> FileId | None:
+    """``address perms offset dev(major:minor, hex) inode path``: the mapped file, or None."""
+    fields = line.split(None, 5)
+    if len(fields) < 5 or fields[4] == b"0":
+        return None
+    major, _, minor = fields[3].partition(b":")
+    try:
+        return os.makedev(int(major, 16), int(minor, 16)), int(fields[4])
+    except (ValueError, OverflowError):
+        return None

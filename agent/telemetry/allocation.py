@@ -31,10 +31,14 @@ __all__ = [
 EntityKey = tuple[str, int | None]
 
 _UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+#: A number in an id: ASCII digits, one to nine (``\d`` takes any script's digits, and ``int()``
+#: refuses 4300 of them with a ValueError)
+_N = "[0-9]{1,9}"
 _GPU = re.compile(rf"GPU-{_UUID}")
 _MIG = re.compile(rf"MIG-{_UUID}")
-_LEGACY_MIG = re.compile(rf"MIG-(?P<gpu>GPU-{_UUID})/(?P<gi>\d+)/(?P<ci>\d+)")
-_GKE = re.compile(r"nvidia(?P<minor>\d+)(?:/gi(?P<gi>\d+))?(?:/vgpu(?P<vgpu>\d+))?")
+_LEGACY_MIG = re.compile(rf"MIG-(?P<gpu>GPU-{_UUID})/(?P<gi>{_N})/(?P<ci>{_N})")
+_GKE = re.compile(rf"nvidia(?P<minor>{_N})(?:/gi(?P<gi>{_N}))?(?:/vgpu(?P<vgpu>{_N}))?")
+_REPLICA = re.compile(_N)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +63,10 @@ class DeviceId:
 
 
 def parse_device_id(raw: str) -> DeviceId | None:
-    """Parse a device id; None for ids that are not NVIDIA GPUs or MIG devices."""
+    """Parse a device id; None for ids that are not NVIDIA GPUs or MIG devices (numbers that
+    are not one to nine ASCII digits included): it never raises."""
     base, sep, tail = raw.partition("::")
-    replica = int(tail) if sep and tail.isdigit() else None
+    replica = int(tail) if sep and _REPLICA.fullmatch(tail) else None
     if sep and replica is None:
         return None
     if _GPU.fullmatch(base) or _MIG.fullmatch(base):

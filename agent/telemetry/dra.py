@@ -54,8 +54,13 @@ __all__ = [
 DRIVER = "gpu.nvidia.com"
 PATH = "/apis/resource.k8s.io/v1/resourceslices"
 _MAX_DEVICES = 4096  # bounds what a hostile or broken answer can make the agent hold
+#: A number in a device name: ASCII digits, as the driver writes them (``\d`` takes any
+#: script's, and ``int()`` refuses 4300 of them with a ValueError)
+_N = "[0-9]{1,9}"
 #: the driver's canonical MIG device name (its ``canonicalMigNameRegex``)
-_CANONICAL_MIG = re.compile(r"gpu-(?P<minor>\d+)-mig-(?P<profile>.+)-(?P<id>\d+)-(?P<start>\d+)")
+_CANONICAL_MIG = re.compile(
+    rf"gpu-(?P<minor>{_N})-mig-(?P<profile>.+)-(?P<id>{_N})-(?P<start>{_N})"
+)
 
 DeviceKey = tuple[str, str]  # (pool, device)
 

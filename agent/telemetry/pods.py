@@ -24,6 +24,7 @@ from pathlib import Path
 import grpc
 
 from agent._proto.k8s.podresources.v1 import api_pb2, api_pb2_grpc
+from agent.safeyaml import capped
 from agent.telemetry.allocation import Allocation, DeviceId, parse_device_id
 from agent.telemetry.dra import DRIVER as DRA_DRIVER
 from agent.telemetry.dra import DeviceKey, DraDevices, SliceDevice
@@ -36,6 +37,11 @@ log = logging.getLogger(__name__)
 __all__ = ["PodResourcesClient", "PodWatcher", "PodsReader", "UnresolvedClaims"]
 
 _RESOURCE_PREFIX = "nvidia.com/"
+#: How a GPU or MIG id of ours begins: one that does not parse is malformed, not foreign (an
+#: RDMA device's ``mlx5_0`` under ``nvidia.com/rdma_shared_device_a`` is foreign)
+_OURS = ("GPU-", "MIG-", "nvidia")
+#: Malformed ids kept to say once: a few, each cut short
+_SAID_IDS, _SAID_ID_CHARS = 3, 80
 
 
 class PodResourcesClient:
@@ -46,15 +52,21 @@ class PodResourcesClient:
         self._timeout_s = timeout_s
         self._channel: grpc.Channel | None = None
 
-    def list(self, dra: Mapping[DeviceKey, SliceDevice] | None = None) -> tuple[Allocation, ...]:
+    def list(
+        self,
+        dra: Mapping[DeviceKey, SliceDevice] | None = None,
+        malformed: list[str] | None = None,
+    ) -> tuple[Allocation, ...]:
         """GPU allocations of all active pods, DRA claims' devices looked up in ``dra`` ((pool,
         device) -> the slice's device); with no slices known (None: no API server, or not
-        listed yet) DRA claims are left out. Raises grpc.RpcError when kubelet fails."""
+        listed yet) DRA claims are left out. A device id that looks like a GPU's or MIG
+        device's but is none is skipped and appended to ``malformed``. Raises grpc.RpcError
+        when kubelet fails."""
         if self._channel is None:
             self._channel = grpc.insecure_channel(f"unix://{self._socket}")
         stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
         response = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self._timeout_s)
-        return tuple(_allocations(response, dra))
+        return tuple(_allocations(response, dra, [] if malformed is None else malformed))
 
     def close(self) -> None:
         if self._channel is not None:
@@ -63,7 +75,9 @@ class PodResourcesClient:
 
 
 def _allocations(
-    response: api_pb2.ListPodResourcesResponse, dra: Mapping[DeviceKey, SliceDevice] | None
+    response: api_pb2.ListPodResourcesResponse,
+    dra: Mapping[DeviceKey, SliceDevice] | None,
+    malformed: list[str],
 ) -> Iterable[Allocation]:
     for pod in response.pod_resources:
         for container in pod.containers:
@@ -75,6 +89,8 @@ def _allocations(
                     parsed = parse_device_id(raw)
                     if parsed is not None:
                         yield Allocation(ref, devices.resource_name, parsed)
+                    elif raw.startswith(_OURS):
+                        malformed.append(raw)
             # DRA claims (kubelet's KubeletPodResourcesDynamicResources): by pool and device name.
             if dra is None:
                 continue  # no slices known: a claim's device cannot be told yet
@@ -147,6 +163,8 @@ class PodWatcher:
         #: why the latest List failed (None once one succeeds); whether one ever succeeded
         self._failing: str | None = None
         self._answered = False
+        #: the malformed device ids of the latest answer, said once while they stay
+        self._malformed: frozenset[str] = frozenset()
 
     def current(self) -> tuple[Allocation, ...]:
         return self._current
@@ -174,20 +192,44 @@ class PodWatcher:
             return
         self._said_missing = False
         started = time.monotonic()
+        malformed: list[str] = []
         try:
-            self._current = self._client.list(self._dra.lookup() if self._dra else None)
+            self._current = self._client.list(self._dra.lookup() if self._dra else None, malformed)
             self._stats.observe_source("kubelet", time.monotonic() - started)
             self._failing, self._answered = None, True
         except grpc.RpcError as exc:
-            self._stats.error("kubelet")
             code = exc.code() if isinstance(exc, grpc.Call) else None
-            kept = "pods as of its last answer" if self._answered else "pods not attributed yet"
-            self._failing = (
-                f"kubelet pod-resources List failed ({code.name if code else 'error'}): {kept}"
-            )
+            self._failed(code.name if code else "error")
             log.warning(
                 "kubelet pod-resources List failed (keeping last answer): %s", _rpc_text(exc)
             )
+        except Exception as exc:  # anything else (an answer not read, a bug): as kubelet's
+            self._failed(type(exc).__name__)
+            log.exception("kubelet pod-resources List failed (keeping last answer)")
+        else:
+            self._say_malformed(malformed)
+
+    def _failed(self, why: str) -> None:
+        """The latest List failed: the last answer is served, said to be no longer current."""
+        self._stats.error("kubelet")
+        kept = "pods as of its last answer" if self._answered else "pods not attributed yet"
+        self._failing = f"kubelet pod-resources List failed ({why}): {kept}"
+
+    def _say_malformed(self, malformed: list[str]) -> None:
+        """Count the answer's malformed ids (``kubelet_device_id``); log them when they change."""
+        if malformed:
+            self._stats.error("kubelet_device_id", len(malformed))
+        ids = frozenset(malformed)
+        if ids and ids != self._malformed:
+            shown = ", ".join(repr(capped(i, _SAID_ID_CHARS)) for i in sorted(ids)[:_SAID_IDS])
+            log.warning(
+                "kubelet pod-resources: %d device ids of nvidia.com/ resources are no GPU or "
+                "MIG id, skipped (their pods are not attributed): %s%s",
+                len(ids),
+                shown,
+                ", ..." if len(ids) > _SAID_IDS else "",
+            )
+        self._malformed = ids
 
     def start(self) -> None:
         self.refresh()

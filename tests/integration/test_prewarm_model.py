@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -261,6 +262,58 @@ def test_a_listing_with_a_file_that_is_also_a_directory_fails_before_any_fetch(
     assert item.state is ItemState.FAILED and item.retry_at is None
     assert "config.json is both a file and a directory" in (item.error or ""), item.error
     assert [r.path for r in origin.requests if "/resolve/" in r.path] == []
+
+
+def _hostile_listing(origin: Origin, siblings: list[dict[str, object]]) -> str:
+    endpoint, _ = hub.publish(origin, REPO, snapshot(shards=1))
+    listing = hub.listing_path(origin, REPO)
+    data = json.loads(listing.read_text())
+    data["siblings"] = siblings
+    listing.write_text(json.dumps(data))
+    return endpoint
+
+
+@pytest.mark.parametrize(
+    ("depth", "said"),
+    [
+        # ~1000-character paths of 500 components: refused at the first, naming it
+        (500, "siblings[0].rfilename has more than 64 path components"),
+        # within the component bound: refused by the count, at the first file past it
+        (60, "lists more than 10000 files"),
+    ],
+)
+def test_a_hostile_listing_of_deep_paths_is_refused_fast_naming_the_field(
+    tmp_path: Path, origin: Origin, depth: int, said: str
+) -> None:
+    """15,000 siblings of ~500-component paths (a listing under the 16 MiB bound) cost 21 s of
+    CPU, every parent directory of every path built, before the file count was refused."""
+    deep = "/".join(["d"] * (depth - 1))
+    siblings: list[dict[str, object]] = [
+        {"rfilename": f"{deep}/{i}", "size": 1} for i in range(15_000)
+    ]
+    endpoint = _hostile_listing(origin, siblings)
+    svc = make_service(tmp_path)
+    item_id = svc.submit(GroupRequest(REPO, endpoint=endpoint)).id
+    started = time.monotonic()
+    item = svc.run(item_id)
+    took = time.monotonic() - started
+    assert item.state is ItemState.FAILED and said in (item.error or ""), item.error
+    assert [r.path for r in origin.requests if "/resolve/" in r.path] == []
+    assert took < 5.0  # fetching and reading 16 MiB of JSON; the refusal itself costs little
+
+
+def test_a_file_that_is_also_a_directory_is_found_wherever_it_sorts(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """``a`` and ``a/x`` with ``a-b`` and ``a.c`` between them in plain path order."""
+    siblings: list[dict[str, object]] = [
+        {"rfilename": p, "size": 1} for p in ("a/x", "a-b", "a.c", "a", "b/c/d", "b/c/e")
+    ]
+    endpoint = _hostile_listing(origin, siblings)
+    svc = make_service(tmp_path)
+    item = svc.run(svc.submit(GroupRequest(REPO, endpoint=endpoint)).id)
+    assert item.state is ItemState.FAILED, item.error
+    assert "a is both a file and a directory" in (item.error or ""), item.error
 
 
 def test_cli_prewarm_model(tmp_path: Path, origin: Origin) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import Busy, Conflict, InvalidSpec
+from agent.prewarm.inuse import MAX_MAPS_LINES
 from agent.prewarm.labels import node_labels
 from agent.prewarm.model import FileRequest, ImageRequest, ItemState
 from agent.prewarm.naming import label_key
@@ -172,6 +173,30 @@ def test_a_file_a_process_holds_is_not_evicted(tmp_path: Path, origin: Origin, h
         assert svc.store.name_path("held").resolve().exists()
     finally:
         reader.communicate("")
+    assert svc.evict("held").state is ItemState.EVICTED
+
+
+def test_a_blob_a_process_may_map_past_what_is_read_is_not_evicted_and_it_is_said(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """A tenant's process with a memory map longer than the agent reads (its maps file can be
+    made ~500 MB; it was read whole) is not known not to map the blob: the eviction is refused
+    saying the process is not ruled out, and the budget does not pick the blob."""
+    origin.add("held.bin", blob(MIB, 10))
+    origin.add("new.bin", blob(MIB, 11))
+    proc = tmp_path / "proc"
+    svc = make_service(tmp_path, budget=MIB + MIB // 2, proc_root=proc)
+    svc.run(svc.submit(FileRequest(origin.url("held.bin"), name="held")).id)
+    (proc / "4242" / "fd").mkdir(parents=True)
+    line = "7f0000000000-7f0000001000 r--p 00000000 00:01 1 /usr/lib/libc.so.6\n"
+    (proc / "4242" / "maps").write_text(line * (MAX_MAPS_LINES + 1))
+    with pytest.raises(Busy, match=r"not ruled out for process\(es\) 4242") as busy:
+        svc.evict("held")
+    assert busy.value.blockers == ("4242",)
+    new = svc.run(svc.submit(FileRequest(origin.url("new.bin"), name="new")).id)
+    assert new.state is ItemState.FAILED and "evict" in (new.error or ""), new.error
+    assert svc.get("held").state is ItemState.READY
+    (proc / "4242" / "maps").write_text(line)  # read whole: the blob is not in it
     assert svc.evict("held").state is ItemState.EVICTED
 
 

@@ -10,6 +10,7 @@ from agent.prewarm import kinds
 from agent.prewarm.fetch_http import HttpFetcher
 from agent.prewarm.headers import HeaderDir
 from agent.prewarm.index import PrewarmIndex
+from agent.prewarm.inuse import ProcScanner
 from agent.prewarm.policy import UrlPolicy, origin_of
 from agent.prewarm.ports import FileFetcher, ImagePuller, ImageWarmer, PullResult
 from agent.prewarm.service import PrewarmService
@@ -35,10 +36,15 @@ def make_service(
     clock: Callable[[], float] = time.time,
     monotonic: Callable[[], float] = time.monotonic,
     header_origins: Sequence[str] = (),
+    proc_root: Path | None = None,
 ) -> PrewarmService:
-    """``header_origins``: the origins header files under ``tmp`` may be sent to."""
+    """``header_origins``: the origins header files under ``tmp`` may be sent to;
+    ``proc_root``: the /proc scanned for readers of blobs (the real one when None)."""
     index = PrewarmIndex.open(tmp / "state" / "agent.db")
-    store = CacheStore(cache_dir or tmp / "cache", index, budget, share, layout_of=kinds.layout_of)
+    scanner = ProcScanner(proc_root) if proc_root is not None else None
+    store = CacheStore(
+        cache_dir or tmp / "cache", index, budget, share, scanner=scanner, layout_of=kinds.layout_of
+    )
     policy = policy or UrlPolicy(allow_http=True, egress_allow=LOOPBACK)
     fetcher = fetcher or HttpFetcher(
         policy, proxy=proxy, backoff_s=0.01, timeout_s=10, retries=retries

@@ -34,6 +34,8 @@ class Faults:
     redirects: dict[str, str] = field(default_factory=dict)
     # Serve a Range whatever If-Range says, as S3 does: a changed object then answers 206
     ignore_if_range: set[str] = field(default_factory=set)
+    # A 416's body: this many bytes, unframed (read to the close), after the headers
+    unsatisfied_body: dict[str, int] = field(default_factory=dict)
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -49,6 +51,8 @@ class Origin:
         self.root = root
         self.faults = Faults()
         self.requests: list[Recorded] = []
+        # path -> bytes of an armed 416 body the client took before it closed (set once done)
+        self.unsatisfied_sent: dict[str, int] = {}
         origin = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -109,10 +113,7 @@ class Origin:
             start = int(match[1])
             end = int(match[2]) if match[2] else size - 1
             if start >= size:
-                h.send_response(416)
-                h.send_header("Content-Range", f"bytes */{size}")
-                h.send_header("Content-Length", "0")
-                h.end_headers()
+                self._unsatisfied(h, path, size)
                 return
             status = 206
         h.send_response(status)
@@ -138,6 +139,28 @@ class Origin:
                 self._slow(h, f, start, end, drop, rate)
         if drop is not None:
             h.close_connection = True
+
+    def _unsatisfied(self, h: BaseHTTPRequestHandler, path: str, size: int) -> None:
+        h.send_response(416)
+        h.send_header("Content-Range", f"bytes */{size}")
+        body = self.faults.unsatisfied_body.get(path)
+        if body is None:
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
+        h.send_header("Connection", "close")  # no length: the body ends at the close
+        h.end_headers()
+        h.close_connection = True
+        chunk, sent = b"x" * 65536, 0
+        try:
+            while sent < body:
+                h.wfile.write(chunk[: body - sent])
+                sent += min(len(chunk), body - sent)
+            h.wfile.flush()
+        except OSError:
+            pass  # the client closed without reading it all
+        finally:
+            self.unsatisfied_sent[path] = sent
 
     def _chunked(self, h: BaseHTTPRequestHandler, f: object, start: int, end: int) -> None:
         fd = f.fileno()  # type: ignore[attr-defined]

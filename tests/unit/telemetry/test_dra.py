@@ -104,6 +104,14 @@ def test_slices_name_gpus_static_and_dynamic_mig_devices() -> None:
     }
 
 
+def test_a_canonical_name_with_digits_no_driver_writes_is_oddly_named_not_an_error() -> None:
+    """int() of 5000 digits (or of another script's) raised ValueError out of the informer's
+    handler; such a name reads as one not in the driver's canonical form."""
+    names = ["gpu-0-mig-1g10gb-19-" + "9" * 5000, "gpu-\u0663-mig-1g10gb-19-0"]
+    got = slice_devices([resource_slice("s", [mig_device(n, GPU_A, "1g.10gb") for n in names])])
+    assert got == {(NODE, n): SliceDevice("mig", None, GPU_A, "1g.10gb") for n in names}
+
+
 def _requests(api: FakeKubeApi, *, watch: bool) -> list[Any]:
     return [
         r

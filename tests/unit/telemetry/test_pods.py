@@ -44,6 +44,23 @@ def test_foreign_ids_are_ignored(raw: str) -> None:
     assert parse_device_id(raw) is None
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        f"{GPU_A}::\u00b2",  # "²": str.isdigit() says yes, int() refuses it
+        f"{GPU_A}::" + "9" * 5000,  # past int()'s 4300 digits
+        "nvidia" + "9" * 5000,
+        "nvidia\u0663",  # an Arabic-Indic 3: int() reads it, no kubelet writes it
+        f"MIG-{GPU_A}/\u0662/0",
+        "nvidia0/gi" + "1" * 10,  # more digits than any minor, instance or replica has
+    ],
+)
+def test_ids_with_digits_no_kubelet_writes_are_not_parsed(raw: str) -> None:
+    """Numbers are ASCII digits, one to nine of them: anything else is no id of ours, and
+    never a ValueError out of the parser (which killed the watcher thread)."""
+    assert parse_device_id(raw) is None
+
+
 def _resolver(device: DeviceId) -> EntityKey | None:
     """This node: GPU_A whole, GPU_B with MIG_1 = GI 2 (minor 1)."""
     if device.uuid in (GPU_A, GPU_B):
@@ -166,3 +183,82 @@ def test_watcher_thread_refreshes_on_its_period(tmp_path: Path) -> None:
             watcher.stop()
     assert kubelet.calls >= 3
     assert watcher.current()[0].pod == PodRef("ml", "trainer", "main")
+
+
+def test_malformed_ids_from_kubelet_are_skipped_and_counted_not_fatal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A kubelet answer naming ``nvidia`` + 5000 digits raised ValueError out of refresh(): at
+    start() it escaped, later it killed the thread and the last allocations were served as
+    current for ever. The id is skipped (counted, said once), the others are attributed."""
+    socket = tmp_path / "kubelet.sock"
+    stats = TelemetryStats()
+    bad = ["nvidia" + "9" * 5000, f"{GPU_A}::\u00b2"]
+    rows = [
+        ("ml", "trainer", "main", "nvidia.com/gpu", [GPU_B, *bad]),
+        ("net", "rdma", "main", "nvidia.com/rdma_shared_device_a", ["mlx5_0"]),
+    ]
+    with serve(socket, FakeKubelet(rows)):
+        watcher = PodWatcher(
+            PodResourcesClient(socket, timeout_s=5), socket, period_s=60, stats=stats
+        )
+        with caplog.at_level(logging.WARNING, logger="agent.telemetry.pods"):
+            watcher.refresh()
+            watcher.refresh()
+    assert [a.device for a in watcher.current()] == [DeviceId(uuid=GPU_B)]
+    assert watcher.failing() is None
+    assert dict(stats.view().errors) == {"kubelet_device_id": 4}  # two ids, two answers
+    [said] = [r.getMessage() for r in caplog.records]
+    assert "2 device ids of nvidia.com/ resources" in said and len(said) < 400
+
+
+class _BrokenClient(PodResourcesClient):
+    """A client whose List fails with something other than a gRPC error (a bug, an answer it
+    cannot read): the watcher must say so, not die."""
+
+    def __init__(self, socket: Path) -> None:
+        super().__init__(socket)
+        self.calls = 0
+
+    def list(self, dra: object = None, malformed: object = None) -> tuple[Allocation, ...]:  # type: ignore[override]
+        self.calls += 1
+        if self.calls >= 2:
+            raise ValueError("unexpected")
+        return (_alloc("ml", "trainer", GPU_A),)
+
+
+def test_any_failure_of_a_refresh_is_a_kubelet_failure_said_and_the_thread_goes_on(
+    tmp_path: Path,
+) -> None:
+    socket = tmp_path / "kubelet.sock"
+    socket.touch()
+    stats = TelemetryStats()
+    client = _BrokenClient(socket)
+    watcher = PodWatcher(client, socket, period_s=0.02, stats=stats)
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 5
+        while client.calls < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        watcher.stop()
+    assert client.calls >= 4  # the thread lived through the failures
+    assert len(watcher.current()) == 1  # the last good answer, said to be no longer current
+    assert watcher.failing() == (
+        "kubelet pod-resources List failed (ValueError): pods as of its last answer"
+    )
+    assert dict(stats.view().errors)["kubelet"] >= 3
+
+
+def test_a_failure_of_the_first_refresh_does_not_escape_start(tmp_path: Path) -> None:
+    socket = tmp_path / "kubelet.sock"
+    socket.touch()
+    client = _BrokenClient(socket)
+    client.calls = 1  # the first List fails
+    watcher = PodWatcher(client, socket, period_s=60, stats=TelemetryStats())
+    watcher.start()
+    watcher.stop()
+    assert watcher.current() == ()
+    assert watcher.failing() == (
+        "kubelet pod-resources List failed (ValueError): pods not attributed yet"
+    )

@@ -1,0 +1,112 @@
+"""A tenant shapes its processes' /proc files: a maps file of hundreds of megabytes was read
+whole (``read_text().splitlines()``) at every in-use scan. It is read a line at a time, stops
+once every wanted file is found, and a map too long to read is "not ruled out", never "not in
+use". Against a /proc look-alike holding a real file's (device, inode)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from agent.prewarm.inuse import MAX_LINE_BYTES, MAX_MAPS_LINES, ProcScanner, file_id
+
+MIB = 1024 * 1024
+
+
+def _line(dev: int, ino: int, path: str = "/usr/lib/libc.so.6") -> str:
+    where = f"{os.major(dev):02x}:{os.minor(dev):02x}"
+    return f"7f0000000000-7f0000001000 r--p 00000000 {where} {ino} {path}\n"
+
+
+def _proc(tmp_path: Path, pid: int, maps: list[str], repeat: int = 1) -> Path:
+    """/proc/<pid>/{fd,maps}; ``maps`` written ``repeat`` times."""
+    proc = tmp_path / "proc"
+    (proc / str(pid) / "fd").mkdir(parents=True)
+    with (proc / str(pid) / "maps").open("w") as f:
+        chunk = "".join(maps)
+        for _ in range(repeat):
+            f.write(chunk)
+    return proc
+
+
+@pytest.fixture
+def blob(tmp_path: Path) -> tuple[int, int]:
+    path = tmp_path / "blob"
+    path.write_bytes(b"weights")
+    fid = file_id(path)
+    assert fid is not None
+    return fid
+
+
+def test_a_huge_map_is_read_a_line_at_a_time_and_stops_at_the_file(
+    tmp_path: Path, blob: tuple[int, int]
+) -> None:
+    """The blob is mapped on the first line of a 96 MiB map: found, the rest never read."""
+    dev, ino = blob
+    other = _line(dev, ino + 1)
+    proc = _proc(tmp_path, 4242, [_line(dev, ino, "/models/m/model.safetensors")])
+    with (proc / "4242" / "maps").open("a") as f:
+        f.write(other * (96 * MIB // len(other)))
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        found = ProcScanner(proc).holders([blob])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert found.held == {blob: {4242}} and found.unsure == frozenset()
+    assert peak < 4 * MIB, peak  # not the map's 96 MiB, nor its lines
+    assert time.monotonic() - started < 1.0
+
+
+def test_a_map_longer_than_is_read_is_not_ruled_out_and_said(
+    tmp_path: Path, blob: tuple[int, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The mapping sits past the lines read: unknown is not "not in use"."""
+    dev, ino = blob
+    proc = _proc(tmp_path, 4242, [_line(dev, ino + 1)], repeat=MAX_MAPS_LINES + 1)
+    with (proc / "4242" / "maps").open("a") as f:
+        f.write(_line(dev, ino))
+    (proc / "7").mkdir()
+    (proc / "7" / "maps").write_text(_line(dev, ino + 2))  # another process, read whole
+    with caplog.at_level(logging.WARNING, logger="agent.prewarm.inuse"):
+        found = ProcScanner(proc).holders([blob])
+    assert found.held == {blob: {4242}} and found.unsure == frozenset({4242})
+    [said] = [r.getMessage() for r in caplog.records]
+    assert "process(es) 4242 are longer than is read" in said
+
+
+def test_a_line_longer_than_a_page_is_one_line_and_its_path_never_parsed(
+    tmp_path: Path, blob: tuple[int, int]
+) -> None:
+    """A path past PATH_MAX: the rest of its line is skipped, not read as lines of its own
+    (where a crafted path could name any file)."""
+    dev, ino = blob
+    head = _line(dev, ino + 1, "").rstrip("\n")
+    # The crafted text starts exactly where the line's third read of MAX_LINE_BYTES would.
+    pad = "/" + "x" * (2 * MAX_LINE_BYTES - len(head) - 2) + "/"
+    line = head + pad + _line(dev, ino)
+    assert line.index("7f", len(head)) == 2 * MAX_LINE_BYTES
+    proc = _proc(tmp_path, 4242, [line])
+    found = ProcScanner(proc).holders([blob])
+    assert found.held == {} and found.unsure == frozenset()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "garbage\n",
+        "7f-7f r--p 0 zz:01 12 /x\n",
+        "7f-7f r--p 0 08:01 " + "9" * 5000 + " /x\n",
+        "7f-7f r--p 0 08:01 \u0663 /x\n",
+    ],
+)
+def test_malformed_map_lines_are_skipped(tmp_path: Path, blob: tuple[int, int], line: str) -> None:
+    dev, ino = blob
+    proc = _proc(tmp_path, 4242, [line, _line(dev, ino)])
+    assert ProcScanner(proc).holders([blob]).held == {blob: {4242}}
