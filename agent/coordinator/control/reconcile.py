@@ -387,6 +387,9 @@ class Reconciler:
         except AgentError as exc:
             log.error("reconcile pass failed: %s", exc)
             self.stats.passes["error"] += 1
+        except Exception:  # a bug: said and counted, and the next pass runs (`_guarded_pass`)
+            log.exception("reconcile pass failed on an unexpected error")
+            self.stats.passes["error"] += 1
         finally:
             self.stats.last_pass = self._wall()
             self.stats.last_duration_s = self._clock() - began

@@ -528,3 +528,33 @@ def test_nodes_left_out_for_a_failed_gpu_are_counted_and_said_once_not_every_pas
     _passes(reconciler, clock, [1180.0])
     text = generate_latest(reconciler.registry).decode()
     assert 'gpu_agent_coordinator_left_out_nodes{kind="share",why="unhealthy"} 0.0' in text
+
+
+def test_a_pass_that_meets_a_bug_is_said_and_counted_and_the_next_pass_runs(
+    fake: FakeFleet,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An error no code meant (here a KeyError in the rollout) vanished: `_guarded_pass`
+    gathers the pass with return_exceptions, so nothing was logged and no pass was counted
+    failed. It is logged with its traceback and counted now, and the next pass goes on."""
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(DESIRED.format(replicas=2))
+    clock = Clock(1000.0)
+    reconciler = reconcile.Reconciler(
+        cast(Fleet, object()), desired, interval_s=60.0, clock=clock, draw=lambda: 0.0
+    )
+    caplog.set_level(logging.ERROR, logger="agent.coordinator.control.reconcile")
+
+    async def buggy(*args: Any, **kw: Any) -> RolloutResult:
+        raise KeyError("spec_yaml")
+
+    monkeypatch.setattr(reconcile, "rollout", buggy)
+    _passes(reconciler, clock, [clock.now])
+    assert reconciler.stats.passes["error"] == 1 and reconciler.stats.passes["ok"] == 0
+    [said] = [r for r in caplog.records if "unexpected error" in r.getMessage()]
+    assert said.exc_info is not None and "spec_yaml" in str(said.exc_info[1])
+    monkeypatch.setattr(reconcile, "rollout", fake.rollout)
+    _passes(reconciler, clock, [1060.0])
+    assert reconciler.stats.passes["ok"] == 1
