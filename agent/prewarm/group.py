@@ -36,6 +36,9 @@ MAX_SIBLINGS = 100_000
 MAX_PATH_PARTS = 64
 MAX_INCLUDE = 64
 MAX_GLOB = 256
+#: '*' in one glob: each may backtrack over a whole path, so a caller's 127 of them in 64
+#: globs cost seconds a listing (a real pattern has one or two)
+MAX_STARS = 8
 MAX_LISTING_BYTES = 16 * 1024 * 1024
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
 _REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
@@ -84,9 +87,12 @@ def check_repo(repo: str, revision: str) -> None:
 
 
 def check_include(include: Sequence[str]) -> None:
-    if len(include) > MAX_INCLUDE or any(not g or len(g) > MAX_GLOB for g in include):
+    if len(include) > MAX_INCLUDE or any(
+        not g or len(g) > MAX_GLOB or g.count("*") > MAX_STARS for g in include
+    ):
         raise InvalidSpec(
-            f"include takes 1 to {MAX_INCLUDE} globs of at most {MAX_GLOB} characters",
+            f"include takes 1 to {MAX_INCLUDE} globs of at most {MAX_GLOB} characters and "
+            f"{MAX_STARS} '*' each",
             [FieldViolation("include", "globs such as *.safetensors, config.json")],
         )
 

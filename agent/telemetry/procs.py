@@ -12,6 +12,7 @@ Each link points into the pod's log directory, ``/var/log/pods/<namespace>_<pod>
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections import defaultdict
@@ -46,8 +47,15 @@ def container_id(cgroup_text: str) -> str | None:
 def read_container_id(proc_root: Path, pid: int) -> str | None:
     """Container id of a process; None when it is not in a pod. Raises OSError when its cgroup
     cannot be read (no host /proc without hostPID, no permission): then nobody can tell."""
-    text = (proc_root / str(pid) / "cgroup").read_text(encoding="utf-8", errors="replace")
-    return container_id(text)
+    with (proc_root / str(pid) / "cgroup").open("rb") as f:
+        data = f.read(_MAX_CGROUP + 1)
+    if len(data) > _MAX_CGROUP:  # a tenant's delegated cgroups can name long paths: unknown
+        raise OSError(errno.EFBIG, f"cgroup of pid {pid} is over {_MAX_CGROUP} bytes")
+    return container_id(data.decode("utf-8", errors="replace"))
+
+
+#: a cgroup file's bytes read at most: a line per v1 hierarchy (about 13), each a path
+_MAX_CGROUP = 64 * 1024
 
 
 class ContainerDirectory:

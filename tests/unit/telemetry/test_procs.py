@@ -47,6 +47,13 @@ def test_read_container_id_from_a_proc_root(tmp_path: Path) -> None:
     assert read_container_id(tmp_path, 4242) == CID
     with pytest.raises(OSError):  # no such process in this /proc, or no permission: unknown
         read_container_id(tmp_path, 1)
+    # A tenant's delegated cgroups naming megabytes of paths: unknown, read no further than
+    # 64 KiB (not "not in a pod", which a cut-off id would have read as)
+    (tmp_path / "4243").mkdir()
+    long = "/".join(["d" * 250] * 4000)
+    (tmp_path / "4243" / "cgroup").write_text(f"0::/kubepods/{long}/{CID}\n")
+    with pytest.raises(OSError, match="over 65536 bytes"):
+        read_container_id(tmp_path, 4243)
 
 
 def test_directory_names_containers_and_rescans_once_per_tick(tmp_path: Path) -> None:
