@@ -28,6 +28,8 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from agent.safeyaml import ascii_int
+
 log = logging.getLogger(__name__)
 
 __all__ = ["Guard", "Handler", "HttpServer", "Request", "Response"]
@@ -243,13 +245,14 @@ async def _read_request(
         )
     if "transfer-encoding" in headers:
         raise _BadRequest(501, "Transfer-Encoding is not accepted; send a Content-Length")
-    length = headers.get("content-length", "0")
-    if not length.isdigit():
+    text = headers.get("content-length", "0")
+    length = ascii_int(text, 18)
+    if length is None and not (text.isascii() and text.isdigit()):
         raise _BadRequest(400, "Content-Length must be a number of bytes")
-    if int(length) > _MAX_BODY_BYTES:
+    if length is None or length > _MAX_BODY_BYTES:  # None here: more than 18 digits
         raise _BadRequest(413, f"request bodies are at most {_MAX_BODY_BYTES} bytes")
-    if int(length):
-        await reader.readexactly(int(length))  # no route takes a body: consumed, not parsed
+    if length:
+        await reader.readexactly(length)  # no route takes a body: consumed, not parsed
     return Request(method.upper(), path, headers, version, peer_cert)
 
 

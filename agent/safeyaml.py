@@ -62,6 +62,15 @@ class Limits:
 DEFAULT = Limits()
 
 
+def ascii_int(text: str, digits: int = 9) -> int | None:
+    """``text`` as a whole number when it is 1 to ``digits`` ASCII digits, else None:
+    ``"²".isdigit()`` is True and int() refuses it, int() reads "٣" as 3, and thousands of
+    digits cost time. What a protocol or a flag means by a number."""
+    if not 0 < len(text) <= digits or not (text.isascii() and text.isdigit()):
+        return None
+    return int(text)
+
+
 def capped(text: str, limit: int = MAX_MESSAGE) -> str:
     """``text`` cut to ``limit`` characters, saying it was cut."""
     return text if len(text) <= limit else text[: limit - 12] + " …(cut)"

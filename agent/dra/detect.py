@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from agent.dra.mode import Allocation, AllocationMode
 from agent.dra.slices import MAX_SLICES, DriverSlices
+from agent.safeyaml import ascii_int
 
 __all__ = ["AUTO", "NO_API", "NodeFacts", "configured", "detect", "device_plugin_resources"]
 
@@ -158,7 +159,7 @@ def _said(resources: tuple[tuple[str, int], ...]) -> str:
 
 def _count(value: object) -> int:
     text = str(value) if isinstance(value, str | int) and not isinstance(value, bool) else ""
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 6 else 0
+    return ascii_int(text, 6) or 0
 
 
 def _devices(slices: DriverSlices) -> str:

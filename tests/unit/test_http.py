@@ -194,6 +194,9 @@ def test_hostile_request_heads_and_bodies_are_refused_and_the_connection_closed(
             b"1c\r\nGET /secret HTTP/1.1\r\n\r\n\r\n0\r\n\r\n": b"501",
             b"GET /metrics HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n": b"400",
             b"GET /metrics HTTP/1.1\r\nContent-Length: -1\r\n\r\n": b"400",
+            # a digit int() refuses ("\u00b2".isdigit() is True), and a number past any body
+            "GET /metrics HTTP/1.1\r\nContent-Length: \u00b2\r\n\r\n".encode(): b"400",
+            b"GET /metrics HTTP/1.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n": b"413",
             b"GET /metrics HTTP/2.0\r\n\r\n": b"505",
             b"GET /metrics\r\n\r\n": b"400",
             b"GET /metrics HTTP/1.1\r\n folded: x\r\n\r\n": b"400",

@@ -21,6 +21,7 @@ from agent.cli.fleet.status import counts_text
 from agent.cli.options import file_option, float_option, refuse_overwriting
 from agent.cli.render import emit, format_table, output_option
 from agent.errors import AgentError, FieldViolation, InvalidSpec
+from agent.safeyaml import ascii_int
 
 if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
     from agent.coordinator.fleet.channels import Fleet
@@ -418,7 +419,7 @@ def replay_cmd(
     extra: list[tuple[str, NodeLayouts]] = []
     for spec in added:
         preset, _, count = spec.partition("=")
-        if not count.isdigit() or not 1 <= int(count) <= 10_000:
+        if not 1 <= (ascii_int(count, 5) or 0) <= 10_000:
             raise InvalidSpec(
                 f"--add {spec!r} is not PRESET=N (N 1..10000)",
                 [FieldViolation("add", "e.g. dgx-h100=4")],

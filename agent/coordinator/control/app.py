@@ -24,6 +24,7 @@ from agent.coordinator.control.reconcile import Reconciler, Stats
 from agent.coordinator.fleet.query import STATUS_PATH
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.http import HttpServer
+from agent.safeyaml import ascii_int
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +54,15 @@ class CoordinatorSettings:
 def run_coordinator(settings: CoordinatorSettings, source: FleetOptions) -> int:
     """Run the coordinator; the exit code (non-zero when ``once`` and the pass failed)."""
     host, sep, port = settings.listen.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
+    number = ascii_int(port, 5)
+    if not sep or number is None or number > 65535:
         raise InvalidSpec(
             f"--listen {settings.listen!r} is not HOST:PORT with a port 0-65535",
             [FieldViolation("listen", "HOST:PORT, e.g. 0.0.0.0:9400")],
         )
     if settings.once and settings.desired_path.exists():
         load_desired(settings.desired_path)  # one run: a file that does not parse is the answer
-    return asyncio.run(_main(settings, source, host.strip("[]") or "0.0.0.0", int(port)))
+    return asyncio.run(_main(settings, source, host.strip("[]") or "0.0.0.0", number))
 
 
 async def _main(settings: CoordinatorSettings, source: FleetOptions, host: str, port: int) -> int:

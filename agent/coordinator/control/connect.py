@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.errors import FieldViolation, InvalidSpec
+from agent.safeyaml import ascii_int
 
 if TYPE_CHECKING:
     from agent.coordinator.control.lease import ElectionTiming, LeaderElector
@@ -123,7 +124,7 @@ class FleetOptions:
             return discovery.StaticDiscovery(self.agents)
         if self.dns:
             name, sep, port = self.dns.partition(":")
-            if not name or (sep and not (port.isdigit() and 0 < int(port) < 65536)):
+            if not name or (sep and not 0 < (ascii_int(port, 5) or 0) < 65536):
                 raise InvalidSpec(
                     f"--dns {self.dns!r} is not NAME[:PORT]",
                     [FieldViolation("dns", "NAME[:PORT], e.g. gpu-agent-grpc.gpu-agent.svc:9401")],

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from agent.coordinator.kube import AgentPod, KubeLister, agent_pod, labels_by_node
 from agent.errors import AgentError, FieldViolation, InvalidSpec
+from agent.safeyaml import ascii_int
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def _check_address(address: str) -> str:
     if address.startswith("unix:") and address.removeprefix("unix:"):
         return address
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not 0 < (ascii_int(port, 5) or 0) < 65536:
         raise InvalidSpec(
             f"agent address {address!r} is not HOST:PORT (or unix:PATH)",
             [FieldViolation("agents", "HOST:PORT, [IPv6]:PORT or unix:PATH, e.g. node-1:9401")],

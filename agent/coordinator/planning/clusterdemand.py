@@ -30,6 +30,7 @@ from agent.coordinator.planning.demand import Demand, DemandEntry
 from agent.errors import InvalidSpec
 from agent.gpu.profiles import parse_profile
 from agent.kube import InClusterKubeClient, dig
+from agent.safeyaml import ascii_int
 
 __all__ = [
     "ClusterDemand",
@@ -96,9 +97,10 @@ def sharing_replicas(sharing: Iterable[str]) -> dict[str, int]:
         if strategy != "time-slicing":
             continue
         for part in rest.split(","):
-            name, _, count = part.strip().rpartition(" x")
-            if name and count.isdigit() and int(count) > 0:
-                out[name] = min(out.get(name, int(count)), int(count))
+            name, _, text = part.strip().rpartition(" x")
+            count = ascii_int(text)
+            if name and count:
+                out[name] = min(out.get(name, count), count)
     return out
 
 
@@ -220,8 +222,8 @@ def _container(container: object) -> Counter[str]:
 def _quantity(raw: object) -> int | None:
     if isinstance(raw, int) and not isinstance(raw, bool):
         return raw if 0 <= raw <= 10_000 else None
-    if isinstance(raw, str) and raw.strip().isdigit() and len(raw.strip()) <= 5:
-        return int(raw.strip())
+    if isinstance(raw, str):
+        return ascii_int(raw.strip(), 5)
     return None
 
 

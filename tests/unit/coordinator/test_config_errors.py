@@ -86,7 +86,7 @@ def test_serve_refuses_a_listen_address_it_cannot_use_in_one_line(tmp_path: Path
 
     base = ["coordinator", "serve", "--agents", "127.0.0.1:1", "--insecure"]
     base += ["--desired", str(tmp_path / "none.yaml"), "--interval", "5"]
-    for bad in ("127.0.0.1:99999", "nope", "127.0.0.1:", ":80x"):
+    for bad in ("127.0.0.1:99999", "nope", "127.0.0.1:", ":80x", "127.0.0.1:\u00b2"):
         result = invoke_process([*base, "--listen", bad], 60)
         assert result.exit_code == 2, (bad, result.output)
         assert "--listen" in result.output and "Traceback" not in result.output, result.output
@@ -141,7 +141,14 @@ def test_serve_does_not_forget_a_node_of_a_model_rule_whose_driver_is_not_ready(
 def test_a_dns_name_that_is_not_name_and_port_is_refused_naming_dns() -> None:
     """`--dns svc:abc` ended in a traceback (int('abc')), `--dns svc:99999` dialled no agent
     and `--dns :9401` tried to resolve an empty name: each is refused naming --dns."""
-    for bad in ("gpu-agent-grpc:abc", "gpu-agent-grpc:99999", ":9401", "gpu-agent-grpc:"):
+    # "\u00b2" passes str.isdigit() and int() refuses it
+    for bad in (
+        "gpu-agent-grpc:abc",
+        "gpu-agent-grpc:99999",
+        ":9401",
+        "gpu-agent-grpc:",
+        "s:\u00b2",
+    ):
         result = invoke(fleet, ["status", "--dns", bad, "--insecure", "--timeout", "1"])
         assert result.exit_code == 2, (bad, result.output)
         assert "dns: " in result.output, result.output

@@ -23,8 +23,9 @@ from tests.kube.fake_api import FakeKubeApi, Pod
 def test_static_addresses_are_checked_and_kept_in_order() -> None:
     found = asyncio.run(StaticDiscovery(["b:9401", " [::1]:9401", "unix:/run/a.sock"]).targets())
     assert [t.address for t in found] == ["b:9401", "[::1]:9401", "unix:/run/a.sock"]
-    with pytest.raises(InvalidSpec, match="not HOST:PORT"):
-        StaticDiscovery(["node-1"])
+    for bad in ("node-1", "node-1:\u00b2"):  # isdigit() holds for "\u00b2"; int() refuses it
+        with pytest.raises(InvalidSpec, match="not HOST:PORT"):
+            StaticDiscovery([bad])
     with pytest.raises(InvalidSpec, match="no agent addresses"):
         StaticDiscovery([" "])
 
