@@ -70,6 +70,8 @@ class Part:
     failed: set[int] = field(default_factory=set)
     #: GPU index -> the readings the health marks judge it by
     health: dict[int, Mapping[Reading, float]] = field(default_factory=dict)
+    #: GPU index -> which of those readings failed this tick and why (the marks hold meanwhile)
+    health_unread: dict[int, str] = field(default_factory=dict)
     clock_events: tuple[ClockEventCount, ...] = ()
     p2p: tuple[P2pLink, ...] = ()
     xids: tuple[XidCount, ...] = ()
@@ -118,6 +120,7 @@ def merge(parts: Iterable[Part]) -> Part:
         out.lost.update(part.lost)
         out.failed |= part.failed
         out.health.update(part.health)
+        out.health_unread.update(part.health_unread)
         out.clock_events += part.clock_events
         out.p2p += part.p2p
         out.xids += part.xids

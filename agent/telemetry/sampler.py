@@ -207,11 +207,7 @@ class Sampler:
             # Only where it was asked: a GPU down (never read) supports nothing we know of.
             support=self._support.rows(tuple(s.gpu for s in gpus if s.up)),
             layouts=self._topology.placed(),
-            health=tuple(
-                HealthReadings(frame.gpus[i], early.health[i])
-                for i in answered
-                if i in early.health
-            ),
+            health=_health(frame, answered, early),
             sources=tuple(statuses),
         )
         self._support.report()
@@ -305,3 +301,21 @@ def _idle_name(entity: Entity) -> str:
     if entity.instance is None:
         return entity.gpu.uuid
     return f"{entity.gpu.uuid}/{entity.instance.gpu_instance_id}/{entity.instance.profile}"
+
+
+def _health(
+    frame: Frame, answered: Mapping[int, MigLayout], early: Part
+) -> tuple[HealthReadings, ...]:
+    """The health readings of each GPU that is up: those read, and which calls failed (a GPU
+    whose collection failed this tick is up and read nothing: said so, for the marks to hold)."""
+    out = [
+        HealthReadings(frame.gpus[i], early.health[i], early.health_unread.get(i, ""))
+        for i in answered
+        if i in early.health
+    ]
+    out += [
+        HealthReadings(frame.gpus[i], MappingProxyType({}), why)
+        for i, why in sorted(early.health_unread.items())
+        if i in early.failed and i not in early.lost
+    ]
+    return tuple(out)

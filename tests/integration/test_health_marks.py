@@ -357,3 +357,36 @@ def test_a_reset_the_agent_makes_clears_a_reset_gpu_mark_and_no_other(tmp_path: 
         time.sleep(1.0)  # several snapshots: the reboot-node mark stays
         gpu = _gpu(agent.socket, 2)
         assert gpu.condition.state == FAILED and gpu.condition.action == "reboot-node"
+
+
+def test_a_mark_holds_while_the_health_readings_fail_and_says_so(tmp_path: Path) -> None:
+    """GPU 0 failed for a double-bit ECC error (reset-gpu). Then the ECC and row-remap calls
+    fail on it, tick after tick: nothing is known of what the mark was set by, so "no new
+    error for N s" is no evidence and the mark holds past its hold-down, saying why; GetNode,
+    the metric and doctor say so. Once the calls answer again, the count (not reset) fails it
+    as before."""
+    root = tmp_path / "agent"
+    hold_down = 1.0
+    with InProcessAgent(root, _config(root, hold_down_s=hold_down)) as agent:
+        control = SimControl(root / "state")
+        control.memory_errors(0, dbe=1)
+        wait_for(lambda: _state(agent.socket, 0) == FAILED, "GPU 0 failed", 5)
+        for call in ("nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows"):
+            control.inject_fault(call, "Unknown", count=1_000_000, gpu=0)
+        time.sleep(3 * hold_down + 1)  # hold-downs of ticks whose readings all failed
+        condition = _gpu(agent.socket, 0).condition
+        assert condition.state == FAILED, condition.reason
+        assert "health readings fail (nvmlDeviceGetRemappedRows: " in condition.reason
+        assert "nvmlDeviceGetTotalEccErrors: " in condition.reason
+        series = _health_series(agent.node.metrics_port)
+        assert series[("0", "", "failed")] == 1 and series[("0", "", "healthy")] == 0
+        assert agent.node.services.doctor is not None
+        report = agent.node.services.doctor.run(ask_api=False)
+        check = next(c for c in report.checks if (c.duty, c.name) == ("health", "xid"))
+        assert check.state.name == "FAILED"
+        assert "health readings failing on GPU 0: nvmlDeviceGetRemappedRows" in check.evidence
+        assert _state(agent.socket, 1) == HEALTHY
+        control.clear_faults()
+        time.sleep(3 * hold_down)  # read again: the count was never reset, the mark stays
+        condition = _gpu(agent.socket, 0).condition
+        assert condition.state == FAILED and "health readings fail" not in condition.reason
