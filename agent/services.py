@@ -154,7 +154,6 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         config.telemetry,
         hostname=config.node_name,
         proc_root=_sim_proc_root(config),
-        state_dir=config.state_dir,
         kube=client,
         attach=False,  # once the driver is ready (DriverLink.attach)
         slices=edge.slices() if edge is not None else None,
