@@ -52,6 +52,8 @@ class Frame:
     #: GPU index -> its compute processes (with their GPU instance), as the planner's layout
     #: read them this tick; a GPU whose read failed is absent
     processes: Mapping[int, tuple[Process, ...]] = field(default_factory=dict)
+    #: GPU index -> why its planner's layout (with the process list) was not read this tick
+    unread: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass

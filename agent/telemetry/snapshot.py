@@ -137,6 +137,9 @@ class GpuStatus:
     up: bool
     #: why the GPU is down (the driver's error); empty while it is up
     detail: str = ""
+    #: why its layout and process list were not read this tick (the failing call); "" when
+    #: they were. The snapshot's layout of it is then the last read (or none): not current
+    unread: str = ""
 
 
 @dataclass(frozen=True, slots=True)
