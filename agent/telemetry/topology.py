@@ -38,6 +38,8 @@ class _Gpu:
     fresh: bool = False
     #: why ``placed`` was not read this tick (the failing call); "" when it was
     unread: str = ""
+    #: the layout read's failure last logged (once per change, not every tick)
+    said: str = ""
     #: the identity its statuses carry while it is down: the one it went down with, kept
     #: until it answers again, so its series keeps its labels (see ``settle``)
     down_as: GpuIdentity | None = None
@@ -116,8 +118,14 @@ class Topology:
             raise
         except AgentError as exc:  # the inventory says it is not current; telemetry goes on
             self._stats.error("nvml")
-            log.warning("GPU %d: MIG layout read failed this tick: %s", gpu, exc)
             state.unread = f"processes and layout: {exc}"
+            if state.unread != state.said:
+                log.warning("GPU %d: not read, its processes unknown: %s", gpu, state.unread)
+                state.said = state.unread
+        else:
+            if state.said:
+                log.info("GPU %d: processes and layout read again", gpu)
+                state.said = ""
         if state.gpm is None:
             state.gpm = self._reader.gpm_supported(gpu)
         return layout

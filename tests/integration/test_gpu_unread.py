@@ -33,7 +33,7 @@ def _component(node: agent_pb2.Node, name: str) -> agent_pb2.ComponentHealth:
 
 
 def test_a_process_list_that_fails_is_unknown_never_stale_and_degrades_naming_gpu_and_call(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     root = tmp_path / "agent"
     config = agent_config(root, telemetry={"interval_s": 0.2})
@@ -59,6 +59,8 @@ def test_a_process_list_that_fails_is_unknown_never_stale_and_degrades_naming_gp
         data = status_view(node_from(node))
         assert data["gpus"][0]["processes"] is None and data["gpus"][1]["processes"] == []
         assert f"GPU 0: not read (processes and layout: {CALL}" in _table(data)
+        said = [r for r in caplog.records if "its processes unknown" in r.getMessage()]
+        assert len(said) == 1, "said once, not every tick"
         control.clear_faults()
         wait_for(lambda: not _node(agent.socket).gpus[0].unread, "GPU 0 read again", 10)
         assert _component(_node(agent.socket), "gpu-driver").healthy
