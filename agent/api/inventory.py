@@ -149,6 +149,14 @@ class NodeInventory:
         gpus = self._gpus
         return tuple(layout for layout in gpus.layouts if layout.gpu.index not in gpus.lost)
 
+    def layouts_read(self) -> tuple[GpuLayout, ...]:
+        """The latest layouts of the GPUs that answer and whose process lists were read in the
+        latest snapshot: for a decision that "no process runs" must not take from a stale or
+        unknown list (the reclaimable mark)."""
+        gpus = self._gpus
+        skip = gpus.lost.keys() | gpus.unread.keys() | gpus.never_read
+        return tuple(layout for layout in gpus.layouts if layout.gpu.index not in skip)
+
     def gpus_unread(self) -> str:
         """Why the GPUs were not read (the driver not attached yet, or gone); "" once a
         snapshot of an attached driver listed them. An empty `layouts` means no GPU only then."""
