@@ -1,7 +1,7 @@
 """Durable file changes: a rename, link or new file survives a crash only once its directory
 is fsync'd, which POSIX leaves to the caller; a file replaced in place is never seen half
 written. One way to do each, for every file the agent keeps (the state store, sharing, the
-cache, health marks, idle times, rollout records, the CLI's output files)."""
+cache, health marks, rollout records, the CLI's output files)."""
 
 from __future__ import annotations
 

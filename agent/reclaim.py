@@ -7,7 +7,8 @@ and posts an Event ``GpusReclaimable``; when the set changes the annotation foll
 no GPU is reclaimable any more (one is used again) the annotation is removed with an Event
 ``GpusInUse``. A node whose labels match ``telemetry.reclaim_exclude_selector`` (say
 ``pool=inference``: a serving pool idles by design) is never marked. Unknown idle time (no
-telemetry yet, a GPU that stopped answering) is not idle: such a GPU is never marked. Nor is a
+telemetry yet, a GPU that stopped answering) is not idle: such a GPU is never marked, nor
+one whose process list was not read in the latest sample ("no process" would be a guess). Nor is a
 GPU with a failed health mark (on it or one of its instances): it idles because it is broken,
 and it is not capacity to hand back but a repair (docs/health.md).
 """
@@ -219,7 +220,7 @@ def reclaim_marker(
         _OwnedMarks(edge),
         node,
         metadata,
-        inventory.layouts,
+        inventory.layouts_read,  # a GPU whose process list is unknown is not idle capacity
         idle,
         settings.idle_reclaim_after_s,
         ExcludeSelector.parse(settings.reclaim_exclude_selector or ""),

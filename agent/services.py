@@ -6,6 +6,7 @@ with the driver link what it does at attach and detach."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,7 +154,6 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         config.telemetry,
         hostname=config.node_name,
         proc_root=_sim_proc_root(config),
-        state_dir=config.state_dir,
         kube=client,
         attach=False,  # once the driver is ready (DriverLink.attach)
         slices=edge.slices() if edge is not None else None,
@@ -249,7 +249,7 @@ def _build_rest(
         allocation,
         ModeFollower(allocation, mig, driver, inventory.refresh_allocation),
         doctor=doctor,
-        health_publisher=build_publisher(edge, config.node_name, health, taint=config.health.taint),
+        health_publisher=_health_publisher(config, edge, health, driver),
         edge=edge,
         cache_labels=_cache_labels(config, edge, prewarm, telemetry),
     )
@@ -304,6 +304,31 @@ def _health(config: AgentConfig, telemetry: TelemetryService, bus: EventBus) -> 
     return health
 
 
+def _driver_away(driver: DriverLink) -> Callable[[], str | None]:
+    """Why the GPUs are not read now (the driver detached); None while they are."""
+
+    def away() -> str | None:
+        state = driver.state
+        return None if state.attached else f"{state.cause}: {state.reason}"
+
+    return away
+
+
+def _health_publisher(
+    config: AgentConfig, edge: KubeEdge | None, health: HealthMonitor, driver: DriverLink
+) -> NodePublisher | None:
+    publisher = build_publisher(
+        edge,
+        config.node_name,
+        health,
+        taint=config.health.taint,
+        driver_away=_driver_away(driver),
+    )
+    if publisher is not None:
+        driver.subscribe(lambda: publisher.wake())  # the Node says unknown at once, and back
+    return publisher
+
+
 def _self_metrics(
     telemetry: TelemetryService,
     driver: DriverLink,
@@ -322,7 +347,13 @@ def _self_metrics(
     publish("driver", DriverCollector(driver), driver.subscribe)
     publish("state", StateCollector(state.writable))
     publish("prewarm", PrewarmCollector(prewarm.inventory))
-    publish("health", HealthCollector(health.shown), health.subscribe)
+    away = _driver_away(driver)
+
+    def health_changes(listener: Callable[..., None]) -> None:
+        health.subscribe(listener)
+        driver.subscribe(listener)  # detached: the series go; attached: they come back
+
+    publish("health", HealthCollector(health.shown, away), health_changes)
     if mig_labels is not None:
         publish("mig", MigStateCollector(mig_labels))
     publish("doctor", doctor, doctor.subscribe)

@@ -71,6 +71,10 @@ class _Part:
 class _Gpus(_Part):
     layouts: tuple[GpuLayout, ...] = ()
     lost: dict[int, str] = field(default_factory=dict)  # GPU index -> the driver's error
+    #: GPU index -> why its layout and processes were not read in the snapshot (the call)
+    unread: dict[int, str] = field(default_factory=dict)
+    #: GPUs whose layout was never read: only their identity is known
+    never_read: frozenset[int] = frozenset()
     driver_version: str = ""
     #: the driver link as GetNode's `Driver` reports it (unspecified before the first verdict)
     driver: agent_pb2.Driver = field(default_factory=agent_pb2.Driver)
@@ -145,6 +149,14 @@ class NodeInventory:
         gpus = self._gpus
         return tuple(layout for layout in gpus.layouts if layout.gpu.index not in gpus.lost)
 
+    def layouts_read(self) -> tuple[GpuLayout, ...]:
+        """The latest layouts of the GPUs that answer and whose process lists were read in the
+        latest snapshot: for a decision that "no process runs" must not take from a stale or
+        unknown list (the reclaimable mark)."""
+        gpus = self._gpus
+        skip = gpus.lost.keys() | gpus.unread.keys() | gpus.never_read
+        return tuple(layout for layout in gpus.layouts if layout.gpu.index not in skip)
+
     def gpus_unread(self) -> str:
         """Why the GPUs were not read (the driver not attached yet, or gone); "" once a
         snapshot of an attached driver listed them. An empty `layouts` means no GPU only then."""
@@ -206,13 +218,21 @@ class NodeInventory:
             by_index = {layout.gpu.index: layout for layout in snapshot.layouts}
             layouts: list[GpuLayout] = []
             lost: dict[int, str] = {}
+            unread: dict[int, str] = {}
+            never: set[int] = set()
             for status in snapshot.gpus:
                 index = status.gpu.index
-                layout = by_index.get(index) or _placeholder(status)
+                layout = by_index.get(index)
+                if layout is None:
+                    never.add(index)
+                    layout = _placeholder(status)
                 layouts.append(layout)
                 if not status.up:
                     lost[index] = status.detail or "the GPU does not answer"
+                elif status.unread:
+                    unread[index] = status.unread
             problems = [f"GPU {i} lost: {why}" for i, why in lost.items()]
+            problems += [f"GPU {i} not read: {why}" for i, why in unread.items()]
             self._gpus = _Gpus(
                 healthy=not problems,
                 detail="; ".join(problems) or f"{len(layouts)} GPU(s) read",
@@ -220,6 +240,8 @@ class NodeInventory:
                 taken_mono=snapshot.taken_mono,
                 layouts=tuple(layouts),
                 lost=lost,
+                unread=unread,
+                never_read=frozenset(never),
                 driver_version=snapshot.driver_version,
                 driver=agent_pb2.Driver(state=agent_pb2.DRIVER_STATE_ATTACHED),
             )
@@ -347,6 +369,8 @@ class NodeInventory:
                     lost=layout.gpu.index in gpus.lost,
                     idle_seconds=idle.get(layout.gpu.uuid),
                     lost_detail=gpus.lost.get(layout.gpu.index, ""),
+                    unread=gpus.unread.get(layout.gpu.index, ""),
+                    never_read=layout.gpu.index in gpus.never_read,
                 )
                 for layout in gpus.layouts
             ],
@@ -448,7 +472,8 @@ def _telemetry_health(snapshot: Snapshot) -> agent_pb2.ComponentHealth:
 
 
 def _placeholder(status: GpuStatus) -> GpuLayout:
-    """A GPU never seen answering: only what its status knows (its index, maybe a UUID)."""
+    """A GPU whose layout was never read: only what its status knows (its index, maybe a
+    UUID); the zeros are sent with ``never_read``, which says they are unknown."""
     g = status.gpu
     return GpuLayout(GpuInfo(g.index, g.uuid, g.name, g.pci_bus_id, 0, 0, 0, None), (), (), ())
 

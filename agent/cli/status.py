@@ -47,11 +47,17 @@ def _gpu_table(gpus: list[dict[str, Any]]) -> str:
                 g["name"] or "?",
                 g["pci_bus_id"] or "?",
                 "?" if g["memory_total_bytes"] is None else human_bytes(g["memory_total_bytes"]),
-                "n/a" if g["mig"] is None else f"{g['mig']['current']}/{g['mig']['pending']}",
+                _mig_cell(g),
             ]
             for g in gpus
         ],
     )
+
+
+def _mig_cell(g: dict[str, Any]) -> str:
+    if g["mig"] is not None:
+        return f"{g['mig']['current']}/{g['mig']['pending']}"
+    return "?" if g["instances"] is None else "n/a"  # unknown, or not MIG capable
 
 
 def _table(data: dict[str, Any]) -> str:
@@ -66,10 +72,16 @@ def _table(data: dict[str, Any]) -> str:
     read = _read(data)
     if read:
         parts.append(_gpu_table(gpus))
+    unread = [g for g in gpus if g["unread"]]
     for g in lost:
         parts.append(f"GPU {g['index']} is lost: {g['detail']}")
+    for g in unread:
+        parts.append(f"GPU {g['index']} not read ({g['unread']}): its processes are unknown")
+    for g in gpus:
         if g["instances"] is None:
-            parts.append(f"GPU {g['index']} was never read: its MIG mode and instances are unknown")
+            parts.append(
+                f"GPU {g['index']} was never read: its memory, MIG mode and instances are unknown"
+            )
     for where, mark in _marked(gpus):
         pods = f" (pods: {', '.join(mark['pods'])})" if mark["pods"] else ""
         parts.append(f"{where} {mark['state']} since {mark['since']}: {mark['reason']}{pods}")
@@ -101,6 +113,21 @@ def _table(data: dict[str, Any]) -> str:
             for g in lost
             if g["instances"]
         ]
+        parts += [
+            f"GPU {g['index']} not read: its instances are as last read"
+            for g in unread
+            if g["instances"]
+        ]
+    parts += ["", "Processes", _processes(data, read, lost, unread)]
+    return "\n".join(parts)
+
+
+def _processes(
+    data: dict[str, Any], read: bool, lost: list[dict[str, Any]], unread: list[dict[str, Any]]
+) -> str:
+    """The Processes section: withheld, not read (no driver, a lost GPU, a failing list) or
+    the processes of the GPUs read."""
+    gpus = data["gpus"]
     procs = [
         [
             g["index"],
@@ -118,11 +145,11 @@ def _table(data: dict[str, Any]) -> str:
     elif not read:
         shown = "  not read: the driver is not ready"
     else:
-        none = "  none on the GPUs read" if lost else "  none"
+        none = "  none on the GPUs read" if lost or unread else "  none"
         shown = format_table(["GPU", "PID", "MEMORY", "GI/CI"], procs) if procs else none
         shown += "".join(f"\n  GPU {g['index']}: not read (lost)" for g in lost)
-    parts += ["", "Processes", shown]
-    return "\n".join(parts)
+        shown += "".join(f"\n  GPU {g['index']}: not read ({g['unread']})" for g in unread)
+    return shown
 
 
 def _mark(mark: dict[str, Any] | None) -> str:
@@ -165,26 +192,31 @@ def _placement(p: Placement) -> dict[str, int]:
 def _gpu_view(g: NodeGpu, hidden: bool) -> dict[str, Any]:
     info = g.layout.gpu
     mode = info.mig_mode
+    # A GPU lost before the agent saw it answer has only its index; one whose layout was never
+    # read (its process list failing from the start) only its identity.
+    never = g.never_read or not info.uuid
     return {
         "index": info.index,
         "health": "lost" if g.lost else "ok",
         "condition": health_mark_view(g.condition),
         "detail": g.detail,
-        # A GPU lost before the agent saw it answer has only its index.
+        # Why its layout and processes were not read in the latest sample (the failing call)
+        "unread": g.unread or None,
         "uuid": info.uuid or None,
         "name": info.name or None,
         "pci_bus_id": info.pci_bus_id or None,
-        "pci_device_id": f"0x{info.pci_device_id:08X}" if info.uuid else None,
-        "memory_total_bytes": info.memory_total_bytes if info.uuid else None,
+        "pci_device_id": None if never else f"0x{info.pci_device_id:08X}",
+        "memory_total_bytes": None if never else info.memory_total_bytes,
+        # None: not MIG capable, or (with instances None) unknown
         "mig": None
         if mode is None
         else {
             "current": "enabled" if mode.current else "disabled",
             "pending": "enabled" if mode.pending else "disabled",
         },
-        # None: a GPU lost before it was ever read ("[]" would say it has no instance)
+        # None: a GPU never read ("[]" would say it has no instance)
         "instances": None
-        if g.lost and not info.uuid
+        if never
         else [
             {
                 "gpu_instance_id": gi.id,
@@ -206,7 +238,7 @@ def _gpu_view(g: NodeGpu, hidden: bool) -> dict[str, Any]:
         ],
         # None: not read, withheld from this identity or the GPU lost ("none" would be a claim)
         "processes": None
-        if hidden or g.lost
+        if hidden or g.lost or g.unread or never
         else [
             {
                 "pid": p.pid,

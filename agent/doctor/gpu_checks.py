@@ -361,9 +361,17 @@ def health_xid(facts: Facts) -> Check:
     if unwatched is not None:
         # No XID reaches the marks meanwhile: "healthy" would claim what nobody watched.
         evidence += f"; XID events are not watched: {unwatched}"
+    snapshot = facts.snapshot()
+    readings = snapshot.health if snapshot is not None else ()
+    unread = sorted((r.gpu.index, r.unread) for r in readings if r.unread)
+    if unread:
+        # Nothing clears on readings that were not read: the marks hold, "healthy" is unchecked.
+        evidence += "; " + "; ".join(f"health readings failing on GPU {i}: {w}" for i, w in unread)
     if not marks:
         if unwatched is not None:
             return degraded("health", "xid", evidence, XID_WATCH_FIX)
+        if unread:
+            return degraded("health", "xid", evidence, HEALTH_READ_FIX)
         return ok("health", "xid", f"{evidence}; every GPU healthy")
     worst = max(m.state.rank for _i, _gi, m, _r in marks)
     # A mark outlives a restart (health-marks.json): it may come from an XID before this start.
@@ -381,6 +389,10 @@ def health_xid(facts: Facts) -> Check:
     )
 
 
+HEALTH_READ_FIX = (
+    "the marks hold while a GPU's ECC, row-remap or clock readings fail (docs/health.md); "
+    "a failure that lasts points at the driver (dmesg, nvidia-smi -q -d ECC,ROW_REMAPPER)"
+)
 XID_WATCH_FIX = (
     "the agent's log says why: a failing NVML event set is reopened on its own, a GPU lost "
     "when the agent started (or when it was registered) is registered once it answers; a "

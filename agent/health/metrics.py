@@ -1,6 +1,7 @@
 """``gpu_agent_health_state{gpu,UUID,gpu_instance,state}``: 1 for each mark's state, 0 for the
 other two, per GPU (``gpu_instance`` empty) and MIG instance. A GPU the agent has not judged yet
-has no series (unknown is not healthy)."""
+has no series (unknown is not healthy), and while the driver is detached no GPU has one: the
+marks are kept for its return, but nothing is checked meanwhile."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ __all__ = ["HealthCollector"]
 
 
 class HealthCollector(Collector):
-    def __init__(self, marks: Callable[[], Marks]) -> None:
+    def __init__(
+        self, marks: Callable[[], Marks], driver_away: Callable[[], str | None] = lambda: None
+    ) -> None:
         self._marks = marks
+        #: why the GPUs are not read now (the driver detached); None while they are
+        self._driver_away = driver_away
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(
@@ -27,6 +32,9 @@ class HealthCollector(Collector):
             "degraded or failed), 0 for the others (docs/health.md).",
             labels=["gpu", "UUID", "gpu_instance", "state"],
         )
+        if self._driver_away() is not None:
+            yield family  # unchecked: no series (docs/metrics.md), the marks kept meanwhile
+            return
         for target, (index, mark, _) in sorted(
             self._marks().items(), key=lambda kv: (kv[1][0], kv[0].order())
         ):

@@ -4,7 +4,8 @@ Fed by the XID thread (`record_xid`, queued) and by every telemetry snapshot (`o
 sampler thread): the snapshot says which GPUs answer, their ECC / row-remap / clock readings,
 their MIG instances and the pods on them. Each snapshot runs the queued XIDs and the readings
 through the pure machine (`agent.health.machine`), then lets marks clear whose hold-down has
-passed. Nothing clears while the driver is away: without snapshots, nothing is known.
+passed. Nothing clears while the driver is away: without snapshots, nothing is known; nor
+on a GPU whose health readings failed this tick (its marks hold, their reasons say so).
 
 A GPU-level failure marks the GPU and every instance on it; an XID the driver attributes to a
 GPU instance marks that instance only. Every change goes to the listeners (the event bus, the
@@ -76,6 +77,8 @@ class HealthMonitor:
         self._xids: list[tuple[float, XidEvent]] = []
         #: GPU UUID -> when the agent reset it, until the next snapshot judges it
         self._resets: dict[str, float] = {}
+        #: GPU UUID -> which health calls failed in the last snapshot, and why
+        self._unread: dict[str, str] = {}
         self._listeners: list[Callable[[HealthChange], None]] = []
         self._saved_at = 0.0
         self._dirty = False
@@ -110,9 +113,22 @@ class HealthMonitor:
         """Each mark with its GPU's last known index and the reason as shown."""
         with self._lock:
             return {
-                t: (self._index.get(t.gpu_uuid, -1), m, m.describe(self.policy))
+                t: (self._index.get(t.gpu_uuid, -1), m, self._reason(t, m))
                 for t, m in self._marks.items()
             }
+
+    def unread(self) -> dict[int, str]:
+        """GPU index -> the health calls that failed in the last snapshot, and why."""
+        with self._lock:
+            return {self._index.get(u, -1): why for u, why in self._unread.items()}
+
+    def _reason(self, target: Target, mark: Mark) -> str:
+        reason = mark.describe(self.policy)
+        unread = self._unread.get(target.gpu_uuid)
+        if unread is None:
+            return reason
+        said = f"health readings fail ({unread}): the mark holds until they are read"
+        return f"{reason}; {said}" if reason else said
 
     def device_uuids(self) -> dict[Target, tuple[str, ...]]:
         """The driver UUIDs each target answers to: a GPU's own, an instance's MIG devices."""
@@ -189,10 +205,13 @@ class HealthMonitor:
                 uuid = uuids.get(readings.gpu.index, readings.gpu.uuid)
                 for signal in reading_signals(readings.values, now):
                     self._gpu_wide(uuid, signal, instances, apply_read)
+            self._unread = {
+                uuids.get(r.gpu.index, r.gpu.uuid): r.unread for r in snapshot.health if r.unread
+            }
             up = {uuids[s.gpu.index] for s in snapshot.gpus if s.up}
             for target, mark in list(self._marks.items()):
-                if target.gpu_uuid not in up:
-                    continue  # nothing is known of a GPU that does not answer: it stays
+                if target.gpu_uuid not in up or target.gpu_uuid in self._unread:
+                    continue  # nothing is known of a GPU that does not answer or is not read
                 after, settled = settle(mark, now, self.policy, pods.get(target, ()))
                 self._marks[target] = after
                 if settled is not None:

@@ -10,7 +10,8 @@ the Node (other labels, other conditions, other taints). Planning is pure (`plan
 - labels: ``gpu-agent.io/health`` = the node's worst state (an instance that is not healthy
   makes the node degraded at least), ``gpu-agent.io/health.{healthy,degraded,failed}-gpus`` =
   how many GPUs are in each state; ``unknown`` and no counts (condition ``Unknown``) while no
-  GPU has been read yet, the taints below then left as they are;
+  GPU has been read yet, and while the driver is detached (the marks are kept for its
+  return, but nothing is checked meanwhile), the taints below then left as they are;
 - condition ``GPUHealthy`` in ``status.conditions``, by a strategic-merge PATCH of the Node's
   status subresource (conditions merge by ``type``, as the kubelet and node-problem-detector
   write theirs): True while every GPU and instance is healthy; written when its status, reason
@@ -41,7 +42,7 @@ from agent.tasks import Need, Task
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CLAIM", "CONDITION", "LABEL", "NodePublisher", "Publication", "plan"]
+__all__ = ["CLAIM", "CONDITION", "LABEL", "NodePublisher", "Publication", "plan", "unchecked"]
 
 LABEL = "gpu-agent.io/health"
 COUNT_LABELS = {s: f"gpu-agent.io/health.{s.value}-gpus" for s in State}
@@ -81,12 +82,14 @@ UNCHECKED = Publication(
 )
 
 
-def plan(marks: Marks) -> Publication:
+def plan(marks: Marks, driver_away: str | None = None) -> Publication:
     """What the Node should carry for ``marks`` (GPU targets count; instances make the node
-    degraded at least)."""
+    degraded at least); ``driver_away``: why the GPUs are not read now (None while they are)."""
     gpus = {t: v for t, v in marks.items() if t.gpu_instance is None}
     if not gpus:  # no GPU read yet (the driver away since the start): unknown is not healthy
         return UNCHECKED
+    if driver_away is not None:  # the marks are as last read; nothing is checked meanwhile
+        return unchecked(marks, driver_away)
     counts = dict.fromkeys(State, 0)
     for _, mark, _ in gpus.values():
         counts[mark.state] += 1
@@ -108,6 +111,24 @@ def plan(marks: Marks) -> Publication:
         reason=_REASONS[worst],
         message=message[:1024],
         tainted=counts[State.FAILED] > 0,
+    )
+
+
+def unchecked(marks: Marks, driver_away: str) -> Publication:
+    """While the driver is detached: unknown, with why and the marks kept for its return."""
+    kept = [
+        f"{_where(index, t)} {m.state.value}"
+        for t, (index, m, _) in sorted(marks.items(), key=lambda kv: (kv[1][0], kv[0].order()))
+        if m.state is not State.HEALTHY
+    ]
+    said = f"; kept for its return: {', '.join(kept)}" if kept else ""
+    return Publication(
+        labels={LABEL: "unknown"},
+        status="Unknown",
+        reason="DriverNotReady",
+        message=f"GPU health is not checked while the NVIDIA driver is not ready: "
+        f"{driver_away}{said}"[:1024],
+        tainted=False,
     )
 
 
@@ -158,6 +179,7 @@ class NodePublisher:
         *,
         taint: bool,
         device_taints: Callable[[], None] | None = None,
+        driver_away: Callable[[], str | None] = lambda: None,
     ) -> None:
         self._kube = kube
         self._node = owner.node
@@ -165,6 +187,8 @@ class NodePublisher:
         self._marks = marks
         self._taint = taint
         self._device_taints = device_taints
+        #: why the GPUs are not read now (the driver detached); None while they are
+        self._driver_away = driver_away
         self._lock = threading.Lock()
         self._events: deque[HealthChange] = deque()
         self.wake: Callable[[], None] = lambda: None
@@ -193,15 +217,15 @@ class NodePublisher:
             log.warning("publishing GPU health on Node %s failed, retrying: %s", self._node, exc)
 
     def _publish(self) -> None:
-        want = plan(self._marks())
+        want = plan(self._marks(), self._driver_away())
         condition = {"status": want.status, "reason": want.reason, "message": want.message}
         taint = (
             {"key": TAINT_KEY, "value": TAINT_VALUE, "effect": "NoSchedule"}
             if self._taint and want.tainted
             else None
         )
-        if want is UNCHECKED:
-            # No GPU read: the taints (the Node's, the devices') stay as they are, since
+        if want.status == "Unknown":
+            # No GPU read (now): the taints (the Node's, the devices') stay as they are, since
             # lifting an earlier agent's on no evidence gives a broken GPU pods again.
             self._part.set(labels=want.labels, condition=condition)
             return
@@ -231,9 +255,15 @@ class NodePublisher:
 
 
 def build_publisher(
-    edge: KubeEdge | None, node: str, health: HealthMonitor, *, taint: bool
+    edge: KubeEdge | None,
+    node: str,
+    health: HealthMonitor,
+    *,
+    taint: bool,
+    driver_away: Callable[[], str | None] = lambda: None,
 ) -> NodePublisher | None:
-    """In a pod, the health marks stated to the Node's owner, and the DRA device taints."""
+    """In a pod, the health marks stated to the Node's owner, and the DRA device taints;
+    ``driver_away`` says why the GPUs are not read now (None while they are)."""
     if edge is None:
         return None
     rules = DeviceTaints(
@@ -245,7 +275,12 @@ def build_publisher(
         rules=lambda: edge.apis.path("devicetaintrules"),
     )
     publisher = NodePublisher(
-        edge.client, edge.owner, health.shown, taint=taint, device_taints=rules.sync
+        edge.client,
+        edge.owner,
+        health.shown,
+        taint=taint,
+        device_taints=rules.sync,
+        driver_away=driver_away,
     )
     health.subscribe(publisher.on_change)
     return publisher

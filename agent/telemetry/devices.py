@@ -35,7 +35,7 @@ from dcgm.fields import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HEALTH_READINGS", "DeviceReader"]
+__all__ = ["HEALTH_CALLS", "HEALTH_READINGS", "DeviceReader"]
 
 _CLOCK_EVENT_SAMPLES = 3000  # 300 s at the fastest interval (0.1 s)
 #: Read every tick for the health marks (agent/health), whatever the counters CSV selects:
@@ -48,6 +48,13 @@ HEALTH_READINGS = frozenset(
         Reading.CLOCK_EVENT_REASONS,
     }
 )
+#: The NVML call behind each health reading, to say which one failed.
+HEALTH_CALLS = {
+    Reading.ECC_DBE_VOLATILE: "nvmlDeviceGetTotalEccErrors",
+    Reading.ROW_REMAP_PENDING: "nvmlDeviceGetRemappedRows",
+    Reading.ROW_REMAP_FAILURE: "nvmlDeviceGetRemappedRows",
+    Reading.CLOCK_EVENT_REASONS: "nvmlDeviceGetCurrentClocksEventReasons",
+}
 
 
 @dataclass
@@ -108,6 +115,7 @@ class DeviceReader(Reader):
                 self._stats.error("nvml")
                 log.warning("GPU %d: collection failed this tick: %s", index, exc)
                 part.failed.add(index)
+                part.health_unread[index] = f"the GPU's readings: {exc}"
         up = [i for i in frame.layouts if i not in part.lost and i not in part.failed]
         part.clock_events = self._clock_event_counts(frame.gpus, up)
         part.p2p = self._p2p_links(frame.gpus, up, part)
@@ -123,6 +131,9 @@ class DeviceReader(Reader):
         part.health[index] = MappingProxyType(
             {r: v for r, v in values.items() if r in HEALTH_READINGS}
         )
+        unread = {HEALTH_CALLS[r]: why for r, why in readings.failed.items() if r in HEALTH_CALLS}
+        if unread:
+            part.health_unread[index] = "; ".join(f"{c}: {w}" for c, w in sorted(unread.items()))
         if self._clock_fields:
             self._clock_event_sample(index, state, values, readings.unsupported, now, part)
         key = (index, None)

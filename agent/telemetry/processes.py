@@ -1,7 +1,7 @@
 """The processes reader: per-container GPU memory and SM utilisation of the entities the
 attribution stage found held (agent/telemetry/attribution.py), from NVML's process lists and
-each process's cgroup under the host's /proc. A GPU whose list fails gives no rows this tick;
-the others go on.
+each process's cgroup under the host's /proc. A GPU whose list fails gives no rows this tick,
+and the source is degraded naming it and the failing call; the others go on.
 
 Per tick it re-reads only what can have changed: the process lists are the ones the frame read
 for the planner's layout (one call per GPU; per MIG device only where that read failed), a
@@ -66,8 +66,11 @@ class ProcessReader(Reader):
     def read(self, frame: Frame) -> Part:
         """The usage rows of every held entity; the one holder's rows carry its DRA claim."""
         result = frame.attribution
+        # A GPU whose process list the frame could not read: said, naming the GPU and the call,
+        # so no one takes the lists served as current (GetNode's are withheld meanwhile).
+        unread = "; ".join(f"GPU {i}: {why}" for i, why in sorted(frame.unread.items())) or None
         if result is None:
-            return Part()
+            return Part(degraded=unread)
         out: list[PodUsage] = []
         self._cids, self._cids_next = self._cids_next, {}
         kept, self._rows = self._rows, {}
@@ -84,7 +87,7 @@ class ProcessReader(Reader):
                     replace(r, claim=claim, pod_uid=uid) if r.pod == sample.pod else r for r in rows
                 ]
             out.extend(rows)
-        return Part(usage=tuple(out))
+        return Part(usage=tuple(out), degraded=unread)
 
     def usage(
         self,

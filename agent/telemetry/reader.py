@@ -52,6 +52,8 @@ class Frame:
     #: GPU index -> its compute processes (with their GPU instance), as the planner's layout
     #: read them this tick; a GPU whose read failed is absent
     processes: Mapping[int, tuple[Process, ...]] = field(default_factory=dict)
+    #: GPU index -> why its planner's layout (with the process list) was not read this tick
+    unread: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -70,6 +72,8 @@ class Part:
     failed: set[int] = field(default_factory=set)
     #: GPU index -> the readings the health marks judge it by
     health: dict[int, Mapping[Reading, float]] = field(default_factory=dict)
+    #: GPU index -> which of those readings failed this tick and why (the marks hold meanwhile)
+    health_unread: dict[int, str] = field(default_factory=dict)
     clock_events: tuple[ClockEventCount, ...] = ()
     p2p: tuple[P2pLink, ...] = ()
     xids: tuple[XidCount, ...] = ()
@@ -118,6 +122,7 @@ def merge(parts: Iterable[Part]) -> Part:
         out.lost.update(part.lost)
         out.failed |= part.failed
         out.health.update(part.health)
+        out.health_unread.update(part.health_unread)
         out.clock_events += part.clock_events
         out.p2p += part.p2p
         out.xids += part.xids

@@ -22,7 +22,7 @@ from types import MappingProxyType
 
 from agent.gpu.readings import GpuIdentity, MigLayout
 from agent.telemetry.attribution import Attribution, attribute_samples
-from agent.telemetry.idle import IdleClock, IdleStore
+from agent.telemetry.idle import IdleTracker
 from agent.telemetry.pods import UnresolvedClaims
 from agent.telemetry.procs import ContainerDirectory
 from agent.telemetry.reader import Frame, Part, Reader, merge
@@ -53,10 +53,6 @@ class SamplerOptions:
     hostname: str = ""
     #: root of /proc for the processes' cgroups (the simulator keeps its own)
     proc_root: Path = Path("/proc")
-    #: where idle times survive agent restarts (the state dir's telemetry-idle.json); None: not
-    idle_file: Path | None = None
-    #: how often they are saved (and at stop)
-    idle_save_every_s: float = 30.0
 
 
 class Sampler:
@@ -83,14 +79,8 @@ class Sampler:
         self._support = SupportBook(selected)
         self._clock = clock
         self._wall = wall_clock
-        store = IdleStore(options.idle_file) if options.idle_file else None
-        self._idle = IdleClock(
-            options.idle_threshold_percent,
-            store,
-            options.idle_save_every_s,
-            clock(),
-            wall_clock(),
-        )
+        #: counted from this sampler's first reading of each entity (agent/telemetry/idle.py)
+        self._idle = IdleTracker(options.idle_threshold_percent)
         #: reader -> why it failed last tick, for logging each change once
         self._degraded: dict[str, str | None] = {}
         self._latest: Snapshot | None = None
@@ -139,7 +129,6 @@ class Sampler:
             self._thread.join()
         for reader in self._readers:
             reader.close()
-        self._idle.save(self._clock(), force=True)
 
     def _run(self) -> None:
         interval = self._options.interval_s
@@ -207,11 +196,7 @@ class Sampler:
             # Only where it was asked: a GPU down (never read) supports nothing we know of.
             support=self._support.rows(tuple(s.gpu for s in gpus if s.up)),
             layouts=self._topology.placed(),
-            health=tuple(
-                HealthReadings(frame.gpus[i], early.health[i])
-                for i in answered
-                if i in early.health
-            ),
+            health=_health(frame, answered, early),
             sources=tuple(statuses),
         )
         self._support.report()
@@ -272,13 +257,11 @@ class Sampler:
         attribution stage (pods, DRA claims, MIG UUIDs)."""
         began = self._clock()
         samples: list[EntitySample] = []
-        names: dict[Entity, str] = {}
         for entity, key in _entities(frame.gpus, answered):
-            names[entity] = name = _idle_name(entity)
-            idle = self._idle.seconds(entity, name, part.activity.get(key), frame.now)
+            idle = self._idle.update(entity, part.activity.get(key), frame.now)
             values = MappingProxyType(part.values.get(key, {}))
             samples.append(EntitySample(entity, values, idle_seconds=idle))
-        self._idle.retain(names, frame.now)
+        self._idle.retain(s.entity for s in samples)
         uids = self._containers.pod_uid if self._containers is not None else (lambda _: None)
         up = {frame.gpus[i].uuid for i in answered}
         placed = [p for p in frame.placed if p.gpu.uuid in up]
@@ -300,8 +283,19 @@ def _entities(
             yield entity, (index, instance.id)
 
 
-def _idle_name(entity: Entity) -> str:
-    """The idle file's key: the GPU UUID, and the GPU instance (id and profile) on it."""
-    if entity.instance is None:
-        return entity.gpu.uuid
-    return f"{entity.gpu.uuid}/{entity.instance.gpu_instance_id}/{entity.instance.profile}"
+def _health(
+    frame: Frame, answered: Mapping[int, MigLayout], early: Part
+) -> tuple[HealthReadings, ...]:
+    """The health readings of each GPU that is up: those read, and which calls failed (a GPU
+    whose collection failed this tick is up and read nothing: said so, for the marks to hold)."""
+    out = [
+        HealthReadings(frame.gpus[i], early.health[i], early.health_unread.get(i, ""))
+        for i in answered
+        if i in early.health
+    ]
+    out += [
+        HealthReadings(frame.gpus[i], MappingProxyType({}), why)
+        for i, why in sorted(early.health_unread.items())
+        if i in early.failed and i not in early.lost
+    ]
+    return tuple(out)

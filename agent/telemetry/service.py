@@ -207,7 +207,6 @@ def build_telemetry(
     hostname: str,
     proc_root: Path | None = None,
     attribute_pods: bool = True,
-    state_dir: Path | None = None,
     kube: InClusterKubeClient | None = None,
     attach: bool = True,
     slices: Informer | None = None,
@@ -215,7 +214,6 @@ def build_telemetry(
     """Wire telemetry for one driver. Raises InvalidSpec for a bad counters CSV.
 
     ``proc_root`` overrides ``settings.proc_root`` (the simulator keeps its own /proc look-alike).
-    ``state_dir``: where idle times survive restarts (the agent's; one-shot commands pass none).
     ``kube``, ``slices``: the API server (in a pod) and the agent's shared informer of the
     ResourceSlices that name DRA claims' devices. ``attach``: build the collection now (the
     driver is open); the agent attaches later, when the driver is ready (`.attach`).
@@ -260,7 +258,6 @@ def build_telemetry(
             idle_threshold_percent=settings.idle_threshold_percent,
             hostname=hostname,
             proc_root=proc_root or settings.proc_root,
-            idle_file=state_dir / "telemetry-idle.json" if state_dir is not None else None,
         )
         containers = ContainerDirectory(settings.container_log_dir)
         sources = Sources(xids, pods, dra if pods is not None else None, profiling, containers)

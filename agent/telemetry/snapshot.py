@@ -137,15 +137,22 @@ class GpuStatus:
     up: bool
     #: why the GPU is down (the driver's error); empty while it is up
     detail: str = ""
+    #: why its layout and process list were not read this tick (the failing call); "" when
+    #: they were. The snapshot's layout of it is then the last read (or none): not current
+    unread: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class HealthReadings:
     """What the health marks judge a GPU by this tick (``HEALTH_READINGS`` in devices.py),
-    read whatever the counters select; a reading NVML does not answer is absent."""
+    read whatever the counters select; a reading NVML does not support is absent, one whose
+    call failed this tick is absent and named in ``unread``."""
 
     gpu: GpuIdentity
     values: Mapping[Reading, float]
+    #: the health calls that failed this tick and why ("" when every one answered or is not
+    #: supported): nothing is known of what they read, so no mark clears meanwhile
+    unread: str = ""
 
 
 @dataclass(frozen=True, slots=True)

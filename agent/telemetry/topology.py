@@ -3,8 +3,10 @@
 Per GPU and tick: its MIG layout (cheap: instance changes are noticed at once), the planner's
 layout with processes (``NodeReader.layout``: the API's inventory reads it from the snapshot
 instead of calling NVML again) and, once, whether it has GPM. A lost GPU is marked down and
-keeps its last planner's layout; the others go on. ``settle`` turns what the readers found
-(lost or failed GPUs) into the tick's statuses.
+keeps its last planner's layout; the others go on. A GPU whose layout or process list
+cannot be read this tick keeps its last layout too, but its status says so (``unread``): the
+processes in it are not current, and a GPU never read has only its identity. ``settle`` turns
+what the readers found (lost or failed GPUs) into the tick's statuses.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ class _Gpu:
     gpm: bool | None = None
     #: whether ``placed`` (and its processes) was read this tick
     fresh: bool = False
+    #: why ``placed`` was not read this tick (the failing call); "" when it was
+    unread: str = ""
+    #: the layout read's failure last logged (once per change, not every tick)
+    said: str = ""
     #: the identity its statuses carry while it is down: the one it went down with, kept
     #: until it answers again, so its series keeps its labels (see ``settle``)
     down_as: GpuIdentity | None = None
@@ -65,6 +71,7 @@ class Topology:
         gpm: set[int] = set()
         for gpu in gpus:
             state = self._gpus.setdefault(gpu.index, _Gpu())
+            state.fresh, state.unread = False, ""
             try:
                 layout = self._read(gpu.index, state)
             except DeviceLost as exc:
@@ -75,6 +82,7 @@ class Topology:
                 self._stats.error("nvml")
                 log.warning("GPU %d: collection failed this tick: %s", gpu.index, exc)
                 self._missing[gpu.index] = None
+                state.unread = str(exc)
                 continue
             if layout != state.layout:
                 if state.layout is not None:
@@ -89,21 +97,35 @@ class Topology:
         processes = {
             i: p.processes for i in layouts if (s := self._gpus[i]).fresh and (p := s.placed)
         }
+        unread = {i: s.unread for i in layouts if (s := self._gpus[i]).unread}
         return Frame(
-            now, gpus, layouts, frozenset(changed), frozenset(gpm), placed, processes=processes
+            now,
+            gpus,
+            layouts,
+            frozenset(changed),
+            frozenset(gpm),
+            placed,
+            processes=processes,
+            unread=unread,
         )
 
     def _read(self, gpu: int, state: _Gpu) -> MigLayout:
         layout = self._reader.mig_layout(gpu)
-        state.fresh = False
         try:
             state.placed = self._reader.layout(gpu, layout)
             state.fresh = True
         except DeviceLost:
             raise
-        except AgentError as exc:  # the inventory keeps the last layout; telemetry goes on
+        except AgentError as exc:  # the inventory says it is not current; telemetry goes on
             self._stats.error("nvml")
-            log.warning("GPU %d: MIG layout read failed this tick: %s", gpu, exc)
+            state.unread = f"processes and layout: {exc}"
+            if state.unread != state.said:
+                log.warning("GPU %d: not read, its processes unknown: %s", gpu, state.unread)
+                state.said = state.unread
+        else:
+            if state.said:
+                log.info("GPU %d: processes and layout read again", gpu)
+                state.said = ""
         if state.gpm is None:
             state.gpm = self._reader.gpm_supported(gpu)
         return layout
@@ -122,7 +144,7 @@ class Topology:
                         "GPU %d (%s) answers NVML again", gpu.index, gpu.uuid or "uuid unknown"
                     )
                 state.up, state.down_as = True, None
-                statuses.append(GpuStatus(gpu, up=True))
+                statuses.append(GpuStatus(gpu, up=True, unread=state.unread))
                 continue
             # A GPU lost before it ever answered may have more of its identity read while it
             # stays lost (a handle that opens, a UUID that answers): its gpu_up 0 series must
@@ -131,7 +153,8 @@ class Topology:
                 gpu = state.down_as
             why = missing[gpu.index]
             if why is None:
-                statuses.append(GpuStatus(gpu, up=state.up))
+                # Its readings failed (no series this tick); what it was read with is said.
+                statuses.append(GpuStatus(gpu, up=state.up, unread=state.unread))
                 continue
             state.down_as = gpu
             if state.up:

@@ -168,9 +168,13 @@ def gpu_pb(
     lost: bool = False,
     idle_seconds: float | None = None,
     lost_detail: str = "",
+    unread: str = "",
+    never_read: bool = False,
 ) -> agent_pb2.Gpu:
     """``idle_seconds``: from the telemetry sampler; None leaves the field absent (unknown).
-    ``lost_detail``: the driver's error for a lost GPU."""
+    ``lost_detail``: the driver's error for a lost GPU. ``unread``: why its layout and
+    processes were not read in the latest sample (its process list is then withheld: a stale
+    one is never served); ``never_read``: only its identity is known."""
     g = layout.gpu
     gpu = agent_pb2.Gpu(
         index=g.index,
@@ -180,13 +184,15 @@ def gpu_pb(
         memory_total_bytes=g.memory_total_bytes,
         mig_capable=g.mig_capable,
         instances=[gpu_instance_pb(gi) for gi in layout.instances],
-        processes=[process_pb(p) for p in layout.processes],
+        processes=[] if unread else [process_pb(p) for p in layout.processes],
         pci_device_id=g.pci_device_id & 0xFFFFFFFF,
         pci_subsystem_id=g.pci_subsystem_id & 0xFFFFFFFF,
         mig_profiles=[mig_profile_pb(p) for p in layout.profiles],
         health=agent_pb2.GPU_HEALTH_LOST if lost else agent_pb2.GPU_HEALTH_OK,
         idle_seconds=idle_seconds,
         health_detail=lost_detail if lost else "",
+        unread=unread,
+        never_read=never_read,
     )
     if g.mig_mode is not None:
         gpu.mig_mode.CopyFrom(
@@ -244,6 +250,11 @@ class NodeGpu:
     instance_conditions: Mapping[int, Mark]
     #: seconds without activity, from the telemetry sampler; None when unknown
     idle_seconds: float | None
+    #: why its layout and processes were not read in the latest sample; "" when they were
+    #: (while set, ``layout.processes`` is empty because unknown)
+    unread: str = ""
+    #: its layout was never read: memory, PCI ids, MIG mode and instances are unknown
+    never_read: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +366,8 @@ def node_from(node: agent_pb2.Node) -> NodeView:
                     if gi.HasField("condition") and (mark := _mark_from(gi.condition)) is not None
                 },
                 idle_seconds=g.idle_seconds if g.HasField("idle_seconds") else None,
+                unread=g.unread,
+                never_read=g.never_read,
             )
             for g in node.gpus
         ),

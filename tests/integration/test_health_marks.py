@@ -357,3 +357,77 @@ def test_a_reset_the_agent_makes_clears_a_reset_gpu_mark_and_no_other(tmp_path: 
         time.sleep(1.0)  # several snapshots: the reboot-node mark stays
         gpu = _gpu(agent.socket, 2)
         assert gpu.condition.state == FAILED and gpu.condition.action == "reboot-node"
+
+
+def test_a_mark_holds_while_the_health_readings_fail_and_says_so(tmp_path: Path) -> None:
+    """GPU 0 failed for a double-bit ECC error (reset-gpu). Then the ECC and row-remap calls
+    fail on it, tick after tick: nothing is known of what the mark was set by, so "no new
+    error for N s" is no evidence and the mark holds past its hold-down, saying why; GetNode,
+    the metric and doctor say so. Once the calls answer again, the count (not reset) fails it
+    as before."""
+    root = tmp_path / "agent"
+    hold_down = 1.0
+    with InProcessAgent(root, _config(root, hold_down_s=hold_down)) as agent:
+        control = SimControl(root / "state")
+        control.memory_errors(0, dbe=1)
+        wait_for(lambda: _state(agent.socket, 0) == FAILED, "GPU 0 failed", 5)
+        for call in ("nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows"):
+            control.inject_fault(call, "Unknown", count=1_000_000, gpu=0)
+        time.sleep(3 * hold_down + 1)  # hold-downs of ticks whose readings all failed
+        condition = _gpu(agent.socket, 0).condition
+        assert condition.state == FAILED, condition.reason
+        assert "health readings fail (nvmlDeviceGetRemappedRows: " in condition.reason
+        assert "nvmlDeviceGetTotalEccErrors: " in condition.reason
+        series = _health_series(agent.node.metrics_port)
+        assert series[("0", "", "failed")] == 1 and series[("0", "", "healthy")] == 0
+        assert agent.node.services.doctor is not None
+        report = agent.node.services.doctor.run(ask_api=False)
+        check = next(c for c in report.checks if (c.duty, c.name) == ("health", "xid"))
+        assert check.state.name == "FAILED"
+        assert "health readings failing on GPU 0: nvmlDeviceGetRemappedRows" in check.evidence
+        assert _state(agent.socket, 1) == HEALTHY
+        control.clear_faults()
+        time.sleep(3 * hold_down)  # read again: the count was never reset, the mark stays
+        condition = _gpu(agent.socket, 0).condition
+        assert condition.state == FAILED and "health readings fail" not in condition.reason
+
+
+def _metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return str(r.read().decode())
+
+
+def test_while_the_driver_is_away_health_is_unknown_on_metrics_and_the_node_and_comes_back(
+    tmp_path: Path, in_cluster: FakeKubeApi
+) -> None:
+    """With the driver gone, /metrics kept `gpu_agent_health_state{state="healthy"} 1` beside
+    `gpu_agent_driver_ready 0`, and the Node kept `gpu-agent.io/health=healthy` with
+    GPUHealthy=True: GPUs nobody could read, said healthy. Meanwhile they are unchecked: no
+    series, the label unknown, the condition Unknown with the driver's reason; the failed
+    taint stays, and the marks come back with the driver."""
+    api = in_cluster
+    root = tmp_path / "agent"
+    ours = {"key": "gpu-agent.io/health", "value": "failed", "effect": "NoSchedule"}
+    with InProcessAgent(root, _config(root, hold_down_s=600, taint=True)) as agent:
+        control = SimControl(root / "state")
+        port = agent.node.metrics_port
+        control.raise_xid(1, 48)
+        wait_for(lambda: _state(agent.socket, 1) == FAILED, "GPU 1 failed", 5)
+        wait_for(lambda: ours in api.node_taints.get(NODE, []), "the failed taint", 5)
+        assert _health_series(port)[("0", "", "healthy")] == 1.0
+        control.driver_absent()
+        driver = agent.node.services.driver
+        wait_for(lambda: not driver.is_attached, "the agent detached", 5)
+        wait_for(lambda: not _health_series(port), "no health series", 5)
+        assert re.search(r"^gpu_agent_driver_ready\{[^}]*\} 0", _metrics(port), re.M)
+        wait_for(lambda: api.nodes[NODE]["gpu-agent.io/health"] == "unknown", "unknown", 5)
+        (condition,) = [c for c in api.node_conditions[NODE] if c["type"] == "GPUHealthy"]
+        assert condition["status"] == "Unknown" and condition["reason"] == "DriverNotReady"
+        assert "not checked while the NVIDIA driver is not ready" in condition["message"]
+        assert "kept for its return: GPU 1 failed" in condition["message"]
+        assert ours in api.node_taints[NODE]  # not lifted on no evidence
+        control.driver_present()
+        wait_for(lambda: driver.is_attached, "the agent attached again", 5)
+        wait_for(lambda: api.nodes[NODE]["gpu-agent.io/health"] == "failed", "failed again", 5)
+        series = wait_for(lambda: _health_series(port), "the health series back", 5)
+        assert series[("1", "", "failed")] == 1.0 and series[("0", "", "healthy")] == 1.0

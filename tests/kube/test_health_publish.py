@@ -319,3 +319,45 @@ def test_the_condition_keeps_its_transition_time_across_a_restart_and_moves_on_a
     publisher.sync()
     owner.sync()
     assert _condition(api)["lastTransitionTime"] == "2027-01-15T08:00:00Z"
+
+
+def test_while_the_driver_is_away_the_node_says_unknown_keeps_the_taint_and_then_the_marks(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """With the driver detached the Node kept `health=healthy` and GPUHealthy=True from marks
+    nobody could check. Meanwhile: unknown, the condition Unknown with the driver's reason and
+    the marks kept, the failed taint and device taints left as they are; the marks again once
+    the driver is back."""
+    api, _ = kube_api
+    away: list[str | None] = [None]
+    passes: list[int] = []
+    owner = _owner(kube)
+    publisher = NodePublisher(
+        kube,
+        owner,
+        lambda: _marks(FAILED),
+        taint=True,
+        device_taints=lambda: passes.append(1),
+        driver_away=lambda: away[0],
+    )
+    publisher.sync()
+    owner.sync()
+    ours = {"key": "gpu-agent.io/health", "value": "failed", "effect": "NoSchedule"}
+    assert api.node_taints[NODE] == [ours] and passes == [1]
+    away[0] = "driver_not_loaded: NVML: Driver Not Loaded"
+    publisher.sync()
+    owner.sync()
+    labels = api.nodes[NODE]
+    assert labels["gpu-agent.io/health"] == "unknown"
+    assert not [k for k in labels if k.startswith("gpu-agent.io/health.")]  # no count claimed
+    condition = _condition(api)
+    assert condition["status"] == "Unknown" and condition["reason"] == "DriverNotReady"
+    assert condition["message"] == (
+        "GPU health is not checked while the NVIDIA driver is not ready: driver_not_loaded: "
+        "NVML: Driver Not Loaded; kept for its return: GPU 0 failed"
+    )
+    assert api.node_taints[NODE] == [ours] and passes == [1]
+    away[0] = None
+    publisher.sync()
+    owner.sync()
+    assert labels["gpu-agent.io/health"] == "failed" and _condition(api)["status"] == "False"

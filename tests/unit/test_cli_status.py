@@ -132,4 +132,4 @@ def test_a_gpu_lost_before_it_was_read_has_unknown_instances_not_none() -> None:
     data = status_view(node_from(node))
     assert [g["instances"] is None for g in data["gpus"]] == [False, True]
     assert data["gpus"][1]["mig"] is None
-    assert "GPU 1 was never read: its MIG mode and instances are unknown" in _table(data)
+    assert "GPU 1 was never read: its memory, MIG mode and instances are unknown" in _table(data)

@@ -281,3 +281,27 @@ def test_a_degraded_telemetry_source_is_a_degraded_component(driver: GpuDriver) 
     )
     (part,) = [c for c in inventory.response().node.health.components if c.name == "telemetry"]
     assert (part.healthy, part.detail) == (True, "every source read: devices, pods")
+
+
+def test_a_gpu_whose_process_list_was_not_read_is_not_in_the_layouts_read(
+    driver: GpuDriver,
+) -> None:
+    """The reclaimable mark ("idle with no process") read the inventory's layouts, in which a
+    GPU whose process list failed kept its last list: an empty one made it reclaimable while
+    nobody knew what ran on it. Its processes are unknown in GetNode, and it is left out."""
+    snapshot = _snapshot(driver)
+    statuses = list(snapshot.gpus)
+    why = "processes and layout: nvmlDeviceGetComputeRunningProcesses: Unknown Error"
+    statuses[2] = GpuStatus(statuses[2].gpu, up=True, unread=why)
+    unread = dataclasses.replace(snapshot, gpus=tuple(statuses))
+    inventory = NodeInventory(
+        EventBus(), node_name="node-1", simulated_preset=None, telemetry=lambda: unread
+    )
+    inventory.refresh_gpus()
+    assert [layout.gpu.index for layout in inventory.layouts_read()] == [0, 1, 3, 4, 5, 6, 7]
+    gpu = inventory.response().node.gpus[2]
+    assert gpu.unread == why and not gpu.never_read and list(gpu.processes) == []
+    (component,) = [
+        c for c in inventory.response().node.health.components if c.name == "gpu-driver"
+    ]
+    assert not component.healthy and f"GPU 2 not read: {why}" in component.detail

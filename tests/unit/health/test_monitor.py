@@ -188,3 +188,17 @@ def test_marks_saved_without_a_boot_id_get_one_at_the_first_snapshot(tmp_path: P
                              boot_id=lambda: "boot-2")  # fmt: skip
     rebooted.observe(_snapshot("GPU-a"))
     assert rebooted.marks()[Target("GPU-a")].state is State.HEALTHY
+
+
+def test_while_the_driver_is_away_no_gpu_has_a_health_series_and_the_marks_are_kept(
+    tmp_path: Path,
+) -> None:
+    monitor = HealthMonitor(Policy(), tmp_path, clock=lambda: 1000.0)
+    monitor.observe(_snapshot("GPU-a"))
+    away: list[str | None] = ["driver_not_loaded: the kernel module is not loaded"]
+    collector = HealthCollector(monitor.shown, lambda: away[0])
+    assert [s for f in collector.collect() for s in f.samples] == []
+    assert monitor.marks()[Target("GPU-a")].state is State.HEALTHY  # kept for its return
+    away[0] = None
+    rows = {(s.labels["state"], s.value) for f in collector.collect() for s in f.samples}
+    assert rows == {("healthy", 1.0), ("degraded", 0.0), ("failed", 0.0)}

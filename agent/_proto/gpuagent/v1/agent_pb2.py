@@ -27,23 +27,23 @@ from agent._proto.gpuagent.v1 import cache_pb2 as gpuagent_dot_v1_dot_cache__pb2
 from agent._proto.gpuagent.v1 import sharing_pb2 as gpuagent_dot_v1_dot_sharing__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17gpuagent/v1/agent.proto\x12\x0bgpuagent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17gpuagent/v1/cache.proto\x1a\x19gpuagent/v1/sharing.proto\"\x10\n\x0eGetNodeRequest\"2\n\x0fGetNodeResponse\x12\x1f\n\x04node\x18\x01 \x01(\x0b\x32\x11.gpuagent.v1.Node\"\x9d\x03\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x64river_version\x18\x02 \x01(\t\x12\x1e\n\x04gpus\x18\x03 \x03(\x0b\x32\x10.gpuagent.v1.Gpu\x12+\n\x07sharing\x18\x04 \x01(\x0b\x32\x1a.gpuagent.v1.SharingConfig\x12*\n\x05\x63\x61\x63he\x18\x05 \x01(\x0b\x32\x1b.gpuagent.v1.CacheInventory\x12\'\n\x06health\x18\x06 \x01(\x0b\x32\x17.gpuagent.v1.NodeHealth\x12\x30\n\x0cobserve_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10simulated_preset\x18\x08 \x01(\t\x12\x15\n\ragent_version\x18\t \x01(\t\x12\x18\n\x10processes_hidden\x18\n \x01(\x08\x12+\n\nallocation\x18\x0b \x01(\x0b\x32\x17.gpuagent.v1.Allocation\x12#\n\x06\x64river\x18\x0c \x01(\x0b\x32\x13.gpuagent.v1.Driver\"P\n\x06\x44river\x12\'\n\x05state\x18\x01 \x01(\x0e\x32\x18.gpuagent.v1.DriverState\x12\r\n\x05\x63\x61use\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"r\n\nAllocation\x12)\n\x04mode\x18\x01 \x01(\x0e\x32\x1b.gpuagent.v1.AllocationMode\x12\x10\n\x08\x65vidence\x18\x02 \x01(\t\x12\x12\n\ndra_driver\x18\x03 \x01(\t\x12\x13\n\x0bmig_refusal\x18\x04 \x01(\t\"\xea\x03\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x12\n\npci_bus_id\x18\x04 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x05 \x01(\x04\x12\x13\n\x0bmig_capable\x18\x06 \x01(\x08\x12&\n\x08mig_mode\x18\x07 \x01(\x0b\x32\x14.gpuagent.v1.MigMode\x12+\n\tinstances\x18\x08 \x03(\x0b\x32\x18.gpuagent.v1.GpuInstance\x12\'\n\tprocesses\x18\t \x03(\x0b\x32\x14.gpuagent.v1.Process\x12\x15\n\rpci_device_id\x18\n \x01(\r\x12-\n\x0cmig_profiles\x18\x0b \x03(\x0b\x32\x17.gpuagent.v1.MigProfile\x12&\n\x06health\x18\x0c \x01(\x0e\x32\x16.gpuagent.v1.GpuHealth\x12\x19\n\x0cidle_seconds\x18\r \x01(\x01H\x00\x88\x01\x01\x12\x15\n\rhealth_detail\x18\x0e \x01(\t\x12\x18\n\x10pci_subsystem_id\x18\x0f \x01(\r\x12*\n\tcondition\x18\x10 \x01(\x0b\x32\x17.gpuagent.v1.HealthMarkB\x0f\n\r_idle_seconds\"\x8e\x01\n\nHealthMark\x12\'\n\x05state\x18\x01 \x01(\x0e\x32\x18.gpuagent.v1.HealthState\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12)\n\x05since\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x0c\n\x04pods\x18\x05 \x03(\t\"+\n\x07MigMode\x12\x0f\n\x07\x63urrent\x18\x01 \x01(\x08\x12\x0f\n\x07pending\x18\x02 \x01(\x08\"(\n\tPlacement\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0c\n\x04size\x18\x02 \x01(\r\"\xbb\x01\n\nMigProfile\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0bslice_count\x18\x03 \x01(\r\x12\x15\n\rmemory_slices\x18\x04 \x01(\r\x12\x16\n\x0einstance_count\x18\x05 \x01(\r\x12\x11\n\tmemory_mb\x18\x06 \x01(\x04\x12*\n\nplacements\x18\x07 \x03(\x0b\x32\x16.gpuagent.v1.Placement\x12\x10\n\x08\x63onstant\x18\x08 \x01(\r\"\xd3\x01\n\x0bGpuInstance\x12\n\n\x02id\x18\x01 \x01(\r\x12\x12\n\nprofile_id\x18\x02 \x01(\r\x12\x14\n\x0cprofile_name\x18\x03 \x01(\t\x12)\n\tplacement\x18\x04 \x01(\x0b\x32\x16.gpuagent.v1.Placement\x12\x37\n\x11\x63ompute_instances\x18\x05 \x03(\x0b\x32\x1c.gpuagent.v1.ComputeInstance\x12*\n\tcondition\x18\x06 \x01(\x0b\x32\x17.gpuagent.v1.HealthMark\"j\n\x0f\x43omputeInstance\x12\n\n\x02id\x18\x01 \x01(\r\x12\x12\n\nprofile_id\x18\x02 \x01(\r\x12)\n\tplacement\x18\x03 \x01(\x0b\x32\x16.gpuagent.v1.Placement\x12\x0c\n\x04uuid\x18\x04 \x01(\t\"\xb8\x01\n\x07Process\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x1e\n\x11used_memory_bytes\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x1c\n\x0fgpu_instance_id\x18\x03 \x01(\rH\x01\x88\x01\x01\x12 \n\x13\x63ompute_instance_id\x18\x04 \x01(\rH\x02\x88\x01\x01\x42\x14\n\x12_used_memory_bytesB\x12\n\x10_gpu_instance_idB\x16\n\x14_compute_instance_id\"O\n\nNodeHealth\x12\x0f\n\x07healthy\x18\x01 \x01(\x08\x12\x30\n\ncomponents\x18\x02 \x03(\x0b\x32\x1c.gpuagent.v1.ComponentHealth\"@\n\x0f\x43omponentHealth\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\x0f\n\rDoctorRequest\"H\n\x0e\x44octorResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12(\n\x06\x63hecks\x18\x02 \x03(\x0b\x32\x18.gpuagent.v1.DoctorCheck\"q\n\x0b\x44octorCheck\x12\x0c\n\x04\x64uty\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.gpuagent.v1.DoctorState\x12\x10\n\x08\x65vidence\x18\x04 \x01(\t\x12\x0b\n\x03\x66ix\x18\x05 \x01(\t*b\n\x0b\x44riverState\x12\x1c\n\x18\x44RIVER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x44RIVER_STATE_ATTACHED\x10\x01\x12\x1a\n\x16\x44RIVER_STATE_NOT_READY\x10\x02*\xac\x01\n\x0e\x41llocationMode\x12\x1f\n\x1b\x41LLOCATION_MODE_UNSPECIFIED\x10\x00\x12!\n\x1d\x41LLOCATION_MODE_DEVICE_PLUGIN\x10\x01\x12\x17\n\x13\x41LLOCATION_MODE_DRA\x10\x02\x12#\n\x1f\x41LLOCATION_MODE_DRA_DYNAMIC_MIG\x10\x03\x12\x18\n\x14\x41LLOCATION_MODE_NONE\x10\x04*y\n\x0bHealthState\x12\x1c\n\x18HEALTH_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14HEALTH_STATE_HEALTHY\x10\x01\x12\x19\n\x15HEALTH_STATE_DEGRADED\x10\x02\x12\x17\n\x13HEALTH_STATE_FAILED\x10\x03*O\n\tGpuHealth\x12\x1a\n\x16GPU_HEALTH_UNSPECIFIED\x10\x00\x12\x11\n\rGPU_HEALTH_OK\x10\x01\x12\x13\n\x0fGPU_HEALTH_LOST\x10\x02*t\n\x0b\x44octorState\x12\x1c\n\x18\x44OCTOR_STATE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44OCTOR_STATE_OK\x10\x01\x12\x19\n\x15\x44OCTOR_STATE_DEGRADED\x10\x02\x12\x17\n\x13\x44OCTOR_STATE_FAILED\x10\x03\x32\x96\x01\n\x0bNodeService\x12\x44\n\x07GetNode\x12\x1b.gpuagent.v1.GetNodeRequest\x1a\x1c.gpuagent.v1.GetNodeResponse\x12\x41\n\x06\x44octor\x12\x1a.gpuagent.v1.DoctorRequest\x1a\x1b.gpuagent.v1.DoctorResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17gpuagent/v1/agent.proto\x12\x0bgpuagent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17gpuagent/v1/cache.proto\x1a\x19gpuagent/v1/sharing.proto\"\x10\n\x0eGetNodeRequest\"2\n\x0fGetNodeResponse\x12\x1f\n\x04node\x18\x01 \x01(\x0b\x32\x11.gpuagent.v1.Node\"\x9d\x03\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x64river_version\x18\x02 \x01(\t\x12\x1e\n\x04gpus\x18\x03 \x03(\x0b\x32\x10.gpuagent.v1.Gpu\x12+\n\x07sharing\x18\x04 \x01(\x0b\x32\x1a.gpuagent.v1.SharingConfig\x12*\n\x05\x63\x61\x63he\x18\x05 \x01(\x0b\x32\x1b.gpuagent.v1.CacheInventory\x12\'\n\x06health\x18\x06 \x01(\x0b\x32\x17.gpuagent.v1.NodeHealth\x12\x30\n\x0cobserve_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10simulated_preset\x18\x08 \x01(\t\x12\x15\n\ragent_version\x18\t \x01(\t\x12\x18\n\x10processes_hidden\x18\n \x01(\x08\x12+\n\nallocation\x18\x0b \x01(\x0b\x32\x17.gpuagent.v1.Allocation\x12#\n\x06\x64river\x18\x0c \x01(\x0b\x32\x13.gpuagent.v1.Driver\"P\n\x06\x44river\x12\'\n\x05state\x18\x01 \x01(\x0e\x32\x18.gpuagent.v1.DriverState\x12\r\n\x05\x63\x61use\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"r\n\nAllocation\x12)\n\x04mode\x18\x01 \x01(\x0e\x32\x1b.gpuagent.v1.AllocationMode\x12\x10\n\x08\x65vidence\x18\x02 \x01(\t\x12\x12\n\ndra_driver\x18\x03 \x01(\t\x12\x13\n\x0bmig_refusal\x18\x04 \x01(\t\"\x8e\x04\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x12\n\npci_bus_id\x18\x04 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x05 \x01(\x04\x12\x13\n\x0bmig_capable\x18\x06 \x01(\x08\x12&\n\x08mig_mode\x18\x07 \x01(\x0b\x32\x14.gpuagent.v1.MigMode\x12+\n\tinstances\x18\x08 \x03(\x0b\x32\x18.gpuagent.v1.GpuInstance\x12\'\n\tprocesses\x18\t \x03(\x0b\x32\x14.gpuagent.v1.Process\x12\x15\n\rpci_device_id\x18\n \x01(\r\x12-\n\x0cmig_profiles\x18\x0b \x03(\x0b\x32\x17.gpuagent.v1.MigProfile\x12&\n\x06health\x18\x0c \x01(\x0e\x32\x16.gpuagent.v1.GpuHealth\x12\x19\n\x0cidle_seconds\x18\r \x01(\x01H\x00\x88\x01\x01\x12\x15\n\rhealth_detail\x18\x0e \x01(\t\x12\x18\n\x10pci_subsystem_id\x18\x0f \x01(\r\x12*\n\tcondition\x18\x10 \x01(\x0b\x32\x17.gpuagent.v1.HealthMark\x12\x0e\n\x06unread\x18\x11 \x01(\t\x12\x12\n\nnever_read\x18\x12 \x01(\x08\x42\x0f\n\r_idle_seconds\"\x8e\x01\n\nHealthMark\x12\'\n\x05state\x18\x01 \x01(\x0e\x32\x18.gpuagent.v1.HealthState\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12)\n\x05since\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x0c\n\x04pods\x18\x05 \x03(\t\"+\n\x07MigMode\x12\x0f\n\x07\x63urrent\x18\x01 \x01(\x08\x12\x0f\n\x07pending\x18\x02 \x01(\x08\"(\n\tPlacement\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0c\n\x04size\x18\x02 \x01(\r\"\xbb\x01\n\nMigProfile\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0bslice_count\x18\x03 \x01(\r\x12\x15\n\rmemory_slices\x18\x04 \x01(\r\x12\x16\n\x0einstance_count\x18\x05 \x01(\r\x12\x11\n\tmemory_mb\x18\x06 \x01(\x04\x12*\n\nplacements\x18\x07 \x03(\x0b\x32\x16.gpuagent.v1.Placement\x12\x10\n\x08\x63onstant\x18\x08 \x01(\r\"\xd3\x01\n\x0bGpuInstance\x12\n\n\x02id\x18\x01 \x01(\r\x12\x12\n\nprofile_id\x18\x02 \x01(\r\x12\x14\n\x0cprofile_name\x18\x03 \x01(\t\x12)\n\tplacement\x18\x04 \x01(\x0b\x32\x16.gpuagent.v1.Placement\x12\x37\n\x11\x63ompute_instances\x18\x05 \x03(\x0b\x32\x1c.gpuagent.v1.ComputeInstance\x12*\n\tcondition\x18\x06 \x01(\x0b\x32\x17.gpuagent.v1.HealthMark\"j\n\x0f\x43omputeInstance\x12\n\n\x02id\x18\x01 \x01(\r\x12\x12\n\nprofile_id\x18\x02 \x01(\r\x12)\n\tplacement\x18\x03 \x01(\x0b\x32\x16.gpuagent.v1.Placement\x12\x0c\n\x04uuid\x18\x04 \x01(\t\"\xb8\x01\n\x07Process\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x1e\n\x11used_memory_bytes\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x1c\n\x0fgpu_instance_id\x18\x03 \x01(\rH\x01\x88\x01\x01\x12 \n\x13\x63ompute_instance_id\x18\x04 \x01(\rH\x02\x88\x01\x01\x42\x14\n\x12_used_memory_bytesB\x12\n\x10_gpu_instance_idB\x16\n\x14_compute_instance_id\"O\n\nNodeHealth\x12\x0f\n\x07healthy\x18\x01 \x01(\x08\x12\x30\n\ncomponents\x18\x02 \x03(\x0b\x32\x1c.gpuagent.v1.ComponentHealth\"@\n\x0f\x43omponentHealth\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\x0f\n\rDoctorRequest\"H\n\x0e\x44octorResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12(\n\x06\x63hecks\x18\x02 \x03(\x0b\x32\x18.gpuagent.v1.DoctorCheck\"q\n\x0b\x44octorCheck\x12\x0c\n\x04\x64uty\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.gpuagent.v1.DoctorState\x12\x10\n\x08\x65vidence\x18\x04 \x01(\t\x12\x0b\n\x03\x66ix\x18\x05 \x01(\t*b\n\x0b\x44riverState\x12\x1c\n\x18\x44RIVER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x44RIVER_STATE_ATTACHED\x10\x01\x12\x1a\n\x16\x44RIVER_STATE_NOT_READY\x10\x02*\xac\x01\n\x0e\x41llocationMode\x12\x1f\n\x1b\x41LLOCATION_MODE_UNSPECIFIED\x10\x00\x12!\n\x1d\x41LLOCATION_MODE_DEVICE_PLUGIN\x10\x01\x12\x17\n\x13\x41LLOCATION_MODE_DRA\x10\x02\x12#\n\x1f\x41LLOCATION_MODE_DRA_DYNAMIC_MIG\x10\x03\x12\x18\n\x14\x41LLOCATION_MODE_NONE\x10\x04*y\n\x0bHealthState\x12\x1c\n\x18HEALTH_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14HEALTH_STATE_HEALTHY\x10\x01\x12\x19\n\x15HEALTH_STATE_DEGRADED\x10\x02\x12\x17\n\x13HEALTH_STATE_FAILED\x10\x03*O\n\tGpuHealth\x12\x1a\n\x16GPU_HEALTH_UNSPECIFIED\x10\x00\x12\x11\n\rGPU_HEALTH_OK\x10\x01\x12\x13\n\x0fGPU_HEALTH_LOST\x10\x02*t\n\x0b\x44octorState\x12\x1c\n\x18\x44OCTOR_STATE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44OCTOR_STATE_OK\x10\x01\x12\x19\n\x15\x44OCTOR_STATE_DEGRADED\x10\x02\x12\x17\n\x13\x44OCTOR_STATE_FAILED\x10\x03\x32\x96\x01\n\x0bNodeService\x12\x44\n\x07GetNode\x12\x1b.gpuagent.v1.GetNodeRequest\x1a\x1c.gpuagent.v1.GetNodeResponse\x12\x41\n\x06\x44octor\x12\x1a.gpuagent.v1.DoctorRequest\x1a\x1b.gpuagent.v1.DoctorResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agent._proto.gpuagent.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DRIVERSTATE']._serialized_start=2586
-  _globals['_DRIVERSTATE']._serialized_end=2684
-  _globals['_ALLOCATIONMODE']._serialized_start=2687
-  _globals['_ALLOCATIONMODE']._serialized_end=2859
-  _globals['_HEALTHSTATE']._serialized_start=2861
-  _globals['_HEALTHSTATE']._serialized_end=2982
-  _globals['_GPUHEALTH']._serialized_start=2984
-  _globals['_GPUHEALTH']._serialized_end=3063
-  _globals['_DOCTORSTATE']._serialized_start=3065
-  _globals['_DOCTORSTATE']._serialized_end=3181
+  _globals['_DRIVERSTATE']._serialized_start=2622
+  _globals['_DRIVERSTATE']._serialized_end=2720
+  _globals['_ALLOCATIONMODE']._serialized_start=2723
+  _globals['_ALLOCATIONMODE']._serialized_end=2895
+  _globals['_HEALTHSTATE']._serialized_start=2897
+  _globals['_HEALTHSTATE']._serialized_end=3018
+  _globals['_GPUHEALTH']._serialized_start=3020
+  _globals['_GPUHEALTH']._serialized_end=3099
+  _globals['_DOCTORSTATE']._serialized_start=3101
+  _globals['_DOCTORSTATE']._serialized_end=3217
   _globals['_GETNODEREQUEST']._serialized_start=125
   _globals['_GETNODEREQUEST']._serialized_end=141
   _globals['_GETNODERESPONSE']._serialized_start=143
@@ -55,31 +55,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ALLOCATION']._serialized_start=693
   _globals['_ALLOCATION']._serialized_end=807
   _globals['_GPU']._serialized_start=810
-  _globals['_GPU']._serialized_end=1300
-  _globals['_HEALTHMARK']._serialized_start=1303
-  _globals['_HEALTHMARK']._serialized_end=1445
-  _globals['_MIGMODE']._serialized_start=1447
-  _globals['_MIGMODE']._serialized_end=1490
-  _globals['_PLACEMENT']._serialized_start=1492
-  _globals['_PLACEMENT']._serialized_end=1532
-  _globals['_MIGPROFILE']._serialized_start=1535
-  _globals['_MIGPROFILE']._serialized_end=1722
-  _globals['_GPUINSTANCE']._serialized_start=1725
-  _globals['_GPUINSTANCE']._serialized_end=1936
-  _globals['_COMPUTEINSTANCE']._serialized_start=1938
-  _globals['_COMPUTEINSTANCE']._serialized_end=2044
-  _globals['_PROCESS']._serialized_start=2047
-  _globals['_PROCESS']._serialized_end=2231
-  _globals['_NODEHEALTH']._serialized_start=2233
-  _globals['_NODEHEALTH']._serialized_end=2312
-  _globals['_COMPONENTHEALTH']._serialized_start=2314
-  _globals['_COMPONENTHEALTH']._serialized_end=2378
-  _globals['_DOCTORREQUEST']._serialized_start=2380
-  _globals['_DOCTORREQUEST']._serialized_end=2395
-  _globals['_DOCTORRESPONSE']._serialized_start=2397
-  _globals['_DOCTORRESPONSE']._serialized_end=2469
-  _globals['_DOCTORCHECK']._serialized_start=2471
-  _globals['_DOCTORCHECK']._serialized_end=2584
-  _globals['_NODESERVICE']._serialized_start=3184
-  _globals['_NODESERVICE']._serialized_end=3334
+  _globals['_GPU']._serialized_end=1336
+  _globals['_HEALTHMARK']._serialized_start=1339
+  _globals['_HEALTHMARK']._serialized_end=1481
+  _globals['_MIGMODE']._serialized_start=1483
+  _globals['_MIGMODE']._serialized_end=1526
+  _globals['_PLACEMENT']._serialized_start=1528
+  _globals['_PLACEMENT']._serialized_end=1568
+  _globals['_MIGPROFILE']._serialized_start=1571
+  _globals['_MIGPROFILE']._serialized_end=1758
+  _globals['_GPUINSTANCE']._serialized_start=1761
+  _globals['_GPUINSTANCE']._serialized_end=1972
+  _globals['_COMPUTEINSTANCE']._serialized_start=1974
+  _globals['_COMPUTEINSTANCE']._serialized_end=2080
+  _globals['_PROCESS']._serialized_start=2083
+  _globals['_PROCESS']._serialized_end=2267
+  _globals['_NODEHEALTH']._serialized_start=2269
+  _globals['_NODEHEALTH']._serialized_end=2348
+  _globals['_COMPONENTHEALTH']._serialized_start=2350
+  _globals['_COMPONENTHEALTH']._serialized_end=2414
+  _globals['_DOCTORREQUEST']._serialized_start=2416
+  _globals['_DOCTORREQUEST']._serialized_end=2431
+  _globals['_DOCTORRESPONSE']._serialized_start=2433
+  _globals['_DOCTORRESPONSE']._serialized_end=2505
+  _globals['_DOCTORCHECK']._serialized_start=2507
+  _globals['_DOCTORCHECK']._serialized_end=2620
+  _globals['_NODESERVICE']._serialized_start=3220
+  _globals['_NODESERVICE']._serialized_end=3370
 # @@protoc_insertion_point(module_scope)

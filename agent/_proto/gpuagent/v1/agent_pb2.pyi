@@ -126,7 +126,7 @@ class Allocation(_message.Message):
     def __init__(self, mode: _Optional[_Union[AllocationMode, str]] = ..., evidence: _Optional[str] = ..., dra_driver: _Optional[str] = ..., mig_refusal: _Optional[str] = ...) -> None: ...
 
 class Gpu(_message.Message):
-    __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_total_bytes", "mig_capable", "mig_mode", "instances", "processes", "pci_device_id", "mig_profiles", "health", "idle_seconds", "health_detail", "pci_subsystem_id", "condition")
+    __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_total_bytes", "mig_capable", "mig_mode", "instances", "processes", "pci_device_id", "mig_profiles", "health", "idle_seconds", "health_detail", "pci_subsystem_id", "condition", "unread", "never_read")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +143,8 @@ class Gpu(_message.Message):
     HEALTH_DETAIL_FIELD_NUMBER: _ClassVar[int]
     PCI_SUBSYSTEM_ID_FIELD_NUMBER: _ClassVar[int]
     CONDITION_FIELD_NUMBER: _ClassVar[int]
+    UNREAD_FIELD_NUMBER: _ClassVar[int]
+    NEVER_READ_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
@@ -159,7 +161,9 @@ class Gpu(_message.Message):
     health_detail: str
     pci_subsystem_id: int
     condition: HealthMark
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., mig_capable: _Optional[bool] = ..., mig_mode: _Optional[_Union[MigMode, _Mapping]] = ..., instances: _Optional[_Iterable[_Union[GpuInstance, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., pci_device_id: _Optional[int] = ..., mig_profiles: _Optional[_Iterable[_Union[MigProfile, _Mapping]]] = ..., health: _Optional[_Union[GpuHealth, str]] = ..., idle_seconds: _Optional[float] = ..., health_detail: _Optional[str] = ..., pci_subsystem_id: _Optional[int] = ..., condition: _Optional[_Union[HealthMark, _Mapping]] = ...) -> None: ...
+    unread: str
+    never_read: bool
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., mig_capable: _Optional[bool] = ..., mig_mode: _Optional[_Union[MigMode, _Mapping]] = ..., instances: _Optional[_Iterable[_Union[GpuInstance, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., pci_device_id: _Optional[int] = ..., mig_profiles: _Optional[_Iterable[_Union[MigProfile, _Mapping]]] = ..., health: _Optional[_Union[GpuHealth, str]] = ..., idle_seconds: _Optional[float] = ..., health_detail: _Optional[str] = ..., pci_subsystem_id: _Optional[int] = ..., condition: _Optional[_Union[HealthMark, _Mapping]] = ..., unread: _Optional[str] = ..., never_read: _Optional[bool] = ...) -> None: ...
 
 class HealthMark(_message.Message):
     __slots__ = ("state", "reason", "since", "action", "pods")
