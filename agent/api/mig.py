@@ -21,7 +21,13 @@ from google.protobuf.message import Message
 
 from agent._proto.gpuagent.v1 import mig_pb2, mig_pb2_grpc, operations_pb2
 from agent.api.auth import Role, actor_of, granted, sees_processes
-from agent.api.operations import MIG_APPLY, Checkpointed, OperationContext, OperationRunner
+from agent.api.operations import (
+    MIG_APPLY,
+    Checkpointed,
+    EndedShort,
+    OperationContext,
+    OperationRunner,
+)
 from agent.errors import Busy, Conflict, DeviceLost, FieldViolation, InvalidSpec
 from agent.gpu.types import GpuInfo, GpuLayout
 from agent.mig.advice import advise_gpu
@@ -29,7 +35,7 @@ from agent.mig.apply import ProgressEvent, Suspended
 from agent.mig.checkpoint import parse_checkpoint
 from agent.mig.claim import Claim, ClaimBook
 from agent.mig.node_plan import refuse_unless_feasible
-from agent.mig.outcomes import ApplyResult, RecoveryOutcome
+from agent.mig.outcomes import ApplyResult, NotApplied, RecoveryOutcome
 from agent.mig.service import ROLLBACK_FAILED, MigService, RollbackFailed
 from agent.mig.spec import MigSpec, name_problem, parse_spec
 from agent.operation import INTERRUPTED, AlreadyRunning
@@ -258,7 +264,11 @@ class _Reconfigure:
         finally:
             # Before the operation reads done: GetNode then shows the layout it left.
             self._settle()
-        return apply_result_pb(result)
+        response = apply_result_pb(result)
+        unapplied = result.not_done()
+        if unapplied:  # a GPU pending or lost is no success: failed, saying what it did
+            raise EndedShort(NotApplied(f"MIG configuration NOT applied: {unapplied}"), response)
+        return response
 
 
 def _busy(running: str, blockers: Sequence[str]) -> Busy:

@@ -26,7 +26,7 @@ from agent.cli.errors import AgentGroup
 from agent.cli.mig_advise import advise_command
 from agent.cli.options import choice_option, read_input, write_output
 from agent.cli.render import emit, format_table, output_option, plain
-from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec
+from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec
 from agent.mig.checkpoint import MAX_BYTES as CHECKPOINT_MAX_BYTES
 from agent.mig.checkpoint import checkpoint_document, parse_checkpoint
 from agent.mig.generate import generate
@@ -400,10 +400,12 @@ def _follow(client: AgentClient, op: OperationView, embedded: bool) -> _Applied:
     click.echo(f"reconfiguring through the node's agent: {op.name}", err=True)
     printed: set[tuple[str, int, str]] = set()
     finished: list[int] = []
+    latest = [op]
 
     def progress(update: OperationView) -> None:
         # Updates repeat (a forced one per GPU, then the operation's end): one line per step.
         # A watcher may miss one, so the GPUs done come from the list each update carries.
+        latest[0] = update
         meta = update.mig_progress
         if meta is None:
             return
@@ -418,6 +420,12 @@ def _follow(client: AgentClient, op: OperationView, embedded: bool) -> _Applied:
 
     try:
         done = client.follow(op, progress)
+    except AgentError:
+        # Failed only because a GPU is pending or lost: what it did is the answer, said as
+        # before (PENDING_EXIT, or 1 for a lost GPU).
+        if latest[0].mig_result is None:
+            raise
+        done = latest[0]
     except KeyboardInterrupt:
         if embedded:
             click.echo(f"interrupted: {op.name} stops with this command's agent", err=True)

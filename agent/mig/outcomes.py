@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ApplyResult", "GpuOutcome", "RecoveryOutcome"]
+from agent.errors import AgentError
+
+__all__ = ["ApplyResult", "GpuOutcome", "NotApplied", "RecoveryOutcome"]
+
+_PENDING = "MIG mode change pending"
+
+
+class NotApplied(AgentError):
+    """An apply or restore that ended without error but not at the config: a GPU's MIG mode
+    change waits for a reset or a reboot, or a GPU it selects is lost (`ApplyResult.not_done`).
+    Its operation ends failed with this, keeping what it did (docs/mig.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,3 +61,20 @@ class ApplyResult:
     def lost(self) -> tuple[GpuOutcome, ...]:
         """GPUs the config selects (or may) that do not answer: not applied."""
         return tuple(g for g in self.gpus if g.status == "lost")
+
+    def not_done(self) -> str:
+        """Why the config is not yet what the GPUs hold, in one line ("" when it is): each
+        pending GPU with what applies its mode (a GPU reset, a reboot of this passthrough VM),
+        then each lost GPU."""
+        parts = []
+        reboot = [str(g.gpu) for g in self.pending if g.reboot]
+        if reboot:
+            parts.append(
+                f"{_PENDING}: a reboot of this (passthrough) VM applies it on GPU "
+                f"{', '.join(reboot)}"
+            )
+        for g in self.pending:
+            if not g.reboot:  # its message says which reset, and how
+                parts.append(f"{_PENDING}: {g.message.replace(_PENDING + '; ', '')}")
+        parts += [g.message for g in self.lost]
+        return "; ".join(parts)
