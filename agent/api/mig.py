@@ -304,6 +304,8 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
         spec, name = _spec(request.config_yaml, request.config_name)
         self._require_gpu("mig plan")
         self._service.refuse_by_mode("mig apply")  # the apply it forecasts is refused
+        # So is one over a journal whose rollback failed: refused as that apply would be.
+        self._service.refuse_over_unrolled(f"MIG config {spec.select(name)[0]}")
         plan = await asyncio.to_thread(self._service.plan, spec, name, force=request.force)
         return node_plan_pb(plan)
 

@@ -174,9 +174,10 @@ def plan_command(
     Example:
       gpu-agent mig plan -f /etc/nvidia-mig-manager/config.yaml -c all-balanced
     """
-    spec = _load(config_file)
+    spec, text = _load_with_text(config_file)
     spec.select(selected)  # an unknown config is refused here, before the agent is asked
     layouts, lost = _read(obj, "mig plan", as_change="mig apply")
+    obj.agent().plan_mig(text, selected or "")  # refused as the apply is (a journal kept)
     plan = plan_layouts(spec, selected, layouts, force=force, lost=lost)
     data = {
         "config": plan.config,

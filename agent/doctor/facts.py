@@ -64,6 +64,8 @@ class Facts:
     socket_path: Path
     #: why XID events are not watched now (the event set broken, GPUs that deliver none)
     xid_unwatched: Callable[[], str | None] = lambda: None
+    #: per GPU, why a kept MIG journal could not be rolled back ("": none is kept)
+    mig_unrolled: Callable[[], str] = lambda: ""
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     proc: Path = Path("/proc")
     statvfs: Callable[[Path], os.statvfs_result] = os.statvfs

@@ -14,6 +14,7 @@ from agent.errors import AgentError
 from agent.gpu.attach import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NO_GPUS, STARTING
 from agent.gpu.types import GpuInfo
 from agent.health.machine import State, action_rank
+from agent.mig.outcomes import UNROLLED_FIX, unrolled_said
 from agent.telemetry.snapshot import Snapshot
 from agent.wire.doctor import Check
 from dcgm.fields import BY_ID
@@ -22,6 +23,7 @@ __all__ = [
     "health_xid",
     "mig_allocation_mode",
     "mig_capability",
+    "mig_journal",
     "mig_operand_labels",
     "mig_pending",
     "power_limits",
@@ -273,6 +275,15 @@ def mig_pending(facts: Facts) -> Check:
         "stop what holds the GPU (nvidia-persistenced, DCGM, workloads) and reset it "
         "(nvidia-smi -r -i INDEX), or reboot the node",
     )
+
+
+def mig_journal(facts: Facts) -> Check:
+    """A kept journal of an apply whose rollback failed: every MIG apply (and plan) is refused
+    until a rollback succeeds, and the GPUs may be between layouts."""
+    said = unrolled_said(facts.mig_unrolled())
+    if said:
+        return failed(M, "journal", said, UNROLLED_FIX)
+    return ok(M, "journal", "no MIG apply is left to roll back")
 
 
 def mig_operand_labels(facts: Facts) -> Check:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from agent.dra.mode import Allocation
     from agent.gpu.attach import DriverLink
     from agent.health.monitor import HealthMonitor
+    from agent.mig.service import MigService
     from agent.state import StateStore
     from agent.telemetry.service import TelemetryService
 
@@ -48,6 +49,7 @@ CHECKS: tuple[tuple[str, str, Callable[[Facts], Check]], ...] = (
     ("mig", "capability", gpu_checks.mig_capability),
     ("mig", "allocation-mode", gpu_checks.mig_allocation_mode),
     ("mig", "pending", gpu_checks.mig_pending),
+    ("mig", "journal", gpu_checks.mig_journal),
     ("mig", "operand-labels", gpu_checks.mig_operand_labels),
     ("sharing", "plugin-config", node_checks.sharing_plugin_config),
     ("sharing", "reload", node_checks.sharing_reload),
@@ -208,6 +210,7 @@ def build_doctor(
     state: StateStore,
     telemetry: TelemetryService,
     health: HealthMonitor,
+    mig: MigService | None = None,
 ) -> Doctor:
     """The checks over the agent's own parts, as the composition root hands them in."""
     facts = Facts(
@@ -222,4 +225,6 @@ def build_doctor(
         state_read_only=lambda: state.read_only,
         socket_path=config.socket_path,
     )
+    if mig is not None:  # the MIG journal's words
+        facts = dataclasses.replace(facts, mig_unrolled=mig.unrolled)
     return Doctor(facts)

@@ -5,9 +5,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.errors import AgentError
+from agent.errors import AgentError, Conflict
 
-__all__ = ["ApplyResult", "GpuOutcome", "NotApplied", "RecoveryOutcome"]
+__all__ = [
+    "UNROLLED_FIX",
+    "ApplyResult",
+    "GpuOutcome",
+    "NotApplied",
+    "RecoveryOutcome",
+    "Unrolled",
+    "unrecovered",
+    "unrolled_said",
+    "unrolled_status",
+]
 
 _PENDING = "MIG mode change pending"
 
@@ -16,6 +26,47 @@ class NotApplied(AgentError):
     """An apply or restore that ended without error but not at the config: a GPU's MIG mode
     change waits for a reset or a reboot, or a GPU it selects is lost (`ApplyResult.not_done`).
     Its operation ends failed with this, keeping what it did (docs/mig.md)."""
+
+
+class Unrolled(Conflict):
+    """Refused over an earlier apply's journal whose rollback failed (`unrecovered`). An apply
+    retries that rollback first, so a plan's refusal holds only until a retry succeeds: the
+    coordinator, refused a plan so, goes on to the apply (agent/coordinator/rollout)."""
+
+
+def unrecovered(what: str, failed: str) -> Unrolled:
+    """The refusal of ``what`` (an apply, and its plan) over an earlier apply's journal whose
+    rollback failed (``failed``: per GPU, why): its snapshots are the layouts to return to."""
+    return Unrolled(
+        f"{what} not applied: an interrupted apply could not be rolled back yet ({failed}). "
+        "Nothing was changed; the journal is kept and the next apply or agent start retries "
+        "the rollback"
+    )
+
+
+#: What to do about a journal whose rollback failed (`unrolled_said`).
+UNROLLED_FIX = (
+    "fix what failed the rollback (the agent's log names it: a process holding the GPU, a "
+    "driver error), then run `gpu-agent mig apply` again or restart the agent: either retries "
+    "the rollback first"
+)
+
+
+def unrolled_said(failed: str) -> str:
+    """A kept journal whose rollback failed (``failed``: per GPU, why; "" for none), for the
+    node's status and doctor: which GPUs, and that every apply is refused until it succeeds."""
+    if not failed:
+        return ""
+    return (
+        f"an interrupted MIG apply could not be rolled back, its journal is kept ({failed}): "
+        "every MIG apply is refused until the rollback succeeds"
+    )
+
+
+def unrolled_status(failed: str) -> str:
+    """`unrolled_said` and what to do: the node's "mig" component ("" when none is kept)."""
+    said = unrolled_said(failed)
+    return f"{said}; {UNROLLED_FIX}" if said else ""
 
 
 @dataclass(frozen=True, slots=True)

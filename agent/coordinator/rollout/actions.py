@@ -26,6 +26,7 @@ from agent.coordinator.rollout.targets import held_elsewhere, target_name
 from agent.dra.mode import AllocationMode
 from agent.errors import AgentError, Conflict, DriverNotReady, InvalidSpec
 from agent.gpu.types import GpuLayout
+from agent.mig.outcomes import Unrolled
 from agent.power.plan import resolve
 from agent.power.spec import parse as parse_power
 from agent.sharing import dra
@@ -108,7 +109,10 @@ class MigApply(_Base):
     async def _apply(self, node: str, notes: Notes) -> NodeResult:
         client = self.client(node)
         text, name = mig_config(self.record, node)
-        plan = await client.plan_mig(text, name)
+        try:
+            plan = await client.plan_mig(text, name)
+        except Unrolled:  # the apply retries the failed rollback first, and may get past it
+            return await self._run(client, node, notes, text, name)
         statuses = {g.status for g in plan.gpus}
         lost = _lost(plan.lost_gpus)
         if lost and statuses <= {"unchanged"}:  # the GPUs read hold it; the lost cannot be asked
@@ -127,6 +131,12 @@ class MigApply(_Base):
         ]
         if refused:
             return NodeResult(NodeState.FAILED, "not applied: " + "; ".join(refused))
+        return await self._run(client, node, notes, text, name)
+
+    async def _run(
+        self, client: AgentClient, node: str, notes: Notes, text: str, name: str
+    ) -> NodeResult:
+        """Apply on the node and follow it to its end: what the node holds then."""
         op = await client.apply_mig(
             text, name, self.record.request_id(node), claim_holder=self.holder
         )
