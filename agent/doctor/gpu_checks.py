@@ -264,16 +264,29 @@ def mig_pending(facts: Facts) -> Check:
             f"of these cannot be read: {'; '.join(unread)}",
             "see telemetry/nvml and gpu-agent status",
         )
-    said = ", ".join(
-        f"GPU {g.index} {'on' if g.mig_mode and g.mig_mode.pending else 'off'}" for g in pending
-    )
-    not_read = f"; the MIG mode of these cannot be read: {'; '.join(unread)}" if unread else ""
-    return degraded(
-        M,
-        "pending",
-        f"MIG mode change pending until a GPU reset: {said}{not_read}",
-        "stop what holds the GPU (nvidia-persistenced, DCGM, workloads) and reset it "
-        "(nvidia-smi -r -i INDEX), or reboot the node",
+    reboot = facts.mig_reboot()  # as the apply found: the driver waits for a VM reboot
+    vm = [g for g in pending if g.uuid in reboot]
+    reset = [g for g in pending if g.uuid not in reboot]
+    said = [f"MIG mode change pending until a GPU reset: {_modes(reset)}"] if reset else []
+    if vm:
+        said.append(
+            "MIG mode change pending: the driver needs a reboot of this (passthrough) VM to "
+            f"apply it: {_modes(vm)}"
+        )
+    said += [f"the MIG mode of these cannot be read: {'; '.join(unread)}"] if unread else []
+    fixes = ["reboot this VM (no GPU reset applies the mode here)"] if vm else []
+    if reset:
+        fixes.append(
+            "stop what holds the GPU (nvidia-persistenced, DCGM, workloads) and reset it "
+            "(nvidia-smi -r -i INDEX), or reboot the node"
+        )
+    return degraded(M, "pending", "; ".join(said), "; ".join(fixes))
+
+
+def _modes(gpus: Sequence[GpuInfo]) -> str:
+    """``GPU 0 on, GPU 3 off``: each GPU and the MIG mode it waits for."""
+    return ", ".join(
+        f"GPU {g.index} {'on' if g.mig_mode and g.mig_mode.pending else 'off'}" for g in gpus
     )
 
 

@@ -21,6 +21,7 @@ from agent.doctor import api_checks, gpu_checks, kube_checks, node_checks
 from agent.doctor.facts import ApiServer, Facts
 from agent.doctor.runner import DEADLINE_S, Probe, run_checks
 from agent.kube import InClusterKubeClient, KubeClient
+from agent.mig.journal import reboot_waits
 from agent.tasks import Need, Task
 from agent.wire.doctor import Check, CheckState, DoctorReport
 
@@ -225,6 +226,8 @@ def build_doctor(
         state_read_only=lambda: state.read_only,
         socket_path=config.socket_path,
     )
-    if mig is not None:  # the MIG journal's words
-        facts = dataclasses.replace(facts, mig_unrolled=mig.unrolled)
+    if mig is not None:  # the MIG journal's words, and its record of a VM reboot needed
+        facts = dataclasses.replace(
+            facts, mig_unrolled=mig.unrolled, mig_reboot=lambda: reboot_waits(state)
+        )
     return Doctor(facts)

@@ -21,7 +21,15 @@ from agent.errors import AgentError, Busy, Conflict, DeviceLost, ModeRefused, No
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.types import GpuInfo, GpuLayout
 from agent.mig.apply import Executor, Progress, ProgressEvent, Suspended, restore
-from agent.mig.journal import SCOPE, ApplyRecord, Journal, begin_entry, gpu_entry, records
+from agent.mig.journal import (
+    SCOPE,
+    ApplyRecord,
+    Journal,
+    begin_entry,
+    gpu_entry,
+    records,
+    remember_reboot,
+)
 from agent.mig.lock import PartitionLock
 from agent.mig.node_plan import (
     AssertResult,
@@ -218,6 +226,7 @@ class MigService:
         gpus = (*outcomes.values(), *self._lost_selected(spec, config))
         # Selected no GPU: done, as mig-parted's; its assert fails all the same, and says why.
         unheld = () if gpus else self.check(spec, config, mode_only=mode_only).mismatches
+        remember_reboot(self._journal, gpus)
         return ApplyResult(name, gpus, executor.mutations, recovered, said, unheld)
 
     def _lost_selected(self, spec: MigSpec, config: str | None) -> tuple[GpuOutcome, ...]:
@@ -281,6 +290,7 @@ class MigService:
                 self._publish(allocation, executor, touched, False, progress)
                 self._journal.journal_clear(SCOPE)
         said = self._plugin_told(allocation) if changing else ""
+        remember_reboot(self._journal, outcomes)
         return ApplyResult("checkpoint", tuple(outcomes), executor.mutations, (), said)
 
     def _refuse_over_unrecovered(self, what: str) -> tuple[RecoveryOutcome, ...]:

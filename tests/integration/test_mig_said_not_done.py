@@ -2,7 +2,8 @@
 
 An apply whose rollback failed keeps its journal, and every later apply is refused until a
 rollback succeeds; `status` said the node healthy, every doctor check was ok, and `mig plan`
-exited 0 with a plan."""
+exited 0 with a plan. And on a passthrough VM, where the apply said the MIG mode waits for a
+reboot of the VM, doctor's mig/pending said it waits for a GPU reset."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agent.cli.mig import PENDING_EXIT
+from agent.gpu import open_driver
 from agent.gpu.sim import SimControl
 from tests.unit.api.support import REPO, AgentProcess, agent_config
 
@@ -96,3 +99,30 @@ def test_a_failed_rollback_is_said_by_status_and_doctor_and_refuses_the_plan(
         assert "mig" not in _degraded(agent)
         assert _check(agent, "mig/journal")["state"] == "ok"
         assert _cli(agent, "mig", "plan", "-f", EXAMPLE, "-c", "all-balanced").returncode == 0
+
+
+def test_doctor_says_a_passthrough_vms_mode_waits_for_a_reboot_as_the_apply_said(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "agent"
+    root.mkdir()
+    agent = AgentProcess(root, agent_config(root), preset="a30-node")
+    open_driver("a30-node", agent.state_dir).close()  # the node's state file exists from here on
+    SimControl(agent.state_dir).set_passthrough_vm(True)
+    config = tmp_path / "a30.yaml"
+    config.write_text(
+        "version: v1\nmig-configs:\n  halves:\n    - devices: all\n      mig-enabled: true\n"
+        '      mig-devices: {"2g.12gb": 2}\n'
+    )
+    with agent:
+        applied = _cli(agent, "mig", "apply", "-f", str(config), "-c", "halves")
+        assert applied.returncode == PENDING_EXIT, applied.stdout + applied.stderr
+        assert "needs a reboot of this (passthrough) VM" in applied.stdout
+        served = _check(agent, "mig/pending")
+    alone = _check(agent, "mig/pending")  # an embedded agent: after a restart, as it was
+    for pending in (served, alone):
+        assert pending["state"] == "degraded", pending
+        assert "until a GPU reset" not in pending["evidence"], pending
+        assert "needs a reboot of this (passthrough) VM" in pending["evidence"], pending
+        assert "GPU 0 on, GPU 1 on, GPU 2 on, GPU 3 on" in pending["evidence"], pending
+        assert pending["fix"].startswith("reboot this VM"), pending
