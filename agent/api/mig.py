@@ -34,6 +34,7 @@ from agent.mig.advice import advise_gpu
 from agent.mig.apply import ProgressEvent, Suspended
 from agent.mig.checkpoint import parse_checkpoint
 from agent.mig.claim import Claim, ClaimBook
+from agent.mig.journal import reboot_waits
 from agent.mig.node_plan import refuse_unless_feasible
 from agent.mig.outcomes import ApplyResult, NotApplied, RecoveryOutcome
 from agent.mig.service import ROLLBACK_FAILED, MigService, RollbackFailed
@@ -307,7 +308,9 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
         # So is one over a journal whose rollback failed: refused as that apply would be.
         self._service.refuse_over_unrolled(f"MIG config {spec.select(name)[0]}")
         plan = await asyncio.to_thread(self._service.plan, spec, name, force=request.force)
-        return node_plan_pb(plan)
+        # A pending mode says what applies it; the journal is the state store (MigService's).
+        reboot = await asyncio.to_thread(reboot_waits, self._runner.store)
+        return node_plan_pb(plan, reboot)
 
     async def ApplyMig(
         self, request: mig_pb2.ApplyMigRequest, context: grpc.aio.ServicerContext

@@ -62,6 +62,17 @@ def test_a_mode_change_pending_a_vm_reboot_fails_the_node_and_resume_redoes_it(
         # The node's agent says the same of its operation: failed, not succeeded.
         (op,) = agents.operations("vm", "mig.apply")
         assert op.error.reason == "NotApplied", op
+        # The dry run says so too: a VM reboot applies that mode, no apply does.
+        preview = agents.fleet(
+            "apply", "mig", "-f", str(config), "-c", "halves", "--dry-run", "-o", "json",
+            names=["vm"],
+        )  # fmt: skip
+        (seen,) = _json(preview.output)["previews"]
+        assert seen["would"] == "refused", seen
+        assert (
+            "MIG mode change pending: a reboot of this (passthrough) VM applies it on GPU 0"
+            in seen["detail"]
+        ), seen
         # Resume redoes it (a failed node), and it stays failed until the VM reboots.
         resumed = agents.fleet("resume", str(record), "-o", "json")
         assert resumed.exit_code != 0, resumed.output

@@ -33,6 +33,7 @@ from agent.sharing import dra
 from agent.sharing.schema import PluginConfig, merge, to_document
 from agent.sharing.validate import violations
 from agent.sharing.view import DraView
+from agent.wire.mig import REBOOT_APPLIES
 from agent.wire.operations import OperationView
 from agent.wire.prewarm import ItemStatus
 from agent.wire.sharing import requested_config
@@ -279,14 +280,22 @@ async def _preview_mig(client: AgentClient, record: RolloutRecord, node: str) ->
     )
     statuses = {g["status"] for g in gpus}
     unheld = "" if gpus or plan.lost_gpus else await _selects_none(client, text, name)
-    if statuses & {"blocked", "infeasible"} or plan.lost_gpus or unheld:
+    # A mode a VM reboot applies stays pending whatever an apply does: the node cannot succeed.
+    reboot = [g.gpu_index for g in plan.gpus if g.mode_pending == REBOOT_APPLIES]
+    if statuses & {"blocked", "infeasible"} or plan.lost_gpus or unheld or reboot:
         would = "refused"
     else:
         would = "unchanged" if statuses <= {"unchanged"} else "change"
     changing = sum(g["status"] != "unchanged" for g in gpus)
-    lost = f"; {_lost(plan.lost_gpus)}" if plan.lost_gpus else ""
-    unheld = f"; {unheld}" if unheld else ""
-    return NodePreview(node, would, f"{changing}/{len(gpus)} GPU(s) change{lost}{unheld}", gpus)
+    said = [f"{changing}/{len(gpus)} GPU(s) change"]
+    said += [_lost(plan.lost_gpus)] if plan.lost_gpus else []
+    said += [unheld] if unheld else []
+    said += [
+        f"{_PENDING}: {g.mode_pending} applies it on GPU {g.gpu_index}"
+        for g in plan.gpus
+        if g.mode_pending
+    ]
+    return NodePreview(node, would, "; ".join(said), gpus)
 
 
 async def _preview_share(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:

@@ -87,6 +87,7 @@ class Agent:
             blockers=(),
             infeasible_reason="",
             deferred=False,
+            mode_pending="",
         )
         return NS(gpus=(gpu,), lost_gpus=self.lost)
 
