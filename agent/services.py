@@ -30,6 +30,7 @@ from agent.kube_edge import KubeEdge, KubeEdgeCollector
 from agent.loops import restarting
 from agent.mig.labels import MigLabelController, MigStateCollector, label_controller
 from agent.mig.lock import PartitionLock
+from agent.mig.outcomes import unrolled_status
 from agent.mig.recovery import ModeFollower, follow_driver
 from agent.mig.reset import ResetFn, command_reset, simulated_reset
 from agent.mig.service import MigService
@@ -217,6 +218,7 @@ def _build_rest(
         recovered=lambda outcomes: recovered_rollbacks(state, outcomes),
     )
     inventory.watch_allocation(allocation.current, mig.mig_refusal)
+    inventory.watch_mig_journal(lambda: unrolled_status(mig.unrolled()))
     power = PowerService(gpu, state)
     # What attaches and detaches with the driver, in this order: MIG finishes a killed apply
     # before anything reads the GPUs, the power caps come back, the sampler, the inventory.
@@ -227,7 +229,7 @@ def _build_rest(
     m = config.mig
     mig_labels = label_controller(m.watch_node_label, m.config_file, kube, config.node_name, mig)
     doctor = build_doctor(
-        config, driver, client, allocation.current, state, telemetry, health, power
+        config, driver, client, allocation.current, state, telemetry, health, power, mig
     )
     _self_metrics(telemetry, driver, state, prewarm, health, mig_labels, allocation, doctor, edge)
     return Services(

@@ -118,6 +118,7 @@ class NodeInventory:
         self._allocation_source: Callable[[], Allocation] | None = None
         self._allocation: Allocation | None = None
         self._mig_refusal: Callable[[], str | None] = lambda: None
+        self._mig_unrolled: Callable[[], str] = lambda: ""
         self._cache_source = cache
         self._xid_source = xids
         self._xid_unwatched = xid_unwatched
@@ -188,6 +189,11 @@ class NodeInventory:
         (the MIG service's rule): read at every rebuild."""
         self._allocation_source = current
         self._mig_refusal = mig_refusal
+
+    def watch_mig_journal(self, unrolled: Callable[[], str]) -> None:
+        """Show a degraded "mig" component while ``unrolled`` says why a kept MIG journal
+        could not be rolled back (the MIG service's words; "" when none is kept)."""
+        self._mig_unrolled = unrolled
 
     def refresh_allocation(self) -> None:
         """Rebuild now if the allocation mode changed (any thread; no I/O)."""
@@ -360,6 +366,9 @@ class NodeInventory:
                 components.append(
                     agent_pb2.ComponentHealth(name=name, healthy=healthy, detail=detail)
                 )
+        unrolled = self._mig_unrolled()
+        if unrolled:
+            components.append(agent_pb2.ComponentHealth(name="mig", healthy=False, detail=unrolled))
         node = agent_pb2.Node(
             name=self._node_name,
             driver_version=gpus.driver_version,

@@ -21,15 +21,22 @@ from google.protobuf.message import Message
 
 from agent._proto.gpuagent.v1 import mig_pb2, mig_pb2_grpc, operations_pb2
 from agent.api.auth import Role, actor_of, granted, sees_processes
-from agent.api.operations import MIG_APPLY, Checkpointed, OperationContext, OperationRunner
+from agent.api.operations import (
+    MIG_APPLY,
+    Checkpointed,
+    EndedShort,
+    OperationContext,
+    OperationRunner,
+)
 from agent.errors import Busy, Conflict, DeviceLost, FieldViolation, InvalidSpec
 from agent.gpu.types import GpuInfo, GpuLayout
 from agent.mig.advice import advise_gpu
 from agent.mig.apply import ProgressEvent, Suspended
 from agent.mig.checkpoint import parse_checkpoint
 from agent.mig.claim import Claim, ClaimBook
+from agent.mig.journal import reboot_waits
 from agent.mig.node_plan import refuse_unless_feasible
-from agent.mig.outcomes import ApplyResult, RecoveryOutcome
+from agent.mig.outcomes import ApplyResult, NotApplied, RecoveryOutcome
 from agent.mig.service import ROLLBACK_FAILED, MigService, RollbackFailed
 from agent.mig.spec import MigSpec, name_problem, parse_spec
 from agent.operation import INTERRUPTED, AlreadyRunning
@@ -258,7 +265,11 @@ class _Reconfigure:
         finally:
             # Before the operation reads done: GetNode then shows the layout it left.
             self._settle()
-        return apply_result_pb(result)
+        response = apply_result_pb(result)
+        unapplied = result.not_done()
+        if unapplied:  # a GPU pending or lost is no success: failed, saying what it did
+            raise EndedShort(NotApplied(f"MIG configuration NOT applied: {unapplied}"), response)
+        return response
 
 
 def _busy(running: str, blockers: Sequence[str]) -> Busy:
@@ -294,8 +305,12 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
         spec, name = _spec(request.config_yaml, request.config_name)
         self._require_gpu("mig plan")
         self._service.refuse_by_mode("mig apply")  # the apply it forecasts is refused
+        # So is one over a journal whose rollback failed: refused as that apply would be.
+        self._service.refuse_over_unrolled(f"MIG config {spec.select(name)[0]}")
         plan = await asyncio.to_thread(self._service.plan, spec, name, force=request.force)
-        return node_plan_pb(plan)
+        # A pending mode says what applies it; the journal is the state store (MigService's).
+        reboot = await asyncio.to_thread(reboot_waits, self._runner.store)
+        return node_plan_pb(plan, reboot)
 
     async def ApplyMig(
         self, request: mig_pb2.ApplyMigRequest, context: grpc.aio.ServicerContext

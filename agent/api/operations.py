@@ -53,6 +53,7 @@ __all__ = [
     "MIG_APPLY",
     "PREWARM",
     "Checkpointed",
+    "EndedShort",
     "OperationContext",
     "OperationRunner",
     "OperationsServicer",
@@ -118,6 +119,17 @@ class OperationContext:
         """The agent is shutting down: stop soon. Raise `Checkpointed` to leave the operation
         for the next start, or end it as usual (e.g. after rolling back)."""
         return self._runner.stopping
+
+
+class EndedShort(Exception):
+    """Work that did part of what it was asked and must not read as done: the operation ends
+    FAILED with ``error``, and keeps ``response`` (what it did) as its ``failed_response``: a
+    MIG apply that left a GPU's mode pending or a GPU lost (agent/api/mig.py)."""
+
+    def __init__(self, error: AgentError, response: operations_pb2.OperationResponse) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.response = response
 
 
 Work = Callable[[OperationContext], operations_pb2.OperationResponse]
@@ -222,6 +234,9 @@ class OperationRunner:
             # Left running on purpose: the next start resumes it or reports it interrupted.
             log.info("operation %s checkpointed at shutdown: %s", ctx.id, exc)
             return
+        except EndedShort as exc:
+            result = message_dict(exc.response)
+            self._finish(ctx, state="failed", error=error_record(exc.error), result=result)
         except Exception as exc:
             if not isinstance(exc, AgentError):
                 log.error("bug in operation %s (%s)", ctx.id, ctx.op.kind, exc_info=exc)

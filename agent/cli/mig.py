@@ -26,7 +26,7 @@ from agent.cli.errors import AgentGroup
 from agent.cli.mig_advise import advise_command
 from agent.cli.options import choice_option, read_input, write_output
 from agent.cli.render import emit, format_table, output_option, plain
-from agent.errors import Busy, Conflict, FieldViolation, InvalidSpec
+from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec
 from agent.mig.checkpoint import MAX_BYTES as CHECKPOINT_MAX_BYTES
 from agent.mig.checkpoint import checkpoint_document, parse_checkpoint
 from agent.mig.generate import generate
@@ -174,9 +174,10 @@ def plan_command(
     Example:
       gpu-agent mig plan -f /etc/nvidia-mig-manager/config.yaml -c all-balanced
     """
-    spec = _load(config_file)
+    spec, text = _load_with_text(config_file)
     spec.select(selected)  # an unknown config is refused here, before the agent is asked
     layouts, lost = _read(obj, "mig plan", as_change="mig apply")
+    obj.agent().plan_mig(text, selected or "")  # refused as the apply is (a journal kept)
     plan = plan_layouts(spec, selected, layouts, force=force, lost=lost)
     data = {
         "config": plan.config,
@@ -400,10 +401,12 @@ def _follow(client: AgentClient, op: OperationView, embedded: bool) -> _Applied:
     click.echo(f"reconfiguring through the node's agent: {op.name}", err=True)
     printed: set[tuple[str, int, str]] = set()
     finished: list[int] = []
+    latest = [op]
 
     def progress(update: OperationView) -> None:
         # Updates repeat (a forced one per GPU, then the operation's end): one line per step.
         # A watcher may miss one, so the GPUs done come from the list each update carries.
+        latest[0] = update
         meta = update.mig_progress
         if meta is None:
             return
@@ -418,6 +421,12 @@ def _follow(client: AgentClient, op: OperationView, embedded: bool) -> _Applied:
 
     try:
         done = client.follow(op, progress)
+    except AgentError:
+        # Failed only because a GPU is pending or lost: what it did is the answer, said as
+        # before (PENDING_EXIT, or 1 for a lost GPU).
+        if latest[0].mig_result is None:
+            raise
+        done = latest[0]
     except KeyboardInterrupt:
         if embedded:
             click.echo(f"interrupted: {op.name} stops with this command's agent", err=True)

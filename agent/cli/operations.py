@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from agent.cli.context import CliContext
-from agent.cli.errors import AgentGroup
+from agent.cli.errors import AgentGroup, report
+from agent.cli.mig import PENDING_EXIT
 from agent.cli.options import choice_option
 from agent.cli.render import emit, format_table, output_option, plain
 from agent.wire.operations import OPERATION_PREFIX
@@ -129,7 +130,9 @@ def show_command(obj: CliContext, name: str, output: str) -> None:
 def wait_command(obj: CliContext, name: str, output: str) -> None:
     """Follow one operation to its end, its progress on stderr as it changes, then show it.
     Exits 0 when it succeeded, and with its error's exit code when it failed or was cancelled
-    (docs/api.md, "Exit codes"). Ctrl-C stops waiting; the operation goes on.
+    (docs/api.md, "Exit codes"); a MIG apply that left a mode change pending exits 14, one
+    that left a GPU it selects lost 1, as `mig apply` does. Ctrl-C stops waiting; the
+    operation goes on.
 
     \b
     Example:
@@ -148,6 +151,11 @@ def wait_command(obj: CliContext, name: str, output: str) -> None:
         click.echo(f"stopped waiting for {op.name}; the agent carries on with it", err=True)
         raise SystemExit(130) from None
     emit(record(op), output, _one_table)
+    if op.error is not None and op.mig_result is not None:
+        # An apply that left a GPU's mode pending or a GPU lost: exit as `mig apply` does.
+        pending = any(g.status == "pending" for g in op.mig_result.gpus)
+        report(op.error)
+        raise SystemExit(PENDING_EXIT if pending else 1)
     if op.error is not None:
         raise op.error
 

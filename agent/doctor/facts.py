@@ -66,6 +66,11 @@ class Facts:
     xid_unwatched: Callable[[], str | None] = lambda: None
     #: the GPUs whose power limit is not the stored spec's, each said (`PowerService`)
     power_out_of_force: Callable[[], Sequence[str]] = lambda: ()
+    #: per GPU, why a kept MIG journal could not be rolled back ("": none is kept)
+    mig_unrolled: Callable[[], str] = lambda: ""
+    #: the GPUs (UUIDs) whose pending MIG mode waits for a reboot of this passthrough VM, as
+    #: the apply that left it pending found (not a GPU reset)
+    mig_reboot: Callable[[], frozenset[str]] = frozenset
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     proc: Path = Path("/proc")
     statvfs: Callable[[Path], os.statvfs_result] = os.statvfs

@@ -14,6 +14,7 @@ from agent.errors import AgentError
 from agent.gpu.attach import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NO_GPUS, STARTING
 from agent.gpu.types import GpuInfo
 from agent.health.machine import State, action_rank
+from agent.mig.outcomes import UNROLLED_FIX, unrolled_said
 from agent.telemetry.snapshot import Snapshot
 from agent.wire.doctor import Check
 from dcgm.fields import BY_ID
@@ -22,6 +23,7 @@ __all__ = [
     "health_xid",
     "mig_allocation_mode",
     "mig_capability",
+    "mig_journal",
     "mig_operand_labels",
     "mig_pending",
     "power_limits",
@@ -262,17 +264,39 @@ def mig_pending(facts: Facts) -> Check:
             f"of these cannot be read: {'; '.join(unread)}",
             "see telemetry/nvml and gpu-agent status",
         )
-    said = ", ".join(
-        f"GPU {g.index} {'on' if g.mig_mode and g.mig_mode.pending else 'off'}" for g in pending
+    reboot = facts.mig_reboot()  # as the apply found: the driver waits for a VM reboot
+    vm = [g for g in pending if g.uuid in reboot]
+    reset = [g for g in pending if g.uuid not in reboot]
+    said = [f"MIG mode change pending until a GPU reset: {_modes(reset)}"] if reset else []
+    if vm:
+        said.append(
+            "MIG mode change pending: the driver needs a reboot of this (passthrough) VM to "
+            f"apply it: {_modes(vm)}"
+        )
+    said += [f"the MIG mode of these cannot be read: {'; '.join(unread)}"] if unread else []
+    fixes = ["reboot this VM (no GPU reset applies the mode here)"] if vm else []
+    if reset:
+        fixes.append(
+            "stop what holds the GPU (nvidia-persistenced, DCGM, workloads) and reset it "
+            "(nvidia-smi -r -i INDEX), or reboot the node"
+        )
+    return degraded(M, "pending", "; ".join(said), "; ".join(fixes))
+
+
+def _modes(gpus: Sequence[GpuInfo]) -> str:
+    """``GPU 0 on, GPU 3 off``: each GPU and the MIG mode it waits for."""
+    return ", ".join(
+        f"GPU {g.index} {'on' if g.mig_mode and g.mig_mode.pending else 'off'}" for g in gpus
     )
-    not_read = f"; the MIG mode of these cannot be read: {'; '.join(unread)}" if unread else ""
-    return degraded(
-        M,
-        "pending",
-        f"MIG mode change pending until a GPU reset: {said}{not_read}",
-        "stop what holds the GPU (nvidia-persistenced, DCGM, workloads) and reset it "
-        "(nvidia-smi -r -i INDEX), or reboot the node",
-    )
+
+
+def mig_journal(facts: Facts) -> Check:
+    """A kept journal of an apply whose rollback failed: every MIG apply (and plan) is refused
+    until a rollback succeeds, and the GPUs may be between layouts."""
+    said = unrolled_said(facts.mig_unrolled())
+    if said:
+        return failed(M, "journal", said, UNROLLED_FIX)
+    return ok(M, "journal", "no MIG apply is left to roll back")
 
 
 def mig_operand_labels(facts: Facts) -> Check:

@@ -21,6 +21,7 @@ from agent.doctor import api_checks, gpu_checks, kube_checks, node_checks
 from agent.doctor.facts import ApiServer, Facts
 from agent.doctor.runner import DEADLINE_S, Probe, run_checks
 from agent.kube import InClusterKubeClient, KubeClient
+from agent.mig.journal import reboot_waits
 from agent.tasks import Need, Task
 from agent.wire.doctor import Check, CheckState, DoctorReport
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from agent.dra.mode import Allocation
     from agent.gpu.attach import DriverLink
     from agent.health.monitor import HealthMonitor
+    from agent.mig.service import MigService
     from agent.power.service import PowerService
     from agent.state import StateStore
     from agent.telemetry.service import TelemetryService
@@ -49,6 +51,7 @@ CHECKS: tuple[tuple[str, str, Callable[[Facts], Check]], ...] = (
     ("mig", "capability", gpu_checks.mig_capability),
     ("mig", "allocation-mode", gpu_checks.mig_allocation_mode),
     ("mig", "pending", gpu_checks.mig_pending),
+    ("mig", "journal", gpu_checks.mig_journal),
     ("mig", "operand-labels", gpu_checks.mig_operand_labels),
     ("sharing", "plugin-config", node_checks.sharing_plugin_config),
     ("sharing", "reload", node_checks.sharing_reload),
@@ -210,6 +213,7 @@ def build_doctor(
     telemetry: TelemetryService,
     health: HealthMonitor,
     power: PowerService,
+    mig: MigService,
 ) -> Doctor:
     """The checks over the agent's own parts, as the composition root hands them in."""
     facts = Facts(
@@ -221,6 +225,8 @@ def build_doctor(
         xids=telemetry.xid_totals,
         xid_unwatched=telemetry.xid_unwatched,
         power_out_of_force=power.out_of_force,
+        mig_unrolled=mig.unrolled,
+        mig_reboot=lambda: reboot_waits(state),
         marks=health.shown,
         state_read_only=lambda: state.read_only,
         socket_path=config.socket_path,

@@ -13,15 +13,25 @@ that began last before it, and recovery reads each apply from its own entries on
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agent.errors import AgentError
 from agent.gpu.types import GpuInfo
 from agent.mig.desired import Desired
+from agent.mig.outcomes import GpuOutcome
 from agent.mig.state import GpuMigState
 
+log = logging.getLogger(__name__)
+
 SCOPE = "mig:apply"
+#: The GPUs whose pending MIG mode waits for a reboot of this passthrough VM, as the apply that
+#: left it pending found (the driver says so only to the call that sets the mode): one
+#: ``{"uuid": ...}`` entry each, kept across restarts (`remember_reboot`).
+REBOOT_SCOPE = "mig:reboot"
 
 
 class Journal(Protocol):
@@ -130,3 +140,23 @@ def records(entries: Iterable[Mapping[str, Any]]) -> list[ApplyRecord]:
         elif event == "suspend":
             record.suspended = True
     return out
+
+
+def reboot_waits(journal: Journal) -> frozenset[str]:
+    """The GPUs (UUIDs) whose pending mode waits for a reboot of this VM (`REBOOT_SCOPE`)."""
+    return frozenset(str(e.get("uuid")) for _, e in journal.journal_entries(REBOOT_SCOPE))
+
+
+def remember_reboot(journal: Journal, outcomes: Iterable[GpuOutcome]) -> None:
+    """Keep which of the GPUs an apply or restore reached wait for a reboot of this VM, and
+    forget the others; a state dir that takes no write keeps what it had (said in the log)."""
+    seen = {g.uuid: g.reboot for g in outcomes}
+    if not seen:
+        return
+    try:
+        kept = (reboot_waits(journal) - set(seen)) | {u for u, waits in seen.items() if waits}
+        journal.journal_clear(REBOOT_SCOPE)
+        for uuid in sorted(kept):
+            journal.journal_append(REBOOT_SCOPE, {"uuid": uuid})
+    except (AgentError, sqlite3.Error) as exc:
+        log.warning("which GPUs wait for a VM reboot is not kept: %s", exc)

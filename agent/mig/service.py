@@ -21,7 +21,15 @@ from agent.errors import AgentError, Busy, Conflict, DeviceLost, ModeRefused, No
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.types import GpuInfo, GpuLayout
 from agent.mig.apply import Executor, Progress, ProgressEvent, Suspended, restore
-from agent.mig.journal import SCOPE, ApplyRecord, Journal, begin_entry, gpu_entry, records
+from agent.mig.journal import (
+    SCOPE,
+    ApplyRecord,
+    Journal,
+    begin_entry,
+    gpu_entry,
+    records,
+    remember_reboot,
+)
 from agent.mig.lock import PartitionLock
 from agent.mig.node_plan import (
     AssertResult,
@@ -33,7 +41,7 @@ from agent.mig.node_plan import (
     plan_layouts,
     refuse_unless_feasible,
 )
-from agent.mig.outcomes import ApplyResult, GpuOutcome, RecoveryOutcome
+from agent.mig.outcomes import ApplyResult, GpuOutcome, RecoveryOutcome, unrecovered
 from agent.mig.plan import (
     CreateGi,
     DestroyGi,
@@ -98,6 +106,7 @@ class MigService:
         self._republish = republish
         self._tell_plugin = tell_plugin
         self._recovered = recovered
+        self._stuck = ""  # per GPU, why the last rollback or recovery failed (`unrolled`)
 
     def refuse_by_mode(self, what: str) -> Allocation:
         """ModeRefused when this node's allocation mode forbids a MIG change; else the mode."""
@@ -217,6 +226,7 @@ class MigService:
         gpus = (*outcomes.values(), *self._lost_selected(spec, config))
         # Selected no GPU: done, as mig-parted's; its assert fails all the same, and says why.
         unheld = () if gpus else self.check(spec, config, mode_only=mode_only).mismatches
+        remember_reboot(self._journal, gpus)
         return ApplyResult(name, gpus, executor.mutations, recovered, said, unheld)
 
     def _lost_selected(self, spec: MigSpec, config: str | None) -> tuple[GpuOutcome, ...]:
@@ -280,21 +290,27 @@ class MigService:
                 self._publish(allocation, executor, touched, False, progress)
                 self._journal.journal_clear(SCOPE)
         said = self._plugin_told(allocation) if changing else ""
+        remember_reboot(self._journal, outcomes)
         return ApplyResult("checkpoint", tuple(outcomes), executor.mutations, (), said)
 
     def _refuse_over_unrecovered(self, what: str) -> tuple[RecoveryOutcome, ...]:
         """Recover first; refuse to start over an apply that could not be undone: its
         snapshots are the layouts to return to, a new apply's would be of half-done GPUs."""
         recovered = self._recover_locked()
-        unrecovered = [o for o in recovered if o.action == "failed"]
-        if unrecovered:
-            raise Conflict(
-                f"{what} not applied: an interrupted apply could not be rolled back yet ("
-                + "; ".join(f"GPU {o.gpu}: {o.detail}" for o in unrecovered)
-                + "). Nothing was changed; the journal is kept and the next apply or agent "
-                "start retries the rollback"
-            )
+        if self._stuck:
+            raise unrecovered(what, self._stuck)
         return recovered
+
+    def unrolled(self) -> str:
+        """Per GPU, why an earlier apply's journal could not be rolled back ("" when no journal
+        is kept for that): every apply is refused until a rollback succeeds (the next apply or
+        agent start retries it), and so is its plan (`refuse_over_unrolled`)."""
+        return self._stuck if self._stuck and self.interrupted() else ""
+
+    def refuse_over_unrolled(self, what: str) -> None:
+        """The refusal an apply of ``what`` would meet now (`unrecovered`), for its dry run."""
+        if self.unrolled():
+            raise unrecovered(what, self._stuck)
 
     def checkpoint_targets(
         self, states: Sequence[GpuMigState], mode_only: bool
@@ -478,7 +494,8 @@ class MigService:
             except Exception as exc:  # keep going: the other GPUs still deserve their rollback
                 failures.append(f"GPU {gpu.index}: {exc}")
         if failures:
-            log.error("MIG rollback failed: %s", "; ".join(failures))
+            self._stuck = "; ".join(failures)
+            log.error("MIG rollback failed: %s", self._stuck)
             raise RollbackFailed(
                 f"{error}{ROLLBACK_FAILED} ({'; '.join(failures)}). The journal is kept: "
                 "the next apply or agent start retries the rollback"
@@ -528,6 +545,7 @@ class MigService:
 
     def _recover_locked(self) -> tuple[RecoveryOutcome, ...]:
         history = records(entry for _, entry in self._journal.journal_entries(SCOPE))
+        self._stuck = ""
         if not history:
             return ()
         outcomes: list[RecoveryOutcome] = []
@@ -560,6 +578,8 @@ class MigService:
             for uuid, before in reversed(record.befores.items()):
                 if uuid not in settled:
                     outcomes.append(self._restore_one(undo, uuid, before, record))
+        failed = [f"GPU {o.gpu}: {o.detail}" for o in outcomes if o.action == "failed"]
+        self._stuck = "; ".join(failed)
         for outcome in outcomes:
             level = logging.ERROR if outcome.action == "failed" else logging.WARNING
             o = outcome

@@ -45,6 +45,7 @@ from agent.errors import (
     PermissionDenied,
     StateUnavailable,
 )
+from agent.mig.outcomes import Unrolled
 from agent.operation import INTERRUPTED
 from agent.prewarm.errors import Cancelled, DigestMismatch, DiskFull, FetchFailed
 from agent.safeyaml import capped
@@ -272,7 +273,7 @@ def recorded_code(record: Mapping[str, Any]) -> int:
 #: Error class by the name the server sends in its ErrorInfo: every class a rule encodes, and
 #: the subclasses sent under their base's rule.
 BY_NAME: Mapping[str, type[AgentError]] = {
-    cls.__name__: cls for cls in (*(rule.error for rule in _RULES), DigestMismatch)
+    cls.__name__: cls for cls in (*(rule.error for rule in _RULES), DigestMismatch, Unrolled)
 }
 #: Without an ErrorInfo (a status from grpc itself), go by the code.
 BY_CODE: Mapping[grpc.StatusCode, type[AgentError]] = {

@@ -58,8 +58,15 @@ def plan_status_of(status: mig_pb2.MigPlanStatus) -> str:
     return _STATUS_FROM.get(status, "unknown")
 
 
-def gpu_plan_pb(plan: GpuPlan) -> mig_pb2.GpuMigPlan:
+#: What applies a pending MIG mode (`GpuMigPlan.mode_pending`).
+REBOOT_APPLIES = "a reboot of this (passthrough) VM"
+RESET_APPLIES = "a GPU reset"
+
+
+def gpu_plan_pb(plan: GpuPlan, reboot: frozenset[str] = frozenset()) -> mig_pb2.GpuMigPlan:
+    """``reboot``: the GPUs whose pending mode waits for a reboot of this VM, not a reset."""
     gpu = plan.layout.gpu
+    pending = gpu.mig_mode is not None and gpu.mig_mode.is_pending
     return mig_pb2.GpuMigPlan(
         gpu_index=gpu.index,
         gpu_uuid=gpu.uuid,
@@ -74,6 +81,7 @@ def gpu_plan_pb(plan: GpuPlan) -> mig_pb2.GpuMigPlan:
         destroy=[f"{gi.profile_name}@{gi.placement}" for gi in plan.destroy],
         create=[gi.label for gi in plan.create],
         deferred=plan.deferred,
+        mode_pending=(REBOOT_APPLIES if gpu.uuid in reboot else RESET_APPLIES) if pending else "",
     )
 
 
@@ -127,10 +135,10 @@ def _counts_pb(counts: Sequence[tuple[str, int]]) -> list[mig_pb2.MigProfileCoun
     return [mig_pb2.MigProfileCount(profile=name, count=n) for name, n in counts]
 
 
-def node_plan_pb(plan: NodePlan) -> mig_pb2.PlanMigResponse:
+def node_plan_pb(plan: NodePlan, reboot: frozenset[str] = frozenset()) -> mig_pb2.PlanMigResponse:
     return mig_pb2.PlanMigResponse(
         config_name=plan.config,
-        gpus=[gpu_plan_pb(p) for p in plan.gpus],
+        gpus=[gpu_plan_pb(p, reboot) for p in plan.gpus],
         unselected_gpus=[g.index for g in plan.unselected],
         skipped_gpus=[g.index for g in plan.skipped],
         lost_gpus=plan.lost,
@@ -202,6 +210,8 @@ class PlannedGpu:
     destroy: tuple[str, ...]
     create: tuple[str, ...]
     deferred: bool
+    #: the MIG mode change it already waits for, and what applies it ("": none)
+    mode_pending: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +241,7 @@ def plan_from(response: mig_pb2.PlanMigResponse) -> MigPlanView:
                 destroy=tuple(g.destroy),
                 create=tuple(g.create),
                 deferred=g.deferred,
+                mode_pending=g.mode_pending,
             )
             for g in response.gpus
         ),

@@ -96,6 +96,8 @@ def operation_pb(op: Operation) -> operations_pb2.Operation:
         msg.error.CopyFrom(
             operation_error_pb(op.error or {"type": "Cancelled", "message": "cancelled"})
         )
+        if op.result:  # what it did all the same (agent.api.operations.EndedShort)
+            json_format.ParseDict(op.result, msg.failed_response, ignore_unknown_fields=True)
     elif op.state == "succeeded":
         json_format.ParseDict(op.result or {}, msg.response, ignore_unknown_fields=True)
     return msg
@@ -217,7 +219,8 @@ class OperationView:
     prewarm: tuple[ItemProgress, ...]
     #: a MIG apply's progress (None: another kind)
     mig_progress: MigProgress | None
-    #: what a MIG apply did, once it succeeded
+    #: what a MIG apply did, once it succeeded, or all the same when it failed because it left
+    #: a GPU's mode pending or a GPU lost (the API's ``failed_response``)
     mig_result: MigApplied | None
     #: a prewarm's counts of items (None: another kind)
     prewarm_progress: PrewarmProgress | None
@@ -268,7 +271,9 @@ def operation_from(op: operations_pb2.Operation) -> OperationView:
     meta = op.metadata
     mig = meta.mig_apply if meta.HasField("mig_apply") else None
     warming = meta.prewarm if meta.HasField("prewarm") else None
-    result = op.response.mig_apply if op.response.HasField("mig_apply") else None
+    # A failed apply that left GPUs pending or lost says what it did in failed_response.
+    response = op.failed_response if op.HasField("failed_response") else op.response
+    result = response.mig_apply if response.HasField("mig_apply") else None
     warmed = op.response.prewarm.items if op.response.HasField("prewarm") else ()
     return OperationView(
         name=op.name,

@@ -129,6 +129,20 @@ def test_a_pending_mode_change_is_not_success_through_the_agent(tmp_path: Path) 
             "all-1g",
             config=cli_config,
         )
+        name = done.stderr.split("reconfiguring through the node's agent: ")[1].split()[0]
+        ops = {
+            verb: gpu_agent(
+                "dgx-a100",
+                agent.state_dir,
+                "operations",
+                verb,
+                name,
+                "-o",
+                "json",
+                config=cli_config,
+            )
+            for verb in ("wait", "show")
+        }
     assert "reconfiguring through the node's agent" in done.stderr, done.stderr
     steps = [line for line in done.stderr.splitlines() if line.startswith(("[", "GPU "))]
     assert len(steps) == len(set(steps)), f"progress repeats lines: {steps}"
@@ -136,6 +150,19 @@ def test_a_pending_mode_change_is_not_success_through_the_agent(tmp_path: Path) 
     assert done.returncode == PENDING_EXIT, done.stdout + done.stderr
     assert "MIG configuration applied successfully" not in done.stdout
     assert "NOT applied yet: a MIG mode change is pending" in done.stdout
+    # The operation is no success either: failed, saying what waits for what, what it did kept;
+    # `operations wait` exits as the apply did (it said "succeeded" and exited 0).
+    assert ops["wait"].returncode == PENDING_EXIT, ops["wait"].stdout + ops["wait"].stderr
+    assert ops["show"].returncode == 0, ops["show"].stderr
+    for shown in ops.values():
+        op = json.loads(shown.stdout)
+        assert op["state"] == "failed", op
+        assert op["error"]["reason"] == "NotApplied", op
+        assert (
+            "MIG mode change pending: a reboot of this (passthrough) VM applies it on GPU 0, 1"
+            in (op["error"]["message"])
+        )
+        assert {g["status"] for g in op["result"]["gpus"]} == {"pending"}, op
 
 
 def test_a_checkpoint_that_cannot_be_written_whole_leaves_the_previous_one(

@@ -26,12 +26,14 @@ from agent.coordinator.rollout.targets import held_elsewhere, target_name
 from agent.dra.mode import AllocationMode
 from agent.errors import AgentError, Conflict, DriverNotReady, InvalidSpec
 from agent.gpu.types import GpuLayout
+from agent.mig.outcomes import Unrolled
 from agent.power.plan import resolve
 from agent.power.spec import parse as parse_power
 from agent.sharing import dra
 from agent.sharing.schema import PluginConfig, merge, to_document
 from agent.sharing.validate import violations
 from agent.sharing.view import DraView
+from agent.wire.mig import REBOOT_APPLIES
 from agent.wire.operations import OperationView
 from agent.wire.prewarm import ItemStatus
 from agent.wire.sharing import requested_config
@@ -108,12 +110,19 @@ class MigApply(_Base):
     async def _apply(self, node: str, notes: Notes) -> NodeResult:
         client = self.client(node)
         text, name = mig_config(self.record, node)
-        plan = await client.plan_mig(text, name)
+        try:
+            plan = await client.plan_mig(text, name)
+        except Unrolled:  # the apply retries the failed rollback first, and may get past it
+            return await self._run(client, node, notes, text, name)
         statuses = {g.status for g in plan.gpus}
         lost = _lost(plan.lost_gpus)
+        if lost and statuses <= {"unchanged"}:  # the GPUs read hold it; the lost cannot be asked
+            return NodeResult(NodeState.FAILED, f"not applied: {lost}")
+        if not plan.gpus:  # nothing to plan is not "as asked": the agent's assert says which
+            unheld = await _selects_none(client, text, name)
+            if unheld:
+                return NodeResult(NodeState.FAILED, f"not applied: {unheld}")
         if statuses <= {"unchanged"}:
-            if lost:  # the GPUs read hold it; the lost ones cannot be asked
-                return NodeResult(NodeState.FAILED, f"not applied: {lost}")
             return NodeResult(NodeState.UNCHANGED, "already as asked")
         refused = [
             f"GPU {g.gpu_index}: {g.status} "
@@ -123,23 +132,56 @@ class MigApply(_Base):
         ]
         if refused:
             return NodeResult(NodeState.FAILED, "not applied: " + "; ".join(refused))
+        return await self._run(client, node, notes, text, name)
+
+    async def _run(
+        self, client: AgentClient, node: str, notes: Notes, text: str, name: str
+    ) -> NodeResult:
+        """Apply on the node and follow it to its end: what the node holds then."""
         op = await client.apply_mig(
             text, name, self.record.request_id(node), claim_holder=self.holder
         )
         final = await _follow(client, op, notes)
+        applied = final.mig_result  # also kept by an apply failed for a GPU pending or lost
+        if applied is None:
+            if final.state != "succeeded":
+                return NodeResult(NodeState.FAILED, final.failure)
+            return NodeResult(NodeState.SUCCEEDED, "0 GPU(s) changed")
+        changed = f"{len(applied.changed_gpu_uuids)} GPU(s) changed"
+        # A GPU pending or lost: the others were applied; the node does not hold the config
+        # (an agent before the failed_response called such an apply succeeded).
+        pending = [
+            g.message.replace(_PENDING + "; ", "") for g in applied.gpus if g.status == "pending"
+        ]
+        why = [f"{_PENDING}: {'; '.join(pending)}"] if pending else []
+        gone = _lost([g.gpu_index for g in applied.gpus if g.status == "lost"])
+        why += [gone] if gone else []
+        if why:
+            return NodeResult(NodeState.FAILED, f"{changed}; {'; '.join(why)}")
         if final.state != "succeeded":
             return NodeResult(NodeState.FAILED, final.failure)
-        applied = final.mig_result
-        changed = len(applied.changed_gpu_uuids) if applied is not None else 0
-        gone = [g.gpu_index for g in applied.gpus if g.status == "lost"] if applied else []
-        if gone:  # the others were applied; the node does not hold the config
-            return NodeResult(NodeState.FAILED, f"{changed} GPU(s) changed; {_lost(gone)}")
-        return NodeResult(NodeState.SUCCEEDED, f"{changed} GPU(s) changed")
+        if applied.assert_mismatches:  # planned a GPU, then found none selected
+            return NodeResult(NodeState.FAILED, f"not applied: {_NONE_SELECTED}")
+        return NodeResult(NodeState.SUCCEEDED, changed)
+
+
+_PENDING = "MIG mode change pending"
+_NONE_SELECTED = "the config selects no GPU of this node"
 
 
 def _lost(indices: Sequence[int]) -> str:
     """The lost GPUs a config selects, in words ("" for none)."""
     return "; ".join(f"GPU {i} is lost: not applied" for i in indices)
+
+
+async def _selects_none(client: AgentClient, text: str, name: str) -> str:
+    """Why a config the node plans no GPU for is not held there, in words ("" when the agent's
+    assert finds it held: e.g. a node of no MIG-capable GPU). Its apply would change nothing
+    and say so only on stderr (the single-node apply's ``assert_mismatches``)."""
+    held = await client.assert_mig(text, name)
+    if held.applied:
+        return ""
+    return f"{_NONE_SELECTED} ({'; '.join(held.mismatches)})"
 
 
 class ShareApply(_Base):
@@ -237,13 +279,23 @@ async def _preview_mig(client: AgentClient, record: RolloutRecord, node: str) ->
         for g in plan.gpus
     )
     statuses = {g["status"] for g in gpus}
-    if statuses & {"blocked", "infeasible"} or plan.lost_gpus:
+    unheld = "" if gpus or plan.lost_gpus else await _selects_none(client, text, name)
+    # A mode a VM reboot applies stays pending whatever an apply does: the node cannot succeed.
+    reboot = [g.gpu_index for g in plan.gpus if g.mode_pending == REBOOT_APPLIES]
+    if statuses & {"blocked", "infeasible"} or plan.lost_gpus or unheld or reboot:
         would = "refused"
     else:
         would = "unchanged" if statuses <= {"unchanged"} else "change"
     changing = sum(g["status"] != "unchanged" for g in gpus)
-    lost = f"; {_lost(plan.lost_gpus)}" if plan.lost_gpus else ""
-    return NodePreview(node, would, f"{changing}/{len(gpus)} GPU(s) change{lost}", gpus)
+    said = [f"{changing}/{len(gpus)} GPU(s) change"]
+    said += [_lost(plan.lost_gpus)] if plan.lost_gpus else []
+    said += [unheld] if unheld else []
+    said += [
+        f"{_PENDING}: {g.mode_pending} applies it on GPU {g.gpu_index}"
+        for g in plan.gpus
+        if g.mode_pending
+    ]
+    return NodePreview(node, would, "; ".join(said), gpus)
 
 
 async def _preview_share(client: AgentClient, record: RolloutRecord, node: str) -> NodePreview:

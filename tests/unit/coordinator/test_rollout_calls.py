@@ -27,6 +27,8 @@ from agent.errors import NotFound
 from agent.wire.node import node_from
 from tests.unit.coordinator.fakeagents import node
 
+PENDING = "MIG mode change pending; the driver needs a reboot of this (passthrough) VM to apply it"
+
 DESIRED = """\
 version: v1
 rollout: {{max_unavailable: {limit}, max_failures: 1}}
@@ -63,6 +65,8 @@ class Agent:
         self.apply_s = 0.0
         #: GPUs the config selects that are lost: planned and applied without them
         self.lost: tuple[int, ...] = ()
+        #: GPU 0's MIG mode change is left pending (an agent that called that succeeded)
+        self.pending = False
 
     def _count(self, call: str) -> None:
         self.calls[call] += 1
@@ -83,6 +87,7 @@ class Agent:
             blockers=(),
             infeasible_reason="",
             deferred=False,
+            mode_pending="",
         )
         return NS(gpus=(gpu,), lost_gpus=self.lost)
 
@@ -113,7 +118,11 @@ class Agent:
         self._count("WatchOperation")
         await asyncio.sleep(self.apply_s)
         lost = tuple(NS(gpu_index=i, status="lost") for i in self.lost)
-        done = NS(changed_gpu_uuids=("u",), gpus=(NS(gpu_index=0, status="applied"), *lost))
+        gpu = NS(gpu_index=0, status="applied", message="")
+        if self.pending:
+            self.applied = False  # the plan still changes it
+            gpu = NS(gpu_index=0, status="pending", message=f"GPU 0: {PENDING}")
+        done = NS(changed_gpu_uuids=("u",), gpus=(gpu, *lost), assert_mismatches=())
         yield NS(progress="", state="succeeded", failure="", mig_result=done)
 
 
@@ -266,3 +275,30 @@ def test_a_node_whose_selected_gpu_is_lost_is_never_in_sync(tmp_path: Path) -> N
     asyncio.run(reconciler.pass_once())  # the GPUs read hold it now; GPU 3 still does not
     assert reconciler.stats.drift["mig"] == 1  # this pass's count: still not in sync
     assert reconciler.stats.changes[("mig", "succeeded")] == 0
+
+
+def test_a_node_whose_mode_change_an_agent_called_succeeded_is_pending_is_failed(
+    tmp_path: Path,
+) -> None:
+    """An agent before the operation's failed_response ended an apply that left GPU 0's MIG
+    mode pending (until this passthrough VM reboots) succeeded: the node was counted succeeded
+    though it holds nothing it was asked. It is failed, naming what the mode waits for."""
+    fleet = CountingFleet(3, train={"n001"})
+    fleet.agents["n001"].pending = True
+    maps = ConfigMaps()
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(DESIRED.format(limit=1))
+    cluster = ClusterReport(maps, "gpu-agent", "coordinator-0")
+    reconciler = Reconciler(fleet, desired, cluster=cluster, identity="coordinator-0")
+
+    async def main() -> None:
+        await reconciler.pass_once()
+        await reconciler.flush_reports()
+
+    asyncio.run(main())
+    assert reconciler.stats.changes[("mig", "failed")] == 1
+    assert reconciler.stats.changes[("mig", "succeeded")] == 0
+    assert maps.data is not None
+    node = json.loads(maps.data["mig"])["nodes"]["n001"]
+    assert node["state"] == "failed"
+    assert "MIG mode change pending: GPU 0: the driver needs a reboot" in node["detail"], node

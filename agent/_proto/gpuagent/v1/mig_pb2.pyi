@@ -86,7 +86,7 @@ class MigBlocker(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., instance: _Optional[str] = ..., change: _Optional[str] = ...) -> None: ...
 
 class GpuMigPlan(_message.Message):
-    __slots__ = ("gpu_index", "gpu_uuid", "status", "steps", "blockers", "infeasible_reason", "keep", "destroy", "create", "deferred")
+    __slots__ = ("gpu_index", "gpu_uuid", "status", "steps", "blockers", "infeasible_reason", "keep", "destroy", "create", "deferred", "mode_pending")
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,7 @@ class GpuMigPlan(_message.Message):
     DESTROY_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
     DEFERRED_FIELD_NUMBER: _ClassVar[int]
+    MODE_PENDING_FIELD_NUMBER: _ClassVar[int]
     gpu_index: int
     gpu_uuid: str
     status: MigPlanStatus
@@ -107,7 +108,8 @@ class GpuMigPlan(_message.Message):
     destroy: _containers.RepeatedScalarFieldContainer[str]
     create: _containers.RepeatedScalarFieldContainer[str]
     deferred: bool
-    def __init__(self, gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., status: _Optional[_Union[MigPlanStatus, str]] = ..., steps: _Optional[_Iterable[str]] = ..., blockers: _Optional[_Iterable[_Union[MigBlocker, _Mapping]]] = ..., infeasible_reason: _Optional[str] = ..., keep: _Optional[_Iterable[str]] = ..., destroy: _Optional[_Iterable[str]] = ..., create: _Optional[_Iterable[str]] = ..., deferred: _Optional[bool] = ...) -> None: ...
+    mode_pending: str
+    def __init__(self, gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., status: _Optional[_Union[MigPlanStatus, str]] = ..., steps: _Optional[_Iterable[str]] = ..., blockers: _Optional[_Iterable[_Union[MigBlocker, _Mapping]]] = ..., infeasible_reason: _Optional[str] = ..., keep: _Optional[_Iterable[str]] = ..., destroy: _Optional[_Iterable[str]] = ..., create: _Optional[_Iterable[str]] = ..., deferred: _Optional[bool] = ..., mode_pending: _Optional[str] = ...) -> None: ...
 
 class PlanMigRequest(_message.Message):
     __slots__ = ("config_yaml", "config_name", "force")

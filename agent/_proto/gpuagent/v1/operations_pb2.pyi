@@ -29,7 +29,7 @@ OPERATION_STATE_FAILED: OperationState
 OPERATION_STATE_CANCELLED: OperationState
 
 class Operation(_message.Message):
-    __slots__ = ("name", "kind", "state", "done", "metadata", "error", "response", "request_id", "create_time", "update_time", "cancel_requested")
+    __slots__ = ("name", "kind", "state", "done", "metadata", "error", "response", "request_id", "create_time", "update_time", "cancel_requested", "failed_response")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class Operation(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: str
     state: OperationState
@@ -52,7 +53,8 @@ class Operation(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     update_time: _timestamp_pb2.Timestamp
     cancel_requested: bool
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[_Union[OperationState, str]] = ..., done: _Optional[bool] = ..., metadata: _Optional[_Union[OperationMetadata, _Mapping]] = ..., error: _Optional[_Union[OperationError, _Mapping]] = ..., response: _Optional[_Union[OperationResponse, _Mapping]] = ..., request_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ...) -> None: ...
+    failed_response: OperationResponse
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[_Union[OperationState, str]] = ..., done: _Optional[bool] = ..., metadata: _Optional[_Union[OperationMetadata, _Mapping]] = ..., error: _Optional[_Union[OperationError, _Mapping]] = ..., response: _Optional[_Union[OperationResponse, _Mapping]] = ..., request_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ..., failed_response: _Optional[_Union[OperationResponse, _Mapping]] = ...) -> None: ...
 
 class OperationError(_message.Message):
     __slots__ = ("code", "reason", "message", "blockers", "violations")
