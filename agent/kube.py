@@ -78,9 +78,6 @@ MAX_ERROR_BYTES = 64 << 10
 MAX_STATUS_MESSAGE = 300
 #: A bearer token file larger than this is refused unread (a projected token is ~1 KiB).
 MAX_TOKEN_BYTES = 64 << 10
-#: A certificate, key or CA file a kubeconfig names, larger than this, is refused unread: a
-#: system CA bundle is ~220 KiB.
-MAX_PEM_BYTES = 1 << 20
 #: A Retry-After longer than this many digits is past any wait (the watch caps it anyway).
 _MAX_RETRY_AFTER_DIGITS = 9
 

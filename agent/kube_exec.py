@@ -31,7 +31,6 @@ from typing import IO, Any
 
 from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec, PermissionDenied
-from agent.kube import MAX_PEM_BYTES
 
 __all__ = ["API_VERSIONS", "ExecPlugin", "ExecPluginError"]
 
@@ -203,7 +202,9 @@ def _cluster_info(cluster: Mapping[str, Any]) -> dict[str, Any]:
     path = cluster.get("certificate-authority")
     if not ca and isinstance(path, str) and path:
         try:  # no further than a PEM can be; unread, as unreadable, otherwise
-            ca = base64.b64encode(safeyaml.read_bytes(Path(path), "ca", MAX_PEM_BYTES)).decode()
+            ca = base64.b64encode(
+                safeyaml.read_bytes(Path(path), "ca", safeyaml.MAX_PEM_BYTES)
+            ).decode()
         except InvalidSpec:
             ca = None
     if ca:

@@ -17,7 +17,6 @@ from typing import Any
 
 from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec, NotSupported
-from agent.kube import MAX_PEM_BYTES
 from agent.kube_exec import ExecPlugin
 from agent.redact import redact_url
 
@@ -139,4 +138,6 @@ def _pem(path: Path, data: str | None, name: str | None, base: Path, field: str)
     if not name:
         return None
     # read no further than a PEM can be: refused naming the field and the file otherwise
-    return safeyaml.read_bytes(base / name, field, MAX_PEM_BYTES, f"kubeconfig {path}: {field}")
+    return safeyaml.read_bytes(
+        base / name, field, safeyaml.MAX_PEM_BYTES, f"kubeconfig {path}: {field}"
+    )

@@ -62,6 +62,11 @@ class Limits:
 DEFAULT = Limits()
 
 
+#: A certificate, key or CA file larger than this is refused unread: a system CA bundle is
+#: ~220 KiB.
+MAX_PEM_BYTES = 1 << 20
+
+
 def ascii_int(text: str, digits: int = 9) -> int | None:
     """``text`` as a whole number when it is 1 to ``digits`` ASCII digits, else None:
     ``"²".isdigit()`` is True and int() refuses it, int() reads "٣" as 3, and thousands of
