@@ -86,6 +86,7 @@ def _gpu_view(layout: GpuLayout) -> dict[str, Any]:
         "index": g.index,
         "health": "ok",
         "detail": "",
+        "unread": None,  # its layout and processes read in the latest sample
         "uuid": g.uuid,
         "name": g.name,
         "pci_bus_id": g.pci_bus_id,

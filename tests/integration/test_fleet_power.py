@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from agent.client import AgentClient
-from tests.unit.api.support import Pki
+from tests.unit.api.support import Pki, wait_for
 from tests.unit.coordinator.agents import AgentFleet
 
 pytestmark = pytest.mark.integration
@@ -64,18 +64,26 @@ def test_a_bad_power_rule_is_refused_naming_its_field(agents: AgentFleet) -> Non
     assert "power[0].limits[0].limit" in outcome.output, outcome.output
 
 
-def test_a_rule_naming_a_lost_gpu_is_refused_as_lost_and_the_node_left_alone(
-    agents: AgentFleet,
-) -> None:
+def test_a_node_whose_gpu_fell_off_the_bus_is_left_alone_and_said(agents: AgentFleet) -> None:
     """GPU 0 of the H100 node fell off the bus: the rule `gpus: [0]` said "GPU 0 does not
-    exist" when the coordinator rolled it out. It says the GPU is lost, and no GPU is changed."""
+    exist" when the coordinator rolled it out. The agent marks the GPU failed (XID 79, a node
+    reboot): the node is left out as unhealthy, saying why, and no GPU is changed. (The
+    agent's own refusal of a spec naming a lost GPU, "GPU 0 is lost", is
+    tests/unit/power/test_service.py's; a pass before the mark reached it raced the XID.)"""
     desired = agents.root / "lost.yaml"
     desired.write_text(DESIRED.replace("limit: 0.8", "limit: 0.7"))
     before = _watts(agents, "h100")
     agents.sim("h100", "lost", "0")
+    client = AgentClient.connect(agents.agents["h100"].socket)
+    assert client is not None
     try:
+        wait_for(
+            lambda: any(g.lost and g.condition for g in client.node().gpus), "GPU 0 marked", 30
+        )
         outcome = agents.coordinator("serve", "--once", "--desired", str(desired))
-        assert "power[1].gpus: GPU 0 is lost (it does not answer)" in outcome.output, outcome.output
+        assert outcome.exit_code == 10, outcome.output
+        assert "h100 (unhealthy: GPU 0 failed: XID 79" in outcome.output, outcome.output
         assert _watts(agents, "h100") == before[1:]  # the GPUs that answer, unchanged
     finally:
+        client.close()
         agents.sim("h100", "reboot")
