@@ -109,13 +109,20 @@ class NodeView:
         return tuple(g for g in self.layouts if not self.left_out(g))
 
 
-def _sharing(sharing: wire.NodeSharing | None) -> str:
+def _sharing(node: wire.NodeView) -> str:
+    """The config in the node's file, and ``(not loaded)`` while its agent says the plugin has
+    not loaded it (its sharing component: ``plugin not-loaded: ...``)."""
+    sharing = node.sharing
     if sharing is None:
         return "unknown"
     if sharing.strategy is None or not sharing.resources:
-        return "none"
-    resources = ", ".join(f"{name} x{replicas}" for name, replicas in sharing.resources)
-    return f"{sharing.strategy} {resources}"
+        said = "none"
+    else:
+        resources = ", ".join(f"{name} x{replicas}" for name, replicas in sharing.resources)
+        said = f"{sharing.strategy} {resources}"
+    if any(c.name == "sharing" and "plugin not-loaded" in c.detail for c in node.degraded):
+        said += " (not loaded)"
+    return said
 
 
 def _idle_gpus(
@@ -145,7 +152,7 @@ def node_view(target: Target, node: wire.NodeView, idle_after_s: float | None = 
         labels=target.labels,
         layouts=tuple(g.layout for g in gpus),
         lost=frozenset(g.layout.gpu.uuid for g in gpus if g.lost),
-        sharing=_sharing(node.sharing),
+        sharing=_sharing(node),
         warm=tuple(sorted(i.name for i in node.cache if i.warm)),
         unhealthy=tuple(f"{c.name}: {c.detail}" for c in node.degraded)
         + tuple(

@@ -283,6 +283,20 @@ def test_a_failed_or_lost_gpu_is_no_idle_capacity() -> None:
     assert fleet_status([view]).idle_gpus == 0
 
 
+def test_a_sharing_config_the_plugin_has_not_loaded_says_so_in_the_sharing_column() -> None:
+    """The column showed the file's config as if in effect; the agent's sharing component
+    says the plugin has not loaded it, and the node needs attention."""
+    node = _node()
+    del node.health.components[:]
+    node.health.components.add(
+        name="sharing", healthy=False, detail="plugin not-loaded: no process is running"
+    )
+    status = fleet_status([node_view(Target("10.0.0.1:9401"), node_from(node))])
+    (row,) = status.nodes
+    assert row.sharing == "time-slicing nvidia.com/gpu x4 (not loaded)"
+    assert row.health == "unhealthy" and "plugin not-loaded" in row.detail
+
+
 def test_a_gpu_lost_before_it_was_read_is_of_no_model_a_selector_matches() -> None:
     """Its name is not known: the models column said "1x , 2x H100 ..." and a selector saw an
     empty model among the node's."""
