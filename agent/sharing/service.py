@@ -160,16 +160,23 @@ class SharingService:
             config=config,
             advertised=advertise(runs, layouts) if runs is not None and not unknown else (),
             problems=() if unread else _problems(config, started, seen, layouts),
-            pickup=pickup(
-                file_sha256=sha,
-                file_mtime=self._store.mtime(),
-                status=status,
-                processes=processes,
-                process_name=self._settings.plugin_process_name,
-                unseen_dir=None if self._store.path.parent.is_dir() else self._store.path.parent,
-            ),
+            pickup=self._pickup(sha, status, processes),
             last_write=last_write,
             advertised_unknown=unknown,
+        )
+
+    def _pickup(
+        self, sha: str | None, status: StatusRecord | None, processes: Sequence[PluginProcess]
+    ) -> Pickup:
+        """Whether the plugin runs the file whose digest is ``sha`` (None: no file)."""
+        parent = self._store.path.parent
+        return pickup(
+            file_sha256=sha,
+            file_mtime=self._store.mtime(),
+            status=status,
+            processes=processes,
+            process_name=self._settings.plugin_process_name,
+            unseen_dir=None if parent.is_dir() else parent,
         )
 
     def _advertised_unknown(
@@ -320,6 +327,10 @@ class SharingService:
         reloader: Reloader,
     ) -> ApplyResult:
         if desired == current:
+            if self._settings.reload != "none":  # written earlier, and perhaps never loaded
+                again = self._reload_unloaded(action, desired, layouts, reloader)
+                if again is not None:
+                    return again
             return self._result(action, False, desired, layouts, None)
         data = render(desired).encode()
         reloader.check()
@@ -348,6 +359,39 @@ class SharingService:
             ) from exc
         self._store.write_status(StatusRecord(action, _sha256(data), written_at, report).to_json())
         return self._result(action, True, config, layouts, report)
+
+    def _reload_unloaded(
+        self,
+        action: str,
+        config: PluginConfig,
+        layouts: Sequence[GpuLayout],
+        reloader: Reloader,
+    ) -> ApplyResult | None:
+        """The file already says ``config``, but the plugin has not loaded it (a reload that
+        did not reach it): reload it again, nothing written (``changed`` False, with the
+        reload's report). None when the plugin is not known not to run it."""
+        raw = self._store.read()
+        if raw is None:
+            return None
+        sha = _sha256(raw)
+        status_raw = self._store.read_status()
+        status = StatusRecord.from_json(status_raw) if status_raw is not None else None
+        processes = find_plugin_processes(self._settings.plugin_process_name)
+        if self._pickup(sha, status, processes).state != "not-loaded":
+            return None
+        ours = status is not None and status.sha256 == sha
+        mtime = self._store.mtime()
+        written_at = status.written_at if status is not None and ours else mtime or self._clock()
+        did = status.action if status is not None and ours else action
+        try:
+            report = reloader.reload()
+        except AgentError as exc:
+            raise type(exc)(
+                f"{self._store.path} already says this, but the plugin has not loaded it and "
+                f"reloading it ({self._settings.reload}) failed: {exc}"
+            ) from exc
+        self._store.write_status(StatusRecord(did, sha, written_at, report).to_json())
+        return self._result(action, False, config, layouts, report)
 
     def reload_for_mig_change(self) -> str:
         """After a MIG layout change, make the device plugin enumerate its devices again with

@@ -33,9 +33,13 @@ def config_path(tmp_path: Path) -> Path:
 
 
 def run(
-    config_path: Path, *args: str, layouts: list | None = None, stdin: str | None = None
+    config_path: Path,
+    *args: str,
+    layouts: list | None = None,
+    stdin: str | None = None,
+    reload: str = "none",
 ) -> Result:
-    settings = SharingSettings(config_path=config_path, reload="none")
+    settings = SharingSettings(config_path=config_path, reload=reload)
     svc = SharingService(settings, lambda: layouts if layouts is not None else node(8))
     return CliRunner().invoke(share, list(args), obj=Obj(svc), input=stdin)
 
@@ -51,6 +55,24 @@ def test_set_time_slicing_then_show_as_a_table(config_path: Path) -> None:
     assert "failRequestsGreaterThanOne false" in shown.stdout
     row = next(line for line in shown.stdout.splitlines() if line.startswith("nvidia.com/gpu"))
     assert row.split() == ["nvidia.com/gpu", "8", "4", "32"]
+
+
+def test_a_change_the_plugin_was_not_reloaded_for_exits_15(config_path: Path) -> None:
+    """Exit 0 with a warning said "done" while the plugin ran its old config (no process to
+    signal here). The same set again retries the reload, and is not done either."""
+    for args in (["set", "--time-slicing", "gpu=4"], ["set", "--time-slicing", "gpu=4"]):
+        result = run(config_path, *args, reload="sighup")
+        assert result.exit_code == 15, result.output
+        assert "no process named nvidia-device-plugin found" in result.stderr
+    assert "error: the config is already written, but the plugin was not reloaded" in (
+        result.stderr
+    )
+    assert "The plugin had not loaded it: reloaded again." in result.stdout
+    assert run(config_path, "clear", reload="sighup").exit_code == 15
+    assert run(config_path, "rollback", reload="sighup").exit_code == 15
+    # reload none: something else reloads the plugin; written is done, with a warning
+    done = run(config_path, "set", "--time-slicing", "gpu=2")
+    assert done.exit_code == 0 and "warning: the plugin was not reloaded" in done.stderr
 
 
 def test_show_as_json(config_path: Path) -> None:

@@ -69,6 +69,25 @@ def test_set_writes_the_config_and_reports_what_is_advertised(config_path: Path)
     assert not result.reload.done
 
 
+def test_a_set_the_file_already_says_retries_a_reload_that_did_not_reach_the_plugin(
+    config_path: Path,
+) -> None:
+    """It answered "Unchanged" without reloading, so the plugin kept its old config for good
+    (here no plugin process is visible: `share show` says not-loaded)."""
+    sharing = service(config_path, reload="sighup")
+    first = sharing.set(parse(ts()))
+    assert first.changed and first.reload is not None and not first.reload.done
+    assert sharing.show().pickup.state == "not-loaded"
+    written = config_path.read_bytes()
+    again = sharing.set(parse(ts()))
+    assert not again.changed and config_path.read_bytes() == written  # nothing written
+    assert again.reload is not None and again.reload.method == "sighup"  # tried again
+    assert sharing.show().last_write is not None  # the record still says the first write
+    # With reload none something else reloads the plugin: unchanged, nothing tried.
+    plain = service(config_path).set(parse(ts()))
+    assert not plain.changed and plain.reload is None
+
+
 def test_set_keeps_the_files_flags_and_the_previous_version(config_path: Path) -> None:
     """The file is shared with the plugin: its other settings survive a sharing change."""
     config_path.write_text(README_FLAGS)
