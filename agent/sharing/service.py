@@ -35,7 +35,7 @@ from agent.gpu.types import GpuLayout
 from agent.kube import KubeClient
 from agent.kube_watch import Informer
 from agent.sharing import dra, dra_api, strategy
-from agent.sharing.advertise import advertise
+from agent.sharing.advertise import Advertised, advertise
 from agent.sharing.dra_kube import DeviceClasses, DraKube
 from agent.sharing.reload import (
     PluginProcess,
@@ -154,13 +154,16 @@ class SharingService:
                 f"allocation mode {allocation.describe()}: whether a device plugin or a DRA "
                 "driver hands out these GPUs is not known yet"
             )
+        advertised = advertise(runs, layouts) if runs is not None and not unknown else ()
+        loaded = self._pickup(sha, status, processes)
+        advertised, unknown = _until_loaded(loaded, advertised, unknown)
         return SharingView(
             config_path=self._store.path,
             exists=raw is not None,
             config=config,
-            advertised=advertise(runs, layouts) if runs is not None and not unknown else (),
+            advertised=advertised,
             problems=() if unread else _problems(config, started, seen, layouts),
-            pickup=self._pickup(sha, status, processes),
+            pickup=loaded,
             last_write=last_write,
             advertised_unknown=unknown,
         )
@@ -207,11 +210,21 @@ class SharingService:
         layouts: Sequence[GpuLayout],
         report: ReloadReport | None,
     ) -> ApplyResult:
-        """A change's answer, with what the plugin advertises now, or why that is not known."""
-        started, seen = self._started(find_plugin_processes(self._settings.plugin_process_name))
+        """A change's answer, with what the plugin advertises now, or why that is not known
+        (as `show`: not before the plugin has loaded the file)."""
+        processes = find_plugin_processes(self._settings.plugin_process_name)
+        started, seen = self._started(processes)
         unknown = self._advertised_unknown(config, started, seen, layouts)
         runs = strategy.run_with(config, started)
         advertised = advertise(runs, layouts) if runs is not None and not unknown else ()
+        raw = self._store.read()
+        status_raw = self._store.read_status()
+        loaded = self._pickup(
+            _sha256(raw) if raw is not None else None,
+            StatusRecord.from_json(status_raw) if status_raw is not None else None,
+            processes,
+        )
+        advertised, unknown = _until_loaded(loaded, advertised, unknown)
         return ApplyResult(
             action,
             changed,
@@ -583,6 +596,21 @@ class SharingService:
 
     def _parse_current(self, raw: bytes | None) -> PluginConfig:
         return parse_file(raw, self._store.path)
+
+
+def _until_loaded(
+    loaded: Pickup, advertised: tuple[Advertised, ...], unknown: str
+) -> tuple[tuple[Advertised, ...], str]:
+    """(advertised, why not known): what the config makes the plugin advertise is what it
+    advertises only once it has loaded the file (``loaded`` or ``signalled``); before, not
+    known, and the why says what it will advertise once it does."""
+    if unknown or loaded.state in ("loaded", "signalled"):
+        return advertised, unknown
+    will = ", ".join(f"{a.resource} {a.count}" for a in advertised) or "no GPU resources"
+    return (), (
+        f"the plugin has not loaded this config (plugin {loaded.state}: {loaded.detail}); once "
+        f"it does it advertises {will}"
+    )
 
 
 def _problems(
