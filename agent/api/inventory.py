@@ -286,13 +286,11 @@ class NodeInventory:
             try:
                 view = self._sharing_source()
             except AgentError as exc:
+                self._sharing_pb = None  # unreadable now: unknown, not the last one read
                 self._sharing = _Part(False, str(exc), self._clock())
             else:
                 self._sharing_pb = sharing_config_pb(view.config)
-                problems = "; ".join(map(str, view.problems))
-                self._sharing = _Part(
-                    not problems, problems or f"plugin {view.pickup.state}", self._clock()
-                )
+                self._sharing = _Part(*sharing_health(view), self._clock())
             self._rebuild()
 
     def refresh_cache(self) -> None:
@@ -493,3 +491,18 @@ def _mig_shape(layout: GpuLayout) -> tuple[object, ...]:
         None if mode is None else (mode.current, mode.pending),
         tuple((gi.profile_id, gi.placement, gi.compute_instances) for gi in layout.instances),
     )
+
+
+def sharing_health(view: SharingView) -> tuple[bool, str]:
+    """The sharing component's (healthy, detail): degraded while the file breaks a rule, the
+    plugin has not loaded it (``plugin not-loaded: why``, which `fleet status` reads), or a DRA
+    node's DeviceClasses could not be read; the plugin's pickup state is always said."""
+    said = [f"plugin {view.pickup.state}: {view.pickup.detail}"]
+    bad = view.pickup.state == "not-loaded"
+    if view.dra is not None and view.dra.error:
+        said.append(f"DeviceClasses not read: {view.dra.error}")
+        bad = True
+    problems = "; ".join(map(str, view.problems))
+    if problems:
+        said.insert(0, problems)
+    return not (bad or problems), "; ".join(said)

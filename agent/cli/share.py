@@ -204,6 +204,12 @@ def show_command(obj: ShareContext, output: str) -> None:
     _emit(_view_data(view), output, lambda: _view_table(view))
 
 
+#: ``share set``/``clear``/``rollback`` exit status when the config is on disk but the reload
+#: did not reach the plugin: it runs its old config, so the change is not done (not 0), and no
+#: error's code (docs/sharing.md "Exit codes", docs/api.md).
+NOT_RELOADED_EXIT = 15
+
+
 @share.command("set", short_help="Set time-slicing or MPS sharing and reload the plugin.")
 @_spec_options
 @output_option
@@ -226,7 +232,8 @@ def set_command(obj: ShareContext, spec: _Spec, output: str) -> None:
       gpu-agent share set -f time-slicing.yaml
 
     `--mig-strategy` alone keeps the node's sharing as the agent shows it and changes only
-    flags.migStrategy.
+    flags.migStrategy. Exits 15 when the config is written but the reload did not reach the
+    plugin (not done; run it again to retry the reload), as do clear and rollback.
     """
     service = obj.sharing_service()
     if spec.strategy_only:
@@ -413,9 +420,24 @@ def _emit(data: object, output: str, table: Callable[[], str]) -> None:
 
 
 def _emit_result(result: ApplyResult, output: str) -> None:
+    """The change's answer; exit NOT_RELOADED_EXIT when the config is on disk but the reload
+    did not reach the plugin (which runs its old config): not done. With reload ``none``
+    something else reloads the plugin: a warning only."""
     _emit(_result_data(result), output, lambda: _result_table(result))
-    if result.reload is not None and not result.reload.done:
-        click.echo(f"warning: the plugin was not reloaded: {result.reload.detail}", err=True)
+    reload = result.reload
+    if reload is None or reload.done:
+        return
+    if reload.method == "none":
+        click.echo(f"warning: the plugin was not reloaded: {reload.detail}", err=True)
+        return
+    what = "written" if result.changed else "already written"
+    click.echo(
+        f"error: the config is {what}, but the plugin was not reloaded ({reload.method}): "
+        f"{reload.detail}; `share show` says whether it loads it, and the same command "
+        "retries the reload",
+        err=True,
+    )
+    raise click.exceptions.Exit(NOT_RELOADED_EXIT)
 
 
 def _time(at: float) -> str:
@@ -612,7 +634,12 @@ def _result_table(result: ApplyResult) -> str:
             else "Unchanged: the DeviceClasses already say this; nothing written."
         )
         return "\n".join([head, *_sharing_lines(result.config), *_dra_lines(result.dra)])
-    if not result.changed:
+    if not result.changed and result.reload is not None:  # the plugin had not loaded it
+        head = (
+            f"Unchanged: {result.config_path} already says this; nothing written. The plugin "
+            "had not loaded it: reloaded again."
+        )
+    elif not result.changed:
         head = f"Unchanged: {result.config_path} already says this; nothing written or reloaded."
     else:
         head = f"{result.action.capitalize()}: wrote {result.config_path}"

@@ -35,7 +35,7 @@ from agent.gpu.types import GpuLayout
 from agent.kube import KubeClient
 from agent.kube_watch import Informer
 from agent.sharing import dra, dra_api, strategy
-from agent.sharing.advertise import advertise
+from agent.sharing.advertise import Advertised, advertise
 from agent.sharing.dra_kube import DeviceClasses, DraKube
 from agent.sharing.reload import (
     PluginProcess,
@@ -154,22 +154,32 @@ class SharingService:
                 f"allocation mode {allocation.describe()}: whether a device plugin or a DRA "
                 "driver hands out these GPUs is not known yet"
             )
+        advertised = advertise(runs, layouts) if runs is not None and not unknown else ()
+        loaded = self._pickup(sha, status, processes)
+        advertised, unknown = _until_loaded(loaded, advertised, unknown)
         return SharingView(
             config_path=self._store.path,
             exists=raw is not None,
             config=config,
-            advertised=advertise(runs, layouts) if runs is not None and not unknown else (),
+            advertised=advertised,
             problems=() if unread else _problems(config, started, seen, layouts),
-            pickup=pickup(
-                file_sha256=sha,
-                file_mtime=self._store.mtime(),
-                status=status,
-                processes=processes,
-                process_name=self._settings.plugin_process_name,
-                unseen_dir=None if self._store.path.parent.is_dir() else self._store.path.parent,
-            ),
+            pickup=loaded,
             last_write=last_write,
             advertised_unknown=unknown,
+        )
+
+    def _pickup(
+        self, sha: str | None, status: StatusRecord | None, processes: Sequence[PluginProcess]
+    ) -> Pickup:
+        """Whether the plugin runs the file whose digest is ``sha`` (None: no file)."""
+        parent = self._store.path.parent
+        return pickup(
+            file_sha256=sha,
+            file_mtime=self._store.mtime(),
+            status=status,
+            processes=processes,
+            process_name=self._settings.plugin_process_name,
+            unseen_dir=None if parent.is_dir() else parent,
         )
 
     def _advertised_unknown(
@@ -200,11 +210,21 @@ class SharingService:
         layouts: Sequence[GpuLayout],
         report: ReloadReport | None,
     ) -> ApplyResult:
-        """A change's answer, with what the plugin advertises now, or why that is not known."""
-        started, seen = self._started(find_plugin_processes(self._settings.plugin_process_name))
+        """A change's answer, with what the plugin advertises now, or why that is not known
+        (as `show`: not before the plugin has loaded the file)."""
+        processes = find_plugin_processes(self._settings.plugin_process_name)
+        started, seen = self._started(processes)
         unknown = self._advertised_unknown(config, started, seen, layouts)
         runs = strategy.run_with(config, started)
         advertised = advertise(runs, layouts) if runs is not None and not unknown else ()
+        raw = self._store.read()
+        status_raw = self._store.read_status()
+        loaded = self._pickup(
+            _sha256(raw) if raw is not None else None,
+            StatusRecord.from_json(status_raw) if status_raw is not None else None,
+            processes,
+        )
+        advertised, unknown = _until_loaded(loaded, advertised, unknown)
         return ApplyResult(
             action,
             changed,
@@ -320,6 +340,10 @@ class SharingService:
         reloader: Reloader,
     ) -> ApplyResult:
         if desired == current:
+            if self._settings.reload != "none":  # written earlier, and perhaps never loaded
+                again = self._reload_unloaded(action, desired, layouts, reloader)
+                if again is not None:
+                    return again
             return self._result(action, False, desired, layouts, None)
         data = render(desired).encode()
         reloader.check()
@@ -348,6 +372,39 @@ class SharingService:
             ) from exc
         self._store.write_status(StatusRecord(action, _sha256(data), written_at, report).to_json())
         return self._result(action, True, config, layouts, report)
+
+    def _reload_unloaded(
+        self,
+        action: str,
+        config: PluginConfig,
+        layouts: Sequence[GpuLayout],
+        reloader: Reloader,
+    ) -> ApplyResult | None:
+        """The file already says ``config``, but the plugin has not loaded it (a reload that
+        did not reach it): reload it again, nothing written (``changed`` False, with the
+        reload's report). None when the plugin is not known not to run it."""
+        raw = self._store.read()
+        if raw is None:
+            return None
+        sha = _sha256(raw)
+        status_raw = self._store.read_status()
+        status = StatusRecord.from_json(status_raw) if status_raw is not None else None
+        processes = find_plugin_processes(self._settings.plugin_process_name)
+        if self._pickup(sha, status, processes).state != "not-loaded":
+            return None
+        ours = status is not None and status.sha256 == sha
+        mtime = self._store.mtime()
+        written_at = status.written_at if status is not None and ours else mtime or self._clock()
+        did = status.action if status is not None and ours else action
+        try:
+            report = reloader.reload()
+        except AgentError as exc:
+            raise type(exc)(
+                f"{self._store.path} already says this, but the plugin has not loaded it and "
+                f"reloading it ({self._settings.reload}) failed: {exc}"
+            ) from exc
+        self._store.write_status(StatusRecord(did, sha, written_at, report).to_json())
+        return self._result(action, False, config, layouts, report)
 
     def reload_for_mig_change(self) -> str:
         """After a MIG layout change, make the device plugin enumerate its devices again with
@@ -539,6 +596,21 @@ class SharingService:
 
     def _parse_current(self, raw: bytes | None) -> PluginConfig:
         return parse_file(raw, self._store.path)
+
+
+def _until_loaded(
+    loaded: Pickup, advertised: tuple[Advertised, ...], unknown: str
+) -> tuple[tuple[Advertised, ...], str]:
+    """(advertised, why not known): what the config makes the plugin advertise is what it
+    advertises only once it has loaded the file (``loaded`` or ``signalled``); before, not
+    known, and the why says what it will advertise once it does."""
+    if unknown or loaded.state in ("loaded", "signalled"):
+        return advertised, unknown
+    will = ", ".join(f"{a.resource} {a.count}" for a in advertised) or "no GPU resources"
+    return (), (
+        f"the plugin has not loaded this config (plugin {loaded.state}: {loaded.detail}); once "
+        f"it does it advertises {will}"
+    )
 
 
 def _problems(

@@ -322,6 +322,8 @@ class XidReader(Reader):
         xid = self._watcher.state()
         if xid.broken is not None:
             raise Degraded(xid.broken)
+        if not xid.ready:  # XIDs before the registration are not seen: a 0 could be short
+            raise Degraded("XID events are not registered yet (the NVML event set is opening)")
         for index in frame.layouts:
             if self._last is None:
                 break

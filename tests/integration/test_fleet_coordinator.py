@@ -58,7 +58,9 @@ def test_one_pass_brings_the_fleet_to_the_desired_state(agents: AgentFleet) -> N
         return (
             rows["h100"]["gpus"][0]["devices"] == {"3g.40gb": 2}
             and rows["a30"]["gpus"][0]["slices"] == "-"  # the MIG rule selects H100 nodes only
-            and {r["sharing"] for r in rows.values()} == {"time-slicing nvidia.com/gpu x2"}
+            # reload none, no plugin on a simulated node: written, and said not loaded
+            and {r["sharing"] for r in rows.values()}
+            == {"time-slicing nvidia.com/gpu x2 (not loaded)"}
         )
 
     wait_for(converged, "the fleet at the desired state", timeout=30, every=1.0)

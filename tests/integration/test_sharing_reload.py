@@ -286,6 +286,8 @@ def test_the_plugin_s_own_mig_strategy_is_the_one_shown_and_a_write_it_would_ign
     )
     svc = SharingService(settings, lambda: layouts)
     config_path.write_text("version: v1\nflags:\n  migStrategy: mixed\n")
+    # written well before the plugin starts: it has loaded it (what it advertises is known)
+    os.utime(config_path, (time.time() - 60, time.time() - 60))
     p = PluginProcess(tmp_path, config_path, env={"MIG_STRATEGY": "none", "NGC_API_KEY": "s3cr3t"})
     try:
         assert p.next_event()["mig_strategy"] == "none"  # what the plugin itself runs with

@@ -15,6 +15,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from agent.cli.mig import PENDING_EXIT, mig
+from agent.cli.share import NOT_RELOADED_EXIT
 from agent.errors import AgentError
 from agent.prewarm import errors as prewarm_errors
 
@@ -48,6 +49,12 @@ def test_every_node_error_has_a_code_of_its_own_or_its_bases() -> None:
 
 def test_a_pending_mig_mode_change_is_no_errors_code() -> None:
     assert PENDING_EXIT not in set(_domain_errors().values())
+
+
+def test_a_sharing_change_not_reloaded_is_no_errors_code_nor_another_commands() -> None:
+    assert NOT_RELOADED_EXIT not in {*_domain_errors().values(), PENDING_EXIT, 10, 11, 20, 21}
+    rows = dict(re.findall(r"^\| (\d+) \| (.+) \|$", DOCS.read_text(), re.MULTILINE))
+    assert "not reloaded" in rows[str(NOT_RELOADED_EXIT)]
 
 
 def test_the_documented_table_names_each_error_at_its_code() -> None:

@@ -158,7 +158,8 @@ class _Collector:
             GaugeMetricFamily,
             p + "left_out_nodes",
             "Nodes that differ but the last pass left unchanged: a failed GPU (unhealthy), an "
-            "allocation mode that allows no such change (not-allowed), no answer (unreachable).",
+            "allocation mode that allows no such change (not-allowed), no answer from a node the "
+            "kind's rules may select (unreachable).",
             ["kind", "why"],
             {(k, w): s.left_out[(k, w)] for k in KINDS for w in LEFT_OUT},
         )
@@ -258,6 +259,7 @@ class Reconciler:
         self._desired: Desired | None = None
         #: what was last logged per matter (`_log_once`), so a pass repeats nothing
         self._said: dict[str, str] = {}
+        self._unreached: dict[str, set[str]] = {}  # kind -> nodes left out unanswering
         self._progress_at = clock()
         #: node -> when it may have been silent too long (its start + node timeout + grace)
         self._running: dict[tuple[str, str], float] = {}
@@ -458,6 +460,7 @@ class Reconciler:
                 else:
                     chosen[v.name] = rule
             self.stats.labels_unknown[kind] = len(unknown)
+            self._note_unreached(kind, kind_rules, selection)
             if unknown:
                 log.warning(
                     "%s: holding %d node(s) unchanged: their labels could not be read and a "
@@ -534,9 +537,25 @@ class Reconciler:
             self.stats.halted[kind] = 1
             log.error("%s rollout %s", kind, record.halted)
 
+    def _note_unreached(self, kind: str, rules: Sequence[_Rule], selection: Selection) -> None:
+        """Nodes without a (full) answer a rule may select: left out (unreachable), drift or not."""
+        unreached = {
+            v.name: v.why_not_plannable
+            for v in selection.unreachable
+            if rules and any(_may_pick(r, v, selection) for r in rules)
+        }
+        self._unreached[kind] = set(unreached)
+        self.stats.left_out[(kind, "unreachable")] = len(unreached)
+        said = "; ".join(f"{n} ({why})" for n, why in sorted(unreached.items()))
+        head = f"{kind}: {len(unreached)} node(s) the desired state may select did not answer: "
+        self._log_once(f"{kind}/unreached", logging.WARNING, head + said if said else "")
+
     def _note_left_out(self, kind: str, result: RolloutResult) -> None:
         left = result.left_out()
         for why, nodes in left.items():
+            if why == "unreachable":  # those in the selection are counted already
+                seen = self._unreached.get(kind, set())
+                nodes = {n: d for n, d in nodes.items() if n not in seen}
             self.stats.left_out[(kind, why)] += len(nodes)
         said = "; ".join(
             f"{node} ({why}: {detail})"
@@ -626,6 +645,12 @@ def _rule_for(rules: Sequence[_Rule], view: Any, labels_known: bool) -> Any:
     return None
 
 
+def _may_pick(rule: _Rule, view: NodeView, selection: Selection) -> bool:
+    """Whether ``rule`` may pick ``view``, a node without a (full) answer (labels unknown?)."""
+    known = selection.targets[view.name].labels_known
+    return rule.selector.needs_inventory or not known or rule.selector.matches(view)
+
+
 def _rule_scope(selection: Selection, rule: _Rule, nodes: Sequence[str]) -> Selection:
     """The rollout's selection: the rule's nodes, in sync or not, and the unanswering nodes
     it may pick. Max-unavailable protects the capacity of the pool a rule selects, so what
@@ -640,10 +665,9 @@ def _rule_scope(selection: Selection, rule: _Rule, nodes: Sequence[str]) -> Sele
             return True
         if v.plannable:
             return False
-        # No answer: its inventory is unknown, and its labels may be too; count it in when
-        # the rule could pick it (as a rollout counts its own unanswering nodes).
-        known = selection.targets[v.name].labels_known
-        return rule.selector.needs_inventory or not known or rule.selector.matches(v)
+        # No answer: count it in when the rule could pick it (as a rollout counts its own
+        # unanswering nodes).
+        return _may_pick(rule, v, selection)
 
     views = tuple(v for v in selection.views if counts(v))
     return Selection(views, {v.name: selection.targets[v.name] for v in views})

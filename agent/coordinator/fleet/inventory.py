@@ -109,19 +109,31 @@ class NodeView:
         return tuple(g for g in self.layouts if not self.left_out(g))
 
 
-def _sharing(sharing: wire.NodeSharing | None) -> str:
+def _sharing(node: wire.NodeView) -> str:
+    """The config in the node's file, and ``(not loaded)`` while its agent says the plugin has
+    not loaded it (its sharing component: ``plugin not-loaded: ...``)."""
+    sharing = node.sharing
     if sharing is None:
         return "unknown"
     if sharing.strategy is None or not sharing.resources:
-        return "none"
-    resources = ", ".join(f"{name} x{replicas}" for name, replicas in sharing.resources)
-    return f"{sharing.strategy} {resources}"
+        said = "none"
+    else:
+        resources = ", ".join(f"{name} x{replicas}" for name, replicas in sharing.resources)
+        said = f"{sharing.strategy} {resources}"
+    if any(c.name == "sharing" and "plugin not-loaded" in c.detail for c in node.degraded):
+        said += " (not loaded)"
+    return said
 
 
-def _idle_gpus(node: wire.NodeView, idle_after_s: float | None) -> int | None:
-    gpus = node.gpus
+def _idle_gpus(
+    node: wire.NodeView, idle_after_s: float | None, marks: tuple[GpuMark, ...]
+) -> int | None:
+    """The GPUs idle ``idle_after_s`` or longer; a lost GPU, or one marked failed, is no idle
+    capacity (it serves no pod until its action is taken), whatever its last idle figure."""
     if idle_after_s is None or node.driver.why_not is not None:
         return None
+    failed = {m.uuid for m in marks if m.mark.state == FAILED}
+    gpus = [g for g in node.gpus if not g.lost and g.layout.gpu.uuid not in failed]
     known = [g.idle_seconds for g in gpus if g.idle_seconds is not None]
     if gpus and not known:
         return None  # unknown is not "none idle"
@@ -133,13 +145,14 @@ def node_view(target: Target, node: wire.NodeView, idle_after_s: float | None = 
     ``idle_seconds``); None leaves the count unknown. An agent that withholds its process
     lists is shown with what it did send and marked so (``withheld``); it is not planned on."""
     gpus = node.gpus
+    marks = gpu_marks(gpus)
     return NodeView(
         name=node.name or target.node or target.address,
         address=target.address,
         labels=target.labels,
         layouts=tuple(g.layout for g in gpus),
         lost=frozenset(g.layout.gpu.uuid for g in gpus if g.lost),
-        sharing=_sharing(node.sharing),
+        sharing=_sharing(node),
         warm=tuple(sorted(i.name for i in node.cache if i.warm)),
         unhealthy=tuple(f"{c.name}: {c.detail}" for c in node.degraded)
         + tuple(
@@ -147,11 +160,11 @@ def node_view(target: Target, node: wire.NodeView, idle_after_s: float | None = 
             for g in gpus
             if g.lost
         ),
-        idle_gpus=_idle_gpus(node, idle_after_s),
+        idle_gpus=_idle_gpus(node, idle_after_s, marks),
         preset=node.simulated_preset,
         agent_version=node.agent_version,
         withheld=(PROCESSES,) if node.processes_hidden else (),
-        marks=gpu_marks(gpus),
+        marks=marks,
         allocation=node.allocation,
         gpus_unread=node.driver.why_not or "",
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,7 @@ from agent.power.spec import parse as parse_power
 from agent.sharing import dra
 from agent.sharing.schema import PluginConfig, merge, to_document
 from agent.sharing.validate import violations
-from agent.sharing.view import DraView
+from agent.sharing.view import DraView, ReloadReport
 from agent.wire.mig import REBOOT_APPLIES
 from agent.wire.operations import OperationView
 from agent.wire.prewarm import ItemStatus
@@ -187,10 +188,24 @@ async def _selects_none(client: AgentClient, text: str, name: str) -> str:
 class ShareApply(_Base):
     async def __call__(self, node: str, notes: Notes) -> NodeResult:
         change = await self.client(node).set_sharing(sharing_request(self.record, node))
-        if not change.changed:
-            return NodeResult(NodeState.UNCHANGED, "already as asked")
-        reload = change.reload.detail if change.reload is not None else ""
-        return NodeResult(NodeState.SUCCEEDED, reload or "config written")
+        return share_result(change.changed, change.reload)
+
+
+def share_result(changed: bool, reload: ReloadReport | None) -> NodeResult:
+    """A node's SetSharing outcome: a config the plugin was not made to load (a reload that
+    did not reach it, method other than ``none``) is not in effect: failed, never succeeded.
+    Unchanged with a report: the file said it already, and the plugin was reloaded again."""
+    if reload is not None and not reload.done and reload.method != "none":
+        what = "written" if changed else "already written"
+        return NodeResult(NodeState.FAILED, f"{what}, not reloaded: {reload.detail}")
+    if not changed:
+        if reload is not None:
+            return NodeResult(
+                NodeState.SUCCEEDED,
+                f"already written; the plugin had not loaded it: {reload.detail}",
+            )
+        return NodeResult(NodeState.UNCHANGED, "already as asked")
+    return NodeResult(NodeState.SUCCEEDED, (reload.detail if reload else "") or "config written")
 
 
 class PowerApply(_Base):
@@ -314,7 +329,16 @@ async def _preview_share(client: AgentClient, record: RolloutRecord, node: str) 
         )
     # Checked against the GPUs that answer, as the agent's SetSharing checks it.
     layouts = [g.layout for g in inventory.gpus if not g.lost]
-    return sharing_preview(node, requested, current, layouts)
+    found = sharing_preview(node, requested, current, layouts)
+    if found.would != "unchanged" or now.pickup.state != "not-loaded":
+        return found
+    written = now.last_write
+    if written is None:  # not the agent's write: its set would not know it was not loaded
+        return found
+    if written.reload is not None and written.reload.method == "none":
+        return found  # something else reloads the plugin: the agent's set would not
+    detail = f"{found.detail}; written, not loaded: {now.pickup.detail}"  # the set reloads it
+    return dataclasses.replace(found, would="change", detail=detail)
 
 
 def sharing_preview(

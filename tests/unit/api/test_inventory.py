@@ -13,8 +13,12 @@ import pytest
 from agent._proto.gpuagent.v1 import agent_pb2
 from agent.api.events import EventBus
 from agent.api.inventory import NodeInventory
+from agent.dra.mode import Allocation, AllocationMode
+from agent.errors import Conflict
 from agent.gpu import GpuDriver, open_driver
 from agent.prewarm.inventory import Inventory as CacheInventory
+from agent.sharing import SharingView, parse
+from agent.sharing.view import DraView, Pickup
 from agent.telemetry.snapshot import (
     Entity,
     EntitySample,
@@ -305,3 +309,61 @@ def test_a_gpu_whose_process_list_was_not_read_is_not_in_the_layouts_read(
         c for c in inventory.response().node.health.components if c.name == "gpu-driver"
     ]
     assert not component.healthy and f"GPU 2 not read: {why}" in component.detail
+
+
+def _sharing_view(state: str, dra_error: str | None = None) -> SharingView:
+    config = parse({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 4}]}}})
+    dra = None
+    if dra_error is not None:
+        dra = DraView(Allocation(AllocationMode.DRA, "driver"), error=dra_error)
+    return SharingView(
+        config_path=Path("/etc/nvidia-device-plugin/config.yaml"),
+        exists=True,
+        config=config,
+        advertised=(),
+        problems=(),
+        pickup=Pickup(state, f"{state} because"),  # type: ignore[arg-type]
+        last_write=None,
+        dra=dra,
+    )
+
+
+def _sharing_component(inventory: NodeInventory) -> agent_pb2.ComponentHealth:
+    node = inventory.response().node
+    return next(c for c in node.health.components if c.name == "sharing")
+
+
+def test_the_sharing_part_is_degraded_while_the_plugin_has_not_loaded_the_file() -> None:
+    """It read healthy ("plugin not-loaded") while the plugin ran its old config; the DRA
+    driver's objects not read were not said either. The pickup state is always said."""
+    views = iter(
+        [_sharing_view("not-loaded"), _sharing_view("loaded"), _sharing_view("unknown", "API down")]
+    )
+    inventory = NodeInventory(EventBus(), node_name="node-1", simulated_preset=None)
+    inventory.watch_sharing(lambda: next(views))
+    inventory.refresh_sharing()
+    part = _sharing_component(inventory)
+    assert not part.healthy and part.detail.startswith("plugin not-loaded: not-loaded because")
+    inventory.refresh_sharing()
+    part = _sharing_component(inventory)
+    assert part.healthy and part.detail == "plugin loaded: loaded because"
+    inventory.refresh_sharing()
+    part = _sharing_component(inventory)
+    assert not part.healthy and "DeviceClasses not read: API down" in part.detail
+
+
+def test_an_unreadable_sharing_config_is_unknown_not_the_last_one_read() -> None:
+    def show() -> SharingView:
+        if broken:
+            raise Conflict("config.yaml is not valid YAML")
+        return _sharing_view("loaded")
+
+    broken = False
+    inventory = NodeInventory(EventBus(), node_name="node-1", simulated_preset=None)
+    inventory.watch_sharing(show)
+    inventory.refresh_sharing()
+    assert inventory.response().node.HasField("sharing")
+    broken = True
+    inventory.refresh_sharing()
+    assert not inventory.response().node.HasField("sharing")
+    assert not _sharing_component(inventory).healthy

@@ -86,6 +86,9 @@ class FakeAgent:
     reset_error: tuple[grpc.StatusCode, str] | None = None
     #: other methods refused with a status and message, as the real agent refuses them
     errors: dict[str, tuple[grpc.StatusCode, str]] = field(default_factory=dict)
+    #: SetSharing's and GetSharing's answers (None: changed, nothing reloaded; an empty one)
+    sharing_change: Any = None
+    sharing_view: Any = None
 
     @property
     def address(self) -> str:
@@ -97,10 +100,15 @@ def _reply(agent: FakeAgent, method: str, request: bytes) -> bytes | None:
     if method == "NodeService/GetNode":
         return agent_pb2.GetNodeResponse(node=agent.node).SerializeToString()
     if method == "SharingService/SetSharing":
-        change = sharing_pb2.SharingChange(changed=True)
+        change = agent.sharing_change
+        if change is None:
+            change = sharing_pb2.SharingChange(changed=True)
         return sharing_pb2.SetSharingResponse(change=change).SerializeToString()
     if method == "SharingService/GetSharing":
-        return sharing_pb2.GetSharingResponse().SerializeToString()
+        view = agent.sharing_view
+        if view is None:
+            view = sharing_pb2.GetSharingResponse()
+        return view.SerializeToString()
     if method == "OperationsService/ListOperations":
         return operations_pb2.ListOperationsResponse().SerializeToString()
     if method == "TelemetryService/GetTelemetrySnapshot":

@@ -530,6 +530,38 @@ def test_nodes_left_out_for_a_failed_gpu_are_counted_and_said_once_not_every_pas
     assert 'gpu_agent_coordinator_left_out_nodes{kind="share",why="unhealthy"} 0.0' in text
 
 
+def test_a_node_that_does_not_answer_is_left_out_unreachable_and_once_exits_10(
+    fake: FakeFleet, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`serve --once` exited 0 with `left_out_nodes{why="unreachable"} 0` beside
+    `nodes{state="unreachable"} 1`: whether that node holds the desired state is not known."""
+    from agent.coordinator.control.app import _once_exit_code
+
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(DESIRED.format(replicas=2))
+    fake.views = (*fake.views, NodeView("c", "10.0.0.9:9401", error="connection refused"))
+    fake.in_sync |= {"a", "b"}
+    clock = Clock(1000.0)
+    reconciler = reconcile.Reconciler(
+        cast(Fleet, object()), desired, interval_s=60.0, clock=clock, draw=lambda: 0.0
+    )
+    caplog.set_level(logging.INFO, logger="agent.coordinator.control.reconcile")
+    _passes(reconciler, clock, [1000.0, 1060.0])
+    text = generate_latest(reconciler.registry).decode()
+    assert 'gpu_agent_coordinator_left_out_nodes{kind="share",why="unreachable"} 1.0' in text
+    assert 'gpu_agent_coordinator_left_out_nodes{kind="mig",why="unreachable"} 0.0' in text
+    said = [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()]
+    assert said == [
+        "share: 1 node(s) the desired state may select did not answer: c (connection refused)"
+    ]
+    assert _once_exit_code(reconciler.stats) == 10
+    fake.in_sync.add("c")  # it answers again, in sync
+    fake.views = (*fake.views[:2], NodeView("c", "10.0.0.9:9401"))
+    _passes(reconciler, clock, [1120.0])
+    assert reconciler.stats.left_out[("share", "unreachable")] == 0
+    assert _once_exit_code(reconciler.stats) == 0
+
+
 def test_a_pass_that_meets_a_bug_is_said_and_counted_and_the_next_pass_runs(
     fake: FakeFleet,
     tmp_path: Path,

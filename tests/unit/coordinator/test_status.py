@@ -269,6 +269,34 @@ def test_a_failed_gpu_offers_none_of_its_devices_and_keeps_its_mig_mode() -> Non
     assert not offered & {"1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"}, offered
 
 
+def test_a_failed_or_lost_gpu_is_no_idle_capacity() -> None:
+    """GPU 1 (idle 2 h) marked failed and GPU 2 (idle 1 h) lost were counted idle: neither
+    serves a pod, so neither is idle capacity; with both out, none is."""
+    node = _node()
+    node.gpus[1].condition.CopyFrom(
+        agent_pb2.HealthMark(state=agent_pb2.HEALTH_STATE_FAILED, reason="XID 79")
+    )
+    assert node_view(Target("10.0.0.1:9401"), node_from(node), 3600).idle_gpus == 1
+    node.gpus[2].health = agent_pb2.GPU_HEALTH_LOST
+    view = node_view(Target("10.0.0.1:9401"), node_from(node), 3600)
+    assert view.idle_gpus == 0
+    assert fleet_status([view]).idle_gpus == 0
+
+
+def test_a_sharing_config_the_plugin_has_not_loaded_says_so_in_the_sharing_column() -> None:
+    """The column showed the file's config as if in effect; the agent's sharing component
+    says the plugin has not loaded it, and the node needs attention."""
+    node = _node()
+    del node.health.components[:]
+    node.health.components.add(
+        name="sharing", healthy=False, detail="plugin not-loaded: no process is running"
+    )
+    status = fleet_status([node_view(Target("10.0.0.1:9401"), node_from(node))])
+    (row,) = status.nodes
+    assert row.sharing == "time-slicing nvidia.com/gpu x4 (not loaded)"
+    assert row.health == "unhealthy" and "plugin not-loaded" in row.detail
+
+
 def test_a_gpu_lost_before_it_was_read_is_of_no_model_a_selector_matches() -> None:
     """Its name is not known: the models column said "1x , 2x H100 ..." and a selector saw an
     empty model among the node's."""

@@ -33,13 +33,18 @@ def config_path(tmp_path: Path) -> Path:
 
 
 def run(
-    config_path: Path, *args: str, layouts: list | None = None, stdin: str | None = None
+    config_path: Path,
+    *args: str,
+    layouts: list | None = None,
+    stdin: str | None = None,
+    reload: str = "none",
 ) -> Result:
-    settings = SharingSettings(config_path=config_path, reload="none")
+    settings = SharingSettings(config_path=config_path, reload=reload)
     svc = SharingService(settings, lambda: layouts if layouts is not None else node(8))
     return CliRunner().invoke(share, list(args), obj=Obj(svc), input=stdin)
 
 
+@pytest.mark.usefixtures("plugin_loaded")
 def test_set_time_slicing_then_show_as_a_table(config_path: Path) -> None:
     result = run(config_path, "set", "--time-slicing", "nvidia.com/gpu=4")
     assert result.exit_code == 0, result.output
@@ -53,15 +58,34 @@ def test_set_time_slicing_then_show_as_a_table(config_path: Path) -> None:
     assert row.split() == ["nvidia.com/gpu", "8", "4", "32"]
 
 
+def test_a_change_the_plugin_was_not_reloaded_for_exits_15(config_path: Path) -> None:
+    """Exit 0 with a warning said "done" while the plugin ran its old config (no process to
+    signal here). The same set again retries the reload, and is not done either."""
+    for args in (["set", "--time-slicing", "gpu=4"], ["set", "--time-slicing", "gpu=4"]):
+        result = run(config_path, *args, reload="sighup")
+        assert result.exit_code == 15, result.output
+        assert "no process named nvidia-device-plugin found" in result.stderr
+    assert "error: the config is already written, but the plugin was not reloaded" in (
+        result.stderr
+    )
+    assert "The plugin had not loaded it: reloaded again." in result.stdout
+    assert run(config_path, "clear", reload="sighup").exit_code == 15
+    assert run(config_path, "rollback", reload="sighup").exit_code == 15
+    # reload none: something else reloads the plugin; written is done, with a warning
+    done = run(config_path, "set", "--time-slicing", "gpu=2")
+    assert done.exit_code == 0 and "warning: the plugin was not reloaded" in done.stderr
+
+
 def test_show_as_json(config_path: Path) -> None:
     run(config_path, "set", "--time-slicing", "gpu=4", "--rename-by-default")
     data = json.loads(run(config_path, "show", "-o", "json").stdout)
     assert data["strategy"] == "time-slicing"
     assert data["rename_by_default"] is True
-    assert data["advertised"] == [
-        {"resource": "nvidia.com/gpu.shared", "devices": 8, "replicas": 4, "count": 32}
-    ]
-    assert data["plugin"]["state"] == "not-loaded"
+    assert data["plugin"]["state"] == "not-loaded"  # no plugin here: it advertises what not known
+    assert data["advertised"] is None
+    assert data["advertised_unknown"].endswith(
+        "once it does it advertises nvidia.com/gpu.shared 32"
+    )
     assert data["last_write"]["action"] == "set"
     assert data["config"]["sharing"]["timeSlicing"]["resources"] == [
         {"name": "nvidia.com/gpu", "replicas": 4}
@@ -77,6 +101,7 @@ def test_set_mps_as_yaml(config_path: Path) -> None:
     assert data["changed"] is True
 
 
+@pytest.mark.usefixtures("plugin_loaded")
 def test_set_mig_resources_under_mixed(config_path: Path) -> None:
     layouts = [mig_gpu(0, "1g.10gb", "1g.10gb"), full_gpu(1)]
     result = run(
@@ -100,6 +125,7 @@ def test_set_mig_resources_under_mixed(config_path: Path) -> None:
     }
 
 
+@pytest.mark.usefixtures("plugin_loaded")
 def test_set_from_a_file_in_the_plugins_schema(config_path: Path) -> None:
     """The README's example, 10 replicas on 8 GPUs: nvidia.com/gpu 80; again from stdin: no-op."""
     example = Path(__file__).parent / "golden" / "readme-time-slicing.yaml"

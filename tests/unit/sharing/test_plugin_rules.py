@@ -123,6 +123,7 @@ def service(path: Path) -> SharingService:
     return SharingService(SharingSettings(config_path=path, reload="none"), lambda: node(8))
 
 
+@pytest.mark.usefixtures("plugin_loaded")
 def test_a_refused_set_over_uint32_writes_nothing_and_show_keeps_working(
     config_path: Path,
 ) -> None:
@@ -135,6 +136,7 @@ def test_a_refused_set_over_uint32_writes_nothing_and_show_keeps_working(
     assert [(a.resource, a.count) for a in view.advertised] == [("nvidia.com/gpu", 8)]
 
 
+@pytest.mark.usefixtures("plugin_loaded")
 def test_a_hand_written_file_past_the_rules_still_shows_with_its_problems(
     config_path: Path,
 ) -> None:
@@ -148,6 +150,7 @@ def test_a_hand_written_file_past_the_rules_still_shows_with_its_problems(
     assert any("uint32" in p.description for p in view.problems)
 
 
+@pytest.mark.usefixtures("plugin_loaded")
 @pytest.mark.parametrize("replicas", [2**31, 2**40])
 def test_a_count_past_uint32_reads_saturated_through_the_api_and_the_cli(
     config_path: Path, replicas: int

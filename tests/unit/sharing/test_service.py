@@ -14,6 +14,7 @@ from agent.kube import InClusterKubeClient
 from agent.sharing import parse
 from agent.sharing.reload import CONFIG_LABEL
 from agent.sharing.service import SharingService
+from agent.sharing.view import Pickup
 from agent.wire.sharing import sharing_change_from, sharing_change_pb
 from tests.kube.fake_api import FakeKubeApi
 from tests.kube.fixtures import NODE
@@ -60,6 +61,7 @@ def service(
     return SharingService(settings, provider, kube, node_name=NODE, clock=lambda: 1000.0)
 
 
+@pytest.mark.usefixtures("plugin_loaded")
 def test_set_writes_the_config_and_reports_what_is_advertised(config_path: Path) -> None:
     result = service(config_path).set(parse(ts()))
     assert result.changed
@@ -67,6 +69,25 @@ def test_set_writes_the_config_and_reports_what_is_advertised(config_path: Path)
     assert [(a.resource, a.count) for a in result.advertised] == [("nvidia.com/gpu", 32)]
     assert result.reload is not None and result.reload.method == "none"
     assert not result.reload.done
+
+
+def test_a_set_the_file_already_says_retries_a_reload_that_did_not_reach_the_plugin(
+    config_path: Path,
+) -> None:
+    """It answered "Unchanged" without reloading, so the plugin kept its old config for good
+    (here no plugin process is visible: `share show` says not-loaded)."""
+    sharing = service(config_path, reload="sighup")
+    first = sharing.set(parse(ts()))
+    assert first.changed and first.reload is not None and not first.reload.done
+    assert sharing.show().pickup.state == "not-loaded"
+    written = config_path.read_bytes()
+    again = sharing.set(parse(ts()))
+    assert not again.changed and config_path.read_bytes() == written  # nothing written
+    assert again.reload is not None and again.reload.method == "sighup"  # tried again
+    assert sharing.show().last_write is not None  # the record still says the first write
+    # With reload none something else reloads the plugin: unchanged, nothing tried.
+    plain = service(config_path).set(parse(ts()))
+    assert not plain.changed and plain.reload is None
 
 
 def test_set_keeps_the_files_flags_and_the_previous_version(config_path: Path) -> None:
@@ -109,6 +130,7 @@ def test_reload_settings_that_cannot_work_are_refused_before_writing(config_path
     assert not config_path.exists()
 
 
+@pytest.mark.usefixtures("plugin_loaded")
 def test_mig_resources_under_mixed_with_the_strategy_set_in_the_same_request(
     config_path: Path,
 ) -> None:
@@ -141,6 +163,7 @@ def test_a_change_that_leaves_gpus_out_says_so_in_its_answer_not_only_in_show(
     assert sharing_change_from(sharing_change_pb(result)).problems == result.problems
 
 
+@pytest.mark.usefixtures("plugin_loaded")
 def test_with_mig_enabled_and_the_plugin_s_strategy_unread_the_count_is_not_known(
     config_path: Path,
 ) -> None:
@@ -253,14 +276,32 @@ def test_show_reports_strategy_capacity_problems_and_pickup(config_path: Path) -
     svc.set(parse(ts(replicas=4)))
     view = svc.show()
     assert view.exists and view.config.sharing.strategy == "time-slicing"
-    assert [(a.resource, a.devices, a.replicas, a.count) for a in view.advertised] == [
-        ("nvidia.com/gpu", 8, 4, 32)
-    ]
     assert view.problems == ()
     assert view.last_write is not None and view.last_write.action == "set"
     assert view.pickup.state == "not-loaded"  # no plugin process here
     gpus.layouts = []
     assert [p.field for p in svc.show().problems] == ["sharing.timeSlicing.resources[0].name"]
+
+
+def test_what_the_plugin_advertises_is_not_known_until_it_loads_the_file(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`share show` and `set` listed ADVERTISED 32 beside `Plugin: not-loaded`: the plugin
+    advertised its old config's count. Until it has loaded the file (loaded or signalled) the
+    count is not known, and the why says what it advertises once it does."""
+    svc = service(config_path)
+    result = svc.set(parse(ts(replicas=4)))
+    view = svc.show()
+    assert view.pickup.state == "not-loaded"
+    for said in (result, view):
+        assert said.advertised == ()
+        assert said.advertised_unknown.startswith("the plugin has not loaded this config")
+        assert said.advertised_unknown.endswith("once it does it advertises nvidia.com/gpu 32")
+    for state in ("loaded", "signalled"):
+        monkeypatch.setattr(SharingService, "_pickup", lambda *_a, s=state: Pickup(s, "test"))
+        counted = svc.show()
+        assert [(a.resource, a.count) for a in counted.advertised] == [("nvidia.com/gpu", 32)]
+        assert counted.advertised_unknown == ""
 
 
 def test_show_without_a_file(config_path: Path) -> None:

@@ -77,6 +77,21 @@ def test_a_broken_xid_event_set_degrades_the_xid_reader_alone(tmp_path: Path) ->
     assert "\nDCGM_FI_PROF_PIPE_TENSOR_ACTIVE{" in text
 
 
+def test_xid_events_not_yet_watched_are_not_published_as_0(tmp_path: Path) -> None:
+    """Before the event set is registered (start waits at most 10 s), an XID could be missed:
+    the reader is degraded and DCGM_FI_DEV_XID_ERRORS is absent, not 0."""
+    node = sim_node(tmp_path)
+    reader = NodeReader(node.driver)
+    watcher = XidWatcher(lambda: XidEvents(reader), node.stats, wait_ms=20)  # not started
+    sampler = node.sampler(xids=watcher)
+    snapshot = two_ticks(sampler)
+    reason = _sources(snapshot)["xid"]
+    assert reason is not None and "not registered yet" in reason
+    assert F["DEV_XID_ERRORS"] not in entity(snapshot, 0).values
+    assert snapshot.xids == ()
+    assert "\nDCGM_FI_DEV_XID_ERRORS{" not in _render(sampler.latest)
+
+
 class _Hostengine:
     """DCGM's profiling backend (not part of the NVML simulator) with a connection to lose."""
 
