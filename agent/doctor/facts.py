@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from agent.config import AgentConfig
 from agent.dra.mode import Allocation
 from agent.gpu.attach import DriverLink
+from agent.kube import Requests
 from agent.statedir import Unwritable
 from agent.telemetry.snapshot import Snapshot
 from agent.wire.doctor import Check, CheckState
@@ -29,23 +30,14 @@ NEEDS_NVML = "fix telemetry/nvml first: every GPU duty reads the GPUs through NV
 CAP_SYS_ADMIN = 21
 
 
-class ApiServer(Protocol):
-    """What the checks ask of the Kubernetes API server (`agent.kube.InClusterKubeClient`)."""
+class ApiServer(Requests, Protocol):
+    """What the checks ask of the Kubernetes API server (`agent.kube.InClusterKubeClient`):
+    its `request`, and reads."""
 
     @property
     def server(self) -> str: ...
 
     def get(self, path: str, query: Mapping[str, str] | None = None) -> object: ...
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None = None,
-        body: object = None,
-        content_type: str = "application/json",
-    ) -> Any: ...
 
 
 @dataclass
