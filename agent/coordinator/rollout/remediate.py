@@ -33,7 +33,7 @@ from agent.errors import (
     InvalidSpec,
     NotSupported,
 )
-from agent.wire.node import NodeView
+from agent.wire.node import NodeGpu, NodeView
 
 __all__ = ["GpuRemedy", "Outcome", "Remedy", "plan_remedy", "remedy_for", "run_remedy"]
 
@@ -208,19 +208,24 @@ async def _processes_end(
 ) -> None:
     while True:
         answer = await client.node()
-        busy = [
-            g.layout.gpu.index
-            for g in answer.gpus
-            if g.layout.gpu.index in indices and g.layout.processes
-        ]
-        if not busy:
+        chosen = [g for g in answer.gpus if g.layout.gpu.index in indices]
+        busy = [g.layout.gpu.index for g in chosen if g.layout.processes]
+        # A process list the agent could not read is not an empty one: waited on too.
+        unread = {g.layout.gpu.index: g.unread or "never read" for g in chosen if _unread(g)}
+        if not busy and not unread:
             return
         if time.monotonic() >= deadline:
+            said = [f"GPU {', '.join(map(str, busy))} still runs processes"] if busy else []
+            said += [f"GPU {i}'s processes are not known ({why})" for i, why in unread.items()]
             raise Conflict(
-                f"GPU {', '.join(map(str, busy))} still runs processes after the evictions: "
-                "not reset (a process no pod owns? stop it and run again)"
+                f"{'; '.join(said)} after the evictions: not reset (a process no pod owns? "
+                "stop it and run again)"
             )
         await asyncio.sleep(poll_s)
+
+
+def _unread(gpu: NodeGpu) -> bool:
+    return bool(gpu.unread or gpu.never_read)
 
 
 async def _healthy(

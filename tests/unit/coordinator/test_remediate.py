@@ -152,6 +152,25 @@ def test_a_gpu_that_does_not_turn_healthy_leaves_the_node_cordoned(
     assert agent.resets == [1] and api.unschedulable == {"n1"}
 
 
+def test_a_gpu_whose_process_list_the_agent_cannot_read_is_not_reset(
+    agents: FakeAgents, api: FakeKubeApi
+) -> None:
+    """After the evictions GPU 1's process list failed to read: the agent sends it empty,
+    saying why (GetNode's unread). It was taken for "no process" and the GPU reset; it is
+    waited on as a busy one, and past the wait not reset, naming why."""
+    agent = _failed_gpu1(agents)
+
+    def unread(ns: str, pod: str) -> None:
+        agent.node.gpus[1].ClearField("processes")
+        agent.node.gpus[1].unread = "nvmlDeviceGetComputeRunningProcesses: Unknown Error"
+
+    api.on_evict = unread
+    result = remediate(agents, "n1", "--apply", "--wait", "1")
+    assert result.exit_code != 0, result.output
+    assert "GPU 1's processes are not known (nvmlDeviceGetComputeRunningProcesses" in result.output
+    assert agent.resets == []
+
+
 def test_a_node_that_needs_a_reboot_is_drained_and_stays_cordoned_never_rebooted(
     agents: FakeAgents, api: FakeKubeApi
 ) -> None:
