@@ -33,6 +33,9 @@ class NodeView:
     layouts: tuple[GpuLayout, ...] = ()
     #: UUIDs of GPUs that stopped answering the driver (their layout is the last known).
     lost: frozenset[str] = frozenset()
+    #: UUID -> why the GPU's processes (and layout) were not read in the agent's latest
+    #: sample: its empty process list is unknown, not idle
+    unread: Mapping[str, str] = field(default_factory=dict)
     #: e.g. ``time-slicing nvidia.com/gpu x4``, ``none``, or ``unknown`` when unread.
     sharing: str = "unknown"
     warm: tuple[str, ...] = ()
@@ -95,9 +98,12 @@ class NodeView:
 
     def left_out(self, layout: GpuLayout) -> str:
         """Why planning leaves this GPU out, "" when it may use it: lost (no layout to read),
-        or failed itself (its devices serve no pod until its action is taken)."""
+        not read (its processes unknown: it may be busy), or failed itself (its devices serve
+        no pod until its action is taken)."""
         if layout.gpu.uuid in self.lost:
             return "lost: the driver does not answer for it"
+        if layout.gpu.uuid in self.unread:
+            return f"not read: {self.unread[layout.gpu.uuid]}: its processes are not known"
         for m in self.marks:
             if m.uuid == layout.gpu.uuid and m.mark.state == FAILED:
                 return f"failed: {m.mark.reason} (action {m.mark.action}): it serves no pod"
@@ -152,6 +158,11 @@ def node_view(target: Target, node: wire.NodeView, idle_after_s: float | None = 
         labels=target.labels,
         layouts=tuple(g.layout for g in gpus),
         lost=frozenset(g.layout.gpu.uuid for g in gpus if g.lost),
+        unread={
+            g.layout.gpu.uuid: g.unread or "never read"
+            for g in gpus
+            if (g.unread or g.never_read) and not g.lost
+        },
         sharing=_sharing(node),
         warm=tuple(sorted(i.name for i in node.cache if i.warm)),
         unhealthy=tuple(f"{c.name}: {c.detail}" for c in node.degraded)

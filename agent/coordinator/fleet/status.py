@@ -209,11 +209,12 @@ def _gpu(view: NodeView, layout: GpuLayout, mark: GpuMark | None) -> GpuStatus:
     # A lost GPU's instances are the last ones seen, a failed GPU's serve no pod until its
     # action is taken (`NodeView.left_out`): not counted, none idle, nothing creatable.
     lost = layout.gpu.uuid in view.lost
-    serves = not view.left_out(layout)
+    unread = layout.gpu.uuid in view.unread  # serving, but its processes are not known
+    serves = unread or not view.left_out(layout)
     on = bool(layout.gpu.mig_mode and layout.gpu.mig_mode.current) and serves
     placed = [(gi.profile_id, gi.placement) for gi in layout.instances]
-    idle = None  # unknown while the process lists are withheld
-    if PROCESSES not in view.withheld:
+    idle = None  # unknown while the process lists are withheld, or not read
+    if PROCESSES not in view.withheld and not unread:
         idle = dict(sorted(idle_devices(layout).items())) if serves else {}
     return GpuStatus(
         index=layout.gpu.index,

@@ -296,6 +296,28 @@ def test_a_plan_names_the_lost_gpus_it_leaves_out_and_the_nodes_a_rollout_would_
     )
 
 
+def test_a_gpu_whose_processes_were_not_read_is_left_out_of_the_plan_and_not_idle() -> None:
+    """The agent could not read GPU 1's processes (GetNode's unread): its empty list read as
+    idle to `fleet plan` and `fleet status`. The plan leaves it out, saying why, and status
+    counts its devices as neither idle nor in use."""
+    from agent.cli.fleet.plan import _dra_plan_lines
+    from agent.coordinator.fleet.status import fleet_status
+    from agent.coordinator.flows import plan
+    from agent.coordinator.planning.demand import Demand, DemandEntry
+
+    answer = node("n", mark("healthy"), mark("healthy"))
+    answer.gpus[1].unread = "nvmlDeviceGetComputeRunningProcesses: Unknown Error"
+    answer.allocation.mode = agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN
+    view = node_view(Target("unix:/n", "n"), node_from(answer))
+    result = plan(Selection((view,), {}), Demand((DemandEntry("1g.10gb", 1),)), time_limit_s=5)
+    assert (
+        "Not planned: n GPU 1: not read: nvmlDeviceGetComputeRunningProcesses: Unknown Error: "
+        "its processes are not known" in _dra_plan_lines(result)
+    )
+    [status] = fleet_status([view]).nodes
+    assert status.gpus[1].idle is None and status.gpus[0].idle is not None
+
+
 def test_a_failed_gpu_is_left_out_of_the_plan_and_its_instances_are_not_counted() -> None:
     """GPU 1 failed (XID 48, reset-gpu): its devices serve no pod. `fleet plan` counted its
     7g.80gb as met demand and would plan new instances on it. It is left out, saying why:
