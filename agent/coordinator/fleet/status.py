@@ -131,13 +131,15 @@ class NodeStatus:
 
     @property
     def idle(self) -> dict[str, int] | None:
-        """Idle MIG devices by profile; None when unknown: the process lists were withheld, or
-        the agent did not answer."""
+        """Idle MIG devices by profile; None when unknown: the process lists were withheld, the
+        agent did not answer, or a GPU's processes were not read."""
         if PROCESSES in self.withheld or self.health == "unreachable":
             return None
         total: Counter[str] = Counter()
         for g in self.gpus:
-            total.update(g.idle or {})
+            if g.idle is None:
+                return None
+            total.update(g.idle)
         return dict(sorted(total.items()))
 
 

@@ -316,6 +316,7 @@ def test_a_gpu_whose_processes_were_not_read_is_left_out_of_the_plan_and_not_idl
     )
     [status] = fleet_status([view]).nodes
     assert status.gpus[1].idle is None and status.gpus[0].idle is not None
+    assert status.idle is None  # the node's, with one GPU's unknown: not a partial count
 
 
 def test_a_failed_gpu_is_left_out_of_the_plan_and_its_instances_are_not_counted() -> None:
