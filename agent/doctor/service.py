@@ -191,17 +191,9 @@ class _Asking:
         self.asked = True
         return self._kube.get(path, query)
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None = None,
-        body: object = None,
-        content_type: str = "application/json",
-    ) -> Any:
+    def request(self, method: str, path: str, **options: Any) -> Any:
         self.asked = True
-        return self._kube.request(method, path, query=query, body=body, content_type=content_type)
+        return self._kube.request(method, path, **options)
 
 
 def build_doctor(

@@ -7,6 +7,7 @@ chunked without a length. Every request's path and headers are recorded for asse
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -152,15 +153,12 @@ class Origin:
         h.end_headers()
         h.close_connection = True
         chunk, sent = b"x" * 65536, 0
-        try:
+        with contextlib.suppress(OSError):  # the client closed without reading it all
             while sent < body:
                 h.wfile.write(chunk[: body - sent])
                 sent += min(len(chunk), body - sent)
             h.wfile.flush()
-        except OSError:
-            pass  # the client closed without reading it all
-        finally:
-            self.unsatisfied_sent[path] = sent
+        self.unsatisfied_sent[path] = sent
 
     def _chunked(self, h: BaseHTTPRequestHandler, f: object, start: int, end: int) -> None:
         fd = f.fileno()  # type: ignore[attr-defined]

@@ -27,7 +27,7 @@ def coordinator() -> Iterator[tuple[str, Answers]]:
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: object) -> None:
-            pass
+            """Quiet: the tests read what the client makes of the answers, not this log."""
 
         def do_GET(self) -> None:
             code, body = answers["status"]
