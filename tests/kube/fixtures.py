@@ -2,21 +2,39 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import yaml
 
 from agent.kube import InClusterKubeClient
+from agent.kube_node import NodeOwner
+from agent.kube_watch import InformerFactory
 from tests.kube import schema
 from tests.kube.fake_api import FakeKubeApi, Pod
 from tests.kube.fake_edge import EdgeKubeApi
 
 NODE = "gpu-node-1"
+
+
+@contextlib.contextmanager
+def started_owner(kube: Any, coalesce_s: float = 0.3, **kw: Any) -> Iterator[NodeOwner]:
+    """``NODE``'s owner, started and synced; stopped with its informer on the way out."""
+    owner = NodeOwner(kube, NODE, InformerFactory(kube).node(NODE), coalesce_s=coalesce_s, **kw)
+    owner.start()
+    try:
+        assert owner.informer.synced.wait(10)
+        yield owner
+    finally:
+        owner.stop()
+        owner.informer.stop()
+
+
 A = TypeVar("A", bound=FakeKubeApi)
 
 

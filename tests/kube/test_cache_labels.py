@@ -9,14 +9,12 @@ from pathlib import Path
 import pytest
 
 from agent.kube import InClusterKubeClient
-from agent.kube_node import NodeOwner
-from agent.kube_watch import InformerFactory
 from agent.prewarm.labels import CacheLabels
 from agent.prewarm.model import CacheItem, FileRequest, ItemKind, ItemState
 from agent.prewarm.naming import LABEL_PREFIX
 from tests.integration.prewarm_fixtures.origin import Origin
 from tests.kube.fake_api import FakeKubeApi
-from tests.kube.fixtures import NODE
+from tests.kube.fixtures import NODE, started_owner
 from tests.unit.api.support import InProcessAgent, agent_config, wait_for
 
 LABEL = "gpu-agent.io/cache.model"
@@ -59,23 +57,19 @@ def test_a_large_cache_labels_the_node_up_to_its_cap_pinned_first(
     api.nodes[NODE]["team"] = "vision"
     items = [_ready(f"m{n:03}") for n in range(200)] + [_ready("z-pinned", pinned=True)]
     items.append(CacheItem("f-x", ItemKind.FILE.value, "a-fetching", "u", ItemState.FETCHING))
-    owner = NodeOwner(kube, NODE, InformerFactory(kube).node(NODE), coalesce_s=0.05)
-    labels = CacheLabels(owner, lambda: items, limit=5)
-    owner.start()
-    try:
+    with started_owner(kube, 0.05) as owner:
+        labels = CacheLabels(owner, lambda: items, limit=5)
         labels.sync()
         wanted = {f"{LABEL_PREFIX}{n}" for n in ("z-pinned", "m000", "m001", "m002", "m003")}
         wait_for(lambda: set(_cache_labels(api)) == wanted, "five cache labels", 5)
         assert api.nodes[NODE]["team"] == "vision"
         assert _gauge(labels) == {"published": 5, "withheld": 196}
 
-        del items[4:200]  # m004 .. m199 evicted: four ready files and the pinned one
+        del items[3:200]  # m003 .. m199 evicted: three ready files and the pinned one
         labels.sync()
-        wait_for(lambda: len(_cache_labels(api)) == 5, "the same five", 5)
-        assert _gauge(labels) == {"published": 5, "withheld": 0}
-    finally:
-        owner.stop()
-        owner.informer.stop()
+        wanted.discard(f"{LABEL_PREFIX}m003")
+        wait_for(lambda: set(_cache_labels(api)) == wanted, "every ready item's label", 5)
+        assert _gauge(labels) == {"published": 4, "withheld": 0}
 
 
 def _ready(name: str, pinned: bool = False) -> CacheItem:

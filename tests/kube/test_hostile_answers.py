@@ -7,21 +7,19 @@ and nothing of the answer is echoed."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import tracemalloc
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from agent.errors import AgentError
 from agent.kube import InClusterKubeClient
-from agent.kube_node import Claim, NodeOwner
-from agent.kube_watch import Informer, InformerFactory
+from agent.kube_node import Claim
+from agent.kube_watch import Informer
 from tests.kube.fake_edge import EdgeKubeApi
-from tests.kube.fixtures import NODE
+from tests.kube.fixtures import NODE, started_owner
 from tests.unit.api.support import wait_for
 
 NODES = "/api/v1/nodes"
@@ -87,18 +85,6 @@ def test_a_retry_after_that_is_not_ascii_digits_is_the_back_off_for_the_watch(
         informer.stop()
 
 
-@contextlib.contextmanager
-def _owner(kube: Any, **kw: Any) -> Iterator[NodeOwner]:
-    owner = NodeOwner(kube, NODE, InformerFactory(kube).node(NODE), coalesce_s=0.01, **kw)
-    owner.start()
-    try:
-        assert owner.informer.synced.wait(10)
-        yield owner
-    finally:
-        owner.stop()
-        owner.informer.stop()
-
-
 def _written(api: EdgeKubeApi, value: str) -> bool:
     return api.nodes[NODE].get("gpu-agent.io/cache.llama") == value
 
@@ -116,7 +102,7 @@ def test_a_node_write_answered_with_what_no_server_sends_is_retried_not_fatal(
     """Each of these ended the Node owner's thread (it caught AgentError only): the agent never
     wrote its Node again until restarted, and nothing said so."""
     api, _ = edge_api
-    with _owner(kube, backoff=(0.05, 0.1)) as owner:
+    with started_owner(kube, 0.01, backoff=(0.05, 0.1)) as owner:
         fault(api)
         owner.part(CACHE).set(labels={"gpu-agent.io/cache.llama": "ready"})
         wait_for(lambda: _written(api, "ready"), "written", timeout=10)
@@ -171,7 +157,7 @@ def test_a_bug_in_the_node_write_is_a_failed_write_said_and_retried(
     flaky = _Flaky(kube, "request", calls=2)
     with (
         caplog.at_level(logging.WARNING, logger="agent.kube_node"),
-        _owner(flaky, backoff=(0.3, 0.6)) as owner,
+        started_owner(flaky, 0.01, backoff=(0.3, 0.6)) as owner,
     ):
         owner.part(CACHE).set(labels={"gpu-agent.io/cache.llama": "ready"})
         wait_for(lambda: owner.error, "the failed write said", timeout=10)

@@ -6,12 +6,10 @@ said once and not asked again."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,10 +20,10 @@ from agent.health.store import Target
 from agent.kube import InClusterKubeClient
 from agent.kube_discovery import ApiVersions
 from agent.kube_edge import KubeEdge
-from agent.kube_node import Claim, NodeOwner
-from agent.kube_watch import Informer, InformerFactory
+from agent.kube_node import Claim
+from agent.kube_watch import Informer
 from tests.kube.fake_edge import Call, EdgeKubeApi
-from tests.kube.fixtures import NODE
+from tests.kube.fixtures import NODE, started_owner
 from tests.kube.test_dra_api import gpu_slice
 from tests.unit.api.support import wait_for
 
@@ -34,19 +32,6 @@ CACHE = Claim("cache", label_prefixes=("gpu-agent.io/cache.",))
 HEALTH = Claim("health", label_keys=frozenset({"gpu-agent.io/health"}), condition="GPUHealthy")
 MIG_STATE = "nvidia.com/mig.config.state"
 THEIRS = {"feature.node.kubernetes.io/pci-10de.present": "true", "team": "vision"}
-
-
-@contextlib.contextmanager
-def _owner(kube: InClusterKubeClient, coalesce_s: float = 0.3, **kw: Any) -> Iterator[NodeOwner]:
-    """The Node's owner, started and synced; stopped with its informer on the way out."""
-    owner = NodeOwner(kube, NODE, InformerFactory(kube).node(NODE), coalesce_s=coalesce_s, **kw)
-    owner.start()
-    try:
-        assert owner.informer.synced.wait(10)
-        yield owner
-    finally:
-        owner.stop()
-        owner.informer.stop()
 
 
 def _writes(api: EdgeKubeApi, since: float) -> list[Call]:
@@ -66,7 +51,7 @@ def test_a_burst_of_changes_is_one_node_write_and_a_restatement_is_none(
     edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
 ) -> None:
     api, _ = edge_api
-    with _owner(kube) as owner:
+    with started_owner(kube) as owner:
         began = time.monotonic()
         # A cache item turned ready, a health mark, the MIG protocol's state: one burst.
         owner.part(CACHE).set(labels={"gpu-agent.io/cache.llama": "ready"})
@@ -97,7 +82,7 @@ def test_keys_of_other_writers_are_never_touched_and_ours_are_put_back_once(
 ) -> None:
     api, _ = edge_api
     api.set_labels(NODE, {**THEIRS, "gpu-agent.io/cache.old": "ready"})
-    with _owner(kube, coalesce_s=0.05) as owner:
+    with started_owner(kube, coalesce_s=0.05) as owner:
         owner.part(CACHE).set(labels={"gpu-agent.io/cache.new": "ready"})
         wait_for(lambda: "gpu-agent.io/cache.old" not in api.nodes[NODE], "the stale label gone")
         api.set_labels(NODE, {"team": "speech", "user/extra": "1"})  # a user, meanwhile
@@ -120,7 +105,7 @@ def test_a_throttled_node_write_waits_the_servers_retry_after(
     Retry-After of a 429: an API server shedding load had every node's write back before
     the time it asked for."""
     api, _ = edge_api
-    with _owner(kube, coalesce_s=0.01, backoff=(0.05, 0.1)) as owner:
+    with started_owner(kube, coalesce_s=0.01, backoff=(0.05, 0.1)) as owner:
         api.fail_next("PATCH", NODE_PATH, 429, count=1, retry_after=2)
         owner.part(CACHE).set(labels={"gpu-agent.io/cache.llama": "ready"})
         wait_for(lambda: api.nodes[NODE].get("gpu-agent.io/cache.llama") == "ready", "written")
@@ -135,7 +120,7 @@ def test_a_write_answered_with_a_body_that_is_not_json_is_retried_not_fatal(
     the owner's thread: the agent never wrote its Node again until restarted, and nothing
     said so. The answer is now a failed call: said, and retried with the back-off."""
     api, _ = edge_api
-    with _owner(kube, coalesce_s=0.01, backoff=(0.05, 0.1)) as owner:
+    with started_owner(kube, coalesce_s=0.01, backoff=(0.05, 0.1)) as owner:
         api.garble_next("PATCH", NODE_PATH)
         owner.part(CACHE).set(labels={"gpu-agent.io/cache.llama": "ready"})
         wait_for(lambda: api.nodes[NODE].get("gpu-agent.io/cache.llama") == "ready", "written")
