@@ -131,6 +131,7 @@ class NodeInventory:
         self._gpus = _Gpus()
         self._sharing = _Part()
         self._sharing_pb: sharing_pb2.SharingConfig | None = None
+        self._sharing_pickup = ""  # the plugin's pickup state of that config
         self._cache = _Part()
         self._cache_pb: cache_pb2.CacheInventory | None = None
         self._response = agent_pb2.GetNodeResponse()
@@ -287,9 +288,11 @@ class NodeInventory:
                 view = self._sharing_source()
             except AgentError as exc:
                 self._sharing_pb = None  # unreadable now: unknown, not the last one read
+                self._sharing_pickup = ""
                 self._sharing = _Part(False, str(exc), self._clock())
             else:
                 self._sharing_pb = sharing_config_pb(view.config)
+                self._sharing_pickup = view.pickup.state
                 self._sharing = _Part(*sharing_health(view), self._clock())
             self._rebuild()
 
@@ -396,6 +399,7 @@ class NodeInventory:
             node.allocation.mig_refusal = self._mig_refusal() or ""
         if self._sharing_pb is not None:
             node.sharing.CopyFrom(self._sharing_pb)
+            node.sharing_pickup = self._sharing_pickup
         if self._cache_pb is not None:
             node.cache.CopyFrom(self._cache_pb)
         self._response = agent_pb2.GetNodeResponse(node=node)
@@ -495,7 +499,7 @@ def _mig_shape(layout: GpuLayout) -> tuple[object, ...]:
 
 def sharing_health(view: SharingView) -> tuple[bool, str]:
     """The sharing component's (healthy, detail): degraded while the file breaks a rule, the
-    plugin has not loaded it (``plugin not-loaded: why``, which `fleet status` reads), or a DRA
+    plugin has not loaded it (``plugin not-loaded: why``; GetNode's ``sharing_pickup``), or a DRA
     node's DeviceClasses could not be read; the plugin's pickup state is always said."""
     said = [f"plugin {view.pickup.state}: {view.pickup.detail}"]
     bad = view.pickup.state == "not-loaded"

@@ -266,6 +266,9 @@ class NodeSharing:
     strategy: str | None
     #: (resource, replicas) of each shared resource
     resources: tuple[tuple[str, int], ...]
+    #: whether the plugin runs it: loaded, signalled, not-loaded, unknown ("" from an agent
+    #: that does not say)
+    pickup: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +337,7 @@ def _sharing_from(node: agent_pb2.Node) -> NodeSharing | None:
     return NodeSharing(
         _STRATEGIES_FROM.get(config.strategy),
         tuple((r.name, r.replicas) for r in config.resources),
+        node.sharing_pickup,
     )
 
 

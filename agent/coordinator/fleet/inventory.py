@@ -117,7 +117,7 @@ class NodeView:
 
 def _sharing(node: wire.NodeView) -> str:
     """The config in the node's file, and ``(not loaded)`` while its agent says the plugin has
-    not loaded it (its sharing component: ``plugin not-loaded: ...``)."""
+    not loaded it."""
     sharing = node.sharing
     if sharing is None:
         return "unknown"
@@ -126,7 +126,7 @@ def _sharing(node: wire.NodeView) -> str:
     else:
         resources = ", ".join(f"{name} x{replicas}" for name, replicas in sharing.resources)
         said = f"{sharing.strategy} {resources}"
-    if any(c.name == "sharing" and "plugin not-loaded" in c.detail for c in node.degraded):
+    if sharing.pickup == "not-loaded":
         said += " (not loaded)"
     return said
 

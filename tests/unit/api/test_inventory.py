@@ -344,9 +344,11 @@ def test_the_sharing_part_is_degraded_while_the_plugin_has_not_loaded_the_file()
     inventory.refresh_sharing()
     part = _sharing_component(inventory)
     assert not part.healthy and part.detail.startswith("plugin not-loaded: not-loaded because")
+    assert inventory.response().node.sharing_pickup == "not-loaded"  # what fleet status reads
     inventory.refresh_sharing()
     part = _sharing_component(inventory)
     assert part.healthy and part.detail == "plugin loaded: loaded because"
+    assert inventory.response().node.sharing_pickup == "loaded"
     inventory.refresh_sharing()
     part = _sharing_component(inventory)
     assert not part.healthy and "DeviceClasses not read: API down" in part.detail

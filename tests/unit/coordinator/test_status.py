@@ -284,9 +284,11 @@ def test_a_failed_or_lost_gpu_is_no_idle_capacity() -> None:
 
 
 def test_a_sharing_config_the_plugin_has_not_loaded_says_so_in_the_sharing_column() -> None:
-    """The column showed the file's config as if in effect; the agent's sharing component
-    says the plugin has not loaded it, and the node needs attention."""
+    """The column showed the file's config as if in effect; the agent says the plugin has not
+    loaded it (GetNode's sharing_pickup, not its component's words), and the node needs
+    attention."""
     node = _node()
+    node.sharing_pickup = "not-loaded"
     del node.health.components[:]
     node.health.components.add(
         name="sharing", healthy=False, detail="plugin not-loaded: no process is running"
@@ -295,6 +297,9 @@ def test_a_sharing_config_the_plugin_has_not_loaded_says_so_in_the_sharing_colum
     (row,) = status.nodes
     assert row.sharing == "time-slicing nvidia.com/gpu x4 (not loaded)"
     assert row.health == "unhealthy" and "plugin not-loaded" in row.detail
+    node.sharing_pickup = "loaded"  # the same words, a plugin that has it: no mark
+    [loaded] = fleet_status([node_view(Target("10.0.0.1:9401"), node_from(node))]).nodes
+    assert loaded.sharing == "time-slicing nvidia.com/gpu x4"
 
 
 def test_a_gpu_lost_before_it_was_read_is_of_no_model_a_selector_matches() -> None:

@@ -76,7 +76,7 @@ class GetNodeResponse(_message.Message):
     def __init__(self, node: _Optional[_Union[Node, _Mapping]] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("name", "driver_version", "gpus", "sharing", "cache", "health", "observe_time", "simulated_preset", "agent_version", "processes_hidden", "allocation", "driver")
+    __slots__ = ("name", "driver_version", "gpus", "sharing", "cache", "health", "observe_time", "simulated_preset", "agent_version", "processes_hidden", "allocation", "driver", "sharing_pickup")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,7 @@ class Node(_message.Message):
     PROCESSES_HIDDEN_FIELD_NUMBER: _ClassVar[int]
     ALLOCATION_FIELD_NUMBER: _ClassVar[int]
     DRIVER_FIELD_NUMBER: _ClassVar[int]
+    SHARING_PICKUP_FIELD_NUMBER: _ClassVar[int]
     name: str
     driver_version: str
     gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
@@ -101,7 +102,8 @@ class Node(_message.Message):
     processes_hidden: bool
     allocation: Allocation
     driver: Driver
-    def __init__(self, name: _Optional[str] = ..., driver_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., sharing: _Optional[_Union[_sharing_pb2.SharingConfig, _Mapping]] = ..., cache: _Optional[_Union[_cache_pb2.CacheInventory, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, _Mapping]] = ..., observe_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., simulated_preset: _Optional[str] = ..., agent_version: _Optional[str] = ..., processes_hidden: _Optional[bool] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., driver: _Optional[_Union[Driver, _Mapping]] = ...) -> None: ...
+    sharing_pickup: str
+    def __init__(self, name: _Optional[str] = ..., driver_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., sharing: _Optional[_Union[_sharing_pb2.SharingConfig, _Mapping]] = ..., cache: _Optional[_Union[_cache_pb2.CacheInventory, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, _Mapping]] = ..., observe_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., simulated_preset: _Optional[str] = ..., agent_version: _Optional[str] = ..., processes_hidden: _Optional[bool] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., driver: _Optional[_Union[Driver, _Mapping]] = ..., sharing_pickup: _Optional[str] = ...) -> None: ...
 
 class Driver(_message.Message):
     __slots__ = ("state", "cause", "reason")
