@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,6 +122,16 @@ class HealthMonitor:
         with self._lock:
             return {self._index.get(u, -1): why for u, why in self._unread.items()}
 
+    def unjudged(self) -> dict[int, str]:
+        """GPU index -> why, for the GPUs with no verdict yet: first seen while their health
+        readings fail (no mark until they are read; a signal such as an XID judges them)."""
+        with self._lock:
+            return {
+                self._index.get(u, -1): why
+                for u, why in self._unread.items()
+                if Target(u) not in self._marks
+            }
+
     def _reason(self, target: Target, mark: Mark) -> str:
         reason = mark.describe(self.policy)
         unread = self._unread.get(target.gpu_uuid)
@@ -175,7 +185,10 @@ class HealthMonitor:
                 for gi in layout.instances
             }
             pods = _pods(snapshot)
-            self._track(uuids, instances, now)
+            unread = {
+                uuids.get(r.gpu.index, r.gpu.uuid): r.unread for r in snapshot.health if r.unread
+            }
+            self._track(uuids, instances, unread.keys(), now)
             resets, self._resets = self._resets, {}
             self._after_actions(self._taken(snapshot, uuids, resets), now, pods, uuids, changes)
 
@@ -205,9 +218,7 @@ class HealthMonitor:
                 uuid = uuids.get(readings.gpu.index, readings.gpu.uuid)
                 for signal in reading_signals(readings.values, now):
                     self._gpu_wide(uuid, signal, instances, apply_read)
-            self._unread = {
-                uuids.get(r.gpu.index, r.gpu.uuid): r.unread for r in snapshot.health if r.unread
-            }
+            self._unread = unread
             up = {uuids[s.gpu.index] for s in snapshot.gpus if s.up}
             for target, mark in list(self._marks.items()):
                 if target.gpu_uuid not in up or target.gpu_uuid in self._unread:
@@ -225,17 +236,24 @@ class HealthMonitor:
     # -- internals (under the lock) ----------------------------------------------------------------
 
     def _track(
-        self, uuids: Mapping[int, str], instances: Mapping[str, set[int]], now: float
+        self,
+        uuids: Mapping[int, str],
+        instances: Mapping[str, set[int]],
+        unread: Collection[str],
+        now: float,
     ) -> None:
-        """Every GPU seen and every instance it has now gets a mark (healthy at first); the
-        marks of instances that are gone (destroyed, or lost with a reboot) go with them, and
-        those of GPUs the driver no longer lists (a GPU replaced: a new UUID)."""
+        """Every GPU seen and every instance it has now gets a mark (healthy at first), once
+        its health readings were read: a GPU first seen while they fail is not judged yet
+        (`unjudged`), since unread is not healthy. The marks of instances that are gone
+        (destroyed, or lost with a reboot) go with them, and those of GPUs the driver no
+        longer lists (a GPU replaced: a new UUID)."""
         listed = set(uuids.values())
         for target in [t for t in self._marks if listed and t.gpu_uuid not in listed]:
             del self._marks[target]
             self._dirty = True
-        wanted = [Target(u) for u in uuids.values()]
-        wanted += [Target(u, gi) for u, ids in instances.items() for gi in ids]
+        judged = [u for u in uuids.values() if u not in unread or Target(u) in self._marks]
+        wanted = [Target(u) for u in judged]
+        wanted += [Target(u, gi) for u, ids in instances.items() if u in judged for gi in ids]
         for target in wanted:
             if target not in self._marks:
                 self._marks[target] = Mark(since=now)

@@ -12,6 +12,8 @@ the Node (other labels, other conditions, other taints). Planning is pure (`plan
   how many GPUs are in each state; ``unknown`` and no counts (condition ``Unknown``) while no
   GPU has been read yet, and while the driver is detached (the marks are kept for its
   return, but nothing is checked meanwhile), the taints below then left as they are;
+  ``unknown`` with the counts of the judged GPUs while one has no verdict yet (first seen
+  while its health readings fail) and no judged one is worse than healthy;
 - condition ``GPUHealthy`` in ``status.conditions``, by a strategic-merge PATCH of the Node's
   status subresource (conditions merge by ``type``, as the kubelet and node-problem-detector
   write theirs): True while every GPU and instance is healthy; written when its status, reason
@@ -82,9 +84,13 @@ UNCHECKED = Publication(
 )
 
 
-def plan(marks: Marks, driver_away: str | None = None) -> Publication:
+def plan(
+    marks: Marks, driver_away: str | None = None, unjudged: Mapping[int, str] | None = None
+) -> Publication:
     """What the Node should carry for ``marks`` (GPU targets count; instances make the node
-    degraded at least); ``driver_away``: why the GPUs are not read now (None while they are)."""
+    degraded at least); ``driver_away``: why the GPUs are not read now (None while they are);
+    ``unjudged``: GPU index -> why, for GPUs with no verdict yet (their readings fail): with
+    them the node is not known healthy, only known not to be."""
     gpus = {t: v for t, v in marks.items() if t.gpu_instance is None}
     if not gpus:  # no GPU read yet (the driver away since the start): unknown is not healthy
         return UNCHECKED
@@ -105,6 +111,20 @@ def plan(marks: Marks, driver_away: str | None = None) -> Publication:
         if m.state is not State.HEALTHY
     ]
     message = "; ".join(bad) if bad else f"{len(gpus)} GPU(s) healthy"
+    if unjudged:
+        said = "; ".join(
+            f"GPU {i} not judged yet: health readings fail ({why})"
+            for i, why in sorted(unjudged.items())
+        )
+        message = f"{message}; {said}"
+        if worst is State.HEALTHY:  # the taints then stay as they are (`NodePublisher`)
+            return Publication(
+                labels=labels | {LABEL: "unknown"},
+                status="Unknown",
+                reason="GpusNotChecked",
+                message=message[:1024],
+                tainted=False,
+            )
     return Publication(
         labels=labels,
         status="True" if worst is State.HEALTHY else "False",
@@ -180,6 +200,7 @@ class NodePublisher:
         taint: bool,
         device_taints: Callable[[], None] | None = None,
         driver_away: Callable[[], str | None] = lambda: None,
+        unjudged: Callable[[], Mapping[int, str]] = dict,
     ) -> None:
         self._kube = kube
         self._node = owner.node
@@ -189,6 +210,8 @@ class NodePublisher:
         self._device_taints = device_taints
         #: why the GPUs are not read now (the driver detached); None while they are
         self._driver_away = driver_away
+        #: GPU index -> why, for GPUs with no verdict yet (`HealthMonitor.unjudged`)
+        self._unjudged = unjudged
         self._lock = threading.Lock()
         self._events: deque[HealthChange] = deque()
         self.wake: Callable[[], None] = lambda: None
@@ -217,7 +240,7 @@ class NodePublisher:
             log.warning("publishing GPU health on Node %s failed, retrying: %s", self._node, exc)
 
     def _publish(self) -> None:
-        want = plan(self._marks(), self._driver_away())
+        want = plan(self._marks(), self._driver_away(), self._unjudged())
         condition = {"status": want.status, "reason": want.reason, "message": want.message}
         taint = (
             {"key": TAINT_KEY, "value": TAINT_VALUE, "effect": "NoSchedule"}
@@ -281,6 +304,7 @@ def build_publisher(
         taint=taint,
         device_taints=rules.sync,
         driver_away=driver_away,
+        unjudged=health.unjudged,
     )
     health.subscribe(publisher.on_change)
     return publisher

@@ -23,6 +23,7 @@ import pytest
 
 from agent._proto.gpuagent.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 from agent.gpu.sim import SimControl, open_simulator
+from agent.health.publish import LABEL, PUBLISH_S
 from agent.kube import InClusterKubeClient
 from tests.integration.test_api_events import Watcher
 from tests.kube.fake_api import FakeKubeApi
@@ -431,3 +432,35 @@ def test_while_the_driver_is_away_health_is_unknown_on_metrics_and_the_node_and_
         wait_for(lambda: api.nodes[NODE]["gpu-agent.io/health"] == "failed", "failed again", 5)
         series = wait_for(lambda: _health_series(port), "the health series back", 5)
         assert series[("1", "", "failed")] == 1.0 and series[("0", "", "healthy")] == 1.0
+
+
+def test_a_gpu_first_seen_while_its_readings_fail_is_not_judged_healthy(
+    tmp_path: Path, in_cluster: FakeKubeApi
+) -> None:
+    """GPU 1's ECC and row-remap calls fail from the agent's start: it used to get a healthy
+    mark at first sight, so the Node said GPUHealthy=True and /metrics healthy 1 for a GPU
+    never checked. It has no verdict until the readings answer: no condition in GetNode, no
+    series, the label unknown and the condition Unknown naming it; then it is judged."""
+    api = in_cluster
+    root = tmp_path / "agent"
+    open_simulator(root / "state", "dgx-h100")
+    control = SimControl(root / "state")
+    for call in ("nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows"):
+        control.inject_fault(call, "Unknown", count=1_000_000, gpu=1)
+    with InProcessAgent(root, _config(root)) as agent:
+        port = agent.node.metrics_port
+        wait_for(lambda: ("0", "", "healthy") in _health_series(port), "GPU 0 judged", 5)
+        wait_for(lambda: NODE in api.nodes and LABEL in api.nodes[NODE], "the label", 5)
+        assert not any(gpu == "1" for gpu, _, _ in _health_series(port))
+        assert not _gpu(agent.socket, 1).HasField("condition")
+        assert _gpu(agent.socket, 0).condition.state == HEALTHY
+        assert api.nodes[NODE][LABEL] == "unknown"
+        (condition,) = [c for c in api.node_conditions[NODE] if c["type"] == "GPUHealthy"]
+        assert condition["status"] == "Unknown", condition
+        assert "GPU 1 not judged yet: health readings fail (nvmlDeviceGet" in condition["message"]
+        control.clear_faults()
+        wait_for(lambda: _state(agent.socket, 1) == HEALTHY, "GPU 1 judged", 5)
+        # No change to announce (no Event): the next publish pass states it.
+        wait_for(lambda: api.nodes[NODE][LABEL] == "healthy", "the node healthy", PUBLISH_S + 5)
+        (condition,) = [c for c in api.node_conditions[NODE] if c["type"] == "GPUHealthy"]
+        assert condition["status"] == "True"

@@ -160,6 +160,22 @@ def test_an_instance_that_is_not_healthy_makes_the_node_degraded() -> None:
     assert "GPU 1 GPU instance 2 degraded" in published.message
 
 
+def test_a_gpu_without_a_verdict_keeps_the_node_from_healthy_but_not_from_failed() -> None:
+    """A GPU first seen while its health readings fail has no mark: healthy marks beside it
+    say unknown (the counts of the judged ones kept), a failed one still says failed."""
+    why = {2: "nvmlDeviceGetTotalEccErrors: Unknown Error"}
+    published = plan(_marks(Mark()), unjudged=why)
+    assert published.labels["gpu-agent.io/health"] == "unknown"
+    assert published.labels["gpu-agent.io/health.healthy-gpus"] == "2"
+    assert published.status == "Unknown" and published.reason == "GpusNotChecked"
+    assert "GPU 2 not judged yet: health readings fail (nvmlDeviceGetTotalEccErrors" in (
+        published.message
+    )
+    failed = plan(_marks(FAILED), unjudged=why)
+    assert failed.labels["gpu-agent.io/health"] == "failed" and failed.status == "False"
+    assert failed.tainted and "GPU 2 not judged yet" in failed.message
+
+
 def test_with_the_api_server_away_the_marks_and_events_wait_for_it(
     kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
 ) -> None:
