@@ -66,6 +66,7 @@ def _progress(
             total_bytes=p.total_bytes if p else item.size,
             rate_bytes_per_second=p.rate_bps if p else 0.0,
             eta_seconds=p.eta_s if p else None,
+            retrying=p.retrying if p else "",
         )
         entries.append(entry)
     return operations_pb2.OperationMetadata(

@@ -62,11 +62,16 @@ def progress_line(
 
 
 def _unmeasured(items: Sequence[ItemProgress]) -> str:
-    """What the bytes do not show: items fetching with no size yet (an image pull, a file
-    before its headers), named (three at most), and items waiting for a worker, counted."""
+    """What the bytes do not show: items waiting to resume after a failure, with why (the
+    first), items fetching with no size yet (an image pull, a file before its headers), named
+    (three at most), and items waiting for a worker, counted."""
+    waiting = [f"{i.name}: {i.retrying}" for i in items if i.retrying]
     blind = [i.name for i in items if i.state == "fetching" and i.total_bytes is None and i.name]
     queued = sum(1 for i in items if i.state == "queued")
-    words = [f"fetching {', '.join(blind[:3])}" + (" …" if len(blind) > 3 else "")] if blind else []
+    more = f" (+{len(waiting) - 1})" if len(waiting) > 1 else ""
+    words = [f"retrying {waiting[0]}{more}"] if waiting else []
+    if blind:
+        words.append(f"fetching {', '.join(blind[:3])}" + (" …" if len(blind) > 3 else ""))
     words += [f"{queued} queued"] if queued else []
     return (" " + ", ".join(words)) if words else ""
 

@@ -18,7 +18,7 @@ import socket
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote, urljoin, urlsplit
 
 from agent.prewarm.cancel import abandonable, hold, never, release, wait_cancelled
@@ -29,7 +29,14 @@ from agent.prewarm.sink import Sink
 
 log = logging.getLogger(__name__)
 
-ProgressFn = Callable[[int, int | None], None]
+
+class ProgressFn(Protocol):
+    """Bytes done of the total (None: not known yet); ``retrying`` while a fetch waits to
+    resume after a transient failure (the attempt, the wait, why), "" while bytes flow."""
+
+    def __call__(self, done: int, total: int | None, /, *, retrying: str = "") -> None: ...
+
+
 CancelledFn = Callable[[], bool]
 
 _BUF = 1024 * 1024
@@ -242,6 +249,8 @@ class HttpFetcher:
                     exc,
                     delay,
                 )
+                note = f"attempt {attempt + 1} of {self._retries + 1} in {delay:.1f}s: {exc}"
+                progress(partial.offset, None, retrying=note)
                 _back_off(delay, cancelled)
 
     def _attempt(

@@ -128,4 +128,8 @@ class NydusWarmer:
 
 def _offset(progress: ProgressFn, done: int, total: int) -> ProgressFn:
     """Report one blob's bytes as progress over all the image's data blobs."""
-    return lambda n, _blob_total: progress(done + n, total)
+
+    def report(n: int, _blob_total: int | None, /, *, retrying: str = "") -> None:
+        progress(done + n, total, retrying=retrying)
+
+    return report

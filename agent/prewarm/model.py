@@ -275,6 +275,9 @@ class Progress:
     total_bytes: int | None
     rate_bps: float
     eta_s: float | None
+    #: while the fetch waits to resume after a transient failure: the attempt, the wait and
+    #: why ("" while bytes flow); the rate is then 0 and the ETA unknown
+    retrying: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,9 +20,16 @@ class ProgressMeter:
         self._samples: deque[tuple[float, int]] = deque()
         self._done = 0
         self._total: int | None = None
+        self._retrying = ""
+
+    def retrying(self, note: str) -> None:
+        """The fetch waits to resume: no rate (the last one is stale) until bytes flow."""
+        self._retrying = note
+        self._samples.clear()
 
     def update(self, done: int, total: int | None) -> None:
         now = self._clock()
+        self._retrying = ""
         if done < self._done:  # a restart from zero: the old samples say nothing about the rate
             self._samples.clear()
         self._done, self._total = done, total
@@ -39,4 +46,4 @@ class ProgressMeter:
         eta = None
         if self._total is not None and rate > 0:
             eta = max(self._total - self._done, 0) / rate
-        return Progress(self._item_id, self._done, self._total, rate, eta)
+        return Progress(self._item_id, self._done, self._total, rate, eta, self._retrying)

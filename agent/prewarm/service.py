@@ -565,10 +565,13 @@ class PrewarmService:
         meter = ProgressMeter(item.id, self._monotonic)
         last = {"publish": 0.0, "save": 0.0}
 
-        def progress(done: int, total: int | None) -> None:
-            meter.update(done, total)
+        def progress(done: int, total: int | None, /, *, retrying: str = "") -> None:
+            if retrying:
+                meter.retrying(retrying)  # news at once: the bytes stopped, and why
+            else:
+                meter.update(done, total)
             now = self._monotonic()
-            if now - last["publish"] >= _PUBLISH_S or done == total:
+            if retrying or now - last["publish"] >= _PUBLISH_S or done == total:
                 last["publish"] = now
                 self._publish(meter.snapshot())
             if now - last["save"] >= _SAVE_S:

@@ -195,10 +195,11 @@ def _fetch_members(
         part = MemberPartial(work.store, _member_key(item.id, m.path), m.size)
         try:
 
-            def report(done: int, _: int | None) -> None:
+            def report(done: int, _: int | None, /, *, retrying: str = "") -> None:
                 with lock:
                     offsets[m.path] = done
-                    progress(done_before + sum(offsets.values()), total)
+                    note = retrying and f"{m.path}: {retrying}"
+                    progress(done_before + sum(offsets.values()), total, retrying=note)
 
             spec = FetchSpec(m.url, headers, m.sha256, resume_key=work.identity(m.url))
             fetcher.fetch(spec, part, report, cancelled)

@@ -145,6 +145,8 @@ class ItemProgress:
     name: str = ""
     #: queued, fetching, ready, failed, evicted ("" when not told)
     state: str = ""
+    #: while the fetch waits to resume after a transient failure: the attempt, wait and why
+    retrying: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +292,7 @@ def operation_from(op: operations_pb2.Operation) -> OperationView:
                 i.eta_seconds if i.HasField("eta_seconds") else None,
                 i.name,
                 _item_state_word(i.state),
+                i.retrying,
             )
             for i in meta.prewarm.items
         ),

@@ -171,7 +171,7 @@ def test_a_nydus_blob_warms_through_download_task_into_a_hash_only_sink(
     url = f"https://registry.example.com/v2/llm/server/blobs/sha256:{digest}"
     sink = DigestSink(digest, len(DATA))
     spec = FetchSpec(url, {"Authorization": "Bearer t0k"}, digest)
-    info = DragonflyFetcher(policy, sock).fetch(spec, sink, lambda d, t: None, lambda: False)
+    info = DragonflyFetcher(policy, sock).fetch(spec, sink, lambda *_, **__: None, lambda: False)
     assert sink.verify() == len(DATA)
     assert info.dragonfly_task_id == "task-1"
     [sent] = servicer.requests
@@ -180,7 +180,7 @@ def test_a_nydus_blob_warms_through_download_task_into_a_hash_only_sink(
     assert sent.download.request_header["Authorization"] == "Bearer t0k"
     assert not sent.download.tag and not sent.download.application  # task id = nydusd's
     wrong = DigestSink("0" * 64, len(DATA))
-    DragonflyFetcher(policy, sock).fetch(spec, wrong, lambda d, t: None, lambda: False)
+    DragonflyFetcher(policy, sock).fetch(spec, wrong, lambda *_, **__: None, lambda: False)
     with pytest.raises(DigestMismatch):
         wrong.verify()
 

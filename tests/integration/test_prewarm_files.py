@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import Conflict, InvalidSpec, PermissionDenied
-from agent.prewarm.model import FileRequest, ItemState
+from agent.prewarm.model import FileRequest, ItemState, Progress
 from agent.prewarm.policy import UrlPolicy
 from tests.integration.prewarm_fixtures.agent import make_service
 from tests.integration.prewarm_fixtures.origin import Origin
@@ -73,6 +73,28 @@ def test_origin_drop_mid_file_resumes_with_range(tmp_path: Path, origin: Origin)
     assert ranges[0] is None
     assert ranges[1] == f"bytes={3 * MIB // 2}-"
     assert hashlib.sha256(svc.store.blob_path(digest).read_bytes()).hexdigest() == digest
+
+
+def test_a_dropped_connection_is_shown_in_progress_while_the_fetch_waits_to_resume(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """A retry was only logged: progress kept the last rate and ETA through the back-off, a
+    fetch that moved nothing looked like one still moving. While it waits, the progress says
+    which attempt, when and why, with no rate and no ETA; bytes flowing again clear it."""
+    digest = origin.add("big.bin", blob(5 * MIB, 2))
+    origin.faults.drop_after["/big.bin"] = 3 * MIB // 2
+    svc = make_service(tmp_path)
+    seen: list[Progress] = []
+    svc.subscribe(seen.append)
+    item = svc.run(svc.submit(FileRequest(origin.url("big.bin"), sha256=digest)).id)
+    assert item.state is ItemState.READY, item.error
+    waiting = [p for p in seen if p.retrying]
+    assert len(waiting) == 1, seen
+    assert waiting[0].retrying.startswith("attempt 2 of 6 in "), waiting[0]
+    assert f"connection closed at {3 * MIB // 2} of {5 * MIB} bytes" in waiting[0].retrying
+    assert waiting[0].rate_bps == 0.0 and waiting[0].eta_s is None
+    assert waiting[0].done_bytes == 3 * MIB // 2 and waiting[0].total_bytes == 5 * MIB
+    assert seen[-1].retrying == "" and seen[-1].done_bytes == 5 * MIB
 
 
 def test_wrong_digest_fails_and_leaves_no_file(tmp_path: Path, origin: Origin) -> None:

@@ -279,7 +279,7 @@ def test_blobs_of_a_private_registry_carry_its_credentials_through_the_proxy(
     config.write_text(json.dumps({"auths": {private_registry: {"auth": token}}}))
     fetcher = lambda policy: HttpFetcher(policy, proxy=proxy, backoff_s=0.01, timeout_s=10)  # noqa: E731
     warmer = NydusWarmer(RegistryClient(UrlPolicy(egress_allow=LOOPBACK), config), fetcher)
-    result = warmer.warm(image.ref, "nydus", lambda d, t: None, lambda: False)
+    result = warmer.warm(image.ref, "nydus", lambda *_, **__: None, lambda: False)
     assert result.warmth.warmth is Warmth.FULL
     assert result.warmth.bytes_warm == image.bytes_total
     [relayed] = recorder.requests
@@ -292,5 +292,5 @@ def test_blobs_of_a_private_registry_carry_its_credentials_through_the_proxy(
 
     anonymous = NydusWarmer(RegistryClient(UrlPolicy(egress_allow=LOOPBACK)), fetcher)
     with pytest.raises(PermissionDenied) as err:
-        anonymous.warm(image.ref, "nydus", lambda d, t: None, lambda: False)
+        anonymous.warm(image.ref, "nydus", lambda *_, **__: None, lambda: False)
     assert "basic auth" in str(err.value) and PULL_PASSWORD not in str(err.value)

@@ -31,5 +31,5 @@ def test_a_cancel_during_the_back_off_ends_the_fetch_without_waiting_it_out() ->
         threading.Timer(0.2, stop.set).start()  # the agent stops while the fetcher waits
         started = time.monotonic()
         with pytest.raises(Cancelled):
-            fetcher.fetch(FetchSpec(url), DigestSink("0" * 64), lambda *_: None, stop.is_set)
+            fetcher.fetch(FetchSpec(url), DigestSink("0" * 64), lambda *_, **__: None, stop.is_set)
     assert time.monotonic() - started < 2.0  # not the 16 s back-off

@@ -29,11 +29,11 @@ def test_a_resume_answered_416_with_a_huge_body_does_not_read_the_body(tmp_path:
         digest = origin.add("m.bin", data)
         sink = DigestSink(digest)
         fetcher = _fetcher()
-        fetcher.fetch(FetchSpec(origin.url("m.bin")), sink, lambda *_: None, lambda: False)
+        fetcher.fetch(FetchSpec(origin.url("m.bin")), sink, lambda *_, **__: None, lambda: False)
         assert sink.offset == len(data)
         origin.faults.unsatisfied_body["/m.bin"] = 256 * MIB
         started = time.monotonic()
-        fetcher.fetch(FetchSpec(origin.url("m.bin")), sink, lambda *_: None, lambda: False)
+        fetcher.fetch(FetchSpec(origin.url("m.bin")), sink, lambda *_, **__: None, lambda: False)
         took = time.monotonic() - started
         assert origin.ranges("m.bin")[-1] == f"bytes={len(data)}-"
         deadline = time.monotonic() + 10

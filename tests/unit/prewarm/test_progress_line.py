@@ -51,3 +51,13 @@ def test_what_has_no_byte_count_yet_is_named_instead_of_a_bare_question_mark() -
     sized = ItemProgress("c", MIB, 2 * MIB, MIB, 1.0, name="x", state="fetching")
     assert progress_line([sized], None) == "1.0 MiB / 2.0 MiB  50.0% 1.0 MiB/s ETA 1s"
     assert progress_line([pulling], 3.0) == "0 B / ? done in 3.0s"
+
+
+def test_a_fetch_waiting_to_resume_says_so_and_why() -> None:
+    """A dropped connection left the line at its bytes, with no word of the wait."""
+    note = "attempt 2 of 6 in 2.0s: connection closed at 1048576 of 2097152 bytes"
+    waiting = ItemProgress("a", MIB, 2 * MIB, 0.0, None, name="w", state="fetching", retrying=note)
+    line = progress_line([waiting], None)
+    assert line == f"1.0 MiB / 2.0 MiB  50.0% retrying w: {note}", line
+    other = ItemProgress("b", 0, MIB, 0.0, None, name="v", state="fetching", retrying=note)
+    assert progress_line([waiting, other], None).endswith(f"retrying w: {note} (+1)")

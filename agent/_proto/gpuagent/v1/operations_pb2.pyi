@@ -157,7 +157,7 @@ class PrewarmProgress(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[PrewarmItemProgress, _Mapping]]] = ..., items_total: _Optional[int] = ..., items_done: _Optional[int] = ...) -> None: ...
 
 class PrewarmItemProgress(_message.Message):
-    __slots__ = ("item_id", "name", "state", "done_bytes", "total_bytes", "rate_bytes_per_second", "eta_seconds")
+    __slots__ = ("item_id", "name", "state", "done_bytes", "total_bytes", "rate_bytes_per_second", "eta_seconds", "retrying")
     ITEM_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +165,7 @@ class PrewarmItemProgress(_message.Message):
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     RATE_BYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     ETA_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RETRYING_FIELD_NUMBER: _ClassVar[int]
     item_id: str
     name: str
     state: _cache_pb2.CacheItemState
@@ -172,7 +173,8 @@ class PrewarmItemProgress(_message.Message):
     total_bytes: int
     rate_bytes_per_second: float
     eta_seconds: float
-    def __init__(self, item_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[_cache_pb2.CacheItemState, str]] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., rate_bytes_per_second: _Optional[float] = ..., eta_seconds: _Optional[float] = ...) -> None: ...
+    retrying: str
+    def __init__(self, item_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[_cache_pb2.CacheItemState, str]] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., rate_bytes_per_second: _Optional[float] = ..., eta_seconds: _Optional[float] = ..., retrying: _Optional[str] = ...) -> None: ...
 
 class PrewarmResult(_message.Message):
     __slots__ = ("items",)
