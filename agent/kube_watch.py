@@ -133,6 +133,10 @@ class Informer:
         with self._lock:
             return list(self._objects.values())
 
+    def listed(self) -> list[Any] | None:
+        """The objects, or None before the first list: not listed is unknown, not empty."""
+        return self.objects() if self.synced.is_set() else None
+
     def assume(self, obj: object) -> None:
         """Put an object a write of ours returned into the cache before its watch event
         arrives (client-go's mutation cache), so a reader does not act on the old one; an

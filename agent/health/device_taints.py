@@ -96,10 +96,11 @@ class DeviceTaints:
         uuids: Callable[[], Mapping[Target, tuple[str, ...]]],
         *,
         clock: Callable[[], float] = time.monotonic,
-        slices: Callable[[], list[Any]] | None = None,
+        slices: Callable[[], list[Any] | None] | None = None,
         rules: Callable[[], str | None] | None = None,
     ) -> None:
-        """``slices``: the node's ResourceSlices as cached (else listed each pass); ``rules``:
+        """``slices``: the node's ResourceSlices as cached, None before the cache is first
+        listed (else listed each pass); ``rules``:
         the DeviceTaintRule collection at the version discovery chose, None when unserved
         (agent/kube_discovery.py; else v1alpha3)."""
         self._request = request
@@ -119,10 +120,13 @@ class DeviceTaints:
         path = self._rules()
         if path is None:
             return  # not served: discovery said so once
+        devices = self._devices()
+        if devices is None:
+            return  # slices not listed yet: unknown devices are not "no device" (no delete)
         have = self._listed(path)
         if have is None:
             return
-        want = wanted_rules(self._node, self._marks(), self._uuids(), self._devices())
+        want = wanted_rules(self._node, self._marks(), self._uuids(), devices)
         version = path.split("/")[3]
         try:
             for name in sorted(set(want) - have):
@@ -157,9 +161,11 @@ class DeviceTaints:
         self._have = {str(i["metadata"]["name"]) for i in (listing or {}).get("items") or ()}
         return self._have
 
-    def _devices(self) -> dict[tuple[str, str], str]:
+    def _devices(self) -> dict[tuple[str, str], str] | None:
         if self._slices is not None:
             items: Any = self._slices()
+            if items is None:
+                return None
         else:
             query = {"fieldSelector": f"spec.nodeName={self._node}"}
             items = (self._request("GET", SLICES, query=query) or {}).get("items") or ()

@@ -294,7 +294,7 @@ def build_publisher(
         node,
         health.shown,
         health.device_uuids,
-        slices=edge.slices().objects,
+        slices=edge.slices().listed,
         rules=lambda: edge.apis.path("devicetaintrules"),
     )
     publisher = NodePublisher(

@@ -16,7 +16,7 @@ from agent.health.publish import NodePublisher, plan
 from agent.health.store import Target
 from agent.kube import InClusterKubeClient
 from agent.kube_node import NodeOwner
-from agent.kube_watch import InformerFactory
+from agent.kube_watch import Informer, InformerFactory
 from tests.kube.fake_api import FakeKubeApi
 from tests.kube.fixtures import NODE
 
@@ -295,6 +295,36 @@ def test_a_failed_gpus_device_taint_follows_slices_that_appear_after_the_mark(
     calls = len(api.requests)
     publisher.sync()  # nothing changed: no request
     assert len(api.requests) == calls
+
+
+def test_a_restart_keeps_a_failed_gpus_device_taint_while_the_slices_are_not_listed(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """A restarted agent restores the failed mark, but its ResourceSlice informer had not
+    listed yet: its empty cache read as "no device", and the pass deleted the rule, so the
+    broken GPU was allocated again until the list came (never, were the list refused).
+    Before the first list nothing is deleted; after it, the rule is as wanted."""
+    api, _ = kube_api
+    _dra_node(api)
+    marks = _marks(FAILED)
+    uuids = lambda: {Target("GPU-0"): ("GPU-0",), Target("GPU-1"): ("GPU-1",)}  # noqa: E731
+    DeviceTaints(kube.request, NODE, lambda: marks, uuids).sync()  # the agent before
+    tainted = [f"gpu-agent.{NODE}.{NODE}.gpu-0"]
+    assert sorted(api.taint_rules) == tainted
+    informer = Informer(kube, "/apis/resource.k8s.io/v1/resourceslices")
+    restarted = DeviceTaints(kube.request, NODE, lambda: marks, uuids, slices=informer.listed)
+    restarted.sync()  # not started: never listed
+    assert sorted(api.taint_rules) == tainted
+    informer.start()
+    try:
+        informer.synced.wait(5)
+        restarted.sync()
+        assert sorted(api.taint_rules) == tainted
+        marks = _marks(Mark())  # cleared: now the rule goes
+        restarted.sync()
+        assert not api.taint_rules
+    finally:
+        informer.stop()
 
 
 def test_a_cluster_without_device_taints_is_asked_again_later(
