@@ -6,6 +6,8 @@ so a stored operation reads back as the message it was.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -128,6 +130,19 @@ def message_dict(message: Any) -> dict[str, Any]:
     return json_format.MessageToDict(message, preserving_proto_field_name=True)
 
 
+def _prewarm_words(p: PrewarmProgress, items: Sequence[ItemProgress]) -> str:
+    """``1 ready, 1 failed of 3 items, 1 in progress``: ended items by how they ended (a
+    failed item is not "done"); by count alone from an agent that names no item states."""
+    ended = Counter(i.state for i in items)
+    if not items or any(not i.state for i in items):
+        words = f"{p.items_done}/{p.items_total} items ended"
+    else:
+        said = ", ".join(f"{ended[s]} {s}" for s in ("ready", "failed", "evicted") if ended[s])
+        words = f"{said or '0 ready'} of {p.items_total} items"
+    left = p.items_total - p.items_done
+    return words + (f", {left} in progress" if left > 0 else "")
+
+
 # -- back into records, for clients ---------------------------------------------------------------
 
 
@@ -248,7 +263,7 @@ class OperationView:
             )
         p = self.prewarm_progress
         if p is not None:
-            return f"{p.items_done}/{p.items_total} items done"
+            return _prewarm_words(p, self.prewarm)
         return self.name
 
     @property

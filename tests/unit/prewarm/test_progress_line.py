@@ -1,9 +1,11 @@
-"""The progress line `gpu-agent prewarm file|model|image|apply` prints on stderr while it waits."""
+"""The progress line `gpu-agent prewarm file|model|image|apply` prints on stderr while it waits,
+and a prewarm operation's progress in words (`gpu-agent operations`, fleet rollouts)."""
 
 from __future__ import annotations
 
+from agent._proto.gpuagent.v1 import cache_pb2, operations_pb2
 from agent.cli.prewarm import progress_line
-from agent.wire.operations import ItemProgress
+from agent.wire.operations import ItemProgress, operation_from
 
 MIB = 1 << 20
 
@@ -61,3 +63,27 @@ def test_a_fetch_waiting_to_resume_says_so_and_why() -> None:
     assert line == f"1.0 MiB / 2.0 MiB  50.0% retrying w: {note}", line
     other = ItemProgress("b", 0, MIB, 0.0, None, name="v", state="fetching", retrying=note)
     assert progress_line([waiting, other], None).endswith(f"retrying w: {note} (+1)")
+
+
+def _operation(*states: int, ended: int) -> operations_pb2.Operation:
+    items = [
+        operations_pb2.PrewarmItemProgress(item_id=f"i{n}", name=f"shard-{n}", state=s)
+        for n, s in enumerate(states)
+    ]
+    op = operations_pb2.Operation(name="operations/a", kind="prewarm")
+    op.metadata.prewarm.CopyFrom(
+        operations_pb2.PrewarmProgress(items=items, items_total=len(items), items_done=ended)
+    )
+    return op
+
+
+def test_an_operation_whose_items_all_failed_does_not_read_done() -> None:
+    """`operations list/show/wait` and a fleet rollout's node line said "2/2 items done" for
+    a prewarm whose every item failed. Ended items are named by how they ended."""
+    failed, ready = cache_pb2.CACHE_ITEM_STATE_FAILED, cache_pb2.CACHE_ITEM_STATE_READY
+    fetching = cache_pb2.CACHE_ITEM_STATE_FETCHING
+    assert operation_from(_operation(failed, failed, ended=2)).progress == "2 failed of 2 items"
+    mixed = operation_from(_operation(ready, failed, fetching, ended=2)).progress
+    assert mixed == "1 ready, 1 failed of 3 items, 1 in progress", mixed
+    unnamed = _operation(0, 0, ended=1)  # an agent that names no item state
+    assert operation_from(unnamed).progress == "1/2 items ended, 1 in progress"
