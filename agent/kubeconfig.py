@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,8 @@ class KubeconfigSettings:
     ca_data: bytes | None = None
     client_cert: tuple[bytes, bytes] | None = None
     insecure: bool = False
-    proxy: str | None = None
+    #: may hold a password (http://USER:PASSWORD@HOST:PORT): kept out of the repr
+    proxy: str | None = field(default=None, repr=False)
     exec_plugin: ExecPlugin | None = None
 
 

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from agent.cli.fleet import fleet
+from tests.integration.prewarm_fixtures.tinyproxy import tinyproxy
 from tests.kube.fake_api import FakeKubeApi, Pod
 from tests.unit.coordinator.agents import Outcome, invoke
 
@@ -293,6 +294,43 @@ def test_a_proxy_url_is_tunnelled_through(
     assert found_nodes(status(config, monkeypatch)) == {"gpu-a"}
     assert targets and set(targets) == {url.removeprefix("https://")}
     assert len(targets) == len(api.requests)
+
+
+def test_a_proxy_url_s_user_and_password_log_in_to_the_proxy(
+    api: FakeKubeApi,
+    kube_api: tuple[FakeKubeApi, str],
+    tls_cert: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``proxy-url: http://USER:PASSWORD@HOST:PORT`` (percent-encoded, as in any URL) logs in to
+    a proxy that wants one (tinyproxy with BasicAuth) as kubectl does: its CONNECT carries
+    ``Proxy-Authorization: Basic``. Without them, or with a wrong password, the proxy refuses
+    the tunnel (407; tinyproxy 1.11 answers 401 to a wrong password), the error names the
+    proxy, and no call reaches the API server; the API server never sees the proxy's login;
+    no message shows the password."""
+    _, url = kube_api
+    password = "s3cret.proxy-pass"
+
+    def through(user_info: str) -> Outcome:
+        proxy_url = proxy.replace("http://", f"http://{user_info}")
+        cluster = {"certificate-authority": str(tls_cert[0]), "proxy-url": proxy_url}
+        config = write_kubeconfig(tmp_path / "kc", url, {"token": "token-1"}, cluster)
+        return status(config, monkeypatch)
+
+    with tinyproxy(tmp_path, basic_auth=("alice", password)) as (proxy, _):
+        for refused in (through(""), through("alice:wrong-pass@")):
+            assert refused.exit_code != 0, refused.output
+            assert f"through proxy {proxy} " in refused.output, refused.output
+            assert re.search(r"Tunnel connection failed: 40[17] ", refused.output), refused.output
+            assert api.requests == []
+        encoded = password.replace(".", "%2E")  # an encoded character is sent decoded
+        assert found_nodes(through(f"alice:{encoded}@")) == {"gpu-a"}
+        refused_with_it = through(f"alice:{encoded}x@")
+    assert api.requests and not any("Proxy-Authorization" in r.headers for r in api.requests)
+    assert re.search(r"Tunnel connection failed: 40[17] ", refused_with_it.output)
+    assert "alice" not in refused_with_it.output
+    assert password not in refused_with_it.output and encoded not in refused_with_it.output
 
 
 def _client_cert(directory: Path) -> tuple[Path, Path, Path]:
