@@ -106,7 +106,7 @@ class ExecPlugin:
             env={str(e["name"]): str(e.get("value", "")) for e in pairs},
             interactive_mode=mode,
             install_hint=str(spec.get("installHint") or ""),
-            cluster=_cluster_info(cluster) if spec.get("provideClusterInfo") else None,
+            cluster=_cluster_info(cluster, base) if spec.get("provideClusterInfo") else None,
             timeout_s=timeout_s,
             source=source,
         )
@@ -195,15 +195,17 @@ class ExecPlugin:
             raise self._fail(f"status.expirationTimestamp {stamp!r} is not RFC 3339") from None
 
 
-def _cluster_info(cluster: Mapping[str, Any]) -> dict[str, Any]:
-    """The ExecCredential ``spec.cluster`` for ``provideClusterInfo``."""
+def _cluster_info(cluster: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """The ExecCredential ``spec.cluster`` for ``provideClusterInfo``; a relative
+    ``certificate-authority`` is relative to ``base``, the kubeconfig's folder (kubectl's
+    rule, and the client's own CA's: agent/kubeconfig.py), never to the current directory."""
     info: dict[str, Any] = {"server": cluster.get("server", "")}
     ca = cluster.get("certificate-authority-data")
     path = cluster.get("certificate-authority")
     if not ca and isinstance(path, str) and path:
         try:  # no further than a PEM can be; unread, as unreadable, otherwise
             ca = base64.b64encode(
-                safeyaml.read_bytes(Path(path), "ca", safeyaml.MAX_PEM_BYTES)
+                safeyaml.read_bytes(base / path, "ca", safeyaml.MAX_PEM_BYTES)
             ).decode()
         except InvalidSpec:
             ca = None

@@ -130,5 +130,5 @@ def test_an_exec_plugins_cluster_ca_of_megabytes_is_not_read_into_its_environmen
     tmp_path: Path,
 ) -> None:
     big = _sparse(tmp_path / "ca.pem", 8 << 20)
-    info = _cluster_info({"server": SERVER, "certificate-authority": str(big)})
+    info = _cluster_info({"server": SERVER, "certificate-authority": str(big)}, tmp_path)
     assert info == {"server": SERVER}

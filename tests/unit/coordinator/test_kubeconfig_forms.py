@@ -150,6 +150,38 @@ def test_an_exec_plugin_token_is_sent_and_cached(
     assert info["spec"]["cluster"]["certificate-authority-data"]
 
 
+def test_a_relative_certificate_authority_reaches_the_plugin_from_any_directory(
+    api: FakeKubeApi,
+    kube_api: tuple[FakeKubeApi, str],
+    tls_cert: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``certificate-authority: ca.crt`` beside the kubeconfig, run from another directory: a
+    kubeconfig's relative paths are the file's folder's (kubectl's rule), so the client checks
+    the server against that CA and a provideClusterInfo plugin is given the same CA."""
+    _, url = kube_api
+    folder, elsewhere = tmp_path / "kube", tmp_path / "elsewhere"
+    folder.mkdir()
+    elsewhere.mkdir()
+    (folder / "ca.crt").write_bytes(tls_cert[0].read_bytes())
+    exe = plugin(tmp_path, credential("token-1"))
+    user = {
+        "exec": {
+            "apiVersion": V1,
+            "command": str(exe),
+            "interactiveMode": "Never",
+            "provideClusterInfo": True,
+        }
+    }
+    config = write_kubeconfig(folder / "config", url, user, {"certificate-authority": "ca.crt"})
+    monkeypatch.chdir(elsewhere)
+    assert found_nodes(status(config, monkeypatch)) == {"gpu-a"}
+    info = json.loads((tmp_path / "fake-eks-token.runs.info").read_text())
+    sent = info["spec"]["cluster"].get("certificate-authority-data")
+    assert sent and base64.b64decode(sent) == tls_cert[0].read_bytes()
+
+
 def test_a_refused_or_expired_plugin_token_runs_the_plugin_again(
     api: FakeKubeApi,
     kube_api: tuple[FakeKubeApi, str],
