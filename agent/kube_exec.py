@@ -228,8 +228,8 @@ def _cluster_info(cluster: Mapping[str, Any], base: Path) -> dict[str, Any]:
 def _short(err: bytes) -> str:
     """stderr as one short line, with anything that looks like a credential hidden."""
     text = " ".join(err.decode(errors="replace").split())
-    text = _SECRETS.sub("<redacted>", text)
-    return text if len(text) <= STDERR_CHARS else text[: STDERR_CHARS - 1] + "…"
+    # hidden before the cut: a credential cut in two would be too short to be recognised
+    return safeyaml.capped(_SECRETS.sub("<redacted>", text), STDERR_CHARS)
 
 
 class _Capped:

@@ -218,6 +218,9 @@ def test_a_refused_or_expired_plugin_token_runs_the_plugin_again(
             None,
             r"'kubelogin'.*exited 3: AADSTS700082: refresh token expired for <redacted>$",
         ),
+        # the token straddles the 288th character, where the cut falls: hidden whole, then cut
+        (f"sys.stderr.write('denied: ' + 'w ' * 131 + {JWT!r} + ' retry' * 40); sys.exit(3)",
+         None, r"'kubelogin'.*exited 3: denied: w w .* w <redacted> retry r …\(cut\)$"),
         ("time.sleep(60)", None, r"'kubelogin'.*no answer within 1 s; killed"),
         ("print('Opening a browser to sign in...')", None, r"'kubelogin'.*no ExecCredential"),
         ("while True: sys.stdout.write('x' * 65536)", None,
@@ -226,7 +229,8 @@ def test_a_refused_or_expired_plugin_token_runs_the_plugin_again(
         ("print(json.dumps({'kind': 'ExecCredential', 'apiVersion': "
          f"{V1!r}, 'status': {{}}}}))", None, r"'kubelogin'.*no status.token"),
     ],
-    ids=["missing", "fails", "hangs", "garbage", "floods", "wrong-version", "no-token"],
+    ids=["missing", "fails", "long-stderr", "hangs", "garbage", "floods", "wrong-version",
+         "no-token"],
 )  # fmt: skip
 def test_a_broken_exec_plugin_is_one_line_naming_it(
     api: FakeKubeApi,
@@ -238,7 +242,8 @@ def test_a_broken_exec_plugin_is_one_line_naming_it(
     expected: str,
 ) -> None:
     """No token leaves (the API sees no request), and the line names the plugin, with its
-    stderr shortened and any credential in it hidden; a hang ends at the exec timeout."""
+    stderr shortened (a cut said so) and any credential in it hidden, before the cut; a hang
+    ends at the exec timeout."""
     _, url = kube_api
     exe = plugin(tmp_path, body, "kubelogin")
     user = {"exec": {"apiVersion": V1, "command": command or str(exe), "interactiveMode": "Never"}}
