@@ -55,15 +55,17 @@ class ExecPluginError(PermissionDenied):
 class ExecPlugin:
     command: str
     api_version: str
-    args: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
+    # Out of the repr, which a traceback or a debug line may show: args and env may carry a
+    # secret (--client-secret, AWS_SECRET_ACCESS_KEY), the cluster a proxy-url's password.
+    args: tuple[str, ...] = field(default=(), repr=False)
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
     interactive_mode: str = "IfAvailable"
     install_hint: str = ""
-    cluster: dict[str, Any] | None = None
+    cluster: dict[str, Any] | None = field(default=None, repr=False)
     timeout_s: float = 10.0
     #: which kubeconfig, for messages
     source: str = ""
-    _token: str | None = None
+    _token: str | None = field(default=None, repr=False)
     _expires: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

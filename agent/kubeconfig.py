@@ -26,12 +26,13 @@ __all__ = ["KubeconfigSettings", "load"]
 @dataclass(frozen=True)
 class KubeconfigSettings:
     server: str
-    token: str | None = None
+    # The credentials are kept out of the repr: the token, the client key, and the proxy's
+    # password (http://USER:PASSWORD@HOST:PORT).
+    token: str | None = field(default=None, repr=False)
     token_path: Path | None = None
     ca_data: bytes | None = None
-    client_cert: tuple[bytes, bytes] | None = None
+    client_cert: tuple[bytes, bytes] | None = field(default=None, repr=False)
     insecure: bool = False
-    #: may hold a password (http://USER:PASSWORD@HOST:PORT): kept out of the repr
     proxy: str | None = field(default=None, repr=False)
     exec_plugin: ExecPlugin | None = None
 
