@@ -12,6 +12,7 @@ pods list/delete in the plugin's namespace.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import logging
@@ -35,6 +36,7 @@ from agent.errors import (
     NotSupported,
     PermissionDenied,
 )
+from agent.redact import redact_url
 
 if TYPE_CHECKING:
     from agent.kube_exec import ExecPlugin
@@ -138,7 +140,8 @@ class InClusterKubeClient:
         """``token_path`` (re-read per request), ``token`` or ``exec_plugin`` (its token, run
         again after a 401); ``client_cert`` is (cert, key) PEM from a kubeconfig; ``insecure``
         skips the server check (kubeconfig's insecure-skip-tls-verify); ``proxy`` an
-        http://HOST:PORT proxy reached with CONNECT (kubeconfig's proxy-url)."""
+        http://[USER:PASSWORD@]HOST:PORT proxy reached with CONNECT (kubeconfig's proxy-url),
+        its user info sent as Proxy-Authorization: Basic."""
         url = urllib.parse.urlsplit(server)
         if url.scheme not in ("https", "http") or not url.hostname:
             raise NotSupported(f"Kubernetes API server must be an http(s) URL, got {server!r}")
@@ -149,7 +152,10 @@ class InClusterKubeClient:
         self._token_path = token_path
         self._token = token
         self._exec = exec_plugin
-        self._proxy = urllib.parse.urlsplit(proxy) if proxy else None
+        # Only the proxy's address and its CONNECT header are kept: no URL with its password.
+        self._proxy = _proxy_tunnel(proxy) if proxy else None
+        #: the proxy in an error ("Tunnel connection failed" is the proxy's), without user info
+        self._via = f" through proxy {redact_url(proxy)}" if proxy else ""
         self._timeout = timeout
         try:
             self._ssl = ssl.create_default_context(
@@ -327,7 +333,7 @@ class InClusterKubeClient:
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
                 raise AgentError(
-                    f"Kubernetes API {self._server} unreachable (watch {path}): {exc}"
+                    f"Kubernetes API {self._server} unreachable{self._via} (watch {path}): {exc}"
                 ) from exc
             if response.status != 401 or self._exec is None or refresh:
                 break
@@ -441,7 +447,7 @@ class InClusterKubeClient:
                 data = response.read(MAX_RESPONSE_BYTES + 1)
             except (OSError, http.client.HTTPException) as exc:
                 raise AgentError(
-                    f"Kubernetes API {self._server} unreachable ({method} {path}): {exc}"
+                    f"Kubernetes API {self._server} unreachable{self._via} ({method} {path}): {exc}"
                 ) from exc
             finally:
                 conn.close()
@@ -478,21 +484,34 @@ class InClusterKubeClient:
         return headers
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        proxy = self._proxy
-        if proxy is not None:  # a CONNECT tunnel, so TLS is still end to end with the server
-            host, port = proxy.hostname or "", proxy.port or 80
+        if self._proxy is not None:  # a CONNECT tunnel: TLS is still end to end with the server
+            host, port, tunnel_headers = self._proxy
             conn: http.client.HTTPConnection
             if self._https:
                 conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=self._ssl)
             else:
                 conn = http.client.HTTPConnection(host, port, timeout=timeout)
-            conn.set_tunnel(self._host, self._port)
+            conn.set_tunnel(self._host, self._port, headers=tunnel_headers)
             return conn
         if self._https:
             return http.client.HTTPSConnection(
                 self._host, self._port, timeout=timeout, context=self._ssl
             )
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+
+def _proxy_tunnel(url: str) -> tuple[str, int, dict[str, str]]:
+    """(host, port, CONNECT headers) of an http:// proxy URL. Its user info, percent-decoded,
+    is the CONNECT's ``Proxy-Authorization: Basic`` (as Go's http.ProxyURL sends it for
+    kubectl); it goes on the CONNECT only, never to the API server inside the tunnel."""
+    parts = urllib.parse.urlsplit(url)
+    headers = {}
+    if parts.username is not None:
+        user = urllib.parse.unquote(parts.username)
+        password = urllib.parse.unquote(parts.password or "")
+        pair = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+        headers["Proxy-Authorization"] = f"Basic {pair}"
+    return parts.hostname or "", parts.port or 80, headers
 
 
 def _strings(found: object) -> dict[str, str]:

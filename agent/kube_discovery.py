@@ -20,11 +20,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from agent import safeyaml
 from agent.errors import NotFound
 
 log = logging.getLogger(__name__)
 
 __all__ = ["WANTED", "ApiVersions", "Resource"]
+
+#: Served versions named in the "not served" warning; a server serving more is said by count.
+SHOWN_VERSIONS = 6
+#: Characters of those names (a version name is the server's: not bounded by it).
+SHOWN_CHARS = 120
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +100,7 @@ class ApiVersions:
             self._chosen[resource] = chosen
             if chosen is None:
                 why = (
-                    f"{want.group} serves {'/'.join(served) or 'no version'}, none of "
+                    f"{want.group} serves {_versions(served)}, none of "
                     f"{'/'.join(want.versions)} with {want.name}: no {want.purpose}"
                 )
                 self.unserved[resource] = why
@@ -143,3 +149,14 @@ class ApiVersions:
             return []
         listed = found.get(key) if isinstance(found, dict) else None
         return [e for e in listed if isinstance(e, dict)] if isinstance(listed, list) else []
+
+
+def _versions(served: tuple[str, ...]) -> str:
+    """The served versions for a log line and `ApiVersions.unserved`: the first few, cut, and
+    how many in all when there are more (a server may list any number, of any length)."""
+    if not served:
+        return "no version"
+    shown = safeyaml.capped("/".join(served[:SHOWN_VERSIONS]), SHOWN_CHARS)
+    if len(served) > SHOWN_VERSIONS:
+        shown += f" (and {len(served) - SHOWN_VERSIONS} more, {len(served)} versions)"
+    return shown

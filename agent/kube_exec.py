@@ -55,15 +55,17 @@ class ExecPluginError(PermissionDenied):
 class ExecPlugin:
     command: str
     api_version: str
-    args: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
+    # Out of the repr, which a traceback or a debug line may show: args and env may carry a
+    # secret (--client-secret, AWS_SECRET_ACCESS_KEY), the cluster a proxy-url's password.
+    args: tuple[str, ...] = field(default=(), repr=False)
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
     interactive_mode: str = "IfAvailable"
     install_hint: str = ""
-    cluster: dict[str, Any] | None = None
+    cluster: dict[str, Any] | None = field(default=None, repr=False)
     timeout_s: float = 10.0
     #: which kubeconfig, for messages
     source: str = ""
-    _token: str | None = None
+    _token: str | None = field(default=None, repr=False)
     _expires: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -106,7 +108,7 @@ class ExecPlugin:
             env={str(e["name"]): str(e.get("value", "")) for e in pairs},
             interactive_mode=mode,
             install_hint=str(spec.get("installHint") or ""),
-            cluster=_cluster_info(cluster) if spec.get("provideClusterInfo") else None,
+            cluster=_cluster_info(cluster, base) if spec.get("provideClusterInfo") else None,
             timeout_s=timeout_s,
             source=source,
         )
@@ -195,15 +197,17 @@ class ExecPlugin:
             raise self._fail(f"status.expirationTimestamp {stamp!r} is not RFC 3339") from None
 
 
-def _cluster_info(cluster: Mapping[str, Any]) -> dict[str, Any]:
-    """The ExecCredential ``spec.cluster`` for ``provideClusterInfo``."""
+def _cluster_info(cluster: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """The ExecCredential ``spec.cluster`` for ``provideClusterInfo``; a relative
+    ``certificate-authority`` is relative to ``base``, the kubeconfig's folder (kubectl's
+    rule, and the client's own CA's: agent/kubeconfig.py), never to the current directory."""
     info: dict[str, Any] = {"server": cluster.get("server", "")}
     ca = cluster.get("certificate-authority-data")
     path = cluster.get("certificate-authority")
     if not ca and isinstance(path, str) and path:
         try:  # no further than a PEM can be; unread, as unreadable, otherwise
             ca = base64.b64encode(
-                safeyaml.read_bytes(Path(path), "ca", safeyaml.MAX_PEM_BYTES)
+                safeyaml.read_bytes(base / path, "ca", safeyaml.MAX_PEM_BYTES)
             ).decode()
         except InvalidSpec:
             ca = None
@@ -226,8 +230,8 @@ def _cluster_info(cluster: Mapping[str, Any]) -> dict[str, Any]:
 def _short(err: bytes) -> str:
     """stderr as one short line, with anything that looks like a credential hidden."""
     text = " ".join(err.decode(errors="replace").split())
-    text = _SECRETS.sub("<redacted>", text)
-    return text if len(text) <= STDERR_CHARS else text[: STDERR_CHARS - 1] + "…"
+    # hidden before the cut: a credential cut in two would be too short to be recognised
+    return safeyaml.capped(_SECRETS.sub("<redacted>", text), STDERR_CHARS)
 
 
 class _Capped:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +26,14 @@ __all__ = ["KubeconfigSettings", "load"]
 @dataclass(frozen=True)
 class KubeconfigSettings:
     server: str
-    token: str | None = None
+    # The credentials are kept out of the repr: the token, the client key, and the proxy's
+    # password (http://USER:PASSWORD@HOST:PORT).
+    token: str | None = field(default=None, repr=False)
     token_path: Path | None = None
     ca_data: bytes | None = None
-    client_cert: tuple[bytes, bytes] | None = None
+    client_cert: tuple[bytes, bytes] | None = field(default=None, repr=False)
     insecure: bool = False
-    proxy: str | None = None
+    proxy: str | None = field(default=None, repr=False)
     exec_plugin: ExecPlugin | None = None
 
 

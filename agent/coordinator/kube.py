@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.kube import PAGE_SIZE, InClusterKubeClient, dig
 from agent.kube_watch import Informer
+from agent.safeyaml import brief
 
 __all__ = ["AgentPod", "KubeLister", "agent_pod", "labels_by_node"]
 
@@ -30,6 +31,8 @@ class AgentPod:
     grpc_port: int | None
     #: deleted, stopping (metadata.deletionTimestamp): its agent is on its way out
     terminating: bool = False
+    #: a field it cannot be dialled by (named), e.g. a grpc containerPort that is not a port
+    invalid: str | None = None
 
 
 class KubeLister(InClusterKubeClient):
@@ -136,14 +139,7 @@ def agent_pod(item: object) -> AgentPod:
         dig(c, "type") == "Ready" and dig(c, "status") == "True"
         for c in (conditions if isinstance(conditions, list) else [])
     )
-    port = None
-    containers = dig(item, "spec", "containers")
-    for container in containers if isinstance(containers, list) else []:
-        ports = dig(container, "ports")
-        for p in ports if isinstance(ports, list) else []:
-            number = dig(p, "containerPort")
-            if dig(p, "name") == "grpc" and isinstance(number, int):
-                port = number
+    port, invalid = _grpc_port(item)
     ip = dig(item, "status", "podIP")
     return AgentPod(
         name=str(dig(item, "metadata", "name") or ""),
@@ -153,4 +149,25 @@ def agent_pod(item: object) -> AgentPod:
         ready=ready,
         grpc_port=port,
         terminating=dig(item, "metadata", "deletionTimestamp") is not None,
+        invalid=invalid,
     )
+
+
+def _grpc_port(item: object) -> tuple[int | None, str | None]:
+    """(the containerPort of the port named grpc or None, why that field is invalid or None).
+    A value that is no TCP port (0, 70000, a string; bool is an int in Python) is the field
+    invalid, never a port dialled, nor the default taken in its place."""
+    port, invalid = None, None
+    containers = dig(item, "spec", "containers")
+    for i, container in enumerate(containers if isinstance(containers, list) else []):
+        ports = dig(container, "ports")
+        for j, p in enumerate(ports if isinstance(ports, list) else []):
+            if dig(p, "name") != "grpc":
+                continue
+            number = dig(p, "containerPort")
+            if type(number) is int and 0 < number < 65536:
+                port, invalid = number, None
+            else:
+                field = f"spec.containers[{i}].ports[{j}].containerPort"
+                port, invalid = None, f"{field} {brief(number)} is not a port (1 to 65535)"
+    return port, invalid

@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass
 
 from agent._proto.gpuagent.v1 import agent_pb2
+from agent.safeyaml import capped
 
 __all__ = ["Check", "CheckState", "DoctorReport", "doctor_pb", "report_from"]
 
@@ -60,8 +61,7 @@ class DoctorReport:
 
 
 def _bounded(text: str) -> str:
-    line = " ".join(text.split())  # one line: a log line or a table cell
-    return line if len(line) <= MAX_TEXT else line[: MAX_TEXT - 1] + "…"
+    return capped(" ".join(text.split()), MAX_TEXT)  # one line: a log line or a table cell
 
 
 def doctor_pb(report: DoctorReport) -> agent_pb2.DoctorResponse:

@@ -368,6 +368,27 @@ def test_an_unserved_api_is_said_once_and_not_asked_again(
     assert apis.path("resourceslices") == "/apis/resource.k8s.io/v1/resourceslices"
 
 
+def test_a_server_serving_thousands_of_versions_is_said_in_a_bounded_line(
+    edge_api: tuple[EdgeKubeApi, str],
+    kube: InClusterKubeClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The "not served" warning (and `unserved`, which the doctor shows) names the first few
+    versions the server lists and how many in all, never all of them: a server listing 5,000
+    versions of 100 characters is one short line, not 500 KB in the log at every start."""
+    api, _ = edge_api
+    long = [f"v{n}alpha{'x' * 90}" for n in range(5000)]
+    api.served["resource.k8s.io"] = {"v1": ["resourceslices"], **{v: [] for v in long}}
+    apis = ApiVersions(kube)
+    with caplog.at_level(logging.WARNING, logger="agent.kube_discovery"):
+        assert apis.path("devicetaintrules") is None
+    (said,) = [r.getMessage() for r in caplog.records if "devicetaintrules" in r.getMessage()]
+    assert len(said) < 400, len(said)
+    assert "serves v1/v0alpha" in said and "(and 4995 more, 5001 versions)" in said, said
+    assert "v1beta2/v1alpha3 with devicetaintrules" in said
+    assert apis.unserved["devicetaintrules"] in said
+
+
 def test_slices_watched_after_discovery_failed_at_start_use_the_version_the_server_serves(
     edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
 ) -> None:

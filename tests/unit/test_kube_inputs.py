@@ -5,7 +5,10 @@ reaches a server: each is refused before a request."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import sys
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ from agent.kube import InClusterKubeClient
 from agent.kube_exec import _cluster_info
 
 SERVER = "https://127.0.0.1:1"
+V1 = "client.authentication.k8s.io/v1"
 SECRET = "s3cret-pass"
 #: A file far past any PEM or token, made sparse (no disk, no time).
 HUGE = 64 << 20
@@ -130,5 +134,37 @@ def test_an_exec_plugins_cluster_ca_of_megabytes_is_not_read_into_its_environmen
     tmp_path: Path,
 ) -> None:
     big = _sparse(tmp_path / "ca.pem", 8 << 20)
-    info = _cluster_info({"server": SERVER, "certificate-authority": str(big)})
+    info = _cluster_info({"server": SERVER, "certificate-authority": str(big)}, tmp_path)
     assert info == {"server": SERVER}
+
+
+def test_no_repr_of_a_kubeconfig_s_settings_shows_a_credential(tmp_path: Path) -> None:
+    """What a traceback or a debug line may print of a loaded kubeconfig (its settings, its
+    exec plugin after it ran) holds no token, client key, proxy password, nor the plugin's
+    secret args and env."""
+    token = "p1ugin-token-" + "x" * 30
+    script = tmp_path / "plugin"
+    credential = {"apiVersion": V1, "kind": "ExecCredential", "status": {"token": token}}
+    script.write_text(f"#!{sys.executable}\nprint({json.dumps(json.dumps(credential))})\n")
+    script.chmod(0o755)
+    proxy = {"proxy-url": f"http://alice:{SECRET}@proxy.example:3128"}
+    key = base64.b64encode(b"-----BEGIN PRIVATE KEY-----k3y-s3cret").decode()
+    user = {"token": "b3arer-s3cret", "client-certificate-data": key, "client-key-data": key}
+    with_token = kubeconfig.load(_config(tmp_path, user, proxy))
+    exec_user = {
+        "exec": {
+            "apiVersion": V1,
+            "command": str(script),
+            "args": [f"--client-secret={SECRET}"],
+            "env": [{"name": "AWS_SECRET_ACCESS_KEY", "value": SECRET}],
+            "interactiveMode": "Never",
+            "provideClusterInfo": True,
+        }
+    }
+    with_plugin = kubeconfig.load(_config(tmp_path, exec_user, proxy))
+    assert with_plugin.exec_plugin is not None
+    assert with_plugin.exec_plugin.token() == token
+    shown = repr(with_token) + repr(with_plugin) + repr(with_plugin.exec_plugin)
+    for secret in (SECRET, "b3arer-s3cret", "k3y-s3cret", key, token):
+        assert secret not in shown, secret
+    assert "proxy.example" not in shown and "plugin" in shown  # the plugin is still named

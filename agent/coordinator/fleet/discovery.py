@@ -186,11 +186,15 @@ class KubeDiscovery:
             problem = None
             if pod.ip is None:
                 problem = f"agent pod {pod.name} is {pod.phase} with no IP"
+            elif pod.invalid is not None:
+                problem = f"agent pod {pod.name}: {pod.invalid}"
             elif pod.terminating:  # stopping: no change through it, nor a second node entry
                 problem = f"agent pod {pod.name} is terminating"
             elif not pod.ready:
                 problem = f"agent pod {pod.name} is not ready ({pod.phase})"
             address = join_host_port(pod.ip, pod.grpc_port or self._port) if pod.ip else ""
+            if pod.ip and pod.invalid is not None:
+                address = pod.ip  # no port is known: its field is invalid, the default no guess
             node_labels = labels.get(pod.node, {})
             out.append(
                 Target(

@@ -88,6 +88,30 @@ def test_a_terminating_agent_pod_is_no_target_to_change_through(
     assert a.problem == "agent pod gpu-agent-a is terminating", a
 
 
+@pytest.mark.parametrize("port", [70000, -1, "9411", True])
+def test_an_agent_pod_whose_grpc_port_is_no_port_is_listed_with_the_field_named(
+    agents_api: tuple[FakeKubeApi, KubeLister], port: object
+) -> None:
+    """A containerPort that is no TCP port (the API server's own validation would refuse it)
+    is neither dialled nor replaced by the default port: the pod is listed with the field
+    named, and no call is made to it."""
+    api, lister = agents_api
+    (bad,) = [p for p in api.pods if p.name == "gpu-agent-a"]
+    bad.grpc_port = port  # type: ignore[assignment]
+    # the schema takes 70000 and -1 (int32), refuses the string and the bool: served anyway
+    api.validate = type(port) is int
+    found = asyncio.run(KubeDiscovery(lister, "gpu-agent").targets())
+    (a,) = [t for t in found if t.node == "node-a"]
+    shown = repr(port)
+    assert a.problem == (
+        f"agent pod gpu-agent-a: spec.containers[0].ports[0].containerPort {shown} "
+        "is not a port (1 to 65535)"
+    ), a
+    assert a.address == "10.1.0.5"
+    (b,) = [t for t in found if t.node == "node-b"]
+    assert (b.address, b.problem) == ("10.1.0.7:9411", None)
+
+
 def test_node_labels_that_cannot_be_read_are_unknown_not_empty(
     agents_api: tuple[FakeKubeApi, KubeLister],
 ) -> None:

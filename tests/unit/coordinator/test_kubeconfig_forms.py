@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from agent.cli.fleet import fleet
+from tests.integration.prewarm_fixtures.tinyproxy import tinyproxy
 from tests.kube.fake_api import FakeKubeApi, Pod
 from tests.unit.coordinator.agents import Outcome, invoke
 
@@ -149,6 +150,38 @@ def test_an_exec_plugin_token_is_sent_and_cached(
     assert info["spec"]["cluster"]["certificate-authority-data"]
 
 
+def test_a_relative_certificate_authority_reaches_the_plugin_from_any_directory(
+    api: FakeKubeApi,
+    kube_api: tuple[FakeKubeApi, str],
+    tls_cert: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``certificate-authority: ca.crt`` beside the kubeconfig, run from another directory: a
+    kubeconfig's relative paths are the file's folder's (kubectl's rule), so the client checks
+    the server against that CA and a provideClusterInfo plugin is given the same CA."""
+    _, url = kube_api
+    folder, elsewhere = tmp_path / "kube", tmp_path / "elsewhere"
+    folder.mkdir()
+    elsewhere.mkdir()
+    (folder / "ca.crt").write_bytes(tls_cert[0].read_bytes())
+    exe = plugin(tmp_path, credential("token-1"))
+    user = {
+        "exec": {
+            "apiVersion": V1,
+            "command": str(exe),
+            "interactiveMode": "Never",
+            "provideClusterInfo": True,
+        }
+    }
+    config = write_kubeconfig(folder / "config", url, user, {"certificate-authority": "ca.crt"})
+    monkeypatch.chdir(elsewhere)
+    assert found_nodes(status(config, monkeypatch)) == {"gpu-a"}
+    info = json.loads((tmp_path / "fake-eks-token.runs.info").read_text())
+    sent = info["spec"]["cluster"].get("certificate-authority-data")
+    assert sent and base64.b64decode(sent) == tls_cert[0].read_bytes()
+
+
 def test_a_refused_or_expired_plugin_token_runs_the_plugin_again(
     api: FakeKubeApi,
     kube_api: tuple[FakeKubeApi, str],
@@ -185,6 +218,9 @@ def test_a_refused_or_expired_plugin_token_runs_the_plugin_again(
             None,
             r"'kubelogin'.*exited 3: AADSTS700082: refresh token expired for <redacted>$",
         ),
+        # the token straddles the 288th character, where the cut falls: hidden whole, then cut
+        (f"sys.stderr.write('denied: ' + 'w ' * 131 + {JWT!r} + ' retry' * 40); sys.exit(3)",
+         None, r"'kubelogin'.*exited 3: denied: w w .* w <redacted> retry r …\(cut\)$"),
         ("time.sleep(60)", None, r"'kubelogin'.*no answer within 1 s; killed"),
         ("print('Opening a browser to sign in...')", None, r"'kubelogin'.*no ExecCredential"),
         ("while True: sys.stdout.write('x' * 65536)", None,
@@ -193,7 +229,8 @@ def test_a_refused_or_expired_plugin_token_runs_the_plugin_again(
         ("print(json.dumps({'kind': 'ExecCredential', 'apiVersion': "
          f"{V1!r}, 'status': {{}}}}))", None, r"'kubelogin'.*no status.token"),
     ],
-    ids=["missing", "fails", "hangs", "garbage", "floods", "wrong-version", "no-token"],
+    ids=["missing", "fails", "long-stderr", "hangs", "garbage", "floods", "wrong-version",
+         "no-token"],
 )  # fmt: skip
 def test_a_broken_exec_plugin_is_one_line_naming_it(
     api: FakeKubeApi,
@@ -205,7 +242,8 @@ def test_a_broken_exec_plugin_is_one_line_naming_it(
     expected: str,
 ) -> None:
     """No token leaves (the API sees no request), and the line names the plugin, with its
-    stderr shortened and any credential in it hidden; a hang ends at the exec timeout."""
+    stderr shortened (a cut said so) and any credential in it hidden, before the cut; a hang
+    ends at the exec timeout."""
     _, url = kube_api
     exe = plugin(tmp_path, body, "kubelogin")
     user = {"exec": {"apiVersion": V1, "command": command or str(exe), "interactiveMode": "Never"}}
@@ -293,6 +331,43 @@ def test_a_proxy_url_is_tunnelled_through(
     assert found_nodes(status(config, monkeypatch)) == {"gpu-a"}
     assert targets and set(targets) == {url.removeprefix("https://")}
     assert len(targets) == len(api.requests)
+
+
+def test_a_proxy_url_s_user_and_password_log_in_to_the_proxy(
+    api: FakeKubeApi,
+    kube_api: tuple[FakeKubeApi, str],
+    tls_cert: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``proxy-url: http://USER:PASSWORD@HOST:PORT`` (percent-encoded, as in any URL) logs in to
+    a proxy that wants one (tinyproxy with BasicAuth) as kubectl does: its CONNECT carries
+    ``Proxy-Authorization: Basic``. Without them, or with a wrong password, the proxy refuses
+    the tunnel (407; tinyproxy 1.11 answers 401 to a wrong password), the error names the
+    proxy, and no call reaches the API server; the API server never sees the proxy's login;
+    no message shows the password."""
+    _, url = kube_api
+    password = "s3cret.proxy-pass"
+
+    def through(user_info: str) -> Outcome:
+        proxy_url = proxy.replace("http://", f"http://{user_info}")
+        cluster = {"certificate-authority": str(tls_cert[0]), "proxy-url": proxy_url}
+        config = write_kubeconfig(tmp_path / "kc", url, {"token": "token-1"}, cluster)
+        return status(config, monkeypatch)
+
+    with tinyproxy(tmp_path, basic_auth=("alice", password)) as (proxy, _):
+        for refused in (through(""), through("alice:wrong-pass@")):
+            assert refused.exit_code != 0, refused.output
+            assert f"through proxy {proxy} " in refused.output, refused.output
+            assert re.search(r"Tunnel connection failed: 40[17] ", refused.output), refused.output
+            assert api.requests == []
+        encoded = password.replace(".", "%2E")  # an encoded character is sent decoded
+        assert found_nodes(through(f"alice:{encoded}@")) == {"gpu-a"}
+        refused_with_it = through(f"alice:{encoded}x@")
+    assert api.requests and not any("Proxy-Authorization" in r.headers for r in api.requests)
+    assert re.search(r"Tunnel connection failed: 40[17] ", refused_with_it.output)
+    assert "alice" not in refused_with_it.output
+    assert password not in refused_with_it.output and encoded not in refused_with_it.output
 
 
 def _client_cert(directory: Path) -> tuple[Path, Path, Path]:
