@@ -145,7 +145,11 @@ class InClusterKubeClient:
         url = urllib.parse.urlsplit(server)
         if url.scheme not in ("https", "http") or not url.hostname:
             raise NotSupported(f"Kubernetes API server must be an http(s) URL, got {server!r}")
-        self._server = server
+        #: as shown in errors and doctor: never with user info (it is not sent either)
+        self._server = redact_url(server)
+        #: a server behind a path (Rancher's /k8s/clusters/<id>): every call goes under it,
+        #: as kubectl sends them
+        self._prefix = url.path.rstrip("/")
         self._https = url.scheme == "https"
         self._host = url.hostname
         self._port = url.port or (443 if self._https else 80)
@@ -324,7 +328,7 @@ class InClusterKubeClient:
 
         The caller closes the response; ``timeout`` bounds each read, not the whole stream.
         """
-        target = path + "?" + urllib.parse.urlencode(query)
+        target = self._prefix + path + "?" + urllib.parse.urlencode(query)
         for refresh in (False, True):
             conn = self._connection(timeout)
             try:
@@ -434,7 +438,7 @@ class InClusterKubeClient:
     ) -> Any:
         """Any call (create, update, patch, delete), its JSON decoded (None when empty). An error
         status raises its domain error, with the answer's Retry-After as ``retry_after_s``."""
-        target = path + ("?" + urllib.parse.urlencode(query) if query else "")
+        target = self._prefix + path + ("?" + urllib.parse.urlencode(query) if query else "")
         payload = None if body is None else json.dumps(body).encode()
         for refresh in (False, True):
             headers = self._headers(refresh)

@@ -153,6 +153,9 @@ class FakeKubeApi:
     unavailable: set[str] = field(default_factory=set)
     #: check every body and served object against the real schema (off only for benchmarks)
     validate: bool = True
+    #: the path the API is served under, as behind Rancher's proxy (/k8s/clusters/<id>):
+    #: anything outside it is 404; requests are recorded without it
+    prefix: str = ""
     version: int = 1
     lock: threading.RLock = field(default_factory=threading.RLock)
     #: (version, resource, type, object) of every change, for watches; ``compact`` trims it
@@ -280,6 +283,10 @@ class FakeKubeApi:
         raw = h.rfile.read(length) if length else b""
         body = json.loads(raw) if raw else None
         path = urllib.parse.unquote(url.path)
+        if self.prefix:
+            if not path.startswith(self.prefix + "/"):
+                return _reply(h, 404, _status(404, f"{path} is not under {self.prefix}"))
+            path = path.removeprefix(self.prefix)
         self.requests.append(Request(h.command, path, query, dict(h.headers.items()), body))
         token = f"Bearer {self.token_path.read_text().strip()}"
         by_cert = self.client_ca is not None and h.connection.getpeercert()

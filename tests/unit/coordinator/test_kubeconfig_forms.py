@@ -258,6 +258,31 @@ def test_a_broken_exec_plugin_is_one_line_naming_it(
     assert api.requests == []
 
 
+def test_a_server_behind_a_path_is_called_under_it_and_shown_without_user_info(
+    api: FakeKubeApi,
+    kube_api: tuple[FakeKubeApi, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rancher hands out kubeconfigs whose server is https://rancher/k8s/clusters/<id>: every
+    call went to the host's root (/api/v1/...), which the proxy answers 404, so the fleet was
+    unreachable through it. Calls go under the server's path, as kubectl sends them; a user
+    and password in the server URL are not shown in an error (nor sent)."""
+    _, url = kube_api
+    api.prefix = "/k8s/clusters/c-m-4x2"
+    token = api.token_path.read_text().strip()
+    insecure = {"insecure-skip-tls-verify": True}
+    behind = url + api.prefix + "/"
+    config = write_kubeconfig(tmp_path / "kubeconfig", behind, {"token": token}, insecure)
+    assert found_nodes(status(config, monkeypatch)) == {"gpu-a"}
+    assert {r.path.split("?")[0] for r in api.requests} >= {"/api/v1/nodes"}
+    secret = url.replace("https://", "https://admin:hunter2@") + "/elsewhere"
+    config = write_kubeconfig(tmp_path / "kubeconfig", secret, {"token": token}, insecure)
+    result = status(config, monkeypatch)
+    assert "hunter2" not in result.output and "admin" not in result.output, result.output
+    assert "/elsewhere" in result.output, result.output
+
+
 def test_a_token_file_with_insecure_skip_tls_verify(
     api: FakeKubeApi,
     kube_api: tuple[FakeKubeApi, str],
