@@ -27,8 +27,9 @@ class FieldViolation:
     description: str
 
     def __str__(self) -> str:
-        """``field: description``, how every refusal reads it in one line."""
-        return f"{self.field}: {self.description}"
+        """``field: description`` (the description alone for no field), how every refusal
+        reads it in one line."""
+        return f"{self.field}: {self.description}" if self.field else self.description
 
 
 class InvalidSpec(AgentError):
@@ -39,6 +40,12 @@ class InvalidSpec(AgentError):
     def __init__(self, message: str, violations: Sequence[FieldViolation] = ()) -> None:
         super().__init__(message)
         self.violations = tuple(violations)
+
+    @classmethod
+    def of(cls, source: str, violations: Sequence[FieldViolation]) -> InvalidSpec:
+        """``source: <the first violation> (and N more)``, carrying every one of them."""
+        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+        return cls(f"{source}: {violations[0]}{more}", violations)
 
     def renamed(self, fields: Mapping[str, str]) -> InvalidSpec:
         """The same refusal naming the caller's own fields (a CLI flag for an API field)."""

@@ -14,7 +14,7 @@ The pure-Python composer is used on purpose: libyaml's composes in C, with no ho
 from __future__ import annotations
 
 import reprlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,17 @@ from yaml.scanner import Scanner
 
 from agent.errors import FieldViolation, InvalidSpec
 
-__all__ = ["DEFAULT", "MAX_MESSAGE", "Limits", "brief", "capped", "load", "read_bytes", "read_text"]
+__all__ = [
+    "DEFAULT",
+    "MAX_MESSAGE",
+    "Limits",
+    "brief",
+    "capped",
+    "load",
+    "read_bytes",
+    "read_text",
+    "some",
+]
 
 _INT_TAG = "tag:yaml.org,2002:int"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -79,6 +89,12 @@ def ascii_int(text: str, digits: int = 9) -> int | None:
 def capped(text: str, limit: int = MAX_MESSAGE) -> str:
     """``text`` cut to ``limit`` characters, saying it was cut."""
     return text if len(text) <= limit else text[: limit - 12] + " …(cut)"
+
+
+def some(names: Sequence[str], shown: int, sep: str = ", ") -> str:
+    """The first ``shown`` of ``names`` and how many more: ``a, b and 3 more``."""
+    more = len(names) - shown
+    return sep.join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 _REPR = reprlib.Repr()

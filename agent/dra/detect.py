@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from agent import safeyaml
 from agent.dra.mode import Allocation, AllocationMode
 from agent.dra.slices import MAX_SLICES, DriverSlices
 from agent.safeyaml import ascii_int
@@ -153,8 +154,7 @@ def device_plugin_resources(resources: Mapping[str, object]) -> tuple[tuple[str,
 
 def _said(resources: tuple[tuple[str, int], ...]) -> str:
     """At most four named (a Node may list one resource per MIG profile)."""
-    said = ", ".join(f"{k}={v}" for k, v in resources[:4])
-    return said + (f" and {len(resources) - 4} more" if len(resources) > 4 else "")
+    return safeyaml.some([f"{k}={v}" for k, v in resources], 4)
 
 
 def _count(value: object) -> int:

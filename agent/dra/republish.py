@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from agent import safeyaml
 from agent.dra.watch import AllocationWatch
 from agent.errors import AgentError, Conflict
 from agent.gpu.types import GpuLayout
@@ -153,5 +154,4 @@ class Republisher:
 
 
 def _some(names: Sequence[str]) -> str:
-    shown = ", ".join(names[:_SHOWN])
-    return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+    return safeyaml.some(names, _SHOWN)

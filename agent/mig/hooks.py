@@ -91,8 +91,7 @@ def load_hooks(path: str | Path) -> Hooks:
     bad: list[FieldViolation] = []
     hooks = _parse(data, bad)
     if bad:
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise InvalidSpec(f"{where}: {bad[0]}{more}", bad)
+        raise InvalidSpec.of(where, bad)
     return hooks
 
 

@@ -133,9 +133,7 @@ class MigSpec:
     def _listed(self) -> str:
         """The config names for a message: the first few and how many more (a generated file
         holds over a hundred, which buried the error)."""
-        shown = ", ".join(self.names[:MAX_NAMES_LISTED])
-        more = len(self.names) - MAX_NAMES_LISTED
-        return shown + (f" and {more} more" if more > 0 else "")
+        return safeyaml.some(self.names, MAX_NAMES_LISTED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,10 +176,7 @@ def parse_spec(text: str, source: str = "<config>") -> MigSpec:
     violations: list[FieldViolation] = []
     spec = _spec(doc, violations)
     if violations:
-        first = violations[0]
-        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
-        where = f"{first.field}: " if first.field else ""
-        raise InvalidSpec(f"{source}: {where}{first.description}{more}", violations)
+        raise InvalidSpec.of(source, violations)
     assert spec is not None
     return spec
 

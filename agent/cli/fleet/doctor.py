@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from agent import safeyaml
 from agent.cli.coordinator import fleet_options, options_from, run_with_fleet
 from agent.cli.render import emit, format_table, output_option
 
@@ -17,8 +18,7 @@ _CODES = {"ok": 0, "degraded": 20, "failed": 21}
 
 
 def _names(nodes: list[str], shown: int) -> str:
-    more = len(nodes) - shown
-    return ", ".join(nodes[:shown]) + (f" and {more} more" if more > 0 else "")
+    return safeyaml.some(nodes, shown)
 
 
 def _table(doc: dict[str, Any]) -> str:

@@ -152,8 +152,7 @@ def parse_desired(text: str, source: str = "<desired>") -> Desired:
     prewarm = tuple(_prewarm(raw, i, bad) for i, raw in enumerate(_list(doc, "prewarm", bad)))
     power = tuple(_power(raw, i, bad) for i, raw in enumerate(_list(doc, "power", bad)))
     if bad:
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise InvalidSpec(f"{source}: {bad[0]}{more}", bad)
+        raise InvalidSpec.of(source, bad)
     # With no violations every rule parsed: none of them is None.
     return Desired(
         rollout,

@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from agent import safeyaml
 from agent.coordinator.control.backoff import Backoff, BackoffPolicy
 from agent.coordinator.control.cluster import ClusterReport, CoalescedStatus
 from agent.coordinator.control.desired import (
@@ -692,5 +693,4 @@ def _problems(exc: AgentError) -> str:
     violations = getattr(exc, "violations", ())
     if not violations:
         return str(exc)
-    said = "; ".join(map(str, violations[:10]))
-    return said + (f" (and {len(violations) - 10} more)" if len(violations) > 10 else "")
+    return safeyaml.some([str(v) for v in violations], 10, sep="; ")

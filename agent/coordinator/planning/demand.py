@@ -138,8 +138,7 @@ def _count(raw: object, field: str, bad: list[FieldViolation]) -> int | None:
 
 def _raise(source: str, bad: Sequence[FieldViolation]) -> None:
     if bad:
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise InvalidSpec(f"{source}: {bad[0]}{more}", bad)
+        raise InvalidSpec.of(source, bad)
 
 
 #: A fleet's demand or a week's trace: far more than one node's files, still bounded.
