@@ -188,3 +188,21 @@ def test_a_hostile_trace_is_refused_naming_where_without_building_its_rows() -> 
         parse_trace(f"time,profile,count,pool\n0,1g.10gb,1,{quoted}\n")
     steps = parse_trace('time,profile,count,pool\n0,1g.10gb,1,"a=b,\nc=d"\n\n')
     assert steps[0].demand.entries[0].pool == "a=b,\nc=d"
+
+
+def test_a_trace_at_its_column_bound_keeps_only_the_columns_it_reads() -> None:
+    """Within the bounds a row's 32 columns were kept in a dict each: ~19 times the file in
+    memory. Only the six a trace reads are kept (the others are ignored, as before)."""
+    import tracemalloc
+
+    header = "time,profile,count," + ",".join(f"note{i}" for i in range(29))
+    rows = [f"{t},1g.10gb,{t % 7}," + ",".join(["abcd"] * 29) for t in range(20_000)]
+    text = "\n".join([header, *rows]) + "\n"
+    tracemalloc.start()
+    try:
+        steps = parse_trace(text, "t.csv")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(steps) == 20_000 and steps[-1].demand.entries[0].count == 19_999 % 7
+    assert peak < 8 * len(text), (peak, len(text))
