@@ -139,10 +139,10 @@ class ProcScanner:
                 break
             pid = int(entry.name)
             held, whole = self._held(Path(entry.path), wanted, budget)
-            if budget.cut:
-                break  # this process was not read to its end either
             for fid in held:
                 found.setdefault(fid, set()).add(pid)
+            if budget.cut:
+                break  # this process was not read to its end either
             if not whole:
                 unsure.add(pid)
         if unsure:

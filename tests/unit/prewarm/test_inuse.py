@@ -153,3 +153,22 @@ def test_a_scan_cut_by_its_bounds_holds_every_file_never_not_in_use(
     # Within the bounds the same node is read whole: nobody holds the file.
     whole = ProcScanner(proc, ScanLimits(pids=6, fds=12)).holders([blob])
     assert whole.held == {} and whole.cut == ""
+
+
+def test_a_process_the_bound_cuts_is_still_named_for_what_it_was_seen_holding(
+    tmp_path: Path, blob: tuple[int, int]
+) -> None:
+    """The descriptors ran out inside a process that had been seen holding the blob: the
+    blob names it (`cache evict` says whose it is), and the file not found counts as held."""
+    path = tmp_path / "blob"
+    other = tmp_path / "other-blob"
+    other.write_bytes(b"more weights")
+    other_id = file_id(other)
+    assert other_id is not None
+    proc = tmp_path / "proc"
+    (proc / "100" / "fd").mkdir(parents=True)
+    for fd in range(3):
+        (proc / "100" / "fd" / str(fd)).symlink_to(path)
+    found = ProcScanner(proc, ScanLimits(fds=2)).holders([blob, other_id])
+    assert found.held == {blob: {100}, other_id: set()}, found
+    assert found.cut == "more than 2 open descriptors"
