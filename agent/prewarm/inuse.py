@@ -134,7 +134,7 @@ class ProcScanner:
         if not wanted:
             return Holders()
         budget = _Budget(self._limits or LIMITS, self._clock)
-        for entry in self._pids():
+        for entry in self._pids(budget):
             if not budget.pid():
                 break
             pid = int(entry.name)
@@ -163,13 +163,15 @@ class ProcScanner:
                 found.setdefault(fid, set())
         return Holders(found, frozenset(unsure), budget.cut)
 
-    def _pids(self) -> Iterable[os.DirEntry[str]]:
-        """The processes, listed one at a time (a list of them all is the node's to grow)."""
+    def _pids(self, budget: _Budget) -> Iterable[os.DirEntry[str]]:
+        """The processes, listed one at a time (a list of them all is the node's to grow). A
+        listing that fails, at once or part way, cuts the scan: the processes it did not list
+        are not ruled out."""
         try:
             with os.scandir(self._proc) as entries:
                 yield from (e for e in entries if e.name.isdigit())
-        except OSError:
-            return
+        except OSError as exc:
+            budget.cut = f"{self._proc} could not be listed: {exc.strerror or exc}"
 
     def _held(self, proc: Path, wanted: set[FileId], budget: _Budget) -> tuple[set[FileId], bool]:
         """The wanted files ``proc`` holds, and whether that is known: False when its maps

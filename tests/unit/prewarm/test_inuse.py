@@ -172,3 +172,13 @@ def test_a_process_the_bound_cuts_is_still_named_for_what_it_was_seen_holding(
     found = ProcScanner(proc, ScanLimits(fds=2)).holders([blob, other_id])
     assert found.held == {blob: {100}, other_id: set()}, found
     assert found.cut == "more than 2 open descriptors"
+
+
+def test_a_process_list_that_cannot_be_read_rules_out_nobody(
+    tmp_path: Path, blob: tuple[int, int]
+) -> None:
+    """A /proc that could not be listed (a wrong telemetry.proc_root, no permission) was a
+    scan that found nobody: every blob "not in use". It is a scan cut before it began."""
+    found = ProcScanner(tmp_path / "no-proc").holders([blob])
+    assert found.held == {blob: set()}, found
+    assert found.cut.startswith(f"{tmp_path / 'no-proc'} could not be listed: "), found.cut
