@@ -3,9 +3,10 @@
 The flags, environment variables, messages and exit codes of ``nvidia-mig-parted`` are kept
 (reference/mig.md §3.2), so scripts written for it keep working. Every command goes through the
 node's agent (the running one, or one embedded for the command): changes (apply, restore) are its
-operations, followed to the end; reads take the GPUs as the agent read them (GetNode) and run the
-same pure functions on them that the agent runs (agent.mig.node_plan), so this module opens neither
-NVML nor the state database.
+operations, followed to the end; ``plan`` and ``assert`` are the agent's answers (PlanMig, drawn
+by agent/cli/mig_plan.py; AssertMig); the other reads take the GPUs as the agent read them
+(GetNode) and run the same pure functions on them that the agent runs (agent.mig.node_plan), so
+this module opens neither NVML nor the state database.
 """
 
 from __future__ import annotations
@@ -20,26 +21,25 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 import yaml
 
-from agent import logs, safeyaml
+from agent import logs
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.mig_advise import advise_command
-from agent.cli.options import choice_option, read_input, write_output
+from agent.cli.mig_common import PENDING_EXIT, config_options, load_with_text
+from agent.cli.mig_plan import plan_command
+from agent.cli.options import choice_option, write_output
 from agent.cli.render import emit, format_table, output_option, plain
-from agent.errors import AgentError, Busy, Conflict, FieldViolation, InvalidSpec
+from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.mig.checkpoint import MAX_BYTES as CHECKPOINT_MAX_BYTES
 from agent.mig.checkpoint import checkpoint_document, parse_checkpoint
 from agent.mig.generate import generate
 from agent.mig.hooks import NO_HOOKS, apply_with_hooks, load_hooks
 from agent.mig.node_plan import (
-    NodePlan,
     checkpoint_holds,
-    plan_layouts,
     refuse_lost,
 )
-from agent.mig.plan import mig_parted_destroys
-from agent.mig.spec import MigSpec, load_spec, name_problem
-from agent.mig.view import plan_data, plan_text, show_data, show_text
+from agent.mig.spec import MigSpec, name_problem
+from agent.mig.view import show_data, show_text
 from agent.wire.operations import MigApplied
 
 if TYPE_CHECKING:
@@ -52,27 +52,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 _DEBUG = "gpu-agent.mig.debug"
 log = logging.getLogger(__name__)
 
-#: ``mig apply``/``restore`` exit status when the layout is not reached because a MIG mode change
-#: waits for a GPU reset or a VM reboot: not success (0), and not any error's code. It was 11,
-#: which is also DriverNotReady's: a script resetting GPUs on 11 did so on a node with no driver.
-#: docs/mig.md "Exit codes", docs/api.md.
-PENDING_EXIT = 14
-
 
 def _layouts(obj: CliContext, feature: str) -> tuple[GpuLayout, ...]:
     return _read(obj, feature)[0]
 
 
-def _read(
-    obj: CliContext, feature: str, *, as_change: str = ""
-) -> tuple[tuple[GpuLayout, ...], tuple[GpuInfo, ...]]:
+def _read(obj: CliContext, feature: str) -> tuple[tuple[GpuLayout, ...], tuple[GpuInfo, ...]]:
     """The node's GPUs as its agent read them, and the lost ones: the one read path. No driver
     attached is DriverNotReady (exit 11) naming its cause, never an empty node. A lost GPU is
-    named on stderr and left out of the layouts (it can be neither read nor partitioned).
-    ``as_change``: a dry run of that change, refused where the agent refuses it (exit 12)."""
+    named on stderr and left out of the layouts (it can be neither read nor partitioned)."""
     node = obj.agent().node()
-    if as_change:
-        node.refuse_mig_change(as_change)
     node.require_driver(feature)
     layouts, lost = [], []
     for gpu in node.gpus:
@@ -92,41 +81,8 @@ def _refuse_by_mode(obj: CliContext, what: str) -> None:
     obj.agent().node().refuse_mig_change(what)
 
 
-def _config_options(fn: F) -> F:
-    """``-f FILE`` and ``-c NAME``, with mig-parted's environment variables."""
-    fn = click.option(
-        "--selected-config",
-        "-c",
-        "selected",
-        envvar="MIG_PARTED_SELECTED_CONFIG",
-        metavar="NAME",
-        help="Config in the file to use; optional when the file has only one "
-        "(env MIG_PARTED_SELECTED_CONFIG).",
-    )(fn)
-    return click.option(
-        "--config-file",
-        "-f",
-        "config_file",
-        envvar="MIG_PARTED_CONFIG_FILE",
-        required=True,
-        metavar="FILE",
-        help="mig-parted v1 config file, '-' for stdin (env MIG_PARTED_CONFIG_FILE).",
-    )(fn)
-
-
 def _load(config_file: str) -> MigSpec:
-    return _load_with_text(config_file)[0]
-
-
-def _load_with_text(config_file: str) -> tuple[MigSpec, str]:
-    """The parsed config and the very text parsed (to hand to the agent): the file is read
-    once, so a pipe (``-f <(...)``, stdin) or a file changed meanwhile sends what was checked."""
-    if config_file == "-":
-        text = read_input("-", "config-file")
-        return load_spec("<stdin>", text), text
-    # unreadable, too big or not UTF-8: a clear error naming config-file
-    text = safeyaml.read_text(Path(config_file), "config-file", what="MIG config")
-    return load_spec(config_file, text), text
+    return load_with_text(config_file)[0]
 
 
 @click.group("mig", cls=AgentGroup)
@@ -156,86 +112,8 @@ def show_command(obj: CliContext, output: str) -> None:
     emit(show_data(layouts), output, lambda _: show_text(layouts))
 
 
-@mig.command("plan", short_help="Dry run: what an apply would keep, destroy and create.")
-@_config_options
-@click.option("--force", is_flag=True, help="Plan as if running processes were not in the way.")
-@output_option
-@click.pass_obj
-def plan_command(
-    obj: CliContext, config_file: str, selected: str | None, force: bool, output: str
-) -> None:
-    """Show, per GPU, the instances that stay, are destroyed and are created (with placements),
-    whether the MIG mode changes (and a GPU reset is needed), which running processes block it,
-    or why the layout cannot fit and what would fit instead. Changes nothing. Exits 4 if a layout
-    cannot fit, 5 if running processes block it, 1 if a GPU it selects is lost and 12 if the
-    node's allocation mode forbids MIG changes, as the apply would.
-
-    \b
-    Example:
-      gpu-agent mig plan -f /etc/nvidia-mig-manager/config.yaml -c all-balanced
-    """
-    spec, text = _load_with_text(config_file)
-    spec.select(selected)  # an unknown config is refused here, before the agent is asked
-    layouts, lost = _read(obj, "mig plan", as_change="mig apply")
-    obj.agent().plan_mig(text, selected or "")  # refused as the apply is (a journal kept)
-    plan = plan_layouts(spec, selected, layouts, force=force, lost=lost)
-    data = {
-        "config": plan.config,
-        "gpus": [plan_data(p) for p in plan.gpus],
-        "skipped_gpus": [g.index for g in plan.skipped],
-        "unselected_gpus": [g.index for g in plan.unselected],
-        "lost_gpus": list(plan.lost),
-        "summary": _summary(plan),
-    }
-    emit(data, output, lambda _: _plan_table(plan))
-    # Like an apply would: 4 when a layout cannot fit, 5 when processes are in the way, 1 when
-    # a GPU it selects is lost.
-    statuses = {p.status for p in plan.gpus}
-    if "infeasible" in statuses:
-        raise click.exceptions.Exit(Conflict.exit_code)
-    if "blocked" in statuses:
-        raise click.exceptions.Exit(Busy.exit_code)
-    if plan.lost:
-        raise click.exceptions.Exit(1)
-
-
-def _summary(plan: NodePlan) -> dict[str, int]:
-    feasible = [p for p in plan.gpus if p.status in ("change", "unchanged", "blocked")]
-    return {
-        "gpus_changing": len(plan.changes),
-        "instances_kept": sum(len(p.keep) for p in feasible),
-        "instances_destroyed": sum(len(p.destroy) for p in feasible),
-        "instances_created": sum(len(p.create) for p in feasible),
-        "mig_parted_would_destroy": sum(mig_parted_destroys(p.layout, p.desired) for p in feasible),
-    }
-
-
-def _plan_table(plan: NodePlan) -> str:
-    parts = [f"MIG config {plan.config}", "", plan_text(plan.gpus)]
-    if plan.skipped:
-        parts.append(
-            "skipped (not MIG-capable): GPU " + ", ".join(str(g.index) for g in plan.skipped)
-        )
-    if plan.unselected:
-        parts.append(
-            "not selected by any entry: GPU " + ", ".join(str(g.index) for g in plan.unselected)
-        )
-    if plan.lost:
-        parts.append(
-            "not planned (lost: an apply fails on it): GPU " + ", ".join(map(str, plan.lost))
-        )
-    s = _summary(plan)
-    parts += [
-        "",
-        f"{s['gpus_changing']} GPU(s) change: {s['instances_kept']} instance(s) kept, "
-        f"{s['instances_destroyed']} destroyed, {s['instances_created']} created "
-        f"(mig-parted would destroy {s['mig_parted_would_destroy']})",
-    ]
-    return "\n".join(parts)
-
-
 @mig.command("apply", short_help="Apply a config: keep what can stay, roll back on failure.")
-@_config_options
+@config_options
 @click.option(
     "--force",
     is_flag=True,
@@ -292,7 +170,7 @@ def apply_command(
     obj: CliContext = ctx.obj
     # Bad input is refused here, before anything is asked of anyone.
     log.debug("Parsing config file %s", config_file)
-    spec, text = _load_with_text(config_file)
+    spec, text = load_with_text(config_file)
     log.debug("Selected MIG config: %s", spec.select(selected)[0])
     if hooks_file:
         log.debug("Parsing hooks file %s", hooks_file)
@@ -475,7 +353,7 @@ def _verdict(pending: list[str], lost: Sequence[str] = ()) -> str:
 
 
 @mig.command("assert", short_help="Exit 0 if the config is applied, 1 if not (mig-parted).")
-@_config_options
+@config_options
 @click.option("--mode-only", "-m", is_flag=True, help="Only check the MIG mode, not the instances.")
 @click.option(
     "--valid-config",
@@ -500,7 +378,7 @@ def assert_command(
     Example:
       gpu-agent mig assert -f config.yaml -c all-balanced && echo ready
     """
-    spec, text = _load_with_text(config_file)
+    spec, text = load_with_text(config_file)
     spec.select(selected)  # an unknown config is refused here, before the agent is asked
     if valid_config:
         click.echo("Selected MIG configuration is valid")
@@ -694,4 +572,5 @@ def restore_command(
         raise click.exceptions.Exit(PENDING_EXIT)
 
 
+mig.add_command(plan_command)
 mig.add_command(advise_command)

@@ -1,8 +1,9 @@
 """A mig-parted config over a node's GPUs, pure: plan it, assert it, export, checkpoint targets.
 
 Functions of the node's layouts, whether the agent's driver read them (agent/mig/service.py)
-or the CLI took them from GetNode's answer (agent/cli/mig.py), so both run the same code. Each
-GPU's own plan is agent/mig/plan.py's.
+or the CLI took them from GetNode's answer (agent/cli/mig.py: a checkpoint's targets), so both
+run the same code. A plan is the agent's alone: the CLI draws PlanMig's answer. Each GPU's own
+plan is agent/mig/plan.py's.
 """
 
 from __future__ import annotations

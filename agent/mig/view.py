@@ -1,4 +1,5 @@
-"""What ``mig show`` and ``mig plan`` print: slice maps drawn in the terminal, and their data.
+"""What ``mig show`` prints: slice maps drawn in the terminal, and their data (``mig plan`` draws
+the agent's plan with them: agent/cli/mig_plan.py).
 
 Pure: records in, text or JSON-able dicts out. A slice map draws a GPU's memory slices (8, or 4
 on A30) left to right, one box per instance spanning the slices it holds, free slices marked,
@@ -19,8 +20,6 @@ from typing import Any
 
 from agent.gpu.types import GpuInfo, GpuLayout, Placement
 from agent.mig.desired import current_counts
-from agent.mig.plan import GpuPlan
-from agent.mig.state import GpuMigState
 
 _CELL = 10  # characters per memory slice: fits "1g.18gb+me"
 
@@ -51,18 +50,6 @@ def layout_boxes(layout: GpuLayout) -> list[Box]:
         cis = len(gi.compute_instances)
         detail = f"GI {gi.id}" + ("" if cis == 1 else f" · {cis} CIs")
         boxes.append(Box(gi.placement, gi.profile_name + (" *" if gi.id in busy else ""), detail))
-    return boxes
-
-
-def state_boxes(state: GpuMigState, existing: Sequence[Placement]) -> list[Box]:
-    """Boxes of a planned layout: kept instances say so, the others are new."""
-    boxes = []
-    for gi in state.instances:
-        cis = len(gi.cis)
-        detail = ("kept" if gi.placement in existing else "new") + (
-            "" if cis == 1 else f" · {cis} CIs"
-        )
-        boxes.append(Box(gi.placement, gi.profile_name, detail))
     return boxes
 
 
@@ -105,7 +92,7 @@ def gpu_ranges(indexes: Sequence[int]) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class _Block:
+class Block:
     """One GPU's part of the output: a title without the index, and the lines under it."""
 
     index: int
@@ -117,9 +104,9 @@ class _Block:
     tail: str = ""
 
 
-def _grouped(blocks: Sequence[_Block]) -> str:
+def grouped(blocks: Sequence[Block]) -> str:
     """GPUs whose title and lines are the same print once, as ``GPU 0-7``."""
-    groups: dict[tuple[tuple[str, str], tuple[str, ...]], list[_Block]] = {}
+    groups: dict[tuple[tuple[str, str], tuple[str, ...]], list[Block]] = {}
     for block in blocks:
         groups.setdefault(((block.title, block.tail), block.body), []).append(block)
     parts = []
@@ -152,9 +139,9 @@ def show_text(layouts: Sequence[GpuLayout]) -> str:
             whole = Box(Placement(0, layout.total_memory_slices), "whole GPU (MIG disabled)")
             body.append(slice_map([whole], layout.total_memory_slices))
         blocks.append(
-            _Block(gpu.index, gpu.name, tuple(body), alone=gpu.uuid, tail=f"  {mode_text(gpu)}")
+            Block(gpu.index, gpu.name, tuple(body), alone=gpu.uuid, tail=f"  {mode_text(gpu)}")
         )
-    return _grouped(blocks)
+    return grouped(blocks)
 
 
 def show_data(layouts: Sequence[GpuLayout]) -> list[dict[str, Any]]:
@@ -197,96 +184,6 @@ def show_data(layouts: Sequence[GpuLayout]) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def plan_text(plans: Sequence[GpuPlan]) -> str:
-    """Every GPU's plan; GPUs planned the same way (same model, entry and steps) share one."""
-    blocks = []
-    for plan in plans:
-        gpu = plan.layout.gpu
-        source = f" ({plan.desired.source})" if plan.desired.source else ""
-        title = f"{gpu.name}{source}: {plan.status.upper()}"
-        blocks.append(_Block(gpu.index, title, tuple(_gpu_plan_lines(plan))))
-    return _grouped(blocks)
-
-
-def _gpu_plan_lines(plan: GpuPlan) -> list[str]:
-    lines: list[str] = []
-    if plan.mode_change is not None:
-        change = "enabled" if plan.mode_change.enable else "disabled"
-        if plan.mode_change.activation:
-            lines.append(
-                f"  MIG mode -> {change}: needs a GPU reset unless the driver switches at once "
-                "(nothing may hold the GPU)"
-            )
-        else:
-            lines.append(f"  MIG mode: cancel the pending change, stay {change}")
-    if plan.infeasible is not None:
-        why = plan.infeasible
-        lines.append(f"  cannot fit: {why.reason}")
-        if why.fits_instead:
-            lines.append("  fits instead: " + ", ".join(f"{n}: {c}" for n, c in why.fits_instead))
-        return lines
-    if plan.deferred:
-        lines.append(
-            "  the driver lists no profiles while MIG is off: instances are planned once it is on"
-        )
-    for label, items in (
-        ("keep", [f"{gi.profile_name}@{gi.placement} (GI {gi.id})" for gi in plan.keep]),
-        ("destroy", [f"{gi.profile_name}@{gi.placement} (GI {gi.id})" for gi in plan.destroy]),
-        ("create", [gi.label for gi in plan.create]),
-    ):
-        if items:
-            lines.append(f"  {label:<8} " + ", ".join(items))
-    lines += [f"  BLOCKED  {b}" for b in plan.blockers]
-    if plan.target is not None and plan.target.mig_enabled and plan.steps:
-        existing = [gi.placement for gi in plan.keep]
-        lines.append("  after:")
-        lines.append(
-            slice_map(state_boxes(plan.target, existing), plan.layout.total_memory_slices, "    ")
-        )
-    if plan.steps:
-        lines.append("  steps:")
-        lines += [f"    {i}. {step}" for i, step in enumerate(plan.steps, start=1)]
-    return lines
-
-
-def plan_data(plan: GpuPlan) -> dict[str, Any]:
-    gpu = plan.layout.gpu
-    why = plan.infeasible
-    return {
-        "gpu": gpu.index,
-        "uuid": gpu.uuid,
-        "entry": plan.desired.source,
-        "status": plan.status,
-        "mode_change": None
-        if plan.mode_change is None
-        else {"enable": plan.mode_change.enable, "reset_needed": plan.mode_change.activation},
-        "keep": [f"{gi.profile_name}@{gi.placement}" for gi in plan.keep],
-        "destroy": [f"{gi.profile_name}@{gi.placement}" for gi in plan.destroy],
-        "create": [gi.label for gi in plan.create],
-        "blockers": [
-            {"pid": b.pid, "instance": b.instance, "change": b.change} for b in plan.blockers
-        ],
-        "infeasible": None
-        if why is None
-        else {
-            "reason": why.reason,
-            "profile": why.profile,
-            "collisions": [
-                {
-                    "placement": str(c.placement),
-                    "blocked_by": list(c.blocked_by),
-                    "slices": list(c.slices),
-                }
-                for c in why.collisions
-            ],
-            "fits_instead": dict(why.fits_instead),
-        },
-        "deferred": plan.deferred,
-        "free_region": None if plan.free_region is None else str(plan.free_region),
-        "steps": [str(s) for s in plan.steps],
-    }
 
 
 def _mib(n: int) -> str:

@@ -23,10 +23,12 @@ __all__ = ["Cache"]
 @dataclass(frozen=True, slots=True)
 class BlobHolders:
     """``held``: blob sha256 -> the pids holding it open or mapped. ``unsure``: the pids whose
-    maps were too long to read whole, in ``held`` for every blob not ruled out."""
+    maps were too long to read whole, in ``held`` for every blob not ruled out. ``cut``: why
+    the scan stopped before reading every process (`Holders.cut`); then every blob is held."""
 
     held: dict[str, set[int]] = field(default_factory=dict)
     unsure: frozenset[int] = frozenset()
+    cut: str = ""
 
 
 class Cache(CacheDir):
@@ -111,4 +113,5 @@ class Cache(CacheDir):
             if fid is not None:
                 ids[fid] = sha
         found = self._scanner.holders(ids)
-        return BlobHolders({ids[fid]: pids for fid, pids in found.held.items()}, found.unsure)
+        held = {ids[fid]: pids for fid, pids in found.held.items()}
+        return BlobHolders(held, found.unsure, found.cut)

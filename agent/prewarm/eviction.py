@@ -86,7 +86,7 @@ def _refuse_held(store: Cache, sha256s: Iterable[str]) -> None:
     found = store.holders(sha256s)
     held = found.held
     pids = sorted({p for ps in held.values() for p in ps})
-    if pids:
+    if pids or found.cut:  # a cut scan holds every blob, by pids it may not name
         seen = [p for p in pids if p not in found.unsure]
         unsure = [p for p in pids if p in found.unsure]
         why = [f"open or mapped by process(es) {_listed(seen)}"] if seen else []
@@ -94,6 +94,11 @@ def _refuse_held(store: Cache, sha256s: Iterable[str]) -> None:
             why.append(
                 f"not ruled out for process(es) {_listed(unsure)}, whose memory maps are "
                 "longer than the agent reads"
+            )
+        if found.cut:
+            why.append(
+                f"not ruled out for the processes the agent did not read: its scan stopped "
+                f"({found.cut})"
             )
         raise Busy(
             f"blob(s) {', '.join(f'sha256:{s}' for s in sorted(held))} {'; '.join(why)}; "

@@ -13,13 +13,19 @@ is read a line at a time (a line's first `MAX_LINE_BYTES`, which hold the device
 stopping once every wanted file is found, and for at most `MAX_MAPS_LINES` lines and
 `MAX_MAPS_BYTES` bytes. A process whose map is longer is not known not to hold a file: it is
 counted as holding every wanted file it was not seen holding, and named in `Holders.unsure`.
+
+A node's processes are the tenants' to multiply too (each with up to a million descriptors), so
+a scan as a whole is bounded as well (`LIMITS`: processes, descriptors, seconds). A scan cut by
+a bound has not ruled out the processes it did not read: every wanted file it did not see held
+is counted as held, and `Holders.cut` says why (unknown is not "not in use").
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -36,6 +42,22 @@ MAX_MAPS_BYTES = 32 * 1024 * 1024
 #: Bytes of a maps line read: the address, perms, offset, device and inode come first; a
 #: longer line's rest (a path, which can pass PATH_MAX) is skipped
 MAX_LINE_BYTES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ScanLimits:
+    """What one scan of the node's processes reads at most, all processes together."""
+
+    #: processes (a node runs thousands; the kernel's pid_max allows millions)
+    pids: int = 131_072
+    #: open descriptors looked at (a process may hold a million)
+    fds: int = 2_000_000
+    #: seconds (an eviction, or a fetch making room, waits on it)
+    seconds: float = 30.0
+
+
+#: The bounds of a scan (read at each scan, so a test can lower them).
+LIMITS = ScanLimits()
 
 
 def file_id(path: Path) -> FileId | None:
@@ -55,13 +77,55 @@ class Holders:
 
     held: dict[FileId, set[int]] = field(default_factory=dict)
     unsure: frozenset[int] = frozenset()
+    #: why the scan stopped before it read every process ("" when it read them all): then
+    #: every wanted file is in ``held``, with the pids seen holding it (perhaps none)
+    cut: str = ""
+
+
+class _Budget:
+    """What is left of a scan's `ScanLimits`; ``cut`` says which ran out."""
+
+    def __init__(self, limits: ScanLimits, clock: Callable[[], float]) -> None:
+        self._pids, self._fds = limits.pids, limits.fds
+        self._limits = limits
+        self._clock = clock
+        self._deadline = clock() + limits.seconds
+        self.cut = ""
+
+    def pid(self) -> bool:
+        """Whether one more process may be read."""
+        self._pids -= 1
+        if self._pids < 0:
+            self.cut = f"more than {self._limits.pids} processes"
+        return self._left()
+
+    def fd(self) -> bool:
+        """Whether one more descriptor may be looked at."""
+        self._fds -= 1
+        if self._fds < 0:
+            self.cut = f"more than {self._limits.fds} open descriptors"
+        return self._left()
+
+    def _left(self) -> bool:
+        if not self.cut and self._clock() > self._deadline:
+            self.cut = f"longer than {self._limits.seconds:g} s"
+        return not self.cut
 
 
 class ProcScanner:
-    """``holders(files)``: the pids holding each of ``files`` open or mapped."""
+    """``holders(files)``: the pids holding each of ``files`` open or mapped.
 
-    def __init__(self, proc: Path = Path("/proc")) -> None:
+    ``limits``: the scan's bounds (default `LIMITS`); ``clock``: monotonic seconds."""
+
+    def __init__(
+        self,
+        proc: Path = Path("/proc"),
+        limits: ScanLimits | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._proc = proc
+        self._limits = limits
+        self._clock = clock
 
     def holders(self, files: Iterable[FileId]) -> Holders:
         wanted = set(files)
@@ -69,11 +133,16 @@ class ProcScanner:
         unsure: set[int] = set()
         if not wanted:
             return Holders()
-        for entry in self._pids():
+        budget = _Budget(self._limits or LIMITS, self._clock)
+        for entry in self._pids(budget):
+            if not budget.pid():
+                break
             pid = int(entry.name)
-            held, whole = self._held(entry, wanted)
+            held, whole = self._held(Path(entry.path), wanted, budget)
             for fid in held:
                 found.setdefault(fid, set()).add(pid)
+            if budget.cut:
+                break  # this process was not read to its end either
             if not whole:
                 unsure.add(pid)
         if unsure:
@@ -84,19 +153,31 @@ class ProcScanner:
                 MAX_MAPS_LINES,
                 MAX_MAPS_BYTES,
             )
-        return Holders(found, frozenset(unsure))
+        if budget.cut:
+            log.warning(
+                "the scan of the node's processes for cache files in use stopped (%s): every "
+                "cache file not found held in what was read is counted as held",
+                budget.cut,
+            )
+            for fid in wanted:
+                found.setdefault(fid, set())
+        return Holders(found, frozenset(unsure), budget.cut)
 
-    def _pids(self) -> list[Path]:
+    def _pids(self, budget: _Budget) -> Iterable[os.DirEntry[str]]:
+        """The processes, listed one at a time (a list of them all is the node's to grow). A
+        listing that fails, at once or part way, cuts the scan: the processes it did not list
+        are not ruled out."""
         try:
-            return [p for p in self._proc.iterdir() if p.name.isdigit()]
-        except OSError:
-            return []
+            with os.scandir(self._proc) as entries:
+                yield from (e for e in entries if e.name.isdigit())
+        except OSError as exc:
+            budget.cut = f"{self._proc} could not be listed: {exc.strerror or exc}"
 
-    def _held(self, proc: Path, wanted: set[FileId]) -> tuple[set[FileId], bool]:
+    def _held(self, proc: Path, wanted: set[FileId], budget: _Budget) -> tuple[set[FileId], bool]:
         """The wanted files ``proc`` holds, and whether that is known: False when its maps
         were cut, and then every wanted file it was not seen holding is in the set."""
-        held = _open(proc / "fd", wanted)
-        if held == wanted:
+        held = _open(proc / "fd", wanted, budget)
+        if held == wanted or budget.cut:
             return held, True
         try:
             with (proc / "maps").open("rb") as maps:
@@ -106,8 +187,9 @@ class ProcScanner:
         return (held, True) if whole else (set(wanted), False)
 
 
-def _open(fd_dir: Path, wanted: set[FileId]) -> set[FileId]:
-    """The wanted files among a process's open descriptors, listed one at a time."""
+def _open(fd_dir: Path, wanted: set[FileId], budget: _Budget) -> set[FileId]:
+    """The wanted files among a process's open descriptors, listed one at a time, while the
+    scan's budget lasts."""
     held: set[FileId] = set()
     try:
         fds = os.scandir(fd_dir)
@@ -115,6 +197,8 @@ def _open(fd_dir: Path, wanted: set[FileId]) -> set[FileId]:
         return held
     with fds:
         for fd in fds:
+            if not budget.fd():
+                break
             try:
                 st = os.stat(fd.path)  # follows the magic link to the open file, any namespace
             except OSError:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent._proto.gpuagent.v1 import mig_pb2, operations_pb2
 from agent.gpu.types import GpuLayout
 from agent.mig.advice import GpuAdvice, moves_to_fit
 from agent.mig.node_plan import AssertResult, NodePlan
-from agent.mig.plan import GpuPlan
+from agent.mig.plan import GpuPlan, mig_parted_destroys
 
 if TYPE_CHECKING:  # the server's side only: clients load no MIG service
     from agent.mig.outcomes import ApplyResult, RecoveryOutcome
@@ -27,7 +27,10 @@ __all__ = [
     "GpuReset",
     "MigPlanView",
     "PlanBlocker",
+    "PlanCollision",
     "PlannedGpu",
+    "PlannedInstance",
+    "PlannedModeChange",
     "advice_from",
     "apply_result_pb",
     "assert_from",
@@ -67,6 +70,8 @@ def gpu_plan_pb(plan: GpuPlan, reboot: frozenset[str] = frozenset()) -> mig_pb2.
     """``reboot``: the GPUs whose pending mode waits for a reboot of this VM, not a reset."""
     gpu = plan.layout.gpu
     pending = gpu.mig_mode is not None and gpu.mig_mode.is_pending
+    why = plan.infeasible
+    change = plan.mode_change
     return mig_pb2.GpuMigPlan(
         gpu_index=gpu.index,
         gpu_uuid=gpu.uuid,
@@ -76,13 +81,59 @@ def gpu_plan_pb(plan: GpuPlan, reboot: frozenset[str] = frozenset()) -> mig_pb2.
             mig_pb2.MigBlocker(pid=b.pid & 0xFFFFFFFF, instance=b.instance, change=b.change)
             for b in plan.blockers
         ],
-        infeasible_reason=plan.infeasible.reason if plan.infeasible else "",
+        infeasible_reason=why.reason if why else "",
         keep=[f"{gi.profile_name}@{gi.placement}" for gi in plan.keep],
         destroy=[f"{gi.profile_name}@{gi.placement}" for gi in plan.destroy],
         create=[gi.label for gi in plan.create],
         deferred=plan.deferred,
         mode_pending=(REBOOT_APPLIES if gpu.uuid in reboot else RESET_APPLIES) if pending else "",
+        entry=plan.desired.source,
+        gpu_name=gpu.name,
+        mode_change=None
+        if change is None
+        else mig_pb2.MigModeChange(enable=change.enable, reset_needed=change.activation),
+        keep_gpu_instance_ids=[gi.id for gi in plan.keep],
+        destroy_gpu_instance_ids=[gi.id for gi in plan.destroy],
+        after=_after_pb(plan),
+        memory_slices=plan.layout.total_memory_slices,
+        # an infeasible layout has no counts mig-parted would compare
+        mig_parted_would_destroy=0 if why else mig_parted_destroys(plan.layout, plan.desired),
+        free_region="" if plan.free_region is None else str(plan.free_region),
+        **_infeasible_pb(plan),
     )
+
+
+def _after_pb(plan: GpuPlan) -> list[mig_pb2.MigPlannedInstance]:
+    """The instances the plan leads to; none when MIG ends off or nothing is planned."""
+    if plan.target is None or not plan.target.mig_enabled:
+        return []
+    kept = {gi.placement for gi in plan.keep}
+    return [
+        mig_pb2.MigPlannedInstance(
+            profile=gi.profile_name,
+            start=gi.placement.start,
+            size=gi.placement.size,
+            compute_instances=len(gi.cis),
+            kept=gi.placement in kept,
+        )
+        for gi in plan.target.instances
+    ]
+
+
+def _infeasible_pb(plan: GpuPlan) -> dict[str, Any]:
+    why = plan.infeasible
+    if why is None:
+        return {}
+    return {
+        "fits_instead": _counts_pb(why.fits_instead),
+        "infeasible_profile": why.profile or "",
+        "collisions": [
+            mig_pb2.MigCollision(
+                placement=str(c.placement), blocked_by=c.blocked_by, slices=c.slices
+            )
+            for c in why.collisions
+        ],
+    }
 
 
 def gpu_advice_pb(advice: GpuAdvice, layout: GpuLayout) -> mig_pb2.GpuMigAdvice:
@@ -195,6 +246,37 @@ class PlanBlocker:
 
 
 @dataclass(frozen=True, slots=True)
+class PlannedModeChange:
+    """The MIG mode change a plan makes (`GpuMigPlan.mode_change`)."""
+
+    enable: bool
+    #: the current mode differs (a GPU reset unless the driver switches at once); False when
+    #: only a pending opposite change is cancelled
+    reset_needed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedInstance:
+    """One GPU instance of the layout a plan leads to."""
+
+    profile: str
+    start: int
+    size: int
+    compute_instances: int
+    #: it exists now and stays (False: the apply creates it)
+    kept: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PlanCollision:
+    """A placement an infeasible profile could take, and the planned instances holding it."""
+
+    placement: str
+    blocked_by: tuple[str, ...]
+    slices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class PlannedGpu:
     """`gpu_plan_pb` read back: what applying the config would do to one GPU."""
 
@@ -212,6 +294,23 @@ class PlannedGpu:
     deferred: bool
     #: the MIG mode change it already waits for, and what applies it ("": none)
     mode_pending: str = ""
+    #: the config entry that selects it ("mig-configs.x[0]")
+    entry: str = ""
+    gpu_name: str = ""
+    mode_change: PlannedModeChange | None = None
+    #: what would fit instead, when infeasible
+    fits_instead: tuple[tuple[str, int], ...] = ()
+    #: the GPU-instance ids of ``keep`` and ``destroy``, in their order
+    keep_ids: tuple[int, ...] = ()
+    destroy_ids: tuple[int, ...] = ()
+    #: the instances after the apply (none when MIG ends off or nothing is planned)
+    after: tuple[PlannedInstance, ...] = ()
+    memory_slices: int = 0
+    mig_parted_would_destroy: int = 0
+    #: the largest free region left ("start:size"; "" when none)
+    free_region: str = ""
+    infeasible_profile: str = ""
+    collisions: tuple[PlanCollision, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,25 +328,46 @@ class MigPlanView:
 def plan_from(response: mig_pb2.PlanMigResponse) -> MigPlanView:
     return MigPlanView(
         config_name=response.config_name,
-        gpus=tuple(
-            PlannedGpu(
-                gpu_index=g.gpu_index,
-                gpu_uuid=g.gpu_uuid,
-                status=plan_status_of(g.status),
-                steps=tuple(g.steps),
-                blockers=tuple(PlanBlocker(b.pid, b.instance, b.change) for b in g.blockers),
-                infeasible_reason=g.infeasible_reason,
-                keep=tuple(g.keep),
-                destroy=tuple(g.destroy),
-                create=tuple(g.create),
-                deferred=g.deferred,
-                mode_pending=g.mode_pending,
-            )
-            for g in response.gpus
-        ),
+        gpus=tuple(_planned_gpu(g) for g in response.gpus),
         unselected_gpus=tuple(response.unselected_gpus),
         skipped_gpus=tuple(response.skipped_gpus),
         lost_gpus=tuple(response.lost_gpus),
+    )
+
+
+def _planned_gpu(g: mig_pb2.GpuMigPlan) -> PlannedGpu:
+    change = g.mode_change if g.HasField("mode_change") else None
+    return PlannedGpu(
+        gpu_index=g.gpu_index,
+        gpu_uuid=g.gpu_uuid,
+        status=plan_status_of(g.status),
+        steps=tuple(g.steps),
+        blockers=tuple(PlanBlocker(b.pid, b.instance, b.change) for b in g.blockers),
+        infeasible_reason=g.infeasible_reason,
+        keep=tuple(g.keep),
+        destroy=tuple(g.destroy),
+        create=tuple(g.create),
+        deferred=g.deferred,
+        mode_pending=g.mode_pending,
+        entry=g.entry,
+        gpu_name=g.gpu_name,
+        mode_change=None
+        if change is None
+        else PlannedModeChange(change.enable, change.reset_needed),
+        fits_instead=tuple((c.profile, c.count) for c in g.fits_instead),
+        keep_ids=tuple(g.keep_gpu_instance_ids),
+        destroy_ids=tuple(g.destroy_gpu_instance_ids),
+        after=tuple(
+            PlannedInstance(i.profile, i.start, i.size, i.compute_instances, i.kept)
+            for i in g.after
+        ),
+        memory_slices=g.memory_slices,
+        mig_parted_would_destroy=g.mig_parted_would_destroy,
+        free_region=g.free_region,
+        infeasible_profile=g.infeasible_profile,
+        collisions=tuple(
+            PlanCollision(c.placement, tuple(c.blocked_by), tuple(c.slices)) for c in g.collisions
+        ),
     )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import Busy, Conflict, InvalidSpec
+from agent.prewarm import inuse
 from agent.prewarm.inuse import MAX_MAPS_LINES
 from agent.prewarm.labels import node_labels
 from agent.prewarm.model import FileRequest, ImageRequest, ItemState
@@ -671,3 +672,25 @@ def test_the_running_agent_audits_and_retries_on_its_own(tmp_path: Path, origin:
         )
     assert done.attempts == 0
     assert origin.ranges("flaky.bin")[-1] == f"bytes={MIB}-"
+
+
+def test_a_blob_is_not_evicted_when_the_scan_of_the_nodes_processes_is_cut(
+    tmp_path: Path, origin: Origin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan read every process with no bound in all: one cut by its bound (here, more
+    processes than it reads) has not ruled out the rest, so nothing is evicted and it is said."""
+    origin.add("held.bin", blob(MIB, 12))
+    origin.add("new.bin", blob(MIB, 13))
+    proc = tmp_path / "proc"
+    svc = make_service(tmp_path, budget=MIB + MIB // 2, proc_root=proc)
+    svc.run(svc.submit(FileRequest(origin.url("held.bin"), name="held")).id)
+    for pid in (7, 8, 9):
+        (proc / str(pid) / "fd").mkdir(parents=True)
+    monkeypatch.setattr(inuse, "LIMITS", inuse.ScanLimits(pids=2))
+    with pytest.raises(Busy, match=r"its scan stopped \(more than 2 processes\)"):
+        svc.evict("held")
+    new = svc.run(svc.submit(FileRequest(origin.url("new.bin"), name="new")).id)
+    assert new.state is ItemState.FAILED and "evict" in (new.error or ""), new.error
+    assert svc.get("held").state is ItemState.READY
+    monkeypatch.setattr(inuse, "LIMITS", inuse.ScanLimits(pids=3))  # read whole: nobody holds it
+    assert svc.evict("held").state is ItemState.EVICTED

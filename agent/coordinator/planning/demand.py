@@ -27,7 +27,6 @@ time on. Times are seconds or ISO-8601.
 from __future__ import annotations
 
 import csv
-import io
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -157,25 +156,96 @@ def _yaml(text: str, source: str) -> Any:
 
 
 def _csv_rows(text: str, source: str) -> tuple[list[str], list[dict[str, Any]]]:
-    """Header and rows of a CSV trace, at most MAX_ROWS; csv's own errors (a field longer than
-    its limit, a NUL) are refusals too."""
-    reader = csv.DictReader(io.StringIO(text))
+    """Header and rows of a CSV trace, at most MAX_ROWS of at most MAX_COLUMNS fields of at most
+    MAX_FIELD_CHARS each; csv's own errors (a NUL, a bad quote) are refusals too. A record is
+    cut at MAX_RECORD_CHARS before csv splits it: a row of a million empty fields, made a dict
+    per row, cost ~26 times the file."""
+    lines = _Lines(text, source)
+    reader = csv.reader(lines)
+    rows: list[dict[str, Any]] = []
     try:
-        header = list(reader.fieldnames or [])
-        rows: list[dict[str, Any]] = []
+        header = _bounded(next(reader, []), "header", source)
+        # Only the columns a row is read for are kept: a dict of all 32 per row was ~19 times
+        # the file; later columns of the same name win, as they did in csv.DictReader's dict.
+        kept = {name: i for i, name in enumerate(header) if name in _COLUMNS}
         for row in reader:
+            lines.record = 0
+            if not row:
+                continue  # a blank line, as csv.DictReader skips it
             if len(rows) == MAX_ROWS:
                 raise InvalidSpec(
                     f"{source}: more than {MAX_ROWS} rows",
                     [FieldViolation("rows", f"at most {MAX_ROWS}")],
                 )
-            rows.append(row)
+            _bounded(row, f"line {reader.line_num}", source, header)
+            rows.append({name: row[i] for name, i in kept.items() if i < len(row)})
     except csv.Error as exc:
         raise InvalidSpec(
             f"{source}: not a valid CSV: {capped(str(exc))}",
             [FieldViolation(f"line {reader.line_num}", capped(str(exc)))],
         ) from None
     return header, rows
+
+
+#: Columns of a trace's row: the six it reads, and room for a few of the writer's own.
+MAX_COLUMNS = 32
+_COLUMNS = frozenset({"time", "profile", "count", "model", "priority", "pool"})
+#: Characters of one field: a model's name or a pool's selector is far shorter.
+MAX_FIELD_CHARS = 4096
+#: Characters of one CSV record (its lines, when a quoted field spans several), cut before
+#: csv splits it into fields.
+MAX_RECORD_CHARS = 64 * 1024
+
+
+class _Lines:
+    """The trace's lines for ``csv.reader``, each read at most to what is left of
+    MAX_RECORD_CHARS for the record (the reader sets ``record`` to 0 after each one): a longer
+    record is refused naming its line before it is copied or split."""
+
+    def __init__(self, text: str, source: str) -> None:
+        self._text = text  # sliced a line at a time: a copy of it all would be 4 bytes a char
+        self._at = 0
+        self._source = source
+        self.record = 0  # characters of the current record read so far
+        self._line = 0
+
+    def __iter__(self) -> _Lines:
+        return self
+
+    def __next__(self) -> str:
+        if self._at >= len(self._text):
+            raise StopIteration
+        left = MAX_RECORD_CHARS - self.record
+        end = self._text.find("\n", self._at, self._at + left)
+        self._line += 1
+        if end < 0 and len(self._text) - self._at > left:
+            field = "header" if self._line == 1 else f"line {self._line}"
+            raise InvalidSpec(
+                f"{self._source}: {field}: a CSV record longer than {MAX_RECORD_CHARS} characters",
+                [FieldViolation(field, f"at most {MAX_RECORD_CHARS} characters")],
+            )
+        end = len(self._text) if end < 0 else end + 1
+        line, self._at = self._text[self._at : end], end
+        self.record += len(line)
+        return line
+
+
+def _bounded(row: list[str], where: str, source: str, header: Sequence[str] = ()) -> list[str]:
+    """``row``, refused naming ``where`` (and the column) past MAX_COLUMNS or MAX_FIELD_CHARS."""
+    if len(row) > MAX_COLUMNS:
+        raise InvalidSpec(
+            f"{source}: {where}: {len(row)} columns, at most {MAX_COLUMNS}",
+            [FieldViolation(where, f"at most {MAX_COLUMNS} columns, not {len(row)}")],
+        )
+    for i, value in enumerate(row):
+        if len(value) > MAX_FIELD_CHARS:
+            column = capped(header[i], 60) if i < len(header) else f"column {i + 1}"
+            field = f"{where}.{column}"
+            raise InvalidSpec(
+                f"{source}: {field}: longer than {MAX_FIELD_CHARS} characters",
+                [FieldViolation(field, f"at most {MAX_FIELD_CHARS} characters")],
+            )
+    return row
 
 
 def load_demand(path: Path) -> Demand:

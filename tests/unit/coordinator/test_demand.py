@@ -147,3 +147,62 @@ def test_a_bad_trace_row_names_its_line() -> None:
     assert caught.value.violations[0].field == "line 2.count"
     with pytest.raises(InvalidSpec, match="missing columns: count"):
         parse_trace("time,profile\n0,1g.10gb\n")
+
+
+def test_a_hostile_trace_is_refused_naming_where_without_building_its_rows() -> None:
+    """A million-column row was built into a dict per row: ~26 times the file in memory. Now
+    a record, its columns and each field are bounded, refused naming the line (and column)."""
+    import tracemalloc
+
+    from agent.coordinator.planning import demand
+
+    wide_header = ",".join(f"c{i}" for i in range(1_000_000)) + "\n0\n"
+    wide_row = "time,profile,count\n0,1g.10gb,1\n1,1g.10gb,2" + "," * 1_000_000 + "\n"
+    tracemalloc.start()
+    try:
+        for text in (wide_header, wide_row):
+            with pytest.raises(InvalidSpec):
+                parse_trace(text, "t.csv")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1024 * 1024, peak  # a record's worth, not a copy or a split of the file
+
+    with pytest.raises(InvalidSpec) as caught:
+        parse_trace(wide_row, "t.csv")
+    assert caught.value.violations[0].field == "line 3"
+
+    few = ",".join(["time,profile,count", *(f"x{i}" for i in range(demand.MAX_COLUMNS))])
+    with pytest.raises(InvalidSpec, match="header: 35 columns, at most 32") as caught:
+        parse_trace(few + "\n0,1g.10gb,1\n")
+    assert caught.value.violations[0].field == "header"
+
+    long_pool = "p" * (demand.MAX_FIELD_CHARS + 1)
+    with pytest.raises(InvalidSpec) as caught:
+        parse_trace(f"time,profile,count,pool\n0,1g.10gb,1,ok\n5,1g.10gb,2,{long_pool}\n")
+    assert caught.value.violations[0].field == "line 3.pool"
+
+    # Quoted fields spanning lines still make one record, under the record's bound.
+    quoted = '"' + "a\n" * (demand.MAX_RECORD_CHARS // 2 + 1) + '"'
+    with pytest.raises(InvalidSpec, match="longer than 65536 characters"):
+        parse_trace(f"time,profile,count,pool\n0,1g.10gb,1,{quoted}\n")
+    steps = parse_trace('time,profile,count,pool\n0,1g.10gb,1,"a=b,\nc=d"\n\n')
+    assert steps[0].demand.entries[0].pool == "a=b,\nc=d"
+
+
+def test_a_trace_at_its_column_bound_keeps_only_the_columns_it_reads() -> None:
+    """Within the bounds a row's 32 columns were kept in a dict each: ~19 times the file in
+    memory. Only the six a trace reads are kept (the others are ignored, as before)."""
+    import tracemalloc
+
+    header = "time,profile,count," + ",".join(f"note{i}" for i in range(29))
+    rows = [f"{t},1g.10gb,{t % 7}," + ",".join(["abcd"] * 29) for t in range(20_000)]
+    text = "\n".join([header, *rows]) + "\n"
+    tracemalloc.start()
+    try:
+        steps = parse_trace(text, "t.csv")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(steps) == 20_000 and steps[-1].demand.entries[0].count == 19_999 % 7
+    assert peak < 8 * len(text), (peak, len(text))

@@ -550,3 +550,71 @@ def test_an_output_file_under_a_relative_dev_folder_is_replaced_whole(
     write_output(Path("out/dev/checkpoint.json"), "new", "checkpoint-file")
     assert target.read_text() == "new"
     assert target.stat().st_ino != before  # a new file renamed over it, not the old one cut
+
+
+def test_plan_is_the_agents_answer_not_one_made_in_the_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mig plan` asked PlanMig only whether it refused, then planned the GetNode snapshot
+    itself: what it drew was not what the agent, reading the GPUs live, would apply. It draws
+    the agent's answer (here one no snapshot holds) and asks nothing else."""
+    from agent.wire.mig import MigPlanView, PlanBlocker, PlannedGpu
+
+    busy = PlannedGpu(
+        gpu_index=0,
+        gpu_uuid="GPU-0",
+        status="blocked",
+        steps=("destroy GPU instance 2 (3g.20gb@4:4)",),
+        blockers=(PlanBlocker(4242, "3g.20gb@4:4", "destroy"),),
+        infeasible_reason="",
+        keep=(),
+        destroy=("3g.20gb@4:4",),
+        create=(),
+        deferred=False,
+        entry="mig-configs.balanced[0]",
+        gpu_name="NVIDIA A100-SXM4-40GB",
+        destroy_ids=(2,),
+        mig_parted_would_destroy=1,
+    )
+    asked: list[tuple[str, str, bool]] = []
+
+    class Agent:
+        def plan_mig(self, text: str, name: str = "", force: bool = False) -> MigPlanView:
+            asked.append((text, name, force))
+            return MigPlanView("balanced", (busy,), unselected_gpus=(1,), skipped_gpus=())
+
+    monkeypatch.setattr(CliContext, "agent", lambda self: Agent())
+    planned = _invoker(tmp_path, "dgx-a100")("plan", "-f", "FILE", "-c", "balanced", "--force")
+    assert planned.exit_code == 5, planned.output
+    assert asked == [(CONFIG, "balanced", True)]
+    assert "GPU 0  NVIDIA A100-SXM4-40GB (mig-configs.balanced[0]): BLOCKED" in planned.output
+    assert "destroy  3g.20gb@4:4 (GI 2)" in planned.output
+    assert "BLOCKED  process 4242 on 3g.20gb@4:4 blocks destroy" in planned.output
+    assert "not selected by any entry: GPU 1" in planned.output
+    assert "0 GPU(s) change" not in planned.output and "(mig-parted would destroy 1)" in (
+        planned.output
+    )
+
+
+def test_plan_shows_a_mode_change_pending_and_exits_as_the_apply_when_a_reboot_applies_it(
+    a30: Invoke, tmp_path: Path
+) -> None:
+    """A GPU whose MIG mode waits for a reset or (a passthrough VM) a reboot was planned as if
+    settled: the plan now says it is pending and what applies it (PlanMig's mode_pending), and
+    exits 14 as the apply does when the mode it changes can only wait for a VM reboot."""
+    open_driver("a30-node", tmp_path).close()  # the node's state file exists from here on
+    SimControl(tmp_path).set_passthrough_vm(True)
+    halves = (
+        "version: v1\nmig-configs:\n  halves:\n    - devices: all\n      mig-enabled: true\n"
+        '      mig-devices: {"2g.12gb": 2}\n'
+    )
+    (tmp_path / "mig.yaml").write_text(halves)
+    assert a30("apply", "-f", "FILE", "-c", "halves").exit_code == 14
+    planned = a30("plan", "-f", "FILE", "-c", "halves")
+    assert planned.exit_code == 14, planned.output
+    assert "MIG mode change pending: a reboot of this (passthrough) VM applies it" in (
+        planned.output
+    )
+    assert "stays pending until this VM reboots" in planned.output
+    data = json.loads(a30("plan", "-f", "FILE", "-c", "halves", "-o", "json").stdout)
+    assert [g["mode_pending"] for g in data["gpus"]] == ["a reboot of this (passthrough) VM"] * 4

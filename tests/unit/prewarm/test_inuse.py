@@ -5,6 +5,7 @@ use". Against a /proc look-alike holding a real file's (device, inode)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.prewarm.inuse import MAX_LINE_BYTES, MAX_MAPS_LINES, ProcScanner, file_id
+from agent.prewarm.inuse import MAX_LINE_BYTES, MAX_MAPS_LINES, ProcScanner, ScanLimits, file_id
 
 MIB = 1024 * 1024
 
@@ -110,3 +111,74 @@ def test_malformed_map_lines_are_skipped(tmp_path: Path, blob: tuple[int, int], 
     dev, ino = blob
     proc = _proc(tmp_path, 4242, [line, _line(dev, ino)])
     assert ProcScanner(proc).holders([blob]).held == {blob: {4242}}
+
+
+def _idle_procs(tmp_path: Path, pids: range, fds: int = 0) -> Path:
+    """Processes holding no wanted file: ``fds`` descriptors each, on a file of their own."""
+    proc = tmp_path / "proc"
+    other = tmp_path / "other"
+    other.write_text("x")
+    for pid in pids:
+        (proc / str(pid) / "fd").mkdir(parents=True)
+        (proc / str(pid) / "maps").write_text("")
+        for fd in range(fds):
+            (proc / str(pid) / "fd" / str(fd)).symlink_to(other)
+    return proc
+
+
+@pytest.mark.parametrize(
+    ("limits", "tick", "says"),
+    [
+        (ScanLimits(pids=3), 0, "more than 3 processes"),
+        (ScanLimits(fds=5), 0, "more than 5 open descriptors"),
+        (ScanLimits(seconds=15), 10, "longer than 15 s"),
+    ],
+)
+def test_a_scan_cut_by_its_bounds_holds_every_file_never_not_in_use(
+    tmp_path: Path,
+    blob: tuple[int, int],
+    caplog: pytest.LogCaptureFixture,
+    limits: ScanLimits,
+    tick: int,
+    says: str,
+) -> None:
+    """Every process of the node was read, however many (and with however many descriptors):
+    a scan cut by a bound said "nobody holds it" of the processes it never read."""
+    proc = _idle_procs(tmp_path, range(100, 106), fds=2)
+    ticks = itertools.count(0, tick)  # each look at the clock ``tick`` seconds later
+    with caplog.at_level(logging.WARNING, logger="agent.prewarm.inuse"):
+        found = ProcScanner(proc, limits, clock=lambda: next(ticks)).holders([blob])
+    assert found.held == {blob: set()} and found.cut == says, found
+    assert says in caplog.text
+    # Within the bounds the same node is read whole: nobody holds the file.
+    whole = ProcScanner(proc, ScanLimits(pids=6, fds=12)).holders([blob])
+    assert whole.held == {} and whole.cut == ""
+
+
+def test_a_process_the_bound_cuts_is_still_named_for_what_it_was_seen_holding(
+    tmp_path: Path, blob: tuple[int, int]
+) -> None:
+    """The descriptors ran out inside a process that had been seen holding the blob: the
+    blob names it (`cache evict` says whose it is), and the file not found counts as held."""
+    path = tmp_path / "blob"
+    other = tmp_path / "other-blob"
+    other.write_bytes(b"more weights")
+    other_id = file_id(other)
+    assert other_id is not None
+    proc = tmp_path / "proc"
+    (proc / "100" / "fd").mkdir(parents=True)
+    for fd in range(3):
+        (proc / "100" / "fd" / str(fd)).symlink_to(path)
+    found = ProcScanner(proc, ScanLimits(fds=2)).holders([blob, other_id])
+    assert found.held == {blob: {100}, other_id: set()}, found
+    assert found.cut == "more than 2 open descriptors"
+
+
+def test_a_process_list_that_cannot_be_read_rules_out_nobody(
+    tmp_path: Path, blob: tuple[int, int]
+) -> None:
+    """A /proc that could not be listed (a wrong telemetry.proc_root, no permission) was a
+    scan that found nobody: every blob "not in use". It is a scan cut before it began."""
+    found = ProcScanner(tmp_path / "no-proc").holders([blob])
+    assert found.held == {blob: set()}, found
+    assert found.cut.startswith(f"{tmp_path / 'no-proc'} could not be listed: "), found.cut

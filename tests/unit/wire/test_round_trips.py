@@ -29,6 +29,7 @@ from agent.telemetry.snapshot import (
 from agent.wire.errors import error_record
 from agent.wire.mig import (
     GpuReset,
+    PlannedModeChange,
     apply_result_pb,
     assert_from,
     assert_pb,
@@ -167,7 +168,28 @@ def test_a_mig_plan_reads_back_gpu_by_gpu_with_its_steps_and_instances() -> None
         assert read.keep == tuple(f"{gi.profile_name}@{gi.placement}" for gi in domain.keep)
         assert read.destroy == tuple(f"{gi.profile_name}@{gi.placement}" for gi in domain.destroy)
         assert read.deferred == domain.deferred
+        # what `mig plan` draws of the agent's plan: entry, ids, the layout after, the mode
+        assert (read.entry, read.gpu_name) == (domain.desired.source, domain.layout.gpu.name)
+        assert read.keep_ids == tuple(gi.id for gi in domain.keep)
+        assert read.destroy_ids == tuple(gi.id for gi in domain.destroy)
+        assert read.memory_slices == domain.layout.total_memory_slices
+        after = () if domain.target is None else domain.target.instances
+        assert [(i.profile, i.start, i.size) for i in read.after] == [
+            (gi.profile_name, gi.placement.start, gi.placement.size) for gi in after
+        ]
+        change = domain.mode_change
+        assert read.mode_change == (
+            None if change is None else PlannedModeChange(change.enable, change.activation)
+        )
     assert [p.status for p in view.gpus] == ["change", "change", "infeasible"]
+    assert [i.kept for i in view.gpus[0].after].count(True) == 1
+    assert view.gpus[0].mig_parted_would_destroy == 2  # its counts differ: mig-parted clears it
+    why = plans[2].infeasible
+    assert why is not None and view.gpus[2].fits_instead == why.fits_instead
+    assert view.gpus[2].infeasible_profile == (why.profile or "")
+    assert [c.placement for c in view.gpus[2].collisions] == [
+        str(c.placement) for c in why.collisions
+    ]
     one, two = (f"{gi.profile_name}@{gi.placement}" for gi in split.instances)
     assert {view.gpus[0].keep, view.gpus[0].destroy} == {(one,), (two,)}
     assert view.gpus[2].infeasible_reason == plans[2].infeasible.reason  # type: ignore[union-attr]

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from agent._proto.gpuagent.v1 import operations_pb2 as gpuagent_dot_v1_dot_operations__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15gpuagent/v1/mig.proto\x12\x0bgpuagent.v1\x1a\x1cgpuagent/v1/operations.proto\"s\n\x08MigClaim\x12\x0e\n\x06holder\x18\x01 \x01(\t\x12\x0f\n\x07rollout\x18\x02 \x01(\t\x12\x17\n\x0fmax_unavailable\x18\x03 \x01(\t\x12\x1a\n\x12\x65xpires_in_seconds\x18\x04 \x01(\x01\x12\x11\n\toperation\x18\x05 \x01(\t\"`\n\x0f\x43laimMigRequest\x12\x0e\n\x06holder\x18\x01 \x01(\t\x12\x0f\n\x07rollout\x18\x02 \x01(\t\x12\x17\n\x0fmax_unavailable\x18\x03 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x04 \x01(\r\"8\n\x10\x43laimMigResponse\x12$\n\x05\x63laim\x18\x01 \x01(\x0b\x32\x15.gpuagent.v1.MigClaim\"\x14\n\x12GetMigClaimRequest\";\n\x13GetMigClaimResponse\x12$\n\x05\x63laim\x18\x01 \x01(\x0b\x32\x15.gpuagent.v1.MigClaim\"(\n\x16ReleaseMigClaimRequest\x12\x0e\n\x06holder\x18\x01 \x01(\t\"+\n\x17ReleaseMigClaimResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\";\n\nMigBlocker\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x10\n\x08instance\x18\x02 \x01(\t\x12\x0e\n\x06\x63hange\x18\x03 \x01(\t\"\x89\x02\n\nGpuMigPlan\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12*\n\x06status\x18\x03 \x01(\x0e\x32\x1a.gpuagent.v1.MigPlanStatus\x12\r\n\x05steps\x18\x04 \x03(\t\x12)\n\x08\x62lockers\x18\x05 \x03(\x0b\x32\x17.gpuagent.v1.MigBlocker\x12\x19\n\x11infeasible_reason\x18\x06 \x01(\t\x12\x0c\n\x04keep\x18\x07 \x03(\t\x12\x0f\n\x07\x64\x65stroy\x18\x08 \x03(\t\x12\x0e\n\x06\x63reate\x18\t \x03(\t\x12\x10\n\x08\x64\x65\x66\x65rred\x18\n \x01(\x08\x12\x14\n\x0cmode_pending\x18\x0b \x01(\t\"I\n\x0ePlanMigRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_name\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\"\x8f\x01\n\x0fPlanMigResponse\x12\x13\n\x0b\x63onfig_name\x18\x01 \x01(\t\x12%\n\x04gpus\x18\x02 \x03(\x0b\x32\x17.gpuagent.v1.GpuMigPlan\x12\x17\n\x0funselected_gpus\x18\x03 \x03(\r\x12\x14\n\x0cskipped_gpus\x18\x04 \x03(\r\x12\x11\n\tlost_gpus\x18\x05 \x03(\r\"\x9b\x01\n\x0f\x41pplyMigRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_name\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x11\n\tmode_only\x18\x05 \x01(\x08\x12\x12\n\nskip_reset\x18\x06 \x01(\x08\x12\x14\n\x0c\x63laim_holder\x18\x07 \x01(\t\"=\n\x10\x41pplyMigResponse\x12)\n\toperation\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.Operation\"O\n\x10\x41ssertMigRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_name\x18\x02 \x01(\t\x12\x11\n\tmode_only\x18\x03 \x01(\x08\"`\n\x11\x41ssertMigResponse\x12\x0f\n\x07matches\x18\x01 \x01(\x08\x12\x12\n\nmismatches\x18\x02 \x03(\t\x12\x13\n\x0b\x63onfig_name\x18\x03 \x01(\t\x12\x11\n\tlost_gpus\x18\x04 \x03(\r\"\'\n\x10\x45xportMigRequest\x12\x13\n\x0b\x63onfig_name\x18\x01 \x01(\t\"N\n\x11RestoreMigRequest\x12\x12\n\ncheckpoint\x18\x01 \x01(\x0c\x12\x11\n\tmode_only\x18\x02 \x01(\x08\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"?\n\x12RestoreMigResponse\x12)\n\toperation\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.Operation\"(\n\x11\x45xportMigResponse\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\"O\n\x0fResetGpuRequest\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"3\n\x10ResetGpuResponse\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\r\n\x05reset\x18\x02 \x01(\x08\"I\n\x10\x41\x64viseMigRequest\x12\x16\n\tgpu_index\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x0f\n\x07profile\x18\x02 \x01(\tB\x0c\n\n_gpu_index\"1\n\x0fMigProfileCount\x12\x0f\n\x07profile\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\x8f\x01\n\x12MigPlacementAdvice\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0c\n\x04size\x18\x02 \x01(\r\x12\x30\n\nfits_after\x18\x03 \x03(\x0b\x32\x1c.gpuagent.v1.MigProfileCount\x12\x15\n\rlargest_after\x18\x04 \x01(\t\x12\x13\n\x0brecommended\x18\x05 \x01(\x08\"g\n\x07MigMove\x12\x0f\n\x07profile\x18\x01 \x01(\t\x12\x17\n\x0fgpu_instance_id\x18\x02 \x01(\r\x12\x12\n\nfrom_start\x18\x03 \x01(\r\x12\x10\n\x08to_start\x18\x04 \x01(\r\x12\x0c\n\x04\x62usy\x18\x05 \x01(\x08\"\xd7\x01\n\x10MigProfileAdvice\x12\x0f\n\x07profile\x18\x01 \x01(\t\x12\x33\n\nplacements\x18\x02 \x03(\x0b\x32\x1f.gpuagent.v1.MigPlacementAdvice\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x12\n\nfragmented\x18\x04 \x01(\x08\x12#\n\x05moves\x18\x05 \x03(\x0b\x32\x14.gpuagent.v1.MigMove\x12\x1e\n\x11start_after_moves\x18\x06 \x01(\rH\x00\x88\x01\x01\x42\x14\n\x12_start_after_moves\"\xdd\x01\n\x0cGpuMigAdvice\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x13\n\x0b\x66ree_slices\x18\x04 \x03(\r\x12\x15\n\rmemory_slices\x18\x05 \x01(\r\x12.\n\x08\x66its_now\x18\x06 \x03(\x0b\x32\x1c.gpuagent.v1.MigProfileCount\x12/\n\x08profiles\x18\x07 \x03(\x0b\x32\x1d.gpuagent.v1.MigProfileAdvice\x12\x0c\n\x04note\x18\x08 \x01(\t\"V\n\x11\x41\x64viseMigResponse\x12\'\n\x04gpus\x18\x01 \x03(\x0b\x32\x19.gpuagent.v1.GpuMigAdvice\x12\x18\n\x10processes_hidden\x18\x02 \x01(\x08*\xa8\x01\n\rMigPlanStatus\x12\x1f\n\x1bMIG_PLAN_STATUS_UNSPECIFIED\x10\x00\x12\x1d\n\x19MIG_PLAN_STATUS_UNCHANGED\x10\x01\x12\x1a\n\x16MIG_PLAN_STATUS_CHANGE\x10\x02\x12\x1b\n\x17MIG_PLAN_STATUS_BLOCKED\x10\x03\x12\x1e\n\x1aMIG_PLAN_STATUS_INFEASIBLE\x10\x04\x32\x90\x06\n\nMigService\x12\x44\n\x07PlanMig\x12\x1b.gpuagent.v1.PlanMigRequest\x1a\x1c.gpuagent.v1.PlanMigResponse\x12G\n\x08\x41pplyMig\x12\x1c.gpuagent.v1.ApplyMigRequest\x1a\x1d.gpuagent.v1.ApplyMigResponse\x12J\n\tAssertMig\x12\x1d.gpuagent.v1.AssertMigRequest\x1a\x1e.gpuagent.v1.AssertMigResponse\x12J\n\tExportMig\x12\x1d.gpuagent.v1.ExportMigRequest\x1a\x1e.gpuagent.v1.ExportMigResponse\x12M\n\nRestoreMig\x12\x1e.gpuagent.v1.RestoreMigRequest\x1a\x1f.gpuagent.v1.RestoreMigResponse\x12G\n\x08ResetGpu\x12\x1c.gpuagent.v1.ResetGpuRequest\x1a\x1d.gpuagent.v1.ResetGpuResponse\x12J\n\tAdviseMig\x12\x1d.gpuagent.v1.AdviseMigRequest\x1a\x1e.gpuagent.v1.AdviseMigResponse\x12G\n\x08\x43laimMig\x12\x1c.gpuagent.v1.ClaimMigRequest\x1a\x1d.gpuagent.v1.ClaimMigResponse\x12P\n\x0bGetMigClaim\x12\x1f.gpuagent.v1.GetMigClaimRequest\x1a .gpuagent.v1.GetMigClaimResponse\x12\\\n\x0fReleaseMigClaim\x12#.gpuagent.v1.ReleaseMigClaimRequest\x1a$.gpuagent.v1.ReleaseMigClaimResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15gpuagent/v1/mig.proto\x12\x0bgpuagent.v1\x1a\x1cgpuagent/v1/operations.proto\"s\n\x08MigClaim\x12\x0e\n\x06holder\x18\x01 \x01(\t\x12\x0f\n\x07rollout\x18\x02 \x01(\t\x12\x17\n\x0fmax_unavailable\x18\x03 \x01(\t\x12\x1a\n\x12\x65xpires_in_seconds\x18\x04 \x01(\x01\x12\x11\n\toperation\x18\x05 \x01(\t\"`\n\x0f\x43laimMigRequest\x12\x0e\n\x06holder\x18\x01 \x01(\t\x12\x0f\n\x07rollout\x18\x02 \x01(\t\x12\x17\n\x0fmax_unavailable\x18\x03 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x04 \x01(\r\"8\n\x10\x43laimMigResponse\x12$\n\x05\x63laim\x18\x01 \x01(\x0b\x32\x15.gpuagent.v1.MigClaim\"\x14\n\x12GetMigClaimRequest\";\n\x13GetMigClaimResponse\x12$\n\x05\x63laim\x18\x01 \x01(\x0b\x32\x15.gpuagent.v1.MigClaim\"(\n\x16ReleaseMigClaimRequest\x12\x0e\n\x06holder\x18\x01 \x01(\t\"+\n\x17ReleaseMigClaimResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\";\n\nMigBlocker\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x10\n\x08instance\x18\x02 \x01(\t\x12\x0e\n\x06\x63hange\x18\x03 \x01(\t\"\x99\x05\n\nGpuMigPlan\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12*\n\x06status\x18\x03 \x01(\x0e\x32\x1a.gpuagent.v1.MigPlanStatus\x12\r\n\x05steps\x18\x04 \x03(\t\x12)\n\x08\x62lockers\x18\x05 \x03(\x0b\x32\x17.gpuagent.v1.MigBlocker\x12\x19\n\x11infeasible_reason\x18\x06 \x01(\t\x12\x0c\n\x04keep\x18\x07 \x03(\t\x12\x0f\n\x07\x64\x65stroy\x18\x08 \x03(\t\x12\x0e\n\x06\x63reate\x18\t \x03(\t\x12\x10\n\x08\x64\x65\x66\x65rred\x18\n \x01(\x08\x12\x14\n\x0cmode_pending\x18\x0b \x01(\t\x12\r\n\x05\x65ntry\x18\x0c \x01(\t\x12\x10\n\x08gpu_name\x18\r \x01(\t\x12/\n\x0bmode_change\x18\x0e \x01(\x0b\x32\x1a.gpuagent.v1.MigModeChange\x12\x32\n\x0c\x66its_instead\x18\x0f \x03(\x0b\x32\x1c.gpuagent.v1.MigProfileCount\x12\x1d\n\x15keep_gpu_instance_ids\x18\x10 \x03(\r\x12 \n\x18\x64\x65stroy_gpu_instance_ids\x18\x11 \x03(\r\x12.\n\x05\x61\x66ter\x18\x12 \x03(\x0b\x32\x1f.gpuagent.v1.MigPlannedInstance\x12\x15\n\rmemory_slices\x18\x13 \x01(\r\x12 \n\x18mig_parted_would_destroy\x18\x14 \x01(\r\x12\x13\n\x0b\x66ree_region\x18\x15 \x01(\t\x12\x1a\n\x12infeasible_profile\x18\x16 \x01(\t\x12-\n\ncollisions\x18\x17 \x03(\x0b\x32\x19.gpuagent.v1.MigCollision\"5\n\rMigModeChange\x12\x0e\n\x06\x65nable\x18\x01 \x01(\x08\x12\x14\n\x0creset_needed\x18\x02 \x01(\x08\"k\n\x12MigPlannedInstance\x12\x0f\n\x07profile\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\r\x12\x0c\n\x04size\x18\x03 \x01(\r\x12\x19\n\x11\x63ompute_instances\x18\x04 \x01(\r\x12\x0c\n\x04kept\x18\x05 \x01(\x08\"E\n\x0cMigCollision\x12\x11\n\tplacement\x18\x01 \x01(\t\x12\x12\n\nblocked_by\x18\x02 \x03(\t\x12\x0e\n\x06slices\x18\x03 \x03(\r\"I\n\x0ePlanMigRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_name\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\"\x8f\x01\n\x0fPlanMigResponse\x12\x13\n\x0b\x63onfig_name\x18\x01 \x01(\t\x12%\n\x04gpus\x18\x02 \x03(\x0b\x32\x17.gpuagent.v1.GpuMigPlan\x12\x17\n\x0funselected_gpus\x18\x03 \x03(\r\x12\x14\n\x0cskipped_gpus\x18\x04 \x03(\r\x12\x11\n\tlost_gpus\x18\x05 \x03(\r\"\x9b\x01\n\x0f\x41pplyMigRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_name\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x11\n\tmode_only\x18\x05 \x01(\x08\x12\x12\n\nskip_reset\x18\x06 \x01(\x08\x12\x14\n\x0c\x63laim_holder\x18\x07 \x01(\t\"=\n\x10\x41pplyMigResponse\x12)\n\toperation\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.Operation\"O\n\x10\x41ssertMigRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_name\x18\x02 \x01(\t\x12\x11\n\tmode_only\x18\x03 \x01(\x08\"`\n\x11\x41ssertMigResponse\x12\x0f\n\x07matches\x18\x01 \x01(\x08\x12\x12\n\nmismatches\x18\x02 \x03(\t\x12\x13\n\x0b\x63onfig_name\x18\x03 \x01(\t\x12\x11\n\tlost_gpus\x18\x04 \x03(\r\"\'\n\x10\x45xportMigRequest\x12\x13\n\x0b\x63onfig_name\x18\x01 \x01(\t\"N\n\x11RestoreMigRequest\x12\x12\n\ncheckpoint\x18\x01 \x01(\x0c\x12\x11\n\tmode_only\x18\x02 \x01(\x08\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"?\n\x12RestoreMigResponse\x12)\n\toperation\x18\x01 \x01(\x0b\x32\x16.gpuagent.v1.Operation\"(\n\x11\x45xportMigResponse\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\"O\n\x0fResetGpuRequest\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"3\n\x10ResetGpuResponse\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\r\n\x05reset\x18\x02 \x01(\x08\"I\n\x10\x41\x64viseMigRequest\x12\x16\n\tgpu_index\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x0f\n\x07profile\x18\x02 \x01(\tB\x0c\n\n_gpu_index\"1\n\x0fMigProfileCount\x12\x0f\n\x07profile\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\x8f\x01\n\x12MigPlacementAdvice\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0c\n\x04size\x18\x02 \x01(\r\x12\x30\n\nfits_after\x18\x03 \x03(\x0b\x32\x1c.gpuagent.v1.MigProfileCount\x12\x15\n\rlargest_after\x18\x04 \x01(\t\x12\x13\n\x0brecommended\x18\x05 \x01(\x08\"g\n\x07MigMove\x12\x0f\n\x07profile\x18\x01 \x01(\t\x12\x17\n\x0fgpu_instance_id\x18\x02 \x01(\r\x12\x12\n\nfrom_start\x18\x03 \x01(\r\x12\x10\n\x08to_start\x18\x04 \x01(\r\x12\x0c\n\x04\x62usy\x18\x05 \x01(\x08\"\xd7\x01\n\x10MigProfileAdvice\x12\x0f\n\x07profile\x18\x01 \x01(\t\x12\x33\n\nplacements\x18\x02 \x03(\x0b\x32\x1f.gpuagent.v1.MigPlacementAdvice\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x12\n\nfragmented\x18\x04 \x01(\x08\x12#\n\x05moves\x18\x05 \x03(\x0b\x32\x14.gpuagent.v1.MigMove\x12\x1e\n\x11start_after_moves\x18\x06 \x01(\rH\x00\x88\x01\x01\x42\x14\n\x12_start_after_moves\"\xdd\x01\n\x0cGpuMigAdvice\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x13\n\x0b\x66ree_slices\x18\x04 \x03(\r\x12\x15\n\rmemory_slices\x18\x05 \x01(\r\x12.\n\x08\x66its_now\x18\x06 \x03(\x0b\x32\x1c.gpuagent.v1.MigProfileCount\x12/\n\x08profiles\x18\x07 \x03(\x0b\x32\x1d.gpuagent.v1.MigProfileAdvice\x12\x0c\n\x04note\x18\x08 \x01(\t\"V\n\x11\x41\x64viseMigResponse\x12\'\n\x04gpus\x18\x01 \x03(\x0b\x32\x19.gpuagent.v1.GpuMigAdvice\x12\x18\n\x10processes_hidden\x18\x02 \x01(\x08*\xa8\x01\n\rMigPlanStatus\x12\x1f\n\x1bMIG_PLAN_STATUS_UNSPECIFIED\x10\x00\x12\x1d\n\x19MIG_PLAN_STATUS_UNCHANGED\x10\x01\x12\x1a\n\x16MIG_PLAN_STATUS_CHANGE\x10\x02\x12\x1b\n\x17MIG_PLAN_STATUS_BLOCKED\x10\x03\x12\x1e\n\x1aMIG_PLAN_STATUS_INFEASIBLE\x10\x04\x32\x90\x06\n\nMigService\x12\x44\n\x07PlanMig\x12\x1b.gpuagent.v1.PlanMigRequest\x1a\x1c.gpuagent.v1.PlanMigResponse\x12G\n\x08\x41pplyMig\x12\x1c.gpuagent.v1.ApplyMigRequest\x1a\x1d.gpuagent.v1.ApplyMigResponse\x12J\n\tAssertMig\x12\x1d.gpuagent.v1.AssertMigRequest\x1a\x1e.gpuagent.v1.AssertMigResponse\x12J\n\tExportMig\x12\x1d.gpuagent.v1.ExportMigRequest\x1a\x1e.gpuagent.v1.ExportMigResponse\x12M\n\nRestoreMig\x12\x1e.gpuagent.v1.RestoreMigRequest\x1a\x1f.gpuagent.v1.RestoreMigResponse\x12G\n\x08ResetGpu\x12\x1c.gpuagent.v1.ResetGpuRequest\x1a\x1d.gpuagent.v1.ResetGpuResponse\x12J\n\tAdviseMig\x12\x1d.gpuagent.v1.AdviseMigRequest\x1a\x1e.gpuagent.v1.AdviseMigResponse\x12G\n\x08\x43laimMig\x12\x1c.gpuagent.v1.ClaimMigRequest\x1a\x1d.gpuagent.v1.ClaimMigResponse\x12P\n\x0bGetMigClaim\x12\x1f.gpuagent.v1.GetMigClaimRequest\x1a .gpuagent.v1.GetMigClaimResponse\x12\\\n\x0fReleaseMigClaim\x12#.gpuagent.v1.ReleaseMigClaimRequest\x1a$.gpuagent.v1.ReleaseMigClaimResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agent._proto.gpuagent.v1.mig_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MIGPLANSTATUS']._serialized_start=2731
-  _globals['_MIGPLANSTATUS']._serialized_end=2899
+  _globals['_MIGPLANSTATUS']._serialized_start=3366
+  _globals['_MIGPLANSTATUS']._serialized_end=3534
   _globals['_MIGCLAIM']._serialized_start=68
   _globals['_MIGCLAIM']._serialized_end=183
   _globals['_CLAIMMIGREQUEST']._serialized_start=185
@@ -51,45 +51,51 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MIGBLOCKER']._serialized_start=511
   _globals['_MIGBLOCKER']._serialized_end=570
   _globals['_GPUMIGPLAN']._serialized_start=573
-  _globals['_GPUMIGPLAN']._serialized_end=838
-  _globals['_PLANMIGREQUEST']._serialized_start=840
-  _globals['_PLANMIGREQUEST']._serialized_end=913
-  _globals['_PLANMIGRESPONSE']._serialized_start=916
-  _globals['_PLANMIGRESPONSE']._serialized_end=1059
-  _globals['_APPLYMIGREQUEST']._serialized_start=1062
-  _globals['_APPLYMIGREQUEST']._serialized_end=1217
-  _globals['_APPLYMIGRESPONSE']._serialized_start=1219
-  _globals['_APPLYMIGRESPONSE']._serialized_end=1280
-  _globals['_ASSERTMIGREQUEST']._serialized_start=1282
-  _globals['_ASSERTMIGREQUEST']._serialized_end=1361
-  _globals['_ASSERTMIGRESPONSE']._serialized_start=1363
-  _globals['_ASSERTMIGRESPONSE']._serialized_end=1459
-  _globals['_EXPORTMIGREQUEST']._serialized_start=1461
-  _globals['_EXPORTMIGREQUEST']._serialized_end=1500
-  _globals['_RESTOREMIGREQUEST']._serialized_start=1502
-  _globals['_RESTOREMIGREQUEST']._serialized_end=1580
-  _globals['_RESTOREMIGRESPONSE']._serialized_start=1582
-  _globals['_RESTOREMIGRESPONSE']._serialized_end=1645
-  _globals['_EXPORTMIGRESPONSE']._serialized_start=1647
-  _globals['_EXPORTMIGRESPONSE']._serialized_end=1687
-  _globals['_RESETGPUREQUEST']._serialized_start=1689
-  _globals['_RESETGPUREQUEST']._serialized_end=1768
-  _globals['_RESETGPURESPONSE']._serialized_start=1770
-  _globals['_RESETGPURESPONSE']._serialized_end=1821
-  _globals['_ADVISEMIGREQUEST']._serialized_start=1823
-  _globals['_ADVISEMIGREQUEST']._serialized_end=1896
-  _globals['_MIGPROFILECOUNT']._serialized_start=1898
-  _globals['_MIGPROFILECOUNT']._serialized_end=1947
-  _globals['_MIGPLACEMENTADVICE']._serialized_start=1950
-  _globals['_MIGPLACEMENTADVICE']._serialized_end=2093
-  _globals['_MIGMOVE']._serialized_start=2095
-  _globals['_MIGMOVE']._serialized_end=2198
-  _globals['_MIGPROFILEADVICE']._serialized_start=2201
-  _globals['_MIGPROFILEADVICE']._serialized_end=2416
-  _globals['_GPUMIGADVICE']._serialized_start=2419
-  _globals['_GPUMIGADVICE']._serialized_end=2640
-  _globals['_ADVISEMIGRESPONSE']._serialized_start=2642
-  _globals['_ADVISEMIGRESPONSE']._serialized_end=2728
-  _globals['_MIGSERVICE']._serialized_start=2902
-  _globals['_MIGSERVICE']._serialized_end=3686
+  _globals['_GPUMIGPLAN']._serialized_end=1238
+  _globals['_MIGMODECHANGE']._serialized_start=1240
+  _globals['_MIGMODECHANGE']._serialized_end=1293
+  _globals['_MIGPLANNEDINSTANCE']._serialized_start=1295
+  _globals['_MIGPLANNEDINSTANCE']._serialized_end=1402
+  _globals['_MIGCOLLISION']._serialized_start=1404
+  _globals['_MIGCOLLISION']._serialized_end=1473
+  _globals['_PLANMIGREQUEST']._serialized_start=1475
+  _globals['_PLANMIGREQUEST']._serialized_end=1548
+  _globals['_PLANMIGRESPONSE']._serialized_start=1551
+  _globals['_PLANMIGRESPONSE']._serialized_end=1694
+  _globals['_APPLYMIGREQUEST']._serialized_start=1697
+  _globals['_APPLYMIGREQUEST']._serialized_end=1852
+  _globals['_APPLYMIGRESPONSE']._serialized_start=1854
+  _globals['_APPLYMIGRESPONSE']._serialized_end=1915
+  _globals['_ASSERTMIGREQUEST']._serialized_start=1917
+  _globals['_ASSERTMIGREQUEST']._serialized_end=1996
+  _globals['_ASSERTMIGRESPONSE']._serialized_start=1998
+  _globals['_ASSERTMIGRESPONSE']._serialized_end=2094
+  _globals['_EXPORTMIGREQUEST']._serialized_start=2096
+  _globals['_EXPORTMIGREQUEST']._serialized_end=2135
+  _globals['_RESTOREMIGREQUEST']._serialized_start=2137
+  _globals['_RESTOREMIGREQUEST']._serialized_end=2215
+  _globals['_RESTOREMIGRESPONSE']._serialized_start=2217
+  _globals['_RESTOREMIGRESPONSE']._serialized_end=2280
+  _globals['_EXPORTMIGRESPONSE']._serialized_start=2282
+  _globals['_EXPORTMIGRESPONSE']._serialized_end=2322
+  _globals['_RESETGPUREQUEST']._serialized_start=2324
+  _globals['_RESETGPUREQUEST']._serialized_end=2403
+  _globals['_RESETGPURESPONSE']._serialized_start=2405
+  _globals['_RESETGPURESPONSE']._serialized_end=2456
+  _globals['_ADVISEMIGREQUEST']._serialized_start=2458
+  _globals['_ADVISEMIGREQUEST']._serialized_end=2531
+  _globals['_MIGPROFILECOUNT']._serialized_start=2533
+  _globals['_MIGPROFILECOUNT']._serialized_end=2582
+  _globals['_MIGPLACEMENTADVICE']._serialized_start=2585
+  _globals['_MIGPLACEMENTADVICE']._serialized_end=2728
+  _globals['_MIGMOVE']._serialized_start=2730
+  _globals['_MIGMOVE']._serialized_end=2833
+  _globals['_MIGPROFILEADVICE']._serialized_start=2836
+  _globals['_MIGPROFILEADVICE']._serialized_end=3051
+  _globals['_GPUMIGADVICE']._serialized_start=3054
+  _globals['_GPUMIGADVICE']._serialized_end=3275
+  _globals['_ADVISEMIGRESPONSE']._serialized_start=3277
+  _globals['_ADVISEMIGRESPONSE']._serialized_end=3363
+  _globals['_MIGSERVICE']._serialized_start=3537
+  _globals['_MIGSERVICE']._serialized_end=4321
 # @@protoc_insertion_point(module_scope)

@@ -86,7 +86,7 @@ class MigBlocker(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., instance: _Optional[str] = ..., change: _Optional[str] = ...) -> None: ...
 
 class GpuMigPlan(_message.Message):
-    __slots__ = ("gpu_index", "gpu_uuid", "status", "steps", "blockers", "infeasible_reason", "keep", "destroy", "create", "deferred", "mode_pending")
+    __slots__ = ("gpu_index", "gpu_uuid", "status", "steps", "blockers", "infeasible_reason", "keep", "destroy", "create", "deferred", "mode_pending", "entry", "gpu_name", "mode_change", "fits_instead", "keep_gpu_instance_ids", "destroy_gpu_instance_ids", "after", "memory_slices", "mig_parted_would_destroy", "free_region", "infeasible_profile", "collisions")
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,18 @@ class GpuMigPlan(_message.Message):
     CREATE_FIELD_NUMBER: _ClassVar[int]
     DEFERRED_FIELD_NUMBER: _ClassVar[int]
     MODE_PENDING_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    GPU_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODE_CHANGE_FIELD_NUMBER: _ClassVar[int]
+    FITS_INSTEAD_FIELD_NUMBER: _ClassVar[int]
+    KEEP_GPU_INSTANCE_IDS_FIELD_NUMBER: _ClassVar[int]
+    DESTROY_GPU_INSTANCE_IDS_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_SLICES_FIELD_NUMBER: _ClassVar[int]
+    MIG_PARTED_WOULD_DESTROY_FIELD_NUMBER: _ClassVar[int]
+    FREE_REGION_FIELD_NUMBER: _ClassVar[int]
+    INFEASIBLE_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    COLLISIONS_FIELD_NUMBER: _ClassVar[int]
     gpu_index: int
     gpu_uuid: str
     status: MigPlanStatus
@@ -109,7 +121,51 @@ class GpuMigPlan(_message.Message):
     create: _containers.RepeatedScalarFieldContainer[str]
     deferred: bool
     mode_pending: str
-    def __init__(self, gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., status: _Optional[_Union[MigPlanStatus, str]] = ..., steps: _Optional[_Iterable[str]] = ..., blockers: _Optional[_Iterable[_Union[MigBlocker, _Mapping]]] = ..., infeasible_reason: _Optional[str] = ..., keep: _Optional[_Iterable[str]] = ..., destroy: _Optional[_Iterable[str]] = ..., create: _Optional[_Iterable[str]] = ..., deferred: _Optional[bool] = ..., mode_pending: _Optional[str] = ...) -> None: ...
+    entry: str
+    gpu_name: str
+    mode_change: MigModeChange
+    fits_instead: _containers.RepeatedCompositeFieldContainer[MigProfileCount]
+    keep_gpu_instance_ids: _containers.RepeatedScalarFieldContainer[int]
+    destroy_gpu_instance_ids: _containers.RepeatedScalarFieldContainer[int]
+    after: _containers.RepeatedCompositeFieldContainer[MigPlannedInstance]
+    memory_slices: int
+    mig_parted_would_destroy: int
+    free_region: str
+    infeasible_profile: str
+    collisions: _containers.RepeatedCompositeFieldContainer[MigCollision]
+    def __init__(self, gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., status: _Optional[_Union[MigPlanStatus, str]] = ..., steps: _Optional[_Iterable[str]] = ..., blockers: _Optional[_Iterable[_Union[MigBlocker, _Mapping]]] = ..., infeasible_reason: _Optional[str] = ..., keep: _Optional[_Iterable[str]] = ..., destroy: _Optional[_Iterable[str]] = ..., create: _Optional[_Iterable[str]] = ..., deferred: _Optional[bool] = ..., mode_pending: _Optional[str] = ..., entry: _Optional[str] = ..., gpu_name: _Optional[str] = ..., mode_change: _Optional[_Union[MigModeChange, _Mapping]] = ..., fits_instead: _Optional[_Iterable[_Union[MigProfileCount, _Mapping]]] = ..., keep_gpu_instance_ids: _Optional[_Iterable[int]] = ..., destroy_gpu_instance_ids: _Optional[_Iterable[int]] = ..., after: _Optional[_Iterable[_Union[MigPlannedInstance, _Mapping]]] = ..., memory_slices: _Optional[int] = ..., mig_parted_would_destroy: _Optional[int] = ..., free_region: _Optional[str] = ..., infeasible_profile: _Optional[str] = ..., collisions: _Optional[_Iterable[_Union[MigCollision, _Mapping]]] = ...) -> None: ...
+
+class MigModeChange(_message.Message):
+    __slots__ = ("enable", "reset_needed")
+    ENABLE_FIELD_NUMBER: _ClassVar[int]
+    RESET_NEEDED_FIELD_NUMBER: _ClassVar[int]
+    enable: bool
+    reset_needed: bool
+    def __init__(self, enable: _Optional[bool] = ..., reset_needed: _Optional[bool] = ...) -> None: ...
+
+class MigPlannedInstance(_message.Message):
+    __slots__ = ("profile", "start", "size", "compute_instances", "kept")
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    profile: str
+    start: int
+    size: int
+    compute_instances: int
+    kept: bool
+    def __init__(self, profile: _Optional[str] = ..., start: _Optional[int] = ..., size: _Optional[int] = ..., compute_instances: _Optional[int] = ..., kept: _Optional[bool] = ...) -> None: ...
+
+class MigCollision(_message.Message):
+    __slots__ = ("placement", "blocked_by", "slices")
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_BY_FIELD_NUMBER: _ClassVar[int]
+    SLICES_FIELD_NUMBER: _ClassVar[int]
+    placement: str
+    blocked_by: _containers.RepeatedScalarFieldContainer[str]
+    slices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, placement: _Optional[str] = ..., blocked_by: _Optional[_Iterable[str]] = ..., slices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PlanMigRequest(_message.Message):
     __slots__ = ("config_yaml", "config_name", "force")
