@@ -325,8 +325,9 @@ class SharingService:
                     "cannot roll back: the previous config is refused on this node now",
                     exc.violations,
                 ) from exc
-            if previous_raw == current_raw:
-                return self._result("rollback", False, previous, layouts, None)
+            if previous_raw == current_raw:  # as a set of the same config: a lost reload retried
+                again = self._reload_unloaded("rollback", previous, layouts, reloader)
+                return again or self._result("rollback", False, previous, layouts, None)
             reloader.check()
             self._store.swap_with_previous(previous_raw)
             return self._reload_and_record("rollback", previous_raw, previous, layouts, reloader)
@@ -339,12 +340,9 @@ class SharingService:
         layouts: Sequence[GpuLayout],
         reloader: Reloader,
     ) -> ApplyResult:
-        if desired == current:
-            if self._settings.reload != "none":  # written earlier, and perhaps never loaded
-                again = self._reload_unloaded(action, desired, layouts, reloader)
-                if again is not None:
-                    return again
-            return self._result(action, False, desired, layouts, None)
+        if desired == current:  # written earlier, and perhaps never loaded
+            again = self._reload_unloaded(action, desired, layouts, reloader)
+            return again or self._result(action, False, desired, layouts, None)
         data = render(desired).encode()
         reloader.check()
         self._store.write(data)
@@ -382,9 +380,10 @@ class SharingService:
     ) -> ApplyResult | None:
         """The file already says ``config``, but the plugin has not loaded it (a reload that
         did not reach it): reload it again, nothing written (``changed`` False, with the
-        reload's report). None when the plugin is not known not to run it."""
+        reload's report). None when the plugin is not known not to run it, or with reload
+        ``none`` (something else reloads it)."""
         raw = self._store.read()
-        if raw is None:
+        if raw is None or self._settings.reload == "none":
             return None
         sha = _sha256(raw)
         status_raw = self._store.read_status()

@@ -76,6 +76,28 @@ def test_a_change_the_plugin_was_not_reloaded_for_exits_15(config_path: Path) ->
     assert done.exit_code == 0 and "warning: the plugin was not reloaded" in done.stderr
 
 
+def test_a_rollback_to_the_config_on_disk_retries_a_reload_that_did_not_reach_the_plugin(
+    config_path: Path,
+) -> None:
+    """A rollback to what the file already says (its previous is the same: a writer stopped
+    between the two files) answered "Unchanged" with exit 0 while the plugin had not loaded it;
+    like the same set, it retries the reload and is not done while that does not reach it."""
+    assert run(config_path, "set", "--time-slicing", "gpu=4", reload="sighup").exit_code == 15
+    written = config_path.read_bytes()
+    config_path.with_name("config.yaml.previous").write_bytes(written)
+    result = run(config_path, "rollback", reload="sighup")
+    assert result.exit_code == 15, result.output
+    assert "error: the config is already written, but the plugin was not reloaded" in (
+        result.stderr
+    )
+    assert "The plugin had not loaded it: reloaded again." in result.stdout
+    assert "Reload:    sighup: no process named nvidia-device-plugin found" in result.stdout
+    assert config_path.read_bytes() == written  # nothing written
+    # With reload none something else reloads the plugin: unchanged, nothing tried.
+    plain = run(config_path, "rollback")
+    assert plain.exit_code == 0 and "nothing written or reloaded" in plain.stdout
+
+
 def test_show_as_json(config_path: Path) -> None:
     run(config_path, "set", "--time-slicing", "gpu=4", "--rename-by-default")
     data = json.loads(run(config_path, "show", "-o", "json").stdout)
