@@ -193,12 +193,15 @@ def _build_rest(
     """The services over the node's shape (read from the inventory: no NVML call per request)."""
     kube: KubeClient | None = edge.labels_client() if edge is not None else None  # via the edge
     allocation, republish = allocation_source(config.dra, config.node_name, kube, edge)
+    # A simulated node's agent is in the node's PID namespace (hostPID), wherever it runs.
+    sim_proc = _sim_proc_root(config)
     sharing = SharingService(
         config.sharing,
         inventory.layouts,
         kube,
         node_name=config.node_name,
         allocation=allocation.current,
+        namespace_proc=sim_proc,
         gpus_unread=inventory.gpus_unread,
         gpus_lost=inventory.lost_gpus,
         # Cluster-wide, watched from the first read: a node that never reads them holds none.
@@ -229,7 +232,7 @@ def _build_rest(
     m = config.mig
     mig_labels = label_controller(m.watch_node_label, m.config_file, kube, config.node_name, mig)
     doctor = build_doctor(
-        config, driver, client, allocation.current, state, telemetry, health, power, mig
+        config, driver, client, allocation.current, state, telemetry, health, power, mig, sim_proc
     )
     _self_metrics(telemetry, driver, state, prewarm, health, mig_labels, allocation, doctor, edge)
     return Services(

@@ -1,5 +1,5 @@
-"""Suite-wide fixtures: a fake Kubernetes API server shared by sharing and MIG tests, and each
-test's logging as the suite began.
+"""Suite-wide fixtures: a fake Kubernetes API server shared by sharing and MIG tests, each
+test's logging as the suite began, and the host's PID namespace for in-process code.
 
 Every agent the suite starts (in-process, embedded in a CLI command, or a ``serve`` process,
 which inherits the environment) runs the simulated driver at memory speed: the modelled NVML
@@ -10,9 +10,12 @@ machine. A test about timing sets ``GPU_AGENT_SIMULATE_LATENCY=true`` itself.
 import logging
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from agent.sharing import pidns
 
 os.environ.setdefault("GPU_AGENT_SIMULATE_LATENCY", "false")
 
@@ -39,3 +42,13 @@ def _logging_as_it_was() -> Iterator[None]:
     yield
     root.handlers[:], root.level = saved[0], saved[1]
     agent.setLevel(saved[2])
+
+
+@pytest.fixture(autouse=True)
+def _host_pid_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process code reading the real /proc is told it runs in the node's PID namespace (as
+    the DaemonSet's hostPID gives it): a runner in a container is in a child one, and the
+    sharing verdicts (not-loaded, or not observable without hostPID) would depend on where the
+    suite runs. A test of that reads a /proc of its own, which is read as it is."""
+    read = pidns.namespace
+    monkeypatch.setattr(pidns, "namespace", lambda p: "node" if p == Path("/proc") else read(p))

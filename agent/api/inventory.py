@@ -31,6 +31,7 @@ from agent.health.store import Target
 from agent.loops import call_soon_from_thread
 from agent.prewarm.inventory import Inventory as CacheInventory
 from agent.sharing import SharingView
+from agent.sharing.reload import unobservable
 from agent.telemetry.snapshot import GpuStatus, Snapshot
 from agent.wire.node import (
     DRIVER_NOT_READY,
@@ -499,10 +500,12 @@ def _mig_shape(layout: GpuLayout) -> tuple[object, ...]:
 
 def sharing_health(view: SharingView) -> tuple[bool, str]:
     """The sharing component's (healthy, detail): degraded while the file breaks a rule, the
-    plugin has not loaded it (``plugin not-loaded: why``; GetNode's ``sharing_pickup``), or a DRA
-    node's DeviceClasses could not be read; the plugin's pickup state is always said."""
+    plugin has not loaded it (``plugin not-loaded: why``; GetNode's ``sharing_pickup``) or
+    whether it has cannot be seen (no hostPID), or a DRA node's DeviceClasses could not be
+    read; the plugin's pickup state is always said."""
     said = [f"plugin {view.pickup.state}: {view.pickup.detail}"]
-    bad = view.pickup.state == "not-loaded"
+    # Without hostPID whether the plugin runs the file cannot be checked: degraded, not fine.
+    bad = view.pickup.state == "not-loaded" or unobservable(view.pickup)
     if view.dra is not None and view.dra.error:
         said.append(f"DeviceClasses not read: {view.dra.error}")
         bad = True

@@ -24,7 +24,8 @@ from agent.prewarm.private_images import (
     USABLE_BY_EVERY_POD,
     read_kubelet_policy,
 )
-from agent.sharing import strategy
+from agent.sharing import pidns, strategy
+from agent.sharing.reload import NO_HOSTPID
 from agent.sharing.store import ConfigStore
 from agent.statedir import FIX as STATE_FIX
 from agent.wire.doctor import Check
@@ -142,6 +143,16 @@ def sharing_reload(facts: Facts) -> Check:
     if pids:
         # No pid: the answer goes to the read role, which sees no process.
         return ok(S, "reload", f"reload sighup: {sharing.plugin_process_name} runs")
+    if pidns.hides(facts.namespace_proc or facts.proc):
+        return degraded(
+            S,
+            "reload",
+            f"reload sighup, but {NO_HOSTPID} (/proc/self/ns/pid is not the node's PID "
+            "namespace): it can neither signal the plugin nor tell whether the plugin loaded a "
+            "config",
+            "run the agent with hostPID: true (deploy/kubernetes/base has it), or set "
+            "sharing.reload label (GPU Operator) or restart-pod",
+        )
     return degraded(
         S,
         "reload",
@@ -224,9 +235,13 @@ def _plugin_strategy(facts: Facts) -> tuple[strategy.Strategy | None, str]:
     """The strategy the running plugin was started with, and a caveat when it cannot be seen."""
     pids = _plugin_pids(facts, facts.config.sharing.plugin_process_name)
     if not pids:
+        unseen = (
+            NO_HOSTPID
+            if pidns.hides(facts.namespace_proc or facts.proc)
+            else "the plugin's process is not visible"
+        )
         return None, (
-            "; the plugin's process is not visible, and a --mig-strategy or MIG_STRATEGY it "
-            "runs with would override this"
+            f"; {unseen}, and a --mig-strategy or MIG_STRATEGY it runs with would override this"
         )
     started, caveat = strategy.read_started_with(facts.proc, pids[0])
     return started, f"; {caveat}" if caveat else ""

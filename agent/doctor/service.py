@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import GaugeMetricFamily
@@ -206,6 +207,7 @@ def build_doctor(
     health: HealthMonitor,
     power: PowerService,
     mig: MigService,
+    namespace_proc: Path | None = None,
 ) -> Doctor:
     """The checks over the agent's own parts, as the composition root hands them in."""
     facts = Facts(
@@ -222,5 +224,6 @@ def build_doctor(
         marks=health.shown,
         state_read_only=lambda: state.read_only,
         socket_path=config.socket_path,
+        namespace_proc=namespace_proc,
     )
     return Doctor(facts)

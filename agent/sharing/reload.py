@@ -21,6 +21,7 @@ import psutil
 from agent.errors import FieldViolation, InvalidSpec, PermissionDenied
 from agent.kube import KubeClient
 from agent.kube_names import is_label_name
+from agent.sharing import pidns
 from agent.sharing.view import Pickup, ReloadReport, StatusRecord
 
 RELOAD_METHODS = ("sighup", "label", "restart-pod", "none")
@@ -29,6 +30,10 @@ CONFIG_LABEL = "nvidia.com/device-plugin.config"
 #: Seconds of doubt in a process start time: psutil adds the kernel's boot time, which /proc/stat
 #: gives in whole seconds.
 START_TIME_RESOLUTION = 1.0
+
+#: Why the plugin's process is not seen, said first in a pickup's detail: psutil lists the
+#: agent's own PID namespace, and without hostPID that is its pod's, not the node's.
+NO_HOSTPID = "agent has no hostPID; plugin process not visible"
 
 Clock = Callable[[], float]
 
@@ -65,10 +70,30 @@ def find_plugin_processes(name: str) -> tuple[PluginProcess, ...]:
     return tuple(found)
 
 
+def unobservable(loaded: Pickup) -> bool:
+    """A pickup not known because the plugin's process cannot be seen from here."""
+    return loaded.state == "unknown" and loaded.detail.startswith(NO_HOSTPID)
+
+
+def reload_again(loaded: Pickup, status: StatusRecord | None, sha256: str) -> bool:
+    """Whether a change to what the file (digest ``sha256``) already says reloads the plugin
+    again: it is known not to run the file, or its process cannot be seen and the agent's own
+    last reload of this file did not reach it. A reload that did is not repeated for a
+    plugin that cannot be seen, nor is one the agent did not make (a file it did not write)."""
+    if loaded.state == "not-loaded":
+        return True
+    if not unobservable(loaded) or status is None or status.sha256 != sha256:
+        return False
+    return status.reload is None or not status.reload.done
+
+
 class SighupReloader:
-    def __init__(self, process_name: str, clock: Clock = time.time) -> None:
+    def __init__(
+        self, process_name: str, clock: Clock = time.time, proc: Path = Path("/proc")
+    ) -> None:
         self._name = process_name
         self._clock = clock
+        self._proc = proc
 
     def check(self) -> None:
         return None  # signalling is tried only with a plugin to signal
@@ -89,13 +114,14 @@ class SighupReloader:
             signalled.append(proc.pid)
         at = self._clock()
         if not signalled:
-            return ReloadReport(
-                "sighup",
-                False,
-                f"no process named {self._name} found (is the plugin running, and does the "
-                "agent run with hostPID: true?); it reads the config when it starts",
-                at,
+            why = (
+                f"{NO_HOSTPID}: no {self._name} to signal (run the agent with hostPID: true, or "
+                "set sharing.reload label or restart-pod)"
+                if pidns.hides(self._proc)
+                else f"no process named {self._name} found (is the plugin running, and does the "
+                "agent run with hostPID: true?)"
             )
+            return ReloadReport("sighup", False, f"{why}; it reads the config when it starts", at)
         pids = ", ".join(map(str, signalled))
         return ReloadReport(
             "sighup", True, f"sent SIGHUP to {self._name} pid {pids}", at, tuple(signalled)
@@ -199,10 +225,11 @@ def make_reloader(
     kube: KubeClient | None,
     node_name: str | None,
     clock: Clock = time.time,
+    proc: Path = Path("/proc"),
 ) -> Reloader:
     """Build the configured reloader, refusing settings that could not work before any write."""
     if method == "sighup":
-        return SighupReloader(process_name, clock)
+        return SighupReloader(process_name, clock, proc)
     if method == "none":
         return NoReload(clock)
     if method not in RELOAD_METHODS:
@@ -245,9 +272,11 @@ def pickup(
     processes: Sequence[PluginProcess],
     process_name: str,
     unseen_dir: Path | None = None,
+    hidden: bool = False,
 ) -> Pickup:
     """Judge from the status record and the plugin processes now running. Pure.
-    ``unseen_dir``: the config's directory, when it is not there to read (not mounted)."""
+    ``unseen_dir``: the config's directory, when it is not there to read (not mounted).
+    ``hidden``: the node's processes are not visible here (`pidns.hides`)."""
     if unseen_dir is not None:
         return Pickup(
             "unknown",
@@ -272,6 +301,12 @@ def pickup(
             "unknown",
             "the config label was switched; config-manager signals the plugin, which is not "
             "observable from here",
+        )
+    if not processes and hidden:  # not seen is no evidence that none runs
+        return Pickup(
+            "unknown",
+            f"{NO_HOSTPID}: whether {process_name} loaded the config is not observable (run "
+            "the agent with hostPID: true)",
         )
     if not processes:
         return Pickup(

@@ -34,7 +34,7 @@ from agent.errors import (
 from agent.gpu.types import GpuLayout
 from agent.kube import KubeClient
 from agent.kube_watch import Informer
-from agent.sharing import dra, dra_api, strategy
+from agent.sharing import dra, dra_api, pidns, strategy
 from agent.sharing.advertise import Advertised, advertise
 from agent.sharing.dra_kube import DeviceClasses, DraKube
 from agent.sharing.reload import (
@@ -43,6 +43,7 @@ from agent.sharing.reload import (
     find_plugin_processes,
     make_reloader,
     pickup,
+    reload_again,
 )
 from agent.sharing.schema import (
     PluginConfig,
@@ -107,6 +108,7 @@ class SharingService:
         clock: Callable[[], float] = time.time,
         allocation: Callable[[], Allocation] = no_detection,
         proc: Path = Path("/proc"),
+        namespace_proc: Path | None = None,
         gpus_unread: Callable[[], str] = lambda: "",
         gpus_lost: Callable[[], Sequence[int]] = tuple,
         device_classes: Informer | None = None,
@@ -116,12 +118,15 @@ class SharingService:
         refused. ``gpus_lost``: the GPUs that do not answer; the plugin's own read of them fails
         too, so what it advertises is not known either (a config is still checked against the
         GPUs that answer). ``device_classes``: the watch of the agents' DeviceClasses that a
-        DRA node's show reads (`agent.sharing.dra_kube`); without one each show lists them."""
+        DRA node's show reads (`agent.sharing.dra_kube`); without one each show lists them.
+        ``namespace_proc``: the /proc whose self/ns/pid says the agent's PID namespace (without
+        hostPID the plugin is not seen: `pidns`), ``proc`` unless given (the simulator's)."""
         self._device_classes = device_classes
         self._gpus_unread = gpus_unread
         self._gpus_lost = gpus_lost
         self._settings = settings
         self._proc = proc
+        self._namespace_proc = namespace_proc or proc
         self._allocation = allocation
         self._layouts = layouts_provider
         self._kube = kube
@@ -180,6 +185,7 @@ class SharingService:
             processes=processes,
             process_name=self._settings.plugin_process_name,
             unseen_dir=None if parent.is_dir() else parent,
+            hidden=pidns.hides(self._namespace_proc),
         )
 
     def _advertised_unknown(
@@ -325,8 +331,9 @@ class SharingService:
                     "cannot roll back: the previous config is refused on this node now",
                     exc.violations,
                 ) from exc
-            if previous_raw == current_raw:
-                return self._result("rollback", False, previous, layouts, None)
+            if previous_raw == current_raw:  # as a set of the same config: a lost reload retried
+                again = self._reload_unloaded("rollback", previous, layouts, reloader)
+                return again or self._result("rollback", False, previous, layouts, None)
             reloader.check()
             self._store.swap_with_previous(previous_raw)
             return self._reload_and_record("rollback", previous_raw, previous, layouts, reloader)
@@ -339,12 +346,9 @@ class SharingService:
         layouts: Sequence[GpuLayout],
         reloader: Reloader,
     ) -> ApplyResult:
-        if desired == current:
-            if self._settings.reload != "none":  # written earlier, and perhaps never loaded
-                again = self._reload_unloaded(action, desired, layouts, reloader)
-                if again is not None:
-                    return again
-            return self._result(action, False, desired, layouts, None)
+        if desired == current:  # written earlier, and perhaps never loaded
+            again = self._reload_unloaded(action, desired, layouts, reloader)
+            return again or self._result(action, False, desired, layouts, None)
         data = render(desired).encode()
         reloader.check()
         self._store.write(data)
@@ -382,15 +386,16 @@ class SharingService:
     ) -> ApplyResult | None:
         """The file already says ``config``, but the plugin has not loaded it (a reload that
         did not reach it): reload it again, nothing written (``changed`` False, with the
-        reload's report). None when the plugin is not known not to run it."""
+        reload's report). None unless `reload_again` says so, and with reload ``none``
+        (something else reloads it)."""
         raw = self._store.read()
-        if raw is None:
+        if raw is None or self._settings.reload == "none":
             return None
         sha = _sha256(raw)
         status_raw = self._store.read_status()
         status = StatusRecord.from_json(status_raw) if status_raw is not None else None
         processes = find_plugin_processes(self._settings.plugin_process_name)
-        if self._pickup(sha, status, processes).state != "not-loaded":
+        if not reload_again(self._pickup(sha, status, processes), status, sha):
             return None
         ours = status is not None and status.sha256 == sha
         mtime = self._store.mtime()
@@ -440,6 +445,7 @@ class SharingService:
             kube=self._kube,
             node_name=self._node_name,
             clock=self._clock,
+            proc=self._namespace_proc,
         )
 
     def _mode_for_change(self) -> Allocation:

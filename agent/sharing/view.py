@@ -148,7 +148,8 @@ class SharingView:
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
     action: str
-    #: False when the file already said this: nothing was written, the plugin not reloaded.
+    #: False when the file already said this: nothing was written, and the plugin reloaded
+    #: again only when it had not loaded the file (``reload`` then says how)
     changed: bool
     config_path: Path
     config: PluginConfig

@@ -477,3 +477,40 @@ def test_the_sharing_role_is_not_told_the_pids_it_signalled(
         assert not reload.pids and str(p.proc.pid) not in reload.detail, reload
     finally:
         p.stop()
+
+
+def test_a_rollback_to_the_config_on_disk_reloads_a_plugin_that_has_not_loaded_it(
+    tmp_path: Path, config_path: Path
+) -> None:
+    """RollbackSharing to what the file already says (its previous is the same: a writer
+    stopped between the two files) answered "unchanged" and reloaded nothing, while the running
+    plugin had never loaded the file: it kept its old config. Now it is signalled, as a set of
+    the same config does, and the answer says so."""
+    p = PluginProcess(tmp_path, config_path)
+    try:
+        assert p.next_event()["advertise"] == {"nvidia.com/gpu": GPUS}
+        # Written with no reload (dated 5 s on: start times are good to a second), so the
+        # plugin, older than the write and not signalled, has not loaded it.
+        unreloaded = SharingSettings(
+            config_path=config_path, reload="none", plugin_process_name=PLUGIN_NAME
+        )
+        SharingService(unreloaded, lambda: node(GPUS), clock=lambda: time.time() + 5).set(
+            parse(ts(4))
+        )
+        written = config_path.read_bytes()
+        config_path.with_name("config.yaml.previous").write_bytes(written)
+        root = tmp_path / "agent"
+        sharing = {"config_path": str(config_path), "reload": "sighup"}
+        config = agent_config(root, sharing={**sharing, "plugin_process_name": PLUGIN_NAME})
+        with InProcessAgent(root, config) as agent, unix_channel(agent.socket) as admin:
+            stub = sharing_pb2_grpc.SharingServiceStub(admin)
+            get = sharing_pb2.GetSharingRequest()
+            assert stub.GetSharing(get, timeout=10).plugin_state == "not-loaded"
+            answer = stub.RollbackSharing(sharing_pb2.RollbackSharingRequest(), timeout=20)
+            assert not answer.change.changed and config_path.read_bytes() == written
+            reload = answer.change.reload
+            assert reload.done and list(reload.pids) == [p.proc.pid], reload
+            assert p.next_event()["advertise"] == {"nvidia.com/gpu": GPUS * 4}
+            assert stub.GetSharing(get, timeout=10).plugin_state == "signalled"
+    finally:
+        p.stop()

@@ -70,7 +70,9 @@ class SimControl:
 
     @property
     def proc_root(self) -> Path:
-        """A /proc look-alike holding ``<pid>/cgroup`` and ``<pid>/comm`` of simulated processes."""
+        """A /proc look-alike holding ``<pid>/cgroup`` and ``<pid>/comm`` of simulated processes,
+        and ``self/ns/pid`` only where a test writes one: without, the agent is in the node's
+        PID namespace (hostPID, as the DaemonSet runs it; agent/sharing/pidns.py)."""
         return self._proc_root
 
     def describe(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from agent.cli.share import share
 from agent.config import SharingSettings
 from agent.sharing.service import SharingService
 from tests.unit.sharing.layouts import full_gpu, mig_gpu, node
+from tests.unit.sharing.pidns_fixtures import POD_NAMESPACE, a_proc
 
 
 @dataclass
@@ -38,9 +39,10 @@ def run(
     layouts: list | None = None,
     stdin: str | None = None,
     reload: str = "none",
+    proc: Path = Path("/proc"),
 ) -> Result:
     settings = SharingSettings(config_path=config_path, reload=reload)
-    svc = SharingService(settings, lambda: layouts if layouts is not None else node(8))
+    svc = SharingService(settings, lambda: layouts if layouts is not None else node(8), proc=proc)
     return CliRunner().invoke(share, list(args), obj=Obj(svc), input=stdin)
 
 
@@ -74,6 +76,55 @@ def test_a_change_the_plugin_was_not_reloaded_for_exits_15(config_path: Path) ->
     # reload none: something else reloads the plugin; written is done, with a warning
     done = run(config_path, "set", "--time-slicing", "gpu=2")
     assert done.exit_code == 0 and "warning: the plugin was not reloaded" in done.stderr
+
+
+def test_a_rollback_to_the_config_on_disk_retries_a_reload_that_did_not_reach_the_plugin(
+    config_path: Path,
+) -> None:
+    """A rollback to what the file already says (its previous is the same: a writer stopped
+    between the two files) answered "Unchanged" with exit 0 while the plugin had not loaded it;
+    like the same set, it retries the reload and is not done while that does not reach it."""
+    assert run(config_path, "set", "--time-slicing", "gpu=4", reload="sighup").exit_code == 15
+    written = config_path.read_bytes()
+    config_path.with_name("config.yaml.previous").write_bytes(written)
+    result = run(config_path, "rollback", reload="sighup")
+    assert result.exit_code == 15, result.output
+    assert "error: the config is already written, but the plugin was not reloaded" in (
+        result.stderr
+    )
+    assert "The plugin had not loaded it: reloaded again." in result.stdout
+    assert "Reload:    sighup: no process named nvidia-device-plugin found" in result.stdout
+    assert config_path.read_bytes() == written  # nothing written
+    # With reload none something else reloads the plugin: unchanged, nothing tried.
+    plain = run(config_path, "rollback")
+    assert plain.exit_code == 0 and "nothing written or reloaded" in plain.stdout
+
+
+#: What the agent says of a plugin it cannot see (agent.sharing.reload.NO_HOSTPID).
+NO_HOSTPID = "agent has no hostPID; plugin process not visible"
+
+
+def test_without_hostpid_the_plugin_s_pickup_is_not_observable_not_not_loaded(
+    config_path: Path, tmp_path: Path
+) -> None:
+    """In a PID namespace of its own (a pod without hostPID: /proc/self/ns/pid is not the
+    node's) the agent sees no plugin process; `share show` said "not-loaded", a false "no"
+    (tests/unit/sharing/test_hostpid.py, docs/sharing.md "Without hostPID")."""
+    pod = a_proc(tmp_path / "proc", POD_NAMESPACE, nspid="7")  # its own /proc: one pid
+    result = run(config_path, "set", "--time-slicing", "gpu=4", reload="sighup", proc=pod)
+    assert result.exit_code == 15, result.output  # written, not reloaded: not done
+    assert f"the plugin was not reloaded (sighup): {NO_HOSTPID}" in result.stderr
+    shown = run(config_path, "show", reload="sighup", proc=pod)
+    assert f"Plugin:    unknown: {NO_HOSTPID}" in shown.stdout
+    assert "not-loaded" not in shown.stdout
+    data = json.loads(run(config_path, "show", "-o", "json", proc=pod).stdout)
+    assert data["plugin"]["state"] == "unknown"
+    assert data["plugin"]["detail"].startswith(NO_HOSTPID)
+    # The user's own command again: the agent's reload never reached the plugin, so it is
+    # retried, and said not done for the same reason.
+    again = run(config_path, "set", "--time-slicing", "gpu=4", reload="sighup", proc=pod)
+    assert again.exit_code == 15 and "The plugin had not loaded it" in again.stdout
+    assert NO_HOSTPID in again.stderr
 
 
 def test_show_as_json(config_path: Path) -> None:

@@ -1,0 +1,90 @@
+"""An agent without hostPID is in a PID namespace of its own (``/proc/self/ns/pid`` is not the
+node's, whose inode the kernel fixes) and cannot see the device plugin's process. Not seen was
+read as "not running": the pickup said not-loaded, a false "no", and the coordinator retried the
+reload on every pass. It is now not observable, and says why (docs/sharing.md, "Without
+hostPID"); through `share`: `tests/unit/sharing/test_cli_share.py`, through the agent, status
+and doctor: `tests/integration/test_sharing_no_hostpid.py`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.sharing import pidns
+from agent.sharing.pidns import NODE_PID_NAMESPACE
+from agent.sharing.reload import (
+    NO_HOSTPID,
+    PluginProcess,
+    SighupReloader,
+    pickup,
+    reload_again,
+    unobservable,
+)
+from agent.sharing.view import Pickup, ReloadReport, StatusRecord
+from tests.unit.sharing.pidns_fixtures import POD_NAMESPACE, a_proc
+
+#: No such process runs here.
+PLUGIN = "gpu-agent-test-no-such-plugin"
+
+
+def test_the_agent_s_pid_namespace_is_read_from_its_ns_link(tmp_path: Path) -> None:
+    assert pidns.hides(a_proc(tmp_path / "pod", POD_NAMESPACE, nspid="7"))
+    assert not pidns.hides(a_proc(tmp_path / "host", NODE_PID_NAMESPACE, nspid="48213"))
+    # A container's own /proc lists one pid in NSpid (the namespaces from /proc's down), so
+    # NSpid is read only without the link: more than one pid is a child namespace.
+    assert pidns.hides(a_proc(tmp_path / "nested", None, nspid="48213\t7"))
+    assert not pidns.hides(a_proc(tmp_path / "one", None, nspid="48213"))
+    # Not said (no link, no NSpid before Linux 4.1, no /proc): not claimed hidden, as before.
+    assert pidns.namespace(a_proc(tmp_path / "old", None)) == ""
+    assert not pidns.hides(tmp_path / "none")
+
+
+def judge(processes: list[PluginProcess], hidden: bool) -> Pickup:
+    status = StatusRecord("set", "s", 100.0, ReloadReport("sighup", False, "none seen", 100.0))
+    return pickup(
+        file_sha256="s",
+        file_mtime=100.0,
+        status=status,
+        processes=processes,
+        process_name="nvidia-device-plugin",
+        hidden=hidden,
+    )
+
+
+def test_an_unseen_plugin_is_not_observable_rather_than_not_loaded() -> None:
+    unseen = judge([], hidden=True)
+    assert unseen.state == "unknown" and unseen.detail.startswith(NO_HOSTPID)
+    assert unobservable(unseen)
+    assert judge([], hidden=False).state == "not-loaded"  # hostPID: none runs
+    # A plugin that is seen all the same (it shares the namespace) is judged as ever.
+    assert judge([PluginProcess(42, 200.0)], hidden=True).state == "loaded"
+
+
+def test_a_reload_is_repeated_for_an_unseen_plugin_only_while_the_agent_s_did_not_reach_it() -> (
+    None
+):
+    unseen = Pickup("unknown", f"{NO_HOSTPID}: (test)")
+
+    def record(sha: str, reload: ReloadReport | None) -> StatusRecord:
+        return StatusRecord("set", sha, 100.0, reload)
+
+    missed = ReloadReport("sighup", False, "none seen", 100.0)
+    reached = ReloadReport("restart-pod", True, "deleted pod p", 100.0)
+    assert reload_again(unseen, record("s", missed), "s")
+    assert reload_again(unseen, record("s", None), "s")  # the reload itself failed
+    assert not reload_again(unseen, record("s", reached), "s")  # not done again
+    assert not reload_again(unseen, record("other", missed), "s")  # not the agent's file
+    assert not reload_again(unseen, None, "s")
+    assert not reload_again(Pickup("unknown", "a label switch (test)"), record("s", missed), "s")
+    assert reload_again(Pickup("not-loaded", "(test)"), record("s", reached), "s")
+
+
+def test_sighup_says_the_agent_has_no_hostpid(tmp_path: Path) -> None:
+    pod = a_proc(tmp_path / "pod", POD_NAMESPACE)
+    report = SighupReloader(PLUGIN, lambda: 1000.0, pod).reload()
+    assert not report.done and report.detail.startswith(f"{NO_HOSTPID}: no {PLUGIN} to signal")
+    host = a_proc(tmp_path / "host", NODE_PID_NAMESPACE)
+    assert (
+        SighupReloader(PLUGIN, lambda: 1000.0, host)
+        .reload()
+        .detail.startswith(f"no process named {PLUGIN} found")
+    )
