@@ -466,8 +466,8 @@ def _agent_families(snapshot: Snapshot, naming: Naming, rows: list[_Row]) -> Ite
     idle = Metric(
         "gpu_agent_idle_seconds",
         "Seconds since utilisation was last above the idle threshold, counted from when this "
-        "agent first read the GPU or instance: time no agent watched (a restart) is unknown, "
-        "never idle.",
+        "agent first read the GPU or instance: time no agent watched (a restart) or whose "
+        "utilisation could not be read is unknown, never idle.",
         "gauge",
     )
     for sample, labels in rows:
