@@ -235,7 +235,7 @@ class NodeInventory:
                     never.add(index)
                     layout = _placeholder(status)
                 layouts.append(layout)
-                if not status.up:
+                if status.up is False:
                     lost[index] = status.detail or "the GPU does not answer"
                 elif status.unread:
                     unread[index] = status.unread

@@ -179,7 +179,7 @@ def telemetry_pod_resources(facts: Facts) -> Check:
 def _unanswering(snap: Snapshot | None) -> dict[int, str]:
     """The GPUs the snapshot lists down (lost), by index, with the driver's error: whatever
     was read of them before is no reading of now. The one list of the lost every check reads."""
-    return {} if snap is None else {g.gpu.index: g.detail for g in snap.gpus if not g.up}
+    return {} if snap is None else {g.gpu.index: g.detail for g in snap.gpus if g.up is False}
 
 
 def _gpus(facts: Facts) -> tuple[GpuInfo, ...]:

@@ -442,9 +442,14 @@ def _last_xid(counter: Counter, rows: list[_Row]) -> Metric:
 
 
 def _agent_families(snapshot: Snapshot, naming: Naming, rows: list[_Row]) -> Iterator[Metric]:
-    up = Metric("gpu_agent_gpu_up", "1 when the GPU answers NVML, 0 when it is lost.", "gauge")
+    up = Metric(
+        "gpu_agent_gpu_up",
+        "1 when the GPU answers NVML, 0 when it is lost; absent for one not read yet (unknown).",
+        "gauge",
+    )
     for status in snapshot.gpus:
-        up.samples.append(Sample(up.name, naming.gpu(status.gpu), 1.0 if status.up else 0.0))
+        if status.up is not None:  # a GPU never read is not known to work
+            up.samples.append(Sample(up.name, naming.gpu(status.gpu), float(status.up)))
     yield up
 
     xids = Metric("gpu_agent_xid_errors", "XID errors seen since the agent started.", "counter")
@@ -466,8 +471,8 @@ def _agent_families(snapshot: Snapshot, naming: Naming, rows: list[_Row]) -> Ite
     idle = Metric(
         "gpu_agent_idle_seconds",
         "Seconds since utilisation was last above the idle threshold, counted from when this "
-        "agent first read the GPU or instance: time no agent watched (a restart) is unknown, "
-        "never idle.",
+        "agent first read the GPU or instance: time no agent watched (a restart) or whose "
+        "utilisation could not be read is unknown, never idle.",
         "gauge",
     )
     for sample, labels in rows:

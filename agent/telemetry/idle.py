@@ -4,8 +4,9 @@ A GPU nobody used for a day shows ``gpu_agent_idle_seconds > 86400``. Counting s
 agent first reads the entity's utilisation: what happened while no agent watched (the agent
 down for a restart or an upgrade, the driver detached) is unknown, and a GPU busy meanwhile
 must not read as idle, so the time before is never counted (a reclaim alert fires late after a
-restart, never on a GPU that was used). Idle seconds are monotonic: a clock step (NTP, an
-admin) neither adds nor removes any.
+restart, never on a GPU that was used). The same holds for a tick whose utilisation could not
+be read: it ends the idle run, and the next idle reading counts from itself. Idle seconds are
+monotonic: a clock step (NTP, an admin) neither adds nor removes any.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ class IdleTracker:
         """Record this tick's utilisation (``now``: monotonic seconds); returns the idle
         seconds, or None while unknown.
 
-        Unknown (an Ampere GPU in MIG mode without DCGM, a failed read) is not idle: counting
-        on from the last reading would report a busy GPU idle. The last-busy time is kept."""
+        Unknown (an Ampere GPU in MIG mode without DCGM, a failed read) is not idle, and
+        neither is the time until the next reading: the GPU may have been busy all through the
+        gap, so the idle run ends here and counting starts again at the next reading."""
         if utilization_percent is None:
+            self._last_busy.pop(key, None)
             return None
         if utilization_percent > self._threshold or key not in self._last_busy:
             self._last_busy[key] = now

@@ -10,7 +10,9 @@ GKE's ``nvidia<N>[/gi<G>][/vgpu<k>]``, each optionally with a time-slicing / MPS
 sorted, so label sets are stable and never "last writer wins".
 
 :class:`PodWatcher` calls ``List`` on its own thread and cadence (kubelet rate-limits the API) and
-keeps the last good answer when a call fails, so pod labels do not flap with kubelet restarts.
+keeps the last good answer when a call fails, so pod labels do not flap with kubelet restarts;
+only for a while (``KEEP_LIST_PERIODS``, ``KEEP_MIN_S``): a pod deleted meanwhile must not keep
+its GPU's labels and a 0-byte row for as long as kubelet stays down.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import grpc
@@ -34,7 +36,14 @@ from agent.telemetry.stats import TelemetryStats
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PodResourcesClient", "PodWatcher", "PodsReader", "UnresolvedClaims"]
+__all__ = [
+    "KEEP_LIST_PERIODS",
+    "KEEP_MIN_S",
+    "PodResourcesClient",
+    "PodWatcher",
+    "PodsReader",
+    "UnresolvedClaims",
+]
 
 _RESOURCE_PREFIX = "nvidia.com/"
 #: How a GPU or MIG id of ours begins: one that does not parse is malformed, not foreign (an
@@ -42,6 +51,10 @@ _RESOURCE_PREFIX = "nvidia.com/"
 _OURS = ("GPU-", "MIG-", "nvidia")
 #: Malformed ids kept to say once: a few, each cut short
 _SAID_IDS, _SAID_ID_CHARS = 3, 80
+#: While List fails, its last answer is served for this many List periods, and at least
+#: KEEP_MIN_S (a kubelet restart, so labels do not flap); then no pod is attributed
+KEEP_LIST_PERIODS = 3
+KEEP_MIN_S = 30.0
 
 
 class PodResourcesClient:
@@ -137,7 +150,9 @@ class PodWatcher:
     (``in_cluster``) the directory is not mounted, and :meth:`absent` says so; outside one no
     kubelet runs and no pod holds a GPU, so nothing is missing (doctor's pod-resources rule).
     A failing kubelet keeps the last good answer, counts ``kubelet`` errors and says so
-    (:meth:`failing`), so the pods source reports itself degraded.
+    (:meth:`failing`), so the pods source reports itself degraded; once that answer is older
+    than ``keep_s`` (default: ``KEEP_LIST_PERIODS`` periods, at least ``KEEP_MIN_S``) it is
+    dropped and no pod is attributed until kubelet answers.
     """
 
     def __init__(
@@ -149,20 +164,25 @@ class PodWatcher:
         dra: DraDevices | None = None,
         *,
         in_cluster: bool = True,
+        keep_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = client
         self._in_cluster = in_cluster
         self._dra = dra
         self._socket = socket
         self._period_s = period_s
+        self._keep_s = max(KEEP_LIST_PERIODS * period_s, KEEP_MIN_S) if keep_s is None else keep_s
+        self._clock = clock
         self._stats = stats
         self._current: tuple[Allocation, ...] = ()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._said_missing = False
-        #: why the latest List failed (None once one succeeds); whether one ever succeeded
+        #: why the latest List failed (None once one succeeds); when (``clock``) the answer
+        #: served was listed, None while none is
         self._failing: str | None = None
-        self._answered = False
+        self._answered_at: float | None = None
         #: the malformed device ids of the latest answer, said once while they stay
         self._malformed: frozenset[str] = frozenset()
 
@@ -188,32 +208,39 @@ class PodWatcher:
                 why = "pods not attributed" if self._in_cluster else "not in a cluster: no pods"
                 log.info("no kubelet pod-resources socket at %s: %s", self._socket, why)
                 self._said_missing = True
-            self._current = ()
+            self._current, self._answered_at = (), None
             return
         self._said_missing = False
         started = time.monotonic()
+        listed_at = self._clock()
         malformed: list[str] = []
         try:
             self._current = self._client.list(self._dra.lookup() if self._dra else None, malformed)
             self._stats.observe_source("kubelet", time.monotonic() - started)
-            self._failing, self._answered = None, True
+            self._failing, self._answered_at = None, listed_at
         except grpc.RpcError as exc:
             code = exc.code() if isinstance(exc, grpc.Call) else None
-            self._failed(code.name if code else "error")
-            log.warning(
-                "kubelet pod-resources List failed (keeping last answer): %s", _rpc_text(exc)
-            )
+            kept = self._failed(code.name if code else "error")
+            log.warning("kubelet pod-resources List failed (%s): %s", kept, _rpc_text(exc))
         except Exception as exc:  # anything else (an answer not read, a bug): as kubelet's
-            self._failed(type(exc).__name__)
-            log.exception("kubelet pod-resources List failed (keeping last answer)")
+            kept = self._failed(type(exc).__name__)
+            log.exception("kubelet pod-resources List failed (%s)", kept)
         else:
             self._say_malformed(malformed)
 
-    def _failed(self, why: str) -> None:
-        """The latest List failed: the last answer is served, said to be no longer current."""
+    def _failed(self, why: str) -> str:
+        """The latest List failed: the last answer is served, said to be no longer current,
+        while it is at most ``keep_s`` old; after that nothing is. Returns what is served."""
         self._stats.error("kubelet")
-        kept = "pods as of its last answer" if self._answered else "pods not attributed yet"
+        if self._answered_at is None:
+            kept = "pods not attributed yet"
+        elif self._clock() - self._answered_at <= self._keep_s:
+            kept = "pods as of its last answer"
+        else:
+            self._current = ()
+            kept = f"pods not attributed: its last answer is over {self._keep_s:g} s old"
         self._failing = f"kubelet pod-resources List failed ({why}): {kept}"
+        return kept
 
     def _say_malformed(self, malformed: list[str]) -> None:
         """Count the answer's malformed ids (``kubelet_device_id``); log them when they change."""
@@ -252,7 +279,8 @@ class PodsReader(Reader):
     latest List (the last good answer while kubelet fails). With no socket in a cluster, nobody
     can tell who holds what: the reader fails, saying so, and GPU series carry no pod. Outside a
     cluster no pod holds a GPU, and the reader says just that. While kubelet's List fails,
-    the reader serves its last answer (labels do not flap) and is reported degraded."""
+    the reader serves its last answer (labels do not flap) and is reported degraded; once that
+    answer is too old to be served (``PodWatcher``), it serves none, still degraded."""
 
     name = "pods"
     after_attribution = False

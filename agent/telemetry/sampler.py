@@ -193,8 +193,9 @@ class Sampler:
             xid_recent=early.xid_recent,
             clock_events=early.clock_events,
             p2p=early.p2p,
-            # Only where it was asked: a GPU down (never read) supports nothing we know of.
-            support=self._support.rows(tuple(s.gpu for s in gpus if s.up)),
+            # Only for the GPUs read this tick: of one down, failing or never read, nothing is
+            # read whatever it supports.
+            support=self._support.rows(tuple(frame.gpus[i] for i in sorted(answered))),
             layouts=self._topology.placed(),
             health=_health(frame, answered, early),
             sources=tuple(statuses),

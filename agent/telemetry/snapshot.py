@@ -134,7 +134,9 @@ class P2pLink:
 @dataclass(frozen=True, slots=True)
 class GpuStatus:
     gpu: GpuIdentity
-    up: bool
+    #: True: it answered (this tick, or its last whole tick before a failed one); False: lost;
+    #: None: not read once since the agent started, so whether it works is unknown
+    up: bool | None
     #: why the GPU is down (the driver's error); empty while it is up
     detail: str = ""
     #: why its layout and process list were not read this tick (the failing call); "" when
@@ -204,7 +206,7 @@ class Snapshot:
 
     def serving(self) -> int:
         """How many GPUs answered this tick."""
-        return sum(1 for g in self.gpus if g.up)
+        return sum(1 for g in self.gpus if g.up is True)
 
     def gpu_idle_seconds(self) -> dict[str, float]:
         """Whole GPUs' idle seconds by UUID, where known (MIG instances are left out)."""

@@ -3,7 +3,9 @@
 Per GPU and tick: its MIG layout (cheap: instance changes are noticed at once), the planner's
 layout with processes (``NodeReader.layout``: the API's inventory reads it from the snapshot
 instead of calling NVML again) and, once, whether it has GPM. A lost GPU is marked down and
-keeps its last planner's layout; the others go on. A GPU whose layout or process list
+keeps its last planner's layout; the others go on. A GPU is up once it has answered a whole
+tick: one listed whose reads have failed since the agent started is neither up nor down
+(``up`` None), since nothing it said shows it works. A GPU whose layout or process list
 cannot be read this tick keeps its last layout too, but its status says so (``unread``): the
 processes in it are not current, and a GPU never read has only its identity. ``settle`` turns
 what the readers found (lost or failed GPUs) into the tick's statuses.
@@ -32,7 +34,8 @@ class _Gpu:
     layout: MigLayout | None = None
     #: the planner's view, last read (kept while the GPU is down)
     placed: GpuLayout | None = None
-    up: bool = True
+    #: answered its last whole tick (True), lost (False), or neither yet (None: never read)
+    up: bool | None = None
     gpm: bool | None = None
     #: whether ``placed`` (and its processes) was read this tick
     fresh: bool = False
@@ -139,7 +142,7 @@ class Topology:
         for gpu in frame.gpus:
             state = self._gpus[gpu.index]
             if gpu.index not in missing:
-                if not state.up:  # the inventory says it at WARNING (one voice per event)
+                if state.up is False:  # the inventory says it at WARNING (one voice per event)
                     log.debug(
                         "GPU %d (%s) answers NVML again", gpu.index, gpu.uuid or "uuid unknown"
                     )
@@ -149,7 +152,7 @@ class Topology:
             # A GPU lost before it ever answered may have more of its identity read while it
             # stays lost (a handle that opens, a UUID that answers): its gpu_up 0 series must
             # keep the labels it went down with, or GpuAgentGpuLost resolves and fires anew.
-            if not state.up and state.down_as is not None:
+            if state.up is False and state.down_as is not None:
                 gpu = state.down_as
             why = missing[gpu.index]
             if why is None:
@@ -157,7 +160,7 @@ class Topology:
                 statuses.append(GpuStatus(gpu, up=state.up, unread=state.unread))
                 continue
             state.down_as = gpu
-            if state.up:
+            if state.up is not False:
                 self._stats.error("gpu_lost")
                 uuid = gpu.uuid or "uuid unknown"  # lost before it ever answered
                 log.debug("GPU %d (%s) is lost, marking it down: %s", gpu.index, uuid, why)

@@ -180,7 +180,8 @@ class XidWatcher:
         """A GPU that answers this tick but could not be registered (lost at start or at its
         registration, or held in a reset) is registered now, into the open set; until then its
         XIDs reach neither the counters nor the health marks. Tried again each tick it answers."""
-        back = self._unreachable.intersection(g.gpu.index for g in snapshot.gpus if g.up)
+        listed = (g.gpu.index for g in snapshot.gpus if g.up is not False)  # not lost
+        back = self._unreachable.intersection(listed)
         if back and not self._register.is_set():
             self._back = back
             self._register.set()

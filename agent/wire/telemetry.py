@@ -43,6 +43,7 @@ def snapshot_pb(
         gpus=[
             telemetry_pb2.GpuUp(gpu_index=g.gpu.index, gpu_uuid=g.gpu.uuid, up=g.up)
             for g in snapshot.gpus
+            if g.up is not None  # never read: whether it answers is unknown
         ],
         xids=[
             telemetry_pb2.XidCount(entity=_entity_pb(x.entity), xid=x.xid, count=x.count)

@@ -200,6 +200,47 @@ def test_a_failing_kubelet_degrades_the_pods_source_and_keeps_its_last_answer(
         assert _sources(sampler.tick())["pods"] is None
 
 
+def test_a_kubelet_down_for_long_stops_attributing_its_last_answer_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """kubelet's List fails for good: its last answer was served with no limit, so a pod deleted
+    meanwhile kept its labels on the GPU's series and a 0-byte memory row for as long as
+    kubelet stayed down. It is served a few List periods (three, at least 30 s), then dropped;
+    the pods source says so, and kubelet's next answer is served again."""
+    node = sim_node(tmp_path / "state")
+    socket = tmp_path / "kubelet.sock"
+    kubelet = FakeKubelet([("ml", "trainer", "main", "nvidia.com/gpu", [node.uuids[0]])])
+    now = [1000.0]
+    with serve(socket, kubelet):
+        client = PodResourcesClient(socket, timeout_s=5)
+        watcher = PodWatcher(client, socket, 20, TelemetryStats(), clock=lambda: now[0])
+        watcher.refresh()
+        sampler = node.sampler(pods=watcher)
+        sampler.tick()
+        kubelet.fail_with = grpc.StatusCode.UNAVAILABLE
+        now[0] += 60  # three periods: still served, said to be kubelet's last answer
+        watcher.refresh()
+        snapshot = sampler.tick()
+        assert entity(snapshot, 0).pod == PodRef("ml", "trainer", "main")
+        assert "gpu_agent_pod_memory_used_bytes{" in _render(sampler.latest)
+        now[0] += 1
+        watcher.refresh()
+        snapshot = sampler.tick()
+        assert entity(snapshot, 0).pod is None
+        text = _render(sampler.latest)
+        assert 'pod="trainer"' not in text
+        assert "gpu_agent_pod_memory_used_bytes{" not in text
+        assert _sources(snapshot)["pods"] == (
+            "kubelet pod-resources List failed (UNAVAILABLE): pods not attributed: its last "
+            "answer is over 60 s old"
+        )
+        kubelet.fail_with = None
+        watcher.refresh()
+        snapshot = sampler.tick()
+        assert entity(snapshot, 0).pod == PodRef("ml", "trainer", "main")
+        assert _sources(snapshot)["pods"] is None
+
+
 def test_a_kubelet_that_never_answered_attributes_nothing_and_says_so(tmp_path: Path) -> None:
     node = sim_node(tmp_path / "state")
     socket = tmp_path / "kubelet.sock"

@@ -455,6 +455,34 @@ def test_idle_seconds_are_unknown_not_counted_on_while_no_utilisation_can_be_rea
     assert entity(snapshot, 0, big.id).idle_seconds is None
 
 
+def test_time_whose_utilisation_could_not_be_read_is_not_counted_idle(tmp_path: Path) -> None:
+    """Utilisation unreadable for an hour while the GPU was in fact busy: at the next idle
+    reading the whole gap was added to the idle seconds, so the reclaim annotation and the day
+    alert saw an hour idle on a GPU that ran flat out. An unread tick ends the idle run: counting
+    starts again at the next reading."""
+    node = sim_node(tmp_path)
+    clock = [100.0]
+    sampler = node.sampler(clock=lambda: clock[0])
+    sampler.tick()
+    clock[0] += 60
+    assert entity(sampler.tick(), 0).idle_seconds == 60
+    node.control.set_workload(0, sm_active=0.9)
+    node.control.inject_fault("nvmlDeviceGetUtilizationRates", "UNKNOWN", gpu=0, count=100)
+    node.control.inject_fault("nvmlGpmSampleGet", "UNKNOWN", gpu=0, count=100)
+    for _ in range(3):
+        clock[0] += 1200
+        assert entity(sampler.tick(), 0).idle_seconds is None
+    node.control.clear_faults()
+    node.control.set_workload(0, sm_active=0.0)
+    clock[0] += 1
+    snapshot = sampler.tick()
+    assert entity(snapshot, 0).idle_seconds == 0
+    assert snapshot.gpu_idle_seconds()[node.uuids[0]] == 0
+    assert entity(snapshot, 1).idle_seconds == 3661  # a GPU read all along counts on
+    clock[0] += 30
+    assert entity(sampler.tick(), 0).idle_seconds == 30
+
+
 def test_a_scrape_never_calls_nvml(tmp_path: Path) -> None:
     """Rendering works with NVML shut down: it only reads the published snapshot."""
     node = sim_node(tmp_path)

@@ -1,0 +1,71 @@
+"""``gpu_agent_gpu_up`` says only what a read showed: 1 for a GPU that answered, 0 for one lost.
+
+A GPU whose every read has failed since the agent started (a non-lost NVML error on each
+tick) is not known to work: GpuAgentGpuLost keys on ``== 0``, and a 1 for it told the
+dashboards it worked. Nor is it known which fields it supports.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families as parse
+
+from agent.telemetry.exporter import MetricsExporter
+from agent.telemetry.sampler import Sampler
+from agent.wire.telemetry import snapshot_pb
+from dcgm.counters import load_counters
+from tests.unit.telemetry.simnode import SimNode, sim_node
+
+
+def _series(node: SimNode, sampler: Sampler, family: str) -> dict[str, list[float]]:
+    """GPU index -> the family's sample values for it, as a scrape sees them."""
+    exporter = MetricsExporter(load_counters(), "dcgm", sampler.latest, node.stats)
+    out: dict[str, list[float]] = {}
+    for fam in parse(exporter.render("text/plain")[0].decode()):
+        if fam.name == family:
+            for s in fam.samples:
+                out.setdefault(s.labels["gpu"], []).append(s.value)
+    return out
+
+
+def test_a_gpu_never_read_has_no_up_series_nor_field_support_until_it_answers(
+    tmp_path: Path,
+) -> None:
+    node = sim_node(tmp_path)
+    node.control.inject_fault("nvmlDeviceGetMigMode", "UNKNOWN", gpu=0, count=1000)
+    sampler = node.sampler()
+    for _ in range(3):
+        snapshot = sampler.tick()
+    up = _series(node, sampler, "gpu_agent_gpu_up")
+    assert "0" not in up, "a GPU that never answered was published up"
+    assert up == {str(i): [1.0] for i in range(1, 8)}
+    (status,) = [s for s in snapshot.gpus if s.gpu.index == 0]
+    assert status.up is None and "Unknown Error" in status.unread
+    assert "0" not in _series(node, sampler, "gpu_agent_field_supported")
+    assert snapshot.serving() == 7
+    assert [g.gpu_index for g in snapshot_pb(snapshot).gpus] == list(range(1, 8))
+
+    node.control.clear_faults()
+    snapshot = sampler.tick()
+    assert _series(node, sampler, "gpu_agent_gpu_up")["0"] == [1.0]
+    assert _series(node, sampler, "gpu_agent_field_supported")["0"]
+    assert snapshot.serving() == 8
+
+
+def test_a_gpu_not_read_this_tick_has_no_field_support_rows_and_stays_up(
+    tmp_path: Path,
+) -> None:
+    """It answered before: its failed tick is not a loss (no page), but nothing of it was read
+    this tick, what it supports included."""
+    node = sim_node(tmp_path)
+    sampler = node.sampler()
+    sampler.tick()
+    assert _series(node, sampler, "gpu_agent_field_supported")["3"]
+    node.control.inject_fault("nvmlDeviceGetMigMode", "UNKNOWN", gpu=3, count=1000)
+    sampler.tick()
+    assert _series(node, sampler, "gpu_agent_gpu_up")["3"] == [1.0]
+    assert "3" not in _series(node, sampler, "gpu_agent_field_supported")
+    node.control.clear_faults()
+    sampler.tick()
+    assert _series(node, sampler, "gpu_agent_field_supported")["3"]
