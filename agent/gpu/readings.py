@@ -537,14 +537,16 @@ class NodeReader:
     # -- GPM --------------------------------------------------------------------------------------
 
     def gpm_supported(self, gpu: int) -> bool:
-        """Decided by NVML per device, never by model name (telemetry.md fact 3)."""
+        """Decided by NVML per device, never by model name (telemetry.md fact 3). False only
+        when NVML says so (or the driver lacks the call); any other failure raises, DeviceLost
+        for a lost GPU: a transient error says nothing about the GPU having no GPM."""
         n = self._n
         try:
             return bool(n.nvmlGpmQueryDeviceSupport(self._handle(gpu)).isSupportedDevice)
         except n.NVMLError as exc:
-            if nvml_code(exc) == _ERR_GPU_IS_LOST:
-                raise DeviceLost(str(exc)) from exc
-            return False
+            if nvml_code(exc) in _UNSUPPORTED:
+                return False
+            raise translate(exc, "nvmlGpmQueryDeviceSupport") from exc
 
     def gpm_sample(
         self, gpu: int, gpu_instance_id: int | None = None, into: GpmSample | None = None

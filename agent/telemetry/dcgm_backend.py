@@ -211,8 +211,8 @@ class DcgmReader(Reader):
         self._follow_layouts(frame)
         part = Part()
         for index, layout in frame.layouts.items():
-            if index in frame.gpm:
-                continue
+            if index in frame.gpm or index in frame.gpm_unknown:
+                continue  # GPM serves it, or may: DCGM must not call it a GPU without GPM
             uuid = frame.gpus[index].uuid
             served = self._backend.supports(uuid)
             self._entity(uuid, (index, None), self._fields, served, part)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 
 from agent.telemetry.dcgm_backend import DcgmProfiling, entity_values, load_dcgm_backend
 from dcgm.counters import parse_counters
-from tests.unit.telemetry.simnode import entity, sim_node
+from tests.unit.telemetry.simnode import GPM_WINDOW_S, entity, sim_node
 
 
 def test_without_the_bindings_there_is_no_backend_and_one_line_says_how_to_add_it(
@@ -225,3 +226,25 @@ def test_a_reconnect_that_fails_keeps_the_old_watch_and_the_tick(tmp_path: Path)
     node.create_instance(0, "3g.20gb", slot=1)  # a layout change: DCGM is asked again
     assert entity(sampler.tick(), 0, first.id).values[1004] == 0.5
     assert dcgm.open == 1
+
+
+def test_a_gpu_whose_gpm_probe_failed_is_not_called_one_dcgm_must_profile(
+    tmp_path: Path,
+) -> None:
+    """A Hopper GPU whose GPM probe failed once is not a GPU without GPM: DCGM, which does not
+    profile it, must not mark its DCP fields unsupported; GPM serves them once the probe answers."""
+    node = sim_node(tmp_path)
+    node.control.set_workload(0, tensor_active=0.5)
+    dcgm = _FakeDcgm(node.uuids)
+    dcgm.unprofiled = {0}
+    backend = DcgmProfiling(dcgm.modules, [1001, 1004], 1.0)
+    node.control.inject_fault("nvmlGpmQueryDeviceSupport", "UNKNOWN", gpu=0)
+    counters = parse_counters("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, t\n")
+    sampler = node.sampler(counters, profiling=backend)
+    snapshots = [sampler.tick()]
+    for _ in range(3):
+        time.sleep(GPM_WINDOW_S)
+        snapshots.append(sampler.tick())
+    for snapshot in snapshots:
+        assert [s.supported for s in snapshot.support if s.gpu.index == 0] == [True]
+    assert entity(snapshots[-1], 0).values[1004] == pytest.approx(0.5, abs=0.05)
