@@ -532,11 +532,11 @@ class NodeReader:
 
     # -- topology -------------------------------------------------------------------------------
 
-    def p2p_status(self) -> dict[tuple[int, int], int]:
+    def p2p_status(self, gpus: Iterable[int]) -> dict[tuple[int, int], int]:
         """NVLink P2P status (nvmlGpuP2PStatus_t: 0 OK, 1-6 why not) of every ordered pair of
-        GPUs that answer. Raises NotSupported when the driver cannot tell (no such call)."""
+        ``gpus``. Raises NotSupported when the driver cannot tell (no such call)."""
         n = self._n
-        gpus = [g.index for g in self.gpus() if g.uuid]
+        gpus = list(gpus)
         out: dict[tuple[int, int], int] = {}
         for a in gpus:
             for b in gpus:
