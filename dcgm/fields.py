@@ -126,7 +126,8 @@ class ClockEventWindow:
 @dataclass(frozen=True, slots=True)
 class P2pStatus:
     """dcgm-exporter's DCGM_EXP_P2P_STATUS: the NVLink P2P status of each GPU to each peer
-    (labels peer_gpu, link_status); read once, it is topology."""
+    (labels peer_gpu, link_status); read again every 30 s and on a layout change: links fail
+    and retrain at runtime."""
 
 
 #: nvmlGpuP2PStatus_t -> dcgm-exporter's link_status label

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from agent.errors import DeviceLost, NotSupported
+from agent.errors import AgentError, DeviceLost, NotSupported
 from agent.gpu.nvml import GpuDriver, translate
 from agent.gpu.reading_calls import (
     FIELD_VALUES,
@@ -366,9 +366,15 @@ class NodeReader:
                 ids.append((getattr(n, FIELD_VALUES[reading]), 0))
                 owners.append(reading)
                 continue
-            links = self._nvlink_links(h, gpu)
-            if isinstance(links, str):
-                out.unsupported[reading] = links
+            try:
+                links = self._nvlink_links(h, gpu)
+            except NotSupported as exc:
+                out.unsupported[reading] = str(exc)
+                continue
+            except DeviceLost:
+                raise
+            except AgentError as exc:  # this tick only: the count is asked again next tick
+                out.failed[reading] = str(exc)
                 continue
             for link in range(links if reading is Reading.NVLINK_TRAFFIC_KIB else 1):
                 for name in NVLINK_TRAFFIC:
@@ -384,6 +390,8 @@ class NodeReader:
         sums: dict[Reading, float] = {}
         for owner, value in zip(owners, values, strict=True):
             ret = int(value.nvmlReturn)
+            if ret == _ERR_GPU_IS_LOST:  # one field's answer: the GPU is gone all the same
+                raise DeviceLost(f"NVML field {value.fieldId}: the GPU is lost")
             if ret != _SUCCESS:
                 bucket = out.unsupported if ret in _UNSUPPORTED else out.failed
                 bucket[owner] = f"NVML field {value.fieldId}: return code {ret}"
@@ -393,20 +401,29 @@ class NodeReader:
             if owner not in out.unsupported and owner not in out.failed:
                 out.values[owner] = total
 
-    def _nvlink_links(self, h: Any, gpu: int) -> int | str:
-        """NVLink link count (cached), or why it cannot be known."""
+    def _nvlink_links(self, h: Any, gpu: int) -> int:
+        """The GPU's NVLink link count, cached once NVML answers it (or says the GPU has none).
+
+        Raises NotSupported for a GPU without links, DeviceLost for a lost one, and another
+        AgentError for any other failure, call or field: that one is not cached (a transient
+        error is not "no links") and the count is asked again next tick.
+        """
         if gpu not in self._link_counts:
             n = self._n
-            try:
-                (value,) = n.nvmlDeviceGetFieldValues(h, [n.NVML_FI_DEV_NVLINK_LINK_COUNT])
-            except n.NVMLError as exc:
-                if nvml_code(exc) == _ERR_GPU_IS_LOST:
-                    raise DeviceLost(str(exc)) from exc
-                return f"NVLink link count: {exc}"  # retried next tick unless unsupported
-            ok = int(value.nvmlReturn) == _SUCCESS
-            self._link_counts[gpu] = int(field_value(value)) if ok else 0
-        count = self._link_counts[gpu]
-        return count if count > 0 else "the GPU has no NVLink links"
+            what = "NVLink link count"
+            (value,) = self._driver.call(
+                n.nvmlDeviceGetFieldValues, h, [n.NVML_FI_DEV_NVLINK_LINK_COUNT], what=what
+            )
+            ret = int(value.nvmlReturn)
+            if ret in _UNSUPPORTED:
+                self._link_counts[gpu] = 0
+            elif ret == _SUCCESS:
+                self._link_counts[gpu] = int(field_value(value))
+            else:
+                raise translate(n.NVMLError(ret), what)  # its field's own return code
+        if self._link_counts[gpu] <= 0:
+            raise NotSupported("the GPU has no NVLink links")
+        return self._link_counts[gpu]
 
     # -- MIG layout -------------------------------------------------------------------------------
 
@@ -515,11 +532,11 @@ class NodeReader:
 
     # -- topology -------------------------------------------------------------------------------
 
-    def p2p_status(self) -> dict[tuple[int, int], int]:
+    def p2p_status(self, gpus: Iterable[int]) -> dict[tuple[int, int], int]:
         """NVLink P2P status (nvmlGpuP2PStatus_t: 0 OK, 1-6 why not) of every ordered pair of
-        GPUs that answer. Raises NotSupported when the driver cannot tell (no such call)."""
+        ``gpus``. Raises NotSupported when the driver cannot tell (no such call)."""
         n = self._n
-        gpus = [g.index for g in self.gpus() if g.uuid]
+        gpus = list(gpus)
         out: dict[tuple[int, int], int] = {}
         for a in gpus:
             for b in gpus:
@@ -537,14 +554,16 @@ class NodeReader:
     # -- GPM --------------------------------------------------------------------------------------
 
     def gpm_supported(self, gpu: int) -> bool:
-        """Decided by NVML per device, never by model name (telemetry.md fact 3)."""
+        """Decided by NVML per device, never by model name (telemetry.md fact 3). False only
+        when NVML says so (or the driver lacks the call); any other failure raises, DeviceLost
+        for a lost GPU: a transient error says nothing about the GPU having no GPM."""
         n = self._n
         try:
             return bool(n.nvmlGpmQueryDeviceSupport(self._handle(gpu)).isSupportedDevice)
         except n.NVMLError as exc:
-            if nvml_code(exc) == _ERR_GPU_IS_LOST:
-                raise DeviceLost(str(exc)) from exc
-            return False
+            if nvml_code(exc) in _UNSUPPORTED:
+                return False
+            raise translate(exc, "nvmlGpmQueryDeviceSupport") from exc
 
     def gpm_sample(
         self, gpu: int, gpu_instance_id: int | None = None, into: GpmSample | None = None

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from agent.telemetry.gpm import NO_GPM
-from agent.telemetry.reader import Frame, Part, Reader
+from agent.telemetry.reader import Degraded, Frame, Part, Reader
 from dcgm.fields import Field, Gpm, Level
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class DcgmProfiling:
         reader_cls = self._m["DcgmReader"].DcgmReader
         structs, fields = self._m["dcgm_structs"], self._m["dcgm_fields"]
         probe = reader_cls(fieldIds=self._field_ids, updateFrequency=int(self._interval_s * 1e6))
-        probe.Init()
+        _init(probe)
         try:  # the probe is let go however the reads end
             handle = probe.m_dcgmHandle.handle
             hierarchy = self._m["dcgm_agent"].dcgmGetGpuInstanceHierarchy(handle)
@@ -111,7 +111,7 @@ class DcgmProfiling:
         reader = reader_cls(
             fieldIds=self._field_ids, updateFrequency=int(self._interval_s * 1e6), entities=entities
         )
-        reader.Init()
+        _init(reader)
         old, self._reader = self._reader, reader
         self._instances, self._gpu_uuids, self._supported = instances, gpu_uuids, supported
         self._read_at = 0.0  # the next read asks the new reader
@@ -146,9 +146,27 @@ class DcgmProfiling:
             now = time.monotonic()
             if now - self._read_at >= self._interval_s / 2:  # once per tick for all entities
                 latest = self._reader.GetLatestEntityValuesAsFieldIdDict()
+                answered = latest.get(_FE_GPU, {})
+                if self._gpu_uuids and not any(g in answered for g in self._gpu_uuids):
+                    # DcgmReader catches a lost connection, disconnects and answers {} (it
+                    # reconnects on the next call): nothing for every watched GPU is a
+                    # failure, not a tick of no values. Asked again on the next read.
+                    self._values = {}
+                    raise Degraded(
+                        "DCGM answered no value for any of its GPUs "
+                        "(DcgmReader drops a lost nv-hostengine connection)"
+                    )
                 self._values = entity_values(latest, self._gpu_uuids, self._instances)
                 self._read_at = now
             return self._values.get((gpu_uuid, gpu_instance_id), {})
+
+
+def _init(reader: Any) -> None:
+    """Connect a DcgmReader. Its Init catches a refused connection (logs it and keeps no
+    handle) instead of raising: that is raised here, so no reader without one is used."""
+    reader.Init()
+    if reader.m_dcgmHandle is None:
+        raise ConnectionError("nv-hostengine cannot be reached (DcgmReader has no connection)")
 
 
 def load_dcgm_backend(
@@ -181,7 +199,8 @@ class ProfilingBackend(Protocol):
         ...
 
     def read(self, gpu_uuid: str, gpu_instance_id: int | None) -> Mapping[int, float]:
-        """Latest values (DCGM units) of one GPU or GPU instance."""
+        """Latest values (DCGM units) of one GPU or GPU instance; raises (Degraded, with why)
+        when DCGM did not answer, never an empty answer for a failure."""
         ...
 
     def instances(self) -> frozenset[EntityKey]:
@@ -211,8 +230,8 @@ class DcgmReader(Reader):
         self._follow_layouts(frame)
         part = Part()
         for index, layout in frame.layouts.items():
-            if index in frame.gpm:
-                continue
+            if index in frame.gpm or index in frame.gpm_unknown:
+                continue  # GPM serves it, or may: DCGM must not call it a GPU without GPM
             uuid = frame.gpus[index].uuid
             served = self._backend.supports(uuid)
             self._entity(uuid, (index, None), self._fields, served, part)

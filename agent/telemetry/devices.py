@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 __all__ = ["HEALTH_CALLS", "HEALTH_READINGS", "DeviceReader"]
 
 _CLOCK_EVENT_SAMPLES = 3000  # 300 s at the fastest interval (0.1 s)
+#: How old the NVLink P2P status may get: it changes at runtime (links that fail or retrain
+#: after a GPU reset), and dcgm-exporter reads it each collection (30 s by default).
+P2P_REREAD_S = 30.0
 #: Read every tick for the health marks (agent/health), whatever the counters CSV selects:
 #: one ECC call, the row-remap call (already made for the default CSV) and the clock reasons.
 HEALTH_READINGS = frozenset(
@@ -98,8 +101,13 @@ class DeviceReader(Reader):
         for f in self._nvml:
             self._fields_of.setdefault(_reading(f), []).append(f.id)
         self._gpus: dict[int, _Gpu] = {}
-        #: read once (topology); None until read, or when the driver cannot tell
+        #: the last NVLink P2P status read, of the GPUs in ``_p2p_of``, at ``_p2p_at``; None
+        #: until read, after a failed read, or while the driver cannot tell
         self._p2p: dict[tuple[int, int], int] | None = None
+        self._p2p_of: frozenset[int] = frozenset()
+        self._p2p_at = 0.0
+        #: why the driver cannot tell the P2P status ("" while it can), until a layout change
+        self._p2p_refused = ""
 
     def read(self, frame: Frame) -> Part:
         part = Part()
@@ -118,7 +126,7 @@ class DeviceReader(Reader):
                 part.health_unread[index] = f"the GPU's readings: {exc}"
         up = [i for i in frame.layouts if i not in part.lost and i not in part.failed]
         part.clock_events = self._clock_event_counts(frame.gpus, up)
-        part.p2p = self._p2p_links(frame.gpus, up, part)
+        part.p2p = self._p2p_links(frame, up, part)
         return part
 
     def _read_gpu(
@@ -213,27 +221,43 @@ class DeviceReader(Reader):
                     out.append(ClockEventCount(gpus[index], reason, count))
         return tuple(out)
 
-    def _p2p_links(
-        self, gpus: tuple[GpuIdentity, ...], up: list[int], part: Part
-    ) -> tuple[P2pLink, ...]:
+    def _p2p_links(self, frame: Frame, up: list[int], part: Part) -> tuple[P2pLink, ...]:
+        """The NVLink P2P status between the GPUs that answer: read again every
+        ``P2P_REREAD_S``, at once after a MIG layout change or when a GPU that did not answer
+        since the last read does (back from a failure or reset). A read that fails leaves no
+        row, never the last one's."""
         if not self._p2p_fields:
             return ()
-        if self._p2p is None:
+        gpus, answered = frame.gpus, frozenset(up)
+        if frame.changed:
+            self._p2p, self._p2p_refused = None, ""
+        if not self._p2p_refused and (
+            self._p2p is None
+            or not answered <= self._p2p_of
+            or frame.now - self._p2p_at >= P2P_REREAD_S
+        ):
             try:
-                self._p2p = self._reader.p2p_status()
+                self._p2p = self._reader.p2p_status(sorted(answered))
+                self._p2p_of, self._p2p_at = answered, frame.now
             except NotSupported as exc:
-                self._p2p = {}
-                for gpu in gpus:
-                    part.unsupported.extend((gpu.index, f.id, str(exc)) for f in self._p2p_fields)
+                self._p2p, self._p2p_refused = None, str(exc)
             except AgentError as exc:  # a GPU lost meanwhile: try again next tick
                 log.debug("P2P status: %s", exc)
-                return ()
-        answered = set(up)
-        # Both ends answer: the status read at start says nothing of a link to a lost peer.
+                self._p2p = None
+        if self._p2p_refused:
+            for gpu in gpus:
+                part.unsupported.extend(
+                    (gpu.index, f.id, self._p2p_refused) for f in self._p2p_fields
+                )
+        if self._p2p is None:
+            return ()
+        # Both ends answered every tick since the read: what it says of a link to a peer
+        # that went away since is not known, even once the peer is back (read again then).
+        self._p2p_of &= answered
         return tuple(
             P2pLink(gpus[a], b, status)
             for (a, b), status in sorted(self._p2p.items())
-            if a in answered and b in answered and a < len(gpus)
+            if a in self._p2p_of and b in self._p2p_of and a < len(gpus)
         )
 
 

@@ -175,7 +175,8 @@ class GpmReader:
             gpu = frame.gpus[index]
             instances[index] = keys = [GpmKey.of(index, i) for i in layout.instances]
             if index not in frame.gpm:
-                if not self._dcgm:
+                # Not known to have no GPM (the probe failed): nothing read, nothing refused.
+                if not self._dcgm and index not in frame.gpm_unknown:
                     reason = NO_GPM + " and DCGM's Python bindings are absent"
                     part.unsupported.extend((index, f, reason) for f, _, _, _ in self._fields)
                 continue

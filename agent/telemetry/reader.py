@@ -54,6 +54,9 @@ class Frame:
     processes: Mapping[int, tuple[Process, ...]] = field(default_factory=dict)
     #: GPU index -> why its planner's layout (with the process list) was not read this tick
     unread: Mapping[int, str] = field(default_factory=dict)
+    #: GPU index -> why it is not known whether it has GPM (NVML's probe failed this tick):
+    #: neither GPM nor DCGM reads it, and neither says it has no GPM
+    gpm_unknown: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -297,4 +297,6 @@ def _has_gpm(reader: NodeReader, gpu: int) -> bool:
     try:
         return reader.gpm_supported(gpu)
     except AgentError:
-        return False  # a GPU lost at start: the sampler marks it down
+        # A GPU lost at start (the sampler marks it down), or whose probe failed: DCGM is
+        # loaded in case it has no GPM; the sampler asks NVML again each tick.
+        return False

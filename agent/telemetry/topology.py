@@ -2,7 +2,8 @@
 
 Per GPU and tick: its MIG layout (cheap: instance changes are noticed at once), the planner's
 layout with processes (``NodeReader.layout``: the API's inventory reads it from the snapshot
-instead of calling NVML again) and, once, whether it has GPM. A lost GPU is marked down and
+instead of calling NVML again) and, once NVML answers, whether it has GPM (a probe that fails
+leaves it unknown, said in the frame, and is asked again next tick). A lost GPU is marked down and
 keeps its last planner's layout; the others go on. A GPU is up once it has answered a whole
 tick: one listed whose reads have failed since the agent started is neither up nor down
 (``up`` None), since nothing it said shows it works. A GPU whose layout or process list
@@ -36,7 +37,10 @@ class _Gpu:
     placed: GpuLayout | None = None
     #: answered its last whole tick (True), lost (False), or neither yet (None: never read)
     up: bool | None = None
+    #: whether it has GPM; None until NVML's probe answers
     gpm: bool | None = None
+    #: why the GPM probe failed this tick; "" when it answered
+    gpm_unread: str = ""
     #: whether ``placed`` (and its processes) was read this tick
     fresh: bool = False
     #: why ``placed`` was not read this tick (the failing call); "" when it was
@@ -72,6 +76,7 @@ class Topology:
         layouts: dict[int, MigLayout] = {}
         changed: set[int] = set()
         gpm: set[int] = set()
+        gpm_unknown: dict[int, str] = {}
         for gpu in gpus:
             state = self._gpus.setdefault(gpu.index, _Gpu())
             state.fresh, state.unread = False, ""
@@ -95,6 +100,8 @@ class Topology:
             layouts[gpu.index] = layout
             if state.gpm:
                 gpm.add(gpu.index)
+            elif state.gpm is None:
+                gpm_unknown[gpu.index] = state.gpm_unread
         placed = tuple(p for i in layouts if (p := self._gpus[i].placed) is not None)
         # The processes reader's lists: the ones read for the planner's layout this tick.
         processes = {
@@ -110,6 +117,7 @@ class Topology:
             placed,
             processes=processes,
             unread=unread,
+            gpm_unknown=gpm_unknown,
         )
 
     def _read(self, gpu: int, state: _Gpu) -> MigLayout:
@@ -130,8 +138,26 @@ class Topology:
                 log.info("GPU %d: processes and layout read again", gpu)
                 state.said = ""
         if state.gpm is None:
-            state.gpm = self._reader.gpm_supported(gpu)
+            self._probe_gpm(gpu, state)
         return layout
+
+    def _probe_gpm(self, gpu: int, state: _Gpu) -> None:
+        """Ask NVML whether the GPU has GPM; a failure (not a loss) leaves it unknown until a
+        later tick's probe answers: its GPM series are absent meanwhile, never "no GPM"."""
+        try:
+            state.gpm = self._reader.gpm_supported(gpu)
+        except DeviceLost:
+            raise
+        except AgentError as exc:
+            self._stats.error("nvml")
+            why = f"whether it has GPM is unknown: {exc}"
+            if why != state.gpm_unread:
+                log.warning("GPU %d: %s (asked again next tick)", gpu, why)
+            state.gpm_unread = why
+            return
+        if state.gpm_unread:
+            log.info("GPU %d: GPM probe answered again (GPM: %s)", gpu, state.gpm)
+            state.gpm_unread = ""
 
     def settle(
         self, frame: Frame, lost: Mapping[int, str], failed: set[int]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 
 from agent.telemetry.dcgm_backend import DcgmProfiling, entity_values, load_dcgm_backend
 from dcgm.counters import parse_counters
-from tests.unit.telemetry.simnode import entity, sim_node
+from tests.unit.telemetry.simnode import GPM_WINDOW_S, entity, sim_node
 
 
 def test_without_the_bindings_there_is_no_backend_and_one_line_says_how_to_add_it(
@@ -27,20 +28,14 @@ def test_without_the_bindings_there_is_no_backend_and_one_line_says_how_to_add_i
 
 
 def test_installed_but_unusable_dcgm_is_no_backend(caplog: pytest.LogCaptureFixture) -> None:
-    """E.g. nv-hostengine not running: the connect fails inside DcgmReader."""
-
-    class Reader:
-        def __init__(self, **kwargs: object) -> None:
-            raise ConnectionError("Host engine connection invalid/disconnected")
-
-    modules = {"DcgmReader": type("M", (), {"DcgmReader": Reader})}
-
-    def importer(name: str) -> object:
-        return modules.get(name, object())
-
+    """E.g. nv-hostengine not running: DcgmReader's Init swallows the refused connection and
+    keeps no handle; the log says so, not "'NoneType' object has no attribute 'handle'"."""
+    dcgm = _FakeDcgm(["GPU-a"])
+    dcgm.down = True
     with caplog.at_level(logging.WARNING, logger="agent.telemetry.dcgm_backend"):
-        assert load_dcgm_backend([1004], 1.0, importer=importer) is None
-    assert "unusable" in caplog.records[0].getMessage()
+        assert load_dcgm_backend([1004], 1.0, importer=dcgm.modules.__getitem__) is None
+    message = caplog.records[0].getMessage()
+    assert "unusable" in message and "nv-hostengine cannot be reached" in message
 
 
 def test_values_are_keyed_by_gpu_uuid_and_nvml_instance_id() -> None:
@@ -64,13 +59,19 @@ def test_values_are_keyed_by_gpu_uuid_and_nvml_instance_id() -> None:
 class _FakeDcgm:
     """DCGM's Python bindings as far as DcgmProfiling uses them: the GPUs by DCGM id, the MIG
     hierarchy (GPU-instance entity id -> parent UUID, NVML GI id) and the values of the
-    entities a reader watches (0.5 for every field of a watched, living instance)."""
+    entities a reader watches (0.5 for every field of a watched GPU DCGM profiles, or of a
+    watched, living instance; no field of a GPU it does not, DCGM's blanks being dropped).
+
+    As NVIDIA's ``DcgmReader`` (testing/python3/DcgmReader.py), a reader neither connects in
+    its constructor nor raises on a refused or lost connection: ``Init`` logs it and keeps no
+    handle, and a read disconnects and answers ``{}``, reconnecting on the next read."""
 
     def __init__(self, uuids: list[str]) -> None:
         self.hierarchy: dict[int, tuple[str, int]] = {}
         self.watches = 0  # readers made to watch entities (one per connect)
         self.unprofiled: set[int] = set()  # DCGM GPU ids it cannot profile
         self.broken = False  # the hierarchy query fails (the hostengine went away)
+        self.down = False  # nv-hostengine unreachable: no connection is made or kept
         self.open = 0  # readers Init()ed and not Shutdown()
         fake = self
 
@@ -80,23 +81,39 @@ class _FakeDcgm:
             ) -> None:
                 self.fields, self.entities = fieldIds, entities or []
                 fake.watches += entities is not None
-                self.m_dcgmHandle = SimpleNamespace(handle=object())
+                self.m_dcgmHandle: Any = None
                 self.m_dcgmGroup = SimpleNamespace(GetGpuIds=lambda: list(range(len(uuids))))
                 self.m_gpuIdToUUId = dict(enumerate(uuids))
 
             def Init(self) -> None:
-                fake.open += 1
+                self._reconnect()
+
+            def _reconnect(self) -> None:
+                if self.m_dcgmHandle is None and not fake.down:
+                    self.m_dcgmHandle = SimpleNamespace(handle=object())
+                    fake.open += 1
 
             def Shutdown(self) -> None:
-                fake.open -= 1
+                if self.m_dcgmHandle is not None:
+                    self.m_dcgmHandle = None
+                    fake.open -= 1
 
             def GetLatestEntityValuesAsFieldIdDict(self) -> dict[int, dict[int, Any]]:
+                self._reconnect()
+                if fake.down:  # CONNECTION_NOT_VALID caught: disconnected, nothing answered
+                    self.Shutdown()
+                    return {}
+                values = {f: 0.5 for f in self.fields}
+                gpus = {e.entityId for e in self.entities if e.entityGroupId == 1}
                 watched = {e.entityId for e in self.entities if e.entityGroupId == 4}
                 alive = watched & set(fake.hierarchy)
-                return {4: {e: {f: 0.5 for f in self.fields} for e in alive}}
+                return {
+                    1: {g: {} if g in fake.unprofiled else dict(values) for g in gpus},
+                    4: {e: dict(values) for e in alive},
+                }
 
         def hierarchy(handle: object) -> SimpleNamespace:
-            if fake.broken:
+            if fake.broken or fake.down:
                 raise RuntimeError("DCGM_ST_CONNECTION_NOT_VALID")
             items = [
                 SimpleNamespace(
@@ -225,3 +242,50 @@ def test_a_reconnect_that_fails_keeps_the_old_watch_and_the_tick(tmp_path: Path)
     node.create_instance(0, "3g.20gb", slot=1)  # a layout change: DCGM is asked again
     assert entity(sampler.tick(), 0, first.id).values[1004] == 0.5
     assert dcgm.open == 1
+
+
+def test_a_gpu_whose_gpm_probe_failed_is_not_called_one_dcgm_must_profile(
+    tmp_path: Path,
+) -> None:
+    """A Hopper GPU whose GPM probe failed once is not a GPU without GPM: DCGM, which does not
+    profile it, must not mark its DCP fields unsupported; GPM serves them once the probe answers."""
+    node = sim_node(tmp_path)
+    node.control.set_workload(0, tensor_active=0.5)
+    dcgm = _FakeDcgm(node.uuids)
+    dcgm.unprofiled = {0}
+    backend = DcgmProfiling(dcgm.modules, [1001, 1004], 1.0)
+    node.control.inject_fault("nvmlGpmQueryDeviceSupport", "UNKNOWN", gpu=0)
+    counters = parse_counters("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, t\n")
+    sampler = node.sampler(counters, profiling=backend)
+    snapshots = [sampler.tick()]
+    for _ in range(3):
+        time.sleep(GPM_WINDOW_S)
+        snapshots.append(sampler.tick())
+    for snapshot in snapshots:
+        assert [s.supported for s in snapshot.support if s.gpu.index == 0] == [True]
+    assert entity(snapshots[-1], 0).values[1004] == pytest.approx(0.5, abs=0.05)
+
+
+def test_a_hostengine_that_stops_answering_degrades_the_dcgm_source_until_it_answers(
+    tmp_path: Path,
+) -> None:
+    """DcgmReader answers {} on a lost connection (it does not raise): the DCP series vanished
+    while gpu_agent_collection_source_up{source="dcgm"} said 1."""
+    node = sim_node(tmp_path, "dgx-a100")  # Ampere: no GPM, DCP fields come from DCGM
+    dcgm = _FakeDcgm(node.uuids)
+    backend = DcgmProfiling(dcgm.modules, [1001, 1004], 0.001)  # read each tick
+    counters = parse_counters(
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, t\nDCGM_FI_DEV_GPU_TEMP, gauge, temp\n"
+    )
+    sampler = node.sampler(counters, profiling=backend)
+    assert entity(sampler.tick(), 0).values[1004] == 0.5
+    dcgm.down = True
+    snapshot = sampler.tick()
+    reason = {s.source: s.degraded for s in snapshot.sources}["dcgm"]
+    assert reason is not None and "no value for any of its GPUs" in reason
+    assert 1004 not in entity(snapshot, 0).values, "absent, never 0"
+    assert 150 in entity(snapshot, 0).values  # DCGM_FI_DEV_GPU_TEMP: NVML goes on
+    dcgm.down = False
+    snapshot = sampler.tick()
+    assert {s.source: s.degraded for s in snapshot.sources}["dcgm"] is None
+    assert entity(snapshot, 0).values[1004] == 0.5

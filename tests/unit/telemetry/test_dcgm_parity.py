@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
+import pynvml
 import pytest
 
 from agent.config import TelemetrySettings
 from agent.gpu import open_driver
 from agent.gpu.sim import SimControl
+from agent.gpu.sim.abi import set_value
 from agent.telemetry.service import build_telemetry
+from dcgm.counters import parse_counters
 from tests.unit.api.support import wait_for
+from tests.unit.telemetry.simnode import sim_node
 
 CSV = """\
 dcgm_gpu_temp, gauge, GPU temperature (in C).
@@ -101,7 +106,47 @@ def test_p2p_status_per_gpu_and_peer(tmp_path: Path) -> None:
     }
     assert got == {("0", "1"), ("1", "0")}
     assert all('link_status="OK"' in r and r.endswith(" 0.0") for r in rows)
-    assert p2p_calls == 2 and before > 0  # read once: topology does not change
+    assert p2p_calls == 2 and before > 0  # not read again every tick (every 30 s)
+
+
+@pytest.mark.parametrize(
+    "noticed_by", ["the 30 s re-read", "a MIG layout change", "the peer answering again"]
+)
+def test_a_p2p_status_that_changes_is_exported_as_it_is_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, noticed_by: str
+) -> None:
+    """Read once at start, the status said OK for the agent's life, whatever NVML answered
+    later (a bridge's links that failed, or did not retrain after a GPU reset)."""
+    node = sim_node(tmp_path, "h100-nvl")  # one bridged pair: GPUs 0 and 1
+    exports = node.driver.nvml.module.nvmlLib._exports
+    board = exports["nvmlDeviceGetP2PStatus"]
+    down = [False]
+
+    def links_down(device1: Any, device2: Any, index: Any, ref: Any) -> Any:
+        ret = board(device1, device2, index, ref)
+        if down[0]:
+            set_value(ref, pynvml.NVML_P2P_STATUS_NOT_SUPPORTED)
+        return ret
+
+    monkeypatch.setitem(exports, "nvmlDeviceGetP2PStatus", links_down)
+    now = [0.0]
+    counters = parse_counters("DCGM_EXP_P2P_STATUS, counter, P2P NvLink status\n")
+    sampler = node.sampler(counters, clock=lambda: now[0])
+    assert {(p.gpu.index, p.peer, p.status) for p in sampler.tick().p2p} == {(0, 1, 0), (1, 0, 0)}
+    down[0] = True
+    if noticed_by == "a MIG layout change":
+        node.create_instance(0, "1g.12gb")
+        now[0] += 1.0
+    elif noticed_by == "the peer answering again":  # e.g. its reads failing while it resets
+        node.control.inject_fault("nvmlDeviceGetMigMode", "UNKNOWN", gpu=1)
+        now[0] += 1.0
+        assert not sampler.tick().p2p, "a link to a peer that does not answer is not known"
+        now[0] += 1.0
+    else:
+        now[0] += 31.0
+    got = {(p.gpu.index, p.peer, p.status) for p in sampler.tick().p2p}
+    not_supported = pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
+    assert got == {(0, 1, not_supported), (1, 0, not_supported)}
 
 
 def test_p2p_status_to_a_lost_peer_is_absent_not_the_ok_read_at_start(tmp_path: Path) -> None:

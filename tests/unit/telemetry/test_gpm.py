@@ -1,4 +1,5 @@
-"""GPM two-sample windows on the simulator: buffers reused, freed, and short windows skipped."""
+"""GPM two-sample windows on the simulator: buffers reused, freed, and short windows skipped;
+whether a GPU has GPM, decided only by what NVML answers."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import AgentError
+from agent.errors import AgentError, DeviceLost
 from agent.gpu.readings import GpmReadout, GpmSample, NodeReader
 from agent.telemetry.gpm import GpmKey, GpmTracker
-from tests.unit.telemetry.simnode import GPM_WINDOW_S, sim_node
+from dcgm.fields import BY_NAME
+from tests.unit.telemetry.simnode import GPM_WINDOW_S, entity, sim_node
 
 TENSOR = 5  # NVML_GPM_METRIC_ANY_TENSOR_UTIL
 
@@ -97,3 +99,43 @@ def test_a_failed_sample_frees_the_entity(tmp_path: Path) -> None:
         tracker.collect(key)
     assert len(tracker) == 0
     assert source.freed == source.allocated
+
+
+def test_the_gpm_probe_says_no_only_when_nvml_does(tmp_path: Path) -> None:
+    node = sim_node(tmp_path)
+    reader = NodeReader(node.driver)
+    reader.gpus()
+    assert reader.gpm_supported(0)
+    node.control.inject_fault("nvmlGpmQueryDeviceSupport", "NOT_SUPPORTED", gpu=0)
+    assert not reader.gpm_supported(0)
+    node.control.inject_fault("nvmlGpmQueryDeviceSupport", "UNKNOWN", gpu=0)
+    with pytest.raises(AgentError) as failed:
+        reader.gpm_supported(0)
+    assert not isinstance(failed.value, DeviceLost)
+    node.control.inject_fault("nvmlGpmQueryDeviceSupport", "GPU_IS_LOST", gpu=0)
+    with pytest.raises(DeviceLost):
+        reader.gpm_supported(0)
+
+
+def test_a_failed_gpm_probe_is_asked_again_not_taken_for_a_gpu_without_gpm(
+    tmp_path: Path,
+) -> None:
+    tensor = BY_NAME["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"].id
+    node = sim_node(tmp_path)
+    for gpu in (0, 1):
+        node.control.set_workload(gpu, tensor_active=0.5)
+    node.control.inject_fault("nvmlGpmQueryDeviceSupport", "UNKNOWN", gpu=0)
+    sampler = node.sampler()
+    first = sampler.tick()
+    # Unknown meanwhile: no value, and not refused (no "no GPM" for the agent's life).
+    assert tensor not in entity(first, 0).values
+    assert {(s.gpu.index, s.supported) for s in first.support if s.field_id == tensor} >= {
+        (0, True)
+    }
+    assert dict(node.stats.view().errors).get("nvml", 0) >= 1
+    snapshot = first
+    for _ in range(3):
+        time.sleep(GPM_WINDOW_S)
+        snapshot = sampler.tick()
+    assert entity(snapshot, 0).values[tensor] == pytest.approx(0.5, abs=0.05)
+    assert entity(snapshot, 1).values[tensor] == pytest.approx(0.5, abs=0.05)

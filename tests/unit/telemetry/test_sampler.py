@@ -8,9 +8,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from agent.gpu.readings import NodeReader
+from agent.gpu.sim import sym_fields
 from agent.gpu.xid_events import XidEvents
 from agent.telemetry.exporter import MetricsExporter
 from agent.telemetry.xid import XidWatcher
@@ -222,6 +224,59 @@ def test_lost_gpu_is_marked_down_and_the_others_keep_reporting(tmp_path: Path) -
     assert dict(node.stats.view().errors) == {"gpu_lost": 1}
     sampler.tick()
     assert dict(node.stats.view().errors) == {"gpu_lost": 1}, "counted once per loss"
+
+
+def _field_answers(monkeypatch: pytest.MonkeyPatch, field: int, gpu: int, codes: list[int]) -> None:
+    """Field ``field`` of GPU ``gpu`` answers the NVML return codes ``codes`` in its own
+    ``nvmlReturn`` (the call as a whole succeeds, as nvml.h says), then as the board does."""
+    board = sym_fields._FIELDS[field]
+
+    def read(t, scope, totals):  # type: ignore[no-untyped-def]
+        return codes.pop(0) if t.gpu.index == gpu and codes else board(t, scope, totals)
+
+    monkeypatch.setitem(sym_fields._FIELDS, field, read)
+
+
+@pytest.mark.parametrize("failing", ["field", "call"])
+def test_a_failed_nvlink_link_count_is_asked_again_not_taken_for_no_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """One transient error on the link count (its field's return code, or the call's) made the
+    GPU "have no NVLink links" for the agent's life: its NVLink bandwidth never came back."""
+    bandwidth = F["DEV_NVLINK_BANDWIDTH_TOTAL"]
+    node = sim_node(tmp_path)
+    if failing == "field":
+        link_count = pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT
+        _field_answers(monkeypatch, link_count, 0, [pynvml.NVML_ERROR_UNKNOWN])
+    else:  # the GPU's first field-values call of the tick asks the link count
+        node.control.inject_fault("nvmlDeviceGetFieldValues", "UNKNOWN", gpu=0)
+    node.control.set_workload(0, nvlink_tx_bytes_per_s=2e10, nvlink_rx_bytes_per_s=1e10)
+    sampler = node.sampler()
+    first = sampler.tick()
+    assert bandwidth not in entity(first, 0).values
+    assert [r.supported for r in first.support if r.field_id == bandwidth and r.gpu.index == 0] == [
+        True
+    ]
+    assert dict(node.stats.view().errors).get("nvml", 0) >= 1
+    snapshot = first
+    for _ in range(2):
+        time.sleep(GPM_WINDOW_S)
+        snapshot = sampler.tick()
+    mb_per_s = 3e10 / 1_024_000  # DCGM's "MB/s"
+    assert entity(snapshot, 0).values[bandwidth] == pytest.approx(mb_per_s, rel=0.02)
+
+
+@pytest.mark.parametrize(
+    "field", [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, pynvml.NVML_FI_DEV_MEMORY_TEMP]
+)
+def test_a_field_answering_gpu_is_lost_marks_the_gpu_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: int
+) -> None:
+    _field_answers(monkeypatch, field, 3, [pynvml.NVML_ERROR_GPU_IS_LOST])
+    node = sim_node(tmp_path)
+    snapshot = node.sampler().tick()
+    assert {s.gpu.index: s.up for s in snapshot.gpus} == {i: i != 3 for i in range(8)}
+    assert dict(node.stats.view().errors) == {"gpu_lost": 1}
 
 
 def test_ampere_without_dcgm_marks_profiling_unsupported_and_keeps_nvml_fields(
