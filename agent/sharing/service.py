@@ -6,7 +6,7 @@ write and reload. A refused change writes nothing; an unchanged one neither writ
 
 Which of the two a change goes to is the node's allocation mode, read from the ``allocation``
 callable on every call (`agent.dra.mode.Allocation`; the detection lives in agent/dra): ``dra``
-and ``dra-dynamic-mig`` render the spec as DeviceClasses (`agent.sharing.dra`), ``unknown``
+and ``dra-dynamic-mig`` render the spec as DeviceClasses (`agent.sharing.dra_service`), ``unknown``
 refuses every change naming the mode, and the others (``device-plugin``, ``none``) write the
 plugin's file as before. Without a callable the mode is ``none``: the plugin's file.
 """
@@ -34,9 +34,9 @@ from agent.errors import (
 from agent.gpu.types import GpuLayout
 from agent.kube import KubeClient
 from agent.kube_watch import Informer
-from agent.sharing import dra, dra_api, pidns, strategy
+from agent.sharing import pidns, strategy
 from agent.sharing.advertise import Advertised, advertise
-from agent.sharing.dra_kube import DeviceClasses, DraKube
+from agent.sharing.dra_service import DraSharing
 from agent.sharing.reload import (
     PluginProcess,
     Reloader,
@@ -56,8 +56,6 @@ from agent.sharing.store import ConfigStore, parse_file
 from agent.sharing.validate import validate, violations
 from agent.sharing.view import (
     ApplyResult,
-    DraObject,
-    DraView,
     Pickup,
     ReloadReport,
     SharingView,
@@ -88,15 +86,6 @@ def no_detection() -> Allocation:
     return Allocation(AllocationMode.NONE, "no allocation-mode detection wired")
 
 
-#: A class listing this node that the node's spec does not name: a change cut off part-way.
-_UNNAMED = (
-    "DeviceClass lists this node, but the spec set on this node does not name it (left by a "
-    "change that failed part-way?): run that share command again, or share clear"
-)
-
-_STATE = {"create": "created", "update": "updated", "delete": "deleted", "unchanged": "unchanged"}
-
-
 class SharingService:
     def __init__(
         self,
@@ -121,7 +110,6 @@ class SharingService:
         DRA node's show reads (`agent.sharing.dra_kube`); without one each show lists them.
         ``namespace_proc``: the /proc whose self/ns/pid says the agent's PID namespace (without
         hostPID the plugin is not seen: `pidns`), ``proc`` unless given (the simulator's)."""
-        self._device_classes = device_classes
         self._gpus_unread = gpus_unread
         self._gpus_lost = gpus_lost
         self._settings = settings
@@ -133,15 +121,13 @@ class SharingService:
         self._node_name = node_name
         self._clock = clock
         self._store = ConfigStore(settings.config_path)
-        #: On DRA nodes: the spec as last set (for show and rollback), beside the plugin's file.
-        self._dra_store = ConfigStore(
-            settings.config_path.with_name(settings.config_path.name + ".dra")
-        )
+        #: On DRA nodes: the DeviceClasses, and the spec as last set beside the plugin's file.
+        self._dra = DraSharing(settings.config_path, kube, node_name, clock, device_classes)
 
     def show(self) -> SharingView:
         allocation = self._allocation()
         if allocation.mode.is_dra:
-            return self._dra_show(allocation)
+            return self._dra.show(allocation)
         raw = self._store.read()
         config = self._parse_current(raw)
         layouts = self._layouts()
@@ -275,7 +261,7 @@ class SharingService:
                     f"allocation mode {allocation.mode.value}: no device plugin, so no MIG "
                     "strategy of its own to set; set the sharing spec (docs/dra.md)"
                 )
-            return self._dra_set(allocation, requested)
+            return self._dra.set(allocation, requested)
         self._require_gpus("set")
         reloader = self._reloader()
         with self._store.lock():
@@ -296,7 +282,7 @@ class SharingService:
         node: this node leaves the agent's DeviceClasses (the last node out deletes them)."""
         allocation = self._mode_for_change()
         if allocation.mode.is_dra:
-            return self._dra_clear(allocation)
+            return self._dra.clear(allocation)
         reloader = self._reloader()
         with self._store.lock():
             current = self._parse_current(self._store.read())
@@ -309,7 +295,7 @@ class SharingService:
         flag other than ``migStrategy`` or another section."""
         allocation = self._mode_for_change()
         if allocation.mode.is_dra:
-            return self._dra_rollback(allocation)
+            return self._dra.rollback(allocation)
         self._require_gpus("rollback")
         reloader = self._reloader()
         with self._store.lock():
@@ -456,149 +442,6 @@ class SharingService:
                 "node's mode is known (device plugin or DRA); retry when it is"
             )
         return allocation
-
-    # -- DRA ------------------------------------------------------------------------------------
-
-    def _dra_classes(self) -> tuple[DeviceClasses, str]:
-        if not isinstance(self._kube, DraKube):
-            raise NotSupported(
-                "sharing on a DRA node writes DeviceClasses: the agent has no Kubernetes API "
-                "client here (run it in the cluster, or give it a kubeconfig)"
-            )
-        if not self._node_name:
-            raise NotSupported("sharing on a DRA node needs the agent's node name (node_name)")
-        return DeviceClasses(self._kube, self._device_classes), self._node_name
-
-    def _dra_set(self, allocation: Allocation, requested: PluginConfig) -> ApplyResult:
-        planned = dra.plan(requested, allocation)  # InvalidSpec before anything is touched
-        desired = PluginConfig(sharing=requested.sharing, flags=requested.flags)
-        return self._dra_apply("set", allocation, planned, desired)
-
-    def _dra_clear(self, allocation: Allocation) -> ApplyResult:
-        return self._dra_apply("clear", allocation, dra.DraPlan((), ()), PluginConfig())
-
-    def _dra_rollback(self, allocation: Allocation) -> ApplyResult:
-        with self._dra_store.lock():
-            previous_raw = self._dra_store.read_previous()
-        if previous_raw is None:
-            raise NotFound(
-                f"no previous spec at {self._dra_store.previous_path}: nothing to roll back to"
-            )
-        previous = parse_file(previous_raw, self._dra_store.previous_path)
-        if previous.sharing == Sharing():
-            return self._dra_apply("rollback", allocation, dra.DraPlan((), ()), previous)
-        try:
-            planned = dra.plan(previous, allocation)
-        except InvalidSpec as exc:
-            raise InvalidSpec(
-                "cannot roll back: the previous spec is refused on this node now", exc.violations
-            ) from exc
-        return self._dra_apply("rollback", allocation, planned, previous)
-
-    def _dra_apply(
-        self, action: str, allocation: Allocation, planned: dra.DraPlan, spec: PluginConfig
-    ) -> ApplyResult:
-        classes, node = self._dra_classes()
-        with self._dra_store.lock():
-            changes = dra.reconcile(planned.classes, classes.listed(), node)  # Conflict: no write
-            done = classes.apply(changes, planned.classes, node)
-            data = render(spec).encode()
-            current = self._dra_store.read()
-            wrote = current != data and not (current is None and spec == PluginConfig())
-            if wrote:
-                if action == "rollback":
-                    self._dra_store.swap_with_previous(data)
-                else:
-                    self._dra_store.write(data)
-                self._dra_store.write_status(
-                    StatusRecord(action, _sha256(data), self._clock(), None).to_json()
-                )
-        objects = tuple(
-            DraObject("DeviceClass", c.name, _STATE[c.action], c.body)
-            for c in done
-            if c.action != "unchanged" or c.name in {s.name for s in planned.classes}
-        )
-        changed = wrote or any(c.action != "unchanged" for c in done)
-        return ApplyResult(
-            action,
-            changed,
-            self._dra_store.path,
-            spec,
-            (),
-            None,
-            DraView(allocation, objects, planned.notes),
-        )
-
-    def _dra_show(self, allocation: Allocation) -> SharingView:
-        raw = self._dra_store.read()
-        config = parse_file(raw, self._dra_store.path)
-        status_raw = self._dra_store.read_status()
-        status = StatusRecord.from_json(status_raw) if status_raw is not None else None
-        last_write = (
-            status
-            if status is not None and raw is not None and (status.sha256 == _sha256(raw))
-            else None
-        )
-        problems: list[FieldViolation] = []
-        notes: tuple[FieldViolation, ...] = ()
-        wanted: dict[str, dra.SharedClass] = {}
-        if config.sharing != Sharing():
-            try:
-                planned = dra.plan(config, allocation)
-            except InvalidSpec as exc:
-                problems += exc.violations
-            else:
-                notes = planned.notes
-                wanted = {s.name: s for s in planned.classes}
-        objects: list[DraObject] = []
-        error = ""
-        try:
-            classes, node = self._dra_classes()
-            found = {str(o["metadata"].get("name")): o for o in classes.owned()}
-        except AgentError as exc:
-            error = str(exc)
-        else:
-            for name in sorted(
-                set(wanted) | {n for n, o in found.items() if node in dra.nodes_of(o)}
-            ):
-                obj = found.get(name)
-                want = wanted.get(name)
-                if obj is None:
-                    objects.append(DraObject("DeviceClass", name, "missing", {}))
-                    problems.append(
-                        FieldViolation(name, "DeviceClass missing: run share set again")
-                    )
-                    continue
-                state = "present"
-                if want is None:
-                    state = "differs"
-                    problems.append(FieldViolation(name, _UNNAMED))
-                elif not dra.same_spec(obj, dra.class_spec(want)):
-                    state = "differs"
-                    problems.append(
-                        FieldViolation(name, "DeviceClass differs from the spec set on this node")
-                    )
-                for entry in (obj.get("spec") or {}).get("config") or []:
-                    opaque = entry.get("opaque") if isinstance(entry, dict) else None
-                    if isinstance(opaque, dict) and opaque.get("driver") == dra_api.DRIVER:
-                        problems += dra_api.violations(
-                            opaque.get("parameters"), f"{name}.spec.config.opaque.parameters"
-                        )
-                objects.append(DraObject("DeviceClass", name, state, obj))
-        return SharingView(
-            config_path=self._dra_store.path,
-            exists=raw is not None,
-            config=config,
-            advertised=(),
-            problems=tuple(problems),
-            pickup=Pickup(
-                "unknown",
-                f"allocation mode {allocation.mode.value}: no device plugin to load it; the DRA "
-                "driver reads a DeviceClass's config when it prepares a claim",
-            ),
-            last_write=last_write,
-            dra=DraView(allocation, tuple(objects), notes, error),
-        )
 
     def _parse_current(self, raw: bytes | None) -> PluginConfig:
         return parse_file(raw, self._store.path)
