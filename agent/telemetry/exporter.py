@@ -278,6 +278,7 @@ def own_families(counters: CounterSet, native: bool) -> list[str]:
     names = [
         "gpu_agent_gpu",
         "gpu_agent_gpu_up",
+        "gpu_agent_gpu_read",
         "gpu_agent_xid_errors",
         "gpu_agent_idle_seconds",
         "gpu_agent_pod_memory_used_bytes",
@@ -447,10 +448,20 @@ def _agent_families(snapshot: Snapshot, naming: Naming, rows: list[_Row]) -> Ite
         "1 when the GPU answers NVML, 0 when it is lost; absent for one not read yet (unknown).",
         "gauge",
     )
+    read = Metric(
+        "gpu_agent_gpu_read",
+        "1 when the GPU's layout and processes were read this tick, 0 when not (lost, or the "
+        "call failed: gpu-agent status names it); the one series of a GPU never read.",
+        "gauge",
+    )
     for status in snapshot.gpus:
+        labels = naming.gpu(status.gpu)
         if status.up is not None:  # a GPU never read is not known to work
-            up.samples.append(Sample(up.name, naming.gpu(status.gpu), float(status.up)))
+            up.samples.append(Sample(up.name, labels, float(status.up)))
+        fresh = status.up is True and not status.unread
+        read.samples.append(Sample(read.name, labels, 1.0 if fresh else 0.0))
     yield up
+    yield read
 
     xids = Metric("gpu_agent_xid_errors", "XID errors seen since the agent started.", "counter")
     first = Metric(

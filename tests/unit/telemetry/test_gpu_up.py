@@ -45,10 +45,14 @@ def test_a_gpu_never_read_has_no_up_series_nor_field_support_until_it_answers(
     assert "0" not in _series(node, sampler, "gpu_agent_field_supported")
     assert snapshot.serving() == 7
     assert [g.gpu_index for g in snapshot_pb(snapshot).gpus] == list(range(1, 8))
+    # Its one series, for GpuAgentGpuNotRead: a GPU nobody can read is not left unsaid.
+    read = _series(node, sampler, "gpu_agent_gpu_read")
+    assert read == {"0": [0.0]} | {str(i): [1.0] for i in range(1, 8)}
 
     node.control.clear_faults()
     snapshot = sampler.tick()
     assert _series(node, sampler, "gpu_agent_gpu_up")["0"] == [1.0]
+    assert _series(node, sampler, "gpu_agent_gpu_read")["0"] == [1.0]
     assert _series(node, sampler, "gpu_agent_field_supported")["0"]
     assert snapshot.serving() == 8
 
