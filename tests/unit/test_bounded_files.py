@@ -130,6 +130,9 @@ def test_demand_trace_csv_rows_and_fields_are_bounded(tmp_path: Path) -> None:
     path.write_text('time,profile,count\n0,1g.10gb,"' + "9" * 200_000 + '"\n')
     with pytest.raises(InvalidSpec):
         load_trace(path)
-    path.write_text("time,profile,count\n0,1g.10gb," + "9" * 5000 + "\n")
+    path.write_text("time,profile,count\n0,1g.10gb," + "9" * 4000 + "\n")  # under the field cap
     with pytest.raises(InvalidSpec, match="integer"):
+        load_trace(path)
+    path.write_text("time,profile,count\n0,1g.10gb," + "9" * 5000 + "\n")
+    with pytest.raises(InvalidSpec, match=r"line 2\.count: longer than 4096 characters"):
         load_trace(path)
