@@ -320,7 +320,8 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
         self._service.refuse_by_mode("mig apply")  # before any operation exists (docs/dra.md)
         await self._refuse_while_running(request.request_id)
         # A change another coordinator's live claim covers is refused (the node is the arbiter).
-        self._claims.admit(request.claim_holder, await self._running())
+        caller = actor_of(context, Role.MIG)
+        self._claims.admit(request.claim_holder, await self._running(), caller.identity)
         # Plan first: an infeasible layout or busy GPUs are refused by the call, before any
         # operation exists (the apply checks again under the lock).
         plan = await asyncio.to_thread(
@@ -343,7 +344,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
             suspend=True,
             settle=self._settle,
         )
-        op = await self._start(request.request_id, request, work, actor_of(context, Role.MIG))
+        op = await self._start(request.request_id, request, work, caller)
         self._claims.bind(request.claim_holder, op.name)
         return mig_pb2.ApplyMigResponse(operation=op)
 
@@ -356,6 +357,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
             request.max_unavailable,
             request.ttl_seconds,
             await self._running(),
+            actor_of(context, Role.MIG).identity,
         )
         return mig_pb2.ClaimMigResponse(claim=self._claim_pb(claim))
 
@@ -370,7 +372,10 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
     async def ReleaseMigClaim(
         self, request: mig_pb2.ReleaseMigClaimRequest, context: grpc.aio.ServicerContext
     ) -> mig_pb2.ReleaseMigClaimResponse:
-        return mig_pb2.ReleaseMigClaimResponse(released=self._claims.release(request.holder))
+        caller = actor_of(context, Role.MIG).identity
+        return mig_pb2.ReleaseMigClaimResponse(
+            released=self._claims.release(request.holder, caller)
+        )
 
     async def _running(self) -> set[str]:
         return {operation_name(op.id) for op in await self._runner.list(MIG_APPLY, False, 10)}

@@ -6,6 +6,10 @@ lives ``ttl`` seconds by the agent's own clock, or, once an apply binds it, unti
 operation ends: the agent, not the coordinator, keeps it alive through the change, so a
 coordinator that dies mid-change still leaves the node counted. A restart forgets claims;
 an apply the restart finishes is running, and a running apply counts as a claim.
+
+A claim belongs to the caller that took it (its identity: a certificate's SAN, or ``local``):
+the holder is a name a caller gives, so another caller naming it may neither renew, release nor
+apply under it (docs/security.md).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from agent.errors import Busy, Claimed, FieldViolation, InvalidSpec
+from agent.errors import Busy, Claimed, FieldViolation, InvalidSpec, PermissionDenied
 
 __all__ = ["DEFAULT_TTL_S", "MAX_TTL_S", "Claim", "ClaimBook"]
 
@@ -33,6 +37,8 @@ class Claim:
     expires_at: float
     #: the mig.apply operation bound to it (it lives while that runs)
     operation: str = ""
+    #: the identity of the caller that took it ("" for a running apply no claim names)
+    caller: str = ""
 
 
 def _text(value: str, field: str, *, required: bool = False) -> str:
@@ -75,9 +81,16 @@ class ClaimBook:
         return None
 
     def take(
-        self, holder: str, rollout: str, max_unavailable: str, ttl_s: int, running: set[str]
+        self,
+        holder: str,
+        rollout: str,
+        max_unavailable: str,
+        ttl_s: int,
+        running: set[str],
+        caller: str,
     ) -> Claim:
-        """Claim (or renew) for ``holder``; Busy naming who is in the way otherwise."""
+        """Claim (or renew) for ``holder``, by ``caller``; Busy naming who is in the way
+        otherwise."""
         _text(holder, "holder", required=True)
         _text(rollout, "rollout")
         _text(max_unavailable, "max_unavailable")
@@ -90,32 +103,38 @@ class ClaimBook:
             claim = self._live(running)
             if claim is not None and claim.holder != holder:
                 raise Claimed(f"the node is claimed by {claim.holder} (rollout {claim.rollout})")
+            _refuse_another_caller(claim, caller)
             if claim is not None and claim.operation:
                 return claim  # its change runs: the claim ends with it
             if running:
                 op = sorted(running)[0]
                 raise Busy(f"MIG apply {op} is running; the node is changing", [op])
             expires = self._clock() + (ttl_s or DEFAULT_TTL_S)
-            self._claim = Claim(holder, rollout, max_unavailable, expires)
+            self._claim = Claim(holder, rollout, max_unavailable, expires, caller=caller)
             return self._claim
 
-    def release(self, holder: str) -> bool:
-        """Drop ``holder``'s unbound claim; a bound one ends with its operation."""
+    def release(self, holder: str, caller: str) -> bool:
+        """Drop ``holder``'s unbound claim, when ``caller`` took it; a bound one ends with its
+        operation."""
         with self._lock:
             c = self._claim
             if c is None or c.holder != holder or c.operation:
                 return False
+            _refuse_another_caller(c, caller)
             self._claim = None
             return True
 
-    def admit(self, holder: str, running: set[str]) -> None:
-        """May an apply by ``holder`` ("" for none) start now? Busy saying why not."""
+    def admit(self, holder: str, running: set[str], caller: str) -> None:
+        """May an apply by ``caller`` under ``holder``'s claim ("" for none) start now? Busy
+        saying why not."""
         with self._lock:
             claim = self._live(running)
         if claim is not None and claim.holder != holder:
             raise Claimed(f"the node is claimed by {claim.holder} (rollout {claim.rollout})")
         if holder and claim is None:
             raise Claimed(f"no live claim by {holder}: claim the node again (ClaimMig) first")
+        if holder:
+            _refuse_another_caller(claim, caller)
 
     def bind(self, holder: str, operation: str) -> None:
         """Tie ``holder``'s claim to the operation its apply started."""
@@ -123,3 +142,12 @@ class ClaimBook:
             c = self._claim
             if holder and c is not None and c.holder == holder:
                 self._claim = replace(c, operation=operation)
+
+
+def _refuse_another_caller(claim: Claim | None, caller: str) -> None:
+    """A holder's name is the caller's word: the claim is only its taker's to use."""
+    if claim is not None and claim.caller and claim.caller != caller:
+        raise PermissionDenied(
+            f"the claim of {claim.holder} was taken by another caller: only it may renew, "
+            "release or apply under it"
+        )

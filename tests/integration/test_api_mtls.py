@@ -515,6 +515,39 @@ def test_a_prewarm_team_prewarms_but_cannot_reconfigure_gpus(
         assert denied_methods(channel) == needing(Role.READ, Role.MIG)
 
 
+def test_a_mig_claim_is_its_takers_alone(agent: AgentProcess, pki: Pki) -> None:
+    """A claim's holder is a name the caller gives: any mig caller naming the coordinator's
+    holder could release its claim, renew it, or apply under it mid-rollout, and so break
+    the coordinator's max-unavailable. The claim is bound to the identity that took it."""
+    claim = mig_pb2.ClaimMigRequest(holder="coord-a", rollout="r1", ttl_seconds=60)
+    with mtls(agent, pki, "coordinator") as channel:
+        mig_pb2_grpc.MigServiceStub(channel).ClaimMig(claim, timeout=10)
+    try:
+        with mtls(agent, pki, "mig_operator") as channel:
+            mig = mig_pb2_grpc.MigServiceStub(channel)
+            release = mig_pb2.ReleaseMigClaimRequest(holder="coord-a")
+            apply = mig_pb2.ApplyMigRequest(
+                config_yaml=MIG_CONFIG, config_name="all-disabled", claim_holder="coord-a"
+            )
+            for call in (
+                lambda: mig.ReleaseMigClaim(release, timeout=10),
+                lambda: mig.ClaimMig(claim, timeout=10),
+                lambda: mig.ApplyMig(apply, timeout=10),
+            ):
+                with pytest.raises(grpc.RpcError) as caught:
+                    call()
+                assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                assert "taken by another caller" in (caught.value.details() or "")
+            held = mig.GetMigClaim(mig_pb2.GetMigClaimRequest(), timeout=10)
+            assert held.claim.holder == "coord-a" and not held.claim.operation
+    finally:
+        with mtls(agent, pki, "coordinator") as channel:
+            done = mig_pb2_grpc.MigServiceStub(channel).ReleaseMigClaim(
+                mig_pb2.ReleaseMigClaimRequest(holder="coord-a"), timeout=10
+            )
+    assert done.released
+
+
 def test_process_lists_are_shown_to_mig_and_admin_only(agent: AgentProcess, pki: Pki) -> None:
     control = SimControl(agent.state_dir)
     control.start_process(4242, 0, used_memory_mib=2048)

@@ -14,6 +14,9 @@ from agent.coordinator.rollout.record import RolloutRecord
 from agent.errors import AgentError
 from agent.mig.claim import ClaimBook
 
+#: the coordinators' identity: replicas of one Deployment share its certificate
+COORDINATORS = "spiffe://cluster.local/ns/gpu-agent/sa/gpu-agent-coordinator"
+
 
 class Agent:
     """A fake agent's claim calls, served by the agent's own claim book."""
@@ -23,7 +26,7 @@ class Agent:
         self.down = False
 
     async def claim_mig(self, holder: str, rollout: str, max_unavailable: str) -> Any:
-        return self.book.take(holder, rollout, max_unavailable, 0, set())
+        return self.book.take(holder, rollout, max_unavailable, 0, set(), COORDINATORS)
 
     async def mig_claim(self) -> mig_pb2.MigClaim | None:
         if self.down:
@@ -32,7 +35,7 @@ class Agent:
         return None if claim is None else mig_pb2.MigClaim(holder=claim.holder)
 
     async def release_mig_claim(self, holder: str) -> bool:
-        return self.book.release(holder)
+        return self.book.release(holder, COORDINATORS)
 
 
 class Notes:
@@ -59,14 +62,14 @@ def setup(names: list[str]) -> tuple[dict[str, Agent], Fleet, RolloutRecord]:
 
 def test_a_taken_budget_releases_the_claim_and_retries_after_a_jittered_pause() -> None:
     agents, fleet, record = setup(["n1", "n2", "n3"])
-    agents["n2"].book.take("other", "r0", "1", 0, set())  # another coordinator's change
+    agents["n2"].book.take("other", "r0", "1", 0, set(), COORDINATORS)  # another's change
     pauses: list[float] = []
 
     async def sleep(seconds: float) -> None:
         pauses.append(seconds)
         assert agents["n1"].book.current(set()) is None  # released while it waits
         if len(pauses) == 2:
-            agents["n2"].book.release("other")  # the other's change ended
+            agents["n2"].book.release("other", COORDINATORS)  # the other's change ended
 
     notes = Notes()
     scope = cast(Any, {n: n for n in agents})
