@@ -57,7 +57,7 @@ Progress = Callable[[ProgressEvent], None]
 
 
 def _ignore(_: ProgressEvent) -> None:
-    pass
+    """No one watches this apply's progress."""
 
 
 class Executor:

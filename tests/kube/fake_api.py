@@ -259,7 +259,7 @@ class FakeKubeApi:
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, format: str, *args: object) -> None:
-                pass
+                """Quiet: tests read ``requests``, not the server's log."""
 
             def do_GET(self) -> None:
                 api._handle(self)

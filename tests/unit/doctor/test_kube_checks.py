@@ -31,7 +31,7 @@ class Api:
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, format: str, *args: object) -> None:
-                pass
+                """Quiet: the test reads the requests, not the server's log."""
 
             def _send(self, obj: object) -> None:
                 body = json.dumps(obj).encode()

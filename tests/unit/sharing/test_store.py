@@ -36,7 +36,7 @@ def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temp_file(tmp_path
     path.write_bytes(b"old")
 
     class Interrupted(Exception):
-        pass
+        """The write stopped part-way."""
 
     def fail(written: int) -> None:
         raise Interrupted
