@@ -39,6 +39,11 @@ class ProgressFn(Protocol):
 
 CancelledFn = Callable[[], bool]
 
+
+def no_progress(done: int, total: int | None, /, *, retrying: str = "") -> None:
+    """For a fetch whose progress nobody watches (a listing, a manifest)."""
+
+
 _BUF = 1024 * 1024
 _REDIRECTS = (301, 302, 303, 307, 308)
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")

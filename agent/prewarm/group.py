@@ -26,7 +26,7 @@ from urllib.parse import quote
 
 from agent.errors import FieldViolation, InvalidSpec
 from agent.prewarm.errors import FetchFailed
-from agent.prewarm.fetch_http import CancelledFn, FetchSpec
+from agent.prewarm.fetch_http import CancelledFn, FetchSpec, no_progress
 from agent.prewarm.policy import redact_url
 
 MAX_FILES = 10_000
@@ -234,7 +234,7 @@ def list_group(
     """Read and parse the listing through ``fetcher`` (a direct `HttpFetcher`)."""
     url = listing_url(endpoint, repo, revision)
     sink = MemorySink()
-    fetcher.fetch(FetchSpec(url, headers), sink, lambda done, total: None, cancelled)
+    fetcher.fetch(FetchSpec(url, headers), sink, no_progress, cancelled)
     try:
         data = json.loads(sink.getvalue())
     except ValueError:

@@ -152,6 +152,19 @@ def test_a_model_larger_than_the_budget_is_refused_before_any_file(
     assert not [r for r in origin.requests if "/resolve/" in r.path]
 
 
+def test_a_listing_cut_short_once_is_fetched_again(tmp_path: Path, origin: Origin) -> None:
+    """The listing's fetch retries a dropped connection as a file's does: a retry there said
+    its progress to a callback that took no retry note, and the model failed "internal
+    error: TypeError"."""
+    endpoint, _ = hub.publish(origin, REPO, snapshot(shards=2))
+    origin.faults.drop_after[f"/api/models/{REPO}/revision/main"] = 10
+    svc = make_service(tmp_path)
+    item = svc.run(svc.submit(GroupRequest(REPO, endpoint=endpoint)).id)
+    assert item.state is ItemState.READY, item.error
+    listed = [r for r in origin.requests if r.path.startswith(f"/api/models/{REPO}/")]
+    assert len(listed) == 2  # cut, then whole
+
+
 def test_a_failed_shard_is_retried_alone_from_its_partial(tmp_path: Path, origin: Origin) -> None:
     files = snapshot(shards=4)
     endpoint, commit = hub.publish(origin, REPO, files)
