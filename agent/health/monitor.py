@@ -219,7 +219,7 @@ class HealthMonitor:
                 for signal in reading_signals(readings.values, now):
                     self._gpu_wide(uuid, signal, instances, apply_read)
             self._unread = unread
-            up = {uuids[s.gpu.index] for s in snapshot.gpus if s.up is not False}
+            up = {uuids[s.gpu.index] for s in snapshot.gpus if s.up}  # None: never answered
             for target, mark in list(self._marks.items()):
                 if target.gpu_uuid not in up or target.gpu_uuid in self._unread:
                     continue  # nothing is known of a GPU that does not answer or is not read
@@ -270,8 +270,9 @@ class HealthMonitor:
         """GPU UUID -> the evidence this snapshot brings that a mark's action was taken: the
         agent reset it, or it answers for the first time since a reboot."""
         taken = dict.fromkeys(resets, RESET)
-        listed = {uuids[s.gpu.index]: s.up is not False for s in snapshot.gpus}
-        judged = self._before_boot & listed.keys()
+        listed = {uuids[s.gpu.index]: s.up for s in snapshot.gpus}
+        # Judged once it answers or is lost; one not read since the start waits for either.
+        judged = {u for u in self._before_boot if listed.get(u) is not None}
         self._before_boot -= judged
         taken.update({uuid: REBOOTED for uuid in judged if listed[uuid]})
         return taken

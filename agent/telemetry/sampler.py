@@ -29,6 +29,7 @@ from agent.telemetry.reader import Frame, Part, Reader, merge
 from agent.telemetry.snapshot import (
     Entity,
     EntitySample,
+    GpuStatus,
     HealthReadings,
     InstanceIdentity,
     Snapshot,
@@ -197,7 +198,7 @@ class Sampler:
             # read whatever it supports.
             support=self._support.rows(tuple(frame.gpus[i] for i in sorted(answered))),
             layouts=self._topology.placed(),
-            health=_health(frame, answered, early),
+            health=_health(frame, answered, early, gpus),
             sources=tuple(statuses),
         )
         self._support.report()
@@ -285,18 +286,26 @@ def _entities(
 
 
 def _health(
-    frame: Frame, answered: Mapping[int, MigLayout], early: Part
+    frame: Frame,
+    answered: Mapping[int, MigLayout],
+    early: Part,
+    statuses: Sequence[GpuStatus],
 ) -> tuple[HealthReadings, ...]:
-    """The health readings of each GPU that is up: those read, and which calls failed (a GPU
-    whose collection failed this tick is up and read nothing: said so, for the marks to hold)."""
+    """The health readings of each GPU that is not lost: those read, and which calls failed.
+    A GPU that did not answer this tick (its collection or its layout failed, or it never
+    answered) read nothing: said so, for its marks to hold and for none to be made for it."""
     out = [
         HealthReadings(frame.gpus[i], early.health[i], early.health_unread.get(i, ""))
         for i in answered
         if i in early.health
     ]
     out += [
-        HealthReadings(frame.gpus[i], MappingProxyType({}), why)
-        for i, why in sorted(early.health_unread.items())
-        if i in early.failed and i not in early.lost
+        HealthReadings(
+            frame.gpus[i],
+            MappingProxyType({}),
+            early.health_unread.get(i) or s.unread or "not read this tick",
+        )
+        for s in statuses
+        if (i := s.gpu.index) not in answered and s.up is not False
     ]
     return tuple(out)

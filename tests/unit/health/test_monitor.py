@@ -202,3 +202,32 @@ def test_while_the_driver_is_away_no_gpu_has_a_health_series_and_the_marks_are_k
     away[0] = None
     rows = {(s.labels["state"], s.value) for f in collector.collect() for s in f.samples}
     assert rows == {("healthy", 1.0), ("degraded", 0.0), ("failed", 0.0)}
+
+
+def test_a_gpu_whose_layout_does_not_read_is_neither_judged_nor_cleared(tmp_path: Path) -> None:
+    """The sampler said nothing of a GPU whose MIG-mode call failed (no health readings at
+    all), so the monitor judged it healthy from the start, and a failed mark on it cleared
+    after its hold-down though nothing of it was read. It is unread: no verdict, no clear."""
+    from tests.unit.telemetry.simnode import sim_node
+
+    node = sim_node(tmp_path / "never")
+    uuid = node.uuids[0]
+    node.control.inject_fault("nvmlDeviceGetMigMode", "UNKNOWN", gpu=0, count=1000)
+    sampler, monitor = node.sampler(), HealthMonitor(Policy(), None)
+    for _ in range(2):
+        monitor.observe(sampler.tick())
+    assert Target(uuid) not in monitor.marks()
+    assert monitor.unjudged() == {0: "nvmlDeviceGetMigMode: Unknown Error"}
+
+    node = sim_node(tmp_path / "failed")
+    uuid = node.uuids[0]
+    sampler, now = node.sampler(), [1000.0]
+    monitor = HealthMonitor(Policy(hold_down_s=60), None, clock=lambda: now[0])
+    monitor.observe(sampler.tick())
+    monitor.record_xid(XidEvent(0, 79, None, None))
+    monitor.observe(sampler.tick())
+    node.control.inject_fault("nvmlDeviceGetMigMode", "UNKNOWN", gpu=0, count=1000)
+    now[0] += 120  # past the hold-down, with nothing of it read
+    monitor.observe(sampler.tick())
+    assert monitor.marks()[Target(uuid)].state is State.FAILED
+    assert monitor.unread() == {0: "nvmlDeviceGetMigMode: Unknown Error"}
