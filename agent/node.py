@@ -78,12 +78,12 @@ class Node:
         return Response(200, b"ok\n")
 
     async def _readyz(self, _: Request) -> Response:
-        """Ready once serving while at least one GPU answers: a lost GPU degrades the node (it
-        is reported as lost), it does not take the others out of the Service.
+        """Ready once serving: the API, prewarm and /metrics are what readiness promises.
 
-        A driver that is not ready yet (or is being upgraded) is a state, not a failure: the
-        API, prewarm and /metrics serve, so the agent stays ready and says what GPU features
-        wait for (docs/operations.md, "The driver arrives late, or goes away")."""
+        A driver that is not ready yet (or is being upgraded) and every GPU lost are states,
+        not failures: the agent serves, and its GetNode is how the coordinator and Prometheus
+        learn of them (an unready pod is skipped by the coordinator and taken out of the
+        Service), so it stays ready and the body says what is missing (docs/operations.md)."""
         if not self._ready:
             return Response(503, b"starting\n")
         driver = self.services.driver.state
@@ -91,8 +91,11 @@ class Node:
             return Response(
                 200, f"ready; GPU features wait for the driver: {driver.reason}\n".encode()
             )
-        if self.services.inventory.every_gpu_lost():
-            return Response(503, b"no GPU answers\n")
+        inventory = self.services.inventory
+        if inventory.every_gpu_lost():
+            lost = ", ".join(map(str, inventory.lost_gpus()))
+            said = f"ready; no GPU answers: every GPU is lost (GPU {lost}); the API, prewarm and "
+            return Response(200, f"{said}/metrics serve\n".encode())
         if self.services.state.read_only is not None:  # reads serve: still in the Service
             return Response(200, f"ready; read-only: {self.services.state.read_only}\n".encode())
         return Response(200, b"ready\n")

@@ -159,7 +159,7 @@ def build_services(config: AgentConfig, *, simulated_latency: bool = True) -> Se
         attach=False,  # once the driver is ready (DriverLink.attach)
         slices=edge.slices() if edge is not None else None,
     )
-    health = _health(config, telemetry, bus)
+    health = _health(config, telemetry, bus, state)
     inventory = NodeInventory(
         bus,
         node_name=config.node_name,
@@ -295,13 +295,21 @@ def _sim_proc_root(config: AgentConfig) -> Path | None:
     return SimControl(config.state_dir).proc_root  # the simulator's /proc look-alike
 
 
-def _health(config: AgentConfig, telemetry: TelemetryService, bus: EventBus) -> HealthMonitor:
+def _health(
+    config: AgentConfig, telemetry: TelemetryService, bus: EventBus, state: StateStore
+) -> HealthMonitor:
     h = config.health
     proc_root = _sim_proc_root(config) or config.telemetry.proc_root
+
+    def saved(path: Path, error: OSError | None) -> None:
+        lost = "a restart forgets the marks changed since (a failed GPU comes back healthy)"
+        state.file_written(path, error, what="the health marks", lost=lost)
+
     health = HealthMonitor(
         Policy(h.degrade_events, h.degrade_window_s, h.hold_down_s, h.max_changes_per_hour),
         config.state_dir,
         boot_id=boot_id_reader(proc_root),
+        saved=saved,
     )
     telemetry.on_xid(health.record_xid)
     telemetry.subscribe(health.observe)  # before the inventory: GetNode shows this tick's marks

@@ -43,6 +43,12 @@ class Unwritable:
     errno: int
     strerror: str
 
+    @classmethod
+    def of(cls, state_dir: Path, exc: OSError) -> Unwritable:
+        """Why from a failed write's error (EIO where it carries no errno)."""
+        code = exc.errno if exc.errno is not None else errno.EIO
+        return cls(state_dir, code, exc.strerror or os.strerror(code))
+
     @property
     def cause(self) -> str:
         """The errno's name (``EROFS``, ``ENOSPC``, ``EACCES``): a metric label's value."""
@@ -61,7 +67,7 @@ def probe(state_dir: Path) -> Unwritable | None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(name, flags, 0o600)
     except OSError as exc:
-        return _unwritable(state_dir, exc)
+        return Unwritable.of(state_dir, exc)
     try:
         try:
             os.posix_fallocate(fd, 0, _PROBE_BYTES)
@@ -70,17 +76,12 @@ def probe(state_dir: Path) -> Unwritable | None:
                 raise
             os.write(fd, bytes(_PROBE_BYTES))  # a filesystem without fallocate (e.g. some FUSE)
     except OSError as exc:
-        return _unwritable(state_dir, exc)
+        return Unwritable.of(state_dir, exc)
     finally:
         os.close(fd)
         with suppress(OSError):
             name.unlink()
     return None
-
-
-def _unwritable(state_dir: Path, exc: OSError) -> Unwritable:
-    code = exc.errno if exc.errno is not None else errno.EIO
-    return Unwritable(state_dir, code, exc.strerror or os.strerror(code))
 
 
 class StateCollector(Collector):

@@ -11,9 +11,9 @@ import grpc
 
 from agent._proto.gpuagent.v1 import power_pb2, power_pb2_grpc
 from agent.api.operations import OperationRunner
-from agent.power import Change
+from agent.power import PowerResult
 from agent.power.service import PowerService
-from agent.wire.power import power_changes_pb, power_view_pb
+from agent.wire.power import power_changes_pb, power_lost_pb, power_view_pb
 
 __all__ = ["PowerServicer"]
 
@@ -55,14 +55,16 @@ class PowerServicer(power_pb2_grpc.PowerServiceServicer):
         method: str,
         request: power_pb2.ApplyPowerRequest | power_pb2.RestorePowerRequest,
         response_type: type[_R],
-        change: Callable[[], list[Change]],
+        change: Callable[[], PowerResult],
     ) -> _R:
         """Apply or restore the caps once per request id, while the driver is attached."""
         self._guard(_FEATURES[method])
 
         async def call() -> _R:
-            changes = await asyncio.to_thread(change)
-            return response_type(changes=power_changes_pb(changes))
+            done = await asyncio.to_thread(change)
+            return response_type(
+                changes=power_changes_pb(done.changes), lost_gpus=power_lost_pb(done.lost)
+            )
 
         return await self._runner.once(
             _SERVICE + method, request, request.request_id, response_type, call

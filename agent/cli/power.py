@@ -17,7 +17,7 @@ from agent.cli.render import emit, format_table, output_option
 
 if TYPE_CHECKING:
     from agent.client import AgentClient
-    from agent.power import Change, GpuPower, PowerView
+    from agent.power import Change, GpuPower, PowerResult, PowerView
 
 
 class PowerContext(Protocol):
@@ -84,10 +84,10 @@ def apply_command(obj: PowerContext, spec_file: str, output: str) -> None:
       gpu-agent power apply -f power.yaml
     """
     text = read_input(spec_file, "file")  # refused before the agent is asked
-    changes = obj.agent().apply_power(text)
-    _say_not_held(changes)
-    lost = _say_lost(obj, "not capped now; the agent sets the spec's cap when it answers again")
-    emit({"changes": _changes(changes), "lost_gpus": lost}, output, _changes_table)
+    done = obj.agent().apply_power(text)
+    _say_not_held(done.changes)
+    lost = _say_pending(done, "capped", "the agent sets the spec's cap when it answers again")
+    emit({"changes": _changes(done.changes), "lost_gpus": lost}, output, _changes_table)
 
 
 @power.command("restore", short_help="Forget the spec; put back the limits from before it.")
@@ -101,10 +101,10 @@ def restore_command(obj: PowerContext, output: str) -> None:
     Example:
       gpu-agent power restore
     """
-    changes = obj.agent().restore_power()
-    _say_not_held(changes)
-    lost = _say_lost(obj, "not restored now; the agent puts its limit back when it answers again")
-    emit({"changes": _changes(changes), "lost_gpus": lost}, output, _changes_table)
+    done = obj.agent().restore_power()
+    _say_not_held(done.changes)
+    lost = _say_pending(done, "restored", "the agent puts its limit back when it answers again")
+    emit({"changes": _changes(done.changes), "lost_gpus": lost}, output, _changes_table)
 
 
 def _say_not_held(changes: Sequence[Change]) -> None:
@@ -126,6 +126,14 @@ def _say_lost(obj: PowerContext, what: str) -> list[int]:
     for index in lost:
         click.echo(f"warning: GPU {index} is lost: {what}", err=True)
     return lost
+
+
+def _say_pending(done: PowerResult, what: str, later: str) -> list[int]:
+    """The lost GPUs the agent says the change is for (not those it leaves alone): not in the
+    rows, so say so; their indexes go in ``lost_gpus`` for scripts."""
+    for g in done.lost:
+        click.echo(f"warning: GPU {g.index} is lost: not {what} now; {g.unsure or later}", err=True)
+    return [g.index for g in done.lost]
 
 
 def _say_unread(obj: PowerContext, view: PowerView, lost: list[int]) -> list[int]:

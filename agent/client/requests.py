@@ -28,7 +28,7 @@ from agent._proto.gpuagent.v1 import (
 )
 from agent.client.base import Stubs
 from agent.mig.node_plan import AssertResult
-from agent.power import Change, PowerView
+from agent.power import PowerResult, PowerView
 from agent.prewarm.model import CacheItem
 from agent.prewarm.source import SourceRequest
 from agent.sharing import ApplyResult, PluginConfig, SharingView
@@ -44,7 +44,7 @@ from agent.wire.mig import (
 )
 from agent.wire.node import NodeView, node_from
 from agent.wire.operations import OperationView, operation_from
-from agent.wire.power import power_changes_from, power_view_from
+from agent.wire.power import power_result_from, power_view_from
 from agent.wire.prewarm import (
     CacheContents,
     cache_contents_from,
@@ -128,10 +128,6 @@ def _item(answer: Any) -> CacheItem:
 
 def _change(answer: Any) -> ApplyResult:
     return sharing_change_from(answer.change)
-
-
-def _changes(answer: Any) -> list[Change]:
-    return power_changes_from(answer.changes)
 
 
 def _list_operations(kind: str, done: bool | None, page_size: int = 0) -> Call[list[OperationView]]:
@@ -383,10 +379,10 @@ class Requests(Stubs):
         return Call("_power", "GetPower", power_pb2.GetPowerRequest(), power_view_from)
 
     @rpc
-    def apply_power(self, spec_yaml: str, request_id: str = "") -> Call[list[Change]]:
+    def apply_power(self, spec_yaml: str, request_id: str = "") -> Call[PowerResult]:
         request = power_pb2.ApplyPowerRequest(spec_yaml=spec_yaml, request_id=request_id)
-        return Call("_power", "ApplyPower", request, _changes)
+        return Call("_power", "ApplyPower", request, power_result_from)
 
     @rpc
-    def restore_power(self) -> Call[list[Change]]:
-        return Call("_power", "RestorePower", power_pb2.RestorePowerRequest(), _changes)
+    def restore_power(self) -> Call[PowerResult]:
+        return Call("_power", "RestorePower", power_pb2.RestorePowerRequest(), power_result_from)

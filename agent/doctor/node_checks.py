@@ -9,6 +9,7 @@ import ipaddress
 import os
 import socket
 import stat
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -316,47 +317,78 @@ def _socket(path: Path) -> bool:
         return False
 
 
-def _socket_check(name: str, socket: Path, found: str, missing: str, fix: str) -> Check:
-    """A daemon prewarm talks to: ok when its socket is there, else degraded (prewarm goes on)."""
-    if _socket(socket):
-        return ok(P, name, found)
-    return degraded(P, name, missing, fix)
+def _not_answering(path: Path) -> str | None:
+    """Why a connection to the Unix socket ``path`` fails within a second (None: it opens). A
+    socket file outlives the daemon that made it (a crash leaves it): only a connect tells."""
+    try:
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.settimeout(1.0)
+            conn.connect(str(path))
+            return None
+    except ConnectionRefusedError:
+        return f"no one listens on {path} (connection refused)"
+    except TimeoutError:
+        return f"{path} accepts no connection within 1 s"
+    except OSError as exc:
+        return f"{path} cannot be reached ({exc.strerror or type(exc).__name__})"
+
+
+@dataclass(frozen=True, slots=True)
+class _Daemon:
+    """A daemon prewarm talks to over a Unix socket, as its check names it."""
+
+    name: str  # the check's name
+    what: str  # e.g. "CRI socket"
+    fails: str  # what does not work without it
+    mount: str = ""  # the fix when its socket is absent
+    start: str = ""  # the fix when its socket is there but no one listens
+
+
+def _socket_check(daemon: _Daemon, path: Path) -> Check:
+    """Ok when the daemon accepts a connection on its socket; else degraded (prewarm goes on),
+    saying whether the socket is absent or left behind by a daemon that is down."""
+    if not _socket(path):
+        return degraded(P, daemon.name, f"no {daemon.what} at {path}: {daemon.fails}", daemon.mount)
+    why = _not_answering(path)
+    if why is None:
+        return ok(P, daemon.name, f"{daemon.what} {path} accepts connections")
+    return degraded(P, daemon.name, f"{daemon.what} {path}: {why}: {daemon.fails}", daemon.start)
 
 
 def prewarm_containerd(facts: Facts) -> Check:
-    socket = facts.config.prewarm.containerd_socket
+    path = facts.config.prewarm.containerd_socket
     return _socket_check(
-        "containerd",
-        socket,
-        f"CRI socket {socket}",
-        f"no CRI socket at {socket}: image prewarm does not work (file prewarm does)",
-        f"mount the host's {socket} into the agent pod, or set prewarm.containerd_socket",
+        _Daemon(
+            "containerd",
+            "CRI socket",
+            "image prewarm does not work (file prewarm does)",
+            f"mount the host's {path} into the agent pod, or set prewarm.containerd_socket",
+            "start containerd on the node (systemctl status containerd says why it stopped)",
+        ),
+        path,
     )
 
 
 def _optional_socket_check(
-    name: str, setting: str, socket: Path | None, *, off: str, found: str, missing: str
+    setting: str, path: Path | None, daemon: _Daemon, *, off: str, start: str
 ) -> Check:
     """A daemon prewarm uses only when ``prewarm.<setting>`` names its socket: off when unset,
-    else `_socket_check`, whose fix mounts the socket's folder or unsets the setting."""
-    if socket is None:
-        return ok(P, name, f"off (prewarm.{setting} unset): {off}")
-    return _socket_check(name, socket, found, missing, _mount_fix(socket, setting))
-
-
-def _mount_fix(socket: Path, setting: str) -> str:
-    return f"mount {socket.parent} into the agent pod, or unset prewarm.{setting}"
+    else `_socket_check`, whose fixes mount the socket's folder, start the daemon or unset the
+    setting."""
+    if path is None:
+        return ok(P, daemon.name, f"off (prewarm.{setting} unset): {off}")
+    unset = f"or unset prewarm.{setting}"
+    mount = f"mount {path.parent} into the agent pod, {unset}"
+    return _socket_check(replace(daemon, mount=mount, start=f"{start}, {unset}"), path)
 
 
 def prewarm_nydus(facts: Facts) -> Check:
-    socket = facts.config.prewarm.nydus_system_socket
     return _optional_socket_check(
-        "nydus",
         "nydus_system_socket",
-        socket,
+        facts.config.prewarm.nydus_system_socket,
+        _Daemon("nydus", "nydus-snapshotter system socket", "Nydus prefetch hints are not sent"),
         off="no prefetch hints",
-        found=f"nydus-snapshotter system socket {socket}",
-        missing=f"no nydus-snapshotter socket at {socket}: Nydus prefetch hints are not sent",
+        start="start nydus-snapshotter",
     )
 
 
@@ -369,14 +401,13 @@ def prewarm_dragonfly(facts: Facts) -> Check:
     if settings.dragonfly_socket is None and settings.dragonfly_proxy is None:
         off = "off (prewarm.dragonfly_socket and prewarm.dragonfly_proxy unset)"
         return ok(P, "dragonfly", f"{off}: files come from origins")
-    socket = settings.dragonfly_socket
-    if socket is not None:  # used even when a proxy is set too
-        return _socket_check(
-            "dragonfly",
-            socket,
-            f"dfdaemon socket {socket}",
-            f"no dfdaemon socket at {socket}: {fail}",
-            _mount_fix(socket, "dragonfly_socket"),
+    if settings.dragonfly_socket is not None:  # used even when a proxy is set too
+        return _optional_socket_check(
+            "dragonfly_socket",
+            settings.dragonfly_socket,
+            _Daemon("dragonfly", "dfdaemon socket", fail),
+            off="",
+            start="start dfdaemon",
         )
     assert settings.dragonfly_proxy is not None
     proxy = redact_url(settings.dragonfly_proxy)

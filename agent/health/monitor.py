@@ -65,8 +65,13 @@ class HealthMonitor:
         *,
         clock: Callable[[], float] = time.time,
         boot_id: Callable[[], str | None] = lambda: None,
+        saved: Callable[[Path, OSError | None], None] = lambda path, error: None,
     ) -> None:
+        """``saved``: told each save of the marks file, with its error (None: saved), so the
+        state store says while the marks are not kept (`Database.file_written`)."""
         self.policy = policy
+        self._saved = saved
+        self._save_failed: OSError | None = None
         self._clock = clock
         self._store = MarkStore(state_dir) if state_dir is not None else None
         self._lock = threading.Lock()
@@ -337,8 +342,17 @@ class HealthMonitor:
         try:
             self._store.save(self._marks, now, self._boot_id)
         except OSError as exc:
-            log.error("saving health marks to %s failed: %s", self._store.path, exc)
+            # Said once, and by the state component while it lasts; tried again after
+            # SAVE_EVERY_S (or at the next change), not every tick.
+            if self._save_failed is None or self._save_failed.errno != exc.errno:
+                log.error("saving health marks to %s failed: %s", self._store.path, exc)
+            self._save_failed, self._saved_at = exc, now
+            self._saved(self._store.path, exc)
             return
+        if self._save_failed is not None:
+            log.info("health marks saved to %s again", self._store.path)
+            self._save_failed = None
+            self._saved(self._store.path, None)
         self._saved_at, self._dirty = now, False
 
     @staticmethod

@@ -15,7 +15,18 @@ from agent.errors import DeviceLost, FieldViolation, InvalidSpec
 from agent.gpu.types import LostGpu, PowerLimits
 from agent.power.spec import Entry, PowerSpec
 
-__all__ = ["Change", "GpuPower", "PowerView", "Target", "model_key", "plan", "resolve"]
+__all__ = [
+    "Change",
+    "GpuPower",
+    "LostTarget",
+    "PowerResult",
+    "PowerView",
+    "Target",
+    "lost_selected",
+    "model_key",
+    "plan",
+    "resolve",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +55,26 @@ class Change:
     def held(self) -> bool:
         """The driver holds the limit asked for."""
         return self.after_mw == self.requested_mw
+
+
+@dataclass(frozen=True, slots=True)
+class LostTarget:
+    """A lost GPU a change is for: not changed now, changed by the agent when it answers."""
+
+    index: int
+    #: "" when it was lost before the agent saw it answer
+    uuid: str
+    #: why the change may not be for it after all (its model or UUID is unknown); "" when it is
+    unsure: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PowerResult:
+    """What an apply or a restore did (``changes``, by index) and the lost GPUs it is for,
+    which it could not change now (``lost``, by index)."""
+
+    changes: list[Change]
+    lost: list[LostTarget]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +156,28 @@ def resolve(
             continue
         targets.append(Target(gpu, want, where))
     return targets, problems
+
+
+def lost_selected(spec: PowerSpec, lost: Sequence[LostGpu]) -> list[LostTarget]:
+    """The lost GPUs ``spec`` caps once they answer (`resolve` selects them then): every one
+    for ``gpus: all``, those last seen as an entry's model, and, unsure, those whose model is
+    unknown. One it names by index or UUID is no target: `plan` refuses it."""
+    found = []
+    for g in sorted(lost, key=lambda g: g.index):
+        sure, unsure = False, ""
+        for entry in spec.entries:
+            if entry.all_gpus:
+                sure = True
+            elif entry.model is not None and g.last_known is not None:
+                sure = sure or model_key(g.last_known.name) == model_key(entry.model)
+            elif entry.model is not None and not unsure:
+                unsure = (
+                    "its model is unknown (lost before the agent saw it): capped when it "
+                    f"answers again if it is {entry.model!r}"
+                )
+        if sure or unsure:
+            found.append(LostTarget(g.index, g.uuid, "" if sure else unsure))
+    return found
 
 
 def _selected(

@@ -28,7 +28,16 @@ from agent.errors import AgentError
 from agent.gpu.attach import DriverLink
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.types import LostGpu
-from agent.power.plan import Change, GpuPower, PowerView, plan, resolve
+from agent.power.plan import (
+    Change,
+    GpuPower,
+    LostTarget,
+    PowerResult,
+    PowerView,
+    lost_selected,
+    plan,
+    resolve,
+)
 from agent.power.spec import PowerSpec, parse
 from agent.tasks import Need, Task
 
@@ -95,8 +104,9 @@ class PowerService:
 
     # -- changes ---------------------------------------------------------------------------------
 
-    def apply(self, text: str) -> list[Change]:
-        """Make ``text`` the power spec; refused with nothing changed when it does not fit."""
+    def apply(self, text: str) -> PowerResult:
+        """Make ``text`` the power spec; refused with nothing changed when it does not fit.
+        Its answer names the lost GPUs the spec selects (capped once they answer)."""
         spec = parse(text)
         with self._lock:
             gpus, lost = self._read()
@@ -125,22 +135,24 @@ class PowerService:
             log.info(
                 "power cap on GPU %d: %g W -> %g W", c.index, c.before_mw / 1000, c.after_mw / 1000
             )
-        return changes
+        return PowerResult(changes, lost_selected(spec, lost))
 
-    def restore(self) -> list[Change]:
+    def restore(self) -> PowerResult:
         """Forget the spec and put each GPU's limit from before the agent's first change back.
-        A GPU that does not answer keeps its baseline, put back by `reconcile` once it does."""
+        A GPU that does not answer keeps its baseline, put back by `reconcile` once it does:
+        the answer names it."""
         with self._lock:
             baseline = self._baseline()
             # Read first: a GPU whose limits cannot be read refuses it with nothing changed.
-            gpus = [g for g in self._read()[0] if g.uuid in baseline]
+            answering, lost = self._read()
+            gpus = [g for g in answering if g.uuid in baseline]
             self._journal.journal_clear(DESIRED)  # reconcile no longer re-caps
             wanted = [
                 (g, baseline[g.uuid]) for g in gpus if g.limits.current_mw != baseline[g.uuid]
             ]
             changes = self._set_all(wanted)
             self._keep_baselines(baseline, done={g.uuid for g in gpus})
-        return changes
+        return PowerResult(changes, _restore_pending(baseline, answering, lost))
 
     def follow(self, link: DriverLink) -> None:
         """A reloaded driver forgot the power caps (docs/power.md): put them back at attach."""
@@ -302,6 +314,23 @@ class PowerService:
         if (uuid, message) not in self._logged:
             self._logged.add((uuid, message))
             log.warning("%s", message)
+
+
+def _restore_pending(
+    baseline: dict[str, int], answering: Sequence[GpuPower], lost: Sequence[LostGpu]
+) -> list[LostTarget]:
+    """The lost GPUs a restore still owes a limit: those with a baseline, and, unsure, those
+    of unknown UUID while a baseline belongs to no GPU that answers."""
+    unmatched = set(baseline) - {g.uuid for g in answering}
+    maybe = (
+        "its UUID is unknown (lost before the agent saw it): its limit is put back when it "
+        "answers again if the agent had capped it"
+    )
+    return [
+        LostTarget(g.index, g.uuid, "" if g.uuid else maybe)
+        for g in sorted(lost, key=lambda g: g.index)
+        if g.uuid in baseline or (not g.uuid and unmatched)
+    ]
 
 
 def _asked(gpu: GpuPower, milliwatts: int) -> Change:

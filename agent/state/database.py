@@ -122,6 +122,10 @@ class Database:
         self._probed_at = -_PROBE_EVERY_S
         self._last_probe: Unwritable | None = None
         self._notes: list[str] = []
+        #: files the agent keeps beside the database (the health marks) whose last write
+        #: failed: path -> (the detail, why); see `file_written`. Replaced, never changed in
+        #: place, so health reads it without the lock a long write holds.
+        self._files: dict[Path, tuple[str, Unwritable]] = {}
         if read_only is not None:
             self._kept = []
             try:
@@ -263,6 +267,8 @@ class Database:
             self._write_error = None  # space was freed, or the dir remounted read-write
         if self._write_error is not None:
             return False, str(self._write_error)
+        for detail, _ in self._files.values():
+            return False, detail
         kept = [path for path in self._kept if path.exists()]
         if kept:
             return False, (
@@ -310,13 +316,28 @@ class Database:
         ...) when not, ``restart_needed`` for a read-only store whose dir is back, or "ok"."""
         if self.read_only is not None:
             return False, "restart_needed" if self._probe_again() is None else self.read_only.cause
-        if self._write_error is None:
-            return True, "ok"
-        found = self._probe_again()
-        if found is None:
+        if self._write_error is not None:
+            found = self._probe_again()
+            if found is not None:
+                return False, found.cause
             self._write_error = None
-            return True, "ok"
-        return False, found.cause
+        for _, why in self._files.values():
+            return False, why.cause
+        return True, "ok"
+
+    def file_written(self, path: Path, error: OSError | None, *, what: str, lost: str) -> None:
+        """The write of a file the agent keeps in the state dir beside the database (``what``,
+        e.g. the health marks) succeeded (``error`` None) or failed: a failure is the store's
+        health (naming the file, the cause and what a restart would lose) and the metric's
+        cause until that file is written again. A probe that passes does not clear it: only
+        the file's own next write says it is kept again."""
+        files = dict(self._files)
+        if error is None:
+            files.pop(path, None)
+        else:
+            why = Unwritable.of(self.path.parent, error)
+            files[path] = (f"{what} could not be written to {path}: {why}; {lost}", why)
+        self._files = files
 
     def require_writable(self) -> None:
         """Refuse a change before it starts (`StateUnavailable` naming the dir and the fix)

@@ -6,9 +6,16 @@ from collections.abc import Iterable
 
 from agent._proto.gpuagent.v1 import power_pb2
 from agent.gpu.types import PowerLimits
-from agent.power import Change, GpuPower, PowerView
+from agent.power import Change, GpuPower, LostTarget, PowerResult, PowerView
 
-__all__ = ["power_changes_from", "power_changes_pb", "power_view_from", "power_view_pb"]
+__all__ = [
+    "power_changes_from",
+    "power_changes_pb",
+    "power_lost_pb",
+    "power_result_from",
+    "power_view_from",
+    "power_view_pb",
+]
 
 
 def power_view_pb(view: PowerView) -> power_pb2.GetPowerResponse:
@@ -76,3 +83,16 @@ def power_changes_from(changes: Iterable[power_pb2.PowerChange]) -> list[Change]
         )
         for c in changes
     ]
+
+
+def power_lost_pb(lost: Iterable[LostTarget]) -> list[power_pb2.PowerLostGpu]:
+    return [power_pb2.PowerLostGpu(index=g.index, uuid=g.uuid, unsure=g.unsure) for g in lost]
+
+
+def power_result_from(
+    pb: power_pb2.ApplyPowerResponse | power_pb2.RestorePowerResponse,
+) -> PowerResult:
+    """An ApplyPower or RestorePower answer; one from an agent that did not name the lost GPUs
+    it is for names none."""
+    lost = [LostTarget(g.index, g.uuid, g.unsure) for g in pb.lost_gpus]
+    return PowerResult(power_changes_from(pb.changes), lost)

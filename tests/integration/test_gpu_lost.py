@@ -3,8 +3,8 @@
 The agent runs as a real ``gpu-agent serve`` process on the simulator; ``gpu-agent sim lost N``
 makes every NVML call on GPU N fail with GPU_IS_LOST, at start or while the agent runs. The lost
 GPU is ``gpu_agent_gpu_up 0`` and ``health: lost`` in ``status`` (table and json) and GetNode;
-every other GPU keeps its series and accepts MIG changes; ``/readyz`` stays ready while at
-least one GPU answers (docs/operations.md, "A lost GPU").
+every other GPU keeps its series and accepts MIG changes; ``/readyz`` stays ready, also when
+every GPU is lost, naming them (docs/operations.md, "A lost GPU").
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import pytest
 
 from agent.client import AgentClient
 from agent.gpu.sim import SimControl, open_simulator
+from tests.kube.fake_api import FakeKubeApi
 from tests.unit.api.support import REPO, AgentProcess, agent_config, wait_for
 
 pytestmark = pytest.mark.integration
@@ -141,9 +142,28 @@ def test_a_gpu_lost_while_serving_goes_down_alone(tmp_path: Path) -> None:
         assert agent.proc is not None and agent.proc.poll() is None
 
 
-def test_readyz_fails_only_when_every_gpu_is_lost(tmp_path: Path) -> None:
-    with AgentProcess(tmp_path, agent_config(tmp_path), preset="h100-nvl") as agent:
-        port = int(_METRICS_PORT.search(agent.output()).group(1))  # type: ignore[union-attr]
+def test_a_node_whose_every_gpu_is_lost_stays_ready_and_the_fleet_sees_them_lost(
+    tmp_path: Path,
+    kube_api: tuple[FakeKubeApi, str],
+    tls_cert: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """/readyz said 503 "no GPU answers" once every GPU was lost: the pod went unready, so the
+    coordinator's discovery skipped it ("agent pod ... is not ready") and `fleet status` showed
+    that instead of the lost GPUs, while the agent's API and prewarm still served. Now /readyz
+    stays 200 and names them; the pod's readiness here is what kubelet's probe of /readyz
+    gives, and `fleet status --kubernetes` reaches the node and shows every GPU lost."""
+    from agent.cli.fleet import fleet
+    from tests.kube.fake_api import Pod
+    from tests.kube.fixtures import stand_in_kubeconfig
+    from tests.unit.api.support import Pki
+    from tests.unit.coordinator.agents import AgentFleet, invoke
+
+    api, url = kube_api
+    with AgentFleet(tmp_path, Pki(tmp_path / "pki"), {"nvl": "h100-nvl"}) as agents:
+        agent = agents.agents["nvl"]
+        port = agent.metrics_port
+        assert port is not None
         control = SimControl(agent.state_dir)
         count = len(AgentClient.connect(agent.socket).node().gpus)  # type: ignore[union-attr]
         for i in range(count - 1):
@@ -151,8 +171,31 @@ def test_readyz_fails_only_when_every_gpu_is_lost(tmp_path: Path) -> None:
         wait_for(lambda: _up(_get(port, "/metrics")[1]).get(str(count - 2)) == 0.0, "lost", 20)
         assert _get(port, "/readyz") == (200, "ready\n")
         control.mark_lost(count - 1)
-        wait_for(lambda: _get(port, "/readyz")[0] == 503, "/readyz 503", 20)
-        assert _get(port, "/readyz")[1] == "no GPU answers\n"
+        every = ", ".join(map(str, range(count)))
+        said = (
+            f"ready; no GPU answers: every GPU is lost (GPU {every}); the API, prewarm and "
+            "/metrics serve\n"
+        )
+        wait_for(lambda: _get(port, "/readyz") == (200, said), "/readyz names them", 20)
+        # kubelet's readinessProbe: the pod is Ready while /readyz answers 200
+        selector = {"app.kubernetes.io/name": "gpu-agent", "app.kubernetes.io/component": "agent"}
+        ready = _get(port, "/readyz")[0] == 200
+        pod = Pod("gpu-agent", "gpu-agent-nvl", "nvl", selector, "127.0.0.1", agent.tcp_port)
+        pod.ready = ready
+        api.pods.append(pod)
+        api.nodes["nvl"] = {}
+        config = stand_in_kubeconfig(tmp_path / "kubeconfig", url, tls_cert[0], "token-1")
+        monkeypatch.setenv("KUBECONFIG", str(config))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        tls = agents.args()[2:]  # the client certificate flags, without --agents
+        args = ["status", "--kubernetes", "--namespace", "gpu-agent", "--server-name", "localhost"]
+        result = invoke(fleet, [*args, *tls, "--nodes", "-o", "json"])
+        assert result.exit_code == 0, result.output
+        (row,) = json.loads(result.output)["nodes"]
+        assert row["health"] == "unhealthy", row  # reached: not "not ready", not unreachable
+        assert [g["mig"] for g in row["gpus"]] == ["lost"] * count, row
+        assert all(f"GPU {i} lost: GPU is lost" in row["detail"] for i in range(count)), row
+        assert "not ready" not in result.output
 
 
 def test_direct_mode_commands_work_beside_a_lost_gpu(tmp_path: Path) -> None:

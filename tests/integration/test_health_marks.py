@@ -11,6 +11,8 @@ MIG instance marks that instance, a GPU-wide one every instance.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 import time
 import urllib.request
@@ -464,3 +466,53 @@ def test_a_gpu_first_seen_while_its_readings_fail_is_not_judged_healthy(
         wait_for(lambda: api.nodes[NODE][LABEL] == "healthy", "the node healthy", PUBLISH_S + 5)
         (condition,) = [c for c in api.node_conditions[NODE] if c["type"] == "GPUHealthy"]
         assert condition["status"] == "True"
+
+
+def _state_component(socket: Path) -> agent_pb2.ComponentHealth:
+    with unix_channel(socket) as channel:
+        node = agent_pb2_grpc.NodeServiceStub(channel).GetNode(agent_pb2.GetNodeRequest()).node
+    return next(c for c in node.health.components if c.name == "state")
+
+
+def _writable(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return re.findall(r"^gpu_agent_state_writable\{.*$", text, re.M)[0]
+
+
+def test_health_marks_the_full_state_dir_cannot_keep_are_said_by_the_state_component(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Real: the state dir is a small tmpfs filled while GPU 3 is lost (its mark is saved again
+    every SAVE_EVERY_S). GetNode's state component and gpu_agent_state_writable said ok while
+    the marks went unsaved (a restart would forget them) and ERROR was logged every tick; now
+    they name the marks file and ENOSPC, the save is tried again only every SAVE_EVERY_S, and
+    once space is freed the marks are saved and the state is ok again."""
+    from tests.unit.test_state_disk import _tmpfs
+
+    root = tmp_path / "agent"
+    root.mkdir()
+    marks = root / "state" / "health-marks.json"
+    with _tmpfs(root / "state", "8m") as state, InProcessAgent(root, _config(root, 600)) as agent:
+        port = agent.node.metrics_port
+        SimControl(state).mark_lost(3)
+        wait_for(lambda: _state(agent.socket, 3) == FAILED, "GPU 3 failed", 5)
+        filler = state / "filler"
+        with caplog.at_level(logging.ERROR, "agent.health"):
+            with filler.open("wb") as f, contextlib.suppress(OSError):
+                while True:
+                    f.write(bytes(1 << 16))
+            wait_for(lambda: not _state_component(agent.socket).healthy, "state unhealthy", 10)
+            detail = _state_component(agent.socket).detail
+            assert f"the health marks could not be written to {marks}" in detail, detail
+            assert "No space left on device" in detail and "a restart forgets" in detail
+            enospc = 'gpu_agent_state_writable{reason="ENOSPC"} 0.0'
+            wait_for(lambda: _writable(port) == enospc, "the metric says ENOSPC", 5)
+            time.sleep(2.0)  # ten ticks of the lost GPU's refreshed mark
+        failed = [r for r in caplog.records if "saving health marks" in r.getMessage()]
+        assert len(failed) == 1, [r.getMessage() for r in failed]
+        filler.unlink()
+        wait_for(lambda: _state_component(agent.socket).healthy, "state ok again", 10)
+        ok = 'gpu_agent_state_writable{reason="ok"} 1.0'
+        wait_for(lambda: _writable(port) == ok, "the metric says ok", 5)
+        assert '"failed"' in marks.read_text()

@@ -211,10 +211,12 @@ def share_result(changed: bool, reload: ReloadReport | None) -> NodeResult:
 class PowerApply(_Base):
     async def __call__(self, node: str, notes: Notes) -> NodeResult:
         spec = self.record.spec["spec_yaml"]
-        changes = await self.client(node).apply_power(spec, self.record.request_id(node))
-        if not changes:
-            return NodeResult(NodeState.UNCHANGED, "already as asked")
-        return NodeResult(NodeState.SUCCEEDED, f"{len(changes)} GPU(s) capped")
+        done = await self.client(node).apply_power(spec, self.record.request_id(node))
+        # the lost GPUs the spec is for are capped by the agent once they answer: said
+        later = "".join(f"; GPU {g.index} lost: capped when it answers" for g in done.lost)
+        if not done.changes:
+            return NodeResult(NodeState.UNCHANGED, "already as asked" + later)
+        return NodeResult(NodeState.SUCCEEDED, f"{len(done.changes)} GPU(s) capped{later}")
 
 
 class PrewarmApply(_Base):

@@ -225,8 +225,43 @@ def test_the_optional_prewarm_daemons_are_off_unset_ok_when_listening_and_degrad
         assert absent.fix == f"mount {tmp_path} into the agent pod, or unset prewarm.{setting}"
         with socket.socket(socket.AF_UNIX) as listener:
             listener.bind(str(path))
+            listener.listen()
             listening = check(dataclasses.replace(base, config=configured))
         assert listening.state is CheckState.OK and str(path) in listening.evidence
+
+
+def test_a_prewarm_daemons_socket_left_behind_by_a_daemon_that_died_is_degraded_naming_it(
+    tmp_path: Path,
+) -> None:
+    """Real Unix sockets: containerd, nydus-snapshotter and dfdaemon were ok whenever their
+    socket file was there, also when the daemon had crashed and left it (every pull or fetch
+    then failed "connection refused"). Now a listening socket is ok ("accepts connections"),
+    one no one listens on is degraded saying so, with the fix that starts the daemon."""
+    import socket
+
+    base = facts(tmp_path)
+    cases = {
+        "containerd_socket": (node_checks.prewarm_containerd, "start containerd on the node"),
+        "nydus_system_socket": (node_checks.prewarm_nydus, "start nydus-snapshotter, or unset"),
+        "dragonfly_socket": (node_checks.prewarm_dragonfly, "start dfdaemon, or unset"),
+    }
+    for setting, (check, fix) in cases.items():
+        path = tmp_path / f"{setting}.sock"
+        prewarm = dataclasses.replace(base.config.prewarm, **{setting: path})
+        configured = dataclasses.replace(
+            base, config=dataclasses.replace(base.config, prewarm=prewarm)
+        )
+        with socket.socket(socket.AF_UNIX) as listener:
+            listener.bind(str(path))
+            listener.listen()
+            live = check(configured)
+        assert live.state is CheckState.OK, live
+        assert live.evidence.endswith(f"{path} accepts connections"), live.evidence
+        assert path.exists()  # closed: the file is left, as a crashed daemon leaves it
+        stale = check(configured)
+        assert stale.state is CheckState.DEGRADED, (setting, stale.evidence)
+        assert f"no one listens on {path} (connection refused)" in stale.evidence, stale.evidence
+        assert stale.fix.startswith(fix), stale.fix
 
 
 def test_dragonfly_says_where_file_bytes_come_from_and_that_a_silent_dfdaemon_fails_them(

@@ -231,3 +231,43 @@ def test_a_gpu_whose_layout_does_not_read_is_neither_judged_nor_cleared(tmp_path
     monitor.observe(sampler.tick())
     assert monitor.marks()[Target(uuid)].state is State.FAILED
     assert monitor.unread() == {0: "nvmlDeviceGetMigMode: Unknown Error"}
+
+
+def test_a_failing_marks_save_is_told_and_tried_again_every_save_period(tmp_path: Path) -> None:
+    """A lost GPU refreshes its mark every tick: a save the disk refuses was tried (and logged
+    at ERROR) every tick, and told to nobody; now every failure and the success after it are
+    told (the state store shows them) and the save waits SAVE_EVERY_S before trying again."""
+    import errno
+
+    from agent.health.store import SAVE_EVERY_S
+
+    now = [1000.0]
+    told: list[int | None] = []
+    monitor = HealthMonitor(
+        Policy(hold_down_s=600),
+        tmp_path,
+        clock=lambda: now[0],
+        saved=lambda path, error: told.append(None if error is None else error.errno),
+    )
+    up = GpuStatus(GpuIdentity(0, "GPU-a", "H100", "0000:00:00.0", 0), up=True)
+    lost = GpuStatus(GpuIdentity(0, "GPU-a", "H100", "0000:00:00.0", 0), up=False, detail="lost")
+    monitor.observe(Snapshot(0.0, "node", "550.90.07", "12.550", (up,), ()))
+    tries: list[float] = []
+    real_save = monitor._store.save  # type: ignore[union-attr]
+
+    def full(*args: object) -> None:
+        tries.append(now[0])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monitor._store.save = full  # type: ignore[method-assign,union-attr]
+    for _ in range(12):  # one snapshot a second
+        now[0] += 1
+        monitor.observe(Snapshot(0.0, "node", "550.90.07", "12.550", (lost,), ()))
+    assert len(tries) <= 1 + 12 / SAVE_EVERY_S, tries  # the change at once, then every 5 s
+    assert told == [errno.ENOSPC] * len(tries)
+    monitor._store.save = real_save  # type: ignore[method-assign,union-attr]
+    now[0] += SAVE_EVERY_S
+    monitor.observe(Snapshot(0.0, "node", "550.90.07", "12.550", (lost,), ()))
+    assert told[-1] is None
+    again = HealthMonitor(Policy(hold_down_s=600), tmp_path, clock=lambda: now[0])
+    assert again.marks()[Target("GPU-a")].state is State.FAILED

@@ -67,3 +67,33 @@ def test_apply_says_where_the_driver_holds_another_limit_than_the_one_set(
     assert "warning: GPU 2 (GPU-" in applied.stderr
     assert "set to 500 W, but the driver holds 400 W" in applied.stderr
     assert "GPU 1 " not in applied.stderr
+
+
+def test_apply_warns_of_the_lost_gpus_the_spec_is_for_and_of_no_other(tmp_path: Path) -> None:
+    """GPU 1 is lost. `power apply` warned "GPU 1 is lost: not capped now ..." for every spec,
+    one that names only GPU 0 too, and listed it in `lost_gpus`: it took the node's lost GPUs,
+    not the agent's answer. Now only a spec for it says so: `gpus: all` for sure, a model entry
+    unsure (GPU 1 was lost before this agent saw it, so its model is unknown)."""
+    assert _power(tmp_path, "show").exit_code == 0  # makes the simulated node
+    SimControl(tmp_path).mark_lost(1)
+    spec = tmp_path / "power.yaml"
+    spec.write_text("version: v1\npower: [{gpus: [0], limit: 500W}]\n")
+    only_0 = _power(tmp_path, "apply", "-f", str(spec), "-o", "json")
+    assert only_0.exit_code == 0, only_0.output
+    assert "GPU 1" not in only_0.stderr, only_0.stderr
+    assert json.loads(only_0.stdout)["lost_gpus"] == []
+    spec.write_text("version: v1\npower: [{gpus: all, limit: 0.8}]\n")
+    every = _power(tmp_path, "apply", "-f", str(spec), "-o", "json")
+    assert every.exit_code == 0, every.output
+    assert (
+        "warning: GPU 1 is lost: not capped now; the agent sets the spec's cap when it answers "
+        "again" in every.stderr
+    ), every.stderr
+    assert json.loads(every.stdout)["lost_gpus"] == [1]
+    spec.write_text("version: v1\npower: [{model: H100 80GB HBM3, limit: 600W}]\n")
+    model = _power(tmp_path, "apply", "-f", str(spec))
+    assert model.exit_code == 0, model.output
+    assert (
+        "warning: GPU 1 is lost: not capped now; its model is unknown (lost before the agent "
+        "saw it): capped when it answers again if it is 'H100 80GB HBM3'" in model.stderr
+    ), model.stderr

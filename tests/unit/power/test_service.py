@@ -12,6 +12,7 @@ import pytest
 from agent.errors import AgentError, DeviceLost, InvalidSpec, NotSupported, PermissionDenied
 from agent.gpu import GpuDriver, load_driver
 from agent.gpu.sim import SimControl
+from agent.power import LostTarget
 from agent.power.service import BASELINE, PowerService
 from agent.state import StateStore
 
@@ -35,7 +36,7 @@ def _limits(gpu: GpuDriver) -> list[int]:
 
 def test_apply_sets_each_gpu_and_later_entries_win(gpu: GpuDriver, tmp_path: Path) -> None:
     defaults = [gpu.power_limits(g.uuid).default_mw for g in gpu.gpus()]
-    changes = _service(gpu, tmp_path).apply(_SPEC)
+    changes = _service(gpu, tmp_path).apply(_SPEC).changes
     want = [300_000] + [round(d * 0.8) for d in defaults[1:]]
     assert _limits(gpu) == want
     assert [(c.index, c.before_mw, c.after_mw) for c in changes] == [
@@ -88,7 +89,7 @@ def test_restore_returns_the_limits_from_before_the_first_apply(
     before = _limits(gpu)
     service.apply(_SPEC)
     service.apply("version: v1\npower: [{gpus: all, limit: 0.9}]\n")  # baselines stay the first
-    changes = service.restore()
+    changes = service.restore().changes
     assert _limits(gpu) == before
     assert {c.after_mw for c in changes if c.uuid == first} == {350_000}
     view = service.show()
@@ -106,8 +107,10 @@ def test_a_gpu_lost_at_restore_keeps_its_baseline_until_it_answers(
     gpu.set_power_limit(first.uuid, 350_000)  # an operator's nvidia-smi -pl before the agent
     service.apply(_SPEC)
     SimControl(tmp_path).mark_lost(first.index)
-    changes = service.restore()
+    restored = service.restore()
+    changes = restored.changes
     assert first.uuid not in {c.uuid for c in changes} and changes  # the others are back
+    assert restored.lost == [LostTarget(first.index, first.uuid)]  # the answer says it is owed
     assert service.show().baseline_mw == {first.uuid: 350_000}
     assert service.reconcile() == []  # still lost: nothing to do, nothing forgotten
     SimControl(tmp_path).reboot()  # it answers again (at its default limit)
@@ -228,7 +231,7 @@ def test_a_gpu_the_new_spec_leaves_out_goes_back_to_its_baseline(
     service = _service(gpu, tmp_path)
     defaults = _limits(gpu)
     service.apply(_SPEC)
-    changes = service.apply("version: v1\npower: [{gpus: [0], limit: 300W}]\n")
+    changes = service.apply("version: v1\npower: [{gpus: [0], limit: 300W}]\n").changes
     assert _limits(gpu) == [300_000, *defaults[1:]]
     assert [c.index for c in changes] == list(range(1, len(defaults)))
 
@@ -242,14 +245,15 @@ def test_a_gpu_lost_at_the_apply_is_capped_when_it_answers_and_restored_with_the
     service = _service(gpu, tmp_path)
     first = gpu.gpus()[0]
     SimControl(tmp_path).mark_lost(first.index)
-    service.apply("version: v1\npower:\n  - {gpus: all, limit: 0.8}\n")
+    applied = service.apply("version: v1\npower:\n  - {gpus: all, limit: 0.8}\n")
+    assert applied.lost == [LostTarget(first.index, first.uuid)]
     assert first.uuid not in service.show().baseline_mw
     SimControl(tmp_path).reboot()  # it answers again, at its default limit
     default = gpu.power_limits(first.uuid).current_mw
     capped = {c.uuid: c.after_mw for c in service.reconcile()}  # the reboot reset them all
     assert capped[first.uuid] == int(default * 0.8)
     assert service.show().baseline_mw[first.uuid] == default
-    restored = {c.uuid: c.after_mw for c in service.restore()}
+    restored = {c.uuid: c.after_mw for c in service.restore().changes}
     assert restored[first.uuid] == default == gpu.power_limits(first.uuid).current_mw
     assert service.show().baseline_mw == {}
 
@@ -342,7 +346,7 @@ def test_a_limit_another_writer_replaces_is_reported_as_the_driver_holds_it(
     both; the GPUs nobody else writes hold exactly what was set."""
     caplog.set_level(logging.WARNING, logger="agent.power.service")
     SimControl(tmp_path).write_power_limit(1, 250)
-    changes = {c.index: c for c in _service(gpu, tmp_path).apply(_SPEC)}
+    changes = {c.index: c for c in _service(gpu, tmp_path).apply(_SPEC).changes}
     assert (changes[1].requested_mw, changes[1].after_mw, changes[1].held) == (
         320_000,
         250_000,

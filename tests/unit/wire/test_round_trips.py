@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent._proto.gpuagent.v1 import agent_pb2, mig_pb2
+from agent._proto.gpuagent.v1 import agent_pb2, mig_pb2, power_pb2
 from agent.errors import Busy
 from agent.gpu.types import PowerLimits
 from agent.health.machine import Mark, State
@@ -14,7 +14,7 @@ from agent.mig.outcomes import ApplyResult as MigApplyResult
 from agent.mig.outcomes import GpuOutcome
 from agent.mig.plan import plan_gpu
 from agent.operation import Operation
-from agent.power import Change, GpuPower, PowerView
+from agent.power import Change, GpuPower, LostTarget, PowerResult, PowerView
 from agent.sharing import Advertised, ApplyResult, ReloadReport, parse
 from agent.telemetry.snapshot import (
     Entity,
@@ -39,7 +39,14 @@ from agent.wire.mig import (
 )
 from agent.wire.node import gpu_pb, health_mark_pb, node_from
 from agent.wire.operations import message_dict, operation_from, operation_pb
-from agent.wire.power import power_changes_from, power_changes_pb, power_view_from, power_view_pb
+from agent.wire.power import (
+    power_changes_from,
+    power_changes_pb,
+    power_lost_pb,
+    power_result_from,
+    power_view_from,
+    power_view_pb,
+)
 from agent.wire.sharing import sharing_change_from, sharing_change_pb
 from agent.wire.telemetry import snapshot_pb, telemetry_from
 from tests.unit.sharing.layouts import full_gpu, mig_gpu
@@ -67,6 +74,11 @@ def test_power_reads_back_as_its_view_and_changes() -> None:
     (old,) = power_changes_pb(changes[:1])
     old.ClearField("requested_mw")
     assert power_changes_from([old])[0].held
+    lost = [LostTarget(3, "GPU-3"), LostTarget(5, "", "its model is unknown")]
+    answer = power_pb2.ApplyPowerResponse(
+        changes=power_changes_pb(changes), lost_gpus=power_lost_pb(lost)
+    )
+    assert power_result_from(answer) == PowerResult(changes, lost)
 
 
 def test_a_sharing_change_reads_back_as_its_result() -> None:
