@@ -75,14 +75,18 @@ def unobservable(loaded: Pickup) -> bool:
     return loaded.state == "unknown" and loaded.detail.startswith(NO_HOSTPID)
 
 
-def reload_again(loaded: Pickup, status: StatusRecord | None, sha256: str) -> bool:
+def reload_again(
+    loaded: Pickup, status: StatusRecord | None, sha256: str, *, by_signal: bool
+) -> bool:
     """Whether a change to what the file (digest ``sha256``) already says reloads the plugin
     again: it is known not to run the file, or its process cannot be seen and the agent's own
-    last reload of this file did not reach it. A reload that did is not repeated for a
-    plugin that cannot be seen, nor is one the agent did not make (a file it did not write)."""
+    last reload of this file did not reach it, by a way that needs no sight of the process (a
+    label, a pod restart: ``by_signal`` False). A signal cannot reach a process not seen; a
+    reload that did reach it is not repeated, nor one the agent did not make (a file it did
+    not write)."""
     if loaded.state == "not-loaded":
         return True
-    if not unobservable(loaded) or status is None or status.sha256 != sha256:
+    if by_signal or not unobservable(loaded) or status is None or status.sha256 != sha256:
         return False
     return status.reload is None or not status.reload.done
 

@@ -381,7 +381,8 @@ class SharingService:
         status_raw = self._store.read_status()
         status = StatusRecord.from_json(status_raw) if status_raw is not None else None
         processes = find_plugin_processes(self._settings.plugin_process_name)
-        if not reload_again(self._pickup(sha, status, processes), status, sha):
+        pickup = self._pickup(sha, status, processes)
+        if not reload_again(pickup, status, sha, by_signal=self._settings.reload == "sighup"):
             return None
         ours = status is not None and status.sha256 == sha
         mtime = self._store.mtime()

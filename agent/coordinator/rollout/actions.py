@@ -31,6 +31,7 @@ from agent.mig.outcomes import Unrolled
 from agent.power.plan import resolve
 from agent.power.spec import parse as parse_power
 from agent.sharing import dra
+from agent.sharing.reload import reload_again
 from agent.sharing.schema import PluginConfig, merge, to_document
 from agent.sharing.validate import violations
 from agent.sharing.view import DraView, ReloadReport
@@ -332,13 +333,15 @@ async def _preview_share(client: AgentClient, record: RolloutRecord, node: str) 
     # Checked against the GPUs that answer, as the agent's SetSharing checks it.
     layouts = [g.layout for g in inventory.gpus if not g.lost]
     found = sharing_preview(node, requested, current, layouts)
-    if found.would != "unchanged" or now.pickup.state != "not-loaded":
+    written = now.last_write  # None: not the agent's write, which its set would not reload
+    if found.would != "unchanged" or written is None:
         return found
-    written = now.last_write
-    if written is None:  # not the agent's write: its set would not know it was not loaded
-        return found
-    if written.reload is not None and written.reload.method == "none":
+    method = written.reload.method if written.reload is not None else ""
+    if method == "none":
         return found  # something else reloads the plugin: the agent's set would not
+    # The agent's own rule, on what it answered: does its set of this config reload again?
+    if not reload_again(now.pickup, written, written.sha256, by_signal=method == "sighup"):
+        return found
     detail = f"{found.detail}; written, not loaded: {now.pickup.detail}"  # the set reloads it
     return dataclasses.replace(found, would="change", detail=detail)
 

@@ -105,7 +105,7 @@ def test_a_lost_gpu_is_not_among_the_gpus_the_config_is_checked_against() -> Non
 
     class Agent:
         async def get_sharing(self) -> SimpleNamespace:
-            return SimpleNamespace(exists=False, config=None, dra=None)
+            return SimpleNamespace(exists=False, config=None, dra=None, last_write=None)
 
         async def node(self) -> NodeView:
             return node_from(node)

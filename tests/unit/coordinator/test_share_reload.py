@@ -14,6 +14,7 @@ from agent._proto.gpuagent.v1 import sharing_pb2
 from agent.coordinator.rollout.actions import share_result
 from agent.coordinator.rollout.schedule import NodeState
 from agent.sharing import parse
+from agent.sharing.reload import NO_HOSTPID
 from agent.sharing.view import Pickup, ReloadReport, SharingView, StatusRecord
 from agent.wire.sharing import reload_pb, sharing_view_pb
 from tests.unit.coordinator.agents import Outcome, invoke_process
@@ -67,7 +68,9 @@ def test_each_set_outcome_is_said_as_what_it_is() -> None:
     )
 
 
-def _view(state: str, method: str) -> sharing_pb2.GetSharingResponse:
+def _view(
+    state: str, method: str, why: str = "no nvidia-device-plugin process is running"
+) -> sharing_pb2.GetSharingResponse:
     config = parse(
         {"sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}
     )
@@ -79,10 +82,23 @@ def _view(state: str, method: str) -> sharing_pb2.GetSharingResponse:
             config=config,
             advertised=(),
             problems=(),
-            pickup=Pickup(state, "no nvidia-device-plugin process is running"),  # type: ignore[arg-type]
+            pickup=Pickup(state, why),  # type: ignore[arg-type]
             last_write=StatusRecord("set", "0" * 64, 1000.0, report),
         )
     )
+
+
+@pytest.mark.parametrize(("method", "would"), [("label", "change"), ("sighup", "unchanged")])
+def test_an_unseen_plugin_is_previewed_as_the_agents_set_would_reload_it(
+    agents: FakeAgents, method: str, would: str
+) -> None:
+    """Without hostPID the pickup is unknown: the agent's set reloads again by a label (its
+    last one did not reach the plugin), never by a signal it cannot deliver; the dry run
+    judged only "not-loaded" and said "unchanged" where the set would reload."""
+    unseen = _view("unknown", method, f"{NO_HOSTPID}: whether it loaded is not observable")
+    agents.add(node("a", mark("healthy")), sharing_view=unseen)
+    (preview,) = json.loads(_share(agents, "--dry-run").output)["previews"]
+    assert preview["would"] == would, preview
 
 
 @pytest.mark.parametrize(

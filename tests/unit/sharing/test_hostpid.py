@@ -62,20 +62,24 @@ def test_an_unseen_plugin_is_not_observable_rather_than_not_loaded() -> None:
 def test_a_reload_is_repeated_for_an_unseen_plugin_only_while_the_agent_s_did_not_reach_it() -> (
     None
 ):
+    """Again by a label or a pod restart, which need no sight of the plugin; never by a
+    signal, which cannot reach a process the agent does not see."""
     unseen = Pickup("unknown", f"{NO_HOSTPID}: (test)")
 
     def record(sha: str, reload: ReloadReport | None) -> StatusRecord:
         return StatusRecord("set", sha, 100.0, reload)
 
-    missed = ReloadReport("sighup", False, "none seen", 100.0)
+    missed = ReloadReport("label", False, "label not switched", 100.0)
     reached = ReloadReport("restart-pod", True, "deleted pod p", 100.0)
-    assert reload_again(unseen, record("s", missed), "s")
-    assert reload_again(unseen, record("s", None), "s")  # the reload itself failed
-    assert not reload_again(unseen, record("s", reached), "s")  # not done again
-    assert not reload_again(unseen, record("other", missed), "s")  # not the agent's file
-    assert not reload_again(unseen, None, "s")
-    assert not reload_again(Pickup("unknown", "a label switch (test)"), record("s", missed), "s")
-    assert reload_again(Pickup("not-loaded", "(test)"), record("s", reached), "s")
+    assert reload_again(unseen, record("s", missed), "s", by_signal=False)
+    assert not reload_again(unseen, record("s", missed), "s", by_signal=True)  # cannot reach
+    assert reload_again(unseen, record("s", None), "s", by_signal=False)  # the reload failed
+    assert not reload_again(unseen, record("s", reached), "s", by_signal=False)  # done once
+    assert not reload_again(unseen, record("other", missed), "s", by_signal=False)  # not ours
+    assert not reload_again(unseen, None, "s", by_signal=False)
+    label_switch = Pickup("unknown", "a label switch (test)")
+    assert not reload_again(label_switch, record("s", missed), "s", by_signal=False)
+    assert reload_again(Pickup("not-loaded", "(test)"), record("s", reached), "s", by_signal=True)
 
 
 def test_sighup_says_the_agent_has_no_hostpid(tmp_path: Path) -> None:
