@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from agent.sharing import pidns
+from agent import pidns
 
 os.environ.setdefault("GPU_AGENT_SIMULATE_LATENCY", "false")
 

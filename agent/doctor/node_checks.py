@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from agent import pidns
 from agent.doctor import kube_checks
 from agent.doctor.facts import NEEDS_NVML, Facts, degraded, failed, ok
 from agent.dra.mode import AllocationMode
@@ -25,7 +26,7 @@ from agent.prewarm.private_images import (
     USABLE_BY_EVERY_POD,
     read_kubelet_policy,
 )
-from agent.sharing import pidns, strategy
+from agent.sharing import strategy
 from agent.sharing.reload import NO_HOSTPID
 from agent.sharing.store import ConfigStore
 from agent.statedir import FIX as STATE_FIX

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from agent import pidns
+
 log = logging.getLogger(__name__)
 
 FileId = tuple[int, int]  # (st_dev, st_ino)
@@ -134,7 +136,9 @@ class ProcScanner:
         if not wanted:
             return Holders()
         budget = _Budget(self._limits or LIMITS, self._clock)
-        for entry in self._pids(budget):
+        if pidns.hides(self._proc):  # its own pod's processes are all a scan would read
+            budget.cut = f"the agent has no hostPID: the node's processes are not in {self._proc}"
+        for entry in () if budget.cut else self._pids(budget):
             if not budget.pid():
                 break
             pid = int(entry.name)

@@ -18,10 +18,10 @@ from typing import Protocol
 
 import psutil
 
+from agent import pidns
 from agent.errors import FieldViolation, InvalidSpec, PermissionDenied
 from agent.kube import KubeClient
 from agent.kube_names import is_label_name
-from agent.sharing import pidns
 from agent.sharing.view import Pickup, ReloadReport, StatusRecord
 
 RELOAD_METHODS = ("sighup", "label", "restart-pod", "none")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from agent import pidns
 from agent.dra.mode import Allocation, AllocationMode
 from agent.errors import (
     AgentError,
@@ -34,7 +35,7 @@ from agent.errors import (
 from agent.gpu.types import GpuLayout
 from agent.kube import KubeClient
 from agent.kube_watch import Informer
-from agent.sharing import pidns, strategy
+from agent.sharing import strategy
 from agent.sharing.advertise import Advertised, advertise
 from agent.sharing.dra_service import DraSharing
 from agent.sharing.reload import (

@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from agent.prewarm.inuse import MAX_LINE_BYTES, MAX_MAPS_LINES, ProcScanner, ScanLimits, file_id
+from agent.pidns import NODE_PID_NAMESPACE
+from agent.prewarm.inuse import (
+    MAX_LINE_BYTES,
+    MAX_MAPS_LINES,
+    Holders,
+    ProcScanner,
+    ScanLimits,
+    file_id,
+)
+from tests.unit.sharing.pidns_fixtures import POD_NAMESPACE, a_proc
 
 MIB = 1024 * 1024
 
@@ -182,3 +191,15 @@ def test_a_process_list_that_cannot_be_read_rules_out_nobody(
     found = ProcScanner(tmp_path / "no-proc").holders([blob])
     assert found.held == {blob: set()}, found
     assert found.cut.startswith(f"{tmp_path / 'no-proc'} could not be listed: "), found.cut
+
+
+def test_without_hostpid_no_blob_is_ruled_out(tmp_path: Path, blob: tuple[int, int]) -> None:
+    """A pod without hostPID lists its own processes alone: the scan read them all, found no
+    holder, and every blob other pods mapped was "not in use", evicted under them. A scan that
+    cannot see the node's processes is cut, naming why (docs/sharing.md, "Without hostPID")."""
+    proc = a_proc(_proc(tmp_path, 7, []), POD_NAMESPACE)  # its own process holds nothing
+    found = ProcScanner(proc).holders([blob])
+    assert found.held == {blob: set()}, found
+    assert found.cut.startswith("the agent has no hostPID"), found.cut
+    node = a_proc(_proc(tmp_path / "node", 7, []), NODE_PID_NAMESPACE)
+    assert ProcScanner(node).holders([blob]) == Holders()  # read whole: nobody holds it

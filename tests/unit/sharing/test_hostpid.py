@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.sharing import pidns
-from agent.sharing.pidns import NODE_PID_NAMESPACE
+from agent import pidns
+from agent.pidns import NODE_PID_NAMESPACE
 from agent.sharing.reload import (
     NO_HOSTPID,
     PluginProcess,

@@ -1,5 +1,5 @@
-"""Which PID namespace the agent runs in: the node's (hostPID), where psutil lists the device
-plugin's process, or its pod's own, where it cannot.
+"""Which PID namespace the agent runs in: the node's (hostPID), where it sees the node's
+processes (the device plugin's, the pods reading the cache), or its pod's own, where it cannot.
 
 ``<proc>/self/ns/pid`` names the namespace, and the node's (the initial one) has a fixed inode,
 ``PROC_PID_INIT_INO`` (include/linux/proc_ns.h, since Linux 3.8). ``NSpid:`` in
