@@ -33,6 +33,7 @@ BASE = {
     "tasks",
     "tables",
     "kube_names",
+    "pidns",
     "_proto",
 }
 INFRA = {
