@@ -134,3 +134,34 @@ def test_with_the_api_server_away_get_node_says_kubernetes_is_degraded_and_gpus_
         assert _component(running, "gpu-driver")[0]  # GPU work goes on
         api.up()
         wait_for(lambda: _component(running, "kubernetes")[0], "healthy again", 60)
+
+
+def test_a_hung_api_server_does_not_hold_the_agents_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Building the agent asked discovery for the ResourceSlices' version at once: an API
+    server that takes connections and never answers held the start for the client's 10 s
+    timeout (gRPC and /metrics not serving) before the allocation's bounded 3 s wait. The
+    informer asks discovery on its own thread now; the start waits only that bound."""
+    import socket
+
+    from agent.node import ALLOCATION_SYNC_S
+
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(64)  # connections complete in the backlog; nothing is ever read or answered
+    url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+    # Half the real 10 s timeout: a start that waits for one call is still past the bound.
+    kube = InClusterKubeClient(url, None, token="t", timeout=ALLOCATION_SYNC_S + 2)
+    monkeypatch.setattr(InClusterKubeClient, "in_pod", classmethod(lambda cls: kube))
+    root = tmp_path / "agent"
+    config = agent_config(root, node_name=NODE, driver={"check_s": 0.2})
+    began = time.monotonic()
+    try:
+        with InProcessAgent(root, config) as running:
+            took = time.monotonic() - began
+            assert took < ALLOCATION_SYNC_S + 3, f"the start took {took:.1f} s"
+            assert not _component(running, "kubernetes")[0]  # said, not waited for
+            assert _component(running, "gpu-driver")[0]
+    finally:
+        hung.close()
