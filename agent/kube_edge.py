@@ -75,6 +75,10 @@ class KubeEdge:
             return False, "; ".join(problems)
         return True, f"{len(self.informers.informers())} watch(es) current, the Node written"
 
+    def current(self) -> bool:
+        """Whether every watch started is current (the informers' state: no request)."""
+        return bool(self.informers.informers()) and not self.informers.stale()
+
     def labels_client(self) -> OwnedNodeLabels:
         return OwnedNodeLabels(self.client, self.owner)
 

@@ -32,9 +32,13 @@ def _quiet_for(api: EdgeKubeApi, seconds: float) -> bool:
     return not calls or time.monotonic() - calls[-1].at >= seconds
 
 
-def _caches(port: int) -> dict[str, float]:
+def _metrics(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
+        return r.read().decode()
+
+
+def _caches(port: int) -> dict[str, float]:
+    text = _metrics(port)
     found = re.findall(r'^gpu_agent_kube_cache_current\{resource="([^"]+)"\} (\S+)$', text, re.M)
     return {name: float(value) for name, value in found}
 
@@ -165,3 +169,36 @@ def test_a_hung_api_server_does_not_hold_the_agents_start(
             assert _component(running, "gpu-driver")[0]
     finally:
         hung.close()
+
+
+def test_an_agent_started_in_an_api_outage_says_kubernetes_reachable_once_it_is_back(
+    tmp_path: Path,
+    edge_api: tuple[EdgeKubeApi, str],
+    kube: InClusterKubeClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hourly doctor kept the start's answers: an agent started in an API outage reported
+    gpu_agent_doctor_check_state{check="reachable"} 2 for an hour or until `gpu-agent doctor`,
+    GetNode's "kubernetes" component long healthy. Its watches being current asks again."""
+    import agent.doctor.service
+
+    api, _ = edge_api
+    monkeypatch.setattr(InClusterKubeClient, "in_pod", classmethod(lambda cls: kube))
+    monkeypatch.setattr(agent.doctor.service, "KUBE_RECHECK_S", 0.2, raising=False)
+    root = tmp_path / "agent"
+    config = agent_config(root, node_name=NODE, driver={"check_s": 0.2})
+    api.restart()  # 503 to every call, from before the start
+
+    def reachable(running: InProcessAgent) -> float | None:
+        found = re.search(
+            r'^gpu_agent_doctor_check_state\{check="reachable",duty="kubernetes"\} (\S+)$',
+            _metrics(running.node.metrics_port),
+            re.M,
+        )
+        return float(found.group(1)) if found else None
+
+    with InProcessAgent(root, config) as running:
+        wait_for(lambda: reachable(running) == 2.0, "the start's doctor: not reachable", 20)
+        api.up()
+        wait_for(lambda: _component(running, "kubernetes")[0], "the watches current", 30)
+        wait_for(lambda: reachable(running) == 0.0, "reachable, asked again", 10)

@@ -30,8 +30,9 @@ class Api:
     def __init__(self) -> None:
         self.denied: set[tuple[str, str, str, str]] = set()
         self.reviews: list[dict] = []
-        #: every call but /version answers this code (an API server in trouble)
+        #: every call answers this code (an API server in trouble)
         self.code = 200
+        self.calls = 0
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -39,10 +40,11 @@ class Api:
                 """Quiet: the test reads the requests, not the server's log."""
 
             def _send(self, obj: object) -> None:
-                if api.code != 200 and self.path != "/version":
+                api.calls += 1
+                if api.code != 200:
                     obj = {"kind": "Status", "code": api.code, "message": "injected"}
                 body = json.dumps(obj).encode()
-                self.send_response(200 if self.path == "/version" else api.code)
+                self.send_response(api.code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -57,7 +59,8 @@ class Api:
 
             def do_POST(self) -> None:
                 review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                api.reviews.append(review)
+                if api.code == 200:
+                    api.reviews.append(review)
                 a = review["spec"]["resourceAttributes"]
                 key = (a["verb"], a["resource"], a.get("subresource", ""), a["group"])
                 self._send({**review, "status": {"allowed": key not in api.denied}})
@@ -261,3 +264,44 @@ def test_the_hourly_run_keeps_every_answer_that_asked_the_api_and_reruns_the_oth
     again = doctor.run()  # `gpu-agent doctor`: asks again, and sees the denial
     reload = next(c for c in again.checks if (c.duty, c.name) == ("sharing", "reload"))
     assert reload.state is CheckState.FAILED and len(api.reviews) == 2 * asked
+
+
+def test_an_agent_started_in_an_api_outage_asks_again_once_its_watches_are_current(
+    api: Api, tmp_path: Path
+) -> None:
+    """The hourly run kept the start's answers: an agent started while the API server was away
+    said kubernetes/reachable failed (gauge 2) until someone ran `gpu-agent doctor`, its
+    watches long current again. They are asked again once the watches are current; nothing
+    is sent while they are away, nor when the kept answers are all ok."""
+    from agent.doctor.service import Doctor
+
+    current = False
+    doctor = Doctor(facts(tmp_path, kube=api.client), kube_current=lambda: current)
+
+    def states() -> dict[str, CheckState]:
+        report = doctor.latest
+        assert report is not None
+        return {c.name: c.state for c in report.checks if c.duty == "kubernetes"}
+
+    api.code = 503
+    doctor.refresh()  # the start, in the outage
+    assert states()["reachable"] is CheckState.FAILED
+    api.code = 200
+    sent = api.calls
+    doctor.refresh()  # an hour on: kept
+    assert not doctor.recheck()  # the watches still away: nothing asked
+    assert api.calls == sent and states()["reachable"] is CheckState.FAILED
+    current = True
+    assert doctor.recheck()
+    assert set(states().values()) == {CheckState.OK} and api.calls > sent
+    sent = api.calls
+    assert not doctor.recheck()  # asked once: kept while nothing changes
+    doctor.refresh()
+    assert api.calls == sent
+
+    # Started with the watches away but every answer ok: a recovery changes none of them.
+    current = False
+    quiet = Doctor(facts(tmp_path, kube=api.client), kube_current=lambda: current)
+    quiet.refresh()
+    sent, current = api.calls, True
+    assert not quiet.recheck() and api.calls == sent
