@@ -12,7 +12,6 @@ same: labels from the watch, label writes through the owner, pod deletes passed 
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -26,8 +25,6 @@ from agent.kube import PAGE_SIZE, InClusterKubeClient
 from agent.kube_discovery import WANTED, ApiVersions
 from agent.kube_node import NodeOwner
 from agent.kube_watch import Informer, InformerFactory
-
-log = logging.getLogger(__name__)
 
 __all__ = ["KubeEdge", "KubeEdgeCollector", "OwnedNodeLabels"]
 
@@ -53,26 +50,19 @@ class KubeEdge:
 
     def slices(self) -> Informer:
         """This node's ResourceSlices (every driver), one informer for every reader, at the
-        version discovery chose (v1 where it serves none the agent reads). While discovery
-        cannot be asked (the API server away at the start) the informer asks it again before
-        it lists, so it converges on the served version without a restart."""
+        version discovery chose (v1 where it serves none the agent reads). Discovery is asked
+        by the informer's thread before it lists, never here: this is called while the agent
+        is built, and a hung API server (a 10 s timeout per request) must not hold its start;
+        while discovery fails (the API server away) it is asked again before each list, so the
+        informer converges on the served version without a restart."""
         with self._lock:
             if self._slices is None:
-                self._slices = self._slices_informer()
+                want = WANTED["resourceslices"]
+                fallback = f"/apis/{want.group}/{want.versions[0]}/{want.name}"
+                query = {"fieldSelector": f"spec.nodeName={self.node}"}
+                self._slices = self.informers.informer(fallback, query)
+                self._slices.resolve_path(lambda: self.apis.path("resourceslices") or fallback)
             return self._slices
-
-    def _slices_informer(self) -> Informer:
-        want = WANTED["resourceslices"]
-        fallback = f"/apis/{want.group}/{want.versions[0]}/{want.name}"
-        query = {"fieldSelector": f"spec.nodeName={self.node}"}
-        try:
-            path = self.apis.path("resourceslices")
-        except AgentError as exc:
-            log.warning("discovery of resource.k8s.io failed (%s): asked again before listing", exc)
-            informer = self.informers.informer(fallback, query)
-            informer.resolve_path(lambda: self.apis.path("resourceslices") or fallback)
-            return informer
-        return self.informers.informer(path or fallback, query)
 
     def health(self) -> tuple[bool, str]:
         """(healthy, detail): GetNode's "kubernetes" component. Unhealthy while a watched
@@ -84,6 +74,10 @@ class KubeEdge:
         if problems:
             return False, "; ".join(problems)
         return True, f"{len(self.informers.informers())} watch(es) current, the Node written"
+
+    def current(self) -> bool:
+        """Whether every watch started is current (the informers' state: no request)."""
+        return bool(self.informers.informers()) and not self.informers.stale()
 
     def labels_client(self) -> OwnedNodeLabels:
         return OwnedNodeLabels(self.client, self.owner)

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from agent import safeyaml
 from agent.errors import AgentError, Conflict
 from agent.kube import Requests
 from agent.kube_watch import BACKOFF_S, Informer, retry_wait, unexpected_error
@@ -42,6 +43,14 @@ __all__ = ["Claim", "NodeOwner", "NodePart", "Writes", "plan"]
 
 #: How long after the first change the owner waits for more before it writes.
 COALESCE_S = 0.2
+
+#: The two writes of a plan, which fail apart: the status subresource, the Node itself.
+STATUS, NODE = "status", "node"
+_WHAT = {STATUS: "the status write", NODE: "the Node write"}
+
+
+class _Failed(AgentError):
+    """A write of the owner that failed, already said and recorded (`NodeOwner.error`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +245,9 @@ class NodeOwner:
         self._thread: threading.Thread | None = None
         #: writes made (PATCHes of the Node and of its status), for tests and the benchmark
         self.writes = 0
-        self.error = ""
+        #: STATUS / NODE -> why that PATCH last failed
+        self._errors: dict[str, str] = {}
+        self._delay, self._traced, self._not_before = backoff[0], False, 0.0
 
     def part(self, claim: Claim) -> NodePart:
         with self.lock:
@@ -276,12 +287,19 @@ class NodeOwner:
         self._wake.set()
 
     def sync(self) -> bool:
-        """Write what differs now; True when something was written. AgentError on failure."""
+        """Write what differs now; True when something was written. AgentError when the Node
+        patch failed (a refused status write: `error`)."""
         return self.write_now({})
 
     def write_now(self, once: Mapping[str, str | None]) -> bool:
         """Write the parts' difference and the one-shot ``once`` labels (None removes) at
-        once, in one PATCH; a label already as asked is not written."""
+        once; a label already as asked is not written. The status (conditions) and the Node
+        (labels, annotations, taints) are two PATCHes sent and failed independently: a refused
+        status write (no nodes/status verb, a webhook) must not keep the health labels, the
+        taint, the reclaim mark or the sharing reload's label off the Node. AgentError when
+        the Node patch failed; a refused status is only recorded (`error`, GetNode). A part
+        that failed is retried by the owner's thread with back-off; the part written is not
+        sent again."""
         with self.lock:
             node = self.node_object()
             if node is None:
@@ -292,18 +310,81 @@ class NodeOwner:
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._clock()))
             writes = plan(node, parts, once, now)
             path = f"/api/v1/nodes/{urllib.parse.quote(self.node, safe='')}"
+            failed: dict[str, Exception] = {}
+            # A refused status in its back-off is the owner's thread's to retry when it ends,
+            # not each caller's at once (a sharing reload's label goes now, alone).
+            held = STATUS in self._errors and time.monotonic() < self._not_before
+            if held and writes.status is not None:
+                writes = replace(writes, status=None)
+                self._wake.set()
             # The condition first: a reader that sees the labels or taint sees it too.
             if writes.status is not None:
                 strategic = "application/strategic-merge-patch+json"
-                answer = self._write(f"{path}/status", writes.status, strategic)
-                if writes.node is not None and "resourceVersion" in writes.node["metadata"]:
-                    # The taints' precondition is the Node as the status write left it.
-                    writes.node["metadata"]["resourceVersion"] = _version(answer)
+                try:
+                    answer = self._write(f"{path}/status", writes.status, strategic)
+                except Exception as exc:  # said and retried; the Node patch still goes
+                    failed[STATUS] = exc
+                else:
+                    if writes.node is not None and "resourceVersion" in writes.node["metadata"]:
+                        # The taints' precondition is the Node as the status write left it
+                        # (when it failed: as the watch delivered it, set by `plan`).
+                        writes.node["metadata"]["resourceVersion"] = _version(answer)
             if writes.node is not None:
-                self._write(path, writes.node, "application/merge-patch+json")
-            if writes.said:
-                log.info("Node %s: wrote %s", self.node, ", ".join(writes.said))
+                try:
+                    self._write(path, writes.node, "application/merge-patch+json")
+                except Exception as exc:
+                    failed[NODE] = exc
+            self._settle(writes, failed, held)
+            if NODE in failed:  # a refused status is the owner's to retry, not the caller's
+                raise _Failed(self.error) from failed[NODE]
             return bool(writes.node or writes.status)
+
+    def _settle(self, writes: Writes, failed: Mapping[str, Exception], held: bool = False) -> None:
+        """Say what was written, record each part's failure (or clear it: written, or nothing
+        left to write) and when the owner's thread may try the failed part again; ``held``:
+        the status was not tried (in its back-off), its failure stands."""
+        conditions = {
+            c["type"] for c in (writes.status or {}).get("status", {}).get("conditions", [])
+        }
+        said = [k for k in writes.said if (STATUS if k in conditions else NODE) not in failed]
+        if said:
+            log.info("Node %s: wrote %s", self.node, ", ".join(said))
+        for part in (STATUS, NODE):
+            if part not in failed and not (held and part == STATUS):
+                self._errors.pop(part, None)
+        if held and not failed:
+            return
+        if not failed:
+            self._delay, self._traced, self._not_before = self._backoff[0], False, 0.0
+            return
+        trace: BaseException | None = None
+        for part, exc in failed.items():
+            if isinstance(exc, AgentError):
+                why = str(exc)
+            else:  # a bug of ours, an answer no check foresaw: traced once until a success
+                why = unexpected_error(exc)
+                trace = None if self._traced else exc
+                self._traced = True
+            keys = [k for k in writes.said if (k in conditions) == (part == STATUS)]
+            what = f" ({safeyaml.some(keys, 3)})" if keys else ""
+            self._errors[part] = f"{_WHAT[part]}{what} failed: {why}"
+        exc = failed.get(NODE) or failed[STATUS]
+        wait = retry_wait(exc, self._delay)  # a 429's Retry-After, else jittered back-off
+        self._not_before = time.monotonic() + wait
+        self._delay = min(self._backoff[1], self._delay * 2)
+        log.warning(
+            "writing Node %s failed (%s); again in %.1fs",
+            self.node,
+            self.error,
+            wait,
+            exc_info=trace,
+        )
+        self._wake.set()
+
+    @property
+    def error(self) -> str:
+        """What of the Node's last write failed and why; "" when all was written."""
+        return "; ".join(self._errors[p] for p in (STATUS, NODE) if p in self._errors)
 
     def _write(self, path: str, body: dict[str, Any], content_type: str) -> object:
         try:
@@ -316,31 +397,19 @@ class NodeOwner:
         return answer
 
     def _run(self) -> None:
-        delay, traced = self._backoff[0], False
-        failed: Exception
         while not self._stop.is_set():
             self._wake.wait()
             if self._stop.wait(self._coalesce_s):  # a burst of changes is one write
                 return
+            # After a failure (here or in a caller's write_now): the back-off, then again.
+            if self._stop.wait(max(0.0, self._not_before - time.monotonic())):
+                return
             self._wake.clear()
             try:
                 self.sync()
-                delay, self.error, traced = self._backoff[0], "", False
-                continue
-            except AgentError as exc:
-                failed, self.error, trace = exc, str(exc), False
-            except Exception as exc:  # a bug of ours, an answer no check foresaw: a failed
-                # write, said and retried; the thread must not end (the Node never written again)
-                failed, self.error, trace = exc, unexpected_error(exc), not traced
-                traced = True
-            wait = retry_wait(failed, delay)  # a 429's Retry-After, else jittered back-off
-            log.warning(
-                "writing Node %s failed (%s); again in %.1fs",
-                self.node,
-                self.error,
-                wait,
-                exc_info=failed if trace else None,
-            )
-            self._stop.wait(wait)
-            delay = min(self._backoff[1], delay * 2)
-            self._wake.set()
+            except _Failed:
+                pass  # recorded, said and rescheduled by _settle
+            except Exception as exc:  # planning failed (a bug, a cached answer no check
+                # foresaw): a failed write, said and retried; the thread must not end
+                with self.lock:
+                    self._settle(Writes(), {NODE: exc})

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from agent import safeyaml
-from agent.errors import AgentError
+from agent.errors import AgentError, PermissionDenied
 from agent.kube import PAGE_SIZE, Gone, dig
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,9 @@ class Informer:
         self.synced = threading.Event()
         self.healthy = False
         self.error = ""
+        #: whether the last failure was the API refusing the agent (401/403: its RBAC), not
+        #: the API server not answering; the doctor's fix depends on which
+        self.denied = False
         self.stale_since: float | None = None
         #: calls made, for the counts a test or a metric wants
         self.lists = 0
@@ -245,6 +248,7 @@ class Informer:
         """Wait the server's Retry-After, else ``delay`` jittered by +-50 %; the next delay.
         ``unexpected`` (not an AgentError): logged with its traceback, once until a good call."""
         self._bad(unexpected_error(exc) if unexpected else str(exc))
+        self.denied = isinstance(exc, PermissionDenied)
         wait = retry_wait(exc, delay)
         trace = unexpected and not self._traced
         self._traced = self._traced or trace
@@ -284,6 +288,7 @@ class Informer:
 
     def _good(self) -> None:
         self.healthy, self.error, self.stale_since, self._traced = True, "", None, False
+        self.denied = False
         self.synced.set()
 
     def _bad(self, error: str) -> None:

@@ -17,21 +17,23 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from agent.errors import AgentError, FieldViolation, InvalidSpec
+from agent.errors import FieldViolation, InvalidSpec
 from agent.gpu.types import GpuLayout
 from agent.health.machine import State
 from agent.kube_node import Claim
-from agent.tasks import Need, Task
+from agent.tasks import Need, Subscribe, Task
 
 if TYPE_CHECKING:
     from agent.api.inventory import NodeInventory
     from agent.config import AgentConfig
     from agent.health.monitor import HealthMonitor
     from agent.kube_edge import KubeEdge
+    from agent.kube_watch import Informer
     from agent.telemetry.service import TelemetryService
 
 __all__ = [
@@ -110,7 +112,8 @@ class NodeMarks(Protocol):
 
 
 #: (labels, annotations) of the Node now
-Metadata = Callable[[], tuple[Mapping[str, str], Mapping[str, str]]]
+#: The Node's (labels, annotations); None while they are not known (its watch not listed).
+Metadata = Callable[[], tuple[Mapping[str, str], Mapping[str, str]] | None]
 
 
 class ReclaimMarker:
@@ -144,7 +147,10 @@ class ReclaimMarker:
         idle = self._idle()
         if idle is None:
             return None
-        labels, annotations = self._metadata()
+        found = self._metadata()
+        if found is None:  # the Node not listed yet: the pass waits for it (`reclaim_tasks`)
+            return None
+        labels, annotations = found
         gpus = (
             ()
             if self._exclude.matches(labels)
@@ -204,10 +210,11 @@ def reclaim_marker(
     owner."""
     node = config.node_name
 
-    def metadata() -> tuple[Mapping[str, str], Mapping[str, str]]:
+    def metadata() -> tuple[Mapping[str, str], Mapping[str, str]] | None:
         obj = edge.owner.node_object()
         if obj is None:
-            raise AgentError(f"the Node {node} is not listed yet: no reclaim mark this pass")
+            log.debug("the Node %s is not listed yet: no reclaim mark this pass", node)
+            return None
         meta = obj.get("metadata") or {}
         return dict(meta.get("labels") or {}), dict(meta.get("annotations") or {})
 
@@ -240,4 +247,25 @@ def reclaim_tasks(
     if edge is None or config.telemetry.idle_reclaim_after_s <= 0:
         return []
     marker = functools.cache(lambda: reclaim_marker(edge, config, inventory, telemetry, health))
-    return [Task("reclaim", lambda: marker().mark(), RECLAIM_S, needs=Need.KUBE)]
+    # A pass before the Node's watch listed marks nothing; its first list wakes the next one
+    # (not RECLAIM_S later).
+    listed = _first_list(edge.node_informer())
+    return [Task("reclaim", lambda: marker().mark(), RECLAIM_S, (listed,), Need.KUBE)]
+
+
+def _first_list(informer: Informer) -> Subscribe:
+    """Wake a task once, at ``informer``'s first list (not at all when it has listed)."""
+
+    def subscribe(wake: Callable[[], None]) -> None:
+        if informer.synced.is_set():
+            return
+        woke = threading.Event()
+
+        def once() -> None:
+            if not woke.is_set():
+                woke.set()
+                wake()
+
+        informer.add_handler(once)
+
+    return subscribe

@@ -232,7 +232,7 @@ def _build_rest(
     m = config.mig
     mig_labels = label_controller(m.watch_node_label, m.config_file, kube, config.node_name, mig)
     doctor = build_doctor(
-        config, driver, client, allocation.current, state, telemetry, health, power, mig, sim_proc
+        config, driver, edge, allocation.current, state, telemetry, health, power, mig, sim_proc
     )
     _self_metrics(telemetry, driver, state, prewarm, health, mig_labels, allocation, doctor, edge)
     return Services(

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent.doctor.facts import NEEDS_NVML, Facts, degraded, failed, ok
-from agent.dra.mode import AllocationMode
+from agent.doctor.kube_checks import UNANSWERED_FIX
+from agent.dra.mode import DENIED, UNANSWERED, AllocationMode
 from agent.errors import AgentError
 from agent.gpu.attach import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NO_GPUS, STARTING
 from agent.gpu.types import GpuInfo
@@ -231,6 +232,16 @@ def mig_capability(facts: Facts) -> Check:
     return ok(M, "capability", f"{gpus}; CAP_SYS_ADMIN and {config} present")
 
 
+SET_MODE = "set dra.mode (GPU_AGENT_DRA__MODE=device-plugin)"
+#: Why the mode is unknown -> what to fix first: RBAC only when the API said so (an outage
+#: or a timeout is no missing verb); evidence that contradicts itself needs the setting.
+_UNKNOWN_FIX = {
+    DENIED: "grant the agent list/watch on resourceslices.resource.k8s.io and nodes "
+    "(deploy/kubernetes agent-rbac.yaml), or ",
+    UNANSWERED: f"{UNANSWERED_FIX}; or, to decide without it, ",
+}
+
+
 def mig_allocation_mode(facts: Facts) -> Check:
     allocation = facts.allocation()
     evidence = allocation.describe()
@@ -239,8 +250,7 @@ def mig_allocation_mode(facts: Facts) -> Check:
             M,
             "allocation-mode",
             f"{evidence}: every MIG change is refused until the mode is known",
-            "grant the agent list/watch on resourceslices.resource.k8s.io (deploy/kubernetes "
-            "agent-rbac.yaml), or set dra.mode (GPU_AGENT_DRA__MODE=device-plugin)",
+            _UNKNOWN_FIX.get(allocation.unread, "") + SET_MODE,
         )
     if allocation.mode is AllocationMode.DRA_DYNAMIC_MIG:
         return ok(M, "allocation-mode", f"{evidence}: the DRA driver makes MIG; the agent advises")

@@ -9,10 +9,17 @@ from __future__ import annotations
 from typing import Any
 
 from agent.doctor.facts import Facts, failed, ok
-from agent.errors import AgentError
+from agent.errors import AgentError, PermissionDenied
 from agent.wire.doctor import Check
 
-__all__ = ["AGENT_VERBS", "allowed", "kube_api_versions", "kube_rbac", "kube_reachable"]
+__all__ = [
+    "AGENT_VERBS",
+    "allowed",
+    "fix_for",
+    "kube_api_versions",
+    "kube_rbac",
+    "kube_reachable",
+]
 
 K = "kubernetes"
 NOT_IN_CLUSTER = "not in a cluster (no service account, no KUBECONFIG): nothing needs the API"
@@ -32,6 +39,14 @@ RBAC_FIX = (
     "kubectl apply -k deploy/kubernetes (the gpu-agent ClusterRole and its binding to the "
     "gpu-agent service account), or add the verbs to the role bound to the agent"
 )
+#: The fix when the API server did not answer at all (down, timing out, 5xx): not RBAC.
+UNANSWERED_FIX = "the API server does not answer: see kubernetes/reachable"
+
+
+def fix_for(exc: AgentError) -> str:
+    """The fix for a call the API refused: RBAC only when it said so (401/403); an outage, a
+    timeout or a 5xx is no missing verb, and granting one would not help."""
+    return RBAC_FIX if isinstance(exc, PermissionDenied) else UNANSWERED_FIX
 
 
 def kube_reachable(facts: Facts) -> Check:
@@ -84,7 +99,7 @@ def kube_rbac(facts: Facts) -> Check:
                 if not allowed(facts, group, resource, verb):
                     denied.append(f"{verb} {resource}{'.' + group if group else ''}")
     except AgentError as exc:
-        return failed(K, "rbac", f"SelfSubjectAccessReview refused: {exc}", RBAC_FIX)
+        return failed(K, "rbac", f"SelfSubjectAccessReview refused: {exc}", fix_for(exc))
     if denied:
         return failed(K, "rbac", f"denied {len(denied)} of {asked}: {', '.join(denied)}", RBAC_FIX)
     return ok(K, "rbac", f"all {asked} verbs the agent uses are allowed")
@@ -96,7 +111,7 @@ def kube_api_versions(facts: Facts) -> Check:
     try:
         listing = facts.kube.get("/apis")
     except AgentError as exc:
-        return failed(K, "api-versions", f"discovery (/apis) failed: {exc}", RBAC_FIX)
+        return failed(K, "api-versions", f"discovery (/apis) failed: {exc}", fix_for(exc))
     served = {
         g.get("name"): [v.get("version") for v in g.get("versions", [])]
         for g in (listing.get("groups", []) if isinstance(listing, dict) else [])

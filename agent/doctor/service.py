@@ -21,7 +21,6 @@ from prometheus_client.registry import Collector
 from agent.doctor import api_checks, gpu_checks, kube_checks, node_checks
 from agent.doctor.facts import ApiServer, Facts
 from agent.doctor.runner import DEADLINE_S, Probe, run_checks
-from agent.kube import InClusterKubeClient, KubeClient
 from agent.mig.journal import reboot_waits
 from agent.tasks import Need, Task
 from agent.wire.doctor import Check, CheckState, DoctorReport
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
     from agent.dra.mode import Allocation
     from agent.gpu.attach import DriverLink
     from agent.health.monitor import HealthMonitor
+    from agent.kube_edge import KubeEdge
     from agent.mig.service import MigService
     from agent.power.service import PowerService
     from agent.state import StateStore
@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 #: How often a running agent runs its checks again for the gauge (each run makes one
 #: SelfSubjectAccessReview per verb in a cluster: rare, so a fleet does not load the API).
 REFRESH_S = 3600.0
+#: How often the agent looks (in its own informers: no request) whether its Kubernetes watches
+#: came back, to ask the API checks again that were answered while they were away.
+KUBE_RECHECK_S = 30.0
 
 #: (duty, name, check) in the order they are shown.
 CHECKS: tuple[tuple[str, str, Callable[[Facts], Check]], ...] = (
@@ -94,9 +97,18 @@ def count_line(report: DoctorReport) -> str:
 class Doctor(Collector):
     """Runs the checks over ``facts``; thread-safe. Never raises from a run."""
 
-    def __init__(self, facts: Facts, deadline_s: float = DEADLINE_S) -> None:
+    def __init__(
+        self,
+        facts: Facts,
+        deadline_s: float = DEADLINE_S,
+        kube_current: Callable[[], bool] | None = None,
+    ) -> None:
+        """``kube_current``: whether the agent's Kubernetes watches are current (the edge)."""
         self.facts = facts
         self._deadline_s = deadline_s
+        self._kube_current = kube_current
+        #: whether the watches were current when the kept API answers were asked
+        self._asked_current = True
         self._lock = threading.Lock()
         self._latest: DoctorReport | None = None
         #: the latest answers of the checks that asked the API server, by (duty, name)
@@ -117,6 +129,7 @@ class Doctor(Collector):
         asked the API server at their last run keep that answer (when there is one)."""
         facts = self.facts
         kept = {} if ask_api else self._asked
+        current = self._kube_current() if ask_api and self._kube_current is not None else True
         asking: dict[tuple[str, str], _Asking] = {}
         probes = []
         for duty, name, check in CHECKS:
@@ -133,13 +146,35 @@ class Doctor(Collector):
         asked = {k: c for k, c in keys if k in kept or (k in asking and asking[k].asked)}
         with self._lock:
             self._latest, self._asked = report, asked
+            if ask_api:
+                self._asked_current = current
         for listener in self._listeners:
             listener()
         return report
 
     def tasks(self) -> list[Task]:
         """In the agent itself: its log starts with the summary."""
-        return [Task("doctor", self.refresh, REFRESH_S, needs=Need.LISTENER)]
+        tasks = [Task("doctor", self.refresh, REFRESH_S, needs=Need.LISTENER)]
+        if self._kube_current is not None:
+            needs = Need.LISTENER | Need.KUBE
+            tasks.append(Task("doctor recheck", self.recheck, KUBE_RECHECK_S, (), needs, True))
+        return tasks
+
+    def recheck(self) -> bool:
+        """Ask the API server again (a whole run) when the kept answers were asked while the
+        watches were not current, they are now, and an answer is not ok: an agent started in
+        an API outage said kubernetes/reachable failed until the next `gpu-agent doctor`, the
+        watches long back. Answers all ok, or watches still away: nothing is sent."""
+        if self._kube_current is None or self._asked_current or not self._logged:
+            return False
+        if not self._kube_current():
+            return False
+        if all(c.state is CheckState.OK for c in self._asked.values()):
+            self._asked_current = True  # nothing a recovery would change
+            return False
+        report = self.run()
+        log.info("the Kubernetes watches are current again: %s", count_line(report))
+        return True
 
     def refresh(self) -> None:
         """A run for the gauge; the first one logs the summary (the agent's start-up), and the
@@ -200,7 +235,7 @@ class _Asking:
 def build_doctor(
     config: AgentConfig,
     driver: DriverLink,
-    kube: KubeClient | None,
+    edge: KubeEdge | None,
     allocation: Callable[[], Allocation],
     state: StateStore,
     telemetry: TelemetryService,
@@ -213,7 +248,7 @@ def build_doctor(
     facts = Facts(
         config=config,
         driver=driver,
-        kube=kube if isinstance(kube, InClusterKubeClient) else None,
+        kube=edge.client if edge is not None else None,
         allocation=allocation,
         snapshot=telemetry.latest,
         xids=telemetry.xid_totals,
@@ -226,4 +261,5 @@ def build_doctor(
         socket_path=config.socket_path,
         namespace_proc=namespace_proc,
     )
-    return Doctor(facts)
+    # Its watches say when the API server is back: the kept API answers are asked again.
+    return Doctor(facts, kube_current=edge.current if edge is not None else None)

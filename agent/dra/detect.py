@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agent import safeyaml
-from agent.dra.mode import Allocation, AllocationMode
+from agent.dra.mode import DENIED, UNANSWERED, Allocation, AllocationMode
 from agent.dra.slices import MAX_SLICES, DriverSlices
 from agent.safeyaml import ascii_int
 
@@ -62,6 +62,8 @@ class NodeFacts:
     capacity: Mapping[str, object] | None = None
     #: why a fact is missing (the last error of its watch), said in the evidence
     problem: str = ""
+    #: whether that error was the API refusing the agent (401/403), not answering none
+    denied: bool = False
 
 
 def configured(setting: str, driver: str) -> Allocation | None:
@@ -87,6 +89,7 @@ def detect(facts: NodeFacts) -> Allocation:
         return Allocation(
             AllocationMode.UNKNOWN,
             f"the Kubernetes API has not answered yet for {' and '.join(missing)}{why}",
+            unread=DENIED if facts.denied else UNANSWERED,
         )
     assert facts.slices is not None and facts.allocatable is not None
     slices = facts.slices

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["Allocation", "AllocationMode"]
+__all__ = ["DENIED", "UNANSWERED", "Allocation", "AllocationMode"]
 
 
 class AllocationMode(enum.Enum):
@@ -27,6 +27,10 @@ class AllocationMode(enum.Enum):
         return self in (AllocationMode.DRA, AllocationMode.DRA_DYNAMIC_MIG)
 
 
+#: `Allocation.unread`
+UNANSWERED, DENIED = "unanswered", "denied"
+
+
 @dataclass(frozen=True, slots=True)
 class Allocation:
     mode: AllocationMode
@@ -34,6 +38,10 @@ class Allocation:
     evidence: str
     #: the DRA driver's name when ``mode.is_dra`` (e.g. "gpu.nvidia.com"), else ""
     driver: str = ""
+    #: why the facts it is unknown for were not read: UNANSWERED (the API server down, timing
+    #: out, 5xx), DENIED (401/403: the agent's RBAC); "" when they were. The doctor's fix
+    #: depends on which.
+    unread: str = ""
 
     def describe(self) -> str:
         """``dra-dynamic-mig (ResourceSlices of gpu.nvidia.com ...)``: how a refusal names it."""

@@ -96,7 +96,9 @@ class AllocationWatch:
             allocatable = _mapping(status.get("allocatable"))
             capacity = _mapping(status.get("capacity"))
         problem = self._slices.error or self._node.error
-        found = detect(NodeFacts(self.driver, self.slices(), allocatable, capacity, problem))
+        denied = self._slices.denied if self._slices.error else self._node.denied
+        facts = NodeFacts(self.driver, self.slices(), allocatable, capacity, problem, denied)
+        found = detect(facts)
         if found.mode is not AllocationMode.UNKNOWN and problem:
             stale = f"{found.evidence}; as last seen, the API server is not answering: {problem}"
             return Allocation(found.mode, stale, found.driver)

@@ -1,6 +1,7 @@
 """The API stand-in (tests/kube/fake_api.py) with what the agent's edge to Kubernetes is
 tested against: discovery, counts, bookmarks and the failures a real API server answers.
 
+- ``/version`` (the server's version.Info: v1.34.1);
 - discovery: ``/apis``, ``/apis/<group>`` (APIGroup) and ``/apis/<group>/<version>``
   (APIResourceList) from ``served``; DeviceTaintRules are answered at every version in
   ``taint_versions`` (the stand-in's store is one) and 404 at any other, as a server that
@@ -161,6 +162,9 @@ class EdgeKubeApi(FakeKubeApi):
         if fault is not None:
             return _fault(h, *fault[1:4])
         parts = path.strip("/").split("/")
+        if path == "/version" and h.command == "GET":  # version.Info, as kubectl version reads
+            h.validate = False  # type: ignore[attr-defined]  # no kind: nothing to check it by
+            return _reply(h, 200, {"major": "1", "minor": "34", "gitVersion": "v1.34.1"})
         if parts[0] == "apis" and len(parts) <= 3 and h.command == "GET":
             return self._discovery(h, parts[1:])
         if parts[:2] == ["apis", fake_dra.GROUP] and _dra_resource(parts) in fake_dra.RESOURCES:

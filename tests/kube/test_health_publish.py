@@ -5,6 +5,7 @@ else on the Node is kept, and an API server that is away gets it all when it ret
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from agent.kube_node import NodeOwner
 from agent.kube_watch import Informer, InformerFactory
 from tests.kube.fake_api import FakeKubeApi
 from tests.kube.fixtures import NODE
+from tests.unit.api.support import wait_for
 
 FAILED = Mark(State.FAILED, "XID 79 (GPU has fallen off the bus): needs reboot-node", 10.0,
               "reboot-node", ("ml/train-0",), 10.0)  # fmt: skip
@@ -42,15 +44,15 @@ def _stop_informers() -> Iterator[None]:
         _STARTED.pop().stop()
 
 
-def _owner(kube: InClusterKubeClient, clock: float | None = None) -> NodeOwner:
+def _owner(kube: InClusterKubeClient, clock: float | None = None, **kw: Any) -> NodeOwner:
     """The Node's owner over a listed watch of the Node; its writes are made by `sync`."""
     informers = InformerFactory(kube)
     _STARTED.append(informers)
     informer = informers.node(NODE).start()
     assert informer.synced.wait(10)
     if clock is None:
-        return NodeOwner(kube, NODE, informer)
-    return NodeOwner(kube, NODE, informer, clock=lambda: clock)
+        return NodeOwner(kube, NODE, informer, **kw)
+    return NodeOwner(kube, NODE, informer, clock=lambda: clock, **kw)
 
 
 def _condition(api: FakeKubeApi) -> dict[str, str]:
@@ -95,6 +97,38 @@ def test_a_failed_gpu_is_labelled_conditioned_tainted_and_cleared_keeping_the_re
     assert _condition(api)["status"] == "True"
     assert _condition(api)["reason"] == "GpusHealthy"
     assert api.node_taints[NODE] == [OTHER_TAINT]
+
+
+def test_a_refused_status_write_still_labels_and_taints_a_failed_gpu(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """The condition was written first and its failure ended the write: with no nodes/status
+    verb (or a webhook refusing it) an XID 79 GPU got no health labels and no taint, and took
+    pods. Each PATCH now goes on its own; the failed one is named and alone sent again."""
+    api, _ = kube_api
+    status = f"/api/v1/nodes/{NODE}/status"
+    api.forbidden.add(("PATCH", status))
+    api.node_taints[NODE] = [dict(OTHER_TAINT)]
+    owner = _owner(kube, backoff=(0.3, 0.6))
+    NodePublisher(kube, owner, lambda: _marks(FAILED), taint=True).sync()
+    owner.sync()  # the refused status is the owner's to retry, not the caller's failure
+    assert api.nodes[NODE]["gpu-agent.io/health"] == "failed"
+    ours = {"key": "gpu-agent.io/health", "value": "failed", "effect": "NoSchedule"}
+    assert api.node_taints[NODE] == [OTHER_TAINT, ours]
+    assert "the status write (GPUHealthy) failed" in owner.error and "403" in owner.error
+    assert "Node write" not in owner.error
+
+    # Retried after its back-off: only the refused status, never the labels and taint written.
+    sent = len(api.requests)
+    assert not owner.sync()  # within the back-off: nothing sent
+    wait_for(owner.sync, "the status tried again after its back-off", timeout=5)
+    assert [r.path for r in api.requests[sent:] if r.method == "PATCH"] == [status]
+    api.forbidden.discard(("PATCH", status))
+    sent = len(api.requests)
+    wait_for(owner.sync, "and again, allowed", timeout=5)
+    assert [r.path for r in api.requests[sent:] if r.method == "PATCH"] == [status]
+    assert _condition(api)["reason"] == "GpusFailed" and owner.error == ""
+    assert not owner.sync()
 
 
 def test_without_the_taint_setting_no_taint_is_written(

@@ -113,6 +113,35 @@ def test_a_throttled_node_write_waits_the_servers_retry_after(
         assert second - first >= 1.9  # the server's Retry-After, not the 0.05 s back-off
 
 
+def test_a_refused_status_write_is_retried_alone_with_back_off_and_keeps_no_label_off(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """A refused status write ended every Node write: the sharing reload's label was never
+    sent (`share set` failed blaming the status) and every retry repeated the refused
+    condition first. The Node patch goes on its own; the status alone is retried, backed off."""
+    api, _ = edge_api
+    status = f"{NODE_PATH}/status"
+    api.forbidden.add(("PATCH", status))
+    with started_owner(kube, coalesce_s=0.01, backoff=(0.1, 0.4)) as owner:
+        began = time.monotonic()
+        condition = {"status": "False", "reason": "GpusFailed", "message": "GPU 0 failed"}
+        owner.part(HEALTH).set(labels={"gpu-agent.io/health": "failed"}, condition=condition)
+        assert owner.write_now({"nvidia.com/device-plugin.config": "ts-4"})  # no raise
+        assert api.nodes[NODE]["nvidia.com/device-plugin.config"] == "ts-4"
+        assert api.nodes[NODE]["gpu-agent.io/health"] == "failed"
+        wait_for(lambda: len([c for c in _writes(api, began) if c.path == status]) >= 5, "retries")
+        writes = _writes(api, began)
+        assert [c.path for c in writes if c.path != status] == [NODE_PATH]  # sent once
+        at = [c.at for c in writes if c.path == status]
+        gaps = [b - a for a, b in itertools.pairwise(at)]
+        assert gaps[0] >= 0.04 and max(gaps[2:]) >= 0.15, gaps  # backed off, not a tight loop
+        assert "status write (GPUHealthy) failed" in owner.error
+        assert "Node write" not in owner.error
+        api.forbidden.discard(("PATCH", status))
+        wait_for(lambda: not owner.error, "the status written once allowed", timeout=5)
+        assert [c for c in api.node_conditions[NODE] if c["type"] == "GPUHealthy"]
+
+
 def test_a_write_answered_with_a_body_that_is_not_json_is_retried_not_fatal(
     edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
 ) -> None:

@@ -6,7 +6,11 @@ time marks nothing."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -141,3 +145,35 @@ def test_a_mark_whose_first_write_failed_still_gets_its_event(
 def _metadata(node: object) -> tuple[Mapping[str, str], Mapping[str, str]]:
     meta = node["metadata"] if isinstance(node, dict) else {}
     return dict(meta.get("labels") or {}), dict(meta.get("annotations") or {})
+
+
+def test_a_pass_before_the_nodes_watch_listed_waits_for_the_list_not_a_minute(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient, tmp_path: Path
+) -> None:
+    """The agent's tasks start before its Node watch has listed: the first reclaim pass
+    raised "the Node is not listed yet", logged an ERROR with a traceback, and the mark came
+    a minute later. Such a pass marks nothing, quietly, and the first list wakes the next."""
+    from agent.reclaim import reclaim_tasks
+    from tests.unit.doctor.support import config
+
+    api, _ = edge_api
+    made = config(tmp_path, node_name=NODE)
+    made = dataclasses.replace(
+        made, telemetry=dataclasses.replace(made.telemetry, idle_reclaim_after_s=DAY)
+    )
+    snapshot = SimpleNamespace(gpu_idle_seconds=lambda: idle(2 * DAY))
+    parts: Any = SimpleNamespace(layouts_read=lambda: LAYOUTS, latest=lambda: snapshot, marks=dict)
+    edge = KubeEdge.build(kube, NODE)
+    (task,) = reclaim_tasks(edge, made, parts, parts, parts)
+    woken = threading.Event()
+    for subscribe in task.wakes:
+        subscribe(woken.set)
+    try:
+        assert task.work() is None  # not listed: nothing marked, and no failure
+        assert not woken.is_set()
+        edge.start()  # the watch lists
+        assert woken.wait(10), "the first list did not wake the pass"
+        assert task.work() == (0,)
+        wait_for(lambda: api.node_annotations.get(NODE, {}).get(ANNOTATION) == "0", "marked")
+    finally:
+        edge.stop()

@@ -32,9 +32,13 @@ def _quiet_for(api: EdgeKubeApi, seconds: float) -> bool:
     return not calls or time.monotonic() - calls[-1].at >= seconds
 
 
-def _caches(port: int) -> dict[str, float]:
+def _metrics(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
+        return r.read().decode()
+
+
+def _caches(port: int) -> dict[str, float]:
+    text = _metrics(port)
     found = re.findall(r'^gpu_agent_kube_cache_current\{resource="([^"]+)"\} (\S+)$', text, re.M)
     return {name: float(value) for name, value in found}
 
@@ -134,3 +138,67 @@ def test_with_the_api_server_away_get_node_says_kubernetes_is_degraded_and_gpus_
         assert _component(running, "gpu-driver")[0]  # GPU work goes on
         api.up()
         wait_for(lambda: _component(running, "kubernetes")[0], "healthy again", 60)
+
+
+def test_a_hung_api_server_does_not_hold_the_agents_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Building the agent asked discovery for the ResourceSlices' version at once: an API
+    server that takes connections and never answers held the start for the client's 10 s
+    timeout (gRPC and /metrics not serving) before the allocation's bounded 3 s wait. The
+    informer asks discovery on its own thread now; the start waits only that bound."""
+    import socket
+
+    from agent.node import ALLOCATION_SYNC_S
+
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(64)  # connections complete in the backlog; nothing is ever read or answered
+    url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+    # Half the real 10 s timeout: a start that waits for one call is still past the bound.
+    kube = InClusterKubeClient(url, None, token="t", timeout=ALLOCATION_SYNC_S + 2)
+    monkeypatch.setattr(InClusterKubeClient, "in_pod", classmethod(lambda cls: kube))
+    root = tmp_path / "agent"
+    config = agent_config(root, node_name=NODE, driver={"check_s": 0.2})
+    began = time.monotonic()
+    try:
+        with InProcessAgent(root, config) as running:
+            took = time.monotonic() - began
+            assert took < ALLOCATION_SYNC_S + 3, f"the start took {took:.1f} s"
+            assert not _component(running, "kubernetes")[0]  # said, not waited for
+            assert _component(running, "gpu-driver")[0]
+    finally:
+        hung.close()
+
+
+def test_an_agent_started_in_an_api_outage_says_kubernetes_reachable_once_it_is_back(
+    tmp_path: Path,
+    edge_api: tuple[EdgeKubeApi, str],
+    kube: InClusterKubeClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hourly doctor kept the start's answers: an agent started in an API outage reported
+    gpu_agent_doctor_check_state{check="reachable"} 2 for an hour or until `gpu-agent doctor`,
+    GetNode's "kubernetes" component long healthy. Its watches being current asks again."""
+    import agent.doctor.service
+
+    api, _ = edge_api
+    monkeypatch.setattr(InClusterKubeClient, "in_pod", classmethod(lambda cls: kube))
+    monkeypatch.setattr(agent.doctor.service, "KUBE_RECHECK_S", 0.2, raising=False)
+    root = tmp_path / "agent"
+    config = agent_config(root, node_name=NODE, driver={"check_s": 0.2})
+    api.restart()  # 503 to every call, from before the start
+
+    def reachable(running: InProcessAgent) -> float | None:
+        found = re.search(
+            r'^gpu_agent_doctor_check_state\{check="reachable",duty="kubernetes"\} (\S+)$',
+            _metrics(running.node.metrics_port),
+            re.M,
+        )
+        return float(found.group(1)) if found else None
+
+    with InProcessAgent(root, config) as running:
+        wait_for(lambda: reachable(running) == 2.0, "the start's doctor: not reachable", 20)
+        api.up()
+        wait_for(lambda: _component(running, "kubernetes")[0], "the watches current", 30)
+        wait_for(lambda: reachable(running) == 0.0, "reachable, asked again", 10)

@@ -14,7 +14,10 @@ import yaml
 
 from agent.doctor import kube_checks
 from agent.kube import InClusterKubeClient
-from agent.wire.doctor import CheckState
+from agent.wire.doctor import Check, CheckState
+from tests.kube.fake_api import FakeKubeApi
+from tests.kube.fixtures import NODE
+from tests.unit.api.support import wait_for
 from tests.unit.doctor.support import facts
 
 REPO = Path(__file__).resolve().parents[3]
@@ -27,6 +30,9 @@ class Api:
     def __init__(self) -> None:
         self.denied: set[tuple[str, str, str, str]] = set()
         self.reviews: list[dict] = []
+        #: every call answers this code (an API server in trouble)
+        self.code = 200
+        self.calls = 0
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -34,8 +40,11 @@ class Api:
                 """Quiet: the test reads the requests, not the server's log."""
 
             def _send(self, obj: object) -> None:
+                api.calls += 1
+                if api.code != 200:
+                    obj = {"kind": "Status", "code": api.code, "message": "injected"}
                 body = json.dumps(obj).encode()
-                self.send_response(200)
+                self.send_response(api.code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -50,7 +59,8 @@ class Api:
 
             def do_POST(self) -> None:
                 review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                api.reviews.append(review)
+                if api.code == 200:
+                    api.reviews.append(review)
                 a = review["spec"]["resourceAttributes"]
                 key = (a["verb"], a["resource"], a.get("subresource", ""), a["group"])
                 self._send({**review, "status": {"allowed": key not in api.denied}})
@@ -119,6 +129,52 @@ def test_an_api_server_that_does_not_answer_fails_reachable(tmp_path: Path) -> N
     gone = InClusterKubeClient("http://127.0.0.1:9", None, token="t", timeout=2)
     check = kube_checks.kube_reachable(facts(tmp_path, kube=gone))
     assert check.state is CheckState.FAILED and "does not answer" in check.evidence
+
+
+@pytest.mark.parametrize("code", [500, 503])
+def test_an_api_server_in_trouble_is_not_blamed_on_rbac(
+    api: Api, tmp_path: Path, code: int
+) -> None:
+    """Any failed call got the RBAC fix: with the API server down or timing out, the doctor
+    told the operator to grant verbs the agent already has. Only a refusal (403) is RBAC."""
+    api.code = code
+    f = facts(tmp_path, kube=api.client)
+    for check in (kube_checks.kube_rbac(f), kube_checks.kube_api_versions(f)):
+        assert check.state is CheckState.FAILED
+        assert check.fix == "the API server does not answer: see kubernetes/reachable"
+    api.code = 403
+    for check in (kube_checks.kube_rbac(f), kube_checks.kube_api_versions(f)):
+        assert check.state is CheckState.FAILED and "kubectl apply -k" in check.fix
+
+
+def test_the_allocation_mode_unknown_for_want_of_an_answer_is_not_blamed_on_rbac(
+    kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str], tmp_path: Path
+) -> None:
+    """mig/allocation-mode said "grant the agent list/watch on resourceslices" whatever kept
+    the slices unread: an API server away got an RBAC fix. Refused (403): RBAC; else not."""
+    from agent.doctor.gpu_checks import mig_allocation_mode
+    from agent.dra.watch import SLICES_PATH, AllocationWatch
+
+    api, _ = kube_api
+
+    def checked(code: str) -> Check:
+        watch = AllocationWatch(kube, NODE, "gpu.nvidia.com")
+        watch.start()
+        try:
+            wait_for(lambda: code in watch.current().evidence, "the slices' failure said")
+            return mig_allocation_mode(facts(tmp_path, allocation=watch.current))
+        finally:
+            watch.stop()
+
+    api.unavailable.add(SLICES_PATH)  # 503
+    down = checked("503")
+    assert down.state is CheckState.FAILED and "rbac" not in down.fix
+    assert down.fix.startswith("the API server does not answer: see kubernetes/reachable")
+    api.unavailable.clear()
+    api.forbidden.add(("GET", SLICES_PATH))
+    refused = checked("403")
+    assert refused.state is CheckState.FAILED
+    assert refused.fix.startswith("grant the agent list/watch on resourceslices")
 
 
 def test_outside_a_cluster_the_kubernetes_checks_are_ok_saying_so(tmp_path: Path) -> None:
@@ -208,3 +264,44 @@ def test_the_hourly_run_keeps_every_answer_that_asked_the_api_and_reruns_the_oth
     again = doctor.run()  # `gpu-agent doctor`: asks again, and sees the denial
     reload = next(c for c in again.checks if (c.duty, c.name) == ("sharing", "reload"))
     assert reload.state is CheckState.FAILED and len(api.reviews) == 2 * asked
+
+
+def test_an_agent_started_in_an_api_outage_asks_again_once_its_watches_are_current(
+    api: Api, tmp_path: Path
+) -> None:
+    """The hourly run kept the start's answers: an agent started while the API server was away
+    said kubernetes/reachable failed (gauge 2) until someone ran `gpu-agent doctor`, its
+    watches long current again. They are asked again once the watches are current; nothing
+    is sent while they are away, nor when the kept answers are all ok."""
+    from agent.doctor.service import Doctor
+
+    current = False
+    doctor = Doctor(facts(tmp_path, kube=api.client), kube_current=lambda: current)
+
+    def states() -> dict[str, CheckState]:
+        report = doctor.latest
+        assert report is not None
+        return {c.name: c.state for c in report.checks if c.duty == "kubernetes"}
+
+    api.code = 503
+    doctor.refresh()  # the start, in the outage
+    assert states()["reachable"] is CheckState.FAILED
+    api.code = 200
+    sent = api.calls
+    doctor.refresh()  # an hour on: kept
+    assert not doctor.recheck()  # the watches still away: nothing asked
+    assert api.calls == sent and states()["reachable"] is CheckState.FAILED
+    current = True
+    assert doctor.recheck()
+    assert set(states().values()) == {CheckState.OK} and api.calls > sent
+    sent = api.calls
+    assert not doctor.recheck()  # asked once: kept while nothing changes
+    doctor.refresh()
+    assert api.calls == sent
+
+    # Started with the watches away but every answer ok: a recovery changes none of them.
+    current = False
+    quiet = Doctor(facts(tmp_path, kube=api.client), kube_current=lambda: current)
+    quiet.refresh()
+    sent, current = api.calls, True
+    assert not quiet.recheck() and api.calls == sent
