@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from agent.health.device_taints import DeviceTaints
-from agent.health.machine import Mark, State
+from agent.health.machine import Mark, Policy, State
+from agent.health.monitor import HealthMonitor
+from agent.health.publish import build_publisher
 from agent.health.store import Target
 from agent.kube import InClusterKubeClient
 from agent.kube_discovery import ApiVersions
@@ -439,3 +441,35 @@ def test_slices_watched_after_discovery_failed_at_start_use_the_version_the_serv
         assert slices.status()[0]
     finally:
         edge.stop()
+
+
+def test_the_publisher_built_for_a_pod_keeps_a_failed_rule_until_the_slices_are_listed(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """As the agent wires it (`build_publisher`): its DRA device-taint pass reads the edge's
+    slice informer, which a restarted agent has not listed yet; an empty cache read as "no
+    device" deleted the failed GPU's rule."""
+    api, _ = edge_api
+    api.served["resource.k8s.io"] = {"v1": ["resourceslices"], "v1beta2": ["devicetaintrules"]}
+    api.put_dra("resourceslices", gpu_slice("node-gpus", NODE, ["gpu-0"]))
+    health = HealthMonitor(Policy(), None)
+    health.shown = _failed_marks  # type: ignore[method-assign]  # restored from the state dir
+    uuids = {Target("GPU-0"): ("GPU-gpu-0",)}  # the slice's device gpu-0
+    health.device_uuids = lambda: uuids  # type: ignore[method-assign]
+    before = KubeEdge.build(kube, NODE)
+    try:
+        before.slices().start().synced.wait(10)
+        publisher = build_publisher(before, NODE, health, taint=False)
+        assert publisher is not None
+        publisher.sync()
+    finally:
+        before.stop()
+    rules = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
+    (rule,) = kube.request("GET", rules)["items"]
+    restarted = KubeEdge.build(kube, NODE)  # its slice informer not started: never listed
+    publisher = build_publisher(restarted, NODE, health, taint=False)
+    assert publisher is not None
+    publisher.sync()
+    assert [r["metadata"]["name"] for r in kube.request("GET", rules)["items"]] == [
+        rule["metadata"]["name"]
+    ]

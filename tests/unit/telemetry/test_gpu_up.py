@@ -69,7 +69,9 @@ def test_a_gpu_not_read_this_tick_has_no_field_support_rows_and_stays_up(
     node.control.inject_fault("nvmlDeviceGetMigMode", "UNKNOWN", gpu=3, count=1000)
     sampler.tick()
     assert _series(node, sampler, "gpu_agent_gpu_up")["3"] == [1.0]
+    assert _series(node, sampler, "gpu_agent_gpu_read")["3"] == [0.0]  # up, but not read now
     assert "3" not in _series(node, sampler, "gpu_agent_field_supported")
     node.control.clear_faults()
     sampler.tick()
     assert _series(node, sampler, "gpu_agent_field_supported")["3"]
+    assert _series(node, sampler, "gpu_agent_gpu_read")["3"] == [1.0]
