@@ -189,6 +189,9 @@ class GpmReader:
         kept = [i for i in frame.layouts if i not in part.lost]
         self._gpu.retain(GpmKey(i, None, frame.gpus[i].uuid) for i in kept)
         self._gi.retain(key for i in kept for key in instances[i])
+        unknown = [f"GPU {i}: {why}" for i, why in sorted(frame.gpm_unknown.items())]
+        if unknown:  # its profiling series are absent, and the source says why
+            part.degraded = "GPM support not known (its probe failed): " + "; ".join(unknown)
         return part
 
     def _entity(self, key: GpmKey, fields: list[_FieldPlan], part: Part) -> None:

@@ -225,7 +225,7 @@ class Sampler:
             except Exception as exc:  # any source's failure is that source's alone
                 statuses.append(SourceStatus(reader.name, self._degrade(reader.name, exc)))
                 continue
-            if part.degraded is not None:  # served from its last good answer: not read
+            if part.degraded is not None:  # a kept or partial answer: not wholly read
                 statuses.append(SourceStatus(reader.name, self._degrade(reader.name, part)))
             else:
                 self._stats.observe_source(reader.name, self._clock() - began)
@@ -237,10 +237,10 @@ class Sampler:
         return parts
 
     def _degrade(self, name: str, failure: Exception | Part) -> str:
-        """The reason a reader failed (raised, its series absent) or serves a kept answer (a
-        part with ``degraded``); counted each tick, logged when it changes."""
+        """The reason a reader failed (raised, its series absent) or serves a kept or partial
+        answer (a part with ``degraded``); counted each tick, logged when it changes."""
         if isinstance(failure, Part):
-            reason, effect = failure.degraded or "", "serving its last answer"
+            reason, effect = failure.degraded or "", "serving a kept or partial answer"
         else:
             reason, effect = str(failure) or type(failure).__name__, "its series are absent"
         reason = reason[:_REASON_MAX]

@@ -133,6 +133,10 @@ def test_a_failed_gpm_probe_is_asked_again_not_taken_for_a_gpu_without_gpm(
         (0, True)
     }
     assert dict(node.stats.view().errors).get("nvml", 0) >= 1
+    # Its series absent, said: the gpm source is degraded naming the GPU and the probe's error.
+    (gpm,) = [s for s in first.sources if s.source == "gpm"]
+    assert gpm.degraded is not None and "GPU 0: " in gpm.degraded, gpm
+    assert "Unknown Error" in gpm.degraded
     snapshot = first
     for _ in range(3):
         time.sleep(GPM_WINDOW_S)
