@@ -269,20 +269,27 @@ class DraReader(Reader):
     """The DRA claims reader: the claims' devices among kubelet's allocations, told apart by
     this node's ResourceSlices. Until the slices were listed once no claim's device can be
     told: the reader fails with the watch's status, and no claim is guessed. While the watch
-    is stale the last slices are kept, and the reader says so (degraded, with the status)."""
+    is stale the last slices are kept, and the reader says so (degraded, with the status); so
+    it does while kubelet's List fails (``kubelet_failing``: its claims are then kubelet's last
+    answer, or none once that is too old)."""
 
     name = "dra"
     after_attribution = False
 
     def __init__(
-        self, devices: DraDevices, allocations: Callable[[], Iterable[Allocation]]
+        self,
+        devices: DraDevices,
+        allocations: Callable[[], Iterable[Allocation]],
+        kubelet_failing: Callable[[], str | None] = lambda: None,
     ) -> None:
         self._devices = devices
         self._allocations = allocations
+        self._kubelet_failing = kubelet_failing
 
     def read(self, frame: Frame) -> Part:
         if self._devices.lookup() is None:
             raise Degraded(self._devices.status()[1])
         current, detail = self._devices.status()
         claimed = tuple(a for a in self._allocations() if a.claim is not None)
-        return Part(allocations=claimed, degraded=None if current else detail)
+        why = [w for w in (None if current else detail, self._kubelet_failing()) if w]
+        return Part(allocations=claimed, degraded="; ".join(why) or None)

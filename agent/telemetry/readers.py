@@ -98,7 +98,7 @@ def build_sampler(
     if watcher is not None:
         makers["pods"] = lambda: PodsReader(watcher)
         if dra is not None:
-            makers["dra"] = lambda: DraReader(dra, watcher.current)
+            makers["dra"] = lambda: DraReader(dra, watcher.current, watcher.failing)
     sampler = Sampler(
         Topology(reader, stats),
         [makers[name]() for name in names],

@@ -206,6 +206,11 @@ def test_an_api_server_down_keeps_the_last_answer_and_says_it_is_stale(
         assert reader.read(Frame(0.0, (), {})).degraded == detail
         api.unavailable.clear()
         wait_for(lambda: dra.status()[0], "the watch to come back", timeout=15)
+        # The claims come from kubelet's List: while it fails they are its last answer (or
+        # none once that is too old), and the dra source says so, as the pods source does.
+        kubelet = "kubelet pod-resources List failed (UNAVAILABLE): pods not attributed yet"
+        failing = DraReader(dra, lambda: (), lambda: kubelet)
+        assert failing.read(Frame(0.0, (), {})).degraded == kubelet
     finally:
         dra.stop()
 
