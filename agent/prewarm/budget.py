@@ -82,14 +82,16 @@ def admit(store: Cache, item_id: str, total: int | None, on_disk: int = 0) -> in
                 f"{use.volume_bytes}-byte volume)"
             )
         need = taken + total - use.capacity_bytes
-        victims = _victims(store, need) if need > 0 else []
+        victims, cut = _victims(store, need) if need > 0 else ([], "")
         freed = sum(sum(u.blobs.values()) for u in victims)
         if need > 0 and freed < need:
+            # A cut scan held every blob: that, not the items, is what to fix.
+            unsure = f"; no item was evicted: the in-use scan stopped ({cut})" if cut else ""
             raise Conflict(
                 f"item needs {total} bytes; the cache holds {use.used_bytes} "
                 f"({use.pinned_bytes} pinned) and {use.reserved_bytes} reserved by running "
                 f"fetches, capacity {use.capacity_bytes}; unpin or evict items first "
-                "(items in use are not evicted)"
+                f"(items in use are not evicted){unsure}"
             )
         st = store.statvfs(store.root)
         free = st.f_bavail * st.f_frsize + freed
@@ -118,11 +120,13 @@ def _units(store: Cache) -> list[Unit]:
     return units
 
 
-def _victims(store: Cache, need: int) -> list[Unit]:
+def _victims(store: Cache, need: int) -> tuple[list[Unit], str]:
     """Least recently used units, unpinned and held by no process, whose blobs (those no
-    other unit stands on) add up to ``need`` (or all of them)."""
+    other unit stands on) add up to ``need`` (or all of them); and why the in-use scan
+    stopped ("" when it read every process)."""
     units = _units(store)
-    held = store.holders(sha for u in units for sha in u.blobs).held
+    found = store.holders(sha for u in units for sha in u.blobs)
+    held = found.held
 
     def last_use(unit: Unit) -> float:
         return max((i.last_used or i.finished_at or 0.0) for i in unit.items)
@@ -138,4 +142,4 @@ def _victims(store: Cache, need: int) -> list[Unit]:
         own = {sha: size for sha, size in unit.blobs.items() if sha not in others}
         chosen.append(Unit(unit.items, own))
         freed += sum(own.values())
-    return chosen
+    return chosen, found.cut

@@ -691,6 +691,8 @@ def test_a_blob_is_not_evicted_when_the_scan_of_the_nodes_processes_is_cut(
         svc.evict("held")
     new = svc.run(svc.submit(FileRequest(origin.url("new.bin"), name="new")).id)
     assert new.state is ItemState.FAILED and "evict" in (new.error or ""), new.error
+    # The refusal names the cause to fix: the scan, not items to unpin.
+    assert "the in-use scan stopped (more than 2 processes)" in (new.error or ""), new.error
     assert svc.get("held").state is ItemState.READY
     monkeypatch.setattr(inuse, "LIMITS", inuse.ScanLimits(pids=3))  # read whole: nobody holds it
     assert svc.evict("held").state is ItemState.EVICTED
