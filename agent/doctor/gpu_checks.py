@@ -86,9 +86,14 @@ def telemetry_nvml(facts: Facts) -> Check:
         up = f"{state.gpus} GPU(s) at attach"
     evidence = f"{versions}, {up}, library {_library(facts)}"
     lost = ", ".join(f"GPU {i}: {why}" for i, why in _unanswering(snap).items())
-    if lost:
+    # Listed, not lost, but not read this tick: what runs on it and its series are unknown.
+    unread = [] if snap is None else [g for g in snap.gpus if g.up is not False and g.unread]
+    said = [f"lost: {lost}"] if lost else []
+    if unread:
+        said.append("not read: " + ", ".join(f"GPU {g.gpu.index}: {g.unread}" for g in unread))
+    if said:
         return degraded(
-            T, "nvml", f"{evidence}; lost: {lost}", "see health/xid and gpu-agent status"
+            T, "nvml", f"{evidence}; {'; '.join(said)}", "see health/xid and gpu-agent status"
         )
     return ok(T, "nvml", evidence)
 

@@ -21,7 +21,7 @@ from agent.doctor.service import CHECKS, Doctor
 from agent.gpu.attach import LIBRARY_NOT_FOUND, DriverLink, DriverState
 from agent.gpu.readings import GpuIdentity
 from agent.statedir import Unwritable
-from agent.telemetry.snapshot import FieldSupport, Snapshot, SourceStatus
+from agent.telemetry.snapshot import FieldSupport, GpuStatus, Snapshot, SourceStatus
 from agent.wire.doctor import Check, CheckState
 from tests.unit.doctor.support import detached, facts, volume
 
@@ -512,3 +512,19 @@ def test_pod_resources_is_degraded_while_kubelet_refuses_the_list(tmp_path: Path
         assert fine.state is CheckState.OK
     finally:
         listener.close()
+
+
+def test_a_gpu_listed_but_not_read_degrades_nvml_naming_it_and_the_call(tmp_path: Path) -> None:
+    """A GPU whose MIG-mode call fails is not lost, and was not counted answering: the check
+    said "7 of 8 GPU(s) answering" and ok, though nothing of that GPU was read."""
+    gpus = [GpuIdentity(i, f"GPU-{i}", "NVIDIA H100", f"00000000:0{i}:00.0", i) for i in (0, 1)]
+    statuses = (
+        GpuStatus(gpus[0], up=True),
+        GpuStatus(gpus[1], up=None, unread="nvmlDeviceGetMigMode: Unknown Error"),
+    )
+    snap = Snapshot(0.0, "n", "550.90.07", "12.550", statuses, ())
+    f = facts(tmp_path, driver=_attached(), snapshot=lambda: snap)
+    check = gpu_checks.telemetry_nvml(dataclasses.replace(f, proc=tmp_path / "no-proc"))
+    assert check.state is CheckState.DEGRADED, check
+    assert "1 of 2 GPU(s) answering" in check.evidence
+    assert "not read: GPU 1: nvmlDeviceGetMigMode: Unknown Error" in check.evidence
