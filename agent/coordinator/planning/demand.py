@@ -155,14 +155,15 @@ def _yaml(text: str, source: str) -> Any:
     return safeyaml.load(text, source, LIMITS)
 
 
-def _csv_rows(text: str, source: str) -> tuple[list[str], list[dict[str, Any]]]:
-    """Header and rows of a CSV trace, at most MAX_ROWS of at most MAX_COLUMNS fields of at most
+def _csv_rows(text: str, source: str) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
+    """Header and rows of a CSV trace, each with the line it ends on (every refusal names a
+    row so, blank lines and quoted line breaks counted), at most MAX_ROWS of at most MAX_COLUMNS fields of at most
     MAX_FIELD_CHARS each; csv's own errors (a NUL, a bad quote) are refusals too. A record is
     cut at MAX_RECORD_CHARS before csv splits it: a row of a million empty fields, made a dict
     per row, cost ~26 times the file."""
     lines = _Lines(text, source)
     reader = csv.reader(lines)
-    rows: list[dict[str, Any]] = []
+    rows: list[tuple[int, dict[str, Any]]] = []
     try:
         header = _bounded(next(reader, []), "header", source)
         # Only the columns a row is read for are kept: a dict of all 32 per row was ~19 times
@@ -178,7 +179,7 @@ def _csv_rows(text: str, source: str) -> tuple[list[str], list[dict[str, Any]]]:
                     [FieldViolation("rows", f"at most {MAX_ROWS}")],
                 )
             _bounded(row, f"line {reader.line_num}", source, header)
-            rows.append({name: row[i] for name, i in kept.items() if i < len(row)})
+            rows.append((reader.line_num, {n: row[i] for n, i in kept.items() if i < len(row)}))
     except csv.Error as exc:
         raise InvalidSpec(
             f"{source}: not a valid CSV: {capped(str(exc))}",
@@ -430,7 +431,7 @@ def parse_trace(text: str, source: str = "<trace>") -> tuple[TraceStep, ...]:
                 f"model); missing columns: {', '.join(missing)}",
                 [FieldViolation("header", f"missing columns: {', '.join(missing)}")],
             )
-        rows = [(f"line {i + 2}", r) for i, r in enumerate(csv_rows)]
+        rows = [(f"line {n}", r) for n, r in csv_rows]
     if len(rows) > MAX_TRACE_ROWS:
         raise InvalidSpec(
             f"{source}: at most {MAX_TRACE_ROWS} rows, not {len(rows)}",

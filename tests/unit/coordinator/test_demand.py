@@ -206,3 +206,12 @@ def test_a_trace_at_its_column_bound_keeps_only_the_columns_it_reads() -> None:
         tracemalloc.stop()
     assert len(steps) == 20_000 and steps[-1].demand.entries[0].count == 19_999 % 7
     assert peak < 8 * len(text), (peak, len(text))
+
+
+def test_a_trace_row_is_named_by_its_line_in_the_file() -> None:
+    """A blank line and a quoted line break moved the row index off the file's lines: one row
+    had two line numbers, its bounds refusal naming one and its fields' another."""
+    text = 'time,profile,count\n\n0,1g.10gb,1\n1,"bad\nprofile",1\n2,1g.10gb,x\n'
+    with pytest.raises(InvalidSpec) as caught:
+        parse_trace(text, "trace.csv")
+    assert [v.field for v in caught.value.violations] == ["line 5.profile", "line 6.count"]
