@@ -85,10 +85,13 @@ def telemetry_nvml(facts: Facts) -> Check:
         up = f"{state.gpus} GPU(s) at attach"
     evidence = f"{versions}, {up}, library {_library(facts)}"
     lost = ", ".join(f"GPU {i}: {why}" for i, why in _unanswering(snap).items())
-    if lost:
-        return degraded(
-            T, "nvml", f"{evidence}; lost: {lost}", "see health/xid and gpu-agent status"
-        )
+    # A GPU not lost whose reads fail (one needing a reset) is no "ok" either: named, with the call
+    unread = ", ".join(
+        f"GPU {g.gpu.index}: {g.unread}" for g in (snap.gpus if snap else ()) if g.unread
+    )
+    said = (f"; lost: {lost}" if lost else "") + (f"; not read: {unread}" if unread else "")
+    if said:
+        return degraded(T, "nvml", evidence + said, "see health/xid and gpu-agent status")
     return ok(T, "nvml", evidence)
 
 
