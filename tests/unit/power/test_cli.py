@@ -67,3 +67,14 @@ def test_apply_says_where_the_driver_holds_another_limit_than_the_one_set(
     assert "warning: GPU 2 (GPU-" in applied.stderr
     assert "set to 500 W, but the driver holds 400 W" in applied.stderr
     assert "GPU 1 " not in applied.stderr
+
+
+def test_show_names_a_gpu_that_fails_a_read_and_the_failing_call(tmp_path: Path) -> None:
+    """`power show` exited 1 with only 'nvmlDeviceGetMigMode: Unknown Error', no GPU named."""
+    assert _power(tmp_path, "show").exit_code == 0  # makes the simulated node
+    SimControl(tmp_path).inject_fault("nvmlDeviceGetMigMode", "Unknown", gpu=1, count=10**6)
+    table = _power(tmp_path, "show")
+    assert table.exit_code == 0, table.output
+    rows = [line.split()[0] for line in table.stdout.splitlines()[1:] if line[:1].isdigit()]
+    assert rows == ["0", "2", "3", "4", "5", "6", "7"]
+    assert "warning: GPU 1 cannot be read (nvmlDeviceGetMigMode: Unknown Error)" in table.stderr
