@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -29,13 +29,14 @@ from agent.api.operations import (
     OperationRunner,
 )
 from agent.errors import Busy, Conflict, DeviceLost, FieldViolation, InvalidSpec
+from agent.gpu.nvml import NvmlError
 from agent.gpu.types import GpuInfo, GpuLayout
 from agent.mig.advice import advise_gpu
 from agent.mig.apply import ProgressEvent, Suspended
 from agent.mig.checkpoint import parse_checkpoint
 from agent.mig.claim import Claim, ClaimBook
 from agent.mig.journal import reboot_waits
-from agent.mig.node_plan import refuse_unless_feasible
+from agent.mig.node_plan import gone_said, refuse_unless_feasible
 from agent.mig.outcomes import ApplyResult, NotApplied, RecoveryOutcome
 from agent.mig.service import ROLLBACK_FAILED, MigService, RollbackFailed
 from agent.mig.spec import MigSpec, name_problem, parse_spec
@@ -65,10 +66,12 @@ def advise_layouts(
     gpu_index: int | None,
     profile: str,
     lost: Sequence[GpuInfo] = (),
+    unread: Mapping[int, str] | None = None,
 ) -> mig_pb2.AdviseMigResponse:
     """Advice for the GPUs (or the one ``gpu_index`` names), for every profile or ``profile``;
     InvalidSpec names the field when the index or the profile names nothing here. Each ``lost``
-    GPU is an entry whose note says so, never left out as if the node had one GPU fewer."""
+    GPU is an entry whose note says so, never left out as if the node had one GPU fewer (an
+    unread one, in ``unread``: index -> its failing call, is said with the call)."""
     if bad := name_problem(profile, "profile"):
         raise InvalidSpec("profile is too long or not printable", [bad])
     chosen = [g for g in layouts if gpu_index is None or g.gpu.index == gpu_index]
@@ -90,12 +93,15 @@ def advise_layouts(
         gpu_advice_pb(advise_gpu(g, profile or None), g) for g in chosen
     ]
     if gpu_index is None:
+        why = unread or {}
         advised += [
             mig_pb2.GpuMigAdvice(
                 gpu_index=g.index,
                 gpu_uuid=g.uuid,
                 model=g.name,
-                note="lost: what fits on it cannot be read",
+                note=f"cannot be read ({why[g.index]}): what fits on it is unknown"
+                if g.index in why
+                else "lost: what fits on it cannot be read",
             )
             for g in lost
         ]
@@ -415,14 +421,18 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
     ) -> mig_pb2.AdviseMigResponse:
         index = request.gpu_index if request.HasField("gpu_index") else None
         self._require_gpu("mig advise")
-        lost = await asyncio.to_thread(self._service.lost)  # NVML reads, off the event loop
-        if index is not None and index in {g.index for g in lost}:
+        gone = await asyncio.to_thread(self._service.unanswered)  # NVML reads, off the loop
+        if index is not None and index in gone.unread:
+            raise NvmlError(f"{gone_said(index, gone.unread)}: what fits on it is unknown")
+        if index is not None and index in {g.index for g in gone.gpus}:
             raise DeviceLost(f"GPU {index} is lost: what fits on it cannot be read")
         layouts = await asyncio.to_thread(self._service.layouts)
         hidden = not sees_processes(granted())
         if hidden:  # whether an instance is in use is process information too
             layouts = tuple(GpuLayout(g.gpu, g.profiles, g.instances, ()) for g in layouts)
-        response = await asyncio.to_thread(advise_layouts, layouts, index, request.profile, lost)
+        response = await asyncio.to_thread(
+            advise_layouts, layouts, index, request.profile, gone.gpus, gone.unread
+        )
         response.processes_hidden = hidden
         return response
 

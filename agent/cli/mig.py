@@ -38,6 +38,7 @@ from agent.mig.node_plan import (
     checkpoint_holds,
     refuse_lost,
 )
+from agent.mig.outcomes import NOT_ANSWERING
 from agent.mig.spec import MigSpec, name_problem
 from agent.mig.view import show_data, show_text
 from agent.wire.operations import MigApplied
@@ -57,21 +58,31 @@ def _layouts(obj: CliContext, feature: str) -> tuple[GpuLayout, ...]:
     return _read(obj, feature)[0]
 
 
-def _read(obj: CliContext, feature: str) -> tuple[tuple[GpuLayout, ...], tuple[GpuInfo, ...]]:
-    """The node's GPUs as its agent read them, and the lost ones: the one read path. No driver
-    attached is DriverNotReady (exit 11) naming its cause, never an empty node. A lost GPU is
-    named on stderr and left out of the layouts (it can be neither read nor partitioned)."""
+def _read(
+    obj: CliContext, feature: str
+) -> tuple[tuple[GpuLayout, ...], tuple[GpuInfo, ...], dict[int, str]]:
+    """The node's GPUs as its agent read them, the lost and unread ones, and why each unread
+    one is: the one read path. No driver attached is DriverNotReady (exit 11) naming its cause,
+    never an empty node. A lost GPU, or one whose layout was not read in the latest sample (a
+    failing call: its layout is stale or unknown), is named on stderr and left out of the
+    layouts (it can be neither read nor partitioned)."""
     node = obj.agent().node()
     node.require_driver(feature)
-    layouts, lost = [], []
+    layouts, lost, unread = [], [], {}
     for gpu in node.gpus:
+        index = gpu.layout.gpu.index
         if gpu.lost:
             why = gpu.detail or "it does not answer"
-            click.echo(f"warning: GPU {gpu.layout.gpu.index} left out: lost ({why})", err=True)
+            click.echo(f"warning: GPU {index} left out: lost ({why})", err=True)
+            lost.append(gpu.layout.gpu)
+            continue
+        if gpu.unread or gpu.never_read:
+            unread[index] = gpu.unread or "never read"
+            click.echo(f"warning: GPU {index} left out: not read ({unread[index]})", err=True)
             lost.append(gpu.layout.gpu)
             continue
         layouts.append(gpu.layout)
-    return tuple(layouts), tuple(lost)
+    return tuple(layouts), tuple(lost), unread
 
 
 def _refuse_by_mode(obj: CliContext, what: str) -> None:
@@ -320,14 +331,14 @@ def _follow(client: AgentClient, op: OperationView, embedded: bool) -> _Applied:
         result = MigApplied("", (), False, (), 0, ())
     data = plain(result)
     pending = [g.message for g in result.gpus if g.status == "pending"]
-    lost = [g.message for g in result.gpus if g.status == "lost"]
+    lost = [g.message for g in result.gpus if g.status in NOT_ANSWERING]
     return _Applied(data, _apply_table(result), pending, lost, result.assert_mismatches)
 
 
 def _apply_table(result: MigApplied) -> str:
     rows = [[g.gpu_index, g.status, g.kept, g.destroyed, g.created] for g in result.gpus]
     pending = [g.message for g in result.gpus if g.status == "pending"]
-    lost = [g.message for g in result.gpus if g.status == "lost"]
+    lost = [g.message for g in result.gpus if g.status in NOT_ANSWERING]
     plugin = [f"Device plugin: {result.device_plugin}"] if result.device_plugin else []
     table = format_table(_APPLY_HEADERS, rows)
     return "\n".join([*result.recovered, table, *plugin, _verdict(pending, lost)])
@@ -348,7 +359,12 @@ def _verdict(pending: list[str], lost: Sequence[str] = ()) -> str:
             ]
         )
     if lost:
-        return "\n".join([*lost, "MIG configuration NOT applied to every GPU: some are lost"])
+        gone = (
+            "some are lost"
+            if all("cannot be read" not in m for m in lost)
+            else ("some are lost or cannot be read")
+        )
+        return "\n".join([*lost, f"MIG configuration NOT applied to every GPU: {gone}"])
     return "MIG configuration applied successfully"
 
 
@@ -485,8 +501,10 @@ def checkpoint_command(obj: CliContext, checkpoint_file: str) -> None:
     Example:
       gpu-agent mig checkpoint -f /var/lib/mig-before-upgrade.json
     """
-    layouts, lost = _read(obj, "mig checkpoint")
-    refuse_lost(lost, f"a checkpoint would not bring it back; nothing written to {checkpoint_file}")
+    layouts, lost, unread = _read(obj, "mig checkpoint")
+    refuse_lost(
+        lost, f"a checkpoint would not bring it back; nothing written to {checkpoint_file}", unread
+    )
     capable = [layout for layout in layouts if layout.gpu.mig_capable]
     write_output(
         Path(checkpoint_file), json.dumps(checkpoint_document(capable)) + "\n", "checkpoint-file"
@@ -546,8 +564,8 @@ def restore_command(
         return _follow(client, client.restore_mig(text, mode_only=only_mode), obj.embedded)
 
     def holds(only_mode: bool) -> bool:
-        layouts, lost = _read(obj, "mig restore")
-        return checkpoint_holds(states, layouts, mode_only=only_mode, lost=lost)
+        layouts, lost, unread = _read(obj, "mig restore")
+        return checkpoint_holds(states, layouts, mode_only=only_mode, lost=lost, unread=unread)
 
     env = {
         "MIG_PARTED_CHECKPOINT_FILE": checkpoint_file,

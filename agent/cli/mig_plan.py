@@ -141,7 +141,7 @@ def plan_text(plan: MigPlanView) -> str:
     for what, indexes in (
         ("skipped (not MIG-capable)", plan.skipped_gpus),
         ("not selected by any entry", plan.unselected_gpus),
-        ("not planned (lost: an apply fails on it)", plan.lost_gpus),
+        ("not planned (lost or unread: an apply fails on it)", plan.lost_gpus),
     ):
         if indexes:
             parts.append(f"{what}: GPU " + ", ".join(map(str, indexes)))

@@ -140,15 +140,18 @@ def _say_unread(obj: PowerContext, view: PowerView, lost: list[int]) -> list[int
     """A GPU that answers but whose limits cannot be read (no power management) is in no row
     either: say so, rather than let the rows read as every GPU of the node."""
     shown = {g.index for g in view.gpus} | set(lost)
-    unread = [g.layout.gpu.index for g in obj.agent().node().gpus]
-    unread = [i for i in unread if i not in shown]
-    for index in unread:
+    left = [g for g in obj.agent().node().gpus if g.layout.gpu.index not in shown]
+    for gpu in left:
+        index = gpu.layout.gpu.index
+        if gpu.unread:  # the GPU's own read fails (it may need a reset): say the call
+            click.echo(f"warning: GPU {index} cannot be read ({gpu.unread})", err=True)
+            continue
         click.echo(
             f"warning: GPU {index}: its power limits cannot be read (no power management, or "
             "NVML refused the read; the agent's log says which)",
             err=True,
         )
-    return unread
+    return [g.layout.gpu.index for g in left]
 
 
 def _watts(milliwatts: int) -> float:

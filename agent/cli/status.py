@@ -36,7 +36,8 @@ def _head(data: dict[str, Any], lost: int) -> str:
 
 def _gpu_table(gpus: list[dict[str, Any]]) -> str:
     return format_table(
-        # NVML: does the driver answer for the GPU (ok, lost); HEALTH: its mark (docs/health.md)
+        # NVML: does the driver answer for the GPU (ok, unread, lost); HEALTH: its mark
+        # (docs/health.md)
         ["GPU", "NVML", "HEALTH", "UUID", "MODEL", "BUS ID", "MEMORY", "MIG (current/pending)"],
         [
             [
@@ -197,7 +198,8 @@ def _gpu_view(g: NodeGpu, hidden: bool) -> dict[str, Any]:
     never = g.never_read or not info.uuid
     return {
         "index": info.index,
-        "health": "lost" if g.lost else "ok",
+        # Never "ok" for a GPU not read: "unread" names it, and `unread` the failing call
+        "health": "lost" if g.lost else "unread" if g.unread or g.never_read else "ok",
         "condition": health_mark_view(g.condition),
         "detail": g.detail,
         # Why its layout and processes were not read in the latest sample (the failing call)

@@ -223,9 +223,18 @@ class DriverLink:
             missing = self._not_ready(NVML_ERROR, f"NVML does not answer: {exc}")
         else:
             if scan.gpus:
+                # A GPU unread (one needing a reset) keeps no other from its features: the node
+                # attaches, and its status names that GPU and the failing call.
+                for bad in scan.unread:
+                    log.warning(
+                        "GPU %d cannot be read, attached without it: %s", bad.index, bad.detail
+                    )
                 return None
             lost = f" ({len(scan.lost)} lost)" if scan.lost else ""
-            missing = self._not_ready(NO_GPUS, f"the driver lists no GPU that answers{lost}")
+            unread = "".join(f"; GPU {g.index} cannot be read: {g.detail}" for g in scan.unread)
+            missing = self._not_ready(
+                NO_GPUS, f"the driver lists no GPU that answers{lost}{unread}"
+            )
         self._close_quietly()
         with self._lock:
             self._state = missing if self._state.cause != missing.cause else self._state

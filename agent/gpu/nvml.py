@@ -48,6 +48,7 @@ from agent.gpu.types import (
     Placement,
     PowerLimits,
     Process,
+    UnreadGpu,
 )
 
 T = TypeVar("T")
@@ -109,10 +110,13 @@ def translate(exc: Exception, what: str) -> AgentError:
 
 @dataclass(frozen=True, slots=True)
 class GpuScan:
-    """Every GPU the driver counts: the ones that answer, and the lost ones beside them."""
+    """Every GPU the driver counts: the ones that answer, and the lost and unread ones beside
+    them."""
 
     gpus: tuple[GpuInfo, ...]
     lost: tuple[LostGpu, ...] = ()
+    #: not lost, but a read of its identity failed (the failing call and its error)
+    unread: tuple[UnreadGpu, ...] = ()
 
 
 def _mutation(method: Callable[..., T]) -> Callable[..., T]:
@@ -187,19 +191,26 @@ class GpuDriver:
         return str(self.call(self._nvml.nvmlSystemGetDriverVersion))
 
     def scan(self) -> GpuScan:
-        """Every GPU by index; one that is lost (at start or since) is reported, not raised."""
+        """Every GPU by index; one that is lost (at start or since) or fails a read (a GPU that
+        needs a reset) is reported, not raised: one GPU must not take the others' features."""
         count = self.call(self._nvml.nvmlDeviceGetCount)
         gpus: list[GpuInfo] = []
         lost: list[LostGpu] = []
+        unread: list[UnreadGpu] = []
         for i in range(count):
             try:
                 info = self._info(i, self.call(self._nvml.nvmlDeviceGetHandleByIndex, i))
             except DeviceLost as exc:
                 lost.append(LostGpu(i, self._known.get(i), str(exc)))
                 continue
+            except DriverUnavailable:
+                raise  # the driver went away: no GPU answers, the node detaches
+            except AgentError as exc:
+                unread.append(UnreadGpu(i, self._known.get(i), str(exc)))
+                continue
             self._known[i] = info
             gpus.append(info)
-        return GpuScan(tuple(gpus), tuple(lost))
+        return GpuScan(tuple(gpus), tuple(lost), tuple(unread))
 
     def gpus(self) -> tuple[GpuInfo, ...]:
         """The GPUs that answer (see :meth:`scan` for the lost ones)."""
@@ -207,7 +218,7 @@ class GpuDriver:
 
     def gpu(self, selector: str | int) -> GpuInfo:
         """A GPU by index, UUID (``GPU-…``) or PCI bus id; NotFound naming what exists,
-        DeviceLost when it is a lost GPU."""
+        DeviceLost when it is a lost GPU, NvmlError naming the failing call for an unread one."""
         scan = self.scan()
         for info in scan.gpus:
             if _selects(str(selector), info):
@@ -217,6 +228,11 @@ class GpuDriver:
                 gone.last_known is not None and _selects(str(selector), gone.last_known)
             ):
                 raise DeviceLost(f"GPU {gone.index} is lost: {gone.detail}")
+        for bad in scan.unread:
+            if str(selector) == str(bad.index) or (
+                bad.last_known is not None and _selects(str(selector), bad.last_known)
+            ):
+                raise NvmlError(f"GPU {bad.index} cannot be read: {bad.detail}")
         known = ", ".join(f"{g.index}={g.uuid}" for g in scan.gpus)
         raise NotFound(f"no GPU {selector!r} on this node (GPUs: {known})")
 

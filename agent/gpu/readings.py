@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from agent.errors import AgentError, DeviceLost, NotSupported
+from agent.errors import AgentError, DeviceLost, DriverUnavailable, NotSupported
 from agent.gpu.nvml import GpuDriver, translate
 from agent.gpu.reading_calls import (
     FIELD_VALUES,
@@ -217,8 +217,14 @@ class NodeReader:
             self._handles = [None] * count
             self._identities = tuple(GpuIdentity(i, "", "", "", None) for i in range(count))
             for i in range(count):
-                with contextlib.suppress(DeviceLost):
+                try:
                     self._handle(i)
+                except DriverUnavailable:
+                    raise  # the driver went away: no GPU answers
+                except AgentError:
+                    # Lost, or a read failing (a GPU that needs a reset): it keeps what NVML
+                    # answered of it, and the others are read; each tick asks it again.
+                    continue
         return self._identities
 
     def _handle(self, gpu: int) -> Any:

@@ -173,6 +173,31 @@ class LostGpu:
 
 
 @dataclass(frozen=True, slots=True)
+class UnreadGpu:
+    """A GPU the driver counts, not lost, that fails a read of its identity (RESET_REQUIRED,
+    UNKNOWN, TIMEOUT: often one that needs a reset). The others go on without it; what targets
+    it is refused naming it and ``detail``, the failing call and its error.
+
+    ``last_known`` is its identity when this process saw it answer before, else None.
+    """
+
+    index: int
+    last_known: GpuInfo | None
+    detail: str
+
+    @property
+    def uuid(self) -> str:
+        return self.last_known.uuid if self.last_known is not None else ""
+
+    @property
+    def info(self) -> GpuInfo:
+        """What is known of it: its last identity, or only its index (no UUID, no model)."""
+        if self.last_known is not None:
+            return self.last_known
+        return GpuInfo(self.index, "", "", "", 0, 0, 0, None)
+
+
+@dataclass(frozen=True, slots=True)
 class PowerLimits:
     """A GPU's power management limits as NVML reports them, in milliwatts."""
 

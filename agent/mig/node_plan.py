@@ -8,11 +8,12 @@ plan is agent/mig/plan.py's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.errors import Busy, Conflict, DeviceLost, FieldViolation, InvalidSpec
+from agent.gpu.nvml import NvmlError
 from agent.gpu.types import GpuInfo, GpuLayout, Placement
 from agent.mig.desired import Desired, current_counts
 from agent.mig.plan import GpuPlan, mismatches, plan_gpu
@@ -78,6 +79,13 @@ def plan_layouts(
     return replace(plan, lost=lost_selected(entries, lost))
 
 
+def gone_said(index: int, unread: Mapping[int, str] | None) -> str:
+    """ "GPU N is lost", or, for a GPU not lost whose read fails, "GPU N cannot be read (<call>:
+    <error>)": what a refusal says of a GPU that does not answer."""
+    why = (unread or {}).get(index)
+    return f"GPU {index} cannot be read ({why})" if why else f"GPU {index} is lost"
+
+
 def lost_selected(entries: Sequence[MigConfigEntry], lost: Sequence[GpuInfo]) -> tuple[int, ...]:
     """The lost GPUs the entries select, or may (one lost before the agent started is only an
     index, so a UUID or a device filter cannot be matched against it)."""
@@ -91,13 +99,15 @@ def check_layouts(
     *,
     mode_only: bool = False,
     lost: Sequence[GpuInfo] = (),
+    unread: Mapping[int, str] | None = None,
 ) -> AssertResult:
     """mig-parted's ``assert``: every GPU selected and matching (counts; placement ignored).
     A ``lost`` GPU the config selects (or one too unknown to tell) cannot be read, so the
-    config is not known to be applied: never "applied" for what was not checked."""
+    config is not known to be applied: never "applied" for what was not checked. ``lost``
+    holds the unread GPUs too, each said with its failing call (``unread``: index -> why)."""
     name, entries = spec.select(config)
-    unread = lost_selected(entries, lost)
-    problems = [f"GPU {i} is lost: whether it holds {name} cannot be read" for i in unread]
+    gone = lost_selected(entries, lost)
+    problems = [f"{gone_said(i, unread)}: whether it holds {name} cannot be read" for i in gone]
     chosen = {s.gpu.uuid: s for s in select_gpus(entries, [lay.gpu for lay in layouts])}
     for layout in layouts:
         gpu = layout.gpu
@@ -109,12 +119,20 @@ def check_layouts(
         if not gpu.mig_capable and selection.entry.devices == ALL:
             continue
         problems += mismatches(layout, desired_of(selection.entry), mode_only=mode_only)
-    return AssertResult(name, not problems, tuple(problems), unread)
+    return AssertResult(name, not problems, tuple(problems), gone)
 
 
-def refuse_lost(lost: Sequence[GpuInfo], consequence: str) -> None:
+def refuse_lost(
+    lost: Sequence[GpuInfo], consequence: str, unread: Mapping[int, str] | None = None
+) -> None:
     """A snapshot of the node (an export, a checkpoint) without its lost GPUs would describe
-    another node (``devices: all`` would claim them): refused, as mig-parted's NVML error is."""
+    another node (``devices: all`` would claim them): refused, as mig-parted's NVML error is.
+    An unread GPU among them (``unread``: index -> its failing call) is named with its call."""
+    if any(gpu.index in (unread or {}) for gpu in lost):
+        said = "; ".join(gone_said(gpu.index, unread) for gpu in lost)
+        raise NvmlError(
+            f"{said}: its MIG state cannot be read, so {consequence} (try again once it answers)"
+        )
     if lost:
         gpus = ", ".join(str(gpu.index) for gpu in lost)
         raise DeviceLost(
@@ -124,11 +142,14 @@ def refuse_lost(lost: Sequence[GpuInfo], consequence: str) -> None:
 
 
 def export_layouts(
-    layouts: Sequence[GpuLayout], label: str = "current", lost: Sequence[GpuInfo] = ()
+    layouts: Sequence[GpuLayout],
+    label: str = "current",
+    lost: Sequence[GpuInfo] = (),
+    unread: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
     """The layouts as a mig-parted v1 config named ``label`` (mig-parted ``export``); refused
-    while a GPU is lost."""
-    refuse_lost(lost, "an export would not describe it")
+    while a GPU is lost or unread."""
+    refuse_lost(lost, "an export would not describe it", unread)
     gpus = []
     for layout in layouts:
         mode = layout.gpu.mig_mode
@@ -146,9 +167,11 @@ def checkpoint_holds(
     *,
     mode_only: bool = False,
     lost: Sequence[GpuInfo] = (),
+    unread: Mapping[int, str] | None = None,
 ) -> bool:
     """Whether every listed GPU is in its checkpointed state (mode only: its mode)."""
-    return all(same for _, _, same in checkpoint_targets(states, layouts, mode_only, lost))
+    targets = checkpoint_targets(states, layouts, mode_only, lost, unread)
+    return all(same for _, _, same in targets)
 
 
 def checkpoint_targets(
@@ -156,13 +179,14 @@ def checkpoint_targets(
     layouts: Sequence[GpuLayout],
     mode_only: bool,
     lost: Sequence[GpuInfo] = (),
+    unread: Mapping[int, str] | None = None,
 ) -> list[tuple[GpuInfo, GpuMigState, bool]]:
     """Each state with its GPU, profile names filled in; True where it already holds.
     InvalidSpec when the checkpoint names a GPU or a profile this node lacks, or a ``lost``
     one (said so: not "not on this node")."""
     by_uuid = {layout.gpu.uuid: layout for layout in layouts}
     bad = [
-        FieldViolation(f"MigState.Devices[{i}].UUID", _missing(s.uuid, lost))
+        FieldViolation(f"MigState.Devices[{i}].UUID", _missing(s.uuid, lost, unread))
         for i, s in enumerate(states)
         if s.uuid not in by_uuid
     ]
@@ -233,10 +257,13 @@ def _gi_problems(field: str, state: GpuMigState, layout: GpuLayout) -> list[Fiel
     return [FieldViolation(field, what) for what in bad]
 
 
-def _missing(uuid: str, lost: Sequence[GpuInfo]) -> str:
-    """Why a checkpointed GPU is not among those that answer: lost, maybe lost, or absent."""
+def _missing(uuid: str, lost: Sequence[GpuInfo], unread: Mapping[int, str] | None) -> str:
+    """Why a checkpointed GPU is not among those that answer: lost or unread, maybe lost, or
+    absent."""
     known = next((g for g in lost if g.uuid == uuid), None)
     if known is not None:
+        if known.index in (unread or {}):
+            return f"{gone_said(known.index, unread)}: GPU {uuid} cannot be restored"
         return f"GPU {known.index} ({uuid}) is lost: it cannot be restored"
     unknown = [str(g.index) for g in lost if not g.uuid]
     if unknown:

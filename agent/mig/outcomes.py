@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from agent.errors import AgentError, Conflict
 
 __all__ = [
+    "NOT_ANSWERING",
     "UNROLLED_FIX",
     "ApplyResult",
     "GpuOutcome",
@@ -20,6 +21,9 @@ __all__ = [
 ]
 
 _PENDING = "MIG mode change pending"
+
+#: The statuses of a GPU the config selects that does not answer: never applied.
+NOT_ANSWERING = ("lost", "unread")
 
 
 class NotApplied(AgentError):
@@ -73,7 +77,9 @@ def unrolled_status(failed: str) -> str:
 class GpuOutcome:
     gpu: int
     uuid: str
-    status: str  # "unchanged" | "applied" | "pending" | "lost" (selected, not answering)
+    #: "unchanged" | "applied" | "pending" | "lost" | "unread" (selected, not answering; unread:
+    #: not lost, but a read of it fails, its message naming the call)
+    status: str
     kept: int = 0
     destroyed: int = 0
     created: int = 0
@@ -110,8 +116,8 @@ class ApplyResult:
 
     @property
     def lost(self) -> tuple[GpuOutcome, ...]:
-        """GPUs the config selects (or may) that do not answer: not applied."""
-        return tuple(g for g in self.gpus if g.status == "lost")
+        """GPUs the config selects (or may) that do not answer (lost or unread): not applied."""
+        return tuple(g for g in self.gpus if g.status in NOT_ANSWERING)
 
     def not_done(self) -> str:
         """Why the config is not yet what the GPUs hold, in one line ("" when it is): each

@@ -37,7 +37,6 @@ from agent.mig.node_plan import (
     check_layouts,
     checkpoint_targets,
     export_layouts,
-    lost_selected,
     plan_layouts,
     refuse_unless_feasible,
 )
@@ -53,6 +52,7 @@ from agent.mig.plan import (
 from agent.mig.reset import ResetFn
 from agent.mig.spec import MigSpec
 from agent.mig.state import GpuMigState, fetch
+from agent.mig.unanswered import Unanswered, read_node, selected_outcomes
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,8 @@ class MigService:
     # -- reads (never take the lock) -------------------------------------------------------------
 
     def layouts(self) -> tuple[GpuLayout, ...]:
-        return tuple(self._driver.layout(g.uuid) for g in self._driver.gpus())
+        """The GPUs that can be read (`read_node`: one that cannot leaves out no other)."""
+        return read_node(self._driver)[0]
 
     def plan(
         self,
@@ -144,21 +145,24 @@ class MigService:
         force: bool = False,
         mode_only: bool = False,
     ) -> NodePlan:
-        return plan_layouts(
-            spec, config, self.layouts(), force=force, mode_only=mode_only, lost=self.lost()
-        )
+        layouts, gone = read_node(self._driver)
+        return plan_layouts(spec, config, layouts, force=force, mode_only=mode_only, lost=gone.gpus)
 
     def check(
         self, spec: MigSpec, config: str | None = None, *, mode_only: bool = False
     ) -> AssertResult:
         """mig-parted's ``assert``: every GPU selected and matching (counts; placement ignored);
-        a lost GPU the config selects is never "applied"."""
-        return check_layouts(spec, config, self.layouts(), mode_only=mode_only, lost=self.lost())
+        a lost or unread GPU the config selects is never "applied"."""
+        layouts, gone = read_node(self._driver)
+        return check_layouts(
+            spec, config, layouts, mode_only=mode_only, lost=gone.gpus, unread=gone.unread
+        )
 
     def export(self, label: str = "current") -> dict[str, Any]:
         """The current state as a mig-parted v1 config named ``label`` (mig-parted ``export``);
-        DeviceLost while a GPU is lost."""
-        return export_layouts(self.layouts(), label, self.lost())
+        DeviceLost while a GPU is lost (NvmlError naming the call while one is unread)."""
+        layouts, gone = read_node(self._driver)
+        return export_layouts(layouts, label, gone.gpus, gone.unread)
 
     # -- changes (under the partition lock) ------------------------------------------------------
 
@@ -204,7 +208,8 @@ class MigService:
         allocation = self.refuse_by_mode("mig apply")
         with self._lock.hold(description):
             recovered = self._refuse_over_unrecovered(f"MIG config {name}")
-            plan = plan_layouts(spec, config, self.layouts(), force=force, mode_only=mode_only)
+            layouts, gone = read_node(self._driver)
+            plan = plan_layouts(spec, config, layouts, force=force, mode_only=mode_only)
             refuse_unless_feasible(plan)
             executor = Executor(self._driver, self._journal, self._reset, progress)
             outcomes = {p.layout.gpu.uuid: _unchanged(p) for p in plan.gpus}
@@ -223,24 +228,11 @@ class MigService:
                 self._publish(allocation, executor, touched, skip_reset, progress)
                 self._journal.journal_clear(SCOPE)
         said = self._plugin_told(allocation) if plan.changes else ""
-        gpus = (*outcomes.values(), *self._lost_selected(spec, config))
+        gpus = (*outcomes.values(), *selected_outcomes(spec.select(config)[1], gone))
         # Selected no GPU: done, as mig-parted's; its assert fails all the same, and says why.
         unheld = () if gpus else self.check(spec, config, mode_only=mode_only).mismatches
         remember_reboot(self._journal, gpus)
         return ApplyResult(name, gpus, executor.mutations, recovered, said, unheld)
-
-    def _lost_selected(self, spec: MigSpec, config: str | None) -> tuple[GpuOutcome, ...]:
-        """The lost GPUs the config selects, or may (only an index known): not applied, and
-        said so; the others are applied all the same."""
-        _, entries = spec.select(config)
-        gone = self._driver.scan().lost
-        chosen = set(lost_selected(entries, [g.info for g in gone]))  # the rule assert uses
-        why = "GPU {} is lost ({}): not applied"
-        return tuple(
-            GpuOutcome(g.index, g.uuid, "lost", message=why.format(g.index, g.detail))
-            for g in gone
-            if g.index in chosen
-        )
 
     def restore_checkpoint(
         self,
@@ -315,11 +307,17 @@ class MigService:
     def checkpoint_targets(
         self, states: Sequence[GpuMigState], mode_only: bool
     ) -> list[tuple[GpuInfo, GpuMigState, bool]]:
-        return checkpoint_targets(states, self.layouts(), mode_only, self.lost())
+        layouts, gone = read_node(self._driver)
+        return checkpoint_targets(states, layouts, mode_only, gone.gpus, gone.unread)
 
     def lost(self) -> list[GpuInfo]:
-        """What is known of each lost GPU (only its index when it was lost before we started)."""
-        return [g.info for g in self._driver.scan().lost]
+        """What is known of each GPU that does not answer, lost or unread (only its index when
+        it never answered since we started)."""
+        return list(self.unanswered().gpus)
+
+    def unanswered(self) -> Unanswered:
+        """The lost and unread GPUs, with the failing call of each unread one."""
+        return read_node(self._driver)[1]
 
     def _restore_gpu(self, executor: Executor, gpu: GpuInfo, target: GpuMigState) -> GpuOutcome:
         steps = converge_steps(self._driver.layout(gpu.uuid), target)

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.errors import DeviceLost, FieldViolation, InvalidSpec
-from agent.gpu.types import LostGpu, PowerLimits
+from agent.gpu.nvml import NvmlError
+from agent.gpu.types import LostGpu, PowerLimits, UnreadGpu
 from agent.power.spec import Entry, PowerSpec
 
 __all__ = [
@@ -110,32 +111,46 @@ def model_key(name: str) -> str:
 
 #: What a refusal says of a GPU the spec names that does not answer.
 _LOST = "is lost (it does not answer): its range cannot be checked; apply again once it answers"
+#: ... and of one that answers but fails a read (after the failing call and its error).
+_UNREAD = "its range cannot be checked; apply again once it is read (a GPU reset may be needed)"
 
 
-def plan(spec: PowerSpec, gpus: list[GpuPower], lost: Sequence[LostGpu] = ()) -> list[Target]:
+def plan(
+    spec: PowerSpec,
+    gpus: list[GpuPower],
+    lost: Sequence[LostGpu] = (),
+    unread: Sequence[UnreadGpu] = (),
+) -> list[Target]:
     """The wanted limit of every GPU the spec selects (later entries win), by GPU index; one
     refusal listing every problem when there is any: DeviceLost when each is a lost GPU the
-    spec names (by index or UUID), else InvalidSpec."""
-    targets, problems = resolve(spec, gpus, lost)
+    spec names (by index or UUID), NvmlError when each is lost or unread (no spec error: the
+    GPU's read failed), else InvalidSpec."""
+    targets, problems = resolve(spec, gpus, lost, unread)
     if problems:
         text = "power spec refused, no GPU changed: " + "; ".join(map(str, problems))
         if all(_LOST in p.description for p in problems):
             raise DeviceLost(text)
+        if all(_LOST in p.description or _UNREAD in p.description for p in problems):
+            raise NvmlError(text)
         raise InvalidSpec(text, problems)
     return targets
 
 
 def resolve(
-    spec: PowerSpec, gpus: list[GpuPower], lost: Sequence[LostGpu] = ()
+    spec: PowerSpec,
+    gpus: list[GpuPower],
+    lost: Sequence[LostGpu] = (),
+    unread: Sequence[UnreadGpu] = (),
 ) -> tuple[list[Target], list[FieldViolation]]:
-    """The targets that fit, and what does not (a GPU gone, lost or out of range): re-applying
-    a stored spec sets what still fits instead of giving up on every GPU. ``gpus: all`` and a
-    model select the GPUs that answer; a lost one is capped when it answers again."""
+    """The targets that fit, and what does not (a GPU gone, lost, unread or out of range):
+    re-applying a stored spec sets what still fits instead of giving up on every GPU.
+    ``gpus: all`` and a model select the GPUs that answer; a lost or unread one is capped when
+    it answers again."""
     problems: list[FieldViolation] = []
     chosen: dict[int, tuple[str, Entry]] = {}
     for i, entry in enumerate(spec.entries):
         where = f"power[{i}]"
-        for gpu in _selected(where, entry, gpus, lost, problems):
+        for gpu in _selected(where, entry, gpus, (lost, unread), problems):
             chosen[gpu.index] = (where, entry)
     by_index = {g.index: g for g in gpus}
     targets = []
@@ -184,7 +199,7 @@ def _selected(
     where: str,
     entry: Entry,
     gpus: list[GpuPower],
-    lost: Sequence[LostGpu],
+    missing: tuple[Sequence[LostGpu], Sequence[UnreadGpu]],
     problems: list[FieldViolation],
 ) -> list[GpuPower]:
     if entry.all_gpus:
@@ -201,16 +216,23 @@ def _selected(
                 )
             )
         return found
-    # By index or UUID alike: one that answers is selected, a lost one is said lost.
+    # By index or UUID alike: one that answers is selected, a lost one is said lost, an unread
+    # one is said with its failing call.
+    lost, unread = missing
     have: dict[int | str, GpuPower] = {g.index: g for g in gpus} | {g.uuid: g for g in gpus}
     gone: set[int | str] = {g.index for g in lost} | {g.uuid for g in lost if g.uuid}
+    bad: dict[int | str, UnreadGpu] = {g.index: g for g in unread}
+    bad |= {g.uuid: g for g in unread if g.uuid}
     found = []
     for asked in (*entry.indices, *entry.uuids):
+        named = f"GPU {asked}" if isinstance(asked, int) else asked
         if asked in have:
             found.append(have[asked])
         elif asked in gone:
-            named = f"GPU {asked}" if isinstance(asked, int) else asked
             problems.append(FieldViolation(f"{where}.gpus", f"{named} {_LOST}"))
+        elif asked in bad:
+            why = f"GPU {bad[asked].index} cannot be read ({bad[asked].detail}): {_UNREAD}"
+            problems.append(FieldViolation(f"{where}.gpus", why))
         elif isinstance(asked, int):
             answering = ", ".join(str(i) for i in sorted(g.index for g in gpus))
             problems.append(

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from agent.errors import AgentError
 from agent.gpu.attach import DriverLink
 from agent.gpu.nvml import GpuDriver
-from agent.gpu.types import LostGpu
+from agent.gpu.types import LostGpu, UnreadGpu
 from agent.power.plan import (
     Change,
     GpuPower,
@@ -73,12 +73,13 @@ class PowerService:
 
     def show(self) -> PowerView:
         # A read: a GPU whose limits cannot be read (no power management) hides no other.
-        gpus, lost = self._read(strict=False)
+        gpus, lost, unread = self._read(strict=False)
         spec = self._desired()
         desired: dict[str, int] = {}
         if spec is not None:
-            # What still fits is shown: a GPU the spec names that is lost or gone hides no other.
-            targets, problems = resolve(spec, gpus, lost)
+            # What still fits is shown: a GPU the spec names that is lost, unread or gone hides
+            # no other.
+            targets, problems = resolve(spec, gpus, lost, unread)
             desired = {t.gpu.uuid: t.want_mw for t in targets}
             for p in problems:  # the node changed under the spec: shown, not fatal
                 log.warning("the stored power spec does not fit: %s: %s", p.field, p.description)
@@ -109,8 +110,8 @@ class PowerService:
         Its answer names the lost GPUs the spec selects (capped once they answer)."""
         spec = parse(text)
         with self._lock:
-            gpus, lost = self._read()
-            targets = plan(spec, gpus, lost)
+            gpus, lost, unread = self._read()
+            targets = plan(spec, gpus, lost, unread)
             known = self._baseline()
             self._record_baselines([t.gpu for t in targets], known)
             wanted = [(t.gpu, t.want_mw) for t in targets if t.changes]
@@ -144,7 +145,7 @@ class PowerService:
         with self._lock:
             baseline = self._baseline()
             # Read first: a GPU whose limits cannot be read refuses it with nothing changed.
-            answering, lost = self._read()
+            answering, lost, _ = self._read()  # an unread GPU keeps its baseline, as a lost one
             gpus = [g for g in answering if g.uuid in baseline]
             self._journal.journal_clear(DESIRED)  # reconcile no longer re-caps
             wanted = [
@@ -201,11 +202,21 @@ class PowerService:
 
     # -- helpers ---------------------------------------------------------------------------------
 
-    def _read(self, *, strict: bool = True) -> tuple[list[GpuPower], tuple[LostGpu, ...]]:
-        """Every GPU that answers with its limits, and the lost ones. ``strict``: a GPU whose
-        limits cannot be read fails the read (an apply refuses); otherwise it is left out and
-        logged once."""
+    def _read(
+        self, *, strict: bool = True
+    ) -> tuple[list[GpuPower], tuple[LostGpu, ...], tuple[UnreadGpu, ...]]:
+        """Every GPU that answers with its limits, the lost ones and the unread ones (a read of
+        their identity failed). ``strict``: a GPU whose limits cannot be read fails the read (an
+        apply refuses); otherwise it is left out and logged once. An unread GPU is always left
+        out (logged once): it keeps no other GPU from its cap, and a spec naming it is refused
+        naming it (agent.power.plan)."""
         scan = self._gpu.scan()
+        for bad in scan.unread:
+            self._log_once(
+                bad.uuid,
+                f"GPU {bad.index} cannot be read, left out of the power caps until it is: "
+                f"{bad.detail}",
+            )
         found = []
         for g in scan.gpus:
             try:
@@ -214,7 +225,7 @@ class PowerService:
                 if strict:
                     raise
                 self._log_once(g.uuid, f"power limits of GPU {g.index} cannot be read: {exc}")
-        return found, scan.lost
+        return found, scan.lost, scan.unread
 
     def _record_baselines(self, gpus: Sequence[GpuPower], known: dict[str, int]) -> None:
         """Journal the limit of each GPU about to be capped for the first time, before it is:

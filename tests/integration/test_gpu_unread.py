@@ -15,6 +15,7 @@ import pytest
 from agent._proto.gpuagent.v1 import agent_pb2, agent_pb2_grpc
 from agent.cli.status import _table, status_view
 from agent.gpu.sim import SimControl, open_simulator
+from agent.wire.doctor import CheckState
 from agent.wire.node import node_from
 from tests.unit.api.support import InProcessAgent, agent_config, unix_channel, wait_for
 
@@ -88,3 +89,32 @@ def test_a_gpu_whose_layout_was_never_read_has_unknown_memory_mig_and_instances(
         row = next(line for line in text.splitlines() if line.startswith("0 "))
         assert " 0 B " not in row and row.rstrip().endswith("?")
         assert data["gpus"][1]["memory_total_bytes"]  # the other GPU is read as usual
+
+
+@pytest.mark.parametrize("call", ["nvmlDeviceGetMigMode", "nvmlDeviceGetName"])
+def test_a_gpu_that_fails_a_read_at_start_is_named_and_the_others_keep_their_features(
+    tmp_path: Path, call: str
+) -> None:
+    # The reviewer's repro: GPU 1's MIG mode read failing (UNKNOWN, as a GPU needing a reset
+    # answers) from before the start made the whole node "driver not ready". Its name read
+    # failing then stopped the agent's start (the sampler's first identity read).
+    root = tmp_path / "agent"
+    config = agent_config(root, telemetry={"interval_s": 0.2})
+    open_simulator(root / "state", "dgx-h100")
+    SimControl(root / "state").inject_fault(call, "Unknown", count=10**6, gpu=1)
+    with InProcessAgent(root, config) as agent:
+        gpu = wait_for(lambda: (g := _node(agent.socket).gpus[1]).unread and g, "GPU 1 unread", 10)
+        assert f"{call}: Unknown Error" in gpu.unread
+        node = _node(agent.socket)
+        assert node.driver.state == agent_pb2.DRIVER_STATE_ATTACHED
+        assert not node.gpus[0].unread and node.gpus[0].memory_total_bytes > 0
+        assert "GPU 1 not read" in _component(node, "gpu-driver").detail
+        data = status_view(node_from(node))
+        assert [g["health"] for g in data["gpus"][:3]] == ["ok", "unread", "ok"]
+        assert f"GPU 1 not read ({call}: Unknown Error)" in _table(data)
+        assert agent.node.services.power.show().gpus[0].index == 0  # power reads the others
+        doctor = agent.node.services.doctor
+        assert doctor is not None
+        nvml = next(c for c in doctor.run(ask_api=False).checks if c.name == "nvml")
+        assert nvml.state is CheckState.DEGRADED  # never "ok" beside a GPU not read
+        assert f"not read: GPU 1: {call}: Unknown Error" in nvml.evidence

@@ -157,10 +157,10 @@ def _yaml(text: str, source: str) -> Any:
 
 def _csv_rows(text: str, source: str) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
     """Header and rows of a CSV trace, each with the line it ends on (every refusal names a
-    row so, blank lines and quoted line breaks counted), at most MAX_ROWS of at most MAX_COLUMNS fields of at most
-    MAX_FIELD_CHARS each; csv's own errors (a NUL, a bad quote) are refusals too. A record is
-    cut at MAX_RECORD_CHARS before csv splits it: a row of a million empty fields, made a dict
-    per row, cost ~26 times the file."""
+    row so, blank lines and quoted line breaks counted), at most MAX_ROWS of at most
+    MAX_COLUMNS fields of at most MAX_FIELD_CHARS each; csv's own errors (a NUL, a bad quote)
+    are refusals too. A record is cut at MAX_RECORD_CHARS before csv splits it: a row of a
+    million empty fields, made a dict per row, cost ~26 times the file."""
     lines = _Lines(text, source)
     reader = csv.reader(lines)
     rows: list[tuple[int, dict[str, Any]]] = []

@@ -27,7 +27,7 @@ from agent.coordinator.rollout.targets import held_elsewhere, target_name
 from agent.dra.mode import AllocationMode
 from agent.errors import AgentError, Conflict, DriverNotReady, InvalidSpec
 from agent.gpu.types import GpuLayout
-from agent.mig.outcomes import Unrolled
+from agent.mig.outcomes import NOT_ANSWERING, Unrolled
 from agent.power.plan import resolve
 from agent.power.spec import parse as parse_power
 from agent.sharing import dra
@@ -156,7 +156,12 @@ class MigApply(_Base):
             g.message.replace(_PENDING + "; ", "") for g in applied.gpus if g.status == "pending"
         ]
         why = [f"{_PENDING}: {'; '.join(pending)}"] if pending else []
-        gone = _lost([g.gpu_index for g in applied.gpus if g.status == "lost"])
+        # A lost GPU, and an unread one as the agent said it (naming the failing call)
+        gone = "; ".join(
+            g.message if g.status == "unread" else _lost([g.gpu_index])
+            for g in applied.gpus
+            if g.status in NOT_ANSWERING
+        )
         why += [gone] if gone else []
         if why:
             return NodeResult(NodeState.FAILED, f"{changed}; {'; '.join(why)}")
@@ -172,7 +177,8 @@ _NONE_SELECTED = "the config selects no GPU of this node"
 
 
 def _lost(indices: Sequence[int]) -> str:
-    """The lost GPUs a config selects, in words ("" for none)."""
+    """The lost GPUs a config selects, in words ("" for none). A plan's ``lost_gpus`` holds
+    the unread ones too (only indices: the node's status names each one's failing call)."""
     return "; ".join(f"GPU {i} is lost: not applied" for i in indices)
 
 

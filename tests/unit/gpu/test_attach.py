@@ -9,11 +9,12 @@ import pytest
 from click.testing import CliRunner
 
 from agent.cli.main import cli
-from agent.errors import DriverNotReady
+from agent.errors import AgentError, DriverNotReady
 from agent.gpu import load_driver
 from agent.gpu.attach import (
     DRIVER_NOT_LOADED,
     LIBRARY_NOT_FOUND,
+    NO_GPUS,
     DriverCollector,
     DriverLink,
 )
@@ -84,3 +85,27 @@ def test_sim_driver_absent_refuses_a_bad_duration_naming_the_option(tmp_path: Pa
     assert not SimControl(tmp_path).describe()["driver_loaded"]
     assert CliRunner().invoke(cli, [*args, "driver-present"]).exit_code == 0
     assert SimControl(tmp_path).describe()["driver_loaded"]
+
+
+def test_a_gpu_that_needs_a_reset_at_start_does_not_keep_the_others_detached(
+    tmp_path: Path,
+) -> None:
+    link = DriverLink(load_driver("dgx-h100", tmp_path), simulated=True)
+    SimControl(tmp_path).inject_fault("nvmlDeviceGetMigMode", "ResetRequired", count=10**6, gpu=1)
+    assert link.probe() is None  # the node attaches: seven GPUs answer
+    scan = link.driver.scan()
+    assert [g.index for g in scan.gpus] == [0, 2, 3, 4, 5, 6, 7] and not scan.lost
+    (bad,) = scan.unread
+    assert bad.index == 1 and "nvmlDeviceGetMigMode" in bad.detail
+    with pytest.raises(AgentError, match=r"GPU 1 cannot be read: nvmlDeviceGetMigMode"):
+        link.driver.gpu(1)
+    link.driver.close()
+
+
+def test_no_gpu_read_at_start_is_not_ready_naming_each_gpu_and_the_call(tmp_path: Path) -> None:
+    link = DriverLink(load_driver("dgx-h100", tmp_path), simulated=True)
+    SimControl(tmp_path).inject_fault("nvmlDeviceGetMigMode", "Unknown", count=10**6)
+    missing = link.probe()
+    assert missing is not None and missing.cause == NO_GPUS
+    assert "GPU 0 cannot be read: nvmlDeviceGetMigMode" in missing.reason
+    assert "GPU 7 cannot be read" in missing.reason

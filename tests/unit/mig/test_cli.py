@@ -190,7 +190,7 @@ def test_a_lost_gpu_the_config_selects_is_never_asserted_applied(
     # The dry run says so first, and exits as the apply will.
     planned = a100("plan", "-f", "FILE", "-c", "three-plus-four")
     assert planned.exit_code == 1, planned.output
-    assert "not planned (lost: an apply fails on it): GPU 3" in planned.output
+    assert "not planned (lost or unread: an apply fails on it): GPU 3" in planned.output
     assert "7 GPU(s) change" in planned.output
     assert a100("plan", "-f", str(others), "-c", "rest").exit_code == 0
 
@@ -205,6 +205,57 @@ def test_a_lost_gpu_the_config_selects_is_never_asserted_applied(
             if line[:1].isdigit() and len(line.split()) == 5}  # fmt: skip
     assert rows["3"] == "lost" and rows["0"] == "applied"
     assert a100("apply", "-f", str(others), "-c", "rest").exit_code == 0  # GPU 3 not asked for
+
+
+@pytest.mark.parametrize(
+    ("fault", "call"),
+    [
+        ("nvmlDeviceGetMigMode", "nvmlDeviceGetMigMode"),  # the scan's read
+        ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses"),
+    ],
+)
+def test_a_gpu_that_fails_a_read_leaves_mig_to_the_others_and_is_never_said_applied(
+    a100: Invoke, tmp_path: Path, fault: str, call: str
+) -> None:
+    """GPU 3's MIG mode read (or its process list) failing (UNKNOWN, as a GPU that needs a
+    reset answers) failed every MIG command, one for GPU 0 alone too, with only the call's
+    error (exit 1). The others are reached now; GPU 3 is never "applied", and is named with
+    the failing call."""
+    assert a100("apply", "-f", "FILE", "-c", "balanced").exit_code == 0
+    checkpoint = tmp_path / "checkpoint.json"
+    assert a100("checkpoint", "-f", str(checkpoint)).exit_code == 0
+    SimControl(tmp_path).inject_fault(fault, "Unknown", gpu=3, count=10**6)
+    why = f"GPU 3 cannot be read ({call}: Unknown Error)"
+    restore = a100("restore", "-f", str(checkpoint))
+    assert restore.exit_code == 2, restore.output
+    assert "GPU 3 cannot be read (" in restore.output and call in restore.output
+    advised = a100("advise", "--gpu", "3")
+    assert advised.exit_code != 0 and f"{why}: what fits on it is unknown" in advised.output
+    advice = [line for line in a100("advise").output.splitlines() if line.startswith("GPU 3")]
+    assert advice and f"cannot be read ({call}: Unknown Error)" in advice[0]
+    others = tmp_path / "others.yaml"
+    others.write_text(
+        "version: v1\nmig-configs:\n  rest:\n    - devices: [0, 1, 2, 4, 5, 6, 7]\n"
+        "      mig-enabled: true\n      mig-devices: {1g.5gb: 2, 2g.10gb: 1, 3g.20gb: 1}\n"
+    )
+    assert a100("assert", "-f", str(others), "-c", "rest").exit_code == 0
+    assert a100("apply", "-f", str(others), "-c", "rest").exit_code == 0
+    held = a100("assert", "-f", "FILE", "-c", "balanced")
+    assert held.exit_code == 1, held.output  # it was "currently applied" without GPU 3
+    assert f"{why}: whether it holds balanced cannot be read" in held.output
+    exported = a100("export")
+    assert exported.exit_code != 0 and "devices" not in exported.output, exported.output
+    assert f"{why}: its MIG state cannot be read" in exported.output
+    planned = a100("plan", "-f", "FILE", "-c", "three-plus-four")
+    assert planned.exit_code == 1, planned.output
+    assert "not planned (lost or unread: an apply fails on it): GPU 3" in planned.output
+    applied = a100("apply", "-f", "FILE", "-c", "three-plus-four")
+    assert applied.exit_code == 1, applied.output
+    assert f"{why}: not applied" in applied.output
+    assert "NOT applied to every GPU: some are lost or cannot be read" in applied.output
+    rows = {line.split()[0]: line.split()[1] for line in applied.output.splitlines()
+            if line[:1].isdigit() and len(line.split()) == 5}  # fmt: skip
+    assert rows["3"] == "unread" and rows["0"] == "applied"
 
 
 def test_assert_is_the_agents_answer_with_mode_only_and_the_lost_gpus(

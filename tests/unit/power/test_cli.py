@@ -97,3 +97,14 @@ def test_apply_warns_of_the_lost_gpus_the_spec_is_for_and_of_no_other(tmp_path: 
         "warning: GPU 1 is lost: not capped now; its model is unknown (lost before the agent "
         "saw it): capped when it answers again if it is 'H100 80GB HBM3'" in model.stderr
     ), model.stderr
+
+
+def test_show_names_a_gpu_that_fails_a_read_and_the_failing_call(tmp_path: Path) -> None:
+    """`power show` exited 1 with only 'nvmlDeviceGetMigMode: Unknown Error', no GPU named."""
+    assert _power(tmp_path, "show").exit_code == 0  # makes the simulated node
+    SimControl(tmp_path).inject_fault("nvmlDeviceGetMigMode", "Unknown", gpu=1, count=10**6)
+    table = _power(tmp_path, "show")
+    assert table.exit_code == 0, table.output
+    rows = [line.split()[0] for line in table.stdout.splitlines()[1:] if line[:1].isdigit()]
+    assert rows == ["0", "2", "3", "4", "5", "6", "7"]
+    assert "warning: GPU 1 cannot be read (nvmlDeviceGetMigMode: Unknown Error)" in table.stderr

@@ -369,3 +369,30 @@ def test_a_set_whose_read_back_fails_is_put_back_with_the_others(
     with pytest.raises(AgentError):
         _service(gpu, tmp_path).apply(_SPEC)
     assert _limits(gpu) == before
+
+
+def test_a_gpu_that_fails_a_read_is_left_out_and_a_spec_naming_it_is_refused_naming_it(
+    gpu: GpuDriver, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """GPU 1's MIG mode read failing (UNKNOWN, as a GPU that needs a reset answers) failed
+    every power read: GPU 0's cap was not put back, `power show` said only the call."""
+    service = _service(gpu, tmp_path)
+    service.apply(_SPEC)
+    want = _limits(gpu)
+    SimControl(tmp_path).reboot()  # the driver forgot every cap
+    SimControl(tmp_path).inject_fault("nvmlDeviceGetMigMode", "Unknown", gpu=1, count=10**6)
+    with caplog.at_level(logging.WARNING, logger="agent.power.service"):
+        assert [c.index for c in service.reconcile()] == [0, *range(2, len(want))]
+    assert "GPU 1 cannot be read, left out of the power caps until it is: nvmlDeviceGetMigMode" in (
+        caplog.text
+    )
+    assert [g.index for g in service.show().gpus] == [0, *range(2, len(want))]
+    with pytest.raises(AgentError) as refused:
+        service.apply("version: v1\npower:\n  - {gpus: [1], limit: 300W}\n")
+    assert not isinstance(refused.value, InvalidSpec)  # the spec is right; the GPU's read failed
+    assert "power[0].gpus: GPU 1 cannot be read (nvmlDeviceGetMigMode: Unknown Error)" in str(
+        refused.value
+    )
+    SimControl(tmp_path).clear_faults()
+    assert [c.index for c in service.reconcile()] == [1]  # read again: capped too
+    assert _limits(gpu) == want
