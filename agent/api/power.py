@@ -63,7 +63,9 @@ class PowerServicer(power_pb2_grpc.PowerServiceServicer):
         async def call() -> _R:
             done = await asyncio.to_thread(change)
             return response_type(
-                changes=power_changes_pb(done.changes), lost_gpus=power_lost_pb(done.lost)
+                changes=power_changes_pb(done.changes),
+                lost_gpus=power_lost_pb(done.lost),
+                unread_gpus=power_lost_pb(done.unread),
             )
 
         return await self._runner.once(

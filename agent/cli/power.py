@@ -87,7 +87,9 @@ def apply_command(obj: PowerContext, spec_file: str, output: str) -> None:
     done = obj.agent().apply_power(text)
     _say_not_held(done.changes)
     lost = _say_pending(done, "capped", "the agent sets the spec's cap when it answers again")
-    emit({"changes": _changes(done.changes), "lost_gpus": lost}, output, _changes_table)
+    unread = _say_unread_pending(done, "capped", "the agent sets the spec's cap once it is read")
+    result = {"changes": _changes(done.changes), "lost_gpus": lost, "unread_gpus": unread}
+    emit(result, output, _changes_table)
 
 
 @power.command("restore", short_help="Forget the spec; put back the limits from before it.")
@@ -104,7 +106,9 @@ def restore_command(obj: PowerContext, output: str) -> None:
     done = obj.agent().restore_power()
     _say_not_held(done.changes)
     lost = _say_pending(done, "restored", "the agent puts its limit back when it answers again")
-    emit({"changes": _changes(done.changes), "lost_gpus": lost}, output, _changes_table)
+    unread = _say_unread_pending(done, "restored", "the agent puts its limit back once it is read")
+    result = {"changes": _changes(done.changes), "lost_gpus": lost, "unread_gpus": unread}
+    emit(result, output, _changes_table)
 
 
 def _say_not_held(changes: Sequence[Change]) -> None:
@@ -134,6 +138,15 @@ def _say_pending(done: PowerResult, what: str, later: str) -> list[int]:
     for g in done.lost:
         click.echo(f"warning: GPU {g.index} is lost: not {what} now; {g.unsure or later}", err=True)
     return [g.index for g in done.lost]
+
+
+def _say_unread_pending(done: PowerResult, what: str, later: str) -> list[int]:
+    """The GPUs the change is for that answer but cannot be read now (one needing a reset):
+    in no row either, so say so, with the failing call; their indexes go in ``unread_gpus``."""
+    for g in done.unread:
+        said = f"warning: GPU {g.index} cannot be read ({g.unread}): not {what} now"
+        click.echo(f"{said}; {g.unsure or later}", err=True)
+    return [g.index for g in done.unread]
 
 
 def _say_unread(obj: PowerContext, view: PowerView, lost: list[int]) -> list[int]:

@@ -9,7 +9,7 @@ the entry, the GPU and its range.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent.errors import DeviceLost, FieldViolation, InvalidSpec
 from agent.gpu.nvml import NvmlError
@@ -67,15 +67,19 @@ class LostTarget:
     uuid: str
     #: why the change may not be for it after all (its model or UUID is unknown); "" when it is
     unsure: str = ""
+    #: for a GPU not lost whose reads fail: the failing call and its error ("" when lost)
+    unread: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class PowerResult:
     """What an apply or a restore did (``changes``, by index) and the lost GPUs it is for,
-    which it could not change now (``lost``, by index)."""
+    which it could not change now (``lost``, by index), and the unread ones (``unread``: not
+    lost, but their reads fail)."""
 
     changes: list[Change]
     lost: list[LostTarget]
+    unread: list[LostTarget] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +177,7 @@ def resolve(
     return targets, problems
 
 
-def lost_selected(spec: PowerSpec, lost: Sequence[LostGpu]) -> list[LostTarget]:
+def lost_selected(spec: PowerSpec, lost: Sequence[LostGpu | UnreadGpu]) -> list[LostTarget]:
     """The lost GPUs ``spec`` caps once they answer (`resolve` selects them then): every one
     for ``gpus: all``, those last seen as an entry's model, and, unsure, those whose model is
     unknown. One it names by index or UUID is no target: `plan` refuses it."""
@@ -186,12 +190,14 @@ def lost_selected(spec: PowerSpec, lost: Sequence[LostGpu]) -> list[LostTarget]:
             elif entry.model is not None and g.last_known is not None:
                 sure = sure or model_key(g.last_known.name) == model_key(entry.model)
             elif entry.model is not None and not unsure:
+                never = "not read" if isinstance(g, UnreadGpu) else "lost before the agent saw it"
                 unsure = (
-                    "its model is unknown (lost before the agent saw it): capped when it "
-                    f"answers again if it is {entry.model!r}"
+                    f"its model is unknown ({never}): capped when it answers again if it is "
+                    f"{entry.model!r}"
                 )
         if sure or unsure:
-            found.append(LostTarget(g.index, g.uuid, "" if sure else unsure))
+            why = g.detail if isinstance(g, UnreadGpu) else ""
+            found.append(LostTarget(g.index, g.uuid, "" if sure else unsure, why))
     return found
 
 

@@ -136,7 +136,7 @@ class PowerService:
             log.info(
                 "power cap on GPU %d: %g W -> %g W", c.index, c.before_mw / 1000, c.after_mw / 1000
             )
-        return PowerResult(changes, lost_selected(spec, lost))
+        return PowerResult(changes, lost_selected(spec, lost), lost_selected(spec, unread))
 
     def restore(self) -> PowerResult:
         """Forget the spec and put each GPU's limit from before the agent's first change back.
@@ -145,7 +145,7 @@ class PowerService:
         with self._lock:
             baseline = self._baseline()
             # Read first: a GPU whose limits cannot be read refuses it with nothing changed.
-            answering, lost, _ = self._read()  # an unread GPU keeps its baseline, as a lost one
+            answering, lost, unread = self._read()  # a GPU not read keeps its baseline too
             gpus = [g for g in answering if g.uuid in baseline]
             self._journal.journal_clear(DESIRED)  # reconcile no longer re-caps
             wanted = [
@@ -153,7 +153,11 @@ class PowerService:
             ]
             changes = self._set_all(wanted)
             self._keep_baselines(baseline, done={g.uuid for g in gpus})
-        return PowerResult(changes, _restore_pending(baseline, answering, lost))
+        return PowerResult(
+            changes,
+            _restore_pending(baseline, answering, lost),
+            _restore_pending(baseline, answering, unread),
+        )
 
     def follow(self, link: DriverLink) -> None:
         """A reloaded driver forgot the power caps (docs/power.md): put them back at attach."""
@@ -328,20 +332,24 @@ class PowerService:
 
 
 def _restore_pending(
-    baseline: dict[str, int], answering: Sequence[GpuPower], lost: Sequence[LostGpu]
+    baseline: dict[str, int],
+    answering: Sequence[GpuPower],
+    lost: Sequence[LostGpu | UnreadGpu],
 ) -> list[LostTarget]:
-    """The lost GPUs a restore still owes a limit: those with a baseline, and, unsure, those
-    of unknown UUID while a baseline belongs to no GPU that answers."""
+    """The lost (or unread) GPUs a restore still owes a limit: those with a baseline, and,
+    unsure, those of unknown UUID while a baseline belongs to no GPU that answers."""
     unmatched = set(baseline) - {g.uuid for g in answering}
-    maybe = (
-        "its UUID is unknown (lost before the agent saw it): its limit is put back when it "
-        "answers again if the agent had capped it"
-    )
-    return [
-        LostTarget(g.index, g.uuid, "" if g.uuid else maybe)
-        for g in sorted(lost, key=lambda g: g.index)
-        if g.uuid in baseline or (not g.uuid and unmatched)
-    ]
+    found = []
+    for g in sorted(lost, key=lambda g: g.index):
+        unread = g.detail if isinstance(g, UnreadGpu) else ""
+        never = "not read" if unread else "lost before the agent saw it"
+        maybe = (
+            f"its UUID is unknown ({never}): its limit is put back when it answers again if "
+            "the agent had capped it"
+        )
+        if g.uuid in baseline or (not g.uuid and unmatched):
+            found.append(LostTarget(g.index, g.uuid, "" if g.uuid else maybe, unread))
+    return found
 
 
 def _asked(gpu: GpuPower, milliwatts: int) -> Change:

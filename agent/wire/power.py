@@ -86,7 +86,10 @@ def power_changes_from(changes: Iterable[power_pb2.PowerChange]) -> list[Change]
 
 
 def power_lost_pb(lost: Iterable[LostTarget]) -> list[power_pb2.PowerLostGpu]:
-    return [power_pb2.PowerLostGpu(index=g.index, uuid=g.uuid, unsure=g.unsure) for g in lost]
+    return [
+        power_pb2.PowerLostGpu(index=g.index, uuid=g.uuid, unsure=g.unsure, unread=g.unread)
+        for g in lost
+    ]
 
 
 def power_result_from(
@@ -95,4 +98,5 @@ def power_result_from(
     """An ApplyPower or RestorePower answer; one from an agent that did not name the lost GPUs
     it is for names none."""
     lost = [LostTarget(g.index, g.uuid, g.unsure) for g in pb.lost_gpus]
-    return PowerResult(power_changes_from(pb.changes), lost)
+    unread = [LostTarget(g.index, g.uuid, g.unsure, g.unread) for g in pb.unread_gpus]
+    return PowerResult(power_changes_from(pb.changes), lost, unread)

@@ -221,6 +221,7 @@ class PowerApply(_Base):
         done = await self.client(node).apply_power(spec, self.record.request_id(node))
         # the lost GPUs the spec is for are capped by the agent once they answer: said
         later = "".join(f"; GPU {g.index} lost: capped when it answers" for g in done.lost)
+        later += "".join(f"; GPU {g.index} not read: capped once it is" for g in done.unread)
         if not done.changes:
             return NodeResult(NodeState.UNCHANGED, "already as asked" + later)
         return NodeResult(NodeState.SUCCEEDED, f"{len(done.changes)} GPU(s) capped{later}")

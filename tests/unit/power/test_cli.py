@@ -108,3 +108,24 @@ def test_show_names_a_gpu_that_fails_a_read_and_the_failing_call(tmp_path: Path)
     rows = [line.split()[0] for line in table.stdout.splitlines()[1:] if line[:1].isdigit()]
     assert rows == ["0", "2", "3", "4", "5", "6", "7"]
     assert "warning: GPU 1 cannot be read (nvmlDeviceGetMigMode: Unknown Error)" in table.stderr
+
+
+def test_apply_to_every_gpu_names_the_one_it_cannot_read_and_caps_it_once_read(
+    tmp_path: Path,
+) -> None:
+    """GPU 1 fails a read (not lost). `power apply` with `gpus: all` capped the other seven and
+    said nothing of it: the rows read as every GPU of the node capped."""
+    assert _power(tmp_path, "show").exit_code == 0  # makes the simulated node
+    control = SimControl(tmp_path)
+    control.inject_fault("nvmlDeviceGetMigMode", "Unknown", gpu=1, count=10**6)
+    spec = tmp_path / "power.yaml"
+    spec.write_text("version: v1\npower: [{gpus: all, limit: 500W}]\n")
+    applied = _power(tmp_path, "apply", "-f", str(spec), "-o", "json")
+    assert applied.exit_code == 0, applied.output
+    assert (
+        "warning: GPU 1 cannot be read (nvmlDeviceGetMigMode: Unknown Error): not capped now; "
+        "the agent sets the spec's cap once it is read" in applied.stderr
+    ), applied.stderr
+    answer = json.loads(applied.stdout)
+    assert answer["unread_gpus"] == [1] and answer["lost_gpus"] == []
+    assert sorted(c["index"] for c in answer["changes"]) == [0, 2, 3, 4, 5, 6, 7]

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17gpuagent/v1/power.proto\x12\x0bgpuagent.v1\"\x11\n\x0fGetPowerRequest\"\xe4\x01\n\x08GpuPower\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06min_mw\x18\x04 \x01(\r\x12\x0e\n\x06max_mw\x18\x05 \x01(\r\x12\x12\n\ndefault_mw\x18\x06 \x01(\r\x12\x12\n\ncurrent_mw\x18\x07 \x01(\r\x12\x13\n\x0b\x65nforced_mw\x18\x08 \x01(\r\x12\x17\n\ndesired_mw\x18\t \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0b\x62\x61seline_mw\x18\n \x01(\rH\x01\x88\x01\x01\x42\r\n\x0b_desired_mwB\x0e\n\x0c_baseline_mw\"J\n\x10GetPowerResponse\x12#\n\x04gpus\x18\x01 \x03(\x0b\x32\x15.gpuagent.v1.GpuPower\x12\x11\n\tspec_yaml\x18\x02 \x01(\t\":\n\x11\x41pplyPowerRequest\x12\x11\n\tspec_yaml\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"{\n\x0bPowerChange\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x11\n\tbefore_mw\x18\x03 \x01(\r\x12\x10\n\x08\x61\x66ter_mw\x18\x04 \x01(\r\x12\x19\n\x0crequested_mw\x18\x05 \x01(\rH\x00\x88\x01\x01\x42\x0f\n\r_requested_mw\"m\n\x12\x41pplyPowerResponse\x12)\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x18.gpuagent.v1.PowerChange\x12,\n\tlost_gpus\x18\x02 \x03(\x0b\x32\x19.gpuagent.v1.PowerLostGpu\";\n\x0cPowerLostGpu\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0e\n\x06unsure\x18\x03 \x01(\t\")\n\x13RestorePowerRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"o\n\x14RestorePowerResponse\x12)\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x18.gpuagent.v1.PowerChange\x12,\n\tlost_gpus\x18\x02 \x03(\x0b\x32\x19.gpuagent.v1.PowerLostGpu2\xfb\x01\n\x0cPowerService\x12G\n\x08GetPower\x12\x1c.gpuagent.v1.GetPowerRequest\x1a\x1d.gpuagent.v1.GetPowerResponse\x12M\n\nApplyPower\x12\x1e.gpuagent.v1.ApplyPowerRequest\x1a\x1f.gpuagent.v1.ApplyPowerResponse\x12S\n\x0cRestorePower\x12 .gpuagent.v1.RestorePowerRequest\x1a!.gpuagent.v1.RestorePowerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17gpuagent/v1/power.proto\x12\x0bgpuagent.v1\"\x11\n\x0fGetPowerRequest\"\xe4\x01\n\x08GpuPower\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06min_mw\x18\x04 \x01(\r\x12\x0e\n\x06max_mw\x18\x05 \x01(\r\x12\x12\n\ndefault_mw\x18\x06 \x01(\r\x12\x12\n\ncurrent_mw\x18\x07 \x01(\r\x12\x13\n\x0b\x65nforced_mw\x18\x08 \x01(\r\x12\x17\n\ndesired_mw\x18\t \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0b\x62\x61seline_mw\x18\n \x01(\rH\x01\x88\x01\x01\x42\r\n\x0b_desired_mwB\x0e\n\x0c_baseline_mw\"J\n\x10GetPowerResponse\x12#\n\x04gpus\x18\x01 \x03(\x0b\x32\x15.gpuagent.v1.GpuPower\x12\x11\n\tspec_yaml\x18\x02 \x01(\t\":\n\x11\x41pplyPowerRequest\x12\x11\n\tspec_yaml\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"{\n\x0bPowerChange\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x11\n\tbefore_mw\x18\x03 \x01(\r\x12\x10\n\x08\x61\x66ter_mw\x18\x04 \x01(\r\x12\x19\n\x0crequested_mw\x18\x05 \x01(\rH\x00\x88\x01\x01\x42\x0f\n\r_requested_mw\"\x9d\x01\n\x12\x41pplyPowerResponse\x12)\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x18.gpuagent.v1.PowerChange\x12,\n\tlost_gpus\x18\x02 \x03(\x0b\x32\x19.gpuagent.v1.PowerLostGpu\x12.\n\x0bunread_gpus\x18\x03 \x03(\x0b\x32\x19.gpuagent.v1.PowerLostGpu\"K\n\x0cPowerLostGpu\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0e\n\x06unsure\x18\x03 \x01(\t\x12\x0e\n\x06unread\x18\x04 \x01(\t\")\n\x13RestorePowerRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x9f\x01\n\x14RestorePowerResponse\x12)\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x18.gpuagent.v1.PowerChange\x12,\n\tlost_gpus\x18\x02 \x03(\x0b\x32\x19.gpuagent.v1.PowerLostGpu\x12.\n\x0bunread_gpus\x18\x03 \x03(\x0b\x32\x19.gpuagent.v1.PowerLostGpu2\xfb\x01\n\x0cPowerService\x12G\n\x08GetPower\x12\x1c.gpuagent.v1.GetPowerRequest\x1a\x1d.gpuagent.v1.GetPowerResponse\x12M\n\nApplyPower\x12\x1e.gpuagent.v1.ApplyPowerRequest\x1a\x1f.gpuagent.v1.ApplyPowerResponse\x12S\n\x0cRestorePower\x12 .gpuagent.v1.RestorePowerRequest\x1a!.gpuagent.v1.RestorePowerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,14 +41,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_APPLYPOWERREQUEST']._serialized_end=424
   _globals['_POWERCHANGE']._serialized_start=426
   _globals['_POWERCHANGE']._serialized_end=549
-  _globals['_APPLYPOWERRESPONSE']._serialized_start=551
-  _globals['_APPLYPOWERRESPONSE']._serialized_end=660
-  _globals['_POWERLOSTGPU']._serialized_start=662
-  _globals['_POWERLOSTGPU']._serialized_end=721
-  _globals['_RESTOREPOWERREQUEST']._serialized_start=723
-  _globals['_RESTOREPOWERREQUEST']._serialized_end=764
-  _globals['_RESTOREPOWERRESPONSE']._serialized_start=766
-  _globals['_RESTOREPOWERRESPONSE']._serialized_end=877
-  _globals['_POWERSERVICE']._serialized_start=880
-  _globals['_POWERSERVICE']._serialized_end=1131
+  _globals['_APPLYPOWERRESPONSE']._serialized_start=552
+  _globals['_APPLYPOWERRESPONSE']._serialized_end=709
+  _globals['_POWERLOSTGPU']._serialized_start=711
+  _globals['_POWERLOSTGPU']._serialized_end=786
+  _globals['_RESTOREPOWERREQUEST']._serialized_start=788
+  _globals['_RESTOREPOWERREQUEST']._serialized_end=829
+  _globals['_RESTOREPOWERRESPONSE']._serialized_start=832
+  _globals['_RESTOREPOWERRESPONSE']._serialized_end=991
+  _globals['_POWERSERVICE']._serialized_start=994
+  _globals['_POWERSERVICE']._serialized_end=1245
 # @@protoc_insertion_point(module_scope)

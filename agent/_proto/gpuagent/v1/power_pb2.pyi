@@ -65,22 +65,26 @@ class PowerChange(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., before_mw: _Optional[int] = ..., after_mw: _Optional[int] = ..., requested_mw: _Optional[int] = ...) -> None: ...
 
 class ApplyPowerResponse(_message.Message):
-    __slots__ = ("changes", "lost_gpus")
+    __slots__ = ("changes", "lost_gpus", "unread_gpus")
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     LOST_GPUS_FIELD_NUMBER: _ClassVar[int]
+    UNREAD_GPUS_FIELD_NUMBER: _ClassVar[int]
     changes: _containers.RepeatedCompositeFieldContainer[PowerChange]
     lost_gpus: _containers.RepeatedCompositeFieldContainer[PowerLostGpu]
-    def __init__(self, changes: _Optional[_Iterable[_Union[PowerChange, _Mapping]]] = ..., lost_gpus: _Optional[_Iterable[_Union[PowerLostGpu, _Mapping]]] = ...) -> None: ...
+    unread_gpus: _containers.RepeatedCompositeFieldContainer[PowerLostGpu]
+    def __init__(self, changes: _Optional[_Iterable[_Union[PowerChange, _Mapping]]] = ..., lost_gpus: _Optional[_Iterable[_Union[PowerLostGpu, _Mapping]]] = ..., unread_gpus: _Optional[_Iterable[_Union[PowerLostGpu, _Mapping]]] = ...) -> None: ...
 
 class PowerLostGpu(_message.Message):
-    __slots__ = ("index", "uuid", "unsure")
+    __slots__ = ("index", "uuid", "unsure", "unread")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     UNSURE_FIELD_NUMBER: _ClassVar[int]
+    UNREAD_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     unsure: str
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., unsure: _Optional[str] = ...) -> None: ...
+    unread: str
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., unsure: _Optional[str] = ..., unread: _Optional[str] = ...) -> None: ...
 
 class RestorePowerRequest(_message.Message):
     __slots__ = ("request_id",)
@@ -89,9 +93,11 @@ class RestorePowerRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class RestorePowerResponse(_message.Message):
-    __slots__ = ("changes", "lost_gpus")
+    __slots__ = ("changes", "lost_gpus", "unread_gpus")
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     LOST_GPUS_FIELD_NUMBER: _ClassVar[int]
+    UNREAD_GPUS_FIELD_NUMBER: _ClassVar[int]
     changes: _containers.RepeatedCompositeFieldContainer[PowerChange]
     lost_gpus: _containers.RepeatedCompositeFieldContainer[PowerLostGpu]
-    def __init__(self, changes: _Optional[_Iterable[_Union[PowerChange, _Mapping]]] = ..., lost_gpus: _Optional[_Iterable[_Union[PowerLostGpu, _Mapping]]] = ...) -> None: ...
+    unread_gpus: _containers.RepeatedCompositeFieldContainer[PowerLostGpu]
+    def __init__(self, changes: _Optional[_Iterable[_Union[PowerChange, _Mapping]]] = ..., lost_gpus: _Optional[_Iterable[_Union[PowerLostGpu, _Mapping]]] = ..., unread_gpus: _Optional[_Iterable[_Union[PowerLostGpu, _Mapping]]] = ...) -> None: ...
