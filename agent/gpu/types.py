@@ -149,11 +149,11 @@ class GpuLayout:
 
 
 @dataclass(frozen=True, slots=True)
-class LostGpu:
-    """A GPU the driver still counts but that no longer answers (fallen off the bus, XID 79).
+class _Unanswered:
+    """A GPU the driver counts whose identity was not read now; ``detail`` says why.
 
-    ``last_known`` is its identity when this process saw it answer before; None when it was lost
-    before the agent started (NVML then gives no UUID, name or bus id for it).
+    ``last_known`` is its identity when this process saw it answer before; None when it did
+    not (NVML then may give no UUID, name or bus id for it).
     """
 
     index: int
@@ -173,28 +173,15 @@ class LostGpu:
 
 
 @dataclass(frozen=True, slots=True)
-class UnreadGpu:
+class LostGpu(_Unanswered):
+    """A GPU the driver still counts but that no longer answers (fallen off the bus, XID 79)."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadGpu(_Unanswered):
     """A GPU the driver counts, not lost, that fails a read of its identity (RESET_REQUIRED,
     UNKNOWN, TIMEOUT: often one that needs a reset). The others go on without it; what targets
-    it is refused naming it and ``detail``, the failing call and its error.
-
-    ``last_known`` is its identity when this process saw it answer before, else None.
-    """
-
-    index: int
-    last_known: GpuInfo | None
-    detail: str
-
-    @property
-    def uuid(self) -> str:
-        return self.last_known.uuid if self.last_known is not None else ""
-
-    @property
-    def info(self) -> GpuInfo:
-        """What is known of it: its last identity, or only its index (no UUID, no model)."""
-        if self.last_known is not None:
-            return self.last_known
-        return GpuInfo(self.index, "", "", "", 0, 0, 0, None)
+    it is refused naming it and ``detail``, the failing call and its error."""
 
 
 @dataclass(frozen=True, slots=True)
