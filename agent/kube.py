@@ -337,7 +337,8 @@ class InClusterKubeClient:
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
                 raise AgentError(
-                    f"Kubernetes API {self._server} unreachable{self._via} (watch {path}): {exc}"
+                    f"Kubernetes API {self._server} unreachable{self._via} (watch {path}): "
+                    f"{_brief(str(exc))}"  # a proxy's reason phrase is in a tunnel's error
                 ) from exc
             if response.status != 401 or self._exec is None or refresh:
                 break
@@ -348,7 +349,7 @@ class InClusterKubeClient:
             error = _STATUS_ERRORS.get(response.status, AgentError)
             raise _retry_after(
                 error(
-                    f"Kubernetes API watch {path}: {response.status} {response.reason}: "
+                    f"Kubernetes API watch {path}: {response.status} {_brief(response.reason)}: "
                     f"{_status_message(data)}"
                 ),
                 response,
@@ -451,7 +452,8 @@ class InClusterKubeClient:
                 data = response.read(MAX_RESPONSE_BYTES + 1)
             except (OSError, http.client.HTTPException) as exc:
                 raise AgentError(
-                    f"Kubernetes API {self._server} unreachable{self._via} ({method} {path}): {exc}"
+                    f"Kubernetes API {self._server} unreachable{self._via} ({method} {path}): "
+                    f"{_brief(str(exc))}"  # a proxy's reason phrase is in a tunnel's error
                 ) from exc
             finally:
                 conn.close()
@@ -461,7 +463,7 @@ class InClusterKubeClient:
             error = _STATUS_ERRORS.get(response.status, AgentError)
             raise _retry_after(
                 error(
-                    f"Kubernetes API {method} {path}: {response.status} {response.reason}: "
+                    f"Kubernetes API {method} {path}: {response.status} {_brief(response.reason)}: "
                     f"{_status_message(data)}"
                 ),
                 response,
@@ -618,8 +620,9 @@ def _status_message(data: bytes) -> str:
 
 
 def _brief(said: object) -> str:
-    """A Status's ``message`` on one line (control characters as spaces), cut to
-    MAX_STATUS_MESSAGE; one that is not a string is not shown."""
+    """A Status's ``message`` (or a reason phrase, a transport error carrying a proxy's) on one
+    line (control characters as spaces), cut to MAX_STATUS_MESSAGE; one that is not a string
+    is not shown."""
     if not isinstance(said, str):
         return f"(a Status whose message is {type(said).__name__}, not a string)"
     text = said[: MAX_STATUS_MESSAGE + 1]

@@ -325,7 +325,7 @@ class HttpFetcher:
                 raise _Retry(transport_error(exc)) from None
             down = isinstance(exc, ConnectionError | TimeoutError | socket.gaierror)
             raise _Retry(
-                f"Dragonfly proxy {self._proxy.geturl()} "
+                f"Dragonfly proxy {redact_url(self._proxy.geturl())} "
                 f"{'unreachable' if down else 'failed'}: {transport_error(exc)}"
             ) from None
 

@@ -7,8 +7,11 @@ and nothing of the answer is echoed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
+import threading
 import tracemalloc
 from typing import Any
 
@@ -213,3 +216,34 @@ def test_a_refused_watch_reads_no_more_of_its_error_than_a_status_needs(
         tracemalloc.stop()
     assert "500" in str(caught.value) and len(str(caught.value)) < 500
     assert peak < 4 << 20, peak
+
+
+def test_a_reason_phrase_of_kilobytes_with_escapes_is_cut_to_one_printable_line() -> None:
+    """Only a Status's message was cut: the reason phrase after the status code went into the
+    error, GetNode's kubernetes component and every retry's log line whole, terminal escapes
+    and all (as a proxy's does in a tunnel's error)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    body = b'{"kind":"Status","message":"refused"}'
+
+    def answer() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                with conn:
+                    conn.recv(65536)
+                    head = b"HTTP/1.1 422 " + b"R" * 60_000 + b"\x1b]0;pwned\x07\r\n"
+                    conn.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+    threading.Thread(target=answer, daemon=True).start()
+    port = server.getsockname()[1]
+    client = InClusterKubeClient(f"http://127.0.0.1:{port}", token_path=None, token="t", timeout=5)
+    try:
+        with pytest.raises(AgentError) as caught:
+            client.request("PATCH", NODE_PATH, body={})
+    finally:
+        server.close()
+    said = str(caught.value)
+    assert "422" in said and "refused" in said and len(said) < 800, len(said)
+    assert said.isprintable()
