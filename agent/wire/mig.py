@@ -15,6 +15,7 @@ from agent.gpu.types import GpuLayout
 from agent.mig.advice import GpuAdvice, moves_to_fit
 from agent.mig.node_plan import AssertResult, NodePlan
 from agent.mig.plan import GpuPlan, mig_parted_destroys
+from agent.wire.node import memory_slices
 
 if TYPE_CHECKING:  # the server's side only: clients load no MIG service
     from agent.mig.outcomes import ApplyResult, RecoveryOutcome
@@ -358,10 +359,16 @@ def _planned_gpu(g: mig_pb2.GpuMigPlan) -> PlannedGpu:
         keep_ids=tuple(g.keep_gpu_instance_ids),
         destroy_ids=tuple(g.destroy_gpu_instance_ids),
         after=tuple(
-            PlannedInstance(i.profile, i.start, i.size, i.compute_instances, i.kept)
+            PlannedInstance(
+                i.profile,
+                memory_slices(i.start, "after.start"),
+                memory_slices(i.size, "after.size"),
+                i.compute_instances,
+                i.kept,
+            )
             for i in g.after
         ),
-        memory_slices=g.memory_slices,
+        memory_slices=memory_slices(g.memory_slices, "memory_slices"),
         mig_parted_would_destroy=g.mig_parted_would_destroy,
         free_region=g.free_region,
         infeasible_profile=g.infeasible_profile,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from agent._proto.gpuagent.v1 import agent_pb2, events_pb2, sharing_pb2
 from agent.dra.mode import Allocation, AllocationMode
-from agent.errors import DriverNotReady, ModeRefused
+from agent.errors import DriverNotReady, FieldViolation, InvalidSpec, ModeRefused
 from agent.gpu.types import (
     ComputeInstance,
     GiProfile,
@@ -440,11 +440,24 @@ def _interned(cache: dict[_K, _V], key: _K, make: Callable[[], _V], bound: int) 
 
 _MAX_PLACEMENTS = 1024
 _placements: dict[tuple[int, int], Placement] = {}
+#: Memory slices of a GPU an answer may claim: 8 on every MIG GPU so far. A reader draws one
+#: cell per slice, so an agent's answer of 2**32 slices must not reach it.
+MAX_MEMORY_SLICES = 64
+
+
+def memory_slices(value: int, field: str) -> int:
+    """``value``, an agent's count or offset of memory slices, checked against the bound."""
+    if value > MAX_MEMORY_SLICES:
+        raise InvalidSpec(
+            f"the agent's answer gives {field} {value}: more memory slices than a GPU has",
+            [FieldViolation(field, f"at most {MAX_MEMORY_SLICES}")],
+        )
+    return value
 
 
 def _placement(p: agent_pb2.Placement) -> Placement:
     # Frozen and few: one object per distinct placement.
-    key = (p.start, p.size)
+    key = (memory_slices(p.start, "placement.start"), memory_slices(p.size, "placement.size"))
     return _interned(_placements, key, lambda: Placement(*key), _MAX_PLACEMENTS)
 
 
@@ -473,7 +486,7 @@ def _profile(p: agent_pb2.MigProfile) -> GiProfile:
         id=p.id,
         name=p.name,
         slice_count=p.slice_count,
-        memory_slices=p.memory_slices,
+        memory_slices=memory_slices(p.memory_slices, "mig_profiles.memory_slices"),
         instance_count=p.instance_count,
         memory_mb=p.memory_mb,
         multiprocessor_count=0,
