@@ -240,7 +240,8 @@ def _bounded(row: list[str], where: str, source: str, header: Sequence[str] = ()
         )
     for i, value in enumerate(row):
         if len(value) > MAX_FIELD_CHARS:
-            column = capped(header[i], 60) if i < len(header) else f"column {i + 1}"
+            named = i < len(header) and header[i].isprintable()  # a header is the file's too
+            column = capped(header[i], 60) if named else f"column {i + 1}"
             field = f"{where}.{column}"
             raise InvalidSpec(
                 f"{source}: {field}: longer than {MAX_FIELD_CHARS} characters",

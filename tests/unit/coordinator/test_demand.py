@@ -215,3 +215,13 @@ def test_a_trace_row_is_named_by_its_line_in_the_file() -> None:
     with pytest.raises(InvalidSpec) as caught:
         parse_trace(text, "trace.csv")
     assert [v.field for v in caught.value.violations] == ["line 5.profile", "line 6.count"]
+
+
+def test_a_column_named_with_control_characters_is_named_by_its_position() -> None:
+    """The header's name of an over-long field went into the refusal as it was, terminal
+    escapes and all."""
+    text = "time,profile,\x1b]0;pwn\x07evil\n0,1g.10gb," + "9" * 5000 + "\n"
+    with pytest.raises(InvalidSpec) as caught:
+        parse_trace(text, "trace.csv")
+    assert [v.field for v in caught.value.violations] == ["line 2.column 3"]
+    assert str(caught.value).isprintable()
