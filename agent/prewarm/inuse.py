@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -60,6 +61,14 @@ class ScanLimits:
 
 #: The bounds of a scan (read at each scan, so a test can lower them).
 LIMITS = ScanLimits()
+#: How long past its deadline a scan's thread is waited for before the scan is taken as cut.
+_GRACE_S = 1.0
+
+
+def _cut(wanted: set[FileId], why: str) -> Holders:
+    """A scan that rules out no one: every wanted file held, by pids it cannot name."""
+    log.warning("the scan of the node's processes for cache files in use stopped (%s)", why)
+    return Holders({fid: set() for fid in wanted}, frozenset(), why)
 
 
 def file_id(path: Path) -> FileId | None:
@@ -128,14 +137,45 @@ class ProcScanner:
         self._proc = proc
         self._limits = limits
         self._clock = clock
+        self._lock = threading.Lock()
+        #: a scan that outlived its time, still blocked (a stat on a stalled mount)
+        self._stuck: threading.Thread | None = None
 
     def holders(self, files: Iterable[FileId]) -> Holders:
+        """The scan, on a thread of its own: the budget is checked between reads, but one
+        read (a stat of a tenant's file on a dead NFS server, a stalled FUSE daemon) can block
+        for ever. Past its time the answer is a cut scan, and while that thread stays blocked
+        no other scan starts: each is cut at once."""
         wanted = set(files)
-        found: dict[FileId, set[int]] = {}
-        unsure: set[int] = set()
         if not wanted:
             return Holders()
-        budget = _Budget(self._limits or LIMITS, self._clock)
+        limits = self._limits or LIMITS
+        with self._lock:
+            if self._stuck is not None and self._stuck.is_alive():
+                return _cut(wanted, "an earlier scan is still blocked reading a process's file")
+            answer: list[Holders | BaseException] = []
+
+            def scan() -> None:
+                try:
+                    answer.append(self._scan(wanted, limits))
+                except BaseException as exc:  # the caller's to raise, as before the thread
+                    answer.append(exc)
+
+            worker = threading.Thread(target=scan, name="in-use scan", daemon=True)
+            worker.start()
+            worker.join(limits.seconds + _GRACE_S)
+            if worker.is_alive():
+                self._stuck = worker
+                stalled = "a process's file on a stalled mount?"
+                return _cut(wanted, f"it did not end in {limits.seconds:g} s ({stalled})")
+        if isinstance(answer[0], BaseException):
+            raise answer[0]
+        return answer[0]
+
+    def _scan(self, wanted: set[FileId], limits: ScanLimits) -> Holders:
+        found: dict[FileId, set[int]] = {}
+        unsure: set[int] = set()
+        budget = _Budget(limits, self._clock)
         if pidns.hides(self._proc):  # its own pod's processes are all a scan would read
             budget.cut = f"the agent has no hostPID: the node's processes are not in {self._proc}"
         for entry in () if budget.cut else self._pids(budget):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.pidns import NODE_PID_NAMESPACE
+from agent.prewarm import inuse
 from agent.prewarm.inuse import (
     MAX_LINE_BYTES,
     MAX_MAPS_LINES,
@@ -203,3 +205,36 @@ def test_without_hostpid_no_blob_is_ruled_out(tmp_path: Path, blob: tuple[int, i
     assert found.cut.startswith("the agent has no hostPID"), found.cut
     node = a_proc(_proc(tmp_path / "node", 7, []), NODE_PID_NAMESPACE)
     assert ProcScanner(node).holders([blob]) == Holders()  # read whole: nobody holds it
+
+
+def test_a_read_that_blocks_cuts_the_scan_at_its_time_and_holds_off_the_next(
+    tmp_path: Path, blob: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The budget is checked between reads; a stat of a tenant's file on a dead NFS server
+    blocks inside one, and the eviction waiting on the scan waited with it, without end.
+    Past its time the scan is cut (every blob held), and while it stays blocked the next scan
+    is cut at once rather than blocked beside it."""
+    proc = _proc(tmp_path, 7, [])
+    (proc / "7" / "fd" / "3").symlink_to(tmp_path / "blob")
+    release = threading.Event()
+    real_stat = os.stat
+
+    def stalled(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        if str(path).endswith("/fd/3"):
+            release.wait(30)
+        return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(inuse.os, "stat", stalled)
+    monkeypatch.setattr(inuse, "_GRACE_S", 0.1)
+    scanner = ProcScanner(proc, limits=ScanLimits(seconds=0.2))
+    try:
+        started = time.monotonic()
+        found = scanner.holders([blob])
+        assert time.monotonic() - started < 5
+        assert found.held == {blob: set()} and "did not end in 0.2 s" in found.cut, found
+        again = scanner.holders([blob])
+        assert "still blocked" in again.cut and again.held == {blob: set()}
+    finally:
+        release.set()
+    time.sleep(0.3)  # the blocked read returns; the next scan runs whole
+    assert scanner.holders([blob]).held == {blob: {7}}
