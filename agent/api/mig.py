@@ -327,7 +327,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
         await self._refuse_while_running(request.request_id)
         # A change another coordinator's live claim covers is refused (the node is the arbiter).
         caller = actor_of(context, Role.MIG)
-        self._claims.admit(request.claim_holder, await self._running(), caller.identity)
+        admitted = self._claims.admit(request.claim_holder, await self._running(), caller.identity)
         # Plan first: an infeasible layout or busy GPUs are refused by the call, before any
         # operation exists (the apply checks again under the lock).
         plan = await asyncio.to_thread(
@@ -350,8 +350,16 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
             suspend=True,
             settle=self._settle,
         )
-        op = await self._start(request.request_id, request, work, caller)
-        self._claims.bind(request.claim_holder, op.name)
+        # The plan took time: the claim may have lapsed or been taken again (by another caller,
+        # under the same holder), so the operation starts only while the very claim admitted
+        # holds, and binds that one.
+        self._claims.hold(admitted, await self._running())
+        try:
+            op = await self._start(request.request_id, request, work, caller)
+        except BaseException:
+            self._claims.unhold()
+            raise
+        self._claims.bind(admitted, op.name)
         return mig_pb2.ApplyMigResponse(operation=op)
 
     async def ClaimMig(
