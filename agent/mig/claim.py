@@ -7,7 +7,8 @@ operation ends: the agent, not the coordinator, keeps it alive through the chang
 coordinator that dies mid-change still leaves the node counted. A restart forgets claims;
 an apply the restart finishes is running, and a running apply counts as a claim.
 
-A claim belongs to the caller that took it (its identity: a certificate's SAN, or ``local``):
+A claim belongs to the caller that took it (its identity: a certificate's SANs, or ``local``;
+``agent.api.auth.claimant_of``; a caller with none may not claim):
 the holder is a name a caller gives, so another caller naming it may neither renew, release nor
 apply under it (docs/security.md).
 """
@@ -100,6 +101,11 @@ class ClaimBook:
     ) -> Claim:
         """Claim (or renew) for ``holder``, by ``caller``; Busy naming who is in the way
         otherwise."""
+        if not caller:
+            raise PermissionDenied(
+                "a caller without an identity (a certificate with no URI or DNS SAN) may not "
+                "take a MIG claim: every such caller would hold it alike"
+            )
         _text(holder, "holder", required=True)
         _text(rollout, "rollout")
         _text(max_unavailable, "max_unavailable")

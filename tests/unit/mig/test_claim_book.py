@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.errors import Claimed
+from agent.errors import Claimed, PermissionDenied
 from agent.mig.claim import ClaimBook
 
 A, B = '["spiffe://a"]', '["spiffe://b"]'
@@ -81,3 +81,10 @@ def test_while_an_unclaimed_apply_starts_no_claim_is_taken_and_a_failed_start_fr
         book.take("coord-b", "r2", "1", 30, set(), B)
     book.unhold()  # its operation was never created
     assert book.take("coord-b", "r2", "1", 30, set(), B).holder == "coord-b"
+
+
+def test_a_caller_without_an_identity_takes_no_claim() -> None:
+    book = ClaimBook()
+    with pytest.raises(PermissionDenied, match="no URI or DNS SAN"):
+        book.take("coord-a", "r1", "1", 30, set(), "")
+    assert book.current(set()) is None
