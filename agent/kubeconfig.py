@@ -17,6 +17,7 @@ from typing import Any
 
 from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec, NotSupported
+from agent.kube import refuse_server
 from agent.kube_exec import ExecPlugin
 from agent.redact import redact_url
 
@@ -78,6 +79,7 @@ def load(
         path, cluster.certificate_auth_data, cluster.certificate_auth, base, "certificate-authority"
     )
     token_file = user.token_file if user is not None else None
+    refuse_server(cluster.server, f"kubeconfig {path}: ")
     return KubeconfigSettings(
         server=cluster.server,
         token=(user.token or None) if user is not None else None,

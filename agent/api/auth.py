@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -212,6 +213,18 @@ def actor_of(context: grpc.aio.ServicerContext, acting: Role) -> Actor:
     caller = caller_of(context)
     identity = "local" if caller.door is Door.LOCAL else ",".join(caller.identities)
     return Actor(identity or str(caller), ADMIN if Role.ADMIN in granted() else acting.value)
+
+
+def claimant_of(context: grpc.aio.ServicerContext) -> str:
+    """Whose a MIG claim this caller takes is (agent/mig/claim.py): ``local`` on the Unix
+    socket, else its certificate's SANs as a sorted JSON list. Not `actor_of`'s joined text: a
+    SAN may hold a comma (a URI SAN plus a DNS SAN read as one URI SAN). "" for a caller with
+    no SAN (anonymous, or a certificate without a URI or DNS SAN, admitted by ``*``): every
+    such caller would share it, so it may not claim."""
+    caller = caller_of(context)
+    if caller.door is Door.LOCAL:
+        return "local"
+    return json.dumps(sorted(set(caller.identities))) if caller.identities else ""
 
 
 _GRANTED: contextvars.ContextVar[frozenset[Role]] = contextvars.ContextVar(

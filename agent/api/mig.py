@@ -20,7 +20,7 @@ import yaml
 from google.protobuf.message import Message
 
 from agent._proto.gpuagent.v1 import mig_pb2, mig_pb2_grpc, operations_pb2
-from agent.api.auth import Role, actor_of, granted, sees_processes
+from agent.api.auth import Role, actor_of, claimant_of, granted, sees_processes
 from agent.api.operations import (
     MIG_APPLY,
     Checkpointed,
@@ -327,7 +327,9 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
         await self._refuse_while_running(request.request_id)
         # A change another coordinator's live claim covers is refused (the node is the arbiter).
         caller = actor_of(context, Role.MIG)
-        self._claims.admit(request.claim_holder, await self._running(), caller.identity)
+        admitted = self._claims.admit(
+            request.claim_holder, await self._running(), claimant_of(context)
+        )
         # Plan first: an infeasible layout or busy GPUs are refused by the call, before any
         # operation exists (the apply checks again under the lock).
         plan = await asyncio.to_thread(
@@ -350,8 +352,16 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
             suspend=True,
             settle=self._settle,
         )
-        op = await self._start(request.request_id, request, work, caller)
-        self._claims.bind(request.claim_holder, op.name)
+        # The plan took time: the claim may have lapsed or been taken again (by another caller,
+        # under the same holder), so the operation starts only while the very claim admitted
+        # holds, and binds that one.
+        self._claims.hold(admitted, await self._running())
+        try:
+            op = await self._start(request.request_id, request, work, caller)
+        except BaseException:
+            self._claims.unhold()
+            raise
+        self._claims.bind(admitted, op.name)
         return mig_pb2.ApplyMigResponse(operation=op)
 
     async def ClaimMig(
@@ -363,7 +373,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
             request.max_unavailable,
             request.ttl_seconds,
             await self._running(),
-            actor_of(context, Role.MIG).identity,
+            claimant_of(context),
         )
         return mig_pb2.ClaimMigResponse(claim=self._claim_pb(claim))
 
@@ -378,7 +388,7 @@ class MigServicer(mig_pb2_grpc.MigServiceServicer):
     async def ReleaseMigClaim(
         self, request: mig_pb2.ReleaseMigClaimRequest, context: grpc.aio.ServicerContext
     ) -> mig_pb2.ReleaseMigClaimResponse:
-        caller = actor_of(context, Role.MIG).identity
+        caller = claimant_of(context)
         return mig_pb2.ReleaseMigClaimResponse(
             released=self._claims.release(request.holder, caller)
         )

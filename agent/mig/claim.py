@@ -7,7 +7,8 @@ operation ends: the agent, not the coordinator, keeps it alive through the chang
 coordinator that dies mid-change still leaves the node counted. A restart forgets claims;
 an apply the restart finishes is running, and a running apply counts as a claim.
 
-A claim belongs to the caller that took it (its identity: a certificate's SAN, or ``local``):
+A claim belongs to the caller that took it (its identity: a certificate's SANs, or ``local``;
+``agent.api.auth.claimant_of``; a caller with none may not claim):
 the holder is a name a caller gives, so another caller naming it may neither renew, release nor
 apply under it (docs/security.md).
 """
@@ -39,6 +40,9 @@ class Claim:
     operation: str = ""
     #: the identity of the caller that took it ("" for a running apply no claim names)
     caller: str = ""
+    #: which taking this is: a renewal keeps it, a claim taken afresh (after one lapsed) does
+    #: not, so an apply admitted under one claim never binds another of the same name
+    serial: int = 0
 
 
 def _text(value: str, field: str, *, required: bool = False) -> str:
@@ -58,6 +62,10 @@ class ClaimBook:
         self._clock = clock
         self._claim: Claim | None = None
         self._lock = threading.Lock()
+        self._serial = 0
+        #: applies between `hold` and `bind`/`unhold`: their operation is being created, so
+        #: the claim they were admitted under neither lapses nor is replaced meanwhile
+        self._starting = 0
 
     def now(self) -> float:
         return self._clock()
@@ -74,7 +82,9 @@ class ClaimBook:
     def _live(self, running: set[str]) -> Claim | None:
         c = self._claim
         if c is not None and (
-            c.operation in running if c.operation else self._clock() < c.expires_at
+            c.operation in running
+            if c.operation
+            else self._starting or self._clock() < c.expires_at
         ):
             return c
         self._claim = None
@@ -91,6 +101,11 @@ class ClaimBook:
     ) -> Claim:
         """Claim (or renew) for ``holder``, by ``caller``; Busy naming who is in the way
         otherwise."""
+        if not caller:
+            raise PermissionDenied(
+                "a caller without an identity (a certificate with no URI or DNS SAN) may not "
+                "take a MIG claim: every such caller would hold it alike"
+            )
         _text(holder, "holder", required=True)
         _text(rollout, "rollout")
         _text(max_unavailable, "max_unavailable")
@@ -109,8 +124,14 @@ class ClaimBook:
             if running:
                 op = sorted(running)[0]
                 raise Busy(f"MIG apply {op} is running; the node is changing", [op])
+            if claim is None and self._starting:
+                raise Busy("a MIG apply is starting; the node is changing", [])
+            if claim is None:
+                self._serial += 1
             expires = self._clock() + (ttl_s or DEFAULT_TTL_S)
-            self._claim = Claim(holder, rollout, max_unavailable, expires, caller=caller)
+            self._claim = Claim(
+                holder, rollout, max_unavailable, expires, caller=caller, serial=self._serial
+            )
             return self._claim
 
     def release(self, holder: str, caller: str) -> bool:
@@ -118,15 +139,17 @@ class ClaimBook:
         operation."""
         with self._lock:
             c = self._claim
-            if c is None or c.holder != holder or c.operation:
+            # One an apply is starting under is as good as bound.
+            if c is None or c.holder != holder or c.operation or self._starting:
                 return False
             _refuse_another_caller(c, caller)
             self._claim = None
             return True
 
-    def admit(self, holder: str, running: set[str], caller: str) -> None:
+    def admit(self, holder: str, running: set[str], caller: str) -> Claim | None:
         """May an apply by ``caller`` under ``holder``'s claim ("" for none) start now? Busy
-        saying why not."""
+        saying why not. Returns the claim admitted under (None: there is none), which `hold`
+        compares with the claim when the operation is about to start."""
         with self._lock:
             claim = self._live(running)
         if claim is not None and claim.holder != holder:
@@ -135,13 +158,54 @@ class ClaimBook:
             raise Claimed(f"no live claim by {holder}: claim the node again (ClaimMig) first")
         if holder:
             _refuse_another_caller(claim, caller)
+        return claim
 
-    def bind(self, holder: str, operation: str) -> None:
-        """Tie ``holder``'s claim to the operation its apply started."""
+    def hold(self, admitted: Claim | None, running: set[str]) -> None:
+        """Before the apply admitted under ``admitted`` creates its operation: Claimed unless
+        that claim is still the live one (no other taking since: the admission was before a
+        plan, which takes time), or, for an unclaimed apply, no claim exists. Then the claim
+        is held (it neither lapses nor is replaced, and no other is taken) until `bind` or
+        `unhold`."""
         with self._lock:
+            claim = self._live(running)
+            if not _same(claim, admitted):
+                if claim is None and admitted is not None:
+                    raise Claimed(
+                        f"the claim of {admitted.holder} lapsed while the apply was planned: "
+                        "claim the node again (ClaimMig)"
+                    )
+                assert claim is not None
+                raise Claimed(
+                    f"the node is claimed by {claim.holder} (rollout {claim.rollout}) since "
+                    "the apply was admitted"
+                )
+            self._starting += 1
+
+    def unhold(self) -> None:
+        """The held apply created no operation (refused or failed): its claim runs on."""
+        with self._lock:
+            self._starting -= 1
+
+    def bind(self, admitted: Claim | None, operation: str) -> None:
+        """Tie the claim the held apply was admitted under to the operation it started, and
+        end the hold."""
+        with self._lock:
+            self._starting -= 1
             c = self._claim
-            if holder and c is not None and c.holder == holder:
+            if admitted is not None and _same(c, admitted):
+                assert c is not None
                 self._claim = replace(c, operation=operation)
+
+
+def _same(claim: Claim | None, admitted: Claim | None) -> bool:
+    """The same taking: a renewal by its caller is, a claim taken again after it lapsed not."""
+    if claim is None or admitted is None:
+        return claim is admitted
+    return (claim.serial, claim.holder, claim.caller) == (
+        admitted.serial,
+        admitted.holder,
+        admitted.caller,
+    )
 
 
 def _refuse_another_caller(claim: Claim | None, caller: str) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
+import socket
 import sys
 import tracemalloc
 from pathlib import Path
@@ -17,7 +19,7 @@ import pytest
 import yaml
 
 from agent import kubeconfig
-from agent.errors import InvalidSpec, PermissionDenied
+from agent.errors import AgentError, InvalidSpec, PermissionDenied
 from agent.kube import InClusterKubeClient
 from agent.kube_exec import _cluster_info
 
@@ -168,3 +170,46 @@ def test_no_repr_of_a_kubeconfig_s_settings_shows_a_credential(tmp_path: Path) -
     for secret in (SECRET, "b3arer-s3cret", "k3y-s3cret", key, token):
         assert secret not in shown, secret
     assert "proxy.example" not in shown and "plugin" in shown  # the plugin is still named
+
+
+@pytest.mark.parametrize(
+    ("server", "said"),
+    [
+        ("https://127.0.0.1:1/p\u00e9", "not printable ASCII"),  # raised UnicodeEncodeError
+        ("https://127.0.0.1:1/k8s clusters", "not printable ASCII"),
+        ("https://127.0.0.1:1/k8s?cluster=a", "query or fragment"),  # was dropped from calls
+        ("https://127.0.0.1:1/k8s#a", "query or fragment"),
+        ("https://127.0.0.1:1/" + "k" * 8000, "over 1024"),  # was echoed in every error
+    ],
+    ids=["non-ascii", "space", "query", "fragment", "8-kib"],
+)
+def test_a_server_no_call_could_go_to_is_refused_at_load_naming_the_field(
+    tmp_path: Path, server: str, said: str
+) -> None:
+    path = _config(tmp_path, {"token": "t"}, {"server": server})
+    for load in (kubeconfig.load, InClusterKubeClient.from_kubeconfig):
+        with pytest.raises(InvalidSpec, match=said) as caught:
+            load(path)
+        assert [v.field for v in caught.value.violations] == ["clusters[].cluster.server"]
+        assert str(path) in str(caught.value) and len(str(caught.value)) < 600
+    with pytest.raises(InvalidSpec, match=said):
+        InClusterKubeClient(server, None, token="t")
+    # A server behind a path, percent-encoded, is taken.
+    assert kubeconfig.load(_config(tmp_path, {"token": "t"}, {"server": SERVER + "/k%C3%A9"}))
+
+
+def test_a_request_that_cannot_be_encoded_is_an_error_naming_the_server() -> None:
+    """A proxy's CONNECT to a server whose host is not ASCII raised UnicodeEncodeError, past
+    every handler of AgentError (OSError, HTTPException)."""
+    with socket.socket() as proxy:
+        proxy.bind(("127.0.0.1", 0))
+        proxy.listen(4)  # connected to (backlog), never answering: the client fails first
+        port = proxy.getsockname()[1]
+        server = "https://\u00e9xample.com:6443"
+        client = InClusterKubeClient(
+            server, None, token="t", timeout=2, proxy=f"http://127.0.0.1:{port}"
+        )
+        with pytest.raises(AgentError, match=re.escape(f"Kubernetes API {server} ")):
+            client.request("GET", "/api/v1/nodes")
+        with pytest.raises(AgentError, match=re.escape(f"Kubernetes API {server} ")):
+            client.stream("/api/v1/nodes", {}, timeout=2)

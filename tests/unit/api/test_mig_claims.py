@@ -6,13 +6,17 @@ an unbound claim ends on its own after its time to live; bad fields are refused 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
+import pytest
 from google.rpc import error_details_pb2
 
 from agent._proto.gpuagent.v1 import mig_pb2, operations_pb2
+from agent.mig.service import MigService
 from tests.unit.api.mig_node import config, details, held_node
 
 HALVES = config("[0]", "{3g.40gb: 2}")
@@ -101,3 +105,53 @@ def test_the_node_admits_one_claim_holders_changes_until_its_operation_ends(
     tmp_path: Path,
 ) -> None:
     asyncio.run(scenario(tmp_path))
+
+
+async def planned_slowly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    planning, planned = threading.Event(), threading.Event()
+    plan = MigService.plan
+
+    def slow_plan(self: MigService, *args: Any, **kwargs: Any) -> Any:
+        planning.set()
+        planned.wait(10)
+        return plan(self, *args, **kwargs)
+
+    monkeypatch.setattr(MigService, "plan", slow_plan)
+    async with held_node(tmp_path) as node:
+        mig, ops = node.mig, node.ops
+
+        async def apply_while(holder: str, meanwhile: Any) -> None:
+            planning.clear()
+            planned.clear()
+            request = mig_pb2.ApplyMigRequest(config_yaml=HALVES, claim_holder=holder)
+            call = asyncio.ensure_future(mig.ApplyMig(request))
+            assert await asyncio.to_thread(planning.wait, 10)
+            await meanwhile()
+            planned.set()
+            exc = await refused(call, grpc.StatusCode.ABORTED)
+            assert "claim" in (exc.details() or "")
+            listed = operations_pb2.ListOperationsRequest(kind="mig.apply")
+            assert not (await ops.ListOperations(listed)).operations  # nothing started
+
+        # The claim lapses while its apply plans and is taken again under the same holder.
+        async def lapse_and_retake() -> None:
+            await asyncio.sleep(1.2)
+            await mig.ClaimMig(mig_pb2.ClaimMigRequest(holder="coord-a", rollout="r2"))
+
+        await mig.ClaimMig(mig_pb2.ClaimMigRequest(holder="coord-a", ttl_seconds=1))
+        await apply_while("coord-a", lapse_and_retake)
+        held = (await mig.GetMigClaim(mig_pb2.GetMigClaimRequest())).claim
+        assert (held.rollout, held.operation) == ("r2", "")  # unbound: the apply never bound it
+        await mig.ReleaseMigClaim(mig_pb2.ReleaseMigClaimRequest(holder="coord-a"))
+
+        # An apply outside any rollout does not start beside a claim taken while it planned.
+        async def claimed() -> None:
+            await mig.ClaimMig(mig_pb2.ClaimMigRequest(holder="coord-b"))
+
+        await apply_while("", claimed)
+
+
+def test_an_apply_starts_only_under_the_very_claim_it_was_admitted_under(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asyncio.run(planned_slowly(tmp_path, monkeypatch))
