@@ -39,7 +39,8 @@ class NodeView:
     #: e.g. ``time-slicing nvidia.com/gpu x4``, ``none``, or ``unknown`` when unread.
     sharing: str = "unknown"
     warm: tuple[str, ...] = ()
-    #: what is wrong with the node, with why: its agent's degraded parts, then its lost GPUs
+    #: what is wrong with the node, with why: its agent's degraded parts, then its lost GPUs,
+    #: then those listed but not read (``GPU 1 not read: <call>: <error>``)
     unhealthy: tuple[str, ...] = ()
     #: GPUs idle at least the idle threshold; None when not asked for, or when the agent
     #: knows no GPU's idle time (no telemetry sample yet, or an agent from before the field).
@@ -170,6 +171,11 @@ def node_view(target: Target, node: wire.NodeView, idle_after_s: float | None = 
             f"GPU {g.layout.gpu.index} lost: {g.detail or 'it does not answer'}"
             for g in gpus
             if g.lost
+        )
+        + tuple(
+            f"GPU {g.layout.gpu.index} not read: {g.unread or 'never read'}"
+            for g in gpus
+            if (g.unread or g.never_read) and not g.lost
         ),
         idle_gpus=_idle_gpus(node, idle_after_s, marks),
         preset=node.simulated_preset,

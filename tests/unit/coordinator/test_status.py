@@ -453,3 +453,24 @@ def test_the_idle_total_says_on_how_many_answering_nodes_idle_time_is_unknown() 
     doc = status_document(fleet_status([known]), "1h")
     assert doc["totals"]["idle_unknown_nodes"] == 0
     assert "idle time unknown" not in _status_table(doc)
+
+
+def test_a_node_with_a_gpu_listed_but_not_read_needs_attention_naming_it_and_the_call() -> None:
+    """GPU 1 answers NVML's list but its MIG-mode read fails (it needs a reset), and GPU 3 was
+    never read: the agent's gpu-driver component says so, and is dropped while the driver is
+    attached (a lost GPU says itself). The node read ok with no attention; it is unhealthy,
+    naming each GPU and the failing call."""
+    from agent.coordinator.fleet.status import needs_attention, status_document
+
+    node = _node()
+    del node.health.components[:]  # the sharing complaint: only the unread GPUs are wrong
+    node.driver.state = agent_pb2.DRIVER_STATE_ATTACHED
+    node.gpus[1].unread = "nvmlDeviceGetMigMode: Unknown Error"
+    node.gpus.add(index=3, unread="nvmlDeviceGetUUID: GPU requires reset", never_read=True)
+    node.health.components.add(name="gpu-driver", healthy=False, detail="GPU 1 not read")
+    [row] = fleet_status([node_view(Target("10.0.0.1:9401"), node_from(node))]).nodes
+    assert row.health == "unhealthy" and needs_attention(row)
+    assert "GPU 1 not read: nvmlDeviceGetMigMode: Unknown Error" in row.detail, row.detail
+    assert "GPU 3 not read: nvmlDeviceGetUUID: GPU requires reset" in row.detail, row.detail
+    status = fleet_status([node_view(Target("10.0.0.1:9401"), node_from(node))])
+    assert status_document(status, "1h", nodes=True)["totals"]["attention"] == 1
