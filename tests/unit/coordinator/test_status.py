@@ -474,3 +474,30 @@ def test_a_node_with_a_gpu_listed_but_not_read_needs_attention_naming_it_and_the
     assert "GPU 3 not read: nvmlDeviceGetUUID: GPU requires reset" in row.detail, row.detail
     status = fleet_status([node_view(Target("10.0.0.1:9401"), node_from(node))])
     assert status_document(status, "1h", nodes=True)["totals"]["attention"] == 1
+
+
+def test_an_unread_gpus_last_seen_free_space_and_slice_map_are_not_shown_as_live() -> None:
+    """The A30 (GPU 2, 2g.12gb at 0-1, 2-3 free) fails its MIG-mode read: its free slices were
+    counted creatable and its last slice map shown as live. GPU 3 was lost and GPU 4 never
+    read, both without a UUID: keyed by UUID, GPU 4 read as lost, and its unknown MIG mode as
+    n/a (no MIG); its model was "lost before it was read"."""
+    from agent.cli.fleet.status import _status_table
+    from agent.coordinator.fleet.status import status_document
+
+    node = _node()
+    node.gpus[2].unread = "nvmlDeviceGetMigMode: Unknown Error"
+    node.gpus.add(index=3, health=agent_pb2.GPU_HEALTH_LOST)
+    node.gpus.add(index=4, unread="nvmlDeviceGetUUID: GPU requires reset", never_read=True)
+    status = fleet_status([node_view(Target("10.0.0.1:9401"), node_from(node))])
+    (row,) = status.nodes
+    unread, lost, never = row.gpus[2], row.gpus[3], row.gpus[4]
+    assert (unread.mig, unread.slices, unread.creatable) == ("unread", "unread", {})
+    assert (lost.mig, lost.slices) == ("lost", "lost")
+    assert (never.mig, never.slices, never.creatable) == ("unread", "unread", {})
+    assert "2g.12gb" not in {p.profile for p in status.profiles if p.creatable}
+    assert row.models == (
+        "1x A30, 2x H100 80GB HBM3, 1x unknown (lost before it was read), 1x unknown (not read)"
+    )
+    table = _status_table(status_document(status, "1h", nodes=True))
+    assert "1122**** - unread lost unread" in table, table
+    assert "unread: listed, but its reads fail (it may need a reset)" in table, table
