@@ -337,8 +337,8 @@ async def _preview_share(client: AgentClient, record: RolloutRecord, node: str) 
             f"{node}: allocation mode {inventory.allocation.describe()}: the agent changes no "
             "sharing until it knows whether a device plugin or a DRA driver hands out its GPUs"
         )
-    # Checked against the GPUs that answer, as the agent's SetSharing checks it.
-    layouts = [g.layout for g in inventory.gpus if not g.lost]
+    # Checked against the GPUs that answer and were read, as the agent's SetSharing checks it.
+    layouts = [g.layout for g in inventory.gpus if not (g.lost or g.unread or g.never_read)]
     found = sharing_preview(node, requested, current, layouts)
     written = now.last_write  # None: not the agent's write, which its set would not reload
     if found.would != "unchanged" or written is None:
