@@ -227,7 +227,7 @@ def reclaim_marker(
         _OwnedMarks(edge),
         node,
         metadata,
-        inventory.layouts_read,  # a GPU whose process list is unknown is not idle capacity
+        inventory.layouts,  # a GPU whose process list is unknown is not idle capacity
         idle,
         settings.idle_reclaim_after_s,
         ExcludeSelector.parse(settings.reclaim_exclude_selector or ""),

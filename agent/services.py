@@ -193,8 +193,7 @@ def _build_rest(
     """The services over the node's shape (read from the inventory: no NVML call per request)."""
     kube: KubeClient | None = edge.labels_client() if edge is not None else None  # via the edge
     allocation, republish = allocation_source(config.dra, config.node_name, kube, edge)
-    # A simulated node's agent is in the node's PID namespace (hostPID), wherever it runs.
-    sim_proc = _sim_proc_root(config)
+    sim_proc = _sim_proc_root(config)  # a simulated agent is in its node's PID ns, wherever it is
     sharing = SharingService(
         config.sharing,
         inventory.layouts,
@@ -204,6 +203,7 @@ def _build_rest(
         namespace_proc=sim_proc,
         gpus_unread=inventory.gpus_unread,
         gpus_lost=inventory.lost_gpus,
+        gpus_not_read=inventory.unread_gpus,
         # Cluster-wide, watched from the first read: a node that never reads them holds none.
         device_classes=edge.informers.informer(dra_kube.PATH, dra_kube.QUERY) if edge else None,
     )

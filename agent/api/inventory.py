@@ -147,15 +147,11 @@ class NodeInventory:
         return self._response if processes else self._redacted
 
     def layouts(self) -> tuple[GpuLayout, ...]:
-        """The latest layouts of the GPUs that answer, for services that need the node's shape
-        without NVML (a lost GPU cannot be shared or partitioned)."""
-        gpus = self._gpus
-        return tuple(layout for layout in gpus.layouts if layout.gpu.index not in gpus.lost)
-
-    def layouts_read(self) -> tuple[GpuLayout, ...]:
-        """The latest layouts of the GPUs that answer and whose process lists were read in the
-        latest snapshot: for a decision that "no process runs" must not take from a stale or
-        unknown list (the reclaimable mark)."""
+        """The latest layouts of the GPUs that answer and were read in the latest snapshot, for
+        services that need the node's shape without NVML: a lost GPU cannot be shared or
+        partitioned, and one not read (`unread_gpus`) has a stale or unknown layout and
+        process list (the device plugin's own read of it fails too), so neither is counted as
+        advertised, nor taken as "no process runs" (the reclaimable mark)."""
         gpus = self._gpus
         skip = gpus.lost.keys() | gpus.unread.keys() | gpus.never_read
         return tuple(layout for layout in gpus.layouts if layout.gpu.index not in skip)
@@ -173,6 +169,13 @@ class NodeInventory:
     def lost_gpus(self) -> tuple[int, ...]:
         """The indices of the GPUs that do not answer now."""
         return tuple(sorted(self._gpus.lost))
+
+    def unread_gpus(self) -> dict[int, str]:
+        """The GPUs listed that are not lost but were not read in the latest snapshot (index ->
+        the failing call and its error; "never read" when none was said)."""
+        gpus = self._gpus
+        unread = (gpus.unread.keys() | gpus.never_read) - gpus.lost.keys()
+        return {i: gpus.unread.get(i) or "never read" for i in sorted(unread)}
 
     def every_gpu_lost(self) -> bool:
         """The node has GPUs and none of them answers (a node with no GPU is not this)."""

@@ -36,9 +36,9 @@ def plan_command(
     whether the MIG mode changes (and a GPU reset is needed) or a change is already pending
     (and what applies it), which running processes block it, or why the layout cannot fit and
     what would fit instead: the agent's plan, as the apply will make it. Changes nothing. Exits
-    4 if a layout cannot fit, 5 if running processes block it, 1 if a GPU it selects is lost,
-    14 if a mode change waits for a VM reboot, and 12 if the node's allocation mode forbids
-    MIG changes, as the apply would.
+    4 if a layout cannot fit, 5 if running processes block it, 1 if a GPU it selects is lost
+    or cannot be read, 14 if a mode change waits for a VM reboot, and 12 if the node's
+    allocation mode forbids MIG changes, as the apply would.
 
     \b
     Example:
@@ -49,13 +49,14 @@ def plan_command(
     plan = obj.agent().plan_mig(text, selected or "", force=force)
     emit(plan_data(plan), output, lambda _: plan_text(plan))
     # Like an apply would: 4 when a layout cannot fit, 5 when processes are in the way, 1 when
-    # a GPU it selects is lost, 14 when a mode it changes stays pending until a VM reboot.
+    # a GPU it selects is lost or cannot be read, 14 when a mode it changes stays pending until
+    # a VM reboot.
     statuses = {g.status for g in plan.gpus}
     if "infeasible" in statuses:
         raise click.exceptions.Exit(Conflict.exit_code)
     if "blocked" in statuses:
         raise click.exceptions.Exit(Busy.exit_code)
-    if plan.lost_gpus:
+    if plan.lost_gpus or plan.unread_gpus:
         raise click.exceptions.Exit(1)
     if any(_waits_for_reboot(g) for g in plan.gpus):
         raise click.exceptions.Exit(PENDING_EXIT)
@@ -74,6 +75,7 @@ def plan_data(plan: MigPlanView) -> dict[str, Any]:
         "skipped_gpus": list(plan.skipped_gpus),
         "unselected_gpus": list(plan.unselected_gpus),
         "lost_gpus": list(plan.lost_gpus),
+        "unread_gpus": [{"gpu": i, "unread": why} for i, why in plan.unread_gpus],
         "summary": _summary(plan.gpus),
     }
 
@@ -141,10 +143,14 @@ def plan_text(plan: MigPlanView) -> str:
     for what, indexes in (
         ("skipped (not MIG-capable)", plan.skipped_gpus),
         ("not selected by any entry", plan.unselected_gpus),
-        ("not planned (lost or unread: an apply fails on it)", plan.lost_gpus),
+        ("not planned (lost: an apply fails on it)", plan.lost_gpus),
     ):
         if indexes:
             parts.append(f"{what}: GPU " + ", ".join(map(str, indexes)))
+    parts += [
+        f"not planned (cannot be read: an apply fails on it): GPU {i} ({why})"
+        for i, why in plan.unread_gpus
+    ]
     s = _summary(plan.gpus)
     parts += [
         "",

@@ -40,6 +40,9 @@ class NodePlan:
     unselected: tuple[GpuInfo, ...] = ()
     #: the lost GPUs the config selects (or may): not planned, and an apply fails on them
     lost: tuple[int, ...] = ()
+    #: the GPUs the config selects (or may) that answer but cannot be read, each with the
+    #: failing call: not planned, and an apply fails on them
+    unread: tuple[tuple[int, str], ...] = ()
 
     @property
     def changes(self) -> tuple[GpuPlan, ...]:
@@ -73,10 +76,19 @@ def plan_layouts(
     force: bool = False,
     mode_only: bool = False,
     lost: Sequence[GpuInfo] = (),
+    unread: Mapping[int, str] | None = None,
 ) -> NodePlan:
+    """``lost`` holds the unread GPUs too (``unread``: index -> the failing call): each
+    selected is in the plan's ``lost`` or, with its call, its ``unread``."""
     name, entries = spec.select(config)
     plan = _plan_node(name, entries, tuple(layouts), force, mode_only)
-    return replace(plan, lost=lost_selected(entries, lost))
+    why = unread or {}
+    gone = lost_selected(entries, lost)
+    return replace(
+        plan,
+        lost=tuple(i for i in gone if i not in why),
+        unread=tuple((i, why[i]) for i in gone if i in why),
+    )
 
 
 def gone_said(index: int, unread: Mapping[int, str] | None) -> str:

@@ -146,7 +146,10 @@ class MigService:
         mode_only: bool = False,
     ) -> NodePlan:
         layouts, gone = read_node(self._driver)
-        return plan_layouts(spec, config, layouts, force=force, mode_only=mode_only, lost=gone.gpus)
+        lost, unread = gone.gpus, gone.unread
+        return plan_layouts(
+            spec, config, layouts, force=force, mode_only=mode_only, lost=lost, unread=unread
+        )
 
     def check(
         self, spec: MigSpec, config: str | None = None, *, mode_only: bool = False

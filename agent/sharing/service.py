@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -101,18 +101,23 @@ class SharingService:
         namespace_proc: Path | None = None,
         gpus_unread: Callable[[], str] = lambda: "",
         gpus_lost: Callable[[], Sequence[int]] = tuple,
+        gpus_not_read: Callable[[], Mapping[int, str]] = dict,
         device_classes: Informer | None = None,
     ) -> None:
         """``gpus_unread``: why the node's GPUs were not read ("" once they were): what the
         plugin advertises is then unknown, and a config that must be checked against them is
         refused. ``gpus_lost``: the GPUs that do not answer; the plugin's own read of them fails
         too, so what it advertises is not known either (a config is still checked against the
-        GPUs that answer). ``device_classes``: the watch of the agents' DeviceClasses that a
-        DRA node's show reads (`agent.sharing.dra_kube`); without one each show lists them.
-        ``namespace_proc``: the /proc whose self/ns/pid says the agent's PID namespace (without
-        hostPID the plugin is not seen: `pidns`), ``proc`` unless given (the simulator's)."""
+        GPUs that answer). ``gpus_not_read``: the GPUs listed, not lost, whose reads fail
+        (index -> the failing call): left out of the layouts as lost ones are, and what the
+        plugin advertises is not known either. ``device_classes``: the watch of the agents'
+        DeviceClasses that a DRA node's show reads (`agent.sharing.dra_kube`); without one each
+        show lists them. ``namespace_proc``: the /proc whose self/ns/pid says the agent's PID
+        namespace (without hostPID the plugin is not seen: `pidns`), ``proc`` unless given (the
+        simulator's)."""
         self._gpus_unread = gpus_unread
         self._gpus_lost = gpus_lost
+        self._gpus_not_read = gpus_not_read
         self._settings = settings
         self._proc = proc
         self._namespace_proc = namespace_proc or proc
@@ -188,10 +193,12 @@ class SharingService:
         if unread:
             return f"the GPUs were not read ({unread})"
         lost = self._gpus_lost()
-        if lost:
+        said = [f"GPU {', '.join(map(str, lost))} lost"] if lost else []
+        said += [f"GPU {i} cannot be read ({why})" for i, why in self._gpus_not_read().items()]
+        if said:
             return (
-                f"GPU {', '.join(map(str, lost))} lost: the plugin's own read of it fails (it may "
-                "not start, or may leave it out)"
+                f"{'; '.join(said)}: the plugin's own read of it fails (it may not start, or may "
+                "leave it out)"
             )
         return strategy.unknown_and_matters(config, started, seen, layouts) or ""
 

@@ -194,6 +194,7 @@ def node_plan_pb(plan: NodePlan, reboot: frozenset[str] = frozenset()) -> mig_pb
         unselected_gpus=[g.index for g in plan.unselected],
         skipped_gpus=[g.index for g in plan.skipped],
         lost_gpus=plan.lost,
+        unread_gpus=[mig_pb2.MigUnreadGpu(index=i, unread=why) for i, why in plan.unread],
     )
 
 
@@ -324,6 +325,9 @@ class MigPlanView:
     skipped_gpus: tuple[int, ...]
     #: the lost GPUs the config selects, or may: not planned; an apply fails on them
     lost_gpus: tuple[int, ...] = ()
+    #: (index, the failing call) of the GPUs it selects, or may, that answer but cannot be
+    #: read: not planned; an apply fails on them (an agent from before put them in lost_gpus)
+    unread_gpus: tuple[tuple[int, str], ...] = ()
 
 
 def plan_from(response: mig_pb2.PlanMigResponse) -> MigPlanView:
@@ -333,6 +337,7 @@ def plan_from(response: mig_pb2.PlanMigResponse) -> MigPlanView:
         unselected_gpus=tuple(response.unselected_gpus),
         skipped_gpus=tuple(response.skipped_gpus),
         lost_gpus=tuple(response.lost_gpus),
+        unread_gpus=tuple((g.index, g.unread) for g in response.unread_gpus),
     )
 
 

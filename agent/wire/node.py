@@ -296,8 +296,9 @@ class NodeView:
     @property
     def degraded(self) -> tuple[Component, ...]:
         """The agent's parts that do not work as they should, with why. The gpu-driver
-        component counts only while no driver is attached: attached, its one complaint is a
-        lost GPU, which that GPU says itself (``NodeGpu.lost``, ``detail``)."""
+        component counts only while no driver is attached: attached, its complaints are GPUs
+        lost or not read, which each GPU says itself (``NodeGpu.lost``, ``detail``,
+        ``unread``, ``never_read``): a client that drops it must name those."""
         return tuple(
             c
             for c in self.components

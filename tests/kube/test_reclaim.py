@@ -162,7 +162,7 @@ def test_a_pass_before_the_nodes_watch_listed_waits_for_the_list_not_a_minute(
         made, telemetry=dataclasses.replace(made.telemetry, idle_reclaim_after_s=DAY)
     )
     snapshot = SimpleNamespace(gpu_idle_seconds=lambda: idle(2 * DAY))
-    parts: Any = SimpleNamespace(layouts_read=lambda: LAYOUTS, latest=lambda: snapshot, marks=dict)
+    parts: Any = SimpleNamespace(layouts=lambda: LAYOUTS, latest=lambda: snapshot, marks=dict)
     edge = KubeEdge.build(kube, NODE)
     (task,) = reclaim_tasks(edge, made, parts, parts, parts)
     woken = threading.Event()

@@ -72,7 +72,8 @@ def _status_table(doc: dict[str, Any]) -> str:
         f"{_unread(totals)}, {totals['idle_gpus']} idle for {doc['idle_after']} or more"
         f"{_idle_unknown(totals)}. "
         "MIG SLICES: one character per memory slice: the instance's size in compute slices, "
-        "* in use, . free; - whole GPU (MIG off); lost: fell off the bus, layout unknown."
+        "* in use, . free; - whole GPU (MIG off); lost: fell off the bus, layout unknown; "
+        "unread: listed, but its reads fail (it may need a reset), layout unknown."
     )
     unknown = sum(p.get("unknown", 0) for p in doc["profiles"])
     if unknown:

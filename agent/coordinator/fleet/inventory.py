@@ -31,15 +31,18 @@ class NodeView:
     address: str
     labels: Mapping[str, str] = field(default_factory=dict)
     layouts: tuple[GpuLayout, ...] = ()
-    #: UUIDs of GPUs that stopped answering the driver (their layout is the last known).
-    lost: frozenset[str] = frozenset()
-    #: UUID -> why the GPU's processes (and layout) were not read in the agent's latest
-    #: sample: its empty process list is unknown, not idle
-    unread: Mapping[str, str] = field(default_factory=dict)
+    #: indices of GPUs that stopped answering the driver (their layout is the last known);
+    #: by index, as one lost before it was read has no UUID
+    lost: frozenset[int] = frozenset()
+    #: index -> why the GPU's processes (and layout) were not read in the agent's latest
+    #: sample: its empty process list is unknown, not idle (by index: one never read has no
+    #: UUID)
+    unread: Mapping[int, str] = field(default_factory=dict)
     #: e.g. ``time-slicing nvidia.com/gpu x4``, ``none``, or ``unknown`` when unread.
     sharing: str = "unknown"
     warm: tuple[str, ...] = ()
-    #: what is wrong with the node, with why: its agent's degraded parts, then its lost GPUs
+    #: what is wrong with the node, with why: its agent's degraded parts, then its lost GPUs,
+    #: then those listed but not read (``GPU 1 not read: <call>: <error>``)
     unhealthy: tuple[str, ...] = ()
     #: GPUs idle at least the idle threshold; None when not asked for, or when the agent
     #: knows no GPU's idle time (no telemetry sample yet, or an agent from before the field).
@@ -100,10 +103,11 @@ class NodeView:
         """Why planning leaves this GPU out, "" when it may use it: lost (no layout to read),
         not read (its processes unknown: it may be busy), or failed itself (its devices serve
         no pod until its action is taken)."""
-        if layout.gpu.uuid in self.lost:
+        index = layout.gpu.index
+        if index in self.lost:
             return "lost: the driver does not answer for it"
-        if layout.gpu.uuid in self.unread:
-            return f"not read: {self.unread[layout.gpu.uuid]}: its processes are not known"
+        if index in self.unread:
+            return f"not read: {self.unread[index]}: its processes are not known"
         for m in self.marks:
             if m.uuid == layout.gpu.uuid and m.mark.state == FAILED:
                 return f"failed: {m.mark.reason} (action {m.mark.action}): it serves no pod"
@@ -157,9 +161,9 @@ def node_view(target: Target, node: wire.NodeView, idle_after_s: float | None = 
         address=target.address,
         labels=target.labels,
         layouts=tuple(g.layout for g in gpus),
-        lost=frozenset(g.layout.gpu.uuid for g in gpus if g.lost),
+        lost=frozenset(g.layout.gpu.index for g in gpus if g.lost),
         unread={
-            g.layout.gpu.uuid: g.unread or "never read"
+            g.layout.gpu.index: g.unread or "never read"
             for g in gpus
             if (g.unread or g.never_read) and not g.lost
         },
@@ -170,6 +174,11 @@ def node_view(target: Target, node: wire.NodeView, idle_after_s: float | None = 
             f"GPU {g.layout.gpu.index} lost: {g.detail or 'it does not answer'}"
             for g in gpus
             if g.lost
+        )
+        + tuple(
+            f"GPU {g.layout.gpu.index} not read: {g.unread or 'never read'}"
+            for g in gpus
+            if (g.unread or g.never_read) and not g.lost
         ),
         idle_gpus=_idle_gpus(node, idle_after_s, marks),
         preset=node.simulated_preset,

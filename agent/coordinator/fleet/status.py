@@ -94,7 +94,8 @@ class GpuStatus:
     index: int
     uuid: str
     model: str
-    #: on, off, pending (a mode change waits for a reset), n/a (no MIG), lost
+    #: on, off, pending (a mode change waits for a reset), n/a (no MIG), lost, unread (listed
+    #: but its reads fail: its MIG mode is not known)
     mig: str
     slices: str
     devices: dict[str, int]
@@ -196,10 +197,12 @@ class FleetStatus:
         return {state: counts[state] for state in STATES}
 
 
-def _mig(layout: GpuLayout, lost: bool) -> str:
+def _mig(layout: GpuLayout, lost: bool, unread: bool) -> str:
     mode = layout.gpu.mig_mode
     if lost:
         return "lost"
+    if unread:
+        return "unread"  # its MIG mode is not known: not n/a (no MIG), nor the last one seen
     if mode is None:
         return "n/a"
     if mode.is_pending:
@@ -210,8 +213,9 @@ def _mig(layout: GpuLayout, lost: bool) -> str:
 def _gpu(view: NodeView, layout: GpuLayout, mark: GpuMark | None) -> GpuStatus:
     # A lost GPU's instances are the last ones seen, a failed GPU's serve no pod until its
     # action is taken (`NodeView.left_out`): not counted, none idle, nothing creatable.
-    lost = layout.gpu.uuid in view.lost
-    unread = layout.gpu.uuid in view.unread  # serving, but its processes are not known
+    # By index: a GPU lost or unread before it was read has no UUID.
+    lost = layout.gpu.index in view.lost
+    unread = layout.gpu.index in view.unread  # serving, but its processes are not known
     serves = unread or not view.left_out(layout)
     on = bool(layout.gpu.mig_mode and layout.gpu.mig_mode.current) and serves
     placed = [(gi.profile_id, gi.placement) for gi in layout.instances]
@@ -222,24 +226,29 @@ def _gpu(view: NodeView, layout: GpuLayout, mark: GpuMark | None) -> GpuStatus:
         index=layout.gpu.index,
         uuid=layout.gpu.uuid,
         model=layout.gpu.name,
-        mig=_mig(layout, lost),
-        slices="lost" if lost else slice_map(layout),  # the last-seen layout is not live
+        mig=_mig(layout, lost, unread),
+        # the last-seen layout is not live
+        slices="lost" if lost else "unread" if unread else slice_map(layout),
         devices=current_counts(layout) if on else {},
         idle=idle,
-        creatable=free_capacity(layout.profiles, placed) if on else {},
+        # an unread GPU's free slices are the last seen, and no change is made on it
+        creatable=free_capacity(layout.profiles, placed) if on and not unread else {},
         health=_health(mark),
     )
 
 
 def _models(view: NodeView) -> str:
-    """``2x H100 80GB HBM3``; a GPU lost before it was read is of a model nobody knows, and
-    so are the GPUs of a node whose driver is not ready."""
+    """``2x H100 80GB HBM3``; a GPU lost or unread before it was read is of a model nobody
+    knows, and so are the GPUs of a node whose driver is not ready."""
     if view.gpus_unread:
         return "? (not read)"
-    counts = Counter(g.gpu.name.removeprefix("NVIDIA ") for g in view.layouts)
-    unknown = counts.pop("", 0)
+    counts = Counter(g.gpu.name.removeprefix("NVIDIA ") for g in view.layouts if g.gpu.name)
+    nameless = [g.gpu.index for g in view.layouts if not g.gpu.name]
+    lost = sum(1 for i in nameless if i in view.lost)
+    unread = len(nameless) - lost
     said = [f"{n}x {name}" for name, n in sorted(counts.items())]
-    said += [f"{unknown}x unknown (lost before it was read)"] if unknown else []
+    said += [f"{lost}x unknown (lost before it was read)"] if lost else []
+    said += [f"{unread}x unknown (not read)"] if unread else []
     return ", ".join(said) or "-"
 
 

@@ -35,7 +35,7 @@ from agent.sharing.reload import reload_again
 from agent.sharing.schema import PluginConfig, merge, to_document
 from agent.sharing.validate import violations
 from agent.sharing.view import DraView, ReloadReport
-from agent.wire.mig import REBOOT_APPLIES
+from agent.wire.mig import REBOOT_APPLIES, MigPlanView
 from agent.wire.operations import OperationView
 from agent.wire.prewarm import ItemStatus
 from agent.wire.sharing import requested_config
@@ -117,7 +117,7 @@ class MigApply(_Base):
         except Unrolled:  # the apply retries the failed rollback first, and may get past it
             return await self._run(client, node, notes, text, name)
         statuses = {g.status for g in plan.gpus}
-        lost = _lost(plan.lost_gpus)
+        lost = _not_answering(plan)
         if lost and statuses <= {"unchanged"}:  # the GPUs read hold it; the lost cannot be asked
             return NodeResult(NodeState.FAILED, f"not applied: {lost}")
         if not plan.gpus:  # nothing to plan is not "as asked": the agent's assert says which
@@ -177,9 +177,17 @@ _NONE_SELECTED = "the config selects no GPU of this node"
 
 
 def _lost(indices: Sequence[int]) -> str:
-    """The lost GPUs a config selects, in words ("" for none). A plan's ``lost_gpus`` holds
-    the unread ones too (only indices: the node's status names each one's failing call)."""
+    """The lost GPUs a config selects, in words ("" for none)."""
     return "; ".join(f"GPU {i} is lost: not applied" for i in indices)
+
+
+def _not_answering(plan: MigPlanView) -> str:
+    """The lost GPUs and those that answer but cannot be read (with the failing call) a plan
+    leaves out, in words ("" for none). An agent from before ``unread_gpus`` lists both in
+    ``lost_gpus``."""
+    said = [_lost(plan.lost_gpus)] if plan.lost_gpus else []
+    said += [f"GPU {i} cannot be read ({why}): not applied" for i, why in plan.unread_gpus]
+    return "; ".join(said)
 
 
 async def _selects_none(client: AgentClient, text: str, name: str) -> str:
@@ -304,16 +312,17 @@ async def _preview_mig(client: AgentClient, record: RolloutRecord, node: str) ->
         for g in plan.gpus
     )
     statuses = {g["status"] for g in gpus}
-    unheld = "" if gpus or plan.lost_gpus else await _selects_none(client, text, name)
+    gone = _not_answering(plan)
+    unheld = "" if gpus or gone else await _selects_none(client, text, name)
     # A mode a VM reboot applies stays pending whatever an apply does: the node cannot succeed.
     reboot = [g.gpu_index for g in plan.gpus if g.mode_pending == REBOOT_APPLIES]
-    if statuses & {"blocked", "infeasible"} or plan.lost_gpus or unheld or reboot:
+    if statuses & {"blocked", "infeasible"} or gone or unheld or reboot:
         would = "refused"
     else:
         would = "unchanged" if statuses <= {"unchanged"} else "change"
     changing = sum(g["status"] != "unchanged" for g in gpus)
     said = [f"{changing}/{len(gpus)} GPU(s) change"]
-    said += [_lost(plan.lost_gpus)] if plan.lost_gpus else []
+    said += [gone] if gone else []
     said += [unheld] if unheld else []
     said += [
         f"{_PENDING}: {g.mode_pending} applies it on GPU {g.gpu_index}"
@@ -337,8 +346,8 @@ async def _preview_share(client: AgentClient, record: RolloutRecord, node: str) 
             f"{node}: allocation mode {inventory.allocation.describe()}: the agent changes no "
             "sharing until it knows whether a device plugin or a DRA driver hands out its GPUs"
         )
-    # Checked against the GPUs that answer, as the agent's SetSharing checks it.
-    layouts = [g.layout for g in inventory.gpus if not g.lost]
+    # Checked against the GPUs that answer and were read, as the agent's SetSharing checks it.
+    layouts = [g.layout for g in inventory.gpus if not (g.lost or g.unread or g.never_read)]
     found = sharing_preview(node, requested, current, layouts)
     written = now.last_write  # None: not the agent's write, which its set would not reload
     if found.would != "unchanged" or written is None:

@@ -302,7 +302,7 @@ def test_a_gpu_whose_process_list_was_not_read_is_not_in_the_layouts_read(
         EventBus(), node_name="node-1", simulated_preset=None, telemetry=lambda: unread
     )
     inventory.refresh_gpus()
-    assert [layout.gpu.index for layout in inventory.layouts_read()] == [0, 1, 3, 4, 5, 6, 7]
+    assert [layout.gpu.index for layout in inventory.layouts()] == [0, 1, 3, 4, 5, 6, 7]
     gpu = inventory.response().node.gpus[2]
     assert gpu.unread == why and not gpu.never_read and list(gpu.processes) == []
     (component,) = [
@@ -369,3 +369,28 @@ def test_an_unreadable_sharing_config_is_unknown_not_the_last_one_read() -> None
     inventory.refresh_sharing()
     assert not inventory.response().node.HasField("sharing")
     assert not _sharing_component(inventory).healthy
+
+
+def test_a_gpu_not_read_is_left_out_of_the_layouts_and_named_with_its_call(
+    driver: GpuDriver,
+) -> None:
+    """GPU 2's MIG-mode read fails and GPU 5 was never read: the layouts that sharing counts
+    as advertised GPUs left out only lost ones, so both were counted (GPU 5 as a whole GPU of
+    no MIG mode). Both are left out, and `unread_gpus` names each with its call; a lost GPU
+    never read is lost, not unread."""
+    snapshot = _snapshot(driver)
+    statuses = list(snapshot.gpus)
+    statuses[2] = GpuStatus(statuses[2].gpu, up=True, unread="nvmlDeviceGetMigMode: Unknown")
+    statuses[5] = GpuStatus(GpuIdentity(5, "", "", "", 5), up=True, unread="nvmlDeviceGetUUID: x")
+    statuses[6] = GpuStatus(GpuIdentity(6, "", "", "", 6), up=False, detail="GPU is lost")
+    layouts = tuple(layout for layout in snapshot.layouts if layout.gpu.index not in (5, 6))
+    unread = dataclasses.replace(snapshot, gpus=tuple(statuses), layouts=layouts)
+    inventory = NodeInventory(
+        EventBus(), node_name="node-1", simulated_preset=None, telemetry=lambda: unread
+    )
+    inventory.refresh_gpus()
+    assert [layout.gpu.index for layout in inventory.layouts()] == [0, 1, 3, 4, 7]
+    assert inventory.unread_gpus() == {
+        2: "nvmlDeviceGetMigMode: Unknown",
+        5: "nvmlDeviceGetUUID: x",
+    }

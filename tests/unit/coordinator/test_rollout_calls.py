@@ -65,6 +65,8 @@ class Agent:
         self.apply_s = 0.0
         #: GPUs the config selects that are lost: planned and applied without them
         self.lost: tuple[int, ...] = ()
+        #: GPUs the config selects that answer but cannot be read, with the failing call
+        self.unread: tuple[tuple[int, str], ...] = ()
         #: GPU 0's MIG mode change is left pending (an agent that called that succeeded)
         self.pending = False
 
@@ -89,7 +91,7 @@ class Agent:
             deferred=False,
             mode_pending="",
         )
-        return NS(gpus=(gpu,), lost_gpus=self.lost)
+        return NS(gpus=(gpu,), lost_gpus=self.lost, unread_gpus=self.unread)
 
     async def claim_mig(self, holder: str, rollout: str, max_unavailable: str) -> NS:
         self._count("ClaimMig")
@@ -302,3 +304,37 @@ def test_a_node_whose_mode_change_an_agent_called_succeeded_is_pending_is_failed
     node = json.loads(maps.data["mig"])["nodes"]["n001"]
     assert node["state"] == "failed"
     assert "MIG mode change pending: GPU 0: the driver needs a reboot" in node["detail"], node
+
+
+def test_a_node_whose_selected_gpu_cannot_be_read_is_failed_naming_the_call_not_lost(
+    tmp_path: Path,
+) -> None:
+    """GPU 1 answers NVML but its MIG-mode read fails (it needs a reset): the plan listed it
+    among the lost GPUs, and the rollout and its dry run said "GPU 1 is lost". The agent names
+    it unread with the failing call; the node is failed saying that, and the preview refuses."""
+    from agent.coordinator.rollout.actions import _preview_mig
+
+    fleet = CountingFleet(3, train={"n001"})
+    agent = fleet.agents["n001"]
+    agent.unread = ((1, "nvmlDeviceGetMigMode: Unknown Error"),)
+    agent.applied = True  # the GPUs read hold it: only GPU 1 keeps the node from it
+    maps = ConfigMaps()
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(DESIRED.format(limit=1))
+    cluster = ClusterReport(maps, "gpu-agent", "coordinator-0")
+    reconciler = Reconciler(fleet, desired, cluster=cluster, identity="coordinator-0")
+
+    async def main() -> None:
+        await reconciler.pass_once()
+        await reconciler.flush_reports()
+
+    asyncio.run(main())
+    assert reconciler.stats.changes[("mig", "failed")] == 1
+    assert maps.data is not None
+    said = json.loads(maps.data["mig"])["nodes"]["n001"]
+    assert "GPU 1 cannot be read (nvmlDeviceGetMigMode: Unknown Error): not applied" in str(said)
+    assert "is lost" not in str(said), said
+    record = NS(spec={"config_yaml": "x", "config_name": "half"})
+    preview = asyncio.run(_preview_mig(agent, record, "n001"))  # type: ignore[arg-type]
+    assert preview.would == "refused", preview
+    assert "GPU 1 cannot be read (nvmlDeviceGetMigMode: Unknown Error)" in preview.detail

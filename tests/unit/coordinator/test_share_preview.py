@@ -115,6 +115,33 @@ def test_a_lost_gpu_is_not_among_the_gpus_the_config_is_checked_against() -> Non
     assert "under the mixed strategy the plugin advertises no nvidia.com/gpu" in preview.detail
 
 
+def test_a_gpu_not_read_is_not_among_the_gpus_the_config_is_checked_against() -> None:
+    """GPUs 0 and 1 have MIG on; GPU 2's MIG-mode read fails and GPU 3 was never read (not
+    lost). The agent's SetSharing leaves them out as lost ones; the dry run counted them as
+    whole GPUs and said "change" for nvidia.com/gpu under the mixed strategy."""
+    node = agent_pb2.Node(name="a")
+    node.allocation.mode = agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN
+    for index in (0, 1):
+        node.gpus.append(gpu_pb(gpu("a", index, H100, [("3g.40gb", 0), ("3g.40gb", 4)])))
+    node.gpus.append(gpu_pb(gpu("a", 2, H100, mig=(False, False)), unread="nvmlDeviceGetMigMode"))
+    node.gpus.add(index=3, unread="nvmlDeviceGetUUID: GPU requires reset", never_read=True)
+    mixed = TS2.replace("migStrategy: none", "migStrategy: mixed")
+    record = SimpleNamespace(
+        spec={"request": {"configYaml": mixed}}, request_id=lambda node: f"r-{node}"
+    )
+
+    class Agent:
+        async def get_sharing(self) -> SimpleNamespace:
+            return SimpleNamespace(exists=False, config=None, dra=None, last_write=None)
+
+        async def node(self) -> NodeView:
+            return node_from(node)
+
+    preview = asyncio.run(_preview_share(Agent(), record, "a"))  # type: ignore[arg-type]
+    assert preview.would == "refused", preview.detail
+    assert "under the mixed strategy the plugin advertises no nvidia.com/gpu" in preview.detail
+
+
 def test_a_dra_node_is_previewed_as_its_agent_decides_there() -> None:
     """On a DRA node the agent's SetSharing renders the spec as DeviceClasses (`dra.plan`), not
     the plugin's file: --rename is refused there and the plugin's rules do not apply. The dry

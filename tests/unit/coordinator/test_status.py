@@ -453,3 +453,51 @@ def test_the_idle_total_says_on_how_many_answering_nodes_idle_time_is_unknown() 
     doc = status_document(fleet_status([known]), "1h")
     assert doc["totals"]["idle_unknown_nodes"] == 0
     assert "idle time unknown" not in _status_table(doc)
+
+
+def test_a_node_with_a_gpu_listed_but_not_read_needs_attention_naming_it_and_the_call() -> None:
+    """GPU 1 answers NVML's list but its MIG-mode read fails (it needs a reset), and GPU 3 was
+    never read: the agent's gpu-driver component says so, and is dropped while the driver is
+    attached (a lost GPU says itself). The node read ok with no attention; it is unhealthy,
+    naming each GPU and the failing call."""
+    from agent.coordinator.fleet.status import needs_attention, status_document
+
+    node = _node()
+    del node.health.components[:]  # the sharing complaint: only the unread GPUs are wrong
+    node.driver.state = agent_pb2.DRIVER_STATE_ATTACHED
+    node.gpus[1].unread = "nvmlDeviceGetMigMode: Unknown Error"
+    node.gpus.add(index=3, unread="nvmlDeviceGetUUID: GPU requires reset", never_read=True)
+    node.health.components.add(name="gpu-driver", healthy=False, detail="GPU 1 not read")
+    [row] = fleet_status([node_view(Target("10.0.0.1:9401"), node_from(node))]).nodes
+    assert row.health == "unhealthy" and needs_attention(row)
+    assert "GPU 1 not read: nvmlDeviceGetMigMode: Unknown Error" in row.detail, row.detail
+    assert "GPU 3 not read: nvmlDeviceGetUUID: GPU requires reset" in row.detail, row.detail
+    status = fleet_status([node_view(Target("10.0.0.1:9401"), node_from(node))])
+    assert status_document(status, "1h", nodes=True)["totals"]["attention"] == 1
+
+
+def test_an_unread_gpus_last_seen_free_space_and_slice_map_are_not_shown_as_live() -> None:
+    """The A30 (GPU 2, 2g.12gb at 0-1, 2-3 free) fails its MIG-mode read: its free slices were
+    counted creatable and its last slice map shown as live. GPU 3 was lost and GPU 4 never
+    read, both without a UUID: keyed by UUID, GPU 4 read as lost, and its unknown MIG mode as
+    n/a (no MIG); its model was "lost before it was read"."""
+    from agent.cli.fleet.status import _status_table
+    from agent.coordinator.fleet.status import status_document
+
+    node = _node()
+    node.gpus[2].unread = "nvmlDeviceGetMigMode: Unknown Error"
+    node.gpus.add(index=3, health=agent_pb2.GPU_HEALTH_LOST)
+    node.gpus.add(index=4, unread="nvmlDeviceGetUUID: GPU requires reset", never_read=True)
+    status = fleet_status([node_view(Target("10.0.0.1:9401"), node_from(node))])
+    (row,) = status.nodes
+    unread, lost, never = row.gpus[2], row.gpus[3], row.gpus[4]
+    assert (unread.mig, unread.slices, unread.creatable) == ("unread", "unread", {})
+    assert (lost.mig, lost.slices) == ("lost", "lost")
+    assert (never.mig, never.slices, never.creatable) == ("unread", "unread", {})
+    assert "2g.12gb" not in {p.profile for p in status.profiles if p.creatable}
+    assert row.models == (
+        "1x A30, 2x H100 80GB HBM3, 1x unknown (lost before it was read), 1x unknown (not read)"
+    )
+    table = _status_table(status_document(status, "1h", nodes=True))
+    assert "1122**** - unread lost unread" in table, table
+    assert "unread: listed, but its reads fail (it may need a reset)" in table, table

@@ -190,7 +190,7 @@ def test_a_lost_gpu_the_config_selects_is_never_asserted_applied(
     # The dry run says so first, and exits as the apply will.
     planned = a100("plan", "-f", "FILE", "-c", "three-plus-four")
     assert planned.exit_code == 1, planned.output
-    assert "not planned (lost or unread: an apply fails on it): GPU 3" in planned.output
+    assert "not planned (lost: an apply fails on it): GPU 3" in planned.output
     assert "7 GPU(s) change" in planned.output
     assert a100("plan", "-f", str(others), "-c", "rest").exit_code == 0
 
@@ -248,7 +248,14 @@ def test_a_gpu_that_fails_a_read_leaves_mig_to_the_others_and_is_never_said_appl
     assert f"{why}: its MIG state cannot be read" in exported.output
     planned = a100("plan", "-f", "FILE", "-c", "three-plus-four")
     assert planned.exit_code == 1, planned.output
-    assert "not planned (lost or unread: an apply fails on it): GPU 3" in planned.output
+    assert (
+        f"not planned (cannot be read: an apply fails on it): GPU 3 ({call}: Unknown Error)"
+        in planned.output
+    ), planned.output
+    assert "not planned (lost" not in planned.output, planned.output  # it is not lost
+    data = json.loads(a100("plan", "-f", "FILE", "-c", "three-plus-four", "-o", "json").stdout)
+    assert data["lost_gpus"] == [], data
+    assert data["unread_gpus"] == [{"gpu": 3, "unread": f"{call}: Unknown Error"}], data
     applied = a100("apply", "-f", "FILE", "-c", "three-plus-four")
     assert applied.exit_code == 1, applied.output
     assert f"{why}: not applied" in applied.output

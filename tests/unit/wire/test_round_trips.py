@@ -169,9 +169,11 @@ def test_a_mig_plan_reads_back_gpu_by_gpu_with_its_steps_and_instances() -> None
         plan_gpu(whole, Desired(True, (("7g.80gb", 1),))),
         plan_gpu(whole, Desired(True, (("7g.80gb", 2),))),
     )
-    view = plan_from(node_plan_pb(NodePlan("mixed", plans, unselected=(other.gpu,), lost=(3,))))
+    unread = ((4, "nvmlDeviceGetMigMode: Unknown Error"),)
+    plan = NodePlan("mixed", plans, unselected=(other.gpu,), lost=(3,), unread=unread)
+    view = plan_from(node_plan_pb(plan))
     assert (view.config_name, view.unselected_gpus, view.skipped_gpus) == ("mixed", (2,), ())
-    assert view.lost_gpus == (3,)
+    assert (view.lost_gpus, view.unread_gpus) == ((3,), unread)
     for domain, read in zip(plans, view.gpus, strict=True):
         assert (read.gpu_index, read.gpu_uuid) == (domain.layout.gpu.index, domain.layout.gpu.uuid)
         assert read.status == domain.status

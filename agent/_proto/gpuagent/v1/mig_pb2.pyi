@@ -178,18 +178,28 @@ class PlanMigRequest(_message.Message):
     def __init__(self, config_yaml: _Optional[str] = ..., config_name: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class PlanMigResponse(_message.Message):
-    __slots__ = ("config_name", "gpus", "unselected_gpus", "skipped_gpus", "lost_gpus")
+    __slots__ = ("config_name", "gpus", "unselected_gpus", "skipped_gpus", "lost_gpus", "unread_gpus")
     CONFIG_NAME_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     UNSELECTED_GPUS_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_GPUS_FIELD_NUMBER: _ClassVar[int]
     LOST_GPUS_FIELD_NUMBER: _ClassVar[int]
+    UNREAD_GPUS_FIELD_NUMBER: _ClassVar[int]
     config_name: str
     gpus: _containers.RepeatedCompositeFieldContainer[GpuMigPlan]
     unselected_gpus: _containers.RepeatedScalarFieldContainer[int]
     skipped_gpus: _containers.RepeatedScalarFieldContainer[int]
     lost_gpus: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, config_name: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuMigPlan, _Mapping]]] = ..., unselected_gpus: _Optional[_Iterable[int]] = ..., skipped_gpus: _Optional[_Iterable[int]] = ..., lost_gpus: _Optional[_Iterable[int]] = ...) -> None: ...
+    unread_gpus: _containers.RepeatedCompositeFieldContainer[MigUnreadGpu]
+    def __init__(self, config_name: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuMigPlan, _Mapping]]] = ..., unselected_gpus: _Optional[_Iterable[int]] = ..., skipped_gpus: _Optional[_Iterable[int]] = ..., lost_gpus: _Optional[_Iterable[int]] = ..., unread_gpus: _Optional[_Iterable[_Union[MigUnreadGpu, _Mapping]]] = ...) -> None: ...
+
+class MigUnreadGpu(_message.Message):
+    __slots__ = ("index", "unread")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UNREAD_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    unread: str
+    def __init__(self, index: _Optional[int] = ..., unread: _Optional[str] = ...) -> None: ...
 
 class ApplyMigRequest(_message.Message):
     __slots__ = ("config_yaml", "config_name", "force", "request_id", "mode_only", "skip_reset", "claim_holder")
