@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from agent.dra.gate import mig_change_refusal
 from agent.dra.mode import Allocation, AllocationMode
-from agent.dra.republish import expected_uuids
+from agent.dra.republish import Expected
 from agent.errors import AgentError, Busy, Conflict, ModeRefused
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.types import GpuInfo, GpuLayout
@@ -69,7 +69,7 @@ ROLLBACK_FAILED = "; rolling back also failed"
 class Republish(Protocol):
     """How a new layout reaches a DRA driver's ResourceSlices (agent.dra.republish)."""
 
-    def republish(self, expected: Sequence[str], progress: Callable[[str], None]) -> None: ...
+    def republish(self, expected: Expected, progress: Callable[[str], None]) -> None: ...
 
     def restart(self) -> tuple[str, ...]: ...
 
@@ -436,7 +436,8 @@ class MigService:
                 progress(ProgressEvent("republish", 0, executor.mutations, "republish", message))
 
         try:
-            self._republish.republish(expected_uuids(self.layouts()), say)
+            layouts, gone = read_node(self._driver)  # only the GPUs read are compared
+            self._republish.republish(Expected.of(layouts, gone.gpus), say)
         except Suspended:
             # The agent is stopping: every GPU is done (the journal says so, and the next start
             # reports the apply completed); the restarted plugin publishes the new layout.
