@@ -80,10 +80,11 @@ class Node:
     async def _readyz(self, _: Request) -> Response:
         """Ready once serving: the API, prewarm and /metrics are what readiness promises.
 
-        A driver that is not ready yet (or is being upgraded) and every GPU lost are states,
-        not failures: the agent serves, and its GetNode is how the coordinator and Prometheus
-        learn of them (an unready pod is skipped by the coordinator and taken out of the
-        Service), so it stays ready and the body says what is missing (docs/operations.md)."""
+        A driver that is not ready yet (or is being upgraded) and no GPU answering (each lost,
+        or failing its reads) are states, not failures: the agent serves, and its GetNode is
+        how the coordinator and Prometheus learn of them (an unready pod is skipped by the
+        coordinator and taken out of the Service), so it stays ready and the body says what is
+        missing (docs/operations.md)."""
         if not self._ready:
             return Response(503, b"starting\n")
         driver = self.services.driver.state
@@ -91,10 +92,9 @@ class Node:
             return Response(
                 200, f"ready; GPU features wait for the driver: {driver.reason}\n".encode()
             )
-        inventory = self.services.inventory
-        if inventory.every_gpu_lost():
-            lost = ", ".join(map(str, inventory.lost_gpus()))
-            said = f"ready; no GPU answers: every GPU is lost (GPU {lost}); the API, prewarm and "
+        silent = self.services.inventory.no_gpu_answers()
+        if silent:
+            said = f"ready; no GPU answers: {silent}; the API, prewarm and "
             return Response(200, f"{said}/metrics serve\n".encode())
         if self.services.state.read_only is not None:  # reads serve: still in the Service
             return Response(200, f"ready; read-only: {self.services.state.read_only}\n".encode())

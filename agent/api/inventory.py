@@ -178,9 +178,24 @@ class NodeInventory:
         return {i: gpus.unread.get(i) or "never read" for i in sorted(unread)}
 
     def every_gpu_lost(self) -> bool:
-        """The node has GPUs and none of them answers (a node with no GPU is not this)."""
+        """The node has GPUs and every one is lost (a node with no GPU is not this)."""
         gpus = self._gpus
         return bool(gpus.layouts) and len(gpus.lost) == len(gpus.layouts)
+
+    def no_gpu_answers(self) -> str:
+        """When the node has GPUs and none answers, each lost or not read (a GPU waiting for a
+        reset), what each is: ``every GPU is lost (GPU 0, 1)``, or ``GPU 0 lost, GPU 1 cannot
+        be read (<call>: <error>)``; "" while one answers, or with no GPU."""
+        gpus = self._gpus
+        indices = sorted(layout.gpu.index for layout in gpus.layouts)
+        if not indices or any(i not in gpus.lost and i not in gpus.unread for i in indices):
+            return ""
+        if self.every_gpu_lost():
+            return f"every GPU is lost (GPU {', '.join(map(str, indices))})"
+        return ", ".join(
+            f"GPU {i} lost" if i in gpus.lost else f"GPU {i} cannot be read ({gpus.unread[i]})"
+            for i in indices
+        )
 
     def watch_sharing(self, show: Callable[[], SharingView]) -> None:
         """Also refresh the sharing config (the sharing service reads `layouts`, so it comes

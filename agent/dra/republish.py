@@ -8,7 +8,9 @@ deletes this node's kubelet plugin pod (its DaemonSet makes a new one: the docum
 the same call sharing's restart-pod reload makes) and waits until this node's ResourceSlices of
 the driver list exactly the devices NVML reports after the apply: the MIG devices' uuids on a
 GPU with MIG on, the GPU's own uuid on a GPU with MIG off (`expected_uuids`). A GPU with MIG on
-and no instance publishes nothing (the driver's "stranded" GPU).
+and no instance publishes nothing (the driver's "stranded" GPU). Only the GPUs NVML read are
+compared (`Expected`): a listed device of a GPU that is lost or cannot be read (its own uuid, or
+its ``parentUUID`` for a MIG device) is not looked at, as NVML says nothing of what it holds.
 
 The wait is bounded (``dra.republish_timeout_s``); past it, or with no plugin pod to restart,
 `Republisher.republish` raises Conflict saying what the slices list, and the MIG service rolls
@@ -20,14 +22,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from agent import safeyaml
+from agent.dra.slices import DriverSlices, PublishedDevice
 from agent.dra.watch import AllocationWatch
 from agent.errors import AgentError, Conflict
-from agent.gpu.types import GpuLayout
+from agent.gpu.types import GpuInfo, GpuLayout
 from agent.kube import KubeClient
 
-__all__ = ["Republisher", "expected_uuids"]
+__all__ = ["Expected", "Republisher", "expected_uuids"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,44 @@ def expected_uuids(layouts: Sequence[GpuLayout]) -> tuple[str, ...]:
         else:
             found.append(layout.gpu.uuid)
     return tuple(sorted(found))
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """What the driver is to list after a change: the devices (``uuids``) of the GPUs NVML
+    read, and which listed devices are compared with them. A device of a GPU not read (lost,
+    or failing a read: ``not_read``) is not: what it holds is unknown. It is told by its own
+    uuid or its ``parentUUID``; when such a GPU's uuid is unknown too (not read since this
+    process started), only the devices of the GPUs read (``read``) are compared."""
+
+    uuids: tuple[str, ...]
+    read: frozenset[str] = frozenset()
+    #: the GPUs not read
+    not_read: tuple[GpuInfo, ...] = ()
+
+    @classmethod
+    def of(cls, layouts: Sequence[GpuLayout], not_read: Sequence[GpuInfo] = ()) -> Expected:
+        read = frozenset(layout.gpu.uuid for layout in layouts)
+        return cls(expected_uuids(layouts), read, tuple(not_read))
+
+    def compared(self, device: PublishedDevice) -> bool:
+        """Whether a listed device is compared: not one of a GPU that was not read."""
+        owner = device.parent or device.uuid
+        if owner in self.read or not self.not_read:
+            return True
+        gone = {g.uuid for g in self.not_read}
+        return owner not in gone and "" not in gone
+
+    def listed(self, slices: DriverSlices) -> tuple[str, ...]:
+        """The uuids the slices list that are compared, sorted."""
+        return tuple(sorted(d.uuid for d in slices.devices if d.uuid and self.compared(d)))
+
+    def left_out(self) -> str:
+        """`` (GPU 7 not read: its devices are not compared)``, or ""."""
+        if not self.not_read:
+            return ""
+        gpus = ", ".join(str(g.index) for g in self.not_read)
+        return f" (GPU {gpus} not read: its devices are not compared)"
 
 
 class Republisher:
@@ -102,33 +144,35 @@ class Republisher:
             )
         return deleted
 
-    def republish(self, expected: Sequence[str], progress: Callable[[str], None]) -> None:
-        """Restart the plugin, then wait until the slices list exactly ``expected``."""
-        want = tuple(sorted(expected))
+    def republish(self, expected: Expected, progress: Callable[[str], None]) -> None:
+        """Restart the plugin, then wait until the slices list exactly ``expected`` (of the
+        GPUs read: `Expected`)."""
+        want, aside = expected.uuids, expected.left_out()
         changes = self._watch.slice_changes
         pods = self.restart()
         progress(
             f"restarted the DRA kubelet plugin ({', '.join(pods)}); waiting up to "
             f"{self.timeout_s:.0f}s for the ResourceSlices of {self._watch.driver} to list "
-            f"{len(want)} device(s)"
+            f"{len(want)} device(s){aside}"
         )
         deadline = time.monotonic() + self.timeout_s
         said = time.monotonic()
         while True:
             now = self._watch.slices()
-            if self._watch.slice_changes > changes and now is not None and now.uuids == want:
+            listed = expected.listed(now) if now is not None else None
+            if self._watch.slice_changes > changes and listed == want:
                 log.info("%s republished %d device(s) on this node", self._watch.driver, len(want))
                 return
             left = deadline - time.monotonic()
             if left <= 0:
-                raise Conflict(self._why(want, now.uuids if now is not None else None))
+                raise Conflict(self._why(want, listed) + aside)
             self._watch.wait(self._watch.slice_changes, min(left, PROGRESS_S))
             if time.monotonic() - said >= PROGRESS_S:
                 said = time.monotonic()
-                listed = len(set(now.uuids) & set(want)) if now is not None else 0
+                found = len(set(listed or ()) & set(want))
                 progress(
-                    f"waiting for the ResourceSlices of {self._watch.driver}: {listed} of the "
-                    f"{len(want)} device(s) NVML has listed"
+                    f"waiting for the ResourceSlices of {self._watch.driver}: {found} of the "
+                    f"{len(want)} device(s) NVML has listed{aside}"
                 )
 
     def _why(self, want: tuple[str, ...], listed: tuple[str, ...] | None) -> str:

@@ -55,6 +55,8 @@ class PublishedDevice:
     uuid: str
     profile: str = ""
     consumes_counters: bool = False
+    #: the ``parentUUID`` attribute (a MIG device's GPU); "" when absent
+    parent: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +145,12 @@ def _device(raw: object, driver: str) -> PublishedDevice | None:
         values.get("uuid", ""),
         values.get("profile", ""),
         bool(consumes),
+        values.get("parentUUID", ""),
     )
+
+
+#: the attributes read, by bare name
+_READ = ("type", "uuid", "profile", "parentUUID")
 
 
 def _strings(attributes: Mapping[object, object], driver: str) -> dict[str, str] | None:
@@ -155,7 +162,7 @@ def _strings(attributes: Mapping[object, object], driver: str) -> dict[str, str]
             return None
         assert isinstance(key, str)
         domain, _, bare = key.rpartition("/")
-        if domain not in ("", driver) or bare not in ("type", "uuid", "profile"):
+        if domain not in ("", driver) or bare not in _READ:
             continue
         text = value.get("string") if isinstance(value, dict) else None
         if not _short(text):

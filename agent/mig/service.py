@@ -10,14 +10,15 @@ rolls a killed apply back and finishes one suspended by SIGTERM (docs/mig.md).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from agent.dra.gate import mig_change_refusal
 from agent.dra.mode import Allocation, AllocationMode
-from agent.dra.republish import expected_uuids
-from agent.errors import AgentError, Busy, Conflict, DeviceLost, ModeRefused, NotFound
+from agent.dra.republish import Expected
+from agent.errors import AgentError, Busy, Conflict, ModeRefused
 from agent.gpu.nvml import GpuDriver
 from agent.gpu.types import GpuInfo, GpuLayout
 from agent.mig.apply import Executor, Progress, ProgressEvent, Suspended, restore
@@ -52,7 +53,7 @@ from agent.mig.plan import (
 from agent.mig.reset import ResetFn
 from agent.mig.spec import MigSpec
 from agent.mig.state import GpuMigState, fetch
-from agent.mig.unanswered import Unanswered, read_node, selected_outcomes
+from agent.mig.unanswered import Unanswered, answering, read_node, selected_outcomes
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ ROLLBACK_FAILED = "; rolling back also failed"
 class Republish(Protocol):
     """How a new layout reaches a DRA driver's ResourceSlices (agent.dra.republish)."""
 
-    def republish(self, expected: Sequence[str], progress: Callable[[str], None]) -> None: ...
+    def republish(self, expected: Expected, progress: Callable[[str], None]) -> None: ...
 
     def restart(self) -> tuple[str, ...]: ...
 
@@ -438,7 +439,8 @@ class MigService:
                 progress(ProgressEvent("republish", 0, executor.mutations, "republish", message))
 
         try:
-            self._republish.republish(expected_uuids(self.layouts()), say)
+            layouts, gone = read_node(self._driver)  # only the GPUs read are compared
+            self._republish.republish(Expected.of(layouts, gone.gpus), say)
         except Suspended:
             # The agent is stopping: every GPU is done (the journal says so, and the next start
             # reports the apply completed); the restarted plugin publishes the new layout.
@@ -558,7 +560,7 @@ class MigService:
         for age, record in enumerate(reversed(history)):
             planned = record.planned if age == 0 and record.resumable else ()
             if any(self._answering(u) is None for u in planned):
-                undo.note({"event": "rollback", "reason": "GPU lost"})  # undone, not finished
+                undo.note({"event": "rollback", "reason": "GPU not answering"})  # undone, not done
             elif age == 0 and record.resumable:
                 # Stopped by SIGTERM on purpose: finish it (docs/mig.md explains the choice).
                 done = self._resume(record)
@@ -599,6 +601,7 @@ class MigService:
         If it cannot be finished it is rolled back to its snapshots, as a failed apply is.
         """
         executor = Executor(self._driver, self._journal, self._reset)
+        at = functools.partial(self._index, journalled=record.indices)  # one unread meanwhile
         left = [u for u in record.planned if u not in record.done]
         begun = {u: b for u, b in record.befores.items() if u in left}
         touched = [
@@ -628,15 +631,13 @@ class MigService:
             )
         except RollbackFailed as exc:
             return [
-                RecoveryOutcome(
-                    self._driver.gpu(u).index, u, "failed", f"{record.operation}: {exc}"
-                )
+                RecoveryOutcome(at(u), u, "failed", f"{record.operation}: {exc}")
                 for u in record.befores
             ]
         except Exception as exc:  # rolled back: reported, the journal is clear
             return [
                 RecoveryOutcome(
-                    self._driver.gpu(u).index,
+                    at(u),
                     u,
                     "rolled-back",
                     f"{record.operation} could not be finished after the restart: {exc}",
@@ -649,7 +650,7 @@ class MigService:
             result = results.get(u)
             if result is not None and result.status == "pending":
                 detail += f"; {result.message}"
-            outcomes.append(RecoveryOutcome(self._driver.gpu(u).index, u, "completed", detail))
+            outcomes.append(RecoveryOutcome(at(u), u, "completed", detail))
         return outcomes
 
     def _outcome(self, uuid: str, record: ApplyRecord) -> RecoveryOutcome:
@@ -657,12 +658,8 @@ class MigService:
         return RecoveryOutcome(self._index(uuid, record.indices), uuid, "completed", done)
 
     def _answering(self, uuid: str) -> GpuInfo | None:
-        """The GPU now; None when it does not answer (lost: NVML gives no UUID for a GPU lost
-        before this process started)."""
-        try:
-            return self._driver.gpu(uuid)
-        except (NotFound, DeviceLost):
-            return None
+        """The GPU now; None when it does not answer (lost or unread: `answering`)."""
+        return answering(self._driver, uuid)[0]
 
     def _index(self, uuid: str, journalled: Mapping[str, int]) -> int:
         """The GPU's index now; for one that does not answer the journal's, or -1."""
@@ -673,9 +670,10 @@ class MigService:
         self, executor: Executor, uuid: str, before: GpuMigState, record: ApplyRecord
     ) -> RecoveryOutcome:
         operation, count = record.operation, executor.mutations
-        gpu = self._answering(uuid)
-        if gpu is None:  # lost: the journal stays, for when it answers again
-            why = "the GPU does not answer; its layout is restored once it does"
+        gpu, why = answering(self._driver, uuid, record.indices.get(uuid, -1))
+        if gpu is None:  # lost or unread: the journal stays, for when it answers again
+            why = f"the GPU does not answer{f' ({why})' if why else ''}"
+            why += "; its layout is restored once it does"
             return RecoveryOutcome(record.indices.get(uuid, -1), uuid, "failed", why)
         try:
             restore(executor, self._driver, gpu, before, skip_reset=False)

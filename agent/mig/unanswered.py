@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from agent.errors import AgentError, DriverUnavailable
-from agent.gpu.nvml import GpuDriver, GpuScan
-from agent.gpu.types import GpuInfo, GpuLayout, UnreadGpu
+from agent.errors import AgentError, DeviceLost, DriverUnavailable, NotFound
+from agent.gpu.nvml import GpuDriver, GpuScan, NvmlError
+from agent.gpu.types import GpuInfo, GpuLayout, LostGpu, UnreadGpu
 from agent.mig.node_plan import gone_said, lost_selected
 from agent.mig.outcomes import GpuOutcome
 from agent.mig.spec import MigConfigEntry
 
-__all__ = ["Unanswered", "read_node", "selected_outcomes"]
+__all__ = ["Unanswered", "answering", "read_node", "selected_outcomes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,24 @@ class Unanswered:
             {g.index: g.detail for g in scan.unread},
             scan,
         )
+
+
+def answering(driver: GpuDriver, uuid: str, index: int = -1) -> tuple[GpuInfo | None, str]:
+    """The GPU now, or None and why it does not answer: lost, or unread (its identity or MIG
+    mode read fails, naming the call). NVML gives no UUID for a GPU that did not answer since
+    this process started: the one at ``index`` (journalled) is named then. The driver gone
+    raises: no GPU answers (MIG recovery waits for it to attach again)."""
+    try:
+        return driver.gpu(uuid), ""
+    except NotFound:
+        scan = driver.scan()
+        for g in (*scan.lost, *scan.unread):
+            if g.index == index and g.last_known is None:
+                said = "is lost" if isinstance(g, LostGpu) else "cannot be read"
+                return None, f"GPU {index} {said}: {g.detail}"
+        return None, ""
+    except (DeviceLost, NvmlError) as exc:
+        return None, str(exc)
 
 
 def read_node(driver: GpuDriver) -> tuple[tuple[GpuLayout, ...], Unanswered]:

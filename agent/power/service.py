@@ -182,8 +182,9 @@ class PowerService:
             for p in problems:
                 self._log_once("", f"power spec not re-applied there: {p}")
             targets = [t for t in targets if t.changes]
-            if targets:  # a GPU lost at the apply is capped first here: its limit is its baseline
-                self._record_baselines([t.gpu for t in targets], self._baseline())
+            known = self._baseline() if targets else {}  # the GPUs capped before: re-applied
+            if targets:  # a GPU lost or unread at the apply is capped first here: its baseline
+                self._record_baselines([t.gpu for t in targets], known)
             changes = []
             for t in targets:
                 try:
@@ -195,12 +196,14 @@ class PowerService:
                         t.gpu.uuid, f"power cap on GPU {t.gpu.index} not re-applied: {exc}"
                     )
         for c in changes:
+            watts = (c.index, c.before_mw / 1000, c.after_mw / 1000)
+            if c.uuid not in known:  # not answering (lost, unread) at the apply: never capped
+                log.warning("power cap applied on GPU %d, read again: %g W -> %g W", *watts)
+                continue
             log.warning(
                 "power cap re-applied on GPU %d: %g W -> %g W (the driver had lost it: a reboot, a "
                 "driver reload, or another tool changed it)",
-                c.index,
-                c.before_mw / 1000,
-                c.after_mw / 1000,
+                *watts,
             )
         return changes
 

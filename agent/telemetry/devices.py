@@ -18,6 +18,7 @@ from types import MappingProxyType
 from agent.errors import AgentError, DeviceLost, NotSupported
 from agent.gpu.reading_calls import Reading
 from agent.gpu.readings import GpuIdentity, MigLayout, NodeReader
+from agent.telemetry.failing import FailingGpus
 from agent.telemetry.reader import Frame, Part, Reader
 from agent.telemetry.snapshot import ClockEventCount, P2pLink
 from agent.telemetry.stats import TelemetryStats
@@ -101,6 +102,7 @@ class DeviceReader(Reader):
         for f in self._nvml:
             self._fields_of.setdefault(_reading(f), []).append(f.id)
         self._gpus: dict[int, _Gpu] = {}
+        self._failing = FailingGpus(log, "the readings")
         #: the last NVLink P2P status read, of the GPUs in ``_p2p_of``, at ``_p2p_at``; None
         #: until read, after a failed read, or while the driver cannot tell
         self._p2p: dict[tuple[int, int], int] | None = None
@@ -121,9 +123,11 @@ class DeviceReader(Reader):
                 part.lost[index] = str(exc)
             except AgentError as exc:
                 self._stats.error("nvml")
-                log.warning("GPU %d: collection failed this tick: %s", index, exc)
+                self._failing.failed(index, str(exc))
                 part.failed.add(index)
                 part.health_unread[index] = f"the GPU's readings: {exc}"
+            else:
+                self._failing.read(index)
         up = [i for i in frame.layouts if i not in part.lost and i not in part.failed]
         part.clock_events = self._clock_event_counts(frame.gpus, up)
         part.p2p = self._p2p_links(frame, up, part)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from agent.errors import AgentError, DeviceLost
 from agent.gpu.readings import GpuIdentity, MigLayout, NodeReader
 from agent.gpu.types import GpuLayout
+from agent.telemetry.failing import FailingGpus
 from agent.telemetry.reader import Frame
 from agent.telemetry.snapshot import GpuStatus
 from agent.telemetry.stats import TelemetryStats
@@ -62,6 +63,7 @@ class Topology:
         self._versions: tuple[str, str] | None = None
         #: this tick's GPUs that did not answer: index -> why (lost), or None (failed)
         self._missing: dict[int, str | None] = {}
+        self._failing = FailingGpus(log, "collection")
 
     def versions(self) -> tuple[str, str]:
         """(driver version, NVML version), read once."""
@@ -88,10 +90,11 @@ class Topology:
             except AgentError as exc:
                 # One GPU's NVML failure must not silence the others; it has no series this tick.
                 self._stats.error("nvml")
-                log.warning("GPU %d: collection failed this tick: %s", gpu.index, exc)
+                self._failing.failed(gpu.index, str(exc))
                 self._missing[gpu.index] = None
                 state.unread = str(exc)
                 continue
+            self._failing.read(gpu.index)
             if layout != state.layout:
                 if state.layout is not None:
                     log.info("GPU %d MIG layout changed: re-probing field support", gpu.index)

@@ -52,6 +52,14 @@ mig-configs:
     - {devices: [1, 2, 3, 4, 5, 6, 7], mig-enabled: false}
 """
 
+#: GPU 0 only: a config that leaves GPU 7 (unread in a test) out
+ONLY_GPU_0 = """\
+version: v1
+mig-configs:
+  gpu0-1g:
+    - {devices: [0], mig-enabled: true, mig-devices: {1g.10gb: 7}}
+"""
+
 
 @pytest.fixture
 def node_api(
@@ -231,6 +239,39 @@ def test_an_apply_rolls_back_when_the_driver_never_republishes(
         assert plugin.restarts == 2  # once to publish the apply, once for the rollback
     assert gpus(state) == held
     assert not journal(state)
+
+
+@pytest.mark.parametrize("seen", [False, True], ids=["unread-at-start", "turned-unread"])
+def test_a_static_apply_beside_an_unread_gpu_compares_the_gpus_read_and_succeeds(
+    tmp_path: Path, node_api: FakeKubeApi, seen: bool
+) -> None:
+    """GPU 7 listed but failing its MIG mode read (a GPU waiting for a reset), the plugin
+    still listing its device. The wait compared the slices with the devices of the GPUs read
+    only, so it never matched: a good apply of GPU 0 timed out and was rolled back. Now a
+    listed device of a GPU not read is not compared, whether its uuid was ever read or not."""
+    state = tmp_path / "state"
+    control = SimControl(state)
+    plugin = FakeDraPlugin(node_api, NODE, state, delay_s=0.3).start()
+    if not seen:
+        control.inject_fault("nvmlDeviceGetMigMode", "Unknown", gpu=7, count=10**6)
+    with (
+        start(tmp_path, republish_timeout_s=8) as agent,
+        closing(AgentClient(agent.socket)) as client,
+    ):
+        settled(client, AllocationMode.DRA)
+        if seen:
+            control.inject_fault("nvmlDeviceGetMigMode", "Unknown", gpu=7, count=10**6)
+        said: list[str] = []
+        done = client.follow(
+            client.apply_mig(ONLY_GPU_0, "gpu0-1g"),
+            lambda op: said.append(op.mig_progress.current_step),
+        )
+        assert done.error is None, done.error
+        assert plugin.restarts == 1  # no rollback, no second restart
+        gpu_7 = next(g["uuid"] for g in SimControl(state).describe()["gpus"] if g["index"] == 7)
+        assert gpu_7 in slice_uuids(node_api)  # listed, and not compared
+        assert sum(u.startswith("MIG-") for u in slice_uuids(node_api)) == 7
+        assert any("GPU 7 not read: its devices are not compared" in m for m in said), said
 
 
 def test_an_api_that_does_not_answer_makes_the_mode_unknown_and_refuses_mig(

@@ -118,3 +118,34 @@ def test_a_gpu_that_fails_a_read_at_start_is_named_and_the_others_keep_their_fea
         nvml = next(c for c in doctor.run(ask_api=False).checks if c.name == "nvml")
         assert nvml.state is CheckState.DEGRADED  # never "ok" beside a GPU not read
         assert f"not read: GPU 1: {call}: Unknown Error" in nvml.evidence
+
+
+def test_readyz_names_the_gpus_when_none_answers_one_lost_one_unread(tmp_path: Path) -> None:
+    """GPU 0 failing its MIG mode read (waiting for a reset), GPU 1 lost: no GPU answers, and
+    /readyz said a plain "ready" (it named only a node whose every GPU was lost). It stays 200
+    (the agent serves) and names both, until one answers again."""
+    import urllib.request
+
+    root = tmp_path / "agent"
+    config = agent_config(root, telemetry={"interval_s": 0.2})
+    open_simulator(root / "state", "h100-nvl")
+    control = SimControl(root / "state")
+    with InProcessAgent(root, config, "h100-nvl") as agent:
+        port = agent.node.metrics_port
+
+        def readyz() -> tuple[int, str]:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as r:
+                return r.status, r.read().decode()
+
+        wait_for(lambda: readyz() == (200, "ready\n"), "/readyz ready", 10)
+        # While it serves (at the start the driver link waits for a GPU that answers, and
+        # /readyz names them as GPU features waiting for the driver).
+        control.inject_fault("nvmlDeviceGetMigMode", "Unknown", count=10**6, gpu=0)
+        control.mark_lost(1)
+        said = (
+            "ready; no GPU answers: GPU 0 cannot be read (nvmlDeviceGetMigMode: Unknown Error), "
+            "GPU 1 lost; the API, prewarm and /metrics serve\n"
+        )
+        wait_for(lambda: readyz() == (200, said), f"/readyz to say {said!r}", 10)
+        control.clear_faults()  # GPU 0 reset: it answers, the node serves a GPU
+        wait_for(lambda: readyz() == (200, "ready\n"), "/readyz ready", 10)

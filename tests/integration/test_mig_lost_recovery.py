@@ -107,3 +107,70 @@ def test_a_full_state_dir_does_not_stop_the_undo_of_a_suspended_apply_with_a_gpu
     gpu_1 = next(g.uuid for g in node.driver.gpus() if g.index == 1)
     assert fetch(node.driver.layout(gpu_1)) == before[gpu_1]
     node.close()
+
+
+#: a GPU that needs a reset answers UNKNOWN to its MIG mode read: listed, not lost, unread
+UNREAD = "nvmlDeviceGetMigMode"
+
+
+def _restarted_with_gpu_0_unread(tmp_path: Path, *, seen: bool = True) -> SimNode:
+    """``seen``: the agent read GPU 0 before it turned unread (a driver attaching again, the
+    allocation mode come to allow MIG), or not (unread before the process started: NVML then
+    gives no UUID for it)."""
+    node = sim_node(tmp_path, "h100-nvl")
+    if seen:
+        node.driver.gpus()
+    node.control.inject_fault(UNREAD, "Unknown", gpu=0, count=10**6)
+    return node
+
+
+@pytest.mark.parametrize("seen", [True, False], ids=["turned-unread", "unread-at-start"])
+@pytest.mark.parametrize("stop", [Killed(), Suspended("SIGTERM")], ids=["killed", "sigterm"])
+def test_a_gpu_unread_at_recovery_is_not_answering_the_others_recovered_journal_kept(
+    tmp_path: Path, stop: BaseException, seen: bool
+) -> None:
+    """An apply cut short, then GPU 0 listed but failing its MIG mode read (UNKNOWN: not lost,
+    a GPU waiting for a reset). Before the fix the recovery raised the read's NvmlError ("GPU 0
+    cannot be read") once the agent had seen the GPU, failing the recovery; one unread from
+    the start was "does not answer" without why. Now it is a GPU that does not answer, as a
+    lost one: failed by its journalled index naming the call, the others restored, the
+    journal kept; restored once it reads again."""
+    before = _cut_short_on_gpu_1(tmp_path, stop)
+    node = _restarted_with_gpu_0_unread(tmp_path, seen=seen)
+    gpus = {g.index: g.uuid for g in node.driver.gpus()}
+    outcomes = {o.gpu: o for o in node.service.recover()}
+    assert {g: o.action for g, o in outcomes.items()} == {0: "failed", 1: "rolled-back"}
+    assert fetch(node.driver.layout(gpus[1])) == before[gpus[1]]
+    detail = outcomes[0].detail
+    assert detail.startswith("the GPU does not answer (GPU 0 cannot be read: "), detail
+    assert UNREAD in detail and detail.endswith("its layout is restored once it does")
+    assert node.store.journal_entries(SCOPE)  # GPU 0 still needs its rollback
+    recover_at_start(node.store, node.service, attached=True)  # the agent's start goes on
+    node.control.clear_faults()  # reset: it reads again
+    again = {o.gpu: o.action for o in node.service.recover()}
+    assert again == {0: "rolled-back", 1: "untouched"}
+    assert node.states() == before
+    assert node.store.journal_entries(SCOPE) == []
+    node.close()
+
+
+def test_a_journal_left_alone_by_the_mode_names_an_unread_gpu_by_its_journalled_index(
+    tmp_path: Path,
+) -> None:
+    """A mode that refuses MIG changes leaves the journal alone, naming each GPU by its index
+    now: an unread one raised NvmlError (the ModeFollower's recovery, or the start's, failed);
+    now it is named by the journal's index, untouched."""
+    from agent.dra.mode import Allocation, AllocationMode
+    from agent.mig.lock import PartitionLock
+    from agent.mig.reset import simulated_reset
+    from agent.mig.service import MigService
+
+    _cut_short_on_gpu_1(tmp_path, Killed())
+    node = _restarted_with_gpu_0_unread(tmp_path, seen=True)
+    unknown = Allocation(AllocationMode.UNKNOWN, "the API server has not answered")
+    lock, reset = PartitionLock(tmp_path), simulated_reset(tmp_path)
+    service = MigService(node.driver, node.store, lock, reset, allocation=lambda: unknown)
+    outcomes = {o.gpu: o.action for o in service.recover()}
+    assert outcomes == {0: "untouched", 1: "untouched"}
+    assert node.store.journal_entries(SCOPE)
+    node.close()

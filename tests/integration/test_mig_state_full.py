@@ -8,13 +8,14 @@ snapshot it returns to was journalled before the first change.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent.dra.mode import Allocation, AllocationMode
+from agent.dra.republish import Expected
 from agent.errors import Conflict, StateUnavailable
 from agent.mig.apply import SCOPE, ProgressEvent
 from agent.mig.lock import PartitionLock
@@ -83,7 +84,7 @@ class FailsToRepublish:
     def check(self) -> None:
         """Its plugin pod is found and may be restarted: the apply goes ahead."""
 
-    def republish(self, expected: Sequence[str], progress: Callable[[str], None]) -> None:
+    def republish(self, expected: Expected, progress: Callable[[str], None]) -> None:
         self._full.fill()
         raise Conflict("the DRA driver did not republish the new layout")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.dra.republish import Republisher
+from agent.dra.republish import Expected, Republisher
 from agent.dra.watch import AllocationWatch
 from agent.errors import Conflict
 from agent.kube import InClusterKubeClient
@@ -34,7 +34,7 @@ def test_no_plugin_pod_on_this_node_is_named_with_the_settings(
         Pod("gpu-operator", "plugin-x", "gpu-node-2", {"app": "nvidia-dra-driver-kubelet-plugin"})
     )
     with pytest.raises(Conflict) as refused:
-        republisher(kube).republish(["MIG-a"], lambda _: None)
+        republisher(kube).republish(Expected(("MIG-a",)), lambda _: None)
     message = str(refused.value)
     assert "no DRA kubelet plugin pod on this node matched" in message
     assert "dra.plugin_namespace" in message and "dra.plugin_label_selector" in message

@@ -45,7 +45,7 @@ def test_an_attach_that_runs_after_the_shutdown_stopped_the_gpu_parts_starts_not
 ) -> None:
     """The driver-follow task is cancelled at shutdown, but its attach may already be queued on
     a worker thread; run after the driver link's `stop`, it must not start the sampler, which
-    would then read a closed driver ("collection failed this tick: ... Uninitialized")."""
+    would then read a closed driver ("collection failed ...: ... Uninitialized")."""
     from agent.config import load_config
     from agent.node import Node, build_services
 

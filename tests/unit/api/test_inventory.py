@@ -126,6 +126,34 @@ def test_a_lost_gpu_is_reported_lost_and_the_others_serve(driver: GpuDriver) -> 
     assert not inventory.every_gpu_lost()
 
 
+def test_no_gpu_answers_names_each_lost_or_unread_gpu_and_is_empty_while_one_answers(
+    driver: GpuDriver,
+) -> None:
+    """/readyz's words (agent.node): it named every GPU lost, but said a plain "ready" with
+    every GPU unread (waiting for a reset), or some lost and the rest unread."""
+    snapshot = _snapshot(driver)
+    why = "nvmlDeviceGetMigMode: Unknown Error"
+
+    def said(statuses: list[GpuStatus]) -> str:
+        shot = dataclasses.replace(snapshot, gpus=tuple(statuses))
+        inventory = NodeInventory(
+            EventBus(), node_name="node-1", simulated_preset=None, telemetry=lambda: shot
+        )
+        inventory.refresh_gpus()
+        return inventory.no_gpu_answers()
+
+    unread = [GpuStatus(s.gpu, up=None, unread=why) for s in snapshot.gpus]
+    every = ", ".join(f"GPU {i} cannot be read ({why})" for i in range(8))
+    assert said(unread) == every
+    mixed = list(unread)
+    mixed[0] = GpuStatus(mixed[0].gpu, up=False, detail="GPU is lost")
+    assert said(mixed).startswith(f"GPU 0 lost, GPU 1 cannot be read ({why}), GPU 2 ")
+    lost = [GpuStatus(s.gpu, up=False, detail="GPU is lost") for s in snapshot.gpus]
+    assert said(lost) == "every GPU is lost (GPU 0, 1, 2, 3, 4, 5, 6, 7)"
+    mixed[7] = snapshot.gpus[7]  # one answers: the node has a GPU to serve
+    assert said(mixed) == ""
+
+
 def test_a_gpu_lost_and_back_is_logged_once_each_way(
     driver: GpuDriver, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -396,3 +396,27 @@ def test_a_gpu_that_fails_a_read_is_left_out_and_a_spec_naming_it_is_refused_nam
     SimControl(tmp_path).clear_faults()
     assert [c.index for c in service.reconcile()] == [1]  # read again: capped too
     assert _limits(gpu) == want
+
+
+def test_a_gpu_unread_at_the_apply_is_said_capped_once_read_not_re_applied(
+    gpu: GpuDriver, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """GPU 1 unread at the apply (left out, never capped), then read again: the check caps it,
+    and said "re-applied ... (the driver had lost it: a reboot, a driver reload, or another
+    tool changed it)" of a cap never applied. Its first cap is said as one."""
+    SimControl(tmp_path).inject_fault("nvmlDeviceGetMigMode", "Unknown", gpu=1, count=10**6)
+    service = _service(gpu, tmp_path)
+    before = gpu.power_limits(gpu.gpus()[1].uuid).current_mw
+    assert 1 not in [c.index for c in service.apply(_SPEC).changes]
+    SimControl(tmp_path).clear_faults()
+    with caplog.at_level(logging.WARNING, logger="agent.power.service"):
+        (change,) = service.reconcile()
+    assert change.index == 1 and change.before_mw == before
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("power cap")]
+    watts = f"{before / 1000:g} W -> {change.after_mw / 1000:g} W"
+    assert said == [f"power cap applied on GPU 1, read again: {watts}"]
+    SimControl(tmp_path).reboot()  # the driver forgets every cap: GPU 1's is re-applied now
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="agent.power.service"):
+        service.reconcile()
+    assert f"power cap re-applied on GPU 1: {watts} (the driver had lost it" in caplog.text
