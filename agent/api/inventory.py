@@ -188,12 +188,13 @@ class NodeInventory:
         be read (<call>: <error>)``; "" while one answers, or with no GPU."""
         gpus = self._gpus
         indices = sorted(layout.gpu.index for layout in gpus.layouts)
-        if not indices or any(i not in gpus.lost and i not in gpus.unread for i in indices):
+        unread = self.unread_gpus()  # never-read ones too, as the layouts leave them out
+        if not indices or any(i not in gpus.lost and i not in unread for i in indices):
             return ""
         if self.every_gpu_lost():
             return f"every GPU is lost (GPU {', '.join(map(str, indices))})"
         return ", ".join(
-            f"GPU {i} lost" if i in gpus.lost else f"GPU {i} cannot be read ({gpus.unread[i]})"
+            f"GPU {i} lost" if i in gpus.lost else f"GPU {i} cannot be read ({unread[i]})"
             for i in indices
         )
 

@@ -195,6 +195,8 @@ class PowerService:
                     self._log_once(
                         t.gpu.uuid, f"power cap on GPU {t.gpu.index} not re-applied: {exc}"
                     )
+            if len(changes) < len(targets):  # a first cap that failed leaves no baseline: not
+                self._forget_undone_baselines(known)  # "capped before" when it succeeds
         for c in changes:
             watts = (c.index, c.before_mw / 1000, c.after_mw / 1000)
             if c.uuid not in known:  # not answering (lost, unread) at the apply: never capped

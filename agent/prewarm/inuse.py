@@ -150,24 +150,25 @@ class ProcScanner:
         if not wanted:
             return Holders()
         limits = self._limits or LIMITS
-        with self._lock:
+        with self._lock:  # only to read and set ``_stuck``: scans run side by side
             if self._stuck is not None and self._stuck.is_alive():
                 return _cut(wanted, "an earlier scan is still blocked reading a process's file")
-            answer: list[Holders | BaseException] = []
+        answer: list[Holders | BaseException] = []
 
-            def scan() -> None:
-                try:
-                    answer.append(self._scan(wanted, limits))
-                except BaseException as exc:  # the caller's to raise, as before the thread
-                    answer.append(exc)
+        def scan() -> None:
+            try:
+                answer.append(self._scan(wanted, limits))
+            except BaseException as exc:  # the caller's to raise, as before the thread
+                answer.append(exc)
 
-            worker = threading.Thread(target=scan, name="in-use scan", daemon=True)
-            worker.start()
-            worker.join(limits.seconds + _GRACE_S)
-            if worker.is_alive():
+        worker = threading.Thread(target=scan, name="in-use scan", daemon=True)
+        worker.start()
+        worker.join(limits.seconds + _GRACE_S)
+        if worker.is_alive():
+            with self._lock:
                 self._stuck = worker
-                stalled = "a process's file on a stalled mount?"
-                return _cut(wanted, f"it did not end in {limits.seconds:g} s ({stalled})")
+            stalled = "a process's file on a stalled mount?"
+            return _cut(wanted, f"it did not end in {limits.seconds:g} s ({stalled})")
         if isinstance(answer[0], BaseException):
             raise answer[0]
         return answer[0]

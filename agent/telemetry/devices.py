@@ -121,6 +121,7 @@ class DeviceReader(Reader):
                 self._read_gpu(frame.gpus[index], layout, state, frame.now, part)
             except DeviceLost as exc:
                 part.lost[index] = str(exc)
+                self._failing.lost(index)
             except AgentError as exc:
                 self._stats.error("nvml")
                 self._failing.failed(index, str(exc))

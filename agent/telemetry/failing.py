@@ -32,3 +32,7 @@ class FailingGpus:
     def read(self, gpu: int) -> None:
         if self._said.pop(gpu, None) is not None:
             self._log.warning("GPU %d: %s read again", gpu, self._what)
+
+    def lost(self, gpu: int) -> None:
+        """Lost is said elsewhere; a failure after it answers again is said anew."""
+        self._said.pop(gpu, None)

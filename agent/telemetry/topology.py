@@ -86,6 +86,7 @@ class Topology:
                 layout = self._read(gpu.index, state)
             except DeviceLost as exc:
                 self._missing[gpu.index] = str(exc)
+                self._failing.lost(gpu.index)
                 continue
             except AgentError as exc:
                 # One GPU's NVML failure must not silence the others; it has no series this tick.

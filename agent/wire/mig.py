@@ -193,7 +193,8 @@ def node_plan_pb(plan: NodePlan, reboot: frozenset[str] = frozenset()) -> mig_pb
         gpus=[gpu_plan_pb(p, reboot) for p in plan.gpus],
         unselected_gpus=[g.index for g in plan.unselected],
         skipped_gpus=[g.index for g in plan.skipped],
-        lost_gpus=plan.lost,
+        # Unread ones too: a client from before unread_gpus must not read them as planned.
+        lost_gpus=sorted({*plan.lost, *(i for i, _ in plan.unread)}),
         unread_gpus=[mig_pb2.MigUnreadGpu(index=i, unread=why) for i, why in plan.unread],
     )
 
@@ -331,12 +332,13 @@ class MigPlanView:
 
 
 def plan_from(response: mig_pb2.PlanMigResponse) -> MigPlanView:
+    unread = {g.index for g in response.unread_gpus}  # also in lost_gpus, for old clients
     return MigPlanView(
         config_name=response.config_name,
         gpus=tuple(_planned_gpu(g) for g in response.gpus),
         unselected_gpus=tuple(response.unselected_gpus),
         skipped_gpus=tuple(response.skipped_gpus),
-        lost_gpus=tuple(response.lost_gpus),
+        lost_gpus=tuple(i for i in response.lost_gpus if i not in unread),
         unread_gpus=tuple((g.index, g.unread) for g in response.unread_gpus),
     )
 

@@ -420,3 +420,22 @@ def test_a_gpu_unread_at_the_apply_is_said_capped_once_read_not_re_applied(
     with caplog.at_level(logging.WARNING, logger="agent.power.service"):
         service.reconcile()
     assert f"power cap re-applied on GPU 1: {watts} (the driver had lost it" in caplog.text
+
+
+def test_a_first_cap_that_failed_once_is_still_said_as_a_first_cap(
+    gpu: GpuDriver, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its baseline was recorded before the set, and stayed when the set failed: the next
+    check's success said "re-applied (the driver had lost it)" of a cap never applied."""
+    control = SimControl(tmp_path)
+    control.inject_fault("nvmlDeviceGetMigMode", "Unknown", gpu=1, count=10**6)
+    service = _service(gpu, tmp_path)
+    service.apply(_SPEC)
+    control.clear_faults()
+    control.inject_fault("nvmlDeviceSetPowerManagementLimit", "Unknown", gpu=1, count=1)
+    assert service.reconcile() == []  # the first cap refused
+    with caplog.at_level(logging.WARNING, logger="agent.power.service"):
+        (change,) = service.reconcile()
+    assert change.index == 1
+    said = [r.getMessage() for r in caplog.records if "applied on GPU 1" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("power cap applied on GPU 1, read again"), said

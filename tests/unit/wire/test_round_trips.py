@@ -171,9 +171,12 @@ def test_a_mig_plan_reads_back_gpu_by_gpu_with_its_steps_and_instances() -> None
     )
     unread = ((4, "nvmlDeviceGetMigMode: Unknown Error"),)
     plan = NodePlan("mixed", plans, unselected=(other.gpu,), lost=(3,), unread=unread)
-    view = plan_from(node_plan_pb(plan))
+    answer = node_plan_pb(plan)
+    view = plan_from(answer)
     assert (view.config_name, view.unselected_gpus, view.skipped_gpus) == ("mixed", (2,), ())
     assert (view.lost_gpus, view.unread_gpus) == ((3,), unread)
+    # A client from before unread_gpus reads lost_gpus alone: GPU 4 must not read as planned.
+    assert list(answer.lost_gpus) == [3, 4]
     for domain, read in zip(plans, view.gpus, strict=True):
         assert (read.gpu_index, read.gpu_uuid) == (domain.layout.gpu.index, domain.layout.gpu.uuid)
         assert read.status == domain.status
