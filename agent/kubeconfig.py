@@ -17,11 +17,48 @@ from typing import Any
 
 from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec, NotSupported
-from agent.kube import refuse_server
 from agent.kube_exec import ExecPlugin
 from agent.redact import redact_url
 
-__all__ = ["KubeconfigSettings", "load"]
+__all__ = ["KubeconfigSettings", "load", "refuse_server", "server_problem"]
+
+
+#: a server URL's longest: its path is in every call and every error naming the server
+MAX_SERVER_CHARS = 1024
+SERVER_FIELD = "clusters[].cluster.server"
+
+
+def server_problem(server: str) -> str | None:
+    """Why no call could go to ``server`` as given (None: it can), said without echoing it.
+    Its path prefixes every call's (a server behind a path), so one that is not printable
+    ASCII fails every request, and a query or fragment would be dropped from each."""
+    if len(server) > MAX_SERVER_CHARS:
+        return f"is {len(server)} characters, over {MAX_SERVER_CHARS}"
+    try:
+        path = urllib.parse.urlsplit(server).path
+    except ValueError:
+        return "is not a URL"
+    if "?" in server or "#" in server:
+        return "carries a query or fragment, which no call could send (the path prefixes each)"
+    if not all("!" <= c <= "~" for c in path):
+        return "has a path that is not printable ASCII without spaces (percent-encode it)"
+    return None
+
+
+def refuse_server(server: str, where: str = "") -> None:
+    """InvalidSpec naming the kubeconfig field (and ``where``: the file) for `server_problem`."""
+    if (problem := server_problem(server)) is not None:
+        shown = safeyaml.capped(redact_url(server), 200)
+        raise InvalidSpec(
+            f"{where}{SERVER_FIELD} {shown!r} {problem}",
+            [
+                FieldViolation(
+                    SERVER_FIELD,
+                    f"an http(s) URL of at most {MAX_SERVER_CHARS} "
+                    "printable ASCII characters, with no query or fragment",
+                )
+            ],
+        )
 
 
 @dataclass(frozen=True)
