@@ -201,11 +201,7 @@ def _same(claim: Claim | None, admitted: Claim | None) -> bool:
     """The same taking: a renewal by its caller is, a claim taken again after it lapsed not."""
     if claim is None or admitted is None:
         return claim is admitted
-    return (claim.serial, claim.holder, claim.caller) == (
-        admitted.serial,
-        admitted.holder,
-        admitted.caller,
-    )
+    return claim.serial == admitted.serial  # each taking has its own; a renewal keeps it
 
 
 def _refuse_another_caller(claim: Claim | None, caller: str) -> None:
