@@ -24,6 +24,7 @@ watch). Conditions go to the status subresource (strategic merge by ``type``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -406,9 +407,8 @@ class NodeOwner:
                 return
             self._wake.clear()
             try:
-                self.sync()
-            except _Failed:
-                pass  # recorded, said and rescheduled by _settle
+                with contextlib.suppress(_Failed):  # recorded, said and rescheduled by _settle
+                    self.sync()
             except Exception as exc:  # planning failed (a bug, a cached answer no check
                 # foresaw): a failed write, said and retried; the thread must not end
                 with self.lock:
