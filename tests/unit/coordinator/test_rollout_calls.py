@@ -279,14 +279,8 @@ def test_a_node_whose_selected_gpu_is_lost_is_never_in_sync(tmp_path: Path) -> N
     assert reconciler.stats.changes[("mig", "succeeded")] == 0
 
 
-def test_a_node_whose_mode_change_an_agent_called_succeeded_is_pending_is_failed(
-    tmp_path: Path,
-) -> None:
-    """An agent before the operation's failed_response ended an apply that left GPU 0's MIG
-    mode pending (until this passthrough VM reboots) succeeded: the node was counted succeeded
-    though it holds nothing it was asked. It is failed, naming what the mode waits for."""
-    fleet = CountingFleet(3, train={"n001"})
-    fleet.agents["n001"].pending = True
+def _one_pass(fleet: CountingFleet, tmp_path: Path) -> tuple[Reconciler, ConfigMaps]:
+    """One reconcile pass at max-unavailable 1, its report flushed to the ConfigMap."""
     maps = ConfigMaps()
     desired = tmp_path / "desired.yaml"
     desired.write_text(DESIRED.format(limit=1))
@@ -298,6 +292,18 @@ def test_a_node_whose_mode_change_an_agent_called_succeeded_is_pending_is_failed
         await reconciler.flush_reports()
 
     asyncio.run(main())
+    return reconciler, maps
+
+
+def test_a_node_whose_mode_change_an_agent_called_succeeded_is_pending_is_failed(
+    tmp_path: Path,
+) -> None:
+    """An agent before the operation's failed_response ended an apply that left GPU 0's MIG
+    mode pending (until this passthrough VM reboots) succeeded: the node was counted succeeded
+    though it holds nothing it was asked. It is failed, naming what the mode waits for."""
+    fleet = CountingFleet(3, train={"n001"})
+    fleet.agents["n001"].pending = True
+    reconciler, maps = _one_pass(fleet, tmp_path)
     assert reconciler.stats.changes[("mig", "failed")] == 1
     assert reconciler.stats.changes[("mig", "succeeded")] == 0
     assert maps.data is not None
@@ -318,17 +324,7 @@ def test_a_node_whose_selected_gpu_cannot_be_read_is_failed_naming_the_call_not_
     agent = fleet.agents["n001"]
     agent.unread = ((1, "nvmlDeviceGetMigMode: Unknown Error"),)
     agent.applied = True  # the GPUs read hold it: only GPU 1 keeps the node from it
-    maps = ConfigMaps()
-    desired = tmp_path / "desired.yaml"
-    desired.write_text(DESIRED.format(limit=1))
-    cluster = ClusterReport(maps, "gpu-agent", "coordinator-0")
-    reconciler = Reconciler(fleet, desired, cluster=cluster, identity="coordinator-0")
-
-    async def main() -> None:
-        await reconciler.pass_once()
-        await reconciler.flush_reports()
-
-    asyncio.run(main())
+    reconciler, maps = _one_pass(fleet, tmp_path)
     assert reconciler.stats.changes[("mig", "failed")] == 1
     assert maps.data is not None
     said = json.loads(maps.data["mig"])["nodes"]["n001"]

@@ -89,15 +89,9 @@ def test_a_config_the_agent_would_refuse_is_shown_refused() -> None:
     assert "sharing.timeSlicing.resources[0].replicas" in p.detail
 
 
-def test_a_lost_gpu_is_not_among_the_gpus_the_config_is_checked_against() -> None:
-    """GPUs 0 and 1 have MIG on; GPU 2 is lost. The agent's SetSharing checks the config against
-    the GPUs that answer, so it refuses nvidia.com/gpu under the mixed strategy; the dry run
-    counted GPU 2's blank layout as a whole GPU and said "change"."""
-    node = agent_pb2.Node(name="a")
-    node.allocation.mode = agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN
-    for index in (0, 1):
-        node.gpus.append(gpu_pb(gpu("a", index, H100, [("3g.40gb", 0), ("3g.40gb", 4)])))
-    node.gpus.add(index=2, health=agent_pb2.GPU_HEALTH_LOST)
+def _assert_mixed_refused(node: agent_pb2.Node) -> None:
+    """nvidia.com/gpu under the mixed strategy, previewed for ``node`` (no config file yet):
+    refused, as the agent's SetSharing refuses it when every GPU it counts has MIG on."""
     mixed = TS2.replace("migStrategy: none", "migStrategy: mixed")
     record = SimpleNamespace(
         spec={"request": {"configYaml": mixed}}, request_id=lambda node: f"r-{node}"
@@ -113,6 +107,18 @@ def test_a_lost_gpu_is_not_among_the_gpus_the_config_is_checked_against() -> Non
     preview = asyncio.run(_preview_share(Agent(), record, "a"))  # type: ignore[arg-type]
     assert preview.would == "refused", preview.detail
     assert "under the mixed strategy the plugin advertises no nvidia.com/gpu" in preview.detail
+
+
+def test_a_lost_gpu_is_not_among_the_gpus_the_config_is_checked_against() -> None:
+    """GPUs 0 and 1 have MIG on; GPU 2 is lost. The agent's SetSharing checks the config against
+    the GPUs that answer, so it refuses nvidia.com/gpu under the mixed strategy; the dry run
+    counted GPU 2's blank layout as a whole GPU and said "change"."""
+    node = agent_pb2.Node(name="a")
+    node.allocation.mode = agent_pb2.ALLOCATION_MODE_DEVICE_PLUGIN
+    for index in (0, 1):
+        node.gpus.append(gpu_pb(gpu("a", index, H100, [("3g.40gb", 0), ("3g.40gb", 4)])))
+    node.gpus.add(index=2, health=agent_pb2.GPU_HEALTH_LOST)
+    _assert_mixed_refused(node)
 
 
 def test_a_gpu_not_read_is_not_among_the_gpus_the_config_is_checked_against() -> None:
@@ -125,21 +131,7 @@ def test_a_gpu_not_read_is_not_among_the_gpus_the_config_is_checked_against() ->
         node.gpus.append(gpu_pb(gpu("a", index, H100, [("3g.40gb", 0), ("3g.40gb", 4)])))
     node.gpus.append(gpu_pb(gpu("a", 2, H100, mig=(False, False)), unread="nvmlDeviceGetMigMode"))
     node.gpus.add(index=3, unread="nvmlDeviceGetUUID: GPU requires reset", never_read=True)
-    mixed = TS2.replace("migStrategy: none", "migStrategy: mixed")
-    record = SimpleNamespace(
-        spec={"request": {"configYaml": mixed}}, request_id=lambda node: f"r-{node}"
-    )
-
-    class Agent:
-        async def get_sharing(self) -> SimpleNamespace:
-            return SimpleNamespace(exists=False, config=None, dra=None, last_write=None)
-
-        async def node(self) -> NodeView:
-            return node_from(node)
-
-    preview = asyncio.run(_preview_share(Agent(), record, "a"))  # type: ignore[arg-type]
-    assert preview.would == "refused", preview.detail
-    assert "under the mixed strategy the plugin advertises no nvidia.com/gpu" in preview.detail
+    _assert_mixed_refused(node)
 
 
 def test_a_dra_node_is_previewed_as_its_agent_decides_there() -> None:
