@@ -263,7 +263,9 @@ def test_a_failed_nvlink_link_count_is_asked_again_not_taken_for_no_links(
         time.sleep(GPM_WINDOW_S)
         snapshot = sampler.tick()
     mb_per_s = 3e10 / 1_024_000  # DCGM's "MB/s"
-    assert entity(snapshot, 0).values[bandwidth] == pytest.approx(mb_per_s, rel=0.02)
+    # Back, and the workload's rate: within a quarter, since the ticks here are timed by a
+    # loaded machine (rates' accuracy: test_gpu_activity_comes_out_as_injected).
+    assert entity(snapshot, 0).values[bandwidth] == pytest.approx(mb_per_s, rel=0.25)
 
 
 @pytest.mark.parametrize(
