@@ -32,10 +32,16 @@ def namespace(proc: Path) -> Namespace:
 
 
 def hides(proc: Path) -> bool:
-    """Whether the node's processes, the device plugin's among them, are not visible here (a
-    pod without hostPID). False when ``proc`` does not say: an unseen plugin then reads as not
-    running, as it did before this was read."""
+    """Whether the node's processes, the device plugin's among them, are known not visible
+    here (a pod without hostPID). False when ``proc`` does not say: an unseen plugin then reads
+    as not running, as it did before this was read."""
     return namespace(proc) == "child"
+
+
+def sees_node(proc: Path) -> bool:
+    """Whether the node's processes are known visible here (hostPID). False when ``proc`` does
+    not say: a scan that must see every process (whether a file is in use) rules out no one."""
+    return namespace(proc) == "node"
 
 
 def _nspid(proc: Path) -> tuple[int, ...]:

@@ -65,7 +65,7 @@ class Facts:
     mig_reboot: Callable[[], frozenset[str]] = frozenset
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     proc: Path = Path("/proc")
-    #: the /proc whose self/ns/pid says the agent's PID namespace (agent/sharing/pidns.py):
+    #: the /proc whose self/ns/pid says the agent's PID namespace (agent/pidns.py):
     #: ``proc`` when None (the simulator's look-alike on a simulated node, as sharing reads it)
     namespace_proc: Path | None = None
     statvfs: Callable[[Path], os.statvfs_result] = os.statvfs

@@ -6,7 +6,9 @@ mmap, so /proc/<pid>/maps is read as well as /proc/<pid>/fd. Files are matched b
 inode), not by path: a path in /proc is the one the reading process's mount namespace shows, which
 inside a pod is rarely the cache path. The agent needs the host's PID namespace (hostPID) to see
 the node's processes; a process it cannot read (gone, or not permitted) is skipped, so the scan
-reports what it could see.
+reports what it could see. Where /proc is not known to be the node's namespace's (no hostPID,
+or a namespace /proc does not name) the scan may see its pod's processes alone: it rules out no
+one (`pidns.sees_node`).
 
 A process's files are the tenant's to shape: a maps file can be made hundreds of megabytes. It
 is read a line at a time (a line's first `MAX_LINE_BYTES`, which hold the device and inode),
@@ -69,6 +71,16 @@ def _cut(wanted: set[FileId], why: str) -> Holders:
     """A scan that rules out no one: every wanted file held, by pids it cannot name."""
     log.warning("the scan of the node's processes for cache files in use stopped (%s)", why)
     return Holders({fid: set() for fid in wanted}, frozenset(), why)
+
+
+def _unseen_node(proc: Path) -> str:
+    """Why a scan of ``proc`` may not see the node's processes."""
+    if pidns.hides(proc):
+        return f"the agent has no hostPID: the node's processes are not in {proc}"
+    return (
+        f"the agent's PID namespace could not be read from {proc}/self/ns/pid: the node's "
+        f"processes may not be in {proc}"
+    )
 
 
 def file_id(path: Path) -> FileId | None:
@@ -177,8 +189,8 @@ class ProcScanner:
         found: dict[FileId, set[int]] = {}
         unsure: set[int] = set()
         budget = _Budget(limits, self._clock)
-        if pidns.hides(self._proc):  # its own pod's processes are all a scan would read
-            budget.cut = f"the agent has no hostPID: the node's processes are not in {self._proc}"
+        if not pidns.sees_node(self._proc):  # perhaps its own pod's processes alone
+            budget.cut = _unseen_node(self._proc)
         for entry in () if budget.cut else self._pids(budget):
             if not budget.pid():
                 break

@@ -23,6 +23,7 @@ from agent.prewarm.naming import label_key
 from tests.integration.prewarm_fixtures import cli
 from tests.integration.prewarm_fixtures.agent import make_service
 from tests.integration.prewarm_fixtures.origin import Origin
+from tests.unit.sharing.pidns_fixtures import node_proc
 
 pytestmark = pytest.mark.integration
 MIB = 1024 * 1024
@@ -185,7 +186,7 @@ def test_a_blob_a_process_may_map_past_what_is_read_is_not_evicted_and_it_is_sai
     saying the process is not ruled out, and the budget does not pick the blob."""
     origin.add("held.bin", blob(MIB, 10))
     origin.add("new.bin", blob(MIB, 11))
-    proc = tmp_path / "proc"
+    proc = node_proc(tmp_path / "proc")
     svc = make_service(tmp_path, budget=MIB + MIB // 2, proc_root=proc)
     svc.run(svc.submit(FileRequest(origin.url("held.bin"), name="held")).id)
     (proc / "4242" / "fd").mkdir(parents=True)
@@ -681,7 +682,7 @@ def test_a_blob_is_not_evicted_when_the_scan_of_the_nodes_processes_is_cut(
     processes than it reads) has not ruled out the rest, so nothing is evicted and it is said."""
     origin.add("held.bin", blob(MIB, 12))
     origin.add("new.bin", blob(MIB, 13))
-    proc = tmp_path / "proc"
+    proc = node_proc(tmp_path / "proc")
     svc = make_service(tmp_path, budget=MIB + MIB // 2, proc_root=proc)
     svc.run(svc.submit(FileRequest(origin.url("held.bin"), name="held")).id)
     for pid in (7, 8, 9):

@@ -24,6 +24,7 @@ from agent.gpu.sim.activity import RATIOS
 from agent.gpu.sim.lifecycle import model_of
 from agent.gpu.sim.state import Gpu, GpuInstance, NodeState, Process, XidEvent
 from agent.gpu.sim.store import StateStore
+from agent.pidns import NODE_PID_NAMESPACE
 
 MIB = 1 << 20
 XID_GPU_FALLEN_OFF_BUS = 79  # what the driver reports when a GPU drops off the bus
@@ -57,6 +58,8 @@ def missing_node(state_dir: Path) -> InvalidSpec:
 
 #: the kernel's boot id, below the /proc look-alike (agent/health/boot.py reads it there)
 _BOOT_ID = Path("sys/kernel/random/boot_id")
+#: the agent's PID namespace, below the /proc look-alike (agent/pidns.py reads it there)
+_PID_NAMESPACE = Path("self/ns/pid")
 
 
 class SimControl:
@@ -71,8 +74,8 @@ class SimControl:
     @property
     def proc_root(self) -> Path:
         """A /proc look-alike holding ``<pid>/cgroup`` and ``<pid>/comm`` of simulated processes,
-        and ``self/ns/pid`` only where a test writes one: without, the agent is in the node's
-        PID namespace (hostPID, as the DaemonSet runs it; agent/sharing/pidns.py)."""
+        and ``self/ns/pid`` naming the node's PID namespace: the agent has hostPID, as the
+        DaemonSet runs it, unless a test links it elsewhere (agent/pidns.py)."""
         return self._proc_root
 
     def describe(self) -> dict[str, Any]:
@@ -354,11 +357,14 @@ class SimControl:
 
     def _new_boot_id(self) -> None:
         """A new boot: the /proc look-alike starts empty (no process survives) but for the
-        kernel's random boot id, as the host's reads (a driver reload keeps it)."""
+        kernel's random boot id, as the host's reads (a driver reload keeps it), and the
+        agent's PID namespace, the node's."""
         shutil.rmtree(self._proc_root, ignore_errors=True)
         path = self._proc_root / _BOOT_ID
         path.parent.mkdir(parents=True)
         path.write_text(f"{uuid.uuid4()}\n", encoding="ascii")
+        (self._proc_root / _PID_NAMESPACE).parent.mkdir(parents=True)
+        (self._proc_root / _PID_NAMESPACE).symlink_to(NODE_PID_NAMESPACE)
 
     def driver_absent(self, for_s: float | None = None) -> None:
         """Unload the driver: for ``for_s`` seconds, or until :meth:`driver_present`.

@@ -5,6 +5,7 @@ use". Against a /proc look-alike holding a real file's (device, inode)."""
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
@@ -12,10 +13,10 @@ import threading
 import time
 import tracemalloc
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
-from agent.pidns import NODE_PID_NAMESPACE
 from agent.prewarm import inuse
 from agent.prewarm.inuse import (
     MAX_LINE_BYTES,
@@ -25,7 +26,7 @@ from agent.prewarm.inuse import (
     ScanLimits,
     file_id,
 )
-from tests.unit.sharing.pidns_fixtures import POD_NAMESPACE, a_proc
+from tests.unit.sharing.pidns_fixtures import POD_NAMESPACE, a_proc, node_proc
 
 MIB = 1024 * 1024
 
@@ -36,8 +37,8 @@ def _line(dev: int, ino: int, path: str = "/usr/lib/libc.so.6") -> str:
 
 
 def _proc(tmp_path: Path, pid: int, maps: list[str], repeat: int = 1) -> Path:
-    """/proc/<pid>/{fd,maps}; ``maps`` written ``repeat`` times."""
-    proc = tmp_path / "proc"
+    """The node's /proc/<pid>/{fd,maps}; ``maps`` written ``repeat`` times."""
+    proc = node_proc(tmp_path / "proc")
     (proc / str(pid) / "fd").mkdir(parents=True)
     with (proc / str(pid) / "maps").open("w") as f:
         chunk = "".join(maps)
@@ -125,8 +126,9 @@ def test_malformed_map_lines_are_skipped(tmp_path: Path, blob: tuple[int, int], 
 
 
 def _idle_procs(tmp_path: Path, pids: range, fds: int = 0) -> Path:
-    """Processes holding no wanted file: ``fds`` descriptors each, on a file of their own."""
-    proc = tmp_path / "proc"
+    """The node's processes, holding no wanted file: ``fds`` descriptors each, on a file of
+    their own."""
+    proc = node_proc(tmp_path / "proc")
     other = tmp_path / "other"
     other.write_text("x")
     for pid in pids:
@@ -176,7 +178,7 @@ def test_a_process_the_bound_cuts_is_still_named_for_what_it_was_seen_holding(
     other.write_bytes(b"more weights")
     other_id = file_id(other)
     assert other_id is not None
-    proc = tmp_path / "proc"
+    proc = node_proc(tmp_path / "proc")
     (proc / "100" / "fd").mkdir(parents=True)
     for fd in range(3):
         (proc / "100" / "fd" / str(fd)).symlink_to(path)
@@ -186,24 +188,43 @@ def test_a_process_the_bound_cuts_is_still_named_for_what_it_was_seen_holding(
 
 
 def test_a_process_list_that_cannot_be_read_rules_out_nobody(
-    tmp_path: Path, blob: tuple[int, int]
+    tmp_path: Path, blob: tuple[int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A /proc that could not be listed (a wrong telemetry.proc_root, no permission) was a
-    scan that found nobody: every blob "not in use". It is a scan cut before it began."""
-    found = ProcScanner(tmp_path / "no-proc").holders([blob])
-    assert found.held == {blob: set()}, found
-    assert found.cut.startswith(f"{tmp_path / 'no-proc'} could not be listed: "), found.cut
+    """A /proc that could not be listed (no permission) was a scan that found nobody: every
+    blob "not in use". It is a scan cut before it began."""
+    proc = node_proc(tmp_path / "proc")
 
+    def denied(path: object) -> NoReturn:
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-def test_without_hostpid_no_blob_is_ruled_out(tmp_path: Path, blob: tuple[int, int]) -> None:
-    """A pod without hostPID lists its own processes alone: the scan read them all, found no
-    holder, and every blob other pods mapped was "not in use", evicted under them. A scan that
-    cannot see the node's processes is cut, naming why (docs/sharing.md, "Without hostPID")."""
-    proc = a_proc(_proc(tmp_path, 7, []), POD_NAMESPACE)  # its own process holds nothing
+    monkeypatch.setattr(inuse.os, "scandir", denied)
     found = ProcScanner(proc).holders([blob])
     assert found.held == {blob: set()}, found
-    assert found.cut.startswith("the agent has no hostPID"), found.cut
-    node = a_proc(_proc(tmp_path / "node", 7, []), NODE_PID_NAMESPACE)
+    assert found.cut == f"{proc} could not be listed: Permission denied", found.cut
+    # A wrong telemetry.proc_root does not say the agent's namespace either.
+    missing = ProcScanner(tmp_path / "no-proc").holders([blob])
+    assert missing.held == {blob: set()} and str(tmp_path / "no-proc") in missing.cut
+
+
+@pytest.mark.parametrize(
+    ("ns", "why"),
+    [
+        (POD_NAMESPACE, "the agent has no hostPID"),
+        (None, "the agent's PID namespace could not be read"),  # no link; NSpid: one pid
+    ],
+)
+def test_without_hostpid_no_blob_is_ruled_out(
+    tmp_path: Path, blob: tuple[int, int], ns: str | None, why: str
+) -> None:
+    """A pod without hostPID lists its own processes alone: the scan read them all, found no
+    holder, and every blob other pods mapped was "not in use", evicted under them. A scan that
+    may not see the node's processes (a namespace /proc does not name may be the pod's) is
+    cut, naming why (docs/prewarm.md, "In use is never evicted")."""
+    proc = a_proc(_proc(tmp_path, 7, []), ns, nspid="7")  # its own process holds nothing
+    found = ProcScanner(proc).holders([blob])
+    assert found.held == {blob: set()}, found
+    assert found.cut.startswith(why), found.cut
+    node = _proc(tmp_path / "node", 7, [])
     assert ProcScanner(node).holders([blob]) == Holders()  # read whole: nobody holds it
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent import pidns
+from agent.gpu.sim import SimControl, open_simulator
 from agent.pidns import NODE_PID_NAMESPACE
 from agent.sharing.reload import (
     NO_HOSTPID,
@@ -33,9 +34,22 @@ def test_the_agent_s_pid_namespace_is_read_from_its_ns_link(tmp_path: Path) -> N
     # NSpid is read only without the link: more than one pid is a child namespace.
     assert pidns.hides(a_proc(tmp_path / "nested", None, nspid="48213\t7"))
     assert not pidns.hides(a_proc(tmp_path / "one", None, nspid="48213"))
-    # Not said (no link, no NSpid before Linux 4.1, no /proc): not claimed hidden, as before.
+    # Not said (no link, no NSpid before Linux 4.1, no /proc): not claimed hidden, as before,
+    # nor claimed to show the node's processes (prewarm's in-use scan then rules out no one).
     assert pidns.namespace(a_proc(tmp_path / "old", None)) == ""
     assert not pidns.hides(tmp_path / "none")
+    assert not pidns.sees_node(tmp_path / "old") and not pidns.sees_node(tmp_path / "one")
+    assert pidns.sees_node(tmp_path / "host") and not pidns.sees_node(tmp_path / "pod")
+
+
+def test_a_simulated_node_s_agent_sees_the_node_s_processes_after_a_reboot_too(
+    tmp_path: Path,
+) -> None:
+    open_simulator(tmp_path, "dgx-h100")
+    control = SimControl(tmp_path)
+    assert pidns.sees_node(control.proc_root)
+    control.reboot()
+    assert pidns.sees_node(control.proc_root)
 
 
 def judge(processes: list[PluginProcess], hidden: bool) -> Pickup:
