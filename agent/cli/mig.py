@@ -26,7 +26,7 @@ from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
 from agent.cli.mig_advise import advise_command
 from agent.cli.mig_common import PENDING_EXIT, config_options, load_with_text
-from agent.cli.mig_plan import plan_command
+from agent.cli.mig_plan import plan_command, unread_data
 from agent.cli.options import choice_option, write_output
 from agent.cli.render import emit, format_table, output_option, plain
 from agent.errors import AgentError, FieldViolation, InvalidSpec
@@ -401,7 +401,7 @@ def assert_command(
         return
     result = obj.agent().assert_mig(text, selected or "", mode_only=mode_only)
     if output != "table":
-        emit(result, output)
+        emit({**plain(result), "unread": unread_data(result.unread)}, output)
     elif result.applied:
         what = "MIG mode settings from configuration" if mode_only else "MIG configuration"
         click.echo(f"Selected {what} currently applied")

@@ -75,9 +75,15 @@ def plan_data(plan: MigPlanView) -> dict[str, Any]:
         "skipped_gpus": list(plan.skipped_gpus),
         "unselected_gpus": list(plan.unselected_gpus),
         "lost_gpus": list(plan.lost_gpus),
-        "unread_gpus": [{"gpu": i, "unread": why} for i, why in plan.unread_gpus],
+        "unread_gpus": unread_data(plan.unread_gpus),
         "summary": _summary(plan.gpus),
     }
+
+
+def unread_data(unread: Sequence[tuple[int, str]]) -> list[dict[str, Any]]:
+    """The GPUs that answer but cannot be read, each with its failing call, as -o json says
+    them (a plan's and an assert's)."""
+    return [{"gpu": i, "unread": why} for i, why in unread]
 
 
 def _gpu_data(g: PlannedGpu) -> dict[str, Any]:

@@ -56,11 +56,16 @@ class AssertResult:
     mismatches: tuple[str, ...]
     #: the lost GPUs the config selects (or may): their lines are among ``mismatches``
     lost: tuple[int, ...] = ()
+    #: the GPUs it selects (or may) that answer but cannot be read, each with the failing
+    #: call: their lines are among ``mismatches`` too
+    unread: tuple[tuple[int, str], ...] = ()
 
     @property
     def only_lost(self) -> bool:
-        """Every GPU that answers holds the config; only lost ones keep it from being applied."""
-        return bool(self.lost) and len(self.mismatches) == len(self.lost)
+        """Every GPU that can be read holds the config; only lost or unread ones keep it from
+        being applied."""
+        gone = len(self.lost) + len(self.unread)
+        return bool(gone) and len(self.mismatches) == gone
 
 
 def desired_of(entry: MigConfigEntry) -> Desired:
@@ -82,13 +87,8 @@ def plan_layouts(
     selected is in the plan's ``lost`` or, with its call, its ``unread``."""
     name, entries = spec.select(config)
     plan = _plan_node(name, entries, tuple(layouts), force, mode_only)
-    why = unread or {}
-    gone = lost_selected(entries, lost)
-    return replace(
-        plan,
-        lost=tuple(i for i in gone if i not in why),
-        unread=tuple((i, why[i]) for i in gone if i in why),
-    )
+    gone, not_read = gone_selected(entries, lost, unread)
+    return replace(plan, lost=gone, unread=not_read)
 
 
 def gone_said(index: int, unread: Mapping[int, str] | None) -> str:
@@ -102,6 +102,19 @@ def lost_selected(entries: Sequence[MigConfigEntry], lost: Sequence[GpuInfo]) ->
     """The lost GPUs the entries select, or may (one lost before the agent started is only an
     index, so a UUID or a device filter cannot be matched against it)."""
     return tuple(g.index for g in lost if any(entry.may_select(g) for entry in entries))
+
+
+def gone_selected(
+    entries: Sequence[MigConfigEntry],
+    lost: Sequence[GpuInfo],
+    unread: Mapping[int, str] | None,
+) -> tuple[tuple[int, ...], tuple[tuple[int, str], ...]]:
+    """The GPUs the entries select (or may) that do not answer: the lost ones, and those that
+    answer but cannot be read, each with its failing call. ``lost`` holds the unread GPUs too
+    (``unread``: index -> the failing call)."""
+    why = unread or {}
+    gone = lost_selected(entries, lost)
+    return tuple(i for i in gone if i not in why), tuple((i, why[i]) for i in gone if i in why)
 
 
 def check_layouts(
@@ -118,7 +131,8 @@ def check_layouts(
     config is not known to be applied: never "applied" for what was not checked. ``lost``
     holds the unread GPUs too, each said with its failing call (``unread``: index -> why)."""
     name, entries = spec.select(config)
-    gone = lost_selected(entries, lost)
+    not_answering, not_read = gone_selected(entries, lost, unread)
+    gone = sorted([*not_answering, *(i for i, _ in not_read)])
     problems = [f"{gone_said(i, unread)}: whether it holds {name} cannot be read" for i in gone]
     chosen = {s.gpu.uuid: s for s in select_gpus(entries, [lay.gpu for lay in layouts])}
     for layout in layouts:
@@ -131,7 +145,7 @@ def check_layouts(
         if not gpu.mig_capable and selection.entry.devices == ALL:
             continue
         problems += mismatches(layout, desired_of(selection.entry), mode_only=mode_only)
-    return AssertResult(name, not problems, tuple(problems), gone)
+    return AssertResult(name, not problems, tuple(problems), not_answering, not_read)
 
 
 def refuse_lost(

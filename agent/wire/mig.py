@@ -193,9 +193,29 @@ def node_plan_pb(plan: NodePlan, reboot: frozenset[str] = frozenset()) -> mig_pb
         gpus=[gpu_plan_pb(p, reboot) for p in plan.gpus],
         unselected_gpus=[g.index for g in plan.unselected],
         skipped_gpus=[g.index for g in plan.skipped],
-        # Unread ones too: a client from before unread_gpus must not read them as planned.
-        lost_gpus=sorted({*plan.lost, *(i for i, _ in plan.unread)}),
-        unread_gpus=[mig_pb2.MigUnreadGpu(index=i, unread=why) for i, why in plan.unread],
+        **_gone_pb(plan.lost, plan.unread),
+    )
+
+
+def _gone_pb(lost: Sequence[int], unread: Sequence[tuple[int, str]]) -> dict[str, Any]:
+    """``lost_gpus`` and ``unread_gpus`` of PlanMig's and AssertMig's answers. The unread are
+    in ``lost_gpus`` too: a client from before ``unread_gpus`` must not read them as planned
+    or held (`_gone_from` takes them out)."""
+    return {
+        "lost_gpus": sorted({*lost, *(i for i, _ in unread)}),
+        "unread_gpus": [mig_pb2.MigUnreadGpu(index=i, unread=why) for i, why in unread],
+    }
+
+
+def _gone_from(
+    response: mig_pb2.PlanMigResponse | mig_pb2.AssertMigResponse,
+) -> tuple[tuple[int, ...], tuple[tuple[int, str], ...]]:
+    """`_gone_pb` read back: the lost GPUs (those of an agent from before ``unread_gpus``
+    include the unread), and the unread ones with their failing call."""
+    unread = {g.index for g in response.unread_gpus}
+    return (
+        tuple(i for i in response.lost_gpus if i not in unread),
+        tuple((g.index, g.unread) for g in response.unread_gpus),
     )
 
 
@@ -332,14 +352,14 @@ class MigPlanView:
 
 
 def plan_from(response: mig_pb2.PlanMigResponse) -> MigPlanView:
-    unread = {g.index for g in response.unread_gpus}  # also in lost_gpus, for old clients
+    lost, unread = _gone_from(response)
     return MigPlanView(
         config_name=response.config_name,
         gpus=tuple(_planned_gpu(g) for g in response.gpus),
         unselected_gpus=tuple(response.unselected_gpus),
         skipped_gpus=tuple(response.skipped_gpus),
-        lost_gpus=tuple(i for i in response.lost_gpus if i not in unread),
-        unread_gpus=tuple((g.index, g.unread) for g in response.unread_gpus),
+        lost_gpus=lost,
+        unread_gpus=unread,
     )
 
 
@@ -402,7 +422,7 @@ def assert_pb(result: AssertResult) -> mig_pb2.AssertMigResponse:
         matches=result.applied,
         mismatches=result.mismatches,
         config_name=result.config,
-        lost_gpus=result.lost,
+        **_gone_pb(result.lost, result.unread),
     )
 
 
@@ -411,7 +431,7 @@ def assert_from(response: mig_pb2.AssertMigResponse) -> AssertResult:
         response.config_name,
         response.matches,
         tuple(response.mismatches),
-        tuple(response.lost_gpus),
+        *_gone_from(response),
     )
 
 

@@ -265,21 +265,32 @@ def test_a_gpu_that_fails_a_read_leaves_mig_to_the_others_and_is_never_said_appl
     assert rows["3"] == "unread" and rows["0"] == "applied"
 
 
-def test_assert_is_the_agents_answer_with_mode_only_and_the_lost_gpus(
+def test_assert_is_the_agents_answer_with_mode_only_and_the_lost_and_unread_gpus(
     a100: Invoke, tmp_path: Path
 ) -> None:
     """`mig assert` asks the node's agent (AssertMig), as the label protocol and the fleet do,
-    rather than computing its own verdict: --mode-only and the lost GPUs travel both ways."""
+    rather than computing its own verdict: --mode-only and the lost GPUs travel both ways, and
+    one that cannot be read is said so, with its call, not as lost (it was in ``lost``)."""
     assert a100("apply", "-f", "FILE", "-c", "balanced").exit_code == 0
     # Every GPU has MIG on, with other instances than three-plus-four asks for.
     assert a100("assert", "-m", "-f", "FILE", "-c", "three-plus-four").exit_code == 0
     assert a100("assert", "-f", "FILE", "-c", "three-plus-four").exit_code == 1
     SimControl(tmp_path).mark_lost(3)
+    # GPU 5 answers but its reads fail: it cannot be read (with the call), it is not lost.
+    SimControl(tmp_path).inject_fault("nvmlDeviceGetMigMode", "Unknown", gpu=5, count=10**6)
+    unread = "GPU 5 cannot be read (nvmlDeviceGetMigMode: Unknown Error)"
     answer = a100("assert", "-o", "json", "-f", "FILE", "-c", "balanced")
     assert answer.exit_code == 1, answer.output
     data = json.loads(answer.stdout)
     assert data["applied"] is False and data["lost"] == [3], data
-    assert data["mismatches"] == ["GPU 3 is lost: whether it holds balanced cannot be read"]
+    assert data["unread"] == [{"gpu": 5, "unread": "nvmlDeviceGetMigMode: Unknown Error"}]
+    assert data["mismatches"] == [
+        "GPU 3 is lost: whether it holds balanced cannot be read",
+        f"{unread}: whether it holds balanced cannot be read",
+    ]
+    said = a100("assert", "-f", "FILE", "-c", "balanced")
+    assert said.exit_code == 1 and f"{unread}: whether it holds" in said.output, said.output
+    assert "GPU 5 is lost" not in said.output
 
 
 def test_plan_shows_kept_destroyed_created_and_the_comparison(a100: Invoke) -> None:

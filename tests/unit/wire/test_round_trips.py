@@ -153,10 +153,16 @@ def test_an_apply_that_selected_no_gpu_reads_back_with_why_its_assert_fails() ->
     assert view.mig_result.assert_mismatches == ("GPU 0 is not selected",)
 
 
-def test_an_assert_reads_back_with_its_lost_gpus() -> None:
-    """AssertMig as `mig assert` prints it: the verdict, every mismatch, the lost GPUs."""
-    result = AssertResult("all-1g", False, ("GPU 3 is lost: whether it holds all-1g …",), (3,))
-    assert assert_from(assert_pb(result)) == result
+def test_an_assert_reads_back_with_its_lost_and_unread_gpus() -> None:
+    """AssertMig as `mig assert` prints it: the verdict, every mismatch, the lost GPUs and
+    those that cannot be read, each with its failing call."""
+    unread = ((4, "nvmlDeviceGetMigMode: Unknown Error"),)
+    said = ("GPU 3 is lost: …", "GPU 4 cannot be read (nvmlDeviceGetMigMode: …): …")
+    result = AssertResult("all-1g", False, said, (3,), unread)
+    answer = assert_pb(result)
+    assert assert_from(answer) == result
+    # A client from before unread_gpus reads lost_gpus alone: GPU 4 must not read as held.
+    assert list(answer.lost_gpus) == [3, 4]
 
 
 def test_a_mig_plan_reads_back_gpu_by_gpu_with_its_steps_and_instances() -> None:

@@ -236,16 +236,18 @@ class AssertMigRequest(_message.Message):
     def __init__(self, config_yaml: _Optional[str] = ..., config_name: _Optional[str] = ..., mode_only: _Optional[bool] = ...) -> None: ...
 
 class AssertMigResponse(_message.Message):
-    __slots__ = ("matches", "mismatches", "config_name", "lost_gpus")
+    __slots__ = ("matches", "mismatches", "config_name", "lost_gpus", "unread_gpus")
     MATCHES_FIELD_NUMBER: _ClassVar[int]
     MISMATCHES_FIELD_NUMBER: _ClassVar[int]
     CONFIG_NAME_FIELD_NUMBER: _ClassVar[int]
     LOST_GPUS_FIELD_NUMBER: _ClassVar[int]
+    UNREAD_GPUS_FIELD_NUMBER: _ClassVar[int]
     matches: bool
     mismatches: _containers.RepeatedScalarFieldContainer[str]
     config_name: str
     lost_gpus: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, matches: _Optional[bool] = ..., mismatches: _Optional[_Iterable[str]] = ..., config_name: _Optional[str] = ..., lost_gpus: _Optional[_Iterable[int]] = ...) -> None: ...
+    unread_gpus: _containers.RepeatedCompositeFieldContainer[MigUnreadGpu]
+    def __init__(self, matches: _Optional[bool] = ..., mismatches: _Optional[_Iterable[str]] = ..., config_name: _Optional[str] = ..., lost_gpus: _Optional[_Iterable[int]] = ..., unread_gpus: _Optional[_Iterable[_Union[MigUnreadGpu, _Mapping]]] = ...) -> None: ...
 
 class ExportMigRequest(_message.Message):
     __slots__ = ("config_name",)
