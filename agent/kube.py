@@ -36,6 +36,7 @@ from agent.errors import (
     NotSupported,
     PermissionDenied,
 )
+from agent.kube_conn import STOPPING, Sockets
 from agent.redact import redact_url
 
 if TYPE_CHECKING:
@@ -164,6 +165,7 @@ class InClusterKubeClient:
         #: the proxy in an error ("Tunnel connection failed" is the proxy's), without user info
         self._via = f" through proxy {redact_url(proxy)}" if proxy else ""
         self._timeout = timeout
+        self._sockets = Sockets()  # every call's, for `close`
         try:
             self._ssl = ssl.create_default_context(
                 cafile=str(ca_path) if ca_path else None,
@@ -180,6 +182,11 @@ class InClusterKubeClient:
     @property
     def server(self) -> str:
         return self._server
+
+    def close(self) -> None:
+        """End every call in flight at once and refuse new ones: the agent is stopping, and
+        must not wait on an API server that never answers (agent/kube_conn.py)."""
+        self._sockets.close()
 
     @classmethod
     def from_service_account(
@@ -340,10 +347,7 @@ class InClusterKubeClient:
             # ValueError: a text that does not encode (a proxy's non-ASCII host in its CONNECT)
             except (OSError, http.client.HTTPException, ValueError) as exc:
                 conn.close()
-                raise AgentError(
-                    f"Kubernetes API {self._server} unreachable{self._via} (watch {path}): "
-                    f"{_brief(str(exc))}"  # a proxy's reason phrase is in a tunnel's error
-                ) from exc
+                raise self._unreachable(f"watch {path}", exc) from exc
             if response.status != 401 or self._exec is None or refresh:
                 break
             conn.close()  # the plugin's token was refused: run it again, once
@@ -456,10 +460,7 @@ class InClusterKubeClient:
                 data = response.read(MAX_RESPONSE_BYTES + 1)
             # ValueError: a text that does not encode (a proxy's non-ASCII host in its CONNECT)
             except (OSError, http.client.HTTPException, ValueError) as exc:
-                raise AgentError(
-                    f"Kubernetes API {self._server} unreachable{self._via} ({method} {path}): "
-                    f"{_brief(str(exc))}"  # a proxy's reason phrase is in a tunnel's error
-                ) from exc
+                raise self._unreachable(f"{method} {path}", exc) from exc
             finally:
                 conn.close()
             if response.status != 401 or self._exec is None or refresh:
@@ -478,6 +479,11 @@ class InClusterKubeClient:
         # a proxy's page, a cut body, a hostile nesting: a failed call, not a crash
         return decode_json(data, f"Kubernetes API {method} {path}: the answer") if data else None
 
+    def _unreachable(self, what: str, exc: Exception) -> AgentError:
+        # a proxy's reason phrase is in a tunnel's error; a socket shut by `close` says EOF
+        why = STOPPING if self._sockets.closed else _brief(str(exc))
+        return AgentError(f"Kubernetes API {self._server} unreachable{self._via} ({what}): {why}")
+
     def _headers(self, refresh: bool = False) -> dict[str, str]:
         headers = {"Accept": "application/json"}
         token = self._token
@@ -495,20 +501,13 @@ class InClusterKubeClient:
         return headers
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        if self._proxy is not None:  # a CONNECT tunnel: TLS is still end to end with the server
+        tls = self._ssl if self._https else None  # through a proxy: still end to end
+        if self._proxy is not None:  # a CONNECT tunnel to the server
             host, port, tunnel_headers = self._proxy
-            conn: http.client.HTTPConnection
-            if self._https:
-                conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=self._ssl)
-            else:
-                conn = http.client.HTTPConnection(host, port, timeout=timeout)
+            conn = self._sockets.connection(host, port, timeout, tls)
             conn.set_tunnel(self._host, self._port, headers=tunnel_headers)
             return conn
-        if self._https:
-            return http.client.HTTPSConnection(
-                self._host, self._port, timeout=timeout, context=self._ssl
-            )
-        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        return self._sockets.connection(self._host, self._port, timeout, tls)
 
 
 def _proxy_tunnel(url: str) -> tuple[str, int, dict[str, str]]:

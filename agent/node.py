@@ -206,6 +206,9 @@ class Node:
         # from the first call; one that has none yet serves everything else and attaches later.
         missing = await asyncio.to_thread(s.driver.probe)
         if s.edge is not None:  # the allocation's informers start before the owner
+            # Unwound after the edge's stop: the calls still in flight end then, so no thread
+            # holds the stop waiting on an API server that never answers (agent/kube_conn.py).
+            stack.callback(s.edge.client.close)
             stack.callback(s.edge.stop)
         await self._follow_allocation(stack)  # before recovery: the mode gates the MIG journal
         await asyncio.to_thread(recover_at_start, s.state, s.mig, attached=missing is None)

@@ -39,6 +39,7 @@ BASE = {
 INFRA = {
     "state",
     "kube",
+    "kube_conn",
     "kubeconfig",
     "kube_exec",
     "kube_watch",

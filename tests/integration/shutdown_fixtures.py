@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import psutil
+
 from tests.unit.api.support import AgentProcess
 
 #: docs/operations.md and issue 36: SIGTERM mid-download exits 0 within 2 s. Measured from the
@@ -62,3 +64,37 @@ def silent_peer(start: bytes = b"") -> Iterator[SilentPeer]:
         server.close()
         for conn in held:
             conn.close()
+
+
+@contextmanager
+def full_listen_queue() -> Iterator[int]:
+    """A loopback port whose listen queue is full: a new connect's SYN is dropped, so the
+    connect hangs (for the caller's connect timeout) instead of failing."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = int(server.getsockname()[1])
+    held = []
+    try:
+        while True:
+            sock = socket.socket()
+            sock.settimeout(0.5)
+            try:
+                sock.connect(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                break
+            held.append(sock)
+        yield port
+    finally:
+        for sock in held:
+            sock.close()
+        server.close()
+
+
+def connecting_to(pid: int, port: int) -> bool:
+    """Whether process ``pid`` waits in a connect to ``port`` (its SYN unanswered)."""
+    return any(
+        c.status == psutil.CONN_SYN_SENT and c.raddr and c.raddr[1] == port
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+    )

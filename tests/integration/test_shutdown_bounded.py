@@ -16,12 +16,15 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from agent._proto.gpuagent.v1 import cache_pb2, prewarm_pb2, prewarm_pb2_grpc
 from tests.integration.prewarm_fixtures.origin import Origin
-from tests.integration.shutdown_fixtures import assert_quick_clean_exit
+from tests.integration.shutdown_fixtures import (
+    assert_quick_clean_exit,
+    connecting_to,
+    full_listen_queue,
+)
 from tests.unit.api.support import REPO, AgentProcess, agent_config, unix_channel, wait_for
 
 pytestmark = pytest.mark.integration
@@ -158,35 +161,8 @@ def test_an_unsafe_socket_dir_is_refused_before_a_pending_prewarm_or_any_listene
 
 @pytest.fixture
 def unanswered_port() -> Iterator[int]:
-    """A loopback port whose listen queue is full: a new connect's SYN is dropped, so the
-    connect hangs (for the fetch's 30 s connect timeout) instead of failing."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(0)
-    port = int(server.getsockname()[1])
-    held = []
-    try:
-        while True:
-            sock = socket.socket()
-            sock.settimeout(0.5)
-            try:
-                sock.connect(("127.0.0.1", port))
-            except OSError:
-                sock.close()
-                break
-            held.append(sock)
+    with full_listen_queue() as port:
         yield port
-    finally:
-        for sock in held:
-            sock.close()
-        server.close()
-
-
-def connecting_to(pid: int, port: int) -> bool:
-    return any(
-        c.status == psutil.CONN_SYN_SENT and c.raddr and c.raddr[1] == port
-        for c in psutil.Process(pid).net_connections(kind="tcp")
-    )
 
 
 def test_sigterm_while_a_connect_to_the_origin_hangs_exits_0_at_once(
