@@ -8,7 +8,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,14 +30,6 @@ pytestmark = [
     ),
 ]
 MIB = 1024 * 1024
-
-
-@pytest.fixture
-def origin(tmp_path: Path) -> Iterator[Origin]:
-    root = tmp_path / "origin"
-    root.mkdir()
-    with Origin(root) as o:
-        yield o
 
 
 def test_files_go_through_the_proxy_with_dragonfly_headers(tmp_path: Path, origin: Origin) -> None:

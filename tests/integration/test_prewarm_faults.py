@@ -22,14 +22,6 @@ pytestmark = pytest.mark.integration
 MIB = 1024 * 1024
 
 
-@pytest.fixture
-def origin(tmp_path: Path) -> Iterator[Origin]:
-    root = tmp_path / "origin"
-    root.mkdir()
-    with Origin(root) as o:
-        yield o
-
-
 def data(n: int) -> bytes:
     return (hashlib.sha256(b"fault").digest() * (n // 32 + 1))[:n]
 

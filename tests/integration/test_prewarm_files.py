@@ -6,7 +6,6 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,14 +18,6 @@ from tests.integration.prewarm_fixtures.origin import Origin
 
 pytestmark = pytest.mark.integration
 MIB = 1024 * 1024
-
-
-@pytest.fixture
-def origin(tmp_path: Path) -> Iterator[Origin]:
-    root = tmp_path / "origin"
-    root.mkdir()
-    with Origin(root) as o:
-        yield o
 
 
 def blob(n: int, seed: int = 0) -> bytes:

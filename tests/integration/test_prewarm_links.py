@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,14 +19,6 @@ from tests.integration.prewarm_fixtures.origin import Origin
 pytestmark = pytest.mark.integration
 MIB = 1024 * 1024
 SECRET = b"root:$6$not-for-the-cache\n"
-
-
-@pytest.fixture
-def origin(tmp_path: Path) -> Iterator[Origin]:
-    root = tmp_path / "origin"
-    root.mkdir()
-    with Origin(root) as o:
-        yield o
 
 
 @pytest.fixture

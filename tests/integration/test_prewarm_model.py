@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,14 +24,6 @@ from tests.integration.prewarm_fixtures.origin import Origin
 pytestmark = pytest.mark.integration
 KIB = 1024
 REPO = "org-a/Tiny-Llama"
-
-
-@pytest.fixture
-def origin(tmp_path: Path) -> Iterator[Origin]:
-    root = tmp_path / "origin"
-    root.mkdir()
-    with Origin(root) as o:
-        yield o
 
 
 def snapshot(shards: int = 8, shard_size: int = 256 * KIB) -> dict[str, bytes]:

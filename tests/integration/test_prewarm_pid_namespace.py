@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,14 +20,6 @@ from tests.unit.sharing.pidns_fixtures import a_proc
 pytestmark = pytest.mark.integration
 MIB = 1024 * 1024
 UNREAD = "the agent's PID namespace could not be read"
-
-
-@pytest.fixture
-def origin(tmp_path: Path) -> Iterator[Origin]:
-    root = tmp_path / "origin"
-    root.mkdir()
-    with Origin(root) as o:
-        yield o
 
 
 def test_no_blob_is_evicted_when_the_agent_s_pid_namespace_cannot_be_read(

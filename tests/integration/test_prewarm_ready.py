@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,14 +26,6 @@ from tests.unit.sharing.pidns_fixtures import node_proc
 
 pytestmark = pytest.mark.integration
 MIB = 1024 * 1024
-
-
-@pytest.fixture
-def origin(tmp_path: Path) -> Iterator[Origin]:
-    root = tmp_path / "origin"
-    root.mkdir()
-    with Origin(root) as o:
-        yield o
 
 
 def blob(n: int, seed: int = 0) -> bytes:

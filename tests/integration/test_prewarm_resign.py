@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,14 +52,6 @@ SIGNED = {
         "&x-oss-expires=60&x-oss-signature=SECRETb2&x-oss-security-token=SECRETb3&v=2",
     ),
 }
-
-
-@pytest.fixture
-def origin(tmp_path: Path) -> Iterator[Origin]:
-    root = tmp_path / "origin"
-    root.mkdir()
-    with Origin(root) as o:
-        yield o
 
 
 def blob(n: int, seed: int) -> bytes:

@@ -35,14 +35,6 @@ SIZE = 8 * MIB
 RATE = 512 * 1024
 
 
-@pytest.fixture
-def origin(tmp_path: Path) -> Iterator[Origin]:
-    root = tmp_path / "origin"
-    root.mkdir()
-    with Origin(root) as o:
-        yield o
-
-
 def payload(n: int) -> bytes:
     return (hashlib.sha256(b"bounded").digest() * (n // 32 + 1))[:n]
 

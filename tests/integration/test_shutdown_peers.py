@@ -46,14 +46,6 @@ def peer() -> Iterator[SilentPeer]:
         yield p
 
 
-@pytest.fixture
-def origin(tmp_path: Path) -> Iterator[Origin]:
-    root = tmp_path / "origin"
-    root.mkdir()
-    with Origin(root) as o:
-        yield o
-
-
 def reading() -> bool:
     """A prewarm worker waits in a socket read: its innermost frame is socket.py's readinto."""
     frames = sys._current_frames()
