@@ -28,7 +28,7 @@ settings.register_profile(
 )
 settings.load_profile("suite")
 
-pytest_plugins = ["tests.kube.fixtures"]
+pytest_plugins = ["tests.kube.fixtures", "tests.strict_skips"]
 
 
 @pytest.fixture(autouse=True)
