@@ -33,8 +33,10 @@ def test_agent_schedules_on_gpu_nodes_only() -> None:
     assert pod["priorityClassName"] == "system-node-critical"
     assert pod["hostPID"] is True
     assert not pod.get("hostNetwork")
-    # two agents on one node would fight over MIG, the plugin config and the state dir
-    assert spec["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
+    # docs/operations.md, "Upgrading": 10% of the agents restart at a time, never two on one
+    # node (two agents on one node would fight over MIG, the plugin config and the state dir)
+    rolling = spec["updateStrategy"]["rollingUpdate"]
+    assert (rolling["maxUnavailable"], rolling["maxSurge"]) == ("10%", 0)
 
 
 def test_every_container_has_requests_and_limits(kustomization: str) -> None:

@@ -141,7 +141,7 @@ def test_a_prewarm_caller_cannot_cancel_the_admins_operation_or_item(
         assert wait_done(coordinator, name).state == operations_pb2.OPERATION_STATE_CANCELLED
 
 
-SECRETS = ("S3SIGNATURE0123", "AKIAEXAMPLECRED", "azuresasvalue")
+SECRETS = ("S3SIGNATURE0123", "AKIAEXAMPLECRED", "azuresasvalue", "URLPASSWORD99")
 
 
 def test_replies_events_and_the_log_carry_no_signed_url_credential(
@@ -151,8 +151,10 @@ def test_replies_events_and_the_log_carry_no_signed_url_credential(
     query = (
         "?X-Amz-Signature=S3SIGNATURE0123&X-Amz-Credential=AKIAEXAMPLECRED&sig=azuresasvalue&sv=1"
     )
-    good = origin.url("signed.bin") + query  # a URL with user info is refused at submit
+    good = origin.url("signed.bin") + query  # fetched: shown without its query
     missing = origin.url("gone.bin") + query  # fails: its error names the URL
+    # Refused at submit: credentials belong in a header read from a file, not the URL.
+    with_user_info = good.replace("http://", "http://agent:URLPASSWORD99@", 1)
     events: list[bytes] = []
     with mtls(agent, pki, "reader") as reader:
         stream = events_pb2_grpc.EventsServiceStub(reader).WatchEvents(
@@ -166,11 +168,16 @@ def test_replies_events_and_the_log_carry_no_signed_url_credential(
         watching = threading.Thread(target=watch, daemon=True)
         watching.start()
         with mtls(agent, pki, "prewarmer") as team:
+            refused = refusal(lambda: submit(team, with_user_info, "with-user-info"))
             ok = wait_done(team, submit(team, good, "signed"))
             failed = wait_done(team, submit(team, missing, "gone"))
+        assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "credentials in the URL are not accepted" in refused.details()
         assert ok.state == operations_pb2.OPERATION_STATE_SUCCEEDED, ok
         assert failed.state == operations_pb2.OPERATION_STATE_FAILED
         replies = [
+            refused.details().encode(),
+            *(v for _, v in refused.trailing_metadata() if isinstance(v, bytes)),  # its details
             ok.SerializeToString(),
             failed.SerializeToString(),
             prewarm_pb2_grpc.PrewarmServiceStub(reader)

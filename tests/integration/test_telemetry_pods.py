@@ -149,7 +149,9 @@ def test_mig_instances_carry_their_pod_labels(cluster) -> None:  # type: ignore[
 
 def test_no_series_is_duplicated(cluster) -> None:  # type: ignore[no-untyped-def]
     _node, service, _ = cluster
-    for name, samples in _families(service).items():
+    families = _families(service)
+    assert "DCGM_FI_DEV_FB_USED" in families  # a scrape with no series duplicates none
+    for name, samples in families.items():
         keys = Counter((s.name, tuple(sorted(s.labels.items()))) for s in samples)
         assert max(keys.values()) == 1, name
 
@@ -168,6 +170,7 @@ def test_label_sets_are_stable_between_scrapes(cluster) -> None:  # type: ignore
         }
 
     first = label_sets()
+    assert any(dict(labels).get("pod") for _, labels in first)  # pod rows are among them
     time.sleep(0.5)
     assert label_sets() == first
 
