@@ -17,6 +17,7 @@ written by the table modules beside this one.
 
 from __future__ import annotations
 
+import errno
 import glob
 import logging
 import os
@@ -156,6 +157,12 @@ class Database:
                 raise
             raise refusal from exc
         except OSError as exc:
+            if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link: not a mount to fix
+                raise StateUnavailable(
+                    f"{exc.filename} is a symbolic link, not the agent's file: the agent opens "
+                    "its state files only where it made them; remove the link (and find who "
+                    "planted it)"
+                ) from exc
             raise StateUnavailable(
                 f"the state dir {path.parent} is not writable ({exc.strerror}): the agent keeps "
                 "its state there; make it writable (remount read-write, fix its owner) or pass "

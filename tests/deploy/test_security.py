@@ -39,6 +39,15 @@ def test_agent_schedules_on_gpu_nodes_only() -> None:
     assert (rolling["maxUnavailable"], rolling["maxSurge"]) == ("10%", 0)
 
 
+def test_an_upgrade_restarts_a_tenth_of_the_agents_at_a_time_never_two_on_one_node(
+    kustomization: str,
+) -> None:
+    """docs/operations.md, "Upgrading": 10% of the agents restart at a time."""
+    strategy = agent_daemonset(render(kustomization))["spec"]["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": "10%"}
+
+
 def test_every_container_has_requests_and_limits(kustomization: str) -> None:
     for obj in render(kustomization):
         if obj["kind"] in ("DaemonSet", "Deployment"):

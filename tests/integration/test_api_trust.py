@@ -4,6 +4,7 @@ that no reply, event or log line carries a signed URL's credential."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import threading
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ import grpc
 import pytest
 
 from agent._proto.gpuagent.v1 import (
+    cache_pb2,
     events_pb2,
     events_pb2_grpc,
     operations_pb2,
@@ -24,6 +26,7 @@ from tests.unit.api.support import AgentProcess, Pki, agent_config, unix_channel
 
 pytestmark = pytest.mark.integration
 T = 20
+RUNNING = (cache_pb2.CACHE_ITEM_STATE_QUEUED, cache_pb2.CACHE_ITEM_STATE_FETCHING)
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +58,17 @@ def refusal(call: object) -> grpc.RpcError:
 
 
 def submit(channel: grpc.Channel, url: str, name: str, *, pin: bool = False) -> str:
-    target = prewarm_pb2.PrewarmTarget(file=prewarm_pb2.FileTarget(url=url, name=name, pin=pin))
+    return submit_all(channel, {name: url}, pin=pin)
+
+
+def submit_all(channel: grpc.Channel, urls: dict[str, str], *, pin: bool = False) -> str:
+    """One prewarm operation of a file per name -> URL."""
+    targets = [
+        prewarm_pb2.PrewarmTarget(file=prewarm_pb2.FileTarget(url=url, name=name, pin=pin))
+        for name, url in urls.items()
+    ]
     stub = prewarm_pb2_grpc.PrewarmServiceStub(channel)
-    request = prewarm_pb2.SubmitPrewarmRequest(targets=[target])
+    request = prewarm_pb2.SubmitPrewarmRequest(targets=targets)
     return str(stub.SubmitPrewarm(request, timeout=T).operation.name)
 
 
@@ -70,7 +81,7 @@ def wait_done(channel: grpc.Channel, name: str) -> operations_pb2.Operation:
     return op
 
 
-def item(channel: grpc.Channel, name: str) -> object:
+def item(channel: grpc.Channel, name: str) -> cache_pb2.CacheItem:
     stub = prewarm_pb2_grpc.PrewarmServiceStub(channel)
     items = stub.ListPrewarmItems(prewarm_pb2.ListPrewarmItemsRequest(), timeout=T).items
     (found,) = [i for i in items if i.name == name]
@@ -141,6 +152,97 @@ def test_a_prewarm_caller_cannot_cancel_the_admins_operation_or_item(
         assert wait_done(coordinator, name).state == operations_pb2.OPERATION_STATE_CANCELLED
 
 
+def denied_as_the_admins(call: object) -> None:
+    error = refusal(call)
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error
+    assert "belongs to an admin caller" in error.details()
+
+
+def test_an_admin_who_resubmits_or_pins_an_item_takes_it_over(
+    agent: AgentProcess, pki: Pki, origin: Origin
+) -> None:
+    for path in ("taken-resubmitted.bin", "taken-pinned.bin"):
+        origin.add(path, os.urandom(64 * 1024))
+    with mtls(agent, pki, "prewarmer") as team:
+        wait_done(team, submit(team, origin.url("taken-resubmitted.bin"), "taken-resubmitted"))
+        wait_done(team, submit(team, origin.url("taken-pinned.bin"), "taken-pinned"))
+    with unix_channel(agent.socket) as admin:
+        wait_done(admin, submit(admin, origin.url("taken-resubmitted.bin"), "taken-resubmitted"))
+        prewarm_pb2_grpc.PrewarmServiceStub(admin).PinCacheItem(
+            prewarm_pb2.PinCacheItemRequest(item="taken-pinned", pinned=True), timeout=T
+        )
+    with mtls(agent, pki, "prewarmer") as team:
+        stub = prewarm_pb2_grpc.PrewarmServiceStub(team)
+        # The team's own repeat leaves the admin its owner.
+        wait_done(team, submit(team, origin.url("taken-resubmitted.bin"), "taken-resubmitted"))
+        denied_as_the_admins(
+            lambda: stub.EvictCacheItem(
+                prewarm_pb2.EvictCacheItemRequest(item="taken-resubmitted"), timeout=T
+            )
+        )
+        denied_as_the_admins(
+            lambda: stub.PinCacheItem(
+                prewarm_pb2.PinCacheItemRequest(item="taken-pinned", pinned=False), timeout=T
+            )
+        )
+    with unix_channel(agent.socket) as admin:
+        assert item(admin, "taken-resubmitted").state == cache_pb2.CACHE_ITEM_STATE_READY
+        assert item(admin, "taken-pinned").pinned
+
+
+def test_a_prewarm_caller_cannot_evict_a_blob_that_also_carries_an_admins_name(
+    agent: AgentProcess, pki: Pki, origin: Origin
+) -> None:
+    data = os.urandom(64 * 1024)
+    origin.add("shared-admin.bin", data)
+    origin.add("shared-team.bin", data)  # the same bytes: one blob, two names
+    with unix_channel(agent.socket) as admin:
+        wait_done(admin, submit(admin, origin.url("shared-admin.bin"), "shared-admin"))
+    with mtls(agent, pki, "prewarmer") as team:
+        wait_done(team, submit(team, origin.url("shared-team.bin"), "shared-team"))
+        stub = prewarm_pb2_grpc.PrewarmServiceStub(team)
+        denied_as_the_admins(
+            lambda: stub.EvictCacheItem(
+                prewarm_pb2.EvictCacheItemRequest(item="shared-team"), timeout=T
+            )
+        )
+        items = [item(team, name) for name in ("shared-admin", "shared-team")]
+    assert {i.state for i in items} == {cache_pb2.CACHE_ITEM_STATE_READY}
+    sha256 = hashlib.sha256(data).hexdigest()
+    assert {i.sha256 for i in items} == {sha256}
+    assert (agent.root / "cache" / "blobs" / "sha256" / sha256).read_bytes() == data
+    for name in ("shared-admin", "shared-team"):
+        assert (agent.root / "cache" / "by-name" / name).read_bytes() == data
+
+
+def test_cancelling_ones_own_prewarm_leaves_a_joined_admin_item_running(
+    agent: AgentProcess, pki: Pki, origin: Origin
+) -> None:
+    for path in ("joined-slow.bin", "own-slow.bin"):
+        origin.add(path, os.urandom(4 * 1024 * 1024))
+        origin.faults.rate_bps[f"/{path}"] = 64 * 1024  # a minute: still running when cancelled
+    with unix_channel(agent.socket) as admin:
+        admins = submit(admin, origin.url("joined-slow.bin"), "joined-slow")
+    with mtls(agent, pki, "prewarmer") as team:
+        urls = {
+            "joined-slow": origin.url("joined-slow.bin"),
+            "own-slow": origin.url("own-slow.bin"),
+        }
+        own = submit_all(team, urls)
+        ops = operations_pb2_grpc.OperationsServiceStub(team)
+        ops.CancelOperation(operations_pb2.CancelOperationRequest(name=own), timeout=T)
+        assert wait_done(team, own).state == operations_pb2.OPERATION_STATE_CANCELLED
+        own_item, joined = item(team, "own-slow"), item(team, "joined-slow")
+    assert own_item.error == "cancelled"
+    assert joined.state in RUNNING and not joined.error, joined
+    with unix_channel(agent.socket) as admin:
+        ops = operations_pb2_grpc.OperationsServiceStub(admin)
+        op = ops.GetOperation(operations_pb2.GetOperationRequest(name=admins), timeout=T).operation
+        assert not op.done and not op.cancel_requested
+        ops.CancelOperation(operations_pb2.CancelOperationRequest(name=admins), timeout=T)
+        wait_done(admin, admins)
+
+
 SECRETS = ("S3SIGNATURE0123", "AKIAEXAMPLECRED", "azuresasvalue", "URLPASSWORD99")
 
 
@@ -188,8 +290,8 @@ def test_replies_events_and_the_log_carry_no_signed_url_credential(
             .SerializeToString(),
         ]
         shown = item(reader, "signed")
-        assert shown.source == origin.url("signed.bin") + "?…"  # type: ignore[attr-defined]
-        assert "gone.bin?…" in item(reader, "gone").error  # type: ignore[attr-defined]
+        assert shown.source == origin.url("signed.bin") + "?…"
+        assert "gone.bin?…" in item(reader, "gone").error
         stream.cancel()
         watching.join(10)
     assert any(b"signed" in e for e in events)  # the stream saw the operations

@@ -226,3 +226,24 @@ def test_a_blob_dir_swapped_for_a_link_is_not_deleted_through(
 
     svc.evict(item.id)
     assert theirs.read_bytes() == data
+
+
+def test_what_is_quarantined_is_kept_and_never_counted_in_the_budget(
+    tmp_path: Path, origin: Origin
+) -> None:
+    """Quarantine is for a person to inspect: its bytes neither shrink the room for items nor
+    get evicted to make room."""
+    svc = make_service(tmp_path, budget=2 * MIB)
+    stray = os.urandom(3 * MIB)  # more than the whole budget
+    (svc.store.blob_dir / ("0" * 64)).write_bytes(stray)  # a blob no index row knows
+    svc.store.reconcile()
+    (moved,) = quarantined(svc.store.root)
+    assert svc.store.usage().used_bytes == 0
+
+    data = os.urandom(MIB + MIB // 2)
+    item = svc.submit(FileRequest(origin.url("w.bin"), sha256=origin.add("w.bin", data)))
+    done = svc.run(item.id)
+
+    assert done.state is ItemState.READY, done.error
+    assert svc.store.usage().used_bytes == len(data)
+    assert moved.read_bytes() == stray

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import agent
-from agent.errors import Conflict, InvalidSpec, NotFound
+from agent.errors import Conflict, InvalidSpec, NotFound, StateUnavailable
 from agent.operation import INTERRUPTED
 from agent.state import MIGRATIONS, TABLE_DURABILITY, Durability, StateStore
 
@@ -536,3 +536,25 @@ def test_a_database_migrated_to_owners_keeps_its_rows_without_an_owner(db_path: 
         )
         assert store.get_operation(op.id).owner_role is None
         assert store.schema_version == len(MIGRATIONS) >= 3
+
+
+@pytest.mark.parametrize("planted", ["agent.db", "agent.db-wal"])
+def test_a_link_planted_in_the_databases_place_is_refused_and_its_target_untouched(
+    tmp_path: Path, planted: str
+) -> None:
+    """Whoever can write the state dir could point the DB (or its WAL) at a file of theirs for
+    the agent, as root, to chmod and write: the open is refused (O_NOFOLLOW)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"not the agent's")
+    os.chmod(target, 0o644)
+    (state / planted).symlink_to(target)
+    with pytest.raises(StateUnavailable) as refused:
+        StateStore(state / "agent.db").close()
+    # It names the link, not a state dir to make writable (the words of a read-only mount).
+    assert f"{state / planted} is a symbolic link" in str(refused.value)
+    assert "not writable" not in str(refused.value)
+    assert (state / planted).is_symlink()
+    assert target.read_bytes() == b"not the agent's"
+    assert _mode(target) == 0o644

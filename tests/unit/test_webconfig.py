@@ -219,3 +219,73 @@ def test_an_unknown_user_costs_one_bcrypt_check_like_a_wrong_password(
     assert answer(b"nobody:") == 401
     assert answer(b"prometheus:s3cret") == 200
     assert checked == [HASH[:7].encode()] * 4  # every answer paid one check at cost 04
+
+
+def _counting_checkpw(monkeypatch: pytest.MonkeyPatch, hold_s: float = 0.0) -> dict[str, int]:
+    """Counts bcrypt checks and the most run at once; each check is held until a third one
+    runs beside it or ``hold_s`` passed, so checks that could overlap do."""
+    import threading
+
+    seen = {"calls": 0, "active": 0, "most": 0}
+    changed = threading.Condition()
+    real = bcrypt.checkpw
+
+    def counting(password: bytes, hashed: bytes) -> bool:
+        with changed:
+            seen["calls"] += 1
+            seen["active"] += 1
+            seen["most"] = max(seen["most"], seen["active"])
+            changed.notify_all()
+            changed.wait_for(lambda: seen["active"] >= 3, hold_s)
+        try:
+            return real(password, hashed)
+        finally:
+            with changed:
+                seen["active"] -= 1
+
+    monkeypatch.setattr(bcrypt, "checkpw", counting)
+    return seen
+
+
+async def _answer(guard: MetricsGuard, credentials: bytes) -> Response | None:
+    header = "Basic " + base64.b64encode(credentials).decode()
+    return await guard.refuse(Request("GET", "/metrics", {"authorization": header}))
+
+
+def test_a_successful_check_is_remembered_so_repeated_scrapes_cost_one_bcrypt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    config = load_web_config(_write(tmp_path, f"basic_auth_users: {{prometheus: '{HASH}'}}\n"))
+    guard = MetricsGuard(config)
+    seen = _counting_checkpw(monkeypatch)
+
+    async def scrapes() -> list[Response | None]:
+        return [await _answer(guard, b"prometheus:s3cret") for _ in range(5)]
+
+    assert asyncio.run(scrapes()) == [None] * 5
+    assert seen["calls"] == 1
+    # What is remembered is that credential: another password is checked, and refused.
+    refused = asyncio.run(_answer(guard, b"prometheus:guess"))
+    assert refused is not None and refused.status == 401
+    assert seen["calls"] == 2
+
+
+def test_bcrypt_checks_run_at_most_two_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    config = load_web_config(_write(tmp_path, f"basic_auth_users: {{prometheus: '{HASH}'}}\n"))
+    guard = MetricsGuard(config)
+    seen = _counting_checkpw(monkeypatch, hold_s=0.3)
+
+    async def at_once() -> list[Response | None]:
+        guesses = [f"prometheus:guess-{i}".encode() for i in range(6)]
+        return await asyncio.gather(*(_answer(guard, g) for g in guesses))
+
+    answers = asyncio.run(at_once())
+    assert [a.status if a else 200 for a in answers] == [401] * 6
+    assert seen["calls"] == 6
+    assert seen["most"] <= 2, seen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -109,3 +110,40 @@ def test_no_gpu_read_at_start_is_not_ready_naming_each_gpu_and_the_call(tmp_path
     assert missing is not None and missing.cause == NO_GPUS
     assert "GPU 0 cannot be read: nvmlDeviceGetMigMode" in missing.reason
     assert "GPU 7 cannot be read" in missing.reason
+
+
+class _Done(Exception):
+    """Ends `DriverLink.follow`, which runs until the agent stops."""
+
+
+def test_a_missing_driver_is_probed_after_a_quarter_second_doubling_to_the_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/operations.md: 0.25 s, doubling up to ``driver.retry_max_s``; once attached the
+    check runs every ``check_s``, and a driver gone again starts the back-off over. The waits
+    are recorded, not slept; the driver is the simulator's."""
+    link = DriverLink(load_driver("dgx-h100", tmp_path), simulated=True)
+    control = SimControl(tmp_path)
+    control.driver_absent()
+    waits: list[float] = []
+    yield_to_the_loop = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 7:
+            control.driver_present()  # the probe after this wait attaches
+        elif seconds == 3.0:
+            control.driver_absent()  # the check after this wait finds it gone
+        elif len(waits) > 9:
+            raise _Done
+        await yield_to_the_loop(0)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    with pytest.raises(_Done):
+        asyncio.run(
+            link.follow(
+                attached=False, check_s=3.0, retry_max_s=5.0, count=lambda: len(link.driver.gpus())
+            )
+        )
+    assert waits == [0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0, 3.0, 0.25, 0.5]
+    link.driver.close()

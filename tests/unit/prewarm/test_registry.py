@@ -18,6 +18,9 @@ import pytest
 
 from agent.errors import InvalidSpec, NotFound, PermissionDenied
 from agent.prewarm.errors import FetchFailed
+from agent.prewarm.fetch_http import HttpFetcher, no_progress
+from agent.prewarm.image_warm import NydusWarmer
+from agent.prewarm.nydus import BLOB_MEDIA_TYPE
 from agent.prewarm.policy import UrlPolicy
 from agent.prewarm.registry import (
     OCI_INDEX,
@@ -431,4 +434,50 @@ def test_a_token_service_moving_its_endpoint_within_its_origin_still_issues_the_
         assert registry.seen[-1].authorization == "Bearer outside-tok"
     finally:
         realm.close()
+        registry.close()
+
+
+def test_a_registry_redirecting_its_manifest_and_blob_gets_elsewhere_keeps_the_credentials_home(
+    tmp_path: Path,
+) -> None:
+    """A registry that sends its manifest and blob GETs to a CDN (S3, a mirror) is asked with
+    the node's credentials; the CDN, another origin, never sees them."""
+    blob = b"nydus data blob"
+    blob_digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+    layer = {"mediaType": BLOB_MEDIA_TYPE, "digest": blob_digest, "size": len(blob)}
+    manifest = json.dumps({**json.loads(MANIFEST), "layers": [layer]}).encode()
+    cdn = Origin(
+        lambda heard: (
+            (200, {"Content-Type": OCI_MANIFEST}, manifest)
+            if heard.path == "/manifest"
+            else (200, {}, blob)
+        )
+    )
+
+    def registry_answer(heard: Heard) -> tuple[int, dict[str, str], bytes]:
+        if "Authorization" not in heard.headers:
+            return 401, {"WWW-Authenticate": 'Basic realm="registry"'}, b""
+        to = "/manifest" if "/manifests/" in heard.path else "/blob"
+        return 307, {"Location": f"{cdn.url}{to}"}, b""
+
+    registry = Origin(registry_answer)
+    host = urlsplit(registry.url).netloc
+    try:
+        client = RegistryClient(
+            UrlPolicy(egress_allow=LOOPBACK), docker_config(tmp_path, host, "puller", "s3cret")
+        )
+        fetcher = lambda policy: HttpFetcher(policy, backoff_s=0.01, timeout_s=10)  # noqa: E731
+        warmed = NydusWarmer(client, fetcher).warm(
+            f"{host}/team/app:v1", None, no_progress, lambda: False
+        )
+        assert warmed.warmth.blobs_warm == 1, warmed
+        basic = "Basic " + base64.b64encode(b"puller:s3cret").decode()
+        asked = [(h.path, h.headers.get("Authorization")) for h in registry.heard]
+        assert ("/v2/team/app/manifests/v1", basic) in asked
+        assert (f"/v2/team/app/blobs/{blob_digest}", basic) in asked
+        assert [h.path for h in cdn.heard] == ["/manifest", "/blob"]
+        for heard in cdn.heard:
+            assert "authorization" not in {k.lower() for k in heard.headers}, heard
+    finally:
+        cdn.close()
         registry.close()
