@@ -218,8 +218,8 @@ def set_command(obj: ShareContext, spec: _Spec, output: str) -> None:
     """Set the node's sharing, write it for the device plugin and reload the plugin.
 
     Refused, with the rule and the field, when the plugin would reject or ignore it. The
-    previous config is kept for `share rollback`. On a DRA node it writes one DeviceClass per
-    shared resource instead, refused where the DRA driver cannot take the spec.
+    previous config is kept for `share rollback`. On a DRA node it creates one DeviceClass per
+    shared resource instead, where absent, refused where the DRA driver cannot take the spec.
 
     \b
     Examples:
@@ -248,7 +248,8 @@ def set_command(obj: ShareContext, spec: _Spec, output: str) -> None:
 def clear_command(obj: ShareContext, output: str) -> None:
     """Stop sharing: remove the sharing section (other plugin settings stay) and reload.
 
-    On a DRA node: this node leaves its DeviceClasses; the last node out deletes them.
+    On a DRA node: forgets the node's spec; its DeviceClasses stay, since other nodes'
+    claims may name them.
 
     \b
     Example:

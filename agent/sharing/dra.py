@@ -23,11 +23,12 @@ how the pods and containers sharing that claim share them. The mapping, field by
 - MPS on a node whose driver makes MIG devices per claim (``dra-dynamic-mig``): refused, the
   driver refuses MPS with its DynamicMIG gate on.
 
-The DeviceClasses the agent writes carry ``app.kubernetes.io/managed-by: gpu-agent`` and, in
-``gpu-agent.io/nodes``, the nodes whose agents asked for them: a DeviceClass is cluster-wide,
-so agents on several nodes share one and it goes when the last of them clears it. Objects
-rendered for GitOps (``share render``) carry ``gpu-agent.io/rendered-by`` instead, so no agent
-ever takes them for its own.
+A DeviceClass is cluster-wide and its name fixes its spec (an MPS class's name carries the
+share it gives: ``gpu-agent-mps-gpu-25pct``), so agents on any number of nodes that want a
+class want the same object: a node creates it when it is absent and never changes or deletes
+it, and no object lists the nodes (docs/dra.md, "Several nodes, one class"). The agent's
+classes carry ``app.kubernetes.io/managed-by: gpu-agent``; objects rendered for GitOps
+(``share render``) carry ``gpu-agent.io/rendered-by`` instead, so no agent takes them for its own.
 """
 
 from __future__ import annotations
@@ -57,7 +58,6 @@ AGENT = "gpu-agent"
 RENDERED_BY = "gpu-agent.io/rendered-by"
 STRATEGY_LABEL = "gpu-agent.io/sharing"
 RESOURCE_LABEL = "gpu-agent.io/resource"
-NODES = "gpu-agent.io/nodes"
 RESOURCE_NAME = "gpu-agent.io/resource-name"
 #: The DeviceClasses the driver's Helm chart installs (deviceclass-gpu.yaml, deviceclass-mig.yaml).
 GPU_CLASS = "gpu.nvidia.com"
@@ -86,8 +86,13 @@ class SharedClass:
 
     @property
     def name(self) -> str:
-        """Stable object name: ``gpu-agent-time-slicing-gpu``, ``gpu-agent-mps-mig-1g.10gb``."""
-        return f"{AGENT}-{self.strategy}-{self.resource.removeprefix(RESOURCE_PREFIX)}"
+        """The object's name, a function of its spec and nothing else: strategy and resource
+        fix the selector and the config's kind, and an MPS class's share of the SMs, the one
+        parameter a spec varies, is in the name (``gpu-agent-time-slicing-gpu``,
+        ``gpu-agent-mps-mig-1g.10gb-25pct``). Two specs never meet under one name."""
+        name = f"{AGENT}-{self.strategy}-{self.resource.removeprefix(RESOURCE_PREFIX)}"
+        mps = self.parameters["sharing"].get("mpsConfig")
+        return f"{name}-{mps['defaultActiveThreadPercentage']}pct" if mps else name
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,20 +355,18 @@ def class_spec(shared: SharedClass) -> dict[str, Any]:
     }
 
 
-def device_class(shared: SharedClass, nodes: Sequence[str] | None) -> dict[str, Any]:
-    """The DeviceClass for ``shared``: owned by the agents of ``nodes``, or, with None,
-    rendered for GitOps (no agent takes it for its own)."""
-    labels = _labels(shared)
-    annotations = {RESOURCE_NAME: shared.resource}
-    if nodes is None:
-        labels[RENDERED_BY] = AGENT
-    else:
-        labels[MANAGED_BY] = AGENT
-        annotations[NODES] = ",".join(sorted(set(nodes)))
+def device_class(shared: SharedClass, *, rendered: bool = False) -> dict[str, Any]:
+    """The DeviceClass for ``shared``: the agents', or, ``rendered``, for GitOps (no agent
+    takes it for its own)."""
+    labels = _labels(shared) | {(RENDERED_BY if rendered else MANAGED_BY): AGENT}
     return {
         "apiVersion": API_VERSION,
         "kind": "DeviceClass",
-        "metadata": {"name": shared.name, "labels": labels, "annotations": annotations},
+        "metadata": {
+            "name": shared.name,
+            "labels": labels,
+            "annotations": {RESOURCE_NAME: shared.resource},
+        },
         "spec": class_spec(shared),
     }
 
@@ -420,20 +423,20 @@ def render(
     """For GitOps: the DeviceClasses ``config`` renders and, given a namespace, a
     ResourceClaimTemplate per class, in a fixed order (same spec, same objects)."""
     shared = plan(config, allocation).classes
-    objects = [device_class(s, None) for s in shared]
+    objects = [device_class(s, rendered=True) for s in shared]
     if namespace is not None:
         objects += [claim_template(s, namespace) for s in shared]
     return objects
 
 
-# -- reconciling the agent's DeviceClasses ----------------------------------------------------
+# -- creating the agent's DeviceClasses ---------------------------------------------------------
 
-Action = Literal["create", "update", "delete", "unchanged"]
+Action = Literal["create", "unchanged"]
 
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """What to do with one DeviceClass: ``body`` is what to write (for delete: what is there)."""
+    """What to do with one DeviceClass: ``body`` is what to create, or what is there."""
 
     action: Action
     name: str
@@ -442,10 +445,6 @@ class Change:
 
 def owned(obj: Mapping[str, Any]) -> bool:
     return _meta(obj, "labels").get(MANAGED_BY) == AGENT
-
-
-def nodes_of(obj: Mapping[str, Any]) -> set[str]:
-    return {n for n in str(_meta(obj, "annotations").get(NODES, "")).split(",") if n}
 
 
 def _meta(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -460,53 +459,23 @@ def same_spec(obj: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
     return all(have.get(key) == spec[key] for key in ("selectors", "config"))
 
 
-def reconcile_one(
-    name: str, desired: SharedClass | None, existing: Mapping[str, Any] | None, node: str
-) -> Change:
-    """The change that makes DeviceClass ``name`` say what ``node`` wants (``desired``, or
-    None: this node no longer shares it) next to what other nodes' agents asked. Conflict when
-    it is not the agent's, or other nodes use it with another config."""
-    if existing is not None and not owned(existing):
+def reconcile_one(name: str, desired: SharedClass, existing: Mapping[str, Any] | None) -> Change:
+    """Create DeviceClass ``name`` when it is absent; one that is there is left as it is, since
+    its name fixes its spec. Conflict when it is not the agent's, or was edited since."""
+    if existing is None:
+        return Change("create", name, device_class(desired))
+    if not owned(existing):
         raise Conflict(
             f"DeviceClass {name} exists and is not managed by gpu-agent (no {MANAGED_BY}: "
             f"{AGENT} label); rename or remove it first"
         )
-    if desired is None:
-        if existing is None or node not in nodes_of(existing):
-            return Change("unchanged", name, existing or {})
-        rest = nodes_of(existing) - {node}
-        if not rest:
-            return Change("delete", name, existing)
-        return Change("update", name, _with_nodes(existing, rest))
-    if existing is None:
-        return Change("create", name, device_class(desired, [node]))
-    others = nodes_of(existing) - {node}
     if not same_spec(existing, class_spec(desired)):
-        if others:
-            raise Conflict(
-                f"DeviceClass {name} is shared by node(s) {', '.join(sorted(others))} with "
-                "another config; clear it there first, or set the same spec on every node"
-            )
-        return Change("update", name, _with_meta(existing, device_class(desired, [node])))
-    if node in nodes_of(existing) and _meta(existing, "labels").items() >= _labels(desired).items():
-        return Change("unchanged", name, existing)
-    return Change("update", name, _with_nodes(existing, others | {node}))
-
-
-def _with_nodes(existing: Mapping[str, Any], nodes: set[str]) -> dict[str, Any]:
-    obj = copy.deepcopy(dict(existing))
-    meta = obj.setdefault("metadata", {})
-    meta.setdefault("annotations", {})[NODES] = ",".join(sorted(nodes))
-    return obj
-
-
-def _with_meta(existing: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
-    """``wanted`` carrying ``existing``'s resourceVersion (the update's precondition)."""
-    obj = copy.deepcopy(dict(wanted))
-    version = _meta_value(existing, "resourceVersion")
-    if version:
-        obj["metadata"]["resourceVersion"] = version
-    return obj
+        raise Conflict(
+            f"DeviceClass {name} does not carry the spec its name stands for (edited since an "
+            f"agent created it); no agent changes it: delete it (kubectl delete deviceclass "
+            f"{name}) and run share set again"
+        )
+    return Change("unchanged", name, existing)
 
 
 def _meta_value(obj: Mapping[str, Any], key: str) -> str:
@@ -515,14 +484,12 @@ def _meta_value(obj: Mapping[str, Any], key: str) -> str:
 
 
 def reconcile(
-    desired: Sequence[SharedClass], existing: Sequence[Mapping[str, Any]], node: str
+    desired: Sequence[SharedClass], existing: Sequence[Mapping[str, Any]]
 ) -> list[Change]:
-    """Every change, in name order, that makes the cluster's DeviceClasses say ``desired`` for
-    ``node``: its classes created or joined, the ones it no longer wants left (deleted when no
-    other node uses them). All or nothing: a Conflict on any refuses the whole change."""
+    """Every change, in name order, that makes the cluster hold the classes ``desired``, given
+    those of them it holds (``existing``): the absent ones created, nothing else written. All
+    or nothing: a Conflict on any refuses the whole change."""
     by_name = {_meta_value(obj, "name"): obj for obj in existing}
-    wanted = {s.name: s for s in desired}
-    names = set(wanted) | {
-        name for name, obj in by_name.items() if owned(obj) and node in nodes_of(obj)
-    }
-    return [reconcile_one(n, wanted.get(n), by_name.get(n), node) for n in sorted(names)]
+    return [
+        reconcile_one(s.name, s, by_name.get(s.name)) for s in sorted(desired, key=lambda s: s.name)
+    ]

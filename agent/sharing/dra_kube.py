@@ -1,18 +1,19 @@
-"""The agent's sharing DeviceClasses in the cluster: read, create, update, delete.
+"""The agent's sharing DeviceClasses in the cluster: read and create (an agent never updates or
+deletes one: its name fixes its spec, `agent.sharing.dra`).
 
 What `share show` and the node's inventory read comes from one watch of the classes the agents
 manage (``cache``, shared through the edge's informers): a steady node sends nothing, where a
-list every refresh made every DRA node of a fleet list them every few seconds. A change lists
-them afresh, since it writes against the versions it read, and puts what it wrote into that cache
-at once, so a show right after it sees the change. Writes follow `agent.sharing.dra.reconcile`:
-an update carries the resourceVersion it read, and a 409 (someone wrote the class in between)
-is answered by reading it again, deciding again and retrying once; a second 409 is the caller's
-Conflict.
+list every refresh made every DRA node of a fleet list them every few seconds. Each class is
+written once, when the first node wants it, so the watch carries one event per class, not one
+per node. A change GETs the classes it wants (what is in the cluster now, whatever the watch
+says), creates the absent ones following `agent.sharing.dra.reconcile`, and puts what it created
+into that cache at once, so a show right after it sees the change. A 409 on a create (another
+node created the class in between) is answered by reading it again and deciding again: the same
+spec is done.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -63,6 +64,11 @@ class DeviceClasses:
         items, _ = self._kube.list_all(PATH, QUERY)
         return _owned(items)
 
+    def current(self, names: Sequence[str]) -> list[dict[str, Any]]:
+        """The classes of ``names`` the API server holds now (one GET each, whatever the fleet's
+        size)."""
+        return [found for name in names if (found := self.get(name)) is not None]
+
     def get(self, name: str) -> dict[str, Any] | None:
         try:
             found = self._kube.request("GET", f"{PATH}/{name}")
@@ -70,11 +76,9 @@ class DeviceClasses:
             return None
         return found if isinstance(found, dict) else None
 
-    def apply(
-        self, changes: Sequence[Change], desired: Sequence[SharedClass], node: str
-    ) -> list[Change]:
-        """Make each change; on a 409, read that class again, decide again, retry once.
-        Returns the changes as made."""
+    def apply(self, changes: Sequence[Change], desired: Sequence[SharedClass]) -> list[Change]:
+        """Make each change; on a 409 (created by another node in between), read that class
+        again and decide again: the same spec is done. Returns the changes as made."""
         wanted = {s.name: s for s in desired}
         done: list[Change] = []
         for change in changes:
@@ -82,9 +86,7 @@ class DeviceClasses:
                 try:
                     done.append(self._write(change))
                 except Conflict:
-                    fresh = reconcile_one(
-                        change.name, wanted.get(change.name), self.get(change.name), node
-                    )
+                    fresh = reconcile_one(change.name, wanted[change.name], self.get(change.name))
                     done.append(self._write(fresh))
             except AgentError as exc:
                 made = [c for c in done if c.action != "unchanged"]
@@ -94,38 +96,13 @@ class DeviceClasses:
         return done
 
     def _write(self, change: Change) -> Change:
-        made = self._made(change)
-        if self._cache is not None and change.action in ("create", "update"):
+        if change.action != "create":
+            return change
+        body = self._kube.request("POST", PATH, body=dict(change.body))
+        made = Change("create", change.name, body if isinstance(body, dict) else change.body)
+        if self._cache is not None:
             self._cache.assume(made.body)
-        elif self._cache is not None and change.action == "delete":
-            self._cache.assume_deleted(change.body)
         return made
-
-    def _made(self, change: Change) -> Change:
-        if change.action == "create":
-            body = self._kube.request("POST", PATH, body=dict(change.body))
-        elif change.action == "update":
-            body = self._kube.request("PUT", f"{PATH}/{change.name}", body=dict(change.body))
-        elif change.action == "delete":
-            version = str(change.body.get("metadata", {}).get("resourceVersion") or "")
-            precondition = (
-                {
-                    "apiVersion": "v1",
-                    "kind": "DeleteOptions",
-                    "preconditions": {"resourceVersion": version},
-                }
-                if version
-                else None
-            )
-            with contextlib.suppress(NotFound):  # already gone: what delete wanted
-                self._kube.request("DELETE", f"{PATH}/{change.name}", body=precondition)
-            return change
-        else:
-            return change
-        return Change(change.action, change.name, body if isinstance(body, dict) else change.body)
-
-
-_DONE = {"create": "created", "update": "updated", "delete": "deleted"}
 
 
 def _owned(items: Sequence[Any]) -> list[dict[str, Any]]:
@@ -137,7 +114,7 @@ def _part_way(exc: AgentError, made: Sequence[Change]) -> AgentError:
     """``exc`` (same class and details, so the exit code still says why) saying which classes
     this change had already written: the cluster holds part of it, and the spec is not
     recorded until a run of the command gets through."""
-    what = ", ".join(f"{_DONE[c.action]} DeviceClass {c.name}" for c in made)
+    what = ", ".join(f"created DeviceClass {c.name}" for c in made)
     said = copy.copy(exc)
     said.args = (
         f"{exc}; this change had already {what}: the spec was not recorded; run the same "

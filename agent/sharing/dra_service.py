@@ -29,13 +29,7 @@ from agent.sharing.view import (
 
 __all__ = ["DraSharing"]
 
-#: A class listing this node that the node's spec does not name: a change cut off part-way.
-_UNNAMED = (
-    "DeviceClass lists this node, but the spec set on this node does not name it (left by a "
-    "change that failed part-way?): run that share command again, or share clear"
-)
-
-_STATE = {"create": "created", "update": "updated", "delete": "deleted", "unchanged": "unchanged"}
+_STATE = {"create": "created", "unchanged": "unchanged"}
 
 
 class DraSharing:
@@ -43,27 +37,23 @@ class DraSharing:
         self,
         config_path: Path,
         kube: KubeClient | None,
-        node_name: str | None,
         clock: Callable[[], float],
         device_classes: Informer | None = None,
     ) -> None:
         """``device_classes``: the watch of the agents' DeviceClasses that show reads; without
         one each show lists them."""
         self._kube = kube
-        self._node_name = node_name
         self._clock = clock
         self._device_classes = device_classes
         self._store = ConfigStore(config_path.with_name(config_path.name + ".dra"))
 
-    def _classes(self) -> tuple[DeviceClasses, str]:
+    def _classes(self) -> DeviceClasses:
         if not isinstance(self._kube, DraKube):
             raise NotSupported(
                 "sharing on a DRA node writes DeviceClasses: the agent has no Kubernetes API "
                 "client here (run it in the cluster, or give it a kubeconfig)"
             )
-        if not self._node_name:
-            raise NotSupported("sharing on a DRA node needs the agent's node name (node_name)")
-        return DeviceClasses(self._kube, self._device_classes), self._node_name
+        return DeviceClasses(self._kube, self._device_classes)
 
     def set(self, allocation: Allocation, requested: PluginConfig) -> ApplyResult:
         planned = dra.plan(requested, allocation)  # InvalidSpec before anything is touched
@@ -94,10 +84,13 @@ class DraSharing:
     def _apply(
         self, action: str, allocation: Allocation, planned: dra.DraPlan, spec: PluginConfig
     ) -> ApplyResult:
-        classes, node = self._classes()
+        classes = self._classes()
         with self._store.lock():
-            changes = dra.reconcile(planned.classes, classes.listed(), node)  # Conflict: no write
-            done = classes.apply(changes, planned.classes, node)
+            # Only the classes this spec names: a clear, or what an older spec named, writes
+            # nothing to the cluster (other nodes may use them).
+            existing = classes.current([s.name for s in planned.classes])
+            changes = dra.reconcile(planned.classes, existing)  # Conflict: no write
+            done = classes.apply(changes, planned.classes)
             data = render(spec).encode()
             current = self._store.read()
             wrote = current != data and not (current is None and spec == PluginConfig())
@@ -109,11 +102,7 @@ class DraSharing:
                 self._store.write_status(
                     StatusRecord(action, _sha256(data), self._clock(), None).to_json()
                 )
-        objects = tuple(
-            DraObject("DeviceClass", c.name, _STATE[c.action], c.body)
-            for c in done
-            if c.action != "unchanged" or c.name in {s.name for s in planned.classes}
-        )
+        objects = tuple(DraObject("DeviceClass", c.name, _STATE[c.action], c.body) for c in done)
         changed = wrote or any(c.action != "unchanged" for c in done)
         return ApplyResult(
             action,
@@ -149,16 +138,12 @@ class DraSharing:
         objects: list[DraObject] = []
         error = ""
         try:
-            classes, node = self._classes()
-            found = {str(o["metadata"].get("name")): o for o in classes.owned()}
+            found = {str(o["metadata"].get("name")): o for o in self._classes().owned()}
         except AgentError as exc:
             error = str(exc)
         else:
-            for name in sorted(
-                set(wanted) | {n for n, o in found.items() if node in dra.nodes_of(o)}
-            ):
+            for name, want in sorted(wanted.items()):
                 obj = found.get(name)
-                want = wanted.get(name)
                 if obj is None:
                     objects.append(DraObject("DeviceClass", name, "missing", {}))
                     problems.append(
@@ -166,10 +151,7 @@ class DraSharing:
                     )
                     continue
                 state = "present"
-                if want is None:
-                    state = "differs"
-                    problems.append(FieldViolation(name, _UNNAMED))
-                elif not dra.same_spec(obj, dra.class_spec(want)):
+                if not dra.same_spec(obj, dra.class_spec(want)):
                     state = "differs"
                     problems.append(
                         FieldViolation(name, "DeviceClass differs from the spec set on this node")

@@ -128,7 +128,7 @@ class SharingService:
         self._clock = clock
         self._store = ConfigStore(settings.config_path)
         #: On DRA nodes: the DeviceClasses, and the spec as last set beside the plugin's file.
-        self._dra = DraSharing(settings.config_path, kube, node_name, clock, device_classes)
+        self._dra = DraSharing(settings.config_path, kube, clock, device_classes)
 
     def show(self) -> SharingView:
         allocation = self._allocation()
@@ -287,7 +287,7 @@ class SharingService:
 
     def clear(self) -> ApplyResult:
         """Stop sharing: keep the file's flags and other sections, drop ``sharing``. On a DRA
-        node: this node leaves the agent's DeviceClasses (the last node out deletes them)."""
+        node: the node's spec is forgotten and no DeviceClass is written (others may use it)."""
         allocation = self._mode_for_change()
         if allocation.mode.is_dra:
             return self._dra.clear(allocation)

@@ -106,7 +106,8 @@ class DraObject:
 
     kind: str
     name: str
-    #: created, updated, deleted, unchanged (a change); present, missing, differs (show)
+    #: created or unchanged (a change; agents before content-named classes also said updated,
+    #: deleted); present, missing, differs (show)
     state: str
     body: Mapping[str, Any]
     namespace: str = ""

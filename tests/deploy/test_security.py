@@ -87,7 +87,8 @@ def test_rbac_grants_no_wildcards_and_no_secrets(kustomization: str) -> None:
 def test_agent_rbac_is_what_the_agent_does() -> None:
     """Read and label its Node, patch its Node's status (the GPUHealthy condition), read pods,
     write events, read DRA ResourceSlices (to attribute GPUs pods got through DRA claims),
-    write (and watch, for `share show`) the DeviceClasses of sharing on DRA nodes and
+    create (and watch, for `share show`) the DeviceClasses of sharing on DRA nodes, never
+    update or delete one (a class's name fixes its spec: docs/dra.md), write
     DeviceTaintRules for its failed GPUs; nothing else."""
     grants = {
         (tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"])
@@ -99,7 +100,7 @@ def test_agent_rbac_is_what_the_agent_does() -> None:
         (("",), ("pods",)): READ,
         (("", "events.k8s.io"), ("events",)): {"create", "patch"},
         (("resource.k8s.io",), ("resourceslices",)): READ,
-        (("resource.k8s.io",), ("deviceclasses",)): READ | {"create", "update", "delete"},
+        (("resource.k8s.io",), ("deviceclasses",)): READ | {"create"},
         (("resource.k8s.io",), ("devicetaintrules",)): {"list", "create", "delete"},
     }
 

@@ -42,7 +42,7 @@ def test_render_as_json_is_a_list(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     listing = json.loads(result.stdout)
     assert listing["kind"] == "List"
-    assert [o["metadata"]["name"] for o in listing["items"]] == ["gpu-agent-mps-gpu"]
+    assert [o["metadata"]["name"] for o in listing["items"]] == ["gpu-agent-mps-gpu-25pct"]
 
 
 def test_render_refuses_what_the_driver_cannot_take_naming_the_field() -> None:

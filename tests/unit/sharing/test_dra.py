@@ -56,7 +56,7 @@ def test_what_the_driver_does_not_carry_is_said_not_dropped() -> None:
 
 def test_a_mig_resource_name_selects_the_profile_with_its_plus() -> None:
     (shared,) = dra.plan(spec("timeSlicing", ("mig-1g.10gb.me", 2)), DRA).classes
-    expression = dra.device_class(shared, ["n"])["spec"]["selectors"][0]["cel"]["expression"]
+    expression = dra.device_class(shared)["spec"]["selectors"][0]["cel"]["expression"]
     assert expression.endswith("device.attributes['gpu.nvidia.com'].profile == '1g.10gb+me'")
     assert shared.name == "gpu-agent-time-slicing-mig-1g.10gb.me"
 
@@ -240,35 +240,39 @@ def classes(config: Any) -> tuple[dra.SharedClass, ...]:
     return dra.plan(config, DRA).classes
 
 
-def test_a_second_node_with_the_same_spec_joins_the_class() -> None:
-    (first,) = dra.reconcile(classes(spec()), [], "node-a")
+def test_a_class_is_created_once_and_then_left_as_it_is() -> None:
+    (first,) = dra.reconcile(classes(spec()), [])
     assert first.action == "create"
-    (second,) = dra.reconcile(classes(spec()), [dict(first.body)], "node-b")
-    assert second.action == "update"
-    assert dra.nodes_of(second.body) == {"node-a", "node-b"}
-    (again,) = dra.reconcile(classes(spec()), [dict(second.body)], "node-b")
-    assert again.action == "unchanged"
+    (again,) = dra.reconcile(classes(spec()), [dict(first.body)])
+    assert again.action == "unchanged"  # any node, any number of them: nothing to write
+    assert "gpu-agent.io/nodes" not in first.body["metadata"]["annotations"]
 
 
-def test_a_node_with_another_config_is_refused_while_others_use_the_class() -> None:
-    (first,) = dra.reconcile(classes(spec("mps", ("gpu", 4))), [], "node-a")
-    with pytest.raises(Conflict, match="node-a"):
-        dra.reconcile(classes(spec("mps", ("gpu", 2))), [dict(first.body)], "node-b")
-    (alone,) = dra.reconcile(classes(spec("mps", ("gpu", 2))), [dict(first.body)], "node-a")
-    assert alone.action == "update"
+@pytest.mark.parametrize("strategy", ["timeSlicing", "mps"])
+def test_a_class_name_fixes_its_spec(strategy: str) -> None:
+    """Nodes with different specs never meet under one name, so no agent ever has to change
+    or refuse a class another node created (docs/dra.md, "Several nodes, one class")."""
+    specs: dict[str, dict[str, Any]] = {}
+    for replicas in range(2, 49):
+        for resource in ("nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"):
+            (shared,) = classes(spec(strategy, (resource, replicas)))
+            assert specs.setdefault(shared.name, dra.class_spec(shared)) == dra.class_spec(shared)
+    (a,) = classes(spec("mps", ("gpu", 4)))
+    (b,) = classes(spec("mps", ("gpu", 2)))
+    assert (a.name, b.name) == ("gpu-agent-mps-gpu-25pct", "gpu-agent-mps-gpu-50pct")
+    assert [c.action for c in dra.reconcile((b,), [dra.device_class(a)])] == ["create"]
 
 
-def test_the_last_node_out_deletes_the_class() -> None:
-    (a,) = dra.reconcile(classes(spec()), [], "node-a")
-    (b,) = dra.reconcile(classes(spec()), [dict(a.body)], "node-b")
-    (left,) = dra.reconcile((), [dict(b.body)], "node-a")
-    assert left.action == "update" and dra.nodes_of(left.body) == {"node-b"}
-    (gone,) = dra.reconcile((), [dict(left.body)], "node-b")
-    assert gone.action == "delete"
+def test_a_class_edited_since_it_was_created_is_refused_not_overwritten() -> None:
+    (shared,) = classes(spec("mps", ("gpu", 4)))
+    edited = dra.device_class(shared)
+    edited["spec"]["config"][0]["opaque"]["parameters"]["sharing"]["mpsConfig"] = {}
+    with pytest.raises(Conflict, match="kubectl delete deviceclass gpu-agent-mps-gpu-25pct"):
+        dra.reconcile((shared,), [edited])
 
 
 def test_a_class_the_agent_does_not_manage_is_never_taken_over() -> None:
     (shared,) = classes(spec())
-    theirs = dra.device_class(shared, None)  # e.g. applied from share render by GitOps
+    theirs = dra.device_class(shared, rendered=True)  # e.g. applied from share render by GitOps
     with pytest.raises(Conflict, match="not managed by gpu-agent"):
-        dra.reconcile(classes(spec()), [theirs], "node-a")
+        dra.reconcile(classes(spec()), [theirs])

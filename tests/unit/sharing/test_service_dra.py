@@ -1,10 +1,11 @@
-"""SharingService on a DRA node, against the Kubernetes API stand-in: ``set`` writes the DRA
-driver's DeviceClasses instead of the plugin's file, a second set updates them, ``clear``
-removes them, ``rollback`` restores them, and the stand-in (the API server's validation)
-accepted every write."""
+"""SharingService on a DRA node, against the Kubernetes API stand-in: ``set`` creates the DRA
+driver's DeviceClasses instead of writing the plugin's file, a class that is there is never
+written again (by this node or any other), ``clear`` and ``rollback`` change the node's spec,
+and the stand-in (the API server's validation) accepted every write."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,7 @@ def test_set_on_a_dra_node_writes_device_classes_not_the_plugin_file(
     ]
     stored = classes(api)["gpu-agent-time-slicing-gpu"]
     assert stored["metadata"]["labels"][dra.MANAGED_BY] == "gpu-agent"
-    assert stored["metadata"]["annotations"][dra.NODES] == NODE
+    assert stored["metadata"]["annotations"] == {dra.RESOURCE_NAME: "nvidia.com/gpu"}
     assert params(stored)["sharing"] == {
         "strategy": "TimeSlicing",
         "timeSlicingConfig": {"interval": "Default"},
@@ -98,24 +99,32 @@ def test_set_on_a_dra_node_writes_device_classes_not_the_plugin_file(
     assert "not carried" in result.dra.notes[0].description
 
 
-def test_a_second_set_updates_the_objects_and_the_same_set_changes_nothing(
+def test_a_second_set_creates_its_class_and_the_same_set_changes_nothing(
     config_path: Path, kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
 ) -> None:
+    """Another spec is another class (the name carries the MPS share); the one the node used
+    before stays for the other nodes that may use it (docs/dra.md, "Several nodes, one
+    class")."""
     api, _ = kube_api
     svc = service(config_path, kube)
     svc.set(mps(4))
-    version = classes(api)["gpu-agent-mps-gpu"]["metadata"]["resourceVersion"]
+    before = classes(api)["gpu-agent-mps-gpu-25pct"]
     result = svc.set(mps(2))
-    assert [(o.name, o.state) for o in result.dra.objects] == [("gpu-agent-mps-gpu", "updated")]
-    stored = classes(api)["gpu-agent-mps-gpu"]
-    assert params(stored)["sharing"]["mpsConfig"] == {"defaultActiveThreadPercentage": 50}
-    assert stored["metadata"]["resourceVersion"] != version
-    switched = svc.set(ts())
-    assert sorted((o.name, o.state) for o in switched.dra.objects) == [
-        ("gpu-agent-mps-gpu", "deleted"),
-        ("gpu-agent-time-slicing-gpu", "created"),
+    assert [(o.name, o.state) for o in result.dra.objects] == [
+        ("gpu-agent-mps-gpu-50pct", "created")
     ]
-    assert list(classes(api)) == ["gpu-agent-time-slicing-gpu"]
+    stored = classes(api)["gpu-agent-mps-gpu-50pct"]
+    assert params(stored)["sharing"]["mpsConfig"] == {"defaultActiveThreadPercentage": 50}
+    assert classes(api)["gpu-agent-mps-gpu-25pct"] == before  # not written
+    switched = svc.set(ts())
+    assert [(o.name, o.state) for o in switched.dra.objects] == [
+        ("gpu-agent-time-slicing-gpu", "created")
+    ]
+    assert sorted(classes(api)) == [
+        "gpu-agent-mps-gpu-25pct",
+        "gpu-agent-mps-gpu-50pct",
+        "gpu-agent-time-slicing-gpu",
+    ]
     again = svc.set(ts())
     assert not again.changed
     assert [(o.name, o.state) for o in again.dra.objects] == [
@@ -145,26 +154,25 @@ def test_show_lists_the_objects_and_what_drifted(
     assert any(f.endswith("timeSlicingConfig.interval") for f in fields)
 
 
-def test_clear_removes_the_objects_and_rollback_restores_them(
+def test_clear_forgets_the_spec_and_rollback_restores_it_writing_no_class(
     config_path: Path, kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
 ) -> None:
     api, _ = kube_api
     svc = service(config_path, kube)
     svc.set(ts())
+    there = classes(api)
     cleared = svc.clear()
-    assert cleared.changed
-    assert [(o.name, o.state) for o in cleared.dra.objects] == [
-        ("gpu-agent-time-slicing-gpu", "deleted")
-    ]
-    assert classes(api) == {}
-    assert svc.show().dra.objects == ()
+    assert cleared.changed and cleared.dra.objects == ()
+    assert classes(api) == there  # other nodes may use it: left as it is
+    assert svc.show().dra.objects == () and svc.show().config.sharing == parse({}).sharing
     restored = svc.rollback()
+    assert restored.changed
     assert [(o.name, o.state) for o in restored.dra.objects] == [
-        ("gpu-agent-time-slicing-gpu", "created")
+        ("gpu-agent-time-slicing-gpu", "unchanged")
     ]
-    assert list(classes(api)) == ["gpu-agent-time-slicing-gpu"]
+    assert svc.show().config.sharing == ts().sharing
     undone = svc.rollback()  # a second rollback undoes the first
-    assert classes(api) == {} and undone.changed
+    assert undone.changed and svc.show().dra.objects == () and classes(api) == there
 
 
 def test_unknown_mode_refuses_every_change_naming_it(
@@ -209,56 +217,81 @@ def test_a_refused_spec_writes_nothing(
     assert classes(api) == {} and sorted(config_path.parent.iterdir()) == []
 
 
-def test_another_nodes_class_with_another_config_is_refused_before_any_write(
+def test_nodes_with_different_specs_each_get_their_class_and_a_clear_writes_none(
     config_path: Path, kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient, tmp_path: Path
 ) -> None:
+    """Formerly the second node was refused (exit 4) while the first used the class with
+    another config; each spec now has a class of its own."""
     api, _ = kube_api
     other = tmp_path / "other" / "config.yaml"
     other.parent.mkdir()
     service(other, kube, node_name="gpu-node-2").set(mps(4))
-    with pytest.raises(Conflict, match="gpu-node-2"):
-        service(config_path, kube).set(mps(2))
-    assert classes(api)["gpu-agent-mps-gpu"]["metadata"]["annotations"][dra.NODES] == "gpu-node-2"
-    service(config_path, kube).set(mps(4))  # the same spec joins it
-    assert dra.nodes_of(classes(api)["gpu-agent-mps-gpu"]) == {NODE, "gpu-node-2"}
+    service(config_path, kube).set(mps(2))
+    assert sorted(classes(api)) == ["gpu-agent-mps-gpu-25pct", "gpu-agent-mps-gpu-50pct"]
+    writes = len(_class_writes(api))
     service(other, kube, node_name="gpu-node-2").clear()
-    assert dra.nodes_of(classes(api)["gpu-agent-mps-gpu"]) == {NODE}
+    assert len(_class_writes(api)) == writes
+    assert sorted(classes(api)) == ["gpu-agent-mps-gpu-25pct", "gpu-agent-mps-gpu-50pct"]
+
+
+def _class_writes(api: FakeKubeApi) -> list[Any]:
+    return [r for r in api.requests if r.method != "GET" and r.path.startswith(dra_kube.PATH)]
+
+
+def test_a_fleet_setting_one_spec_writes_its_class_once_and_a_clear_writes_nothing(
+    kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient, tmp_path: Path
+) -> None:
+    """Every node's agent used to PUT the one cluster-wide class to add itself to its
+    ``gpu-agent.io/nodes`` annotation: at 5,000 nodes a fleet rollout PUT a class of up to
+    200 KB 5,000 times, each sent by the watch to every DRA agent, concurrent nodes met 409s,
+    and the object neared the API server's size limit; every clear PUT it again. Now the first
+    node creates it, the others only read it, and its size does not depend on the fleet's."""
+    api, _ = kube_api
+    nodes = [f"gpu-node-{i:03}" for i in range(200)]
+    paths = {n: tmp_path / n / "config.yaml" for n in nodes}
+    sizes = []
+    for n in nodes:
+        paths[n].parent.mkdir()
+        service(paths[n], kube, node_name=n).set(ts())
+        sizes.append(len(json.dumps(classes(api)["gpu-agent-time-slicing-gpu"])))
+    assert len(_class_writes(api)) == 1
+    assert set(sizes) == {sizes[0]} and sizes[0] < 2048
+    for n in nodes[:50]:
+        assert service(paths[n], kube, node_name=n).clear().changed
+    assert len(_class_writes(api)) == 1
+    assert list(classes(api)) == ["gpu-agent-time-slicing-gpu"]
 
 
 class RacingKube:
-    """The stand-in's client, with somebody else writing a class just before our first PUT."""
+    """The stand-in's client, with another node creating the class just before our POST."""
 
-    def __init__(self, kube: InClusterKubeClient, api: FakeKubeApi) -> None:
-        self._kube, self._api, self.puts = kube, api, 0
+    def __init__(self, kube: InClusterKubeClient, api: FakeKubeApi, body: dict[str, Any]) -> None:
+        self._kube, self._api, self._body, self.posts = kube, api, body, 0
 
     def list_all(self, path: str, query: Any = None, page_size: int = 500) -> Any:
         return self._kube.list_all(path, query, page_size)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        if method == "PUT":
-            self.puts += 1
-            if self.puts == 1:
-                name = path.rsplit("/", 1)[1]
-                obj = next(
-                    o for o in self._api.dra("deviceclasses") if o["metadata"]["name"] == name
-                )
-                obj["metadata"].pop("resourceVersion")
-                self._api.put_dra("deviceclasses", obj)  # bumps the version under us
+        if method == "POST":
+            self.posts += 1
+            self._kube.request("POST", path, body=self._body)  # the other node's, first
         return self._kube.request(method, path, **kwargs)
 
 
-def test_an_update_that_meets_a_409_is_decided_again_and_retried_once(
+def test_a_create_that_meets_a_409_reads_the_class_again_and_takes_the_same_one(
     config_path: Path, kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
 ) -> None:
     api, _ = kube_api
-    service(config_path, kube).set(mps(4))
-    racing = RacingKube(kube, api)
-    result = service(config_path, racing).set(mps(2))
-    assert racing.puts == 2
-    assert [o.state for o in result.dra.objects] == ["updated"]
-    assert params(classes(api)["gpu-agent-mps-gpu"])["sharing"]["mpsConfig"] == {
-        "defaultActiveThreadPercentage": 50
-    }
+    (shared,) = dra.plan(mps(4), DRA).classes
+    racing = RacingKube(kube, api, dra.device_class(shared))
+    result = service(config_path, racing).set(mps(4))
+    assert racing.posts == 1  # 409 AlreadyExists, read again: the same spec, done
+    assert [o.state for o in result.dra.objects] == ["unchanged"] and result.changed
+    edited = dra.device_class(shared)
+    params(edited)["sharing"]["mpsConfig"] = {}
+    api.delete_dra("deviceclasses", "gpu-agent-mps-gpu-25pct")
+    with pytest.raises(Conflict, match="does not carry the spec its name stands for"):
+        service(config_path, RacingKube(kube, api, edited)).set(mps(4))
 
 
 def test_without_a_kubernetes_client_a_dra_change_is_refused(config_path: Path) -> None:
@@ -293,14 +326,13 @@ def test_show_degrades_when_the_api_server_is_down(
         watched.stop()
 
 
-def test_a_change_that_fails_part_way_says_what_it_made_and_show_names_the_leftover(
+def test_a_change_that_fails_part_way_says_what_it_made(
     config_path: Path, kube_api: tuple[FakeKubeApi, str], kube: InClusterKubeClient
 ) -> None:
     """An API server blip on the second of two DeviceClasses left the first created while the
-    error said only "500 Internal Server Error", and ``share show`` then called the leftover
-    "DeviceClass differs from the spec set on this node". The error now says what was made and
-    that the spec was not recorded, show says the spec does not name the class, and the same
-    set run again finishes the change (docs/dra.md, "Several nodes, one class")."""
+    error said only "500 Internal Server Error". The error now says what was made and that the
+    spec was not recorded, and the same set run again finishes the change (docs/dra.md,
+    "Several nodes, one class")."""
     api, _ = kube_api
     two = parse(
         {
@@ -320,14 +352,7 @@ def test_a_change_that_fails_part_way_says_what_it_made_and_show_names_the_lefto
     said = str(raised.value)
     assert "500" in said and "created DeviceClass gpu-agent-time-slicing-gpu" in said, said
     assert "the spec was not recorded" in said, said
-    view = service(config_path, kube).show()
-    assert [(o.name, o.state) for o in view.dra.objects] == [
-        ("gpu-agent-time-slicing-gpu", "differs")
-    ]
-    assert [p.description for p in view.problems] == [
-        "DeviceClass lists this node, but the spec set on this node does not name it (left by "
-        "a change that failed part-way?): run that share command again, or share clear"
-    ]
+    assert service(config_path, kube).show().dra.objects == ()  # the node's spec is unchanged
     finished = service(config_path, kube).set(two)
     assert sorted(classes(api)) == [
         "gpu-agent-time-slicing-gpu",
@@ -367,9 +392,9 @@ def test_show_reads_the_watched_classes_and_sends_nothing_while_nothing_changes(
 ) -> None:
     """The node's inventory refreshes sharing every 5 s: a list of the DeviceClasses in each
     show made every DRA node of a fleet list them every 5 s (1,000 lists a second at 5,000
-    nodes). Show reads one watch of them; a change lists them afresh (it writes against the
-    versions it read) and puts what it wrote into the watch's cache, so a show right after it
-    sees it; a hand edit arrives by the watch."""
+    nodes). Show reads one watch of them; a change GETs the classes it names and puts what it
+    created into the watch's cache, so a show right after it sees it; a hand edit arrives by
+    the watch."""
     api, _ = kube_api
     watched = Informer(kube, dra_kube.PATH, dra_kube.QUERY, watch_timeout_s=5.0)
     svc = service(config_path, kube, device_classes=watched)
@@ -391,6 +416,6 @@ def test_show_reads_the_watched_classes_and_sends_nothing_while_nothing_changes(
         assert svc.show().dra.objects[0].state == "differs"
         svc.clear()
         assert svc.show().dra.objects == ()  # at once, not when the watch says so
-        assert _class_lists(api) == lists + 1  # clear's own list, nothing else
+        assert _class_lists(api) == lists  # clear lists nothing
     finally:
         watched.stop()
