@@ -31,6 +31,11 @@ V1 = "client.authentication.k8s.io/v1"
 JWT = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJtZSJ9.c2lnbmF0dXJl"
 
 
+def exec_env(*names: str) -> dict[str, Any]:
+    env = [{"name": n, "value": "v"} for n in names]
+    return {"exec": {"command": "x", "apiVersion": V1, "interactiveMode": "Never", "env": env}}
+
+
 @pytest.fixture
 def api(kube_api: tuple[FakeKubeApi, str], monkeypatch: pytest.MonkeyPatch) -> FakeKubeApi:
     """One node whose agent pod has no IP yet: status lists it, found through the API."""
@@ -228,9 +233,11 @@ def test_a_refused_or_expired_plugin_token_runs_the_plugin_again(
         (credential("t", "client.authentication.k8s.io/v1alpha1"), None, r"answered 'client"),
         ("print(json.dumps({'kind': 'ExecCredential', 'apiVersion': "
          f"{V1!r}, 'status': {{}}}}))", None, r"'kubelogin'.*no status.token"),
+        # no process can be started with it: a ValueError out of Popen, not an OSError
+        ("", "kubelogin\0", r"'kubelogin\\x00'.*cannot run 'kubelogin\\x00': embedded null"),
     ],
     ids=["missing", "fails", "long-stderr", "hangs", "garbage", "floods", "wrong-version",
-         "no-token"],
+         "no-token", "nul-in-command"],
 )  # fmt: skip
 def test_a_broken_exec_plugin_is_one_line_naming_it(
     api: FakeKubeApi,
@@ -449,8 +456,13 @@ def test_a_client_certificate_inline_authenticates(
          r"exec apiVersion .*client.authentication.k8s.io/v1 or .*v1beta1"),
         ({"exec": {"command": "x", "apiVersion": V1}}, {}, r"exec interactiveMode None"),
         ({"token": "t"}, {"insecure-skip-tls-verify": "yes"}, r"malformed: Expected `bool`"),
+        # An exec env name no process environment could hold.
+        (exec_env("A", ""), {}, r"exec env\[1\]\.name '': want a variable name"),
+        (exec_env("AWS=PROFILE"), {}, r"exec env\[0\]\.name 'AWS=PROFILE': want a variable"),
+        (exec_env("AWS\0PROFILE"), {}, r"exec env\[0\]\.name 'AWS\\x00PROFILE': want"),
     ],
-    ids=["auth-provider", "socks-proxy", "v1alpha1", "v1-without-mode", "wrong-type"],
+    ids=["auth-provider", "socks-proxy", "v1alpha1", "v1-without-mode", "wrong-type",
+         "empty-env-name", "env-name-with-equals", "env-name-with-nul"],
 )  # fmt: skip
 def test_a_kubeconfig_it_cannot_take_is_refused_naming_the_field(
     api: FakeKubeApi,
