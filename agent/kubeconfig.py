@@ -115,17 +115,21 @@ def load(
     ca = _pem(
         path, cluster.certificate_auth_data, cluster.certificate_auth, base, "certificate-authority"
     )
+    token = (user.token or None) if user is not None else None
     token_file = user.token_file if user is not None else None
     refuse_server(cluster.server, f"kubeconfig {path}: ")
+    plugin = _exec(path, raw_user.get("exec"), raw_cluster, base, exec_timeout_s)
     return KubeconfigSettings(
         server=cluster.server,
-        token=(user.token or None) if user is not None else None,
+        token=token,
         token_path=base / token_file if token_file else None,
         ca_data=ca,
         client_cert=(cert, key) if cert and key else None,
         insecure=cluster.insecure,
         proxy=_proxy(path, raw_cluster.get("proxy-url")),
-        exec_plugin=_exec(path, raw_user.get("exec"), raw_cluster, base, exec_timeout_s),
+        # client-go's rule: a token, token file or client certificate is sent and the exec
+        # plugin never runs (exec.go, UpdateTransportConfig); the plugin is still checked
+        exec_plugin=None if token or token_file or (cert and key) else plugin,
     )
 
 

@@ -198,6 +198,22 @@ def test_a_server_no_call_could_go_to_is_refused_at_load_naming_the_field(
     assert kubeconfig.load(_config(tmp_path, {"token": "t"}, {"server": SERVER + "/k%C3%A9"}))
 
 
+def test_a_client_certificate_beside_an_exec_plugin_leaves_the_plugin_unrun(
+    tmp_path: Path,
+) -> None:
+    """client-go sends a client certificate and never runs the exec plugin beside it (exec.go
+    UpdateTransportConfig: HasCertAuth); the plugin's fields are still checked."""
+    pem = base64.b64encode(b"PEM").decode()
+    plugin = {"command": "kubelogin", "apiVersion": V1, "interactiveMode": "Never"}
+    user = {"client-certificate-data": pem, "client-key-data": pem, "exec": plugin}
+    settings = kubeconfig.load(_config(tmp_path, user, {}))
+    assert settings.client_cert == (b"PEM", b"PEM") and settings.exec_plugin is None
+    with pytest.raises(InvalidSpec, match="exec interactiveMode 'Sometimes'"):
+        kubeconfig.load(
+            _config(tmp_path, {**user, "exec": {**plugin, "interactiveMode": "Sometimes"}}, {})
+        )
+
+
 def test_a_request_that_cannot_be_encoded_is_an_error_naming_the_server() -> None:
     """A proxy's CONNECT to a server whose host is not ASCII raised UnicodeEncodeError, past
     every handler of AgentError (OSError, HTTPException)."""

@@ -265,6 +265,29 @@ def test_a_broken_exec_plugin_is_one_line_naming_it(
     assert api.requests == []
 
 
+@pytest.mark.parametrize(
+    "static", [{"token": "token-1"}, {"tokenFile": "sa-token"}], ids=["token", "tokenFile"]
+)
+def test_a_token_beside_an_exec_plugin_is_sent_and_the_plugin_never_runs(
+    api: FakeKubeApi,
+    kube_api: tuple[FakeKubeApi, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    static: dict[str, str],
+) -> None:
+    """A user with a token (or token file) and an exec plugin: client-go sends the token and
+    never runs the plugin (exec_test.go TestAuthorizationHeaderPresentCancelsExecAction), so
+    the same kubeconfig reaches the cluster as kubectl would, without the plugin's login."""
+    _, url = kube_api
+    (tmp_path / "sa-token").write_text("token-1\n")
+    exe = plugin(tmp_path, credential("plugin-token"), "kubelogin")
+    user = {**static, "exec": {"apiVersion": V1, "command": str(exe), "interactiveMode": "Never"}}
+    config = write_kubeconfig(tmp_path / "kc", url, user, {"insecure-skip-tls-verify": True})
+    assert found_nodes(status(config, monkeypatch)) == {"gpu-a"}
+    assert bearer_tokens(api) == {"Bearer token-1"}
+    assert not (tmp_path / "kubelogin.runs").exists()
+
+
 def test_a_server_behind_a_path_is_called_under_it_and_shown_without_user_info(
     api: FakeKubeApi,
     kube_api: tuple[FakeKubeApi, str],
