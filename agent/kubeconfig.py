@@ -5,6 +5,8 @@ selects the context and types its cluster and user; what its model drops is read
 document itself: ``proxy-url`` and the exec plugin's ``interactiveMode`` and
 ``provideClusterInfo``. Exec plugins run in ``agent.kube_exec``. The file is read with the
 project's bounded YAML loader, so a hostile kubeconfig is refused before lightkube sees it.
+What kubectl refuses (client-go's ConfirmUsable and TLSConfigFor) is refused here too, naming
+the field, rather than loaded and half used (`_refuse_what_kubectl_refuses`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def server_problem(server: str) -> str | None:
     """Why no call could go to ``server`` as given (None: it can), said without echoing it.
     Its path prefixes every call's (a server behind a path), so one that is not printable
     ASCII fails every request, and a query or fragment would be dropped from each."""
+    if not server:  # kubectl: "no server found for cluster"
+        return "is missing or empty"
     if len(server) > MAX_SERVER_CHARS:
         return f"is {len(server)} characters, over {MAX_SERVER_CHARS}"
     try:
@@ -48,7 +52,7 @@ def server_problem(server: str) -> str | None:
 def refuse_server(server: str, where: str = "") -> None:
     """InvalidSpec naming the kubeconfig field (and ``where``: the file) for `server_problem`."""
     if (problem := server_problem(server)) is not None:
-        shown = safeyaml.capped(redact_url(server), 200)
+        shown = safeyaml.capped(redact_url(server), 200) if server else ""
         raise InvalidSpec(
             f"{where}{SERVER_FIELD} {shown!r} {problem}",
             [
@@ -107,6 +111,7 @@ def load(
             f"kubeconfig {path}: user auth-provider plugins (removed in kubectl 1.26) are not "
             "supported; use the provider's exec plugin (kubelogin, gke-gcloud-auth-plugin)"
         )
+    _refuse_what_kubectl_refuses(path, raw_cluster, raw_user)
     base = path.absolute().parent
     cert = key = None
     if user is not None:
@@ -117,7 +122,8 @@ def load(
     )
     token = (user.token or None) if user is not None else None
     token_file = user.token_file if user is not None else None
-    refuse_server(cluster.server, f"kubeconfig {path}: ")
+    # lightkube's model puts http://localhost:8080 where the server is missing; kubectl refuses
+    refuse_server(cluster.server if "server" in raw_cluster else "", f"kubeconfig {path}: ")
     plugin = _exec(path, raw_user.get("exec"), raw_cluster, base, exec_timeout_s)
     return KubeconfigSettings(
         server=cluster.server,
@@ -131,6 +137,45 @@ def load(
         # plugin never runs (exec.go, UpdateTransportConfig); the plugin is still checked
         exec_plugin=None if token or token_file or (cert and key) else plugin,
     )
+
+
+#: Fields kubectl refuses together: (section, one, other, why).
+_EXCLUSIVE = (
+    ("clusters[].cluster", "certificate-authority", "certificate-authority-data",
+     "give the CA once, as a file or as data"),
+    ("users[].user", "client-certificate", "client-certificate-data",
+     "give the certificate once, as a file or as data"),
+    ("users[].user", "client-key", "client-key-data", "give the key once, as a file or as data"),
+    ("clusters[].cluster", "insecure-skip-tls-verify", "certificate-authority",
+     "a CA with insecure-skip-tls-verify is not allowed: nothing would check the server with it"),
+    ("clusters[].cluster", "insecure-skip-tls-verify", "certificate-authority-data",
+     "a CA with insecure-skip-tls-verify is not allowed: nothing would check the server with it"),
+)  # fmt: skip
+
+
+def _refuse_what_kubectl_refuses(path: Path, cluster: dict[str, Any], user: dict[str, Any]) -> None:
+    """InvalidSpec naming the field for what client-go refuses, in our words: two forms of
+    one thing (which one would win is a guess), a certificate without its key, basic auth."""
+
+    def given(entry: dict[str, Any], key: str) -> bool:
+        return entry.get(key) not in (None, "", False)
+
+    for section, one, other, why in _EXCLUSIVE:
+        entry = cluster if section.startswith("clusters") else user
+        if given(entry, one) and given(entry, other):
+            where = f"{section}.{one}"
+            raise _invalid(path, f"{where} and {other} are both set: {why}", where, why)
+    for name in ("username", "password"):
+        if given(user, name):
+            where, want = f"users[].user.{name}", "a token, client certificate or exec plugin"
+            why = "basic auth is not taken (the API server removed it in 1.19)"
+            raise _invalid(path, f"{where}: {why}; use {want}", where, want)
+    has_cert = given(user, "client-certificate") or given(user, "client-certificate-data")
+    has_key = given(user, "client-key") or given(user, "client-key-data")
+    if has_cert != has_key:
+        lacking = "users[].user.client-" + ("key" if has_cert else "certificate")
+        what = "client certificate without its key" if has_cert else "key without its certificate"
+        raise _invalid(path, f"a {what}: set {lacking} (or its -data)", lacking, "set")
 
 
 def _entry(doc: dict[str, Any], section: str, name: str, key: str) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from tests.unit.coordinator.agents import Outcome, invoke
 SELECTOR = {"app.kubernetes.io/name": "gpu-agent", "app.kubernetes.io/component": "agent"}
 V1 = "client.authentication.k8s.io/v1"
 JWT = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJtZSJ9.c2lnbmF0dXJl"
+#: base64 of a PEM (never parsed: each form with it is refused before)
+PEM = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
 
 
 def exec_env(*names: str) -> dict[str, Any]:
@@ -479,12 +481,39 @@ def test_a_client_certificate_inline_authenticates(
          r"exec apiVersion .*client.authentication.k8s.io/v1 or .*v1beta1"),
         ({"exec": {"command": "x", "apiVersion": V1}}, {}, r"exec interactiveMode None"),
         ({"token": "t"}, {"insecure-skip-tls-verify": "yes"}, r"malformed: Expected `bool`"),
+        # Basic auth: client-go would send it, an API server since 1.19 never takes it.
+        ({"username": "u", "password": "p"}, {},
+         r"users\[\]\.user\.username: basic auth is not taken .*1\.19"),
+        ({"password": "p"}, {}, r"users\[\]\.user\.password: basic auth"),
+        ({"token": "t", "username": "u", "password": "p"}, {}, r"user\.username: basic auth"),
+        # What client-go's ConfirmUsable and TLSConfigFor refuse: two forms of one thing, a
+        # certificate without its key, a CA that insecure-skip-tls-verify would not use.
+        ({"client-certificate-data": PEM}, {},
+         r"a client certificate without its key: set users\[\]\.user\.client-key "),
+        ({"client-key-data": PEM}, {},
+         r"a key without its certificate: set users\[\]\.user\.client-certificate "),
+        ({"client-certificate-data": PEM, "client-certificate": "me.crt", "client-key-data": PEM},
+         {}, r"users\[\]\.user\.client-certificate and client-certificate-data are both set"),
+        ({"client-certificate-data": PEM, "client-key": "me.key", "client-key-data": PEM},
+         {}, r"users\[\]\.user\.client-key and client-key-data are both set"),
+        ({"token": "t"}, {"certificate-authority-data": PEM, "certificate-authority": "ca.crt"},
+         r"clusters\[\]\.cluster\.certificate-authority and certificate-authority-data are "
+         "both set"),
+        ({"token": "t"}, {"insecure-skip-tls-verify": True, "certificate-authority-data": PEM},
+         r"insecure-skip-tls-verify and certificate-authority-data are both set: a CA with "
+         "insecure-skip-tls-verify is not allowed"),
+        ({"token": "t"}, {"insecure-skip-tls-verify": True, "certificate-authority": "ca.crt"},
+         r"insecure-skip-tls-verify and certificate-authority are both set"),
+        ({"token": "t"}, {"server": ""}, r"clusters\[\]\.cluster\.server '' is missing or empty"),
         # An exec env name no process environment could hold.
         (exec_env("A", ""), {}, r"exec env\[1\]\.name '': want a variable name"),
         (exec_env("AWS=PROFILE"), {}, r"exec env\[0\]\.name 'AWS=PROFILE': want a variable"),
         (exec_env("AWS\0PROFILE"), {}, r"exec env\[0\]\.name 'AWS\\x00PROFILE': want"),
     ],
     ids=["auth-provider", "socks-proxy", "v1alpha1", "v1-without-mode", "wrong-type",
+         "basic-auth", "password-only", "token-and-basic-auth", "cert-without-key",
+         "key-without-cert", "cert-data-and-file", "key-data-and-file", "ca-data-and-file",
+         "insecure-with-ca-data", "insecure-with-ca-file", "empty-server",
          "empty-env-name", "env-name-with-equals", "env-name-with-nul"],
 )  # fmt: skip
 def test_a_kubeconfig_it_cannot_take_is_refused_naming_the_field(
