@@ -136,12 +136,15 @@ class InClusterKubeClient:
         insecure: bool = False,
         exec_plugin: ExecPlugin | None = None,
         proxy: str | None = None,
+        tls_server_name: str | None = None,
     ) -> None:
         """``token_path`` (re-read per request), ``token`` or ``exec_plugin`` (its token, run
         again after a 401); ``client_cert`` is (cert, key) PEM from a kubeconfig; ``insecure``
         skips the server check (kubeconfig's insecure-skip-tls-verify); ``proxy`` an
         http://[USER:PASSWORD@]HOST:PORT proxy reached with CONNECT (kubeconfig's proxy-url),
-        its user info sent as Proxy-Authorization: Basic."""
+        its user info sent as Proxy-Authorization: Basic; ``tls_server_name`` the name the
+        server's certificate is checked against and SNI sends, not the host (kubeconfig's
+        tls-server-name)."""
         from agent.kubeconfig import refuse_server  # the kubeconfig's rule for its field
 
         refuse_server(server)  # before any call: each would fail (or lose part of it)
@@ -164,6 +167,7 @@ class InClusterKubeClient:
         #: the proxy in an error ("Tunnel connection failed" is the proxy's), without user info
         self._via = f" through proxy {redact_url(proxy)}" if proxy else ""
         self._timeout = timeout
+        self._tls_server_name = tls_server_name
         try:
             self._ssl = ssl.create_default_context(
                 cafile=str(ca_path) if ca_path else None,
@@ -209,8 +213,9 @@ class InClusterKubeClient:
         exec_timeout_s: float = EXEC_TIMEOUT_S,
     ) -> InClusterKubeClient:
         """The client a kubeconfig's (current) context names: server, CA or
-        insecure-skip-tls-verify, proxy-url, and a token, tokenFile, client certificate or exec
-        plugin (agent/kubeconfig.py). Auth-provider plugins are refused (NotSupported)."""
+        insecure-skip-tls-verify, tls-server-name, proxy-url, and a token, tokenFile, client
+        certificate or exec plugin (agent/kubeconfig.py). Auth-provider plugins are refused
+        (NotSupported)."""
         from agent import kubeconfig
 
         found = kubeconfig.load(path, context, exec_timeout_s=exec_timeout_s)
@@ -224,6 +229,7 @@ class InClusterKubeClient:
             insecure=found.insecure,
             exec_plugin=found.exec_plugin,
             proxy=found.proxy,
+            tls_server_name=found.tls_server_name,
         )
 
     @classmethod
@@ -499,16 +505,38 @@ class InClusterKubeClient:
             host, port, tunnel_headers = self._proxy
             conn: http.client.HTTPConnection
             if self._https:
-                conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=self._ssl)
+                conn = _TLSConnection(host, port, timeout, self._ssl, self._tls_server_name)
             else:
                 conn = http.client.HTTPConnection(host, port, timeout=timeout)
             conn.set_tunnel(self._host, self._port, headers=tunnel_headers)
             return conn
         if self._https:
-            return http.client.HTTPSConnection(
-                self._host, self._port, timeout=timeout, context=self._ssl
-            )
+            return _TLSConnection(self._host, self._port, timeout, self._ssl, self._tls_server_name)
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+
+class _TLSConnection(http.client.HTTPSConnection):
+    """HTTPS whose server certificate is checked against ``server_name`` (and SNI sends it)
+    where one is given: kubeconfig's tls-server-name, for an API server dialled at an address
+    its certificate does not name (an IP, a tunnel, a load balancer)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        timeout: float,
+        context: ssl.SSLContext,
+        server_name: str | None,
+    ) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._tls, self._server_name = context, server_name
+
+    def connect(self) -> None:
+        if self._server_name is None:
+            super().connect()  # checked against the host dialled (the tunnel's end)
+            return
+        http.client.HTTPConnection.connect(self)  # TCP, and the proxy's CONNECT when tunnelled
+        self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._server_name)
 
 
 def _proxy_tunnel(url: str) -> tuple[str, int, dict[str, str]]:

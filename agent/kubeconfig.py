@@ -2,8 +2,8 @@
 
 lightkube's kubeconfig model (docs/architecture.md, "The Kubernetes client": why lightkube)
 selects the context and types its cluster and user; what its model drops is read from the
-document itself: ``proxy-url`` and the exec plugin's ``interactiveMode`` and
-``provideClusterInfo``. Exec plugins run in ``agent.kube_exec``. The file is read with the
+document itself: ``proxy-url``, ``tls-server-name`` and the exec plugin's ``interactiveMode``
+and ``provideClusterInfo``. Exec plugins run in ``agent.kube_exec``. The file is read with the
 project's bounded YAML loader, so a hostile kubeconfig is refused before lightkube sees it.
 What kubectl refuses (client-go's ConfirmUsable and TLSConfigFor) is refused here too, naming
 the field, rather than loaded and half used (`_refuse_what_kubectl_refuses`).
@@ -12,6 +12,7 @@ the field, rather than loaded and half used (`_refuse_what_kubectl_refuses`).
 from __future__ import annotations
 
 import base64
+import contextlib
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +78,8 @@ class KubeconfigSettings:
     insecure: bool = False
     proxy: str | None = field(default=None, repr=False)
     exec_plugin: ExecPlugin | None = None
+    #: the name the server's certificate is checked against (and SNI), if not its host's
+    tls_server_name: str | None = None
 
 
 def _invalid(path: Path, message: str, field: str, want: str) -> InvalidSpec:
@@ -136,6 +139,7 @@ def load(
         # client-go's rule: a token, token file or client certificate is sent and the exec
         # plugin never runs (exec.go, UpdateTransportConfig); the plugin is still checked
         exec_plugin=None if token or token_file or (cert and key) else plugin,
+        tls_server_name=_tls_server_name(path, raw_cluster.get("tls-server-name")),
     )
 
 
@@ -176,6 +180,18 @@ def _refuse_what_kubectl_refuses(path: Path, cluster: dict[str, Any], user: dict
         lacking = "users[].user.client-" + ("key" if has_cert else "certificate")
         what = "client certificate without its key" if has_cert else "key without its certificate"
         raise _invalid(path, f"a {what}: set {lacking} (or its -data)", lacking, "set")
+
+
+def _tls_server_name(path: Path, name: object) -> str | None:
+    if name is None or name == "":
+        return None
+    if isinstance(name, str) and name.isprintable() and " " not in name:
+        with contextlib.suppress(UnicodeError):
+            name.encode("idna")  # as the handshake encodes it, for SNI and the certificate check
+            return name
+    where, want = "clusters[].cluster.tls-server-name", "a DNS name or IP address"
+    shown = safeyaml.capped(str(name), 200)
+    raise _invalid(path, f"{where} {shown!r}: want {want}", where, want)
 
 
 def _entry(doc: dict[str, Any], section: str, name: str, key: str) -> dict[str, Any]:
