@@ -137,12 +137,15 @@ class InClusterKubeClient:
         insecure: bool = False,
         exec_plugin: ExecPlugin | None = None,
         proxy: str | None = None,
+        tls_server_name: str | None = None,
     ) -> None:
         """``token_path`` (re-read per request), ``token`` or ``exec_plugin`` (its token, run
         again after a 401); ``client_cert`` is (cert, key) PEM from a kubeconfig; ``insecure``
         skips the server check (kubeconfig's insecure-skip-tls-verify); ``proxy`` an
         http://[USER:PASSWORD@]HOST:PORT proxy reached with CONNECT (kubeconfig's proxy-url),
-        its user info sent as Proxy-Authorization: Basic."""
+        its user info sent as Proxy-Authorization: Basic; ``tls_server_name`` the name the
+        server's certificate is checked against and SNI sends, not the host (kubeconfig's
+        tls-server-name)."""
         from agent.kubeconfig import refuse_server  # the kubeconfig's rule for its field
 
         refuse_server(server)  # before any call: each would fail (or lose part of it)
@@ -166,6 +169,7 @@ class InClusterKubeClient:
         self._via = f" through proxy {redact_url(proxy)}" if proxy else ""
         self._timeout = timeout
         self._sockets = Sockets()  # every call's, for `close`
+        self._tls_server_name = tls_server_name
         try:
             self._ssl = ssl.create_default_context(
                 cafile=str(ca_path) if ca_path else None,
@@ -216,8 +220,9 @@ class InClusterKubeClient:
         exec_timeout_s: float = EXEC_TIMEOUT_S,
     ) -> InClusterKubeClient:
         """The client a kubeconfig's (current) context names: server, CA or
-        insecure-skip-tls-verify, proxy-url, and a token, tokenFile, client certificate or exec
-        plugin (agent/kubeconfig.py). Auth-provider plugins are refused (NotSupported)."""
+        insecure-skip-tls-verify, tls-server-name, proxy-url, and a token, tokenFile, client
+        certificate or exec plugin (agent/kubeconfig.py). Auth-provider plugins are refused
+        (NotSupported)."""
         from agent import kubeconfig
 
         found = kubeconfig.load(path, context, exec_timeout_s=exec_timeout_s)
@@ -231,6 +236,7 @@ class InClusterKubeClient:
             insecure=found.insecure,
             exec_plugin=found.exec_plugin,
             proxy=found.proxy,
+            tls_server_name=found.tls_server_name,
         )
 
     @classmethod
@@ -504,10 +510,10 @@ class InClusterKubeClient:
         tls = self._ssl if self._https else None  # through a proxy: still end to end
         if self._proxy is not None:  # a CONNECT tunnel to the server
             host, port, tunnel_headers = self._proxy
-            conn = self._sockets.connection(host, port, timeout, tls)
+            conn = self._sockets.connection(host, port, timeout, tls, self._tls_server_name)
             conn.set_tunnel(self._host, self._port, headers=tunnel_headers)
             return conn
-        return self._sockets.connection(self._host, self._port, timeout, tls)
+        return self._sockets.connection(self._host, self._port, timeout, tls, self._tls_server_name)
 
 
 def _proxy_tunnel(url: str) -> tuple[str, int, dict[str, str]]:

@@ -49,11 +49,19 @@ class Sockets:
                 socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
     def connection(
-        self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None
+        self,
+        host: str,
+        port: int,
+        timeout: float,
+        tls: ssl.SSLContext | None,
+        server_name: str | None = None,
     ) -> http.client.HTTPConnection:
+        """A connection to ``host`` (a proxy's, with a tunnel set after); TLS checks the
+        server's certificate against ``server_name`` (kubeconfig's tls-server-name, also sent
+        for SNI) when given, else against the host it reaches (the tunnel's end)."""
         if tls is None:
             return _Connection(host, port, timeout, self)
-        return _TlsConnection(host, port, timeout, self, tls)
+        return _TlsConnection(host, port, timeout, self, tls, server_name)
 
     def create_connection(
         self, address: tuple[str, int], timeout: float, source: object = None
@@ -97,15 +105,22 @@ class _TlsConnection(_Connection):
     default_port = http.client.HTTPS_PORT
 
     def __init__(
-        self, host: str, port: int, timeout: float, sockets: Sockets, context: ssl.SSLContext
+        self,
+        host: str,
+        port: int,
+        timeout: float,
+        sockets: Sockets,
+        context: ssl.SSLContext,
+        server_name: str | None,
     ) -> None:
         super().__init__(host, port, timeout, sockets)
         self._context = context
+        self._server_name = server_name
 
     def connect(self) -> None:
         super().connect()
         assert self.sock is not None
-        name = self._tunnel_host or self.host  # type: ignore[attr-defined]  # http.client's
+        name = self._server_name or self._tunnel_host or self.host  # type: ignore[attr-defined]
         wrapped = self._context.wrap_socket(
             self.sock, server_hostname=name, do_handshake_on_connect=False
         )

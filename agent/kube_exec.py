@@ -80,8 +80,8 @@ class ExecPlugin:
     ) -> ExecPlugin:
         """From a kubeconfig's ``exec`` mapping; InvalidSpec naming the field it gets wrong."""
 
-        def bad(name: str, want: str) -> InvalidSpec:
-            got = spec.get(name)
+        def bad(name: str, want: str, got: object = None) -> InvalidSpec:
+            got = spec.get(name) if got is None else got
             message = f"kubeconfig {source}: user exec {name} {got!r}: want {want}"
             return InvalidSpec(message, [FieldViolation(f"exec.{name}", want)])
 
@@ -99,6 +99,11 @@ class ExecPlugin:
         pairs = [e for e in env if isinstance(e, dict)] if isinstance(env, list) else []
         if len(pairs) != len(env) or not all(isinstance(e.get("name"), str) for e in pairs):
             raise bad("env", "a list of {name, value}")
+        for i, entry in enumerate(pairs):  # no process environment could hold the name
+            if not entry["name"] or "=" in entry["name"] or "\0" in entry["name"]:
+                raise bad(
+                    f"env[{i}].name", "a variable name: set, without '=' or NUL", entry["name"]
+                )
         if "/" in command and not os.path.isabs(command):
             command = str(base / command)  # as client-go: relative to the kubeconfig's folder
         return cls(
@@ -158,6 +163,8 @@ class ExecPlugin:
             )
         except OSError as exc:
             raise self._fail(f"cannot run {self.command}: {exc.strerror}") from exc
+        except ValueError as exc:  # a NUL in the command, an argument or a value
+            raise self._fail(f"cannot run {self.command!r}: {exc}") from exc
         # Read as it comes, never more than the caps hold: a plugin that prints without end
         # costs the agent MAX_OUTPUT, not its memory.
         out = _Capped(proc.stdout, MAX_OUTPUT, on_over=lambda: _kill(proc))

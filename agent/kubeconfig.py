@@ -2,14 +2,17 @@
 
 lightkube's kubeconfig model (docs/architecture.md, "The Kubernetes client": why lightkube)
 selects the context and types its cluster and user; what its model drops is read from the
-document itself: ``proxy-url`` and the exec plugin's ``interactiveMode`` and
-``provideClusterInfo``. Exec plugins run in ``agent.kube_exec``. The file is read with the
+document itself: ``proxy-url``, ``tls-server-name`` and the exec plugin's ``interactiveMode``
+and ``provideClusterInfo``. Exec plugins run in ``agent.kube_exec``. The file is read with the
 project's bounded YAML loader, so a hostile kubeconfig is refused before lightkube sees it.
+What kubectl refuses (client-go's ConfirmUsable and TLSConfigFor) is refused here too, naming
+the field, rather than loaded and half used (`_refuse_what_kubectl_refuses`).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +35,8 @@ def server_problem(server: str) -> str | None:
     """Why no call could go to ``server`` as given (None: it can), said without echoing it.
     Its path prefixes every call's (a server behind a path), so one that is not printable
     ASCII fails every request, and a query or fragment would be dropped from each."""
+    if not server:  # kubectl: "no server found for cluster"
+        return "is missing or empty"
     if len(server) > MAX_SERVER_CHARS:
         return f"is {len(server)} characters, over {MAX_SERVER_CHARS}"
     try:
@@ -48,7 +53,7 @@ def server_problem(server: str) -> str | None:
 def refuse_server(server: str, where: str = "") -> None:
     """InvalidSpec naming the kubeconfig field (and ``where``: the file) for `server_problem`."""
     if (problem := server_problem(server)) is not None:
-        shown = safeyaml.capped(redact_url(server), 200)
+        shown = safeyaml.capped(redact_url(server), 200) if server else ""
         raise InvalidSpec(
             f"{where}{SERVER_FIELD} {shown!r} {problem}",
             [
@@ -73,6 +78,8 @@ class KubeconfigSettings:
     insecure: bool = False
     proxy: str | None = field(default=None, repr=False)
     exec_plugin: ExecPlugin | None = None
+    #: the name the server's certificate is checked against (and SNI), if not its host's
+    tls_server_name: str | None = None
 
 
 def _invalid(path: Path, message: str, field: str, want: str) -> InvalidSpec:
@@ -107,6 +114,7 @@ def load(
             f"kubeconfig {path}: user auth-provider plugins (removed in kubectl 1.26) are not "
             "supported; use the provider's exec plugin (kubelogin, gke-gcloud-auth-plugin)"
         )
+    _refuse_what_kubectl_refuses(path, raw_cluster, raw_user)
     base = path.absolute().parent
     cert = key = None
     if user is not None:
@@ -115,18 +123,75 @@ def load(
     ca = _pem(
         path, cluster.certificate_auth_data, cluster.certificate_auth, base, "certificate-authority"
     )
+    token = (user.token or None) if user is not None else None
     token_file = user.token_file if user is not None else None
-    refuse_server(cluster.server, f"kubeconfig {path}: ")
+    # lightkube's model puts http://localhost:8080 where the server is missing; kubectl refuses
+    refuse_server(cluster.server if "server" in raw_cluster else "", f"kubeconfig {path}: ")
+    plugin = _exec(path, raw_user.get("exec"), raw_cluster, base, exec_timeout_s)
     return KubeconfigSettings(
         server=cluster.server,
-        token=(user.token or None) if user is not None else None,
+        token=token,
         token_path=base / token_file if token_file else None,
         ca_data=ca,
         client_cert=(cert, key) if cert and key else None,
         insecure=cluster.insecure,
         proxy=_proxy(path, raw_cluster.get("proxy-url")),
-        exec_plugin=_exec(path, raw_user.get("exec"), raw_cluster, base, exec_timeout_s),
+        # client-go's rule: a token, token file or client certificate is sent and the exec
+        # plugin never runs (exec.go, UpdateTransportConfig); the plugin is still checked
+        exec_plugin=None if token or token_file or (cert and key) else plugin,
+        tls_server_name=_tls_server_name(path, raw_cluster.get("tls-server-name")),
     )
+
+
+#: Fields kubectl refuses together: (section, one, other, why).
+_EXCLUSIVE = (
+    ("clusters[].cluster", "certificate-authority", "certificate-authority-data",
+     "give the CA once, as a file or as data"),
+    ("users[].user", "client-certificate", "client-certificate-data",
+     "give the certificate once, as a file or as data"),
+    ("users[].user", "client-key", "client-key-data", "give the key once, as a file or as data"),
+    ("clusters[].cluster", "insecure-skip-tls-verify", "certificate-authority",
+     "a CA with insecure-skip-tls-verify is not allowed: nothing would check the server with it"),
+    ("clusters[].cluster", "insecure-skip-tls-verify", "certificate-authority-data",
+     "a CA with insecure-skip-tls-verify is not allowed: nothing would check the server with it"),
+)  # fmt: skip
+
+
+def _refuse_what_kubectl_refuses(path: Path, cluster: dict[str, Any], user: dict[str, Any]) -> None:
+    """InvalidSpec naming the field for what client-go refuses, in our words: two forms of
+    one thing (which one would win is a guess), a certificate without its key, basic auth."""
+
+    def given(entry: dict[str, Any], key: str) -> bool:
+        return entry.get(key) not in (None, "", False)
+
+    for section, one, other, why in _EXCLUSIVE:
+        entry = cluster if section.startswith("clusters") else user
+        if given(entry, one) and given(entry, other):
+            where = f"{section}.{one}"
+            raise _invalid(path, f"{where} and {other} are both set: {why}", where, why)
+    for name in ("username", "password"):
+        if given(user, name):
+            where, want = f"users[].user.{name}", "a token, client certificate or exec plugin"
+            why = "basic auth is not taken (the API server removed it in 1.19)"
+            raise _invalid(path, f"{where}: {why}; use {want}", where, want)
+    has_cert = given(user, "client-certificate") or given(user, "client-certificate-data")
+    has_key = given(user, "client-key") or given(user, "client-key-data")
+    if has_cert != has_key:
+        lacking = "users[].user.client-" + ("key" if has_cert else "certificate")
+        what = "client certificate without its key" if has_cert else "key without its certificate"
+        raise _invalid(path, f"a {what}: set {lacking} (or its -data)", lacking, "set")
+
+
+def _tls_server_name(path: Path, name: object) -> str | None:
+    if name is None or name == "":
+        return None
+    if isinstance(name, str) and name.isprintable() and " " not in name:
+        with contextlib.suppress(UnicodeError):
+            name.encode("idna")  # as the handshake encodes it, for SNI and the certificate check
+            return name
+    where, want = "clusters[].cluster.tls-server-name", "a DNS name or IP address"
+    shown = safeyaml.capped(str(name), 200)
+    raise _invalid(path, f"{where} {shown!r}: want {want}", where, want)
 
 
 def _entry(doc: dict[str, Any], section: str, name: str, key: str) -> dict[str, Any]:

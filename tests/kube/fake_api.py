@@ -118,6 +118,8 @@ class FakeKubeApi:
     token_path: Path
     #: the API server's --client-ca-file
     client_ca: Path | None = None
+    #: the server name each TLS client asked for (SNI; None: it sent none)
+    server_names: list[str | None] = field(default_factory=list)
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
     pods: list[Pod] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
@@ -269,6 +271,7 @@ class FakeKubeApi:
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
+        context.sni_callback = lambda _sock, name, _context: self.server_names.append(name)
         if self.client_ca is not None:
             context.load_verify_locations(self.client_ca)
             context.verify_mode = ssl.CERT_OPTIONAL

@@ -52,15 +52,15 @@ def stand_in_kubeconfig(path: Path, url: str, ca: Path, token: str = "token-1") 
     return path
 
 
-def make_tls_cert(directory: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (``ca.crt``, ``tls.key`` in ``directory``),
-    made with the openssl command; the benchmarks use it too."""
+def make_tls_cert(directory: Path, san: str = "IP:127.0.0.1") -> tuple[Path, Path]:
+    """A self-signed certificate naming only ``san`` (``ca.crt``, ``tls.key`` in
+    ``directory``), made with the openssl command; the benchmarks use it too."""
     cert, key = directory / "ca.crt", directory / "tls.key"
     subprocess.run(
         [
             "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-            "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-            "-addext", "subjectAltName=IP:127.0.0.1",
+            "-keyout", str(key), "-out", str(cert), "-subj", f"/CN={san.split(':', 1)[1]}",
+            "-addext", f"subjectAltName={san}",
         ],
         check=True,
         capture_output=True,

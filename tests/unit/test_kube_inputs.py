@@ -83,8 +83,10 @@ def test_a_certificate_or_key_file_of_megabytes_is_refused_unread(
     import lightkube.config.kubeconfig  # noqa: F401  # imported before memory is counted
 
     big = _sparse(tmp_path / "big.pem")
+    (tmp_path / "small.pem").write_text("PEM")  # the pair's other half: a key needs its cert
+    pair = {"client-certificate": "small.pem", "client-key": "small.pem"}
     entry = {field: str(big)}
-    user, cluster = (entry, {}) if where == "user" else ({"token": "t"}, entry)
+    user, cluster = ({**pair, **entry}, {}) if where == "user" else ({"token": "t"}, entry)
     path = _config(tmp_path, user, cluster)
     tracemalloc.start()
     try:
@@ -196,6 +198,47 @@ def test_a_server_no_call_could_go_to_is_refused_at_load_naming_the_field(
         InClusterKubeClient(server, None, token="t")
     # A server behind a path, percent-encoded, is taken.
     assert kubeconfig.load(_config(tmp_path, {"token": "t"}, {"server": SERVER + "/k%C3%A9"}))
+
+
+def test_a_cluster_without_a_server_is_refused_not_sent_to_localhost(tmp_path: Path) -> None:
+    """lightkube's model puts http://localhost:8080 where ``server`` is missing: calls went
+    there. kubectl refuses such a cluster ("no server found for cluster"), and so does this."""
+    path = _config(tmp_path, {"token": "t"}, {"insecure-skip-tls-verify": True})
+    doc = yaml.safe_load(path.read_text())
+    del doc["clusters"][0]["cluster"]["server"]
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(InvalidSpec, match="server '' is missing or empty") as caught:
+        kubeconfig.load(path)
+    assert [v.field for v in caught.value.violations] == ["clusters[].cluster.server"]
+    assert str(path) in str(caught.value)
+
+
+def test_a_client_certificate_beside_an_exec_plugin_leaves_the_plugin_unrun(
+    tmp_path: Path,
+) -> None:
+    """client-go sends a client certificate and never runs the exec plugin beside it (exec.go
+    UpdateTransportConfig: HasCertAuth); the plugin's fields are still checked."""
+    pem = base64.b64encode(b"PEM").decode()
+    plugin = {"command": "kubelogin", "apiVersion": V1, "interactiveMode": "Never"}
+    user = {"client-certificate-data": pem, "client-key-data": pem, "exec": plugin}
+    settings = kubeconfig.load(_config(tmp_path, user, {}))
+    assert settings.client_cert == (b"PEM", b"PEM") and settings.exec_plugin is None
+    with pytest.raises(InvalidSpec, match="exec interactiveMode 'Sometimes'"):
+        kubeconfig.load(
+            _config(tmp_path, {**user, "exec": {**plugin, "interactiveMode": "Sometimes"}}, {})
+        )
+
+
+def test_a_context_with_no_user_sends_no_credential(tmp_path: Path) -> None:
+    """As kubectl: client-go's DirectClientConfig.ConfirmUsable does not check the context, so
+    a context without ``user`` is an anonymous client, not a refusal."""
+    path = _config(tmp_path, {"token": "t"}, {})
+    doc = yaml.safe_load(path.read_text())
+    del doc["contexts"][0]["context"]["user"]
+    path.write_text(yaml.safe_dump(doc))
+    settings = kubeconfig.load(path)
+    assert settings.token is settings.token_path is settings.client_cert is None
+    assert settings.exec_plugin is None and settings.server == SERVER
 
 
 def test_a_request_that_cannot_be_encoded_is_an_error_naming_the_server() -> None:

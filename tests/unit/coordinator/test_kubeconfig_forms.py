@@ -24,11 +24,19 @@ import yaml
 from agent.cli.fleet import fleet
 from tests.integration.prewarm_fixtures.tinyproxy import tinyproxy
 from tests.kube.fake_api import FakeKubeApi, Pod
+from tests.kube.fixtures import make_tls_cert
 from tests.unit.coordinator.agents import Outcome, invoke
 
 SELECTOR = {"app.kubernetes.io/name": "gpu-agent", "app.kubernetes.io/component": "agent"}
 V1 = "client.authentication.k8s.io/v1"
 JWT = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJtZSJ9.c2lnbmF0dXJl"
+#: base64 of a PEM (never parsed: each form with it is refused before)
+PEM = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
+
+
+def exec_env(*names: str) -> dict[str, Any]:
+    env = [{"name": n, "value": "v"} for n in names]
+    return {"exec": {"command": "x", "apiVersion": V1, "interactiveMode": "Never", "env": env}}
 
 
 @pytest.fixture
@@ -138,7 +146,8 @@ def test_an_exec_plugin_token_is_sent_and_cached(
             "provideClusterInfo": True,
         }
     }
-    cluster = {"certificate-authority": str(tls_cert[0])}
+    # the certificate names 127.0.0.1: tls-server-name as the address, given to the plugin
+    cluster = {"certificate-authority": str(tls_cert[0]), "tls-server-name": "127.0.0.1"}
     config = write_kubeconfig(tmp_path / "kc", url, user, cluster)
     assert found_nodes(status(config, monkeypatch)) == {"gpu-a"}
     assert bearer_tokens(api) == {"Bearer token-1"}
@@ -148,6 +157,7 @@ def test_an_exec_plugin_token_is_sent_and_cached(
     assert info["spec"]["interactive"] is False
     assert info["spec"]["cluster"]["server"] == url
     assert info["spec"]["cluster"]["certificate-authority-data"]
+    assert info["spec"]["cluster"]["tls-server-name"] == "127.0.0.1"
 
 
 def test_a_relative_certificate_authority_reaches_the_plugin_from_any_directory(
@@ -228,9 +238,11 @@ def test_a_refused_or_expired_plugin_token_runs_the_plugin_again(
         (credential("t", "client.authentication.k8s.io/v1alpha1"), None, r"answered 'client"),
         ("print(json.dumps({'kind': 'ExecCredential', 'apiVersion': "
          f"{V1!r}, 'status': {{}}}}))", None, r"'kubelogin'.*no status.token"),
+        # no process can be started with it: a ValueError out of Popen, not an OSError
+        ("", "kubelogin\0", r"'kubelogin\\x00'.*cannot run 'kubelogin\\x00': embedded null"),
     ],
     ids=["missing", "fails", "long-stderr", "hangs", "garbage", "floods", "wrong-version",
-         "no-token"],
+         "no-token", "nul-in-command"],
 )  # fmt: skip
 def test_a_broken_exec_plugin_is_one_line_naming_it(
     api: FakeKubeApi,
@@ -256,6 +268,68 @@ def test_a_broken_exec_plugin_is_one_line_naming_it(
     assert re.search(expected, line), line
     assert JWT not in result.output
     assert api.requests == []
+
+
+@pytest.mark.parametrize(
+    "static", [{"token": "token-1"}, {"tokenFile": "sa-token"}], ids=["token", "tokenFile"]
+)
+def test_a_token_beside_an_exec_plugin_is_sent_and_the_plugin_never_runs(
+    api: FakeKubeApi,
+    kube_api: tuple[FakeKubeApi, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    static: dict[str, str],
+) -> None:
+    """A user with a token (or token file) and an exec plugin: client-go sends the token and
+    never runs the plugin (exec_test.go TestAuthorizationHeaderPresentCancelsExecAction), so
+    the same kubeconfig reaches the cluster as kubectl would, without the plugin's login."""
+    _, url = kube_api
+    (tmp_path / "sa-token").write_text("token-1\n")
+    exe = plugin(tmp_path, credential("plugin-token"), "kubelogin")
+    user = {**static, "exec": {"apiVersion": V1, "command": str(exe), "interactiveMode": "Never"}}
+    config = write_kubeconfig(tmp_path / "kc", url, user, {"insecure-skip-tls-verify": True})
+    assert found_nodes(status(config, monkeypatch)) == {"gpu-a"}
+    assert bearer_tokens(api) == {"Bearer token-1"}
+    assert not (tmp_path / "kubelogin.runs").exists()
+
+
+@pytest.mark.parametrize("through_proxy", [False, True], ids=["direct", "proxy-url"])
+def test_tls_server_name_is_the_name_the_server_certificate_is_checked_against(
+    connect_proxy: tuple[str, list[str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    through_proxy: bool,
+) -> None:
+    """An API server dialled at an address its certificate does not name (127.0.0.1; the
+    certificate names only kubernetes.default.svc, as behind a tunnel or a load balancer):
+    with tls-server-name the certificate is checked against that name, which SNI sends, and
+    the call goes through, directly or through a proxy-url; without it the check fails and
+    no request is sent."""
+    cert, key = make_tls_cert(tmp_path, "DNS:kubernetes.default.svc")
+    (tmp_path / "token").write_text("token-1\n")
+    api = FakeKubeApi(token_path=tmp_path / "token")
+    api.nodes["gpu-a"] = {}
+    api.pods.append(Pod("gpu-agent", "gpu-agent-a", "gpu-a", dict(SELECTOR)))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    server, url = api.serve(cert, key)
+    cluster = {"certificate-authority": str(cert)}
+    if through_proxy:
+        cluster["proxy-url"] = connect_proxy[0]
+    try:
+        named = {**cluster, "tls-server-name": "kubernetes.default.svc"}
+        config = write_kubeconfig(tmp_path / "kc", url, {"token": "token-1"}, named)
+        assert found_nodes(status(config, monkeypatch)) == {"gpu-a"}
+        assert set(api.server_names) == {"kubernetes.default.svc"}
+        seen = len(api.requests)
+        config = write_kubeconfig(tmp_path / "kc", url, {"token": "token-1"}, cluster)
+        refused = status(config, monkeypatch)
+        assert refused.exit_code != 0
+        assert "CERTIFICATE_VERIFY_FAILED" in refused.output, refused.output
+        assert len(api.requests) == seen
+    finally:
+        api.close()
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_server_behind_a_path_is_called_under_it_and_shown_without_user_info(
@@ -449,8 +523,42 @@ def test_a_client_certificate_inline_authenticates(
          r"exec apiVersion .*client.authentication.k8s.io/v1 or .*v1beta1"),
         ({"exec": {"command": "x", "apiVersion": V1}}, {}, r"exec interactiveMode None"),
         ({"token": "t"}, {"insecure-skip-tls-verify": "yes"}, r"malformed: Expected `bool`"),
+        # Basic auth: client-go would send it, an API server since 1.19 never takes it.
+        ({"username": "u", "password": "p"}, {},
+         r"users\[\]\.user\.username: basic auth is not taken .*1\.19"),
+        ({"password": "p"}, {}, r"users\[\]\.user\.password: basic auth"),
+        ({"token": "t", "username": "u", "password": "p"}, {}, r"user\.username: basic auth"),
+        # What client-go's ConfirmUsable and TLSConfigFor refuse: two forms of one thing, a
+        # certificate without its key, a CA that insecure-skip-tls-verify would not use.
+        ({"client-certificate-data": PEM}, {},
+         r"a client certificate without its key: set users\[\]\.user\.client-key "),
+        ({"client-key-data": PEM}, {},
+         r"a key without its certificate: set users\[\]\.user\.client-certificate "),
+        ({"client-certificate-data": PEM, "client-certificate": "me.crt", "client-key-data": PEM},
+         {}, r"users\[\]\.user\.client-certificate and client-certificate-data are both set"),
+        ({"client-certificate-data": PEM, "client-key": "me.key", "client-key-data": PEM},
+         {}, r"users\[\]\.user\.client-key and client-key-data are both set"),
+        ({"token": "t"}, {"certificate-authority-data": PEM, "certificate-authority": "ca.crt"},
+         r"clusters\[\]\.cluster\.certificate-authority and certificate-authority-data are "
+         "both set"),
+        ({"token": "t"}, {"insecure-skip-tls-verify": True, "certificate-authority-data": PEM},
+         r"insecure-skip-tls-verify and certificate-authority-data are both set: a CA with "
+         "insecure-skip-tls-verify is not allowed"),
+        ({"token": "t"}, {"insecure-skip-tls-verify": True, "certificate-authority": "ca.crt"},
+         r"insecure-skip-tls-verify and certificate-authority are both set"),
+        ({"token": "t"}, {"server": ""}, r"clusters\[\]\.cluster\.server '' is missing or empty"),
+        ({"token": "t"}, {"tls-server-name": "kubernetes..svc"},
+         r"clusters\[\]\.cluster\.tls-server-name 'kubernetes..svc': want a DNS name"),
+        # An exec env name no process environment could hold.
+        (exec_env("A", ""), {}, r"exec env\[1\]\.name '': want a variable name"),
+        (exec_env("AWS=PROFILE"), {}, r"exec env\[0\]\.name 'AWS=PROFILE': want a variable"),
+        (exec_env("AWS\0PROFILE"), {}, r"exec env\[0\]\.name 'AWS\\x00PROFILE': want"),
     ],
-    ids=["auth-provider", "socks-proxy", "v1alpha1", "v1-without-mode", "wrong-type"],
+    ids=["auth-provider", "socks-proxy", "v1alpha1", "v1-without-mode", "wrong-type",
+         "basic-auth", "password-only", "token-and-basic-auth", "cert-without-key",
+         "key-without-cert", "cert-data-and-file", "key-data-and-file", "ca-data-and-file",
+         "insecure-with-ca-data", "insecure-with-ca-file", "empty-server", "bad-tls-server-name",
+         "empty-env-name", "env-name-with-equals", "env-name-with-nul"],
 )  # fmt: skip
 def test_a_kubeconfig_it_cannot_take_is_refused_naming_the_field(
     api: FakeKubeApi,
