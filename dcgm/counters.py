@@ -1,8 +1,10 @@
 """dcgm-exporter counters CSV: which fields to export (``--collectors FILE``).
 
 Same format as dcgm-exporter (reference/telemetry.md §1.1): one
-``DCGM field, Prometheus type, help`` row per line, CSV quoting for help text with commas,
-``#`` starts a comment, blank lines ignored.
+``DCGM field, Prometheus type, help`` row per line, ``#`` starts a comment, blank lines ignored.
+Quoting is dcgm-exporter's (Go's encoding/csv): a quoted column opens right after its comma, so
+``,"a, b"`` is one column and a ``"`` anywhere else is refused, as dcgm-exporter refuses it.
+Whitespace around columns and comments and the case of the type are forgiven (docs/metrics.md).
 Everything wrong in a file is reported at once, each problem with its line and the allowed values.
 
 Every name DCGM knows is accepted (``dcgm.catalog``: DCGM's current names, its deprecated ones
@@ -21,7 +23,9 @@ a rate).
 Every row of dcgm-exporter's shipped CSVs is accepted, their commented rows too: the
 ``DCGM_EXP_*`` rows, label fields and the 1.x names (``dcgm_sm_clock``...), which are exported
 under the name the row uses. A field listed twice (the 1.x CSV lists its PCIe bytes twice) is
-taken once, with a note (``CounterSet.notes``). A bad file's error lists each problem once, in
+taken once, with a note (``CounterSet.notes``). dcgm-exporter never checks the type of its
+own ``DCGM_EXP_*`` rows, so a type there that is neither gauge nor counter is noted and the
+field's own type exported. A bad file's error lists each problem once, in
 its violations (tests/unit/telemetry/test_dcgm_counters.py).
 """
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -59,6 +64,16 @@ _TYPES = ("gauge", "counter", "label")
 _DISTRIBUTIONS = ("histogram", "summary")
 #: the Prometheus types dcgm-exporter's parser accepts (its promMetricType)
 _EXPORTER_TYPES = (*_TYPES, *_DISTRIBUTIONS)
+#: dcgm-exporter's own fields: it takes their rows without looking at the type column
+_EXPORTER_FIELDS = "DCGM_EXP_"
+#: a line as Go's encoding/csv reads it: a column is quoted from its first character ("" inside)
+#: or holds no quote at all
+_GO_COLUMN = r'(?:"(?:[^"]|"")*"|[^",]*)'
+_GO_LINE = re.compile(rf"{_GO_COLUMN}(?:,{_GO_COLUMN})*")
+_BAD_QUOTE = (
+    "a quote must open its column right after the comma (no space before it) and close it right "
+    'before the next; write "" for a quote inside (dcgm-exporter refuses this line too)'
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +169,9 @@ def parse_counters(text: str, source: str = "<counters>") -> CounterSet:
         )
     for line, columns in _rows(text, source):
         where = f"{source}:{line}"
+        if isinstance(columns, str):
+            problems.append(FieldViolation(where, columns))
+            continue
         if len(columns) != 3:
             problems.append(
                 FieldViolation(
@@ -169,6 +187,12 @@ def parse_counters(text: str, source: str = "<counters>") -> CounterSet:
         if field is None and known is None:
             problems.append(FieldViolation(where, _unknown(name)))
             continue
+        if field is not None and name.startswith(_EXPORTER_FIELDS) and declared not in _TYPES[:2]:
+            notes.append(
+                f"{where}: dcgm-exporter ignores the type of its own field {name}; "
+                f"{_capped(declared, 40)!r} exported as {field.kind.value}"
+            )
+            declared = field.kind.value
         problem = (
             _type_problem(field, declared) if field is not None else _exporter_type(name, declared)
         )
@@ -196,9 +220,9 @@ def parse_counters(text: str, source: str = "<counters>") -> CounterSet:
     return CounterSet(tuple(counters), source, tuple(notes), tuple(unserved))
 
 
-def _rows(text: str, source: str) -> Iterator[tuple[int, list[str]]]:
-    """(1-based line number, trimmed columns) of every non-blank, non-comment line; at most
-    MAX_ROWS of them, each at most MAX_LINE characters."""
+def _rows(text: str, source: str) -> Iterator[tuple[int, list[str] | str]]:
+    """(1-based line number, trimmed columns or the line's quoting problem) of every non-blank,
+    non-comment line; at most MAX_ROWS of them, each at most MAX_LINE characters."""
     rows = 0
     for number, raw in enumerate(text.splitlines(), start=1):
         stripped = raw.strip()
@@ -216,8 +240,11 @@ def _rows(text: str, source: str) -> Iterator[tuple[int, list[str]]]:
                 f"invalid counters CSV {where}: a line longer than {MAX_LINE} characters",
                 [FieldViolation(where, f"at most {MAX_LINE} characters")],
             )
+        if not _GO_LINE.fullmatch(stripped):
+            yield number, _BAD_QUOTE
+            continue
         try:
-            columns = next(csv.reader(io.StringIO(stripped), skipinitialspace=True))
+            columns = next(csv.reader(io.StringIO(stripped)))
         except csv.Error as exc:  # e.g. a NUL byte
             raise InvalidSpec(
                 f"invalid counters CSV {where}: {_capped(str(exc))}",

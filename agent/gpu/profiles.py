@@ -45,8 +45,9 @@ def profile_name(
     return base
 
 
+#: go-nvlib reads each size with strconv.Atoi (64 bits); 18 digits keep int() cheap and in range
 _PROFILE_RE = re.compile(
-    r"^(?:(?P<c>[1-9]\d*)c\.)?(?P<g>[1-9]\d*)g\.(?P<gb>[1-9]\d*)gb(?P<attrs>.*)$"
+    r"^(?:(?P<c>\d{1,18})c\.)?(?P<g>\d{1,18})g\.(?P<gb>\d{1,18})gb(?P<attrs>.*)$"
 )
 _ATTR_RE = re.compile(r"^[A-Za-z][A-Za-z0-9.]*(?<!\.)$")
 
@@ -77,14 +78,21 @@ class ProfileName:
         return prefix + self.gi_name
 
 
-def parse_profile(text: str) -> ProfileName:
-    """Parse a profile string with mig-parted's rules (reference/mig.md §1.7)."""
+def parse_profile(text: str, *, any_size: bool = False) -> ProfileName:
+    """Parse a profile string with mig-parted's rules (reference/mig.md §1.7).
+
+    ``any_size``: every name go-nvlib's parser takes, as mig-parted's config files may hold
+    them: sizes of 0, leading zeros, more compute than GPU slices (``0g.0gb``, ``2c.1g.5gb``).
+    No GPU has such a profile; planning a config that uses one refuses it, naming it. Without
+    it, only names a GPU can have: sizes from 1, written without leading zeros, C at most G.
+    """
     m = _PROFILE_RE.match(text)
-    if not m:
+    sizes = [m[part] for part in ("c", "g", "gb") if m[part]] if m else []
+    if not m or (not any_size and any(size.startswith("0") for size in sizes)):
         raise InvalidSpec(f"invalid MIG profile {text!r}: expected [<C>c.]<G>g.<GB>gb[+attr|-attr]")
     g = int(m["g"])
     c = int(m["c"]) if m["c"] else None
-    if c is not None and c > g:
+    if c is not None and c > g and not any_size:
         raise InvalidSpec(f"invalid MIG profile {text!r}: compute slices {c} exceed GPU slices {g}")
     attrs_text = m["attrs"]
     negative = False

@@ -87,7 +87,7 @@ def resolve(desired: Desired, layout: GpuLayout) -> tuple[Shape, ...]:
     by_name = {p.name: p for p in layout.profiles}
     widths: dict[GiProfile, list[int]] = {}
     for name, count in desired.counts:
-        parsed = parse_profile(name)
+        parsed = parse_profile(name, any_size=True)  # a config's name, as mig-parted takes it
         profile = by_name.get(parsed.gi_name)
         field = f"{desired.source}.mig-devices.{name}" if desired.source else name
         if profile is None:
@@ -97,7 +97,7 @@ def resolve(desired: Desired, layout: GpuLayout) -> tuple[Shape, ...]:
                 f"({layout.gpu.name}); its profiles are: {have}",
                 [FieldViolation(field, f"not a profile of {layout.gpu.name}; allowed: {have}")],
             )
-        width = parsed.ci_slices or profile.slice_count
+        width = profile.slice_count if parsed.ci_slices is None else parsed.ci_slices
         if width not in ci_widths(profile.slice_count):
             offered = ", ".join(ci_name(profile, c) for c in ci_widths(profile.slice_count))
             raise InvalidSpec(

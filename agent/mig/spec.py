@@ -3,7 +3,8 @@
 Files written for NVIDIA mig-parted or the GPU Operator's ``default-mig-parted-config`` load
 unchanged. The rules and messages follow mig-parted's ``api/spec/v1``; we are stricter where it
 silently ignores a bad value (an unparsable ``device-filter`` never matched there; here it is an
-error) and we also accept GPU UUIDs in ``devices``.
+error) and we also accept GPU UUIDs in ``devices``. Counts (0-7) and GPU indices (0-255) are
+bounded where they are read; mig-parted fails on them only when it applies (docs/mig.md).
 """
 
 from __future__ import annotations
@@ -111,6 +112,12 @@ class MigSpec:
     ) -> tuple[str, tuple[MigConfigEntry, ...]]:
         """The named config; with one config in the file the name may be omitted (mig-parted).
         ``flag``: the caller's option for the name, which a refusal names."""
+        if not self.configs:  # an empty file, or one of its version alone, loads as mig-parted's
+            shown = capped(name or "(none given)", MAX_NAME_SHOWN)
+            raise InvalidSpec(
+                f"selected mig-config not present: {shown} (the file has no mig-configs)",
+                [FieldViolation(flag, "the config file has no mig-configs to select from")],
+            )
         if name is None or name == "":
             if len(self.configs) != 1:
                 raise InvalidSpec(
@@ -182,6 +189,8 @@ def parse_spec(text: str, source: str = "<config>") -> MigSpec:
 
 
 def _spec(doc: Any, bad: list[FieldViolation]) -> MigSpec | None:
+    if doc is None:  # an empty file: mig-parted reads it as no configs, refused only at selection
+        return MigSpec(())
     if not isinstance(doc, dict):
         bad.append(FieldViolation("", "expected a mapping with 'version' and 'mig-configs'"))
         return None
@@ -199,7 +208,9 @@ def _spec(doc: Any, bad: list[FieldViolation]) -> MigSpec | None:
             bad.append(
                 FieldViolation(str(key), f"unexpected field: {key} (allowed: version, mig-configs)")
             )
-    configs = doc.get("mig-configs")
+    if "mig-configs" not in doc:  # mig-parted: a file of its version alone has no configs
+        return MigSpec(())
+    configs = doc["mig-configs"]
     if not isinstance(configs, dict) or not configs:
         bad.append(FieldViolation("mig-configs", "at least one entry in 'mig-configs' is required"))
         return None
@@ -304,7 +315,9 @@ def _mig_devices(raw: Any, path: str, bad: list[FieldViolation]) -> tuple[tuple[
     for key, count in raw.items():
         field = f"{path}.{key}"
         try:
-            name = str(parse_profile(str(key)))
+            # Well-formed is enough, as for mig-parted: a profile no GPU has fails the config
+            # that uses it when it is planned, and the file's other configs stay usable.
+            name = str(parse_profile(str(key), any_size=True))
         except InvalidSpec as exc:
             bad.append(
                 FieldViolation(field, f"error validating values in 'mig-devices' field: {exc}")

@@ -15,8 +15,10 @@ import pytest
 import yaml
 
 from agent.errors import InvalidSpec
+from agent.mig.node_plan import check_layouts, plan_layouts
 from agent.mig.spec import parse_filter, parse_spec, select_gpus
 from agent.wire.node import gpu_pb, layout_from
+from tests.unit.mig.layouts import make_layout
 from tests.unit.sharing.layouts import full_gpu
 
 CASES = yaml.safe_load(
@@ -55,15 +57,72 @@ def test_a_filter_matches_the_gpus_mig_parted_matches(case: dict[str, Any]) -> N
     assert parse_filter(case["filter"]).matches(gpu) is case["match"]
 
 
+def ours(case: dict[str, Any]) -> str:
+    """Our verdict: mig-parted's, or the listed difference's."""
+    assert ("ours" in case) == ("difference" in case)
+    return str(case.get("ours", case["verdict"]))
+
+
 @pytest.mark.parametrize("case", CASES["entries"], ids=ids("entries"))
 def test_an_entry_gets_mig_parteds_verdict(case: dict[str, Any]) -> None:
-    if case["verdict"] == "accept":
+    if ours(case) == "accept":
         parse_spec(one_entry(case["entry"]))
         return
     with pytest.raises(InvalidSpec) as info:
         parse_spec(one_entry(case["entry"]))
     fields = [v.field for v in info.value.violations]
     assert f"mig-configs.c[0].{case['field']}" in fields
+
+
+@pytest.mark.parametrize("case", CASES["specs"], ids=ids("specs"))
+def test_a_file_gets_mig_parteds_verdict(case: dict[str, Any]) -> None:
+    if ours(case) == "refuse":
+        with pytest.raises(InvalidSpec) as info:
+            parse_spec(case["text"])
+        assert case["field"] in [v.field for v in info.value.violations]
+        return
+    spec = parse_spec(case["text"])
+    assert list(spec.names) == case["configs"]
+    if not spec.names:  # then selecting fails, naming the selection, as in mig-parted
+        for name in (None, "all-disabled"):
+            with pytest.raises(InvalidSpec, match="selected mig-config not present") as info:
+                spec.select(name, flag="config")
+            assert [v.field for v in info.value.violations] == ["config"]
+
+
+@pytest.mark.parametrize(
+    "case", CASES["profiles"], ids=[repr(c["profile"]) for c in CASES["profiles"]]
+)
+def test_a_profile_name_gets_go_nvlibs_verdict(case: dict[str, Any]) -> None:
+    text = one_entry({"devices": "all", "mig-enabled": True, "mig-devices": {case["profile"]: 1}})
+    if case["verdict"] == "accept":
+        parse_spec(text)
+        return
+    with pytest.raises(InvalidSpec) as info:
+        parse_spec(text)
+    fields = [v.field for v in info.value.violations]
+    assert fields == [f"mig-configs.c[0].mig-devices.{case['profile']}"]
+
+
+def test_a_profile_no_gpu_has_fails_its_config_when_planned_naming_it() -> None:
+    """mig-parted reads a well-formed name (0g.0gb, 2c.1g.10gb) and fails only the config that
+    uses it, when applied; the file's other configs still apply."""
+    spec = parse_spec(
+        "version: v1\nmig-configs:\n"
+        "  sevens: [{devices: all, mig-enabled: true, mig-devices: {1g.10gb: 7}}]\n"
+        "  zero: [{devices: all, mig-enabled: true, mig-devices: {0g.0gb: 1}}]\n"
+        "  wide: [{devices: all, mig-enabled: true, mig-devices: {2c.1g.10gb: 1}}]\n"
+        "  no-ci: [{devices: all, mig-enabled: true, mig-devices: {0c.1g.10gb: 1}}]\n"
+    )
+    layouts = [make_layout("H100-SXM5-80GB", [])]
+    assert plan_layouts(spec, "sevens", layouts).changes
+    for config, profile in (("zero", "0g.0gb"), ("wide", "2c.1g.10gb"), ("no-ci", "0c.1g.10gb")):
+        with pytest.raises(InvalidSpec, match=profile) as info:
+            plan_layouts(spec, config, layouts)
+        assert [v.field for v in info.value.violations] == [
+            f"mig-configs.{config}[0].mig-devices.{profile}"
+        ]
+        assert not check_layouts(spec, config, layouts).applied
 
 
 def test_a_subsystem_filter_selects_the_same_gpus_through_the_api() -> None:

@@ -244,3 +244,15 @@ def test_export_merges_like_mig_parted() -> None:
     ]
     # What export writes parses back.
     assert parse_spec(yaml.safe_dump(export_document(mixed, "now"))).names == ("now",)
+
+
+def test_a_profile_size_past_18_digits_is_refused_naming_it() -> None:
+    """Any well-formed size loads (0g.0gb), as in mig-parted, but a size is at most 18 digits
+    (go-nvlib's strconv.Atoi stops at 64 bits): a hostile 5000-digit size is refused, not int()."""
+    key = "1" * 5000 + "g.5gb"
+    bad = _fields(
+        "version: v1\nmig-configs:\n  a:\n  - devices: all\n    mig-enabled: true\n"
+        f"    mig-devices:\n      ? {key}\n      : 1\n      0g.0gb: 8\n"
+    )
+    assert "invalid MIG profile" in bad[f"mig-configs.a[0].mig-devices.{key}"]
+    assert "invalid count for '0g.0gb': 8" in bad["mig-configs.a[0].mig-devices.0g.0gb"]

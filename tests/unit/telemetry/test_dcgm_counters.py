@@ -23,7 +23,7 @@ DCGM_FI_DEV_SM_CLOCK,  gauge, SM clock (in MHz).
 DCGM_FI_DEV_DEC_UTIL ,     gauge, Decoder utilization (in %).
 DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL,            counter, NVLink bandwidth for all lanes
 DCGM_FI_DRIVER_VERSION,        label, Driver Version
-DCGM_FI_PROF_PCIE_TX_BYTES, gauge, "PCIe TX, headers included"
+DCGM_FI_PROF_PCIE_TX_BYTES, gauge,"PCIe TX, headers included"
 """
 
 
@@ -364,8 +364,47 @@ def test_a_file_of_comments_selects_nothing_and_is_rejected() -> None:
 
 
 def test_empty_help_falls_back_to_the_catalog() -> None:
-    (counter,) = parse_counters('DCGM_FI_DEV_GPU_TEMP, gauge, ""\n').counters
-    assert counter.help == "GPU temperature."
+    for empty in ("", '""'):
+        (counter,) = parse_counters(f"DCGM_FI_DEV_GPU_TEMP, gauge,{empty}\n").counters
+        assert counter.help == "GPU temperature."
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        'DCGM_FI_PROF_PCIE_TX_BYTES, gauge, "PCIe TX, headers included"',  # space before the quote
+        'DCGM_FI_DEV_GPU_TEMP, gauge, 5" wide',
+        'DCGM_FI_DEV_GPU_TEMP, gauge,"hot" indeed',
+        'DCGM_FI_DEV_GPU_TEMP, gauge,"unclosed',
+    ],
+)
+def test_quoting_dcgm_exporter_refuses_is_refused_naming_the_line(row: str) -> None:
+    """Go's encoding/csv (dcgm-exporter's reader) quotes a column only from its first
+    character; any other quote stops it, and stops us with the line and the fix."""
+    text = f"# c\nDCGM_FI_DEV_SM_CLOCK, gauge, c\n{row}\nNOPE, gauge, x\n"
+    (quoting, unknown) = _problems(text)
+    assert quoting[0] == "c.csv:3" and "no space before it" in quoting[1]
+    assert unknown[0] == "c.csv:4"  # the other problems are still reported at once
+
+
+def test_a_quoted_help_with_a_doubled_quote_keeps_one() -> None:
+    (counter,) = parse_counters('DCGM_FI_DEV_GPU_TEMP, gauge,"5"" wide, hot"\n').counters
+    assert counter.help == '5" wide, hot'
+
+
+@pytest.mark.parametrize("declared", ["gage", "histogram", "label", "Summary"])
+def test_the_type_of_a_dcgm_exporter_field_is_not_checked_like_dcgm_exporter(
+    declared: str,
+) -> None:
+    """dcgm-exporter takes its DCGM_EXP_* rows without looking at the type column; we load the
+    file too and export the field's own type (a TYPE line Prometheus can parse), with a note."""
+    counters = parse_counters(f"DCGM_EXP_XID_ERRORS_COUNT, {declared}, x\n", source="c.csv")
+    (counter,) = counters.counters
+    assert counter.exported_kind is Kind.GAUGE
+    assert counters.notes == (
+        f"c.csv:1: dcgm-exporter ignores the type of its own field DCGM_EXP_XID_ERRORS_COUNT; "
+        f"{declared.lower()!r} exported as gauge",
+    )
 
 
 def test_the_default_files_help_names_each_fields_own_unit() -> None:

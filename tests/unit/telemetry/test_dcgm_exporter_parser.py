@@ -29,6 +29,8 @@ def test_verdict_matches_dcgm_exporter_or_a_listed_difference(case: dict[str, An
     counters = parse_counters(case["csv"], source="c.csv")
     assert [c.name for c in counters.counters] == case.get("served", [])
     assert [u.name for u in counters.unserved] == case.get("unserved", [])
+    if "help" in case:
+        assert [c.help for c in counters.counters] == case["help"]
     for unserved in counters.unserved:
         assert unserved.reason  # every unserved field says why
 
