@@ -31,7 +31,7 @@ AGENT_VERBS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("", "events", ("create", "patch")),
     ("events.k8s.io", "events", ("create", "patch")),
     ("resource.k8s.io", "resourceslices", ("get", "list", "watch")),
-    ("resource.k8s.io", "deviceclasses", ("get", "list", "watch", "create", "update", "delete")),
+    ("resource.k8s.io", "deviceclasses", ("get", "list", "watch", "create")),
     ("resource.k8s.io", "devicetaintrules", ("list", "create", "delete")),
 )
 SSAR = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"

@@ -207,7 +207,9 @@ def test_a_quiet_watch_whose_version_is_compacted_each_time_relists_at_once_and_
                 wait_for(lambda: api.open_watches == 1, "a quiet watch open")
                 api.compact()  # the version it watches from is gone when it ends
                 wait_for(lambda n=lists: informer.lists == n, "relisted", timeout=8)
-        assert not caplog.records, [r.getMessage() for r in caplog.records]
+        # Its own warnings only: another test's agent may still log in this worker.
+        warned = [r.getMessage() for r in caplog.records if r.name == "agent.kube_watch"]
+        assert not warned, warned
         assert informer.healthy
     finally:
         informer.stop()
