@@ -120,6 +120,7 @@ def load(
     if user is not None:
         cert = _pem(path, user.client_cert_data, user.client_cert, base, "client-certificate")
         key = _pem(path, user.client_key_data, user.client_key, base, "client-key")
+    key = key if cert is not None else None  # a key alone is left unused, as client-go does
     ca = _pem(
         path, cluster.certificate_auth_data, cluster.certificate_auth, base, "certificate-authority"
     )
@@ -159,7 +160,10 @@ _EXCLUSIVE = (
 
 def _refuse_what_kubectl_refuses(path: Path, cluster: dict[str, Any], user: dict[str, Any]) -> None:
     """InvalidSpec naming the field for what client-go refuses, in our words: two forms of
-    one thing (which one would win is a guess), a certificate without its key, basic auth."""
+    one thing (which one would win is a guess), a certificate without its key, a token beside
+    basic auth; and basic auth as the only credential (it is not taken). What client-go only
+    leaves unused (a key without a certificate, basic auth beside a certificate or an exec
+    plugin) is left unused here too."""
 
     def given(entry: dict[str, Any], key: str) -> bool:
         return entry.get(key) not in (None, "", False)
@@ -169,27 +173,37 @@ def _refuse_what_kubectl_refuses(path: Path, cluster: dict[str, Any], user: dict
         if given(entry, one) and given(entry, other):
             where = f"{section}.{one}"
             raise _invalid(path, f"{where} and {other} are both set: {why}", where, why)
-    for name in ("username", "password"):
-        if given(user, name):
-            where, want = f"users[].user.{name}", "a token, client certificate or exec plugin"
-            why = "basic auth is not taken (the API server removed it in 1.19)"
-            raise _invalid(path, f"{where}: {why}; use {want}", where, want)
     has_cert = given(user, "client-certificate") or given(user, "client-certificate-data")
     has_key = given(user, "client-key") or given(user, "client-key-data")
-    if has_cert != has_key:
-        lacking = "users[].user.client-" + ("key" if has_cert else "certificate")
-        what = "client certificate without its key" if has_cert else "key without its certificate"
-        raise _invalid(path, f"a {what}: set {lacking} (or its -data)", lacking, "set")
+    if has_cert and not has_key:
+        lacking = "users[].user.client-key"
+        raise _invalid(
+            path,
+            f"a client certificate without its key: set {lacking} (or its -data)",
+            lacking,
+            "set",
+        )
+    basic = [name for name in ("username", "password") if given(user, name)]
+    token = given(user, "token") or given(user, "tokenFile")
+    if basic and (token or not (has_cert or given(user, "exec"))):
+        where, want = f"users[].user.{basic[0]}", "a token, client certificate or exec plugin"
+        why = (
+            "a token and basic auth are two authentication methods: say one"
+            if token
+            else "basic auth is not taken (the API server removed it in 1.19)"
+        )
+        raise _invalid(path, f"{where}: {why}; use {want}", where, want)
 
 
 def _tls_server_name(path: Path, name: object) -> str | None:
     if name is None or name == "":
         return None
-    if isinstance(name, str) and name.isprintable() and " " not in name:
+    # 253: a DNS name's most (RFC 1035), and more than any IP address's text
+    if isinstance(name, str) and len(name) <= 253 and name.isprintable() and " " not in name:
         with contextlib.suppress(UnicodeError):
             name.encode("idna")  # as the handshake encodes it, for SNI and the certificate check
             return name
-    where, want = "clusters[].cluster.tls-server-name", "a DNS name or IP address"
+    where, want = "clusters[].cluster.tls-server-name", "a DNS name or IP address (253 at most)"
     shown = safeyaml.capped(str(name), 200)
     raise _invalid(path, f"{where} {shown!r}: want {want}", where, want)
 

@@ -229,6 +229,38 @@ def test_a_client_certificate_beside_an_exec_plugin_leaves_the_plugin_unrun(
         )
 
 
+@pytest.mark.parametrize(
+    ("user", "sent"),
+    [
+        ({"token": "t", "client-key-data": base64.b64encode(b"KEY").decode()}, "token"),
+        ({"token": "t", "client-key": "me.key"}, "token"),
+        (
+            {
+                "client-certificate-data": base64.b64encode(b"CERT").decode(),
+                "client-key-data": base64.b64encode(b"KEY").decode(),
+                "username": "u",
+                "password": "p",
+            },
+            "certificate",
+        ),
+    ],
+    ids=["token-and-lone-key-data", "token-and-lone-key-file", "certificate-and-basic-auth"],
+)
+def test_what_client_go_leaves_unused_loads_and_is_left_unused(
+    tmp_path: Path, user: dict[str, object], sent: str
+) -> None:
+    """client-go refuses neither a key without its certificate (TLSConfigFor's HasCertAuth
+    wants both, so it is unused) nor basic auth beside a client certificate (a certificate is
+    no second authentication method): kubectl loads both files and sends the other
+    credential. So does this; neither is half used."""
+    (tmp_path / "me.key").write_bytes(b"KEY")  # read as client-go reads it, then unused
+    settings = kubeconfig.load(_config(tmp_path, user, {}))
+    if sent == "token":
+        assert settings.token == "t" and settings.client_cert is None
+    else:
+        assert settings.client_cert == (b"CERT", b"KEY") and settings.token is None
+
+
 def test_a_context_with_no_user_sends_no_credential(tmp_path: Path) -> None:
     """As kubectl: client-go's DirectClientConfig.ConfirmUsable does not check the context, so
     a context without ``user`` is an anonymous client, not a refusal."""

@@ -527,13 +527,12 @@ def test_a_client_certificate_inline_authenticates(
         ({"username": "u", "password": "p"}, {},
          r"users\[\]\.user\.username: basic auth is not taken .*1\.19"),
         ({"password": "p"}, {}, r"users\[\]\.user\.password: basic auth"),
-        ({"token": "t", "username": "u", "password": "p"}, {}, r"user\.username: basic auth"),
+        ({"token": "t", "username": "u", "password": "p"}, {},
+         r"user\.username: a token and basic auth are two authentication methods"),
         # What client-go's ConfirmUsable and TLSConfigFor refuse: two forms of one thing, a
         # certificate without its key, a CA that insecure-skip-tls-verify would not use.
         ({"client-certificate-data": PEM}, {},
          r"a client certificate without its key: set users\[\]\.user\.client-key "),
-        ({"client-key-data": PEM}, {},
-         r"a key without its certificate: set users\[\]\.user\.client-certificate "),
         ({"client-certificate-data": PEM, "client-certificate": "me.crt", "client-key-data": PEM},
          {}, r"users\[\]\.user\.client-certificate and client-certificate-data are both set"),
         ({"client-certificate-data": PEM, "client-key": "me.key", "client-key-data": PEM},
@@ -549,6 +548,8 @@ def test_a_client_certificate_inline_authenticates(
         ({"token": "t"}, {"server": ""}, r"clusters\[\]\.cluster\.server '' is missing or empty"),
         ({"token": "t"}, {"tls-server-name": "kubernetes..svc"},
          r"clusters\[\]\.cluster\.tls-server-name 'kubernetes..svc': want a DNS name"),
+        ({"token": "t"}, {"tls-server-name": "a" * 60 + ("." + "b" * 60) * 200},
+         r"clusters\[\]\.cluster\.tls-server-name 'a+\.b+.*: want a DNS name .*253 at most"),
         # An exec env name no process environment could hold.
         (exec_env("A", ""), {}, r"exec env\[1\]\.name '': want a variable name"),
         (exec_env("AWS=PROFILE"), {}, r"exec env\[0\]\.name 'AWS=PROFILE': want a variable"),
@@ -556,8 +557,9 @@ def test_a_client_certificate_inline_authenticates(
     ],
     ids=["auth-provider", "socks-proxy", "v1alpha1", "v1-without-mode", "wrong-type",
          "basic-auth", "password-only", "token-and-basic-auth", "cert-without-key",
-         "key-without-cert", "cert-data-and-file", "key-data-and-file", "ca-data-and-file",
+         "cert-data-and-file", "key-data-and-file", "ca-data-and-file",
          "insecure-with-ca-data", "insecure-with-ca-file", "empty-server", "bad-tls-server-name",
+         "12-kib-tls-server-name",
          "empty-env-name", "env-name-with-equals", "env-name-with-nul"],
 )  # fmt: skip
 def test_a_kubeconfig_it_cannot_take_is_refused_naming_the_field(
