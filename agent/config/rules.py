@@ -37,7 +37,9 @@ def rules(**given: Any) -> dict[str, Rules]:
     return {RULES_KEY: Rules(**given)}
 
 
-_LISTEN = re.compile(r"(?:\[(?P<v6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\[\]\s]+)):(?P<port>\d{1,5})")
+_LISTEN = re.compile(
+    r"(?:\[(?P<v6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\[\]\s]+)):(?P<port>\d{1,5})", re.ASCII
+)
 
 
 def listen_host(value: str) -> str | None:

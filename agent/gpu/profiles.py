@@ -47,9 +47,10 @@ def profile_name(
 
 #: go-nvlib reads each size with strconv.Atoi (64 bits); 18 digits keep int() cheap and in range
 _PROFILE_RE = re.compile(
-    r"^(?:(?P<c>\d{1,18})c\.)?(?P<g>\d{1,18})g\.(?P<gb>\d{1,18})gb(?P<attrs>.*)$"
+    r"^(?:(?P<c>\d{1,18})c\.)?(?P<g>\d{1,18})g\.(?P<gb>\d{1,18})gb(?P<attrs>.*)\Z",
+    re.ASCII,  # \d is any script's digit without it, and int() reads them all
 )
-_ATTR_RE = re.compile(r"^[A-Za-z][A-Za-z0-9.]*(?<!\.)$")
+_ATTR_RE = re.compile(r"^[A-Za-z][A-Za-z0-9.]*(?<!\.)\Z")
 
 
 @dataclass(frozen=True, slots=True, order=True)

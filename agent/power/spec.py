@@ -28,8 +28,8 @@ __all__ = ["VERSION", "Entry", "Limit", "PowerSpec", "parse"]
 VERSION = "v1"
 MAX_ENTRIES = 64
 _LIMITS = safeyaml.Limits(max_bytes=64 * 1024, max_depth=8, max_nodes=2_000, max_aliases=0)
-_WATTS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*[wW]\s*$")
-_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+_WATTS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*[wW]\s*$", re.ASCII)
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$", re.ASCII)
 _MAX_WATTS = 100_000.0  # far above any board; keeps milliwatts inside NVML's unsigned int
 
 

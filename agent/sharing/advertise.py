@@ -19,7 +19,7 @@ from agent.sharing.schema import RESOURCE_PREFIX, MigStrategy, PluginConfig
 GPU_RESOURCE = RESOURCE_PREFIX + "gpu"
 SHARED_SUFFIX = ".shared"
 #: ``<C>c.`` prefix of a CI narrower than its GI (``1c.3g.40gb``).
-_SUB_GI = re.compile(r"\d+c\.")
+_SUB_GI = re.compile(r"\d+c\.", re.ASCII)
 
 
 #: The most a count can say: the API's counts are uint32 (agent/wire/sharing.py).

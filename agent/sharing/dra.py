@@ -64,7 +64,7 @@ GPU_CLASS = "gpu.nvidia.com"
 MIG_CLASS = "mig.nvidia.com"
 #: The one request of a rendered ResourceClaimTemplate.
 REQUEST = "gpu"
-_MIG_RESOURCE = re.compile(r"mig-(?P<base>\d+g\.\d+gb)(?P<rest>(?:[.-][a-z0-9]+)*)")
+_MIG_RESOURCE = re.compile(r"mig-(?P<base>\d+g\.\d+gb)(?P<rest>(?:[.-][a-z0-9]+)*)", re.ASCII)
 _FLAG_STRATEGIES = ("none", "mixed")
 
 Strategy = Literal["time-slicing", "mps"]

@@ -45,7 +45,7 @@ __all__ = [
 MIG_PREFIX = "nvidia.com/mig-"
 #: Pods read at most: far above a cluster's GPU pods, a bound on what one answer may cost.
 MAX_PODS = 200_000
-_RESOURCE = re.compile(r"^(\d+g\.\d+gb)((?:\.me(?:\.all)?)|\.gfx)?(-me)?(\.shared)?$")
+_RESOURCE = re.compile(r"^(\d+g\.\d+gb)((?:\.me(?:\.all)?)|\.gfx)?(-me)?(\.shared)?$", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)

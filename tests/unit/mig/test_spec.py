@@ -256,3 +256,19 @@ def test_a_profile_size_past_18_digits_is_refused_naming_it() -> None:
     )
     assert "invalid MIG profile" in bad[f"mig-configs.a[0].mig-devices.{key}"]
     assert "invalid count for '0g.0gb': 8" in bad["mig-configs.a[0].mig-devices.0g.0gb"]
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["\u0661g.\u0665gb", "\uff101g.5gb", "1g.5\u0660gb", '"1g.5gb\\n"'],
+    ids=["arabic-indic", "fullwidth-leading-zero", "arabic-indic-zero", "trailing-newline"],
+)
+def test_a_profile_with_digits_go_nvlib_would_not_read_is_refused(key: str) -> None:
+    """go-nvlib reads sizes with strconv.Atoi, ASCII digits only; Python's \\d and int() take
+    any script's digits (Arabic-Indic 1 and 5 were applied as 1g.5gb) and $ matched before a
+    newline."""
+    bad = _fields(
+        "version: v1\nmig-configs:\n  a:\n  - devices: all\n    mig-enabled: true\n"
+        f"    mig-devices:\n      {key}: 1\n"
+    )
+    assert any("invalid MIG profile" in said for said in bad.values()), bad
