@@ -401,9 +401,16 @@ def dra_sharing_preview(
     planned = PluginConfig(sharing=requested.sharing, flags=requested.flags)
     will = describe_sharing(planned)
     try:
-        dra.plan(requested, now.allocation)
+        names = {shared.name for shared in dra.plan(requested, now.allocation).classes}
     except InvalidSpec as exc:
         why = "; ".join(map(str, exc.violations)) or str(exc)
+        return NodePreview(node, "refused", f"now: {was}; refused: {why}", (), was, will)
+    edited = sorted(o.name for o in now.objects if o.state == "differs" and o.name in names)
+    if edited:  # the agent refuses these (`dra.reconcile_one`): no agent overwrites a class
+        why = (
+            f"DeviceClass {', '.join(edited)} was edited since an agent created it: delete it "
+            "(kubectl delete deviceclass NAME) and set again"
+        )
         return NodePreview(node, "refused", f"now: {was}; refused: {why}", (), was, will)
     if planned == base and all(o.state == "present" for o in now.objects):
         return NodePreview(node, "unchanged", f"now: {was}", (), was, will)

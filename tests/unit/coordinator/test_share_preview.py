@@ -184,6 +184,11 @@ def test_a_dra_node_is_previewed_as_its_agent_decides_there() -> None:
     same = sharing_pb2.SharingSpec(strategy=ts, resources=gpu2)
     assert preview(same, view(set_here, "present")).would == "unchanged"
     assert preview(same, view(set_here, "missing")).would == "change"  # set makes it again
+    # A class edited by hand: the agent refuses to overwrite it (dra.reconcile_one).
+    edited = preview(same, view(set_here, "differs"))
+    assert edited.would == "refused", edited.detail
+    assert "DeviceClass gpu-agent-time-slicing-gpu was edited" in edited.detail
+    assert "kubectl delete deviceclass" in edited.detail
     more = sharing_pb2.SharingSpec(
         strategy=sharing_pb2.SHARING_STRATEGY_MPS,
         resources=[sharing_pb2.SharedResource(name="nvidia.com/gpu", replicas=4)],
