@@ -344,6 +344,7 @@ class InClusterKubeClient:
 
         The caller closes the response; ``timeout`` bounds each read, not the whole stream.
         """
+        self._refuse_once_closed(f"watch {path}")
         target = self._prefix + path + "?" + urllib.parse.urlencode(query)
         for refresh in (False, True):
             conn = self._connection(timeout)
@@ -453,6 +454,7 @@ class InClusterKubeClient:
     ) -> Any:
         """Any call (create, update, patch, delete), its JSON decoded (None when empty). An error
         status raises its domain error, with the answer's Retry-After as ``retry_after_s``."""
+        self._refuse_once_closed(f"{method} {path}")
         target = self._prefix + path + ("?" + urllib.parse.urlencode(query) if query else "")
         payload = None if body is None else json.dumps(body).encode()
         for refresh in (False, True):
@@ -484,6 +486,12 @@ class InClusterKubeClient:
             raise AgentError(f"Kubernetes API {method} {path}: over {MAX_RESPONSE_BYTES} bytes")
         # a proxy's page, a cut body, a hostile nesting: a failed call, not a crash
         return decode_json(data, f"Kubernetes API {method} {path}: the answer") if data else None
+
+    def _refuse_once_closed(self, what: str) -> None:
+        """Before the credential: an exec plugin would run up to its timeout for a call that
+        `close` refuses anyway."""
+        if self._sockets.closed:
+            raise self._unreachable(what, OSError(STOPPING))
 
     def _unreachable(self, what: str, exc: Exception) -> AgentError:
         # a proxy's reason phrase is in a tunnel's error; a socket shut by `close` says EOF

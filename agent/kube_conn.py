@@ -76,6 +76,8 @@ class Sockets:
                 self.hold(sock)
                 sock.settimeout(timeout)
                 sock.connect(where)
+                if self.closed:  # closed while it connected: its shutdown found no connection
+                    raise OSError(STOPPING)
             except OSError as exc:
                 sock.close()
                 if self.closed:

@@ -67,3 +67,52 @@ def test_after_close_a_call_fails_at_once_without_connecting() -> None:
         with pytest.raises(AgentError, match="the agent is stopping"):
             kube.get("/api/v1/nodes")
         assert not api.asked.is_set()
+
+
+class CountingPlugin:
+    """An exec plugin's stand-in: counts the tokens asked of it (a real one runs a process
+    for up to its timeout)."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def token(self, refresh: bool = False) -> str:
+        self.asked += 1
+        return "t"
+
+
+def test_after_close_no_exec_plugin_runs_for_a_call_or_a_watch() -> None:
+    with silent_peer() as api:
+        plugin = CountingPlugin()
+        kube = InClusterKubeClient(
+            f"http://127.0.0.1:{api.port}",
+            None,
+            exec_plugin=plugin,
+            timeout=TIMEOUT_S,  # type: ignore[arg-type]
+        )
+        kube.close()
+        with pytest.raises(AgentError, match="the agent is stopping"):
+            kube.get("/api/v1/nodes")
+        with pytest.raises(AgentError, match="the agent is stopping"):
+            kube.stream("/api/v1/nodes", {"watch": "1"}, timeout=TIMEOUT_S)
+        assert plugin.asked == 0 and not api.asked.is_set()
+
+
+def test_a_close_while_a_socket_connects_is_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`close` between a socket's hold and its connect finds no connection to shut down
+    (ENOTCONN): the connect then succeeds and its call would wait the whole timeout."""
+    import socket
+
+    from agent.kube_conn import Sockets
+
+    sockets = Sockets()
+    connect = socket.socket.connect
+
+    def closed_meanwhile(sock: socket.socket, address: object) -> None:
+        sockets.close()
+        connect(sock, address)
+
+    with silent_peer() as api:
+        monkeypatch.setattr(socket.socket, "connect", closed_meanwhile)
+        with pytest.raises(OSError, match="the agent is stopping"):
+            sockets.create_connection(("127.0.0.1", api.port), TIMEOUT_S)
