@@ -16,12 +16,15 @@ import contextlib
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec, NotSupported
 from agent.kube_exec import ExecPlugin
 from agent.redact import redact_url
+
+if TYPE_CHECKING:
+    from lightkube.config.kubeconfig import KubeConfig
 
 __all__ = ["KubeconfigSettings", "load", "refuse_server", "server_problem"]
 
@@ -97,12 +100,19 @@ def load(
     doc = safeyaml.load(safeyaml.read_text(path, "kubeconfig"), "kubeconfig")
     if not isinstance(doc, dict):
         raise _invalid(path, "not a mapping", "kubeconfig", "a kubeconfig document")
+    # a file without clusters or contexts lists is one whose context names none (field named)
+    lists = {key: doc.get(key) or [] for key in ("clusters", "contexts")}
     try:
-        chosen = KubeConfig.from_dict(doc, fname=path.absolute()).get(context)
+        config = KubeConfig.from_dict({**doc, **lists}, fname=path.absolute())
+        _refuse_dangling(path, config, context)
+        chosen = config.get(context)
     except ConfigError as exc:
         raise _invalid(path, str(exc), "current-context", "a context the file names") from exc
-    except KeyError as exc:
-        raise _invalid(path, f"names no {exc}", str(exc), "present and named") from exc
+    except KeyError as exc:  # an entry of clusters, contexts or users without a key it needs
+        missing = safeyaml.capped(str(exc.args[0]), 60)
+        raise _invalid(
+            path, f"malformed: an entry lacks {missing!r}", "kubeconfig", "named entries"
+        ) from exc
     except (TypeError, AttributeError, msgspec.ValidationError) as exc:
         raise _invalid(path, f"malformed: {exc}", "kubeconfig", "kubeconfig's schema") from exc
     assert chosen is not None  # get() without a default raises instead
@@ -142,6 +152,26 @@ def load(
         exec_plugin=None if token or token_file or (cert and key) else plugin,
         tls_server_name=_tls_server_name(path, raw_cluster.get("tls-server-name")),
     )
+
+
+def _refuse_dangling(path: Path, config: KubeConfig, context: str | None) -> None:
+    """A context naming a cluster or user the file lacks, refused naming the context's field.
+    kubectl refuses the first (no server to call) and would go on without credentials for the
+    second; a typo, or a user kept in another KUBECONFIG file (only the first is read), is far
+    likelier than a wish to call anonymously, so it is refused too (docs/coordinator.md)."""
+    name = context if context is not None else config.current_context
+    chosen = config.contexts.get(name) if name is not None else None
+    if chosen is None:
+        return  # lightkube's get() names the missing context
+    for key, wanted, known in (
+        ("cluster", chosen.cluster, config.clusters),
+        ("user", chosen.user, config.users),
+    ):
+        if (wanted or key == "cluster") and wanted not in known:
+            where = f"contexts[{safeyaml.capped(str(name), 60)}].context.{key}"
+            shown = safeyaml.capped(str(wanted), 60)
+            why = f"no {key} named {shown!r} in the file"
+            raise _invalid(path, f"{where}: {why}", where, f"a name from the file's {key}s")
 
 
 #: Fields kubectl refuses together: (section, one, other, why).

@@ -3,8 +3,10 @@
 Same format as dcgm-exporter (reference/telemetry.md §1.1): one
 ``DCGM field, Prometheus type, help`` row per line, ``#`` starts a comment, blank lines ignored.
 Quoting is dcgm-exporter's (Go's encoding/csv): a quoted column opens right after its comma, so
-``,"a, b"`` is one column and a ``"`` anywhere else is refused, as dcgm-exporter refuses it.
-Whitespace around columns and comments and the case of the type are forgiven (docs/metrics.md).
+``,"a, b"`` is one column and a ``"`` anywhere else, a blank beside it included, is refused, as
+dcgm-exporter refuses it. A quoted column must close on its line (dcgm-exporter reads on).
+Whitespace around columns and comments, lines of blanks and the case of the type are forgiven
+(docs/metrics.md).
 Everything wrong in a file is reported at once, each problem with its line and the allowed values.
 
 Every name DCGM knows is accepted (``dcgm.catalog``: DCGM's current names, its deprecated ones
@@ -70,9 +72,17 @@ _EXPORTER_FIELDS = "DCGM_EXP_"
 #: or holds no quote at all
 _GO_COLUMN = r'(?:"(?:[^"]|"")*"|[^",]*)'
 _GO_LINE = re.compile(rf"{_GO_COLUMN}(?:,{_GO_COLUMN})*")
+#: a line whose last column opens a quote it does not close: Go reads on into the next line
+_GO_OPEN_QUOTE = re.compile(rf'(?:{_GO_COLUMN},)*"(?:[^"]|"")*')
 _BAD_QUOTE = (
-    "a quote must open its column right after the comma (no space before it) and close it right "
-    'before the next; write "" for a quote inside (dcgm-exporter refuses this line too)'
+    "a quote must open its column right after the comma or at the line's start and close it right "
+    'before the next comma or at the line\'s end, with no space between; write "" for a quote '
+    "inside (dcgm-exporter refuses this line too)"
+)
+_UNCLOSED_QUOTE = (
+    "a quoted column must close on its own line: one row per line (dcgm-exporter reads on to the "
+    "closing quote and writes the line break into its # HELP, leaving a line that is neither a "
+    "comment nor a sample)"
 )
 
 
@@ -224,7 +234,11 @@ def _rows(text: str, source: str) -> Iterator[tuple[int, list[str] | str]]:
     """(1-based line number, trimmed columns or the line's quoting problem) of every non-blank,
     non-comment line; at most MAX_ROWS of them, each at most MAX_LINE characters."""
     rows = 0
-    for number, raw in enumerate(text.splitlines(), start=1):
+    lines = text.splitlines()
+    continued_to = 0  # the last line of a quoted column an earlier line opened (reported there)
+    for number, raw in enumerate(lines, start=1):
+        if number <= continued_to:
+            continue
         stripped = raw.strip()
         if not stripped or stripped.startswith("#"):
             continue
@@ -240,7 +254,12 @@ def _rows(text: str, source: str) -> Iterator[tuple[int, list[str] | str]]:
                 f"invalid counters CSV {where}: a line longer than {MAX_LINE} characters",
                 [FieldViolation(where, f"at most {MAX_LINE} characters")],
             )
-        if not _GO_LINE.fullmatch(stripped):
+        # the line as written: Go takes a blank beside a quote as part of the column
+        if _GO_OPEN_QUOTE.fullmatch(raw):
+            continued_to = _closing_line(lines, number)
+            yield number, _UNCLOSED_QUOTE if continued_to else _BAD_QUOTE
+            continue
+        if not _GO_LINE.fullmatch(raw):
             yield number, _BAD_QUOTE
             continue
         try:
@@ -251,6 +270,13 @@ def _rows(text: str, source: str) -> Iterator[tuple[int, list[str] | str]]:
                 [FieldViolation(where, _capped(str(exc)))],
             ) from None
         yield number, [c.strip() for c in columns]
+
+
+def _closing_line(lines: list[str], opened: int) -> int:
+    """The line after ``opened`` (1-based) that closes the quote left open on it, 0 if none:
+    inside a quoted column an odd count of quotes closes it (a doubled one is a quote)."""
+    following = enumerate(lines[opened:], start=opened + 1)
+    return next((number for number, line in following if line.count('"') % 2), 0)
 
 
 def _unknown(name: str) -> str:

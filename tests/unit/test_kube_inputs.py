@@ -273,6 +273,53 @@ def test_a_context_with_no_user_sends_no_credential(tmp_path: Path) -> None:
     assert settings.exec_plugin is None and settings.server == SERVER
 
 
+@pytest.mark.parametrize(
+    ("key", "edit"),
+    [
+        ("user", lambda doc: doc["contexts"][0]["context"].update(user="nope")),
+        ("cluster", lambda doc: doc["contexts"][0]["context"].update(cluster="nope")),
+        ("cluster", lambda doc: doc.pop("clusters")),  # no clusters list at all
+    ],
+    ids=["user", "cluster", "no-clusters-list"],
+)
+def test_a_context_naming_what_the_file_lacks_is_refused_naming_the_contexts_field(
+    tmp_path: Path, key: str, edit: Any
+) -> None:
+    """kubectl refuses a missing cluster (no server) and would call anonymously for a missing
+    user; a typo or a user in another KUBECONFIG file (not read) is likelier: refused too."""
+    path = _config(tmp_path, {"token": "t"}, {})
+    doc = yaml.safe_load(path.read_text())
+    edit(doc)
+    path.write_text(yaml.safe_dump(doc))
+    wanted = doc["contexts"][0]["context"][key]
+    with pytest.raises(InvalidSpec) as info:
+        kubeconfig.load(path)
+    where = f"contexts[c].context.{key}"
+    assert f"{where}: no {key} named {wanted!r} in the file" in str(info.value)
+    assert [v.field for v in info.value.violations] == [where]
+
+
+def test_an_entry_without_its_name_is_refused_as_malformed_saying_what_it_lacks(
+    tmp_path: Path,
+) -> None:
+    path = _config(tmp_path, {"token": "t"}, {})
+    doc = yaml.safe_load(path.read_text())
+    del doc["users"][0]["name"]
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(InvalidSpec, match="malformed: an entry lacks 'name'"):
+        kubeconfig.load(path)
+
+
+def test_a_contexts_namespace_is_not_read(tmp_path: Path) -> None:
+    """The agents' namespace is --namespace (POD_NAMESPACE), never the context's: one no
+    namespace could be named, which client-go's Validate refuses, changes nothing here."""
+    path = _config(tmp_path, {"token": "t"}, {})
+    doc = yaml.safe_load(path.read_text())
+    doc["contexts"][0]["context"]["namespace"] = "Not_A_Label"
+    path.write_text(yaml.safe_dump(doc))
+    assert kubeconfig.load(path).server == SERVER
+
+
 def test_a_request_that_cannot_be_encoded_is_an_error_naming_the_server() -> None:
     """A proxy's CONNECT to a server whose host is not ASCII raised UnicodeEncodeError, past
     every handler of AgentError (OSError, HTTPException)."""

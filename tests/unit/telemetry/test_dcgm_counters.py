@@ -376,6 +376,8 @@ def test_empty_help_falls_back_to_the_catalog() -> None:
         'DCGM_FI_DEV_GPU_TEMP, gauge, 5" wide',
         'DCGM_FI_DEV_GPU_TEMP, gauge,"hot" indeed',
         'DCGM_FI_DEV_GPU_TEMP, gauge,"unclosed',
+        'DCGM_FI_PROF_PCIE_TX_BYTES, gauge,"PCIe TX, headers included" ',  # space after it
+        '  "DCGM_FI_PROF_PCIE_TX_BYTES", gauge, PCIe TX',  # indented opening quote
     ],
 )
 def test_quoting_dcgm_exporter_refuses_is_refused_naming_the_line(row: str) -> None:
@@ -383,8 +385,16 @@ def test_quoting_dcgm_exporter_refuses_is_refused_naming_the_line(row: str) -> N
     character; any other quote stops it, and stops us with the line and the fix."""
     text = f"# c\nDCGM_FI_DEV_SM_CLOCK, gauge, c\n{row}\nNOPE, gauge, x\n"
     (quoting, unknown) = _problems(text)
-    assert quoting[0] == "c.csv:3" and "no space before it" in quoting[1]
+    assert quoting[0] == "c.csv:3" and "with no space between" in quoting[1]
     assert unknown[0] == "c.csv:4"  # the other problems are still reported at once
+
+
+def test_a_quoted_help_over_two_lines_is_one_problem_on_the_line_that_opens_it() -> None:
+    """dcgm-exporter reads on to the closing quote; a line break in a help breaks its # HELP."""
+    text = 'DCGM_FI_PROF_PCIE_TX_BYTES, gauge,"PCIe TX,\nheaders included"\nNOPE, gauge, x\n'
+    (quoting, unknown) = _problems(text)
+    assert quoting[0] == "c.csv:1" and "must close on its own line" in quoting[1]
+    assert unknown[0] == "c.csv:3"  # the help's second line is no row of its own
 
 
 def test_a_quoted_help_with_a_doubled_quote_keeps_one() -> None:
