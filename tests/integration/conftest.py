@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.kube import InClusterKubeClient
 from tests.integration.prewarm_fixtures.origin import Origin
+from tests.kube.fake_api import FakeKubeApi
 
 
 @pytest.fixture
@@ -17,3 +19,14 @@ def origin(tmp_path: Path) -> Iterator[Origin]:
     root.mkdir()
     with Origin(root) as o:
         yield o
+
+
+@pytest.fixture
+def in_cluster(
+    kube_api: tuple[FakeKubeApi, str],
+    kube: InClusterKubeClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> FakeKubeApi:
+    """The agent's pod client is the test's client of the Kubernetes stand-in."""
+    monkeypatch.setattr(InClusterKubeClient, "in_pod", classmethod(lambda cls: kube))
+    return kube_api[0]

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from agent.gpu.sim import SimControl, open_simulator
-from agent.kube import InClusterKubeClient
 from agent.mig.labels import CONFIG_LABEL, STATE_LABEL
 from agent.reclaim import ANNOTATION
 from tests.kube.fake_api import FakeKubeApi
@@ -33,16 +32,6 @@ mig-configs:
       mig-enabled: true
       mig-devices: {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
 """
-
-
-@pytest.fixture
-def in_cluster(
-    kube_api: tuple[FakeKubeApi, str],
-    kube: InClusterKubeClient,
-    monkeypatch: pytest.MonkeyPatch,
-) -> FakeKubeApi:
-    monkeypatch.setattr(InClusterKubeClient, "in_pod", classmethod(lambda cls: kube))
-    return kube_api[0]
 
 
 def _states_written(api: FakeKubeApi) -> list[str]:

@@ -26,7 +26,6 @@ import pytest
 from agent._proto.gpuagent.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 from agent.gpu.sim import SimControl, open_simulator
 from agent.health.publish import LABEL, PUBLISH_S
-from agent.kube import InClusterKubeClient
 from tests.integration.test_api_events import Watcher
 from tests.kube.fake_api import FakeKubeApi
 from tests.kube.fixtures import NODE
@@ -49,16 +48,6 @@ def _config(root: Path, hold_down_s: float = HOLD_DOWN_S, **health: Any) -> Path
         health={"hold_down_s": hold_down_s, **health},
         driver={"retry_max_s": 0.2, "check_s": 0.2},
     )
-
-
-@pytest.fixture
-def in_cluster(
-    kube_api: tuple[FakeKubeApi, str],
-    kube: InClusterKubeClient,
-    monkeypatch: pytest.MonkeyPatch,
-) -> FakeKubeApi:
-    monkeypatch.setattr(InClusterKubeClient, "in_pod", classmethod(lambda cls: kube))
-    return kube_api[0]
 
 
 def _gpu(socket: Path, index: int) -> agent_pb2.Gpu:
