@@ -54,14 +54,16 @@ class KubeEdge:
         by the informer's thread before it lists, never here: this is called while the agent
         is built, and a hung API server (a 10 s timeout per request) must not hold its start;
         while discovery fails (the API server away) it is asked again before each list, so the
-        informer converges on the served version without a restart."""
+        informer converges on the served version without a restart. On a cluster that serves
+        no ResourceSlices (no DRA API) nothing is listed: the cache is empty, and discovery
+        is asked again hourly (agent/kube_discovery.py)."""
         with self._lock:
             if self._slices is None:
                 want = WANTED["resourceslices"]
-                fallback = f"/apis/{want.group}/{want.versions[0]}/{want.name}"
+                best = f"/apis/{want.group}/{want.versions[0]}/{want.name}"
                 query = {"fieldSelector": f"spec.nodeName={self.node}"}
-                self._slices = self.informers.informer(fallback, query)
-                self._slices.resolve_path(lambda: self.apis.path("resourceslices") or fallback)
+                self._slices = self.informers.informer(best, query)
+                self._slices.resolve_path(lambda: self.apis.path("resourceslices"))
             return self._slices
 
     def health(self) -> tuple[bool, str]:
@@ -73,7 +75,11 @@ class KubeEdge:
             problems.append(f"Node {self.node} not written yet: {self.owner.error}")
         if problems:
             return False, "; ".join(problems)
-        return True, f"{len(self.informers.informers())} watch(es) current, the Node written"
+        watching = [i for i in self.informers.informers() if not i.unserved]
+        said = f"{len(watching)} watch(es) current, the Node written"
+        for why in self.apis.unserved.values():  # not served is not degraded: said, healthy
+            said += f"; not served: {why}"
+        return True, said
 
     def current(self) -> bool:
         """Whether every watch started is current (the informers' state: no request)."""

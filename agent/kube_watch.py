@@ -18,6 +18,11 @@ fleet of agents does not come back in step. While a call fails the cache is kept
 `Informer.status` says it is stale and why. An exception that is not an AgentError (a bug, an
 answer no check foresaw) is a failed call too, its traceback logged once until a good call:
 the thread never ends while the status says current.
+
+A resource the API server does not serve (``resolve_path`` answers None: discovery lists no
+version of it, as the DRA API on a cluster without it) is not listed at all: the cache is
+empty and current, `Informer.status` says not served, and discovery is asked again every
+``UNSERVED_RECHECK_S`` (a list of an unserved path would 404 every back-off, forever).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Any, Protocol
 from agent import safeyaml
 from agent.errors import AgentError, PermissionDenied
 from agent.kube import PAGE_SIZE, Gone, dig
+from agent.kube_discovery import UNSERVED_RECHECK_S
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +123,9 @@ class Informer:
         #: whether a 410 may list again at once: not when no watch moved or lasted since the
         #: list the last 410 made (a server whose every watch answers 410 is backed off)
         self._relist_at_once = True
-        self._resolve: Callable[[], str] | None = None
+        self._resolve: Callable[[], str | None] | None = None
+        #: why the path is not listed: the API server does not serve it ("" while it does)
+        self.unserved = ""
         #: an unexpected error's traceback was logged since the last good call
         self._traced = False
 
@@ -160,6 +168,8 @@ class Informer:
     def status(self) -> tuple[bool, str]:
         """(current, detail): False with why while the cache is the last answer kept."""
         what = f"{self.path} {','.join(self._query.values())}".strip()
+        if self.unserved and self.healthy:
+            return True, f"{what}: {self.unserved}"
         if not self.synced.is_set():
             return False, f"{what}: not listed yet{': ' + self.error if self.error else ''}"
         if not self.healthy:
@@ -167,14 +177,15 @@ class Informer:
             return False, f"{what}: stale for {since:.0f}s (kept as last listed): {self.error}"
         return True, f"{what}: current ({len(self._objects)} object(s))"
 
-    def resolve_path(self, resolve: Callable[[], str]) -> None:
+    def resolve_path(self, resolve: Callable[[], str | None]) -> None:
         """Ask ``resolve`` for the path before the next list, until it answers (discovery
-        that failed at the start: its AgentError is waited on as any failed call)."""
+        that failed at the start: its AgentError is waited on as any failed call); None:
+        the API server does not serve the resource, asked again every UNSERVED_RECHECK_S."""
         self._resolve = resolve
 
     def relist(self) -> None:
-        if self._resolve is not None:
-            self.path, self._resolve = self._resolve(), None
+        if self._resolve is not None and not self._resolved():
+            return
         items, version = self._client.list_all(self.path, self._query, self._page_size)
         self.lists += 1
         with self._lock:
@@ -183,6 +194,21 @@ class Informer:
             self.resource_version = version
         self._good()
         self._changed()
+
+    def _resolved(self) -> bool:
+        """Whether the path is known; if not served, the cache is empty (no object of an
+        unserved resource exists) and current, and nothing is asked for a while."""
+        path = self._resolve() if self._resolve is not None else None
+        if path is not None:
+            self.path, self._resolve, self.unserved = path, None, ""
+            return True
+        with self._lock:
+            self._objects, self._deleted = {}, {}
+        if not self.unserved:
+            self.unserved = "not served by the API server (discovery asked again hourly)"
+            self._good()
+            self._changed()
+        return False
 
     def watch_once(self) -> bool:
         """One watch, from the current version until the server ends it; whether any event
@@ -222,6 +248,9 @@ class Informer:
             try:
                 if not self.resource_version:
                     self.relist()
+                    if not self.resource_version:  # not served: asked again in an hour
+                        self._stop.wait(UNSERVED_RECHECK_S)
+                        continue
                 began = time.monotonic()
                 if self.watch_once() or time.monotonic() - began >= 1.0:
                     # A watch that lasted worked: a 410 after it (a quiet resource's version

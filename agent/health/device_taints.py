@@ -10,8 +10,8 @@ finds its device in the node's slices (by the ``uuid`` attribute, as pod attribu
 keeps a rule ``gpu-agent.io/health=failed:NoSchedule`` on it; a rule whose mark cleared (or
 whose device is gone) is deleted. Rules carry the label ``gpu-agent.io/node=<node>``, so the
 agent lists (once) and deletes only its own. A cluster that serves no version of the API is
-said once and not asked again; one whose discovery lists it but answers 404 is asked again
-every ``UNSERVED_RETRY_S``.
+said once and asked again hourly (agent/kube_discovery.py); one whose discovery lists it but
+answers 404 is asked again every ``UNSERVED_RETRY_S``.
 """
 
 from __future__ import annotations
