@@ -13,7 +13,7 @@ same: labels from the watch, label writes through the owner, pod deletes passed 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,9 @@ class KubeEdge:
     informers: InformerFactory
     apis: ApiVersions
     owner: NodeOwner
+    #: what each writer beside the Node's owner has refused now ("" when nothing), said in
+    #: `health` while it lasts (DeviceTaintRules, Events: agent/health/publish.py)
+    refusals: list[Callable[[], str]] = field(default_factory=list, init=False, repr=False)
     _slices: Informer | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -68,11 +71,13 @@ class KubeEdge:
 
     def health(self) -> tuple[bool, str]:
         """(healthy, detail): GetNode's "kubernetes" component. Unhealthy while a watched
-        cache is stale (the API server away, refusing, throttling) or the Node's last write
-        failed, naming each with why; GPU work goes on either way."""
+        cache is stale (the API server away, refusing, throttling), the Node's last write
+        failed, or another write is refused for now, naming each with why; GPU work goes on
+        either way."""
         problems = self.informers.stale()
         if self.owner.error:
             problems.append(f"Node {self.node} not written yet: {self.owner.error}")
+        problems += [said for refused in self.refusals if (said := refused())]
         if problems:
             return False, "; ".join(problems)
         watching = [i for i in self.informers.informers() if not i.unserved]

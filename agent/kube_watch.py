@@ -47,6 +47,7 @@ __all__ = [
     "Lister",
     "NodeWatch",
     "node_query",
+    "retry_after_s",
     "retry_wait",
     "unexpected_error",
 ]
@@ -409,10 +410,16 @@ class NodeWatch:
 def retry_wait(exc: Exception, delay: float) -> float:
     """How long to wait after ``exc``: the server's Retry-After (429, 503) when it gave one,
     else ``delay`` jittered by +-50 % so a fleet does not come back in step."""
+    found = retry_after_s(exc)
+    return found if found is not None else delay * (0.5 + random.random())
+
+
+def retry_after_s(exc: Exception) -> float | None:
+    """The server's Retry-After of ``exc`` (429, 503), capped at MAX_RETRY_AFTER_S; None."""
     found = getattr(exc, "retry_after_s", None)
     if isinstance(found, int | float) and found > 0:
         return min(float(found), MAX_RETRY_AFTER_S)
-    return delay * (0.5 + random.random())
+    return None
 
 
 def unexpected_error(exc: BaseException) -> str:

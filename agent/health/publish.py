@@ -307,4 +307,5 @@ def build_publisher(
         unjudged=health.unjudged,
     )
     health.subscribe(publisher.on_change)
+    edge.refusals.append(rules.refused)
     return publisher

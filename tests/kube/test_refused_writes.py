@@ -1,0 +1,129 @@
+"""Writes beside the Node that the API server refuses (a missing RBAC verb, an admission
+webhook, throttling) are held back with a jittered, doubling back-off and said while they
+last, never re-sent every health pass (10 s): 5,000 nodes refused together were 500 requests
+a second, forever."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.health.device_taints import DeviceTaints
+from agent.health.machine import Policy
+from agent.health.monitor import HealthMonitor
+from agent.health.publish import build_publisher
+from agent.health.store import Target
+from agent.kube import InClusterKubeClient
+from agent.kube_edge import KubeEdge
+from tests.kube.fake_edge import EdgeKubeApi
+from tests.kube.fixtures import NODE
+from tests.kube.test_dra_api import gpu_slice
+from tests.kube.test_kube_edge import _failed_marks, _slices
+
+PASSES = 30  # five minutes of health passes
+RULES = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
+
+
+def _requests(api: EdgeKubeApi, since: int, part: str) -> list[tuple[str, str]]:
+    return [(c.method, c.path) for c in api.calls[since:] if part in c.path and not c.watch]
+
+
+def _dra_api(api: EdgeKubeApi) -> None:
+    api.served["resource.k8s.io"] = {"v1": ["resourceslices"], "v1beta2": ["devicetaintrules"]}
+    api.put_dra("resourceslices", gpu_slice("node-gpus", NODE, ["gpu-0"]))
+
+
+def test_a_refused_device_taint_rule_is_not_sent_again_every_pass_and_is_said(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = edge_api
+    _dra_api(api)
+    health = HealthMonitor(Policy(), None)
+    health.shown = _failed_marks  # type: ignore[method-assign]
+    health.device_uuids = lambda: {Target("GPU-0"): ("GPU-gpu-0",)}  # type: ignore[method-assign]
+    edge = KubeEdge.build(kube, NODE)
+    try:
+        assert edge.slices().start().synced.wait(10)
+        assert edge.node_informer().start().synced.wait(10)
+        publisher = build_publisher(edge, NODE, health, taint=False)
+        assert publisher is not None
+        api.fail_next("POST", RULES, 403, count=1000, message="devicetaintrules is forbidden")
+        began = len(api.calls)
+        for _ in range(PASSES):
+            publisher.sync()
+        assert _requests(api, began, "devicetaintrules") == [("GET", RULES), ("POST", RULES)]
+        healthy, detail = edge.health()
+        assert not healthy and "DeviceTaintRule create" in detail and "403" in detail
+    finally:
+        edge.stop()
+
+
+def _rules(kube: InClusterKubeClient, now: list[float]) -> DeviceTaints:
+    return DeviceTaints(
+        kube.request,
+        NODE,
+        _failed_marks,
+        lambda: {Target("GPU-0"): ("GPU-0",)},
+        slices=_slices,
+        rules=lambda: RULES,
+        clock=lambda: now[0],
+    )
+
+
+def _posts_at(api: EdgeKubeApi, rules: DeviceTaints, now: list[float], at: list[float]) -> int:
+    began = len(api.calls)
+    for t in at:
+        now[0] = t
+        rules.sync()
+    return len([c for c in _requests(api, began, "devicetaintrules") if c[0] == "POST"])
+
+
+def test_a_refused_rule_is_tried_again_after_a_doubling_back_off_and_a_429s_retry_after(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = edge_api
+    _dra_api(api)
+    now = [0.0]
+    rules = _rules(kube, now)
+    api.fail_next("POST", RULES, 403, count=1000)
+    assert _posts_at(api, rules, now, [0.0]) == 1
+    assert _posts_at(api, rules, now, [10.0, 14.0]) == 0  # the first wait: 15-30 s
+    assert _posts_at(api, rules, now, [30.0]) == 1
+    assert _posts_at(api, rules, now, [40.0, 50.0, 59.0]) == 0  # then 30-60 s
+    assert _posts_at(api, rules, now, [90.0]) == 1
+    # The RBAC fixed, the server throttles: Retry-After 250 s, longer than the 120-240 s due.
+    api.faults.clear()
+    api.fail_next("POST", RULES, 429, count=1, retry_after=250)
+    assert _posts_at(api, rules, now, [300.0]) == 1
+    assert _posts_at(api, rules, now, [500.0, 549.0]) == 0
+    assert _posts_at(api, rules, now, [551.0, 561.0]) == 1  # created, then nothing to send
+    assert list(api.taint_rules) == [f"gpu-agent.{NODE}.{NODE}.gpu-0"]
+    assert rules.refused() == ""
+
+
+def test_a_create_that_got_through_unseen_is_not_made_twice(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """A 5xx whose create went through (a proxy timing out after the server took it): the
+    retry's 409 says the rule is there; nothing is listed again, nothing is refused."""
+    api, _ = edge_api
+    _dra_api(api)
+    now = [0.0]
+    rules = _rules(kube, now)
+    api.fail_next("POST", RULES, 503, count=1)
+    assert _posts_at(api, rules, now, [0.0]) == 1
+    assert "503" in rules.refused()
+    name = f"gpu-agent.{NODE}.{NODE}.gpu-0"
+    body: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1beta2",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": name, "labels": {"gpu-agent.io/node": NODE}},
+        "spec": {
+            "deviceSelector": {"driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-0"},
+            "taint": {"key": "gpu-agent.io/health", "value": "failed", "effect": "NoSchedule"},
+        },
+    }
+    kube.request("POST", RULES, body=body)  # what the 503 hid
+    began = len(api.calls)
+    assert _posts_at(api, rules, now, [31.0, 41.0]) == 1
+    assert _requests(api, began, "devicetaintrules") == [("POST", RULES)]
+    assert rules.refused() == "" and list(api.taint_rules) == [name]
