@@ -216,13 +216,16 @@ def test_with_the_api_server_away_the_marks_and_events_wait_for_it(
     api, _ = kube_api
     api.unavailable = {f"/api/v1/nodes/{NODE}", "/api/v1/namespaces/default/events"}
     owner = _owner(kube)
-    publisher = NodePublisher(kube, owner, lambda: _marks(FAILED), taint=False)
+    now = [0.0]
+    marks = lambda: _marks(FAILED)  # noqa: E731
+    publisher = NodePublisher(kube, owner, marks, taint=False, clock=lambda: now[0])
     publisher.on_change(HealthChange(Target("GPU-0"), 0, State.HEALTHY, FAILED, FAILED.reason))
     publisher.sync()  # logged, not raised
     with pytest.raises(AgentError, match="503"):  # the owner's worker retries it
         owner.sync()
     assert "gpu-agent.io/health" not in api.nodes[NODE] and not api.events
     api.unavailable = set()
+    now[0] = 10.0  # the Events' back-off after a 503: 5-10 s
     publisher.sync()
     assert owner.sync()
     assert api.nodes[NODE]["gpu-agent.io/health"] == "failed"

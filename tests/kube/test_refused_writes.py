@@ -8,12 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 from agent.health.device_taints import DeviceTaints
-from agent.health.machine import Policy
-from agent.health.monitor import HealthMonitor
-from agent.health.publish import build_publisher
+from agent.health.machine import Mark, Policy, State
+from agent.health.monitor import HealthChange, HealthMonitor
+from agent.health.publish import NodePublisher, build_publisher
 from agent.health.store import Target
 from agent.kube import InClusterKubeClient
 from agent.kube_edge import KubeEdge
+from agent.kube_node import NodeOwner
+from agent.kube_watch import InformerFactory
 from tests.kube.fake_edge import EdgeKubeApi
 from tests.kube.fixtures import NODE
 from tests.kube.test_dra_api import gpu_slice
@@ -21,6 +23,7 @@ from tests.kube.test_kube_edge import _failed_marks, _slices
 
 PASSES = 30  # five minutes of health passes
 RULES = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
+EVENTS = "/api/v1/namespaces/default/events"
 
 
 def _requests(api: EdgeKubeApi, since: int, part: str) -> list[tuple[str, str]]:
@@ -127,3 +130,65 @@ def test_a_create_that_got_through_unseen_is_not_made_twice(
     assert _posts_at(api, rules, now, [31.0, 41.0]) == 1
     assert _requests(api, began, "devicetaintrules") == [("POST", RULES)]
     assert rules.refused() == "" and list(api.taint_rules) == [name]
+
+
+def _publisher(kube: InClusterKubeClient, now: list[float] | None = None) -> NodePublisher:
+    owner = NodeOwner(kube, NODE, InformerFactory(kube).node(NODE))  # not started: no write
+    if now is None:
+        return NodePublisher(kube, owner, dict, taint=False)
+    return NodePublisher(kube, owner, dict, taint=False, clock=lambda: now[0])
+
+
+def _change(gpu: int) -> HealthChange:
+    failed = Mark(State.FAILED, "XID 79", 1.0, "reboot-node")
+    return HealthChange(Target(f"GPU-{gpu}"), gpu, State.HEALTHY, failed, "XID 79")
+
+
+def _events_at(
+    api: EdgeKubeApi, publisher: NodePublisher, now: list[float], at: list[float]
+) -> int:
+    began = len(api.calls)
+    for t in at:
+        now[0] = t
+        publisher.sync()
+    return len(_requests(api, began, EVENTS))
+
+
+def test_an_event_refused_for_good_is_dropped_once_and_holds_no_later_one_back(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    """A webhook or RBAC refusing Events (403): the refused Event was posted every pass
+    forever, and every later Event waited behind it."""
+    api, _ = edge_api
+    now = [0.0]  # the passes' times, not the publisher's: a refusal for good waits no back-off
+    publisher = _publisher(kube)
+    api.fail_next("POST", EVENTS, 403, count=1, message="events is forbidden")
+    publisher.on_change(_change(0))
+    publisher.on_change(_change(1))
+    assert _events_at(api, publisher, now, [float(t) for t in range(0, PASSES * 10, 10)]) == 2
+    assert [e["message"][:5] for e in api.events] == ["GPU 1"]  # the later one, at once
+    assert publisher.refused() == ""  # one got through since
+    api.fail_next("POST", EVENTS, 403, count=1000, message="events is forbidden")
+    publisher.on_change(_change(0))
+    assert _events_at(api, publisher, now, [400.0, 410.0, 420.0]) == 1
+    assert "refused, dropped" in publisher.refused() and "403" in publisher.refused()
+
+
+def test_events_the_server_does_not_take_wait_a_back_off_and_a_429s_retry_after(
+    edge_api: tuple[EdgeKubeApi, str], kube: InClusterKubeClient
+) -> None:
+    api, _ = edge_api
+    now = [0.0]
+    publisher = _publisher(kube, now)
+    api.fail_next("POST", EVENTS, 503, count=1000)
+    publisher.on_change(_change(0))
+    publisher.on_change(_change(1))
+    assert _events_at(api, publisher, now, [0.0, 1.0, 4.0]) == 1  # then 5-10 s
+    assert "2 health Event(s) not posted" in publisher.refused()
+    assert _events_at(api, publisher, now, [10.0, 19.0]) == 1  # then 10-20 s
+    api.faults.clear()
+    api.fail_next("POST", EVENTS, 429, count=1, retry_after=100)  # longer than 20-40 s
+    assert _events_at(api, publisher, now, [30.0, 60.0, 129.0]) == 1
+    assert _events_at(api, publisher, now, [131.0, 141.0]) == 2  # both, in order, once
+    assert [e["message"][:5] for e in api.events] == ["GPU 0", "GPU 1"]
+    assert publisher.refused() == ""
