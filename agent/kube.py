@@ -283,7 +283,8 @@ class InClusterKubeClient:
         token = ""
         for _ in range(MAX_PAGES):
             page = dict(query or {}, limit=str(page_size))
-            if token:
+            if token:  # it carries the first page's version: a resourceVersion is refused
+                page.pop("resourceVersion", None)
                 page["continue"] = token
             listing = self.get(path, page)
             yield listing

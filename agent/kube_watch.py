@@ -3,6 +3,10 @@
 `Informer` keeps one resource current as client-go's reflector does: list (paged) once, then
 watch from the list's resourceVersion; every event moves the version, so a watch the server
 ends resumes where it was, and only 410 Gone (the version was compacted away) lists again.
+As the reflector's, the first list asks for ``resourceVersion=0`` (any version: the API
+server's watch cache answers, not etcd, so 5,000 agents restarted together do not each read
+etcd), a list after a watch's 410 for the version last seen (not older than it: the watch
+cache again), and only a list after a list's own 410 for none (a consistent read).
 Many readers share one informer through `InformerFactory` (client-go's shared informer
 factory: many handlers on one list+watch), so an agent holds one watch of its Node and one of
 its ResourceSlices however many features read them; readers read the cache, never GET beside
@@ -109,6 +113,9 @@ class Informer:
         #: key -> an object a delete of ours removed: no event as old as it brings it back
         self._deleted: dict[str, Any] = {}
         self.resource_version = ""
+        #: the resourceVersion the next list asks for (client-go's relistResourceVersion):
+        #: "0" at first, the last seen after a watch's 410, "" (a consistent read) after a list's
+        self._list_from = "0"
         self.synced = threading.Event()
         self.healthy = False
         self.error = ""
@@ -187,7 +194,10 @@ class Informer:
     def relist(self) -> None:
         if self._resolve is not None and not self._resolved():
             return
-        items, version = self._client.list_all(self.path, self._query, self._page_size)
+        query = (
+            dict(self._query, resourceVersion=self._list_from) if self._list_from else self._query
+        )
+        items, version = self._client.list_all(self.path, query, self._page_size)
         self.lists += 1
         with self._lock:
             self._objects = {_key(o): o for o in items}
@@ -263,7 +273,9 @@ class Informer:
                 self._stop.wait(delay * (0.5 + random.random()))
                 delay = min(self._backoff[1], delay * 2)
             except Gone as exc:
-                self.resource_version = ""  # compacted: list again, at once the first time
+                # compacted: list again, at once the first time; from the version last seen
+                # after a watch's 410, from none (etcd) after a list's
+                self._list_from, self.resource_version = self.resource_version, ""
                 if self._relist_at_once:
                     self._relist_at_once = False
                     continue
