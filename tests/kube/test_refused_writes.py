@@ -5,8 +5,13 @@ a second, forever."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
+from agent.errors import AgentError
 from agent.health.device_taints import DeviceTaints
 from agent.health.machine import Mark, Policy, State
 from agent.health.monitor import HealthChange, HealthMonitor
@@ -192,3 +197,59 @@ def test_events_the_server_does_not_take_wait_a_back_off_and_a_429s_retry_after(
     assert _events_at(api, publisher, now, [131.0, 141.0]) == 2  # both, in order, once
     assert [e["message"][:5] for e in api.events] == ["GPU 0", "GPU 1"]
     assert publisher.refused() == ""
+
+
+@pytest.fixture
+def informers(kube: InClusterKubeClient) -> Iterator[InformerFactory]:
+    made = InformerFactory(kube)
+    yield made
+    made.stop()
+
+
+def _owner(informers: InformerFactory, **kw: Any) -> NodeOwner:
+    """The Node's owner over a listed watch, its thread not started: only the test writes."""
+    informer = informers.node(NODE).start()
+    assert informer.synced.wait(10)
+    return NodeOwner(informers.client, NODE, informer, **kw)  # type: ignore[arg-type]
+
+
+PENDING = {"nvidia.com/mig.config.state": "pending"}
+
+
+def test_a_callers_node_write_waits_the_owners_back_off(
+    edge_api: tuple[EdgeKubeApi, str], informers: InformerFactory
+) -> None:
+    """The MIG label protocol and the sharing reload write at once (`write_now`): after a
+    refused Node write each of their passes sent it again, inside the owner's back-off."""
+    api, _ = edge_api
+    owner = _owner(informers)
+    api.fail_next("PATCH", f"/api/v1/nodes/{NODE}", 403, count=1000)
+    with pytest.raises(AgentError, match="403"):
+        owner.write_now(PENDING)
+    began = len(api.calls)
+    for _ in range(10):
+        with pytest.raises(AgentError, match=r"403.*held back, again in"):
+            owner.write_now(PENDING)
+    assert [c for c in api.calls[began:] if c.write] == []
+
+
+def _wait_after(owner: NodeOwner, api: EdgeKubeApi, code: int, failures: int) -> float:
+    """The owner's wait after ``failures`` writes in a row answered ``code``."""
+    api.fail_next("PATCH", f"/api/v1/nodes/{NODE}", code, count=1000)
+    for _ in range(failures):
+        time.sleep(max(0.0, owner.held_until - time.monotonic()))  # the back-off, waited out
+        with pytest.raises(AgentError, match=str(code)):
+            owner.write_now(PENDING)
+    return owner.held_until - time.monotonic()
+
+
+@pytest.mark.parametrize(("code", "refused"), [(403, True), (422, True), (503, False)])
+def test_a_node_write_refused_for_good_backs_off_past_the_30s_cap(
+    edge_api: tuple[EdgeKubeApi, str], informers: InformerFactory, code: int, refused: bool
+) -> None:
+    """Back-off of 0.01 s doubling to 0.02 s here (1 s to 30 s in the agent): a write the
+    server will refuse again (403, 422) doubles on past it (to 10 min in the agent)."""
+    api, _ = edge_api
+    owner = _owner(informers, backoff=(0.01, 0.02), refused_max_s=600.0)
+    wait = _wait_after(owner, api, code, failures=6)  # due: 0.32 s refused, else 0.02 s
+    assert (wait > 0.02 * 1.5) is refused, wait
