@@ -289,7 +289,8 @@ class InClusterKubeClient:
         token = ""
         for _ in range(MAX_PAGES):
             page = dict(query or {}, limit=str(page_size))
-            if token:
+            if token:  # it carries the first page's version: a resourceVersion is refused
+                page.pop("resourceVersion", None)
                 page["continue"] = token
             listing = self.get(path, page)
             yield listing
@@ -615,10 +616,20 @@ def _header_safe(value: str) -> bool:
     return value.isascii() and value.isprintable()
 
 
+def refused_for_good(exc: Exception) -> bool:
+    """Whether the API server answered ``exc`` with a 4xx other than 408 and 429 (RBAC,
+    validation, a webhook): the same request is refused again, unlike a 5xx, a 429 or no
+    answer at all, which a later try may get through."""
+    status = getattr(exc, "http_status", None)
+    return isinstance(status, int) and 400 <= status < 500 and status not in (408, 429)
+
+
 def _retry_after(exc: AgentError, response: http.client.HTTPResponse) -> AgentError:
-    """The answer's Retry-After (seconds; 429 and 503 carry it) as ``exc.retry_after_s``:
+    """The answer's status as ``exc.http_status`` (`refused_for_good`) and its Retry-After
+    (seconds; 429 and 503 carry it) as ``exc.retry_after_s``:
     ASCII digits only (``"²".isdigit()`` is True), None for anything else (an HTTP date, junk),
     and past any wait for more than nine digits (the caller caps what it believes)."""
+    exc.http_status = response.status  # type: ignore[attr-defined]
     said = (response.getheader("Retry-After") or "").strip()
     seconds = None
     if said.isascii() and said.isdigit():

@@ -9,14 +9,17 @@ versions the agent can read and write, best first (`WANTED`), and `ApiVersions` 
 version, caching the answer for the life of the process: a version a server serves does not
 go away under a running agent (an upgrade restarts the agent's pod with the node's drain or
 not at all, and the doctor re-checks hourly). A resource served at no wanted version is
-reported once in the log and by `ApiVersions.unserved`, and never asked for again.
+reported once in the log and by `ApiVersions.unserved`, and asked again only every
+``UNSERVED_RECHECK_S`` (a cluster upgraded, or a feature gate turned on, under running agents:
+found within the hour, two requests per node per hour until then).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,6 +34,8 @@ __all__ = ["WANTED", "ApiVersions", "Resource"]
 SHOWN_VERSIONS = 6
 #: Characters of those names (a version name is the server's: not bounded by it).
 SHOWN_CHARS = 120
+#: How long "not served" is believed before discovery is asked again.
+UNSERVED_RECHECK_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,13 +78,22 @@ class ApiVersions:
     """``path(resource)``: the collection URL at the best served version, or None (reported
     once). Thread-safe; at most one discovery request per group and per group version."""
 
-    def __init__(self, client: Getter, wanted: Mapping[str, Resource] = WANTED) -> None:
+    def __init__(
+        self,
+        client: Getter,
+        wanted: Mapping[str, Resource] = WANTED,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._client = client
         self._wanted = wanted
+        self._clock = clock
         self._lock = threading.Lock()
         self._groups: dict[str, tuple[str, ...]] = {}
         self._resources: dict[str, frozenset[str]] = {}
         self._chosen: dict[str, str | None] = {}
+        #: resource -> when its "not served" answer is asked again
+        self._recheck_at: dict[str, float] = {}
         #: resource -> why it is not used (said once)
         self.unserved: dict[str, str] = {}
 
@@ -88,9 +102,11 @@ class ApiVersions:
         ``WANTED[resource].versions``. A failed discovery raises AgentError and is asked again
         next time (the server was away: that is not "not served")."""
         with self._lock:
-            if resource in self._chosen:
-                return self._chosen[resource]
             want = self._wanted[resource]
+            if resource in self._chosen:
+                if resource not in self.unserved or self._clock() < self._recheck_at[resource]:
+                    return self._chosen[resource]
+                self._forget(want.group)
             served = self._served_versions(want.group)
             chosen = None
             for version in want.versions:
@@ -99,15 +115,24 @@ class ApiVersions:
                     break
             self._chosen[resource] = chosen
             if chosen is None:
-                why = (
-                    f"{want.group} serves {_versions(served)}, none of "
-                    f"{'/'.join(want.versions)} with {want.name}: no {want.purpose}"
-                )
-                self.unserved[resource] = why
-                log.warning("Kubernetes API: %s (not asked again)", why)
+                self._recheck_at[resource] = self._clock() + UNSERVED_RECHECK_S
+                if resource not in self.unserved:
+                    why = (
+                        f"{want.group} serves {_versions(served)}, none of "
+                        f"{'/'.join(want.versions)} with {want.name}: no {want.purpose}"
+                    )
+                    self.unserved[resource] = why
+                    log.warning("Kubernetes API: %s (asked again hourly)", why)
             else:
+                self.unserved.pop(resource, None)
                 log.info("Kubernetes API: %s at %s/%s", want.name, want.group, chosen)
             return chosen
+
+    def _forget(self, group: str) -> None:
+        """Drop the discovery answers of ``group``: asked again at the next call."""
+        self._groups.pop(group, None)
+        for key in [k for k in self._resources if k.startswith(f"{group}/")]:
+            del self._resources[key]
 
     def path(self, resource: str) -> str | None:
         """``/apis/<group>/<version>/<resource>`` at the chosen version, or None."""

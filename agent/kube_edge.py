@@ -13,7 +13,7 @@ same: labels from the watch, label writes through the owner, pod deletes passed 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,9 @@ class KubeEdge:
     informers: InformerFactory
     apis: ApiVersions
     owner: NodeOwner
+    #: what each writer beside the Node's owner has refused now ("" when nothing), said in
+    #: `health` while it lasts (DeviceTaintRules, Events: agent/health/publish.py)
+    refusals: list[Callable[[], str]] = field(default_factory=list, init=False, repr=False)
     _slices: Informer | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -54,26 +57,34 @@ class KubeEdge:
         by the informer's thread before it lists, never here: this is called while the agent
         is built, and a hung API server (a 10 s timeout per request) must not hold its start;
         while discovery fails (the API server away) it is asked again before each list, so the
-        informer converges on the served version without a restart."""
+        informer converges on the served version without a restart. On a cluster that serves
+        no ResourceSlices (no DRA API) nothing is listed: the cache is empty, and discovery
+        is asked again hourly (agent/kube_discovery.py)."""
         with self._lock:
             if self._slices is None:
                 want = WANTED["resourceslices"]
-                fallback = f"/apis/{want.group}/{want.versions[0]}/{want.name}"
+                best = f"/apis/{want.group}/{want.versions[0]}/{want.name}"
                 query = {"fieldSelector": f"spec.nodeName={self.node}"}
-                self._slices = self.informers.informer(fallback, query)
-                self._slices.resolve_path(lambda: self.apis.path("resourceslices") or fallback)
+                self._slices = self.informers.informer(best, query)
+                self._slices.resolve_path(lambda: self.apis.path("resourceslices"))
             return self._slices
 
     def health(self) -> tuple[bool, str]:
         """(healthy, detail): GetNode's "kubernetes" component. Unhealthy while a watched
-        cache is stale (the API server away, refusing, throttling) or the Node's last write
-        failed, naming each with why; GPU work goes on either way."""
+        cache is stale (the API server away, refusing, throttling), the Node's last write
+        failed, or another write is refused for now, naming each with why; GPU work goes on
+        either way."""
         problems = self.informers.stale()
         if self.owner.error:
             problems.append(f"Node {self.node} not written yet: {self.owner.error}")
+        problems += [said for refused in self.refusals if (said := refused())]
         if problems:
             return False, "; ".join(problems)
-        return True, f"{len(self.informers.informers())} watch(es) current, the Node written"
+        watching = [i for i in self.informers.informers() if not i.unserved]
+        said = f"{len(watching)} watch(es) current, the Node written"
+        for why in self.apis.unserved.values():  # not served is not degraded: said, healthy
+            said += f"; not served: {why}"
+        return True, said
 
     def current(self) -> bool:
         """Whether every watch started is current (the informers' state: no request)."""

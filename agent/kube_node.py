@@ -10,7 +10,10 @@ no write; nothing is re-written on a timer: the watch shows the owner every chan
 label someone removed is put back once, when it happens. Keys nobody claimed (the kubelet's,
 NFD's, the GPU Operator's, a user's) are never in a patch. Features that must act on others'
 keys once (the MIG protocol pausing operands, the sharing reload switching the plugin's
-config label) use `NodeOwner.write_now`, diffed the same way and written at once.
+config label) use `NodeOwner.write_now`, diffed the same way and written at once, unless
+the Node write failed and its back-off is not over (it would fail the same way: said, not
+sent). A failed write is retried after a jittered back-off doubling to 30 s; one the API
+server refuses for good (403: RBAC; 422: a webhook, validation) doubles to ``REFUSED_MAX_S``.
 
 Why JSON merge patch of just the changed keys and not server-side apply: the difference has
 to be computed anyway to make no request at all when nothing changed (an apply of an
@@ -35,7 +38,7 @@ from typing import Any
 
 from agent import safeyaml
 from agent.errors import AgentError, Conflict
-from agent.kube import Requests
+from agent.kube import Requests, refused_for_good
 from agent.kube_watch import BACKOFF_S, Informer, retry_wait, unexpected_error
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,9 @@ __all__ = ["Claim", "NodeOwner", "NodePart", "Writes", "plan"]
 
 #: How long after the first change the owner waits for more before it writes.
 COALESCE_S = 0.2
+#: The longest wait after a Node write refused for good: sent again every 30 s from every
+#: node, it changes nothing but the API server's load.
+REFUSED_MAX_S = 600.0
 
 #: The two writes of a plan, which fail apart: the status subresource, the Node itself.
 STATUS, NODE = "status", "node"
@@ -231,6 +237,7 @@ class NodeOwner:
         *,
         coalesce_s: float = COALESCE_S,
         backoff: tuple[float, float] = BACKOFF_S,
+        refused_max_s: float = REFUSED_MAX_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._kube = kube
@@ -238,6 +245,7 @@ class NodeOwner:
         self.informer = informer
         self._coalesce_s = coalesce_s
         self._backoff = backoff
+        self._refused_max_s = refused_max_s
         self._clock = clock
         self.lock = threading.RLock()
         self._parts: list[NodePart] = []
@@ -307,6 +315,12 @@ class NodeOwner:
                 if once:
                     raise AgentError(f"the Node {self.node} is not listed yet")
                 return False
+            if NODE in self._errors and (wait := self.held_until - time.monotonic()) > 0:
+                # in the back-off of a failed Node write: the owner's thread tries it then
+                self._wake.set()
+                if once:
+                    raise AgentError(f"{self.error}; held back, again in {wait:.0f}s")
+                return False
             parts = [(p.claim, p.desired) for p in self._parts]
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._clock()))
             writes = plan(node, parts, once, now)
@@ -372,7 +386,10 @@ class NodeOwner:
         exc = failed.get(NODE) or failed[STATUS]
         wait = retry_wait(exc, self._delay)  # a 429's Retry-After, else jittered back-off
         self._not_before = time.monotonic() + wait
-        self._delay = min(self._backoff[1], self._delay * 2)
+        longest = self._backoff[1]
+        if NODE in failed and refused_for_good(failed[NODE]):
+            longest = max(longest, self._refused_max_s)  # the same write is refused again
+        self._delay = min(longest, self._delay * 2)
         log.warning(
             "writing Node %s failed (%s); again in %.1fs",
             self.node,
@@ -381,6 +398,11 @@ class NodeOwner:
             exc_info=trace,
         )
         self._wake.set()
+
+    @property
+    def held_until(self) -> float:
+        """When (time.monotonic) the owner may write again after a failure; past when none."""
+        return self._not_before
 
     @property
     def error(self) -> str:

@@ -3,6 +3,10 @@
 `Informer` keeps one resource current as client-go's reflector does: list (paged) once, then
 watch from the list's resourceVersion; every event moves the version, so a watch the server
 ends resumes where it was, and only 410 Gone (the version was compacted away) lists again.
+As the reflector's, the first list asks for ``resourceVersion=0`` (any version: the API
+server's watch cache answers, not etcd, so 5,000 agents restarted together do not each read
+etcd), a list after a watch's 410 for the version last seen (not older than it: the watch
+cache again), and only a list after a list's own 410 for none (a consistent read).
 Many readers share one informer through `InformerFactory` (client-go's shared informer
 factory: many handlers on one list+watch), so an agent holds one watch of its Node and one of
 its ResourceSlices however many features read them; readers read the cache, never GET beside
@@ -18,6 +22,11 @@ fleet of agents does not come back in step. While a call fails the cache is kept
 `Informer.status` says it is stale and why. An exception that is not an AgentError (a bug, an
 answer no check foresaw) is a failed call too, its traceback logged once until a good call:
 the thread never ends while the status says current.
+
+A resource the API server does not serve (``resolve_path`` answers None: discovery lists no
+version of it, as the DRA API on a cluster without it) is not listed at all: the cache is
+empty and current, `Informer.status` says not served, and discovery is asked again every
+``UNSERVED_RECHECK_S`` (a list of an unserved path would 404 every back-off, forever).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from typing import Any, Protocol
 from agent import safeyaml
 from agent.errors import AgentError, PermissionDenied
 from agent.kube import PAGE_SIZE, Gone, dig
+from agent.kube_discovery import UNSERVED_RECHECK_S
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +51,7 @@ __all__ = [
     "Lister",
     "NodeWatch",
     "node_query",
+    "retry_after_s",
     "retry_wait",
     "unexpected_error",
 ]
@@ -102,6 +113,9 @@ class Informer:
         #: key -> an object a delete of ours removed: no event as old as it brings it back
         self._deleted: dict[str, Any] = {}
         self.resource_version = ""
+        #: the resourceVersion the next list asks for (client-go's relistResourceVersion):
+        #: "0" at first, the last seen after a watch's 410, "" (a consistent read) after a list's
+        self._list_from = "0"
         self.synced = threading.Event()
         self.healthy = False
         self.error = ""
@@ -117,7 +131,9 @@ class Informer:
         #: whether a 410 may list again at once: not when no watch moved or lasted since the
         #: list the last 410 made (a server whose every watch answers 410 is backed off)
         self._relist_at_once = True
-        self._resolve: Callable[[], str] | None = None
+        self._resolve: Callable[[], str | None] | None = None
+        #: why the path is not listed: the API server does not serve it ("" while it does)
+        self.unserved = ""
         #: an unexpected error's traceback was logged since the last good call
         self._traced = False
 
@@ -160,6 +176,8 @@ class Informer:
     def status(self) -> tuple[bool, str]:
         """(current, detail): False with why while the cache is the last answer kept."""
         what = f"{self.path} {','.join(self._query.values())}".strip()
+        if self.unserved and self.healthy:
+            return True, f"{what}: {self.unserved}"
         if not self.synced.is_set():
             return False, f"{what}: not listed yet{': ' + self.error if self.error else ''}"
         if not self.healthy:
@@ -167,15 +185,19 @@ class Informer:
             return False, f"{what}: stale for {since:.0f}s (kept as last listed): {self.error}"
         return True, f"{what}: current ({len(self._objects)} object(s))"
 
-    def resolve_path(self, resolve: Callable[[], str]) -> None:
+    def resolve_path(self, resolve: Callable[[], str | None]) -> None:
         """Ask ``resolve`` for the path before the next list, until it answers (discovery
-        that failed at the start: its AgentError is waited on as any failed call)."""
+        that failed at the start: its AgentError is waited on as any failed call); None:
+        the API server does not serve the resource, asked again every UNSERVED_RECHECK_S."""
         self._resolve = resolve
 
     def relist(self) -> None:
-        if self._resolve is not None:
-            self.path, self._resolve = self._resolve(), None
-        items, version = self._client.list_all(self.path, self._query, self._page_size)
+        if self._resolve is not None and not self._resolved():
+            return
+        query = (
+            dict(self._query, resourceVersion=self._list_from) if self._list_from else self._query
+        )
+        items, version = self._client.list_all(self.path, query, self._page_size)
         self.lists += 1
         with self._lock:
             self._objects = {_key(o): o for o in items}
@@ -183,6 +205,21 @@ class Informer:
             self.resource_version = version
         self._good()
         self._changed()
+
+    def _resolved(self) -> bool:
+        """Whether the path is known; if not served, the cache is empty (no object of an
+        unserved resource exists) and current, and nothing is asked for a while."""
+        path = self._resolve() if self._resolve is not None else None
+        if path is not None:
+            self.path, self._resolve, self.unserved = path, None, ""
+            return True
+        with self._lock:
+            self._objects, self._deleted = {}, {}
+        if not self.unserved:
+            self.unserved = "not served by the API server (discovery asked again hourly)"
+            self._good()
+            self._changed()
+        return False
 
     def watch_once(self) -> bool:
         """One watch, from the current version until the server ends it; whether any event
@@ -222,6 +259,9 @@ class Informer:
             try:
                 if not self.resource_version:
                     self.relist()
+                    if not self.resource_version:  # not served: asked again in an hour
+                        self._stop.wait(UNSERVED_RECHECK_S)
+                        continue
                 began = time.monotonic()
                 if self.watch_once() or time.monotonic() - began >= 1.0:
                     # A watch that lasted worked: a 410 after it (a quiet resource's version
@@ -233,7 +273,9 @@ class Informer:
                 self._stop.wait(delay * (0.5 + random.random()))
                 delay = min(self._backoff[1], delay * 2)
             except Gone as exc:
-                self.resource_version = ""  # compacted: list again, at once the first time
+                # compacted: list again, at once the first time; from the version last seen
+                # after a watch's 410, from none (etcd) after a list's
+                self._list_from, self.resource_version = self.resource_version, ""
                 if self._relist_at_once:
                     self._relist_at_once = False
                     continue
@@ -380,10 +422,16 @@ class NodeWatch:
 def retry_wait(exc: Exception, delay: float) -> float:
     """How long to wait after ``exc``: the server's Retry-After (429, 503) when it gave one,
     else ``delay`` jittered by +-50 % so a fleet does not come back in step."""
+    found = retry_after_s(exc)
+    return found if found is not None else delay * (0.5 + random.random())
+
+
+def retry_after_s(exc: Exception) -> float | None:
+    """The server's Retry-After of ``exc`` (429, 503), capped at MAX_RETRY_AFTER_S; None."""
     found = getattr(exc, "retry_after_s", None)
     if isinstance(found, int | float) and found > 0:
         return min(float(found), MAX_RETRY_AFTER_S)
-    return delay * (0.5 + random.random())
+    return None
 
 
 def unexpected_error(exc: BaseException) -> str:

@@ -5,7 +5,9 @@ publisher states the marks, the owner writes what differs from the watched Node,
 else's change to these keys is put right when the watch shows it), and keeps everything else on
 the Node (other labels, other conditions, other taints). Planning is pure (`plan`,
 `taints_with`); with the API server away the owner retries and the publisher keeps its Events
-(bounded) until a pass gets through.
+(bounded) until a pass gets through, backing off (`EVENT_RETRY`, at least a 429's Retry-After)
+rather than posting every pass; an Event the server refuses for good (a 4xx: RBAC, a webhook) is
+dropped, said once, and never holds the later ones back.
 
 - labels: ``gpu-agent.io/health`` = the node's worst state (an instance that is not healthy
   makes the node degraded at least), ``gpu-agent.io/health.{healthy,degraded,failed}-gpus`` =
@@ -28,18 +30,22 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from agent.backoff import Backoff, BackoffPolicy
 from agent.errors import AgentError
 from agent.health.device_taints import DeviceTaints
 from agent.health.machine import Mark, State
 from agent.health.monitor import HealthChange, HealthMonitor
 from agent.health.store import Target
+from agent.kube import refused_for_good
 from agent.kube_edge import KubeEdge
 from agent.kube_node import Claim, NodeOwner
+from agent.kube_watch import retry_after_s
 from agent.tasks import Need, Task
 
 log = logging.getLogger(__name__)
@@ -55,6 +61,10 @@ TAINT_KEY = "gpu-agent.io/health"
 TAINT_VALUE = "failed"
 #: Events kept while the API server is away; older ones are dropped (and the drop is logged)
 MAX_PENDING_EVENTS = 256
+#: The wait before Events are posted again after the server did not take one (5xx, 429, no
+#: answer): doubling, each shortened by up to half at random so that a fleet spreads out.
+EVENT_RETRY = BackoffPolicy(base_s=10.0, max_s=300.0, jitter=0.5)
+_EVENTS = ("events", "")
 #: the condition's reason, and the Event's, per (worst) state
 _REASONS = {s: f"Gpus{s.value.capitalize()}" for s in State}
 _EVENT_REASONS = {s: f"Gpu{s.value.capitalize()}" for s in State}
@@ -201,6 +211,7 @@ class NodePublisher:
         device_taints: Callable[[], None] | None = None,
         driver_away: Callable[[], str | None] = lambda: None,
         unjudged: Callable[[], Mapping[int, str]] = dict,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._kube = kube
         self._node = owner.node
@@ -214,6 +225,10 @@ class NodePublisher:
         self._unjudged = unjudged
         self._lock = threading.Lock()
         self._events: deque[HealthChange] = deque()
+        self._clock = clock
+        self._retry = Backoff(EVENT_RETRY)
+        #: why the last Event was not taken ("" once one is): `refused`
+        self._refused = ""
         self.wake: Callable[[], None] = lambda: None
 
     def on_change(self, change: HealthChange) -> None:
@@ -259,22 +274,50 @@ class NodePublisher:
             # which may appear later; the pass sends nothing when the rules are as wanted.
             self._device_taints()
 
+    def refused(self) -> str:
+        """Why the last health Event was not taken ("" once one is): GetNode's word of it."""
+        return self._refused
+
     def _send_events(self) -> None:
-        while True:
+        """Post the Events in order; one refused for good is dropped (it would be refused
+        again), any other failure holds all of them back (`EVENT_RETRY`)."""
+        while not self._retry.waiting(_EVENTS, self._clock()):
             with self._lock:
                 if not self._events:
                     return
                 change = self._events[0]
             state = change.mark.state
-            self._kube.post_node_event(
-                self._node,
-                "GpuHealthHeld" if change.held else _EVENT_REASONS[state],
-                event_message(change),
-                type_="Normal" if state is State.HEALTHY else "Warning",
-            )
+            reason = "GpuHealthHeld" if change.held else _EVENT_REASONS[state]
+            try:
+                self._kube.post_node_event(
+                    self._node,
+                    reason,
+                    event_message(change),
+                    type_="Normal" if state is State.HEALTHY else "Warning",
+                )
+            except AgentError as exc:
+                if not refused_for_good(exc):
+                    self._held_back(exc)
+                    return
+                self._refused = f"health Event {reason} refused, dropped: {exc}"
+                log.warning("%s (%s)", self._refused, event_message(change))
+            else:
+                self._retry.succeeded(_EVENTS)
+                self._refused = ""
             with self._lock:
                 if self._events and self._events[0] is change:
                     self._events.popleft()
+
+    def _held_back(self, exc: AgentError) -> None:
+        now = self._clock()
+        wait = retry_after_s(exc) or 0.0
+        held = self._retry.failed(_EVENTS, now, detail=str(exc), at_least_s=wait)
+        self._refused = (
+            f"{len(self._events)} health Event(s) not posted, again in "
+            f"{held.retry_at - now:.0f}s: {exc}"
+        )
+        if held.failures == 1:  # said once, not every pass
+            log.warning("%s", self._refused)
 
 
 def build_publisher(
@@ -307,4 +350,5 @@ def build_publisher(
         unjudged=health.unjudged,
     )
     health.subscribe(publisher.on_change)
+    edge.refusals += [rules.refused, publisher.refused]
     return publisher

@@ -222,6 +222,8 @@ class DraDevices:
         informer = self._informer
         if informer is None:
             return False, "not watching ResourceSlices"
+        if informer.unserved and informer.healthy:  # no DRA API: no claim to attribute
+            return True, f"ResourceSlices {informer.unserved}"
         if not informer.synced.is_set():
             return False, f"ResourceSlices not listed yet: {informer.error or 'listing'}"
         if not informer.healthy:

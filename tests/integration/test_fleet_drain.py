@@ -63,6 +63,7 @@ def test_a_drain_cordons_evicts_within_the_budget_applies_and_uncordons(
     api.nodes["n1"] = {}
     api.pods.append(Pod(*POD, "n1", {"app": "train"}))
     api.pdb_refusals[POD] = 2  # its PodDisruptionBudget refuses twice
+    api.pdb_retry_after = 1  # the server's wait, honoured (without it: 5 s, then 10 s)
     # The kubelet stops an evicted pod's containers: here, its process on the simulator.
     api.on_evict = lambda ns, name: agents.sim("n1", "process", "stop", "4242")
     monkeypatch.setenv("KUBECONFIG", str(stand_in_kubeconfig(agents.root / "kc", url, tls_cert[0])))

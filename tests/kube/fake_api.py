@@ -8,7 +8,8 @@ for: GET/PATCH ``/api/v1/nodes/{name}``, GET ``/api/v1/nodes`` (list, paged with
 ``/apis/coordination.k8s.io/v1/namespaces/{ns}/leases[/{name}]`` and
 ``/api/v1/namespaces/{ns}/configmaps[/{name}]``, POST ``/api/v1/namespaces/{ns}/events``, and
 POST ``/api/v1/namespaces/{ns}/pods/{name}/eviction`` (429 while ``pdb_refusals`` says the
-pod's disruption budget refuses, as the real server answers; otherwise the pod is deleted), and
+pod's disruption budget refuses, as the real server answers, with ``pdb_retry_after`` as its
+Retry-After; otherwise the pod is deleted), and
 ``resource.k8s.io/v1`` ResourceSlices, DeviceClasses, ResourceClaims and ResourceClaimTemplates
 (list, get, watch, create, update, delete, the claims' ``/status``; tests/kube/fake_dra.py says
 what of their schema and semantics is modelled), and ``resource.k8s.io/v1alpha3``
@@ -136,6 +137,8 @@ class FakeKubeApi:
     node_annotations: dict[str, dict[str, str]] = field(default_factory=dict)
     #: (namespace, pod) -> evictions still refused (429) by its PodDisruptionBudget
     pdb_refusals: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: the Retry-After (seconds) of those 429s; None: none sent
+    pdb_retry_after: int | None = None
     #: called (namespace, pod) after an eviction deleted a pod: the kubelet stopping it
     on_evict: Any = field(default=lambda ns, name: None)
     #: called (namespace, pod) after a DELETE removed a pod (its DaemonSet making a new one:
@@ -763,7 +766,9 @@ class FakeKubeApi:
         if left > 0:
             self.pdb_refusals[(ns, name)] = left - 1
             message = "Cannot evict pod as it would violate the pod's disruption budget."
-            return _reply(h, 429, _status(429, message, "TooManyRequests"))
+            after = self.pdb_retry_after
+            headers = {} if after is None else {"Retry-After": str(after)}
+            return _reply(h, 429, _status(429, message, "TooManyRequests"), headers)
         self.pods.remove(pod)
         self.on_evict(ns, name)
         return _reply(h, 201, _status(201, "", "") | {"status": "Success"})
@@ -789,11 +794,15 @@ def _conflict(resource: str, name: str) -> dict[str, object]:
     )
 
 
-def _reply(h: BaseHTTPRequestHandler, code: int, obj: object) -> None:
+def _reply(
+    h: BaseHTTPRequestHandler, code: int, obj: object, headers: dict[str, str] | None = None
+) -> None:
     if getattr(h, "validate", True):
         schema.check_reply(code, obj, f"{h.command} {h.path}")
     data = json.dumps(obj).encode()
     h.send_response(code)
+    for name, value in (headers or {}).items():
+        h.send_header(name, value)
     h.send_header("Content-Type", "application/json")
     h.send_header("Content-Length", str(len(data)))
     h.end_headers()

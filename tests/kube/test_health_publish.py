@@ -4,6 +4,7 @@ else on the Node is kept, and an API server that is away gets it all when it ret
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -215,15 +216,19 @@ def test_with_the_api_server_away_the_marks_and_events_wait_for_it(
 ) -> None:
     api, _ = kube_api
     api.unavailable = {f"/api/v1/nodes/{NODE}", "/api/v1/namespaces/default/events"}
-    owner = _owner(kube)
-    publisher = NodePublisher(kube, owner, lambda: _marks(FAILED), taint=False)
+    owner = _owner(kube, backoff=(0.05, 0.1))
+    now = [0.0]
+    marks = lambda: _marks(FAILED)  # noqa: E731
+    publisher = NodePublisher(kube, owner, marks, taint=False, clock=lambda: now[0])
     publisher.on_change(HealthChange(Target("GPU-0"), 0, State.HEALTHY, FAILED, FAILED.reason))
     publisher.sync()  # logged, not raised
     with pytest.raises(AgentError, match="503"):  # the owner's worker retries it
         owner.sync()
     assert "gpu-agent.io/health" not in api.nodes[NODE] and not api.events
     api.unavailable = set()
+    now[0] = 10.0  # the Events' back-off after a 503: 5-10 s
     publisher.sync()
+    time.sleep(max(0.0, owner.held_until - time.monotonic()))  # the owner's back-off, over
     assert owner.sync()
     assert api.nodes[NODE]["gpu-agent.io/health"] == "failed"
     (event,) = api.events

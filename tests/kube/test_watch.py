@@ -12,7 +12,7 @@ import pytest
 
 from agent.coordinator.fleet.discovery import KubeDiscovery
 from agent.coordinator.kube import KubeLister
-from agent.kube import InClusterKubeClient
+from agent.kube import Gone, InClusterKubeClient
 from agent.kube_watch import Informer, InformerFactory, NodeWatch
 from tests.kube.fake_api import FakeKubeApi, Pod
 from tests.kube.fixtures import NODE
@@ -156,3 +156,38 @@ def test_a_delete_of_ours_is_not_undone_by_an_event_from_before_it() -> None:
     lister.events = [("ADDED", _obj("gpu-agent-mps-gpu", "9"))]
     informer.watch_once()
     assert informer.objects() == [_obj("gpu-agent-mps-gpu", "9")]
+
+
+class _Versions:
+    """A server whose first watch moves to version 9 and then answers 410, and whose list
+    from version 9 answers 410 too (compacted meanwhile): the versions each list asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[str | None] = []
+        self.informer: Informer | None = None
+
+    def list_all(self, path: str, query: object = None, page_size: int = 0) -> tuple[list, str]:
+        self.asked.append(dict(query or {}).get("resourceVersion"))  # type: ignore[call-overload]
+        if len(self.asked) == 2:
+            raise Gone("410 Gone: too old resource version: 9")
+        if len(self.asked) == 3 and self.informer is not None:
+            self.informer.stop()
+        return [_obj("gpu-node-1", "7")], "7"
+
+    def watch(self, path: str, query: object, resource_version: str, timeout_s: float) -> object:
+        yield "MODIFIED", _obj("gpu-node-1", "9")
+        raise Gone("410 Gone: too old resource version: 7")
+
+
+def test_lists_ask_for_the_watch_cache_as_client_gos_reflector_does() -> None:
+    """Every list asked for the newest version (a consistent read from etcd): 5,000 agents
+    restarted together were 5,000 etcd reads of their Node and slices. As client-go's
+    reflector: the first list asks for version 0 (the API server's watch cache), a list
+    after a watch's 410 for the version last seen, and only a list after a list's 410 for
+    none."""
+    server = _Versions()
+    informer = server.informer = Informer(server, "/api/v1/nodes", backoff=(0.01, 0.02))
+    thread = threading.Thread(target=informer.run, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert server.asked == ["0", "9", None]

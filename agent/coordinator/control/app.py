@@ -14,8 +14,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.backoff import BackoffPolicy
 from agent.coordinator.control import status_http
-from agent.coordinator.control.backoff import BackoffPolicy
 from agent.coordinator.control.cluster import ClusterReport
 from agent.coordinator.control.connect import FleetOptions
 from agent.coordinator.control.desired import load_desired

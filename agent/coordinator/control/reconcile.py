@@ -4,7 +4,7 @@ Each pass re-reads the desired file (a ConfigMap update lands without a restart)
 fleet once, finds the nodes that differ per kind (MIG, then sharing, then prewarm: sharing may
 name MIG devices the MIG pass creates) and rolls the change over them with the desired limits.
 A node whose change failed is held back from the next passes with an exponential back-off
-(`agent.coordinator.control.backoff`). The loop keeps nothing between passes but counters for
+(`agent.backoff`). The loop keeps nothing between passes but counters for
 /metrics and the back-off: the agents and the desired file are the state, so a restarted
 coordinator carries on where the fleet is (and retries failed nodes at once).
 
@@ -38,7 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from agent import safeyaml
-from agent.coordinator.control.backoff import Backoff, BackoffPolicy
+from agent.backoff import Backoff, BackoffPolicy
 from agent.coordinator.control.cluster import ClusterReport, CoalescedStatus
 from agent.coordinator.control.desired import (
     Desired,

@@ -2,7 +2,8 @@
 
 For a node whose plan is blocked by processes: cordon it (no new pod lands), evict the pods
 the agent attributes to the blocked GPUs through the Eviction API (the API server enforces
-PodDisruptionBudgets: a 429 is retried every ``poll_s`` until the node's timeout), wait until
+PodDisruptionBudgets: a 429 is retried after its Retry-After, else after a jittered wait from
+5 s, kubectl drain's, doubling to 30 s, until the node's timeout), wait until
 the plan is no longer blocked (the processes are gone), apply, and uncordon, whatever
 happened, unless the node was cordoned before. A blocking process no pod owns is not
 drained: the node fails, named, with nothing evicted.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 from agent.coordinator.fleet.channels import Fleet
@@ -22,8 +23,13 @@ from agent.coordinator.rollout.execute import NodeAction, NodeResult, Notes
 from agent.coordinator.rollout.record import RolloutRecord
 from agent.coordinator.rollout.schedule import NodeState
 from agent.errors import Busy, NotFound
+from agent.kube_watch import retry_wait
 
-__all__ = ["Drain", "DrainApi", "evict"]
+__all__ = ["EVICT_RETRY_S", "Drain", "DrainApi", "evict"]
+
+#: The first and longest wait after a refused eviction with no Retry-After (kubectl drain
+#: waits 5 s), each jittered by +-50 %.
+EVICT_RETRY_S = (5.0, 30.0)
 
 
 class DrainApi(Protocol):
@@ -76,7 +82,7 @@ class Drain:
             names = ", ".join(f"{ns}/{name}" for ns, name in sorted(pods))
             notes.progress(f"cordoned; evicting {names}")
             for namespace, pod in sorted(pods):
-                await evict(self._kube, namespace, pod, notes.progress, self._poll_s)
+                await evict(self._kube, namespace, pod, notes.progress)
             notes.progress(f"evicted {names}; waiting for their processes to end")
             while await self._blocked(node):
                 await asyncio.sleep(self._poll_s)
@@ -94,10 +100,16 @@ class Drain:
 
 
 async def evict(
-    kube: DrainApi, namespace: str, pod: str, progress: Callable[[str], None], poll_s: float
+    kube: DrainApi,
+    namespace: str,
+    pod: str,
+    progress: Callable[[str], None],
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
 ) -> None:
-    """Evict one pod through the Eviction API until it is allowed (a PodDisruptionBudget's
-    429 is retried every ``poll_s``, said through ``progress``) or the pod is gone."""
+    """Evict one pod through the Eviction API until it is allowed or the pod is gone. A
+    PodDisruptionBudget's 429 is retried after its Retry-After, else after EVICT_RETRY_S
+    (jittered, doubling), and said through ``progress``: it was retried every second."""
+    delay = EVICT_RETRY_S[0]
     while True:
         try:
             await asyncio.to_thread(kube.evict, namespace, pod)
@@ -105,5 +117,7 @@ async def evict(
         except NotFound:
             return  # already gone
         except Busy as exc:  # a PodDisruptionBudget says not now
-            progress(f"eviction of {namespace}/{pod} refused for now: {exc}")
-            await asyncio.sleep(poll_s)
+            wait = retry_wait(exc, delay)
+            progress(f"eviction of {namespace}/{pod} refused for now: {exc}; again in {wait:.0f}s")
+            await sleep(wait)
+            delay = min(EVICT_RETRY_S[1], delay * 2)

@@ -291,7 +291,7 @@ async def _act(
     resets = [g.index for g in remedy.gpus if g.action == RESET]
     for namespace, pod in remedy.pods:
         assert kube is not None
-        await evict(kube, namespace, pod, progress, poll_s)
+        await evict(kube, namespace, pod, progress)
         progress(f"evicted {namespace}/{pod}")
     if any(g.action == REBOOT for g in remedy.gpus):
         reboot = [g for g in remedy.gpus if g.action == REBOOT]

@@ -17,8 +17,8 @@ from typing import Any, cast
 import pytest
 from prometheus_client import generate_latest
 
+from agent.backoff import Backoff, BackoffPolicy
 from agent.coordinator.control import reconcile
-from agent.coordinator.control.backoff import Backoff, BackoffPolicy
 from agent.coordinator.control.lease import ElectionTiming, LeaderElector
 from agent.coordinator.fleet.channels import Fleet
 from agent.coordinator.fleet.discovery import Target

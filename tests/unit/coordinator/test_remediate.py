@@ -112,6 +112,7 @@ def test_apply_cordons_evicts_within_the_budget_resets_and_uncordons_once_health
     agent = _failed_gpu1(agents)
     agent.on_call = _heals_on_reset
     api.pdb_refusals[TRAIN] = 1  # its PodDisruptionBudget refuses once: retried
+    api.pdb_retry_after = 1  # after the server's Retry-After
 
     def stopped(namespace: str, pod: str) -> None:  # the kubelet ends the pod's process
         if (namespace, pod) == TRAIN:

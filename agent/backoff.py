@@ -1,6 +1,9 @@
-"""Per-node retry back-off for the reconcile loop. Pure: the caller passes the time.
+"""Keyed retry back-off, jittered and doubling to a cap. Pure: the caller passes the time.
 
-A node whose change failed is left out of the next passes for a while, doubling with every
+The coordinator's reconcile loop keys it by (kind, node); the agent by (kind, object) for the
+writes beside its Node that the API server refuses (DeviceTaintRules, Events:
+agent/health/publish.py), so a refusal is not sent again every pass. In the reconcile loop, a
+node whose change failed is left out of the next passes for a while, doubling with every
 failure in a row up to a cap: a node that cannot take the desired state (a GPU in use, a broken
 plugin) is not sent the same change every interval, and its failures do not count against every
 pass's max-failures. The node is retried at once when it succeeds, matches the desired state
@@ -54,10 +57,14 @@ class Backoff:
     draw: Callable[[], float] = random.random
     _held: dict[Key, Held] = field(default_factory=dict)
 
-    def failed(self, key: Key, now: float, change: str = "", detail: str = "") -> Held:
+    def failed(
+        self, key: Key, now: float, change: str = "", detail: str = "", at_least_s: float = 0.0
+    ) -> Held:
+        """``at_least_s``: the server's own wait (a 429's Retry-After), when longer."""
         before = self._held.get(key)
         failures = 1 if before is None or before.change != change else before.failures + 1
-        held = Held(failures, now + self.policy.delay(failures, self.draw()), change, detail)
+        wait = max(self.policy.delay(failures, self.draw()), at_least_s)
+        held = Held(failures, now + wait, change, detail)
         self._held[key] = held
         return held
 
