@@ -256,7 +256,11 @@ class NodeOwner:
         self.writes = 0
         #: STATUS / NODE -> why that PATCH last failed
         self._errors: dict[str, str] = {}
-        self._delay, self._traced, self._not_before = backoff[0], False, 0.0
+        self._traced = False
+        #: STATUS / NODE -> the next back-off and when that write may be tried again: the two
+        #: fail apart (a refused status must not hold the health labels back, nor the reverse)
+        self._delay = {STATUS: backoff[0], NODE: backoff[0]}
+        self._not_before = {STATUS: 0.0, NODE: 0.0}
 
     def part(self, claim: Claim) -> NodePart:
         with self.lock:
@@ -328,10 +332,9 @@ class NodeOwner:
             failed: dict[str, Exception] = {}
             # A refused status in its back-off is the owner's thread's to retry when it ends,
             # not each caller's at once (a sharing reload's label goes now, alone).
-            held = STATUS in self._errors and time.monotonic() < self._not_before
-            if held and writes.status is not None:
+            held = STATUS in self._errors and time.monotonic() < self._not_before[STATUS]
+            if held and writes.status is not None:  # the owner's thread wakes for it then
                 writes = replace(writes, status=None)
-                self._wake.set()
             # The condition first: a reader that sees the labels or taint sees it too.
             if writes.status is not None:
                 strategic = "application/strategic-merge-patch+json"
@@ -367,10 +370,10 @@ class NodeOwner:
         for part in (STATUS, NODE):
             if part not in failed and not (held and part == STATUS):
                 self._errors.pop(part, None)
-        if held and not failed:
-            return
+                self._delay[part], self._not_before[part] = self._backoff[0], 0.0
+        if not self._errors:
+            self._traced = False
         if not failed:
-            self._delay, self._traced, self._not_before = self._backoff[0], False, 0.0
             return
         trace: BaseException | None = None
         for part, exc in failed.items():
@@ -383,13 +386,8 @@ class NodeOwner:
             keys = [k for k in writes.said if (k in conditions) == (part == STATUS)]
             what = f" ({safeyaml.some(keys, 3)})" if keys else ""
             self._errors[part] = f"{_WHAT[part]}{what} failed: {why}"
-        exc = failed.get(NODE) or failed[STATUS]
-        wait = retry_wait(exc, self._delay)  # a 429's Retry-After, else jittered back-off
-        self._not_before = time.monotonic() + wait
-        longest = self._backoff[1]
-        if NODE in failed and refused_for_good(failed[NODE]):
-            longest = max(longest, self._refused_max_s)  # the same write is refused again
-        self._delay = min(longest, self._delay * 2)
+            self._back_off(part, exc)
+        wait = min(self._not_before[part] for part in failed) - time.monotonic()
         log.warning(
             "writing Node %s failed (%s); again in %.1fs",
             self.node,
@@ -399,10 +397,25 @@ class NodeOwner:
         )
         self._wake.set()
 
+    def _back_off(self, part: str, exc: Exception) -> None:
+        wait = retry_wait(exc, self._delay[part])  # a 429's Retry-After, else jittered
+        self._not_before[part] = time.monotonic() + wait
+        longest = self._backoff[1]
+        if refused_for_good(exc):
+            longest = max(longest, self._refused_max_s)  # the same write is refused again
+        self._delay[part] = min(longest, self._delay[part] * 2)
+
     @property
     def held_until(self) -> float:
-        """When (time.monotonic) the owner may write again after a failure; past when none."""
-        return self._not_before
+        """When (time.monotonic) the Node patch may be sent again after a failure; past when
+        none (a failed status write has its own back-off)."""
+        return self._not_before[NODE]
+
+    def _next_retry_s(self) -> float | None:
+        """Seconds until a failed write's back-off ends (the owner's thread wakes then for
+        it); None when no write failed."""
+        due = [self._not_before[part] for part in self._errors]
+        return max(0.0, min(due) - time.monotonic()) if due else None
 
     @property
     def error(self) -> str:
@@ -421,11 +434,14 @@ class NodeOwner:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait()
+            # A change wakes it, and so does the end of a failed write's back-off.
+            self._wake.wait(self._next_retry_s())
             if self._stop.wait(self._coalesce_s):  # a burst of changes is one write
                 return
-            # After a failure (here or in a caller's write_now): the back-off, then again.
-            if self._stop.wait(max(0.0, self._not_before - time.monotonic())):
+            # After a failed Node patch (here or in a caller's write_now): its back-off first.
+            if NODE in self._errors and self._stop.wait(
+                max(0.0, self.held_until - time.monotonic())
+            ):
                 return
             self._wake.clear()
             try:

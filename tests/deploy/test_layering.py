@@ -23,6 +23,7 @@ BASE = {
     "operation",
     "safeyaml",
     "clocks",
+    "backoff",
     "redact",
     "lockfile",
     "durable",
