@@ -55,6 +55,14 @@ MAX_PAGES = 2000
 EXEC_TIMEOUT_S = 10.0
 #: A watch event line longer than this is refused (one object, never this big).
 MAX_EVENT_BYTES = 4 << 20
+#: What every call asks for: the objects, as JSON.
+JSON = "application/json"
+#: What a metadata-only list and watch ask for: client-go's metadata client's Accept
+#: (k8s.io/client-go/metadata) without its protobuf choice, which this client does not read.
+#: Only each object's metadata comes (a PartialObjectMetadataList; a PartialObjectMetadata per
+#: watch event), or, from a server that cannot, the whole objects as plain JSON, read the same.
+METADATA_LIST = f"{JSON};as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,{JSON}"
+METADATA_WATCH = f"{JSON};as=PartialObjectMetadata;g=meta.k8s.io;v=v1,{JSON}"
 
 
 class Gone(AgentError):
@@ -265,34 +273,48 @@ class InClusterKubeClient:
         except NotSupported:
             return None
 
-    def get(self, path: str, query: Mapping[str, str] | None = None) -> object:
+    def get(
+        self, path: str, query: Mapping[str, str] | None = None, *, accept: str = JSON
+    ) -> object:
         """A GET on the API server, decoded JSON (for readers beyond the Protocol's calls)."""
-        return self.request("GET", path, query=query)
+        return self.request("GET", path, query=query, accept=accept)
 
     def list_all(
-        self, path: str, query: Mapping[str, str] | None = None, page_size: int = PAGE_SIZE
+        self,
+        path: str,
+        query: Mapping[str, str] | None = None,
+        page_size: int = PAGE_SIZE,
+        *,
+        metadata_only: bool = False,
     ) -> tuple[list[Any], str]:
         """Every item of a list, a page at a time (``limit``/``continue``), and the list's
-        resourceVersion (where a watch starts)."""
+        resourceVersion (where a watch starts); with ``metadata_only`` each item is only its
+        ``metadata`` (`METADATA_LIST`)."""
         items: list[Any] = []
         version = ""
-        for listing in self.pages(path, query, page_size):
+        for listing in self.pages(path, query, page_size, metadata_only=metadata_only):
             items += page_items(listing)
             version = str(dig(listing, "metadata", "resourceVersion") or "")
         return items, version
 
     def pages(
-        self, path: str, query: Mapping[str, str] | None = None, page_size: int = PAGE_SIZE
+        self,
+        path: str,
+        query: Mapping[str, str] | None = None,
+        page_size: int = PAGE_SIZE,
+        *,
+        metadata_only: bool = False,
     ) -> Iterator[Any]:
         """Each page of a list in turn (``limit``/``continue``); AgentError past MAX_PAGES, a
         server that never ends its list."""
+        accept = METADATA_LIST if metadata_only else JSON
         token = ""
         for _ in range(MAX_PAGES):
             page = dict(query or {}, limit=str(page_size))
             if token:  # it carries the first page's version: a resourceVersion is refused
                 page.pop("resourceVersion", None)
                 page["continue"] = token
-            listing = self.get(path, page)
+            listing = self.get(path, page, accept=accept)
             yield listing
             token = str(dig(listing, "metadata", "continue") or "")
             if not token:
@@ -300,10 +322,17 @@ class InClusterKubeClient:
         raise AgentError(f"Kubernetes list {path} did not end after {MAX_PAGES} pages")
 
     def watch(
-        self, path: str, query: Mapping[str, str], resource_version: str, timeout_s: float
+        self,
+        path: str,
+        query: Mapping[str, str],
+        resource_version: str,
+        timeout_s: float,
+        *,
+        metadata_only: bool = False,
     ) -> Iterator[tuple[str, Any]]:
         """(type, object) events after ``resource_version`` until the server ends the watch
-        (``timeoutSeconds``); Gone when that version is too old (list again)."""
+        (``timeoutSeconds``); Gone when that version is too old (list again). With
+        ``metadata_only`` each object is only its ``metadata`` (`METADATA_WATCH`)."""
         q = dict(
             query,
             watch="1",
@@ -311,7 +340,8 @@ class InClusterKubeClient:
             timeoutSeconds=str(max(1, int(timeout_s))),
             allowWatchBookmarks="true",
         )
-        response = self.stream(path, q, timeout=timeout_s + 30)  # opened here: errors now
+        accept = METADATA_WATCH if metadata_only else JSON
+        response = self.stream(path, q, timeout=timeout_s + 30, accept=accept)  # errors now
         return self._events(path, response)
 
     def _events(self, path: str, response: http.client.HTTPResponse) -> Iterator[tuple[str, Any]]:
@@ -339,7 +369,7 @@ class InClusterKubeClient:
             response.close()
 
     def stream(
-        self, path: str, query: Mapping[str, str], timeout: float
+        self, path: str, query: Mapping[str, str], timeout: float, *, accept: str = JSON
     ) -> http.client.HTTPResponse:
         """A GET whose body is read as it comes (a watch: one JSON event per line).
 
@@ -350,7 +380,7 @@ class InClusterKubeClient:
         for refresh in (False, True):
             conn = self._connection(timeout)
             try:
-                conn.request("GET", target, headers=self._headers(refresh))
+                conn.request("GET", target, headers=self._headers(refresh, accept))
                 response = conn.getresponse()
             # ValueError: a text that does not encode (a proxy's non-ASCII host in its CONNECT)
             except (OSError, http.client.HTTPException, ValueError) as exc:
@@ -451,7 +481,8 @@ class InClusterKubeClient:
         *,
         query: Mapping[str, str] | None = None,
         body: object = None,
-        content_type: str = "application/json",
+        content_type: str = JSON,
+        accept: str = JSON,
     ) -> Any:
         """Any call (create, update, patch, delete), its JSON decoded (None when empty). An error
         status raises its domain error, with the answer's Retry-After as ``retry_after_s``."""
@@ -459,7 +490,7 @@ class InClusterKubeClient:
         target = self._prefix + path + ("?" + urllib.parse.urlencode(query) if query else "")
         payload = None if body is None else json.dumps(body).encode()
         for refresh in (False, True):
-            headers = self._headers(refresh)
+            headers = self._headers(refresh, accept)
             if payload is not None:
                 headers["Content-Type"] = content_type
             conn = self._connection(self._timeout)
@@ -499,8 +530,8 @@ class InClusterKubeClient:
         why = STOPPING if self._sockets.closed else _brief(str(exc))
         return AgentError(f"Kubernetes API {self._server} unreachable{self._via} ({what}): {why}")
 
-    def _headers(self, refresh: bool = False) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
+    def _headers(self, refresh: bool = False, accept: str = JSON) -> dict[str, str]:
+        headers = {"Accept": accept}
         token = self._token
         if self._exec is not None:
             token = self._exec.token(refresh)

@@ -69,11 +69,22 @@ class Lister(Protocol):
     """The two calls an informer makes (agent.kube.InClusterKubeClient)."""
 
     def list_all(
-        self, path: str, query: Mapping[str, str] | None = None, page_size: int = ...
+        self,
+        path: str,
+        query: Mapping[str, str] | None = None,
+        page_size: int = ...,
+        *,
+        metadata_only: bool = ...,
     ) -> tuple[list[Any], str]: ...
 
     def watch(
-        self, path: str, query: Mapping[str, str], resource_version: str, timeout_s: float
+        self,
+        path: str,
+        query: Mapping[str, str],
+        resource_version: str,
+        timeout_s: float,
+        *,
+        metadata_only: bool = ...,
     ) -> Iterator[tuple[str, Any]]: ...
 
 
@@ -87,7 +98,9 @@ class Informer:
 
     ``healthy`` is False from a failed call until the next good one, so a reader can tell a
     stale cache from a current one; handlers (`add_handler`) are called from the watch thread
-    after every list and every change (not for bookmarks).
+    after every list and every change (not for bookmarks). With ``metadata_only`` the list and
+    watch ask for each object's metadata alone (client-go's metadata informer): a reader of
+    labels is not sent every status change in full.
     """
 
     def __init__(
@@ -100,8 +113,10 @@ class Informer:
         watch_timeout_s: float = WATCH_TIMEOUT_S,
         on_change: Callable[[], object] | None = None,
         backoff: tuple[float, float] = BACKOFF_S,
+        metadata_only: bool = False,
     ) -> None:
         self._client = client
+        self.metadata_only = metadata_only
         self.path = path
         self._query = dict(query or {})
         self._page_size = page_size
@@ -197,7 +212,9 @@ class Informer:
         query = (
             dict(self._query, resourceVersion=self._list_from) if self._list_from else self._query
         )
-        items, version = self._client.list_all(self.path, query, self._page_size)
+        items, version = self._client.list_all(
+            self.path, query, self._page_size, metadata_only=self.metadata_only
+        )
         self.lists += 1
         with self._lock:
             self._objects = {_key(o): o for o in items}
@@ -226,7 +243,13 @@ class Informer:
         (a bookmark too) came in it."""
         self.watches += 1
         timeout = self._watch_timeout_s * (1.0 + random.random())
-        events = self._client.watch(self.path, self._query, self.resource_version, timeout)
+        events = self._client.watch(
+            self.path,
+            self._query,
+            self.resource_version,
+            timeout,
+            metadata_only=self.metadata_only,
+        )
         self._good()  # the API server took the watch: the cache is current again
         moved = False
         for kind, obj in events:

@@ -46,8 +46,11 @@ authorization beyond the ``forbidden`` set; admission and defaulting (objects ar
 the code reads); strategic-merge and JSON patches; ``resourceVersionMatch``; an expired
 ``continue`` (410); field selectors but ``spec.nodeName`` on pods and ``metadata.name`` on
 node watches; label selectors but ``k=v`` conjunctions; chunked encoding (a watch is an
-HTTP/1.0 body ended by closing). Every request is recorded for assertions
-(tests/kube/fake_edge.py adds discovery, bookmarks, faults and counts of open watches).
+HTTP/1.0 body ended by closing). Every request is recorded for assertions, its headers (the
+``Accept`` a metadata-only list or watch sends) and the bytes answered to it (``sent``)
+included (tests/kube/fake_edge.py adds discovery, bookmarks, faults and counts of open
+watches). Every GET, list and watch honours ``Accept`` as the real server does: metadata only
+(``PartialObjectMetadataList``, ``PartialObjectMetadata``) when asked (tests/kube/fake_meta.py).
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.kube import fake_dra, schema
+from tests.kube import fake_dra, fake_meta, schema
 from tests.kube.schema import DNS as _DNS
 from tests.kube.schema import label_problem
 
@@ -112,6 +115,8 @@ class Request:
     query: dict[str, str]
     headers: dict[str, str]
     body: object
+    #: bytes of the answer's body sent so far (a watch's grow with each event)
+    sent: int = 0
 
 
 @dataclass
@@ -158,6 +163,8 @@ class FakeKubeApi:
     unavailable: set[str] = field(default_factory=set)
     #: check every body and served object against the real schema (off only for benchmarks)
     validate: bool = True
+    #: whether metadata-only answers are served (False: a server too old to, fake_meta.py)
+    serves_metadata: bool = True
     #: the path the API is served under, as behind Rancher's proxy (/k8s/clusters/<id>):
     #: anything outside it is 404; requests are recorded without it
     prefix: str = ""
@@ -293,7 +300,8 @@ class FakeKubeApi:
             if not path.startswith(self.prefix + "/"):
                 return _reply(h, 404, _status(404, f"{path} is not under {self.prefix}"))
             path = path.removeprefix(self.prefix)
-        self.requests.append(Request(h.command, path, query, dict(h.headers.items()), body))
+        h.record = Request(h.command, path, query, dict(h.headers.items()), body)  # type: ignore[attr-defined]
+        self.requests.append(h.record)  # type: ignore[attr-defined]
         token = f"Bearer {self.token_path.read_text().strip()}"
         by_cert = self.client_ca is not None and h.connection.getpeercert()
         if h.headers.get("Authorization") != token and not by_cert:
@@ -308,6 +316,12 @@ class FakeKubeApi:
             return _reply(h, 500, _status(500, "etcdserver: request timed out"))
         if path in self.unavailable:
             return _reply(h, 503, _status(503, "the server is currently unable to handle it"))
+        try:  # read by _reply and _watch: what the answer is converted to
+            h.convert = fake_meta.negotiate(  # type: ignore[attr-defined]
+                h.headers.get("Accept"), self.serves_metadata
+            )
+        except fake_meta.NotAcceptable as exc:
+            return _reply(h, 406, _status(406, str(exc), "NotAcceptable"))
         parts = path.strip("/").split("/")
         h.validate = self.validate  # type: ignore[attr-defined]  # read by _reply
         if self.validate:
@@ -423,10 +437,13 @@ class FakeKubeApi:
         h.end_headers()
 
         def send(kind: str, obj: dict[str, Any]) -> None:
+            obj = fake_meta.convert(obj, getattr(h, "convert", None))
             if self.validate:
                 schema.check_reply(200 if kind != "ERROR" else 410, obj, f"watch {h.path}")
-            h.wfile.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+            data = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+            h.wfile.write(data)
             h.wfile.flush()
+            _count(h, data)
 
         try:
             for kind, obj in first:
@@ -449,6 +466,8 @@ class FakeKubeApi:
                 since = events[-1][0]
         except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
             pass  # the client went away
+        except fake_meta.NotAcceptable:
+            pass  # an event the Accept cannot carry: the real server ends the watch
 
     @staticmethod
     def _dra_target(parts: list[str]) -> tuple[str, str, str | None, bool] | None:
@@ -797,6 +816,11 @@ def _conflict(resource: str, name: str) -> dict[str, object]:
 def _reply(
     h: BaseHTTPRequestHandler, code: int, obj: object, headers: dict[str, str] | None = None
 ) -> None:
+    if code < 300 and isinstance(obj, dict):
+        try:
+            obj = fake_meta.convert(obj, getattr(h, "convert", None))
+        except fake_meta.NotAcceptable as exc:
+            code, obj, headers = 406, _status(406, str(exc), "NotAcceptable"), None
     if getattr(h, "validate", True):
         schema.check_reply(code, obj, f"{h.command} {h.path}")
     data = json.dumps(obj).encode()
@@ -807,3 +831,10 @@ def _reply(
     h.send_header("Content-Length", str(len(data)))
     h.end_headers()
     h.wfile.write(data)
+    _count(h, data)
+
+
+def _count(h: BaseHTTPRequestHandler, data: bytes) -> None:
+    record = getattr(h, "record", None)
+    if record is not None:
+        record.sent += len(data)

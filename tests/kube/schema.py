@@ -6,9 +6,12 @@ oldest it supports (resource.k8s.io/v1 is GA in 1.34) and the newest the package
 What is checked: a POST or PUT body as the object it is; a merge or strategic-merge patch as
 the partial object it is (deletions, ``null``, left out) and the object served after it (the
 merged result); every reply and watch event object that has a schema (``Status`` replies have
-none in the package, nor do objects the stand-in does not know). A failure is recorded in
-``FAILURES`` (never changes the answer: the real server drops unknown fields with a warning),
-and the ``kube_api`` fixture fails the test that caused it (tests/kube/fixtures.py).
+none in the package, nor do objects the stand-in does not know). The metadata-only kinds
+(meta.k8s.io PartialObjectMetadata and its List) are in no OpenAPI document: they are checked
+as their Go types are, type fields and the strict ObjectMeta (ListMeta and items) schema. A
+failure is recorded in ``FAILURES`` (never changes the answer: the real server drops unknown
+fields with a warning), and the ``kube_api`` fixture fails the test that caused it
+(tests/kube/fixtures.py).
 """
 
 from __future__ import annotations
@@ -91,6 +94,8 @@ def problems(obj: object) -> list[str]:
         return [f"{kind or '?'} with no apiVersion or kind"]
     if kind == "Status":
         return []  # the package has Status only as meta/v1; its shape is _status's
+    if kind in PARTIAL and api_version in (f"meta.k8s.io/{v}" for v in ("v1", "v1beta1")):
+        return _partial_problems(obj)
     validators = [(v, _validator(str(api_version), str(kind), v)) for v in VERSIONS]
     if all(validator is None for _, validator in validators):
         return [f"{api_version} {kind}: no such kind in Kubernetes {' or '.join(VERSIONS)}"]
@@ -102,6 +107,38 @@ def problems(obj: object) -> list[str]:
             f"{kind} {'/'.join(str(p) for p in e.absolute_path)} ({version}): {e.message[:300]}"
             for e in validator.iter_errors(obj)
         ]
+    return found
+
+
+#: the metadata-only kinds: (the metadata's schema, the fields beside apiVersion and kind)
+PARTIAL = {
+    "PartialObjectMetadata": ("ObjectMeta", {"metadata"}),
+    "PartialObjectMetadataList": ("ListMeta", {"metadata", "items"}),
+}
+
+
+def _partial_problems(obj: dict[str, Any]) -> list[str]:
+    """A PartialObjectMetadata(List) against its Go type: TypeMeta, ObjectMeta (ListMeta and
+    ``items`` of PartialObjectMetadata of the same apiVersion) and nothing else."""
+    kind, api_version = str(obj["kind"]), str(obj["apiVersion"])
+    meta, fields = PARTIAL[kind]
+    found = [
+        f"{kind}: {k!r} was unexpected" for k in obj if k not in {"apiVersion", "kind", *fields}
+    ]
+    for version in VERSIONS:
+        validator = _validator("meta.k8s.io/v1", meta, version)
+        errors = validator.iter_errors(obj.get("metadata") or {})
+        found += [f"{kind} metadata ({version}): {e.message[:300]}" for e in errors]
+    if kind == "PartialObjectMetadataList":
+        items = obj.get("items")
+        if not isinstance(items, list):
+            return [*found, f"{kind}: items is required, a list"]
+        for item in items:
+            typed = isinstance(item, dict) and (item.get("apiVersion"), item.get("kind"))
+            if typed != (api_version, "PartialObjectMetadata"):
+                found.append(f"{kind} items: {typed or 'not an object'}, not its item kind")
+            else:
+                found += _partial_problems(item)
     return found
 
 

@@ -61,3 +61,26 @@ def test_a_right_lease_passes_in_every_version() -> None:
         "spec": {"holderIdentity": "a", "leaseDurationSeconds": 15},
     }
     assert schema.problems(lease) == []
+
+
+def test_a_metadata_only_answer_is_held_to_its_go_type() -> None:
+    """PartialObjectMetadata(List) is in no OpenAPI document: a stand-in that left a Node's
+    status in it, a label that is no string or an item of another kind is a failure all the
+    same, and a right one passes."""
+    item = {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata"}
+    good = {
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadataList",
+        "metadata": {"resourceVersion": "5", "continue": "50"},
+        "items": [item | {"metadata": {"name": NODE, "labels": {"pool": "a"}}}],
+    }
+    assert schema.problems(good) == []
+    bad = good | {
+        "items": [
+            item | {"metadata": {"name": NODE, "labels": {"pool": 1}}, "status": {}},
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-2"}},
+        ]
+    }
+    found = " ".join(schema.problems(bad))
+    assert "'status' was unexpected" in found and "1 is not of type 'string'" in found
+    assert "('v1', 'Node'), not its item kind" in found

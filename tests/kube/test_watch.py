@@ -130,10 +130,20 @@ class _Scripted:
         self.items = items
         self.events: list[tuple[str, object]] = []
 
-    def list_all(self, path: str, query: object = None, page_size: int = 0) -> tuple[list, str]:
+    def list_all(
+        self, path: str, query: object = None, page_size: int = 0, *, metadata_only: bool = False
+    ) -> tuple[list, str]:
         return list(self.items), "5"
 
-    def watch(self, path: str, query: object, resource_version: str, timeout_s: float) -> object:
+    def watch(
+        self,
+        path: str,
+        query: object,
+        resource_version: str,
+        timeout_s: float,
+        *,
+        metadata_only: bool = False,
+    ) -> object:
         return iter(self.events)
 
 
@@ -166,7 +176,9 @@ class _Versions:
         self.asked: list[str | None] = []
         self.informer: Informer | None = None
 
-    def list_all(self, path: str, query: object = None, page_size: int = 0) -> tuple[list, str]:
+    def list_all(
+        self, path: str, query: object = None, page_size: int = 0, *, metadata_only: bool = False
+    ) -> tuple[list, str]:
         self.asked.append(dict(query or {}).get("resourceVersion"))  # type: ignore[call-overload]
         if len(self.asked) == 2:
             raise Gone("410 Gone: too old resource version: 9")
@@ -174,7 +186,15 @@ class _Versions:
             self.informer.stop()
         return [_obj("gpu-node-1", "7")], "7"
 
-    def watch(self, path: str, query: object, resource_version: str, timeout_s: float) -> object:
+    def watch(
+        self,
+        path: str,
+        query: object,
+        resource_version: str,
+        timeout_s: float,
+        *,
+        metadata_only: bool = False,
+    ) -> object:
         yield "MODIFIED", _obj("gpu-node-1", "9")
         raise Gone("410 Gone: too old resource version: 7")
 
