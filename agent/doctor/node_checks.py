@@ -18,6 +18,7 @@ from agent.doctor import kube_checks
 from agent.doctor.facts import NEEDS_NVML, Facts, degraded, failed, ok
 from agent.dra.mode import AllocationMode
 from agent.errors import AgentError
+from agent.prewarm import inuse
 from agent.prewarm.policy import redact_url
 from agent.prewarm.private_images import (
     ALWAYS_VERIFY,
@@ -354,6 +355,23 @@ def _socket_check(daemon: _Daemon, path: Path) -> Check:
     if why is None:
         return ok(P, daemon.name, f"{daemon.what} {path} accepts connections")
     return degraded(P, daemon.name, f"{daemon.what} {path}: {why}: {daemon.fails}", daemon.start)
+
+
+def prewarm_in_use(facts: Facts) -> Check:
+    """Whether the cache can tell the blobs pods hold from the rest: only where the agent
+    sees the node's processes is anything evicted for room (agent/prewarm/inuse.py)."""
+    proc = facts.namespace_proc or facts.proc
+    if pidns.sees_node(proc):
+        return ok(
+            P, "in-use", "the node's processes are visible: a blob a pod holds is never evicted"
+        )
+    return degraded(
+        P,
+        "in-use",
+        f"{inuse.unseen_node(proc)}; every cached blob may be held, so none is evicted for "
+        "room (a fetch that needs room fails, cache evict is refused)",
+        "run the agent with hostPID: true (deploy/kubernetes/base has it)",
+    )
 
 
 def prewarm_containerd(facts: Facts) -> Check:

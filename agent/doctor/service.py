@@ -61,6 +61,7 @@ CHECKS: tuple[tuple[str, str, Callable[[Facts], Check]], ...] = (
     ("sharing", "reload", node_checks.sharing_reload),
     ("sharing", "mig-strategy", node_checks.sharing_mig_strategy),
     ("prewarm", "cache-volume", node_checks.prewarm_cache_volume),
+    ("prewarm", "in-use", node_checks.prewarm_in_use),
     ("prewarm", "containerd", node_checks.prewarm_containerd),
     ("prewarm", "nydus", node_checks.prewarm_nydus),
     ("prewarm", "dragonfly", node_checks.prewarm_dragonfly),

@@ -73,7 +73,7 @@ def _cut(wanted: set[FileId], why: str) -> Holders:
     return Holders({fid: set() for fid in wanted}, frozenset(), why)
 
 
-def _unseen_node(proc: Path) -> str:
+def unseen_node(proc: Path) -> str:
     """Why a scan of ``proc`` may not see the node's processes."""
     if pidns.hides(proc):
         return f"the agent has no hostPID: the node's processes are not in {proc}"
@@ -190,7 +190,7 @@ class ProcScanner:
         unsure: set[int] = set()
         budget = _Budget(limits, self._clock)
         if not pidns.sees_node(self._proc):  # perhaps its own pod's processes alone
-            budget.cut = _unseen_node(self._proc)
+            budget.cut = unseen_node(self._proc)
         for entry in () if budget.cut else self._pids(budget):
             if not budget.pid():
                 break

@@ -528,3 +528,21 @@ def test_a_gpu_listed_but_not_read_degrades_nvml_naming_it_and_the_call(tmp_path
     assert check.state is CheckState.DEGRADED, check
     assert "1 of 2 GPU(s) answering" in check.evidence
     assert "not read: GPU 1: nvmlDeviceGetMigMode: Unknown Error" in check.evidence
+
+
+def test_in_use_is_degraded_where_the_nodes_processes_are_not_visible(tmp_path: Path) -> None:
+    """Doctor said nothing while the cache evicted nothing: without hostPID, or with a PID
+    namespace the agent cannot read, every blob may be held by a pod it cannot see."""
+    from tests.unit.sharing.pidns_fixtures import POD_NAMESPACE, a_proc, node_proc
+
+    seen = node_checks.prewarm_in_use(facts(tmp_path, namespace_proc=node_proc(tmp_path / "n")))
+    assert seen.state is CheckState.OK, seen
+    pod = a_proc(tmp_path / "pod", POD_NAMESPACE, "7")
+    hidden = node_checks.prewarm_in_use(facts(tmp_path, namespace_proc=pod))
+    assert hidden.state is CheckState.DEGRADED
+    assert "no hostPID" in hidden.evidence and "none is evicted for room" in hidden.evidence
+    assert "hostPID: true" in hidden.fix
+    unread = a_proc(tmp_path / "unread", None, "7")
+    unknown = node_checks.prewarm_in_use(facts(tmp_path, namespace_proc=unread))
+    assert unknown.state is CheckState.DEGRADED
+    assert "PID namespace could not be read" in unknown.evidence
