@@ -305,12 +305,12 @@ class InClusterKubeClient:
         *,
         metadata_only: bool = False,
     ) -> Iterator[Any]:
-        """Each page of a list in turn (``limit``/``continue``); AgentError past MAX_PAGES, a
-        server that never ends its list."""
+        """Each page of a list in turn (``limit``/``continue``; ``page_size`` 0: one answer,
+        unpaged); AgentError past MAX_PAGES, a server that never ends its list."""
         accept = METADATA_LIST if metadata_only else JSON
         token = ""
         for _ in range(MAX_PAGES):
-            page = dict(query or {}, limit=str(page_size))
+            page = dict(query or {}, limit=str(page_size)) if page_size else dict(query or {})
             if token:  # it carries the first page's version: a resourceVersion is refused
                 page.pop("resourceVersion", None)
                 page["continue"] = token

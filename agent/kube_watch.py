@@ -212,8 +212,12 @@ class Informer:
         query = (
             dict(self._query, resourceVersion=self._list_from) if self._list_from else self._query
         )
+        # From a version seen (after a watch's 410): unpaged, as client-go's reflector lists
+        # then. A limit with a resourceVersion other than 0 asks for exactly that version,
+        # from etcd, and a version compacted away answers 410 again, every back-off.
+        pages = self._page_size if self._list_from in ("", "0") else 0
         items, version = self._client.list_all(
-            self.path, query, self._page_size, metadata_only=self.metadata_only
+            self.path, query, pages, metadata_only=self.metadata_only
         )
         self.lists += 1
         with self._lock:
@@ -232,9 +236,9 @@ class Informer:
             return True
         with self._lock:
             self._objects, self._deleted = {}, {}
+        self._good()  # not served is current, also after a re-check that failed once
         if not self.unserved:
             self.unserved = "not served by the API server (discovery asked again hourly)"
-            self._good()
             self._changed()
         return False
 

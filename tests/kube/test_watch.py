@@ -12,6 +12,7 @@ import pytest
 
 from agent.coordinator.fleet.discovery import KubeDiscovery
 from agent.coordinator.kube import KubeLister
+from agent.errors import AgentError
 from agent.kube import Gone, InClusterKubeClient
 from agent.kube_watch import Informer, InformerFactory, NodeWatch
 from tests.kube.fake_api import FakeKubeApi, Pod
@@ -174,12 +175,15 @@ class _Versions:
 
     def __init__(self) -> None:
         self.asked: list[str | None] = []
+        #: the page size each list asked for (0: unpaged)
+        self.paged: list[int] = []
         self.informer: Informer | None = None
 
     def list_all(
         self, path: str, query: object = None, page_size: int = 0, *, metadata_only: bool = False
     ) -> tuple[list, str]:
         self.asked.append(dict(query or {}).get("resourceVersion"))  # type: ignore[call-overload]
+        self.paged.append(page_size)
         if len(self.asked) == 2:
             raise Gone("410 Gone: too old resource version: 9")
         if len(self.asked) == 3 and self.informer is not None:
@@ -203,11 +207,37 @@ def test_lists_ask_for_the_watch_cache_as_client_gos_reflector_does() -> None:
     """Every list asked for the newest version (a consistent read from etcd): 5,000 agents
     restarted together were 5,000 etcd reads of their Node and slices. As client-go's
     reflector: the first list asks for version 0 (the API server's watch cache), a list
-    after a watch's 410 for the version last seen, and only a list after a list's 410 for
-    none."""
+    after a watch's 410 for the version last seen, unpaged (a limit with that version asks
+    for exactly it, from etcd), and only a list after a list's 410 for none."""
     server = _Versions()
     informer = server.informer = Informer(server, "/api/v1/nodes", backoff=(0.01, 0.02))
     thread = threading.Thread(target=informer.run, daemon=True)
     thread.start()
     thread.join(10)
     assert server.asked == ["0", "9", None]
+    assert server.paged[1] == 0 and server.paged[0] > 0 and server.paged[2] > 0
+
+
+def test_an_unserved_resource_is_current_again_after_a_recheck_that_failed_once() -> None:
+    """Not served is normal: a discovery re-check that failed once (the API server away for a
+    moment) left the informer stale until the resource was served, though the next re-check
+    said not served again."""
+    answers: list[object] = [None, AgentError("discovery: connection refused"), None]
+
+    def resolve() -> str | None:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[return-value]
+
+    informer = Informer(_Versions(), "/apis/x", backoff=(0.01, 0.02))  # type: ignore[arg-type]
+    informer.resolve_path(resolve)
+    informer.relist()
+    assert informer.status()[0]
+    with pytest.raises(AgentError):
+        informer.relist()
+    informer._failed(AgentError("discovery: connection refused"), 0.0)
+    assert not informer.status()[0]
+    informer.relist()
+    current, said = informer.status()
+    assert current and "not served" in said, said
