@@ -226,6 +226,17 @@ class NodePart:
             self._owner.wake()
 
 
+def _without(writes: Writes, parts: Mapping[str, object]) -> Writes:
+    """``writes`` less the ``parts`` (STATUS, NODE) held back, and less what they would say."""
+    conditions = {c["type"] for c in (writes.status or {}).get("status", {}).get("conditions", [])}
+    said = [k for k in writes.said if (STATUS if k in conditions else NODE) not in parts]
+    return Writes(
+        node=None if NODE in parts else writes.node,
+        status=None if STATUS in parts else writes.status,
+        said=tuple(said),
+    )
+
+
 class NodeOwner:
     """Writes this agent's parts of its Node, from its shared Node informer's cache."""
 
@@ -307,60 +318,72 @@ class NodeOwner:
     def write_now(self, once: Mapping[str, str | None]) -> bool:
         """Write the parts' difference and the one-shot ``once`` labels (None removes) at
         once; a label already as asked is not written. The status (conditions) and the Node
-        (labels, annotations, taints) are two PATCHes sent and failed independently: a refused
-        status write (no nodes/status verb, a webhook) must not keep the health labels, the
-        taint, the reclaim mark or the sharing reload's label off the Node. AgentError when
-        the Node patch failed; a refused status is only recorded (`error`, GetNode). A part
-        that failed is retried by the owner's thread with back-off; the part written is not
-        sent again."""
+        (labels, annotations, taints) are two PATCHes sent, failed and backed off
+        independently: a refused status write (no nodes/status verb, a webhook) must not keep
+        the health labels, the taint, the reclaim mark or the sharing reload's label off the
+        Node, nor a refused label the GPUHealthy condition. A part in the back-off of its
+        failure is not sent (the owner's thread tries it when that ends). AgentError when the
+        Node patch failed or is held back with something to write; a refused status is only
+        recorded (`error`, GetNode)."""
         with self.lock:
             node = self.node_object()
             if node is None:
                 if once:
                     raise AgentError(f"the Node {self.node} is not listed yet")
                 return False
-            if NODE in self._errors and (wait := self.held_until - time.monotonic()) > 0:
-                # in the back-off of a failed Node write: the owner's thread tries it then
-                self._wake.set()
-                if once:
-                    raise AgentError(f"{self.error}; held back, again in {wait:.0f}s")
-                return False
+            held = self._held()
+            if NODE in held and once:
+                raise AgentError(f"{self.error}; held back, again in {held[NODE]:.0f}s")
             parts = [(p.claim, p.desired) for p in self._parts]
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._clock()))
-            writes = plan(node, parts, once, now)
-            path = f"/api/v1/nodes/{urllib.parse.quote(self.node, safe='')}"
-            failed: dict[str, Exception] = {}
-            # A refused status in its back-off is the owner's thread's to retry when it ends,
-            # not each caller's at once (a sharing reload's label goes now, alone).
-            held = STATUS in self._errors and time.monotonic() < self._not_before[STATUS]
-            if held and writes.status is not None:  # the owner's thread wakes for it then
-                writes = replace(writes, status=None)
-            # The condition first: a reader that sees the labels or taint sees it too.
-            if writes.status is not None:
-                strategic = "application/strategic-merge-patch+json"
-                try:
-                    answer = self._write(f"{path}/status", writes.status, strategic)
-                except Exception as exc:  # said and retried; the Node patch still goes
-                    failed[STATUS] = exc
-                else:
-                    if writes.node is not None and "resourceVersion" in writes.node["metadata"]:
-                        # The taints' precondition is the Node as the status write left it
-                        # (when it failed: as the watch delivered it, set by `plan`).
-                        writes.node["metadata"]["resourceVersion"] = _version(answer)
-            if writes.node is not None:
-                try:
-                    self._write(path, writes.node, "application/merge-patch+json")
-                except Exception as exc:
-                    failed[NODE] = exc
-            self._settle(writes, failed, held)
+            planned = plan(node, parts, once, now)
+            writes = _without(planned, held)
+            failed = self._send(writes)
+            self._settle(writes, failed, frozenset(held))
             if NODE in failed:  # a refused status is the owner's to retry, not the caller's
                 raise _Failed(self.error) from failed[NODE]
+            if NODE in held and planned.node is not None:
+                raise _Failed(f"{self.error}; held back, again in {held[NODE]:.0f}s")
             return bool(writes.node or writes.status)
 
-    def _settle(self, writes: Writes, failed: Mapping[str, Exception], held: bool = False) -> None:
+    def _held(self) -> dict[str, float]:
+        """The parts in the back-off of their last failure, with the seconds left of it."""
+        now = time.monotonic()
+        return {
+            part: self._not_before[part] - now
+            for part in (STATUS, NODE)
+            if part in self._errors and self._not_before[part] > now
+        }
+
+    def _send(self, writes: Writes) -> dict[str, Exception]:
+        """PATCH the status, then the Node; what failed, by part."""
+        path = f"/api/v1/nodes/{urllib.parse.quote(self.node, safe='')}"
+        failed: dict[str, Exception] = {}
+        # The condition first: a reader that sees the labels or taint sees it too.
+        if writes.status is not None:
+            strategic = "application/strategic-merge-patch+json"
+            try:
+                answer = self._write(f"{path}/status", writes.status, strategic)
+            except Exception as exc:  # said and retried; the Node patch still goes
+                failed[STATUS] = exc
+            else:
+                if writes.node is not None and "resourceVersion" in writes.node["metadata"]:
+                    # The taints' precondition is the Node as the status write left it
+                    # (when it failed: as the watch delivered it, set by `plan`).
+                    writes.node["metadata"]["resourceVersion"] = _version(answer)
+        if writes.node is not None:
+            try:
+                self._write(path, writes.node, "application/merge-patch+json")
+            except Exception as exc:
+                failed[NODE] = exc
+        return failed
+
+    def _settle(
+        self, writes: Writes, failed: Mapping[str, Exception], held: frozenset[str] = frozenset()
+    ) -> None:
         """Say what was written, record each part's failure (or clear it: written, or nothing
         left to write) and when the owner's thread may try the failed part again; ``held``:
-        the status was not tried (in its back-off), its failure stands."""
+        the parts not tried (in their back-off), whose failures stand."""
         conditions = {
             c["type"] for c in (writes.status or {}).get("status", {}).get("conditions", [])
         }
@@ -368,7 +391,7 @@ class NodeOwner:
         if said:
             log.info("Node %s: wrote %s", self.node, ", ".join(said))
         for part in (STATUS, NODE):
-            if part not in failed and not (held and part == STATUS):
+            if part not in failed and part not in held:
                 self._errors.pop(part, None)
                 self._delay[part], self._not_before[part] = self._backoff[0], 0.0
         if not self._errors:
@@ -413,7 +436,9 @@ class NodeOwner:
 
     def _next_retry_s(self) -> float | None:
         """Seconds until a failed write's back-off ends (the owner's thread wakes then for
-        it); None when no write failed."""
+        it); None when no write failed, or the Node is not listed (its watch wakes it)."""
+        if self.node_object() is None:
+            return None
         due = [self._not_before[part] for part in self._errors]
         return max(0.0, min(due) - time.monotonic()) if due else None
 
@@ -434,14 +459,10 @@ class NodeOwner:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            # A change wakes it, and so does the end of a failed write's back-off.
+            # A change wakes it, and so does the end of a failed write's back-off (a part in
+            # its back-off is not sent meanwhile: `write_now`).
             self._wake.wait(self._next_retry_s())
             if self._stop.wait(self._coalesce_s):  # a burst of changes is one write
-                return
-            # After a failed Node patch (here or in a caller's write_now): its back-off first.
-            if NODE in self._errors and self._stop.wait(
-                max(0.0, self.held_until - time.monotonic())
-            ):
                 return
             self._wake.clear()
             try:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agent.errors import AgentError
+from agent.errors import AgentError, PermissionDenied
 from agent.health.device_taints import DeviceTaints
 from agent.health.machine import Mark, Policy, State
 from agent.health.monitor import HealthChange, HealthMonitor
@@ -283,3 +283,48 @@ def test_a_status_write_refused_for_good_backs_off_alone_and_the_labels_still_go
     # 0.02 s cap some 50 (18 in 1 s measured on a loaded machine)
     assert 1 <= len(tried) <= 10, len(tried)
     assert "403" in owner.error
+
+
+def test_a_refused_node_patch_holds_back_neither_the_condition_nor_says_it_was_written(
+    edge_api: tuple[EdgeKubeApi, str],
+    informers: InformerFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A webhook refusing a label (403) held the status write back too, so GPUHealthy=False
+    waited out the Node patch's back-off (up to 10 minutes); and a part held back was logged
+    as written."""
+    import logging
+
+    from agent.kube_node import Claim
+
+    api, _ = edge_api
+    node_path = f"/api/v1/nodes/{NODE}"
+
+    class LabelsRefused:
+        """The client, with a webhook refusing the Node's patch (not its status's)."""
+
+        def request(self, method: str, path: str, **kw: Any) -> Any:
+            if method == "PATCH" and path == node_path:
+                raise PermissionDenied(f"PATCH {path}: 403 Forbidden: denied by a webhook")
+            return informers.client.request(method, path, **kw)
+
+    informer = informers.node(NODE).start()
+    assert informer.synced.wait(10)
+    owner = NodeOwner(LabelsRefused(), NODE, informer, backoff=(60.0, 120.0))  # type: ignore[arg-type]
+    health = owner.part(Claim("health", label_keys=frozenset({"h"}), condition="GPUHealthy"))
+    healthy = {"type": "GPUHealthy", "status": "True", "reason": "Ok", "message": "m"}
+    health.set(labels={"h": "0"}, condition=healthy)
+    with pytest.raises(AgentError, match="403"):
+        owner.sync()
+    assert owner.held_until - time.monotonic() > 10  # the Node patch, held back now
+    began = len(api.calls)
+    health.set(labels={"h": "1"}, condition={**healthy, "status": "False", "reason": "Xid"})
+    with (
+        caplog.at_level(logging.INFO, logger="agent.kube_node"),
+        pytest.raises(AgentError, match="held back"),
+    ):
+        owner.sync()  # the labels wait; the condition goes now
+    writes = [c.path for c in api.calls[began:] if c.write]
+    assert writes == [f"{node_path}/status"], writes
+    wrote = [r.getMessage() for r in caplog.records if "wrote" in r.getMessage()]
+    assert wrote == [f"Node {NODE}: wrote GPUHealthy"], wrote  # not the label held back
