@@ -648,11 +648,12 @@ def _header_safe(value: str) -> bool:
 
 
 def refused_for_good(exc: Exception) -> bool:
-    """Whether the API server answered ``exc`` with a 4xx other than 408 and 429 (RBAC,
-    validation, a webhook): the same request is refused again, unlike a 5xx, a 429 or no
-    answer at all, which a later try may get through."""
+    """Whether the API server answered ``exc`` with a 4xx other than 401, 408 and 429 (RBAC,
+    validation, a webhook): the same request is refused again, unlike a 5xx, a 429, no
+    answer at all, or a credential not taken (a token rotated meanwhile, an authentication
+    webhook away), which a later try may get through."""
     status = getattr(exc, "http_status", None)
-    return isinstance(status, int) and 400 <= status < 500 and status not in (408, 429)
+    return isinstance(status, int) and 400 <= status < 500 and status not in (401, 408, 429)
 
 
 def _retry_after(exc: AgentError, response: http.client.HTTPResponse) -> AgentError:

@@ -243,7 +243,9 @@ def _wait_after(owner: NodeOwner, api: EdgeKubeApi, code: int, failures: int) ->
     return owner.held_until - time.monotonic()
 
 
-@pytest.mark.parametrize(("code", "refused"), [(403, True), (422, True), (503, False)])
+@pytest.mark.parametrize(
+    ("code", "refused"), [(403, True), (422, True), (503, False), (401, False)]
+)
 def test_a_node_write_refused_for_good_backs_off_past_the_30s_cap(
     edge_api: tuple[EdgeKubeApi, str], informers: InformerFactory, code: int, refused: bool
 ) -> None:
