@@ -81,7 +81,7 @@ def test_without_hostpid_the_pickup_is_not_observable_and_no_pass_retries_it(
 
     def said() -> dict[str, dict]:  # the agents re-read the plugin's config every few seconds
         rows = {r["name"]: r for r in fleet_json(agents, "status", "--nodes")["nodes"]}
-        return rows if "x2" in rows["pod"]["sharing"] + rows["host"]["sharing"] else {}
+        return rows if all("x2" in rows[n]["sharing"] for n in ("pod", "host")) else {}
 
     rows = wait_for(said, "both nodes to show the config written", timeout=30, every=1.0)
     # hostPID: no plugin runs, so it has not loaded the file. Without: that is not known.
