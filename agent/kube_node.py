@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -226,7 +226,7 @@ class NodePart:
             self._owner.wake()
 
 
-def _without(writes: Writes, parts: Mapping[str, object]) -> Writes:
+def _without(writes: Writes, parts: Collection[str]) -> Writes:
     """``writes`` less the ``parts`` (STATUS, NODE) held back, and less what they would say."""
     conditions = {c["type"] for c in (writes.status or {}).get("status", {}).get("conditions", [])}
     said = [k for k in writes.said if (STATUS if k in conditions else NODE) not in parts]
@@ -337,12 +337,16 @@ class NodeOwner:
             parts = [(p.claim, p.desired) for p in self._parts]
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._clock()))
             planned = plan(node, parts, once, now)
-            writes = _without(planned, held)
+            # held back: a part in its back-off with something to write (one with nothing
+            # left to write is settled: its failure no longer stands)
+            pending = {STATUS: planned.status, NODE: planned.node}
+            held_back = frozenset(part for part in held if pending[part] is not None)
+            writes = _without(planned, held_back)
             failed = self._send(writes)
-            self._settle(writes, failed, frozenset(held))
+            self._settle(writes, failed, held_back)
             if NODE in failed:  # a refused status is the owner's to retry, not the caller's
                 raise _Failed(self.error) from failed[NODE]
-            if NODE in held and planned.node is not None:
+            if NODE in held_back:
                 raise _Failed(f"{self.error}; held back, again in {held[NODE]:.0f}s")
             return bool(writes.node or writes.status)
 

@@ -287,6 +287,22 @@ def test_a_status_write_refused_for_good_backs_off_alone_and_the_labels_still_go
     assert "403" in owner.error
 
 
+def _labels_refused(informers: InformerFactory) -> NodeOwner:
+    """The Node's owner (its thread not started; back-off 60 s) over a client whose Node
+    patches a webhook refuses (403), not its status's."""
+    node_path = f"/api/v1/nodes/{NODE}"
+
+    class LabelsRefused:
+        def request(self, method: str, path: str, **kw: Any) -> Any:
+            if method == "PATCH" and path == node_path:
+                raise PermissionDenied(f"PATCH {path}: 403 Forbidden: denied by a webhook")
+            return informers.client.request(method, path, **kw)
+
+    informer = informers.node(NODE).start()
+    assert informer.synced.wait(10)
+    return NodeOwner(LabelsRefused(), NODE, informer, backoff=(60.0, 120.0))  # type: ignore[arg-type]
+
+
 def test_a_refused_node_patch_holds_back_neither_the_condition_nor_says_it_was_written(
     edge_api: tuple[EdgeKubeApi, str],
     informers: InformerFactory,
@@ -301,18 +317,7 @@ def test_a_refused_node_patch_holds_back_neither_the_condition_nor_says_it_was_w
 
     api, _ = edge_api
     node_path = f"/api/v1/nodes/{NODE}"
-
-    class LabelsRefused:
-        """The client, with a webhook refusing the Node's patch (not its status's)."""
-
-        def request(self, method: str, path: str, **kw: Any) -> Any:
-            if method == "PATCH" and path == node_path:
-                raise PermissionDenied(f"PATCH {path}: 403 Forbidden: denied by a webhook")
-            return informers.client.request(method, path, **kw)
-
-    informer = informers.node(NODE).start()
-    assert informer.synced.wait(10)
-    owner = NodeOwner(LabelsRefused(), NODE, informer, backoff=(60.0, 120.0))  # type: ignore[arg-type]
+    owner = _labels_refused(informers)
     health = owner.part(Claim("health", label_keys=frozenset({"h"}), condition="GPUHealthy"))
     healthy = {"type": "GPUHealthy", "status": "True", "reason": "Ok", "message": "m"}
     health.set(labels={"h": "0"}, condition=healthy)
@@ -330,3 +335,21 @@ def test_a_refused_node_patch_holds_back_neither_the_condition_nor_says_it_was_w
     assert writes == [f"{node_path}/status"], writes
     wrote = [r.getMessage() for r in caplog.records if "wrote" in r.getMessage()]
     assert wrote == [f"Node {NODE}: wrote GPUHealthy"], wrote  # not the label held back
+
+
+def test_a_refused_node_patch_with_nothing_left_to_write_is_no_longer_said(
+    edge_api: tuple[EdgeKubeApi, str], informers: InformerFactory
+) -> None:
+    """The label a webhook refused is no longer wanted: nothing is pending, so GetNode no
+    longer says the Node write failed (it did until the back-off ended)."""
+    from agent.kube_node import Claim
+
+    owner = _labels_refused(informers)
+    part = owner.part(Claim("mark", label_keys=frozenset({"m"})))
+    part.set(labels={"m": "1"})
+    with pytest.raises(AgentError, match="403"):
+        owner.sync()
+    assert "403" in owner.error
+    part.set(labels={})  # as the Node has it: nothing to write
+    assert not owner.sync()
+    assert owner.error == ""
