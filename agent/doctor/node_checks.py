@@ -359,8 +359,9 @@ def _socket_check(daemon: _Daemon, path: Path) -> Check:
 
 def prewarm_in_use(facts: Facts) -> Check:
     """Whether the cache can tell the blobs pods hold from the rest: only where the agent
-    sees the node's processes is anything evicted for room (agent/prewarm/inuse.py)."""
-    proc = facts.namespace_proc or facts.proc
+    sees the node's processes is anything evicted for room (agent/prewarm/inuse.py). The
+    /proc its scan reads: telemetry.proc_root."""
+    proc = facts.config.telemetry.proc_root
     if pidns.sees_node(proc):
         return ok(
             P, "in-use", "the node's processes are visible: a blob a pod holds is never evicted"

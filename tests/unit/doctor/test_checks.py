@@ -535,14 +535,21 @@ def test_in_use_is_degraded_where_the_nodes_processes_are_not_visible(tmp_path: 
     namespace the agent cannot read, every blob may be held by a pod it cannot see."""
     from tests.unit.sharing.pidns_fixtures import POD_NAMESPACE, a_proc, node_proc
 
-    seen = node_checks.prewarm_in_use(facts(tmp_path, namespace_proc=node_proc(tmp_path / "n")))
+    def scanned(proc: Path) -> Any:  # the /proc the cache's scan reads: telemetry.proc_root
+        made = facts(tmp_path)
+        telemetry = dataclasses.replace(made.config.telemetry, proc_root=proc)
+        return dataclasses.replace(
+            made, config=dataclasses.replace(made.config, telemetry=telemetry)
+        )
+
+    seen = node_checks.prewarm_in_use(scanned(node_proc(tmp_path / "n")))
     assert seen.state is CheckState.OK, seen
     pod = a_proc(tmp_path / "pod", POD_NAMESPACE, "7")
-    hidden = node_checks.prewarm_in_use(facts(tmp_path, namespace_proc=pod))
+    hidden = node_checks.prewarm_in_use(scanned(pod))
     assert hidden.state is CheckState.DEGRADED
     assert "no hostPID" in hidden.evidence and "none is evicted for room" in hidden.evidence
     assert "hostPID: true" in hidden.fix
     unread = a_proc(tmp_path / "unread", None, "7")
-    unknown = node_checks.prewarm_in_use(facts(tmp_path, namespace_proc=unread))
+    unknown = node_checks.prewarm_in_use(scanned(unread))
     assert unknown.state is CheckState.DEGRADED
     assert "PID namespace could not be read" in unknown.evidence
