@@ -129,6 +129,13 @@ class ApiVersions:
                 log.info("Kubernetes API: %s at %s/%s", want.name, want.group, chosen)
             return chosen
 
+    def forget(self, resource: str) -> None:
+        """The server answered 404 at the path chosen for ``resource`` (an API turned off under
+        a running agent): its discovery answers are asked again at the next call."""
+        with self._lock:
+            self._chosen.pop(resource, None)
+            self._forget(self._wanted[resource].group)
+
     def _forget(self, group: str) -> None:
         """Drop the discovery answers of ``group``: asked again at the next call."""
         self._groups.pop(group, None)

@@ -66,7 +66,10 @@ class KubeEdge:
                 best = f"/apis/{want.group}/{want.versions[0]}/{want.name}"
                 query = {"fieldSelector": f"spec.nodeName={self.node}"}
                 self._slices = self.informers.informer(best, query)
-                self._slices.resolve_path(lambda: self.apis.path("resourceslices"))
+                self._slices.resolve_path(
+                    lambda: self.apis.path("resourceslices"),
+                    forget=lambda: self.apis.forget("resourceslices"),
+                )
             return self._slices
 
     def health(self) -> tuple[bool, str]:

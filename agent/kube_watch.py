@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from agent import safeyaml
-from agent.errors import AgentError, PermissionDenied
+from agent.errors import AgentError, NotFound, PermissionDenied
 from agent.kube import PAGE_SIZE, Gone, dig
 from agent.kube_discovery import UNSERVED_RECHECK_S
 
@@ -147,6 +147,8 @@ class Informer:
         #: list the last 410 made (a server whose every watch answers 410 is backed off)
         self._relist_at_once = True
         self._resolve: Callable[[], str | None] | None = None
+        self._resolver: Callable[[], str | None] | None = None  # `resolve_path`'s, kept
+        self._forget_path: Callable[[], None] = lambda: None
         #: why the path is not listed: the API server does not serve it ("" while it does)
         self.unserved = ""
         #: an unexpected error's traceback was logged since the last good call
@@ -200,11 +202,16 @@ class Informer:
             return False, f"{what}: stale for {since:.0f}s (kept as last listed): {self.error}"
         return True, f"{what}: current ({len(self._objects)} object(s))"
 
-    def resolve_path(self, resolve: Callable[[], str | None]) -> None:
+    def resolve_path(
+        self, resolve: Callable[[], str | None], forget: Callable[[], None] = lambda: None
+    ) -> None:
         """Ask ``resolve`` for the path before the next list, until it answers (discovery
         that failed at the start: its AgentError is waited on as any failed call); None:
-        the API server does not serve the resource, asked again every UNSERVED_RECHECK_S."""
-        self._resolve = resolve
+        the API server does not serve the resource, asked again every UNSERVED_RECHECK_S.
+        A 404 at the path resolved (the API turned off later) calls ``forget`` (discovery's
+        answer is stale) and resolves it again."""
+        self._resolve = self._resolver = resolve
+        self._forget_path = forget
 
     def relist(self) -> None:
         if self._resolve is not None and not self._resolved():
@@ -308,6 +315,11 @@ class Informer:
                     self._relist_at_once = False
                     continue
                 delay = self._failed(exc, delay)  # 410 again before the watch moved: back off
+            except NotFound as exc:
+                if self._resolver is not None:  # the API gone under a running agent
+                    self._forget_path()
+                    self._resolve, self.resource_version = self._resolver, ""
+                delay = self._failed(exc, delay)
             except AgentError as exc:
                 delay = self._failed(exc, delay)
             except Exception as exc:  # a bug of ours, or an answer no check foresaw: the

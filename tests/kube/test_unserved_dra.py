@@ -25,8 +25,9 @@ from tests.unit.api.support import wait_for
 WINDOW_S = 2.0
 
 
-def _edge(kube: InClusterKubeClient) -> KubeEdge:
-    informers = InformerFactory(kube, backoff=(0.05, 0.2))  # 600 times the agent's pace
+def _edge(kube: InClusterKubeClient, **informers_kw: float) -> KubeEdge:
+    # 600 times the agent's pace
+    informers = InformerFactory(kube, backoff=(0.05, 0.2), **informers_kw)  # type: ignore[arg-type]
     owner = NodeOwner(kube, NODE, informers.node(NODE))
     return KubeEdge(kube, NODE, informers, ApiVersions(kube), owner)
 
@@ -73,5 +74,30 @@ def test_a_dra_api_turned_on_later_is_found_and_watched_without_a_restart(
         wait_for(lambda: len(slices.objects()) == 1, "the slice listed", 10)
         assert slices.status()[0] and not slices.unserved
         assert "resourceslices" not in edge.apis.unserved
+    finally:
+        edge.stop()
+
+
+def test_a_dra_api_turned_off_later_is_not_listed_every_back_off(
+    edge_api: tuple[EdgeKubeApi, str],
+    kube: InClusterKubeClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Discovery's answer was kept for good: an API turned off under the agent (a feature
+    gate off, a downgrade) was listed at its old path, 404 every back-off, forever, and the
+    component said degraded. A 404 there asks discovery again: not served, current."""
+    api, _ = edge_api
+    edge = _edge(kube, watch_timeout_s=0.5)  # each watch ends soon, and is asked again
+    try:
+        slices = edge.slices().start()
+        wait_for(lambda: slices.synced.is_set() and slices.status()[0], "listed", 10)
+        del api.served["resource.k8s.io"]  # the API turned off under the agent
+        began = time.monotonic()
+        api.compact()  # the next watch is 410: the relist meets the 404
+        wait_for(lambda: slices.unserved != "", "found not served", 10)
+        time.sleep(WINDOW_S)  # a back-off of 0.05-0.2 s would list 10+ times meanwhile
+        lists = [c for c in api.since(began) if "resourceslices" in c.path and not c.watch]
+        assert len(lists) <= 2, [(c.method, c.path) for c in lists]
+        assert slices.status()[0] and "not served" in slices.status()[1]
     finally:
         edge.stop()
