@@ -157,11 +157,17 @@ class Database:
                 raise
             raise refusal from exc
         except OSError as exc:
-            if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link: not a mount to fix
+            if exc.errno == errno.ELOOP and exc.filename and os.path.islink(exc.filename):
+                # O_NOFOLLOW met a link in the file's place: not a mount to fix
                 raise StateUnavailable(
                     f"{exc.filename} is a symbolic link, not the agent's file: the agent opens "
                     "its state files only where it made them; remove the link (and find who "
                     "planted it)"
+                ) from exc
+            if exc.errno == errno.ELOOP:  # links in the state dir's path that loop
+                raise StateUnavailable(
+                    f"the state dir {path.parent} cannot be reached ({exc.strerror}): a "
+                    "symbolic link on its path loops; fix the link or pass another --state-dir"
                 ) from exc
             raise StateUnavailable(
                 f"the state dir {path.parent} is not writable ({exc.strerror}): the agent keeps "

@@ -558,3 +558,14 @@ def test_a_link_planted_in_the_databases_place_is_refused_and_its_target_untouch
     assert (state / planted).is_symlink()
     assert target.read_bytes() == b"not the agent's"
     assert _mode(target) == 0o644
+
+
+def test_a_state_dir_behind_links_that_loop_is_named_as_such(tmp_path: Path) -> None:
+    """ELOOP is also links on the way that loop: it was said as the DB file being a link
+    someone planted."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(StateUnavailable) as refused:
+        StateStore(tmp_path / "a" / "state" / "agent.db").close()
+    said = str(refused.value)
+    assert "a symbolic link on its path loops" in said and "is a symbolic link" not in said
