@@ -115,8 +115,7 @@ class ApiVersions:
                     break
             self._chosen[resource] = chosen
             if chosen is None:
-                # half: the informers' jittered waits (0.5 to 1.5 of it) all find it due
-                self._recheck_at[resource] = self._clock() + UNSERVED_RECHECK_S / 2
+                self._recheck_at[resource] = self._clock() + UNSERVED_RECHECK_S
                 if resource not in self.unserved:
                     why = (
                         f"{want.group} serves {_versions(served)}, none of "

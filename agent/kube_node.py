@@ -331,22 +331,16 @@ class NodeOwner:
                 if once:
                     raise AgentError(f"the Node {self.node} is not listed yet")
                 return False
-            held = self._held()
-            if NODE in held and once:
-                raise AgentError(f"{self.error}; held back, again in {held[NODE]:.0f}s")
+            held = self._held()  # not sent while their back-off runs; their failures stand
             parts = [(p.claim, p.desired) for p in self._parts]
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._clock()))
             planned = plan(node, parts, once, now)
-            # held back: a part in its back-off with something to write (one with nothing
-            # left to write is settled: its failure no longer stands)
-            pending = {STATUS: planned.status, NODE: planned.node}
-            held_back = frozenset(part for part in held if pending[part] is not None)
-            writes = _without(planned, held_back)
+            writes = _without(planned, held)
             failed = self._send(writes)
-            self._settle(writes, failed, held_back)
+            self._settle(writes, failed, frozenset(held))
             if NODE in failed:  # a refused status is the owner's to retry, not the caller's
                 raise _Failed(self.error) from failed[NODE]
-            if NODE in held_back:
+            if NODE in held and planned.node is not None:
                 raise _Failed(f"{self.error}; held back, again in {held[NODE]:.0f}s")
             return bool(writes.node or writes.status)
 
@@ -394,10 +388,12 @@ class NodeOwner:
         said = [k for k in writes.said if (STATUS if k in conditions else NODE) not in failed]
         if said:
             log.info("Node %s: wrote %s", self.node, ", ".join(said))
+        written = {STATUS: writes.status is not None, NODE: writes.node is not None}
         for part in (STATUS, NODE):
             if part not in failed and part not in held:
-                self._errors.pop(part, None)
-                self._delay[part], self._not_before[part] = self._backoff[0], 0.0
+                self._errors.pop(part, None)  # written, or nothing left to write
+                if written[part]:  # a write that went through starts the back-off over
+                    self._delay[part], self._not_before[part] = self._backoff[0], 0.0
         if not self._errors:
             self._traced = False
         if not failed:
@@ -443,13 +439,15 @@ class NodeOwner:
         it); None when no write failed, or the Node is not listed (its watch wakes it)."""
         if self.node_object() is None:
             return None
-        due = [self._not_before[part] for part in self._errors]
+        with self.lock:  # a caller's write_now changes the errors meanwhile
+            due = [self._not_before[part] for part in self._errors]
         return max(0.0, min(due) - time.monotonic()) if due else None
 
     @property
     def error(self) -> str:
         """What of the Node's last write failed and why; "" when all was written."""
-        return "; ".join(self._errors[p] for p in (STATUS, NODE) if p in self._errors)
+        errors = dict(self._errors)  # read by GetNode while a write changes them
+        return "; ".join(errors[p] for p in (STATUS, NODE) if p in errors)
 
     def _write(self, path: str, body: dict[str, Any], content_type: str) -> object:
         try:
@@ -474,5 +472,5 @@ class NodeOwner:
                     self.sync()
             except Exception as exc:  # planning failed (a bug, a cached answer no check
                 # foresaw): a failed write, said and retried; the thread must not end
-                with self.lock:
-                    self._settle(Writes(), {NODE: exc})
+                with self.lock:  # nothing was sent: the status's state stands as it was
+                    self._settle(Writes(), {NODE: exc}, frozenset({STATUS}))

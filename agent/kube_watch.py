@@ -294,8 +294,9 @@ class Informer:
                 if not self.resource_version:
                     self.relist()
                     if not self.resource_version:  # not served: asked again in an hour
-                        # jittered: a fleet started together does not ask in step
-                        self._stop.wait(UNSERVED_RECHECK_S * (0.5 + random.random()))
+                        # jittered up (discovery's answer is kept that long): a fleet
+                        # started together does not ask in step
+                        self._stop.wait(UNSERVED_RECHECK_S * (1.0 + 0.5 * random.random()))
                         continue
                 began = time.monotonic()
                 if self.watch_once() or time.monotonic() - began >= 1.0:

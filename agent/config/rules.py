@@ -37,9 +37,7 @@ def rules(**given: Any) -> dict[str, Rules]:
     return {RULES_KEY: Rules(**given)}
 
 
-_LISTEN = re.compile(
-    r"(?:\[(?P<v6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\[\]\s]+)):(?P<port>\d{1,5})", re.ASCII
-)
+_LISTEN = re.compile(r"(?:\[(?P<v6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\[\]\s]+)):(?P<port>[0-9]{1,5})")
 
 
 def listen_host(value: str) -> str | None:

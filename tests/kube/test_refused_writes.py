@@ -337,19 +337,24 @@ def test_a_refused_node_patch_holds_back_neither_the_condition_nor_says_it_was_w
     assert wrote == [f"Node {NODE}: wrote GPUHealthy"], wrote  # not the label held back
 
 
-def test_a_refused_node_patch_with_nothing_left_to_write_is_no_longer_said(
+def test_a_callers_refused_write_backs_off_longer_each_time(
     edge_api: tuple[EdgeKubeApi, str], informers: InformerFactory
 ) -> None:
-    """The label a webhook refused is no longer wanted: nothing is pending, so GetNode no
-    longer says the Node write failed (it did until the back-off ended)."""
-    from agent.kube_node import Claim
-
-    owner = _labels_refused(informers)
-    part = owner.part(Claim("mark", label_keys=frozenset({"m"})))
-    part.set(labels={"m": "1"})
-    with pytest.raises(AgentError, match="403"):
-        owner.sync()
-    assert "403" in owner.error
-    part.set(labels={})  # as the Node has it: nothing to write
-    assert not owner.sync()
-    assert owner.error == ""
+    """The MIG label protocol's one-shot label refused (403): once its back-off ended, the
+    owner's pass found nothing of its own to write and started the back-off over, so the
+    caller's label was sent again about every second, never doubling toward the cap."""
+    api, _ = edge_api
+    owner = _owner(informers, backoff=(0.05, 1.0), refused_max_s=600.0)
+    api.fail_next("PATCH", f"/api/v1/nodes/{NODE}", 403, count=1000)
+    waits = []
+    for _ in range(4):
+        with pytest.raises(AgentError, match="403"):
+            owner.write_now(PENDING)
+        waits.append(owner.held_until - time.monotonic())
+        assert not owner.sync()  # the owner's pass in the back-off: nothing of its own
+        assert "403" in owner.error  # the failure stands while its back-off runs
+        time.sleep(max(0.0, owner.held_until - time.monotonic()) + 0.01)
+        assert not owner.sync()  # and after it: nothing left to write, said no more
+        assert owner.error == ""
+    # 0.05 s doubling, each shortened by up to half: the fourth is 0.2-0.4 s, never the first's
+    assert waits[3] > 0.05 * 1.5, waits

@@ -565,3 +565,23 @@ def test_the_kubernetes_names_of_the_plugin_settings_are_checked_at_load(
     error = invalid(env={name: text})
     assert [v.field for v in error.violations] == [f"env {name}"]
     assert allowed in error.violations[0].description
+
+
+@pytest.mark.parametrize(
+    "listen",
+    [
+        "0.0.0.0:\u0669\u0664\u0660\u0660",
+        "127.0.0.1:9\uff14\uff10\uff10",
+        "a\u00a0b:9400",
+        "a b:9400",
+    ],
+    ids=["arabic-indic-port", "fullwidth-port", "no-break-space-host", "space-host"],
+)
+def test_a_listen_address_with_a_port_not_in_ascii_digits_or_a_spaced_host_is_refused(
+    listen: str,
+) -> None:
+    """int() reads any script's digits: "٩٤٠٠" was port 9400 (a bind far from the check)."""
+    from agent.config.rules import listen_host
+
+    assert listen_host(listen) is None
+    assert listen_host("0.0.0.0:9400") == "0.0.0.0"
