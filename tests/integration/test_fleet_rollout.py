@@ -267,8 +267,10 @@ def test_a_fleet_plan_is_applied_with_fleet_apply_and_meets_the_demand(
     assert set(node_states(applied["record"]).values()) == {"succeeded"}
 
     def layouts() -> dict[str, dict] | None:
-        rows = {n["name"]: n for n in run_json(agents, "status", "--nodes")["nodes"]}
-        totals = {p["profile"]: p["devices"] for p in run_json(agents, "status")["profiles"]}
+        # Rows and totals from one answer: rows read before the layouts settle are stale.
+        status = run_json(agents, "status", "--nodes")
+        rows = {n["name"]: n for n in status["nodes"]}
+        totals = {p["profile"]: p["devices"] for p in status["profiles"]}
         done = totals.get("3g.40gb") == 12 and totals.get("1g.10gb") == 24
         return rows if done else None
 

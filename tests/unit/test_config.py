@@ -540,7 +540,7 @@ def test_a_retired_key_is_ignored_with_a_warning_naming_it(
     with caplog.at_level(logging.WARNING, logger="agent.config.loader"):
         config = load_config(file, env)
     assert config == AgentConfig()
-    (line,) = [r.getMessage() for r in caplog.records]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "agent.config.loader"]
     assert named in line
     assert "remove it" in line
 

@@ -38,9 +38,14 @@ def test_an_overrun_shutdown_raises_in_the_host_and_names_what_still_runs(
         stop(self)
 
     monkeypatch.setattr(PrewarmService, "stop", hung_stop)
-    with pytest.raises(AgentError, match="shutdown took over"), harness:
-        pass
-    release.set()
+    try:
+        with pytest.raises(AgentError, match="shutdown took over"), harness:
+            pass
+    finally:
+        release.set()
+        # The overrun cancelled the rest of the stop: the driver's parts (the telemetry
+        # threads) would go on logging into later tests, so the test stops them itself.
+        harness.node.services.driver.stop()
     assert "exiting now" not in caplog.text  # the host (this test process) lives on
     assert "still running at shutdown: thread" in caplog.text
     assert "hung_stop (" in caplog.text  # the thread, named by where it waits

@@ -480,7 +480,11 @@ def test_a_bad_desired_file_is_said_once_with_every_field_and_its_fix_is_said_to
     )
     caplog.set_level(logging.INFO, logger="agent.coordinator.control.reconcile")
     _passes(reconciler, clock, [1000.0, 1060.0, 1120.0])
-    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    errors = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.ERROR and r.name == reconcile.__name__
+    ]
     assert len(errors) == 1
     assert "is invalid, nothing is converged until it is fixed: " in errors[0]
     assert "prewarm[0].url" in errors[0] and "prewarm[0].name" in errors[0]
@@ -491,7 +495,11 @@ def test_a_bad_desired_file_is_said_once_with_every_field_and_its_fix_is_said_to
     assert "is valid again" in caplog.text and reconciler.stats.desired_valid is True
     desired.write_text("version: v1\nbogus: 1\n")
     _passes(reconciler, clock, [1240.0, 1300.0])
-    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    errors = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.ERROR and r.name == reconcile.__name__
+    ]
     assert len(errors) == 2 and "keeping the last good one: " in errors[1]
     # the last good file still converges: b, which failed, is tried again
     assert fake.rolled[-1] == ["b"] and reconciler.stats.desired_valid is False

@@ -90,7 +90,7 @@ def test_a_map_longer_than_is_read_is_not_ruled_out_and_said(
     with caplog.at_level(logging.WARNING, logger="agent.prewarm.inuse"):
         found = ProcScanner(proc).holders([blob])
     assert found.held == {blob: {4242}} and found.unsure == frozenset({4242})
-    [said] = [r.getMessage() for r in caplog.records]
+    [said] = [r.getMessage() for r in caplog.records if r.name == "agent.prewarm.inuse"]
     assert "process(es) 4242 are longer than is read" in said
 
 

@@ -23,7 +23,7 @@ def test_without_the_bindings_there_is_no_backend_and_one_line_says_how_to_add_i
 
     with caplog.at_level(logging.INFO, logger="agent.telemetry.dcgm_backend"):
         assert load_dcgm_backend([1004], 1.0, importer=importer) is None
-    (record,) = caplog.records
+    (record,) = [r for r in caplog.records if r.name == "agent.telemetry.dcgm_backend"]
     assert "datacenter-gpu-manager-4/bindings/python3" in record.getMessage()
 
 
@@ -34,7 +34,9 @@ def test_installed_but_unusable_dcgm_is_no_backend(caplog: pytest.LogCaptureFixt
     dcgm.down = True
     with caplog.at_level(logging.WARNING, logger="agent.telemetry.dcgm_backend"):
         assert load_dcgm_backend([1004], 1.0, importer=dcgm.modules.__getitem__) is None
-    message = caplog.records[0].getMessage()
+    message = next(
+        r for r in caplog.records if r.name == "agent.telemetry.dcgm_backend"
+    ).getMessage()
     assert "unusable" in message and "nv-hostengine cannot be reached" in message
 
 

@@ -25,7 +25,9 @@ def test_a_field_with_no_source_by_design_is_said_at_info_not_as_a_warning(
         book.report()
         book.note([(0, VGPU.id, "no vGPU")])
         book.report()
-    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    said = [
+        (r.levelname, r.getMessage()) for r in caplog.records if r.name == "agent.telemetry.support"
+    ]
     assert said == [
         ("WARNING", "DCGM_FI_DEV_POWER_USAGE is not supported on GPU 1: refused"),
         ("INFO", "DCGM_FI_DEV_VGPU_LICENSE_STATUS is not supported on GPUs 0, 1: no vGPU"),
