@@ -55,6 +55,7 @@ watches). Every GET, list and watch honours ``Accept`` as the real server does: 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import ssl
@@ -445,7 +446,11 @@ class FakeKubeApi:
             h.wfile.flush()
             _count(h, data)
 
-        try:
+        # the client went away, or an event the Accept cannot carry (the real server ends the
+        # watch then)
+        with contextlib.suppress(
+            BrokenPipeError, ConnectionResetError, ssl.SSLError, fake_meta.NotAcceptable
+        ):
             for kind, obj in first:
                 send(kind, obj)
             deadline = time.monotonic() + min(float(query.get("timeoutSeconds") or 60), 600)
@@ -464,10 +469,6 @@ class FakeKubeApi:
                 for event in events:
                     send(event[2], event[3])
                 since = events[-1][0]
-        except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
-            pass  # the client went away
-        except fake_meta.NotAcceptable:
-            pass  # an event the Accept cannot carry: the real server ends the watch
 
     @staticmethod
     def _dra_target(parts: list[str]) -> tuple[str, str, str | None, bool] | None:

@@ -39,8 +39,8 @@ def test_an_overrun_shutdown_raises_in_the_host_and_names_what_still_runs(
 
     monkeypatch.setattr(PrewarmService, "stop", hung_stop)
     try:
-        with pytest.raises(AgentError, match="shutdown took over"), harness:
-            pass
+        with pytest.raises(AgentError, match="shutdown took over"), harness as running:
+            assert running.socket.exists()  # serving; leaving the block stops it
     finally:
         release.set()
         # The overrun cancelled the rest of the stop: the driver's parts (the telemetry
