@@ -323,8 +323,8 @@ class NodeOwner:
         the health labels, the taint, the reclaim mark or the sharing reload's label off the
         Node, nor a refused label the GPUHealthy condition. A part in the back-off of its
         failure is not sent (the owner's thread tries it when that ends). AgentError when the
-        Node patch failed or is held back with something to write; a refused status is only
-        recorded (`error`, GetNode)."""
+        Node patch failed, or ``once`` labels are held back; a refused status and the parts'
+        own changes held back are only recorded (`error`, GetNode): the owner writes them."""
         with self.lock:
             node = self.node_object()
             if node is None:
@@ -340,7 +340,7 @@ class NodeOwner:
             self._settle(writes, failed, frozenset(held))
             if NODE in failed:  # a refused status is the owner's to retry, not the caller's
                 raise _Failed(self.error) from failed[NODE]
-            if NODE in held and planned.node is not None:
+            if NODE in held and once and planned.node is not None:  # the caller's, not sent
                 raise _Failed(f"{self.error}; held back, again in {held[NODE]:.0f}s")
             return bool(writes.node or writes.status)
 

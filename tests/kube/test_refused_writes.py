@@ -326,11 +326,9 @@ def test_a_refused_node_patch_holds_back_neither_the_condition_nor_says_it_was_w
     assert owner.held_until - time.monotonic() > 10  # the Node patch, held back now
     began = len(api.calls)
     health.set(labels={"h": "1"}, condition={**healthy, "status": "False", "reason": "Xid"})
-    with (
-        caplog.at_level(logging.INFO, logger="agent.kube_node"),
-        pytest.raises(AgentError, match="held back"),
-    ):
-        owner.sync()  # the labels wait; the condition goes now
+    with caplog.at_level(logging.INFO, logger="agent.kube_node"):
+        assert owner.sync()  # the condition goes now; the labels wait for the owner
+    assert "403" in owner.error  # the labels' failure still said
     writes = [c.path for c in api.calls[began:] if c.write]
     assert writes == [f"{node_path}/status"], writes
     wrote = [r.getMessage() for r in caplog.records if "wrote" in r.getMessage()]
