@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -24,14 +23,6 @@ pytestmark = pytest.mark.integration
 
 SIZE = 4 * 1024 * 1024
 RATE = 256 * 1024  # 16 s for the whole file: the agent is stopped long before
-
-
-@pytest.fixture
-def origin(tmp_path: Path) -> Iterator[Origin]:
-    root = tmp_path / "origin"
-    root.mkdir()
-    with Origin(root) as server:
-        yield server
 
 
 def start_slow_prewarm(agent: AgentProcess, origin: Origin) -> str:
