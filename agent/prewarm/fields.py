@@ -14,6 +14,15 @@ from typing import Any
 
 _KEY = "prewarm"
 
+#: The ``fleet prewarm`` help of the fields kinds share. One option serves every kind that has
+#: the field, so its help is said once here and a kind gives none: a kind's own text would win
+#: or lose by the order the kinds register in.
+SHARED_FLEET_HELP: dict[str, str] = {
+    "name": "Item name (the node label's name).",
+    "pin": "Never evict it.",
+    "header_files": "A header whose value each node reads from a file (a mounted secret).",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Arg:

@@ -79,7 +79,7 @@ def for_request(request: SourceRequest) -> Source:
 
 
 def schemas() -> list[TargetSchema]:
-    """The target schemas of the registered kinds that have one, built-ins first."""
+    """The target schemas of the registered kinds that have one, in registration order."""
     return [s.schema for s in _BY_KIND.values() if s.schema is not None]
 
 
@@ -89,7 +89,7 @@ def schema_for(target_kind: str) -> TargetSchema | None:
 
 
 def kinds() -> list[str]:
-    """The registered kinds, built-ins first."""
+    """The registered kinds, in registration order (modules by name, then tests' own)."""
     return list(_BY_KIND)
 
 

@@ -58,12 +58,6 @@ class Layout(enum.Enum):
     RUNTIME = "runtime"
 
 
-#: The options every kind's fleet CLI shares, said once there.
-_FLEET_NAME = "Item name (the node label's name)."
-_FLEET_PIN = "Never evict it."
-_FLEET_HEADERS = "A header whose value each node reads from a file (a mounted secret)."
-
-
 @dataclass(frozen=True, slots=True)
 class FileRequest:
     """Warm one file from an HTTP(S) origin into the content-addressed cache.
@@ -80,16 +74,13 @@ class FileRequest:
         metavar="HEX",
     )
     name: str | None = arg(
-        "Item name (default: from the URL); the node label and by-name path.",
-        default=None,
-        fleet=_FLEET_NAME,
+        "Item name (default: from the URL); the node label and by-name path.", default=None
     )
-    pin: bool = arg("Never evict this item.", default=False, fleet=_FLEET_PIN)
+    pin: bool = arg("Never evict this item.", default=False)
     header_files: Mapping[str, Path] = arg(
         "Send header NAME with the value read from FILE (a mounted secret), which must lie in "
         "a prewarm.header_dirs directory bound to the URL's origin. Repeatable.",
         default={},
-        fleet=_FLEET_HEADERS,
     )
 
 
@@ -122,12 +113,10 @@ class GroupRequest:
         metavar="GLOB",
     )
     name: str | None = arg(
-        "Item name (default: the repo's name); the label and by-name dir.",
-        default=None,
-        fleet=_FLEET_NAME,
+        "Item name (default: the repo's name); the label and by-name dir.", default=None
     )
-    pin: bool = arg("Never evict this model.", default=False, fleet=_FLEET_PIN)
-    header_files: Mapping[str, Path] = arg("As for file.", default={}, fleet=_FLEET_HEADERS)
+    pin: bool = arg("Never evict this model.", default=False)
+    header_files: Mapping[str, Path] = arg("As for file.", default={})
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,10 +129,8 @@ class ImageRequest:
         default=None,
         fleet="CRI runtime handler, e.g. nydus.",
     )
-    name: str | None = arg(
-        "Item name (default: from the reference).", default=None, fleet=_FLEET_NAME
-    )
-    pin: bool = arg("Never evict; pinned in containerd too.", default=False, fleet=_FLEET_PIN)
+    name: str | None = arg("Item name (default: from the reference).", default=None)
+    pin: bool = arg("Never evict; pinned in containerd too.", default=False)
     pull_policy: PullPolicy = arg(
         "Pull a ready image again only when absent, or on every request.",
         default=PullPolicy.IF_NOT_PRESENT,

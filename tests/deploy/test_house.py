@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from agent.prewarm import kinds
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "measure-house"
 
@@ -31,11 +33,14 @@ def test_the_check_fails_on_a_wrong_recipe_and_on_growth(tmp_path: Path) -> None
         "Add a metric": (3, ["dcgm/fields.py"]),
     }
     # Files that name every kind by hand again, as the CLIs and the coordinator's specs did
-    # before issue 37: by request type, by option, by the API's target field.
+    # before issue 37: by request type, by option, by the API's target field. Made from the
+    # registry, so a new kind is named by them too.
+    schemas = kinds.schemas()
+    types = ", ".join(s.request_type.__name__ for s in schemas)
     by_hand = {
-        "cli.py": "from agent.prewarm.model import FileRequest, GroupRequest, ImageRequest\n",
-        "fleet.py": "SOURCES = ('url', 'image', 'model')\n",
-        "specs.py": "TARGETS = {'file': 1, 'image': 2, 'model': 3}\n",
+        "cli.py": f"from agent.prewarm.model import {types}\n",
+        "fleet.py": f"SOURCES = {tuple(s.manifest_source for s in schemas)!r}\n",
+        "specs.py": f"TARGETS = {dict.fromkeys((s.kind for s in schemas), 1)!r}\n",
     }
     for name, text in by_hand.items():
         tmp_path.joinpath(name).write_text(text)

@@ -156,14 +156,17 @@ def test_the_audit_evicts_a_ready_item_of_the_new_kind_whose_blob_is_gone(
 def test_a_kind_is_registered_once_and_an_unknown_one_is_refused_by_name(
     tmp_path: Path,
 ) -> None:
+    shipped = kinds.kinds()
+    assert {"file", "image", "group"} <= set(shipped)
     with (
         kinds.registered(DirSource(tmp_path)),
         pytest.raises(ValueError, match="'dir' is already registered"),
     ):
+        assert kinds.kinds() == [*shipped, "dir"]
         kinds.register(DirSource(tmp_path))
     with pytest.raises(NotSupported, match="prewarm kind 'dir' is not known"):
         kinds.source_for("dir")
-    assert kinds.kinds() == ["file", "image", "group"]
+    assert kinds.kinds() == shipped
 
 
 def test_a_manifest_lists_a_registered_kind_by_its_target_schema(tmp_path: Path) -> None:
@@ -183,6 +186,7 @@ def test_a_manifest_lists_a_registered_kind_by_its_target_schema(tmp_path: Path)
     }
     with pytest.raises(InvalidSpec) as unknown:  # unregistered: not a kind any more
         parse_manifest({"version": 1, "items": [{"path": "/x"}]})
-    assert unknown.value.violations[0].description == (
-        "a mapping with exactly one of url, image, model"
-    )
+    # The refusal lists the keys of the kinds registered now, and no others.
+    listed = unknown.value.violations[0].description.removeprefix("a mapping with exactly one of ")
+    assert listed.split(", ") == [s.manifest_source for s in kinds.schemas()]
+    assert {"url", "image", "model"} <= set(listed.split(", ")) and "path" not in listed

@@ -13,12 +13,13 @@ from agent.cli.fleet.rollout import rollout_args, rollout_options, start_rollout
 from agent.cli.render import output_option
 from agent.errors import FieldViolation, InvalidSpec
 from agent.prewarm import kinds
+from agent.prewarm.fields import SHARED_FLEET_HELP
 from agent.prewarm.target import Field
 
 
 def _fields() -> list[Field]:
     """Each kind's source (named as a manifest names it: ``--model`` is a repo) and the fields
-    it alone has, then the fields kinds share."""
+    it alone has, then the fields kinds share, with their one help (`SHARED_FLEET_HELP`)."""
     schemas = kinds.schemas()
     seen = [f.name for s in schemas for f in s.by_name.values() if f.name != s.source]
     own: list[Field] = []
@@ -28,8 +29,9 @@ def _fields() -> list[Field]:
         for f in schema.by_name.values():
             if f.name != schema.source and seen.count(f.name) == 1:
                 own.append(f)
-            elif f.name != schema.source:
-                shared.setdefault(f.name, f)
+            elif f.name != schema.source and f.name not in shared:
+                fleet = SHARED_FLEET_HELP.get(f.name, f.arg.fleet)
+                shared[f.name] = dataclasses.replace(f, arg=dataclasses.replace(f.arg, fleet=fleet))
     return [*own, *shared.values()]
 
 
@@ -43,8 +45,8 @@ _BY_NAME = {f.name: f for f in _FIELDS}
 @kind_options.options(_FIELDS, fleet=True)
 @output_option
 def prewarm(selector: str | None, output: str, **kwargs: Any) -> None:
-    """Warm one file, image or model on many nodes, at most --max-unavailable nodes fetching
-    at once.
+    """Warm one cache item on many nodes, at most --max-unavailable nodes fetching at once;
+    one source option (each kind has one, listed below) says what to warm.
 
     --max-unavailable is the concurrency here: it keeps the origin from being stampeded. Each
     node's readiness is reported as it comes, until every node is warm or failed. A model

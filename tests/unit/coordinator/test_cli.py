@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import socket
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from agent.coordinator.planning.planner import plan_fleet
 from agent.coordinator.planning.rightsize import Window
 from agent.errors import InvalidSpec
 from agent.gpu.types import GpuLayout
+from agent.prewarm import kinds
 from agent.wire.telemetry import telemetry_from
 from tests.unit.coordinator.agents import invoke, invoke_process
 from tests.unit.coordinator.fleets import gpu, node
@@ -266,7 +268,7 @@ def test_rightsize_lists_the_pods_that_fit_smaller_and_writes_their_demand(
 @pytest.mark.parametrize(
     ("args", "field"),
     [
-        ([], "url"),
+        ([], kinds.schemas()[0].manifest_source),  # none given: the first kind's is named
         (["--url", "https://x/a", "--model", "org/m"], "model"),
         (["--image", "r/app:1", "--model", "org/m"], "model"),
         (["--url", "https://x/a", "--image", "r/app:1"], "image"),
@@ -396,3 +398,25 @@ def test_fleet_status_refuses_a_coordinator_url_that_is_not_http(url: str) -> No
     result = CliRunner().invoke(fleet, ["status", "--coordinator", url])
     assert result.exit_code == 2, (result.output, result.exception)
     assert "coordinator: " in result.output and "http://HOST:PORT" in result.output, result.output
+
+
+def test_a_shared_fleet_option_keeps_its_help_whichever_kind_registers_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`fleet prewarm --pin`, `--name` and `--header-file` serve every kind: their help is said
+    once (`SHARED_FLEET_HELP`), so a new kind registered before the others, with its own
+    words for the field, does not change what the option says for every kind."""
+    from agent.cli.fleet import prewarm as fleet_prewarm
+    from agent.prewarm.fields import SHARED_FLEET_HELP, arg
+    from agent.prewarm.target import TargetSchema
+
+    @dataclasses.dataclass(frozen=True)
+    class AaaRequest:
+        path: str = arg(source=True)
+        pin: bool = arg("Zap it forever.", default=False, fleet="Zap it forever.")
+
+    shipped = kinds.schemas()
+    first = TargetSchema("aaa", AaaRequest, "A kind that registers first.")
+    monkeypatch.setattr(kinds, "schemas", lambda: [first, *shipped])
+    pin = next(f for f in fleet_prewarm._fields() if f.name == "pin")
+    assert pin.arg.fleet == SHARED_FLEET_HELP["pin"] == "Never evict it."
