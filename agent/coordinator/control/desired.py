@@ -5,7 +5,7 @@
     version: v1
     rollout: {max_unavailable: 10%, max_failures: 1, node_timeout_s: 900}
     mig:                                  # first matching rule wins per node
-      - selector: model=*H100*
+      - selector: model=H100 80GB HBM3    # the board whose profile 1g.10gb is
         config_name: all-1g.10gb
         config: |                         # a mig-parted v1 file
           version: v1

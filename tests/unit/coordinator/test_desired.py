@@ -9,13 +9,15 @@ import pytest
 import yaml
 from google.protobuf import json_format
 
-from agent._proto.gpuagent.v1 import prewarm_pb2
+from agent._proto.gpuagent.v1 import agent_pb2, prewarm_pb2
 from agent.coordinator.control.desired import parse_desired
 from agent.coordinator.control.reconcile import Reconciler
 from agent.coordinator.fleet.channels import Fleet
 from agent.coordinator.fleet.discovery import StaticDiscovery
 from agent.coordinator.rollout.specs import sharing_spec
 from agent.errors import InvalidSpec
+
+REPO = Path(__file__).resolve().parents[3]
 
 FULL = """\
 version: v1
@@ -229,3 +231,31 @@ def test_a_target_every_agent_would_refuse_is_refused_once_at_load(entry: str, f
     with pytest.raises(InvalidSpec) as caught:
         parse_desired(f"version: v1\nprewarm: [{{{entry}}}]")
     assert field in [v.field for v in caught.value.violations], caught.value.violations
+
+
+def test_the_shipped_example_binds_its_mig_layout_only_to_the_gpus_whose_profiles_it_names() -> (
+    None
+):
+    """examples/desired.yaml's layout names H100 NVL profiles (1g.12gb, 3g.47gb): its rule
+    picked every H100 (`model=*H100*`), so on an H100 80GB node the rollout failed with
+    "1g.12gb not a profile". The rule now picks the NVL alone, and plans there."""
+    from agent.coordinator.fleet.discovery import Target
+    from agent.coordinator.fleet.inventory import node_view
+    from agent.gpu.models import MODELS, profile_name
+    from agent.mig.spec import parse_spec
+    from agent.wire.node import gpu_pb, node_from
+    from tests.unit.coordinator.fleets import gpu
+
+    desired = parse_desired((REPO / "examples" / "desired.yaml").read_text())
+    (rule,) = desired.mig
+
+    def picked(model: str) -> bool:
+        node = agent_pb2.Node(name="n", gpus=[gpu_pb(gpu("n", 0, model, mig=(False, False)))])
+        return rule.selector.matches(node_view(Target("10.0.0.1:9401"), node_from(node)))
+
+    assert picked("H100-NVL-94GB")
+    assert not picked("H100-SXM5-80GB")
+    _, entries = parse_spec(rule.config_yaml).select(rule.config_name)
+    asked = {name for entry in entries for name, _ in entry.mig_devices}
+    nvl = MODELS["H100-NVL-94GB"]
+    assert asked <= {profile_name(nvl, gi) for gi in nvl.gi_profiles}, asked
