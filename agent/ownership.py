@@ -15,6 +15,7 @@ from pathlib import Path
 
 from agent.errors import StateUnavailable
 from agent.lockfile import HolderLock
+from agent.statedir import Unwritable
 
 LOCK_FILE = "agent.lock"
 _POLL_S = 0.1
@@ -35,11 +36,7 @@ class NodeOwnership:
         try:
             return self._lock.try_acquire(record)
         except OSError as exc:
-            raise StateUnavailable(
-                f"the state dir {self.state_dir} is not writable ({exc.strerror}): the agent "
-                "keeps its state there; make it writable (remount read-write, free space, fix "
-                "its owner) or pass another --state-dir"
-            ) from exc
+            raise StateUnavailable(str(Unwritable.of(self.state_dir, exc))) from exc
 
     def holder_pid(self, role: str) -> int | None:
         """The pid of the holder when it holds the node as ``role``; None otherwise."""

@@ -47,6 +47,9 @@ class Unwritable:
     def of(cls, state_dir: Path, exc: OSError) -> Unwritable:
         """Why from a failed write's error (EIO where it carries no errno)."""
         code = exc.errno if exc.errno is not None else errno.EIO
+        if code == errno.EEXIST and not state_dir.is_dir():  # mkdir met a file in its place
+            code = errno.ENOTDIR
+            return cls(state_dir, code, os.strerror(code))
         return cls(state_dir, code, exc.strerror or os.strerror(code))
 
     @property
@@ -55,6 +58,11 @@ class Unwritable:
         return errno.errorcode.get(self.errno, "unknown")
 
     def __str__(self) -> str:
+        if self.errno == errno.ENOTDIR:  # no remount helps: a file stands where a dir must
+            return (
+                f"the state dir {self.state_dir} is not a directory (or a file stands on its "
+                "path): remove what is there or pass another --state-dir"
+            )
         return f"the state dir {self.state_dir} takes no writes ({self.strerror}): {FIX}"
 
 

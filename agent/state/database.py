@@ -35,7 +35,7 @@ from urllib.parse import quote
 from agent.durable import fsync_dir
 from agent.errors import Conflict, NotSupported, StateUnavailable
 from agent.state.schema import MIGRATIONS, Durability, statements
-from agent.statedir import Unwritable, probe
+from agent.statedir import FIX, Unwritable, probe
 
 __all__ = ["LOST_WITH_DATABASE", "Database"]
 
@@ -169,11 +169,7 @@ class Database:
                     f"the state dir {path.parent} cannot be reached ({exc.strerror}): a "
                     "symbolic link on its path loops; fix the link or pass another --state-dir"
                 ) from exc
-            raise StateUnavailable(
-                f"the state dir {path.parent} is not writable ({exc.strerror}): the agent keeps "
-                "its state there; make it writable (remount read-write, fix its owner) or pass "
-                "another --state-dir"
-            ) from exc
+            raise StateUnavailable(str(Unwritable.of(path.parent, exc))) from exc
 
     def _open_read_only(self) -> sqlite3.Connection:
         """A private copy in memory of the database in a state dir that takes no writes.
@@ -379,10 +375,7 @@ class Database:
         where = self.path.parent
         match _code(exc):
             case sqlite3.SQLITE_READONLY | sqlite3.SQLITE_CANTOPEN | sqlite3.SQLITE_PERM:
-                what = (
-                    f"the state dir {where} is not writable ({exc}): make it writable "
-                    "(remount read-write, fix its owner) or pass another --state-dir"
-                )
+                what = f"the state dir {where} takes no writes ({exc}): {FIX}"
             case sqlite3.SQLITE_FULL:
                 what = f"the state dir {where} is full ({exc}): free space on its filesystem"
             case sqlite3.SQLITE_IOERR:

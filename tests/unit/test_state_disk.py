@@ -104,7 +104,7 @@ def test_a_read_only_state_dir_is_one_error_naming_it(tmp_path: Path) -> None:
     ro = tmp_path / "ro"
     with (
         _tmpfs(ro, "1m", "ro"),
-        pytest.raises(StateUnavailable, match=f"the state dir {ro} is not writable"),
+        pytest.raises(StateUnavailable, match=f"the state dir {ro} takes no writes"),
     ):
         StateStore(ro / "agent.db")
 
@@ -202,3 +202,25 @@ def test_the_owner_lock_still_excludes_on_a_read_only_state_dir(tmp_path: Path) 
             first.release()
             assert second.try_acquire({"pid": 2})
             second.release()
+
+
+def test_a_state_dir_that_is_a_socket_or_under_a_file_is_named_not_a_directory(
+    tmp_path: Path,
+) -> None:
+    """A socket (or any file) where the state dir must be said "not writable (File exists)",
+    whose fix (remount, free space, chown) cannot help: it is named what it is, with the fix
+    that does, by the owner lock and the state database alike."""
+    import socket
+
+    from agent.ownership import NodeOwnership
+
+    where = tmp_path / "agent.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(where))
+        for state_dir in (where, where / "sub"):
+            expected = f"the state dir {state_dir} is not a directory"
+            with pytest.raises(StateUnavailable, match=expected) as refused:
+                NodeOwnership(state_dir).try_acquire("test")
+            assert "remove what is there or pass another --state-dir" in str(refused.value)
+            with pytest.raises(StateUnavailable, match=expected):
+                StateStore(state_dir / "state.db")
