@@ -137,7 +137,8 @@ def _status_through_the_coordinator_is_the_direct_sweep(agents: AgentFleet, base
     bad = agents.fleet("status", "--coordinator", base, "--idle-after", "soon")
     assert bad.exit_code == 2 and "'soon' is not a duration" in bad.output
     gone = agents.fleet("status", "--coordinator", "http://127.0.0.1:9")
-    assert gone.exit_code != 0 and "cannot reach the coordinator" in gone.output
+    # A coordinator that does not answer exits as an agent that does not (9), not 1.
+    assert gone.exit_code == 9 and "cannot reach the coordinator" in gone.output
 
 
 def test_a_desired_model_is_warmed_on_every_node_and_then_left_alone(

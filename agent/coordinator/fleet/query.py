@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from agent import safeyaml
+from agent.client.errors import Unreachable
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.kube import decode_json
 from agent.redact import redact_url
@@ -95,7 +96,7 @@ def fetch_status(url: str, query: StatusQuery, timeout_s: float = 120.0) -> dict
         raise _error_answer(exc, shown) from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", None) or type(exc).__name__
-        raise AgentError(f"cannot reach the coordinator at {shown}: {reason}") from None
+        raise Unreachable(f"cannot reach the coordinator at {shown}: {reason}") from None
     if len(data) > MAX_STATUS_BYTES:
         raise AgentError(
             f"coordinator at {shown}: the answer is larger than {MAX_STATUS_BYTES} bytes"
