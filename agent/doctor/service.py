@@ -19,7 +19,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from agent.doctor import api_checks, gpu_checks, kube_checks, node_checks
-from agent.doctor.facts import ApiServer, Facts
+from agent.doctor.facts import NEEDS_NVML, ApiServer, Facts
 from agent.doctor.runner import DEADLINE_S, Probe, run_checks
 from agent.mig.journal import reboot_waits
 from agent.tasks import Need, Task
@@ -187,10 +187,13 @@ class Doctor(Collector):
         if self._logged:
             return
         self._logged = True
+        waiting = [f"{c.duty}/{c.name}" for c in report.checks if c.fix == NEEDS_NVML]
         for check in report.checks:
-            if check.state is not CheckState.OK:
+            if check.state is not CheckState.OK and check.fix != NEEDS_NVML:
                 level = logging.ERROR if check.state is CheckState.FAILED else logging.WARNING
                 log.log(level, "%s", check_line(check))
+        if waiting:  # one cause, said once above (telemetry/nvml): not an ERROR each
+            log.warning("doctor: %d checks wait for NVML: %s", len(waiting), ", ".join(waiting))
         log.info("%s", count_line(report))
 
     def collect(self) -> Iterator[Metric]:

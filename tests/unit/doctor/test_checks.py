@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -553,3 +554,25 @@ def test_in_use_is_degraded_where_the_nodes_processes_are_not_visible(tmp_path: 
     unknown = node_checks.prewarm_in_use(scanned(unread))
     assert unknown.state is CheckState.DEGRADED
     assert "PID namespace could not be read" in unknown.evidence
+
+
+def test_the_start_log_says_the_missing_driver_once_and_names_what_waits_for_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node waiting for its driver logged seven ERROR lines at start, six of them "no NVML:
+    fix telemetry/nvml first". One failed check is the cause: it is the one ERROR, and the
+    checks that wait for it are one WARNING line naming them."""
+    f = facts(tmp_path, driver=detached(LIBRARY_NOT_FOUND, "cannot use NVML (not found)"))
+    doctor = Doctor(f)
+    with caplog.at_level(logging.INFO, logger="agent.doctor.service"):
+        doctor.refresh()
+    service = [r for r in caplog.records if r.name == "agent.doctor.service"]
+    lines = [(r.levelno, r.getMessage()) for r in service]
+    errors = [m.split()[1] for level, m in lines if level == logging.ERROR]
+    assert "telemetry/nvml" in errors, errors
+    waiters = {"telemetry/profiling", "mig/capability", "mig/pending", "power/limits"}
+    assert not waiters & set(errors), errors
+    (waiting,) = [m for level, m in lines if "wait for NVML" in m and level == logging.WARNING]
+    assert waiting.startswith("doctor: 6 checks wait for NVML: telemetry/profiling, mig/capability")
+    assert "health/xid" in waiting
+    assert not any("fix telemetry/nvml first" in m for _, m in lines)
