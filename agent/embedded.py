@@ -23,6 +23,7 @@ from agent.errors import AgentError, FieldViolation, InvalidSpec
 
 _START_TIMEOUT_S = 120.0
 _SOCKET = "agent.sock"
+_SILENT = logging.CRITICAL + 1  # above every level: no record passes
 #: The longest TMPDIR whose private socket binds: "/gpu-agent-XXXXXXXX/agent.sock" follows it.
 _TMPDIR_MAX = SOCKET_PATH_MAX - len("/gpu-agent-XXXXXXXX/" + _SOCKET)
 
@@ -70,9 +71,10 @@ class EmbeddedAgent:
         """Build and start the node; returns once its API serves (or raises why it could not)."""
         from agent.node import Node, build_services
 
-        # The agent's log is not the command's output: what fails reaches the command as an
-        # API error. GPU_AGENT_LOG_LEVEL=debug shows it all.
-        quiet = logging.DEBUG if self.config.log_level == "debug" else logging.ERROR
+        # The agent's log is not the command's output, errors included: what fails reaches
+        # the command as an API error, and a lost GPU is in the node it reads.
+        # GPU_AGENT_LOG_LEVEL=debug shows it all.
+        quiet = logging.DEBUG if self.config.log_level == "debug" else _SILENT
         self._log_level = logging.getLogger("agent").level  # given back when it stops
         logging.getLogger("agent").setLevel(quiet)
 

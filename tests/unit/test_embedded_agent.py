@@ -49,3 +49,26 @@ def test_a_tmpdir_too_long_for_the_private_socket_is_named_with_its_limit(tmp_pa
     shorter = tmp_path / ("t" * (77 - len(str(tmp_path)) - 1))
     shorter.mkdir()
     assert gpu_agent(state, "status", TMPDIR=str(shorter)).returncode == 0
+
+
+def test_a_lost_gpu_is_in_the_commands_output_and_the_agents_log_line_is_not(
+    tmp_path: Path,
+) -> None:
+    """The embedded agent's log stays out of the command's output, errors too (docs/api.md):
+    `status` shows the lost GPU in its table, `mig advise` refuses in its own line (exit 7),
+    and neither prints the agent's "GPU 1 (uuid unknown) lost" (before: once for status, twice
+    for mig advise). GPU_AGENT_LOG_LEVEL=debug still shows the agent's log."""
+    state = tmp_path / "state"
+    assert gpu_agent(state, "sim", "lost", "1").returncode == 0
+    status = gpu_agent(state, "status")
+    assert status.returncode == 0, status.stderr
+    assert status.stderr == ""
+    rows = [line.split()[:3] for line in status.stdout.splitlines()]
+    assert ["1", "lost", "failed"] in rows, status.stdout
+    assert "GPU 1 is lost: nvmlDeviceGetHandleByIndex: GPU is lost" in status.stdout
+    advise = gpu_agent(state, "mig", "advise", "--gpu", "1")
+    assert advise.returncode == 7
+    assert advise.stderr == "error: GPU 1 is lost: what fits on it cannot be read\n"
+    debug = gpu_agent(state, "status", GPU_AGENT_LOG_LEVEL="debug")
+    assert debug.returncode == 0
+    assert "GPU 1 (uuid unknown) lost: nvmlDeviceGetHandleByIndex: GPU is lost" in debug.stderr
