@@ -17,25 +17,46 @@ import tempfile
 import threading
 from pathlib import Path
 
+from agent.api.socket_dir import SOCKET_PATH_MAX, over_length
 from agent.config import AgentConfig
-from agent.errors import AgentError
+from agent.errors import AgentError, FieldViolation, InvalidSpec
 
 _START_TIMEOUT_S = 120.0
+_SOCKET = "agent.sock"
+_SILENT = logging.CRITICAL + 1  # above every level: no record passes
+#: The longest TMPDIR whose private socket binds: "/gpu-agent-XXXXXXXX/agent.sock" follows it.
+_TMPDIR_MAX = SOCKET_PATH_MAX - len("/gpu-agent-XXXXXXXX/" + _SOCKET)
 
 
 def embedded_config(config: AgentConfig, socket_dir: Path) -> AgentConfig:
     """``config`` with every listener but a private socket switched off."""
     return dataclasses.replace(
         config,
-        socket_path=socket_dir / "agent.sock",
+        socket_path=socket_dir / _SOCKET,
         grpc_insecure_listen=None,
         tls=dataclasses.replace(config.tls, cert_file=None, key_file=None),
     )
 
 
+def _private_dir() -> Path:
+    """A fresh 0700 directory for the private socket, this user's only; `InvalidSpec` naming
+    TMPDIR when the socket's path in it would be too long to bind."""
+    made = Path(tempfile.mkdtemp(prefix="gpu-agent-"))
+    size = over_length(made / _SOCKET)
+    if size is not None:
+        made.rmdir()
+        raise InvalidSpec(
+            f"the command's embedded agent cannot serve on {made / _SOCKET}: {size} bytes, "
+            f"longer than the {SOCKET_PATH_MAX} a Unix socket path may have; its directory is "
+            f"made in {made.parent} (TMPDIR): set TMPDIR to a shorter directory",
+            [FieldViolation("TMPDIR", f"a directory of at most {_TMPDIR_MAX} bytes")],
+        )
+    return made
+
+
 class EmbeddedAgent:
     def __init__(self, config: AgentConfig) -> None:
-        self._dir = Path(tempfile.mkdtemp(prefix="gpu-agent-"))  # 0700, this user's only
+        self._dir = _private_dir()
         self._node_socket = config.socket_path  # where the node's own agent serves
         self.config = embedded_config(config, self._dir)
         self.socket_path = self.config.socket_path
@@ -50,9 +71,10 @@ class EmbeddedAgent:
         """Build and start the node; returns once its API serves (or raises why it could not)."""
         from agent.node import Node, build_services
 
-        # The agent's log is not the command's output: what fails reaches the command as an
-        # API error. GPU_AGENT_LOG_LEVEL=debug shows it all.
-        quiet = logging.DEBUG if self.config.log_level == "debug" else logging.ERROR
+        # The agent's log is not the command's output, errors included: what fails reaches
+        # the command as an API error, and a lost GPU is in the node it reads.
+        # GPU_AGENT_LOG_LEVEL=debug shows it all.
+        quiet = logging.DEBUG if self.config.log_level == "debug" else _SILENT
         self._log_level = logging.getLogger("agent").level  # given back when it stops
         logging.getLogger("agent").setLevel(quiet)
 

@@ -2,7 +2,9 @@
 
 A held file lock (agent/lockfile.py) on ``<state_dir>/agent.lock``, for the owner's whole life:
 ``serve`` holds it while it runs, and a CLI command with no agent running holds it while its
-embedded agent does the command's work. A process that must wait can say for whom.
+embedded agent does the command's work. A process that must wait can say for whom, and
+``serve`` records the socket it serves on, so a command that finds no agent on its own socket
+can tell a ``serve`` elsewhere (which never lets go of the node) from one that is starting.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from agent.lockfile import HolderLock
 from agent.statedir import Unwritable
 
 LOCK_FILE = "agent.lock"
+SERVE_ROLE = "gpu-agent serve"
+"""The role ``serve`` holds the node's ownership as."""
 _POLL_S = 0.1
 
 
@@ -27,12 +31,15 @@ class NodeOwnership:
         self.path = self._lock.path
         self.state_dir = state_dir
 
-    def try_acquire(self, role: str) -> bool:
-        """Take ownership if nobody has it; False (and nothing held) if someone does.
+    def try_acquire(self, role: str, socket: Path | None = None) -> bool:
+        """Take ownership if nobody has it; False (and nothing held) if someone does. A holder
+        that serves the API names its ``socket`` (recorded with its symbolic links resolved).
 
         `StateUnavailable` naming the state dir when its lock file cannot be made (read-only,
         full, not ours)."""
-        record = {"role": role, "pid": os.getpid(), "since": time.time()}
+        record: dict[str, object] = {"role": role, "pid": os.getpid(), "since": time.time()}
+        if socket is not None:
+            record["socket"] = os.path.realpath(socket)
         try:
             return self._lock.try_acquire(record)
         except OSError as exc:
@@ -40,17 +47,30 @@ class NodeOwnership:
 
     def holder_pid(self, role: str) -> int | None:
         """The pid of the holder when it holds the node as ``role``; None otherwise."""
+        return self.serving(role)[0]
+
+    def serving(self, role: str) -> tuple[int | None, str | None]:
+        """The pid of the holder and the socket it recorded (None: none recorded) when it
+        holds the node as ``role``; two Nones otherwise."""
         record = self._lock.holder()
         if record is None or record.get("role") != role:
-            return None
-        pid = record.get("pid")
-        return pid if isinstance(pid, int) else None
+            return None, None
+        pid, socket = record.get("pid"), record.get("socket")
+        return (pid if isinstance(pid, int) else None), (
+            socket if isinstance(socket, str) else None
+        )
 
-    def acquire(self, role: str, waiting: Callable[[str], None], stop: threading.Event) -> bool:
+    def acquire(
+        self,
+        role: str,
+        waiting: Callable[[str], None],
+        stop: threading.Event,
+        socket: Path | None = None,
+    ) -> bool:
         """Take ownership, waiting for the holder (``waiting(holder)`` is called once if so)
         until ``stop`` is set; True once held, False when stopped first."""
         told = False
-        while not self.try_acquire(role):
+        while not self.try_acquire(role, socket):
             if not told:
                 waiting(self.holder() or "another gpu-agent process (starting)")
                 told = True

@@ -5,6 +5,7 @@ their own socket in its place (and receive root's calls) or squat the path befor
 starts. The agent therefore serves only from a directory that it or root owns and that no group
 or other user may write, under ancestors nobody else may rename it in (a world-writable
 ancestor is fine only with the sticky bit, like /tmp). A missing directory is created 0700.
+A path longer than a Unix socket address holds is refused before anything is made.
 """
 
 from __future__ import annotations
@@ -16,12 +17,31 @@ from pathlib import Path
 
 from agent.errors import Conflict, FieldViolation, InvalidSpec
 
-__all__ = ["directory_problem", "prepare_socket"]
+__all__ = ["SOCKET_PATH_MAX", "directory_problem", "over_length", "prepare_socket"]
+
+#: The longest path a Unix socket binds to on Linux: sun_path is 108 bytes, the last the NUL.
+SOCKET_PATH_MAX = 107
+
+
+def over_length(path: Path) -> int | None:
+    """The path's length in bytes when a socket cannot be bound there (over SOCKET_PATH_MAX);
+    None when it fits."""
+    size = len(os.fsencode(path))
+    return size if size > SOCKET_PATH_MAX else None
 
 
 def prepare_socket(path: Path) -> None:
     """Make way for the socket: check its directory (creating it when missing), refuse when a
-    live agent serves on the path, remove a stale socket."""
+    live agent serves on the path, remove a stale socket. A path too long to bind is refused
+    first, with nothing made."""
+    size = over_length(path)
+    if size is not None:
+        raise InvalidSpec(
+            f"socket_path {path} is {size} bytes, longer than the {SOCKET_PATH_MAX} a Unix "
+            "socket path may have: set socket_path (--config or GPU_AGENT_SOCKET_PATH) to a "
+            "shorter path",
+            [FieldViolation("socket_path", f"at most {SOCKET_PATH_MAX} bytes, not {size}")],
+        )
     directory = path.parent
     _make_directory(directory)
     _check_directory(path, directory)

@@ -65,7 +65,8 @@ class CliContext:
 
         Resolved once per command. PermissionDenied when an agent runs but this user may not
         use its socket (root only). While another process owns the node (an agent starting,
-        or another command's embedded agent) it waits, saying for whom.
+        or another command's embedded agent) it waits, saying for whom; `Conflict` at once
+        when the owner is a ``serve`` on another socket, which would never let go of it.
         """
         if self._agent is None:
             self._agent = self._connect()
@@ -87,6 +88,7 @@ class CliContext:
                 if ownership.try_acquire(f"gpu-agent {' '.join(sys.argv[1:3])}".strip()):
                     self._closers.append(ownership.release)
                     break
+                _refuse_a_serve_elsewhere(ownership, cfg.socket_path)
                 if not told:
                     holder = ownership.holder() or "another gpu-agent process (starting)"
                     print(f"waiting for {holder}, which owns this node's state", file=sys.stderr)
@@ -163,6 +165,23 @@ class CliContext:
     def close(self) -> None:
         while self._closers:
             self._closers.pop()()
+
+
+def _refuse_a_serve_elsewhere(ownership: NodeOwnership, socket_path: Path) -> None:
+    """`Conflict` when the node's owner is a ``serve`` that serves on another socket than
+    ``socket_path``: it holds the node for its whole life, so a wait for it would never end.
+    A ``serve`` on this socket is starting (it owns the node before it listens): waited for."""
+    from agent.ownership import SERVE_ROLE
+
+    pid, socket = ownership.serving(SERVE_ROLE)
+    if socket is None or socket == os.path.realpath(socket_path):
+        return
+    who = f"gpu-agent serve (pid {pid})" if pid else "gpu-agent serve"
+    raise Conflict(
+        f"the agent serving the state dir {ownership.state_dir}, {who}, does not answer on "
+        f"{socket_path}: it serves on {socket}; point socket_path (--config or "
+        "GPU_AGENT_SOCKET_PATH) at that socket"
+    )
 
 
 def _holds(pid: int | None, lock: Path) -> bool | None:

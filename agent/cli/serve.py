@@ -16,12 +16,10 @@ from agent import logs
 from agent.cli.context import CliContext
 from agent.cli.options import choice_option, file_option
 from agent.cli.waits import stopped_by
+from agent.ownership import SERVE_ROLE
 
 if TYPE_CHECKING:
     from agent.ownership import NodeOwnership
-
-SERVE_ROLE = "gpu-agent serve"
-"""The role ``serve`` holds the node's ownership as (agent/ownership.py)."""
 
 
 @click.command()
@@ -69,7 +67,7 @@ def serve(
     logs.configure(config.log_level)
     # The node's one owner while it runs: a CLI command's embedded agent finishes first.
     ownership = NodeOwnership(config.state_dir)
-    if not ownership.try_acquire(SERVE_ROLE):
+    if not ownership.try_acquire(SERVE_ROLE, config.socket_path):
         # Another serve never finishes on its own: say so at once instead of waiting for it.
         pid = ownership.holder_pid(SERVE_ROLE)
         if pid is not None:
@@ -79,7 +77,7 @@ def serve(
             )
     # Every other precondition, before any service is built: a refusal is the last line.
     preflight(config)
-    if not _acquire(ownership):
+    if not _acquire(ownership, config.socket_path):
         return  # stopped (SIGTERM/SIGINT) while waiting: nothing was started
     node = Node(build_services(config))
     asyncio.run(node.run(exit_if_stuck=True))
@@ -92,7 +90,7 @@ def serve(
     os._exit(0)
 
 
-def _acquire(ownership: NodeOwnership) -> bool:
+def _acquire(ownership: NodeOwnership, socket: Path) -> bool:
     """Wait for the node's owner (a command's embedded agent) to finish; SIGTERM or SIGINT
     meanwhile ends the wait, and ``serve``, at once."""
     with stopped_by(signal.SIGTERM, signal.SIGINT) as stop:
@@ -100,4 +98,5 @@ def _acquire(ownership: NodeOwnership) -> bool:
             SERVE_ROLE,
             lambda holder: logging.getLogger(__name__).warning("waiting for %s to finish", holder),
             stop,
+            socket,
         )

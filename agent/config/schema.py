@@ -127,7 +127,8 @@ class AgentConfig:
         metadata=_rules(
             doc="Unix socket of the gRPC API for the local CLI (mode 0600: root on the node). "
             "Its directory is created 0700 when missing; the agent refuses to serve from a "
-            "directory that another user owns or that group or others may write.",
+            "directory that another user owns or that group or others may write, and from "
+            "a path over 107 bytes (what a Unix socket address holds).",
         ),
     )
     handshake_timeout_s: float = field(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.ownership import NodeOwnership
+from agent.ownership import SERVE_ROLE, NodeOwnership
 from tests.integration.prewarm_fixtures.origin import Origin
 from tests.integration.test_api_cli import cli, cli_config
 from tests.unit.api.support import REPO, AgentProcess, agent_config, wait_for
@@ -107,6 +107,54 @@ def test_sigterm_ends_a_command_that_waits_for_the_nodes_owner_at_once(tmp_path:
         assert proc.wait(timeout=10) == 143
         assert time.monotonic() - started < 1.0
         assert owner.holder() == f"gpu-agent prewarm file (pid {os.getpid()})"
+    finally:
+        owner.release()
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_command_on_another_socket_than_the_serve_owning_its_node_is_refused_at_once(
+    tmp_path: Path,
+) -> None:
+    """A `serve` owns the node for its whole life: a command whose socket_path misses it (no
+    agent there) is refused at once (exit 4), naming the serve's pid and the socket it serves
+    on, and never waits. Before, it said "waiting for gpu-agent serve (pid N)" and waited
+    forever."""
+    agent_root = tmp_path / "agent"
+    agent_root.mkdir()
+    with AgentProcess(agent_root, agent_config(agent_root)) as agent:
+        assert agent.proc is not None
+        config = cli_config(tmp_path, tmp_path / "elsewhere")
+        refused = cli(agent.state_dir, config, "status", "-o", "json")  # 120 s: never reached
+        assert refused.returncode == 4, refused.stderr
+        assert refused.stderr.splitlines() == [
+            f"error: the agent serving the state dir {agent.state_dir}, gpu-agent serve (pid "
+            f"{agent.proc.pid}), does not answer on {tmp_path / 'elsewhere' / 'agent.sock'}: "
+            f"it serves on {agent.socket}; point socket_path (--config or "
+            "GPU_AGENT_SOCKET_PATH) at that socket"
+        ]
+        assert refused.stdout == ""
+
+
+def test_a_command_waits_for_a_serve_starting_on_its_socket(tmp_path: Path) -> None:
+    """A `serve` owns the node before it listens: a command on the socket it will serve waits
+    for it, saying so, rather than being refused."""
+    config = cli_config(tmp_path, tmp_path / "agent")
+    state = tmp_path / "state"
+    owner = NodeOwnership(state)
+    assert owner.try_acquire(SERVE_ROLE, tmp_path / "agent" / "agent.sock")
+    proc = _start_cli(state, config, "share", "show", "-o", "json")
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert line.strip() == (
+            f"waiting for gpu-agent serve (pid {os.getpid()}), which owns this node's state"
+        )
+        assert proc.poll() is None
+        owner.release()  # it never came up: the command runs on its own agent then
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert json.loads(out)["strategy"] == "none"
     finally:
         owner.release()
         if proc.poll() is None:

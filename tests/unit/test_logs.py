@@ -106,7 +106,7 @@ def test_a_stopped_embedded_agent_gives_the_host_its_log_level_back(tmp_path: Pa
     try:
         embedded = EmbeddedAgent(AgentConfig(simulate="dgx-h100", state_dir=tmp_path / "s"))
         embedded.start()
-        assert agent_log.level == logging.ERROR  # the agent's log is not the command's output
+        assert agent_log.level > logging.CRITICAL  # the agent's log is not the command's output
         embedded.stop()
         assert agent_log.level == logging.INFO
     finally:

@@ -117,3 +117,52 @@ def test_the_agent_refuses_to_serve_from_such_a_directory(tmp_path: Path) -> Non
     assert f"refusing to serve the API on {run / 'agent.sock'}" in result.stderr
     assert f"chmod 0700 {run}" in result.stderr
     assert not (run / "agent.sock").exists()
+
+
+def test_serve_refuses_a_socket_path_too_long_to_bind_before_the_driver_or_any_directory(
+    tmp_path: Path,
+) -> None:
+    """A socket_path over the 107 bytes a Unix socket address holds is a bad setting: ``serve``
+    refuses it in its start-up checks (exit 2, naming socket_path and the limit) as its only
+    output, before the driver attaches or the socket's directory is made. Before the check it
+    attached the driver, printed gRPC's own error line and exited 4 ("cannot listen")."""
+    run = tmp_path / "run"
+    path = run / ("s" * (108 - len(str(run)) - 1))  # 108 bytes: one too many
+    assert len(os.fsencode(path)) == 108
+    config = agent_config(tmp_path, socket_path=str(path))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent.cli.main",
+            "--simulate",
+            "dgx-h100",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--config",
+            str(config),
+            "serve",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    assert result.returncode == 2, "\n".join(lines)
+    assert lines == [
+        f"error: socket_path {path} is 108 bytes, longer than the 107 a Unix socket path may "
+        "have: set socket_path (--config or GPU_AGENT_SOCKET_PATH) to a shorter path",
+        "  socket_path: at most 107 bytes, not 108",
+    ]
+    assert not run.exists()
+
+
+def test_a_socket_path_of_107_bytes_serves(tmp_path: Path) -> None:
+    """The limit is the kernel's, not one byte short of it: 107 bytes bind."""
+    path = tmp_path / ("s" * (107 - len(str(tmp_path)) - 1))
+    assert len(os.fsencode(path)) == 107
+    prepare_socket(path)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as bound:
+        bound.bind(str(path))
+    assert stat.S_ISSOCK(path.lstat().st_mode)
