@@ -35,7 +35,9 @@ Like the real server:
   ``resourceVersion``, every change after it (ADDED/MODIFIED/DELETED, the object carrying its
   new version), with none or "0" the current objects as ADDED first; a version older than the
   retained history (``compact``) is an ERROR event with a 410 Status, as the real server's
-  "too old resource version"; the watch ends after ``timeoutSeconds``. ``fieldSelector``
+  "too old resource version"; BOOKMARK events (tests/kube/fake_edge.py) go only to a watch
+  that asked for them (``allowWatchBookmarks``, a bool parameter as Go reads one: absent, "0"
+  or "false" is no); the watch ends after ``timeoutSeconds``. ``fieldSelector``
   ``metadata.name=`` (nodes) and ``labelSelector`` (pods) filter it.
 
 Every body and served object is checked against the real schema (tests/kube/schema.py), unless
@@ -416,6 +418,9 @@ class FakeKubeApi:
                 labels.get(k) == v for k, v in wanted.items()
             )
 
+        # Only when asked (a bool parameter: absent, "0" or "false" is false, as Go reads it).
+        asked = query.get("allowWatchBookmarks")
+        bookmarks = asked is not None and asked.lower() not in ("0", "false")
         version = query.get("resourceVersion", "")
         with self.lock:
             if version and version != "0" and int(version) <= self.compacted:
@@ -461,7 +466,7 @@ class FakeKubeApi:
                         for e in self.history
                         if e[0] > since
                         and e[1] == resource
-                        and (e[2] == "BOOKMARK" or matches(e[3]))
+                        and (bookmarks if e[2] == "BOOKMARK" else matches(e[3]))
                     ]
                     if not events:
                         self.changed.wait(min(0.5, max(0.0, deadline - time.monotonic())))
