@@ -12,6 +12,12 @@ as their Go types are, type fields and the strict ObjectMeta (ListMeta and items
 failure is recorded in ``FAILURES`` (never changes the answer: the real server drops unknown
 fields with a warning), and the ``kube_api`` fixture fails the test that caused it
 (tests/kube/fixtures.py).
+
+What changes the answer, as the real server refuses it before storing anything
+(tests/kube/fake_api.py answers it):
+- a body's media type: a POST or PUT is ``application/json`` (or ``application/yaml``, of which
+  JSON is a part; none sent is read as JSON), a PATCH one of the patch types
+  (``PATCH_TYPES``); anything else is 415 UnsupportedMediaType;
 """
 
 from __future__ import annotations
@@ -29,6 +35,13 @@ VERSIONS = ("1.34.0", kubernetes_validate.all_versions()[-1])
 FAILURES: list[str] = []
 _LOCK = threading.Lock()
 
+#: the patch types the server takes for the built-in kinds (a CRD: all but strategic-merge)
+PATCH_TYPES = (
+    "application/merge-patch+json",
+    "application/strategic-merge-patch+json",
+    "application/json-patch+json",
+    "application/apply-patch+yaml",
+)
 _NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -162,6 +175,25 @@ def _without_nulls(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_nulls(v) for v in value]
     return value
+
+
+def unsupported_media(method: str, parts: list[str], content_type: str) -> str | None:
+    """Why the real server answers 415 to a write of this media type, or None."""
+    if method not in ("POST", "PUT", "PATCH") or not any(p in KINDS for p in parts):
+        return None
+    media = content_type.partition(";")[0].strip().lower()
+    if method == "PATCH":
+        taken: tuple[str, ...] = PATCH_TYPES
+    else:
+        taken = ("application/json", "application/yaml")
+        media = media or "application/json"  # none sent: the server reads JSON
+    if media in taken:
+        return None
+    accepted = ", ".join(taken)
+    return (
+        "the body of the request was in an unknown format - accepted media types include: "
+        f'{accepted} (sent "{content_type}")'
+    )
 
 
 def check_request(method: str, parts: list[str], content_type: str, body: object) -> None:
