@@ -30,7 +30,8 @@ Like the real server:
   AlreadyExists, a PUT of a missing object 404;
 - label keys and values are validated (prefix a DNS subdomain <= 253, name <= 63 of
   ``[A-Za-z0-9._-]`` starting and ending alphanumeric; values the same, or empty): 422 Invalid;
-- a write's media type is one the server reads: 415 (tests/kube/schema.py ``unsupported_media``);
+- a write's media type and a time's wire format are held to what the server decodes: 415, 400
+  (tests/kube/schema.py ``unsupported_media``, ``check_request``);
 - a Node merge-patch with ``metadata.resourceVersion`` is a precondition: stale is 409;
 - ``?watch=1`` on the node and pod lists streams ``{"type", "object"}`` lines: with a
   ``resourceVersion``, every change after it (ADDED/MODIFIED/DELETED, the object carrying its
@@ -331,8 +332,8 @@ class FakeKubeApi:
         media = h.headers.get("Content-Type") or ""
         if (refused := schema.unsupported_media(h.command, parts, media)) is not None:
             return _reply(h, 415, _status(415, refused, "UnsupportedMediaType"))
-        if self.validate:
-            schema.check_request(h.command, parts, media, body)
+        if self.validate and (refused := schema.check_request(h.command, parts, media, body)):
+            return _reply(h, 400, _status(400, refused, "BadRequest"))
         if query.get("watch") in ("1", "true") and h.command == "GET":
             if parts == ["api", "v1", "nodes"]:
                 return self._watch(h, "nodes", query)

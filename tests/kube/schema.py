@@ -18,6 +18,11 @@ What changes the answer, as the real server refuses it before storing anything
 - a body's media type: a POST or PUT is ``application/json`` (or ``application/yaml``, of which
   JSON is a part; none sent is read as JSON), a PATCH one of the patch types
   (``PATCH_TYPES``); anything else is 415 UnsupportedMediaType;
+- a time not in its wire format: the schema says only ``date-time`` for both, but a
+  ``MicroTime`` (Lease acquireTime and renewTime, an Event's eventTime...) is decoded with Go's
+  RFC3339Micro layout (exactly six fractional digits) and a ``Time`` with RFC3339; one that
+  does not parse is a decoding error, 400 BadRequest (apiserver's ``transformDecodeError``).
+  Found through the schema (``_TIMES``), so every such field of every kind is held to it.
 """
 
 from __future__ import annotations
@@ -35,6 +40,21 @@ VERSIONS = ("1.34.0", kubernetes_validate.all_versions()[-1])
 FAILURES: list[str] = []
 _LOCK = threading.Lock()
 
+_DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3]):[0-5]\d:[0-5]\d"
+_ZONE = r"(Z|[+-]([01]\d|2[0-3]):[0-5]\d)"
+#: the definitions the two time types have in the schema -> the layout Go parses them with
+_TIMES = {
+    "io.k8s.apimachinery.pkg.apis.meta.v1.MicroTime": (
+        "2006-01-02T15:04:05.000000Z07:00",
+        f"^{_DATE}\\.\\d{{6}}{_ZONE}$",
+    ),
+    "io.k8s.apimachinery.pkg.apis.meta.v1.Time": (
+        "2006-01-02T15:04:05Z07:00",
+        f"^{_DATE}(\\.\\d+)?{_ZONE}$",
+    ),
+}
+#: how a time that does not parse begins its problem (it is refused, not only recorded)
+UNPARSED = "parsing time"
 #: the patch types the server takes for the built-in kinds (a CRD: all but strategic-merge)
 PATCH_TYPES = (
     "application/merge-patch+json",
@@ -94,6 +114,10 @@ def _validator(api_version: str, kind: str, version: str) -> Any:
     except FileNotFoundError:
         return None
     defs = kubernetes_validate.schema_contents(f"{folder}/_definitions.json", version)
+    defs = {**defs, "$defs": dict(defs["$defs"])}  # the package's cached copy stays as it is
+    for name, (layout, pattern) in _TIMES.items():
+        # What Go parses, in place of "date-time" (which the validator does not check).
+        defs["$defs"][name] = {"type": ["string", "null"], "pattern": pattern, "layout": layout}
     registry = Resource.from_contents(defs) @ (Resource.from_contents(schema) @ Registry())
     return jsonschema.validators.Draft202012Validator(schema, registry=registry)
 
@@ -116,10 +140,15 @@ def problems(obj: object) -> list[str]:
     for version, validator in validators:
         if validator is None:
             continue  # newer than this version (DeviceTaintRule v1beta2: served from 1.36)
-        found += [
-            f"{kind} {'/'.join(str(p) for p in e.absolute_path)} ({version}): {e.message[:300]}"
-            for e in validator.iter_errors(obj)
-        ]
+        for e in validator.iter_errors(obj):
+            where = "/".join(str(p) for p in e.absolute_path)
+            layout = (
+                isinstance(e.schema, dict) and e.validator == "pattern" and e.schema.get("layout")
+            )
+            if layout:
+                found.append(f"{UNPARSED} {kind} {where} {e.instance!r} as {layout!r} ({version})")
+            else:
+                found.append(f"{kind} {where} ({version}): {e.message[:300]}")
     return found
 
 
@@ -196,28 +225,36 @@ def unsupported_media(method: str, parts: list[str], content_type: str) -> str |
     )
 
 
-def check_request(method: str, parts: list[str], content_type: str, body: object) -> None:
-    """A body the agent sent, against the schema of the object its path names."""
+def check_request(method: str, parts: list[str], content_type: str, body: object) -> str | None:
+    """A body the agent sent, against the schema of the object its path names: failures are
+    recorded; a time that does not parse is returned (the server's 400), not recorded."""
     if method not in ("POST", "PUT", "PATCH") or body is None:
-        return
+        return None
     names = [p for p in parts if p in KINDS]
     if not names:
-        return
+        return None
     api_version, kind = KINDS[names[-1]]
     group = api_version.rpartition("/")[0]
     if parts[:2] == ["apis", group] and len(parts) > 2:
         api_version = f"{group}/{parts[2]}"  # the version the path names (DeviceTaintRules: two)
     where = f"{method} /{'/'.join(parts)}"
     if not isinstance(body, dict):
-        return _record(where, ["the body is not an object"])
+        _record(where, ["the body is not an object"])
+        return None
     if method == "PATCH":
         if "json-patch" in content_type:
-            return  # an RFC 6902 list of operations: nothing of the object's shape
+            return None  # an RFC 6902 list of operations: nothing of the object's shape
         kept: dict[str, Any] = _without_nulls(body)  # a merge patch's null deletes
         body = {**kept, "metadata": dict(kept.get("metadata") or {}, name="patched")}
-    _record(where, problems({"apiVersion": api_version, "kind": kind, **body}))
+    found = problems({"apiVersion": api_version, "kind": kind, **body})
+    _record(where, [p for p in found if not p.startswith(UNPARSED)])
     if body.get("apiVersion", api_version) != api_version or body.get("kind", kind) != kind:
         _record(where, [f"sent {body.get('apiVersion')} {body.get('kind')} to {kind}'s path"])
+    unparsed = sorted({p.rpartition(" (")[0] for p in found if p.startswith(UNPARSED)})
+    if unparsed:
+        version = api_version.rpartition("/")[2]
+        return f'{kind} in version "{version}" cannot be handled as a {kind}: {"; ".join(unparsed)}'
+    return None
 
 
 def check_reply(code: int, obj: object, where: str) -> None:

@@ -1,6 +1,7 @@
 """The API stand-in answers what the real API server answers to a request's form, so a test
 cannot pass on a request a cluster would refuse or on an event it would not send: a body's media
-type (415), BOOKMARK events only on a watch that asked for them (``allowWatchBookmarks``)."""
+type (415), a time not in its wire format (400: MicroTime is RFC3339Micro, Time RFC3339),
+BOOKMARK events only on a watch that asked for them (``allowWatchBookmarks``)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,51 @@ def test_a_patch_in_a_type_that_is_no_patch_type_is_415(
             "PATCH", NODE_PATH, body={"metadata": {"labels": {"a": "b"}}}, content_type=media
         )
     assert "a" not in api.nodes[NODE]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("renewTime", "2026-12-08T01:00:00Z"),  # RFC 3339 without the six digits
+        ("renewTime", "2026-12-08T01:00:00.123Z"),  # three digits
+        ("acquireTime", "2026-12-08 01:00:00.000000Z"),  # no T
+        ("acquireTime", "2026-12-08T01:00:00.000000"),  # no zone
+    ],
+)
+def test_a_lease_time_not_in_microtime_wire_format_is_400(
+    kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str], field: str, value: str
+) -> None:
+    """The server decodes a MicroTime with Go's RFC3339Micro layout: anything else does not
+    decode, and the request is 400 BadRequest before anything is stored."""
+    api, _ = kube_api
+    with pytest.raises(AgentError, match=f"400 .*cannot be handled as a Lease.*{field}"):
+        kube.request("POST", LEASES, body=_lease("l", **{field: value}))
+    assert not api.leases
+    right = {"acquireTime": "2026-12-08T01:00:00.000000Z", "renewTime": "2026-12-08T01:00:00+01:00"}
+    with pytest.raises(AgentError, match="400"):  # an offset is a zone, but six digits it needs
+        kube.request("POST", LEASES, body=_lease("l", **right))
+    right["renewTime"] = "2026-12-08T01:00:00.123456+01:00"
+    kube.request("POST", LEASES, body=_lease("l", **right))
+    assert api.leases[("gpu-agent", "l")]["spec"]["renewTime"] == right["renewTime"]
+
+
+def test_an_event_time_not_in_rfc3339_is_400_and_a_time_may_have_no_fraction(
+    kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    api, _ = kube_api
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{NODE}."},
+        "involvedObject": {"kind": "Node", "name": NODE},
+        "firstTimestamp": "2026-12-08T01:00:00Z",
+        "lastTimestamp": "2026-12-08T01:00:00.5Z",  # a Time (RFC 3339): a fraction may be there
+    }
+    kube.request("POST", "/api/v1/namespaces/default/events", body=event)
+    for field, value in (("lastTimestamp", "2026-12-08"), ("eventTime", "2026-12-08T01:00:00Z")):
+        with pytest.raises(AgentError, match=f"400 .*cannot be handled as a Event.*{field}"):
+            kube.request("POST", "/api/v1/namespaces/default/events", body=event | {field: value})
+    assert len(api.events) == 1
 
 
 def _watched(kube: InClusterKubeClient, query: dict[str, str]) -> list[str]:
