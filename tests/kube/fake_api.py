@@ -30,6 +30,8 @@ Like the real server:
   AlreadyExists, a PUT of a missing object 404;
 - label keys and values are validated (prefix a DNS subdomain <= 253, name <= 63 of
   ``[A-Za-z0-9._-]`` starting and ending alphanumeric; values the same, or empty): 422 Invalid;
+  so are a Node's taints (key a label key, value a label value, effect NoSchedule,
+  PreferNoSchedule or NoExecute, unique by key and effect);
 - a write's media type and a time's wire format are held to what the server decodes: 415, 400
   (tests/kube/schema.py ``unsupported_media``, ``check_request``);
 - a Node merge-patch with ``metadata.resourceVersion`` is a precondition: stale is 409;
@@ -599,6 +601,8 @@ class FakeKubeApi:
             labels = metadata.get("labels") or {}
             bad = [p for k, v in labels.items() if v is not None and (p := label_problem(k, v))]
             bad += [p for k in labels if (p := label_problem(k, ""))]
+            spec = body.get("spec") or {}
+            bad += schema.taint_problems(spec.get("taints"))
             if bad:
                 return _reply(h, 422, _status(422, f'Node "{name}" is invalid: {"; ".join(bad)}'))
             for key, value in labels.items():
@@ -606,7 +610,6 @@ class FakeKubeApi:
                     self.nodes[name].pop(key, None)
                 else:
                     self.nodes[name][key] = value
-            spec = body.get("spec") or {}
             if "taints" in spec:
                 self.node_taints[name] = list(spec["taints"] or [])
             if "unschedulable" in spec:

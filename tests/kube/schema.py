@@ -97,6 +97,40 @@ def label_problem(key: str, value: str) -> str | None:
     return None
 
 
+#: a Node taint's effects (core/v1 TaintEffect; a DeviceTaintRule's differ)
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def taint_problems(taints: object) -> list[str]:
+    """Why the API server refuses a Node's ``spec.taints`` (its validateNodeTaints): 422."""
+    if taints is None:
+        return []
+    if not isinstance(taints, list):
+        return ["spec.taints: must be a list"]
+    found, seen = [], set()
+    for i, taint in enumerate(taints):
+        taint = taint if isinstance(taint, dict) else {}
+        key, value, effect = taint.get("key"), taint.get("value", ""), taint.get("effect")
+        where = f"spec.taints[{i}]"
+        if not isinstance(key, str) or not key:
+            found.append(f"{where}.key: Required value")
+        elif problem := label_problem(key, ""):
+            found.append(f"{where}.key: Invalid value: {problem}")
+        if not isinstance(value, str) or (problem := label_problem("v", value)):
+            found.append(f"{where}.value: Invalid value: {value!r}: a label value")
+        if not effect:
+            found.append(f"{where}.effect: Required value")
+        elif effect not in TAINT_EFFECTS:
+            wanted = ", ".join(f'"{e}"' for e in TAINT_EFFECTS)
+            found.append(
+                f"{where}.effect: Unsupported value: {effect!r}: supported values: {wanted}"
+            )
+        if (key, effect) in seen:
+            found.append(f"{where}: Duplicate value: taints must be unique by key and effect pair")
+        seen.add((key, effect))
+    return found
+
+
 @functools.cache
 def _validator(api_version: str, kind: str, version: str) -> Any:
     """The strict schema's validator, or None where the package has no schema for it."""

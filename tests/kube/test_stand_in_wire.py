@@ -1,7 +1,8 @@
 """The API stand-in answers what the real API server answers to a request's form, so a test
-cannot pass on a request a cluster would refuse or on an event it would not send: a body's media
-type (415), a time not in its wire format (400: MicroTime is RFC3339Micro, Time RFC3339),
-BOOKMARK events only on a watch that asked for them (``allowWatchBookmarks``)."""
+cannot pass on a request a cluster would refuse or on an event it would not send: a body's
+media type (415), a time not in its wire format (400: MicroTime is RFC3339Micro, Time RFC3339),
+a Node taint the server's validation refuses (422), and BOOKMARK events only on a watch that
+asked for them (``allowWatchBookmarks``)."""
 
 from __future__ import annotations
 
@@ -100,6 +101,39 @@ def test_an_event_time_not_in_rfc3339_is_400_and_a_time_may_have_no_fraction(
         with pytest.raises(AgentError, match=f"400 .*cannot be handled as a Event.*{field}"):
             kube.request("POST", "/api/v1/namespaces/default/events", body=event | {field: value})
     assert len(api.events) == 1
+
+
+@pytest.mark.parametrize(
+    ("taint", "why"),
+    [
+        ({"key": "gpu-agent.io/health", "value": "failed", "effect": "Bogus"}, "effect"),
+        ({"key": "bad key!", "effect": "NoSchedule"}, "key"),
+        ({"key": "gpu-agent.io/health", "effect": ""}, "effect: Required"),
+        ({"key": "gpu-agent.io/health", "value": "not valid!", "effect": "NoSchedule"}, "value"),
+        ({"key": "", "effect": "NoSchedule"}, "key: Required"),
+    ],
+)
+def test_an_invalid_node_taint_is_422_and_changes_nothing(
+    kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str], taint: dict[str, str], why: str
+) -> None:
+    api, _ = kube_api
+    body = {"metadata": {"labels": {"pool": "a"}}, "spec": {"taints": [taint]}}
+    with pytest.raises(AgentError, match=f"422 .*spec\\.taints\\[0\\]\\.{why}"):
+        kube.request("PATCH", NODE_PATH, body=body, content_type=MERGE)
+    assert not api.node_taints.get(NODE) and "pool" not in api.nodes[NODE]
+
+
+def test_node_taints_are_unique_by_key_and_effect_and_a_valid_one_is_kept(
+    kube: InClusterKubeClient, kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    api, _ = kube_api
+    taint = {"key": "gpu-agent.io/health", "value": "failed", "effect": "NoSchedule"}
+    twice = {"spec": {"taints": [taint, dict(taint, value="other")]}}
+    with pytest.raises(AgentError, match=r"422 .*unique by key and effect"):
+        kube.request("PATCH", NODE_PATH, body=twice, content_type=MERGE)
+    both = [taint, dict(taint, effect="NoExecute"), dict(taint, effect="PreferNoSchedule")]
+    kube.request("PATCH", NODE_PATH, body={"spec": {"taints": both}}, content_type=MERGE)
+    assert api.node_taints[NODE] == both
 
 
 def _watched(kube: InClusterKubeClient, query: dict[str, str]) -> list[str]:
