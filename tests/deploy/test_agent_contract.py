@@ -200,22 +200,17 @@ def test_only_the_coordinator_may_mutate(objs: list[Obj], config: AgentConfig) -
     assert config.tls.mutating_identities == ()
 
 
-def test_restart_pod_reload_has_its_grant(objs: list[Obj], config: AgentConfig) -> None:
-    """sharing.reload restart-pod deletes the plugin pod: a Role there must allow it."""
-    if config.sharing.reload != "restart-pod":
-        return
-    namespace = config.sharing.plugin_namespace
-    role = next(o for o in objs if o["kind"] == "Role" and o["metadata"]["namespace"] == namespace)
-    verbs = {v for rule in role["rules"] if "pods" in rule["resources"] for v in rule["verbs"]}
-    assert {"list", "delete"} <= verbs
-    binding = next(
-        o
-        for o in objs
-        if o["kind"] == "RoleBinding" and o["roleRef"]["name"] == role["metadata"]["name"]
-    )
-    subjects: list[dict[str, Any]] = binding["subjects"]
-    account = agent_daemonset(objs)["spec"]["template"]["spec"]["serviceAccountName"]
-    assert {"kind": "ServiceAccount", "name": account, "namespace": "gpu-agent"} in subjects
+def test_restart_pod_reload_has_its_grant_and_no_other_reload_does(
+    objs: list[Obj], config: AgentConfig
+) -> None:
+    """sharing.reload restart-pod deletes the plugin pod: a Role in the plugin's namespace,
+    bound to the agent's account, must allow listing and deleting pods there. With any other
+    reload the agent never deletes the plugin's pods, and no such Role grants it to."""
+    verbs = _pod_restart_grant(objs, config.sharing.plugin_namespace, "gpu-agent-device-plugin-")
+    if config.sharing.reload == "restart-pod":
+        assert {"list", "delete"} <= verbs
+    else:
+        assert not verbs
 
 
 def _pod_restart_grant(objs: list[Obj], namespace: str, prefix: str) -> set[str]:

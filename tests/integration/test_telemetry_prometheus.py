@@ -236,6 +236,7 @@ def test_dashboard_values_and_units(prometheus: str) -> None:
     per_instance = _query(prometheus, 'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{gpu="1", GPU_I_ID!=""}')
     assert sorted(round(float(r["value"][1]), 2) for r in per_instance) == [0.25, 0.75]
     clocks = _query(prometheus, _dashboard_query(DASHBOARD_12239["GPU SM Clocks"]))
+    assert {r["metric"]["gpu"] for r in clocks} == {str(g) for g in range(8)}, clocks
     assert all(1e8 < float(r["value"][1]) < 3e9 for r in clocks), "hertz after * 1000000"
     power = _query(prometheus, 'DCGM_FI_DEV_POWER_USAGE{gpu="0"}')
     assert 10 < float(power[0]["value"][1]) < 1000, "watts"

@@ -30,12 +30,18 @@ Like the real server:
   AlreadyExists, a PUT of a missing object 404;
 - label keys and values are validated (prefix a DNS subdomain <= 253, name <= 63 of
   ``[A-Za-z0-9._-]`` starting and ending alphanumeric; values the same, or empty): 422 Invalid;
+  so are a Node's taints (key a label key, value a label value, effect NoSchedule,
+  PreferNoSchedule or NoExecute, unique by key and effect);
+- a write's media type and a time's wire format are held to what the server decodes: 415, 400
+  (tests/kube/schema.py ``unsupported_media``, ``check_request``);
 - a Node merge-patch with ``metadata.resourceVersion`` is a precondition: stale is 409;
 - ``?watch=1`` on the node and pod lists streams ``{"type", "object"}`` lines: with a
   ``resourceVersion``, every change after it (ADDED/MODIFIED/DELETED, the object carrying its
   new version), with none or "0" the current objects as ADDED first; a version older than the
   retained history (``compact``) is an ERROR event with a 410 Status, as the real server's
-  "too old resource version"; the watch ends after ``timeoutSeconds``. ``fieldSelector``
+  "too old resource version"; BOOKMARK events (tests/kube/fake_edge.py) go only to a watch
+  that asked for them (``allowWatchBookmarks``, a bool parameter as Go reads one: absent, "0"
+  or "false" is no); the watch ends after ``timeoutSeconds``. ``fieldSelector``
   ``metadata.name=`` (nodes) and ``labelSelector`` (pods) filter it.
 
 Every body and served object is checked against the real schema (tests/kube/schema.py), unless
@@ -325,8 +331,11 @@ class FakeKubeApi:
             return _reply(h, 406, _status(406, str(exc), "NotAcceptable"))
         parts = path.strip("/").split("/")
         h.validate = self.validate  # type: ignore[attr-defined]  # read by _reply
-        if self.validate:
-            schema.check_request(h.command, parts, h.headers.get("Content-Type") or "", body)
+        media = h.headers.get("Content-Type") or ""
+        if (refused := schema.unsupported_media(h.command, parts, media)) is not None:
+            return _reply(h, 415, _status(415, refused, "UnsupportedMediaType"))
+        if self.validate and (refused := schema.check_request(h.command, parts, media, body)):
+            return _reply(h, 400, _status(400, refused, "BadRequest"))
         if query.get("watch") in ("1", "true") and h.command == "GET":
             if parts == ["api", "v1", "nodes"]:
                 return self._watch(h, "nodes", query)
@@ -416,6 +425,9 @@ class FakeKubeApi:
                 labels.get(k) == v for k, v in wanted.items()
             )
 
+        # Only when asked (a bool parameter: absent, "0" or "false" is false, as Go reads it).
+        asked = query.get("allowWatchBookmarks")
+        bookmarks = asked is not None and asked.lower() not in ("0", "false")
         version = query.get("resourceVersion", "")
         with self.lock:
             if version and version != "0" and int(version) <= self.compacted:
@@ -461,7 +473,7 @@ class FakeKubeApi:
                         for e in self.history
                         if e[0] > since
                         and e[1] == resource
-                        and (e[2] == "BOOKMARK" or matches(e[3]))
+                        and (bookmarks if e[2] == "BOOKMARK" else matches(e[3]))
                     ]
                     if not events:
                         self.changed.wait(min(0.5, max(0.0, deadline - time.monotonic())))
@@ -589,6 +601,8 @@ class FakeKubeApi:
             labels = metadata.get("labels") or {}
             bad = [p for k, v in labels.items() if v is not None and (p := label_problem(k, v))]
             bad += [p for k in labels if (p := label_problem(k, ""))]
+            spec = body.get("spec") or {}
+            bad += schema.taint_problems(spec.get("taints"))
             if bad:
                 return _reply(h, 422, _status(422, f'Node "{name}" is invalid: {"; ".join(bad)}'))
             for key, value in labels.items():
@@ -596,7 +610,6 @@ class FakeKubeApi:
                     self.nodes[name].pop(key, None)
                 else:
                     self.nodes[name][key] = value
-            spec = body.get("spec") or {}
             if "taints" in spec:
                 self.node_taints[name] = list(spec["taints"] or [])
             if "unschedulable" in spec:

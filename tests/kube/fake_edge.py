@@ -10,7 +10,8 @@ tested against: discovery, counts, bookmarks and the failures a real API server 
   under and 404 at any other, as a server that serves only those versions (1.33: v1beta2);
 - counts: every call with its time (``calls``), the watches open now and at most
   (``open_watches``, ``most_watches``): what "silent in steady state" is asserted with;
-- ``bookmark(resource)``: a BOOKMARK event (only a resourceVersion) on every watch of it;
+- ``bookmark(resource)``: a BOOKMARK event (only a resourceVersion) on every watch of it that
+  asked for bookmarks (``allowWatchBookmarks``), as the real server sends them only then;
 - ``fail_next(method, path, code, count, retry_after)``: the next ``count`` matching calls (a
   path prefix; a watch is a GET) answer ``code`` (429 with ``Retry-After``, sent as given: a
   number, or what a broken proxy sends; a 5xx), their Status saying ``message`` (or, as bytes,

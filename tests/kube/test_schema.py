@@ -5,6 +5,9 @@ here makes one on purpose, takes it, and checks it names the field."""
 
 from __future__ import annotations
 
+import pytest
+
+from agent.errors import AgentError
 from agent.kube import InClusterKubeClient
 from tests.kube import schema
 from tests.kube.fake_api import FakeKubeApi
@@ -12,11 +15,16 @@ from tests.kube.fixtures import NODE
 
 
 def test_a_misspelt_field_in_a_node_patch_is_a_failure(kube: InClusterKubeClient) -> None:
-    """A merge patch is checked as the partial Node it is: unknown and missing fields."""
+    """A merge patch is checked as the partial Node it is: unknown and missing fields (the
+    server drops the unknown one, then refuses the taint with no effect)."""
     body = {"spec": {"taints": [{"key": "gpu-agent/failed", "efect": "NoSchedule"}]}}
-    kube.request(
-        "PATCH", f"/api/v1/nodes/{NODE}", body=body, content_type="application/merge-patch+json"
-    )
+    with pytest.raises(AgentError, match=r"422 .*spec\.taints\[0\]\.effect: Required value"):
+        kube.request(
+            "PATCH",
+            f"/api/v1/nodes/{NODE}",
+            body=body,
+            content_type="application/merge-patch+json",
+        )
     found = schema.take()
     assert any("PATCH /api/v1/nodes" in f and "'efect' was unexpected" in f for f in found)
     assert any("'effect' is a required property" in f for f in found)

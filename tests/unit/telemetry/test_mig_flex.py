@@ -5,6 +5,7 @@ over the GPU is the GPU's figure; ``devices: g`` renders whole-GPU rows only."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from agent.config import TelemetrySettings
 from agent.gpu import open_driver
 from agent.gpu.sim import SimControl
+from agent.telemetry.gpm import MIN_WINDOW_S
 from agent.telemetry.service import build_telemetry
 
 _MIB = 2048
@@ -36,7 +38,8 @@ def _scrape(state: Path, devices: str) -> str:
     driver = open_driver("dgx-h100", state)
     settings = TelemetrySettings(kubelet_socket=state / "absent.sock", devices=devices)
     service = build_telemetry(driver, settings, hostname="n", attribute_pods=False)
-    service.sampler.tick()
+    service.sampler.tick()  # seeds GPM (the DCP fields): a rate needs two samples
+    time.sleep(MIN_WINDOW_S)  # at least NVML's refresh apart, or the window has no value
     service.sampler.tick()
     body, _ = service.exporter.render("text/plain")
     driver.close()
@@ -59,7 +62,9 @@ def test_flex_sums_over_a_mig_gpu_equal_the_memory_in_use(tmp_path: Path) -> Non
     used = _rows(text, "DCGM_FI_DEV_FB_USED", "0")
     assert all(gi for gi, _ in used) and len(used) == 2  # instances only: no whole-GPU row
     assert sum(v for _, v in used) == _MIB
-    assert all(gi for gi, _ in _rows(text, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0"))
+    tensor = _rows(text, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0")
+    assert len(tensor) == 2 and all(gi for gi, _ in tensor), tensor  # per instance, as FB_USED
+    assert sorted(v for _, v in tensor) == [0.0, 0.5]  # the one busy instance's own activity
     # GPU-level fields stay on the GPU, once.
     assert [gi for gi, _ in _rows(text, "DCGM_FI_DEV_POWER_USAGE", "0")] == [""]
     # A GPU without MIG keeps its whole-GPU rows.
