@@ -569,3 +569,23 @@ def test_a_state_dir_behind_links_that_loop_is_named_as_such(tmp_path: Path) -> 
         StateStore(tmp_path / "a" / "state" / "agent.db").close()
     said = str(refused.value)
     assert "a symbolic link on its path loops" in said and "is a symbolic link" not in said
+
+
+def test_the_wal_is_cut_back_after_a_burst_of_writes(tmp_path: Path) -> None:
+    """A MIG apply and a few prewarms left a 4 MB WAL beside an 86 KB database for the
+    agent's whole life: SQLite keeps the WAL at its high-water mark unless told a limit."""
+    from agent.state.database import Database
+
+    db = Database(tmp_path / "state.db")
+    with db.transaction() as conn:
+        conn.execute("CREATE TABLE junk (x BLOB)")
+    for _ in range(6):  # past the 1,000-page autocheckpoint
+        with db.transaction() as conn:
+            conn.execute("INSERT INTO junk VALUES (?)", (os.urandom(1024 * 1024),))
+        with db.transaction() as conn:
+            conn.execute("DELETE FROM junk")
+    for _ in range(3):  # a writer after the checkpoint starts the WAL over, cut to the limit
+        with db.transaction() as conn:
+            conn.execute("INSERT INTO junk VALUES (?)", (b"x",))
+    assert (tmp_path / "state.db-wal").stat().st_size <= 1024 * 1024
+    db.close()
