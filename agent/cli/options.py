@@ -15,11 +15,16 @@ import click
 from agent import safeyaml
 from agent.durable import replace_file
 from agent.errors import FieldViolation, InvalidSpec
+from agent.mig import MAX_GPU_INDEX
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 FILE = click.Path(path_type=Path, dir_okay=False)
 """A file's path (never a directory), given to the command as a ``Path``."""
+
+GPU_INDEX = click.IntRange(min=0, max=MAX_GPU_INDEX)
+"""A GPU's index, 0-255 as everywhere in the API (docs/api.md): a larger one is refused naming
+the option (exit 2), never passed on to overflow the request's uint32."""
 
 
 def read_input(value: str, field: str) -> str:
@@ -68,6 +73,12 @@ class _Number(click.FloatRange):
         return number
 
 
+def finite_number(low: float, high: float | None = None, *, low_open: bool = False) -> _Number:
+    """The type of a finite number in [low, high] (``low_open``: above low), for an argument;
+    an option takes `float_option`."""
+    return _Number(min=low, max=high, min_open=low_open)
+
+
 def float_option(
     *decls: str,
     low: float,
@@ -78,7 +89,7 @@ def float_option(
 ) -> Callable[[F], F]:
     """A finite number in [low, high] (``low_open``: above low); --help shows the default where
     there is one."""
-    kind = _Number(min=low, max=high, min_open=low_open)
+    kind = finite_number(low, high, low_open=low_open)
     return click.option(*decls, type=kind, help=help, **_default(default))
 
 
