@@ -355,6 +355,10 @@ def _replay_table(steps: Sequence[Any]) -> str:
     )
 
 
+#: --end: a year's trace (and a day), the longest a capacity model replays.
+REPLAY_END_MAX_S = 366 * 24 * 3600
+
+
 @click.command("replay")
 @fleet_options
 @file_option(
@@ -376,8 +380,10 @@ def _replay_table(steps: Sequence[Any]) -> str:
 @float_option(
     "--end",
     low=0,
+    high=REPLAY_END_MAX_S,
     default=None,
-    help="Seconds after the trace's start when the last step ends (for its GPU-hours idle).",
+    help="Seconds after the trace's start when the last step ends (for its GPU-hours idle); "
+    "at most 366 days.",
 )
 @file_option(
     "--report", "report_file", help="Write one row per step and priority here: .csv or .json."
