@@ -95,3 +95,15 @@ def test_a_fault_s_call_counts_are_bounded(tmp_path: Path, option: str, value: s
         )
     bound = _run(tmp_path, "sim", "fault", "nvmlDeviceGetCount", "Unknown", option, str(2**31 - 1))
     assert bound.exit_code == 0, (bound.output, bound.exception)
+
+
+def test_an_error_escapes_the_control_characters_the_user_typed(tmp_path: Path) -> None:
+    """`mig plan -c $'\\x1b[31mred\\x07'` printed ESC and BEL to the terminal (a colour, a
+    bell; any escape sequence a crafted config name or file holds): the error says them as
+    escapes, and printable text, é included, as it is."""
+    config = Path(__file__).resolve().parents[2] / "examples" / "mig-config.yaml"
+    result = _run(tmp_path, "mig", "plan", "-f", str(config), "-c", "\x1b[31mred\x07é")
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "\x1b" not in result.output and "\x07" not in result.output
+    assert "\\x1b[31mred\\x07é" in result.output
+    assert "\n  selected-config: one of: " in result.output  # its lines laid out as before
