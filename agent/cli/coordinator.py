@@ -231,8 +231,8 @@ def coordinator() -> None:
 @click.option(
     "--once",
     is_flag=True,
-    help="Run one pass and exit: 1 if it failed, 10 if it left nodes failed or left out, or a "
-    "rollout halted.",
+    help="Run one pass and exit: 1 if it failed, 2 if the desired file does not parse, 10 if it "
+    "left nodes failed or left out, or a rollout halted.",
 )
 @_serve_lease_option
 @click.option(
@@ -266,6 +266,7 @@ def coordinator() -> None:
     "--log-level",
     choices=["debug", "info", "warning", "error"],
     default="info",
+    help="The least severe log lines written to stderr.",
 )
 def serve(
     desired_path: Path,
