@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import IO
 
-__all__ = ["AGENT_FORMAT", "SafeFormatter", "configure", "escape"]
+__all__ = ["AGENT_FORMAT", "SafeFormatter", "configure", "escape", "escape_lines"]
 
 AGENT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -44,7 +44,7 @@ def escape(text: str) -> str:
     return _CONTROL.sub(_escaped, text)
 
 
-def _escape_lines(text: str) -> str:
+def escape_lines(text: str) -> str:
     """Like `escape`, but line breaks stay: for text the program itself laid out in lines."""
     return "\n".join(escape(line) for line in text.split("\n"))
 
@@ -66,10 +66,10 @@ def _one(te: traceback.TracebackException) -> Iterator[str]:
     full = list(te.format(chain=False))
     only = list(te.format_exception_only())
     if only and full[-len(only) :] == only:
-        yield from (_escape_lines(chunk) for chunk in full[: -len(only)])
+        yield from (escape_lines(chunk) for chunk in full[: -len(only)])
         yield from (_escape_chunk(chunk) for chunk in only)
     else:  # an exception group lays its members out in its own lines
-        yield from (_escape_lines(chunk) for chunk in full)
+        yield from (escape_lines(chunk) for chunk in full)
 
 
 def _traceback(ei: _ExcInfo) -> Iterator[str]:
@@ -103,11 +103,11 @@ class SafeFormatter(logging.Formatter):
 
     def formatException(self, ei: object) -> str:
         if not isinstance(ei, tuple) or ei[1] is None:
-            return _escape_lines(super().formatException(ei))  # type: ignore[arg-type]
+            return escape_lines(super().formatException(ei))  # type: ignore[arg-type]
         return "".join(_traceback(ei)).removesuffix("\n")
 
     def formatStack(self, stack_info: str) -> str:
-        return _escape_lines(stack_info)
+        return escape_lines(stack_info)
 
 
 def configure(level: int | str, fmt: str = AGENT_FORMAT, stream: IO[str] | None = None) -> None:

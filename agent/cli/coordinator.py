@@ -14,6 +14,7 @@ from agent import logs
 from agent.cli.errors import AgentGroup
 from agent.cli.options import choice_option, file_option, float_option
 from agent.coordinator.control.connect import FleetOptions
+from agent.coordinator.fleet.query import DURATION_MAX_S
 
 if TYPE_CHECKING:  # the coordinator is imported when a command runs, not for --help
     from agent.coordinator.fleet.channels import Fleet
@@ -183,7 +184,13 @@ def coordinator() -> None:
     show_default=True,
     help="Desired state YAML (a mounted ConfigMap); re-read every pass. Missing: watch only.",
 )
-@float_option("--interval", low=1.0, default=60.0, help="Seconds between reconcile passes.")
+@float_option(
+    "--interval",
+    low=1.0,
+    high=DURATION_MAX_S,
+    default=60.0,
+    help="Seconds between reconcile passes.",
+)
 @click.option(
     "--listen",
     default="0.0.0.0:9400",
@@ -193,6 +200,7 @@ def coordinator() -> None:
 @float_option(
     "--retry-backoff",
     low=0.0,
+    high=DURATION_MAX_S,
     default=None,
     help="Seconds a node whose change failed is held back before its retry; doubles with "
     "every failure in a row.  [default: --interval]",
@@ -200,6 +208,7 @@ def coordinator() -> None:
 @float_option(
     "--retry-backoff-max",
     low=0.0,
+    high=DURATION_MAX_S,
     default=None,
     help="The longest hold.  [default: 30 x --interval]",
 )
@@ -214,6 +223,7 @@ def coordinator() -> None:
 @float_option(
     "--status-max-age",
     low=0.0,
+    high=DURATION_MAX_S,
     default=60.0,
     help="GET /fleet/status answers from the latest sweep (a pass's, or a request's) up to "
     "this many seconds old, else sweeps; 0: always sweep. `fleet status --fresh` asks anew.",
@@ -221,8 +231,8 @@ def coordinator() -> None:
 @click.option(
     "--once",
     is_flag=True,
-    help="Run one pass and exit: 1 if it failed, 10 if it left nodes failed or left out, or a "
-    "rollout halted.",
+    help="Run one pass and exit: 1 if it failed, 2 if the desired file does not parse, 10 if it "
+    "left nodes failed or left out, or a rollout halted.",
 )
 @_serve_lease_option
 @click.option(
@@ -234,18 +244,21 @@ def coordinator() -> None:
 @float_option(
     "--lease-duration",
     low=1.0,
+    high=DURATION_MAX_S,
     default=15.0,
     help="Seconds a Lease not renewed stays its holder's (client-go LeaseDuration).",
 )
 @float_option(
     "--renew-deadline",
     low=0.1,
+    high=DURATION_MAX_S,
     default=10.0,
     help="Seconds the leader acts without a successful renewal; < --lease-duration.",
 )
 @float_option(
     "--retry-period",
     low=0.1,
+    high=DURATION_MAX_S,
     default=2.0,
     help="Seconds between attempts to take or renew the Lease.",
 )
@@ -253,6 +266,7 @@ def coordinator() -> None:
     "--log-level",
     choices=["debug", "info", "warning", "error"],
     default="info",
+    help="The least severe log lines written to stderr.",
 )
 def serve(
     desired_path: Path,

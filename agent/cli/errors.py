@@ -7,14 +7,17 @@ from typing import Any
 import click
 
 from agent.errors import AgentError
+from agent.logs import escape_lines
 
 
 def report(exc: AgentError) -> None:
-    """Each problem once: a field the headline already names is not listed again."""
-    message = str(exc)
+    """Each problem once: a field the headline already names is not listed again. What the
+    user typed or a file held reaches the terminal escaped (``\x1b``, never the byte), as in
+    the logs; the line breaks the message is laid out in stay."""
+    message = escape_lines(str(exc))
     click.echo(f"error: {message}", err=True)
     for violation in getattr(exc, "violations", ()):
-        line = str(violation)
+        line = escape_lines(str(violation))
         if line not in message:
             click.echo(f"  {line}", err=True)
 

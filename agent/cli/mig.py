@@ -423,7 +423,7 @@ def assert_command(
 @click.pass_obj
 def export_command(obj: CliContext, output_format: str, config_label: str) -> None:
     """Print the node's current MIG state as a mig-parted v1 config (GPUs with equal layouts
-    share an entry), ready for ``mig apply`` on another node.
+    share an entry), ready for `mig apply` on another node.
 
     \b
     Example:

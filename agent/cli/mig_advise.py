@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from agent.cli.context import CliContext
+from agent.cli.options import GPU_INDEX
 from agent.cli.render import emit, format_table, output_option
 from agent.errors import InvalidSpec
 
@@ -120,7 +121,7 @@ def _advice_table(data: list[dict[str, Any]]) -> str:
 @click.command(
     "advise", short_help="Where the next instance of each profile should go (read only)."
 )
-@click.option("--gpu", "gpu_index", type=click.IntRange(min=0), default=None, help="Only GPU N.")
+@click.option("--gpu", "gpu_index", type=GPU_INDEX, default=None, help="Only GPU N.")
 @click.option("--profile", default="", help="Only this GPU-instance profile, e.g. 3g.40gb.")
 @output_option
 @click.pass_obj

@@ -3,6 +3,7 @@ within a range, one of a few words. Each command still writes its own flag and h
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import sys
@@ -15,11 +16,16 @@ import click
 from agent import safeyaml
 from agent.durable import replace_file
 from agent.errors import FieldViolation, InvalidSpec
+from agent.mig import MAX_GPU_INDEX
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 FILE = click.Path(path_type=Path, dir_okay=False)
 """A file's path (never a directory), given to the command as a ``Path``."""
+
+GPU_INDEX = click.IntRange(min=0, max=MAX_GPU_INDEX)
+"""A GPU's index, 0-255 as everywhere in the API (docs/api.md): a larger one is refused naming
+the option (exit 2), never passed on to overflow the request's uint32."""
 
 
 def read_input(value: str, field: str) -> str:
@@ -31,6 +37,17 @@ def read_input(value: str, field: str) -> str:
     return safeyaml.decoded(data, field, safeyaml.DEFAULT.max_bytes, "stdin")
 
 
+def _as_is(path: Path) -> bool:
+    """Whether `write_output` writes to ``path`` as it is (/dev/stdout, a pipe), not through a
+    temp file beside it."""
+    special = path.is_absolute() and path.parts[1:2] in (("dev",), ("proc",))
+    return special or (path.exists() and not path.is_file())
+
+
+def _unwritable(path: Path, cause: str, field: str) -> InvalidSpec:
+    return InvalidSpec(f"cannot write {path}: {cause}", [FieldViolation(field, "a writable path")])
+
+
 def write_output(path: Path, text: str, field: str) -> None:
     """Write ``text`` to ``path`` (``field``: the option that named it, as the user wrote it).
     A regular file, or a new one, is replaced whole: a temp file beside it, renamed over it, so
@@ -38,16 +55,29 @@ def write_output(path: Path, text: str, field: str) -> None:
     Anything else (/dev/stdout, /proc/self/fd/N, a pipe) is written to as it is. Any failure:
     an InvalidSpec naming ``field`` (exit 2)."""
     try:
-        special = path.is_absolute() and path.parts[1:2] in (("dev",), ("proc",))
-        if special or (path.exists() and not path.is_file()):
+        if _as_is(path):
             path.write_text(text)  # /dev/stdout (whatever it is), a pipe: written as it is
         else:  # a link to a file stays a link: its target is replaced
             replace_file(Path(os.path.realpath(path)), text.encode(), new_mode=0o644)
     except OSError as exc:
-        raise InvalidSpec(
-            f"cannot write {path}: {exc.strerror or exc}",
-            [FieldViolation(field, "a writable path")],
-        ) from exc
+        raise _unwritable(path, str(exc.strerror or exc), field) from exc
+
+
+def refuse_unwritable(outputs: Mapping[str, Path | None]) -> None:
+    """Refuse, before any work, an output file (flag -> path; None: not given) that
+    `write_output` could not write: its directory missing, not a directory or not writable.
+    The InvalidSpec `write_output` would raise at the end, naming the flag."""
+    for flag, path in outputs.items():
+        if path is None or _as_is(path):
+            continue
+        where = Path(os.path.realpath(path)).parent
+        if not where.is_dir():
+            code = errno.ENOENT if not where.exists() else errno.ENOTDIR
+        elif not os.access(where, os.W_OK | os.X_OK):
+            code = errno.EACCES
+        else:
+            continue
+        raise _unwritable(path, os.strerror(code), flag)
 
 
 def file_option(*decls: str, help: str, **attrs: Any) -> Callable[[F], F]:
@@ -68,6 +98,12 @@ class _Number(click.FloatRange):
         return number
 
 
+def finite_number(low: float, high: float | None = None, *, low_open: bool = False) -> _Number:
+    """The type of a finite number in [low, high] (``low_open``: above low), for an argument;
+    an option takes `float_option`."""
+    return _Number(min=low, max=high, min_open=low_open)
+
+
 def float_option(
     *decls: str,
     low: float,
@@ -78,7 +114,7 @@ def float_option(
 ) -> Callable[[F], F]:
     """A finite number in [low, high] (``low_open``: above low); --help shows the default where
     there is one."""
-    kind = _Number(min=low, max=high, min_open=low_open)
+    kind = finite_number(low, high, low_open=low_open)
     return click.option(*decls, type=kind, help=help, **_default(default))
 
 
@@ -127,3 +163,11 @@ def refuse_overwriting(
                     f"--{flag} and --{other_flag} are both {path}: name two files",
                     [FieldViolation(other_flag, f"a file other than --{flag} {path}")],
                 )
+
+
+def refuse_bad_outputs(
+    inputs: Mapping[str, Path | None], outputs: Mapping[str, Path | None]
+) -> None:
+    """`refuse_overwriting`, then `refuse_unwritable`: every output checked before any work."""
+    refuse_overwriting(inputs, outputs)
+    refuse_unwritable(outputs)

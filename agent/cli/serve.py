@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 @click.option(
     "--metrics-listen",
     default=None,
-    help="HTTP listen address for /metrics and /healthz (default 0.0.0.0:9400).",
+    help="HTTP listen address for /metrics, /healthz and /readyz (default 0.0.0.0:9400).",
 )
 @file_option(
     "--collectors",
@@ -42,7 +42,7 @@ def serve(
     obj: CliContext, metrics_listen: str | None, collectors: Path | None, metric_names: str | None
 ) -> None:
     """Run the agent: the control API (gRPC on the admin Unix socket, and on TCP with mTLS
-    when its certificates are set) and /metrics, /healthz HTTP on :9400.
+    when its certificates are set) and /metrics, /healthz, /readyz HTTP on :9400.
 
     Without --simulate it uses the real NVML. With no driver yet it still runs, says
     "waiting for the NVIDIA driver" in `status` and `doctor`, and attaches when the driver

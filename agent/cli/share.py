@@ -34,6 +34,7 @@ from agent.sharing import (
     dra,
     dra_api,
     parse,
+    parse_requested,
     to_document,
 )
 from agent.sharing.view import DraView
@@ -76,7 +77,7 @@ class _Spec:
             flags = (self.time_slicing, self.mps, self.rename_by_default, self.mig_strategy)
             if any(flags) or self.fail_requests is not None:
                 raise click.UsageError("-f FILE cannot be combined with the other set options")
-            return parse(read_input(self.config_file, "file"))
+            return parse_requested(read_input(self.config_file, "file"), "file")
         if self.time_slicing or self.mps:
             return parse(
                 _document(

@@ -12,6 +12,7 @@ import click
 
 from agent.cli.context import CliContext
 from agent.cli.errors import AgentGroup
+from agent.cli.options import finite_number
 from agent.cli.render import emit, format_table, output_option
 from agent.errors import FieldViolation, InvalidSpec
 
@@ -230,12 +231,27 @@ def process_stop(obj: CliContext, pid: int) -> None:
     _control(obj).stop_process(pid)
 
 
+# agent/gpu/sim/faults.py's MAX_CALLS, which it checks again; not imported from there, which
+# would load the whole simulator for `sim --help`.
+_MAX_CALLS = 2**31 - 1
+
+
 @sim.command("fault")
 @click.argument("function")
 @click.argument("error")
-@click.option("--nth", type=int, default=1, show_default=True, help="Fail the Nth call from now.")
 @click.option(
-    "--count", type=int, default=1, show_default=True, help="How many calls fail from the Nth on."
+    "--nth",
+    type=click.IntRange(1, _MAX_CALLS),
+    default=1,
+    show_default=True,
+    help="Fail the Nth call from now (up to 2**31-1).",
+)
+@click.option(
+    "--count",
+    type=click.IntRange(1, _MAX_CALLS),
+    default=1,
+    show_default=True,
+    help="How many calls fail from the Nth on (up to 2**31-1).",
 )
 @click.option("--gpu", type=int, default=None, help="Only calls on this GPU.")
 @click.option(
@@ -328,7 +344,7 @@ def clocks(obj: CliContext, gpu: int, reasons: tuple[str, ...]) -> None:
 
 @sim.command("power-writer")
 @click.argument("gpu", type=int)
-@click.argument("watts", type=float, required=False)
+@click.argument("watts", type=finite_number(0, low_open=True), required=False)
 @click.pass_obj
 def power_writer(obj: CliContext, gpu: int, watts: float | None) -> None:
     """Have another writer of a GPU's power limit (a site power manager, a loop of

@@ -220,7 +220,11 @@ def _expected(leaf: _Leaf) -> str:
     if leaf.kind is _KINDS[tuple] and "comma-separated" not in text:
         text += " (comma-separated in env and flags)"
     if leaf.optional:
-        text += "; or empty (null in YAML) for none"
+        text += (
+            "; or empty (null in YAML) for none"
+            if rules.empty_unsets
+            else "; or unset (null in YAML) for none"
+        )
     return text
 
 
@@ -235,8 +239,10 @@ def _within(rules: _Rules, value: Any) -> bool:
 
 
 def _coerce(leaf: _Leaf, raw: object) -> object:
-    """The typed, checked value of ``raw``; raises ValueError. Empty text unsets optionals."""
-    if raw is None or (leaf.optional and isinstance(raw, str) and not raw.strip()):
+    """The typed, checked value of ``raw``; raises ValueError. Empty text unsets optionals
+    (unless their rules say otherwise: then it is refused)."""
+    empty = isinstance(raw, str) and not raw.strip()
+    if raw is None or (leaf.optional and leaf.rules.empty_unsets and empty):
         if leaf.optional:
             return None
         raise ValueError(raw)

@@ -30,6 +30,9 @@ class Rules:
     requires: str | None = None  # a sibling setting that must be set whenever this one is
     env_aliases: tuple[str, ...] = ()  # further env names, weaker than the GPU_AGENT_ one
     default_doc: str | None = None  # says what a default computed at run time is
+    # An optional setting given as empty text (an env var or flag set to "") is unset; False:
+    # refused, for a setting whose unset value acts on something else (--simulate "": real GPUs).
+    empty_unsets: bool = True
 
 
 def rules(**given: Any) -> dict[str, Rules]:

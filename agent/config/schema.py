@@ -53,7 +53,10 @@ class AgentConfig:
         default=None,
         metadata=_rules(
             doc="Simulator preset to run on (e.g. dgx-h100); none means the real NVML, and a node "
-            "without a driver is then an error, never a silent fall-back to the simulator.",
+            "without a driver is then an error, never a silent fall-back to the simulator. An "
+            'empty value (`--simulate "$PRESET"` with PRESET unset) is refused, never taken '
+            "as the real NVML.",
+            empty_unsets=False,
         ),
     )
     state_dir: Path = field(

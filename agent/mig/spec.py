@@ -19,6 +19,7 @@ from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec
 from agent.gpu.profiles import parse_profile
 from agent.gpu.types import GpuInfo
+from agent.mig import MAX_GPU_INDEX
 from agent.safeyaml import brief, capped
 
 VERSION = "v1"
@@ -26,8 +27,6 @@ ALL: Literal["all"] = "all"
 
 #: A GPU holds at most 7 MIG devices (reference/mig.md §2); a larger count fits no GPU.
 MAX_COUNT = 7
-#: NVML numbers GPUs 0..N-1; no node has more than this many.
-MAX_GPU_INDEX = 255
 _MAX_UUID = 96
 #: A config, label or profile name a caller gives (echoed in answers and logs): a DNS name's bound
 MAX_NAME = 253

@@ -9,7 +9,7 @@ needs the Kubernetes client, is imported from ``agent.sharing.service``.
 """
 
 from agent.sharing.advertise import Advertised, advertise
-from agent.sharing.schema import PluginConfig, parse, render, to_document
+from agent.sharing.schema import PluginConfig, parse, parse_requested, render, to_document
 from agent.sharing.validate import validate, violations
 from agent.sharing.view import ApplyResult, Pickup, ReloadReport, SharingView
 
@@ -22,6 +22,7 @@ __all__ = [
     "SharingView",
     "advertise",
     "parse",
+    "parse_requested",
     "render",
     "to_document",
     "validate",

@@ -196,6 +196,21 @@ def parse(document: str | bytes | Mapping[str, object], field: str = "config") -
     return PluginConfig(flags=flags, sharing=Sharing(**sections), other=_frozen(other))
 
 
+def parse_requested(text: str, field: str) -> PluginConfig:
+    """A config someone asks for (a file, a pipe, SetSharing's config_yaml): as `parse`, but a
+    document with nothing in it (an empty file, a pipe that gave nothing, comments alone) is
+    refused naming ``field``: set, it would stop all sharing without a word. A document that
+    says so (``version: v1`` with no sharing section) still does; ClearSharing
+    (`gpu-agent share clear`) is the way meant for it."""
+    document = safeyaml.load(text, field)
+    if document is None:
+        raise InvalidSpec(
+            f"{field}: the device-plugin config is empty (to stop sharing: gpu-agent share clear)",
+            [FieldViolation(field, "a device-plugin config: version: v1, sharing: ...")],
+        )
+    return parse(document, field)
+
+
 def _parse_flags(r: _Reader, value: object) -> Flags:
     if value is None:
         return Flags()

@@ -17,7 +17,15 @@ from pathlib import Path
 from agent._proto.gpuagent.v1 import sharing_pb2, types_pb2
 from agent.dra.mode import Allocation, AllocationMode
 from agent.errors import FieldViolation, InvalidSpec
-from agent.sharing import Advertised, ApplyResult, PluginConfig, ReloadReport, SharingView, parse
+from agent.sharing import (
+    Advertised,
+    ApplyResult,
+    PluginConfig,
+    ReloadReport,
+    SharingView,
+    parse,
+    parse_requested,
+)
 from agent.sharing.schema import render
 from agent.sharing.view import DraObject, DraView, Pickup, StatusRecord
 from agent.wire.timestamps import seconds, timestamp
@@ -221,7 +229,7 @@ def requested_config(request: sharing_pb2.SetSharingRequest) -> PluginConfig:
                 "config_yaml is too large",
                 [FieldViolation("config_yaml", f"at most {_MAX_YAML} bytes")],
             )
-        return parse(request.config_yaml, "config_yaml")
+        return parse_requested(request.config_yaml, "config_yaml")
     raise InvalidSpec(
         "SetSharing needs a config", [FieldViolation("config", "set spec or config_yaml")]
     )

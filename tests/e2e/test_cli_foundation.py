@@ -82,6 +82,31 @@ def test_every_command_has_help_with_an_example(path: tuple[str, ...]) -> None:
         assert "Example" in result.output, f"`gpu-agent {' '.join(path)} --help` shows no example"
 
 
+@pytest.mark.parametrize("path", _commands(cli), ids=" ".join)
+def test_every_option_says_what_it_does_in_plain_text(path: tuple[str, ...]) -> None:
+    """`coordinator serve --log-level` showed no help; `mig export --help` showed the reST
+    markup ``mig apply`` its docstring was written in (help is plain text: `mig apply`)."""
+    from click.testing import CliRunner
+
+    command = _lookup(path)
+    bare = [p.opts for p in command.params if isinstance(p, click.Option) and not p.help]
+    assert not bare, f"`gpu-agent {' '.join(path)}`: options without help: {bare}"
+    result = CliRunner().invoke(cli, [*path, "--help"])
+    assert "``" not in result.output, result.output
+
+
+def test_serve_help_names_what_it_serves_and_coordinator_once_every_exit() -> None:
+    """`serve --help` named /metrics and /healthz but not /readyz; `coordinator serve --once`
+    named exits 1 and 10 but not 2, a desired file that does not parse (docs/coordinator.md)."""
+    from click.testing import CliRunner
+
+    served = " ".join(CliRunner().invoke(cli, ["serve", "--help"]).output.split())
+    assert "/metrics, /healthz, /readyz" in served
+    assert "/metrics, /healthz and /readyz" in served  # --metrics-listen
+    once = " ".join(CliRunner().invoke(cli, ["coordinator", "serve", "--help"]).output.split())
+    assert "1 if it failed, 2 if the desired file does not parse, 10 if" in once
+
+
 def _lookup(path: tuple[str, ...]) -> click.Command:
     cmd: click.Command = cli
     for name in path:

@@ -200,10 +200,29 @@ def test_env_lists_are_comma_separated() -> None:
 
 
 def test_empty_env_text_unsets_an_optional_setting(tmp_path: Path) -> None:
-    file = write(tmp_path, "simulate: dgx-h100\ntelemetry:\n  collectors: /etc/c.csv\n")
-    config = load_config(file, {"GPU_AGENT_SIMULATE": "", "GPU_AGENT_TELEMETRY__COLLECTORS": ""})
-    assert config.simulate is None
+    file = write(tmp_path, "telemetry:\n  collectors: /etc/c.csv\n")
+    config = load_config(file, {"GPU_AGENT_TELEMETRY__COLLECTORS": ""})
     assert config.telemetry.collectors is None
+
+
+@pytest.mark.parametrize(
+    ("env", "flags", "named"),
+    [
+        ({"GPU_AGENT_SIMULATE": ""}, {}, "env GPU_AGENT_SIMULATE"),
+        ({}, {"simulate": ""}, "flag simulate"),
+        ({"GPU_AGENT_SIMULATE": "dgx-h100"}, {"simulate": ""}, "flag simulate"),
+    ],
+)
+def test_an_empty_simulate_is_refused_never_taken_as_the_real_nvml(
+    env: dict[str, str], flags: dict[str, object], named: str
+) -> None:
+    """`--simulate "$PRESET"` with PRESET unset (or GPU_AGENT_SIMULATE=) meant the real NVML:
+    a command meant for a simulated node acted on the host's GPUs. Refused naming the flag or
+    variable; unset (or null in YAML) is still the real NVML."""
+    with pytest.raises(InvalidSpec) as refused:
+        load_config(None, env, flags)
+    assert f"{named}: expected a non-empty string" in str(refused.value)
+    assert load_config(None, {}, {"simulate": None}).simulate is None
 
 
 def test_flags_take_typed_values_or_text() -> None:
@@ -347,6 +366,7 @@ def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:
         "log_level",
         "telemetry.interval_s",
         "env GPU_AGENT_PREWARM__ALLOW_HTTP",
+        "flag simulate",  # empty: refused, not the real NVML
     }
     assert str(file) in str(error)
 
@@ -513,7 +533,7 @@ def test_every_env_name_in_the_schema_sets_its_setting() -> None:
     """Each row's env name, given its default as text, loads that default back."""
     defaults = AgentConfig()
     for row in config_schema():
-        if row["key"] == "node_name":
+        if row["key"] in ("node_name", "simulate"):  # simulate's none is unset, never "" in env
             continue
         env = {str(row["env"]): env_text(row["default"])}
         loaded = load_config(env=env)

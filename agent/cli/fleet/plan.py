@@ -18,7 +18,13 @@ from agent.cli.coordinator import (
     run_with_fleet,
 )
 from agent.cli.fleet.status import counts_text
-from agent.cli.options import file_option, float_option, refuse_overwriting
+from agent.cli.options import (
+    file_option,
+    float_option,
+    refuse_bad_outputs,
+    refuse_unwritable,
+    write_output,
+)
 from agent.cli.render import emit, format_table, output_option
 from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.safeyaml import ascii_int
@@ -242,8 +248,7 @@ def plan(
             "give --demand FILE or --from-cluster (one of them)",
             [FieldViolation("demand", "--demand FILE or --from-cluster")],
         )
-    if demand_file is not None:  # before anything is read: the plan must not replace it
-        refuse_overwriting({"demand": demand_file}, {"out": out})
+    refuse_bad_outputs({"demand": demand_file}, {"out": out})  # before a read, or the solver
     notes: tuple[str, ...] = ()
     pods: list[object] = []
     claims: tuple[list[object], list[object], str | None] = ([], [], None)
@@ -272,7 +277,8 @@ def plan(
         waiting = found.waiting
     result = plan_flow(selection, demand, time_limit_s=time_limit, waiting=waiting)
     if out is not None:
-        out.write_text(yaml.safe_dump(plan_document(result.plan, source), sort_keys=False))
+        document = plan_document(result.plan, source)
+        write_output(out, yaml.safe_dump(document, sort_keys=False), "out")
     if output == "table":
         click.echo(_plan_table({"result": result, "out": out, "notes": notes}))
     else:
@@ -349,6 +355,10 @@ def _replay_table(steps: Sequence[Any]) -> str:
     )
 
 
+#: --end: a year's trace (and a day), the longest a capacity model replays.
+REPLAY_END_MAX_S = 366 * 24 * 3600
+
+
 @click.command("replay")
 @fleet_options
 @file_option(
@@ -370,8 +380,10 @@ def _replay_table(steps: Sequence[Any]) -> str:
 @float_option(
     "--end",
     low=0,
+    high=REPLAY_END_MAX_S,
     default=None,
-    help="Seconds after the trace's start when the last step ends (for its GPU-hours idle).",
+    help="Seconds after the trace's start when the last step ends (for its GPU-hours idle); "
+    "at most 366 days.",
 )
 @file_option(
     "--report", "report_file", help="Write one row per step and priority here: .csv or .json."
@@ -414,7 +426,7 @@ def replay_cmd(
             f"--report {report_file}: the name must end in .csv or .json",
             [FieldViolation("report", ".csv or .json")],
         )
-    refuse_overwriting({"trace": trace_file}, {"report": report_file, "svg": svg_file})
+    refuse_bad_outputs({"trace": trace_file}, {"report": report_file, "svg": svg_file})
     steps = load_trace(trace_file)
     extra: list[tuple[str, NodeLayouts]] = []
     for spec in added:
@@ -440,9 +452,10 @@ def replay_cmd(
     results = replay_trace(selection, extra, steps, end=end)
     if report_file is not None:
         render = report_csv if report_file.suffix == ".csv" else report_json
-        report_file.write_text(render(results))
+        write_output(report_file, render(results), "report")
     if svg_file is not None:
-        svg_file.write_text(report_svg(results, f"Demand vs capacity: {trace_file.name}"))
+        title = f"Demand vs capacity: {trace_file.name}"
+        write_output(svg_file, report_svg(results, title), "svg")
     emit(list(results), output, _replay_table)
 
 
@@ -571,6 +584,7 @@ def rightsize(
     from agent.coordinator.planning.rightsize import rightsized_demand, suggest
 
     every_s, samples = _sweeps(window, every)
+    refuse_unwritable({"demand-out": demand_out})  # before the window is watched
     chosen = parse_selector(selector)
 
     async def work(f: Fleet) -> Any:
@@ -593,12 +607,11 @@ def rightsize(
     catalog = Catalog(seen)  # a GPU with MIG off reports no profiles: its model's
     suggestions = suggest(observed, {g.gpu.uuid: catalog.complete(g) for g in seen}, headroom)
     if demand_out is not None:
-        demand_out.write_text(
-            demand_yaml(
-                rightsized_demand(suggestions),
-                f"From `gpu-agent fleet rightsize` over {window} (headroom {headroom:.0%}).",
-            )
+        text = demand_yaml(
+            rightsized_demand(suggestions),
+            f"From `gpu-agent fleet rightsize` over {window} (headroom {headroom:.0%}).",
         )
+        write_output(demand_out, text, "demand-out")
     data = {
         "suggestions": suggestions,
         "observed": observed,

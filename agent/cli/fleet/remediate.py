@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from agent.cli.coordinator import fleet_options, lease_option, options_from, run_with_fleet
-from agent.cli.options import float_option
+from agent.cli.options import GPU_INDEX, float_option
 from agent.cli.render import emit, output_option
 from agent.errors import AgentError, NotFound
 
@@ -75,7 +75,7 @@ def _text(doc: dict[str, Any]) -> str:
 @click.option(
     "--gpu",
     "gpu_index",
-    type=click.IntRange(min=0),
+    type=GPU_INDEX,
     default=None,
     help="The failed GPU's index; default: every failed GPU of the node.",
 )

@@ -16,7 +16,12 @@ from agent.cli.coordinator import (
     lease_option,
     run_with_fleet,
 )
-from agent.cli.options import choice_option, file_option, float_option, refuse_overwriting
+from agent.cli.options import (
+    choice_option,
+    file_option,
+    float_option,
+    refuse_bad_outputs,
+)
 from agent.cli.render import emit, format_table
 from agent.coordinator.rollout.schedule import NODE_TIMEOUT_MAX_S, parse_max_unavailable
 from agent.errors import AgentError
@@ -248,8 +253,9 @@ def rollout_args(
     kwargs: dict[str, Any], inputs: Mapping[str, Path | None] | None = None
 ) -> dict[str, Any]:
     """The rollout's options out of ``kwargs``; a --record naming one of the ``inputs`` (flag ->
-    file) is refused before anything is read: the record would be written over it."""
-    refuse_overwriting(inputs or {}, {"record": kwargs["record_file"]})
+    file), or one that cannot be written, is refused before anything is read: the record would
+    be written over it, or fail to be saved once nodes had changed."""
+    refuse_bad_outputs(inputs or {}, {"record": kwargs["record_file"]})
     return {
         "max_unavailable": kwargs.pop("max_unavailable"),
         "max_failures": kwargs.pop("max_failures"),

@@ -18,7 +18,7 @@ from agent.errors import AgentError, FieldViolation, InvalidSpec
 from agent.kube import decode_json
 from agent.redact import redact_url
 
-__all__ = ["STATUS_PATH", "StatusQuery", "fetch_status", "parse_duration"]
+__all__ = ["DURATION_MAX_S", "STATUS_PATH", "StatusQuery", "fetch_status", "parse_duration"]
 
 STATUS_PATH = "/fleet/status"
 #: A /fleet/status answer larger than this is refused: every node's record of a fleet of
@@ -29,18 +29,23 @@ MAX_ERROR_BYTES = 64 << 10
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+#: The longest duration a fleet command or the coordinator takes (an idle threshold, a watch, a
+#: pass interval, a hold): a week, as --node-timeout; past it is a typo, not a plan.
+DURATION_MAX_S = 7 * 24 * 3600
+
+
 def parse_duration(text: str, field: str = "idle-after") -> float:
-    """Seconds from ``90``, ``30m``, ``1h``, ``2d``: finite, 0 or more; InvalidSpec naming
-    ``field`` (the option) otherwise."""
+    """Seconds from ``90``, ``30m``, ``1h``, ``2d``: finite, 0 to 7d (`DURATION_MAX_S`);
+    InvalidSpec naming ``field`` (the option) otherwise."""
     raw = text.strip()
     try:
         seconds = float(raw[:-1]) * _UNITS[raw[-1]] if raw and raw[-1] in _UNITS else float(raw)
     except ValueError:
         seconds = math.nan
-    if not 0 <= seconds < math.inf:
+    if not 0 <= seconds <= DURATION_MAX_S:
         raise InvalidSpec(
-            f"{text!r} is not a duration",
-            [FieldViolation(field, "seconds, or a number with s, m, h or d, 0 or more: 30m")],
+            f"{text!r} is not a duration of 0 to 7d",
+            [FieldViolation(field, "seconds, or a number with s, m, h or d, 0 to 7d: 30m")],
         )
     return seconds
 

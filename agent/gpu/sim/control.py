@@ -311,13 +311,15 @@ class SimControl:
                 g.power_limit_writer_mw = None
                 return
             model = model_of(g)
-            milliwatts = round(watts * 1000)
-            if not model.min_power_limit_w * 1000 <= milliwatts <= model.power_limit_w * 1000:
+            # The range first: round() of nan or of an overflowing inf raises, and nan compares
+            # with nothing.
+            if not model.min_power_limit_w <= watts <= model.power_limit_w:
                 raise InvalidSpec(
                     f"watts must be {model.min_power_limit_w}..{model.power_limit_w} "
                     f"(GPU {gpu}'s range), got {watts:g}",
                     [FieldViolation("watts", f"{model.min_power_limit_w}..{model.power_limit_w}")],
                 )
+            milliwatts = round(watts * 1000)
             activity.refresh(g, model, time.monotonic())  # energy so far at the old limit
             g.power_limit_writer_mw = milliwatts
             activity.set_power_limit(g, model, milliwatts)

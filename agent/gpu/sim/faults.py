@@ -94,20 +94,23 @@ def _errors() -> tuple[str, ...]:
     )
 
 
+#: The most calls a fault waits for (--nth) or fails (--count): a 32-bit count, far past any
+#: test, so the state file never holds a number without bound.
+MAX_CALLS = 2**31 - 1
+
+
 def arm(
     node: NodeState, function: str, code: int, *, nth: int, count: int, gpu: int | None
 ) -> None:
-    violations = []
-    if nth < 1:
-        violations.append(FieldViolation("nth", f"must be >= 1, got {nth}"))
-    if count < 1:
-        violations.append(FieldViolation("count", f"must be >= 1, got {count}"))
+    violations = [
+        FieldViolation(name, f"must be 1..{MAX_CALLS}, got {value}")
+        for name, value in (("nth", nth), ("count", count))
+        if not 1 <= value <= MAX_CALLS
+    ]
     if gpu is not None and not 0 <= gpu < len(node.gpus):
         violations.append(FieldViolation("gpu", f"must be 0..{len(node.gpus) - 1}, got {gpu}"))
     if violations:
-        raise InvalidSpec(
-            "invalid fault: " + "; ".join(v.description for v in violations), violations
-        )
+        raise InvalidSpec("invalid fault: " + "; ".join(str(v) for v in violations), violations)
     node.faults.append(Fault(function, code, skip=nth - 1, remaining=count, gpu=gpu))
 
 

@@ -394,3 +394,37 @@ def test_json_says_null_not_an_empty_list_when_what_is_advertised_is_not_known(
     for data in (json_of("set", "--time-slicing", "nvidia.com/gpu=4"), json_of("show")):
         assert data["advertised"] is None
         assert str(data["advertised_unknown"]).startswith("GPU 3 lost")
+
+
+@pytest.mark.usefixtures("plugin_loaded")
+@pytest.mark.parametrize("empty", ["", "\n", "# nothing yet\n"])
+def test_an_empty_document_is_refused_and_the_sharing_stays(config_path: Path, empty: str) -> None:
+    """`share set -f - </dev/null` (an empty file, a pipe whose writer failed) set a config
+    with no sharing: time-slicing was gone ("Strategy: none") without a word. Refused naming
+    -f, as `power apply -f empty.yaml` is; saying so (`version: v1`, no sharing) still works."""
+    assert run(config_path, "set", "--time-slicing", "nvidia.com/gpu=4").exit_code == 0
+    before = config_path.read_text()
+    refused = run(config_path, "set", "-f", "-", stdin=empty)
+    assert refused.exit_code == 2, refused.output
+    assert "the device-plugin config is empty" in refused.stderr
+    assert "share clear" in refused.stderr
+    assert config_path.read_text() == before
+    assert "Strategy:  time-slicing" in run(config_path, "show").stdout
+    said = run(config_path, "set", "-f", "-", stdin="version: v1\n")
+    assert said.exit_code == 0, said.output
+    assert "Strategy:  none" in run(config_path, "show").stdout
+
+
+@pytest.mark.parametrize("empty", ["", "  \n# c\n"])
+def test_set_sharing_refuses_an_empty_config_yaml(empty: str) -> None:
+    """The RPC took an empty config_yaml as a config without sharing, as the CLI did; so did
+    `fleet apply share -f empty.yaml`, which checks a config as the agents will."""
+    from agent._proto.gpuagent.v1 import sharing_pb2
+    from agent.errors import InvalidSpec
+    from agent.sharing.schema import Sharing
+    from agent.wire.sharing import requested_config
+
+    with pytest.raises(InvalidSpec, match="config_yaml: the device-plugin config is empty"):
+        requested_config(sharing_pb2.SetSharingRequest(config_yaml=empty))
+    said = requested_config(sharing_pb2.SetSharingRequest(config_yaml="version: v1\n"))
+    assert said.sharing == Sharing()  # a document that says "no sharing" is still one
