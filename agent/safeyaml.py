@@ -86,6 +86,19 @@ def ascii_int(text: str, digits: int = 9) -> int | None:
     return int(text)
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """Where and what, as a person reads it: ``line 4, column 1: expected the node content,
+    but found '<stream end>' (while parsing a flow node)``; PyYAML's own text adds its
+    ``"<unicode string>"`` and a caret snippet."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or not problem:
+        return capped(" ".join(str(exc).split()))
+    context = getattr(exc, "context", None)
+    said = f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    return capped(" ".join((f"{said} ({context})" if context else said).split()))
+
+
 def capped(text: str, limit: int = MAX_MESSAGE) -> str:
     """``text`` cut to ``limit`` characters, saying it was cut."""
     return text if len(text) <= limit else text[: limit - 12] + " …(cut)"
@@ -303,8 +316,7 @@ def load(text: str | bytes, field: str, limits: Limits = DEFAULT) -> Any:
             [FieldViolation(where, exc.description)],
         ) from None
     except yaml.YAMLError as exc:
-        # The error's snippet of the input is bounded by PyYAML; the whole text is capped here.
-        description = capped(" ".join(str(exc).split()))
+        description = _yaml_problem(exc)
         raise InvalidSpec(
             f"{field}: not valid YAML: {description}", [FieldViolation(field, description)]
         ) from None

@@ -11,14 +11,16 @@ from agent.logs import escape_lines
 
 
 def report(exc: AgentError) -> None:
-    """Each problem once: a field the headline already names is not listed again. What the
+    """Each problem once: a field the headline already names with its problem is not listed
+    again. What the
     user typed or a file held reaches the terminal escaped (``\x1b``, never the byte), as in
     the logs; the line breaks the message is laid out in stay."""
     message = escape_lines(str(exc))
     click.echo(f"error: {message}", err=True)
     for violation in getattr(exc, "violations", ()):
         line = escape_lines(str(violation))
-        if line not in message:
+        said = escape_lines(violation.description) in message
+        if line not in message and not (said and escape_lines(violation.field) in message):
             click.echo(f"  {line}", err=True)
 
 

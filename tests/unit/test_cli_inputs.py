@@ -107,3 +107,17 @@ def test_an_error_escapes_the_control_characters_the_user_typed(tmp_path: Path) 
     assert "\x1b" not in result.output and "\x07" not in result.output
     assert "\\x1b[31mred\\x07é" in result.output
     assert "\n  selected-config: one of: " in result.output  # its lines laid out as before
+
+
+def test_a_yaml_error_is_said_once_by_line_column_and_what(tmp_path: Path) -> None:
+    """A YAML syntax error printed PyYAML's text twice (the headline and the file's field
+    line) with its `"<unicode string>"` and caret noise: it is said once, by line, column and
+    what is wrong."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: v1\nmig-configs:\n  a: [\n")
+    broken = _run(tmp_path, "mig", "plan", "-f", str(bad), "-c", "a")
+    assert broken.exit_code == 2, (broken.output, broken.exception)
+    assert broken.output == (
+        f"error: {bad}: not valid YAML: line 4, column 1: expected the node content, but "
+        "found '<stream end>' (while parsing a flow node)\n"
+    )
