@@ -41,11 +41,33 @@ def default_dcgm_fields() -> frozenset[str]:
     return frozenset(c.field.name for c in counters.values)
 
 
+@cache
+def coordinator_series() -> frozenset[str]:
+    """Every family and sample name a fresh coordinator's /metrics shows (its collector builds
+    the names from a prefix, so they are not string literals)."""
+    from pathlib import Path
+    from typing import cast
+
+    from agent.coordinator.control.reconcile import Reconciler
+    from agent.coordinator.fleet.channels import Fleet
+
+    reconciler = Reconciler(cast(Fleet, object()), Path("/nonexistent/desired.yaml"))
+    reconciler.stats.last_pass = 0.0  # a pass ran: its timestamp is exported too
+    names: set[str] = set()
+    for family in reconciler.registry.collect():
+        names.add(family.name)
+        names.update(sample.name for sample in family.samples)
+    return frozenset(names)
+
+
 def exported(name: str) -> bool:
-    """The agent exports ``name`` by default (a DCGM field of the default counters, or a
-    gpu_agent_* family or sample name its code spells out)."""
+    """The agent or the coordinator exports ``name`` by default (a DCGM field of the default
+    counters, a gpu_agent_* family or sample name the agent's code spells out, or a series of
+    the coordinator's /metrics)."""
     if name.startswith("DCGM_FI_"):
         return name in default_dcgm_fields()
+    if name.startswith("gpu_agent_coordinator_"):
+        return name in coordinator_series()
     literals = agent_literals()
     if name in literals:
         return True

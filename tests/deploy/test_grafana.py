@@ -51,13 +51,23 @@ def _queries() -> list[tuple[str, str]]:
     return out
 
 
+def constants() -> dict[str, str]:
+    """The dashboard's constant variables and their values (the agents' scrape job)."""
+    return {
+        v["name"]: v["query"] for v in _dashboard()["templating"]["list"] if v["type"] == "constant"
+    }
+
+
 def _substitute(expr: str, variables: set[str]) -> str:
+    fixed = constants()
+
     def value(match: re.Match[str]) -> str:
         name = match.group(1)
         if name in BUILTINS:
             return BUILTINS[name]
         assert name in variables, f"undefined variable ${name} in {expr}"
-        return ".*"  # every dashboard variable is a multi-value regex: matches any value
+        # a constant is its value; every other variable is a multi-value regex: any value
+        return fixed.get(name, ".*")
 
     return _VARIABLE.sub(value, expr)
 
@@ -156,9 +166,10 @@ def test_the_xid_stat_counts_a_storm_of_new_xids(tmp_path: Path) -> None:
     (panel,) = [p for p in _panels() if p["title"] == "XID errors (1 h)"]
     variables = {v["name"] for v in _dashboard()["templating"]["list"]}
     expr = _substitute(panel["targets"][0]["expr"], variables)
-    series = 'gpu_agent_xid_errors_total{{pool="p",node="n",gpu="0",xid="{}"}}'
+    series = 'gpu_agent_xid_errors_total{{job="gpu-agent",pool="p",node="n",gpu="0",xid="{}"}}'
     first = (
-        'gpu_agent_xid_errors_first_seen_timestamp_seconds{{pool="p",node="n",gpu="0",xid="{}"}}'
+        "gpu_agent_xid_errors_first_seen_timestamp_seconds"
+        '{{job="gpu-agent",pool="p",node="n",gpu="0",xid="{}"}}'
     )
     tests = {
         "rule_files": [],
@@ -210,7 +221,7 @@ def test_panels_in_base_units_convert_as_the_field_catalogue_does(tmp_path: Path
         (panel,) = [p for p in _panels() if p["title"] == title]
         assert panel["fieldConfig"]["defaults"]["unit"] == unit, title
         (target,) = panel["targets"]
-        labels = '{pool="p",node="n",gpu="0"}'
+        labels = '{job="gpu-agent",pool="p",node="n",gpu="0"}'
         tests.append(
             {
                 "interval": "1m",
