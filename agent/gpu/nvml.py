@@ -33,6 +33,7 @@ from agent.errors import (
     NotSupported,
     PermissionDenied,
 )
+from agent.gpu.changes import Changes
 from agent.gpu.nvml_gateway import Gateway
 from agent.gpu.profiles import profile_name
 from agent.gpu.types import (
@@ -120,13 +121,15 @@ class GpuScan:
 
 
 def _mutation(method: Callable[..., T]) -> Callable[..., T]:
-    """Bump ``generation`` before and after a change, so a layout read while it ran is re-read."""
+    """Bump ``generation`` before and after a change, so a layout read while it ran is re-read,
+    and mark its GPU (the first argument, a UUID) as changed by this agent (``changes``)."""
 
     @functools.wraps(method)
-    def mutate(self: GpuDriver, *args: Any, **kwargs: Any) -> T:
+    def mutate(self: GpuDriver, uuid: str, *args: Any, **kwargs: Any) -> T:
         self.generation += 1
         try:
-            return method(self, *args, **kwargs)
+            with self.changes.changing(uuid):
+                return method(self, uuid, *args, **kwargs)
         finally:
             self.generation += 1
 
@@ -149,6 +152,8 @@ class GpuDriver:
         #: bumped before and after every mutation, so cached layouts are re-read after the agent's
         #: own changes (also when a read raced one)
         self.generation = 0
+        #: which GPUs this agent is changing now (telemetry does not count their reads' failures)
+        self.changes = Changes()
 
     # -- lifecycle -------------------------------------------------------------------------------
 

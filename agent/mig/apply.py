@@ -87,7 +87,15 @@ class Executor:
         """Execute ``steps`` in order; returns why the GPU's MIG mode is left pending, or None.
 
         A pending mode stops the steps: instances cannot be created before the mode is active.
+        The GPU is marked changed by this agent throughout (``GpuDriver.changes``): between
+        two steps it is half-way, and telemetry does not take it for a GPU at fault.
         """
+        with self._driver.changes.changing(gpu.uuid):
+            return self._run(gpu, steps, phase=phase, skip_reset=skip_reset)
+
+    def _run(
+        self, gpu: GpuInfo, steps: Sequence[Step], *, phase: str, skip_reset: bool
+    ) -> str | None:
         uuid = gpu.uuid
         created: dict[Placement, int] = {}
         activation: ActivationStatus | None = None

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from agent.errors import Busy
+from agent.gpu.changes import Changes
 from agent.lockfile import HolderLock
 
 LOCK_FILE = "partition.lock"
@@ -23,14 +24,20 @@ class PartitionLock:
         self.path = state_dir / LOCK_FILE
 
     @contextmanager
-    def hold(self, operation: str) -> Iterator[None]:
-        """Hold the lock while ``operation`` runs; Busy naming the holder if someone has it."""
+    def hold(self, operation: str, changes: Changes | None = None) -> Iterator[None]:
+        """Hold the lock while ``operation`` runs; Busy naming the holder if someone has it.
+        ``changes``: the driver's, marked as reconfiguring the node meanwhile (telemetry says
+        a change of this agent's once it is over, not at each of its steps)."""
         lock = HolderLock(self.path)
         if not lock.try_acquire({"operation": operation, "pid": os.getpid(), "since": time.time()}):
             holder = self.holder() or "another reconfiguration (starting)"
             raise Busy(f"another reconfiguration is running on this node: {holder}", [holder])
         try:
-            yield
+            if changes is None:
+                yield
+            else:
+                with changes.reconfiguring():
+                    yield
         finally:
             lock.release()
 

@@ -178,7 +178,7 @@ class MigService:
         gpu = self._driver.gpu(index)
         if validate_only:
             return gpu
-        with self._lock.hold(f"gpu reset {index}"):
+        with self._lock.hold(f"gpu reset {index}", self._driver.changes):
             running = self._driver.layout(gpu.uuid).processes
             if running:
                 pids = ", ".join(str(p.pid) for p in running)
@@ -187,7 +187,8 @@ class MigService:
                     "reset",
                     [f"pid {p.pid}" for p in running],
                 )
-            self._reset(gpu)
+            with self._driver.changes.changing(gpu.uuid):
+                self._reset(gpu)
         return gpu
 
     def apply(
@@ -210,7 +211,7 @@ class MigService:
         name, _ = spec.select(config)
         description = operation or f"mig apply {name}"
         allocation = self.refuse_by_mode("mig apply")
-        with self._lock.hold(description):
+        with self._lock.hold(description, self._driver.changes):
             recovered = self._refuse_over_unrecovered(f"MIG config {name}")
             layouts, gone = read_node(self._driver)
             plan = plan_layouts(spec, config, layouts, force=force, mode_only=mode_only)
@@ -249,7 +250,7 @@ class MigService:
         state, placements included, journalled and rolled back on failure like an apply.
         GPUs the checkpoint does not list are left alone."""
         allocation = self.refuse_by_mode("mig restore")
-        with self._lock.hold("mig restore"):
+        with self._lock.hold("mig restore", self._driver.changes):
             self._refuse_over_unrecovered("the checkpoint")
             targets = self.checkpoint_targets(states, mode_only)
             executor = Executor(self._driver, self._journal, self._reset, progress)
@@ -528,7 +529,7 @@ class MigService:
         except ModeRefused as exc:
             return self._left_alone(str(exc))
         try:
-            with self._lock.hold("mig recover"):
+            with self._lock.hold("mig recover", self._driver.changes):
                 return self._recover_locked()
         except Busy:
             log.info(

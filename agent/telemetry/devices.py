@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -110,9 +110,12 @@ class DeviceReader(Reader):
         self._p2p_at = 0.0
         #: why the driver cannot tell the P2P status ("" while it can), until a layout change
         self._p2p_refused = ""
+        #: this tick's ``Frame.ours``
+        self._ours: Callable[[int], bool] = lambda _gpu: False
 
     def read(self, frame: Frame) -> Part:
         part = Part()
+        self._ours = frame.ours
         for index, layout in frame.layouts.items():
             state = self._gpus.setdefault(index, _Gpu())
             if index in frame.changed:
@@ -123,9 +126,12 @@ class DeviceReader(Reader):
                 part.lost[index] = str(exc)
                 self._failing.lost(index)
             except AgentError as exc:
+                part.failed.add(index)
+                if frame.ours(index):  # met this agent's own MIG change: not read, no fault
+                    log.debug("GPU %d: not read while this agent changes it: %s", index, exc)
+                    continue
                 self._stats.error("nvml")
                 self._failing.failed(index, str(exc))
-                part.failed.add(index)
                 part.health_unread[index] = f"the GPU's readings: {exc}"
             else:
                 self._failing.read(index)
@@ -190,7 +196,10 @@ class DeviceReader(Reader):
         for reading, reason in unsupported.items():
             state.unsupported.add(reading)
             part.unsupported.extend((gpu, f, reason) for f in self._fields_of.get(reading, ()))
-        if failed:
+        if failed and self._ours(gpu):  # met this agent's own MIG change: half read, no fault
+            part.failed.add(gpu)
+            log.debug("GPU %d: reads failed while this agent changes it: %s", gpu, failed)
+        elif failed:
             self._stats.error("nvml", len(failed))
             log.debug("GPU %d: reads failed this tick: %s", gpu, failed)
 

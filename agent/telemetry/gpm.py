@@ -181,9 +181,9 @@ class GpmReader:
                     part.unsupported.extend((index, f, reason) for f, _, _, _ in self._fields)
                 continue
             try:
-                self._entity(GpmKey(index, None, gpu.uuid), self._fields, part)
+                self._entity(GpmKey(index, None, gpu.uuid), self._fields, part, frame.ours)
                 for key in keys:
-                    self._entity(key, self._instance_fields, part)
+                    self._entity(key, self._instance_fields, part, frame.ours)
             except DeviceLost as exc:
                 part.lost[index] = str(exc)
         kept = [i for i in frame.layouts if i not in part.lost]
@@ -194,14 +194,17 @@ class GpmReader:
             part.degraded = "GPM support not known (its probe failed): " + "; ".join(unknown)
         return part
 
-    def _entity(self, key: GpmKey, fields: list[_FieldPlan], part: Part) -> None:
+    def _entity(
+        self, key: GpmKey, fields: list[_FieldPlan], part: Part, ours: Callable[[int], bool]
+    ) -> None:
         tracker = self._gpu if key.gpu_instance_id is None else self._gi
         try:
             readout = tracker.collect(key)
         except DeviceLost:
             raise
         except AgentError as exc:
-            self._stats.error("gpm")
+            if not ours(key.gpu):  # a failure that met this agent's own MIG change: no fault
+                self._stats.error("gpm")
             log.debug("GPM sample of %s failed: %s", key, exc)
             return
         if readout is None:

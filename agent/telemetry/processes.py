@@ -62,10 +62,13 @@ class ProcessReader(Reader):
         self._cids_next: dict[_Seen, str | None] = {}
         #: entity -> its rows of this tick, where no utilisation applies and all were mapped
         self._rows: dict[Entity, _Rows] = {}
+        #: this tick's ``Frame.ours``: whether this agent changed a GPU since the tick began
+        self._ours: Callable[[int], bool] = lambda _gpu: False
 
     def read(self, frame: Frame) -> Part:
         """The usage rows of every held entity; the one holder's rows carry its DRA claim."""
         result = frame.attribution
+        self._ours = frame.ours
         # A GPU whose process list the frame could not read: said, naming the GPU and the call,
         # so no one takes the lists served as current (GetNode's are withheld meanwhile).
         unread = "; ".join(f"GPU {i}: {why}" for i, why in sorted(frame.unread.items())) or None
@@ -104,7 +107,8 @@ class ProcessReader(Reader):
         except DeviceLost:
             return []
         except AgentError as exc:
-            self._stats.error("nvml")
+            if not self._ours(entity.gpu.index):  # not one that met this agent's MIG change
+                self._stats.error("nvml")
             log.debug("process list of %s failed: %s", entity, exc)
             return []
         last = (kept or {}).get(entity)

@@ -11,7 +11,7 @@ holds what (processes) run after the attribution stage and find it in ``Frame.at
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -57,6 +57,9 @@ class Frame:
     #: GPU index -> why it is not known whether it has GPM (NVML's probe failed this tick):
     #: neither GPM nor DCGM reads it, and neither says it has no GPM
     gpm_unknown: Mapping[int, str] = field(default_factory=dict)
+    #: whether this agent changed the GPU (a MIG apply) since the tick began, or changes it
+    #: now: a read of it that failed met the agent's own change, no fault (not counted)
+    ours: Callable[[int], bool] = field(default=lambda _gpu: False)
 
 
 @dataclass

@@ -179,8 +179,16 @@ class Sampler:
         early = merge(self._read(frame, statuses, after_attribution=False))
         gpus, answered = self._topology.settle(frame, early.lost, early.failed)
         attributed = self._attribute(frame, answered, early)
-        late_frame = replace(frame, layouts=answered, attribution=attributed)
+        # A GPU this agent changes is not read this tick: not a process list that failed.
+        unread = {i: why for i, why in frame.unread.items() if not frame.ours(i)}
+        late_frame = replace(frame, layouts=answered, attribution=attributed, unread=unread)
         late = merge(self._read(late_frame, statuses, after_attribution=True))
+        # What a GPU this agent changed meanwhile refused is no fact of its new layout: it is
+        # asked again next tick (``Topology.settle``), and said then.
+        changed = self._topology.reconfigured
+        self._support.note(
+            n for n in (*early.unsupported, *late.unsupported) if n[0] not in changed
+        )
         snapshot = Snapshot(
             taken_at=taken_at,
             taken_mono=started,
@@ -201,7 +209,7 @@ class Sampler:
             health=_health(frame, answered, early, gpus),
             sources=tuple(statuses),
         )
-        self._support.report()
+        self._support.report(_kinds(frame))
         self._stats.observe_collection(self._clock() - started)
         # Subscribers (the exporter's pre-encoding) see it first, so no scrape finds a snapshot
         # that is published but not encoded yet.
@@ -232,7 +240,6 @@ class Sampler:
                 if self._degraded.pop(reader.name, None) is not None:
                     log.warning("telemetry source %s is read again", reader.name)
                 statuses.append(SourceStatus(reader.name))
-            self._support.note(part.unsupported)
             parts.append(part)
         return parts
 
@@ -309,3 +316,11 @@ def _health(
         if (i := s.gpu.index) not in answered and s.up is not False
     ]
     return tuple(out)
+
+
+def _kinds(frame: Frame) -> dict[int, tuple[str, str]]:
+    """Each read GPU's model and MIG mode, to say once what GPUs of a model do not support."""
+    return {
+        i: (frame.gpus[i].name or "model unknown", f"MIG {'on' if layout.enabled else 'off'}")
+        for i, layout in frame.layouts.items()
+    }

@@ -10,6 +10,11 @@ tick: one listed whose reads have failed since the agent started is neither up n
 cannot be read this tick keeps its last layout too, but its status says so (``unread``): the
 processes in it are not current, and a GPU never read has only its identity. ``settle`` turns
 what the readers found (lost or failed GPUs) into the tick's statuses.
+
+A GPU this agent changes during the tick (a MIG apply destroys and creates its instances:
+``GpuDriver.changes``) is not read this tick: its status says so, it has no series, and a read
+of it that failed met that change, so it is not counted as an error. Its layout changes are
+said once the agent's reconfiguration is over, in one line naming every GPU it changed.
 """
 
 from __future__ import annotations
@@ -28,7 +33,10 @@ from agent.telemetry.stats import TelemetryStats
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Topology"]
+__all__ = ["RECONFIGURING", "Topology"]
+
+#: A GPU's status while this agent changes it: not read this tick, and no fault of the GPU.
+RECONFIGURING = "being reconfigured by this agent (MIG change in progress)"
 
 
 @dataclass
@@ -64,6 +72,18 @@ class Topology:
         #: this tick's GPUs that did not answer: index -> why (lost), or None (failed)
         self._missing: dict[int, str | None] = {}
         self._failing = FailingGpus(log, "collection")
+        self._changes = reader.driver.changes
+        #: GPU index -> (UUID, its change stamp) at the start of this tick
+        self._stamps: dict[int, tuple[str, int]] = {}
+        #: GPUs whose layout changed since the last line said so
+        self._reprobed: set[int] = set()
+        #: the GPUs this agent changed during the last tick (not read): asked anew next tick
+        self.reconfigured: frozenset[int] = frozenset()
+
+    def ours(self, gpu: int) -> bool:
+        """Whether this agent changed GPU ``gpu`` since this tick began, or changes it now."""
+        uuid, stamp = self._stamps.get(gpu, ("", 0))
+        return bool(uuid) and self._changes.since(uuid, stamp)
 
     def versions(self) -> tuple[str, str]:
         """(driver version, NVML version), read once."""
@@ -74,6 +94,7 @@ class Topology:
     def frame(self, now: float) -> Frame:
         """Read every GPU's layout; one that fails is left out of the frame."""
         gpus = self._reader.gpus()
+        self._stamps = {g.index: (g.uuid, self._changes.stamp(g.uuid)) for g in gpus if g.uuid}
         self._missing = {}
         layouts: dict[int, MigLayout] = {}
         changed: set[int] = set()
@@ -90,15 +111,18 @@ class Topology:
                 continue
             except AgentError as exc:
                 # One GPU's NVML failure must not silence the others; it has no series this tick.
+                self._missing[gpu.index] = None
+                if self.ours(gpu.index):
+                    state.unread = RECONFIGURING
+                    continue
                 self._stats.error("nvml")
                 self._failing.failed(gpu.index, str(exc))
-                self._missing[gpu.index] = None
                 state.unread = str(exc)
                 continue
             self._failing.read(gpu.index)
-            if layout != state.layout:
+            if layout != state.layout or gpu.index in self.reconfigured:
                 if state.layout is not None:
-                    log.info("GPU %d MIG layout changed: re-probing field support", gpu.index)
+                    log.debug("GPU %d MIG layout changed: re-probing field support", gpu.index)
                     changed.add(gpu.index)
                 state.layout = layout
             layouts[gpu.index] = layout
@@ -112,6 +136,7 @@ class Topology:
             i: p.processes for i in layouts if (s := self._gpus[i]).fresh and (p := s.placed)
         }
         unread = {i: s.unread for i in layouts if (s := self._gpus[i]).unread}
+        self._say_reprobed(changed)
         return Frame(
             now,
             gpus,
@@ -122,7 +147,19 @@ class Topology:
             processes=processes,
             unread=unread,
             gpm_unknown=gpm_unknown,
+            ours=self.ours,
         )
+
+    def _say_reprobed(self, changed: set[int]) -> None:
+        """One line per change: once no layout changed this tick and this agent reconfigures
+        nothing, naming every GPU whose layout changed since the last line (an apply changes
+        the GPUs one after the other, over many ticks)."""
+        self._reprobed |= changed
+        if self._reprobed and not changed and self._changes.quiet():
+            which = ", ".join(map(str, sorted(self._reprobed)))
+            plural = "s" if len(self._reprobed) > 1 else ""
+            log.info("MIG layout changed on GPU%s %s: field support re-probed", plural, which)
+            self._reprobed.clear()
 
     def _read(self, gpu: int, state: _Gpu) -> MigLayout:
         layout = self._reader.mig_layout(gpu)
@@ -132,6 +169,9 @@ class Topology:
         except DeviceLost:
             raise
         except AgentError as exc:  # the inventory says it is not current; telemetry goes on
+            if self.ours(gpu):  # met this agent's own change: the GPU is not read this tick
+                state.unread = RECONFIGURING
+                return layout
             self._stats.error("nvml")
             state.unread = f"processes and layout: {exc}"
             if state.unread != state.said:
@@ -153,6 +193,8 @@ class Topology:
         except DeviceLost:
             raise
         except AgentError as exc:
+            if self.ours(gpu):  # met this agent's own change: asked again next tick
+                return
             self._stats.error("nvml")
             why = f"whether it has GPM is unknown: {exc}"
             if why != state.gpm_unread:
@@ -166,8 +208,13 @@ class Topology:
     def settle(
         self, frame: Frame, lost: Mapping[int, str], failed: set[int]
     ) -> tuple[tuple[GpuStatus, ...], dict[int, MigLayout]]:
-        """The tick's statuses, and the layouts of the GPUs that answered every reader."""
-        missing = {**self._missing, **{i: None for i in failed}, **lost}
+        """The tick's statuses, and the layouts of the GPUs that answered every reader (not
+        one this agent changed meanwhile: what was read of it is no steady state)."""
+        ours = {g.index for g in frame.gpus if g.index not in lost and self.ours(g.index)}
+        for index in ours:
+            self._gpus[index].unread = RECONFIGURING
+        self.reconfigured = frozenset(ours)
+        missing = {**self._missing, **{i: None for i in failed | ours}, **lost}
         statuses: list[GpuStatus] = []
         for gpu in frame.gpus:
             state = self._gpus[gpu.index]
