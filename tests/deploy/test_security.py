@@ -39,6 +39,17 @@ def test_agent_schedules_on_gpu_nodes_only() -> None:
     assert (rolling["maxUnavailable"], rolling["maxSurge"]) == ("10%", 0)
 
 
+def test_agent_tolerates_its_own_health_taint(kustomization: str) -> None:
+    """The agent taints a node with failed GPUs gpu-agent.io/health=failed:NoSchedule
+    (health.taint) and only the agent removes it: its pod must come back there after a rollout
+    or a deletion, or the taint stays for good (docs/health.md)."""
+    from agent.health.publish import TAINT_KEY
+
+    pod = agent_daemonset(render(kustomization))["spec"]["template"]["spec"]
+    tolerated = [t for t in pod["tolerations"] if t.get("key") == TAINT_KEY]
+    assert tolerated == [{"key": TAINT_KEY, "operator": "Exists"}]
+
+
 def test_an_upgrade_restarts_a_tenth_of_the_agents_at_a_time_never_two_on_one_node(
     kustomization: str,
 ) -> None:
