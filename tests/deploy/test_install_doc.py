@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from tests.deploy.conftest import REPO, agent_daemonset, render
+from tests.deploy.conftest import REPO, agent_daemonset, find, render
 
 INSTALL = REPO / "docs" / "install.md"
 TROUBLESHOOTING = REPO / "docs" / "troubleshooting.md"
@@ -35,3 +35,17 @@ def test_the_csi_driver_is_installed_to_run_wherever_the_agent_runs() -> None:
     entry = text[text.index("**Stuck in ContainerCreating") :]
     entry = entry[: entry.index("\n\n")]
     assert "csi.cert-manager.io" in entry and "tolerations[0].operator=Exists" in entry
+
+
+def test_the_rbac_table_lists_every_cluster_wide_grant_of_the_agent() -> None:
+    """docs/install.md's "Kubernetes API access" rows for the agent name exactly what its
+    ClusterRole grants, resource by resource, with the verbs."""
+    rows = [
+        line.split("|")[2].split()[:2]
+        for line in INSTALL.read_text().splitlines()
+        if line.startswith("| agent | ")
+    ]
+    documented = {resource: set(verbs.split("/")) for verbs, resource in rows}
+    role = find(render("default"), "ClusterRole", "gpu-agent")
+    granted = {res: set(rule["verbs"]) for rule in role["rules"] for res in rule["resources"]}
+    assert documented == granted

@@ -96,11 +96,13 @@ def test_rbac_grants_no_wildcards_and_no_secrets(kustomization: str) -> None:
 
 
 def test_agent_rbac_is_what_the_agent_does() -> None:
-    """Read and label its Node, patch its Node's status (the GPUHealthy condition), read pods,
-    write events, read DRA ResourceSlices (to attribute GPUs pods got through DRA claims),
-    create (and watch, for `share show`) the DeviceClasses of sharing on DRA nodes, never
-    update or delete one (a class's name fixes its spec: docs/dra.md), write
-    DeviceTaintRules for its failed GPUs; nothing else."""
+    """Read and label its Node, patch its Node's status (the GPUHealthy condition), create core
+    Events (one POST each: agent/kube.py post_node_event), list and watch DRA ResourceSlices
+    (to attribute GPUs pods got through DRA claims), create (and get and watch, for `share
+    show`) the DeviceClasses of sharing on DRA nodes, never update or delete one (a class's
+    name fixes its spec: docs/dra.md), write DeviceTaintRules for its failed GPUs; nothing
+    else. No pods cluster-wide: its only pod access (list and delete of one plugin pod) is a
+    Role in the plugin's namespace, in the overlays that need it (test_agent_contract.py)."""
     grants = {
         (tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"])
         for r in _rules(render("default"), "ClusterRole", "gpu-agent")
@@ -108,9 +110,8 @@ def test_agent_rbac_is_what_the_agent_does() -> None:
     assert grants == {
         (("",), ("nodes",)): READ | {"patch"},
         (("",), ("nodes/status",)): {"patch"},
-        (("",), ("pods",)): READ,
-        (("", "events.k8s.io"), ("events",)): {"create", "patch"},
-        (("resource.k8s.io",), ("resourceslices",)): READ,
+        (("",), ("events",)): {"create"},
+        (("resource.k8s.io",), ("resourceslices",)): {"list", "watch"},
         (("resource.k8s.io",), ("deviceclasses",)): READ | {"create"},
         (("resource.k8s.io",), ("devicetaintrules",)): {"list", "create", "delete"},
     }
