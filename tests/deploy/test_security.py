@@ -188,6 +188,45 @@ def test_only_the_coordinator_reaches_the_grpc_port() -> None:
             assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
 
 
+def test_a_drain_takes_at_most_one_coordinator_and_leaves_one_to_lead() -> None:
+    """A PodDisruptionBudget over the coordinator pods: a voluntary eviction takes one of the
+    two at a time, so one replica always keeps (or takes) the Lease; a pod that is not ready
+    leads nothing and may always go."""
+    objs = render("default")
+    deployment = find(objs, "Deployment", "gpu-agent-coordinator")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    budget = find(objs, "PodDisruptionBudget", "gpu-agent-coordinator")["spec"]
+    assert budget["selector"]["matchLabels"].items() <= labels.items()
+    assert not budget["selector"]["matchLabels"].items() <= (
+        agent_daemonset(objs)["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert budget["maxUnavailable"] == 1 and "minAvailable" not in budget
+    assert deployment["spec"]["replicas"] - budget["maxUnavailable"] >= 1
+    assert budget["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+
+
+def test_only_this_namespace_and_monitoring_reach_the_coordinator() -> None:
+    """/fleet/status lists the whole fleet: the coordinator's NetworkPolicy admits its one
+    port from pods of its own namespace and of the monitoring namespace(s) (a named knob),
+    from nowhere else; egress stays open for the agents' gRPC and the API server."""
+    objs = render("default")
+    deployment = find(objs, "Deployment", "gpu-agent-coordinator")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    policy = find(objs, "NetworkPolicy", "gpu-agent-coordinator")["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["policyTypes"] == ["Ingress"]
+    (rule,) = policy["ingress"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert [p["name"] for p in container["ports"]] == ["metrics"]
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    same_namespace, monitoring = rule["from"]
+    assert same_namespace == {"podSelector": {}}
+    assert set(monitoring) == {"namespaceSelector"}
+    (expression,) = monitoring["namespaceSelector"]["matchExpressions"]
+    assert expression["key"] == "kubernetes.io/metadata.name"
+    assert expression["operator"] == "In" and expression["values"] == ["monitoring"]
+
+
 def test_namespace_admits_the_agents_host_access() -> None:
     namespace = find(render("default"), "Namespace", "gpu-agent")
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
