@@ -4,6 +4,7 @@ network lets only the coordinator reach the agents' gRPC port."""
 
 from __future__ import annotations
 
+import math
 from pathlib import PurePosixPath
 
 from tests.deploy.conftest import REPO, Obj, agent_container, agent_daemonset, find, render
@@ -33,10 +34,10 @@ def test_agent_schedules_on_gpu_nodes_only() -> None:
     assert pod["priorityClassName"] == "system-node-critical"
     assert pod["hostPID"] is True
     assert not pod.get("hostNetwork")
-    # docs/operations.md, "Upgrading": 10% of the agents restart at a time, never two on one
+    # docs/operations.md, "Upgrading": 2% of the agents restart at a time, never two on one
     # node (two agents on one node would fight over MIG, the plugin config and the state dir)
     rolling = spec["updateStrategy"]["rollingUpdate"]
-    assert (rolling["maxUnavailable"], rolling["maxSurge"]) == ("10%", 0)
+    assert (rolling["maxUnavailable"], rolling["maxSurge"]) == ("2%", 0)
 
 
 def test_agent_tolerates_its_own_health_taint(kustomization: str) -> None:
@@ -50,13 +51,19 @@ def test_agent_tolerates_its_own_health_taint(kustomization: str) -> None:
     assert tolerated == [{"key": TAINT_KEY, "operator": "Exists"}]
 
 
-def test_an_upgrade_restarts_a_tenth_of_the_agents_at_a_time_never_two_on_one_node(
+def test_an_upgrade_restarts_few_agents_at_a_time_each_ready_a_minute_never_two_on_one_node(
     kustomization: str,
 ) -> None:
-    """docs/operations.md, "Upgrading": 10% of the agents restart at a time."""
-    strategy = agent_daemonset(render(kustomization))["spec"]["updateStrategy"]
+    """docs/operations.md, "Upgrading": 2% of the agents (rounded up: 100 of 5,000, 1 of up to
+    50) restart at a time, and each counts only after a minute ready, so a release that fails
+    soon after its start stops in the first batch."""
+    spec = agent_daemonset(render(kustomization))["spec"]
+    strategy = spec["updateStrategy"]
     assert strategy["type"] == "RollingUpdate"
-    assert strategy["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": "10%"}
+    assert strategy["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": "2%"}
+    assert spec["minReadySeconds"] == 60
+    percent = int(strategy["rollingUpdate"]["maxUnavailable"].rstrip("%"))
+    assert [math.ceil(nodes * percent / 100) for nodes in (20, 50, 5000)] == [1, 1, 100]
 
 
 def test_every_container_has_requests_and_limits(kustomization: str) -> None:
