@@ -234,6 +234,26 @@ def test_only_this_namespace_and_monitoring_reach_the_coordinator() -> None:
     assert expression["operator"] == "In" and expression["values"] == ["monitoring"]
 
 
+def test_a_node_without_containerd_still_starts_the_agent(kustomization: str) -> None:
+    """/run/containerd is only for image prewarm: a node whose runtime is CRI-O (or k3s's
+    containerd elsewhere) must not keep the whole agent from starting, so the hostPath may be
+    missing (DirectoryOrCreate), and the agent only ever connects to it (read-only)."""
+    objs = render(kustomization)
+    pod = agent_daemonset(objs)["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "containerd"]
+    assert volume["hostPath"] == {"path": "/run/containerd", "type": "DirectoryOrCreate"}
+    (mount,) = [m for m in agent_container(objs)["volumeMounts"] if m["name"] == "containerd"]
+    assert mount["readOnly"] is True
+
+
+def test_security_doc_says_the_containerd_socket_is_node_root() -> None:
+    text = (REPO / "docs" / "security.md").read_text()
+    section = text[text.index("## The node's root the agent pod holds") :]
+    section = section[: section.index("\n## ")]
+    assert "/run/containerd" in section and "image prewarm" in section
+    assert "DirectoryOrCreate" in section
+
+
 def test_namespace_admits_the_agents_host_access() -> None:
     namespace = find(render("default"), "Namespace", "gpu-agent")
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
