@@ -254,6 +254,30 @@ def test_security_doc_says_the_containerd_socket_is_node_root() -> None:
     assert "DirectoryOrCreate" in section
 
 
+def test_an_operator_can_stop_the_agent_on_one_node(kustomization: str) -> None:
+    """A driver upgrade must stop the agent on its node first (docs/operations.md): the label
+    gpu-agent.io/deploy=false takes the node out of the DaemonSet (its controller deletes the
+    pod), any other value or none keeps it in; the runbook says so step by step."""
+    pod = agent_daemonset(render(kustomization))["spec"]["template"]["spec"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    (term,) = terms["nodeSelectorTerms"]
+    assert term == {
+        "matchExpressions": [
+            {"key": "gpu-agent.io/deploy", "operator": "NotIn", "values": ["false"]}
+        ]
+    }
+    text = (REPO / "docs" / "operations.md").read_text()
+    runbook = text[text.index("### Upgrading the driver on a node") :]
+    runbook = runbook[: runbook.index("\n### ")]
+    steps = [
+        "kubectl label node $NODE gpu-agent.io/deploy=false",
+        "kubectl -n gpu-agent wait --for=delete",
+        "kubectl label node $NODE gpu-agent.io/deploy-",
+    ]
+    assert all(step in runbook for step in steps)
+    assert [runbook.index(step) for step in steps] == sorted(runbook.index(s) for s in steps)
+
+
 def test_namespace_admits_the_agents_host_access() -> None:
     namespace = find(render("default"), "Namespace", "gpu-agent")
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
