@@ -27,10 +27,8 @@ NOT_IN_CLUSTER = "not in a cluster (no service account, no KUBECONFIG): nothing 
 AGENT_VERBS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("", "nodes", ("get", "list", "watch", "patch")),
     ("", "nodes/status", ("patch",)),
-    ("", "pods", ("get", "list", "watch")),
-    ("", "events", ("create", "patch")),
-    ("events.k8s.io", "events", ("create", "patch")),
-    ("resource.k8s.io", "resourceslices", ("get", "list", "watch")),
+    ("", "events", ("create",)),
+    ("resource.k8s.io", "resourceslices", ("list", "watch")),
     ("resource.k8s.io", "deviceclasses", ("get", "list", "watch", "create")),
     ("resource.k8s.io", "devicetaintrules", ("list", "create", "delete")),
 )

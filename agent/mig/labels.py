@@ -50,6 +50,8 @@ CONFIG_LABEL = "nvidia.com/mig.config"
 STATE_LABEL = "nvidia.com/mig.config.state"
 PAUSED = "paused-for-mig-change"
 #: Operands mig-manager pauses; ``client`` is only ever touched when present (as mig-manager).
+#: deploy/kubernetes/base/agent-node-policy.yaml lets the agent write exactly these, to true or
+#: PAUSED (tests/deploy/test_node_policy.py keeps the two lists equal).
 OPERAND_LABELS = tuple(
     f"nvidia.com/gpu.deploy.{name}"
     for name in (

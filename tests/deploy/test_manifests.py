@@ -153,6 +153,19 @@ def test_certificates_chain_to_the_installation_ca() -> None:
     assert attrs["csi.cert-manager.io/issuer-kind"] == "Issuer"
 
 
+def test_the_ca_keeps_its_key_when_cert_manager_renews_it() -> None:
+    """rotationPolicy Never on the CA (cert-manager 1.18 changed the default to Always): the
+    automatic renewal keeps the key, so leaves signed before and after verify under either CA
+    certificate and nobody loses trust while the new ca.crt spreads; docs/security.md says how
+    to change the key on purpose."""
+    certs = {o["metadata"]["name"]: o for o in render("default") if o["kind"] == "Certificate"}
+    assert certs["gpu-agent-ca"]["spec"]["privateKey"]["rotationPolicy"] == "Never"
+    assert certs["gpu-agent-coordinator"]["spec"]["privateKey"]["rotationPolicy"] == "Always"
+    text = (REPO / "docs" / "security.md").read_text()
+    section = text[text.index("## The installation's CA") :]
+    assert "rotationPolicy: Never" in section and "trust bundle" in section
+
+
 #: What cert-manager's csi-driver substitutes (pkg/requestgen/generator.go, expand).
 _CSI_VARIABLES = {"POD_NAME", "POD_NAMESPACE", "POD_UID", "SERVICE_ACCOUNT_NAME"}
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from agent.mig.labels import OPERAND_LABELS, pause_patch, restore_patch
 from tests.deploy.conftest import Obj, find, render
 
 try:
@@ -143,6 +144,54 @@ def test_agent_may_not_touch_other_labels(changes: dict[str, str | None]) -> Non
     failed = _admit(old, _labels(old, changes), _request())
     assert len(failed) == 1 and "may change only labels" in failed[0]
     assert failed[0].endswith("; not: " + ", ".join(changes)), "the message names the label"
+
+
+def _operand_node(value: str) -> dict[str, Any]:
+    node = _node()
+    node["metadata"]["labels"].update({key: value for key in OPERAND_LABELS})
+    node["metadata"]["labels"]["nvidia.com/gpu.deploy.driver"] = "true"
+    return node
+
+
+def test_the_policys_operand_labels_are_the_ones_the_mig_protocol_writes() -> None:
+    """One list: the policy allows exactly agent/mig/labels.py's OPERAND_LABELS."""
+    (variable,) = [v for v in _policy()["spec"]["variables"] if v["name"] == "operandLabels"]
+    assert _evaluate(variable["expression"], {}) == list(OPERAND_LABELS)
+
+
+def test_agent_may_pause_and_restore_the_gpu_operator_operands() -> None:
+    """A MIG apply pauses the operands that hold the GPUs and restores them after, with the
+    very patches agent/mig/labels.py builds (as NVIDIA's mig-manager does)."""
+    running = _operand_node("true")
+    paused = _labels(running, pause_patch(running["metadata"]["labels"]))
+    assert set(pause_patch(running["metadata"]["labels"])) == set(OPERAND_LABELS)
+    assert _admit(running, paused, _request()) == []
+    restored = _labels(paused, restore_patch(paused["metadata"]["labels"]))
+    assert restored["metadata"]["labels"] == running["metadata"]["labels"]
+    assert _admit(paused, restored, _request()) == []
+
+
+OPERAND_REFUSED = (
+    "gpu-agent may set the operand labels nvidia.com/gpu.deploy.* only to true or "
+    "paused-for-mig-change"
+)
+
+
+@pytest.mark.parametrize(
+    "value", ["false", None, "evil"], ids=["turn off", "remove", "another value"]
+)
+def test_agent_may_not_turn_an_operand_off_or_remove_its_label(value: str | None) -> None:
+    old = _operand_node("true")
+    failed = _admit(old, _labels(old, {"nvidia.com/gpu.deploy.dcgm-exporter": value}), _request())
+    assert failed == [OPERAND_REFUSED]
+
+
+def test_agent_may_not_touch_operand_labels_the_mig_protocol_does_not_write() -> None:
+    old = _operand_node("true")
+    failed = _admit(
+        old, _labels(old, {"nvidia.com/gpu.deploy.driver": "paused-for-mig-change"}), _request()
+    )
+    assert len(failed) == 1 and failed[0].endswith("; not: nvidia.com/gpu.deploy.driver")
 
 
 def test_agent_may_not_patch_another_node() -> None:
