@@ -32,16 +32,16 @@ import base64
 import binascii
 import hashlib
 import logging
-import os
 import re
 import ssl
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent import safeyaml
 from agent.errors import FieldViolation, InvalidSpec
+from agent.filestamp import stamp_files
 from agent.http import Handler, HttpServer, Request, Response
 
 log = logging.getLogger(__name__)
@@ -243,19 +243,6 @@ def load_web_config(path: Path) -> WebConfig:
     if tls is not None:
         ReloadingTls(tls)  # the files must load now: a start with a broken certificate fails
     return WebConfig(tls, users)
-
-
-Stamp = tuple[tuple[int, int, int], ...]
-
-
-def stamp_files(paths: Sequence[Path]) -> Stamp:
-    """What tells a TLS file set changed (both listeners reload on it); ``os.stat`` follows the
-    ..data symlinks of Kubernetes secret volumes."""
-    stamps = []
-    for path in paths:
-        st = os.stat(path)
-        stamps.append((st.st_ino, st.st_mtime_ns, st.st_size))
-    return tuple(stamps)
 
 
 class ReloadingTls:

@@ -62,11 +62,11 @@ from agent.api.socket_dir import prepare_socket
 from agent.api.telemetry import Exposition, SnapshotSource, TelemetryServicer
 from agent.config import AgentConfig, RoleSettings, TlsSettings
 from agent.errors import Conflict, FieldViolation, InvalidSpec
+from agent.filestamp import stamp_files
 from agent.mig.service import MigService
 from agent.power.service import PowerService
 from agent.prewarm.service import PrewarmService
 from agent.sharing.service import SharingService
-from agent.webconfig import stamp_files
 from agent.wire.doctor import DoctorReport
 
 log = logging.getLogger(__name__)

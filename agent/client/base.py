@@ -84,8 +84,9 @@ class ClientTls:
             name = name.replace("{" + key + "}", str(values[key]))
         return name
 
-    def credentials(self) -> grpc.ChannelCredentials:
-        # Read on every new channel: cert-manager rotates the files in place.
+    def read(self) -> tuple[bytes, bytes, bytes]:
+        """The CA, key and certificate as they are now; InvalidSpec naming the option of a file
+        that cannot be read."""
         files = []
         named = (("--tls-ca", self.ca), ("--tls-key", self.key), ("--tls-cert", self.cert))
         for option, path in named:
@@ -98,6 +99,12 @@ class ClientTls:
                     f"{exc.strerror}"
                 ) from exc
         ca, key, cert = files
+        return ca, key, cert
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """The files read now. The CLI reads them once per command; the coordinator's fleet, which
+        lives for weeks, re-reads them when they change (agent/client/rotation.py)."""
+        ca, key, cert = self.read()
         return grpc.ssl_channel_credentials(ca, key, cert)
 
 

@@ -35,6 +35,7 @@ BASE = {
     "tables",
     "kube_names",
     "pidns",
+    "filestamp",
     "_proto",
 }
 INFRA = {

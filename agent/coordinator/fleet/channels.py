@@ -7,10 +7,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-import grpc
-
 from agent.client import AsyncAgentClient as AgentClient
 from agent.client import ClientTls
+from agent.client.rotation import ReloadingClientTls
 from agent.coordinator.fleet.discovery import Discovery, Target
 from agent.coordinator.fleet.inventory import NodeView, node_view, unreachable_view
 from agent.errors import AgentError
@@ -32,7 +31,10 @@ class Outcome(Generic[T]):
 
 
 class Fleet:
-    """The agents now, and a client for each (made on first use, reused, closed at the end)."""
+    """The agents now, and a client for each (made on first use, reused, closed at the end).
+
+    The client certificate is re-read when its files change (agent/client/rotation.py): every
+    client, made or to be made, then calls with the new one."""
 
     def __init__(
         self,
@@ -47,8 +49,9 @@ class Fleet:
         self._timeout_s = timeout_s
         self._limit = asyncio.Semaphore(concurrency)
         self._clients: dict[tuple[str, str | None], AgentClient] = {}
-        # One set of credentials for every channel: grpc then shares the TLS context.
-        self._credentials: grpc.ChannelCredentials | None = None
+        # One set of credentials for every channel (grpc then shares the TLS context), re-read
+        # when cert-manager rotates the files: each client then moves to a new channel.
+        self._credentials = ReloadingClientTls(tls) if tls is not None else None
 
     async def targets(self) -> tuple[Target, ...]:
         return await self._discovery.targets()
@@ -60,14 +63,11 @@ class Fleet:
         key = (target.address, server_name)
         found = self._clients.get(key)
         if found is None:
-            tcp = not target.address.startswith("unix:")  # a Unix socket serves without TLS
-            if tcp and self._tls is not None and self._credentials is None:
-                self._credentials = self._tls.credentials()
             found = AgentClient(
                 target.address,
                 self._tls,
                 timeout_s=self._timeout_s,
-                credentials=self._credentials,
+                credentials=self._credentials.current if self._credentials else None,
                 server_name=server_name,
             )
             self._clients[key] = found
