@@ -8,7 +8,12 @@ shutdown is staged, with a deadline: stop serving, let operations checkpoint, st
 workers, close the store and the driver.
 
 Start order matters for honest operations: the previous process may have been killed in the
-middle of long work, so `agent.api.restart.recover_at_start` runs before the API serves.
+middle of long work, so `agent.api.restart.recover_at_start` runs before the API serves. That
+can take minutes (a MIG mode change resumed on eight GPUs, each reset up to 120 s), so the
+HTTP server listens first: /healthz answers while the event loop does, /readyz answers 503
+naming the start's step (each MIG step included) until the API serves, and /metrics answers
+503 until then (no series before the start has checked it). A SIGTERM during the start is
+honoured between its steps, never within one (a MIG step runs to its end: agent/mig/apply.py).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from agent.api.restart import recover_at_start
 from agent.errors import AgentError
 from agent.http import Request, Response
 from agent.loops import ExhaustionLog, call_soon_from_thread, close, every, log_stuck
+from agent.mig.apply import ProgressEvent
 from agent.preflight import listen_refusal, split_listen
 from agent.services import Services, build_services
 from agent.tasks import Daemon, Need, Task
@@ -49,6 +55,10 @@ _CANCEL_AGAIN_S = 0.1
 ALLOCATION_SYNC_S = 3.0
 
 
+class _StoppedStarting(Exception):
+    """A stop was asked during the start: the step it names and those after it are not begun."""
+
+
 class Node:
     """The running agent."""
 
@@ -59,11 +69,15 @@ class Node:
         self.embedded = embedded
         self._stop = asyncio.Event()
         self._ready = False
+        #: What the agent is doing while it does not serve (/readyz says it), set by the start.
+        self._phase = "starting"
+        #: The API served once: /metrics serves from then on, through the stop.
+        self._served = False
         self._tasks: list[asyncio.Task[None]] = []
         routes = {
             "/healthz": self._healthz,
             "/readyz": self._readyz,
-            "/metrics": services.telemetry.exporter.handle,
+            "/metrics": self._metrics,
         }
         web = services.config.metrics_web_config
         self.http = metrics_server(
@@ -72,10 +86,21 @@ class Node:
             services.config.handshake_timeout_s,
         )
         self.metrics_port: int | None = None
+        self._metrics_host = ""
         self.ports: Ports | None = None
 
     async def _healthz(self, _: Request) -> Response:
+        """Answered by the event loop: 200 while it runs, from the start's first step (the
+        start's long steps run on threads) to the end of the stop."""
         return Response(200, b"ok\n")
+
+    async def _metrics(self, request: Request) -> Response:
+        """The exporter's page once the API served; 503 before: the records the services
+        built with (the prewarm cache before its reconcile, the allocation mode before its
+        first list, MIG before recovery) are not checked yet."""
+        if not self._served:
+            return Response(503, f"{self._phase}; /metrics serves once the API does\n".encode())
+        return await self.services.telemetry.exporter.handle(request)
 
     async def _readyz(self, _: Request) -> Response:
         """Ready once serving: the API, prewarm and /metrics are what readiness promises.
@@ -86,7 +111,7 @@ class Node:
         coordinator and taken out of the Service), so it stays ready and the body says what is
         missing (docs/operations.md)."""
         if not self._ready:
-            return Response(503, b"starting\n")
+            return Response(503, f"{self._phase}\n".encode())
         driver = self.services.driver.state
         if not driver.attached:
             return Response(
@@ -162,7 +187,8 @@ class Node:
         A shutdown that overruns SHUTDOWN_GRACE_S logs what still runs. Only the process that
         is nothing but the agent (``serve``, ``exit_if_stuck``) then ends itself; an agent
         embedded in another program (the CLI, tests) raises instead and never ends its host.
-        ``ready`` is called once the API serves.
+        ``ready`` is called once the API serves; a stop asked during the start ends it at its
+        next step, without serving (and without ``ready``).
         """
         loop = asyncio.get_running_loop()
         if not self.embedded:  # the host program's loop handler is the host's
@@ -173,12 +199,16 @@ class Node:
         stack = contextlib.AsyncExitStack()
         try:
             await self._start(stack)
+        except _StoppedStarting as stopped:
+            log.info("stopping during the start, before %s", stopped)
+        else:
             if ready is not None:
                 ready()
             await self._stop.wait()
             log.info("stopping")
         finally:
             self._ready = False
+            self._phase = "stopping"
             # Not wait_for: a shutdown past its deadline must still be running when it is
             # logged, so the log can say where it waits.
             closing = asyncio.ensure_future(close(stack))
@@ -202,44 +232,73 @@ class Node:
         stack.callback(s.state.close)
         s.bus.bind(loop)
         s.runner.bind(loop)
+        if not self.embedded:  # first: the probes answer through every step below
+            await self._listen(stack)
         # The driver is tried once before serving, so a node that has one serves with its GPUs
         # from the first call; one that has none yet serves everything else and attaches later.
+        self._step("probing the NVIDIA driver")
         missing = await asyncio.to_thread(s.driver.probe)
         if s.edge is not None:  # the allocation's informers start before the owner
             # Unwound after the edge's stop: the calls still in flight end then, so no thread
             # holds the stop waiting on an API server that never answers (agent/kube_conn.py).
             stack.callback(s.edge.client.close)
             stack.callback(s.edge.stop)
+        self._step("listing the allocation mode")
         await self._follow_allocation(stack)  # before recovery: the mode gates the MIG journal
-        await asyncio.to_thread(recover_at_start, s.state, s.mig, attached=missing is None)
+        self._step("recovering what the last stop left (MIG journal, operations)")
+        recover = functools.partial(recover_at_start, progress=self._recovering)
+        await asyncio.to_thread(recover, s.state, s.mig, attached=missing is None)
         retention = s.config.operations
         await asyncio.to_thread(s.runner.prune, retention.max_age_s, retention.max_count)
         stack.push_async_callback(asyncio.to_thread, s.driver.stop)
+        self._step("reading the GPUs")
         if missing is None:
             # The first snapshot is taken before GetNode serves: it never answers empty.
             await asyncio.to_thread(lambda: s.driver.attach(again=False, count=s.gpus))
         else:
             s.inventory.driver_missing(missing.cause, missing.reason)
         await asyncio.to_thread(s.inventory.refresh_all)
+        self._step("starting prewarm")
         if s.state.read_only is None:
             await asyncio.to_thread(s.prewarm.start)
         else:  # its reconcile, queue and retries write the index
             s.state.note("the prewarm cache is listed as last recorded; nothing is fetched")
         stack.push_async_callback(asyncio.to_thread, s.prewarm.stop)
+        self._step("starting the API")
         await self._serve(stack, attached=missing is None)
 
+    def _step(self, phase: str) -> None:
+        """Begin the start's next step, said on /readyz; a stop asked meanwhile ends the start
+        here, between two steps (`_StoppedStarting`)."""
+        if self._stop.is_set():
+            raise _StoppedStarting(phase)
+        self._phase = f"starting: {phase}"
+
+    def _recovering(self, event: ProgressEvent) -> None:
+        """Each MIG step of the start's recovery, before it is made (on the recovery's thread;
+        one assignment, read whole by /readyz)."""
+        self._phase = f"starting: recovering MIG: {event.message}"
+
+    async def _listen(self, stack: contextlib.AsyncExitStack) -> None:
+        """Bind the metrics and probe server; serve's preflight checked the port, so a refusal
+        here is a port taken since (the same line)."""
+        cfg = self.services.config
+        self._metrics_host, port = split_listen(cfg.metrics_listen)
+        try:
+            self.metrics_port = await self.http.start(self._metrics_host, port)
+        except OSError as exc:
+            raise listen_refusal("metrics_listen", cfg.metrics_listen, exc) from exc
+        stack.push_async_callback(self.http.stop)
+        log.info(
+            "probes and metrics listening on %s:%d; /readyz answers 503 until the API serves",
+            self._metrics_host,
+            self.metrics_port,
+        )
+
     async def _serve(self, stack: contextlib.AsyncExitStack, *, attached: bool) -> None:
-        """Listen, then start the background tasks; the Node's owner starts once every task
-        that reads the Node's watch has subscribed."""
+        """Serve the API, then start the background tasks; the Node's owner starts once every
+        task that reads the Node's watch has subscribed."""
         s, cfg = self.services, self.services.config
-        host = ""
-        if not self.embedded:
-            host, port = split_listen(cfg.metrics_listen)
-            try:
-                self.metrics_port = await self.http.start(host, port)
-            except OSError as exc:  # taken since serve's preflight
-                raise listen_refusal("metrics_listen", cfg.metrics_listen, exc) from exc
-            stack.push_async_callback(self.http.stop)
         server, self.ports, health = create_server(s.api(), cfg)
         await server.start()
         stack.push_async_callback(self._stop_serving, server, health)
@@ -248,14 +307,15 @@ class Node:
         if s.edge is not None and not self.embedded:
             s.edge.start()  # one watch of the own Node, read by every feature; its owner writes
         stack.push_async_callback(self._cancel_tasks)
-        self._ready = True  # before the line that says so: a reader of the log may probe /readyz
+        # Before the line that says so: a reader of the log may probe /readyz and /metrics.
+        self._ready = self._served = True
         if self.embedded:
             log.debug("embedded agent serving on %s", self.ports.socket)
             return
-        self._say_serving(host, attached)
+        self._say_serving(attached)
 
-    def _say_serving(self, host: str, attached: bool) -> None:
-        s, ports = self.services, self.ports
+    def _say_serving(self, attached: bool) -> None:
+        s, ports, host = self.services, self.ports, self._metrics_host
         assert ports is not None
         log.info(
             "agent serving: metrics %s:%d, gRPC %s, socket %s (%s, %s)",

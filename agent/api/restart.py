@@ -10,6 +10,7 @@ import logging
 
 from agent.api.mig import interrupted_apply
 from agent.api.operations import MIG_APPLY
+from agent.mig.apply import Progress
 from agent.mig.service import MigService
 from agent.state import StateStore
 
@@ -22,14 +23,17 @@ INTERRUPTED_REASON = (
 )
 
 
-def recover_at_start(state: StateStore, mig: MigService, *, attached: bool) -> None:
+def recover_at_start(
+    state: StateStore, mig: MigService, *, attached: bool, progress: Progress | None = None
+) -> None:
     """Let the MIG service restore what a killed apply left, record on the apply's operation
     how it ended, then fail whatever else was left pending or running. Without a driver (not
-    ``attached``) the MIG journal waits for the attach (agent/mig/recovery.py)."""
+    ``attached``) the MIG journal waits for the attach (agent/mig/recovery.py). ``progress``
+    hears each MIG step before it is made."""
     if state.read_only is not None:
         _recover_later(state, mig)
         return
-    outcomes = mig.recover() if attached else ()
+    outcomes = mig.recover(progress) if attached else ()
     for op in state.list_operations(kind=MIG_APPLY, done=False):
         ended = state.update_operation(op.id, **interrupted_apply(outcomes))
         log.warning("operation %s (mig.apply) was interrupted: it %s", op.id, ended.state)

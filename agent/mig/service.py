@@ -517,8 +517,9 @@ class MigService:
         """Whether the journal holds an apply that `recover` has yet to finish or undo."""
         return bool(self._journal.journal_entries(SCOPE))
 
-    def recover(self) -> tuple[RecoveryOutcome, ...]:
-        """On agent start: finish or undo what an interrupted apply left; logs each outcome.
+    def recover(self, progress: Progress | None = None) -> tuple[RecoveryOutcome, ...]:
+        """On agent start: finish or undo what an interrupted apply left; logs each outcome;
+        ``progress`` hears each step before it is made (the start says it on /readyz).
 
         A journal whose owner still runs (it holds the lock) is not ours to touch: nothing is done.
         """
@@ -530,7 +531,7 @@ class MigService:
             return self._left_alone(str(exc))
         try:
             with self._lock.hold("mig recover", self._driver.changes):
-                return self._recover_locked()
+                return self._recover_locked(progress)
         except Busy:
             log.info(
                 "MIG journal belongs to a running apply (%s); not recovering", self._lock.holder()
@@ -547,7 +548,7 @@ class MigService:
             for u in indices
         )
 
-    def _recover_locked(self) -> tuple[RecoveryOutcome, ...]:
+    def _recover_locked(self, progress: Progress | None = None) -> tuple[RecoveryOutcome, ...]:
         history = records(entry for _, entry in self._journal.journal_entries(SCOPE))
         self._stuck = ""
         if not history:
@@ -556,7 +557,7 @@ class MigService:
         settled: set[str] = set()  # GPUs a newer apply left at its target
         # The undo goes on when a full state dir refuses its records: the snapshots it returns
         # to are journalled already (Executor.note), as an apply's own rollback does.
-        undo = Executor(self._driver, self._journal, self._reset)
+        undo = Executor(self._driver, self._journal, self._reset, progress)
         undo.unjournalled_ok = True
         for age, record in enumerate(reversed(history)):
             planned = record.planned if age == 0 and record.resumable else ()
@@ -564,7 +565,7 @@ class MigService:
                 undo.note({"event": "rollback", "reason": "GPU not answering"})  # undone, not done
             elif age == 0 and record.resumable:
                 # Stopped by SIGTERM on purpose: finish it (docs/mig.md explains the choice).
-                done = self._resume(record)
+                done = self._resume(record, progress)
                 outcomes += done
                 if any(o.action == "failed" for o in done):
                     break
@@ -596,12 +597,12 @@ class MigService:
                 log.exception("MIG recovered, but saying so on its operations failed")
         return tuple(outcomes)
 
-    def _resume(self, record: ApplyRecord) -> list[RecoveryOutcome]:
+    def _resume(self, record: ApplyRecord, progress: Progress | None) -> list[RecoveryOutcome]:
         """Finish a suspended apply: plan each unfinished GPU again from what it holds now.
 
         If it cannot be finished it is rolled back to its snapshots, as a failed apply is.
         """
-        executor = Executor(self._driver, self._journal, self._reset)
+        executor = Executor(self._driver, self._journal, self._reset, progress)
         at = functools.partial(self._index, journalled=record.indices)  # one unread meanwhile
         left = [u for u in record.planned if u not in record.done]
         begun = {u: b for u, b in record.befores.items() if u in left}

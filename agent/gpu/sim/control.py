@@ -254,6 +254,19 @@ class SimControl:
         with self._store.transaction() as node:
             node.faults.clear()
 
+    def hold(self, function: str) -> None:
+        """Every call of pynvml ``function`` blocks, in any process, until `release`: a test
+        sees what the agent does while such a call is in progress."""
+        name = faults.check_function(function)
+        with self._store.transaction() as node:
+            node.held = sorted({*node.held, name})
+
+    def release(self, function: str) -> None:
+        """The held calls of ``function`` go on (each reads the state then), new ones too."""
+        name = faults.check_function(function)
+        with self._store.transaction() as node:
+            node.held = [n for n in node.held if n != name]
+
     # --- failures, reset, reboot -------------------------------------------------------------
 
     def mark_lost(self, gpu: int) -> None:

@@ -148,6 +148,9 @@ class NodeState:
     #: upgrade): until ``driver_absent_until`` (Unix time), or until cleared when that is None.
     driver_absent: bool = False
     driver_absent_until: float | None = None
+    #: pynvml functions whose calls block until released (``SimControl.hold``): a test watches
+    #: the agent while such a call is in progress.
+    held: list[str] = field(default_factory=list)
 
     def driver_missing(self, now: float) -> bool:
         """Whether the "kernel module" is unloaded at Unix time ``now``."""
@@ -219,6 +222,7 @@ def loads(text: str) -> NodeState:
         events=[XidEvent(**e) for e in raw["events"]],
         driver_absent=raw.get("driver_absent", False),
         driver_absent_until=raw.get("driver_absent_until"),
+        held=raw.get("held", []),
     )
 
 

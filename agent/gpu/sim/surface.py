@@ -8,13 +8,15 @@ struct versions, return conventions (lists, ``c_uint`` objects, friendly objects
 pynvml's own objects. A function whose C symbol the simulator lacks fails inside pynvml with
 ``NVMLError_FunctionNotFound``, as with a driver that lacks the symbol.
 
-On top, each public ``nvml*`` function first consults the injected faults (``faults.py``).
+On top, each public ``nvml*`` function first waits while it is held (``SimControl.hold``), then
+consults the injected faults (``faults.py``).
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+import time
 import types
 from collections.abc import Callable
 from typing import Any, TypeGuard
@@ -41,6 +43,8 @@ from agent.gpu.sim.handles import Kind
 from agent.gpu.sim.state import NodeState
 from agent.gpu.sim.store import StateMissing, StateStore
 
+#: How often a held call (`SimControl.hold`) looks whether it was released.
+_HOLD_POLL_S = 0.02
 _DEVICE_KINDS = (Kind.DEVICE, Kind.MIG_DEVICE, Kind.GPU_INSTANCE, Kind.COMPUTE_INSTANCE)
 # Helpers that never reach the library stay pynvml's own objects.
 _LIBRARY_FREE = frozenset(
@@ -156,6 +160,8 @@ def _with_faults(name: str, fn: types.FunctionType, driver: SimDriver) -> Callab
             node: NodeState | None = store.read()
         except StateMissing:
             node = None  # the library call itself reports the missing driver
+        if node is not None and name in node.held:
+            node = _released(store, name)
         if node is not None and faults.armed_for(node, name):
             with store.transaction() as counted:
                 code = faults.take(counted, name, _gpu_of(name, args))
@@ -170,6 +176,18 @@ def _with_faults(name: str, fn: types.FunctionType, driver: SimDriver) -> Callab
             driver.start_next_call_from(None)
 
     return call
+
+
+def _released(store: StateStore, name: str) -> NodeState | None:
+    """Wait while ``name`` is held (`SimControl.hold`); the state once it is released."""
+    while True:
+        time.sleep(_HOLD_POLL_S)
+        try:
+            node = store.read()
+        except StateMissing:
+            return None
+        if name not in node.held:
+            return node
 
 
 def _gpu_of(name: str, args: tuple[Any, ...]) -> int | None:

@@ -205,6 +205,25 @@ class AgentProcess:
         self.env: dict[str, str] = {}  # added to the child's environment
 
     def start(self, timeout: float = START_S) -> AgentProcess:
+        offset = self.spawn()
+
+        def serving() -> re.Match[str] | None:
+            return _SERVING.search(self.output_since(offset))
+
+        match = wait_for(serving, "the agent to serve", timeout)
+        self.metrics_port = int(match.group(1))
+        self.tcp_port = int(match.group(2)) if match.group(2) else None
+        return self
+
+    def output_since(self, offset: int) -> str:
+        """The log from byte ``offset`` on; AssertionError (with the log) once the agent exited."""
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"agent exited {self.proc.returncode}:\n{self.output()}")
+        return self.log.read_bytes()[offset:].decode(errors="replace")
+
+    def spawn(self) -> int:
+        """Start the process without waiting for it to serve; the log's offset it writes from."""
         offset = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
@@ -226,18 +245,7 @@ class AgentProcess:
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
                 preexec_fn=None if self.nofile is None else self._limit_files,
             )
-
-        def serving() -> re.Match[str] | None:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise AssertionError(f"agent exited {self.proc.returncode}:\n{self.output()}")
-            text = self.log.read_bytes()[offset:].decode(errors="replace")
-            return _SERVING.search(text)
-
-        match = wait_for(serving, "the agent to serve", timeout)
-        self.metrics_port = int(match.group(1))
-        self.tcp_port = int(match.group(2)) if match.group(2) else None
-        return self
+        return offset
 
     def _limit_files(self) -> None:
         assert self.nofile is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -133,3 +134,29 @@ def test_a_pid_above_any_kernels_pid_max_runs_as_a_simulated_only_process(node: 
     _, control = node("dgx-h100")
     control.start_process((1 << 22) + 4242, 0, used_memory_mib=1)
     assert [p["pid"] for p in control.describe()["processes"]] == [(1 << 22) + 4242]
+
+
+def test_a_held_function_blocks_its_calls_until_released_and_others_go_on(node: Opener) -> None:
+    nvml, control = node("dgx-a100")
+    control.hold("nvmlDeviceGetTemperature")
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    done = threading.Event()
+    read: list[int] = []
+
+    def reader() -> None:
+        read.append(nvml.nvmlDeviceGetTemperature(handle, 0))
+        done.set()
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    assert nvml.nvmlDeviceGetName(handle)  # another function answers meanwhile
+    assert not done.wait(0.3)  # held: a bounded look, the assertion after release is the proof
+    control.release("nvmlDeviceGetTemperature")
+    assert done.wait(30) and read and read[0] > 0
+    thread.join(30)
+
+
+def test_holding_a_name_that_is_no_nvml_function_is_refused(node: Opener) -> None:
+    _, control = node("dgx-a100")
+    with pytest.raises(InvalidSpec, match="nvmlDeviceGetTemprature"):
+        control.hold("nvmlDeviceGetTemprature")
