@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import grpc
@@ -30,7 +28,7 @@ from agent.gpu.sim import SimControl, open_simulator
 from agent.wire.node import NodeDriver
 from tests.integration.prewarm_fixtures.origin import Origin
 from tests.integration.test_api_cli import agent_config_prewarm, cli, cli_config
-from tests.unit.api.support import AgentProcess, agent_config, wait_for
+from tests.unit.api.support import AgentProcess, agent_config, http_get, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -40,21 +38,13 @@ _MIG = "version: v1\nmig-configs:\n  all-disabled:\n    - {devices: all, mig-ena
 _DRIVER = {"retry_max_s": 0.2, "check_s": 0.2}
 
 
-def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def _ready_series(metrics: str) -> str | None:
     found = re.search(r"^gpu_agent_driver_ready(\{[^}]*\})? (\S+)$", metrics, re.M)
     return None if found is None else f"{found.group(1) or ''} {found.group(2)}"
 
 
 def _with_gpu_series(port: int) -> str | None:
-    metrics = _get(port, "/metrics")[1]
+    metrics = http_get(port, "/metrics")[1]
     return metrics if "DCGM_FI_DEV_GPU_TEMP{" in metrics else None
 
 
@@ -93,11 +83,11 @@ def test_serve_without_a_driver_prewarms_then_attaches_and_detaches_without_rest
         AgentProcess(agent_root, agent_config(agent_root, driver=_DRIVER)) as agent,
     ):
         port = int(_METRICS_PORT.search(agent.output()).group(1))  # type: ignore[union-attr]
-        assert _get(port, "/healthz") == (200, "ok\n")
-        status, body = _get(port, "/readyz")
+        assert http_get(port, "/healthz") == (200, "ok\n")
+        status, body = http_get(port, "/readyz")
         assert status == 200
         assert "GPU features wait for the driver" in body and "not loaded" in body
-        assert _ready_series(_get(port, "/metrics")[1]) == '{reason="library_not_found"} 0.0'
+        assert _ready_series(http_get(port, "/metrics")[1]) == '{reason="library_not_found"} 0.0'
 
         # Prewarm needs no GPU: through the running agent, from a real origin.
         origin.add("model.bin", b"weights" * 1000)
@@ -138,12 +128,12 @@ def test_serve_without_a_driver_prewarms_then_attaches_and_detaches_without_rest
             # The GPU series and the ready gauge come from two parts (the sampler's first
             # snapshot, then the attach): a scrape between them may see one without the other.
             wait_for(lambda: _attached_series(port), "GPU series and the driver ready", 10)
-            assert _get(port, "/readyz") == (200, "ready\n")
+            assert http_get(port, "/readyz") == (200, "ready\n")
 
             # The driver goes away (an upgrade unloads it): detached, GPU series gone.
             control.driver_absent()
             wait_for(lambda: not client.node().gpus, "the agent to detach", 20)
-            metrics = _get(port, "/metrics")[1]
+            metrics = http_get(port, "/metrics")[1]
             assert _ready_series(metrics) == '{reason="driver_not_loaded"} 0.0'
             assert "DCGM_FI_DEV_GPU_TEMP{" not in metrics
             assert _apply_mig(agent.socket).code() is grpc.StatusCode.FAILED_PRECONDITION

@@ -13,8 +13,6 @@ import json
 import re
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,7 @@ import pytest
 from agent.client import AgentClient
 from agent.gpu.sim import SimControl, open_simulator
 from tests.kube.fake_api import FakeKubeApi
-from tests.unit.api.support import REPO, AgentProcess, agent_config, wait_for
+from tests.unit.api.support import REPO, AgentProcess, agent_config, http_get, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -56,14 +54,6 @@ def _cli(
     )
 
 
-def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def _up(metrics: str) -> dict[str, float]:
     """gpu label -> gpu_agent_gpu_up value."""
     return {
@@ -86,11 +76,11 @@ def test_a_gpu_lost_before_start_leaves_the_agent_serving_the_others(tmp_path: P
     SimControl(agent.state_dir).mark_lost(3)
     with agent:
         port = int(_METRICS_PORT.search(agent.output()).group(1))  # type: ignore[union-attr]
-        status, metrics = _get(port, "/metrics")
+        status, metrics = http_get(port, "/metrics")
         assert status == 200
         assert _up(metrics) == {str(i): (0.0 if i == 3 else 1.0) for i in range(8)}
         assert _temps(metrics) == {str(i) for i in range(8) if i != 3}
-        assert _get(port, "/readyz") == (200, "ready\n")
+        assert http_get(port, "/readyz") == (200, "ready\n")
 
         client = AgentClient.connect(agent.socket)
         assert client is not None
@@ -134,10 +124,12 @@ def test_a_gpu_lost_while_serving_goes_down_alone(tmp_path: Path) -> None:
         # It keeps its identity: the agent saw it answer before.
         gpu5 = client.node().gpus[5].layout.gpu
         assert gpu5.uuid.startswith("GPU-") and gpu5.name
-        wait_for(lambda: _up(_get(port, "/metrics")[1]).get("5") == 0.0, "gpu_up 0 for GPU 5", 20)
-        metrics = _get(port, "/metrics")[1]
+        wait_for(
+            lambda: _up(http_get(port, "/metrics")[1]).get("5") == 0.0, "gpu_up 0 for GPU 5", 20
+        )
+        metrics = http_get(port, "/metrics")[1]
         assert _temps(metrics) == {str(i) for i in range(8) if i != 5}
-        assert _get(port, "/readyz") == (200, "ready\n")
+        assert http_get(port, "/readyz") == (200, "ready\n")
         client.close()
         assert agent.proc is not None and agent.proc.poll() is None
 
@@ -168,18 +160,18 @@ def test_a_node_whose_every_gpu_is_lost_stays_ready_and_the_fleet_sees_them_lost
         count = len(AgentClient.connect(agent.socket).node().gpus)  # type: ignore[union-attr]
         for i in range(count - 1):
             control.mark_lost(i)
-        wait_for(lambda: _up(_get(port, "/metrics")[1]).get(str(count - 2)) == 0.0, "lost", 20)
-        assert _get(port, "/readyz") == (200, "ready\n")
+        wait_for(lambda: _up(http_get(port, "/metrics")[1]).get(str(count - 2)) == 0.0, "lost", 20)
+        assert http_get(port, "/readyz") == (200, "ready\n")
         control.mark_lost(count - 1)
         every = ", ".join(map(str, range(count)))
         said = (
             f"ready; no GPU answers: every GPU is lost (GPU {every}); the API, prewarm and "
             "/metrics serve\n"
         )
-        wait_for(lambda: _get(port, "/readyz") == (200, said), "/readyz names them", 20)
+        wait_for(lambda: http_get(port, "/readyz") == (200, said), "/readyz names them", 20)
         # kubelet's readinessProbe: the pod is Ready while /readyz answers 200
         selector = {"app.kubernetes.io/name": "gpu-agent", "app.kubernetes.io/component": "agent"}
-        ready = _get(port, "/readyz")[0] == 200
+        ready = http_get(port, "/readyz")[0] == 200
         pod = Pod("gpu-agent", "gpu-agent-nvl", "nvl", selector, "127.0.0.1", agent.tcp_port)
         pod.ready = ready
         api.pods.append(pod)

@@ -26,7 +26,7 @@ import pytest
 
 from tests.integration.prewarm_fixtures.origin import Origin
 from tests.integration.test_api_cli import cli, cli_config
-from tests.unit.api.support import REPO, AgentProcess, agent_config, wait_for
+from tests.unit.api.support import REPO, AgentProcess, agent_config, http_get, wait_for
 
 pytestmark = pytest.mark.integration
 _CLI = (sys.executable, "-m", "agent.cli.main", "--simulate", "dgx-h100")
@@ -259,14 +259,6 @@ def test_what_mig_apply_reported_applied_stays_applied_after_a_kill_9(tmp_path: 
         assert "rolled back" not in agent.output() and "Traceback" not in agent.output()
 
 
-def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
-            return reply.status, reply.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def _node(agent: AgentProcess) -> Any:
     from agent.client import AgentClient
 
@@ -356,10 +348,10 @@ def test_a_read_only_state_dir_serves_reads_and_refuses_every_change_naming_it(
             assert [i["name"] for i in json.loads(listed.stdout)["items"]] == ["w"]
             assert "the prewarm cache is listed as last recorded" in _state_detail(agent)
             assert agent.metrics_port is not None
-            _, metrics = _get(agent.metrics_port, "/metrics")
+            _, metrics = http_get(agent.metrics_port, "/metrics")
             assert 'gpu_agent_state_writable{reason="EROFS"} 0.0' in metrics
             fix = "remount it read-write, free space on its filesystem, or fix its owner"
-            assert _get(agent.metrics_port, "/readyz") == (
+            assert http_get(agent.metrics_port, "/readyz") == (
                 200,
                 f"ready; read-only: {line}: {fix}\n",
             )
@@ -379,7 +371,7 @@ def test_a_read_only_state_dir_serves_reads_and_refuses_every_change_naming_it(
             wait_for(
                 lambda: (
                     'gpu_agent_state_writable{reason="restart_needed"} 0.0'
-                    in _get(agent.metrics_port, "/metrics")[1]
+                    in http_get(agent.metrics_port, "/metrics")[1]
                 ),
                 "the metric to say so within a tick",
                 5,
@@ -410,7 +402,7 @@ def test_a_state_dir_that_fills_while_running_refuses_changes_naming_it(tmp_path
             assert "internal" not in done.stderr.lower()
         assert _mig_shapes(agent) == before
         assert agent.metrics_port is not None
-        _, metrics = _get(agent.metrics_port, "/metrics")
+        _, metrics = http_get(agent.metrics_port, "/metrics")
         assert 'gpu_agent_state_writable{reason="ENOSPC"} 0.0' in metrics
         assert f"the state dir {state}" in _state_detail(agent)
 

@@ -12,8 +12,6 @@ step: the recovery runs to its end (no journal left), and the agent stops withou
 from __future__ import annotations
 
 import re
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,7 @@ from agent.gpu.sim import SimControl
 from agent.mig.apply import SCOPE
 from agent.state import StateStore
 from tests.integration.test_mig_rollback_recovered import _failed_rollback
-from tests.unit.api.support import START_S, AgentProcess, agent_config, wait_for
+from tests.unit.api.support import START_S, AgentProcess, agent_config, http_get, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -30,14 +28,6 @@ _LISTENING = re.compile(r"probes and metrics listening on \S*:(\d+)")
 _SERVING = re.compile(r"agent serving: metrics \S*:(\d+)")
 #: What the start's recovery calls to put GPU 0's instances back (the rollback's re-creation).
 _HELD = "nvmlDeviceCreateGpuInstanceWithPlacement"
-
-
-def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def _held_in_recovery(tmp_path: Path) -> tuple[AgentProcess, SimControl, int, int]:
@@ -60,7 +50,7 @@ def _held_in_recovery(tmp_path: Path) -> tuple[AgentProcess, SimControl, int, in
 
 def _recovering(port: int) -> tuple[int, str] | None:
     """/readyz's answer once it names a MIG step of the recovery."""
-    answer = _get(port, "/readyz")
+    answer = http_get(port, "/readyz")
     return answer if "recovering MIG" in answer[1] else None
 
 
@@ -80,18 +70,18 @@ def test_a_start_held_in_mig_recovery_answers_healthz_and_says_the_step_on_ready
         status, body = wait_for(lambda: _recovering(port), "/readyz to name the MIG step", 60)
         assert status == 503
         assert body.startswith("starting: recovering MIG: GPU 0: create GPU instance"), body
-        assert _get(port, "/healthz") == (200, "ok\n")
-        status, body = _get(port, "/metrics")
+        assert http_get(port, "/healthz") == (200, "ok\n")
+        status, body = http_get(port, "/metrics")
         assert status == 503 and "/metrics serves once the API does" in body, body
         # Held: the start cannot have moved on, and says the same step.
-        assert _get(port, "/readyz")[0] == 503
+        assert http_get(port, "/readyz")[0] == 503
         assert _SERVING.search(agent.output_since(offset)) is None
 
         control.release(_HELD)
         serving = wait_for(lambda: _SERVING.search(agent.output_since(offset)), "serving", 60)
         assert int(serving.group(1)) == port  # the one listener, bound once
-        assert _get(port, "/readyz") == (200, "ready\n")
-        status, metrics = _get(port, "/metrics")
+        assert http_get(port, "/readyz") == (200, "ready\n")
+        status, metrics = http_get(port, "/metrics")
         assert status == 200 and "gpu_agent_driver_ready" in metrics
         assert "MIG recovery of GPU 0: rolled-back" in agent.output()
         assert agent.terminate() == 0

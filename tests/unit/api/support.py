@@ -12,6 +12,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -186,6 +188,16 @@ def wait_for(check: Any, what: str, timeout: float = 30.0, every: float = 0.05) 
 #: 5 to 8 s beside two CPU hogs, several times that among other test runs (load 15 and more).
 START_S = 180.0
 _SERVING = re.compile(r"agent serving: metrics \S*:(\d+), gRPC (?:mTLS :(\d+)|TCP off)")
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    """(status, body) of GET ``path`` on the agent's HTTP port at 127.0.0.1, error statuses
+    included (/readyz's 503 is an answer, not a failure)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
 
 
 class AgentProcess:

@@ -88,6 +88,18 @@ def test_a_stale_socket_is_removed_and_a_live_one_refused(tmp_path: Path) -> Non
     assert not path.exists()
 
 
+def _serve(tmp_path: Path, config: Path, preset: str) -> subprocess.CompletedProcess[str]:
+    """``gpu-agent --simulate PRESET serve`` on ``tmp_path``'s state dir, to its end."""
+    argv = ["--simulate", preset, "--state-dir", str(tmp_path / "state"), "--config", str(config)]
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli.main", *argv, "serve"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_the_agent_refuses_to_serve_from_such_a_directory(tmp_path: Path) -> None:
     """``gpu-agent serve`` exits with the refusal (an invalid setting, exit 2) and serves
     nothing, instead of creating a socket others could replace."""
@@ -95,24 +107,7 @@ def test_the_agent_refuses_to_serve_from_such_a_directory(tmp_path: Path) -> Non
     run.mkdir()
     run.chmod(0o777)
     config = agent_config(tmp_path, socket_path=str(run / "agent.sock"))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "agent.cli.main",
-            "--simulate",
-            "dgx-a100",
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--config",
-            str(config),
-            "serve",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = _serve(tmp_path, config, "dgx-a100")
     assert result.returncode == 2, result.stderr
     assert f"refusing to serve the API on {run / 'agent.sock'}" in result.stderr
     assert f"chmod 0700 {run}" in result.stderr
@@ -130,24 +125,7 @@ def test_serve_refuses_a_socket_path_too_long_to_bind_before_the_driver_or_any_d
     path = run / ("s" * (108 - len(str(run)) - 1))  # 108 bytes: one too many
     assert len(os.fsencode(path)) == 108
     config = agent_config(tmp_path, socket_path=str(path))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "agent.cli.main",
-            "--simulate",
-            "dgx-h100",
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--config",
-            str(config),
-            "serve",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = _serve(tmp_path, config, "dgx-h100")
     lines = (result.stdout + result.stderr).strip().splitlines()
     assert result.returncode == 2, "\n".join(lines)
     assert lines == [
