@@ -49,9 +49,10 @@ def _held_in_recovery(tmp_path: Path) -> tuple[AgentProcess, SimControl, int, in
 
 
 def _recovering(port: int) -> tuple[int, str] | None:
-    """/readyz's answer once it names a MIG step of the recovery."""
+    """/readyz's answer once it names the held step of the recovery (the steps before it,
+    destroying what the failed rollback left, pass first: a poll may see one of them)."""
     answer = http_get(port, "/readyz")
-    return answer if "recovering MIG" in answer[1] else None
+    return answer if "recovering MIG: GPU 0: create GPU instance" in answer[1] else None
 
 
 def _journal_left(state_dir: Path) -> bool:
