@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -39,14 +40,31 @@ def spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     )
 
 
+class _Hung(subprocess.TimeoutExpired):
+    """A command past its time, its threads' stacks in the message (pytest shows only that)."""
+
+    def __str__(self) -> str:
+        said = self.stderr if isinstance(self.stderr, str) else ""
+        return f"{super().__str__()}; what it was doing:\n{said[-6000:]}"
+
+
 def run(
     args: list[str], env: dict[str, str], timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agent.cli.main", *args],
-        env=env,
-        cwd=ROOT,
-        text=True,
-        capture_output=True,
-        timeout=timeout,
-    )
+    """The command to its end; one past ``timeout`` is made to print every thread's stack
+    (faulthandler, SIGABRT) before it dies, so the TimeoutExpired says where it hung."""
+    argv = [sys.executable, "-X", "faulthandler", "-m", "agent.cli.main", *args]
+    with subprocess.Popen(
+        argv, env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            try:
+                out, err = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            raise _Hung(argv, timeout, out, err) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
