@@ -60,6 +60,15 @@ class HolderLock:
             except FileNotFoundError:
                 return os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
 
+    def note(self, **fields: Any) -> None:
+        """Add ``fields`` to the record this holder wrote (none where it could not write)."""
+        if self._fd is None:
+            return
+        record = {**(self.holder() or {}), **fields}
+        with suppress(OSError):
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, json.dumps(record).encode(), 0)
+
     def release(self) -> None:
         if self._fd is not None:
             with suppress(OSError):  # opened read-only: there is no record to clear

@@ -60,6 +60,16 @@ class NodeOwnership:
             socket if isinstance(socket, str) else None
         )
 
+    def mark_serving(self) -> None:
+        """Record that the API serves now: a command that then finds no agent on the recorded
+        socket knows the holder is not starting (its socket file was removed, or it hangs)."""
+        self._lock.note(serving=True)
+
+    def says_serving(self, role: str) -> bool:
+        """Whether the holder holds the node as ``role`` and recorded that its API serves."""
+        record = self._lock.holder()
+        return record is not None and record.get("role") == role and record.get("serving") is True
+
     def acquire(
         self,
         role: str,

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
 
 
 _WAIT_S = 0.1
+#: How long a command waits for a ``serve`` that says it serves but does not answer on its
+#: socket: past the agent's 20 s shutdown budget (a stopping one lets go of the node by then).
+SILENT_SERVE_S = 30.0
 SIGTERM_EXIT = 143
 
 
@@ -66,7 +70,9 @@ class CliContext:
         Resolved once per command. PermissionDenied when an agent runs but this user may not
         use its socket (root only). While another process owns the node (an agent starting,
         or another command's embedded agent) it waits, saying for whom; `Conflict` at once
-        when the owner is a ``serve`` on another socket, which would never let go of it.
+        when the owner is a ``serve`` on another socket, which would never let go of it, and
+        `Unreachable` when a ``serve`` that said its API serves leaves its socket silent for
+        `SILENT_SERVE_S`.
         """
         if self._agent is None:
             self._agent = self._connect()
@@ -80,6 +86,7 @@ class CliContext:
         cfg = self.config
         ownership = NodeOwnership(cfg.state_dir)
         told = False
+        silent_since: float | None = None
         with stopped_by(signal.SIGTERM) as stop:
             while True:
                 client = AgentClient.connect(cfg.socket_path)
@@ -89,6 +96,7 @@ class CliContext:
                     self._closers.append(ownership.release)
                     break
                 _refuse_a_serve_elsewhere(ownership, cfg.socket_path)
+                silent_since = _refuse_a_silent_serve(ownership, cfg.socket_path, silent_since)
                 if not told:
                     holder = ownership.holder() or "another gpu-agent process (starting)"
                     print(f"waiting for {holder}, which owns this node's state", file=sys.stderr)
@@ -181,6 +189,28 @@ def _refuse_a_serve_elsewhere(ownership: NodeOwnership, socket_path: Path) -> No
         f"the agent serving the state dir {ownership.state_dir}, {who}, does not answer on "
         f"{socket_path}: it serves on {socket}; point socket_path (--config or "
         "GPU_AGENT_SOCKET_PATH) at that socket"
+    )
+
+
+def _refuse_a_silent_serve(
+    ownership: NodeOwnership, socket_path: Path, since: float | None
+) -> float | None:
+    """`Unreachable` when the node's ``serve`` has said its API serves, yet nothing answers on
+    its socket for `SILENT_SERVE_S` (its socket file removed, or the agent hung): a wait for it
+    would never end. Returns since when it has been so (None: it is not)."""
+    from agent.ownership import SERVE_ROLE
+
+    if not ownership.says_serving(SERVE_ROLE):
+        return None
+    now = time.monotonic()
+    if since is None or now - since < SILENT_SERVE_S:
+        return now if since is None else since
+    from agent.client.errors import Unreachable
+
+    raise Unreachable(
+        f"the agent serving the state dir {ownership.state_dir}, {ownership.holder()}, says it "
+        f"serves on {socket_path}, but nothing has answered there for {SILENT_SERVE_S:.0f} s: "
+        "its socket file was removed, or the agent hangs; restart the agent (its pod)"
     )
 
 

@@ -80,7 +80,7 @@ def serve(
     if not _acquire(ownership, config.socket_path):
         return  # stopped (SIGTERM/SIGINT) while waiting: nothing was started
     node = Node(build_services(config))
-    asyncio.run(node.run(exit_if_stuck=True))
+    asyncio.run(node.run(exit_if_stuck=True, ready=ownership.mark_serving))
     # The agent closed all it opened; what is left is the interpreter's teardown (finalizing
     # every module, collecting the heap), nothing the node needs and half the SIGTERM-to-exit
     # time on a loaded node (0.3 to 0.6 s of 0.6 to 1.1 s): exit without it, the logs flushed.

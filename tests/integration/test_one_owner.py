@@ -449,3 +449,38 @@ def test_ctrl_c_detaches_from_the_running_agents_apply_which_goes_on(tmp_path: P
         assert check.returncode == 0, check.stdout + check.stderr
     finally:
         agent.stop()
+
+
+def test_a_serve_that_says_it_serves_but_does_not_answer_is_refused_not_waited_for_ever(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`serve` records that its API serves once it does. A command on its socket that then
+    finds nothing answering (the socket file removed, the agent hung) waited for it for ever;
+    it now waits `SILENT_SERVE_S` (past the agent's shutdown budget, so a stopping one lets
+    go first) and exits 9 naming the serve. A serve that has not said so is still waited for
+    (`test_a_command_waits_for_a_serve_starting_on_its_socket`)."""
+    from agent.cli import context
+    from agent.cli.context import CliContext
+    from agent.client.errors import Unreachable
+
+    agent_root = tmp_path / "agent"
+    agent_root.mkdir()
+    with AgentProcess(agent_root, agent_config(agent_root)) as agent:
+        assert agent.proc is not None
+        owner = NodeOwnership(agent.state_dir)
+        wait_for(lambda: owner.says_serving(SERVE_ROLE), "the serve to say it serves")
+        agent.socket.unlink()  # what a cleaner of /run, or a hand, does
+        monkeypatch.setattr(context, "SILENT_SERVE_S", 0.5)
+        env = {"GPU_AGENT_SOCKET_PATH": str(agent.socket)}
+        obj = CliContext(None, {"state_dir": agent.state_dir}, env=env)
+        started = time.monotonic()
+        try:
+            with pytest.raises(Unreachable) as refused:
+                obj.agent()
+        finally:
+            obj.close()
+        assert time.monotonic() - started < 10
+        assert f"gpu-agent serve (pid {agent.proc.pid}), says it serves on {agent.socket}" in (
+            str(refused.value)
+        )
+        assert "its socket file was removed, or the agent hangs" in str(refused.value)
