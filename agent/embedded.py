@@ -24,8 +24,10 @@ from agent.errors import AgentError, FieldViolation, InvalidSpec
 _START_TIMEOUT_S = 120.0
 _SOCKET = "agent.sock"
 _SILENT = logging.CRITICAL + 1  # above every level: no record passes
-#: The longest TMPDIR whose private socket binds: "/gpu-agent-XXXXXXXX/agent.sock" follows it.
-_TMPDIR_MAX = SOCKET_PATH_MAX - len("/gpu-agent-XXXXXXXX/" + _SOCKET)
+_PREFIX = "gpu-agent-"
+#: The longest TMPDIR whose private socket binds: "/", the prefix, mkdtemp's 8 random
+#: characters, "/" and the socket's name follow it.
+_TMPDIR_MAX = SOCKET_PATH_MAX - len(f"/{_PREFIX}/{_SOCKET}") - 8
 
 
 def embedded_config(config: AgentConfig, socket_dir: Path) -> AgentConfig:
@@ -41,7 +43,7 @@ def embedded_config(config: AgentConfig, socket_dir: Path) -> AgentConfig:
 def _private_dir() -> Path:
     """A fresh 0700 directory for the private socket, this user's only; `InvalidSpec` naming
     TMPDIR when the socket's path in it would be too long to bind."""
-    made = Path(tempfile.mkdtemp(prefix="gpu-agent-"))
+    made = Path(tempfile.mkdtemp(prefix=_PREFIX))
     size = over_length(made / _SOCKET)
     if size is not None:
         made.rmdir()

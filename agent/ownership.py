@@ -49,11 +49,16 @@ class NodeOwnership:
         """The pid of the holder when it holds the node as ``role``; None otherwise."""
         return self.serving(role)[0]
 
+    def _held_as(self, role: str) -> dict[str, object] | None:
+        """The holder's record when it holds the node as ``role``."""
+        record = self._lock.holder()
+        return record if record is not None and record.get("role") == role else None
+
     def serving(self, role: str) -> tuple[int | None, str | None]:
         """The pid of the holder and the socket it recorded (None: none recorded) when it
         holds the node as ``role``; two Nones otherwise."""
-        record = self._lock.holder()
-        if record is None or record.get("role") != role:
+        record = self._held_as(role)
+        if record is None:
             return None, None
         pid, socket = record.get("pid"), record.get("socket")
         return (pid if isinstance(pid, int) else None), (
@@ -67,8 +72,8 @@ class NodeOwnership:
 
     def says_serving(self, role: str) -> bool:
         """Whether the holder holds the node as ``role`` and recorded that its API serves."""
-        record = self._lock.holder()
-        return record is not None and record.get("role") == role and record.get("serving") is True
+        record = self._held_as(role)
+        return record is not None and record.get("serving") is True
 
     def acquire(
         self,
