@@ -35,16 +35,10 @@ from agent.prewarm.model import FileRequest
 from tests.integration.prewarm_fixtures.origin import Origin
 from tests.kube.fake_edge import Call, EdgeKubeApi
 from tests.kube.fixtures import NODE, make_tls_cert
-from tests.unit.api.support import InProcessAgent, agent_config, wait_for
+from tests.unit.api.support import REPO, InProcessAgent, agent_config, wait_for
 
-MIG_CONFIG = """\
-version: v1
-mig-configs:
-  all-balanced:
-    - devices: all
-      mig-enabled: true
-      mig-devices: {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
-"""
+#: all-balanced for the dgx-h100's boards, as shipped.
+MIG_CONFIG = REPO / "examples" / "mig-config.yaml"
 
 
 def _settle(api: EdgeKubeApi, quiet_s: float = 2.0, timeout: float = 120.0) -> float:
@@ -104,14 +98,13 @@ def run(tmp: Path, steady_s: float, items: int) -> None:
     client = InClusterKubeClient(url, token, ca_path=cert, timeout=5.0)
     InClusterKubeClient.in_pod = classmethod(lambda cls: client)  # type: ignore[method-assign,assignment]
     root = tmp / "agent"
-    (tmp / "mig.yaml").write_text(MIG_CONFIG)
     (tmp / "origin").mkdir()
     config = agent_config(
         root,
         node_name=NODE,
         telemetry={"kubelet_socket": str(root / "kubelet.sock"), "idle_reclaim_after_s": 3600},
         health={"hold_down_s": 3.0},
-        mig={"watch_node_label": True, "config_file": str(tmp / "mig.yaml")},
+        mig={"watch_node_label": True, "config_file": str(MIG_CONFIG)},
     )
     rows = []
     try:

@@ -20,18 +20,12 @@ from agent.mig.labels import CONFIG_LABEL, STATE_LABEL
 from agent.reclaim import ANNOTATION
 from tests.kube.fake_api import FakeKubeApi
 from tests.kube.fixtures import NODE
-from tests.unit.api.support import InProcessAgent, agent_config, wait_for
+from tests.unit.api.support import REPO, InProcessAgent, agent_config, wait_for
 
 pytestmark = pytest.mark.integration
 
-CONFIG = """\
-version: v1
-mig-configs:
-  all-balanced:
-    - devices: all
-      mig-enabled: true
-      mig-devices: {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
-"""
+#: all-balanced for the dgx-h100's boards, as shipped.
+CONFIG = REPO / "examples" / "mig-config.yaml"
 
 
 def _states_written(api: FakeKubeApi) -> list[str]:
@@ -65,11 +59,10 @@ def test_while_detached_no_mig_state_or_reclaim_mark_and_the_label_set_meanwhile
     open_simulator(root / "state", "dgx-h100")
     control = SimControl(root / "state")
     control.driver_absent()
-    (tmp_path / "mig.yaml").write_text(CONFIG)
     config = agent_config(
         root,
         node_name=NODE,
-        mig={"watch_node_label": True, "config_file": str(tmp_path / "mig.yaml")},
+        mig={"watch_node_label": True, "config_file": str(CONFIG)},
         telemetry={
             "kubelet_socket": str(root / "kubelet.sock"),
             "interval_s": 0.2,
